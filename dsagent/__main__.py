@@ -1,0 +1,3 @@
+from dsagent.cli.agent import main
+
+main()

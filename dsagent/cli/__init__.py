@@ -1,0 +1,94 @@
+"""``dsctl``: the operator and init-container command line.
+
+Commands live one group per module and are imported lazily, so ``dsctl cache`` in an
+init-container does not pay for importing the scheduler or the topology code. This
+module is also the CLI's one error edge: it turns every deliberate error of the
+platform's packages (anything carrying an ``exit_code``) into one clear line on stderr
+and that exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Any
+
+import click
+
+# command name -> "module:attribute"; each module owns its commands.
+COMMANDS: dict[str, str] = {
+    "digest": "dsagent.cli.bundles:digest",
+    "pack": "dsagent.cli.bundles:pack",
+    "unpack": "dsagent.cli.bundles:unpack",
+    "verify": "dsagent.cli.bundles:verify",
+    "cache": "dsagent.cli.cache:cache",
+    "ls": "dsagent.cli.cache:ls",
+    "evict": "dsagent.cli.cache:evict",
+    "status": "dsagent.cli.cache:status",
+    "release": "dsagent.cli.cache:release",
+    "wait": "dsagent.cli.cache:wait",
+    "topo": "dsagent.cli.topo:topo",
+    "scheduler": "dsagent.cli.scheduler:scheduler",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | self._available())
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self._lazy:
+            return self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def _available(self) -> set[str]:
+        found = set()
+        for name, target in self._lazy.items():
+            module = target.split(":", 1)[0]
+            if importlib.util.find_spec(module) is not None:
+                found.add(name)
+        return found
+
+    def _load(self, cmd_name: str) -> click.Command | None:
+        module_name, attr = self._lazy[cmd_name].split(":", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                return None
+            raise
+        command = getattr(module, attr, None)
+        return command if isinstance(command, click.Command) else None
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dsplatform", prog_name="dsctl")
+def cli() -> None:
+    """dsctl: digest, pack and cache datasets; inspect GPU topology; run the extender."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point and the CLI's error edge."""
+    try:
+        cli.main(args=argv, prog_name="dsctl", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # the edge: deliberate errors of any platform package
+        exit_code = getattr(exc, "exit_code", None)
+        if not isinstance(exit_code, int):
+            raise
+        click.echo(f"dsctl: error: {exc}", err=True)
+        sys.exit(exit_code)

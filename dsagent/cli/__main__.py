@@ -1,0 +1,3 @@
+from dsagent.cli import main
+
+main()
