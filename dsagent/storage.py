@@ -1,0 +1,52 @@
+"""The thin adapter between dsagent and fsspec: every dataset source and bundle store.
+
+Who calls it: manifest building, bundle packing and unpacking, and the agent's fetches.
+What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
+translating fsspec's ``OSError`` family into dsagent's error tree where it enters
+(``FileNotFoundError`` -> :class:`NotFound`, anything else -> :class:`SourceUnavailable`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.spec import AbstractFileSystem
+
+from dsagent.errors import InvalidInput, NotFound, SourceUnavailable
+
+
+def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
+    """The filesystem and the path inside it for ``url`` (a local path or any fsspec URL)."""
+    text = os.fspath(url)
+    if not text or "\x00" in text:
+        raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
+    try:
+        fs, path = url_to_fs(text, **dict(storage_options or {}))
+    except (ValueError, ImportError) as exc:
+        protocol = text.split("://", 1)[0] if "://" in text else "file"
+        known = protocol in fsspec.available_protocols()
+        hint = (
+            f"install the fsspec backend for '{protocol}://' (e.g. pip install s3fs, gcsfs, aiohttp)"
+            if known
+            else f"'{protocol}://' is not a known fsspec protocol"
+        )
+        raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
+    return fs, path
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Map fsspec/OS errors raised inside the block to dsagent errors naming ``what``."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise NotFound(f"{what}: not found ({exc})") from exc
+    except PermissionError as exc:
+        raise SourceUnavailable(f"{what}: permission denied ({exc})", hint="check the storage credentials") from exc
+    except OSError as exc:
+        raise SourceUnavailable(f"{what}: {exc}") from exc

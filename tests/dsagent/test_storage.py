@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import pytest
+
+from dsagent.errors import InvalidInput, NotFound, SourceUnavailable
+from dsagent.storage import resolve, translate_errors
+
+
+def test_local_paths_and_urls_resolve_to_filesystems(tmp_path) -> None:
+    fs, path = resolve(tmp_path)
+    assert fs.isdir(path)
+    mem, mpath = resolve("memory://datasets/x")
+    assert "memory" in mem.protocol and mpath.endswith("datasets/x")
+
+
+@pytest.mark.parametrize("url", ["", "nosuchproto://bucket/x", "bad\x00path"])
+def test_malformed_locations_are_invalid_input(url: str) -> None:
+    with pytest.raises(InvalidInput):
+        resolve(url)
+
+
+def test_foreign_errors_are_translated_where_they_enter(tmp_path) -> None:
+    fs, _ = resolve(tmp_path)
+    with pytest.raises(NotFound) as nf, translate_errors("source 'x'"):
+        fs.open(str(tmp_path / "missing"))
+    assert isinstance(nf.value.__cause__, FileNotFoundError)
+    with pytest.raises(SourceUnavailable), translate_errors("store"):
+        raise ConnectionResetError("peer reset")
