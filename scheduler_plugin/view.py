@@ -1,0 +1,77 @@
+"""The cluster as one request sees it: from the request's Nodes, or from the watch cache.
+
+- ``Nodes`` requests (``nodeCacheCapable: false``) are stateless: each Node object is
+  read through the shared :class:`NodeReader` (cached by resourceVersion); when a watch
+  cache runs too, its pod GPU usage is added.
+- ``NodeNames`` requests (``nodeCacheCapable: true``) are served from the
+  :class:`NodeCache`; a name it does not know is None (scored 0, never filtered).
+
+The view also answers "every node we know" for the cluster-wide RoCE class choice: the
+cache's nodes, or without one the nodes of the most recent ``Nodes`` requests.
+Called by the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from scheduler_plugin.errors import ViewUnavailable
+from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
+from scheduler_plugin.wire import ExtenderArgs
+
+if TYPE_CHECKING:  # the kubernetes client is imported only when the watch cache runs
+    from scheduler_plugin.nodecache import NodeCache
+
+
+class View:
+    """Resolves a request's candidates to :class:`NodeFacts`."""
+
+    def __init__(self, reader: NodeReader, cache: NodeCache | None = None) -> None:
+        self.reader = reader
+        self.cache = cache
+        self._recent: dict[str, NodeFacts] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.cache is None or self.cache.synced
+
+    @property
+    def source(self) -> str:
+        return "watch" if self.cache is not None else "recent-requests"
+
+    def candidates(self, args: ExtenderArgs) -> list[NodeFacts | None]:
+        """One entry per candidate, in request order; None for an unknown node."""
+        if args.nodes is not None:
+            read, cache = self.reader.read, self.cache
+            if cache is None:
+                facts = [read(node) for node in args.nodes]
+            else:
+                facts = [read(node, cache.used_gpus(node["metadata"]["name"])) for node in args.nodes]
+            if self.cache is None:
+                self._recent = {f.name: f for f in facts}
+            return list(facts)
+        if self.cache is None:
+            raise ViewUnavailable(
+                "a names-only (nodeCacheCapable) request needs the watch cache",
+                hint="start the extender with DSEXT_WATCH=1 or set nodeCacheCapable: false",
+            )
+        lookup = self.cache.facts
+        return [lookup(name) for name in args.node_names or ()]
+
+    def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:
+        """Every node the cluster-wide class choice should count."""
+        if self.cache is not None and self.cache.synced:
+            return self.cache.all()
+        return [f for f in candidates if f is not None]
+
+    def known(self) -> list[NodeFacts]:
+        """Every node known outside a request (for ``GET /v1/roce-class``)."""
+        if self.cache is not None:
+            if not self.cache.synced:
+                raise ViewUnavailable("the node cache has not finished its first list yet")
+            return self.cache.all()
+        return list(self._recent.values())
+
+
+__all__ = ["View"]
