@@ -62,23 +62,27 @@ def discover(
     backend tried and what to install, when no backend can run.
     """
     options = options or {}
+    reasons: list[str] = []
     if backends is not None:
         chosen = [get_backend(n, **options.get(n, {})) for n in backends]
         for backend in chosen:
             backend.require()
     else:
-        chosen = _automatic(options)
+        chosen = _automatic(options, reasons)
     topology: Topology | None = None
     for backend in chosen:
         found = backend.discover()
         topology = found if topology is None else merge(topology, found)
     if topology is None:
         raise DiscoveryError("no discovery backend was chosen")
+    if backends is None and not topology.gpus and chosen[0].name not in GPU_BACKENDS:
+        raise BackendUnavailable(
+            "found no NVIDIA GPU: " + "; ".join(reasons + ["sysfs lists no NVIDIA display/3D controller"])
+        )
     return topology
 
 
-def _automatic(options: Mapping[str, Mapping[str, Any]]) -> list[Backend]:
-    reasons: list[str] = []
+def _automatic(options: Mapping[str, Mapping[str, Any]], reasons: list[str]) -> list[Backend]:
     chosen: list[Backend] = []
     for group in (GPU_BACKENDS, DETAIL_BACKENDS):
         for name in group:
