@@ -89,12 +89,16 @@ class NodeFacts:
     def free_gpus(self) -> frozenset[int] | None:
         """The node's free GPU indices: published, else the best-scoring subset of the
         free count (when the topology is known), else unknown."""
+        topology = self.topology
         if self.published_free is not None:
-            return self.published_free
-        if self.topology is None:
+            if topology is None:
+                return self.published_free
+            # An index the topology lacks cannot be placed on; ignore it rather than fail.
+            return self.published_free & frozenset(topology.gpu_indices)
+        if topology is None:
             return None
-        count = min(self.free_count, len(self.topology.gpus))
-        best = best_gpu_set(self.topology, _gpu_indices(self.topology), count) if count else None
+        count = min(self.free_count, len(topology.gpus))
+        best = best_gpu_set(topology, topology.gpu_indices, count) if count else None
         return frozenset(best.gpus) if best else frozenset()
 
     @cached_property
@@ -297,10 +301,6 @@ def parse_free_gpus(text: Any) -> frozenset[int] | None:
     if not all(p.isdigit() for p in parts):
         return None
     return frozenset(int(p) for p in parts)
-
-
-def _gpu_indices(topology: Topology) -> list[int]:
-    return [gpu.index for gpu in topology.gpus]
 
 
 __all__ = [

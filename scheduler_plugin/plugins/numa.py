@@ -16,9 +16,12 @@ normalization over the candidates.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
-from gpu_topology import Topology, best_gpu_set
+from gpu_topology import Topology, TopologyError, best_gpu_set
+
+log = logging.getLogger(__name__)
 
 # NIC-to-GPU links that do not leave the GPU's PCIe host bridge (nvidia-smi's legend).
 NEAR_NIC_LEVELS = frozenset({"PIX", "PXB", "PHB"})
@@ -28,10 +31,14 @@ def placement(topology: Topology | None, free: Iterable[int] | None, need: int) 
     """The 0..10 NUMA score of one node for a pod needing ``need`` GPUs."""
     if topology is None or free is None or need <= 0:
         return 0
-    best = best_gpu_set(topology, free, need)
+    try:
+        best = best_gpu_set(topology, free, need)
+        ideal = best_gpu_set(topology, topology.gpu_indices, need) if best is not None else None
+    except TopologyError as exc:  # e.g. a free index the topology lacks
+        log.warning("cannot place %d GPUs on free set %s: %s", need, sorted(free), exc)
+        return 0
     if best is None:
         return 0
-    ideal = best_gpu_set(topology, [gpu.index for gpu in topology.gpus], need)
     ratio = 1.0 if ideal is None or ideal.score <= 0 else min(1.0, max(0.0, best.score / ideal.score))
     near = best.single_numa and best.nic_level in NEAR_NIC_LEVELS
     return (6 if near else 1) + round(4 * ratio)
