@@ -129,7 +129,7 @@ class ExtenderApp:
     def roce_class(self, query: bytes) -> tuple[int, bytes]:
         """``GET /v1/roce-class?gpus=K[&job=ns/name]``: which class a new job should use."""
         try:
-            params = parse_qs(query.decode("latin-1"))
+            params = parse_qs(query.decode("latin-1"), keep_blank_values=True)
             raw = (params.get("gpus") or ["1"])[0]
             if not raw.isdigit() or int(raw) < 1:
                 raise InvalidRequest(f"gpus={raw!r} must be a whole number >= 1", hint="e.g. /v1/roce-class?gpus=4")

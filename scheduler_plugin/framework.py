@@ -107,24 +107,25 @@ class Framework:
         return [score(n.topology, n.topology_id, n.free_gpus, need) if n is not None else 0 for n in nodes]
 
     def job_class(self, pod: PodRequest, cluster: Cluster) -> str | None:
-        """The RoCE class this pod's GPUs should come from.
+        """The RoCE class this pod's GPUs should come from, or None for "any class".
 
         A class the pod requests as a resource is a fact; otherwise the job's remembered
-        class; otherwise the cluster-wide choice, remembered for the job's later workers.
+        class; otherwise, for the first worker of a job, the cluster-wide choice,
+        remembered for the job's later workers. A pod in no job has no peers to share a
+        subnet with: any class (its best fit on each node) will do.
         """
         if pod.gpu_class is not None:
             if pod.job is not None:
                 self.jobs.remember(pod.job, pod.gpu_class)
             return pod.gpu_class
-        if pod.job is not None:
-            known = self.jobs.get(pod.job)
-            if known is not None:
-                return known
+        if pod.job is None:
+            return None
+        known = self.jobs.get(pod.job)
+        if known is not None:
+            return known
         choice = roce.choose_class((n.free_by_class for n in cluster() if n.free_by_class), pod.gpus)
         if choice is None:
             return None
-        if pod.job is None:
-            return choice.name
         chosen = self.jobs.remember(pod.job, choice.name)
         log.info("job %s: RoCE class %s (votes %s)", pod.job, chosen, dict(choice.votes))
         return chosen

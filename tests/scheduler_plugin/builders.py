@@ -8,6 +8,7 @@ cluster sends, not a minimal stub.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -69,7 +70,7 @@ def node(
     topology: str | None = None,
     free_gpus: Iterable[int] | str | None = None,
     gpus: int | None = 8,
-    resource_version: str = "1001",
+    resource_version: str | None = None,
     extra_allocatable: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A v1.Node as kube-scheduler marshals it."""
@@ -87,6 +88,8 @@ def node(
     if gpus is not None:
         allocatable["nvidia.com/gpu"] = str(gpus)
     allocatable.update(extra_allocatable or {})
+    if resource_version is None:  # like the API server: a new version for new content
+        resource_version = str(zlib.crc32(json.dumps([name, annotations, allocatable]).encode()))
     return {
         "metadata": {
             "name": name,
