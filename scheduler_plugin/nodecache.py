@@ -99,8 +99,10 @@ class NodeCache:
         self._stop.set()
         for response in list(self._responses.values()):
             try:
-                response.close()
-            except Exception:  # closing a stream another thread reads may race; either way it ends
+                # shutdown() (urllib3 >= 2.3) wakes the thread blocked reading the stream;
+                # close() alone would wait for the next event or the watch timeout.
+                getattr(response, "shutdown", response.close)()
+            except Exception:  # the stream may end under us; either way the thread exits
                 pass
         for thread in self._threads:
             thread.join(timeout)
