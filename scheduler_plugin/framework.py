@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.jobs import JobClasses
@@ -38,10 +39,11 @@ def combine(weights: Weights, dataset_scores: Sequence[int], roce_scores: Sequen
             numa_scores: Sequence[int]) -> list[int]:
     """Weighted sum of the normalized scores, rounded and clamped to 0..10."""
     wd, wr, wn = weights.dataset, weights.roce, weights.numa
-    return [
-        min(MAX, max(0, int(wd * d + wr * r + wn * n + 0.5)))
-        for d, r, n in zip(dataset_scores, roce_scores, numa_scores)
-    ]
+    out = []
+    for d, r, n in zip(dataset_scores, roce_scores, numa_scores):
+        total = int(wd * d + wr * r + wn * n + 0.5)
+        out.append(MAX if total > MAX else 0 if total < 0 else total)
+    return out
 
 
 class Framework:
@@ -73,12 +75,8 @@ class Framework:
             return self.numa_scores(pod, nodes)
         w = self.settings.weights
         zeros = [0] * len(nodes)
-        return combine(
-            w,
-            self.dataset_scores(pod, nodes) if w.dataset else zeros,
-            self.roce_scores(pod, nodes, cluster) if w.roce else zeros,
-            self.numa_scores(pod, nodes) if w.numa else zeros,
-        )
+        roce_scores, numa_scores = self.gpu_scores(pod, nodes, cluster) if w.roce or w.numa else (zeros, zeros)
+        return combine(w, self.dataset_scores(pod, nodes) if w.dataset else zeros, roce_scores, numa_scores)
 
     def dataset_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         if pod.datasets_error or not pod.datasets:
@@ -88,23 +86,52 @@ class Framework:
         if self.settings.partial_datasets:
             sizes = dataset.requested_sizes(wants, (n.inventory for n in nodes if n is not None))
         affinity = dataset.affinity
+        if sizes is None:
+            # Without partial credit a node lacking the first dataset scores 0: skip the
+            # call for the many nodes that do not hold it.
+            first = wants[0].name
+            return dataset.normalize([
+                affinity(wants, inv) if n is not None and (inv := n.inventory) is not None and first in inv.datasets
+                else 0.0
+                for n in nodes
+            ])
         return dataset.normalize(
             [affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes]
         )
 
     def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
-        need = pod.gpus
-        if need <= 0 or pod.gpus_error:
-            return [0] * len(nodes)
-        gpu_class = self.job_class(pod, cluster)
-        return roce.normalize([_node_fit(n, gpu_class, need) if n is not None else 0.0 for n in nodes])
+        return self.gpu_scores(pod, nodes, cluster, numa_too=False)[0]
 
     def numa_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
+        return self.gpu_scores(pod, nodes, lambda: (), roce_too=False)[1]
+
+    def gpu_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, *,
+                   roce_too: bool = True, numa_too: bool = True) -> tuple[list[int], list[int]]:
+        """(RoCE, NUMA) scores in one pass: both depend only on a node's GPU key
+        (topology, free set), so each distinct key is computed once per request."""
         need = pod.gpus
         if need <= 0 or pod.gpus_error:
-            return [0] * len(nodes)
-        score = self.placements.score
-        return [score(n.topology, n.topology_id, n.free_gpus, need) if n is not None else 0 for n in nodes]
+            return [0] * len(nodes), [0] * len(nodes)
+        gpu_class = self.job_class(pod, cluster) if roce_too else None
+        placement = self.placements.score
+        memo: dict[tuple[int, frozenset[int] | None, int], tuple[float, int]] = {}
+        fits: list[float] = []
+        placements: list[int] = []
+        for node in nodes:
+            if node is None:
+                fits.append(0.0)
+                placements.append(0)
+                continue
+            key = node.gpu_key
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = (
+                    _node_fit(node, gpu_class, need) if roce_too else 0.0,
+                    placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0,
+                )
+            fits.append(found[0])
+            placements.append(found[1])
+        return roce.normalize(fits), placements
 
     def job_class(self, pod: PodRequest, cluster: Cluster) -> str | None:
         """The RoCE class this pod's GPUs should come from, or None for "any class".
@@ -123,7 +150,7 @@ class Framework:
         known = self.jobs.get(pod.job)
         if known is not None:
             return known
-        choice = roce.choose_class((n.free_by_class for n in cluster() if n.free_by_class), pod.gpus)
+        choice = roce.choose_class_grouped(_grouped_free_by_class(cluster()), pod.gpus)
         if choice is None:
             return None
         chosen = self.jobs.remember(pod.job, choice.name)
@@ -145,6 +172,18 @@ class Framework:
             else:
                 failed[name] = failure.reason
         return FilterOutcome(passed, failed, unresolvable)
+
+
+def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, int], int]]:
+    """(free_by_class, node count) per distinct GPU key, for the cluster-wide vote."""
+    groups: dict[tuple[int, frozenset[int] | None, int], list[Any]] = {}
+    for node in nodes:
+        group = groups.get(node.gpu_key)
+        if group is None:
+            groups[node.gpu_key] = [node.free_by_class, 1]
+        else:
+            group[1] += 1
+    return [(free, count) for free, count in groups.values() if free]
 
 
 def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:

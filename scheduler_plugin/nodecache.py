@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -80,6 +80,10 @@ class NodeCache:
         if not self.synced:
             raise ViewUnavailable("the node cache has not finished its first list yet")
         return self._facts.get(name)
+
+    def snapshot(self) -> Mapping[str, NodeFacts]:
+        """The current name -> facts map (read-only by convention; updated in place)."""
+        return self._facts
 
     def all(self) -> list[NodeFacts]:
         return list(self._facts.values())

@@ -108,6 +108,11 @@ class NodeFacts:
         return max(0, self.allocatable_gpus - self.used_gpus)
 
     @cached_property
+    def gpu_key(self) -> tuple[int, frozenset[int] | None, int]:
+        """Everything the GPU scores read: nodes with equal keys score alike."""
+        return (self.topology_id, self.free_gpus, self.free_count)
+
+    @cached_property
     def class_sizes(self) -> dict[str, int]:
         return {c.name: len(c.gpus) for c in self.classes}
 

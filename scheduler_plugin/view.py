@@ -56,7 +56,9 @@ class View:
                 "a names-only (nodeCacheCapable) request needs the watch cache",
                 hint="start the extender with DSEXT_WATCH=1 or set nodeCacheCapable: false",
             )
-        lookup = self.cache.facts
+        if not self.cache.synced:
+            raise ViewUnavailable("the node cache has not finished its first list yet")
+        lookup = self.cache.snapshot().get
         return [lookup(name) for name in args.node_names or ()]
 
     def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:

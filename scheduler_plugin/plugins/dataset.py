@@ -38,12 +38,15 @@ def affinity(
     """
     if not wants or inventory is None:
         return 0.0
+    datasets = inventory.datasets
     held: list[DatasetWant] = []
     for want in wants:
-        holding = inventory.datasets.get(want.name)
+        holding = datasets.get(want.name)
         if holding is None:
+            if sizes is None:
+                return 0.0  # cannot hold them all; the fast path for most nodes
             continue
-        current = is_current(want, holding)
+        current = want.digest is None or want.digest == holding.digest
         if not current and holding.in_use:
             return 0.0  # the pod would replace a version that running tasks use
         if current and holding.ready:

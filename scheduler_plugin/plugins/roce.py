@@ -42,13 +42,19 @@ def choose_class(nodes: Iterable[Mapping[str, int]], need: int = 1) -> ClassChoi
     does not vote. A node with two equally free classes votes for both. The patent
     leaves a tie between classes open; this breaks it by total free GPUs, then name.
     """
+    return choose_class_grouped(((free_by_class, 1) for free_by_class in nodes), need)
+
+
+def choose_class_grouped(groups: Iterable[tuple[Mapping[str, int], int]], need: int = 1) -> ClassChoice | None:
+    """:func:`choose_class` over (free_by_class, number of nodes with exactly that) pairs,
+    so that a large cluster of few distinct free-GPU patterns is counted quickly."""
     votes: dict[str, int] = {}
     free: dict[str, int] = {}
-    for free_by_class in nodes:
+    for free_by_class, weight in groups:
         for name, count in free_by_class.items():
-            free[name] = free.get(name, 0) + count
+            free[name] = free.get(name, 0) + count * weight
         for name in suggest(free_by_class, need):
-            votes[name] = votes.get(name, 0) + 1
+            votes[name] = votes.get(name, 0) + weight
     if not votes:
         return None
     winner = min(votes, key=lambda name: (-votes[name], -free.get(name, 0), name))
@@ -67,4 +73,4 @@ def normalize(raws: Sequence[float]) -> list[int]:
     return normalize_to_max(raws)
 
 
-__all__ = ["ClassChoice", "choose_class", "fit", "normalize", "suggest"]
+__all__ = ["ClassChoice", "choose_class", "choose_class_grouped", "fit", "normalize", "suggest"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from scheduler_plugin.filter import check
 from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.podspec import DatasetWant, PodRequest
-from tests.scheduler_plugin.builders import GIB, holding, inventory_json, node, topology_json
+from scheduler_plugin.testing import GIB, holding, inventory_json, node, topology_json
 
 READER = NodeReader()
 

@@ -10,7 +10,7 @@ from scheduler_plugin.framework import Framework, combine
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.settings import Settings, Weights
-from tests.scheduler_plugin.builders import holding, inventory_json, node, pod, topology_json
+from scheduler_plugin.testing import holding, inventory_json, node, pod, topology_json
 
 TOPO = topology_json()
 

@@ -17,7 +17,7 @@ from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.view import View
 from tests.fake_apiserver import FakeApiServer, make_pod
-from tests.scheduler_plugin.builders import args_body, holding, inventory_json, node, pod, topology_json
+from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
 from tests.scheduler_plugin.server import serving
 
 TOPO = topology_json()

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from scheduler_plugin.nodeinfo import NodeReader, parse_free_gpus, parse_inventory
-from tests.scheduler_plugin.builders import holding, inventory_json, node, topology_json
+from scheduler_plugin.testing import holding, inventory_json, node, topology_json
 
 
 def test_a_full_node_is_read() -> None:

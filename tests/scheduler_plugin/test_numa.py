@@ -6,7 +6,7 @@ import pytest
 
 from gpu_topology import Topology
 from scheduler_plugin.plugins.numa import PlacementMemo, placement
-from tests.scheduler_plugin.builders import two_class_topology
+from scheduler_plugin.testing import two_class_topology
 
 TOPO = two_class_topology()
 

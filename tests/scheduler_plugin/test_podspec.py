@@ -8,7 +8,7 @@ import pytest
 
 from scheduler_plugin.podspec import DatasetWant, parse_datasets, parse_quantity, read_pod
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
-from tests.scheduler_plugin.builders import pod
+from scheduler_plugin.testing import pod
 
 
 def read(p: dict[str, Any]):  # type: ignore[no-untyped-def]

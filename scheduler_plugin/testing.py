@@ -1,8 +1,9 @@
 """Builders for the raw Kubernetes JSON kube-scheduler sends the extender.
 
-Nodes and pods are shaped like real ``kubectl get -o json`` objects (conditions,
-addresses, images, tolerations...), so wire tests and the benchmark parse what a real
-cluster sends, not a minimal stub.
+Shared by this package's tests, ``tools/bench/extender.py`` and users who test their
+own scheduler configuration. Nodes and pods are shaped like real ``kubectl get -o
+json`` objects (conditions, addresses, images, tolerations...), so wire tests and the
+benchmark parse what a real cluster sends, not a minimal stub.
 """
 
 from __future__ import annotations
