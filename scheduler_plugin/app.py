@@ -21,9 +21,11 @@ bare ASGI callable keeps per-request overhead to a few tens of microseconds.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -74,7 +76,8 @@ class ExtenderApp:
                 await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
                 return
             body = await _read_body(receive)
-            reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
+            with _collector_paused():
+                reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
             await _reply(send, 200, reply)
         elif method != "GET":
             await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes GET"))
@@ -166,6 +169,24 @@ class ExtenderApp:
                     self.view.cache.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause CPython's cyclic collector while one request is decoded and scored.
+
+    ``json.loads`` of a 5,000-node body allocates millions of containers, which makes
+    the collector run full collections mid-parse: about a third of the request time.
+    The decoded body holds no reference cycles and is freed by reference counting when
+    the request ends, so nothing accumulates; the collector resumes right after.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 async def _read_body(receive: Receive) -> bytes | None:

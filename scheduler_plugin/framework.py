@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SCORES = ("dataset", "roce", "numa")
 Cluster = Callable[[], Iterable[NodeFacts]]
+GpuKey = tuple[int, "frozenset[int] | None", int]
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,16 @@ class Framework:
         if which == "numa":
             return self.numa_scores(pod, nodes)
         w = self.settings.weights
-        zeros = [0] * len(nodes)
-        roce_scores, numa_scores = self.gpu_scores(pod, nodes, cluster) if w.roce or w.numa else (zeros, zeros)
-        return combine(w, self.dataset_scores(pod, nodes) if w.dataset else zeros, roce_scores, numa_scores)
+        datasets = self.dataset_scores(pod, nodes) if w.dataset else [0] * len(nodes)
+        keys, table = self.gpu_table(pod, nodes, cluster) if w.roce or w.numa else ([None] * len(nodes), {})
+        table[None] = (0, 0)
+        # Most nodes hold none of the pod's datasets: their combined score depends on the
+        # GPU key alone, so it is computed once per distinct key.
+        base = {key: combine(w, [0], [r], [n])[0] for key, (r, n) in table.items()}
+        return [
+            base[key] if not d else combine(w, [d], [table[key][0]], [table[key][1]])[0]
+            for key, d in zip(keys, datasets)
+        ]
 
     def dataset_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         if pod.datasets_error or not pod.datasets:
@@ -100,38 +108,37 @@ class Framework:
         )
 
     def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
-        return self.gpu_scores(pod, nodes, cluster, numa_too=False)[0]
+        keys, table = self.gpu_table(pod, nodes, cluster, numa_too=False)
+        return [table[k][0] if k is not None else 0 for k in keys]
 
     def numa_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
-        return self.gpu_scores(pod, nodes, lambda: (), roce_too=False)[1]
+        keys, table = self.gpu_table(pod, nodes, lambda: (), roce_too=False)
+        return [table[k][1] if k is not None else 0 for k in keys]
 
-    def gpu_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, *,
-                   roce_too: bool = True, numa_too: bool = True) -> tuple[list[int], list[int]]:
-        """(RoCE, NUMA) scores in one pass: both depend only on a node's GPU key
-        (topology, free set), so each distinct key is computed once per request."""
+    def gpu_table(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, *,
+                  roce_too: bool = True, numa_too: bool = True) -> tuple[list[GpuKey | None], dict[GpuKey | None, tuple[int, int]]]:
+        """Each node's GPU key, and the (normalized RoCE, NUMA) scores per distinct key.
+
+        Both scores depend only on a node's topology and free GPUs, which a cluster has
+        few distinct combinations of; computing them per key keeps 5,000-node requests
+        cheap.
+        """
+        keys: list[GpuKey | None] = [n.gpu_key if n is not None else None for n in nodes]
         need = pod.gpus
         if need <= 0 or pod.gpus_error:
-            return [0] * len(nodes), [0] * len(nodes)
+            return keys, {k: (0, 0) for k in keys}
         gpu_class = self.job_class(pod, cluster) if roce_too else None
         placement = self.placements.score
-        memo: dict[tuple[int, frozenset[int] | None, int], tuple[float, int]] = {}
-        fits: list[float] = []
-        placements: list[int] = []
+        distinct: dict[GpuKey, NodeFacts] = {}
         for node in nodes:
-            if node is None:
-                fits.append(0.0)
-                placements.append(0)
-                continue
-            key = node.gpu_key
-            found = memo.get(key)
-            if found is None:
-                found = memo[key] = (
-                    _node_fit(node, gpu_class, need) if roce_too else 0.0,
-                    placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0,
-                )
-            fits.append(found[0])
-            placements.append(found[1])
-        return roce.normalize(fits), placements
+            if node is not None and node.gpu_key not in distinct:
+                distinct[node.gpu_key] = node
+        fits = [_node_fit(node, gpu_class, need) if roce_too else 0.0 for node in distinct.values()]
+        table: dict[GpuKey | None, tuple[int, int]] = {
+            key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)
+            for (key, node), fit in zip(distinct.items(), roce.normalize(fits))
+        }
+        return keys, table
 
     def job_class(self, pod: PodRequest, cluster: Cluster) -> str | None:
         """The RoCE class this pod's GPUs should come from, or None for "any class".
@@ -176,7 +183,7 @@ class Framework:
 
 def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, int], int]]:
     """(free_by_class, node count) per distinct GPU key, for the cluster-wide vote."""
-    groups: dict[tuple[int, frozenset[int] | None, int], list[Any]] = {}
+    groups: dict[GpuKey, list[Any]] = {}
     for node in nodes:
         group = groups.get(node.gpu_key)
         if group is None:
