@@ -160,13 +160,13 @@ class NodeCache:
             if not key:
                 continue
             with self._lock:
-                before = self._pods.get(key)
-                if kind == "DELETED" or usage is None:
-                    self._pods.pop(key, None)
-                else:
+                before = self._pods.pop(key, None)
+                if kind != "DELETED" and usage is not None:
                     self._pods[key] = usage
-                if before != self._pods.get(key):
-                    self._recount({u[0] for u in (before, usage) if u is not None})
+                after = self._pods.get(key)
+                if before != after:
+                    self._adjust(before, -1)
+                    self._adjust(after, +1)
 
     def _usage(self, pod: Pod) -> tuple[str | None, tuple[str, int] | None]:
         meta: Any = pod.get("metadata") or {}
@@ -182,14 +182,26 @@ class NodeCache:
         gpus = sum(q for r, q in requests.items() if r == self._gpu_resource or r.startswith(self._roce_prefix))
         return key, (node, gpus) if gpus > 0 else None
 
-    def _recount(self, nodes: set[str] | None = None) -> None:
+    def _recount(self) -> None:
         used: dict[str, int] = {}
-        for node, gpus in self._pods.values():
-            used[node] = used.get(node, 0) + gpus
+        for node_name, gpus in self._pods.values():
+            used[node_name] = used.get(node_name, 0) + gpus
         self._used = used
-        for name in self._nodes if nodes is None else nodes:
-            if name in self._nodes:
-                self._facts[name] = self._reader.read(self._nodes[name], used.get(name, 0))
+        for name, node in self._nodes.items():
+            self._facts[name] = self._reader.read(node, used.get(name, 0))
+
+    def _adjust(self, usage: tuple[str, int] | None, sign: int) -> None:
+        """Add or remove one pod's GPUs from its node (an O(1) update per pod event)."""
+        if usage is None:
+            return
+        name, gpus = usage
+        total = self._used.get(name, 0) + sign * gpus
+        if total > 0:
+            self._used[name] = total
+        else:
+            self._used.pop(name, None)
+        if name in self._nodes:
+            self._facts[name] = self._reader.read(self._nodes[name], max(0, total))
 
     # -- list and watch ----------------------------------------------------------
 

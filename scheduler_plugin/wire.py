@@ -29,6 +29,11 @@ from typing import Any, Literal, TypedDict, cast
 
 from scheduler_plugin.errors import InvalidRequest
 
+try:  # orjson, when installed, parses 5,000-node bodies several times faster
+    from orjson import loads as _loads
+except ImportError:  # the stdlib parser is the default
+    from json import loads as _loads
+
 MIN_SCORE = 0
 MAX_SCORE = 10
 
@@ -105,8 +110,8 @@ class ExtenderArgs:
 def decode_args(body: bytes) -> ExtenderArgs:
     """Decode a filter/prioritize request body; :class:`InvalidRequest` says what is wrong."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = _loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:  # orjson's error is a ValueError too
         raise InvalidRequest(f"request body is not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise InvalidRequest(f"ExtenderArgs must be a JSON object, got {type(doc).__name__}")

@@ -150,3 +150,31 @@ def test_base_path_prefixes_every_route() -> None:
         body = args_body(pod(gpus=1), [node("n1", topology=TOPO, free_gpus=[0])], node_cache_capable=False)
         assert http.post("/scheduler/prioritize", content=body).json()[0]["Host"] == "n1"
         assert http.get("/scheduler/healthz").status_code == 200
+
+
+def test_every_worker_of_a_job_is_steered_to_the_first_workers_class() -> None:
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url) as http:
+        # First worker: gpu-roce2 has the most free GPUs on two nodes of three.
+        first = [node(f"a{i}", topology=TOPO, free_gpus=free) for i, free in enumerate([[4, 5, 6], [4, 5, 6, 7], [0, 1]])]
+        post(http, "prioritize", args_body(pod("bert-0", gpus=2, job="bert"), first, node_cache_capable=False))
+        # Later workers see a cluster where gpu-roce1 would win a fresh vote.
+        later = [node(f"b{i}", topology=TOPO, free_gpus=free) for i, free in enumerate([[0, 1, 2, 3], [0, 1, 2, 4, 5], [0, 1, 2]])]
+        for worker in range(1, 4):
+            body = args_body(pod(f"bert-{worker}", gpus=2, job="bert"), later, node_cache_capable=False)
+            assert [h["Score"] for h in post(http, "prioritize/roce", body)] == [0, 10, 0]
+        answer = http.get("/v1/roce-class", params={"gpus": 2, "job": "ml/bert"}).json()
+        assert answer["class"] == "gpu-roce2" and answer["remembered"] is True
+        assert http.get("/v1/roce-class", params={"gpus": 2}).json()["class"] == "gpu-roce1"
+
+
+def test_partial_mode_credits_nodes_holding_some_datasets() -> None:
+    wanted = [{"name": "big", "source": "s3://b"}, {"name": "small", "source": "s3://s"}]
+    nodes = [
+        node("both", inventory=inventory_json(datasets={"big": holding(size=3 * GIB), "small": holding(size=GIB)})),
+        node("big-only", inventory=inventory_json(datasets={"big": holding(size=3 * GIB)})),
+        node("small-only", inventory=inventory_json(datasets={"small": holding(size=GIB)})),
+    ]
+    body = args_body(pod(datasets=wanted), nodes, node_cache_capable=False)
+    for partial, expected in ((False, [10, 0, 0]), (True, [10, 7, 2])):
+        with serving(create_app(Settings(partial_datasets=partial))) as url, httpx.Client(base_url=url) as http:
+            assert [h["Score"] for h in post(http, "prioritize/dataset", body)] == expected
