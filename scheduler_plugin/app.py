@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
-from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError
+from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError, ViewUnavailable
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NodeReader
@@ -105,6 +105,11 @@ class ExtenderApp:
             nodes = self.view.candidates(args)
             outcome = self.framework.filter(pod, args.names, nodes)
             return encode_filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+        except ViewUnavailable as exc:
+            # Still syncing: no hard fact is known, so every node passes (filtering on
+            # nothing must not fail scheduling, whether or not the extender is ignorable).
+            log.warning("filter: %s; passing every node", exc)
+            return encode_filter_result(args, args.names if args is not None else ())
         except Exception as exc:  # the edge: kube-scheduler must get a 200 with Error set
             message = _describe(exc)
             _log_failure("filter", exc, message)

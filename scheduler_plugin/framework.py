@@ -24,7 +24,6 @@ from scheduler_plugin.wire import Pod
 
 log = logging.getLogger(__name__)
 
-SCORES = ("dataset", "roce", "numa")
 Cluster = Callable[[], Iterable[NodeFacts]]
 GpuKey = tuple[int, "frozenset[int] | None", int]
 
@@ -48,7 +47,11 @@ def combine(weights: Weights, dataset_scores: Sequence[int], roce_scores: Sequen
 
 
 class Framework:
-    """Scores and filters candidate nodes for one pod at a time. Thread-safe."""
+    """Scores and filters candidate nodes for one pod at a time.
+
+    Safe to share between threads: the job memory is locked, and a race on the
+    placement memo only computes a value twice.
+    """
 
     def __init__(self, settings: Settings, *, jobs: JobClasses | None = None) -> None:
         self.settings = settings
@@ -208,4 +211,4 @@ def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:
     return roce.fit(node.free_count, need)
 
 
-__all__ = ["SCORES", "Cluster", "FilterOutcome", "Framework", "combine"]
+__all__ = ["Cluster", "GpuKey", "FilterOutcome", "Framework", "combine"]

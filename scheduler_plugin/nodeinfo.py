@@ -16,6 +16,7 @@ and topology. Called by :mod:`scheduler_plugin.view`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -97,9 +98,7 @@ class NodeFacts:
             return self.published_free & frozenset(topology.gpu_indices)
         if topology is None:
             return None
-        count = min(self.free_count, len(topology.gpus))
-        best = best_gpu_set(topology, topology.gpu_indices, count) if count else None
-        return frozenset(best.gpus) if best else frozenset()
+        return _best_subset(topology, min(self.free_count, len(topology.gpus)))
 
     @cached_property
     def free_count(self) -> int:
@@ -237,6 +236,13 @@ class NodeReader:
         return cached
 
 
+@functools.lru_cache(maxsize=1024)
+def _best_subset(topology: Topology, count: int) -> frozenset[int]:
+    """The best-scoring ``count`` GPUs of a topology (shared by every node that has it)."""
+    best = best_gpu_set(topology, topology.gpu_indices, count) if count > 0 else None
+    return frozenset(best.gpus) if best else frozenset()
+
+
 def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
     """The inventory annotation -> (inventory, error); malformed entries are skipped."""
     try:
@@ -283,18 +289,17 @@ def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceCl
     try:
         doc = json.loads(text)
         topology = Topology.from_dict(doc)
+        raw_classes = doc.get("classes")
+        if isinstance(raw_classes, list) and raw_classes:
+            classes = tuple(
+                RoceClassInfo(c["name"], frozenset(int(g) for g in c.get("gpus") or ()))
+                for c in raw_classes
+                if isinstance(c, dict) and isinstance(c.get("name"), str)
+            )
+        else:
+            classes = tuple(RoceClassInfo(c.name, frozenset(c.gpus)) for c in roce_classes(topology))
     except Exception as exc:  # foreign data: any failure to read it means "cannot be parsed"
         return None, f"{TOPOLOGY_ANNOTATION} cannot be read: {exc}", ()
-    raw_classes = doc.get("classes") if isinstance(doc, dict) else None
-    classes: tuple[RoceClassInfo, ...]
-    if isinstance(raw_classes, list) and raw_classes:
-        classes = tuple(
-            RoceClassInfo(c["name"], frozenset(int(g) for g in c.get("gpus") or ()))
-            for c in raw_classes
-            if isinstance(c, dict) and isinstance(c.get("name"), str)
-        )
-    else:
-        classes = tuple(RoceClassInfo(c.name, frozenset(c.gpus)) for c in roce_classes(topology))
     return topology, None, classes
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from scheduler_plugin.errors import ViewUnavailable
+from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.wire import ExtenderArgs
 
@@ -52,7 +52,7 @@ class View:
                 self._recent = {f.name: f for f in facts}
             return list(facts)
         if self.cache is None:
-            raise ViewUnavailable(
+            raise InvalidRequest(
                 "a names-only (nodeCacheCapable) request needs the watch cache",
                 hint="start the extender with DSEXT_WATCH=1 or set nodeCacheCapable: false",
             )

@@ -126,3 +126,17 @@ def test_roce_class_endpoint_counts_every_cached_node(extender: tuple[httpx.Clie
     answer = http.get("/v1/roce-class", params={"gpus": 4}).json()
     assert answer["source"] == "watch" and answer["nodes"] == 3
     assert answer["votes"] == {"gpu-roce1": 2, "gpu-roce2": 2} and answer["class"] == "gpu-roce1"
+
+
+def test_before_the_first_list_filter_passes_every_node_and_prioritize_scores_zero(apiserver: FakeApiServer) -> None:
+    settings = Settings(watch=True)
+    reader = NodeReader()
+    api_client = apiserver.api_client()
+    cache = NodeCache(api_client, reader, gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix)
+    app = ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings))  # cache never started
+    assert not app.view.ready
+    body = names_body(["holds", "empty"], gpus=64)
+    result = json.loads(app.filter(body))
+    assert result["NodeNames"] == ["holds", "empty"] and result["Error"] == ""
+    assert json.loads(app.prioritize(body)) == [{"Host": "holds", "Score": 0}, {"Host": "empty", "Score": 0}]
+    api_client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -50,6 +51,18 @@ def test_free_gpus_annotation(text: str | None, expected: set[int] | None) -> No
 def test_unreadable_topology_is_an_error() -> None:
     facts = NodeReader().read(node("n1", topology='{"version": 1, "gpus": "nope"}'))
     assert facts.topology is None and facts.topology_error
+
+
+def test_a_topology_with_garbled_classes_is_an_error_not_an_exception() -> None:
+    doc = json.loads(topology_json())
+    doc["classes"][0]["gpus"] = ["zero", "one"]
+    facts = NodeReader().read(node("n1", topology=json.dumps(doc)))
+    assert facts.topology is None and facts.topology_error and facts.classes == ()
+
+
+def test_free_indices_the_topology_lacks_are_ignored() -> None:
+    facts = NodeReader().read(node("n1", topology=topology_json(), free_gpus="0,1,42"))
+    assert facts.free_gpus == {0, 1}
 
 
 def test_without_a_free_list_the_best_subset_of_the_free_count_is_assumed(caplog: pytest.LogCaptureFixture) -> None:
