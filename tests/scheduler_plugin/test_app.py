@@ -178,3 +178,33 @@ def test_partial_mode_credits_nodes_holding_some_datasets() -> None:
     for partial, expected in ((False, [10, 0, 0]), (True, [10, 7, 2])):
         with serving(create_app(Settings(partial_datasets=partial))) as url, httpx.Client(base_url=url) as http:
             assert [h["Score"] for h in post(http, "prioritize/dataset", body)] == expected
+
+
+# A request body written out literally, field for field as Go's encoding/json marshals
+# extenderv1.ExtenderArgs for nodeCacheCapable: false (struct field order, empty
+# TypeMeta omitted, ListMeta as {}), with the reply bytes kube-scheduler decodes.
+LITERAL_ARGS = (
+    b'{"Pod":{"metadata":{"name":"bert-0","namespace":"ml","uid":"0f1e","resourceVersion":"42",'
+    b'"creationTimestamp":"2026-11-21T10:00:00Z","labels":{"dsagent.io/job":"bert"},'
+    b'"annotations":{"dsagent.io/datasets":"imagenet"}},"spec":{"containers":[{"name":"train",'
+    b'"image":"pytorch:24.05","resources":{"limits":{"nvidia.com/gpu":"1"},"requests":{"nvidia.com/gpu":"1"}}}],'
+    b'"restartPolicy":"Never","schedulerName":"default-scheduler"},"status":{"phase":"Pending","qosClass":"BestEffort"}},'
+    b'"Nodes":{"metadata":{},"items":[{"metadata":{"name":"n1","uid":"a1","resourceVersion":"7",'
+    b'"creationTimestamp":"2026-10-01T08:00:00Z","annotations":{"dsagent.io/inventory":'
+    b'"{\\"version\\":1,\\"node\\":\\"n1\\",\\"capacityBytes\\":100,\\"freeBytes\\":50,\\"datasets\\":'
+    b'{\\"imagenet\\":{\\"digest\\":\\"aa\\",\\"sizeBytes\\":10,\\"files\\":1,\\"state\\":\\"ready\\",'
+    b'\\"inUse\\":false,\\"lastUsed\\":null}}}"}},"spec":{},"status":{"allocatable":{"nvidia.com/gpu":"8"}}},'
+    b'{"metadata":{"name":"n2","uid":"a2","resourceVersion":"8","creationTimestamp":"2026-10-01T08:00:00Z"},'
+    b'"spec":{},"status":{"allocatable":{"nvidia.com/gpu":"0"}}}]},"NodeNames":null}'
+)
+
+
+def test_literal_go_request_gets_byte_exact_replies(client: httpx.Client) -> None:
+    prioritized = client.post("/prioritize/dataset", content=LITERAL_ARGS)
+    assert prioritized.content == b'[{"Host":"n1","Score":10},{"Host":"n2","Score":0}]'
+    assert prioritized.headers["content-type"] == "application/json"
+    filtered = client.post("/filter", content=LITERAL_ARGS).json()
+    assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == ["n1"]
+    assert filtered["NodeNames"] is None and filtered["Error"] == ""
+    assert filtered["FailedNodes"] == {"n2": "0 free GPUs, pod needs 1"}
+    assert filtered["FailedAndUnresolvableNodes"] == {}
