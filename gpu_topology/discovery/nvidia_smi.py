@@ -33,6 +33,7 @@ _GPU = re.compile(r"^GPU(\d+)$")
 _NIC = re.compile(r"^(NIC\d+|[a-z][a-z0-9_]*\d+)$")
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _UNKNOWN = {"", "N/A", "NA", "-"}
 
 
@@ -59,7 +60,7 @@ def parse_topo_matrix(text: str) -> Topology:
             gpus.append(_gpu(int(match.group(1)), attrs))
         else:
             nics.append(Nic(name=rename[name]))
-    topology = Topology(gpus=tuple(gpus), nics=tuple(nics), links=_first_wins(links))
+    topology = Topology(gpus=tuple(gpus), nics=tuple(nics), links=_symmetric(links))
     return with_inferred_nic_numa(topology)
 
 
@@ -151,17 +152,21 @@ def _nic_legend(lines: Sequence[str]) -> dict[str, str]:
     return legend
 
 
-def _first_wins(rows: dict[str, dict[str, Link]]) -> dict[str, dict[str, Link]]:
-    """Drop the reverse of a pair already seen, so a lopsided matrix is not a contradiction."""
-    seen: set[frozenset[str]] = set()
-    kept: dict[str, dict[str, Link]] = {}
+def _symmetric(rows: dict[str, dict[str, Link]]) -> dict[str, dict[str, Link]]:
+    """The matrix as given, after checking that it reads the same both ways.
+
+    A real matrix is symmetric; a pair that is not means the cells were misaligned
+    (a lost or extra cell), so failing beats scoring a wrong topology.
+    """
     for a, row in rows.items():
         for b, link in row.items():
-            pair = frozenset((a, b))
-            if pair not in seen:
-                seen.add(pair)
-                kept.setdefault(a, {})[b] = link
-    return kept
+            back = rows.get(b, {}).get(a)
+            if back is not None and back != link:
+                raise ParseError(
+                    f"the matrix says {a}-{b} is {link} but {b}-{a} is {back}",
+                    hint="the columns are probably misaligned; pass the output as printed",
+                )
+    return rows
 
 
 def _gpu(index: int, attrs: dict[str, str]) -> Gpu:
@@ -180,10 +185,10 @@ def parse_id_list(text: str) -> tuple[int, ...]:
     """Read a Linux id list such as ``0,8,252-255`` into sorted ids."""
     ids: set[int] = set()
     for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        match = _ID_RANGE.match(part.strip())
+        if not match or int(match.group(2) or match.group(1)) < int(match.group(1)):
             raise ParseError(f"not an id list: {text!r}", hint="expected e.g. '0', '0-3' or '0,8,252-255'")
-        ids.update(range(int(low), int(high or low) + 1))
+        ids.update(range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1))
     return tuple(sorted(ids))
 
 
