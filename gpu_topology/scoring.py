@@ -146,6 +146,8 @@ class _Chooser:
         return best
 
     def local_search(self, must: list[int], candidates: list[int], need: int) -> tuple[int, ...]:
+        if need == 0:
+            return tuple(must)
         seeds = candidates if not must else [None]
         starts = [self._greedy(must, candidates, need, seed) for seed in seeds]
         best = max(starts, key=lambda m: (self.key(m), [-i for i in m]))
