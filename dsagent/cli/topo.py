@@ -38,12 +38,6 @@ def _source_options(func: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Format of --from.",
         ),
-        click.option(
-            "--prefix",
-            default=DEFAULT_PREFIX,
-            show_default=True,
-            help="Resource name prefix of the RoCE classes (e.g. example.com/gpu-roce).",
-        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -76,6 +70,12 @@ def topo() -> None:
 
 @topo.command("show")
 @_source_options
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    help="Resource name prefix of the RoCE classes (e.g. example.com/gpu-roce).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the version-1 JSON contract.")
 def show(source: str | None, fmt: str, prefix: str, as_json: bool) -> None:
     """Print the topology, its RoCE classes and the GPU-pair score matrix."""
@@ -92,11 +92,8 @@ def show(source: str | None, fmt: str, prefix: str, as_json: bool) -> None:
 @click.option("--must-include", metavar="LIST", help="GPUs the set must contain, e.g. 2,3.")
 @click.option("--free", metavar="LIST", help="GPUs to choose from (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the choice as JSON.")
-def best(
-    source: str | None, fmt: str, prefix: str, count: int, must_include: str | None, free: str | None, as_json: bool
-) -> None:
+def best(source: str | None, fmt: str, count: int, must_include: str | None, free: str | None, as_json: bool) -> None:
     """Print the best-scoring set of --count GPUs and its score."""
-    del prefix  # accepted for symmetry with show; classes are not printed here
     topology = _load(source, fmt)
     free_list = _indices(free, "--free")
     chosen = best_gpu_set(

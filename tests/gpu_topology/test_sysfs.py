@@ -178,3 +178,15 @@ def test_parse_ip_json(text: str, expected: dict[str, list[str]]) -> None:
 def test_ip_output_that_is_not_json_is_a_parse_error() -> None:
     with pytest.raises(ParseError):
         parse_ip_json("1: lo: <LOOPBACK,UP>")
+
+
+def test_software_rdma_without_a_pci_device_is_never_a_nearest_nic(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path)
+    tree.gpu(["pci0000:00", "0000:00:02.0"], numa_node=0)
+    (tmp_path / "sys/class/infiniband/rxe0/ports/1").mkdir(parents=True)
+    (tmp_path / "sys/class/infiniband/rxe0/ports/1/link_layer").write_text("Ethernet\n")
+    (tmp_path / "sys/class/infiniband/rxe0/ports/1/state").write_text("4: ACTIVE\n")
+    topology = SysfsBackend(root=tmp_path, addresses=dict).discover()
+    assert [n.name for n in topology.nics] == ["rxe0"]
+    assert topology.link("GPU0", "rxe0") is None
+    assert topology.to_dict()["nearestNics"] == {"0": []}
