@@ -92,17 +92,19 @@ def _find_header(lines: Sequence[str]) -> tuple[int, _Header]:
     for at, line in enumerate(lines):
         tokens = line.split()
         if any(_GPU.match(t) for t in tokens) and not any(_LINK.match(t) for t in tokens):
-            return at, _parse_header(line, at + 1)
+            labels = {rest.split()[0] for rest in lines[at + 1 :] if rest.split()}
+            return at, _parse_header(line, at + 1, labels)
     raise ParseError(
         "no 'nvidia-smi topo -m' header (a line naming GPU0 ...) found",
         hint="pass the output of 'nvidia-smi topo -m' as it was printed",
     )
 
 
-def _parse_header(line: str, number: int) -> _Header:
+def _parse_header(line: str, number: int, row_labels: set[str]) -> _Header:
     attributes = tuple(" ".join(m.group(0).split()) for m in _ATTRIBUTE_RE.finditer(line))
     devices = tuple(_ATTRIBUTE_RE.sub(" ", line).split())
-    odd = [d for d in devices if not (_GPU.match(d) or _NIC.match(d))]
+    # A column is a device when it looks like one or has a row of its own (bnxt_re_bond).
+    odd = [d for d in devices if not (_GPU.match(d) or _NIC.match(d) or d in row_labels)]
     if odd:
         raise ParseError(f"line {number}: unexpected column(s) {', '.join(odd)} in the topology header")
     if len(set(devices)) != len(devices):

@@ -23,6 +23,8 @@ MYSTOUS = "mystous-8xH100-11nic-ansi-escapes-captured"
         pytest.param(lambda t: t.replace("\t", "\t\t"), id="doubled-tabs"),
         pytest.param(lambda t: t.replace("\t", " \t  "), id="stray-spaces"),
         pytest.param(lambda t: t.replace("\n", "\r\n"), id="crlf"),
+        pytest.param(lambda t: "$ nvidia-smi topo -m\n" + t, id="shell-prompt-line"),
+        pytest.param(lambda t: t.rstrip("\n"), id="no-final-newline"),
         pytest.param(lambda t: "\n\n" + t.lstrip("\t"), id="leading-blank-lines-and-stripped-header-tab"),
         pytest.param(lambda t: re.sub(r"\nLegend:.*?(?=\nNIC Legend|$)", "", t, flags=re.S), id="no-legend"),
         pytest.param(lambda t: "\x1b[4m" + t.replace("NUMA Affinity", "NUMA Affinity\x1b[0m", 1), id="ansi"),
@@ -39,6 +41,13 @@ def test_without_the_nic_legend_nics_keep_their_column_names(read_fixture: Calla
     topology = parse_topo_matrix(text)
     assert [n.name for n in topology.nics] == [f"NIC{i}" for i in range(11)]
     assert str(topology.link("GPU7", "NIC8")) == "PXB"
+
+
+def test_a_nic_name_without_a_trailing_number_is_a_device_when_it_has_a_row() -> None:
+    text = "\tGPU0\tbnxt_re_bond\tCPU Affinity\nGPU0\t X \tPIX\t0-7\nbnxt_re_bond\tPIX\t X \t\n"
+    topology = parse_topo_matrix(text)
+    assert [n.name for n in topology.nics] == ["bnxt_re_bond"]
+    assert str(topology.link("GPU0", "bnxt_re_bond")) == "PIX"
 
 
 def test_old_drivers_soc_reads_as_sys() -> None:
