@@ -60,7 +60,9 @@ def _indices(text: str | None, option: str) -> list[int] | None:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1,4, got {text!r}", param_hint=option) from None
+        raise click.BadParameter(
+            f"expected comma-separated GPU indices such as 0,1,4, got {text!r}", param_hint=option
+        ) from None
 
 
 @click.group()
@@ -107,7 +109,12 @@ def best(source: str | None, fmt: str, count: int, must_include: str | None, fre
             f"no set of {count} GPUs holds the must-include GPUs within the free ones"
         )
     if as_json:
-        body = {"gpus": list(chosen.gpus), "score": chosen.score, "singleNuma": chosen.single_numa, "nicLevel": chosen.nic_level}
+        body = {
+            "gpus": list(chosen.gpus),
+            "score": chosen.score,
+            "singleNuma": chosen.single_numa,
+            "nicLevel": chosen.nic_level,
+        }
         click.echo(json.dumps(body))
         return
     click.echo(
@@ -137,15 +144,15 @@ def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     lines += ["", f"NICs ({len(topology.nics)})"]
     rows = [["NAME", "NUMA", "NETDEV", "LINK LAYER", "STATE", "ADDRESSES"]]
     for nic in topology.nics:
-        rows.append(
-            [nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), ", ".join(nic.addresses) or "-"]
-        )
+        addresses = ", ".join(nic.addresses) or "-"
+        rows.append([nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), addresses])
     lines += _table(rows) if topology.nics else ["  (none)"]
     classes = roce_classes(topology, prefix)
     lines += ["", f"RoCE classes ({len(classes)})"]
     rows = [["CLASS", "NICS", "NUMA", "GPUS", "SUBNETS"]]
     for cls in classes:
-        rows.append([cls.name, ",".join(cls.nics), _dash(cls.numa_node), ",".join(map(str, cls.gpus)), ",".join(cls.subnets) or "-"])
+        gpus, subnets = ",".join(map(str, cls.gpus)), ",".join(cls.subnets) or "-"
+        rows.append([cls.name, ",".join(cls.nics), _dash(cls.numa_node), gpus, subnets])
     lines += _table(rows) if classes else ["  (none: no RDMA NIC within non-SYS reach of a GPU)"]
     lines += ["", "GPU-pair scores"]
     indices = topology.gpu_indices

@@ -126,7 +126,10 @@ def test_class_subnets_are_those_of_its_nics_in_order() -> None:
             Nic("mlx5_0", numa_node=0, subnets=("10.0.0.0/24", "fd00::/64")),
             Nic("mlx5_1", numa_node=1, subnets=("10.0.1.0/24",)),
         ),
-        links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("SYS")}, "GPU1": {"mlx5_1": Link.parse("PIX"), "mlx5_0": Link.parse("SYS")}},
+        links={
+            "GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("SYS")},
+            "GPU1": {"mlx5_1": Link.parse("PIX"), "mlx5_0": Link.parse("SYS")},
+        },
     )
     assert [c.subnets for c in roce_classes(topology)] == [("10.0.0.0/24", "fd00::/64"), ("10.0.1.0/24",)]
 
