@@ -205,6 +205,17 @@ def test_nccl_direct_nvlinks_nested_switches_and_cpu_masks() -> None:
     assert topology.gpu(0).cpu_affinity == "0-3"
 
 
+def test_nccl_dumps_without_tclass_tell_gpu_peers_from_switches() -> None:
+    text = xml(
+        pci("0000:11:00.0", gpu(0, '<nvlink target="0000:12:00.0" count="1"/><nvlink target="0000:f0:00.0" count="6"/>'), "0x030200")
+        + pci("0000:12:00.0", gpu(1, '<nvlink target="0000:11:00.0" count="1"/><nvlink target="0000:f0:00.0" count="6"/>'), "0x030200")
+        + pci("0000:13:00.0", gpu(2, '<nvlink target="0000:f0:00.0" count="4"/>'), "0x030200")
+    )
+    topology = parse_nccl_xml(text)
+    assert str(topology.link("GPU0", "GPU1")) == "NV1"  # the direct link is named, not the switch
+    assert str(topology.link("GPU0", "GPU2")) == "NV4"
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
