@@ -82,32 +82,32 @@ class AgentClient:
 
     def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> dict[str, Any]:
         body = {"datasets": [dict(d) for d in datasets]}
-        return self._call("PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)  # type: ignore[no-any-return]
+        return self._call("PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
 
     def get_task(self, task_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/tasks/{_segment(task_id)}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/tasks/{_segment(task_id)}")
 
     def release_task(self, task_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/v1/tasks/{_segment(task_id)}")  # type: ignore[no-any-return]
+        return self._call("DELETE", f"/v1/tasks/{_segment(task_id)}")
 
     # -- datasets and operator actions -------------------------------------------------
 
     def datasets(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/datasets")  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/datasets")
 
     def dataset(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/datasets/{_segment(name)}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/datasets/{_segment(name)}")
 
     def evict_dataset(self, name: str, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
         params = {"force": str(force).lower(), "dryRun": str(dry_run).lower()}
-        return self._call("DELETE", f"/v1/datasets/{_segment(name)}", params=params)  # type: ignore[no-any-return]
+        return self._call("DELETE", f"/v1/datasets/{_segment(name)}", params=params)
 
     def evict(self, *, mode: str, names: Sequence[str] = (), bytes: int | None = None, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
         body = {"mode": mode, "names": list(names), "bytes": bytes, "force": force, "dryRun": dry_run}
-        return self._call("POST", "/v1/evict", json=body)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/evict", json=body)
 
     def inventory(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/inventory")  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/inventory")
 
     def health(self) -> bool:
         return bool(self._call("GET", "/healthz").get("status") == "ok")
@@ -134,7 +134,8 @@ def _error_from(response: httpx.Response) -> DsagentError:
     if cls is None:
         cls = next((c for c in _BY_CODE.values() if c.http_status == response.status_code), DsagentError)
     message = str(body.get("message") or f"the agent answered {response.status_code}")
-    details = body.get("details") if isinstance(body.get("details"), dict) else {}
+    raw = body.get("details")
+    details: dict[str, Any] = raw if isinstance(raw, dict) else {}
     return cls(message, hint=body.get("hint"), **details)
 
 

@@ -18,7 +18,9 @@ Blocking work (fsspec, zstd, tar, hashing, fsync) runs in the executor, never on
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shutil
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -27,14 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import xxhash
-
 from dsagent.bundle import unpack_bundle
 from dsagent.errors import IntegrityError, InvalidInput
-from dsagent.manifest import BundleRef, FileEntry, Manifest
+from dsagent.extract import STAGING_DIR, create_empty_directories
+from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest
 from dsagent.storage import resolve, translate_errors
 
-CHUNK_BYTES = 1 << 20
 _T = TypeVar("_T")
 
 
@@ -95,10 +95,10 @@ def safe_target(root: Path, relative: str) -> Path:
 def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress: Progress) -> None:
     """Copy one file, hashing while copying; the copy is removed unless its digest matches."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    hasher = xxhash.xxh3_128()
+    hasher = FileHasher()
     try:
         with translate_errors(f"source file {entry.path!r}"), fs.open(source_path, "rb") as src, open(dest, "wb") as out:
-            while chunk := src.read(CHUNK_BYTES):
+            while chunk := src.read(CHUNK_SIZE):
                 hasher.update(chunk)
                 out.write(chunk)
                 progress.add(len(chunk))
@@ -143,16 +143,25 @@ async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, prog
     fs, root = resolve(source.url, source.storage_options)
     base = root.rstrip("/")
     calls = [
-        (lambda e=entry: copy_file(fs, f"{base}/{e.path}", safe_target(staging, e.path), e, progress))
+        functools.partial(copy_file, fs, f"{base}/{entry.path}", safe_target(staging, entry.path), entry, progress)
         for entry in manifest.entries
     ]
     await _bounded(executor, workers, calls)
 
 
-def clear_bundle(staging: Path, entries: Iterable[FileEntry]) -> None:
-    """Remove what an interrupted unpack of one bundle may have left."""
-    for entry in entries:
-        safe_target(staging, entry.path).unlink(missing_ok=True)
+def clear_interrupted(staging: Path) -> None:
+    """Remove what a crash left of bundles being unpacked (their private staging area).
+
+    A bundle's files reach ``staging`` only after the whole bundle verified, each by an
+    atomic rename, so files already in place are whole; re-unpacking replaces them.
+    """
+    shutil.rmtree(staging / STAGING_DIR, ignore_errors=True)
+
+
+def finish(staging: Path, manifest: Manifest) -> None:
+    """Create the manifest's empty directories; the tree is then complete."""
+    clear_interrupted(staging)
+    create_empty_directories(manifest, staging)
 
 
 async def fetch_bundles(
@@ -173,8 +182,9 @@ async def fetch_bundles(
         if bundle.digest in done:
             progress.skip(bundle.size, bundle.count)
 
+    clear_interrupted(staging)
+
     def unpack(bundle: BundleRef) -> None:
-        clear_bundle(staging, manifest.bundle_entries(bundle))
         unpack_bundle(
             source.bundles, manifest, bundle, staging,  # type: ignore[arg-type]
             storage_options=source.storage_options, progress=progress.add,
@@ -183,7 +193,7 @@ async def fetch_bundles(
     async def after(index: int) -> None:
         await on_bundle_done(todo[index])
 
-    await _bounded(executor, workers, [(lambda b=b: unpack(b)) for b in todo], after)
+    await _bounded(executor, workers, [functools.partial(unpack, b) for b in todo], after)
 
 
-__all__ = ["CHUNK_BYTES", "Progress", "Source", "clear_bundle", "copy_file", "fetch_bundles", "fetch_files", "safe_target"]
+__all__ = ["Progress", "Source", "clear_interrupted", "copy_file", "finish", "fetch_bundles", "fetch_files", "safe_target"]

@@ -51,7 +51,7 @@ class Metrics:
         with self._lock:
             return self._counters.get((name, tuple(sorted(labels.items()))), 0.0)
 
-    def render(self, gauges: Mapping[str, float] | list[Sample] = ()) -> str:
+    def render(self, gauges: Mapping[str, float] | list[Sample] | None = None) -> str:
         """The exposition text: every known counter (zero if unseen) plus ``gauges``."""
         with self._lock:
             samples = [Sample(name, value, labels) for (name, labels), value in sorted(self._counters.items())]
@@ -60,7 +60,7 @@ class Metrics:
                 samples.append(Sample(name, 0.0))
         if isinstance(gauges, Mapping):
             samples += [Sample(name, value) for name, value in gauges.items()]
-        else:
+        elif gauges:
             samples += list(gauges)
         return _exposition(samples)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -41,7 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 from dsagent import eviction
 from dsagent.catalog import Catalog, TaskRow, VersionRow
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, IntegrityError, InvalidInput, NotFound
-from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files
+from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish
 from dsagent.manifest import BundleRef, Manifest, build_manifest, read_manifest
 from dsagent.metrics import Metrics, Sample
 from dsagent.settings import Settings
@@ -172,11 +173,11 @@ class CacheService:
             await self._db(self._catalog.close)
         self._db_pool.shutdown(wait=True)
 
-    async def _db(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._db_pool, lambda: fn(*args))
+    async def _db(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._db_pool, functools.partial(fn, *args, **kwargs))
 
-    async def _work(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args))
+    async def _work(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     @property
     def catalog(self) -> Catalog:
@@ -311,8 +312,14 @@ class CacheService:
         if flight is None:
             flight = asyncio.ensure_future(start())
             self._flights[key] = flight
-            flight.add_done_callback(lambda _f, k=key: self._flights.pop(k, None))
+            flight.add_done_callback(functools.partial(self._landed, key))
         return await asyncio.shield(flight)  # one waiter giving up never cancels the flight
+
+    def _landed(self, key: tuple[Any, ...], flight: asyncio.Future[Any]) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not flight.cancelled():
+            flight.exception()  # retrieved here: every waiter sees it; asyncio must not warn
 
     async def _wait_for(self, task_id: str, timeout: float) -> None:
         waiters = [t for (tid, _), t in self._waiters.items() if tid == task_id and not t.done()]
@@ -431,7 +438,7 @@ class CacheService:
             await fetch_bundles(source, manifest, staging, done=done, on_bundle_done=record, progress=progress, executor=self._pool, workers=workers)
         else:
             await fetch_files(source, manifest, staging, progress=progress, executor=self._pool, workers=workers)
-        await self._work(_make_empty_dirs, staging, manifest)
+        await self._work(finish, staging, manifest)
         self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
         await self._work(self.store.publish, *key)
         await self._db(self.catalog.mark_ready, *key, now=self.clock())
@@ -635,11 +642,6 @@ def _check_same_request(existing: TaskRow, requests: Sequence[DatasetRequest]) -
             f"task {existing.task_id!r} already holds a different set of datasets",
             hint="a task's request cannot change; release the task first or use a new task id",
         )
-
-
-def _make_empty_dirs(staging: Path, manifest: Manifest) -> None:
-    for directory in getattr(manifest, "empty_dirs", ()) or ():
-        (staging / directory).mkdir(parents=True, exist_ok=True)
 
 
 __all__ = ["CacheService", "DatasetRequest", "DatasetStatus", "EvictionResult", "TaskRecord", "iso", "redact_url"]

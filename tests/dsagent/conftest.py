@@ -54,3 +54,37 @@ def memory_root() -> Iterator[str]:
     path = root.split("://", 1)[1]
     if fs.exists(path):
         fs.rm(path, recursive=True)
+
+
+# --------------------------------------------------------------------------- agent (issue 3)
+
+from typing import Any  # noqa: E402 - this file is append-only
+
+
+@pytest.fixture
+def loopback(tmp_path: Path) -> Iterator[tuple[Path, str, Any]]:
+    """``(directory, url, server)``: a real HTTP server on 127.0.0.1 serving a fresh directory."""
+    from tests.dsagent.harness import LoopbackServer
+
+    directory = tmp_path / "www"
+    directory.mkdir()
+    server = LoopbackServer(directory)
+    yield directory, server.url, server
+    server.close()
+
+
+@pytest.fixture
+def agent_factory(tmp_path: Path) -> Iterator[Any]:
+    """Start real ``dsagent serve`` processes; every one is stopped after the test."""
+    from tests.dsagent.harness import AgentProcess
+
+    started: list[AgentProcess] = []
+
+    def start(name: str = "agent", **kwargs: Any) -> AgentProcess:
+        agent = AgentProcess(tmp_path / name, **kwargs).start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()
