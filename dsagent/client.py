@@ -37,12 +37,14 @@ class AgentClient:
 
     def __init__(self, *, socket_path: str | os.PathLike[str] | None = None, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._socket: Path | None = None
         if url:
             self.where = url
             self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
         else:
             path = Path(socket_path) if socket_path is not None else default_socket()
             self.where = str(path)
+            self._socket = path
             self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://dsagent", headers=headers, timeout=timeout)
 
     @classmethod
@@ -63,13 +65,12 @@ class AgentClient:
 
     def _call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        if self._socket is not None and not self._socket.exists():
+            raise self._unreachable()
         try:
             response = self._http.request(method, path, json=json, params=params, **extra)
         except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError, ConnectionRefusedError) as exc:
-            raise AgentUnreachable(
-                f"no dsagent is answering at {self.where}",
-                hint="start it with 'dsagent serve' (or point DSAGENT_SOCKET / DSAGENT_AGENT at a running agent)",
-            ) from exc
+            raise self._unreachable() from exc
         except httpx.TimeoutException as exc:
             raise errors.TransientError(f"the agent at {self.where} did not answer in time") from exc
         if response.status_code >= 400:
@@ -77,6 +78,12 @@ class AgentClient:
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text
+
+    def _unreachable(self) -> AgentUnreachable:
+        return AgentUnreachable(
+            f"no dsagent is answering at {self.where}",
+            hint="start it with 'dsagent serve' (or point DSAGENT_SOCKET / DSAGENT_AGENT at a running agent)",
+        )
 
     # -- tasks ------------------------------------------------------------------------
 

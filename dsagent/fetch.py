@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +149,19 @@ async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, prog
     await _bounded(executor, workers, calls)
 
 
+def link_bundle(origin: Path, staging: Path, entries: Sequence[FileEntry], progress: Progress) -> None:
+    """Hard-link (or copy across filesystems) a bundle's files from another cached version."""
+    for entry in entries:
+        src, dest = safe_target(origin, entry.path), safe_target(staging, entry.path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.unlink(missing_ok=True)
+        try:
+            os.link(src, dest)
+        except OSError:
+            shutil.copy2(src, dest)
+        progress.add(entry.size, 1)
+
+
 def clear_interrupted(staging: Path) -> None:
     """Remove what a crash left of bundles being unpacked (their private staging area).
 
@@ -171,11 +184,17 @@ async def fetch_bundles(
     *,
     done: set[str],
     on_bundle_done: Callable[[BundleRef], Awaitable[None]],
+    local: Mapping[str, Path] | None = None,
     progress: Progress,
     executor: Executor,
     workers: int,
 ) -> None:
-    """Unpack every bundle not in ``done`` into ``staging``; ``on_bundle_done`` records each."""
+    """Unpack every bundle not in ``done`` into ``staging``; ``on_bundle_done`` records each.
+
+    ``local`` maps bundle digests to ready directories of other versions that hold the
+    same files: those are hard-linked from there instead of downloaded, so a changed
+    dataset only fetches the bundles that changed (cached copies are never modified).
+    """
     assert source.bundles is not None
     todo = [b for b in manifest.bundles if b.digest not in done]
     for bundle in manifest.bundles:
@@ -185,6 +204,9 @@ async def fetch_bundles(
     clear_interrupted(staging)
 
     def unpack(bundle: BundleRef) -> None:
+        if local and bundle.digest in local:
+            link_bundle(local[bundle.digest], staging, manifest.bundle_entries(bundle), progress)
+            return
         unpack_bundle(
             source.bundles, manifest, bundle, staging,  # type: ignore[arg-type]
             storage_options=source.storage_options, progress=progress.add,

@@ -435,13 +435,27 @@ class CacheService:
             async def record(bundle: BundleRef) -> None:
                 await self._db(self.catalog.bundle_done, *key, bundle.digest)
 
-            await fetch_bundles(source, manifest, staging, done=done, on_bundle_done=record, progress=progress, executor=self._pool, workers=workers)
+            local = await self._local_bundles(manifest)
+            await fetch_bundles(source, manifest, staging, done=done, on_bundle_done=record, local=local, progress=progress, executor=self._pool, workers=workers)
         else:
             await fetch_files(source, manifest, staging, progress=progress, executor=self._pool, workers=workers)
         await self._work(finish, staging, manifest)
         self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
         await self._work(self.store.publish, *key)
         await self._db(self.catalog.mark_ready, *key, now=self.clock())
+
+    async def _local_bundles(self, manifest: Manifest) -> dict[str, Path]:
+        """Bundles of ``manifest`` that another ready version of the dataset already holds."""
+        wanted = {b.digest for b in manifest.bundles}
+        found: dict[str, Path] = {}
+        for row in await self._db(self.catalog.versions, manifest.name):
+            if row.state != "ready" or row.digest == manifest.digest:
+                continue
+            other = await self._stored_manifest(row.name, row.digest)
+            for bundle in other.bundles if other else ():
+                if bundle.digest in wanted:
+                    found.setdefault(bundle.digest, self.store.ready_dir(row.name, row.digest))
+        return found
 
     # -- space ------------------------------------------------------------------------
 

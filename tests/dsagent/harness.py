@@ -81,6 +81,9 @@ class _Server(http.server.ThreadingHTTPServer):
         with self._lock:
             self.requests[(method, path.split("?", 1)[0])] += 1
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients killed mid-response (kill -9 tests) are expected here
+
     def delay_for(self, path: str) -> float:
         return sum(seconds for match, seconds in self.delays if match(path))
 
@@ -132,6 +135,7 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
+        self.socket.unlink(missing_ok=True)  # a killed agent's stale socket: wait for the new one
         log = open(self.log, "ab")
         self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
