@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS versions (
     size_bytes INTEGER NOT NULL, files INTEGER NOT NULL,
     source TEXT NOT NULL, bundles TEXT,
     created_at REAL NOT NULL, ready_at REAL, last_used REAL, error TEXT,
+    resolved_at REAL NOT NULL,  -- when a consistency check last named this version current
     PRIMARY KEY (name, digest));
 CREATE TABLE IF NOT EXISTS bundles_done (
     name TEXT NOT NULL, digest TEXT NOT NULL, bundle TEXT NOT NULL,
@@ -62,6 +63,7 @@ class VersionRow:
     ready_at: float | None
     last_used: float | None
     error: str | None
+    resolved_at: float
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,9 @@ class Catalog:
 
     def versions(self, name: str | None = None) -> list[VersionRow]:
         if name is None:
-            rows = self._query("SELECT * FROM versions ORDER BY name, created_at")
+            rows = self._query("SELECT * FROM versions ORDER BY name, resolved_at")
         else:
-            rows = self._query("SELECT * FROM versions WHERE name = ? ORDER BY created_at", (name,))
+            rows = self._query("SELECT * FROM versions WHERE name = ? ORDER BY resolved_at", (name,))
         return [VersionRow(**dict(row)) for row in rows]
 
     def version(self, name: str, digest: str) -> VersionRow | None:
@@ -127,16 +129,16 @@ class Catalog:
         """Record a fetch starting (or restarting after a failure or crash)."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at, last_used)"
-                " VALUES (?, ?, 'fetching', ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at, last_used, resolved_at)"
+                " VALUES (?, ?, 'fetching', ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (name, digest) DO UPDATE SET state = 'fetching', error = NULL,"
-                " source = excluded.source, bundles = excluded.bundles",
-                (name, digest, size_bytes, files, source, bundles, now, now),
+                " source = excluded.source, bundles = excluded.bundles, resolved_at = excluded.resolved_at",
+                (name, digest, size_bytes, files, source, bundles, now, now, now),
             )
 
     def mark_ready(self, name: str, digest: str, *, now: float) -> None:
         with self._tx() as db:
-            db.execute("UPDATE versions SET state = 'ready', ready_at = ?, error = NULL WHERE name = ? AND digest = ?", (now, name, digest))
+            db.execute("UPDATE versions SET state = 'ready', ready_at = ?, last_used = ?, error = NULL WHERE name = ? AND digest = ?", (now, now, name, digest))
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
 
     def mark_failed(self, name: str, digest: str, error: str) -> None:
@@ -144,8 +146,18 @@ class Catalog:
             db.execute("UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest))
 
     def touch(self, name: str, digest: str, now: float) -> None:
+        """A hit: the version is used now and is its name's current version."""
         with self._tx() as db:
-            db.execute("UPDATE versions SET last_used = ? WHERE name = ? AND digest = ?", (now, name, digest))
+            db.execute("UPDATE versions SET last_used = ?, resolved_at = ? WHERE name = ? AND digest = ?", (now, now, name, digest))
+
+    def touch_task(self, task_id: str, now: float) -> None:
+        """Mark every version a task holds as used now (on renewal and on release)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE versions SET last_used = ? WHERE (name, digest) IN"
+                " (SELECT name, digest FROM task_datasets WHERE task_id = ? AND digest IS NOT NULL)",
+                (now, task_id),
+            )
 
     def delete_version(self, name: str, digest: str) -> None:
         with self._tx() as db:

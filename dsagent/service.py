@@ -235,6 +235,7 @@ class CacheService:
         else:
             _check_same_request(existing, requests)
             await self._db(self.catalog.renew_task, task_id, lease_until)
+            await self._db(self.catalog.touch_task, task_id, now)
         for request in requests:
             self._options[(task_id, request.name)] = request.storage_options
             await self._ensure(task_id, request, existing.digests.get(request.name))
@@ -361,6 +362,7 @@ class CacheService:
                 self._waiters.pop((tid, name), None)
                 self._errors.pop((tid, name), None)
                 self._options.pop((tid, name), None)
+        await self._db(self.catalog.touch_task, task_id, self.clock())  # idle time counts from here
         if not await self._db(self.catalog.delete_task, task_id):
             raise NotFound(f"no task {task_id!r} on this agent")
         await self._collect_superseded()
@@ -515,15 +517,15 @@ class CacheService:
         self.metrics.inc("dsagent_evicted_bytes_total", victim.size_bytes)
 
     async def _collect_superseded(self, name: str | None = None) -> None:
-        """Delete old versions no task holds: a name keeps only its most recently used one."""
-        candidates = [c for c in await self._candidates() if name is None or c.name == name]
-        rows = {(r.name, r.digest): r for r in await self._db(self.catalog.versions, name)}
-        current: dict[str, eviction.Candidate] = {}
-        for c in candidates:
-            if rows[(c.name, c.digest)].state == "ready" and (c.name not in current or c.last_used > current[c.name].last_used):
-                current[c.name] = c
-        for c in candidates:
-            if c.evictable and c.name in current and current[c.name] is not c:
+        """Delete old versions no task holds: a name keeps its current version (the one
+        its latest consistency check resolved to) and the versions tasks still use."""
+        rows = await self._db(self.catalog.versions, name)
+        current: dict[str, VersionRow] = {}
+        for row in rows:  # ordered by resolved_at: the last ready one per name wins
+            if row.state == "ready":
+                current[row.name] = row
+        for c in await self._candidates():
+            if (name is None or c.name == name) and c.evictable and c.name in current and current[c.name].digest != c.digest:
                 await self._evict_one(c, reason="superseded")
 
     async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
@@ -626,7 +628,7 @@ class CacheService:
             by_name.setdefault(view["name"], []).append(view)
         datasets: dict[str, Any] = {}
         for name, views in sorted(by_name.items()):
-            newest = views[-1]  # versions come in creation order
+            newest = views[-1]  # versions come in resolution order: the last is current
             entry = {key: newest[key] for key in ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")}
             if len(views) > 1:
                 entry["versions"] = [{key: v[key] for key in ("digest", "state", "inUse", "sizeBytes")} for v in views]

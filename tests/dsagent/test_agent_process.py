@@ -142,11 +142,10 @@ def test_datasets_in_use_are_never_evicted_and_unused_ones_go_least_recently_use
     agent = agent_factory(env={"DSAGENT_CAPACITY": "350kB"})
     with agent.client() as client:
         client.submit_task("holds-a", [sets["a"]], wait=30)  # a stays in use throughout
-        for name in ("b", "c"):
+        for name in ("c", "b"):
             assert client.submit_task(f"t-{name}", [sets[name]], wait=30)["state"] == "ready"
-            time.sleep(1.1)  # distinct last-use seconds
+        client.release_task("t-b")  # b was cached last but released first: b is the LRU
         client.release_task("t-c")
-        client.release_task("t-b")  # b released last, but c was used later: b is the LRU
         record = client.submit_task("t-d", [sets["d"]], wait=30)
         assert record["state"] == "ready", record
         held = {d["name"] for d in client.datasets()["datasets"]}
