@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import xxhash
 import zstandard
@@ -170,7 +170,7 @@ def _write_member(stream: IO[bytes], fd: int, entry: FileEntry, bundle: BundleRe
 def _extract_stream(raw: IO[bytes], expected: dict[str, FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
     seen: set[str] = set()
     reader = _FrameReader(raw, bundle)
-    with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK_SIZE) as tar:
+    with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|", bufsize=CHUNK_SIZE) as tar:
         for member in tar:
             _reject_unsafe(member, bundle)
             entry = expected.get(member.name)
