@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import xxhash
 import zstandard
@@ -91,7 +91,15 @@ class _Staging:
 
     def __init__(self, dest_dir: Path, bundle: BundleRef) -> None:
         self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{uuid.uuid4().hex[:8]}"
-        self.root.mkdir(parents=True)
+        for _ in range(100):  # a bundle finishing beside us may remove the shared parent
+            try:
+                self.root.parent.mkdir(exist_ok=True)
+                self.root.mkdir()
+                break
+            except (FileNotFoundError, FileExistsError):
+                continue
+        else:
+            self.root.mkdir(parents=True)
         self._made: set[str] = {""}
 
     def create(self, path: str) -> int:
@@ -107,6 +115,37 @@ class _Staging:
             self.root.parent.rmdir()
         except OSError:
             pass  # another bundle is staging beside us
+
+
+class _FrameReader:
+    """Decompresses exactly one zstd frame from ``raw``; a short or padded frame is corrupt.
+
+    zstandard's own stream reader returns a clean EOF when the input stops inside a frame
+    (a bundle cut at its checksum would pass), so the frame's end is checked here.
+    """
+
+    def __init__(self, raw: IO[bytes], bundle: BundleRef) -> None:
+        self._raw = raw
+        self._bundle = bundle
+        self._decompressor = zstandard.ZstdDecompressor().decompressobj()
+        self._pending = bytearray()
+        self._done = False
+
+    def read(self, size: int = -1) -> bytes:
+        want = size if size >= 0 else 1 << 62
+        while len(self._pending) < want and not self._done:
+            chunk = self._raw.read(CHUNK_SIZE)
+            if chunk:
+                self._pending += self._decompressor.decompress(chunk)
+                continue
+            self._done = True
+            if not self._decompressor.eof:
+                raise IntegrityError(f"bundle {self._bundle.digest} is truncated", hint="re-fetch or re-pack it")
+            if self._decompressor.unused_data:
+                raise IntegrityError(f"bundle {self._bundle.digest} has data after its end", hint="re-fetch or re-pack it")
+        data = bytes(self._pending[:want])
+        del self._pending[:want]
+        return data
 
 
 def _write_member(stream: IO[bytes], fd: int, entry: FileEntry, bundle: BundleRef) -> None:
@@ -130,8 +169,8 @@ def _write_member(stream: IO[bytes], fd: int, entry: FileEntry, bundle: BundleRe
 
 def _extract_stream(raw: IO[bytes], expected: dict[str, FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
     seen: set[str] = set()
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK_SIZE, closefd=False)
-    with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK_SIZE) as tar:
+    reader = _FrameReader(raw, bundle)
+    with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|", bufsize=CHUNK_SIZE) as tar:
         for member in tar:
             _reject_unsafe(member, bundle)
             entry = expected.get(member.name)
