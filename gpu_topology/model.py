@@ -12,10 +12,9 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpu_topology.errors import InvalidTopology, ParseError, UnknownDevice
 
@@ -168,6 +167,31 @@ def subnets_of(addresses: Iterable[str]) -> tuple[str, ...]:
     return tuple(found)
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class FrozenMap(Mapping[_K, _V], Generic[_K, _V]):
+    """A read-only mapping that, unlike ``MappingProxyType``, pickles and deep-copies."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[_K, _V]) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: _K) -> _V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[_K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+
 LinkTable = Mapping[str, Mapping[str, Link]]
 
 
@@ -248,4 +272,4 @@ def _symmetric(links: LinkTable, known: set[str]) -> LinkTable:
                         f"contradictory links between {a} and {b}: {previous} and {link}"
                     )
                 table[x][y] = link
-    return MappingProxyType({k: MappingProxyType(v) for k, v in table.items()})
+    return FrozenMap({k: FrozenMap(v) for k, v in table.items()})

@@ -118,6 +118,9 @@ class _Chooser:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._pairs: dict[tuple[int, int], int] = {}
+        # Per-GPU facts, computed once: the key of every candidate set reuses them.
+        self._place = {g.index: g.locality for g in topology.gpus}
+        self._nic = {g.index: _nic_rank(topology, [g.index]) for g in topology.gpus}
 
     def pair(self, a: int, b: int) -> int:
         key = (a, b) if a < b else (b, a)
@@ -129,9 +132,11 @@ class _Chooser:
         return sum(self.pair(a, b) for a, b in itertools.combinations(members, 2))
 
     def key(self, members: Sequence[int]) -> tuple[int, bool, int]:
-        rank = _nic_rank(self.topology, members)
-        closeness = -1 if rank is None else len(PCIE_ORDER) - rank
-        return (self.score(members), single_numa(self.topology, members), closeness)
+        places = {self._place[m] for m in members}
+        one_node = len(places) == 1 and None not in places
+        ranks = [r for r in (self._nic[m] for m in members) if r is not None]
+        closeness = len(PCIE_ORDER) - min(ranks) if ranks else -1
+        return (self.score(members), one_node, closeness)
 
     def exact(self, must: list[int], candidates: list[int], need: int) -> tuple[int, ...]:
         best: tuple[int, ...] = ()
@@ -146,6 +151,8 @@ class _Chooser:
         return best
 
     def local_search(self, must: list[int], candidates: list[int], need: int) -> tuple[int, ...]:
+        if need == 0:
+            return tuple(must)
         seeds = candidates if not must else [None]
         starts = [self._greedy(must, candidates, need, seed) for seed in seeds]
         best = max(starts, key=lambda m: (self.key(m), [-i for i in m]))

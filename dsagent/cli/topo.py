@@ -38,12 +38,6 @@ def _source_options(func: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Format of --from.",
         ),
-        click.option(
-            "--prefix",
-            default=DEFAULT_PREFIX,
-            show_default=True,
-            help="Resource name prefix of the RoCE classes (e.g. example.com/gpu-roce).",
-        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -66,7 +60,9 @@ def _indices(text: str | None, option: str) -> list[int] | None:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated GPU indices such as 0,1,4, got {text!r}", param_hint=option) from None
+        raise click.BadParameter(
+            f"expected comma-separated GPU indices such as 0,1,4, got {text!r}", param_hint=option
+        ) from None
 
 
 @click.group()
@@ -76,6 +72,12 @@ def topo() -> None:
 
 @topo.command("show")
 @_source_options
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    help="Resource name prefix of the RoCE classes (e.g. example.com/gpu-roce).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the version-1 JSON contract.")
 def show(source: str | None, fmt: str, prefix: str, as_json: bool) -> None:
     """Print the topology, its RoCE classes and the GPU-pair score matrix."""
@@ -92,11 +94,8 @@ def show(source: str | None, fmt: str, prefix: str, as_json: bool) -> None:
 @click.option("--must-include", metavar="LIST", help="GPUs the set must contain, e.g. 2,3.")
 @click.option("--free", metavar="LIST", help="GPUs to choose from (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the choice as JSON.")
-def best(
-    source: str | None, fmt: str, prefix: str, count: int, must_include: str | None, free: str | None, as_json: bool
-) -> None:
+def best(source: str | None, fmt: str, count: int, must_include: str | None, free: str | None, as_json: bool) -> None:
     """Print the best-scoring set of --count GPUs and its score."""
-    del prefix  # accepted for symmetry with show; classes are not printed here
     topology = _load(source, fmt)
     free_list = _indices(free, "--free")
     chosen = best_gpu_set(
@@ -110,7 +109,12 @@ def best(
             f"no set of {count} GPUs holds the must-include GPUs within the free ones"
         )
     if as_json:
-        body = {"gpus": list(chosen.gpus), "score": chosen.score, "singleNuma": chosen.single_numa, "nicLevel": chosen.nic_level}
+        body = {
+            "gpus": list(chosen.gpus),
+            "score": chosen.score,
+            "singleNuma": chosen.single_numa,
+            "nicLevel": chosen.nic_level,
+        }
         click.echo(json.dumps(body))
         return
     click.echo(
@@ -140,15 +144,15 @@ def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     lines += ["", f"NICs ({len(topology.nics)})"]
     rows = [["NAME", "NUMA", "NETDEV", "LINK LAYER", "STATE", "ADDRESSES"]]
     for nic in topology.nics:
-        rows.append(
-            [nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), ", ".join(nic.addresses) or "-"]
-        )
+        addresses = ", ".join(nic.addresses) or "-"
+        rows.append([nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), addresses])
     lines += _table(rows) if topology.nics else ["  (none)"]
     classes = roce_classes(topology, prefix)
     lines += ["", f"RoCE classes ({len(classes)})"]
     rows = [["CLASS", "NICS", "NUMA", "GPUS", "SUBNETS"]]
     for cls in classes:
-        rows.append([cls.name, ",".join(cls.nics), _dash(cls.numa_node), ",".join(map(str, cls.gpus)), ",".join(cls.subnets) or "-"])
+        gpus, subnets = ",".join(map(str, cls.gpus)), ",".join(cls.subnets) or "-"
+        rows.append([cls.name, ",".join(cls.nics), _dash(cls.numa_node), gpus, subnets])
     lines += _table(rows) if classes else ["  (none: no RDMA NIC within non-SYS reach of a GPU)"]
     lines += ["", "GPU-pair scores"]
     indices = topology.gpu_indices

@@ -6,8 +6,9 @@ children) or ``<nic>`` (with one ``<net name>`` per port). Links are derived the
 NCCL derives its paths, in ``nvidia-smi``'s words:
 
 * GPU-GPU over NVLink: the bonded link count when one GPU's ``nvlink`` targets the
-  other; through NVSwitches (targets that are not GPUs, class 0x068000) the smaller of
-  the two GPUs' switch link totals (an H100 with 18 switch links is NV18 to its peers).
+  other; through NVSwitches (targets of class 0x068000, or in dumps without ``tclass``
+  any target that is not a GPU) the smaller of the two GPUs' switch link totals (an
+  H100 with 18 switch links is NV18 to its peers).
 * Otherwise by PCIe position: both under one bridge/switch element -> PIX; several
   bridges -> PXB; only the CPU in common -> PHB (NCCL cannot tell host bridges apart,
   so it never yields NODE); different CPUs -> SYS.
@@ -34,6 +35,7 @@ class _Device:
     busid: str | None
     nvlinks: dict[str, int] = field(default_factory=dict)  # target busid -> links
     switch_links: int = 0
+    unclassed: dict[str, int] = field(default_factory=dict)  # targets without a tclass
 
 
 def parse_nccl_xml(text: str) -> Topology:
@@ -57,6 +59,7 @@ def parse_nccl_xml(text: str) -> Topology:
     if not gpus:
         raise ParseError("NCCL topology XML lists no <gpu>")
     nics.sort(key=lambda item: item[0])
+    _classify_untyped_targets([d for _, d in gpus])
     devices = [d for _, d in gpus] + [d for _, _, d in nics]
     bus_to_gpu = {d.busid: d.name for _, d in gpus if d.busid}
     links: dict[str, dict[str, Link]] = {}
@@ -100,8 +103,11 @@ def _gpu(
     for link in element.findall("nvlink"):
         count = _int(link.get("count"), "nvlink count") or 1
         target = _bus(link.get("target"))
-        if link.get("tclass", "").lower() == NVSWITCH_CLASS:
+        tclass = link.get("tclass", "").lower()
+        if tclass == NVSWITCH_CLASS:
             device.switch_links += count
+        elif target and not tclass:
+            device.unclassed[target] = device.unclassed.get(target, 0) + count
         elif target:
             device.nvlinks[target] = device.nvlinks.get(target, 0) + count
     gpu = Gpu(index=index, pci_bus_id=busid, numa_node=numa, cpu_affinity=affinity)
@@ -125,6 +131,18 @@ def _nic(
     nic = Nic(name=name, numa_node=numa, pci_bus_id=busid)
     # A NIC's own pci element is an endpoint, not a bridge on its path.
     return (position if order is None else order), nic, _Device(name=name, path=path, busid=busid)
+
+
+def _classify_untyped_targets(gpus: list[_Device]) -> None:
+    """Older dumps give no tclass: a target that is another GPU is a direct link, any
+    other target (there is no CPU NVLink on x86) is taken for an NVSwitch."""
+    buses = {d.busid for d in gpus if d.busid}
+    for device in gpus:
+        for target, count in device.unclassed.items():
+            if target in buses:
+                device.nvlinks[target] = device.nvlinks.get(target, 0) + count
+            else:
+                device.switch_links += count
 
 
 def _link(a: _Device, b: _Device, bus_to_gpu: dict[str, str]) -> Link:

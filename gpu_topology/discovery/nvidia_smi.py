@@ -33,6 +33,7 @@ _GPU = re.compile(r"^GPU(\d+)$")
 _NIC = re.compile(r"^(NIC\d+|[a-z][a-z0-9_]*\d+)$")
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _UNKNOWN = {"", "N/A", "NA", "-"}
 
 
@@ -52,6 +53,7 @@ def parse_topo_matrix(text: str) -> Topology:
     gpus, nics, links = [], [], {}
     for name in header.devices:
         cells, attrs = rows.get(name, ((), {}))
+        _check_diagonal(name, cells, header.devices)
         row_links = {rename[other]: link for other, link in zip(header.devices, cells) if link is not None}
         links[rename[name]] = row_links
         match = _GPU.match(name)
@@ -59,8 +61,19 @@ def parse_topo_matrix(text: str) -> Topology:
             gpus.append(_gpu(int(match.group(1)), attrs))
         else:
             nics.append(Nic(name=rename[name]))
-    topology = Topology(gpus=tuple(gpus), nics=tuple(nics), links=_first_wins(links))
+    topology = Topology(gpus=tuple(gpus), nics=tuple(nics), links=_symmetric(links))
     return with_inferred_nic_numa(topology)
+
+
+def _check_diagonal(name: str, cells: Sequence[Link | None], devices: Sequence[str]) -> None:
+    """X (self) sits on the diagonal and nowhere else, or the cells are misaligned."""
+    for other, cell in zip(devices, cells):
+        if (cell is None) != (other == name):
+            found = "X" if cell is None else str(cell)
+            raise ParseError(
+                f"row {name} has {found} in column {other}",
+                hint="the columns are probably misaligned; pass the output as printed",
+            )
 
 
 def with_inferred_nic_numa(topology: Topology) -> Topology:
@@ -91,17 +104,19 @@ def _find_header(lines: Sequence[str]) -> tuple[int, _Header]:
     for at, line in enumerate(lines):
         tokens = line.split()
         if any(_GPU.match(t) for t in tokens) and not any(_LINK.match(t) for t in tokens):
-            return at, _parse_header(line, at + 1)
+            labels = {rest.split()[0] for rest in lines[at + 1 :] if rest.split()}
+            return at, _parse_header(line, at + 1, labels)
     raise ParseError(
         "no 'nvidia-smi topo -m' header (a line naming GPU0 ...) found",
         hint="pass the output of 'nvidia-smi topo -m' as it was printed",
     )
 
 
-def _parse_header(line: str, number: int) -> _Header:
+def _parse_header(line: str, number: int, row_labels: set[str]) -> _Header:
     attributes = tuple(" ".join(m.group(0).split()) for m in _ATTRIBUTE_RE.finditer(line))
     devices = tuple(_ATTRIBUTE_RE.sub(" ", line).split())
-    odd = [d for d in devices if not (_GPU.match(d) or _NIC.match(d))]
+    # A column is a device when it looks like one or has a row of its own (bnxt_re_bond).
+    odd = [d for d in devices if not (_GPU.match(d) or _NIC.match(d) or d in row_labels)]
     if odd:
         raise ParseError(f"line {number}: unexpected column(s) {', '.join(odd)} in the topology header")
     if len(set(devices)) != len(devices):
@@ -151,17 +166,21 @@ def _nic_legend(lines: Sequence[str]) -> dict[str, str]:
     return legend
 
 
-def _first_wins(rows: dict[str, dict[str, Link]]) -> dict[str, dict[str, Link]]:
-    """Drop the reverse of a pair already seen, so a lopsided matrix is not a contradiction."""
-    seen: set[frozenset[str]] = set()
-    kept: dict[str, dict[str, Link]] = {}
+def _symmetric(rows: dict[str, dict[str, Link]]) -> dict[str, dict[str, Link]]:
+    """The matrix as given, after checking that it reads the same both ways.
+
+    A real matrix is symmetric; a pair that is not means the cells were misaligned
+    (a lost or extra cell), so failing beats scoring a wrong topology.
+    """
     for a, row in rows.items():
         for b, link in row.items():
-            pair = frozenset((a, b))
-            if pair not in seen:
-                seen.add(pair)
-                kept.setdefault(a, {})[b] = link
-    return kept
+            back = rows.get(b, {}).get(a)
+            if back is not None and back != link:
+                raise ParseError(
+                    f"the matrix says {a}-{b} is {link} but {b}-{a} is {back}",
+                    hint="the columns are probably misaligned; pass the output as printed",
+                )
+    return rows
 
 
 def _gpu(index: int, attrs: dict[str, str]) -> Gpu:
@@ -180,10 +199,10 @@ def parse_id_list(text: str) -> tuple[int, ...]:
     """Read a Linux id list such as ``0,8,252-255`` into sorted ids."""
     ids: set[int] = set()
     for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        match = _ID_RANGE.match(part.strip())
+        if not match or int(match.group(2) or match.group(1)) < int(match.group(1)):
             raise ParseError(f"not an id list: {text!r}", hint="expected e.g. '0', '0-3' or '0,8,252-255'")
-        ids.update(range(int(low), int(high or low) + 1))
+        ids.update(range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1))
     return tuple(sorted(ids))
 
 

@@ -79,7 +79,9 @@ class SysfsBackend(Backend):
         nics = [self._nic(p, addresses) for p in _sorted_names(self.root / "sys/class/infiniband")]
         places = {g.name: self._place(d) for g, d in zip(gpus, gpu_dirs)}
         for nic in nics:
-            places[nic.name] = self._place(self.root / "sys/class/infiniband" / nic.name / "device")
+            device = self.root / "sys/class/infiniband" / nic.name / "device"
+            if device.exists():  # software RDMA (rxe, siw) has no PCI device: no PCIe link
+                places[nic.name] = self._place(device)
         names = list(places)
         links: dict[str, dict[str, Link]] = {}
         for i, a in enumerate(names):

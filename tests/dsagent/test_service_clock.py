@@ -1,0 +1,60 @@
+"""Leases and the idle sweep, with the clock injected (in process, memory:// sources)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import fsspec
+
+from dsagent.service import CacheService, DatasetRequest
+from dsagent.settings import Settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_memory_dataset(root: str, files: int) -> None:
+    fs = fsspec.filesystem("memory")
+    for i in range(files):
+        fs.pipe(f"{root.split('://', 1)[1]}/f{i}.bin", bytes([i]) * 500)
+
+
+def test_a_lapsed_lease_releases_the_task_and_idle_datasets_are_swept(tmp_path: Path, memory_root: str) -> None:
+    write_memory_dataset(memory_root, 3)
+    clock = Clock()
+    settings = Settings(root=tmp_path, lease_ttl=60, idle_ttl=3600, sweep_interval=3600)
+
+    async def run() -> None:
+        service = CacheService(settings, clock=clock)
+        await service.start()
+        try:
+            record = await service.submit_task("pod", [DatasetRequest("mem", memory_root)], wait=30)
+            assert record.state == "ready", record
+            clock.now += 30
+            await service.sweep()
+            assert (await service.datasets())[0]["inUse"] is True  # lease still valid
+            await service.submit_task("pod", [DatasetRequest("mem", memory_root)])  # renews the lease
+            clock.now += 59
+            await service.sweep()
+            assert (await service.datasets())[0]["inUse"] is True
+            clock.now += 2
+            await service.sweep()
+            view = (await service.datasets())[0]
+            assert view["inUse"] is False  # lapsed and released, still cached
+            clock.now += 3599
+            await service.sweep()
+            assert len(await service.datasets()) == 1  # not idle long enough yet
+            clock.now += 100
+            await service.sweep()
+            assert await service.datasets() == []  # idle past the TTL: swept
+            assert not Path(view["path"]).exists()
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
