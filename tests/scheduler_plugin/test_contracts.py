@@ -27,7 +27,8 @@ def test_a_compacted_oversize_inventory_is_still_read() -> None:
     assert len(text.encode()) <= INVENTORY_BUDGET
     inventory, error = parse_inventory(text)
     assert error is None and inventory is not None and inventory.truncated
-    assert inventory.datasets and all(h.ready for h in inventory.datasets.values())
+    # The agent drops non-ready entries first, so every ready dataset still scores.
+    assert sum(h.ready for h in inventory.datasets.values()) == 300 < len(inventory.datasets) < 600
 
 
 def test_a_real_dgx_topology_fits_its_budget_and_scores(read_fixture_text: str) -> None:
