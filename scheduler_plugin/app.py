@@ -101,7 +101,7 @@ class ExtenderApp:
             if body is None:
                 raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
             args = decode_args(body)
-            pod = self.framework.read_pod(args.pod)
+            pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
             outcome = self.framework.filter(pod, args.names, nodes)
             return encode_filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
@@ -123,7 +123,7 @@ class ExtenderApp:
                 raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
             args = decode_args(body)
             names = args.names
-            pod = self.framework.read_pod(args.pod)
+            pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
             scores = self.framework.prioritize(pod, nodes, lambda: self.view.cluster(nodes), which)
             return encode_priorities(names, scores)

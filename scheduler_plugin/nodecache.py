@@ -1,7 +1,7 @@
 """A watch-backed cache of Nodes and Pods, for ``nodeCacheCapable`` (names-only) requests.
 
-Two daemon threads list then watch ``/api/v1/nodes`` and ``/api/v1/pods`` with the
-official ``kubernetes`` client (raw JSON, no model deserialization: thousands of Nodes
+Daemon threads list then watch ``/api/v1/nodes``, ``/api/v1/pods`` and the ``Dataset``
+custom resources (optional: the CRD may be absent) with the official ``kubernetes`` client (raw JSON, no model deserialization: thousands of Nodes
 must stay cheap), resuming from the last ``resourceVersion`` (bookmarks included) and
 re-listing on ``410 Gone``. Node objects become :class:`NodeFacts` through the shared
 :class:`NodeReader`; active pods bound to a node count against its free GPUs when the
@@ -11,6 +11,7 @@ one dict entry (atomic under the GIL). Owned by :class:`scheduler_plugin.view.Vi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -21,6 +22,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from scheduler_plugin.catalog import GROUP, PLURAL, VERSION, CurrentVersion, read_dataset
 from scheduler_plugin.errors import ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import pod_is_active, pod_requests
@@ -33,6 +35,10 @@ HTTP_GONE = 410
 
 class _Gone(Exception):
     """The resourceVersion we watch from is too old: list again."""
+
+
+class _Absent(Exception):
+    """The resource type is not served (the Dataset CRD is not installed)."""
 
 
 class NodeCache:
@@ -50,6 +56,7 @@ class NodeCache:
         page_size: int = 500,
     ) -> None:
         self._api = k8s.CoreV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
         self._reader = reader
         self._gpu_resource = gpu_resource
         self._roce_prefix = roce_prefix
@@ -60,6 +67,8 @@ class NodeCache:
         self._facts: dict[str, NodeFacts] = {}
         self._pods: dict[str, tuple[str, int]] = {}     # pod key -> (node, GPUs)
         self._used: dict[str, int] = {}                 # node -> GPUs of its active pods
+        self._datasets: dict[tuple[str, str], CurrentVersion] = {}
+        self._absent_retry_s = 60.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
@@ -91,10 +100,15 @@ class NodeCache:
     def used_gpus(self, node: str) -> int:
         return self._used.get(node, 0)
 
+    def current_datasets(self) -> Mapping[tuple[str, str], CurrentVersion]:
+        """(namespace, name) -> the current version its Dataset resource publishes."""
+        return self._datasets
+
     # -- life cycle ------------------------------------------------------------
 
     def start(self) -> None:
-        for kind, run in (("nodes", self._nodes_loop), ("pods", self._pods_loop)):
+        loops = (("nodes", self._nodes_loop), ("pods", self._pods_loop), ("datasets", self._datasets_loop))
+        for kind, run in loops:
             thread = threading.Thread(target=self._supervise, args=(kind, run), name=f"dsext-watch-{kind}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -118,6 +132,9 @@ class NodeCache:
                 run()
             except _Gone:
                 log.info("watch of %s expired (410 Gone); listing again", kind)
+            except _Absent as exc:
+                log.info("%s; checking again in %.0fs", exc, self._absent_retry_s)
+                self._stop.wait(self._absent_retry_s)
             except Exception as exc:  # the API server or network failed: retry, never die
                 if self._stop.is_set():
                     return
@@ -145,6 +162,30 @@ class NodeCache:
                 else:
                     self._nodes[name] = node
                     self._facts[name] = self._reader.read(node, self._used.get(name, 0))
+
+    # -- datasets ----------------------------------------------------------------
+
+    def _datasets_loop(self) -> None:
+        list_fn = functools.partial(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        try:
+            items, version = self._list(list_fn)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise _Absent(
+                    f"no {PLURAL}.{GROUP}/{VERSION} resource (CRD not installed): "
+                    "unpinned datasets accept any ready copy"
+                ) from exc
+            raise
+        current = {key: version for key, version in map(read_dataset, items) if key and version}
+        self._datasets = current
+        for kind, obj in self._watch("datasets", list_fn, version):
+            key, current_version = read_dataset(obj)
+            if key is None:
+                continue
+            if kind == "DELETED" or current_version is None:
+                self._datasets.pop(key, None)
+            else:
+                self._datasets[key] = current_version
 
     # -- pods --------------------------------------------------------------------
 

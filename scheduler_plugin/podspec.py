@@ -34,6 +34,7 @@ class DatasetWant:
 
     name: str
     digest: str | None = None
+    size_bytes: int | None = None      # when the Dataset resource publishes it
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class PodRequest:
     """The scheduling-relevant facts of one pod."""
 
     key: str                              # "namespace/name"
+    namespace: str = "default"
     datasets: tuple[DatasetWant, ...] = ()
     datasets_error: str | None = None     # set when the annotation could not be parsed
     gpus: int = 0                         # GPUs requested (plain and RoCE-class resources)
@@ -61,7 +63,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     labels = _str_map(meta.get("labels"))
     job = next((f"{namespace}/{labels[k]}" for k in job_labels if labels.get(k)), None)
     return PodRequest(
-        key=f"{namespace}/{name}", datasets=datasets, datasets_error=datasets_error,
+        key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
         gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job,
     )
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from scheduler_plugin import catalog
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
+from scheduler_plugin.podspec import PodRequest
 from scheduler_plugin.wire import ExtenderArgs
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when the watch cache runs
@@ -60,6 +62,13 @@ class View:
             raise ViewUnavailable("the node cache has not finished its first list yet")
         lookup = self.cache.snapshot().get
         return [lookup(name) for name in args.node_names or ()]
+
+    def resolve(self, pod: PodRequest) -> PodRequest:
+        """Pin the pod's unpinned datasets to their Dataset resources' current versions
+        (watch mode only; without the cache the pod is returned unchanged)."""
+        if self.cache is None:
+            return pod
+        return catalog.resolve(pod, self.cache.current_datasets())
 
     def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:
         """Every node the cluster-wide class choice should count."""

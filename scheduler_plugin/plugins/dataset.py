@@ -73,7 +73,8 @@ def _fraction(held: Sequence[DatasetWant], wants: Sequence[DatasetWant], sizes: 
 
 
 def requested_sizes(wants: Sequence[DatasetWant], inventories: Iterable[Inventory | None]) -> dict[str, int]:
-    """Size of each requested dataset as the largest any inventory reports for that version."""
+    """Size of each requested dataset: as its Dataset resource publishes it, else the
+    largest any inventory reports for that version."""
     sizes: dict[str, int] = {}
     for inventory in inventories:
         if inventory is None:
@@ -84,6 +85,7 @@ def requested_sizes(wants: Sequence[DatasetWant], inventories: Iterable[Inventor
                 continue
             if holding.size_bytes > sizes.get(want.name, -1):
                 sizes[want.name] = holding.size_bytes
+    sizes.update({w.name: w.size_bytes for w in wants if w.size_bytes is not None})
     return sizes
 
 

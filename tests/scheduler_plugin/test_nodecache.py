@@ -16,7 +16,7 @@ from scheduler_plugin.nodecache import NodeCache
 from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.view import View
-from tests.fake_apiserver import FakeApiServer, make_pod
+from tests.fake_apiserver import FakeApiServer, make_dataset, make_pod
 from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
 from tests.scheduler_plugin.server import serving
 
@@ -54,6 +54,7 @@ def extender(apiserver: FakeApiServer) -> Iterator[tuple[httpx.Client, NodeCache
 
 
 def names_body(names: list[str], **pod_kwargs: Any) -> bytes:
+    pod_kwargs.setdefault("namespace", "default")
     return args_body(pod(**pod_kwargs), [{"metadata": {"name": n}} for n in names], node_cache_capable=True)
 
 
@@ -140,3 +141,21 @@ def test_before_the_first_list_filter_passes_every_node_and_prioritize_scores_ze
     assert result["NodeNames"] == ["holds", "empty"] and result["Error"] == ""
     assert json.loads(app.prioritize(body)) == [{"Host": "holds", "Score": 0}, {"Host": "empty", "Score": 0}]
     api_client.close()
+
+
+def test_unpinned_datasets_are_current_only_at_their_dataset_resources_digest(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
+    http, cache = extender
+    apiserver.create(api_node("stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=TOPO, free_gpus=[0]))
+    apiserver.wait_for(lambda: cache.facts("stale") is not None, what="the stale node")
+    body = args_body(pod(namespace="default", datasets="imagenet"),
+                     [{"metadata": {"name": n}} for n in ("holds", "stale")], node_cache_capable=True)
+    # No Dataset resource yet: any ready copy counts.
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "stale": 10}
+    apiserver.create(make_dataset("imagenet", status={"digest": "a" * 32, "files": 10, "bytes": 3 << 40}))
+    apiserver.wait_for(lambda: ("default", "imagenet") in cache.current_datasets(), what="the Dataset")
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "stale": 0}
+    # Its published size (3 TiB) exceeds the 2000 GiB caches of nodes that do not hold it.
+    result = http.post("/filter", content=names_body(["holds", "empty"], datasets="imagenet")).json()
+    assert result["NodeNames"] == ["holds"] and "larger than the node's whole cache" in result["FailedAndUnresolvableNodes"]["empty"]
