@@ -174,6 +174,13 @@ class NodeReader:
                 self._facts.put(key, facts)
         return dataclasses.replace(facts, used_gpus=used_gpus) if used_gpus else facts
 
+    def cached(self, name: str, resource_version: str, used_gpus: int = 0) -> NodeFacts | None:
+        """The facts of a node already read at this resourceVersion, else None."""
+        facts = self._facts.get((name, resource_version))
+        if facts is None or not used_gpus:
+            return facts
+        return dataclasses.replace(facts, used_gpus=used_gpus)
+
     def _build(self, name: str, version: Any, meta: Any, node: Node) -> NodeFacts:
         annotations = meta.get("annotations")
         annotations = annotations if isinstance(annotations, dict) else {}

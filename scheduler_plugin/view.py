@@ -20,7 +20,7 @@ from scheduler_plugin import catalog
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import PodRequest
-from scheduler_plugin.wire import ExtenderArgs
+from scheduler_plugin.wire import ExtenderArgs, RawNode
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when the watch cache runs
     from scheduler_plugin.nodecache import NodeCache
@@ -32,7 +32,7 @@ class View:
     def __init__(self, reader: NodeReader, cache: NodeCache | None = None) -> None:
         self.reader = reader
         self.cache = cache
-        self._recent: dict[str, NodeFacts] = {}
+        self._recent: list[NodeFacts | None] = []
 
     @property
     def ready(self) -> bool:
@@ -44,6 +44,11 @@ class View:
 
     def candidates(self, args: ExtenderArgs) -> list[NodeFacts | None]:
         """One entry per candidate, in request order; None for an unknown node."""
+        if args.raw_nodes is not None:
+            facts: list[NodeFacts | None] = [self._read_raw(raw) for raw in args.raw_nodes]
+            if self.cache is None:
+                self._recent = facts
+            return facts
         if args.nodes is not None:
             read, cache = self.reader.read, self.cache
             if cache is None:
@@ -51,7 +56,7 @@ class View:
             else:
                 facts = [read(node, cache.used_gpus(node["metadata"]["name"])) for node in args.nodes]
             if self.cache is None:
-                self._recent = {f.name: f for f in facts}
+                self._recent = list(facts)
             return list(facts)
         if self.cache is None:
             raise InvalidRequest(
@@ -62,6 +67,12 @@ class View:
             raise ViewUnavailable("the node cache has not finished its first list yet")
         lookup = self.cache.snapshot().get
         return [lookup(name) for name in args.node_names or ()]
+
+    def _read_raw(self, raw: RawNode) -> NodeFacts:
+        # A node seen at this resourceVersion is not parsed again.
+        used = self.cache.used_gpus(raw.name) if self.cache is not None else 0
+        facts = self.reader.cached(raw.name, raw.resource_version, used)
+        return facts if facts is not None else self.reader.read(raw.parse(), used)
 
     def resolve(self, pod: PodRequest) -> PodRequest:
         """Pin the pod's unpinned datasets to their Dataset resources' current versions
@@ -82,7 +93,7 @@ class View:
             if not self.cache.synced:
                 raise ViewUnavailable("the node cache has not finished its first list yet")
             return self.cache.all()
-        return list(self._recent.values())
+        return list({f.name: f for f in self._recent if f is not None}.values())
 
 
 __all__ = ["View"]
