@@ -1,8 +1,9 @@
 """The cluster as one request sees it: from the request's Nodes, or from the watch cache.
 
 - ``Nodes`` requests (``nodeCacheCapable: false``) are stateless: each Node object is
-  read through the shared :class:`NodeReader` (cached by resourceVersion); when a watch
-  cache runs too, its pod GPU usage is added.
+  read through the shared :class:`NodeReader` (cached by resourceVersion; a node cut
+  from a Go-marshaled body is not even parsed when its resourceVersion is known); when
+  a watch cache runs too, its pod GPU usage is added.
 - ``NodeNames`` requests (``nodeCacheCapable: true``) are served from the
   :class:`NodeCache`; a name it does not know is None (scored 0, never filtered).
 
