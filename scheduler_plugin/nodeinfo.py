@@ -125,7 +125,11 @@ class NodeFacts:
 
 
 class BoundedCache(Generic[K, V]):
-    """A dict that forgets its oldest half when full (parsed data is cheap to rebuild)."""
+    """A dict that forgets its oldest half when full (parsed data is cheap to rebuild).
+
+    The watch threads and the request path share one; every step is a single dict
+    operation, atomic under the GIL, and eviction tolerates a key already gone.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -137,7 +141,7 @@ class BoundedCache(Generic[K, V]):
     def put(self, key: K, value: V) -> V:
         if len(self.data) >= self.limit:
             for old in list(self.data)[: self.limit // 2]:
-                del self.data[old]
+                self.data.pop(old, None)
         self.data[key] = value
         return value
 

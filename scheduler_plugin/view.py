@@ -51,14 +51,11 @@ class View:
                 self._recent = facts
             return facts
         if args.nodes is not None:
-            read, cache = self.reader.read, self.cache
+            cache = self.cache
+            facts = [self.reader.read(n, cache.used_gpus(n["metadata"]["name"]) if cache else 0) for n in args.nodes]
             if cache is None:
-                facts = [read(node) for node in args.nodes]
-            else:
-                facts = [read(node, cache.used_gpus(node["metadata"]["name"])) for node in args.nodes]
-            if self.cache is None:
-                self._recent = list(facts)
-            return list(facts)
+                self._recent = facts
+            return facts
         if self.cache is None:
             raise InvalidRequest(
                 "a names-only (nodeCacheCapable) request needs the watch cache",

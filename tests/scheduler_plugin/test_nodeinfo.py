@@ -81,3 +81,11 @@ def test_facts_are_cached_by_resource_version() -> None:
     changed = reader.read(node("n1", inventory=inventory_json(), free_gpus=[1], resource_version="8"))
     assert changed is not first and changed.published_free == {1}
     assert changed.inventory is first.inventory  # same annotation text: parsed once
+
+
+def test_the_reader_forgets_old_nodes_when_full() -> None:
+    reader = NodeReader(limit=10)
+    for i in range(25):
+        reader.read(node(f"n{i}", free_gpus=[0], resource_version=str(i)))
+    assert reader.cached("n24", "24") is not None
+    assert reader.cached("n0", "0") is None
