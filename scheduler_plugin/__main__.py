@@ -21,6 +21,10 @@ def serve(settings: Settings) -> None:
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level.lower(), access_log=False, lifespan="on",
+        # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
+        # longer means the client always closes first, so a POST never races a server
+        # close (Go does not retry a POST that hits a connection closed under it).
+        timeout_keep_alive=120,
     )
 
 
