@@ -74,3 +74,37 @@ def test_dsctl_scheduler_serve_rejects_bad_weights_with_exit_2(capsys: pytest.Ca
         dsctl(["scheduler", "serve", "--weights", "dataset=lots"])
     assert excinfo.value.code == 2
     assert "weight dataset='lots' is not a number" in capsys.readouterr().err
+
+
+def test_python_m_scheduler_plugin_serves_the_extender() -> None:
+    import os
+    import socket
+    import time
+
+    import httpx
+
+    from scheduler_plugin.testing import args_body, node, pod
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DSEXT_PORT": str(port), "DSEXT_LOG_LEVEL": "warning"}
+    server = subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            body = args_body(pod(gpus=1), [node("n1", free_gpus=[0])], node_cache_capable=False)
+            # No datasets, no topology: only the RoCE best fit (10) counts, at weight 0.3.
+            assert http.post("/prioritize", content=body).json() == [{"Host": "n1", "Score": 3}]
+    finally:
+        server.terminate()
+        # uvicorn shuts down cleanly, then re-raises SIGTERM as its exit status.
+        assert server.wait(10) in (0, -15)
