@@ -11,6 +11,7 @@ one dict entry (atomic under the GIL). Owned by :class:`scheduler_plugin.view.Vi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -26,7 +27,7 @@ from scheduler_plugin.catalog import GROUP, PLURAL, VERSION, CurrentVersion, rea
 from scheduler_plugin.errors import ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import pod_is_active, pod_requests
-from scheduler_plugin.wire import Node, Pod
+from scheduler_plugin.wire import Pod
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,10 @@ class NodeCache:
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._page_size = page_size
-        self._nodes: dict[str, Node] = {}
-        self._facts: dict[str, NodeFacts] = {}
+        # Base facts (no pod usage) per node: the raw Node objects are not kept, since
+        # 5,000 parsed Nodes would cost hundreds of MiB.
+        self._nodes: dict[str, NodeFacts] = {}
+        self._facts: dict[str, NodeFacts] = {}          # the same with pod usage applied
         self._pods: dict[str, tuple[str, int]] = {}     # pod key -> (node, GPUs)
         self._used: dict[str, int] = {}                 # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
@@ -145,10 +148,10 @@ class NodeCache:
 
     def _nodes_loop(self) -> None:
         items, version = self._list(self._api.list_node)
-        nodes = {n["metadata"]["name"]: n for n in items if _name(n)}
+        nodes = {n["metadata"]["name"]: self._reader.read(n) for n in items if _name(n)}
         with self._lock:
             self._nodes = nodes
-            self._facts = {name: self._reader.read(node, self._used.get(name, 0)) for name, node in nodes.items()}
+            self._facts = {name: self._with_usage(base) for name, base in nodes.items()}
         self._synced["nodes"].set()
         log.info("node cache listed %d nodes at resourceVersion %s", len(nodes), version)
         for kind, node in self._watch("nodes", self._api.list_node, version):
@@ -160,8 +163,8 @@ class NodeCache:
                     self._nodes.pop(name, None)
                     self._facts.pop(name, None)
                 else:
-                    self._nodes[name] = node
-                    self._facts[name] = self._reader.read(node, self._used.get(name, 0))
+                    base = self._nodes[name] = self._reader.read(node)
+                    self._facts[name] = self._with_usage(base)
 
     # -- datasets ----------------------------------------------------------------
 
@@ -228,8 +231,8 @@ class NodeCache:
         for node_name, gpus in self._pods.values():
             used[node_name] = used.get(node_name, 0) + gpus
         self._used = used
-        for name, node in self._nodes.items():
-            self._facts[name] = self._reader.read(node, used.get(name, 0))
+        for name, base in self._nodes.items():
+            self._facts[name] = self._with_usage(base)
 
     def _adjust(self, usage: tuple[str, int] | None, sign: int) -> None:
         """Add or remove one pod's GPUs from its node (an O(1) update per pod event)."""
@@ -242,7 +245,11 @@ class NodeCache:
         else:
             self._used.pop(name, None)
         if name in self._nodes:
-            self._facts[name] = self._reader.read(self._nodes[name], max(0, total))
+            self._facts[name] = self._with_usage(self._nodes[name])
+
+    def _with_usage(self, base: NodeFacts) -> NodeFacts:
+        used = self._used.get(base.name, 0)
+        return dataclasses.replace(base, used_gpus=used) if used else base
 
     # -- list and watch ----------------------------------------------------------
 
