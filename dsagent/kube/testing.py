@@ -108,7 +108,7 @@ class SimulatedKubelet:
         if (source.get("fieldRef") or {}).get("fieldPath") == "metadata.uid":
             return self.uid
         ref = source.get("secretKeyRef") or {}
-        return self.secrets[(ref.get("name"), ref.get("key"))]
+        return self.secrets[(str(ref.get("name")), str(ref.get("key")))]
 
     def _volumes(self, volumes: list[Mapping[str, Any]]) -> dict[str, str]:
         found = {}
