@@ -37,10 +37,10 @@ _PREFIX = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9_-])?$")
 class RoceClass:
     """One GPU resource class: GPUs that share affine RDMA NICs (and so subnets)."""
 
-    name: str
-    nics: tuple[str, ...]
-    numa_node: int | None
-    subnets: tuple[str, ...]
+    name: str  # <prefix><n>, numbered by lowest GPU
+    nics: tuple[str, ...]  # in topology order
+    numa_node: int | None  # its NICs' one NUMA node, else its GPUs', else None
+    subnets: tuple[str, ...]  # of its NICs, in order, without duplicates
     gpus: tuple[int, ...]
 
 

@@ -7,10 +7,11 @@ Backends (``name`` -> module), imported only when asked for:
     sysfs       /sys/bus/pci, /sys/class/infiniband, /sys/class/net and ``ip -j address``
     nccl-xml    an NCCL topology dump (NCCL_TOPO_DUMP_FILE), read from a file
 
-:func:`discover` with no arguments picks automatically: GPUs and their links from the
-first available of nvml and nvidia-smi, then NIC details (net device, link layer, port
-state, addresses, NUMA node) merged in from sysfs when /sys is there. Callers and tests
-may name backends and pass their options (``sysfs={"root": tmp_path}``).
+:func:`discover` with no arguments merges every backend that can run here, in the order
+nvidia-smi, nvml, sysfs: the driver's own matrix is the only source of exact GPU-NIC
+levels, NVML fills what an old driver's matrix lacks (NUMA nodes), and sysfs adds NIC
+details (net device, link layer, port state, addresses, NUMA node). Callers and tests
+may name backends and pass their options (``options={"sysfs": {"root": tmp_path}}``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "sysfs": ("gpu_topology.discovery.sysfs:SysfsBackend", "run on Linux with /sys mounted"),
     "nccl-xml": ("gpu_topology.discovery.nccl_xml:NcclXmlBackend", "dump one with NCCL_TOPO_DUMP_FILE"),
 }
-GPU_BACKENDS = ("nvml", "nvidia-smi")
-DETAIL_BACKENDS = ("sysfs",)
+AUTOMATIC = ("nvidia-smi", "nvml", "sysfs")
+GPU_BACKENDS = ("nvidia-smi", "nvml")
 
 
 def get_backend(name: str, **options: Any) -> Backend:
@@ -84,17 +85,16 @@ def discover(
 
 def _automatic(options: Mapping[str, Mapping[str, Any]], reasons: list[str]) -> list[Backend]:
     chosen: list[Backend] = []
-    for group in (GPU_BACKENDS, DETAIL_BACKENDS):
-        for name in group:
-            try:
-                backend = get_backend(name, **options.get(name, {}))
-            except BackendUnavailable as exc:
-                reasons.append(str(exc))
-                continue
-            reason = backend.unavailable_reason()
-            if reason is None:
-                chosen.append(backend)
-                break
+    for name in AUTOMATIC:
+        try:
+            backend = get_backend(name, **options.get(name, {}))
+        except BackendUnavailable as exc:
+            reasons.append(str(exc))
+            continue
+        reason = backend.unavailable_reason()
+        if reason is None:
+            chosen.append(backend)
+        else:
             reasons.append(f"{name}: {reason} ({backend.install_hint})")
     if not chosen:
         raise BackendUnavailable("no topology discovery backend can run here: " + "; ".join(reasons))

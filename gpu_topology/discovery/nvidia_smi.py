@@ -53,6 +53,7 @@ def parse_topo_matrix(text: str) -> Topology:
     gpus, nics, links = [], [], {}
     for name in header.devices:
         cells, attrs = rows.get(name, ((), {}))
+        _check_diagonal(name, cells, header.devices)
         row_links = {rename[other]: link for other, link in zip(header.devices, cells) if link is not None}
         links[rename[name]] = row_links
         match = _GPU.match(name)
@@ -62,6 +63,17 @@ def parse_topo_matrix(text: str) -> Topology:
             nics.append(Nic(name=rename[name]))
     topology = Topology(gpus=tuple(gpus), nics=tuple(nics), links=_symmetric(links))
     return with_inferred_nic_numa(topology)
+
+
+def _check_diagonal(name: str, cells: Sequence[Link | None], devices: Sequence[str]) -> None:
+    """X (self) sits on the diagonal and nowhere else, or the cells are misaligned."""
+    for other, cell in zip(devices, cells):
+        if (cell is None) != (other == name):
+            found = "X" if cell is None else str(cell)
+            raise ParseError(
+                f"row {name} has {found} in column {other}",
+                hint="the columns are probably misaligned; pass the output as printed",
+            )
 
 
 def with_inferred_nic_numa(topology: Topology) -> Topology:

@@ -24,10 +24,10 @@ DELLA = "princeton-della-2xA100-pcie-2nic-epyc"
 QUERY = "0, GPU-aaaa, 00000000:27:00.0\n1, GPU-bbbb, 00000000:A3:00.0\n"
 
 
-def fake_nvidia_smi(folder: Path, matrix: str, *, fail: str | None = None) -> Path:
+def fake_nvidia_smi(folder: Path, matrix: str, *, fail: str | None = None, query: str = QUERY) -> Path:
     """A real executable that answers like nvidia-smi (or fails like it without a driver)."""
     (folder / "matrix.txt").write_text(matrix)
-    (folder / "query.txt").write_text(QUERY)
+    (folder / "query.txt").write_text(query)
     script = folder / "nvidia-smi"
     if fail:
         body = f'echo "{fail}" >&2\nexit 9\n'
@@ -71,6 +71,22 @@ def test_a_hanging_nvidia_smi_times_out(tmp_path: Path) -> None:
     script.chmod(0o755)
     with pytest.raises(DiscoveryError, match="did not answer within 0.2 s"):
         NvidiaSmiBackend(binary=str(script), timeout=0.2).discover()
+
+
+def test_a_non_executable_nvidia_smi_says_what_to_install(tmp_path: Path) -> None:
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    with pytest.raises(BackendUnavailable, match="is not executable"):
+        NvidiaSmiBackend(binary=str(script)).discover()
+
+
+def test_a_backend_whose_module_cannot_import_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_topology import discovery
+
+    monkeypatch.setitem(discovery.BACKENDS, "dcgm", ("gpu_topology_no_such_module:Backend", "pip install dcgm"))
+    with pytest.raises(BackendUnavailable, match="dcgm discovery cannot be imported.*pip install dcgm"):
+        get_backend("dcgm")
 
 
 def test_the_registry_builds_backends_by_name_and_refuses_unknown_ones(tmp_path: Path) -> None:
@@ -358,3 +374,17 @@ def test_nccl_cpu_masks_become_cpu_lists(mask: str, cpus: str | None) -> None:
     from gpu_topology.discovery.nccl_xml import _mask_to_list
 
     assert _mask_to_list(mask) == cpus
+
+
+def test_automatic_discovery_lets_nvml_fill_what_an_old_drivers_matrix_lacks(
+    tmp_path: Path, read_fixture: Callable[[str], str]
+) -> None:
+    query = "".join(f"{i}, GPU-{i}, 00000000:{0x10 + i:02X}:00.0\n" for i in range(8))
+    binary = fake_nvidia_smi(tmp_path, read_fixture("dgx1-v100-4ib"), query=query)
+    nvml = FakeNvml({i: [] for i in range(8)}, ancestor=40)
+    options = {"nvidia-smi": {"binary": str(binary)}, "nvml": {"nvml": nvml}, "sysfs": {"root": tmp_path / "none"}}
+    topology = discover(options=options)
+    # The DGX-1 matrix has no NUMA column; NVML knows (GPU2's node is unknown to it too).
+    assert [g.numa_node for g in topology.gpus] == [0, 0, None, 0, 0, 0, 0, 0]
+    assert str(topology.link("GPU0", "GPU1")) == "NV1"  # the driver's matrix wins over NVML's NODE
+    assert [n.name for n in topology.nics] == ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"]

@@ -72,7 +72,19 @@ def test_an_unknown_cell_is_an_error_naming_its_line_and_row(read_fixture: Calla
 def test_a_misaligned_matrix_is_an_error_not_a_wrong_topology(read_fixture: Callable[[str], str]) -> None:
     # Drop mlx5_0's cell for GPU0: every later cell of the row shifts one column left.
     text = read_fixture(DELLA).replace("mlx5_0\tNODE\t", "mlx5_0\t", 1)
-    with pytest.raises(ParseError, match="GPU0-mlx5_0 is NODE but mlx5_0-GPU0 is SYS.*misaligned"):
+    with pytest.raises(ParseError, match="row mlx5_0 has X in column GPU1.*misaligned"):
+        parse_topo_matrix(text)
+
+
+def test_an_asymmetric_matrix_is_an_error(read_fixture: Callable[[str], str]) -> None:
+    text = read_fixture(DELLA).replace("mlx5_0\tNODE\t", "mlx5_0\tPHB\t", 1)
+    with pytest.raises(ParseError, match="GPU0-mlx5_0 is NODE but mlx5_0-GPU0 is PHB"):
+        parse_topo_matrix(text)
+
+
+def test_a_self_cell_off_the_diagonal_is_a_misalignment(read_fixture: Callable[[str], str]) -> None:
+    text = read_fixture(DELLA).replace("mlx5_1\tSYS\tNODE\tSYS\t X", "mlx5_1\tSYS\tNODE\t X \tSYS", 1)
+    with pytest.raises(ParseError, match="row mlx5_1 has X in column mlx5_0"):
         parse_topo_matrix(text)
 
 
