@@ -41,6 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dsagent import eviction
 from dsagent.catalog import Catalog, TaskRow, VersionRow
+from dsagent.digestcache import DigestCache
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, IntegrityError, InvalidInput, NotFound
 from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish
 from dsagent.manifest import BundleRef, Manifest, build_manifest, read_manifest
@@ -386,7 +387,9 @@ class CacheService:
                     return read_manifest(source.bundles, name, storage_options=source.storage_options)
                 except NotFound:
                     log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
-            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers)
+            # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
+            with DigestCache(self.store.root / "digests.db") as cache:
+                return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers, digest_cache=cache)
 
         return await self._work(read)
 
