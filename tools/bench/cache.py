@@ -159,7 +159,7 @@ def baseline_copy(url: str, dest: Path) -> None:
             shutil.copyfileobj(src, out, 1 << 20)
 
 
-async def agent_cache(root: Path, dataset: DatasetRequest, workers: int, local_sources: tuple[Path, ...] = ()) -> float:
+async def agent_cache(root: Path, dataset: DatasetRequest, workers: int, local_sources: tuple[Path, ...] = ()) -> float | str:
     settings = Settings(root=root, fetch_workers=workers, sweep_interval=3600, local_sources=local_sources)
     service = CacheService(settings)
     await service.start()
@@ -168,7 +168,8 @@ async def agent_cache(root: Path, dataset: DatasetRequest, workers: int, local_s
         record = await service.submit_task("bench", [dataset], wait=24 * 3600)
         elapsed = time.perf_counter() - started
         if record.state != "ready":
-            raise SystemExit(f"dsagent failed: {record.datasets[0].error}")
+            error = record.datasets[0].error or {}
+            return f"failed: {error.get('message')}"
         return elapsed
     finally:
         await service.stop()
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.drop_caches:
             drop_caches_hint()
         t_files = asyncio.run(agent_cache(work / "agent-files", DatasetRequest("imagenet", source), args.workers))
-        shutil.rmtree(work / "agent-files")
+        shutil.rmtree(work / "agent-files", ignore_errors=True)
         if args.drop_caches:
             drop_caches_hint()
         t_bundles = asyncio.run(agent_cache(work / "agent-bundles", DatasetRequest("imagenet", source, store), args.workers))
@@ -231,13 +232,19 @@ def main(argv: list[str] | None = None) -> None:
             server.shutdown()
 
         mbps = lambda seconds: f"{total / seconds / 1e6:8.1f} MB/s"  # noqa: E731
+
+        def line(label: str, seconds: float | str, extra: str = "") -> str:
+            if isinstance(seconds, str):
+                return f"{label:<28} {seconds}"
+            return f"{label:<28} {seconds:8.2f} s  {mbps(seconds)}  {t_base / seconds:.2f}x{extra}"
+
         print(f"\ndataset: {args.files:,} files, {format_size(total)}; source: {what}; {os.cpu_count()} CPUs")
         print(f"disk sequential write: {bandwidth / 1e6:.0f} MB/s")
         print(f"pack (once per version):     {t_pack:8.2f} s  {mbps(t_pack)}")
         print(f"baseline per-file copy:      {t_base:8.2f} s  {mbps(t_base)}  1.00x")
-        print(f"dsagent without bundles:     {t_files:8.2f} s  {mbps(t_files)}  {t_base / t_files:.2f}x")
-        print(f"dsagent with bundles:        {t_bundles:8.2f} s  {mbps(t_bundles)}  {t_base / t_bundles:.2f}x"
-              f"  ({total / t_bundles / bandwidth:.0%} of the disk's sequential write bandwidth)")
+        print(line("dsagent without bundles:", t_files))
+        share = "" if isinstance(t_bundles, str) else f"  ({total / t_bundles / bandwidth:.0%} of the disk's sequential write bandwidth)"
+        print(line("dsagent with bundles:", t_bundles, share))
         print("targets: bundles >= 8x the baseline and >= 80% of the disk's bandwidth")
     finally:
         if not args.keep:
