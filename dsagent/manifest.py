@@ -538,8 +538,8 @@ def walk_source(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[s
 
 
 def default_workers() -> int:
-    """Hashing threads: enough to overlap I/O with hashing on every core, capped."""
-    return min(8, (os.cpu_count() or 2) * 2)
+    """Hashing threads: one per core (reads and xxh3 release the GIL), capped."""
+    return min(8, os.cpu_count() or 1)
 
 
 class _Hasher:
@@ -570,6 +570,25 @@ class _Hasher:
         return FileEntry(item.path, size, item.mtime_ns, digest)
 
 
+def _run_batched(hasher: _Hasher, todo: Sequence[_Found], count: int) -> list[FileEntry]:
+    """Hash ``todo`` on ``count`` threads pulling batches (a Future per file costs more than a small file)."""
+    results: list[FileEntry | None] = [None] * len(todo)
+    batches = iter(range(0, len(todo), 32))  # next() on a range iterator is atomic under the GIL
+
+    def work() -> None:
+        for start in batches:
+            for i in range(start, min(start + 32, len(todo))):
+                results[i] = hasher(todo[i])
+
+    if count <= 1:
+        work()
+    else:
+        with ThreadPoolExecutor(count, thread_name_prefix="dsagent-digest") as pool:
+            for future in [pool.submit(work) for _ in range(count)]:
+                future.result()
+    return [entry for entry in results if entry is not None]
+
+
 def digest_files(
     fs: AbstractFileSystem,
     found: Sequence[_Found],
@@ -591,12 +610,8 @@ def digest_files(
     if progress is not None and entries:
         progress(sum(e.size for e in entries), len(entries))
     hasher = _Hasher(fs, progress)
-    count = workers or default_workers()
-    if count <= 1 or len(todo) <= 1:
-        fresh = [hasher(item) for item in todo]
-    else:
-        with ThreadPoolExecutor(count, thread_name_prefix="dsagent-digest") as pool:
-            fresh = list(pool.map(hasher, todo, chunksize=64))
+    count = min(workers or default_workers(), max(1, len(todo) // 16))
+    fresh = _run_batched(hasher, todo, count)
     if digest_cache is not None and is_local(fs):
         digest_cache.store([(item, entry.digest) for item, entry in zip(todo, fresh)])
     return entries + fresh
