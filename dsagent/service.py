@@ -209,7 +209,8 @@ class CacheService:
         await self._work(self.store.prune_empty_names)
 
     async def _resume_interrupted(self) -> None:
-        """Restart fetches a crash interrupted, for live tasks that need no credentials."""
+        """Restart the work a stop interrupted, for live tasks that need no credentials
+        (the others resume when their init-container repeats the request)."""
         now = self.clock()
         for task in await self._db(self.catalog.tasks):
             if task.lease_until <= now:
@@ -217,7 +218,7 @@ class CacheService:
             for item in task.request:
                 digest = task.digests.get(item["name"])
                 row = await self._db(self.catalog.version, item["name"], digest) if digest else None
-                if row is not None and row.state == "fetching" and not item.get("hasStorageOptions"):
+                if (row is None or row.state != "ready") and not item.get("hasStorageOptions"):
                     request = DatasetRequest(item["name"], item["source"], item.get("bundles"))
                     self._start_waiter(task.task_id, request, digest)
 
