@@ -419,8 +419,11 @@ def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] |
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent."""
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
-    with translate_errors(f"manifest of {name!r} in {store}"):
-        data = fs.cat_file(path)
+    try:
+        with translate_errors(f"manifest of {name!r} in {store}"):
+            data = fs.cat_file(path)
+    except NotFound as exc:
+        raise NotFound(f"no dataset {name!r} in bundle store {store}", hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}") from exc
     return Manifest.from_bytes(data)
 
 
