@@ -43,7 +43,7 @@ from dsagent import eviction
 from dsagent.catalog import Catalog, TaskRow, VersionRow
 from dsagent.digestcache import DigestCache
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, IntegrityError, InvalidInput, NotFound
-from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish
+from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish, listing_matches
 from dsagent.manifest import BundleRef, Manifest, build_manifest, read_manifest
 from dsagent.metrics import Metrics, Sample
 from dsagent.settings import Settings
@@ -381,18 +381,28 @@ class CacheService:
             return None
 
     async def _resolve(self, name: str, source: Source) -> Manifest:
-        """The source's current manifest (rule 2): packed manifest first, else a digest."""
+        """The source's current manifest (rule 2): the packed manifest when the bundle store
+        has one; else the cached version's manifest when a remote listing shows the same
+        files, sizes and times; else a digest of the source."""
+        cached = await self._current_manifest(name, source.url)
+
         def read() -> Manifest:
             if source.bundles:
                 try:
                     return read_manifest(source.bundles, name, storage_options=source.storage_options)
                 except NotFound:
                     log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
+            if cached is not None and listing_matches(source, cached):
+                return cached
             # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
             with DigestCache(self.store.root / "digests.db") as cache:
                 return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers, digest_cache=cache)
 
         return await self._work(read)
+
+    async def _current_manifest(self, name: str, url: str) -> Manifest | None:
+        rows = [r for r in await self._db(self.catalog.versions, name) if r.state == "ready" and r.source == url]
+        return await self._stored_manifest(name, rows[-1].digest) if rows else None
 
     async def _fetch(self, source: Source, manifest: Manifest) -> None:
         """Make ``manifest``'s version ready, unless it already is (a hit)."""
