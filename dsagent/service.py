@@ -345,8 +345,11 @@ class CacheService:
             return DatasetStatus(**base, state="failed", error=error.to_dict())
         row = await self._db(self.catalog.version, name, digest) if digest else None
         if row is None:
-            state = "fetching" if digest else "resolving"
-            return DatasetStatus(**base, state=state)
+            waiter = self._waiters.get((task.task_id, name))
+            if waiter is None or waiter.done():  # evicted by force, or gone from disk
+                gone = {"code": "gone", "message": "no cached copy and no fetch running (evicted by force, removed, or interrupted by an agent restart)", "hint": "repeat the request to cache it again"}
+                return DatasetStatus(**base, state="failed", error=gone)
+            return DatasetStatus(**base, state="fetching" if digest else "resolving")
         progress = self._progress.get((name, row.digest))
         if row.state == "ready":
             path = str(self.store.ready_dir(name, row.digest))

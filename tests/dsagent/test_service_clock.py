@@ -94,3 +94,24 @@ def test_an_unchanged_remote_listing_is_a_hit_without_reading_and_a_change_is_se
             await service.stop()
 
     asyncio.run(run())
+
+
+def test_a_forced_eviction_shows_in_the_task_and_repeating_the_request_caches_again(tmp_path: Path, memory_root: str) -> None:
+    write_memory_dataset(memory_root, 2)
+    request = DatasetRequest("mem", memory_root)
+
+    async def run() -> None:
+        service = CacheService(Settings(root=tmp_path, sweep_interval=3600))
+        await service.start()
+        try:
+            assert (await service.submit_task("t", [request], wait=30)).state == "ready"
+            result = await service.evict(names=["mem"], force=True)
+            assert [v.name for v in result.evicted] == ["mem"]
+            gone = (await service.get_task("t")).datasets[0]
+            assert (gone.state, (gone.error or {}).get("code")) == ("failed", "gone")
+            again = await service.submit_task("t", [request], wait=30)
+            assert again.state == "ready" and again.datasets[0].path and Path(again.datasets[0].path).is_dir()
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
