@@ -159,6 +159,7 @@ class ClusterAgent:
             self._api_client = await asyncio.to_thread(apiclient.load)
         self._core = client.CoreV1Api(self._api_client)
         self._datasets = DatasetClient(self._api_client)
+        await self._check_node()
         self._install_guard()
         self._watch = PodWatch(self._api_client, self.node_name, self._from_thread,
                                timeout_seconds=self.cluster.watch_timeout)
@@ -170,6 +171,18 @@ class ClusterAgent:
         ]
         log.info("cluster mode on node %s: watching its pods, publishing every %.0fs",
                  self.node_name, self.cluster.publish_interval)
+
+    async def _check_node(self) -> None:
+        """Fail fast on a wrong node name; an unreachable API server is retried later."""
+        try:
+            self._annotations = await asyncio.to_thread(self._read_annotations)
+        except NotFound:
+            raise InvalidInput(
+                f"cluster mode: there is no node {self.node_name!r}",
+                hint="set DSAGENT_NODE_NAME from the downward API (fieldRef spec.nodeName); "
+                     "the pod's hostname is not the node's name") from None
+        except DsagentError as exc:
+            log.warning("cannot read node %s yet (%s); retrying in the background", self.node_name, exc)
 
     async def stop(self) -> None:
         """Stop watching, remove the Node annotations (best effort), restore the service."""

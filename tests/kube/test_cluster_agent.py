@@ -355,3 +355,46 @@ def test_cluster_settings_come_from_the_environment() -> None:
     assert ClusterSettings.from_env({"DSAGENT_PUBLISH_INTERVAL": "30s"}).publish_interval == 30
     with pytest.raises(Exception, match="DSAGENT_PUBLISH_INTERVAL"):
         ClusterSettings.from_env({"DSAGENT_PUBLISH_INTERVAL": "soon"})
+
+
+def test_a_wrong_node_name_fails_fast_with_the_fix(apiserver: FakeApiServer, tmp_path: Path) -> None:
+    from dsagent.errors import InvalidInput
+
+    async def scenario() -> None:
+        settings = Settings(root=tmp_path, node_name="train-pod-7f9c", kubernetes=True)
+        service = CacheService(settings)
+        await service.start()
+        agent = ClusterAgent(service, settings, api_client=apiserver.api_client(), topology=None, cluster=FAST)
+        try:
+            with pytest.raises(InvalidInput) as info:
+                await agent.start()
+            assert "DSAGENT_NODE_NAME" in str(info.value)
+        finally:
+            await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_api_server_does_not_stop_the_agent(apiserver: FakeApiServer, tmp_path: Path,
+                                                           memory_dataset: str) -> None:
+    apiserver.create(make_node(NODE))
+    apiserver.stop()
+
+    async def scenario() -> None:
+        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True)
+        service = CacheService(settings)
+        await service.start()
+        api_client = apiserver.api_client()
+        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=FAST)
+        await agent.start()
+        try:
+            record = await service.submit_task("cli-op", [DatasetRequest("tiny", memory_dataset)], wait=10)
+            assert record.state == "ready"  # caching through the socket works without the API server
+            await asyncio.to_thread(apiserver.start)
+            await until(lambda: agent.patches >= 1, what="publishing once the API server is back")
+        finally:
+            await agent.stop()
+            await service.stop()
+            await asyncio.to_thread(api_client.close)
+
+    asyncio.run(scenario())
