@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,26 +74,26 @@ class DigestCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def lookup(self, found: Sequence[_Found]) -> dict[str, str]:
-        """``location -> digest`` for the files in ``found`` whose recorded stat still matches."""
+    def snapshot(self, prefix: str) -> dict[str, tuple[int, int, int, int, str]]:
+        """Every recorded file under ``prefix`` (one range query): ``path -> (size, mtime, inode, ctime, digest)``."""
         self._started_ns = time.time_ns()
-        wanted = {item.location: item for item in found}
-        hits: dict[str, str] = {}
         try:
-            for prefix in _common_prefixes(wanted):
-                rows = self._db.execute(
-                    "SELECT path, size, mtime_ns, inode, ctime_ns, digest FROM digests WHERE path >= ? AND path < ?",
-                    (prefix, prefix + "\U0010ffff"),
-                )
-                for path, size, mtime_ns, inode, ctime_ns, digest in rows:
-                    item = wanted.get(path)
-                    if item is not None and (item.size, item.mtime_ns, item.inode, item.ctime_ns) == (size, mtime_ns, inode, ctime_ns):
-                        hits[path] = digest
+            rows = self._db.execute(
+                "SELECT path, size, mtime_ns, inode, ctime_ns, digest FROM digests WHERE path >= ? AND path < ?",
+                (prefix, prefix + "\U0010ffff"),
+            ).fetchall()
         except sqlite3.Error as exc:
             raise SourceUnavailable(f"digest cache {self.path} is unreadable: {exc}", hint="delete it; it is only a cache") from exc
-        self.hits += len(hits)
-        self.misses += len(wanted) - len(hits)
-        return hits
+        return {path: (size, mtime_ns, inode, ctime_ns, digest) for path, size, mtime_ns, inode, ctime_ns, digest in rows}
+
+    def match(self, snapshot: dict[str, tuple[int, int, int, int, str]], item: _Found) -> str | None:
+        """The recorded digest of ``item`` if its size, mtime, inode and ctime are unchanged."""
+        row = snapshot.get(item.location)
+        if row is not None and row[:4] == (item.size, item.mtime_ns, item.inode, item.ctime_ns):
+            self.hits += 1
+            return row[4]
+        self.misses += 1
+        return None
 
     def store(self, digested: Iterable[tuple[_Found, str]]) -> None:
         """Record fresh digests, except for files too recently modified to trust (racy)."""
@@ -108,12 +108,3 @@ class DigestCache:
                 self._db.executemany("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?, ?, ?)", rows)
         except sqlite3.Error as exc:
             raise SourceUnavailable(f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache") from exc
-
-
-def _common_prefixes(paths: Iterable[str]) -> list[str]:
-    """One range query for the common directory of all paths (a dataset root)."""
-    listed = list(paths)
-    if not listed:
-        return []
-    common = os.path.commonpath(listed) if len(listed) > 1 else os.path.dirname(listed[0])
-    return [common]

@@ -27,17 +27,17 @@ import shutil
 import stat
 import tarfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 import xxhash
-import zstandard
 
 from dsagent.errors import Conflict, IntegrityError, InvalidInput, UnsafeArchive
 from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, Manifest, Progress, bundle_path, hash_file, read_manifest
 from dsagent.storage import resolve, translate_errors
+from dsagent.tarstream import FrameReader, iter_members, read_data
 
 STAGING_DIR = ".dsagent-staging"
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -87,7 +87,11 @@ def _reject_unsafe(member: tarfile.TarInfo, bundle: BundleRef) -> None:
 
 
 class _Staging:
-    """A private directory inside the target where one bundle's files are written first."""
+    """A private flat directory inside the target where one bundle's files are written first.
+
+    Files are staged under their index in the bundle (no subdirectories to create and
+    remove), then renamed to their paths once the whole bundle verified.
+    """
 
     def __init__(self, dest_dir: Path, bundle: BundleRef) -> None:
         self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{uuid.uuid4().hex[:8]}"
@@ -100,14 +104,13 @@ class _Staging:
                 continue
         else:
             self.root.mkdir(parents=True)
-        self._made: set[str] = {""}
+        self._prefix = f"{self.root}/"
 
-    def create(self, path: str) -> int:
-        parent = path.rpartition("/")[0]
-        if parent not in self._made:
-            os.makedirs(self.root / parent, exist_ok=True)
-            self._made.add(parent)
-        return os.open(self.root / path, _OPEN_NEW, 0o644)
+    def path(self, index: int) -> str:
+        return f"{self._prefix}{index}"
+
+    def create(self, index: int) -> int:
+        return os.open(self.path(index), _OPEN_NEW, 0o644)
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -117,84 +120,48 @@ class _Staging:
             pass  # another bundle is staging beside us
 
 
-class _FrameReader:
-    """Decompresses exactly one zstd frame from ``raw``; a short or padded frame is corrupt.
-
-    zstandard's own stream reader returns a clean EOF when the input stops inside a frame
-    (a bundle cut at its checksum would pass), so the frame's end is checked here.
-    """
-
-    def __init__(self, raw: IO[bytes], bundle: BundleRef) -> None:
-        self._raw = raw
-        self._bundle = bundle
-        self._decompressor = zstandard.ZstdDecompressor().decompressobj()
-        self._pending = bytearray()
-        self._done = False
-
-    def read(self, size: int = -1) -> bytes:
-        want = size if size >= 0 else 1 << 62
-        while len(self._pending) < want and not self._done:
-            chunk = self._raw.read(CHUNK_SIZE)
-            if chunk:
-                self._pending += self._decompressor.decompress(chunk)
-                continue
-            self._done = True
-            if not self._decompressor.eof:
-                raise IntegrityError(f"bundle {self._bundle.digest} is truncated", hint="re-fetch or re-pack it")
-            if self._decompressor.unused_data:
-                raise IntegrityError(f"bundle {self._bundle.digest} has data after its end", hint="re-fetch or re-pack it")
-        data = bytes(self._pending[:want])
-        del self._pending[:want]
-        return data
-
-
-def _write_member(stream: IO[bytes], fd: int, entry: FileEntry, bundle: BundleRef) -> None:
+def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what: str) -> None:
     state = xxhash.xxh3_128()
-    size = 0
-    while chunk := stream.read(CHUNK_SIZE):
-        state.update(chunk)
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(fd, view) :]
-        size += len(chunk)
-    if size != entry.size:
-        raise IntegrityError(f"bundle {bundle.digest} is truncated in {entry.path!r} ({size} of {entry.size} bytes)")
+    write, update = os.write, state.update
+    for chunk in chunks:
+        update(chunk)
+        while chunk:
+            chunk = chunk[write(fd, chunk) :]
     if state.hexdigest() != entry.digest:
         raise IntegrityError(
-            f"bundle {bundle.digest}: {entry.path!r} does not match its digest",
+            f"{what}: {entry.path!r} does not match its digest",
             hint="the bundle is corrupt or was tampered with; re-pack the dataset",
         )
     os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
 
 
-def _extract_stream(raw: IO[bytes], expected: dict[str, FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
+def _extract_stream(raw: IO[bytes], members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
+    what = f"bundle {bundle.digest}"
+    expected = {entry.path: i for i, entry in enumerate(members)}
     seen: set[str] = set()
-    reader = _FrameReader(raw, bundle)
-    with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|", bufsize=CHUNK_SIZE) as tar:
-        for member in tar:
-            _reject_unsafe(member, bundle)
-            entry = expected.get(member.name)
-            if entry is None:
-                raise UnsafeArchive(f"bundle {bundle.digest}: member {member.name!r} is not listed in the manifest for this bundle")
-            if member.name in seen:
-                raise UnsafeArchive(f"bundle {bundle.digest}: member {member.name!r} appears twice")
-            if member.size != entry.size:
-                raise IntegrityError(f"bundle {bundle.digest}: {member.name!r} has {member.size} bytes, the manifest says {entry.size}")
-            seen.add(member.name)
-            stream = tar.extractfile(member)
-            assert stream is not None  # a regular file always has a stream
-            fd = staging.create(member.name)
-            try:
-                _write_member(stream, fd, entry, bundle)
-            finally:
-                os.close(fd)
-            if progress is not None:
-                progress(entry.size, 1)
-    while reader.read(CHUNK_SIZE):  # read to the end of the frame: zstd checks its checksum there
-        pass
-    missing = expected.keys() - seen
-    if missing:
-        raise IntegrityError(f"bundle {bundle.digest} lacks {len(missing)} listed file(s), e.g. {sorted(missing)[0]!r}")
+    reader = FrameReader(raw, what)
+    for member in iter_members(reader, what):
+        _reject_unsafe(member, bundle)
+        index = expected.get(member.name)
+        if index is None:
+            raise UnsafeArchive(f"{what}: member {member.name!r} is not listed in the manifest for this bundle")
+        if member.name in seen:
+            raise UnsafeArchive(f"{what}: member {member.name!r} appears twice")
+        entry = members[index]
+        if member.size != entry.size:
+            raise IntegrityError(f"{what}: {member.name!r} has {member.size} bytes, the manifest says {entry.size}")
+        seen.add(member.name)
+        fd = staging.create(index)
+        try:
+            _write_member(read_data(reader, member.size, what), fd, entry, what)
+        finally:
+            os.close(fd)
+        if progress is not None:
+            progress(entry.size, 1)
+    reader.drain()
+    if len(seen) != len(expected):
+        missing = sorted(expected.keys() - seen)
+        raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")
 
 
 def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
@@ -214,15 +181,18 @@ def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
     made.add(parent)
 
 
-def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry]) -> None:
-    _syncfs(staging.root)
+def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], durable: bool) -> None:
+    if durable:
+        _syncfs(staging.root)
     made: set[str] = {""}
-    for entry in members:
+    prefix = f"{dest_dir}/"
+    for index, entry in enumerate(members):
         parent = entry.path.rpartition("/")[0]
         if parent:
             _ensure_real_dir(dest_dir, parent, made)
-        os.replace(staging.root / entry.path, dest_dir / entry.path)
-    _syncfs(dest_dir)
+        os.replace(staging.path(index), prefix + entry.path)
+    if durable:
+        _syncfs(dest_dir)
 
 
 def unpack_bundle(
@@ -233,8 +203,13 @@ def unpack_bundle(
     *,
     storage_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    durable: bool = True,
 ) -> None:
     """Extract one bundle's files into the existing directory ``dest_dir``, verified.
+
+    With ``durable`` (the default) the bundle's files are on disk when this returns
+    (one ``syncfs`` before and one after the renames); :func:`unpack` turns it off per
+    bundle and syncs once for the whole dataset before publishing it.
 
     On any error nothing of this bundle is left in ``dest_dir`` and the error is raised:
     :class:`UnsafeArchive` for a member that must not be written, :class:`IntegrityError`
@@ -245,16 +220,12 @@ def unpack_bundle(
     if not dest.is_dir():
         raise InvalidInput(f"unpack target {dest} is not a directory")
     members = manifest.bundle_entries(bundle)
-    expected = {entry.path: entry for entry in members}
     fs, root = resolve(store, storage_options)
     staging = _Staging(dest, bundle)
     try:
         with translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"), fs.open(bundle_path(root, bundle.digest), "rb") as raw:
-            try:
-                _extract_stream(raw, expected, bundle, staging, progress)
-            except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
-                raise IntegrityError(f"bundle {bundle.digest} is corrupt or truncated: {exc}", hint="re-pack the dataset or re-fetch the bundle") from exc
-        _publish(staging, dest, members)
+            _extract_stream(raw, members, bundle, staging, progress)
+        _publish(staging, dest, members, durable)
     finally:
         staging.remove()
 
@@ -296,10 +267,10 @@ def unpack(
         count = workers or min(4, os.cpu_count() or 1)
         if count <= 1 or len(manifest.bundles) <= 1:
             for bundle in manifest.bundles:
-                unpack_bundle(store, manifest, bundle, stage, storage_options=storage_options, progress=progress)
+                unpack_bundle(store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False)
         else:
             with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
-                futures = [pool.submit(unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=progress) for b in manifest.bundles]
+                futures = [pool.submit(unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=progress, durable=False) for b in manifest.bundles]
                 for future in futures:
                     future.result()
         create_empty_directories(manifest, stage)

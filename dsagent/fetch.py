@@ -84,6 +84,50 @@ class Progress:
         return remaining / rate if rate > 0 else None
 
 
+def listing_matches(source: Source, manifest: Manifest) -> bool:
+    """Whether a remote source still lists exactly ``manifest``'s files with their sizes and
+    modification times: then its digest is ``manifest.digest`` without reading a byte.
+
+    The remote counterpart of the local stat-keyed digest cache. Any doubt (a listing
+    without sizes or times, an extra or missing file) answers False, and the caller
+    digests the source.
+    """
+    fs, root = resolve(source.url, source.storage_options)
+    if _is_local(fs) or not manifest.entries:
+        return False
+    prefix = root.rstrip("/") + "/"
+    with translate_errors(f"source {source.url!r}"):
+        listing = fs.find(root, detail=True)
+    seen: dict[str, tuple[int, int]] = {}
+    for full, info in listing.items():
+        if info.get("type") == "directory" or not full.startswith(prefix):
+            continue
+        size, mtime = info.get("size"), _mtime_ns(info)
+        if size is None or mtime == 0:
+            return False
+        seen[full[len(prefix):]] = (int(size), mtime)
+    return seen == {e.path: (e.size, e.mtime_ns) for e in manifest.entries}
+
+
+def _is_local(fs: Any) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return bool({"file", "local"} & set(protocols))
+
+
+def _mtime_ns(info: Mapping[str, Any]) -> int:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1_000_000_000)
+        try:
+            return int(float(value) * 1_000_000_000)
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
 def safe_target(root: Path, relative: str) -> Path:
     """``root/relative``, refusing anything that would land outside ``root``."""
     parts = relative.split("/")
@@ -218,4 +262,4 @@ async def fetch_bundles(
     await _bounded(executor, workers, [functools.partial(unpack, b) for b in todo], after)
 
 
-__all__ = ["Progress", "Source", "clear_interrupted", "copy_file", "finish", "fetch_bundles", "fetch_files", "safe_target"]
+__all__ = ["Progress", "Source", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]

@@ -43,9 +43,9 @@ import stat
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import xxhash
 import zstandard
@@ -419,8 +419,11 @@ def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] |
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent."""
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
-    with translate_errors(f"manifest of {name!r} in {store}"):
-        data = fs.cat_file(path)
+    try:
+        with translate_errors(f"manifest of {name!r} in {store}"):
+            data = fs.cat_file(path)
+    except NotFound as exc:
+        raise NotFound(f"no dataset {name!r} in bundle store {store}", hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}") from exc
     return Manifest.from_bytes(data)
 
 
@@ -436,9 +439,8 @@ def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str,
 # --------------------------------------------------------------------------- walking
 
 
-@dataclass(frozen=True)
-class _Found:
-    """A file found by the walk, before hashing."""
+class _Found(NamedTuple):
+    """A file found by the walk, before hashing (a tuple: the walk makes millions)."""
 
     path: str  # relative to the source root
     location: str  # where to read it (absolute local path or fsspec path)
@@ -452,10 +454,11 @@ def is_local(fs: AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-def _walk_local(root: str) -> tuple[list[_Found], list[str]]:
-    """Files and empty directories under a local ``root``; follows symlinks, refuses loops."""
-    found: list[_Found] = []
-    empty: list[str] = []
+def _iter_local(root: str, empty: list[str]) -> Iterator[_Found]:
+    """Files under a local ``root`` as the walk finds them (empty directories go to ``empty``).
+
+    Follows symlinks (a linked file is packed as a regular file) and refuses loops.
+    """
     seen: set[tuple[int, int]] = set()
     stack = [("", root)]
     while stack:
@@ -476,12 +479,16 @@ def _walk_local(root: str) -> tuple[list[_Found], list[str]]:
                 if stat.S_ISDIR(info.st_mode):
                     stack.append((child, item.path))
                 elif stat.S_ISREG(info.st_mode):
-                    found.append(_Found(child, item.path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
+                    yield _Found(child, item.path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
                 else:
                     raise InvalidInput(f"not a regular file: {item.path!r}", hint="datasets hold regular files only")
         if not has_child and rel:
             empty.append(rel)
-    return found, empty
+
+
+def _walk_local(root: str) -> tuple[list[_Found], list[str]]:
+    empty: list[str] = []
+    return list(_iter_local(root, empty)), empty
 
 
 def _mtime_ns(info: Mapping[str, Any]) -> int:
@@ -517,8 +524,11 @@ def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[
     return found, [d for d in dirs if d not in parents]
 
 
-def walk_source(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[str]]:
-    """Every file (and empty directory) of the dataset at ``root``; a lone file is a dataset of one."""
+def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable[_Found]:
+    """Every file of the dataset at ``root`` (empty directories go to ``empty``); a lone file is a dataset of one.
+
+    Local trees are walked lazily, so hashing starts while the walk goes on.
+    """
     with translate_errors(f"source {root!r}"):
         if not fs.exists(root):
             raise NotFound(f"dataset source {root!r} does not exist", hint="check the path or URL")
@@ -527,79 +537,131 @@ def walk_source(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[s
             name = root.rstrip("/").rsplit("/", 1)[-1]
             if is_local(fs):
                 st = os.stat(root)
-                return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)], []
-            return [_Found(name, root, int(info.get("size") or 0), _mtime_ns(info))], []
+                return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
+            return [_Found(name, root, int(info.get("size") or 0), _mtime_ns(info))]
         if is_local(fs):
-            return _walk_local(root)
-        return _walk_remote(fs, root)
+            return _iter_local(root, empty)
+        found, dirs = _walk_remote(fs, root)
+        empty.extend(dirs)
+        return found
 
 
 # --------------------------------------------------------------------------- digesting
 
 
 def default_workers() -> int:
-    """Hashing threads: enough to overlap I/O with hashing on every core, capped."""
-    return min(8, (os.cpu_count() or 2) * 2)
+    """Hashing threads: one per core (reads and xxh3 release the GIL), capped."""
+    return min(8, os.cpu_count() or 1)
 
 
 class _Hasher:
-    """Hashes found files on a thread pool; one reusable read buffer per thread."""
+    """Hashes batches of found files; called from the digest threads."""
 
     def __init__(self, fs: AbstractFileSystem, progress: Progress | None) -> None:
         self._fs = fs
         self._local = is_local(fs)
         self._progress = progress
-        self._buffers = threading.local()
         self._lock = threading.Lock()
 
-    def __call__(self, item: _Found) -> FileEntry:
-        if self._local:
-            buffer = getattr(self._buffers, "buf", None)
-            if buffer is None:
-                buffer = self._buffers.buf = bytearray(CHUNK_SIZE)
-            with translate_errors(f"source file {item.location!r}"):
-                digest, size = hash_file(item.location, buffer)
-        else:
-            with translate_errors(f"source file {item.location!r}"), self._fs.open(item.location, "rb") as stream:
-                digest, size = hash_stream(stream)
-        if size != item.size:
-            raise IntegrityError(f"{item.path!r} changed while it was digested ({item.size} -> {size} bytes)", hint="retry once the source is quiet")
+    def batch(self, items: Sequence[_Found]) -> list[FileEntry]:
+        buffer = bytearray(CHUNK_SIZE) if self._local else None
+        entries = []
+        item = None
+        try:
+            for item in items:
+                if buffer is not None:
+                    digest, size = hash_file(item.location, buffer)
+                else:
+                    with self._fs.open(item.location, "rb") as stream:
+                        digest, size = hash_stream(stream)
+                if size != item.size:
+                    raise IntegrityError(f"{item.path!r} changed while it was digested ({item.size} -> {size} bytes)", hint="retry once the source is quiet")
+                entries.append(FileEntry(item.path, size, item.mtime_ns, digest))
+        except OSError as exc:  # translated here, once per batch rather than per file
+            where = item.location if item is not None else "?"
+            with translate_errors(f"source file {where!r}"):
+                raise exc
         if self._progress is not None:
             with self._lock:
-                self._progress(size, 1)
-        return FileEntry(item.path, size, item.mtime_ns, digest)
+                self._progress(sum(e.size for e in entries), len(entries))
+        return entries
+
+
+class _Batches:
+    """Hashes files in batches of 32 on a thread pool, or inline with one worker."""
+
+    SIZE = 32
+
+    def __init__(self, hasher: _Hasher, workers: int) -> None:
+        self._hasher = hasher
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest") if workers > 1 else None
+        self._batch: list[_Found] = []
+        self._futures: list[Future[list[FileEntry]]] = []
+        self._inline: list[FileEntry] = []
+        self.items: list[_Found] = []
+
+    def add(self, item: _Found) -> None:
+        self.items.append(item)
+        self._batch.append(item)
+        if len(self._batch) >= self.SIZE:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        if self._pool is None:
+            self._inline.extend(self._hasher.batch(self._batch))
+        else:
+            self._futures.append(self._pool.submit(self._hasher.batch, self._batch))
+        self._batch = []
+
+    def results(self) -> list[FileEntry]:
+        self._flush()
+        try:
+            return self._inline + [entry for future in self._futures for entry in future.result()]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._futures:
+                future.cancel()
+            self._pool.shutdown(wait=True)
 
 
 def digest_files(
     fs: AbstractFileSystem,
-    found: Sequence[_Found],
+    found: Iterable[_Found],
     *,
+    root: str = "",
     workers: int | None = None,
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,
 ) -> list[FileEntry]:
-    """Entries for ``found``, taking unchanged files' digests from ``digest_cache``."""
-    entries: list[FileEntry] = []
-    todo: list[_Found] = []
-    cached = digest_cache.lookup(found) if digest_cache is not None and is_local(fs) else {}
-    for item in found:
-        digest = cached.get(item.location)
-        if digest is None:
-            todo.append(item)
-        else:
-            entries.append(FileEntry(item.path, item.size, item.mtime_ns, digest))
-    if progress is not None and entries:
-        progress(sum(e.size for e in entries), len(entries))
-    hasher = _Hasher(fs, progress)
-    count = workers or default_workers()
-    if count <= 1 or len(todo) <= 1:
-        fresh = [hasher(item) for item in todo]
-    else:
-        with ThreadPoolExecutor(count, thread_name_prefix="dsagent-digest") as pool:
-            fresh = list(pool.map(hasher, todo, chunksize=64))
-    if digest_cache is not None and is_local(fs):
-        digest_cache.store([(item, entry.digest) for item, entry in zip(todo, fresh)])
-    return entries + fresh
+    """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
+
+    Hashing runs on ``workers`` threads while ``found`` is still being walked.
+    """
+    use_cache = digest_cache is not None and is_local(fs)
+    snapshot = digest_cache.snapshot(root) if digest_cache is not None and use_cache else {}
+    cached: list[FileEntry] = []
+    batches = _Batches(_Hasher(fs, progress), workers or default_workers())
+    try:
+        for item in found:
+            digest = digest_cache.match(snapshot, item) if digest_cache is not None and use_cache else None
+            if digest is None:
+                batches.add(item)
+            else:
+                cached.append(FileEntry(item.path, item.size, item.mtime_ns, digest))
+    except BaseException:
+        batches.close()
+        raise
+    if progress is not None and cached:
+        progress(sum(e.size for e in cached), len(cached))
+    fresh = batches.results()
+    if digest_cache is not None and use_cache:
+        digest_cache.store([(item, entry.digest) for item, entry in zip(batches.items, fresh)])
+    return cached + fresh
 
 
 def build_manifest(
@@ -620,8 +682,10 @@ def build_manifest(
     """
     check_dataset_name(name)
     fs, root = resolve(source, storage_options)
-    found, empty_dirs = walk_source(fs, root)
-    entries = digest_files(fs, found, workers=workers, digest_cache=digest_cache, progress=progress)
+    empty_dirs: list[str] = []
+    found = walk_source(fs, root, empty_dirs)
+    with translate_errors(f"source {os.fspath(source)!r}"):
+        entries = digest_files(fs, found, root=root, workers=workers, digest_cache=digest_cache, progress=progress)
     return Manifest.create(name, entries, directories=empty_dirs)
 
 

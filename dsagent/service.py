@@ -41,8 +41,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dsagent import eviction
 from dsagent.catalog import Catalog, TaskRow, VersionRow
+from dsagent.digestcache import DigestCache
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, IntegrityError, InvalidInput, NotFound
-from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish
+from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish, listing_matches
 from dsagent.manifest import BundleRef, Manifest, build_manifest, read_manifest
 from dsagent.metrics import Metrics, Sample
 from dsagent.settings import Settings
@@ -208,7 +209,8 @@ class CacheService:
         await self._work(self.store.prune_empty_names)
 
     async def _resume_interrupted(self) -> None:
-        """Restart fetches a crash interrupted, for live tasks that need no credentials."""
+        """Restart the work a stop interrupted, for live tasks that need no credentials
+        (the others resume when their init-container repeats the request)."""
         now = self.clock()
         for task in await self._db(self.catalog.tasks):
             if task.lease_until <= now:
@@ -216,7 +218,7 @@ class CacheService:
             for item in task.request:
                 digest = task.digests.get(item["name"])
                 row = await self._db(self.catalog.version, item["name"], digest) if digest else None
-                if row is not None and row.state == "fetching" and not item.get("hasStorageOptions"):
+                if (row is None or row.state != "ready") and not item.get("hasStorageOptions"):
                     request = DatasetRequest(item["name"], item["source"], item.get("bundles"))
                     self._start_waiter(task.task_id, request, digest)
 
@@ -343,8 +345,11 @@ class CacheService:
             return DatasetStatus(**base, state="failed", error=error.to_dict())
         row = await self._db(self.catalog.version, name, digest) if digest else None
         if row is None:
-            state = "fetching" if digest else "resolving"
-            return DatasetStatus(**base, state=state)
+            waiter = self._waiters.get((task.task_id, name))
+            if waiter is None or waiter.done():  # evicted by force, or gone from disk
+                gone = {"code": "gone", "message": "no cached copy and no fetch running (evicted by force, removed, or interrupted by an agent restart)", "hint": "repeat the request to cache it again"}
+                return DatasetStatus(**base, state="failed", error=gone)
+            return DatasetStatus(**base, state="fetching" if digest else "resolving")
         progress = self._progress.get((name, row.digest))
         if row.state == "ready":
             path = str(self.store.ready_dir(name, row.digest))
@@ -379,16 +384,28 @@ class CacheService:
             return None
 
     async def _resolve(self, name: str, source: Source) -> Manifest:
-        """The source's current manifest (rule 2): packed manifest first, else a digest."""
+        """The source's current manifest (rule 2): the packed manifest when the bundle store
+        has one; else the cached version's manifest when a remote listing shows the same
+        files, sizes and times; else a digest of the source."""
+        cached = await self._current_manifest(name, source.url)
+
         def read() -> Manifest:
             if source.bundles:
                 try:
                     return read_manifest(source.bundles, name, storage_options=source.storage_options)
                 except NotFound:
                     log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
-            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers)
+            if cached is not None and listing_matches(source, cached):
+                return cached
+            # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
+            with DigestCache(self.store.root / "digests.db") as cache:
+                return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers, digest_cache=cache)
 
         return await self._work(read)
+
+    async def _current_manifest(self, name: str, url: str) -> Manifest | None:
+        rows = [r for r in await self._db(self.catalog.versions, name) if r.state == "ready" and r.source == url]
+        return await self._stored_manifest(name, rows[-1].digest) if rows else None
 
     async def _fetch(self, source: Source, manifest: Manifest) -> None:
         """Make ``manifest``'s version ready, unless it already is (a hit)."""

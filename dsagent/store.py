@@ -4,6 +4,7 @@ Who calls it: :mod:`dsagent.service` (and :mod:`dsagent.fetch` for staging direc
 What it owns::
 
     <root>/catalog.db                      SQLite catalog (WAL)
+    <root>/digests.db                      digest cache for local sources (stat-keyed)
     <root>/datasets/<name>/<digest>/       ready datasets: what pods mount, never modified
     <root>/manifests/<name>/<digest>       the manifest of each cached version
     <root>/staging/<name>@<digest>/        fetches in progress (resumable after a crash)

@@ -4,7 +4,7 @@ Given the pod (as the API server sends it in the AdmissionReview), its datasets 
 to sources, and the chart's :class:`Injection` settings, :func:`mutate` returns RFC 6902
 operations that
 
-- prepend the init-container ``dsagent-cache`` running ``dsctl cache --from-env`` with
+- prepend the container ``dsagent-cache`` running ``dsctl cache --from-env`` with
   ``DSAGENT_DATASETS`` (the JSON list), ``DSAGENT_TASK_ID`` (the pod UID, downward API),
   ``DSAGENT_SOCKET`` and one ``DSAGENT_STORAGE_OPTIONS_<NAME>`` per dataset whose Dataset
   names a storage Secret (a ``secretKeyRef``: credentials never appear in the pod spec);
@@ -15,6 +15,20 @@ operations that
   ``dsctl status`` work there;
 - add the agent's group to the pod's supplementalGroups (the socket is group-writable);
 - set the dsplatform scheduler's name when the pod uses the default scheduler.
+
+Two ways to wait (the paper's rule 3: caching overlaps image pulls). The kubelet pulls a
+container's image only when it starts that container, and starts app containers only
+after every ordinary init-container has finished, so a blocking init-container would
+serialise caching and the app image pull. Hence, by default (``overlap``):
+``dsagent-cache`` is a native sidecar (an init-container with ``restartPolicy: Always``,
+Kubernetes >= 1.29) that caches, then marks ``/dsagent-run/ready`` in a shared
+``emptyDir`` and sleeps; the kubelet goes on to pull the app images meanwhile, and each
+app container's command is wrapped in a ``/bin/sh`` loop that waits for the mark and
+then ``exec``s the original command. The pod's training starts at max(pull, caching)
+instead of pull + caching. When an app container has no explicit ``command`` (its image's
+ENTRYPOINT is unknown here) or the pod says ``dsagent.io/wait: init``, the
+``init`` mode is used instead: an ordinary init-container that returns once the datasets
+are ready (the agent has been caching since the pod was bound).
 
 A pod already carrying ``dsagent-cache`` gets no operations (re-invocation is harmless).
 Who calls it: :mod:`dsagent.kube.webhook`. Pure: no I/O; tests feed it real pod JSON.
@@ -36,7 +50,17 @@ from dsagent.kube.datasets import Dataset, SecretRef
 INIT_CONTAINER = "dsagent-cache"
 SOCKET_VOLUME = "dsagent-socket"
 DATASETS_VOLUME = "dsagent-datasets"
+RUN_VOLUME = "dsagent-run"
+RUN_DIR = "/dsagent-run"
+READY_MARK = RUN_DIR + "/ready"
 INJECTED_ANNOTATION = "dsagent.io/injected"
+WAIT_ANNOTATION = "dsagent.io/wait"
+# The sidecar: cache (waiting with progress), mark ready, stay up until the pod ends. If
+# caching fails it exits, and the kubelet restarts it with back-off: it retries.
+SIDECAR_SCRIPT = f"dsctl cache --from-env && touch {READY_MARK} && exec sleep infinity"
+# An app container: wait for the mark, then become the original command ($0 "$@").
+WAIT_SCRIPT = (f'if [ ! -e {READY_MARK} ]; then echo "dsplatform: waiting for datasets" >&2; fi; '
+               f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"')
 DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
 JSONPatch = list[dict[str, Any]]
 
@@ -133,11 +157,16 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
     spec = pod.get("spec") or {}
     if not datasets or _already_injected(spec):
         return []
+    overlap = wait_mode(pod) == "overlap"
     ops: JSONPatch = []
-    ops += _prepend("/spec/initContainers", spec.get("initContainers"), init_container(datasets, injection))
-    ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
+    ops += _prepend("/spec/initContainers", spec.get("initContainers"),
+                    init_container(datasets, injection, sidecar=overlap))
+    ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection, run_dir=overlap))
     for index, container in enumerate(spec.get("containers") or []):
-        ops += _wire_container(f"/spec/containers/{index}", container, datasets, injection)
+        path = f"/spec/containers/{index}"
+        ops += _wire_container(path, container, datasets, injection)
+        if overlap:
+            ops += _wait_before(path, container)
     ops += _supplemental_group(spec.get("securityContext"), injection.run_as_group)
     if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
         op = "replace" if "schedulerName" in spec else "add"
@@ -146,8 +175,17 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
     return ops
 
 
-def init_container(datasets: Sequence[ResolvedDataset], injection: Injection) -> dict[str, Any]:
-    """The ``dsagent-cache`` init-container."""
+def wait_mode(pod: Mapping[str, Any]) -> str:
+    """``overlap`` (sidecar + wrapped commands) when possible, else ``init``."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(WAIT_ANNOTATION) == "init":
+        return "init"
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return "overlap" if containers and all(c.get("command") for c in containers) else "init"
+
+
+def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *, sidecar: bool = False) -> dict[str, Any]:
+    """The ``dsagent-cache`` container: a native sidecar (``sidecar``) or a blocking init-container."""
     names = [options_env_name(d.name) for d in datasets]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
@@ -165,9 +203,10 @@ def init_container(datasets: Sequence[ResolvedDataset], injection: Injection) ->
         "name": INIT_CONTAINER,
         "image": injection.image,
         "imagePullPolicy": injection.image_pull_policy,
-        "command": ["dsctl", "cache", "--from-env"],
+        "command": ["/bin/sh", "-c", SIDECAR_SCRIPT] if sidecar else ["dsctl", "cache", "--from-env"],
         "env": env,
-        "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path}],
+        "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path}]
+        + ([{"name": RUN_VOLUME, "mountPath": RUN_DIR}] if sidecar else []),
         "securityContext": {
             "runAsUser": injection.run_as_user, "runAsGroup": injection.run_as_group, "runAsNonRoot": True,
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -177,14 +216,28 @@ def init_container(datasets: Sequence[ResolvedDataset], injection: Injection) ->
     }
     if injection.resources:
         container["resources"] = dict(injection.resources)
+    if sidecar:
+        container["restartPolicy"] = "Always"
     return container
 
 
-def volumes(injection: Injection) -> list[dict[str, Any]]:
-    return [
+def volumes(injection: Injection, *, run_dir: bool = False) -> list[dict[str, Any]]:
+    found = [
         {"name": SOCKET_VOLUME, "hostPath": {"path": injection.socket_dir, "type": "DirectoryOrCreate"}},
         {"name": DATASETS_VOLUME, "hostPath": {"path": injection.cache_dir, "type": "DirectoryOrCreate"}},
     ]
+    if run_dir:
+        found.append({"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+    return found
+
+
+def _wait_before(path: str, container: Mapping[str, Any]) -> JSONPatch:
+    """Wrap the container's command so it starts once the datasets are ready."""
+    command = list(container.get("command") or [])
+    mounts = container.get("volumeMounts")
+    mount = {"name": RUN_VOLUME, "mountPath": RUN_DIR, "readOnly": True}
+    return ([{"op": "replace", "path": f"{path}/command", "value": ["/bin/sh", "-c", WAIT_SCRIPT, *command]}]
+            + _append_all(f"{path}/volumeMounts", mounts if mounts is not None else [], [mount]))
 
 
 def _wire_container(path: str, container: Mapping[str, Any], datasets: Sequence[ResolvedDataset],
@@ -237,7 +290,7 @@ def _append_all(path: str, existing: Sequence[Any] | None, items: Sequence[Any])
 
 def _already_injected(spec: Mapping[str, Any]) -> bool:
     return any(c.get("name") == INIT_CONTAINER for c in spec.get("initContainers") or []) or any(
-        v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME) for v in spec.get("volumes") or [])
+        v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME, RUN_VOLUME) for v in spec.get("volumes") or [])
 
 
 def _datasets_json(datasets: Sequence[ResolvedDataset], *, with_options: bool) -> str:
@@ -248,5 +301,5 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-__all__ = ["INIT_CONTAINER", "Injection", "JSONPatch", "ResolvedDataset", "init_container", "mutate",
-           "options_env_name", "resolve"]
+__all__ = ["INIT_CONTAINER", "READY_MARK", "Injection", "JSONPatch", "ResolvedDataset", "init_container", "mutate",
+           "options_env_name", "resolve", "wait_mode"]

@@ -23,6 +23,7 @@ import yaml
 from kubernetes_validate import utils as kv
 from packaging.version import Version
 
+from dsagent.kube.agent import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"
@@ -306,12 +307,13 @@ def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, A
 
 
 def test_agent_settings_in_the_daemonset_are_ones_the_agent_accepts(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    settings = pytest.importorskip("dsagent.settings")
+    from dsagent import settings
     for label in ("default", "non-default"):
         [container] = agent_pod(rendered[label])["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         env.pop("DSAGENT_ADMIN_TOKEN_FILE")  # a mounted Secret in the cluster
         settings.Settings.from_env(env)
+        ClusterSettings.from_env(env)
 
 
 def test_the_admin_token_is_generated_and_long(rendered: dict[str, list[dict[str, Any]]]) -> None:

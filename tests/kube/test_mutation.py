@@ -13,7 +13,16 @@ from kubernetes_validate import utils as kv
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.kube.annotation import DatasetRef
 from dsagent.kube.datasets import Dataset, SecretRef
-from dsagent.kube.mutation import INIT_CONTAINER, Injection, ResolvedDataset, mutate, options_env_name, resolve
+from dsagent.kube.mutation import (
+    INIT_CONTAINER,
+    READY_MARK,
+    Injection,
+    ResolvedDataset,
+    mutate,
+    options_env_name,
+    resolve,
+    wait_mode,
+)
 from tests.fake_apiserver import json_patch, make_pod
 
 REVIEW = json.loads((Path(__file__).parent / "data" / "admission-review-pytorchjob.json").read_text())
@@ -37,11 +46,11 @@ def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def test_the_init_container_comes_first_and_runs_dsctl_cache_from_env() -> None:
+def test_the_cache_container_comes_first_and_runs_dsctl_cache_from_env() -> None:
     pod = mutated(real_pod())
     init = pod["spec"]["initContainers"][0]
     assert init["name"] == INIT_CONTAINER
-    assert init["command"] == ["dsctl", "cache", "--from-env"]
+    assert init["command"][:2] == ["/bin/sh", "-c"] and init["command"][2].startswith("dsctl cache --from-env && ")
     env = env_of(init)
     assert json.loads(env["DSAGENT_DATASETS"]["value"]) == [
         {"name": "imagenet", "source": "s3://ml/imagenet", "bundles": "s3://ml/bundles"},
@@ -66,6 +75,50 @@ def test_inline_storage_options_reach_only_the_init_container() -> None:
     assert json.loads(env_of(pod["spec"]["initContainers"][0])["DSAGENT_DATASETS"]["value"])[0]["storage_options"]
     app_env = env_of(pod["spec"]["containers"][0])
     assert "storage_options" not in app_env["DSAGENT_DATASETS"]["value"]
+
+
+def test_by_default_caching_overlaps_the_app_image_pull() -> None:
+    pod = mutated(real_pod())
+    assert wait_mode(real_pod()) == "overlap"
+    sidecar = pod["spec"]["initContainers"][0]
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar: app containers start meanwhile
+    assert {"name": "dsagent-run", "mountPath": "/dsagent-run"} in sidecar["volumeMounts"]
+    [app] = pod["spec"]["containers"]
+    assert app["command"][:3] == ["/bin/sh", "-c", app["command"][2]]
+    assert app["command"][3:] == ["torchrun", "--nproc-per-node=8", "train.py", "--data=/datasets/imagenet"]
+    assert "exec \"$0\" \"$@\"" in app["command"][2] and READY_MARK in app["command"][2]
+    assert {"name": "dsagent-run", "mountPath": "/dsagent-run", "readOnly": True} in app["volumeMounts"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dsagent-run"]["emptyDir"]["medium"] == "Memory"
+
+
+@pytest.mark.parametrize("reason", ["annotation", "no-command"])
+def test_a_blocking_init_container_when_asked_or_when_a_command_is_unknown(reason: str) -> None:
+    pod = real_pod()
+    if reason == "annotation":
+        pod["metadata"]["annotations"]["dsagent.io/wait"] = "init"
+    else:
+        del pod["spec"]["containers"][0]["command"]
+    result = mutated(pod)
+    init = result["spec"]["initContainers"][0]
+    assert init["command"] == ["dsctl", "cache", "--from-env"] and "restartPolicy" not in init
+    assert result["spec"]["containers"][0].get("command") == pod["spec"]["containers"][0].get("command")
+    assert "dsagent-run" not in {v["name"] for v in result["spec"]["volumes"]}
+
+
+def test_the_wrapped_command_waits_for_the_mark_then_becomes_the_original(tmp_path: Path) -> None:
+    import subprocess
+
+    [app] = mutated(real_pod())["spec"]["containers"]
+    script = app["command"][2].replace(READY_MARK, str(tmp_path / "ready"))
+    argv = ["/bin/sh", "-c", script, "/bin/echo", "train", "--epochs=1"]
+    waiting = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        waiting.wait(timeout=0.5)  # no mark yet: still waiting
+    (tmp_path / "ready").touch()
+    out, err = waiting.communicate(timeout=10)
+    assert waiting.returncode == 0 and out == "train --epochs=1\n"
+    assert "waiting for datasets" in err
 
 
 def test_app_containers_get_the_datasets_read_only_and_the_socket() -> None:
