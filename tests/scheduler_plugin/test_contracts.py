@@ -39,3 +39,20 @@ def test_a_real_dgx_topology_fits_its_budget_and_scores(read_fixture_text: str) 
     assert facts.topology is not None and facts.topology_error is None
     assert facts.free_gpus == {0, 1, 2, 5}
     assert placement(facts.topology, facts.free_gpus, 2) == 10   # GPUs 0,1 share NUMA node 3 and NICs at PXB
+
+
+def test_what_the_cluster_agent_publishes_is_read_back() -> None:
+    from dsagent.kube.publisher import desired_annotations
+    from scheduler_plugin.testing import topology_json
+
+    inventory = json.loads(inventory_json("gpu-1", datasets={"imagenet": holding()}))
+    annotations = desired_annotations(inventory, topology_json(), [0, 1, 4])
+    obj = node("gpu-1")
+    obj["metadata"]["annotations"].update(annotations)
+    facts = NodeReader().read(obj)
+    assert facts.inventory is not None and facts.inventory.datasets["imagenet"].ready
+    assert facts.free_gpus == {0, 1, 4} and facts.free_by_class == {"gpu-roce1": 2, "gpu-roce2": 1}
+    # Without a free list (GPU pods running), the extender counts allocatable minus requests.
+    quiet = node("gpu-1", gpus=8)
+    quiet["metadata"]["annotations"].update(desired_annotations(inventory, topology_json(), None))
+    assert NodeReader().read(quiet, used_gpus=6).free_count == 2
