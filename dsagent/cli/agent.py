@@ -1,13 +1,127 @@
-"""``dsagent``: the node agent's own entry point (``dsagent serve``)."""
+"""``dsagent``: the node agent's own entry point (``dsagent serve``).
+
+Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
+TCP listener when asked), and runs the FastAPI app under uvicorn on one event loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
 import click
+
+from dsagent.errors import DsagentError, SettingsError
+from dsagent.settings import Settings, parse_listen
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def agent() -> None:
     """dsagent: the dsplatform node agent (a DaemonSet on every GPU node)."""
+
+
+@agent.command()
+@click.option("--root", type=click.Path(path_type=Path), help="Cache root [DSAGENT_ROOT].")
+@click.option("--socket", "socket_path", type=click.Path(path_type=Path), help="Unix socket [DSAGENT_SOCKET, default ROOT/dsagent.sock].")
+@click.option("--listen", help="Also serve TCP on HOST:PORT [DSAGENT_LISTEN].")
+@click.option("--capacity", help="Cap the cache at this size, e.g. 500GB [DSAGENT_CAPACITY].")
+@click.option("--local-source", "local_sources", multiple=True, type=click.Path(path_type=Path), help="A local directory requests may cache from (repeatable) [DSAGENT_LOCAL_SOURCES].")
+@click.option("--node-name", help="This node's name [DSAGENT_NODE_NAME].")
+@click.option("--kubernetes/--no-kubernetes", default=None, help="Cluster mode: publish to the Node, watch pods [DSAGENT_KUBERNETES].")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="[DSAGENT_LOG_LEVEL]")
+def serve(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> None:
+    """Run the agent until SIGTERM or Ctrl-C."""
+    try:
+        settings = _settings(root, socket_path, listen, capacity, local_sources, node_name, kubernetes, log_level)
+        if settings.kubernetes and importlib.util.find_spec("dsagent.kube") is None:
+            raise SettingsError("cluster mode (--kubernetes) needs dsagent.kube, which this build lacks", hint="run without --kubernetes")
+        sockets = _bind(settings)
+    except DsagentError as exc:
+        click.echo(f"dsagent: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(asyncio.run(_run(settings, sockets)))
+
+
+def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
+    from dsagent.sizes import parse_size
+
+    try:
+        return Settings.from_env().with_overrides(
+            root=root, socket_path=socket_path, listen=parse_listen(listen) if listen else None,
+            capacity_bytes=parse_size(capacity) if capacity else None, local_sources=local_sources or None,
+            node_name=node_name, kubernetes=kubernetes, log_level=log_level,
+        )
+    except SettingsError:
+        raise
+    except DsagentError as exc:
+        raise SettingsError(f"invalid flag: {exc.message}", hint=exc.hint) from exc
+
+
+def _bind(settings: Settings) -> list[socket.socket]:
+    settings.root.mkdir(parents=True, exist_ok=True)
+    path = settings.socket
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        if _listening(path):
+            raise SettingsError(f"another agent is already serving {path}", hint="stop it first, or use --socket")
+        path.unlink()
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o117)  # rw for owner and group: the socket's permissions are its access control
+    try:
+        unix.bind(str(path))
+    finally:
+        os.umask(old)
+    sockets = [unix]
+    if settings.listen is not None:
+        host, port = settings.listen
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            tcp.bind((host, port))
+        except OSError as exc:
+            raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+        sockets.append(tcp)
+    for sock in sockets:
+        sock.listen(128)
+        sock.set_inheritable(True)
+    return sockets
+
+
+def _listening(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
+    import uvicorn
+
+    from dsagent.api import create_app
+
+    app = create_app(settings)
+    config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+    try:
+        await server.serve(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket.unlink()
+    return 0 if server.started else 3
 
 
 def main(argv: list[str] | None = None) -> None:

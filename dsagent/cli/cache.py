@@ -1,0 +1,294 @@
+"""``dsctl cache / ls / evict / status / release / wait``: the agent's command line client.
+
+Who calls it: operators on a node, and pods: the init-container runs
+``dsctl cache --from-env`` (datasets from ``DSAGENT_DATASETS``, the task id from
+``DSAGENT_TASK_ID``, storage options from ``DSAGENT_STORAGE_OPTIONS`` or
+``DSAGENT_STORAGE_OPTIONS_<NAME>``, typically filled from Secrets), and the main container
+may run ``dsctl wait --from-env -- CMD...``, which waits for the datasets and then execs
+CMD. Everything goes through :class:`dsagent.client.AgentClient`; errors surface through
+the ``dsctl`` edge as one line and their exit code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from dsagent.client import AgentClient
+from dsagent.errors import DsagentError, InvalidInput, TransientError
+from dsagent.sizes import format_size
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_CLASSES = {cls.code: cls for cls in DsagentError.__subclasses__()}
+POLL_SECONDS = 0.5
+
+
+def agent_options(fn: _F) -> _F:
+    """``--agent`` / ``--socket`` / ``--token``: where the agent is and the admin token."""
+    fn = click.option("--token", envvar="DSAGENT_ADMIN_TOKEN", help="Admin token for operator actions over TCP [DSAGENT_ADMIN_TOKEN].")(fn)
+    fn = click.option("--socket", "socket_path", envvar="DSAGENT_SOCKET", help="The agent's unix socket [DSAGENT_SOCKET].")(fn)
+    fn = click.option("--agent", "agent_url", envvar="DSAGENT_AGENT", help="The agent's TCP URL, e.g. http://127.0.0.1:7420 [DSAGENT_AGENT].")(fn)
+    return fn
+
+
+def _client(agent_url: str | None, socket_path: str | None, token: str | None, timeout: float = 30.0) -> AgentClient:
+    return AgentClient(url=agent_url, socket_path=socket_path, token=token, timeout=timeout)
+
+
+# -- requests ------------------------------------------------------------------------
+
+
+def parse_specs(specs: Sequence[str], bundles: str | None) -> list[dict[str, Any]]:
+    """``NAME=SOURCE`` arguments as dataset requests."""
+    datasets = []
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if not sep or not name or not source:
+            raise InvalidInput(f"invalid dataset {spec!r}", hint="write NAME=SOURCE, e.g. imagenet=s3://bucket/imagenet")
+        datasets.append({"name": name, "source": source, **({"bundles": bundles} if bundles else {})})
+    return datasets
+
+
+def datasets_from_env(environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The init-container's dataset list: ``DSAGENT_DATASETS`` plus storage options per dataset."""
+    raw = environ.get("DSAGENT_DATASETS")
+    if not raw:
+        raise InvalidInput("DSAGENT_DATASETS is not set", hint="set it to a JSON list of {name, source, bundles?}")
+    try:
+        items = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"DSAGENT_DATASETS is not valid JSON: {exc.msg} at position {exc.pos}") from exc
+    if not isinstance(items, list) or not all(isinstance(i, dict) and "name" in i and "source" in i for i in items):
+        raise InvalidInput("DSAGENT_DATASETS must be a JSON list of objects with 'name' and 'source'")
+    shared = _options_from_env(environ, "DSAGENT_STORAGE_OPTIONS")
+    default_bundles = environ.get("DSAGENT_BUNDLES")
+    datasets = []
+    for item in items:
+        dataset = {key: item[key] for key in ("name", "source", "bundles") if item.get(key)}
+        if default_bundles and "bundles" not in dataset:
+            dataset["bundles"] = default_bundles
+        options = {**shared, **dict(item.get("storage_options") or {}), **_options_from_env(environ, "DSAGENT_STORAGE_OPTIONS_" + _env_suffix(str(item["name"])))}
+        if options:
+            dataset["storage_options"] = options
+        datasets.append(dataset)
+    return datasets
+
+
+def _env_suffix(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def _options_from_env(environ: Mapping[str, str], var: str) -> dict[str, Any]:
+    raw = environ.get(var)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:  # never echo the value: it usually holds credentials
+        raise InvalidInput(f"{var} is not valid JSON (value not shown: it may hold credentials)") from exc
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{var} must be a JSON object of storage options")
+    return value
+
+
+def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:
+    """A stable id for a CLI request, so repeating the same command is the same task."""
+    identity = json.dumps(sorted((d["name"], d["source"], d.get("bundles")) for d in datasets))
+    user = re.sub(r"[^A-Za-z0-9._-]", "-", os.environ.get("USER", "user")) or "user"
+    return f"cli-{user}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+# -- waiting -------------------------------------------------------------------------
+
+
+def wait_until_done(client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Poll the task until every dataset is ready (returns) or one failed (raises)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        record = client.get_task(task_id)
+        show(record)
+        if record["state"] == "ready":
+            return record
+        if record["state"] == "failed":
+            raise _failure(record)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TransientError(f"task {task_id!r} not ready after {timeout:g}s", hint=f"check it with 'dsctl status {task_id}'")
+        time.sleep(POLL_SECONDS)
+
+
+def _failure(record: dict[str, Any]) -> DsagentError:
+    failed = next(d for d in record["datasets"] if d["state"] == "failed")
+    error = failed.get("error") or {}
+    from dsagent.client import _BY_CODE
+
+    cls = _BY_CODE.get(str(error.get("code")), DsagentError)
+    return cls(f"caching {failed['name']} failed: {error.get('message', 'unknown error')}", hint=error.get("hint"))
+
+
+class ProgressView:
+    """A one-line live bar on a terminal; a line per state change otherwise."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last: str | None = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        line = describe(record)
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            if record["state"] != "pending":
+                self.stream.write("\n")
+        elif line.split("  ")[0] != (self._last or "").split("  ")[0] or record["state"] != "pending":
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self._last = line
+
+
+def describe(record: dict[str, Any]) -> str:
+    datasets = record["datasets"]
+    total = sum(d["sizeBytes"] for d in datasets)
+    done = sum(d["bytesDone"] for d in datasets)
+    rate = sum(d["rateBytesPerSecond"] for d in datasets)
+    states = ", ".join(f"{d['name']} {d['state']}" for d in datasets)
+    if record["state"] == "pending" and total:
+        width = 24
+        filled = int(width * done / total) if total else width
+        etas = [d["etaSeconds"] for d in datasets if d["etaSeconds"] is not None]
+        eta = f" eta {max(etas):.0f}s" if etas else ""
+        return f"[{'#' * filled}{'.' * (width - filled)}] {format_size(done)}/{format_size(total)} {format_size(rate)}/s{eta}  {states}"
+    return f"task {record['task']}: {record['state']}  {states}"
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("specs", nargs=-1, metavar="NAME=SOURCE...")
+@click.option("--bundles", help="Bundle store URL holding the packed datasets.")
+@click.option("--task", "task_id", envvar="DSAGENT_TASK_ID", help="Task id (a pod UID, a job id) [DSAGENT_TASK_ID].")
+@click.option("--from-env", is_flag=True, help="Read the datasets from DSAGENT_DATASETS (init-container mode).")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready.")
+@click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@agent_options
+def cache(specs: tuple[str, ...], bundles: str | None, task_id: str | None, from_env: bool, wait: bool, timeout: float | None, output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """Cache datasets on this node for a task (idempotent per task)."""
+    datasets = datasets_from_env(os.environ) if from_env else parse_specs(specs, bundles)
+    if from_env and specs:
+        raise InvalidInput("give either NAME=SOURCE arguments or --from-env, not both")
+    if not datasets:
+        raise InvalidInput("no datasets given", hint="dsctl cache NAME=SOURCE... or dsctl cache --from-env")
+    if from_env and not task_id:
+        raise InvalidInput("DSAGENT_TASK_ID is not set", hint="set it from the pod UID (downward API: metadata.uid)")
+    task_id = task_id or default_task_id(datasets)
+    with _client(agent_url, socket_path, token) as client:
+        record = client.submit_task(task_id, datasets)
+        if wait and record["state"] == "pending":
+            record = wait_until_done(client, task_id, timeout=timeout, show=ProgressView() if output == "text" else lambda r: None)
+        elif record["state"] == "failed":
+            raise _failure(record)
+    _print_record(record, output)
+
+
+@click.command()
+@click.option("--from-env", is_flag=True, required=True, help="Task id from DSAGENT_TASK_ID (and DSAGENT_DATASETS to submit if needed).")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@agent_options
+def wait(from_env: bool, timeout: float | None, command: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """Wait for the task's datasets, then exec COMMAND (the training command)."""
+    task_id = os.environ.get("DSAGENT_TASK_ID")
+    if not task_id:
+        raise InvalidInput("DSAGENT_TASK_ID is not set", hint="set it from the pod UID (downward API: metadata.uid)")
+    with _client(agent_url, socket_path, token) as client:
+        if os.environ.get("DSAGENT_DATASETS"):  # idempotent: a no-op when the init-container submitted it
+            client.submit_task(task_id, datasets_from_env(os.environ))
+        wait_until_done(client, task_id, timeout=timeout, show=ProgressView())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], list(command))
+    except OSError as exc:
+        raise InvalidInput(f"cannot run {command[0]!r}: {exc.strerror}") from exc
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@agent_options
+def status(task_id: str, output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """Show where a task's datasets stand."""
+    with _client(agent_url, socket_path, token) as client:
+        _print_record(client.get_task(task_id), output)
+
+
+@click.command()
+@click.argument("task_id")
+@agent_options
+def release(task_id: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """Release a task: its datasets are no longer in use and become evictable."""
+    with _client(agent_url, socket_path, token) as client:
+        client.release_task(task_id)
+    click.echo(f"released task {task_id}")
+
+
+@click.command("ls")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@agent_options
+def ls(output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """List the cached datasets."""
+    with _client(agent_url, socket_path, token) as client:
+        listing = client.datasets()
+    if output == "json":
+        click.echo(json.dumps(listing, indent=2))
+        return
+    rows = [("NAME", "DIGEST", "STATE", "SIZE", "FILES", "IN USE", "LAST USED")]
+    for d in listing["datasets"]:
+        rows.append((d["name"], d["digest"][:12], d["state"], format_size(d["sizeBytes"]), str(d["files"]), "yes" if d["inUse"] else "no", d["lastUsed"] or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    click.echo(f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} of {format_size(listing['capacityBytes'])}")
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--idle", is_flag=True, help="Evict datasets unused for longer than the agent's idle TTL.")
+@click.option("--all-unused", is_flag=True, help="Evict every dataset no task uses.")
+@click.option("--dry-run", is_flag=True, help="Show what would be evicted.")
+@click.option("--force", is_flag=True, help="Evict named datasets even while tasks use them.")
+@agent_options
+def evict(names: tuple[str, ...], idle: bool, all_unused: bool, dry_run: bool, force: bool, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """Evict datasets: by NAME, --idle ones, or --all-unused."""
+    if sum((bool(names), idle, all_unused)) != 1:
+        raise InvalidInput("give dataset names, --idle or --all-unused (exactly one of them)")
+    mode = "idle" if idle else "unused" if all_unused else "names"
+    with _client(agent_url, socket_path, token) as client:
+        result = client.evict(mode=mode, names=names, force=force, dry_run=dry_run)
+    verb = "would evict" if dry_run else "evicted"
+    for victim in result["evicted"]:
+        click.echo(f"{verb} {victim['name']}@{victim['digest'][:12]} ({format_size(victim['sizeBytes'])})")
+    click.echo(f"{verb} {len(result['evicted'])} dataset version(s), {format_size(result['freedBytes'])}")
+
+
+def _print_record(record: dict[str, Any], output: str) -> None:
+    if output == "json":
+        click.echo(json.dumps(record, indent=2))
+        return
+    click.echo(f"task {record['task']}: {record['state']} (lease until {record['leaseUntil']})")
+    for d in record["datasets"]:
+        where = d["path"] or (d["error"] or {}).get("message") or f"{format_size(d['bytesDone'])}/{format_size(d['sizeBytes'])}"
+        digest = (d["digest"] or "-")[:12]
+        click.echo(f"  {d['name']:<20} {digest:<12} {d['state']:<9} {format_size(d['sizeBytes']):>9}  {where}")
+
+
+__all__ = ["cache", "datasets_from_env", "default_task_id", "evict", "ls", "parse_specs", "release", "status", "wait"]

@@ -1,0 +1,187 @@
+"""Real parts for the agent tests: a loopback HTTP server and a real ``dsagent serve``.
+
+``LoopbackServer`` serves a directory over HTTP/1.1 on 127.0.0.1 with Range support (what
+fsspec's http filesystem needs), counts requests per path, and can delay chosen paths to
+make a source slow. ``AgentProcess`` runs ``python -m dsagent serve`` in a subprocess on a
+unix socket (and TCP when asked), and can stop it politely or with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dsagent.client import AgentClient
+from dsagent.errors import AgentUnreachable
+
+ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass
+
+    def do_HEAD(self) -> None:
+        self.server.count(self.command, self.path)
+        super().do_HEAD()
+
+    def do_GET(self) -> None:
+        self.server.count(self.command, self.path)
+        delay = self.server.delay_for(self.path)
+        if delay:
+            time.sleep(delay)
+        match = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if match is None or not path.is_file():
+            super().do_GET()
+            return
+        data = path.read_bytes()
+        start = int(match.group(1))
+        end = min(int(match.group(2)) if match.group(2) else len(data) - 1, len(data) - 1)
+        if start >= len(data):
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(data)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self.wfile.write(data[start : end + 1])
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.delays: list[tuple[Callable[[str], bool], float]] = []
+        self._lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(directory)))
+
+    def count(self, method: str, path: str) -> None:
+        with self._lock:
+            self.requests[(method, path.split("?", 1)[0])] += 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients killed mid-response (kill -9 tests) are expected here
+
+    def delay_for(self, path: str) -> float:
+        return sum(seconds for match, seconds in self.delays if match(path))
+
+
+class LoopbackServer:
+    """A real HTTP server on 127.0.0.1 serving ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self._server = _Server(directory)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def gets(self, predicate: Callable[[str], bool] = lambda p: True) -> dict[str, int]:
+        with self._server._lock:
+            return {path: n for (method, path), n in self._server.requests.items() if method == "GET" and predicate(path)}
+
+    def slow_down(self, predicate: Callable[[str], bool], seconds: float) -> None:
+        self._server.delays.append((predicate, seconds))
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class AgentProcess:
+    """``python -m dsagent serve`` on a unix socket (and TCP with ``tcp=True``)."""
+
+    def __init__(self, root: Path, *, tcp: bool = False, env: dict[str, str] | None = None, local_sources: tuple[Path, ...] = ()) -> None:
+        self.root = root
+        self.socket = root.parent / f"{root.name}.sock"
+        self.port = free_port() if tcp else None
+        self.log = root.parent / f"{root.name}.log"
+        self.env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN, "DSAGENT_SWEEP_INTERVAL": "3600", **(env or {})}
+        self.args = [sys.executable, "-m", "dsagent", "serve", "--root", str(root), "--socket", str(self.socket), "--log-level", "info"]
+        self.args += [arg for path in local_sources for arg in ("--local-source", str(path))]
+        if self.port is not None:
+            self.args += ["--listen", f"127.0.0.1:{self.port}"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> AgentProcess:
+        self.socket.unlink(missing_ok=True)  # a killed agent's stale socket: wait for the new one
+        log = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dsagent exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                with self.client() as client:
+                    if client.health():
+                        return self
+            except AgentUnreachable:
+                time.sleep(0.05)
+        raise RuntimeError(f"dsagent did not answer within {timeout}s:\n{self.log.read_text()}")
+
+    def client(self, *, tcp: bool = False, token: str | None = None, timeout: float = 60.0) -> AgentClient:
+        if tcp:
+            assert self.port is not None, "start the agent with tcp=True"
+            return AgentClient(url=f"http://127.0.0.1:{self.port}", token=token, timeout=timeout)
+        return AgentClient(socket_path=self.socket, timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+
+def wait_ready(client: AgentClient, task_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll a task until it leaves ``pending``; returns the record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        record = client.get_task(task_id)
+        if record["state"] != "pending" or time.monotonic() > deadline:
+            return record
+        time.sleep(0.05)

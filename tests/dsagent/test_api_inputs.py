@@ -1,0 +1,133 @@
+"""Every bad input gets a 4xx JSON error, never a 500, over a real agent's TCP listener;
+operator actions over TCP need the admin token; nothing leaves the cache root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    base = tmp_path_factory.mktemp("api")
+    (base / "allowed").mkdir()
+    process = AgentProcess(base / "agent", tcp=True, local_sources=(base / "allowed",), env={"DSAGENT_MAX_BODY": "64kB"}).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def http(agent: AgentProcess) -> Any:
+    with httpx.Client(base_url=agent.url, timeout=30) as client:
+        yield client
+
+
+GOOD = {"name": "ok", "source": "memory://nowhere/ok"}
+
+BAD_REQUESTS = [
+    ("invalid-name-slash", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": "a/b"}]}, 400, "invalid_input"),
+    ("invalid-name-dotdot", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": ".."}]}, 400, "invalid_input"),
+    ("invalid-name-unicode", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": "d\u00e9j\u00e0"}]}, 400, "invalid_input"),
+    ("invalid-name-empty", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": ""}]}, 400, "invalid_input"),
+    ("invalid-name-too-long", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": "x" * 200}]}, 400, "invalid_input"),
+    ("duplicate-names", "PUT", "/v1/tasks/t1", {"datasets": [GOOD, GOOD]}, 400, "invalid_input"),
+    ("unknown-field", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "sorce": "x"}]}, 400, "invalid_input"),
+    ("unknown-top-field", "PUT", "/v1/tasks/t1", {"datasets": [GOOD], "priority": 1}, 400, "invalid_input"),
+    ("no-datasets", "PUT", "/v1/tasks/t1", {"datasets": []}, 400, "invalid_input"),
+    ("wrong-type", "PUT", "/v1/tasks/t1", {"datasets": "imagenet"}, 400, "invalid_input"),
+    ("unknown-protocol", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "nosuchproto://b/x"}]}, 400, "invalid_input"),
+    ("nul-in-url", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "memory://a\u0000b"}]}, 400, "invalid_input"),
+    ("malformed-bundles-url", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "bundles": "nosuchproto://"}]}, 400, "invalid_input"),
+    ("local-source-outside-allowed", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "/etc"}]}, 400, "invalid_input"),
+    ("local-source-traversal", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "ALLOWED/../../etc"}]}, 400, "invalid_input"),
+    ("file-url-outside-allowed", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "file:///etc"}]}, 400, "invalid_input"),
+    ("invalid-task-id", "PUT", "/v1/tasks/-bad", {"datasets": [GOOD]}, 400, "invalid_input"),
+    ("task-id-traversal", "PUT", "/v1/tasks/..%2F..%2Fetc", {"datasets": [GOOD]}, 404, "not_found"),
+    ("wait-negative", "PUT", "/v1/tasks/t1?wait=-1", {"datasets": [GOOD]}, 400, "invalid_input"),
+    ("wait-not-a-number", "PUT", "/v1/tasks/t1?wait=soon", {"datasets": [GOOD]}, 400, "invalid_input"),
+    ("unknown-task", "GET", "/v1/tasks/never-submitted", None, 404, "not_found"),
+    ("release-unknown-task", "DELETE", "/v1/tasks/never-submitted", None, 404, "not_found"),
+    ("dataset-name-traversal", "GET", "/v1/datasets/..%2F..%2Fetc%2Fpasswd", None, 404, "not_found"),
+    ("dataset-name-backslash", "GET", "/v1/datasets/..%5Cetc", None, 400, "invalid_input"),
+    ("evict-traversal-name", "POST", "/v1/evict", {"mode": "names", "names": ["../../etc"]}, 400, "invalid_input"),
+    ("dataset-dotdot", "GET", "/v1/datasets/..", None, 404, "not_found"),
+    ("unknown-dataset", "GET", "/v1/datasets/nothing-here", None, 404, "not_found"),
+    ("unknown-route", "GET", "/v2/everything", None, 404, "not_found"),
+    ("wrong-method", "PATCH", "/v1/inventory", None, 405, "method_not_allowed"),
+    ("evict-unknown-mode", "POST", "/v1/evict", {"mode": "everything"}, 400, "invalid_input"),
+    ("evict-unknown-field", "POST", "/v1/evict", {"mode": "idle", "all": True}, 400, "invalid_input"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "code"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_get_a_4xx_json_error_with_a_code_and_message(http: httpx.Client, agent: AgentProcess, method: str, path: str, body: Any, status: int, code: str) -> None:
+    if body is not None:
+        body = _fill(body, str(agent.root.parent / "allowed"))
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    response = http.request(method, path, json=body, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert error["code"] == code
+    assert error["message"]
+
+
+def _fill(body: Any, allowed: str) -> Any:
+    import json
+
+    return json.loads(json.dumps(body).replace("ALLOWED", allowed))
+
+
+def test_malformed_json_and_oversized_bodies_are_refused(http: httpx.Client) -> None:
+    response = http.put("/v1/tasks/t1", content=b"{not json", headers={"content-type": "application/json"})
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_input")
+    huge = {"datasets": [{**GOOD, "storageOptions": {"pad": "x" * 100_000}}]}
+    response = http.put("/v1/tasks/t1", json=huge)
+    assert (response.status_code, response.json()["code"]) == (413, "body_too_large")
+
+
+def test_a_task_cannot_change_its_datasets(http: httpx.Client, agent: AgentProcess) -> None:
+    http.put("/v1/tasks/fixed", json={"datasets": [{"name": "m1", "source": "memory://dsagent-api/m1"}]})
+    response = http.put("/v1/tasks/fixed", json={"datasets": [{"name": "m2", "source": "memory://dsagent-api/m2"}]})
+    assert (response.status_code, response.json()["code"]) == (409, "conflict")
+
+
+def test_operator_actions_over_tcp_need_the_admin_token(http: httpx.Client, agent: AgentProcess) -> None:
+    for headers in ({}, {"authorization": "Bearer wrong-token-wrong-token"}, {"authorization": ADMIN_TOKEN}):
+        response = http.post("/v1/evict", json={"mode": "idle", "dryRun": True}, headers=headers)
+        assert (response.status_code, response.json()["code"]) == (401, "unauthorized")
+        response = http.delete("/v1/datasets/anything", headers=headers)
+        assert response.status_code == 401
+    ok = http.post("/v1/evict", json={"mode": "idle", "dryRun": True}, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert ok.status_code == 200 and ok.json()["evicted"] == []
+    with agent.client() as client:  # the unix socket is guarded by its permissions instead
+        assert client.evict(mode="idle", dry_run=True)["evicted"] == []
+
+
+def test_storage_options_are_never_returned_or_logged(http: httpx.Client, agent: AgentProcess) -> None:
+    secret = "AKIA-very-secret-value-42"
+    body = {"datasets": [{"name": "s3set", "source": "memory://dsagent-api/none", "storageOptions": {"key": secret}}]}
+    answer = http.put("/v1/tasks/with-secret?wait=5", json=body)
+    assert answer.status_code == 200
+    everything = answer.text + http.get("/v1/tasks/with-secret").text + http.get("/v1/datasets").text + http.get("/v1/inventory").text
+    assert secret not in everything
+    assert secret not in agent.log.read_text()
+    assert secret.encode() not in (agent.root / "catalog.db").read_bytes()
+
+
+def test_health_readiness_and_metrics_answer(http: httpx.Client) -> None:
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/readyz").json() == {"status": "ready"}
+    text = http.get("/metrics").text
+    for name in ("dsagent_cache_hits_total", "dsagent_cache_misses_total", "dsagent_fetched_bytes_total", "dsagent_fetch_seconds_total", "dsagent_free_bytes", "dsagent_used_bytes"):
+        assert f"\n{name} " in "\n" + text, name
+
+
+def test_nothing_was_written_outside_the_cache_root(agent: AgentProcess) -> None:
+    root = agent.root.parent
+    assert sorted(p.name for p in root.iterdir()) == sorted(["agent", "agent.log", "agent.sock", "allowed"])
+    assert not (Path("/etc") / "passwd").is_relative_to(agent.root)

@@ -1,0 +1,96 @@
+"""Bundles: pack into a store, unpack verified, reuse unchanged bundles."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from dsagent.bundle import pack, unpack, verify_tree
+from dsagent.errors import Conflict, IntegrityError
+from dsagent.manifest import read_manifest
+from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_awkward_dataset_round_trips_with_contents_mtimes_and_empty_dirs(awkward_dataset: Path, tmp_path: Path) -> None:
+    manifest = pack(awkward_dataset, tmp_path / "store", name="awkward", max_files=3, max_bytes=20_000)
+    assert len(manifest.bundles) > 1
+    big = next(b for b in manifest.bundles if any(e.path == "big.bin" for e in manifest.bundle_entries(b)))
+    assert big.count == 1  # a file larger than max_bytes gets a bundle of its own
+    unpack(tmp_path / "store", name="awkward", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == AWKWARD_FILES
+    for rel in AWKWARD_EMPTY_DIRS:
+        assert (tmp_path / "out" / rel).is_dir()
+    for entry in manifest.entries:
+        assert os.stat(tmp_path / "out" / entry.path).st_mtime_ns == entry.mtime_ns
+    verify_tree(tmp_path / "out", manifest)
+    assert read_manifest(str(tmp_path / "store"), "awkward") == manifest
+    assert not any(p.name.startswith(".") for p in (tmp_path).iterdir())
+
+
+def test_memory_source_and_memory_store_round_trip(memory_root: str, tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    for rel, data in AWKWARD_FILES.items():
+        fs.pipe_file(f"{memory_root}/src/{rel}", data)
+    manifest = pack(f"{memory_root}/src", f"{memory_root}/store", name="m", max_files=4)
+    unpack(f"{memory_root}/store", name="m", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == AWKWARD_FILES
+    verify_tree(tmp_path / "out", manifest)
+
+
+def test_an_empty_dataset_packs_to_no_bundles_and_unpacks_to_an_empty_directory(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    manifest = pack(tmp_path / "src", tmp_path / "store", name="empty")
+    assert manifest.bundles == () and manifest.entries == ()
+    unpack(tmp_path / "store", name="empty", dest=tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+    verify_tree(tmp_path / "out", manifest)
+
+
+def test_unchanged_bundles_are_reused_not_rewritten(tmp_path: Path) -> None:
+    files = {f"c{i % 7}/{i:04d}.jpg": os.urandom(500 + i) for i in range(200)}
+    src = write_tree(tmp_path / "src", files)
+    first = pack(src, tmp_path / "store", name="d", max_files=20)
+    bundle_dir = tmp_path / "store" / "bundles"
+    before = {p.name: p.stat().st_ino for p in bundle_dir.iterdir()}
+    (src / "c3" / "0010.jpg").write_bytes(b"changed")
+    second = pack(src, tmp_path / "store", name="d", max_files=20)
+    after = {p.name: p.stat().st_ino for p in bundle_dir.iterdir()}
+    new = {b.digest for b in second.bundles} - {b.digest for b in first.bundles}
+    assert 1 <= len(new) <= 2
+    for ref in second.bundles:
+        name = f"{ref.digest}.tar.zst"
+        if ref.digest not in new:
+            assert after[name] == before[name]  # same inode: not rewritten
+    unpack(tmp_path / "store", name="d", dest=tmp_path / "out")
+    verify_tree(tmp_path / "out", second)
+
+
+def test_unpack_refuses_a_non_empty_target(awkward_dataset: Path, tmp_path: Path) -> None:
+    pack(awkward_dataset, tmp_path / "store", name="a")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep").write_text("mine")
+    with pytest.raises(Conflict):
+        unpack(tmp_path / "store", name="a", dest=tmp_path / "out")
+    assert (tmp_path / "out" / "keep").read_text() == "mine"
+
+
+def test_verify_tree_lists_what_differs(awkward_dataset: Path, tmp_path: Path) -> None:
+    manifest = pack(awkward_dataset, tmp_path / "store", name="a")
+    unpack(tmp_path / "store", name="a", dest=tmp_path / "out")
+    (tmp_path / "out" / "train/cat/0001.jpg").write_bytes(b"X" * len(AWKWARD_FILES["train/cat/0001.jpg"]))
+    (tmp_path / "out" / "train/dog/0001.jpg").unlink()
+    (tmp_path / "out" / "extra").write_bytes(b"")
+    with pytest.raises(IntegrityError) as excinfo:
+        verify_tree(tmp_path / "out", manifest)
+    assert set(excinfo.value.details["problems"]) == {
+        "wrong content: train/cat/0001.jpg",
+        "missing file: train/dog/0001.jpg",
+        "unexpected file: extra",
+    }

@@ -1,0 +1,70 @@
+"""``dsagent serve --kubernetes``: the cluster agent is imported lazily, started with the
+app and stopped with it; without ``dsagent.kube`` the agent says so in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsagent.api import KubernetesUnavailable, create_app, load_cluster_agent
+from dsagent.service import CacheService
+from dsagent.settings import Settings
+
+
+class RecordingClusterAgent:
+    events: list[str] = []
+
+    def __init__(self, service: CacheService, settings: Settings) -> None:
+        self.service = service
+        RecordingClusterAgent.events.append(f"init {settings.node_name}")
+
+    async def start(self) -> None:
+        assert self.service.started  # the service is up before the cluster side starts
+        RecordingClusterAgent.events.append("start")
+
+    async def stop(self) -> None:
+        RecordingClusterAgent.events.append("stop")
+
+
+def test_the_cluster_agent_starts_and_stops_with_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("dsagent.kube.agent")
+    module.ClusterAgent = RecordingClusterAgent  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dsagent.kube.agent", module)
+    RecordingClusterAgent.events = []
+    app = create_app(Settings(root=tmp_path, kubernetes=True, node_name="gpu-node-7", sweep_interval=3600))
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            assert RecordingClusterAgent.events == ["init gpu-node-7", "start"]
+
+    asyncio.run(run())
+    assert RecordingClusterAgent.events == ["init gpu-node-7", "start", "stop"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dsagent.kube") is not None, reason="this build has dsagent.kube")
+def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(KubernetesUnavailable):
+        load_cluster_agent(Any, Settings(root=tmp_path))  # type: ignore[arg-type]
+    result = subprocess.run(
+        [sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path / "r"), "--kubernetes"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert "--kubernetes" in result.stderr and "dsagent.kube" in result.stderr
+
+
+def test_bad_settings_stop_the_agent_at_start_up_with_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path), "--capacity", "lots"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("dsagent: error: invalid flag: invalid size 'lots'")

@@ -1,0 +1,54 @@
+"""The inventory contract: schema validation and the 64 KiB annotation budget."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dsagent.errors import InvalidInput
+from dsagent.inventory import compact, validate
+
+
+def inventory(datasets: dict[str, Any]) -> dict[str, Any]:
+    return {"version": 1, "node": "gpu-node-7", "capacityBytes": 10, "freeBytes": 5, "datasets": datasets}
+
+
+def entry(state: str = "ready", last_used: str | None = "2026-11-21T10:00:00Z") -> dict[str, Any]:
+    return {"digest": "a" * 32, "sizeBytes": 1, "files": 1, "state": state, "inUse": False, "lastUsed": last_used}
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"version": 2},
+        {"node": ""},
+        {"datasets": {"x": {**entry(), "digest": "XYZ"}}},
+        {"datasets": {"x": {**entry(), "state": "partial"}}},
+        {"datasets": {"x": {**entry(), "extra": 1}}},
+        {"datasets": {"../x": entry()}},
+        {"freeBytes": -1},
+    ],
+    ids=["version", "empty-node", "digest", "state", "extra-field", "bad-name", "negative"],
+)
+def test_inventories_that_break_the_contract_are_refused(broken: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInput):
+        validate({**inventory({"x": entry()}), **broken})
+
+
+def test_a_valid_inventory_with_older_versions_passes() -> None:
+    validate(inventory({"x": {**entry(), "versions": [{"digest": "b" * 32, "state": "ready", "inUse": True, "sizeBytes": 3}]}}))
+
+
+def test_over_budget_the_least_recently_used_non_ready_entries_go_first() -> None:
+    datasets = {f"d{i:04d}": entry("ready", f"2026-11-21T10:{i % 60:02d}:00Z") for i in range(400)}
+    datasets["stuck"] = entry("failed", "2026-11-21T11:00:00Z")
+    text = compact(inventory(datasets), budget=20_000)
+    assert len(text.encode()) <= 20_000
+    kept = json.loads(text)
+    validate(kept)
+    assert kept["truncated"] is True
+    assert "stuck" not in kept["datasets"]
+    assert "d0059" in kept["datasets"]  # a recently used ready one stays
+    assert compact(inventory({"x": entry()})) == json.dumps(inventory({"x": entry()}), separators=(",", ":"), sort_keys=True)

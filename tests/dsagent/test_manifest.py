@@ -1,0 +1,165 @@
+"""Manifests and digests: what a dataset is, whatever machine or walk order."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+import xxhash
+
+from dsagent.digestcache import DigestCache
+from dsagent.errors import IntegrityError, InvalidInput, NotFound
+from dsagent.manifest import (
+    CHUNK_SIZE,
+    FileEntry,
+    FileHasher,
+    Manifest,
+    build_manifest,
+    dataset_digest,
+    hash_file,
+    read_manifest,
+    read_manifest_header,
+)
+from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
+
+
+def _entry(path: str, data: bytes, mtime_ns: int = 0) -> FileEntry:
+    return FileEntry(path, len(data), mtime_ns, xxhash.xxh3_128_hexdigest(data))
+
+
+def test_entries_are_sorted_with_sizes_and_xxh3_128_digests(awkward_dataset: Path) -> None:
+    manifest = build_manifest(awkward_dataset, name="awkward")
+    assert [e.path for e in manifest.entries] == sorted(AWKWARD_FILES)
+    for entry in manifest.entries:
+        data = AWKWARD_FILES[entry.path]
+        assert (entry.size, entry.digest) == (len(data), xxhash.xxh3_128_hexdigest(data))
+        assert entry.mtime_ns == os.stat(awkward_dataset / entry.path).st_mtime_ns
+    assert manifest.directories == AWKWARD_EMPTY_DIRS
+    assert manifest.file_count == len(AWKWARD_FILES)
+    assert manifest.total_bytes == sum(map(len, AWKWARD_FILES.values()))
+
+
+def test_dataset_digest_ignores_walk_order_and_mtimes() -> None:
+    files = [_entry(f"d/{i}", bytes([i]) * i, mtime_ns=i) for i in range(50)]
+    shuffled = [FileEntry(e.path, e.size, 12345, e.digest) for e in random.Random(1).sample(files, len(files))]
+    assert dataset_digest(files) == dataset_digest(shuffled)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda e: FileEntry(e.path + "x", e.size, e.mtime_ns, e.digest),
+        lambda e: FileEntry(e.path, e.size + 1, e.mtime_ns, e.digest),
+        lambda e: FileEntry(e.path, e.size, e.mtime_ns, "0" * 32),
+    ],
+    ids=["path", "size", "content"],
+)
+def test_dataset_digest_changes_with_any_path_size_or_content(change) -> None:  # type: ignore[no-untyped-def]
+    files = [_entry("a", b"1"), _entry("b", b"22")]
+    assert dataset_digest(files) != dataset_digest([files[0], change(files[1])])
+
+
+def test_empty_directories_count_in_the_digest() -> None:
+    files = [_entry("a/x", b"1")]
+    assert dataset_digest(files) != dataset_digest(files, ["b"])
+    assert dataset_digest(files, ["b", "c"]) == dataset_digest(files, ["c", "b"])
+
+
+def test_the_same_tree_digests_equally_on_local_and_memory_sources(awkward_dataset: Path, memory_root: str) -> None:
+    fs = fsspec.filesystem("memory")
+    for rel, data in AWKWARD_FILES.items():
+        fs.pipe_file(f"{memory_root}/{rel}", data)
+    local = build_manifest(awkward_dataset, name="d")
+    remote = build_manifest(memory_root, name="d")
+    # object stores have no empty directories; files alone must agree
+    assert [(e.path, e.size, e.digest) for e in local.entries] == [(e.path, e.size, e.digest) for e in remote.entries]
+    assert remote.digest == dataset_digest(local.entries)
+
+
+def test_manifest_round_trips_through_its_stored_form(awkward_dataset: Path) -> None:
+    manifest = build_manifest(awkward_dataset, name="awkward")
+    assert Manifest.from_bytes(manifest.to_bytes()) == manifest
+
+
+def test_an_empty_dataset_is_a_valid_manifest(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    manifest = build_manifest(tmp_path / "empty", name="nothing")
+    assert manifest.entries == () and manifest.directories == () and manifest.total_bytes == 0
+    assert Manifest.from_bytes(manifest.to_bytes()) == manifest
+    assert manifest.digest == dataset_digest([])
+
+
+def test_a_missing_source_is_not_found_not_an_empty_dataset(tmp_path: Path, memory_root: str) -> None:
+    with pytest.raises(NotFound):
+        build_manifest(tmp_path / "nope", name="x")
+    with pytest.raises(NotFound):
+        build_manifest(memory_root + "/typo", name="x")
+
+
+def test_a_single_file_is_a_dataset_of_one(tmp_path: Path) -> None:
+    (tmp_path / "one.bin").write_bytes(b"abc")
+    manifest = build_manifest(tmp_path / "one.bin", name="one")
+    assert [(e.path, e.size) for e in manifest.entries] == [("one.bin", 3)]
+
+
+@pytest.mark.parametrize("corrupt", ["flip", "truncate", "header", "empty", "reorder-digest"])
+def test_corrupt_stored_manifests_raise_integrity_errors(awkward_dataset: Path, corrupt: str) -> None:
+    data = bytearray(build_manifest(awkward_dataset, name="awkward").to_bytes())
+    if corrupt == "flip":
+        data[-20] ^= 0x01
+    elif corrupt == "truncate":
+        del data[-30:]
+    elif corrupt == "header":
+        data[2] = ord("#")
+    elif corrupt == "empty":
+        data = bytearray()
+    else:
+        start = data.index(b'"digest":"') + len(b'"digest":"')
+        data[start] = ord("0") if data[start] != ord("0") else ord("1")
+    with pytest.raises(IntegrityError):
+        Manifest.from_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("bad", ["/abs", "../up", "a/../b", "a//b", "./a", "a/", ""])
+def test_unsafe_paths_cannot_enter_a_manifest(bad: str) -> None:
+    with pytest.raises(InvalidInput):
+        Manifest.create("d", [_entry(bad, b"x")])
+
+
+def test_a_path_cannot_be_both_a_file_and_a_directory() -> None:
+    with pytest.raises(InvalidInput):
+        Manifest.create("d", [_entry("a", b"x"), _entry("a/b", b"y")])
+
+
+@pytest.mark.parametrize("name", ["", "../x", "a/b", "-x", "x" * 300, "sp ace"])
+def test_invalid_dataset_names_are_rejected(name: str) -> None:
+    with pytest.raises(InvalidInput):
+        Manifest.create(name, [])
+
+
+def test_streaming_hasher_equals_one_shot_digest_across_chunk_boundaries(tmp_path: Path) -> None:
+    data = os.urandom(CHUNK_SIZE * 2 + 123)
+    hasher = FileHasher()
+    for start in range(0, len(data), 65_537):
+        hasher.update(data[start : start + 65_537])
+    (tmp_path / "f").write_bytes(data)
+    assert hasher.hexdigest() == xxhash.xxh3_128_hexdigest(data) == hash_file(tmp_path / "f")[0]
+    assert hasher.size == len(data)
+
+
+def test_special_files_in_a_source_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    os.mkfifo(tmp_path / "src" / "pipe")
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        build_manifest(tmp_path / "src", name="d")
+
+
+def test_read_manifest_of_an_absent_dataset_is_not_found(tmp_path: Path) -> None:
+    with pytest.raises(NotFound):
+        read_manifest(str(tmp_path), "nothing-here")
+    with pytest.raises(NotFound):
+        read_manifest_header(str(tmp_path), "nothing-here")
