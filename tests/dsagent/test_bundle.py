@@ -94,3 +94,38 @@ def test_verify_tree_lists_what_differs(awkward_dataset: Path, tmp_path: Path) -
         "missing file: train/dog/0001.jpg",
         "unexpected file: extra",
     }
+
+
+def test_bundles_are_standard_pax_tar_in_one_zstd_frame(awkward_dataset: Path, tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    import zstandard
+
+    from dsagent.manifest import bundle_path
+
+    manifest = pack(awkward_dataset, tmp_path / "store", name="awk")
+    names = []
+    for ref in manifest.bundles:
+        raw = Path(bundle_path(str(tmp_path / "store"), ref.digest)).read_bytes()
+        assert len(raw) == ref.compressed_size
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar:
+                assert member.isreg()
+                names.append(member.name)
+                assert tar.extractfile(member).read() == AWKWARD_FILES[member.name]  # type: ignore[union-attr]
+    assert names == [e.path for e in manifest.entries]
+
+
+def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp_path: Path) -> None:
+    from dsagent.bundle import write_bundles
+    from dsagent.manifest import build_manifest
+
+    src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 100})
+    manifest = build_manifest(src, name="d")
+    (src / "b.jpg").write_bytes(b"B" * 100)
+    with pytest.raises(IntegrityError, match="changed after it was digested"):
+        write_bundles(manifest, src, tmp_path / "store")
+    assert list((tmp_path / "store" / "bundles").iterdir()) == []
+    assert not (tmp_path / "store" / "d").exists()
