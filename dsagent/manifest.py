@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
 import xxhash
 import zstandard
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 #: overhead vanishes, small enough to stay in L2 and never hold a whole file in memory.
 CHUNK_SIZE = 1 << 20
 
+#: Digest threads for remote sources, where each file costs a round trip.
+REMOTE_WORKERS = 16
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest"
@@ -508,17 +511,20 @@ def _mtime_ns(info: Mapping[str, Any]) -> int:
 def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[str]]:
     listing = fs.find(root, withdirs=True, detail=True)
     prefix = root.rstrip("/") + "/"
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    quoted = any(p in ("http", "https") for p in protocols)  # URLs name files percent-encoded
     found: list[_Found] = []
     dirs: list[str] = []
     for full, info in listing.items():
         full = full.rstrip("/")
         if not full.startswith(prefix):
             continue
-        rel = full[len(prefix) :]
+        rel = unquote(full[len(prefix) :]) if quoted else full[len(prefix) :]
         if info.get("type") == "directory":
             dirs.append(rel)
         else:
-            found.append(_Found(rel, full, int(info.get("size") or 0), _mtime_ns(info)))
+            size = info.get("size")  # http listings give none: -1, taken from the read
+            found.append(_Found(rel, full, int(size) if size is not None else -1, _mtime_ns(info)))
     parents = {f.path.rsplit("/", 1)[0] for f in found if "/" in f.path}
     parents |= {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
     return found, [d for d in dirs if d not in parents]
@@ -538,7 +544,8 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable
             if is_local(fs):
                 st = os.stat(root)
                 return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
-            return [_Found(name, root, int(info.get("size") or 0), _mtime_ns(info))]
+            size = info.get("size")
+            return [_Found(name, root, int(size) if size is not None else -1, _mtime_ns(info))]
         if is_local(fs):
             return _iter_local(root, empty)
         found, dirs = _walk_remote(fs, root)
@@ -574,7 +581,7 @@ class _Hasher:
                 else:
                     with self._fs.open(item.location, "rb") as stream:
                         digest, size = hash_stream(stream)
-                if size != item.size:
+                if size != item.size and item.size >= 0:
                     raise IntegrityError(f"{item.path!r} changed while it was digested ({item.size} -> {size} bytes)", hint="retry once the source is quiet")
                 entries.append(FileEntry(item.path, size, item.mtime_ns, digest))
         except OSError as exc:  # translated here, once per batch rather than per file
@@ -645,7 +652,8 @@ def digest_files(
     use_cache = digest_cache is not None and is_local(fs)
     snapshot = digest_cache.snapshot(root) if digest_cache is not None and use_cache else {}
     cached: list[FileEntry] = []
-    batches = _Batches(_Hasher(fs, progress), workers or default_workers())
+    # local reads are CPU-bound (one thread per core); remote ones wait on round trips
+    batches = _Batches(_Hasher(fs, progress), workers or (default_workers() if is_local(fs) else REMOTE_WORKERS))
     try:
         for item in found:
             digest = digest_cache.match(snapshot, item) if digest_cache is not None and use_cache else None

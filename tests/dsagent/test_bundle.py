@@ -129,3 +129,17 @@ def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp
         write_bundles(manifest, src, tmp_path / "store")
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
     assert not (tmp_path / "store" / "d").exists()
+
+
+def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent import bundle
+
+    monkeypatch.setattr(bundle, "PREFETCH_MAX_FILE", 1000)
+    monkeypatch.setattr(bundle, "PREFETCH_FILES", 2)
+    fs = fsspec.filesystem("memory")
+    for rel, data in AWKWARD_FILES.items():
+        fs.pipe_file(f"{memory_root}/src/{rel}", data)
+    manifest = pack(f"{memory_root}/src", tmp_path / "store", name="m")
+    assert any(e.size > 1000 for e in manifest.entries) and any(e.size <= 1000 for e in manifest.entries)
+    unpack(tmp_path / "store", name="m", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == AWKWARD_FILES
