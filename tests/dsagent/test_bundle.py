@@ -143,3 +143,21 @@ def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: 
     assert any(e.size > 1000 for e in manifest.entries) and any(e.size <= 1000 for e in manifest.entries)
     unpack(tmp_path / "store", name="m", dest=tmp_path / "out")
     assert _tree(tmp_path / "out") == AWKWARD_FILES
+
+
+def test_progress_callbacks_add_up_to_the_dataset(awkward_dataset: Path, tmp_path: Path) -> None:
+    from dsagent.manifest import build_manifest
+
+    seen = {"digest": [0, 0], "pack": [0, 0], "unpack": [0, 0]}
+
+    def counter(step: str):  # type: ignore[no-untyped-def]
+        def progress(done_bytes: int, files: int) -> None:
+            seen[step][0] += done_bytes
+            seen[step][1] += files
+
+        return progress
+
+    manifest = build_manifest(awkward_dataset, name="awk", progress=counter("digest"))
+    pack(awkward_dataset, tmp_path / "store", name="awk", max_files=2, progress=counter("pack"))
+    unpack(tmp_path / "store", name="awk", dest=tmp_path / "out", workers=3, progress=counter("unpack"))
+    assert seen == {step: [manifest.total_bytes, manifest.file_count] for step in seen}
