@@ -89,6 +89,20 @@ def timed(fn: Callable[[], object], reset: Callable[[], object] = lambda: None) 
     return best
 
 
+def compare(ours: Callable[[], object], theirs: Callable[[], object], reset_ours: Callable[[], object] = lambda: None, reset_theirs: Callable[[], object] = lambda: None) -> tuple[float, float]:
+    """Best times of both sides, runs interleaved so that both see the same machine load."""
+    best = [math.inf, math.inf]
+    global REPEAT
+    repeat, REPEAT = REPEAT, 1
+    try:
+        for _ in range(repeat):
+            best[0] = min(best[0], timed(ours, reset_ours))
+            best[1] = min(best[1], timed(theirs, reset_theirs))
+    finally:
+        REPEAT = repeat
+    return best[0], best[1]
+
+
 def clear(*paths: Path, mkdir: bool = False) -> Callable[[], None]:
     def reset() -> None:
         for path in paths:
@@ -141,18 +155,28 @@ def main() -> None:
     subprocess.run(["bash", "-c", f"cat $(find {src} -name '*.JPEG') > /dev/null"], check=True)  # warm the page cache
 
     manifest: list[Manifest] = []
-    ours = timed(lambda: manifest.append(build_manifest(src, name="bench")))
-    theirs = timed(shell(f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"))
+    ours, theirs = compare(
+        lambda: manifest.append(build_manifest(src, name="bench")),
+        shell(f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"),
+    )
     report("digest", ours, theirs, total, args.files, f"find | xargs -P{cpus} xxh128sum")
 
     store, c_archive = work / "store", work / "c.tar.zst"
-    ours = timed(lambda: write_bundles(manifest[0], src, store, max_bytes=args.max_bytes), clear(store))
-    theirs = timed(shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}"), clear(c_archive))
+    ours, theirs = compare(
+        lambda: write_bundles(manifest[0], src, store, max_bytes=args.max_bytes),
+        shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}"),
+        clear(store),
+        clear(c_archive),
+    )
     report("pack", ours, theirs, total, args.files, "tar -cf - | zstd -1 -T0 && sync")
 
     ours_out, c_out = work / "out-dsagent", work / "out-c"
-    ours = timed(lambda: unpack(store, name="bench", dest=ours_out), clear(ours_out))
-    theirs = timed(shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out} && sync -f {c_out}"), clear(c_out, mkdir=True))
+    ours, theirs = compare(
+        lambda: unpack(store, name="bench", dest=ours_out),
+        shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out} && sync -f {c_out}"),
+        clear(ours_out),
+        clear(c_out, mkdir=True),
+    )
     unsynced = timed(shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out}"), clear(c_out, mkdir=True))
     report("unpack", ours, theirs, total, args.files, "zstd -dc | tar -x && sync -f", ("zstd -dc | tar -x (no sync)", unsynced))
 
