@@ -36,7 +36,9 @@ digest from the first line without decompressing anything (:func:`read_manifest_
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import os
 import re
 import stat
@@ -75,6 +77,7 @@ BUNDLE_SUFFIX = ".tar.zst"
 Progress = Callable[[int, int], None]
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX_LINES = re.compile(r"(?:[0-9a-f]{32}\n)*")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _DATASET_DOMAIN = b"dsplatform/dataset/v1\n"
 _BUNDLE_DOMAIN = b"dsplatform/bundle/v1\n"
@@ -193,8 +196,19 @@ class Manifest:
         ordered = tuple(sorted(entries, key=_path_key))
         dirs = tuple(sorted(set(directories)))
         check_layout(ordered, dirs)
-        manifest = cls(name, ordered, (), dataset_digest(ordered, dirs), dirs)
-        return manifest.with_bundles(bundles) if bundles else manifest
+        return cls._assemble(name, ordered, dirs, tuple(bundles))
+
+    @classmethod
+    def _assemble(cls, name: str, entries: tuple[FileEntry, ...], dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]) -> Manifest:
+        """Digest and bundle index from one encoding of the (sorted, checked) entries."""
+        try:
+            records = _member_records(entries)
+        except (ValueError, TypeError, AttributeError, struct.error) as exc:
+            raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
+        digest = _digest_of(_DATASET_DOMAIN, records + _dir_records(dirs))
+        if bundles:
+            _check_bundle_index(entries, bundles, records)
+        return cls(name, entries, bundles, digest, dirs)
 
     @property
     def file_count(self) -> int:
@@ -249,22 +263,39 @@ def check_dataset_name(name: str) -> str:
 
 def is_safe_path(path: str) -> bool:
     """True when ``path`` is a clean relative POSIX path that stays below its root."""
-    if not path or path.startswith("/") or "\x00" in path:
-        return False
-    return all(part not in ("", ".", "..") for part in path.split("/"))
+    return _first_unsafe([path]) is None
+
+
+# One pass over all paths joined by NUL (which no path may contain): a leading '/', an
+# empty, '.' or '..' component, or a trailing '/'.
+_UNSAFE = re.compile(r"(?:^|\x00)(?:/|\.{1,2}(?:/|\x00|$)|\x00|$)|//|/\.{1,2}(?:/|\x00|$)|/(?:\x00|$)")
+
+
+def _first_unsafe(paths: Sequence[str]) -> str | None:
+    """The first unsafe path, found with one regex pass (a per-path scan only on failure)."""
+    if not paths:
+        return None
+    joined = "\x00".join(paths)
+    if joined.count("\x00") == len(paths) - 1 and _UNSAFE.search(joined) is None:
+        return None
+    return next(p for p in paths if not p or "\x00" in p or p.startswith("/") or any(part in ("", ".", "..") for part in p.split("/")))
 
 
 def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> None:
     """Raise :class:`InvalidInput` unless paths are safe, unique, and no file is also a directory."""
-    files: set[str] = set()
-    for entry in entries:
-        if not is_safe_path(entry.path):
-            raise InvalidInput(f"unsafe path in dataset: {entry.path!r}", hint="paths must be relative, without '..'")
-        if entry.path in files:
-            raise InvalidInput(f"duplicate path in dataset: {entry.path!r}")
-        files.add(entry.path)
-    parents = {path.rsplit("/", 1)[0] for path in files if "/" in path}
-    parents.update(path.rsplit("/", 1)[0] for path in directories if "/" in path)
+    paths = [entry.path for entry in entries]
+    bad = _first_unsafe(paths)
+    if bad is not None:
+        raise InvalidInput(f"unsafe path in dataset: {bad!r}", hint="paths must be relative, without '..'")
+    files = set(paths)
+    if len(files) != len(paths):
+        seen: set[str] = set()
+        raise InvalidInput(f"duplicate path in dataset: {next(p for p in paths if p in seen or seen.add(p))!r}")  # type: ignore[func-returns-value]
+    bad = _first_unsafe(list(directories))
+    if bad is not None:
+        raise InvalidInput(f"unsafe directory in dataset: {bad!r}")
+    parents = {path.rpartition("/")[0] for path in paths}
+    parents.update(path.rpartition("/")[0] for path in directories)
     expanded = set()
     for parent in parents:
         while parent and parent not in expanded:
@@ -274,23 +305,22 @@ def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> No
     if clash:
         raise InvalidInput(f"path is both a file and a directory: {sorted(clash)[0]!r}")
     for directory in directories:
-        if not is_safe_path(directory):
-            raise InvalidInput(f"unsafe directory in dataset: {directory!r}")
         if directory in expanded:
             raise InvalidInput(f"directory {directory!r} is not empty; only empty directories are listed")
 
 
-def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRef]) -> None:
+def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRef], records: Sequence[bytes] | None = None) -> None:
+    encoded = records if records is not None else _member_records(entries)
     position = 0
     for ref in bundles:
         if ref.first != position or ref.count <= 0 or not _HEX32.match(ref.digest):
             raise IntegrityError(f"bundle index does not tile the entries at bundle {ref.digest!r}")
-        members = entries[ref.first : ref.first + ref.count]
-        if len(members) != ref.count or bundle_digest(members) != ref.digest:
+        end = ref.first + ref.count
+        if end > len(entries) or _digest_of(_BUNDLE_DOMAIN, encoded[ref.first : end]) != ref.digest:
             raise IntegrityError(f"bundle {ref.digest} does not match the entries it claims")
-        if ref.size != sum(member.size for member in members):
+        if ref.size != sum(member.size for member in entries[ref.first : end]):
             raise IntegrityError(f"bundle {ref.digest} records the wrong payload size")
-        position += ref.count
+        position = end
     if bundles and position != len(entries):
         raise IntegrityError(f"bundle index covers {position} of {len(entries)} entries")
 
@@ -298,22 +328,24 @@ def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRe
 # --------------------------------------------------------------------------- digests
 
 
-def _encode_members(entries: Iterable[FileEntry]) -> Iterator[bytes]:
-    pack_size, pack_len = _SIZE.pack, _LEN.pack
+def _member_records(entries: Iterable[FileEntry]) -> list[bytes]:
+    """The canonical record of each entry, in the order given (encoded once, hashed often)."""
+    pack_size, pack_len, fromhex = _SIZE.pack, _LEN.pack, bytes.fromhex
+    records = []
     for entry in entries:
         name = entry.path.encode("utf-8", "surrogateescape")
-        yield b"F" + pack_len(len(name)) + name + pack_size(entry.size) + bytes.fromhex(entry.digest)
+        records.append(b"F" + pack_len(len(name)) + name + pack_size(entry.size) + fromhex(entry.digest))
+    return records
 
 
-def _digest_of(domain: bytes, records: Iterable[bytes]) -> str:
+def _dir_records(directories: Iterable[str]) -> list[bytes]:
+    return [b"D" + _LEN.pack(len(raw)) + raw for raw in (d.encode("utf-8", "surrogateescape") for d in sorted(directories))]
+
+
+def _digest_of(domain: bytes, records: Sequence[bytes]) -> str:
     state = xxhash.xxh3_128(domain)
-    batch: list[bytes] = []
-    for record in records:
-        batch.append(record)
-        if len(batch) >= 4096:
-            state.update(b"".join(batch))
-            batch.clear()
-    state.update(b"".join(batch))
+    for start in range(0, len(records), 4096):
+        state.update(b"".join(records[start : start + 4096]))
     return state.hexdigest()
 
 
@@ -324,9 +356,7 @@ def dataset_digest(entries: Iterable[FileEntry], directories: Iterable[str] = ()
     bytes``; each empty directory (after all files) is ``b"D" + len + path``. mtimes do
     not count, and the input order does not matter (entries are sorted here).
     """
-    ordered = sorted(entries, key=_path_key)
-    dir_records = (b"D" + _LEN.pack(len(raw)) + raw for raw in (d.encode("utf-8", "surrogateescape") for d in sorted(directories)))
-    return _digest_of(_DATASET_DOMAIN, _chain(_encode_members(ordered), dir_records))
+    return _digest_of(_DATASET_DOMAIN, _member_records(sorted(entries, key=_path_key)) + _dir_records(directories))
 
 
 def bundle_digest(members: Iterable[FileEntry]) -> str:
@@ -335,12 +365,7 @@ def bundle_digest(members: Iterable[FileEntry]) -> str:
     It depends only on what the bundle holds, so an unchanged run of files keeps its
     bundle (and its object ``bundles/<digest>.tar.zst``) across dataset versions.
     """
-    return _digest_of(_BUNDLE_DOMAIN, _encode_members(members))
-
-
-def _chain(*parts: Iterable[bytes]) -> Iterator[bytes]:
-    for part in parts:
-        yield from part
+    return _digest_of(_BUNDLE_DOMAIN, _member_records(members))
 
 
 # --------------------------------------------------------------------------- stored form
@@ -387,22 +412,24 @@ def decode_manifest(data: bytes) -> Manifest:
     try:
         text = zstandard.ZstdDecompressor().decompress(body) if body else b""
         rows = json.loads(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]") if text else []
-        entries = tuple(FileEntry(str(p), int(s), int(m), str(d)) for p, s, m, d in rows)
+        entries = tuple(itertools.starmap(FileEntry, rows))
     except (zstandard.ZstdError, ValueError, TypeError) as exc:
         raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
-    if any(not _HEX32.match(e.digest) or e.size < 0 for e in entries):
+    paths = [e.path for e in entries]
+    well_typed = all(type(e.path) is str and type(e.size) is int and e.size >= 0 and type(e.mtime_ns) is int and type(e.digest) is str for e in entries)
+    if not well_typed or not _HEX_LINES.fullmatch("\n".join(e.digest for e in entries) + "\n" if entries else ""):
         raise IntegrityError(f"corrupt manifest {header.name!r}: malformed file entry")
-    if [e.path for e in entries] != sorted(e.path for e in entries):
-        raise IntegrityError(f"corrupt manifest {header.name!r}: entries are not in path order")
+    if not all(map(operator.lt, paths, paths[1:])):
+        raise IntegrityError(f"corrupt manifest {header.name!r}: entries are not in strict path order")
     try:
-        check_layout(entries, header.directories)
         check_dataset_name(header.name)
+        check_layout(entries, header.directories)
+        manifest = Manifest._assemble(header.name, entries, tuple(sorted(header.directories)), header.bundles)
     except InvalidInput as exc:
         raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}") from exc
-    manifest = Manifest(header.name, entries, (), dataset_digest(entries, header.directories), header.directories)
     if manifest.digest != header.digest or manifest.file_count != header.file_count or manifest.total_bytes != header.total_bytes:
         raise IntegrityError(f"corrupt manifest {header.name!r}: contents do not match its header digest")
-    return manifest.with_bundles(header.bundles)
+    return manifest
 
 
 # --------------------------------------------------------------------------- store layout
