@@ -45,6 +45,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -156,9 +157,9 @@ class Manifest:
     def file_count(self) -> int:
         return len(self.entries)
 
-    @property
+    @cached_property
     def total_bytes(self) -> int:
-        return sum(entry.size for entry in self.entries)
+        return sum(entry.size for entry in self.entries)  # computed once: manifests can list millions
 
     @property
     def header(self) -> ManifestHeader:
