@@ -31,6 +31,7 @@ import xxhash
 import zstandard
 from fsspec.spec import AbstractFileSystem
 
+from dsagent.digester import is_local
 from dsagent.digestcache import DigestCache
 from dsagent.errors import IntegrityError, InvalidInput
 from dsagent.extract import create_empty_directories, unpack, unpack_bundle, verify_tree
@@ -46,7 +47,6 @@ from dsagent.manifest import (
     bundle_path,
     manifest_path,
 )
-from dsagent.digester import is_local
 from dsagent.storage import resolve, translate_errors
 
 DEFAULT_MAX_FILES = 50_000

@@ -17,6 +17,10 @@ the durability of what it leaves behind:
 - only when the whole bundle verified are its files synced, renamed into place (with the
   manifest's mtimes) and synced again; on any error the staging directory is removed and
   nothing of that bundle is left in the target.
+
+Durability uses ``syncfs`` on the target's filesystem: one call instead of an ``fsync``
+per small file, at the price of also flushing other writers' dirty pages on that
+filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
 """
 
 from __future__ import annotations
