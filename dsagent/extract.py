@@ -26,6 +26,7 @@ filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import stat
@@ -34,12 +35,13 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import xxhash
 
-from dsagent.errors import Conflict, IntegrityError, InvalidInput, UnsafeArchive
+from dsagent.errors import Conflict, InsufficientSpace, IntegrityError, InvalidInput, SourceUnavailable, UnsafeArchive
 from dsagent.hashing import hash_file
 from dsagent.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, read_manifest
 from dsagent.storage import resolve, translate_errors
@@ -188,17 +190,38 @@ def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
 
 
 def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], durable: bool) -> None:
+    """Rename a verified bundle's files into place; on failure take back the ones moved."""
     if durable:
         _syncfs(staging.root)
     made: set[str] = {""}
     prefix = f"{dest_dir}/"
-    for index, entry in enumerate(members):
-        parent = entry.path.rpartition("/")[0]
-        if parent:
-            _ensure_real_dir(dest_dir, parent, made)
-        os.replace(staging.path(index), prefix + entry.path)
+    moved: list[str] = []
+    try:
+        for index, entry in enumerate(members):
+            parent = entry.path.rpartition("/")[0]
+            if parent:
+                _ensure_real_dir(dest_dir, parent, made)
+            os.replace(staging.path(index), prefix + entry.path)
+            moved.append(prefix + entry.path)
+    except BaseException as exc:
+        for path in moved:
+            os.unlink(path)
+        if isinstance(exc, OSError):
+            raise Conflict(f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory") from exc
+        raise
     if durable:
         _syncfs(dest_dir)
+
+
+@contextmanager
+def _local_writes(dest: Path) -> Iterator[None]:
+    """A full disk is :class:`InsufficientSpace`; other local write failures say where they happened."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpace(f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets") from exc
+        raise SourceUnavailable(f"writing into {dest} failed: {exc}") from exc
 
 
 def unpack_bundle(
@@ -227,10 +250,12 @@ def unpack_bundle(
         raise InvalidInput(f"unpack target {dest} is not a directory")
     members = manifest.bundle_entries(bundle)
     fs, root = resolve(store, storage_options)
-    staging = _Staging(dest, bundle)
+    with _local_writes(dest):
+        staging = _Staging(dest, bundle)
     try:
         with translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"), fs.open(bundle_path(root, bundle.digest), "rb") as raw:
-            _extract_stream(raw, members, bundle, staging, progress)
+            with _local_writes(dest):  # inside: errors writing the target are not the store's
+                _extract_stream(raw, members, bundle, staging, progress)
         _publish(staging, dest, members, durable)
     finally:
         staging.remove()
