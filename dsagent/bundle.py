@@ -18,6 +18,7 @@ What it owns:
 
 from __future__ import annotations
 
+import errno
 import os
 import tarfile
 import threading
@@ -33,7 +34,7 @@ from fsspec.spec import AbstractFileSystem
 
 from dsagent.digester import is_local
 from dsagent.digestcache import DigestCache
-from dsagent.errors import IntegrityError, InvalidInput
+from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput
 from dsagent.extract import create_empty_directories, unpack, unpack_bundle, verify_tree
 from dsagent.manifest import (
     BUNDLES_DIR,
@@ -268,10 +269,12 @@ def _store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
                 raw.flush()
                 os.fsync(raw.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             with translate_errors(f"temporary {tmp!r}"):
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise InsufficientSpace(f"no space left in the bundle store for {base}: {exc}", hint="free space in the store") from exc
             raise
         _fsync_dir(directory)
         return counter.written
