@@ -172,3 +172,15 @@ def test_a_missing_bundle_object_is_not_found(packed: tuple[Path, Manifest], tmp
     Path(bundle_path(str(store), manifest.bundles[0].digest)).unlink()
     with pytest.raises(NotFound):
         unpack(store, name="d", dest=tmp_path / "out")
+
+
+def test_a_directory_in_the_way_is_a_conflict_and_the_bundle_is_taken_back(packed: tuple[Path, Manifest], tmp_path: Path) -> None:
+    from dsagent.errors import Conflict
+
+    store, manifest = packed
+    target = tmp_path / "cache"
+    (target / "val" / "c.jpg").mkdir(parents=True)  # a directory where a file must go
+    (target / "val" / "c.jpg" / "x").write_bytes(b"keep")
+    with pytest.raises(Conflict, match="clear the target"):
+        unpack_bundle(store, manifest, manifest.bundles[0], target)
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == ["val/c.jpg/x"]
