@@ -82,6 +82,7 @@ def test_an_unchanged_remote_listing_is_a_hit_without_reading_and_a_change_is_se
         try:
             first = await service.submit_task("t1", [request], wait=30)
             assert first.state == "ready"
+            assert len(opens) == len(set(opens)) == 4  # a miss reads each file once: digested while copied
             opens.clear()
             second = await service.submit_task("t2", [request], wait=30)
             assert (second.state, second.datasets[0].digest) == ("ready", first.datasets[0].digest)
@@ -115,3 +116,31 @@ def test_a_forced_eviction_shows_in_the_task_and_repeating_the_request_caches_ag
             await service.stop()
 
     asyncio.run(run())
+
+
+def test_twenty_concurrent_tasks_share_one_per_file_copy(tmp_path: Path, memory_root: str, monkeypatch: Any) -> None:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    write_memory_dataset(memory_root, 5)
+    opens: list[str] = []
+    real_open = MemoryFileSystem._open
+
+    def slow_counting_open(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        opens.append(path)
+        time.sleep(0.05)  # a slow source: the burst arrives while the copy runs
+        return real_open(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "_open", slow_counting_open)
+
+    async def run() -> None:
+        service = CacheService(Settings(root=tmp_path, sweep_interval=3600, fetch_workers=2))
+        await service.start()
+        try:
+            records = await asyncio.gather(*(service.submit_task(f"pod-{i}", [DatasetRequest("mem", memory_root)], wait=60) for i in range(20)))
+            assert {r.state for r in records} == {"ready"}
+            assert len({r.datasets[0].path for r in records}) == 1
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+    assert len(opens) == len(set(opens)) == 5
