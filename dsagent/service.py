@@ -155,6 +155,9 @@ class CacheService:
         self._pending: dict[tuple[str, str], Progress] = {}  # (name, source) -> copy with digest unknown
         self._sweeper: asyncio.Task[None] | None = None
         self.started = False
+        # Set by the cluster integration: checks a new task id (e.g. that it is a pod on
+        # this node) and raises a DsagentError to refuse it.
+        self.admit_task: Callable[[str], Awaitable[None]] | None = None
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -233,6 +236,8 @@ class CacheService:
         lease_until = now + self.settings.lease_ttl
         existing = await self._db(self.catalog.task, task_id)
         if existing is None:
+            if self.admit_task is not None:
+                await self.admit_task(task_id)
             await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
             existing = await self._db(self.catalog.task, task_id)
             assert existing is not None

@@ -15,7 +15,7 @@ from dsagent import inventory as inventory_schema
 from dsagent.bundle import pack, verify_tree
 from dsagent.errors import Conflict, InsufficientSpace, NotFound
 from dsagent.manifest import Manifest, read_manifest
-from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, wait_ready
 
 
 def make_dataset(root: Path, files: int, size: int, seed: int = 0) -> Path:
@@ -37,11 +37,12 @@ def bundle_gets(server: LoopbackServer) -> dict[str, int]:
     return server.gets(lambda p: p.startswith("/store/bundles/"))
 
 
-def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+@pytest.mark.parametrize("transport", ["socket", "tcp"])
+def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], transport: str) -> None:
     www, url, server = loopback
     source, dataset, manifest = packed(www, url, "imagenet")
-    agent = agent_factory()
-    with agent.client() as client:
+    agent = agent_factory(tcp=transport == "tcp")
+    with agent.client(tcp=transport == "tcp", token=ADMIN_TOKEN) as client:
         first = client.submit_task("pod-1", [dataset], wait=30)
         assert first["state"] == "ready", first
         reads = server.gets()

@@ -144,3 +144,31 @@ def test_twenty_concurrent_tasks_share_one_per_file_copy(tmp_path: Path, memory_
 
     asyncio.run(run())
     assert len(opens) == len(set(opens)) == 5
+
+
+def test_the_cluster_integration_can_refuse_unknown_task_ids(tmp_path: Path, memory_root: str) -> None:
+    from dsagent.errors import NotFound
+
+    write_memory_dataset(memory_root, 1)
+
+    async def only_pods_on_this_node(task_id: str) -> None:
+        if not task_id.startswith("pod-"):
+            raise NotFound(f"no pod with UID {task_id!r} on this node")
+
+    async def run() -> None:
+        service = CacheService(Settings(root=tmp_path, sweep_interval=3600))
+        service.admit_task = only_pods_on_this_node
+        await service.start()
+        try:
+            try:
+                await service.submit_task("stranger", [DatasetRequest("mem", memory_root)])
+            except NotFound:
+                pass
+            else:
+                raise AssertionError("an unknown task id was admitted")
+            assert await service._db(service.catalog.tasks) == []
+            assert (await service.submit_task("pod-1", [DatasetRequest("mem", memory_root)], wait=30)).state == "ready"
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
