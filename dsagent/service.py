@@ -371,9 +371,12 @@ class CacheService:
         if row.state == "ready":
             path = str(self.store.ready_dir(name, row.digest))
             return DatasetStatus(**base, state="ready", path=path, size_bytes=row.size_bytes, files=row.files, bytes_done=row.size_bytes, files_done=row.files)
-        state = "failed" if row.state == "failed" and (task.task_id, name) not in self._waiters else "fetching"
+        waiter = self._waiters.get((task.task_id, name))
+        working = (waiter is not None and not waiter.done()) or ("fetch", name, row.digest) in self._flights
+        state = "fetching" if working else "failed"
         done = (progress.bytes_done, progress.files_done, progress.rate(), progress.eta()) if progress else (0, 0, 0.0, None)
-        err = {"code": "fetch_failed", "message": row.error or "fetch failed"} if state == "failed" else None
+        message = row.error or "the fetch was interrupted (agent restart)"
+        err = {"code": "fetch_failed", "message": message, "hint": "repeat the request to resume it"} if state == "failed" else None
         return DatasetStatus(**base, state=state, size_bytes=row.size_bytes, files=row.files, bytes_done=done[0], files_done=done[1], rate=done[2], eta=done[3], error=err)
 
     async def release_task(self, task_id: str) -> None:
@@ -705,7 +708,10 @@ class CacheService:
 
     def _version_view(self, row: VersionRow, in_use: bool) -> dict[str, Any]:
         progress = self._progress.get((row.name, row.digest))
-        fetching = row.state == "fetching" and ("fetch", row.name, row.digest) in self._flights
+        working = ("fetch", row.name, row.digest) in self._flights or any(
+            name == row.name and not waiter.done() for (_, name), waiter in self._waiters.items()
+        )
+        fetching = row.state != "ready" and working
         state = "fetching" if fetching else ("failed" if row.state != "ready" else "ready")
         return {
             "name": row.name, "digest": row.digest, "state": state, "sizeBytes": row.size_bytes, "files": row.files,
