@@ -90,10 +90,13 @@ class DigestCache:
         """The recorded digest of ``item`` if its size, mtime, inode and ctime are unchanged."""
         row = snapshot.get(item.location)
         if row is not None and row[:4] == (item.size, item.mtime_ns, item.inode, item.ctime_ns):
-            self.hits += 1
             return row[4]
-        self.misses += 1
         return None
+
+    def record(self, *, hits: int, misses: int) -> None:
+        """Count one digest run's hits and misses (``match`` runs on many threads, so it does not)."""
+        self.hits += hits
+        self.misses += misses
 
     def store(self, digested: Iterable[tuple[_Found, str]]) -> None:
         """Record fresh digests, except for files too recently modified to trust (racy)."""

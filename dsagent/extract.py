@@ -26,6 +26,7 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -238,6 +239,19 @@ def create_empty_directories(manifest: Manifest, dest_dir: str | os.PathLike[str
         _ensure_real_dir(dest, directory, made)
 
 
+def _locked(progress: Progress | None) -> Progress | None:
+    """``progress`` made safe to call from several unpacking threads."""
+    if progress is None:
+        return None
+    lock = threading.Lock()
+
+    def report(done_bytes: int, files: int) -> None:
+        with lock:
+            progress(done_bytes, files)
+
+    return report
+
+
 def unpack(
     store: str | os.PathLike[str],
     *,
@@ -269,10 +283,16 @@ def unpack(
             for bundle in manifest.bundles:
                 unpack_bundle(store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False)
         else:
+            shared = _locked(progress)
             with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
-                futures = [pool.submit(unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=progress, durable=False) for b in manifest.bundles]
-                for future in futures:
-                    future.result()
+                futures = [pool.submit(unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared, durable=False) for b in manifest.bundles]
+                try:
+                    for future in futures:
+                        future.result()
+                except BaseException:
+                    for future in futures:  # the first failure decides; do not unpack the rest
+                        future.cancel()
+                    raise
         create_empty_directories(manifest, stage)
         _syncfs(stage)
         if target.exists():

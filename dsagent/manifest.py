@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
 import xxhash
 import zstandard
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 #: overhead vanishes, small enough to stay in L2 and never hold a whole file in memory.
 CHUNK_SIZE = 1 << 20
 
+#: Digest threads for remote sources, where each file costs a round trip.
+REMOTE_WORKERS = 16
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest"
@@ -454,6 +457,10 @@ def is_local(fs: AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+#: inode of a local file the walk listed but did not stat yet
+_UNSTATED = -1
+
+
 def _iter_local(root: str, empty: list[str]) -> Iterator[_Found]:
     """Files under a local ``root`` as the walk finds them (empty directories go to ``empty``).
 
@@ -472,14 +479,14 @@ def _iter_local(root: str, empty: list[str]) -> Iterator[_Found]:
             for item in it:
                 has_child = True
                 child = f"{rel}/{item.name}" if rel else item.name
-                try:
-                    info = item.stat()  # follows symlinks
-                except FileNotFoundError as exc:
-                    raise InvalidInput(f"broken symlink in source: {item.path!r}", hint="fix or remove the link") from exc
-                if stat.S_ISDIR(info.st_mode):
+                # d_type answers without a syscall (except through symlinks); the stat that
+                # sizes and dates a file happens on the digest threads, in parallel
+                if item.is_dir():
                     stack.append((child, item.path))
-                elif stat.S_ISREG(info.st_mode):
-                    yield _Found(child, item.path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+                elif item.is_file():
+                    yield _Found(child, item.path, -1, 0, _UNSTATED, 0)
+                elif item.is_symlink() and not os.path.exists(item.path):
+                    raise InvalidInput(f"broken symlink in source: {item.path!r}", hint="fix or remove the link")
                 else:
                     raise InvalidInput(f"not a regular file: {item.path!r}", hint="datasets hold regular files only")
         if not has_child and rel:
@@ -508,17 +515,20 @@ def _mtime_ns(info: Mapping[str, Any]) -> int:
 def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[str]]:
     listing = fs.find(root, withdirs=True, detail=True)
     prefix = root.rstrip("/") + "/"
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    quoted = any(p in ("http", "https") for p in protocols)  # URLs name files percent-encoded
     found: list[_Found] = []
     dirs: list[str] = []
     for full, info in listing.items():
         full = full.rstrip("/")
         if not full.startswith(prefix):
             continue
-        rel = full[len(prefix) :]
+        rel = unquote(full[len(prefix) :]) if quoted else full[len(prefix) :]
         if info.get("type") == "directory":
             dirs.append(rel)
         else:
-            found.append(_Found(rel, full, int(info.get("size") or 0), _mtime_ns(info)))
+            size = info.get("size")  # http listings give none: -1, taken from the read
+            found.append(_Found(rel, full, int(size) if size is not None else -1, _mtime_ns(info)))
     parents = {f.path.rsplit("/", 1)[0] for f in found if "/" in f.path}
     parents |= {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
     return found, [d for d in dirs if d not in parents]
@@ -538,7 +548,8 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable
             if is_local(fs):
                 st = os.stat(root)
                 return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
-            return [_Found(name, root, int(info.get("size") or 0), _mtime_ns(info))]
+            size = info.get("size")
+            return [_Found(name, root, int(size) if size is not None else -1, _mtime_ns(info))]
         if is_local(fs):
             return _iter_local(root, empty)
         found, dirs = _walk_remote(fs, root)
@@ -555,36 +566,52 @@ def default_workers() -> int:
 
 
 class _Hasher:
-    """Hashes batches of found files; called from the digest threads."""
+    """Stats, looks up and hashes batches of found files; called from the digest threads.
 
-    def __init__(self, fs: AbstractFileSystem, progress: Progress | None) -> None:
+    Each result is ``(entry, found)`` where ``found`` is the stat'ed file when it was
+    hashed (to be recorded in the digest cache) and ``None`` when the cache answered.
+    """
+
+    def __init__(self, fs: AbstractFileSystem, progress: Progress | None, cache: DigestCache | None, snapshot: dict[str, Any]) -> None:
         self._fs = fs
         self._local = is_local(fs)
         self._progress = progress
+        self._cache = cache
+        self._snapshot = snapshot
         self._lock = threading.Lock()
 
-    def batch(self, items: Sequence[_Found]) -> list[FileEntry]:
+    def batch(self, items: Sequence[_Found]) -> list[tuple[FileEntry, _Found | None]]:
         buffer = bytearray(CHUNK_SIZE) if self._local else None
-        entries = []
+        results: list[tuple[FileEntry, _Found | None]] = []
         item = None
         try:
             for item in items:
-                if buffer is not None:
-                    digest, size = hash_file(item.location, buffer)
-                else:
-                    with self._fs.open(item.location, "rb") as stream:
-                        digest, size = hash_stream(stream)
-                if size != item.size:
-                    raise IntegrityError(f"{item.path!r} changed while it was digested ({item.size} -> {size} bytes)", hint="retry once the source is quiet")
-                entries.append(FileEntry(item.path, size, item.mtime_ns, digest))
+                results.append(self._one(item, buffer))
         except OSError as exc:  # translated here, once per batch rather than per file
             where = item.location if item is not None else "?"
             with translate_errors(f"source file {where!r}"):
                 raise exc
         if self._progress is not None:
             with self._lock:
-                self._progress(sum(e.size for e in entries), len(entries))
-        return entries
+                self._progress(sum(entry.size for entry, _ in results), len(results))
+        return results
+
+    def _one(self, item: _Found, buffer: bytearray | None) -> tuple[FileEntry, _Found | None]:
+        if buffer is None:
+            with self._fs.open(item.location, "rb") as stream:
+                digest, size = hash_stream(stream)
+        else:
+            if item.inode == _UNSTATED:
+                st = os.stat(item.location)
+                item = _Found(item.path, item.location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+            if self._cache is not None:
+                known = self._cache.match(self._snapshot, item)
+                if known is not None:
+                    return FileEntry(item.path, item.size, item.mtime_ns, known), None
+            digest, size = hash_file(item.location, buffer)
+        if size != item.size and item.size >= 0:
+            raise IntegrityError(f"{item.path!r} changed while it was digested ({item.size} -> {size} bytes)", hint="retry once the source is quiet")
+        return FileEntry(item.path, size, item.mtime_ns, digest), item
 
 
 class _Batches:
@@ -596,12 +623,10 @@ class _Batches:
         self._hasher = hasher
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest") if workers > 1 else None
         self._batch: list[_Found] = []
-        self._futures: list[Future[list[FileEntry]]] = []
-        self._inline: list[FileEntry] = []
-        self.items: list[_Found] = []
+        self._futures: list[Future[list[tuple[FileEntry, _Found | None]]]] = []
+        self._inline: list[tuple[FileEntry, _Found | None]] = []
 
     def add(self, item: _Found) -> None:
-        self.items.append(item)
         self._batch.append(item)
         if len(self._batch) >= self.SIZE:
             self._flush()
@@ -615,7 +640,7 @@ class _Batches:
             self._futures.append(self._pool.submit(self._hasher.batch, self._batch))
         self._batch = []
 
-    def results(self) -> list[FileEntry]:
+    def results(self) -> list[tuple[FileEntry, _Found | None]]:
         self._flush()
         try:
             return self._inline + [entry for future in self._futures for entry in future.result()]
@@ -642,26 +667,23 @@ def digest_files(
 
     Hashing runs on ``workers`` threads while ``found`` is still being walked.
     """
-    use_cache = digest_cache is not None and is_local(fs)
-    snapshot = digest_cache.snapshot(root) if digest_cache is not None and use_cache else {}
-    cached: list[FileEntry] = []
-    batches = _Batches(_Hasher(fs, progress), workers or default_workers())
+    cache = digest_cache if is_local(fs) else None
+    snapshot = cache.snapshot(root) if cache is not None else {}
+    # local reads are CPU-bound (one thread per core); remote ones wait on round trips
+    hasher = _Hasher(fs, progress, cache, snapshot)
+    batches = _Batches(hasher, workers or (default_workers() if is_local(fs) else REMOTE_WORKERS))
     try:
         for item in found:
-            digest = digest_cache.match(snapshot, item) if digest_cache is not None and use_cache else None
-            if digest is None:
-                batches.add(item)
-            else:
-                cached.append(FileEntry(item.path, item.size, item.mtime_ns, digest))
+            batches.add(item)
     except BaseException:
         batches.close()
         raise
-    if progress is not None and cached:
-        progress(sum(e.size for e in cached), len(cached))
-    fresh = batches.results()
-    if digest_cache is not None and use_cache:
-        digest_cache.store([(item, entry.digest) for item, entry in zip(batches.items, fresh)])
-    return cached + fresh
+    results = batches.results()
+    if cache is not None:
+        fresh = [(item, entry.digest) for entry, item in results if item is not None]
+        cache.record(hits=len(results) - len(fresh), misses=len(fresh))
+        cache.store(fresh)
+    return [entry for entry, _ in results]
 
 
 def build_manifest(

@@ -28,16 +28,39 @@ from dsagent.sizes import format_size, parse_size
 
 @contextmanager
 def progress_bar(label: str, total_bytes: int | None) -> Iterator[Progress | None]:
-    """A byte-counting progress bar on stderr when it is a terminal; nothing otherwise."""
-    if not sys.stderr.isatty() or not total_bytes:
+    """Progress on stderr when it is a terminal: a bar when the total is known, a counter otherwise."""
+    if not sys.stderr.isatty():
         yield None
         return
-    with click.progressbar(length=total_bytes, label=label, file=sys.stderr, show_pos=False, show_percent=True, show_eta=True) as bar:
+    if total_bytes is None:
+        with _counter(label) as advance:
+            yield advance
+        return
+    with click.progressbar(length=max(total_bytes, 1), label=label, file=sys.stderr, show_pos=False, show_percent=True, show_eta=True) as bar:
 
-        def advance(done_bytes: int, _files: int) -> None:
+        def advance_bar(done_bytes: int, _files: int) -> None:
             bar.update(done_bytes)
 
+        yield advance_bar
+
+
+@contextmanager
+def _counter(label: str) -> Iterator[Progress]:
+    done = {"bytes": 0, "files": 0, "shown": 0.0}
+
+    def advance(done_bytes: int, files: int) -> None:
+        done["bytes"] += done_bytes
+        done["files"] += files
+        now = time.monotonic()
+        if now - done["shown"] > 0.2:
+            done["shown"] = now
+            click.echo(f"\r{label}: {int(done['files'])} files, {format_size(done['bytes'])}\x1b[K", file=sys.stderr, nl=False)
+
+    try:
         yield advance
+    finally:
+        if done["shown"]:
+            click.echo("\r\x1b[K", file=sys.stderr, nl=False)
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:

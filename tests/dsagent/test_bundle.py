@@ -94,3 +94,70 @@ def test_verify_tree_lists_what_differs(awkward_dataset: Path, tmp_path: Path) -
         "missing file: train/dog/0001.jpg",
         "unexpected file: extra",
     }
+
+
+def test_bundles_are_standard_pax_tar_in_one_zstd_frame(awkward_dataset: Path, tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    import zstandard
+
+    from dsagent.manifest import bundle_path
+
+    manifest = pack(awkward_dataset, tmp_path / "store", name="awk")
+    names = []
+    for ref in manifest.bundles:
+        raw = Path(bundle_path(str(tmp_path / "store"), ref.digest)).read_bytes()
+        assert len(raw) == ref.compressed_size
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar:
+                assert member.isreg()
+                names.append(member.name)
+                assert tar.extractfile(member).read() == AWKWARD_FILES[member.name]  # type: ignore[union-attr]
+    assert names == [e.path for e in manifest.entries]
+
+
+def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp_path: Path) -> None:
+    from dsagent.bundle import write_bundles
+    from dsagent.manifest import build_manifest
+
+    src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 100})
+    manifest = build_manifest(src, name="d")
+    (src / "b.jpg").write_bytes(b"B" * 100)
+    with pytest.raises(IntegrityError, match="changed after it was digested"):
+        write_bundles(manifest, src, tmp_path / "store")
+    assert list((tmp_path / "store" / "bundles").iterdir()) == []
+    assert not (tmp_path / "store" / "d").exists()
+
+
+def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent import bundle
+
+    monkeypatch.setattr(bundle, "PREFETCH_MAX_FILE", 1000)
+    monkeypatch.setattr(bundle, "PREFETCH_FILES", 2)
+    fs = fsspec.filesystem("memory")
+    for rel, data in AWKWARD_FILES.items():
+        fs.pipe_file(f"{memory_root}/src/{rel}", data)
+    manifest = pack(f"{memory_root}/src", tmp_path / "store", name="m")
+    assert any(e.size > 1000 for e in manifest.entries) and any(e.size <= 1000 for e in manifest.entries)
+    unpack(tmp_path / "store", name="m", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == AWKWARD_FILES
+
+
+def test_progress_callbacks_add_up_to_the_dataset(awkward_dataset: Path, tmp_path: Path) -> None:
+    from dsagent.manifest import build_manifest
+
+    seen = {"digest": [0, 0], "pack": [0, 0], "unpack": [0, 0]}
+
+    def counter(step: str):  # type: ignore[no-untyped-def]
+        def progress(done_bytes: int, files: int) -> None:
+            seen[step][0] += done_bytes
+            seen[step][1] += files
+
+        return progress
+
+    manifest = build_manifest(awkward_dataset, name="awk", progress=counter("digest"))
+    pack(awkward_dataset, tmp_path / "store", name="awk", max_files=2, progress=counter("pack"))
+    unpack(tmp_path / "store", name="awk", dest=tmp_path / "out", workers=3, progress=counter("unpack"))
+    assert seen == {step: [manifest.total_bytes, manifest.file_count] for step in seen}

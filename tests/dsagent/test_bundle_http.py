@@ -66,3 +66,17 @@ def test_an_absent_dataset_over_http_is_not_found(served: tuple[Path, str]) -> N
     _, url = served
     with pytest.raises(NotFound):
         read_manifest(f"{url}/store", "nothing")
+
+
+def test_a_dataset_served_over_http_is_digested_and_packed(awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path) -> None:
+    import shutil
+
+    from dsagent.manifest import build_manifest
+
+    root, url = served
+    shutil.copytree(awkward_dataset, root / "data")
+    local = build_manifest(awkward_dataset, name="awk")
+    remote = pack(f"{url}/data", tmp_path / "store", name="awk", max_files=4)
+    assert [(e.path, e.size, e.digest) for e in remote.entries] == [(e.path, e.size, e.digest) for e in local.entries]
+    unpack(tmp_path / "store", name="awk", dest=tmp_path / "out")
+    verify_tree(tmp_path / "out", remote)
