@@ -193,12 +193,6 @@ def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothin
     assert "dsagent_cache_hits_total 1" in metrics and "dsagent_cache_misses_total 1" in metrics
 
 
-@pytest.mark.xfail(
-    reason="manifest._walk_remote takes size 0 from HTTP directory listings (fsspec gives size None there), "
-    "so build_manifest reports the file as changed; the bundles branch owns the fix (fs.info per file)",
-    raises=AssertionError,
-    strict=False,
-)
 def test_a_source_over_http_without_bundles_is_copied_file_by_file(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
     www, url, server = loopback
     make_dataset(www / "raw", 6, 1500)
