@@ -115,6 +115,10 @@ def test_kill_9_in_the_middle_of_a_fetch_leaves_nothing_ready_and_the_fetch_resu
         deadline = time.monotonic() + 30
         while client.get_task("pod-a")["datasets"][0]["filesDone"] < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
+        progress = client.get_task("pod-a")["datasets"][0]
+        assert progress["state"] == "fetching" and progress["digest"] == manifest.digest
+        assert 0 < progress["bytesDone"] < progress["sizeBytes"] == manifest.total_bytes
+        assert progress["rateBytesPerSecond"] > 0 and progress["etaSeconds"] > 0
     agent.kill9()
     before = bundle_gets(server)
     assert 0 < len(before) < len(manifest.bundles)
