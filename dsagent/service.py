@@ -146,6 +146,7 @@ class CacheService:
         self._catalog: Catalog | None = None
         self._fetch_slots = asyncio.Semaphore(settings.max_fetches)
         self._space_lock = asyncio.Lock()
+        self._submit_lock = asyncio.Lock()
         self._flights: dict[tuple[Any, ...], asyncio.Task[Any]] = {}
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
@@ -234,20 +235,21 @@ class CacheService:
         requests = await self._validate(task_id, datasets)
         now = self.clock()
         lease_until = now + self.settings.lease_ttl
-        existing = await self._db(self.catalog.task, task_id)
-        if existing is None:
-            if self.admit_task is not None:
-                await self.admit_task(task_id)
-            await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
+        async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
-            assert existing is not None
-        else:
-            _check_same_request(existing, requests)
-            await self._db(self.catalog.renew_task, task_id, lease_until)
-            await self._db(self.catalog.touch_task, task_id, now)
-        for request in requests:
-            self._options[(task_id, request.name)] = request.storage_options
-            await self._ensure(task_id, request, existing.digests.get(request.name))
+            if existing is None:
+                if self.admit_task is not None:
+                    await self.admit_task(task_id)
+                await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
+                existing = await self._db(self.catalog.task, task_id)
+                assert existing is not None
+            else:
+                _check_same_request(existing, requests)
+                await self._db(self.catalog.renew_task, task_id, lease_until)
+                await self._db(self.catalog.touch_task, task_id, now)
+            for request in requests:
+                self._options[(task_id, request.name)] = request.storage_options
+                await self._ensure(task_id, request, existing.digests.get(request.name))
         if wait:
             await self._wait_for(task_id, wait)
         return await self.get_task(task_id)

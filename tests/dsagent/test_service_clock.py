@@ -172,3 +172,19 @@ def test_the_cluster_integration_can_refuse_unknown_task_ids(tmp_path: Path, mem
             await service.stop()
 
     asyncio.run(run())
+
+
+def test_the_same_task_sent_many_times_at_once_is_one_task(tmp_path: Path, memory_root: str) -> None:
+    write_memory_dataset(memory_root, 2)
+
+    async def run() -> None:
+        service = CacheService(Settings(root=tmp_path, sweep_interval=3600))
+        await service.start()
+        try:
+            records = await asyncio.gather(*(service.submit_task("pod", [DatasetRequest("mem", memory_root)], wait=30) for _ in range(10)))
+            assert {r.created_at for r in records} == {records[0].created_at}
+            assert len(await service._db(service.catalog.tasks)) == 1
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
