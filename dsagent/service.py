@@ -503,6 +503,10 @@ class CacheService:
         """Make ``manifest``'s version ready, unless it already is (a hit)."""
         key = (manifest.name, manifest.digest)
         row = await self._db(self.catalog.version, *key)
+        if row is not None and row.state == "ready" and not await self._work(self.store.ready_dir(*key).is_dir):
+            log.warning("dataset %s@%s vanished from disk; fetching it again", *key)
+            await self._db(self.catalog.delete_version, *key)
+            row = None
         if row is not None and row.state == "ready":
             self.metrics.inc("dsagent_cache_hits_total")
             await self._db(self.catalog.touch, *key, self.clock())

@@ -188,3 +188,22 @@ def test_the_same_task_sent_many_times_at_once_is_one_task(tmp_path: Path, memor
             await service.stop()
 
     asyncio.run(run())
+
+
+def test_a_cached_copy_removed_behind_the_agents_back_is_fetched_again(tmp_path: Path, memory_root: str) -> None:
+    import shutil
+
+    write_memory_dataset(memory_root, 2)
+
+    async def run() -> None:
+        service = CacheService(Settings(root=tmp_path, sweep_interval=3600))
+        await service.start()
+        try:
+            first = await service.submit_task("a", [DatasetRequest("mem", memory_root)], wait=30)
+            shutil.rmtree(first.datasets[0].path or "")
+            second = await service.submit_task("b", [DatasetRequest("mem", memory_root)], wait=30)
+            assert second.state == "ready" and Path(second.datasets[0].path or "").is_dir()
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
