@@ -245,3 +245,16 @@ def test_the_manifest_is_read_once_per_resolution_from_the_store(loopback: tuple
     www, url, server = loopback
     _, dataset, manifest = packed(www, url, "probe")
     assert read_manifest(dataset["bundles"], "probe").digest == manifest.digest
+
+
+@pytest.mark.parametrize(("max_fetches", "workers", "peak"), [(1, 2, 2), (2, 2, 4)], ids=["one-dataset-at-a-time", "two-at-a-time"])
+def test_parallelism_is_bounded_per_dataset_and_across_datasets(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], max_fetches: int, workers: int, peak: int) -> None:
+    www, url, server = loopback
+    sets = [packed(www, url, name, files=16, max_files=2, seed=i)[1] for i, name in enumerate(["one", "two"])]
+    server.slow_down(lambda p: p.startswith("/store/bundles/"), 0.25)
+    agent = agent_factory(env={"DSAGENT_MAX_FETCHES": str(max_fetches), "DSAGENT_FETCH_WORKERS": str(workers)})
+    with agent.client() as client:
+        for i, dataset in enumerate(sets):
+            client.submit_task(f"t{i}", [dataset])
+        assert [wait_ready(client, f"t{i}")["state"] for i in range(2)] == ["ready", "ready"]
+    assert server.peak_concurrency == peak
