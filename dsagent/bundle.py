@@ -44,9 +44,9 @@ from dsagent.manifest import (
     build_manifest,
     bundle_digest,
     bundle_path,
-    is_local,
     manifest_path,
 )
+from dsagent.digester import is_local
 from dsagent.storage import resolve, translate_errors
 
 DEFAULT_MAX_FILES = 50_000

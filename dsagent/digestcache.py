@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from dsagent.errors import SourceUnavailable
 
 if TYPE_CHECKING:
-    from dsagent.manifest import _Found
+    from dsagent.digester import _Found
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS digests (

@@ -36,7 +36,8 @@ from typing import IO, Any
 import xxhash
 
 from dsagent.errors import Conflict, IntegrityError, InvalidInput, UnsafeArchive
-from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, Manifest, Progress, bundle_path, hash_file, read_manifest
+from dsagent.hashing import hash_file
+from dsagent.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, read_manifest
 from dsagent.storage import resolve, translate_errors
 from dsagent.tarstream import FrameReader, iter_members, read_data
 

@@ -26,7 +26,7 @@ from typing import IO
 import zstandard
 
 from dsagent.errors import IntegrityError, UnsafeArchive
-from dsagent.manifest import CHUNK_SIZE
+from dsagent.hashing import CHUNK_SIZE
 
 BLOCK = tarfile.BLOCKSIZE
 _ZERO_BLOCK = bytes(BLOCK)

@@ -163,3 +163,29 @@ def test_read_manifest_of_an_absent_dataset_is_not_found(tmp_path: Path) -> None
         read_manifest(str(tmp_path), "nothing-here")
     with pytest.raises(NotFound):
         read_manifest_header(str(tmp_path), "nothing-here")
+
+
+@pytest.mark.parametrize(
+    ("path", "safe"),
+    [
+        ("a", True), ("a/b/c.jpg", True), (".hidden", True), ("a/.b", True), ("..a", True), ("a/..b", True),
+        ("a/b..", True), ("a.../b", True), ("\u00e9t\u00e9/\U0001f600", True), ("a b/c", True), ("a\\b", True),
+        ("", False), (".", False), ("..", False), ("/", False), ("/a", False), ("a/", False), ("a//b", False),
+        ("./a", False), ("../a", False), ("a/./b", False), ("a/../b", False), ("a/.", False), ("a/..", False),
+        ("a\x00b", False),
+    ],
+)  # fmt: skip
+def test_path_safety_table(path: str, safe: bool) -> None:
+    from dsagent.manifest import is_safe_path
+
+    assert is_safe_path(path) is safe
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+@pytest.mark.parametrize("bad", ["", "../x", "a//b", "x/."])
+def test_one_unsafe_path_among_many_is_named(position: int, bad: str) -> None:
+    entries = [_entry(p, b"x") for p in ["ok/1", "ok/2"]]
+    entries.insert(position, _entry(bad, b"x"))
+    with pytest.raises(InvalidInput) as excinfo:
+        Manifest.create("d", entries)
+    assert repr(bad) in str(excinfo.value)
