@@ -1,6 +1,53 @@
 """gpu_topology: GPUs, NICs, NUMA nodes and their links; GPU-set scoring; RoCE classes.
 
-A library: it imports nothing from Kubernetes, the web stack or the rest of dsplatform.
+A library: it imports nothing from Kubernetes, the web stack or the rest of dsplatform
+(an import-linter contract checks it). The node agent publishes ``Topology.to_dict()``
+as the Node annotation ``dsagent.io/topology``; the scheduler extender reads it back
+with ``Topology.from_dict`` and calls :func:`best_gpu_set` and :func:`roce_classes`.
+
+    model        Gpu, Nic, Link, Topology            the frozen values
+    scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
+    classes      nearest_nics, roce_classes           GPU-NIC affinity, RoCE classes
+    contract     to/from the version-1 JSON           schema: topology.schema.json
+    discovery    discover() and its backends          nvml, nvidia-smi, sysfs, nccl-xml
+    errors       TopologyError and its tree
 """
 
-__all__: list[str] = []
+from gpu_topology.classes import RoceClass, nearest_nic_map, nearest_nics, roce_classes
+from gpu_topology.contract import from_json, to_json
+from gpu_topology.discovery import discover
+from gpu_topology.errors import (
+    BackendUnavailable,
+    DiscoveryError,
+    InvalidTopology,
+    ParseError,
+    TopologyError,
+    UnknownDevice,
+)
+from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology
+from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
+
+__all__ = [
+    "BackendUnavailable",
+    "DiscoveryError",
+    "Gpu",
+    "GpuSet",
+    "InvalidTopology",
+    "Link",
+    "LinkKind",
+    "Nic",
+    "ParseError",
+    "RoceClass",
+    "Topology",
+    "TopologyError",
+    "UnknownDevice",
+    "best_gpu_set",
+    "discover",
+    "from_json",
+    "nearest_nic_map",
+    "nearest_nics",
+    "pair_score",
+    "roce_classes",
+    "set_score",
+    "to_json",
+]

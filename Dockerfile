@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1.7
+# One image for the node agent (dsagent), dsctl (init-containers and sidecars), the
+# scheduler extender (python -m scheduler_plugin) and the admission webhook
+# (python -m dsagent.kube.webhook). Build: docker build -t ghcr.io/dsplatform/dsplatform:0.1.0 .
+ARG PYTHON_VERSION=3.12
+
+# -- build: install the distribution and its dependencies into a self-contained venv
+FROM python:${PYTHON_VERSION}-slim AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/dsplatform
+ENV PATH=/opt/dsplatform/bin:$PATH
+WORKDIR /src
+# Dependencies first (cached while only sources change): pyproject + the packages' stubs.
+COPY pyproject.toml README.md ./
+COPY dsagent ./dsagent
+COPY scheduler_plugin ./scheduler_plugin
+COPY gpu_topology ./gpu_topology
+# [http] for fsspec's http:// sources; cloud filesystems (s3fs, gcsfs, adlfs) can be
+# added with --build-arg EXTRAS="http,..." once the project declares them.
+ARG EXTRAS=http
+RUN pip install --upgrade pip && pip install ".[${EXTRAS}]" \
+    && python -m compileall -q /opt/dsplatform
+
+# -- runtime: slim, no compilers, no pip cache, a fixed non-root user
+FROM python:${PYTHON_VERSION}-slim
+LABEL org.opencontainers.image.title="dsplatform" \
+      org.opencontainers.image.description="Dataset caching and data-affinity scheduling for Kubernetes GPU training clusters" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# 65532: the uid/gid the chart runs every dsplatform process as. The agent's host
+# directories are handed to it by the DaemonSet's root init-container (chown of two
+# directories); everything else never needs root.
+RUN groupadd --system --gid 65532 dsagent \
+    && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
+       --shell /usr/sbin/nologin dsagent
+COPY --from=build /opt/dsplatform /opt/dsplatform
+ENV PATH=/opt/dsplatform/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    DSAGENT_ROOT=/var/lib/dsagent \
+    DSAGENT_SOCKET=/run/dsagent/dsagent.sock
+# nvidia-smi is not baked in: the NVIDIA container runtime mounts it when the agent's
+# pod sets NVIDIA_DRIVER_CAPABILITIES=utility (the chart does); sysfs discovery needs none.
+USER 65532:65532
+WORKDIR /
+# The chart sets each component's command; alone, the image runs the agent.
+CMD ["dsagent", "serve"]

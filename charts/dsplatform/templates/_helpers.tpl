@@ -1,0 +1,102 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "dsplatform.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dsplatform.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A component's name: <fullname>-<component>, within 63 characters. */}}
+{{- define "dsplatform.component" -}}
+{{- printf "%s-%s" (include "dsplatform.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dsplatform.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "dsplatform.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dsplatform
+{{- end }}
+
+{{/* Selector labels of one component: pass (dict "root" $ "component" "agent"). */}}
+{{- define "dsplatform.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dsplatform.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "dsplatform.componentLabels" -}}
+{{ include "dsplatform.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "dsplatform.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "dsplatform.extenderURL" -}}
+{{- printf "http://%s.%s.svc:%d" (include "dsplatform.component" (dict "root" . "component" "extender")) .Release.Namespace (int .Values.extender.port) }}
+{{- end }}
+
+{{/* The restricted container security context every dsplatform process runs with. */}}
+{{- define "dsplatform.restricted" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* The webhook's injection settings (JSON), shared by its ConfigMap and its checksum. */}}
+{{- define "dsplatform.injection" -}}
+{{- $inject := dict
+  "image" (include "dsplatform.image" .)
+  "imagePullPolicy" .Values.image.pullPolicy
+  "schedulerName" (ternary .Values.scheduler.name "" (and .Values.scheduler.enabled .Values.webhook.setSchedulerName))
+  "cacheDir" .Values.agent.cacheDir
+  "socketDir" .Values.agent.socketDir
+  "datasetsMountPath" .Values.webhook.datasetsMountPath
+  "socketMountPath" .Values.webhook.socketMountPath
+  "runAsUser" (int .Values.agent.runAsUser)
+  "runAsGroup" (int .Values.agent.runAsGroup)
+  "storageOptionsKey" .Values.webhook.storageOptionsKey
+  "resources" .Values.webhook.initContainer.resources
+}}
+{{- toPrettyJson $inject }}
+{{- end }}
+
+{{/* The second scheduler's KubeSchedulerConfiguration, shared by its ConfigMap and checksum. */}}
+{{- define "dsplatform.schedulerConfig" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: {{ .Values.scheduler.leaderElect }}
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: {{ .Values.scheduler.name }}
+profiles:
+  - schedulerName: {{ .Values.scheduler.name }}
+extenders:
+  - urlPrefix: {{ include "dsplatform.extenderURL" . }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    weight: {{ .Values.scheduler.extender.weight }}
+    enableHTTPS: false
+    nodeCacheCapable: {{ .Values.scheduler.extender.nodeCacheCapable }}
+    ignorable: {{ .Values.scheduler.extender.ignorable }}
+    httpTimeout: {{ .Values.scheduler.extender.httpTimeout }}
+{{- end }}

@@ -1,0 +1,411 @@
+"""The node agent in cluster mode: :class:`ClusterAgent`, the glue between Kubernetes and
+the :class:`~dsagent.service.CacheService`.
+
+``dsagent serve --kubernetes`` creates ``ClusterAgent(service, settings)`` and awaits
+:meth:`ClusterAgent.start` at start-up and :meth:`ClusterAgent.stop` at shutdown. It
+
+1. publishes the node's inventory, topology and (when known) free GPUs as annotations of
+   its Node (``DSAGENT_NODE_NAME``, from the downward API), patching only on change and
+   at most once per ``DSAGENT_PUBLISH_INTERVAL``; a graceful stop removes them;
+2. watches the pods bound to its node (:class:`~dsagent.kube.podwatch.PodWatch`) and, as
+   soon as one that names datasets is bound, submits its task (the pod UID) to the
+   service, so caching runs while the kubelet pulls the images (the paper's rule 3); the
+   task is the very request its init-container will repeat, so that repeat is a no-op;
+3. keeps a running pod's datasets in use by renewing the task's lease, and releases the
+   task when the pod ends or is deleted (also when that happened while the watch was
+   broken: a relist after ``410 Gone`` reports it);
+4. checks that a task id shaped like a pod UID belongs to a pod on this node before the
+   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass).
+
+Pods whose datasets need storage credentials from Secrets are left to their
+init-container (the agent never reads Secrets); the agent does not block on the API
+server: if it is unreachable, caching through the socket keeps working and the watch and
+publisher retry in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dsagent.errors import DsagentError, InvalidInput, NotFound
+from dsagent.kube import annotation, publisher
+from dsagent.kube.apiclient import translated
+from dsagent.kube.datasets import DatasetClient
+from dsagent.kube.mutation import INIT_CONTAINER
+from dsagent.kube.podwatch import PodWatch
+from dsagent.service import CacheService, DatasetRequest, TaskRecord
+from dsagent.settings import Settings, parse_duration
+
+log = logging.getLogger("dsagent.kube")
+_POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MERGE_PATCH = "application/merge-patch+json"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class TaskNotOnNode(DsagentError):
+    """A pod-UID task id that is no pod on this node (403 over the API, exit 2 in dsctl)."""
+
+    http_status = 403
+    exit_code = 2
+    code = "task_not_on_node"
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Cluster-mode settings, from ``DSAGENT_*`` (validated once at start-up)."""
+
+    publish_interval: float = 10.0
+    watch_timeout: int = 300
+    renew_interval: float | None = None  # None: a third of the service's lease TTL
+    guard_wait: float = 5.0  # how long a task id may wait for its pod to reach the watch
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
+        raw = environ.get("DSAGENT_PUBLISH_INTERVAL")
+        try:
+            interval = parse_duration(raw) if raw else cls.publish_interval
+        except InvalidInput as exc:
+            raise InvalidInput(f"DSAGENT_PUBLISH_INTERVAL={raw!r}: {exc.message}", hint=exc.hint) from exc
+        if interval <= 0:
+            raise InvalidInput("DSAGENT_PUBLISH_INTERVAL must be positive")
+        return cls(publish_interval=interval)
+
+
+def is_pod_uid(task_id: str) -> bool:
+    return bool(_POD_UID.match(task_id))
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def has_ended(pod: Mapping[str, Any]) -> bool:
+    """A pod whose containers will not run again (or that is going away)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in TERMINAL_PHASES or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def wants_datasets(pod: Mapping[str, Any]) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotation.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
+
+
+def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if container.get("name") == INIT_CONTAINER:
+            return container
+    return None
+
+
+def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRequest] | None:
+    """The request the webhook's init-container will send; None when it needs Secrets."""
+    env = {e.get("name"): e for e in container.get("env") or []}
+    if any(str(name).startswith("DSAGENT_STORAGE_OPTIONS") for name in env):
+        return None
+    raw = (env.get("DSAGENT_DATASETS") or {}).get("value")
+    if not raw:
+        return None
+    items = json.loads(raw)
+    return [DatasetRequest(i["name"], i["source"], i.get("bundles"), i.get("storage_options")) for i in items]
+
+
+class ClusterAgent:
+    """Cluster mode for one node; see the module docstring."""
+
+    def __init__(self, service: CacheService, settings: Settings, *, api_client: Any = None,
+                 topology: Any = "discover", cluster: ClusterSettings | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        import os
+
+        self.service = service
+        self.settings = settings
+        self.node_name = settings.node_name
+        self.cluster = cluster or ClusterSettings.from_env(os.environ if environ is None else environ)
+        self._api_client = api_client
+        self._topology_source = topology
+        self._topology_json: str | None = None
+        self._gpu_count: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._tasks: dict[str, list[DatasetRequest]] = {}  # pod UID -> what the agent submitted
+        self._background: list[asyncio.Task[Any]] = []
+        self._watch: PodWatch | None = None
+        self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
+        self._original_submit: Callable[..., Awaitable[TaskRecord]] | None = None
+        self.patches = 0
+        self.released: list[str] = []  # pod UIDs whose tasks were released, oldest first
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start watching and publishing in the background; never blocks on the API server."""
+        if not self.node_name:
+            raise InvalidInput("cluster mode needs the node's name", hint="set DSAGENT_NODE_NAME (downward API: spec.nodeName)")
+        from kubernetes import client
+
+        from dsagent.kube import apiclient
+
+        self._loop = asyncio.get_running_loop()
+        if self._api_client is None:
+            self._api_client = await asyncio.to_thread(apiclient.load)
+        self._core = client.CoreV1Api(self._api_client)
+        self._datasets = DatasetClient(self._api_client)
+        await self._check_node()
+        self._install_guard()
+        self._watch = PodWatch(self._api_client, self.node_name, self._from_thread,
+                               timeout_seconds=self.cluster.watch_timeout)
+        self._watch.start()
+        self._background = [
+            asyncio.create_task(self._consume(), name="dsagent-kube-pods"),
+            asyncio.create_task(self._publish_forever(), name="dsagent-kube-publish"),
+            asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
+        ]
+        log.info("cluster mode on node %s: watching its pods, publishing every %.0fs",
+                 self.node_name, self.cluster.publish_interval)
+
+    async def _check_node(self) -> None:
+        """Fail fast on a wrong node name; an unreachable API server is retried later."""
+        try:
+            self._annotations = await asyncio.to_thread(self._read_annotations)
+        except NotFound:
+            raise InvalidInput(
+                f"cluster mode: there is no node {self.node_name!r}",
+                hint="set DSAGENT_NODE_NAME from the downward API (fieldRef spec.nodeName); "
+                     "the pod's hostname is not the node's name") from None
+        except DsagentError as exc:
+            log.warning("cannot read node %s yet (%s); retrying in the background", self.node_name, exc)
+
+    async def stop(self) -> None:
+        """Stop watching, remove the Node annotations (best effort), restore the service."""
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._watch is not None:
+            await asyncio.to_thread(self._watch.stop)
+        self._uninstall_guard()
+        try:
+            await asyncio.wait_for(self._clear_annotations(), timeout=5)
+        except (asyncio.TimeoutError, DsagentError) as exc:
+            log.warning("could not clear the annotations of node %s: %s", self.node_name, exc)
+
+    # -- the task guard ---------------------------------------------------------------
+
+    async def check_task(self, task_id: str) -> None:
+        """Accept a pod-UID task id only for a pod bound to this node (other ids pass)."""
+        watch = self._watch
+        if not is_pod_uid(task_id) or watch is None or task_id in self._tasks:
+            return
+        if not watch.synced.is_set():
+            log.warning("accepting task %s unchecked: the pod watch has not synced yet", task_id)
+            return
+        deadline = time.monotonic() + self.cluster.guard_wait
+        while not watch.has_pod(task_id):  # the init-container may be faster than the watch
+            if time.monotonic() >= deadline:
+                raise TaskNotOnNode(f"task {task_id} is not a pod on node {self.node_name}",
+                                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)")
+            await asyncio.sleep(0.05)
+
+    def _install_guard(self) -> None:
+        # CacheService has no guard hook yet: wrap its submit_task on this instance, which
+        # is what the HTTP API calls; the agent's own submissions use the original.
+        original = self.service.submit_task
+        self._original_submit = original
+
+        @functools.wraps(original)
+        async def guarded(task_id: str, datasets: Sequence[DatasetRequest], **kwargs: Any) -> TaskRecord:
+            await self.check_task(task_id)
+            return await original(task_id, datasets, **kwargs)
+
+        self.service.submit_task = guarded  # type: ignore[method-assign]
+
+    def _uninstall_guard(self) -> None:
+        if self._original_submit is not None:
+            with contextlib.suppress(AttributeError):
+                del self.service.submit_task  # back to the class's method
+            self._original_submit = None
+
+    async def _submit(self, task_id: str, requests: Sequence[DatasetRequest]) -> TaskRecord:
+        submit = self._original_submit or self.service.submit_task
+        return await submit(task_id, requests)
+
+    # -- pods -------------------------------------------------------------------------
+
+    def _from_thread(self, kind: str, pod: dict[str, Any]) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._events.put_nowait, (kind, pod))
+
+    async def _consume(self) -> None:
+        while True:
+            kind, pod = await self._events.get()
+            try:
+                await self.handle_pod(kind, pod)
+            except Exception:  # one bad pod must not stop the loop
+                log.exception("handling %s of pod %s failed", kind, (pod.get("metadata") or {}).get("name"))
+
+    async def handle_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        """React to one pod event: cache at bind time, release at the end."""
+        uid = pod_uid(pod)
+        if not uid or not wants_datasets(pod):
+            return
+        if kind == "DELETED" or has_ended(pod):
+            await self._release(uid, pod)
+            return
+        if uid in self._tasks:
+            return
+        requests = await self._requests_for(pod)
+        if requests is None:
+            return
+        name = _name(pod)
+        try:
+            record = await self._submit(uid, requests)
+        except DsagentError as exc:
+            log.warning("could not start caching for pod %s: %s", name, exc)
+            return
+        self._tasks[uid] = list(requests)
+        log.info("pod %s bound to %s: caching %s (%s)", name, self.node_name,
+                 ", ".join(r.name for r in requests), record.state)
+
+    async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
+        init = _init_container(pod)
+        if init is not None:
+            try:
+                requests = requests_from_init_container(init)
+            except (ValueError, KeyError, TypeError):
+                log.warning("pod %s: its init-container's DSAGENT_DATASETS is malformed", _name(pod))
+                return None
+            if requests is None:
+                log.info("pod %s needs storage credentials from Secrets: its init-container starts the caching", _name(pod))
+            return requests
+        try:
+            refs = annotation.datasets_of(pod)
+        except InvalidInput as exc:
+            log.warning("pod %s: %s", _name(pod), exc)
+            return None
+        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        requests = []
+        for ref in refs:
+            if ref.source is not None:
+                requests.append(DatasetRequest(ref.name, ref.source, ref.bundles, ref.storage_options))
+                continue
+            try:
+                dataset = await asyncio.to_thread(self._datasets.get, namespace, ref.name)
+            except DsagentError as exc:
+                log.warning("pod %s: cannot resolve dataset %s: %s", _name(pod), ref.name, exc)
+                return None
+            if dataset.storage_secret is not None:
+                log.info("pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name)
+                return None
+            requests.append(DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options))
+        return requests or None
+
+    async def _release(self, uid: str, pod: Mapping[str, Any]) -> None:
+        self._tasks.pop(uid, None)  # first, so the renewal loop stops renewing it
+        self.released.append(uid)
+        try:
+            await self.service.release_task(uid)
+        except NotFound:
+            return  # never submitted (or already released)
+        log.info("pod %s ended: released its datasets", _name(pod))
+
+    async def _renew_forever(self) -> None:
+        """Keep running pods' datasets in use: repeating a request renews its lease."""
+        interval = self.cluster.renew_interval or max(1.0, self.settings.lease_ttl / 3)
+        while True:
+            await asyncio.sleep(interval)
+            for uid, requests in list(self._tasks.items()):
+                if uid not in self._tasks:  # released meanwhile: never bring it back
+                    continue
+                try:
+                    await self._submit(uid, requests)
+                except DsagentError as exc:
+                    log.warning("renewing task %s failed: %s", uid, exc)
+
+    # -- the Node's annotations -------------------------------------------------------
+
+    async def _publish_forever(self) -> None:
+        await self._load_topology()
+        while True:
+            try:
+                await self.publish_once()
+            except DsagentError as exc:
+                log.warning("publishing to node %s failed: %s", self.node_name, exc)
+                self._annotations = None  # read the Node again next time
+            except Exception:
+                log.exception("publishing to node %s failed", self.node_name)
+                self._annotations = None
+            await asyncio.sleep(self.cluster.publish_interval)
+
+    async def publish_once(self) -> bool:
+        """Patch the Node if what it should carry changed; True when it patched."""
+        desired = publisher.desired_annotations(await self.service.inventory(), self._topology_json,
+                                                self._free_gpus())
+        if self._annotations is None:
+            self._annotations = await asyncio.to_thread(self._read_annotations)
+        patch = publisher.annotation_patch(self._annotations, desired)
+        if patch is None:
+            return False
+        await asyncio.to_thread(self._patch_annotations, patch)
+        self._annotations = publisher.applied(self._annotations, patch)
+        self.patches += 1
+        return True
+
+    def _free_gpus(self) -> list[int] | None:
+        pods = self._watch.pods().values() if self._watch is not None and self._watch.synced.is_set() else None
+        if pods is None:
+            return None
+        gpu_pods = sum(1 for p in pods if not has_ended(p) and publisher.gpu_request(p) > 0)
+        return publisher.free_gpus(self._gpu_count, gpu_pods)
+
+    def _read_annotations(self) -> dict[str, str]:
+        with translated(f"read node {self.node_name}"):
+            node = self._core.read_node(self.node_name, _request_timeout=10)
+        return dict((node.metadata.annotations if node.metadata else None) or {})
+
+    def _patch_annotations(self, patch: Mapping[str, str | None]) -> None:
+        with translated(f"patch node {self.node_name}"):
+            self._core.patch_node(self.node_name, {"metadata": {"annotations": dict(patch)}},
+                                  _content_type=MERGE_PATCH, _request_timeout=10)
+
+    async def _clear_annotations(self) -> None:
+        current = await asyncio.to_thread(self._read_annotations)
+        patch = publisher.clearing_patch(current)
+        if patch is not None:
+            await asyncio.to_thread(self._patch_annotations, patch)
+
+    async def _load_topology(self) -> None:
+        source = self._topology_source
+        if source is None:
+            return
+        try:
+            topology = await asyncio.to_thread(_discover) if source == "discover" else source
+        except Exception as exc:  # no GPU, no nvidia-smi: publish without topology
+            log.info("no GPU topology on node %s (%s); publishing the inventory only", self.node_name, exc)
+            return
+        from gpu_topology import to_json
+
+        self._topology_json = to_json(topology)
+        self._gpu_count = len(topology.gpus)
+
+
+def _discover() -> Any:
+    from gpu_topology import discover
+
+    return discover()
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]

@@ -1,0 +1,118 @@
+"""The pod annotation ``dsagent.io/datasets``: what a pod asks to have cached.
+
+Two forms are accepted (the contract shared with the scheduler extender):
+
+- a comma-separated list of names, ``"imagenet,coco"``, resolved through ``Dataset``
+  resources in the pod's namespace;
+- a JSON list of objects ``{"name", "source"?, "digest"?, "bundles"?, "storage_options"?}``;
+  an entry without ``source`` is resolved like a bare name.
+
+Who calls it: the admission webhook (to build the init-container) and the cluster agent
+(to start caching at bind time). Pure: no I/O, errors are :class:`InvalidInput` with the
+reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsagent.errors import InvalidInput
+
+DATASETS_ANNOTATION = "dsagent.io/datasets"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_KEYS = {"name", "source", "digest", "bundles", "storage_options"}
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """One dataset a pod names; ``source`` None means "look it up in the Dataset resource"."""
+
+    name: str
+    source: str | None = None
+    bundles: str | None = None
+    digest: str | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+
+
+def parse(text: str | None) -> tuple[DatasetRef, ...]:
+    """The annotation's datasets, in order; raises :class:`InvalidInput` saying what is wrong."""
+    if text is None or not text.strip():
+        return ()
+    stripped = text.strip()
+    refs = _parse_json(stripped) if stripped[0] in "[{" else _parse_names(stripped)
+    names = [r.name for r in refs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidInput(f"{DATASETS_ANNOTATION} names {', '.join(duplicates)} more than once")
+    return refs
+
+
+def datasets_of(pod: Mapping[str, Any]) -> tuple[DatasetRef, ...]:
+    """The datasets a raw pod's annotation asks for (empty when it has none)."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return parse(annotations.get(DATASETS_ANNOTATION))
+
+
+def _parse_names(text: str) -> tuple[DatasetRef, ...]:
+    names = [part.strip() for part in text.split(",")]
+    return tuple(DatasetRef(_name(n)) for n in names if n)
+
+
+def _parse_json(text: str) -> tuple[DatasetRef, ...]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{DATASETS_ANNOTATION} is not valid JSON: {exc.msg} at position {exc.pos}") from exc
+    if not isinstance(items, list):
+        raise InvalidInput(f"{DATASETS_ANNOTATION} must be a JSON list or a comma-separated list of names")
+    return tuple(_entry(item, i) for i, item in enumerate(items))
+
+
+def _entry(item: Any, index: int) -> DatasetRef:
+    if isinstance(item, str):
+        return DatasetRef(_name(item))
+    if not isinstance(item, dict) or "name" not in item:
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}] must be an object with a 'name'")
+    unknown = sorted(set(item) - _KEYS)
+    if unknown:
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}] has unknown keys {unknown}", hint=f"allowed: {sorted(_KEYS)}")
+    options = item.get("storage_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].storage_options must be an object")
+    digest = item.get("digest")
+    if digest is not None and (not isinstance(digest, str) or not _DIGEST.match(digest)):
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].digest must be 32 lowercase hex characters")
+    return DatasetRef(
+        name=_name(item["name"]),
+        source=_optional_str(item, "source", index),
+        bundles=_optional_str(item, "bundles", index),
+        digest=digest,
+        storage_options=options,
+    )
+
+
+def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].{key} must be a non-empty string")
+    return value
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidInput(
+            f"invalid dataset name {name!r} in {DATASETS_ANNOTATION}",
+            hint="use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+    return name
+
+
+__all__ = ["DATASETS_ANNOTATION", "DatasetRef", "datasets_of", "parse"]

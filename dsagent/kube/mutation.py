@@ -1,0 +1,305 @@
+"""The webhook's pure policy: a pod that asks for datasets -> the JSONPatch that wires it.
+
+Given the pod (as the API server sends it in the AdmissionReview), its datasets resolved
+to sources, and the chart's :class:`Injection` settings, :func:`mutate` returns RFC 6902
+operations that
+
+- prepend the container ``dsagent-cache`` running ``dsctl cache --from-env`` with
+  ``DSAGENT_DATASETS`` (the JSON list), ``DSAGENT_TASK_ID`` (the pod UID, downward API),
+  ``DSAGENT_SOCKET`` and one ``DSAGENT_STORAGE_OPTIONS_<NAME>`` per dataset whose Dataset
+  names a storage Secret (a ``secretKeyRef``: credentials never appear in the pod spec);
+- mount the agent's socket directory into it and into every app container;
+- mount the node's cached datasets read-only into every app container;
+- give every app container ``DSAGENT_TASK_ID``, ``DSAGENT_DATASETS`` (without options),
+  ``DSAGENT_SOCKET`` and ``DSAGENT_DATASETS_DIR``, so ``dsctl wait --from-env`` and
+  ``dsctl status`` work there;
+- add the agent's group to the pod's supplementalGroups (the socket is group-writable);
+- set the dsplatform scheduler's name when the pod uses the default scheduler.
+
+Two ways to wait (the paper's rule 3: caching overlaps image pulls). The kubelet pulls a
+container's image only when it starts that container, and starts app containers only
+after every ordinary init-container has finished, so a blocking init-container would
+serialise caching and the app image pull. Hence, by default (``overlap``):
+``dsagent-cache`` is a native sidecar (an init-container with ``restartPolicy: Always``,
+Kubernetes >= 1.29) that caches, then marks ``/dsagent-run/ready`` in a shared
+``emptyDir`` and sleeps; the kubelet goes on to pull the app images meanwhile, and each
+app container's command is wrapped in a ``/bin/sh`` loop that waits for the mark and
+then ``exec``s the original command. The pod's training starts at max(pull, caching)
+instead of pull + caching. When an app container has no explicit ``command`` (its image's
+ENTRYPOINT is unknown here) or the pod says ``dsagent.io/wait: init``, the
+``init`` mode is used instead: an ordinary init-container that returns once the datasets
+are ready (the agent has been caching since the pod was bound).
+
+A pod already carrying ``dsagent-cache`` gets no operations (re-invocation is harmless).
+Who calls it: :mod:`dsagent.kube.webhook`. Pure: no I/O; tests feed it real pod JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsagent.errors import InvalidInput
+from dsagent.kube.annotation import DatasetRef
+from dsagent.kube.datasets import Dataset, SecretRef
+
+INIT_CONTAINER = "dsagent-cache"
+SOCKET_VOLUME = "dsagent-socket"
+DATASETS_VOLUME = "dsagent-datasets"
+RUN_VOLUME = "dsagent-run"
+RUN_DIR = "/dsagent-run"
+READY_MARK = RUN_DIR + "/ready"
+INJECTED_ANNOTATION = "dsagent.io/injected"
+WAIT_ANNOTATION = "dsagent.io/wait"
+# The sidecar: cache (waiting with progress), mark ready, stay up until the pod ends. If
+# caching fails it exits, and the kubelet restarts it with back-off: it retries.
+SIDECAR_SCRIPT = f"dsctl cache --from-env && touch {READY_MARK} && exec sleep infinity"
+# An app container: wait for the mark, then become the original command ($0 "$@").
+WAIT_SCRIPT = (f'if [ ! -e {READY_MARK} ]; then echo "dsplatform: waiting for datasets" >&2; fi; '
+               f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"')
+DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
+JSONPatch = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What the webhook injects; from the chart's ``injection.json``."""
+
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    scheduler_name: str = ""  # empty: leave schedulerName alone
+    cache_dir: str = "/var/lib/dsagent"
+    socket_dir: str = "/run/dsagent"
+    datasets_mount_path: str = "/datasets"
+    socket_mount_path: str = "/run/dsagent"
+    run_as_user: int = 65532
+    run_as_group: int = 65532
+    storage_options_key: str = "storage_options"
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise InvalidInput("injection: image must not be empty")
+        for name in ("cache_dir", "socket_dir", "datasets_mount_path", "socket_mount_path"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not posixpath.isabs(value):
+                raise InvalidInput(f"injection: {name} must be an absolute path, got {value!r}")
+        for name in ("run_as_user", "run_as_group"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InvalidInput(f"injection: {name} must be a non-root id (>= 1)")
+
+    @property
+    def socket_path(self) -> str:
+        return posixpath.join(self.socket_mount_path, "dsagent.sock")
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Injection:
+        keys = {"image": "image", "imagePullPolicy": "image_pull_policy", "schedulerName": "scheduler_name",
+                "cacheDir": "cache_dir", "socketDir": "socket_dir", "datasetsMountPath": "datasets_mount_path",
+                "socketMountPath": "socket_mount_path", "runAsUser": "run_as_user", "runAsGroup": "run_as_group",
+                "storageOptionsKey": "storage_options_key", "resources": "resources"}
+        unknown = sorted(set(raw) - set(keys))
+        if unknown:
+            raise InvalidInput(f"injection: unknown keys {unknown}", hint=f"known: {sorted(keys)}")
+        if "image" not in raw:
+            raise InvalidInput("injection: 'image' is required")
+        return cls(**{keys[k]: v for k, v in raw.items()})
+
+
+@dataclass(frozen=True)
+class ResolvedDataset:
+    """A dataset of the pod with its source known."""
+
+    name: str
+    source: str
+    bundles: str | None = None
+    digest: str | None = None
+    secret: SecretRef | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    def request(self, *, with_options: bool) -> dict[str, Any]:
+        """The entry of ``DSAGENT_DATASETS``."""
+        entry: dict[str, Any] = {"name": self.name, "source": self.source}
+        if self.bundles:
+            entry["bundles"] = self.bundles
+        if self.digest:
+            entry["digest"] = self.digest
+        if with_options and self.storage_options:
+            entry["storage_options"] = dict(self.storage_options)
+        return entry
+
+
+def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tuple[ResolvedDataset, ...]:
+    """Fill in what the pod left out from its Datasets (``lookup(name)``; raises NotFound)."""
+    resolved = []
+    for ref in refs:
+        if ref.source is not None:
+            resolved.append(ResolvedDataset(ref.name, ref.source, ref.bundles, ref.digest, None, ref.storage_options))
+            continue
+        dataset = lookup(ref.name)
+        resolved.append(ResolvedDataset(
+            name=ref.name, source=dataset.source, bundles=ref.bundles or dataset.bundles,
+            digest=ref.digest, secret=dataset.storage_secret, storage_options=ref.storage_options))
+    return tuple(resolved)
+
+
+def options_env_name(dataset: str) -> str:
+    """``DSAGENT_STORAGE_OPTIONS_<NAME>``, the variable ``dsctl cache --from-env`` reads."""
+    return "DSAGENT_STORAGE_OPTIONS_" + re.sub(r"[^A-Za-z0-9]", "_", dataset).upper()
+
+
+def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection) -> JSONPatch:
+    """The JSONPatch wiring ``pod`` to its datasets (empty when already wired or none asked)."""
+    spec = pod.get("spec") or {}
+    if not datasets or _already_injected(spec):
+        return []
+    overlap = wait_mode(pod) == "overlap"
+    ops: JSONPatch = []
+    ops += _prepend("/spec/initContainers", spec.get("initContainers"),
+                    init_container(datasets, injection, sidecar=overlap))
+    ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection, run_dir=overlap))
+    for index, container in enumerate(spec.get("containers") or []):
+        path = f"/spec/containers/{index}"
+        ops += _wire_container(path, container, datasets, injection)
+        if overlap:
+            ops += _wait_before(path, container)
+    ops += _supplemental_group(spec.get("securityContext"), injection.run_as_group)
+    if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
+        op = "replace" if "schedulerName" in spec else "add"
+        ops.append({"op": op, "path": "/spec/schedulerName", "value": injection.scheduler_name})
+    ops += _annotate(pod.get("metadata") or {})
+    return ops
+
+
+def wait_mode(pod: Mapping[str, Any]) -> str:
+    """``overlap`` (sidecar + wrapped commands) when possible, else ``init``."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(WAIT_ANNOTATION) == "init":
+        return "init"
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return "overlap" if containers and all(c.get("command") for c in containers) else "init"
+
+
+def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *, sidecar: bool = False) -> dict[str, Any]:
+    """The ``dsagent-cache`` container: a native sidecar (``sidecar``) or a blocking init-container."""
+    names = [options_env_name(d.name) for d in datasets]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise InvalidInput(f"dataset names map to the same variable {clashes}; rename one of them")
+    env: list[dict[str, Any]] = [
+        {"name": "DSAGENT_DATASETS", "value": _datasets_json(datasets, with_options=True)},
+        {"name": "DSAGENT_TASK_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "DSAGENT_SOCKET", "value": injection.socket_path},
+    ]
+    for dataset in datasets:
+        if dataset.secret is not None:
+            env.append({"name": options_env_name(dataset.name), "valueFrom": {"secretKeyRef": {
+                "name": dataset.secret.name, "key": dataset.secret.key or injection.storage_options_key}}})
+    container: dict[str, Any] = {
+        "name": INIT_CONTAINER,
+        "image": injection.image,
+        "imagePullPolicy": injection.image_pull_policy,
+        "command": ["/bin/sh", "-c", SIDECAR_SCRIPT] if sidecar else ["dsctl", "cache", "--from-env"],
+        "env": env,
+        "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path}]
+        + ([{"name": RUN_VOLUME, "mountPath": RUN_DIR}] if sidecar else []),
+        "securityContext": {
+            "runAsUser": injection.run_as_user, "runAsGroup": injection.run_as_group, "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if injection.resources:
+        container["resources"] = dict(injection.resources)
+    if sidecar:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+def volumes(injection: Injection, *, run_dir: bool = False) -> list[dict[str, Any]]:
+    found = [
+        {"name": SOCKET_VOLUME, "hostPath": {"path": injection.socket_dir, "type": "DirectoryOrCreate"}},
+        {"name": DATASETS_VOLUME, "hostPath": {"path": injection.cache_dir, "type": "DirectoryOrCreate"}},
+    ]
+    if run_dir:
+        found.append({"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+    return found
+
+
+def _wait_before(path: str, container: Mapping[str, Any]) -> JSONPatch:
+    """Wrap the container's command so it starts once the datasets are ready."""
+    command = list(container.get("command") or [])
+    mounts = container.get("volumeMounts")
+    mount = {"name": RUN_VOLUME, "mountPath": RUN_DIR, "readOnly": True}
+    return ([{"op": "replace", "path": f"{path}/command", "value": ["/bin/sh", "-c", WAIT_SCRIPT, *command]}]
+            + _append_all(f"{path}/volumeMounts", mounts if mounts is not None else [], [mount]))
+
+
+def _wire_container(path: str, container: Mapping[str, Any], datasets: Sequence[ResolvedDataset],
+                    injection: Injection) -> JSONPatch:
+    taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
+    mounts = [m for m in (
+        # subPath: only the ready datasets, never the catalog or staging directories
+        {"name": DATASETS_VOLUME, "mountPath": injection.datasets_mount_path, "subPath": "datasets", "readOnly": True},
+        {"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path},
+    ) if m["mountPath"] not in taken]
+    defined = {e.get("name") for e in container.get("env") or []}
+    env = [e for e in (
+        {"name": "DSAGENT_TASK_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "DSAGENT_DATASETS", "value": _datasets_json(datasets, with_options=False)},
+        {"name": "DSAGENT_SOCKET", "value": injection.socket_path},
+        {"name": "DSAGENT_DATASETS_DIR", "value": injection.datasets_mount_path},
+    ) if e["name"] not in defined]  # what the user set wins
+    return (_append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts)
+            + _append_all(f"{path}/env", container.get("env"), env))
+
+
+def _supplemental_group(security: Mapping[str, Any] | None, gid: int) -> JSONPatch:
+    if security is None:
+        return [{"op": "add", "path": "/spec/securityContext", "value": {"supplementalGroups": [gid]}}]
+    groups = security.get("supplementalGroups")
+    if groups is None:
+        return [{"op": "add", "path": "/spec/securityContext/supplementalGroups", "value": [gid]}]
+    return [] if gid in groups else [{"op": "add", "path": "/spec/securityContext/supplementalGroups/-", "value": gid}]
+
+
+def _annotate(meta: Mapping[str, Any]) -> JSONPatch:
+    if meta.get("annotations") is None:
+        return [{"op": "add", "path": "/metadata/annotations", "value": {INJECTED_ANNOTATION: "true"}}]
+    return [{"op": "add", "path": "/metadata/annotations/" + _escape(INJECTED_ANNOTATION), "value": "true"}]
+
+
+def _prepend(path: str, existing: Sequence[Any] | None, item: Any) -> JSONPatch:
+    if existing is None:
+        return [{"op": "add", "path": path, "value": [item]}]
+    return [{"op": "add", "path": f"{path}/0", "value": item}]
+
+
+def _append_all(path: str, existing: Sequence[Any] | None, items: Sequence[Any]) -> JSONPatch:
+    if not items:
+        return []
+    if existing is None:
+        return [{"op": "add", "path": path, "value": list(items)}]
+    return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
+
+
+def _already_injected(spec: Mapping[str, Any]) -> bool:
+    return any(c.get("name") == INIT_CONTAINER for c in spec.get("initContainers") or []) or any(
+        v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME, RUN_VOLUME) for v in spec.get("volumes") or [])
+
+
+def _datasets_json(datasets: Sequence[ResolvedDataset], *, with_options: bool) -> str:
+    return json.dumps([d.request(with_options=with_options) for d in datasets], separators=(",", ":"))
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+__all__ = ["INIT_CONTAINER", "READY_MARK", "Injection", "JSONPatch", "ResolvedDataset", "init_container", "mutate",
+           "options_env_name", "resolve", "wait_mode"]

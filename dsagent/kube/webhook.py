@@ -1,0 +1,193 @@
+"""The mutating admission webhook: AdmissionReview v1 over HTTPS, never blocking a pod.
+
+``POST /mutate`` takes the AdmissionReview the API server sends for a pod CREATE, parses
+the pod's ``dsagent.io/datasets`` annotation, resolves bare names through the Datasets of
+the pod's namespace, and answers with the JSONPatch of :func:`dsagent.kube.mutation.mutate`.
+Whatever goes wrong (an unparseable annotation, a missing Dataset, an unreachable API
+server, a bug), the answer is ``allowed: true`` without a patch and with a warning the
+user sees in ``kubectl``: this webhook never blocks a pod (and the chart registers it
+with ``failurePolicy: Ignore`` for when it is down).
+
+Serve it with ``python -m dsagent.kube.webhook`` (settings from ``DSAGENT_WEBHOOK_*``:
+``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dsagent.errors import DsagentError, NotFound, SettingsError
+from dsagent.kube import annotation
+from dsagent.kube.datasets import Dataset
+from dsagent.kube.mutation import Injection, JSONPatch, mutate, resolve
+from dsagent.settings import parse_listen
+
+log = logging.getLogger("dsagent.webhook")
+ENV_PREFIX = "DSAGENT_WEBHOOK_"
+Lookup = Callable[[str, str], Dataset]  # (namespace, name) -> Dataset, raises NotFound
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    uid: str
+    namespace: str | None = None
+    operation: str | None = None
+    object: dict[str, Any] | None = None
+
+
+class _Review(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    apiVersion: str
+    kind: str
+    request: _Request
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The webhook's answer for one pod: a patch (possibly empty) and warnings."""
+
+    patch: JSONPatch
+    warnings: tuple[str, ...] = ()
+
+
+def decide(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
+    """What to do with one pod; never raises (an error becomes a warning and no patch)."""
+    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
+    try:
+        refs = annotation.datasets_of(pod)
+        if not refs:
+            return Decision([])
+        datasets = resolve(refs, lambda dataset: lookup(namespace, dataset))
+        return Decision(mutate(pod, datasets, injection))
+    except NotFound as exc:
+        reason = f"{exc.message} (create the Dataset or give its source in the annotation)"
+    except DsagentError as exc:
+        reason = str(exc)
+    except Exception as exc:  # never block a pod on a bug; keep it visible
+        log.exception("mutating %s/%s failed", namespace, name)
+        reason = f"internal error ({type(exc).__name__})"
+    log.warning("pod %s/%s admitted without dsplatform: %s", namespace, name, reason)
+    return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {reason}",))
+
+
+def response(uid: str, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview v1 answer."""
+    body: dict[str, Any] = {"uid": uid, "allowed": True}
+    if decision.patch:
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode()
+    if decision.warnings:
+        body["warnings"] = list(decision.warnings)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": body}
+
+
+def create_app(injection: Injection, lookup: Lookup) -> FastAPI:
+    """The webhook's ASGI app; ``lookup`` reads Datasets (blocking: run in a thread)."""
+    app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/mutate")
+    async def mutate_pod(request: Request) -> JSONResponse:
+        try:
+            review = _Review.model_validate(json.loads(await request.body()))
+        except (ValueError, ValidationError) as exc:
+            return JSONResponse({"code": "invalid_input", "message": f"not an AdmissionReview: {exc}"[:500]},
+                                status_code=400)
+        req = review.request
+        pod = req.object or {}
+        namespace = req.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
+        if pod.get("kind", "Pod") != "Pod" or req.operation not in (None, "CREATE"):
+            return JSONResponse(response(req.uid, Decision([])))
+        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup)
+        return JSONResponse(response(req.uid, decision))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    host: str
+    port: int
+    cert_file: Path | None
+    key_file: Path | None
+    injection: Injection
+    kubeconfig: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings:
+        env = os.environ if environ is None else environ
+        try:
+            host, port = parse_listen(env.get(ENV_PREFIX + "LISTEN", "0.0.0.0:8443"))
+        except DsagentError as exc:
+            raise SettingsError(f"{ENV_PREFIX}LISTEN: {exc.message}", hint=exc.hint) from exc
+        cert, key = env.get(ENV_PREFIX + "CERT_FILE"), env.get(ENV_PREFIX + "KEY_FILE")
+        if bool(cert) != bool(key):
+            raise SettingsError(f"set both {ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE, or neither")
+        return cls(host, port, Path(cert) if cert else None, Path(key) if key else None,
+                   _injection(env.get(ENV_PREFIX + "INJECTION_FILE")), env.get(ENV_PREFIX + "KUBECONFIG"))
+
+
+def _injection(path: str | None) -> Injection:
+    if not path:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE is not set", hint="point it at the chart's injection.json")
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: cannot read {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {path} is not JSON: {exc.msg}") from exc
+    try:
+        return Injection.from_json(raw)
+    except (DsagentError, TypeError) as exc:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from exc
+
+
+def serve(settings: WebhookSettings) -> None:
+    """Run the webhook under uvicorn (HTTPS when a certificate is configured)."""
+    import uvicorn
+
+    from dsagent.kube import apiclient
+    from dsagent.kube.datasets import DatasetClient
+
+    client = DatasetClient(apiclient.load(settings.kubeconfig), request_timeout=2.0)
+    app = create_app(settings.injection, client.get)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
+                ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
+                ssl_keyfile=str(settings.key_file) if settings.key_file else None)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = WebhookSettings.from_env()
+    except DsagentError as exc:
+        print(f"dsagent-webhook: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    serve(settings)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["Decision", "WebhookSettings", "create_app", "decide", "main", "response", "serve"]

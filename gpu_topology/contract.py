@@ -1,0 +1,164 @@
+"""The version-1 topology JSON contract: what the node agent publishes for the scheduler.
+
+Owns the mapping between :class:`~gpu_topology.model.Topology` and the JSON document
+described by the committed ``topology.schema.json`` (the Node annotation
+``dsagent.io/topology`` and ``dsctl topo show --json``). ``nearestNics`` and ``classes``
+are derived on the way out and ignored on the way in (they are recomputed from the
+links); :func:`classes_from_dict` reads the published classes as they are, for readers
+that must use the publisher's class names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from gpu_topology.classes import DEFAULT_PREFIX, RoceClass, nearest_nic_map, roce_classes
+from gpu_topology.errors import ParseError
+from gpu_topology.model import Gpu, Link, Nic, Topology
+
+VERSION = 1
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The committed JSON schema of the contract."""
+    text = resources.files("gpu_topology").joinpath("topology.schema.json").read_text("utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def validate(data: Any) -> None:
+    """Raise :class:`ParseError` (naming the offending path) unless ``data`` fits the schema."""
+    validator = jsonschema.Draft202012Validator(schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ParseError(f"topology JSON does not fit schema version {VERSION} at {where}: {error.message}")
+
+
+def topology_to_dict(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
+    """The contract document for ``topology``; RoCE class names use ``prefix``."""
+    return {
+        "version": VERSION,
+        "gpus": [_gpu_to_dict(g) for g in topology.gpus],
+        "nics": [_nic_to_dict(n) for n in topology.nics],
+        "links": {a: {b: str(link) for b, link in row.items()} for a, row in _ordered_links(topology)},
+        "nearestNics": {str(i): list(nics) for i, nics in nearest_nic_map(topology).items()},
+        "classes": [class_to_dict(c) for c in roce_classes(topology, prefix)],
+    }
+
+
+def topology_from_dict(data: Mapping[str, Any]) -> Topology:
+    """Read a contract document; raises :class:`ParseError` on anything malformed."""
+    validate(data)
+    gpus = tuple(_gpu_from_dict(g) for g in data["gpus"])
+    nics = tuple(_nic_from_dict(n) for n in data["nics"])
+    links = {a: {b: Link.parse(text) for b, text in row.items()} for a, row in data["links"].items()}
+    return Topology(gpus=gpus, nics=nics, links=links)
+
+
+def to_json(topology: Topology, *, prefix: str = DEFAULT_PREFIX, indent: int | None = None) -> str:
+    """The document as text: compact (for annotations) unless ``indent`` is given."""
+    separators = (",", ":") if indent is None else (",", ": ")
+    return json.dumps(topology_to_dict(topology, prefix=prefix), indent=indent, separators=separators)
+
+
+def from_json(text: str | bytes) -> Topology:
+    """Read the document from text; malformed JSON is a :class:`ParseError`."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ParseError(f"topology is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ParseError("topology JSON must be an object")
+    return topology_from_dict(data)
+
+
+def class_to_dict(cls: RoceClass) -> dict[str, Any]:
+    return {
+        "name": cls.name,
+        "nics": list(cls.nics),
+        "numaNode": cls.numa_node,
+        "subnets": list(cls.subnets),
+        "gpus": list(cls.gpus),
+    }
+
+
+def classes_from_dict(data: Mapping[str, Any]) -> tuple[RoceClass, ...]:
+    """The classes exactly as published in a contract document (validated)."""
+    validate(data)
+    return tuple(
+        RoceClass(
+            name=c["name"],
+            nics=tuple(c["nics"]),
+            numa_node=c["numaNode"],
+            subnets=tuple(c["subnets"]),
+            gpus=tuple(c["gpus"]),
+        )
+        for c in data.get("classes", ())
+    )
+
+
+def _ordered_links(topology: Topology) -> list[tuple[str, dict[str, Link]]]:
+    rows = []
+    for a in topology.device_names:
+        row = {b: topology.links[a][b] for b in topology.device_names if b in topology.links.get(a, {})}
+        if row:
+            rows.append((a, row))
+    return rows
+
+
+def _gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "pciBusId": gpu.pci_bus_id,
+        "numaNode": gpu.numa_node,
+        "cpuAffinity": gpu.cpu_affinity,
+    }
+    if gpu.numa_affinity:
+        body["numaAffinity"] = list(gpu.numa_affinity)
+    return body
+
+
+def _gpu_from_dict(data: Mapping[str, Any]) -> Gpu:
+    return Gpu(
+        index=data["index"],
+        uuid=data.get("uuid"),
+        pci_bus_id=data.get("pciBusId"),
+        numa_node=data.get("numaNode"),
+        cpu_affinity=data.get("cpuAffinity"),
+        numa_affinity=tuple(data.get("numaAffinity", ())),
+    )
+
+
+def _nic_to_dict(nic: Nic) -> dict[str, Any]:
+    return {
+        "name": nic.name,
+        "netdev": nic.netdev,
+        "numaNode": nic.numa_node,
+        "linkLayer": nic.link_layer,
+        "state": nic.state,
+        "addresses": list(nic.addresses),
+        "subnets": list(nic.subnets),
+        "pciBusId": nic.pci_bus_id,
+    }
+
+
+def _nic_from_dict(data: Mapping[str, Any]) -> Nic:
+    return Nic(
+        name=data["name"],
+        netdev=data.get("netdev"),
+        numa_node=data.get("numaNode"),
+        link_layer=data.get("linkLayer"),
+        state=data.get("state"),
+        addresses=tuple(data.get("addresses", ())),
+        subnets=tuple(data.get("subnets", ())),
+        pci_bus_id=data.get("pciBusId"),
+    )

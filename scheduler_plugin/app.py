@@ -1,0 +1,248 @@
+"""The extender's HTTP surface, a plain ASGI app: it only converts.
+
+Routes (under ``Settings.base_path``)::
+
+    POST /filter                 ExtenderArgs -> ExtenderFilterResult
+    POST /prioritize             ExtenderArgs -> HostPriorityList (combined, weighted)
+    POST /prioritize/dataset     ... one score each, so each can get its own
+    POST /prioritize/roce            extender weight in KubeSchedulerConfiguration
+    POST /prioritize/numa
+    GET  /v1/roce-class?gpus=K[&job=ns/name]   the cluster-wide class choice
+    GET  /healthz, /readyz
+
+kube-scheduler's verbs never answer with an error status: a request that cannot be
+served gets a 200 whose ``Error`` is set (filter) or all-zero scores (prioritize), plus
+a log line, so an ``ignorable`` extender degrades to "no opinion". The other endpoints
+answer 4xx/5xx with ``{"code", "message", "hint"}``.
+
+No framework: the big payloads are decoded once by :mod:`scheduler_plugin.wire`, and a
+bare ASGI callable keeps per-request overhead to a few tens of microseconds.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qs
+
+from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError, ViewUnavailable
+from scheduler_plugin.framework import Framework
+from scheduler_plugin.jobs import JobClasses
+from scheduler_plugin.nodeinfo import NodeReader
+from scheduler_plugin.plugins import roce
+from scheduler_plugin.settings import Settings
+from scheduler_plugin.view import View
+from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities, salvage_names
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 1 << 30   # 5,000 full Nodes with budget-sized annotations stay far below
+_JSON = [(b"content-type", b"application/json")]
+_PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
+               "/prioritize/roce": "roce", "/prioritize/numa": "numa"}
+
+
+class ExtenderApp:
+    """ASGI application: ``uvicorn.run(ExtenderApp(...))``."""
+
+    def __init__(self, settings: Settings, *, view: View, framework: Framework | None = None) -> None:
+        self.settings = settings
+        self.view = view
+        self.framework = framework if framework is not None else Framework(settings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        base = self.settings.base_path
+        if base and (path == base or path.startswith(base + "/")):
+            path = path[len(base):] or "/"
+        path = path.rstrip("/") or "/"
+        method = scope["method"]
+        if path == "/filter" or path in _PRIORITIZE:
+            if method != "POST":
+                await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
+                return
+            body = await _read_body(receive)
+            with _collector_paused():
+                reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
+            await _reply(send, 200, reply)
+        elif method != "GET":
+            await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes GET"))
+        elif path == "/v1/roce-class":
+            status, reply = self.roce_class(scope.get("query_string", b""))
+            await _reply(send, status, reply)
+        elif path == "/healthz":
+            await _reply(send, 200, b'{"ok":true}')
+        elif path == "/readyz":
+            ready = self.view.ready
+            await _reply(send, 200 if ready else 503, json.dumps({"ready": ready}).encode())
+        else:
+            await _reply(send, 404, _error_body("not_found", f"no route {path}"))
+
+    # -- kube-scheduler verbs: never an error status ----------------------------
+
+    def filter(self, body: bytes | None) -> bytes:
+        """ExtenderFilterResult for one request body."""
+        args = None
+        try:
+            if body is None:
+                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+            args = decode_args(body)
+            pod = self.view.resolve(self.framework.read_pod(args.pod))
+            nodes = self.view.candidates(args)
+            outcome = self.framework.filter(pod, args.names, nodes)
+            return encode_filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+        except ViewUnavailable as exc:
+            # Still syncing: no hard fact is known, so every node passes (filtering on
+            # nothing must not fail scheduling, whether or not the extender is ignorable).
+            log.warning("filter: %s; passing every node", exc)
+            return encode_filter_result(args, args.names if args is not None else ())
+        except Exception as exc:  # the edge: kube-scheduler must get a 200 with Error set
+            message = _describe(exc)
+            _log_failure("filter", exc, message)
+            return encode_filter_result(args, error=message)
+
+    def prioritize(self, body: bytes | None, which: str = "combined") -> bytes:
+        """HostPriorityList for one request body: one score or the weighted combination."""
+        names: list[str] = []
+        try:
+            if body is None:
+                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+            args = decode_args(body)
+            names = args.names
+            pod = self.view.resolve(self.framework.read_pod(args.pod))
+            nodes = self.view.candidates(args)
+            scores = self.framework.prioritize(pod, nodes, lambda: self.view.cluster(nodes), which)
+            return encode_priorities(names, scores)
+        except Exception as exc:  # the edge: all-zero scores, never a 500
+            _log_failure(f"prioritize/{which}", exc, _describe(exc))
+            names = names or salvage_names(body)
+            return encode_priorities(names, [0] * len(names))
+
+    # -- other endpoints ---------------------------------------------------------
+
+    def roce_class(self, query: bytes) -> tuple[int, bytes]:
+        """``GET /v1/roce-class?gpus=K[&job=ns/name]``: which class a new job should use."""
+        try:
+            params = parse_qs(query.decode("latin-1"), keep_blank_values=True)
+            raw = (params.get("gpus") or ["1"])[0]
+            if not raw.isdigit() or int(raw) < 1:
+                raise InvalidRequest(f"gpus={raw!r} must be a whole number >= 1", hint="e.g. /v1/roce-class?gpus=4")
+            gpus = int(raw)
+            jobs = params.get("job")
+            job = jobs[0] if jobs else None
+            remembered = self.framework.jobs.get(job) if job else None
+            nodes = self.view.known()
+            choice = roce.choose_class((n.free_by_class for n in nodes if n.free_by_class), gpus)
+        except SchedulerPluginError as exc:
+            return exc.http_status, json.dumps(exc.to_dict()).encode()
+        body: dict[str, Any] = {
+            "class": remembered or (choice.name if choice else None),
+            "gpus": gpus,
+            "remembered": remembered is not None,
+            "votes": dict(choice.votes) if choice else {},
+            "freeGpus": dict(choice.free) if choice else {},
+            "nodes": len(nodes),
+            "source": self.view.source,
+        }
+        if job:
+            body["job"] = job
+        return 200, json.dumps(body).encode()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                if self.view.cache is not None:
+                    self.view.cache.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.view.cache is not None:
+                    self.view.cache.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause CPython's cyclic collector while one request is decoded and scored.
+
+    ``json.loads`` of a 5,000-node body allocates millions of containers, which makes
+    the collector run full collections mid-parse: about a third of the request time.
+    The decoded body holds no reference cycles and is freed by reference counting when
+    the request ends, so nothing accumulates; the collector resumes right after.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks) if size <= MAX_BODY_BYTES else None
+
+
+async def _reply(send: Send, status: int, body: bytes) -> None:
+    headers = [*_JSON, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error_body(code: str, message: str) -> bytes:
+    return json.dumps({"code": code, "message": message}).encode()
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, SchedulerPluginError):
+        return f"dsplatform extender: {exc}"
+    return f"dsplatform extender: internal error ({type(exc).__name__}); see the extender's log"
+
+
+def _log_failure(verb: str, exc: Exception, message: str) -> None:
+    if isinstance(exc, SchedulerPluginError):
+        log.warning("%s: %s", verb, message)
+    else:
+        log.exception("%s failed", verb)
+
+
+def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None) -> ExtenderApp:
+    """The app with its view: a watch cache when ``settings.watch`` (from ``api_client``,
+    else the in-cluster config or kubeconfig), stateless otherwise."""
+    reader = NodeReader(gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix)
+    cache = None
+    if settings.watch:
+        from scheduler_plugin.nodecache import NodeCache, api_client_from
+
+        cache = NodeCache(
+            api_client if api_client is not None else api_client_from(settings.kubeconfig),
+            reader, gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix,
+        )
+    return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs))
+
+
+__all__ = ["ExtenderApp", "MAX_BODY_BYTES", "create_app"]

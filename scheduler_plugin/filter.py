@@ -1,0 +1,84 @@
+"""The filter: only hard facts, each with a reason; never dataset affinity.
+
+A node fails when
+
+- the pod needs more GPUs (of its RoCE class, when it requests one) than the node has
+  free: preemption could free them, so it goes to ``FailedNodes``;
+- the pod requests a RoCE class the node does not have, or a dataset larger than the
+  node's whole cache that the node does not already hold: nothing can change that, so
+  it goes to ``FailedAndUnresolvableNodes``.
+
+A node the extender knows nothing about, or whose GPU facts are unknown, passes.
+Called by the framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler_plugin.nodeinfo import NodeFacts
+from scheduler_plugin.plugins.dataset import is_current
+from scheduler_plugin.podspec import PodRequest
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a node cannot take the pod; ``unresolvable`` when preemption cannot help."""
+
+    reason: str
+    unresolvable: bool = False
+
+
+def check(pod: PodRequest, node: NodeFacts | None, sizes: Mapping[str, int]) -> Failure | None:
+    """The first hard fact that rules ``node`` out for ``pod``, or None."""
+    if node is None:
+        return None
+    return _gpus(pod, node) or _datasets(pod, node, sizes)
+
+
+def _gpus(pod: PodRequest, node: NodeFacts) -> Failure | None:
+    if pod.gpus <= 0:
+        return None
+    if pod.gpu_class is not None and node.classes and node.free_gpus is not None:
+        if pod.gpu_class not in {c.name for c in node.classes}:
+            names = ", ".join(c.name for c in node.classes)
+            return Failure(f"node has no GPU-RoCE class {pod.gpu_class} (it has {names})", True)
+        free = node.free_by_class.get(pod.gpu_class, 0)
+        if free < pod.gpus:
+            return Failure(f"{free} free GPUs in class {pod.gpu_class}, pod needs {pod.gpus}")
+        return None
+    if node.gpu_facts_known and node.free_count < pod.gpus:
+        return Failure(f"{node.free_count} free GPUs, pod needs {pod.gpus}")
+    return None
+
+
+def _datasets(pod: PodRequest, node: NodeFacts, sizes: Mapping[str, int]) -> Failure | None:
+    inventory = node.inventory
+    if inventory is None or inventory.capacity_bytes is None:
+        return None
+    for want in pod.datasets:
+        size = sizes.get(want.name)
+        if size is None or size <= inventory.capacity_bytes:
+            continue
+        holding = inventory.datasets.get(want.name)
+        if holding is not None and holding.ready and is_current(want, holding):
+            continue
+        return Failure(
+            f"dataset {want.name} ({_human(size)}) is larger than the node's whole cache "
+            f"({_human(inventory.capacity_bytes)})",
+            True,
+        )
+    return None
+
+
+def _human(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+__all__ = ["Failure", "check"]

@@ -1,0 +1,214 @@
+"""Runs the scores and the filter over the candidate nodes and combines the results.
+
+The one coordinator of a scheduling decision: it reads the pod once, fetches each
+score's inputs from :class:`~scheduler_plugin.nodeinfo.NodeFacts`, calls the pure
+functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class (with
+:class:`~scheduler_plugin.jobs.JobClasses`) and combines the normalized scores with the
+configured weights. The HTTP app calls it; it knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_plugin import filter as node_filter
+from scheduler_plugin.jobs import JobClasses
+from scheduler_plugin.nodeinfo import NodeFacts
+from scheduler_plugin.plugins import MAX, dataset, numa, roce
+from scheduler_plugin.podspec import PodRequest, read_pod
+from scheduler_plugin.settings import Settings, Weights
+from scheduler_plugin.wire import Pod
+
+log = logging.getLogger(__name__)
+
+Cluster = Callable[[], Iterable[NodeFacts]]
+GpuKey = tuple[int, "frozenset[int] | None", int]
+
+
+@dataclass(frozen=True)
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+def combine(weights: Weights, dataset_scores: Sequence[int], roce_scores: Sequence[int],
+            numa_scores: Sequence[int]) -> list[int]:
+    """Weighted sum of the normalized scores, rounded and clamped to 0..10."""
+    wd, wr, wn = weights.dataset, weights.roce, weights.numa
+    out = []
+    for d, r, n in zip(dataset_scores, roce_scores, numa_scores):
+        total = int(wd * d + wr * r + wn * n + 0.5)
+        out.append(MAX if total > MAX else 0 if total < 0 else total)
+    return out
+
+
+class Framework:
+    """Scores and filters candidate nodes for one pod at a time.
+
+    Safe to share between threads: the job memory is locked, and a race on the
+    placement memo only computes a value twice.
+    """
+
+    def __init__(self, settings: Settings, *, jobs: JobClasses | None = None) -> None:
+        self.settings = settings
+        self.jobs = jobs if jobs is not None else JobClasses(settings.job_ttl_s)
+        self.placements = numa.PlacementMemo()
+
+    def read_pod(self, pod: Pod) -> PodRequest:
+        """The pod's request, with a log line when its data cannot be read."""
+        s = self.settings
+        request = read_pod(pod, job_labels=s.job_labels, gpu_resource=s.gpu_resource,
+                           roce_prefix=s.roce_resource_prefix)
+        for problem in (request.datasets_error, request.gpus_error):
+            if problem:
+                log.warning("pod %s: %s; scoring it as unparseable", request.key, problem)
+        return request
+
+    def prioritize(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster,
+                   which: str = "combined") -> list[int]:
+        """0..10 per node, for one score (``dataset``, ``roce``, ``numa``) or ``combined``."""
+        if which == "dataset":
+            return self.dataset_scores(pod, nodes)
+        if which == "roce":
+            return self.roce_scores(pod, nodes, cluster)
+        if which == "numa":
+            return self.numa_scores(pod, nodes)
+        w = self.settings.weights
+        datasets = self.dataset_scores(pod, nodes) if w.dataset else [0] * len(nodes)
+        keys, table = self.gpu_table(pod, nodes, cluster) if w.roce or w.numa else ([None] * len(nodes), {})
+        table[None] = (0, 0)
+        # Most nodes hold none of the pod's datasets: their combined score depends on the
+        # GPU key alone, so it is computed once per distinct key.
+        base = {key: combine(w, [0], [r], [n])[0] for key, (r, n) in table.items()}
+        return [
+            base[key] if not d else combine(w, [d], [table[key][0]], [table[key][1]])[0]
+            for key, d in zip(keys, datasets)
+        ]
+
+    def dataset_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
+        if pod.datasets_error or not pod.datasets:
+            return [0] * len(nodes)
+        wants = pod.datasets
+        sizes = None
+        if self.settings.partial_datasets:
+            sizes = dataset.requested_sizes(wants, (n.inventory for n in nodes if n is not None))
+        affinity = dataset.affinity
+        if sizes is None:
+            # Without partial credit a node lacking the first dataset scores 0: skip the
+            # call for the many nodes that do not hold it.
+            first = wants[0].name
+            return dataset.normalize([
+                affinity(wants, inv) if n is not None and (inv := n.inventory) is not None and first in inv.datasets
+                else 0.0
+                for n in nodes
+            ])
+        return dataset.normalize(
+            [affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes]
+        )
+
+    def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
+        keys, table = self.gpu_table(pod, nodes, cluster, numa_too=False)
+        return [table[k][0] if k is not None else 0 for k in keys]
+
+    def numa_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
+        keys, table = self.gpu_table(pod, nodes, lambda: (), roce_too=False)
+        return [table[k][1] if k is not None else 0 for k in keys]
+
+    def gpu_table(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, *,
+                  roce_too: bool = True, numa_too: bool = True) -> tuple[list[GpuKey | None], dict[GpuKey | None, tuple[int, int]]]:
+        """Each node's GPU key, and the (normalized RoCE, NUMA) scores per distinct key.
+
+        Both scores depend only on a node's topology and free GPUs, which a cluster has
+        few distinct combinations of; computing them per key keeps 5,000-node requests
+        cheap.
+        """
+        keys: list[GpuKey | None] = [n.gpu_key if n is not None else None for n in nodes]
+        need = pod.gpus
+        if need <= 0 or pod.gpus_error:
+            return keys, {k: (0, 0) for k in keys}
+        gpu_class = self.job_class(pod, cluster) if roce_too else None
+        placement = self.placements.score
+        distinct: dict[GpuKey, NodeFacts] = {}
+        for node in nodes:
+            if node is not None and node.gpu_key not in distinct:
+                distinct[node.gpu_key] = node
+        fits = [_node_fit(node, gpu_class, need) if roce_too else 0.0 for node in distinct.values()]
+        table: dict[GpuKey | None, tuple[int, int]] = {
+            key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)
+            for (key, node), fit in zip(distinct.items(), roce.normalize(fits))
+        }
+        return keys, table
+
+    def job_class(self, pod: PodRequest, cluster: Cluster) -> str | None:
+        """The RoCE class this pod's GPUs should come from, or None for "any class".
+
+        A class the pod requests as a resource is a fact; otherwise the job's remembered
+        class; otherwise, for the first worker of a job, the cluster-wide choice,
+        remembered for the job's later workers. A pod in no job has no peers to share a
+        subnet with: any class (its best fit on each node) will do.
+        """
+        if pod.gpu_class is not None:
+            if pod.job is not None:
+                self.jobs.remember(pod.job, pod.gpu_class)
+            return pod.gpu_class
+        if pod.job is None:
+            return None
+        known = self.jobs.get(pod.job)
+        if known is not None:
+            return known
+        choice = roce.choose_class_grouped(_grouped_free_by_class(cluster()), pod.gpus)
+        if choice is None:
+            return None
+        chosen = self.jobs.remember(pod.job, choice.name)
+        log.info("job %s: RoCE class %s (votes %s)", pod.job, chosen, dict(choice.votes))
+        return chosen
+
+    def filter(self, pod: PodRequest, names: Sequence[str], nodes: Sequence[NodeFacts | None]) -> FilterOutcome:
+        """Hard facts only; unknown nodes pass."""
+        sizes = dataset.requested_sizes(pod.datasets, (n.inventory for n in nodes if n is not None))
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, node in zip(names, nodes):
+            failure = node_filter.check(pod, node, sizes)
+            if failure is None:
+                passed.append(name)
+            elif failure.unresolvable:
+                unresolvable[name] = failure.reason
+            else:
+                failed[name] = failure.reason
+        return FilterOutcome(passed, failed, unresolvable)
+
+
+def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, int], int]]:
+    """(free_by_class, node count) per distinct GPU key, for the cluster-wide vote."""
+    groups: dict[GpuKey, list[Any]] = {}
+    for node in nodes:
+        group = groups.get(node.gpu_key)
+        if group is None:
+            groups[node.gpu_key] = [node.free_by_class, 1]
+        else:
+            group[1] += 1
+    return [(free, count) for free, count in groups.values() if free]
+
+
+def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:
+    """Best-fit raw score of one node: in the job's class when it has one, else in the
+    node's best-fitting class, else over the whole node (pods larger than any class)."""
+    by_class = node.free_by_class
+    sizes = node.class_sizes
+    if gpu_class is not None and by_class:
+        if gpu_class not in by_class:
+            return 0.0
+        if need <= sizes[gpu_class]:
+            return roce.fit(by_class[gpu_class], need)
+    elif by_class and need <= max(sizes.values()):
+        return max(roce.fit(free, need) for free in by_class.values())
+    return roce.fit(node.free_count, need)
+
+
+__all__ = ["Cluster", "GpuKey", "FilterOutcome", "Framework", "combine"]

@@ -1,0 +1,322 @@
+"""A watch-backed cache of Nodes and Pods, for ``nodeCacheCapable`` (names-only) requests.
+
+Daemon threads list then watch ``/api/v1/nodes``, ``/api/v1/pods`` and the ``Dataset``
+custom resources (optional: the CRD may be absent) with the official ``kubernetes`` client (raw JSON, no model deserialization: thousands of Nodes
+must stay cheap), resuming from the last ``resourceVersion`` (bookmarks included) and
+re-listing on ``410 Gone``. Node objects become :class:`NodeFacts` through the shared
+:class:`NodeReader`; active pods bound to a node count against its free GPUs when the
+node publishes no free-GPU list. Readers get consistent snapshots: each update replaces
+one dict entry (atomic under the GIL). Owned by :class:`scheduler_plugin.view.View`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from scheduler_plugin.catalog import GROUP, PLURAL, VERSION, CurrentVersion, read_dataset
+from scheduler_plugin.errors import ViewUnavailable
+from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
+from scheduler_plugin.podspec import pod_is_active, pod_requests
+from scheduler_plugin.wire import Pod
+
+log = logging.getLogger(__name__)
+
+HTTP_GONE = 410
+
+
+class _Gone(Exception):
+    """The resourceVersion we watch from is too old: list again."""
+
+
+class _Absent(Exception):
+    """The resource type is not served (the Dataset CRD is not installed)."""
+
+
+class NodeCache:
+    """Nodes and pod GPU usage, kept current by list+watch."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        reader: NodeReader,
+        *,
+        gpu_resource: str,
+        roce_prefix: str,
+        watch_timeout_s: int = 300,
+        retry_s: float = 1.0,
+        page_size: int = 500,
+    ) -> None:
+        self._api = k8s.CoreV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
+        self._reader = reader
+        self._gpu_resource = gpu_resource
+        self._roce_prefix = roce_prefix
+        self._watch_timeout_s = watch_timeout_s
+        self._retry_s = retry_s
+        self._page_size = page_size
+        # Base facts (no pod usage) per node: the raw Node objects are not kept, since
+        # 5,000 parsed Nodes would cost hundreds of MiB.
+        self._nodes: dict[str, NodeFacts] = {}
+        self._facts: dict[str, NodeFacts] = {}          # the same with pod usage applied
+        self._pods: dict[str, tuple[str, int]] = {}     # pod key -> (node, GPUs)
+        self._used: dict[str, int] = {}                 # node -> GPUs of its active pods
+        self._datasets: dict[tuple[str, str], CurrentVersion] = {}
+        self._absent_retry_s = 60.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self._responses: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+
+    # -- reading ---------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return all(event.is_set() for event in self._synced.values())
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(event.wait(timeout) for event in self._synced.values())
+
+    def facts(self, name: str) -> NodeFacts | None:
+        """The facts of a known node; None for a node the cache has not seen."""
+        if not self.synced:
+            raise ViewUnavailable("the node cache has not finished its first list yet")
+        return self._facts.get(name)
+
+    def snapshot(self) -> Mapping[str, NodeFacts]:
+        """The current name -> facts map (read-only by convention; updated in place)."""
+        return self._facts
+
+    def all(self) -> list[NodeFacts]:
+        return list(self._facts.values())
+
+    def used_gpus(self, node: str) -> int:
+        return self._used.get(node, 0)
+
+    def current_datasets(self) -> Mapping[tuple[str, str], CurrentVersion]:
+        """(namespace, name) -> the current version its Dataset resource publishes."""
+        return self._datasets
+
+    # -- life cycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        loops = (("nodes", self._nodes_loop), ("pods", self._pods_loop), ("datasets", self._datasets_loop))
+        for kind, run in loops:
+            thread = threading.Thread(target=self._supervise, args=(kind, run), name=f"dsext-watch-{kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for response in list(self._responses.values()):
+            try:
+                # shutdown() (urllib3 >= 2.3) wakes the thread blocked reading the stream;
+                # close() alone would wait for the next event or the watch timeout.
+                getattr(response, "shutdown", response.close)()
+            except Exception:  # the stream may end under us; either way the thread exits
+                pass
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    def _supervise(self, kind: str, run: Callable[[], None]) -> None:
+        while not self._stop.is_set():
+            try:
+                run()
+            except _Gone:
+                log.info("watch of %s expired (410 Gone); listing again", kind)
+            except _Absent as exc:
+                log.info("%s; checking again in %.0fs", exc, self._absent_retry_s)
+                self._stop.wait(self._absent_retry_s)
+            except Exception as exc:  # the API server or network failed: retry, never die
+                if self._stop.is_set():
+                    return
+                log.warning("watch of %s failed: %s; retrying in %.1fs", kind, exc, self._retry_s)
+                self._stop.wait(self._retry_s)
+
+    # -- nodes -------------------------------------------------------------------
+
+    def _nodes_loop(self) -> None:
+        items, version = self._list(self._api.list_node)
+        nodes = {n["metadata"]["name"]: self._reader.read(n) for n in items if _name(n)}
+        with self._lock:
+            self._nodes = nodes
+            self._facts = {name: self._with_usage(base) for name, base in nodes.items()}
+        self._synced["nodes"].set()
+        log.info("node cache listed %d nodes at resourceVersion %s", len(nodes), version)
+        for kind, node in self._watch("nodes", self._api.list_node, version):
+            name = _name(node)
+            if not name:
+                continue
+            with self._lock:
+                if kind == "DELETED":
+                    self._nodes.pop(name, None)
+                    self._facts.pop(name, None)
+                else:
+                    base = self._nodes[name] = self._reader.read(node)
+                    self._facts[name] = self._with_usage(base)
+
+    # -- datasets ----------------------------------------------------------------
+
+    def _datasets_loop(self) -> None:
+        list_fn = functools.partial(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        try:
+            items, version = self._list(list_fn)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise _Absent(
+                    f"no {PLURAL}.{GROUP}/{VERSION} resource (CRD not installed): "
+                    "unpinned datasets accept any ready copy"
+                ) from exc
+            raise
+        current = {key: version for key, version in map(read_dataset, items) if key and version}
+        self._datasets = current
+        for kind, obj in self._watch("datasets", list_fn, version):
+            key, current_version = read_dataset(obj)
+            if key is None:
+                continue
+            if kind == "DELETED" or current_version is None:
+                self._datasets.pop(key, None)
+            else:
+                self._datasets[key] = current_version
+
+    # -- pods --------------------------------------------------------------------
+
+    def _pods_loop(self) -> None:
+        items, version = self._list(self._api.list_pod_for_all_namespaces)
+        pods = {key: usage for key, usage in map(self._usage, items) if key and usage}
+        with self._lock:
+            self._pods = pods
+            self._recount()
+        self._synced["pods"].set()
+        for kind, pod in self._watch("pods", self._api.list_pod_for_all_namespaces, version):
+            key, usage = self._usage(pod)
+            if not key:
+                continue
+            with self._lock:
+                before = self._pods.pop(key, None)
+                if kind != "DELETED" and usage is not None:
+                    self._pods[key] = usage
+                after = self._pods.get(key)
+                if before != after:
+                    self._adjust(before, -1)
+                    self._adjust(after, +1)
+
+    def _usage(self, pod: Pod) -> tuple[str | None, tuple[str, int] | None]:
+        meta: Any = pod.get("metadata") or {}
+        key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        spec: Any = pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node or not pod_is_active(pod):
+            return key, None
+        try:
+            requests = pod_requests(spec.get("containers"), spec.get("initContainers"))
+        except ValueError:
+            return key, None
+        gpus = sum(q for r, q in requests.items() if r == self._gpu_resource or r.startswith(self._roce_prefix))
+        return key, (node, gpus) if gpus > 0 else None
+
+    def _recount(self) -> None:
+        used: dict[str, int] = {}
+        for node_name, gpus in self._pods.values():
+            used[node_name] = used.get(node_name, 0) + gpus
+        self._used = used
+        for name, base in self._nodes.items():
+            self._facts[name] = self._with_usage(base)
+
+    def _adjust(self, usage: tuple[str, int] | None, sign: int) -> None:
+        """Add or remove one pod's GPUs from its node (an O(1) update per pod event)."""
+        if usage is None:
+            return
+        name, gpus = usage
+        total = self._used.get(name, 0) + sign * gpus
+        if total > 0:
+            self._used[name] = total
+        else:
+            self._used.pop(name, None)
+        if name in self._nodes:
+            self._facts[name] = self._with_usage(self._nodes[name])
+
+    def _with_usage(self, base: NodeFacts) -> NodeFacts:
+        used = self._used.get(base.name, 0)
+        return dataclasses.replace(base, used_gpus=used) if used else base
+
+    # -- list and watch ----------------------------------------------------------
+
+    def _list(self, list_fn: Callable[..., Any]) -> tuple[list[Any], str]:
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self._page_size, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            response = list_fn(**kwargs)
+            doc = json.loads(response.data)
+            items.extend(doc.get("items") or ())
+            meta = doc.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def _watch(self, kind: str, list_fn: Callable[..., Any], version: str) -> Iterator[tuple[str, Any]]:
+        while not self._stop.is_set():
+            try:
+                response = list_fn(
+                    watch=True, resource_version=version, allow_watch_bookmarks=True,
+                    timeout_seconds=self._watch_timeout_s, _preload_content=False,
+                )
+            except ApiException as exc:
+                if exc.status == HTTP_GONE:
+                    raise _Gone() from exc
+                raise
+            self._responses[kind] = response
+            try:
+                for line in iter_resp_lines(response):
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind_, obj = event.get("type"), event.get("object") or {}
+                    if kind_ == "ERROR":
+                        if obj.get("code") == HTTP_GONE:
+                            raise _Gone()
+                        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind_ in ("ADDED", "MODIFIED", "DELETED"):
+                        yield kind_, obj
+            finally:
+                self._responses.pop(kind, None)
+                response.release_conn()
+
+
+def _name(node: Any) -> str | None:
+    meta = node.get("metadata") if isinstance(node, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def api_client_from(kubeconfig: str | None) -> k8s.ApiClient:
+    """An API client from the in-cluster service account, else ``kubeconfig`` (or the default)."""
+    from kubernetes import config
+
+    configuration = k8s.Configuration()
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            return k8s.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return k8s.ApiClient(configuration)
+
+
+__all__ = ["NodeCache", "api_client_from"]

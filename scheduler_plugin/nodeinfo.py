@@ -1,0 +1,342 @@
+"""What a node offers: its cached datasets, GPU topology, RoCE classes and free GPUs.
+
+The node agent publishes three annotations (exact keys and size budgets in the README):
+
+- ``dsagent.io/inventory``: the agent's inventory JSON (version 1, <= 64 KiB);
+- ``dsagent.io/topology``: gpu_topology's JSON (version 1, <= 32 KiB);
+- ``dsagent.io/free-gpus``: comma-separated indices of the free GPUs, e.g. ``"0,1,4,5"``.
+
+:class:`NodeReader` turns a raw v1.Node into a frozen :class:`NodeFacts`, tolerantly:
+bad data becomes an ``*_error`` string (scored as "cannot be parsed"), never an
+exception. It caches by ``(name, resourceVersion)`` and, below that, by annotation
+text, so a node whose free-GPU list changed does not pay for re-parsing its inventory
+and topology. Called by :mod:`scheduler_plugin.view`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Generic, TypeVar
+
+from gpu_topology import Topology, best_gpu_set, roce_classes
+from scheduler_plugin.podspec import parse_quantity
+from scheduler_plugin.wire import Node
+
+log = logging.getLogger(__name__)
+
+INVENTORY_ANNOTATION = "dsagent.io/inventory"
+TOPOLOGY_ANNOTATION = "dsagent.io/topology"
+FREE_GPUS_ANNOTATION = "dsagent.io/free-gpus"
+INVENTORY_BUDGET = 64 * 1024
+TOPOLOGY_BUDGET = 32 * 1024
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One dataset name on a node, as its inventory describes it."""
+
+    digest: str | None        # of the version a new request would get
+    size_bytes: int | None
+    ready: bool
+    in_use: bool              # that version, or an older one still listed, serves running tasks
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The parts of the agent's inventory the extender scores on."""
+
+    capacity_bytes: int | None
+    free_bytes: int | None
+    datasets: Mapping[str, Holding]
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class RoceClassInfo:
+    """One GPU-RoCE class of a node: the GPUs affine to one RoCE NIC (one subnet)."""
+
+    name: str
+    gpus: frozenset[int]
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """Everything the scores and the filter read about one node."""
+
+    name: str
+    inventory: Inventory | None = None
+    inventory_error: str | None = None
+    topology: Topology | None = None
+    topology_id: int = -1                  # equal ids <=> equal topology annotations
+    topology_error: str | None = None
+    classes: tuple[RoceClassInfo, ...] = ()
+    allocatable_gpus: int = 0
+    published_free: frozenset[int] | None = None   # the free-gpus annotation, when readable
+    used_gpus: int = 0                     # GPU requests of known active pods (watch mode)
+    resource_version: str | None = None
+    gpu_facts_known: bool = False          # allocatable, free list or topology was readable
+
+    @cached_property
+    def free_gpus(self) -> frozenset[int] | None:
+        """The node's free GPU indices: published, else the best-scoring subset of the
+        free count (when the topology is known), else unknown."""
+        topology = self.topology
+        if self.published_free is not None:
+            if topology is None:
+                return self.published_free
+            # An index the topology lacks cannot be placed on; ignore it rather than fail.
+            return self.published_free & frozenset(topology.gpu_indices)
+        if topology is None:
+            return None
+        return _best_subset(topology, min(self.free_count, len(topology.gpus)))
+
+    @cached_property
+    def free_count(self) -> int:
+        if self.published_free is not None:
+            return len(self.published_free)
+        return max(0, self.allocatable_gpus - self.used_gpus)
+
+    @cached_property
+    def gpu_key(self) -> tuple[int, frozenset[int] | None, int]:
+        """Everything the GPU scores read: nodes with equal keys score alike."""
+        return (self.topology_id, self.free_gpus, self.free_count)
+
+    @cached_property
+    def class_sizes(self) -> dict[str, int]:
+        return {c.name: len(c.gpus) for c in self.classes}
+
+    @cached_property
+    def free_by_class(self) -> dict[str, int]:
+        """Free GPUs per RoCE class (empty when the node has no classes or no known set)."""
+        free = self.free_gpus
+        if free is None:
+            return {}
+        return {c.name: len(c.gpus & free) for c in self.classes}
+
+
+class BoundedCache(Generic[K, V]):
+    """A dict that forgets its oldest half when full (parsed data is cheap to rebuild).
+
+    The watch threads and the request path share one; every step is a single dict
+    operation, atomic under the GIL, and eviction tolerates a key already gone.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        return self.data.get(key)
+
+    def put(self, key: K, value: V) -> V:
+        if len(self.data) >= self.limit:
+            for old in list(self.data)[: self.limit // 2]:
+                self.data.pop(old, None)
+        self.data[key] = value
+        return value
+
+
+@dataclass
+class NodeReader:
+    """Reads raw v1.Node objects into :class:`NodeFacts`, with caches."""
+
+    gpu_resource: str = "nvidia.com/gpu"
+    roce_prefix: str = "dsagent.io/gpu-roce"
+    limit: int = 20_000
+    _facts: BoundedCache[tuple[str, str], NodeFacts] = field(init=False)
+    _inventories: BoundedCache[str, tuple[Inventory | None, str | None]] = field(init=False)
+    _topologies: BoundedCache[str, tuple[Topology | None, int, str | None, tuple[RoceClassInfo, ...]]] = field(init=False)
+    _warned: set[str] = field(init=False, default_factory=set)
+    _ids: itertools.count[int] = field(init=False, default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self._facts = BoundedCache(self.limit)
+        self._inventories = BoundedCache(self.limit)
+        self._topologies = BoundedCache(max(64, self.limit // 8))
+
+    def read(self, node: Node, used_gpus: int = 0) -> NodeFacts:
+        """The facts of one node object (which must have ``metadata.name``); ``used_gpus``
+        are the GPU requests of the active pods the caller knows on it."""
+        meta: Any = node.get("metadata") or {}
+        name: str = meta["name"]
+        version = meta.get("resourceVersion")
+        key = (name, version) if isinstance(version, str) and version else None
+        facts = self._facts.get(key) if key is not None else None
+        if facts is None:
+            facts = self._build(name, version, meta, node)
+            if key is not None:
+                self._facts.put(key, facts)
+        return dataclasses.replace(facts, used_gpus=used_gpus) if used_gpus else facts
+
+    def cached(self, name: str, resource_version: str, used_gpus: int = 0) -> NodeFacts | None:
+        """The facts of a node already read at this resourceVersion, else None."""
+        facts = self._facts.get((name, resource_version))
+        if facts is None or not used_gpus:
+            return facts
+        return dataclasses.replace(facts, used_gpus=used_gpus)
+
+    def _build(self, name: str, version: Any, meta: Any, node: Node) -> NodeFacts:
+        annotations = meta.get("annotations")
+        annotations = annotations if isinstance(annotations, dict) else {}
+        inventory, inventory_error = self._inventory(annotations.get(INVENTORY_ANNOTATION))
+        topology, topology_id, topology_error, classes = self._topology(annotations.get(TOPOLOGY_ANNOTATION))
+        allocatable = self._allocatable_gpus(node)
+        known = allocatable is not None or topology is not None
+        if allocatable is None:
+            allocatable = len(topology.gpus) if topology is not None else 0
+        published = parse_free_gpus(annotations.get(FREE_GPUS_ANNOTATION))
+        known = known or published is not None
+        if published is None and topology is not None and name not in self._warned:
+            self._warned.add(name)
+            log.info(
+                "node %s publishes no %s; counting free GPUs as allocatable minus known pod "
+                "requests and assuming the best-scoring subset", name, FREE_GPUS_ANNOTATION,
+            )
+        return NodeFacts(
+            name=name, inventory=inventory, inventory_error=inventory_error,
+            topology=topology, topology_id=topology_id, topology_error=topology_error,
+            classes=classes, allocatable_gpus=allocatable, published_free=published,
+            resource_version=version if isinstance(version, str) else None,
+            gpu_facts_known=known,
+        )
+
+    def _allocatable_gpus(self, node: Node) -> int | None:
+        status: Any = node.get("status")
+        allocatable = status.get("allocatable") if isinstance(status, dict) else None
+        if not isinstance(allocatable, dict):
+            return None
+        total, seen = 0, False
+        for resource, quantity in allocatable.items():
+            if resource == self.gpu_resource or resource.startswith(self.roce_prefix):
+                try:
+                    total += parse_quantity(quantity)
+                    seen = True
+                except ValueError:
+                    continue
+        return total if seen else None
+
+    def _inventory(self, text: Any) -> tuple[Inventory | None, str | None]:
+        if text is None:
+            return None, None
+        if not isinstance(text, str):
+            return None, f"{INVENTORY_ANNOTATION} is not a string"
+        cached = self._inventories.get(text)
+        if cached is None:
+            cached = self._inventories.put(text, parse_inventory(text))
+        return cached
+
+    def _topology(self, text: Any) -> tuple[Topology | None, int, str | None, tuple[RoceClassInfo, ...]]:
+        if text is None:
+            return None, -1, None, ()
+        if not isinstance(text, str):
+            return None, -1, f"{TOPOLOGY_ANNOTATION} is not a string", ()
+        cached = self._topologies.get(text)
+        if cached is None:
+            topology, error, classes = parse_topology(text)
+            cached = self._topologies.put(text, (topology, next(self._ids) if topology else -1, error, classes))
+        return cached
+
+
+@functools.lru_cache(maxsize=1024)
+def _best_subset(topology: Topology, count: int) -> frozenset[int]:
+    """The best-scoring ``count`` GPUs of a topology (shared by every node that has it)."""
+    best = best_gpu_set(topology, topology.gpu_indices, count) if count > 0 else None
+    return frozenset(best.gpus) if best else frozenset()
+
+
+def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
+    """The inventory annotation -> (inventory, error); malformed entries are skipped."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return None, f"{INVENTORY_ANNOTATION} is not JSON: {exc}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
+        return None, f"{INVENTORY_ANNOTATION} has no 'datasets' object"
+    datasets = {}
+    for name, entry in doc["datasets"].items():
+        holding = _holding(entry)
+        if holding is not None:
+            datasets[name] = holding
+    return Inventory(
+        capacity_bytes=_int_or_none(doc.get("capacityBytes")),
+        free_bytes=_int_or_none(doc.get("freeBytes")),
+        datasets=datasets,
+        truncated=doc.get("truncated") is True,
+    ), None
+
+
+def _holding(entry: Any) -> Holding | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("state"), str):
+        return None
+    digest = entry.get("digest")
+    versions = entry.get("versions")
+    older_in_use = isinstance(versions, list) and any(
+        isinstance(v, dict) and v.get("inUse") is True for v in versions
+    )
+    return Holding(
+        digest=digest.lower() if isinstance(digest, str) else None,
+        size_bytes=_int_or_none(entry.get("sizeBytes")),
+        ready=entry["state"] == "ready",
+        in_use=entry.get("inUse") is True or older_in_use,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceClassInfo, ...]]:
+    """The topology annotation -> (topology, error, RoCE classes)."""
+    try:
+        doc = json.loads(text)
+        topology = Topology.from_dict(doc)
+        raw_classes = doc.get("classes")
+        if isinstance(raw_classes, list) and raw_classes:
+            classes = tuple(
+                RoceClassInfo(c["name"], frozenset(int(g) for g in c.get("gpus") or ()))
+                for c in raw_classes
+                if isinstance(c, dict) and isinstance(c.get("name"), str)
+            )
+        else:
+            classes = tuple(RoceClassInfo(c.name, frozenset(c.gpus)) for c in roce_classes(topology))
+    except Exception as exc:  # foreign data: any failure to read it means "cannot be parsed"
+        return None, f"{TOPOLOGY_ANNOTATION} cannot be read: {exc}", ()
+    return topology, None, classes
+
+
+def parse_free_gpus(text: Any) -> frozenset[int] | None:
+    """``"0,1,4,5"`` -> {0, 1, 4, 5}; ``""`` -> no free GPU; unreadable -> None (unknown)."""
+    if not isinstance(text, str):
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        return None
+    return frozenset(int(p) for p in parts)
+
+
+__all__ = [
+    "FREE_GPUS_ANNOTATION",
+    "INVENTORY_ANNOTATION",
+    "INVENTORY_BUDGET",
+    "TOPOLOGY_ANNOTATION",
+    "TOPOLOGY_BUDGET",
+    "BoundedCache",
+    "Holding",
+    "Inventory",
+    "NodeFacts",
+    "NodeReader",
+    "RoceClassInfo",
+    "parse_free_gpus",
+    "parse_inventory",
+    "parse_topology",
+]

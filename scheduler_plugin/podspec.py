@@ -1,0 +1,194 @@
+"""What a pod asks of the scheduler: its datasets, its GPUs and its job.
+
+``read_pod`` turns a raw v1.Pod (as kube-scheduler sends it, or as the watch cache holds
+it) into a frozen :class:`PodRequest`. It never raises on bad pod data: a dataset
+annotation that cannot be parsed is recorded in ``datasets_error`` (the paper's "the
+pod's dataset information cannot be parsed" case, scored 0), and an unreadable GPU
+quantity counts as 0 with ``gpus_error`` set. Called by the framework and the view.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from scheduler_plugin.wire import Container, Pod
+
+DATASETS_ANNOTATION = "dsagent.io/datasets"
+
+_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_SUFFIX = {
+    None: 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class DatasetWant:
+    """One dataset a pod asks for; ``digest`` pins the version when the pod knows it."""
+
+    name: str
+    digest: str | None = None
+    size_bytes: int | None = None      # when the Dataset resource publishes it
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """The scheduling-relevant facts of one pod."""
+
+    key: str                              # "namespace/name"
+    namespace: str = "default"
+    datasets: tuple[DatasetWant, ...] = ()
+    datasets_error: str | None = None     # set when the annotation could not be parsed
+    gpus: int = 0                         # GPUs requested (plain and RoCE-class resources)
+    gpu_class: str | None = None          # the RoCE class the pod requests explicitly
+    gpus_error: str | None = None
+    job: str | None = None                # "namespace/job" from the first job label found
+
+
+def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
+    """The :class:`PodRequest` of a raw v1.Pod; tolerant of any shape."""
+    meta: Any = pod.get("metadata") if isinstance(pod, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default"
+    name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+    annotations = _str_map(meta.get("annotations"))
+    datasets, datasets_error = parse_datasets(annotations.get(DATASETS_ANNOTATION))
+    gpus, gpu_class, gpus_error = _gpus(pod, gpu_resource, roce_prefix)
+    labels = _str_map(meta.get("labels"))
+    job = next((f"{namespace}/{labels[k]}" for k in job_labels if labels.get(k)), None)
+    return PodRequest(
+        key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
+        gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job,
+    )
+
+
+def parse_datasets(text: str | None) -> tuple[tuple[DatasetWant, ...], str | None]:
+    """The annotation value -> (datasets, error). Absent or blank means no datasets.
+
+    Accepted: a JSON list of ``{"name", "source", "digest"?, ...}`` objects (extra keys
+    such as ``bundles`` or ``storage_options`` are allowed and ignored here), or a
+    comma-separated list of names. A name given twice counts once.
+    """
+    if text is None or not text.strip():
+        return (), None
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+        except ValueError as exc:
+            return (), f"{DATASETS_ANNOTATION} is not valid JSON: {exc}"
+        wants = [_want(item) for item in items]
+        if any(w is None for w in wants):
+            return (), f"{DATASETS_ANNOTATION} entries must be objects with a non-empty 'name'"
+        return _unique(w for w in wants if w is not None), None
+    names = [part.strip() for part in stripped.split(",")]
+    if not all(names) or any(c in n for n in names for c in '{}[]":'):
+        return (), f"{DATASETS_ANNOTATION} is neither a JSON list nor a list of names: {text[:80]!r}"
+    return _unique(DatasetWant(n) for n in names), None
+
+
+def _want(item: Any) -> DatasetWant | None:
+    if isinstance(item, str) and item.strip():
+        return DatasetWant(item.strip())
+    if not isinstance(item, dict):
+        return None
+    name, digest = item.get("name"), item.get("digest")
+    if not isinstance(name, str) or not name.strip():
+        return None
+    if digest is not None and not isinstance(digest, str):
+        return None
+    return DatasetWant(name.strip(), digest.lower() if digest else None)
+
+
+def _unique(wants: Iterable[DatasetWant]) -> tuple[DatasetWant, ...]:
+    seen: dict[str, DatasetWant] = {}
+    for want in wants:
+        seen.setdefault(want.name, want)
+    return tuple(seen.values())
+
+
+def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None]:
+    spec: Any = pod.get("spec") if isinstance(pod, dict) else None
+    spec = spec if isinstance(spec, dict) else {}
+    try:
+        totals = pod_requests(spec.get("containers"), spec.get("initContainers"))
+    except ValueError as exc:
+        return 0, None, f"unreadable resource request: {exc}"
+    by_class = {r.split("/", 1)[1]: q for r, q in totals.items() if r.startswith(roce_prefix) and q > 0}
+    gpus = totals.get(gpu_resource, 0) + sum(by_class.values())
+    # A pod asking for two classes at once is unusual; the larger share names its class.
+    gpu_class = max(sorted(by_class), key=lambda c: by_class[c]) if by_class else None
+    return gpus, gpu_class, None
+
+
+def pod_requests(containers: Any, init_containers: Any = None) -> dict[str, int]:
+    """Effective integer requests per resource: max(sum of containers, max of init containers).
+
+    Extended resources have requests == limits; a container that sets only limits
+    requests its limits. Raises ``ValueError`` on a quantity it cannot read.
+    """
+    totals: dict[str, int] = {}
+    for container in _containers(containers):
+        for resource, amount in _container_requests(container).items():
+            totals[resource] = totals.get(resource, 0) + amount
+    for container in _containers(init_containers):
+        for resource, amount in _container_requests(container).items():
+            totals[resource] = max(totals.get(resource, 0), amount)
+    return totals
+
+
+def _containers(value: Any) -> list[Container]:
+    return [cast(Container, c) for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+
+
+def _container_requests(container: Container) -> dict[str, int]:
+    resources: Any = container.get("resources")
+    if not isinstance(resources, dict):
+        return {}
+    merged = {**_str_map(resources.get("limits"), any_value=True), **_str_map(resources.get("requests"), any_value=True)}
+    return {k: parse_quantity(v) for k, v in merged.items() if "/" in k}
+
+
+def parse_quantity(value: Any) -> int:
+    """A Kubernetes quantity as a whole count (rounded up): ``"4"``, ``4``, ``"2k"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return math.ceil(value)
+    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"{value!r} is not a quantity")
+    return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])
+
+
+def pod_is_active(pod: Pod) -> bool:
+    """Whether a pod still holds its node's resources (bound and not finished)."""
+    status: Any = pod.get("status")
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return phase not in _TERMINAL_PHASES
+
+
+def _str_map(value: Any, *, any_value: bool = False) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and (any_value or isinstance(v, str))}
+
+
+__all__ = [
+    "DATASETS_ANNOTATION",
+    "DatasetWant",
+    "PodRequest",
+    "parse_datasets",
+    "parse_quantity",
+    "pod_is_active",
+    "pod_requests",
+    "read_pod",
+]

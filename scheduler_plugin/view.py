@@ -1,0 +1,97 @@
+"""The cluster as one request sees it: from the request's Nodes, or from the watch cache.
+
+- ``Nodes`` requests (``nodeCacheCapable: false``) are stateless: each Node object is
+  read through the shared :class:`NodeReader` (cached by resourceVersion; a node cut
+  from a Go-marshaled body is not even parsed when its resourceVersion is known); when
+  a watch cache runs too, its pod GPU usage is added.
+- ``NodeNames`` requests (``nodeCacheCapable: true``) are served from the
+  :class:`NodeCache`; a name it does not know is None (scored 0, never filtered).
+
+The view also answers "every node we know" for the cluster-wide RoCE class choice: the
+cache's nodes, or without one the nodes of the most recent ``Nodes`` requests.
+Called by the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from scheduler_plugin import catalog
+from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
+from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
+from scheduler_plugin.podspec import PodRequest
+from scheduler_plugin.wire import ExtenderArgs, RawNode
+
+if TYPE_CHECKING:  # the kubernetes client is imported only when the watch cache runs
+    from scheduler_plugin.nodecache import NodeCache
+
+
+class View:
+    """Resolves a request's candidates to :class:`NodeFacts`."""
+
+    def __init__(self, reader: NodeReader, cache: NodeCache | None = None) -> None:
+        self.reader = reader
+        self.cache = cache
+        self._recent: list[NodeFacts | None] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.cache is None or self.cache.synced
+
+    @property
+    def source(self) -> str:
+        return "watch" if self.cache is not None else "recent-requests"
+
+    def candidates(self, args: ExtenderArgs) -> list[NodeFacts | None]:
+        """One entry per candidate, in request order; None for an unknown node."""
+        if args.raw_nodes is not None:
+            facts: list[NodeFacts | None] = [self._read_raw(raw) for raw in args.raw_nodes]
+            if self.cache is None:
+                self._recent = facts
+            return facts
+        if args.nodes is not None:
+            cache = self.cache
+            facts = [self.reader.read(n, cache.used_gpus(n["metadata"]["name"]) if cache else 0) for n in args.nodes]
+            if cache is None:
+                self._recent = facts
+            return facts
+        if self.cache is None:
+            raise InvalidRequest(
+                "a names-only (nodeCacheCapable) request needs the watch cache",
+                hint="start the extender with DSEXT_WATCH=1 or set nodeCacheCapable: false",
+            )
+        if not self.cache.synced:
+            raise ViewUnavailable("the node cache has not finished its first list yet")
+        lookup = self.cache.snapshot().get
+        return [lookup(name) for name in args.node_names or ()]
+
+    def _read_raw(self, raw: RawNode) -> NodeFacts:
+        # A node seen at this resourceVersion is not parsed again.
+        used = self.cache.used_gpus(raw.name) if self.cache is not None else 0
+        facts = self.reader.cached(raw.name, raw.resource_version, used)
+        return facts if facts is not None else self.reader.read(raw.parse(), used)
+
+    def resolve(self, pod: PodRequest) -> PodRequest:
+        """Pin the pod's unpinned datasets to their Dataset resources' current versions
+        (watch mode only; without the cache the pod is returned unchanged)."""
+        if self.cache is None:
+            return pod
+        return catalog.resolve(pod, self.cache.current_datasets())
+
+    def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:
+        """Every node the cluster-wide class choice should count."""
+        if self.cache is not None and self.cache.synced:
+            return self.cache.all()
+        return [f for f in candidates if f is not None]
+
+    def known(self) -> list[NodeFacts]:
+        """Every node known outside a request (for ``GET /v1/roce-class``)."""
+        if self.cache is not None:
+            if not self.cache.synced:
+                raise ViewUnavailable("the node cache has not finished its first list yet")
+            return self.cache.all()
+        return list({f.name: f for f in self._recent if f is not None}.values())
+
+
+__all__ = ["View"]

@@ -1,0 +1,970 @@
+"""A small fake Kubernetes API server over real HTTP on 127.0.0.1, for tests.
+
+It speaks the JSON the unmodified official ``kubernetes`` client sends and accepts, for
+core ``Nodes`` and ``Pods`` and the ``Dataset`` custom resource (``dsagent.io/v1alpha1``,
+namespaced, with the status subresource):
+
+- list (``resourceVersion`` in the list metadata, ``fieldSelector`` such as
+  ``spec.nodeName=n1``, ``labelSelector`` with ``=``, ``==``, ``!=``, ``in``, ``notin``,
+  existence and ``!key``);
+- watch (``watch=true``): chunked JSON lines of ADDED / MODIFIED / DELETED events,
+  BOOKMARK events when ``allowWatchBookmarks=true``, ``resourceVersion`` semantics (unset
+  or ``"0"``: synthetic ADDED events for the current state first; ``N``: every change
+  after N; older than the compaction point: an ``ERROR`` event with a ``410 Expired``
+  Status, as a real API server sends), ``timeoutSeconds``, and selector transitions (an
+  object that starts matching a field selector arrives as ADDED, one that stops matching
+  as DELETED, exactly as the API server's watch cache does);
+- get, create (POST, with ``generateName``), replace (PUT, with resourceVersion
+  conflicts), delete, and patch with ``application/merge-patch+json``,
+  ``application/strategic-merge-patch+json`` (merged like a merge patch: maps merge,
+  lists are replaced, which is what strategic merge does for every list without a patch
+  merge key; annotations, labels and status are maps) and ``application/json-patch+json``
+  (RFC 6902). ``/status`` writes change only ``.status``; writes to the main resource
+  leave ``.status`` alone. A write that changes nothing keeps the resourceVersion and
+  sends no event, like the real server.
+
+Errors are ``Status`` objects with the real ``reason`` and ``code``.
+
+Test hooks (the class :class:`FakeApiServer`): seed or change objects directly
+(:meth:`create`, :meth:`patch`, :meth:`delete`, :meth:`get`), send raw events
+(:meth:`inject_event`), send bookmarks (:meth:`send_bookmarks`), force ``410 Gone`` for
+every resourceVersion seen so far (:meth:`compact`), end every open watch
+(:meth:`close_watches`), stop and restart on the same port (:meth:`stop`,
+:meth:`start`, :meth:`restart`), and inspect what clients sent (:attr:`requests`,
+:meth:`wait_for`). Builders :func:`make_node`, :func:`make_pod` and
+:func:`make_dataset` give realistic objects.
+
+Shared by the kube tests and the scheduler extender's watch-cache tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as dt
+import json
+import re
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    status_subresource: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES: dict[str, ResourceType] = {
+    "nodes": ResourceType("", "v1", "nodes", "Node", namespaced=False),
+    "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
+    "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True),
+}
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request a client sent, as the server saw it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str | None
+    body: Any
+
+    @property
+    def is_watch(self) -> bool:
+        return self.query.get("watch") in ("true", "1")
+
+
+@dataclass
+class _Event:
+    rv: int
+    plural: str
+    type: str
+    obj: JSON
+    old: JSON | None = None  # the object before a MODIFIED, for selector transitions
+
+
+class ApiError(Exception):
+    """A Status the fake server answers with."""
+
+    def __init__(self, code: int, reason: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> JSON:
+        body: JSON = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+# -- selectors ---------------------------------------------------------------------------
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        terms.append(current.strip())
+    return terms
+
+
+_SET_TERM = re.compile(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$")
+_EQ_TERM = re.compile(r"^([\w./-]+)\s*(==|!=|=)\s*(.*)$")
+
+
+def label_selector_matches(selector: str | None, labels: dict[str, str] | None) -> bool:
+    """True when ``labels`` satisfy the Kubernetes label selector string."""
+    labels = labels or {}
+    for term in _split_terms(selector or ""):
+        set_term = _SET_TERM.match(term)
+        eq_term = _EQ_TERM.match(term)
+        if set_term:
+            key, op, values = set_term.groups()
+            wanted = {v.strip() for v in values.split(",") if v.strip()}
+            if (labels.get(key) in wanted) != (op == "in"):
+                return False
+        elif eq_term:
+            key, op, value = eq_term.groups()
+            if (labels.get(key) == value.strip()) != (op != "!="):
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _field_value(obj: JSON, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def field_selector_matches(selector: str | None, obj: JSON) -> bool:
+    """True when ``obj`` satisfies a field selector like ``spec.nodeName=n1,status.phase!=Failed``."""
+    for term in _split_terms(selector or ""):
+        match = _EQ_TERM.match(term)
+        if not match:
+            raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
+        path, op, value = match.groups()
+        if (_field_value(obj, path) == value.strip()) != (op != "!="):
+            return False
+    return True
+
+
+# -- patches -----------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, "Invalid", f"invalid JSON pointer {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _resolve_parent(doc: Any, parts: list[str]) -> Any:
+    for part in parts[:-1]:
+        if isinstance(doc, list):
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            raise ApiError(422, "Invalid", f"JSON patch path segment {part!r} does not exist")
+    return doc
+
+
+def _json_patch_get(doc: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if isinstance(doc, list):
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            raise ApiError(422, "Invalid", f"JSON patch path {'/'.join(parts)!r} does not exist")
+    return doc
+
+
+def _json_patch_remove(doc: Any, parts: list[str]) -> Any:
+    parent = _resolve_parent(doc, parts)
+    try:
+        return parent.pop(int(parts[-1]) if isinstance(parent, list) else parts[-1])
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ApiError(422, "Invalid", f"cannot remove missing path /{'/'.join(parts)}") from exc
+
+
+def _json_patch_add(doc: Any, parts: list[str], value: Any) -> Any:
+    if not parts:
+        return copy.deepcopy(value)
+    parent = _resolve_parent(doc, parts)
+    key = parts[-1]
+    if isinstance(parent, list):
+        parent.insert(len(parent) if key == "-" else int(key), copy.deepcopy(value))
+    elif isinstance(parent, dict):
+        parent[key] = copy.deepcopy(value)
+    else:
+        raise ApiError(422, "Invalid", f"cannot add below a scalar at /{'/'.join(parts)}")
+    return doc
+
+
+def json_patch(doc: Any, operations: Any) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+    if not isinstance(operations, list):
+        raise ApiError(
+            400, "BadRequest",
+            "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
+        )
+    doc = copy.deepcopy(doc)
+    for op in operations:
+        kind, parts = op.get("op"), _pointer(op.get("path", ""))
+        if kind == "add":
+            doc = _json_patch_add(doc, parts, op.get("value"))
+        elif kind == "remove":
+            _json_patch_remove(doc, parts)
+        elif kind == "replace":
+            _json_patch_get(doc, parts)
+            _json_patch_remove(doc, parts) if parts else None
+            doc = _json_patch_add(doc, parts, op.get("value"))
+        elif kind in ("move", "copy"):
+            source = _pointer(op.get("from", ""))
+            value = _json_patch_remove(doc, source) if kind == "move" else _json_patch_get(doc, source)
+            doc = _json_patch_add(doc, parts, value)
+        elif kind == "test":
+            if _json_patch_get(doc, parts) != op.get("value"):
+                raise ApiError(422, "Invalid", f"JSON patch test failed at {op.get('path')}")
+        else:
+            raise ApiError(422, "Invalid", f"unknown JSON patch op {kind!r}")
+    return doc
+
+
+def apply_patch(rt: ResourceType, obj: JSON, content_type: str, body: Any) -> JSON:
+    if content_type == "application/strategic-merge-patch+json" and rt.group:
+        raise ApiError(415, "UnsupportedMediaType",
+                       "strategic merge patch is not supported for custom resources")
+    if content_type == "application/json-patch+json":
+        return json_patch(obj, body)
+    if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
+        return merge_patch(obj, body)
+    raise ApiError(
+        415, "UnsupportedMediaType",
+        f"the body of the request was in an unknown format - accepted media types include: "
+        f"application/json-patch+json, application/merge-patch+json, "
+        f"application/strategic-merge-patch+json (got {content_type!r})",
+    )
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Store:
+    """Objects by (plural, namespace, name), one resourceVersion counter, an event log."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.objects: dict[tuple[str, str, str], JSON] = {}
+        self.log: list[_Event] = []
+        self.rv = 100
+        self.compacted_rv = 0
+        self.generation = 0  # bumped to end every open watch
+
+    def _emit(self, plural: str, type_: str, obj: JSON, old: JSON | None = None) -> None:
+        self.log.append(_Event(int(obj["metadata"]["resourceVersion"]), plural, type_,
+                               copy.deepcopy(obj), copy.deepcopy(old) if old else None))
+        self.lock.notify_all()
+
+    def _next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def list(self, plural: str, namespace: str | None) -> list[JSON]:
+        return [copy.deepcopy(obj) for (p, ns, _), obj in sorted(self.objects.items())
+                if p == plural and (namespace is None or ns == namespace)]
+
+    def get(self, plural: str, namespace: str, name: str) -> JSON:
+        obj = self.objects.get((plural, namespace, name))
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{plural} "{name}" not found',
+                           name=name, kind=plural)
+        return obj
+
+    def create(self, plural: str, namespace: str, obj: JSON) -> JSON:
+        rt = RESOURCES[plural]
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", f"{rt.kind}: metadata.name: Required value")
+        if rt.namespaced:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        key = (plural, meta.get("namespace", ""), name)
+        if key in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists',
+                           name=name, kind=plural)
+        obj["kind"], obj["apiVersion"] = rt.kind, rt.api_version
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(),
+                    resourceVersion=self._next_rv())
+        if rt.group:
+            meta["generation"] = 1
+        self.objects[key] = obj
+        self._emit(plural, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def update(self, plural: str, namespace: str, name: str, new: JSON, *,
+               subresource: str | None) -> JSON:
+        """Store ``new`` as the object (the result of a PUT or patch), with API rules."""
+        rt = RESOURCES[plural]
+        old = self.get(plural, namespace, name)
+        wanted_rv = (new.get("metadata") or {}).get("resourceVersion")
+        if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409, "Conflict",
+                f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
+                f"modified; please apply your changes to the latest version and try again",
+                name=name, kind=plural)
+        new = copy.deepcopy(new)
+        if subresource == "*":  # a test hook: the whole object, status included
+            result = new
+        elif subresource == "status":
+            result = copy.deepcopy(old)
+            if "status" in new:
+                result["status"] = new["status"]
+            else:
+                result.pop("status", None)
+        else:
+            result = new
+            if rt.status_subresource:
+                if "status" in old:
+                    result["status"] = copy.deepcopy(old["status"])
+                else:
+                    result.pop("status", None)
+        meta = result.setdefault("metadata", {})
+        for immutable in ("name", "namespace", "uid", "creationTimestamp", "generation"):
+            if immutable in old["metadata"]:
+                meta[immutable] = old["metadata"][immutable]
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        result["kind"], result["apiVersion"] = rt.kind, rt.api_version
+        if result == old:
+            return copy.deepcopy(old)  # a no-op write: same resourceVersion, no event
+        if rt.group and result.get("spec") != old.get("spec"):
+            meta["generation"] = old["metadata"].get("generation", 1) + 1
+        meta["resourceVersion"] = self._next_rv()
+        self.objects[(plural, namespace, name)] = result
+        self._emit(plural, "MODIFIED", result, old)
+        return copy.deepcopy(result)
+
+    def delete(self, plural: str, namespace: str, name: str) -> JSON:
+        obj = self.get(plural, namespace, name)
+        del self.objects[(plural, namespace, name)]
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._emit(plural, "DELETED", obj)
+        return obj
+
+
+# -- HTTP --------------------------------------------------------------------------------
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
+)
+
+
+@dataclass
+class _Target:
+    rt: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def _parse_path(path: str) -> _Target:
+    match = _PATH.match(path)
+    rt = RESOURCES.get(match.group("plural")) if match else None
+    if match is None or rt is None:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+    group = match.group("group") or ""
+    version = match.group("core") or match.group("version")
+    if (group, version) != (rt.group, rt.version) or (match.group("namespace") and not rt.namespaced):
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+    return _Target(rt, match.group("namespace"), match.group("name"), match.group("sub"))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence stderr
+        pass
+
+    # every verb goes through one dispatcher
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        fake = self.server.fake
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip() or None
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            body = raw.decode("utf-8", "replace")
+        fake._record(RecordedRequest(method, url.path, query, content_type, body))
+        try:
+            if url.path == "/version":
+                self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
+                return
+            if isinstance(body, str):
+                raise ApiError(400, "BadRequest", "the request body is not valid JSON")
+            target = _parse_path(url.path)
+            if method == "GET" and target.name is None and query.get("watch") in ("true", "1"):
+                self._watch(target, query)
+                return
+            status, payload = fake._handle(method, target, query, content_type, body)
+            self._send(status, payload)
+        except ApiError as exc:
+            self._send(exc.code, exc.status())
+
+    def _send(self, status: int, payload: JSON) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chunk(self, event: JSON) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _watch(self, target: _Target, query: dict[str, str]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            events_of = self.server.fake._watch_events(target, query, self._client_gone)
+            with contextlib.closing(events_of) as events:
+                for event in events:
+                    self._chunk(event)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+
+    def _client_gone(self) -> bool:
+        """True when the client closed its end (a watch it stopped, a dropped connection)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], fake: FakeApiServer) -> None:
+        self.fake = fake
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        with self.connections_lock:
+            connections = list(self.connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+# -- the fake server ---------------------------------------------------------------------
+
+
+class FakeApiServer:
+    """The fake API server; use as a context manager or call :meth:`start` / :meth:`stop`.
+
+    ``bookmark_interval`` (seconds) makes every watch that asked for bookmarks receive one
+    that often; without it, bookmarks are sent only by :meth:`send_bookmarks`.
+    """
+
+    def __init__(self, *, port: int = 0, bookmark_interval: float | None = None) -> None:
+        self.store = Store()
+        self.port = port
+        self.bookmark_interval = bookmark_interval
+        self.requests: list[RecordedRequest] = []
+        self.open_watches = 0
+        self._bookmark_generation = 0
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- life cycle
+
+    def __enter__(self) -> FakeApiServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start serving (again, on the same port after a :meth:`stop`)."""
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._httpd = _HTTPServer(("127.0.0.1", self.port), self)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.port = self._httpd.server_address[1]
+        self._stopping = False
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.05},
+                                        name=f"fake-apiserver-{self.port}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and drop every connection, as an API server restart does."""
+        if self._httpd is None:
+            return
+        with self.store.lock:
+            self._stopping = True
+            self.store.lock.notify_all()
+        self._httpd.shutdown()
+        self._httpd.drop_connections()
+        self._httpd.server_close()
+        assert self._thread is not None
+        self._thread.join(timeout=5)
+        self._httpd = None
+
+    def restart(self, *, forget_history: bool = False) -> None:
+        """Stop and start on the same port; ``forget_history`` also forces ``410 Gone``."""
+        self.stop()
+        if forget_history:
+            self.compact()
+        self.start()
+
+    def configuration(self) -> Any:
+        """A ``kubernetes.client.Configuration`` pointing at this server."""
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = self.url
+        return config
+
+    def api_client(self) -> Any:
+        from kubernetes import client
+
+        return client.ApiClient(self.configuration())
+
+    # -- objects (test side; these send watch events like API writes do)
+
+    def create(self, obj: JSON) -> JSON:
+        plural = _plural_of(obj)
+        with self.store.lock:
+            return self.store.create(plural, obj.get("metadata", {}).get("namespace", ""), obj)
+
+    def get(self, plural: str, name: str, namespace: str = "") -> JSON | None:
+        namespace = namespace or ("default" if RESOURCES[plural].namespaced else "")
+        with self.store.lock:
+            obj = self.store.objects.get((plural, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def list(self, plural: str) -> list[JSON]:
+        with self.store.lock:
+            return self.store.list(plural, None)
+
+    def patch(self, plural: str, name: str, patch: JSON, namespace: str = "", *,
+              subresource: str | None = None) -> JSON:
+        """Merge-patch an object, status included (``subresource`` applies the API's rules)."""
+        namespace = namespace or ("default" if RESOURCES[plural].namespaced else "")
+        with self.store.lock:
+            new = merge_patch(self.store.get(plural, namespace, name), patch)
+            return self.store.update(plural, namespace, name, new, subresource=subresource or "*")
+
+    def delete(self, plural: str, name: str, namespace: str = "") -> JSON:
+        namespace = namespace or ("default" if RESOURCES[plural].namespaced else "")
+        with self.store.lock:
+            return self.store.delete(plural, namespace, name)
+
+    # -- watch hooks
+
+    def inject_event(self, plural: str, type_: str, obj: JSON) -> None:
+        """Send a raw event to every matching watch without changing the store."""
+        with self.store.lock:
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            meta.setdefault("resourceVersion", self.store._next_rv())
+            self.store._emit(plural, type_, obj)
+
+    def send_bookmarks(self) -> None:
+        """Send a BOOKMARK with the current resourceVersion to watches that allow them."""
+        with self.store.lock:
+            self._bookmark_generation += 1
+            self.store.lock.notify_all()
+
+    def compact(self) -> None:
+        """Forget history: watches from any resourceVersion up to now get ``410 Gone``."""
+        with self.store.lock:
+            self.store.compacted_rv = self.store.rv + 1
+            self.store.rv += 1
+            self.store.generation += 1
+            self.store.lock.notify_all()
+
+    def close_watches(self) -> None:
+        """End every open watch stream cleanly, as the API server's watch timeout does."""
+        with self.store.lock:
+            self.store.generation += 1
+            self.store.lock.notify_all()
+
+    # -- what clients sent
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self.store.lock:
+            self.requests.append(request)
+            self.store.lock.notify_all()
+
+    def requests_matching(self, method: str, path: str | None = None, *,
+                          watch: bool | None = None) -> list[RecordedRequest]:
+        with self.store.lock:
+            return [r for r in self.requests if r.method == method
+                    and (path is None or r.path == path)
+                    and (watch is None or r.is_watch == watch)]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0,
+                 what: str = "condition") -> None:
+        """Wait until ``predicate()`` holds (re-checked on every request and event)."""
+        deadline = time.monotonic() + timeout
+        with self.store.lock:
+            while True:
+                self.store.lock.release()
+                try:
+                    if predicate():
+                        return
+                finally:
+                    self.store.lock.acquire()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+                self.store.lock.wait(min(remaining, 0.05))
+
+    # -- server side of the verbs
+
+    def _handle(self, method: str, target: _Target, query: dict[str, str],
+                content_type: str | None, body: Any) -> tuple[int, JSON]:
+        rt, ns = target.rt, target.namespace or ""
+        with self.store.lock:
+            if target.name is None:
+                if method == "GET":
+                    return 200, self._list(target, query)
+                if method == "POST":
+                    if not isinstance(body, dict):
+                        raise ApiError(400, "BadRequest", "the request body must be an object")
+                    return 201, self.store.create(rt.plural, ns, body)
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
+            if method == "GET":
+                return 200, copy.deepcopy(self.store.get(rt.plural, ns, target.name))
+            if method == "DELETE":
+                return 200, self.store.delete(rt.plural, ns, target.name)
+            if method == "PUT":
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "the request body must be an object")
+                return 200, self.store.update(rt.plural, ns, target.name, body,
+                                              subresource=target.subresource)
+            if method == "PATCH":
+                old = self.store.get(rt.plural, ns, target.name)
+                new = apply_patch(rt, old, content_type or "", body)
+                return 200, self.store.update(rt.plural, ns, target.name, new,
+                                              subresource=target.subresource)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+    def _list(self, target: _Target, query: dict[str, str]) -> JSON:
+        items = [obj for obj in self.store.list(target.rt.plural, target.namespace)
+                 if self._matches(obj, query)]
+        return {"kind": f"{target.rt.kind}List", "apiVersion": target.rt.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+
+    @staticmethod
+    def _matches(obj: JSON, query: dict[str, str]) -> bool:
+        return (label_selector_matches(query.get("labelSelector"), obj["metadata"].get("labels"))
+                and field_selector_matches(query.get("fieldSelector"), obj))
+
+    def _watch_events(self, target: _Target, query: dict[str, str],
+                      client_gone: Callable[[], bool] = lambda: False) -> Iterator[JSON]:
+        """The events of one watch stream, blocking between them; ends on timeout/stop."""
+        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        deadline = time.monotonic() + timeout if timeout else None
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        rt = target.rt
+        lock = self.store.lock
+        with lock:
+            self.open_watches += 1
+            try:
+                yield from self._watch_locked(target, query, deadline, bookmarks, rt, client_gone)
+            finally:
+                self.open_watches -= 1
+                lock.notify_all()
+
+    def _watch_locked(self, target: _Target, query: dict[str, str], deadline: float | None,
+                      bookmarks: bool, rt: ResourceType,
+                      client_gone: Callable[[], bool]) -> Iterator[JSON]:
+        lock, store = self.store.lock, self.store
+        start_rv = query.get("resourceVersion") or "0"
+        generation, bookmark_generation = store.generation, self._bookmark_generation
+        try:
+            since = int(start_rv)
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid resourceVersion {start_rv!r}") from None
+        if since != 0 and since < store.compacted_rv:
+            yield {"type": "ERROR", "object": ApiError(
+                410, "Expired",
+                f"too old resource version: {since} ({store.compacted_rv})").status()}
+            return
+        if since == 0:  # a snapshot first, taken with the lock held, then what follows it
+            snapshot = [obj for obj in store.list(rt.plural, target.namespace) if self._matches(obj, query)]
+            since = store.rv
+            for obj in snapshot:
+                yield from self._unlocked({"type": "ADDED", "object": obj})
+        position = next((i for i, e in enumerate(store.log) if e.rv > since), len(store.log))
+        last_bookmark = time.monotonic()
+        while True:
+            if self._stopping or store.generation != generation or client_gone():
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            while position < len(store.log):
+                event = store.log[position]
+                position += 1
+                out = self._project(event, target, query)
+                if out is not None:
+                    yield from self._unlocked(out)
+            now = time.monotonic()
+            due = self.bookmark_interval is not None and now - last_bookmark >= self.bookmark_interval
+            if bookmarks and (bookmark_generation != self._bookmark_generation or due):
+                bookmark_generation, last_bookmark = self._bookmark_generation, now
+                yield from self._unlocked({"type": "BOOKMARK", "object": {
+                    "kind": rt.kind, "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(store.rv)}}})
+                continue
+            wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+            lock.wait(wait)
+
+    def _unlocked(self, event: JSON) -> Iterator[JSON]:
+        """Yield with the store lock released, so a slow client never blocks the server."""
+        self.store.lock.release()
+        try:
+            yield event
+        finally:
+            self.store.lock.acquire()
+
+    def _project(self, event: _Event, target: _Target, query: dict[str, str]) -> JSON | None:
+        """The event this watch sees, with selector transitions, or None."""
+        if event.plural != target.rt.plural:
+            return None
+        ns = event.obj.get("metadata", {}).get("namespace", "")
+        if target.namespace is not None and ns != target.namespace:
+            return None
+        matches_now = self._matches(event.obj, query)
+        if event.type == "MODIFIED" and event.old is not None:
+            matched_before = self._matches(event.old, query)
+            if matched_before and not matches_now:
+                return {"type": "DELETED", "object": event.obj}
+            if matches_now and not matched_before:
+                return {"type": "ADDED", "object": event.obj}
+        if event.type in ("ADDED", "MODIFIED", "DELETED") and not matches_now:
+            return None
+        return {"type": event.type, "object": event.obj}
+
+
+def _plural_of(obj: JSON) -> str:
+    for plural, rt in RESOURCES.items():
+        if rt.kind == obj.get("kind"):
+            return plural
+    raise ValueError(f"unknown kind {obj.get('kind')!r}; known: {sorted(RESOURCES)}")
+
+
+# -- builders ----------------------------------------------------------------------------
+
+
+def make_node(name: str, *, labels: dict[str, str] | None = None,
+              annotations: dict[str, str] | None = None, gpus: int = 8,
+              extra_allocatable: dict[str, str] | None = None) -> JSON:
+    """A realistic GPU Node as kubelet registers it."""
+    allocatable = {"cpu": "96", "memory": "1056345988Ki", "pods": "110",
+                   "ephemeral-storage": "3500000000Ki", "nvidia.com/gpu": str(gpus)}
+    allocatable.update(extra_allocatable or {})
+    return {
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": name,
+                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                "nvidia.com/gpu.present": "true", **(labels or {})},
+                     "annotations": dict(annotations or {})},
+        "spec": {"podCIDR": "10.244.1.0/24"},
+        "status": {"capacity": dict(allocatable), "allocatable": allocatable,
+                   "conditions": [{"type": "Ready", "status": "True",
+                                   "lastHeartbeatTime": _now(), "lastTransitionTime": _now(),
+                                   "reason": "KubeletReady", "message": "kubelet is posting ready status"}],
+                   "nodeInfo": {"architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "containerd://1.7.13",
+                                "kernelVersion": "5.15.0", "kubeProxyVersion": "v1.31.0", "kubeletVersion": "v1.31.0",
+                                "machineID": "m", "operatingSystem": "linux", "osImage": "Ubuntu 22.04.4 LTS",
+                                "systemUUID": "s"}},
+    }
+
+
+def make_pod(name: str, *, namespace: str = "default", node_name: str | None = None,
+             annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+             gpus: int = 0, phase: str = "Pending", init_containers: Iterable[JSON] = (),
+             scheduler_name: str = "default-scheduler") -> JSON:
+    """A realistic training Pod, as a user submits it (plus ``nodeName`` once bound)."""
+    resources: JSON = {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    spec: JSON = {
+        "containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                        "command": ["python", "train.py"], "resources": resources,
+                        "terminationMessagePath": "/dev/termination-log",
+                        "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
+        "restartPolicy": "Never", "schedulerName": scheduler_name,
+        "serviceAccountName": "default", "terminationGracePeriodSeconds": 30,
+        "dnsPolicy": "ClusterFirst", "securityContext": {},
+        "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                         "effect": "NoExecute", "tolerationSeconds": 300}],
+    }
+    if init_containers:
+        spec["initContainers"] = list(init_containers)
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {}),
+                     "annotations": dict(annotations or {})},
+        "spec": spec,
+        "status": {"phase": phase, "qosClass": "BestEffort"},
+    }
+
+
+def make_dataset(name: str, *, namespace: str = "default", source: str = "s3://bucket/data",
+                 bundles: str | None = None, status: JSON | None = None) -> JSON:
+    """A ``Dataset`` custom resource."""
+    spec: JSON = {"source": source}
+    if bundles:
+        spec["bundles"] = bundles
+    obj: JSON = {"kind": "Dataset", "apiVersion": "dsagent.io/v1alpha1",
+                 "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+__all__ = [
+    "ApiError",
+    "FakeApiServer",
+    "RESOURCES",
+    "RecordedRequest",
+    "ResourceType",
+    "field_selector_matches",
+    "json_patch",
+    "label_selector_matches",
+    "make_dataset",
+    "make_node",
+    "make_pod",
+    "merge_patch",
+]

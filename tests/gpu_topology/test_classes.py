@@ -1,0 +1,146 @@
+"""Nearest NICs per GPU and RoCE affinity classes (the GPU-RoCE allocation rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_topology import Gpu, InvalidTopology, Link, Nic, Topology, nearest_nics, roce_classes
+from tests.gpu_topology.conftest import build
+
+
+@pytest.mark.parametrize(
+    ("to_a", "to_b", "nearest"),
+    [
+        ("PIX", "PXB", ("a",)),
+        ("PXB", "PIX", ("b",)),
+        ("PXB", "PHB", ("a",)),
+        ("PHB", "NODE", ("a",)),
+        ("NODE", "PHB", ("b",)),
+        ("NODE", "SYS", ("a",)),
+        ("SYS", "SYS", ()),
+        ("PIX", "PIX", ("a", "b")),
+        ("NODE", "NODE", ("a", "b")),
+    ],
+)
+def test_a_gpus_nearest_nics_are_those_at_its_closest_non_sys_level(to_a: str, to_b: str, nearest: tuple[str, ...]) -> None:
+    topology = build({("GPU0", "a"): to_a, ("GPU0", "b"): to_b})
+    assert nearest_nics(topology, 0) == nearest
+
+
+def test_a_nic_whose_port_is_down_is_never_nearest() -> None:
+    topology = Topology(
+        gpus=(Gpu(0),),
+        nics=(Nic("up", state="ACTIVE"), Nic("down", state="DOWN")),
+        links={"GPU0": {"down": Link.parse("PIX"), "up": Link.parse("NODE")}},
+    )
+    assert nearest_nics(topology, 0) == ("up",)
+
+
+def two_socket(nic_numa: dict[str, int | None], links: dict[tuple[str, str], str]) -> Topology:
+    return build(links, numa={0: 0, 1: 0, 2: 1, 3: 1}, nics=nic_numa, gpus=4)
+
+
+@pytest.mark.parametrize(
+    ("nic_numa", "links", "classes"),
+    [
+        pytest.param(
+            {"mlx5_0": 0, "mlx5_1": 1},
+            {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_0"): "NODE", ("GPU2", "mlx5_1"): "PXB", ("GPU3", "mlx5_1"): "PXB"},
+            [(("mlx5_0",), (0, 1), 0), (("mlx5_1",), (2, 3), 1)],
+            id="nics-on-two-numa-nodes-split-one-class-per-nic",
+        ),
+        pytest.param(
+            {"mlx5_0": 0, "mlx5_1": 0},
+            {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_1"): "PIX", ("GPU2", "mlx5_0"): "SYS"},
+            [(("mlx5_0", "mlx5_1"), (0, 1, 2, 3), 0)],
+            id="nics-on-one-numa-node-give-one-class-of-every-gpu",
+        ),
+        pytest.param(
+            {"mlx5_0": 0},
+            {("GPU0", "mlx5_0"): "PIX"},
+            [(("mlx5_0",), (0, 1, 2, 3), 0)],
+            id="a-single-nic-gives-one-class",
+        ),
+        pytest.param(
+            {"mlx5_0": 0, "mlx5_1": 1},
+            {("GPU0", "mlx5_0"): "SYS", ("GPU2", "mlx5_1"): "SYS"},
+            [],
+            id="nics-only-across-sys-give-no-class",
+        ),
+        pytest.param(
+            {"mlx5_0": 0, "mlx5_1": 0, "mlx5_2": 1},
+            {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_1"): "PIX", ("GPU2", "mlx5_2"): "PIX", ("GPU3", "mlx5_2"): "PIX"},
+            [(("mlx5_0",), (0,), 0), (("mlx5_1",), (1,), 0), (("mlx5_2",), (2, 3), 1)],
+            id="split-is-per-nic-even-on-one-numa-node",
+        ),
+        pytest.param(
+            {"mlx5_0": 0, "mlx5_1": 0, "mlx5_2": 1},
+            {
+                ("GPU0", "mlx5_0"): "PXB",
+                ("GPU0", "mlx5_1"): "PXB",
+                ("GPU1", "mlx5_1"): "PXB",
+                ("GPU2", "mlx5_2"): "PIX",
+            },
+            [(("mlx5_0", "mlx5_1"), (0, 1), 0), (("mlx5_2",), (2,), 1)],
+            id="nics-tied-by-a-shared-gpu-share-a-class-and-gpus-without-affine-nic-are-left-out",
+        ),
+        pytest.param(
+            {"mlx5_1": 1, "mlx5_0": 0},
+            {("GPU3", "mlx5_1"): "PIX", ("GPU0", "mlx5_0"): "PIX"},
+            [(("mlx5_0",), (0,), 0), (("mlx5_1",), (3,), 1)],
+            id="classes-are-numbered-by-their-lowest-gpu",
+        ),
+    ],
+)
+def test_roce_classes(
+    nic_numa: dict[str, int | None], links: dict[tuple[str, str], str], classes: list[tuple[tuple[str, ...], tuple[int, ...], int]]
+) -> None:
+    found = roce_classes(two_socket(nic_numa, links))
+    assert [(c.nics, c.gpus, c.numa_node) for c in found] == classes
+    assert [c.name for c in found] == [f"gpu-roce{i}" for i in range(1, len(classes) + 1)]
+
+
+@pytest.mark.parametrize(
+    ("nic_link", "split"),
+    [("PHB", False), ("NODE", False), ("SYS", True)],
+)
+def test_without_numa_nodes_nics_apart_across_sys_are_on_different_nodes(nic_link: str, split: bool) -> None:
+    links = {("GPU0", "a"): "PIX", ("GPU1", "b"): "PIX", ("a", "b"): nic_link, ("GPU0", "GPU1"): "SYS"}
+    topology = build(links)
+    assert len(roce_classes(topology)) == (2 if split else 1)
+
+
+def test_without_numa_nodes_gpus_cpu_lists_place_their_nics() -> None:
+    topology = Topology(
+        gpus=(Gpu(0, cpu_affinity="0-7"), Gpu(1, cpu_affinity="8-15")),
+        nics=(Nic("a"), Nic("b")),
+        links={"GPU0": {"a": Link.parse("PIX"), "b": Link.parse("SYS")}, "GPU1": {"b": Link.parse("PIX"), "a": Link.parse("SYS")}},
+    )
+    assert [(c.nics, c.gpus, c.numa_node) for c in roce_classes(topology)] == [(("a",), (0,), None), (("b",), (1,), None)]
+
+
+def test_class_subnets_are_those_of_its_nics_in_order() -> None:
+    topology = Topology(
+        gpus=(Gpu(0, numa_node=0), Gpu(1, numa_node=1)),
+        nics=(
+            Nic("mlx5_0", numa_node=0, subnets=("10.0.0.0/24", "fd00::/64")),
+            Nic("mlx5_1", numa_node=1, subnets=("10.0.1.0/24",)),
+        ),
+        links={
+            "GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("SYS")},
+            "GPU1": {"mlx5_1": Link.parse("PIX"), "mlx5_0": Link.parse("SYS")},
+        },
+    )
+    assert [c.subnets for c in roce_classes(topology)] == [("10.0.0.0/24", "fd00::/64"), ("10.0.1.0/24",)]
+
+
+@pytest.mark.parametrize("prefix", ["gpu-roce", "example.com/gpu-roce", "nvidia.com/roce_", "r"])
+def test_the_class_name_prefix_is_configurable(prefix: str) -> None:
+    topology = build({("GPU0", "a"): "PIX"})
+    assert roce_classes(topology, prefix=prefix)[0].name == f"{prefix}1"
+
+
+@pytest.mark.parametrize("prefix", ["", "gpu roce", "-gpu", "gpu/", "gpü"])
+def test_an_invalid_prefix_is_refused(prefix: str) -> None:
+    with pytest.raises(InvalidTopology, match="invalid resource class prefix"):
+        roce_classes(build({("GPU0", "a"): "PIX"}), prefix=prefix)

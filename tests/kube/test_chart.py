@@ -1,0 +1,408 @@
+"""The Helm chart, rendered and linted by Helm's own SDK, validated object by object.
+
+Every rendered object is checked with ``kubernetes-validate`` in strict mode for every
+Kubernetes version from 1.29 to the newest it ships. What those schemas cannot cover is
+checked here by hand: the KubeSchedulerConfiguration inside its ConfigMap (a component
+config, not an API object), cert-manager objects, and Datasets against the CRD's own
+openAPIV3Schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+from packaging.version import Version
+
+from dsagent.kube.agent import ClusterSettings
+from tests.fake_apiserver import make_dataset
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"
+NAMESPACE = "dsplatform"
+RELEASE = "dsp"
+KUBE_VERSIONS = sorted({v for v in kv.all_versions() if Version(v) >= Version("1.29")}, key=Version)
+
+NON_DEFAULT: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "0.1.0-rc1"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "agent": {"cacheDir": "/nvme/dsagent", "socketDir": "/var/run/dsagent", "capacity": "800Gi",
+              "localSources": ["/mnt/nfs/datasets"], "maxFetches": 2, "runAsUser": 1001, "runAsGroup": 1001,
+              "nodeSelector": {"node-role.kubernetes.io/gpu": ""}, "tolerations": [{"operator": "Exists"}]},
+    "extender": {"replicas": 3, "weights": "dataset=1,roce=0,numa=0", "partialDatasets": True},
+    "scheduler": {"name": "data-aware", "replicas": 2, "extender": {"weight": 5, "httpTimeout": "2s"}},
+    "webhook": {"certManager": {"enabled": True}, "excludeNamespaces": ["kube-system", "monitoring"],
+                "datasetsMountPath": "/data"},
+    "crds": {"keep": False},
+}
+MINIMAL: dict[str, Any] = {"webhook": {"enabled": False}, "scheduler": {"enabled": False},
+                           "extender": {"enabled": False}, "crds": {"install": False}}
+VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL,
+              "cert-manager-with-issuer": {"webhook": {"certManager": {
+                  "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}}
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return [doc for path, text in sorted(out.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(matches) == 1, f"expected one {kind} *{name_suffix}, found {[d['metadata']['name'] for d in matches]}"
+    return matches[0]
+
+
+def kinds(docs: list[dict[str, Any]]) -> set[str]:
+    return {d["kind"] for d in docs}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {label: render(values) for label, values in VALUE_SETS.items()}
+
+
+# -- Helm's own checks
+
+
+@pytest.mark.parametrize("label", sorted(VALUE_SETS))
+def test_helm_lint_strict_finds_no_warnings_or_errors(label: str) -> None:
+    report = helm.lint(str(CHART), VALUE_SETS[label], strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
+
+
+@pytest.mark.parametrize("kube_version", ["v1.29.0", "v1.37.0"])
+def test_the_chart_lints_for_the_oldest_and_newest_supported_kubernetes(kube_version: str) -> None:
+    report = helm.lint(str(CHART), strict=True, kube_version=kube_version)
+    assert report["errors"] == []
+
+
+def test_the_chart_declares_the_kubernetes_versions_it_is_validated_for() -> None:
+    assert helm.Chart.load(str(CHART)).metadata["kubeVersion"] == ">=1.29.0-0"
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"agent": {"evictRatio": 0.9}}, "evictRatio"),
+        ({"agent": {"runAsUser": 0}}, "runAsUser"),
+        ({"agent": {"cacheDir": "relative/path"}}, "cacheDir"),
+        ({"agent": {"capacity": "lots"}}, "capacity"),
+        ({"agent": {"idleTTL": "a week"}}, "idleTTL"),
+        ({"agent": {"cahceDir": "/typo"}}, "cahceDir"),
+        ({"webhook": {"failurePolicy": "Sometimes"}}, "failurePolicy"),
+        ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
+        ({"scheduler": {"name": "Not_A_DNS_Name"}}, "name"),
+        ({"scheduler": {"extender": {"httpTimeout": "5"}}}, "httpTimeout"),
+        ({"extender": {"weights": "dataset=lots"}}, "weights"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+    ],
+)
+def test_values_schema_rejects_bad_values_naming_the_key(values: dict[str, Any], complaint: str) -> None:
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmValuesError) as info:
+        chart.validate_schema(values)
+    assert complaint in str(info.value)
+
+
+def test_the_default_values_satisfy_the_schema() -> None:
+    helm.Chart.load(str(CHART)).validate_schema({})
+    helm.Chart.load(str(CHART)).validate_schema(NON_DEFAULT)
+
+
+# -- every object, every Kubernetes version
+
+CHECKED_BY_HAND = {"cert-manager.io/v1"}
+
+
+def all_objects(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for label, docs in rendered.items():
+        for doc in docs:
+            yield label, doc
+
+
+@pytest.fixture
+def cached_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubernetes-validate re-reads its multi-megabyte definitions per object; read once."""
+    monkeypatch.setattr(kv, "schema_contents", _schema_contents)
+
+
+_schema_contents = functools.lru_cache(maxsize=None)(kv.schema_contents)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.usefixtures("cached_schemas")
+def test_every_rendered_object_validates_strictly(kube_version: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    checked = 0
+    for label, doc in all_objects(rendered):
+        if doc["apiVersion"] in CHECKED_BY_HAND:
+            continue
+        try:
+            kv.validate(doc, kube_version, strict=True)
+        except kv.ValidationError as exc:
+            pytest.fail(f"{label}: {doc['kind']}/{doc['metadata']['name']} invalid for {kube_version}: "
+                        f"{exc.message} at {list(exc.path)}")
+        checked += 1
+    assert checked > 40
+
+
+def test_kubernetes_validate_ships_at_least_the_versions_we_claim() -> None:
+    assert KUBE_VERSIONS[0] == "1.29.0" and Version(KUBE_VERSIONS[-1]) >= Version("1.31")
+
+
+def test_cert_manager_objects_are_well_formed(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["non-default"]
+    cert = find(docs, "Certificate")
+    issuer = find(docs, "Issuer")
+    webhook = find(docs, "MutatingWebhookConfiguration")
+    service = find(docs, "Service", "-webhook")
+    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer"}
+    assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{cert['metadata']['name']}"
+    assert "caBundle" not in webhook["webhooks"][0]["clientConfig"]
+    assert not [d for d in docs if d["kind"] == "Secret" and d["type"] == "kubernetes.io/tls"]
+    own = rendered["cert-manager-with-issuer"]
+    assert find(own, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert "Issuer" not in kinds(own)
+
+
+# -- the second scheduler's KubeSchedulerConfiguration
+
+EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+                   "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
+                   "ignorable"}
+CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+                 "healthzBindAddress", "metricsBindAddress", "enableProfiling", "enableContentionProfiling",
+                 "percentageOfNodesToScore", "podInitialBackoffSeconds", "podMaxBackoffSeconds",
+                 "profiles", "extenders", "delayCacheUntilActive"}
+
+
+def scheduler_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(find(docs, "ConfigMap", "-scheduler")["data"]["config.yaml"])
+    return config
+
+
+@pytest.mark.parametrize("label", ["default", "non-default"])
+def test_scheduler_configuration_has_one_profile_and_an_ignorable_extender(
+    label: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    docs = rendered[label]
+    config = scheduler_config(docs)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert set(config) <= CONFIG_FIELDS
+    expected_name = "data-aware" if label == "non-default" else "dsplatform-scheduler"
+    assert [p["schedulerName"] for p in config["profiles"]] == [expected_name]
+    assert config["leaderElection"]["resourceName"] == expected_name
+    [extender] = config["extenders"]
+    assert set(extender) <= EXTENDER_FIELDS
+    assert extender["ignorable"] is True
+    assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
+    assert isinstance(extender["weight"], int) and extender["weight"] >= 1
+    assert extender["httpTimeout"].endswith("s")
+    service = find(docs, "Service", "-extender")
+    port = service["spec"]["ports"][0]["port"]
+    assert extender["urlPrefix"] == f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{port}"
+    deployment = find(docs, "Deployment", "-extender")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DSEXT_PORT"] == str(port)
+    assert env["DSEXT_WATCH"] == str(extender["nodeCacheCapable"]).lower()
+
+
+def test_the_leader_election_lease_role_names_the_configured_lease(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["non-default"]
+    role = find(docs, "Role", "-leader-election")
+    assert any(r.get("resourceNames") == ["data-aware"] for r in role["rules"])
+
+
+# -- least-privilege RBAC
+
+
+def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str]]:
+    role = find(docs, "ClusterRole", suffix)
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_the_agent_may_only_read_and_patch_nodes_watch_pods_and_read_datasets(
+    rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    assert rules_of(rendered["default"], "-agent") == {
+        ("", "nodes", "get"), ("", "nodes", "patch"),
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+        ("dsagent.io", "datasets", "get"), ("dsagent.io", "datasets", "list"), ("dsagent.io", "datasets", "watch"),
+    }
+
+
+def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert rules_of(rendered["default"], "-extender") == {
+        (group, resource, verb) for group, resource in (("", "nodes"), ("", "pods"), ("dsagent.io", "datasets"))
+        for verb in ("list", "watch")}
+
+
+def test_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert rules_of(rendered["default"], "-webhook") == {("dsagent.io", "datasets", "get")}
+
+
+def test_no_role_uses_wildcards_or_touches_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for _, doc in all_objects(rendered):
+        for rule in doc.get("rules", []) if doc["kind"] in ("ClusterRole", "Role") else []:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], doc["metadata"]["name"]
+            assert "secrets" not in rule["resources"], doc["metadata"]["name"]
+
+
+# -- the agent DaemonSet
+
+
+def agent_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = find(docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_agent_learns_its_node_name_from_the_downward_api(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    [container] = agent_pod(rendered["default"])["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DSAGENT_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert container["command"] == ["dsagent", "serve", "--kubernetes"]
+
+
+def test_the_agent_is_node_critical_probed_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["default"])
+    [container] = pod["containers"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["runAsUser"] == 65532
+    assert container["resources"]["requests"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["non-default"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cache"]["hostPath"]["path"] == "/nvme/dsagent"
+    assert volumes["socket"]["hostPath"]["path"] == "/var/run/dsagent"
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSAGENT_CAPACITY"] == "800Gi"
+    assert env["DSAGENT_LOCAL_SOURCES"] == "/mnt/nfs/datasets"
+    assert env["DSAGENT_MAX_FETCHES"] == "2"
+    assert "chown 1001:1001" in pod["initContainers"][0]["args"][0]
+    assert container["image"] == "registry.example.com/ml/dsplatform:0.1.0-rc1"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_agent_settings_in_the_daemonset_are_ones_the_agent_accepts(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from dsagent import settings
+    for label in ("default", "non-default"):
+        [container] = agent_pod(rendered[label])["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        env.pop("DSAGENT_ADMIN_TOKEN_FILE")  # a mounted Secret in the cluster
+        settings.Settings.from_env(env)
+        ClusterSettings.from_env(env)
+
+
+def test_the_admin_token_is_generated_and_long(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    secret = find(rendered["default"], "Secret", "-agent-admin")
+    assert len(base64.b64decode(secret["data"]["token"])) >= 32
+
+
+# -- the webhook
+
+
+def test_the_webhook_never_blocks_pods_and_only_sees_annotated_ones(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    [hook] = find(rendered["default"], "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+    assert "'dsagent.io/datasets' in object.metadata.annotations" in hook["matchConditions"][0]["expression"]
+    [expr] = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and {"kube-system", NAMESPACE} <= set(expr["values"])
+    assert hook["clientConfig"]["service"]["path"] == "/mutate"
+
+
+def test_the_webhook_ca_bundle_is_the_ca_of_its_serving_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    secret = find(docs, "Secret", "-webhook-tls")
+    [hook] = find(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    for key in ("ca.crt", "tls.crt"):
+        assert base64.b64decode(secret["data"][key]).startswith(b"-----BEGIN CERTIFICATE-----")
+    assert b"PRIVATE KEY" in base64.b64decode(secret["data"]["tls.key"])
+
+
+def test_the_webhook_injection_config_follows_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    default = json.loads(find(rendered["default"], "ConfigMap", "-webhook")["data"]["injection.json"])
+    custom = json.loads(find(rendered["non-default"], "ConfigMap", "-webhook")["data"]["injection.json"])
+    assert default["schedulerName"] == "dsplatform-scheduler"
+    assert default["socketDir"] == "/run/dsagent" and default["cacheDir"] == "/var/lib/dsagent"
+    assert custom["schedulerName"] == "data-aware"
+    assert custom["datasetsMountPath"] == "/data"
+    assert custom["cacheDir"] == "/nvme/dsagent" and custom["runAsGroup"] == 1001
+    assert custom["image"] == "registry.example.com/ml/dsplatform:0.1.0-rc1"
+
+
+def test_without_the_scheduler_the_webhook_leaves_scheduler_names_alone() -> None:
+    docs = render({"scheduler": {"enabled": False}})
+    assert json.loads(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])["schedulerName"] == ""
+
+
+def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["agent-only"]
+    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Secret"}
+
+
+# -- the Dataset CRD
+
+
+def dataset_schema(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    crd = find(docs, "CustomResourceDefinition")
+    [version] = crd["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_the_dataset_crd_has_a_status_subresource_and_is_kept_on_uninstall(
+    rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    crd = find(rendered["default"], "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "datasets.dsagent.io"
+    assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert "annotations" not in find(rendered["non-default"], "CustomResourceDefinition")["metadata"]
+
+
+def test_datasets_validate_against_the_crd_schema(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    schema = dataset_schema(rendered["default"])
+    good = make_dataset("imagenet", bundles="s3://b/bundles", status={
+        "digest": "0" * 32, "files": 1281167, "bytes": 150 << 30, "bundles": 26,
+        "packedTime": "2026-11-21T10:00:00Z", "readyNodes": ["gpu-1"]})
+    good["spec"]["storageSecretRef"] = {"name": "s3-creds"}
+    jsonschema.validate(good, schema)
+    for bad in ({"spec": {}}, {"spec": {"source": ""}},
+                {"spec": {"source": "s3://x"}, "status": {"digest": "not-hex"}},
+                {"spec": {"source": "s3://x", "pack": {"level": 99}}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**make_dataset("x"), **bad}, schema)
+
+
+@pytest.mark.usefixtures("cached_schemas")
+def test_strict_validation_catches_an_unknown_field(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    daemonset = json.loads(json.dumps(find(rendered["default"], "DaemonSet", "-agent")))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(daemonset, KUBE_VERSIONS[-1], strict=True)

@@ -1,0 +1,45 @@
+"""The per-job RoCE class memory and its expiry (clock injected)."""
+
+from __future__ import annotations
+
+from scheduler_plugin.jobs import JobClasses
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_job_keeps_the_class_of_its_first_worker() -> None:
+    jobs = JobClasses(ttl_s=60, clock=Clock())
+    assert jobs.remember("ml/bert", "gpu-roce2") == "gpu-roce2"
+    assert jobs.remember("ml/bert", "gpu-roce1") == "gpu-roce2"
+    assert jobs.get("ml/bert") == "gpu-roce2"
+
+
+def test_a_job_is_forgotten_after_its_ttl_without_use() -> None:
+    clock = Clock()
+    jobs = JobClasses(ttl_s=60, clock=clock)
+    jobs.remember("ml/bert", "gpu-roce2")
+    clock.now += 61
+    assert jobs.get("ml/bert") is None
+    assert jobs.remember("ml/bert", "gpu-roce1") == "gpu-roce1"
+
+
+def test_each_use_extends_the_expiry() -> None:
+    clock = Clock()
+    jobs = JobClasses(ttl_s=60, clock=clock)
+    jobs.remember("ml/bert", "gpu-roce2")
+    for _ in range(5):
+        clock.now += 50
+        assert jobs.get("ml/bert") == "gpu-roce2"
+
+
+def test_jobs_are_independent() -> None:
+    jobs = JobClasses(ttl_s=60, clock=Clock())
+    jobs.remember("ml/a", "gpu-roce1")
+    jobs.remember("ml/b", "gpu-roce2")
+    assert (jobs.get("ml/a"), jobs.get("ml/b"), jobs.get("other/a")) == ("gpu-roce1", "gpu-roce2", None)

@@ -1,0 +1,161 @@
+"""nodeCacheCapable mode: names-only requests served from a watch-backed Node/Pod cache,
+kept with the official kubernetes client against the fake API server over real HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from scheduler_plugin.app import ExtenderApp
+from scheduler_plugin.framework import Framework
+from scheduler_plugin.nodecache import NodeCache
+from scheduler_plugin.nodeinfo import NodeReader
+from scheduler_plugin.settings import Settings
+from scheduler_plugin.view import View
+from tests.fake_apiserver import FakeApiServer, make_dataset, make_pod
+from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
+from tests.scheduler_plugin.server import serving
+
+TOPO = topology_json()
+IMAGENET = [{"name": "imagenet", "source": "s3://datasets/imagenet", "digest": "a" * 32}]
+
+
+def api_node(name: str, **kwargs: Any) -> dict[str, Any]:
+    obj = node(name, **kwargs)
+    del obj["metadata"]["resourceVersion"]
+    return {"kind": "Node", "apiVersion": "v1", **obj}
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        server.create(api_node("holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]))
+        server.create(api_node("empty", inventory=inventory_json(), topology=TOPO, free_gpus=[0, 1, 2, 3]))
+        server.create(api_node("unannotated", topology=TOPO, gpus=8))
+        yield server
+
+
+@pytest.fixture
+def extender(apiserver: FakeApiServer) -> Iterator[tuple[httpx.Client, NodeCache]]:
+    settings = Settings(watch=True)
+    reader = NodeReader()
+    api_client = apiserver.api_client()
+    cache = NodeCache(api_client, reader, gpu_resource=settings.gpu_resource,
+                      roce_prefix=settings.roce_resource_prefix, retry_s=0.05, watch_timeout_s=30)
+    app = ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings))
+    with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert cache.wait_synced(10)
+        yield http, cache
+    api_client.close()
+
+
+def names_body(names: list[str], **pod_kwargs: Any) -> bytes:
+    pod_kwargs.setdefault("namespace", "default")
+    return args_body(pod(**pod_kwargs), [{"metadata": {"name": n}} for n in names], node_cache_capable=True)
+
+
+def scores(http: httpx.Client, body: bytes, verb: str = "prioritize") -> dict[str, int]:
+    return {h["Host"]: h["Score"] for h in http.post(f"/{verb}", content=body).json()}
+
+
+def test_names_only_requests_are_scored_from_the_cache(extender: tuple[httpx.Client, NodeCache]) -> None:
+    http, _ = extender
+    body = names_body(["holds", "empty", "unannotated"], datasets=IMAGENET, gpus=2)
+    assert json.loads(body)["Nodes"] is None
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "empty": 0, "unannotated": 0}
+    combined = scores(http, body)
+    assert combined["holds"] == 10 and combined["empty"] < 10
+
+
+def test_filter_answers_with_node_names_and_passes_unknown_nodes(extender: tuple[httpx.Client, NodeCache]) -> None:
+    http, _ = extender
+    result = http.post("/filter", content=names_body(["holds", "nobody-knows", "empty"], gpus=5)).json()
+    assert result["Nodes"] is None and result["Error"] == ""
+    assert result["NodeNames"] == ["nobody-knows"]
+    assert set(result["FailedNodes"]) == {"holds", "empty"}
+    assert scores(http, names_body(["nobody-knows"], gpus=1)) == {"nobody-knows": 0}
+
+
+def test_node_changes_arrive_through_the_watch(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+    http, cache = extender
+    apiserver.patch("nodes", "empty", {"metadata": {"annotations": {
+        "dsagent.io/inventory": inventory_json(datasets={"imagenet": holding()})}}})
+    apiserver.wait_for(lambda: (f := cache.facts("empty")) is not None and f.inventory is not None
+                       and "imagenet" in f.inventory.datasets, what="the patched node in the cache")
+    assert scores(http, names_body(["holds", "empty"], datasets=IMAGENET), "prioritize/dataset") == {"holds": 10, "empty": 10}
+    apiserver.delete("nodes", "holds")
+    apiserver.wait_for(lambda: cache.facts("holds") is None, what="the deleted node gone")
+
+
+def test_pods_bound_to_a_node_use_up_its_unpublished_gpus(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+    http, cache = extender
+    apiserver.create(make_pod("running", node_name="unannotated", gpus=6, phase="Running"))
+    apiserver.create(make_pod("finished", node_name="unannotated", gpus=2, phase="Succeeded"))
+    apiserver.wait_for(lambda: cache.facts("unannotated").free_count == 2, what="6 GPUs in use")  # type: ignore[union-attr]
+    result = http.post("/filter", content=names_body(["unannotated"], gpus=4)).json()
+    assert result["FailedNodes"] == {"unannotated": "2 free GPUs, pod needs 4"}
+    apiserver.delete("pods", "running", "default")
+    apiserver.wait_for(lambda: cache.facts("unannotated").free_count == 8, what="GPUs freed")  # type: ignore[union-attr]
+
+
+def test_an_expired_watch_relists_and_keeps_up(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+    _, cache = extender
+    lists_before = len([r for r in apiserver.requests_matching("GET", "/api/v1/nodes", watch=False)])
+    apiserver.compact()
+    apiserver.close_watches()
+    apiserver.wait_for(lambda: len(apiserver.requests_matching("GET", "/api/v1/nodes", watch=False)) > lists_before,
+                       what="a new list after 410 Gone")
+    apiserver.create(api_node("newcomer", topology=TOPO, free_gpus=[0]))
+    apiserver.wait_for(lambda: cache.facts("newcomer") is not None, what="the new node")
+    watches = apiserver.requests_matching("GET", "/api/v1/nodes", watch=True)
+    assert all(w.query.get("allowWatchBookmarks") == "true" for w in watches)
+
+
+def test_the_cache_survives_an_api_server_restart(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+    _, cache = extender
+    apiserver.restart()
+    apiserver.create(api_node("after-restart", topology=TOPO, free_gpus=[1]))
+    apiserver.wait_for(lambda: cache.facts("after-restart") is not None, timeout=15, what="the node created after restart")
+
+
+def test_roce_class_endpoint_counts_every_cached_node(extender: tuple[httpx.Client, NodeCache]) -> None:
+    http, _ = extender
+    answer = http.get("/v1/roce-class", params={"gpus": 4}).json()
+    assert answer["source"] == "watch" and answer["nodes"] == 3
+    assert answer["votes"] == {"gpu-roce1": 2, "gpu-roce2": 2} and answer["class"] == "gpu-roce1"
+
+
+def test_before_the_first_list_filter_passes_every_node_and_prioritize_scores_zero(apiserver: FakeApiServer) -> None:
+    settings = Settings(watch=True)
+    reader = NodeReader()
+    api_client = apiserver.api_client()
+    cache = NodeCache(api_client, reader, gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix)
+    app = ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings))  # cache never started
+    assert not app.view.ready
+    body = names_body(["holds", "empty"], gpus=64)
+    result = json.loads(app.filter(body))
+    assert result["NodeNames"] == ["holds", "empty"] and result["Error"] == ""
+    assert json.loads(app.prioritize(body)) == [{"Host": "holds", "Score": 0}, {"Host": "empty", "Score": 0}]
+    api_client.close()
+
+
+def test_unpinned_datasets_are_current_only_at_their_dataset_resources_digest(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
+    http, cache = extender
+    apiserver.create(api_node("stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=TOPO, free_gpus=[0]))
+    apiserver.wait_for(lambda: cache.facts("stale") is not None, what="the stale node")
+    body = args_body(pod(namespace="default", datasets="imagenet"),
+                     [{"metadata": {"name": n}} for n in ("holds", "stale")], node_cache_capable=True)
+    # No Dataset resource yet: any ready copy counts.
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "stale": 10}
+    apiserver.create(make_dataset("imagenet", status={"digest": "a" * 32, "files": 10, "bytes": 3 << 40}))
+    apiserver.wait_for(lambda: ("default", "imagenet") in cache.current_datasets(), what="the Dataset")
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "stale": 0}
+    # Its published size (3 TiB) exceeds the 2000 GiB caches of nodes that do not hold it.
+    result = http.post("/filter", content=names_body(["holds", "empty"], datasets="imagenet")).json()
+    assert result["NodeNames"] == ["holds"] and "larger than the node's whole cache" in result["FailedAndUnresolvableNodes"]["empty"]

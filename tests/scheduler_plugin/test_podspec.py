@@ -1,0 +1,86 @@
+"""Reading a pod's datasets, GPUs and job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler_plugin.podspec import DatasetWant, parse_datasets, parse_quantity, read_pod
+from scheduler_plugin.settings import DEFAULT_JOB_LABELS
+from scheduler_plugin.testing import pod
+
+
+def read(p: dict[str, Any]):  # type: ignore[no-untyped-def]
+    return read_pod(p, job_labels=DEFAULT_JOB_LABELS, gpu_resource="nvidia.com/gpu", roce_prefix="dsagent.io/gpu-roce")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[{"name": "imagenet", "source": "s3://b/imagenet", "digest": "AB"}]', (DatasetWant("imagenet", "ab"),)),
+        ('[{"name": "a", "source": "s3://x", "bundles": "s3://y", "storage_options": {"anon": true}}]', (DatasetWant("a"),)),
+        ("imagenet, coco", (DatasetWant("imagenet"), DatasetWant("coco"))),
+        ("imagenet", (DatasetWant("imagenet"),)),
+        ("imagenet,imagenet", (DatasetWant("imagenet"),)),
+        ("", ()),
+        (None, ()),
+    ],
+    ids=["json-list-with-digest", "json-list-extra-keys", "comma-list", "one-name", "duplicate-counts-once", "blank", "absent"],
+)
+def test_datasets_annotation_is_read(text: str | None, expected: tuple[DatasetWant, ...]) -> None:
+    assert parse_datasets(text) == (expected, None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['[{"name": "a"', '[{"source": "s3://x"}]', '[{"name": ""}]', "[42]", "a,,b", '{"name": "a"}', '[{"name": "a", "digest": 7}]'],
+    ids=["broken-json", "no-name", "empty-name", "not-an-object", "empty-item", "object-not-list", "digest-not-string"],
+)
+def test_unparseable_datasets_annotation_is_reported_not_raised(text: str) -> None:
+    wants, error = parse_datasets(text)
+    assert wants == () and error and "dsagent.io/datasets" in error
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("4", 4), (4, 4), ("1k", 1000), ("1Ki", 1024), ("500m", 1), ("0", 0)],
+)
+def test_quantities(value: object, expected: int) -> None:
+    assert parse_quantity(value) == expected
+
+
+@pytest.mark.parametrize("value", ["four", "", True, None, "1.2.3"])
+def test_bad_quantities_raise_value_error(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(value)
+
+
+def test_gpu_count_job_and_datasets_come_from_the_pod() -> None:
+    request = read(pod(datasets="imagenet", gpus=4, job="bert"))
+    assert (request.key, request.gpus, request.gpu_class, request.job) == ("ml/train-worker-0", 4, None, "ml/bert")
+    assert request.datasets == (DatasetWant("imagenet"),)
+
+
+def test_a_roce_class_resource_counts_as_gpus_and_names_the_class() -> None:
+    request = read(pod(gpus=2, gpu_resource="dsagent.io/gpu-roce2"))
+    assert (request.gpus, request.gpu_class) == (2, "gpu-roce2")
+
+
+@pytest.mark.parametrize("label", ["training.kubeflow.org/job-name", "volcano.sh/job-name", "batch.kubernetes.io/job-name", "job-name"])
+def test_common_training_operator_labels_name_the_job(label: str) -> None:
+    assert read(pod(job="resnet", job_label=label)).job == "ml/resnet"
+
+
+def test_init_containers_count_by_their_maximum() -> None:
+    p = pod(gpus=2)
+    p["spec"]["initContainers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    assert read(p).gpus == 2
+    p["spec"]["initContainers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "3"}}
+    assert read(p).gpus == 3
+
+
+def test_a_garbled_pod_never_raises() -> None:
+    for garbage in ({}, {"metadata": 5, "spec": []}, {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "x"}}}]}}):
+        request = read(garbage)
+        assert request.gpus == 0

@@ -1,0 +1,177 @@
+"""Benchmark the scheduler extender's prioritize verb over HTTP on 127.0.0.1.
+
+For 100, 1,000 and 5,000 nodes, in both kube-scheduler modes:
+
+- ``full``:  ``nodeCacheCapable: false``, whole Node objects in every request;
+- ``names``: ``nodeCacheCapable: true``, node names only, served from the watch cache
+  (the extender lists and watches a fake API server holding the same nodes);
+
+it sends sequential prioritize requests the way kube-scheduler does (one pod at a time,
+a keep-alive connection), and prints p50 / p99 latency and requests per second next to
+the floor: the bare cost of ``json.loads`` of the same request body in this process.
+
+The extender runs as its own process (``python -m scheduler_plugin``), as in a cluster.
+Nodes look like real GPU nodes: kubelet's status (conditions, images, nodeInfo), an
+inventory of ``--datasets`` cached datasets and the two-class 8-GPU topology. Between
+requests ``--churn`` of the nodes change (new resourceVersion and free GPUs), like
+nodes whose agents republish.
+
+    .venv/bin/python tools/bench/extender.py                         # full run
+    .venv/bin/python tools/bench/extender.py --nodes 100,1000 --requests 20   # quick
+
+Targets (issue 5): p99 <= 10 ms at 100 nodes; at 5,000 nodes <= 100 ms with full Node
+objects and <= 20 ms names-only. Not run by CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json  # noqa: E402
+from tests.fake_apiserver import FakeApiServer  # noqa: E402
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{url}"}}}}]
+users: [{{name: fake, user: {{}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]
+current-context: fake
+"""
+
+
+def make_nodes(count: int, datasets: int, seed: int = 7) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    topology = topology_json()
+    names = [f"ds-{i:03d}" for i in range(datasets * 4)]
+    nodes = []
+    for i in range(count):
+        held = {n: holding(f"{abs(hash(n)) % 16**32:032x}", size=rng.randint(1, 500) << 30) for n in rng.sample(names, datasets)}
+        free = sorted(rng.sample(range(8), rng.randint(0, 8)))
+        nodes.append(node(f"gpu-node-{i:05d}", inventory=inventory_json(f"gpu-node-{i:05d}", held),
+                          topology=topology, free_gpus=free, resource_version=str(1000 + i)))
+    return nodes
+
+
+def churn(nodes: list[dict[str, Any]], fraction: float, rng: random.Random, version: int) -> None:
+    for index in rng.sample(range(len(nodes)), int(len(nodes) * fraction)):
+        meta = nodes[index]["metadata"]
+        meta["resourceVersion"] = str(version * 100_000 + index)
+        meta["annotations"]["dsagent.io/free-gpus"] = ",".join(map(str, sorted(rng.sample(range(8), rng.randint(0, 8)))))
+
+
+def request_pod(i: int, names: list[str]) -> dict[str, Any]:
+    # Jobs of four workers, each asking for 4 GPUs and two datasets.
+    wanted = [{"name": n, "source": f"s3://datasets/{n}"} for n in (names[i % len(names)], names[(i * 7) % len(names)])]
+    return pod(f"job-{i // 4}-worker-{i % 4}", datasets=wanted, gpus=4, job=f"job-{i // 4}")
+
+
+def start_extender(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DSEXT_PORT": str(port), "DSEXT_WATCH": "1", "DSEXT_KUBECONFIG": str(kubeconfig),
+           "DSEXT_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env, cwd=ROOT)
+
+
+def wait_ready(http: httpx.Client, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if http.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("extender did not become ready")
+
+
+def measure(http: httpx.Client, bodies: list[bytes], requests: int) -> tuple[list[float], float]:
+    latencies = []
+    for body in bodies[:2]:  # warm-up: first parse of every node
+        http.post("/prioritize", content=body).raise_for_status()
+    started = time.perf_counter()
+    for i in range(requests):
+        t0 = time.perf_counter()
+        response = http.post("/prioritize", content=bodies[i % len(bodies)], headers={"Content-Type": "application/json"})
+        latencies.append(time.perf_counter() - t0)
+        response.raise_for_status()
+    return latencies, requests / (time.perf_counter() - started)
+
+
+def floor(bodies: list[bytes], repeat: int) -> float:
+    times = []
+    for i in range(repeat):
+        body = bodies[i % len(bodies)]
+        t0 = time.perf_counter()
+        json.loads(body)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="100,1000,5000", help="comma-separated cluster sizes")
+    parser.add_argument("--modes", default="full,names", help="full, names or both")
+    parser.add_argument("--requests", type=int, default=200, help="prioritize requests per size and mode")
+    parser.add_argument("--datasets", type=int, default=20, help="datasets cached per node")
+    parser.add_argument("--churn", type=float, default=0.01, help="fraction of nodes changed between requests (full mode)")
+    parser.add_argument("--port", type=int, default=18888)
+    opts = parser.parse_args()
+    sizes = [int(s) for s in opts.nodes.split(",")]
+    modes = opts.modes.split(",")
+    nodes = make_nodes(max(sizes), opts.datasets)
+    dataset_names = [f"ds-{i:03d}" for i in range(opts.datasets * 4)]
+    rng = random.Random(11)
+    print(f"# {max(sizes)} nodes, {opts.datasets} datasets each, {opts.requests} requests per cell, "
+          f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB")
+    print(f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}")
+    with FakeApiServer() as api, tempfile.TemporaryDirectory() as tmp:
+        for obj in nodes:
+            created = {"kind": "Node", "apiVersion": "v1", **obj}
+            created["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+            api.create(created)
+        kubeconfig = Path(tmp) / "kubeconfig"
+        kubeconfig.write_text(KUBECONFIG.format(url=api.url))
+        server = start_extender(kubeconfig, opts.port)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{opts.port}", timeout=120) as http:
+                wait_ready(http)
+                for mode in modes:
+                    for size in sizes:
+                        bodies = []
+                        for variant in range(8 if size <= 1000 else 3):
+                            subset = nodes[:size]
+                            if mode == "full" and opts.churn:
+                                churn(subset, opts.churn, rng, variant + 1)
+                            bodies.append(args_body(request_pod(variant, dataset_names), subset,
+                                                    node_cache_capable=(mode == "names")))
+                        base = floor(bodies, max(5, min(opts.requests, 50)))
+                        latencies, rps = measure(http, bodies, opts.requests)
+                        p50, p99 = pct(latencies, 0.5), pct(latencies, 0.99)
+                        print(f"{mode:6} {size:>6} {len(bodies[0]) / 2**20:>9.2f} {base * 1e3:>9.2f}ms "
+                              f"{p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {rps:>7.1f} {p50 / base:>9.1f}x", flush=True)
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+if __name__ == "__main__":
+    main()
