@@ -18,6 +18,7 @@ Blocking work (fsspec, zstd, tar, hashing, fsync) runs in the executor, never on
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import os
 import shutil
@@ -138,26 +139,88 @@ def safe_target(root: Path, relative: str) -> Path:
 
 def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress: Progress) -> None:
     """Copy one file, hashing while copying; the copy is removed unless its digest matches."""
+    digest = copy_hashing(fs, source_path, dest, entry.path, entry.mtime_ns, progress)
+    if digest != entry.digest:
+        dest.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"{entry.path!r} changed while it was cached (digest {digest} != {entry.digest})",
+            hint="the source changed during the fetch; request the dataset again",
+        )
+
+
+def copy_hashing(fs: Any, source_path: str, dest: Path, relative: str, mtime_ns: int, progress: Progress) -> str:
+    """Copy one file to ``dest`` (fsynced, with ``mtime_ns``) and return its xxh3-128."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     hasher = FileHasher()
     try:
-        with translate_errors(f"source file {entry.path!r}"), fs.open(source_path, "rb") as src, open(dest, "wb") as out:
+        with translate_errors(f"source file {relative!r}"), fs.open(source_path, "rb") as src, open(dest, "wb") as out:
             while chunk := src.read(CHUNK_SIZE):
                 hasher.update(chunk)
                 out.write(chunk)
                 progress.add(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        if hasher.hexdigest() != entry.digest:
-            raise IntegrityError(
-                f"{entry.path!r} changed while it was cached (digest {hasher.hexdigest()} != {entry.digest})",
-                hint="the source changed during the fetch; request the dataset again",
-            )
-        os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns))
+        os.utime(dest, ns=(mtime_ns, mtime_ns))  # durable with the whole tree: see finish()
     except BaseException:
         dest.unlink(missing_ok=True)
         raise
     progress.add(0, 1)
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file a remote listing found: where it is, how big, when modified."""
+
+    path: str  # relative POSIX path
+    location: str
+    size: int
+    mtime_ns: int
+
+
+def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
+    """The files and empty directories of a remote source, or None when the listing lacks
+    sizes (the caller then digests the source first: sizes are needed to reserve space)."""
+    fs, root = resolve(source.url, source.storage_options)
+    if _is_local(fs):
+        return None
+    prefix = root.rstrip("/") + "/"
+    with translate_errors(f"source {source.url!r}"):
+        if not fs.isdir(root):
+            return None
+        listing = fs.find(root, withdirs=True, detail=True)
+    files: list[Listed] = []
+    dirs: list[str] = []
+    for full, info in listing.items():
+        full = full.rstrip("/")
+        if not full.startswith(prefix):
+            continue
+        rel = full[len(prefix):]
+        if info.get("type") == "directory":
+            dirs.append(rel)
+        elif info.get("size") is None:
+            return None
+        else:
+            safe_target(Path("/"), rel)  # refuse names that could escape the staging directory
+            files.append(Listed(rel, full, int(info["size"]), _mtime_ns(info)))
+    parents = {f.path.rsplit("/", 1)[0] for f in files if "/" in f.path} | {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
+    return sorted(files, key=lambda f: f.path), sorted(d for d in dirs if d not in parents)
+
+
+async def copy_and_digest(source: Source, files: Sequence[Listed], staging: Path, *, progress: Progress, executor: Executor, workers: int) -> list[FileEntry]:
+    """Per-file copy of a remote source with no manifest yet, building its entries from the
+    digests computed while copying (each file is read once)."""
+    fs, _ = resolve(source.url, source.storage_options)
+    digests: dict[str, str] = {}
+
+    def one(item: Listed) -> None:
+        digests[item.path] = copy_hashing(fs, item.location, safe_target(staging, item.path), item.path, item.mtime_ns, progress)
+
+    await _bounded(executor, workers, [functools.partial(one, f) for f in files])
+    entries = [FileEntry(f.path, f.size, f.mtime_ns, digests[f.path]) for f in files]
+    for entry, written in zip(entries, files):
+        actual = safe_target(staging, entry.path).stat().st_size
+        if actual != written.size:
+            raise IntegrityError(f"{entry.path!r} changed while it was cached ({written.size} -> {actual} bytes)", hint="request the dataset again once the source is quiet")
+    return entries
 
 
 async def _bounded(executor: Executor, workers: int, calls: Iterable[Callable[[], _T]], after: Callable[[int], Awaitable[None]] | None = None) -> None:
@@ -216,9 +279,32 @@ def clear_interrupted(staging: Path) -> None:
 
 
 def finish(staging: Path, manifest: Manifest) -> None:
-    """Create the manifest's empty directories; the tree is then complete."""
+    """Create the manifest's empty directories and make the whole tree durable (one
+    ``syncfs`` instead of an fsync per small file) before it may be published."""
     clear_interrupted(staging)
     create_empty_directories(manifest, staging)
+    syncfs(staging)
+
+
+def syncfs(path: Path) -> None:
+    """Flush the filesystem holding ``path`` (``syncfs(2)``; ``sync()`` where it is missing)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fn = getattr(_LIBC, "syncfs", None)
+        if fn is None or fn(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # not Linux
+        return None
+
+
+_LIBC = _libc()
 
 
 async def fetch_bundles(
@@ -262,4 +348,4 @@ async def fetch_bundles(
     await _bounded(executor, workers, [functools.partial(unpack, b) for b in todo], after)
 
 
-__all__ = ["Progress", "Source", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]
+__all__ = ["Listed", "Progress", "Source", "copy_and_digest", "copy_hashing", "list_remote", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from dsagent import eviction
 from dsagent.catalog import Catalog, TaskRow, VersionRow
 from dsagent.digestcache import DigestCache
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, IntegrityError, InvalidInput, NotFound
-from dsagent.fetch import Progress, Source, fetch_bundles, fetch_files, finish, listing_matches
+from dsagent.fetch import Progress, Source, copy_and_digest, fetch_bundles, fetch_files, finish, list_remote, listing_matches
 from dsagent.manifest import BundleRef, Manifest, build_manifest, read_manifest
 from dsagent.metrics import Metrics, Sample
 from dsagent.settings import Settings
@@ -145,14 +146,19 @@ class CacheService:
         self._catalog: Catalog | None = None
         self._fetch_slots = asyncio.Semaphore(settings.max_fetches)
         self._space_lock = asyncio.Lock()
+        self._submit_lock = asyncio.Lock()
         self._flights: dict[tuple[Any, ...], asyncio.Task[Any]] = {}
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._reservations: dict[Key, int] = {}
         self._progress: dict[Key, Progress] = {}
+        self._pending: dict[tuple[str, str], Progress] = {}  # (name, source) -> copy with digest unknown
         self._sweeper: asyncio.Task[None] | None = None
         self.started = False
+        # Set by the cluster integration: checks a new task id (e.g. that it is a pod on
+        # this node) and raises a DsagentError to refuse it.
+        self.admit_task: Callable[[str], Awaitable[None]] | None = None
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -229,18 +235,21 @@ class CacheService:
         requests = await self._validate(task_id, datasets)
         now = self.clock()
         lease_until = now + self.settings.lease_ttl
-        existing = await self._db(self.catalog.task, task_id)
-        if existing is None:
-            await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
+        async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
-            assert existing is not None
-        else:
-            _check_same_request(existing, requests)
-            await self._db(self.catalog.renew_task, task_id, lease_until)
-            await self._db(self.catalog.touch_task, task_id, now)
-        for request in requests:
-            self._options[(task_id, request.name)] = request.storage_options
-            await self._ensure(task_id, request, existing.digests.get(request.name))
+            if existing is None:
+                if self.admit_task is not None:
+                    await self.admit_task(task_id)
+                await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
+                existing = await self._db(self.catalog.task, task_id)
+                assert existing is not None
+            else:
+                _check_same_request(existing, requests)
+                await self._db(self.catalog.renew_task, task_id, lease_until)
+                await self._db(self.catalog.touch_task, task_id, now)
+            for request in requests:
+                self._options[(task_id, request.name)] = request.storage_options
+                await self._ensure(task_id, request, existing.digests.get(request.name))
         if wait:
             await self._wait_for(task_id, wait)
         return await self.get_task(task_id)
@@ -292,15 +301,19 @@ class CacheService:
         """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
         source = Source(request.source, request.bundles, self._options.get((task_id, request.name)))
         try:
-            manifest = None
+            stored = None
             if bound is not None and await self._db(self.catalog.version, request.name, bound) is not None:
-                manifest = await self._stored_manifest(request.name, bound)
-            if manifest is None:
+                stored = await self._stored_manifest(request.name, bound)
+            resolved: tuple[Manifest, bool]
+            if stored is None:
                 flight = ("resolve", *request.identity)
-                manifest = await self._single(flight, lambda: self._resolve(request.name, source))
-                await self._db(self.catalog.bind, task_id, request.name, manifest.digest)
-            key = (request.name, manifest.digest)
-            await self._single(("fetch", *key), lambda: self._fetch(source, manifest))
+                resolved = await self._single(flight, functools.partial(self._resolve, request.name, source))
+                await self._db(self.catalog.bind, task_id, request.name, resolved[0].digest)
+            else:
+                resolved = (stored, False)
+            manifest, fetched = resolved
+            if not fetched:  # a per-file copy that digested while copying is ready already
+                await self._single(("fetch", manifest.name, manifest.digest), functools.partial(self._fetch, source, manifest))
         except asyncio.CancelledError:
             raise
         except DsagentError as exc:
@@ -346,6 +359,12 @@ class CacheService:
         row = await self._db(self.catalog.version, name, digest) if digest else None
         if row is None:
             waiter = self._waiters.get((task.task_id, name))
+            pending = self._pending.get((name, item["source"]))
+            if pending is not None and waiter is not None and not waiter.done():
+                return DatasetStatus(
+                    **base, state="fetching", size_bytes=pending.total_bytes, files=pending.total_files,
+                    bytes_done=pending.bytes_done, files_done=pending.files_done, rate=pending.rate(), eta=pending.eta(),
+                )
             if waiter is None or waiter.done():  # evicted by force, or gone from disk
                 gone = {"code": "gone", "message": "no cached copy and no fetch running (evicted by force, removed, or interrupted by an agent restart)", "hint": "repeat the request to cache it again"}
                 return DatasetStatus(**base, state="failed", error=gone)
@@ -354,9 +373,12 @@ class CacheService:
         if row.state == "ready":
             path = str(self.store.ready_dir(name, row.digest))
             return DatasetStatus(**base, state="ready", path=path, size_bytes=row.size_bytes, files=row.files, bytes_done=row.size_bytes, files_done=row.files)
-        state = "failed" if row.state == "failed" and (task.task_id, name) not in self._waiters else "fetching"
+        waiter = self._waiters.get((task.task_id, name))
+        working = (waiter is not None and not waiter.done()) or ("fetch", name, row.digest) in self._flights
+        state = "fetching" if working else "failed"
         done = (progress.bytes_done, progress.files_done, progress.rate(), progress.eta()) if progress else (0, 0, 0.0, None)
-        err = {"code": "fetch_failed", "message": row.error or "fetch failed"} if state == "failed" else None
+        message = row.error or "the fetch was interrupted (agent restart)"
+        err = {"code": "fetch_failed", "message": message, "hint": "repeat the request to resume it"} if state == "failed" else None
         return DatasetStatus(**base, state=state, size_bytes=row.size_bytes, files=row.files, bytes_done=done[0], files_done=done[1], rate=done[2], eta=done[3], error=err)
 
     async def release_task(self, task_id: str) -> None:
@@ -383,13 +405,17 @@ class CacheService:
         except IntegrityError:
             return None
 
-    async def _resolve(self, name: str, source: Source) -> Manifest:
-        """The source's current manifest (rule 2): the packed manifest when the bundle store
-        has one; else the cached version's manifest when a remote listing shows the same
-        files, sizes and times; else a digest of the source."""
+    async def _resolve(self, name: str, source: Source) -> tuple[Manifest, bool]:
+        """The source's current manifest (rule 2) and whether resolving it cached it too.
+
+        In order: the packed manifest when the bundle store has one; the cached version's
+        manifest when a remote listing shows the same files, sizes and times; for a local
+        source a digest (through the stat-keyed digest cache); for a remote one a per-file
+        copy that digests while it copies (each file read once); else a digest.
+        """
         cached = await self._current_manifest(name, source.url)
 
-        def read() -> Manifest:
+        def read() -> Manifest | None:
             if source.bundles:
                 try:
                     return read_manifest(source.bundles, name, storage_options=source.storage_options)
@@ -397,11 +423,77 @@ class CacheService:
                     log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
             if cached is not None and listing_matches(source, cached):
                 return cached
-            # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
-            with DigestCache(self.store.root / "digests.db") as cache:
-                return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers, digest_cache=cache)
+            if not source.bundles and not _is_local_url(source):
+                return None  # digest while copying
+            return self._digest(name, source)
 
-        return await self._work(read)
+        manifest = await self._work(read)
+        if manifest is None:
+            copied = await self._copy_and_digest(name, source)
+            if copied is not None:
+                return copied
+            manifest = await self._work(self._digest, name, source)
+        return manifest, False
+
+    def _digest(self, name: str, source: Source) -> Manifest:
+        # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
+        with DigestCache(self.store.root / "digests.db") as cache:
+            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers, digest_cache=cache)
+
+    async def _copy_and_digest(self, name: str, source: Source) -> tuple[Manifest, bool] | None:
+        """Cache a remote source that has no manifest by copying it once, hashing as it goes;
+        None when its listing lacks sizes (then it is digested first)."""
+        listed = await self._work(list_remote, source)
+        if listed is None:
+            return None
+        files, dirs = listed
+        total = sum(f.size for f in files)
+        token = uuid.uuid4().hex[:16]
+        key = (name, f"pending-{token}")
+        self.metrics.inc("dsagent_cache_misses_total")
+        async with self._fetch_slots:
+            await self._reserve(key, total)
+            staging = self.store.pending_dir(name, token)
+            progress = self._progress[key] = self._pending[(name, source.url)] = Progress(total, len(files))
+            started = time.monotonic()
+            try:
+                await self._work(lambda: staging.mkdir(parents=True))
+                entries = await copy_and_digest(source, files, staging, progress=progress, executor=self._pool, workers=self.settings.fetch_workers)
+                manifest = Manifest.create(name, entries, directories=dirs)
+                await self._work(finish, staging, manifest)
+                adopted = await self._adopt(token, manifest, source)
+            except BaseException:
+                self.metrics.inc("dsagent_fetches_total", result="failed")
+                await self._work(self.store.discard_pending, name, token)
+                raise
+            finally:
+                self._reservations.pop(key, None)
+                self._progress.pop(key, None)
+                self._pending.pop((name, source.url), None)
+        self.metrics.inc("dsagent_fetches_total", result="ok")
+        self.metrics.inc("dsagent_fetch_seconds_total", time.monotonic() - started)
+        self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
+        if adopted:
+            log.info("cached %s@%s: %d files, %s", name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
+            await self._collect_superseded(name)
+        return manifest, adopted
+
+    async def _adopt(self, token: str, manifest: Manifest, source: Source) -> bool:
+        """Make a finished pending copy its version, unless that version exists already."""
+        key = (manifest.name, manifest.digest)
+        row = await self._db(self.catalog.version, *key)
+        if (row is not None and row.state == "ready") or ("fetch", *key) in self._flights:
+            await self._work(self.store.discard_pending, manifest.name, token)
+            return False  # the caller takes the existing version (a hit) or joins its fetch
+        await self._db(
+            self.catalog.begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
+            source=source.url, bundles=None, now=self.clock(),
+        )
+        await self._work(self.store.write_manifest, *key, manifest.to_bytes())
+        await self._work(self.store.adopt, manifest.name, token, manifest.digest)
+        await self._work(self.store.publish, *key)
+        await self._db(self.catalog.mark_ready, *key, now=self.clock())
+        return True
 
     async def _current_manifest(self, name: str, url: str) -> Manifest | None:
         rows = [r for r in await self._db(self.catalog.versions, name) if r.state == "ready" and r.source == url]
@@ -411,13 +503,17 @@ class CacheService:
         """Make ``manifest``'s version ready, unless it already is (a hit)."""
         key = (manifest.name, manifest.digest)
         row = await self._db(self.catalog.version, *key)
+        if row is not None and row.state == "ready" and not await self._work(self.store.ready_dir(*key).is_dir):
+            log.warning("dataset %s@%s vanished from disk; fetching it again", *key)
+            await self._db(self.catalog.delete_version, *key)
+            row = None
         if row is not None and row.state == "ready":
             self.metrics.inc("dsagent_cache_hits_total")
             await self._db(self.catalog.touch, *key, self.clock())
             return
         self.metrics.inc("dsagent_cache_misses_total")
         async with self._fetch_slots:
-            await self._reserve(manifest)
+            await self._reserve(key, manifest.total_bytes)
             started = time.monotonic()
             try:
                 await self._fetch_reserved(source, manifest)
@@ -478,16 +574,15 @@ class CacheService:
 
     # -- space ------------------------------------------------------------------------
 
-    async def _reserve(self, manifest: Manifest) -> None:
-        """Reserve the dataset's size, evicting LRU unused datasets to reach ratio x size."""
-        key = (manifest.name, manifest.digest)
+    async def _reserve(self, key: Key, size: int) -> None:
+        """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size."""
         async with self._space_lock:
             free = await self._free_bytes()
             candidates = await self._candidates()
-            plan = eviction.plan_for_fetch(candidates, size=manifest.total_bytes, free=free, ratio=self.settings.evict_ratio)
+            plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
             if not plan.sufficient:
                 raise InsufficientSpace(
-                    f"not enough space to cache {manifest.name} ({format_size(manifest.total_bytes)}): "
+                    f"not enough space to cache {key[0]} ({format_size(size)}): "
                     f"needed {format_size(plan.needed_bytes)}, free {format_size(plan.free_bytes)}, "
                     f"evictable {format_size(plan.evictable_bytes)}",
                     hint="release tasks that no longer need their datasets, or give the cache more space",
@@ -495,7 +590,7 @@ class CacheService:
                 )
             for victim in plan.victims:
                 await self._evict_one(victim, reason="space")
-            self._reservations[key] = manifest.total_bytes
+            self._reservations[key] = size
 
     async def _free_bytes(self) -> int:
         """Free bytes for new data: disk free and capacity left, minus pending reservations."""
@@ -619,7 +714,10 @@ class CacheService:
 
     def _version_view(self, row: VersionRow, in_use: bool) -> dict[str, Any]:
         progress = self._progress.get((row.name, row.digest))
-        fetching = row.state == "fetching" and ("fetch", row.name, row.digest) in self._flights
+        working = ("fetch", row.name, row.digest) in self._flights or any(
+            name == row.name and not waiter.done() for (_, name), waiter in self._waiters.items()
+        )
+        fetching = row.state != "ready" and working
         state = "fetching" if fetching else ("failed" if row.state != "ready" else "ready")
         return {
             "name": row.name, "digest": row.digest, "state": state, "sizeBytes": row.size_bytes, "files": row.files,
@@ -665,6 +763,12 @@ class CacheService:
         for state in ("ready", "fetching", "failed"):
             samples.append(Sample("dsagent_datasets", sum(1 for v in views if v["state"] == state), (("state", state),)))
         return self.metrics.render(samples)
+
+
+def _is_local_url(source: Source) -> bool:
+    fs, _ = resolve(source.url, source.storage_options)
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return bool({"file", "local"} & set(protocols))
 
 
 def _check_same_request(existing: TaskRow, requests: Sequence[DatasetRequest]) -> None:

@@ -8,6 +8,7 @@ What it owns::
     <root>/datasets/<name>/<digest>/       ready datasets: what pods mount, never modified
     <root>/manifests/<name>/<digest>       the manifest of each cached version
     <root>/staging/<name>@<digest>/        fetches in progress (resumable after a crash)
+    <root>/staging/<name>@pending-<token>/ per-file copies whose digest is not known yet
     <root>/trash/                          deletions: renamed here atomically, then removed
 
 A dataset becomes ready by one ``rename`` of its staging directory (then an fsync of the
@@ -84,6 +85,26 @@ class Store:
 
     def staging_dir(self, name: str, digest: str) -> Path:
         return self._inside(self.root / "staging" / f"{validate_name(name)}@{validate_digest(digest)}")
+
+    def pending_dir(self, name: str, token: str) -> Path:
+        """Staging for a copy whose digest is not known yet (renamed by :meth:`adopt`)."""
+        if not re.fullmatch(r"[0-9a-f]{8,32}", token):
+            raise InvalidInput(f"invalid staging token {token!r}")
+        return self._inside(self.root / "staging" / f"{validate_name(name)}@pending-{token}")
+
+    def adopt(self, name: str, token: str, digest: str) -> Path:
+        """Give a finished pending copy its version's staging name (then :meth:`publish`)."""
+        pending, staging = self.pending_dir(name, token), self.staging_dir(name, digest)
+        if staging.exists():
+            self._trash(staging)
+        os.rename(pending, staging)
+        return staging
+
+    def discard_pending(self, name: str, token: str) -> None:
+        path = self.pending_dir(name, token)
+        if path.exists():
+            self._trash(path)
+            self.empty_trash()
 
     def manifest_path(self, name: str, digest: str) -> Path:
         return self._inside(self.root / "manifests" / validate_name(name) / validate_digest(digest))

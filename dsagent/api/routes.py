@@ -1,8 +1,10 @@
 """The ``/v1`` routes: they convert between the wire and the service, nothing more.
 
-Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. Operator actions
-(evictions) need the admin token when the request came over TCP; the unix socket is
-guarded by its file permissions.
+Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. Every request that
+changes state (tasks, evictions) needs the admin token when it came over TCP, where
+anyone on the network could otherwise make the node fetch or drop data; reads (inventory,
+metrics, probes) stay open for the extender and Prometheus. The unix socket is guarded by
+its file permissions.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def require_admin(request: Request) -> None:
         raise Unauthorized("a valid admin token is required for this action", hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)")
 
 
-@router.put("/v1/tasks/{task_id}")
+@router.put("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)])
 async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0)) -> dict[str, Any]:
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait)
     return task_out(record)
@@ -52,7 +54,7 @@ async def get_task(task_id: str, svc: CacheService = Depends(service)) -> dict[s
     return task_out(await svc.get_task(task_id))
 
 
-@router.delete("/v1/tasks/{task_id}")
+@router.delete("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)])
 async def release_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     await svc.release_task(task_id)
     return {"task": task_id, "released": True}

@@ -43,7 +43,12 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.server.count(self.command, self.path)
         delay = self.server.delay_for(self.path)
         if delay:
+            with self.server._lock:
+                self.server.inflight += 1
+                self.server.peak = max(self.server.peak, self.server.inflight)
             time.sleep(delay)
+            with self.server._lock:
+                self.server.inflight -= 1
         match = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         path = Path(self.translate_path(self.path))
         if match is None or not path.is_file():
@@ -74,6 +79,8 @@ class _Server(http.server.ThreadingHTTPServer):
         self.directory = directory
         self.requests: Counter[tuple[str, str]] = Counter()
         self.delays: list[tuple[Callable[[str], bool], float]] = []
+        self.inflight = 0
+        self.peak = 0  # most slowed-down requests served at once
         self._lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(directory)))
 
@@ -107,6 +114,10 @@ class LoopbackServer:
 
     def slow_down(self, predicate: Callable[[str], bool], seconds: float) -> None:
         self._server.delays.append((predicate, seconds))
+
+    @property
+    def peak_concurrency(self) -> int:
+        return self._server.peak
 
     def close(self) -> None:
         self._server.shutdown()

@@ -15,7 +15,7 @@ from dsagent import inventory as inventory_schema
 from dsagent.bundle import pack, verify_tree
 from dsagent.errors import Conflict, InsufficientSpace, NotFound
 from dsagent.manifest import Manifest, read_manifest
-from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, wait_ready
 
 
 def make_dataset(root: Path, files: int, size: int, seed: int = 0) -> Path:
@@ -37,11 +37,12 @@ def bundle_gets(server: LoopbackServer) -> dict[str, int]:
     return server.gets(lambda p: p.startswith("/store/bundles/"))
 
 
-def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+@pytest.mark.parametrize("transport", ["socket", "tcp"])
+def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], transport: str) -> None:
     www, url, server = loopback
     source, dataset, manifest = packed(www, url, "imagenet")
-    agent = agent_factory()
-    with agent.client() as client:
+    agent = agent_factory(tcp=transport == "tcp")
+    with agent.client(tcp=transport == "tcp", token=ADMIN_TOKEN) as client:
         first = client.submit_task("pod-1", [dataset], wait=30)
         assert first["state"] == "ready", first
         reads = server.gets()
@@ -114,6 +115,10 @@ def test_kill_9_in_the_middle_of_a_fetch_leaves_nothing_ready_and_the_fetch_resu
         deadline = time.monotonic() + 30
         while client.get_task("pod-a")["datasets"][0]["filesDone"] < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
+        progress = client.get_task("pod-a")["datasets"][0]
+        assert progress["state"] == "fetching" and progress["digest"] == manifest.digest
+        assert 0 < progress["bytesDone"] < progress["sizeBytes"] == manifest.total_bytes
+        assert progress["rateBytesPerSecond"] > 0 and progress["etaSeconds"] > 0
     agent.kill9()
     before = bundle_gets(server)
     assert 0 < len(before) < len(manifest.bundles)
@@ -192,12 +197,6 @@ def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothin
     assert "dsagent_cache_hits_total 1" in metrics and "dsagent_cache_misses_total 1" in metrics
 
 
-@pytest.mark.xfail(
-    reason="manifest._walk_remote takes size 0 from HTTP directory listings (fsspec gives size None there), "
-    "so build_manifest reports the file as changed; the bundles branch owns the fix (fs.info per file)",
-    raises=AssertionError,
-    strict=False,
-)
 def test_a_source_over_http_without_bundles_is_copied_file_by_file(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
     www, url, server = loopback
     make_dataset(www / "raw", 6, 1500)
@@ -246,3 +245,16 @@ def test_the_manifest_is_read_once_per_resolution_from_the_store(loopback: tuple
     www, url, server = loopback
     _, dataset, manifest = packed(www, url, "probe")
     assert read_manifest(dataset["bundles"], "probe").digest == manifest.digest
+
+
+@pytest.mark.parametrize(("max_fetches", "workers", "peak"), [(1, 2, 2), (2, 2, 4)], ids=["one-dataset-at-a-time", "two-at-a-time"])
+def test_parallelism_is_bounded_per_dataset_and_across_datasets(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], max_fetches: int, workers: int, peak: int) -> None:
+    www, url, server = loopback
+    sets = [packed(www, url, name, files=16, max_files=2, seed=i)[1] for i, name in enumerate(["one", "two"])]
+    server.slow_down(lambda p: p.startswith("/store/bundles/"), 0.25)
+    agent = agent_factory(env={"DSAGENT_MAX_FETCHES": str(max_fetches), "DSAGENT_FETCH_WORKERS": str(workers)})
+    with agent.client() as client:
+        for i, dataset in enumerate(sets):
+            client.submit_task(f"t{i}", [dataset])
+        assert [wait_ready(client, f"t{i}")["state"] for i in range(2)] == ["ready", "ready"]
+    assert server.peak_concurrency == peak

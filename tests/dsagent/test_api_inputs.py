@@ -23,6 +23,12 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def http(agent: AgentProcess) -> Any:
+    with httpx.Client(base_url=agent.url, timeout=30, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
+        yield client
+
+
+@pytest.fixture
+def anonymous(agent: AgentProcess) -> Any:
     with httpx.Client(base_url=agent.url, timeout=30) as client:
         yield client
 
@@ -96,13 +102,29 @@ def test_a_task_cannot_change_its_datasets(http: httpx.Client, agent: AgentProce
     assert (response.status_code, response.json()["code"]) == (409, "conflict")
 
 
-def test_operator_actions_over_tcp_need_the_admin_token(http: httpx.Client, agent: AgentProcess) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/evict", {"mode": "idle", "dryRun": True}),
+        ("DELETE", "/v1/datasets/anything", None),
+        ("PUT", "/v1/tasks/t-anon", {"datasets": [GOOD]}),
+        ("DELETE", "/v1/tasks/t-anon", None),
+    ],
+    ids=["evict", "evict-dataset", "submit-task", "release-task"],
+)
+def test_changes_over_tcp_need_the_admin_token(anonymous: httpx.Client, method: str, path: str, body: Any) -> None:
     for headers in ({}, {"authorization": "Bearer wrong-token-wrong-token"}, {"authorization": ADMIN_TOKEN}):
-        response = http.post("/v1/evict", json={"mode": "idle", "dryRun": True}, headers=headers)
+        response = anonymous.request(method, path, json=body, headers=headers)
         assert (response.status_code, response.json()["code"]) == (401, "unauthorized")
-        response = http.delete("/v1/datasets/anything", headers=headers)
-        assert response.status_code == 401
-    ok = http.post("/v1/evict", json={"mode": "idle", "dryRun": True}, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+
+
+def test_reads_over_tcp_need_no_token(anonymous: httpx.Client) -> None:
+    for path in ("/v1/inventory", "/v1/datasets", "/metrics", "/healthz", "/readyz"):
+        assert anonymous.get(path).status_code == 200, path
+
+
+def test_operator_actions_work_with_the_token_or_over_the_socket(http: httpx.Client, agent: AgentProcess) -> None:
+    ok = http.post("/v1/evict", json={"mode": "idle", "dryRun": True})
     assert ok.status_code == 200 and ok.json()["evicted"] == []
     with agent.client() as client:  # the unix socket is guarded by its permissions instead
         assert client.evict(mode="idle", dry_run=True)["evicted"] == []

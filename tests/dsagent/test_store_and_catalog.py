@@ -67,6 +67,7 @@ def test_start_up_reconciles_the_catalog_with_the_disk(tmp_path: Path) -> None:
     store.ready_dir("ds", kept).mkdir(parents=True)
     store.ready_dir("ds", orphan).mkdir(parents=True)  # on disk, unknown to the catalog
     store.staging_dir("other", staged).mkdir(parents=True)  # a fetch nobody recorded
+    store.pending_dir("ds", "0123456789abcdef").mkdir(parents=True)  # a copy killed before its digest was known
     (tmp_path / "root" / "datasets" / "ds" / "not-a-digest").mkdir()
 
     async def run() -> list[str]:
