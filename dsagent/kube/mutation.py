@@ -8,11 +8,16 @@ operations that
   ``DSAGENT_DATASETS`` (the JSON list), ``DSAGENT_TASK_ID`` (the pod UID, downward API),
   ``DSAGENT_SOCKET`` and one ``DSAGENT_STORAGE_OPTIONS_<NAME>`` per dataset whose Dataset
   names a storage Secret (a ``secretKeyRef``: credentials never appear in the pod spec);
+  then links ``/dsagent-run/datasets/<name>`` to the version the task is bound to
+  (:mod:`dsagent.kube.links`);
 - mount the agent's socket directory into it and into every app container;
-- mount the node's cached datasets read-only into every app container;
+- mount the node's cached datasets read-only into every app container (``/datasets``,
+  where a version is ``/datasets/<name>/<digest>``) and the links read-only at
+  ``/dsagent-run``;
 - give every app container ``DSAGENT_TASK_ID``, ``DSAGENT_DATASETS`` (without options),
-  ``DSAGENT_SOCKET`` and ``DSAGENT_DATASETS_DIR``, so ``dsctl wait --from-env`` and
-  ``dsctl status`` work there;
+  ``DSAGENT_SOCKET`` and ``DSAGENT_DATASETS_DIR=/dsagent-run/datasets`` (so
+  ``$DSAGENT_DATASETS_DIR/imagenet`` is the pod's ImageNet), and make ``dsctl wait
+  --from-env`` and ``dsctl status`` work there;
 - add the agent's group to the pod's supplementalGroups (the socket is group-writable);
 - set the dsplatform scheduler's name when the pod uses the default scheduler.
 
@@ -39,6 +44,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +61,7 @@ RUN_DIR = "/dsagent-run"
 READY_MARK = RUN_DIR + "/ready"
 INJECTED_ANNOTATION = "dsagent.io/injected"
 WAIT_ANNOTATION = "dsagent.io/wait"
-# The sidecar: cache (waiting with progress), mark ready, stay up until the pod ends. If
-# caching fails it exits, and the kubelet restarts it with back-off: it retries.
-SIDECAR_SCRIPT = f"dsctl cache --from-env && touch {READY_MARK} && exec sleep infinity"
+LINK_DIR = RUN_DIR + "/datasets"
 # An app container: wait for the mark, then become the original command ($0 "$@").
 WAIT_SCRIPT = (f'if [ ! -e {READY_MARK} ]; then echo "dsplatform: waiting for datasets" >&2; fi; '
                f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"')
@@ -161,7 +165,7 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
     ops: JSONPatch = []
     ops += _prepend("/spec/initContainers", spec.get("initContainers"),
                     init_container(datasets, injection, sidecar=overlap))
-    ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection, run_dir=overlap))
+    ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
     for index, container in enumerate(spec.get("containers") or []):
         path = f"/spec/containers/{index}"
         ops += _wire_container(path, container, datasets, injection)
@@ -184,6 +188,15 @@ def wait_mode(pod: Mapping[str, Any]) -> str:
     return "overlap" if containers and all(c.get("command") for c in containers) else "init"
 
 
+def cache_script(injection: Injection, *, sidecar: bool) -> str:
+    """Cache (waiting with progress), link ``$DSAGENT_DATASETS_DIR/<name>`` to the bound
+    versions; as a sidecar also mark ready and stay up until the pod ends. If caching
+    fails the container exits, and the kubelet restarts it with back-off: it retries."""
+    script = (f"dsctl cache --from-env && "
+              f"python -m dsagent.kube.links {LINK_DIR} {shlex.quote(injection.datasets_mount_path)}")
+    return script + (f" && touch {READY_MARK} && exec sleep infinity" if sidecar else "")
+
+
 def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *, sidecar: bool = False) -> dict[str, Any]:
     """The ``dsagent-cache`` container: a native sidecar (``sidecar``) or a blocking init-container."""
     names = [options_env_name(d.name) for d in datasets]
@@ -203,10 +216,14 @@ def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *,
         "name": INIT_CONTAINER,
         "image": injection.image,
         "imagePullPolicy": injection.image_pull_policy,
-        "command": ["/bin/sh", "-c", SIDECAR_SCRIPT] if sidecar else ["dsctl", "cache", "--from-env"],
+        "command": ["/bin/sh", "-c", cache_script(injection, sidecar=sidecar)],
         "env": env,
-        "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path}]
-        + ([{"name": RUN_VOLUME, "mountPath": RUN_DIR}] if sidecar else []),
+        "volumeMounts": [
+            {"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path},
+            {"name": RUN_VOLUME, "mountPath": RUN_DIR},
+            # read-only, only so the link step sees what it links to
+            {"name": DATASETS_VOLUME, "mountPath": injection.datasets_mount_path, "subPath": "datasets", "readOnly": True},
+        ],
         "securityContext": {
             "runAsUser": injection.run_as_user, "runAsGroup": injection.run_as_group, "runAsNonRoot": True,
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -221,23 +238,18 @@ def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *,
     return container
 
 
-def volumes(injection: Injection, *, run_dir: bool = False) -> list[dict[str, Any]]:
-    found = [
+def volumes(injection: Injection) -> list[dict[str, Any]]:
+    return [
         {"name": SOCKET_VOLUME, "hostPath": {"path": injection.socket_dir, "type": "DirectoryOrCreate"}},
         {"name": DATASETS_VOLUME, "hostPath": {"path": injection.cache_dir, "type": "DirectoryOrCreate"}},
+        {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
-    if run_dir:
-        found.append({"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
-    return found
 
 
 def _wait_before(path: str, container: Mapping[str, Any]) -> JSONPatch:
     """Wrap the container's command so it starts once the datasets are ready."""
     command = list(container.get("command") or [])
-    mounts = container.get("volumeMounts")
-    mount = {"name": RUN_VOLUME, "mountPath": RUN_DIR, "readOnly": True}
-    return ([{"op": "replace", "path": f"{path}/command", "value": ["/bin/sh", "-c", WAIT_SCRIPT, *command]}]
-            + _append_all(f"{path}/volumeMounts", mounts if mounts is not None else [], [mount]))
+    return [{"op": "replace", "path": f"{path}/command", "value": ["/bin/sh", "-c", WAIT_SCRIPT, *command]}]
 
 
 def _wire_container(path: str, container: Mapping[str, Any], datasets: Sequence[ResolvedDataset],
@@ -247,13 +259,14 @@ def _wire_container(path: str, container: Mapping[str, Any], datasets: Sequence[
         # subPath: only the ready datasets, never the catalog or staging directories
         {"name": DATASETS_VOLUME, "mountPath": injection.datasets_mount_path, "subPath": "datasets", "readOnly": True},
         {"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path},
+        {"name": RUN_VOLUME, "mountPath": RUN_DIR, "readOnly": True},  # the links and the ready mark
     ) if m["mountPath"] not in taken]
     defined = {e.get("name") for e in container.get("env") or []}
     env = [e for e in (
         {"name": "DSAGENT_TASK_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": "DSAGENT_DATASETS", "value": _datasets_json(datasets, with_options=False)},
         {"name": "DSAGENT_SOCKET", "value": injection.socket_path},
-        {"name": "DSAGENT_DATASETS_DIR", "value": injection.datasets_mount_path},
+        {"name": "DSAGENT_DATASETS_DIR", "value": LINK_DIR},
     ) if e["name"] not in defined]  # what the user set wins
     return (_append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts)
             + _append_all(f"{path}/env", container.get("env"), env))

@@ -36,7 +36,9 @@ NON_DEFAULT: dict[str, Any] = {
     "imagePullSecrets": [{"name": "regcred"}],
     "agent": {"cacheDir": "/nvme/dsagent", "socketDir": "/var/run/dsagent", "capacity": "800Gi",
               "localSources": ["/mnt/nfs/datasets"], "maxFetches": 2, "runAsUser": 1001, "runAsGroup": 1001,
-              "nodeSelector": {"node-role.kubernetes.io/gpu": ""}, "tolerations": [{"operator": "Exists"}]},
+              "nodeSelector": {"node-role.kubernetes.io/gpu": ""}, "tolerations": [{"operator": "Exists"}],
+              "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {
+                  "kubernetes.io/metadata.name": "monitoring"}}}]}},
     "extender": {"replicas": 3, "weights": "dataset=1,roce=0,numa=0", "partialDatasets": True},
     "scheduler": {"name": "data-aware", "replicas": 2, "extender": {"weight": 5, "httpTimeout": "2s"}},
     "webhook": {"certManager": {"enabled": True}, "excludeNamespaces": ["kube-system", "monitoring"],
@@ -363,7 +365,15 @@ def test_without_the_scheduler_the_webhook_leaves_scheduler_names_alone() -> Non
 
 def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["agent-only"]
-    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Secret"}
+    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Secret", "NetworkPolicy"}
+
+
+def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    default = find(rendered["default"], "NetworkPolicy")
+    assert default["spec"]["policyTypes"] == ["Ingress"] and default["spec"]["ingress"] == []
+    [rule] = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 7420, "protocol": "TCP"}]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
 
 
 # -- the Dataset CRD

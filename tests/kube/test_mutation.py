@@ -101,9 +101,10 @@ def test_a_blocking_init_container_when_asked_or_when_a_command_is_unknown(reaso
         del pod["spec"]["containers"][0]["command"]
     result = mutated(pod)
     init = result["spec"]["initContainers"][0]
-    assert init["command"] == ["dsctl", "cache", "--from-env"] and "restartPolicy" not in init
+    assert init["command"] == ["/bin/sh", "-c", "dsctl cache --from-env && "
+                               "python -m dsagent.kube.links /dsagent-run/datasets /datasets"]
+    assert "restartPolicy" not in init
     assert result["spec"]["containers"][0].get("command") == pod["spec"]["containers"][0].get("command")
-    assert "dsagent-run" not in {v["name"] for v in result["spec"]["volumes"]}
 
 
 def test_the_wrapped_command_waits_for_the_mark_then_becomes_the_original(tmp_path: Path) -> None:
@@ -131,7 +132,8 @@ def test_app_containers_get_the_datasets_read_only_and_the_socket() -> None:
     assert mounts["dshm"]["mountPath"] == "/dev/shm"  # what was there stays
     env = env_of(container)
     assert env["MASTER_PORT"]["value"] == "23456"
-    assert env["DSAGENT_DATASETS_DIR"]["value"] == "/datasets"
+    assert env["DSAGENT_DATASETS_DIR"]["value"] == "/dsagent-run/datasets"
+    assert mounts["dsagent-run"] == {"name": "dsagent-run", "mountPath": "/dsagent-run", "readOnly": True}
     assert env["DSAGENT_TASK_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["dsagent-datasets"]["hostPath"] == {"path": "/var/lib/dsagent", "type": "DirectoryOrCreate"}

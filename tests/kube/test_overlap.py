@@ -26,9 +26,9 @@ from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from dsagent.kube.testing import SimulatedKubelet
 from tests.fake_apiserver import json_patch, make_pod
 
-# The training command: list the cached copy at /datasets/<name>/<digest>/ (read-only).
-TRAINING = [sys.executable, "-c", "import os; d = os.path.join(os.environ['DSAGENT_DATASETS_DIR'], 'imagenet'); "
-            "[version] = os.listdir(d); print('training on', sorted(os.listdir(os.path.join(d, version))))"]
+# The training command: list its dataset at the stable path $DSAGENT_DATASETS_DIR/<name>.
+TRAINING = [sys.executable, "-c", "import os; "
+            "print('training on', sorted(os.listdir(os.path.join(os.environ['DSAGENT_DATASETS_DIR'], 'imagenet'))))"]
 
 
 @pytest.fixture
