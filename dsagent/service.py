@@ -235,11 +235,13 @@ class CacheService:
         requests = await self._validate(task_id, datasets)
         now = self.clock()
         lease_until = now + self.settings.lease_ttl
+        if self.admit_task is not None and await self._db(self.catalog.task, task_id) is None:
+            # Admission may wait (e.g. for the pod watch to see the pod): do it before the
+            # lock so it never holds up other tasks' requests.
+            await self.admit_task(task_id)
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
             if existing is None:
-                if self.admit_task is not None:
-                    await self.admit_task(task_id)
                 await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
                 existing = await self._db(self.catalog.task, task_id)
                 assert existing is not None
@@ -380,6 +382,10 @@ class CacheService:
         message = row.error or "the fetch was interrupted (agent restart)"
         err = {"code": "fetch_failed", "message": message, "hint": "repeat the request to resume it"} if state == "failed" else None
         return DatasetStatus(**base, state=state, size_bytes=row.size_bytes, files=row.files, bytes_done=done[0], files_done=done[1], rate=done[2], eta=done[3], error=err)
+
+    async def task_ids(self) -> list[str]:
+        """The ids of every task this agent holds, oldest first (released ones are gone)."""
+        return [task.task_id for task in await self._db(self.catalog.tasks)]
 
     async def release_task(self, task_id: str) -> None:
         """The task no longer needs its datasets (the pod ended); they become evictable."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import re
@@ -140,7 +139,6 @@ class ClusterAgent:
         self._background: list[asyncio.Task[Any]] = []
         self._watch: PodWatch | None = None
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
-        self._original_submit: Callable[..., Awaitable[TaskRecord]] | None = None
         self.patches = 0
         self.released: list[str] = []  # pod UIDs whose tasks were released, oldest first
 
@@ -160,7 +158,7 @@ class ClusterAgent:
         self._core = client.CoreV1Api(self._api_client)
         self._datasets = DatasetClient(self._api_client)
         await self._check_node()
-        self._install_guard()
+        self.service.admit_task = self.check_task
         self._watch = PodWatch(self._api_client, self.node_name, self._from_thread,
                                timeout_seconds=self.cluster.watch_timeout)
         self._watch.start()
@@ -168,6 +166,7 @@ class ClusterAgent:
             asyncio.create_task(self._consume(), name="dsagent-kube-pods"),
             asyncio.create_task(self._publish_forever(), name="dsagent-kube-publish"),
             asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
+            asyncio.create_task(self._release_stale_tasks(), name="dsagent-kube-stale"),
         ]
         log.info("cluster mode on node %s: watching its pods, publishing every %.0fs",
                  self.node_name, self.cluster.publish_interval)
@@ -191,7 +190,7 @@ class ClusterAgent:
         await asyncio.gather(*self._background, return_exceptions=True)
         if self._watch is not None:
             await asyncio.to_thread(self._watch.stop)
-        self._uninstall_guard()
+        self.service.admit_task = None
         try:
             await asyncio.wait_for(self._clear_annotations(), timeout=5)
         except (asyncio.TimeoutError, DsagentError) as exc:
@@ -214,28 +213,8 @@ class ClusterAgent:
                                     hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)")
             await asyncio.sleep(0.05)
 
-    def _install_guard(self) -> None:
-        # CacheService has no guard hook yet: wrap its submit_task on this instance, which
-        # is what the HTTP API calls; the agent's own submissions use the original.
-        original = self.service.submit_task
-        self._original_submit = original
-
-        @functools.wraps(original)
-        async def guarded(task_id: str, datasets: Sequence[DatasetRequest], **kwargs: Any) -> TaskRecord:
-            await self.check_task(task_id)
-            return await original(task_id, datasets, **kwargs)
-
-        self.service.submit_task = guarded  # type: ignore[method-assign]
-
-    def _uninstall_guard(self) -> None:
-        if self._original_submit is not None:
-            with contextlib.suppress(AttributeError):
-                del self.service.submit_task  # back to the class's method
-            self._original_submit = None
-
     async def _submit(self, task_id: str, requests: Sequence[DatasetRequest]) -> TaskRecord:
-        submit = self._original_submit or self.service.submit_task
-        return await submit(task_id, requests)
+        return await self.service.submit_task(task_id, requests)
 
     # -- pods -------------------------------------------------------------------------
 
@@ -316,6 +295,20 @@ class ClusterAgent:
         except NotFound:
             return  # never submitted (or already released)
         log.info("pod %s ended: released its datasets", _name(pod))
+
+    async def _release_stale_tasks(self) -> None:
+        """Once the first pod list is in, release pod tasks whose pods are gone.
+
+        Pods deleted while the agent itself was down send no DELETED event to this
+        process; without this their datasets would stay in use until the lease lapses.
+        """
+        watch = self._watch
+        assert watch is not None
+        while not watch.synced.is_set():  # polled, not waited on a thread: stop() cancels it
+            await asyncio.sleep(0.1)
+        for task_id in await self.service.task_ids():
+            if is_pod_uid(task_id) and not watch.has_pod(task_id):
+                await self._release(task_id, {"metadata": {"name": task_id}})
 
     async def _renew_forever(self) -> None:
         """Keep running pods' datasets in use: repeating a request renews its lease."""

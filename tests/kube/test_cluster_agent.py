@@ -219,6 +219,31 @@ def test_a_pod_deleted_while_the_api_server_was_down_is_released_after_410_gone(
     asyncio.run(scenario())
 
 
+def test_tasks_of_pods_deleted_while_the_agent_was_down_are_released_at_start(
+    apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
+) -> None:
+    apiserver.create(make_node(NODE))
+    live = apiserver.create(make_pod("train-live", node_name=NODE, phase="Running",
+                                     annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))
+    gone_uid = "0b7e6a52-4b8e-4c3a-9a51-6d1f0e1c2b3a"  # a pod deleted while the agent was down
+
+    async def scenario() -> None:
+        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True)
+        service = CacheService(settings)
+        await service.start()
+        await service.submit_task(gone_uid, [DatasetRequest("tiny", memory_dataset)], wait=10)
+        await service.submit_task("manual-job", [DatasetRequest("tiny", memory_dataset)])
+        await service.stop()
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            await until_released(agent, gone_uid)
+            await until(lambda: live["metadata"]["uid"] in agent._tasks, what="the live pod's task")
+            remaining = await agent.service.task_ids()
+            assert "manual-job" in remaining  # not a pod UID: not the cluster agent's to release
+            assert live["metadata"]["uid"] in remaining
+
+    asyncio.run(scenario())
+
+
 def test_the_watch_resumes_after_an_api_server_restart_without_relisting(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
 ) -> None:
