@@ -26,6 +26,15 @@ def agent() -> None:
     """dsagent: the dsplatform node agent (a DaemonSet on every GPU node)."""
 
 
+def _register_webhook() -> None:
+    from dsagent.cli.webhook import webhook
+
+    agent.add_command(webhook)
+
+
+_register_webhook()
+
+
 @agent.command()
 @click.option("--root", type=click.Path(path_type=Path), help="Cache root [DSAGENT_ROOT].")
 @click.option("--socket", "socket_path", type=click.Path(path_type=Path), help="Unix socket [DSAGENT_SOCKET, default ROOT/dsagent.sock].")

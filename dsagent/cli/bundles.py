@@ -143,9 +143,11 @@ def _manifest_json(manifest: Manifest) -> dict[str, Any]:
 @_source_options
 @click.option("--store-option", "store_options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the store (repeatable).")
 @_cache_flag
+@click.option("--publish", "publish_namespace", metavar="NAMESPACE", default=None,
+              help="Record the packed digest in the status of Dataset NAME in NAMESPACE (created if missing; needs a kubeconfig or a service account).")
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
-    options: tuple[str, ...], store_options: tuple[str, ...], digest_cache: bool,
+    options: tuple[str, ...], store_options: tuple[str, ...], digest_cache: bool, publish_namespace: str | None,
 ) -> None:  # fmt: skip
     """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME."""
     from dsagent.bundle import write_bundles
@@ -174,6 +176,11 @@ def pack(
         f"{len(packed.bundles)} bundles ({len(packed.bundles) - reused} written, {reused} reused, "
         f"{format_size(compressed)} stored) in {elapsed:.1f} s ({_rate(packed.total_bytes, elapsed)}); digest {packed.digest}"
     )
+    if publish_namespace:
+        from dsagent.kube.datasets import publish
+
+        dataset = publish(packed, namespace=publish_namespace, source=source, bundles=store)
+        click.echo(f"published Dataset {dataset.namespace}/{dataset.name}: digest {dataset.digest}")
 
 
 @click.command()

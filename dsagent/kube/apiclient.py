@@ -37,7 +37,10 @@ def load(kubeconfig: str | None = None) -> Any:
         return client.ApiClient()
     try:
         configuration = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        # The client reads KUBECONFIG once, at import; read it now so the call sees the
+        # environment it runs in (a colon-separated list is merged by the client).
+        config_file = kubeconfig or os.environ.get("KUBECONFIG") or None
+        config.load_kube_config(config_file=config_file, client_configuration=configuration)
     except (config.ConfigException, OSError) as exc:
         raise KubeUnavailable(
             f"no Kubernetes configuration: {exc}",
