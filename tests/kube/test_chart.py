@@ -215,6 +215,7 @@ def test_scheduler_configuration_has_one_profile_and_an_ignorable_extender(
     assert isinstance(extender["weight"], int) and extender["weight"] >= 1
     assert extender["httpTimeout"].endswith("s")
     service = find(docs, "Service", "-extender")
+    assert service["spec"]["sessionAffinity"] == "ClientIP"  # job memory lives in one replica
     port = service["spec"]["ports"][0]["port"]
     assert extender["urlPrefix"] == f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{port}"
     deployment = find(docs, "Deployment", "-extender")
