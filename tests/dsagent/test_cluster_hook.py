@@ -4,7 +4,6 @@ app and stopped with it; without ``dsagent.kube`` the agent says so in one line.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import subprocess
 import sys
 import types
@@ -48,12 +47,19 @@ def test_the_cluster_agent_starts_and_stops_with_the_app(tmp_path: Path, monkeyp
     assert RecordingClusterAgent.events == ["init gpu-node-7", "start", "stop"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dsagent.kube") is not None, reason="this build has dsagent.kube")
-def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path: Path) -> None:
+def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A build without dsagent.kube, simulated: a None entry in sys.modules makes the
+    # import fail and find_spec report the package missing.
+    monkeypatch.setitem(sys.modules, "dsagent.kube", None)
+    monkeypatch.setitem(sys.modules, "dsagent.kube.agent", None)
     with pytest.raises(KubernetesUnavailable):
         load_cluster_agent(Any, Settings(root=tmp_path))  # type: ignore[arg-type]
+    without_kube = (
+        "import sys; sys.modules['dsagent.kube'] = None; sys.modules['dsagent.kube.agent'] = None; "
+        "from dsagent.cli.agent import main; main(sys.argv[1:])"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path / "r"), "--kubernetes"],
+        [sys.executable, "-c", without_kube, "serve", "--root", str(tmp_path / "r"), "--kubernetes"],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
