@@ -152,7 +152,7 @@ def main() -> None:
     print(f"generating {args.files} files in {min(args.classes, args.files)} classes under {src} ...", flush=True)
     total = generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
     print(f"dataset: {args.files} files, {total / 1e6:.1f} MB, {cpus} CPUs\n", flush=True)
-    subprocess.run(["bash", "-c", f"cat $(find {src} -name '*.JPEG') > /dev/null"], check=True)  # warm the page cache
+    subprocess.run(["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)  # warm the page cache
 
     manifest: list[Manifest] = []
     ours, theirs = compare(
