@@ -159,10 +159,20 @@ class Catalog:
                 (now, task_id),
             )
 
-    def delete_version(self, name: str, digest: str) -> None:
+    def delete_version(self, name: str, digest: str, *, unless_in_use_at: float | None = None) -> bool:
+        """Forget a version; with ``unless_in_use_at``, only if no task whose lease is live
+        at that time is bound to it (checked in the same transaction, so an eviction
+        chosen earlier can never delete a version a task has been bound to since)."""
         with self._tx() as db:
-            db.execute("DELETE FROM versions WHERE name = ? AND digest = ?", (name, digest))
+            if unless_in_use_at is not None and db.execute(
+                "SELECT 1 FROM task_datasets d JOIN tasks t USING (task_id)"
+                " WHERE d.name = ? AND d.digest = ? AND t.lease_until > ? LIMIT 1",
+                (name, digest, unless_in_use_at),
+            ).fetchone():
+                return False
+            deleted = db.execute("DELETE FROM versions WHERE name = ? AND digest = ?", (name, digest)).rowcount > 0
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            return deleted
 
     def bundle_done(self, name: str, digest: str, bundle: str) -> None:
         with self._tx() as db:

@@ -32,6 +32,7 @@ import os
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -154,6 +155,11 @@ class CacheService:
         self._reservations: dict[Key, int] = {}
         self._progress: dict[Key, Progress] = {}
         self._pending: dict[tuple[str, str], Progress] = {}  # (name, source) -> copy with digest unknown
+        # (task, name) -> (request identity, digest once resolved): what a task asked for
+        # and is not yet bound to in the catalog; protects a version from eviction in that
+        # window (e.g. between a per-file copy becoming ready and the task's bind).
+        self._claims: dict[tuple[str, str], tuple[tuple[str, str, str | None], str | None]] = {}
+        self._pins: Counter[Key] = Counter()  # versions a fetch hard-links bundles from
         self._sweeper: asyncio.Task[None] | None = None
         self.started = False
         # Set by the cluster integration: checks a new task id (e.g. that it is a pod on
@@ -296,6 +302,7 @@ class CacheService:
         self._start_waiter(task_id, request, bound)
 
     def _start_waiter(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
+        self._claims[(task_id, request.name)] = (request.identity, None)  # protected from now on
         task = asyncio.create_task(self._serve(task_id, request, bound), name=f"dsagent-task-{task_id}-{request.name}")
         self._waiters[(task_id, request.name)] = task
 
@@ -309,10 +316,11 @@ class CacheService:
             resolved: tuple[Manifest, bool]
             if stored is None:
                 flight = ("resolve", *request.identity)
-                resolved = await self._single(flight, functools.partial(self._resolve, request.name, source))
-                await self._db(self.catalog.bind, task_id, request.name, resolved[0].digest)
+                resolved = await self._single(flight, functools.partial(self._resolve_settling, request, source))
+                await self._bind(task_id, request, resolved[0].digest)
             else:
                 resolved = (stored, False)
+                self._claims.pop((task_id, request.name), None)  # the catalog binding protects it
             manifest, fetched = resolved
             if not fetched:  # a per-file copy that digested while copying is ready already
                 await self._single(("fetch", manifest.name, manifest.digest), functools.partial(self._fetch, source, manifest))
@@ -324,10 +332,32 @@ class CacheService:
             log.exception("caching %s for task %s failed", request.name, task_id)
             self._errors[(task_id, request.name)] = DsagentError(f"internal error: {type(exc).__name__}: {exc}")
 
+    async def _resolve_settling(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:
+        resolved = await self._resolve(request.name, source)
+        self._settle(request.identity, resolved[0].digest)  # every task waiting on this flight
+        return resolved
+
+    def _settle(self, identity: tuple[str, str, str | None], digest: str) -> None:
+        """The tasks resolving ``identity`` now claim version ``digest`` (before it can be ready)."""
+        for key, (claimed, known) in self._claims.items():
+            if claimed == identity and known is None:
+                self._claims[key] = (identity, digest)
+
+    async def _bind(self, task_id: str, request: DatasetRequest, digest: str) -> None:
+        self._claims[(task_id, request.name)] = (request.identity, digest)
+        await self._db(self.catalog.bind, task_id, request.name, digest)
+        self._claims.pop((task_id, request.name), None)  # from here the catalog protects it
+
+    def _protected(self, key: Key) -> bool:
+        """Claimed by a task not yet bound, being fetched, or a fetch's link origin: checked
+        again right before each deletion, since a plan was made on an earlier view."""
+        claimed = any((name, digest) == key for (_, name), (_, digest) in self._claims.items())
+        return claimed or self._pins[key] > 0 or ("fetch", *key) in self._flights
+
     async def _single(self, key: tuple[Any, ...], start: Callable[[], Awaitable[_T]]) -> _T:
         """Single-flight: callers with the same key share one running coroutine."""
         flight = self._flights.get(key)
-        if flight is None:
+        if flight is None or flight.done():  # a landed flight settled its waiters already
             flight = asyncio.ensure_future(start())
             self._flights[key] = flight
             flight.add_done_callback(functools.partial(self._landed, key))
@@ -395,6 +425,7 @@ class CacheService:
                 self._waiters.pop((tid, name), None)
                 self._errors.pop((tid, name), None)
                 self._options.pop((tid, name), None)
+                self._claims.pop((tid, name), None)
         await self._db(self.catalog.touch_task, task_id, self.clock())  # idle time counts from here
         if not await self._db(self.catalog.delete_task, task_id):
             raise NotFound(f"no task {task_id!r} on this agent")
@@ -467,7 +498,7 @@ class CacheService:
                 entries = await copy_and_digest(source, files, staging, progress=progress, executor=self._pool, workers=self.settings.fetch_workers)
                 manifest = Manifest.create(name, entries, directories=dirs)
                 await self._work(finish, staging, manifest)
-                adopted = await self._adopt(token, manifest, source)
+                adopted = await self._adopt(key, manifest, source)
             except BaseException:
                 self.metrics.inc("dsagent_fetches_total", result="failed")
                 await self._work(self.store.discard_pending, name, token)
@@ -484,21 +515,34 @@ class CacheService:
             await self._collect_superseded(name)
         return manifest, adopted
 
-    async def _adopt(self, token: str, manifest: Manifest, source: Source) -> bool:
-        """Make a finished pending copy its version, unless that version exists already."""
-        key = (manifest.name, manifest.digest)
-        row = await self._db(self.catalog.version, *key)
-        if (row is not None and row.state == "ready") or ("fetch", *key) in self._flights:
-            await self._work(self.store.discard_pending, manifest.name, token)
-            return False  # the caller takes the existing version (a hit) or joins its fetch
-        await self._db(
-            self.catalog.begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
-            source=source.url, bundles=None, now=self.clock(),
-        )
-        await self._work(self.store.write_manifest, *key, manifest.to_bytes())
-        await self._work(self.store.adopt, manifest.name, token, manifest.digest)
-        await self._work(self.store.publish, *key)
-        await self._db(self.catalog.mark_ready, *key, now=self.clock())
+    async def _adopt(self, pending: Key, manifest: Manifest, source: Source) -> bool:
+        """Make a finished pending copy its version, unless that version exists already.
+
+        Under the space lock, so no eviction is half done on this version meanwhile; the
+        waiting tasks claim it before it becomes ready, and its reservation moves to its
+        own key so that space is counted once until the commit."""
+        key, token = (manifest.name, manifest.digest), pending[1].removeprefix("pending-")
+        async with self._space_lock:
+            self._settle((manifest.name, source.url, source.bundles), manifest.digest)
+            row = await self._db(self.catalog.version, *key)
+            if (row is not None and row.state == "ready") or ("fetch", *key) in self._flights:
+                await self._work(self.store.discard_pending, manifest.name, token)
+                return False  # the caller takes the existing version (a hit) or joins its fetch
+            self._reservations[key] = self._reservations.pop(pending, manifest.total_bytes)
+            if pending in self._progress:
+                self._progress[key] = self._progress.pop(pending)
+            try:
+                await self._db(
+                    self.catalog.begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
+                    source=source.url, bundles=None, now=self.clock(),
+                )
+                await self._work(self.store.write_manifest, *key, manifest.to_bytes())
+                await self._work(self.store.adopt, manifest.name, token, manifest.digest)
+                await self._work(self.store.publish, *key)
+                await self._db(self.catalog.mark_ready, *key, now=self.clock())
+            finally:
+                self._reservations.pop(key, None)
+                self._progress.pop(key, None)
         return True
 
     async def _current_manifest(self, name: str, url: str) -> Manifest | None:
@@ -556,8 +600,15 @@ class CacheService:
             async def record(bundle: BundleRef) -> None:
                 await self._db(self.catalog.bundle_done, *key, bundle.digest)
 
-            local = await self._local_bundles(manifest)
-            await fetch_bundles(source, manifest, staging, done=done, on_bundle_done=record, local=local, progress=progress, executor=self._pool, workers=workers)
+            async with self._space_lock:  # no eviction is half done on a version we link from
+                local = await self._local_bundles(manifest)
+                origins = Counter((path.parent.name, path.name) for path in set(local.values()))
+                self._pins.update(origins)
+            try:
+                await fetch_bundles(source, manifest, staging, done=done, on_bundle_done=record, local=local, progress=progress, executor=self._pool, workers=workers)
+            finally:
+                self._pins.subtract(origins)
+                self._pins = +self._pins
         else:
             await fetch_files(source, manifest, staging, progress=progress, executor=self._pool, workers=workers)
         await self._work(finish, staging, manifest)
@@ -583,20 +634,23 @@ class CacheService:
     async def _reserve(self, key: Key, size: int) -> None:
         """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size."""
         async with self._space_lock:
-            free = await self._free_bytes()
-            candidates = await self._candidates()
-            plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
-            if not plan.sufficient:
-                raise InsufficientSpace(
-                    f"not enough space to cache {key[0]} ({format_size(size)}): "
-                    f"needed {format_size(plan.needed_bytes)}, free {format_size(plan.free_bytes)}, "
-                    f"evictable {format_size(plan.evictable_bytes)}",
-                    hint="release tasks that no longer need their datasets, or give the cache more space",
-                    needed=plan.needed_bytes, free=plan.free_bytes, evictable=plan.evictable_bytes,
-                )
-            for victim in plan.victims:
-                await self._evict_one(victim, reason="space")
-            self._reservations[key] = size
+            while True:
+                free = await self._free_bytes()
+                candidates = await self._candidates()
+                plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
+                if not plan.sufficient:
+                    raise InsufficientSpace(
+                        f"not enough space to cache {key[0]} ({format_size(size)}): "
+                        f"needed {format_size(plan.needed_bytes)}, free {format_size(plan.free_bytes)}, "
+                        f"evictable {format_size(plan.evictable_bytes)}",
+                        hint="release tasks that no longer need their datasets, or give the cache more space",
+                        needed=plan.needed_bytes, free=plan.free_bytes, evictable=plan.evictable_bytes,
+                    )
+                evicted = [await self._evict_one(victim, reason="space") for victim in plan.victims]
+                if all(evicted):
+                    self._reservations[key] = size
+                    return
+                # a victim became protected since the plan was made: plan again on the new view
 
     async def _free_bytes(self) -> int:
         """Free bytes for new data: disk free and capacity left, minus pending reservations."""
@@ -605,8 +659,9 @@ class CacheService:
         free = disk.free - pending
         if self.settings.capacity_bytes is not None:
             rows = await self._db(self.catalog.versions)
-            held = sum(r.size_bytes for r in rows if r.state == "ready")
             reserved = sum(self._reservations.values())
+            # a version just committed ready may still hold its reservation: count it once
+            held = sum(r.size_bytes for r in rows if r.state == "ready" and (r.name, r.digest) not in self._reservations)
             free = min(free, self.settings.capacity_bytes - held - reserved)
         return free
 
@@ -617,7 +672,8 @@ class CacheService:
     async def _candidates(self) -> list[eviction.Candidate]:
         rows = await self._db(self.catalog.versions)
         in_use = await self._db(self.catalog.in_use, self.clock())
-        fetching = {key[1:] for key in self._flights if key[0] == "fetch"}
+        in_use |= {(name, digest) for (_, name), (_, digest) in self._claims.items() if digest is not None}
+        fetching = {key[1:] for key in self._flights if key[0] == "fetch"} | set(self._pins)
         return [
             eviction.Candidate(
                 r.name, r.digest, r.size_bytes, r.last_used or r.created_at,
@@ -627,24 +683,34 @@ class CacheService:
             if r.state in ("ready", "failed")
         ]
 
-    async def _evict_one(self, victim: eviction.Candidate, *, reason: str) -> None:
+    async def _evict_one(self, victim: eviction.Candidate, *, reason: str, force: bool = False) -> bool:
+        """Delete one version chosen by a plan, unless it became protected since (then
+        False). Called under the space lock only, so no two deletions of one version
+        overlap and no fetch publishes a version while it is being removed."""
+        key = (victim.name, victim.digest)
+        if not force and self._protected(key):
+            return False
+        unless = None if force else self.clock()
+        if not await self._db(self.catalog.delete_version, *key, unless_in_use_at=unless) and not force:
+            return False  # a task was bound to it after the plan was made
         log.info("evicting %s@%s (%s, %s)", victim.name, victim.digest[:12], format_size(victim.size_bytes), reason)
-        await self._db(self.catalog.delete_version, victim.name, victim.digest)
-        await self._work(self.store.remove, victim.name, victim.digest)
+        await self._work(self.store.remove, *key)
         self.metrics.inc("dsagent_evictions_total", reason=reason)
         self.metrics.inc("dsagent_evicted_bytes_total", victim.size_bytes)
+        return True
 
     async def _collect_superseded(self, name: str | None = None) -> None:
         """Delete old versions no task holds: a name keeps its current version (the one
         its latest consistency check resolved to) and the versions tasks still use."""
-        rows = await self._db(self.catalog.versions, name)
-        current: dict[str, VersionRow] = {}
-        for row in rows:  # ordered by resolved_at: the last ready one per name wins
-            if row.state == "ready":
-                current[row.name] = row
-        for c in await self._candidates():
-            if (name is None or c.name == name) and c.evictable and c.name in current and current[c.name].digest != c.digest:
-                await self._evict_one(c, reason="superseded")
+        async with self._space_lock:
+            rows = await self._db(self.catalog.versions, name)
+            current: dict[str, VersionRow] = {}
+            for row in rows:  # ordered by resolved_at: the last ready one per name wins
+                if row.state == "ready":
+                    current[row.name] = row
+            for c in await self._candidates():
+                if (name is None or c.name == name) and c.evictable and c.name in current and current[c.name].digest != c.digest:
+                    await self._evict_one(c, reason="superseded")
 
     async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
@@ -652,8 +718,8 @@ class CacheService:
             candidates = await self._candidates()
             victims = await self._choose(candidates, names=names, mode=mode, force=force, free_bytes=free_bytes)
             if not dry_run:
-                for victim in victims:
-                    await self._evict_one(victim, reason="operator" if mode == "names" else mode)
+                reason = "operator" if mode == "names" else mode
+                victims = [v for v in victims if await self._evict_one(v, reason=reason, force=force and mode == "names")]
         return EvictionResult(tuple(victims), dry_run, sum(v.size_bytes for v in victims))
 
     async def _choose(self, candidates: list[eviction.Candidate], *, names: Sequence[str], mode: str, force: bool, free_bytes: int) -> list[eviction.Candidate]:
