@@ -1,7 +1,9 @@
 """The agent's durable state: a SQLite catalog (WAL mode) under the cache root.
 
-Who calls it: only :mod:`dsagent.service`, from one dedicated thread (the catalog's
-methods are synchronous and short; the service runs them off the event loop).
+Who calls it: the service's parts (:mod:`dsagent.service`, :mod:`dsagent.space`,
+:mod:`dsagent.versions`, :mod:`dsagent.recovery`), always through the one catalog thread
+of :mod:`dsagent.pools` (the methods are synchronous and short; they run off the event
+loop, in the order they were called).
 What it owns: dataset versions (``name``, ``digest``, state, sizes, last use), the bundles
 of a fetch already verified (so a restarted fetch skips them), and tasks with the
 datasets they hold and their leases. Storage options (credentials) are never stored here.

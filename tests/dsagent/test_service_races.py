@@ -31,7 +31,7 @@ class Gate:
         self.reached = asyncio.Event()
         self._opened = asyncio.Event()
         self._used = False
-        real: Callable[..., Awaitable[Any]] = service._db
+        real: Callable[..., Awaitable[Any]] = service.pools.db
 
         async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             hold = getattr(fn, "__name__", "") == method and not self._used
@@ -43,7 +43,7 @@ class Gate:
                 await self._hold()
             return result
 
-        service._db = db  # type: ignore[method-assign]
+        service.pools.db = db  # type: ignore[method-assign]
 
     async def _hold(self) -> None:
         self.reached.set()
