@@ -21,6 +21,7 @@ The rules that keep a version safe from eviction:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -66,16 +67,20 @@ class Space:
 
     async def reserve(self, key: Key, size: int) -> None:
         """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size."""
+        spared: set[Key] = set()  # victims found protected since their plan: never chosen again
         async with self.lock:
             while True:
-                plan = eviction.plan_for_fetch(await self.candidates(), size=size, free=await self.free_bytes(), ratio=self.settings.evict_ratio)
+                candidates = [dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c for c in await self.candidates()]
+                plan = eviction.plan_for_fetch(candidates, size=size, free=await self.free_bytes(), ratio=self.settings.evict_ratio)
                 if not plan.sufficient:
                     raise _insufficient(key[0], size, plan)
-                evicted = [await self.evict_one(victim, reason="space") for victim in plan.victims]
-                if all(evicted):
+                for victim in plan.victims:
+                    if not await self.evict_one(victim, reason="space"):
+                        spared.add((victim.name, victim.digest))
+                if not spared.intersection((v.name, v.digest) for v in plan.victims):
                     self.reservations[key] = size
                     return
-                # a victim became protected since the plan was made: plan again on the new view
+                # plan again on the new view; it ends, since each round spares one more version
 
     def release(self, key: Key) -> None:
         self.reservations.pop(key, None)

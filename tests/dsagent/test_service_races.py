@@ -25,13 +25,14 @@ class Clock:
 
 class Gate:
     """Pause the first catalog call named ``method`` (``before`` it runs or ``after``)
-    until :meth:`open`; ``reached`` is set when a coroutine is held there."""
+    until :meth:`open`; ``reached`` is set when a coroutine is held there. With
+    ``pool="work"`` it pauses a call to the worker pool instead."""
 
-    def __init__(self, service: CacheService, method: str, *, after: bool = False) -> None:
+    def __init__(self, service: CacheService, method: str, *, after: bool = False, pool: str = "db") -> None:
         self.reached = asyncio.Event()
         self._opened = asyncio.Event()
         self._used = False
-        real: Callable[..., Awaitable[Any]] = service.pools.db
+        real: Callable[..., Awaitable[Any]] = getattr(service.pools, pool)
 
         async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             hold = getattr(fn, "__name__", "") == method and not self._used
@@ -43,7 +44,7 @@ class Gate:
                 await self._hold()
             return result
 
-        service.pools.db = db  # type: ignore[method-assign]
+        setattr(service.pools, pool, db)
 
     async def _hold(self) -> None:
         self.reached.set()
@@ -101,6 +102,34 @@ def test_a_version_just_copied_is_not_evicted_before_its_task_is_bound(tmp_path:
             other = await service.submit_task("b", [DatasetRequest("b", second)], wait=30)
             gate.open()
             mine = await settled(service, "a")
+            assert mine.state == "ready", mine
+            assert Path(mine.datasets[0].path or "").is_dir()
+            assert (other.state, (other.datasets[0].error or {}).get("code")) == ("failed", "insufficient_space")
+
+    asyncio.run(run())
+
+
+def test_a_copy_is_claimed_for_its_tasks_before_it_becomes_ready(tmp_path: Path, memory_root: str) -> None:
+    # the narrowest window: a fetch that was waiting for the space lock while the copy was
+    # made ready gets the lock first, before the copy's shared step has even returned
+    first, second = f"{memory_root}/a", f"{memory_root}/b"
+    write_memory_dataset(first, 3, b"a")
+    write_memory_dataset(second, 3, b"b")
+    settings = Settings(root=tmp_path, capacity_bytes=3000, sweep_interval=3600)
+
+    async def run() -> None:
+        async with running(settings) as service:
+            making_ready = Gate(service, "begin_version")
+            await service.submit_task("a", [DatasetRequest("a", first)])
+            await making_ready.reached.wait()  # the copy of "a" holds the space lock, about to commit
+            listed = Gate(service, "list_remote", after=True, pool="work")
+            await service.submit_task("b", [DatasetRequest("b", second)])
+            await listed.reached.wait()
+            listed.open()
+            for _ in range(5):  # let "b" run on until it queues for the space lock
+                await asyncio.sleep(0)
+            making_ready.open()
+            mine, other = await settled(service, "a"), await settled(service, "b")
             assert mine.state == "ready", mine
             assert Path(mine.datasets[0].path or "").is_dir()
             assert (other.state, (other.datasets[0].error or {}).get("code")) == ("failed", "insufficient_space")
