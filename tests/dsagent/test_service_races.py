@@ -212,3 +212,4 @@ def test_a_version_whose_bundles_a_fetch_links_from_is_not_evicted_under_it(tmp_
             assert (squeeze.state, (squeeze.datasets[0].error or {}).get("code")) == ("failed", "insufficient_space")
 
     asyncio.run(run())
+
