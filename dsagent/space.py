@@ -104,8 +104,11 @@ class Space:
         if self.settings.capacity_bytes is not None:
             rows = await self.pools.db(self._catalog().versions)
             reserved = sum(self.reservations.values())
-            # a version just committed ready may still hold its reservation: count it once
-            held = sum(r.size_bytes for r in rows if r.state == "ready" and (r.name, r.digest) not in self.reservations)
+            # every version counts, once: as reserved while a fetch holds its reservation
+            # (also just after its ready commit), else as held - a failed or interrupted
+            # one too, since its staging stays on disk for a resume and evicting it is
+            # credited with its size
+            held = sum(r.size_bytes for r in rows if (r.name, r.digest) not in self.reservations)
             free = min(free, self.settings.capacity_bytes - held - reserved)
         return free
 

@@ -213,3 +213,25 @@ def test_a_version_whose_bundles_a_fetch_links_from_is_not_evicted_under_it(tmp_
 
     asyncio.run(run())
 
+
+
+def test_a_failed_fetch_left_on_disk_counts_against_the_capacity(tmp_path: Path) -> None:
+    # a failed fetch keeps its staging for a resume; the capacity must count it, or a new
+    # fetch would fill the cache past its limit instead of evicting the failed one
+    source = write_local_dataset(tmp_path / "src" / "b", 4, b"b")  # 2000 bytes
+    settings = Settings(root=tmp_path / "cache", capacity_bytes=3000, sweep_interval=3600, local_sources=(tmp_path / "src",))
+    failed = "ab" * 16
+
+    async def run() -> None:
+        async with running(settings) as service:
+            await service.pools.db(service.catalog.begin_version, "f", failed, size_bytes=1500, files=1, source="s3://x/f", bundles=None, now=1.0)
+            await service.pools.db(service.catalog.mark_failed, "f", failed, "source went away")
+            staging = service.store.staging_dir("f", failed)
+            staging.mkdir(parents=True)
+            (staging / "part").write_bytes(b"x" * 1500)
+            record = await service.submit_task("b", [DatasetRequest("b", str(source))], wait=30)
+            assert record.state == "ready", record
+            assert [v["name"] for v in await service.datasets()] == ["b"]  # the failed one made room
+            assert not staging.exists()
+
+    asyncio.run(run())
