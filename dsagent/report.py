@@ -2,9 +2,10 @@
 
 Who calls it: :mod:`dsagent.service` for ``GET /v1/tasks/{task}`` (one
 :class:`~dsagent.task.DatasetStatus` per dataset of a task), ``GET /v1/datasets`` (one view
-per cached version) and ``GET /v1/inventory`` (the inventory contract, see
-:mod:`dsagent.inventory`). The service passes the catalog rows, the progress counters and
-whether work is still running; nothing here reads the clock, the disk or the catalog.
+per cached version), ``GET /v1/inventory`` (the inventory contract, see
+:mod:`dsagent.inventory`) and the gauges of ``GET /metrics``. The service passes the
+catalog rows, the progress counters and whether work is still running; nothing here
+reads the clock, the disk or the catalog.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from dsagent.catalog import VersionRow
 from dsagent.errors import DsagentError
 from dsagent.fetch import Progress
+from dsagent.metrics import Sample
 from dsagent.task import DatasetStatus, iso, redact_url
 
 _GONE = {
@@ -83,4 +85,17 @@ def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | No
     return {"version": 1, "node": node, "capacityBytes": space["capacityBytes"], "freeBytes": space["freeBytes"], "datasets": datasets}
 
 
-__all__ = ["dataset_status", "inventory", "version_view"]
+def gauges(space: dict[str, int], views: list[dict[str, Any]], tasks: int) -> list[Sample]:
+    """The gauges ``GET /metrics`` shows beside the service's counters."""
+    samples = [
+        Sample("dsagent_free_bytes", space["freeBytes"]),
+        Sample("dsagent_used_bytes", space["usedBytes"]),
+        Sample("dsagent_capacity_bytes", space["capacityBytes"]),
+        Sample("dsagent_tasks", tasks),
+    ]
+    for state in ("ready", "fetching", "failed"):
+        samples.append(Sample("dsagent_datasets", sum(1 for v in views if v["state"] == state), (("state", state),)))
+    return samples
+
+
+__all__ = ["dataset_status", "gauges", "inventory", "version_view"]

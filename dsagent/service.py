@@ -31,27 +31,24 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from dsagent import recovery, report
 from dsagent.catalog import Catalog, TaskRow
 from dsagent.claims import Claims
-from dsagent.errors import DsagentError, InvalidInput, NotFound
+from dsagent.errors import DsagentError, NotFound
 from dsagent.fetch import Source
 from dsagent.flights import Flights
 from dsagent.manifest import Manifest
-from dsagent.metrics import Metrics, Sample
+from dsagent.metrics import Metrics
 from dsagent.pools import Pools
 from dsagent.progress import ProgressBoard
 from dsagent.settings import Settings
 from dsagent.space import EvictionResult, Space
-from dsagent.storage import resolve
 from dsagent.store import Store, validate_name
-from dsagent.task import DatasetRequest, DatasetStatus, TaskRecord, check_same_request, iso, redact_url, validate_task_id
+from dsagent.task import DatasetRequest, DatasetStatus, TaskRecord, check_locations, check_same_request, iso, redact_url, validate_request
 from dsagent.versions import Versions
 
 log = logging.getLogger("dsagent")
@@ -151,30 +148,10 @@ class CacheService:
         return await self.get_task(task_id)
 
     async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
-        validate_task_id(task_id)
-        if not datasets:
-            raise InvalidInput("a task must ask for at least one dataset")
-        names = [validate_name(d.name) for d in datasets]
-        if len(set(names)) != len(names):
-            raise InvalidInput(f"dataset names repeat in one task: {sorted(names)}")
-        for request in datasets:
-            for url in (request.source, request.bundles):
-                if url is not None:
-                    await self._work(self._check_location, url, request.storage_options)
+        validate_request(task_id, datasets)
+        for request in datasets:  # resolving a location may touch the network: off the loop
+            await self._work(check_locations, request, local_sources=self.settings.local_sources)
         return list(datasets)
-
-    def _check_location(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
-        fs, path = resolve(url, storage_options)
-        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-        if not {"file", "local"} & set(protocols):
-            return
-        real = Path(os.path.realpath(path))
-        allowed = self.settings.local_sources
-        if not any(real.is_relative_to(Path(os.path.realpath(root))) for root in allowed):
-            raise InvalidInput(
-                f"local source {url!r} is outside the directories this agent may read",
-                hint="use a remote URL, or add its directory to DSAGENT_LOCAL_SOURCES on the agent",
-            )
 
     async def _ensure(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
         """Start the work a task's dataset still needs, unless it is running or done."""
@@ -324,18 +301,8 @@ class CacheService:
         return report.inventory(await self.datasets(), await self.space(), self.settings.node_name)
 
     async def metrics_text(self) -> str:
-        space = await self.space()
-        views = await self.datasets()
         tasks = await self._db(self.catalog.tasks)
-        samples = [
-            Sample("dsagent_free_bytes", space["freeBytes"]),
-            Sample("dsagent_used_bytes", space["usedBytes"]),
-            Sample("dsagent_capacity_bytes", space["capacityBytes"]),
-            Sample("dsagent_tasks", len(tasks)),
-        ]
-        for state in ("ready", "fetching", "failed"):
-            samples.append(Sample("dsagent_datasets", sum(1 for v in views if v["state"] == state), (("state", state),)))
-        return self.metrics.render(samples)
+        return self.metrics.render(report.gauges(await self.space(), await self.datasets(), len(tasks)))
 
 
 __all__ = ["CacheService", "DatasetRequest", "DatasetStatus", "EvictionResult", "TaskRecord", "iso", "redact_url"]

@@ -9,15 +9,19 @@ or returned, so only :meth:`DatasetRequest.redacted` reaches the catalog.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dsagent.catalog import TaskRow
 from dsagent.errors import Conflict, InvalidInput
+from dsagent.storage import resolve
+from dsagent.store import validate_name
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
@@ -73,10 +77,33 @@ class TaskRecord:
         return "ready" if states <= {"ready"} else "pending"
 
 
-def validate_task_id(task_id: str) -> str:
+def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
+    """A task id and its dataset list, before anything is recorded."""
     if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
         raise InvalidInput(f"invalid task id {task_id!r}", hint="use 1-253 letters, digits, '.', '_', ':' or '-', e.g. a pod UID")
-    return task_id
+    if not datasets:
+        raise InvalidInput("a task must ask for at least one dataset")
+    names = [validate_name(d.name) for d in datasets]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"dataset names repeat in one task: {sorted(names)}")
+
+
+def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -> None:
+    """Refuse a local source or bundle store outside ``local_sources`` (the agent runs
+    privileged: pods must not make it copy host files into their mounts). Blocking."""
+    for url in (request.source, request.bundles):
+        if url is None:
+            continue
+        fs, path = resolve(url, request.storage_options)
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        if not {"file", "local"} & set(protocols):
+            continue
+        real = Path(os.path.realpath(path))
+        if not any(real.is_relative_to(Path(os.path.realpath(root))) for root in local_sources):
+            raise InvalidInput(
+                f"local source {url!r} is outside the directories this agent may read",
+                hint="use a remote URL, or add its directory to DSAGENT_LOCAL_SOURCES on the agent",
+            )
 
 
 def check_same_request(existing: TaskRow, requests: Sequence[DatasetRequest]) -> None:
@@ -107,4 +134,4 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["DatasetRequest", "DatasetStatus", "TaskRecord", "check_same_request", "iso", "redact_url", "validate_task_id"]
+__all__ = ["DatasetRequest", "DatasetStatus", "TaskRecord", "check_locations", "check_same_request", "iso", "redact_url", "validate_request"]
