@@ -134,17 +134,21 @@ class Space:
             if r.state in ("ready", "failed")
         ]
 
+    def busy(self, key: Key) -> bool:
+        """Being fetched, or the origin a fetch links bundles from: not even force evicts it."""
+        return self._pins[key] > 0 or self.flights.is_fetching(key)
+
     def protected(self, key: Key) -> bool:
-        """Claimed by a task not yet bound, being fetched, or a fetch's link origin."""
-        return key in self.claims or self._pins[key] > 0 or self.flights.is_fetching(key)
+        """Busy, or claimed by a task not yet bound to it."""
+        return self.busy(key) or key in self.claims
 
     async def evict_one(self, victim: eviction.Candidate, *, reason: str, force: bool = False) -> bool:
         """Delete one version chosen by a plan, unless it became protected since (then
         False). Under :attr:`lock` only, so no two deletions of one version overlap and
         no fetch publishes a version while it is being removed."""
         key = (victim.name, victim.digest)
-        if not force and self.protected(key):
-            return False
+        if self.busy(key) or (not force and self.protected(key)):
+            return False  # force overrides a task's use, never a fetch's
         unless = None if force else self.clock()
         if not await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=unless) and not force:
             return False  # a task was bound to it after the plan was made
