@@ -1,7 +1,9 @@
 """The agent's durable state: a SQLite catalog (WAL mode) under the cache root.
 
-Who calls it: only :mod:`dsagent.service`, from one dedicated thread (the catalog's
-methods are synchronous and short; the service runs them off the event loop).
+Who calls it: the service's parts (:mod:`dsagent.service`, :mod:`dsagent.space`,
+:mod:`dsagent.versions`, :mod:`dsagent.recovery`), always through the one catalog thread
+of :mod:`dsagent.pools` (the methods are synchronous and short; they run off the event
+loop, in the order they were called).
 What it owns: dataset versions (``name``, ``digest``, state, sizes, last use), the bundles
 of a fetch already verified (so a restarted fetch skips them), and tasks with the
 datasets they hold and their leases. Storage options (credentials) are never stored here.
@@ -159,10 +161,20 @@ class Catalog:
                 (now, task_id),
             )
 
-    def delete_version(self, name: str, digest: str) -> None:
+    def delete_version(self, name: str, digest: str, *, unless_in_use_at: float | None = None) -> bool:
+        """Forget a version; with ``unless_in_use_at``, only if no task whose lease is live
+        at that time is bound to it (checked in the same transaction, so an eviction
+        chosen earlier can never delete a version a task has been bound to since)."""
         with self._tx() as db:
-            db.execute("DELETE FROM versions WHERE name = ? AND digest = ?", (name, digest))
+            if unless_in_use_at is not None and db.execute(
+                "SELECT 1 FROM task_datasets d JOIN tasks t USING (task_id)"
+                " WHERE d.name = ? AND d.digest = ? AND t.lease_until > ? LIMIT 1",
+                (name, digest, unless_in_use_at),
+            ).fetchone():
+                return False
+            deleted = db.execute("DELETE FROM versions WHERE name = ? AND digest = ?", (name, digest)).rowcount > 0
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            return deleted
 
     def bundle_done(self, name: str, digest: str, bundle: str) -> None:
         with self._tx() as db:

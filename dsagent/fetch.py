@@ -1,6 +1,6 @@
 """Getting one dataset version into its staging directory: bundles or per-file copies.
 
-Who calls it: :mod:`dsagent.service`, which owns the staging directory, the catalog and
+Who calls it: :mod:`dsagent.versions`, which owns the staging directory, the catalog and
 the concurrency limits, and passes in an executor and a worker count (rule 6).
 What it owns: the two fetch paths and their progress counters.
 

@@ -1,6 +1,8 @@
 """The on-disk layout of the cache root, and the only code that names paths inside it.
 
-Who calls it: :mod:`dsagent.service` (and :mod:`dsagent.fetch` for staging directories).
+Who calls it: the service's parts (:mod:`dsagent.versions` to fetch and publish,
+:mod:`dsagent.space` to remove, :mod:`dsagent.recovery` to reconcile) and
+:mod:`dsagent.fetch` for staging directories.
 What it owns::
 
     <root>/catalog.db                      SQLite catalog (WAL)
