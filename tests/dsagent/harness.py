@@ -130,6 +130,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def unix_socket_listening(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket ``path``.
+
+    Probed with a socket we close ourselves: httpcore leaks the socket of a refused unix
+    connection (the socket file exists before the agent listens), and the ResourceWarning
+    it raises at garbage collection would fail whichever test happens to be running.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 class AgentProcess:
     """``python -m dsagent serve`` on a unix socket (and TCP with ``tcp=True``)."""
 
@@ -154,6 +169,9 @@ class AgentProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dsagent exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            if not unix_socket_listening(self.socket):
+                time.sleep(0.05)
+                continue
             try:
                 with self.client() as client:
                     if client.health():

@@ -25,6 +25,7 @@ from dsagent.errors import AgentUnreachable
 from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from dsagent.kube.testing import SimulatedKubelet
 from tests.fake_apiserver import json_patch, make_pod
+from tests.dsagent.harness import unix_socket_listening
 
 # The training command: list its dataset at the stable path $DSAGENT_DATASETS_DIR/<name>.
 TRAINING = [sys.executable, "-c", "import os; "
@@ -48,6 +49,8 @@ def agent(tmp_path: Path) -> Iterator[dict[str, Any]]:
         deadline = time.monotonic() + 60
         while True:
             try:
+                if not unix_socket_listening(sockets / "dsagent.sock"):
+                    raise AgentUnreachable("not listening yet")
                 with AgentClient(socket_path=sockets / "dsagent.sock", timeout=5) as client:
                     if client.health():
                         break
