@@ -13,18 +13,23 @@ Who calls it: :func:`dsagent.manifest.build_manifest` (its public face), and so
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
-from dsagent.errors import IntegrityError, InvalidInput, NotFound
-from dsagent.hashing import CHUNK_SIZE, hash_file, hash_stream
+from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
+from dsagent.hashing import CHUNK_SIZE, hash_fd, hash_file, hash_stream
 from dsagent.manifest import FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.storage import resolve, translate_errors
 
@@ -53,11 +58,24 @@ def is_local(fs: AbstractFileSystem) -> bool:
 #: inode of a local file the walk listed but did not stat yet
 _UNSTATED = -1
 
+#: The walk hands out a directory's files in groups of at most this many names.
+_GROUP = 256
 
-def _iter_local(root: str, empty: list[str]) -> Iterator[_Found]:
-    """Files under a local ``root`` as the walk finds them (empty directories go to ``empty``).
+
+class _Dir(NamedTuple):
+    """Some regular files of one local directory, as the walk lists them (unstat'ed)."""
+
+    rel: str  # the directory relative to the source root ("" for the root itself)
+    path: str  # where to open it
+    names: list[str]
+
+
+def _iter_local_dirs(root: str, empty: list[str]) -> Iterator[_Dir]:
+    """Files under a local ``root`` in groups per directory (empty directories go to ``empty``).
 
     Follows symlinks (a linked file is packed as a regular file) and refuses loops.
+    Groups come as the walk goes, at most :data:`_GROUP` names each, so that hashing
+    starts at once even on one flat directory of a million files.
     """
     seen: set[tuple[int, int]] = set()
     stack = [("", root)]
@@ -68,27 +86,46 @@ def _iter_local(root: str, empty: list[str]) -> Iterator[_Found]:
             raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
         seen.add((st.st_dev, st.st_ino))
         has_child = False
+        names: list[str] = []
         with os.scandir(directory) as it:
             for item in it:
                 has_child = True
-                child = f"{rel}/{item.name}" if rel else item.name
                 # d_type answers without a syscall (except through symlinks); the stat that
-                # sizes and dates a file happens on the digest threads, in parallel
+                # sizes and dates a file happens where it is hashed, in parallel
                 if item.is_dir():
-                    stack.append((child, item.path))
+                    stack.append((f"{rel}/{item.name}" if rel else item.name, item.path))
                 elif item.is_file():
-                    yield _Found(child, item.path, -1, 0, _UNSTATED, 0)
+                    names.append(item.name)
+                    if len(names) >= _GROUP:
+                        yield _Dir(rel, directory, names)
+                        names = []
                 elif item.is_symlink() and not os.path.exists(item.path):
                     raise InvalidInput(f"broken symlink in source: {item.path!r}", hint="fix or remove the link")
                 else:
                     raise InvalidInput(f"not a regular file: {item.path!r}", hint="datasets hold regular files only")
+        if names:
+            yield _Dir(rel, directory, names)
         if not has_child and rel:
             empty.append(rel)
 
 
-def _walk_local(root: str) -> tuple[list[_Found], list[str]]:
-    empty: list[str] = []
-    return list(_iter_local(root, empty)), empty
+def _found_in(groups: Iterable[_Dir]) -> Iterator[_Found]:
+    """The files of ``groups`` one by one, for the thread path."""
+    join = os.path.join
+    for rel, directory, names in groups:
+        prefix = f"{rel}/" if rel else ""
+        for name in names:
+            yield _Found(prefix + name, join(directory, name), -1, 0, _UNSTATED, 0)
+
+
+class _LocalWalk:
+    """The lazy walk of a local tree: taken file by file (threads) or by groups (processes)."""
+
+    def __init__(self, groups: Iterator[_Dir]) -> None:
+        self.groups = groups
+
+    def __iter__(self) -> Iterator[_Found]:
+        return _found_in(self.groups)
 
 
 def _mtime_ns(info: Mapping[str, Any]) -> int:
@@ -144,7 +181,7 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable
             size = info.get("size")
             return [_Found(name, root, int(size) if size is not None else -1, _mtime_ns(info))]
         if is_local(fs):
-            return _iter_local(root, empty)
+            return _LocalWalk(_iter_local_dirs(root, empty))
         found, dirs = _walk_remote(fs, root)
         empty.extend(dirs)
         return found
@@ -193,18 +230,35 @@ class _Hasher:
         if buffer is None:
             with self._fs.open(item.location, "rb") as stream:
                 digest, size = hash_stream(stream)
-        else:
-            if item.inode == _UNSTATED:
-                st = os.stat(item.location)
-                item = _Found(item.path, item.location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-            if self._cache is not None:
-                known = self._cache.match(self._snapshot, item)
-                if known is not None:
-                    return FileEntry(item.path, item.size, item.mtime_ns, known), None
+        elif self._cache is not None:
+            if item.inode == _UNSTATED:  # a path stat: a cache hit must not open the file
+                item = _stated(item, os.stat(item.location))
+            known = self._cache.match(self._snapshot, item)
+            if known is not None:
+                return FileEntry(item.path, item.size, item.mtime_ns, known), None
             digest, size = hash_file(item.location, buffer)
+        else:
+            fd = os.open(item.location, _O_READ)
+            try:
+                if item.inode == _UNSTATED:
+                    item = _stated(item, os.fstat(fd))
+                digest, size = hash_fd(fd, item.size, buffer)
+            finally:
+                os.close(fd)
         if size != item.size and item.size >= 0:
-            raise IntegrityError(f"{item.path!r} changed while it was digested ({item.size} -> {size} bytes)", hint="retry once the source is quiet")
+            raise _changed(item.path, item.size, size)
         return FileEntry(item.path, size, item.mtime_ns, digest), item
+
+
+def _stated(item: _Found, st: os.stat_result) -> _Found:
+    return _Found(item.path, item.location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+def _changed(path: str, before: int, after: int) -> IntegrityError:
+    return IntegrityError(f"{path!r} changed while it was digested ({before} -> {after} bytes)", hint="retry once the source is quiet")
+
+
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 class _Batches:
@@ -258,13 +312,21 @@ def digest_files(
 ) -> list[FileEntry]:
     """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
 
-    Hashing runs on ``workers`` threads while ``found`` is still being walked.
+    Hashing runs while ``found`` is still being walked: on ``workers`` threads, or, for a
+    big local tree in a single-threaded process, on one forked process per core (see
+    :class:`_ProcessPool`).
     """
     cache = digest_cache if is_local(fs) else None
     snapshot = cache.snapshot(root) if cache is not None else {}
-    # local reads are CPU-bound (one thread per core); remote ones wait on round trips
+    # local reads are CPU-bound (one worker per core); remote ones wait on round trips
+    count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
+    if isinstance(found, _LocalWalk) and count > 1 and can_fork():
+        head, rest = _peek(found.groups, PROCESS_MIN_FILES)
+        if rest is not None:
+            return _ProcessPool(min(count, os.cpu_count() or 1), snapshot if cache is not None else None).digest(chain(head, rest), cache, progress)
+        found = _LocalWalk(iter(head))
     hasher = _Hasher(fs, progress, cache, snapshot)
-    batches = _Batches(hasher, workers or (default_workers() if is_local(fs) else REMOTE_WORKERS))
+    batches = _Batches(hasher, count)
     try:
         for item in found:
             batches.add(item)
@@ -277,6 +339,244 @@ def digest_files(
         cache.record(hits=len(results) - len(fresh), misses=len(fresh))
         cache.store(fresh)
     return [entry for entry, _ in results]
+
+
+# --------------------------------------------------------------------------- process pool
+
+#: A local tree with at least this many files is hashed on processes (when forking is safe):
+#: below it, forking costs more than the parallel Python it buys.
+PROCESS_MIN_FILES = 4096
+
+#: Files per request to a hashing process: big enough that a round trip costs well under
+#: a microsecond per file, small enough that both processes finish together.
+_REQUEST_FILES = 256
+
+
+def can_fork() -> bool:
+    """True where a hashing process can be forked safely: Linux, and no other thread running.
+
+    Forking a multi-threaded process can copy a lock some other thread holds (the agent
+    digests on an executor thread, so it keeps the thread path).
+    """
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+def _peek(groups: Iterator[_Dir], files: int) -> tuple[list[_Dir], Iterator[_Dir] | None]:
+    """The first groups of the walk holding ``files`` files, and the rest (None if the walk ended)."""
+    head: list[_Dir] = []
+    seen = 0
+    for group in groups:
+        head.append(group)
+        seen += len(group.names)
+        if seen >= files:
+            return head, groups
+    return head, None
+
+
+def _requests(groups: Iterable[_Dir]) -> Iterator[list[_Dir]]:
+    """The walk's groups packed into requests of about :data:`_REQUEST_FILES` files."""
+    request: list[_Dir] = []
+    files = 0
+    for group in groups:
+        request.append(group)
+        files += len(group.names)
+        if files >= _REQUEST_FILES:
+            yield request
+            request, files = [], 0
+    if request:
+        yield request
+
+
+#: the digest cache's records under the source root: location -> (size, mtime, inode, ctime, digest)
+_Snapshot = dict[str, tuple[int, int, int, int, str]]
+
+
+class _Reply(NamedTuple):
+    """What a hashing process answers for one request: columns, not objects (cheap to pickle)."""
+
+    paths: list[str]
+    sizes: list[int]
+    mtimes: list[int]
+    digests: list[str]
+    fresh: list[tuple[_Found, str]]  # files hashed (not answered by the cache), only when a cache is used
+    error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
+
+
+def _hash_request(request: list[_Dir], snapshot: _Snapshot | None, buffer: bytearray) -> _Reply:
+    """Hash one request's files in a hashing process (opening each relative to its directory)."""
+    reply = _Reply([], [], [], [], [])
+    name = ""
+    for rel, directory, names in request:
+        prefix = f"{rel}/" if rel else ""
+        try:
+            dfd = os.open(directory, _O_READ | os.O_DIRECTORY)
+            try:
+                for name in names:
+                    error = _hash_one(reply, prefix + name, name, directory, dfd, snapshot, buffer)
+                    if error is not None:
+                        return reply._replace(error=error)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            where = os.path.join(directory, name)
+            return reply._replace(error=("os", where, exc.errno or 0, exc.strerror or str(exc)))
+    return reply
+
+
+def _hash_one(reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: bytearray) -> tuple[str, str, int, int] | None:
+    """Append one file's columns to ``reply`` (the error instead if it changed while read)."""
+    if snapshot is not None:
+        location = os.path.join(directory, name)
+        st = os.stat(name, dir_fd=dfd)  # a path stat: a cache hit must not open the file
+        row = snapshot.get(location)
+        if row is not None and row[:4] == (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns):
+            reply.paths.append(path)
+            reply.sizes.append(st.st_size)
+            reply.mtimes.append(st.st_mtime_ns)
+            reply.digests.append(row[4])
+            return None
+    fd = os.open(name, _O_READ, dir_fd=dfd)
+    try:
+        if snapshot is None:
+            st = os.fstat(fd)
+        digest, size = hash_fd(fd, st.st_size, buffer)
+    finally:
+        os.close(fd)
+    if size != st.st_size:
+        return ("changed", path, st.st_size, size)
+    reply.paths.append(path)
+    reply.sizes.append(size)
+    reply.mtimes.append(st.st_mtime_ns)
+    reply.digests.append(digest)
+    if snapshot is not None:
+        reply.fresh.append((_Found(path, location, size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), digest))
+    return None
+
+
+def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connection]) -> None:
+    """A hashing process: answer requests until the parent says stop (None) or goes away.
+
+    ``inherited`` are the parent's ends of the pipes, copied by the fork: closed here so
+    that a parent that dies (even by kill -9) ends every worker's ``recv``.
+    """
+    for other in inherited:
+        other.close()
+    buffer = bytearray(CHUNK_SIZE)
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        if request is None:
+            return
+        try:
+            conn.send(_hash_request(request, snapshot, buffer))
+        except OSError:  # the parent stopped listening (it failed): nothing left to do
+            return
+
+
+class _ProcessPool:
+    """Hashes a local tree on forked processes, one per core, while this process walks it.
+
+    Python spends ~15 us per file on bookkeeping under the GIL, so threads cannot use two
+    cores for a tree of small files; processes can. Each gets groups of names (its
+    directory opened once, each file opened relative to it, ``fstat`` on the open file, one
+    read for a file under :data:`CHUNK_SIZE`) and answers columns that this process turns
+    into entries. The digest cache's snapshot is a plain dict inherited by the fork; only
+    this process touches the SQLite connection (it is not fork-safe), recording what the
+    workers hashed once they are done.
+    """
+
+    #: requests in flight per process: one being hashed, one waiting in its pipe
+    DEPTH = 2
+
+    def __init__(self, processes: int, snapshot: _Snapshot | None) -> None:
+        self._processes = processes
+        self._snapshot = snapshot
+
+    def digest(self, groups: Iterable[_Dir], cache: DigestCache | None, progress: Progress | None) -> list[FileEntry]:
+        context = multiprocessing.get_context("fork")
+        workers: list[tuple[BaseProcess, Connection]] = []
+        done = False
+        try:
+            for _ in range(self._processes):
+                mine, theirs = context.Pipe()
+                inherited = [conn for _, conn in workers] + [mine]
+                process = context.Process(target=_serve, args=(theirs, self._snapshot, inherited), name="dsagent-digest", daemon=True)
+                process.start()
+                theirs.close()
+                workers.append((process, mine))
+            replies = self._run([conn for _, conn in workers], groups, progress)
+            done = True
+        finally:
+            _stop(workers, kill=not done)
+        entries: list[FileEntry] = []
+        fresh: list[tuple[_Found, str]] = []
+        for reply in replies:
+            entries.extend(map(FileEntry, reply.paths, reply.sizes, reply.mtimes, reply.digests))
+            fresh.extend(reply.fresh)
+        if cache is not None:
+            cache.record(hits=len(entries) - len(fresh), misses=len(fresh))
+            cache.store(fresh)
+        return entries
+
+    def _run(self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None) -> list[_Reply]:
+        pending = dict.fromkeys(conns, 0)
+        replies: list[_Reply] = []
+
+        def receive(ready: Iterable[object]) -> None:
+            for conn in ready:
+                assert isinstance(conn, Connection)
+                try:
+                    reply: _Reply = conn.recv()
+                except EOFError as exc:
+                    raise SourceUnavailable("a digest process died", hint="see the system log (out of memory?) and retry") from exc
+                pending[conn] -= 1
+                _raise_for(reply)
+                replies.append(reply)
+                if progress is not None:
+                    progress(sum(reply.sizes), len(reply.paths))
+
+        for request in _requests(groups):
+            idle = min(pending, key=pending.__getitem__)
+            while pending[idle] >= self.DEPTH:
+                receive(wait(conns))
+                idle = min(pending, key=pending.__getitem__)
+            idle.send(request)
+            pending[idle] += 1
+        while any(pending.values()):
+            receive(wait([conn for conn, count in pending.items() if count]))
+        return replies
+
+
+def _raise_for(reply: _Reply) -> None:
+    if reply.error is None:
+        return
+    kind, where, first, second = reply.error
+    if kind == "changed":
+        assert isinstance(second, int)
+        raise _changed(where, first, second)
+    with translate_errors(f"source file {where!r}"):
+        raise OSError(first, second, where)
+
+
+def _stop(workers: list[tuple[BaseProcess, Connection]], *, kill: bool) -> None:
+    """Reap the hashing processes: idle ones are told to stop; after a failure (when they
+    may still be hashing what nobody will read) they are killed."""
+    for process, conn in workers:
+        if kill:
+            process.kill()
+        else:
+            try:
+                conn.send(None)
+            except OSError:
+                process.kill()
+        conn.close()
+    for process, _ in workers:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def digest_source(
