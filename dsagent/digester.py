@@ -506,23 +506,20 @@ class _ProcessPool:
                 process.start()
                 theirs.close()
                 workers.append((process, mine))
-            replies = self._run([conn for _, conn in workers], groups, progress)
+            entries, fresh = self._run([conn for _, conn in workers], groups, progress)
             done = True
         finally:
             _stop(workers, kill=not done)
-        entries: list[FileEntry] = []
-        fresh: list[tuple[_Found, str]] = []
-        for reply in replies:
-            entries.extend(map(FileEntry, reply.paths, reply.sizes, reply.mtimes, reply.digests))
-            fresh.extend(reply.fresh)
         if cache is not None:
             cache.record(hits=len(entries) - len(fresh), misses=len(fresh))
             cache.store(fresh)
         return entries
 
-    def _run(self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None) -> list[_Reply]:
+    def _run(self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None) -> tuple[list[FileEntry], list[tuple[_Found, str]]]:
+        """Walk and dispatch; entries are made as replies come (while the workers still hash)."""
         pending = dict.fromkeys(conns, 0)
-        replies: list[_Reply] = []
+        entries: list[FileEntry] = []
+        fresh: list[tuple[_Found, str]] = []
 
         def receive(ready: Iterable[object]) -> None:
             for conn in ready:
@@ -533,7 +530,8 @@ class _ProcessPool:
                     raise SourceUnavailable("a digest process died", hint="see the system log (out of memory?) and retry") from exc
                 pending[conn] -= 1
                 _raise_for(reply)
-                replies.append(reply)
+                entries.extend(map(FileEntry, reply.paths, reply.sizes, reply.mtimes, reply.digests))
+                fresh.extend(reply.fresh)
                 if progress is not None:
                     progress(sum(reply.sizes), len(reply.paths))
 
@@ -546,7 +544,7 @@ class _ProcessPool:
             pending[idle] += 1
         while any(pending.values()):
             receive(wait([conn for conn, count in pending.items() if count]))
-        return replies
+        return entries, fresh
 
 
 def _raise_for(reply: _Reply) -> None:
