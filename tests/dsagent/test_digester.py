@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import xxhash
 
 from dsagent import digester
 from dsagent.digestcache import DigestCache
-from dsagent.errors import IntegrityError, InvalidInput
+from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.hashing import CHUNK_SIZE, hash_fd
 from dsagent.manifest import build_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
@@ -117,6 +118,23 @@ def test_a_file_read_longer_than_its_stat_is_an_integrity_error(tmp_path: Path, 
     (tree / "status").symlink_to("/proc/self/status")
     with pytest.raises(IntegrityError, match=r"'status' changed while it was digested \(0 -> \d+ bytes\)"):
         build_manifest(tree, name="d", workers=workers)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(tmp_path: Path, workers: int, cached: bool, on_processes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = write_tree(tmp_path / "src", {f"d/{i}.jpg": b"x" * i for i in range(5)})
+    walk = digester._iter_local_dirs
+
+    def listing_a_deleted_file(root: str, empty: list[str]) -> Iterator[digester._Dir]:
+        for group in walk(root, empty):
+            yield group._replace(names=[*group.names, "gone.jpg"])
+
+    monkeypatch.setattr(digester, "_iter_local_dirs", listing_a_deleted_file)
+    with DigestCache(tmp_path / "cache.sqlite") as cache, pytest.raises(NotFound, match=r"/d/gone\.jpg"):
+        build_manifest(tree, name="d", workers=workers, digest_cache=cache if cached else None)
+    assert on_processes == ([2] if workers == 2 else [])
     assert multiprocessing.active_children() == []
 
 
