@@ -13,6 +13,7 @@ Who calls it: :func:`dsagent.manifest.build_manifest` (its public face), and so
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -508,6 +509,9 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
     """
     for other in inherited:
         other.close()
+    # replies hold no cycles; the collector would only walk (and so copy, page by page)
+    # the objects this process shares with its parent
+    gc.disable()
     buffer = bytearray(CHUNK_SIZE)
     while True:
         try:
