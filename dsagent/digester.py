@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -509,6 +510,8 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
     """
     for other in inherited:
         other.close()
+    # Ctrl-C reaches the whole process group: the parent handles it (and kills this one)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # replies hold no cycles; the collector would only walk (and so copy, page by page)
     # the objects this process shares with its parent
     gc.disable()
@@ -577,8 +580,8 @@ class _ProcessPool:
                 assert isinstance(conn, Connection)
                 try:
                     reply: _Reply = conn.recv()
-                except EOFError as exc:
-                    raise SourceUnavailable("a digest process died", hint="see the system log (out of memory?) and retry") from exc
+                except (EOFError, OSError) as exc:
+                    raise _died() from exc
                 pending[conn] -= 1
                 _raise_for(reply)
                 entries.extend(map(FileEntry, reply.paths, reply.sizes, reply.mtimes, reply.digests))
@@ -591,11 +594,18 @@ class _ProcessPool:
             while pending[idle] >= self.DEPTH:
                 receive(wait(conns))
                 idle = min(pending, key=pending.__getitem__)
-            idle.send(request)
+            try:
+                idle.send(request)
+            except OSError as exc:
+                raise _died() from exc
             pending[idle] += 1
         while any(pending.values()):
             receive(wait([conn for conn, count in pending.items() if count]))
         return entries, fresh
+
+
+def _died() -> SourceUnavailable:
+    return SourceUnavailable("a digest process died", hint="see the system log (out of memory?) and retry")
 
 
 def _raise_for(reply: _Reply) -> None:

@@ -13,7 +13,7 @@ import xxhash
 
 from dsagent import digester
 from dsagent.digestcache import DigestCache
-from dsagent.errors import IntegrityError, InvalidInput, NotFound
+from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.hashing import CHUNK_SIZE, hash_fd
 from dsagent.manifest import build_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
@@ -135,6 +135,17 @@ def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(tmp_path
     with DigestCache(tmp_path / "cache.sqlite") as cache, pytest.raises(NotFound, match=r"/d/gone\.jpg"):
         build_manifest(tree, name="d", workers=workers, digest_cache=cache if cached else None)
     assert on_processes == ([2] if workers == 2 else [])
+    assert multiprocessing.active_children() == []
+
+
+def test_a_hashing_process_that_dies_fails_the_digest_cleanly(big_tree: Path, on_processes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    def dying(*args: object) -> None:
+        os._exit(9)  # as the OOM killer would leave it: no reply, the pipe closes
+
+    monkeypatch.setattr(digester, "_hash_request", dying)  # inherited by the fork
+    with pytest.raises(SourceUnavailable, match="a digest process died"):
+        build_manifest(big_tree, name="d", workers=2)
+    assert on_processes == [2]
     assert multiprocessing.active_children() == []
 
 
