@@ -5,9 +5,11 @@ Who calls it: :func:`dsagent.manifest.build_manifest` (its public face), and so
 
 - the walk: local trees with ``os.scandir`` (lazily, by ``d_type``, following symlinks,
   refusing loops, FIFOs, sockets and devices), other filesystems with ``fs.find``;
-- hashing on a thread pool while the walk goes on (xxhash and file reads release the
-  GIL; each local file is stat'ed, matched against the
-  :class:`~dsagent.digestcache.DigestCache` and read on the digest threads);
+- hashing while the walk goes on: a big local tree on one forked process per core
+  (:class:`_ProcessPool`; Python's per-file work holds the GIL, so threads cannot use a
+  second core on small files), anything else on a thread pool (xxhash and file reads
+  release the GIL); each local file is stat'ed, matched against the
+  :class:`~dsagent.digestcache.DigestCache` and read where it is hashed;
 - files that change while they are digested (:class:`IntegrityError`).
 """
 
@@ -432,7 +434,8 @@ def _hash_request(request: list[_Dir], snapshot: _Snapshot | None, buffer: bytea
             finally:
                 os.close(dfd)
         except OSError as exc:
-            where = os.path.join(directory, exc.filename if isinstance(exc.filename, str) else name)
+            failed = exc.filename if isinstance(exc.filename, str) else name
+            where = directory if failed == directory else os.path.join(directory, failed)
             return reply._replace(error=("os", where, exc.errno or 0, exc.strerror or str(exc)))
     return reply
 
