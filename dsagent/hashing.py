@@ -51,18 +51,36 @@ def hash_stream(stream: IO[bytes], chunk_size: int = CHUNK_SIZE) -> tuple[str, i
 def hash_file(path: str | os.PathLike[str], buffer: bytearray | None = None) -> tuple[str, int]:
     """``(digest, size)`` of a local file, read with one reusable buffer (no per-chunk allocation)."""
     buf = buffer if buffer is not None else bytearray(CHUNK_SIZE)
-    view = memoryview(buf)
-    state = xxhash.xxh3_128()
-    size = 0
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        while n := os.readv(fd, [buf]):
-            state.update(view[:n])
-            size += n
+        return hash_fd(fd, os.fstat(fd).st_size, buf)
     finally:
         os.close(fd)
+
+
+def hash_fd(fd: int, expected: int, buffer: bytearray) -> tuple[str, int]:
+    """``(digest, size)`` of what is left to read in the open file ``fd``, through ``buffer``.
+
+    ``expected`` is the size the file was stat'ed with: a file smaller than ``buffer`` is
+    then read with one call of ``expected + 1`` bytes (getting exactly ``expected`` back
+    proves the end of the file without a second call that returns nothing) and hashed in
+    one shot. Anything else (a big file, or one that is not the stat'ed size any more) is
+    streamed ``len(buffer)`` bytes at a time until the end, so the size returned is what
+    was really read and a file that changed shows as a size differing from ``expected``.
+    """
+    view = memoryview(buffer)
+    state = None
+    size = 0
+    if expected < len(buffer):
+        size = os.readv(fd, [view[: expected + 1]])
+        if size == expected:
+            return xxhash.xxh3_128_hexdigest(view[:size]), size
+        state = xxhash.xxh3_128(view[:size])
+    state = state if state is not None else xxhash.xxh3_128()
+    while n := os.readv(fd, [view]):
+        state.update(view[:n])
+        size += n
     return state.hexdigest(), size
 
 
-
-__all__ = ["CHUNK_SIZE", "FileHasher", "hash_file", "hash_stream"]
+__all__ = ["CHUNK_SIZE", "FileHasher", "hash_fd", "hash_file", "hash_stream"]

@@ -209,17 +209,25 @@ def is_safe_path(path: str) -> bool:
     return _first_unsafe([path]) is None
 
 
-# One pass over all paths joined by NUL (which no path may contain): a leading '/', an
-# empty, '.' or '..' component, or a trailing '/'.
-_UNSAFE = re.compile(r"(?:^|\x00)(?:/|\.{1,2}(?:/|\x00|$)|\x00|$)|//|/\.{1,2}(?:/|\x00|$)|/(?:\x00|$)")
-
-
 def _first_unsafe(paths: Sequence[str]) -> str | None:
-    """The first unsafe path, found with one regex pass (a per-path scan only on failure)."""
+    """The first unsafe path: empty, absolute, with an empty, '.' or '..' component, or a NUL.
+
+    All paths are checked at once on their NUL-joined form with a few substring searches
+    (C speed; a regex over every character cost more than hashing a manifest's records),
+    and scanned one by one only when one fails.
+    """
     if not paths:
         return None
-    joined = "\x00".join(paths)
-    if joined.count("\x00") == len(paths) - 1 and _UNSAFE.search(joined) is None:
+    joined = "\x00" + "\x00".join(paths) + "\x00"  # every path between NULs
+    if (
+        joined.count("\x00") == len(paths) + 1  # no path holds a NUL
+        and "\x00\x00" not in joined  # empty path
+        and "\x00/" not in joined  # absolute
+        and "//" not in joined  # empty component
+        and "/\x00" not in joined  # trailing slash
+        and "\x00.\x00" not in (components := joined.replace("/", "\x00"))  # '.' component
+        and "\x00..\x00" not in components  # '..' component
+    ):
         return None
     return next(p for p in paths if not p or "\x00" in p or p.startswith("/") or any(part in ("", ".", "..") for part in p.split("/")))
 
