@@ -31,6 +31,7 @@ from urllib.parse import parse_qs
 
 from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError, ViewUnavailable
 from scheduler_plugin.framework import Framework
+from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.plugins import roce
@@ -54,10 +55,12 @@ _PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
 class ExtenderApp:
     """ASGI application: ``uvicorn.run(ExtenderApp(...))``."""
 
-    def __init__(self, settings: Settings, *, view: View, framework: Framework | None = None) -> None:
+    def __init__(self, settings: Settings, *, view: View, framework: Framework | None = None,
+                 heap: Heap | None = None) -> None:
         self.settings = settings
         self.view = view
         self.framework = framework if framework is not None else Framework(settings)
+        self.heap = heap if heap is not None else Heap(False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -79,6 +82,10 @@ class ExtenderApp:
             with _collector_paused():
                 reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
             await _reply(send, 200, reply)
+            del body, reply
+            # After the reply: a request that read many nodes for the first time settles
+            # the heap now rather than leave a full collection to a later request.
+            self.heap.after_reads(self.view.reader.built)
         elif method != "GET":
             await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes GET"))
         elif path == "/v1/roce-class":
@@ -230,10 +237,14 @@ def _log_failure(verb: str, exc: Exception, message: str) -> None:
         log.exception("%s failed", verb)
 
 
-def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None) -> ExtenderApp:
+def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None,
+               settle_heap: bool = False) -> ExtenderApp:
     """The app with its view: a watch cache when ``settings.watch`` (from ``api_client``,
-    else the in-cluster config or kubeconfig), stateless otherwise."""
+    else the in-cluster config or kubeconfig), stateless otherwise. ``settle_heap`` (for
+    the served process only, see :mod:`scheduler_plugin.heap`) freezes the heap after
+    bulk loads."""
     reader = NodeReader(gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix)
+    heap = Heap(settle_heap)
     cache = None
     if settings.watch:
         from scheduler_plugin.nodecache import NodeCache, api_client_from
@@ -241,8 +252,9 @@ def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses |
         cache = NodeCache(
             api_client if api_client is not None else api_client_from(settings.kubeconfig),
             reader, gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix,
+            on_listed=heap.settle,
         )
-    return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs))
+    return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs), heap=heap)
 
 
 __all__ = ["ExtenderApp", "MAX_BODY_BYTES", "create_app"]

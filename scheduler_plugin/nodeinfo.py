@@ -158,6 +158,7 @@ class NodeReader:
     _topologies: BoundedCache[str, tuple[Topology | None, int, str | None, tuple[RoceClassInfo, ...]]] = field(init=False)
     _warned: set[str] = field(init=False, default_factory=set)
     _ids: itertools.count[int] = field(init=False, default_factory=itertools.count)
+    built: int = field(init=False, default=0)   # node objects read without a cache hit
 
     def __post_init__(self) -> None:
         self._facts = BoundedCache(self.limit)
@@ -174,6 +175,7 @@ class NodeReader:
         facts = self._facts.get(key) if key is not None else None
         if facts is None:
             facts = self._build(name, version, meta, node)
+            self.built += 1
             if key is not None:
                 self._facts.put(key, facts)
         return dataclasses.replace(facts, used_gpus=used_gpus) if used_gpus else facts
