@@ -37,6 +37,8 @@ FREE_GPUS_ANNOTATION = "dsagent.io/free-gpus"
 INVENTORY_BUDGET = 64 * 1024
 TOPOLOGY_BUDGET = 32 * 1024
 
+_NOTHING_HELD: Mapping[str, Any] = {}
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -110,6 +112,11 @@ class NodeFacts:
     def gpu_key(self) -> tuple[int, frozenset[int] | None, int]:
         """Everything the GPU scores read: nodes with equal keys score alike."""
         return (self.topology_id, self.free_gpus, self.free_count)
+
+    @cached_property
+    def held(self) -> Mapping[str, Holding]:
+        """The inventory's datasets by name (empty without a readable inventory)."""
+        return self.inventory.datasets if self.inventory is not None else _NOTHING_HELD
 
     @cached_property
     def class_sizes(self) -> dict[str, int]:

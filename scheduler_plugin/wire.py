@@ -29,6 +29,7 @@ This module owns decoding and encoding only; :mod:`scheduler_plugin.app` calls i
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -290,13 +291,17 @@ def encode_filter_result(
 
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """A ``HostPriorityList``: integer scores clamped to kube-scheduler's 0..10."""
-    # Formatted directly (names escaped by json's own C encoder): 2-3x faster than
-    # json.dumps of a list of dicts, which matters at 5,000 nodes.
-    items = [
-        f'{{"Host":{_quote(host)},"Score":{MAX_SCORE if s > MAX_SCORE else MIN_SCORE if s < MIN_SCORE else int(s)}}}'
-        for host, s in zip(hosts, scores)
-    ]
+    # Formatted directly (names escaped by json's own C encoder) from a table of the
+    # eleven possible score tails, all in C: 3x faster than json.dumps of a list of
+    # dicts, which matters at 5,000 nodes.
+    if not set(map(type, scores)) <= {int} or (scores and (min(scores) < MIN_SCORE or max(scores) > MAX_SCORE)):
+        scores = [MAX_SCORE if s > MAX_SCORE else MIN_SCORE if s < MIN_SCORE else int(s) for s in scores]
+    items = map(operator.add, map(_HOST.__add__, map(_quote, hosts)), map(_SCORE_TAILS.__getitem__, scores))
     return ("[" + ",".join(items) + "]").encode()
+
+
+_HOST = '{"Host":'
+_SCORE_TAILS = [f',"Score":{score}}}' for score in range(MAX_SCORE + 1)]
 
 
 __all__ = [

@@ -94,6 +94,21 @@ def test_priorities_are_integers_clamped_and_names_escaped() -> None:
     assert json.loads(reply)[1]["Host"] == 'we"ird'
 
 
+@pytest.mark.parametrize(("scores", "expected"), [
+    ([0, 10, 5], [0, 10, 5]),
+    ([11, -1, 3], [10, 0, 3]),
+    ([7.9, 3], [7, 3]),              # rounded down, as int64 scores are
+    ([True, False], [1, 0]),         # bools are ints to Python, written as numbers
+    ([4, 5, 6], [4, 5, 6]),
+    ([], []),
+])
+def test_every_priority_is_an_integer_from_0_to_10(scores: list[float], expected: list[int]) -> None:
+    hosts = [f"n{i}" for i in range(len(scores))]
+    reply = json.loads(encode_priorities(hosts, scores))
+    assert reply == [{"Host": h, "Score": s} for h, s in zip(hosts, expected)]
+    assert all(type(item["Score"]) is int for item in reply)
+
+
 @pytest.mark.parametrize(
     "body",
     [b"", b"{", b"[]", b'{"Pod":[]}', b'{"Pod":{},"Nodes":{"items":{}}}', b'{"Pod":{},"NodeNames":[""]}'],
