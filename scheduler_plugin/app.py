@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
+from scheduler_plugin.body import BodyBuffers
 from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError, ViewUnavailable
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.heap import Heap
@@ -61,6 +62,7 @@ class ExtenderApp:
         self.view = view
         self.framework = framework if framework is not None else Framework(settings)
         self.heap = heap if heap is not None else Heap(False)
+        self.bodies = BodyBuffers(MAX_BODY_BYTES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -78,10 +80,12 @@ class ExtenderApp:
             if method != "POST":
                 await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
                 return
-            body = await _read_body(receive)
+            body = await self.bodies.read(receive)
             with _collector_paused():
                 reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
             await _reply(send, 200, reply)
+            if body is not None:
+                self.bodies.give_back(body)
             del body, reply
             # After the reply: a request that read many nodes for the first time settles
             # the heap now rather than leave a full collection to a later request.
@@ -101,7 +105,7 @@ class ExtenderApp:
 
     # -- kube-scheduler verbs: never an error status ----------------------------
 
-    def filter(self, body: bytes | None) -> bytes:
+    def filter(self, body: bytes | bytearray | None) -> bytes:
         """ExtenderFilterResult for one request body."""
         args = None
         try:
@@ -122,7 +126,7 @@ class ExtenderApp:
             _log_failure("filter", exc, message)
             return encode_filter_result(args, error=message)
 
-    def prioritize(self, body: bytes | None, which: str = "combined") -> bytes:
+    def prioritize(self, body: bytes | bytearray | None, which: str = "combined") -> bytes:
         """HostPriorityList for one request body: one score or the weighted combination."""
         names: list[str] = []
         try:
@@ -199,19 +203,6 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size <= MAX_BODY_BYTES:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks) if size <= MAX_BODY_BYTES else None
 
 
 async def _reply(send: Send, status: int, body: bytes) -> None:

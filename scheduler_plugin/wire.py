@@ -140,10 +140,11 @@ _POD_HEAD = b'{"Pod":'
 _NODES_HEAD = b',"Nodes":{"metadata":{},"items":['
 _NODES_TAIL = b']},"NodeNames":null}'
 _METADATA = b'"metadata":{"name":"'
+_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")   # what bytes.rstrip() strips
 _ITEM_HEAD = re.compile(rb'\{"metadata":\{"name":"([^"\\]+)","uid":"[^"\\]*","resourceVersion":"([^"\\]+)"')
 
 
-def decode_args(body: bytes) -> ExtenderArgs:
+def decode_args(body: bytes | bytearray) -> ExtenderArgs:
     """Decode a filter/prioritize request body; :class:`InvalidRequest` says what is wrong."""
     fast = _split_go_layout(body)
     if fast is not None:
@@ -165,14 +166,17 @@ def decode_args(body: bytes) -> ExtenderArgs:
     raise InvalidRequest("ExtenderArgs has neither Nodes nor NodeNames")
 
 
-def _split_go_layout(body: bytes) -> ExtenderArgs | None:
+def _split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
     """Cut a Go-marshaled ``Nodes`` request into :class:`RawNode`s; None for any other layout."""
-    body = body.rstrip()
-    if not body.startswith(_POD_HEAD) or not body.endswith(_NODES_TAIL):
+    # Trailing whitespace is skipped, not stripped: rstrip() would copy a bytearray body.
+    stop = len(body)
+    while stop and body[stop - 1] in _WHITESPACE:
+        stop -= 1
+    if not body.startswith(_POD_HEAD) or not body.endswith(_NODES_TAIL, 0, stop):
         return None
     # `,"Nodes":{` cannot occur unescaped inside the Pod: it has no such key.
-    pod_end = body.find(_NODES_HEAD)
-    start, end = pod_end + len(_NODES_HEAD), len(body) - len(_NODES_TAIL)
+    pod_end = body.find(_NODES_HEAD, 0, stop)
+    start, end = pod_end + len(_NODES_HEAD), stop - len(_NODES_TAIL)
     if pod_end < 0 or start > end:
         return None
     # Every Node has exactly one "metadata" key, and it must open the item (no "kind"
@@ -238,7 +242,7 @@ def _decode_node_list(raw: Any) -> list[Node]:
     return cast("list[Node]", items)
 
 
-def salvage_names(body: bytes | None) -> list[str]:
+def salvage_names(body: bytes | bytearray | None) -> list[str]:
     """Best effort: the candidate names of a request that failed to decode, so that a
     prioritize reply can still give each of them an explicit 0."""
     try:

@@ -58,6 +58,27 @@ def test_one_node_in_another_layout_sends_the_whole_body_down_the_plain_path() -
     assert args.raw_nodes is None and args.names == ["n1", "n2", "n3"]
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'},{"metadata":{"name":"n2"', b'}, {"metadata":{"name":"n2"'),     # space between items
+        (b'},{"metadata":{"name":"n3"', b'}\n,{"metadata":{"name":"n3"'),   # newline before a comma
+        (b'"items":[{"metadata"', b'"items":[ {"metadata"'),                 # space before the first
+    ],
+    ids=["space-between", "newline-before-comma", "space-before-first"],
+)
+def test_items_that_do_not_tile_the_array_take_the_plain_path(old: bytes, new: bytes) -> None:
+    body = go_body(nodes())
+    assert body.count(old) == 1
+    args = decode_args(body.replace(old, new))
+    assert args.raw_nodes is None and args.nodes == nodes()
+
+
+def test_a_single_node_is_cut_too() -> None:
+    args = decode_args(go_body(nodes()[:1]))
+    assert args.raw_nodes is not None and [raw.parse() for raw in args.raw_nodes] == nodes()[:1]
+
+
 def test_nodes_without_a_resource_version_take_the_plain_path() -> None:
     items = nodes()
     del items[1]["metadata"]["resourceVersion"]
@@ -126,3 +147,11 @@ def test_a_corrupt_raw_node_is_an_invalid_request_when_parsed() -> None:
     assert args.raw_nodes is not None and args.raw_nodes[0].parse() == nodes()[0]
     with pytest.raises(InvalidRequest, match="node n2"):
         args.raw_nodes[1].parse()
+
+
+def test_a_go_layout_body_in_a_bytearray_with_a_trailing_newline_is_cut_alike() -> None:
+    # Go's json.Encoder ends its output with a newline; the app hands bodies over as bytearrays.
+    body = bytearray(go_body(nodes()) + b"\n")
+    args = decode_args(body)
+    assert args.raw_nodes is not None and [raw.parse() for raw in args.raw_nodes] == nodes()
+    assert json.loads(encode_filter_result(args, ["n1"]))["Nodes"]["items"] == nodes()[:1]
