@@ -19,7 +19,7 @@ def serve(settings: Settings) -> None:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port,
+        create_app(settings, settle_heap=True), host=settings.host, port=settings.port,
         log_level=settings.log_level.lower(), access_log=False, lifespan="on",
         # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
         # longer means the client always closes first, so a POST never races a server

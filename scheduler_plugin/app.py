@@ -29,8 +29,10 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
+from scheduler_plugin.body import BodyBuffers
 from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError, ViewUnavailable
 from scheduler_plugin.framework import Framework
+from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.plugins import roce
@@ -54,10 +56,13 @@ _PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
 class ExtenderApp:
     """ASGI application: ``uvicorn.run(ExtenderApp(...))``."""
 
-    def __init__(self, settings: Settings, *, view: View, framework: Framework | None = None) -> None:
+    def __init__(self, settings: Settings, *, view: View, framework: Framework | None = None,
+                 heap: Heap | None = None) -> None:
         self.settings = settings
         self.view = view
         self.framework = framework if framework is not None else Framework(settings)
+        self.heap = heap if heap is not None else Heap(False)
+        self.bodies = BodyBuffers(MAX_BODY_BYTES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -75,10 +80,16 @@ class ExtenderApp:
             if method != "POST":
                 await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
                 return
-            body = await _read_body(receive)
+            body = await self.bodies.read(receive)
             with _collector_paused():
                 reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
             await _reply(send, 200, reply)
+            if body is not None:
+                self.bodies.give_back(body)
+            del body, reply
+            # After the reply: a request that read many nodes for the first time settles
+            # the heap now rather than leave a full collection to a later request.
+            self.heap.after_reads(self.view.reader.built)
         elif method != "GET":
             await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes GET"))
         elif path == "/v1/roce-class":
@@ -94,7 +105,7 @@ class ExtenderApp:
 
     # -- kube-scheduler verbs: never an error status ----------------------------
 
-    def filter(self, body: bytes | None) -> bytes:
+    def filter(self, body: bytes | bytearray | None) -> bytes:
         """ExtenderFilterResult for one request body."""
         args = None
         try:
@@ -115,7 +126,7 @@ class ExtenderApp:
             _log_failure("filter", exc, message)
             return encode_filter_result(args, error=message)
 
-    def prioritize(self, body: bytes | None, which: str = "combined") -> bytes:
+    def prioritize(self, body: bytes | bytearray | None, which: str = "combined") -> bytes:
         """HostPriorityList for one request body: one score or the weighted combination."""
         names: list[str] = []
         try:
@@ -194,19 +205,6 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size <= MAX_BODY_BYTES:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks) if size <= MAX_BODY_BYTES else None
-
-
 async def _reply(send: Send, status: int, body: bytes) -> None:
     headers = [*_JSON, (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -230,10 +228,14 @@ def _log_failure(verb: str, exc: Exception, message: str) -> None:
         log.exception("%s failed", verb)
 
 
-def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None) -> ExtenderApp:
+def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None,
+               settle_heap: bool = False) -> ExtenderApp:
     """The app with its view: a watch cache when ``settings.watch`` (from ``api_client``,
-    else the in-cluster config or kubeconfig), stateless otherwise."""
+    else the in-cluster config or kubeconfig), stateless otherwise. ``settle_heap`` (for
+    the served process only, see :mod:`scheduler_plugin.heap`) freezes the heap after
+    bulk loads."""
     reader = NodeReader(gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix)
+    heap = Heap(settle_heap)
     cache = None
     if settings.watch:
         from scheduler_plugin.nodecache import NodeCache, api_client_from
@@ -241,8 +243,9 @@ def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses |
         cache = NodeCache(
             api_client if api_client is not None else api_client_from(settings.kubeconfig),
             reader, gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix,
+            on_listed=heap.settle,
         )
-    return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs))
+    return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs), heap=heap)
 
 
 __all__ = ["ExtenderApp", "MAX_BODY_BYTES", "create_app"]

@@ -10,8 +10,10 @@ configured weights. The HTTP app calls it; it knows nothing of HTTP.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any
 
 from scheduler_plugin import filter as node_filter
@@ -23,6 +25,8 @@ from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.wire import Pod
 
 log = logging.getLogger(__name__)
+
+_NOTHING_HELD: dict[str, Any] = {}   # what an unknown node (None) holds
 
 Cluster = Callable[[], Iterable[NodeFacts]]
 GpuKey = tuple[int, "frozenset[int] | None", int]
@@ -82,12 +86,14 @@ class Framework:
         keys, table = self.gpu_table(pod, nodes, cluster) if w.roce or w.numa else ([None] * len(nodes), {})
         table[None] = (0, 0)
         # Most nodes hold none of the pod's datasets: their combined score depends on the
-        # GPU key alone, so it is computed once per distinct key.
+        # GPU key alone, so it is computed once per distinct key and looked up in C; only
+        # the nodes with a dataset score are visited in Python.
         base = {key: combine(w, [0], [r], [n])[0] for key, (r, n) in table.items()}
-        return [
-            base[key] if not d else combine(w, [d], [table[key][0]], [table[key][1]])[0]
-            for key, d in zip(keys, datasets)
-        ]
+        scores = list(map(base.__getitem__, keys))
+        for index in compress(range(len(datasets)), datasets):
+            roce_score, numa_score = table[keys[index]]
+            scores[index] = combine(w, [datasets[index]], [roce_score], [numa_score])[0]
+        return scores
 
     def dataset_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         if pod.datasets_error or not pod.datasets:
@@ -98,14 +104,14 @@ class Framework:
             sizes = dataset.requested_sizes(wants, (n.inventory for n in nodes if n is not None))
         affinity = dataset.affinity
         if sizes is None:
-            # Without partial credit a node lacking the first dataset scores 0: skip the
-            # call for the many nodes that do not hold it.
-            first = wants[0].name
-            return dataset.normalize([
-                affinity(wants, inv) if n is not None and (inv := n.inventory) is not None and first in inv.datasets
-                else 0.0
-                for n in nodes
-            ])
+            # Without partial credit a node lacking the first dataset scores 0: only the
+            # nodes holding it (found in C, without a Python loop over every candidate)
+            # are scored.
+            held = map(getattr, nodes, repeat("held"), repeat(_NOTHING_HELD))
+            raws = [0.0] * len(nodes)
+            for index in compress(range(len(nodes)), map(operator.contains, held, repeat(wants[0].name))):
+                raws[index] = affinity(wants, nodes[index].inventory)  # type: ignore[union-attr]
+            return dataset.normalize(raws)
         return dataset.normalize(
             [affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes]
         )
@@ -126,16 +132,15 @@ class Framework:
         few distinct combinations of; computing them per key keeps 5,000-node requests
         cheap.
         """
-        keys: list[GpuKey | None] = [n.gpu_key if n is not None else None for n in nodes]
+        keys: list[GpuKey | None] = list(map(getattr, nodes, repeat("gpu_key"), repeat(None)))
         need = pod.gpus
         if need <= 0 or pod.gpus_error:
-            return keys, {k: (0, 0) for k in keys}
+            return keys, dict.fromkeys(keys, (0, 0))
         gpu_class = self.job_class(pod, cluster) if roce_too else None
         placement = self.placements.score
-        distinct: dict[GpuKey, NodeFacts] = {}
-        for node in nodes:
-            if node is not None and node.gpu_key not in distinct:
-                distinct[node.gpu_key] = node
+        # One node per distinct key (any one: equal keys score alike), built in C.
+        distinct: dict[GpuKey, NodeFacts] = dict(zip(keys, nodes))  # type: ignore[arg-type]
+        distinct.pop(None, None)  # type: ignore[call-overload]
         fits = [_node_fit(node, gpu_class, need) if roce_too else 0.0 for node in distinct.values()]
         table: dict[GpuKey | None, tuple[int, int]] = {
             key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)

@@ -55,6 +55,7 @@ class NodeCache:
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
         page_size: int = 500,
+        on_listed: Callable[[], None] | None = None,
     ) -> None:
         self._api = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
@@ -64,6 +65,7 @@ class NodeCache:
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._page_size = page_size
+        self._on_listed = on_listed   # after each full list (the app settles its heap there)
         # Base facts (no pod usage) per node: the raw Node objects are not kept, since
         # 5,000 parsed Nodes would cost hundreds of MiB.
         self._nodes: dict[str, NodeFacts] = {}
@@ -154,6 +156,8 @@ class NodeCache:
             self._facts = {name: self._with_usage(base) for name, base in nodes.items()}
         self._synced["nodes"].set()
         log.info("node cache listed %d nodes at resourceVersion %s", len(nodes), version)
+        if self._on_listed is not None:
+            self._on_listed()
         for kind, node in self._watch("nodes", self._api.list_node, version):
             name = _name(node)
             if not name:
@@ -199,6 +203,8 @@ class NodeCache:
             self._pods = pods
             self._recount()
         self._synced["pods"].set()
+        if self._on_listed is not None:
+            self._on_listed()
         for kind, pod in self._watch("pods", self._api.list_pod_for_all_namespaces, version):
             key, usage = self._usage(pod)
             if not key:

@@ -37,6 +37,8 @@ FREE_GPUS_ANNOTATION = "dsagent.io/free-gpus"
 INVENTORY_BUDGET = 64 * 1024
 TOPOLOGY_BUDGET = 32 * 1024
 
+_NOTHING_HELD: Mapping[str, Any] = {}
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -112,6 +114,11 @@ class NodeFacts:
         return (self.topology_id, self.free_gpus, self.free_count)
 
     @cached_property
+    def held(self) -> Mapping[str, Holding]:
+        """The inventory's datasets by name (empty without a readable inventory)."""
+        return self.inventory.datasets if self.inventory is not None else _NOTHING_HELD
+
+    @cached_property
     def class_sizes(self) -> dict[str, int]:
         return {c.name: len(c.gpus) for c in self.classes}
 
@@ -158,6 +165,7 @@ class NodeReader:
     _topologies: BoundedCache[str, tuple[Topology | None, int, str | None, tuple[RoceClassInfo, ...]]] = field(init=False)
     _warned: set[str] = field(init=False, default_factory=set)
     _ids: itertools.count[int] = field(init=False, default_factory=itertools.count)
+    built: int = field(init=False, default=0)   # node objects read without a cache hit
 
     def __post_init__(self) -> None:
         self._facts = BoundedCache(self.limit)
@@ -174,6 +182,7 @@ class NodeReader:
         facts = self._facts.get(key) if key is not None else None
         if facts is None:
             facts = self._build(name, version, meta, node)
+            self.built += 1
             if key is not None:
                 self._facts.put(key, facts)
         return dataclasses.replace(facts, used_gpus=used_gpus) if used_gpus else facts

@@ -63,8 +63,7 @@ class View:
             )
         if not self.cache.synced:
             raise ViewUnavailable("the node cache has not finished its first list yet")
-        lookup = self.cache.snapshot().get
-        return [lookup(name) for name in args.node_names or ()]
+        return list(map(self.cache.snapshot().get, args.node_names or ()))
 
     def _read_raw(self, raw: RawNode) -> NodeFacts:
         # A node seen at this resourceVersion is not parsed again.

@@ -29,6 +29,7 @@ This module owns decoding and encoding only; :mod:`scheduler_plugin.app` calls i
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -139,10 +140,11 @@ _POD_HEAD = b'{"Pod":'
 _NODES_HEAD = b',"Nodes":{"metadata":{},"items":['
 _NODES_TAIL = b']},"NodeNames":null}'
 _METADATA = b'"metadata":{"name":"'
+_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")   # what bytes.rstrip() strips
 _ITEM_HEAD = re.compile(rb'\{"metadata":\{"name":"([^"\\]+)","uid":"[^"\\]*","resourceVersion":"([^"\\]+)"')
 
 
-def decode_args(body: bytes) -> ExtenderArgs:
+def decode_args(body: bytes | bytearray) -> ExtenderArgs:
     """Decode a filter/prioritize request body; :class:`InvalidRequest` says what is wrong."""
     fast = _split_go_layout(body)
     if fast is not None:
@@ -164,14 +166,17 @@ def decode_args(body: bytes) -> ExtenderArgs:
     raise InvalidRequest("ExtenderArgs has neither Nodes nor NodeNames")
 
 
-def _split_go_layout(body: bytes) -> ExtenderArgs | None:
+def _split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
     """Cut a Go-marshaled ``Nodes`` request into :class:`RawNode`s; None for any other layout."""
-    body = body.rstrip()
-    if not body.startswith(_POD_HEAD) or not body.endswith(_NODES_TAIL):
+    # Trailing whitespace is skipped, not stripped: rstrip() would copy a bytearray body.
+    stop = len(body)
+    while stop and body[stop - 1] in _WHITESPACE:
+        stop -= 1
+    if not body.startswith(_POD_HEAD) or not body.endswith(_NODES_TAIL, 0, stop):
         return None
     # `,"Nodes":{` cannot occur unescaped inside the Pod: it has no such key.
-    pod_end = body.find(_NODES_HEAD)
-    start, end = pod_end + len(_NODES_HEAD), len(body) - len(_NODES_TAIL)
+    pod_end = body.find(_NODES_HEAD, 0, stop)
+    start, end = pod_end + len(_NODES_HEAD), stop - len(_NODES_TAIL)
     if pod_end < 0 or start > end:
         return None
     # Every Node has exactly one "metadata" key, and it must open the item (no "kind"
@@ -237,7 +242,7 @@ def _decode_node_list(raw: Any) -> list[Node]:
     return cast("list[Node]", items)
 
 
-def salvage_names(body: bytes | None) -> list[str]:
+def salvage_names(body: bytes | bytearray | None) -> list[str]:
     """Best effort: the candidate names of a request that failed to decode, so that a
     prioritize reply can still give each of them an explicit 0."""
     try:
@@ -290,13 +295,17 @@ def encode_filter_result(
 
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """A ``HostPriorityList``: integer scores clamped to kube-scheduler's 0..10."""
-    # Formatted directly (names escaped by json's own C encoder): 2-3x faster than
-    # json.dumps of a list of dicts, which matters at 5,000 nodes.
-    items = [
-        f'{{"Host":{_quote(host)},"Score":{MAX_SCORE if s > MAX_SCORE else MIN_SCORE if s < MIN_SCORE else int(s)}}}'
-        for host, s in zip(hosts, scores)
-    ]
+    # Formatted directly (names escaped by json's own C encoder) from a table of the
+    # eleven possible score tails, all in C: 3x faster than json.dumps of a list of
+    # dicts, which matters at 5,000 nodes.
+    if not set(map(type, scores)) <= {int} or (scores and (min(scores) < MIN_SCORE or max(scores) > MAX_SCORE)):
+        scores = [MAX_SCORE if s > MAX_SCORE else MIN_SCORE if s < MIN_SCORE else int(s) for s in scores]
+    items = map(operator.add, map(_HOST.__add__, map(_quote, hosts)), map(_SCORE_TAILS.__getitem__, scores))
     return ("[" + ",".join(items) + "]").encode()
+
+
+_HOST = '{"Host":'
+_SCORE_TAILS = [f',"Score":{score}}}' for score in range(MAX_SCORE + 1)]
 
 
 __all__ = [

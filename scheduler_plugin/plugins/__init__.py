@@ -8,6 +8,7 @@ fetches the inputs and combines the results.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
 
 MAX = 10
 
@@ -18,9 +19,15 @@ def normalize_to_max(raws: Sequence[float]) -> list[int]:
     The same rule as scheduler-plugins' ``NormalizeScore``: ``score * 10 / highest``.
     """
     highest = max(raws, default=0.0)
+    out = [0] * len(raws)
     if highest <= 0:
-        return [0] * len(raws)
-    return [MAX if raw >= highest else max(0, int(MAX * raw / highest)) for raw in raws]
+        return out
+    # Most candidates score 0 (a node holds few of the datasets asked for): only the
+    # others are visited, found by compress() in C.
+    for index in compress(range(len(raws)), raws):
+        raw = raws[index]
+        out[index] = MAX if raw >= highest else max(0, int(MAX * raw / highest))
+    return out
 
 
 __all__ = ["MAX", "normalize_to_max"]

@@ -60,6 +60,9 @@ def test_raw_score_follows_the_paper(wants: list[DatasetWant], inventory: Invent
         ([0.0, 0.0], [0, 0]),
         ([], []),
         ([3.0, 1.5, 1.0], [10, 5, 3]),
+        ([0.0, 1.0, 0.0, 0.5], [0, 10, 0, 5]),
+        ([-1.0, 2.0], [0, 10]),
+        ([-1.0, 0.0], [0, 0]),
     ],
 )
 def test_scores_are_normalized_to_ten_over_the_candidates(raws: list[float], expected: list[int]) -> None:

@@ -79,3 +79,31 @@ def test_an_unparseable_pod_dataset_annotation_scores_zero_everywhere() -> None:
     known = NodeReader().read(node("n1", inventory=inventory_json(datasets={"imagenet": holding()})))
     request = framework.read_pod(pod(datasets='[{"name": "imagenet"'))
     assert framework.prioritize(request, [known], lambda: []) == [0]
+
+
+def test_the_combined_verb_is_the_weighted_sum_of_the_three_verbs_node_by_node() -> None:
+    # Mixed candidates: holders of one or both datasets, equal GPU keys, no topology,
+    # and unknown nodes (None): the per-key shortcuts must not change any score.
+    reader = NodeReader()
+    both = {"imagenet": holding(), "coco": holding()}
+    shapes: list[tuple[dict[str, dict[str, object]], list[int] | None]] = [
+        (both, [0, 1]), ({"imagenet": holding()}, [0, 1]), ({}, [0, 1]), (both, [4, 5, 6, 7]),
+        ({}, [4, 5, 6, 7]), (both, None), ({"coco": holding()}, []),
+    ]
+    nodes: list[NodeFacts | None] = [
+        reader.read(node(f"n{i}", inventory=inventory_json(datasets=held),
+                         **({"topology": TOPO, "free_gpus": free} if free is not None else {})))
+        for i, (held, free) in enumerate(shapes)
+    ]
+    nodes.insert(2, None)
+    nodes.append(None)
+    wants = [{"name": n, "source": f"s3://d/{n}"} for n in ("imagenet", "coco")]
+    for weights in (Weights(), Weights(1, 0, 0), Weights(0.2, 0.5, 0.3)):
+        framework = Framework(Settings(weights=weights))
+        request = framework.read_pod(pod(datasets=wants, gpus=2))
+        cluster = lambda: [n for n in nodes if n is not None]  # noqa: E731
+        expected = combine(weights, framework.dataset_scores(request, nodes),
+                           framework.roce_scores(request, nodes, cluster), framework.numa_scores(request, nodes))
+        assert framework.prioritize(request, nodes, cluster) == expected
+        assert framework.dataset_scores(request, nodes)[0] == 10
+        assert framework.dataset_scores(request, nodes)[1] == framework.dataset_scores(request, nodes)[2] == 0

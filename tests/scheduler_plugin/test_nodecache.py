@@ -4,6 +4,7 @@ kept with the official kubernetes client against the fake API server over real H
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,3 +160,20 @@ def test_unpinned_datasets_are_current_only_at_their_dataset_resources_digest(
     # Its published size (3 TiB) exceeds the 2000 GiB caches of nodes that do not hold it.
     result = http.post("/filter", content=names_body(["holds", "empty"], datasets="imagenet")).json()
     assert result["NodeNames"] == ["holds"] and "larger than the node's whole cache" in result["FailedAndUnresolvableNodes"]["empty"]
+
+
+def test_each_full_list_of_nodes_and_of_pods_is_reported(apiserver: FakeApiServer) -> None:
+    listed: list[int] = []
+    api_client = apiserver.api_client()
+    cache = NodeCache(api_client, NodeReader(), gpu_resource="nvidia.com/gpu", roce_prefix="dsagent.io/gpu-roce",
+                      retry_s=0.05, watch_timeout_s=30, on_listed=lambda: listed.append(len(cache.all())))
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        deadline = time.monotonic() + 10   # reported just after the synced flags are set
+        while len(listed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(listed) == 2 and 3 in listed   # nodes and pods, in either order
+    finally:
+        cache.stop()
+        api_client.close()

@@ -58,6 +58,27 @@ def test_one_node_in_another_layout_sends_the_whole_body_down_the_plain_path() -
     assert args.raw_nodes is None and args.names == ["n1", "n2", "n3"]
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'},{"metadata":{"name":"n2"', b'}, {"metadata":{"name":"n2"'),     # space between items
+        (b'},{"metadata":{"name":"n3"', b'}\n,{"metadata":{"name":"n3"'),   # newline before a comma
+        (b'"items":[{"metadata"', b'"items":[ {"metadata"'),                 # space before the first
+    ],
+    ids=["space-between", "newline-before-comma", "space-before-first"],
+)
+def test_items_that_do_not_tile_the_array_take_the_plain_path(old: bytes, new: bytes) -> None:
+    body = go_body(nodes())
+    assert body.count(old) == 1
+    args = decode_args(body.replace(old, new))
+    assert args.raw_nodes is None and args.nodes == nodes()
+
+
+def test_a_single_node_is_cut_too() -> None:
+    args = decode_args(go_body(nodes()[:1]))
+    assert args.raw_nodes is not None and [raw.parse() for raw in args.raw_nodes] == nodes()[:1]
+
+
 def test_nodes_without_a_resource_version_take_the_plain_path() -> None:
     items = nodes()
     del items[1]["metadata"]["resourceVersion"]
@@ -94,6 +115,21 @@ def test_priorities_are_integers_clamped_and_names_escaped() -> None:
     assert json.loads(reply)[1]["Host"] == 'we"ird'
 
 
+@pytest.mark.parametrize(("scores", "expected"), [
+    ([0, 10, 5], [0, 10, 5]),
+    ([11, -1, 3], [10, 0, 3]),
+    ([7.9, 3], [7, 3]),              # rounded down, as int64 scores are
+    ([True, False], [1, 0]),         # bools are ints to Python, written as numbers
+    ([4, 5, 6], [4, 5, 6]),
+    ([], []),
+])
+def test_every_priority_is_an_integer_from_0_to_10(scores: list[float], expected: list[int]) -> None:
+    hosts = [f"n{i}" for i in range(len(scores))]
+    reply = json.loads(encode_priorities(hosts, scores))
+    assert reply == [{"Host": h, "Score": s} for h, s in zip(hosts, expected)]
+    assert all(type(item["Score"]) is int for item in reply)
+
+
 @pytest.mark.parametrize(
     "body",
     [b"", b"{", b"[]", b'{"Pod":[]}', b'{"Pod":{},"Nodes":{"items":{}}}', b'{"Pod":{},"NodeNames":[""]}'],
@@ -111,3 +147,11 @@ def test_a_corrupt_raw_node_is_an_invalid_request_when_parsed() -> None:
     assert args.raw_nodes is not None and args.raw_nodes[0].parse() == nodes()[0]
     with pytest.raises(InvalidRequest, match="node n2"):
         args.raw_nodes[1].parse()
+
+
+def test_a_go_layout_body_in_a_bytearray_with_a_trailing_newline_is_cut_alike() -> None:
+    # Go's json.Encoder ends its output with a newline; the app hands bodies over as bytearrays.
+    body = bytearray(go_body(nodes()) + b"\n")
+    args = decode_args(body)
+    assert args.raw_nodes is not None and [raw.parse() for raw in args.raw_nodes] == nodes()
+    assert json.loads(encode_filter_result(args, ["n1"]))["Nodes"]["items"] == nodes()[:1]

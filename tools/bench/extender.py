@@ -10,6 +10,11 @@ it sends sequential prioritize requests the way kube-scheduler does (one pod at 
 a keep-alive connection), and prints p50 / p99 latency and requests per second next to
 the floor: the bare cost of ``json.loads`` of the same request body in this process.
 
+The client is a few lines of HTTP/1.1 over a socket that writes each request with
+``sendall``, as Go's transport does. httpx is not used for the requests: its sync
+transport re-slices the unsent rest of the body after every ``send()``, which costs
+more than the extender itself on a 48 MiB body (``--client httpx`` shows it).
+
 The extender runs as its own process (``python -m scheduler_plugin``), as in a cluster.
 Nodes look like real GPU nodes: kubelet's status (conditions, images, nodeInfo), an
 inventory of ``--datasets`` cached datasets and the two-class 8-GPU topology. Between
@@ -29,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -98,16 +104,62 @@ def wait_ready(http: httpx.Client, timeout: float = 300) -> None:
     raise SystemExit("extender did not become ready")
 
 
-def measure(http: httpx.Client, bodies: list[bytes], requests: int) -> tuple[list[float], float]:
+class Connection:
+    """One keep-alive HTTP/1.1 connection: a request is written with ``sendall`` (headers,
+    then the body), the reply read by its Content-Length. Enough for the extender."""
+
+    def __init__(self, port: int, timeout: float = 120) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as Go sets it
+        self.reader = self.sock.makefile("rb")
+        self.host = f"127.0.0.1:{port}"
+
+    def post(self, path: str, body: bytes) -> bytes:
+        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode())
+        self.sock.sendall(body)
+        status = self.reader.readline().split(b" ", 2)
+        length = None
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length is None:
+            raise SystemExit(f"reply to POST {path} has no Content-Length")
+        reply = self.reader.read(length)
+        if len(status) < 2 or status[1] != b"200":
+            raise SystemExit(f"POST {path}: {b' '.join(status).decode().strip()}: {reply[:200]!r}")
+        return reply
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+class HttpxConnection:
+    """The same through httpx, to compare clients (``--client httpx``)."""
+
+    def __init__(self, port: int) -> None:
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+
+    def post(self, path: str, body: bytes) -> bytes:
+        response = self.http.post(path, content=body, headers={"Content-Type": "application/json"})
+        response.raise_for_status()
+        return response.content
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def measure(conn: Connection | HttpxConnection, bodies: list[bytes], requests: int) -> tuple[list[float], float]:
     latencies = []
     for body in bodies[:2]:  # warm-up: first parse of every node
-        http.post("/prioritize", content=body).raise_for_status()
+        conn.post("/prioritize", body)
     started = time.perf_counter()
     for i in range(requests):
         t0 = time.perf_counter()
-        response = http.post("/prioritize", content=bodies[i % len(bodies)], headers={"Content-Type": "application/json"})
+        conn.post("/prioritize", bodies[i % len(bodies)])
         latencies.append(time.perf_counter() - t0)
-        response.raise_for_status()
     return latencies, requests / (time.perf_counter() - started)
 
 
@@ -134,6 +186,8 @@ def main() -> None:
     parser.add_argument("--datasets", type=int, default=20, help="datasets cached per node")
     parser.add_argument("--churn", type=float, default=0.01, help="fraction of nodes changed between requests (full mode)")
     parser.add_argument("--port", type=int, default=18888)
+    parser.add_argument("--client", choices=("socket", "httpx"), default="socket",
+                        help="HTTP client sending the requests (httpx adds its own cost on big bodies)")
     opts = parser.parse_args()
     sizes = [int(s) for s in opts.nodes.split(",")]
     modes = opts.modes.split(",")
@@ -141,7 +195,7 @@ def main() -> None:
     dataset_names = [f"ds-{i:03d}" for i in range(opts.datasets * 4)]
     rng = random.Random(11)
     print(f"# {max(sizes)} nodes, {opts.datasets} datasets each, {opts.requests} requests per cell, "
-          f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB")
+          f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB, {opts.client} client")
     print(f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}")
     with FakeApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         for obj in nodes:
@@ -154,6 +208,8 @@ def main() -> None:
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{opts.port}", timeout=120) as http:
                 wait_ready(http)
+            conn = Connection(opts.port) if opts.client == "socket" else HttpxConnection(opts.port)
+            try:
                 for mode in modes:
                     for size in sizes:
                         bodies = []
@@ -164,10 +220,12 @@ def main() -> None:
                             bodies.append(args_body(request_pod(variant, dataset_names), subset,
                                                     node_cache_capable=(mode == "names")))
                         base = floor(bodies, max(5, min(opts.requests, 50)))
-                        latencies, rps = measure(http, bodies, opts.requests)
+                        latencies, rps = measure(conn, bodies, opts.requests)
                         p50, p99 = pct(latencies, 0.5), pct(latencies, 0.99)
                         print(f"{mode:6} {size:>6} {len(bodies[0]) / 2**20:>9.2f} {base * 1e3:>9.2f}ms "
                               f"{p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {rps:>7.1f} {p50 / base:>9.1f}x", flush=True)
+            finally:
+                conn.close()
         finally:
             server.terminate()
             server.wait(10)
