@@ -139,7 +139,8 @@ class _LocalWalk:
         return _found_in(self.groups)
 
 
-def _mtime_ns(info: Mapping[str, Any]) -> int:
+def mtime_ns(info: Mapping[str, Any]) -> int:
+    """Modification time in ns from an fsspec ``info`` dict, whatever the backend calls it (0 if none)."""
     for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
         value = info.get(key)
         if value is None:
@@ -169,7 +170,7 @@ def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[
             dirs.append(rel)
         else:
             size = info.get("size")  # http listings give none: -1, taken from the read
-            found.append(_Found(rel, full, int(size) if size is not None else -1, _mtime_ns(info)))
+            found.append(_Found(rel, full, int(size) if size is not None else -1, mtime_ns(info)))
     parents = {f.path.rsplit("/", 1)[0] for f in found if "/" in f.path}
     parents |= {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
     return found, [d for d in dirs if d not in parents]
@@ -190,7 +191,7 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable
                 st = os.stat(root)
                 return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
             size = info.get("size")
-            return [_Found(name, root, int(size) if size is not None else -1, _mtime_ns(info))]
+            return [_Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
         if is_local(fs):
             return _LocalWalk(_iter_local_dirs(root, empty))
         found, dirs = _walk_remote(fs, root)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dsagent.bundle import unpack_bundle
+from dsagent.digester import is_local, mtime_ns
 from dsagent.errors import IntegrityError, InvalidInput
 from dsagent.extract import STAGING_DIR, create_empty_directories
 from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest
@@ -94,7 +95,7 @@ def listing_matches(source: Source, manifest: Manifest) -> bool:
     digests the source.
     """
     fs, root = resolve(source.url, source.storage_options)
-    if _is_local(fs) or not manifest.entries:
+    if is_local(fs) or not manifest.entries:
         return False
     prefix = root.rstrip("/") + "/"
     with translate_errors(f"source {source.url!r}"):
@@ -103,30 +104,11 @@ def listing_matches(source: Source, manifest: Manifest) -> bool:
     for full, info in listing.items():
         if info.get("type") == "directory" or not full.startswith(prefix):
             continue
-        size, mtime = info.get("size"), _mtime_ns(info)
+        size, mtime = info.get("size"), mtime_ns(info)
         if size is None or mtime == 0:
             return False
         seen[full[len(prefix):]] = (int(size), mtime)
     return seen == {e.path: (e.size, e.mtime_ns) for e in manifest.entries}
-
-
-def _is_local(fs: Any) -> bool:
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    return bool({"file", "local"} & set(protocols))
-
-
-def _mtime_ns(info: Mapping[str, Any]) -> int:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if hasattr(value, "timestamp"):
-            return int(value.timestamp() * 1_000_000_000)
-        try:
-            return int(float(value) * 1_000_000_000)
-        except (TypeError, ValueError):
-            continue
-    return 0
 
 
 def safe_target(root: Path, relative: str) -> Path:
@@ -180,7 +162,7 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
     """The files and empty directories of a remote source, or None when the listing lacks
     sizes (the caller then digests the source first: sizes are needed to reserve space)."""
     fs, root = resolve(source.url, source.storage_options)
-    if _is_local(fs):
+    if is_local(fs):
         return None
     prefix = root.rstrip("/") + "/"
     with translate_errors(f"source {source.url!r}"):
@@ -200,7 +182,7 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
             return None
         else:
             safe_target(Path("/"), rel)  # refuse names that could escape the staging directory
-            files.append(Listed(rel, full, int(info["size"]), _mtime_ns(info)))
+            files.append(Listed(rel, full, int(info["size"]), mtime_ns(info)))
     parents = {f.path.rsplit("/", 1)[0] for f in files if "/" in f.path} | {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
     return sorted(files, key=lambda f: f.path), sorted(d for d in dirs if d not in parents)
 
