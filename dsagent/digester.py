@@ -75,10 +75,25 @@ class _Dir(NamedTuple):
     names: list[str]
 
 
-def _iter_local_dirs(root: str, empty: list[str]) -> Iterator[_Dir]:
+def _check_link(path: str, confine: Sequence[str] | None) -> None:
+    """Refuse a symlink that resolves outside ``confine`` (when given)."""
+    if confine is None:
+        return
+    real = os.path.realpath(path)
+    if not any(real == root or real.startswith(root.rstrip("/") + "/") for root in confine):
+        raise InvalidInput(
+            f"symlink in source points outside the allowed directories: {path!r} -> {real!r}",
+            hint="replace the link with the file, or add its target's directory to DSAGENT_LOCAL_SOURCES",
+        )
+
+
+def _iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None = None) -> Iterator[_Dir]:
     """Files under a local ``root`` in groups per directory (empty directories go to ``empty``).
 
-    Follows symlinks (a linked file is packed as a regular file) and refuses loops.
+    Follows symlinks (a linked file is packed as a regular file) and refuses loops; with
+    ``confine`` (real paths), a symlink must resolve inside one of them: the agent reads
+    with more rights than the pods it caches for, so a link planted in a shared source
+    must not make it copy other host files into a pod's mount.
     Groups come as the walk goes, at most :data:`_GROUP` names each, so that hashing
     starts at once even on one flat directory of a million files. Names are sorted within
     a group and directories are visited in name order, so the entries arrive nearly in
@@ -98,6 +113,8 @@ def _iter_local_dirs(root: str, empty: list[str]) -> Iterator[_Dir]:
         with os.scandir(directory) as it:
             for item in it:
                 has_child = True
+                if item.is_symlink():  # d_type: no syscall for the common, unlinked entry
+                    _check_link(item.path, confine)
                 # d_type answers without a syscall (except through symlinks); the stat that
                 # sizes and dates a file happens where it is hashed, in parallel
                 if item.is_dir():
@@ -176,10 +193,11 @@ def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[
     return found, [d for d in dirs if d not in parents]
 
 
-def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable[_Found]:
+def walk_source(fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None) -> Iterable[_Found]:
     """Every file of the dataset at ``root`` (empty directories go to ``empty``); a lone file is a dataset of one.
 
-    Local trees are walked lazily, so hashing starts while the walk goes on.
+    Local trees are walked lazily, so hashing starts while the walk goes on; ``confine``
+    (local only) refuses symlinks resolving outside those directories.
     """
     with translate_errors(f"source {root!r}"):
         if not fs.exists(root):
@@ -193,7 +211,8 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str]) -> Iterable
             size = info.get("size")
             return [_Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
         if is_local(fs):
-            return _LocalWalk(_iter_local_dirs(root, empty))
+            real_confine = None if confine is None else [os.path.realpath(os.fspath(c)) for c in confine]
+            return _LocalWalk(_iter_local_dirs(root, empty, real_confine))
         found, dirs = _walk_remote(fs, root)
         empty.extend(dirs)
         return found
@@ -650,18 +669,20 @@ def digest_source(
     workers: int | None = None,
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,
+    confine: Sequence[str | os.PathLike[str]] | None = None,
 ) -> Manifest:
     """Walk and digest the dataset at ``source`` (a local path or any fsspec URL).
 
     ``digest_cache`` (local sources only) skips re-reading files whose path, size, mtime,
     ctime and inode are unchanged. ``progress(bytes, files)`` is called as files are done.
+    ``confine`` (local sources only) refuses symlinks that resolve outside those directories.
     Raises :class:`NotFound` if ``source`` does not exist, :class:`InvalidInput` for
-    special files or broken links in it, :class:`SourceUnavailable` when reading fails.
+    special files, broken or escaping links in it, :class:`SourceUnavailable` when reading fails.
     """
     check_dataset_name(name)
     fs, root = resolve(source, storage_options)
     empty_dirs: list[str] = []
-    found = walk_source(fs, root, empty_dirs)
+    found = walk_source(fs, root, empty_dirs, confine=None if confine is None else [os.fspath(c) for c in confine])
     with translate_errors(f"source {os.fspath(source)!r}"):
         entries = digest_files(fs, found, root=root, workers=workers, digest_cache=digest_cache, progress=progress)
     return Manifest.create(name, entries, directories=empty_dirs)

@@ -425,6 +425,7 @@ def build_manifest(
     workers: int | None = None,
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,
+    confine: Sequence[str | os.PathLike[str]] | None = None,
 ) -> Manifest:
     """Walk and digest the dataset at ``source`` (a local path or any fsspec URL).
 
@@ -432,11 +433,12 @@ def build_manifest(
     ctime and inode are unchanged. ``progress(bytes, files)`` is called as files are done.
     Raises :class:`NotFound` if ``source`` does not exist, :class:`InvalidInput` for
     special files or broken links in it, :class:`SourceUnavailable` when reading fails.
+    ``confine`` (local sources only) refuses symlinks resolving outside those directories.
     The work is done by :mod:`dsagent.digester`.
     """
     from dsagent.digester import digest_source  # it builds on this module's values
 
-    return digest_source(source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache, progress=progress)
+    return digest_source(source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache, progress=progress, confine=confine)
 
 
 __all__ = [

@@ -97,7 +97,8 @@ class Versions:
     def _digest(self, name: str, source: Source) -> Manifest:
         # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
         with DigestCache(self.store.root / "digests.db") as cache:
-            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers, digest_cache=cache)
+            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers,
+                                  digest_cache=cache, confine=self.settings.local_sources)
 
     async def _current_manifest(self, name: str, url: str) -> Manifest | None:
         rows = [r for r in await self.pools.db(self._catalog().versions, name) if r.state == "ready" and r.source == url]

@@ -197,6 +197,22 @@ def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothin
     assert "dsagent_cache_hits_total 1" in metrics and "dsagent_cache_misses_total 1" in metrics
 
 
+def test_a_symlink_planted_in_a_local_source_cannot_pull_host_files_into_the_cache(agent_factory: Any, tmp_path: Path) -> None:
+    secret = tmp_path / "host" / "secret.key"
+    secret.parent.mkdir()
+    secret.write_bytes(b"host-only secret")
+    source = make_dataset(tmp_path / "nfs" / "cifar", 3, 1000)
+    (source / "stolen.key").symlink_to(secret)  # planted by whoever can write to the share
+    agent = agent_factory(local_sources=(tmp_path / "nfs",))
+    with agent.client() as client:
+        record = client.submit_task("t1", [{"name": "cifar", "source": str(source)}], wait=30)
+    status = record["datasets"][0]
+    assert status["state"] == "failed"
+    assert "points outside the allowed directories" in status["error"]["message"]
+    copies = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and p.read_bytes() == b"host-only secret"]
+    assert copies == [secret]
+
+
 def test_a_source_over_http_without_bundles_is_copied_file_by_file(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
     www, url, server = loopback
     make_dataset(www / "raw", 6, 1500)

@@ -169,3 +169,43 @@ def test_hash_fd_returns_what_it_read_whatever_size_it_was_told(tmp_path: Path, 
         assert hash_fd(fd, expected, bytearray(CHUNK_SIZE)) == (xxhash.xxh3_128_hexdigest(data), size)
     finally:
         os.close(fd)
+
+
+class TestConfinedWalks:
+    """``confine``: the agent's walks refuse symlinks that leave the allowed directories."""
+
+    @staticmethod
+    def _tree(tmp_path: Path) -> tuple[Path, Path]:
+        allowed = tmp_path / "allowed"
+        source = allowed / "ds"
+        (source / "a").mkdir(parents=True)
+        (source / "a" / "1.jpg").write_bytes(b"one")
+        (allowed / "shared.jpg").write_bytes(b"shared")
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "secret").write_bytes(b"secret")
+        return allowed, source
+
+    def test_a_link_to_a_file_outside_is_refused(self, tmp_path: Path) -> None:
+        allowed, source = self._tree(tmp_path)
+        (source / "a" / "2.jpg").symlink_to(tmp_path / "outside" / "secret")
+        with pytest.raises(InvalidInput, match="points outside the allowed directories"):
+            build_manifest(str(source), name="ds", confine=[allowed])
+
+    def test_a_link_to_a_directory_outside_is_refused(self, tmp_path: Path) -> None:
+        allowed, source = self._tree(tmp_path)
+        (source / "etc").symlink_to(tmp_path / "outside")
+        with pytest.raises(InvalidInput, match="points outside"):
+            build_manifest(str(source), name="ds", confine=[allowed])
+
+    def test_a_link_inside_the_allowed_directories_is_followed(self, tmp_path: Path) -> None:
+        allowed, source = self._tree(tmp_path)
+        (source / "a" / "2.jpg").symlink_to(allowed / "shared.jpg")
+        manifest = build_manifest(str(source), name="ds", confine=[allowed])
+        assert [e.path for e in manifest.entries] == ["a/1.jpg", "a/2.jpg"]
+
+    def test_without_confinement_links_are_followed_as_before(self, tmp_path: Path) -> None:
+        _, source = self._tree(tmp_path)
+        (source / "a" / "2.jpg").symlink_to(tmp_path / "outside" / "secret")
+        manifest = build_manifest(str(source), name="ds")
+        assert manifest.file_count == 2
