@@ -127,8 +127,8 @@ def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(tmp_path
     tree = write_tree(tmp_path / "src", {f"d/{i}.jpg": b"x" * i for i in range(5)})
     walk = digester._iter_local_dirs
 
-    def listing_a_deleted_file(root: str, empty: list[str]) -> Iterator[digester._Dir]:
-        for group in walk(root, empty):
+    def listing_a_deleted_file(root: str, empty: list[str], confine: list[str] | None = None) -> Iterator[digester._Dir]:
+        for group in walk(root, empty, confine):
             yield group._replace(names=[*group.names, "gone.jpg"])
 
     monkeypatch.setattr(digester, "_iter_local_dirs", listing_a_deleted_file)
