@@ -31,7 +31,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from dsagent.kube.apiclient import translated
 from dsagent.kube.datasets import DatasetClient
 from dsagent.kube.mutation import INIT_CONTAINER
 from dsagent.kube.podwatch import PodWatch
-from dsagent.service import CacheService, DatasetRequest, TaskRecord
+from dsagent.service import CacheService, DatasetRequest
 from dsagent.settings import Settings, parse_duration
 
 log = logging.getLogger("dsagent.kube")
@@ -213,9 +213,6 @@ class ClusterAgent:
                                     hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)")
             await asyncio.sleep(0.05)
 
-    async def _submit(self, task_id: str, requests: Sequence[DatasetRequest]) -> TaskRecord:
-        return await self.service.submit_task(task_id, requests)
-
     # -- pods -------------------------------------------------------------------------
 
     def _from_thread(self, kind: str, pod: dict[str, Any]) -> None:
@@ -237,7 +234,7 @@ class ClusterAgent:
         if not uid or not wants_datasets(pod):
             return
         if kind == "DELETED" or has_ended(pod):
-            await self._release(uid, pod)
+            await self._release(uid, _name(pod))
             return
         if uid in self._tasks:
             return
@@ -246,7 +243,7 @@ class ClusterAgent:
             return
         name = _name(pod)
         try:
-            record = await self._submit(uid, requests)
+            record = await self.service.submit_task(uid, requests)
         except DsagentError as exc:
             log.warning("could not start caching for pod %s: %s", name, exc)
             return
@@ -287,14 +284,14 @@ class ClusterAgent:
             requests.append(DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options))
         return requests or None
 
-    async def _release(self, uid: str, pod: Mapping[str, Any]) -> None:
+    async def _release(self, uid: str, name: str) -> None:
         self._tasks.pop(uid, None)  # first, so the renewal loop stops renewing it
         self.released.append(uid)
         try:
             await self.service.release_task(uid)
         except NotFound:
             return  # never submitted (or already released)
-        log.info("pod %s ended: released its datasets", _name(pod))
+        log.info("pod %s ended: released its datasets", name)
 
     async def _release_stale_tasks(self) -> None:
         """Once the first pod list is in, release pod tasks whose pods are gone.
@@ -308,7 +305,7 @@ class ClusterAgent:
             await asyncio.sleep(0.1)
         for task_id in await self.service.task_ids():
             if is_pod_uid(task_id) and not watch.has_pod(task_id):
-                await self._release(task_id, {"metadata": {"name": task_id}})
+                await self._release(task_id, f"with UID {task_id} (gone while the agent was down)")
 
     async def _renew_forever(self) -> None:
         """Keep running pods' datasets in use: repeating a request renews its lease."""
@@ -319,7 +316,7 @@ class ClusterAgent:
                 if uid not in self._tasks:  # released meanwhile: never bring it back
                     continue
                 try:
-                    await self._submit(uid, requests)
+                    await self.service.submit_task(uid, requests)
                 except DsagentError as exc:
                     log.warning("renewing task %s failed: %s", uid, exc)
 
