@@ -36,7 +36,7 @@ from fsspec.spec import AbstractFileSystem
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.hashing import CHUNK_SIZE, hash_fd, hash_file, hash_stream
 from dsagent.manifest import FileEntry, Manifest, Progress, check_dataset_name
-from dsagent.storage import resolve, translate_errors
+from dsagent.storage import resolve, resolves_within, translate_errors
 
 if TYPE_CHECKING:
     from dsagent.digestcache import DigestCache
@@ -77,12 +77,9 @@ class _Dir(NamedTuple):
 
 def _check_link(path: str, confine: Sequence[str] | None) -> None:
     """Refuse a symlink that resolves outside ``confine`` (when given)."""
-    if confine is None:
-        return
-    real = os.path.realpath(path)
-    if not any(real == root or real.startswith(root.rstrip("/") + "/") for root in confine):
+    if confine is not None and not resolves_within(path, confine):
         raise InvalidInput(
-            f"symlink in source points outside the allowed directories: {path!r} -> {real!r}",
+            f"symlink in source points outside the allowed directories: {path!r} -> {os.path.realpath(path)!r}",
             hint="replace the link with the file, or add its target's directory to DSAGENT_LOCAL_SOURCES",
         )
 
@@ -91,7 +88,7 @@ def _iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
     """Files under a local ``root`` in groups per directory (empty directories go to ``empty``).
 
     Follows symlinks (a linked file is packed as a regular file) and refuses loops; with
-    ``confine`` (real paths), a symlink must resolve inside one of them: the agent reads
+    ``confine``, a symlink must resolve inside one of those directories: the agent reads
     with more rights than the pods it caches for, so a link planted in a shared source
     must not make it copy other host files into a pod's mount.
     Groups come as the walk goes, at most :data:`_GROUP` names each, so that hashing
@@ -211,8 +208,7 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str], *, confine:
             size = info.get("size")
             return [_Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
         if is_local(fs):
-            real_confine = None if confine is None else [os.path.realpath(os.fspath(c)) for c in confine]
-            return _LocalWalk(_iter_local_dirs(root, empty, real_confine))
+            return _LocalWalk(_iter_local_dirs(root, empty, confine))
         found, dirs = _walk_remote(fs, root)
         empty.extend(dirs)
         return found

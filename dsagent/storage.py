@@ -9,7 +9,7 @@ translating fsspec's ``OSError`` family into dsagent's error tree where it enter
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +37,16 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
         )
         raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
     return fs, path
+
+
+def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> bool:
+    """Whether local ``path``, symlinks resolved, lies inside one of ``roots`` (also resolved)."""
+    real = os.path.realpath(path)
+    for root in roots:
+        top = os.path.realpath(root)
+        if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+            return True
+    return False
 
 
 @contextmanager

@@ -9,7 +9,6 @@ or returned, so only :meth:`DatasetRequest.redacted` reaches the catalog.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dsagent.catalog import TaskRow
 from dsagent.errors import Conflict, InvalidInput
-from dsagent.storage import resolve
+from dsagent.storage import resolve, resolves_within
 from dsagent.store import validate_name
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
@@ -98,8 +97,7 @@ def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -
         protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
         if not {"file", "local"} & set(protocols):
             continue
-        real = Path(os.path.realpath(path))
-        if not any(real.is_relative_to(Path(os.path.realpath(root))) for root in local_sources):
+        if not resolves_within(path, local_sources):
             raise InvalidInput(
                 f"local source {url!r} is outside the directories this agent may read",
                 hint="use a remote URL, or add its directory to DSAGENT_LOCAL_SOURCES on the agent",

@@ -26,3 +26,16 @@ def test_foreign_errors_are_translated_where_they_enter(tmp_path) -> None:
     assert isinstance(nf.value.__cause__, FileNotFoundError)
     with pytest.raises(SourceUnavailable), translate_errors("store"):
         raise ConnectionResetError("peer reset")
+
+
+def test_paths_resolve_within_roots_through_symlinks_but_not_by_prefix(tmp_path) -> None:
+    from dsagent.storage import resolves_within
+
+    (tmp_path / "nfs" / "ds").mkdir(parents=True)
+    (tmp_path / "nfs-evil").mkdir()
+    (tmp_path / "nfs" / "ds" / "escape").symlink_to(tmp_path / "nfs-evil")
+    assert resolves_within(tmp_path / "nfs" / "ds", [tmp_path / "nfs"])
+    assert resolves_within(tmp_path / "nfs", [tmp_path / "nfs"])
+    assert not resolves_within(tmp_path / "nfs-evil", [tmp_path / "nfs"])  # a sibling sharing the prefix
+    assert not resolves_within(tmp_path / "nfs" / "ds" / "escape", [tmp_path / "nfs"])
+    assert not resolves_within(tmp_path / "nfs", [])
