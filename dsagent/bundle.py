@@ -49,6 +49,7 @@ from dsagent.manifest import (
     manifest_path,
 )
 from dsagent.storage import resolve, translate_errors
+from dsagent.store import fsync_dir
 
 DEFAULT_MAX_FILES = 50_000
 DEFAULT_MAX_BYTES = 800_000_000
@@ -276,20 +277,12 @@ def _store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise InsufficientSpace(f"no space left in the bundle store for {base}: {exc}", hint="free space in the store") from exc
             raise
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return counter.written
     with fs.open(path, "wb") as raw:  # object stores publish an object only on a completed close
         counter = _CountingWriter(raw)
         fill(counter)
     return counter.written
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _compress_into(members: Sequence[FileEntry], writer: _BundleWriter, level: int, threads: int) -> Any:

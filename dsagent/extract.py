@@ -55,7 +55,7 @@ _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 # --------------------------------------------------------------------------- durability
 
 
-def _syncfs(path: str | os.PathLike[str]) -> None:
+def syncfs(path: str | os.PathLike[str]) -> None:
     """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -192,7 +192,7 @@ def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
 def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], durable: bool) -> None:
     """Rename a verified bundle's files into place; on failure take back the ones moved."""
     if durable:
-        _syncfs(staging.root)
+        syncfs(staging.root)
     made: set[str] = {""}
     prefix = f"{dest_dir}/"
     moved: list[str] = []
@@ -210,7 +210,7 @@ def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], du
             raise Conflict(f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory") from exc
         raise
     if durable:
-        _syncfs(dest_dir)
+        syncfs(dest_dir)
 
 
 @contextmanager
@@ -324,11 +324,11 @@ def unpack(
                         future.cancel()
                     raise
         create_empty_directories(manifest, stage)
-        _syncfs(stage)
+        syncfs(stage)
         if target.exists():
             target.rmdir()
         os.replace(stage, target)
-        _syncfs(target.parent)
+        syncfs(target.parent)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -18,7 +18,6 @@ Blocking work (fsspec, zstd, tar, hashing, fsync) runs in the executor, never on
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import os
 import shutil
@@ -33,7 +32,7 @@ from typing import Any, TypeVar
 from dsagent.bundle import unpack_bundle
 from dsagent.digester import is_local, mtime_ns
 from dsagent.errors import IntegrityError, InvalidInput
-from dsagent.extract import STAGING_DIR, create_empty_directories
+from dsagent.extract import STAGING_DIR, create_empty_directories, syncfs
 from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest
 from dsagent.storage import resolve, translate_errors
 
@@ -266,27 +265,6 @@ def finish(staging: Path, manifest: Manifest) -> None:
     clear_interrupted(staging)
     create_empty_directories(manifest, staging)
     syncfs(staging)
-
-
-def syncfs(path: Path) -> None:
-    """Flush the filesystem holding ``path`` (``syncfs(2)``; ``sync()`` where it is missing)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fn = getattr(_LIBC, "syncfs", None)
-        if fn is None or fn(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
-
-
-def _libc() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:  # not Linux
-        return None
-
-
-_LIBC = _libc()
 
 
 async def fetch_bundles(

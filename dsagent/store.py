@@ -50,7 +50,8 @@ def validate_digest(digest: str) -> str:
     return digest
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries (new names, renames) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
