@@ -26,7 +26,8 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
     if not text or "\x00" in text:
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
     try:
-        fs, path = url_to_fs(text, **dict(storage_options or {}))
+        with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
+            fs, path = url_to_fs(text, **dict(storage_options or {}))
     except (ValueError, ImportError) as exc:
         protocol = text.split("://", 1)[0] if "://" in text else "file"
         known = protocol in fsspec.available_protocols()

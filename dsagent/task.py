@@ -87,13 +87,33 @@ def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
         raise InvalidInput(f"dataset names repeat in one task: {sorted(names)}")
 
 
+def _wraps_filesystems(fs: Any) -> bool:
+    """Whether ``fs`` reads through other filesystems (fsspec's caches and ``dir`` keep the
+    wrapped one in ``.fs``; archives and references open files of a target filesystem)."""
+    from fsspec.archive import AbstractArchiveFileSystem
+    from fsspec.implementations.reference import ReferenceFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    return isinstance(fs, (AbstractArchiveFileSystem, ReferenceFileSystem)) or isinstance(getattr(fs, "fs", None), AbstractFileSystem)
+
+
 def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -> None:
     """Refuse a local source or bundle store outside ``local_sources`` (the agent runs
     privileged: pods must not make it copy host files into their mounts). Blocking."""
     for url in (request.source, request.bundles):
         if url is None:
             continue
+        if "::" in url:  # before resolving: building a chained filesystem may open files already
+            raise InvalidInput(
+                f"{url!r} chains filesystems, which this agent does not accept",
+                hint="give the dataset's own URL: the agent is the cache, and a chain could reach the node's local files",
+            )
         fs, path = resolve(url, request.storage_options)
+        if _wraps_filesystems(fs):
+            raise InvalidInput(
+                f"{url!r} wraps other filesystems (caches, archives, dir, reference), which this agent does not accept",
+                hint="give the dataset's own URL: the agent is the cache, and a wrapper could reach the node's local files",
+            )
         protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
         if not {"file", "local"} & set(protocols):
             continue

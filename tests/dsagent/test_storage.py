@@ -39,3 +39,9 @@ def test_paths_resolve_within_roots_through_symlinks_but_not_by_prefix(tmp_path)
     assert not resolves_within(tmp_path / "nfs-evil", [tmp_path / "nfs"])  # a sibling sharing the prefix
     assert not resolves_within(tmp_path / "nfs" / "ds" / "escape", [tmp_path / "nfs"])
     assert not resolves_within(tmp_path / "nfs", [])
+
+
+def test_a_filesystem_failing_while_it_is_built_is_translated(tmp_path) -> None:
+    with pytest.raises(NotFound) as excinfo:
+        resolve(f"zip://x::file://{tmp_path}/missing.zip")  # the zip filesystem opens its archive at once
+    assert isinstance(excinfo.value.__cause__, FileNotFoundError)
