@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dsagent.catalog import TaskRow
+from dsagent.digester import is_local
 from dsagent.errors import Conflict, InvalidInput
 from dsagent.storage import resolve, resolves_within
 from dsagent.store import validate_name
@@ -114,8 +115,7 @@ def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -
                 f"{url!r} wraps other filesystems (caches, archives, dir, reference), which this agent does not accept",
                 hint="give the dataset's own URL: the agent is the cache, and a wrapper could reach the node's local files",
             )
-        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-        if not {"file", "local"} & set(protocols):
+        if not is_local(fs):
             continue
         if not resolves_within(path, local_sources):
             raise InvalidInput(

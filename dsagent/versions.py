@@ -24,6 +24,7 @@ from pathlib import Path
 from dsagent.catalog import Catalog
 from dsagent.claims import Claims
 from dsagent.digestcache import DigestCache
+from dsagent.digester import is_local
 from dsagent.errors import DsagentError, IntegrityError, NotFound
 from dsagent.fetch import Source, copy_and_digest, fetch_bundles, fetch_files, finish, list_remote, listing_matches
 from dsagent.flights import Flights
@@ -261,9 +262,7 @@ class Versions:
 
 
 def _is_local_url(source: Source) -> bool:
-    fs, _ = resolve(source.url, source.storage_options)
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    return bool({"file", "local"} & set(protocols))
+    return is_local(resolve(source.url, source.storage_options)[0])
 
 
 __all__ = ["Versions"]
