@@ -43,7 +43,7 @@ import xxhash
 
 from dsagent.errors import Conflict, InsufficientSpace, IntegrityError, InvalidInput, SourceUnavailable, UnsafeArchive
 from dsagent.hashing import hash_file
-from dsagent.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, read_manifest
+from dsagent.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, is_safe_path, read_manifest
 from dsagent.storage import resolve, translate_errors
 from dsagent.tarstream import FrameReader, iter_members, read_data
 
@@ -90,7 +90,7 @@ def _reject_unsafe(member: tarfile.TarInfo, bundle: BundleRef) -> None:
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchive(f"{where} has an absolute path")
-    if any(part in ("..", ".", "") for part in name.split("/")) or "\x00" in name:
+    if not is_safe_path(name):
         raise UnsafeArchive(f"{where} escapes or is not a clean relative path")
 
 

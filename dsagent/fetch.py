@@ -33,7 +33,7 @@ from dsagent.bundle import unpack_bundle
 from dsagent.digester import is_local, mtime_ns
 from dsagent.errors import IntegrityError, InvalidInput
 from dsagent.extract import STAGING_DIR, create_empty_directories, syncfs
-from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest
+from dsagent.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest, is_safe_path
 from dsagent.storage import resolve, translate_errors
 
 _T = TypeVar("_T")
@@ -112,10 +112,9 @@ def listing_matches(source: Source, manifest: Manifest) -> bool:
 
 def safe_target(root: Path, relative: str) -> Path:
     """``root/relative``, refusing anything that would land outside ``root``."""
-    parts = relative.split("/")
-    if not relative or relative.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in relative:
+    if not is_safe_path(relative):
         raise InvalidInput(f"unsafe path {relative!r} in a manifest")
-    return root.joinpath(*parts)
+    return root.joinpath(*relative.split("/"))
 
 
 def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress: Progress) -> None:
