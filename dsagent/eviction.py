@@ -45,7 +45,7 @@ class Plan:
 
     @property
     def sufficient(self) -> bool:
-        return self.free_bytes + sum(v.size_bytes for v in self.victims) >= self.needed_bytes
+        return self.free_bytes + self.freed_bytes >= self.needed_bytes
 
     @property
     def freed_bytes(self) -> int:
@@ -72,9 +72,7 @@ def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, rat
     target = needed_bytes(size, ratio)
     order = lru_order(candidates)
     evictable = sum(c.size_bytes for c in order)
-    if free >= target:
-        return Plan((), target, free, evictable)
-    if free + evictable < target:
+    if free >= target or free + evictable < target:  # nothing to evict, or no use evicting
         return Plan((), target, free, evictable)
     victims: list[Candidate] = []
     reached = free

@@ -38,9 +38,6 @@ class Flights:
         if not flight.cancelled():
             flight.exception()  # retrieved here: every waiter sees it; asyncio must not warn
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._running
-
     def fetching(self) -> set[Key]:
         """The versions being fetched now."""
         return {(key[1], key[2]) for key in self._running if key[0] == "fetch"}

@@ -18,7 +18,7 @@ from typing import Any
 
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.jobs import JobClasses
-from scheduler_plugin.nodeinfo import NodeFacts
+from scheduler_plugin.nodeinfo import NOTHING_HELD, NodeFacts
 from scheduler_plugin.plugins import MAX, dataset, numa, roce
 from scheduler_plugin.podspec import PodRequest, read_pod
 from scheduler_plugin.settings import Settings, Weights
@@ -26,7 +26,6 @@ from scheduler_plugin.wire import Pod
 
 log = logging.getLogger(__name__)
 
-_NOTHING_HELD: dict[str, Any] = {}   # what an unknown node (None) holds
 
 Cluster = Callable[[], Iterable[NodeFacts]]
 GpuKey = tuple[int, "frozenset[int] | None", int]
@@ -107,7 +106,7 @@ class Framework:
             # Without partial credit a node lacking the first dataset scores 0: only the
             # nodes holding it (found in C, without a Python loop over every candidate)
             # are scored.
-            held = map(getattr, nodes, repeat("held"), repeat(_NOTHING_HELD))
+            held = map(getattr, nodes, repeat("held"), repeat(NOTHING_HELD))
             raws = [0.0] * len(nodes)
             for index in compress(range(len(nodes)), map(operator.contains, held, repeat(wants[0].name))):
                 raws[index] = affinity(wants, nodes[index].inventory)  # type: ignore[union-attr]

@@ -37,7 +37,7 @@ FREE_GPUS_ANNOTATION = "dsagent.io/free-gpus"
 INVENTORY_BUDGET = 64 * 1024
 TOPOLOGY_BUDGET = 32 * 1024
 
-_NOTHING_HELD: Mapping[str, Any] = {}
+NOTHING_HELD: Mapping[str, Any] = {}  # what a node without an inventory (or an unknown node) holds
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -116,7 +116,7 @@ class NodeFacts:
     @cached_property
     def held(self) -> Mapping[str, Holding]:
         """The inventory's datasets by name (empty without a readable inventory)."""
-        return self.inventory.datasets if self.inventory is not None else _NOTHING_HELD
+        return self.inventory.datasets if self.inventory is not None else NOTHING_HELD
 
     @cached_property
     def class_sizes(self) -> dict[str, int]:

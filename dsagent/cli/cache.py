@@ -27,7 +27,6 @@ from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsagent.sizes import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-_CLASSES = {cls.code: cls for cls in DsagentError.__subclasses__()}
 POLL_SECONDS = 0.5
 
 

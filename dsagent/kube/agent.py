@@ -38,7 +38,7 @@ from typing import Any
 from dsagent.errors import DsagentError, InvalidInput, NotFound
 from dsagent.kube import annotation, publisher
 from dsagent.kube.apiclient import translated
-from dsagent.kube.datasets import DatasetClient
+from dsagent.kube.datasets import MERGE_PATCH, DatasetClient
 from dsagent.kube.mutation import INIT_CONTAINER
 from dsagent.kube.podwatch import PodWatch
 from dsagent.service import CacheService, DatasetRequest
@@ -46,7 +46,6 @@ from dsagent.settings import Settings, parse_duration
 
 log = logging.getLogger("dsagent.kube")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-MERGE_PATCH = "application/merge-patch+json"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 

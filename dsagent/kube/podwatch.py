@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from dsagent.kube.apiclient import status_of
 
 log = logging.getLogger("dsagent.kube")
 PodJSON = dict[str, Any]
@@ -180,4 +179,4 @@ class PodWatch:
                 pass
 
 
-__all__ = ["PodWatch", "status_of"]
+__all__ = ["PodWatch"]
