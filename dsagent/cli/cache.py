@@ -24,6 +24,7 @@ import click
 
 from dsagent.client import AgentClient
 from dsagent.errors import DsagentError, InvalidInput, TransientError
+from dsagent.kube.mutation import options_env_name  # the webhook writes what dsctl reads
 from dsagent.sizes import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -74,15 +75,12 @@ def datasets_from_env(environ: Mapping[str, str]) -> list[dict[str, Any]]:
         dataset = {key: item[key] for key in ("name", "source", "bundles") if item.get(key)}
         if default_bundles and "bundles" not in dataset:
             dataset["bundles"] = default_bundles
-        options = {**shared, **dict(item.get("storage_options") or {}), **_options_from_env(environ, "DSAGENT_STORAGE_OPTIONS_" + _env_suffix(str(item["name"])))}
+        options = {**shared, **dict(item.get("storage_options") or {}), **_options_from_env(environ, options_env_name(str(item["name"])))}
         if options:
             dataset["storage_options"] = options
         datasets.append(dataset)
     return datasets
 
-
-def _env_suffix(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
 def _options_from_env(environ: Mapping[str, str], var: str) -> dict[str, Any]:
