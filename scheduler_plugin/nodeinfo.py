@@ -16,7 +16,6 @@ and topology. Called by :mod:`scheduler_plugin.view`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import logging
@@ -25,7 +24,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
-from gpu_topology import Topology, best_gpu_set, roce_classes
+from gpu_topology import Topology, roce_classes
+from scheduler_plugin.plugins.numa import ideal_set
 from scheduler_plugin.podspec import parse_quantity
 from scheduler_plugin.wire import Node
 
@@ -256,10 +256,9 @@ class NodeReader:
         return cached
 
 
-@functools.lru_cache(maxsize=1024)
 def _best_subset(topology: Topology, count: int) -> frozenset[int]:
     """The best-scoring ``count`` GPUs of a topology (shared by every node that has it)."""
-    best = best_gpu_set(topology, topology.gpu_indices, count) if count > 0 else None
+    best = ideal_set(topology, count)
     return frozenset(best.gpus) if best else frozenset()
 
 
