@@ -42,7 +42,7 @@ from typing import IO, Any
 import xxhash
 
 from dsagent.errors import Conflict, InsufficientSpace, IntegrityError, InvalidInput, SourceUnavailable, UnsafeArchive
-from dsagent.hashing import hash_file
+from dsagent.hashing import CHUNK_SIZE, hash_file
 from dsagent.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, is_safe_path, read_manifest
 from dsagent.storage import resolve, translate_errors
 from dsagent.tarstream import FrameReader, iter_members, read_data
@@ -387,9 +387,14 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
         else:
             present.append(entry)
 
+    buffers = threading.local()  # one read buffer per thread, not one per file
+
     def check(entry: FileEntry) -> str | None:
+        buffer = getattr(buffers, "buffer", None)
+        if buffer is None:
+            buffer = buffers.buffer = bytearray(CHUNK_SIZE)
         with translate_errors(f"file {entry.path!r}"):
-            digest, _ = hash_file(root / entry.path)
+            digest, _ = hash_file(root / entry.path, buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"
 
     with ThreadPoolExecutor(workers or min(8, 2 * (os.cpu_count() or 1))) as pool:

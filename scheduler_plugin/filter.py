@@ -41,7 +41,7 @@ def _gpus(pod: PodRequest, node: NodeFacts) -> Failure | None:
     if pod.gpus <= 0:
         return None
     if pod.gpu_class is not None and node.classes and node.free_gpus is not None:
-        if pod.gpu_class not in {c.name for c in node.classes}:
+        if pod.gpu_class not in node.class_sizes:
             names = ", ".join(c.name for c in node.classes)
             return Failure(f"node has no GPU-RoCE class {pod.gpu_class} (it has {names})", True)
         free = node.free_by_class.get(pod.gpu_class, 0)
