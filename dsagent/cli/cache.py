@@ -24,7 +24,7 @@ import click
 
 from dsagent.client import AgentClient
 from dsagent.errors import DsagentError, InvalidInput, TransientError
-from dsagent.kube.mutation import options_env_name  # the webhook writes what dsctl reads
+from dsagent.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.sizes import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -55,45 +55,6 @@ def parse_specs(specs: Sequence[str], bundles: str | None) -> list[dict[str, Any
             raise InvalidInput(f"invalid dataset {spec!r}", hint="write NAME=SOURCE, e.g. imagenet=s3://bucket/imagenet")
         datasets.append({"name": name, "source": source, **({"bundles": bundles} if bundles else {})})
     return datasets
-
-
-def datasets_from_env(environ: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The init-container's dataset list: ``DSAGENT_DATASETS`` plus storage options per dataset."""
-    raw = environ.get("DSAGENT_DATASETS")
-    if not raw:
-        raise InvalidInput("DSAGENT_DATASETS is not set", hint="set it to a JSON list of {name, source, bundles?}")
-    try:
-        items = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"DSAGENT_DATASETS is not valid JSON: {exc.msg} at position {exc.pos}") from exc
-    if not isinstance(items, list) or not all(isinstance(i, dict) and "name" in i and "source" in i for i in items):
-        raise InvalidInput("DSAGENT_DATASETS must be a JSON list of objects with 'name' and 'source'")
-    shared = _options_from_env(environ, "DSAGENT_STORAGE_OPTIONS")
-    default_bundles = environ.get("DSAGENT_BUNDLES")
-    datasets = []
-    for item in items:
-        dataset = {key: item[key] for key in ("name", "source", "bundles") if item.get(key)}
-        if default_bundles and "bundles" not in dataset:
-            dataset["bundles"] = default_bundles
-        options = {**shared, **dict(item.get("storage_options") or {}), **_options_from_env(environ, options_env_name(str(item["name"])))}
-        if options:
-            dataset["storage_options"] = options
-        datasets.append(dataset)
-    return datasets
-
-
-
-def _options_from_env(environ: Mapping[str, str], var: str) -> dict[str, Any]:
-    raw = environ.get(var)
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:  # never echo the value: it usually holds credentials
-        raise InvalidInput(f"{var} is not valid JSON (value not shown: it may hold credentials)") from exc
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{var} must be a JSON object of storage options")
-    return value
 
 
 def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
@@ -41,6 +40,7 @@ from dsagent.kube.apiclient import translated
 from dsagent.kube.datasets import MERGE_PATCH, DatasetClient
 from dsagent.kube.mutation import INIT_CONTAINER
 from dsagent.kube.podwatch import PodWatch
+from dsagent.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.service import CacheService, DatasetRequest
 from dsagent.settings import Settings, parse_duration
 
@@ -105,15 +105,18 @@ def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRequest] | None:
-    """The request the webhook's init-container will send; None when it needs Secrets."""
-    env = {e.get("name"): e for e in container.get("env") or []}
-    if any(str(name).startswith("DSAGENT_STORAGE_OPTIONS") for name in env):
+    """The request the webhook's init-container will send, read as ``dsctl`` reads it
+    (:func:`dsagent.podenv.datasets_from_env`); None when a variable it needs has no
+    literal value here (storage options or anything else taken from a Secret)."""
+    env = container.get("env") or []
+    for e in env:
+        name = str(e.get("name"))
+        if name.startswith(OPTIONS_PREFIX) or (name in REQUEST_VARIABLES and "value" not in e):
+            return None
+    literal = {str(e.get("name")): str(e["value"]) for e in env if "value" in e}
+    if not literal.get("DSAGENT_DATASETS"):
         return None
-    raw = (env.get("DSAGENT_DATASETS") or {}).get("value")
-    if not raw:
-        return None
-    items = json.loads(raw)
-    return [DatasetRequest(i["name"], i["source"], i.get("bundles"), i.get("storage_options")) for i in items]
+    return [DatasetRequest(**item) for item in datasets_from_env(literal)]
 
 
 class ClusterAgent:
@@ -255,7 +258,7 @@ class ClusterAgent:
         if init is not None:
             try:
                 requests = requests_from_init_container(init)
-            except (ValueError, KeyError, TypeError):
+            except (InvalidInput, ValueError, KeyError, TypeError):
                 log.warning("pod %s: its init-container's DSAGENT_DATASETS is malformed", _name(pod))
                 return None
             if requests is None:

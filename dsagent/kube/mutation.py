@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from typing import Any
 from dsagent.errors import InvalidInput
 from dsagent.kube.annotation import DatasetRef
 from dsagent.kube.datasets import Dataset, SecretRef
+from dsagent.podenv import options_env_name
 
 INIT_CONTAINER = "dsagent-cache"
 SOCKET_VOLUME = "dsagent-socket"
@@ -149,11 +149,6 @@ def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tup
             name=ref.name, source=dataset.source, bundles=ref.bundles or dataset.bundles,
             digest=ref.digest, secret=dataset.storage_secret, storage_options=ref.storage_options))
     return tuple(resolved)
-
-
-def options_env_name(dataset: str) -> str:
-    """``DSAGENT_STORAGE_OPTIONS_<NAME>``, the variable ``dsctl cache --from-env`` reads."""
-    return "DSAGENT_STORAGE_OPTIONS_" + re.sub(r"[^A-Za-z0-9]", "_", dataset).upper()
 
 
 def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection) -> JSONPatch:

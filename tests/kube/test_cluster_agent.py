@@ -339,6 +339,34 @@ def test_the_agent_sends_what_the_init_container_will_and_its_repeat_is_a_no_op(
     asyncio.run(scenario())
 
 
+def test_the_agent_reads_the_init_container_environment_exactly_as_dsctl_does(
+    apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
+) -> None:
+    from dsagent.cli.cache import datasets_from_env
+
+    apiserver.create(make_node(NODE))
+    pod = make_pod("p", annotations={"dsagent.io/datasets": "tiny"})
+    pod = json_patch(pod, mutate(pod, (ResolvedDataset("tiny", memory_dataset),), Injection(image="img:1")))
+    # What an operator may add: a default bundle store (README), and an empty per-dataset one.
+    env = pod["spec"]["initContainers"][0]["env"]
+    env.append({"name": "DSAGENT_BUNDLES", "value": "memory://no-store-yet"})
+    for e in env:
+        if e["name"] == "DSAGENT_DATASETS":
+            e["value"] = json.dumps([{**item, "bundles": ""} for item in json.loads(e["value"])])
+    pod["spec"]["nodeName"] = NODE
+    uid = apiserver.create(pod)["metadata"]["uid"]
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            await until(lambda: uid in agent._tasks, what="the task")
+            first = await agent.service.get_task(uid)
+            sent = datasets_from_env({e["name"]: e["value"] for e in env if "value" in e})  # the init-container's request
+            again = await agent.service.submit_task(uid, [DatasetRequest(**d) for d in sent])
+            assert again.created_at == first.created_at  # the same task, not a Conflict
+
+    asyncio.run(scenario())
+
+
 def test_task_ids_shaped_like_pod_uids_must_be_pods_on_this_node(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
 ) -> None:
