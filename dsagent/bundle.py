@@ -294,6 +294,14 @@ def _compress_into(members: Sequence[FileEntry], writer: _BundleWriter, level: i
     return fill
 
 
+def _stored_size(fs: AbstractFileSystem, path: str) -> int | None:
+    """The size of a stored object, or None when it is absent (one round trip)."""
+    try:
+        return int(fs.size(path))
+    except FileNotFoundError:
+        return None
+
+
 def write_bundles(
     manifest: Manifest,
     source: str | os.PathLike[str],
@@ -319,7 +327,7 @@ def write_bundles(
     digests = [bundle_digest(group) for group in groups]
     with translate_errors(f"bundle store {os.fspath(store)!r}"):
         dst_fs.makedirs(f"{dst_root.rstrip('/')}/{BUNDLES_DIR}", exist_ok=True)
-        existing = {digest: dst_fs.size(bundle_path(dst_root, digest)) for digest in set(digests) if dst_fs.exists(bundle_path(dst_root, digest))}
+        existing = {digest: size for digest in set(digests) if (size := _stored_size(dst_fs, bundle_path(dst_root, digest))) is not None}
     todo = [i for i, digest in enumerate(digests) if digest not in existing]
     if progress is not None:
         reused = [g for g, d in zip(groups, digests) if d in existing]

@@ -200,11 +200,11 @@ def walk_source(fs: AbstractFileSystem, root: str, empty: list[str], *, confine:
         if not fs.exists(root):
             raise NotFound(f"dataset source {root!r} does not exist", hint="check the path or URL")
         if not fs.isdir(root):
-            info = fs.info(root)
             name = root.rstrip("/").rsplit("/", 1)[-1]
             if is_local(fs):
                 st = os.stat(root)
                 return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
+            info = fs.info(root)
             size = info.get("size")
             return [_Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
         if is_local(fs):
