@@ -194,9 +194,12 @@ class Catalog:
         row = rows[0]
         return TaskRow(row["task_id"], row["created_at"], row["lease_until"], json.loads(row["request"]), {b["name"]: b["digest"] for b in bound})
 
+    def task_ids(self) -> list[str]:
+        """Every task's id, oldest first (one query; :meth:`tasks` reads each task whole)."""
+        return [row["task_id"] for row in self._query("SELECT task_id FROM tasks ORDER BY created_at")]
+
     def tasks(self) -> list[TaskRow]:
-        ids = [row["task_id"] for row in self._query("SELECT task_id FROM tasks ORDER BY created_at")]
-        return [task for task in (self.task(task_id) for task_id in ids) if task is not None]
+        return [task for task in (self.task(task_id) for task_id in self.task_ids()) if task is not None]
 
     def create_task(self, task_id: str, request: list[dict[str, Any]], *, now: float, lease_until: float) -> None:
         with self._tx() as db:

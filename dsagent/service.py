@@ -232,7 +232,7 @@ class CacheService:
 
     async def task_ids(self) -> list[str]:
         """The ids of every task this agent holds, oldest first (released ones are gone)."""
-        return [task.task_id for task in await self._db(self.catalog.tasks)]
+        return await self._db(self.catalog.task_ids)
 
     async def release_task(self, task_id: str) -> None:
         """The task no longer needs its datasets (the pod ended); they become evictable."""
@@ -301,7 +301,7 @@ class CacheService:
         return report.inventory(await self.datasets(), await self.space(), self.settings.node_name)
 
     async def metrics_text(self) -> str:
-        tasks = await self._db(self.catalog.tasks)
+        tasks = await self._db(self.catalog.task_ids)
         return self.metrics.render(report.gauges(await self.space(), await self.datasets(), len(tasks)))
 
 
