@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from gpu_topology.errors import InvalidTopology
-from gpu_topology.model import PCIE_ORDER, Gpu, LinkKind, Nic, Topology, gpu_name
+from gpu_topology.model import Gpu, LinkKind, Nic, Topology, gpu_name
 
 AFFINE_LEVELS = (LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE)
 DEFAULT_PREFIX = "gpu-roce"
@@ -142,7 +142,7 @@ def _pcie_domain(topology: Topology, nic: Nic) -> set[str]:
         current = todo.pop()
         for other in topology.nics:
             link = topology.link(current, other.name)
-            if other.name not in seen and link is not None and link.kind in PCIE_ORDER[:-1]:
+            if other.name not in seen and link is not None and link.kind in AFFINE_LEVELS:
                 seen.add(other.name)
                 todo.append(other.name)
     return seen

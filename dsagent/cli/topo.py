@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from gpu_topology import Topology, best_gpu_set, discover, nearest_nics, pair_score, roce_classes
+from gpu_topology.model import gpu_name
 from gpu_topology.classes import DEFAULT_PREFIX
 from gpu_topology.dumps import FORMATS, load_dump, parse_dump
 
@@ -156,9 +157,9 @@ def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     lines += _table(rows) if classes else ["  (none: no RDMA NIC within non-SYS reach of a GPU)"]
     lines += ["", "GPU-pair scores"]
     indices = topology.gpu_indices
-    rows = [[""] + [f"GPU{i}" for i in indices]]
+    rows = [[""] + [gpu_name(i) for i in indices]]
     for a in indices:
-        rows.append([f"GPU{a}"] + ["-" if a == b else str(pair_score(topology, a, b)) for b in indices])
+        rows.append([gpu_name(a)] + ["-" if a == b else str(pair_score(topology, a, b)) for b in indices])
     lines += _table(rows) if indices else ["  (no GPUs)"]
     return lines
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import TypeVar
 
-from gpu_topology.model import Gpu, Link, Nic, Topology
+from gpu_topology.model import Gpu, Link, Nic, Topology, gpu_name
 
 _T = TypeVar("_T", Gpu, Nic)
 
@@ -26,7 +26,7 @@ def merge(first: Topology, second: Topology) -> Topology:
     second_nics = {n.name: n for n in second.nics}
     nics = [_fill(n, second_nics[n.name]) if n.name in second_nics else n for n in first.nics]
     nics += [n for n in second.nics if n.name not in {x.name for x in first.nics}]
-    rename = {f"GPU{theirs}": f"GPU{ours}" for ours, theirs in gpu_map.items()}
+    rename = {gpu_name(theirs): gpu_name(ours) for ours, theirs in gpu_map.items()}
     rename.update({n.name: n.name for n in second.nics})
     links: dict[str, dict[str, Link]] = {a: dict(row) for a, row in first.links.items()}
     for a, row in second.links.items():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpu_topology.discovery.base import Backend
 from gpu_topology.errors import BackendUnavailable, ParseError
-from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology, normalize_bus_id
+from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology, gpu_name, normalize_bus_id
 
 NVSWITCH_CLASS = "0x068000"
 
@@ -99,7 +99,7 @@ def _gpu(
 ) -> tuple[Gpu, _Device]:
     index = _int(element.get("dev"), "gpu dev")
     index = position if index is None else index
-    device = _Device(name=f"GPU{index}", path=path, busid=busid)
+    device = _Device(name=gpu_name(index), path=path, busid=busid)
     for link in element.findall("nvlink"):
         count = _int(link.get("count"), "nvlink count") or 1
         target = _bus(link.get("target"))

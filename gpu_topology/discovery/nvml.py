@@ -18,7 +18,7 @@ from typing import Any
 
 from gpu_topology.discovery.base import Backend
 from gpu_topology.errors import BackendUnavailable, DiscoveryError
-from gpu_topology.model import Gpu, Link, LinkKind, Topology, normalize_bus_id
+from gpu_topology.model import Gpu, Link, LinkKind, Topology, gpu_name, normalize_bus_id
 
 _ANCESTOR_LEVELS = {
     0: LinkKind.BOARD,  # NVML_TOPOLOGY_INTERNAL
@@ -80,7 +80,7 @@ class NvmlBackend(Backend):
         links: dict[str, dict[str, Link]] = {}
         for a in range(len(handles)):
             for b in range(a + 1, len(handles)):
-                links.setdefault(f"GPU{a}", {})[f"GPU{b}"] = self._pair(nvml, handles, nvlinks, a, b)
+                links.setdefault(gpu_name(a), {})[gpu_name(b)] = self._pair(nvml, handles, nvlinks, a, b)
         return Topology(gpus=tuple(gpus), links=links)
 
     def _gpu(self, nvml: Any, index: int, handle: Any) -> Gpu:
