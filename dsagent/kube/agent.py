@@ -138,6 +138,9 @@ class ClusterAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._tasks: dict[str, list[DatasetRequest]] = {}  # pod UID -> what the agent submitted
+        # Pods left to their init-container for good (Secrets, malformed data): a pod's
+        # spec does not change, so its many status updates need not resolve it again.
+        self._left_to_init: set[str] = set()
         self._background: list[asyncio.Task[Any]] = []
         self._watch: PodWatch | None = None
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
@@ -238,7 +241,7 @@ class ClusterAgent:
         if kind == "DELETED" or has_ended(pod):
             await self._release(uid, _name(pod))
             return
-        if uid in self._tasks:
+        if uid in self._tasks or uid in self._left_to_init:
             return
         requests = await self._requests_for(pod)
         if requests is None:
@@ -260,14 +263,18 @@ class ClusterAgent:
                 requests = requests_from_init_container(init)
             except (InvalidInput, ValueError, KeyError, TypeError):
                 log.warning("pod %s: its init-container's DSAGENT_DATASETS is malformed", _name(pod))
+                self._left_to_init.add(pod_uid(pod))
                 return None
             if requests is None:
                 log.info("pod %s needs storage credentials from Secrets: its init-container starts the caching", _name(pod))
+                self._left_to_init.add(pod_uid(pod))
+                return None
             return requests
         try:
             refs = annotation.datasets_of(pod)
         except InvalidInput as exc:
             log.warning("pod %s: %s", _name(pod), exc)
+            self._left_to_init.add(pod_uid(pod))
             return None
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
         requests = []
@@ -282,12 +289,14 @@ class ClusterAgent:
                 return None
             if dataset.storage_secret is not None:
                 log.info("pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name)
+                self._left_to_init.add(pod_uid(pod))
                 return None
             requests.append(DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options))
         return requests or None
 
     async def _release(self, uid: str, name: str) -> None:
         self._tasks.pop(uid, None)  # first, so the renewal loop stops renewing it
+        self._left_to_init.discard(uid)
         self.released.append(uid)
         try:
             await self.service.release_task(uid)

@@ -318,6 +318,29 @@ def test_datasets_needing_secrets_are_left_to_the_init_container(apiserver: Fake
     asyncio.run(scenario())
 
 
+def test_a_pod_left_to_its_init_container_is_not_resolved_again_on_every_update(apiserver: FakeApiServer, tmp_path: Path) -> None:
+    apiserver.create(make_node(NODE))
+    secret = make_dataset("private", source="s3://corp/private")
+    secret["spec"]["storageSecretRef"] = {"name": "creds"}
+    apiserver.create(secret)
+    apiserver.create(make_pod("p", node_name=NODE, annotations={"dsagent.io/datasets": "private"}))
+    lookup = ("GET", "/apis/dsagent.io/v1alpha1/namespaces/default/datasets/private")
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            await until(lambda: apiserver.requests_matching(*lookup), what="the first lookup")
+            for phase in ("Pending", "Running", "Running"):  # the kubelet's status updates
+                apiserver.patch("pods", "p", {"status": {"phase": phase, "message": phase}})
+            later = apiserver.create(make_pod("q", node_name=NODE))  # an event after those three
+            assert agent._watch is not None
+            watch = agent._watch
+            await until(lambda: watch.has_pod(later["metadata"]["uid"]), what="the later pod")
+            await asyncio.sleep(0.2)
+            assert len(apiserver.requests_matching(*lookup)) == 1
+
+    asyncio.run(scenario())
+
+
 def test_the_agent_sends_what_the_init_container_will_and_its_repeat_is_a_no_op(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
 ) -> None:
