@@ -21,7 +21,7 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 	@touch $@ $(VENV)/.runtime-installed
 
 demo: $(VENV)/.runtime-installed
-	$(PY) -m dsagent.demo
+	$(PY) -m dsagent.cli.demo
 
 lint-imports: $(VENV)/.test-installed
 	$(VENV)/bin/lint-imports

@@ -7,13 +7,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = REPO_ROOT.parent / "shared"
+FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def shared_fixtures() -> Path:
-    """``../shared/fixtures``: real data from real machines (read-only)."""
-    path = SHARED_DIR / "fixtures"
-    if not path.is_dir():
-        pytest.fail(f"shared fixtures not found at {path}; clone the repo beside shared/")
-    return path
+def fixtures_dir() -> Path:
+    """``tests/fixtures``: real outputs of real machines, each beside a ``.src`` provenance file."""
+    return FIXTURES_DIR

@@ -26,8 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dsagent import __version__
 from dsagent.api.routes import router
 from dsagent.errors import DsagentError, InvalidInput
-from dsagent.service import CacheService
-from dsagent.settings import Settings
+from dsagent.cache.service import CacheService
+from dsagent.cache.settings import Settings
 
 log = logging.getLogger("dsagent.api")
 

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from dsagent.api.schemas import EvictIn, TaskIn, eviction_out, task_out
 from dsagent.errors import Unauthorized
-from dsagent.service import CacheService
+from dsagent.cache.service import CacheService
 
 router = APIRouter()
 

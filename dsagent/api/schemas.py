@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dsagent.service import DatasetRequest, DatasetStatus, EvictionResult, TaskRecord, iso
+from dsagent.cache.service import DatasetRequest, DatasetStatus, EvictionResult, TaskRecord, iso
 
 
 class _Strict(BaseModel):

@@ -18,7 +18,8 @@ from pathlib import Path
 import click
 
 from dsagent.errors import DsagentError, SettingsError
-from dsagent.settings import Settings, parse_listen
+from dsplatform.errors import VocabularyError
+from dsagent.cache.settings import Settings, parse_listen
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -59,7 +60,7 @@ def serve(root: Path | None, socket_path: Path | None, listen: str | None, capac
 
 
 def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
-    from dsagent.sizes import parse_size
+    from dsplatform.units import parse_size
 
     try:
         return Settings.from_env().with_overrides(
@@ -69,7 +70,7 @@ def _settings(root: Path | None, socket_path: Path | None, listen: str | None, c
         )
     except SettingsError:
         raise
-    except DsagentError as exc:
+    except (DsagentError, VocabularyError) as exc:
         raise SettingsError(f"invalid flag: {exc.message}", hint=exc.hint) from exc
 
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import click
 
-from dsagent.digestcache import DigestCache, default_cache_path
+from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.errors import InvalidInput
-from dsagent.manifest import Manifest, Progress, build_manifest, read_manifest
-from dsagent.sizes import format_size, parse_size
+from dsagent.format.manifest import Manifest, Progress, build_manifest, read_manifest
+from dsplatform.units import format_size, parse_size
 
 
 @contextmanager
@@ -150,7 +150,7 @@ def pack(
     options: tuple[str, ...], store_options: tuple[str, ...], digest_cache: bool, publish_namespace: str | None,
 ) -> None:  # fmt: skip
     """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME."""
-    from dsagent.bundle import write_bundles
+    from dsagent.format.bundle import write_bundles
 
     cap = parse_size(max_bytes)
     if cap < 1:
@@ -191,7 +191,7 @@ def pack(
 @click.option("--store-option", "store_options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the store (repeatable).")
 def unpack(store: str, dest: str, name: str, workers: int | None, store_options: tuple[str, ...]) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
-    from dsagent.bundle import unpack as unpack_dataset
+    from dsagent.format.bundle import unpack as unpack_dataset
 
     options = _options(store_options)
     start = time.monotonic()
@@ -212,7 +212,7 @@ def unpack(store: str, dest: str, name: str, workers: int | None, store_options:
 @click.option("--store-option", "store_options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the store (repeatable).")
 def verify(directory: str, store: str, name: str, store_options: tuple[str, ...]) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
-    from dsagent.bundle import verify_tree
+    from dsagent.format.bundle import verify_tree
 
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=_options(store_options))

@@ -5,7 +5,7 @@ Who calls it: operators on a node, and pods: the init-container runs
 ``DSAGENT_TASK_ID``, storage options from ``DSAGENT_STORAGE_OPTIONS`` or
 ``DSAGENT_STORAGE_OPTIONS_<NAME>``, typically filled from Secrets), and the main container
 may run ``dsctl wait --from-env -- CMD...``, which waits for the datasets and then execs
-CMD. Everything goes through :class:`dsagent.client.AgentClient`; errors surface through
+CMD. Everything goes through :class:`dsagent.api.client.AgentClient`; errors surface through
 the ``dsctl`` edge as one line and their exit code.
 """
 
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import click
 
-from dsagent.client import AgentClient
+from dsagent.api.client import AgentClient
 from dsagent.errors import DsagentError, InvalidInput, TransientError
-from dsagent.podenv import datasets_from_env  # the init-container environment contract
-from dsagent.sizes import format_size
+from dsagent.kube.podenv import datasets_from_env  # the init-container environment contract
+from dsplatform.units import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 POLL_SECONDS = 0.5
@@ -85,7 +85,7 @@ def wait_until_done(client: AgentClient, task_id: str, *, timeout: float | None,
 def _failure(record: dict[str, Any]) -> DsagentError:
     failed = next(d for d in record["datasets"] if d["state"] == "failed")
     error = failed.get("error") or {}
-    from dsagent.client import _BY_CODE
+    from dsagent.api.client import _BY_CODE
 
     cls = _BY_CODE.get(str(error.get("code")), DsagentError)
     return cls(f"caching {failed['name']} failed: {error.get('message', 'unknown error')}", hint=error.get("hint"))

@@ -1,5 +1,5 @@
 """The node agent in cluster mode: :class:`ClusterAgent`, the glue between Kubernetes and
-the :class:`~dsagent.service.CacheService`.
+the :class:`~dsagent.cache.service.CacheService`.
 
 ``dsagent serve --kubernetes`` creates ``ClusterAgent(service, settings)`` and awaits
 :meth:`ClusterAgent.start` at start-up and :meth:`ClusterAgent.stop` at shutdown. It
@@ -40,9 +40,10 @@ from dsagent.kube.apiclient import translated
 from dsagent.kube.datasets import MERGE_PATCH, DatasetClient
 from dsagent.kube.mutation import INIT_CONTAINER
 from dsagent.kube.podwatch import PodWatch
-from dsagent.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
-from dsagent.service import CacheService, DatasetRequest
-from dsagent.settings import Settings, parse_duration
+from dsagent.kube.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
+from dsplatform.units import UnitError, parse_duration
 
 log = logging.getLogger("dsagent.kube")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -71,7 +72,7 @@ class ClusterSettings:
         raw = environ.get("DSAGENT_PUBLISH_INTERVAL")
         try:
             interval = parse_duration(raw) if raw else cls.publish_interval
-        except InvalidInput as exc:
+        except (InvalidInput, UnitError) as exc:
             raise InvalidInput(f"DSAGENT_PUBLISH_INTERVAL={raw!r}: {exc.message}", hint=exc.hint) from exc
         if interval <= 0:
             raise InvalidInput("DSAGENT_PUBLISH_INTERVAL must be positive")
@@ -106,7 +107,7 @@ def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRequest] | None:
     """The request the webhook's init-container will send, read as ``dsctl`` reads it
-    (:func:`dsagent.podenv.datasets_from_env`); None when a variable it needs has no
+    (:func:`dsagent.kube.podenv.datasets_from_env`); None when a variable it needs has no
     literal value here (storage options or anything else taken from a Secret)."""
     env = container.get("env") or []
     for e in env:

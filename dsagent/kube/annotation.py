@@ -20,11 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsplatform.names import NAME_HINT, is_digest, is_name
 from dsagent.errors import InvalidInput
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _KEYS = {"name", "source", "digest", "bundles", "storage_options"}
 
 
@@ -86,7 +85,7 @@ def _entry(item: Any, index: int) -> DatasetRef:
     if options is not None and not isinstance(options, dict):
         raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].storage_options must be an object")
     digest = item.get("digest")
-    if digest is not None and (not isinstance(digest, str) or not _DIGEST.match(digest)):
+    if digest is not None and not is_digest(digest):
         raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].digest must be 32 lowercase hex characters")
     return DatasetRef(
         name=_name(item["name"]),
@@ -107,11 +106,8 @@ def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
 
 
 def _name(name: Any) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidInput(
-            f"invalid dataset name {name!r} in {DATASETS_ANNOTATION}",
-            hint="use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
-        )
+    if not is_name(name):
+        raise InvalidInput(f"invalid dataset name {name!r} in {DATASETS_ANNOTATION}", hint=NAME_HINT)
     return name
 
 

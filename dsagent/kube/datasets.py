@@ -159,7 +159,7 @@ class DatasetClient:
 
 
 def status_from_manifest(manifest: Any, *, packed_time: str) -> DatasetStatus:
-    """The status recording a packed :class:`dsagent.manifest.Manifest`."""
+    """The status recording a packed :class:`dsagent.format.manifest.Manifest`."""
     return DatasetStatus(
         digest=manifest.digest, files=manifest.file_count, bytes=manifest.total_bytes,
         bundles=len(manifest.bundles), compressed_bytes=sum(b.compressed_size for b in manifest.bundles),

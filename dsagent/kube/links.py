@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m dsagent.kube.links LINK_DIR DATASETS_MOUNT", file=sys.stderr)
         return 2
-    from dsagent.client import AgentClient
+    from dsagent.api.client import AgentClient
 
     task_id = os.environ.get("DSAGENT_TASK_ID")
     try:

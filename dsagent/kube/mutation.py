@@ -51,7 +51,7 @@ from typing import Any
 from dsagent.errors import InvalidInput
 from dsagent.kube.annotation import DatasetRef
 from dsagent.kube.datasets import Dataset, SecretRef
-from dsagent.podenv import options_env_name
+from dsagent.kube.podenv import options_env_name
 
 INIT_CONTAINER = "dsagent-cache"
 SOCKET_VOLUME = "dsagent-socket"

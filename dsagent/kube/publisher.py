@@ -3,7 +3,7 @@
 Three annotations, read by the scheduler extender (contract in BRIEF/README):
 
 - ``dsagent.io/inventory``: the compact inventory JSON (budget 64 KiB, trimmed by
-  :func:`dsagent.inventory.compact`);
+  :func:`dsagent.cache.inventory.compact`);
 - ``dsagent.io/topology``: the compact topology JSON (budget 32 KiB; left out when larger);
 - ``dsagent.io/free-gpus``: the indices of free GPUs, published only when they are known
   for certain: every GPU is free while no pod on the node requests GPUs. Which GPUs the
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dsagent import inventory as inventory_contract
+from dsagent.cache import inventory as inventory_contract
 
 INVENTORY = inventory_contract.ANNOTATION
 TOPOLOGY = "dsagent.io/topology"

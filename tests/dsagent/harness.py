@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dsagent.client import AgentClient
+from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"

@@ -8,9 +8,9 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from dsagent.bundle import pack, unpack, verify_tree
+from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.errors import Conflict, IntegrityError
-from dsagent.manifest import read_manifest
+from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 
@@ -102,7 +102,7 @@ def test_bundles_are_standard_pax_tar_in_one_zstd_frame(awkward_dataset: Path, t
 
     import zstandard
 
-    from dsagent.manifest import bundle_path
+    from dsagent.format.manifest import bundle_path
 
     manifest = pack(awkward_dataset, tmp_path / "store", name="awk")
     names = []
@@ -119,8 +119,8 @@ def test_bundles_are_standard_pax_tar_in_one_zstd_frame(awkward_dataset: Path, t
 
 
 def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp_path: Path) -> None:
-    from dsagent.bundle import write_bundles
-    from dsagent.manifest import build_manifest
+    from dsagent.format.bundle import write_bundles
+    from dsagent.format.manifest import build_manifest
 
     src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 100})
     manifest = build_manifest(src, name="d")
@@ -132,7 +132,7 @@ def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp
 
 
 def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsagent import bundle
+    from dsagent.format import bundle
 
     monkeypatch.setattr(bundle, "PREFETCH_MAX_FILE", 1000)
     monkeypatch.setattr(bundle, "PREFETCH_FILES", 2)
@@ -146,7 +146,7 @@ def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: 
 
 
 def test_progress_callbacks_add_up_to_the_dataset(awkward_dataset: Path, tmp_path: Path) -> None:
-    from dsagent.manifest import build_manifest
+    from dsagent.format.manifest import build_manifest
 
     seen = {"digest": [0, 0], "pack": [0, 0], "unpack": [0, 0]}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.bundle import pack, unpack, unpack_bundle, verify_tree
+from dsagent.format.bundle import pack, unpack, unpack_bundle, verify_tree
 from dsagent.errors import IntegrityError, NotFound
-from dsagent.manifest import bundle_path, read_manifest, read_manifest_header
+from dsagent.format.manifest import bundle_path, read_manifest, read_manifest_header
 from tests.dsagent.conftest import AWKWARD_FILES
 
 pytest.importorskip("aiohttp")
@@ -71,7 +71,7 @@ def test_an_absent_dataset_over_http_is_not_found(served: tuple[Path, str]) -> N
 def test_a_dataset_served_over_http_is_digested_and_packed(awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path) -> None:
     import shutil
 
-    from dsagent.manifest import build_manifest
+    from dsagent.format.manifest import build_manifest
 
     root, url = served
     shutil.copytree(awkward_dataset, root / "data")

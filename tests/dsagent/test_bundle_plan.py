@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from dsagent.bundle import plan_bundles
+from dsagent.format.bundle import plan_bundles
 from dsagent.errors import InvalidInput
-from dsagent.manifest import FileEntry, bundle_digest
+from dsagent.format.manifest import FileEntry, bundle_digest
 
 TRIALS = 1500
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.cli import main
-from dsagent.manifest import read_manifest
+from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_FILES
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dsagent.api import KubernetesUnavailable, create_app, load_cluster_agent
-from dsagent.service import CacheService
-from dsagent.settings import Settings
+from dsagent.cache.service import CacheService
+from dsagent.cache.settings import Settings
 
 
 class RecordingClusterAgent:

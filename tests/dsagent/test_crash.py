@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from dsagent.bundle import pack, unpack, verify_tree
+from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.errors import NotFound
-from dsagent.manifest import read_manifest
+from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import write_tree
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsagent import demo
-from dsagent.bundle import verify_tree
-from dsagent.manifest import read_manifest
+from dsagent.cli import demo
+from dsagent.format.bundle import verify_tree
+from dsagent.format.manifest import read_manifest
 
 
 def test_the_demo_packs_reuses_unpacks_and_verifies(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsagent import demo
+from dsagent.cli import demo
 
 
 def test_the_demo_agent_caches_hits_lists_evicts_and_stops(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsagent.eviction import Candidate, idle_victims, lru_order, needed_bytes, plan_for_fetch, unused_victims
+from dsagent.cache.eviction import Candidate, idle_victims, lru_order, needed_bytes, plan_for_fetch, unused_victims
 
 D = "0" * 32
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from dsagent.bundle import pack, unpack, unpack_bundle
+from dsagent.format.bundle import pack, unpack, unpack_bundle
 from dsagent.errors import IntegrityError, UnsafeArchive
-from dsagent.manifest import Manifest, bundle_path
+from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
 
 FILES = {"train/a.jpg": b"A" * 3000, "train/b.jpg": b"B" * 700, "val/c.jpg": b"C" * 1500}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dsagent.errors import InvalidInput
-from dsagent.inventory import compact, validate
+from dsagent.cache.inventory import compact, validate
 
 
 def inventory(datasets: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,9 @@ import fsspec
 import pytest
 import xxhash
 
-from dsagent.digestcache import DigestCache
+from dsagent.format.digestcache import DigestCache
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
-from dsagent.manifest import (
+from dsagent.format.manifest import (
     CHUNK_SIZE,
     FileEntry,
     FileHasher,
@@ -176,7 +176,7 @@ def test_read_manifest_of_an_absent_dataset_is_not_found(tmp_path: Path) -> None
     ],
 )  # fmt: skip
 def test_path_safety_table(path: str, safe: bool) -> None:
-    from dsagent.manifest import is_safe_path
+    from dsagent.format.manifest import is_safe_path
 
     assert is_safe_path(path) is safe
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import fsspec
 
-from dsagent.service import CacheService, DatasetRequest
-from dsagent.settings import Settings
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
 
 
 class Clock:

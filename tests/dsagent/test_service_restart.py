@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from dsagent.service import DatasetRequest
-from dsagent.settings import Settings
+from dsagent.cache.service import DatasetRequest
+from dsagent.cache.settings import Settings
 from tests.dsagent.test_service_races import Gate, running, write_memory_dataset
 
 

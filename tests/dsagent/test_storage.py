@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from dsagent.errors import InvalidInput, NotFound, SourceUnavailable
-from dsagent.storage import resolve, translate_errors
+from dsagent.format.storage import resolve, translate_errors
 
 
 def test_local_paths_and_urls_resolve_to_filesystems(tmp_path) -> None:
@@ -29,7 +29,7 @@ def test_foreign_errors_are_translated_where_they_enter(tmp_path) -> None:
 
 
 def test_paths_resolve_within_roots_through_symlinks_but_not_by_prefix(tmp_path) -> None:
-    from dsagent.storage import resolves_within
+    from dsagent.format.storage import resolves_within
 
     (tmp_path / "nfs" / "ds").mkdir(parents=True)
     (tmp_path / "nfs-evil").mkdir()

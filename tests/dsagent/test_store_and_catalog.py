@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.catalog import Catalog
+from dsagent.cache.catalog import Catalog
 from dsagent.errors import InvalidInput
-from dsagent.service import CacheService, DatasetRequest, redact_url
-from dsagent.settings import Settings
-from dsagent.store import Store, validate_name
+from dsagent.cache.service import CacheService, DatasetRequest, redact_url
+from dsagent.cache.settings import Settings
+from dsagent.cache.layout import Store, validate_name
 
 DIGEST = "ab" * 16
 

@@ -11,9 +11,9 @@ from gpu_topology import Gpu, Link, Nic, Topology
 
 
 @pytest.fixture(scope="session")
-def topology_fixtures(shared_fixtures: Path) -> Path:
-    """``../shared/fixtures/topology``: real ``nvidia-smi topo -m`` and NCCL XML outputs."""
-    return shared_fixtures / "topology"
+def topology_fixtures(fixtures_dir: Path) -> Path:
+    """``tests/fixtures/topology``: real ``nvidia-smi topo -m`` and NCCL XML outputs."""
+    return fixtures_dir / "topology"
 
 
 @pytest.fixture(scope="session")

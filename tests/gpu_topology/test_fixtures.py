@@ -1,4 +1,4 @@
-"""Every real topology in ../shared/fixtures/topology parses to what the file says.
+"""Every real topology in tests/fixtures/topology parses to what the file says.
 
 The expectations below were written by reading each file (and its .src note), not by
 running the parser: GPU count, NIC names in order after the legend, NUMA node and CPU
@@ -184,7 +184,7 @@ def parsed(request: pytest.FixtureRequest, read_fixture: Callable[[str], str]) -
     return name, parse_dump(read_fixture(name))
 
 
-def test_every_fixture_in_the_shared_folder_has_expectations(topology_fixtures: Path) -> None:
+def test_every_fixture_in_the_fixtures_folder_has_expectations(topology_fixtures: Path) -> None:
     stems = {p.name.split("-nvidia-smi")[0].removesuffix(".xml") for p in topology_fixtures.glob("*.txt")}
     stems |= {p.stem for p in topology_fixtures.glob("*.xml")}
     assert stems == set(EXPECTED)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dsagent.client import AgentClient
+from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable, NotFound
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 

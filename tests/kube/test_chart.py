@@ -310,7 +310,7 @@ def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, A
 
 
 def test_agent_settings_in_the_daemonset_are_ones_the_agent_accepts(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    from dsagent import settings
+    from dsagent.cache import settings
     for label in ("default", "non-default"):
         [container] = agent_pod(rendered[label])["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}

@@ -15,8 +15,8 @@ import pytest
 from dsagent.errors import NotFound
 from dsagent.kube.agent import ClusterAgent, ClusterSettings, TaskNotOnNode
 from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
-from dsagent.service import CacheService, DatasetRequest
-from dsagent.settings import Settings
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
 from gpu_topology.dumps import load_dump
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
 
@@ -120,10 +120,10 @@ def test_patches_are_rate_limited_to_the_publish_interval(apiserver: FakeApiServ
 
 
 def test_topology_and_free_gpus_are_published_and_free_gpus_withdrawn_when_pods_use_gpus(
-    apiserver: FakeApiServer, tmp_path: Path, shared_fixtures: Path
+    apiserver: FakeApiServer, tmp_path: Path, fixtures_dir: Path
 ) -> None:
     apiserver.create(make_node(NODE))
-    topology = load_dump(shared_fixtures / "topology" / "dgx1-v100-4ib-nvidia-smi-topo-m.txt")
+    topology = load_dump(fixtures_dir / "topology" / "dgx1-v100-4ib-nvidia-smi-topo-m.txt")
 
     async def scenario() -> None:
         async with cluster_agent(apiserver, tmp_path, topology=topology):

@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from dsagent.bundle import pack
+from dsagent.format.bundle import pack
 from dsagent.errors import NotFound
 from dsagent.kube.apiclient import KubeForbidden, KubeUnavailable, translated
 from dsagent.kube.datasets import Dataset, DatasetClient, DatasetStatus, SecretRef, publish

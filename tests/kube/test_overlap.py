@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.client import AgentClient
+from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from dsagent.kube.testing import SimulatedKubelet

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dsagent.cli import main
-from dsagent.manifest import read_manifest
+from dsagent.format.manifest import read_manifest
 from tests.fake_apiserver import FakeApiServer
 
 

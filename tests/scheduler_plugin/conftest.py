@@ -8,7 +8,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def read_fixture_text(shared_fixtures: Path) -> str:
+def read_fixture_text(fixtures_dir: Path) -> str:
     """A real ``nvidia-smi topo -m`` of a DGX-A100-class node (8 GPUs, 10 NICs, NPS4)."""
-    path = next((shared_fixtures / "topology").glob("dgx-a100-class-*.txt"))
+    path = next((fixtures_dir / "topology").glob("dgx-a100-class-*.txt"))
     return path.read_text(encoding="utf-8")

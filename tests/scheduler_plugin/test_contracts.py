@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from dsagent import inventory as agent_inventory
+from dsagent.cache import inventory as agent_inventory
 from gpu_topology.discovery.nvidia_smi import parse_topo_matrix, with_inferred_nic_numa
 from scheduler_plugin.nodeinfo import INVENTORY_BUDGET, TOPOLOGY_BUDGET, NodeReader, parse_inventory
 from scheduler_plugin.plugins.numa import placement

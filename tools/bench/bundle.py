@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dsagent.bundle import unpack, write_bundles  # noqa: E402
-from dsagent.manifest import Manifest, build_manifest  # noqa: E402
+from dsagent.format.bundle import unpack, write_bundles  # noqa: E402
+from dsagent.format.manifest import Manifest, build_manifest  # noqa: E402
 
 TOOLS = {"zstd": "zstd", "xxh128sum": "xxhash", "tar": "tar"}
 

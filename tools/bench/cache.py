@@ -38,10 +38,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dsagent.bundle import pack
-from dsagent.service import CacheService, DatasetRequest
-from dsagent.settings import Settings
-from dsagent.sizes import format_size
+from dsagent.format.bundle import pack
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
+from dsplatform.units import format_size
 
 # --------------------------------------------------------------------------- sources
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before each way (root; only on a quiet machine)")
     args = parser.parse_args(argv)
 
-    from dsagent.sizes import parse_size
+    from dsplatform.units import parse_size
 
     work = args.workdir.absolute()
     shutil.rmtree(work, ignore_errors=True)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsagent.client import AgentClient
+from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from dsagent.kube.testing import SimulatedKubelet

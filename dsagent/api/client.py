@@ -1,0 +1,149 @@
+"""``AgentClient``: talk to the local agent's ``/v1`` API over its unix socket or TCP.
+
+Who calls it: ``dsctl`` (cache, ls, evict, status, release, wait) and the Kubernetes
+integration's init-container mode. It turns the agent's JSON errors back into the
+dsagent error tree (same ``code`` -> same class), and an agent that cannot be reached
+into :class:`AgentUnreachable` with one line saying how to start it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dsagent import errors
+from dsagent.errors import AgentUnreachable, DsagentError
+from dsagent.cache.settings import default_root
+
+_BY_CODE: dict[str, type[DsagentError]] = {
+    cls.code: cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, DsagentError)
+}
+
+
+def default_socket(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get("DSAGENT_SOCKET"):
+        return Path(env["DSAGENT_SOCKET"])
+    root = Path(env["DSAGENT_ROOT"]) if env.get("DSAGENT_ROOT") else default_root()
+    return root / "dsagent.sock"
+
+
+class AgentClient:
+    """A small synchronous client; ``url`` (http://host:port) selects TCP, else the socket."""
+
+    def __init__(self, *, socket_path: str | os.PathLike[str] | None = None, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._socket: Path | None = None
+        if url:
+            self.where = url
+            self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+        else:
+            path = Path(socket_path) if socket_path is not None else default_socket()
+            self.where = str(path)
+            self._socket = path
+            self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://dsagent", headers=headers, timeout=timeout)
+
+    @classmethod
+    def from_env(cls, *, url: str | None = None, socket_path: str | None = None, token: str | None = None, timeout: float = 30.0) -> AgentClient:
+        """Client for ``--agent``/``DSAGENT_AGENT`` (URL) or the socket, token from the env."""
+        url = url or os.environ.get("DSAGENT_AGENT") or None
+        token = token or os.environ.get("DSAGENT_ADMIN_TOKEN") or None
+        return cls(url=url, socket_path=socket_path, token=token, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        if self._socket is not None and not self._socket.exists():
+            raise self._unreachable()
+        try:
+            response = self._http.request(method, path, json=json, params=params, **extra)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError, ConnectionRefusedError) as exc:
+            raise self._unreachable() from exc
+        except httpx.TimeoutException as exc:
+            raise errors.TransientError(f"the agent at {self.where} did not answer in time") from exc
+        if response.status_code >= 400:
+            raise _error_from(response)
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.text
+
+    def _unreachable(self) -> AgentUnreachable:
+        return AgentUnreachable(
+            f"no dsagent is answering at {self.where}",
+            hint="start it with 'dsagent serve' (or point DSAGENT_SOCKET / DSAGENT_AGENT at a running agent)",
+        )
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> dict[str, Any]:
+        body = {"datasets": [dict(d) for d in datasets]}
+        return self._call("PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
+
+    def get_task(self, task_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tasks/{_segment(task_id)}")
+
+    def release_task(self, task_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/tasks/{_segment(task_id)}")
+
+    # -- datasets and operator actions -------------------------------------------------
+
+    def datasets(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/datasets")
+
+    def dataset(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/datasets/{_segment(name)}")
+
+    def evict_dataset(self, name: str, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        params = {"force": str(force).lower(), "dryRun": str(dry_run).lower()}
+        return self._call("DELETE", f"/v1/datasets/{_segment(name)}", params=params)
+
+    def evict(self, *, mode: str, names: Sequence[str] = (), bytes: int | None = None, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        body = {"mode": mode, "names": list(names), "bytes": bytes, "force": force, "dryRun": dry_run}
+        return self._call("POST", "/v1/evict", json=body)
+
+    def inventory(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/inventory")
+
+    def health(self) -> bool:
+        return bool(self._call("GET", "/healthz").get("status") == "ok")
+
+    def metrics(self) -> str:
+        return str(self._call("GET", "/metrics"))
+
+
+def _segment(value: str) -> str:
+    """A path segment, percent-encoded so a name can never change the route."""
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+def _error_from(response: httpx.Response) -> DsagentError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    cls = _BY_CODE.get(str(body.get("code")))
+    if cls is None:
+        cls = next((c for c in _BY_CODE.values() if c.http_status == response.status_code), DsagentError)
+    message = str(body.get("message") or f"the agent answered {response.status_code}")
+    raw = body.get("details")
+    details: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return cls(message, hint=body.get("hint"), **details)
+
+
+__all__ = ["AgentClient", "default_socket"]

@@ -1,0 +1,235 @@
+"""The agent's durable state: a SQLite catalog (WAL mode) under the cache root.
+
+Who calls it: the service's parts (:mod:`dsagent.cache.service`, :mod:`dsagent.cache.space`,
+:mod:`dsagent.cache.versions`, :mod:`dsagent.cache.recovery`), always through the one catalog thread
+of :mod:`dsagent.cache.pools` (the methods are synchronous and short; they run off the event
+loop, in the order they were called).
+What it owns: dataset versions (``name``, ``digest``, state, sizes, last use), the bundles
+of a fetch already verified (so a restarted fetch skips them), and tasks with the
+datasets they hold and their leases. Storage options (credentials) are never stored here.
+
+Every change is one transaction; ``sqlite3.Error`` is translated to :class:`CatalogError`
+where it enters. A version is ``ready`` only after its directory was renamed into place,
+so a catalog row never claims a partial dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsagent.errors import DsagentError
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL, digest TEXT NOT NULL, state TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL, files INTEGER NOT NULL,
+    source TEXT NOT NULL, bundles TEXT,
+    created_at REAL NOT NULL, ready_at REAL, last_used REAL, error TEXT,
+    resolved_at REAL NOT NULL,  -- when a consistency check last named this version current
+    PRIMARY KEY (name, digest));
+CREATE TABLE IF NOT EXISTS bundles_done (
+    name TEXT NOT NULL, digest TEXT NOT NULL, bundle TEXT NOT NULL,
+    PRIMARY KEY (name, digest, bundle));
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, created_at REAL NOT NULL, lease_until REAL NOT NULL,
+    request TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS task_datasets (
+    task_id TEXT NOT NULL REFERENCES tasks(task_id) ON DELETE CASCADE,
+    name TEXT NOT NULL, digest TEXT,
+    PRIMARY KEY (task_id, name));
+CREATE INDEX IF NOT EXISTS task_datasets_version ON task_datasets (name, digest);
+"""
+
+
+class CatalogError(DsagentError):
+    code = "catalog"
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    name: str
+    digest: str
+    state: str  # fetching | ready | failed
+    size_bytes: int
+    files: int
+    source: str
+    bundles: str | None
+    created_at: float
+    ready_at: float | None
+    last_used: float | None
+    error: str | None
+    resolved_at: float
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task_id: str
+    created_at: float
+    lease_until: float
+    request: list[dict[str, Any]]  # redacted dataset requests, in request order
+    digests: dict[str, str | None]  # dataset name -> version digest bound to the task
+
+
+class Catalog:
+    """One SQLite connection; not thread-safe, use it from a single thread."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a ready row must survive power loss
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            raise CatalogError(f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog write failed: {exc}") from exc
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog read failed: {exc}") from exc
+
+    # -- versions ---------------------------------------------------------------------
+
+    def versions(self, name: str | None = None) -> list[VersionRow]:
+        if name is None:
+            rows = self._query("SELECT * FROM versions ORDER BY name, resolved_at")
+        else:
+            rows = self._query("SELECT * FROM versions WHERE name = ? ORDER BY resolved_at", (name,))
+        return [VersionRow(**dict(row)) for row in rows]
+
+    def version(self, name: str, digest: str) -> VersionRow | None:
+        rows = self._query("SELECT * FROM versions WHERE name = ? AND digest = ?", (name, digest))
+        return VersionRow(**dict(rows[0])) if rows else None
+
+    def begin_version(self, name: str, digest: str, *, size_bytes: int, files: int, source: str, bundles: str | None, now: float) -> None:
+        """Record a fetch starting (or restarting after a failure or crash)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at, last_used, resolved_at)"
+                " VALUES (?, ?, 'fetching', ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name, digest) DO UPDATE SET state = 'fetching', error = NULL,"
+                " source = excluded.source, bundles = excluded.bundles, resolved_at = excluded.resolved_at",
+                (name, digest, size_bytes, files, source, bundles, now, now, now),
+            )
+
+    def mark_ready(self, name: str, digest: str, *, now: float) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE versions SET state = 'ready', ready_at = ?, last_used = ?, error = NULL WHERE name = ? AND digest = ?", (now, now, name, digest))
+            db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+
+    def mark_failed(self, name: str, digest: str, error: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest))
+
+    def touch(self, name: str, digest: str, now: float) -> None:
+        """A hit: the version is used now and is its name's current version."""
+        with self._tx() as db:
+            db.execute("UPDATE versions SET last_used = ?, resolved_at = ? WHERE name = ? AND digest = ?", (now, now, name, digest))
+
+    def touch_task(self, task_id: str, now: float) -> None:
+        """Mark every version a task holds as used now (on renewal and on release)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE versions SET last_used = ? WHERE (name, digest) IN"
+                " (SELECT name, digest FROM task_datasets WHERE task_id = ? AND digest IS NOT NULL)",
+                (now, task_id),
+            )
+
+    def delete_version(self, name: str, digest: str, *, unless_in_use_at: float | None = None) -> bool:
+        """Forget a version; with ``unless_in_use_at``, only if no task whose lease is live
+        at that time is bound to it (checked in the same transaction, so an eviction
+        chosen earlier can never delete a version a task has been bound to since)."""
+        with self._tx() as db:
+            if unless_in_use_at is not None and db.execute(
+                "SELECT 1 FROM task_datasets d JOIN tasks t USING (task_id)"
+                " WHERE d.name = ? AND d.digest = ? AND t.lease_until > ? LIMIT 1",
+                (name, digest, unless_in_use_at),
+            ).fetchone():
+                return False
+            deleted = db.execute("DELETE FROM versions WHERE name = ? AND digest = ?", (name, digest)).rowcount > 0
+            db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            return deleted
+
+    def bundle_done(self, name: str, digest: str, bundle: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO bundles_done VALUES (?, ?, ?)", (name, digest, bundle))
+
+    def bundles_done(self, name: str, digest: str) -> set[str]:
+        rows = self._query("SELECT bundle FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+        return {row["bundle"] for row in rows}
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> TaskRow | None:
+        rows = self._query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
+        if not rows:
+            return None
+        bound = self._query("SELECT name, digest FROM task_datasets WHERE task_id = ?", (task_id,))
+        row = rows[0]
+        return TaskRow(row["task_id"], row["created_at"], row["lease_until"], json.loads(row["request"]), {b["name"]: b["digest"] for b in bound})
+
+    def task_ids(self) -> list[str]:
+        """Every task's id, oldest first (one query; :meth:`tasks` reads each task whole)."""
+        return [row["task_id"] for row in self._query("SELECT task_id FROM tasks ORDER BY created_at")]
+
+    def tasks(self) -> list[TaskRow]:
+        return [task for task in (self.task(task_id) for task_id in self.task_ids()) if task is not None]
+
+    def create_task(self, task_id: str, request: list[dict[str, Any]], *, now: float, lease_until: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?)", (task_id, now, lease_until, json.dumps(request, sort_keys=True)))
+            db.executemany("INSERT INTO task_datasets VALUES (?, ?, NULL)", [(task_id, item["name"]) for item in request])
+
+    def renew_task(self, task_id: str, lease_until: float) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE tasks SET lease_until = MAX(lease_until, ?) WHERE task_id = ?", (lease_until, task_id))
+
+    def bind(self, task_id: str, name: str, digest: str) -> None:
+        """Pin the version a task uses (tasks keep their version when the source changes)."""
+        with self._tx() as db:
+            db.execute("UPDATE task_datasets SET digest = ? WHERE task_id = ? AND name = ?", (digest, task_id, name))
+
+    def delete_task(self, task_id: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,)).rowcount > 0
+
+    def expired_tasks(self, now: float) -> list[str]:
+        return [row["task_id"] for row in self._query("SELECT task_id FROM tasks WHERE lease_until <= ?", (now,))]
+
+    def in_use(self, now: float) -> set[tuple[str, str]]:
+        """``(name, digest)`` of every version bound to a task whose lease has not lapsed."""
+        rows = self._query(
+            "SELECT DISTINCT d.name, d.digest FROM task_datasets d JOIN tasks t USING (task_id)"
+            " WHERE d.digest IS NOT NULL AND t.lease_until > ?",
+            (now,),
+        )
+        return {(row["name"], row["digest"]) for row in rows}
+
+
+__all__ = ["Catalog", "CatalogError", "TaskRow", "VersionRow"]

@@ -1,0 +1,310 @@
+"""Getting one dataset version into its staging directory: bundles or per-file copies.
+
+Who calls it: :mod:`dsagent.cache.versions`, which owns the staging directory, the catalog and
+the concurrency limits, and passes in an executor and a worker count (rule 6).
+What it owns: the two fetch paths and their progress counters.
+
+- **Packed** (the source has a manifest in a bundle store): each bundle is downloaded and
+  unpacked by :func:`dsagent.format.bundle.unpack_bundle`, which verifies every file while
+  writing; bundles already verified before a crash are skipped (the service tells us
+  which), and a bundle interrupted by a crash is cleared before it is fetched again.
+- **Per-file** (no bundle store): every file is copied from the source while its xxh3-128
+  is computed, then checked against the manifest the service resolved, so the digest
+  recorded for the copy is the digest of what was written.
+
+Blocking work (fsspec, zstd, tar, hashing, fsync) runs in the executor, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dsagent.format.bundle import unpack_bundle
+from dsagent.format.digester import is_local, mtime_ns
+from dsagent.errors import IntegrityError, InvalidInput
+from dsagent.format.extract import STAGING_DIR, create_empty_directories, syncfs
+from dsagent.format.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest, is_safe_path
+from dsagent.format.storage import resolve, translate_errors
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a version comes from. ``storage_options`` may hold credentials: never log it."""
+
+    url: str
+    bundles: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+
+
+class Progress:
+    """Bytes and files done of the totals; updated from worker threads, read by the API."""
+
+    def __init__(self, total_bytes: int, total_files: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total_bytes = total_bytes
+        self.total_files = total_files
+        self.bytes_done = 0
+        self.files_done = 0
+        self._clock = clock
+        self._started = clock()
+        self._base_bytes = 0  # bytes skipped on resume do not count towards the rate
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int, nfiles: int = 0) -> None:
+        with self._lock:
+            self.bytes_done += nbytes
+            self.files_done += nfiles
+
+    def skip(self, nbytes: int, nfiles: int) -> None:
+        """Count work found done already (resumed bundles)."""
+        with self._lock:
+            self.bytes_done += nbytes
+            self.files_done += nfiles
+            self._base_bytes += nbytes
+
+    def rate(self) -> float:
+        elapsed = max(self._clock() - self._started, 1e-6)
+        return (self.bytes_done - self._base_bytes) / elapsed
+
+    def eta(self) -> float | None:
+        rate = self.rate()
+        remaining = self.total_bytes - self.bytes_done
+        if remaining <= 0:
+            return 0.0
+        return remaining / rate if rate > 0 else None
+
+
+def listing_matches(source: Source, manifest: Manifest) -> bool:
+    """Whether a remote source still lists exactly ``manifest``'s files with their sizes and
+    modification times: then its digest is ``manifest.digest`` without reading a byte.
+
+    The remote counterpart of the local stat-keyed digest cache. Any doubt (a listing
+    without sizes or times, an extra or missing file) answers False, and the caller
+    digests the source.
+    """
+    fs, root = resolve(source.url, source.storage_options)
+    if is_local(fs) or not manifest.entries:
+        return False
+    prefix = root.rstrip("/") + "/"
+    with translate_errors(f"source {source.url!r}"):
+        listing = fs.find(root, detail=True)
+    seen: dict[str, tuple[int, int]] = {}
+    for full, info in listing.items():
+        if info.get("type") == "directory" or not full.startswith(prefix):
+            continue
+        size, mtime = info.get("size"), mtime_ns(info)
+        if size is None or mtime == 0:
+            return False
+        seen[full[len(prefix):]] = (int(size), mtime)
+    return seen == {e.path: (e.size, e.mtime_ns) for e in manifest.entries}
+
+
+def safe_target(root: Path, relative: str) -> Path:
+    """``root/relative``, refusing anything that would land outside ``root``."""
+    if not is_safe_path(relative):
+        raise InvalidInput(f"unsafe path {relative!r} in a manifest")
+    return root.joinpath(*relative.split("/"))
+
+
+def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress: Progress) -> None:
+    """Copy one file, hashing while copying; the copy is removed unless its digest matches."""
+    digest = copy_hashing(fs, source_path, dest, entry.path, entry.mtime_ns, progress)
+    if digest != entry.digest:
+        dest.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"{entry.path!r} changed while it was cached (digest {digest} != {entry.digest})",
+            hint="the source changed during the fetch; request the dataset again",
+        )
+
+
+def copy_hashing(fs: Any, source_path: str, dest: Path, relative: str, mtime_ns: int, progress: Progress) -> str:
+    """Copy one file to ``dest`` (fsynced, with ``mtime_ns``) and return its xxh3-128."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    hasher = FileHasher()
+    try:
+        with translate_errors(f"source file {relative!r}"), fs.open(source_path, "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(CHUNK_SIZE):
+                hasher.update(chunk)
+                out.write(chunk)
+                progress.add(len(chunk))
+        os.utime(dest, ns=(mtime_ns, mtime_ns))  # durable with the whole tree: see finish()
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+    progress.add(0, 1)
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file a remote listing found: where it is, how big, when modified."""
+
+    path: str  # relative POSIX path
+    location: str
+    size: int
+    mtime_ns: int
+
+
+def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
+    """The files and empty directories of a remote source, or None when the listing lacks
+    sizes (the caller then digests the source first: sizes are needed to reserve space)."""
+    fs, root = resolve(source.url, source.storage_options)
+    if is_local(fs):
+        return None
+    prefix = root.rstrip("/") + "/"
+    with translate_errors(f"source {source.url!r}"):
+        if not fs.isdir(root):
+            return None
+        listing = fs.find(root, withdirs=True, detail=True)
+    files: list[Listed] = []
+    dirs: list[str] = []
+    for full, info in listing.items():
+        full = full.rstrip("/")
+        if not full.startswith(prefix):
+            continue
+        rel = full[len(prefix):]
+        if info.get("type") == "directory":
+            dirs.append(rel)
+        elif info.get("size") is None:
+            return None
+        else:
+            safe_target(Path("/"), rel)  # refuse names that could escape the staging directory
+            files.append(Listed(rel, full, int(info["size"]), mtime_ns(info)))
+    parents = {f.path.rsplit("/", 1)[0] for f in files if "/" in f.path} | {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
+    return sorted(files, key=lambda f: f.path), sorted(d for d in dirs if d not in parents)
+
+
+async def copy_and_digest(source: Source, files: Sequence[Listed], staging: Path, *, progress: Progress, executor: Executor, workers: int) -> list[FileEntry]:
+    """Per-file copy of a remote source with no manifest yet, building its entries from the
+    digests computed while copying (each file is read once)."""
+    fs, _ = resolve(source.url, source.storage_options)
+    digests: dict[str, str] = {}
+
+    def one(item: Listed) -> None:
+        digests[item.path] = copy_hashing(fs, item.location, safe_target(staging, item.path), item.path, item.mtime_ns, progress)
+
+    await _bounded(executor, workers, [functools.partial(one, f) for f in files])
+    entries = [FileEntry(f.path, f.size, f.mtime_ns, digests[f.path]) for f in files]
+    for entry, written in zip(entries, files):
+        actual = safe_target(staging, entry.path).stat().st_size
+        if actual != written.size:
+            raise IntegrityError(f"{entry.path!r} changed while it was cached ({written.size} -> {actual} bytes)", hint="request the dataset again once the source is quiet")
+    return entries
+
+
+async def _bounded(executor: Executor, workers: int, calls: Iterable[Callable[[], _T]], after: Callable[[int], Awaitable[None]] | None = None) -> None:
+    """Run blocking ``calls`` with at most ``workers`` at once; the first error wins."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(workers)
+    failure: list[BaseException] = []
+
+    async def one(index: int, call: Callable[[], _T]) -> None:
+        async with gate:
+            if failure:
+                return
+            try:
+                await loop.run_in_executor(executor, call)
+                if after is not None:
+                    await after(index)
+            except BaseException as exc:  # collected, re-raised once below
+                failure.append(exc)
+
+    await asyncio.gather(*(one(i, call) for i, call in enumerate(calls)))
+    if failure:
+        raise failure[0]
+
+
+async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, progress: Progress, executor: Executor, workers: int) -> None:
+    """Per-file copy of every entry of ``manifest`` from ``source.url`` into ``staging``."""
+    fs, root = resolve(source.url, source.storage_options)
+    base = root.rstrip("/")
+    calls = [
+        functools.partial(copy_file, fs, f"{base}/{entry.path}", safe_target(staging, entry.path), entry, progress)
+        for entry in manifest.entries
+    ]
+    await _bounded(executor, workers, calls)
+
+
+def link_bundle(origin: Path, staging: Path, entries: Sequence[FileEntry], progress: Progress) -> None:
+    """Hard-link (or copy across filesystems) a bundle's files from another cached version."""
+    for entry in entries:
+        src, dest = safe_target(origin, entry.path), safe_target(staging, entry.path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.unlink(missing_ok=True)
+        try:
+            os.link(src, dest)
+        except OSError:
+            shutil.copy2(src, dest)
+        progress.add(entry.size, 1)
+
+
+def clear_interrupted(staging: Path) -> None:
+    """Remove what a crash left of bundles being unpacked (their private staging area).
+
+    A bundle's files reach ``staging`` only after the whole bundle verified, each by an
+    atomic rename, so files already in place are whole; re-unpacking replaces them.
+    """
+    shutil.rmtree(staging / STAGING_DIR, ignore_errors=True)
+
+
+def finish(staging: Path, manifest: Manifest) -> None:
+    """Create the manifest's empty directories and make the whole tree durable (one
+    ``syncfs`` instead of an fsync per small file) before it may be published."""
+    clear_interrupted(staging)
+    create_empty_directories(manifest, staging)
+    syncfs(staging)
+
+
+async def fetch_bundles(
+    source: Source,
+    manifest: Manifest,
+    staging: Path,
+    *,
+    done: set[str],
+    on_bundle_done: Callable[[BundleRef], Awaitable[None]],
+    local: Mapping[str, Path] | None = None,
+    progress: Progress,
+    executor: Executor,
+    workers: int,
+) -> None:
+    """Unpack every bundle not in ``done`` into ``staging``; ``on_bundle_done`` records each.
+
+    ``local`` maps bundle digests to ready directories of other versions that hold the
+    same files: those are hard-linked from there instead of downloaded, so a changed
+    dataset only fetches the bundles that changed (cached copies are never modified).
+    """
+    assert source.bundles is not None
+    todo = [b for b in manifest.bundles if b.digest not in done]
+    for bundle in manifest.bundles:
+        if bundle.digest in done:
+            progress.skip(bundle.size, bundle.count)
+
+    clear_interrupted(staging)
+
+    def unpack(bundle: BundleRef) -> None:
+        if local and bundle.digest in local:
+            link_bundle(local[bundle.digest], staging, manifest.bundle_entries(bundle), progress)
+            return
+        unpack_bundle(
+            source.bundles, manifest, bundle, staging,  # type: ignore[arg-type]
+            storage_options=source.storage_options, progress=progress.add,
+        )
+
+    async def after(index: int) -> None:
+        await on_bundle_done(todo[index])
+
+    await _bounded(executor, workers, [functools.partial(unpack, b) for b in todo], after)
+
+
+__all__ = ["Listed", "Progress", "Source", "copy_and_digest", "copy_hashing", "list_remote", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]

@@ -1,0 +1,183 @@
+"""The on-disk layout of the cache root, and the only code that names paths inside it.
+
+Who calls it: the service's parts (:mod:`dsagent.cache.versions` to fetch and publish,
+:mod:`dsagent.cache.space` to remove, :mod:`dsagent.cache.recovery` to reconcile) and
+:mod:`dsagent.cache.fetch` for staging directories.
+What it owns::
+
+    <root>/catalog.db                      SQLite catalog (WAL)
+    <root>/digests.db                      digest cache for local sources (stat-keyed)
+    <root>/datasets/<name>/<digest>/       ready datasets: what pods mount, never modified
+    <root>/manifests/<name>/<digest>       the manifest of each cached version
+    <root>/staging/<name>@<digest>/        fetches in progress (resumable after a crash)
+    <root>/staging/<name>@pending-<token>/ per-file copies whose digest is not known yet
+    <root>/trash/                          deletions: renamed here atomically, then removed
+
+A dataset becomes ready by one ``rename`` of its staging directory (then an fsync of the
+parent), so a crash leaves either the whole dataset or none of it under ``datasets/``.
+Names and digests are validated before they become path components, and every path is
+checked to lie inside the root, so nothing from a request can escape it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsagent.errors import InvalidInput
+
+from dsagent.format.names import is_digest, is_name, validate_digest, validate_name
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries (new names, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    total: int
+    free: int
+
+
+class Store:
+    """Paths and atomic moves under one cache root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+        for sub in ("datasets", "manifests", "staging", "trash"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.root / "catalog.db"
+
+    def _inside(self, path: Path) -> Path:
+        resolved = path.resolve()
+        if not resolved.is_relative_to(self.root.resolve()):
+            raise InvalidInput(f"path {path} escapes the cache root")
+        return path
+
+    def ready_dir(self, name: str, digest: str) -> Path:
+        return self._inside(self.root / "datasets" / validate_name(name) / validate_digest(digest))
+
+    def staging_dir(self, name: str, digest: str) -> Path:
+        return self._inside(self.root / "staging" / f"{validate_name(name)}@{validate_digest(digest)}")
+
+    def pending_dir(self, name: str, token: str) -> Path:
+        """Staging for a copy whose digest is not known yet (renamed by :meth:`adopt`)."""
+        if not re.fullmatch(r"[0-9a-f]{8,32}", token):
+            raise InvalidInput(f"invalid staging token {token!r}")
+        return self._inside(self.root / "staging" / f"{validate_name(name)}@pending-{token}")
+
+    def adopt(self, name: str, token: str, digest: str) -> Path:
+        """Give a finished pending copy its version's staging name (then :meth:`publish`)."""
+        pending, staging = self.pending_dir(name, token), self.staging_dir(name, digest)
+        if staging.exists():
+            self._trash(staging)
+        os.rename(pending, staging)
+        return staging
+
+    def discard_pending(self, name: str, token: str) -> None:
+        path = self.pending_dir(name, token)
+        if path.exists():
+            self._trash(path)
+            self.empty_trash()
+
+    def manifest_path(self, name: str, digest: str) -> Path:
+        return self._inside(self.root / "manifests" / validate_name(name) / validate_digest(digest))
+
+    def write_manifest(self, name: str, digest: str, data: bytes) -> None:
+        """Stage, fsync, rename: the manifest is whole or absent."""
+        path = self.manifest_path(name, digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+    def read_manifest_bytes(self, name: str, digest: str) -> bytes | None:
+        try:
+            return self.manifest_path(name, digest).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def publish(self, name: str, digest: str) -> Path:
+        """Atomically move a finished staging directory into place; returns the ready path."""
+        staging, ready = self.staging_dir(name, digest), self.ready_dir(name, digest)
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        if ready.exists():  # a stale copy (e.g. marked gone earlier): replace it whole
+            self._trash(ready)
+        fsync_dir(staging)
+        os.rename(staging, ready)
+        fsync_dir(ready.parent)
+        return ready
+
+    def remove(self, name: str, digest: str) -> None:
+        """Delete a version's data and manifest (rename first, so a crash never leaves half)."""
+        for path in (self.ready_dir(name, digest), self.staging_dir(name, digest)):
+            if path.exists():
+                self._trash(path)
+        self.manifest_path(name, digest).unlink(missing_ok=True)
+        self.empty_trash()
+
+    def discard_staging(self, name: str, digest: str) -> None:
+        path = self.staging_dir(name, digest)
+        if path.exists():
+            self._trash(path)
+            self.empty_trash()
+
+    def _trash(self, path: Path) -> None:
+        os.rename(path, self.root / "trash" / uuid.uuid4().hex)
+
+    def empty_trash(self) -> None:
+        for entry in (self.root / "trash").iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def on_disk(self) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+        """``(ready, staging)`` version keys found on disk; unparseable entries are trashed."""
+        ready: set[tuple[str, str]] = set()
+        for name_dir in (self.root / "datasets").iterdir():
+            for version in name_dir.iterdir() if name_dir.is_dir() else ():
+                if _valid_key(name_dir.name, version.name) and version.is_dir():
+                    ready.add((name_dir.name, version.name))
+                else:
+                    self._trash(version)
+        staging: set[tuple[str, str]] = set()
+        for entry in (self.root / "staging").iterdir():
+            name, _, digest = entry.name.rpartition("@")
+            if _valid_key(name, digest) and entry.is_dir():
+                staging.add((name, digest))
+            else:
+                self._trash(entry)
+        return ready, staging
+
+    def prune_empty_names(self) -> None:
+        for sub in ("datasets", "manifests"):
+            for name_dir in (self.root / sub).iterdir():
+                if name_dir.is_dir() and not any(name_dir.iterdir()):
+                    name_dir.rmdir()
+
+    def disk_usage(self) -> DiskUsage:
+        usage = shutil.disk_usage(self.root)
+        return DiskUsage(total=usage.total, free=usage.free)
+
+
+def _valid_key(name: str, digest: str) -> bool:
+    return is_name(name) and is_digest(digest)
+
+
+__all__ = ["DiskUsage", "Store", "fsync_dir", "validate_digest", "validate_name"]

@@ -1,0 +1,69 @@
+"""Recovery after any stop, clean or kill -9: catalog and disk agree again, and the work
+that was interrupted is found.
+
+Who calls it: :meth:`dsagent.cache.service.CacheService.start`, before it serves anything. A
+version is ready only after its directory was renamed into place, so the disk is the
+truth about data and the catalog the truth about intent:
+
+- a ready directory the catalog knows as fetching: the rename happened, the commit was
+  lost; it is marked ready. One it does not know at all is an orphan and is removed.
+- a staging directory no unfinished version owns is removed; one that is owned is kept,
+  so a resumed fetch skips the bundles verified before the stop.
+- a version the catalog calls ready whose directory is gone is forgotten.
+
+:func:`interrupted` lists what live tasks still wait for. Requests that carried storage
+options are left out: those options (credentials) are never stored, so such a fetch
+resumes when the task's init-container repeats its request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from dsagent.cache.catalog import Catalog
+from dsagent.cache.pools import Pools
+from dsagent.cache.layout import Store
+from dsagent.cache.task import DatasetRequest
+
+log = logging.getLogger("dsagent")
+
+
+async def reconcile(pools: Pools, catalog: Catalog, store: Store, *, now: Callable[[], float]) -> None:
+    """Make catalog and disk agree (see the module docstring)."""
+    ready_on_disk, staged_on_disk = await pools.work(store.on_disk)
+    known = {(r.name, r.digest): r for r in await pools.db(catalog.versions)}
+    for key in ready_on_disk - {k for k, r in known.items() if r.state == "ready"}:
+        if key in known:  # renamed into place but the catalog commit was lost
+            await pools.db(catalog.mark_ready, *key, now=now())
+        else:
+            log.info("removing orphan dataset directory %s/%s", *key)
+            await pools.work(store.remove, *key)
+    for key in staged_on_disk - {k for k, r in known.items() if r.state != "ready"}:
+        log.info("removing orphan staging directory %s@%s", *key)
+        await pools.work(store.discard_staging, *key)
+    for key, row in known.items():
+        if row.state == "ready" and key not in ready_on_disk:
+            log.warning("dataset %s@%s is gone from disk; forgetting it", *key)
+            await pools.db(catalog.delete_version, *key)
+            await pools.work(store.remove, *key)
+    await pools.work(store.empty_trash)
+    await pools.work(store.prune_empty_names)
+
+
+async def interrupted(pools: Pools, catalog: Catalog, *, now: float) -> list[tuple[str, DatasetRequest, str | None]]:
+    """``(task, request, bound digest)`` for each dataset a live task still waits for and
+    that can be resumed without the requester (no storage options)."""
+    todo: list[tuple[str, DatasetRequest, str | None]] = []
+    for task in await pools.db(catalog.tasks):
+        if task.lease_until <= now:
+            continue
+        for item in task.request:
+            digest = task.digests.get(item["name"])
+            row = await pools.db(catalog.version, item["name"], digest) if digest else None
+            if (row is None or row.state != "ready") and not item.get("hasStorageOptions"):
+                todo.append((task.task_id, DatasetRequest(item["name"], item["source"], item.get("bundles")), digest))
+    return todo
+
+
+__all__ = ["interrupted", "reconcile"]

@@ -1,0 +1,308 @@
+"""The agent's one coordinator: tasks, leases, consistency checks, single-flight fetches,
+space and the idle sweep.
+
+Who calls it: the HTTP API (:mod:`dsagent.api`) and, in cluster mode, the Kubernetes
+integration (``dsagent.kube.agent.ClusterAgent``); nothing else calls the parts it
+coordinates, so every rule of the paper's section 1 is enforced from here:
+
+1. One request per task: :meth:`CacheService.submit_task` is idempotent per task id;
+   repeating it renews the lease and starts no new work.
+2. Consistency: each new request for a dataset resolves the source's current digest
+   (:mod:`dsagent.cache.versions`) and a cached copy is a hit only when it is ready with that
+   digest. A changed source gets a new version beside the old; the old one goes once no
+   task holds it.
+4. Space: a fetch reserves its size first; below ``evict_ratio x size`` free, datasets
+   neither in use nor fetching are evicted least recently used first (:mod:`dsagent.cache.space`
+   applies :mod:`dsagent.cache.eviction`), else the request fails with the numbers. A version is
+   protected from the moment a task asks for it (:mod:`dsagent.cache.claims`) until the task is
+   released.
+6. Concurrency: ``max_fetches`` datasets at once, ``fetch_workers`` threads each;
+   concurrent requests for one dataset version share one fetch (:mod:`dsagent.cache.flights`).
+
+The parts: :mod:`dsagent.cache.pools` (threads), :mod:`dsagent.cache.space`, :mod:`dsagent.cache.versions`,
+:mod:`dsagent.cache.progress`, :mod:`dsagent.cache.recovery` (after a crash :meth:`start` reconciles
+catalog and disk and resumes interrupted fetches) and :mod:`dsagent.cache.report` (answers).
+Everything runs on one event loop; blocking work goes to the pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from dsagent.cache import recovery, report
+from dsagent.cache.catalog import Catalog, TaskRow
+from dsagent.cache.claims import Claims
+from dsagent.errors import DsagentError, NotFound
+from dsagent.cache.fetch import Source
+from dsagent.cache.flights import Flights
+from dsagent.format.manifest import Manifest
+from dsagent.cache.metrics import Metrics
+from dsagent.cache.pools import Pools
+from dsagent.cache.progress import ProgressBoard
+from dsagent.cache.settings import Settings
+from dsagent.cache.space import EvictionResult, Space
+from dsagent.cache.layout import Store, validate_name
+from dsagent.cache.task import DatasetRequest, DatasetStatus, TaskRecord, check_locations, check_same_request, iso, redact_url, validate_request
+from dsagent.cache.versions import Versions
+
+log = logging.getLogger("dsagent")
+_T = TypeVar("_T")
+
+
+class CacheService:
+    """The coordinator; create it, ``await start()``, use it, ``await stop()``."""
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = Metrics()
+        self.store = Store(settings.root)
+        self.pools = Pools(settings.max_fetches * settings.fetch_workers + 2)
+        self._catalog: Catalog | None = None
+        self._submit_lock = asyncio.Lock()
+        self._flights = Flights()
+        self._claims = Claims()
+        self._progress = ProgressBoard()
+        self._space = Space(
+            settings, pools=self.pools, catalog=lambda: self.catalog, store=self.store, clock=clock, metrics=self.metrics,
+            claims=self._claims, flights=self._flights, progress=self._progress,
+        )
+        self._versions = Versions(
+            settings, pools=self.pools, catalog=lambda: self.catalog, store=self.store, clock=clock, metrics=self.metrics,
+            space=self._space, claims=self._claims, flights=self._flights, progress=self._progress,
+        )
+        self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._errors: dict[tuple[str, str], DsagentError] = {}
+        self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self.started = False
+        # Set by the cluster integration: checks a new task id (e.g. that it is a pod on
+        # this node) and raises a DsagentError to refuse it.
+        self.admit_task: Callable[[str], Awaitable[None]] | None = None
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._catalog = await self._db(Catalog, self.store.catalog_path)
+        await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
+        for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
+            self._start_waiter(task_id, request, digest)
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+        tasks = [t for t in (self._sweeper, *self._waiters.values(), *self._flights.futures()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.pools.shutdown_workers()
+        if self._catalog is not None:
+            await self._db(self._catalog.close)
+        self.pools.shutdown_catalog()
+
+    async def _db(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await self.pools.db(fn, *args, **kwargs)
+
+    async def _work(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await self.pools.work(fn, *args, **kwargs)
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            raise RuntimeError("CacheService.start() was not awaited")
+        return self._catalog
+
+    # -- tasks ------------------------------------------------------------------------
+
+    async def submit_task(self, task_id: str, datasets: Sequence[DatasetRequest], *, wait: float | None = None) -> TaskRecord:
+        """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds."""
+        requests = await self._validate(task_id, datasets)
+        now = self.clock()
+        lease_until = now + self.settings.lease_ttl
+        if self.admit_task is not None and await self._db(self.catalog.task, task_id) is None:
+            # Admission may wait (e.g. for the pod watch to see the pod): do it before the
+            # lock so it never holds up other tasks' requests.
+            await self.admit_task(task_id)
+        async with self._submit_lock:  # the same task id sent twice at once is still one task
+            existing = await self._db(self.catalog.task, task_id)
+            if existing is None:
+                await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
+                existing = await self._db(self.catalog.task, task_id)
+                assert existing is not None
+            else:
+                check_same_request(existing, requests)
+                await self._db(self.catalog.renew_task, task_id, lease_until)
+                await self._db(self.catalog.touch_task, task_id, now)
+            for request in requests:
+                self._options[(task_id, request.name)] = request.storage_options
+                await self._ensure(task_id, request, existing.digests.get(request.name))
+        if wait:
+            await self._wait_for(task_id, wait)
+        return await self.get_task(task_id)
+
+    async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
+        validate_request(task_id, datasets)
+        for request in datasets:  # resolving a location may touch the network: off the loop
+            await self._work(check_locations, request, local_sources=self.settings.local_sources)
+        return list(datasets)
+
+    async def _ensure(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
+        """Start the work a task's dataset still needs, unless it is running or done."""
+        waiter = self._waiters.get((task_id, request.name))
+        if waiter is not None and not waiter.done():
+            return
+        if bound is not None:
+            row = await self._db(self.catalog.version, request.name, bound)
+            if row is not None and row.state == "ready":
+                return  # rule 1: a repeated request starts no new work
+        self._errors.pop((task_id, request.name), None)
+        self._start_waiter(task_id, request, bound)
+
+    def _start_waiter(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
+        self._claims.ask(task_id, request.identity)  # protected from now on, once its digest is known
+        task = asyncio.create_task(self._serve(task_id, request, bound), name=f"dsagent-task-{task_id}-{request.name}")
+        self._waiters[(task_id, request.name)] = task
+
+    async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
+        """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
+        source = Source(request.source, request.bundles, self._options.get((task_id, request.name)))
+        try:
+            stored = None
+            if bound is not None and await self._db(self.catalog.version, request.name, bound) is not None:
+                stored = await self._versions.stored_manifest(request.name, bound)
+            resolved: tuple[Manifest, bool]
+            if stored is None:
+                flight = ("resolve", *request.identity)
+                resolved = await self._flights.join(flight, functools.partial(self._resolve, request, source))
+                await self._bind(task_id, request, resolved[0].digest)
+            else:
+                resolved = (stored, False)
+                self._claims.drop(task_id, request.name)  # the catalog binding protects it
+            manifest, fetched = resolved
+            if not fetched:  # a per-file copy that digested while copying is ready already
+                key = ("fetch", manifest.name, manifest.digest)
+                await self._flights.join(key, functools.partial(self._versions.fetch, source, manifest))
+        except asyncio.CancelledError:
+            raise
+        except DsagentError as exc:
+            self._errors[(task_id, request.name)] = exc
+        except Exception as exc:  # a bug or a foreign error: keep it visible, never crash the loop
+            log.exception("caching %s for task %s failed", request.name, task_id)
+            self._errors[(task_id, request.name)] = DsagentError(f"internal error: {type(exc).__name__}: {exc}")
+
+    async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:
+        resolved = await self._versions.resolve(request.name, source)
+        self._claims.settle(request.identity, resolved[0].digest)  # every task waiting on this flight
+        return resolved
+
+    async def _bind(self, task_id: str, request: DatasetRequest, digest: str) -> None:
+        self._claims.hold(task_id, request.identity, digest)
+        await self._db(self.catalog.bind, task_id, request.name, digest)
+        self._claims.drop(task_id, request.name)  # from here the catalog's binding protects it
+
+    async def _wait_for(self, task_id: str, timeout: float) -> None:
+        waiters = [t for (tid, _), t in self._waiters.items() if tid == task_id and not t.done()]
+        if waiters:
+            await asyncio.wait(waiters, timeout=timeout)
+
+    async def get_task(self, task_id: str) -> TaskRecord:
+        task = await self._db(self.catalog.task, task_id)
+        if task is None:
+            raise NotFound(f"no task {task_id!r} on this agent", hint="submit it with PUT /v1/tasks/{task} or dsctl cache")
+        statuses = [await self._dataset_status(task, item) for item in task.request]
+        return TaskRecord(task.task_id, task.created_at, task.lease_until, tuple(statuses))
+
+    async def _dataset_status(self, task: TaskRow, item: dict[str, Any]) -> DatasetStatus:
+        name = item["name"]
+        digest = task.digests.get(name)
+        row = await self._db(self.catalog.version, name, digest) if digest else None
+        waiter = self._waiters.get((task.task_id, name))
+        return report.dataset_status(
+            item, digest, row, error=self._errors.get((task.task_id, name)), waiting=waiter is not None and not waiter.done(),
+            fetching=row is not None and self._flights.is_fetching((name, row.digest)), pending=self._progress.pending(name, item["source"]),
+            progress=self._progress.get((name, row.digest)) if row else None, path=str(self.store.ready_dir(name, row.digest)) if row else None,
+        )
+
+    async def task_ids(self) -> list[str]:
+        """The ids of every task this agent holds, oldest first (released ones are gone)."""
+        return await self._db(self.catalog.task_ids)
+
+    async def release_task(self, task_id: str) -> None:
+        """The task no longer needs its datasets (the pod ended); they become evictable."""
+        for (tid, name), waiter in list(self._waiters.items()):
+            if tid == task_id:
+                waiter.cancel()
+                self._waiters.pop((tid, name), None)
+                self._errors.pop((tid, name), None)
+                self._options.pop((tid, name), None)
+        self._claims.release(task_id)
+        await self._db(self.catalog.touch_task, task_id, self.clock())  # idle time counts from here
+        if not await self._db(self.catalog.delete_task, task_id):
+            raise NotFound(f"no task {task_id!r} on this agent")
+        await self._space.collect_superseded()
+
+    # -- eviction and the idle sweep ----------------------------------------------------
+
+    async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
+        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
+        return await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("the idle sweep failed; retrying at the next interval")
+
+    async def sweep(self) -> None:
+        """Lapse expired leases, delete superseded versions, evict idle datasets."""
+        for task_id in await self._db(self.catalog.expired_tasks, self.clock()):
+            log.info("lease of task %s lapsed; releasing it", task_id)
+            with contextlib.suppress(NotFound):
+                await self.release_task(task_id)
+        await self._space.collect_superseded()
+        await self.evict(mode="idle")
+
+    # -- reports ----------------------------------------------------------------------
+
+    async def datasets(self) -> list[dict[str, Any]]:
+        """Every cached version with its state, use and progress (``GET /v1/datasets``)."""
+        rows = await self._db(self.catalog.versions)
+        in_use = await self._db(self.catalog.in_use, self.clock())
+        working = {name for (_, name), waiter in self._waiters.items() if not waiter.done()}
+        return [
+            report.version_view(
+                r, in_use=(r.name, r.digest) in in_use, working=self._flights.is_fetching((r.name, r.digest)) or r.name in working,
+                progress=self._progress.get((r.name, r.digest)), path=str(self.store.ready_dir(r.name, r.digest)),
+            )
+            for r in rows
+        ]
+
+    async def dataset(self, name: str) -> list[dict[str, Any]]:
+        validate_name(name)
+        views = [v for v in await self.datasets() if v["name"] == name]
+        if not views:
+            raise NotFound(f"no dataset {name!r} in the cache")
+        return views
+
+    async def space(self) -> dict[str, int]:
+        return await self._space.report()
+
+    async def inventory(self) -> dict[str, Any]:
+        """The node report of the inventory contract (``GET /v1/inventory``, the Node annotation)."""
+        return report.inventory(await self.datasets(), await self.space(), self.settings.node_name)
+
+    async def metrics_text(self) -> str:
+        tasks = await self._db(self.catalog.task_ids)
+        return self.metrics.render(report.gauges(await self.space(), await self.datasets(), len(tasks)))
+
+
+__all__ = ["CacheService", "DatasetRequest", "DatasetStatus", "EvictionResult", "TaskRecord", "iso", "redact_url"]

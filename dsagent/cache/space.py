@@ -1,0 +1,220 @@
+"""Space: reservations, free-space accounting, and applying the eviction policy (rule 4).
+
+Who calls it: :mod:`dsagent.cache.versions` reserves before every fetch and takes the lock
+around making a copy ready; :mod:`dsagent.cache.service` runs operator evictions, the sweep's
+idle evictions, superseded-version collection and the space report through it. The
+choice of victims is :mod:`dsagent.cache.eviction` (pure); this module gathers its inputs and
+applies its answer.
+
+The rules that keep a version safe from eviction:
+
+- a version bound to a task with a live lease (the catalog), claimed by a task not yet
+  bound (:mod:`dsagent.cache.claims`), being fetched, or pinned as the origin a fetch links
+  bundles from, is never chosen;
+- every deletion happens under :attr:`Space.lock`, and right before it the version's
+  protection is checked again (claims, fetches and pins in memory; task bindings in the
+  same catalog transaction as the delete), because the plan was made on an earlier view;
+- space is counted once: a version committed ready whose reservation is not yet released
+  counts as reserved, not also as held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from dsagent.cache import eviction
+from dsagent.cache.catalog import Catalog, VersionRow
+from dsagent.cache.claims import Claims
+from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
+from dsagent.cache.flights import Flights
+from dsagent.cache.metrics import Metrics
+from dsagent.cache.pools import Pools
+from dsagent.cache.progress import ProgressBoard
+from dsagent.cache.settings import Settings
+from dsplatform.units import format_size
+from dsagent.cache.layout import Store, validate_name
+
+log = logging.getLogger("dsagent")
+Key = tuple[str, str]  # (dataset name, version digest)
+
+
+@dataclass(frozen=True)
+class EvictionResult:
+    evicted: tuple[eviction.Candidate, ...]
+    dry_run: bool
+    freed_bytes: int
+
+
+class Space:
+    """The cache's space: one lock orders every reservation and deletion."""
+
+    def __init__(
+        self, settings: Settings, *, pools: Pools, catalog: Callable[[], Catalog], store: Store, clock: Callable[[], float],
+        metrics: Metrics, claims: Claims, flights: Flights, progress: ProgressBoard,
+    ) -> None:
+        self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
+        self.metrics, self.claims, self.flights, self.progress = metrics, claims, flights, progress
+        self.lock = asyncio.Lock()
+        self.reservations: dict[Key, int] = {}
+        self._pins: Counter[Key] = Counter()  # versions a fetch hard-links bundles from
+
+    # -- reservations -----------------------------------------------------------------
+
+    async def reserve(self, key: Key, size: int) -> None:
+        """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size."""
+        spared: set[Key] = set()  # victims found protected since their plan: never chosen again
+        async with self.lock:
+            while True:
+                candidates = [dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c for c in await self.candidates()]
+                plan = eviction.plan_for_fetch(candidates, size=size, free=await self.free_bytes(), ratio=self.settings.evict_ratio)
+                if not plan.sufficient:
+                    raise _insufficient(key[0], size, plan)
+                for victim in plan.victims:
+                    if not await self.evict_one(victim, reason="space"):
+                        spared.add((victim.name, victim.digest))
+                if not spared.intersection((v.name, v.digest) for v in plan.victims):
+                    self.reservations[key] = size
+                    return
+                # plan again on the new view; it ends, since each round spares one more version
+
+    def release(self, key: Key) -> None:
+        self.reservations.pop(key, None)
+
+    def move(self, old: Key, new: Key, size: int) -> None:
+        """A copy reserved under a pending key now has its version's key."""
+        self.reservations[new] = self.reservations.pop(old, size)
+
+    def pin(self, keys: Iterable[Key]) -> None:
+        self._pins.update(keys)
+
+    def unpin(self, keys: Iterable[Key]) -> None:
+        self._pins.subtract(keys)
+        self._pins = +self._pins
+
+    async def free_bytes(self) -> int:
+        """Free bytes for new data: disk free and capacity left, minus pending reservations."""
+        disk = await self.pools.work(self.store.disk_usage)
+        pending = sum(max(0, size - self.progress.bytes_done(key)) for key, size in self.reservations.items())
+        free = disk.free - pending
+        if self.settings.capacity_bytes is not None:
+            rows = await self.pools.db(self._catalog().versions)
+            reserved = sum(self.reservations.values())
+            # every version counts, once: as reserved while a fetch holds its reservation
+            # (also just after its ready commit), else as held - a failed or interrupted
+            # one too, since its staging stays on disk for a resume and evicting it is
+            # credited with its size
+            held = sum(r.size_bytes for r in rows if (r.name, r.digest) not in self.reservations)
+            free = min(free, self.settings.capacity_bytes - held - reserved)
+        return free
+
+    async def report(self) -> dict[str, int]:
+        rows = await self.pools.db(self._catalog().versions)
+        disk = await self.pools.work(self.store.disk_usage)
+        used = sum(r.size_bytes for r in rows if r.state == "ready")
+        capacity = self.settings.capacity_bytes if self.settings.capacity_bytes is not None else disk.total
+        return {"capacityBytes": capacity, "freeBytes": max(0, await self.free_bytes()), "usedBytes": used}
+
+    # -- eviction ---------------------------------------------------------------------
+
+    async def candidates(self) -> list[eviction.Candidate]:
+        rows = await self.pools.db(self._catalog().versions)
+        in_use = await self.pools.db(self._catalog().in_use, self.clock()) | self.claims.held()
+        fetching = self.flights.fetching() | set(self._pins)
+        return [
+            eviction.Candidate(
+                r.name, r.digest, r.size_bytes, r.last_used or r.created_at,
+                in_use=(r.name, r.digest) in in_use, fetching=(r.name, r.digest) in fetching or r.state == "fetching",
+            )
+            for r in rows
+            if r.state in ("ready", "failed")
+        ]
+
+    def busy(self, key: Key) -> bool:
+        """Being fetched, or the origin a fetch links bundles from: not even force evicts it."""
+        return self._pins[key] > 0 or self.flights.is_fetching(key)
+
+    def protected(self, key: Key) -> bool:
+        """Busy, or claimed by a task not yet bound to it."""
+        return self.busy(key) or key in self.claims
+
+    async def evict_one(self, victim: eviction.Candidate, *, reason: str, force: bool = False) -> bool:
+        """Delete one version chosen by a plan, unless it became protected since (then
+        False). Under :attr:`lock` only, so no two deletions of one version overlap and
+        no fetch publishes a version while it is being removed."""
+        key = (victim.name, victim.digest)
+        if self.busy(key) or (not force and self.protected(key)):
+            return False  # force overrides a task's use, never a fetch's
+        unless = None if force else self.clock()
+        if not await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=unless) and not force:
+            return False  # a task was bound to it after the plan was made
+        log.info("evicting %s@%s (%s, %s)", victim.name, victim.digest[:12], format_size(victim.size_bytes), reason)
+        await self.pools.work(self.store.remove, *key)
+        self.metrics.inc("dsagent_evictions_total", reason=reason)
+        self.metrics.inc("dsagent_evicted_bytes_total", victim.size_bytes)
+        return True
+
+    async def collect_superseded(self, name: str | None = None) -> None:
+        """Delete old versions no task holds: a name keeps its current version (the one
+        its latest consistency check resolved to) and the versions tasks still use."""
+        async with self.lock:
+            current: dict[str, VersionRow] = {}
+            for row in await self.pools.db(self._catalog().versions, name):  # by resolved_at: the last ready one wins
+                if row.state == "ready":
+                    current[row.name] = row
+            for c in await self.candidates():
+                if (name is None or c.name == name) and c.evictable and c.name in current and current[c.name].digest != c.digest:
+                    await self.evict_one(c, reason="superseded")
+
+    async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
+        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
+        async with self.lock:
+            victims = await self._choose(await self.candidates(), names=names, mode=mode, force=force, free_bytes=free_bytes)
+            if not dry_run:
+                reason = "operator" if mode == "names" else mode
+                victims = [v for v in victims if await self.evict_one(v, reason=reason, force=force and mode == "names")]
+        return EvictionResult(tuple(victims), dry_run, sum(v.size_bytes for v in victims))
+
+    async def _choose(self, candidates: list[eviction.Candidate], *, names: Sequence[str], mode: str, force: bool, free_bytes: int) -> list[eviction.Candidate]:
+        if mode == "idle":
+            return list(eviction.idle_victims(candidates, now=self.clock(), idle_ttl=self.settings.idle_ttl))
+        if mode == "unused":
+            return list(eviction.unused_victims(candidates))
+        if mode == "space":
+            plan = eviction.plan_for_fetch(candidates, size=free_bytes, free=await self.free_bytes(), ratio=1.0)
+            return list(plan.victims)
+        if mode != "names":
+            raise InvalidInput(f"unknown eviction mode {mode!r}", hint="use names, idle, unused or space")
+        return await self._named_victims(candidates, names, force)
+
+    async def _named_victims(self, candidates: list[eviction.Candidate], names: Sequence[str], force: bool) -> list[eviction.Candidate]:
+        victims: list[eviction.Candidate] = []
+        rows = await self.pools.db(self._catalog().versions)
+        for name in names:
+            validate_name(name)
+            mine = [c for c in candidates if c.name == name]
+            if not mine and not any(r.name == name for r in rows):
+                raise NotFound(f"no dataset {name!r} in the cache")
+            if any(r.name == name and r.state == "fetching" for r in rows) or any(c.fetching for c in mine):
+                raise Conflict(f"dataset {name!r} is being fetched", hint="wait for the fetch to finish, then evict")
+            if any(c.in_use for c in mine) and not force:
+                raise Conflict(f"dataset {name!r} is in use by a task", hint="release the task first, or pass --force")
+            victims += mine
+        return victims
+
+
+def _insufficient(name: str, size: int, plan: eviction.Plan) -> InsufficientSpace:
+    return InsufficientSpace(
+        f"not enough space to cache {name} ({format_size(size)}): "
+        f"needed {format_size(plan.needed_bytes)}, free {format_size(plan.free_bytes)}, "
+        f"evictable {format_size(plan.evictable_bytes)}",
+        hint="release tasks that no longer need their datasets, or give the cache more space",
+        needed=plan.needed_bytes, free=plan.free_bytes, evictable=plan.evictable_bytes,
+    )
+
+
+__all__ = ["EvictionResult", "Space"]

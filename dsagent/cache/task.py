@@ -1,0 +1,155 @@
+"""What a task asks for and what it is told: the service's domain values.
+
+Who calls it: :mod:`dsagent.cache.service` builds them, :mod:`dsagent.api.schemas` and the
+cluster integration read them (both import them from :mod:`dsagent.cache.service`, which
+re-exports them). A task (a pod UID, a job id) asks for datasets; its record says where
+each one stands. ``storage_options`` may hold credentials: they are never logged, stored
+or returned, so only :meth:`DatasetRequest.redacted` reaches the catalog.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from dsagent.cache.catalog import TaskRow
+from dsagent.format.digester import is_local
+from dsagent.errors import Conflict, InvalidInput
+from dsagent.format.storage import resolve, resolves_within
+from dsagent.cache.layout import validate_name
+
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+
+
+@dataclass(frozen=True)
+class DatasetRequest:
+    """One dataset a task asks for. ``storage_options`` is never logged, stored or returned."""
+
+    name: str
+    source: str
+    bundles: str | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def identity(self) -> tuple[str, str, str | None]:
+        return (self.name, self.source, self.bundles)
+
+    def redacted(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "bundles": self.bundles, "hasStorageOptions": bool(self.storage_options)}
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """Where one dataset of a task stands."""
+
+    name: str
+    source: str
+    bundles: str | None
+    digest: str | None
+    state: str  # resolving | fetching | ready | failed
+    path: str | None = None
+    size_bytes: int = 0
+    files: int = 0
+    bytes_done: int = 0
+    files_done: int = 0
+    rate: float = 0.0
+    eta: float | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    task_id: str
+    created_at: float
+    lease_until: float
+    datasets: tuple[DatasetStatus, ...]
+
+    @property
+    def state(self) -> str:
+        states = {d.state for d in self.datasets}
+        if "failed" in states:
+            return "failed"
+        return "ready" if states <= {"ready"} else "pending"
+
+
+def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
+    """A task id and its dataset list, before anything is recorded."""
+    if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
+        raise InvalidInput(f"invalid task id {task_id!r}", hint="use 1-253 letters, digits, '.', '_', ':' or '-', e.g. a pod UID")
+    if not datasets:
+        raise InvalidInput("a task must ask for at least one dataset")
+    names = [validate_name(d.name) for d in datasets]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"dataset names repeat in one task: {sorted(names)}")
+
+
+def _wraps_filesystems(fs: Any) -> bool:
+    """Whether ``fs`` reads through other filesystems (fsspec's caches and ``dir`` keep the
+    wrapped one in ``.fs``; archives and references open files of a target filesystem)."""
+    from fsspec.archive import AbstractArchiveFileSystem
+    from fsspec.implementations.reference import ReferenceFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    return isinstance(fs, (AbstractArchiveFileSystem, ReferenceFileSystem)) or isinstance(getattr(fs, "fs", None), AbstractFileSystem)
+
+
+def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -> None:
+    """Refuse a local source or bundle store outside ``local_sources`` (the agent runs
+    privileged: pods must not make it copy host files into their mounts). Blocking."""
+    for url in (request.source, request.bundles):
+        if url is None:
+            continue
+        if "::" in url:  # before resolving: building a chained filesystem may open files already
+            raise InvalidInput(
+                f"{url!r} chains filesystems, which this agent does not accept",
+                hint="give the dataset's own URL: the agent is the cache, and a chain could reach the node's local files",
+            )
+        fs, path = resolve(url, request.storage_options)
+        if _wraps_filesystems(fs):
+            raise InvalidInput(
+                f"{url!r} wraps other filesystems (caches, archives, dir, reference), which this agent does not accept",
+                hint="give the dataset's own URL: the agent is the cache, and a wrapper could reach the node's local files",
+            )
+        if not is_local(fs):
+            continue
+        if not resolves_within(path, local_sources):
+            raise InvalidInput(
+                f"local source {url!r} is outside the directories this agent may read",
+                hint="use a remote URL, or add its directory to DSAGENT_LOCAL_SOURCES on the agent",
+            )
+
+
+def check_same_request(existing: TaskRow, requests: Sequence[DatasetRequest]) -> None:
+    """A repeated request must name the same datasets (rule 1: one request per task)."""
+    before = sorted((d["name"], d["source"], d.get("bundles")) for d in existing.request)
+    after = sorted(r.identity for r in requests)
+    if before != after:
+        raise Conflict(
+            f"task {existing.task_id!r} already holds a different set of datasets",
+            hint="a task's request cannot change; release the task first or use a new task id",
+        )
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` without any password in its user-info part (safe for logs and answers)."""
+    if not url or "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+__all__ = ["DatasetRequest", "DatasetStatus", "TaskRecord", "check_locations", "check_same_request", "iso", "redact_url", "validate_request"]

@@ -1,0 +1,268 @@
+"""Versions: making a dataset version ready, from a consistency check to a ready commit.
+
+Who calls it: :class:`dsagent.cache.service.CacheService`, inside its single-flight steps (one
+resolve per request identity, one fetch per version), so nothing here deduplicates work.
+What it owns: rule 2's consistency check (:meth:`Versions.resolve`: the packed manifest,
+else a listing that matches the cached copy, else a digest, else a per-file copy that
+digests while it copies) and the fetch of a resolved version into staging, its atomic
+publication and its catalog commit (:meth:`Versions.fetch`). Space comes from
+:mod:`dsagent.cache.space` (reserved before any byte is written); progress goes to
+:mod:`dsagent.cache.progress`; the fetch paths themselves are :mod:`dsagent.cache.fetch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from dsagent.cache.catalog import Catalog
+from dsagent.cache.claims import Claims
+from dsagent.format.digestcache import DigestCache
+from dsagent.format.digester import is_local
+from dsagent.errors import DsagentError, IntegrityError, NotFound
+from dsagent.cache.fetch import Source, copy_and_digest, fetch_bundles, fetch_files, finish, list_remote, listing_matches
+from dsagent.cache.flights import Flights
+from dsagent.format.manifest import BundleRef, Manifest, build_manifest, read_manifest
+from dsagent.cache.metrics import Metrics
+from dsagent.cache.pools import Pools
+from dsagent.cache.progress import ProgressBoard
+from dsagent.cache.settings import Settings
+from dsplatform.units import format_size
+from dsagent.cache.space import Space
+from dsagent.format.storage import resolve
+from dsagent.cache.layout import Store
+from dsagent.cache.task import redact_url
+
+log = logging.getLogger("dsagent")
+Key = tuple[str, str]  # (dataset name, version digest)
+
+
+class Versions:
+    """Resolves and fetches versions; shares pools, catalog, store and space with the service."""
+
+    def __init__(
+        self, settings: Settings, *, pools: Pools, catalog: Callable[[], Catalog], store: Store, clock: Callable[[], float],
+        metrics: Metrics, space: Space, claims: Claims, flights: Flights, progress: ProgressBoard,
+    ) -> None:
+        self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
+        self.metrics, self.space, self.claims, self.flights, self.progress = metrics, space, claims, flights, progress
+        self._fetch_slots = asyncio.Semaphore(settings.max_fetches)
+
+    async def stored_manifest(self, name: str, digest: str) -> Manifest | None:
+        data = await self.pools.work(self.store.read_manifest_bytes, name, digest)
+        if data is None:
+            return None
+        try:
+            return Manifest.from_bytes(data)
+        except IntegrityError:
+            return None
+
+    # -- the consistency check ----------------------------------------------------------
+
+    async def resolve(self, name: str, source: Source) -> tuple[Manifest, bool]:
+        """The source's current manifest (rule 2) and whether resolving it cached it too.
+
+        In order: the packed manifest when the bundle store has one; the cached version's
+        manifest when a remote listing shows the same files, sizes and times; for a local
+        source a digest (through the stat-keyed digest cache); for a remote one a per-file
+        copy that digests while it copies (each file read once); else a digest.
+        """
+        cached = await self._current_manifest(name, source.url)
+
+        def read() -> Manifest | None:
+            if source.bundles:
+                try:
+                    return read_manifest(source.bundles, name, storage_options=source.storage_options)
+                except NotFound:
+                    log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
+            if cached is not None and listing_matches(source, cached):
+                return cached
+            if not source.bundles and not _is_local_url(source):
+                return None  # digest while copying
+            return self._digest(name, source)
+
+        manifest = await self.pools.work(read)
+        if manifest is None:
+            copied = await self._copy_and_digest(name, source)
+            if copied is not None:
+                return copied
+            manifest = await self.pools.work(self._digest, name, source)
+        return manifest, False
+
+    def _digest(self, name: str, source: Source) -> Manifest:
+        # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
+        with DigestCache(self.store.root / "digests.db") as cache:
+            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers,
+                                  digest_cache=cache, confine=self.settings.local_sources)
+
+    async def _current_manifest(self, name: str, url: str) -> Manifest | None:
+        rows = [r for r in await self.pools.db(self._catalog().versions, name) if r.state == "ready" and r.source == url]
+        return await self.stored_manifest(name, rows[-1].digest) if rows else None
+
+    async def _copy_and_digest(self, name: str, source: Source) -> tuple[Manifest, bool] | None:
+        """Cache a remote source that has no manifest by copying it once, hashing as it goes;
+        None when its listing lacks sizes (then it is digested first)."""
+        listed = await self.pools.work(list_remote, source)
+        if listed is None:
+            return None
+        files, dirs = listed
+        total = sum(f.size for f in files)
+        token = uuid.uuid4().hex[:16]
+        key = (name, f"pending-{token}")
+        self.metrics.inc("dsagent_cache_misses_total")
+        async with self._fetch_slots:
+            await self.space.reserve(key, total)
+            staging = self.store.pending_dir(name, token)
+            progress = self.progress.start_pending(key, source.url, total, len(files))
+            started = time.monotonic()
+            try:
+                await self.pools.work(lambda: staging.mkdir(parents=True))
+                entries = await copy_and_digest(source, files, staging, progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers)
+                manifest = Manifest.create(name, entries, directories=dirs)
+                await self.pools.work(finish, staging, manifest)
+                adopted = await self._adopt(key, manifest, source)
+            except BaseException:
+                self.metrics.inc("dsagent_fetches_total", result="failed")
+                await self.pools.work(self.store.discard_pending, name, token)
+                raise
+            finally:
+                self.space.release(key)
+                self.progress.end(key, source.url)
+        self.metrics.inc("dsagent_fetches_total", result="ok")
+        self.metrics.inc("dsagent_fetch_seconds_total", time.monotonic() - started)
+        self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
+        if adopted:
+            log.info("cached %s@%s: %d files, %s", name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
+            await self.space.collect_superseded(name)
+        return manifest, adopted
+
+    async def _adopt(self, pending: Key, manifest: Manifest, source: Source) -> bool:
+        """Make a finished pending copy its version, unless that version exists already.
+
+        Under the space lock, so no eviction is half done on this version meanwhile; the
+        waiting tasks claim it before it becomes ready, and its reservation moves to its
+        own key so that space is counted once until the commit."""
+        key, token = (manifest.name, manifest.digest), pending[1].removeprefix("pending-")
+        async with self.space.lock:
+            self.claims.settle((manifest.name, source.url, source.bundles), manifest.digest)
+            row = await self.pools.db(self._catalog().version, *key)
+            if (row is not None and row.state == "ready") or self.flights.is_fetching(key):
+                await self.pools.work(self.store.discard_pending, manifest.name, token)
+                return False  # the caller takes the existing version (a hit) or joins its fetch
+            self.space.move(pending, key, manifest.total_bytes)
+            self.progress.rename(pending, key)
+            try:
+                await self.pools.db(
+                    self._catalog().begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
+                    source=source.url, bundles=None, now=self.clock(),
+                )
+                await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
+                await self.pools.work(self.store.adopt, manifest.name, token, manifest.digest)
+                await self.pools.work(self.store.publish, *key)
+                await self.pools.db(self._catalog().mark_ready, *key, now=self.clock())
+            finally:
+                self.space.release(key)
+                self.progress.end(key)
+        return True
+
+    # -- fetching a resolved version ----------------------------------------------------
+
+    async def fetch(self, source: Source, manifest: Manifest) -> None:
+        """Make ``manifest``'s version ready, unless it already is (a hit)."""
+        key = (manifest.name, manifest.digest)
+        row = await self.pools.db(self._catalog().version, *key)
+        if row is not None and row.state == "ready" and not await self.pools.work(self.store.ready_dir(*key).is_dir):
+            log.warning("dataset %s@%s vanished from disk; fetching it again", *key)
+            await self.pools.db(self._catalog().delete_version, *key)
+            row = None
+        if row is not None and row.state == "ready":
+            self.metrics.inc("dsagent_cache_hits_total")
+            await self.pools.db(self._catalog().touch, *key, self.clock())
+            return
+        self.metrics.inc("dsagent_cache_misses_total")
+        async with self._fetch_slots:
+            await self.space.reserve(key, manifest.total_bytes)
+            started = time.monotonic()
+            try:
+                await self._fetch_reserved(source, manifest)
+            except BaseException as exc:
+                self.metrics.inc("dsagent_fetches_total", result="failed")
+                message = exc.message if isinstance(exc, DsagentError) else f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    await self.pools.db(self._catalog().mark_failed, *key, message)
+                if isinstance(exc, IntegrityError):  # never resume from data that failed a check
+                    await self.pools.work(self.store.discard_staging, *key)
+                raise
+            finally:
+                self.space.release(key)
+                self.progress.end(key)
+        self.metrics.inc("dsagent_fetches_total", result="ok")
+        self.metrics.inc("dsagent_fetch_seconds_total", time.monotonic() - started)
+        log.info("cached %s@%s: %d files, %s", manifest.name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
+        await self.space.collect_superseded(manifest.name)
+
+    async def _fetch_reserved(self, source: Source, manifest: Manifest) -> None:
+        key = (manifest.name, manifest.digest)
+        await self.pools.db(
+            self._catalog().begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
+            source=source.url, bundles=source.bundles if manifest.bundles else None, now=self.clock(),
+        )
+        await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
+        staging = self.store.staging_dir(*key)
+        await self.pools.work(lambda: staging.mkdir(parents=True, exist_ok=True))
+        progress = self.progress.start(key, manifest.total_bytes, manifest.file_count)
+        if manifest.bundles and source.bundles:
+            await self._fetch_bundles(source, manifest, staging)
+        else:
+            await fetch_files(source, manifest, staging, progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers)
+        await self.pools.work(finish, staging, manifest)
+        self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
+        await self.pools.work(self.store.publish, *key)
+        await self.pools.db(self._catalog().mark_ready, *key, now=self.clock())
+
+    async def _fetch_bundles(self, source: Source, manifest: Manifest, staging: Path) -> None:
+        key = (manifest.name, manifest.digest)
+        done = await self.pools.db(self._catalog().bundles_done, *key)
+
+        async def record(bundle: BundleRef) -> None:
+            await self.pools.db(self._catalog().bundle_done, *key, bundle.digest)
+
+        async with self.space.lock:  # no eviction is half done on a version we link from
+            local = await self._local_bundles(manifest)
+            origins = Counter((path.parent.name, path.name) for path in set(local.values()))
+            self.space.pin(origins)
+        progress = self.progress.get(key)
+        assert progress is not None
+        try:
+            await fetch_bundles(
+                source, manifest, staging, done=done, on_bundle_done=record, local=local, progress=progress,
+                executor=self.pools.executor, workers=self.settings.fetch_workers,
+            )
+        finally:
+            self.space.unpin(origins)
+
+    async def _local_bundles(self, manifest: Manifest) -> dict[str, Path]:
+        """Bundles of ``manifest`` that another ready version of the dataset already holds."""
+        wanted = {b.digest for b in manifest.bundles}
+        found: dict[str, Path] = {}
+        for row in await self.pools.db(self._catalog().versions, manifest.name):
+            if row.state != "ready" or row.digest == manifest.digest:
+                continue
+            other = await self.stored_manifest(row.name, row.digest)
+            for bundle in other.bundles if other else ():
+                if bundle.digest in wanted:
+                    found.setdefault(bundle.digest, self.store.ready_dir(row.name, row.digest))
+        return found
+
+
+def _is_local_url(source: Source) -> bool:
+    return is_local(resolve(source.url, source.storage_options)[0])
+
+
+__all__ = ["Versions"]

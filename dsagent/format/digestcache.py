@@ -1,0 +1,113 @@
+"""The local digest cache: re-digesting an unchanged tree costs a walk and a stat per file.
+
+Who calls it: :func:`dsagent.format.manifest.build_manifest` (and so ``dsctl digest / pack``).
+What it owns: one SQLite file mapping a local file's absolute path to the digest it had
+when its ``(size, mtime_ns, inode, ctime_ns)`` were as recorded. Any change to those
+(a rewrite, a ``touch``, a replacement by rename, even an mtime set back by hand, which
+still moves ctime) makes the entry miss and the file is read again.
+
+Racy files: a file modified within the filesystem's timestamp granularity of being hashed
+could change again without its mtime moving (git's "racy clean" problem), so files whose
+mtime is less than ``racy_window_ns`` before the hashing started are not cached.
+Only local files are cached: object stores give no inode and coarse mtimes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dsagent.errors import SourceUnavailable
+
+if TYPE_CHECKING:
+    from dsagent.format.digester import _Found
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS digests (
+    path TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    digest TEXT NOT NULL
+) WITHOUT ROWID
+"""
+
+
+def default_cache_path() -> Path:
+    """``$DSAGENT_DIGEST_CACHE``, else ``$XDG_CACHE_HOME/dsplatform/digests.sqlite``."""
+    explicit = os.environ.get("DSAGENT_DIGEST_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dsplatform" / "digests.sqlite"
+
+
+class DigestCache:
+    """A SQLite-backed map ``path -> digest`` valid while size, mtime, inode and ctime hold."""
+
+    def __init__(self, path: str | os.PathLike[str], *, racy_window_ns: int = 2_000_000_000) -> None:
+        self.path = Path(path)
+        self.racy_window_ns = racy_window_ns
+        self.hits = 0
+        self.misses = 0
+        self._started_ns = time.time_ns()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise SourceUnavailable(f"cannot open the digest cache {self.path}: {exc}", hint="pass --no-digest-cache or fix the path") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> DigestCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def snapshot(self, prefix: str) -> dict[str, tuple[int, int, int, int, str]]:
+        """Every recorded file under ``prefix`` (one range query): ``path -> (size, mtime, inode, ctime, digest)``."""
+        self._started_ns = time.time_ns()
+        try:
+            rows = self._db.execute(
+                "SELECT path, size, mtime_ns, inode, ctime_ns, digest FROM digests WHERE path >= ? AND path < ?",
+                (prefix, prefix + "\U0010ffff"),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise SourceUnavailable(f"digest cache {self.path} is unreadable: {exc}", hint="delete it; it is only a cache") from exc
+        return {path: (size, mtime_ns, inode, ctime_ns, digest) for path, size, mtime_ns, inode, ctime_ns, digest in rows}
+
+    def match(self, snapshot: dict[str, tuple[int, int, int, int, str]], item: _Found) -> str | None:
+        """The recorded digest of ``item`` if its size, mtime, inode and ctime are unchanged."""
+        row = snapshot.get(item.location)
+        if row is not None and row[:4] == (item.size, item.mtime_ns, item.inode, item.ctime_ns):
+            return row[4]
+        return None
+
+    def record(self, *, hits: int, misses: int) -> None:
+        """Count one digest run's hits and misses (``match`` runs on many threads, so it does not)."""
+        self.hits += hits
+        self.misses += misses
+
+    def store(self, digested: Iterable[tuple[_Found, str]]) -> None:
+        """Record fresh digests, except for files too recently modified to trust (racy)."""
+        limit = self._started_ns - self.racy_window_ns
+        rows = [
+            (item.location, item.size, item.mtime_ns, item.inode, item.ctime_ns, digest)
+            for item, digest in digested
+            if item.mtime_ns < limit and item.ctime_ns < limit
+        ]
+        try:
+            with self._db:
+                self._db.executemany("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?, ?, ?)", rows)
+        except sqlite3.Error as exc:
+            raise SourceUnavailable(f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache") from exc

@@ -1,0 +1,684 @@
+"""Digesting a dataset source: walk any fsspec URL or local path, hash every file.
+
+Who calls it: :func:`dsagent.format.manifest.build_manifest` (its public face), and so
+``dsctl digest / pack`` and the agent. What it owns:
+
+- the walk: local trees with ``os.scandir`` (lazily, by ``d_type``, following symlinks,
+  refusing loops, FIFOs, sockets and devices), other filesystems with ``fs.find``;
+- hashing while the walk goes on: a big local tree on one forked process per core
+  (:class:`_ProcessPool`; Python's per-file work holds the GIL, so threads cannot use a
+  second core on small files), anything else on a thread pool (xxhash and file reads
+  release the GIL); each local file is stat'ed, matched against the
+  :class:`~dsagent.format.digestcache.DigestCache` and read where it is hashed;
+- files that change while they are digested (:class:`IntegrityError`).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
+
+import xxhash
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractFileSystem
+
+from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
+from dsagent.format.hashing import CHUNK_SIZE, hash_fd, hash_file, hash_stream
+from dsagent.format.manifest import FileEntry, Manifest, Progress, check_dataset_name
+from dsagent.format.storage import resolve, resolves_within, translate_errors
+
+if TYPE_CHECKING:
+    from dsagent.format.digestcache import DigestCache
+
+#: Digest threads for remote sources, where each file costs a round trip.
+REMOTE_WORKERS = 16
+
+
+class _Found(NamedTuple):
+    """A file found by the walk, before hashing (a tuple: the walk makes millions)."""
+
+    path: str  # relative to the source root
+    location: str  # where to read it (absolute local path or fsspec path)
+    size: int
+    mtime_ns: int
+    inode: int = 0
+    ctime_ns: int = 0
+
+
+def is_local(fs: AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+#: inode of a local file the walk listed but did not stat yet
+_UNSTATED = -1
+
+#: The walk hands out a directory's files in groups of at most this many names.
+_GROUP = 256
+
+
+class _Dir(NamedTuple):
+    """Some regular files of one local directory, as the walk lists them (unstat'ed)."""
+
+    rel: str  # the directory relative to the source root ("" for the root itself)
+    path: str  # where to open it
+    names: list[str]
+
+
+def _check_link(path: str, confine: Sequence[str] | None) -> None:
+    """Refuse a symlink that resolves outside ``confine`` (when given)."""
+    if confine is not None and not resolves_within(path, confine):
+        raise InvalidInput(
+            f"symlink in source points outside the allowed directories: {path!r} -> {os.path.realpath(path)!r}",
+            hint="replace the link with the file, or add its target's directory to DSAGENT_LOCAL_SOURCES",
+        )
+
+
+def _iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None = None) -> Iterator[_Dir]:
+    """Files under a local ``root`` in groups per directory (empty directories go to ``empty``).
+
+    Follows symlinks (a linked file is packed as a regular file) and refuses loops; with
+    ``confine``, a symlink must resolve inside one of those directories: the agent reads
+    with more rights than the pods it caches for, so a link planted in a shared source
+    must not make it copy other host files into a pod's mount.
+    Groups come as the walk goes, at most :data:`_GROUP` names each, so that hashing
+    starts at once even on one flat directory of a million files. Names are sorted within
+    a group and directories are visited in name order, so the entries arrive nearly in
+    path order and the manifest's final sort is mostly a merge of sorted runs.
+    """
+    seen: set[tuple[int, int]] = set()
+    stack = [("", root)]
+    while stack:
+        rel, directory = stack.pop()
+        st = os.stat(directory)
+        if (st.st_dev, st.st_ino) in seen:
+            raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
+        seen.add((st.st_dev, st.st_ino))
+        has_child = False
+        names: list[str] = []
+        subdirs: list[tuple[str, str]] = []
+        with os.scandir(directory) as it:
+            for item in it:
+                has_child = True
+                if item.is_symlink():  # d_type: no syscall for the common, unlinked entry
+                    _check_link(item.path, confine)
+                # d_type answers without a syscall (except through symlinks); the stat that
+                # sizes and dates a file happens where it is hashed, in parallel
+                if item.is_dir():
+                    subdirs.append((f"{rel}/{item.name}" if rel else item.name, item.path))
+                elif item.is_file():
+                    names.append(item.name)
+                    if len(names) >= _GROUP:
+                        names.sort()
+                        yield _Dir(rel, directory, names)
+                        names = []
+                elif item.is_symlink() and not os.path.exists(item.path):
+                    raise InvalidInput(f"broken symlink in source: {item.path!r}", hint="fix or remove the link")
+                else:
+                    raise InvalidInput(f"not a regular file: {item.path!r}", hint="datasets hold regular files only")
+        if names:
+            names.sort()
+            yield _Dir(rel, directory, names)
+        stack.extend(sorted(subdirs, reverse=True))  # popped in name order
+        if not has_child and rel:
+            empty.append(rel)
+
+
+def _found_in(groups: Iterable[_Dir]) -> Iterator[_Found]:
+    """The files of ``groups`` one by one, for the thread path."""
+    join = os.path.join
+    for rel, directory, names in groups:
+        prefix = f"{rel}/" if rel else ""
+        for name in names:
+            yield _Found(prefix + name, join(directory, name), -1, 0, _UNSTATED, 0)
+
+
+class _LocalWalk:
+    """The lazy walk of a local tree: taken file by file (threads) or by groups (processes)."""
+
+    def __init__(self, groups: Iterator[_Dir]) -> None:
+        self.groups = groups
+
+    def __iter__(self) -> Iterator[_Found]:
+        return _found_in(self.groups)
+
+
+def mtime_ns(info: Mapping[str, Any]) -> int:
+    """Modification time in ns from an fsspec ``info`` dict, whatever the backend calls it (0 if none)."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1_000_000_000)
+        try:
+            return int(float(value) * 1_000_000_000)
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
+def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[str]]:
+    listing = fs.find(root, withdirs=True, detail=True)
+    prefix = root.rstrip("/") + "/"
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    quoted = any(p in ("http", "https") for p in protocols)  # URLs name files percent-encoded
+    found: list[_Found] = []
+    dirs: list[str] = []
+    for full, info in listing.items():
+        full = full.rstrip("/")
+        if not full.startswith(prefix):
+            continue
+        rel = unquote(full[len(prefix) :]) if quoted else full[len(prefix) :]
+        if info.get("type") == "directory":
+            dirs.append(rel)
+        else:
+            size = info.get("size")  # http listings give none: -1, taken from the read
+            found.append(_Found(rel, full, int(size) if size is not None else -1, mtime_ns(info)))
+    parents = {f.path.rsplit("/", 1)[0] for f in found if "/" in f.path}
+    parents |= {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
+    return found, [d for d in dirs if d not in parents]
+
+
+def walk_source(fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None) -> Iterable[_Found]:
+    """Every file of the dataset at ``root`` (empty directories go to ``empty``); a lone file is a dataset of one.
+
+    Local trees are walked lazily, so hashing starts while the walk goes on; ``confine``
+    (local only) refuses symlinks resolving outside those directories.
+    """
+    with translate_errors(f"source {root!r}"):
+        if not fs.exists(root):
+            raise NotFound(f"dataset source {root!r} does not exist", hint="check the path or URL")
+        if not fs.isdir(root):
+            name = root.rstrip("/").rsplit("/", 1)[-1]
+            if is_local(fs):
+                st = os.stat(root)
+                return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
+            info = fs.info(root)
+            size = info.get("size")
+            return [_Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
+        if is_local(fs):
+            return _LocalWalk(_iter_local_dirs(root, empty, confine))
+        found, dirs = _walk_remote(fs, root)
+        empty.extend(dirs)
+        return found
+
+
+# --------------------------------------------------------------------------- digesting
+
+
+def default_workers() -> int:
+    """Hashing threads: one per core (reads and xxh3 release the GIL), capped."""
+    return min(8, os.cpu_count() or 1)
+
+
+class _Hasher:
+    """Stats, looks up and hashes batches of found files; called from the digest threads.
+
+    Each result is ``(entry, found)`` where ``found`` is the stat'ed file when it was
+    hashed (to be recorded in the digest cache) and ``None`` when the cache answered.
+    """
+
+    def __init__(self, fs: AbstractFileSystem, progress: Progress | None, cache: DigestCache | None, snapshot: dict[str, Any]) -> None:
+        self._fs = fs
+        self._local = is_local(fs)
+        self._progress = progress
+        self._cache = cache
+        self._snapshot = snapshot
+        self._lock = threading.Lock()
+
+    def batch(self, items: Sequence[_Found]) -> list[tuple[FileEntry, _Found | None]]:
+        buffer = bytearray(CHUNK_SIZE) if self._local else None
+        results: list[tuple[FileEntry, _Found | None]] = []
+        item = None
+        try:
+            for item in items:
+                results.append(self._one(item, buffer))
+        except OSError as exc:  # translated here, once per batch rather than per file
+            where = item.location if item is not None else "?"
+            with translate_errors(f"source file {where!r}"):
+                raise exc
+        if self._progress is not None:
+            with self._lock:
+                self._progress(sum(entry.size for entry, _ in results), len(results))
+        return results
+
+    def _one(self, item: _Found, buffer: bytearray | None) -> tuple[FileEntry, _Found | None]:
+        if buffer is None:
+            with self._fs.open(item.location, "rb") as stream:
+                digest, size = hash_stream(stream)
+        elif self._cache is not None:
+            if item.inode == _UNSTATED:  # a path stat: a cache hit must not open the file
+                item = _stated(item, os.stat(item.location))
+            known = self._cache.match(self._snapshot, item)
+            if known is not None:
+                return FileEntry(item.path, item.size, item.mtime_ns, known), None
+            digest, size = hash_file(item.location, buffer)
+        else:
+            fd = os.open(item.location, _O_READ)
+            try:
+                if item.inode == _UNSTATED:
+                    item = _stated(item, os.fstat(fd))
+                digest, size = hash_fd(fd, item.size, buffer)
+            finally:
+                os.close(fd)
+        if size != item.size and item.size >= 0:
+            raise _changed(item.path, item.size, size)
+        return FileEntry(item.path, size, item.mtime_ns, digest), item
+
+
+def _stated(item: _Found, st: os.stat_result) -> _Found:
+    return _Found(item.path, item.location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+def _changed(path: str, before: int, after: int) -> IntegrityError:
+    return IntegrityError(f"{path!r} changed while it was digested ({before} -> {after} bytes)", hint="retry once the source is quiet")
+
+
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+class _Batches:
+    """Hashes files in batches of 32 on a thread pool, or inline with one worker."""
+
+    SIZE = 32
+
+    def __init__(self, hasher: _Hasher, workers: int) -> None:
+        self._hasher = hasher
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest") if workers > 1 else None
+        self._batch: list[_Found] = []
+        self._futures: list[Future[list[tuple[FileEntry, _Found | None]]]] = []
+        self._inline: list[tuple[FileEntry, _Found | None]] = []
+
+    def add(self, item: _Found) -> None:
+        self._batch.append(item)
+        if len(self._batch) >= self.SIZE:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        if self._pool is None:
+            self._inline.extend(self._hasher.batch(self._batch))
+        else:
+            self._futures.append(self._pool.submit(self._hasher.batch, self._batch))
+        self._batch = []
+
+    def results(self) -> list[tuple[FileEntry, _Found | None]]:
+        self._flush()
+        try:
+            return self._inline + [entry for future in self._futures for entry in future.result()]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._futures:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+
+
+def digest_files(
+    fs: AbstractFileSystem,
+    found: Iterable[_Found],
+    *,
+    root: str = "",
+    workers: int | None = None,
+    digest_cache: DigestCache | None = None,
+    progress: Progress | None = None,
+) -> list[FileEntry]:
+    """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
+
+    Hashing runs while ``found`` is still being walked: on ``workers`` threads, or, for a
+    big local tree in a single-threaded process, on one forked process per core (see
+    :class:`_ProcessPool`).
+    """
+    cache = digest_cache if is_local(fs) else None
+    snapshot = cache.snapshot(root) if cache is not None else {}
+    # local reads are CPU-bound (one worker per core); remote ones wait on round trips
+    count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
+    if isinstance(found, _LocalWalk) and count > 1 and can_fork():
+        head, rest = _peek(found.groups, PROCESS_MIN_FILES)
+        if rest is not None:
+            return _ProcessPool(min(count, os.cpu_count() or 1), snapshot if cache is not None else None).digest(chain(head, rest), cache, progress)
+        found = _LocalWalk(iter(head))
+    hasher = _Hasher(fs, progress, cache, snapshot)
+    batches = _Batches(hasher, count)
+    try:
+        for item in found:
+            batches.add(item)
+    except BaseException:
+        batches.close()
+        raise
+    results = batches.results()
+    if cache is not None:
+        fresh = [(item, entry.digest) for entry, item in results if item is not None]
+        cache.record(hits=len(results) - len(fresh), misses=len(fresh))
+        cache.store(fresh)
+    return [entry for entry, _ in results]
+
+
+# --------------------------------------------------------------------------- process pool
+
+#: A local tree with at least this many files is hashed on processes (when forking is safe):
+#: below it, forking costs more than the parallel Python it buys.
+PROCESS_MIN_FILES = 4096
+
+#: Files per request to a hashing process: big enough that a round trip costs well under
+#: a microsecond per file, small enough that both processes finish together.
+_REQUEST_FILES = 256
+
+
+def can_fork() -> bool:
+    """True where a hashing process can be forked safely: Linux, and no other thread running.
+
+    Forking a multi-threaded process can copy a lock some other thread holds (the agent
+    digests on an executor thread, so it keeps the thread path).
+    """
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+def _peek(groups: Iterator[_Dir], files: int) -> tuple[list[_Dir], Iterator[_Dir] | None]:
+    """The first groups of the walk holding ``files`` files, and the rest (None if the walk ended)."""
+    head: list[_Dir] = []
+    seen = 0
+    for group in groups:
+        head.append(group)
+        seen += len(group.names)
+        if seen >= files:
+            return head, groups
+    return head, None
+
+
+def _requests(groups: Iterable[_Dir]) -> Iterator[list[_Dir]]:
+    """The walk's groups packed into requests of about :data:`_REQUEST_FILES` files."""
+    request: list[_Dir] = []
+    files = 0
+    for group in groups:
+        request.append(group)
+        files += len(group.names)
+        if files >= _REQUEST_FILES:
+            yield request
+            request, files = [], 0
+    if request:
+        yield request
+
+
+#: the digest cache's records under the source root: location -> (size, mtime, inode, ctime, digest)
+_Snapshot = dict[str, tuple[int, int, int, int, str]]
+
+
+class _Reply(NamedTuple):
+    """What a hashing process answers for one request: columns, not objects (cheap to pickle)."""
+
+    paths: list[str]
+    sizes: list[int]
+    mtimes: list[int]
+    digests: list[str]
+    fresh: list[tuple[_Found, str]]  # files hashed (not answered by the cache), only when a cache is used
+    error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
+
+
+def _hash_request(request: list[_Dir], snapshot: _Snapshot | None, buffer: bytearray) -> _Reply:
+    """Hash one request's files in a hashing process (opening each relative to its directory)."""
+    reply = _Reply([], [], [], [], [])
+    name = ""
+    for rel, directory, names in request:
+        prefix = f"{rel}/" if rel else ""
+        try:
+            dfd = os.open(directory, _O_READ | os.O_DIRECTORY)
+            try:
+                if snapshot is None:
+                    error = _hash_names(reply, prefix, names, dfd, buffer)
+                    if error is not None:
+                        return reply._replace(error=error)
+                    continue
+                for name in names:
+                    error = _hash_one(reply, prefix + name, name, directory, dfd, snapshot, buffer)
+                    if error is not None:
+                        return reply._replace(error=error)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            failed = exc.filename if isinstance(exc.filename, str) else name
+            where = directory if failed == directory else os.path.join(directory, failed)
+            return reply._replace(error=("os", where, exc.errno or 0, exc.strerror or str(exc)))
+    return reply
+
+
+def _hash_names(reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: bytearray) -> tuple[str, str, int, int] | None:
+    """Append the columns of files ``names`` in directory ``dfd`` to ``reply`` (no cache).
+
+    The hot loop of a big digest, kept to four system calls and one hash per small file
+    with the library calls bound to locals: Python's own work here is most of what a file
+    costs above the read itself.
+    """
+    view, limit = memoryview(buffer), len(buffer)
+    paths, sizes, mtimes, digests = reply.paths, reply.sizes, reply.mtimes, reply.digests
+    open_, fstat, readv, close, one_shot = os.open, os.fstat, os.readv, os.close, xxhash.xxh3_128_hexdigest
+    for name in names:
+        try:
+            fd = open_(name, _O_READ, dir_fd=dfd)
+            try:
+                st = fstat(fd)
+                expected = size = st.st_size
+                if expected < limit and readv(fd, [view[: expected + 1]]) == expected:
+                    digest = one_shot(view[:expected])  # the +1 byte asked for did not come: all read
+                else:  # big, or not the stat'ed size any more: start again, streaming
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    digest, size = hash_fd(fd, expected, buffer)
+            finally:
+                close(fd)
+        except OSError as exc:
+            exc.filename = name  # which file, for the caller's message
+            raise
+        if size != expected:
+            return ("changed", prefix + name, expected, size)
+        paths.append(prefix + name)
+        sizes.append(size)
+        mtimes.append(st.st_mtime_ns)
+        digests.append(digest)
+    return None
+
+
+def _hash_one(reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: bytearray) -> tuple[str, str, int, int] | None:
+    """Append one file's columns to ``reply`` (the error instead if it changed while read)."""
+    if snapshot is not None:
+        location = os.path.join(directory, name)
+        st = os.stat(name, dir_fd=dfd)  # a path stat: a cache hit must not open the file
+        row = snapshot.get(location)
+        if row is not None and row[:4] == (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns):
+            reply.paths.append(path)
+            reply.sizes.append(st.st_size)
+            reply.mtimes.append(st.st_mtime_ns)
+            reply.digests.append(row[4])
+            return None
+    fd = os.open(name, _O_READ, dir_fd=dfd)
+    try:
+        if snapshot is None:
+            st = os.fstat(fd)
+        digest, size = hash_fd(fd, st.st_size, buffer)
+    finally:
+        os.close(fd)
+    if size != st.st_size:
+        return ("changed", path, st.st_size, size)
+    reply.paths.append(path)
+    reply.sizes.append(size)
+    reply.mtimes.append(st.st_mtime_ns)
+    reply.digests.append(digest)
+    if snapshot is not None:
+        reply.fresh.append((_Found(path, location, size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), digest))
+    return None
+
+
+def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connection]) -> None:
+    """A hashing process: answer requests until the parent says stop (None) or goes away.
+
+    ``inherited`` are the parent's ends of the pipes, copied by the fork: closed here so
+    that a parent that dies (even by kill -9) ends every worker's ``recv``.
+    """
+    for other in inherited:
+        other.close()
+    # Ctrl-C reaches the whole process group: the parent handles it (and kills this one)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # replies hold no cycles; the collector would only walk (and so copy, page by page)
+    # the objects this process shares with its parent
+    gc.disable()
+    buffer = bytearray(CHUNK_SIZE)
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        if request is None:
+            return
+        try:
+            conn.send(_hash_request(request, snapshot, buffer))
+        except OSError:  # the parent stopped listening (it failed): nothing left to do
+            return
+
+
+class _ProcessPool:
+    """Hashes a local tree on forked processes, one per core, while this process walks it.
+
+    Python spends ~15 us per file on bookkeeping under the GIL, so threads cannot use two
+    cores for a tree of small files; processes can. Each gets groups of names (its
+    directory opened once, each file opened relative to it, ``fstat`` on the open file, one
+    read for a file under :data:`CHUNK_SIZE`) and answers columns that this process turns
+    into entries. The digest cache's snapshot is a plain dict inherited by the fork; only
+    this process touches the SQLite connection (it is not fork-safe), recording what the
+    workers hashed once they are done.
+    """
+
+    #: requests in flight per process: one being hashed, one waiting in its pipe
+    DEPTH = 2
+
+    def __init__(self, processes: int, snapshot: _Snapshot | None) -> None:
+        self._processes = processes
+        self._snapshot = snapshot
+
+    def digest(self, groups: Iterable[_Dir], cache: DigestCache | None, progress: Progress | None) -> list[FileEntry]:
+        context = multiprocessing.get_context("fork")
+        workers: list[tuple[BaseProcess, Connection]] = []
+        done = False
+        try:
+            for _ in range(self._processes):
+                mine, theirs = context.Pipe()
+                inherited = [conn for _, conn in workers] + [mine]
+                process = context.Process(target=_serve, args=(theirs, self._snapshot, inherited), name="dsagent-digest", daemon=True)
+                process.start()
+                theirs.close()
+                workers.append((process, mine))
+            entries, fresh = self._run([conn for _, conn in workers], groups, progress)
+            done = True
+        finally:
+            _stop(workers, kill=not done)
+        if cache is not None:
+            cache.record(hits=len(entries) - len(fresh), misses=len(fresh))
+            cache.store(fresh)
+        return entries
+
+    def _run(self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None) -> tuple[list[FileEntry], list[tuple[_Found, str]]]:
+        """Walk and dispatch; entries are made as replies come (while the workers still hash)."""
+        pending = dict.fromkeys(conns, 0)
+        entries: list[FileEntry] = []
+        fresh: list[tuple[_Found, str]] = []
+
+        def receive(ready: Iterable[object]) -> None:
+            for conn in ready:
+                assert isinstance(conn, Connection)
+                try:
+                    reply: _Reply = conn.recv()
+                except (EOFError, OSError) as exc:
+                    raise _died() from exc
+                pending[conn] -= 1
+                _raise_for(reply)
+                entries.extend(map(FileEntry, reply.paths, reply.sizes, reply.mtimes, reply.digests))
+                fresh.extend(reply.fresh)
+                if progress is not None:
+                    progress(sum(reply.sizes), len(reply.paths))
+
+        for request in _requests(groups):
+            idle = min(pending, key=pending.__getitem__)
+            while pending[idle] >= self.DEPTH:
+                receive(wait(conns))
+                idle = min(pending, key=pending.__getitem__)
+            try:
+                idle.send(request)
+            except OSError as exc:
+                raise _died() from exc
+            pending[idle] += 1
+        while any(pending.values()):
+            receive(wait([conn for conn, count in pending.items() if count]))
+        return entries, fresh
+
+
+def _died() -> SourceUnavailable:
+    return SourceUnavailable("a digest process died", hint="see the system log (out of memory?) and retry")
+
+
+def _raise_for(reply: _Reply) -> None:
+    if reply.error is None:
+        return
+    kind, where, first, second = reply.error
+    if kind == "changed":
+        assert isinstance(second, int)
+        raise _changed(where, first, second)
+    with translate_errors(f"source file {where!r}"):
+        raise OSError(first, second, where)
+
+
+def _stop(workers: list[tuple[BaseProcess, Connection]], *, kill: bool) -> None:
+    """Reap the hashing processes: idle ones are told to stop; after a failure (when they
+    may still be hashing what nobody will read) they are killed."""
+    for process, conn in workers:
+        if kill:
+            process.kill()
+        else:
+            try:
+                conn.send(None)
+            except OSError:
+                process.kill()
+        conn.close()
+    for process, _ in workers:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def digest_source(
+    source: str | os.PathLike[str],
+    *,
+    name: str,
+    storage_options: Mapping[str, Any] | None = None,
+    workers: int | None = None,
+    digest_cache: DigestCache | None = None,
+    progress: Progress | None = None,
+    confine: Sequence[str | os.PathLike[str]] | None = None,
+) -> Manifest:
+    """Walk and digest the dataset at ``source`` (a local path or any fsspec URL).
+
+    ``digest_cache`` (local sources only) skips re-reading files whose path, size, mtime,
+    ctime and inode are unchanged. ``progress(bytes, files)`` is called as files are done.
+    ``confine`` (local sources only) refuses symlinks that resolve outside those directories.
+    Raises :class:`NotFound` if ``source`` does not exist, :class:`InvalidInput` for
+    special files, broken or escaping links in it, :class:`SourceUnavailable` when reading fails.
+    """
+    check_dataset_name(name)
+    fs, root = resolve(source, storage_options)
+    empty_dirs: list[str] = []
+    found = walk_source(fs, root, empty_dirs, confine=None if confine is None else [os.fspath(c) for c in confine])
+    with translate_errors(f"source {os.fspath(source)!r}"):
+        entries = digest_files(fs, found, root=root, workers=workers, digest_cache=digest_cache, progress=progress)
+    return Manifest.create(name, entries, directories=empty_dirs)

@@ -1,0 +1,404 @@
+"""Verified, safe extraction of bundles into a local directory, and tree verification.
+
+Who calls it: :func:`dsagent.format.bundle.unpack` users (``dsctl unpack``) and the agent, which
+calls :func:`unpack_bundle` once per bundle so that after a crash the bundles already
+verified are not fetched again.
+
+What it owns: streaming a bundle from any fsspec store through zstd into tar extraction,
+hashing every file while it is written (no second read), refusing anything unsafe, and
+the durability of what it leaves behind:
+
+- a bundle is extracted into a private staging directory inside the target
+  (``.dsagent-staging/``), each file created with ``O_EXCL | O_NOFOLLOW``;
+- members must be regular files the manifest lists for *this* bundle, each once, with
+  the listed size and digest; absolute paths, ``..``, symlinks, hard links, devices,
+  FIFOs, directories, sparse or unlisted members raise :class:`UnsafeArchive`, a bad
+  digest, a missing member or a truncated/corrupt stream :class:`IntegrityError`;
+- only when the whole bundle verified are its files synced, renamed into place (with the
+  manifest's mtimes) and synced again; on any error the staging directory is removed and
+  nothing of that bundle is left in the target.
+
+Durability uses ``syncfs`` on the target's filesystem: one call instead of an ``fsync``
+per small file, at the price of also flushing other writers' dirty pages on that
+filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat
+import tarfile
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import xxhash
+
+from dsagent.errors import Conflict, InsufficientSpace, IntegrityError, InvalidInput, SourceUnavailable, UnsafeArchive
+from dsagent.format.hashing import CHUNK_SIZE, hash_file
+from dsagent.format.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, is_safe_path, read_manifest
+from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.tarstream import FrameReader, iter_members, read_data
+
+STAGING_DIR = ".dsagent-staging"
+_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+
+
+# --------------------------------------------------------------------------- durability
+
+
+def syncfs(path: str | os.PathLike[str]) -> None:
+    """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
+        if fn is None or fn(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def _load_libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - no libc (not Linux)
+        return None
+
+
+_LIBC = _load_libc()
+
+
+# --------------------------------------------------------------------------- member checks
+
+
+def _reject_unsafe(member: tarfile.TarInfo, bundle: BundleRef) -> None:
+    where = f"bundle {bundle.digest}: member {member.name!r}"
+    if member.issym() or member.islnk():
+        raise UnsafeArchive(f"{where} is a link", hint="bundles hold regular files only")
+    if member.ischr() or member.isblk() or member.isfifo():
+        raise UnsafeArchive(f"{where} is a device or FIFO", hint="bundles hold regular files only")
+    if member.type not in _REGULAR:
+        raise UnsafeArchive(f"{where} is not a regular file (type {member.type!r})")
+    name = member.name
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeArchive(f"{where} has an absolute path")
+    if not is_safe_path(name):
+        raise UnsafeArchive(f"{where} escapes or is not a clean relative path")
+
+
+class _Staging:
+    """A private flat directory inside the target where one bundle's files are written first.
+
+    Files are staged under their index in the bundle (no subdirectories to create and
+    remove), then renamed to their paths once the whole bundle verified.
+    """
+
+    def __init__(self, dest_dir: Path, bundle: BundleRef) -> None:
+        self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{uuid.uuid4().hex[:8]}"
+        for _ in range(100):  # a bundle finishing beside us may remove the shared parent
+            try:
+                self.root.parent.mkdir(exist_ok=True)
+                self.root.mkdir()
+                break
+            except (FileNotFoundError, FileExistsError):
+                continue
+        else:
+            self.root.mkdir(parents=True)
+        self._prefix = f"{self.root}/"
+
+    def path(self, index: int) -> str:
+        return f"{self._prefix}{index}"
+
+    def create(self, index: int) -> int:
+        return os.open(self.path(index), _OPEN_NEW, 0o644)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.root.parent.rmdir()
+        except OSError:
+            pass  # another bundle is staging beside us
+
+
+def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what: str) -> None:
+    state = xxhash.xxh3_128()
+    write, update = os.write, state.update
+    for chunk in chunks:
+        update(chunk)
+        while chunk:
+            chunk = chunk[write(fd, chunk) :]
+    if state.hexdigest() != entry.digest:
+        raise IntegrityError(
+            f"{what}: {entry.path!r} does not match its digest",
+            hint="the bundle is corrupt or was tampered with; re-pack the dataset",
+        )
+    os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+
+
+def _extract_stream(raw: IO[bytes], members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
+    what = f"bundle {bundle.digest}"
+    expected = {entry.path: i for i, entry in enumerate(members)}
+    seen: set[str] = set()
+    reader = FrameReader(raw, what)
+    for member in iter_members(reader, what):
+        _reject_unsafe(member, bundle)
+        index = expected.get(member.name)
+        if index is None:
+            raise UnsafeArchive(f"{what}: member {member.name!r} is not listed in the manifest for this bundle")
+        if member.name in seen:
+            raise UnsafeArchive(f"{what}: member {member.name!r} appears twice")
+        entry = members[index]
+        if member.size != entry.size:
+            raise IntegrityError(f"{what}: {member.name!r} has {member.size} bytes, the manifest says {entry.size}")
+        seen.add(member.name)
+        fd = staging.create(index)
+        try:
+            _write_member(read_data(reader, member.size, what), fd, entry, what)
+        finally:
+            os.close(fd)
+        if progress is not None:
+            progress(entry.size, 1)
+    reader.drain()
+    if len(seen) != len(expected):
+        missing = sorted(expected.keys() - seen)
+        raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")
+
+
+def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
+    """Create ``dest_dir/parent``, refusing to go through a symlink planted in the target."""
+    if parent in made:
+        return
+    current = dest_dir
+    for part in parent.split("/"):
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            os.makedirs(current, exist_ok=True)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeArchive(f"{current} exists in the target and is not a directory", hint="clear the target directory")
+    made.add(parent)
+
+
+def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], durable: bool) -> None:
+    """Rename a verified bundle's files into place; on failure take back the ones moved."""
+    if durable:
+        syncfs(staging.root)
+    made: set[str] = {""}
+    prefix = f"{dest_dir}/"
+    moved: list[str] = []
+    try:
+        for index, entry in enumerate(members):
+            parent = entry.path.rpartition("/")[0]
+            if parent:
+                _ensure_real_dir(dest_dir, parent, made)
+            os.replace(staging.path(index), prefix + entry.path)
+            moved.append(prefix + entry.path)
+    except BaseException as exc:
+        for path in moved:
+            os.unlink(path)
+        if isinstance(exc, OSError):
+            raise Conflict(f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory") from exc
+        raise
+    if durable:
+        syncfs(dest_dir)
+
+
+@contextmanager
+def _local_writes(dest: Path) -> Iterator[None]:
+    """A full disk is :class:`InsufficientSpace`; other local write failures say where they happened."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpace(f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets") from exc
+        raise SourceUnavailable(f"writing into {dest} failed: {exc}") from exc
+
+
+def unpack_bundle(
+    store: str | os.PathLike[str],
+    manifest: Manifest,
+    bundle: BundleRef,
+    dest_dir: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    durable: bool = True,
+) -> None:
+    """Extract one bundle's files into the existing directory ``dest_dir``, verified.
+
+    With ``durable`` (the default) the bundle's files are on disk when this returns
+    (one ``syncfs`` before and one after the renames); :func:`unpack` turns it off per
+    bundle and syncs once for the whole dataset before publishing it.
+
+    On any error nothing of this bundle is left in ``dest_dir`` and the error is raised:
+    :class:`UnsafeArchive` for a member that must not be written, :class:`IntegrityError`
+    for a digest mismatch or a truncated or corrupt bundle, :class:`NotFound` /
+    :class:`SourceUnavailable` when the store cannot be read.
+    """
+    dest = Path(dest_dir)
+    if not dest.is_dir():
+        raise InvalidInput(f"unpack target {dest} is not a directory")
+    members = manifest.bundle_entries(bundle)
+    fs, root = resolve(store, storage_options)
+    with _local_writes(dest):
+        staging = _Staging(dest, bundle)
+    try:
+        with translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"), fs.open(bundle_path(root, bundle.digest), "rb") as raw:
+            with _local_writes(dest):  # inside: errors writing the target are not the store's
+                _extract_stream(raw, members, bundle, staging, progress)
+        _publish(staging, dest, members, durable)
+    finally:
+        staging.remove()
+
+
+def create_empty_directories(manifest: Manifest, dest_dir: str | os.PathLike[str]) -> None:
+    """Create the manifest's empty directories under ``dest_dir`` (after its bundles)."""
+    dest = Path(dest_dir)
+    made: set[str] = {""}
+    for directory in manifest.directories:
+        _ensure_real_dir(dest, directory, made)
+
+
+def _locked(progress: Progress | None) -> Progress | None:
+    """``progress`` made safe to call from several unpacking threads."""
+    if progress is None:
+        return None
+    lock = threading.Lock()
+
+    def report(done_bytes: int, files: int) -> None:
+        with lock:
+            progress(done_bytes, files)
+
+    return report
+
+
+def unpack(
+    store: str | os.PathLike[str],
+    *,
+    name: str,
+    dest: str | os.PathLike[str],
+    manifest: Manifest | None = None,
+    workers: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Unpack dataset ``name`` from ``store`` into the new directory ``dest``, verifying everything.
+
+    Works in a sibling staging directory and renames it to ``dest`` only when every
+    bundle verified; ``dest`` must not exist or be empty (:class:`Conflict` otherwise).
+    Bundles are extracted ``workers`` at a time (default: one per core, at most 4).
+    """
+    manifest = manifest or read_manifest(os.fspath(store), name, storage_options=storage_options)
+    if manifest.entries and not manifest.bundles:
+        raise InvalidInput(f"dataset {manifest.name!r} has a manifest but no bundles", hint="pack it with 'dsctl pack'")
+    target = Path(dest)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise Conflict(f"unpack target {target} exists and is not empty", hint="remove it or choose another directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
+    stage.mkdir()
+    try:
+        count = workers or min(4, os.cpu_count() or 1)
+        if count <= 1 or len(manifest.bundles) <= 1:
+            for bundle in manifest.bundles:
+                unpack_bundle(store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False)
+        else:
+            shared = _locked(progress)
+            with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
+                futures = [pool.submit(unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared, durable=False) for b in manifest.bundles]
+                try:
+                    for future in futures:
+                        future.result()
+                except BaseException:
+                    for future in futures:  # the first failure decides; do not unpack the rest
+                        future.cancel()
+                    raise
+        create_empty_directories(manifest, stage)
+        syncfs(stage)
+        if target.exists():
+            target.rmdir()
+        os.replace(stage, target)
+        syncfs(target.parent)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def _tree(directory: Path) -> tuple[dict[str, os.stat_result], set[str], list[str]]:
+    files: dict[str, os.stat_result] = {}
+    empty: set[str] = set()
+    odd: list[str] = []
+    stack = [("", directory)]
+    while stack:
+        rel, path = stack.pop()
+        has_child = False
+        with os.scandir(path) as it:
+            for item in it:
+                has_child = True
+                child = f"{rel}/{item.name}" if rel else item.name
+                st = item.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append((child, Path(item.path)))
+                elif stat.S_ISREG(st.st_mode):
+                    files[child] = st
+                else:
+                    odd.append(child)
+        if not has_child and rel:
+            empty.add(rel)
+    return files, empty, odd
+
+
+def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, workers: int | None = None) -> None:
+    """Check that ``directory`` holds exactly ``manifest``'s files and empty directories.
+
+    Reads and hashes every file. Raises :class:`IntegrityError` listing what differs
+    (missing, unexpected, wrong size, wrong content, not a regular file).
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise InvalidInput(f"{root} is not a directory")
+    with translate_errors(f"directory {root}"):
+        files, empty, odd = _tree(root)
+    problems = [f"not a regular file: {p}" for p in sorted(odd)]
+    listed = {entry.path for entry in manifest.entries}
+    problems += [f"unexpected file: {p}" for p in sorted(files.keys() - listed)]
+    problems += [f"missing directory: {d}" for d in manifest.directories if d not in empty]
+    present = []
+    for entry in manifest.entries:
+        st = files.get(entry.path)
+        if st is None:
+            problems.append(f"missing file: {entry.path}")
+        elif st.st_size != entry.size:
+            problems.append(f"wrong size: {entry.path} ({st.st_size} bytes, expected {entry.size})")
+        else:
+            present.append(entry)
+
+    buffers = threading.local()  # one read buffer per thread, not one per file
+
+    def check(entry: FileEntry) -> str | None:
+        buffer = getattr(buffers, "buffer", None)
+        if buffer is None:
+            buffer = buffers.buffer = bytearray(CHUNK_SIZE)
+        with translate_errors(f"file {entry.path!r}"):
+            digest, _ = hash_file(root / entry.path, buffer)
+        return None if digest == entry.digest else f"wrong content: {entry.path}"
+
+    with ThreadPoolExecutor(workers or min(8, 2 * (os.cpu_count() or 1))) as pool:
+        problems += [p for p in pool.map(check, present) if p]
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise IntegrityError(f"{root} does not match dataset {manifest.name!r}: {shown}", problems=problems)

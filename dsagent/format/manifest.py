@@ -1,0 +1,458 @@
+"""Dataset manifests and digests: what a dataset *is*, independent of where it lives.
+
+Who calls it: ``dsctl digest / pack / verify`` (through :mod:`dsagent.format.bundle`), and the
+agent's consistency check and per-file copy path (``FileHasher``, :data:`CHUNK_SIZE`).
+
+What it owns:
+
+- the domain values :class:`FileEntry`, :class:`BundleRef` and :class:`Manifest`;
+- the digests: a file's digest is xxh3-128 of its bytes; the dataset digest is xxh3-128
+  over a canonical encoding of ``(path, size, file digest)`` in path order (plus the
+  dataset's empty directories, see below), so equal content gives an equal digest on any
+  machine whatever the walk order or the mtimes;
+- :func:`build_manifest`, the public face of :mod:`dsagent.format.digester` (walking any fsspec
+  URL or local path and hashing it on a thread pool, with an optional
+  :class:`~dsagent.format.digestcache.DigestCache`); the streaming hasher lives in
+  :mod:`dsagent.format.hashing` and is re-exported here;
+- the stored manifest format and the bundle-store layout (``<store>/<name>/manifest``,
+  ``<store>/bundles/<digest>.tar.zst``), and :func:`read_manifest`.
+
+Decisions:
+
+- **Empty directories** are part of a dataset (an empty class folder is still a class for
+  an ``ImageFolder``-style loader): they are recorded in :attr:`Manifest.directories`,
+  count in the dataset digest, and are recreated on unpack. Directories that contain
+  files are implied by the file paths and not recorded.
+- **An empty dataset** (a source directory that exists and holds no files) is valid: its
+  manifest has no entries and no bundles, it unpacks to an empty directory. A source that
+  does not exist raises :class:`NotFound` (on object stores an empty prefix does not
+  exist, so a mistyped ``s3://`` prefix is an error, never an empty dataset).
+
+Stored format (``Manifest.to_bytes``): one line of plain JSON (the header: format,
+version, name, file count, total bytes, dataset digest, bundle index, empty directories),
+then one zstd frame (with its content checksum) holding one JSON array per file,
+``[path, size, mtime_ns, digest]``, one per line, in path order. A reader can take the
+digest from the first line without decompressing anything (:func:`read_manifest_header`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import operator
+import os
+import re
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+import zstandard
+
+from dsagent.format.names import is_digest, validate_name
+from dsagent.errors import IntegrityError, InvalidInput, NotFound
+from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
+from dsagent.format.storage import resolve, translate_errors
+
+if TYPE_CHECKING:
+    from dsagent.format.digestcache import DigestCache
+
+FORMAT = "dsplatform-manifest"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest"
+BUNDLES_DIR = "bundles"
+BUNDLE_SUFFIX = ".tar.zst"
+
+#: progress(bytes_done_increment, files_done_increment)
+Progress = Callable[[int, int], None]
+
+_HEX_LINES = re.compile(r"(?:[0-9a-f]{32}\n)*")
+_DATASET_DOMAIN = b"dsplatform/dataset/v1\n"
+_BUNDLE_DOMAIN = b"dsplatform/bundle/v1\n"
+_SIZE = struct.Struct("<Q")
+_LEN = struct.Struct("<I")
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a dataset."""
+
+    path: str  # relative POSIX path, never absolute, never '..'
+    size: int
+    mtime_ns: int
+    digest: str  # xxh3-128 of the content, 32 lowercase hex chars
+
+
+@dataclass(frozen=True)
+class BundleRef:
+    """One tar+zstd bundle: a contiguous range of entries in path order."""
+
+    digest: str  # names bundles/<digest>.tar.zst; see bundle_digest()
+    first: int  # index of its first entry in Manifest.entries
+    count: int  # number of entries
+    size: int  # uncompressed payload bytes (sum of the file sizes)
+    compressed_size: int
+
+
+@dataclass(frozen=True)
+class ManifestHeader:
+    """The first line of a stored manifest: enough for a consistency check."""
+
+    name: str
+    digest: str
+    file_count: int
+    total_bytes: int
+    bundles: tuple[BundleRef, ...]
+    directories: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A dataset: its files in path order, its empty directories, its bundles, its digest.
+
+    Build one with :meth:`create` (which computes the digest) or :func:`build_manifest`.
+    """
+
+    name: str
+    entries: tuple[FileEntry, ...]  # sorted by path
+    bundles: tuple[BundleRef, ...]  # empty when not packed
+    digest: str  # dataset_digest(entries, directories)
+    directories: tuple[str, ...] = field(default=())  # empty directories, sorted
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        entries: Iterable[FileEntry],
+        *,
+        directories: Iterable[str] = (),
+        bundles: Sequence[BundleRef] = (),
+    ) -> Manifest:
+        """A manifest with entries sorted, paths checked and the digest computed."""
+        check_dataset_name(name)
+        ordered = tuple(sorted(entries, key=_path_key))
+        dirs = tuple(sorted(set(directories)))
+        check_layout(ordered, dirs)
+        return cls._assemble(name, ordered, dirs, tuple(bundles))
+
+    @classmethod
+    def _assemble(cls, name: str, entries: tuple[FileEntry, ...], dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]) -> Manifest:
+        """Digest and bundle index from one encoding of the (sorted, checked) entries."""
+        try:
+            records = _member_records(entries)
+        except (ValueError, TypeError, AttributeError, struct.error) as exc:
+            raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
+        digest = _digest_of(_DATASET_DOMAIN, records + _dir_records(dirs))
+        if bundles:
+            _check_bundle_index(entries, bundles, records)
+        return cls(name, entries, bundles, digest, dirs)
+
+    @property
+    def file_count(self) -> int:
+        return len(self.entries)
+
+    @cached_property
+    def total_bytes(self) -> int:
+        return sum(entry.size for entry in self.entries)  # computed once: manifests can list millions
+
+    @property
+    def header(self) -> ManifestHeader:
+        return ManifestHeader(
+            self.name, self.digest, self.file_count, self.total_bytes, self.bundles, self.directories
+        )
+
+    def bundle_entries(self, bundle: BundleRef) -> Sequence[FileEntry]:
+        """The entries stored in ``bundle``, in path order."""
+        return self.entries[bundle.first : bundle.first + bundle.count]
+
+    def with_bundles(self, bundles: Sequence[BundleRef]) -> Manifest:
+        """This manifest with its bundle index set; checks the index tiles the entries."""
+        refs = tuple(bundles)
+        _check_bundle_index(self.entries, refs)
+        return replace(self, bundles=refs)
+
+    def to_bytes(self) -> bytes:
+        """The stored form: a JSON header line, then a zstd frame of JSON lines."""
+        return encode_manifest(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Parse and fully check a stored manifest; :class:`IntegrityError` if corrupt."""
+        return decode_manifest(data)
+
+
+def _path_key(entry: FileEntry) -> str:
+    return entry.path
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_dataset_name(name: str) -> str:
+    """``name`` if it is a valid dataset name (it becomes a directory in stores and caches)."""
+    return validate_name(name)
+
+
+def is_safe_path(path: str) -> bool:
+    """True when ``path`` is a clean relative POSIX path that stays below its root."""
+    return _first_unsafe([path]) is None
+
+
+def _first_unsafe(paths: Sequence[str]) -> str | None:
+    """The first unsafe path: empty, absolute, with an empty, '.' or '..' component, or a NUL.
+
+    All paths are checked at once on their NUL-joined form with a few substring searches
+    (C speed; a regex over every character cost more than hashing a manifest's records),
+    and scanned one by one only when one fails.
+    """
+    if not paths:
+        return None
+    joined = "\x00" + "\x00".join(paths) + "\x00"  # every path between NULs
+    if (
+        joined.count("\x00") == len(paths) + 1  # no path holds a NUL
+        and "\x00\x00" not in joined  # empty path
+        and "\x00/" not in joined  # absolute
+        and "//" not in joined  # empty component
+        and "/\x00" not in joined  # trailing slash
+        and "\x00.\x00" not in (components := joined.replace("/", "\x00"))  # '.' component
+        and "\x00..\x00" not in components  # '..' component
+    ):
+        return None
+    return next(p for p in paths if not p or "\x00" in p or p.startswith("/") or any(part in ("", ".", "..") for part in p.split("/")))
+
+
+def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> None:
+    """Raise :class:`InvalidInput` unless paths are safe, unique, and no file is also a directory."""
+    paths = [entry.path for entry in entries]
+    bad = _first_unsafe(paths)
+    if bad is not None:
+        raise InvalidInput(f"unsafe path in dataset: {bad!r}", hint="paths must be relative, without '..'")
+    files = set(paths)
+    if len(files) != len(paths):
+        seen: set[str] = set()
+        raise InvalidInput(f"duplicate path in dataset: {next(p for p in paths if p in seen or seen.add(p))!r}")  # type: ignore[func-returns-value]
+    bad = _first_unsafe(list(directories))
+    if bad is not None:
+        raise InvalidInput(f"unsafe directory in dataset: {bad!r}")
+    parents = {path.rpartition("/")[0] for path in paths}
+    parents.update(path.rpartition("/")[0] for path in directories)
+    expanded = set()
+    for parent in parents:
+        while parent and parent not in expanded:
+            expanded.add(parent)
+            parent = parent.rpartition("/")[0]
+    clash = files & (expanded | set(directories))
+    if clash:
+        raise InvalidInput(f"path is both a file and a directory: {sorted(clash)[0]!r}")
+    for directory in directories:
+        if directory in expanded:
+            raise InvalidInput(f"directory {directory!r} is not empty; only empty directories are listed")
+
+
+def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRef], records: Sequence[bytes] | None = None) -> None:
+    encoded = records if records is not None else _member_records(entries)
+    position = 0
+    for ref in bundles:
+        if ref.first != position or ref.count <= 0 or not is_digest(ref.digest):
+            raise IntegrityError(f"bundle index does not tile the entries at bundle {ref.digest!r}")
+        end = ref.first + ref.count
+        if end > len(entries) or _digest_of(_BUNDLE_DOMAIN, encoded[ref.first : end]) != ref.digest:
+            raise IntegrityError(f"bundle {ref.digest} does not match the entries it claims")
+        if ref.size != sum(member.size for member in entries[ref.first : end]):
+            raise IntegrityError(f"bundle {ref.digest} records the wrong payload size")
+        position = end
+    if bundles and position != len(entries):
+        raise IntegrityError(f"bundle index covers {position} of {len(entries)} entries")
+
+
+# --------------------------------------------------------------------------- digests
+
+
+def _member_records(entries: Iterable[FileEntry]) -> list[bytes]:
+    """The canonical record of each entry, in the order given (encoded once, hashed often)."""
+    pack_size, pack_len, fromhex = _SIZE.pack, _LEN.pack, bytes.fromhex
+    records = []
+    for entry in entries:
+        name = entry.path.encode("utf-8", "surrogateescape")
+        records.append(b"F" + pack_len(len(name)) + name + pack_size(entry.size) + fromhex(entry.digest))
+    return records
+
+
+def _dir_records(directories: Iterable[str]) -> list[bytes]:
+    return [b"D" + _LEN.pack(len(raw)) + raw for raw in (d.encode("utf-8", "surrogateescape") for d in sorted(directories))]
+
+
+def _digest_of(domain: bytes, records: Sequence[bytes]) -> str:
+    state = xxhash.xxh3_128(domain)
+    for start in range(0, len(records), 4096):
+        state.update(b"".join(records[start : start + 4096]))
+    return state.hexdigest()
+
+
+def dataset_digest(entries: Iterable[FileEntry], directories: Iterable[str] = ()) -> str:
+    """xxh3-128 over the canonical encoding of ``(path, size, digest)`` in path order.
+
+    Each file is ``b"F" + len(path) as u32 LE + UTF-8 path + size as u64 LE + 16 digest
+    bytes``; each empty directory (after all files) is ``b"D" + len + path``. mtimes do
+    not count, and the input order does not matter (entries are sorted here).
+    """
+    return _digest_of(_DATASET_DOMAIN, _member_records(sorted(entries, key=_path_key)) + _dir_records(directories))
+
+
+def bundle_digest(members: Iterable[FileEntry]) -> str:
+    """xxh3-128 over the canonical encoding of a bundle's members (same records as files above).
+
+    It depends only on what the bundle holds, so an unchanged run of files keeps its
+    bundle (and its object ``bundles/<digest>.tar.zst``) across dataset versions.
+    """
+    return _digest_of(_BUNDLE_DOMAIN, _member_records(members))
+
+
+# --------------------------------------------------------------------------- stored form
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    header = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "name": manifest.name,
+        "files": manifest.file_count,
+        "bytes": manifest.total_bytes,
+        "digest": manifest.digest,
+        "bundles": [[b.digest, b.first, b.count, b.size, b.compressed_size] for b in manifest.bundles],
+        "directories": list(manifest.directories),
+    }
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    body = "".join(dumps([e.path, e.size, e.mtime_ns, e.digest]) + "\n" for e in manifest.entries)
+    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    return dumps(header).encode() + b"\n" + compressor.compress(body.encode("utf-8", "surrogateescape"))
+
+
+def _parse_header(line: bytes) -> ManifestHeader:
+    try:
+        raw = json.loads(line)
+        if raw.get("format") != FORMAT:
+            raise ValueError("not a dsplatform manifest")
+        if raw.get("version") != FORMAT_VERSION:
+            raise ValueError(f"manifest format version {raw.get('version')!r} is not supported (this is {FORMAT_VERSION})")
+        bundles = tuple(BundleRef(str(d), int(f), int(c), int(s), int(z)) for d, f, c, s, z in raw["bundles"])
+        return ManifestHeader(
+            str(raw["name"]), str(raw["digest"]), int(raw["files"]), int(raw["bytes"]), bundles,
+            tuple(str(d) for d in raw.get("directories", ())),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IntegrityError(f"corrupt manifest header: {exc}", hint="re-pack the dataset") from exc
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    line, newline, body = data.partition(b"\n")
+    if not newline:
+        raise IntegrityError("corrupt manifest: no header line", hint="re-pack the dataset")
+    header = _parse_header(line)
+    try:
+        text = zstandard.ZstdDecompressor().decompress(body) if body else b""
+        rows = json.loads(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]") if text else []
+        entries = tuple(itertools.starmap(FileEntry, rows))
+    except (zstandard.ZstdError, ValueError, TypeError) as exc:
+        raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
+    paths = [e.path for e in entries]
+    well_typed = all(type(e.path) is str and type(e.size) is int and e.size >= 0 and type(e.mtime_ns) is int and type(e.digest) is str for e in entries)
+    if not well_typed or not _HEX_LINES.fullmatch("\n".join(e.digest for e in entries) + "\n" if entries else ""):
+        raise IntegrityError(f"corrupt manifest {header.name!r}: malformed file entry")
+    if not all(map(operator.lt, paths, paths[1:])):
+        raise IntegrityError(f"corrupt manifest {header.name!r}: entries are not in strict path order")
+    try:
+        check_dataset_name(header.name)
+        check_layout(entries, header.directories)
+        manifest = Manifest._assemble(header.name, entries, tuple(sorted(header.directories)), header.bundles)
+    except InvalidInput as exc:
+        raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}") from exc
+    if manifest.digest != header.digest or manifest.file_count != header.file_count or manifest.total_bytes != header.total_bytes:
+        raise IntegrityError(f"corrupt manifest {header.name!r}: contents do not match its header digest")
+    return manifest
+
+
+# --------------------------------------------------------------------------- store layout
+
+
+def manifest_path(store_root: str, name: str) -> str:
+    return f"{store_root.rstrip('/')}/{check_dataset_name(name)}/{MANIFEST_FILE}"
+
+
+def bundle_path(store_root: str, digest: str) -> str:
+    if not is_digest(digest):
+        raise InvalidInput(f"invalid bundle digest {digest!r}")
+    return f"{store_root.rstrip('/')}/{BUNDLES_DIR}/{digest}{BUNDLE_SUFFIX}"
+
+
+def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+    """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent."""
+    fs, root = resolve(store, storage_options)
+    path = manifest_path(root, name)
+    try:
+        with translate_errors(f"manifest of {name!r} in {store}"):
+            data = fs.cat_file(path)
+    except NotFound as exc:
+        raise NotFound(f"no dataset {name!r} in bundle store {store}", hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}") from exc
+    return Manifest.from_bytes(data)
+
+
+def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> ManifestHeader:
+    """Only the header line (digest, counts, bundle index): a cheap consistency check."""
+    fs, root = resolve(store, storage_options)
+    path = manifest_path(root, name)
+    with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
+        line = stream.readline()
+    return _parse_header(line.rstrip(b"\n"))
+
+
+def build_manifest(
+    source: str | os.PathLike[str],
+    *,
+    name: str,
+    storage_options: Mapping[str, Any] | None = None,
+    workers: int | None = None,
+    digest_cache: DigestCache | None = None,
+    progress: Progress | None = None,
+    confine: Sequence[str | os.PathLike[str]] | None = None,
+) -> Manifest:
+    """Walk and digest the dataset at ``source`` (a local path or any fsspec URL).
+
+    ``digest_cache`` (local sources only) skips re-reading files whose path, size, mtime,
+    ctime and inode are unchanged. ``progress(bytes, files)`` is called as files are done.
+    Raises :class:`NotFound` if ``source`` does not exist, :class:`InvalidInput` for
+    special files or broken links in it, :class:`SourceUnavailable` when reading fails.
+    ``confine`` (local sources only) refuses symlinks resolving outside those directories.
+    The work is done by :mod:`dsagent.format.digester`.
+    """
+    from dsagent.format.digester import digest_source  # it builds on this module's values
+
+    return digest_source(source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache, progress=progress, confine=confine)
+
+
+__all__ = [
+    "BUNDLES_DIR",
+    "CHUNK_SIZE",
+    "BundleRef",
+    "FileEntry",
+    "FileHasher",
+    "Manifest",
+    "ManifestHeader",
+    "Progress",
+    "build_manifest",
+    "bundle_digest",
+    "bundle_path",
+    "check_dataset_name",
+    "dataset_digest",
+    "hash_file",
+    "hash_stream",
+    "is_safe_path",
+    "manifest_path",
+    "read_manifest",
+    "read_manifest_header",
+]

@@ -1,0 +1,34 @@
+"""dsplatform: the vocabulary every component of the platform shares.
+
+Who calls it: ``dsagent`` (pack, the agent, the kube code, the CLI), ``scheduler_plugin``
+(the extender reads the same annotations and settings syntax) and the tools.
+What it owns: one rule per fact that more than one component must agree on:
+
+- :mod:`dsplatform.names`: what a dataset name and a digest look like;
+- :mod:`dsplatform.units`: the byte-size and duration syntax of every setting and flag.
+
+It imports nothing of the project (an import contract checks this), so every package may
+depend on it. Its errors are :class:`ValueError` subclasses carrying a ``hint``, which each
+component maps onto its own error tree at its edge (pydantic and click accept them as is).
+"""
+
+from __future__ import annotations
+
+from dsplatform.errors import VocabularyError
+from dsplatform.names import DIGEST_LENGTH, NAME_MAX_LENGTH, InvalidName, check_digest, check_name, is_digest, is_name
+from dsplatform.units import UnitError, format_size, parse_duration, parse_size
+
+__all__ = [
+    "DIGEST_LENGTH",
+    "NAME_MAX_LENGTH",
+    "InvalidName",
+    "UnitError",
+    "VocabularyError",
+    "check_digest",
+    "check_name",
+    "format_size",
+    "is_digest",
+    "is_name",
+    "parse_duration",
+    "parse_size",
+]
