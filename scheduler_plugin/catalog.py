@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dsplatform.names import is_digest
 from scheduler_plugin.podspec import PodRequest
 
 GROUP = "dsagent.io"
 VERSION = "v1alpha1"
 PLURAL = "datasets"
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def read_dataset(obj: Any) -> tuple[tuple[str, str] | None, CurrentVersion | Non
     key = (str(meta.get("namespace") or "default"), meta["name"])
     status = obj.get("status")
     digest = status.get("digest") if isinstance(status, dict) else None
-    if not isinstance(digest, str) or not _DIGEST.match(digest.lower()):
+    if not isinstance(digest, str) or not is_digest(digest.lower()):
         return key, None
     size = status.get("bytes") if isinstance(status, dict) else None
     valid_size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
