@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 from dsplatform.errors import VocabularyError
 
@@ -76,4 +79,9 @@ def parse_duration(text: str | float | int) -> float:
     return value
 
 
-__all__ = ["UnitError", "format_size", "parse_duration", "parse_size"]
+#: A byte size field of a pydantic model or settings object: ``800MB``, ``1.5GiB``, ``4096``.
+Size = Annotated[int, BeforeValidator(parse_size)]
+#: A duration field in seconds: ``250ms``, ``30s``, ``5m``, ``2h``, ``7d``, ``90``.
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+__all__ = ["Duration", "Size", "UnitError", "format_size", "parse_duration", "parse_size"]

@@ -1,28 +1,33 @@
 """The agent's settings: read once at start-up from ``DSAGENT_*`` variables and flags.
 
 Who calls it: ``dsagent serve`` (flags override the environment), ``dsctl`` (only to find
-the agent's socket and token), and tests (which build :class:`Settings` directly).
-What it owns: the one typed, validated view of configuration. Every bad value raises
-:class:`SettingsError` naming the variable, the value and what a good one looks like,
-so a misconfigured DaemonSet fails at start-up with one clear line, never later.
+the agent's socket and token), and tests (which build :class:`Settings` directly; building
+one reads no environment).
+What it owns: the one typed, validated view of configuration, a pydantic-settings object
+(:class:`dsplatform.settings.EnvSettings`). Sizes and durations use the platform's one
+syntax (:mod:`dsplatform.units`). Every bad value is reported at once: :meth:`Settings.from_env`
+raises one :class:`SettingsError` naming each bad variable, its value and what a good one
+looks like, so a misconfigured DaemonSet fails at start-up with one clear line, never later.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any
 
-from dsagent.errors import InvalidInput, SettingsError
-from dsplatform.units import UnitError, parse_duration, parse_size
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from dsagent.errors import SettingsError
+from dsplatform.settings import EnvSettings, InvalidSettings
+from dsplatform.units import Duration, Size, UnitError
 
 ENV_PREFIX = "DSAGENT_"
-_T = TypeVar("_T")
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def default_root() -> Path:
@@ -31,33 +36,21 @@ def default_root() -> Path:
     return Path(base) / "dsagent"
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str | tuple[str, int]) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 hosts in brackets) for the optional TCP listener."""
+    if isinstance(text, tuple):
+        text = f"[{text[0]}]:{text[1]}" if ":" in str(text[0]) else f"{text[0]}:{text[1]}"
     host, sep, port = str(text).rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidInput(f"invalid listen address {text!r}", hint="use HOST:PORT, e.g. 127.0.0.1:7420 or 0.0.0.0:7420")
+        raise UnitError(f"invalid listen address {text!r}", hint="use HOST:PORT, e.g. 127.0.0.1:7420 or [::1]:7420")
     return host, int(port)
 
 
-def _positive_int(text: str | int) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"expected a whole number, got {text!r}") from exc
-    if value < 1:
-        raise InvalidInput(f"expected a number >= 1, got {text!r}")
-    return value
-
-
-def _ratio(text: str | float) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"expected a number, got {text!r}") from exc
-    if not math.isfinite(value) or value < 1.0:
-        raise InvalidInput(f"the eviction ratio must be a number >= 1.0, got {text!r}")
-    return value
+def _paths(text: str | tuple[Path, ...] | list[Any]) -> tuple[Path, ...]:
+    if isinstance(text, str):
+        return tuple(Path(p) for p in text.split(os.pathsep) if p)
+    return tuple(Path(p) for p in text)
 
 
 def _flag(text: str | bool) -> bool:
@@ -68,112 +61,139 @@ def _flag(text: str | bool) -> bool:
         return True
     if lowered in ("0", "false", "no", "off", ""):
         return False
-    raise InvalidInput(f"expected a boolean (1/0, true/false), got {text!r}")
+    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
 
 
-def _optional_size(text: str | int | None) -> int | None:
-    if text is None or text == "":
-        return None
-    size = parse_size(text)
-    if size < 1:
-        raise InvalidInput("a capacity limit must be positive")
-    return size
+def _whole(text: str | int) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a whole number, got {text!r}") from None
 
 
-@dataclass(frozen=True)
-class Settings:
+def _env(name: str, field: str) -> Any:
+    """The field's variable is ``DSAGENT_<name>``; its own name still works as a keyword."""
+    return AliasChoices(field, ENV_PREFIX + name)
+
+
+Listen = Annotated[tuple[str, int] | None, NoDecode, BeforeValidator(lambda v: parse_listen(v) if v not in (None, "") else None)]
+Paths = Annotated[tuple[Path, ...], NoDecode, BeforeValidator(_paths)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Whole = Annotated[int, BeforeValidator(_whole)]
+
+
+class Settings(EnvSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk);
-    ``evict_ratio`` is rule 4's 1.2. Concurrency (rule 6): ``max_fetches`` datasets cache
-    at once, each with ``fetch_workers`` threads. Leases: a task's datasets stay in use for
-    ``lease_ttl`` seconds after its last request (repeat the request to renew).
+    ``evict_ratio`` is the eviction rule's 1.2 (docs/design.md#eviction). Concurrency
+    (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
+    ``fetch_workers`` threads. Leases: a task's datasets stay in use for ``lease_ttl``
+    seconds after its last request (repeat the request to renew).
     """
 
-    root: Path = field(default_factory=default_root)
-    socket_path: Path | None = None  # None: <root>/dsagent.sock
-    listen: tuple[str, int] | None = None
-    admin_token: str | None = field(default=None, repr=False)
-    node_name: str = field(default_factory=socket.gethostname)
-    capacity_bytes: int | None = None
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+
+    root: Path = Field(default_factory=default_root)
+    socket_path: Path | None = Field(None, validation_alias=_env("SOCKET", "socket_path"))  # None: <root>/dsagent.sock
+    listen: Listen = None
+    admin_token: str | None = Field(None, repr=False)
+    admin_token_file: Path | None = Field(None, repr=False)
+    node_name: str = Field(default_factory=socket.gethostname)
+    capacity_bytes: Size | None = Field(None, validation_alias=_env("CAPACITY", "capacity_bytes"))
     evict_ratio: float = 1.2
-    idle_ttl: float = 7 * 86400.0
-    lease_ttl: float = 6 * 3600.0
-    sweep_interval: float = 60.0
-    max_fetches: int = 4
-    fetch_workers: int = 8
-    max_body_bytes: int = 1 << 20
-    local_sources: tuple[Path, ...] = ()  # local directories requests may name as sources
-    kubernetes: bool = False
+    idle_ttl: Duration = 7 * 86400.0
+    lease_ttl: Duration = 6 * 3600.0
+    sweep_interval: Duration = 60.0
+    max_fetches: Whole = 4
+    fetch_workers: Whole = 8
+    max_body_bytes: Size = Field(1 << 20, validation_alias=_env("MAX_BODY", "max_body_bytes"))
+    local_sources: Paths = ()  # local directories requests may name as sources
+    kubernetes: Flag = False
     log_level: str = "info"
 
     @property
     def socket(self) -> Path:
         return self.socket_path if self.socket_path is not None else self.root / "dsagent.sock"
 
+    @field_validator("root", mode="before")
+    @classmethod
+    def _root(cls, value: Any) -> Path:
+        if not str(value):
+            raise ValueError("the cache root must not be empty")
+        return Path(value).expanduser().absolute()
+
+    @field_validator("capacity_bytes")
+    @classmethod
+    def _capacity(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("a capacity limit must be positive")
+        return value
+
+    @field_validator("capacity_bytes", mode="before")
+    @classmethod
+    def _no_capacity(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("evict_ratio", mode="before")
+    @classmethod
+    def _ratio(cls, value: Any) -> float:
+        try:
+            ratio = float(value)
+        except (TypeError, ValueError):
+            ratio = math.nan
+        if not math.isfinite(ratio) or ratio < 1.0:
+            raise ValueError(f"the eviction ratio must be a number >= 1.0, got {value!r}")
+        return ratio
+
+    @field_validator("max_fetches", "fetch_workers")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"expected a number >= 1, got {value!r}")
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _token(cls, value: str | None) -> str | None:
+        if value is not None and len(value) < 16:
+            raise ValueError("the admin token must be at least 16 characters (generate one with: openssl rand -hex 16)")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, value: Any) -> str:
+        level = str(value).lower()
+        if level not in _LOG_LEVELS:
+            raise ValueError(f"unknown log level {value!r} (use one of {', '.join(_LOG_LEVELS)})")
+        return level
+
+    @model_validator(mode="after")
+    def _whole_settings(self) -> Settings:
+        if self.admin_token is None and self.admin_token_file is not None:
+            try:
+                token = self.admin_token_file.read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"{ENV_PREFIX}ADMIN_TOKEN_FILE: cannot read {str(self.admin_token_file)!r}: {exc.strerror}") from None
+            object.__setattr__(self, "admin_token", self._token(token))
+        if len(str(self.socket).encode()) > 107:
+            raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
+        return self
+
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with flag values applied (``None`` means "not given")."""
-        given = {key: value for key, value in changes.items() if value is not None}
-        return _validated(replace(self, **given)) if given else self
+        try:
+            return self.replace(**changes)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from ``DSAGENT_*`` variables; raises :class:`SettingsError` for a bad one."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for attr, (var, parse) in _ENV.items():
-            raw = env.get(ENV_PREFIX + var)
-            if raw is not None:
-                values[attr] = _parse_setting(var, raw, parse)
-        token_file = env.get(ENV_PREFIX + "ADMIN_TOKEN_FILE")
-        if token_file and "admin_token" not in values:
-            values["admin_token"] = _read_token(token_file)
-        return _validated(cls(**values))
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``DSAGENT_*`` variables (flags in ``overrides`` win); one :class:`SettingsError` lists every bad one."""
+        try:
+            return cls.read(environ, **overrides)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
 
 
-def _parse_setting(var: str, raw: str, parse: Callable[[str], _T]) -> _T:
-    try:
-        return parse(raw)
-    except (InvalidInput, UnitError) as exc:
-        raise SettingsError(f"{ENV_PREFIX}{var}={raw!r}: {exc.message}", hint=exc.hint) from exc
-
-
-def _read_token(path: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        raise SettingsError(f"{ENV_PREFIX}ADMIN_TOKEN_FILE: cannot read {path!r}: {exc.strerror}") from exc
-
-
-def _validated(settings: Settings) -> Settings:
-    if not str(settings.root):
-        raise SettingsError("the cache root must not be empty")
-    if settings.admin_token is not None and len(settings.admin_token) < 16:
-        raise SettingsError("the admin token must be at least 16 characters", hint="generate one with: openssl rand -hex 16")
-    if settings.log_level not in ("critical", "error", "warning", "info", "debug"):
-        raise SettingsError(f"unknown log level {settings.log_level!r}", hint="use one of critical, error, warning, info, debug")
-    if len(str(settings.socket).encode()) > 107:
-        raise SettingsError(f"socket path {str(settings.socket)!r} is too long for a unix socket (max 107 bytes)")
-    return replace(settings, root=Path(settings.root).expanduser().absolute())
-
-
-_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "root": ("ROOT", Path),
-    "socket_path": ("SOCKET", Path),
-    "listen": ("LISTEN", parse_listen),
-    "admin_token": ("ADMIN_TOKEN", str),
-    "node_name": ("NODE_NAME", str),
-    "capacity_bytes": ("CAPACITY", _optional_size),
-    "evict_ratio": ("EVICT_RATIO", _ratio),
-    "idle_ttl": ("IDLE_TTL", parse_duration),
-    "lease_ttl": ("LEASE_TTL", parse_duration),
-    "sweep_interval": ("SWEEP_INTERVAL", parse_duration),
-    "max_fetches": ("MAX_FETCHES", _positive_int),
-    "fetch_workers": ("FETCH_WORKERS", _positive_int),
-    "max_body_bytes": ("MAX_BODY", parse_size),
-    "local_sources": ("LOCAL_SOURCES", lambda raw: tuple(Path(p) for p in raw.split(os.pathsep) if p)),
-    "kubernetes": ("KUBERNETES", _flag),
-    "log_level": ("LOG_LEVEL", str.lower),
-}
-
-__all__ = ["ENV_PREFIX", "Settings", "default_root", "parse_duration", "parse_listen"]
+__all__ = ["ENV_PREFIX", "Settings", "default_root", "parse_listen"]

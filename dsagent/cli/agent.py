@@ -18,8 +18,7 @@ from pathlib import Path
 import click
 
 from dsagent.errors import DsagentError, SettingsError
-from dsplatform.errors import VocabularyError
-from dsagent.cache.settings import Settings, parse_listen
+from dsagent.cache.settings import Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,18 +59,11 @@ def serve(root: Path | None, socket_path: Path | None, listen: str | None, capac
 
 
 def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
-    from dsplatform.units import parse_size
-
-    try:
-        return Settings.from_env().with_overrides(
-            root=root, socket_path=socket_path, listen=parse_listen(listen) if listen else None,
-            capacity_bytes=parse_size(capacity) if capacity else None, local_sources=local_sources or None,
-            node_name=node_name, kubernetes=kubernetes, log_level=log_level,
-        )
-    except SettingsError:
-        raise
-    except (DsagentError, VocabularyError) as exc:
-        raise SettingsError(f"invalid flag: {exc.message}", hint=exc.hint) from exc
+    """``DSAGENT_*`` with the flags given on the command line winning; one error lists every bad value."""
+    return Settings.from_env(
+        root=root, socket_path=socket_path, listen=listen, capacity_bytes=capacity, local_sources=local_sources or None,
+        node_name=node_name, kubernetes=kubernetes, log_level=log_level,
+    )
 
 
 def _bind(settings: Settings) -> list[socket.socket]:

@@ -24,11 +24,11 @@ def serve(host: str | None, port: int | None, base_path: str | None, weights: st
           watch: bool | None, kubeconfig: str | None, partial_datasets: bool | None) -> None:
     """Serve filter and prioritize verbs for kube-scheduler over HTTP."""
     from scheduler_plugin.__main__ import serve as run
-    from scheduler_plugin.settings import Settings, Weights
+    from scheduler_plugin.settings import Settings
 
     settings = Settings.from_env(
         host=host, port=port, base_path=base_path,
-        weights=Weights.parse(weights) if weights is not None else None,
+        weights=weights,
         watch=watch, kubeconfig=kubeconfig, partial_datasets=partial_datasets,
     )
     run(settings)

@@ -31,10 +31,12 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from dsagent.errors import DsagentError, InvalidInput, NotFound
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
 from dsagent.kube import annotation, publisher
 from dsagent.kube.apiclient import translated
 from dsagent.kube.datasets import MERGE_PATCH, DatasetClient
@@ -43,7 +45,8 @@ from dsagent.kube.podwatch import PodWatch
 from dsagent.kube.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsplatform.units import UnitError, parse_duration
+from dsplatform.settings import EnvSettings, InvalidSettings
+from dsplatform.units import Duration
 
 log = logging.getLogger("dsagent.kube")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -58,25 +61,29 @@ class TaskNotOnNode(DsagentError):
     code = "task_not_on_node"
 
 
-@dataclass(frozen=True)
-class ClusterSettings:
+class ClusterSettings(EnvSettings):
     """Cluster-mode settings, from ``DSAGENT_*`` (validated once at start-up)."""
 
-    publish_interval: float = 10.0
-    watch_timeout: int = 300
-    renew_interval: float | None = None  # None: a third of the service's lease TTL
-    guard_wait: float = 5.0  # how long a task id may wait for its pod to reach the watch
+    model_config = SettingsConfigDict(env_prefix="DSAGENT_", extra="ignore")
+
+    publish_interval: Duration = 10.0
+    watch_timeout: int = Field(300, exclude=True)  # not configurable: the watch's server-side timeout
+    renew_interval: Duration | None = None  # None: a third of the service's lease TTL
+    guard_wait: Duration = 5.0  # how long a task id may wait for its pod to reach the watch
+
+    @field_validator("publish_interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
-        raw = environ.get("DSAGENT_PUBLISH_INTERVAL")
         try:
-            interval = parse_duration(raw) if raw else cls.publish_interval
-        except (InvalidInput, UnitError) as exc:
-            raise InvalidInput(f"DSAGENT_PUBLISH_INTERVAL={raw!r}: {exc.message}", hint=exc.hint) from exc
-        if interval <= 0:
-            raise InvalidInput("DSAGENT_PUBLISH_INTERVAL must be positive")
-        return cls(publish_interval=interval)
+            return cls.read(environ)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
 
 
 def is_pod_uid(task_id: str) -> bool:

@@ -73,4 +73,4 @@ def test_bad_settings_stop_the_agent_at_start_up_with_one_line(tmp_path: Path) -
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.startswith("dsagent: error: invalid flag: invalid size 'lots'")
+    assert result.stderr.startswith("dsagent: error: --capacity='lots': invalid size 'lots'")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dsagent.errors import SettingsError
-from dsagent.cache.settings import Settings, parse_duration, parse_listen
+from dsagent.cache.settings import Settings, parse_listen
+from dsplatform.units import parse_duration
 
 
 def test_settings_come_from_the_environment(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from dsagent.cli import cli
 from dsagent.cli import main as dsctl
 from scheduler_plugin.errors import SettingsError
-from scheduler_plugin.settings import DEFAULT_JOB_LABELS, Settings, Weights, parse_duration
+from dsplatform.units import parse_duration
+from scheduler_plugin.settings import DEFAULT_JOB_LABELS, Settings, Weights
 
 
 def test_defaults() -> None:

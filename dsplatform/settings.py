@@ -1,0 +1,127 @@
+"""Settings objects read once from one environment prefix: the base of every component's settings.
+
+Who calls it: :class:`dsagent.cache.settings.Settings` (``DSAGENT_*``), the cluster agent's
+settings, and :class:`scheduler_plugin.settings.Settings` (``DSEXT_*``).
+What it owns: the pydantic-settings wiring those share, so each component only declares
+typed fields (with :data:`dsplatform.units.Size` / :data:`~dsplatform.units.Duration` for
+sizes and durations):
+
+- the environment is read only by :meth:`EnvSettings.read`, from ``os.environ`` or a
+  mapping the caller passes (tests, and ``dsctl`` reading a pod's environment); building a
+  settings object directly reads nothing, so tests are not steered by the machine's env;
+- keyword overrides (command-line flags) win over the environment; ``None`` means "not given";
+- every invalid variable is listed in one :class:`InvalidSettings`, each as
+  ``VARIABLE='value': what is wrong (what a good one looks like)``, so a misconfigured
+  DaemonSet fails at start-up with one line naming all of its mistakes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from pydantic import AliasChoices, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from typing_extensions import Self
+
+from dsplatform.errors import VocabularyError
+
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("dsplatform_environ", default=None)
+
+
+class InvalidSettings(VocabularyError):
+    """One or more settings are invalid; ``problems`` lists ``(variable, message)`` pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{where}: {what}" for where, what in problems))
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        if self.case_sensitive:
+            return dict(self._environ)
+        return {key.lower(): value for key, value in self._environ.items()}
+
+
+class EnvSettings(BaseSettings):
+    """Frozen, typed settings; subclasses set ``env_prefix`` in their ``model_config``."""
+
+    model_config = SettingsConfigDict(frozen=True, populate_by_name=True, extra="forbid", validate_default=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _ENVIRON.get()
+        if environ is None:
+            return (init_settings,)
+        return (init_settings, _MappingEnvSource(settings_cls, environ))
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None, /, **overrides: Any) -> Self:
+        """Settings from the environment (``os.environ`` unless given), flags in ``overrides`` winning."""
+        env = os.environ if environ is None else environ
+        given = {key: value for key, value in overrides.items() if value is not None}
+        token = _ENVIRON.set(env)
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise InvalidSettings([cls._problem(error, env, given) for error in exc.errors()]) from None
+        finally:
+            _ENVIRON.reset(token)
+
+    def replace(self, **changes: Any) -> Self:
+        """A validated copy with ``changes`` applied (``None`` means "not given")."""
+        given = {key: value for key, value in changes.items() if value is not None}
+        if not given:
+            return self
+        values = {name: getattr(self, name) for name in type(self).model_fields}
+        try:
+            return type(self)(**{**values, **given})
+        except ValidationError as exc:
+            raise InvalidSettings([self._problem(error, {}, given) for error in exc.errors()]) from None
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable that sets ``field``."""
+        info: FieldInfo | None = cls.model_fields.get(field)
+        alias = info.validation_alias if info is not None else None
+        if isinstance(alias, str):
+            return alias
+        if isinstance(alias, AliasChoices):  # (field name, VARIABLE): the variable is the last string
+            names = [choice for choice in alias.choices if isinstance(choice, str)]
+            return names[-1] if names else field.upper()
+        return str(cls.model_config.get("env_prefix", "")) + field.upper()
+
+    @classmethod
+    def _problem(cls, error: Any, env: Mapping[str, str], given: Mapping[str, Any]) -> tuple[str, str]:
+        field = str(error["loc"][0]) if error.get("loc") else ""
+        message = str(error.get("msg", "invalid"))
+        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if not field:
+            return ("settings", message)
+        variable = cls.env_name(field)
+        if field in given:  # a flag: --name after the variable's name
+            flag = "--" + variable.removeprefix(str(cls.model_config.get("env_prefix", ""))).lower().replace("_", "-")
+            return (f"{flag}={given[field]!r}", message)
+        if variable not in env:
+            return (f"{field}={error.get('input')!r}", message)
+        return (f"{variable}={env[variable]!r}", message)
+
+
+__all__ = ["EnvSettings", "InvalidSettings"]
