@@ -1,9 +1,9 @@
 """gpu_topology: GPUs, NICs, NUMA nodes and their links; GPU-set scoring; RoCE classes.
 
 A library: it imports nothing from Kubernetes, the web stack or the rest of dsplatform
-(an import-linter contract checks it). The node agent publishes ``Topology.to_dict()``
+(an import-linter contract checks it). The node agent publishes ``topology_to_dict(topology)``
 as the Node annotation ``dsagent.io/topology``; the scheduler extender reads it back
-with ``Topology.from_dict`` and calls :func:`best_gpu_set` and :func:`roce_classes`.
+with ``topology_from_dict`` and calls :func:`best_gpu_set` and :func:`roce_classes`.
 
     model        Gpu, Nic, Link, Topology            the frozen values
     scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
@@ -14,7 +14,12 @@ with ``Topology.from_dict`` and calls :func:`best_gpu_set` and :func:`roce_class
 """
 
 from gpu_topology.classes import RoceClass, nearest_nic_map, nearest_nics, roce_classes
-from gpu_topology.contract import from_json, to_json
+from gpu_topology.contract import (
+    from_json,
+    to_json,
+    topology_from_dict,
+    topology_to_dict,
+)
 from gpu_topology.discovery import discover
 from gpu_topology.errors import (
     BackendUnavailable,
@@ -50,4 +55,6 @@ __all__ = [
     "roce_classes",
     "set_score",
     "to_json",
+    "topology_from_dict",
+    "topology_to_dict",
 ]

@@ -18,7 +18,12 @@ from typing import Any
 
 import jsonschema
 
-from gpu_topology.classes import DEFAULT_PREFIX, RoceClass, nearest_nic_map, roce_classes
+from gpu_topology.classes import (
+    DEFAULT_PREFIX,
+    RoceClass,
+    nearest_nic_map,
+    roce_classes,
+)
 from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology
 

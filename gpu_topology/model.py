@@ -14,7 +14,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from gpu_topology.errors import InvalidTopology, ParseError, UnknownDevice
 
@@ -240,20 +240,6 @@ class Topology:
     def link(self, a: str, b: str) -> Link | None:
         """The link between two devices by name, or None when unknown."""
         return self.links.get(a, {}).get(b)
-
-    # -- the JSON contract (gpu_topology.contract) ------------------------------------
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
-        """Read the version-1 JSON contract (validated against the committed schema)."""
-        from gpu_topology.contract import topology_from_dict
-
-        return topology_from_dict(data)
-
-    def to_dict(self, *, prefix: str = "gpu-roce") -> dict[str, Any]:
-        """The version-1 JSON contract, with nearest NICs and RoCE classes derived."""
-        from gpu_topology.contract import topology_to_dict
-
-        return topology_to_dict(self, prefix=prefix)
 
 
 def _symmetric(links: LinkTable, known: set[str]) -> LinkTable:

@@ -30,7 +30,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from scheduler_plugin.body import BodyBuffers
-from scheduler_plugin.errors import InvalidRequest, SchedulerPluginError, ViewUnavailable
+from scheduler_plugin.errors import (
+    InvalidRequest,
+    SchedulerPluginError,
+    ViewUnavailable,
+)
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
@@ -38,7 +42,12 @@ from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.plugins import roce
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.view import View
-from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities, salvage_names
+from scheduler_plugin.wire import (
+    decode_args,
+    encode_filter_result,
+    encode_priorities,
+    salvage_names,
+)
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ Pure functions; the node cache keeps the map, the view applies it.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any

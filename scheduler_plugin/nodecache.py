@@ -23,7 +23,13 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from scheduler_plugin.catalog import GROUP, PLURAL, VERSION, CurrentVersion, read_dataset
+from scheduler_plugin.catalog import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    CurrentVersion,
+    read_dataset,
+)
 from scheduler_plugin.errors import ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import pod_is_active, pod_requests

@@ -16,6 +16,7 @@ and topology. Called by :mod:`scheduler_plugin.view`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -24,8 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
-from gpu_topology import Topology, roce_classes
-from scheduler_plugin.plugins.numa import ideal_set
+from gpu_topology import GpuSet, Topology, best_gpu_set, roce_classes, topology_from_dict
 from scheduler_plugin.podspec import parse_quantity
 from scheduler_plugin.wire import Node
 
@@ -256,6 +256,13 @@ class NodeReader:
         return cached
 
 
+@functools.lru_cache(maxsize=1024)
+def ideal_set(topology: Topology, count: int) -> GpuSet | None:
+    """The best ``count`` GPUs of the whole topology, as if all were free: it depends on
+    the hardware alone, so every node and free set of one topology shares it."""
+    return best_gpu_set(topology, topology.gpu_indices, count) if count > 0 else None
+
+
 def _best_subset(topology: Topology, count: int) -> frozenset[int]:
     """The best-scoring ``count`` GPUs of a topology (shared by every node that has it)."""
     best = ideal_set(topology, count)
@@ -307,7 +314,7 @@ def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceCl
     """The topology annotation -> (topology, error, RoCE classes)."""
     try:
         doc = json.loads(text)
-        topology = Topology.from_dict(doc)
+        topology = topology_from_dict(doc)
         raw_classes = doc.get("classes")
         if isinstance(raw_classes, list) and raw_classes:
             classes = tuple(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_topology import Gpu, Link, Nic, Topology
+from gpu_topology.contract import topology_to_dict
 
 GIB = 1 << 30
 
@@ -40,7 +41,7 @@ def two_class_topology() -> Topology:
 
 
 def topology_json(topology: Topology | None = None) -> str:
-    return json.dumps((topology or two_class_topology()).to_dict(), separators=(",", ":"))
+    return json.dumps(topology_to_dict(topology or two_class_topology()), separators=(",", ":"))
 
 
 def holding(

@@ -1,21 +1,22 @@
 """The agent's HTTP API: the FastAPI app factory and the one error edge of the service.
 
 Who calls it: ``dsagent serve`` (under uvicorn, on the unix socket and optionally TCP)
-and tests. :func:`create_app` injects the service and the clock; the app starts the
-service (and, in cluster mode, the Kubernetes integration) on start-up and stops them on
-shutdown. Every error leaves as JSON ``{"code", "message", "hint"?, "details"?}``:
+and tests. :func:`create_app` injects the service, the clock and the *companions*: the
+node-side parts that run beside the service (the cluster agent in Kubernetes mode, the
+kubelet plugins), which the composition root (``dsagent serve``) chooses. The app starts
+the service, then the companions, on start-up and stops them in reverse on shutdown; this
+layer never imports the edges beside it (``dsagent.kube``, ``dsagent.kubelet``). Every error leaves as JSON ``{"code", "message", "hint"?, "details"?}``:
 deliberate errors with their ``http_status``, bad requests as 400/404/405/413, anything
 unexpected as a logged 500 that leaks no internals.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,9 +26,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dsagent import __version__
 from dsagent.api.routes import router
-from dsagent.errors import DsagentError, InvalidInput
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
+from dsagent.errors import DsagentError, InvalidInput
 
 log = logging.getLogger("dsagent.api")
 
@@ -37,26 +38,41 @@ class BodyTooLarge(InvalidInput):
     code = "body_too_large"
 
 
-class KubernetesUnavailable(DsagentError):
-    code = "kubernetes_unavailable"
-    exit_code = 2
+class Companion(Protocol):
+    """A part that runs beside the service: started after it, stopped before it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
-def create_app(settings: Settings, *, service: CacheService | None = None, clock: Callable[[], float] = time.time) -> FastAPI:
+#: Builds a companion for the running service.
+CompanionFactory = Callable[[CacheService], Companion]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    service: CacheService | None = None,
+    clock: Callable[[], float] = time.time,
+    companions: Sequence[CompanionFactory] = (),
+) -> FastAPI:
     """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``."""
     svc = service if service is not None else CacheService(settings, clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cluster = load_cluster_agent(svc, settings) if settings.kubernetes else None
+        running: list[Companion] = []
+        parts = [factory(svc) for factory in companions]
         await svc.start()
         try:
-            if cluster is not None:
-                await cluster.start()
+            for part in parts:
+                await part.start()
+                running.append(part)
             yield
         finally:
-            if cluster is not None:
-                await cluster.stop()
+            for part in reversed(running):
+                await part.stop()
             await svc.stop()
 
     app = FastAPI(title="dsagent", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json")
@@ -66,20 +82,6 @@ def create_app(settings: Settings, *, service: CacheService | None = None, clock
     _install_error_edge(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
-
-
-def load_cluster_agent(service: CacheService, settings: Settings) -> Any:
-    """``dsagent.kube.agent.ClusterAgent(service, settings)``, imported only in cluster mode."""
-    try:
-        module = importlib.import_module("dsagent.kube.agent")
-    except ModuleNotFoundError as exc:
-        if exc.name and not exc.name.startswith("dsagent"):
-            raise KubernetesUnavailable(f"cluster mode needs {exc.name!r}, which is not installed", hint="pip install dsplatform") from exc
-        raise KubernetesUnavailable(
-            "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
-            hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
-        ) from exc
-    return module.ClusterAgent(service, settings)
 
 
 def _error(exc: DsagentError) -> JSONResponse:
@@ -141,4 +143,4 @@ class BodyLimit:
 
 
 
-__all__ = ["BodyTooLarge", "KubernetesUnavailable", "create_app", "load_cluster_agent"]
+__all__ = ["BodyTooLarge", "Companion", "CompanionFactory", "create_app"]

@@ -29,11 +29,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dsagent.errors import IntegrityError, InvalidInput
 from dsagent.format.bundle import unpack_bundle
 from dsagent.format.digester import is_local, mtime_ns
-from dsagent.errors import IntegrityError, InvalidInput
-from dsagent.format.extract import STAGING_DIR, create_empty_directories, syncfs
-from dsagent.format.manifest import CHUNK_SIZE, BundleRef, FileEntry, FileHasher, Manifest, is_safe_path
+from dsagent.format.durable import syncfs
+from dsagent.format.extract import STAGING_DIR, create_empty_directories
+from dsagent.format.manifest import (
+    CHUNK_SIZE,
+    BundleRef,
+    FileEntry,
+    FileHasher,
+    Manifest,
+    is_safe_path,
+)
 from dsagent.format.storage import resolve, translate_errors
 
 _T = TypeVar("_T")

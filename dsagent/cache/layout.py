@@ -29,16 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsagent.errors import InvalidInput
-
+from dsagent.format.durable import fsync_dir
 from dsagent.format.names import is_digest, is_name, validate_digest, validate_name
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a directory's entries (new names, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -180,4 +172,4 @@ def _valid_key(name: str, digest: str) -> bool:
     return is_name(name) and is_digest(digest)
 
 
-__all__ = ["DiskUsage", "Store", "fsync_dir", "validate_digest", "validate_name"]
+__all__ = ["DiskUsage", "Store", "validate_digest", "validate_name"]

@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable
 
 from dsagent.cache.catalog import Catalog
-from dsagent.cache.pools import Pools
 from dsagent.cache.layout import Store
+from dsagent.cache.pools import Pools
 from dsagent.cache.task import DatasetRequest
 
 log = logging.getLogger("dsagent")

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.cache.catalog import VersionRow
-from dsagent.errors import DsagentError
 from dsagent.cache.fetch import Progress
 from dsagent.cache.metrics import Sample
 from dsagent.cache.task import DatasetStatus, iso, redact_url
+from dsagent.errors import DsagentError
 
 _GONE = {
     "code": "gone",

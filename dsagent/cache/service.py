@@ -38,18 +38,27 @@ from typing import Any, TypeVar
 from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
-from dsagent.errors import DsagentError, NotFound
 from dsagent.cache.fetch import Source
 from dsagent.cache.flights import Flights
-from dsagent.format.manifest import Manifest
+from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
-from dsagent.cache.layout import Store, validate_name
-from dsagent.cache.task import DatasetRequest, DatasetStatus, TaskRecord, check_locations, check_same_request, iso, redact_url, validate_request
+from dsagent.cache.task import (
+    DatasetRequest,
+    DatasetStatus,
+    TaskRecord,
+    check_locations,
+    check_same_request,
+    iso,
+    redact_url,
+    validate_request,
+)
 from dsagent.cache.versions import Versions
+from dsagent.errors import DsagentError, NotFound
+from dsagent.format.manifest import Manifest
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")

@@ -19,7 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BeforeValidator, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.errors import SettingsError

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from dsagent.cache import eviction
 from dsagent.cache.catalog import Catalog, VersionRow
 from dsagent.cache.claims import Claims
-from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
 from dsagent.cache.flights import Flights
+from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
+from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
 from dsplatform.units import format_size
-from dsagent.cache.layout import Store, validate_name
 
 log = logging.getLogger("dsagent")
 Key = tuple[str, str]  # (dataset name, version digest)

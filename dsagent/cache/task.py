@@ -18,10 +18,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dsagent.cache.catalog import TaskRow
-from dsagent.format.digester import is_local
-from dsagent.errors import Conflict, InvalidInput
-from dsagent.format.storage import resolve, resolves_within
 from dsagent.cache.layout import validate_name
+from dsagent.errors import Conflict, InvalidInput
+from dsagent.format.digester import is_local
+from dsagent.format.storage import resolve, resolves_within
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 

@@ -23,21 +23,29 @@ from pathlib import Path
 
 from dsagent.cache.catalog import Catalog
 from dsagent.cache.claims import Claims
-from dsagent.format.digestcache import DigestCache
-from dsagent.format.digester import is_local
-from dsagent.errors import DsagentError, IntegrityError, NotFound
-from dsagent.cache.fetch import Source, copy_and_digest, fetch_bundles, fetch_files, finish, list_remote, listing_matches
+from dsagent.cache.fetch import (
+    Source,
+    copy_and_digest,
+    fetch_bundles,
+    fetch_files,
+    finish,
+    list_remote,
+    listing_matches,
+)
 from dsagent.cache.flights import Flights
-from dsagent.format.manifest import BundleRef, Manifest, build_manifest, read_manifest
+from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
-from dsplatform.units import format_size
 from dsagent.cache.space import Space
-from dsagent.format.storage import resolve
-from dsagent.cache.layout import Store
 from dsagent.cache.task import redact_url
+from dsagent.errors import DsagentError, IntegrityError, NotFound
+from dsagent.format.digestcache import DigestCache
+from dsagent.format.digester import build_manifest, is_local
+from dsagent.format.manifest import BundleRef, Manifest, read_manifest
+from dsagent.format.storage import resolve
+from dsplatform.units import format_size
 
 log = logging.getLogger("dsagent")
 Key = tuple[str, str]  # (dataset name, version digest)

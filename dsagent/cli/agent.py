@@ -1,7 +1,10 @@
-"""``dsagent``: the node agent's own entry point (``dsagent serve``).
+"""``dsagent``: the node agent's own entry point (``dsagent serve``) and its composition root.
 
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
-TCP listener when asked), and runs the FastAPI app under uvicorn on one event loop.
+TCP listener when asked), chooses the companions that run beside the cache service (the
+cluster agent in Kubernetes mode; :func:`companions`), and runs the FastAPI app under
+uvicorn on one event loop. This is the one place that wires the edges together: the API
+layer never imports ``dsagent.kube``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,37 @@ from pathlib import Path
 
 import click
 
-from dsagent.errors import DsagentError, SettingsError
+from dsagent.api import CompanionFactory
 from dsagent.cache.settings import Settings
+from dsagent.errors import DsagentError, SettingsError
+
+
+class KubernetesUnavailable(DsagentError):
+    code = "kubernetes_unavailable"
+    exit_code = 2
+
+
+def load_cluster_agent(settings: Settings) -> CompanionFactory:
+    """``dsagent.kube.agent.ClusterAgent``'s factory, imported only in cluster mode."""
+    try:
+        from dsagent.kube.agent import ClusterAgent
+    except ImportError as exc:
+        name = getattr(exc, "name", None) or ""
+        if name and not name.startswith("dsagent"):
+            raise KubernetesUnavailable(f"cluster mode needs {name!r}, which is not installed", hint="pip install dsplatform") from exc
+        raise KubernetesUnavailable(
+            "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
+            hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
+        ) from exc
+    return lambda svc: ClusterAgent(svc, settings)
+
+
+def companions(settings: Settings) -> list[CompanionFactory]:
+    """What runs beside the cache service on this node, by the settings."""
+    chosen: list[CompanionFactory] = []
+    if settings.kubernetes:
+        chosen.append(load_cluster_agent(settings))
+    return chosen
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -113,7 +145,7 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
 
     from dsagent.api import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, companions=companions(settings))
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     try:

@@ -22,7 +22,8 @@ import click
 
 from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.errors import InvalidInput
-from dsagent.format.manifest import Manifest, Progress, build_manifest, read_manifest
+from dsagent.format.manifest import Manifest, Progress, read_manifest
+from dsagent.format.digester import build_manifest
 from dsplatform.units import format_size, parse_size
 
 

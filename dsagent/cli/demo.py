@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dsagent.format.bundle import unpack, verify_tree, write_bundles
-from dsagent.format.manifest import build_manifest
+from dsagent.format.digester import build_manifest
 from dsplatform.units import format_size
 
 DEMO_ROOT = Path("demo-cache")

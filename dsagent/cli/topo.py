@@ -14,10 +14,18 @@ from typing import Any
 
 import click
 
-from gpu_topology import Topology, best_gpu_set, discover, nearest_nics, pair_score, roce_classes
-from gpu_topology.model import gpu_name
+from gpu_topology import (
+    Topology,
+    best_gpu_set,
+    discover,
+    nearest_nics,
+    pair_score,
+    roce_classes,
+)
 from gpu_topology.classes import DEFAULT_PREFIX
+from gpu_topology.contract import topology_to_dict
 from gpu_topology.dumps import FORMATS, load_dump, parse_dump
+from gpu_topology.model import gpu_name
 
 _Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -84,7 +92,7 @@ def show(source: str | None, fmt: str, prefix: str, as_json: bool) -> None:
     """Print the topology, its RoCE classes and the GPU-pair score matrix."""
     topology = _load(source, fmt)
     if as_json:
-        click.echo(json.dumps(topology.to_dict(prefix=prefix), indent=2))
+        click.echo(json.dumps(topology_to_dict(topology, prefix=prefix), indent=2))
         return
     click.echo("\n".join(render(topology, prefix=prefix)))
 

@@ -32,10 +32,16 @@ import xxhash
 import zstandard
 from fsspec.spec import AbstractFileSystem
 
-from dsagent.format.digester import is_local
-from dsagent.format.digestcache import DigestCache
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput
-from dsagent.format.extract import create_empty_directories, unpack, unpack_bundle, verify_tree
+from dsagent.format.digestcache import DigestCache
+from dsagent.format.digester import build_manifest, is_local
+from dsagent.format.durable import fsync_dir
+from dsagent.format.extract import (
+    create_empty_directories,
+    unpack,
+    unpack_bundle,
+    verify_tree,
+)
 from dsagent.format.manifest import (
     BUNDLES_DIR,
     CHUNK_SIZE,
@@ -43,13 +49,11 @@ from dsagent.format.manifest import (
     FileEntry,
     Manifest,
     Progress,
-    build_manifest,
     bundle_digest,
     bundle_path,
     manifest_path,
 )
 from dsagent.format.storage import resolve, translate_errors
-from dsagent.cache.layout import fsync_dir
 
 DEFAULT_MAX_FILES = 50_000
 DEFAULT_MAX_BYTES = 800_000_000

@@ -1,6 +1,6 @@
 """The local digest cache: re-digesting an unchanged tree costs a walk and a stat per file.
 
-Who calls it: :func:`dsagent.format.manifest.build_manifest` (and so ``dsctl digest / pack``).
+Who calls it: :func:`dsagent.format.digester.build_manifest` (and so ``dsctl digest / pack``).
 What it owns: one SQLite file mapping a local file's absolute path to the digest it had
 when its ``(size, mtime_ns, inode, ctime_ns)`` were as recorded. Any change to those
 (a rewrite, a ``touch``, a replacement by rename, even an mtime set back by hand, which
@@ -19,12 +19,24 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dsagent.errors import SourceUnavailable
 
-if TYPE_CHECKING:
-    from dsagent.format.digester import _Found
+
+class _Found(Protocol):
+    """What the cache needs of a file the digester found (its walk's record satisfies it)."""
+
+    @property
+    def location(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def mtime_ns(self) -> int: ...
+    @property
+    def inode(self) -> int: ...
+    @property
+    def ctime_ns(self) -> int: ...
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS digests (

@@ -1,7 +1,7 @@
 """Digesting a dataset source: walk any fsspec URL or local path, hash every file.
 
-Who calls it: :func:`dsagent.format.manifest.build_manifest` (its public face), and so
-``dsctl digest / pack`` and the agent. What it owns:
+Who calls it: ``dsctl digest / pack`` and the agent, through :func:`build_manifest` (this
+module's public face, building a :class:`~dsagent.format.manifest.Manifest` value). What it owns:
 
 - the walk: local trees with ``os.scandir`` (lazily, by ``d_type``, following symlinks,
   refusing loops, FIFOs, sockets and devices), other filesystems with ``fs.find``;
@@ -657,7 +657,7 @@ def _stop(workers: list[tuple[BaseProcess, Connection]], *, kill: bool) -> None:
             process.join()
 
 
-def digest_source(
+def build_manifest(
     source: str | os.PathLike[str],
     *,
     name: str,

@@ -25,7 +25,6 @@ filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import shutil
@@ -41,39 +40,31 @@ from typing import IO, Any
 
 import xxhash
 
-from dsagent.errors import Conflict, InsufficientSpace, IntegrityError, InvalidInput, SourceUnavailable, UnsafeArchive
+from dsagent.errors import (
+    Conflict,
+    InsufficientSpace,
+    IntegrityError,
+    InvalidInput,
+    SourceUnavailable,
+    UnsafeArchive,
+)
+from dsagent.format.durable import syncfs
 from dsagent.format.hashing import CHUNK_SIZE, hash_file
-from dsagent.format.manifest import BundleRef, FileEntry, Manifest, Progress, bundle_path, is_safe_path, read_manifest
+from dsagent.format.manifest import (
+    BundleRef,
+    FileEntry,
+    Manifest,
+    Progress,
+    bundle_path,
+    is_safe_path,
+    read_manifest,
+)
 from dsagent.format.storage import resolve, translate_errors
 from dsagent.format.tarstream import FrameReader, iter_members, read_data
 
 STAGING_DIR = ".dsagent-staging"
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
-
-
-# --------------------------------------------------------------------------- durability
-
-
-def syncfs(path: str | os.PathLike[str]) -> None:
-    """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
-        if fn is None or fn(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
-
-
-def _load_libc() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:  # pragma: no cover - no libc (not Linux)
-        return None
-
-
-_LIBC = _load_libc()
 
 
 # --------------------------------------------------------------------------- member checks

@@ -10,10 +10,10 @@ What it owns:
   over a canonical encoding of ``(path, size, file digest)`` in path order (plus the
   dataset's empty directories, see below), so equal content gives an equal digest on any
   machine whatever the walk order or the mtimes;
-- :func:`build_manifest`, the public face of :mod:`dsagent.format.digester` (walking any fsspec
-  URL or local path and hashing it on a thread pool, with an optional
-  :class:`~dsagent.format.digestcache.DigestCache`); the streaming hasher lives in
-  :mod:`dsagent.format.hashing` and is re-exported here;
+- values only: building a manifest from a source (walking and hashing) is
+  :func:`dsagent.format.digester.build_manifest`, which imports this module and never the
+  other way round; the streaming hasher lives in :mod:`dsagent.format.hashing` and is
+  re-exported here;
 - the stored manifest format and the bundle-store layout (``<store>/<name>/manifest``,
   ``<store>/bundles/<digest>.tar.zst``), and :func:`read_manifest`.
 
@@ -40,24 +40,20 @@ from __future__ import annotations
 import itertools
 import json
 import operator
-import os
 import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import xxhash
 import zstandard
 
-from dsagent.format.names import is_digest, validate_name
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
+from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storage import resolve, translate_errors
-
-if TYPE_CHECKING:
-    from dsagent.format.digestcache import DigestCache
 
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
@@ -411,30 +407,6 @@ def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str,
     return _parse_header(line.rstrip(b"\n"))
 
 
-def build_manifest(
-    source: str | os.PathLike[str],
-    *,
-    name: str,
-    storage_options: Mapping[str, Any] | None = None,
-    workers: int | None = None,
-    digest_cache: DigestCache | None = None,
-    progress: Progress | None = None,
-    confine: Sequence[str | os.PathLike[str]] | None = None,
-) -> Manifest:
-    """Walk and digest the dataset at ``source`` (a local path or any fsspec URL).
-
-    ``digest_cache`` (local sources only) skips re-reading files whose path, size, mtime,
-    ctime and inode are unchanged. ``progress(bytes, files)`` is called as files are done.
-    Raises :class:`NotFound` if ``source`` does not exist, :class:`InvalidInput` for
-    special files or broken links in it, :class:`SourceUnavailable` when reading fails.
-    ``confine`` (local sources only) refuses symlinks resolving outside those directories.
-    The work is done by :mod:`dsagent.format.digester`.
-    """
-    from dsagent.format.digester import digest_source  # it builds on this module's values
-
-    return digest_source(source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache, progress=progress, confine=confine)
-
-
 __all__ = [
     "BUNDLES_DIR",
     "CHUNK_SIZE",
@@ -444,7 +416,6 @@ __all__ = [
     "Manifest",
     "ManifestHeader",
     "Progress",
-    "build_manifest",
     "bundle_digest",
     "bundle_path",
     "check_dataset_name",

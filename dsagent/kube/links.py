@@ -3,24 +3,24 @@
 The node's cache is mounted read-only into pods at ``/datasets``, where a dataset lives at
 ``/datasets/<name>/<digest>/``; the digest is the version the pod's task is bound to and
 is not known when the pod is written. After ``dsctl cache --from-env`` returns, the
-webhook's cache container runs ``python -m dsagent.kube.links LINK_DIR DATASETS_MOUNT``:
+webhook's cache container runs ``python -m dsagent.cli.links LINK_DIR DATASETS_MOUNT``:
 it asks the agent for the task (``DSAGENT_TASK_ID``, over ``DSAGENT_SOCKET``) and makes
 ``LINK_DIR/<name>`` a symlink to ``DATASETS_MOUNT/<name>/<digest>`` in a shared
 ``emptyDir``, so training code reads ``$DSAGENT_DATASETS_DIR/imagenet/...``.
 
 Each link is created beside its final name and renamed into place (atomic). Who calls it:
-the cache container (init-container or sidecar) the webhook injects.
+:mod:`dsagent.cli.links`, the command the cache container (init-container or sidecar) the
+webhook injects runs; this module is pure path logic and never talks to the agent.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dsagent.errors import DsagentError, InvalidInput
+from dsagent.errors import InvalidInput
 
 _HEX = set("0123456789abcdef")
 
@@ -50,36 +50,4 @@ def write_links(link_dir: Path, targets: Mapping[str, str]) -> None:
         os.replace(staged, link_dir / name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m dsagent.kube.links LINK_DIR DATASETS_MOUNT", file=sys.stderr)
-        return 2
-    from dsagent.api.client import AgentClient
-
-    task_id = os.environ.get("DSAGENT_TASK_ID")
-    try:
-        if not task_id:
-            raise InvalidInput("DSAGENT_TASK_ID is not set")
-        with AgentClient(socket_path=os.environ.get("DSAGENT_SOCKET"), timeout=30) as client:
-            record = client.get_task(task_id)
-        targets = link_targets(record, args[1])
-        missing = sorted(name for name, target in targets.items() if not os.path.isdir(target))
-        if missing:
-            raise InvalidInput(f"cached datasets {missing} are not visible under {args[1]}",
-                               hint="the cache container must mount the node's datasets there")
-        write_links(Path(args[0]), targets)
-    except DsagentError as exc:
-        print(f"dsagent links: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        print(f"dsagent links: error: cannot write links in {args[0]}: {exc.strerror}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
-__all__ = ["link_targets", "main", "write_links"]
+__all__ = ["link_targets", "write_links"]

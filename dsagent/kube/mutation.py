@@ -188,7 +188,7 @@ def cache_script(injection: Injection, *, sidecar: bool) -> str:
     versions; as a sidecar also mark ready and stay up until the pod ends. If caching
     fails the container exits, and the kubelet restarts it with back-off: it retries."""
     script = (f"dsctl cache --from-env && "
-              f"python -m dsagent.kube.links {LINK_DIR} {shlex.quote(injection.datasets_mount_path)}")
+              f"python -m dsagent.cli.links {LINK_DIR} {shlex.quote(injection.datasets_mount_path)}")
     return script + (f" && touch {READY_MARK} && exec sleep infinity" if sidecar else "")
 
 

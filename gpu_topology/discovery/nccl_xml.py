@@ -23,7 +23,15 @@ from pathlib import Path
 
 from gpu_topology.discovery.base import Backend
 from gpu_topology.errors import BackendUnavailable, ParseError
-from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology, gpu_name, normalize_bus_id
+from gpu_topology.model import (
+    Gpu,
+    Link,
+    LinkKind,
+    Nic,
+    Topology,
+    gpu_name,
+    normalize_bus_id,
+)
 
 NVSWITCH_CLASS = "0x068000"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from gpu_topology.classes import nic_numa_node
 from gpu_topology.discovery.base import Backend, Runner, run_command
-from gpu_topology.errors import BackendUnavailable, ParseError
+from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology, normalize_bus_id
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -16,23 +16,16 @@ normalization over the candidates.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterable
 
-from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set
+from gpu_topology import Topology, TopologyError, best_gpu_set
+from scheduler_plugin.nodeinfo import ideal_set
 
 log = logging.getLogger(__name__)
 
 # NIC-to-GPU links that do not leave the GPU's PCIe host bridge (nvidia-smi's legend).
 NEAR_NIC_LEVELS = frozenset({"PIX", "PXB", "PHB"})
-
-
-@functools.lru_cache(maxsize=1024)
-def ideal_set(topology: Topology, count: int) -> GpuSet | None:
-    """The best ``count`` GPUs of the whole topology, as if all were free: it depends on
-    the hardware alone, so every node and free set of one topology shares it."""
-    return best_gpu_set(topology, topology.gpu_indices, count) if count > 0 else None
 
 
 def placement(topology: Topology | None, free: Iterable[int] | None, need: int) -> int:
@@ -72,4 +65,4 @@ class PlacementMemo:
         return found
 
 
-__all__ = ["NEAR_NIC_LEVELS", "PlacementMemo", "ideal_set", "placement"]
+__all__ = ["NEAR_NIC_LEVELS", "PlacementMemo", "placement"]

@@ -120,7 +120,7 @@ def test_bundles_are_standard_pax_tar_in_one_zstd_frame(awkward_dataset: Path, t
 
 def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp_path: Path) -> None:
     from dsagent.format.bundle import write_bundles
-    from dsagent.format.manifest import build_manifest
+    from dsagent.format.digester import build_manifest
 
     src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 100})
     manifest = build_manifest(src, name="d")
@@ -146,7 +146,7 @@ def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: 
 
 
 def test_progress_callbacks_add_up_to_the_dataset(awkward_dataset: Path, tmp_path: Path) -> None:
-    from dsagent.format.manifest import build_manifest
+    from dsagent.format.digester import build_manifest
 
     seen = {"digest": [0, 0], "pack": [0, 0], "unpack": [0, 0]}
 

@@ -71,7 +71,7 @@ def test_an_absent_dataset_over_http_is_not_found(served: tuple[Path, str]) -> N
 def test_a_dataset_served_over_http_is_digested_and_packed(awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path) -> None:
     import shutil
 
-    from dsagent.format.manifest import build_manifest
+    from dsagent.format.digester import build_manifest
 
     root, url = served
     shutil.copytree(awkward_dataset, root / "data")

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from dsagent.api import KubernetesUnavailable, create_app, load_cluster_agent
+from dsagent.api import create_app
+from dsagent.cli.agent import KubernetesUnavailable, companions, load_cluster_agent
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
 
@@ -37,7 +38,8 @@ def test_the_cluster_agent_starts_and_stops_with_the_app(tmp_path: Path, monkeyp
     module.ClusterAgent = RecordingClusterAgent  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dsagent.kube.agent", module)
     RecordingClusterAgent.events = []
-    app = create_app(Settings(root=tmp_path, kubernetes=True, node_name="gpu-node-7", sweep_interval=3600))
+    settings = Settings(root=tmp_path, kubernetes=True, node_name="gpu-node-7", sweep_interval=3600)
+    app = create_app(settings, companions=companions(settings))
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
@@ -53,7 +55,7 @@ def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path:
     monkeypatch.setitem(sys.modules, "dsagent.kube", None)
     monkeypatch.setitem(sys.modules, "dsagent.kube.agent", None)
     with pytest.raises(KubernetesUnavailable):
-        load_cluster_agent(Any, Settings(root=tmp_path))  # type: ignore[arg-type]
+        load_cluster_agent(Settings(root=tmp_path))
     without_kube = (
         "import sys; sys.modules['dsagent.kube'] = None; sys.modules['dsagent.kube.agent'] = None; "
         "from dsagent.cli.agent import main; main(sys.argv[1:])"

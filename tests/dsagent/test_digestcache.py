@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.format.digestcache import DigestCache
-from dsagent.format.manifest import build_manifest
+from dsagent.format.digester import build_manifest
 from tests.dsagent.conftest import write_tree
 
 _opened: list[str] | None = None

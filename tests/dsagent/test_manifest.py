@@ -13,17 +13,8 @@ import xxhash
 
 from dsagent.format.digestcache import DigestCache
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
-from dsagent.format.manifest import (
-    CHUNK_SIZE,
-    FileEntry,
-    FileHasher,
-    Manifest,
-    build_manifest,
-    dataset_digest,
-    hash_file,
-    read_manifest,
-    read_manifest_header,
-)
+from dsagent.format.manifest import CHUNK_SIZE, FileEntry, FileHasher, Manifest, dataset_digest, hash_file, read_manifest, read_manifest_header
+from dsagent.format.digester import build_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_topology import Gpu, InvalidTopology, Link, Nic, Topology, nearest_nics, roce_classes
+from gpu_topology import (
+    Gpu,
+    InvalidTopology,
+    Link,
+    Nic,
+    Topology,
+    nearest_nics,
+    roce_classes,
+)
 from tests.gpu_topology.conftest import build
 
 

@@ -8,7 +8,11 @@ from collections.abc import Callable
 import pytest
 
 from gpu_topology import ParseError
-from gpu_topology.discovery.nvidia_smi import parse_gpu_query, parse_id_list, parse_topo_matrix
+from gpu_topology.discovery.nvidia_smi import (
+    parse_gpu_query,
+    parse_id_list,
+    parse_topo_matrix,
+)
 from gpu_topology.dumps import detect_format, parse_dump
 
 DELLA = "princeton-della-2xA100-pcie-2nic-epyc"

@@ -11,6 +11,7 @@ import pytest
 
 import gpu_topology
 from gpu_topology import GpuSet, RoceClass, Topology, best_gpu_set, roce_classes
+from gpu_topology.contract import topology_from_dict, topology_to_dict
 from gpu_topology.dumps import parse_dump
 
 
@@ -37,4 +38,4 @@ def test_topologies_are_frozen_hashable_picklable_and_deep_copyable(read_fixture
     assert hash(topology) == hash(parse_dump(read_fixture("dgx1-v100-4ib")))
     assert pickle.loads(pickle.dumps(topology)) == topology
     assert copy.deepcopy(topology) == topology
-    assert isinstance(Topology.from_dict(topology.to_dict()), Topology)
+    assert isinstance(topology_from_dict(topology_to_dict(topology)), Topology)

@@ -9,8 +9,17 @@ from collections.abc import Callable
 
 import pytest
 
-from gpu_topology import GpuSet, InvalidTopology, Link, Topology, UnknownDevice, best_gpu_set, pair_score, set_score
-from gpu_topology import scoring
+from gpu_topology import (
+    GpuSet,
+    InvalidTopology,
+    Link,
+    Topology,
+    UnknownDevice,
+    best_gpu_set,
+    pair_score,
+    scoring,
+    set_score,
+)
 from gpu_topology.dumps import parse_dump
 from gpu_topology.scoring import EXACT_COMBINATIONS, link_score
 from tests.gpu_topology.conftest import build

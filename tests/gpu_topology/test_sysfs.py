@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpu_topology import BackendUnavailable, ParseError
+from gpu_topology.contract import topology_to_dict
 from gpu_topology.discovery.sysfs import SysfsBackend, parse_ip_json
 from gpu_topology.testing import SysfsTree
 
@@ -91,7 +92,7 @@ def test_pcie_levels_follow_the_device_tree(tree: SysfsTree, a: str, b: str, lev
 
 def test_classes_from_sysfs_skip_the_nic_that_is_down(tree: SysfsTree) -> None:
     topology = SysfsBackend(root=tree.root, addresses=lambda: ADDRESSES).discover()
-    document = topology.to_dict()
+    document = topology_to_dict(topology)
     assert document["nearestNics"] == {"0": ["mlx5_0"], "1": ["mlx5_0"], "2": ["mlx5_1"], "3": []}
     # mlx5_0 and mlx5_1 are both on NUMA node 0: one class holding every GPU.
     assert document["classes"] == [
@@ -189,4 +190,4 @@ def test_software_rdma_without_a_pci_device_is_never_a_nearest_nic(tmp_path: Pat
     topology = SysfsBackend(root=tmp_path, addresses=dict).discover()
     assert [n.name for n in topology.nics] == ["rxe0"]
     assert topology.link("GPU0", "rxe0") is None
-    assert topology.to_dict()["nearestNics"] == {"0": []}
+    assert topology_to_dict(topology)["nearestNics"] == {"0": []}

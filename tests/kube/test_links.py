@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from dsagent.errors import InvalidInput
-from dsagent.kube.links import link_targets, main, write_links
+from dsagent.cli.links import main
+from dsagent.kube.links import link_targets, write_links
 
 A, B = "a" * 32, "b" * 32
 

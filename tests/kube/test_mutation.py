@@ -102,7 +102,7 @@ def test_a_blocking_init_container_when_asked_or_when_a_command_is_unknown(reaso
     result = mutated(pod)
     init = result["spec"]["initContainers"][0]
     assert init["command"] == ["/bin/sh", "-c", "dsctl cache --from-env && "
-                               "python -m dsagent.kube.links /dsagent-run/datasets /datasets"]
+                               "python -m dsagent.cli.links /dsagent-run/datasets /datasets"]
     assert "restartPolicy" not in init
     assert result["spec"]["containers"][0].get("command") == pod["spec"]["containers"][0].get("command")
 

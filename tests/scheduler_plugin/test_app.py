@@ -12,7 +12,15 @@ import pytest
 
 from scheduler_plugin.app import create_app
 from scheduler_plugin.settings import Settings
-from scheduler_plugin.testing import GIB, args_body, holding, inventory_json, node, pod, topology_json
+from scheduler_plugin.testing import (
+    GIB,
+    args_body,
+    holding,
+    inventory_json,
+    node,
+    pod,
+    topology_json,
+)
 from tests.scheduler_plugin.server import serving
 
 TOPO = topology_json()

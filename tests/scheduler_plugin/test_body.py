@@ -11,7 +11,14 @@ import httpx
 from scheduler_plugin.app import create_app
 from scheduler_plugin.body import BodyBuffers
 from scheduler_plugin.settings import Settings
-from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
+from scheduler_plugin.testing import (
+    args_body,
+    holding,
+    inventory_json,
+    node,
+    pod,
+    topology_json,
+)
 from tests.scheduler_plugin.server import serving
 
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 import json
 
 from dsagent.cache import inventory as agent_inventory
+from gpu_topology.contract import topology_to_dict
 from gpu_topology.discovery.nvidia_smi import parse_topo_matrix, with_inferred_nic_numa
-from scheduler_plugin.nodeinfo import INVENTORY_BUDGET, TOPOLOGY_BUDGET, NodeReader, parse_inventory
+from scheduler_plugin.nodeinfo import (
+    INVENTORY_BUDGET,
+    TOPOLOGY_BUDGET,
+    NodeReader,
+    parse_inventory,
+)
 from scheduler_plugin.plugins.numa import placement
 from scheduler_plugin.testing import holding, inventory_json, node
 
@@ -33,7 +39,7 @@ def test_a_compacted_oversize_inventory_is_still_read() -> None:
 
 def test_a_real_dgx_topology_fits_its_budget_and_scores(read_fixture_text: str) -> None:
     topology = with_inferred_nic_numa(parse_topo_matrix(read_fixture_text))
-    text = json.dumps(topology.to_dict(), separators=(",", ":"))
+    text = json.dumps(topology_to_dict(topology), separators=(",", ":"))
     assert len(text.encode()) <= TOPOLOGY_BUDGET
     facts = NodeReader().read(node("dgx", topology=text, free_gpus=[0, 1, 2, 5]))
     assert facts.topology is not None and facts.topology_error is None

@@ -16,9 +16,16 @@ from scheduler_plugin.framework import Framework
 from scheduler_plugin.nodecache import NodeCache
 from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.settings import Settings
+from scheduler_plugin.testing import (
+    args_body,
+    holding,
+    inventory_json,
+    node,
+    pod,
+    topology_json,
+)
 from scheduler_plugin.view import View
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_pod
-from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
 from tests.scheduler_plugin.server import serving
 
 TOPO = topology_json()

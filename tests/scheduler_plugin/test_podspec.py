@@ -6,7 +6,12 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.podspec import DatasetWant, parse_datasets, parse_quantity, read_pod
+from scheduler_plugin.podspec import (
+    DatasetWant,
+    parse_datasets,
+    parse_quantity,
+    read_pod,
+)
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
 from scheduler_plugin.testing import pod
 

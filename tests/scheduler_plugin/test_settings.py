@@ -6,13 +6,12 @@ import subprocess
 import sys
 
 import pytest
-
 from click.testing import CliRunner
 
 from dsagent.cli import cli
 from dsagent.cli import main as dsctl
-from scheduler_plugin.errors import SettingsError
 from dsplatform.units import parse_duration
+from scheduler_plugin.errors import SettingsError
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS, Settings, Weights
 
 

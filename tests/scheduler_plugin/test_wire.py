@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.errors import InvalidRequest
-from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
+from scheduler_plugin.testing import (
+    args_body,
+    holding,
+    inventory_json,
+    node,
+    pod,
+    topology_json,
+)
 from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities
 
 

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from dsagent.format.bundle import unpack, write_bundles  # noqa: E402
-from dsagent.format.manifest import Manifest, build_manifest  # noqa: E402
+from dsagent.format.digester import build_manifest  # noqa: E402
+from dsagent.format.manifest import Manifest  # noqa: E402
 
 TOOLS = {"zstd": "zstd", "xxh128sum": "xxhash", "tar": "tar"}
 

@@ -31,7 +31,7 @@ from bundle import ensure_tools, generate  # noqa: E402
 _OURS = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from dsagent.format.manifest import build_manifest
+from dsagent.format.digester import build_manifest
 start = time.perf_counter()
 manifest = build_manifest(sys.argv[2], name="bench")
 print(time.perf_counter() - start, manifest.file_count, manifest.total_bytes)
