@@ -101,8 +101,7 @@ def serve(directory: Path, latency: float) -> None:
     _RangeHandler.latency = latency
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _RangeHandler(*a, directory=str(directory)))
     server.daemon_threads = True
-    host, port = server.server_address[:2]
-    print(f"http://{host}:{port}", flush=True)
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
 
@@ -273,4 +272,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
