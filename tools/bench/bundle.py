@@ -17,8 +17,10 @@ and its unpack hashes every file; the C pipelines do not.
 
     python tools/bench/bundle.py                 # the full run (50,000 files, ~5.5 GB)
     python tools/bench/bundle.py --files 3000    # a quick look
+    python tools/bench/bundle.py --smoke         # seconds: checks that it runs (the test suite does)
 
-Installs Debian's ``zstd`` and ``xxhash`` packages with apt-get when the tools are missing.
+Installs Debian's ``zstd`` and ``xxhash`` packages with apt-get when the tools are missing;
+``--smoke`` installs nothing and leaves out the baselines whose tools are missing.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from dsagent.format.digester import build_manifest  # noqa: E402
 from dsagent.format.manifest import Manifest  # noqa: E402
 
 TOOLS = {"zstd": "zstd", "xxh128sum": "xxhash", "tar": "tar"}
+#: tools missing under --smoke, which installs nothing: their baselines are left out
+MISSING: list[str] = []
 
 
 def ensure_tools() -> None:
@@ -90,18 +94,20 @@ def timed(fn: Callable[[], object], reset: Callable[[], object] = lambda: None) 
     return best
 
 
-def compare(ours: Callable[[], object], theirs: Callable[[], object], reset_ours: Callable[[], object] = lambda: None, reset_theirs: Callable[[], object] = lambda: None) -> tuple[float, float]:
-    """Best times of both sides, runs interleaved so that both see the same machine load."""
+def compare(ours: Callable[[], object], theirs: Callable[[], object] | None, reset_ours: Callable[[], object] = lambda: None, reset_theirs: Callable[[], object] = lambda: None) -> tuple[float, float | None]:
+    """Best times of both sides, runs interleaved so that both see the same machine load
+    (``theirs`` None: a baseline whose tool is missing, left out)."""
     best = [math.inf, math.inf]
     global REPEAT
     repeat, REPEAT = REPEAT, 1
     try:
         for _ in range(repeat):
             best[0] = min(best[0], timed(ours, reset_ours))
-            best[1] = min(best[1], timed(theirs, reset_theirs))
+            if theirs is not None:
+                best[1] = min(best[1], timed(theirs, reset_theirs))
     finally:
         REPEAT = repeat
-    return best[0], best[1]
+    return best[0], (None if theirs is None else best[1])
 
 
 def clear(*paths: Path, mkdir: bool = False) -> Callable[[], None]:
@@ -121,12 +127,16 @@ def shell(command: str) -> Callable[[], object]:
     return lambda: subprocess.run(["bash", "-o", "pipefail", "-c", command], check=True)
 
 
-def report(what: str, ours: float, theirs: float, total: int, files: int, baseline: str, extra: tuple[str, float] | None = None) -> None:
+def report(what: str, ours: float, theirs: float | None, total: int, files: int, baseline: str, extra: tuple[str, float] | None = None) -> None:
     def line(who: str, seconds: float) -> str:
         return f"  {who:<40} {seconds:8.2f} s {total / seconds / 1e6:9.1f} MB/s {files / seconds:10.0f} files/s"
 
     print(f"{what}")
     print(line("dsagent", ours))
+    if theirs is None:
+        print(f"  {baseline:<40} skipped: {', '.join(MISSING)} not installed", flush=True)
+        print(f"  {'ratio (dsagent / C throughput)':<40}      n/a", flush=True)
+        return
     print(line(baseline, theirs))
     if extra is not None:
         print(line(*extra))
@@ -139,14 +149,20 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--median-kb", type=float, default=110)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--dir", type=Path, default=ROOT / ".bench" / "bundle")
+    parser.add_argument("--dir", "--workdir", dest="dir", type=Path, default=ROOT / ".bench" / "bundle")
     parser.add_argument("--max-bytes", type=int, default=800_000_000)
     parser.add_argument("--keep", action="store_true", help="keep the generated dataset for the next run")
     parser.add_argument("--repeat", type=int, default=1, help="report the best of this many runs of each step")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: 200 small files, nothing installed")
     args = parser.parse_args()
     global REPEAT
     REPEAT = max(1, args.repeat)
-    ensure_tools()
+    if args.smoke:
+        args.files, args.classes, args.median_kb = 200, 10, 16
+        MISSING[:] = [f"{tool} (apt package {pkg})" for tool, pkg in TOOLS.items() if shutil.which(tool) is None]
+    else:
+        ensure_tools()
+    has = lambda *tools: all(shutil.which(tool) for tool in tools)  # noqa: E731
     cpus = os.cpu_count() or 1
     work = args.dir
     src = work / "src"
@@ -158,14 +174,14 @@ def main() -> None:
     manifest: list[Manifest] = []
     ours, theirs = compare(
         lambda: manifest.append(build_manifest(src, name="bench")),
-        shell(f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"),
+        shell(f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null") if has("xxh128sum") else None,
     )
     report("digest", ours, theirs, total, args.files, f"find | xargs -P{cpus} xxh128sum")
 
     store, c_archive = work / "store", work / "c.tar.zst"
     ours, theirs = compare(
         lambda: write_bundles(manifest[0], src, store, max_bytes=args.max_bytes),
-        shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}"),
+        shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}") if has("tar", "zstd") else None,
         clear(store),
         clear(c_archive),
     )
@@ -174,11 +190,11 @@ def main() -> None:
     ours_out, c_out = work / "out-dsagent", work / "out-c"
     ours, theirs = compare(
         lambda: unpack(store, name="bench", dest=ours_out),
-        shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out} && sync -f {c_out}"),
+        shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out} && sync -f {c_out}") if has("tar", "zstd") else None,
         clear(ours_out),
         clear(c_out, mkdir=True),
     )
-    unsynced = timed(shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out}"), clear(c_out, mkdir=True))
+    unsynced = timed(shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out}"), clear(c_out, mkdir=True)) if theirs is not None else 0.0
     report("unpack", ours, theirs, total, args.files, "zstd -dc | tar -x && sync -f", ("zstd -dc | tar -x (no sync)", unsynced))
 
     for path in (ours_out, c_out, store):

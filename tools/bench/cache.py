@@ -1,8 +1,16 @@
 """Benchmark: caching an ImageNet-like dataset onto this node, three ways, in one run.
 
-    python tools/bench/cache.py                      # 50,000 files, 1 ms per open (the issue's run)
-    python tools/bench/cache.py --source http        # a real HTTP server on 127.0.0.1 instead
+    python tools/bench/cache.py                      # 50,000 files, 1 ms added per request (the issue's run)
+    python tools/bench/cache.py --latency-ms 0       # the same server without added latency
     python tools/bench/cache.py --files 3000         # a quick look
+    python tools/bench/cache.py --smoke              # seconds: checks that it still runs
+
+The source is a real HTTP server on 127.0.0.1, in its own process, serving the generated
+dataset and its bundles with byte ranges, and sleeping ``--latency-ms`` before answering
+each request (a remote's round trip). The agent reads it through fsspec's HTTP filesystem
+and checks it as it checks any remote URL: the benchmark needs no exception in the agent.
+(It used to be an fsspec filesystem wrapping the local disk, which the agent rightly
+refuses: a local path outside its allowed directories.)
 
 Ways, all from the same source into the same disk:
 1. baseline: a per-file copy as a user would do it without dsplatform (one file after the
@@ -15,8 +23,8 @@ It also measures this disk's sequential write bandwidth (large writes + fsync) a
 wall times, speedups against the baseline and the bundle path's share of the bandwidth.
 Targets (issue 3): bundles >= 8x the baseline and >= 80% of the sequential bandwidth.
 
-Not run by CI. Data goes under ``.bench/cache`` (or ``--workdir``) and is removed unless
-``--keep``.
+The test suite runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes under
+``.bench/cache`` (or ``--workdir``) and is removed unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -29,14 +37,13 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from dsagent.format.bundle import pack
 from dsagent.cache.service import CacheService, DatasetRequest
@@ -46,30 +53,25 @@ from dsplatform.units import format_size
 # --------------------------------------------------------------------------- sources
 
 
-class SlowLocalFileSystem(LocalFileSystem):
-    """``slowfile://``: the local filesystem with a fixed latency per open (network storage)."""
-
-    protocol = ("slowfile",)
-    latency = 0.001
-
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> Any:
-        if isinstance(path, str) and path.startswith("slowfile://"):
-            path = path[len("slowfile://") :]
-        return super()._strip_protocol(path)
-
-    def _open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
-        time.sleep(self.latency)
-        return super()._open(path, mode, **kwargs)
-
-
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Files and directory listings of one directory, with byte ranges (fsspec's HTTP
+    filesystem reads by range) and ``latency`` seconds added to every request."""
+
     protocol_version = "HTTP/1.1"
+    latency = 0.0
+    # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm
+    # and the client's delayed ACK add ~40 ms to every keep-alive reply (real servers set it).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
 
+    def do_HEAD(self) -> None:
+        time.sleep(self.latency)
+        super().do_HEAD()
+
     def do_GET(self) -> None:
+        time.sleep(self.latency)
         match = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         path = Path(self.translate_path(self.path))
         if match is None or not path.is_file():
@@ -94,12 +96,29 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
                 remaining -= len(chunk)
 
 
-def serve_http(directory: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
+def serve(directory: Path, latency: float) -> None:
+    """Run the server in this process until it is terminated: print its URL, then serve."""
+    _RangeHandler.latency = latency
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _RangeHandler(*a, directory=str(directory)))
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    host, port = server.server_address[:2]
-    return f"http://{host}:{port}", server
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+def start_server(directory: Path, latency: float) -> tuple[str, subprocess.Popen[str]]:
+    """A real HTTP server on 127.0.0.1 in its own process (it must not share the agent's
+    interpreter, as a remote would not), and its base URL."""
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(directory), "--latency-ms", str(latency * 1000)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    base = process.stdout.readline().strip()
+    if not base.startswith("http://127.0.0.1:"):
+        process.kill()
+        raise SystemExit(f"the HTTP server did not start (exit {process.wait()})")
+    return base, process
 
 
 # --------------------------------------------------------------------------- data
@@ -186,36 +205,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=50_000)
     parser.add_argument("--mean-kb", type=float, default=110.0)
     parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--source", choices=["latency", "http"], default="latency")
-    parser.add_argument("--latency-ms", type=float, default=1.0, help="per-open latency of the latency source")
+    parser.add_argument("--latency-ms", type=float, default=1.0, help="latency the HTTP source adds to every request (0: none)")
     parser.add_argument("--workers", type=int, default=8, help="dsagent fetch workers")
     parser.add_argument("--max-files", type=int, default=50_000, help="files per bundle")
     parser.add_argument("--max-bytes", default="800MB", help="bytes per bundle")
     parser.add_argument("--workdir", type=Path, default=Path(".bench/cache"))
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before each way (root; only on a quiet machine)")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: 200 small files, to check that the benchmark runs")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process started by start_server
     args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve, args.latency_ms / 1000)
+        return
+    if args.smoke:
+        args.files, args.mean_kb, args.classes = 200, 16.0, 10
 
     from dsplatform.units import parse_size
 
     work = args.workdir.absolute()
     shutil.rmtree(work, ignore_errors=True)
     (work / "www").mkdir(parents=True)
-    fsspec.register_implementation("slowfile", SlowLocalFileSystem, clobber=True)
-    SlowLocalFileSystem.latency = args.latency_ms / 1000
+    server = None
     try:
         print(f"generating {args.files:,} files (~{args.mean_kb:g} kB, {args.classes} classes) ...", flush=True)
         total = generate(work / "www" / "imagenet", args.files, args.mean_kb, args.classes)
         t_pack = timed(lambda: pack(work / "www" / "imagenet", work / "www" / "store", name="imagenet", max_files=args.max_files, max_bytes=parse_size(args.max_bytes)))
-        server = None
-        if args.source == "http":
-            base, server = serve_http(work / "www")
-            what = f"a real HTTP server on {base}"
-        else:
-            base = f"slowfile://{work / 'www'}"
-            what = f"the local disk with {args.latency_ms:g} ms per open"
+        base, server = start_server(work / "www", args.latency_ms / 1000)
+        what = f"a real HTTP server on {base}, {args.latency_ms:g} ms added per request"
         source, store = f"{base}/imagenet", f"{base}/store"
-        bandwidth = disk_write_bandwidth(work, max(total, 256 << 20))
+        bandwidth = disk_write_bandwidth(work, max(total, (16 if args.smoke else 256) << 20))
 
         if args.drop_caches:
             drop_caches_hint()
@@ -228,8 +247,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.drop_caches:
             drop_caches_hint()
         t_bundles = asyncio.run(agent_cache(work / "agent-bundles", DatasetRequest("imagenet", source, store), args.workers))
-        if server is not None:
-            server.shutdown()
 
         mbps = lambda seconds: f"{total / seconds / 1e6:8.1f} MB/s"  # noqa: E731
 
@@ -247,9 +264,12 @@ def main(argv: list[str] | None = None) -> None:
         print(line("dsagent with bundles:", t_bundles, share))
         print("targets: bundles >= 8x the baseline and >= 80% of the disk's bandwidth")
     finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -23,9 +23,10 @@ nodes whose agents republish.
 
     .venv/bin/python tools/bench/extender.py                         # full run
     .venv/bin/python tools/bench/extender.py --nodes 100,1000 --requests 20   # quick
+    .venv/bin/python tools/bench/extender.py --smoke                  # seconds: checks that it runs
 
 Targets (issue 5): p99 <= 10 ms at 100 nodes; at 5,000 nodes <= 100 ms with full Node
-objects and <= 20 ms names-only. Not run by CI.
+objects and <= 20 ms names-only. The test suite runs ``--smoke`` (100 nodes, 20 requests).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def request_pod(i: int, names: list[str]) -> dict[str, Any]:
 
 
 def start_extender(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DSEXT_PORT": str(port), "DSEXT_WATCH": "1", "DSEXT_KUBECONFIG": str(kubeconfig),
+    env = {**os.environ, "DSEXT_HOST": "127.0.0.1", "DSEXT_PORT": str(port), "DSEXT_WATCH": "1", "DSEXT_KUBECONFIG": str(kubeconfig),
            "DSEXT_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env, cwd=ROOT)
 
@@ -173,6 +174,13 @@ def floor(bodies: list[bytes], repeat: int) -> float:
     return statistics.median(times)
 
 
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the extender binds it right after)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -185,10 +193,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="prioritize requests per size and mode")
     parser.add_argument("--datasets", type=int, default=20, help="datasets cached per node")
     parser.add_argument("--churn", type=float, default=0.01, help="fraction of nodes changed between requests (full mode)")
-    parser.add_argument("--port", type=int, default=18888)
+    parser.add_argument("--port", type=int, default=0, help="the extender's port on 127.0.0.1 (0: a free one)")
+    parser.add_argument("--workdir", type=Path, help="where the kubeconfig goes (default: a temporary directory)")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: 100 nodes, 20 requests per mode")
     parser.add_argument("--client", choices=("socket", "httpx"), default="socket",
                         help="HTTP client sending the requests (httpx adds its own cost on big bodies)")
     opts = parser.parse_args()
+    if opts.smoke:
+        opts.nodes, opts.requests = "100", 20
+    if opts.port == 0:
+        opts.port = free_port()
     sizes = [int(s) for s in opts.nodes.split(",")]
     modes = opts.modes.split(",")
     nodes = make_nodes(max(sizes), opts.datasets)
@@ -197,7 +211,7 @@ def main() -> None:
     print(f"# {max(sizes)} nodes, {opts.datasets} datasets each, {opts.requests} requests per cell, "
           f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB, {opts.client} client")
     print(f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}")
-    with FakeApiServer() as api, tempfile.TemporaryDirectory() as tmp:
+    with FakeApiServer() as api, tempfile.TemporaryDirectory(dir=opts.workdir) as tmp:
         for obj in nodes:
             created = {"kind": "Node", "apiVersion": "v1", **obj}
             created["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}

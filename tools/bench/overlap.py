@@ -18,6 +18,7 @@ takes longer than caching).
 
     .venv/bin/python tools/bench/overlap.py                       # small: 2,000 files, 3 s pull
     .venv/bin/python tools/bench/overlap.py --files 50000 --pull 60   # full scale
+    .venv/bin/python tools/bench/overlap.py --smoke                   # seconds: checks that it runs
 """
 
 from __future__ import annotations
@@ -157,8 +158,12 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--file-size", type=int, default=8000)
     parser.add_argument("--pull", type=float, default=3.0, help="seconds the app image pull takes")
+    parser.add_argument("--workdir", type=Path, help="where the data and caches go (default: a temporary directory)")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: 200 files, a 0.5 s pull")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-overlap-") as tmp:
+    if args.smoke:
+        args.files, args.pull = 200, 0.5
+    with tempfile.TemporaryDirectory(prefix="bench-overlap-", dir=args.workdir) as tmp:
         work = Path(tmp)
         source = make_source(work, args.files, args.file_size)
         cache = caching_alone(work, source)

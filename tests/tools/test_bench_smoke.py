@@ -1,0 +1,52 @@
+"""Every benchmark in ``tools/bench/`` runs at its ``--smoke`` size, so that none rots.
+
+The scripts are found by glob, so a new benchmark is run here without being listed, and
+fails until its table line is added to ``TABLES``. Each runs as a subprocess in its own
+``--workdir`` under ``tmp_path``; the test checks that it completes and prints its table,
+not how fast it is (smoke sizes are far too small for the figures to mean anything).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+BENCH_DIR = REPO_ROOT / "tools" / "bench"
+SCRIPTS = sorted(BENCH_DIR.glob("*.py"))
+
+#: what each benchmark's table prints: its ratio line, or its header where it has no ratio
+TABLES = {
+    "bundle": ["digest", "pack", "unpack", "ratio (dsagent / C throughput)"],
+    "cache": ["baseline per-file copy:", "dsagent without bundles:", "dsagent with bundles:"],
+    "digest": ["dsagent build_manifest", "ratio of medians (dsagent / C)"],
+    "extender": ["p50 ms", "p99 ms", "names     100"],
+    "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
+}
+
+
+def test_every_bench_is_run() -> None:
+    assert SCRIPTS, f"no benchmarks found under {BENCH_DIR}"
+    assert {s.stem for s in SCRIPTS} == set(TABLES), "add a new benchmark's table line to TABLES (or remove a gone one)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_bench_smoke(script: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--workdir", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{script.name} --smoke failed (exit {result.returncode}):\n{output[-3000:]}"
+    for line in TABLES.get(script.stem, ["<no table line listed in TABLES>"]):
+        assert line in result.stdout, f"{script.name} --smoke did not print {line!r}:\n{output[-3000:]}"
+    print(f"{script.name} --smoke: {time.monotonic() - started:.1f} s")
