@@ -15,7 +15,7 @@ in the catalog or resolve again (and claim again).
 
 from __future__ import annotations
 
-Key = tuple[str, str]  # (dataset name, version digest)
+from dsagent.cache.layout import Key
 
 
 class Claims:

@@ -21,14 +21,13 @@ import asyncio
 import functools
 import os
 import shutil
-import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dsagent.cache.progress import FetchProgress
 from dsagent.errors import IntegrityError, InvalidInput
 from dsagent.format.bundle import unpack_bundle
 from dsagent.format.digester import is_local, mtime_ns
@@ -54,43 +53,6 @@ class Source:
     url: str
     bundles: str | None = None
     storage_options: Mapping[str, Any] | None = None
-
-
-class Progress:
-    """Bytes and files done of the totals; updated from worker threads, read by the API."""
-
-    def __init__(self, total_bytes: int, total_files: int, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.total_bytes = total_bytes
-        self.total_files = total_files
-        self.bytes_done = 0
-        self.files_done = 0
-        self._clock = clock
-        self._started = clock()
-        self._base_bytes = 0  # bytes skipped on resume do not count towards the rate
-        self._lock = threading.Lock()
-
-    def add(self, nbytes: int, nfiles: int = 0) -> None:
-        with self._lock:
-            self.bytes_done += nbytes
-            self.files_done += nfiles
-
-    def skip(self, nbytes: int, nfiles: int) -> None:
-        """Count work found done already (resumed bundles)."""
-        with self._lock:
-            self.bytes_done += nbytes
-            self.files_done += nfiles
-            self._base_bytes += nbytes
-
-    def rate(self) -> float:
-        elapsed = max(self._clock() - self._started, 1e-6)
-        return (self.bytes_done - self._base_bytes) / elapsed
-
-    def eta(self) -> float | None:
-        rate = self.rate()
-        remaining = self.total_bytes - self.bytes_done
-        if remaining <= 0:
-            return 0.0
-        return remaining / rate if rate > 0 else None
 
 
 def listing_matches(source: Source, manifest: Manifest) -> bool:
@@ -125,7 +87,7 @@ def safe_target(root: Path, relative: str) -> Path:
     return root.joinpath(*relative.split("/"))
 
 
-def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress: Progress) -> None:
+def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress: FetchProgress) -> None:
     """Copy one file, hashing while copying; the copy is removed unless its digest matches."""
     digest = copy_hashing(fs, source_path, dest, entry.path, entry.mtime_ns, progress)
     if digest != entry.digest:
@@ -136,7 +98,7 @@ def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress:
         )
 
 
-def copy_hashing(fs: Any, source_path: str, dest: Path, relative: str, mtime_ns: int, progress: Progress) -> str:
+def copy_hashing(fs: Any, source_path: str, dest: Path, relative: str, mtime_ns: int, progress: FetchProgress) -> str:
     """Copy one file to ``dest`` (fsynced, with ``mtime_ns``) and return its xxh3-128."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     hasher = FileHasher()
@@ -193,7 +155,7 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
     return sorted(files, key=lambda f: f.path), sorted(d for d in dirs if d not in parents)
 
 
-async def copy_and_digest(source: Source, files: Sequence[Listed], staging: Path, *, progress: Progress, executor: Executor, workers: int) -> list[FileEntry]:
+async def copy_and_digest(source: Source, files: Sequence[Listed], staging: Path, *, progress: FetchProgress, executor: Executor, workers: int) -> list[FileEntry]:
     """Per-file copy of a remote source with no manifest yet, building its entries from the
     digests computed while copying (each file is read once)."""
     fs, _ = resolve(source.url, source.storage_options)
@@ -233,7 +195,7 @@ async def _bounded(executor: Executor, workers: int, calls: Iterable[Callable[[]
         raise failure[0]
 
 
-async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, progress: Progress, executor: Executor, workers: int) -> None:
+async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, progress: FetchProgress, executor: Executor, workers: int) -> None:
     """Per-file copy of every entry of ``manifest`` from ``source.url`` into ``staging``."""
     fs, root = resolve(source.url, source.storage_options)
     base = root.rstrip("/")
@@ -244,7 +206,7 @@ async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, prog
     await _bounded(executor, workers, calls)
 
 
-def link_bundle(origin: Path, staging: Path, entries: Sequence[FileEntry], progress: Progress) -> None:
+def link_bundle(origin: Path, staging: Path, entries: Sequence[FileEntry], progress: FetchProgress) -> None:
     """Hard-link (or copy across filesystems) a bundle's files from another cached version."""
     for entry in entries:
         src, dest = safe_target(origin, entry.path), safe_target(staging, entry.path)
@@ -282,7 +244,7 @@ async def fetch_bundles(
     done: set[str],
     on_bundle_done: Callable[[BundleRef], Awaitable[None]],
     local: Mapping[str, Path] | None = None,
-    progress: Progress,
+    progress: FetchProgress,
     executor: Executor,
     workers: int,
 ) -> None:
@@ -315,4 +277,4 @@ async def fetch_bundles(
     await _bounded(executor, workers, [functools.partial(unpack, b) for b in todo], after)
 
 
-__all__ = ["Listed", "Progress", "Source", "copy_and_digest", "copy_hashing", "list_remote", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]
+__all__ = ["Listed", "Source", "copy_and_digest", "copy_hashing", "list_remote", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]

@@ -13,8 +13,9 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from dsagent.cache.layout import Key
+
 _T = TypeVar("_T")
-Key = tuple[str, str]  # (dataset name, version digest)
 
 
 class Flights:
@@ -49,4 +50,4 @@ class Flights:
         return list(self._running.values())
 
 
-__all__ = ["Flights", "Key"]
+__all__ = ["Flights"]

@@ -32,6 +32,11 @@ from dsagent.errors import InvalidInput
 from dsagent.format.durable import fsync_dir
 from dsagent.format.names import is_digest, is_name, validate_digest, validate_name
 
+#: A dataset version's identity in the cache, the one key every part of the service uses:
+#: ``(dataset name, version digest)``; while a copy's digest is still unknown the second
+#: slot holds ``pending-<token>``.
+Key = tuple[str, str]
+
 
 @dataclass(frozen=True)
 class DiskUsage:
@@ -172,4 +177,4 @@ def _valid_key(name: str, digest: str) -> bool:
     return is_name(name) and is_digest(digest)
 
 
-__all__ = ["DiskUsage", "Store", "validate_digest", "validate_name"]
+__all__ = ["DiskUsage", "Key", "Store", "validate_digest", "validate_name"]

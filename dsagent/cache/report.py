@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.cache.catalog import VersionRow
-from dsagent.cache.fetch import Progress
 from dsagent.cache.metrics import Sample
+from dsagent.cache.progress import FetchProgress
 from dsagent.cache.task import DatasetStatus, iso, redact_url
 from dsagent.errors import DsagentError
 
@@ -27,7 +27,7 @@ _GONE = {
 
 def dataset_status(
     item: dict[str, Any], digest: str | None, row: VersionRow | None, *, error: DsagentError | None, waiting: bool,
-    fetching: bool, pending: Progress | None, progress: Progress | None, path: str | None,
+    fetching: bool, pending: FetchProgress | None, progress: FetchProgress | None, path: str | None,
 ) -> DatasetStatus:
     """Where one requested dataset (``item``, as stored) stands for its task.
 
@@ -51,12 +51,12 @@ def dataset_status(
     return DatasetStatus(**base, state=state, error=err, **_counters(progress, row.size_bytes, row.files))
 
 
-def _counters(progress: Progress | None, size_bytes: int, files: int) -> dict[str, Any]:
+def _counters(progress: FetchProgress | None, size_bytes: int, files: int) -> dict[str, Any]:
     done = (progress.bytes_done, progress.files_done, progress.rate(), progress.eta()) if progress else (0, 0, 0.0, None)
     return {"size_bytes": size_bytes, "files": files, "bytes_done": done[0], "files_done": done[1], "rate": done[2], "eta": done[3]}
 
 
-def version_view(row: VersionRow, *, in_use: bool, working: bool, progress: Progress | None, path: str) -> dict[str, Any]:
+def version_view(row: VersionRow, *, in_use: bool, working: bool, progress: FetchProgress | None, path: str) -> dict[str, Any]:
     """One cached version as ``GET /v1/datasets`` shows it (``working``: a fetch or a task's
     work on its name is running)."""
     state = "fetching" if row.state != "ready" and working else ("failed" if row.state != "ready" else "ready")

@@ -31,7 +31,7 @@ from dsagent.cache import eviction
 from dsagent.cache.catalog import Catalog, VersionRow
 from dsagent.cache.claims import Claims
 from dsagent.cache.flights import Flights
-from dsagent.cache.layout import Store, validate_name
+from dsagent.cache.layout import Key, Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
@@ -40,7 +40,6 @@ from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
 from dsplatform.units import format_size
 
 log = logging.getLogger("dsagent")
-Key = tuple[str, str]  # (dataset name, version digest)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dsagent.cache.fetch import (
     listing_matches,
 )
 from dsagent.cache.flights import Flights
-from dsagent.cache.layout import Store
+from dsagent.cache.layout import Key, Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
@@ -48,7 +48,6 @@ from dsagent.format.storage import resolve
 from dsplatform.units import format_size
 
 log = logging.getLogger("dsagent")
-Key = tuple[str, str]  # (dataset name, version digest)
 
 
 class Versions:
