@@ -1,7 +1,7 @@
 """GPU-pair and GPU-set scores, and the choice of the best GPU set on a node.
 
 Pure functions of a :class:`~gpu_topology.model.Topology`; the scheduler extender and
-``dsctl topo best`` call them. The pair scores are NVIDIA go-gpuallocator's (the paper's
+``dsctl topo best`` call them. The pair scores are NVIDIA go-gpuallocator's (docs/design.md#gpu-pair-scores; the design's
 "Table 3" rule): NVLink 100 per bonded link, same board 60, one PCIe switch (PIX) 50,
 several switches (PXB) 40, a host bridge (PHB) 30, the same NUMA node (NODE) 20, across
 CPUs (SYS) 10; an unknown link scores 0. A set scores the sum of its pairs.

@@ -3,7 +3,7 @@
 ``dsctl pack --publish`` records each Dataset's current version in its status
 (``status.digest``, ``status.bytes``). With the watch cache running, a pod that names a
 dataset without pinning a digest is resolved against its namespace's Dataset, so that
-"ready and current" (paper 3.3) means "holds the current version", not "holds some
+"ready and current" (docs/design.md#dataset-affinity) means "holds the current version", not "holds some
 version"; the size also lets the filter rule out caches too small for a dataset no node
 holds yet. Without a Dataset (or without the CRD) an unpinned name accepts any ready copy.
 Pure functions; the node cache keeps the map, the view applies it.

@@ -2,7 +2,7 @@
 
 ``read_pod`` turns a raw v1.Pod (as kube-scheduler sends it, or as the watch cache holds
 it) into a frozen :class:`PodRequest`. It never raises on bad pod data: a dataset
-annotation that cannot be parsed is recorded in ``datasets_error`` (the paper's "the
+annotation that cannot be parsed is recorded in ``datasets_error`` (docs/design.md#dataset-affinity: "the
 pod's dataset information cannot be parsed" case, scored 0), and an unreadable GPU
 quantity counts as 0 with ``gpus_error`` set. Called by the framework and the view.
 """

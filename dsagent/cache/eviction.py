@@ -1,4 +1,4 @@
-"""Which cached datasets to evict: pure functions of their inputs (rule 4).
+"""Which cached datasets to evict: pure functions of their inputs (docs/design.md#eviction).
 
 Who calls it: :mod:`dsagent.cache.service` (before every fetch, in the idle sweep and for
 ``POST /v1/evict``), which gathers the candidates and the free space and applies the
@@ -53,7 +53,7 @@ class Plan:
 
 
 def needed_bytes(size: int, ratio: float) -> int:
-    """Rule 4's target: ``ratio`` times the dataset's size, rounded up."""
+    """The eviction rule's target: ``ratio`` times the dataset's size, rounded up."""
     return math.ceil(size * ratio)
 
 

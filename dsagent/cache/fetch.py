@@ -1,7 +1,7 @@
 """Getting one dataset version into its staging directory: bundles or per-file copies.
 
 Who calls it: :mod:`dsagent.cache.versions`, which owns the staging directory, the catalog and
-the concurrency limits, and passes in an executor and a worker count (rule 6).
+the concurrency limits, and passes in an executor and a worker count (docs/design.md#rule-6).
 What it owns: the two fetch paths and their progress counters.
 
 - **Packed** (the source has a manifest in a bundle store): each bundle is downloaded and

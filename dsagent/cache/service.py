@@ -3,7 +3,7 @@ space and the idle sweep.
 
 Who calls it: the HTTP API (:mod:`dsagent.api`) and, in cluster mode, the Kubernetes
 integration (``dsagent.kube.agent.ClusterAgent``); nothing else calls the parts it
-coordinates, so every rule of the paper's section 1 is enforced from here:
+coordinates, so every node-cache rule (docs/design.md#rules) is enforced from here:
 
 1. One request per task: :meth:`CacheService.submit_task` is idempotent per task id;
    repeating it renews the lease and starts no new work.
@@ -170,7 +170,7 @@ class CacheService:
         if bound is not None:
             row = await self._db(self.catalog.version, request.name, bound)
             if row is not None and row.state == "ready":
-                return  # rule 1: a repeated request starts no new work
+                return  # docs/design.md#rule-1: a repeated request starts no new work
         self._errors.pop((task_id, request.name), None)
         self._start_waiter(task_id, request, bound)
 

@@ -1,4 +1,4 @@
-"""Space: reservations, free-space accounting, and applying the eviction policy (rule 4).
+"""Space: reservations, free-space accounting, and applying the eviction policy (docs/design.md#eviction).
 
 Who calls it: :mod:`dsagent.cache.versions` reserves before every fetch and takes the lock
 around making a copy ready; :mod:`dsagent.cache.service` runs operator evictions, the sweep's

@@ -125,7 +125,7 @@ def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -
 
 
 def check_same_request(existing: TaskRow, requests: Sequence[DatasetRequest]) -> None:
-    """A repeated request must name the same datasets (rule 1: one request per task)."""
+    """A repeated request must name the same datasets (one request per task: docs/design.md#rule-1)."""
     before = sorted((d["name"], d["source"], d.get("bundles")) for d in existing.request)
     after = sorted(r.identity for r in requests)
     if before != after:

@@ -2,7 +2,7 @@
 
 Who calls it: :class:`dsagent.cache.service.CacheService`, inside its single-flight steps (one
 resolve per request identity, one fetch per version), so nothing here deduplicates work.
-What it owns: rule 2's consistency check (:meth:`Versions.resolve`: the packed manifest,
+What it owns: the consistency check (docs/design.md#rule-2) (:meth:`Versions.resolve`: the packed manifest,
 else a listing that matches the cached copy, else a digest, else a per-file copy that
 digests while it copies) and the fetch of a resolved version into staging, its atomic
 publication and its catalog commit (:meth:`Versions.fetch`). Space comes from
@@ -73,7 +73,7 @@ class Versions:
     # -- the consistency check ----------------------------------------------------------
 
     async def resolve(self, name: str, source: Source) -> tuple[Manifest, bool]:
-        """The source's current manifest (rule 2) and whether resolving it cached it too.
+        """The source's current manifest (docs/design.md#rule-2) and whether resolving it cached it too.
 
         In order: the packed manifest when the bundle store has one; the cached version's
         manifest when a remote listing shows the same files, sizes and times; for a local

@@ -9,7 +9,7 @@ the :class:`~dsagent.cache.service.CacheService`.
    at most once per ``DSAGENT_PUBLISH_INTERVAL``; a graceful stop removes them;
 2. watches the pods bound to its node (:class:`~dsagent.kube.podwatch.PodWatch`) and, as
    soon as one that names datasets is bound, submits its task (the pod UID) to the
-   service, so caching runs while the kubelet pulls the images (the paper's rule 3); the
+   service, so caching runs while the kubelet pulls the images (docs/design.md#rule-3); the
    task is the very request its init-container will repeat, so that repeat is a no-op;
 3. keeps a running pod's datasets in use by renewing the task's lease, and releases the
    task when the pod ends or is deleted (also when that happened while the watch was

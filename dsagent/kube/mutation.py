@@ -21,7 +21,7 @@ operations that
 - add the agent's group to the pod's supplementalGroups (the socket is group-writable);
 - set the dsplatform scheduler's name when the pod uses the default scheduler.
 
-Two ways to wait (the paper's rule 3: caching overlaps image pulls). The kubelet pulls a
+Two ways to wait (docs/design.md#rule-3: caching overlaps image pulls). The kubelet pulls a
 container's image only when it starts that container, and starts app containers only
 after every ordinary init-container has finished, so a blocking init-container would
 serialise caching and the app image pull. Hence, by default (``overlap``):

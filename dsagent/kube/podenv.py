@@ -2,7 +2,7 @@
 
 The webhook (:mod:`dsagent.kube.mutation`) writes it into the pod; ``dsctl`` reads it in the
 init-container; the cluster agent reads the same variables from the pod spec at bind time,
-so that its request and the init-container's are one and the same task (rule 1):
+so that its request and the init-container's are one and the same task (docs/design.md#rule-1):
 
 - ``DSAGENT_DATASETS``: a JSON list of ``{name, source, bundles?, storage_options?}``;
 - ``DSAGENT_BUNDLES``: the bundle store for datasets that name none;

@@ -1,6 +1,6 @@
 """What the agent publishes on its Node, as pure functions over annotation maps.
 
-Three annotations, read by the scheduler extender (contract in BRIEF/README):
+Three annotations, read by the scheduler extender (contract: docs/design.md#annotations):
 
 - ``dsagent.io/inventory``: the compact inventory JSON (budget 64 KiB, trimmed by
   :func:`dsagent.cache.inventory.compact`);

@@ -1,7 +1,7 @@
 """Discovery from ``nvidia-smi``: the ``topo -m`` matrix plus the GPU UUID/bus-id query.
 
 :func:`parse_topo_matrix` reads the matrix text as printed by every driver generation we
-have seen (``../shared/fixtures/topology``): tabs expanded to spaces or doubled, cells
+have seen (``tests/fixtures/topology``): tabs expanded to spaces or doubled, cells
 padded with stray spaces, ANSI escapes around the header, NIC columns named ``mlx5_*``
 directly (in any order) or ``NIC#`` with a trailing "NIC Legend", no NUMA column, NUMA
 affinity lists and ranges (``0,8,252-255``), no legend at all. Cells are therefore split

@@ -1,4 +1,4 @@
-"""Dataset affinity, exactly as the platform paper (section 3.3) defines it.
+"""Dataset affinity, exactly as docs/design.md#dataset-affinity defines it.
 
 Raw score of a node for a pod:
 
@@ -12,7 +12,7 @@ no digest accepts the node's ready copy (the agent checks consistency against th
 source when the pod starts). The raw scores are normalized to 0..10 over the candidate
 nodes. It is a score, never a filter.
 
-Optional ``partial`` mode (off by default, not in the paper): a node holding only some
+Optional ``partial`` mode (off by default, not in the design): a node holding only some
 of the datasets earns ``count x (cached bytes / requested bytes)``, with each dataset's
 size taken from the inventories of the candidates.
 """
@@ -32,7 +32,7 @@ def affinity(
     *,
     sizes: Mapping[str, int] | None = None,
 ) -> float:
-    """The paper's raw score; pass ``sizes`` (name -> bytes) to turn on partial credit.
+    """The design's raw score; pass ``sizes`` (name -> bytes) to turn on partial credit.
 
     ``inventory`` is None when the node published none or it could not be parsed.
     """

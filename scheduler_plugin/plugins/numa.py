@@ -1,4 +1,4 @@
-"""NUMA placement: how good a GPU set the node can still give the pod (paper 3.1-3.2).
+"""NUMA placement: how good a GPU set the node can still give the pod (docs/design.md#numa-placement).
 
 The score compares the best set gpu_topology's ``best_gpu_set`` finds among the node's
 free GPUs with the best set the same hardware could give when fully free, and puts

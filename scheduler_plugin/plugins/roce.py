@@ -1,4 +1,4 @@
-"""GPU-RoCE subnet placement (the RoCE-affinity patent, steps 4 and 5).
+"""GPU-RoCE subnet placement (docs/design.md#roce-class-choice).
 
 A node's GPUs fall into classes, one per RoCE NIC (hence subnet). All workers of one
 job should use one class, so that their NICs share a subnet:
@@ -39,7 +39,7 @@ def choose_class(nodes: Iterable[Mapping[str, int]], need: int = 1) -> ClassChoi
     """The class suggested by the most nodes (each node's ``free_by_class``).
 
     A node whose best class has fewer than ``need`` free GPUs cannot host a worker and
-    does not vote. A node with two equally free classes votes for both. The patent
+    does not vote. A node with two equally free classes votes for both. The design
     leaves a tie between classes open; this breaks it by total free GPUs, then name.
     """
     return choose_class_grouped(((free_by_class, 1) for free_by_class in nodes), need)

@@ -1,4 +1,4 @@
-"""The pure victim choice: rule 4's 1.2x target, LRU order, in-use and fetching protection."""
+"""The pure victim choice: the 1.2x target of docs/design.md#eviction, LRU order, in-use and fetching protection."""
 
 from __future__ import annotations
 

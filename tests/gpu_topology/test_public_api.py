@@ -21,7 +21,7 @@ def test_all_is_sorted_and_every_name_exists() -> None:
         assert hasattr(gpu_topology, name), name
 
 
-def test_the_brief_s_signatures_hold() -> None:
+def test_the_public_signatures_hold() -> None:
     assert list(inspect.signature(best_gpu_set).parameters) == ["topology", "free", "count", "must_include"]
     assert list(inspect.signature(roce_classes).parameters) == ["topology", "prefix"]
     assert inspect.signature(roce_classes).parameters["prefix"].default == "gpu-roce"

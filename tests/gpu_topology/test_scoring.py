@@ -1,4 +1,4 @@
-"""GPU-pair scores, set scores and the best GPU set (the paper's rule, go-gpuallocator's numbers)."""
+"""GPU-pair scores, set scores and the best GPU set (docs/design.md#gpu-pair-scores, go-gpuallocator's numbers)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_pair_score_of_a_gpu_the_topology_lacks_is_an_error() -> None:
 
 
 def paper_topology() -> Topology:
-    """The paper's example: GPU0 NVLinked to GPU2 and GPU3, GPU1 not."""
+    """The design's example (docs/design.md#gpu-pair-scores): GPU0 NVLinked to GPU2 and GPU3, GPU1 not."""
     return build(
         {
             ("GPU0", "GPU1"): "PHB",
@@ -130,7 +130,7 @@ def test_up_to_eight_free_gpus_the_choice_is_exactly_optimal(seed: int) -> None:
 @pytest.mark.parametrize(
     ("free", "count", "must", "expected"),
     [
-        ([0, 1, 2, 3], 3, [2, 3], (0, 2, 3)),  # the paper
+        ([0, 1, 2, 3], 3, [2, 3], (0, 2, 3)),  # the design's example
         ([0, 1, 2, 3], 1, [], (0,)),
         ([0, 1, 2, 3], 2, [], (2, 3)),  # NV2 beats every other pair
         ([0, 1, 2], 2, [], (0, 2)),  # NV1 beats PHB

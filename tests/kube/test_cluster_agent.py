@@ -357,7 +357,7 @@ def test_the_agent_sends_what_the_init_container_will_and_its_repeat_is_a_no_op(
             init_env = {e["name"]: e.get("value") for e in pod["spec"]["initContainers"][0]["env"]}
             items = json.loads(init_env["DSAGENT_DATASETS"])
             again = await agent.service.submit_task(uid, [DatasetRequest(i["name"], i["source"]) for i in items])
-            assert again.created_at == first.created_at  # the same record: rule 1
+            assert again.created_at == first.created_at  # the same record: docs/design.md#rule-1
 
     asyncio.run(scenario())
 

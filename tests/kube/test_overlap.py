@@ -1,4 +1,4 @@
-"""Rule 3: caching overlaps the image pull, so the pod starts no later than without us.
+"""docs/design.md#rule-3: caching overlaps the image pull, so the pod starts no later than without us.
 
 A simulated kubelet (:mod:`dsagent.kube.testing`) runs the webhook's mutated pod against
 a real agent process, with the real ``dsctl`` in the cache container and the real

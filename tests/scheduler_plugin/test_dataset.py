@@ -1,4 +1,4 @@
-"""Dataset affinity: the platform paper's section 3.3, case by case."""
+"""Dataset affinity: docs/design.md#dataset-affinity, case by case."""
 
 from __future__ import annotations
 

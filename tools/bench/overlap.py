@@ -1,4 +1,4 @@
-"""Benchmark rule 3: with dsplatform a pod starts training no later than without it.
+"""Benchmark docs/design.md#rule-3: with dsplatform a pod starts training no later than without it.
 
 A simulated kubelet (``dsagent.kube.testing.SimulatedKubelet``) starts one training pod
 three ways, each against a fresh real agent process caching a local dataset of
