@@ -82,7 +82,7 @@ class Link:
     def __str__(self) -> str:
         if self.kind is LinkKind.NVLINK:
             return f"NV{self.nvlinks}"
-        return self.kind.value
+        return str(self.kind.value)
 
 
 _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")

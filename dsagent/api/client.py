@@ -79,6 +79,13 @@ class AgentClient:
             return response.json()
         return response.text
 
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """A call whose answer must be a JSON object; anything else is the agent's fault, said so."""
+        body = self._call(method, path, **kwargs)
+        if not isinstance(body, dict):
+            raise errors.DsagentError(f"the agent at {self.where} answered {path} with something other than a JSON object")
+        return body
+
     def _unreachable(self) -> AgentUnreachable:
         return AgentUnreachable(
             f"no dsagent is answering at {self.where}",
@@ -89,32 +96,32 @@ class AgentClient:
 
     def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> dict[str, Any]:
         body = {"datasets": [dict(d) for d in datasets]}
-        return self._call("PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
+        return self._json("PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
 
     def get_task(self, task_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/tasks/{_segment(task_id)}")
+        return self._json("GET", f"/v1/tasks/{_segment(task_id)}")
 
     def release_task(self, task_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/v1/tasks/{_segment(task_id)}")
+        return self._json("DELETE", f"/v1/tasks/{_segment(task_id)}")
 
     # -- datasets and operator actions -------------------------------------------------
 
     def datasets(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/datasets")
+        return self._json("GET", "/v1/datasets")
 
     def dataset(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/datasets/{_segment(name)}")
+        return self._json("GET", f"/v1/datasets/{_segment(name)}")
 
     def evict_dataset(self, name: str, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
         params = {"force": str(force).lower(), "dryRun": str(dry_run).lower()}
-        return self._call("DELETE", f"/v1/datasets/{_segment(name)}", params=params)
+        return self._json("DELETE", f"/v1/datasets/{_segment(name)}", params=params)
 
     def evict(self, *, mode: str, names: Sequence[str] = (), bytes: int | None = None, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
         body = {"mode": mode, "names": list(names), "bytes": bytes, "force": force, "dryRun": dry_run}
-        return self._call("POST", "/v1/evict", json=body)
+        return self._json("POST", "/v1/evict", json=body)
 
     def inventory(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/inventory")
+        return self._json("GET", "/v1/inventory")
 
     def health(self) -> bool:
         return bool(self._call("GET", "/healthz").get("status") == "ok")

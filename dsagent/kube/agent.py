@@ -107,7 +107,7 @@ def wants_datasets(pod: Mapping[str, Any]) -> bool:
 
 def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for container in (pod.get("spec") or {}).get("initContainers") or []:
-        if container.get("name") == INIT_CONTAINER:
+        if isinstance(container, Mapping) and container.get("name") == INIT_CONTAINER:
             return container
     return None
 

@@ -108,7 +108,7 @@ def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
 def _name(name: Any) -> str:
     if not is_name(name):
         raise InvalidInput(f"invalid dataset name {name!r} in {DATASETS_ANNOTATION}", hint=NAME_HINT)
-    return name
+    return str(name)
 
 
 __all__ = ["DATASETS_ANNOTATION", "DatasetRef", "datasets_of", "parse"]
