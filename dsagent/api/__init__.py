@@ -42,13 +42,17 @@ class KubernetesUnavailable(DsagentError):
     exit_code = 2
 
 
-def create_app(settings: Settings, *, service: CacheService | None = None, clock: Callable[[], float] = time.time) -> FastAPI:
-    """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``."""
+def create_app(settings: Settings, *, service: CacheService | None = None, clock: Callable[[], float] = time.time,
+               free_gpus: Any = None) -> FastAPI:
+    """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``.
+
+    ``free_gpus`` (cluster mode) is the ClusterAgent's source of free GPUs from the kubelet.
+    """
     svc = service if service is not None else CacheService(settings, clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cluster = load_cluster_agent(svc, settings) if settings.kubernetes else None
+        cluster = load_cluster_agent(svc, settings, free_gpus=free_gpus) if settings.kubernetes else None
         await svc.start()
         try:
             if cluster is not None:
@@ -68,7 +72,7 @@ def create_app(settings: Settings, *, service: CacheService | None = None, clock
     return app
 
 
-def load_cluster_agent(service: CacheService, settings: Settings) -> Any:
+def load_cluster_agent(service: CacheService, settings: Settings, *, free_gpus: Any = None) -> Any:
     """``dsagent.kube.agent.ClusterAgent(service, settings)``, imported only in cluster mode."""
     try:
         module = importlib.import_module("dsagent.kube.agent")
@@ -79,7 +83,7 @@ def load_cluster_agent(service: CacheService, settings: Settings) -> Any:
             "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
         ) from exc
-    return module.ClusterAgent(service, settings)
+    return module.ClusterAgent(service, settings, free_gpus=free_gpus)
 
 
 def _error(exc: DsagentError) -> JSONResponse:

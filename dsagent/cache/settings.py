@@ -80,6 +80,15 @@ def _optional_size(text: str | int | None) -> int | None:
     return size
 
 
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _resource_prefix(text: str) -> str:
+    if not _DNS_SUBDOMAIN.match(text):
+        raise InvalidInput(f"invalid resource prefix {text!r}", hint="use a DNS subdomain such as dsagent.io")
+    return text
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
@@ -106,6 +115,11 @@ class Settings:
     local_sources: tuple[Path, ...] = ()  # local directories requests may name as sources
     kubernetes: bool = False
     log_level: str = "info"
+    # --- issue 11: device plugin ---
+    device_plugin: bool = False  # serve the kubelet device plugin (docs/design.md#roce-allocation)
+    resource_prefix: str = "dsagent.io"  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
     @property
     def socket(self) -> Path:
@@ -152,6 +166,8 @@ def _validated(settings: Settings) -> Settings:
         raise SettingsError("the admin token must be at least 16 characters", hint="generate one with: openssl rand -hex 16")
     if settings.log_level not in ("critical", "error", "warning", "info", "debug"):
         raise SettingsError(f"unknown log level {settings.log_level!r}", hint="use one of critical, error, warning, info, debug")
+    if not _DNS_SUBDOMAIN.match(settings.resource_prefix):
+        raise SettingsError(f"invalid resource prefix {settings.resource_prefix!r}", hint="use a DNS subdomain such as dsagent.io")
     if len(str(settings.socket).encode()) > 107:
         raise SettingsError(f"socket path {str(settings.socket)!r} is too long for a unix socket (max 107 bytes)")
     return replace(settings, root=Path(settings.root).expanduser().absolute())
@@ -174,6 +190,11 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "local_sources": ("LOCAL_SOURCES", lambda raw: tuple(Path(p) for p in raw.split(os.pathsep) if p)),
     "kubernetes": ("KUBERNETES", _flag),
     "log_level": ("LOG_LEVEL", str.lower),
+    # --- issue 11: device plugin ---
+    "device_plugin": ("DEVICE_PLUGIN", _flag),
+    "resource_prefix": ("RESOURCE_PREFIX", _resource_prefix),
+    "device_plugin_dir": ("DEVICE_PLUGIN_DIR", Path),
+    "pod_resources_socket": ("POD_RESOURCES_SOCKET", Path),
 }
 
 __all__ = ["ENV_PREFIX", "Settings", "default_root", "parse_duration", "parse_listen"]

@@ -169,6 +169,8 @@ class DevicePlugin:
                     await self.reconcile()
             except asyncio.CancelledError:
                 raise
+            except DsagentError as exc:
+                log.warning("device plugin supervision: %s", exc)
             except Exception:  # keep supervising: a failed round is retried at the next poll
                 log.exception("device plugin supervision failed")
 
