@@ -120,6 +120,9 @@ class Settings:
     resource_prefix: str = "dsagent.io"  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
+    host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
+    sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
 
     @property
     def socket(self) -> Path:
@@ -195,6 +198,9 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "resource_prefix": ("RESOURCE_PREFIX", _resource_prefix),
     "device_plugin_dir": ("DEVICE_PLUGIN_DIR", Path),
     "pod_resources_socket": ("POD_RESOURCES_SOCKET", Path),
+    "device_plugin_node_label": ("DEVICE_PLUGIN_NODE_LABEL", str),
+    "host_root": ("HOST_ROOT", Path),
+    "sysfs_root": ("SYSFS_ROOT", Path),
 }
 
 __all__ = ["ENV_PREFIX", "Settings", "default_root", "parse_duration", "parse_listen"]

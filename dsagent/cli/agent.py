@@ -127,7 +127,8 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
 
     plugin = None
     try:
-        plugin = await start_device_plugin(settings) if settings.device_plugin else None
+        if settings.device_plugin and await _device_plugin_wanted(settings):
+            plugin = await start_device_plugin(settings, sysfs_root=settings.sysfs_root)
     except DsagentError as exc:
         click.echo(f"dsagent: error: the device plugin cannot start: {exc}", err=True)
         return exc.exit_code
@@ -144,6 +145,34 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
         with contextlib.suppress(FileNotFoundError):
             settings.socket.unlink()
     return 0 if server.started else 3
+
+
+async def _device_plugin_wanted(settings: Settings) -> bool:
+    """False on a node without ``<DSAGENT_DEVICE_PLUGIN_NODE_LABEL>=true`` (cluster mode only).
+
+    The label is how the plugin and NVIDIA's never serve one node: NVIDIA's DaemonSet
+    excludes labelled nodes, ours serves only them (README, "GPU allocation on the node").
+    """
+    label = settings.device_plugin_node_label
+    if not label or not settings.kubernetes:
+        return True
+    from dsagent.kube import apiclient
+
+    def labels() -> dict[str, str]:
+        from kubernetes import client
+
+        api = apiclient.load()
+        try:
+            with apiclient.translated(f"read node {settings.node_name}"):
+                node = client.CoreV1Api(api).read_node(settings.node_name, _request_timeout=10)
+        finally:
+            api.close()
+        return dict((node.metadata.labels if node.metadata else None) or {})
+
+    value = (await asyncio.to_thread(labels)).get(label)
+    if value != "true":
+        logging.getLogger("dsagent").info("node %s is not labelled %s=true: no device plugin here", settings.node_name, label)
+    return value == "true"
 
 
 def _free_gpu_source(settings: Settings) -> Any:
@@ -178,8 +207,9 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
     if not node.resources:
         raise SettingsError("this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node")
     client = PodResourcesClient(settings.pod_resources_socket)
-    plugin = DevicePlugin(node, state_dir=settings.root / "kubelet", plugin_dir=settings.device_plugin_dir,
-                          listed=client.listed)
+    host_root = settings.host_root if settings.host_root is not None else settings.root
+    plugin = DevicePlugin(node, state_dir=settings.root / "kubelet", host_state_dir=host_root / "kubelet",
+                          plugin_dir=settings.device_plugin_dir, listed=client.listed)
     await plugin.start()
     return plugin
 

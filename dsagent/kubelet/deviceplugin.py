@@ -68,6 +68,7 @@ class DevicePlugin:
         node: NodeDevices,
         *,
         state_dir: Path,
+        host_state_dir: Path | None = None,
         plugin_dir: Path = DEFAULT_PLUGIN_DIR,
         listed: ListedDevices | None = None,
         poll_interval: float = 1.0,
@@ -77,6 +78,9 @@ class DevicePlugin:
     ) -> None:
         self.node = node
         self.state_dir = Path(state_dir)
+        # the kubelet mounts files by their path on the host, which differs when the agent
+        # sees its root through a hostPath volume mounted elsewhere
+        self.host_state_dir = Path(host_state_dir) if host_state_dir is not None else self.state_dir
         self.plugin_dir = Path(plugin_dir)
         self.listed = listed
         self.poll_interval = poll_interval
@@ -240,7 +244,9 @@ class DevicePlugin:
             if nccl:
                 path = self.nccl_path(allocation)
                 _write_atomic(path, nccl_conf(allocation, nccl))
-                response.mounts.append(pb.Mount(container_path=NCCL_CONF_IN_CONTAINER, host_path=str(path), read_only=True))
+                host_path = self.host_state_dir / path.relative_to(self.state_dir)
+                response.mounts.append(pb.Mount(container_path=NCCL_CONF_IN_CONTAINER, host_path=str(host_path),
+                                                read_only=True))
             self._save()
             self._notify()
         log.info("allocated %s to a container: GPUs %s, VFs %s", resource, ",".join(allocation.gpus),

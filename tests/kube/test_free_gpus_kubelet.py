@@ -7,6 +7,7 @@ import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from dsagent.kubelet.podresources import PodResourcesClient
 from gpu_topology.dumps import load_dump
@@ -55,3 +56,23 @@ def test_the_estimate_counts_class_resources_as_gpu_requests() -> None:
     assert gpu_request(pod) == 13
     pod["spec"]["containers"][1]["resources"] = {"limits": {"dsagent.io/gpu-roce2x": "1", "nvidia.com/gpu": "lots"}}
     assert gpu_request(pod) == 12
+
+
+def test_the_device_plugin_serves_only_labelled_nodes(apiserver: FakeApiServer, tmp_path: Path,
+                                                      monkeypatch: Any) -> None:
+    from dsagent.cache.settings import Settings
+    from dsagent.cli.agent import _device_plugin_wanted
+    from dsagent.kube import apiclient
+
+    monkeypatch.setattr(apiclient, "load", lambda kubeconfig=None: apiserver.api_client())
+    apiserver.create(make_node("plain"))
+    apiserver.create(make_node("ours", labels={"dsagent.io/device-plugin": "true"}))
+    apiserver.create(make_node("off", labels={"dsagent.io/device-plugin": "false"}))
+
+    def wanted(node: str, label: str = "dsagent.io/device-plugin") -> bool:
+        settings = Settings(root=tmp_path, node_name=node, kubernetes=True, device_plugin=True,
+                            device_plugin_node_label=label)
+        return bool(asyncio.run(_device_plugin_wanted(settings)))
+
+    assert [wanted(n) for n in ("plain", "ours", "off")] == [False, True, False]
+    assert wanted("plain", label="")  # no label configured: every node

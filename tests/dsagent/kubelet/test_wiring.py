@@ -34,7 +34,8 @@ def test_serve_starts_and_registers_the_plugin(short_dir: Path, tmp_path: Path, 
     build_dgx_a100_vfs(tmp_path / "sys-root")
     (short_dir / "dp").mkdir()
     settings = Settings(root=tmp_path / "root", device_plugin=True, resource_prefix="example.com",
-                        device_plugin_dir=short_dir / "dp", pod_resources_socket=short_dir / "none.sock")
+                        device_plugin_dir=short_dir / "dp", pod_resources_socket=short_dir / "none.sock",
+                        host_root=Path("/nvme/dsagent"))
 
     async def scenario() -> None:
         kubelet = FakeKubelet(short_dir / "dp")
@@ -45,7 +46,10 @@ def test_serve_starts_and_registers_the_plugin(short_dir: Path, tmp_path: Path, 
             assert len(kubelet.registrations) == 5
             answer = await kubelet.allocate("example.com/gpu-roce3", [dgx_a100.gpus[4].uuid or ""])
             assert answer.envs["NCCL_IB_HCA"] in ("=mlx5_18", "=mlx5_20")  # a VF of mlx5_4 or mlx5_5
-            assert Path(answer.mounts[0].host_path).parent == tmp_path / "root" / "kubelet" / "nccl"
+            # the kubelet gets the host's path of the file the agent wrote under its own root
+            host_path = Path(answer.mounts[0].host_path)
+            assert host_path.parent == Path("/nvme/dsagent/kubelet/nccl")
+            assert (tmp_path / "root" / "kubelet" / "nccl" / host_path.name).read_text().startswith("# written")
         finally:
             await plugin.stop()
             await kubelet.stop()
