@@ -15,6 +15,8 @@ import pytest
 
 from dsagent.kubelet.allocation import NodeDevices
 from dsagent.kubelet.deviceplugin import DevicePlugin
+from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2 as dp
+from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from dsagent.kubelet.podresources import PodResourcesClient
 from gpu_topology import Topology, best_gpu_set
 from tests.dsagent.kubelet.conftest import gpu_uuid
@@ -121,7 +123,13 @@ def test_whole_node_worker_gets_one_vf_per_class(short_dir: Path, dgx_a100: Topo
     async def scenario() -> None:
         async with Node(short_dir, dgx_a100, dgx_vfs) as node:
             everything = [gpu_uuid(i) for i in range(8)]
-            answer = await node.kubelet.allocate(ALL, everything)
+            # an open ListAndWatch stream, as the kubelet keeps one, sees the change
+            async with node.kubelet.channel("dsagent.io/gpu-roce4") as channel:
+                stream = dp_grpc.DevicePluginStub(channel).ListAndWatch(dp.Empty())
+                assert {d.health for d in (await stream.read()).devices} == {"Healthy"}
+                answer = await node.kubelet.allocate(ALL, everything)
+                assert {d.health for d in (await asyncio.wait_for(stream.read(), 10)).devices} == {"Unhealthy"}
+                stream.cancel()
             assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(sorted(everything))
             hcas = answer.envs["NCCL_IB_HCA"].lstrip("=").split(",")
             assert len(hcas) == 4 and len({int(h.split("_")[1]) // 4 for h in hcas}) == 4  # one per class's NIC pair
