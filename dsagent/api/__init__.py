@@ -83,6 +83,8 @@ def load_cluster_agent(service: CacheService, settings: Settings, *, free_gpus: 
             "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
         ) from exc
+    if free_gpus is None:
+        return module.ClusterAgent(service, settings)
     return module.ClusterAgent(service, settings, free_gpus=free_gpus)
 
 
