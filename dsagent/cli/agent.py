@@ -190,12 +190,11 @@ def _free_gpu_source(settings: Settings) -> Any:
 
 async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs_root: Path = Path("/")) -> Any:
     """Discover GPUs and VFs, then serve and register the device plugin (docs/design.md#roce-allocation)."""
-    from gpu_topology import TopologyError, discover
-    from gpu_topology.discovery.sriov import discover_vfs
-
     from dsagent.kubelet.allocation import NodeDevices
     from dsagent.kubelet.deviceplugin import DevicePlugin
     from dsagent.kubelet.podresources import PodResourcesClient
+    from gpu_topology import TopologyError, discover
+    from gpu_topology.discovery.sriov import discover_vfs
 
     try:
         if topology is None:

@@ -274,5 +274,17 @@ def nccl_conf(allocation: Allocation, settings: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Allocation", "DEFAULT_PREFIX", "Device", "DeviceInUse", "Ledger", "NodeDevices", "NoFreeVf",
-           "ResourceClass", "nccl_conf", "nccl_settings", "node_classes", "validate_prefix"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Allocation",
+    "Device",
+    "DeviceInUse",
+    "Ledger",
+    "NoFreeVf",
+    "NodeDevices",
+    "ResourceClass",
+    "nccl_conf",
+    "nccl_settings",
+    "node_classes",
+    "validate_prefix",
+]

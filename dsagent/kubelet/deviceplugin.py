@@ -338,4 +338,4 @@ def _write_atomic(path: Path, text: str) -> None:
         os.close(fd)
 
 
-__all__ = ["API_VERSION", "DEFAULT_PLUGIN_DIR", "DevicePlugin", "KUBELET_SOCKET"]
+__all__ = ["API_VERSION", "DEFAULT_PLUGIN_DIR", "KUBELET_SOCKET", "DevicePlugin"]

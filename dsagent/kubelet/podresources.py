@@ -130,4 +130,4 @@ def free_gpu_indices(
     return sorted(offered - taken)
 
 
-__all__ = ["ContainerDevices", "DEFAULT_SOCKET", "PodResourcesClient", "PodResourcesUnavailable", "free_gpu_indices"]
+__all__ = ["DEFAULT_SOCKET", "ContainerDevices", "PodResourcesClient", "PodResourcesUnavailable", "free_gpu_indices"]

@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from dsagent.cache import settings as agent_settings
-from tests.kube.test_chart import CHART, DEVICE_PLUGIN, agent_pod, helm, render, rendered  # noqa: F401 (fixture)
+from tests.kube.test_chart import CHART, DEVICE_PLUGIN, agent_pod, helm, render
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {"default": render({}), "device-plugin": render(DEVICE_PLUGIN)}
 
 
 def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -15,9 +15,9 @@ import pytest
 
 from dsagent.kubelet.allocation import NodeDevices
 from dsagent.kubelet.deviceplugin import DevicePlugin
+from dsagent.kubelet.podresources import PodResourcesClient
 from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2 as dp
 from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from dsagent.kubelet.podresources import PodResourcesClient
 from gpu_topology import Topology, best_gpu_set
 from tests.dsagent.kubelet.conftest import gpu_uuid
 from tests.fake_kubelet import FakeKubelet, FakePodResources

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-
 import pytest
 
-from dsagent.kubelet.podresources import ContainerDevices, PodResourcesClient, PodResourcesUnavailable, free_gpu_indices
+from dsagent.kubelet.podresources import (
+    ContainerDevices,
+    PodResourcesClient,
+    PodResourcesUnavailable,
+    free_gpu_indices,
+)
 from gpu_topology import Topology
 from tests.dsagent.kubelet.conftest import gpu_uuid
 from tests.fake_kubelet import FakePodResources

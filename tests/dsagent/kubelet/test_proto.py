@@ -20,8 +20,8 @@ PROTO_DIR = REPO_ROOT / "dsagent/kubelet/proto"
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     if importlib.util.find_spec("grpc_tools") is None:
         pytest.skip("grpcio-tools is not installed (pip install '.[test]')")
-    from grpc_tools import protoc  # noqa: F401  (only to read its version below)
     import grpc_tools
+    from grpc_tools import protoc  # noqa: F401  (only to read its version below)
 
     generated = (PROTO_DIR / "deviceplugin_v1beta1_pb2_grpc.py").read_text()
     version = getattr(grpc_tools, "__version__", None) or _tools_version()
