@@ -9,7 +9,7 @@ reads, the way the kernel does: device directories nested under
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 GPU_CLASS = "0x030200"
@@ -75,6 +75,59 @@ class SysfsTree:
             net = device / "net" / netdev
             net.mkdir(parents=True, exist_ok=True)
             (net / "operstate").write_text("up\n" if "ACTIVE" in state else "down\n")
+            self._link(self.root / "sys/class/net" / netdev, net)
+        return device
+
+    def vf(
+        self,
+        pf_device: Path,
+        index: int,
+        bus_id: str,
+        *,
+        rdma: str | None,
+        uverbs: str | None = None,
+        netdev: str | None = None,
+        gids: Mapping[int, tuple[str, str]] | None = None,
+        totalvfs: int = 8,
+    ) -> Path:
+        """SR-IOV VF ``index`` of the PF at ``pf_device`` (a path :meth:`rdma` returned).
+
+        Lays out what the kernel shows: ``virtfn<index>`` on the PF and ``physfn`` back,
+        ``sriov_numvfs`` counting the PF's ``virtfn`` links, the VF's own RDMA device
+        (``infiniband/<rdma>``, also under ``sys/class/infiniband``) with ``ports/1`` GIDs
+        (``{index: (gid, type)}``, e.g. ``{3: ("::ffff:10.1.0.5", "RoCE v2")}``), its
+        ``infiniband_verbs/<uverbs>`` and ``net/<netdev>``.
+        """
+        path = list(pf_device.relative_to(self.root / "sys/devices").parts[:-1]) + [bus_id]
+        device = self.pci(path, cls="0x020000")
+        self._link(pf_device / f"virtfn{index}", device)
+        self._link(device / "physfn", pf_device)
+        count = sum(1 for p in pf_device.iterdir() if p.name.startswith("virtfn"))
+        (pf_device / "sriov_numvfs").write_text(f"{count}\n")
+        (pf_device / "sriov_totalvfs").write_text(f"{totalvfs}\n")
+        if rdma is not None:
+            ib = device / "infiniband" / rdma
+            port = ib / "ports" / "1"
+            port.mkdir(parents=True, exist_ok=True)
+            (port / "link_layer").write_text("Ethernet\n")
+            (port / "state").write_text("4: ACTIVE\n")
+            for gid_index, (gid, kind) in (gids or {}).items():
+                (port / "gids").mkdir(exist_ok=True)
+                (port / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
+                (port / "gids" / str(gid_index)).write_text(gid + "\n")
+                (port / "gid_attrs" / "types" / str(gid_index)).write_text(kind + "\n")
+            self._link(ib / "device", device)
+            self._link(self.root / "sys/class/infiniband" / rdma, ib)
+        if uverbs is not None:
+            (device / "infiniband_verbs" / uverbs).mkdir(parents=True, exist_ok=True)
+            dev = self.root / "dev/infiniband"
+            dev.mkdir(parents=True, exist_ok=True)
+            (dev / uverbs).touch()
+            (dev / "rdma_cm").touch()
+        if netdev is not None:
+            net = device / "net" / netdev
+            net.mkdir(parents=True, exist_ok=True)
+            (net / "operstate").write_text("up\n")
             self._link(self.root / "sys/class/net" / netdev, net)
         return device
 

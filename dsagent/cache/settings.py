@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError
 
 ENV_PREFIX = "DSAGENT_"
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -117,6 +119,14 @@ class Settings(EnvSettings):
     local_sources: Paths = ()  # local directories requests may name as sources
     kubernetes: Flag = False
     log_level: str = "info"
+    # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
+    device_plugin: Flag = False
+    resource_prefix: str = "dsagent.io"  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
+    host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
+    sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
 
     @property
     def socket(self) -> Path:
@@ -164,6 +174,13 @@ class Settings(EnvSettings):
     def _token(cls, value: str | None) -> str | None:
         if value is not None and len(value) < 16:
             raise ValueError("the admin token must be at least 16 characters (generate one with: openssl rand -hex 16)")
+        return value
+
+    @field_validator("resource_prefix")
+    @classmethod
+    def _resource_prefix(cls, value: str) -> str:
+        if not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(f"invalid resource prefix {value!r} (use a DNS subdomain such as dsagent.io)")
         return value
 
     @field_validator("log_level", mode="before")

@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -42,7 +43,8 @@ def load_cluster_agent(settings: Settings) -> CompanionFactory:
             "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
         ) from exc
-    return lambda svc: ClusterAgent(svc, settings)
+    free_gpus = _free_gpu_source(settings)
+    return lambda svc: ClusterAgent(svc, settings, free_gpus=free_gpus)
 
 
 def companions(settings: Settings) -> list[CompanionFactory]:
@@ -75,11 +77,14 @@ _register_webhook()
 @click.option("--local-source", "local_sources", multiple=True, type=click.Path(path_type=Path), help="A local directory requests may cache from (repeatable) [DSAGENT_LOCAL_SOURCES].")
 @click.option("--node-name", help="This node's name [DSAGENT_NODE_NAME].")
 @click.option("--kubernetes/--no-kubernetes", default=None, help="Cluster mode: publish to the Node, watch pods [DSAGENT_KUBERNETES].")
+@click.option("--device-plugin/--no-device-plugin", default=None, help="Serve the kubelet GPU+VF device plugin [DSAGENT_DEVICE_PLUGIN].")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="[DSAGENT_LOG_LEVEL]")
-def serve(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> None:
+def serve(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, device_plugin: bool | None, log_level: str | None) -> None:
     """Run the agent until SIGTERM or Ctrl-C."""
     try:
         settings = _settings(root, socket_path, listen, capacity, local_sources, node_name, kubernetes, log_level)
+        if device_plugin is not None:
+            settings = settings.with_overrides(device_plugin=device_plugin)
         if settings.kubernetes and importlib.util.find_spec("dsagent.kube") is None:
             raise SettingsError("cluster mode (--kubernetes) needs dsagent.kube, which this build lacks", hint="run without --kubernetes")
         sockets = _bind(settings)
@@ -145,17 +150,92 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
 
     from dsagent.api import create_app
 
+    plugin = None
+    try:
+        if settings.device_plugin and await _device_plugin_wanted(settings):
+            plugin = await start_device_plugin(settings, sysfs_root=settings.sysfs_root)
+    except DsagentError as exc:
+        click.echo(f"dsagent: error: the device plugin cannot start: {exc}", err=True)
+        return exc.exit_code
     app = create_app(settings, companions=companions(settings))
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     try:
         await server.serve(sockets=sockets)
     finally:
+        if plugin is not None:
+            await plugin.stop()
         for sock in sockets:
             sock.close()
         with contextlib.suppress(FileNotFoundError):
             settings.socket.unlink()
     return 0 if server.started else 3
+
+
+async def _device_plugin_wanted(settings: Settings) -> bool:
+    """False on a node without ``<DSAGENT_DEVICE_PLUGIN_NODE_LABEL>=true`` (cluster mode only).
+
+    The label is how the plugin and NVIDIA's never serve one node: NVIDIA's DaemonSet
+    excludes labelled nodes, ours serves only them (README, "GPU allocation on the node").
+    """
+    label = settings.device_plugin_node_label
+    if not label or not settings.kubernetes:
+        return True
+    from dsagent.kube import apiclient
+
+    def labels() -> dict[str, str]:
+        from kubernetes import client
+
+        api = apiclient.load()
+        try:
+            with apiclient.translated(f"read node {settings.node_name}"):
+                node = client.CoreV1Api(api).read_node(settings.node_name, _request_timeout=10)
+        finally:
+            api.close()
+        return dict((node.metadata.labels if node.metadata else None) or {})
+
+    value = (await asyncio.to_thread(labels)).get(label)
+    if value != "true":
+        logging.getLogger("dsagent").info("node %s is not labelled %s=true: no device plugin here", settings.node_name, label)
+    return value == "true"
+
+
+def _free_gpu_source(settings: Settings) -> Any:
+    """Free GPUs from the kubelet's pod-resources API, for the ClusterAgent's annotation."""
+    from dsagent.kubelet.podresources import GPU_RESOURCE_PREFIXES, PodResourcesClient
+
+    client = PodResourcesClient(settings.pod_resources_socket)
+    prefixes = GPU_RESOURCE_PREFIXES + (f"{settings.resource_prefix}/gpu-",)
+
+    async def free_gpus(topology: Any) -> list[int] | None:
+        return await client.free_gpus(topology, prefixes)
+
+    return free_gpus
+
+
+async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs_root: Path = Path("/")) -> Any:
+    """Discover GPUs and VFs, then serve and register the device plugin (docs/design.md#roce-allocation)."""
+    from dsagent.kubelet.allocation import NodeDevices
+    from dsagent.kubelet.deviceplugin import DevicePlugin
+    from dsagent.kubelet.podresources import PodResourcesClient
+    from gpu_topology import TopologyError, discover
+    from gpu_topology.discovery.sriov import discover_vfs
+
+    try:
+        if topology is None:
+            topology = await asyncio.to_thread(discover)
+        vfs = await asyncio.to_thread(discover_vfs, sysfs_root)
+    except TopologyError as exc:
+        raise SettingsError(f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off") from exc
+    node = NodeDevices(topology, vfs, settings.resource_prefix)
+    if not node.resources:
+        raise SettingsError("this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node")
+    client = PodResourcesClient(settings.pod_resources_socket)
+    host_root = settings.host_root if settings.host_root is not None else settings.root
+    plugin = DevicePlugin(node, state_dir=settings.root / "kubelet", host_state_dir=host_root / "kubelet",
+                          plugin_dir=settings.device_plugin_dir, listed=client.listed)
+    await plugin.start()
+    return plugin
 
 
 def main(argv: list[str] | None = None) -> None:

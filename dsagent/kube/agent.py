@@ -4,8 +4,9 @@ the :class:`~dsagent.cache.service.CacheService`.
 ``dsagent serve --kubernetes`` creates ``ClusterAgent(service, settings)`` and awaits
 :meth:`ClusterAgent.start` at start-up and :meth:`ClusterAgent.stop` at shutdown. It
 
-1. publishes the node's inventory, topology and (when known) free GPUs as annotations of
-   its Node (``DSAGENT_NODE_NAME``, from the downward API), patching only on change and
+1. publishes the node's inventory, topology and free GPUs as annotations of its Node
+   (free GPUs from the kubelet's pod-resources API when ``free_gpus`` is given and answers,
+   else only while no pod requests GPUs) (``DSAGENT_NODE_NAME``, from the downward API), patching only on change and
    at most once per ``DSAGENT_PUBLISH_INTERVAL``; a graceful stop removes them;
 2. watches the pods bound to its node (:class:`~dsagent.kube.podwatch.PodWatch`) and, as
    soon as one that names datasets is bound, submits its task (the pod UID) to the
@@ -30,7 +31,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -51,6 +52,9 @@ from dsplatform.units import Duration
 log = logging.getLogger("dsagent.kube")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# The node's free GPU indices from the kubelet (dsagent.kubelet.podresources, wired by the
+# CLI: kube never imports kubelet), or None when it cannot tell.
+FreeGpuSource = Callable[[Any], Awaitable[Sequence[int] | None]]
 
 
 class TaskNotOnNode(DsagentError):
@@ -132,7 +136,7 @@ class ClusterAgent:
 
     def __init__(self, service: CacheService, settings: Settings, *, api_client: Any = None,
                  topology: Any = "discover", cluster: ClusterSettings | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, free_gpus: FreeGpuSource | None = None) -> None:
         import os
 
         self.service = service
@@ -143,6 +147,8 @@ class ClusterAgent:
         self._topology_source = topology
         self._topology_json: str | None = None
         self._gpu_count: int | None = None
+        self._topology: Any = None
+        self._free_gpu_source = free_gpus
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._tasks: dict[str, list[DatasetRequest]] = {}  # pod UID -> what the agent submitted
@@ -357,7 +363,7 @@ class ClusterAgent:
     async def publish_once(self) -> bool:
         """Patch the Node if what it should carry changed; True when it patched."""
         desired = publisher.desired_annotations(await self.service.inventory(), self._topology_json,
-                                                self._free_gpus())
+                                                await self._current_free_gpus())
         if self._annotations is None:
             self._annotations = await asyncio.to_thread(self._read_annotations)
         patch = publisher.annotation_patch(self._annotations, desired)
@@ -367,6 +373,18 @@ class ClusterAgent:
         self._annotations = publisher.applied(self._annotations, patch)
         self.patches += 1
         return True
+
+    async def _current_free_gpus(self) -> list[int] | None:
+        """The kubelet's answer (pod-resources) when there is one, else the estimate."""
+        if self._free_gpu_source is not None and self._topology is not None:
+            try:
+                found = await self._free_gpu_source(self._topology)
+            except DsagentError as exc:
+                log.debug("pod-resources gave no free GPUs (%s); estimating from pods", exc)
+            else:
+                if found is not None:
+                    return sorted(found)
+        return self._free_gpus()
 
     def _free_gpus(self) -> list[int] | None:
         pods = self._watch.pods().values() if self._watch is not None and self._watch.synced.is_set() else None
@@ -403,6 +421,7 @@ class ClusterAgent:
         from gpu_topology import to_json
 
         self._topology_json = to_json(topology)
+        self._topology = topology
         self._gpu_count = len(topology.gpus)
 
 

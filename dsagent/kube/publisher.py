@@ -5,10 +5,11 @@ Three annotations, read by the scheduler extender (contract: docs/design.md#anno
 - ``dsagent.io/inventory``: the compact inventory JSON (budget 64 KiB, trimmed by
   :func:`dsagent.cache.inventory.compact`);
 - ``dsagent.io/topology``: the compact topology JSON (budget 32 KiB; left out when larger);
-- ``dsagent.io/free-gpus``: the indices of free GPUs, published only when they are known
-  for certain: every GPU is free while no pod on the node requests GPUs. Which GPUs the
-  device plugin gave to running pods is not visible to the agent, so then the annotation
-  is removed and the extender falls back to allocatable minus requests.
+- ``dsagent.io/free-gpus``: the indices of free GPUs, published whenever they are known:
+  from the kubelet's pod-resources API (``dsagent.kubelet.podresources``, wired in by the
+  CLI) when it answers, else only while no pod on the node requests GPUs (every GPU is
+  free); otherwise the annotation is removed and the extender falls back to allocatable
+  minus requests.
 
 :func:`annotation_patch` turns the current and desired maps into the smallest merge
 patch (None when nothing changed), so the agent patches its Node only on change.
@@ -17,6 +18,7 @@ Who calls it: :class:`dsagent.kube.agent.ClusterAgent`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -78,16 +80,24 @@ def free_gpus(gpu_count: int | None, gpu_pods: int) -> list[int] | None:
     return list(range(gpu_count))
 
 
-def gpu_request(pod: Mapping[str, Any], resource: str = "nvidia.com/gpu") -> int:
-    """GPUs a raw pod requests (limits count when requests are absent, as for extended resources)."""
+_GPU_RESOURCE = re.compile(r"^(nvidia\.com/gpu|[a-z0-9.-]+/gpu-(roce\d+|all))$")
+
+
+def gpu_request(pod: Mapping[str, Any]) -> int:
+    """GPUs a raw pod requests: ``nvidia.com/gpu`` and the device plugin's ``<prefix>/gpu-roce<N>``
+    and ``<prefix>/gpu-all`` (limits count when requests are absent, as for extended resources)."""
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
         resources = container.get("resources") or {}
-        value = (resources.get("requests") or {}).get(resource) or (resources.get("limits") or {}).get(resource)
-        try:
-            total += int(value) if value is not None else 0
-        except (TypeError, ValueError):
-            continue
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        for name in set(requests) | set(limits):
+            if not isinstance(name, str) or not _GPU_RESOURCE.match(name):
+                continue
+            value = requests.get(name) or limits.get(name)
+            try:
+                total += int(value) if value is not None else 0
+            except (TypeError, ValueError):
+                continue
     return total
 
 

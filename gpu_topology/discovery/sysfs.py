@@ -7,7 +7,7 @@ Reads, under ``root`` (``/`` on a real machine, a temporary tree in tests):
   them, with ``numa_node`` (-1 means unknown) and ``local_cpulist``;
 * ``sys/class/infiniband/*``: every RDMA device becomes a NIC: its PCI device
   (``device`` link), first port's ``link_layer`` and ``state`` (``4: ACTIVE``), and its
-  net device (``device/net/*``);
+  net device (``device/net/*``); SR-IOV VFs (``device/physfn`` exists) are not NICs;
 * addresses per net device from ``ip -j address show`` (the ``addresses`` callable is
   injectable; when ``ip`` is missing the addresses stay unknown).
 
@@ -76,7 +76,10 @@ class SysfsBackend(Backend):
             )
             for i, p in enumerate(gpu_dirs)
         ]
-        nics = [self._nic(p, addresses) for p in _sorted_names(self.root / "sys/class/infiniband")]
+        # An SR-IOV VF is an RDMA device too, but it is a share of its PF, not a NIC of
+        # the node: it is left out (gpu_topology.discovery.sriov lists VFs).
+        nics = [self._nic(p, addresses) for p in _sorted_names(self.root / "sys/class/infiniband")
+                if not (p / "device" / "physfn").exists()]
         places = {g.name: self._place(d) for g, d in zip(gpus, gpu_dirs)}
         for nic in nics:
             device = self.root / "sys/class/infiniband" / nic.name / "device"

@@ -21,7 +21,7 @@ from dsagent.cache.settings import Settings
 class RecordingClusterAgent:
     events: list[str] = []
 
-    def __init__(self, service: CacheService, settings: Settings) -> None:
+    def __init__(self, service: CacheService, settings: Settings, *, free_gpus: Any = None) -> None:
         self.service = service
         RecordingClusterAgent.events.append(f"init {settings.node_name}")
 

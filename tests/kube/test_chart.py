@@ -47,7 +47,9 @@ NON_DEFAULT: dict[str, Any] = {
 }
 MINIMAL: dict[str, Any] = {"webhook": {"enabled": False}, "scheduler": {"enabled": False},
                            "extender": {"enabled": False}, "crds": {"install": False}}
-VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL,
+DEVICE_PLUGIN: dict[str, Any] = {"agent": {"cacheDir": "/nvme/dsagent", "devicePlugin": {
+    "enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"}}}
+VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL, "device-plugin": DEVICE_PLUGIN,
               "cert-manager-with-issuer": {"webhook": {"certManager": {
                   "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}}
 
