@@ -106,6 +106,11 @@ class Settings:
     local_sources: tuple[Path, ...] = ()  # local directories requests may name as sources
     kubernetes: bool = False
     log_level: str = "info"
+    # --- issue 12: CSI ---
+    csi_socket: Path | None = None  # None: no CSI node plugin (docs/design.md#csi)
+    csi_driver_name: str = "datasets.dsagent.io"
+    csi_kubelet_pods_dir: Path = Path("/var/lib/kubelet/pods")  # NodePublish targets must lie under it
+    # --- end issue 12 ---
 
     @property
     def socket(self) -> Path:
@@ -174,6 +179,11 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "local_sources": ("LOCAL_SOURCES", lambda raw: tuple(Path(p) for p in raw.split(os.pathsep) if p)),
     "kubernetes": ("KUBERNETES", _flag),
     "log_level": ("LOG_LEVEL", str.lower),
+    # --- issue 12: CSI ---
+    "csi_socket": ("CSI_SOCKET", Path),
+    "csi_driver_name": ("CSI_DRIVER_NAME", str),
+    "csi_kubelet_pods_dir": ("CSI_KUBELET_PODS_DIR", Path),
+    # --- end issue 12 ---
 }
 
 __all__ = ["ENV_PREFIX", "Settings", "default_root", "parse_duration", "parse_listen"]

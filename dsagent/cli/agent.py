@@ -1,7 +1,9 @@
 """``dsagent``: the node agent's own entry point (``dsagent serve``).
 
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
-TCP listener when asked), and runs the FastAPI app under uvicorn on one event loop.
+TCP listener when asked), and runs the FastAPI app under uvicorn on one event loop. With
+``DSAGENT_CSI_SOCKET`` set it also serves the CSI node plugin (:mod:`dsagent.kubelet.csi`)
+on that socket, on the same loop and the same service, once the service has started.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -121,17 +124,42 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
 
     from dsagent.api import create_app
 
-    app = create_app(settings)
+    from dsagent.cache.service import CacheService
+
+    service = CacheService(settings)
+    app = create_app(settings, service=service)
+    csi = asyncio.create_task(_serve_csi(service, settings)) if settings.csi_socket is not None else None
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     try:
         await server.serve(sockets=sockets)
     finally:
+        if csi is not None:
+            csi.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await csi
         for sock in sockets:
             sock.close()
         with contextlib.suppress(FileNotFoundError):
             settings.socket.unlink()
     return 0 if server.started else 3
+
+
+async def _serve_csi(service: Any, settings: Settings) -> None:
+    """The CSI node plugin, from the service's start until cancelled (docs/design.md#csi)."""
+    from dsagent.kubelet.csi import NodeDriver, serve
+
+    while not service.started:
+        await asyncio.sleep(0.05)
+    driver = NodeDriver(service, settings)
+    await driver.recover()
+    assert settings.csi_socket is not None
+    grpc_server = await serve(driver, settings.csi_socket)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await grpc_server.stop(5)
+        await driver.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
