@@ -35,6 +35,10 @@ ENTRYPOINT is unknown here) or the pod says ``dsagent.io/wait: init``, the
 ``init`` mode is used instead: an ordinary init-container that returns once the datasets
 are ready (the agent has been caching since the pod was bound).
 
+With ``volumeMode: csi`` (the chart's default) the volumes, mounts and init-container
+parts come from :mod:`dsagent.kube.csivolume` instead: one inline ``csi`` volume served by
+the agent's CSI node plugin, no ``hostPath``, no socket, no caching container.
+
 A pod already carrying ``dsagent-cache`` gets no operations (re-invocation is harmless).
 Who calls it: :mod:`dsagent.kube.webhook`. Pure: no I/O; tests feed it real pod JSON.
 """
@@ -84,8 +88,12 @@ class Injection:
     run_as_group: int = 65532
     storage_options_key: str = "storage_options"
     resources: Mapping[str, Any] = field(default_factory=dict)
+    volume_mode: str = "hostPath"  # issue 12: "csi" wires the inline CSI volume (docs/design.md#csi)
+    csi_driver: str = "datasets.dsagent.io"
 
     def __post_init__(self) -> None:
+        if self.volume_mode not in ("hostPath", "csi"):
+            raise InvalidInput(f"injection: volumeMode must be hostPath or csi, got {self.volume_mode!r}")
         if not self.image:
             raise InvalidInput("injection: image must not be empty")
         for name in ("cache_dir", "socket_dir", "datasets_mount_path", "socket_mount_path"):
@@ -105,7 +113,8 @@ class Injection:
         keys = {"image": "image", "imagePullPolicy": "image_pull_policy", "schedulerName": "scheduler_name",
                 "cacheDir": "cache_dir", "socketDir": "socket_dir", "datasetsMountPath": "datasets_mount_path",
                 "socketMountPath": "socket_mount_path", "runAsUser": "run_as_user", "runAsGroup": "run_as_group",
-                "storageOptionsKey": "storage_options_key", "resources": "resources"}
+                "storageOptionsKey": "storage_options_key", "resources": "resources",
+                "volumeMode": "volume_mode", "csiDriver": "csi_driver"}
         unknown = sorted(set(raw) - set(keys))
         if unknown:
             raise InvalidInput(f"injection: unknown keys {unknown}", hint=f"known: {sorted(keys)}")
@@ -158,6 +167,22 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
         return []
     overlap = wait_mode(pod) == "overlap"
     ops: JSONPatch = []
+    if injection.volume_mode == "csi":
+        from dsagent.kube import csivolume
+
+        ops += csivolume.wire(spec, datasets, injection, overlap=overlap, wrap=_wait_before)
+    else:
+        ops += _hostpath_wiring(spec, datasets, injection, overlap=overlap)
+    if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
+        op = "replace" if "schedulerName" in spec else "add"
+        ops.append({"op": op, "path": "/spec/schedulerName", "value": injection.scheduler_name})
+    ops += _annotate(pod.get("metadata") or {})
+    return ops
+
+
+def _hostpath_wiring(spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *,
+                     overlap: bool) -> JSONPatch:
+    ops: JSONPatch = []
     ops += _prepend("/spec/initContainers", spec.get("initContainers"),
                     init_container(datasets, injection, sidecar=overlap))
     ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
@@ -167,10 +192,6 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
         if overlap:
             ops += _wait_before(path, container)
     ops += _supplemental_group(spec.get("securityContext"), injection.run_as_group)
-    if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
-        op = "replace" if "schedulerName" in spec else "add"
-        ops.append({"op": op, "path": "/spec/schedulerName", "value": injection.scheduler_name})
-    ops += _annotate(pod.get("metadata") or {})
     return ops
 
 
