@@ -344,6 +344,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                                       dict(request.secrets), block=request.volume_capability.HasField("block"))
         except DsagentError as exc:
             await _abort(context, exc)
+        except OSError as exc:  # a filesystem step failed: say which, as INTERNAL
+            await context.abort(grpc.StatusCode.INTERNAL, f"{exc.strerror}: {exc.filename}")
         return csi_pb2.NodePublishVolumeResponse()
 
     async def NodeUnpublishVolume(self, request: csi_pb2.NodeUnpublishVolumeRequest, context: Any) -> csi_pb2.NodeUnpublishVolumeResponse:
@@ -351,6 +353,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             await self.driver.unpublish(request.volume_id, request.target_path)
         except DsagentError as exc:
             await _abort(context, exc)
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, f"{exc.strerror}: {exc.filename}")
         return csi_pb2.NodeUnpublishVolumeResponse()
 
 

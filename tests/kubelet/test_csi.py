@@ -257,3 +257,30 @@ def test_a_volume_whose_pod_vanished_while_the_agent_was_down_is_cleaned_up_at_s
     assert not (env["settings"].root / "csi" / "volumes" / f"{volume}.json").exists()
     with pytest.raises(NotFound):
         agent.call(agent.service.get_task(uid))
+
+
+def test_dsagent_serve_serves_the_csi_plugin_when_its_socket_is_set(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    socket = tmp_path / "plugins" / DRIVER / "csi.sock"
+    env = {**os.environ, "DSAGENT_CSI_SOCKET": str(socket), "DSAGENT_CSI_KUBELET_PODS_DIR": str(tmp_path / "pods"),
+           "DSAGENT_NODE_NAME": "gpu-node-9"}
+    process = subprocess.Popen([sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path / "root"),
+                                "--socket", str(tmp_path / "api.sock")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(socket.exists, timeout=60)
+        client = CsiClient(socket)
+        try:
+            assert client.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=10).name == DRIVER
+            assert client.identity.Probe(csi_pb2.ProbeRequest(), timeout=10).ready.value is True
+            assert client.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=10).node_id == "gpu-node-9"
+        finally:
+            client.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    # uvicorn re-raises the SIGTERM it handled once shutdown is complete
+    assert process.returncode in (0, -signal.SIGTERM), err.decode()[-2000:]
+    assert "Application shutdown complete" in err.decode() and "Traceback" not in err.decode()
