@@ -127,6 +127,11 @@ class Settings(EnvSettings):
     device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
     host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
     sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
+    # --- issue 12: CSI ---
+    csi_socket: Path | None = None  # None: no CSI node plugin (docs/design.md#csi)
+    csi_driver_name: str = "datasets.dsagent.io"
+    csi_kubelet_pods_dir: Path = Path("/var/lib/kubelet/pods")  # NodePublish targets must lie under it
+    # --- end issue 12 ---
 
     @property
     def socket(self) -> Path:

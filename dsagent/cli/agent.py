@@ -3,8 +3,10 @@
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
 TCP listener when asked), chooses the companions that run beside the cache service (the
 cluster agent in Kubernetes mode; :func:`companions`), and runs the FastAPI app under
-uvicorn on one event loop. This is the one place that wires the edges together: the API
-layer never imports ``dsagent.kube``.
+uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
+(:mod:`dsagent.kubelet.csi`) is a companion too: it serves on that socket, on the same loop
+and the same service, once the service has started. This is the one place that wires the
+edges together: the API layer never imports ``dsagent.kube`` or ``dsagent.kubelet``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import click
 
 from dsagent.api import CompanionFactory
+from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, SettingsError
 
@@ -47,11 +50,36 @@ def load_cluster_agent(settings: Settings) -> CompanionFactory:
     return lambda svc: ClusterAgent(svc, settings, free_gpus=free_gpus)
 
 
+class CsiCompanion:
+    """The CSI node plugin beside the service (docs/design.md#csi): recover, then serve the socket."""
+
+    def __init__(self, service: CacheService, settings: Settings) -> None:
+        self.service, self.settings = service, settings
+        self._server: Any = None
+        self._driver: Any = None
+
+    async def start(self) -> None:
+        from dsagent.kubelet.csi import NodeDriver, serve
+
+        assert self.settings.csi_socket is not None
+        self._driver = NodeDriver(self.service, self.settings)
+        await self._driver.recover()
+        self._server = await serve(self._driver, self.settings.csi_socket)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(5)
+        if self._driver is not None:
+            await self._driver.stop()
+
+
 def companions(settings: Settings) -> list[CompanionFactory]:
     """What runs beside the cache service on this node, by the settings."""
     chosen: list[CompanionFactory] = []
     if settings.kubernetes:
         chosen.append(load_cluster_agent(settings))
+    if settings.csi_socket is not None:
+        chosen.append(lambda svc: CsiCompanion(svc, settings))
     return chosen
 
 

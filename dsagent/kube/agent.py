@@ -27,7 +27,6 @@ publisher retry in the background.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -37,15 +36,15 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
 from dsagent.kube import annotation, publisher
 from dsagent.kube.apiclient import translated
 from dsagent.kube.datasets import MERGE_PATCH, DatasetClient
 from dsagent.kube.mutation import INIT_CONTAINER
-from dsagent.kube.podwatch import PodWatch
 from dsagent.kube.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
-from dsagent.cache.service import CacheService, DatasetRequest
-from dsagent.cache.settings import Settings
+from dsagent.kube.podwatch import PodWatch
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 

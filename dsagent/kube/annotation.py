@@ -15,13 +15,12 @@ reason.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsplatform.names import NAME_HINT, is_digest, is_name
 from dsagent.errors import InvalidInput
+from dsplatform.names import NAME_HINT, is_digest, is_name
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
 _KEYS = {"name", "source", "digest", "bundles", "storage_options"}

@@ -35,6 +35,10 @@ ENTRYPOINT is unknown here) or the pod says ``dsagent.io/wait: init``, the
 ``init`` mode is used instead: an ordinary init-container that returns once the datasets
 are ready (the agent has been caching since the pod was bound).
 
+With ``volumeMode: csi`` (the chart's default) the volumes, mounts and init-container
+parts come from :mod:`dsagent.kube.csivolume` instead: one inline ``csi`` volume served by
+the agent's CSI node plugin, no ``hostPath``, no socket, no caching container.
+
 A pod already carrying ``dsagent-cache`` gets no operations (re-invocation is harmless).
 Who calls it: :mod:`dsagent.kube.webhook`. Pure: no I/O; tests feed it real pod JSON.
 """
@@ -42,15 +46,15 @@ Who calls it: :mod:`dsagent.kube.webhook`. Pure: no I/O; tests feed it real pod 
 from __future__ import annotations
 
 import json
-import posixpath
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.errors import InvalidInput
+from dsagent.kube import csivolume
 from dsagent.kube.annotation import DatasetRef
-from dsagent.kube.datasets import Dataset, SecretRef
+from dsagent.kube.datasets import Dataset
+from dsagent.kube.injection import Injection, ResolvedDataset
 from dsagent.kube.podenv import options_env_name
 
 INIT_CONTAINER = "dsagent-cache"
@@ -67,74 +71,6 @@ WAIT_SCRIPT = (f'if [ ! -e {READY_MARK} ]; then echo "dsplatform: waiting for da
                f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"')
 DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
 JSONPatch = list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Injection:
-    """What the webhook injects; from the chart's ``injection.json``."""
-
-    image: str
-    image_pull_policy: str = "IfNotPresent"
-    scheduler_name: str = ""  # empty: leave schedulerName alone
-    cache_dir: str = "/var/lib/dsagent"
-    socket_dir: str = "/run/dsagent"
-    datasets_mount_path: str = "/datasets"
-    socket_mount_path: str = "/run/dsagent"
-    run_as_user: int = 65532
-    run_as_group: int = 65532
-    storage_options_key: str = "storage_options"
-    resources: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.image:
-            raise InvalidInput("injection: image must not be empty")
-        for name in ("cache_dir", "socket_dir", "datasets_mount_path", "socket_mount_path"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not posixpath.isabs(value):
-                raise InvalidInput(f"injection: {name} must be an absolute path, got {value!r}")
-        for name in ("run_as_user", "run_as_group"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InvalidInput(f"injection: {name} must be a non-root id (>= 1)")
-
-    @property
-    def socket_path(self) -> str:
-        return posixpath.join(self.socket_mount_path, "dsagent.sock")
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> Injection:
-        keys = {"image": "image", "imagePullPolicy": "image_pull_policy", "schedulerName": "scheduler_name",
-                "cacheDir": "cache_dir", "socketDir": "socket_dir", "datasetsMountPath": "datasets_mount_path",
-                "socketMountPath": "socket_mount_path", "runAsUser": "run_as_user", "runAsGroup": "run_as_group",
-                "storageOptionsKey": "storage_options_key", "resources": "resources"}
-        unknown = sorted(set(raw) - set(keys))
-        if unknown:
-            raise InvalidInput(f"injection: unknown keys {unknown}", hint=f"known: {sorted(keys)}")
-        if "image" not in raw:
-            raise InvalidInput("injection: 'image' is required")
-        return cls(**{keys[k]: v for k, v in raw.items()})
-
-
-@dataclass(frozen=True)
-class ResolvedDataset:
-    """A dataset of the pod with its source known."""
-
-    name: str
-    source: str
-    bundles: str | None = None
-    digest: str | None = None
-    secret: SecretRef | None = None
-    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
-
-    def request(self, *, with_options: bool) -> dict[str, Any]:
-        """The entry of ``DSAGENT_DATASETS``."""
-        entry: dict[str, Any] = {"name": self.name, "source": self.source}
-        if self.bundles:
-            entry["bundles"] = self.bundles
-        if self.digest:
-            entry["digest"] = self.digest
-        if with_options and self.storage_options:
-            entry["storage_options"] = dict(self.storage_options)
-        return entry
 
 
 def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tuple[ResolvedDataset, ...]:
@@ -158,6 +94,21 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
         return []
     overlap = wait_mode(pod) == "overlap"
     ops: JSONPatch = []
+    if injection.volume_mode == "csi":
+
+        ops += csivolume.wire(spec, datasets, injection, overlap=overlap, wrap=_wait_before)
+    else:
+        ops += _hostpath_wiring(spec, datasets, injection, overlap=overlap)
+    if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
+        op = "replace" if "schedulerName" in spec else "add"
+        ops.append({"op": op, "path": "/spec/schedulerName", "value": injection.scheduler_name})
+    ops += _annotate(pod.get("metadata") or {})
+    return ops
+
+
+def _hostpath_wiring(spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *,
+                     overlap: bool) -> JSONPatch:
+    ops: JSONPatch = []
     ops += _prepend("/spec/initContainers", spec.get("initContainers"),
                     init_container(datasets, injection, sidecar=overlap))
     ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
@@ -167,10 +118,6 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
         if overlap:
             ops += _wait_before(path, container)
     ops += _supplemental_group(spec.get("securityContext"), injection.run_as_group)
-    if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
-        op = "replace" if "schedulerName" in spec else "add"
-        ops.append({"op": op, "path": "/spec/schedulerName", "value": injection.scheduler_name})
-    ops += _annotate(pod.get("metadata") or {})
     return ops
 
 

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
 log = logging.getLogger("dsagent.kube")
 PodJSON = dict[str, Any]
 OnEvent = Callable[[str, PodJSON], None]

@@ -10,8 +10,10 @@ with what is exactly what a kubelet would overlap.
 Containers run their real ``command + args`` with their ``env`` (downward-API
 ``metadata.uid`` and ``secretKeyRef`` values are filled in) as local processes; volume
 mount paths are rewritten to host directories (``emptyDir`` volumes get a fresh
-directory, ``hostPath`` volumes map through ``host_paths``), textually in the argv and
-environment: enough for the dsplatform containers, not a container runtime.
+directory, ``hostPath`` volumes map through ``host_paths``, inline ``csi`` volumes are
+published by the ``csi`` callable, which returns the target directory, before any
+container is pulled, as the kubelet does), textually in the argv and environment: enough
+for the dsplatform containers, not a container runtime.
 
 Who calls it: ``tests/kube/test_overlap.py`` and ``tools/bench/overlap.py``.
 """
@@ -47,13 +49,15 @@ class SimulatedKubelet:
 
     def __init__(self, pod: Mapping[str, Any], *, pull: Pull, host_paths: Mapping[str, str] | None = None,
                  secrets: Mapping[tuple[str, str], str] | None = None, uid: str | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None,
+                 csi: Callable[[Mapping[str, Any]], str] | None = None) -> None:
         self.pod = pod
         self.pull = pull
         self.host_paths = dict(host_paths or {})
         self.secrets = dict(secrets or {})
         self.uid = uid or (pod.get("metadata") or {}).get("uid") or "00000000-0000-4000-8000-000000000000"
         self.extra_env = dict(extra_env or {})
+        self.csi = csi
         self._scratch = tempfile.TemporaryDirectory(prefix="simkubelet-")
         self.runs: dict[str, ContainerRun] = {}
         self.volume_dirs: dict[str, str] = {}  # volume name -> host directory, once running
@@ -119,6 +123,8 @@ class SimulatedKubelet:
                 found[volume["name"]] = str(path)
             elif "hostPath" in volume:
                 found[volume["name"]] = self.host_paths.get(volume["hostPath"]["path"], volume["hostPath"]["path"])
+            elif "csi" in volume and self.csi is not None:
+                found[volume["name"]] = self.csi(volume)
         return found
 
     @staticmethod

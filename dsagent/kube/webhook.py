@@ -29,11 +29,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from dsagent.cache.settings import parse_listen
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsagent.kube import annotation
 from dsagent.kube.datasets import Dataset
 from dsagent.kube.mutation import Injection, JSONPatch, mutate, resolve
-from dsagent.cache.settings import parse_listen
 
 log = logging.getLogger("dsagent.webhook")
 ENV_PREFIX = "DSAGENT_WEBHOOK_"

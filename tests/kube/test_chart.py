@@ -23,6 +23,7 @@ import yaml
 from kubernetes_validate import utils as kv
 from packaging.version import Version
 
+from dsagent.cache import settings
 from dsagent.kube.agent import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
@@ -44,12 +45,15 @@ NON_DEFAULT: dict[str, Any] = {
     "webhook": {"certManager": {"enabled": True}, "excludeNamespaces": ["kube-system", "monitoring"],
                 "datasetsMountPath": "/data"},
     "crds": {"keep": False},
+    "csi": {"driverName": "data.example.com", "kubeletDir": "/data/kubelet",
+            "registrar": {"image": {"repository": "mirror.example.com/csi-node-driver-registrar", "tag": "v2.12.0"}}},
 }
 MINIMAL: dict[str, Any] = {"webhook": {"enabled": False}, "scheduler": {"enabled": False},
                            "extender": {"enabled": False}, "crds": {"install": False}}
 DEVICE_PLUGIN: dict[str, Any] = {"agent": {"cacheDir": "/nvme/dsagent", "devicePlugin": {
     "enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"}}}
 VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL, "device-plugin": DEVICE_PLUGIN,
+              "no-csi": {"csi": {"enabled": False}},
               "cert-manager-with-issuer": {"webhook": {"certManager": {
                   "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}}
 
@@ -276,15 +280,20 @@ def agent_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return spec
 
 
+def agent_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [container] = [c for c in agent_pod(docs)["containers"] if c["name"] == "agent"]
+    return container
+
+
 def test_the_agent_learns_its_node_name_from_the_downward_api(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    [container] = agent_pod(rendered["default"])["containers"]
+    container = agent_container(rendered["default"])
     env = {e["name"]: e for e in container["env"]}
     assert env["DSAGENT_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert container["command"] == ["dsagent", "serve", "--kubernetes"]
 
 
 def test_the_agent_is_node_critical_probed_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    pod = agent_pod(rendered["default"])
+    pod = agent_pod(rendered["no-csi"])  # with the CSI plugin it runs privileged (test below)
     [container] = pod["containers"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -301,7 +310,7 @@ def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, A
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["cache"]["hostPath"]["path"] == "/nvme/dsagent"
     assert volumes["socket"]["hostPath"]["path"] == "/var/run/dsagent"
-    [container] = pod["containers"]
+    container = agent_container(rendered["non-default"])
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DSAGENT_CAPACITY"] == "800Gi"
     assert env["DSAGENT_LOCAL_SOURCES"] == "/mnt/nfs/datasets"
@@ -312,9 +321,8 @@ def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, A
 
 
 def test_agent_settings_in_the_daemonset_are_ones_the_agent_accepts(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    from dsagent.cache import settings
     for label in ("default", "non-default"):
-        [container] = agent_pod(rendered[label])["containers"]
+        container = agent_container(rendered[label])
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         env.pop("DSAGENT_ADMIN_TOKEN_FILE")  # a mounted Secret in the cluster
         settings.Settings.from_env(env)
@@ -368,7 +376,7 @@ def test_without_the_scheduler_the_webhook_leaves_scheduler_names_alone() -> Non
 
 def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["agent-only"]
-    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Secret", "NetworkPolicy"}
+    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Secret", "NetworkPolicy", "CSIDriver"}
 
 
 def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -419,3 +427,54 @@ def test_strict_validation_catches_an_unknown_field(rendered: dict[str, list[dic
     daemonset["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
     with pytest.raises(kv.ValidationError):
         kv.validate(daemonset, KUBE_VERSIONS[-1], strict=True)
+
+
+# -- the CSI node plugin (issue 12, docs/design.md#csi)
+
+
+def test_the_csidriver_serves_ephemeral_inline_volumes_with_pod_info(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    driver = find(rendered["default"], "CSIDriver")
+    assert driver["metadata"]["name"] == "datasets.dsagent.io"
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["podInfoOnMount"] is True and driver["spec"]["attachRequired"] is False
+    assert find(rendered["non-default"], "CSIDriver")["metadata"]["name"] == "data.example.com"
+    assert "CSIDriver" not in kinds(rendered["no-csi"])
+
+
+def test_the_registrar_sidecar_registers_the_agents_socket_in_the_kubelet_plugin_dirs(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for label, kubelet, driver, image in (
+            ("default", "/var/lib/kubelet", "datasets.dsagent.io", "registry.k8s.io/sig-storage/csi-node-driver-registrar:"),
+            ("non-default", "/data/kubelet", "data.example.com", "mirror.example.com/csi-node-driver-registrar:v2.12.0")):
+        pod = agent_pod(rendered[label])
+        [registrar] = [c for c in pod["containers"] if c["name"] == "csi-node-driver-registrar"]
+        assert registrar["image"].startswith(image)
+        assert f"--kubelet-registration-path={kubelet}/plugins/{driver}/csi.sock" in registrar["args"]
+        assert "--csi-address=/csi/csi.sock" in registrar["args"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["csi-plugin-dir"]["hostPath"]["path"] == f"{kubelet}/plugins/{driver}"
+        assert volumes["csi-registration-dir"]["hostPath"]["path"] == f"{kubelet}/plugins_registry"
+        agent = agent_container(rendered[label])
+        mounts = {m["name"]: m for m in agent["volumeMounts"]}
+        assert mounts["kubelet-pods"] == {"name": "kubelet-pods", "mountPath": f"{kubelet}/pods", "mountPropagation": "Bidirectional"}
+        assert agent["securityContext"]["privileged"] is True  # Bidirectional needs it
+        env = {e["name"]: e.get("value") for e in agent["env"]}
+        assert env["DSAGENT_CSI_SOCKET"] == "/csi/csi.sock" and env["DSAGENT_CSI_KUBELET_PODS_DIR"] == f"{kubelet}/pods"
+        assert env["DSAGENT_CSI_DRIVER_NAME"] == driver
+        settings.Settings.from_env({k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"})
+        injection = json.loads(find(rendered[label], "ConfigMap", "-webhook")["data"]["injection.json"])
+        assert injection["volumeMode"] == "csi" and injection["csiDriver"] == driver
+    assert json.loads(find(rendered["no-csi"], "ConfigMap", "-webhook")["data"]["injection.json"])["volumeMode"] == "hostPath"
+
+
+def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricted(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from tests.podsecurity import violations
+
+    checked = 0
+    for label, doc in all_objects(rendered):
+        if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet") and not doc["metadata"]["name"].endswith("-agent"):
+            assert violations(doc["spec"]["template"]) == [], (label, doc["metadata"]["name"])
+            checked += 1
+    assert checked >= 3
+    # the agent is the one privileged part (its namespace needs the privileged level) ...
+    assert violations(find(rendered["default"], "DaemonSet", "-agent")["spec"]["template"])
+    # ... and what the webhook injects into user pods keeps them restricted (tests/kube/test_mutation_csi.py)

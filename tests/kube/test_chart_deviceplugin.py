@@ -12,7 +12,9 @@ from tests.kube.test_chart import CHART, DEVICE_PLUGIN, agent_pod, helm, render
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:
-    return {"default": render({}), "device-plugin": render(DEVICE_PLUGIN)}
+    # CSI (on by default) makes the agent privileged; these tests look at the device plugin alone
+    no_csi = {"csi": {"enabled": False}}
+    return {"default": render(no_csi), "device-plugin": render({**DEVICE_PLUGIN, **no_csi})}
 
 
 def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:

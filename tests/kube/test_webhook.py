@@ -210,8 +210,10 @@ def test_the_api_server_can_call_the_webhook_with_the_charts_ca_bundle(webhook_s
     assert status == 200
     assert answer["response"]["uid"] == REVIEW["request"]["uid"] and answer["response"]["allowed"] is True
     pod = patched(answer, review()["request"]["object"])
-    init = pod["spec"]["initContainers"][0]
-    assert init["image"] == "ghcr.io/dsplatform/dsplatform:0.1.0"
+    # the chart's default injection wires the agent's CSI volume (issue 12), no hostPath
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "dsagent-datasets"]
+    assert volume["csi"]["driver"] == "datasets.dsagent.io"
+    assert not any("hostPath" in v for v in pod["spec"]["volumes"])
     assert pod["spec"]["schedulerName"] == "dsplatform-scheduler"
 
 

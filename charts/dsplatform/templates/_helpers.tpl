@@ -76,6 +76,8 @@ seccompProfile:
   "runAsGroup" (int .Values.agent.runAsGroup)
   "storageOptionsKey" .Values.webhook.storageOptionsKey
   "resources" .Values.webhook.initContainer.resources
+  "volumeMode" (ternary "csi" "hostPath" (and .Values.csi.enabled .Values.agent.enabled))
+  "csiDriver" .Values.csi.driverName
 }}
 {{- toPrettyJson $inject }}
 {{- end }}
