@@ -37,7 +37,7 @@ class S3Server:
         env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
         if auth_actions is not None:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(auth_actions)
-        self._log = open(log, "ab")
+        self._log = open(log, "ab")  # noqa: SIM115 - the server's output, closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)], env=env, stdout=self._log, stderr=subprocess.STDOUT
         )

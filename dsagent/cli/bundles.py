@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from dsagent.cli.options import output_option, source_options, store_options
 from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.errors import InvalidInput
 from dsagent.format.manifest import Manifest, Progress, build_manifest, read_manifest
@@ -83,8 +84,6 @@ def _rate(size: int, seconds: float) -> str:
 def _cache(enabled: bool) -> DigestCache | None:
     return DigestCache(default_cache_path()) if enabled else None
 
-
-from dsagent.cli.options import output_option, source_options, store_options  # noqa: E402 - beside its uses
 
 _cache_flag = click.option("--digest-cache/--no-digest-cache", default=True, show_default=True, help="Reuse digests of unchanged local files (SQLite under ~/.cache/dsplatform).")
 

@@ -42,7 +42,15 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError, SourceUnavailable, StorageCredentials, StorageForbidden
+from dsagent.errors import (
+    DsagentError,
+    InvalidInput,
+    NotFound,
+    SettingsError,
+    SourceUnavailable,
+    StorageCredentials,
+    StorageForbidden,
+)
 from dsplatform.units import parse_duration
 
 DEFAULT_CONNECT_TIMEOUT = 10.0

@@ -21,7 +21,7 @@ from tests.dsagent.harness import ADMIN_TOKEN, unix_socket_listening
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
 def test_both_commands_print_their_version() -> None:

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from dsagent.cli import main
-from dsagent.errors import InvalidInput, NotFound, SourceUnavailable, StorageCredentials, StorageForbidden
+from dsagent.errors import (
+    InvalidInput,
+    NotFound,
+    SourceUnavailable,
+    StorageCredentials,
+    StorageForbidden,
+)
 from dsagent.format.manifest import read_manifest
 from dsagent.format.storage import resolve, translate_errors
 from tests.conftest import isolate_aws
