@@ -15,9 +15,9 @@ COPY pyproject.toml README.md ./
 COPY dsagent ./dsagent
 COPY scheduler_plugin ./scheduler_plugin
 COPY gpu_topology ./gpu_topology
-# [http] for fsspec's http:// sources; cloud filesystems (s3fs, gcsfs, adlfs) can be
-# added with --build-arg EXTRAS="http,..." once the project declares them.
-ARG EXTRAS=http
+# [all]: every storage backend (s3://, gs://, az:// and abfs://, http://), so the
+# chart's s3:// examples work in the default image; --build-arg EXTRAS=http for a slimmer one.
+ARG EXTRAS=all
 RUN pip install --upgrade pip && pip install ".[${EXTRAS}]" \
     && python -m compileall -q /opt/dsplatform
 

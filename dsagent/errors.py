@@ -11,6 +11,8 @@ translated where they enter, with ``raise ... from exc``.
     ├── InvalidInput (400, exit 2)            bad names, URLs, sizes, settings, flags
     │   └── SettingsError                     a DSAGENT_* value or flag is invalid
     ├── Unauthorized (401, exit 9)            operator action without a valid admin token
+    ├── StorageCredentials (403, exit 11)     the dataset source or bundle store has no, or refused, credentials
+    ├── StorageForbidden (403, exit 12)       the store knows the credentials but refuses the action
     ├── NotFound (404, exit 3)                unknown dataset, task, manifest or bundle
     ├── Conflict (409, exit 4)                dataset in use, task already holds another set
     ├── IntegrityError (422, exit 5)          digest mismatch, truncated or tampered bundle
@@ -21,6 +23,11 @@ translated where they enter, with ``raise ... from exc``.
         └── AgentUnreachable (exit 8)         dsctl could not reach the local agent
 
 "Transient vs permanent" is a type: retry only :class:`TransientError`.
+
+Storage refusals answer 403, not 401: a 401 from the agent means the *caller* lacks the
+agent's admin token (:class:`Unauthorized`); a 403 says the agent reached the store and the
+store refused the agent. The exit codes are listed in the README's "Exit codes" table,
+which ``tests/test_exit_codes.py`` checks against these classes.
 """
 
 from __future__ import annotations
@@ -68,6 +75,18 @@ class Unauthorized(DsagentError):
     http_status = 401
     exit_code = 9
     code = "unauthorized"
+
+
+class StorageCredentials(DsagentError):
+    http_status = 403
+    exit_code = 11
+    code = "credentials"
+
+
+class StorageForbidden(DsagentError):
+    http_status = 403
+    exit_code = 12
+    code = "forbidden"
 
 
 class NotFound(DsagentError):
@@ -123,6 +142,8 @@ __all__ = [
     "NotFound",
     "SettingsError",
     "SourceUnavailable",
+    "StorageCredentials",
+    "StorageForbidden",
     "TransientError",
     "UnsafeArchive",
     "Unauthorized",

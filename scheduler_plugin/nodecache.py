@@ -7,6 +7,7 @@ re-listing on ``410 Gone``. Node objects become :class:`NodeFacts` through the s
 :class:`NodeReader`; active pods bound to a node count against its free GPUs when the
 node publishes no free-GPU list. Readers get consistent snapshots: each update replaces
 one dict entry (atomic under the GIL). Owned by :class:`scheduler_plugin.view.View`.
+Failed watches are retried by tenacity (fixed waits; see ``_supervise``), not a hand-written loop.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import tenacity
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -138,19 +140,38 @@ class NodeCache:
         self._threads.clear()
 
     def _supervise(self, kind: str, run: Callable[[], None]) -> None:
-        while not self._stop.is_set():
+        """Run ``run`` (list, then watch) until stopped; tenacity retries its failures: after
+        ``retry_s`` when the API server or the network failed, after ``absent_retry_s`` when
+        the resource is not served (the Dataset CRD is not installed)."""
+
+        def once() -> None:
+            if self._stop.is_set():
+                return
             try:
                 run()
             except _Gone:
                 log.info("watch of %s expired (410 Gone); listing again", kind)
-            except _Absent as exc:
-                log.info("%s; checking again in %.0fs", exc, self._absent_retry_s)
-                self._stop.wait(self._absent_retry_s)
-            except Exception as exc:  # the API server or network failed: retry, never die
-                if self._stop.is_set():
-                    return
-                log.warning("watch of %s failed: %s; retrying in %.1fs", kind, exc, self._retry_s)
-                self._stop.wait(self._retry_s)
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            failed = state.outcome.exception() if state.outcome is not None else None
+            return self._absent_retry_s if isinstance(failed, _Absent) else self._retry_s
+
+        def report(state: tenacity.RetryCallState) -> None:
+            failed = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(failed, _Absent):
+                log.info("%s; checking again in %.0fs", failed, self._absent_retry_s)
+            else:
+                log.warning("watch of %s failed: %s; retrying in %.1fs", kind, failed, self._retry_s)
+
+        def sleep(seconds: float) -> None:
+            self._stop.wait(seconds)
+
+        retrying = tenacity.Retrying(wait=wait, stop=tenacity.stop_when_event_set(self._stop), sleep=sleep, before_sleep=report)
+        while not self._stop.is_set():
+            try:
+                retrying(once)
+            except tenacity.RetryError:  # stopped while failing
+                return
 
     # -- nodes -------------------------------------------------------------------
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.s3server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
@@ -14,3 +17,34 @@ FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 def fixtures_dir() -> Path:
     """``tests/fixtures``: real outputs of real machines, each beside a ``.src`` provenance file."""
     return FIXTURES_DIR
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (moto in server mode) on 127.0.0.1, shared by the session."""
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The S3 server emptied, with its credentials in this process's environment (as a pod
+    gets them from a Secret) and no other AWS configuration."""
+    s3_server.reset()
+    isolate_aws(monkeypatch)
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    return s3_server
+
+
+def isolate_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS credentials or configuration from the machine running the tests."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/dsplatform-tests")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/dsplatform-tests")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # instances keep the credentials they found

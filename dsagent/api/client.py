@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from dsagent import errors
-from dsagent.errors import AgentUnreachable, DsagentError
-from dsagent.cache.settings import default_root
+from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput
+from dsagent.cache.settings import default_root, socket_pointer
 
 _BY_CODE: dict[str, type[DsagentError]] = {
     cls.code: cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, DsagentError)
@@ -25,11 +25,33 @@ _BY_CODE: dict[str, type[DsagentError]] = {
 
 
 def default_socket(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the local agent listens: ``DSAGENT_SOCKET``, else ``DSAGENT_ROOT/dsagent.sock``,
+    else the socket a running ``dsagent serve`` recorded in :func:`socket_pointer` (so
+    ``dsagent serve --root X`` is found without settings), else the default root's."""
     env = os.environ if environ is None else environ
     if env.get("DSAGENT_SOCKET"):
         return Path(env["DSAGENT_SOCKET"])
-    root = Path(env["DSAGENT_ROOT"]) if env.get("DSAGENT_ROOT") else default_root()
-    return root / "dsagent.sock"
+    if env.get("DSAGENT_ROOT"):
+        return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
+    try:
+        recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
+    except OSError:
+        recorded = None
+    if recorded is not None and recorded.is_absolute() and recorded.exists():
+        return recorded
+    return default_root() / "dsagent.sock"
+
+
+def agent_url(text: str) -> str:
+    """``--agent`` as a base URL: ``127.0.0.1:17420`` means ``http://127.0.0.1:17420``."""
+    candidate = text.strip() if "://" in text else f"http://{text.strip()}"
+    try:
+        parsed = httpx.URL(candidate)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise InvalidInput(f"invalid agent URL {text!r}", hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidInput(f"invalid agent URL {text!r}", hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420 (the unix socket: --socket PATH)")
+    return candidate
 
 
 class AgentClient:
@@ -39,6 +61,7 @@ class AgentClient:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._socket: Path | None = None
         if url:
+            url = agent_url(url)
             self.where = url
             self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
         else:
@@ -153,4 +176,4 @@ def _error_from(response: httpx.Response) -> DsagentError:
     return cls(message, hint=body.get("hint"), **details)
 
 
-__all__ = ["AgentClient", "default_socket"]
+__all__ = ["AgentClient", "agent_url", "default_socket"]

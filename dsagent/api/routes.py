@@ -5,6 +5,11 @@ changes state (tasks, evictions) needs the admin token when it came over TCP, wh
 anyone on the network could otherwise make the node fetch or drop data; reads (inventory,
 metrics, probes) stay open for the extender and Prometheus. The unix socket is guarded by
 its file permissions.
+
+Each route declares its ``response_model`` and the error statuses it can actually answer
+(:func:`errors`, all with the :class:`~dsagent.api.schemas.ErrorOut` body); FastAPI's
+automatic 422 is removed from the document by :func:`dsagent.api.openapi_document`,
+because validation errors are answered as 400 ``invalid_input``.
 """
 
 from __future__ import annotations
@@ -14,11 +19,41 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from dsagent.api.schemas import EvictIn, TaskIn, eviction_out, task_out
+from dsagent.api.schemas import (
+    DatasetsOut,
+    DatasetVersionsOut,
+    ErrorOut,
+    EvictIn,
+    EvictionOut,
+    InventoryOut,
+    ReleaseOut,
+    StatusOut,
+    TaskIn,
+    TaskOut,
+    eviction_out,
+    task_out,
+)
 from dsagent.errors import Unauthorized
 from dsagent.cache.service import CacheService
 
 router = APIRouter()
+
+ERROR_STATUSES: dict[int, str] = {
+    400: "Invalid input: names, URLs (a malformed URL), fields, query values (invalid_input, ...)",
+    401: "An operator action over TCP without a valid admin token (unauthorized)",
+    403: "The store refused the agent's credentials (credentials) or the action (forbidden); "
+    "in cluster mode, a pod-UID task for a pod not on this node (task_not_on_node)",
+    404: "No such task or dataset (not_found); a source or bundle store that does not exist",
+    409: "In use, being fetched, or a task repeated with other datasets (conflict)",
+    413: "Request body over DSAGENT_MAX_BODY (body_too_large)",
+    500: "A bug in the agent (internal); details only in the agent's log",
+    503: "The source or bundle store is unreachable (source_unavailable): worth retrying",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses a route can answer (500 always)."""
+    return {status: {"model": ErrorOut, "description": ERROR_STATUSES[status]} for status in sorted({*statuses, 500})}
 
 
 def service(request: Request) -> CacheService:
@@ -43,57 +78,57 @@ def require_admin(request: Request) -> None:
         raise Unauthorized("a valid admin token is required for this action", hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)")
 
 
-@router.put("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)])
+@router.put("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)], response_model=TaskOut, responses=errors(400, 401, 403, 404, 409, 413, 503))
 async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0)) -> dict[str, Any]:
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait)
     return task_out(record)
 
 
-@router.get("/v1/tasks/{task_id}")
+@router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 404))
 async def get_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     return task_out(await svc.get_task(task_id))
 
 
-@router.delete("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)])
+@router.delete("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)], response_model=ReleaseOut, responses=errors(400, 401, 404))
 async def release_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     await svc.release_task(task_id)
     return {"task": task_id, "released": True}
 
 
-@router.get("/v1/datasets")
+@router.get("/v1/datasets", response_model=DatasetsOut, responses=errors())
 async def list_datasets(svc: CacheService = Depends(service)) -> dict[str, Any]:
     return {"datasets": await svc.datasets(), **await svc.space()}
 
 
-@router.get("/v1/datasets/{name}")
+@router.get("/v1/datasets/{name}", response_model=DatasetVersionsOut, responses=errors(400, 404))
 async def get_dataset(name: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     return {"name": name, "versions": await svc.dataset(name)}
 
 
-@router.delete("/v1/datasets/{name}", dependencies=[Depends(require_admin)])
+@router.delete("/v1/datasets/{name}", dependencies=[Depends(require_admin)], response_model=EvictionOut, responses=errors(400, 401, 404, 409))
 async def evict_dataset(
     name: str, svc: CacheService = Depends(service), force: bool = False, dry_run: bool = Query(False, alias="dryRun")
 ) -> dict[str, Any]:
     return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run))
 
 
-@router.post("/v1/evict", dependencies=[Depends(require_admin)])
+@router.post("/v1/evict", dependencies=[Depends(require_admin)], response_model=EvictionOut, responses=errors(400, 401, 404, 409, 413))
 async def evict(body: EvictIn, svc: CacheService = Depends(service)) -> dict[str, Any]:
     result = await svc.evict(names=body.names, mode=body.mode, force=body.force, dry_run=body.dry_run, free_bytes=body.bytes or 0)
     return eviction_out(result)
 
 
-@router.get("/v1/inventory")
+@router.get("/v1/inventory", response_model=InventoryOut, responses=errors())
 async def inventory(svc: CacheService = Depends(service)) -> dict[str, Any]:
     return await svc.inventory()
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=StatusOut)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=StatusOut, responses={503: {"model": StatusOut, "description": "The agent is starting"}})
 async def readyz(response: Response, svc: CacheService = Depends(service)) -> dict[str, str]:
     if not svc.started:
         response.status_code = 503

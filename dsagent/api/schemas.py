@@ -2,7 +2,10 @@
 
 Who calls it: :mod:`dsagent.api.routes` only. Pydantic stays at this edge; the service
 works with frozen dataclasses. Every request model forbids unknown fields, so a typo in
-a field name is a 400, never silently ignored.
+a field name is a 400, never silently ignored. The answer models (``*Out``) are the routes'
+``response_model``: they type the OpenAPI document and allow extra fields, so a field the
+service adds is documented late rather than silently dropped. :class:`ErrorOut` is the one
+error body every 4xx/5xx carries.
 """
 
 from __future__ import annotations
@@ -40,6 +43,92 @@ class EvictIn(_Strict):
     dry_run: bool = Field(default=False, alias="dryRun")
 
 
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ErrorOut(_Out):
+    """Every error answer: a machine-readable ``code`` (see the README's Exit codes table)."""
+
+    code: str = Field(description="machine-readable error code, e.g. not_found, credentials, source_unavailable")
+    message: str = Field(description="one line for a human")
+    hint: str | None = Field(default=None, description="what to do about it")
+    details: dict[str, Any] | None = Field(default=None, description="structured details, e.g. the space numbers or the invalid fields")
+
+
+class DatasetStatusOut(_Out):
+    name: str
+    source: str
+    bundles: str | None
+    digest: str | None
+    state: str = Field(description="pending, ready, failed or gone")
+    path: str | None
+    size_bytes: int = Field(alias="sizeBytes")
+    files: int
+    bytes_done: int = Field(alias="bytesDone")
+    files_done: int = Field(alias="filesDone")
+    rate_bytes_per_second: float = Field(alias="rateBytesPerSecond")
+    eta_seconds: float | None = Field(alias="etaSeconds")
+    error: ErrorOut | None
+
+
+class TaskOut(_Out):
+    task: str
+    state: str = Field(description="pending, ready or failed")
+    created_at: str | None = Field(alias="createdAt")
+    lease_until: str | None = Field(alias="leaseUntil")
+    datasets: list[DatasetStatusOut]
+
+
+class ReleaseOut(_Out):
+    task: str
+    released: bool
+
+
+class VersionOut(_Out):
+    name: str
+    digest: str
+    state: str = Field(description="ready, fetching or failed")
+    size_bytes: int = Field(alias="sizeBytes")
+    files: int
+    in_use: bool = Field(alias="inUse")
+    last_used: str | None = Field(alias="lastUsed")
+    path: str | None = None
+
+
+class DatasetsOut(_Out):
+    datasets: list[VersionOut]
+    capacity_bytes: int | None = Field(alias="capacityBytes")
+    free_bytes: int = Field(alias="freeBytes")
+    used_bytes: int = Field(alias="usedBytes")
+
+
+class DatasetVersionsOut(_Out):
+    name: str
+    versions: list[VersionOut]
+
+
+class EvictedOut(_Out):
+    name: str
+    digest: str
+    size_bytes: int = Field(alias="sizeBytes")
+    last_used: str | None = Field(alias="lastUsed")
+
+
+class EvictionOut(_Out):
+    dry_run: bool = Field(alias="dryRun")
+    freed_bytes: int = Field(alias="freedBytes")
+    evicted: list[EvictedOut]
+
+
+class InventoryOut(_Out):
+    """The node report the scheduler reads; its full schema is ``dsagent/inventory.schema.json``."""
+
+
+class StatusOut(_Out):
+    status: str
+
+
 def dataset_status_out(status: DatasetStatus) -> dict[str, Any]:
     return {
         "name": status.name, "source": status.source, "bundles": status.bundles, "digest": status.digest,
@@ -64,4 +153,7 @@ def eviction_out(result: EvictionResult) -> dict[str, Any]:
     }
 
 
-__all__ = ["DatasetIn", "EvictIn", "TaskIn", "dataset_status_out", "eviction_out", "task_out"]
+__all__ = [
+    "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut", "InventoryOut",
+    "ReleaseOut", "StatusOut", "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
+]  # fmt: skip

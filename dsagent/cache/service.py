@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from dsagent.format.storage_errors import classify
 from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
@@ -202,7 +203,11 @@ class CacheService:
             raise
         except DsagentError as exc:
             self._errors[(task_id, request.name)] = exc
-        except Exception as exc:  # a bug or a foreign error: keep it visible, never crash the loop
+        except Exception as exc:  # a foreign storage error, or a bug: keep it visible, never crash the loop
+            known = classify(exc, f"dataset {request.name!r}")
+            if known is not None:
+                self._errors[(task_id, request.name)] = known
+                return
             log.exception("caching %s for task %s failed", request.name, task_id)
             self._errors[(task_id, request.name)] = DsagentError(f"internal error: {type(exc).__name__}: {exc}")
 

@@ -44,6 +44,17 @@ def default_root() -> Path:
     return Path(base) / "dsagent"
 
 
+def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
+    """The per-user file where ``dsagent serve`` records the socket of its root's default
+    (``$XDG_RUNTIME_DIR/dsagent/socket``, else ``~/.cache/dsagent.socket``); ``dsctl``
+    reads it when neither ``DSAGENT_SOCKET`` nor ``DSAGENT_ROOT`` is set."""
+    env = os.environ if environ is None else environ
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "socket"
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dsagent.socket"
+
+
 def parse_listen(text: str | tuple[str, int]) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 hosts in brackets) for the optional TCP listener."""
     if isinstance(text, tuple):

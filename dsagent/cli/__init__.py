@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from typing import Any
 
@@ -75,20 +76,38 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point and the CLI's error edge."""
+    """Console entry point and the CLI's error edge: every failure is one line on stderr.
+
+    Exit codes: the error's own (:mod:`dsagent.errors`, listed in the README's "Exit codes"
+    table), 2 for usage errors, 130 for Ctrl-C, 1 for anything unexpected (its traceback
+    only with ``DSCTL_DEBUG=1``).
+    """
     try:
         cli.main(args=argv, prog_name="dsctl", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "dsctl"
+        click.echo(f"dsctl: error: {exc.format_message()} (see '{where} --help')", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"dsctl: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:  # the edge: deliberate errors of any platform package
         exit_code = getattr(exc, "exit_code", None)
-        if not isinstance(exit_code, int):
+        if isinstance(exit_code, int):
+            click.echo(f"dsctl: error: {exc}", err=True)
+            sys.exit(exit_code)
+        from dsagent.format.storage_errors import classify
+
+        known = classify(exc, "storage")
+        if known is not None:
+            click.echo(f"dsctl: error: {known}", err=True)
+            sys.exit(known.exit_code)
+        if os.environ.get("DSCTL_DEBUG"):
             raise
-        click.echo(f"dsctl: error: {exc}", err=True)
-        sys.exit(exit_code)
+        click.echo(f"dsctl: error: internal error: {type(exc).__name__}: {exc} (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)", err=True)
+        sys.exit(1)

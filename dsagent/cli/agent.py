@@ -7,6 +7,13 @@ uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
 (:mod:`dsagent.kubelet.csi`) is a companion too: it serves on that socket, on the same loop
 and the same service, once the service has started. This is the one place that wires the
 edges together: the API layer never imports ``dsagent.kube`` or ``dsagent.kubelet``.
+
+On the way out (SIGTERM, Ctrl-C or a failed start-up) it removes its socket file. That
+happens in the server's ``shutdown``, not after ``serve`` returns: uvicorn re-raises the
+signal it caught once ``serve`` ends, and a re-raised SIGTERM kills the process before any
+``finally`` of ours runs. When the socket is its root's default, the agent also records
+its path in :func:`dsagent.cache.settings.socket_pointer`, so that ``dsctl`` finds an
+agent started with ``--root X`` without ``DSAGENT_SOCKET``; it removes the record on exit.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import click
 
 from dsagent.api import CompanionFactory
 from dsagent.cache.service import CacheService
-from dsagent.cache.settings import Settings
+from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
 
 
@@ -84,6 +91,7 @@ def companions(settings: Settings) -> list[CompanionFactory]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dsplatform", prog_name="dsagent")
 def agent() -> None:
     """dsagent: the dsplatform node agent (a DaemonSet on every GPU node)."""
 
@@ -116,11 +124,12 @@ def serve(root: Path | None, socket_path: Path | None, listen: str | None, capac
         if settings.kubernetes and importlib.util.find_spec("dsagent.kube") is None:
             raise SettingsError("cluster mode (--kubernetes) needs dsagent.kube, which this build lacks", hint="run without --kubernetes")
         sockets = _bind(settings)
+        pointer = _record_socket(settings)
     except DsagentError as exc:
         click.echo(f"dsagent: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(asyncio.run(_run(settings, sockets)))
+    sys.exit(asyncio.run(_run(settings, sockets, pointer)))
 
 
 def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
@@ -173,7 +182,7 @@ def _listening(path: Path) -> bool:
         probe.close()
 
 
-async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
+async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path | None = None) -> int:
     import uvicorn
 
     from dsagent.api import create_app
@@ -184,20 +193,61 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
             plugin = await start_device_plugin(settings, sysfs_root=settings.sysfs_root)
     except DsagentError as exc:
         click.echo(f"dsagent: error: the device plugin cannot start: {exc}", err=True)
+        _cleanup(settings, list(sockets), pointer)
         return exc.exit_code
+
+    async def stop_plugin() -> None:
+        nonlocal plugin
+        if plugin is not None:
+            stopping, plugin = plugin, None
+            await stopping.stop()
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().shutdown(sockets)
+            finally:
+                await stop_plugin()
+                _cleanup(settings, bound, pointer)
+
+    bound = list(sockets)
     app = create_app(settings, companions=companions(settings))
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+    server = Server(config)
     try:
         await server.serve(sockets=sockets)
     finally:
-        if plugin is not None:
-            await plugin.stop()
-        for sock in sockets:
-            sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            settings.socket.unlink()
+        await stop_plugin()
+        _cleanup(settings, bound, pointer)
     return 0 if server.started else 3
+
+
+def _record_socket(settings: Settings) -> Path | None:
+    """Write the socket's path to the per-user pointer file when it is the root's default."""
+    if settings.socket_path is not None and settings.socket_path != settings.root / "dsagent.sock":
+        return None
+    pointer = socket_pointer()
+    try:
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
+        tmp.write_text(str(settings.socket.absolute()) + "\n", encoding="utf-8")
+        tmp.replace(pointer)
+    except OSError as exc:  # a convenience only: dsctl can still be told DSAGENT_SOCKET
+        logging.getLogger("dsagent").warning("cannot record the socket path in %s: %s", pointer, exc)
+        return None
+    return pointer
+
+
+def _cleanup(settings: Settings, sockets: list[socket.socket], pointer: Path | None = None) -> None:
+    """Close the listeners, remove the socket file and, if it still names ours, the pointer."""
+    for sock in sockets:
+        sock.close()
+    with contextlib.suppress(FileNotFoundError):
+        settings.socket.unlink()
+    if pointer is not None:
+        with contextlib.suppress(OSError):
+            if pointer.read_text(encoding="utf-8").strip() == str(settings.socket.absolute()):
+                pointer.unlink()
 
 
 async def _device_plugin_wanted(settings: Settings) -> bool:

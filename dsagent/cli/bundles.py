@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from dsagent.cli.options import output_option, source_options, store_options
 from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.errors import InvalidInput
 from dsagent.format.manifest import Manifest, Progress, read_manifest
@@ -64,18 +65,11 @@ def _counter(label: str) -> Iterator[Progress]:
             click.echo("\r\x1b[K", file=sys.stderr, nl=False)
 
 
-def _options(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` flags as fsspec storage options (values parsed as JSON when they are)."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidInput(f"storage option {pair!r} is not KEY=VALUE", hint="e.g. -o anon=true -o endpoint_url=http://minio:9000")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
+def _options(pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option") -> dict[str, Any]:
+    """Storage options from ``KEY=VALUE`` flags (values parsed as JSON when they are) over JSON files."""
+    from dsagent.cli.options import storage_options
+
+    return storage_options(pairs, files, flag=flag)
 
 
 def _default_name(source: str) -> str:
@@ -92,28 +86,33 @@ def _cache(enabled: bool) -> DigestCache | None:
     return DigestCache(default_cache_path()) if enabled else None
 
 
-_source_options = click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the source (repeatable).")
 _cache_flag = click.option("--digest-cache/--no-digest-cache", default=True, show_default=True, help="Reuse digests of unchanged local files (SQLite under ~/.cache/dsplatform).")
+
+
+def _emit(output: str, data: dict[str, Any], line: str) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False) if output == "json" else line)
 
 
 @click.command()
 @click.argument("source")
 @click.option("--name", help="Dataset name for the manifest (default: the source's last path component).")
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a summary line.")
-@_source_options
+@output_option
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of -o json.")
+@source_options
 @_cache_flag
-def digest(source: str, name: str | None, as_json: bool, options: tuple[str, ...], digest_cache: bool) -> None:
-    """Digest SOURCE (a local path or fsspec URL) and print its dataset digest."""
+def digest(source: str, name: str | None, output: str, as_json: bool, source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], digest_cache: bool) -> None:
+    """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
+    options = _options(source_option_pairs, source_options_files)
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
         with progress_bar("digesting", None) as progress:
-            manifest = build_manifest(source, name=name or _default_name(source), storage_options=_options(options), digest_cache=cache, progress=progress)
+            manifest = build_manifest(source, name=name or _default_name(source), storage_options=options, digest_cache=cache, progress=progress)
     finally:
         if cache is not None:
             cache.close()
     elapsed = time.monotonic() - start
-    if as_json:
+    if as_json or output == "json":
         click.echo(json.dumps(_manifest_json(manifest), ensure_ascii=False))
         return
     click.echo(
@@ -136,19 +135,21 @@ def _manifest_json(manifest: Manifest) -> dict[str, Any]:
 @click.command()
 @click.argument("source")
 @click.option("--name", required=True, help="Dataset name in the store.")
-@click.option("--to", "store", required=True, metavar="STORE", help="Bundle store: a directory or fsspec URL.")
+@click.option("--to", "store", required=True, metavar="STORE", help="Bundle store: a directory or fsspec URL (its bucket must exist).")
 @click.option("--max-files", type=click.IntRange(min=1), default=50_000, show_default=True, help="At most this many files per bundle.")
 @click.option("--max-bytes", default="800MB", show_default=True, help="At most this many uncompressed bytes per bundle (800MB, 1GiB, ...).")
 @click.option("--level", type=click.IntRange(min=-7, max=22), default=1, show_default=True, help="zstd compression level.")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="zstd threads per bundle (default: automatic).")
-@_source_options
-@click.option("--store-option", "store_options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the store (repeatable).")
+@source_options
+@store_options
+@output_option
 @_cache_flag
 @click.option("--publish", "publish_namespace", metavar="NAMESPACE", default=None,
               help="Record the packed digest in the status of Dataset NAME in NAMESPACE (created if missing; needs a kubeconfig or a service account).")
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
-    options: tuple[str, ...], store_options: tuple[str, ...], digest_cache: bool, publish_namespace: str | None,
+    source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
+    store_options_files: tuple[str, ...], output: str, digest_cache: bool, publish_namespace: str | None,
 ) -> None:  # fmt: skip
     """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME."""
     from dsagent.format.bundle import write_bundles
@@ -156,7 +157,8 @@ def pack(
     cap = parse_size(max_bytes)
     if cap < 1:
         raise InvalidInput("--max-bytes must be at least 1 byte")
-    src_options, dst_options = _options(options), _options(store_options)
+    src_options = _options(source_option_pairs, source_options_files)
+    dst_options = _options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
@@ -172,16 +174,24 @@ def pack(
         )  # fmt: skip
     elapsed = time.monotonic() - start
     compressed = sum(b.compressed_size for b in packed.bundles)
-    click.echo(
+    published = None
+    if publish_namespace:
+        from dsagent.kube.datasets import publish
+
+        published = publish(packed, namespace=publish_namespace, source=source, bundles=store)
+    data = {
+        "name": packed.name, "digest": packed.digest, "files": packed.file_count, "bytes": packed.total_bytes,
+        "bundles": len(packed.bundles), "written": len(packed.bundles) - reused, "reused": reused, "storedBytes": compressed,
+        "seconds": round(elapsed, 3), **({"published": f"{published.namespace}/{published.name}"} if published else {}),
+    }  # fmt: skip
+    line = (
         f"packed {packed.name}: {packed.file_count} files, {format_size(packed.total_bytes)} into "
         f"{len(packed.bundles)} bundles ({len(packed.bundles) - reused} written, {reused} reused, "
         f"{format_size(compressed)} stored) in {elapsed:.1f} s ({_rate(packed.total_bytes, elapsed)}); digest {packed.digest}"
     )
-    if publish_namespace:
-        from dsagent.kube.datasets import publish
-
-        dataset = publish(packed, namespace=publish_namespace, source=source, bundles=store)
-        click.echo(f"published Dataset {dataset.namespace}/{dataset.name}: digest {dataset.digest}")
+    if published is not None:
+        line += f"\npublished Dataset {published.namespace}/{published.name}: digest {published.digest}"
+    _emit(output, data, line)
 
 
 @click.command()
@@ -189,34 +199,38 @@ def pack(
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--name", required=True, help="Dataset name in the store.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Bundles unpacked at once (default: one per core, at most 4).")
-@click.option("--store-option", "store_options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the store (repeatable).")
-def unpack(store: str, dest: str, name: str, workers: int | None, store_options: tuple[str, ...]) -> None:
+@store_options
+@output_option
+def unpack(store: str, dest: str, name: str, workers: int | None, store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
     from dsagent.format.bundle import unpack as unpack_dataset
 
-    options = _options(store_options)
+    options = _options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=options)
     with progress_bar("unpacking", manifest.total_bytes) as progress:
         unpack_dataset(store, name=name, dest=dest, manifest=manifest, workers=workers, storage_options=options, progress=progress)
     elapsed = time.monotonic() - start
-    click.echo(
+    data = {"name": manifest.name, "digest": manifest.digest, "dest": dest, "files": manifest.file_count, "bytes": manifest.total_bytes, "bundles": len(manifest.bundles), "seconds": round(elapsed, 3)}
+    _emit(output, data, (
         f"unpacked {manifest.name} into {dest}: {manifest.file_count} files, {format_size(manifest.total_bytes)} "
         f"from {len(manifest.bundles)} bundles, all verified, in {elapsed:.1f} s ({_rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
-    )
+    ))  # fmt: skip
 
 
 @click.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--manifest", "store", required=True, metavar="STORE", help="Bundle store holding the dataset's manifest.")
 @click.option("--name", required=True, help="Dataset name in the store.")
-@click.option("--store-option", "store_options", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the store (repeatable).")
-def verify(directory: str, store: str, name: str, store_options: tuple[str, ...]) -> None:
+@store_options
+@output_option
+def verify(directory: str, store: str, name: str, store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
     from dsagent.format.bundle import verify_tree
 
     start = time.monotonic()
-    manifest = read_manifest(store, name, storage_options=_options(store_options))
+    manifest = read_manifest(store, name, storage_options=_options(store_option_pairs, store_options_files, flag="--store-option"))
     verify_tree(os.fspath(directory), manifest)
     elapsed = time.monotonic() - start
-    click.echo(f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, digest {manifest.digest} ({elapsed:.1f} s)")
+    data = {"directory": directory, "name": manifest.name, "digest": manifest.digest, "files": manifest.file_count, "bytes": manifest.total_bytes, "seconds": round(elapsed, 3)}
+    _emit(output, data, f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, digest {manifest.digest} ({elapsed:.1f} s)")

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import click
 
 from dsagent.api.client import AgentClient
+from dsagent.cli.options import output_option, source_options, storage_options, store_options
 from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsagent.kube.podenv import datasets_from_env  # the init-container environment contract
 from dsplatform.units import format_size
@@ -55,6 +56,14 @@ def parse_specs(specs: Sequence[str], bundles: str | None) -> list[dict[str, Any
             raise InvalidInput(f"invalid dataset {spec!r}", hint="write NAME=SOURCE, e.g. imagenet=s3://bucket/imagenet")
         datasets.append({"name": name, "source": source, **({"bundles": bundles} if bundles else {})})
     return datasets
+
+
+def merged_options(source: Mapping[str, Any], store: Mapping[str, Any]) -> dict[str, Any]:
+    """One storage-options dict for the agent from the source's and the store's."""
+    clash = sorted(k for k in source.keys() & store.keys() if source[k] != store[k])
+    if clash:
+        raise InvalidInput(f"--source-option and --store-option disagree on {', '.join(clash)}", hint="the agent uses one set of storage options per dataset")
+    return {**source, **store}
 
 
 def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:
@@ -136,13 +145,29 @@ def describe(record: dict[str, Any]) -> str:
 @click.option("--from-env", is_flag=True, help="Read the datasets from DSAGENT_DATASETS (init-container mode).")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready.")
 @click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option
+@source_options
+@store_options
 @agent_options
-def cache(specs: tuple[str, ...], bundles: str | None, task_id: str | None, from_env: bool, wait: bool, timeout: float | None, output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
-    """Cache datasets on this node for a task (idempotent per task)."""
+def cache(
+    specs: tuple[str, ...], bundles: str | None, task_id: str | None, from_env: bool, wait: bool, timeout: float | None, output: str,
+    source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
+    store_options_files: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None,
+) -> None:  # fmt: skip
+    """Cache datasets on this node for a task (idempotent per task).
+
+    The agent reads a dataset's source and its bundle store with one set of storage
+    options, so --source-option and --store-option are merged (a key given both ways
+    must agree)."""
+    options = merged_options(
+        storage_options(source_option_pairs, source_options_files),
+        storage_options(store_option_pairs, store_options_files, flag="--store-option"),
+    )
     datasets = datasets_from_env(os.environ) if from_env else parse_specs(specs, bundles)
     if from_env and specs:
         raise InvalidInput("give either NAME=SOURCE arguments or --from-env, not both")
+    if options:
+        datasets = [{**d, "storage_options": {**dict(d.get("storage_options") or {}), **options}} for d in datasets]
     if not datasets:
         raise InvalidInput("no datasets given", hint="dsctl cache NAME=SOURCE... or dsctl cache --from-env")
     if from_env and not task_id:
@@ -181,7 +206,7 @@ def wait(from_env: bool, timeout: float | None, command: tuple[str, ...], agent_
 
 @click.command()
 @click.argument("task_id")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option
 @agent_options
 def status(task_id: str, output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
     """Show where a task's datasets stand."""
@@ -200,7 +225,7 @@ def release(task_id: str, agent_url: str | None, socket_path: str | None, token:
 
 
 @click.command("ls")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option
 @agent_options
 def ls(output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
     """List the cached datasets."""

@@ -330,7 +330,7 @@ def write_bundles(
     groups = [manifest.entries[first : first + count] for first, count in plan]
     digests = [bundle_digest(group) for group in groups]
     with translate_errors(f"bundle store {os.fspath(store)!r}"):
-        dst_fs.makedirs(f"{dst_root.rstrip('/')}/{BUNDLES_DIR}", exist_ok=True)
+        _prepare_directory(dst_fs, f"{dst_root.rstrip('/')}/{BUNDLES_DIR}")
         existing = {digest: size for digest in set(digests) if (size := _stored_size(dst_fs, bundle_path(dst_root, digest))) is not None}
     todo = [i for i, digest in enumerate(digests) if digest not in existing]
     if progress is not None:
@@ -369,8 +369,27 @@ def write_manifest(manifest: Manifest, store: str | os.PathLike[str], *, store_o
     path = manifest_path(root, manifest.name)
     data = manifest.to_bytes()
     with translate_errors(f"manifest of {manifest.name!r} in {os.fspath(store)!r}"):
-        fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+        _prepare_directory(fs, path.rpartition("/")[0])
         _store_object(fs, path, lambda raw: raw.write(data))
+
+
+#: Filesystems whose first path component is a bucket (container): ``mkdir`` there creates
+#: one, so packing into a mistyped bucket would silently create it.
+_BUCKET_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "cos"}
+
+
+def _prepare_directory(fs: Any, directory: str) -> None:
+    """Create ``directory`` where directories exist; on object stores check that the bucket
+    exists instead, and never create it (a missing bucket is :class:`NotFound`)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if not protocols & _BUCKET_PROTOCOLS:
+        fs.makedirs(directory, exist_ok=True)
+        return
+    bucket = fs._strip_protocol(directory).strip("/").split("/", 1)[0]
+    try:
+        fs.info(bucket)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"bucket {bucket!r} does not exist (create it first: packing never creates buckets)") from exc
 
 
 def pack(

@@ -2,8 +2,9 @@
 
 Who calls it: manifest building, bundle packing and unpacking, and the agent's fetches.
 What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
-translating fsspec's ``OSError`` family into dsagent's error tree where it enters
-(``FileNotFoundError`` -> :class:`NotFound`, anything else -> :class:`SourceUnavailable`).
+translating what the filesystems raise into dsagent's error tree where it enters. Which
+foreign error means what (unreachable, credentials, permission, not found), the URL form
+check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.spec import AbstractFileSystem
 
-from dsagent.errors import InvalidInput, NotFound, SourceUnavailable
+from dsagent.errors import InvalidInput
+from dsagent.format import storage_errors
 
 
 def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
@@ -25,17 +27,21 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
     text = os.fspath(url)
     if not text or "\x00" in text:
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
+    storage_errors.check_url(text)
+    options = storage_errors.bounded_options(text.split("://", 1)[0].lower() if "://" in text else "file", storage_options or {})
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
-            fs, path = url_to_fs(text, **dict(storage_options or {}))
+            fs, path = url_to_fs(text, **options)
     except (ValueError, ImportError) as exc:
         protocol = text.split("://", 1)[0] if "://" in text else "file"
         known = protocol in fsspec.available_protocols()
-        hint = (
-            f"install the fsspec backend for '{protocol}://' (e.g. pip install s3fs, gcsfs, aiohttp)"
-            if known
-            else f"'{protocol}://' is not a known fsspec protocol"
-        )
+        extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "http": "http", "https": "http"}.get(protocol, "all")
+        if not known:
+            hint = f"'{protocol}://' is not a known fsspec protocol"
+        elif isinstance(exc, ImportError):
+            hint = f"install the backend for '{protocol}://': pip install \"dsplatform[{extra}]\""
+        else:
+            hint = "check the URL and the storage options"
         raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
     return fs, path
 
@@ -52,12 +58,12 @@ def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathL
 
 @contextmanager
 def translate_errors(what: str) -> Iterator[None]:
-    """Map fsspec/OS errors raised inside the block to dsagent errors naming ``what``."""
+    """Map storage errors raised inside the block to dsagent errors naming ``what``
+    (:func:`dsagent.format.storage_errors.classify`); anything it does not know passes."""
     try:
         yield
-    except FileNotFoundError as exc:
-        raise NotFound(f"{what}: not found ({exc})") from exc
-    except PermissionError as exc:
-        raise SourceUnavailable(f"{what}: permission denied ({exc})", hint="check the storage credentials") from exc
-    except OSError as exc:
-        raise SourceUnavailable(f"{what}: {exc}") from exc
+    except Exception as exc:
+        error = storage_errors.classify(exc, what)
+        if error is None or error is exc:
+            raise
+        raise error from exc

@@ -8,6 +8,10 @@ change. A ``410 Gone`` (history compacted) relists and reports the difference as
 so a pod deleted while the watch was broken is still reported as DELETED. Connection
 failures (API server restarts) back off and resume from the last resourceVersion seen.
 
+The back-off is tenacity's (exponential from ``backoff[0]`` to ``backoff[1]``, plus up to
+``backoff[0]`` of jitter, restarting after every watch that ends normally, sleeping on the stop event so
+that :meth:`PodWatch.stop` interrupts it) rather than a hand-written loop.
+
 Who calls it: :class:`dsagent.kube.agent.ClusterAgent` (which hands events to its loop).
 """
 
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import socket
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import tenacity
+
 
 log = logging.getLogger("dsagent.kube")
 PodJSON = dict[str, Any]
@@ -75,24 +81,40 @@ class PodWatch:
     # -- the loop
 
     def _run(self) -> None:
-        delay = self._backoff[0]
+        low, high = self._backoff
+        retrying = tenacity.Retrying(
+            wait=tenacity.wait_exponential(multiplier=low, max=high) + tenacity.wait_random(0, low),
+            stop=tenacity.stop_when_event_set(self._stop),
+            sleep=self._sleep,
+            before_sleep=self._retrying,
+        )
         while not self._stop.is_set():
             try:
-                if self.resource_version is None:
-                    self._relist()
-                self._watch()
-                delay = self._backoff[0]
-            except _Gone:
-                log.info("pod watch on %s: resourceVersion %s expired (410 Gone); relisting",
-                         self.node_name, self.resource_version)
-                self.resource_version = None
-            except Exception as exc:  # the API server restarting, a network blip, a 5xx
-                if self._stop.is_set():
-                    break
-                log.warning("pod watch on %s failed (%s: %s); retrying in %.1fs", self.node_name,
-                            type(exc).__name__, exc, delay)
-                self._stop.wait(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self._backoff[1])
+                retrying(self._list_and_watch)
+            except tenacity.RetryError:  # stopped while failing
+                break
+
+    def _list_and_watch(self) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            if self.resource_version is None:
+                self._relist()
+            self._watch()
+        except _Gone:
+            log.info("pod watch on %s: resourceVersion %s expired (410 Gone); relisting",
+                     self.node_name, self.resource_version)
+            self.resource_version = None
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _retrying(self, state: tenacity.RetryCallState) -> None:
+        """Log a failure (the API server restarting, a network blip, a 5xx) before the wait."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("pod watch on %s failed (%s: %s); retrying in %.1fs", self.node_name,
+                    type(exc).__name__, exc, wait)
 
     def _relist(self) -> None:
         result: Any = self._api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}",

@@ -1,0 +1,77 @@
+"""The one option vocabulary of ``dsctl``: output format, source options, store options.
+
+Who calls it: every command module of :mod:`dsagent.cli` that prints a result or reads a
+dataset source or a bundle store (``digest``, ``pack``, ``unpack``, ``verify``, ``cache``,
+``status``, ``ls``). What it owns: the spellings, so that they are the same everywhere:
+
+- ``-o/--output text|json``: the output format (kubectl's habit);
+- ``--source-option KEY=VALUE`` (repeatable) and ``--source-options-file FILE.json``:
+  fsspec storage options of the dataset source;
+- ``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file FILE.json``:
+  fsspec storage options of the bundle store.
+
+Values of ``KEY=VALUE`` are parsed as JSON when they are JSON (``anon=true``,
+``config_kwargs={"region_name": "eu-west-1"}``), else taken as strings. Flags win over the
+file. Decision: ``--option`` (the old spelling of ``--source-option`` in ``digest`` and
+``pack``) and ``--json`` (``digest``) stay as hidden aliases; ``-o`` is the output format
+only, so ``-o KEY=VALUE`` fails with a usage error naming the choices.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from dsagent.errors import InvalidInput
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def storage_options(pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option") -> dict[str, Any]:
+    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``."""
+    options: dict[str, Any] = {}
+    for name in files:
+        try:
+            loaded = json.loads(Path(name).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InvalidInput(f"cannot read storage options file {name!r}: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            raise InvalidInput(f"storage options file {name!r} is not JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise InvalidInput(f"storage options file {name!r} must hold a JSON object", hint='e.g. {"endpoint_url": "http://minio:9000"}')
+        options.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"storage option {pair!r} is not KEY=VALUE", hint=f"e.g. {flag} endpoint_url=http://minio:9000 {flag} anon=true")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def output_option(fn: _F) -> _F:
+    """``-o/--output text|json``."""
+    return click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format.")(fn)
+
+
+def source_options(fn: _F) -> _F:
+    """``--source-option KEY=VALUE`` (repeatable; hidden alias ``--option``) and ``--source-options-file``."""
+    fn = click.option("--source-options-file", "source_options_files", multiple=True, metavar="FILE.json", help="JSON object of fsspec storage options for the source.")(fn)
+    fn = click.option("--source-option", "--option", "source_option_pairs", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the source (repeatable), e.g. endpoint_url=http://minio:9000.")(fn)
+    return fn
+
+
+def store_options(fn: _F) -> _F:
+    """``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file``."""
+    fn = click.option("--store-options-file", "store_options_files", multiple=True, metavar="FILE.json", help="JSON object of fsspec storage options for the bundle store.")(fn)
+    fn = click.option("--store-option", "store_option_pairs", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the bundle store (repeatable).")(fn)
+    return fn
+
+
+__all__ = ["output_option", "source_options", "storage_options", "store_options"]

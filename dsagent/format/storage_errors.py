@@ -1,0 +1,233 @@
+"""How object-store failures reach dsagent: bounded in time, and translated into one line.
+
+Who calls it: :mod:`dsagent.format.storage` (``resolve`` checks the URL's form and adds the
+time bounds; ``translate_errors`` maps what its block raises), and the two catch-alls that
+must never show a traceback: the agent's per-dataset task (:mod:`dsagent.cache.service`)
+and the ``dsctl`` edge (:mod:`dsagent.cli`).
+
+What it owns:
+
+- :func:`classify`: a foreign exception (the ``OSError`` family fsspec uses, botocore,
+  aiohttp, google-auth, gcsfs, azure-core) -> the dsagent error it means, with a hint:
+
+  ============================== =============================== ===========
+  what happened                  error (code)                    exit / HTTP
+  ============================== =============================== ===========
+  store unreachable, timed out   SourceUnavailable (transient)   7 / 503
+  no credentials, or refused     StorageCredentials              11 / 403
+  credentials valid, not allowed StorageForbidden                12 / 403
+  bucket, object or path absent  NotFound                        3 / 404
+  an option the backend rejects  InvalidInput                    2 / 400
+  ============================== =============================== ===========
+
+  Classification walks the exception and its ``__cause__``/``__context__`` chain and
+  looks at class *names and modules*, so this module imports none of the optional
+  backends (s3fs, gcsfs, adlfs, aiohttp) and works whichever are installed.
+- :func:`check_url`: ``s3:/bucket`` (one slash) and other near-URLs are called malformed
+  instead of being taken for a local path.
+- :func:`bounded_options`: connect and read timeouts for object stores, so an unreachable
+  endpoint fails in seconds with one line instead of a minute of retries.
+  ``DSAGENT_STORAGE_CONNECT_TIMEOUT`` (default 10 s) and ``DSAGENT_STORAGE_READ_TIMEOUT``
+  (default 60 s), durations like ``10s``; options the caller gives win.
+
+Decision: retries of a single request stay with the backend (botocore's own retry
+modes), capped here at 3 attempts; whole-dataset retries are the caller's, by type
+(:class:`~dsagent.errors.TransientError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from dsagent.errors import (
+    DsagentError,
+    InvalidInput,
+    NotFound,
+    SettingsError,
+    SourceUnavailable,
+    StorageCredentials,
+    StorageForbidden,
+)
+from dsplatform.units import parse_duration
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_READ_TIMEOUT = 60.0
+
+# Error codes object stores answer when the credentials themselves are the problem
+# (S3 and compatibles, GCS, Azure); anything else that is a 403 is a permission problem.
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
+    "InvalidClientTokenId", "AuthorizationHeaderMalformed", "MissingSecurityHeader", "UnrecognizedClientException",
+    "AuthenticationFailed", "InvalidAuthenticationInfo", "NoAuthenticationInformation",
+}  # fmt: skip
+# Exception class names (any module) meaning "no usable credentials here".
+_NO_CREDENTIALS = {
+    "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError",
+    "RefreshError", "ClientAuthenticationError", "CredentialUnavailableError", "TransportError",
+}  # fmt: skip
+# Exception class names meaning "the endpoint could not be reached or did not answer in time".
+_UNREACHABLE = {
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError", "ServerTimeoutError",
+    "ClientOSError", "ServiceRequestError", "ServiceResponseError", "FSTimeoutError", "ProxyConnectionError",
+}  # fmt: skip
+_NEAR_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
+_SCHEMES_WITHOUT_SLASHES = {"data"}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def _family(exc: BaseException) -> str:
+    """Which backend raised it: aws, gcs, azure or other (picks the credentials hint)."""
+    for link in _chain(exc):
+        module = type(link).__module__
+        if module.startswith(("botocore", "aiobotocore", "s3fs", "boto3")):
+            return "aws"
+        if module.startswith(("google", "gcsfs")):
+            return "gcs"
+        if module.startswith(("azure", "adlfs")):
+            return "azure"
+    return "other"
+
+
+def _service_code(exc: BaseException) -> str | None:
+    """The store's own error code (botocore ``ClientError.response``, azure ``error_code``)."""
+    for link in _chain(exc):
+        response = getattr(link, "response", None)
+        if isinstance(response, Mapping):
+            code = (response.get("Error") or {}).get("Code")
+            if code:
+                return str(code)
+        code = getattr(link, "error_code", None)
+        if isinstance(code, str) and code:
+            return code
+    return None
+
+
+def _http_status(exc: BaseException) -> int | None:
+    for link in _chain(exc):
+        for attr in ("code", "status_code", "status"):
+            value = getattr(link, attr, None)
+            if isinstance(value, int) and 100 <= value < 600:
+                return value
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+CREDENTIALS_HINT = {
+    "aws": "give credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment (in a pod: env from a Secret), "
+    "or the key/secret storage options; for S3-compatible stores also endpoint_url",
+    "gcs": "give credentials: GOOGLE_APPLICATION_CREDENTIALS pointing at a service-account key (in a pod: a mounted Secret), "
+    "or the token storage option",
+    "azure": "give credentials: AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_CONNECTION_STRING "
+    "in the environment (in a pod: env from a Secret), or the account_name/account_key storage options",
+    "other": "check the store's credentials (environment variables or storage options)",
+}
+
+
+def classify(exc: BaseException, what: str) -> DsagentError | None:
+    """The dsagent error ``exc`` means for ``what`` (e.g. "source 's3://b/x'"), or None if unknown."""
+    if isinstance(exc, DsagentError):
+        return exc
+    names = set().union(*(_names(link) for link in _chain(exc)))
+    family = _family(exc)
+    service_code = _service_code(exc)
+    status = _http_status(exc)
+    detail = _short(exc)
+    if isinstance(exc, TypeError):
+        if "unexpected keyword argument" in str(exc) or "got an unexpected" in str(exc):
+            return InvalidInput(f"{what}: a storage option is not accepted by this filesystem ({detail})", hint="check the option names for this protocol")
+        return None
+    if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
+        return StorageCredentials(f"{what}: credentials missing or refused ({detail})", hint=CREDENTIALS_HINT[family])
+    if "ParamValidationError" in names or "InvalidEndpoint" in names or "InvalidRegionError" in names:
+        return InvalidInput(f"{what}: invalid storage option ({detail})", hint="check endpoint_url, region and the other storage options")
+    if isinstance(exc, PermissionError) or service_code in {"AccessDenied", "AuthorizationFailure", "AuthorizationPermissionMismatch"} or status == 403:
+        return StorageForbidden(f"{what}: permission denied ({detail})", hint="the credentials work but may not do this: check the bucket policy or role")
+    if isinstance(exc, FileNotFoundError) or "ResourceNotFoundError" in names or service_code in {"NoSuchBucket", "NoSuchKey", "ContainerNotFound", "BlobNotFound"}:
+        return NotFound(f"{what}: not found ({detail})", hint="check the bucket and path; dsctl pack never creates buckets")
+    if names & _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)) or "gaierror" in names:
+        return SourceUnavailable(f"{what}: store unreachable ({detail})", hint="check endpoint_url / the URL and that the store is reachable from here; retry later")
+    if isinstance(exc, OSError):
+        return SourceUnavailable(f"{what}: {detail}")
+    if family != "other" or names & {"HttpError", "ClientResponseError", "HttpResponseError", "BotoCoreError", "ClientError"}:
+        return SourceUnavailable(f"{what}: the store failed ({detail})")
+    return None
+
+
+def check_url(text: str) -> None:
+    """Refuse a near-URL such as ``s3:/bucket`` or ``s3:bucket`` (a typo, not a local path)."""
+    match = _NEAR_URL.match(text)
+    if match is None or match.group(1).lower() in _SCHEMES_WITHOUT_SLASHES:
+        return
+    import fsspec
+
+    scheme = match.group(1).lower()
+    if scheme in fsspec.available_protocols():
+        rest = text[match.end() :].lstrip("/")
+        raise InvalidInput(f"malformed URL {text!r}", hint=f"write {scheme}://{rest or 'bucket/path'}")
+
+
+def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """``(connect, read)`` seconds from ``DSAGENT_STORAGE_CONNECT_TIMEOUT`` / ``..._READ_TIMEOUT``."""
+    env = os.environ if environ is None else environ
+    values = []
+    for name, default in (("DSAGENT_STORAGE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT), ("DSAGENT_STORAGE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)):
+        raw = env.get(name)
+        try:
+            value = default if not raw else parse_duration(raw)
+        except ValueError as exc:
+            raise SettingsError(f"{name}={raw!r} is not a duration", hint="e.g. 10s or 1m") from exc
+        if value <= 0:
+            raise SettingsError(f"{name} must be positive")
+        values.append(value)
+    return values[0], values[1]
+
+
+def bounded_options(protocol: str, options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``options`` with connect/read timeouts added for object stores (the caller's win)."""
+    merged = dict(options)
+    if protocol not in {"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"}:
+        return merged
+    connect, read = timeouts(environ)
+    if protocol in {"s3", "s3a"}:
+        config = dict(merged.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", connect)
+        config.setdefault("read_timeout", read)
+        config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+        merged["config_kwargs"] = config
+    elif protocol in {"gs", "gcs"}:
+        merged.setdefault("requests_timeout", connect + read)
+    elif protocol in {"abfs", "az", "abfss"}:
+        merged.setdefault("connection_timeout", int(connect))
+        merged.setdefault("read_timeout", int(read))
+    else:  # http(s): aiohttp's timeouts, only when aiohttp (the http extra) is there
+        try:
+            import aiohttp
+        except ImportError:
+            return merged
+        client = dict(merged.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read))
+        merged["client_kwargs"] = client
+    return merged
+
+
+__all__ = ["CREDENTIALS_HINT", "bounded_options", "check_url", "classify", "timeouts"]
