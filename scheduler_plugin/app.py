@@ -7,6 +7,7 @@ Routes (under ``Settings.base_path``)::
     POST /prioritize/dataset     ... one score each, so each can get its own
     POST /prioritize/roce            extender weight in KubeSchedulerConfiguration
     POST /prioritize/numa
+    POST /prioritize/time            (the deadline time model; dsagent.io/ job annotations)
     GET  /v1/roce-class?gpus=K[&job=ns/name]   the cluster-wide class choice
     GET  /healthz, /readyz
 
@@ -50,7 +51,7 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_BODY_BYTES = 1 << 30   # 5,000 full Nodes with budget-sized annotations stay far below
 _JSON = [(b"content-type", b"application/json")]
 _PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
-               "/prioritize/roce": "roce", "/prioritize/numa": "numa"}
+               "/prioritize/roce": "roce", "/prioritize/numa": "numa", "/prioritize/time": "time"}
 
 
 class ExtenderApp:

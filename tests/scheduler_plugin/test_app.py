@@ -208,3 +208,28 @@ def test_literal_go_request_gets_byte_exact_replies(client: httpx.Client) -> Non
     assert filtered["NodeNames"] is None and filtered["Error"] == ""
     assert filtered["FailedNodes"] == {"n2": "0 free GPUs, pod needs 1"}
     assert filtered["FailedAndUnresolvableNodes"] == {}
+
+
+def timed_pod(annotations: dict[str, str], gpus: int = 2) -> dict[str, Any]:
+    raw = pod(gpus=gpus)
+    raw["metadata"]["annotations"].update(annotations)
+    raw["metadata"]["creationTimestamp"] = "2026-11-22T09:00:00Z"
+    return raw
+
+
+def test_prioritize_time_meets_deadlines_first_and_a_bad_annotation_scores_zero(client: httpx.Client) -> None:
+    nodes = [node("roomy", topology=TOPO, free_gpus=range(8)), node("tight", topology=TOPO, free_gpus=[0, 1]),
+             node("full", topology=TOPO, free_gpus=[])]
+    good = {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "100ms", "dsagent.io/steps": "1000",
+            "dsagent.io/deadline": "2100-01-01T00:00:00Z"}
+    scores = {h["Host"]: h["Score"] for h in post(client, "prioritize/time", args_body(timed_pod(good), nodes, node_cache_capable=False))}
+    # the deadline is far: both nodes that can hold 2 GPUs are in the top tier (6..10); the
+    # exact fit wins; a node without free GPUs scores 0
+    assert scores["full"] == 0 and 6 <= scores["roomy"] < scores["tight"] <= 10
+    past = dict(good, **{"dsagent.io/deadline": "2000-01-01T00:00:00Z"})
+    late = {h["Host"]: h["Score"] for h in post(client, "prioritize/time", args_body(timed_pod(past), nodes, node_cache_capable=False))}
+    assert 1 <= late["roomy"] <= 5 and 1 <= late["tight"] <= 5
+    for bad in ({"dsagent.io/params": "lots", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1"},
+                {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "9" * 60}):
+        result = post(client, "prioritize/time", args_body(timed_pod(bad), nodes, node_cache_capable=False))
+        assert [h["Score"] for h in result] == [0, 0, 0]
