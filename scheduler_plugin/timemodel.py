@@ -304,15 +304,19 @@ def allocate_cross(order: Sequence[tuple[str, int]], n_gpu: int) -> tuple[tuple[
 
 
 BandwidthOf = Callable[[tuple[tuple[str, int], ...]], float]
+StartOf = Callable[[tuple[tuple[str, int], ...]], float]
 
 
 def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, *, now: float,
-           max_gpus: int, prefer: Mapping[str, float] | None = None) -> Decision:
+           max_gpus: int, prefer: Mapping[str, float] | None = None,
+           sizes: Iterable[int] | None = None, start_of: StartOf | None = None) -> Decision:
     """Steps 3-4 for one job: plans of 1..``max_gpus`` GPUs on the free GPUs, candidates, the
     decision order, and the best-fit allocation of the chosen plan.
 
     ``bandwidth_of(allocation)`` is the plan's ``bw``; ``prefer`` breaks best-fit ties between
-    nodes with equal free GPUs (the simulator passes dataset affinity). Without a deadline
+    nodes with equal free GPUs. ``start_of(allocation)`` is the plan's ``t_start`` (project
+    extension: when its data will be on every node of the plan); by default ``now``. ``sizes`` limits the GPU counts tried (e.g. powers of two,
+    for jobs whose global batch must divide evenly); by default every count. Without a deadline
     every plan meets it and (12) degenerates; the deadline is then taken as ``inf`` and the
     plan with the smallest GPU-time among those that pay off (11) wins.
     """
@@ -323,13 +327,17 @@ def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, 
     most, total = order[-1][1], sum(c for _, c in order)
     single: list[Plan] = []
     cross: list[Plan] = []
-    for n in range(1, min(max_gpus, most) + 1):
-        single.extend(_plan(job, allocate_single(order, n), bandwidth_of, now, deadline))
+    tried = sorted(set(sizes)) if sizes is not None else range(1, max_gpus + 1)
+    for n in tried:
+        if 1 <= n <= min(max_gpus, most):
+            single.extend(_plan(job, allocate_single(order, n), bandwidth_of, now, deadline, start_of))
     if len(order) > 1:
-        for n in range(2, min(max_gpus, total) + 1):
+        for n in tried:
+            if not 2 <= n <= min(max_gpus, total):
+                continue
             allocation = allocate_cross(order, n)
             if allocation is not None and len(allocation) > 1:
-                cross.extend(_plan(job, allocation, bandwidth_of, now, deadline))
+                cross.extend(_plan(job, allocation, bandwidth_of, now, deadline, start_of))
     candidates: dict[str, Plan] = {}
     for kind, plans in (("single", single), ("cross", cross)):
         met = [p for p in plans if p.meets_deadline]
@@ -352,7 +360,7 @@ def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, 
 
 
 def _plan(job: JobProfile, allocation: tuple[tuple[str, int], ...] | None, bandwidth_of: BandwidthOf,
-          now: float, deadline: float) -> list[Plan]:
+          now: float, deadline: float, start_of: StartOf | None = None) -> list[Plan]:
     if allocation is None:
         return []
     n = sum(c for _, c in allocation)
@@ -360,7 +368,8 @@ def _plan(job: JobProfile, allocation: tuple[tuple[str, int], ...] | None, bandw
     if not pays_off(job, n, bw):                                # (3.2): drop plans failing (11)
         return []
     run = t_run(job, n, bw)
-    return [Plan(allocation, run, now + run, deadline)]
+    start = max(now, start_of(allocation)) if start_of is not None else now
+    return [Plan(allocation, run, start + run, deadline)]
 
 
 def queue_order(decisions: Iterable[tuple[str, Decision]]) -> list[str]:
