@@ -351,10 +351,14 @@ def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, 
         plan = candidates.get(branch)
         if plan is None:
             continue
-        # (3.4) takes a cross-node plan only when partly free nodes exist that could not
-        # hold it alone: it then uses fragments.
-        if branch.startswith("cross") and not any(0 < c < plan.n_gpu for _, c in order):
-            continue
+        if branch.startswith("cross"):
+            # (3.4) takes a cross-node plan only when partly free nodes exist that could not
+            # hold it alone: it then uses fragments. Project rule: and only when it ends no
+            # later than the single-node plan of the same kind (t_end counts the wait for
+            # data when the caller passes start_of), so fragments never cost time.
+            alone = candidates.get(branch.replace("cross", "single"))
+            if not any(0 < c < plan.n_gpu for _, c in order) or (alone is not None and alone.t_end < plan.t_end):
+                continue
         return Decision(plan, branch, candidates)
     return Decision(None, "none", candidates)
 

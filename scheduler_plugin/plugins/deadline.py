@@ -12,14 +12,20 @@ that cannot hold the pod 0; within a tier faster and tighter-fitting nodes score
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from gpu_topology import Topology, TopologyError, best_gpu_set
 from scheduler_plugin.plugins.numa import ideal_set
+from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.timemodel import (
     DEFAULT_BANDWIDTHS,
     Bandwidths,
+    Decision,
     JobProfile,
+    Plan,
+    decide,
     intra_node_bandwidth,
     node_score,
     plan_bandwidth,
@@ -62,4 +68,35 @@ def score(job: JobProfile, topology: Topology | None, free: frozenset[int] | Non
     return node_score(job, need * job.workers, bw, ideal_bw, len(free), now=now)
 
 
-__all__ = ["pod_bandwidth", "score"]
+def plan(job: JobProfile, nodes: Sequence[NodeFacts], *, now: float, max_gpus: int,
+         bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> Decision:
+    """The design's plan decision (steps 3-4) over the nodes the extender knows: each
+    node's share of a plan gets its best free GPU set, whose weakest link is its ``bw``."""
+    by_name = {n.name: n for n in nodes if n.free_gpus}
+    free = {name: len(n.free_gpus or ()) for name, n in by_name.items()}
+
+    def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
+        per_node = []
+        for name, count in allocation:
+            node = by_name[name]
+            found = pod_bandwidth(node.topology, node.free_gpus, count, 1, bandwidths)
+            per_node.append(found[0] if found is not None else bandwidths.sys)
+        return plan_bandwidth(per_node, bandwidths)
+
+    return decide(job, free, bandwidth_of, now=now, max_gpus=max_gpus)
+
+
+def describe(decision: Decision, *, now: float) -> dict[str, Any]:
+    """The JSON answer of ``GET /v1/plan`` (times in seconds from ``now``)."""
+    def one(p: Plan) -> dict[str, Any]:
+        return {"gpus": p.n_gpu, "nodes": [{"node": n, "gpus": c} for n, c in p.allocation],
+                "crossNode": p.cross_node, "runSeconds": round(p.t_run, 3),
+                "endInSeconds": round(p.t_end - now, 3), "meetsDeadline": p.meets_deadline,
+                "slackPerGpuSeconds": round(p.performance, 3) if math.isfinite(p.performance) else None}
+
+    candidates: Mapping[str, Plan] = decision.candidates
+    return {"branch": decision.branch, "plan": one(decision.plan) if decision.plan else None,
+            "candidates": {k: one(v) for k, v in candidates.items()}}
+
+
+__all__ = ["describe", "plan", "pod_bandwidth", "score"]

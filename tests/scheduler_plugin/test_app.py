@@ -233,3 +233,22 @@ def test_prioritize_time_meets_deadlines_first_and_a_bad_annotation_scores_zero(
                 {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "9" * 60}):
         result = post(client, "prioritize/time", args_body(timed_pod(bad), nodes, node_cache_capable=False))
         assert [h["Score"] for h in result] == [0, 0, 0]
+
+
+def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
+        nodes = [node("four", topology=TOPO, free_gpus=[0, 1, 2, 3]), node("one", topology=TOPO, free_gpus=[7])]
+        post(http, "prioritize", args_body(pod(gpus=1), nodes, node_cache_capable=False))
+        # tiny gradients, 1 s steps, 80 steps, deadline 25 s: 4 GPUs (20 s) meet it; node
+        # "one" is a fragment smaller than the plan, so the cross-node plan wins (3.4)
+        answer = http.get("/v1/plan", params={"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80",
+                                              "deadline": "25s", "max-gpus": "4"})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["branch"] == "cross-expected"
+        assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "four", "gpus": 3}]
+        assert body["plan"]["meetsDeadline"] and body["candidates"]["single-expected"]["gpus"] == 4
+        for query in ({"steps": "80", "max-gpus": "4"}, {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},
+                      {"params": "nope", "step-seconds": "1s", "steps": "80", "max-gpus": "4"}):
+            bad = http.get("/v1/plan", params=query)
+            assert bad.status_code == 400 and bad.json()["code"] == "invalid_request", query

@@ -65,13 +65,28 @@ def test_best_fit_and_least_free_first() -> None:
 
 
 def test_cross_node_expected_plan_uses_the_fragment_first() -> None:
-    # 80 one-second steps, deadline 25 s: 4 GPUs (20 s) meet it, 3 (27 s) do not. Node b has
-    # one free GPU, less than the plan's 4: the cross-node expected plan wins (3.4, branch 1).
-    d = tm.decide(job(), {"a": 4, "b": 1}, bw_of, now=0.0, max_gpus=4)
+    # 80 one-second steps, deadline 25 s: 4 GPUs (20 s) meet it, 3 (27 s) do not. No node
+    # has 4 free GPUs; node b's one GPU is a fragment: the cross-node expected plan takes it
+    # first, least-free first (3.4 branch 1, 4.3).
+    d = tm.decide(job(), {"a": 3, "b": 1}, bw_of, now=0.0, max_gpus=4)
     assert d.branch == "cross-expected"
     assert d.plan is not None and d.plan.allocation == (("b", 1), ("a", 3))
-    assert d.plan.meets_deadline
-    assert d.candidates["single-expected"].allocation == (("a", 4),)
+    assert d.plan.meets_deadline and "single-expected" not in d.candidates
+
+
+def test_cross_node_plan_only_when_it_ends_no_later_than_one_node() -> None:
+    # Node a could hold all 4 GPUs: the cross plan (b1 + a3, over the network) ends a
+    # little later than 4 GPUs on a's NVLink, so the project rule keeps the job on one node.
+    d = tm.decide(job(), {"a": 4, "b": 1}, bw_of, now=0.0, max_gpus=4)
+    assert d.branch == "single-expected" and d.plan is not None and d.plan.allocation == (("a", 4),)
+    assert d.candidates["cross-expected"].t_end > d.plan.t_end
+    # a plan waiting for data starts late: a lacks the data (100 s to fetch), b holds it.
+    # With a 200 s deadline one GPU on b (80 s, slack 120 s per GPU) beats four on a
+    # (100 + 20 s, slack 20 s per GPU) by (12).
+    slow = tm.decide(job(deadline=200.0), {"a": 4, "b": 1}, bw_of, now=0.0, max_gpus=4,
+                     start_of=lambda alloc: 100.0 if any(n == "a" for n, _ in alloc) else 0.0)
+    assert slow.plan is not None and slow.plan.allocation == (("b", 1),) and slow.plan.t_end == pytest.approx(80.0)
+    assert slow.candidates["single-expected"] is slow.plan
 
 
 def test_single_node_expected_without_fragments_and_late_plans() -> None:

@@ -408,16 +408,23 @@ class Simulation:
 
         d = self.datasets[job.dataset]
         key = (d.name, d.version_at(self.now))
-        fetch_s = d.size / min(self.params.node_fetch_bw, self.params.storage_bw / (len(self.fetches) + 1))
-
         def start_of(allocation: tuple[tuple[str, int], ...]) -> float:
-            """When the dataset is on every node of the plan: at once where a ready copy is."""
-            missing = any(not (e := by_name[n].cache.get(key)) or not e.ready for n, _ in allocation)
-            return self.now + (fetch_s if missing else 0.0)
+            """When the dataset is on every node of the plan: at once where a ready copy is,
+            else after a fetch sharing storage with the fetches running and the plan's own."""
+            missing = sum(1 for n, _ in allocation if not (e := by_name[n].cache.get(key)) or not e.ready)
+            if not missing:
+                return self.now
+            rate = min(self.params.node_fetch_bw, self.params.storage_bw / (len(self.fetches) + missing))
+            return self.now + d.size / rate
 
+        # best-fit ties go to nodes holding the data (the extender's dataset affinity)
+        pod = self._pod(job, 1)
+        holders = [n for n in self.nodes if n.free and job.dataset in self.facts(n).held]
+        affinity = self.framework.dataset_scores(pod, [self.facts(n) for n in holders])
+        prefer = {n.name: float(a) for n, a in zip(holders, affinity)}
         sizes = [2**k for k in range(8) if 2**k <= job.gpus] + [job.gpus]
         return decide(job.profile, free, bandwidth_of, now=self.now, max_gpus=job.gpus, sizes=sizes,
-                      start_of=start_of)
+                      start_of=start_of, prefer=prefer)
 
     # -- running ----------------------------------------------------------------------------
 
