@@ -376,6 +376,13 @@ def _plan(job: JobProfile, allocation: tuple[tuple[str, int], ...] | None, bandw
     return [Plan(allocation, run, start + run, deadline)]
 
 
+def wait_for_one_node(plan: Plan, single_run: float, t_free: float) -> bool:
+    """Project rule beside (3.4): do not spread a job now when one node will hold the plan's
+    GPUs at ``t_free`` (known from the running jobs' ``t_end``) and the plan run there,
+    taking ``single_run``, ends no later than spreading now: ``t_free + single_run <= t_end``."""
+    return plan.cross_node and math.isfinite(t_free) and t_free + single_run <= plan.t_end
+
+
 def queue_order(decisions: Iterable[tuple[str, Decision]]) -> list[str]:
     """Step (6.2.3): jobs whose plan meets the deadline first, least slack first; then the
     others by ``t_end``. Jobs without a plan last."""
@@ -413,5 +420,5 @@ __all__ = [
     "AnnotationError", "Bandwidths", "DEFAULT_BANDWIDTHS", "Decision", "JobProfile", "Plan",
     "TIME_ANNOTATIONS", "allocate_cross", "allocate_single", "best_fit_order", "decide",
     "intra_node_bandwidth", "node_score", "parse_deadline", "parse_profile", "pays_off",
-    "plan_bandwidth", "queue_order", "steps_at", "t_comm", "t_run",
+    "plan_bandwidth", "queue_order", "steps_at", "t_comm", "t_run", "wait_for_one_node",
 ]

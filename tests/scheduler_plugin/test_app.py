@@ -237,18 +237,36 @@ def test_prioritize_time_meets_deadlines_first_and_a_bad_annotation_scores_zero(
 
 def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
-        nodes = [node("four", topology=TOPO, free_gpus=[0, 1, 2, 3]), node("one", topology=TOPO, free_gpus=[7])]
+        nodes = [node("three", topology=TOPO, free_gpus=[0, 1, 2]), node("one", topology=TOPO, free_gpus=[7])]
         post(http, "prioritize", args_body(pod(gpus=1), nodes, node_cache_capable=False))
-        # tiny gradients, 1 s steps, 80 steps, deadline 25 s: 4 GPUs (20 s) meet it; node
-        # "one" is a fragment smaller than the plan, so the cross-node plan wins (3.4)
+        # tiny gradients, 1 s steps, 80 steps, deadline 25 s: 4 GPUs (20 s) meet it, 3 do
+        # not; no node has 4 free, so the cross-node plan takes the fragment first (3.4, 4.3)
         answer = http.get("/v1/plan", params={"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80",
                                               "deadline": "25s", "max-gpus": "4"})
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["branch"] == "cross-expected"
-        assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "four", "gpus": 3}]
-        assert body["plan"]["meetsDeadline"] and body["candidates"]["single-expected"]["gpus"] == 4
+        assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "three", "gpus": 3}]
+        assert body["plan"]["meetsDeadline"] and body["candidates"]["single-late"]["gpus"] == 3
         for query in ({"steps": "80", "max-gpus": "4"}, {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},
                       {"params": "nope", "step-seconds": "1s", "steps": "80", "max-gpus": "4"}):
             bad = http.get("/v1/plan", params=query)
             assert bad.status_code == 400 and bad.json()["code"] == "invalid_request", query
+
+
+def test_dsctl_plan_prints_the_extenders_plan_for_a_person() -> None:
+    from click.testing import CliRunner
+
+    from dsagent.cli.plan import plan as plan_command
+
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "prioritize", args_body(pod(gpus=1), [node("eight", topology=TOPO, free_gpus=range(8))],
+                                           node_cache_capable=False))
+        runner = CliRunner()
+        done = runner.invoke(plan_command, ["--extender", url, "--gradient-bytes", "1kB", "--step-seconds", "1s",
+                                            "--steps", "80", "--deadline", "25s", "--max-gpus", "4"])
+        assert done.exit_code == 0, done.output
+        assert done.output.splitlines()[0] == ("plan (single-expected): 4 GPUs on eightx4: runs 20 s, ends in 20 s, "
+                                               "meets the deadline")
+        bad = runner.invoke(plan_command, ["--extender", url, "--steps", "80", "--max-gpus", "4"])
+        assert bad.exit_code == 2 and "required" in bad.output

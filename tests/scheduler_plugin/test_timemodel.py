@@ -154,3 +154,11 @@ def test_annotations_parse_and_refuse_hostile_values() -> None:
     ):
         profile, error = tm.parse_profile(bad)
         assert profile is None and error and "dsagent.io/" in error, bad
+
+
+def test_wait_for_one_node_when_it_ends_no_later_than_spreading() -> None:
+    cross = tm.Plan((("a", 2), ("b", 2)), 100.0, 100.0, 1e9)
+    assert tm.wait_for_one_node(cross, single_run=60.0, t_free=30.0)        # 30 + 60 <= 100
+    assert not tm.wait_for_one_node(cross, single_run=60.0, t_free=50.0)    # 110 > 100
+    assert not tm.wait_for_one_node(cross, single_run=1.0, t_free=math.inf)
+    assert not tm.wait_for_one_node(tm.Plan((("a", 4),), 1.0, 1.0, 1e9), single_run=0.0, t_free=0.0)

@@ -45,10 +45,12 @@ from scheduler_plugin.podspec import DatasetWant, PodRequest
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.timemodel import (
     DEFAULT_BANDWIDTHS,
+    Plan,
     decide,
     intra_node_bandwidth,
     queue_order,
     t_run,
+    wait_for_one_node,
 )
 from tools.sim import baselines
 from tools.sim.workload import Dataset, Job
@@ -184,6 +186,8 @@ class Simulation:
                                    jobs=JobClasses(3600.0, clock=lambda: EPOCH + self.now),
                                    clock=lambda: EPOCH + self.now)
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
+        self.ideal_bw: dict[tuple[int, int], float] = {}
+        self.running: dict[int, Outcome] = {}       # jobs whose data is ready, by id
 
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
@@ -378,6 +382,8 @@ class Simulation:
                 d = decisions[job.id]
                 if d.plan is None:
                     continue
+                if d.plan.cross_node and self._better_to_wait(job, d.plan):
+                    continue
                 if d.plan.cross_node:
                     shape: list[tuple[Node | None, int]] = [(by_name[n], c) for n, c in d.plan.allocation]
                 else:
@@ -390,6 +396,31 @@ class Simulation:
                     break
             if not placed:
                 return
+
+    def _better_to_wait(self, job: Job, plan: Plan) -> bool:
+        """The time model's wait rule: the earliest time a node will hold the plan's GPUs,
+        from the running jobs' expected ends, and the run time on that node."""
+        n = plan.n_gpu
+        best_t, best_run = math.inf, math.inf
+        releases: dict[int, list[tuple[float, int]]] = {}
+        for out in self.running.values():
+            for w in out.workers:
+                releases.setdefault(w.node.index, []).append((out.end, len(w.gpus)))
+        for node in self.nodes:
+            if len(node.type.topology.gpus) < n:
+                continue
+            free, t = len(node.free), self.now
+            for end, count in sorted(releases.get(node.index, ())):
+                if free >= n:
+                    break
+                free, t = free + count, end
+            if free >= n and t < best_t:
+                ideal = self.ideal_bw.get((node.type.id, n))
+                if ideal is None:
+                    best = best_gpu_set(node.type.topology, node.type.topology.gpu_indices, n)
+                    ideal = self.ideal_bw[(node.type.id, n)] = intra_node_bandwidth(node.type.topology, best.gpus if best else ())
+                best_t, best_run = t, t_run(job.profile, n, ideal)
+        return wait_for_one_node(plan, best_run, best_t)
 
     def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]):  # type: ignore[no-untyped-def]
         def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
@@ -500,9 +531,11 @@ class Simulation:
             net = DEFAULT_BANDWIDTHS.network * (self.params.cross_subnet_factor if out.spans_subnets else 1.0)
             bw = min(bw, net)
         out.end = self.now + t_run(job.profile, n, bw)
+        self.running[job.id] = out
         self.push(out.end, "end", job.id)
 
     def _release(self, out: Outcome) -> None:
+        self.running.pop(out.job.id, None)
         d = self.datasets[out.job.dataset]
         for w in out.workers:
             w.node.free.update(w.gpus)
