@@ -75,6 +75,8 @@ class ClusterParams:
     node_fetch_bw: float = MEASURED_FETCH_BPS
     cross_subnet_factor: float = 0.5         # ring bandwidth when a job's workers sit in different subnets
     queue_scan: int = 40                     # waiting jobs tried per scheduling round
+    plan_sizes: str = "pow2"                 # GPU counts the time model may give a job: pow2 (1, 2, 4, ... up to the
+                                             # count asked for, and that count) or "asked" (only the count asked for)
 
 
 @dataclass
@@ -453,7 +455,9 @@ class Simulation:
         holders = [n for n in self.nodes if n.free and job.dataset in self.facts(n).held]
         affinity = self.framework.dataset_scores(pod, [self.facts(n) for n in holders])
         prefer = {n.name: float(a) for n, a in zip(holders, affinity)}
-        sizes = [2**k for k in range(8) if 2**k <= job.gpus] + [job.gpus]
+        sizes = [job.gpus]
+        if self.params.plan_sizes == "pow2":
+            sizes += [2**k for k in range(8) if 2**k <= job.gpus]
         return decide(job.profile, free, bandwidth_of, now=self.now, max_gpus=job.gpus, sizes=sizes,
                       start_of=start_of, prefer=prefer)
 

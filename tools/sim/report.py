@@ -109,7 +109,7 @@ def plot(results: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
             ax.step(xs, ys, where="post", label=r["policy"])
         ax.set_xscale("log")
-        ax.set_xlabel(f"{title.lower()} ({unit}, log scale)")
+        ax.set_xlabel(f"{title.lower()} ({unit}, log scale; 0 drawn at 0.001)")
         ax.set_ylabel("fraction of jobs")
         ax.set_title(f"{title}: CDF per policy")
         ax.grid(True, alpha=0.3)
