@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,6 +45,7 @@ from scheduler_plugin.podspec import DatasetWant, PodRequest
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.timemodel import (
     DEFAULT_BANDWIDTHS,
+    Decision,
     Plan,
     decide,
     intra_node_bandwidth,
@@ -424,7 +425,7 @@ class Simulation:
                 best_t, best_run = t, t_run(job.profile, n, ideal)
         return wait_for_one_node(plan, best_run, best_t)
 
-    def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]):  # type: ignore[no-untyped-def]
+    def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]) -> Decision:
         def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
             per_node = []
             for name, count in allocation:
@@ -552,7 +553,5 @@ class Simulation:
                         del w.node.cache[key]            # an old version goes when no task holds it
             self.touch(w.node)
 
-
-Runner = Callable[[str], Simulation]
 
 __all__ = ["ClusterParams", "EPOCH", "MEASURED_FETCH_BPS", "POLICIES", "Simulation", "load_node_types"]
