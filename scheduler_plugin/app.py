@@ -7,7 +7,10 @@ Routes (under ``Settings.base_path``)::
     POST /prioritize/dataset     ... one score each, so each can get its own
     POST /prioritize/roce            extender weight in KubeSchedulerConfiguration
     POST /prioritize/numa
+    POST /prioritize/time            (the deadline time model; dsagent.io/ job annotations)
     GET  /v1/roce-class?gpus=K[&job=ns/name]   the cluster-wide class choice
+    GET  /v1/plan?params=P&step-seconds=S&steps=N&max-gpus=G[&deadline=D]
+                                 the deadline design's plan over the known nodes
     GET  /healthz, /readyz
 
 kube-scheduler's verbs never answer with an error status: a request that cannot be
@@ -39,8 +42,9 @@ from scheduler_plugin.framework import Framework
 from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NodeReader
-from scheduler_plugin.plugins import roce
+from scheduler_plugin.plugins import deadline, roce
 from scheduler_plugin.settings import Settings
+from scheduler_plugin.timemodel import parse_profile
 from scheduler_plugin.view import View
 from scheduler_plugin.wire import (
     decode_args,
@@ -59,7 +63,7 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_BODY_BYTES = 1 << 30   # 5,000 full Nodes with budget-sized annotations stay far below
 _JSON = [(b"content-type", b"application/json")]
 _PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
-               "/prioritize/roce": "roce", "/prioritize/numa": "numa"}
+               "/prioritize/roce": "roce", "/prioritize/numa": "numa", "/prioritize/time": "time"}
 
 
 class ExtenderApp:
@@ -101,6 +105,9 @@ class ExtenderApp:
             self.heap.after_reads(self.view.reader.built)
         elif method != "GET":
             await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes GET"))
+        elif path == "/v1/plan":
+            status, reply = self.plan(scope.get("query_string", b""))
+            await _reply(send, status, reply)
         elif path == "/v1/roce-class":
             status, reply = self.roce_class(scope.get("query_string", b""))
             await _reply(send, status, reply)
@@ -180,6 +187,31 @@ class ExtenderApp:
         }
         if job:
             body["job"] = job
+        return 200, json.dumps(body).encode()
+
+    def plan(self, query: bytes) -> tuple[int, bytes]:
+        """``GET /v1/plan``: the time model's plan for a job over the nodes known now.
+
+        Query keys are the pod annotations' without ``dsagent.io/`` (``params`` or
+        ``gradient-bytes``, ``step-seconds`` or ``profiled-steps``, ``steps``, ``deadline``
+        as RFC 3339 or a duration from now) plus ``max-gpus``.
+        """
+        try:
+            params = parse_qs(query.decode("latin-1"), keep_blank_values=True)
+            raw_max = (params.get("max-gpus") or [""])[0]
+            if not raw_max.isdigit() or not 1 <= int(raw_max) <= 4096:
+                raise InvalidRequest(f"max-gpus={raw_max!r} must be a whole number 1..4096", hint="e.g. max-gpus=8")
+            annotations = {f"dsagent.io/{k}": v[0] for k, v in params.items() if k != "max-gpus" and v}
+            now = self.framework.clock()
+            job, error = parse_profile(annotations, created=now)
+            if job is None:
+                raise InvalidRequest(error or "no job described",
+                                     hint="e.g. /v1/plan?params=350M&step-seconds=250ms&steps=100000&deadline=6h&max-gpus=8")
+            decision = deadline.plan(job, self.view.known(), now=now, max_gpus=int(raw_max))
+        except SchedulerPluginError as exc:
+            return exc.http_status, json.dumps(exc.to_dict()).encode()
+        body = deadline.describe(decision, now=now)
+        body["source"] = self.view.source
         return 200, json.dumps(body).encode()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -19,7 +20,7 @@ from typing import Any
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NOTHING_HELD, NodeFacts
-from scheduler_plugin.plugins import MAX, dataset, numa, roce
+from scheduler_plugin.plugins import MAX, dataset, deadline, numa, roce
 from scheduler_plugin.podspec import PodRequest, read_pod
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.wire import Pod
@@ -39,12 +40,13 @@ class FilterOutcome:
 
 
 def combine(weights: Weights, dataset_scores: Sequence[int], roce_scores: Sequence[int],
-            numa_scores: Sequence[int]) -> list[int]:
+            numa_scores: Sequence[int], time_scores: Sequence[int] | None = None) -> list[int]:
     """Weighted sum of the normalized scores, rounded and clamped to 0..10."""
-    wd, wr, wn = weights.dataset, weights.roce, weights.numa
+    wd, wr, wn, wt = weights.dataset, weights.roce, weights.numa, weights.time
+    times = time_scores if time_scores is not None else repeat(0)
     out = []
-    for d, r, n in zip(dataset_scores, roce_scores, numa_scores):
-        total = int(wd * d + wr * r + wn * n + 0.5)
+    for d, r, n, t in zip(dataset_scores, roce_scores, numa_scores, times):
+        total = int(wd * d + wr * r + wn * n + wt * t + 0.5)
         out.append(MAX if total > MAX else 0 if total < 0 else total)
     return out
 
@@ -56,8 +58,10 @@ class Framework:
     placement memo only computes a value twice.
     """
 
-    def __init__(self, settings: Settings, *, jobs: JobClasses | None = None) -> None:
+    def __init__(self, settings: Settings, *, jobs: JobClasses | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.clock = clock          # wall-clock seconds, the clock of pod deadlines
         self.jobs = jobs if jobs is not None else JobClasses(settings.job_ttl_s)
         self.placements = numa.PlacementMemo()
 
@@ -66,14 +70,16 @@ class Framework:
         s = self.settings
         request = read_pod(pod, job_labels=s.job_labels, gpu_resource=s.gpu_resource,
                            roce_prefix=s.roce_resource_prefix)
-        for problem in (request.datasets_error, request.gpus_error):
+        for problem in (request.datasets_error, request.gpus_error, request.time_error):
             if problem:
                 log.warning("pod %s: %s; scoring it as unparseable", request.key, problem)
         return request
 
     def prioritize(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster,
                    which: str = "combined") -> list[int]:
-        """0..10 per node, for one score (``dataset``, ``roce``, ``numa``) or ``combined``."""
+        """0..10 per node, for one score (``dataset``, ``roce``, ``numa``, ``time``) or ``combined``."""
+        if which == "time":
+            return self.time_scores(pod, nodes)
         if which == "dataset":
             return self.dataset_scores(pod, nodes)
         if which == "roce":
@@ -81,6 +87,9 @@ class Framework:
         if which == "numa":
             return self.numa_scores(pod, nodes)
         w = self.settings.weights
+        if w.time:
+            return combine(w, self.dataset_scores(pod, nodes), self.roce_scores(pod, nodes, cluster),
+                           self.numa_scores(pod, nodes), self.time_scores(pod, nodes))
         datasets = self.dataset_scores(pod, nodes) if w.dataset else [0] * len(nodes)
         keys, table = self.gpu_table(pod, nodes, cluster) if w.roce or w.numa else ([None] * len(nodes), {})
         table[None] = (0, 0)
@@ -122,6 +131,23 @@ class Framework:
     def numa_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         keys, table = self.gpu_table(pod, nodes, lambda: (), roce_too=False)
         return [table[k][1] if k is not None else 0 for k in keys]
+
+    def time_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
+        """The deadline time model's 0..10 per node; 0 for every node when the pod has no
+        usable time annotations (or no GPUs). Computed once per distinct GPU key."""
+        job = pod.time
+        if job is None or pod.time_error or pod.gpus <= 0 or pod.gpus_error:
+            return [0] * len(nodes)
+        now = self.clock()
+        table: dict[GpuKey | None, int] = {None: 0}
+        out = []
+        for node in nodes:
+            key = node.gpu_key if node is not None else None
+            found = table.get(key)
+            if found is None and node is not None:
+                found = table[key] = deadline.score(job, node.topology, node.free_gpus, pod.gpus, now=now)
+            out.append(found or 0)
+        return out
 
     def gpu_table(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, *,
                   roce_too: bool = True, numa_too: bool = True) -> tuple[list[GpuKey | None], dict[GpuKey | None, tuple[int, int]]]:

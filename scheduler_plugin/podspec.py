@@ -14,8 +14,10 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
+from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
@@ -49,6 +51,8 @@ class PodRequest:
     gpu_class: str | None = None          # the RoCE class the pod requests explicitly
     gpus_error: str | None = None
     job: str | None = None                # "namespace/job" from the first job label found
+    time: JobProfile | None = None        # the dsagent.io/ time-model annotations, when given
+    time_error: str | None = None         # set when they could not be used (scored 0)
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -62,10 +66,22 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     gpus, gpu_class, gpus_error = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
     job = next((f"{namespace}/{labels[k]}" for k in job_labels if labels.get(k)), None)
+    time, time_error = parse_profile(annotations, _timestamp(meta.get("creationTimestamp")))
     return PodRequest(
         key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
-        gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job,
+        gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job, time=time, time_error=time_error,
     )
+
+
+def _timestamp(value: Any) -> float | None:
+    """A v1 creationTimestamp (RFC 3339, UTC) as epoch seconds; None when absent or unreadable."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
 
 
 def parse_datasets(text: str | None) -> tuple[tuple[DatasetWant, ...], str | None]:

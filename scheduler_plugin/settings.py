@@ -40,9 +40,10 @@ class Weights:
     dataset: float = 0.5
     roce: float = 0.3
     numa: float = 0.2
+    time: float = 0.0       # prioritize/time (the deadline time model); off in the default blend
 
     def __post_init__(self) -> None:
-        for name in ("dataset", "roce", "numa"):
+        for name in ("dataset", "roce", "numa", "time"):
             value = getattr(self, name)
             if not (value >= 0.0 and value < float("inf")):
                 raise SettingsError(f"weight {name}={value!r} must be a finite number >= 0")
@@ -56,7 +57,7 @@ class Weights:
             name = name.strip()
             if not sep or name not in {f.name for f in dataclasses.fields(cls)}:
                 raise SettingsError(
-                    f"invalid weight {part!r}", hint="use dataset=W,roce=W,numa=W with W >= 0"
+                    f"invalid weight {part!r}", hint="use dataset=W,roce=W,numa=W,time=W with W >= 0"
                 )
             try:
                 values[name] = float(raw)

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "wait": "dsagent.cli.cache:wait",
     "topo": "dsagent.cli.topo:topo",
     "scheduler": "dsagent.cli.scheduler:scheduler",
+    "plan": "dsagent.cli.plan:plan",
 }
 
 

@@ -216,3 +216,65 @@ def test_literal_go_request_gets_byte_exact_replies(client: httpx.Client) -> Non
     assert filtered["NodeNames"] is None and filtered["Error"] == ""
     assert filtered["FailedNodes"] == {"n2": "0 free GPUs, pod needs 1"}
     assert filtered["FailedAndUnresolvableNodes"] == {}
+
+
+def timed_pod(annotations: dict[str, str], gpus: int = 2) -> dict[str, Any]:
+    raw = pod(gpus=gpus)
+    raw["metadata"]["annotations"].update(annotations)
+    raw["metadata"]["creationTimestamp"] = "2026-11-22T09:00:00Z"
+    return raw
+
+
+def test_prioritize_time_meets_deadlines_first_and_a_bad_annotation_scores_zero(client: httpx.Client) -> None:
+    nodes = [node("roomy", topology=TOPO, free_gpus=range(8)), node("tight", topology=TOPO, free_gpus=[0, 1]),
+             node("full", topology=TOPO, free_gpus=[])]
+    good = {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "100ms", "dsagent.io/steps": "1000",
+            "dsagent.io/deadline": "2100-01-01T00:00:00Z"}
+    scores = {h["Host"]: h["Score"] for h in post(client, "prioritize/time", args_body(timed_pod(good), nodes, node_cache_capable=False))}
+    # the deadline is far: both nodes that can hold 2 GPUs are in the top tier (6..10); the
+    # exact fit wins; a node without free GPUs scores 0
+    assert scores["full"] == 0 and 6 <= scores["roomy"] < scores["tight"] <= 10
+    past = dict(good, **{"dsagent.io/deadline": "2000-01-01T00:00:00Z"})
+    late = {h["Host"]: h["Score"] for h in post(client, "prioritize/time", args_body(timed_pod(past), nodes, node_cache_capable=False))}
+    assert 1 <= late["roomy"] <= 5 and 1 <= late["tight"] <= 5
+    for bad in ({"dsagent.io/params": "lots", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1"},
+                {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "9" * 60}):
+        result = post(client, "prioritize/time", args_body(timed_pod(bad), nodes, node_cache_capable=False))
+        assert [h["Score"] for h in result] == [0, 0, 0]
+
+
+def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
+        nodes = [node("three", topology=TOPO, free_gpus=[0, 1, 2]), node("one", topology=TOPO, free_gpus=[7])]
+        post(http, "prioritize", args_body(pod(gpus=1), nodes, node_cache_capable=False))
+        # tiny gradients, 1 s steps, 80 steps, deadline 25 s: 4 GPUs (20 s) meet it, 3 do
+        # not; no node has 4 free, so the cross-node plan takes the fragment first (3.4, 4.3)
+        answer = http.get("/v1/plan", params={"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80",
+                                              "deadline": "25s", "max-gpus": "4"})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["branch"] == "cross-expected"
+        assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "three", "gpus": 3}]
+        assert body["plan"]["meetsDeadline"] and body["candidates"]["single-late"]["gpus"] == 3
+        for query in ({"steps": "80", "max-gpus": "4"}, {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},
+                      {"params": "nope", "step-seconds": "1s", "steps": "80", "max-gpus": "4"}):
+            bad = http.get("/v1/plan", params=query)
+            assert bad.status_code == 400 and bad.json()["code"] == "invalid_request", query
+
+
+def test_dsctl_plan_prints_the_extenders_plan_for_a_person() -> None:
+    from click.testing import CliRunner
+
+    from dsagent.cli.plan import plan as plan_command
+
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "prioritize", args_body(pod(gpus=1), [node("eight", topology=TOPO, free_gpus=range(8))],
+                                           node_cache_capable=False))
+        runner = CliRunner()
+        done = runner.invoke(plan_command, ["--extender", url, "--gradient-bytes", "1kB", "--step-seconds", "1s",
+                                            "--steps", "80", "--deadline", "25s", "--max-gpus", "4"])
+        assert done.exit_code == 0, done.output
+        assert done.output.splitlines()[0] == ("plan (single-expected): 4 GPUs on eightx4: runs 20 s, ends in 20 s, "
+                                               "meets the deadline")
+        bad = runner.invoke(plan_command, ["--extender", url, "--steps", "80", "--max-gpus", "4"])
+        assert bad.exit_code == 2 and "required" in bad.output

@@ -1,0 +1,101 @@
+"""The time score (``prioritize/time``): how soon the pod's job would finish on a node.
+
+Pure: the framework passes the pod's :class:`~scheduler_plugin.timemodel.JobProfile`, the
+node's topology and free GPUs, and the time now. The pod's GPUs are the best set
+gpu_topology's ``best_gpu_set`` finds on the node's free GPUs; their weakest link (and the
+network, when the job has several workers) is the ``bw`` of the time model
+(:mod:`scheduler_plugin.timemodel`), which gives the run time. Scores are absolute
+(0..10): a node where the job would meet its deadline scores 6..10, any other 1..5, a node
+that cannot hold the pod 0; within a tier faster and tighter-fitting nodes score higher.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gpu_topology import Topology, TopologyError, best_gpu_set
+from scheduler_plugin.nodeinfo import NodeFacts, ideal_set
+from scheduler_plugin.timemodel import (
+    DEFAULT_BANDWIDTHS,
+    Bandwidths,
+    Decision,
+    JobProfile,
+    Plan,
+    decide,
+    intra_node_bandwidth,
+    node_score,
+    plan_bandwidth,
+)
+
+log = logging.getLogger(__name__)
+
+
+def pod_bandwidth(topology: Topology | None, free: Iterable[int] | None, need: int, workers: int,
+                  bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> tuple[float, float] | None:
+    """(``bw`` on this node's best free set, ``bw`` on the same hardware fully free), or None
+    when the node cannot give ``need`` GPUs."""
+    if topology is None or free is None:
+        return None
+    try:
+        best = best_gpu_set(topology, free, need)
+        ideal = ideal_set(topology, need)
+    except TopologyError as exc:
+        log.warning("cannot place %d GPUs on free set %s: %s", need, sorted(free), exc)
+        return None
+    if best is None:
+        return None
+    bw = intra_node_bandwidth(topology, best.gpus, bandwidths)
+    ideal_bw = intra_node_bandwidth(topology, ideal.gpus if ideal else best.gpus, bandwidths)
+    if workers > 1:
+        bw = plan_bandwidth([bw, bw], bandwidths)
+        ideal_bw = plan_bandwidth([ideal_bw, ideal_bw], bandwidths)
+    return bw, ideal_bw
+
+
+def score(job: JobProfile, topology: Topology | None, free: frozenset[int] | None, need: int, *,
+          now: float, bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> int:
+    """0..10 for one node and one pod needing ``need`` GPUs of a job described by ``job``."""
+    if need <= 0:
+        return 0
+    found = pod_bandwidth(topology, free, need, job.workers, bandwidths)
+    if found is None or free is None:
+        return 0
+    bw, ideal_bw = found
+    return node_score(job, need * job.workers, bw, ideal_bw, len(free), now=now)
+
+
+def plan(job: JobProfile, nodes: Sequence[NodeFacts], *, now: float, max_gpus: int,
+         bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> Decision:
+    """The design's plan decision (steps 3-4) over the nodes the extender knows: each
+    node's share of a plan gets its best free GPU set, whose weakest link is its ``bw``."""
+    by_name = {n.name: n for n in nodes if n.free_gpus}
+    free = {name: len(n.free_gpus or ()) for name, n in by_name.items()}
+
+    def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
+        per_node = []
+        for name, count in allocation:
+            node = by_name[name]
+            found = pod_bandwidth(node.topology, node.free_gpus, count, 1, bandwidths)
+            per_node.append(found[0] if found is not None else bandwidths.sys)
+        return plan_bandwidth(per_node, bandwidths)
+
+    return decide(job, free, bandwidth_of, now=now, max_gpus=max_gpus)
+
+
+def describe(decision: Decision, *, now: float) -> dict[str, Any]:
+    """The JSON answer of ``GET /v1/plan`` (times in seconds from ``now``)."""
+    def one(p: Plan) -> dict[str, Any]:
+        return {"gpus": p.n_gpu, "nodes": [{"node": n, "gpus": c} for n, c in p.allocation],
+                "crossNode": p.cross_node, "runSeconds": round(p.t_run, 3),
+                "endInSeconds": round(p.t_end - now, 3), "meetsDeadline": p.meets_deadline,
+                "slackPerGpuSeconds": round(p.performance, 3) if math.isfinite(p.performance) else None}
+
+    candidates: Mapping[str, Plan] = decision.candidates
+    return {"branch": decision.branch, "plan": one(decision.plan) if decision.plan else None,
+            "candidates": {k: one(v) for k, v in candidates.items()}}
+
+
+__all__ = ["describe", "plan", "pod_bandwidth", "score"]

@@ -1,0 +1,557 @@
+"""A discrete-event simulator of a GPU cluster that runs the project's real scheduling code.
+
+Who calls it: ``tools/sim/run.py`` and ``tests/tools/test_sim.py``. It owns the cluster
+state (free GPUs, node caches, fetches sharing storage bandwidth, running jobs), the event
+loop and the measurements. It owns **no policy**: every decision is a call into the
+product --
+
+- filter and scores: :class:`scheduler_plugin.framework.Framework` (``filter``,
+  ``prioritize``, ``job_class``) over :class:`scheduler_plugin.nodeinfo.NodeFacts` built
+  from the simulated nodes, exactly what the extender computes from Node annotations;
+- the GPUs a pod gets: ``gpu_topology.best_gpu_set`` (inside the job's RoCE class from
+  ``gpu_topology.roce_classes``); the baselines get what the device plugin hands out, the
+  lowest free indices;
+- the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``,
+  its single flight per dataset version, and its rule that an old version goes when no task
+  holds it;
+- run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
+- fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
+  rate (README, Performance) per node, shared fairly on a storage system of
+  ``storage_bw`` bytes/s.
+
+The two baselines are emulations of other schedulers, in :mod:`tools.sim.baselines`.
+
+Time is in simulated seconds from 0. Deterministic for a seed: stdlib ``random.Random``
+only, ties broken by that generator, dicts iterated in insertion order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dsagent.cache.eviction import Candidate, plan_for_fetch
+from gpu_topology import Topology, best_gpu_set, roce_classes
+from gpu_topology.dumps import load_dump
+from gpu_topology.scoring import single_numa
+from scheduler_plugin.framework import Framework
+from scheduler_plugin.jobs import JobClasses
+from scheduler_plugin.nodeinfo import Holding, Inventory, NodeFacts, RoceClassInfo
+from scheduler_plugin.podspec import DatasetWant, PodRequest
+from scheduler_plugin.settings import Settings, Weights
+from scheduler_plugin.timemodel import (
+    DEFAULT_BANDWIDTHS,
+    Decision,
+    Plan,
+    decide,
+    intra_node_bandwidth,
+    queue_order,
+    t_run,
+    wait_for_one_node,
+)
+from tools.sim import baselines
+from tools.sim.workload import Dataset, Job
+
+REPO = Path(__file__).resolve().parents[2]
+TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
+POLICIES = ("default", "fluid", "ours", "ours+time")
+MEASURED_FETCH_BPS = 669e6       # dsagent unpack, every file verified (README, Performance)
+EPOCH = 1_795_000_000.0          # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    nodes: int = 500
+    node_types: tuple[tuple[str, float], ...] = (
+        ("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 0.5),
+        ("oneflow-hugectr-8xV100-2nic-mangled-whitespace-nvidia-smi-topo-m.txt", 0.3),
+        ("dgx1-v100-4ib-nvidia-smi-topo-m.txt", 0.2),
+    )
+    cache_bytes: int = 4 * 10**12            # NVMe per node
+    storage_bw: float = 20e9                 # shared storage, bytes/s, all nodes together
+    node_fetch_bw: float = MEASURED_FETCH_BPS
+    cross_subnet_factor: float = 0.5         # ring bandwidth when a job's workers sit in different subnets
+    queue_scan: int = 40                     # waiting jobs tried per scheduling round
+    plan_sizes: str = "pow2"                 # GPU counts the time model may give a job: pow2 (1, 2, 4, ... up to the
+                                             # count asked for, and that count) or "asked" (only the count asked for)
+
+
+@dataclass
+class NodeType:
+    name: str
+    topology: Topology
+    id: int
+    classes: tuple[RoceClassInfo, ...]
+    class_of: dict[int, str]
+
+
+@dataclass
+class CacheEntry:
+    dataset: str
+    version: int
+    size: int
+    last_used: float
+    users: int = 0
+    ready: bool = False
+
+
+@dataclass
+class Node:
+    index: int
+    name: str
+    type: NodeType
+    free: set[int]
+    cache: dict[tuple[str, int], CacheEntry] = field(default_factory=dict)
+    labels: set[str] = field(default_factory=set)          # Fluid-style: ever cached here
+    facts: NodeFacts | None = None
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(e.size for e in self.cache.values())
+
+
+@dataclass
+class Fetch:
+    node: Node
+    key: tuple[str, int]
+    remaining: float
+    cached: bool
+    waiters: list[tuple[Job, int]] = field(default_factory=list)
+
+
+@dataclass
+class Worker:
+    node: Node
+    gpus: tuple[int, ...]
+    classes: frozenset[str]
+    hit: bool = False
+
+
+@dataclass
+class Outcome:
+    job: Job
+    start: float = math.nan
+    first_step: float = math.nan
+    end: float = math.nan
+    workers: list[Worker] = field(default_factory=list)
+    pending: int = 0
+    spans_subnets: bool = False
+    numa_split: int = 0
+    plan_gpus: int = 0
+
+
+def load_node_types(params: ClusterParams) -> list[tuple[NodeType, float]]:
+    out = []
+    for i, (file, share) in enumerate(params.node_types):
+        topo = load_dump(TOPOLOGIES / file)
+        classes = tuple(RoceClassInfo(c.name, frozenset(c.gpus)) for c in roce_classes(topo))
+        class_of = {g: c.name for c in classes for g in c.gpus}
+        out.append((NodeType(file.split("-nvidia")[0], topo, i, classes, class_of), share))
+    return out
+
+
+class Simulation:
+    """One policy over one workload."""
+
+    def __init__(self, policy: str, jobs: Sequence[Job], datasets: Sequence[Dataset],
+                 params: ClusterParams, seed: int) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.policy = policy
+        self.params = params
+        self.rng = random.Random(seed)
+        self.jobs = list(jobs)
+        self.datasets = {d.name: d for d in datasets}
+        types = load_node_types(params)
+        layout = random.Random(seed + 1)
+        self.nodes: list[Node] = []
+        for i in range(params.nodes):
+            node_type = layout.choices([t for t, _ in types], [s for _, s in types])[0]
+            self.nodes.append(Node(i, f"node-{i:04d}", node_type, set(node_type.topology.gpu_indices)))
+        self.now = 0.0
+        self.events: list[tuple[float, int, str, int]] = []
+        self.seq = 0
+        self.waiting: list[Job] = []
+        self.outcomes = {j.id: Outcome(j) for j in self.jobs}
+        self.fetches: list[Fetch] = []
+        self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
+        self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.storage_bytes = 0.0
+        self.requests = self.hits = 0
+        weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
+        if policy == "ours+time":
+            weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
+        self.framework = Framework(Settings(weights=weights),
+                                   jobs=JobClasses(3600.0, clock=lambda: EPOCH + self.now),
+                                   clock=lambda: EPOCH + self.now)
+        self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
+        self.ideal_bw: dict[tuple[int, int], float] = {}
+        self.running: dict[int, Outcome] = {}       # jobs whose data is ready, by id
+
+    # -- node facts, as the extender would read them from the agents' annotations ---------
+
+    def facts(self, node: Node) -> NodeFacts:
+        if node.facts is None:
+            held: dict[str, Holding] = {}
+            if self.policy == "fluid":
+                # Fluid-style labels: the dataset name only, no digest, never removed on eviction.
+                held = {name: Holding(None, None, True, False) for name in node.labels}
+            elif self.policy != "default":
+                for (name, version), e in node.cache.items():
+                    newest = held.get(name)
+                    if newest is None or version > int(newest.digest or "0", 16):
+                        held[name] = Holding(f"{version:032x}", e.size, e.ready, e.users > 0)
+            free = frozenset(node.free)
+            node.facts = NodeFacts(
+                name=node.name, inventory=Inventory(self.params.cache_bytes, self.params.cache_bytes - node.used_bytes, held),
+                topology=node.type.topology, topology_id=node.type.id, classes=node.type.classes,
+                allocatable_gpus=len(node.type.topology.gpus), published_free=free, gpu_facts_known=True,
+            )
+        return node.facts
+
+    def touch(self, node: Node) -> None:
+        node.facts = None
+
+    # -- events -------------------------------------------------------------------------
+
+    def push(self, t: float, kind: str, ident: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, ident))
+
+    def run(self) -> Simulation:
+        for job in self.jobs:
+            self.push(job.arrival, "arrive", job.id)
+        by_id = {j.id: j for j in self.jobs}
+        while self.events or self.fetches:
+            t_event = self.events[0][0] if self.events else math.inf
+            t_fetch, rate = self._next_fetch()
+            t = min(t_event, t_fetch)
+            self._progress(t - self.now, rate)
+            self.now = t
+            if t_fetch <= t_event:
+                self._finish_fetches()
+            else:
+                _, _, kind, ident = heapq.heappop(self.events)
+                if kind == "arrive":
+                    self.waiting.append(by_id[ident])
+                elif kind == "end":
+                    self._release(self.outcomes[ident])
+            if not self.events or self.events[0][0] > self.now:
+                self.schedule()
+        return self
+
+    def _rate(self, fetch: Fetch, per_node: dict[int, int]) -> float:
+        p = self.params
+        return min(p.node_fetch_bw / per_node[fetch.node.index], p.storage_bw / len(self.fetches))
+
+    def _next_fetch(self) -> tuple[float, dict[int, float]]:
+        if not self.fetches:
+            return math.inf, {}
+        per_node: dict[int, int] = {}
+        for f in self.fetches:
+            per_node[f.node.index] = per_node.get(f.node.index, 0) + 1
+        rates = {id(f): self._rate(f, per_node) for f in self.fetches}
+        soonest = min(f.remaining / rates[id(f)] for f in self.fetches)
+        return self.now + soonest, rates
+
+    def _progress(self, dt: float, rates: dict[int, float]) -> None:
+        if dt <= 0 or not rates:
+            return
+        for f in self.fetches:
+            f.remaining -= rates[id(f)] * dt
+
+    def _finish_fetches(self) -> None:
+        done = [f for f in self.fetches if f.remaining <= 1.0]
+        self.fetches = [f for f in self.fetches if f.remaining > 1.0]
+        for f in done:
+            entry = f.node.cache.get(f.key)
+            if f.cached and entry is not None:
+                entry.ready = True
+                f.node.labels.add(f.key[0])
+                self._drop_old_versions(f.node, f.key)
+                self.touch(f.node)
+            self.inflight.pop((f.node.index, f.key), None)
+            for job, _ in f.waiters:
+                self._data_ready(self.outcomes[job.id])
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        if not self.waiting:
+            return
+        window = self.waiting[: self.params.queue_scan]
+        if self.policy == "ours+time":
+            self._schedule_by_plans(window)
+            return
+        for job in window:
+            if self._place_gang(job):
+                self.waiting.remove(job)
+
+    def _can_fit(self, per_worker: int, workers: int) -> bool:
+        return sum(1 for n in self.nodes if len(n.free) >= per_worker) >= 1 and \
+            sum(len(n.free) // per_worker for n in self.nodes) >= workers
+
+    def _pod(self, job: Job, gpus: int, workers: int | None = None) -> PodRequest:
+        d = self.datasets[job.dataset]
+        profile = job.profile if workers is None else replace(job.profile, workers=workers)
+        digest = None if self.policy == "fluid" else f"{d.version_at(self.now):032x}"
+        return PodRequest(key=f"sim/job-{job.id}", namespace="sim", datasets=(DatasetWant(job.dataset, digest),),
+                          gpus=gpus, job=f"sim/job-{job.id}", time=profile)
+
+    def _choose(self, job: Job, gpus: int, exclude: set[int], workers: int) -> Node | None:
+        """The node kube-scheduler would bind one worker to under this policy."""
+        candidates = [n for n in self.nodes if len(n.free) >= gpus and n.index not in exclude]
+        if not candidates:
+            return None
+        facts = [self.facts(n) for n in candidates]
+        if self.policy == "default":
+            scores = baselines.least_allocated(facts)
+        elif self.policy == "fluid":
+            scores = baselines.fluid(self._pod(job, gpus), facts)
+        else:
+            pod = self._pod(job, gpus, workers)
+            outcome = self.framework.filter(pod, [f.name for f in facts], facts)
+            passed = set(outcome.passed)
+            keep = [i for i, f in enumerate(facts) if f.name in passed]
+            candidates = [candidates[i] for i in keep]
+            facts = [facts[i] for i in keep]
+            if not candidates:
+                return None
+            scores = self.framework.prioritize(pod, facts, lambda: (self.facts(n) for n in self.nodes))
+        best = max(scores)
+        top = [n for n, s in zip(candidates, scores) if s == best]
+        return top[self.rng.randrange(len(top))]
+
+    def _gpus_for(self, job: Job, node: Node, count: int) -> tuple[int, ...] | None:
+        free = sorted(node.free)
+        if len(free) < count:
+            return None
+        if self.policy in ("default", "fluid"):
+            return tuple(free[:count])                      # the device plugin's first free GPUs
+        pod = self._pod(job, count)
+        gpu_class = self.framework.job_class(pod, lambda: (self.facts(n) for n in self.nodes))
+        pool = frozenset(free)
+        if gpu_class is not None:
+            in_class = frozenset(g for g in free if node.type.class_of.get(g) == gpu_class)
+            if len(in_class) >= count:
+                pool = in_class
+        key = (node.type.id, pool, count)
+        if key not in self.gpu_memo:
+            best = best_gpu_set(node.type.topology, pool, count)
+            self.gpu_memo[key] = tuple(best.gpus) if best else None
+        return self.gpu_memo[key]
+
+    def _place_gang(self, job: Job, shape: Sequence[tuple[Node | None, int]] | None = None) -> bool:
+        """Bind every worker or none (gang scheduling). ``shape``: a plan's (node, GPUs)."""
+        if shape is None:
+            if not self._can_fit(job.gpus_per_worker, job.workers):
+                return False
+            shape = [(None, job.gpus_per_worker)] * job.workers
+        placed: list[Worker] = []
+        used: set[int] = set()
+        for fixed, count in shape:
+            node = fixed if fixed is not None else self._choose(job, count, used, len(shape))
+            gpus = self._gpus_for(job, node, count) if node is not None else None
+            if node is None or gpus is None:
+                for w in placed:
+                    w.node.free.update(w.gpus)
+                    self.touch(w.node)
+                return False
+            node.free.difference_update(gpus)
+            self.touch(node)
+            used.add(node.index)
+            classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
+            placed.append(Worker(node, gpus, classes))
+        self._start(job, placed)
+        return True
+
+    def _schedule_by_plans(self, window: list[Job]) -> None:
+        """Steps 3-6 of the deadline design: a plan per waiting job, the queue in the
+        design's order, one job placed per round, until nothing more fits."""
+        while window:
+            free = {n.name: len(n.free) for n in self.nodes if n.free}
+            if not free:
+                return
+            by_name = {n.name: n for n in self.nodes}
+            decisions = {job.id: self._decide(job, free, by_name) for job in window}
+            order = queue_order((str(j), d) for j, d in decisions.items())
+            placed = False
+            for ident in order:
+                job = next(j for j in window if str(j.id) == ident)
+                d = decisions[job.id]
+                if d.plan is None:
+                    continue
+                if d.plan.cross_node and self._better_to_wait(job, d.plan):
+                    continue
+                if d.plan.cross_node:
+                    shape: list[tuple[Node | None, int]] = [(by_name[n], c) for n, c in d.plan.allocation]
+                else:
+                    shape = [(None, d.plan.n_gpu)]           # the extender picks the node
+                if self._place_gang(job, shape):
+                    self.outcomes[job.id].plan_gpus = d.plan.n_gpu
+                    window.remove(job)
+                    self.waiting.remove(job)
+                    placed = True
+                    break
+            if not placed:
+                return
+
+    def _better_to_wait(self, job: Job, plan: Plan) -> bool:
+        """The time model's wait rule: the earliest time a node will hold the plan's GPUs,
+        from the running jobs' expected ends, and the run time on that node."""
+        n = plan.n_gpu
+        best_t, best_run = math.inf, math.inf
+        releases: dict[int, list[tuple[float, int]]] = {}
+        for out in self.running.values():
+            for w in out.workers:
+                releases.setdefault(w.node.index, []).append((out.end, len(w.gpus)))
+        for node in self.nodes:
+            if len(node.type.topology.gpus) < n:
+                continue
+            free, t = len(node.free), self.now
+            for end, count in sorted(releases.get(node.index, ())):
+                if free >= n:
+                    break
+                free, t = free + count, end
+            if free >= n and t < best_t:
+                ideal = self.ideal_bw.get((node.type.id, n))
+                if ideal is None:
+                    best = best_gpu_set(node.type.topology, node.type.topology.gpu_indices, n)
+                    ideal = self.ideal_bw[(node.type.id, n)] = intra_node_bandwidth(node.type.topology, best.gpus if best else ())
+                best_t, best_run = t, t_run(job.profile, n, ideal)
+        return wait_for_one_node(plan, best_run, best_t)
+
+    def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]) -> Decision:
+        def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
+            per_node = []
+            for name, count in allocation:
+                node = by_name[name]
+                gpus = self._gpus_for(job, node, count) or ()
+                per_node.append(intra_node_bandwidth(node.type.topology, gpus))
+            weakest = min(per_node)
+            if len(per_node) == 1:
+                return weakest
+            classes = {frozenset(by_name[n].type.class_of.get(g, "none") for g in self._gpus_for(job, by_name[n], c) or ())
+                       for n, c in allocation}
+            factor = self.params.cross_subnet_factor if len(classes) > 1 else 1.0
+            return min(weakest, DEFAULT_BANDWIDTHS.network * factor)
+
+        d = self.datasets[job.dataset]
+        key = (d.name, d.version_at(self.now))
+        def start_of(allocation: tuple[tuple[str, int], ...]) -> float:
+            """When the dataset is on every node of the plan: at once where a ready copy is,
+            else after a fetch sharing storage with the fetches running and the plan's own."""
+            missing = sum(1 for n, _ in allocation if not (e := by_name[n].cache.get(key)) or not e.ready)
+            if not missing:
+                return self.now
+            rate = min(self.params.node_fetch_bw, self.params.storage_bw / (len(self.fetches) + missing))
+            return self.now + d.size / rate
+
+        # best-fit ties go to nodes holding the data (the extender's dataset affinity)
+        pod = self._pod(job, 1)
+        holders = [n for n in self.nodes if n.free and job.dataset in self.facts(n).held]
+        affinity = self.framework.dataset_scores(pod, [self.facts(n) for n in holders])
+        prefer = {n.name: float(a) for n, a in zip(holders, affinity)}
+        sizes = [job.gpus]
+        if self.params.plan_sizes == "pow2":
+            sizes += [2**k for k in range(8) if 2**k <= job.gpus]
+        return decide(job.profile, free, bandwidth_of, now=self.now, max_gpus=job.gpus, sizes=sizes,
+                      start_of=start_of, prefer=prefer)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _start(self, job: Job, workers: list[Worker]) -> None:
+        out = self.outcomes[job.id]
+        out.start = self.now
+        out.workers = workers
+        out.pending = len(workers)
+        out.plan_gpus = out.plan_gpus or job.gpus
+        if len(workers) > 1:
+            out.spans_subnets = len({w.classes for w in workers}) > 1
+        out.numa_split = sum(1 for w in workers if len(w.gpus) > 1 and not single_numa(w.node.type.topology, w.gpus))
+        for index, w in enumerate(workers):
+            self._request_data(job, w, index)
+
+    def _request_data(self, job: Job, worker: Worker, index: int) -> None:
+        d = self.datasets[job.dataset]
+        key = (d.name, d.version_at(self.now))
+        node = worker.node
+        self.requests += 1
+        if self.policy == "default":                          # no cache: every pod reads storage
+            self._new_fetch(node, key, d.size, cached=False, waiter=(job, index))
+            return
+        entry = node.cache.get(key)
+        if entry is not None:
+            entry.users += 1
+            entry.last_used = self.now
+            self.touch(node)
+            if entry.ready:
+                self.hits += 1
+                worker.hit = True
+                self._data_ready(self.outcomes[job.id])
+            else:
+                self.inflight[(node.index, key)].waiters.append((job, index))
+            return
+        victims_ok = self._make_room(node, d.size)
+        if victims_ok:
+            node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
+            self.touch(node)
+        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index))
+
+    def _make_room(self, node: Node, size: int) -> bool:
+        candidates = [Candidate(name, f"{version:032x}", e.size, e.last_used, in_use=e.users > 0, fetching=not e.ready)
+                      for (name, version), e in node.cache.items()]
+        plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
+        if not plan.sufficient:
+            return False
+        for victim in plan.victims:
+            node.cache.pop((victim.name, int(victim.digest, 16)), None)
+        return True
+
+    def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
+        for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and e.users == 0]:
+            del node.cache[other]
+
+    def _new_fetch(self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int]) -> None:
+        fetch = Fetch(node, key, float(size), cached, [waiter])
+        self.fetches.append(fetch)
+        if cached:
+            self.inflight[(node.index, key)] = fetch
+        self.storage_bytes += size
+        self.storage_log.append((self.now, self.storage_bytes))
+
+    def _data_ready(self, out: Outcome) -> None:
+        out.pending -= 1
+        if out.pending > 0:
+            return
+        out.first_step = self.now
+        job = out.job
+        n = sum(len(w.gpus) for w in out.workers)
+        bw = min(intra_node_bandwidth(w.node.type.topology, w.gpus) for w in out.workers)
+        if len(out.workers) > 1:
+            net = DEFAULT_BANDWIDTHS.network * (self.params.cross_subnet_factor if out.spans_subnets else 1.0)
+            bw = min(bw, net)
+        out.end = self.now + t_run(job.profile, n, bw)
+        self.running[job.id] = out
+        self.push(out.end, "end", job.id)
+
+    def _release(self, out: Outcome) -> None:
+        self.running.pop(out.job.id, None)
+        d = self.datasets[out.job.dataset]
+        for w in out.workers:
+            w.node.free.update(w.gpus)
+            for key, e in list(w.node.cache.items()):
+                if key[0] == d.name and e.users > 0 and key[1] == d.version_at(out.start):
+                    e.users -= 1
+                    e.last_used = self.now
+                    newer = [k for k in w.node.cache if k[0] == d.name and k[1] > key[1]]
+                    if e.users == 0 and newer:
+                        del w.node.cache[key]            # an old version goes when no task holds it
+            self.touch(w.node)
+
+
+__all__ = ["ClusterParams", "EPOCH", "MEASURED_FETCH_BPS", "POLICIES", "Simulation", "load_node_types"]
