@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +30,21 @@ from tests.kubelet.harness import DRIVER, CsiAgent, CsiClient, Kubelet, context,
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def sockets() -> Iterator[Path]:
+    """A short directory for unix sockets: pytest's tmp paths (longer still under xdist) can
+    pass the 107-byte limit of a socket path, which the agent refuses."""
+    path = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def env(tmp_path: Path, sockets: Path) -> Iterator[dict[str, Any]]:
     www = tmp_path / "www"
     www.mkdir()
     server = LoopbackServer(www)
-    settings = Settings(root=tmp_path / "root", socket_path=tmp_path / "api.sock", node_name="gpu-node-7",
-                        csi_socket=tmp_path / "plugins" / DRIVER / "csi.sock",
+    settings = Settings(root=tmp_path / "root", socket_path=sockets / "api.sock", node_name="gpu-node-7",
+                        csi_socket=sockets / DRIVER / "csi.sock",
                         csi_kubelet_pods_dir=tmp_path / "kubelet" / "pods", sweep_interval=3600)
     state: dict[str, Any] = {"tmp": tmp_path, "www": www, "server": server, "settings": settings}
     yield state
@@ -259,16 +270,16 @@ def test_a_volume_whose_pod_vanished_while_the_agent_was_down_is_cleaned_up_at_s
         agent.call(agent.service.get_task(uid))
 
 
-def test_dsagent_serve_serves_the_csi_plugin_when_its_socket_is_set(tmp_path: Path) -> None:
+def test_dsagent_serve_serves_the_csi_plugin_when_its_socket_is_set(tmp_path: Path, sockets: Path) -> None:
     import signal
     import subprocess
     import sys
 
-    socket = tmp_path / "plugins" / DRIVER / "csi.sock"
+    socket = sockets / DRIVER / "csi.sock"
     env = {**os.environ, "DSAGENT_CSI_SOCKET": str(socket), "DSAGENT_CSI_KUBELET_PODS_DIR": str(tmp_path / "pods"),
            "DSAGENT_NODE_NAME": "gpu-node-9"}
     process = subprocess.Popen([sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path / "root"),
-                                "--socket", str(tmp_path / "api.sock")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                "--socket", str(sockets / "api.sock")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(socket.exists, timeout=60)
         client = CsiClient(socket)
