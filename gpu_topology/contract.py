@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 
-from gpu_topology.classes import DEFAULT_PREFIX, RoceClass, nearest_nic_map, roce_classes
+from gpu_topology.classes import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode, RoceClass, nearest_nic_map, roce_classes
 from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology
 
@@ -42,15 +42,19 @@ def validate(data: Any) -> None:
         raise ParseError(f"topology JSON does not fit schema version {VERSION} at {where}: {error.message}")
 
 
-def topology_to_dict(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
-    """The contract document for ``topology``; RoCE class names use ``prefix``."""
+def topology_to_dict(
+    topology: Topology, *, prefix: str = DEFAULT_PREFIX, mode: ClassMode | str = DEFAULT_MODE
+) -> dict[str, Any]:
+    """The contract document for ``topology``; RoCE classes by ``mode``, named with ``prefix``."""
+    mode = ClassMode.parse(mode)
     return {
         "version": VERSION,
         "gpus": [_gpu_to_dict(g) for g in topology.gpus],
         "nics": [_nic_to_dict(n) for n in topology.nics],
         "links": {a: {b: str(link) for b, link in row.items()} for a, row in _ordered_links(topology)},
         "nearestNics": {str(i): list(nics) for i, nics in nearest_nic_map(topology).items()},
-        "classes": [class_to_dict(c) for c in roce_classes(topology, prefix)],
+        "classMode": mode.value,
+        "classes": [class_to_dict(c) for c in roce_classes(topology, prefix, mode)],
     }
 
 
@@ -63,10 +67,17 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
     return Topology(gpus=gpus, nics=nics, links=links)
 
 
-def to_json(topology: Topology, *, prefix: str = DEFAULT_PREFIX, indent: int | None = None) -> str:
+def to_json(
+    topology: Topology,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    mode: ClassMode | str = DEFAULT_MODE,
+    indent: int | None = None,
+) -> str:
     """The document as text: compact (for annotations) unless ``indent`` is given."""
     separators = (",", ":") if indent is None else (",", ": ")
-    return json.dumps(topology_to_dict(topology, prefix=prefix), indent=indent, separators=separators)
+    document = topology_to_dict(topology, prefix=prefix, mode=mode)
+    return json.dumps(document, indent=indent, separators=separators)
 
 
 def from_json(text: str | bytes) -> Topology:

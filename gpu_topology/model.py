@@ -249,11 +249,11 @@ class Topology:
 
         return topology_from_dict(data)
 
-    def to_dict(self, *, prefix: str = "gpu-roce") -> dict[str, Any]:
-        """The version-1 JSON contract, with nearest NICs and RoCE classes derived."""
+    def to_dict(self, *, prefix: str = "gpu-roce", mode: str = "numa") -> dict[str, Any]:
+        """The version-1 JSON contract, with nearest NICs and RoCE classes (``mode``) derived."""
         from gpu_topology.contract import topology_to_dict
 
-        return topology_to_dict(self, prefix=prefix)
+        return topology_to_dict(self, prefix=prefix, mode=mode)
 
 
 def _symmetric(links: LinkTable, known: set[str]) -> LinkTable:

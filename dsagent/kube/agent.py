@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
@@ -66,6 +67,7 @@ class ClusterSettings:
     watch_timeout: int = 300
     renew_interval: float | None = None  # None: a third of the service's lease TTL
     guard_wait: float = 5.0  # how long a task id may wait for its pod to reach the watch
+    class_mode: str = "numa"  # how the published RoCE classes are cut (docs/design.md#roce-classes)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
@@ -76,7 +78,18 @@ class ClusterSettings:
             raise InvalidInput(f"DSAGENT_PUBLISH_INTERVAL={raw!r}: {exc.message}", hint=exc.hint) from exc
         if interval <= 0:
             raise InvalidInput("DSAGENT_PUBLISH_INTERVAL must be positive")
-        return cls(publish_interval=interval)
+        return cls(publish_interval=interval, class_mode=class_mode_from_env(environ))
+
+
+def class_mode_from_env(environ: Mapping[str, str]) -> str:
+    """``DSAGENT_ROCE_CLASSES``: ``numa`` (default), ``subnet`` or ``none``."""
+    from gpu_topology import ClassMode, TopologyError
+
+    raw = environ.get("DSAGENT_ROCE_CLASSES") or "numa"
+    try:
+        return ClassMode.parse(raw).value
+    except TopologyError as exc:
+        raise InvalidInput(f"DSAGENT_ROCE_CLASSES={raw!r}: {exc.message}", hint=exc.hint) from exc
 
 
 def is_pod_uid(task_id: str) -> bool:
@@ -395,7 +408,15 @@ class ClusterAgent:
             return
         from gpu_topology import to_json
 
-        self._topology_json = to_json(topology)
+        try:
+            self._topology_json = to_json(topology, mode=self.cluster.class_mode)
+        except Exception as exc:  # subnet mode on a node whose NICs have no address yet
+            log.warning("RoCE classes by %s on node %s: %s; publishing the topology without classes",
+                        self.cluster.class_mode, self.node_name, exc)
+            document = topology.to_dict()
+            document.pop("classMode", None)
+            document["classes"] = []
+            self._topology_json = json.dumps(document, separators=(",", ":"))
         self._gpu_count = len(topology.gpus)
 
 
@@ -410,4 +431,4 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]
+__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "class_mode_from_env", "is_pod_uid"]

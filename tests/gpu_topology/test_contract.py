@@ -163,3 +163,17 @@ def test_contract_errors_carry_the_cli_and_http_codes() -> None:
     with pytest.raises(ParseError) as excinfo:
         from_json("{")
     assert (excinfo.value.exit_code, excinfo.value.http_status, excinfo.value.code) == (2, 400, "topology_parse_error")
+
+
+@pytest.mark.parametrize(("mode", "count"), [("numa", 2), ("none", 1)])
+def test_the_document_says_how_its_classes_were_cut(read_fixture: Callable[[str], str], mode: str, count: int) -> None:
+    topology = parse_dump(read_fixture("mystous-8xH100-11nic-ansi-escapes-captured"))
+    document = topology.to_dict(mode=mode)
+    assert document["classMode"] == mode
+    assert len(document["classes"]) == count
+    assert len(classes_from_dict(json.loads(to_json(topology, mode=mode)))) == count
+
+
+def test_a_document_with_an_unknown_class_mode_is_refused() -> None:
+    with pytest.raises(ParseError, match="classMode"):
+        Topology.from_dict({**minimal(), "classMode": "per-nic"})
