@@ -2,7 +2,8 @@
 
 Owns the mapping between :class:`~gpu_topology.model.Topology` and the JSON document
 described by the committed ``topology.schema.json`` (the Node annotation
-``dsagent.io/topology`` and ``dsctl topo show --json``). ``nearestNics`` and ``classes``
+``dsagent.io/topology`` and ``dsctl topo show --json``). ``nvlinkPcie`` carries the PCIe
+level beneath an NVLink where a backend measured it. ``nearestNics`` and ``classes``
 are derived on the way out and ignored on the way in (they are recomputed from the
 links); :func:`classes_from_dict` reads the published classes as they are, for readers
 that must use the publisher's class names.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -52,6 +54,7 @@ def topology_to_dict(
         "gpus": [_gpu_to_dict(g) for g in topology.gpus],
         "nics": [_nic_to_dict(n) for n in topology.nics],
         "links": {a: {b: str(link) for b, link in row.items()} for a, row in _ordered_links(topology)},
+        "nvlinkPcie": _nvlink_pcie(topology),
         "nearestNics": {str(i): list(nics) for i, nics in nearest_nic_map(topology).items()},
         "classMode": mode.value,
         "classes": [class_to_dict(c) for c in roce_classes(topology, prefix, mode)],
@@ -64,6 +67,12 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
     gpus = tuple(_gpu_from_dict(g) for g in data["gpus"])
     nics = tuple(_nic_from_dict(n) for n in data["nics"])
     links = {a: {b: Link.parse(text) for b, text in row.items()} for a, row in data["links"].items()}
+    for a, row in (data.get("nvlinkPcie") or {}).items():
+        for b, text in row.items():
+            for x, y in ((a, b), (b, a)):
+                link = links.get(x, {}).get(y)
+                if link is not None and link.is_nvlink:
+                    links[x][y] = replace(link, pcie=Link.parse(text).kind)
     return Topology(gpus=gpus, nics=nics, links=links)
 
 
@@ -114,6 +123,18 @@ def classes_from_dict(data: Mapping[str, Any]) -> tuple[RoceClass, ...]:
         )
         for c in data.get("classes", ())
     )
+
+
+def _nvlink_pcie(topology: Topology) -> dict[str, dict[str, str]]:
+    """GPU -> GPU -> the measured PCIe level beneath their NVLink (one direction each)."""
+    table: dict[str, dict[str, str]] = {}
+    names = [g.name for g in topology.gpus]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            link = topology.link(a, b)
+            if link is not None and link.pcie is not None:
+                table.setdefault(a, {})[b] = link.pcie.value
+    return table
 
 
 def _ordered_links(topology: Topology) -> list[tuple[str, dict[str, Link]]]:

@@ -177,3 +177,23 @@ def test_the_document_says_how_its_classes_were_cut(read_fixture: Callable[[str]
 def test_a_document_with_an_unknown_class_mode_is_refused() -> None:
     with pytest.raises(ParseError, match="classMode"):
         Topology.from_dict({**minimal(), "classMode": "per-nic"})
+
+
+def test_measured_pcie_levels_beneath_nvlinks_round_trip(read_fixture: Callable[[str], str]) -> None:
+    topology = parse_dump(read_fixture("ibm-cloud-gx3d-8xH100-vsi-nccl-topo"))
+    document = topology.to_dict()
+    assert document["nvlinkPcie"]["GPU0"]["GPU1"] == "PHB"
+    assert document["nvlinkPcie"]["GPU0"]["GPU7"] == "SYS"
+    assert "GPU1" not in document["nvlinkPcie"] or "GPU0" not in document["nvlinkPcie"]["GPU1"]  # one direction
+    back = Topology.from_dict(json.loads(json.dumps(document)))
+    assert back == topology
+    assert back.link("GPU1", "GPU0") == topology.link("GPU0", "GPU1")
+
+
+def test_nvidia_smi_matrices_publish_no_measured_pcie_levels(read_fixture: Callable[[str], str]) -> None:
+    assert parse_dump(read_fixture(DGX_A100)).to_dict()["nvlinkPcie"] == {}
+
+
+def test_a_bad_nvlink_pcie_level_is_refused() -> None:
+    with pytest.raises(ParseError, match="nvlinkPcie"):
+        Topology.from_dict({**minimal(), "nvlinkPcie": {"GPU0": {"GPU1": "NV2"}}})
