@@ -21,6 +21,7 @@ DGX1 = "dgx1-v100-4ib"
 IBM_XML = "ibm-cloud-gx3d-8xH100-vsi-nccl-topo"
 ML_ENG = "ml-engineering-8xH100-no-nic-spaces"
 MYSTOUS = "mystous-8xH100-11nic-ansi-escapes-captured"
+CGROUP = "mystous-8xH100-11nic-cgroup-empty-cpu-affinity-derived"
 ONEFLOW = "oneflow-hugectr-8xV100-2nic-mangled-whitespace"
 DELLA = "princeton-della-2xA100-pcie-2nic-epyc"
 TRAVERSE = "princeton-traverse-power9-1gpu-slurm-numa-list"
@@ -115,6 +116,17 @@ EXPECTED: dict[str, Expected] = {
             ("mlx5_4", "mlx5_5"): "PIX",
             ("GPU1", "GPU6"): "NV18",
         },
+        nic_numa={"mlx5_4": 0, "mlx5_5": 0, "mlx5_10": 1, "mlx5_11": 1},
+    ),
+    # Derived from MYSTOUS with every CPU Affinity cell emptied (see its .src): the NUMA
+    # column must stay in place.
+    CGROUP: Expected(
+        nics=mlx(0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11),
+        numa=(0, 0, 0, 0, 1, 1, 1, 1),
+        cpus=(None,) * 8,
+        nearest=(mlx(0), mlx(1), mlx(2), mlx(3), mlx(6), mlx(7), mlx(8), mlx(8)),
+        classes=((mlx(0, 1, 2, 3), (0, 1, 2, 3), 0), (mlx(6, 7, 8), (4, 5, 6, 7), 1)),
+        links={("GPU0", "mlx5_0"): "PIX", ("GPU7", "mlx5_8"): "PXB", ("GPU1", "GPU6"): "NV18"},
         nic_numa={"mlx5_4": 0, "mlx5_5": 0, "mlx5_10": 1, "mlx5_11": 1},
     ),
     ONEFLOW: Expected(

@@ -21,6 +21,7 @@ from gpu_topology.dumps import parse_dump
 from gpu_topology.scoring import partition_count
 from tests.gpu_topology import go_reference
 from tests.gpu_topology.test_fixtures import (
+    CGROUP,
     DELLA,
     DGX1,
     DGX_A100,
@@ -51,6 +52,7 @@ BENEATH: dict[str, Callable[[int, int], str]] = {
     # One NIC per GPU at PIX: NIC0 is PXB to GPU1 and NODE to GPU2/3, and so on; GPU6/7
     # share NIC8 (PIX/PXB).
     MYSTOUS: lambda a, b: ("PXB" if a // 2 == b // 2 else "NODE") if socket_of_four(a, b) else "SYS",
+    CGROUP: lambda a, b: ("PXB" if a // 2 == b // 2 else "NODE") if socket_of_four(a, b) else "SYS",
     # mlx5_0 is NODE to GPU0/1, PIX to GPU2/3 (mlx5_1 likewise for 4/5 and 6/7): 2-3 PIX,
     # 0-1 NODE (bound), 0/1 to 2/3 NODE.
     ONEFLOW: lambda a, b: ("PIX" if a // 2 == b // 2 and a % 4 >= 2 else "NODE") if socket_of_four(a, b) else "SYS",
