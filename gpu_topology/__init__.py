@@ -8,6 +8,7 @@ with ``Topology.from_dict`` and calls :func:`best_gpu_set` and :func:`roce_class
     model        Gpu, Nic, Link, Topology            the frozen values
     scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
     classes      nearest_nics, roce_classes, ClassMode GPU-NIC affinity, RoCE classes
+    placement    choose_class, ...                    the cluster-wide RoCE class vote
     contract     to/from the version-1 JSON           schema: topology.schema.json
     discovery    discover() and its backends          nvml, nvidia-smi, sysfs, nccl-xml
     errors       TopologyError and its tree

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from dsplatform.jobs import job_key
 from scheduler_plugin.wire import Container, Pod
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
@@ -61,7 +62,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     datasets, datasets_error = parse_datasets(annotations.get(DATASETS_ANNOTATION))
     gpus, gpu_class, gpus_error = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
-    job = next((f"{namespace}/{labels[k]}" for k in job_labels if labels.get(k)), None)
+    job = job_key(namespace, labels, job_labels)
     return PodRequest(
         key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
         gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job,

@@ -14,17 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsplatform.jobs import DEFAULT_JOB_LABELS
 from scheduler_plugin.errors import SettingsError
 
 PREFIX = "DSEXT_"
 
-DEFAULT_JOB_LABELS: tuple[str, ...] = (
-    "dsagent.io/job",
-    "training.kubeflow.org/job-name",
-    "volcano.sh/job-name",
-    "batch.kubernetes.io/job-name",
-    "job-name",
-)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
