@@ -5,7 +5,8 @@ Who calls it: ``dsagent`` (pack, the agent, the kube code, the CLI), ``scheduler
 What it owns: one rule per fact that more than one component must agree on:
 
 - :mod:`dsplatform.names`: what a dataset name and a digest look like;
-- :mod:`dsplatform.units`: the byte-size and duration syntax of every setting and flag.
+- :mod:`dsplatform.units`: the byte-size and duration syntax of every setting and flag;
+- :mod:`dsplatform.jobs`: which job a pod belongs to (its job labels).
 
 It imports nothing of the project (an import contract checks this), so every package may
 depend on it. Its errors are :class:`ValueError` subclasses carrying a ``hint``, which each
@@ -15,10 +16,12 @@ component maps onto its own error tree at its edge (pydantic and click accept th
 from __future__ import annotations
 
 from dsplatform.errors import VocabularyError
+from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.names import DIGEST_LENGTH, NAME_MAX_LENGTH, InvalidName, check_digest, check_name, is_digest, is_name
 from dsplatform.units import UnitError, format_size, parse_duration, parse_size
 
 __all__ = [
+    "DEFAULT_JOB_LABELS",
     "DIGEST_LENGTH",
     "NAME_MAX_LENGTH",
     "InvalidName",
@@ -29,6 +32,7 @@ __all__ = [
     "format_size",
     "is_digest",
     "is_name",
+    "job_key",
     "parse_duration",
     "parse_size",
 ]

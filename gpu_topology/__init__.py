@@ -7,19 +7,15 @@ with ``topology_from_dict`` and calls :func:`best_gpu_set` and :func:`roce_class
 
     model        Gpu, Nic, Link, Topology            the frozen values
     scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
-    classes      nearest_nics, roce_classes           GPU-NIC affinity, RoCE classes
+    classes      nearest_nics, roce_classes, ClassMode GPU-NIC affinity, RoCE classes
+    placement    choose_class, ...                    the cluster-wide RoCE class vote
     contract     to/from the version-1 JSON           schema: topology.schema.json
     discovery    discover() and its backends          nvml, nvidia-smi, sysfs, nccl-xml
     errors       TopologyError and its tree
 """
 
-from gpu_topology.classes import RoceClass, nearest_nic_map, nearest_nics, roce_classes
-from gpu_topology.contract import (
-    from_json,
-    to_json,
-    topology_from_dict,
-    topology_to_dict,
-)
+from gpu_topology.classes import ClassMode, RoceClass, nearest_nic_map, nearest_nics, roce_classes
+from gpu_topology.contract import from_json, to_json, topology_from_dict, topology_to_dict
 from gpu_topology.discovery import discover
 from gpu_topology.errors import (
     BackendUnavailable,
@@ -34,6 +30,7 @@ from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
 
 __all__ = [
     "BackendUnavailable",
+    "ClassMode",
     "DiscoveryError",
     "Gpu",
     "GpuSet",

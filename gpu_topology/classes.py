@@ -1,28 +1,42 @@
-"""GPU-NIC affinity and RoCE affinity classes (the GPU-RoCE allocation design).
+"""GPU-NIC affinity and RoCE GPU resource classes (the GPU-RoCE allocation design).
 
 Pure functions of a :class:`~gpu_topology.model.Topology`, called by the JSON contract,
-by ``dsctl topo`` and by the scheduler extender's RoCE plugin.
+by ``dsctl topo``, by the node agent (and its device plugin) and by the scheduler
+extender. Design: ``docs/design.md#roce-classes``.
 
 Rules:
 
 * A GPU's **nearest NICs** are the usable RDMA NICs at its closest PCIe level among PIX,
   PXB, PHB and NODE; a NIC reachable only across the CPU interconnect (SYS) is never
-  affine, so such a GPU has none.
-* NICs that share a nearest GPU form one **group** (a GPU with two equally near NICs
-  ties them together, as on a DGX A100 where each GPU pair has two NICs at PXB).
-* When the affine NICs sit on **different NUMA nodes**, every group becomes its own
-  class (one class per NIC when each GPU has one nearest NIC); GPUs with no affine NIC
-  belong to no class. Otherwise the node has **one class** holding every GPU.
-* Classes are ordered by their lowest GPU index and named ``<prefix>1``, ``<prefix>2``...
+  affine, so such a GPU has none. A NIC nearest to some GPU is **GPU-affine**.
+* The GPU-affine NICs are grouped by the class **mode** (an operator's choice):
+
+  - ``numa`` (default, the design's rule): by NUMA node. Classes exist only when the
+    affine NICs sit in **different NUMA groups**: then there is one class per group,
+    holding the GPUs whose nearest NICs are in it (GPUs with no affine NIC are in no
+    class). When they share one NUMA group the node has one class of every GPU.
+  - ``subnet``: by the NICs' IP subnets (NICs sharing a subnet are one group), one class
+    per subnet, for clusters whose NIC subnets do not follow the NUMA groups. Every
+    affine NIC must know its subnet.
+  - ``none``: one class of every GPU with every affine NIC.
+
+  A GPU whose nearest NICs fall into two groups ties those groups into one.
+* ``numa`` and ``none`` classes are ordered by their lowest GPU index, ``subnet`` classes
+  by their lowest subnet (so nodes on the same subnets agree on names whatever their
+  wiring), and named ``<prefix>1``, ``<prefix>2``, ...
+* No GPU-affine NIC, no class.
 
 A NIC's NUMA node is its own when known; otherwise it is inferred from the GPUs it is
-affine to (a non-SYS link never leaves a NUMA node), then from the NICs it shares a
-PCIe/host-bridge domain with.
+affine to (a non-SYS link never leaves a NUMA node), then from the GPUs' CPU lists, then
+from the NICs it shares a PCIe/host-bridge domain with.
 """
 
 from __future__ import annotations
 
+import enum
+import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpu_topology.errors import InvalidTopology
@@ -33,12 +47,39 @@ DEFAULT_PREFIX = "gpu-roce"
 _PREFIX = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9_-])?$")
 
 
+class ClassMode(str, enum.Enum):
+    """How GPU-affine NICs are grouped into classes (``DSAGENT_ROCE_CLASSES``)."""
+
+    NUMA = "numa"
+    SUBNET = "subnet"
+    NONE = "none"
+
+    @classmethod
+    def parse(cls, value: ClassMode | str) -> ClassMode:
+        """``"numa"``, ``"subnet"`` or ``"none"`` (any case) -> the mode."""
+        if isinstance(value, ClassMode):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise InvalidTopology(
+                f"unknown RoCE class mode {value!r}",
+                hint="use numa (one class per NUMA group of the RoCE NICs), subnet or none",
+            ) from None
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DEFAULT_MODE = ClassMode.NUMA
+
+
 @dataclass(frozen=True)
 class RoceClass:
-    """One GPU resource class: GPUs that share affine RDMA NICs (and so subnets)."""
+    """One GPU resource class: GPUs whose RoCE NICs sit in one group (one subnet)."""
 
-    name: str  # <prefix><n>, numbered by lowest GPU
-    nics: tuple[str, ...]  # in topology order
+    name: str  # <prefix><n>, e.g. gpu-roce1
+    nics: tuple[str, ...]  # its GPU-affine NICs, in topology order
     numa_node: int | None  # its NICs' one NUMA node, else its GPUs', else None
     subnets: tuple[str, ...]  # of its NICs, in order, without duplicates
     gpus: tuple[int, ...]
@@ -71,48 +112,90 @@ def nic_numa_node(topology: Topology, nic: Nic) -> int | None:
     return nodes.pop() if len(nodes) == 1 and None not in nodes else None
 
 
-def roce_classes(topology: Topology, prefix: str = DEFAULT_PREFIX) -> tuple[RoceClass, ...]:
-    """The node's RoCE affinity classes (see the module docstring for the rules)."""
+def roce_classes(
+    topology: Topology, prefix: str = DEFAULT_PREFIX, mode: ClassMode | str = DEFAULT_MODE
+) -> tuple[RoceClass, ...]:
+    """The node's RoCE GPU resource classes (see the module docstring for the rules).
+
+    ``prefix`` names them (``<prefix>1``, ...); ``mode`` is ``numa``, ``subnet`` or
+    ``none``. Raises :class:`InvalidTopology` for a bad prefix or mode, and in ``subnet``
+    mode when a GPU-affine NIC's subnet is unknown.
+    """
     if not _PREFIX.match(prefix):
         raise InvalidTopology(
             f"invalid resource class prefix {prefix!r}",
             hint="use letters, digits, '.', '-', '_' and '/' such as 'example.com/gpu-roce'",
         )
+    mode = ClassMode.parse(mode)
     nearest = nearest_nic_map(topology)
-    groups = _nic_groups(nearest)
-    if not groups:
+    affine = [n.name for n in topology.nics if any(n.name in nics for nics in nearest.values())]
+    if not affine:
         return ()
-    affine = [name for nics, _ in groups for name in nics]
-    if len({_place(topology, topology.nic(n)) for n in affine}) > 1:
-        members = [(nics, gpus) for nics, gpus in groups]
+    keys = {name: _group_keys(topology, topology.nic(name), mode) for name in affine}
+    groups = _Groups()
+    for name in affine:
+        groups.join(keys[name])
+    for nics in nearest.values():
+        groups.join(k for n in nics for k in keys[n])
+    roots = {name: groups.find(next(iter(keys[name]))) for name in affine}
+    distinct = list(dict.fromkeys(roots.values()))
+    if len(distinct) == 1:
+        members = [(tuple(affine), topology.gpu_indices)]
     else:
-        ordered = tuple(n.name for n in topology.nics if n.name in set(affine))
-        members = [(ordered, topology.gpu_indices)]
-    members.sort(key=lambda m: min(m[1]) if m[1] else -1)
+        members = []
+        for root in distinct:
+            nics = tuple(n for n in affine if roots[n] == root)
+            gpus = tuple(g for g, near in sorted(nearest.items()) if near and roots[near[0]] == root)
+            members.append((nics, gpus))
+    made = [_make_class(topology, nics, gpus) for nics, gpus in members]
+    if mode is ClassMode.SUBNET:
+        made.sort(key=lambda c: min(_network_order(s) for s in c.subnets))
+    else:
+        made.sort(key=lambda c: min(c.gpus) if c.gpus else -1)
     return tuple(
-        _make_class(topology, f"{prefix}{i}", nics, gpus)
-        for i, (nics, gpus) in enumerate(members, start=1)
+        RoceClass(name=f"{prefix}{i}", nics=c.nics, numa_node=c.numa_node, subnets=c.subnets, gpus=c.gpus)
+        for i, c in enumerate(made, start=1)
     )
 
 
-def _nic_groups(nearest: dict[int, tuple[str, ...]]) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
-    """Connected groups of NICs sharing a nearest GPU, each with its GPUs."""
-    groups: list[tuple[set[str], set[int]]] = []
-    for gpu, nics in sorted(nearest.items()):
-        if not nics:
-            continue
-        touching = [g for g in groups if g[0] & set(nics)]
-        merged = (set(nics), {gpu})
-        for group in touching:
-            merged[0].update(group[0])
-            merged[1].update(group[1])
-            groups.remove(group)
-        groups.append(merged)
-    order = {name: i for i, name in enumerate(n for nics in nearest.values() for n in nics)}
-    return [
-        (tuple(sorted(nics, key=lambda n: (order[n], n))), tuple(sorted(gpus)))
-        for nics, gpus in groups
-    ]
+class _Groups:
+    """Union-find over group keys."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, key: str) -> str:
+        self.parent.setdefault(key, key)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def join(self, keys: Iterable[str]) -> None:
+        roots = [self.find(k) for k in keys]
+        for root in roots[1:]:
+            self.parent[self.find(root)] = self.find(roots[0])
+
+
+def _group_keys(topology: Topology, nic: Nic, mode: ClassMode) -> frozenset[str]:
+    if mode is ClassMode.NONE:
+        return frozenset({"node"})
+    if mode is ClassMode.NUMA:
+        return frozenset({_place(topology, nic)})
+    if not nic.subnets:
+        raise InvalidTopology(
+            f"RoCE class mode subnet needs the subnet of every GPU-affine NIC; {nic.name} has none",
+            hint="give the NICs their addresses before the agent starts, or use mode numa",
+        )
+    return frozenset(f"subnet:{s}" for s in nic.subnets)
+
+
+def _network_order(subnet: str) -> tuple[int, int, str]:
+    try:
+        network = ipaddress.ip_network(subnet, strict=False)
+    except ValueError:
+        return (9, 0, subnet)
+    return (network.version, int(network.network_address), subnet)
 
 
 def _gpus_near(topology: Topology, nic: Nic) -> list[Gpu]:
@@ -148,7 +231,7 @@ def _pcie_domain(topology: Topology, nic: Nic) -> set[str]:
     return seen
 
 
-def _make_class(topology: Topology, name: str, nics: tuple[str, ...], gpus: tuple[int, ...]) -> RoceClass:
+def _make_class(topology: Topology, nics: tuple[str, ...], gpus: tuple[int, ...]) -> RoceClass:
     nic_nodes = {nic_numa_node(topology, topology.nic(n)) for n in nics}
     gpu_nodes = {topology.gpu(i).numa_node for i in gpus}
     node = None
@@ -159,4 +242,4 @@ def _make_class(topology: Topology, name: str, nics: tuple[str, ...], gpus: tupl
     subnets: list[str] = []
     for n in nics:
         subnets.extend(s for s in topology.nic(n).subnets if s not in subnets)
-    return RoceClass(name=name, nics=nics, numa_node=node, subnets=tuple(subnets), gpus=gpus)
+    return RoceClass(name="", nics=nics, numa_node=node, subnets=tuple(subnets), gpus=gpus)

@@ -2,7 +2,8 @@
 
 Owns the mapping between :class:`~gpu_topology.model.Topology` and the JSON document
 described by the committed ``topology.schema.json`` (the Node annotation
-``dsagent.io/topology`` and ``dsctl topo show --json``). ``nearestNics`` and ``classes``
+``dsagent.io/topology`` and ``dsctl topo show --json``). ``nvlinkPcie`` carries the PCIe
+level beneath an NVLink where a backend measured it. ``nearestNics`` and ``classes``
 are derived on the way out and ignored on the way in (they are recomputed from the
 links); :func:`classes_from_dict` reads the published classes as they are, for readers
 that must use the publisher's class names.
@@ -12,18 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 import jsonschema
 
-from gpu_topology.classes import (
-    DEFAULT_PREFIX,
-    RoceClass,
-    nearest_nic_map,
-    roce_classes,
-)
+from gpu_topology.classes import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode, RoceClass, nearest_nic_map, roce_classes
 from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology
 
@@ -47,15 +44,20 @@ def validate(data: Any) -> None:
         raise ParseError(f"topology JSON does not fit schema version {VERSION} at {where}: {error.message}")
 
 
-def topology_to_dict(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
-    """The contract document for ``topology``; RoCE class names use ``prefix``."""
+def topology_to_dict(
+    topology: Topology, *, prefix: str = DEFAULT_PREFIX, mode: ClassMode | str = DEFAULT_MODE
+) -> dict[str, Any]:
+    """The contract document for ``topology``; RoCE classes by ``mode``, named with ``prefix``."""
+    mode = ClassMode.parse(mode)
     return {
         "version": VERSION,
         "gpus": [_gpu_to_dict(g) for g in topology.gpus],
         "nics": [_nic_to_dict(n) for n in topology.nics],
         "links": {a: {b: str(link) for b, link in row.items()} for a, row in _ordered_links(topology)},
+        "nvlinkPcie": _nvlink_pcie(topology),
         "nearestNics": {str(i): list(nics) for i, nics in nearest_nic_map(topology).items()},
-        "classes": [class_to_dict(c) for c in roce_classes(topology, prefix)],
+        "classMode": mode.value,
+        "classes": [class_to_dict(c) for c in roce_classes(topology, prefix, mode)],
     }
 
 
@@ -65,13 +67,26 @@ def topology_from_dict(data: Mapping[str, Any]) -> Topology:
     gpus = tuple(_gpu_from_dict(g) for g in data["gpus"])
     nics = tuple(_nic_from_dict(n) for n in data["nics"])
     links = {a: {b: Link.parse(text) for b, text in row.items()} for a, row in data["links"].items()}
+    for a, row in (data.get("nvlinkPcie") or {}).items():
+        for b, text in row.items():
+            for x, y in ((a, b), (b, a)):
+                link = links.get(x, {}).get(y)
+                if link is not None and link.is_nvlink:
+                    links[x][y] = replace(link, pcie=Link.parse(text).kind)
     return Topology(gpus=gpus, nics=nics, links=links)
 
 
-def to_json(topology: Topology, *, prefix: str = DEFAULT_PREFIX, indent: int | None = None) -> str:
+def to_json(
+    topology: Topology,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    mode: ClassMode | str = DEFAULT_MODE,
+    indent: int | None = None,
+) -> str:
     """The document as text: compact (for annotations) unless ``indent`` is given."""
     separators = (",", ":") if indent is None else (",", ": ")
-    return json.dumps(topology_to_dict(topology, prefix=prefix), indent=indent, separators=separators)
+    document = topology_to_dict(topology, prefix=prefix, mode=mode)
+    return json.dumps(document, indent=indent, separators=separators)
 
 
 def from_json(text: str | bytes) -> Topology:
@@ -108,6 +123,18 @@ def classes_from_dict(data: Mapping[str, Any]) -> tuple[RoceClass, ...]:
         )
         for c in data.get("classes", ())
     )
+
+
+def _nvlink_pcie(topology: Topology) -> dict[str, dict[str, str]]:
+    """GPU -> GPU -> the measured PCIe level beneath their NVLink (one direction each)."""
+    table: dict[str, dict[str, str]] = {}
+    names = [g.name for g in topology.gpus]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            link = topology.link(a, b)
+            if link is not None and link.pcie is not None:
+                table.setdefault(a, {})[b] = link.pcie.value
+    return table
 
 
 def _ordered_links(topology: Topology) -> list[tuple[str, dict[str, Link]]]:

@@ -47,16 +47,25 @@ PCIE_ORDER: tuple[LinkKind, ...] = (
 )
 
 
+# The levels two devices' PCIe path can have, closest first (BOARD: two GPUs on one board).
+PCIE_LEVELS: tuple[LinkKind, ...] = (LinkKind.BOARD,) + PCIE_ORDER
+
+
 @dataclass(frozen=True)
 class Link:
-    """One link: its kind and, for NVLink, the number of bonded links."""
+    """One link: its kind and, for NVLink, the number of bonded links and, when a backend
+    measured it (NVML, NCCL XML), the PCIe level between the two GPUs beneath the NVLink
+    (``nvidia-smi topo -m`` hides it; :func:`gpu_topology.scoring.pcie_level` infers it)."""
 
     kind: LinkKind
     nvlinks: int = 0
+    pcie: LinkKind | None = None
 
     def __post_init__(self) -> None:
         if (self.kind is LinkKind.NVLINK) != (self.nvlinks > 0):
             raise InvalidTopology(f"an NVLink needs a positive link count, got {self!r}")
+        if self.pcie is not None and (self.kind is not LinkKind.NVLINK or self.pcie not in PCIE_LEVELS):
+            raise InvalidTopology(f"only an NVLink carries a PCIe level beneath it, got {self!r}")
 
     @classmethod
     def parse(cls, text: str) -> Link:

@@ -176,14 +176,15 @@ class Framework:
     def job_class(self, pod: PodRequest, cluster: Cluster) -> str | None:
         """The RoCE class this pod's GPUs should come from, or None for "any class".
 
-        A class the pod requests as a resource is a fact; otherwise the job's remembered
-        class; otherwise, for the first worker of a job, the cluster-wide choice,
-        remembered for the job's later workers. A pod in no job has no peers to share a
-        subnet with: any class (its best fit on each node) will do.
+        A class the pod requests as a resource is a fact (the admission webhook wrote it
+        from the job's Lease); otherwise the job's cached class; otherwise, for the first
+        worker of a job, the cluster-wide choice, cached for the job's later workers. A
+        pod in no job has no peers to share a subnet with: any class (its best fit on
+        each node) will do.
         """
         if pod.gpu_class is not None:
             if pod.job is not None:
-                self.jobs.remember(pod.job, pod.gpu_class)
+                self.jobs.set(pod.job, pod.gpu_class)
             return pod.gpu_class
         if pod.job is None:
             return None

@@ -1,9 +1,15 @@
-"""Which RoCE class each job's workers use, remembered per job with expiry.
+"""A per-replica cache of each job's RoCE class, for pods that do not carry one.
 
-The first worker of a job fixes the job's class; every later worker gets the same one
-so that all of them use NICs of one subnet. An entry lives ``ttl_s`` seconds after its
-last use (a finished job is forgotten; a running one keeps its class while workers
-arrive). The clock is injected. Called by the framework and ``GET /v1/roce-class``.
+The job's class is decided once, when its first worker is admitted: the admission
+webhook stores it in a ``coordination.k8s.io/v1`` Lease per job and rewrites every
+worker's ``nvidia.com/gpu`` into the class resource (``dsagent.io/gpu-roce<N>``), which
+the extender then reads from the pod itself (``docs/design.md#roce-class-choice``). This
+cache only serves clusters that run without that rewrite (no class device plugin): the
+first worker the extender sees fixes the job's class as a scoring preference, and later
+workers get the same one while the entry lives, ``ttl_s`` seconds after its last use.
+A class a pod requests as a resource replaces the cached one (it is the Lease's verdict).
+A cachetools TTL map; the clock is injected. Called by the framework and
+``GET /v1/roce-class``.
 """
 
 from __future__ import annotations
@@ -12,48 +18,42 @@ import threading
 import time
 from collections.abc import Callable
 
+from cachetools import TTLCache
+
 
 class JobClasses:
     """job key ("namespace/job") -> RoCE class name, with expiry. Thread-safe."""
 
-    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic, maxsize: int = 100_000) -> None:
         self.ttl_s = ttl_s
-        self._clock = clock
-        self._entries: dict[str, tuple[str, float]] = {}
+        self._entries: TTLCache[str, str] = TTLCache(maxsize=maxsize, ttl=ttl_s, timer=clock)
         self._lock = threading.Lock()
 
     def get(self, job: str) -> str | None:
         """The job's class, refreshing its expiry; None when unknown or expired."""
-        now = self._clock()
         with self._lock:
-            entry = self._entries.get(job)
-            if entry is None:
-                return None
-            if entry[1] <= now:
-                del self._entries[job]
-                return None
-            self._entries[job] = (entry[0], now + self.ttl_s)
-            return entry[0]
+            found = self._entries.get(job)
+            if found is not None:
+                self._entries[job] = found  # a use extends the entry's life
+            return found
 
     def remember(self, job: str, gpu_class: str) -> str:
         """Record the job's class unless it already has a live one; returns the class in force."""
-        now = self._clock()
         with self._lock:
-            entry = self._entries.get(job)
-            if entry is not None and entry[1] > now:
-                gpu_class = entry[0]
-            self._entries[job] = (gpu_class, now + self.ttl_s)
-            self._expire(now)
-            return gpu_class
+            found = self._entries.get(job)
+            chosen = found if found is not None else gpu_class
+            self._entries[job] = chosen
+            return chosen
 
-    def _expire(self, now: float) -> None:
-        if len(self._entries) < 1024:
-            return
-        for job in [j for j, (_, until) in self._entries.items() if until <= now]:
-            del self._entries[job]
+    def set(self, job: str, gpu_class: str) -> None:
+        """Record the job's class, replacing a cached one (a pod's class resource decides)."""
+        with self._lock:
+            self._entries[job] = gpu_class
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            self._entries.expire()
+            return len(self._entries)
 
 
 __all__ = ["JobClasses"]

@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from gpu_topology import GpuSet, Topology, best_gpu_set, roce_classes, topology_from_dict
+from gpu_topology.placement import parse_free_gpus
 from scheduler_plugin.podspec import parse_quantity
 from scheduler_plugin.wire import Node
 
@@ -327,16 +328,6 @@ def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceCl
     except Exception as exc:  # foreign data: any failure to read it means "cannot be parsed"
         return None, f"{TOPOLOGY_ANNOTATION} cannot be read: {exc}", ()
     return topology, None, classes
-
-
-def parse_free_gpus(text: Any) -> frozenset[int] | None:
-    """``"0,1,4,5"`` -> {0, 1, 4, 5}; ``""`` -> no free GPU; unreadable -> None (unknown)."""
-    if not isinstance(text, str):
-        return None
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not all(p.isdigit() for p in parts):
-        return None
-    return frozenset(int(p) for p in parts)
 
 
 __all__ = [

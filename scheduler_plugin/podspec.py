@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
+from dsplatform.jobs import job_key
 from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
 
@@ -65,7 +66,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     datasets, datasets_error = parse_datasets(annotations.get(DATASETS_ANNOTATION))
     gpus, gpu_class, gpus_error = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
-    job = next((f"{namespace}/{labels[k]}" for k in job_labels if labels.get(k)), None)
+    job = job_key(namespace, labels, job_labels)
     time, time_error = parse_profile(annotations, _timestamp(meta.get("creationTimestamp")))
     return PodRequest(
         key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,

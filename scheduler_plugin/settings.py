@@ -15,19 +15,13 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from dsplatform.jobs import DEFAULT_JOB_LABELS
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 from scheduler_plugin.errors import SettingsError
 
 PREFIX = "DSEXT_"
 
-DEFAULT_JOB_LABELS: tuple[str, ...] = (
-    "dsagent.io/job",
-    "training.kubeflow.org/job-name",
-    "volcano.sh/job-name",
-    "batch.kubernetes.io/job-name",
-    "job-name",
-)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

@@ -1,8 +1,10 @@
 """A small fake Kubernetes API server over real HTTP on 127.0.0.1, for tests.
 
 It speaks the JSON the unmodified official ``kubernetes`` client sends and accepts, for
-core ``Nodes`` and ``Pods`` and the ``Dataset`` custom resource (``dsagent.io/v1alpha1``,
-namespaced, with the status subresource):
+core ``Nodes`` and ``Pods``, ``coordination.k8s.io/v1`` ``Leases`` (namespaced, no status
+subresource; spec fields type-checked, ``acquireTime``/``renewTime`` stored as the
+server's RFC 3339 MicroTime in UTC) and the ``Dataset`` custom resource
+(``dsagent.io/v1alpha1``, namespaced, with the status subresource):
 
 - list (``resourceVersion`` in the list metadata, ``fieldSelector`` such as
   ``spec.nodeName=n1``, ``labelSelector`` with ``=``, ``==``, ``!=``, ``in``, ``notin``,
@@ -50,7 +52,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -66,16 +68,62 @@ class ResourceType:
     kind: str
     namespaced: bool
     status_subresource: bool = True
+    generation: bool = False  # metadata.generation counts spec changes (custom resources)
+    validate: Callable[[JSON], JSON] | None = None  # the server's checks and defaults on write
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
+_MICRO_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
+
+
+def _micro_time(value: Any, field_path: str) -> str:
+    """A MicroTime as the API server stores and returns it: RFC 3339, microseconds, UTC."""
+    match = _MICRO_TIME.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ApiError(400, "BadRequest",
+                       f'Lease in version "v1" cannot be handled as a Lease: {field_path}: '
+                       f"parsing time {json.dumps(value)} as RFC3339: cannot parse")
+    when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _validate_lease(obj: JSON) -> JSON:
+    """coordination.k8s.io/v1 Lease: spec field types as the API server decodes them."""
+    spec = obj.get("spec")
+    if spec is None:
+        obj["spec"] = spec = {}
+    if not isinstance(spec, dict):
+        raise ApiError(400, "BadRequest", "Lease in version \"v1\" cannot be handled as a Lease: spec: expected an object")
+    kinds = {"holderIdentity": str, "leaseDurationSeconds": int, "leaseTransitions": int,
+             "strategy": str, "preferredHolder": str}
+    for key, value in spec.items():
+        if value is None:
+            continue
+        if key in ("acquireTime", "renewTime"):
+            spec[key] = _micro_time(value, f"spec.{key}")
+        elif key in kinds:
+            if not isinstance(value, kinds[key]) or isinstance(value, bool):
+                raise ApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: '
+                                                  f"spec.{key}: expected {kinds[key].__name__}")
+        else:
+            raise ApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: '
+                                              f'json: unknown field "{key}"')
+    for key in ("leaseDurationSeconds", "leaseTransitions"):
+        if isinstance(spec.get(key), int) and spec[key] < 0:
+            raise ApiError(422, "Invalid", f"Lease.coordination.k8s.io \"{obj['metadata'].get('name')}\" is invalid: "
+                                           f"spec.{key}: Invalid value: {spec[key]}: must be greater than or equal to 0")
+    return obj
+
+
 RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType("", "v1", "nodes", "Node", namespaced=False),
     "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
-    "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True),
+    "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True, generation=True),
+    "leases": ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True,
+                           status_subresource=False, validate=_validate_lease),
 }
 
 
@@ -364,9 +412,12 @@ class Store:
             raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists',
                            name=name, kind=plural)
         obj["kind"], obj["apiVersion"] = rt.kind, rt.api_version
+        if rt.validate is not None:
+            obj = rt.validate(obj)
+            meta = obj["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(),
                     resourceVersion=self._next_rv())
-        if rt.group:
+        if rt.generation:
             meta["generation"] = 1
         self.objects[key] = obj
         self._emit(plural, "ADDED", obj)
@@ -406,9 +457,11 @@ class Store:
                 meta[immutable] = old["metadata"][immutable]
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         result["kind"], result["apiVersion"] = rt.kind, rt.api_version
+        if rt.validate is not None:
+            result = rt.validate(result)
         if result == old:
             return copy.deepcopy(old)  # a no-op write: same resourceVersion, no event
-        if rt.group and result.get("spec") != old.get("spec"):
+        if rt.generation and result.get("spec") != old.get("spec"):
             meta["generation"] = old["metadata"].get("generation", 1) + 1
         meta["resourceVersion"] = self._next_rv()
         self.objects[(plural, namespace, name)] = result
@@ -448,6 +501,8 @@ def _parse_path(path: str) -> _Target:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     group = match.group("group") or ""
     version = match.group("core") or match.group("version")
+    if match.group("sub") and not rt.status_subresource:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     if (group, version) != (rt.group, rt.version) or (match.group("namespace") and not rt.namespaced):
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     return _Target(rt, match.group("namespace"), match.group("name"), match.group("sub"))
@@ -941,6 +996,20 @@ def make_pod(name: str, *, namespace: str = "default", node_name: str | None = N
     }
 
 
+def make_lease(name: str, *, namespace: str = "default", holder: str | None = None,
+               duration_s: int | None = None, renew_time: str | None = None) -> JSON:
+    """A ``coordination.k8s.io/v1`` Lease."""
+    spec: JSON = {}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    if duration_s is not None:
+        spec["leaseDurationSeconds"] = duration_s
+    if renew_time is not None:
+        spec["acquireTime"] = spec["renewTime"] = renew_time
+    return {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
 def make_dataset(name: str, *, namespace: str = "default", source: str = "s3://bucket/data",
                  bundles: str | None = None, status: JSON | None = None) -> JSON:
     """A ``Dataset`` custom resource."""
@@ -964,6 +1033,7 @@ __all__ = [
     "json_patch",
     "label_selector_matches",
     "make_dataset",
+    "make_lease",
     "make_node",
     "make_pod",
     "merge_patch",

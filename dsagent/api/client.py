@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from dsagent import errors
-from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput
 from dsagent.cache.settings import default_root, socket_pointer
+from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput
 
 _BY_CODE: dict[str, type[DsagentError]] = {
     cls.code: cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, DsagentError)

@@ -33,8 +33,8 @@ from dsagent.api.schemas import (
     eviction_out,
     task_out,
 )
-from dsagent.errors import Unauthorized
 from dsagent.cache.service import CacheService
+from dsagent.errors import Unauthorized
 
 router = APIRouter()
 

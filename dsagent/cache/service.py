@@ -35,7 +35,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from dsagent.format.storage_errors import classify
 from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
@@ -60,6 +59,7 @@ from dsagent.cache.task import (
 from dsagent.cache.versions import Versions
 from dsagent.errors import DsagentError, NotFound
 from dsagent.format.manifest import Manifest
+from dsagent.format.storage_errors import classify
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")

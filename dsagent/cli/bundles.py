@@ -21,10 +21,10 @@ from typing import Any
 import click
 
 from dsagent.cli.options import output_option, source_options, store_options
-from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.errors import InvalidInput
-from dsagent.format.manifest import Manifest, Progress, read_manifest
+from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.format.digester import build_manifest
+from dsagent.format.manifest import Manifest, Progress, read_manifest
 from dsplatform.units import format_size, parse_size
 
 

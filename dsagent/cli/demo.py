@@ -92,8 +92,8 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
     import subprocess
     import sys
 
-    from dsagent.format.bundle import pack
     from dsagent.api.client import AgentClient
+    from dsagent.format.bundle import pack
     from dsagent.format.manifest import read_manifest
 
     lines: list[str] = []

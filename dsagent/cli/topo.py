@@ -14,15 +14,8 @@ from typing import Any
 
 import click
 
-from gpu_topology import (
-    Topology,
-    best_gpu_set,
-    discover,
-    nearest_nics,
-    pair_score,
-    roce_classes,
-)
-from gpu_topology.classes import DEFAULT_PREFIX
+from gpu_topology import Topology, best_gpu_set, discover, nearest_nics, pair_score, roce_classes
+from gpu_topology.classes import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode
 from gpu_topology.contract import topology_to_dict
 from gpu_topology.dumps import FORMATS, load_dump, parse_dump
 from gpu_topology.model import gpu_name
@@ -87,14 +80,22 @@ def topo() -> None:
     show_default=True,
     help="Resource name prefix of the RoCE classes (e.g. example.com/gpu-roce).",
 )
+@click.option(
+    "--classes",
+    "mode",
+    type=click.Choice([m.value for m in ClassMode], case_sensitive=False),
+    default=DEFAULT_MODE.value,
+    show_default=True,
+    help="How RoCE classes are cut: one per NUMA group of the RoCE NICs, per subnet, or one class.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the version-1 JSON contract.")
-def show(source: str | None, fmt: str, prefix: str, as_json: bool) -> None:
+def show(source: str | None, fmt: str, prefix: str, mode: str, as_json: bool) -> None:
     """Print the topology, its RoCE classes and the GPU-pair score matrix."""
     topology = _load(source, fmt)
     if as_json:
-        click.echo(json.dumps(topology_to_dict(topology, prefix=prefix), indent=2))
+        click.echo(json.dumps(topology_to_dict(topology, prefix=prefix, mode=mode), indent=2))
         return
-    click.echo("\n".join(render(topology, prefix=prefix)))
+    click.echo("\n".join(render(topology, prefix=prefix, mode=mode)))
 
 
 @topo.command("best")
@@ -133,7 +134,7 @@ def best(source: str | None, fmt: str, count: int, must_include: str | None, fre
     )
 
 
-def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
+def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX, mode: str = DEFAULT_MODE.value) -> list[str]:
     """The human-readable report ``dsctl topo show`` prints."""
     lines = [f"GPUs ({len(topology.gpus)})"]
     rows = [["GPU", "NUMA", "CPU AFFINITY", "PCI BUS ID", "NEAREST NICS"]]
@@ -156,8 +157,8 @@ def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
         addresses = ", ".join(nic.addresses) or "-"
         rows.append([nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), addresses])
     lines += _table(rows) if topology.nics else ["  (none)"]
-    classes = roce_classes(topology, prefix)
-    lines += ["", f"RoCE classes ({len(classes)})"]
+    classes = roce_classes(topology, prefix, mode)
+    lines += ["", f"RoCE classes ({len(classes)}, by {ClassMode.parse(mode)})"]
     rows = [["CLASS", "NICS", "NUMA", "GPUS", "SUBNETS"]]
     for cls in classes:
         gpus, subnets = ",".join(map(str, cls.gpus)), ",".join(cls.subnets) or "-"

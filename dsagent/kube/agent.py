@@ -27,13 +27,14 @@ publisher retry in the background.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from dsagent.cache.service import CacheService, DatasetRequest
@@ -80,6 +81,17 @@ class ClusterSettings(EnvSettings):
         if value <= 0:
             raise ValueError("must be positive")
         return value
+    class_mode: str = Field("numa", validation_alias=AliasChoices("class_mode", "DSAGENT_ROCE_CLASSES"))  # docs/design.md#roce-classes
+
+    @field_validator("class_mode")
+    @classmethod
+    def _class_mode(cls, value: str) -> str:
+        from gpu_topology import ClassMode, TopologyError
+
+        try:
+            return ClassMode.parse(value).value
+        except TopologyError as exc:
+            raise ValueError(f"{exc.message} (use numa, subnet or none)") from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
@@ -417,9 +429,17 @@ class ClusterAgent:
         except Exception as exc:  # no GPU, no nvidia-smi: publish without topology
             log.info("no GPU topology on node %s (%s); publishing the inventory only", self.node_name, exc)
             return
-        from gpu_topology import to_json
+        from gpu_topology import to_json, topology_to_dict
 
-        self._topology_json = to_json(topology)
+        try:
+            self._topology_json = to_json(topology, mode=self.cluster.class_mode)
+        except Exception as exc:  # subnet mode on a node whose NICs have no address yet
+            log.warning("RoCE classes by %s on node %s: %s; publishing the topology without classes",
+                        self.cluster.class_mode, self.node_name, exc)
+            document = topology_to_dict(topology)
+            document.pop("classMode", None)
+            document["classes"] = []
+            self._topology_json = json.dumps(document, separators=(",", ":"))
         self._topology = topology
         self._gpu_count = len(topology.gpus)
 
@@ -435,4 +455,4 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]
+__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "class_mode_from_env", "is_pod_uid"]

@@ -26,7 +26,6 @@ from typing import Any
 
 import tenacity
 
-
 log = logging.getLogger("dsagent.kube")
 PodJSON = dict[str, Any]
 OnEvent = Callable[[str, PodJSON], None]

@@ -8,8 +8,13 @@ server, a bug), the answer is ``allowed: true`` without a patch and with a warni
 user sees in ``kubectl``: this webhook never blocks a pod (and the chart registers it
 with ``failurePolicy: Ignore`` for when it is down).
 
+With ``DSAGENT_WEBHOOK_GPU_CLASSES=true`` it also rewrites a GPU pod's ``nvidia.com/gpu``
+request into its job's RoCE class resource (:mod:`dsagent.kube.gpuclass`), the job's
+class kept in a Lease per job.
+
 Serve it with ``python -m dsagent.kube.webhook`` (settings from ``DSAGENT_WEBHOOK_*``:
-``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``).
+``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``; for GPU
+classes ``GPU_CLASSES``, ``GPU_RESOURCE``, ``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dsagent.cache.settings import parse_listen
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsagent.kube import annotation
 from dsagent.kube.datasets import Dataset
+from dsagent.kube.gpuclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.kube.mutation import Injection, JSONPatch, mutate, resolve
 
 log = logging.getLogger("dsagent.webhook")
@@ -46,6 +52,7 @@ class _Request(BaseModel):
     namespace: str | None = None
     operation: str | None = None
     object: dict[str, Any] | None = None
+    dryRun: bool | None = None
 
 
 class _Review(BaseModel):
@@ -63,8 +70,31 @@ class Decision:
     warnings: tuple[str, ...] = ()
 
 
-def decide(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
-    """What to do with one pod; never raises (an error becomes a warning and no patch)."""
+def decide(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup,
+           gpu: GpuClassPolicy | None = None, *, dry_run: bool = False) -> Decision:
+    """What to do with one pod: wire its datasets and (with ``gpu``) give its GPU request
+    its job's class; never raises (an error becomes a warning and no patch for that part)."""
+    datasets = _decide_datasets(pod, namespace, injection, lookup)
+    if gpu is None:
+        return datasets
+    annotated = (pod.get("metadata") or {}).get("annotations") is not None or any(
+        op.get("path") == "/metadata/annotations" for op in datasets.patch)
+    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
+    try:
+        classes = gpu.decide(pod, namespace, annotations_exist=annotated, dry_run=dry_run)
+    except DsagentError as exc:
+        reason = str(exc)
+    except Exception as exc:  # never block a pod on a bug; keep it visible
+        log.exception("assigning a GPU class to %s/%s failed", namespace, name)
+        reason = f"internal error ({type(exc).__name__})"
+    else:
+        return Decision(datasets.patch + classes.patch, datasets.warnings + classes.warnings)
+    log.warning("pod %s/%s admitted without a GPU class: %s", namespace, name, reason)
+    return Decision(datasets.patch, datasets.warnings + (
+        f"dsplatform: GPU class not assigned, the pod keeps its GPU request: {reason}",))
+
+
+def _decide_datasets(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
     try:
         refs = annotation.datasets_of(pod)
@@ -94,8 +124,9 @@ def response(uid: str, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": body}
 
 
-def create_app(injection: Injection, lookup: Lookup) -> FastAPI:
-    """The webhook's ASGI app; ``lookup`` reads Datasets (blocking: run in a thread)."""
+def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None = None) -> FastAPI:
+    """The webhook's ASGI app; ``lookup`` reads Datasets and ``gpu`` assigns GPU classes
+    (both blocking: run in a thread)."""
     app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.post("/mutate")
@@ -110,7 +141,8 @@ def create_app(injection: Injection, lookup: Lookup) -> FastAPI:
         namespace = req.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
         if pod.get("kind", "Pod") != "Pod" or req.operation not in (None, "CREATE"):
             return JSONResponse(response(req.uid, Decision([])))
-        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup)
+        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu,
+                                           dry_run=bool(req.dryRun))
         return JSONResponse(response(req.uid, decision))
 
     @app.get("/healthz")
@@ -132,6 +164,7 @@ class WebhookSettings:
     key_file: Path | None
     injection: Injection
     kubeconfig: str | None = None
+    gpu_classes: GpuClassSettings = GpuClassSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings:
@@ -144,7 +177,8 @@ class WebhookSettings:
         if bool(cert) != bool(key):
             raise SettingsError(f"set both {ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE, or neither")
         return cls(host, port, Path(cert) if cert else None, Path(key) if key else None,
-                   _injection(env.get(ENV_PREFIX + "INJECTION_FILE")), env.get(ENV_PREFIX + "KUBECONFIG"))
+                   _injection(env.get(ENV_PREFIX + "INJECTION_FILE")), env.get(ENV_PREFIX + "KUBECONFIG"),
+                   GpuClassSettings.from_env(env, ENV_PREFIX))
 
 
 def _injection(path: str | None) -> Injection:
@@ -169,8 +203,12 @@ def serve(settings: WebhookSettings) -> None:
     from dsagent.kube import apiclient
     from dsagent.kube.datasets import DatasetClient
 
-    client = DatasetClient(apiclient.load(settings.kubeconfig), request_timeout=2.0)
-    app = create_app(settings.injection, client.get)
+    api_client = apiclient.load(settings.kubeconfig)
+    client = DatasetClient(api_client, request_timeout=2.0)
+    gpu = None
+    if settings.gpu_classes.enabled:
+        gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
+    app = create_app(settings.injection, client.get, gpu)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
                 ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
                 ssl_keyfile=str(settings.key_file) if settings.key_file else None)

@@ -50,10 +50,26 @@ from google.protobuf import wrappers_pb2
 from dsagent import __version__
 from dsagent.cache.service import CacheService, TaskRecord
 from dsagent.cache.settings import Settings
-from dsagent.errors import Conflict, DsagentError, InsufficientSpace, InvalidInput, NotFound, SettingsError, TransientError
+from dsagent.errors import (
+    Conflict,
+    DsagentError,
+    InsufficientSpace,
+    InvalidInput,
+    NotFound,
+    SettingsError,
+    TransientError,
+)
 from dsagent.kubelet import mounts
 from dsagent.kubelet.proto.csi import csi_pb2, csi_pb2_grpc
-from dsagent.kubelet.volumes import VolumeRecord, Volumes, check_target, datasets_from_context, pod_info, validate_volume_id, write_atomic
+from dsagent.kubelet.volumes import (
+    VolumeRecord,
+    Volumes,
+    check_target,
+    datasets_from_context,
+    pod_info,
+    validate_volume_id,
+    write_atomic,
+)
 
 log = logging.getLogger("dsagent.csi")
 POLL_SECONDS = 0.2  # how often a watcher looks at its task while datasets are pending

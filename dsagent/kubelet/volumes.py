@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dsagent.format.durable import fsync_dir
 from dsagent.cache.task import DatasetRequest
 from dsagent.errors import InvalidInput
+from dsagent.format.durable import fsync_dir
 from dsagent.format.names import validate_name
 
 #: Pod info keys the kubelet puts in the volume context (``podInfoOnMount: true``).

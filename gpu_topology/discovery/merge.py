@@ -3,7 +3,8 @@
 Called by :func:`gpu_topology.discovery.discover`. The first topology wins every value
 both know; the second fills what the first lacks. GPUs are matched by PCI bus id when
 both sides know it, else by index; NICs by name. Links the first lacks are taken from
-the second (so sysfs's PCIe levels complete an NVML view, never override it).
+the second (so sysfs's PCIe levels complete an NVML view, never override it), and an
+NVLink the first saw without the PCIe level beneath it takes the second's measured level.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def merge(first: Topology, second: Topology) -> Topology:
     for a, row in second.links.items():
         for b, link in row.items():
             if a in rename and b in rename:
-                links.setdefault(rename[a], {}).setdefault(rename[b], link)
-                links.setdefault(rename[b], {}).setdefault(rename[a], link)
+                for x, y in ((rename[a], rename[b]), (rename[b], rename[a])):
+                    ours = links.setdefault(x, {}).setdefault(y, link)
+                    if ours.kind is link.kind and ours.nvlinks == link.nvlinks and ours.pcie is None:
+                        links[x][y] = link  # the same NVLink with its PCIe level measured
     return Topology(gpus=tuple(gpus), nics=tuple(nics), links=links)
 
 

@@ -8,7 +8,8 @@ NCCL derives its paths, in ``nvidia-smi``'s words:
 * GPU-GPU over NVLink: the bonded link count when one GPU's ``nvlink`` targets the
   other; through NVSwitches (targets of class 0x068000, or in dumps without ``tclass``
   any target that is not a GPU) the smaller of the two GPUs' switch link totals (an
-  H100 with 18 switch links is NV18 to its peers).
+  H100 with 18 switch links is NV18 to its peers). The NVLink keeps the two GPUs' PCIe
+  level (below) as the level beneath it, which go-gpuallocator's pair score adds.
 * Otherwise by PCIe position: both under one bridge/switch element -> PIX; several
   bridges -> PXB; only the CPU in common -> PHB (NCCL cannot tell host bridges apart,
   so it never yields NODE); different CPUs -> SYS.
@@ -155,13 +156,14 @@ def _classify_untyped_targets(gpus: list[_Device]) -> None:
 
 def _link(a: _Device, b: _Device, bus_to_gpu: dict[str, str]) -> Link:
     both_gpus = a.name.startswith("GPU") and b.name.startswith("GPU") and a.busid in bus_to_gpu
+    pcie = _pcie_level(a.path, b.path)
     if both_gpus:
         direct = a.nvlinks.get(b.busid or "", 0) or b.nvlinks.get(a.busid or "", 0)
         if direct:
-            return Link(LinkKind.NVLINK, direct)
+            return Link(LinkKind.NVLINK, direct, pcie=pcie)
         if a.switch_links and b.switch_links:
-            return Link(LinkKind.NVLINK, min(a.switch_links, b.switch_links))
-    return Link(_pcie_level(a.path, b.path))
+            return Link(LinkKind.NVLINK, min(a.switch_links, b.switch_links), pcie=pcie)
+    return Link(pcie)
 
 
 def _pcie_level(a: tuple[str, ...], b: tuple[str, ...]) -> LinkKind:

@@ -9,6 +9,17 @@ on any run of whitespace, never on exact tabs: a link cell never contains a spac
 the multi-word attribute headers (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``)
 are recognised as phrases.
 
+Attribute cells may be empty: in a container whose cgroup limits its CPUs, ``CPU
+Affinity`` (sometimes ``NUMA Affinity``) prints nothing. When a row has fewer attribute
+values than the header has columns, its tabs place them (nvidia-smi ends every cell with
+a tab, so ``CPU Affinity`` and ``NUMA Affinity`` are the first two tab fields after the
+links; the padding tabs after them precede ``GPU NUMA ID``); without tabs, the values'
+columns must line up under the header's, or the row is refused rather than misread.
+
+Text copied from web pages and documents is cleaned first: terminal escape codes, also
+those that lost their ESC byte (``[4m``, ``^[[0m``), and a comment marker (``#`` or
+``//``) in front of every line. Other prefixes are refused with a message naming them.
+
 ``nvidia-smi`` prints no NUMA node for NICs; a NIC gets the NUMA node shared by every
 GPU within non-SYS reach of it (a non-SYS link never leaves a NUMA node).
 """
@@ -26,6 +37,11 @@ from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology, normalize_bus_id
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Escape codes that lost their ESC byte on the way through a web page or a document
+# (``[4m``), or carry it in caret or symbol notation (``^[[4m``, ``\u241b[4m``).
+_LOST_ESCAPE = re.compile(r"(?:\^\[|\u241b)?\[[0-9;]*m")
+_COMMENT = re.compile(r"^[ \t]*(#|//)[ \t]?")
+_POSITIONAL = ("CPU Affinity", "NUMA Affinity")  # the first tab fields after the links
 _ATTRIBUTES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _ATTRIBUTE_RE = re.compile(r"CPU\s+Affinity|NUMA\s+Affinity|GPU\s+NUMA\s+ID")
 _GPU = re.compile(r"^GPU(\d+)$")
@@ -41,11 +57,13 @@ _UNKNOWN = {"", "N/A", "NA", "-"}
 class _Header:
     devices: tuple[str, ...]
     attributes: tuple[str, ...]
+    device_columns: tuple[int, ...] = ()  # where each device name starts (tabs expanded)
+    attribute_columns: tuple[int, ...] = ()
 
 
 def parse_topo_matrix(text: str) -> Topology:
     """Read the output of ``nvidia-smi topo -m`` into a :class:`Topology`."""
-    lines = _ANSI.sub("", text).replace("\r", "").split("\n")
+    lines = _clean_lines(text)
     at, header = _find_header(lines)
     rows = _read_rows(lines[at + 1 :], header, first_line=at + 2)
     legend = _nic_legend(lines)
@@ -100,12 +118,41 @@ def parse_gpu_query(text: str) -> dict[int, tuple[str | None, str | None]]:
     return found
 
 
+def _clean_lines(text: str) -> list[str]:
+    """The text's lines without escape codes and, when the header carries one, without
+    the comment marker in front of the lines."""
+    text = _LOST_ESCAPE.sub("", _ANSI.sub("", text)).replace("\r", "")
+    lines = text.split("\n")
+    uncommented = [_COMMENT.sub("", line, count=1) for line in lines]
+    at = _header_at(uncommented)
+    if at is not None and _COMMENT.match(lines[at]):
+        return uncommented
+    return lines
+
+
+def _is_header(line: str) -> bool:
+    tokens = line.split()
+    return bool(tokens) and _GPU.match(tokens[0]) is not None and not any(_LINK.match(t) for t in tokens)
+
+
+def _header_at(lines: Sequence[str]) -> int | None:
+    return next((at for at, line in enumerate(lines) if _is_header(line)), None)
+
+
 def _find_header(lines: Sequence[str]) -> tuple[int, _Header]:
-    for at, line in enumerate(lines):
-        tokens = line.split()
-        if any(_GPU.match(t) for t in tokens) and not any(_LINK.match(t) for t in tokens):
-            labels = {rest.split()[0] for rest in lines[at + 1 :] if rest.split()}
-            return at, _parse_header(line, at + 1, labels)
+    at = _header_at(lines)
+    if at is not None:
+        labels = {rest.split()[0] for rest in lines[at + 1 :] if rest.split()}
+        return at, _parse_header(lines[at], at + 1, labels)
+    for number, line in enumerate(lines, start=1):
+        found = re.search(r"GPU0(?![0-9])", line)
+        if found and line[: found.start()].strip():
+            prefix = line[: found.start()].strip()
+            raise ParseError(
+                f"line {number} names GPU0 after {prefix!r}, which 'nvidia-smi topo -m' never prints",
+                hint=f"strip {prefix!r} (and whatever else the copy added) from the start of every line, "
+                "then pass the output as printed",
+            )
     raise ParseError(
         "no 'nvidia-smi topo -m' header (a line naming GPU0 ...) found",
         hint="pass the output of 'nvidia-smi topo -m' as it was printed",
@@ -118,10 +165,18 @@ def _parse_header(line: str, number: int, row_labels: set[str]) -> _Header:
     # A column is a device when it looks like one or has a row of its own (bnxt_re_bond).
     odd = [d for d in devices if not (_GPU.match(d) or _NIC.match(d) or d in row_labels)]
     if odd:
-        raise ParseError(f"line {number}: unexpected column(s) {', '.join(odd)} in the topology header")
+        escapes = any(re.search(r"[\[\]^;]", d) for d in odd)
+        raise ParseError(
+            f"line {number}: unexpected column(s) {', '.join(odd)} in the topology header",
+            hint="strip the terminal escape codes (such as '[4m') the copy left" if escapes else None,
+        )
     if len(set(devices)) != len(devices):
         raise ParseError(f"line {number}: a device column appears twice")
-    return _Header(devices=devices, attributes=attributes)
+    wide = line.expandtabs(8)
+    attribute_columns = tuple(m.start() for m in _ATTRIBUTE_RE.finditer(wide))
+    masked = _ATTRIBUTE_RE.sub(lambda m: " " * len(m.group(0)), wide)
+    device_columns = tuple(m.start() for m in re.finditer(r"\S+", masked))
+    return _Header(devices, attributes, device_columns, attribute_columns)
 
 
 _Row = tuple[tuple[Link | None, ...], dict[str, str]]
@@ -139,9 +194,55 @@ def _read_rows(lines: Sequence[str], header: _Header, *, first_line: int) -> dic
             break  # the legend or anything after the matrix
         width = len(header.devices)
         cells = tuple(_cell(t, number, tokens[0]) for t in tokens[1 : width + 1])
-        attrs = dict(zip(header.attributes, tokens[width + 1 :]))
-        rows[tokens[0]] = (cells, attrs)
+        rows[tokens[0]] = (cells, _attributes(line, number, header))
     return rows
+
+
+def _attributes(line: str, number: int, header: _Header) -> dict[str, str]:
+    """The row's attribute cells by header column; see the module docstring."""
+    width = len(header.devices)
+    values = line.split()[width + 1 :]
+    if len(values) >= len(header.attributes) or not values:
+        return dict(zip(header.attributes, values))
+    if "\t" in line:
+        fields = line.split("\t")
+        seen = at = 0
+        while at < len(fields) and seen < width + 1:  # the row label and its link cells
+            seen += bool(fields[at].strip())
+            at += 1
+        rest = [f.strip() for f in fields[at:]]
+        lead = 0
+        while lead < len(header.attributes) and header.attributes[lead] in _POSITIONAL:
+            lead += 1
+        found = {a: rest[i] for i, a in enumerate(header.attributes[:lead]) if i < len(rest) and rest[i]}
+        found.update(zip(header.attributes[lead:], [f for f in rest[lead:] if f]))
+        return found
+    return _aligned(line, number, header, values)
+
+
+def _aligned(line: str, number: int, header: _Header, values: list[str]) -> dict[str, str]:
+    """Attribute values placed by their column under the header (tabs expanded)."""
+    wide = line.expandtabs(8)
+    starts = [m.start() for m in re.finditer(r"\S+", wide)]
+    width = len(header.devices)
+    # Calibrate on the first link cell that is not X (X is centred in its cell).
+    offset = None
+    for j in range(width):
+        if j + 1 < len(starts) and wide[starts[j + 1]] != "X" and j < len(header.device_columns):
+            offset = starts[j + 1] - header.device_columns[j]
+            break
+    found: dict[str, str] = {}
+    for value, start in zip(values, starts[width + 1 :]):
+        column = None if offset is None else start - offset
+        match = [a for a, c in zip(header.attributes, header.attribute_columns) if column is not None and abs(c - column) <= 1]
+        if not match:
+            raise ParseError(
+                f"line {number}: {len(values)} attribute value(s) for the {len(header.attributes)} columns "
+                f"{', '.join(header.attributes)}, and the tabs that would place the empty ones are lost",
+                hint="pass the output as printed, with its tabs (e.g. nvidia-smi topo -m > topo.txt)",
+            )
+        found[match[0]] = value
+    return found
 
 
 def _cell(token: str, number: int, row: str) -> Link | None:

@@ -117,13 +117,15 @@ class NvmlBackend(Backend):
         return peers, switch
 
     def _pair(self, nvml: Any, handles: list[Any], nvlinks: list[tuple[dict[int, int], int]], a: int, b: int) -> Link:
+        level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
+        pcie = _ANCESTOR_LEVELS.get(int(level), LinkKind.SYS)
+        # go-gpuallocator scores an NVLinked pair by its NVLinks plus this PCIe level.
         direct = nvlinks[a][0].get(b, 0) or nvlinks[b][0].get(a, 0)
         if direct:
-            return Link(LinkKind.NVLINK, direct)
+            return Link(LinkKind.NVLINK, direct, pcie=pcie)
         if nvlinks[a][1] and nvlinks[b][1]:
-            return Link(LinkKind.NVLINK, min(nvlinks[a][1], nvlinks[b][1]))
-        level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
-        return Link(_ANCESTOR_LEVELS.get(int(level), LinkKind.SYS))
+            return Link(LinkKind.NVLINK, min(nvlinks[a][1], nvlinks[b][1]), pcie=pcie)
+        return Link(pcie)
 
 
 def _text(value: str | bytes) -> str:

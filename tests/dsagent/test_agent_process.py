@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dsagent.cache import inventory as inventory_schema
-from dsagent.format.bundle import pack, verify_tree
 from dsagent.errors import Conflict, InsufficientSpace, NotFound
+from dsagent.format.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest, read_manifest
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, wait_ready
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.errors import Conflict, IntegrityError
+from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from dsagent.format.bundle import plan_bundles
 from dsagent.errors import InvalidInput
+from dsagent.format.bundle import plan_bundles
 from dsagent.format.manifest import FileEntry, bundle_digest
 
 TRIALS = 1500

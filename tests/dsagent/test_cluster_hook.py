@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dsagent.api import create_app
-from dsagent.cli.agent import KubernetesUnavailable, companions, load_cluster_agent
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
+from dsagent.cli.agent import KubernetesUnavailable, companions, load_cluster_agent
 
 
 class RecordingClusterAgent:

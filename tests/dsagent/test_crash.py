@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.errors import NotFound
+from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import write_tree
 

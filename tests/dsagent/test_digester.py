@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.format import digester
 from dsagent.format.digestcache import DigestCache
-from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
-from dsagent.format.hashing import CHUNK_SIZE, hash_fd
 from dsagent.format.digester import build_manifest
+from dsagent.format.hashing import CHUNK_SIZE, hash_fd
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 # Tests that force the process path fork beside the daemon threads other tests leave (fsspec's

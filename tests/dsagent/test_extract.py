@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from dsagent.format.bundle import pack, unpack, unpack_bundle
 from dsagent.errors import IntegrityError, UnsafeArchive
+from dsagent.format.bundle import pack, unpack, unpack_bundle
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
 

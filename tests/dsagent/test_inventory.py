@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from dsagent.errors import InvalidInput
 from dsagent.cache.inventory import compact, validate
+from dsagent.errors import InvalidInput
 
 
 def inventory(datasets: dict[str, Any]) -> dict[str, Any]:

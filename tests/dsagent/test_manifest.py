@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from pathlib import Path
 
 import fsspec
 import pytest
 import xxhash
 
-from dsagent.format.digestcache import DigestCache
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
-from dsagent.format.manifest import CHUNK_SIZE, FileEntry, FileHasher, Manifest, dataset_digest, hash_file, read_manifest, read_manifest_header
 from dsagent.format.digester import build_manifest
-from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
+from dsagent.format.manifest import (
+    CHUNK_SIZE,
+    FileEntry,
+    FileHasher,
+    Manifest,
+    dataset_digest,
+    hash_file,
+    read_manifest,
+    read_manifest_header,
+)
+from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES
 
 
 def _entry(path: str, data: bytes, mtime_ns: int = 0) -> FileEntry:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import fsspec
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.errors import SettingsError
 from dsagent.cache.settings import Settings, parse_listen
+from dsagent.errors import SettingsError
 from dsplatform.units import parse_duration
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from dsagent.cache.catalog import Catalog
-from dsagent.errors import InvalidInput
+from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.service import CacheService, DatasetRequest, redact_url
 from dsagent.cache.settings import Settings
-from dsagent.cache.layout import Store, validate_name
+from dsagent.errors import InvalidInput
 
 DIGEST = "ab" * 16
 

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsplatform.units import UnitError
-from dsplatform.units import format_size, parse_size
+from dsplatform.units import UnitError, format_size, parse_size
 
 
 @pytest.mark.parametrize(

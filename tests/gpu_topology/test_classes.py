@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_topology import (
-    Gpu,
-    InvalidTopology,
-    Link,
-    Nic,
-    Topology,
-    nearest_nics,
-    roce_classes,
-)
+from gpu_topology import ClassMode, Gpu, InvalidTopology, Link, Nic, Topology, nearest_nics, roce_classes
 from tests.gpu_topology.conftest import build
 
 
@@ -55,7 +47,7 @@ def two_socket(nic_numa: dict[str, int | None], links: dict[tuple[str, str], str
             {"mlx5_0": 0, "mlx5_1": 1},
             {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_0"): "NODE", ("GPU2", "mlx5_1"): "PXB", ("GPU3", "mlx5_1"): "PXB"},
             [(("mlx5_0",), (0, 1), 0), (("mlx5_1",), (2, 3), 1)],
-            id="nics-on-two-numa-nodes-split-one-class-per-nic",
+            id="nics-on-two-numa-nodes-split-one-class-per-numa-node",
         ),
         pytest.param(
             {"mlx5_0": 0, "mlx5_1": 0},
@@ -78,8 +70,8 @@ def two_socket(nic_numa: dict[str, int | None], links: dict[tuple[str, str], str
         pytest.param(
             {"mlx5_0": 0, "mlx5_1": 0, "mlx5_2": 1},
             {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_1"): "PIX", ("GPU2", "mlx5_2"): "PIX", ("GPU3", "mlx5_2"): "PIX"},
-            [(("mlx5_0",), (0,), 0), (("mlx5_1",), (1,), 0), (("mlx5_2",), (2, 3), 1)],
-            id="split-is-per-nic-even-on-one-numa-node",
+            [(("mlx5_0", "mlx5_1"), (0, 1), 0), (("mlx5_2",), (2, 3), 1)],
+            id="nics-of-one-numa-node-share-a-class-even-when-near-different-gpus",
         ),
         pytest.param(
             {"mlx5_0": 0, "mlx5_1": 0, "mlx5_2": 1},
@@ -152,3 +144,68 @@ def test_the_class_name_prefix_is_configurable(prefix: str) -> None:
 def test_an_invalid_prefix_is_refused(prefix: str) -> None:
     with pytest.raises(InvalidTopology, match="invalid resource class prefix"):
         roce_classes(build({("GPU0", "a"): "PIX"}), prefix=prefix)
+
+
+def eight_rails(subnets: dict[int, str] | None = None) -> Topology:
+    """8 GPUs, one PIX NIC each (rail-optimised H100 style), GPUs 0-3 and NICs 0-3 on NUMA 0."""
+    subnets = subnets or {}
+    return Topology(
+        gpus=tuple(Gpu(i, numa_node=i // 4) for i in range(8)),
+        nics=tuple(
+            Nic(f"mlx5_{i}", numa_node=i // 4, subnets=(subnets[i],) if i in subnets else ())
+            for i in range(8)
+        ),
+        links={
+            f"GPU{g}": {f"mlx5_{n}": Link.parse("PIX" if g == n else ("NODE" if g // 4 == n // 4 else "SYS")) for n in range(8)}
+            for g in range(8)
+        },
+    )
+
+
+def test_numa_mode_gives_one_class_per_numa_group_not_per_nic() -> None:
+    found = roce_classes(eight_rails())
+    assert [(c.name, c.nics, c.gpus, c.numa_node) for c in found] == [
+        ("gpu-roce1", tuple(f"mlx5_{i}" for i in range(4)), (0, 1, 2, 3), 0),
+        ("gpu-roce2", tuple(f"mlx5_{i}" for i in range(4, 8)), (4, 5, 6, 7), 1),
+    ]
+    assert roce_classes(eight_rails(), mode="numa") == found == roce_classes(eight_rails(), mode=ClassMode.NUMA)
+
+
+def test_none_mode_gives_one_class_of_every_gpu() -> None:
+    (only,) = roce_classes(eight_rails(), mode="none")
+    assert (only.name, only.gpus, len(only.nics), only.numa_node) == ("gpu-roce1", tuple(range(8)), 8, None)
+
+
+def test_subnet_mode_gives_one_class_per_subnet_ordered_by_subnet() -> None:
+    # Two subnets that cut across the NUMA groups: even rails on 10.0.2.0/24, odd on 10.0.1.0/24.
+    topology = eight_rails({i: ("10.0.2.0/24" if i % 2 == 0 else "10.0.1.0/24") for i in range(8)})
+    found = roce_classes(topology, mode="subnet")
+    assert [(c.name, c.gpus, c.subnets, c.numa_node) for c in found] == [
+        ("gpu-roce1", (1, 3, 5, 7), ("10.0.1.0/24",), None),
+        ("gpu-roce2", (0, 2, 4, 6), ("10.0.2.0/24",), None),
+    ]
+    # The NUMA rule on the same node would cut it the other way.
+    assert [c.gpus for c in roce_classes(topology)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def test_subnet_mode_with_one_subnet_per_rail_gives_one_class_per_rail() -> None:
+    topology = eight_rails({i: f"10.0.{i}.0/24" for i in range(8)})
+    assert [c.gpus for c in roce_classes(topology, mode="subnet")] == [(i,) for i in range(8)]
+
+
+def test_subnet_mode_refuses_a_gpu_affine_nic_without_subnet() -> None:
+    topology = eight_rails({i: "10.0.0.0/24" for i in range(7)})
+    with pytest.raises(InvalidTopology, match="mlx5_7 has none") as caught:
+        roce_classes(topology, mode="subnet")
+    assert "numa" in (caught.value.hint or "")
+
+
+@pytest.mark.parametrize("mode", ["NUMA", " subnet", "None"])
+def test_modes_are_read_in_any_case(mode: str) -> None:
+    assert ClassMode.parse(mode).value == mode.strip().lower()
+
+
+@pytest.mark.parametrize("mode", ["", "nic", "per-nic", "1"])
+def test_an_unknown_mode_is_refused(mode: str) -> None:
+    with pytest.raises(InvalidTopology, match="unknown RoCE class mode"):
+        roce_classes(eight_rails(), mode=mode)

@@ -48,7 +48,8 @@ def test_show_prints_gpus_nics_classes_and_the_score_matrix(topology_fixtures: P
     assert any(line.split() == ["mlx5_1", "1", "-", "-", "-", "-"] for line in lines)
     assert any(line.split() == ["gpu-roce2", "mlx5_1", "1", "4,5,6,7", "-"] for line in lines)
     row = next(line for line in lines if line.startswith("  GPU0 "))
-    assert row.split() == ["GPU0", "-", "100", "200", "100", "10", "10", "10", "200"]
+    # NVLink + the PCIe level beneath it (NODE inside a socket, SYS across): go-gpuallocator's rule.
+    assert row.split() == ["GPU0", "-", "120", "220", "120", "10", "10", "10", "210"]
 
 
 def test_show_uses_the_class_prefix(topology_fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,14 +78,14 @@ def test_show_reads_stdin(topology_fixtures: Path, capsys: pytest.CaptureFixture
 
 def test_best_prints_the_chosen_set_and_its_score(topology_fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = fixture(topology_fixtures, "dgx1")
-    # GPU2-GPU3 NV2; GPU0 is NV2 to GPU3 and NV1 to GPU2, GPU1 the other way round: a tie
-    # at 500 that goes to the lower index.
+    # GPU2-GPU3 NV2 over PIX (250); GPU0 is NV2 to GPU3 and NV1 to GPU2, GPU1 the other way
+    # round, all over PHB: a tie at 610 that goes to the partition found first, {0,2,3}.
     code, out, _ = run(["topo", "best", "--from", path, "--count", "3", "--must-include", "2,3", "--free", "0,1,2,3"], capsys)
     assert code == 0
-    assert out.strip() == "GPUs 0,2,3  score 500  single NUMA node: yes  closest NIC: PIX"
+    assert out.strip() == "GPUs 0,2,3  score 610  single NUMA node: yes  closest NIC: PIX"
     code, out, _ = run(["topo", "best", "--from", path, "-k", "2", "--free", "0,4,7", "--json"], capsys)
     assert code == 0
-    assert json.loads(out) == {"gpus": [4, 7], "score": 200, "singleNuma": True, "nicLevel": "PIX"}
+    assert json.loads(out) == {"gpus": [4, 7], "score": 230, "singleNuma": True, "nicLevel": "PIX"}
 
 
 @pytest.mark.parametrize(

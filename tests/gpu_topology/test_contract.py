@@ -168,3 +168,37 @@ def test_contract_errors_carry_the_cli_and_http_codes() -> None:
     with pytest.raises(ParseError) as excinfo:
         from_json("{")
     assert (excinfo.value.exit_code, excinfo.value.http_status, excinfo.value.code) == (2, 400, "topology_parse_error")
+
+
+@pytest.mark.parametrize(("mode", "count"), [("numa", 2), ("none", 1)])
+def test_the_document_says_how_its_classes_were_cut(read_fixture: Callable[[str], str], mode: str, count: int) -> None:
+    topology = parse_dump(read_fixture("mystous-8xH100-11nic-ansi-escapes-captured"))
+    document = topology_to_dict(topology, mode=mode)
+    assert document["classMode"] == mode
+    assert len(document["classes"]) == count
+    assert len(classes_from_dict(json.loads(to_json(topology, mode=mode)))) == count
+
+
+def test_a_document_with_an_unknown_class_mode_is_refused() -> None:
+    with pytest.raises(ParseError, match="classMode"):
+        topology_from_dict({**minimal(), "classMode": "per-nic"})
+
+
+def test_measured_pcie_levels_beneath_nvlinks_round_trip(read_fixture: Callable[[str], str]) -> None:
+    topology = parse_dump(read_fixture("ibm-cloud-gx3d-8xH100-vsi-nccl-topo"))
+    document = topology_to_dict(topology)
+    assert document["nvlinkPcie"]["GPU0"]["GPU1"] == "PHB"
+    assert document["nvlinkPcie"]["GPU0"]["GPU7"] == "SYS"
+    assert "GPU1" not in document["nvlinkPcie"] or "GPU0" not in document["nvlinkPcie"]["GPU1"]  # one direction
+    back = topology_from_dict(json.loads(json.dumps(document)))
+    assert back == topology
+    assert back.link("GPU1", "GPU0") == topology.link("GPU0", "GPU1")
+
+
+def test_nvidia_smi_matrices_publish_no_measured_pcie_levels(read_fixture: Callable[[str], str]) -> None:
+    assert topology_to_dict(parse_dump(read_fixture(DGX_A100)))["nvlinkPcie"] == {}
+
+
+def test_a_bad_nvlink_pcie_level_is_refused() -> None:
+    with pytest.raises(ParseError, match="nvlinkPcie"):
+        topology_from_dict({**minimal(), "nvlinkPcie": {"GPU0": {"GPU1": "NV2"}}})

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpu_topology import BackendUnavailable, DiscoveryError, ParseError, discover
+from gpu_topology import BackendUnavailable, DiscoveryError, Gpu, Link, LinkKind, ParseError, Topology, discover
 from gpu_topology.discovery import get_backend
 from gpu_topology.discovery.merge import merge
 from gpu_topology.discovery.nccl_xml import NcclXmlBackend, parse_nccl_xml
@@ -215,6 +215,8 @@ def test_nccl_direct_nvlinks_nested_switches_and_cpu_masks() -> None:
     )
     topology = parse_nccl_xml(text)
     assert str(topology.link("GPU0", "GPU1")) == "NV2"
+    # The PCIe path beneath the NVLink is kept: GPU0 and GPU1 meet under 0000:10:00.0.
+    assert topology.link("GPU0", "GPU1").pcie is LinkKind.PXB  # type: ignore[union-attr]
     assert str(topology.link("GPU1", "mlx5_0")) == "PIX"
     assert str(topology.link("GPU0", "mlx5_0")) == "PXB"
     assert str(topology.link("GPU0", "GPU2")) == "PHB"
@@ -316,6 +318,7 @@ def test_nvml_maps_nvlinks_switches_and_common_ancestors() -> None:
     )
     topology = NvmlBackend(nvml=fake).discover()
     assert str(topology.link("GPU0", "GPU1")) == "NV2"
+    assert topology.link("GPU0", "GPU1") == Link(LinkKind.NVLINK, 2, pcie=LinkKind.PHB)
     assert str(topology.link("GPU0", "GPU2")) == "PHB"
     assert [(g.uuid, g.pci_bus_id, g.numa_node) for g in topology.gpus] == [
         ("GPU-0", "0000:10:00.0", 0),
@@ -388,3 +391,12 @@ def test_automatic_discovery_lets_nvml_fill_what_an_old_drivers_matrix_lacks(
     assert [g.numa_node for g in topology.gpus] == [0, 0, None, 0, 0, 0, 0, 0]
     assert str(topology.link("GPU0", "GPU1")) == "NV1"  # the driver's matrix wins over NVML's NODE
     assert [n.name for n in topology.nics] == ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"]
+
+
+def test_merge_takes_a_measured_pcie_level_beneath_an_nvlink_the_first_source_lacks() -> None:
+    first = Topology(gpus=(Gpu(0), Gpu(1)), links={"GPU0": {"GPU1": Link.parse("NV4")}})
+    second = Topology(gpus=(Gpu(0), Gpu(1)), links={"GPU0": {"GPU1": Link(LinkKind.NVLINK, 4, pcie=LinkKind.PIX)}})
+    merged = merge(first, second)
+    assert merged.link("GPU1", "GPU0") == Link(LinkKind.NVLINK, 4, pcie=LinkKind.PIX)
+    other = Topology(gpus=(Gpu(0), Gpu(1)), links={"GPU0": {"GPU1": Link(LinkKind.NVLINK, 2, pcie=LinkKind.PIX)}})
+    assert merge(first, other).link("GPU0", "GPU1") == Link.parse("NV4")  # a different NVLink: the first wins

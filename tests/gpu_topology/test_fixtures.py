@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_topology import Topology, nearest_nic_map, roce_classes
+from gpu_topology import InvalidTopology, Topology, nearest_nic_map, roce_classes
 from gpu_topology.dumps import parse_dump
 
 DGX_A100 = "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend"
@@ -21,6 +21,7 @@ DGX1 = "dgx1-v100-4ib"
 IBM_XML = "ibm-cloud-gx3d-8xH100-vsi-nccl-topo"
 ML_ENG = "ml-engineering-8xH100-no-nic-spaces"
 MYSTOUS = "mystous-8xH100-11nic-ansi-escapes-captured"
+CGROUP = "mystous-8xH100-11nic-cgroup-empty-cpu-affinity-derived"
 ONEFLOW = "oneflow-hugectr-8xV100-2nic-mangled-whitespace"
 DELLA = "princeton-della-2xA100-pcie-2nic-epyc"
 TRAVERSE = "princeton-traverse-power9-1gpu-slurm-numa-list"
@@ -49,6 +50,8 @@ EXPECTED: dict[str, Expected] = {
         numa=(3, 3, 1, 1, 7, 7, 5, 5),
         cpus=("48-63,176-191",) * 2 + ("16-31,144-159",) * 2 + ("112-127,240-255",) * 2 + ("80-95,208-223",) * 2,
         nearest=(mlx(0, 1),) * 2 + (mlx(2, 3),) * 2 + (mlx(4, 5),) * 2 + (mlx(6, 7),) * 2,
+        # NPS4: eight NUMA nodes; the GPU pairs' NICs sit on four of them (3, 1, 7, 5), so
+        # four classes of two GPUs. The storage pair mlx5_8/9 is near no GPU.
         classes=(
             (mlx(0, 1), (0, 1), 3),
             (mlx(2, 3), (2, 3), 1),
@@ -70,12 +73,11 @@ EXPECTED: dict[str, Expected] = {
         numa=(None,) * 8,  # no NUMA column in this driver's output
         cpus=("0-19,40-59",) * 4 + ("20-39,60-79",) * 4,
         nearest=(mlx(0),) * 2 + (mlx(1),) * 2 + (mlx(2),) * 2 + (mlx(3),) * 2,
-        # mlx5_0/1 and mlx5_2/3 are SYS apart: two sockets, so one class per NIC.
+        # No NUMA column: the GPUs' CPU lists place mlx5_0/1 on one socket and mlx5_2/3 on
+        # the other (SYS apart), so one class per socket's NIC pair.
         classes=(
-            (mlx(0), (0, 1), None),
-            (mlx(1), (2, 3), None),
-            (mlx(2), (4, 5), None),
-            (mlx(3), (6, 7), None),
+            (mlx(0, 1), (0, 1, 2, 3), None),
+            (mlx(2, 3), (4, 5, 6, 7), None),
         ),
         links={
             ("GPU0", "GPU1"): "NV1",
@@ -102,15 +104,9 @@ EXPECTED: dict[str, Expected] = {
         numa=(0, 0, 0, 0, 1, 1, 1, 1),
         cpus=("0-55,112-167",) * 4 + ("56-111,168-223",) * 4,
         nearest=(mlx(0), mlx(1), mlx(2), mlx(3), mlx(6), mlx(7), mlx(8), mlx(8)),
-        classes=(
-            (mlx(0), (0,), 0),
-            (mlx(1), (1,), 0),
-            (mlx(2), (2,), 0),
-            (mlx(3), (3,), 0),
-            (mlx(6), (4,), 1),
-            (mlx(7), (5,), 1),
-            (mlx(8), (6, 7), 1),
-        ),
+        # One class per NUMA group of the GPU-affine NICs; mlx5_4/5 and mlx5_10/11 are
+        # near no GPU and in no class.
+        classes=((mlx(0, 1, 2, 3), (0, 1, 2, 3), 0), (mlx(6, 7, 8), (4, 5, 6, 7), 1)),
         links={
             ("GPU0", "mlx5_0"): "PIX",
             ("GPU0", "mlx5_1"): "PXB",
@@ -120,6 +116,17 @@ EXPECTED: dict[str, Expected] = {
             ("mlx5_4", "mlx5_5"): "PIX",
             ("GPU1", "GPU6"): "NV18",
         },
+        nic_numa={"mlx5_4": 0, "mlx5_5": 0, "mlx5_10": 1, "mlx5_11": 1},
+    ),
+    # Derived from MYSTOUS with every CPU Affinity cell emptied (see its .src): the NUMA
+    # column must stay in place.
+    CGROUP: Expected(
+        nics=mlx(0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11),
+        numa=(0, 0, 0, 0, 1, 1, 1, 1),
+        cpus=(None,) * 8,
+        nearest=(mlx(0), mlx(1), mlx(2), mlx(3), mlx(6), mlx(7), mlx(8), mlx(8)),
+        classes=((mlx(0, 1, 2, 3), (0, 1, 2, 3), 0), (mlx(6, 7, 8), (4, 5, 6, 7), 1)),
+        links={("GPU0", "mlx5_0"): "PIX", ("GPU7", "mlx5_8"): "PXB", ("GPU1", "GPU6"): "NV18"},
         nic_numa={"mlx5_4": 0, "mlx5_5": 0, "mlx5_10": 1, "mlx5_11": 1},
     ),
     ONEFLOW: Expected(
@@ -164,7 +171,7 @@ EXPECTED: dict[str, Expected] = {
         numa=(0, 0, 0, 0, 1, 1, 1, 1),
         cpus=("0-79",) * 4 + ("80-159",) * 4,
         nearest=tuple(mlx(7 - i) for i in range(8)),  # reversed: GPU0 <-> mlx5_7
-        classes=tuple((mlx(7 - i), (i,), 0 if i < 4 else 1) for i in range(8)),
+        classes=((mlx(4, 5, 6, 7), (0, 1, 2, 3), 0), (mlx(0, 1, 2, 3), (4, 5, 6, 7), 1)),
         links={
             ("GPU0", "GPU1"): "NV18",  # 5+5+4+4 NVSwitch links each
             ("GPU0", "GPU7"): "NV18",
@@ -213,6 +220,26 @@ def test_roce_classes(parsed: tuple[str, Topology]) -> None:
     classes = roce_classes(topology)
     assert [(c.nics, c.gpus, c.numa_node) for c in classes] == list(EXPECTED[name].classes)
     assert [c.name for c in classes] == [f"gpu-roce{i}" for i in range(1, len(classes) + 1)]
+
+
+def test_none_mode_gives_one_class_of_every_gpu_wherever_a_nic_is_affine(parsed: tuple[str, Topology]) -> None:
+    name, topology = parsed
+    classes = roce_classes(topology, mode="none")
+    if not EXPECTED[name].classes:
+        assert classes == ()
+        return
+    (only,) = classes
+    assert only.gpus == topology.gpu_indices
+    assert set(only.nics) == {n for c in EXPECTED[name].classes for n in c[0]}
+
+
+def test_no_fixture_knows_its_subnets_so_subnet_mode_refuses_them(parsed: tuple[str, Topology]) -> None:
+    name, topology = parsed
+    if not EXPECTED[name].classes:
+        assert roce_classes(topology, mode="subnet") == ()
+        return
+    with pytest.raises(InvalidTopology, match="needs the subnet"):
+        roce_classes(topology, mode="subnet")
 
 
 def test_links_read_the_same_both_ways(parsed: tuple[str, Topology]) -> None:

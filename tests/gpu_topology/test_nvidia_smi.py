@@ -18,6 +18,7 @@ from gpu_topology.dumps import detect_format, parse_dump
 DELLA = "princeton-della-2xA100-pcie-2nic-epyc"
 DGX_A100 = "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend"
 MYSTOUS = "mystous-8xH100-11nic-ansi-escapes-captured"
+CGROUP = "mystous-8xH100-11nic-cgroup-empty-cpu-affinity-derived"
 
 
 @pytest.mark.parametrize(
@@ -167,3 +168,103 @@ def test_parse_dump_names_the_formats_it_knows() -> None:
 
     with pytest.raises(InvalidTopology, match="one of auto, nvidia-smi, nccl-xml, json"):
         parse_dump("", "yaml")
+
+
+# -- empty attribute cells (cgroup-limited containers)
+
+
+def test_empty_cpu_affinity_cells_neither_shift_the_numa_column_nor_hide_the_numa_nodes(
+    read_fixture: Callable[[str], str],
+) -> None:
+    original = parse_topo_matrix(read_fixture(MYSTOUS))
+    limited = parse_topo_matrix(read_fixture(CGROUP))
+    assert [g.numa_node for g in limited.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [g.cpu_affinity for g in limited.gpus] == [None] * 8
+    assert limited.links == original.links and limited.nics == original.nics
+
+
+@pytest.mark.parametrize(
+    ("cells", "cpus", "numa"),
+    [
+        ("0-7\t0\t\tN/A", "0-7", 0),
+        ("\t0\t\tN/A", None, 0),
+        ("0-7\t\t\tN/A", "0-7", None),
+        ("\t\t\tN/A", None, None),
+        ("\t1", None, 1),
+    ],
+    ids=["all", "no-cpus", "no-numa", "neither", "no-gpu-numa-id-column"],
+)
+def test_each_empty_attribute_cell_is_placed_by_its_tab(cells: str, cpus: str | None, numa: int | None) -> None:
+    three = "GPU NUMA ID" in cells or cells.count("\t") > 1
+    header = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity" + ("\tGPU NUMA ID" if three else "")
+    text = f"{header}\nGPU0\t X \tNV4\t{cells}\nGPU1\tNV4\t X \t{cells}\n"
+    gpu = parse_topo_matrix(text).gpu(1)
+    assert (gpu.cpu_affinity, gpu.numa_node) == (cpus, numa)
+
+
+def test_without_tabs_an_empty_cell_that_cannot_be_placed_is_refused(read_fixture: Callable[[str], str]) -> None:
+    with pytest.raises(ParseError, match="the tabs that would place the empty ones are lost") as caught:
+        parse_topo_matrix(read_fixture(CGROUP).expandtabs(8))
+    assert "with its tabs" in (caught.value.hint or "")
+
+
+def test_without_tabs_aligned_values_are_placed_by_their_column() -> None:
+    header = "        GPU0    GPU1    CPU Affinity    NUMA Affinity   GPU NUMA ID"
+    row0 = "GPU0     X      NV4                     0               N/A"
+    row1 = "GPU1    NV4      X                      1               N/A"
+    topology = parse_topo_matrix("\n".join([header, row0, row1]) + "\n")
+    assert [(g.cpu_affinity, g.numa_node) for g in topology.gpus] == [(None, 0), (None, 1)]
+
+
+# -- text copied from web pages and documents
+
+
+COPIES = [
+    pytest.param(lambda t: t.replace("\x1b", ""), id="escapes-without-their-esc-byte"),
+    pytest.param(lambda t: t.replace("\x1b", "^["), id="escapes-in-caret-notation"),
+    pytest.param(lambda t: "[1m" + t.replace("\n", "[0m\n", 1), id="bold-escapes-without-esc"),
+    pytest.param(lambda t: "\n".join("# " + line for line in t.split("\n")), id="hash-comment-on-every-line"),
+    pytest.param(lambda t: "\n".join("#" + line for line in t.split("\n")), id="hash-without-space"),
+    pytest.param(lambda t: "\n".join("// " + line for line in t.split("\n")), id="slash-comment-on-every-line"),
+    pytest.param(
+        lambda t: "# $ nvidia-smi topo -m\n" + "\n".join(("# " + line) if line else "#" for line in t.split("\n")),
+        id="commented-block-with-prompt-and-bare-markers",
+    ),
+    pytest.param(
+        lambda t: "\n".join("    // " + line for line in t.replace("\x1b", "").split("\n")),
+        id="indented-comment-and-lost-escapes",
+    ),
+]
+
+
+@pytest.mark.parametrize("copy", COPIES)
+@pytest.mark.parametrize("name", [DELLA, DGX_A100, MYSTOUS, CGROUP])
+def test_copies_from_web_pages_parse_like_the_original(
+    copy: Callable[[str], str], name: str, read_fixture: Callable[[str], str]
+) -> None:
+    original = read_fixture(name)
+    assert parse_topo_matrix(copy(original)) == parse_topo_matrix(original)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "shown"),
+    [("| ", "'|'"), ("1  ", "'1'"), (">>> ", "'>>>'"), ("-- ", "'--'")],
+)
+def test_another_prefix_on_every_line_is_refused_naming_what_to_strip(
+    prefix: str, shown: str, read_fixture: Callable[[str], str]
+) -> None:
+    text = "\n".join(prefix + line for line in read_fixture(DELLA).split("\n"))
+    with pytest.raises(ParseError, match=f"names GPU0 after {re.escape(shown)}") as caught:
+        parse_topo_matrix(text)
+    assert f"strip {shown}" in (caught.value.hint or "")
+
+
+def test_escape_remnants_the_cleaner_cannot_read_are_named_in_the_hint(read_fixture: Callable[[str], str]) -> None:
+    text = read_fixture(MYSTOUS).replace("\x1b[4m", "").replace("GPU0\tGPU1", "GPU0\t[4;GPU1", 1)
+    with pytest.raises(ParseError, match="unexpected column") as caught:
+        parse_topo_matrix(text)
+    assert "escape codes" in (caught.value.hint or "")
+    broken = read_fixture(MYSTOUS).replace("\x1b[4m", "[4")
+    with pytest.raises(ParseError, match="names GPU0 after '\\[4'") as caught:
+        parse_topo_matrix(broken)
+    assert "strip '[4'" in (caught.value.hint or "")

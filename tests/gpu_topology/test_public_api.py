@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 import gpu_topology
-from gpu_topology import GpuSet, RoceClass, Topology, best_gpu_set, roce_classes
+from gpu_topology import ClassMode, GpuSet, RoceClass, Topology, best_gpu_set, roce_classes
 from gpu_topology.contract import topology_from_dict, topology_to_dict
 from gpu_topology.dumps import parse_dump
 
@@ -23,8 +23,9 @@ def test_all_is_sorted_and_every_name_exists() -> None:
 
 def test_the_public_signatures_hold() -> None:
     assert list(inspect.signature(best_gpu_set).parameters) == ["topology", "free", "count", "must_include"]
-    assert list(inspect.signature(roce_classes).parameters) == ["topology", "prefix"]
+    assert list(inspect.signature(roce_classes).parameters) == ["topology", "prefix", "mode"]
     assert inspect.signature(roce_classes).parameters["prefix"].default == "gpu-roce"
+    assert inspect.signature(roce_classes).parameters["mode"].default == ClassMode.NUMA == "numa"
     assert [f for f in GpuSet.__dataclass_fields__] == ["gpus", "score", "single_numa", "nic_level"]
     assert [f for f in RoceClass.__dataclass_fields__] == ["name", "nics", "numa_node", "subnets", "gpus"]
 

@@ -52,8 +52,11 @@ MINIMAL: dict[str, Any] = {"webhook": {"enabled": False}, "scheduler": {"enabled
                            "extender": {"enabled": False}, "crds": {"install": False}}
 DEVICE_PLUGIN: dict[str, Any] = {"agent": {"cacheDir": "/nvme/dsagent", "devicePlugin": {
     "enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"}}}
+GPU_CLASSES: dict[str, Any] = {"gpuClasses": {"enabled": True, "resourcePrefix": "example.com",
+                                              "jobLabels": ["team.example.com/job", "job-name"], "jobTTL": "2h"},
+                               "agent": {"roceClasses": "subnet"}}
 VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL, "device-plugin": DEVICE_PLUGIN,
-              "no-csi": {"csi": {"enabled": False}},
+              "no-csi": {"csi": {"enabled": False}}, "gpu-classes": GPU_CLASSES,
               "cert-manager-with-issuer": {"webhook": {"certManager": {
                   "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}}
 
@@ -115,6 +118,10 @@ def test_the_chart_declares_the_kubernetes_versions_it_is_validated_for() -> Non
         ({"scheduler": {"extender": {"httpTimeout": "5"}}}, "httpTimeout"),
         ({"extender": {"weights": "dataset=lots"}}, "weights"),
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"gpuClasses": {"resourcePrefix": "Example.COM"}}, "resourcePrefix"),
+        ({"gpuClasses": {"gpuResource": "gpu"}}, "gpuResource"),
+        ({"gpuClasses": {"jobTTL": "forever"}}, "jobTTL"),
+        ({"agent": {"roceClasses": "per-nic"}}, "roceClasses"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(values: dict[str, Any], complaint: str) -> None:
@@ -265,6 +272,13 @@ def test_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]
     assert rules_of(rendered["default"], "-webhook") == {("dsagent.io", "datasets", "get")}
 
 
+def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert rules_of(rendered["gpu-classes"], "-webhook") == {
+        ("dsagent.io", "datasets", "get"), ("", "nodes", "list"),
+        ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update")}
+
+
 def test_no_role_uses_wildcards_or_touches_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
     for _, doc in all_objects(rendered):
         for rule in doc.get("rules", []) if doc["kind"] in ("ClusterRole", "Role") else []:
@@ -346,6 +360,39 @@ def test_the_webhook_never_blocks_pods_and_only_sees_annotated_ones(rendered: di
     [expr] = hook["namespaceSelector"]["matchExpressions"]
     assert expr["operator"] == "NotIn" and {"kube-system", NAMESPACE} <= set(expr["values"])
     assert hook["clientConfig"]["service"]["path"] == "/mutate"
+
+
+def test_with_gpu_classes_the_webhook_also_sees_gpu_pods_and_declares_its_lease_writes(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    from dsagent.kube.gpuclass import GpuClassSettings
+
+    [hook] = find(rendered["gpu-classes"], "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    [condition] = hook["matchConditions"]
+    expression = condition["expression"]
+    assert "'dsagent.io/datasets' in object.metadata.annotations" in expression
+    assert "k == 'nvidia.com/gpu' || k.startsWith('example.com/')" in expression
+    assert "object.spec.initContainers.exists(c," in expression and expression.count("(") == expression.count(")")
+    container = find(rendered["gpu-classes"], "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = GpuClassSettings.from_env(env)
+    assert (settings.enabled, settings.resource("gpu-roce1"), settings.job_labels, settings.lease_ttl_s) == (
+        True, "example.com/gpu-roce1", ("team.example.com/job", "job-name"), 7200)
+    default = find(rendered["default"], "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert GpuClassSettings.from_env({e["name"]: e["value"] for e in default["env"] if "value" in e}).enabled is False
+
+
+def test_the_extender_reads_the_class_resources_the_webhook_writes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from scheduler_plugin.settings import Settings
+
+    for label, prefix in (("default", "dsagent.io/gpu-roce"), ("gpu-classes", "example.com/gpu-roce")):
+        container = find(rendered[label], "Deployment", "-extender")["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        settings = Settings.from_env(env)
+        assert (settings.roce_resource_prefix, settings.gpu_resource) == (prefix, "nvidia.com/gpu")
+    agent = agent_pod(rendered["gpu-classes"])["containers"][0]
+    assert {e["name"]: e.get("value") for e in agent["env"]}["DSAGENT_ROCE_CLASSES"] == "subnet"
 
 
 def test_the_webhook_ca_bundle_is_the_ca_of_its_serving_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from dsagent.errors import NotFound
-from dsagent.kube.agent import ClusterAgent, ClusterSettings, TaskNotOnNode
-from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from dsagent.errors import InvalidInput, NotFound
+from dsagent.kube.agent import ClusterAgent, ClusterSettings, TaskNotOnNode
+from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from gpu_topology.dumps import load_dump
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
 
@@ -137,6 +137,30 @@ def test_topology_and_free_gpus_are_published_and_free_gpus_withdrawn_when_pods_
             assert "dsagent.io/topology" in node_annotations(apiserver)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("mode", "classes"), [("numa", [[0, 1, 2, 3], [4, 5, 6, 7]]), ("none", [list(range(8))]), ("subnet", [])])
+def test_the_published_classes_follow_the_operator_s_class_mode(
+    apiserver: FakeApiServer, tmp_path: Path, fixtures_dir: Path, mode: str, classes: list[list[int]]
+) -> None:
+    # The DGX-1 fixture knows no NIC subnets: subnet mode publishes the topology without classes.
+    apiserver.create(make_node(NODE))
+    topology = load_dump(fixtures_dir / "topology" / "dgx1-v100-4ib-nvidia-smi-topo-m.txt")
+    cluster = FAST.replace(class_mode=ClusterSettings.from_env({"DSAGENT_ROCE_CLASSES": mode}).class_mode)
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path, topology=topology, cluster=cluster):
+            await until(lambda: "dsagent.io/topology" in node_annotations(apiserver), what="topology")
+            published = json.loads(node_annotations(apiserver)["dsagent.io/topology"])
+            assert [c["gpus"] for c in published["classes"]] == classes
+            assert published.get("classMode") == (None if mode == "subnet" else mode)
+
+    asyncio.run(scenario())
+
+
+def test_an_unknown_class_mode_is_refused_at_start_up() -> None:
+    with pytest.raises(InvalidInput, match="DSAGENT_ROCE_CLASSES"):
+        ClusterSettings.from_env({"DSAGENT_ROCE_CLASSES": "per-nic"})
 
 
 # -- pods: caching at bind time, in use while running, released at the end

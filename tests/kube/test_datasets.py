@@ -8,8 +8,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from dsagent.format.bundle import pack
 from dsagent.errors import NotFound
+from dsagent.format.bundle import pack
 from dsagent.kube.apiclient import KubeForbidden, KubeUnavailable, translated
 from dsagent.kube.datasets import Dataset, DatasetClient, DatasetStatus, SecretRef, publish
 from tests.fake_apiserver import FakeApiServer, make_dataset

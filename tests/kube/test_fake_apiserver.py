@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import threading
 from typing import Any
 
@@ -15,6 +17,7 @@ from tests.fake_apiserver import (
     json_patch,
     label_selector_matches,
     make_dataset,
+    make_lease,
     make_node,
     make_pod,
     merge_patch,
@@ -389,3 +392,70 @@ def test_requests_are_recorded_with_their_content_type(apiserver: FakeApiServer,
     [request] = apiserver.requests_matching("PATCH", "/api/v1/nodes/gpu-1")
     assert request.content_type == MERGE
     assert request.body == {"metadata": {"labels": {"a": "b"}}}
+
+
+# -- coordination.k8s.io/v1 Leases
+
+
+def test_leases_are_created_read_and_replaced_in_the_real_wire_format(apiserver: FakeApiServer, api_client: Any) -> None:
+    import datetime as dt
+
+    api = client.CoordinationV1Api(api_client)
+    when = dt.datetime(2027, 1, 15, 8, 0, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    body = client.V1Lease(metadata=client.V1ObjectMeta(name="job-a"),
+                          spec=client.V1LeaseSpec(holder_identity="gpu-roce2", lease_duration_seconds=3600,
+                                                  acquire_time=when, renew_time=when))
+    created = api.create_namespaced_lease("ml", body)
+    assert created.spec.holder_identity == "gpu-roce2" and created.metadata.resource_version
+    raw = apiserver.get("leases", "job-a", "ml")
+    assert raw is not None and raw["apiVersion"] == "coordination.k8s.io/v1" and "generation" not in raw["metadata"]
+    assert raw["spec"]["renewTime"] == "2027-01-15T07:00:00.123456Z"  # MicroTime, UTC, as the server returns it
+    with pytest.raises(client.ApiException) as exists:
+        api.create_namespaced_lease("ml", body)
+    assert exists.value.status == 409 and json.loads(exists.value.body)["reason"] == "AlreadyExists"
+    created.spec.holder_identity = "gpu-roce1"
+    api.replace_namespaced_lease("job-a", "ml", created)
+    stale = copy.deepcopy(created)
+    with pytest.raises(client.ApiException) as conflict:
+        api.replace_namespaced_lease("job-a", "ml", stale)
+    assert conflict.value.status == 409 and json.loads(conflict.value.body)["reason"] == "Conflict"
+    assert api.read_namespaced_lease("job-a", "ml").spec.holder_identity == "gpu-roce1"
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "message"),
+    [
+        ({"renewTime": "yesterday"}, 400, "parsing time"),
+        ({"leaseDurationSeconds": "3600"}, 400, "expected int"),
+        ({"holder": "x"}, 400, 'unknown field "holder"'),
+        ({"leaseDurationSeconds": -1}, 422, "must be greater than or equal to 0"),
+    ],
+)
+def test_a_malformed_lease_is_refused_as_the_api_server_does(
+    apiserver: FakeApiServer, spec: dict[str, Any], status: int, message: str
+) -> None:
+    # Raw HTTP: the client validates its own bodies; kubectl or another client may not.
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "bad"}, "spec": spec}
+    code, answer = send(apiserver, "POST", "/apis/coordination.k8s.io/v1/namespaces/ml/leases", body)
+    assert code == status and answer["kind"] == "Status" and message in answer["message"]
+
+
+def send(apiserver: FakeApiServer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{apiserver.url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def test_leases_have_no_status_subresource(apiserver: FakeApiServer) -> None:
+    apiserver.create(make_lease("job-a", namespace="ml", holder="gpu-roce1"))
+    code, _ = send(apiserver, "GET", "/apis/coordination.k8s.io/v1/namespaces/ml/leases/job-a/status")
+    assert code == 404

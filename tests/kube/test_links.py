@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dsagent.errors import InvalidInput
 from dsagent.cli.links import main
+from dsagent.errors import InvalidInput
 from dsagent.kube.links import link_targets, write_links
 
 A, B = "a" * 32, "b" * 32

@@ -24,8 +24,8 @@ from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from dsagent.kube.testing import SimulatedKubelet
-from tests.fake_apiserver import json_patch, make_pod
 from tests.dsagent.harness import unix_socket_listening
+from tests.fake_apiserver import json_patch, make_pod
 
 # The training command: list its dataset at the stable path $DSAGENT_DATASETS_DIR/<name>.
 TRAINING = [sys.executable, "-c", "import os; "

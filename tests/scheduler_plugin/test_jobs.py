@@ -43,3 +43,10 @@ def test_jobs_are_independent() -> None:
     jobs.remember("ml/a", "gpu-roce1")
     jobs.remember("ml/b", "gpu-roce2")
     assert (jobs.get("ml/a"), jobs.get("ml/b"), jobs.get("other/a")) == ("gpu-roce1", "gpu-roce2", None)
+
+
+def test_a_class_the_pod_requests_replaces_the_cached_one() -> None:
+    jobs = JobClasses(ttl_s=60, clock=Clock())
+    jobs.remember("ml/bert", "gpu-roce2")
+    jobs.set("ml/bert", "gpu-roce1")
+    assert jobs.get("ml/bert") == "gpu-roce1" and len(jobs) == 1
