@@ -154,8 +154,7 @@ class Space:
             return False  # a task was bound to it after the plan was made
         log.info("evicting %s@%s (%s, %s)", victim.name, victim.digest[:12], format_size(victim.size_bytes), reason)
         await self.pools.work(self.store.remove, *key)
-        self.metrics.inc("dsagent_evictions_total", reason=reason)
-        self.metrics.inc("dsagent_evicted_bytes_total", victim.size_bytes)
+        self.metrics.evicted(reason, victim.size_bytes)
         return True
 
     async def collect_superseded(self, name: str | None = None) -> None:

@@ -43,3 +43,13 @@ def test_jobs_are_independent() -> None:
     jobs.remember("ml/a", "gpu-roce1")
     jobs.remember("ml/b", "gpu-roce2")
     assert (jobs.get("ml/a"), jobs.get("ml/b"), jobs.get("other/a")) == ("gpu-roce1", "gpu-roce2", None)
+
+
+def test_memory_is_bounded_and_expired_jobs_are_not_counted() -> None:
+    clock = Clock()
+    jobs = JobClasses(ttl_s=60, clock=clock, maxsize=3)
+    for i in range(5):
+        jobs.remember(f"ml/{i}", "gpu-roce1")
+    assert len(jobs) == 3 and jobs.get("ml/0") is None and jobs.get("ml/4") == "gpu-roce1"
+    clock.now += 61
+    assert len(jobs) == 0
