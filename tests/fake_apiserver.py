@@ -76,6 +76,9 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType("", "v1", "nodes", "Node", namespaced=False),
     "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
     "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True),
+    # the Dataset controller's leader Lease and pack Jobs (issue 13)
+    "leases": ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, status_subresource=False),
+    "jobs": ResourceType("batch", "v1", "jobs", "Job", namespaced=True),
 }
 
 

@@ -31,6 +31,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -70,6 +71,8 @@ class ClusterSettings(EnvSettings):
     watch_timeout: int = Field(300, exclude=True)  # not configurable: the watch's server-side timeout
     renew_interval: Duration | None = None  # None: a third of the service's lease TTL
     guard_wait: Duration = 5.0  # how long a task id may wait for its pod to reach the watch
+    # Where the host's /sys is mounted for topology discovery (the chart mounts it at /host/sys).
+    sysfs_root: Path | None = None
 
     @field_validator("publish_interval")
     @classmethod
@@ -396,7 +399,7 @@ class ClusterAgent:
         if source is None:
             return
         try:
-            topology = await asyncio.to_thread(_discover) if source == "discover" else source
+            topology = await asyncio.to_thread(_discover, self.cluster.sysfs_root) if source == "discover" else source
         except Exception as exc:  # no GPU, no nvidia-smi: publish without topology
             log.info("no GPU topology on node %s (%s); publishing the inventory only", self.node_name, exc)
             return
@@ -406,10 +409,10 @@ class ClusterAgent:
         self._gpu_count = len(topology.gpus)
 
 
-def _discover() -> Any:
+def _discover(sysfs_root: Path | None = None) -> Any:
     from gpu_topology import discover
 
-    return discover()
+    return discover(options={"sysfs": {"root": sysfs_root}} if sysfs_root is not None else None)
 
 
 def _name(pod: Mapping[str, Any]) -> str:
