@@ -19,6 +19,9 @@ from typing import Any, cast
 from scheduler_plugin.wire import Container, Pod
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
+#: ``required``: the filter fails nodes not holding the current version of every dataset
+#: the pod names; anything else (absent, ``preferred``, garbage) keeps today's preference.
+AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
 
 _QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
@@ -49,6 +52,7 @@ class PodRequest:
     gpu_class: str | None = None          # the RoCE class the pod requests explicitly
     gpus_error: str | None = None
     job: str | None = None                # "namespace/job" from the first job label found
+    affinity_required: bool = False       # dsagent.io/dataset-affinity: required
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -65,6 +69,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     return PodRequest(
         key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
         gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job,
+        affinity_required=annotations.get(AFFINITY_ANNOTATION, "").strip().lower() == "required",
     )
 
 
@@ -183,6 +188,7 @@ def _str_map(value: Any, *, any_value: bool = False) -> dict[str, Any]:
 
 
 __all__ = [
+    "AFFINITY_ANNOTATION",
     "DATASETS_ANNOTATION",
     "DatasetWant",
     "PodRequest",

@@ -158,6 +158,20 @@ def listing_fingerprint(url: str, storage_options: Mapping[str, Any] | None = No
 # -- the controller ----------------------------------------------------------------------------
 
 
+class ControllerMetrics:
+    """The controller's own registry (``GET /metrics`` on ``DSAGENT_CONTROLLER_METRICS_PORT``)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.leader = Gauge("dsagent_controller_leader", "1 while this replica holds the Lease.", registry=r)
+        self.passes = Counter("dsagent_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
+        self.pass_seconds = Histogram("dsagent_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r)
+        self.datasets = Counter("dsagent_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r)
+        self.pack_jobs = Counter("dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r)
+
+
 @dataclass
 class ControllerSettings:
     namespace: str = "default"            # where the Lease and the pack Jobs live
@@ -169,6 +183,7 @@ class ControllerSettings:
     agent_selector: str = "app.kubernetes.io/component=agent"
     agent_port: int = 7420
     admin_token: str | None = None
+    metrics_port: int | None = None       # serve /metrics (and /healthz) here
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -180,13 +195,16 @@ class ControllerSettings:
         if not token and token_file and os.path.exists(token_file):
             with open(token_file) as handle:
                 token = handle.read().strip()
+        from dsplatform.units import parse_duration
+
         defaults = cls()
         return cls(
             namespace=get("NAMESPACE") or defaults.namespace, lease_name=get("LEASE") or defaults.lease_name,
-            identity=get("IDENTITY") or defaults.identity, resync_s=float(get("RESYNC") or defaults.resync_s),
+            identity=get("IDENTITY") or defaults.identity, resync_s=parse_duration(get("RESYNC") or defaults.resync_s),
             pack_image=get("PACK_IMAGE") or defaults.pack_image, pack_service_account=get("PACK_SERVICE_ACCOUNT"),
             agent_selector=get("AGENT_SELECTOR") or defaults.agent_selector,
             agent_port=int(get("AGENT_PORT") or defaults.agent_port), admin_token=token or None,
+            metrics_port=int(get("METRICS_PORT") or 0) or None,
         )
 
 
@@ -244,6 +262,7 @@ class DatasetController:
                                     identity=settings.identity, clock=clock)
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
+        self.metrics = ControllerMetrics()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -251,10 +270,15 @@ class DatasetController:
         while True:
             started = time.monotonic()
             try:
-                if self.elector.try_acquire():
+                leading = self.elector.try_acquire()
+                self.metrics.leader.set(1 if leading else 0)
+                if leading:
                     self.reconcile_all()
+                    self.metrics.passes.labels(result="ok").inc()
             except Exception:  # one bad pass must not end the controller
+                self.metrics.passes.labels(result="error").inc()
                 log.exception("reconcile pass failed; retrying at the next resync")
+            self.metrics.pass_seconds.observe(time.monotonic() - started)
             time.sleep(max(0.0, self.settings.resync_s - (time.monotonic() - started)))
 
     def reconcile_all(self) -> None:
@@ -270,7 +294,9 @@ class DatasetController:
         for ds in datasets:
             try:
                 self.reconcile(ds, nodes, inventories)
+                self.metrics.datasets.labels(result="ok").inc()
             except Exception:
+                self.metrics.datasets.labels(result="error").inc()
                 meta = ds.get("metadata") or {}
                 log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
 
@@ -315,6 +341,7 @@ class DatasetController:
             if exc.status != 404:
                 raise
             self._batch.create_namespaced_job(self.settings.namespace, self._job(job, namespace, name, spec, pack, fingerprint))
+            self.metrics.pack_jobs.inc()
             log.info("Dataset %s/%s: source listing %s is new; packing in Job %s", namespace, name, fingerprint[:12], job)
             return {"fingerprint": fingerprint, "job": job, "state": "Running", "startTime": _iso(self.clock())}
         conditions = {c.get("type"): c for c in (found.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
@@ -489,7 +516,12 @@ def main() -> None:  # pragma: no cover - the container's entry point
     settings = ControllerSettings.from_env()
     log.info("Dataset controller %s starting (lease %s/%s, resync %.0f s)", settings.identity, settings.namespace, settings.lease_name, settings.resync_s)
     try:
-        DatasetController(apiclient.load(), settings).run_forever()
+        controller = DatasetController(apiclient.load(), settings)
+        if settings.metrics_port:  # prometheus_client answers every path, /healthz included
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+        controller.run_forever()
     except DsagentError as exc:
         raise SystemExit(f"dsagent controller: {exc}") from None
 
