@@ -315,8 +315,8 @@ class DatasetController:
         if warm is not None or previous.get("nodes"):
             patch["warm"] = self._warm(namespace, name, spec, warm, previous, nodes, inventories)
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
-        if isinstance(request, str) and request and request != (status.get("cleanup") or {}).get("request"):
-            patch["cleanup"] = self._cleanup(name, request)
+        if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
+            patch["cleanup"] = self._cleanup(name, request[:253])
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
             self._custom.patch_namespaced_custom_object_status(
@@ -352,10 +352,13 @@ class DatasetController:
         return out
 
     def _job(self, job: str, namespace: str, name: str, spec: JSON, pack: JSON, fingerprint: str) -> JSON:
-        args = ["pack", spec["source"], "--name", name, "--to", spec["bundles"], "--publish", namespace]
+        # Every field is hostile input: values go after their flag (click never reads them as
+        # flags) and the source after "--", so "--publish=other-namespace" is only a path.
+        args = ["pack", "--name", name, "--to", spec["bundles"], "--publish", namespace]
         for key, flag in (("maxFiles", "--max-files"), ("maxBytes", "--max-bytes"), ("level", "--level")):
             if isinstance(pack.get(key), int) and not isinstance(pack.get(key), bool):
                 args += [flag, str(pack[key])]
+        args += ["--", spec["source"]]
         pod: JSON = {
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},

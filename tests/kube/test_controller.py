@@ -79,8 +79,8 @@ def test_auto_pack_creates_one_job_per_source_listing(apiserver: FakeApiServer, 
     assert pack["state"] == "Running" and pack["job"] == job["metadata"]["name"] and job["metadata"]["namespace"] == NS
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["dsctl"] and container["image"] == "registry.example/dsp:1"
-    assert container["args"] == ["pack", str(source), "--name", "coco", "--to", "s3://bundles/coco", "--publish", "ml",
-                                 "--max-files", "1000", "--level", "3"]
+    assert container["args"] == ["pack", "--name", "coco", "--to", "s3://bundles/coco", "--publish", "ml",
+                                 "--max-files", "1000", "--level", "3", "--", str(source)]
     ctl.reconcile_all()
     ctl2 = controller(api_client, clock, identity="c-2")  # a new leader sees the same listing: no second Job
     ctl2.reconcile_all()
@@ -216,3 +216,21 @@ def test_warm_up_chooses_holders_first_then_free_space_and_waits_for_its_start_t
     ctl.reconcile_all()
     assert ("n2", "DELETE", f"/v1/tasks/{warm_task_id('ml', 'big')}") in calls  # no longer chosen: released
     assert [n["node"] for n in apiserver.get("datasets", "big", "ml")["status"]["warm"]["nodes"]] == ["n3"]
+
+
+def test_hostile_dataset_fields_cannot_become_pack_flags(apiserver: FakeApiServer, api_client: Any, tmp_path: Path) -> None:
+    """The Job's dsctl parses a source that looks like a flag as the source, never as --publish."""
+    from dsagent.cli.bundles import pack
+
+    ds = make_dataset("evil", namespace="ml", source="--publish=kube-system", bundles="--level=99")
+    ds["spec"]["pack"] = {"auto": True, "level": True, "maxFiles": "1"}  # wrong types are ignored
+    apiserver.create(ds)
+    ctl = controller(api_client, Clock(), fingerprint=lambda url, options: "f" * 32)
+    ctl.reconcile_all()
+    [job] = apiserver.list("jobs")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["pack", "--name", "evil", "--to", "--level=99", "--publish", "ml", "--", "--publish=kube-system"]
+    context = pack.make_context("pack", args[1:])  # how the Job's dsctl parses them
+    assert context.params["source"] == "--publish=kube-system"
+    assert context.params["publish_namespace"] == "ml" and context.params["store"] == "--level=99"
+    assert context.params["level"] == 1
