@@ -29,6 +29,8 @@ LABEL org.opencontainers.image.title="dsplatform" \
 # 65532: the uid/gid the chart runs every dsplatform process as. The agent's host
 # directories are handed to it by the DaemonSet's root init-container (chown of two
 # directories); everything else never needs root.
+# iproute2: `ip -j address` gives GPU topology discovery the NICs' addresses (RoCE classes).
+RUN apt-get update && apt-get install -y --no-install-recommends iproute2 && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 65532 dsagent \
     && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
        --shell /usr/sbin/nologin dsagent

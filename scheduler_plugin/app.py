@@ -12,6 +12,7 @@ Routes (under ``Settings.base_path``)::
     GET  /v1/plan?params=P&step-seconds=S&steps=N&max-gpus=G[&deadline=D]
                                  the deadline design's plan over the known nodes
     GET  /healthz, /readyz
+    GET  /metrics                Prometheus text (:mod:`scheduler_plugin.metrics`)
 
 kube-scheduler's verbs never answer with an error status: a request that cannot be
 served gets a 200 whose ``Error`` is set (filter) or all-zero scores (prioritize), plus
@@ -27,6 +28,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
@@ -41,6 +43,8 @@ from scheduler_plugin.errors import (
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
+from scheduler_plugin.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from scheduler_plugin.metrics import ExtenderMetrics
 from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.plugins import deadline, roce
 from scheduler_plugin.settings import Settings
@@ -76,6 +80,7 @@ class ExtenderApp:
         self.framework = framework if framework is not None else Framework(settings)
         self.heap = heap if heap is not None else Heap(False)
         self.bodies = BodyBuffers(MAX_BODY_BYTES)
+        self.metrics = ExtenderMetrics()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -111,6 +116,11 @@ class ExtenderApp:
         elif path == "/v1/roce-class":
             status, reply = self.roce_class(scope.get("query_string", b""))
             await _reply(send, status, reply)
+        elif path == "/metrics":
+            text = self.metrics.render()
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", METRICS_CONTENT_TYPE.encode()), (b"content-length", str(len(text)).encode())]})
+            await send({"type": "http.response.body", "body": text})
         elif path == "/healthz":
             await _reply(send, 200, b'{"ok":true}')
         elif path == "/readyz":
@@ -124,40 +134,60 @@ class ExtenderApp:
     def filter(self, body: bytes | bytearray | None) -> bytes:
         """ExtenderFilterResult for one request body."""
         args = None
+        started, outcome_label = time.perf_counter(), "error"
         try:
-            if body is None:
-                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
-            args = decode_args(body)
+            args = self._decode("filter", body)
             pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
             outcome = self.framework.filter(pod, args.names, nodes)
+            self.metrics.nodes_filtered.labels(result="passed").inc(len(outcome.passed))
+            self.metrics.nodes_filtered.labels(result="failed").inc(len(outcome.failed) + len(outcome.unresolvable))
+            outcome_label = "ok"
             return encode_filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
         except ViewUnavailable as exc:
             # Still syncing: no hard fact is known, so every node passes (filtering on
             # nothing must not fail scheduling, whether or not the extender is ignorable).
             log.warning("filter: %s; passing every node", exc)
+            outcome_label = "unsynced"
             return encode_filter_result(args, args.names if args is not None else ())
         except Exception as exc:  # the edge: kube-scheduler must get a 200 with Error set
             message = _describe(exc)
             _log_failure("filter", exc, message)
             return encode_filter_result(args, error=message)
+        finally:
+            self.metrics.observe("filter", time.perf_counter() - started, outcome_label)
 
     def prioritize(self, body: bytes | bytearray | None, which: str = "combined") -> bytes:
         """HostPriorityList for one request body: one score or the weighted combination."""
         names: list[str] = []
+        verb, started, outcome_label = f"prioritize/{which}", time.perf_counter(), "error"
         try:
-            if body is None:
-                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
-            args = decode_args(body)
+            args = self._decode(verb, body)
             names = args.names
             pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
             scores = self.framework.prioritize(pod, nodes, lambda: self.view.cluster(nodes), which)
+            self.metrics.nodes_scored.labels(verb=verb).inc(len(names))
+            outcome_label = "ok"
             return encode_priorities(names, scores)
         except Exception as exc:  # the edge: all-zero scores, never a 500
-            _log_failure(f"prioritize/{which}", exc, _describe(exc))
+            outcome_label = "unsynced" if isinstance(exc, ViewUnavailable) else "error"
+            _log_failure(verb, exc, _describe(exc))
             names = names or salvage_names(body)
             return encode_priorities(names, [0] * len(names))
+        finally:
+            self.metrics.observe(verb, time.perf_counter() - started, outcome_label)
+
+    def _decode(self, verb: str, body: bytes | bytearray | None) -> Any:
+        """ExtenderArgs from a body; a body that is none (too large) or not ExtenderArgs is
+        counted as a parse failure."""
+        try:
+            if body is None:
+                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+            return decode_args(body)
+        except InvalidRequest:
+            self.metrics.parse_failures.labels(verb=verb).inc()
+            raise
 
     # -- other endpoints ---------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The filter: only hard facts, each with a reason; never dataset affinity.
+"""The filter: only hard facts, each with a reason; dataset affinity only when a pod requires it.
 
 A node fails when
 
@@ -7,6 +7,11 @@ A node fails when
 - the pod requests a RoCE class the node does not have, or a dataset larger than the
   node's whole cache that the node does not already hold: nothing can change that, so
   it goes to ``FailedAndUnresolvableNodes``.
+
+- the pod opts in to *required* dataset affinity (``dsagent.io/dataset-affinity: required``)
+  and the node does not hold the current version of one of its datasets ready (a node
+  without an inventory holds nothing): ``FailedAndUnresolvableNodes``, since preemption
+  cannot cache data (warm-up can: ``spec.warm`` of the Dataset).
 
 A node the extender knows nothing about, or whose GPU facts are unknown, passes.
 Called by the framework.
@@ -34,7 +39,19 @@ def check(pod: PodRequest, node: NodeFacts | None, sizes: Mapping[str, int]) -> 
     """The first hard fact that rules ``node`` out for ``pod``, or None."""
     if node is None:
         return None
-    return _gpus(pod, node) or _datasets(pod, node, sizes)
+    return _gpus(pod, node) or _datasets(pod, node, sizes) or _required(pod, node)
+
+
+def _required(pod: PodRequest, node: NodeFacts) -> Failure | None:
+    if not pod.affinity_required:
+        return None
+    held = node.inventory.datasets if node.inventory is not None else {}
+    for want in pod.datasets:
+        holding = held.get(want.name)
+        if holding is None or not holding.ready or not is_current(want, holding):
+            version = f" {want.digest[:12]}" if want.digest else ""
+            return Failure(f"pod requires dataset {want.name}{version} cached and this node does not hold it ready", True)
+    return None
 
 
 def _gpus(pod: PodRequest, node: NodeFacts) -> Failure | None:

@@ -8,8 +8,13 @@ cache only serves clusters that run without that rewrite (no class device plugin
 first worker the extender sees fixes the job's class as a scoring preference, and later
 workers get the same one while the entry lives, ``ttl_s`` seconds after its last use.
 A class a pod requests as a resource replaces the cached one (it is the Lease's verdict).
-A cachetools TTL map; the clock is injected. Called by the framework and
+The clock is injected. Called by the framework and
 ``GET /v1/roce-class``.
+
+The expiring map is ``cachetools.TTLCache`` (it replaced a hand-written dict of
+``(class, deadline)`` with its own sweep); re-assigning an entry on every use restarts its
+TTL. ``maxsize`` bounds memory: past it the least recently used job is dropped, which
+only costs that job a fresh class choice for its next worker.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ from collections.abc import Callable
 
 from cachetools import TTLCache
 
+MAX_JOBS = 65536
+
 
 class JobClasses:
     """job key ("namespace/job") -> RoCE class name, with expiry. Thread-safe."""
 
-    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic, maxsize: int = 100_000) -> None:
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic, *, maxsize: int = MAX_JOBS) -> None:
         self.ttl_s = ttl_s
         self._entries: TTLCache[str, str] = TTLCache(maxsize=maxsize, ttl=ttl_s, timer=clock)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # TTLCache is not thread-safe
 
     def get(self, job: str) -> str | None:
         """The job's class, refreshing its expiry; None when unknown or expired."""

@@ -22,6 +22,9 @@ from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
+#: ``required``: the filter fails nodes not holding the current version of every dataset
+#: the pod names; anything else (absent, ``preferred``, garbage) keeps today's preference.
+AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
 
 _QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
@@ -54,6 +57,7 @@ class PodRequest:
     job: str | None = None                # "namespace/job" from the first job label found
     time: JobProfile | None = None        # the dsagent.io/ time-model annotations, when given
     time_error: str | None = None         # set when they could not be used (scored 0)
+    affinity_required: bool = False       # dsagent.io/dataset-affinity: required
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -71,6 +75,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     return PodRequest(
         key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
         gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job, time=time, time_error=time_error,
+        affinity_required=annotations.get(AFFINITY_ANNOTATION, "").strip().lower() == "required",
     )
 
 
@@ -200,6 +205,7 @@ def _str_map(value: Any, *, any_value: bool = False) -> dict[str, Any]:
 
 
 __all__ = [
+    "AFFINITY_ANNOTATION",
     "DATASETS_ANNOTATION",
     "DatasetWant",
     "PodRequest",

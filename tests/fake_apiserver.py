@@ -122,8 +122,10 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType("", "v1", "nodes", "Node", namespaced=False),
     "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
     "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True, generation=True),
+    # the job's RoCE class (issue 11), the Dataset controller's leader Lease and pack Jobs (issue 13)
     "leases": ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True,
                            status_subresource=False, validate=_validate_lease),
+    "jobs": ResourceType("batch", "v1", "jobs", "Job", namespaced=True),
 }
 
 

@@ -33,6 +33,7 @@ from dsagent.api.schemas import (
     eviction_out,
     task_out,
 )
+from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.cache.service import CacheService
 from dsagent.errors import Unauthorized
 
@@ -138,4 +139,4 @@ async def readyz(response: Response, svc: CacheService = Depends(service)) -> di
 
 @router.get("/metrics")
 async def metrics(svc: CacheService = Depends(service)) -> Response:
-    return Response(await svc.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(await svc.metrics_text(), media_type=METRICS_CONTENT_TYPE)

@@ -1,86 +1,138 @@
-"""The agent's Prometheus metrics, rendered in the text exposition format.
+"""The agent's Prometheus metrics, kept by ``prometheus_client``.
 
-Who calls it: :mod:`dsagent.cache.service` counts (hits, misses, bytes fetched, fetch seconds,
-evictions); ``GET /metrics`` renders the counters with the service's gauges (free and
-used bytes). Counters live in memory and restart from zero with the agent, as
-Prometheus expects of counters.
+Who calls it: :mod:`dsagent.cache.service` (every cache request's outcome, by error code),
+:mod:`dsagent.cache.versions` (hits, misses, fetch results, durations and sizes) and
+:mod:`dsagent.cache.space` (evictions by reason) record events as they happen;
+``GET /metrics`` (:mod:`dsagent.api.routes`) calls :meth:`Metrics.render`, which also
+sets the gauges the service reports (free, used and capacity bytes, dataset versions by
+state, tasks by state).
+
+This module owns one :class:`prometheus_client.CollectorRegistry` per service instance,
+never the process-global one: tests run several agents in one process, and each must
+show only its own counts. The exposition text is ``prometheus_client``'s
+(``generate_latest``); it replaced a hand-written renderer that could only show counters
+it had already seen (so failures by an unseen code were invisible).
+
+The metrics (all prefixed ``dsagent_``):
+
+- ``requests_total{code}``: every dataset a task asked for, once it settled: ``ok`` or
+  the error code the API answers with (``not_found``, ``source_unavailable``...). A
+  request refused before any work (bad input, unknown task) counts too.
+- ``cache_hits_total`` / ``cache_misses_total``: the hit ratio's inputs.
+- ``fetches_total{result}``: finished fetches, ``ok`` or the error code.
+- ``fetch_duration_seconds`` and ``fetch_size_bytes``: histograms of successful fetches;
+  ``fetched_bytes_total``: every byte written into the cache.
+- ``evictions_total{reason}`` and ``evicted_bytes_total{reason}``.
+- gauges ``free_bytes``, ``used_bytes``, ``capacity_bytes``, ``datasets{state}`` and
+  ``tasks{state}`` (``active``: still working or ready; ``failed``: a dataset failed and no
+  work remains; failed tasks are not active).
+- ``build_info{version}`` = 1.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Iterable
 
-_HELP = {
-    "dsagent_cache_hits_total": ("counter", "Dataset requests served by a ready, digest-matching cached copy."),
-    "dsagent_cache_misses_total": ("counter", "Dataset requests that needed a fetch."),
-    "dsagent_fetched_bytes_total": ("counter", "Bytes written into the cache by fetches."),
-    "dsagent_fetch_seconds_total": ("counter", "Seconds spent in finished fetches."),
-    "dsagent_fetches_total": ("counter", "Finished fetches, by result."),
-    "dsagent_evictions_total": ("counter", "Dataset versions evicted, by reason."),
-    "dsagent_evicted_bytes_total": ("counter", "Bytes freed by evictions."),
-    "dsagent_free_bytes": ("gauge", "Bytes free for the cache (after reservations and the capacity limit)."),
-    "dsagent_used_bytes": ("gauge", "Bytes held by cached dataset versions."),
-    "dsagent_capacity_bytes": ("gauge", "Bytes the cache may use."),
-    "dsagent_datasets": ("gauge", "Cached dataset versions, by state."),
-    "dsagent_tasks": ("gauge", "Tasks holding datasets."),
-}
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from dsagent import __version__
+from dsagent.errors import DsagentError
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# 1 ms .. ~4.5 h: a small file from a local disk to a multi-terabyte bundle set
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600)
+# 1 KiB .. 10 TiB by factors of ~10
+SIZE_BUCKETS = tuple(float(1024 * 10**i) for i in range(11))
+
+_GAUGE_STATES = ("ready", "fetching", "failed")
 
 
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    value: float
-    labels: tuple[tuple[str, str], ...] = ()
+def error_code(exc: BaseException) -> str:
+    """The label an exception is counted under: the API's error code, ``cancelled`` for a
+    cancelled fetch, ``internal`` for anything not raised on purpose."""
+    if isinstance(exc, DsagentError):
+        return exc.code
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return "internal"
 
 
 class Metrics:
-    """Thread-safe counters keyed by metric name and labels."""
+    """The metrics of one agent, in a registry of their own."""
 
-    def __init__(self) -> None:
-        self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self._lock = threading.Lock()
+    def __init__(self, *, version: str = __version__) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("dsagent_requests", "Dataset requests settled, by outcome: ok or the error code.", ["code"], registry=r)
+        self.hits = Counter("dsagent_cache_hits", "Dataset requests served by a ready, digest-matching cached copy.", registry=r)
+        self.misses = Counter("dsagent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
+        self.fetches = Counter("dsagent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r)
+        self.fetch_seconds = Histogram("dsagent_fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS, registry=r)
+        self.fetch_size = Histogram("dsagent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r)
+        self.fetched_bytes = Counter("dsagent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r)
+        self.evictions = Counter("dsagent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r)
+        self.evicted_bytes = Counter("dsagent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r)
+        self.free_bytes = Gauge("dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r)
+        self.used_bytes = Gauge("dsagent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
+        self.capacity_bytes = Gauge("dsagent_capacity_bytes", "Bytes the cache may use.", registry=r)
+        self.datasets = Gauge("dsagent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
+        self.tasks = Gauge("dsagent_tasks", "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).", ["state"], registry=r)
+        build = Gauge("dsagent_build_info", "The agent's version; always 1.", ["version"], registry=r)
+        build.labels(version=version).set(1)
+        for state in _GAUGE_STATES:
+            self.datasets.labels(state=state)
+        for state in ("active", "failed"):
+            self.tasks.labels(state=state)
+        self.requests.labels(code="ok")
+        self.fetches.labels(result="ok")
 
-    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        with self._lock:
-            self._counters[key] = self._counters.get(key, 0.0) + value
+    # -- events ---------------------------------------------------------------------
+
+    def request_settled(self, code: str) -> None:
+        self.requests.labels(code=code).inc()
+
+    def hit(self) -> None:
+        self.hits.inc()
+
+    def miss(self) -> None:
+        self.misses.inc()
+
+    def fetch_failed(self, code: str) -> None:
+        self.fetches.labels(result=code).inc()
+
+    def fetch_succeeded(self, seconds: float, size_bytes: int) -> None:
+        self.fetches.labels(result="ok").inc()
+        self.fetch_seconds.observe(seconds)
+        self.fetch_size.observe(size_bytes)
+
+    def bytes_fetched(self, size_bytes: int) -> None:
+        self.fetched_bytes.inc(size_bytes)
+
+    def evicted(self, reason: str, size_bytes: int) -> None:
+        self.evictions.labels(reason=reason).inc()
+        self.evicted_bytes.labels(reason=reason).inc(size_bytes)
+
+    # -- reading --------------------------------------------------------------------
+
+    def set_gauges(self, space: dict[str, int], dataset_states: Iterable[str], tasks_by_state: dict[str, int]) -> None:
+        self.free_bytes.set(space["freeBytes"])
+        self.used_bytes.set(space["usedBytes"])
+        self.capacity_bytes.set(space["capacityBytes"])
+        states = list(dataset_states)
+        for state in _GAUGE_STATES:
+            self.datasets.labels(state=state).set(sum(1 for s in states if s == state))
+        for state, count in tasks_by_state.items():
+            self.tasks.labels(state=state).set(count)
 
     def value(self, name: str, **labels: str) -> float:
-        with self._lock:
-            return self._counters.get((name, tuple(sorted(labels.items()))), 0.0)
+        """One sample's value (0 when absent), e.g. ``value("dsagent_requests_total", code="ok")``."""
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
 
-    def render(self, gauges: Mapping[str, float] | list[Sample] | None = None) -> str:
-        """The exposition text: every known counter (zero if unseen) plus ``gauges``."""
-        with self._lock:
-            samples = [Sample(name, value, labels) for (name, labels), value in sorted(self._counters.items())]
-        for name in ("dsagent_cache_hits_total", "dsagent_cache_misses_total", "dsagent_fetched_bytes_total", "dsagent_fetch_seconds_total"):
-            if not any(s.name == name for s in samples):
-                samples.append(Sample(name, 0.0))
-        if isinstance(gauges, Mapping):
-            samples += [Sample(name, value) for name, value in gauges.items()]
-        elif gauges:
-            samples += list(gauges)
-        return _exposition(samples)
+    def render(self) -> str:
+        return generate_latest(self.registry).decode()
 
 
-def _exposition(samples: list[Sample]) -> str:
-    lines: list[str] = []
-    seen: set[str] = set()
-    for sample in sorted(samples, key=lambda s: s.name):
-        if sample.name not in seen:
-            seen.add(sample.name)
-            kind, text = _HELP.get(sample.name, ("untyped", sample.name))
-            lines += [f"# HELP {sample.name} {text}", f"# TYPE {sample.name} {kind}"]
-        labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sample.labels)
-        value = repr(float(sample.value)) if sample.value != int(sample.value) else str(int(sample.value))
-        lines.append(f"{sample.name}{{{labels}}} {value}" if labels else f"{sample.name} {value}")
-    return "\n".join(lines) + "\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-__all__ = ["Metrics", "Sample"]
+__all__ = ["CONTENT_TYPE", "Metrics", "error_code"]

@@ -3,7 +3,7 @@
 Who calls it: :mod:`dsagent.cache.service` for ``GET /v1/tasks/{task}`` (one
 :class:`~dsagent.cache.task.DatasetStatus` per dataset of a task), ``GET /v1/datasets`` (one view
 per cached version), ``GET /v1/inventory`` (the inventory contract, see
-:mod:`dsagent.cache.inventory`) and the gauges of ``GET /metrics``. The service passes the
+:mod:`dsagent.cache.inventory`) and the task states of ``GET /metrics``. The service passes the
 catalog rows, the progress counters and whether work is still running; nothing here
 reads the clock, the disk or the catalog.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.cache.catalog import VersionRow
-from dsagent.cache.metrics import Sample
 from dsagent.cache.progress import FetchProgress
 from dsagent.cache.task import DatasetStatus, iso, redact_url
 from dsagent.errors import DsagentError
@@ -85,17 +84,11 @@ def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | No
     return {"version": 1, "node": node, "capacityBytes": space["capacityBytes"], "freeBytes": space["freeBytes"], "datasets": datasets}
 
 
-def gauges(space: dict[str, int], views: list[dict[str, Any]], tasks: int) -> list[Sample]:
-    """The gauges ``GET /metrics`` shows beside the service's counters."""
-    samples = [
-        Sample("dsagent_free_bytes", space["freeBytes"]),
-        Sample("dsagent_used_bytes", space["usedBytes"]),
-        Sample("dsagent_capacity_bytes", space["capacityBytes"]),
-        Sample("dsagent_tasks", tasks),
-    ]
-    for state in ("ready", "fetching", "failed"):
-        samples.append(Sample("dsagent_datasets", sum(1 for v in views if v["state"] == state), (("state", state),)))
-    return samples
+def task_states(task_ids: list[str], *, failed: set[str], working: set[str]) -> dict[str, int]:
+    """Tasks by state for the ``dsagent_tasks`` gauge: a task with a failed dataset and no
+    work left is ``failed``, not active."""
+    failed_now = {t for t in task_ids if t in failed and t not in working}
+    return {"active": len(task_ids) - len(failed_now), "failed": len(failed_now)}
 
 
-__all__ = ["dataset_status", "gauges", "inventory", "version_view"]
+__all__ = ["dataset_status", "inventory", "task_states", "version_view"]

@@ -133,7 +133,12 @@ class CacheService:
 
     async def submit_task(self, task_id: str, datasets: Sequence[DatasetRequest], *, wait: float | None = None) -> TaskRecord:
         """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds."""
-        requests = await self._validate(task_id, datasets)
+        try:
+            requests = await self._validate(task_id, datasets)
+        except DsagentError as exc:  # refused before any work: still a failed request
+            for _ in datasets or (None,):
+                self.metrics.request_settled(exc.code)
+            raise
         now = self.clock()
         lease_until = now + self.settings.lease_ttl
         if self.admit_task is not None and await self._db(self.catalog.task, task_id) is None:
@@ -203,13 +208,18 @@ class CacheService:
             raise
         except DsagentError as exc:
             self._errors[(task_id, request.name)] = exc
+            self.metrics.request_settled(exc.code)
         except Exception as exc:  # a foreign storage error, or a bug: keep it visible, never crash the loop
             known = classify(exc, f"dataset {request.name!r}")
             if known is not None:
                 self._errors[(task_id, request.name)] = known
+                self.metrics.request_settled(known.code)
                 return
             log.exception("caching %s for task %s failed", request.name, task_id)
             self._errors[(task_id, request.name)] = DsagentError(f"internal error: {type(exc).__name__}: {exc}")
+            self.metrics.request_settled("internal")
+        else:
+            self.metrics.request_settled("ok")
 
     async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:
         resolved = await self._versions.resolve(request.name, source)
@@ -315,8 +325,13 @@ class CacheService:
         return report.inventory(await self.datasets(), await self.space(), self.settings.node_name)
 
     async def metrics_text(self) -> str:
+        """``GET /metrics``: the counters and the gauges of this moment (see :mod:`dsagent.cache.metrics`)."""
+        failed = {tid for (tid, _name) in self._errors}
         tasks = await self._db(self.catalog.task_ids)
-        return self.metrics.render(report.gauges(await self.space(), await self.datasets(), len(tasks)))
+        working = {tid for (tid, _), waiter in self._waiters.items() if not waiter.done()}
+        states = report.task_states(tasks, failed=failed, working=working)
+        self.metrics.set_gauges(await self.space(), (v["state"] for v in await self.datasets()), states)
+        return self.metrics.render()
 
 
 __all__ = ["CacheService", "DatasetRequest", "DatasetStatus", "EvictionResult", "TaskRecord", "iso", "redact_url"]

@@ -31,7 +31,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.errors import SettingsError
 from dsplatform.settings import EnvSettings, InvalidSettings
-from dsplatform.units import Duration, Size, UnitError
+from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
 _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -101,6 +101,30 @@ Flag = Annotated[bool, BeforeValidator(_flag)]
 Whole = Annotated[int, BeforeValidator(_whole)]
 
 
+def parse_share(text: str | int | float) -> float | int:
+    """A share of the disk: ``"15%"`` -> 0.15 (a fraction), else a size (``"100Gi"`` -> bytes)."""
+    if isinstance(text, float) and 0 <= text < 1:  # already a fraction (the default, or a copy)
+        return text
+    value = str(text).strip()
+    if value.endswith("%"):
+        try:
+            fraction = float(value[:-1]) / 100
+        except ValueError:
+            fraction = math.nan
+        if not 0 <= fraction < 1:
+            raise ValueError(f"a percentage must be between 0% and 99%, got {text!r}")
+        return fraction
+    return parse_size(value)
+
+
+Share = Annotated[float | int, NoDecode, BeforeValidator(parse_share)]
+
+#: The kubelet's default hard eviction threshold ``nodefs.available<10%``.
+KUBELET_NODEFS_AVAILABLE = "10%"
+#: Headroom kept above the kubelet's threshold in cluster mode unless DSAGENT_RESERVE says otherwise.
+DEFAULT_RESERVE = "15%"
+
+
 class Settings(EnvSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
@@ -120,6 +144,10 @@ class Settings(EnvSettings):
     admin_token_file: Path | None = Field(None, repr=False)
     node_name: str = Field(default_factory=socket.gethostname)
     capacity_bytes: Size | None = Field(None, validation_alias=_env("CAPACITY", "capacity_bytes"))
+    # Disk kept free, never filled by the cache: ``reserve`` + the kubelet's ``nodefs.available``
+    # threshold (see :meth:`disk_floor`). None: 15% in cluster mode, nothing standalone.
+    reserve: Share | None = None
+    nodefs_available: Share = Field(0.10, validation_alias=_env("NODEFS_AVAILABLE", "nodefs_available"))
     evict_ratio: float = 1.2
     idle_ttl: Duration = 7 * 86400.0
     lease_ttl: Duration = 6 * 3600.0
@@ -143,6 +171,15 @@ class Settings(EnvSettings):
     csi_driver_name: str = "datasets.dsagent.io"
     csi_kubelet_pods_dir: Path = Path("/var/lib/kubelet/pods")  # NodePublish targets must lie under it
     # --- end issue 12 ---
+
+    def disk_floor(self, disk_total: int) -> int:
+        """Bytes of the cache's disk the cache never fills: the reserve plus the kubelet's
+        ``nodefs.available`` eviction threshold, so a cache on the root disk can never get the
+        node's pods evicted. Standalone (not ``--kubernetes``) with no reserve set: 0."""
+        if self.reserve is None and not self.kubernetes:
+            return 0
+        reserve = self.reserve if self.reserve is not None else parse_share(DEFAULT_RESERVE)
+        return sum(int(s * disk_total) if isinstance(s, float) else int(s) for s in (reserve, self.nodefs_available))
 
     @property
     def socket(self) -> Path:

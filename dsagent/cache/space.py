@@ -99,7 +99,7 @@ class Space:
         """Free bytes for new data: disk free and capacity left, minus pending reservations."""
         disk = await self.pools.work(self.store.disk_usage)
         pending = sum(max(0, size - self.progress.bytes_done(key)) for key, size in self.reservations.items())
-        free = disk.free - pending
+        free = disk.free - pending - self.settings.disk_floor(disk.total)  # never into the kubelet's eviction zone
         if self.settings.capacity_bytes is not None:
             rows = await self.pools.db(self._catalog().versions)
             reserved = sum(self.reservations.values())
@@ -115,7 +115,7 @@ class Space:
         rows = await self.pools.db(self._catalog().versions)
         disk = await self.pools.work(self.store.disk_usage)
         used = sum(r.size_bytes for r in rows if r.state == "ready")
-        capacity = self.settings.capacity_bytes if self.settings.capacity_bytes is not None else disk.total
+        capacity = self.settings.capacity_bytes if self.settings.capacity_bytes is not None else disk.total - self.settings.disk_floor(disk.total)
         return {"capacityBytes": capacity, "freeBytes": max(0, await self.free_bytes()), "usedBytes": used}
 
     # -- eviction ---------------------------------------------------------------------
@@ -153,8 +153,7 @@ class Space:
             return False  # a task was bound to it after the plan was made
         log.info("evicting %s@%s (%s, %s)", victim.name, victim.digest[:12], format_size(victim.size_bytes), reason)
         await self.pools.work(self.store.remove, *key)
-        self.metrics.inc("dsagent_evictions_total", reason=reason)
-        self.metrics.inc("dsagent_evicted_bytes_total", victim.size_bytes)
+        self.metrics.evicted(reason, victim.size_bytes)
         return True
 
     async def collect_superseded(self, name: str | None = None) -> None:

@@ -34,7 +34,7 @@ from dsagent.cache.fetch import (
 )
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Key, Store
-from dsagent.cache.metrics import Metrics
+from dsagent.cache.metrics import Metrics, error_code
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
@@ -122,7 +122,7 @@ class Versions:
         total = sum(f.size for f in files)
         token = uuid.uuid4().hex[:16]
         key = (name, f"pending-{token}")
-        self.metrics.inc("dsagent_cache_misses_total")
+        self.metrics.miss()
         async with self._fetch_slots:
             await self.space.reserve(key, total)
             staging = self.store.pending_dir(name, token)
@@ -134,16 +134,15 @@ class Versions:
                 manifest = Manifest.create(name, entries, directories=dirs)
                 await self.pools.work(finish, staging, manifest)
                 adopted = await self._adopt(key, manifest, source)
-            except BaseException:
-                self.metrics.inc("dsagent_fetches_total", result="failed")
+            except BaseException as exc:
+                self.metrics.fetch_failed(error_code(exc))
                 await self.pools.work(self.store.discard_pending, name, token)
                 raise
             finally:
                 self.space.release(key)
                 self.progress.end(key, source.url)
-        self.metrics.inc("dsagent_fetches_total", result="ok")
-        self.metrics.inc("dsagent_fetch_seconds_total", time.monotonic() - started)
-        self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
+        self.metrics.fetch_succeeded(time.monotonic() - started, manifest.total_bytes)
+        self.metrics.bytes_fetched(progress.bytes_done)
         if adopted:
             log.info("cached %s@%s: %d files, %s", name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
             await self.space.collect_superseded(name)
@@ -189,17 +188,17 @@ class Versions:
             await self.pools.db(self._catalog().delete_version, *key)
             row = None
         if row is not None and row.state == "ready":
-            self.metrics.inc("dsagent_cache_hits_total")
+            self.metrics.hit()
             await self.pools.db(self._catalog().touch, *key, self.clock())
             return
-        self.metrics.inc("dsagent_cache_misses_total")
+        self.metrics.miss()
         async with self._fetch_slots:
             await self.space.reserve(key, manifest.total_bytes)
             started = time.monotonic()
             try:
                 await self._fetch_reserved(source, manifest)
             except BaseException as exc:
-                self.metrics.inc("dsagent_fetches_total", result="failed")
+                self.metrics.fetch_failed(error_code(exc))
                 message = exc.message if isinstance(exc, DsagentError) else f"{type(exc).__name__}: {exc}"
                 with contextlib.suppress(Exception):
                     await self.pools.db(self._catalog().mark_failed, *key, message)
@@ -209,8 +208,7 @@ class Versions:
             finally:
                 self.space.release(key)
                 self.progress.end(key)
-        self.metrics.inc("dsagent_fetches_total", result="ok")
-        self.metrics.inc("dsagent_fetch_seconds_total", time.monotonic() - started)
+        self.metrics.fetch_succeeded(time.monotonic() - started, manifest.total_bytes)
         log.info("cached %s@%s: %d files, %s", manifest.name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
         await self.space.collect_superseded(manifest.name)
 
@@ -229,7 +227,7 @@ class Versions:
         else:
             await fetch_files(source, manifest, staging, progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers)
         await self.pools.work(finish, staging, manifest)
-        self.metrics.inc("dsagent_fetched_bytes_total", progress.bytes_done)
+        self.metrics.bytes_fetched(progress.bytes_done)
         await self.pools.work(self.store.publish, *key)
         await self.pools.db(self._catalog().mark_ready, *key, now=self.clock())
 

@@ -10,6 +10,8 @@ Modules, each owning one concept:
 - :mod:`dsagent.kube.publisher`: what the agent writes on its Node (annotations, pure diffing).
 - :mod:`dsagent.kube.podwatch`: the list+watch loop over the pods bound to this node.
 - :mod:`dsagent.kube.agent`: :class:`ClusterAgent`, wiring the above to the CacheService.
+- :mod:`dsagent.kube.controller`: the Dataset controller (readyNodes, pack Jobs, warm-up,
+  cleanup; one leader by Lease), run by its own Deployment.
 
 Only this package imports ``kubernetes``; the rest of dsagent works without a cluster.
 """

@@ -150,7 +150,7 @@ def test_health_readiness_and_metrics_answer(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     assert http.get("/readyz").json() == {"status": "ready"}
     text = http.get("/metrics").text
-    for name in ("dsagent_cache_hits_total", "dsagent_cache_misses_total", "dsagent_fetched_bytes_total", "dsagent_fetch_seconds_total", "dsagent_free_bytes", "dsagent_used_bytes"):
+    for name in ("dsagent_cache_hits_total", "dsagent_cache_misses_total", "dsagent_fetched_bytes_total", "dsagent_fetch_duration_seconds_count", "dsagent_free_bytes", "dsagent_used_bytes"):
         assert f"\n{name} " in "\n" + text, name
 
 

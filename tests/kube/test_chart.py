@@ -49,14 +49,25 @@ NON_DEFAULT: dict[str, Any] = {
             "registrar": {"image": {"repository": "mirror.example.com/csi-node-driver-registrar", "tag": "v2.12.0"}}},
 }
 MINIMAL: dict[str, Any] = {"webhook": {"enabled": False}, "scheduler": {"enabled": False},
-                           "extender": {"enabled": False}, "crds": {"install": False}}
+                           "extender": {"enabled": False}, "crds": {"install": False}, "controller": {"enabled": False}}
+DIGEST = "sha256:" + "ab" * 32
+PRODUCTION: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "ignored", "digest": DIGEST},
+    "agent": {"reserve": "20%"},
+    "availability": {"podDisruptionBudget": {"maxUnavailable": "50%"}, "podAntiAffinity": "hard",
+                     "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"}},
+    "topologyDiscovery": {"hostNetwork": True},
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+                "grafanaDashboard": {"enabled": True, "namespace": "monitoring"}},
+    "controller": {"replicas": 3, "packServiceAccount": "bucket-writer"},
+}
 DEVICE_PLUGIN: dict[str, Any] = {"agent": {"cacheDir": "/nvme/dsagent", "devicePlugin": {
     "enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"}}}
 GPU_CLASSES: dict[str, Any] = {"gpuClasses": {"enabled": True, "resourcePrefix": "example.com",
                                               "jobLabels": ["team.example.com/job", "job-name"], "jobTTL": "2h"},
                                "agent": {"roceClasses": "subnet"}}
-VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL, "device-plugin": DEVICE_PLUGIN,
-              "no-csi": {"csi": {"enabled": False}}, "gpu-classes": GPU_CLASSES,
+VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL, "production": PRODUCTION,
+              "device-plugin": DEVICE_PLUGIN, "no-csi": {"csi": {"enabled": False}}, "gpu-classes": GPU_CLASSES,
               "cert-manager-with-issuer": {"webhook": {"certManager": {
                   "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}}
 
@@ -138,7 +149,9 @@ def test_the_default_values_satisfy_the_schema() -> None:
 
 # -- every object, every Kubernetes version
 
-CHECKED_BY_HAND = {"cert-manager.io/v1"}
+# kubernetes-validate knows only built-in kinds: cert-manager objects and the Prometheus
+# Operator's ServiceMonitor (CRDs) are checked by the tests below instead.
+CHECKED_BY_HAND = {"cert-manager.io/v1", "monitoring.coreos.com/v1"}
 
 
 def all_objects(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -428,8 +441,10 @@ def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]
 
 def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
     default = find(rendered["default"], "NetworkPolicy")
-    assert default["spec"]["policyTypes"] == ["Ingress"] and default["spec"]["ingress"] == []
-    [rule] = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
+    [controller] = default["spec"]["ingress"]  # only the Dataset controller (warm-up, cleanup)
+    assert controller["from"] == [{"podSelector": {"matchLabels": find(rendered["default"], "Deployment", "-controller")["spec"]["selector"]["matchLabels"]}}]
+    assert find(rendered["agent-only"], "NetworkPolicy")["spec"]["ingress"] == []
+    rule, _ = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
     assert rule["ports"] == [{"port": 7420, "protocol": "TCP"}]
     assert rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
 
@@ -525,3 +540,140 @@ def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricte
     # the agent is the one privileged part (its namespace needs the privileged level) ...
     assert violations(find(rendered["default"], "DaemonSet", "-agent")["spec"]["template"])
     # ... and what the webhook injects into user pods keeps them restricted (tests/kube/test_mutation_csi.py)
+
+
+# -- production: disruption budgets, spreading, probes, digest, discovery, monitoring (issue 13)
+
+DEPLOYMENTS = ("extender", "webhook", "scheduler", "controller")
+
+
+def test_every_deployment_has_a_pdb_selecting_its_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for label, expected in (("default", 1), ("production", "50%")):
+        docs = rendered[label]
+        for component in DEPLOYMENTS:
+            pdb = find(docs, "PodDisruptionBudget", f"-{component}")
+            pod_labels = find(docs, "Deployment", f"-{component}")["spec"]["template"]["metadata"]["labels"]
+            assert pdb["spec"]["maxUnavailable"] == expected
+            assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert "PodDisruptionBudget" not in kinds(rendered["agent-only"])
+
+
+def test_replicas_spread_over_nodes_and_zones_and_repel_each_other(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for component in DEPLOYMENTS:
+        pod = find(rendered["default"], "Deployment", f"-{component}")["spec"]["template"]
+        keys = [c["topologyKey"] for c in pod["spec"]["topologySpreadConstraints"]]
+        assert keys == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+        for constraint in pod["spec"]["topologySpreadConstraints"]:
+            assert constraint["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        [term] = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        hard = find(rendered["production"], "Deployment", f"-{component}")["spec"]["template"]["spec"]
+        assert "requiredDuringSchedulingIgnoredDuringExecution" in hard["affinity"]["podAntiAffinity"]
+    own = render({"extender": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}}})
+    assert set(find(own, "Deployment", "-extender")["spec"]["template"]["spec"]["affinity"]) == {"nodeAffinity"}
+
+
+def test_every_long_running_container_has_a_startup_probe(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    pods = [find(docs, "Deployment", f"-{c}")["spec"]["template"]["spec"] for c in DEPLOYMENTS] + [agent_pod(docs)]
+    for pod in pods:
+        for container in pod["containers"]:
+            probe = container["startupProbe"]
+            assert probe["httpGet"]["path"] == "/healthz" and probe["failureThreshold"] * probe["periodSeconds"] >= 60
+            assert "initialDelaySeconds" not in container["livenessProbe"]
+
+
+def test_an_image_digest_overrides_the_tag_everywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["production"]
+    images = {c["image"] for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+              for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])}
+    ours = {i for i in images if "kube-scheduler" not in i and "csi-node-driver-registrar" not in i}  # upstream images
+    assert ours == {f"registry.example.com/ml/dsplatform@{DIGEST}"}
+    assert json.loads(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])["image"].endswith(DIGEST)
+    env = {e["name"]: e.get("value") for e in find(docs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DSAGENT_CONTROLLER_PACK_IMAGE"].endswith(DIGEST)
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(str(CHART)).validate_schema({"image": {"digest": "latest"}})
+
+
+def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    default, production = agent_pod(rendered["default"]), agent_pod(rendered["production"])
+    assert "hostNetwork" not in default
+    assert production["hostNetwork"] is True and production["dnsPolicy"] == "ClusterFirstWithHostNet"
+    volumes = {v["name"]: v for v in default["volumes"]}
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    container = agent_container(rendered["default"])
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "host-sys")
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSAGENT_SYSFS_ROOT"] == "/host"
+    assert settings.Settings.from_env({k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}).sysfs_root == Path("/host")
+    env = {e["name"]: e.get("value") for e in agent_container(rendered["production"])["env"]}
+    assert env["DSAGENT_RESERVE"] == "20%"
+
+
+def test_the_service_monitor_selects_services_with_an_http_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["production"]
+    monitor = find(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert set(monitor["spec"]) == {"namespaceSelector", "selector", "endpoints"}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    selected = []
+    for service in (d for d in docs if d["kind"] == "Service"):
+        labels = service["metadata"]["labels"]
+        if all(labels.get(e["key"]) in e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]):
+            selected.append(labels["app.kubernetes.io/component"])
+            assert any(p["name"] == "http" for p in service["spec"]["ports"])
+    assert sorted(selected) == ["agent", "controller", "extender"]
+    assert "ServiceMonitor" not in kinds(rendered["default"])
+
+
+def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_json(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    config = find(rendered["production"], "ConfigMap", "-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1" and config["metadata"]["namespace"] == "monitoring"
+    dashboard = json.loads(config["data"]["dsplatform.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    for metric in ("dsagent_requests_total", "dsagent_cache_hits_total", "dsagent_fetch_duration_seconds_bucket",
+                   "dsagent_evictions_total", "dsplatform_extender_request_duration_seconds_bucket"):
+        assert metric in exprs, metric
+    assert not [d for d in rendered["default"] if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    assert rules_of(docs, "-controller") == {("", "nodes", "list"), ("dsagent.io", "datasets", "list"),
+                                             ("dsagent.io", "datasets/status", "patch")}
+    role = find(docs, "Role", "-controller")
+    deployment = find(docs, "Deployment", "-controller")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert any(r.get("resourceNames") == [env["DSAGENT_CONTROLLER_LEASE"]] for r in role["rules"])
+    assert rules_of(docs, "-pack") == {("dsagent.io", "datasets", "get"), ("dsagent.io", "datasets", "create"),
+                                       ("dsagent.io", "datasets/status", "patch")}
+    assert env["DSAGENT_CONTROLLER_PACK_SERVICE_ACCOUNT"] == find(docs, "ServiceAccount", "-pack")["metadata"]["name"]
+    agent_labels = agent_pod(docs)  # the selector finds the agent pods
+    selector = dict(kv_.split("=") for kv_ in env["DSAGENT_CONTROLLER_AGENT_SELECTOR"].split(","))
+    assert selector.items() <= find(docs, "DaemonSet", "-agent")["spec"]["template"]["metadata"]["labels"].items()
+    assert agent_labels
+    from dsagent.kube.controller import ControllerSettings
+    settings = ControllerSettings.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.resync_s == 30 and settings.metrics_port == 8080
+    production = rendered["production"]
+    assert "-pack" not in {d["metadata"]["name"][-5:] for d in production if d["kind"] == "ServiceAccount"}
+
+
+def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    crd = find(rendered["default"], "CustomResourceDefinition")
+    columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Ready"] == ".status.readyNodeCount" and columns["Digest"] == ".status.digest"
+    schema = dataset_schema(rendered["default"])
+    ds = make_dataset("imagenet", bundles="s3://b/x", status={"digest": "0" * 32, "readyNodes": ["a"], "readyNodeCount": 1,
+                                                              "pack": {"state": "Running"}, "warm": {"state": "Ready"}})
+    ds["spec"]["pack"] = {"auto": True}
+    ds["spec"]["warm"] = {"nodes": 3, "nodeSelector": {"pool": "a100"}, "startTime": "2026-12-01T00:00:00Z"}
+    jsonschema.validate(ds, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**ds, "spec": {**ds["spec"], "warm": {"nodes": -1}}}, schema)

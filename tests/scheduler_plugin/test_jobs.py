@@ -50,3 +50,13 @@ def test_a_class_the_pod_requests_replaces_the_cached_one() -> None:
     jobs.remember("ml/bert", "gpu-roce2")
     jobs.set("ml/bert", "gpu-roce1")
     assert jobs.get("ml/bert") == "gpu-roce1" and len(jobs) == 1
+
+
+def test_memory_is_bounded_and_expired_jobs_are_not_counted() -> None:
+    clock = Clock()
+    jobs = JobClasses(ttl_s=60, clock=clock, maxsize=3)
+    for i in range(5):
+        jobs.remember(f"ml/{i}", "gpu-roce1")
+    assert len(jobs) == 3 and jobs.get("ml/0") is None and jobs.get("ml/4") == "gpu-roce1"
+    clock.now += 61
+    assert len(jobs) == 0

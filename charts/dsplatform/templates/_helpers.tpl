@@ -43,8 +43,66 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* The image: repository@digest when image.digest is set (the tag is then ignored), else repository:tag. */}}
 {{- define "dsplatform.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Spreading of a Deployment's replicas: topologySpreadConstraints and, when the
+component sets no affinity of its own, pod anti-affinity. Pass (dict "root" $ "component" "extender" "affinity" .Values.extender.affinity). */}}
+{{- define "dsplatform.spreading" -}}
+{{- $a := .root.Values.availability }}
+{{- if $a.topologySpread.enabled }}
+topologySpreadConstraints:
+{{- range $a.topologySpread.topologyKeys }}
+  - maxSkew: 1
+    topologyKey: {{ . }}
+    whenUnsatisfiable: {{ $a.topologySpread.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "dsplatform.selectorLabels" (dict "root" $.root "component" $.component) | nindent 8 }}
+{{- end }}
+{{- end }}
+{{- if .affinity }}
+affinity:
+  {{- toYaml .affinity | nindent 2 }}
+{{- else if eq $a.podAntiAffinity "soft" }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "dsplatform.selectorLabels" (dict "root" .root "component" .component) | nindent 14 }}
+{{- else if eq $a.podAntiAffinity "hard" }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "dsplatform.selectorLabels" (dict "root" .root "component" .component) | nindent 12 }}
+{{- end }}
+{{- end }}
+
+{{/* A startupProbe on a container's health endpoint: pass (dict "root" $ "path" "/healthz" "port" "http" "scheme" "HTTP"). */}}
+{{- define "dsplatform.startupProbe" -}}
+startupProbe:
+  httpGet:
+    path: {{ .path }}
+    port: {{ .port }}
+    {{- with .scheme }}
+    scheme: {{ . }}
+    {{- end }}
+  periodSeconds: {{ .root.Values.availability.startupProbe.periodSeconds }}
+  failureThreshold: {{ .root.Values.availability.startupProbe.failureThreshold }}
+  timeoutSeconds: 5
 {{- end }}
 
 {{- define "dsplatform.extenderURL" -}}
