@@ -12,11 +12,17 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from dsagent.api.schemas import EvictIn, TaskIn, eviction_out, task_out
 from dsagent.errors import Unauthorized
+from dsagent.cache.peers import PEER_HEADER, check_peer_token
 from dsagent.cache.service import CacheService
+from dsagent.format.names import validate_digest
 
 router = APIRouter()
 
@@ -86,6 +92,28 @@ async def evict(body: EvictIn, svc: CacheService = Depends(service)) -> dict[str
 @router.get("/v1/inventory")
 async def inventory(svc: CacheService = Depends(service)) -> dict[str, Any]:
     return await svc.inventory()
+
+
+def require_peer(request: Request) -> None:
+    """Peer endpoints need the agents' shared peer token on every transport (pods never hold it)."""
+    check_peer_token(request.app.state.settings, request.headers.get("authorization", ""))
+
+
+@router.get("/v1/peer/bundles/{digest}", dependencies=[Depends(require_peer)])
+async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends(service)) -> StreamingResponse:
+    """A bundle of a ready version, re-packed and streamed to another agent (docs/design.md#peers)."""
+    validate_digest(digest)
+    peer = (request.headers.get(PEER_HEADER) or (request.client.host if request.client else "") or "unknown")[:253]
+    chunks, end = await svc.peer_server.open(digest, peer)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                yield chunk
+        finally:
+            end()
+
+    return StreamingResponse(body(), media_type="application/zstd", headers={"Cache-Control": "no-store"})
 
 
 @router.get("/healthz")

@@ -20,6 +20,7 @@ _HELP = {
     "dsagent_fetches_total": ("counter", "Finished fetches, by result."),
     "dsagent_evictions_total": ("counter", "Dataset versions evicted, by reason."),
     "dsagent_evicted_bytes_total": ("counter", "Bytes freed by evictions."),
+    "dsagent_peer_bytes_total": ("counter", "Bundle bytes (compressed) served to and fetched from peer agents, by direction."),
     "dsagent_free_bytes": ("gauge", "Bytes free for the cache (after reservations and the capacity limit)."),
     "dsagent_used_bytes": ("gauge", "Bytes held by cached dataset versions."),
     "dsagent_capacity_bytes": ("gauge", "Bytes the cache may use."),
