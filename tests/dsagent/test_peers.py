@@ -276,3 +276,37 @@ def test_holds_ready_reads_current_and_older_versions() -> None:
     assert not holds_ready(inventory, "d", "a" * 32)
     assert not holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32)
     assert holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32)
+
+
+# --------------------------------------------------------------------------- the cluster's own P2P engine
+
+
+def test_bundle_downloads_go_through_the_stores_proxy_and_manifests_do_not(store: Any, agent_factory: Any) -> None:
+    from tests.dsagent.caching_proxy import CachingProxy
+
+    manifest, server = store
+    proxy = CachingProxy()
+    try:
+        env = {"DSAGENT_STORE_PROXIES": f"{server.url}/store={proxy.url}"}
+        for name in ("a", "b"):
+            agent = agent_factory(name, env=env)
+            _verified(agent, manifest, _cache(agent, server))
+        bundles = {url for url in proxy.served if "/store/bundles/" in url}
+        assert len(bundles) == len(manifest.bundles)
+        assert all(proxy.served[url] >= 2 for url in bundles), "both agents read every bundle through the proxy"
+        assert _bundle_gets(server) == len(manifest.bundles), "the origin served each bundle once"
+        assert not [url for url in proxy.served if "manifest" in url], "manifests change under one name: never through the proxy"
+    finally:
+        proxy.close()
+
+
+def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
+    from dsagent.cache.peers import bundle_options
+    from dsagent.cache.settings import Settings
+
+    settings = Settings.from_env({"DSAGENT_STORE_PROXIES": "http://store:80/ds=http://127.0.0.1:65001, s3://bucket=http://127.0.0.1:65001"})
+    assert bundle_options(settings, "http://store:80/ds", None) == {"proxy": "http://127.0.0.1:65001"}
+    assert bundle_options(settings, "http://store:80/ds/sub", {"a": 1}) == {"a": 1, "proxy": "http://127.0.0.1:65001"}
+    assert bundle_options(settings, "http://store:80/dsx", None) is None
+    s3 = bundle_options(settings, "s3://bucket/packs", {"anon": True})
+    assert s3 == {"anon": True, "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}}}
