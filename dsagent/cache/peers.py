@@ -102,19 +102,29 @@ def _tar_header(entry: FileEntry) -> bytes:
 
 
 def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
-    """A bundle's tar+zstd stream (one frame) re-packed from a ready directory's files.
+    """A bundle's tar+zstd stream (one frame) re-packed from a ready directory's files,
+    in pieces of about 1 MiB.
 
     Each file is hashed as it is read; a file whose size or digest no longer matches the
     manifest raises :class:`IntegrityError` mid-stream, which cuts the stream short: the
     receiver then sees a truncated bundle and falls back to another source.
     """
     compressor = zstandard.ZstdCompressor(level=level, write_checksum=True).compressobj(size=-1)
+    pending = bytearray()
     buf = bytearray(_READ)
     view = memoryview(buf)
+
+    def put(data: bytes | memoryview) -> bytes | None:
+        pending.extend(compressor.compress(data))
+        if len(pending) < _READ:
+            return None
+        piece = bytes(pending)
+        pending.clear()
+        return piece
+
     for entry in members:
-        out = compressor.compress(_tar_header(entry))
-        if out:
-            yield out
+        if (piece := put(_tar_header(entry))) is not None:
+            yield piece
         state = xxhash.xxh3_128()
         size = 0
         with open(ready_dir.joinpath(*entry.path.split("/")), "rb", buffering=0) as fh:
@@ -124,18 +134,16 @@ def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK
                     break
                 chunk = view[:n]
                 state.update(chunk)
-                out = compressor.compress(chunk)
-                if out:
-                    yield out
+                if (piece := put(chunk)) is not None:
+                    yield piece
         if size != entry.size or state.hexdigest() != entry.digest:
             raise IntegrityError(f"cached file {entry.path!r} no longer matches its digest; not serving it")
-        if size % _BLOCK:
-            out = compressor.compress(bytes(_BLOCK - size % _BLOCK))
-            if out:
-                yield out
-    out = compressor.compress(_ZEROS) + compressor.flush()
-    if out:
-        yield out
+        if size % _BLOCK and (piece := put(bytes(_BLOCK - size % _BLOCK))) is not None:
+            yield piece
+    pending.extend(compressor.compress(_ZEROS))
+    pending.extend(compressor.flush())
+    if pending:
+        yield bytes(pending)
 
 
 class _Bucket:

@@ -310,3 +310,24 @@ def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
     assert bundle_options(settings, "http://store:80/dsx", None) is None
     s3 = bundle_options(settings, "s3://bucket/packs", {"anon": True})
     assert s3 == {"anon": True, "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}}}
+
+
+def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
+    from types import SimpleNamespace as NS
+
+    from dsagent.cache.inventory import ANNOTATION
+    from dsagent.kube.peers import holders_from_nodes
+
+    def node(name: str, inventory: Any, ip: str = "10.0.0.1") -> Any:
+        annotations = {ANNOTATION: json.dumps(inventory)} if inventory is not None else {}
+        return NS(metadata=NS(name=name, annotations=annotations), status=NS(addresses=[NS(type="Hostname", address=name), NS(type="InternalIP", address=ip)]))
+
+    held = {"datasets": {"imgs": {"digest": "a" * 32, "state": "ready"}}}
+    nodes = [
+        node("me", held, "10.0.0.9"),
+        node("n1", held, "10.0.0.1"),
+        node("n2", {"datasets": {"imgs": {"digest": "a" * 32, "state": "fetching"}}}, "10.0.0.2"),
+        node("n3", None, "10.0.0.3"),
+        node("n4", held, "fd00::4"),
+    ]
+    assert holders_from_nodes(nodes, "me", "imgs", "a" * 32, 7420) == ["http://10.0.0.1:7420", "http://[fd00::4]:7420"]

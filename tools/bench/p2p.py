@@ -220,7 +220,7 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int) -> dic
     agents = [Agent(work, i) for i in range(count)]
     try:
         for agent in agents:
-            env = {"DSAGENT_SWEEP_INTERVAL": "3600", "DSAGENT_FETCH_WORKERS": str(workers)}
+            env = {"DSAGENT_SWEEP_INTERVAL": "3600", "DSAGENT_FETCH_WORKERS": str(workers), "DSAGENT_NODE_NAME": agent.root.name}
             if peers:
                 env |= {
                     "DSAGENT_PEER_TOKEN": PEER_TOKEN,
