@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
 import shutil
 import tarfile
 import threading
@@ -51,7 +50,13 @@ from dsagent.cache.layout import Key, Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.progress import FetchProgress
 from dsagent.cache.settings import Settings
-from dsagent.errors import DsagentError, IntegrityError, NotFound, TransientError, Unauthorized
+from dsagent.errors import (
+    DsagentError,
+    IntegrityError,
+    NotFound,
+    TransientError,
+    Unauthorized,
+)
 from dsagent.format.extract import unpack_bundle
 from dsagent.format.manifest import BUNDLES_DIR, BundleRef, FileEntry, Manifest
 
@@ -379,7 +384,7 @@ class PeerFetcher:
                 except PeerRefused as exc:
                     log.info("peer %s refused bundle %s (%s); trying the next source", peer, bundle.digest[:12], exc)
                     continue
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - any failure of a peer means: next source
                     session.drop(peer)
                     log.warning("bundle %s from peer %s failed (%s); not asking it again for this version", bundle.digest[:12], peer, exc)
                     continue

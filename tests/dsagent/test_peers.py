@@ -19,7 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from dsagent.cache.peers import PeerBusy, PeerOverloaded, UploadLimits, holds_ready, repack
+from dsagent.cache.peers import (
+    PeerBusy,
+    PeerOverloaded,
+    UploadLimits,
+    holds_ready,
+    repack,
+)
 from dsagent.format.bundle import pack, unpack_bundle, verify_tree
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
@@ -131,7 +137,7 @@ def test_a_version_that_is_not_ready_is_never_served(store: Any, agent_factory: 
     manifest, server = store
     slow = manifest.bundles[-1].digest
     server.slow_down(lambda p: slow in p, 4.0)
-    a = agent_factory("a", tcp=True, env=_peer_env(**{"DSAGENT_FETCH_WORKERS": "1"}))
+    a = agent_factory("a", tcp=True, env=_peer_env(DSAGENT_FETCH_WORKERS="1"))
     with a.client() as client:
         client.submit_task("t1", [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
         deadline = time.monotonic() + 20
@@ -163,7 +169,7 @@ def test_upload_limits_refuse_with_429_per_peer_and_503_in_all() -> None:
 
 def test_a_refusing_peer_is_skipped_and_the_store_serves(seeded: Any, agent_factory: Any) -> None:
     manifest, server, a = seeded
-    b = agent_factory("b", tcp=True, env=_peer_env(a.url, **{"DSAGENT_PEER_TOKEN": "another-token-0123456789"}))
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url, DSAGENT_PEER_TOKEN="another-token-0123456789"))
     _verified(b, manifest, _cache(b, server))
     assert _bundle_gets(server) == 2 * len(manifest.bundles)
 
@@ -193,7 +199,7 @@ class _BadPeerHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _BadPeer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def do_GET(self) -> None:

@@ -39,7 +39,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
@@ -57,10 +57,10 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
-    sent = [0, 0]
+    sent: ClassVar[list[int]] = [0, 0]
     lock = threading.Lock()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _count(self, n: int) -> None:
