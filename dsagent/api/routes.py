@@ -15,9 +15,12 @@ because validation errors are answered as 400 ``invalid_input``.
 from __future__ import annotations
 
 import hmac
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from dsagent.api.schemas import (
     DatasetsOut,
@@ -34,8 +37,10 @@ from dsagent.api.schemas import (
     task_out,
 )
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dsagent.cache.peers import PEER_HEADER, check_peer_token
 from dsagent.cache.service import CacheService
 from dsagent.errors import Unauthorized
+from dsagent.format.names import validate_digest
 
 router = APIRouter()
 
@@ -47,6 +52,7 @@ ERROR_STATUSES: dict[int, str] = {
     404: "No such task or dataset (not_found); a source or bundle store that does not exist",
     409: "In use, being fetched, or a task repeated with other datasets (conflict)",
     413: "Request body over DSAGENT_MAX_BODY (body_too_large)",
+    429: "Too many bundles being served to this peer at once (peer_busy): retry later",
     500: "A bug in the agent (internal); details only in the agent's log",
     503: "The source or bundle store is unreachable (source_unavailable): worth retrying",
 }
@@ -122,6 +128,33 @@ async def evict(body: EvictIn, svc: CacheService = Depends(service)) -> dict[str
 @router.get("/v1/inventory", response_model=InventoryOut, responses=errors())
 async def inventory(svc: CacheService = Depends(service)) -> dict[str, Any]:
     return await svc.inventory()
+
+
+def require_peer(request: Request) -> None:
+    """Peer endpoints need the agents' shared peer token on every transport (pods never hold it)."""
+    check_peer_token(request.app.state.settings, request.headers.get("authorization", ""))
+
+
+@router.get(
+    "/v1/peer/bundles/{digest}", dependencies=[Depends(require_peer)], response_class=StreamingResponse,
+    responses={200: {"content": {"application/zstd": {"schema": {"type": "string", "format": "binary"}}},
+                     "description": "The bundle, tar+zstd, re-packed from the ready version's files"},
+               **errors(400, 401, 404, 429, 503)},
+)
+async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends(service)) -> StreamingResponse:
+    """A bundle of a ready version, re-packed and streamed to another agent (docs/design.md#peers)."""
+    validate_digest(digest)
+    peer = (request.headers.get(PEER_HEADER) or (request.client.host if request.client else "") or "unknown")[:253]
+    chunks, end = await svc.peer_server.open(digest, peer)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                yield chunk
+        finally:
+            end()
+
+    return StreamingResponse(body(), media_type="application/zstd", headers={"Cache-Control": "no-store"})
 
 
 @router.get("/healthz", response_model=StatusOut)

@@ -247,12 +247,15 @@ async def fetch_bundles(
     progress: FetchProgress,
     executor: Executor,
     workers: int,
+    from_peer: Callable[[BundleRef, int], bool] | None = None,
 ) -> None:
     """Unpack every bundle not in ``done`` into ``staging``; ``on_bundle_done`` records each.
 
     ``local`` maps bundle digests to ready directories of other versions that hold the
     same files: those are hard-linked from there instead of downloaded, so a changed
     dataset only fetches the bundles that changed (cached copies are never modified).
+    ``from_peer(bundle, index)`` (blocking) tries peers first and says whether one delivered
+    the bundle verified; when it did not, the bundle comes from the store (docs/design.md#peers).
     """
     assert source.bundles is not None
     todo = [b for b in manifest.bundles if b.digest not in done]
@@ -262,9 +265,11 @@ async def fetch_bundles(
 
     clear_interrupted(staging)
 
-    def unpack(bundle: BundleRef) -> None:
+    def unpack(bundle: BundleRef, index: int) -> None:
         if local and bundle.digest in local:
             link_bundle(local[bundle.digest], staging, manifest.bundle_entries(bundle), progress)
+            return
+        if from_peer is not None and from_peer(bundle, index):
             return
         unpack_bundle(
             source.bundles, manifest, bundle, staging,  # type: ignore[arg-type]
@@ -274,7 +279,7 @@ async def fetch_bundles(
     async def after(index: int) -> None:
         await on_bundle_done(todo[index])
 
-    await _bounded(executor, workers, [functools.partial(unpack, b) for b in todo], after)
+    await _bounded(executor, workers, [functools.partial(unpack, b, i) for i, b in enumerate(todo)], after)
 
 
 __all__ = ["Listed", "Source", "copy_and_digest", "copy_hashing", "list_remote", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]

@@ -74,6 +74,10 @@ class Metrics:
         self.fetched_bytes = Counter("dsagent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r)
         self.evictions = Counter("dsagent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r)
         self.evicted_bytes = Counter("dsagent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r)
+        self.peer_bytes = Counter(
+            "dsagent_peer_bytes", "Bundle bytes (compressed) served to and fetched from peer agents, by direction.",
+            ["direction"], registry=r,
+        )
         self.free_bytes = Gauge("dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r)
         self.used_bytes = Gauge("dsagent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
         self.capacity_bytes = Gauge("dsagent_capacity_bytes", "Bytes the cache may use.", registry=r)
@@ -109,6 +113,10 @@ class Metrics:
 
     def bytes_fetched(self, size_bytes: int) -> None:
         self.fetched_bytes.inc(size_bytes)
+
+    def peer_transfer(self, direction: str, size_bytes: int) -> None:
+        """``direction``: ``served`` (to another agent) or ``fetched`` (from one)."""
+        self.peer_bytes.labels(direction=direction).inc(size_bytes)
 
     def evicted(self, reason: str, size_bytes: int) -> None:
         self.evictions.labels(reason=reason).inc()

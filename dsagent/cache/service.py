@@ -42,6 +42,7 @@ from dsagent.cache.fetch import Source
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
+from dsagent.cache.peers import PeerFetcher, PeerServer, ServedBundle, find_bundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
@@ -83,9 +84,13 @@ class CacheService:
             settings, pools=self.pools, catalog=lambda: self.catalog, store=self.store, clock=clock, metrics=self.metrics,
             claims=self._claims, flights=self._flights, progress=self._progress,
         )
+        self.peers = PeerFetcher(settings, self.store, self.metrics)
+        self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
+        self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._versions = Versions(
             settings, pools=self.pools, catalog=lambda: self.catalog, store=self.store, clock=clock, metrics=self.metrics,
-            space=self._space, claims=self._claims, flights=self._flights, progress=self._progress,
+            space=self._space, claims=self._claims, flights=self._flights, progress=self._progress, peers=self.peers,
         )
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
@@ -99,6 +104,7 @@ class CacheService:
     # -- life cycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._catalog = await self._db(Catalog, self.store.catalog_path)
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
@@ -113,6 +119,7 @@ class CacheService:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.pools.shutdown_workers()
+        self.peers.close()
         if self._catalog is not None:
             await self._db(self._catalog.close)
         self.pools.shutdown_catalog()
@@ -271,6 +278,39 @@ class CacheService:
         if not await self._db(self.catalog.delete_task, task_id):
             raise NotFound(f"no task {task_id!r} on this agent")
         await self._space.collect_superseded()
+
+    # -- peers (docs/design.md#peers) ----------------------------------------------------
+
+    async def _locate_bundle(self, digest: str) -> ServedBundle | None:
+        """A ready version holding bundle ``digest``, pinned against eviction (never staging)."""
+        async with self._space.lock:
+            ready = [r for r in await self._db(self.catalog.versions) if r.state == "ready"]
+            live = {(r.name, r.digest) for r in ready}
+            for key in [k for k in self._manifests if k not in live]:
+                del self._manifests[key]
+            manifests: list[tuple[tuple[str, str], Manifest]] = []
+            for row in ready:
+                key = (row.name, row.digest)
+                if key not in self._manifests:
+                    manifest = await self._versions.stored_manifest(*key)
+                    if manifest is None:
+                        continue
+                    self._manifests[key] = manifest
+                manifests.append((key, self._manifests[key]))
+            found = find_bundle(manifests, digest)
+            if found is None:
+                return None
+            key, members = found
+            ready_dir = self.store.ready_dir(*key)
+            if not await self._work(ready_dir.is_dir):
+                return None
+            self._space.pin([key])
+        return ServedBundle(key, ready_dir, members)
+
+    def _unpin_served(self, key: tuple[str, str]) -> None:
+        """Called from the thread that streamed the bundle: unpin on the loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._space.unpin, [key])
 
     # -- eviction and the idle sweep ----------------------------------------------------
 

@@ -125,6 +125,39 @@ KUBELET_NODEFS_AVAILABLE = "10%"
 DEFAULT_RESERVE = "15%"
 
 
+def _urls(text: str | tuple[str, ...] | list[Any]) -> tuple[str, ...]:
+    items = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p).strip() for p in text]
+    urls = tuple(u.rstrip("/") for u in items if u)
+    for url in urls:
+        if not re.fullmatch(r"https?://[^/\s]+", url):
+            raise ValueError(f"invalid peer {url!r} (use http://HOST:PORT, comma-separated)")
+    return urls
+
+
+def _proxies(text: str | dict[str, str]) -> dict[str, str]:
+    """``STORE=PROXY`` pairs, comma-separated: bundle downloads from a store whose URL starts
+    with STORE go through the HTTP proxy PROXY (docs/design.md#peers)."""
+    if isinstance(text, dict):
+        pairs = list(text.items())
+    else:
+        pairs = []
+        for item in (p.strip() for p in text.split(",")):
+            if not item:
+                continue
+            store, sep, proxy = item.partition("=")
+            if not sep:
+                raise ValueError(f"invalid store proxy {item!r} (use STORE_URL=PROXY_URL)")
+            pairs.append((store.strip(), proxy.strip()))
+    for store, proxy in pairs:
+        if not store or not re.fullmatch(r"https?://[^/\s]+/?", proxy):
+            raise ValueError(f"invalid store proxy {store!r}={proxy!r} (the proxy is http://HOST:PORT)")
+    return {store.rstrip("/"): proxy.rstrip("/") for store, proxy in pairs}
+
+
+Peers = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)]
+Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
+
+
 class Settings(EnvSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
@@ -166,6 +199,18 @@ class Settings(EnvSettings):
     device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
     host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
     sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
+    # peer-to-peer bundles (docs/design.md#peers)
+    peer_token: str | None = Field(None, repr=False)  # agents serve and fetch bundles only with it
+    peer_token_file: Path | None = Field(None, repr=False)
+    peers: Peers = ()  # base URLs of other agents' TCP listeners
+    peer_port: Whole = 0  # cluster mode: the port peers listen on (0: this agent's --listen port)
+    peer_timeout: Duration = 10.0  # connect and per-read timeout of a peer download
+    peer_min_rate: Size = Field(1 << 20, validation_alias=_env("PEER_MIN_RATE", "peer_min_rate"))  # bytes/s, else too slow
+    peer_max_uploads: Whole = 8  # bundles served at once, all peers together (else 503)
+    peer_max_uploads_per_peer: Whole = 4  # bundles served at once to one peer (else 429)
+    peer_upload_rate: Size = Field(0, validation_alias=_env("PEER_UPLOAD_RATE", "peer_upload_rate"))  # bytes/s per peer, 0: no cap
+    store_proxies: Proxies = Field(default_factory=dict)  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)
+
     # --- issue 12: CSI ---
     csi_socket: Path | None = None  # None: no CSI node plugin (docs/design.md#csi)
     csi_driver_name: str = "datasets.dsagent.io"
@@ -222,6 +267,20 @@ class Settings(EnvSettings):
             raise ValueError(f"expected a number >= 1, got {value!r}")
         return value
 
+    @field_validator("peer_max_uploads", "peer_max_uploads_per_peer")
+    @classmethod
+    def _one_upload(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"expected a number >= 1, got {value!r}")
+        return value
+
+    @field_validator("peer_token")
+    @classmethod
+    def _peer_token(cls, value: str | None) -> str | None:
+        if value is not None and len(value) < 16:
+            raise ValueError("the peer token must be at least 16 characters (generate one with: openssl rand -hex 16)")
+        return value
+
     @field_validator("admin_token")
     @classmethod
     def _token(cls, value: str | None) -> str | None:
@@ -252,6 +311,12 @@ class Settings(EnvSettings):
             except OSError as exc:
                 raise ValueError(f"{ENV_PREFIX}ADMIN_TOKEN_FILE: cannot read {str(self.admin_token_file)!r}: {exc.strerror}") from None
             object.__setattr__(self, "admin_token", self._token(token))
+        if self.peer_token is None and self.peer_token_file is not None:
+            try:
+                token = self.peer_token_file.read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"{ENV_PREFIX}PEER_TOKEN_FILE: cannot read {str(self.peer_token_file)!r}: {exc.strerror}") from None
+            object.__setattr__(self, "peer_token", self._peer_token(token))
         if len(str(self.socket).encode()) > 107:
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
         return self

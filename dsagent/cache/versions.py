@@ -35,6 +35,7 @@ from dsagent.cache.fetch import (
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Key, Store
 from dsagent.cache.metrics import Metrics, error_code
+from dsagent.cache.peers import PeerFetcher, bundle_options
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
@@ -55,8 +56,9 @@ class Versions:
 
     def __init__(
         self, settings: Settings, *, pools: Pools, catalog: Callable[[], Catalog], store: Store, clock: Callable[[], float],
-        metrics: Metrics, space: Space, claims: Claims, flights: Flights, progress: ProgressBoard,
+        metrics: Metrics, space: Space, claims: Claims, flights: Flights, progress: ProgressBoard, peers: PeerFetcher | None = None,
     ) -> None:
+        self.peers = peers
         self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
         self.metrics, self.space, self.claims, self.flights, self.progress = metrics, space, claims, flights, progress
         self._fetch_slots = asyncio.Semaphore(settings.max_fetches)
@@ -244,10 +246,21 @@ class Versions:
             self.space.pin(origins)
         progress = self.progress.get(key)
         assert progress is not None
+        assert source.bundles is not None
+        from_peer = None
+        session = await self.peers.session(*key) if self.peers is not None and len(local) < len(manifest.bundles) else None
+        if session is not None and self.peers is not None:
+            peers, live = self.peers, session
+            log.info("fetching %s@%s from peers %s first", manifest.name, manifest.digest[:12], ", ".join(session.holders))
+
+            def from_peer(bundle: BundleRef, index: int) -> bool:
+                return peers.fetch(live, manifest, bundle, index, staging, progress)
+
+        options = bundle_options(self.settings, source.bundles, source.storage_options)
         try:
             await fetch_bundles(
-                source, manifest, staging, done=done, on_bundle_done=record, local=local, progress=progress,
-                executor=self.pools.executor, workers=self.settings.fetch_workers,
+                Source(source.url, source.bundles, options), manifest, staging, done=done, on_bundle_done=record, local=local,
+                progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers, from_peer=from_peer,
             )
         finally:
             self.space.unpin(origins)

@@ -27,6 +27,7 @@ publisher retry in the background.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -190,6 +191,9 @@ class ClusterAgent:
         self._datasets = DatasetClient(self._api_client)
         await self._check_node()
         self.service.admit_task = self.check_task
+        port = self.settings.peer_port or (self.settings.listen[1] if self.settings.listen else 0)
+        if self.settings.peer_token is not None and port:
+            self.service.peers.cluster_holders = functools.partial(self.peer_holders, port=port)
         self._watch = PodWatch(self._api_client, self.node_name, self._from_thread,
                                timeout_seconds=self.cluster.watch_timeout)
         self._watch.start()
@@ -222,6 +226,7 @@ class ClusterAgent:
         if self._watch is not None:
             await asyncio.to_thread(self._watch.stop)
         self.service.admit_task = None
+        self.service.peers.cluster_holders = None
         try:
             await asyncio.wait_for(self._clear_annotations(), timeout=5)
         except (asyncio.TimeoutError, DsagentError) as exc:
@@ -404,6 +409,16 @@ class ClusterAgent:
             return None
         gpu_pods = sum(1 for p in pods if not has_ended(p) and publisher.gpu_request(p) > 0)
         return publisher.free_gpus(self._gpu_count, gpu_pods)
+
+    async def peer_holders(self, name: str, digest: str, *, port: int) -> list[str]:
+        """Agents whose node inventory holds ``name@digest`` ready (docs/design.md#peers)."""
+        from dsagent.kube.peers import holders_from_nodes
+
+        def nodes() -> list[Any]:
+            with translated("list nodes"):
+                return list(self._core.list_node(_request_timeout=10).items or [])
+
+        return holders_from_nodes(await asyncio.to_thread(nodes), self.node_name, name, digest, port)
 
     def _read_annotations(self) -> dict[str, str]:
         with translated(f"read node {self.node_name}"):

@@ -1,0 +1,484 @@
+"""Peer-to-peer bundles: agents serving the bundles of their ready versions to each other.
+
+Who calls it: :class:`dsagent.cache.service.CacheService` (which owns one :class:`PeerServer`
+and one :class:`PeerFetcher`), the ``GET /v1/peer/bundles/{digest}`` route, and
+:mod:`dsagent.cache.versions`, which asks peers for each bundle before the store.
+Design and the measured choice between kept and re-packed bundles: docs/design.md#peers.
+
+Serving. A cached version is unpacked: its bundles' ``.tar.zst`` objects are not kept. A
+bundle's digest is over its *member records* (path, size, file digest), never over the
+compressed bytes, and the receiver verifies members exactly as it verifies a store bundle.
+So a peer re-packs the bundle's files from its ready directory into a fresh tar+zstd
+stream (the same member order and headers :mod:`dsagent.format.bundle` writes) and streams
+it; it hashes each file again as it reads it and cuts the stream on a mismatch, so a
+damaged cache copy is never passed on as good. Only ready versions are served, pinned
+against eviction while a stream runs; staging data is never served.
+
+Limits: at most ``peer_max_uploads`` streams at once (503 beyond), ``peer_max_uploads_per_peer``
+to one peer (429 beyond), and ``peer_upload_rate`` bytes/s to one peer (a token bucket).
+
+Fetching. Before a version's bundles are fetched, the agents that hold it ready are found
+(the configured peers' inventories, and in cluster mode the node inventories), each bundle
+is asked of them in turn (rotated by bundle index, so requests spread), downloaded to a
+private temporary file under ``<root>/staging/peer-*`` and unpacked from there with
+:func:`dsagent.format.extract.unpack_bundle`: verified like any bundle. Any error, refusal,
+timeout (``peer_timeout`` per read, and a deadline from ``peer_min_rate``), oversize or
+mismatch drops that peer for the rest of the fetch and moves on; after the peers, the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import shutil
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import xxhash
+import zstandard
+
+from dsagent.cache.layout import Key, Store
+from dsagent.cache.metrics import Metrics
+from dsagent.cache.progress import FetchProgress
+from dsagent.cache.settings import Settings
+from dsagent.errors import (
+    DsagentError,
+    IntegrityError,
+    NotFound,
+    TransientError,
+    Unauthorized,
+)
+from dsagent.format.extract import unpack_bundle
+from dsagent.format.manifest import BUNDLES_DIR, BundleRef, FileEntry, Manifest
+
+log = logging.getLogger("dsagent.peers")
+
+PEER_HEADER = "X-Dsagent-Peer"
+#: zstd level of re-packed bundles: the level packs use (JPEG-like data does not compress)
+REPACK_LEVEL = 1
+_BLOCK = tarfile.BLOCKSIZE
+_ZEROS = bytes(2 * tarfile.RECORDSIZE)
+_READ = 1 << 20
+
+
+class PeerBusy(TransientError):
+    """This peer already streams its share of bundles to the asking agent."""
+
+    http_status = 429
+    code = "peer_busy"
+
+
+class PeerOverloaded(TransientError):
+    """This agent already streams as many bundles as it serves at once."""
+
+    http_status = 503
+    code = "peer_overloaded"
+
+
+def check_peer_token(settings: Settings, authorization: str) -> None:
+    """Constant-time check of ``Authorization: Bearer <peer token>``; :class:`Unauthorized` otherwise."""
+    token = settings.peer_token
+    if token is None:
+        raise Unauthorized("this agent serves no peers (it has no peer token)", hint="set DSAGENT_PEER_TOKEN on every agent")
+    scheme, _, given = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise Unauthorized("a valid peer token is required", hint="agents send 'Authorization: Bearer <DSAGENT_PEER_TOKEN>'")
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def _tar_header(entry: FileEntry) -> bytes:
+    """The member header :mod:`dsagent.format.bundle` writes (pax, mode 0644, whole-second mtime)."""
+    info = tarfile.TarInfo(entry.path)
+    info.size = entry.size
+    info.mtime = entry.mtime_ns // 1_000_000_000
+    info.mode = 0o644
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
+    """A bundle's tar+zstd stream (one frame) re-packed from a ready directory's files,
+    in pieces of about 1 MiB.
+
+    Each file is hashed as it is read; a file whose size or digest no longer matches the
+    manifest raises :class:`IntegrityError` mid-stream, which cuts the stream short: the
+    receiver then sees a truncated bundle and falls back to another source.
+    """
+    compressor = zstandard.ZstdCompressor(level=level, write_checksum=True).compressobj(size=-1)
+    pending = bytearray()
+    buf = bytearray(_READ)
+    view = memoryview(buf)
+
+    def put(data: bytes | memoryview) -> bytes | None:
+        pending.extend(compressor.compress(data))
+        if len(pending) < _READ:
+            return None
+        piece = bytes(pending)
+        pending.clear()
+        return piece
+
+    for entry in members:
+        if (piece := put(_tar_header(entry))) is not None:
+            yield piece
+        state = xxhash.xxh3_128()
+        size = 0
+        with open(ready_dir.joinpath(*entry.path.split("/")), "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                size += n
+                if size > entry.size:
+                    break
+                chunk = view[:n]
+                state.update(chunk)
+                if (piece := put(chunk)) is not None:
+                    yield piece
+        if size != entry.size or state.hexdigest() != entry.digest:
+            raise IntegrityError(f"cached file {entry.path!r} no longer matches its digest; not serving it")
+        if size % _BLOCK and (piece := put(bytes(_BLOCK - size % _BLOCK))) is not None:
+            yield piece
+    pending.extend(compressor.compress(_ZEROS))
+    pending.extend(compressor.flush())
+    if pending:
+        yield bytes(pending)
+
+
+class _Bucket:
+    """A token bucket: ``rate`` bytes per second, bursts of one second."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.tokens = float(rate)
+        self.stamp = time.monotonic()
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(float(self.rate), self.tokens + (now - self.stamp) * self.rate) - n
+            self.stamp = now
+            wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)
+
+
+@dataclass
+class UploadLimits:
+    """Concurrent uploads in all and per peer, and each peer's bandwidth."""
+
+    total: int
+    per_peer: int
+    rate: int
+    _running: int = 0
+    _by_peer: dict[str, int] = field(default_factory=dict)
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acquire(self, peer: str) -> _Bucket:
+        with self._lock:
+            if self._running >= self.total:
+                raise PeerOverloaded(f"already serving {self._running} bundles", hint="ask another peer or the store")
+            if self._by_peer.get(peer, 0) >= self.per_peer:
+                raise PeerBusy(f"already serving {self.per_peer} bundles to {peer!r}", hint="ask another peer or the store")
+            self._running += 1
+            self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
+            return self._buckets.setdefault(peer, _Bucket(self.rate))
+
+    def release(self, peer: str) -> None:
+        with self._lock:
+            self._running -= 1
+            self._by_peer[peer] -= 1
+            if not self._by_peer[peer]:
+                del self._by_peer[peer]
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return self._running
+
+
+@dataclass(frozen=True)
+class ServedBundle:
+    """A bundle found in a ready version: where its files are and which they are."""
+
+    key: Key
+    ready_dir: Path
+    members: Sequence[FileEntry]
+
+
+class PeerServer:
+    """Finds bundles in ready versions and streams them under the upload limits.
+
+    ``locate`` is the service's lookup (ready versions only, pinned until ``unpin``).
+    """
+
+    def __init__(self, settings: Settings, metrics: Metrics, locate: Callable[[str], Awaitable[ServedBundle | None]], unpin: Callable[[Key], None]) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.limits = UploadLimits(settings.peer_max_uploads, settings.peer_max_uploads_per_peer, settings.peer_upload_rate)
+        self._locate = locate
+        self._unpin = unpin
+
+    async def open(self, digest: str, peer: str) -> tuple[Iterator[bytes], Callable[[], None]]:
+        """The stream of bundle ``digest`` for ``peer`` and the call that ends it (idempotent;
+        the stream also calls it when it ends). :class:`NotFound` unless a ready version holds
+        it, :class:`PeerBusy` / :class:`PeerOverloaded` over the limits."""
+        bucket = self.limits.acquire(peer)
+        try:
+            found = await self._locate(digest)
+        except BaseException:
+            self.limits.release(peer)
+            raise
+        if found is None:
+            self.limits.release(peer)
+            raise NotFound(f"no ready version here holds bundle {digest}", hint="ask another peer or the store")
+        ended = threading.Event()
+        end_lock = threading.Lock()
+
+        def end() -> None:
+            with end_lock:
+                if ended.is_set():
+                    return
+                ended.set()
+            self._unpin(found.key)
+            self.limits.release(peer)
+
+        def stream() -> Iterator[bytes]:
+            try:
+                for chunk in repack(found.ready_dir, found.members):
+                    bucket.take(len(chunk))
+                    self.metrics.peer_transfer("served", len(chunk))
+                    yield chunk
+            except Exception as exc:  # the status is sent: cutting the stream is the only signal left
+                log.warning("stream of bundle %s to %s cut: %s", digest, peer, exc)
+                raise
+            finally:
+                end()
+
+        return stream(), end
+
+
+def find_bundle(manifests: Sequence[tuple[Key, Manifest]], digest: str) -> tuple[Key, Sequence[FileEntry]] | None:
+    """The first ready version (of ``manifests``) that holds bundle ``digest``, and its members."""
+    for key, manifest in manifests:
+        for bundle in manifest.bundles:
+            if bundle.digest == digest:
+                return key, manifest.bundle_entries(bundle)
+    return None
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+class PeerRefused(TransientError):
+    """A peer refused a bundle (busy, overloaded, not held): ask the next, keep it for later ones."""
+
+    code = "peer_refused"
+
+
+@dataclass
+class PeerSession:
+    """One version's fetch from peers: who holds it, who failed, what came from peers.
+
+    At most ``per_peer`` bundles are asked of one peer at once (the peers' own
+    ``peer_max_uploads_per_peer``, so a well-configured peer never answers 429).
+    """
+
+    holders: list[str]
+    per_peer: int = 4
+    failed: set[str] = field(default_factory=set)
+    bundles: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _slots: dict[str, threading.Semaphore] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._slots = {peer: threading.Semaphore(self.per_peer) for peer in self.holders}
+
+    def order(self, index: int) -> list[str]:
+        with self.lock:
+            alive = [p for p in self.holders if p not in self.failed]
+        if not alive:
+            return []
+        start = index % len(alive)
+        return alive[start:] + alive[:start]
+
+    @contextlib.contextmanager
+    def slot(self, index: int) -> Iterator[list[str]]:
+        """Peers to ask in order, the first holding one of its slots for this call:
+        a free one if any, else the bundle's own peer (waiting for it)."""
+        order = self.order(index)
+        chosen = next((p for p in order if self._slots[p].acquire(blocking=False)), None)
+        if chosen is None and order:
+            chosen = order[0]
+            self._slots[chosen].acquire()
+        try:
+            yield [] if chosen is None else [chosen] + [p for p in order if p != chosen]
+        finally:
+            if chosen is not None:
+                self._slots[chosen].release()
+
+    def drop(self, peer: str) -> None:
+        with self.lock:
+            self.failed.add(peer)
+
+
+class PeerFetcher:
+    """Asks peers for bundles before the store (blocking calls run in the fetch workers)."""
+
+    def __init__(self, settings: Settings, store: Store, metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        #: cluster mode: more holders of ``(name, digest)`` (base URLs), from the node inventories
+        self.cluster_holders: Callable[[str, str], Awaitable[list[str]]] | None = None
+        timeout = httpx.Timeout(settings.peer_timeout)
+        self._client = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+        self._headers = {"Authorization": f"Bearer {settings.peer_token}", PEER_HEADER: settings.node_name}
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.peer_token is not None and (bool(self.settings.peers) or self.cluster_holders is not None)
+
+    def close(self) -> None:
+        self._client.close()
+
+    async def session(self, name: str, digest: str) -> PeerSession | None:
+        """The peers that hold ``name@digest`` ready now; None when none does."""
+        if not self.enabled:
+            return None
+        holders: list[str] = []
+        if self.settings.peers:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(min(self.settings.peer_timeout, 5.0))) as client:
+                answers = await asyncio.gather(*(self._holds(client, peer, name, digest) for peer in self.settings.peers))
+            holders += [peer for peer, holds in zip(self.settings.peers, answers) if holds]
+        if self.cluster_holders is not None:
+            with contextlib.suppress(Exception):
+                holders += [p for p in await self.cluster_holders(name, digest) if p not in holders]
+        return PeerSession(holders, per_peer=self.settings.peer_max_uploads_per_peer) if holders else None
+
+    async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> bool:
+        try:
+            response = await client.get(f"{peer}/v1/inventory")
+            response.raise_for_status()
+            return holds_ready(response.json(), name, digest)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("peer %s did not answer its inventory: %s", peer, exc)
+            return False
+
+    def fetch(self, session: PeerSession, manifest: Manifest, bundle: BundleRef, index: int, staging: Path, progress: FetchProgress) -> bool:
+        """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified."""
+        with session.slot(index) as peers:
+            for peer in peers:
+                try:
+                    self._fetch_one(peer, manifest, bundle, staging, progress)
+                except PeerRefused as exc:
+                    log.info("peer %s refused bundle %s (%s); trying the next source", peer, bundle.digest[:12], exc)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - any failure of a peer means: next source
+                    session.drop(peer)
+                    log.warning("bundle %s from peer %s failed (%s); not asking it again for this version", bundle.digest[:12], peer, exc)
+                    continue
+                with session.lock:
+                    session.bundles += 1
+                return True
+        return False
+
+    def _fetch_one(self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress) -> None:
+        tmp = self.store.root / "staging" / f"peer-{uuid.uuid4().hex[:16]}"
+        target = tmp / BUNDLES_DIR / f"{bundle.digest}.tar.zst"
+        target.parent.mkdir(parents=True)
+        counted = [0, 0]
+
+        def count(nbytes: int, nfiles: int = 0) -> None:
+            counted[0] += nbytes
+            counted[1] += nfiles
+            progress.add(nbytes, nfiles)
+
+        try:
+            received = self._download(peer, bundle, target)
+            unpack_bundle(str(tmp), manifest, bundle, staging, progress=count)
+        except BaseException:
+            progress.add(-counted[0], -counted[1])
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.metrics.peer_transfer("fetched", received)
+
+    def _download(self, peer: str, bundle: BundleRef, target: Path) -> int:
+        """Stream the bundle into ``target``; errors on refusal, timeout, slowness or oversize."""
+        limit = bundle.size + 3 * _BLOCK * (bundle.count + 2) + bundle.size // 64 + (1 << 20)  # tar + zstd overhead
+        deadline = time.monotonic() + self.settings.peer_timeout + limit / max(self.settings.peer_min_rate, 1)
+        received = 0
+        with self._client.stream("GET", f"{peer}/v1/peer/bundles/{bundle.digest}", headers=self._headers) as response:
+            if response.status_code in (404, 429, 503):
+                raise PeerRefused(f"peer answered {response.status_code}")
+            if response.status_code != 200:
+                raise DsagentError(f"peer answered {response.status_code}")
+            with open(target, "wb") as out:
+                for chunk in response.iter_raw(_READ):
+                    received += len(chunk)
+                    if received > limit:
+                        raise IntegrityError(f"peer sent more than {limit} bytes for a bundle of {bundle.size}")
+                    if time.monotonic() > deadline:
+                        raise TransientError(f"peer slower than {self.settings.peer_min_rate} bytes/s")
+                    out.write(chunk)
+        return received
+
+
+def holds_ready(inventory: Mapping[str, Any], name: str, digest: str) -> bool:
+    """Whether an inventory report (``GET /v1/inventory``, the Node annotation) lists ``name@digest`` ready."""
+    entry = (inventory.get("datasets") or {}).get(name)
+    if not isinstance(entry, Mapping):
+        return False
+    versions = entry.get("versions") or [entry]
+    return any(isinstance(v, Mapping) and v.get("digest") == digest and v.get("state") == "ready" for v in versions)
+
+
+def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``options`` for reading bundles from ``store``, through its configured proxy if any.
+
+    Only bundle downloads use the proxy: bundles are immutable and named by digest, what
+    a P2P engine's proxy (Dragonfly's dfdaemon, Kraken's agent) caches best; manifests,
+    which change under the same name, are read from the store directly.
+    """
+    proxy = next((p for prefix, p in settings.store_proxies.items() if store == prefix or store.startswith(prefix.rstrip("/") + "/")), None)
+    if proxy is None:
+        return options
+    merged = dict(options or {})
+    if store.startswith(("http://", "https://")):
+        merged["proxy"] = proxy  # fsspec's HTTP filesystem passes it to every aiohttp request
+    elif store.startswith(("s3://", "s3a://")):
+        config = dict(merged.get("config_kwargs") or {})
+        config["proxies"] = {"http": proxy, "https": proxy}
+        merged["config_kwargs"] = config
+    else:
+        log.warning("a proxy is configured for %s, but only http(s):// and s3:// stores can use one", store)
+    return merged
+
+
+__all__ = [
+    "PEER_HEADER",
+    "PeerBusy",
+    "PeerFetcher",
+    "PeerOverloaded",
+    "PeerRefused",
+    "PeerServer",
+    "PeerSession",
+    "ServedBundle",
+    "UploadLimits",
+    "bundle_options",
+    "check_peer_token",
+    "find_bundle",
+    "holds_ready",
+    "repack",
+]

@@ -1,0 +1,54 @@
+"""Cluster mode's peer list: the agents whose node inventories hold a version ready.
+
+Who calls it: :class:`dsagent.kube.agent.ClusterAgent`, which sets
+``service.peers.cluster_holders`` to :func:`holders_from_nodes` over a fresh node list when
+the agent has a peer token (docs/design.md#peers). Each node's ``dsagent.io/inventory``
+annotation says what it holds; its agent is reached at the node's InternalIP on the peer
+port (the agent's TCP port, published on the node: hostPort or host network).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from dsagent.cache.inventory import ANNOTATION
+from dsagent.cache.peers import holds_ready
+
+log = logging.getLogger("dsagent.kube")
+
+
+def _address(node: Any) -> str | None:
+    addresses = getattr(getattr(node, "status", None), "addresses", None) or []
+    for kind in ("InternalIP", "ExternalIP"):
+        for address in addresses:
+            if getattr(address, "type", None) == kind and getattr(address, "address", None):
+                return str(address.address)
+    return None
+
+
+def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int) -> list[str]:
+    """Base URLs of the agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest`` ready."""
+    urls: list[str] = []
+    for node in nodes:
+        metadata = getattr(node, "metadata", None)
+        if metadata is None or metadata.name == own_node:
+            continue
+        text = (metadata.annotations or {}).get(ANNOTATION)
+        if not text:
+            continue
+        try:
+            inventory = json.loads(text)
+        except ValueError:
+            log.debug("node %s has an unreadable inventory", metadata.name)
+            continue
+        address = _address(node)
+        if isinstance(inventory, dict) and address is not None and holds_ready(inventory, name, digest):
+            host = f"[{address}]" if ":" in address else address
+            urls.append(f"http://{host}:{port}")
+    return urls
+
+
+__all__ = ["holders_from_nodes"]

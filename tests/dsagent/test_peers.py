@@ -1,0 +1,339 @@
+"""Peer-to-peer bundles with real agents and real HTTP on 127.0.0.1 (docs/design.md#peers).
+
+A store served by :class:`LoopbackServer` (which counts GETs), agents run as real
+``dsagent serve`` processes on TCP, and misbehaving peers as small HTTP servers here: one
+that lies (wrong bytes), one that dies mid-stream, one that stalls. Whatever a peer does,
+the fetching agent ends with the dataset verified, from the store where the peer failed.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dsagent.cache.peers import (
+    PeerBusy,
+    PeerOverloaded,
+    UploadLimits,
+    holds_ready,
+    repack,
+)
+from dsagent.format.bundle import pack, unpack_bundle, verify_tree
+from dsagent.format.manifest import Manifest, bundle_path
+from tests.dsagent.conftest import write_tree
+from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+
+pytest.importorskip("aiohttp")
+
+TOKEN = "peer-token-0123456789abcdef"
+FILES = {f"class{i % 3}/img{i:03d}.jpg": bytes([i % 251]) * (3000 + 97 * i) for i in range(24)}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[tuple[Manifest, LoopbackServer]]:
+    """The dataset ``imgs`` packed into 6 bundles in a store served over HTTP."""
+    www = tmp_path / "www"
+    write_tree(www / "src", FILES)
+    manifest = pack(www / "src", www / "store", name="imgs", max_files=4)
+    assert len(manifest.bundles) >= 4
+    server = LoopbackServer(www)
+    yield manifest, server
+    server.close()
+
+
+def _bundle_gets(server: LoopbackServer) -> int:
+    return sum(server.gets(lambda p: "/store/bundles/" in p).values())
+
+
+def _cache(agent: AgentProcess, server: LoopbackServer, task: str = "t1") -> dict[str, Any]:
+    with agent.client() as client:
+        client.submit_task(task, [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
+        record = wait_ready(client, task)
+    assert record["state"] == "ready", record
+    return record
+
+
+def _peer_env(*peers: str, **extra: str) -> dict[str, str]:
+    return {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEERS": ",".join(peers), **extra}
+
+
+def _metric(agent: AgentProcess, direction: str) -> float:
+    with agent.client() as client:
+        text = client.metrics()
+    for line in text.splitlines():
+        if line.startswith(f'dsagent_peer_bytes_total{{direction="{direction}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _verified(agent: AgentProcess, manifest: Manifest, record: dict[str, Any]) -> None:
+    verify_tree(Path(record["datasets"][0]["path"]), manifest)
+
+
+@pytest.fixture
+def seeded(store: tuple[Manifest, LoopbackServer], agent_factory: Any) -> tuple[Manifest, LoopbackServer, AgentProcess]:
+    """Agent ``a`` holds ``imgs`` ready, fetched from the store."""
+    manifest, server = store
+    a = agent_factory("a", tcp=True, env=_peer_env())
+    _cache(a, server)
+    assert _bundle_gets(server) == len(manifest.bundles)
+    return manifest, server, a
+
+
+# --------------------------------------------------------------------------- the good path
+
+
+def test_an_agent_fetches_every_bundle_from_a_peer_that_holds_it(seeded: Any, agent_factory: Any) -> None:
+    manifest, server, a = seeded
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url))
+    record = _cache(b, server)
+    _verified(b, manifest, record)
+    assert _bundle_gets(server) == len(manifest.bundles), "the store served nothing more"
+    assert _metric(a, "served") > 0 and _metric(a, "served") == _metric(b, "fetched")
+
+
+def test_bundle_requests_spread_over_the_peers_that_hold_the_version(seeded: Any, agent_factory: Any) -> None:
+    manifest, server, a = seeded
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url))
+    _cache(b, server)
+    c = agent_factory("c", tcp=True, env=_peer_env(a.url, b.url))
+    _verified(c, manifest, _cache(c, server))
+    assert _bundle_gets(server) == len(manifest.bundles)
+    assert _metric(a, "served") > _metric(b, "fetched") / 2 > 0  # a served b wholly, and some of c
+    assert _metric(b, "served") > 0, "b served part of c's bundles"
+
+
+# --------------------------------------------------------------------------- what peers refuse
+
+
+def test_peer_requests_without_the_peer_token_are_401(seeded: Any) -> None:
+    manifest, _, a = seeded
+    url = f"{a.url}/v1/peer/bundles/{manifest.bundles[0].digest}"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    transport = httpx.HTTPTransport(uds=str(a.socket))
+    with httpx.Client(transport=transport) as over_socket:  # the unix socket is no way round it
+        assert over_socket.get(f"http://agent/v1/peer/bundles/{manifest.bundles[0].digest}").status_code == 401
+
+
+def test_an_agent_without_a_peer_token_serves_no_peer(store: Any, agent_factory: Any) -> None:
+    manifest, server = store
+    a = agent_factory("a", tcp=True)
+    _cache(a, server)
+    response = httpx.get(f"{a.url}/v1/peer/bundles/{manifest.bundles[0].digest}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 401
+
+
+def test_a_version_that_is_not_ready_is_never_served(store: Any, agent_factory: Any) -> None:
+    manifest, server = store
+    slow = manifest.bundles[-1].digest
+    server.slow_down(lambda p: slow in p, 4.0)
+    a = agent_factory("a", tcp=True, env=_peer_env(DSAGENT_FETCH_WORKERS="1"))
+    with a.client() as client:
+        client.submit_task("t1", [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
+        deadline = time.monotonic() + 20
+        while _bundle_gets(server) < len(manifest.bundles) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get_task("t1")["state"] == "pending"
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        for bundle in manifest.bundles:  # the first ones are unpacked in staging: still not served
+            assert httpx.get(f"{a.url}/v1/peer/bundles/{bundle.digest}", headers=headers).status_code == 404
+        assert wait_ready(client, "t1")["state"] == "ready"
+    assert httpx.get(f"{a.url}/v1/peer/bundles/{slow}", headers=headers).status_code == 200
+
+
+def test_upload_limits_refuse_with_429_per_peer_and_503_in_all() -> None:
+    limits = UploadLimits(total=3, per_peer=2, rate=0)
+    limits.acquire("b")
+    limits.acquire("b")
+    with pytest.raises(PeerBusy) as busy:
+        limits.acquire("b")
+    assert busy.value.http_status == 429
+    limits.acquire("c")
+    with pytest.raises(PeerOverloaded) as overloaded:
+        limits.acquire("d")
+    assert overloaded.value.http_status == 503
+    limits.release("b")
+    limits.acquire("d")
+    assert limits.running == 3
+
+
+def test_a_refusing_peer_is_skipped_and_the_store_serves(seeded: Any, agent_factory: Any) -> None:
+    manifest, server, a = seeded
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url, DSAGENT_PEER_TOKEN="another-token-0123456789"))
+    _verified(b, manifest, _cache(b, server))
+    assert _bundle_gets(server) == 2 * len(manifest.bundles)
+
+
+# --------------------------------------------------------------------------- peers that misbehave
+
+
+class _BadPeer(http.server.ThreadingHTTPServer):
+    """Claims to hold ``name@digest`` and answers bundle requests the way ``mode`` says:
+    ``lie`` (a valid stream of wrong bytes), ``die`` (half the real bundle, then the
+    connection drops) or ``stall`` (headers, then silence)."""
+
+    daemon_threads = True
+
+    def __init__(self, manifest: Manifest, store_dir: Path, mode: str) -> None:
+        self.manifest, self.store_dir, self.mode = manifest, store_dir, mode
+        self.bundle_requests = 0
+        super().__init__(("127.0.0.1", 0), _BadPeerHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _BadPeerHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _BadPeer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        m = self.server.manifest
+        if self.path == "/v1/inventory":
+            body = json.dumps({"version": 1, "datasets": {m.name: {"digest": m.digest, "state": "ready"}}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.server.bundle_requests += 1
+        digest = self.path.rsplit("/", 1)[-1]
+        real = Path(bundle_path(str(self.server.store_dir), digest)).read_bytes()
+        if self.server.mode == "lie":  # a whole, valid bundle of the same members with other bytes
+            other = next(b for b in m.bundles if b.digest != digest)
+            real = Path(bundle_path(str(self.server.store_dir), other.digest)).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(real)))
+        self.end_headers()
+        if self.server.mode == "stall":
+            time.sleep(6)
+            return
+        if self.server.mode == "die":
+            self.wfile.write(real[: len(real) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(real)
+
+
+@pytest.mark.parametrize("mode", ["lie", "die", "stall"])
+def test_a_misbehaving_peer_falls_back_to_the_store_verified(mode: str, store: Any, agent_factory: Any, tmp_path: Path) -> None:
+    manifest, server = store
+    bad = _BadPeer(manifest, tmp_path / "www" / "store", mode)
+    try:
+        b = agent_factory("b", tcp=True, env=_peer_env(bad.url, DSAGENT_PEER_TIMEOUT="1s"))
+        started = time.monotonic()
+        _verified(b, manifest, _cache(b, server))
+        assert bad.bundle_requests >= 1, "the peer was asked"
+        assert _bundle_gets(server) == len(manifest.bundles), "every bundle came from the store in the end"
+        assert _metric(b, "fetched") == 0
+        if mode == "stall":
+            assert time.monotonic() - started < 5.5, "the stalled peer was given up on its timeout"
+    finally:
+        bad.shutdown()
+        bad.server_close()
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_a_repacked_bundle_unpacks_verified(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", FILES)
+    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
+    bundle = manifest.bundles[1]
+    (tmp_path / "peer" / "bundles").mkdir(parents=True)
+    Path(bundle_path(str(tmp_path / "peer"), bundle.digest)).write_bytes(b"".join(repack(tmp_path / "src", manifest.bundle_entries(bundle))))
+    (tmp_path / "out").mkdir()
+    unpack_bundle(tmp_path / "peer", manifest, bundle, tmp_path / "out")
+    for entry in manifest.bundle_entries(bundle):
+        assert (tmp_path / "out" / entry.path).read_bytes() == FILES[entry.path]
+
+
+def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
+    from dsagent.errors import IntegrityError
+
+    write_tree(tmp_path / "src", FILES)
+    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
+    members = manifest.bundle_entries(manifest.bundles[0])
+    (tmp_path / "src" / members[-1].path).write_bytes(b"x" * members[-1].size)
+    with pytest.raises(IntegrityError):
+        b"".join(repack(tmp_path / "src", members))
+
+
+def test_holds_ready_reads_current_and_older_versions() -> None:
+    inventory = {"datasets": {"d": {"digest": "a" * 32, "state": "fetching", "versions": [
+        {"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}]}}}
+    assert holds_ready(inventory, "d", "b" * 32)
+    assert not holds_ready(inventory, "d", "a" * 32)
+    assert not holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32)
+    assert holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32)
+
+
+# --------------------------------------------------------------------------- the cluster's own P2P engine
+
+
+def test_bundle_downloads_go_through_the_stores_proxy_and_manifests_do_not(store: Any, agent_factory: Any) -> None:
+    from tests.dsagent.caching_proxy import CachingProxy
+
+    manifest, server = store
+    proxy = CachingProxy()
+    try:
+        env = {"DSAGENT_STORE_PROXIES": f"{server.url}/store={proxy.url}"}
+        for name in ("a", "b"):
+            agent = agent_factory(name, env=env)
+            _verified(agent, manifest, _cache(agent, server))
+        bundles = {url for url in proxy.served if "/store/bundles/" in url}
+        assert len(bundles) == len(manifest.bundles)
+        assert all(proxy.served[url] >= 2 for url in bundles), "both agents read every bundle through the proxy"
+        assert _bundle_gets(server) == len(manifest.bundles), "the origin served each bundle once"
+        assert not [url for url in proxy.served if "manifest" in url], "manifests change under one name: never through the proxy"
+    finally:
+        proxy.close()
+
+
+def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
+    from dsagent.cache.peers import bundle_options
+    from dsagent.cache.settings import Settings
+
+    settings = Settings.from_env({"DSAGENT_STORE_PROXIES": "http://store:80/ds=http://127.0.0.1:65001, s3://bucket=http://127.0.0.1:65001"})
+    assert bundle_options(settings, "http://store:80/ds", None) == {"proxy": "http://127.0.0.1:65001"}
+    assert bundle_options(settings, "http://store:80/ds/sub", {"a": 1}) == {"a": 1, "proxy": "http://127.0.0.1:65001"}
+    assert bundle_options(settings, "http://store:80/dsx", None) is None
+    s3 = bundle_options(settings, "s3://bucket/packs", {"anon": True})
+    assert s3 == {"anon": True, "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}}}
+
+
+def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
+    from types import SimpleNamespace as NS
+
+    from dsagent.cache.inventory import ANNOTATION
+    from dsagent.kube.peers import holders_from_nodes
+
+    def node(name: str, inventory: Any, ip: str = "10.0.0.1") -> Any:
+        annotations = {ANNOTATION: json.dumps(inventory)} if inventory is not None else {}
+        return NS(metadata=NS(name=name, annotations=annotations), status=NS(addresses=[NS(type="Hostname", address=name), NS(type="InternalIP", address=ip)]))
+
+    held = {"datasets": {"imgs": {"digest": "a" * 32, "state": "ready"}}}
+    nodes = [
+        node("me", held, "10.0.0.9"),
+        node("n1", held, "10.0.0.1"),
+        node("n2", {"datasets": {"imgs": {"digest": "a" * 32, "state": "fetching"}}}, "10.0.0.2"),
+        node("n3", None, "10.0.0.3"),
+        node("n4", held, "fd00::4"),
+    ]
+    assert holders_from_nodes(nodes, "me", "imgs", "a" * 32, 7420) == ["http://10.0.0.1:7420", "http://[fd00::4]:7420"]
