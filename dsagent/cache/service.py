@@ -150,7 +150,7 @@ class CacheService:
     async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
         validate_request(task_id, datasets)
         for request in datasets:  # resolving a location may touch the network: off the loop
-            await self._work(check_locations, request, local_sources=self.settings.local_sources)
+            await self._work(check_locations, request, policy=self.settings.source_policy)
         return list(datasets)
 
     async def _ensure(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:

@@ -3,21 +3,25 @@
 Who calls it: manifest building, bundle packing and unpacking, and the agent's fetches.
 What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
 translating fsspec's ``OSError`` family into dsagent's error tree where it enters
-(``FileNotFoundError`` -> :class:`NotFound`, anything else -> :class:`SourceUnavailable`).
+(``FileNotFoundError`` -> :class:`NotFound`, ``ENOSPC``/``EDQUOT`` -> :class:`InsufficientSpace`,
+anything else -> :class:`SourceUnavailable`). What the *agent* may open is decided before
+this module is reached, from the URL's text: :mod:`dsagent.format.sources`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol, url_to_fs
 from fsspec.spec import AbstractFileSystem
 
-from dsagent.errors import InvalidInput, NotFound, SourceUnavailable
+from dsagent.errors import InsufficientSpace, InvalidInput, NotFound, SourceUnavailable
+from dsagent.format.sources import is_chain
 
 
 def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
@@ -27,8 +31,11 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
-            fs, path = url_to_fs(text, **dict(storage_options or {}))
-    except (ValueError, ImportError) as exc:
+            if is_chain(text):
+                fs, path = url_to_fs(text, **dict(storage_options or {}))  # dsctl only: the agent refuses chains
+            else:
+                fs, path = _single(text, storage_options or {})
+    except (ValueError, ImportError, TypeError) as exc:
         protocol = text.split("://", 1)[0] if "://" in text else "file"
         known = protocol in fsspec.available_protocols()
         hint = (
@@ -38,6 +45,14 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
         )
         raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
     return fs, path
+
+
+def _single(text: str, storage_options: Mapping[str, Any]) -> tuple[AbstractFileSystem, str]:
+    """What ``url_to_fs`` does for one URL, without its chain split (which cuts IPv6 hosts)."""
+    protocol, _ = split_protocol(text)
+    cls = fsspec.get_filesystem_class(protocol or "file")
+    options = {**cls._get_kwargs_from_urls(text), **storage_options}
+    return cls(**options), cls._strip_protocol(text)
 
 
 def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> bool:
@@ -60,4 +75,6 @@ def translate_errors(what: str) -> Iterator[None]:
     except PermissionError as exc:
         raise SourceUnavailable(f"{what}: permission denied ({exc})", hint="check the storage credentials") from exc
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk is never "retry the source"
+            raise InsufficientSpace(f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets") from exc
         raise SourceUnavailable(f"{what}: {exc}") from exc
