@@ -11,6 +11,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── InvalidInput (400, exit 2)            bad names, URLs, sizes, settings, flags
     │   └── SettingsError                     a DSAGENT_* value or flag is invalid
     ├── Unauthorized (401, exit 9)            operator action without a valid admin token
+    ├── Forbidden (403, exit 10)              a pod acting on another task, or evicting
     ├── NotFound (404, exit 3)                unknown dataset, task, manifest or bundle
     ├── Conflict (409, exit 4)                dataset in use, task already holds another set
     ├── IntegrityError (422, exit 5)          digest mismatch, truncated or tampered bundle
@@ -70,6 +71,12 @@ class Unauthorized(DsagentError):
     code = "unauthorized"
 
 
+class Forbidden(DsagentError):
+    http_status = 403
+    exit_code = 10
+    code = "forbidden"
+
+
 class NotFound(DsagentError):
     http_status = 404
     exit_code = 3
@@ -117,6 +124,7 @@ __all__ = [
     "AgentUnreachable",
     "Conflict",
     "DsagentError",
+    "Forbidden",
     "InsufficientSpace",
     "IntegrityError",
     "InvalidInput",

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dsagent import __version__
+from dsagent.api.identity import own_pod_uid
 from dsagent.api.routes import router
 from dsagent.errors import DsagentError, InvalidInput
 from dsagent.cache.service import CacheService
@@ -62,6 +63,7 @@ def create_app(settings: Settings, *, service: CacheService | None = None, clock
     app = FastAPI(title="dsagent", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json")
     app.state.service = svc
     app.state.settings = settings
+    app.state.own_pod_uid = own_pod_uid(settings.proc_root)  # kubectl exec into the agent is an operator
     app.include_router(router)
     _install_error_edge(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

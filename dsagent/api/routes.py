@@ -1,21 +1,20 @@
 """The ``/v1`` routes: they convert between the wire and the service, nothing more.
 
-Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. Every request that
-changes state (tasks, evictions) needs the admin token when it came over TCP, where
-anyone on the network could otherwise make the node fetch or drop data; reads (inventory,
-metrics, probes) stay open for the extender and Prometheus. The unix socket is guarded by
-its file permissions.
+Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. Who may do what is
+:mod:`dsagent.api.identity`: an operator (admin token, or a process on the node outside
+any pod) anything; a pod only its own task (its UID); evictions need an operator; over
+TCP without the token only reads (inventory, metrics, probes stay open for the extender
+and Prometheus).
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from dsagent.api.schemas import EvictIn, TaskIn, eviction_out, task_out
-from dsagent.errors import Unauthorized
+from dsagent.api.identity import Caller, caller_identity, require_operator, require_task
 from dsagent.cache.service import CacheService
 
 router = APIRouter()
@@ -26,36 +25,30 @@ def service(request: Request) -> CacheService:
     return svc
 
 
-def over_unix_socket(request: Request) -> bool:
-    """uvicorn reports no server address for a unix socket connection, a (host, port) for TCP."""
-    server = request.scope.get("server")
-    return server is None or not isinstance(server, (tuple, list)) or server[1] is None
+def caller(request: Request) -> Caller:
+    return caller_identity(request)
 
 
-def require_admin(request: Request) -> None:
-    if over_unix_socket(request):
-        return
-    token = request.app.state.settings.admin_token
-    if token is None:
-        raise Unauthorized("operator actions over TCP need an admin token, and this agent has none", hint="set DSAGENT_ADMIN_TOKEN on the agent, or use its unix socket")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise Unauthorized("a valid admin token is required for this action", hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)")
+def operator(who: Caller = Depends(caller)) -> None:
+    require_operator(who)
 
 
-@router.put("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)])
-async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0)) -> dict[str, Any]:
+@router.put("/v1/tasks/{task_id}")
+async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0), who: Caller = Depends(caller)) -> dict[str, Any]:
+    require_task(who, task_id, write=True)
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait)
     return task_out(record)
 
 
 @router.get("/v1/tasks/{task_id}")
-async def get_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
+async def get_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+    require_task(who, task_id, write=False)
     return task_out(await svc.get_task(task_id))
 
 
-@router.delete("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)])
-async def release_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
+@router.delete("/v1/tasks/{task_id}")
+async def release_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+    require_task(who, task_id, write=True)
     await svc.release_task(task_id)
     return {"task": task_id, "released": True}
 
@@ -70,14 +63,14 @@ async def get_dataset(name: str, svc: CacheService = Depends(service)) -> dict[s
     return {"name": name, "versions": await svc.dataset(name)}
 
 
-@router.delete("/v1/datasets/{name}", dependencies=[Depends(require_admin)])
+@router.delete("/v1/datasets/{name}", dependencies=[Depends(operator)])
 async def evict_dataset(
     name: str, svc: CacheService = Depends(service), force: bool = False, dry_run: bool = Query(False, alias="dryRun")
 ) -> dict[str, Any]:
     return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run))
 
 
-@router.post("/v1/evict", dependencies=[Depends(require_admin)])
+@router.post("/v1/evict", dependencies=[Depends(operator)])
 async def evict(body: EvictIn, svc: CacheService = Depends(service)) -> dict[str, Any]:
     result = await svc.evict(names=body.names, mode=body.mode, force=body.force, dry_run=body.dry_run, free_bytes=body.bytes or 0)
     return eviction_out(result)

@@ -117,6 +117,7 @@ class Settings(EnvSettings):
     protocols: Protocols = Field(default_factory=lambda: sources.DEFAULT_PROTOCOLS)
     storage_option_keys: dict[str, tuple[str, ...]] = Field(default_factory=lambda: dict(sources.DEFAULT_OPTION_KEYS))
     source_timeout: Duration = 60.0  # connect/read timeout of every remote source operation
+    proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
     stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
     kubernetes: Flag = False
     log_level: str = "info"

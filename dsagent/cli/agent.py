@@ -112,9 +112,10 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
     import uvicorn
 
     from dsagent.api import create_app
+    from dsagent.api.identity import peer_credentials_protocol
 
     app = create_app(settings)
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
+    config = uvicorn.Config(app, http=peer_credentials_protocol(), log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     try:
         await server.serve(sockets=sockets)
