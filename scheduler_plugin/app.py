@@ -21,10 +21,13 @@ bare ASGI callable keeps per-request overhead to a few tens of microseconds.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
@@ -38,7 +41,7 @@ from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.plugins import roce
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.view import View
-from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities, salvage_names
+from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-MAX_BODY_BYTES = 1 << 30   # 5,000 full Nodes with budget-sized annotations stay far below
+MAX_BODY_BYTES = 64 << 20   # the default of Settings.max_body_bytes (DSEXT_MAX_BODY)
 _JSON = [(b"content-type", b"application/json")]
 _PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
                "/prioritize/roce": "roce", "/prioritize/numa": "numa"}
@@ -62,7 +65,9 @@ class ExtenderApp:
         self.view = view
         self.framework = framework if framework is not None else Framework(settings)
         self.heap = heap if heap is not None else Heap(False)
-        self.bodies = BodyBuffers(MAX_BODY_BYTES)
+        self.bodies = BodyBuffers(settings.max_body_bytes)
+        # the verbs run here, off the event loop, so a huge body never holds up /healthz
+        self._verbs = ThreadPoolExecutor(1, thread_name_prefix="dsext-verb")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -81,8 +86,8 @@ class ExtenderApp:
                 await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
                 return
             body = await self.bodies.read(receive)
-            with _collector_paused():
-                reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
+            verb = self.filter if path == "/filter" else functools.partial(self.prioritize, which=_PRIORITIZE[path])
+            reply = await asyncio.get_running_loop().run_in_executor(self._verbs, _paused, verb, body)
             await _reply(send, 200, reply)
             if body is not None:
                 self.bodies.give_back(body)
@@ -110,7 +115,7 @@ class ExtenderApp:
         args = None
         try:
             if body is None:
-                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+                raise InvalidRequest(f"request body larger than {self.settings.max_body_bytes} bytes (DSEXT_MAX_BODY)")
             args = decode_args(body)
             pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
@@ -131,7 +136,7 @@ class ExtenderApp:
         names: list[str] = []
         try:
             if body is None:
-                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+                raise InvalidRequest(f"request body larger than {self.settings.max_body_bytes} bytes (DSEXT_MAX_BODY)")
             args = decode_args(body)
             names = args.names
             pod = self.view.resolve(self.framework.read_pod(args.pod))
@@ -140,7 +145,7 @@ class ExtenderApp:
             return encode_priorities(names, scores)
         except Exception as exc:  # the edge: all-zero scores, never a 500
             _log_failure(f"prioritize/{which}", exc, _describe(exc))
-            names = names or salvage_names(body)
+            names = names or getattr(exc, "names", None) or []  # never a second parse of the body
             return encode_priorities(names, [0] * len(names))
 
     # -- other endpoints ---------------------------------------------------------
@@ -183,8 +188,14 @@ class ExtenderApp:
             elif message["type"] == "lifespan.shutdown":
                 if self.view.cache is not None:
                     self.view.cache.stop()
+                self._verbs.shutdown(wait=False, cancel_futures=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _paused(verb: Callable[[Any], bytes], body: Any) -> bytes:
+    with _collector_paused():
+        return verb(body)
 
 
 @contextmanager

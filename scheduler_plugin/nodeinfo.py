@@ -181,7 +181,12 @@ class NodeReader:
         key = (name, version) if isinstance(version, str) and version else None
         facts = self._facts.get(key) if key is not None else None
         if facts is None:
-            facts = self._build(name, version, meta, node)
+            try:
+                facts = self._build(name, version, meta, node)
+            except Exception as exc:  # foreign data: this node scores 0, the others are unaffected
+                log.warning("node %s: its data cannot be read (%s: %s); it scores 0", name, type(exc).__name__, str(exc)[:200])
+                problem = f"unreadable node data: {type(exc).__name__}"
+                facts = NodeFacts(name=name, inventory_error=problem, topology_error=problem, resource_version=version if isinstance(version, str) else None)
             self.built += 1
             if key is not None:
                 self._facts.put(key, facts)
@@ -266,8 +271,8 @@ def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
     """The inventory annotation -> (inventory, error); malformed entries are skipped."""
     try:
         doc = json.loads(text)
-    except ValueError as exc:
-        return None, f"{INVENTORY_ANNOTATION} is not JSON: {exc}"
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        return None, f"{INVENTORY_ANNOTATION} is not JSON: {str(exc)[:200]}"
     if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
         return None, f"{INVENTORY_ANNOTATION} has no 'datasets' object"
     datasets = {}
@@ -322,12 +327,18 @@ def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceCl
     return topology, None, classes
 
 
+_MAX_FREE_GPUS_TEXT = 4096
+
+
 def parse_free_gpus(text: Any) -> frozenset[int] | None:
     """``"0,1,4,5"`` -> {0, 1, 4, 5}; ``""`` -> no free GPU; unreadable -> None (unknown)."""
     if not isinstance(text, str):
         return None
+    if len(text) > _MAX_FREE_GPUS_TEXT:
+        return None
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not all(p.isdigit() for p in parts):
+    # ASCII digits only ("²".isdigit() is true, int("²") fails), a few of them each
+    if not all(p.isascii() and p.isdigit() and len(p) <= 4 for p in parts):
         return None
     return frozenset(int(p) for p in parts)
 
