@@ -91,6 +91,10 @@ async def readyz(response: Response, svc: CacheService = Depends(service)) -> di
     if not svc.started:
         response.status_code = 503
         return {"status": "starting"}
+    waited = svc.pools.stalled(svc.settings.stall_timeout)
+    if waited:
+        response.status_code = 503
+        return {"status": "stalled", "detail": f"blocking work has waited {waited:.0f} s for a worker thread"}
     return {"status": "ready"}
 
 

@@ -50,6 +50,7 @@ from dsagent.cache.space import EvictionResult, Space
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.task import DatasetRequest, DatasetStatus, TaskRecord, check_locations, check_same_request, iso, redact_url, validate_request
 from dsagent.cache.versions import Versions
+from dsagent.format.sources import with_timeouts
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")
@@ -93,6 +94,12 @@ class CacheService:
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
+            try:  # the operator may have narrowed the allowlist since the request was taken
+                await self.pools.check(check_locations, request, policy=self.settings.source_policy)
+            except DsagentError as exc:
+                log.warning("not resuming %s for task %s: %s", request.name, task_id, exc)
+                self._errors[(task_id, request.name)] = exc
+                continue
             self._start_waiter(task_id, request, digest)
         self.started = True
 
@@ -150,7 +157,7 @@ class CacheService:
     async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
         validate_request(task_id, datasets)
         for request in datasets:  # resolving a location may touch the network: off the loop
-            await self._work(check_locations, request, policy=self.settings.source_policy)
+            await self.pools.check(check_locations, request, policy=self.settings.source_policy)
         return list(datasets)
 
     async def _ensure(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
@@ -172,7 +179,8 @@ class CacheService:
 
     async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
         """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
-        source = Source(request.source, request.bundles, self._options.get((task_id, request.name)))
+        options = with_timeouts(request.source, request.bundles, self._options.get((task_id, request.name)), self.settings.source_timeout)
+        source = Source(request.source, request.bundles, options)
         try:
             stored = None
             if bound is not None and await self._db(self.catalog.version, request.name, bound) is not None:

@@ -1,7 +1,9 @@
 """``dsagent``: the node agent's own entry point (``dsagent serve``).
 
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
-TCP listener when asked), and runs the FastAPI app under uvicorn on one event loop.
+TCP listener when asked), and runs the FastAPI app under uvicorn on one event loop. On
+SIGTERM the process is gone within :data:`STOP_DEADLINE` seconds whatever its threads are
+doing: a watchdog ends it if the orderly shutdown has not by then.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import logging
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -55,7 +59,38 @@ def serve(root: Path | None, socket_path: Path | None, listen: str | None, capac
         click.echo(f"dsagent: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(asyncio.run(_run(settings, sockets)))
+    code = asyncio.run(_run(settings, sockets))
+    if _stuck_threads():
+        # a worker stuck in a blocking call (a hanging source, a dead NFS mount) would hold
+        # the interpreter's exit forever: leave it behind
+        _exit_now(code, "leaving threads stuck in blocking calls behind")
+    sys.exit(code)
+
+
+#: From SIGTERM to the process being gone, whatever its threads are doing (issue 10 finding 3).
+STOP_DEADLINE = 9.0
+
+
+def _stuck_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+
+
+def _exit_now(code: int, why: str) -> None:
+    logging.getLogger("dsagent").warning("exiting: %s", why)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _watchdog(seconds: float) -> None:
+    """Exit ``seconds`` from now if the orderly shutdown has not finished by then."""
+    timer = threading.Timer(seconds, _exit_now, (0, f"shutdown took over {seconds:.0f} s"))
+    timer.daemon = True
+    timer.start()
 
 
 def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
@@ -115,8 +150,15 @@ async def _run(settings: Settings, sockets: list[socket.socket]) -> int:
     from dsagent.api.identity import peer_credentials_protocol
 
     app = create_app(settings)
-    config = uvicorn.Config(app, http=peer_credentials_protocol(), log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+    config = uvicorn.Config(app, http=peer_credentials_protocol(), log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=5)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                _watchdog(STOP_DEADLINE)
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
     try:
         await server.serve(sockets=sockets)
     finally:
