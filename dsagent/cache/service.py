@@ -260,7 +260,10 @@ class CacheService:
 
     async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
-        return await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
+        result = await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
+        if result.evicted:
+            await self._db(self.catalog.keep_ballast)
+        return result
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -278,6 +281,7 @@ class CacheService:
                 await self.release_task(task_id)
         await self._space.collect_superseded()
         await self.evict(mode="idle")
+        await self._db(self.catalog.keep_ballast)  # given back to a full disk earlier: take it again
 
     # -- reports ----------------------------------------------------------------------
 

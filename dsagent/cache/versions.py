@@ -25,7 +25,7 @@ from dsagent.cache.catalog import Catalog
 from dsagent.cache.claims import Claims
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import is_local
-from dsagent.errors import DsagentError, IntegrityError, NotFound
+from dsagent.errors import DsagentError, InsufficientSpace, IntegrityError, NotFound
 from dsagent.cache.fetch import Source, copy_and_digest, fetch_bundles, fetch_files, finish, list_remote, listing_matches
 from dsagent.cache.flights import Flights
 from dsagent.format.manifest import BundleRef, Manifest, build_manifest, read_manifest
@@ -117,7 +117,7 @@ class Versions:
         key = (name, f"pending-{token}")
         self.metrics.inc("dsagent_cache_misses_total")
         async with self._fetch_slots:
-            await self.space.reserve(key, total)
+            await self.space.reserve(key, total, overhead=self.store.allocated(total, len(files) + len(dirs)) - total)
             staging = self.store.pending_dir(name, token)
             progress = self.progress.start_pending(key, source.url, total, len(files))
             started = time.monotonic()
@@ -187,17 +187,22 @@ class Versions:
             return
         self.metrics.inc("dsagent_cache_misses_total")
         async with self._fetch_slots:
-            await self.space.reserve(key, manifest.total_bytes)
+            staged = await self.pools.work(self.store.staged_bytes, *key)  # a resumed fetch's own bytes count once
+            size = manifest.total_bytes
+            overhead = self.store.allocated(size, manifest.file_count + len(manifest.directories)) - size
+            await self.space.reserve(key, size, overhead=overhead, staged=min(staged, size + overhead))
             started = time.monotonic()
             try:
                 await self._fetch_reserved(source, manifest)
             except BaseException as exc:
                 self.metrics.inc("dsagent_fetches_total", result="failed")
                 message = exc.message if isinstance(exc, DsagentError) else f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, (IntegrityError, InsufficientSpace)):
+                    # never resume from data that failed a check; a full disk gets its space
+                    # back first, so that recording the failure below can be written
+                    await self.pools.work(self.store.discard_staging, *key)
                 with contextlib.suppress(Exception):
                     await self.pools.db(self._catalog().mark_failed, *key, message)
-                if isinstance(exc, IntegrityError):  # never resume from data that failed a check
-                    await self.pools.work(self.store.discard_staging, *key)
                 raise
             finally:
                 self.space.release(key)
