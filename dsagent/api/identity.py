@@ -141,7 +141,7 @@ def peer_credentials_protocol() -> type:
 
     base: type = import_from_string(HTTP_PROTOCOLS["auto"])
 
-    class PeerCredentials(base):  # type: ignore[valid-type,misc]
+    class PeerCredentials(base):
         def connection_made(self, transport: Any) -> None:
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family == socket.AF_UNIX:
@@ -149,7 +149,8 @@ def peer_credentials_protocol() -> type:
                     peer = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
                 except OSError:
                     peer = (0, -1, -1)
-                self.app_state = {**self.app_state, PEER_KEY: peer}
+                state: dict[str, Any] = getattr(self, "app_state", {})
+                self.app_state = {**state, PEER_KEY: peer}
             super().connection_made(transport)
 
     return PeerCredentials

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Iterator
 from typing import IO
 
 try:  # Python 3.14+
-    from compression import zstd as _zstd  # type: ignore[import-not-found]
+    from compression import zstd as _zstd
 except ImportError:  # pragma: no cover - depends on the Python version
-    from backports import zstd as _zstd  # type: ignore[import-not-found,no-redef]
+    from backports import zstd as _zstd
 
 from dsagent.errors import IntegrityError, UnsafeArchive
 from dsagent.format.hashing import CHUNK_SIZE
