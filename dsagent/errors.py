@@ -13,6 +13,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── Unauthorized (401, exit 9)            operator action without a valid admin token
     ├── StorageCredentials (403, exit 11)     the dataset source or bundle store has no, or refused, credentials
     ├── StorageForbidden (403, exit 12)       the store knows the credentials but refuses the action
+    ├── Forbidden (403, exit 9)               a pod acting on another pod's task, or evicting
     ├── NotFound (404, exit 3)                unknown dataset, task, manifest or bundle
     ├── Conflict (409, exit 4)                dataset in use, task already holds another set
     ├── IntegrityError (422, exit 5)          digest mismatch, truncated or tampered bundle
@@ -86,6 +87,12 @@ class StorageCredentials(DsagentError):
 class StorageForbidden(DsagentError):
     http_status = 403
     exit_code = 12
+    code = "storage_forbidden"
+
+
+class Forbidden(DsagentError):
+    http_status = 403
+    exit_code = 9
     code = "forbidden"
 
 
@@ -136,6 +143,7 @@ __all__ = [
     "AgentUnreachable",
     "Conflict",
     "DsagentError",
+    "Forbidden",
     "InsufficientSpace",
     "IntegrityError",
     "InvalidInput",

@@ -100,13 +100,17 @@ def node_classes(document: Mapping[str, Any], free_gpus: Iterable[int] | None) -
     )
 
 
+_MAX_FREE_GPUS_TEXT = 4096  # a node's annotation, hostile: bounded before it is split
+
+
 def parse_free_gpus(text: object) -> frozenset[int] | None:
     """The ``dsagent.io/free-gpus`` annotation: ``"0,1,4,5"`` -> {0, 1, 4, 5}; ``""`` -> no
     free GPU; anything unreadable -> None (unknown)."""
-    if not isinstance(text, str):
+    if not isinstance(text, str) or len(text) > _MAX_FREE_GPUS_TEXT:
         return None
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not all(p.isdigit() for p in parts):
+    # ASCII digits only ("²".isdigit() is true, int("²") fails), a few of them each
+    if not all(p.isascii() and p.isdigit() and len(p) <= 4 for p in parts):
         return None
     return frozenset(int(p) for p in parts)
 

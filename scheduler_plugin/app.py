@@ -25,11 +25,14 @@ bare ASGI callable keeps per-request overhead to a few tens of microseconds.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
@@ -50,12 +53,7 @@ from scheduler_plugin.plugins import deadline, roce
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.timemodel import parse_profile
 from scheduler_plugin.view import View
-from scheduler_plugin.wire import (
-    decode_args,
-    encode_filter_result,
-    encode_priorities,
-    salvage_names,
-)
+from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +62,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-MAX_BODY_BYTES = 1 << 30   # 5,000 full Nodes with budget-sized annotations stay far below
+MAX_BODY_BYTES = 64 << 20   # the default of Settings.max_body_bytes (DSEXT_MAX_BODY)
 _JSON = [(b"content-type", b"application/json")]
 _PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
                "/prioritize/roce": "roce", "/prioritize/numa": "numa", "/prioritize/time": "time"}
@@ -79,8 +77,10 @@ class ExtenderApp:
         self.view = view
         self.framework = framework if framework is not None else Framework(settings)
         self.heap = heap if heap is not None else Heap(False)
-        self.bodies = BodyBuffers(MAX_BODY_BYTES)
+        self.bodies = BodyBuffers(settings.max_body_bytes)
         self.metrics = ExtenderMetrics()
+        # the verbs run here, off the event loop, so a huge body never holds up /healthz
+        self._verbs = ThreadPoolExecutor(1, thread_name_prefix="dsext-verb")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -99,8 +99,8 @@ class ExtenderApp:
                 await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
                 return
             body = await self.bodies.read(receive)
-            with _collector_paused():
-                reply = self.filter(body) if path == "/filter" else self.prioritize(body, _PRIORITIZE[path])
+            verb = self.filter if path == "/filter" else functools.partial(self.prioritize, which=_PRIORITIZE[path])
+            reply = await asyncio.get_running_loop().run_in_executor(self._verbs, _paused, verb, body)
             await _reply(send, 200, reply)
             if body is not None:
                 self.bodies.give_back(body)
@@ -173,7 +173,7 @@ class ExtenderApp:
         except Exception as exc:  # the edge: all-zero scores, never a 500
             outcome_label = "unsynced" if isinstance(exc, ViewUnavailable) else "error"
             _log_failure(verb, exc, _describe(exc))
-            names = names or salvage_names(body)
+            names = names or getattr(exc, "names", None) or []  # never a second parse of the body
             return encode_priorities(names, [0] * len(names))
         finally:
             self.metrics.observe(verb, time.perf_counter() - started, outcome_label)
@@ -183,7 +183,7 @@ class ExtenderApp:
         counted as a parse failure."""
         try:
             if body is None:
-                raise InvalidRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+                raise InvalidRequest(f"request body larger than {self.settings.max_body_bytes} bytes (DSEXT_MAX_BODY)")
             return decode_args(body)
         except InvalidRequest:
             self.metrics.parse_failures.labels(verb=verb).inc()
@@ -254,8 +254,14 @@ class ExtenderApp:
             elif message["type"] == "lifespan.shutdown":
                 if self.view.cache is not None:
                     self.view.cache.stop()
+                self._verbs.shutdown(wait=False, cancel_futures=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _paused(verb: Callable[[Any], bytes], body: Any) -> bytes:
+    with _collector_paused():
+        return verb(body)
 
 
 @contextmanager

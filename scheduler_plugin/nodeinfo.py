@@ -182,7 +182,12 @@ class NodeReader:
         key = (name, version) if isinstance(version, str) and version else None
         facts = self._facts.get(key) if key is not None else None
         if facts is None:
-            facts = self._build(name, version, meta, node)
+            try:
+                facts = self._build(name, version, meta, node)
+            except Exception as exc:  # foreign data: this node scores 0, the others are unaffected
+                log.warning("node %s: its data cannot be read (%s: %s); it scores 0", name, type(exc).__name__, str(exc)[:200])
+                problem = f"unreadable node data: {type(exc).__name__}"
+                facts = NodeFacts(name=name, inventory_error=problem, topology_error=problem, resource_version=version if isinstance(version, str) else None)
             self.built += 1
             if key is not None:
                 self._facts.put(key, facts)
@@ -274,8 +279,8 @@ def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
     """The inventory annotation -> (inventory, error); malformed entries are skipped."""
     try:
         doc = json.loads(text)
-    except ValueError as exc:
-        return None, f"{INVENTORY_ANNOTATION} is not JSON: {exc}"
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        return None, f"{INVENTORY_ANNOTATION} is not JSON: {str(exc)[:200]}"
     if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
         return None, f"{INVENTORY_ANNOTATION} has no 'datasets' object"
     datasets = {}

@@ -17,7 +17,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 from dsplatform.settings import EnvSettings, InvalidSettings
-from dsplatform.units import Duration
+from dsplatform.units import Duration, Size
 from scheduler_plugin.errors import SettingsError
 
 PREFIX = "DSEXT_"
@@ -103,6 +103,9 @@ class Settings(EnvSettings):
     watch: Annotated[bool, BeforeValidator(_bool)] = False  # keep a watch-backed cache (needed for nodeCacheCapable)
     kubeconfig: str | None = None       # None: in-cluster config, else the default kubeconfig
     log_level: str = "info"
+    # the largest filter/prioritize body read (DSEXT_MAX_BODY); kube-scheduler's 5,000 Nodes
+    # with budget-sized annotations stay far below; larger bodies get Error/zero scores
+    max_body_bytes: Size = Field(64 << 20, validation_alias=AliasChoices("max_body_bytes", PREFIX + "MAX_BODY"))
 
     @field_validator("port")
     @classmethod

@@ -140,6 +140,7 @@ _POD_HEAD = b'{"Pod":'
 _NODES_HEAD = b',"Nodes":{"metadata":{},"items":['
 _NODES_TAIL = b']},"NodeNames":null}'
 _METADATA = b'"metadata":{"name":"'
+_POD_KEY = re.compile(rb'"[Pp][Oo][Dd]"\s*:')
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")   # what bytes.rstrip() strips
 _ITEM_HEAD = re.compile(rb'\{"metadata":\{"name":"([^"\\]+)","uid":"[^"\\]*","resourceVersion":"([^"\\]+)"')
 
@@ -149,10 +150,20 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
     fast = _split_go_layout(body)
     if fast is not None:
         return fast
+    if _POD_KEY.search(body) is None:  # a cheap scan in C before a parse of megabytes
+        raise InvalidRequest("ExtenderArgs has no Pod")
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not JSON: {exc}") from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidRequest(f"request body is not JSON: {str(exc)[:200]}") from exc
+    try:
+        return _args_of(doc)
+    except InvalidRequest as exc:
+        exc.names = salvage_from(doc)  # type: ignore[attr-defined]  # one parse per body: the names come from this one
+        raise
+
+
+def _args_of(doc: Any) -> ExtenderArgs:
     if not isinstance(doc, dict):
         raise InvalidRequest(f"ExtenderArgs must be a JSON object, got {type(doc).__name__}")
     pod = _field(doc, "Pod")
@@ -244,9 +255,17 @@ def _decode_node_list(raw: Any) -> list[Node]:
 
 def salvage_names(body: bytes | bytearray | None) -> list[str]:
     """Best effort: the candidate names of a request that failed to decode, so that a
-    prioritize reply can still give each of them an explicit 0."""
+    prioritize reply can still give each of them an explicit 0. Parses ``body`` again:
+    the app uses the names :func:`decode_args` attaches to its error instead."""
     try:
-        doc = json.loads(body) if body else None
+        return salvage_from(json.loads(body) if body else None)
+    except Exception:  # salvage only: a body this broken gets an empty list
+        return []
+
+
+def salvage_from(doc: Any) -> list[str]:
+    """The candidate names in an already parsed body (empty when there are none)."""
+    try:
         names = _field(doc, "NodeNames") if isinstance(doc, dict) else None
         if isinstance(names, list):
             return [n for n in names if isinstance(n, str)]

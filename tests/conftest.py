@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,3 +49,16 @@ def isolate_aws(monkeypatch: pytest.MonkeyPatch) -> None:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()  # instances keep the credentials they found
+#: Tests cache from fsspec's process-local ``memory://`` filesystem, which no agent allows
+#: by default (DSAGENT_PROTOCOLS); agents started by tests allow it too.
+TEST_PROTOCOLS = ("s3", "gs", "az", "http", "https", "file", "memory")
+
+
+@pytest.fixture(autouse=True)
+def _memory_sources_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent.format import sources
+
+    monkeypatch.setattr(sources, "DEFAULT_PROTOCOLS", TEST_PROTOCOLS)
+
+
+os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes

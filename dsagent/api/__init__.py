@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dsagent import __version__
+from dsagent.api.identity import own_pod_uid
 from dsagent.api.routes import router
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
@@ -80,6 +81,7 @@ def create_app(
     app = FastAPI(title="dsagent", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json")
     app.state.service = svc
     app.state.settings = settings
+    app.state.own_pod_uid = own_pod_uid(settings.proc_root)  # kubectl exec into the agent is an operator
     app.include_router(router)
     app.openapi = functools.partial(openapi_document, app)  # type: ignore[method-assign]
     _install_error_edge(app)

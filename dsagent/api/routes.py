@@ -1,10 +1,10 @@
 """The ``/v1`` routes: they convert between the wire and the service, nothing more.
 
-Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. Every request that
-changes state (tasks, evictions) needs the admin token when it came over TCP, where
-anyone on the network could otherwise make the node fetch or drop data; reads (inventory,
-metrics, probes) stay open for the extender and Prometheus. The unix socket is guarded by
-its file permissions.
+Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. Who may do what is
+:mod:`dsagent.api.identity`: an operator (admin token, or a process on the node outside
+any pod) anything; a pod only its own task (its UID); evictions need an operator; over
+TCP without the token only reads (inventory, metrics, probes stay open for the extender
+and Prometheus).
 
 Each route declares its ``response_model`` and the error statuses it can actually answer
 (:func:`errors`, all with the :class:`~dsagent.api.schemas.ErrorOut` body); FastAPI's
@@ -14,7 +14,6 @@ because validation errors are answered as 400 ``invalid_input``.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from dsagent.api.identity import Caller, caller_identity, require_operator, require_task
 from dsagent.api.schemas import (
     DatasetsOut,
     DatasetVersionsOut,
@@ -39,7 +39,6 @@ from dsagent.api.schemas import (
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.cache.peers import PEER_HEADER, check_peer_token
 from dsagent.cache.service import CacheService
-from dsagent.errors import Unauthorized
 from dsagent.format.names import validate_digest
 
 router = APIRouter()
@@ -47,7 +46,8 @@ router = APIRouter()
 ERROR_STATUSES: dict[int, str] = {
     400: "Invalid input: names, URLs (a malformed URL), fields, query values (invalid_input, ...)",
     401: "An operator action over TCP without a valid admin token (unauthorized)",
-    403: "The store refused the agent's credentials (credentials) or the action (forbidden); "
+    403: "The store refused the agent's credentials (credentials) or the action (storage_forbidden); "
+    "a pod acting on another pod's task, or evicting (forbidden); "
     "in cluster mode, a pod-UID task for a pod not on this node (task_not_on_node)",
     404: "No such task or dataset (not_found); a source or bundle store that does not exist",
     409: "In use, being fetched, or a task repeated with other datasets (conflict)",
@@ -68,36 +68,30 @@ def service(request: Request) -> CacheService:
     return svc
 
 
-def over_unix_socket(request: Request) -> bool:
-    """uvicorn reports no server address for a unix socket connection, a (host, port) for TCP."""
-    server = request.scope.get("server")
-    return server is None or not isinstance(server, (tuple, list)) or server[1] is None
+def caller(request: Request) -> Caller:
+    return caller_identity(request)
 
 
-def require_admin(request: Request) -> None:
-    if over_unix_socket(request):
-        return
-    token = request.app.state.settings.admin_token
-    if token is None:
-        raise Unauthorized("operator actions over TCP need an admin token, and this agent has none", hint="set DSAGENT_ADMIN_TOKEN on the agent, or use its unix socket")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise Unauthorized("a valid admin token is required for this action", hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)")
+def operator(who: Caller = Depends(caller)) -> None:
+    require_operator(who)
 
 
-@router.put("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)], response_model=TaskOut, responses=errors(400, 401, 403, 404, 409, 413, 503))
-async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0)) -> dict[str, Any]:
+@router.put("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 401, 403, 404, 409, 413, 503))
+async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0), who: Caller = Depends(caller)) -> dict[str, Any]:
+    require_task(who, task_id, write=True)
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait)
     return task_out(record)
 
 
-@router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 404))
-async def get_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
+@router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 403, 404))
+async def get_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+    require_task(who, task_id, write=False)
     return task_out(await svc.get_task(task_id))
 
 
-@router.delete("/v1/tasks/{task_id}", dependencies=[Depends(require_admin)], response_model=ReleaseOut, responses=errors(400, 401, 404))
-async def release_task(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
+@router.delete("/v1/tasks/{task_id}", response_model=ReleaseOut, responses=errors(400, 401, 403, 404))
+async def release_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+    require_task(who, task_id, write=True)
     await svc.release_task(task_id)
     return {"task": task_id, "released": True}
 
@@ -112,14 +106,14 @@ async def get_dataset(name: str, svc: CacheService = Depends(service)) -> dict[s
     return {"name": name, "versions": await svc.dataset(name)}
 
 
-@router.delete("/v1/datasets/{name}", dependencies=[Depends(require_admin)], response_model=EvictionOut, responses=errors(400, 401, 404, 409))
+@router.delete("/v1/datasets/{name}", dependencies=[Depends(operator)], response_model=EvictionOut, responses=errors(400, 401, 403, 404, 409))
 async def evict_dataset(
     name: str, svc: CacheService = Depends(service), force: bool = False, dry_run: bool = Query(False, alias="dryRun")
 ) -> dict[str, Any]:
     return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run))
 
 
-@router.post("/v1/evict", dependencies=[Depends(require_admin)], response_model=EvictionOut, responses=errors(400, 401, 404, 409, 413))
+@router.post("/v1/evict", dependencies=[Depends(operator)], response_model=EvictionOut, responses=errors(400, 401, 403, 404, 409, 413))
 async def evict(body: EvictIn, svc: CacheService = Depends(service)) -> dict[str, Any]:
     result = await svc.evict(names=body.names, mode=body.mode, force=body.force, dry_run=body.dry_run, free_bytes=body.bytes or 0)
     return eviction_out(result)
@@ -167,6 +161,10 @@ async def readyz(response: Response, svc: CacheService = Depends(service)) -> di
     if not svc.started:
         response.status_code = 503
         return {"status": "starting"}
+    waited = svc.pools.stalled(svc.settings.stall_timeout)
+    if waited:
+        response.status_code = 503
+        return {"status": "stalled", "detail": f"blocking work has waited {waited:.0f} s for a worker thread"}
     return {"status": "ready"}
 
 

@@ -15,7 +15,10 @@ so a catalog row never claims a partial dataset.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsagent.errors import DsagentError
+from dsagent.errors import DsagentError, InsufficientSpace
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -77,20 +80,68 @@ class TaskRow:
     digests: dict[str, str | None]  # dataset name -> version digest bound to the task
 
 
+#: Disk the catalog keeps in reserve beside itself: given back when a write finds the disk
+#: full, so that the agent can still open its catalog, record failures and evict (issue 10
+#: finding 4: a full disk made every later request a 500 and the next start impossible).
+BALLAST_BYTES = 4 << 20
+
+
+def _disk_full(exc: BaseException, where: Path) -> bool:
+    """Whether ``exc`` came from a full disk: SQLITE_FULL, ENOSPC, or an I/O error (SQLite
+    reports a failed ``-shm`` extension so) while the disk has no room left."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc):
+        return True
+    try:
+        return shutil.disk_usage(where).free < BALLAST_BYTES
+    except OSError:
+        return False
+
+
 class Catalog:
     """One SQLite connection; not thread-safe, use it from a single thread."""
 
     def __init__(self, path: Path) -> None:
+        self._ballast = path.with_name(path.name + ".ballast")
         try:
-            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
+            self._open(path)
+        except sqlite3.Error as exc:
+            if not (_disk_full(exc, path.parent) and self._give_back_ballast()):
+                raise CatalogError(f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk") from exc
+            try:
+                self._open(path)
+            except sqlite3.Error as again:
+                raise CatalogError(f"cannot open the catalog at {path}: {again}", hint="check the cache root's permissions and disk") from again
+        self.keep_ballast()
+
+    def _open(self, path: Path) -> None:
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")  # a ready row must survive power loss
-            self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA synchronous=FULL")  # a ready row must survive power loss
+        self._db.execute("PRAGMA foreign_keys=ON")
+        if self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # no write at all on a known catalog
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except sqlite3.Error as exc:
-            raise CatalogError(f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk") from exc
+
+    def keep_ballast(self) -> None:
+        """(Re)create the reserve beside the catalog when the disk has room for it."""
+        if self._ballast.exists():
+            return
+        try:
+            with open(self._ballast, "wb") as out:
+                os.posix_fallocate(out.fileno(), 0, BALLAST_BYTES)
+        except OSError:
+            self._ballast.unlink(missing_ok=True)
+
+    def _give_back_ballast(self) -> bool:
+        try:
+            self._ballast.unlink()
+            return True
+        except OSError:
+            return False
 
     def close(self) -> None:
         self._db.close()
@@ -106,6 +157,9 @@ class Catalog:
                 raise
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
+            if _disk_full(exc, self._ballast.parent):
+                self._give_back_ballast()  # the next write (a retry, an eviction) has room
+                raise InsufficientSpace(f"catalog write failed: the cache disk is full ({exc})", hint="evict unused datasets (dsctl evict) or free space") from exc
             raise CatalogError(f"catalog write failed: {exc}") from exc
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:

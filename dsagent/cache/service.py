@@ -60,6 +60,7 @@ from dsagent.cache.task import (
 from dsagent.cache.versions import Versions
 from dsagent.errors import DsagentError, NotFound
 from dsagent.format.manifest import Manifest
+from dsagent.format.sources import with_timeouts
 from dsagent.format.storage_errors import classify
 
 log = logging.getLogger("dsagent")
@@ -109,6 +110,12 @@ class CacheService:
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
+            try:  # the operator may have narrowed the allowlist since the request was taken
+                await self.pools.check(check_locations, request, policy=self.settings.source_policy)
+            except DsagentError as exc:
+                log.warning("not resuming %s for task %s: %s", request.name, task_id, exc)
+                self._errors[(task_id, request.name)] = exc
+                continue
             self._start_waiter(task_id, request, digest)
         self.started = True
 
@@ -172,7 +179,7 @@ class CacheService:
     async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
         validate_request(task_id, datasets)
         for request in datasets:  # resolving a location may touch the network: off the loop
-            await self._work(check_locations, request, local_sources=self.settings.local_sources)
+            await self.pools.check(check_locations, request, policy=self.settings.source_policy)
         return list(datasets)
 
     async def _ensure(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
@@ -194,7 +201,8 @@ class CacheService:
 
     async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
         """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
-        source = Source(request.source, request.bundles, self._options.get((task_id, request.name)))
+        options = with_timeouts(request.source, request.bundles, self._options.get((task_id, request.name)), self.settings.source_timeout)
+        source = Source(request.source, request.bundles, options)
         try:
             stored = None
             if bound is not None and await self._db(self.catalog.version, request.name, bound) is not None:
@@ -316,7 +324,10 @@ class CacheService:
 
     async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
-        return await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
+        result = await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
+        if result.evicted:
+            await self._db(self.catalog.keep_ballast)
+        return result
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -334,6 +345,7 @@ class CacheService:
                 await self.release_task(task_id)
         await self._space.collect_superseded()
         await self.evict(mode="idle")
+        await self._db(self.catalog.keep_ballast)  # given back to a full disk earlier: take it again
 
     # -- reports ----------------------------------------------------------------------
 

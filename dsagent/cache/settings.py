@@ -30,6 +30,8 @@ from pydantic import (
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.errors import SettingsError
+from dsagent.format import sources
+from dsagent.format.sources import ALIASES, SourcePolicy
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
@@ -98,6 +100,7 @@ def _env(name: str, field: str) -> Any:
 Listen = Annotated[tuple[str, int] | None, NoDecode, BeforeValidator(lambda v: parse_listen(v) if v not in (None, "") else None)]
 Paths = Annotated[tuple[Path, ...], NoDecode, BeforeValidator(_paths)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
+Protocols = Annotated[tuple[str, ...], NoDecode, BeforeValidator(lambda v: tuple(p.strip().lower() for p in v.split(",") if p.strip()) if isinstance(v, str) else tuple(v))]
 Whole = Annotated[int, BeforeValidator(_whole)]
 
 
@@ -189,6 +192,13 @@ class Settings(EnvSettings):
     fetch_workers: Whole = 8
     max_body_bytes: Size = Field(1 << 20, validation_alias=_env("MAX_BODY", "max_body_bytes"))
     local_sources: Paths = ()  # local directories requests may name as sources
+    # the source allowlist (dsagent.format.sources): protocols requests may name, and for
+    # each the storage-option keys it accepts; decided before any filesystem is built
+    protocols: Protocols = Field(default_factory=lambda: sources.DEFAULT_PROTOCOLS)
+    storage_option_keys: dict[str, tuple[str, ...]] = Field(default_factory=lambda: dict(sources.DEFAULT_OPTION_KEYS))
+    source_timeout: Duration = 60.0  # connect/read timeout of every remote source operation
+    proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
+    stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
     kubernetes: Flag = False
     log_level: str = "info"
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
@@ -225,6 +235,21 @@ class Settings(EnvSettings):
             return 0
         reserve = self.reserve if self.reserve is not None else parse_share(DEFAULT_RESERVE)
         return sum(int(s * disk_total) if isinstance(s, float) else int(s) for s in (reserve, self.nodefs_available))
+
+    @property
+    def source_policy(self) -> SourcePolicy:
+        return SourcePolicy(self.protocols, self.storage_option_keys, self.local_sources)
+
+    @field_validator("protocols")
+    @classmethod
+    def _protocols(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(ALIASES.get(p, p) for p in value))
+
+    @field_validator("storage_option_keys", mode="before")
+    @classmethod
+    def _option_keys(cls, value: Any) -> Any:
+        """The operator's lists replace the defaults protocol by protocol."""
+        return {**sources.DEFAULT_OPTION_KEYS, **value} if isinstance(value, Mapping) else value
 
     @property
     def socket(self) -> Path:
@@ -317,6 +342,9 @@ class Settings(EnvSettings):
             except OSError as exc:
                 raise ValueError(f"{ENV_PREFIX}PEER_TOKEN_FILE: cannot read {str(self.peer_token_file)!r}: {exc.strerror}") from None
             object.__setattr__(self, "peer_token", self._peer_token(token))
+        unlisted = [p for p in self.protocols if p not in self.storage_option_keys]
+        if unlisted:
+            raise ValueError(f"{ENV_PREFIX}PROTOCOLS: {unlisted} have no storage-option key allowlist (add them to {ENV_PREFIX}STORAGE_OPTION_KEYS, a JSON object)")
         if len(str(self.socket).encode()) > 107:
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
         return self

@@ -61,16 +61,24 @@ class Space:
         self.lock = asyncio.Lock()
         self.reservations: dict[Key, int] = {}
         self._pins: Counter[Key] = Counter()  # versions a fetch hard-links bundles from
+        self._overheads: dict[Key, int] = {}  # reserved disk beyond the bytes (blocks, inodes)
 
     # -- reservations -----------------------------------------------------------------
 
-    async def reserve(self, key: Key, size: int) -> None:
-        """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size."""
+    async def reserve(self, key: Key, size: int, *, overhead: int = 0, staged: int = 0) -> None:
+        """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size.
+
+        ``overhead``: what the files take on disk beyond their bytes (blocks, inodes; see
+        :meth:`Store.allocated`), counted against the disk's free space (issue 10 finding 4).
+        ``staged``: disk the version's own staging already takes (a resumed fetch); it is
+        part of the version, so it counts once (issue 10 finding 6: it counted as held
+        *and* was reserved again)."""
         spared: set[Key] = set()  # victims found protected since their plan: never chosen again
         async with self.lock:
             while True:
                 candidates = [dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c for c in await self.candidates()]
-                plan = eviction.plan_for_fetch(candidates, size=size, free=await self.free_bytes(), ratio=self.settings.evict_ratio)
+                free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
+                plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
                 if not plan.sufficient:
                     raise _insufficient(key[0], size, plan)
                 for victim in plan.victims:
@@ -78,15 +86,18 @@ class Space:
                         spared.add((victim.name, victim.digest))
                 if not spared.intersection((v.name, v.digest) for v in plan.victims):
                     self.reservations[key] = size
+                    self._overheads[key] = overhead
                     return
                 # plan again on the new view; it ends, since each round spares one more version
 
     def release(self, key: Key) -> None:
         self.reservations.pop(key, None)
+        self._overheads.pop(key, None)
 
     def move(self, old: Key, new: Key, size: int) -> None:
         """A copy reserved under a pending key now has its version's key."""
         self.reservations[new] = self.reservations.pop(old, size)
+        self._overheads[new] = self._overheads.pop(old, 0)
 
     def pin(self, keys: Iterable[Key]) -> None:
         self._pins.update(keys)
@@ -95,19 +106,25 @@ class Space:
         self._pins.subtract(keys)
         self._pins = +self._pins
 
-    async def free_bytes(self) -> int:
-        """Free bytes for new data: disk free and capacity left, minus pending reservations."""
+    async def free_bytes(self, *, exclude: Key | None = None, staged: int = 0, overhead: int = 0) -> int:
+        """Free bytes for new data: disk free and capacity left, minus pending reservations.
+        The disk side counts what files take on disk (their reserved ``overhead``), the
+        capacity side their bytes. ``exclude``: a version about to be reserved, whose own
+        row must not count as held; ``staged``: the disk its staging takes already (free
+        again for it: it is part of it); ``overhead``: its own disk overhead."""
         disk = await self.pools.work(self.store.disk_usage)
-        pending = sum(max(0, size - self.progress.bytes_done(key)) for key, size in self.reservations.items())
-        free = disk.free - pending - self.settings.disk_floor(disk.total)  # never into the kubelet's eviction zone
+        pending = sum(
+            max(0, size + self._overheads.get(key, 0) - self.progress.bytes_done(key)) for key, size in self.reservations.items() if key != exclude
+        )
+        free = disk.free - pending + staged - overhead - self.settings.disk_floor(disk.total)  # never into the kubelet's eviction zone
         if self.settings.capacity_bytes is not None:
             rows = await self.pools.db(self._catalog().versions)
-            reserved = sum(self.reservations.values())
+            reserved = sum(size for key, size in self.reservations.items() if key != exclude)
             # every version counts, once: as reserved while a fetch holds its reservation
             # (also just after its ready commit), else as held - a failed or interrupted
             # one too, since its staging stays on disk for a resume and evicting it is
             # credited with its size
-            held = sum(r.size_bytes for r in rows if (r.name, r.digest) not in self.reservations)
+            held = sum(r.size_bytes for r in rows if (r.name, r.digest) not in self.reservations and (r.name, r.digest) != exclude)
             free = min(free, self.settings.capacity_bytes - held - reserved)
         return free
 
@@ -149,7 +166,16 @@ class Space:
         if self.busy(key) or (not force and self.protected(key)):
             return False  # force overrides a task's use, never a fetch's
         unless = None if force else self.clock()
-        if not await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=unless) and not force:
+        try:
+            deleted = await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=unless)
+        except InsufficientSpace:
+            # a full disk: even the catalog cannot write. Free the version's files first
+            # (reads still work: check it is not in use), then record the deletion
+            if not force and key in await self.pools.db(self._catalog().in_use, self.clock()):
+                return False
+            await self.pools.work(self.store.remove, *key)
+            deleted = await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=None)
+        if not deleted and not force:
             return False  # a task was bound to it after the plan was made
         log.info("evicting %s@%s (%s, %s)", victim.name, victim.digest[:12], format_size(victim.size_bytes), reason)
         await self.pools.work(self.store.remove, *key)

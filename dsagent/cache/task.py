@@ -13,15 +13,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dsagent.cache.catalog import TaskRow
 from dsagent.cache.layout import validate_name
 from dsagent.errors import Conflict, InvalidInput
-from dsagent.format.digester import is_local
-from dsagent.format.storage import resolve, resolves_within
+from dsagent.format.sources import SourcePolicy
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
@@ -88,40 +86,14 @@ def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
         raise InvalidInput(f"dataset names repeat in one task: {sorted(names)}")
 
 
-def _wraps_filesystems(fs: Any) -> bool:
-    """Whether ``fs`` reads through other filesystems (fsspec's caches and ``dir`` keep the
-    wrapped one in ``.fs``; archives and references open files of a target filesystem)."""
-    from fsspec.archive import AbstractArchiveFileSystem
-    from fsspec.implementations.reference import ReferenceFileSystem
-    from fsspec.spec import AbstractFileSystem
-
-    return isinstance(fs, (AbstractArchiveFileSystem, ReferenceFileSystem)) or isinstance(getattr(fs, "fs", None), AbstractFileSystem)
-
-
-def check_locations(request: DatasetRequest, *, local_sources: Sequence[Path]) -> None:
-    """Refuse a local source or bundle store outside ``local_sources`` (the agent runs
-    privileged: pods must not make it copy host files into their mounts). Blocking."""
+def check_locations(request: DatasetRequest, *, policy: SourcePolicy) -> None:
+    """Refuse a source or bundle store the operator's allowlist does not admit, before any
+    filesystem is built or any path outside the allowed local directories touched (the
+    agent runs privileged: pods must not make it read host files). See
+    :mod:`dsagent.format.sources`. Stats local paths inside the allowed directories only."""
     for url in (request.source, request.bundles):
-        if url is None:
-            continue
-        if "::" in url:  # before resolving: building a chained filesystem may open files already
-            raise InvalidInput(
-                f"{url!r} chains filesystems, which this agent does not accept",
-                hint="give the dataset's own URL: the agent is the cache, and a chain could reach the node's local files",
-            )
-        fs, path = resolve(url, request.storage_options)
-        if _wraps_filesystems(fs):
-            raise InvalidInput(
-                f"{url!r} wraps other filesystems (caches, archives, dir, reference), which this agent does not accept",
-                hint="give the dataset's own URL: the agent is the cache, and a wrapper could reach the node's local files",
-            )
-        if not is_local(fs):
-            continue
-        if not resolves_within(path, local_sources):
-            raise InvalidInput(
-                f"local source {url!r} is outside the directories this agent may read",
-                hint="use a remote URL, or add its directory to DSAGENT_LOCAL_SOURCES on the agent",
-            )
+        if url is not None:
+            policy.check(url, request.storage_options)
 
 
 def check_same_request(existing: TaskRow, requests: Sequence[DatasetRequest]) -> None:

@@ -41,7 +41,7 @@ from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import Space
 from dsagent.cache.task import redact_url
-from dsagent.errors import DsagentError, IntegrityError, NotFound
+from dsagent.errors import DsagentError, InsufficientSpace, IntegrityError, NotFound
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local
 from dsagent.format.manifest import BundleRef, Manifest, read_manifest
@@ -126,7 +126,7 @@ class Versions:
         key = (name, f"pending-{token}")
         self.metrics.miss()
         async with self._fetch_slots:
-            await self.space.reserve(key, total)
+            await self.space.reserve(key, total, overhead=self.store.allocated(total, len(files) + len(dirs)) - total)
             staging = self.store.pending_dir(name, token)
             progress = self.progress.start_pending(key, source.url, total, len(files))
             started = time.monotonic()
@@ -195,17 +195,22 @@ class Versions:
             return
         self.metrics.miss()
         async with self._fetch_slots:
-            await self.space.reserve(key, manifest.total_bytes)
+            staged = await self.pools.work(self.store.staged_bytes, *key)  # a resumed fetch's own bytes count once
+            size = manifest.total_bytes
+            overhead = self.store.allocated(size, manifest.file_count + len(manifest.directories)) - size
+            await self.space.reserve(key, size, overhead=overhead, staged=min(staged, size + overhead))
             started = time.monotonic()
             try:
                 await self._fetch_reserved(source, manifest)
             except BaseException as exc:
                 self.metrics.fetch_failed(error_code(exc))
                 message = exc.message if isinstance(exc, DsagentError) else f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, (IntegrityError, InsufficientSpace)):
+                    # never resume from data that failed a check; a full disk gets its space
+                    # back first, so that recording the failure below can be written
+                    await self.pools.work(self.store.discard_staging, *key)
                 with contextlib.suppress(Exception):
                     await self.pools.db(self._catalog().mark_failed, *key, message)
-                if isinstance(exc, IntegrityError):  # never resume from data that failed a check
-                    await self.pools.work(self.store.discard_staging, *key)
                 raise
             finally:
                 self.space.release(key)

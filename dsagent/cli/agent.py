@@ -14,6 +14,8 @@ signal it caught once ``serve`` ends, and a re-raised SIGTERM kills the process 
 ``finally`` of ours runs. When the socket is its root's default, the agent also records
 its path in :func:`dsagent.cache.settings.socket_pointer`, so that ``dsctl`` finds an
 agent started with ``--root X`` without ``DSAGENT_SOCKET``; it removes the record on exit.
+On SIGTERM the process is gone within :data:`STOP_DEADLINE` seconds whatever its threads are
+doing: a watchdog ends it if the orderly shutdown has not by then.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +132,38 @@ def serve(root: Path | None, socket_path: Path | None, listen: str | None, capac
         click.echo(f"dsagent: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(asyncio.run(_run(settings, sockets, pointer)))
+    code = asyncio.run(_run(settings, sockets, pointer))
+    if _stuck_threads():
+        # a worker stuck in a blocking call (a hanging source, a dead NFS mount) would hold
+        # the interpreter's exit forever: leave it behind
+        _exit_now(code, "leaving threads stuck in blocking calls behind")
+    sys.exit(code)
+
+
+#: From SIGTERM to the process being gone, whatever its threads are doing (issue 10 finding 3).
+STOP_DEADLINE = 9.0
+
+
+def _stuck_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+
+
+def _exit_now(code: int, why: str) -> None:
+    logging.getLogger("dsagent").warning("exiting: %s", why)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _watchdog(seconds: float) -> None:
+    """Exit ``seconds`` from now if the orderly shutdown has not finished by then."""
+    timer = threading.Timer(seconds, _exit_now, (0, f"shutdown took over {seconds:.0f} s"))
+    timer.daemon = True
+    timer.start()
 
 
 def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
@@ -186,6 +220,7 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path |
     import uvicorn
 
     from dsagent.api import create_app
+    from dsagent.api.identity import peer_credentials_protocol
 
     plugin = None
     try:
@@ -203,6 +238,11 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path |
             await stopping.stop()
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                _watchdog(STOP_DEADLINE)
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             try:
                 await super().shutdown(sockets)
@@ -212,7 +252,8 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path |
 
     bound = list(sockets)
     app = create_app(settings, companions=companions(settings))
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=10)
+
+    config = uvicorn.Config(app, http=peer_credentials_protocol(), log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=5)
     server = Server(config)
     try:
         await server.serve(sockets=sockets)

@@ -60,7 +60,7 @@ from dsagent.format.manifest import (
     read_manifest,
 )
 from dsagent.format.storage import resolve, translate_errors
-from dsagent.format.tarstream import FrameReader, iter_members, read_data
+from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 
 STAGING_DIR = ".dsagent-staging"
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -138,7 +138,7 @@ def _extract_stream(raw: IO[bytes], members: Sequence[FileEntry], bundle: Bundle
     what = f"bundle {bundle.digest}"
     expected = {entry.path: i for i, entry in enumerate(members)}
     seen: set[str] = set()
-    reader = FrameReader(raw, what)
+    reader = FrameReader(raw, what, limit=tar_bound((e.size, len(e.path.encode("utf-8", "surrogateescape"))) for e in members))
     for member in iter_members(reader, what):
         _reject_unsafe(member, bundle)
         index = expected.get(member.name)

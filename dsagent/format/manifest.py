@@ -37,15 +37,16 @@ digest from the first line without decompressing anything (:func:`read_manifest_
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import operator
 import re
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import IO, Any
 
 import xxhash
 import zstandard
@@ -54,6 +55,7 @@ from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.tarstream import FrameReader
 
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
@@ -74,7 +76,7 @@ _LEN = struct.Struct("<I")
 # --------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     """One file of a dataset."""
 
@@ -345,17 +347,96 @@ def _parse_header(line: bytes) -> ManifestHeader:
         raise IntegrityError(f"corrupt manifest header: {exc}", hint="re-pack the dataset") from exc
 
 
-def decode_manifest(data: bytes) -> Manifest:
-    line, newline, body = data.partition(b"\n")
-    if not newline:
-        raise IntegrityError("corrupt manifest: no header line", hint="re-pack the dataset")
+#: The longest header line accepted (it holds the bundle index: ~100 bytes per bundle).
+MAX_HEADER_LINE = 16 << 20
+#: The longest entry line accepted: a JSON-escaped path of a few KB, numbers and a digest.
+MAX_ENTRY_LINE = 64 << 10
+
+
+class _Prefixed:
+    """``stream`` with ``head`` put back in front of it (we peeked to see if a body exists)."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self._head, self._stream = head, stream
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        return self._stream.read(size)
+
+
+def _entry_batches(reader: FrameReader, limit: int, name: str) -> Iterator[list[bytes]]:
+    """The entry lines of a manifest body, a decompressed chunk's worth at a time; each line
+    at most :data:`MAX_ENTRY_LINE` bytes, at most ``limit`` of them (the count its header
+    declares): a body cannot make the reader hold or parse more than its header promised
+    (issue 10 finding 5: 1 GiB of whitespace)."""
+    pending = b""
+    count = 0
+    while True:
+        view = reader.read(CHUNK_SIZE)
+        if not view:
+            break
+        pending += view
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > MAX_ENTRY_LINE:
+            raise IntegrityError(f"corrupt manifest {name!r}: an entry line is over {MAX_ENTRY_LINE} bytes", hint="re-pack the dataset")
+        count += len(lines)
+        if count > limit:
+            raise IntegrityError(f"corrupt manifest {name!r}: more entries than its header declares", hint="re-pack the dataset")
+        if lines:
+            yield lines
+    if pending:
+        raise IntegrityError(f"corrupt manifest {name!r}: its last entry line is cut", hint="re-pack the dataset")
+
+
+def _parse_batch(lines: list[bytes]) -> list[FileEntry]:
+    """One ``json.loads`` per batch (per line it is twice as slow); a line holding more or
+    less than one array shows as a count that does not match."""
+    rows = json.loads(b"[" + b",".join(lines) + b"]")
+    if len(rows) != len(lines):
+        raise ValueError("an entry line does not hold exactly one entry")
+    return [FileEntry(*row) for row in rows]
+
+
+def _header_line(stream: IO[bytes]) -> tuple[bytes, bytes]:
+    """The header line (at most :data:`MAX_HEADER_LINE` bytes) and what was read after it."""
+    buffer = b""
+    while b"\n" not in buffer:
+        chunk = stream.read(1 << 16)
+        if not chunk:
+            raise IntegrityError("corrupt manifest: no header line", hint="re-pack the dataset")
+        buffer += chunk
+        if len(buffer) > MAX_HEADER_LINE and b"\n" not in buffer[:MAX_HEADER_LINE + 1]:
+            raise IntegrityError("corrupt manifest: header line too long", hint="re-pack the dataset")
+    line, _, rest = buffer.partition(b"\n")
+    return line, rest
+
+
+def read_manifest_stream(stream: IO[bytes]) -> Manifest:
+    """Parse and fully check a stored manifest read from ``stream``, as a stream: memory and
+    work follow the entries its header declares, never what the body decompresses to."""
+    line, rest = _header_line(stream)
     header = _parse_header(line)
-    try:
-        text = zstandard.ZstdDecompressor().decompress(body) if body else b""
-        rows = json.loads(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]") if text else []
-        entries = tuple(itertools.starmap(FileEntry, rows))
-    except (zstandard.ZstdError, ValueError, TypeError) as exc:
-        raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
+    if header.file_count < 0 or header.total_bytes < 0:
+        raise IntegrityError(f"corrupt manifest {header.name!r}: negative counts in its header", hint="re-pack the dataset")
+    entries: tuple[FileEntry, ...] = ()
+    first = rest or stream.read(1)
+    if first:
+        what = f"manifest {header.name!r}"
+        reader = FrameReader(_Prefixed(first, stream), what, limit=header.file_count * MAX_ENTRY_LINE)  # type: ignore[arg-type]
+        try:
+            entries = tuple(itertools.chain.from_iterable(_parse_batch(batch) for batch in _entry_batches(reader, header.file_count, header.name)))
+        except (ValueError, TypeError) as exc:
+            raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
+    return _checked(header, entries)
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    return read_manifest_stream(io.BytesIO(data))
+
+
+def _checked(header: ManifestHeader, entries: tuple[FileEntry, ...]) -> Manifest:
     paths = [e.path for e in entries]
     well_typed = all(type(e.path) is str and type(e.size) is int and e.size >= 0 and type(e.mtime_ns) is int and type(e.digest) is str for e in entries)
     if not well_typed or not _HEX_LINES.fullmatch("\n".join(e.digest for e in entries) + "\n" if entries else ""):
@@ -391,11 +472,10 @@ def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] |
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
     try:
-        with translate_errors(f"manifest of {name!r} in {store}"):
-            data = fs.cat_file(path)
+        with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
+            return read_manifest_stream(stream)
     except NotFound as exc:
         raise NotFound(f"no dataset {name!r} in bundle store {store}", hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}") from exc
-    return Manifest.from_bytes(data)
 
 
 def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> ManifestHeader:
@@ -403,8 +483,8 @@ def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str,
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
     with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
-        line = stream.readline()
-    return _parse_header(line.rstrip(b"\n"))
+        line, _ = _header_line(stream)
+    return _parse_header(line)
 
 
 __all__ = [

@@ -4,22 +4,25 @@ Who calls it: manifest building, bundle packing and unpacking, and the agent's f
 What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
 translating what the filesystems raise into dsagent's error tree where it enters. Which
 foreign error means what (unreachable, credentials, permission, not found), the URL form
-check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`.
+check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`. What the *agent* may open is decided before
+this module is reached, from the URL's text: :mod:`dsagent.format.sources`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol, url_to_fs
 from fsspec.spec import AbstractFileSystem
 
-from dsagent.errors import InvalidInput
+from dsagent.errors import InsufficientSpace, InvalidInput
 from dsagent.format import storage_errors
+from dsagent.format.sources import is_chain
 
 
 def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
@@ -31,8 +34,11 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
     options = storage_errors.bounded_options(text.split("://", 1)[0].lower() if "://" in text else "file", storage_options or {})
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
-            fs, path = url_to_fs(text, **options)
-    except (ValueError, ImportError) as exc:
+            if is_chain(text):
+                fs, path = url_to_fs(text, **options)  # dsctl only: the agent refuses chains
+            else:
+                fs, path = _single(text, options)
+    except (ValueError, ImportError, TypeError) as exc:
         protocol = text.split("://", 1)[0] if "://" in text else "file"
         known = protocol in fsspec.available_protocols()
         extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "http": "http", "https": "http"}.get(protocol, "all")
@@ -44,6 +50,14 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
             hint = "check the URL and the storage options"
         raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
     return fs, path
+
+
+def _single(text: str, storage_options: Mapping[str, Any]) -> tuple[AbstractFileSystem, str]:
+    """What ``url_to_fs`` does for one URL, without its chain split (which cuts IPv6 hosts)."""
+    protocol, _ = split_protocol(text)
+    cls = fsspec.get_filesystem_class(protocol or "file")
+    options = {**cls._get_kwargs_from_urls(text), **storage_options}
+    return cls(**options), cls._strip_protocol(text)
 
 
 def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> bool:
@@ -62,6 +76,13 @@ def translate_errors(what: str) -> Iterator[None]:
     (:func:`dsagent.format.storage_errors.classify`); anything it does not know passes."""
     try:
         yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk is never "retry the source"
+            raise InsufficientSpace(f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets") from exc
+        error = storage_errors.classify(exc, what)
+        if error is None or id(error) == id(exc):
+            raise
+        raise error from exc
     except Exception as exc:
         error = storage_errors.classify(exc, what)
         if error is None or error is exc:

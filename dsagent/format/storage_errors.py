@@ -120,7 +120,7 @@ def _service_code(exc: BaseException) -> str | None:
 
 def _http_status(exc: BaseException) -> int | None:
     for link in _chain(exc):
-        for attr in ("code", "status_code", "status"):
+        for attr in ("status", "status_code", "code"):  # aiohttp deprecates .code
             value = getattr(link, attr, None)
             if isinstance(value, int) and 100 <= value < 600:
                 return value

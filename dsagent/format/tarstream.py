@@ -8,6 +8,15 @@ malformation as :class:`IntegrityError`:
   inside it or has bytes after it (zstandard's stream reader ends cleanly inside a cut
   frame, so a bundle cut at its checksum would otherwise pass). Chunks come out as
   memoryviews of the decompressor's output: no copy between zstd and ``os.write``.
+
+**Bounds** (issue 10, finding 5: a 65 KB bundle of 2 GiB of zeros took the agent to
+2.1 GB). This module is the one place decompression is bounded, for bundles and
+manifests alike: each decompress call yields at most :data:`CHUNK_SIZE` bytes
+(``compression.zstd``'s ``max_length``; python-zstandard's ``decompressobj`` has none, and
+one 1 MB chunk of zeros decompresses to 32 GB), and a frame yields at most its ``limit``
+(:func:`tar_bound` for a bundle: what its manifest declares plus tar headers; anything
+after the tar's end other than the writer's zero padding is an :class:`IntegrityError`).
+A pax or GNU long-name header is at most :data:`MAX_EXTENDED_HEADER` bytes.
 - :func:`iter_members` parses POSIX ustar headers (checksums checked by
   ``tarfile.TarInfo.frombuf``), pax extended headers (``path``, ``size``) and GNU long
   names, and yields each member's header; the caller must then consume exactly
@@ -20,10 +29,13 @@ per chunk, which made it the hot spot of unpacking.
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO
 
-import zstandard
+try:  # Python 3.14+
+    from compression import zstd as _zstd
+except ImportError:  # pragma: no cover - depends on the Python version
+    from backports import zstd as _zstd
 
 from dsagent.errors import IntegrityError, UnsafeArchive
 from dsagent.format.hashing import CHUNK_SIZE
@@ -31,33 +43,58 @@ from dsagent.format.hashing import CHUNK_SIZE
 BLOCK = tarfile.BLOCKSIZE
 _ZERO_BLOCK = bytes(BLOCK)
 
+#: Zero bytes a tar writer may add after the end-of-archive block (ours: two records).
+MAX_TAIL = 2 * tarfile.RECORDSIZE
+#: The largest pax or GNU long-name header accepted (a path is at most a few KB).
+MAX_EXTENDED_HEADER = 1 << 20
+
+
+def tar_bound(members: Iterable[tuple[int, int]]) -> int:
+    """The most bytes a tar of ``(size, name bytes)`` members may hold: each member's data
+    padded, its header and a pax header carrying its name, then the end blocks."""
+    total = MAX_TAIL + 2 * BLOCK
+    for size, name_bytes in members:
+        total += _padded(size) + 3 * BLOCK + _padded(3 * name_bytes + 256)
+    return total
+
 
 class FrameReader:
     """Decompressed bytes of exactly one zstd frame read from ``raw``."""
 
-    def __init__(self, raw: IO[bytes], what: str) -> None:
+    def __init__(self, raw: IO[bytes], what: str, *, limit: int | None = None) -> None:
         self._raw = raw
         self._what = what
-        self._decompressor = zstandard.ZstdDecompressor().decompressobj()
+        self._limit = limit  # the most decompressed bytes this frame may yield
+        self._decompressor = _zstd.ZstdDecompressor()
         self._current = memoryview(b"")
         self._offset = 0
         self._done = False
+        self.produced = 0
 
     def _refill(self) -> bool:
+        decompressor = self._decompressor
         while not self._done:
-            compressed = self._raw.read(CHUNK_SIZE)
-            if not compressed:
+            if decompressor.eof:
                 self._done = True
-                if not self._decompressor.eof:
-                    raise IntegrityError(f"{self._what} is truncated", hint="re-fetch or re-pack it")
+                if decompressor.unused_data or self._raw.read(1):
+                    raise IntegrityError(f"{self._what} has data after its end", hint="re-fetch or re-pack it")
                 break
+            compressed = b""
+            if decompressor.needs_input:
+                compressed = self._raw.read(CHUNK_SIZE)
+                if not compressed:
+                    raise IntegrityError(f"{self._what} is truncated", hint="re-fetch or re-pack it")
             try:
-                out = self._decompressor.decompress(compressed)
-            except zstandard.ZstdError as exc:
+                out = decompressor.decompress(compressed, max_length=CHUNK_SIZE)
+            except _zstd.ZstdError as exc:
                 raise IntegrityError(f"{self._what} is corrupt: {exc}", hint="re-fetch or re-pack it") from exc
-            if self._decompressor.eof and (self._decompressor.unused_data or self._raw.read(1)):
-                raise IntegrityError(f"{self._what} has data after its end", hint="re-fetch or re-pack it")
             if out:
+                self.produced += len(out)
+                if self._limit is not None and self.produced > self._limit:
+                    raise IntegrityError(
+                        f"{self._what} decompresses to more than the {self._limit} bytes its manifest allows",
+                        hint="the object is corrupt or hostile; re-pack it",
+                    )
                 self._current, self._offset = memoryview(out), 0
                 return True
         return False
@@ -89,10 +126,14 @@ class FrameReader:
                 raise IntegrityError(f"{self._what} ends in the middle of a tar record", hint="re-fetch or re-pack it")
             size -= len(view)
 
-    def drain(self) -> None:
-        """Read to the end of the frame, where zstd checks the frame's checksum."""
-        while self.read(CHUNK_SIZE):
-            pass
+    def drain(self, max_tail: int = MAX_TAIL) -> None:
+        """Read to the end of the frame, where zstd checks the frame's checksum; what is left
+        must be zero padding of at most ``max_tail`` bytes (nothing hides after a tar's end)."""
+        seen = 0
+        while view := self.read(CHUNK_SIZE):
+            seen += len(view)
+            if seen > max_tail or any(view):
+                raise IntegrityError(f"{self._what} has data after the end of its tar", hint="the bundle is corrupt or hostile; re-pack it")
 
 
 def _padded(size: int) -> int:
@@ -132,6 +173,8 @@ def iter_members(reader: FrameReader, what: str) -> Iterator[tarfile.TarInfo]:
         if block == _ZERO_BLOCK:
             return
         info = _header(reader, block, what)
+        if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) and info.size > MAX_EXTENDED_HEADER:
+            raise IntegrityError(f"{what} has a {info.size}-byte extended header", hint="the bundle is corrupt or hostile; re-pack it")
         if info.type == tarfile.XHDTYPE:
             overrides.update(_pax_records(reader.read_exact(_padded(info.size)), what))
             continue

@@ -75,14 +75,16 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
+        if ":" in host:
+            self.address_family = socket.AF_INET6
         self.directory = directory
         self.requests: Counter[tuple[str, str]] = Counter()
         self.delays: list[tuple[Callable[[str], bool], float]] = []
         self.inflight = 0
         self.peak = 0  # most slowed-down requests served at once
         self._lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(directory)))
+        super().__init__((host, 0), lambda *a: _Handler(*a, directory=str(directory)))
 
     def count(self, method: str, path: str) -> None:
         with self._lock:
@@ -96,17 +98,17 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class LoopbackServer:
-    """A real HTTP server on 127.0.0.1 serving ``directory``."""
+    """A real HTTP server on 127.0.0.1 (or ``host``, e.g. ``::1``) serving ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
-        self._server = _Server(directory)
+    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
+        self._server = _Server(directory, host)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def gets(self, predicate: Callable[[str], bool] = lambda p: True) -> dict[str, int]:
         with self._server._lock:

@@ -137,7 +137,8 @@ def test_operator_actions_work_with_the_token_or_over_the_socket(http: httpx.Cli
 
 def test_storage_options_are_never_returned_or_logged(http: httpx.Client, agent: AgentProcess) -> None:
     secret = "AKIA-very-secret-value-42"
-    body = {"datasets": [{"name": "s3set", "source": "memory://dsagent-api/none", "storageOptions": {"key": secret}}]}
+    options = {"key": secret, "secret": secret, "endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "x"}}
+    body = {"datasets": [{"name": "s3set", "source": "s3://bucket/none", "storageOptions": options}]}
     answer = http.put("/v1/tasks/with-secret?wait=5", json=body)
     assert answer.status_code == 200
     everything = answer.text + http.get("/v1/tasks/with-secret").text + http.get("/v1/datasets").text + http.get("/v1/inventory").text

@@ -13,7 +13,7 @@ from tests.dsagent.test_service_races import Gate, running, write_memory_dataset
 def test_after_a_restart_a_fetch_needing_storage_options_waits_for_the_request_again(tmp_path: Path, memory_root: str) -> None:
     # the documented gap: credentials are never stored, so only the requester can resume it
     write_memory_dataset(memory_root, 3, b"s")
-    settings = Settings(root=tmp_path, sweep_interval=3600)
+    settings = Settings(root=tmp_path, sweep_interval=3600, storage_option_keys={"memory": ("skip_instance_cache",)})
     request = DatasetRequest("mem", memory_root, storage_options={"skip_instance_cache": True})
 
     async def run() -> None:

@@ -1,0 +1,94 @@
+"""Issue 10, finding 9: one node's unreadable data costs only that node its score; one
+parse per body; a body limit; a huge body never holds up ``/healthz``.
+
+The extender over real HTTP (uvicorn on 127.0.0.1), with bodies shaped as kube-scheduler
+sends them. Each test failed on the code before issue 10.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from scheduler_plugin.app import create_app
+from scheduler_plugin.settings import Settings
+from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
+from tests.scheduler_plugin.server import serving
+
+TOPO = topology_json()
+IMAGENET = [{"name": "imagenet", "source": "s3://datasets/imagenet", "digest": "a" * 32}]
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with serving(create_app(Settings(max_body_bytes=8 << 20))) as url, httpx.Client(base_url=url, timeout=30) as http:
+        yield http
+
+
+def good_nodes() -> list[dict[str, Any]]:
+    return [
+        node("holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]),
+        node("empty", inventory=inventory_json(), topology=TOPO, free_gpus=[0, 1, 2, 3]),
+    ]
+
+
+def nested(depth: int) -> str:
+    return '{"datasets":' * depth + "{}" + "}" * depth
+
+
+HOSTILE = {
+    "superscript-two": {"free_gpus": "\u00b2"},
+    "5000-digits": {"free_gpus": "9" * 5000},
+    "nested-inventory": {"inventory": nested(5000)},
+    "nested-topology": {"topology": nested(5000)},
+    "huge-number-inventory": {"inventory": '{"datasets":{},"capacityBytes":' + "9" * 5000 + "}"},
+}
+
+
+@pytest.mark.parametrize("annotation", list(HOSTILE), ids=list(HOSTILE))
+def test_one_unreadable_node_costs_only_its_own_score(client: httpx.Client, annotation: str) -> None:
+    nodes = [*good_nodes(), node("hostile", **HOSTILE[annotation])]
+    body = args_body(pod(datasets=IMAGENET, gpus=4), nodes, node_cache_capable=False)
+    result = client.post("/filter", content=body).json()
+    assert result["Error"] == "", result["Error"]
+    passed = {n["metadata"]["name"] for n in result["Nodes"]["items"]}
+    assert {"holds", "empty"} <= passed
+    scores = {h["Host"]: h["Score"] for h in client.post("/prioritize", content=body).json()}
+    # the others keep their scores; the hostile node gets no dataset credit (its GPU
+    # count falls back to allocatable, as for any node without a readable free list)
+    assert scores["holds"] > scores["hostile"], scores
+    assert scores["holds"] > 0, scores
+
+
+def test_a_body_over_the_limit_is_refused_without_a_parse(client: httpx.Client) -> None:
+    body = json.dumps({"Pod": pod(), "NodeNames": ["n"] * 2_000_000}).encode()
+    assert len(body) > 8 << 20
+    started = time.monotonic()
+    result = client.post("/filter", content=body).json()
+    assert "larger than" in result["Error"]
+    assert time.monotonic() - started < 5
+
+
+def test_a_huge_body_without_a_pod_never_holds_up_healthz() -> None:
+    # ~60 MB of valid JSON with no Pod, under a 64 MiB limit (the default)
+    body = json.dumps({"Nodes": {"items": [{"metadata": {"name": f"n{i}"}, "x": "y" * 40} for i in range(800_000)]}}).encode()
+    assert 40 << 20 < len(body) < 64 << 20
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=60) as http:
+        answers: list[Any] = []
+        worker = threading.Thread(target=lambda: answers.append(http.post("/prioritize", content=body)))
+        worker.start()
+        worst = 0.0
+        while worker.is_alive():
+            started = time.monotonic()
+            assert http.get("/healthz").status_code == 200
+            worst = max(worst, time.monotonic() - started)
+            time.sleep(0.02)
+        worker.join()
+        assert answers[0].status_code == 200
+        assert worst < 1.0, f"/healthz waited {worst:.2f} s"
