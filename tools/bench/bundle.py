@@ -17,6 +17,14 @@ and its unpack hashes every file; the C pipelines do not.
 
     python tools/bench/bundle.py                 # the full run (50,000 files, ~5.5 GB)
     python tools/bench/bundle.py --files 3000    # a quick look
+    python tools/bench/bundle.py --smoke         # seconds: checks that the benchmark still runs
+    python tools/bench/bundle.py --workdir /dev/shm/bench --files 6000 --max-bytes 10GB --repeat 9
+                                                 # one bundle on tmpfs: only the software's cost counts
+
+``--workdir`` picks the filesystem (the default, ``.bench/bundle``, is this checkout's
+disk; a tmpfs removes the disk from the comparison); ``--max-bytes`` picks one bundle
+(larger than the dataset) or many. ``--repeat N`` reports each side's best of N runs,
+interleaved (ours, C, ours, C, ...) so both see the same load on a shared machine.
 
 Installs Debian's ``zstd`` and ``xxhash`` packages with apt-get when the tools are missing.
 """
@@ -39,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from dsagent.format.bundle import unpack, write_bundles  # noqa: E402
 from dsagent.format.manifest import Manifest, build_manifest  # noqa: E402
+from dsplatform.units import parse_size  # noqa: E402
 
 TOOLS = {"zstd": "zstd", "xxh128sum": "xxhash", "tar": "tar"}
 
@@ -138,16 +147,19 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--median-kb", type=float, default=110)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--dir", type=Path, default=ROOT / ".bench" / "bundle")
-    parser.add_argument("--max-bytes", type=int, default=800_000_000)
+    parser.add_argument("--workdir", "--dir", dest="workdir", type=Path, default=ROOT / ".bench" / "bundle", help="where the dataset, the store and the outputs go (a tmpfs or a disk)")
+    parser.add_argument("--max-bytes", type=parse_size, default=800_000_000, help="bundle cap, e.g. 800MB (many bundles) or 10GB (one)")
+    parser.add_argument("--smoke", action="store_true", help="a few hundred small files: checks in seconds that the benchmark runs")
     parser.add_argument("--keep", action="store_true", help="keep the generated dataset for the next run")
     parser.add_argument("--repeat", type=int, default=1, help="report the best of this many runs of each step")
     args = parser.parse_args()
+    if args.smoke:
+        args.files, args.classes, args.median_kb = 300, 10, 20
     global REPEAT
     REPEAT = max(1, args.repeat)
     ensure_tools()
     cpus = os.cpu_count() or 1
-    work = args.dir
+    work = args.workdir.absolute()
     src = work / "src"
     print(f"generating {args.files} files in {min(args.classes, args.files)} classes under {src} ...", flush=True)
     total = generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
