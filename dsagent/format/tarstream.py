@@ -8,6 +8,8 @@ malformation as :class:`IntegrityError`:
   inside it or has bytes after it (zstandard's stream reader ends cleanly inside a cut
   frame, so a bundle cut at its checksum would otherwise pass). Chunks come out as
   memoryviews of the decompressor's output: no copy between zstd and ``os.write``.
+  Optionally a thread reads and decompresses ahead (the unpack pipeline); every
+  decompressed byte still comes from ``FrameReader._decompressed``.
 - :func:`iter_members` parses POSIX ustar headers (checksums checked by
   ``tarfile.TarInfo.frombuf``), pax extended headers (``path``, ``size``) and GNU long
   names, and yields each member's header; the caller must then consume exactly
@@ -19,7 +21,9 @@ per chunk, which made it the hot spot of unpacking.
 
 from __future__ import annotations
 
+import queue
 import tarfile
+import threading
 from collections.abc import Iterator
 from typing import IO
 
@@ -33,24 +37,41 @@ _ZERO_BLOCK = bytes(BLOCK)
 
 
 class FrameReader:
-    """Decompressed bytes of exactly one zstd frame read from ``raw``."""
+    """Decompressed bytes of exactly one zstd frame read from ``raw``.
 
-    def __init__(self, raw: IO[bytes], what: str) -> None:
+    With ``ahead`` > 0 a thread reads and decompresses up to that many chunks ahead of the
+    caller (zstd releases the GIL, so decompression overlaps the caller's parsing, hashing
+    and writing); use it as a context manager so the thread is always ended. Either way
+    every decompressed byte comes from :meth:`_decompressed`, the one place to bound them.
+    """
+
+    def __init__(self, raw: IO[bytes], what: str, *, ahead: int = 0) -> None:
         self._raw = raw
         self._what = what
         self._decompressor = zstandard.ZstdDecompressor().decompressobj()
         self._current = memoryview(b"")
         self._offset = 0
-        self._done = False
+        self._chunks: Iterator[bytes] = _ReadAhead(self._decompressed(), ahead) if ahead > 0 else self._decompressed()
 
-    def _refill(self) -> bool:
-        while not self._done:
+    def __enter__(self) -> FrameReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (if any); the frame is not read any further."""
+        if isinstance(self._chunks, _ReadAhead):
+            self._chunks.close()
+
+    def _decompressed(self) -> Iterator[bytes]:
+        """The frame's decompressed bytes, chunk by chunk, checking its end and its checksum."""
+        while True:
             compressed = self._raw.read(CHUNK_SIZE)
             if not compressed:
-                self._done = True
                 if not self._decompressor.eof:
                     raise IntegrityError(f"{self._what} is truncated", hint="re-fetch or re-pack it")
-                break
+                return
             try:
                 out = self._decompressor.decompress(compressed)
             except zstandard.ZstdError as exc:
@@ -58,9 +79,14 @@ class FrameReader:
             if self._decompressor.eof and (self._decompressor.unused_data or self._raw.read(1)):
                 raise IntegrityError(f"{self._what} has data after its end", hint="re-fetch or re-pack it")
             if out:
-                self._current, self._offset = memoryview(out), 0
-                return True
-        return False
+                yield out
+
+    def _refill(self) -> bool:
+        out = next(self._chunks, None)
+        if out is None:
+            return False
+        self._current, self._offset = memoryview(out), 0
+        return True
 
     def read(self, size: int) -> memoryview:
         """Up to ``size`` bytes (fewer at a chunk edge); empty only at the end of the frame."""
@@ -93,6 +119,59 @@ class FrameReader:
         """Read to the end of the frame, where zstd checks the frame's checksum."""
         while self.read(CHUNK_SIZE):
             pass
+
+
+class _ReadAhead:
+    """Runs an iterator on its own thread, at most ``depth`` items ahead of its consumer.
+
+    Items and the iterator's exception arrive in order; :meth:`close` stops the thread
+    (it finishes the item it is producing) and waits for it.
+    """
+
+    _END = object()
+
+    def __init__(self, source: Iterator[bytes], depth: int) -> None:
+        self._source = source
+        self._items: queue.Queue[object] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="dsagent-unpack-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                if self._stop.is_set():
+                    return
+                self._items.put(item)
+            self._items.put(self._END)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._items.put(exc)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if item is self._END or isinstance(item, BaseException):
+            self._done = True
+            self._thread.join()
+            if item is self._END:
+                raise StopIteration
+            raise item  # type: ignore[misc]
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._done = True
+        while self._thread.is_alive():  # make room for an item being put
+            try:
+                self._items.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
 
 
 def _padded(size: int) -> int:

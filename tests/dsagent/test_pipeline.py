@@ -100,3 +100,51 @@ def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, mon
         write_bundles(manifest, src, tmp_path / "store")
     assert threading.active_count() == before
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
+
+
+@pytest.mark.usefixtures("small_buffers")
+@pytest.mark.parametrize("ahead", [0, 1, 2, 8])
+def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int) -> None:
+    from dsagent.format import extract, tarstream
+
+    monkeypatch.setattr(extract, "UNPACK_AHEAD", ahead)
+    monkeypatch.setattr(tarstream, "CHUNK_SIZE", 1000)  # many small compressed reads
+    files = _files()
+    pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
+    before = threading.active_count()
+    unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == files
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "tampered"])
+def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    from dsagent.format import tarstream
+
+    monkeypatch.setattr(tarstream, "CHUNK_SIZE", 4096)
+    files = _files()
+    manifest = pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
+    path = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest))
+    raw = bytearray(path.read_bytes())
+    if damage == "corrupt":
+        raw[len(raw) // 2] ^= 0xFF
+    elif damage == "truncated":
+        del raw[len(raw) // 2 :]
+    path.write_bytes(bytes(raw))
+    if damage == "tampered":  # the stream is sound but the manifest wants other bytes: found by the writing side
+        entries = [e if e.path != "d2/f050.bin" else FileEntry(e.path, e.size, e.mtime_ns, "f" * 32) for e in manifest.entries]
+        monkeypatch.setattr(type(manifest), "bundle_entries", lambda self, ref: entries)
+    before = threading.active_count()
+    with pytest.raises(IntegrityError):
+        unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
+    assert threading.active_count() == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_start_writeback_accepts_any_regular_file(tmp_path: Path) -> None:
+    from dsagent.format.extract import start_writeback
+
+    with open(tmp_path / "f", "wb") as fh:
+        fh.write(b"x" * 10_000)
+        fh.flush()
+        start_writeback(fh.fileno())
