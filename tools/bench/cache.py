@@ -3,6 +3,9 @@
     python tools/bench/cache.py                      # 50,000 files, 1 ms per open (the issue's run)
     python tools/bench/cache.py --source http        # a real HTTP server on 127.0.0.1 instead
     python tools/bench/cache.py --files 3000         # a quick look
+    python tools/bench/cache.py --smoke              # seconds: checks that the benchmark still runs
+    python tools/bench/cache.py --ways bundles --files 20000 --repeat 3
+                                                     # only the bundle path against the disk's bandwidth
 
 Ways, all from the same source into the same disk:
 1. baseline: a per-file copy as a user would do it without dsplatform (one file after the
@@ -13,7 +16,9 @@ Ways, all from the same source into the same disk:
    done once per dataset version, not per node), then parallel verified unpacking.
 It also measures this disk's sequential write bandwidth (large writes + fsync) and prints
 wall times, speedups against the baseline and the bundle path's share of the bandwidth.
-Targets (issue 3): bundles >= 8x the baseline and >= 80% of the sequential bandwidth.
+Targets: bundles >= 8x the baseline (issue 3) and >= 90% of the sequential bandwidth
+(issue 14). With ``--repeat N`` the bandwidth and the bundle path are measured N times,
+alternating, and the best of each is used (the disk is shared on the development machine).
 
 Not run by CI. Data goes under ``.bench/cache`` (or ``--workdir``) and is removed unless
 ``--keep``.
@@ -193,8 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-bytes", default="800MB", help="bytes per bundle")
     parser.add_argument("--workdir", type=Path, default=Path(".bench/cache"))
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--ways", default="baseline,files,bundles", help="comma-separated subset of baseline,files,bundles")
+    parser.add_argument("--repeat", type=int, default=1, help="best of N alternating runs of the bandwidth and the bundle path")
+    parser.add_argument("--smoke", action="store_true", help="a few hundred small files: checks in seconds that the benchmark runs")
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before each way (root; only on a quiet machine)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.files, args.classes, args.mean_kb = 300, 10, 20
+    ways = set(args.ways.split(","))
 
     from dsplatform.units import parse_size
 
@@ -215,19 +226,32 @@ def main(argv: list[str] | None = None) -> None:
             base = f"slowfile://{work / 'www'}"
             what = f"the local disk with {args.latency_ms:g} ms per open"
         source, store = f"{base}/imagenet", f"{base}/store"
+        allowed = (work / "www",)  # the agent reads local sources only from directories it is given
         bandwidth = disk_write_bandwidth(work, max(total, 256 << 20))
 
-        if args.drop_caches:
-            drop_caches_hint()
-        t_base = timed(baseline_copy, source, work / "baseline")
-        shutil.rmtree(work / "baseline")
-        if args.drop_caches:
-            drop_caches_hint()
-        t_files = asyncio.run(agent_cache(work / "agent-files", DatasetRequest("imagenet", source), args.workers))
-        shutil.rmtree(work / "agent-files", ignore_errors=True)
-        if args.drop_caches:
-            drop_caches_hint()
-        t_bundles = asyncio.run(agent_cache(work / "agent-bundles", DatasetRequest("imagenet", source, store), args.workers))
+        t_base: float | str = "skipped"
+        t_files: float | str = "skipped"
+        t_bundles: float | str = "skipped"
+        if "baseline" in ways:
+            if args.drop_caches:
+                drop_caches_hint()
+            t_base = timed(baseline_copy, source, work / "baseline")
+            shutil.rmtree(work / "baseline")
+        if "files" in ways:
+            if args.drop_caches:
+                drop_caches_hint()
+            t_files = asyncio.run(agent_cache(work / "agent-files", DatasetRequest("imagenet", source), args.workers, allowed))
+            shutil.rmtree(work / "agent-files", ignore_errors=True)
+        if "bundles" in ways:
+            for run in range(max(1, args.repeat)):
+                if run:
+                    bandwidth = max(bandwidth, disk_write_bandwidth(work, max(total, 256 << 20)))
+                shutil.rmtree(work / "agent-bundles", ignore_errors=True)
+                os.sync()
+                if args.drop_caches:
+                    drop_caches_hint()
+                took = asyncio.run(agent_cache(work / "agent-bundles", DatasetRequest("imagenet", source, store), args.workers, allowed))
+                t_bundles = took if isinstance(took, str) or isinstance(t_bundles, str) else min(t_bundles, took)
         if server is not None:
             server.shutdown()
 
@@ -236,16 +260,17 @@ def main(argv: list[str] | None = None) -> None:
         def line(label: str, seconds: float | str, extra: str = "") -> str:
             if isinstance(seconds, str):
                 return f"{label:<28} {seconds}"
-            return f"{label:<28} {seconds:8.2f} s  {mbps(seconds)}  {t_base / seconds:.2f}x{extra}"
+            speedup = f"  {t_base / seconds:.2f}x" if isinstance(t_base, float) else ""
+            return f"{label:<28} {seconds:8.2f} s  {mbps(seconds)}{speedup}{extra}"
 
         print(f"\ndataset: {args.files:,} files, {format_size(total)}; source: {what}; {os.cpu_count()} CPUs")
         print(f"disk sequential write: {bandwidth / 1e6:.0f} MB/s")
         print(f"pack (once per version):     {t_pack:8.2f} s  {mbps(t_pack)}")
-        print(f"baseline per-file copy:      {t_base:8.2f} s  {mbps(t_base)}  1.00x")
+        print(line("baseline per-file copy:", t_base))
         print(line("dsagent without bundles:", t_files))
         share = "" if isinstance(t_bundles, str) else f"  ({total / t_bundles / bandwidth:.0%} of the disk's sequential write bandwidth)"
         print(line("dsagent with bundles:", t_bundles, share))
-        print("targets: bundles >= 8x the baseline and >= 80% of the disk's bandwidth")
+        print("targets: bundles >= 8x the baseline and >= 90% of the disk's bandwidth")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
