@@ -21,6 +21,11 @@ the durability of what it leaves behind:
 Durability uses ``syncfs`` on the target's filesystem: one call instead of an ``fsync``
 per small file, at the price of also flushing other writers' dirty pages on that
 filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
+Each file's writeback is started as soon as it is written (:func:`start_writeback`), so
+the disk works while the rest of the bundle is extracted and the ``syncfs`` only waits
+for the tail. The bundle's stream is decompressed a few chunks ahead on its own thread
+(:class:`~dsagent.format.tarstream.FrameReader`, ``UNPACK_AHEAD``) while this thread
+parses, hashes and writes.
 """
 
 from __future__ import annotations

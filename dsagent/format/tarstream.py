@@ -25,7 +25,7 @@ import queue
 import tarfile
 import threading
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Self
 
 import zstandard
 
@@ -53,7 +53,7 @@ class FrameReader:
         self._offset = 0
         self._chunks: Iterator[bytes] = _ReadAhead(self._decompressed(), ahead) if ahead > 0 else self._decompressed()
 
-    def __enter__(self) -> FrameReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -145,7 +145,7 @@ class _ReadAhead:
                     return
                 self._items.put(item)
             self._items.put(self._END)
-        except BaseException as exc:  # handed to the consumer, which raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             self._items.put(exc)
 
     def __iter__(self) -> Iterator[bytes]:

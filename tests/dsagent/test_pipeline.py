@@ -16,7 +16,7 @@ import zstandard
 from dsagent.errors import InsufficientSpace, IntegrityError
 from dsagent.format import bundle
 from dsagent.format.bundle import pack, unpack, write_bundles
-from dsagent.format.manifest import FileEntry, bundle_path, build_manifest
+from dsagent.format.manifest import FileEntry, build_manifest, bundle_path
 from tests.dsagent.conftest import write_tree
 
 
