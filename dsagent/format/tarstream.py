@@ -25,7 +25,7 @@ import queue
 import tarfile
 import threading
 from collections.abc import Iterator
-from typing import IO, Self
+from typing import IO
 
 import zstandard
 
@@ -53,7 +53,7 @@ class FrameReader:
         self._offset = 0
         self._chunks: Iterator[bytes] = _ReadAhead(self._decompressed(), ahead) if ahead > 0 else self._decompressed()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> FrameReader:  # noqa: PYI034 - typing.Self needs Python 3.11; the project supports 3.10
         return self
 
     def __exit__(self, *exc: object) -> None:
