@@ -43,5 +43,26 @@ def _load_libc() -> Any:
 
 
 _LIBC = _load_libc()
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of the range's dirty pages, do not wait
+_sync_file_range = getattr(_LIBC, "sync_file_range", None) if _LIBC is not None else None
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
 
-__all__ = ["fsync_dir", "syncfs"]
+#: Start each unpacked file's writeback as soon as it is written (docs/design.md#bundles).
+EARLY_WRITEBACK = True
+
+
+def start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting for them.
+
+    Left alone, Linux starts writeback only once dirty pages pass ``dirty_background_ratio``
+    (2.4 GB on a 24 GiB node), so a disk receiving a dataset faster than it can write sits
+    idle for the first seconds and the final ``syncfs`` then writes everything at once.
+    Started per file, the disk is busy from the first file on and the final ``syncfs``
+    only waits for the tail. A no-op where there is no such call or no writeback (tmpfs).
+    """
+    if EARLY_WRITEBACK and _sync_file_range is not None:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
+__all__ = ["EARLY_WRITEBACK", "fsync_dir", "start_writeback", "syncfs"]

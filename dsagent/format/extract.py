@@ -21,6 +21,11 @@ the durability of what it leaves behind:
 Durability uses ``syncfs`` on the target's filesystem: one call instead of an ``fsync``
 per small file, at the price of also flushing other writers' dirty pages on that
 filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
+Each file's writeback is started as soon as it is written (:func:`start_writeback`), so
+the disk works while the rest of the bundle is extracted and the ``syncfs`` only waits
+for the tail. The bundle's stream is decompressed a few chunks ahead on its own thread
+(:class:`~dsagent.format.tarstream.FrameReader`, ``UNPACK_AHEAD``) while this thread
+parses, hashes and writes.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from dsagent.errors import (
     SourceUnavailable,
     UnsafeArchive,
 )
-from dsagent.format.durable import syncfs
+from dsagent.format.durable import start_writeback, syncfs
 from dsagent.format.hashing import CHUNK_SIZE, hash_file
 from dsagent.format.manifest import (
     BundleRef,
@@ -63,6 +68,9 @@ from dsagent.format.storage import resolve, translate_errors
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 
 STAGING_DIR = ".dsagent-staging"
+#: Unpack pipeline: decompressed chunks (of about ``CHUNK_SIZE``) a bundle's reader thread may
+#: hold ahead of the thread that parses, hashes and writes the files.
+UNPACK_AHEAD = 2
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
@@ -132,13 +140,26 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
             hint="the bundle is corrupt or was tampered with; re-pack the dataset",
         )
     os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+    start_writeback(fd)
 
 
 def _extract_stream(raw: IO[bytes], members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
     what = f"bundle {bundle.digest}"
     expected = {entry.path: i for i, entry in enumerate(members)}
     seen: set[str] = set()
-    reader = FrameReader(raw, what, limit=tar_bound((e.size, len(e.path.encode("utf-8", "surrogateescape"))) for e in members))
+    bound = tar_bound((e.size, len(e.path.encode("utf-8", "surrogateescape"))) for e in members)
+    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD) as reader:
+        _extract_members(reader, members, bundle, staging, progress, expected, seen)
+    if len(seen) != len(expected):
+        missing = sorted(expected.keys() - seen)
+        raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")
+
+
+def _extract_members(
+    reader: FrameReader, members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None,
+    expected: dict[str, int], seen: set[str],
+) -> None:  # fmt: skip
+    what = f"bundle {bundle.digest}"
     for member in iter_members(reader, what):
         _reject_unsafe(member, bundle)
         index = expected.get(member.name)
@@ -158,9 +179,6 @@ def _extract_stream(raw: IO[bytes], members: Sequence[FileEntry], bundle: Bundle
         if progress is not None:
             progress(entry.size, 1)
     reader.drain()
-    if len(seen) != len(expected):
-        missing = sorted(expected.keys() - seen)
-        raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")
 
 
 def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:

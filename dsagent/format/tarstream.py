@@ -17,6 +17,9 @@ one 1 MB chunk of zeros decompresses to 32 GB), and a frame yields at most its `
 (:func:`tar_bound` for a bundle: what its manifest declares plus tar headers; anything
 after the tar's end other than the writer's zero padding is an :class:`IntegrityError`).
 A pax or GNU long-name header is at most :data:`MAX_EXTENDED_HEADER` bytes.
+
+**Read-ahead** (the unpack pipeline): optionally a thread reads and decompresses ahead;
+every decompressed byte still comes from ``FrameReader._decompressed``, where the bounds sit.
 - :func:`iter_members` parses POSIX ustar headers (checksums checked by
   ``tarfile.TarInfo.frombuf``), pax extended headers (``path``, ``size``) and GNU long
   names, and yields each member's header; the caller must then consume exactly
@@ -28,7 +31,9 @@ per chunk, which made it the hot spot of unpacking.
 
 from __future__ import annotations
 
+import queue
 import tarfile
+import threading
 from collections.abc import Iterable, Iterator
 from typing import IO
 
@@ -59,26 +64,44 @@ def tar_bound(members: Iterable[tuple[int, int]]) -> int:
 
 
 class FrameReader:
-    """Decompressed bytes of exactly one zstd frame read from ``raw``."""
+    """Decompressed bytes of exactly one zstd frame read from ``raw``.
 
-    def __init__(self, raw: IO[bytes], what: str, *, limit: int | None = None) -> None:
+    With ``ahead`` > 0 a thread reads and decompresses up to that many chunks ahead of the
+    caller (zstd releases the GIL, so decompression overlaps the caller's parsing, hashing
+    and writing); use it as a context manager so the thread is always ended. Either way
+    every decompressed byte comes from :meth:`_decompressed`, the one place they are bounded.
+    """
+
+    def __init__(self, raw: IO[bytes], what: str, *, limit: int | None = None, ahead: int = 0) -> None:
         self._raw = raw
         self._what = what
         self._limit = limit  # the most decompressed bytes this frame may yield
         self._decompressor = _zstd.ZstdDecompressor()
         self._current = memoryview(b"")
         self._offset = 0
-        self._done = False
         self.produced = 0
+        self._chunks: Iterator[bytes] = _ReadAhead(self._decompressed(), ahead) if ahead > 0 else self._decompressed()
 
-    def _refill(self) -> bool:
+    def __enter__(self) -> FrameReader:  # noqa: PYI034 - typing.Self needs Python 3.11; the project supports 3.10
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (if any); the frame is not read any further."""
+        if isinstance(self._chunks, _ReadAhead):
+            self._chunks.close()
+
+    def _decompressed(self) -> Iterator[bytes]:
+        """The frame's decompressed bytes, at most :data:`CHUNK_SIZE` per step and ``limit`` in
+        all, checking its end and its checksum: the one place decompression is bounded."""
         decompressor = self._decompressor
-        while not self._done:
+        while True:
             if decompressor.eof:
-                self._done = True
                 if decompressor.unused_data or self._raw.read(1):
                     raise IntegrityError(f"{self._what} has data after its end", hint="re-fetch or re-pack it")
-                break
+                return
             compressed = b""
             if decompressor.needs_input:
                 compressed = self._raw.read(CHUNK_SIZE)
@@ -95,9 +118,14 @@ class FrameReader:
                         f"{self._what} decompresses to more than the {self._limit} bytes its manifest allows",
                         hint="the object is corrupt or hostile; re-pack it",
                     )
-                self._current, self._offset = memoryview(out), 0
-                return True
-        return False
+                yield out
+
+    def _refill(self) -> bool:
+        out = next(self._chunks, None)
+        if out is None:
+            return False
+        self._current, self._offset = memoryview(out), 0
+        return True
 
     def read(self, size: int) -> memoryview:
         """Up to ``size`` bytes (fewer at a chunk edge); empty only at the end of the frame."""
@@ -134,6 +162,59 @@ class FrameReader:
             seen += len(view)
             if seen > max_tail or any(view):
                 raise IntegrityError(f"{self._what} has data after the end of its tar", hint="the bundle is corrupt or hostile; re-pack it")
+
+
+class _ReadAhead:
+    """Runs an iterator on its own thread, at most ``depth`` items ahead of its consumer.
+
+    Items and the iterator's exception arrive in order; :meth:`close` stops the thread
+    (it finishes the item it is producing) and waits for it.
+    """
+
+    _END = object()
+
+    def __init__(self, source: Iterator[bytes], depth: int) -> None:
+        self._source = source
+        self._items: queue.Queue[object] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="dsagent-unpack-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                if self._stop.is_set():
+                    return
+                self._items.put(item)
+            self._items.put(self._END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._items.put(exc)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if item is self._END or isinstance(item, BaseException):
+            self._done = True
+            self._thread.join()
+            if item is self._END:
+                raise StopIteration
+            raise item  # type: ignore[misc]
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._done = True
+        while self._thread.is_alive():  # make room for an item being put
+            try:
+                self._items.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
 
 
 def _padded(size: int) -> int:

@@ -74,15 +74,22 @@ def manifest_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
+#: Runs its arguments and prints their exit status and peak RSS (KiB) on its last line. The
+#: measured command must be started from a small process: a child spawned straight from a
+#: pytest worker (vfork/posix_spawn) keeps the worker's RSS as its ``ru_maxrss`` across exec.
+_MEASURE = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+    "print(f'\\n{code} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}')"
+)
+
+
 def _run_measured(args: list[str]) -> tuple[int, int, str]:
     """Run ``args``; its exit status, peak RSS in bytes, and its output."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    with proc.stdout:
-        output = proc.stdout.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss * 1024, output
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    output = proc.stdout.decode(errors="replace")
+    body, _, last = output.rstrip("\n").rpartition("\n")
+    code, peak_kib = (int(x) for x in last.split())
+    return code, peak_kib * 1024, body
 
 
 def test_a_bundle_with_data_after_the_tar_end_is_refused_in_bounded_memory(bundle_bomb: tuple[Path, str], tmp_path: Path) -> None:

@@ -45,9 +45,9 @@ from typing import Any
 
 import fsspec
 
-from dsagent.format.bundle import pack
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from dsagent.format.bundle import pack
 from dsplatform.units import format_size
 
 # --------------------------------------------------------------------------- sources

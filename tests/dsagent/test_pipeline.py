@@ -1,0 +1,151 @@
+"""The pipelined pack and unpack of one bundle: same bytes, every file verified, errors from any stage."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import random
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from dsagent.errors import InsufficientSpace, IntegrityError
+from dsagent.format import bundle
+from dsagent.format.bundle import pack, unpack, write_bundles
+from dsagent.format.digester import build_manifest
+from dsagent.format.manifest import FileEntry, bundle_path
+from tests.dsagent.conftest import write_tree
+
+
+def _files(seed: int = 7) -> dict[str, bytes]:
+    """Sizes around every buffer and block edge: empty, 1 byte, 511-513, a few buffers' worth."""
+    rng = random.Random(seed)
+    sizes = [0, 1, 511, 512, 513, 4095, 4096, 4097, 10_000, 3 * 4096 + 7, 50_000, *(rng.randrange(0, 9000) for _ in range(40))]
+    return {f"d{i % 3}/f{i:03d}.bin": rng.randbytes(size) for i, size in enumerate(sizes)}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def small_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers of 4 KiB, two of them: every file crosses buffer edges and the stages wait on each other."""
+    monkeypatch.setattr(bundle, "CHUNK_SIZE", 4096)
+    monkeypatch.setattr(bundle, "PIPELINE_BUFFERS", 2)
+
+
+def test_fast_tar_headers_are_byte_for_byte_what_tarfile_writes() -> None:
+    rng = random.Random(1)
+    entries = [
+        FileEntry("a" * 100, 5, 0, "0" * 32),
+        FileEntry("a" * 101, 5, 0, "0" * 32),  # too long for ustar: pax
+        FileEntry("é/ü.jpg", 5, 10**18, "0" * 32),  # not ASCII: pax
+        FileEntry("x/y.bin", 8**11, 1, "0" * 32),  # size needs 12 digits: pax
+        FileEntry("x/y.bin", 8**11 - 1, (8**11 - 1) * 10**9, "0" * 32),
+        FileEntry("x", 0, -5 * 10**9, "0" * 32),  # before 1970: pax
+    ]
+    for _ in range(2000):
+        parts = ("".join(rng.choice("abc_.-09XY") for _ in range(rng.randint(1, 40))) for _ in range(rng.randint(1, 4)))
+        entries.append(FileEntry("/".join(parts), rng.randint(0, 10**12), rng.randint(0, 4 * 10**18), "0" * 32))
+    for entry in entries:
+        assert bundle._tar_header(entry) == bundle._tar_header_slow(entry), entry
+
+
+@pytest.mark.usefixtures("small_buffers")
+@pytest.mark.parametrize("threads", [0, 1, 2])
+def test_pipelined_pack_writes_a_plain_tar_in_one_frame_that_unpacks_verified(tmp_path: Path, threads: int) -> None:
+    files = _files()
+    src = write_tree(tmp_path / "src", files)
+    manifest = pack(src, tmp_path / "store", name="p", threads=threads)
+    assert len(manifest.bundles) == 1
+    raw = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest)).read_bytes()
+    data = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        assert {m.name: tar.extractfile(m).read() for m in tar} == files  # type: ignore[union-attr]
+    unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == files
+
+
+@pytest.mark.usefixtures("small_buffers")
+def test_a_file_that_grew_after_digesting_fails_the_pack_from_the_reader_thread(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", _files())
+    manifest = build_manifest(src, name="p")
+    (src / "d1/f010.bin").write_bytes(os.urandom(20_000))
+    before = threading.active_count()
+    with pytest.raises(IntegrityError, match="changed after it was digested"):
+        write_bundles(manifest, src, tmp_path / "store")
+    assert threading.active_count() == before
+    assert list((tmp_path / "store" / "bundles").iterdir()) == []
+
+
+@pytest.mark.usefixtures("small_buffers")
+def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_tree(tmp_path / "src", _files())
+    manifest = build_manifest(src, name="p")
+    writes = []
+
+    def full(self: object, data: bytes) -> int:
+        writes.append(len(data))
+        if len(writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return len(data)
+
+    monkeypatch.setattr(bundle._CountingWriter, "write", full)
+    before = threading.active_count()
+    with pytest.raises(InsufficientSpace):
+        write_bundles(manifest, src, tmp_path / "store")
+    assert threading.active_count() == before
+    assert list((tmp_path / "store" / "bundles").iterdir()) == []
+
+
+@pytest.mark.usefixtures("small_buffers")
+@pytest.mark.parametrize("ahead", [0, 1, 2, 8])
+def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int) -> None:
+    from dsagent.format import extract, tarstream
+
+    monkeypatch.setattr(extract, "UNPACK_AHEAD", ahead)
+    monkeypatch.setattr(tarstream, "CHUNK_SIZE", 1000)  # many small compressed reads
+    files = _files()
+    pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
+    before = threading.active_count()
+    unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == files
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "tampered"])
+def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    from dsagent.format import tarstream
+
+    monkeypatch.setattr(tarstream, "CHUNK_SIZE", 4096)
+    files = _files()
+    manifest = pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
+    path = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest))
+    raw = bytearray(path.read_bytes())
+    if damage == "corrupt":
+        raw[len(raw) // 2] ^= 0xFF
+    elif damage == "truncated":
+        del raw[len(raw) // 2 :]
+    path.write_bytes(bytes(raw))
+    if damage == "tampered":  # the stream is sound but the manifest wants other bytes: found by the writing side
+        entries = [e if e.path != "d2/f050.bin" else FileEntry(e.path, e.size, e.mtime_ns, "f" * 32) for e in manifest.entries]
+        monkeypatch.setattr(type(manifest), "bundle_entries", lambda self, ref: entries)
+    before = threading.active_count()
+    with pytest.raises(IntegrityError):
+        unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
+    assert threading.active_count() == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_start_writeback_accepts_any_regular_file(tmp_path: Path) -> None:
+    from dsagent.format.extract import start_writeback
+
+    with open(tmp_path / "f", "wb") as fh:
+        fh.write(b"x" * 10_000)
+        fh.flush()
+        start_writeback(fh.fileno())
