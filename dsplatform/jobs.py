@@ -18,7 +18,9 @@ DEFAULT_JOB_LABELS: tuple[str, ...] = (
 )
 
 
-def job_key(namespace: str, labels: Mapping[str, object] | None, job_labels: Sequence[str] = DEFAULT_JOB_LABELS) -> str | None:
+def job_key(
+    namespace: str, labels: Mapping[str, object] | None, job_labels: Sequence[str] = DEFAULT_JOB_LABELS
+) -> str | None:
     """``namespace/job`` from the first job label set on the pod, else None."""
     labels = labels or {}
     for key in job_labels:

@@ -48,4 +48,14 @@ def check_digest(digest: object) -> str:
     return digest  # type: ignore[return-value]
 
 
-__all__ = ["DIGEST_HINT", "DIGEST_LENGTH", "NAME_HINT", "NAME_MAX_LENGTH", "InvalidName", "check_digest", "check_name", "is_digest", "is_name"]
+__all__ = [
+    "DIGEST_HINT",
+    "DIGEST_LENGTH",
+    "NAME_HINT",
+    "NAME_MAX_LENGTH",
+    "InvalidName",
+    "check_digest",
+    "check_name",
+    "is_digest",
+    "is_name",
+]

@@ -72,7 +72,9 @@ def parse_duration(text: str | float | int) -> float:
     else:
         match = _DURATION.match(str(text))
         if match is None:
-            raise UnitError(f"invalid duration {text!r}", hint="use seconds or a number with ms, s, m, h or d, e.g. 30s, 6h, 7d")
+            raise UnitError(
+                f"invalid duration {text!r}", hint="use seconds or a number with ms, s, m, h or d, e.g. 30s, 6h, 7d"
+            )
         value = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
     if value < 0 or not math.isfinite(value):
         raise UnitError(f"duration must be a finite non-negative number, got {text!r}")

@@ -130,7 +130,7 @@ def _nvlink_pcie(topology: Topology) -> dict[str, dict[str, str]]:
     table: dict[str, dict[str, str]] = {}
     names = [g.name for g in topology.gpus]
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             link = topology.link(a, b)
             if link is not None and link.pcie is not None:
                 table.setdefault(a, {})[b] = link.pcie.value

@@ -263,8 +263,6 @@ def _symmetric(links: LinkTable, known: set[str]) -> LinkTable:
             for x, y in ((a, b), (b, a)):
                 previous = table.setdefault(x, {}).get(y)
                 if previous is not None and previous != link:
-                    raise InvalidTopology(
-                        f"contradictory links between {a} and {b}: {previous} and {link}"
-                    )
+                    raise InvalidTopology(f"contradictory links between {a} and {b}: {previous} and {link}")
                 table[x][y] = link
     return FrozenMap({k: FrozenMap(v) for k, v in table.items()})

@@ -195,7 +195,7 @@ def _pair_table(topology: Topology) -> dict[tuple[int, int], int]:
         table = {}
         indices = topology.gpu_indices
         for i, a in enumerate(indices):
-            for b in indices[i + 1:]:
+            for b in indices[i + 1 :]:
                 link = topology.link(gpu_name(a), gpu_name(b))
                 level = pcie_level(topology, a, b) if link is not None and link.is_nvlink else None
                 table[(a, b)] = link_score(link, level)
@@ -300,8 +300,10 @@ class _Chooser:
             pads = sum(1 for g in group if g is None)
             if pads not in (0, padding) or not self._acceptable(group, must, padding):
                 continue
-            remaining = tuple(d for d in rest if d not in others) if pads == 0 else tuple(
-                d for d in rest if d is not None and d not in others
+            remaining = (
+                tuple(d for d in rest if d not in others)
+                if pads == 0
+                else tuple(d for d in rest if d is not None and d not in others)
             )
             yield from self._partitions(remaining, count, padding, must, done + [group])
 
@@ -340,9 +342,7 @@ class _Chooser:
         best = max(starts, key=lambda m: (self.key(m), [-i for i in m]))
         return self._improve(best, set(must), candidates)
 
-    def _greedy(
-        self, must: list[int], candidates: list[int], need: int, seed: int | None
-    ) -> tuple[int, ...]:
+    def _greedy(self, must: list[int], candidates: list[int], need: int, seed: int | None) -> tuple[int, ...]:
         chosen = list(must) + ([seed] if seed is not None else [])
         pool = [c for c in candidates if c not in chosen]
         while len(chosen) < len(must) + need:

@@ -15,12 +15,14 @@ def serve(settings: Settings) -> None:
 
     from scheduler_plugin.app import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(
-        create_app(settings, settle_heap=True), host=settings.host, port=settings.port,
-        log_level=settings.log_level.lower(), access_log=False, lifespan="on",
+        create_app(settings, settle_heap=True),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        lifespan="on",
         # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
         # longer means the client always closes first, so a POST never races a server
         # close (Go does not retry a POST that hits a connection closed under it).

@@ -62,17 +62,23 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-MAX_BODY_BYTES = 64 << 20   # the default of Settings.max_body_bytes (DSEXT_MAX_BODY)
+MAX_BODY_BYTES = 64 << 20  # the default of Settings.max_body_bytes (DSEXT_MAX_BODY)
 _JSON = [(b"content-type", b"application/json")]
-_PRIORITIZE = {"/prioritize": "combined", "/prioritize/dataset": "dataset",
-               "/prioritize/roce": "roce", "/prioritize/numa": "numa", "/prioritize/time": "time"}
+_PRIORITIZE = {
+    "/prioritize": "combined",
+    "/prioritize/dataset": "dataset",
+    "/prioritize/roce": "roce",
+    "/prioritize/numa": "numa",
+    "/prioritize/time": "time",
+}
 
 
 class ExtenderApp:
     """ASGI application: ``uvicorn.run(ExtenderApp(...))``."""
 
-    def __init__(self, settings: Settings, *, view: View, framework: Framework | None = None,
-                 heap: Heap | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, view: View, framework: Framework | None = None, heap: Heap | None = None
+    ) -> None:
         self.settings = settings
         self.view = view
         self.framework = framework if framework is not None else Framework(settings)
@@ -91,7 +97,7 @@ class ExtenderApp:
         path: str = scope["path"]
         base = self.settings.base_path
         if base and (path == base or path.startswith(base + "/")):
-            path = path[len(base):] or "/"
+            path = path[len(base) :] or "/"
         path = path.rstrip("/") or "/"
         method = scope["method"]
         if path == "/filter" or path in _PRIORITIZE:
@@ -118,8 +124,16 @@ class ExtenderApp:
             await _reply(send, status, reply)
         elif path == "/metrics":
             text = self.metrics.render()
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", METRICS_CONTENT_TYPE.encode()), (b"content-length", str(len(text)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", METRICS_CONTENT_TYPE.encode()),
+                        (b"content-length", str(len(text)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": text})
         elif path == "/healthz":
             await _reply(send, 200, b'{"ok":true}')
@@ -235,8 +249,10 @@ class ExtenderApp:
             now = self.framework.clock()
             job, error = parse_profile(annotations, created=now)
             if job is None:
-                raise InvalidRequest(error or "no job described",
-                                     hint="e.g. /v1/plan?params=350M&step-seconds=250ms&steps=100000&deadline=6h&max-gpus=8")
+                raise InvalidRequest(
+                    error or "no job described",
+                    hint="e.g. /v1/plan?params=350M&step-seconds=250ms&steps=100000&deadline=6h&max-gpus=8",
+                )
             decision = deadline.plan(job, self.view.known(), now=now, max_gpus=int(raw_max))
         except SchedulerPluginError as exc:
             return exc.http_status, json.dumps(exc.to_dict()).encode()
@@ -305,8 +321,9 @@ def _log_failure(verb: str, exc: Exception, message: str) -> None:
         log.exception("%s failed", verb)
 
 
-def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None,
-               settle_heap: bool = False) -> ExtenderApp:
+def create_app(
+    settings: Settings, *, api_client: Any = None, jobs: JobClasses | None = None, settle_heap: bool = False
+) -> ExtenderApp:
     """The app with its view: a watch cache when ``settings.watch`` (from ``api_client``,
     else the in-cluster config or kubeconfig), stateless otherwise. ``settle_heap`` (for
     the served process only, see :mod:`scheduler_plugin.heap`) freezes the heap after
@@ -319,7 +336,9 @@ def create_app(settings: Settings, *, api_client: Any = None, jobs: JobClasses |
 
         cache = NodeCache(
             api_client if api_client is not None else api_client_from(settings.kubeconfig),
-            reader, gpu_resource=settings.gpu_resource, roce_prefix=settings.roce_resource_prefix,
+            reader,
+            gpu_resource=settings.gpu_resource,
+            roce_prefix=settings.roce_resource_prefix,
             on_listed=heap.settle,
         )
     return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs), heap=heap)

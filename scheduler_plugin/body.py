@@ -36,14 +36,14 @@ class BodyBuffers:
             chunk = message.get("body", b"")
             if size + len(chunk) <= self.limit:
                 # Overwrites the previous request's bytes in place; grows past the end.
-                buffer[size:size + len(chunk)] = chunk
+                buffer[size : size + len(chunk)] = chunk
             size += len(chunk)
             if not message.get("more_body", False):
                 break
         if size > self.limit:
             self.give_back(buffer)
             return None
-        del buffer[size:]   # in place unless far smaller than before
+        del buffer[size:]  # in place unless far smaller than before
         return buffer
 
     def give_back(self, buffer: bytearray) -> None:
@@ -51,7 +51,7 @@ class BodyBuffers:
         if len(self._free) >= self.keep:
             return
         try:
-            buffer.append(0)   # raises BufferError while a memoryview of it is alive
+            buffer.append(0)  # raises BufferError while a memoryview of it is alive
         except BufferError:
             return
         buffer.pop()

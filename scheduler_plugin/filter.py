@@ -50,7 +50,9 @@ def _required(pod: PodRequest, node: NodeFacts) -> Failure | None:
         holding = held.get(want.name)
         if holding is None or not holding.ready or not is_current(want, holding):
             version = f" {want.digest[:12]}" if want.digest else ""
-            return Failure(f"pod requires dataset {want.name}{version} cached and this node does not hold it ready", True)
+            return Failure(
+                f"pod requires dataset {want.name}{version} cached and this node does not hold it ready", True
+            )
     return None
 
 

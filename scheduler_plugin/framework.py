@@ -39,8 +39,13 @@ class FilterOutcome:
     unresolvable: dict[str, str]
 
 
-def combine(weights: Weights, dataset_scores: Sequence[int], roce_scores: Sequence[int],
-            numa_scores: Sequence[int], time_scores: Sequence[int] | None = None) -> list[int]:
+def combine(
+    weights: Weights,
+    dataset_scores: Sequence[int],
+    roce_scores: Sequence[int],
+    numa_scores: Sequence[int],
+    time_scores: Sequence[int] | None = None,
+) -> list[int]:
     """Weighted sum of the normalized scores, rounded and clamped to 0..10."""
     wd, wr, wn, wt = weights.dataset, weights.roce, weights.numa, weights.time
     times = time_scores if time_scores is not None else repeat(0)
@@ -58,25 +63,28 @@ class Framework:
     placement memo only computes a value twice.
     """
 
-    def __init__(self, settings: Settings, *, jobs: JobClasses | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, settings: Settings, *, jobs: JobClasses | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.settings = settings
-        self.clock = clock          # wall-clock seconds, the clock of pod deadlines
+        self.clock = clock  # wall-clock seconds, the clock of pod deadlines
         self.jobs = jobs if jobs is not None else JobClasses(settings.job_ttl_s)
         self.placements = numa.PlacementMemo()
 
     def read_pod(self, pod: Pod) -> PodRequest:
         """The pod's request, with a log line when its data cannot be read."""
         s = self.settings
-        request = read_pod(pod, job_labels=s.job_labels, gpu_resource=s.gpu_resource,
-                           roce_prefix=s.roce_resource_prefix)
+        request = read_pod(
+            pod, job_labels=s.job_labels, gpu_resource=s.gpu_resource, roce_prefix=s.roce_resource_prefix
+        )
         for problem in (request.datasets_error, request.gpus_error, request.time_error):
             if problem:
                 log.warning("pod %s: %s; scoring it as unparseable", request.key, problem)
         return request
 
-    def prioritize(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster,
-                   which: str = "combined") -> list[int]:
+    def prioritize(
+        self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, which: str = "combined"
+    ) -> list[int]:
         """0..10 per node, for one score (``dataset``, ``roce``, ``numa``, ``time``) or ``combined``."""
         if which == "time":
             return self.time_scores(pod, nodes)
@@ -88,8 +96,13 @@ class Framework:
             return self.numa_scores(pod, nodes)
         w = self.settings.weights
         if w.time:
-            return combine(w, self.dataset_scores(pod, nodes), self.roce_scores(pod, nodes, cluster),
-                           self.numa_scores(pod, nodes), self.time_scores(pod, nodes))
+            return combine(
+                w,
+                self.dataset_scores(pod, nodes),
+                self.roce_scores(pod, nodes, cluster),
+                self.numa_scores(pod, nodes),
+                self.time_scores(pod, nodes),
+            )
         datasets = self.dataset_scores(pod, nodes) if w.dataset else [0] * len(nodes)
         keys, table = self.gpu_table(pod, nodes, cluster) if w.roce or w.numa else ([None] * len(nodes), {})
         table[None] = (0, 0)
@@ -120,9 +133,7 @@ class Framework:
             for index in compress(range(len(nodes)), map(operator.contains, held, repeat(wants[0].name))):
                 raws[index] = affinity(wants, nodes[index].inventory)  # type: ignore[union-attr]
             return dataset.normalize(raws)
-        return dataset.normalize(
-            [affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes]
-        )
+        return dataset.normalize([affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes])
 
     def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
         keys, table = self.gpu_table(pod, nodes, cluster, numa_too=False)
@@ -149,8 +160,15 @@ class Framework:
             out.append(found or 0)
         return out
 
-    def gpu_table(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster, *,
-                  roce_too: bool = True, numa_too: bool = True) -> tuple[list[GpuKey | None], dict[GpuKey | None, tuple[int, int]]]:
+    def gpu_table(
+        self,
+        pod: PodRequest,
+        nodes: Sequence[NodeFacts | None],
+        cluster: Cluster,
+        *,
+        roce_too: bool = True,
+        numa_too: bool = True,
+    ) -> tuple[list[GpuKey | None], dict[GpuKey | None, tuple[int, int]]]:
         """Each node's GPU key, and the (normalized RoCE, NUMA) scores per distinct key.
 
         Both scores depend only on a node's topology and free GPUs, which a cluster has

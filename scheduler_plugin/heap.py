@@ -24,7 +24,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-BULK_READS = 1_000   # node objects read since the last settle that make a request a bulk load
+BULK_READS = 1_000  # node objects read since the last settle that make a request a bulk load
 
 
 class Heap:
@@ -33,7 +33,7 @@ class Heap:
     def __init__(self, enabled: bool, *, bulk_reads: int = BULK_READS) -> None:
         self.enabled = enabled
         self.bulk_reads = bulk_reads
-        self.settled = 0            # how many times the heap was settled
+        self.settled = 0  # how many times the heap was settled
         self._baseline = 0
         self._lock = threading.Lock()
 
@@ -46,8 +46,9 @@ class Heap:
             gc.collect()
             gc.freeze()
             self.settled += 1
-        log.info("heap settled: %d objects frozen in %.0f ms", gc.get_freeze_count(),
-                 (time.perf_counter() - started) * 1e3)
+        log.info(
+            "heap settled: %d objects frozen in %.0f ms", gc.get_freeze_count(), (time.perf_counter() - started) * 1e3
+        )
 
     def after_reads(self, reads: int) -> None:
         """Settle when ``reads`` (a running count of node objects read) grew by a bulk

@@ -29,12 +29,37 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 class ExtenderMetrics:
     def __init__(self, version: str = "0.1.0") -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.latency = Histogram("dsplatform_extender_request_duration_seconds", "Seconds a scheduler verb took, by verb.", ["verb"], buckets=LATENCY_BUCKETS, registry=r)
-        self.requests = Counter("dsplatform_extender_requests", "Scheduler verbs served, by verb and outcome (ok, error, unsynced).", ["verb", "outcome"], registry=r)
-        self.parse_failures = Counter("dsplatform_extender_parse_failures", "Request bodies that were not valid ExtenderArgs, by verb.", ["verb"], registry=r)
-        self.nodes_scored = Counter("dsplatform_extender_nodes_scored", "Nodes given a score, by verb.", ["verb"], registry=r)
-        self.nodes_filtered = Counter("dsplatform_extender_nodes_filtered", "Nodes judged by filter, by result (passed, failed).", ["result"], registry=r)
-        Gauge("dsplatform_extender_build_info", "The extender's version; always 1.", ["version"], registry=r).labels(version=version).set(1)
+        self.latency = Histogram(
+            "dsplatform_extender_request_duration_seconds",
+            "Seconds a scheduler verb took, by verb.",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "dsplatform_extender_requests",
+            "Scheduler verbs served, by verb and outcome (ok, error, unsynced).",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.parse_failures = Counter(
+            "dsplatform_extender_parse_failures",
+            "Request bodies that were not valid ExtenderArgs, by verb.",
+            ["verb"],
+            registry=r,
+        )
+        self.nodes_scored = Counter(
+            "dsplatform_extender_nodes_scored", "Nodes given a score, by verb.", ["verb"], registry=r
+        )
+        self.nodes_filtered = Counter(
+            "dsplatform_extender_nodes_filtered",
+            "Nodes judged by filter, by result (passed, failed).",
+            ["result"],
+            registry=r,
+        )
+        Gauge("dsplatform_extender_build_info", "The extender's version; always 1.", ["version"], registry=r).labels(
+            version=version
+        ).set(1)
         for result in ("passed", "failed"):
             self.nodes_filtered.labels(result=result)
 

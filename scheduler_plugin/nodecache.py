@@ -73,13 +73,13 @@ class NodeCache:
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._page_size = page_size
-        self._on_listed = on_listed   # after each full list (the app settles its heap there)
+        self._on_listed = on_listed  # after each full list (the app settles its heap there)
         # Base facts (no pod usage) per node: the raw Node objects are not kept, since
         # 5,000 parsed Nodes would cost hundreds of MiB.
         self._nodes: dict[str, NodeFacts] = {}
-        self._facts: dict[str, NodeFacts] = {}          # the same with pod usage applied
-        self._pods: dict[str, tuple[str, int]] = {}     # pod key -> (node, GPUs)
-        self._used: dict[str, int] = {}                 # node -> GPUs of its active pods
+        self._facts: dict[str, NodeFacts] = {}  # the same with pod usage applied
+        self._pods: dict[str, tuple[str, int]] = {}  # pod key -> (node, GPUs)
+        self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
         self._absent_retry_s = 60.0
         self._lock = threading.Lock()
@@ -166,7 +166,9 @@ class NodeCache:
         def sleep(seconds: float) -> None:
             self._stop.wait(seconds)
 
-        retrying = tenacity.Retrying(wait=wait, stop=tenacity.stop_when_event_set(self._stop), sleep=sleep, before_sleep=report)
+        retrying = tenacity.Retrying(
+            wait=wait, stop=tenacity.stop_when_event_set(self._stop), sleep=sleep, before_sleep=report
+        )
         while not self._stop.is_set():
             try:
                 retrying(once)
@@ -305,8 +307,11 @@ class NodeCache:
         while not self._stop.is_set():
             try:
                 response = list_fn(
-                    watch=True, resource_version=version, allow_watch_bookmarks=True,
-                    timeout_seconds=self._watch_timeout_s, _preload_content=False,
+                    watch=True,
+                    resource_version=version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=self._watch_timeout_s,
+                    _preload_content=False,
                 )
             except ApiException as exc:
                 if exc.status == HTTP_GONE:

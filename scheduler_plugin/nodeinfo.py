@@ -48,10 +48,10 @@ V = TypeVar("V")
 class Holding:
     """One dataset name on a node, as its inventory describes it."""
 
-    digest: str | None        # of the version a new request would get
+    digest: str | None  # of the version a new request would get
     size_bytes: int | None
     ready: bool
-    in_use: bool              # that version, or an older one still listed, serves running tasks
+    in_use: bool  # that version, or an older one still listed, serves running tasks
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,14 @@ class NodeFacts:
     inventory: Inventory | None = None
     inventory_error: str | None = None
     topology: Topology | None = None
-    topology_id: int = -1                  # equal ids <=> equal topology annotations
+    topology_id: int = -1  # equal ids <=> equal topology annotations
     topology_error: str | None = None
     classes: tuple[RoceClassInfo, ...] = ()
     allocatable_gpus: int = 0
-    published_free: frozenset[int] | None = None   # the free-gpus annotation, when readable
-    used_gpus: int = 0                     # GPU requests of known active pods (watch mode)
+    published_free: frozenset[int] | None = None  # the free-gpus annotation, when readable
+    used_gpus: int = 0  # GPU requests of known active pods (watch mode)
     resource_version: str | None = None
-    gpu_facts_known: bool = False          # allocatable, free list or topology was readable
+    gpu_facts_known: bool = False  # allocatable, free list or topology was readable
 
     @cached_property
     def free_gpus(self) -> frozenset[int] | None:
@@ -163,10 +163,12 @@ class NodeReader:
     limit: int = 20_000
     _facts: BoundedCache[tuple[str, str], NodeFacts] = field(init=False)
     _inventories: BoundedCache[str, tuple[Inventory | None, str | None]] = field(init=False)
-    _topologies: BoundedCache[str, tuple[Topology | None, int, str | None, tuple[RoceClassInfo, ...]]] = field(init=False)
+    _topologies: BoundedCache[str, tuple[Topology | None, int, str | None, tuple[RoceClassInfo, ...]]] = field(
+        init=False
+    )
     _warned: set[str] = field(init=False, default_factory=set)
     _ids: itertools.count[int] = field(init=False, default_factory=itertools.count)
-    built: int = field(init=False, default=0)   # node objects read without a cache hit
+    built: int = field(init=False, default=0)  # node objects read without a cache hit
 
     def __post_init__(self) -> None:
         self._facts = BoundedCache(self.limit)
@@ -185,9 +187,16 @@ class NodeReader:
             try:
                 facts = self._build(name, version, meta, node)
             except Exception as exc:  # foreign data: this node scores 0, the others are unaffected
-                log.warning("node %s: its data cannot be read (%s: %s); it scores 0", name, type(exc).__name__, str(exc)[:200])
+                log.warning(
+                    "node %s: its data cannot be read (%s: %s); it scores 0", name, type(exc).__name__, str(exc)[:200]
+                )
                 problem = f"unreadable node data: {type(exc).__name__}"
-                facts = NodeFacts(name=name, inventory_error=problem, topology_error=problem, resource_version=version if isinstance(version, str) else None)
+                facts = NodeFacts(
+                    name=name,
+                    inventory_error=problem,
+                    topology_error=problem,
+                    resource_version=version if isinstance(version, str) else None,
+                )
             self.built += 1
             if key is not None:
                 self._facts.put(key, facts)
@@ -215,12 +224,20 @@ class NodeReader:
             self._warned.add(name)
             log.info(
                 "node %s publishes no %s; counting free GPUs as allocatable minus known pod "
-                "requests and assuming the best-scoring subset", name, FREE_GPUS_ANNOTATION,
+                "requests and assuming the best-scoring subset",
+                name,
+                FREE_GPUS_ANNOTATION,
             )
         return NodeFacts(
-            name=name, inventory=inventory, inventory_error=inventory_error,
-            topology=topology, topology_id=topology_id, topology_error=topology_error,
-            classes=classes, allocatable_gpus=allocatable, published_free=published,
+            name=name,
+            inventory=inventory,
+            inventory_error=inventory_error,
+            topology=topology,
+            topology_id=topology_id,
+            topology_error=topology_error,
+            classes=classes,
+            allocatable_gpus=allocatable,
+            published_free=published,
             resource_version=version if isinstance(version, str) else None,
             gpu_facts_known=known,
         )
@@ -301,9 +318,7 @@ def _holding(entry: Any) -> Holding | None:
         return None
     digest = entry.get("digest")
     versions = entry.get("versions")
-    older_in_use = isinstance(versions, list) and any(
-        isinstance(v, dict) and v.get("inUse") is True for v in versions
-    )
+    older_in_use = isinstance(versions, list) and any(isinstance(v, dict) and v.get("inUse") is True for v in versions)
     return Holding(
         digest=digest.lower() if isinstance(digest, str) else None,
         size_bytes=_int_or_none(entry.get("sizeBytes")),

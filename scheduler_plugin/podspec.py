@@ -28,8 +28,20 @@ AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
 
 _QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
-    None: 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    None: 1,
+    "m": 0.001,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
 }
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -40,24 +52,24 @@ class DatasetWant:
 
     name: str
     digest: str | None = None
-    size_bytes: int | None = None      # when the Dataset resource publishes it
+    size_bytes: int | None = None  # when the Dataset resource publishes it
 
 
 @dataclass(frozen=True)
 class PodRequest:
     """The scheduling-relevant facts of one pod."""
 
-    key: str                              # "namespace/name"
+    key: str  # "namespace/name"
     namespace: str = "default"
     datasets: tuple[DatasetWant, ...] = ()
-    datasets_error: str | None = None     # set when the annotation could not be parsed
-    gpus: int = 0                         # GPUs requested (plain and RoCE-class resources)
-    gpu_class: str | None = None          # the RoCE class the pod requests explicitly
+    datasets_error: str | None = None  # set when the annotation could not be parsed
+    gpus: int = 0  # GPUs requested (plain and RoCE-class resources)
+    gpu_class: str | None = None  # the RoCE class the pod requests explicitly
     gpus_error: str | None = None
-    job: str | None = None                # "namespace/job" from the first job label found
-    time: JobProfile | None = None        # the dsagent.io/ time-model annotations, when given
-    time_error: str | None = None         # set when they could not be used (scored 0)
-    affinity_required: bool = False       # dsagent.io/dataset-affinity: required
+    job: str | None = None  # "namespace/job" from the first job label found
+    time: JobProfile | None = None  # the dsagent.io/ time-model annotations, when given
+    time_error: str | None = None  # set when they could not be used (scored 0)
+    affinity_required: bool = False  # dsagent.io/dataset-affinity: required
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -73,8 +85,16 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     job = job_key(namespace, labels, job_labels)
     time, time_error = parse_profile(annotations, _timestamp(meta.get("creationTimestamp")))
     return PodRequest(
-        key=f"{namespace}/{name}", namespace=namespace, datasets=datasets, datasets_error=datasets_error,
-        gpus=gpus, gpu_class=gpu_class, gpus_error=gpus_error, job=job, time=time, time_error=time_error,
+        key=f"{namespace}/{name}",
+        namespace=namespace,
+        datasets=datasets,
+        datasets_error=datasets_error,
+        gpus=gpus,
+        gpu_class=gpu_class,
+        gpus_error=gpus_error,
+        job=job,
+        time=time,
+        time_error=time_error,
         affinity_required=annotations.get(AFFINITY_ANNOTATION, "").strip().lower() == "required",
     )
 
@@ -173,7 +193,10 @@ def _container_requests(container: Container) -> dict[str, int]:
     resources: Any = container.get("resources")
     if not isinstance(resources, dict):
         return {}
-    merged = {**_str_map(resources.get("limits"), any_value=True), **_str_map(resources.get("requests"), any_value=True)}
+    merged = {
+        **_str_map(resources.get("limits"), any_value=True),
+        **_str_map(resources.get("requests"), any_value=True),
+    }
     return {k: parse_quantity(v) for k, v in merged.items() if "/" in k}
 
 

@@ -34,7 +34,7 @@ class Weights:
     dataset: float = 0.5
     roce: float = 0.3
     numa: float = 0.2
-    time: float = 0.0       # prioritize/time (the deadline time model); off in the default blend
+    time: float = 0.0  # prioritize/time (the deadline time model); off in the default blend
 
     def __post_init__(self) -> None:
         for name in ("dataset", "roce", "numa", "time"):
@@ -50,9 +50,7 @@ class Weights:
             name, sep, raw = part.partition("=")
             name = name.strip()
             if not sep or name not in {f.name for f in dataclasses.fields(cls)}:
-                raise SettingsError(
-                    f"invalid weight {part!r}", hint="use dataset=W,roce=W,numa=W,time=W with W >= 0"
-                )
+                raise SettingsError(f"invalid weight {part!r}", hint="use dataset=W,roce=W,numa=W,time=W with W >= 0")
             try:
                 values[name] = float(raw)
             except ValueError as exc:
@@ -93,15 +91,17 @@ class Settings(EnvSettings):
 
     host: str = "127.0.0.1"
     port: int = 8888
-    base_path: str = ""                 # the path part of kube-scheduler's urlPrefix
+    base_path: str = ""  # the path part of kube-scheduler's urlPrefix
     weights: Annotated[Weights, NoDecode, BeforeValidator(_weights)] = Field(default_factory=Weights)
     partial_datasets: Annotated[bool, BeforeValidator(_bool)] = False  # credit the cached fraction of requested bytes
     job_labels: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_labels)] = DEFAULT_JOB_LABELS
-    job_ttl_s: Duration = Field(3600.0, validation_alias=AliasChoices("job_ttl_s", PREFIX + "JOB_TTL"))  # how long a job's RoCE class is remembered
+    job_ttl_s: Duration = Field(
+        3600.0, validation_alias=AliasChoices("job_ttl_s", PREFIX + "JOB_TTL")
+    )  # how long a job's RoCE class is remembered
     gpu_resource: str = "nvidia.com/gpu"
     roce_resource_prefix: str = "dsagent.io/gpu-roce"
     watch: Annotated[bool, BeforeValidator(_bool)] = False  # keep a watch-backed cache (needed for nodeCacheCapable)
-    kubeconfig: str | None = None       # None: in-cluster config, else the default kubeconfig
+    kubeconfig: str | None = None  # None: in-cluster config, else the default kubeconfig
     log_level: str = "info"
     # the largest filter/prioritize body read (DSEXT_MAX_BODY); kube-scheduler's 5,000 Nodes
     # with budget-sized annotations stay far below; larger bodies get Error/zero scores
@@ -118,7 +118,9 @@ class Settings(EnvSettings):
     @classmethod
     def _base_path(cls, value: str) -> str:
         if value and (not value.startswith("/") or value.endswith("/")):
-            raise ValueError(f"base path {value!r} must start with '/' and not end with one (e.g. /scheduler for urlPrefix http://host:8888/scheduler)")
+            raise ValueError(
+                f"base path {value!r} must start with '/' and not end with one (e.g. /scheduler for urlPrefix http://host:8888/scheduler)"
+            )
         return value
 
     @field_validator("job_labels")

@@ -27,8 +27,22 @@ def two_class_topology() -> Topology:
     """
     gpus = tuple(Gpu(index=i, numa_node=0 if i < 4 else 1, cpu_affinity="0-31" if i < 4 else "32-63") for i in range(8))
     nics = (
-        Nic(name="mlx5_0", numa_node=0, link_layer="Ethernet", state="ACTIVE", addresses=("10.1.0.5/24",), subnets=("10.1.0.0/24",)),
-        Nic(name="mlx5_1", numa_node=1, link_layer="Ethernet", state="ACTIVE", addresses=("10.2.0.5/24",), subnets=("10.2.0.0/24",)),
+        Nic(
+            name="mlx5_0",
+            numa_node=0,
+            link_layer="Ethernet",
+            state="ACTIVE",
+            addresses=("10.1.0.5/24",),
+            subnets=("10.1.0.0/24",),
+        ),
+        Nic(
+            name="mlx5_1",
+            numa_node=1,
+            link_layer="Ethernet",
+            state="ACTIVE",
+            addresses=("10.2.0.5/24",),
+            subnets=("10.2.0.0/24",),
+        ),
     )
     links: dict[str, dict[str, Link]] = {}
     for a in range(8):
@@ -45,11 +59,19 @@ def topology_json(topology: Topology | None = None) -> str:
 
 
 def holding(
-    digest: str = "a" * 32, *, state: str = "ready", in_use: bool = False, size: int = GIB,
+    digest: str = "a" * 32,
+    *,
+    state: str = "ready",
+    in_use: bool = False,
+    size: int = GIB,
     versions: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {
-        "digest": digest, "sizeBytes": size, "files": 1000, "state": state, "inUse": in_use,
+        "digest": digest,
+        "sizeBytes": size,
+        "files": 1000,
+        "state": state,
+        "inUse": in_use,
         "lastUsed": "2026-11-21T10:00:00Z",
     }
     if versions is not None:
@@ -57,8 +79,13 @@ def holding(
     return entry
 
 
-def inventory_json(node: str = "gpu-node-1", datasets: Mapping[str, Mapping[str, Any]] | None = None,
-                   *, capacity: int = 2000 * GIB, free: int = 1000 * GIB) -> str:
+def inventory_json(
+    node: str = "gpu-node-1",
+    datasets: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    capacity: int = 2000 * GIB,
+    free: int = 1000 * GIB,
+) -> str:
     return json.dumps(
         {"version": 1, "node": node, "capacityBytes": capacity, "freeBytes": free, "datasets": dict(datasets or {})},
         separators=(",", ":"),
@@ -99,8 +126,11 @@ def node(
             "resourceVersion": resource_version,
             "creationTimestamp": "2026-10-01T08:00:00Z",
             "labels": {
-                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "topology.kubernetes.io/zone": "zone-a",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "topology.kubernetes.io/zone": "zone-a",
             },
             "annotations": annotations,
         },
@@ -109,10 +139,21 @@ def node(
             "capacity": dict(allocatable),
             "allocatable": allocatable,
             "conditions": [
-                {"type": t, "status": s, "lastHeartbeatTime": "2026-11-21T10:00:00Z",
-                 "lastTransitionTime": "2026-10-01T08:00:00Z", "reason": r, "message": m}
+                {
+                    "type": t,
+                    "status": s,
+                    "lastHeartbeatTime": "2026-11-21T10:00:00Z",
+                    "lastTransitionTime": "2026-10-01T08:00:00Z",
+                    "reason": r,
+                    "message": m,
+                }
                 for t, s, r, m in (
-                    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                    (
+                        "MemoryPressure",
+                        "False",
+                        "KubeletHasSufficientMemory",
+                        "kubelet has sufficient memory available",
+                    ),
                     ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
                     ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
                     ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
@@ -121,13 +162,22 @@ def node(
             "addresses": [{"type": "InternalIP", "address": "192.168.10.7"}, {"type": "Hostname", "address": name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "machineID": "0" * 32, "systemUUID": "4c4c4544-0000-0000-0000-000000000000",
-                "bootID": "1" * 32, "kernelVersion": "5.15.0-91-generic", "osImage": "Ubuntu 22.04.3 LTS",
-                "containerRuntimeVersion": "containerd://1.7.2", "kubeletVersion": "v1.30.2",
-                "kubeProxyVersion": "v1.30.2", "operatingSystem": "linux", "architecture": "amd64",
+                "machineID": "0" * 32,
+                "systemUUID": "4c4c4544-0000-0000-0000-000000000000",
+                "bootID": "1" * 32,
+                "kernelVersion": "5.15.0-91-generic",
+                "osImage": "Ubuntu 22.04.3 LTS",
+                "containerRuntimeVersion": "containerd://1.7.2",
+                "kubeletVersion": "v1.30.2",
+                "kubeProxyVersion": "v1.30.2",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
             },
             "images": [
-                {"names": [f"nvcr.io/nvidia/pytorch@sha256:{i:064x}", f"nvcr.io/nvidia/pytorch:24.0{i}-py3"], "sizeBytes": 9_000_000_000 + i}
+                {
+                    "names": [f"nvcr.io/nvidia/pytorch@sha256:{i:064x}", f"nvcr.io/nvidia/pytorch:24.0{i}-py3"],
+                    "sizeBytes": 9_000_000_000 + i,
+                }
                 for i in range(6)
             ],
         },
@@ -157,24 +207,40 @@ def pod(
         resources["limits"][gpu_resource] = str(gpus)
     return {
         "metadata": {
-            "name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
-            "resourceVersion": "5001", "creationTimestamp": "2026-11-21T10:00:00Z",
-            "labels": labels, "annotations": annotations,
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{namespace}-{name}",
+            "resourceVersion": "5001",
+            "creationTimestamp": "2026-11-21T10:00:00Z",
+            "labels": labels,
+            "annotations": annotations,
         },
         "spec": {
-            "containers": [{
-                "name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                "command": ["torchrun", "train.py"], "resources": resources,
-                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
-                "imagePullPolicy": "IfNotPresent",
-            }],
-            "initContainers": [{
-                "name": "dsctl-cache", "image": "dsplatform/dsctl:0.1.0", "command": ["dsctl", "cache"],
-                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-            }],
-            "restartPolicy": "Never", "schedulerName": "default-scheduler", "priority": 0,
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "command": ["torchrun", "train.py"],
+                    "resources": resources,
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "initContainers": [
+                {
+                    "name": "dsctl-cache",
+                    "image": "dsplatform/dsctl:0.1.0",
+                    "command": ["dsctl", "cache"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                }
+            ],
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler",
+            "priority": 0,
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
         },
         "status": {"phase": "Pending", "qosClass": "Burstable"},
     }

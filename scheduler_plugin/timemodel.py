@@ -41,10 +41,17 @@ PROFILE_ANNOTATION = "dsagent.io/profiled-steps"
 STEPS_ANNOTATION = "dsagent.io/steps"
 DEADLINE_ANNOTATION = "dsagent.io/deadline"
 WORKERS_ANNOTATION = "dsagent.io/workers"
-TIME_ANNOTATIONS = (PARAMS_ANNOTATION, GRADIENT_BYTES_ANNOTATION, STEP_SECONDS_ANNOTATION,
-                    PROFILE_ANNOTATION, STEPS_ANNOTATION, DEADLINE_ANNOTATION, WORKERS_ANNOTATION)
+TIME_ANNOTATIONS = (
+    PARAMS_ANNOTATION,
+    GRADIENT_BYTES_ANNOTATION,
+    STEP_SECONDS_ANNOTATION,
+    PROFILE_ANNOTATION,
+    STEPS_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    WORKERS_ANNOTATION,
+)
 
-BYTES_PER_PARAM = 4              # fp32 gradients unless dsagent.io/gradient-bytes says otherwise
+BYTES_PER_PARAM = 4  # fp32 gradients unless dsagent.io/gradient-bytes says otherwise
 MAX_VALUE_CHARS = 64
 MAX_PARAMS = 10**13
 MAX_GRADIENT_BYTES = 40 * 10**12
@@ -72,8 +79,11 @@ class Bandwidths:
         if kind is LinkKind.NVLINK:
             return self.nvlink_per_link * nvlinks
         return {
-            LinkKind.BOARD: self.board, LinkKind.PIX: self.pix, LinkKind.PXB: self.pxb,
-            LinkKind.PHB: self.phb, LinkKind.NODE: self.node,
+            LinkKind.BOARD: self.board,
+            LinkKind.PIX: self.pix,
+            LinkKind.PXB: self.pxb,
+            LinkKind.PHB: self.phb,
+            LinkKind.NODE: self.node,
         }.get(kind, self.sys)  # type: ignore[arg-type]
 
 
@@ -85,8 +95,8 @@ class JobProfile:
     """What the time model needs of a job; ``deadline`` is absolute (same clock as ``now``)."""
 
     gradient_bytes: float
-    step_seconds: float          # t_cal: one batch on one GPU, no communication
-    steps: int                   # batches on one GPU for the whole run (n_step x n_epoch at n_gpu = 1)
+    step_seconds: float  # t_cal: one batch on one GPU, no communication
+    steps: int  # batches on one GPU for the whole run (n_step x n_epoch at n_gpu = 1)
     deadline: float | None = None
     workers: int = 1
 
@@ -115,8 +125,9 @@ def pays_off(job: JobProfile, n_gpu: int, bw: float) -> bool:
     return n_gpu <= 1 or t_comm(job.gradient_bytes, n_gpu, bw) < (n_gpu - 1) * job.step_seconds
 
 
-def intra_node_bandwidth(topology: Topology | None, gpus: Iterable[int],
-                         bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> float:
+def intra_node_bandwidth(
+    topology: Topology | None, gpus: Iterable[int], bandwidths: Bandwidths = DEFAULT_BANDWIDTHS
+) -> float:
     """The weakest pair link among ``gpus`` on one node (inf for one GPU; PCIe SYS when unknown)."""
     members = sorted(set(gpus))
     if len(members) < 2:
@@ -141,6 +152,7 @@ def plan_bandwidth(per_node: Sequence[float], bandwidths: Bandwidths = DEFAULT_B
 
 
 # --- annotations -------------------------------------------------------------------------
+
 
 class AnnotationError(ValueError):
     """A time-model annotation that cannot be used; the message names the key."""
@@ -242,11 +254,12 @@ def _profiled(text: str) -> float:
 
 # --- plans ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Plan:
     """A resource plan: GPUs per node, and what the time model says of it."""
 
-    allocation: tuple[tuple[str, int], ...]     # (node, GPUs) in allocation order
+    allocation: tuple[tuple[str, int], ...]  # (node, GPUs) in allocation order
     t_run: float
     t_end: float
     deadline: float
@@ -261,11 +274,11 @@ class Plan:
 
     @property
     def meets_deadline(self) -> bool:
-        return self.t_end < self.deadline                      # (9)
+        return self.t_end < self.deadline  # (9)
 
     @property
     def performance(self) -> float:
-        return (self.deadline - self.t_end) / self.n_gpu       # (12) stand-in: slack per GPU
+        return (self.deadline - self.t_end) / self.n_gpu  # (12) stand-in: slack per GPU
 
 
 @dataclass(frozen=True)
@@ -273,7 +286,7 @@ class Decision:
     """The chosen plan, the branch of the decision order that chose it, and the candidates."""
 
     plan: Plan | None
-    branch: str            # cross-expected | single-expected | cross-late | single-late | none
+    branch: str  # cross-expected | single-expected | cross-late | single-late | none
     candidates: Mapping[str, Plan] = field(default_factory=dict)
 
 
@@ -307,9 +320,17 @@ BandwidthOf = Callable[[tuple[tuple[str, int], ...]], float]
 StartOf = Callable[[tuple[tuple[str, int], ...]], float]
 
 
-def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, *, now: float,
-           max_gpus: int, prefer: Mapping[str, float] | None = None,
-           sizes: Iterable[int] | None = None, start_of: StartOf | None = None) -> Decision:
+def decide(
+    job: JobProfile,
+    free: Mapping[str, int],
+    bandwidth_of: BandwidthOf,
+    *,
+    now: float,
+    max_gpus: int,
+    prefer: Mapping[str, float] | None = None,
+    sizes: Iterable[int] | None = None,
+    start_of: StartOf | None = None,
+) -> Decision:
     """Steps 3-4 for one job: plans of 1..``max_gpus`` GPUs on the free GPUs, candidates, the
     decision order, and the best-fit allocation of the chosen plan.
 
@@ -345,7 +366,7 @@ def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, 
         if met:
             no_deadline = math.isinf(deadline)
 
-            def rank(p: Plan) -> tuple[float, int]:
+            def rank(p: Plan, no_deadline: bool = no_deadline) -> tuple[float, int]:
                 return (-p.t_run * p.n_gpu if no_deadline else p.performance, -p.n_gpu)
 
             candidates[f"{kind}-expected"] = max(met, key=rank)
@@ -367,13 +388,19 @@ def decide(job: JobProfile, free: Mapping[str, int], bandwidth_of: BandwidthOf, 
     return Decision(None, "none", candidates)
 
 
-def _plan(job: JobProfile, allocation: tuple[tuple[str, int], ...] | None, bandwidth_of: BandwidthOf,
-          now: float, deadline: float, start_of: StartOf | None = None) -> list[Plan]:
+def _plan(
+    job: JobProfile,
+    allocation: tuple[tuple[str, int], ...] | None,
+    bandwidth_of: BandwidthOf,
+    now: float,
+    deadline: float,
+    start_of: StartOf | None = None,
+) -> list[Plan]:
     if allocation is None:
         return []
     n = sum(c for _, c in allocation)
     bw = bandwidth_of(allocation)
-    if not pays_off(job, n, bw):                                # (3.2): drop plans failing (11)
+    if not pays_off(job, n, bw):  # (3.2): drop plans failing (11)
         return []
     run = t_run(job, n, bw)
     start = max(now, start_of(allocation)) if start_of is not None else now
@@ -421,8 +448,26 @@ def node_score(job: JobProfile, n_gpu: int, bw: float, ideal_bw: float, free: in
 
 
 __all__ = [
-    "AnnotationError", "Bandwidths", "DEFAULT_BANDWIDTHS", "Decision", "JobProfile", "Plan",
-    "TIME_ANNOTATIONS", "allocate_cross", "allocate_single", "best_fit_order", "decide",
-    "intra_node_bandwidth", "node_score", "parse_deadline", "parse_profile", "pays_off",
-    "plan_bandwidth", "queue_order", "steps_at", "t_comm", "t_run", "wait_for_one_node",
+    "AnnotationError",
+    "Bandwidths",
+    "DEFAULT_BANDWIDTHS",
+    "Decision",
+    "JobProfile",
+    "Plan",
+    "TIME_ANNOTATIONS",
+    "allocate_cross",
+    "allocate_single",
+    "best_fit_order",
+    "decide",
+    "intra_node_bandwidth",
+    "node_score",
+    "parse_deadline",
+    "parse_profile",
+    "pays_off",
+    "plan_bandwidth",
+    "queue_order",
+    "steps_at",
+    "t_comm",
+    "t_run",
+    "wait_for_one_node",
 ]

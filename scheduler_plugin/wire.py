@@ -141,7 +141,7 @@ _NODES_HEAD = b',"Nodes":{"metadata":{},"items":['
 _NODES_TAIL = b']},"NodeNames":null}'
 _METADATA = b'"metadata":{"name":"'
 _POD_KEY = re.compile(rb'"[Pp][Oo][Dd]"\s*:')
-_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")   # what bytes.rstrip() strips
+_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.rstrip() strips
 _ITEM_HEAD = re.compile(rb'\{"metadata":\{"name":"([^"\\]+)","uid":"[^"\\]*","resourceVersion":"([^"\\]+)"')
 
 
@@ -212,7 +212,7 @@ def _split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
             return None
         nodes.append(RawNode(head.group(1).decode(), head.group(2).decode(), view[item_start:item_end]))
     try:
-        pod = json.loads(body[len(_POD_HEAD):pod_end])
+        pod = json.loads(body[len(_POD_HEAD) : pod_end])
     except ValueError:
         return None
     if not isinstance(pod, dict):

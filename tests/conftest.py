@@ -49,6 +49,8 @@ def isolate_aws(monkeypatch: pytest.MonkeyPatch) -> None:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()  # instances keep the credentials they found
+
+
 #: Tests cache from fsspec's process-local ``memory://`` filesystem, which no agent allows
 #: by default (DSAGENT_PROTOCOLS); agents started by tests allow it too.
 TEST_PROTOCOLS = ("s3", "gs", "az", "http", "https", "file", "memory")

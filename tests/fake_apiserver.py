@@ -83,9 +83,12 @@ def _micro_time(value: Any, field_path: str) -> str:
     """A MicroTime as the API server stores and returns it: RFC 3339, microseconds, UTC."""
     match = _MICRO_TIME.match(value) if isinstance(value, str) else None
     if match is None:
-        raise ApiError(400, "BadRequest",
-                       f'Lease in version "v1" cannot be handled as a Lease: {field_path}: '
-                       f"parsing time {json.dumps(value)} as RFC3339: cannot parse")
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'Lease in version "v1" cannot be handled as a Lease: {field_path}: '
+            f"parsing time {json.dumps(value)} as RFC3339: cannot parse",
+        )
     when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -96,9 +99,16 @@ def _validate_lease(obj: JSON) -> JSON:
     if spec is None:
         obj["spec"] = spec = {}
     if not isinstance(spec, dict):
-        raise ApiError(400, "BadRequest", "Lease in version \"v1\" cannot be handled as a Lease: spec: expected an object")
-    kinds = {"holderIdentity": str, "leaseDurationSeconds": int, "leaseTransitions": int,
-             "strategy": str, "preferredHolder": str}
+        raise ApiError(
+            400, "BadRequest", 'Lease in version "v1" cannot be handled as a Lease: spec: expected an object'
+        )
+    kinds = {
+        "holderIdentity": str,
+        "leaseDurationSeconds": int,
+        "leaseTransitions": int,
+        "strategy": str,
+        "preferredHolder": str,
+    }
     for key, value in spec.items():
         if value is None:
             continue
@@ -106,15 +116,23 @@ def _validate_lease(obj: JSON) -> JSON:
             spec[key] = _micro_time(value, f"spec.{key}")
         elif key in kinds:
             if not isinstance(value, kinds[key]) or isinstance(value, bool):
-                raise ApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: '
-                                                  f"spec.{key}: expected {kinds[key].__name__}")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'Lease in version "v1" cannot be handled as a Lease: spec.{key}: expected {kinds[key].__name__}',
+                )
         else:
-            raise ApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: '
-                                              f'json: unknown field "{key}"')
+            raise ApiError(
+                400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: json: unknown field "{key}"'
+            )
     for key in ("leaseDurationSeconds", "leaseTransitions"):
         if isinstance(spec.get(key), int) and spec[key] < 0:
-            raise ApiError(422, "Invalid", f"Lease.coordination.k8s.io \"{obj['metadata'].get('name')}\" is invalid: "
-                                           f"spec.{key}: Invalid value: {spec[key]}: must be greater than or equal to 0")
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Lease.coordination.k8s.io "{obj["metadata"].get("name")}" is invalid: '
+                f"spec.{key}: Invalid value: {spec[key]}: must be greater than or equal to 0",
+            )
     return obj
 
 
@@ -123,8 +141,15 @@ RESOURCES: dict[str, ResourceType] = {
     "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
     "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True, generation=True),
     # the job's RoCE class (issue 11), the Dataset controller's leader Lease and pack Jobs (issue 13)
-    "leases": ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True,
-                           status_subresource=False, validate=_validate_lease),
+    "leases": ResourceType(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "Lease",
+        namespaced=True,
+        status_subresource=False,
+        validate=_validate_lease,
+    ),
     "jobs": ResourceType("batch", "v1", "jobs", "Job", namespaced=True),
 }
 
@@ -316,7 +341,8 @@ def json_patch(doc: Any, operations: Any) -> Any:
     """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
     if not isinstance(operations, list):
         raise ApiError(
-            400, "BadRequest",
+            400,
+            "BadRequest",
             "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
         )
     doc = copy.deepcopy(doc)
@@ -344,8 +370,7 @@ def json_patch(doc: Any, operations: Any) -> Any:
 
 def apply_patch(rt: ResourceType, obj: JSON, content_type: str, body: Any) -> JSON:
     if content_type == "application/strategic-merge-patch+json" and rt.group:
-        raise ApiError(415, "UnsupportedMediaType",
-                       "strategic merge patch is not supported for custom resources")
+        raise ApiError(415, "UnsupportedMediaType", "strategic merge patch is not supported for custom resources")
     if content_type == "application/json-patch+json":
         return json_patch(obj, body)
     if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
@@ -353,7 +378,8 @@ def apply_patch(rt: ResourceType, obj: JSON, content_type: str, body: Any) -> JS
             raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
         return merge_patch(obj, body)
     raise ApiError(
-        415, "UnsupportedMediaType",
+        415,
+        "UnsupportedMediaType",
         f"the body of the request was in an unknown format - accepted media types include: "
         f"application/json-patch+json, application/merge-patch+json, "
         f"application/strategic-merge-patch+json (got {content_type!r})",
@@ -379,8 +405,15 @@ class Store:
         self.generation = 0  # bumped to end every open watch
 
     def _emit(self, plural: str, type_: str, obj: JSON, old: JSON | None = None) -> None:
-        self.log.append(_Event(int(obj["metadata"]["resourceVersion"]), plural, type_,
-                               copy.deepcopy(obj), copy.deepcopy(old) if old else None))
+        self.log.append(
+            _Event(
+                int(obj["metadata"]["resourceVersion"]),
+                plural,
+                type_,
+                copy.deepcopy(obj),
+                copy.deepcopy(old) if old else None,
+            )
+        )
         self.lock.notify_all()
 
     def _next_rv(self) -> str:
@@ -388,14 +421,16 @@ class Store:
         return str(self.rv)
 
     def list(self, plural: str, namespace: str | None) -> list[JSON]:
-        return [copy.deepcopy(obj) for (p, ns, _), obj in sorted(self.objects.items())
-                if p == plural and (namespace is None or ns == namespace)]
+        return [
+            copy.deepcopy(obj)
+            for (p, ns, _), obj in sorted(self.objects.items())
+            if p == plural and (namespace is None or ns == namespace)
+        ]
 
     def get(self, plural: str, namespace: str, name: str) -> JSON:
         obj = self.objects.get((plural, namespace, name))
         if obj is None:
-            raise ApiError(404, "NotFound", f'{plural} "{name}" not found',
-                           name=name, kind=plural)
+            raise ApiError(404, "NotFound", f'{plural} "{name}" not found', name=name, kind=plural)
         return obj
 
     def create(self, plural: str, namespace: str, obj: JSON) -> JSON:
@@ -411,32 +446,32 @@ class Store:
             meta["namespace"] = namespace or meta.get("namespace") or "default"
         key = (plural, meta.get("namespace", ""), name)
         if key in self.objects:
-            raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists',
-                           name=name, kind=plural)
+            raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists', name=name, kind=plural)
         obj["kind"], obj["apiVersion"] = rt.kind, rt.api_version
         if rt.validate is not None:
             obj = rt.validate(obj)
             meta = obj["metadata"]
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(),
-                    resourceVersion=self._next_rv())
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=self._next_rv())
         if rt.generation:
             meta["generation"] = 1
         self.objects[key] = obj
         self._emit(plural, "ADDED", obj)
         return copy.deepcopy(obj)
 
-    def update(self, plural: str, namespace: str, name: str, new: JSON, *,
-               subresource: str | None) -> JSON:
+    def update(self, plural: str, namespace: str, name: str, new: JSON, *, subresource: str | None) -> JSON:
         """Store ``new`` as the object (the result of a PUT or patch), with API rules."""
         rt = RESOURCES[plural]
         old = self.get(plural, namespace, name)
         wanted_rv = (new.get("metadata") or {}).get("resourceVersion")
         if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
             raise ApiError(
-                409, "Conflict",
+                409,
+                "Conflict",
                 f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
                 f"modified; please apply your changes to the latest version and try again",
-                name=name, kind=plural)
+                name=name,
+                kind=plural,
+            )
         new = copy.deepcopy(new)
         if subresource == "*":  # a test hook: the whole object, status included
             result = new
@@ -588,7 +623,6 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
 
-
     def _client_gone(self) -> bool:
         """True when the client closed its end (a watch it stopped, a dropped connection)."""
         try:
@@ -675,9 +709,12 @@ class FakeApiServer:
                 time.sleep(0.05)
         self.port = self._httpd.server_address[1]
         self._stopping = False
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05},
-                                        name=f"fake-apiserver-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-apiserver-{self.port}",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -731,8 +768,9 @@ class FakeApiServer:
         with self.store.lock:
             return self.store.list(plural, None)
 
-    def patch(self, plural: str, name: str, patch: JSON, namespace: str = "", *,
-              subresource: str | None = None) -> JSON:
+    def patch(
+        self, plural: str, name: str, patch: JSON, namespace: str = "", *, subresource: str | None = None
+    ) -> JSON:
         """Merge-patch an object, status included (``subresource`` applies the API's rules)."""
         namespace = namespace or ("default" if RESOURCES[plural].namespaced else "")
         with self.store.lock:
@@ -781,15 +819,17 @@ class FakeApiServer:
             self.requests.append(request)
             self.store.lock.notify_all()
 
-    def requests_matching(self, method: str, path: str | None = None, *,
-                          watch: bool | None = None) -> list[RecordedRequest]:
+    def requests_matching(
+        self, method: str, path: str | None = None, *, watch: bool | None = None
+    ) -> list[RecordedRequest]:
         with self.store.lock:
-            return [r for r in self.requests if r.method == method
-                    and (path is None or r.path == path)
-                    and (watch is None or r.is_watch == watch)]
+            return [
+                r
+                for r in self.requests
+                if r.method == method and (path is None or r.path == path) and (watch is None or r.is_watch == watch)
+            ]
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0,
-                 what: str = "condition") -> None:
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
         """Wait until ``predicate()`` holds (re-checked on every request and event)."""
         deadline = time.monotonic() + timeout
         with self.store.lock:
@@ -807,8 +847,9 @@ class FakeApiServer:
 
     # -- server side of the verbs
 
-    def _handle(self, method: str, target: _Target, query: dict[str, str],
-                content_type: str | None, body: Any) -> tuple[int, JSON]:
+    def _handle(
+        self, method: str, target: _Target, query: dict[str, str], content_type: str | None, body: Any
+    ) -> tuple[int, JSON]:
         rt, ns = target.rt, target.namespace or ""
         with self.store.lock:
             if target.name is None:
@@ -826,28 +867,31 @@ class FakeApiServer:
             if method == "PUT":
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", "the request body must be an object")
-                return 200, self.store.update(rt.plural, ns, target.name, body,
-                                              subresource=target.subresource)
+                return 200, self.store.update(rt.plural, ns, target.name, body, subresource=target.subresource)
             if method == "PATCH":
                 old = self.store.get(rt.plural, ns, target.name)
                 new = apply_patch(rt, old, content_type or "", body)
-                return 200, self.store.update(rt.plural, ns, target.name, new,
-                                              subresource=target.subresource)
+                return 200, self.store.update(rt.plural, ns, target.name, new, subresource=target.subresource)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
 
     def _list(self, target: _Target, query: dict[str, str]) -> JSON:
-        items = [obj for obj in self.store.list(target.rt.plural, target.namespace)
-                 if self._matches(obj, query)]
-        return {"kind": f"{target.rt.kind}List", "apiVersion": target.rt.api_version,
-                "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+        items = [obj for obj in self.store.list(target.rt.plural, target.namespace) if self._matches(obj, query)]
+        return {
+            "kind": f"{target.rt.kind}List",
+            "apiVersion": target.rt.api_version,
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "items": items,
+        }
 
     @staticmethod
     def _matches(obj: JSON, query: dict[str, str]) -> bool:
-        return (label_selector_matches(query.get("labelSelector"), obj["metadata"].get("labels"))
-                and field_selector_matches(query.get("fieldSelector"), obj))
+        return label_selector_matches(
+            query.get("labelSelector"), obj["metadata"].get("labels")
+        ) and field_selector_matches(query.get("fieldSelector"), obj)
 
-    def _watch_events(self, target: _Target, query: dict[str, str],
-                      client_gone: Callable[[], bool] = lambda: False) -> Iterator[JSON]:
+    def _watch_events(
+        self, target: _Target, query: dict[str, str], client_gone: Callable[[], bool] = lambda: False
+    ) -> Iterator[JSON]:
         """The events of one watch stream, blocking between them; ends on timeout/stop."""
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
         deadline = time.monotonic() + timeout if timeout else None
@@ -862,9 +906,15 @@ class FakeApiServer:
                 self.open_watches -= 1
                 lock.notify_all()
 
-    def _watch_locked(self, target: _Target, query: dict[str, str], deadline: float | None,
-                      bookmarks: bool, rt: ResourceType,
-                      client_gone: Callable[[], bool]) -> Iterator[JSON]:
+    def _watch_locked(
+        self,
+        target: _Target,
+        query: dict[str, str],
+        deadline: float | None,
+        bookmarks: bool,
+        rt: ResourceType,
+        client_gone: Callable[[], bool],
+    ) -> Iterator[JSON]:
         lock, store = self.store.lock, self.store
         start_rv = query.get("resourceVersion") or "0"
         generation, bookmark_generation = store.generation, self._bookmark_generation
@@ -873,9 +923,12 @@ class FakeApiServer:
         except ValueError:
             raise ApiError(400, "BadRequest", f"invalid resourceVersion {start_rv!r}") from None
         if since != 0 and since < store.compacted_rv:
-            yield {"type": "ERROR", "object": ApiError(
-                410, "Expired",
-                f"too old resource version: {since} ({store.compacted_rv})").status()}
+            yield {
+                "type": "ERROR",
+                "object": ApiError(
+                    410, "Expired", f"too old resource version: {since} ({store.compacted_rv})"
+                ).status(),
+            }
             return
         if since == 0:  # a snapshot first, taken with the lock held, then what follows it
             snapshot = [obj for obj in store.list(rt.plural, target.namespace) if self._matches(obj, query)]
@@ -899,9 +952,16 @@ class FakeApiServer:
             due = self.bookmark_interval is not None and now - last_bookmark >= self.bookmark_interval
             if bookmarks and (bookmark_generation != self._bookmark_generation or due):
                 bookmark_generation, last_bookmark = self._bookmark_generation, now
-                yield from self._unlocked({"type": "BOOKMARK", "object": {
-                    "kind": rt.kind, "apiVersion": rt.api_version,
-                    "metadata": {"resourceVersion": str(store.rv)}}})
+                yield from self._unlocked(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": rt.kind,
+                            "apiVersion": rt.api_version,
+                            "metadata": {"resourceVersion": str(store.rv)},
+                        },
+                    }
+                )
                 continue
             wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
             lock.wait(wait)
@@ -943,63 +1003,135 @@ def _plural_of(obj: JSON) -> str:
 # -- builders ----------------------------------------------------------------------------
 
 
-def make_node(name: str, *, labels: dict[str, str] | None = None,
-              annotations: dict[str, str] | None = None, gpus: int = 8,
-              extra_allocatable: dict[str, str] | None = None) -> JSON:
+def make_node(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    gpus: int = 8,
+    extra_allocatable: dict[str, str] | None = None,
+) -> JSON:
     """A realistic GPU Node as kubelet registers it."""
-    allocatable = {"cpu": "96", "memory": "1056345988Ki", "pods": "110",
-                   "ephemeral-storage": "3500000000Ki", "nvidia.com/gpu": str(gpus)}
+    allocatable = {
+        "cpu": "96",
+        "memory": "1056345988Ki",
+        "pods": "110",
+        "ephemeral-storage": "3500000000Ki",
+        "nvidia.com/gpu": str(gpus),
+    }
     allocatable.update(extra_allocatable or {})
     return {
-        "kind": "Node", "apiVersion": "v1",
-        "metadata": {"name": name,
-                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                "nvidia.com/gpu.present": "true", **(labels or {})},
-                     "annotations": dict(annotations or {})},
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "nvidia.com/gpu.present": "true",
+                **(labels or {}),
+            },
+            "annotations": dict(annotations or {}),
+        },
         "spec": {"podCIDR": "10.244.1.0/24"},
-        "status": {"capacity": dict(allocatable), "allocatable": allocatable,
-                   "conditions": [{"type": "Ready", "status": "True",
-                                   "lastHeartbeatTime": _now(), "lastTransitionTime": _now(),
-                                   "reason": "KubeletReady", "message": "kubelet is posting ready status"}],
-                   "nodeInfo": {"architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "containerd://1.7.13",
-                                "kernelVersion": "5.15.0", "kubeProxyVersion": "v1.31.0", "kubeletVersion": "v1.31.0",
-                                "machineID": "m", "operatingSystem": "linux", "osImage": "Ubuntu 22.04.4 LTS",
-                                "systemUUID": "s"}},
+        "status": {
+            "capacity": dict(allocatable),
+            "allocatable": allocatable,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "lastHeartbeatTime": _now(),
+                    "lastTransitionTime": _now(),
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": "b",
+                "containerRuntimeVersion": "containerd://1.7.13",
+                "kernelVersion": "5.15.0",
+                "kubeProxyVersion": "v1.31.0",
+                "kubeletVersion": "v1.31.0",
+                "machineID": "m",
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 22.04.4 LTS",
+                "systemUUID": "s",
+            },
+        },
     }
 
 
-def make_pod(name: str, *, namespace: str = "default", node_name: str | None = None,
-             annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-             gpus: int = 0, phase: str = "Pending", init_containers: Iterable[JSON] = (),
-             scheduler_name: str = "default-scheduler") -> JSON:
+def make_pod(
+    name: str,
+    *,
+    namespace: str = "default",
+    node_name: str | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    gpus: int = 0,
+    phase: str = "Pending",
+    init_containers: Iterable[JSON] = (),
+    scheduler_name: str = "default-scheduler",
+) -> JSON:
     """A realistic training Pod, as a user submits it (plus ``nodeName`` once bound)."""
-    resources: JSON = {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    resources: JSON = (
+        {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    )
     spec: JSON = {
-        "containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                        "command": ["python", "train.py"], "resources": resources,
-                        "terminationMessagePath": "/dev/termination-log",
-                        "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
-        "restartPolicy": "Never", "schedulerName": scheduler_name,
-        "serviceAccountName": "default", "terminationGracePeriodSeconds": 30,
-        "dnsPolicy": "ClusterFirst", "securityContext": {},
-        "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                         "effect": "NoExecute", "tolerationSeconds": 300}],
+        "containers": [
+            {
+                "name": "train",
+                "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                "command": ["python", "train.py"],
+                "resources": resources,
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+            }
+        ],
+        "restartPolicy": "Never",
+        "schedulerName": scheduler_name,
+        "serviceAccountName": "default",
+        "terminationGracePeriodSeconds": 30,
+        "dnsPolicy": "ClusterFirst",
+        "securityContext": {},
+        "tolerations": [
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            }
+        ],
     }
     if init_containers:
         spec["initContainers"] = list(init_containers)
     if node_name:
         spec["nodeName"] = node_name
     return {
-        "kind": "Pod", "apiVersion": "v1",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {}),
-                     "annotations": dict(annotations or {})},
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        },
         "spec": spec,
         "status": {"phase": phase, "qosClass": "BestEffort"},
     }
 
 
-def make_lease(name: str, *, namespace: str = "default", holder: str | None = None,
-               duration_s: int | None = None, renew_time: str | None = None) -> JSON:
+def make_lease(
+    name: str,
+    *,
+    namespace: str = "default",
+    holder: str | None = None,
+    duration_s: int | None = None,
+    renew_time: str | None = None,
+) -> JSON:
     """A ``coordination.k8s.io/v1`` Lease."""
     spec: JSON = {}
     if holder is not None:
@@ -1008,18 +1140,32 @@ def make_lease(name: str, *, namespace: str = "default", holder: str | None = No
         spec["leaseDurationSeconds"] = duration_s
     if renew_time is not None:
         spec["acquireTime"] = spec["renewTime"] = renew_time
-    return {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return {
+        "kind": "Lease",
+        "apiVersion": "coordination.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
-def make_dataset(name: str, *, namespace: str = "default", source: str = "s3://bucket/data",
-                 bundles: str | None = None, status: JSON | None = None) -> JSON:
+def make_dataset(
+    name: str,
+    *,
+    namespace: str = "default",
+    source: str = "s3://bucket/data",
+    bundles: str | None = None,
+    status: JSON | None = None,
+) -> JSON:
     """A ``Dataset`` custom resource."""
     spec: JSON = {"source": source}
     if bundles:
         spec["bundles"] = bundles
-    obj: JSON = {"kind": "Dataset", "apiVersion": "dsagent.io/v1alpha1",
-                 "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    obj: JSON = {
+        "kind": "Dataset",
+        "apiVersion": "dsagent.io/v1alpha1",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
     if status is not None:
         obj["status"] = status
     return obj

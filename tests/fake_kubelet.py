@@ -75,8 +75,13 @@ class FakeKubelet:
 
     async def preferred(self, resource: str, available: list[str], must: list[str], size: int) -> list[str]:
         async with self.channel(resource) as channel:
-            request = dp.PreferredAllocationRequest(container_requests=[dp.ContainerPreferredAllocationRequest(
-                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size)])
+            request = dp.PreferredAllocationRequest(
+                container_requests=[
+                    dp.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
+                    )
+                ]
+            )
             response = await dp_grpc.DevicePluginStub(channel).GetPreferredAllocation(request, timeout=10)
             return list(response.container_responses[0].deviceIDs)
 
@@ -97,8 +102,11 @@ class _Lister(pr_grpc.PodResourcesListerServicer):
     async def GetAllocatableResources(self, request: Any, context: Any) -> pr.AllocatableResourcesResponse:
         if self.fake.allocatable is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
-        return pr.AllocatableResourcesResponse(devices=[
-            pr.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in (self.fake.allocatable or {}).items()])
+        return pr.AllocatableResourcesResponse(
+            devices=[
+                pr.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in (self.fake.allocatable or {}).items()
+            ]
+        )
 
     async def Get(self, request: Any, context: Any) -> pr.GetPodResourcesResponse:
         for pod in self.fake.pods:
@@ -109,8 +117,15 @@ class _Lister(pr_grpc.PodResourcesListerServicer):
 
     @staticmethod
     def _pod(namespace: str, name: str, devices: list[tuple[str, list[str]]]) -> Any:
-        return pr.PodResources(namespace=namespace, name=name, containers=[pr.ContainerResources(
-            name="main", devices=[pr.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in devices])])
+        return pr.PodResources(
+            namespace=namespace,
+            name=name,
+            containers=[
+                pr.ContainerResources(
+                    name="main", devices=[pr.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in devices]
+                )
+            ],
+        )
 
 
 class FakePodResources:

@@ -13,18 +13,68 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
-                         "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-                "net.ipv4.tcp_keepalive_probes"}
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
 SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
-VOLUME_SOURCES = RESTRICTED_VOLUMES | {"hostPath", "nfs", "iscsi", "rbd", "cephfs", "glusterfs", "flexVolume", "gitRepo",
-                                      "awsElasticBlockStore", "gcePersistentDisk", "azureDisk", "azureFile", "cinder",
-                                      "fc", "flocker", "portworxVolume", "quobyte", "scaleIO", "storageos", "vsphereVolume",
-                                      "photonPersistentDisk", "image"}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+VOLUME_SOURCES = RESTRICTED_VOLUMES | {
+    "hostPath",
+    "nfs",
+    "iscsi",
+    "rbd",
+    "cephfs",
+    "glusterfs",
+    "flexVolume",
+    "gitRepo",
+    "awsElasticBlockStore",
+    "gcePersistentDisk",
+    "azureDisk",
+    "azureFile",
+    "cinder",
+    "fc",
+    "flocker",
+    "portworxVolume",
+    "quobyte",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+    "photonPersistentDisk",
+    "image",
+}
 
 
 def containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -52,7 +102,8 @@ def violations(pod: Mapping[str, Any], level: str = "restricted") -> list[str]:
             found.append(f"hostPath volume {volume.get('name')}")
     for key, value in (meta.get("annotations") or {}).items():
         if key.startswith("container.apparmor.security.beta.kubernetes.io/") and not (
-                value == "runtime/default" or value.startswith("localhost/")):
+            value == "runtime/default" or value.startswith("localhost/")
+        ):
             found.append(f"AppArmor annotation {key}={value}")
     for sysctl in pod_sc.get("sysctls") or []:
         if sysctl.get("name") not in SAFE_SYSCTLS:

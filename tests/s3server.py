@@ -34,12 +34,20 @@ class S3Server:
     def __init__(self, log: Path, *, auth_actions: int | None = None) -> None:
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         if auth_actions is not None:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(auth_actions)
         self._log = open(log, "ab")  # noqa: SIM115 - the server's output, closed in close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)], env=env, stdout=self._log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -62,12 +70,24 @@ class S3Server:
     def create_bucket(self, name: str) -> None:
         import boto3
 
-        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1").create_bucket(Bucket=name)
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        ).create_bucket(Bucket=name)
 
     def buckets(self) -> list[str]:
         import boto3
 
-        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        )
         return sorted(b["Name"] for b in client.list_buckets()["Buckets"])
 
     def reset(self) -> None:

@@ -37,12 +37,21 @@ def build_dgx_a100_vfs(root: Path) -> SysfsTree:
         (device / "infiniband_verbs" / f"uverbs{pf}").mkdir(parents=True, exist_ok=True)
         subnet = f"10.{pf // 2 + 1}.{pf % 2}"
         for vf in range(VFS_PER_PF):
-            tree.vf(device, vf, vf_bus(pf, vf), rdma=vf_rdma(pf, vf), uverbs=f"uverbs{10 + VFS_PER_PF * pf + vf}",
-                    netdev=f"ens{pf}v{vf}", totalvfs=8,
-                    gids={0: ("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
-                          1: ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
-                          2: (f"0000:0000:0000:0000:0000:ffff:{subnet.replace('.', ':')}:0", "IB/RoCE v1"),
-                          ROCE_V2_INDEX: (_mapped(f"{subnet}.{10 + vf}"), "RoCE v2")})
+            tree.vf(
+                device,
+                vf,
+                vf_bus(pf, vf),
+                rdma=vf_rdma(pf, vf),
+                uverbs=f"uverbs{10 + VFS_PER_PF * pf + vf}",
+                netdev=f"ens{pf}v{vf}",
+                totalvfs=8,
+                gids={
+                    0: ("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
+                    1: ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
+                    2: (f"0000:0000:0000:0000:0000:ffff:{subnet.replace('.', ':')}:0", "IB/RoCE v1"),
+                    ROCE_V2_INDEX: (_mapped(f"{subnet}.{10 + vf}"), "RoCE v2"),
+                },
+            )
     return tree
 
 

@@ -20,7 +20,14 @@ def all_modules() -> list[str]:
             if not info.name.endswith("__main__"):
                 names.append(info.name)
     return names
-ROOTS = ("dsagent.errors:DsagentError", "gpu_topology.errors:TopologyError", "scheduler_plugin.errors:SchedulerPluginError", "dsplatform.errors:VocabularyError")
+
+
+ROOTS = (
+    "dsagent.errors:DsagentError",
+    "gpu_topology.errors:TopologyError",
+    "scheduler_plugin.errors:SchedulerPluginError",
+    "dsplatform.errors:VocabularyError",
+)
 
 
 def error_classes() -> set[type]:
@@ -33,7 +40,12 @@ def error_classes() -> set[type]:
     todo = [getattr(importlib.import_module(m), c) for m, c in (r.split(":") for r in ROOTS)]
     while todo:
         cls = todo.pop()
-        if cls not in found and cls.__module__.split(".")[0] in {"dsagent", "gpu_topology", "scheduler_plugin", "dsplatform"}:
+        if cls not in found and cls.__module__.split(".")[0] in {
+            "dsagent",
+            "gpu_topology",
+            "scheduler_plugin",
+            "dsplatform",
+        }:
             found.add(cls)
             todo.extend(cls.__subclasses__())
     return found

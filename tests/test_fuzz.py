@@ -24,29 +24,90 @@ from scheduler_plugin.testing import args_body, holding, inventory_json, node, p
 TOKEN = "fuzz-admin-token-0123456789abcdef"
 
 PREFIXES = [
-    "", "/", "file://", "file:///", "file://host/", "local://", "memory://", "http://127.0.0.1:1/", "http://[::1]:1/",
-    "https://", "s3://", "s3a://", "gcs://", "abfs://", "simplecache::", "tar://", "zip://", "async_wrapper://",
-    "filecache::", "dir::", "reference://", "data:,", "jupyter://", "generic://", "~/", "../", "ALLOWED/", "ALLOWED/../",
+    "",
+    "/",
+    "file://",
+    "file:///",
+    "file://host/",
+    "local://",
+    "memory://",
+    "http://127.0.0.1:1/",
+    "http://[::1]:1/",
+    "https://",
+    "s3://",
+    "s3a://",
+    "gcs://",
+    "abfs://",
+    "simplecache::",
+    "tar://",
+    "zip://",
+    "async_wrapper://",
+    "filecache::",
+    "dir::",
+    "reference://",
+    "data:,",
+    "jupyter://",
+    "generic://",
+    "~/",
+    "../",
+    "ALLOWED/",
+    "ALLOWED/../",
 ]
 junk = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 source = st.builds(lambda p, s: p + s, st.sampled_from(PREFIXES), junk)
 json_scalar = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | junk
-json_value = st.recursive(json_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(junk, inner, max_size=3), max_leaves=8)
-option_key = st.sampled_from(["key", "secret", "anon", "endpoint_url", "fo", "target_protocol", "cache_storage", "client_kwargs", "headers", "token", "asynchronous"]) | junk
+json_value = st.recursive(
+    json_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(junk, inner, max_size=3), max_leaves=8
+)
+option_key = (
+    st.sampled_from(
+        [
+            "key",
+            "secret",
+            "anon",
+            "endpoint_url",
+            "fo",
+            "target_protocol",
+            "cache_storage",
+            "client_kwargs",
+            "headers",
+            "token",
+            "asynchronous",
+        ]
+    )
+    | junk
+)
 options = st.none() | st.dictionaries(option_key, json_value, max_size=4)
 dataset = st.fixed_dictionaries(
     {"name": st.sampled_from(["ok", "a/b", "..", "", "x" * 200]) | junk, "source": source},
     optional={"bundles": source, "storageOptions": options},
 )
-task_id = st.sampled_from(["t1", "-bad", "..%2F..", "6f1c2a4e-9b7d-4c3e-8a21-0d5e7f9a1b2c", "x" * 300]) | junk.filter(lambda s: "/" not in s and "?" not in s and "#" not in s)
+task_id = st.sampled_from(["t1", "-bad", "..%2F..", "6f1c2a4e-9b7d-4c3e-8a21-0d5e7f9a1b2c", "x" * 300]) | junk.filter(
+    lambda s: "/" not in s and "?" not in s and "#" not in s
+)
 body = st.one_of(
     st.fixed_dictionaries({"datasets": st.lists(dataset, max_size=3)}),
     json_value,
-    st.fixed_dictionaries({"mode": st.sampled_from(["idle", "unused", "space", "names", "all"]) | junk}, optional={"names": st.lists(junk, max_size=3), "bytes": st.integers(-5, 2**65), "force": st.booleans()}),
+    st.fixed_dictionaries(
+        {"mode": st.sampled_from(["idle", "unused", "space", "names", "all"]) | junk},
+        optional={"names": st.lists(junk, max_size=3), "bytes": st.integers(-5, 2**65), "force": st.booleans()},
+    ),
 )
 request = st.tuples(
     st.sampled_from(["GET", "PUT", "DELETE", "POST", "PATCH"]),
-    st.sampled_from(["/v1/tasks/{}", "/v1/tasks/{}?wait=0", "/v1/tasks/{}?wait=-1", "/v1/datasets/{}", "/v1/datasets/{}?force=true", "/v1/evict", "/v1/inventory", "/readyz", "/v1/{}"]),
+    st.sampled_from(
+        [
+            "/v1/tasks/{}",
+            "/v1/tasks/{}?wait=0",
+            "/v1/tasks/{}?wait=-1",
+            "/v1/datasets/{}",
+            "/v1/datasets/{}?force=true",
+            "/v1/evict",
+            "/v1/inventory",
+            "/readyz",
+            "/v1/{}",
+        ]
+    ),
     task_id,
     body,
     st.booleans(),
@@ -62,13 +123,17 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Any:
     base = tmp_path_factory.mktemp("fuzz")
     (base / "allowed").mkdir()
     (base / "allowed" / "f").write_text("x")
-    app_settings = AgentSettings(root=base / "cache", admin_token=TOKEN, local_sources=(base / "allowed",), sweep_interval=3600, source_timeout=2)
+    app_settings = AgentSettings(
+        root=base / "cache", admin_token=TOKEN, local_sources=(base / "allowed",), sweep_interval=3600, source_timeout=2
+    )
     with serving(create_agent_app(app_settings)) as url, httpx.Client(base_url=url, timeout=30) as client:
         client.allowed = str(base / "allowed")  # type: ignore[attr-defined]
         yield client
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(request)
 def test_the_agent_api_never_answers_5xx(agent: Any, req: tuple[str, str, str, Any, bool]) -> None:
     method, template, ident, payload, with_token = req
@@ -82,7 +147,11 @@ def test_the_agent_api_never_answers_5xx(agent: Any, req: tuple[str, str, str, A
 
 
 TOPO = topology_json()
-annotation = junk | st.sampled_from(["\u00b2", "9" * 5000, '{"datasets":' * 3000 + "{}" + "}" * 3000, "0,1,2", "", "-1", "1e309"]) | json_value.map(json.dumps)
+annotation = (
+    junk
+    | st.sampled_from(["\u00b2", "9" * 5000, '{"datasets":' * 3000 + "{}" + "}" * 3000, "0,1,2", "", "-1", "1e309"])
+    | json_value.map(json.dumps)
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -91,7 +160,9 @@ def test_one_nodes_data_never_fails_the_filter_or_zeroes_the_others(inventory: s
     app = create_extender_app(ExtenderSettings())
     wants = [{"name": "imagenet", "source": "s3://d/imagenet", "digest": "a" * 32}]
     nodes = [
-        node("holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]),
+        node(
+            "holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]
+        ),
         node("hostile", inventory=inventory, topology=topology, free_gpus=free),
     ]
     body = args_body(pod(datasets=wants, gpus=4), nodes, node_cache_capable=False)

@@ -28,26 +28,44 @@ from tests.fake_apiserver import FakeApiServer, json_patch, make_pod
 from tests.scheduler_plugin.server import serving
 
 SETTINGS = GpuClassSettings(enabled=True)
-OWNER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert", "uid": "5b0e2c1a-pytorchjob-bert",
-         "controller": True, "blockOwnerDeletion": True}
+OWNER = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "name": "bert",
+    "uid": "5b0e2c1a-pytorchjob-bert",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
 # Free GPUs per node (gpu-roce1 = GPUs 0-3, gpu-roce2 = 4-7). The vote: a suggests both
 # classes, b and e gpu-roce2, c gpu-roce1, d nothing (3 free at most): gpu-roce2, 3 to 2.
 FREE = {"a": range(8), "b": [4, 5, 6, 7], "c": [0, 1, 2, 3], "d": [4, 5, 6], "e": [0, 1, 4, 5, 6, 7]}
 
 
 def worker(index: int) -> dict[str, Any]:
-    pod = make_pod(f"bert-worker-{index}", namespace="ml", gpus=4,
-                   labels={"training.kubeflow.org/job-name": "bert", "training.kubeflow.org/replica-type": "worker"})
+    pod = make_pod(
+        f"bert-worker-{index}",
+        namespace="ml",
+        gpus=4,
+        labels={"training.kubeflow.org/job-name": "bert", "training.kubeflow.org/replica-type": "worker"},
+    )
     pod["metadata"]["ownerReferences"] = [OWNER]
     pod["metadata"]["uid"] = f"uid-bert-worker-{index}"
     return pod
 
 
 def review(pod: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": f"review-{pod['metadata']['name']}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "ml",
-                        "operation": "CREATE", "object": pod}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"review-{pod['metadata']['name']}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml",
+            "operation": "CREATE",
+            "object": pod,
+        },
+    }
 
 
 @pytest.fixture
@@ -75,7 +93,9 @@ def admit(apiserver: FakeApiServer, pod: dict[str, Any]) -> dict[str, Any]:
     return mutated
 
 
-def test_a_two_worker_job_gets_one_class_and_the_filter_holds_it_to_free_gpus_of_that_class(apiserver: FakeApiServer) -> None:
+def test_a_two_worker_job_gets_one_class_and_the_filter_holds_it_to_free_gpus_of_that_class(
+    apiserver: FakeApiServer,
+) -> None:
     first = admit(apiserver, worker(0))
     # Meanwhile node b's gpu-roce2 GPUs fill up and its gpu-roce1 ones free: a fresh vote
     # would now pick gpu-roce1 (a, b, c against a, e), but the job's Lease keeps gpu-roce2.
@@ -93,8 +113,11 @@ def test_a_two_worker_job_gets_one_class_and_the_filter_holds_it_to_free_gpus_of
 
     nodes = apiserver.list("nodes")
     with serving(extender_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
-        result = http.post("/filter", content=args_body(second, nodes, node_cache_capable=False),
-                           headers={"Content-Type": "application/json"}).json()
+        result = http.post(
+            "/filter",
+            content=args_body(second, nodes, node_cache_capable=False),
+            headers={"Content-Type": "application/json"},
+        ).json()
     assert result["Error"] == ""
     assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["a", "e"]
     assert result["FailedNodes"] == {

@@ -18,7 +18,9 @@ def _tracked(*patterns: str) -> list[Path]:
 def _anchors() -> set[str]:
     text = DESIGN.read_text(encoding="utf-8")
     explicit = set(re.findall(r'<a id="([^"]+)"', text))
-    headings = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)
+    }
     return explicit | headings
 
 

@@ -78,7 +78,14 @@ def create_app(
                 await part.stop()
             await svc.stop()
 
-    app = FastAPI(title="dsagent", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json")
+    app = FastAPI(
+        title="dsagent",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/v1/openapi.json",
+    )
     app.state.service = svc
     app.state.settings = settings
     app.state.own_pod_uid = own_pod_uid(settings.proc_root)  # kubectl exec into the agent is an operator
@@ -119,7 +126,10 @@ def _install_error_edge(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [{"where": ".".join(str(p) for p in e.get("loc", ())), "problem": str(e.get("msg", ""))} for e in exc.errors()]
+        problems = [
+            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": str(e.get("msg", ""))}
+            for e in exc.errors()
+        ]
         summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5])
         return _error(InvalidInput(f"invalid request: {summary}", errors=problems))
 
@@ -162,9 +172,10 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = BodyTooLarge(f"request body over {self.max_bytes} bytes", hint="datasets lists are small; check what is being sent")
+        error = BodyTooLarge(
+            f"request body over {self.max_bytes} bytes", hint="datasets lists are small; check what is being sent"
+        )
         await _error(error)(scope, receive, send)
-
 
 
 __all__ = ["BodyTooLarge", "Companion", "CompanionFactory", "create_app", "openapi_document"]

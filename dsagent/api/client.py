@@ -50,14 +50,24 @@ def agent_url(text: str) -> str:
     except (httpx.InvalidURL, ValueError) as exc:
         raise InvalidInput(f"invalid agent URL {text!r}", hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise InvalidInput(f"invalid agent URL {text!r}", hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420 (the unix socket: --socket PATH)")
+        raise InvalidInput(
+            f"invalid agent URL {text!r}",
+            hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420 (the unix socket: --socket PATH)",
+        )
     return candidate
 
 
 class AgentClient:
     """A small synchronous client; ``url`` (http://host:port) selects TCP, else the socket."""
 
-    def __init__(self, *, socket_path: str | os.PathLike[str] | None = None, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._socket: Path | None = None
         if url:
@@ -68,10 +78,17 @@ class AgentClient:
             path = Path(socket_path) if socket_path is not None else default_socket()
             self.where = str(path)
             self._socket = path
-            self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://dsagent", headers=headers, timeout=timeout)
+            self._http = httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(path)),
+                base_url="http://dsagent",
+                headers=headers,
+                timeout=timeout,
+            )
 
     @classmethod
-    def from_env(cls, *, url: str | None = None, socket_path: str | None = None, token: str | None = None, timeout: float = 30.0) -> AgentClient:
+    def from_env(
+        cls, *, url: str | None = None, socket_path: str | None = None, token: str | None = None, timeout: float = 30.0
+    ) -> AgentClient:
         """Client for ``--agent``/``DSAGENT_AGENT`` (URL) or the socket, token from the env."""
         url = url or os.environ.get("DSAGENT_AGENT") or None
         token = token or os.environ.get("DSAGENT_ADMIN_TOKEN") or None
@@ -86,7 +103,15 @@ class AgentClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if self._socket is not None and not self._socket.exists():
             raise self._unreachable()
@@ -106,7 +131,9 @@ class AgentClient:
         """A call whose answer must be a JSON object; anything else is the agent's fault, said so."""
         body = self._call(method, path, **kwargs)
         if not isinstance(body, dict):
-            raise errors.DsagentError(f"the agent at {self.where} answered {path} with something other than a JSON object")
+            raise errors.DsagentError(
+                f"the agent at {self.where} answered {path} with something other than a JSON object"
+            )
         return body
 
     def _unreachable(self) -> AgentUnreachable:
@@ -119,7 +146,9 @@ class AgentClient:
 
     def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> dict[str, Any]:
         body = {"datasets": [dict(d) for d in datasets]}
-        return self._json("PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
+        return self._json(
+            "PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0
+        )
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/tasks/{_segment(task_id)}")
@@ -139,7 +168,15 @@ class AgentClient:
         params = {"force": str(force).lower(), "dryRun": str(dry_run).lower()}
         return self._json("DELETE", f"/v1/datasets/{_segment(name)}", params=params)
 
-    def evict(self, *, mode: str, names: Sequence[str] = (), bytes: int | None = None, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    def evict(
+        self,
+        *,
+        mode: str,
+        names: Sequence[str] = (),
+        bytes: int | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
         body = {"mode": mode, "names": list(names), "bytes": bytes, "force": force, "dryRun": dry_run}
         return self._json("POST", "/v1/evict", json=body)
 

@@ -77,7 +77,9 @@ def own_pod_uid(proc: Path = Path("/proc")) -> str | None:
 
 def _token_ok(request: Request, token: str | None) -> bool:
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return token is not None and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    return (
+        token is not None and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    )
 
 
 def over_unix_socket(request: Request) -> bool:
@@ -116,8 +118,14 @@ def require_operator(caller: Caller) -> None:
     if caller.operator:
         return
     if caller.kind == "anonymous":
-        raise Unauthorized("a valid admin token is required for this action", hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)")
-    raise Forbidden(f"only an operator may do this ({caller.kind}: {caller.why})", hint="evictions and other tasks need the admin token")
+        raise Unauthorized(
+            "a valid admin token is required for this action",
+            hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)",
+        )
+    raise Forbidden(
+        f"only an operator may do this ({caller.kind}: {caller.why})",
+        hint="evictions and other tasks need the admin token",
+    )
 
 
 def require_task(caller: Caller, task_id: str, *, write: bool) -> None:
@@ -127,10 +135,19 @@ def require_task(caller: Caller, task_id: str, *, write: bool) -> None:
     if caller.kind == "pod" and caller.pod_uid == task_id.lower():
         return
     if caller.kind == "anonymous":
-        raise Unauthorized("a valid admin token is required for this action", hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)")
+        raise Unauthorized(
+            "a valid admin token is required for this action",
+            hint="send 'Authorization: Bearer <token>' (dsctl: --token or DSAGENT_ADMIN_TOKEN)",
+        )
     if caller.kind == "unidentified":
-        raise Forbidden(f"the agent cannot tell which pod is calling ({caller.why})", hint="the agent needs hostPID to identify pods on its socket")
-    raise Forbidden(f"a pod may only act on its own task ({caller.pod_uid}), not {task_id!r}", hint="use the pod's UID as the task id (DSAGENT_TASK_ID)")
+        raise Forbidden(
+            f"the agent cannot tell which pod is calling ({caller.why})",
+            hint="the agent needs hostPID to identify pods on its socket",
+        )
+    raise Forbidden(
+        f"a pod may only act on its own task ({caller.pod_uid}), not {task_id!r}",
+        hint="use the pod's UID as the task id (DSAGENT_TASK_ID)",
+    )
 
 
 def peer_credentials_protocol() -> type:
@@ -156,4 +173,14 @@ def peer_credentials_protocol() -> type:
     return PeerCredentials
 
 
-__all__ = ["POD_UID_KEY", "PEER_KEY", "Caller", "caller_identity", "own_pod_uid", "peer_credentials_protocol", "pod_uid_of_pid", "require_operator", "require_task"]
+__all__ = [
+    "POD_UID_KEY",
+    "PEER_KEY",
+    "Caller",
+    "caller_identity",
+    "own_pod_uid",
+    "peer_credentials_protocol",
+    "pod_uid_of_pid",
+    "require_operator",
+    "require_task",
+]

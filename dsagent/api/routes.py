@@ -77,7 +77,13 @@ def operator(who: Caller = Depends(caller)) -> None:
 
 
 @router.put("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 401, 403, 404, 409, 413, 503))
-async def submit_task(task_id: str, body: TaskIn, svc: CacheService = Depends(service), wait: float = Query(0.0, ge=0.0, le=3600.0), who: Caller = Depends(caller)) -> dict[str, Any]:
+async def submit_task(
+    task_id: str,
+    body: TaskIn,
+    svc: CacheService = Depends(service),
+    wait: float = Query(0.0, ge=0.0, le=3600.0),
+    who: Caller = Depends(caller),
+) -> dict[str, Any]:
     require_task(who, task_id, write=True)
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait)
     return task_out(record)
@@ -90,7 +96,9 @@ async def get_task(task_id: str, svc: CacheService = Depends(service), who: Call
 
 
 @router.delete("/v1/tasks/{task_id}", response_model=ReleaseOut, responses=errors(400, 401, 403, 404))
-async def release_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+async def release_task(
+    task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)
+) -> dict[str, Any]:
     require_task(who, task_id, write=True)
     await svc.release_task(task_id)
     return {"task": task_id, "released": True}
@@ -106,16 +114,28 @@ async def get_dataset(name: str, svc: CacheService = Depends(service)) -> dict[s
     return {"name": name, "versions": await svc.dataset(name)}
 
 
-@router.delete("/v1/datasets/{name}", dependencies=[Depends(operator)], response_model=EvictionOut, responses=errors(400, 401, 403, 404, 409))
+@router.delete(
+    "/v1/datasets/{name}",
+    dependencies=[Depends(operator)],
+    response_model=EvictionOut,
+    responses=errors(400, 401, 403, 404, 409),
+)
 async def evict_dataset(
     name: str, svc: CacheService = Depends(service), force: bool = False, dry_run: bool = Query(False, alias="dryRun")
 ) -> dict[str, Any]:
     return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run))
 
 
-@router.post("/v1/evict", dependencies=[Depends(operator)], response_model=EvictionOut, responses=errors(400, 401, 403, 404, 409, 413))
+@router.post(
+    "/v1/evict",
+    dependencies=[Depends(operator)],
+    response_model=EvictionOut,
+    responses=errors(400, 401, 403, 404, 409, 413),
+)
 async def evict(body: EvictIn, svc: CacheService = Depends(service)) -> dict[str, Any]:
-    result = await svc.evict(names=body.names, mode=body.mode, force=body.force, dry_run=body.dry_run, free_bytes=body.bytes or 0)
+    result = await svc.evict(
+        names=body.names, mode=body.mode, force=body.force, dry_run=body.dry_run, free_bytes=body.bytes or 0
+    )
     return eviction_out(result)
 
 
@@ -130,10 +150,16 @@ def require_peer(request: Request) -> None:
 
 
 @router.get(
-    "/v1/peer/bundles/{digest}", dependencies=[Depends(require_peer)], response_class=StreamingResponse,
-    responses={200: {"content": {"application/zstd": {"schema": {"type": "string", "format": "binary"}}},
-                     "description": "The bundle, tar+zstd, re-packed from the ready version's files"},
-               **errors(400, 401, 404, 429, 503)},
+    "/v1/peer/bundles/{digest}",
+    dependencies=[Depends(require_peer)],
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/zstd": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "The bundle, tar+zstd, re-packed from the ready version's files",
+        },
+        **errors(400, 401, 404, 429, 503),
+    },
 )
 async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends(service)) -> StreamingResponse:
     """A bundle of a ready version, re-packed and streamed to another agent (docs/design.md#peers)."""
@@ -156,7 +182,9 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=StatusOut, responses={503: {"model": StatusOut, "description": "The agent is starting"}})
+@router.get(
+    "/readyz", response_model=StatusOut, responses={503: {"model": StatusOut, "description": "The agent is starting"}}
+)
 async def readyz(response: Response, svc: CacheService = Depends(service)) -> dict[str, str]:
     if not svc.started:
         response.status_code = 503

@@ -53,7 +53,9 @@ class ErrorOut(_Out):
     code: str = Field(description="machine-readable error code, e.g. not_found, credentials, source_unavailable")
     message: str = Field(description="one line for a human")
     hint: str | None = Field(default=None, description="what to do about it")
-    details: dict[str, Any] | None = Field(default=None, description="structured details, e.g. the space numbers or the invalid fields")
+    details: dict[str, Any] | None = Field(
+        default=None, description="structured details, e.g. the space numbers or the invalid fields"
+    )
 
 
 class DatasetStatusOut(_Out):
@@ -131,25 +133,40 @@ class StatusOut(_Out):
 
 def dataset_status_out(status: DatasetStatus) -> dict[str, Any]:
     return {
-        "name": status.name, "source": status.source, "bundles": status.bundles, "digest": status.digest,
-        "state": status.state, "path": status.path, "sizeBytes": status.size_bytes, "files": status.files,
-        "bytesDone": status.bytes_done, "filesDone": status.files_done,
-        "rateBytesPerSecond": round(status.rate, 1), "etaSeconds": None if status.eta is None else round(status.eta, 1),
+        "name": status.name,
+        "source": status.source,
+        "bundles": status.bundles,
+        "digest": status.digest,
+        "state": status.state,
+        "path": status.path,
+        "sizeBytes": status.size_bytes,
+        "files": status.files,
+        "bytesDone": status.bytes_done,
+        "filesDone": status.files_done,
+        "rateBytesPerSecond": round(status.rate, 1),
+        "etaSeconds": None if status.eta is None else round(status.eta, 1),
         "error": status.error,
     }
 
 
 def task_out(record: TaskRecord) -> dict[str, Any]:
     return {
-        "task": record.task_id, "state": record.state, "createdAt": iso(record.created_at),
-        "leaseUntil": iso(record.lease_until), "datasets": [dataset_status_out(d) for d in record.datasets],
+        "task": record.task_id,
+        "state": record.state,
+        "createdAt": iso(record.created_at),
+        "leaseUntil": iso(record.lease_until),
+        "datasets": [dataset_status_out(d) for d in record.datasets],
     }
 
 
 def eviction_out(result: EvictionResult) -> dict[str, Any]:
     return {
-        "dryRun": result.dry_run, "freedBytes": result.freed_bytes,
-        "evicted": [{"name": v.name, "digest": v.digest, "sizeBytes": v.size_bytes, "lastUsed": iso(v.last_used)} for v in result.evicted],
+        "dryRun": result.dry_run,
+        "freedBytes": result.freed_bytes,
+        "evicted": [
+            {"name": v.name, "digest": v.digest, "sizeBytes": v.size_bytes, "lastUsed": iso(v.last_used)}
+            for v in result.evicted
+        ],
     }
 
 

@@ -108,11 +108,15 @@ class Catalog:
             self._open(path)
         except sqlite3.Error as exc:
             if not (_disk_full(exc, path.parent) and self._give_back_ballast()):
-                raise CatalogError(f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk") from exc
+                raise CatalogError(
+                    f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk"
+                ) from exc
             try:
                 self._open(path)
             except sqlite3.Error as again:
-                raise CatalogError(f"cannot open the catalog at {path}: {again}", hint="check the cache root's permissions and disk") from again
+                raise CatalogError(
+                    f"cannot open the catalog at {path}: {again}", hint="check the cache root's permissions and disk"
+                ) from again
         self.keep_ballast()
 
     def _open(self, path: Path) -> None:
@@ -122,7 +126,9 @@ class Catalog:
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a ready row must survive power loss
         self._db.execute("PRAGMA foreign_keys=ON")
-        if self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # no write at all on a known catalog
+        if (
+            self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION
+        ):  # no write at all on a known catalog
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -159,7 +165,10 @@ class Catalog:
         except sqlite3.Error as exc:
             if _disk_full(exc, self._ballast.parent):
                 self._give_back_ballast()  # the next write (a retry, an eviction) has room
-                raise InsufficientSpace(f"catalog write failed: the cache disk is full ({exc})", hint="evict unused datasets (dsctl evict) or free space") from exc
+                raise InsufficientSpace(
+                    f"catalog write failed: the cache disk is full ({exc})",
+                    hint="evict unused datasets (dsctl evict) or free space",
+                ) from exc
             raise CatalogError(f"catalog write failed: {exc}") from exc
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -181,7 +190,9 @@ class Catalog:
         rows = self._query("SELECT * FROM versions WHERE name = ? AND digest = ?", (name, digest))
         return VersionRow(**dict(rows[0])) if rows else None
 
-    def begin_version(self, name: str, digest: str, *, size_bytes: int, files: int, source: str, bundles: str | None, now: float) -> None:
+    def begin_version(
+        self, name: str, digest: str, *, size_bytes: int, files: int, source: str, bundles: str | None, now: float
+    ) -> None:
         """Record a fetch starting (or restarting after a failure or crash)."""
         with self._tx() as db:
             db.execute(
@@ -194,17 +205,25 @@ class Catalog:
 
     def mark_ready(self, name: str, digest: str, *, now: float) -> None:
         with self._tx() as db:
-            db.execute("UPDATE versions SET state = 'ready', ready_at = ?, last_used = ?, error = NULL WHERE name = ? AND digest = ?", (now, now, name, digest))
+            db.execute(
+                "UPDATE versions SET state = 'ready', ready_at = ?, last_used = ?, error = NULL WHERE name = ? AND digest = ?",
+                (now, now, name, digest),
+            )
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
 
     def mark_failed(self, name: str, digest: str, error: str) -> None:
         with self._tx() as db:
-            db.execute("UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest))
+            db.execute(
+                "UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest)
+            )
 
     def touch(self, name: str, digest: str, now: float) -> None:
         """A hit: the version is used now and is its name's current version."""
         with self._tx() as db:
-            db.execute("UPDATE versions SET last_used = ?, resolved_at = ? WHERE name = ? AND digest = ?", (now, now, name, digest))
+            db.execute(
+                "UPDATE versions SET last_used = ?, resolved_at = ? WHERE name = ? AND digest = ?",
+                (now, now, name, digest),
+            )
 
     def touch_task(self, task_id: str, now: float) -> None:
         """Mark every version a task holds as used now (on renewal and on release)."""
@@ -220,11 +239,14 @@ class Catalog:
         at that time is bound to it (checked in the same transaction, so an eviction
         chosen earlier can never delete a version a task has been bound to since)."""
         with self._tx() as db:
-            if unless_in_use_at is not None and db.execute(
-                "SELECT 1 FROM task_datasets d JOIN tasks t USING (task_id)"
-                " WHERE d.name = ? AND d.digest = ? AND t.lease_until > ? LIMIT 1",
-                (name, digest, unless_in_use_at),
-            ).fetchone():
+            if (
+                unless_in_use_at is not None
+                and db.execute(
+                    "SELECT 1 FROM task_datasets d JOIN tasks t USING (task_id)"
+                    " WHERE d.name = ? AND d.digest = ? AND t.lease_until > ? LIMIT 1",
+                    (name, digest, unless_in_use_at),
+                ).fetchone()
+            ):
                 return False
             deleted = db.execute("DELETE FROM versions WHERE name = ? AND digest = ?", (name, digest)).rowcount > 0
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
@@ -246,7 +268,13 @@ class Catalog:
             return None
         bound = self._query("SELECT name, digest FROM task_datasets WHERE task_id = ?", (task_id,))
         row = rows[0]
-        return TaskRow(row["task_id"], row["created_at"], row["lease_until"], json.loads(row["request"]), {b["name"]: b["digest"] for b in bound})
+        return TaskRow(
+            row["task_id"],
+            row["created_at"],
+            row["lease_until"],
+            json.loads(row["request"]),
+            {b["name"]: b["digest"] for b in bound},
+        )
 
     def task_ids(self) -> list[str]:
         """Every task's id, oldest first (one query; :meth:`tasks` reads each task whole)."""
@@ -257,8 +285,13 @@ class Catalog:
 
     def create_task(self, task_id: str, request: list[dict[str, Any]], *, now: float, lease_until: float) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?)", (task_id, now, lease_until, json.dumps(request, sort_keys=True)))
-            db.executemany("INSERT INTO task_datasets VALUES (?, ?, NULL)", [(task_id, item["name"]) for item in request])
+            db.execute(
+                "INSERT INTO tasks VALUES (?, ?, ?, ?)",
+                (task_id, now, lease_until, json.dumps(request, sort_keys=True)),
+            )
+            db.executemany(
+                "INSERT INTO task_datasets VALUES (?, ?, NULL)", [(task_id, item["name"]) for item in request]
+            )
 
     def renew_task(self, task_id: str, lease_until: float) -> None:
         with self._tx() as db:

@@ -76,7 +76,7 @@ def listing_matches(source: Source, manifest: Manifest) -> bool:
         size, mtime = info.get("size"), mtime_ns(info)
         if size is None or mtime == 0:
             return False
-        seen[full[len(prefix):]] = (int(size), mtime)
+        seen[full[len(prefix) :]] = (int(size), mtime)
     return seen == {e.path: (e.size, e.mtime_ns) for e in manifest.entries}
 
 
@@ -143,7 +143,7 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
         full = full.rstrip("/")
         if not full.startswith(prefix):
             continue
-        rel = full[len(prefix):]
+        rel = full[len(prefix) :]
         if info.get("type") == "directory":
             dirs.append(rel)
         elif info.get("size") is None:
@@ -151,29 +151,43 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
         else:
             safe_target(Path("/"), rel)  # refuse names that could escape the staging directory
             files.append(Listed(rel, full, int(info["size"]), mtime_ns(info)))
-    parents = {f.path.rsplit("/", 1)[0] for f in files if "/" in f.path} | {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
+    parents = {f.path.rsplit("/", 1)[0] for f in files if "/" in f.path} | {
+        d.rsplit("/", 1)[0] for d in dirs if "/" in d
+    }
     return sorted(files, key=lambda f: f.path), sorted(d for d in dirs if d not in parents)
 
 
-async def copy_and_digest(source: Source, files: Sequence[Listed], staging: Path, *, progress: FetchProgress, executor: Executor, workers: int) -> list[FileEntry]:
+async def copy_and_digest(
+    source: Source, files: Sequence[Listed], staging: Path, *, progress: FetchProgress, executor: Executor, workers: int
+) -> list[FileEntry]:
     """Per-file copy of a remote source with no manifest yet, building its entries from the
     digests computed while copying (each file is read once)."""
     fs, _ = resolve(source.url, source.storage_options)
     digests: dict[str, str] = {}
 
     def one(item: Listed) -> None:
-        digests[item.path] = copy_hashing(fs, item.location, safe_target(staging, item.path), item.path, item.mtime_ns, progress)
+        digests[item.path] = copy_hashing(
+            fs, item.location, safe_target(staging, item.path), item.path, item.mtime_ns, progress
+        )
 
     await _bounded(executor, workers, [functools.partial(one, f) for f in files])
     entries = [FileEntry(f.path, f.size, f.mtime_ns, digests[f.path]) for f in files]
     for entry, written in zip(entries, files):
         actual = safe_target(staging, entry.path).stat().st_size
         if actual != written.size:
-            raise IntegrityError(f"{entry.path!r} changed while it was cached ({written.size} -> {actual} bytes)", hint="request the dataset again once the source is quiet")
+            raise IntegrityError(
+                f"{entry.path!r} changed while it was cached ({written.size} -> {actual} bytes)",
+                hint="request the dataset again once the source is quiet",
+            )
     return entries
 
 
-async def _bounded(executor: Executor, workers: int, calls: Iterable[Callable[[], _T]], after: Callable[[int], Awaitable[None]] | None = None) -> None:
+async def _bounded(
+    executor: Executor,
+    workers: int,
+    calls: Iterable[Callable[[], _T]],
+    after: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
     """Run blocking ``calls`` with at most ``workers`` at once; the first error wins."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(workers)
@@ -195,7 +209,9 @@ async def _bounded(executor: Executor, workers: int, calls: Iterable[Callable[[]
         raise failure[0]
 
 
-async def fetch_files(source: Source, manifest: Manifest, staging: Path, *, progress: FetchProgress, executor: Executor, workers: int) -> None:
+async def fetch_files(
+    source: Source, manifest: Manifest, staging: Path, *, progress: FetchProgress, executor: Executor, workers: int
+) -> None:
     """Per-file copy of every entry of ``manifest`` from ``source.url`` into ``staging``."""
     fs, root = resolve(source.url, source.storage_options)
     base = root.rstrip("/")
@@ -272,8 +288,12 @@ async def fetch_bundles(
         if from_peer is not None and from_peer(bundle, index):
             return
         unpack_bundle(
-            source.bundles, manifest, bundle, staging,  # type: ignore[arg-type]
-            storage_options=source.storage_options, progress=progress.add,
+            source.bundles,
+            manifest,
+            bundle,
+            staging,  # type: ignore[arg-type]
+            storage_options=source.storage_options,
+            progress=progress.add,
         )
 
     async def after(index: int) -> None:
@@ -282,4 +302,17 @@ async def fetch_bundles(
     await _bounded(executor, workers, [functools.partial(unpack, b, i) for i, b in enumerate(todo)], after)
 
 
-__all__ = ["Listed", "Source", "copy_and_digest", "copy_hashing", "list_remote", "clear_interrupted", "copy_file", "finish", "listing_matches", "fetch_bundles", "fetch_files", "safe_target"]
+__all__ = [
+    "Listed",
+    "Source",
+    "copy_and_digest",
+    "copy_hashing",
+    "list_remote",
+    "clear_interrupted",
+    "copy_file",
+    "finish",
+    "listing_matches",
+    "fetch_bundles",
+    "fetch_files",
+    "safe_target",
+]

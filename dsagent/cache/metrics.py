@@ -65,24 +65,45 @@ class Metrics:
     def __init__(self, *, version: str = __version__) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("dsagent_requests", "Dataset requests settled, by outcome: ok or the error code.", ["code"], registry=r)
-        self.hits = Counter("dsagent_cache_hits", "Dataset requests served by a ready, digest-matching cached copy.", registry=r)
+        self.requests = Counter(
+            "dsagent_requests", "Dataset requests settled, by outcome: ok or the error code.", ["code"], registry=r
+        )
+        self.hits = Counter(
+            "dsagent_cache_hits", "Dataset requests served by a ready, digest-matching cached copy.", registry=r
+        )
         self.misses = Counter("dsagent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
-        self.fetches = Counter("dsagent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r)
-        self.fetch_seconds = Histogram("dsagent_fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS, registry=r)
-        self.fetch_size = Histogram("dsagent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r)
+        self.fetches = Counter(
+            "dsagent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r
+        )
+        self.fetch_seconds = Histogram(
+            "dsagent_fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS, registry=r
+        )
+        self.fetch_size = Histogram(
+            "dsagent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r
+        )
         self.fetched_bytes = Counter("dsagent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r)
         self.evictions = Counter("dsagent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r)
-        self.evicted_bytes = Counter("dsagent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r)
-        self.peer_bytes = Counter(
-            "dsagent_peer_bytes", "Bundle bytes (compressed) served to and fetched from peer agents, by direction.",
-            ["direction"], registry=r,
+        self.evicted_bytes = Counter(
+            "dsagent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r
         )
-        self.free_bytes = Gauge("dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r)
+        self.peer_bytes = Counter(
+            "dsagent_peer_bytes",
+            "Bundle bytes (compressed) served to and fetched from peer agents, by direction.",
+            ["direction"],
+            registry=r,
+        )
+        self.free_bytes = Gauge(
+            "dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r
+        )
         self.used_bytes = Gauge("dsagent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
         self.capacity_bytes = Gauge("dsagent_capacity_bytes", "Bytes the cache may use.", registry=r)
         self.datasets = Gauge("dsagent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
-        self.tasks = Gauge("dsagent_tasks", "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).", ["state"], registry=r)
+        self.tasks = Gauge(
+            "dsagent_tasks",
+            "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).",
+            ["state"],
+            registry=r,
+        )
         build = Gauge("dsagent_build_info", "The agent's version; always 1.", ["version"], registry=r)
         build.labels(version=version).set(1)
         for state in _GAUGE_STATES:

@@ -88,10 +88,14 @@ def check_peer_token(settings: Settings, authorization: str) -> None:
     """Constant-time check of ``Authorization: Bearer <peer token>``; :class:`Unauthorized` otherwise."""
     token = settings.peer_token
     if token is None:
-        raise Unauthorized("this agent serves no peers (it has no peer token)", hint="set DSAGENT_PEER_TOKEN on every agent")
+        raise Unauthorized(
+            "this agent serves no peers (it has no peer token)", hint="set DSAGENT_PEER_TOKEN on every agent"
+        )
     scheme, _, given = authorization.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise Unauthorized("a valid peer token is required", hint="agents send 'Authorization: Bearer <DSAGENT_PEER_TOKEN>'")
+        raise Unauthorized(
+            "a valid peer token is required", hint="agents send 'Authorization: Bearer <DSAGENT_PEER_TOKEN>'"
+        )
 
 
 # --------------------------------------------------------------------------- serving
@@ -189,7 +193,9 @@ class UploadLimits:
             if self._running >= self.total:
                 raise PeerOverloaded(f"already serving {self._running} bundles", hint="ask another peer or the store")
             if self._by_peer.get(peer, 0) >= self.per_peer:
-                raise PeerBusy(f"already serving {self.per_peer} bundles to {peer!r}", hint="ask another peer or the store")
+                raise PeerBusy(
+                    f"already serving {self.per_peer} bundles to {peer!r}", hint="ask another peer or the store"
+                )
             self._running += 1
             self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
             return self._buckets.setdefault(peer, _Bucket(self.rate))
@@ -222,10 +228,18 @@ class PeerServer:
     ``locate`` is the service's lookup (ready versions only, pinned until ``unpin``).
     """
 
-    def __init__(self, settings: Settings, metrics: Metrics, locate: Callable[[str], Awaitable[ServedBundle | None]], unpin: Callable[[Key], None]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        locate: Callable[[str], Awaitable[ServedBundle | None]],
+        unpin: Callable[[Key], None],
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.limits = UploadLimits(settings.peer_max_uploads, settings.peer_max_uploads_per_peer, settings.peer_upload_rate)
+        self.limits = UploadLimits(
+            settings.peer_max_uploads, settings.peer_max_uploads_per_peer, settings.peer_upload_rate
+        )
         self._locate = locate
         self._unpin = unpin
 
@@ -342,7 +356,9 @@ class PeerFetcher:
         #: cluster mode: more holders of ``(name, digest)`` (base URLs), from the node inventories
         self.cluster_holders: Callable[[str, str], Awaitable[list[str]]] | None = None
         timeout = httpx.Timeout(settings.peer_timeout)
-        self._client = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+        self._client = httpx.Client(
+            timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
+        )
         self._headers = {"Authorization": f"Bearer {settings.peer_token}", PEER_HEADER: settings.node_name}
 
     @property
@@ -359,7 +375,9 @@ class PeerFetcher:
         holders: list[str] = []
         if self.settings.peers:
             async with httpx.AsyncClient(timeout=httpx.Timeout(min(self.settings.peer_timeout, 5.0))) as client:
-                answers = await asyncio.gather(*(self._holds(client, peer, name, digest) for peer in self.settings.peers))
+                answers = await asyncio.gather(
+                    *(self._holds(client, peer, name, digest) for peer in self.settings.peers)
+                )
             holders += [peer for peer, holds in zip(self.settings.peers, answers) if holds]
         if self.cluster_holders is not None:
             with contextlib.suppress(Exception):
@@ -375,7 +393,15 @@ class PeerFetcher:
             log.debug("peer %s did not answer its inventory: %s", peer, exc)
             return False
 
-    def fetch(self, session: PeerSession, manifest: Manifest, bundle: BundleRef, index: int, staging: Path, progress: FetchProgress) -> bool:
+    def fetch(
+        self,
+        session: PeerSession,
+        manifest: Manifest,
+        bundle: BundleRef,
+        index: int,
+        staging: Path,
+        progress: FetchProgress,
+    ) -> bool:
         """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified."""
         with session.slot(index) as peers:
             for peer in peers:
@@ -386,14 +412,21 @@ class PeerFetcher:
                     continue
                 except Exception as exc:  # noqa: BLE001 - any failure of a peer means: next source
                     session.drop(peer)
-                    log.warning("bundle %s from peer %s failed (%s); not asking it again for this version", bundle.digest[:12], peer, exc)
+                    log.warning(
+                        "bundle %s from peer %s failed (%s); not asking it again for this version",
+                        bundle.digest[:12],
+                        peer,
+                        exc,
+                    )
                     continue
                 with session.lock:
                     session.bundles += 1
                 return True
         return False
 
-    def _fetch_one(self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress) -> None:
+    def _fetch_one(
+        self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress
+    ) -> None:
         tmp = self.store.root / "staging" / f"peer-{uuid.uuid4().hex[:16]}"
         target = tmp / BUNDLES_DIR / f"{bundle.digest}.tar.zst"
         target.parent.mkdir(parents=True)
@@ -451,7 +484,14 @@ def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | 
     a P2P engine's proxy (Dragonfly's dfdaemon, Kraken's agent) caches best; manifests,
     which change under the same name, are read from the store directly.
     """
-    proxy = next((p for prefix, p in settings.store_proxies.items() if store == prefix or store.startswith(prefix.rstrip("/") + "/")), None)
+    proxy = next(
+        (
+            p
+            for prefix, p in settings.store_proxies.items()
+            if store == prefix or store.startswith(prefix.rstrip("/") + "/")
+        ),
+        None,
+    )
     if proxy is None:
         return options
     merged = dict(options or {})

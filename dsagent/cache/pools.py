@@ -36,13 +36,19 @@ class Pools:
         self._lock = threading.Lock()
 
     async def db(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._db_pool, self._tracked(functools.partial(fn, *args, **kwargs)))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._db_pool, self._tracked(functools.partial(fn, *args, **kwargs))
+        )
 
     async def work(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self._tracked(functools.partial(fn, *args, **kwargs)))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, self._tracked(functools.partial(fn, *args, **kwargs))
+        )
 
     async def check(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._check_pool, functools.partial(fn, *args, **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._check_pool, functools.partial(fn, *args, **kwargs)
+        )
 
     def _tracked(self, call: Callable[[], _T]) -> Callable[[], _T]:
         """``call``, remembered as queued until a thread starts it (see :meth:`stalled`)."""

@@ -25,44 +25,91 @@ _GONE = {
 
 
 def dataset_status(
-    item: dict[str, Any], digest: str | None, row: VersionRow | None, *, error: DsagentError | None, waiting: bool,
-    fetching: bool, pending: FetchProgress | None, progress: FetchProgress | None, path: str | None,
+    item: dict[str, Any],
+    digest: str | None,
+    row: VersionRow | None,
+    *,
+    error: DsagentError | None,
+    waiting: bool,
+    fetching: bool,
+    pending: FetchProgress | None,
+    progress: FetchProgress | None,
+    path: str | None,
 ) -> DatasetStatus:
     """Where one requested dataset (``item``, as stored) stands for its task.
 
     ``waiting``: the task's own work on it is still running; ``fetching``: a fetch of the
     bound version is in flight (perhaps for another task); ``pending``: a per-file copy
     of this source whose digest is not known yet."""
-    base: dict[str, Any] = {"name": item["name"], "source": redact_url(item["source"]) or "", "bundles": redact_url(item.get("bundles")), "digest": digest}
+    base: dict[str, Any] = {
+        "name": item["name"],
+        "source": redact_url(item["source"]) or "",
+        "bundles": redact_url(item.get("bundles")),
+        "digest": digest,
+    }
     if error is not None:
         return DatasetStatus(**base, state="failed", error=error.to_dict())
     if row is None:
         if pending is not None and waiting:
-            return DatasetStatus(**base, state="fetching", **_counters(pending, pending.total_bytes, pending.total_files))
+            return DatasetStatus(
+                **base, state="fetching", **_counters(pending, pending.total_bytes, pending.total_files)
+            )
         if not waiting:  # evicted by force, or gone from disk
             return DatasetStatus(**base, state="failed", error=_GONE)
         return DatasetStatus(**base, state="fetching" if digest else "resolving")
     if row.state == "ready":
-        return DatasetStatus(**base, state="ready", path=path, size_bytes=row.size_bytes, files=row.files, bytes_done=row.size_bytes, files_done=row.files)
+        return DatasetStatus(
+            **base,
+            state="ready",
+            path=path,
+            size_bytes=row.size_bytes,
+            files=row.files,
+            bytes_done=row.size_bytes,
+            files_done=row.files,
+        )
     state = "fetching" if waiting or fetching else "failed"
     message = row.error or "the fetch was interrupted (agent restart)"
-    err = {"code": "fetch_failed", "message": message, "hint": "repeat the request to resume it"} if state == "failed" else None
+    err = (
+        {"code": "fetch_failed", "message": message, "hint": "repeat the request to resume it"}
+        if state == "failed"
+        else None
+    )
     return DatasetStatus(**base, state=state, error=err, **_counters(progress, row.size_bytes, row.files))
 
 
 def _counters(progress: FetchProgress | None, size_bytes: int, files: int) -> dict[str, Any]:
-    done = (progress.bytes_done, progress.files_done, progress.rate(), progress.eta()) if progress else (0, 0, 0.0, None)
-    return {"size_bytes": size_bytes, "files": files, "bytes_done": done[0], "files_done": done[1], "rate": done[2], "eta": done[3]}
+    done = (
+        (progress.bytes_done, progress.files_done, progress.rate(), progress.eta()) if progress else (0, 0, 0.0, None)
+    )
+    return {
+        "size_bytes": size_bytes,
+        "files": files,
+        "bytes_done": done[0],
+        "files_done": done[1],
+        "rate": done[2],
+        "eta": done[3],
+    }
 
 
-def version_view(row: VersionRow, *, in_use: bool, working: bool, progress: FetchProgress | None, path: str) -> dict[str, Any]:
+def version_view(
+    row: VersionRow, *, in_use: bool, working: bool, progress: FetchProgress | None, path: str
+) -> dict[str, Any]:
     """One cached version as ``GET /v1/datasets`` shows it (``working``: a fetch or a task's
     work on its name is running)."""
     state = "fetching" if row.state != "ready" and working else ("failed" if row.state != "ready" else "ready")
     return {
-        "name": row.name, "digest": row.digest, "state": state, "sizeBytes": row.size_bytes, "files": row.files,
-        "inUse": in_use, "lastUsed": iso(row.last_used), "createdAt": iso(row.created_at), "readyAt": iso(row.ready_at),
-        "source": redact_url(row.source), "bundles": redact_url(row.bundles), "error": row.error if state == "failed" else None,
+        "name": row.name,
+        "digest": row.digest,
+        "state": state,
+        "sizeBytes": row.size_bytes,
+        "files": row.files,
+        "inUse": in_use,
+        "lastUsed": iso(row.last_used),
+        "createdAt": iso(row.created_at),
+        "readyAt": iso(row.ready_at),
+        "source": redact_url(row.source),
+        "bundles": redact_url(row.bundles),
+        "error": row.error if state == "failed" else None,
         "path": path if state == "ready" else None,
         "bytesDone": progress.bytes_done if progress else (row.size_bytes if state == "ready" else 0),
         "filesDone": progress.files_done if progress else (row.files if state == "ready" else 0),
@@ -81,7 +128,13 @@ def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | No
         if len(mine) > 1:
             entry["versions"] = [{key: v[key] for key in ("digest", "state", "inUse", "sizeBytes")} for v in mine]
         datasets[name] = entry
-    return {"version": 1, "node": node, "capacityBytes": space["capacityBytes"], "freeBytes": space["freeBytes"], "datasets": datasets}
+    return {
+        "version": 1,
+        "node": node,
+        "capacityBytes": space["capacityBytes"],
+        "freeBytes": space["freeBytes"],
+        "datasets": datasets,
+    }
 
 
 def task_states(task_ids: list[str], *, failed: set[str], working: set[str]) -> dict[str, int]:

@@ -82,16 +82,32 @@ class CacheService:
         self._claims = Claims()
         self._progress = ProgressBoard()
         self._space = Space(
-            settings, pools=self.pools, catalog=lambda: self.catalog, store=self.store, clock=clock, metrics=self.metrics,
-            claims=self._claims, flights=self._flights, progress=self._progress,
+            settings,
+            pools=self.pools,
+            catalog=lambda: self.catalog,
+            store=self.store,
+            clock=clock,
+            metrics=self.metrics,
+            claims=self._claims,
+            flights=self._flights,
+            progress=self._progress,
         )
         self.peers = PeerFetcher(settings, self.store, self.metrics)
         self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions = Versions(
-            settings, pools=self.pools, catalog=lambda: self.catalog, store=self.store, clock=clock, metrics=self.metrics,
-            space=self._space, claims=self._claims, flights=self._flights, progress=self._progress, peers=self.peers,
+            settings,
+            pools=self.pools,
+            catalog=lambda: self.catalog,
+            store=self.store,
+            clock=clock,
+            metrics=self.metrics,
+            space=self._space,
+            claims=self._claims,
+            flights=self._flights,
+            progress=self._progress,
+            peers=self.peers,
         )
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
@@ -145,7 +161,9 @@ class CacheService:
 
     # -- tasks ------------------------------------------------------------------------
 
-    async def submit_task(self, task_id: str, datasets: Sequence[DatasetRequest], *, wait: float | None = None) -> TaskRecord:
+    async def submit_task(
+        self, task_id: str, datasets: Sequence[DatasetRequest], *, wait: float | None = None
+    ) -> TaskRecord:
         """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds."""
         try:
             requests = await self._validate(task_id, datasets)
@@ -162,7 +180,13 @@ class CacheService:
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
             if existing is None:
-                await self._db(self.catalog.create_task, task_id, [r.redacted() for r in requests], now=now, lease_until=lease_until)
+                await self._db(
+                    self.catalog.create_task,
+                    task_id,
+                    [r.redacted() for r in requests],
+                    now=now,
+                    lease_until=lease_until,
+                )
                 existing = await self._db(self.catalog.task, task_id)
                 assert existing is not None
             else:
@@ -201,7 +225,9 @@ class CacheService:
 
     async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
         """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
-        options = with_timeouts(request.source, request.bundles, self._options.get((task_id, request.name)), self.settings.source_timeout)
+        options = with_timeouts(
+            request.source, request.bundles, self._options.get((task_id, request.name)), self.settings.source_timeout
+        )
         source = Source(request.source, request.bundles, options)
         try:
             stored = None
@@ -254,7 +280,9 @@ class CacheService:
     async def get_task(self, task_id: str) -> TaskRecord:
         task = await self._db(self.catalog.task, task_id)
         if task is None:
-            raise NotFound(f"no task {task_id!r} on this agent", hint="submit it with PUT /v1/tasks/{task} or dsctl cache")
+            raise NotFound(
+                f"no task {task_id!r} on this agent", hint="submit it with PUT /v1/tasks/{task} or dsctl cache"
+            )
         statuses = [await self._dataset_status(task, item) for item in task.request]
         return TaskRecord(task.task_id, task.created_at, task.lease_until, tuple(statuses))
 
@@ -264,9 +292,15 @@ class CacheService:
         row = await self._db(self.catalog.version, name, digest) if digest else None
         waiter = self._waiters.get((task.task_id, name))
         return report.dataset_status(
-            item, digest, row, error=self._errors.get((task.task_id, name)), waiting=waiter is not None and not waiter.done(),
-            fetching=row is not None and self._flights.is_fetching((name, row.digest)), pending=self._progress.pending(name, item["source"]),
-            progress=self._progress.get((name, row.digest)) if row else None, path=str(self.store.ready_dir(name, row.digest)) if row else None,
+            item,
+            digest,
+            row,
+            error=self._errors.get((task.task_id, name)),
+            waiting=waiter is not None and not waiter.done(),
+            fetching=row is not None and self._flights.is_fetching((name, row.digest)),
+            pending=self._progress.pending(name, item["source"]),
+            progress=self._progress.get((name, row.digest)) if row else None,
+            path=str(self.store.ready_dir(name, row.digest)) if row else None,
         )
 
     async def task_ids(self) -> list[str]:
@@ -322,7 +356,15 @@ class CacheService:
 
     # -- eviction and the idle sweep ----------------------------------------------------
 
-    async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
+    async def evict(
+        self,
+        *,
+        names: Sequence[str] = (),
+        mode: str = "names",
+        force: bool = False,
+        dry_run: bool = False,
+        free_bytes: int = 0,
+    ) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
         result = await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
         if result.evicted:
@@ -356,8 +398,11 @@ class CacheService:
         working = {name for (_, name), waiter in self._waiters.items() if not waiter.done()}
         return [
             report.version_view(
-                r, in_use=(r.name, r.digest) in in_use, working=self._flights.is_fetching((r.name, r.digest)) or r.name in working,
-                progress=self._progress.get((r.name, r.digest)), path=str(self.store.ready_dir(r.name, r.digest)),
+                r,
+                in_use=(r.name, r.digest) in in_use,
+                working=self._flights.is_fetching((r.name, r.digest)) or r.name in working,
+                progress=self._progress.get((r.name, r.digest)),
+                path=str(self.store.ready_dir(r.name, r.digest)),
             )
             for r in rows
         ]

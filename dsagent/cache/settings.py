@@ -97,10 +97,18 @@ def _env(name: str, field: str) -> Any:
     return AliasChoices(field, ENV_PREFIX + name)
 
 
-Listen = Annotated[tuple[str, int] | None, NoDecode, BeforeValidator(lambda v: parse_listen(v) if v not in (None, "") else None)]
+Listen = Annotated[
+    tuple[str, int] | None, NoDecode, BeforeValidator(lambda v: parse_listen(v) if v not in (None, "") else None)
+]
 Paths = Annotated[tuple[Path, ...], NoDecode, BeforeValidator(_paths)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
-Protocols = Annotated[tuple[str, ...], NoDecode, BeforeValidator(lambda v: tuple(p.strip().lower() for p in v.split(",") if p.strip()) if isinstance(v, str) else tuple(v))]
+Protocols = Annotated[
+    tuple[str, ...],
+    NoDecode,
+    BeforeValidator(
+        lambda v: tuple(p.strip().lower() for p in v.split(",") if p.strip()) if isinstance(v, str) else tuple(v)
+    ),
+]
 Whole = Annotated[int, BeforeValidator(_whole)]
 
 
@@ -215,11 +223,17 @@ class Settings(EnvSettings):
     peers: Peers = ()  # base URLs of other agents' TCP listeners
     peer_port: Whole = 0  # cluster mode: the port peers listen on (0: this agent's --listen port)
     peer_timeout: Duration = 10.0  # connect and per-read timeout of a peer download
-    peer_min_rate: Size = Field(1 << 20, validation_alias=_env("PEER_MIN_RATE", "peer_min_rate"))  # bytes/s, else too slow
+    peer_min_rate: Size = Field(
+        1 << 20, validation_alias=_env("PEER_MIN_RATE", "peer_min_rate")
+    )  # bytes/s, else too slow
     peer_max_uploads: Whole = 8  # bundles served at once, all peers together (else 503)
     peer_max_uploads_per_peer: Whole = 4  # bundles served at once to one peer (else 429)
-    peer_upload_rate: Size = Field(0, validation_alias=_env("PEER_UPLOAD_RATE", "peer_upload_rate"))  # bytes/s per peer, 0: no cap
-    store_proxies: Proxies = Field(default_factory=dict)  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)
+    peer_upload_rate: Size = Field(
+        0, validation_alias=_env("PEER_UPLOAD_RATE", "peer_upload_rate")
+    )  # bytes/s per peer, 0: no cap
+    store_proxies: Proxies = Field(
+        default_factory=dict
+    )  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)
 
     # --- issue 12: CSI ---
     csi_socket: Path | None = None  # None: no CSI node plugin (docs/design.md#csi)
@@ -334,17 +348,23 @@ class Settings(EnvSettings):
             try:
                 token = self.admin_token_file.read_text().strip()
             except OSError as exc:
-                raise ValueError(f"{ENV_PREFIX}ADMIN_TOKEN_FILE: cannot read {str(self.admin_token_file)!r}: {exc.strerror}") from None
+                raise ValueError(
+                    f"{ENV_PREFIX}ADMIN_TOKEN_FILE: cannot read {str(self.admin_token_file)!r}: {exc.strerror}"
+                ) from None
             object.__setattr__(self, "admin_token", self._token(token))
         if self.peer_token is None and self.peer_token_file is not None:
             try:
                 token = self.peer_token_file.read_text().strip()
             except OSError as exc:
-                raise ValueError(f"{ENV_PREFIX}PEER_TOKEN_FILE: cannot read {str(self.peer_token_file)!r}: {exc.strerror}") from None
+                raise ValueError(
+                    f"{ENV_PREFIX}PEER_TOKEN_FILE: cannot read {str(self.peer_token_file)!r}: {exc.strerror}"
+                ) from None
             object.__setattr__(self, "peer_token", self._peer_token(token))
         unlisted = [p for p in self.protocols if p not in self.storage_option_keys]
         if unlisted:
-            raise ValueError(f"{ENV_PREFIX}PROTOCOLS: {unlisted} have no storage-option key allowlist (add them to {ENV_PREFIX}STORAGE_OPTION_KEYS, a JSON object)")
+            raise ValueError(
+                f"{ENV_PREFIX}PROTOCOLS: {unlisted} have no storage-option key allowlist (add them to {ENV_PREFIX}STORAGE_OPTION_KEYS, a JSON object)"
+            )
         if len(str(self.socket).encode()) > 107:
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
         return self

@@ -53,8 +53,17 @@ class Space:
     """The cache's space: one lock orders every reservation and deletion."""
 
     def __init__(
-        self, settings: Settings, *, pools: Pools, catalog: Callable[[], Catalog], store: Store, clock: Callable[[], float],
-        metrics: Metrics, claims: Claims, flights: Flights, progress: ProgressBoard,
+        self,
+        settings: Settings,
+        *,
+        pools: Pools,
+        catalog: Callable[[], Catalog],
+        store: Store,
+        clock: Callable[[], float],
+        metrics: Metrics,
+        claims: Claims,
+        flights: Flights,
+        progress: ProgressBoard,
     ) -> None:
         self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
         self.metrics, self.claims, self.flights, self.progress = metrics, claims, flights, progress
@@ -76,7 +85,10 @@ class Space:
         spared: set[Key] = set()  # victims found protected since their plan: never chosen again
         async with self.lock:
             while True:
-                candidates = [dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c for c in await self.candidates()]
+                candidates = [
+                    dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c
+                    for c in await self.candidates()
+                ]
                 free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
                 plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
                 if not plan.sufficient:
@@ -114,9 +126,13 @@ class Space:
         again for it: it is part of it); ``overhead``: its own disk overhead."""
         disk = await self.pools.work(self.store.disk_usage)
         pending = sum(
-            max(0, size + self._overheads.get(key, 0) - self.progress.bytes_done(key)) for key, size in self.reservations.items() if key != exclude
+            max(0, size + self._overheads.get(key, 0) - self.progress.bytes_done(key))
+            for key, size in self.reservations.items()
+            if key != exclude
         )
-        free = disk.free - pending + staged - overhead - self.settings.disk_floor(disk.total)  # never into the kubelet's eviction zone
+        free = (
+            disk.free - pending + staged - overhead - self.settings.disk_floor(disk.total)
+        )  # never into the kubelet's eviction zone
         if self.settings.capacity_bytes is not None:
             rows = await self.pools.db(self._catalog().versions)
             reserved = sum(size for key, size in self.reservations.items() if key != exclude)
@@ -124,7 +140,11 @@ class Space:
             # (also just after its ready commit), else as held - a failed or interrupted
             # one too, since its staging stays on disk for a resume and evicting it is
             # credited with its size
-            held = sum(r.size_bytes for r in rows if (r.name, r.digest) not in self.reservations and (r.name, r.digest) != exclude)
+            held = sum(
+                r.size_bytes
+                for r in rows
+                if (r.name, r.digest) not in self.reservations and (r.name, r.digest) != exclude
+            )
             free = min(free, self.settings.capacity_bytes - held - reserved)
         return free
 
@@ -132,7 +152,11 @@ class Space:
         rows = await self.pools.db(self._catalog().versions)
         disk = await self.pools.work(self.store.disk_usage)
         used = sum(r.size_bytes for r in rows if r.state == "ready")
-        capacity = self.settings.capacity_bytes if self.settings.capacity_bytes is not None else disk.total - self.settings.disk_floor(disk.total)
+        capacity = (
+            self.settings.capacity_bytes
+            if self.settings.capacity_bytes is not None
+            else disk.total - self.settings.disk_floor(disk.total)
+        )
         return {"capacityBytes": capacity, "freeBytes": max(0, await self.free_bytes()), "usedBytes": used}
 
     # -- eviction ---------------------------------------------------------------------
@@ -143,8 +167,12 @@ class Space:
         fetching = self.flights.fetching() | set(self._pins)
         return [
             eviction.Candidate(
-                r.name, r.digest, r.size_bytes, r.last_used or r.created_at,
-                in_use=(r.name, r.digest) in in_use, fetching=(r.name, r.digest) in fetching or r.state == "fetching",
+                r.name,
+                r.digest,
+                r.size_bytes,
+                r.last_used or r.created_at,
+                in_use=(r.name, r.digest) in in_use,
+                fetching=(r.name, r.digest) in fetching or r.state == "fetching",
             )
             for r in rows
             if r.state in ("ready", "failed")
@@ -191,19 +219,38 @@ class Space:
                 if row.state == "ready":
                     current[row.name] = row
             for c in await self.candidates():
-                if (name is None or c.name == name) and c.evictable and c.name in current and current[c.name].digest != c.digest:
+                if (
+                    (name is None or c.name == name)
+                    and c.evictable
+                    and c.name in current
+                    and current[c.name].digest != c.digest
+                ):
                     await self.evict_one(c, reason="superseded")
 
-    async def evict(self, *, names: Sequence[str] = (), mode: str = "names", force: bool = False, dry_run: bool = False, free_bytes: int = 0) -> EvictionResult:
+    async def evict(
+        self,
+        *,
+        names: Sequence[str] = (),
+        mode: str = "names",
+        force: bool = False,
+        dry_run: bool = False,
+        free_bytes: int = 0,
+    ) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
         async with self.lock:
-            victims = await self._choose(await self.candidates(), names=names, mode=mode, force=force, free_bytes=free_bytes)
+            victims = await self._choose(
+                await self.candidates(), names=names, mode=mode, force=force, free_bytes=free_bytes
+            )
             if not dry_run:
                 reason = "operator" if mode == "names" else mode
-                victims = [v for v in victims if await self.evict_one(v, reason=reason, force=force and mode == "names")]
+                victims = [
+                    v for v in victims if await self.evict_one(v, reason=reason, force=force and mode == "names")
+                ]
         return EvictionResult(tuple(victims), dry_run, sum(v.size_bytes for v in victims))
 
-    async def _choose(self, candidates: list[eviction.Candidate], *, names: Sequence[str], mode: str, force: bool, free_bytes: int) -> list[eviction.Candidate]:
+    async def _choose(
+        self, candidates: list[eviction.Candidate], *, names: Sequence[str], mode: str, force: bool, free_bytes: int
+    ) -> list[eviction.Candidate]:
         if mode == "idle":
             return list(eviction.idle_victims(candidates, now=self.clock(), idle_ttl=self.settings.idle_ttl))
         if mode == "unused":
@@ -215,7 +262,9 @@ class Space:
             raise InvalidInput(f"unknown eviction mode {mode!r}", hint="use names, idle, unused or space")
         return await self._named_victims(candidates, names, force)
 
-    async def _named_victims(self, candidates: list[eviction.Candidate], names: Sequence[str], force: bool) -> list[eviction.Candidate]:
+    async def _named_victims(
+        self, candidates: list[eviction.Candidate], names: Sequence[str], force: bool
+    ) -> list[eviction.Candidate]:
         victims: list[eviction.Candidate] = []
         rows = await self.pools.db(self._catalog().versions)
         for name in names:
@@ -237,7 +286,9 @@ def _insufficient(name: str, size: int, plan: eviction.Plan) -> InsufficientSpac
         f"needed {format_size(plan.needed_bytes)}, free {format_size(plan.free_bytes)}, "
         f"evictable {format_size(plan.evictable_bytes)}",
         hint="release tasks that no longer need their datasets, or give the cache more space",
-        needed=plan.needed_bytes, free=plan.free_bytes, evictable=plan.evictable_bytes,
+        needed=plan.needed_bytes,
+        free=plan.free_bytes,
+        evictable=plan.evictable_bytes,
     )
 
 

@@ -38,7 +38,12 @@ class DatasetRequest:
         return (self.name, self.source, self.bundles)
 
     def redacted(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "bundles": self.bundles, "hasStorageOptions": bool(self.storage_options)}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "bundles": self.bundles,
+            "hasStorageOptions": bool(self.storage_options),
+        }
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,9 @@ class TaskRecord:
 def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
     """A task id and its dataset list, before anything is recorded."""
     if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
-        raise InvalidInput(f"invalid task id {task_id!r}", hint="use 1-253 letters, digits, '.', '_', ':' or '-', e.g. a pod UID")
+        raise InvalidInput(
+            f"invalid task id {task_id!r}", hint="use 1-253 letters, digits, '.', '_', ':' or '-', e.g. a pod UID"
+        )
     if not datasets:
         raise InvalidInput("a task must ask for at least one dataset")
     names = [validate_name(d.name) for d in datasets]
@@ -124,4 +131,13 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["DatasetRequest", "DatasetStatus", "TaskRecord", "check_locations", "check_same_request", "iso", "redact_url", "validate_request"]
+__all__ = [
+    "DatasetRequest",
+    "DatasetStatus",
+    "TaskRecord",
+    "check_locations",
+    "check_same_request",
+    "iso",
+    "redact_url",
+    "validate_request",
+]

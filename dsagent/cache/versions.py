@@ -55,8 +55,19 @@ class Versions:
     """Resolves and fetches versions; shares pools, catalog, store and space with the service."""
 
     def __init__(
-        self, settings: Settings, *, pools: Pools, catalog: Callable[[], Catalog], store: Store, clock: Callable[[], float],
-        metrics: Metrics, space: Space, claims: Claims, flights: Flights, progress: ProgressBoard, peers: PeerFetcher | None = None,
+        self,
+        settings: Settings,
+        *,
+        pools: Pools,
+        catalog: Callable[[], Catalog],
+        store: Store,
+        clock: Callable[[], float],
+        metrics: Metrics,
+        space: Space,
+        claims: Claims,
+        flights: Flights,
+        progress: ProgressBoard,
+        peers: PeerFetcher | None = None,
     ) -> None:
         self.peers = peers
         self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
@@ -107,11 +118,19 @@ class Versions:
     def _digest(self, name: str, source: Source) -> Manifest:
         # local and NFS sources: re-checking an unchanged tree costs a walk and a stat per file
         with DigestCache(self.store.root / "digests.db") as cache:
-            return build_manifest(source.url, name=name, storage_options=source.storage_options, workers=self.settings.fetch_workers,
-                                  digest_cache=cache, confine=self.settings.local_sources)
+            return build_manifest(
+                source.url,
+                name=name,
+                storage_options=source.storage_options,
+                workers=self.settings.fetch_workers,
+                digest_cache=cache,
+                confine=self.settings.local_sources,
+            )
 
     async def _current_manifest(self, name: str, url: str) -> Manifest | None:
-        rows = [r for r in await self.pools.db(self._catalog().versions, name) if r.state == "ready" and r.source == url]
+        rows = [
+            r for r in await self.pools.db(self._catalog().versions, name) if r.state == "ready" and r.source == url
+        ]
         return await self.stored_manifest(name, rows[-1].digest) if rows else None
 
     async def _copy_and_digest(self, name: str, source: Source) -> tuple[Manifest, bool] | None:
@@ -132,7 +151,14 @@ class Versions:
             started = time.monotonic()
             try:
                 await self.pools.work(lambda: staging.mkdir(parents=True))
-                entries = await copy_and_digest(source, files, staging, progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers)
+                entries = await copy_and_digest(
+                    source,
+                    files,
+                    staging,
+                    progress=progress,
+                    executor=self.pools.executor,
+                    workers=self.settings.fetch_workers,
+                )
                 manifest = Manifest.create(name, entries, directories=dirs)
                 await self.pools.work(finish, staging, manifest)
                 adopted = await self._adopt(key, manifest, source)
@@ -146,7 +172,13 @@ class Versions:
         self.metrics.fetch_succeeded(time.monotonic() - started, manifest.total_bytes)
         self.metrics.bytes_fetched(progress.bytes_done)
         if adopted:
-            log.info("cached %s@%s: %d files, %s", name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
+            log.info(
+                "cached %s@%s: %d files, %s",
+                name,
+                manifest.digest[:12],
+                manifest.file_count,
+                format_size(manifest.total_bytes),
+            )
             await self.space.collect_superseded(name)
         return manifest, adopted
 
@@ -167,8 +199,13 @@ class Versions:
             self.progress.rename(pending, key)
             try:
                 await self.pools.db(
-                    self._catalog().begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
-                    source=source.url, bundles=None, now=self.clock(),
+                    self._catalog().begin_version,
+                    *key,
+                    size_bytes=manifest.total_bytes,
+                    files=manifest.file_count,
+                    source=source.url,
+                    bundles=None,
+                    now=self.clock(),
                 )
                 await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
                 await self.pools.work(self.store.adopt, manifest.name, token, manifest.digest)
@@ -216,14 +253,25 @@ class Versions:
                 self.space.release(key)
                 self.progress.end(key)
         self.metrics.fetch_succeeded(time.monotonic() - started, manifest.total_bytes)
-        log.info("cached %s@%s: %d files, %s", manifest.name, manifest.digest[:12], manifest.file_count, format_size(manifest.total_bytes))
+        log.info(
+            "cached %s@%s: %d files, %s",
+            manifest.name,
+            manifest.digest[:12],
+            manifest.file_count,
+            format_size(manifest.total_bytes),
+        )
         await self.space.collect_superseded(manifest.name)
 
     async def _fetch_reserved(self, source: Source, manifest: Manifest) -> None:
         key = (manifest.name, manifest.digest)
         await self.pools.db(
-            self._catalog().begin_version, *key, size_bytes=manifest.total_bytes, files=manifest.file_count,
-            source=source.url, bundles=source.bundles if manifest.bundles else None, now=self.clock(),
+            self._catalog().begin_version,
+            *key,
+            size_bytes=manifest.total_bytes,
+            files=manifest.file_count,
+            source=source.url,
+            bundles=source.bundles if manifest.bundles else None,
+            now=self.clock(),
         )
         await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
         staging = self.store.staging_dir(*key)
@@ -232,7 +280,14 @@ class Versions:
         if manifest.bundles and source.bundles:
             await self._fetch_bundles(source, manifest, staging)
         else:
-            await fetch_files(source, manifest, staging, progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers)
+            await fetch_files(
+                source,
+                manifest,
+                staging,
+                progress=progress,
+                executor=self.pools.executor,
+                workers=self.settings.fetch_workers,
+            )
         await self.pools.work(finish, staging, manifest)
         self.metrics.bytes_fetched(progress.bytes_done)
         await self.pools.work(self.store.publish, *key)
@@ -253,10 +308,14 @@ class Versions:
         assert progress is not None
         assert source.bundles is not None
         from_peer = None
-        session = await self.peers.session(*key) if self.peers is not None and len(local) < len(manifest.bundles) else None
+        session = (
+            await self.peers.session(*key) if self.peers is not None and len(local) < len(manifest.bundles) else None
+        )
         if session is not None and self.peers is not None:
             peers, live = self.peers, session
-            log.info("fetching %s@%s from peers %s first", manifest.name, manifest.digest[:12], ", ".join(session.holders))
+            log.info(
+                "fetching %s@%s from peers %s first", manifest.name, manifest.digest[:12], ", ".join(session.holders)
+            )
 
             def from_peer(bundle: BundleRef, index: int) -> bool:
                 return peers.fetch(live, manifest, bundle, index, staging, progress)
@@ -264,8 +323,16 @@ class Versions:
         options = bundle_options(self.settings, source.bundles, source.storage_options)
         try:
             await fetch_bundles(
-                Source(source.url, source.bundles, options), manifest, staging, done=done, on_bundle_done=record, local=local,
-                progress=progress, executor=self.pools.executor, workers=self.settings.fetch_workers, from_peer=from_peer,
+                Source(source.url, source.bundles, options),
+                manifest,
+                staging,
+                done=done,
+                on_bundle_done=record,
+                local=local,
+                progress=progress,
+                executor=self.pools.executor,
+                workers=self.settings.fetch_workers,
+                from_peer=from_peer,
             )
         finally:
             self.space.unpin(origins)

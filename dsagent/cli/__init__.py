@@ -110,5 +110,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(known.exit_code)
         if os.environ.get("DSCTL_DEBUG"):
             raise
-        click.echo(f"dsctl: error: internal error: {type(exc).__name__}: {exc} (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)", err=True)
+        click.echo(
+            f"dsctl: error: internal error: {type(exc).__name__}: {exc} (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)",
+            err=True,
+        )
         sys.exit(1)

@@ -51,7 +51,9 @@ def load_cluster_agent(settings: Settings) -> CompanionFactory:
     except ImportError as exc:
         name = getattr(exc, "name", None) or ""
         if name and not name.startswith("dsagent"):
-            raise KubernetesUnavailable(f"cluster mode needs {name!r}, which is not installed", hint="pip install dsplatform") from exc
+            raise KubernetesUnavailable(
+                f"cluster mode needs {name!r}, which is not installed", hint="pip install dsplatform"
+            ) from exc
         raise KubernetesUnavailable(
             "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
@@ -110,22 +112,56 @@ _register_webhook()
 
 @agent.command()
 @click.option("--root", type=click.Path(path_type=Path), help="Cache root [DSAGENT_ROOT].")
-@click.option("--socket", "socket_path", type=click.Path(path_type=Path), help="Unix socket [DSAGENT_SOCKET, default ROOT/dsagent.sock].")
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path),
+    help="Unix socket [DSAGENT_SOCKET, default ROOT/dsagent.sock].",
+)
 @click.option("--listen", help="Also serve TCP on HOST:PORT [DSAGENT_LISTEN].")
 @click.option("--capacity", help="Cap the cache at this size, e.g. 500GB [DSAGENT_CAPACITY].")
-@click.option("--local-source", "local_sources", multiple=True, type=click.Path(path_type=Path), help="A local directory requests may cache from (repeatable) [DSAGENT_LOCAL_SOURCES].")
+@click.option(
+    "--local-source",
+    "local_sources",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="A local directory requests may cache from (repeatable) [DSAGENT_LOCAL_SOURCES].",
+)
 @click.option("--node-name", help="This node's name [DSAGENT_NODE_NAME].")
-@click.option("--kubernetes/--no-kubernetes", default=None, help="Cluster mode: publish to the Node, watch pods [DSAGENT_KUBERNETES].")
-@click.option("--device-plugin/--no-device-plugin", default=None, help="Serve the kubelet GPU+VF device plugin [DSAGENT_DEVICE_PLUGIN].")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="[DSAGENT_LOG_LEVEL]")
-def serve(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, device_plugin: bool | None, log_level: str | None) -> None:
+@click.option(
+    "--kubernetes/--no-kubernetes",
+    default=None,
+    help="Cluster mode: publish to the Node, watch pods [DSAGENT_KUBERNETES].",
+)
+@click.option(
+    "--device-plugin/--no-device-plugin",
+    default=None,
+    help="Serve the kubelet GPU+VF device plugin [DSAGENT_DEVICE_PLUGIN].",
+)
+@click.option(
+    "--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="[DSAGENT_LOG_LEVEL]"
+)
+def serve(
+    root: Path | None,
+    socket_path: Path | None,
+    listen: str | None,
+    capacity: str | None,
+    local_sources: tuple[Path, ...],
+    node_name: str | None,
+    kubernetes: bool | None,
+    device_plugin: bool | None,
+    log_level: str | None,
+) -> None:
     """Run the agent until SIGTERM or Ctrl-C."""
     try:
         settings = _settings(root, socket_path, listen, capacity, local_sources, node_name, kubernetes, log_level)
         if device_plugin is not None:
             settings = settings.with_overrides(device_plugin=device_plugin)
         if settings.kubernetes and importlib.util.find_spec("dsagent.kube") is None:
-            raise SettingsError("cluster mode (--kubernetes) needs dsagent.kube, which this build lacks", hint="run without --kubernetes")
+            raise SettingsError(
+                "cluster mode (--kubernetes) needs dsagent.kube, which this build lacks",
+                hint="run without --kubernetes",
+            )
         sockets = _bind(settings)
         pointer = _record_socket(settings)
     except DsagentError as exc:
@@ -166,11 +202,26 @@ def _watchdog(seconds: float) -> None:
     timer.start()
 
 
-def _settings(root: Path | None, socket_path: Path | None, listen: str | None, capacity: str | None, local_sources: tuple[Path, ...], node_name: str | None, kubernetes: bool | None, log_level: str | None) -> Settings:
+def _settings(
+    root: Path | None,
+    socket_path: Path | None,
+    listen: str | None,
+    capacity: str | None,
+    local_sources: tuple[Path, ...],
+    node_name: str | None,
+    kubernetes: bool | None,
+    log_level: str | None,
+) -> Settings:
     """``DSAGENT_*`` with the flags given on the command line winning; one error lists every bad value."""
     return Settings.from_env(
-        root=root, socket_path=socket_path, listen=listen, capacity_bytes=capacity, local_sources=local_sources or None,
-        node_name=node_name, kubernetes=kubernetes, log_level=log_level,
+        root=root,
+        socket_path=socket_path,
+        listen=listen,
+        capacity_bytes=capacity,
+        local_sources=local_sources or None,
+        node_name=node_name,
+        kubernetes=kubernetes,
+        log_level=log_level,
     )
 
 
@@ -253,7 +304,14 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path |
     bound = list(sockets)
     app = create_app(settings, companions=companions(settings))
 
-    config = uvicorn.Config(app, http=peer_credentials_protocol(), log_level=settings.log_level, access_log=settings.log_level == "debug", lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        http=peer_credentials_protocol(),
+        log_level=settings.log_level,
+        access_log=settings.log_level == "debug",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
     server = Server(config)
     try:
         await server.serve(sockets=sockets)
@@ -315,7 +373,9 @@ async def _device_plugin_wanted(settings: Settings) -> bool:
 
     value = (await asyncio.to_thread(labels)).get(label)
     if value != "true":
-        logging.getLogger("dsagent").info("node %s is not labelled %s=true: no device plugin here", settings.node_name, label)
+        logging.getLogger("dsagent").info(
+            "node %s is not labelled %s=true: no device plugin here", settings.node_name, label
+        )
     return value == "true"
 
 
@@ -345,14 +405,23 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
             topology = await asyncio.to_thread(discover)
         vfs = await asyncio.to_thread(discover_vfs, sysfs_root)
     except TopologyError as exc:
-        raise SettingsError(f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off") from exc
+        raise SettingsError(
+            f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
+        ) from exc
     node = NodeDevices(topology, vfs, settings.resource_prefix)
     if not node.resources:
-        raise SettingsError("this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node")
+        raise SettingsError(
+            "this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node"
+        )
     client = PodResourcesClient(settings.pod_resources_socket)
     host_root = settings.host_root if settings.host_root is not None else settings.root
-    plugin = DevicePlugin(node, state_dir=settings.root / "kubelet", host_state_dir=host_root / "kubelet",
-                          plugin_dir=settings.device_plugin_dir, listed=client.listed)
+    plugin = DevicePlugin(
+        node,
+        state_dir=settings.root / "kubelet",
+        host_state_dir=host_root / "kubelet",
+        plugin_dir=settings.device_plugin_dir,
+        listed=client.listed,
+    )
     await plugin.start()
     return plugin
 

@@ -38,7 +38,9 @@ def progress_bar(label: str, total_bytes: int | None) -> Iterator[Progress | Non
         with _counter(label) as advance:
             yield advance
         return
-    with click.progressbar(length=max(total_bytes, 1), label=label, file=sys.stderr, show_pos=False, show_percent=True, show_eta=True) as bar:
+    with click.progressbar(
+        length=max(total_bytes, 1), label=label, file=sys.stderr, show_pos=False, show_percent=True, show_eta=True
+    ) as bar:
 
         def advance_bar(done_bytes: int, _files: int) -> None:
             bar.update(done_bytes)
@@ -56,7 +58,9 @@ def _counter(label: str) -> Iterator[Progress]:
         now = time.monotonic()
         if now - done["shown"] > 0.2:
             done["shown"] = now
-            click.echo(f"\r{label}: {int(done['files'])} files, {format_size(done['bytes'])}\x1b[K", file=sys.stderr, nl=False)
+            click.echo(
+                f"\r{label}: {int(done['files'])} files, {format_size(done['bytes'])}\x1b[K", file=sys.stderr, nl=False
+            )
 
     try:
         yield advance
@@ -86,7 +90,12 @@ def _cache(enabled: bool) -> DigestCache | None:
     return DigestCache(default_cache_path()) if enabled else None
 
 
-_cache_flag = click.option("--digest-cache/--no-digest-cache", default=True, show_default=True, help="Reuse digests of unchanged local files (SQLite under ~/.cache/dsplatform).")
+_cache_flag = click.option(
+    "--digest-cache/--no-digest-cache",
+    default=True,
+    show_default=True,
+    help="Reuse digests of unchanged local files (SQLite under ~/.cache/dsplatform).",
+)
 
 
 def _emit(output: str, data: dict[str, Any], line: str) -> None:
@@ -100,14 +109,28 @@ def _emit(output: str, data: dict[str, Any], line: str) -> None:
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of -o json.")
 @source_options
 @_cache_flag
-def digest(source: str, name: str | None, output: str, as_json: bool, source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], digest_cache: bool) -> None:
+def digest(
+    source: str,
+    name: str | None,
+    output: str,
+    as_json: bool,
+    source_option_pairs: tuple[str, ...],
+    source_options_files: tuple[str, ...],
+    digest_cache: bool,
+) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
     options = _options(source_option_pairs, source_options_files)
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
         with progress_bar("digesting", None) as progress:
-            manifest = build_manifest(source, name=name or _default_name(source), storage_options=options, digest_cache=cache, progress=progress)
+            manifest = build_manifest(
+                source,
+                name=name or _default_name(source),
+                storage_options=options,
+                digest_cache=cache,
+                progress=progress,
+            )
     finally:
         if cache is not None:
             cache.close()
@@ -128,24 +151,52 @@ def _manifest_json(manifest: Manifest) -> dict[str, Any]:
         "files": manifest.file_count,
         "bytes": manifest.total_bytes,
         "emptyDirectories": list(manifest.directories),
-        "entries": [{"path": e.path, "size": e.size, "mtimeNs": e.mtime_ns, "digest": e.digest} for e in manifest.entries],
+        "entries": [
+            {"path": e.path, "size": e.size, "mtimeNs": e.mtime_ns, "digest": e.digest} for e in manifest.entries
+        ],
     }
 
 
 @click.command()
 @click.argument("source")
 @click.option("--name", required=True, help="Dataset name in the store.")
-@click.option("--to", "store", required=True, metavar="STORE", help="Bundle store: a directory or fsspec URL (its bucket must exist).")
-@click.option("--max-files", type=click.IntRange(min=1), default=50_000, show_default=True, help="At most this many files per bundle.")
-@click.option("--max-bytes", default="800MB", show_default=True, help="At most this many uncompressed bytes per bundle (800MB, 1GiB, ...).")
-@click.option("--level", type=click.IntRange(min=-7, max=22), default=1, show_default=True, help="zstd compression level.")
-@click.option("--threads", type=click.IntRange(min=0), default=None, help="zstd threads per bundle (default: automatic).")
+@click.option(
+    "--to",
+    "store",
+    required=True,
+    metavar="STORE",
+    help="Bundle store: a directory or fsspec URL (its bucket must exist).",
+)
+@click.option(
+    "--max-files",
+    type=click.IntRange(min=1),
+    default=50_000,
+    show_default=True,
+    help="At most this many files per bundle.",
+)
+@click.option(
+    "--max-bytes",
+    default="800MB",
+    show_default=True,
+    help="At most this many uncompressed bytes per bundle (800MB, 1GiB, ...).",
+)
+@click.option(
+    "--level", type=click.IntRange(min=-7, max=22), default=1, show_default=True, help="zstd compression level."
+)
+@click.option(
+    "--threads", type=click.IntRange(min=0), default=None, help="zstd threads per bundle (default: automatic)."
+)
 @source_options
 @store_options
 @output_option
 @_cache_flag
-@click.option("--publish", "publish_namespace", metavar="NAMESPACE", default=None,
-              help="Record the packed digest in the status of Dataset NAME in NAMESPACE (created if missing; needs a kubeconfig or a service account).")
+@click.option(
+    "--publish",
+    "publish_namespace",
+    metavar="NAMESPACE",
+    default=None,
+    help="Record the packed digest in the status of Dataset NAME in NAMESPACE (created if missing; needs a kubeconfig or a service account).",
+)
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
     source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
@@ -163,7 +214,9 @@ def pack(
     cache = _cache(digest_cache)
     try:
         with progress_bar("digesting", None) as progress:
-            manifest = build_manifest(source, name=name, storage_options=src_options, digest_cache=cache, progress=progress)
+            manifest = build_manifest(
+                source, name=name, storage_options=src_options, digest_cache=cache, progress=progress
+            )
     finally:
         if cache is not None:
             cache.close()
@@ -198,10 +251,23 @@ def pack(
 @click.argument("store")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--name", required=True, help="Dataset name in the store.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Bundles unpacked at once (default: one per core, at most 4).")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Bundles unpacked at once (default: one per core, at most 4).",
+)
 @store_options
 @output_option
-def unpack(store: str, dest: str, name: str, workers: int | None, store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str) -> None:
+def unpack(
+    store: str,
+    dest: str,
+    name: str,
+    workers: int | None,
+    store_option_pairs: tuple[str, ...],
+    store_options_files: tuple[str, ...],
+    output: str,
+) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
     from dsagent.format.bundle import unpack as unpack_dataset
 
@@ -209,9 +275,19 @@ def unpack(store: str, dest: str, name: str, workers: int | None, store_option_p
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=options)
     with progress_bar("unpacking", manifest.total_bytes) as progress:
-        unpack_dataset(store, name=name, dest=dest, manifest=manifest, workers=workers, storage_options=options, progress=progress)
+        unpack_dataset(
+            store, name=name, dest=dest, manifest=manifest, workers=workers, storage_options=options, progress=progress
+        )
     elapsed = time.monotonic() - start
-    data = {"name": manifest.name, "digest": manifest.digest, "dest": dest, "files": manifest.file_count, "bytes": manifest.total_bytes, "bundles": len(manifest.bundles), "seconds": round(elapsed, 3)}
+    data = {
+        "name": manifest.name,
+        "digest": manifest.digest,
+        "dest": dest,
+        "files": manifest.file_count,
+        "bytes": manifest.total_bytes,
+        "bundles": len(manifest.bundles),
+        "seconds": round(elapsed, 3),
+    }
     _emit(output, data, (
         f"unpacked {manifest.name} into {dest}: {manifest.file_count} files, {format_size(manifest.total_bytes)} "
         f"from {len(manifest.bundles)} bundles, all verified, in {elapsed:.1f} s ({_rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
@@ -220,17 +296,39 @@ def unpack(store: str, dest: str, name: str, workers: int | None, store_option_p
 
 @click.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--manifest", "store", required=True, metavar="STORE", help="Bundle store holding the dataset's manifest.")
+@click.option(
+    "--manifest", "store", required=True, metavar="STORE", help="Bundle store holding the dataset's manifest."
+)
 @click.option("--name", required=True, help="Dataset name in the store.")
 @store_options
 @output_option
-def verify(directory: str, store: str, name: str, store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str) -> None:
+def verify(
+    directory: str,
+    store: str,
+    name: str,
+    store_option_pairs: tuple[str, ...],
+    store_options_files: tuple[str, ...],
+    output: str,
+) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
     from dsagent.format.bundle import verify_tree
 
     start = time.monotonic()
-    manifest = read_manifest(store, name, storage_options=_options(store_option_pairs, store_options_files, flag="--store-option"))
+    manifest = read_manifest(
+        store, name, storage_options=_options(store_option_pairs, store_options_files, flag="--store-option")
+    )
     verify_tree(os.fspath(directory), manifest)
     elapsed = time.monotonic() - start
-    data = {"directory": directory, "name": manifest.name, "digest": manifest.digest, "files": manifest.file_count, "bytes": manifest.total_bytes, "seconds": round(elapsed, 3)}
-    _emit(output, data, f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, digest {manifest.digest} ({elapsed:.1f} s)")
+    data = {
+        "directory": directory,
+        "name": manifest.name,
+        "digest": manifest.digest,
+        "files": manifest.file_count,
+        "bytes": manifest.total_bytes,
+        "seconds": round(elapsed, 3),
+    }
+    _emit(
+        output,
+        data,
+        f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, digest {manifest.digest} ({elapsed:.1f} s)",
+    )

@@ -34,9 +34,18 @@ POLL_SECONDS = 0.5
 
 def agent_options(fn: _F) -> _F:
     """``--agent`` / ``--socket`` / ``--token``: where the agent is and the admin token."""
-    fn = click.option("--token", envvar="DSAGENT_ADMIN_TOKEN", help="Admin token for operator actions over TCP [DSAGENT_ADMIN_TOKEN].")(fn)
-    fn = click.option("--socket", "socket_path", envvar="DSAGENT_SOCKET", help="The agent's unix socket [DSAGENT_SOCKET].")(fn)
-    fn = click.option("--agent", "agent_url", envvar="DSAGENT_AGENT", help="The agent's TCP URL, e.g. http://127.0.0.1:7420 [DSAGENT_AGENT].")(fn)
+    fn = click.option(
+        "--token", envvar="DSAGENT_ADMIN_TOKEN", help="Admin token for operator actions over TCP [DSAGENT_ADMIN_TOKEN]."
+    )(fn)
+    fn = click.option(
+        "--socket", "socket_path", envvar="DSAGENT_SOCKET", help="The agent's unix socket [DSAGENT_SOCKET]."
+    )(fn)
+    fn = click.option(
+        "--agent",
+        "agent_url",
+        envvar="DSAGENT_AGENT",
+        help="The agent's TCP URL, e.g. http://127.0.0.1:7420 [DSAGENT_AGENT].",
+    )(fn)
     return fn
 
 
@@ -53,7 +62,9 @@ def parse_specs(specs: Sequence[str], bundles: str | None) -> list[dict[str, Any
     for spec in specs:
         name, sep, source = spec.partition("=")
         if not sep or not name or not source:
-            raise InvalidInput(f"invalid dataset {spec!r}", hint="write NAME=SOURCE, e.g. imagenet=s3://bucket/imagenet")
+            raise InvalidInput(
+                f"invalid dataset {spec!r}", hint="write NAME=SOURCE, e.g. imagenet=s3://bucket/imagenet"
+            )
         datasets.append({"name": name, "source": source, **({"bundles": bundles} if bundles else {})})
     return datasets
 
@@ -62,7 +73,10 @@ def merged_options(source: Mapping[str, Any], store: Mapping[str, Any]) -> dict[
     """One storage-options dict for the agent from the source's and the store's."""
     clash = sorted(k for k in source.keys() & store.keys() if source[k] != store[k])
     if clash:
-        raise InvalidInput(f"--source-option and --store-option disagree on {', '.join(clash)}", hint="the agent uses one set of storage options per dataset")
+        raise InvalidInput(
+            f"--source-option and --store-option disagree on {', '.join(clash)}",
+            hint="the agent uses one set of storage options per dataset",
+        )
     return {**source, **store}
 
 
@@ -76,7 +90,9 @@ def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:
 # -- waiting -------------------------------------------------------------------------
 
 
-def wait_until_done(client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def wait_until_done(
+    client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     """Poll the task until every dataset is ready (returns) or one failed (raises)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -87,7 +103,9 @@ def wait_until_done(client: AgentClient, task_id: str, *, timeout: float | None,
         if record["state"] == "failed":
             raise _failure(record)
         if deadline is not None and time.monotonic() >= deadline:
-            raise TransientError(f"task {task_id!r} not ready after {timeout:g}s", hint=f"check it with 'dsctl status {task_id}'")
+            raise TransientError(
+                f"task {task_id!r} not ready after {timeout:g}s", hint=f"check it with 'dsctl status {task_id}'"
+            )
         time.sleep(POLL_SECONDS)
 
 
@@ -143,7 +161,9 @@ def describe(record: dict[str, Any]) -> str:
 @click.option("--bundles", help="Bundle store URL holding the packed datasets.")
 @click.option("--task", "task_id", envvar="DSAGENT_TASK_ID", help="Task id (a pod UID, a job id) [DSAGENT_TASK_ID].")
 @click.option("--from-env", is_flag=True, help="Read the datasets from DSAGENT_DATASETS (init-container mode).")
-@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready.")
+@click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready."
+)
 @click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
 @output_option
 @source_options
@@ -176,18 +196,32 @@ def cache(
     with _client(agent_url, socket_path, token) as client:
         record = client.submit_task(task_id, datasets)
         if wait and record["state"] == "pending":
-            record = wait_until_done(client, task_id, timeout=timeout, show=ProgressView() if output == "text" else lambda r: None)
+            record = wait_until_done(
+                client, task_id, timeout=timeout, show=ProgressView() if output == "text" else lambda r: None
+            )
         elif record["state"] == "failed":
             raise _failure(record)
     _print_record(record, output)
 
 
 @click.command()
-@click.option("--from-env", is_flag=True, required=True, help="Task id from DSAGENT_TASK_ID (and DSAGENT_DATASETS to submit if needed).")
+@click.option(
+    "--from-env",
+    is_flag=True,
+    required=True,
+    help="Task id from DSAGENT_TASK_ID (and DSAGENT_DATASETS to submit if needed).",
+)
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @agent_options
-def wait(from_env: bool, timeout: float | None, command: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+def wait(
+    from_env: bool,
+    timeout: float | None,
+    command: tuple[str, ...],
+    agent_url: str | None,
+    socket_path: str | None,
+    token: str | None,
+) -> None:
     """Wait for the task's datasets, then exec COMMAND (the training command)."""
     task_id = os.environ.get("DSAGENT_TASK_ID")
     if not task_id:
@@ -236,11 +270,23 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
         return
     rows = [("NAME", "DIGEST", "STATE", "SIZE", "FILES", "IN USE", "LAST USED")]
     for d in listing["datasets"]:
-        rows.append((d["name"], d["digest"][:12], d["state"], format_size(d["sizeBytes"]), str(d["files"]), "yes" if d["inUse"] else "no", d["lastUsed"] or "-"))
+        rows.append(
+            (
+                d["name"],
+                d["digest"][:12],
+                d["state"],
+                format_size(d["sizeBytes"]),
+                str(d["files"]),
+                "yes" if d["inUse"] else "no",
+                d["lastUsed"] or "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    click.echo(f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} of {format_size(listing['capacityBytes'])}")
+    click.echo(
+        f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} of {format_size(listing['capacityBytes'])}"
+    )
 
 
 @click.command()
@@ -250,7 +296,16 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
 @click.option("--dry-run", is_flag=True, help="Show what would be evicted.")
 @click.option("--force", is_flag=True, help="Evict named datasets even while tasks use them.")
 @agent_options
-def evict(names: tuple[str, ...], idle: bool, all_unused: bool, dry_run: bool, force: bool, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+def evict(
+    names: tuple[str, ...],
+    idle: bool,
+    all_unused: bool,
+    dry_run: bool,
+    force: bool,
+    agent_url: str | None,
+    socket_path: str | None,
+    token: str | None,
+) -> None:
     """Evict datasets: by NAME, --idle ones, or --all-unused."""
     if sum((bool(names), idle, all_unused)) != 1:
         raise InvalidInput("give dataset names, --idle or --all-unused (exactly one of them)")
@@ -269,7 +324,11 @@ def _print_record(record: dict[str, Any], output: str) -> None:
         return
     click.echo(f"task {record['task']}: {record['state']} (lease until {record['leaseUntil']})")
     for d in record["datasets"]:
-        where = d["path"] or (d["error"] or {}).get("message") or f"{format_size(d['bytesDone'])}/{format_size(d['sizeBytes'])}"
+        where = (
+            d["path"]
+            or (d["error"] or {}).get("message")
+            or f"{format_size(d['bytesDone'])}/{format_size(d['sizeBytes'])}"
+        )
         digest = (d["digest"] or "-")[:12]
         click.echo(f"  {d['name']:<20} {digest:<12} {d['state']:<9} {format_size(d['sizeBytes']):>9}  {where}")
 

@@ -62,22 +62,33 @@ def run(root: Path = DEMO_ROOT) -> list[str]:
 
     start = time.monotonic()
     manifest = build_manifest(source, name=DATASET)
-    say("digested", f"{manifest.file_count} files in {time.monotonic() - start:.2f} s: dataset digest {manifest.digest}")
+    say(
+        "digested", f"{manifest.file_count} files in {time.monotonic() - start:.2f} s: dataset digest {manifest.digest}"
+    )
 
     start = time.monotonic()
     packed, _ = write_bundles(manifest, source, store, max_bytes=MAX_BYTES)
     stored = sum(b.compressed_size for b in packed.bundles)
-    say("packed", f"into {len(packed.bundles)} tar+zstd bundles of at most {format_size(MAX_BYTES)} ({format_size(stored)} stored) in {time.monotonic() - start:.2f} s")
+    say(
+        "packed",
+        f"into {len(packed.bundles)} tar+zstd bundles of at most {format_size(MAX_BYTES)} ({format_size(stored)} stored) in {time.monotonic() - start:.2f} s",
+    )
 
     changed = source / packed.entries[len(packed.entries) // 2].path
     changed.write_bytes(random.Random(1).randbytes(changed.stat().st_size))
     repacked, reused = write_bundles(build_manifest(source, name=DATASET), source, store, max_bytes=MAX_BYTES)
-    say("re-packed", f"after changing {changed.name}: {len(repacked.bundles) - reused} bundle rewritten, {reused} reused; new digest {repacked.digest}")
+    say(
+        "re-packed",
+        f"after changing {changed.name}: {len(repacked.bundles) - reused} bundle rewritten, {reused} reused; new digest {repacked.digest}",
+    )
 
     start = time.monotonic()
     target = cache / DATASET
     unpack(store, name=DATASET, dest=target)
-    say("unpacked", f"into {target}: every file checked against its xxh3-128 while written, in {time.monotonic() - start:.2f} s")
+    say(
+        "unpacked",
+        f"into {target}: every file checked against its xxh3-128 while written, in {time.monotonic() - start:.2f} s",
+    )
 
     verify_tree(target, repacked)
     say("verified", f"{target} holds exactly the {repacked.file_count} files and the empty class of {DATASET}")
@@ -113,8 +124,24 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
     print("dsplatform demo, stage 2: the node agent caches, hits, lists and evicts")
     log = open(root / "agent.log", "wb")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "dsagent", "serve", "--root", str(agent_root), "--socket", str(sock), "--capacity", str(capacity), "--node-name", "demo-node", "--local-source", str(root.absolute())],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "dsagent",
+            "serve",
+            "--root",
+            str(agent_root),
+            "--socket",
+            str(sock),
+            "--capacity",
+            str(capacity),
+            "--node-name",
+            "demo-node",
+            "--local-source",
+            str(root.absolute()),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     log.close()
     try:
@@ -128,17 +155,33 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
             if record["state"] != "ready":
                 raise RuntimeError(f"caching failed: {record['datasets'][0]['error']}")
             entry = record["datasets"][0]
-            say(verb, f"{DATASET}@{entry['digest'][:12]} for {task} in {time.monotonic() - start:.2f} s -> {entry['path']}")
+            say(
+                verb,
+                f"{DATASET}@{entry['digest'][:12]} for {task} in {time.monotonic() - start:.2f} s -> {entry['path']}",
+            )
         for row in client.datasets()["datasets"]:
-            say("listed", f"{row['name']} {row['digest'][:12]} {row['state']} {format_size(row['sizeBytes'])} {row['files']} files, in use: {row['inUse']}")
+            say(
+                "listed",
+                f"{row['name']} {row['digest'][:12]} {row['state']} {format_size(row['sizeBytes'])} {row['files']} files, in use: {row['inUse']}",
+            )
         client.release_task("train-job-1")
         client.release_task("train-job-2")
         space = client.datasets()
-        say("released", f"both tasks; free {format_size(space['freeBytes'])}, {AGENT_DATASET} needs 1.2 x {format_size(second.total_bytes)}")
-        record = client.submit_task("train-job-3", [{"name": AGENT_DATASET, "source": str(second_source.absolute()), "bundles": str(store)}], wait=120)
+        say(
+            "released",
+            f"both tasks; free {format_size(space['freeBytes'])}, {AGENT_DATASET} needs 1.2 x {format_size(second.total_bytes)}",
+        )
+        record = client.submit_task(
+            "train-job-3",
+            [{"name": AGENT_DATASET, "source": str(second_source.absolute()), "bundles": str(store)}],
+            wait=120,
+        )
         held = [d["name"] for d in client.datasets()["datasets"]]
         evicted = int(float(_metric(client.metrics(), 'dsagent_evictions_total{reason="space"}')))
-        say("evicted", f"{evicted} dataset ({DATASET}, least recently used) to cache {AGENT_DATASET}: {record['state']}; cache now holds {', '.join(held)}")
+        say(
+            "evicted",
+            f"{evicted} dataset ({DATASET}, least recently used) to cache {AGENT_DATASET}: {record['state']}; cache now holds {', '.join(held)}",
+        )
         client.close()
     finally:
         agent.terminate()
@@ -155,7 +198,7 @@ def _wait_until_up(client: object, agent: object, timeout: float = 60.0) -> None
     assert isinstance(client, AgentClient)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if getattr(agent, "poll")() is not None:
+        if agent.poll() is not None:
             raise RuntimeError("dsagent exited at start-up; see demo-cache/agent.log")
         try:
             if client.health():

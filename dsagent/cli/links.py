@@ -31,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         targets = link_targets(record, args[1])
         missing = sorted(name for name, target in targets.items() if not os.path.isdir(target))
         if missing:
-            raise InvalidInput(f"cached datasets {missing} are not visible under {args[1]}",
-                               hint="the cache container must mount the node's datasets there")
+            raise InvalidInput(
+                f"cached datasets {missing} are not visible under {args[1]}",
+                hint="the cache container must mount the node's datasets there",
+            )
         write_links(Path(args[0]), targets)
     except DsagentError as exc:
         print(f"dsagent links: error: {exc}", file=sys.stderr)
@@ -45,8 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ from dsagent.errors import InvalidInput
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def storage_options(pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option") -> dict[str, Any]:
+def storage_options(
+    pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
+) -> dict[str, Any]:
     """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``."""
     options: dict[str, Any] = {}
     for name in files:
@@ -42,12 +44,18 @@ def storage_options(pairs: Sequence[str], files: Sequence[str] = (), *, flag: st
         except ValueError as exc:
             raise InvalidInput(f"storage options file {name!r} is not JSON: {exc}") from exc
         if not isinstance(loaded, dict):
-            raise InvalidInput(f"storage options file {name!r} must hold a JSON object", hint='e.g. {"endpoint_url": "http://minio:9000"}')
+            raise InvalidInput(
+                f"storage options file {name!r} must hold a JSON object",
+                hint='e.g. {"endpoint_url": "http://minio:9000"}',
+            )
         options.update(loaded)
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise InvalidInput(f"storage option {pair!r} is not KEY=VALUE", hint=f"e.g. {flag} endpoint_url=http://minio:9000 {flag} anon=true")
+            raise InvalidInput(
+                f"storage option {pair!r} is not KEY=VALUE",
+                hint=f"e.g. {flag} endpoint_url=http://minio:9000 {flag} anon=true",
+            )
         try:
             options[key] = json.loads(value)
         except ValueError:
@@ -57,20 +65,47 @@ def storage_options(pairs: Sequence[str], files: Sequence[str] = (), *, flag: st
 
 def output_option(fn: _F) -> _F:
     """``-o/--output text|json``."""
-    return click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format.")(fn)
+    return click.option(
+        "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format."
+    )(fn)
 
 
 def source_options(fn: _F) -> _F:
     """``--source-option KEY=VALUE`` (repeatable; hidden alias ``--option``) and ``--source-options-file``."""
-    fn = click.option("--source-options-file", "source_options_files", multiple=True, metavar="FILE.json", help="JSON object of fsspec storage options for the source.")(fn)
-    fn = click.option("--source-option", "--option", "source_option_pairs", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the source (repeatable), e.g. endpoint_url=http://minio:9000.")(fn)
+    fn = click.option(
+        "--source-options-file",
+        "source_options_files",
+        multiple=True,
+        metavar="FILE.json",
+        help="JSON object of fsspec storage options for the source.",
+    )(fn)
+    fn = click.option(
+        "--source-option",
+        "--option",
+        "source_option_pairs",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="fsspec storage option for the source (repeatable), e.g. endpoint_url=http://minio:9000.",
+    )(fn)
     return fn
 
 
 def store_options(fn: _F) -> _F:
     """``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file``."""
-    fn = click.option("--store-options-file", "store_options_files", multiple=True, metavar="FILE.json", help="JSON object of fsspec storage options for the bundle store.")(fn)
-    fn = click.option("--store-option", "store_option_pairs", multiple=True, metavar="KEY=VALUE", help="fsspec storage option for the bundle store (repeatable).")(fn)
+    fn = click.option(
+        "--store-options-file",
+        "store_options_files",
+        multiple=True,
+        metavar="FILE.json",
+        help="JSON object of fsspec storage options for the bundle store.",
+    )(fn)
+    fn = click.option(
+        "--store-option",
+        "store_option_pairs",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="fsspec storage option for the bundle store (repeatable).",
+    )(fn)
     return fn
 
 

@@ -14,25 +14,50 @@ import click
 
 
 @click.command()
-@click.option("--extender", envvar="DSCTL_EXTENDER", default="http://127.0.0.1:8888", show_default=True,
-              help="The extender's URL (with its base path) [DSCTL_EXTENDER].")
+@click.option(
+    "--extender",
+    envvar="DSCTL_EXTENDER",
+    default="http://127.0.0.1:8888",
+    show_default=True,
+    help="The extender's URL (with its base path) [DSCTL_EXTENDER].",
+)
 @click.option("--params", default=None, help="Parameter count, e.g. 350M, 7B (fp32 gradients).")
 @click.option("--gradient-bytes", default=None, help="Gradient size instead of --params, e.g. 1.4GB.")
 @click.option("--step-seconds", default=None, help="Compute time of one batch on one GPU, e.g. 250ms.")
-@click.option("--profiled-steps", default=None, help="Instead of --step-seconds: DURATION/STEPS timed on one GPU, e.g. 30s/100.")
+@click.option(
+    "--profiled-steps", default=None, help="Instead of --step-seconds: DURATION/STEPS timed on one GPU, e.g. 30s/100."
+)
 @click.option("--steps", required=True, help="Batches on one GPU for the whole run, e.g. 1e5.")
 @click.option("--deadline", default=None, help="RFC 3339 time or a duration from now, e.g. 6h.")
 @click.option("--max-gpus", type=int, required=True, help="Most GPUs the job may use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the extender's JSON answer.")
-def plan(extender: str, params: str | None, gradient_bytes: str | None, step_seconds: str | None,
-         profiled_steps: str | None, steps: str, deadline: str | None, max_gpus: int, as_json: bool) -> None:
+def plan(
+    extender: str,
+    params: str | None,
+    gradient_bytes: str | None,
+    step_seconds: str | None,
+    profiled_steps: str | None,
+    steps: str,
+    deadline: str | None,
+    max_gpus: int,
+    as_json: bool,
+) -> None:
     """Which plan (GPUs per node) meets the job's deadline on the cluster as it is now."""
     import httpx
 
-    query = {k: v for k, v in {
-        "params": params, "gradient-bytes": gradient_bytes, "step-seconds": step_seconds,
-        "profiled-steps": profiled_steps, "steps": steps, "deadline": deadline, "max-gpus": str(max_gpus),
-    }.items() if v is not None}
+    query = {
+        k: v
+        for k, v in {
+            "params": params,
+            "gradient-bytes": gradient_bytes,
+            "step-seconds": step_seconds,
+            "profiled-steps": profiled_steps,
+            "steps": steps,
+            "deadline": deadline,
+            "max-gpus": str(max_gpus),
+        }.items()
+        if v is not None
+    }
     try:
         response = httpx.get(extender.rstrip("/") + "/v1/plan", params=query, timeout=30)
     except httpx.HTTPError as exc:
@@ -56,6 +81,7 @@ def plan(extender: str, params: str | None, gradient_bytes: str | None, step_sec
 
 def format_answer(body: dict[str, Any]) -> str:
     """The answer for a person: the chosen plan, then every candidate."""
+
     def one(p: dict[str, Any]) -> str:
         nodes = ", ".join(f"{n['node']}x{n['gpus']}" for n in p["nodes"])
         met = "meets the deadline" if p["meetsDeadline"] else "misses the deadline"

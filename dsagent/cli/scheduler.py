@@ -15,20 +15,37 @@ def scheduler() -> None:
 @click.option("--port", type=int, default=None, help="Port to listen on [DSEXT_PORT, 8888].")
 @click.option("--base-path", default=None, help="Path part of kube-scheduler's urlPrefix [DSEXT_BASE_PATH].")
 @click.option("--weights", default=None, help="e.g. dataset=0.5,roce=0.3,numa=0.2 [DSEXT_WEIGHTS].")
-@click.option("--watch/--no-watch", default=None,
-              help="Keep a watch-backed Node/Pod cache, needed for nodeCacheCapable [DSEXT_WATCH].")
+@click.option(
+    "--watch/--no-watch",
+    default=None,
+    help="Keep a watch-backed Node/Pod cache, needed for nodeCacheCapable [DSEXT_WATCH].",
+)
 @click.option("--kubeconfig", default=None, help="Kubeconfig for --watch outside a cluster [DSEXT_KUBECONFIG].")
-@click.option("--partial-datasets/--no-partial-datasets", default=None,
-              help="Credit nodes holding some of a pod's datasets [DSEXT_PARTIAL_DATASETS].")
-def serve(host: str | None, port: int | None, base_path: str | None, weights: str | None,
-          watch: bool | None, kubeconfig: str | None, partial_datasets: bool | None) -> None:
+@click.option(
+    "--partial-datasets/--no-partial-datasets",
+    default=None,
+    help="Credit nodes holding some of a pod's datasets [DSEXT_PARTIAL_DATASETS].",
+)
+def serve(
+    host: str | None,
+    port: int | None,
+    base_path: str | None,
+    weights: str | None,
+    watch: bool | None,
+    kubeconfig: str | None,
+    partial_datasets: bool | None,
+) -> None:
     """Serve filter and prioritize verbs for kube-scheduler over HTTP."""
     from scheduler_plugin.__main__ import serve as run
     from scheduler_plugin.settings import Settings
 
     settings = Settings.from_env(
-        host=host, port=port, base_path=base_path,
+        host=host,
+        port=port,
+        base_path=base_path,
         weights=weights,
-        watch=watch, kubeconfig=kubeconfig, partial_datasets=partial_datasets,
+        watch=watch,
+        kubeconfig=kubeconfig,
+        partial_datasets=partial_datasets,
     )
     run(settings)

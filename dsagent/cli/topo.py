@@ -115,9 +115,7 @@ def best(source: str | None, fmt: str, count: int, must_include: str | None, fre
         _indices(must_include, "--must-include") or (),
     )
     if chosen is None:
-        raise click.ClickException(
-            f"no set of {count} GPUs holds the must-include GPUs within the free ones"
-        )
+        raise click.ClickException(f"no set of {count} GPUs holds the must-include GPUs within the free ones")
     if as_json:
         body = {
             "gpus": list(chosen.gpus),
@@ -155,7 +153,9 @@ def render(topology: Topology, *, prefix: str = DEFAULT_PREFIX, mode: str = DEFA
     rows = [["NAME", "NUMA", "NETDEV", "LINK LAYER", "STATE", "ADDRESSES"]]
     for nic in topology.nics:
         addresses = ", ".join(nic.addresses) or "-"
-        rows.append([nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), addresses])
+        rows.append(
+            [nic.name, _dash(nic.numa_node), _dash(nic.netdev), _dash(nic.link_layer), _dash(nic.state), addresses]
+        )
     lines += _table(rows) if topology.nics else ["  (none)"]
     classes = roce_classes(topology, prefix, mode)
     lines += ["", f"RoCE classes ({len(classes)}, by {ClassMode.parse(mode)})"]

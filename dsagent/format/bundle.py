@@ -84,7 +84,9 @@ def _gap_priorities(entries: Sequence[FileEntry]) -> list[int]:
     return [xxhash.xxh3_64_intdigest(entry.path.encode("utf-8", "surrogateescape")) for entry in entries[:-1]]
 
 
-def plan_bundles(entries: Sequence[FileEntry], max_files: int = DEFAULT_MAX_FILES, max_bytes: int = DEFAULT_MAX_BYTES) -> list[tuple[int, int]]:
+def plan_bundles(
+    entries: Sequence[FileEntry], max_files: int = DEFAULT_MAX_FILES, max_bytes: int = DEFAULT_MAX_BYTES
+) -> list[tuple[int, int]]:
     """``(first, count)`` ranges that split ``entries`` (in path order) into bundles.
 
     Scheme: each gap between two neighbouring entries gets a priority, the 64-bit xxh3 of
@@ -423,7 +425,9 @@ def _store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise InsufficientSpace(f"no space left in the bundle store for {base}: {exc}", hint="free space in the store") from exc
+                raise InsufficientSpace(
+                    f"no space left in the bundle store for {base}: {exc}", hint="free space in the store"
+                ) from exc
             raise
         fsync_dir(directory)
         return counter.written
@@ -531,7 +535,11 @@ def write_bundles(
     digests = [bundle_digest(group) for group in groups]
     with translate_errors(f"bundle store {os.fspath(store)!r}"):
         _prepare_directory(dst_fs, f"{dst_root.rstrip('/')}/{BUNDLES_DIR}")
-        existing = {digest: size for digest in set(digests) if (size := _stored_size(dst_fs, bundle_path(dst_root, digest))) is not None}
+        existing = {
+            digest: size
+            for digest in set(digests)
+            if (size := _stored_size(dst_fs, bundle_path(dst_root, digest))) is not None
+        }
     todo = [i for i, digest in enumerate(digests) if digest not in existing]
     if progress is not None:
         reused = [g for g, d in zip(groups, digests) if d in existing]
@@ -563,7 +571,9 @@ def write_bundles(
     return packed, len(plan) - len(todo)
 
 
-def write_manifest(manifest: Manifest, store: str | os.PathLike[str], *, store_options: Mapping[str, Any] | None = None) -> None:
+def write_manifest(
+    manifest: Manifest, store: str | os.PathLike[str], *, store_options: Mapping[str, Any] | None = None
+) -> None:
     """Store ``manifest`` as ``<store>/<name>/manifest``, atomically; call it after its bundles."""
     fs, root = resolve(store, store_options)
     path = manifest_path(root, manifest.name)
@@ -589,7 +599,9 @@ def _prepare_directory(fs: Any, directory: str) -> None:
     try:
         fs.info(bucket)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"bucket {bucket!r} does not exist (create it first: packing never creates buckets)") from exc
+        raise FileNotFoundError(
+            f"bucket {bucket!r} does not exist (create it first: packing never creates buckets)"
+        ) from exc
 
 
 def pack(
@@ -613,7 +625,9 @@ def pack(
     ``threads`` is zstd's worker count per bundle (default: all cores when one bundle is
     written at a time, else bundles are written in parallel, one per core).
     """
-    manifest = build_manifest(source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache)
+    manifest = build_manifest(
+        source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache
+    )
     packed, _ = write_bundles(
         manifest, source, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
         storage_options=storage_options, store_options=store_options, progress=progress,

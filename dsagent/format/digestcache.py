@@ -38,6 +38,7 @@ class _Found(Protocol):
     @property
     def ctime_ns(self) -> int: ...
 
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS digests (
     path TEXT PRIMARY KEY,
@@ -75,7 +76,9 @@ class DigestCache:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
-            raise SourceUnavailable(f"cannot open the digest cache {self.path}: {exc}", hint="pass --no-digest-cache or fix the path") from exc
+            raise SourceUnavailable(
+                f"cannot open the digest cache {self.path}: {exc}", hint="pass --no-digest-cache or fix the path"
+            ) from exc
 
     def close(self) -> None:
         self._db.close()
@@ -95,8 +98,12 @@ class DigestCache:
                 (prefix, prefix + "\U0010ffff"),
             ).fetchall()
         except sqlite3.Error as exc:
-            raise SourceUnavailable(f"digest cache {self.path} is unreadable: {exc}", hint="delete it; it is only a cache") from exc
-        return {path: (size, mtime_ns, inode, ctime_ns, digest) for path, size, mtime_ns, inode, ctime_ns, digest in rows}
+            raise SourceUnavailable(
+                f"digest cache {self.path} is unreadable: {exc}", hint="delete it; it is only a cache"
+            ) from exc
+        return {
+            path: (size, mtime_ns, inode, ctime_ns, digest) for path, size, mtime_ns, inode, ctime_ns, digest in rows
+        }
 
     def match(self, snapshot: dict[str, tuple[int, int, int, int, str]], item: _Found) -> str | None:
         """The recorded digest of ``item`` if its size, mtime, inode and ctime are unchanged."""
@@ -122,4 +129,6 @@ class DigestCache:
             with self._db:
                 self._db.executemany("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?, ?, ?)", rows)
         except sqlite3.Error as exc:
-            raise SourceUnavailable(f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache") from exc
+            raise SourceUnavailable(
+                f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache"
+            ) from exc

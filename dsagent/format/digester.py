@@ -190,7 +190,9 @@ def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[
     return found, [d for d in dirs if d not in parents]
 
 
-def walk_source(fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None) -> Iterable[_Found]:
+def walk_source(
+    fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None
+) -> Iterable[_Found]:
     """Every file of the dataset at ``root`` (empty directories go to ``empty``); a lone file is a dataset of one.
 
     Local trees are walked lazily, so hashing starts while the walk goes on; ``confine``
@@ -229,7 +231,9 @@ class _Hasher:
     hashed (to be recorded in the digest cache) and ``None`` when the cache answered.
     """
 
-    def __init__(self, fs: AbstractFileSystem, progress: Progress | None, cache: DigestCache | None, snapshot: dict[str, Any]) -> None:
+    def __init__(
+        self, fs: AbstractFileSystem, progress: Progress | None, cache: DigestCache | None, snapshot: dict[str, Any]
+    ) -> None:
         self._fs = fs
         self._local = is_local(fs)
         self._progress = progress
@@ -282,7 +286,9 @@ def _stated(item: _Found, st: os.stat_result) -> _Found:
 
 
 def _changed(path: str, before: int, after: int) -> IntegrityError:
-    return IntegrityError(f"{path!r} changed while it was digested ({before} -> {after} bytes)", hint="retry once the source is quiet")
+    return IntegrityError(
+        f"{path!r} changed while it was digested ({before} -> {after} bytes)", hint="retry once the source is quiet"
+    )
 
 
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -350,7 +356,9 @@ def digest_files(
     if isinstance(found, _LocalWalk) and count > 1 and can_fork():
         head, rest = _peek(found.groups, PROCESS_MIN_FILES)
         if rest is not None:
-            return _ProcessPool(min(count, os.cpu_count() or 1), snapshot if cache is not None else None).digest(chain(head, rest), cache, progress)
+            return _ProcessPool(min(count, os.cpu_count() or 1), snapshot if cache is not None else None).digest(
+                chain(head, rest), cache, progress
+            )
         found = _LocalWalk(iter(head))
     hasher = _Hasher(fs, progress, cache, snapshot)
     batches = _Batches(hasher, count)
@@ -456,7 +464,9 @@ def _hash_request(request: list[_Dir], snapshot: _Snapshot | None, buffer: bytea
     return reply
 
 
-def _hash_names(reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: bytearray) -> tuple[str, str, int, int] | None:
+def _hash_names(
+    reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: bytearray
+) -> tuple[str, str, int, int] | None:
     """Append the columns of files ``names`` in directory ``dfd`` to ``reply`` (no cache).
 
     The hot loop of a big digest, kept to four system calls and one hash per small file
@@ -491,7 +501,9 @@ def _hash_names(reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: 
     return None
 
 
-def _hash_one(reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: bytearray) -> tuple[str, str, int, int] | None:
+def _hash_one(
+    reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: bytearray
+) -> tuple[str, str, int, int] | None:
     """Append one file's columns to ``reply`` (the error instead if it changed while read)."""
     if snapshot is not None:
         location = os.path.join(directory, name)
@@ -575,7 +587,9 @@ class _ProcessPool:
             for _ in range(self._processes):
                 mine, theirs = context.Pipe()
                 inherited = [conn for _, conn in workers] + [mine]
-                process = context.Process(target=_serve, args=(theirs, self._snapshot, inherited), name="dsagent-digest", daemon=True)
+                process = context.Process(
+                    target=_serve, args=(theirs, self._snapshot, inherited), name="dsagent-digest", daemon=True
+                )
                 process.start()
                 theirs.close()
                 workers.append((process, mine))
@@ -588,7 +602,9 @@ class _ProcessPool:
             cache.store(fresh)
         return entries
 
-    def _run(self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None) -> tuple[list[FileEntry], list[tuple[_Found, str]]]:
+    def _run(
+        self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None
+    ) -> tuple[list[FileEntry], list[tuple[_Found, str]]]:
         """Walk and dispatch; entries are made as replies come (while the workers still hash)."""
         pending = dict.fromkeys(conns, 0)
         entries: list[FileEntry] = []

@@ -143,7 +143,9 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
     start_writeback(fd)
 
 
-def _extract_stream(raw: IO[bytes], members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None) -> None:
+def _extract_stream(
+    raw: IO[bytes], members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None
+) -> None:
     what = f"bundle {bundle.digest}"
     expected = {entry.path: i for i, entry in enumerate(members)}
     seen: set[str] = set()
@@ -194,7 +196,9 @@ def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
             os.makedirs(current, exist_ok=True)
             continue
         if not stat.S_ISDIR(st.st_mode):
-            raise UnsafeArchive(f"{current} exists in the target and is not a directory", hint="clear the target directory")
+            raise UnsafeArchive(
+                f"{current} exists in the target and is not a directory", hint="clear the target directory"
+            )
     made.add(parent)
 
 
@@ -216,7 +220,9 @@ def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], du
         for path in moved:
             os.unlink(path)
         if isinstance(exc, OSError):
-            raise Conflict(f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory") from exc
+            raise Conflict(
+                f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory"
+            ) from exc
         raise
     if durable:
         syncfs(dest_dir)
@@ -229,7 +235,9 @@ def _local_writes(dest: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientSpace(f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets") from exc
+            raise InsufficientSpace(
+                f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets"
+            ) from exc
         raise SourceUnavailable(f"writing into {dest} failed: {exc}") from exc
 
 
@@ -262,7 +270,10 @@ def unpack_bundle(
     with _local_writes(dest):
         staging = _Staging(dest, bundle)
     try:
-        with translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"), fs.open(bundle_path(root, bundle.digest), "rb") as raw:
+        with (
+            translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"),
+            fs.open(bundle_path(root, bundle.digest), "rb") as raw,
+        ):
             with _local_writes(dest):  # inside: errors writing the target are not the store's
                 _extract_stream(raw, members, bundle, staging, progress)
         _publish(staging, dest, members, durable)
@@ -320,11 +331,25 @@ def unpack(
         count = workers or min(4, os.cpu_count() or 1)
         if count <= 1 or len(manifest.bundles) <= 1:
             for bundle in manifest.bundles:
-                unpack_bundle(store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False)
+                unpack_bundle(
+                    store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False
+                )
         else:
             shared = _locked(progress)
             with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
-                futures = [pool.submit(unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared, durable=False) for b in manifest.bundles]
+                futures = [
+                    pool.submit(
+                        unpack_bundle,
+                        store,
+                        manifest,
+                        b,
+                        stage,
+                        storage_options=storage_options,
+                        progress=shared,
+                        durable=False,
+                    )
+                    for b in manifest.bundles
+                ]
                 try:
                     for future in futures:
                         future.result()

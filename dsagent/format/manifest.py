@@ -139,7 +139,9 @@ class Manifest:
         return cls._assemble(name, ordered, dirs, tuple(bundles))
 
     @classmethod
-    def _assemble(cls, name: str, entries: tuple[FileEntry, ...], dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]) -> Manifest:
+    def _assemble(
+        cls, name: str, entries: tuple[FileEntry, ...], dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]
+    ) -> Manifest:
         """Digest and bundle index from one encoding of the (sorted, checked) entries."""
         try:
             records = _member_records(entries)
@@ -160,9 +162,7 @@ class Manifest:
 
     @property
     def header(self) -> ManifestHeader:
-        return ManifestHeader(
-            self.name, self.digest, self.file_count, self.total_bytes, self.bundles, self.directories
-        )
+        return ManifestHeader(self.name, self.digest, self.file_count, self.total_bytes, self.bundles, self.directories)
 
     def bundle_entries(self, bundle: BundleRef) -> Sequence[FileEntry]:
         """The entries stored in ``bundle``, in path order."""
@@ -221,7 +221,11 @@ def _first_unsafe(paths: Sequence[str]) -> str | None:
         and "\x00..\x00" not in components  # '..' component
     ):
         return None
-    return next(p for p in paths if not p or "\x00" in p or p.startswith("/") or any(part in ("", ".", "..") for part in p.split("/")))
+    return next(
+        p
+        for p in paths
+        if not p or "\x00" in p or p.startswith("/") or any(part in ("", ".", "..") for part in p.split("/"))
+    )
 
 
 def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> None:
@@ -252,7 +256,9 @@ def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> No
             raise InvalidInput(f"directory {directory!r} is not empty; only empty directories are listed")
 
 
-def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRef], records: Sequence[bytes] | None = None) -> None:
+def _check_bundle_index(
+    entries: Sequence[FileEntry], bundles: Sequence[BundleRef], records: Sequence[bytes] | None = None
+) -> None:
     encoded = records if records is not None else _member_records(entries)
     position = 0
     for ref in bundles:
@@ -282,7 +288,9 @@ def _member_records(entries: Iterable[FileEntry]) -> list[bytes]:
 
 
 def _dir_records(directories: Iterable[str]) -> list[bytes]:
-    return [b"D" + _LEN.pack(len(raw)) + raw for raw in (d.encode("utf-8", "surrogateescape") for d in sorted(directories))]
+    return [
+        b"D" + _LEN.pack(len(raw)) + raw for raw in (d.encode("utf-8", "surrogateescape") for d in sorted(directories))
+    ]
 
 
 def _digest_of(domain: bytes, records: Sequence[bytes]) -> str:
@@ -337,7 +345,9 @@ def _parse_header(line: bytes) -> ManifestHeader:
         if raw.get("format") != FORMAT:
             raise ValueError("not a dsplatform manifest")
         if raw.get("version") != FORMAT_VERSION:
-            raise ValueError(f"manifest format version {raw.get('version')!r} is not supported (this is {FORMAT_VERSION})")
+            raise ValueError(
+                f"manifest format version {raw.get('version')!r} is not supported (this is {FORMAT_VERSION})"
+            )
         bundles = tuple(BundleRef(str(d), int(f), int(c), int(s), int(z)) for d, f, c, s, z in raw["bundles"])
         return ManifestHeader(
             str(raw["name"]), str(raw["digest"]), int(raw["files"]), int(raw["bytes"]), bundles,
@@ -380,10 +390,14 @@ def _entry_batches(reader: FrameReader, limit: int, name: str) -> Iterator[list[
         pending += view
         *lines, pending = pending.split(b"\n")
         if len(pending) > MAX_ENTRY_LINE:
-            raise IntegrityError(f"corrupt manifest {name!r}: an entry line is over {MAX_ENTRY_LINE} bytes", hint="re-pack the dataset")
+            raise IntegrityError(
+                f"corrupt manifest {name!r}: an entry line is over {MAX_ENTRY_LINE} bytes", hint="re-pack the dataset"
+            )
         count += len(lines)
         if count > limit:
-            raise IntegrityError(f"corrupt manifest {name!r}: more entries than its header declares", hint="re-pack the dataset")
+            raise IntegrityError(
+                f"corrupt manifest {name!r}: more entries than its header declares", hint="re-pack the dataset"
+            )
         if lines:
             yield lines
     if pending:
@@ -407,7 +421,7 @@ def _header_line(stream: IO[bytes]) -> tuple[bytes, bytes]:
         if not chunk:
             raise IntegrityError("corrupt manifest: no header line", hint="re-pack the dataset")
         buffer += chunk
-        if len(buffer) > MAX_HEADER_LINE and b"\n" not in buffer[:MAX_HEADER_LINE + 1]:
+        if len(buffer) > MAX_HEADER_LINE and b"\n" not in buffer[: MAX_HEADER_LINE + 1]:
             raise IntegrityError("corrupt manifest: header line too long", hint="re-pack the dataset")
     line, _, rest = buffer.partition(b"\n")
     return line, rest
@@ -419,14 +433,20 @@ def read_manifest_stream(stream: IO[bytes]) -> Manifest:
     line, rest = _header_line(stream)
     header = _parse_header(line)
     if header.file_count < 0 or header.total_bytes < 0:
-        raise IntegrityError(f"corrupt manifest {header.name!r}: negative counts in its header", hint="re-pack the dataset")
+        raise IntegrityError(
+            f"corrupt manifest {header.name!r}: negative counts in its header", hint="re-pack the dataset"
+        )
     entries: tuple[FileEntry, ...] = ()
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
         reader = FrameReader(_Prefixed(first, stream), what, limit=header.file_count * MAX_ENTRY_LINE)  # type: ignore[arg-type]
         try:
-            entries = tuple(itertools.chain.from_iterable(_parse_batch(batch) for batch in _entry_batches(reader, header.file_count, header.name)))
+            entries = tuple(
+                itertools.chain.from_iterable(
+                    _parse_batch(batch) for batch in _entry_batches(reader, header.file_count, header.name)
+                )
+            )
         except (ValueError, TypeError) as exc:
             raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
     return _checked(header, entries)
@@ -438,7 +458,14 @@ def decode_manifest(data: bytes) -> Manifest:
 
 def _checked(header: ManifestHeader, entries: tuple[FileEntry, ...]) -> Manifest:
     paths = [e.path for e in entries]
-    well_typed = all(type(e.path) is str and type(e.size) is int and e.size >= 0 and type(e.mtime_ns) is int and type(e.digest) is str for e in entries)
+    well_typed = all(
+        type(e.path) is str
+        and type(e.size) is int
+        and e.size >= 0
+        and type(e.mtime_ns) is int
+        and type(e.digest) is str
+        for e in entries
+    )
     if not well_typed or not _HEX_LINES.fullmatch("\n".join(e.digest for e in entries) + "\n" if entries else ""):
         raise IntegrityError(f"corrupt manifest {header.name!r}: malformed file entry")
     if not all(map(operator.lt, paths, paths[1:])):
@@ -449,7 +476,11 @@ def _checked(header: ManifestHeader, entries: tuple[FileEntry, ...]) -> Manifest
         manifest = Manifest._assemble(header.name, entries, tuple(sorted(header.directories)), header.bundles)
     except InvalidInput as exc:
         raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}") from exc
-    if manifest.digest != header.digest or manifest.file_count != header.file_count or manifest.total_bytes != header.total_bytes:
+    if (
+        manifest.digest != header.digest
+        or manifest.file_count != header.file_count
+        or manifest.total_bytes != header.total_bytes
+    ):
         raise IntegrityError(f"corrupt manifest {header.name!r}: contents do not match its header digest")
     return manifest
 
@@ -475,7 +506,10 @@ def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] |
         with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
             return read_manifest_stream(stream)
     except NotFound as exc:
-        raise NotFound(f"no dataset {name!r} in bundle store {store}", hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}") from exc
+        raise NotFound(
+            f"no dataset {name!r} in bundle store {store}",
+            hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}",
+        ) from exc
 
 
 def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> ManifestHeader:

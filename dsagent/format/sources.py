@@ -49,7 +49,12 @@ DEFAULT_PROTOCOLS: tuple[str, ...] = ("s3", "gs", "az", "http", "https", "file")
 
 #: Aliases fsspec accepts for the same filesystem, folded to one name before the check.
 ALIASES: Mapping[str, str] = {
-    "s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az", "local": "file",
+    "s3a": "s3",
+    "gcs": "gs",
+    "abfs": "az",
+    "abfss": "az",
+    "adl": "az",
+    "local": "file",
 }
 
 #: Storage-option keys each protocol accepts: credentials, endpoint, region, anonymous
@@ -57,12 +62,32 @@ ALIASES: Mapping[str, str] = {
 #: ``sub`` in it. Nothing here names another filesystem, a local path or a callable.
 DEFAULT_OPTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "s3": (
-        "anon", "key", "secret", "token", "endpoint_url", "region_name", "requester_pays", "use_ssl",
-        "client_kwargs.region_name", "client_kwargs.endpoint_url", "client_kwargs.verify",
-        "config_kwargs.signature_version", "config_kwargs.s3.addressing_style",
+        "anon",
+        "key",
+        "secret",
+        "token",
+        "endpoint_url",
+        "region_name",
+        "requester_pays",
+        "use_ssl",
+        "client_kwargs.region_name",
+        "client_kwargs.endpoint_url",
+        "client_kwargs.verify",
+        "config_kwargs.signature_version",
+        "config_kwargs.s3.addressing_style",
     ),
     "gs": ("project", "token", "access", "endpoint_url", "requester_pays", "anon"),
-    "az": ("account_name", "account_key", "sas_token", "connection_string", "anon", "tenant_id", "client_id", "client_secret", "account_host"),
+    "az": (
+        "account_name",
+        "account_key",
+        "sas_token",
+        "connection_string",
+        "anon",
+        "tenant_id",
+        "client_id",
+        "client_secret",
+        "account_host",
+    ),
     "http": ("headers.*",),
     "https": ("headers.*",),
     "file": (),
@@ -135,7 +160,9 @@ def check_location(url: str, storage_options: Mapping[str, Any] | None, policy: 
     return Location(url, protocol, _check_local(url, policy.local_sources))
 
 
-def with_timeouts(url: str, bundles: str | None, options: Mapping[str, Any] | None, seconds: float) -> dict[str, Any] | None:
+def with_timeouts(
+    url: str, bundles: str | None, options: Mapping[str, Any] | None, seconds: float
+) -> dict[str, Any] | None:
     """``options`` plus the agent's own connect/read timeouts for ``url``'s protocol (HTTP:
     aiohttp's ``sock_connect``/``sock_read``; S3: botocore's ``connect_timeout``/``read_timeout``),
     so that no source operation waits forever on a peer that stopped answering. Only when
@@ -179,10 +206,15 @@ def _check_options(protocol: str, options: Mapping[str, Any] | None, allowed: Se
 
 def _scalar(protocol: str, key: str, value: Any) -> None:
     if not isinstance(value, _SCALARS):
-        raise InvalidInput(f"storage option {key!r} must be a string, number or boolean", hint="nested objects are not accepted here")
+        raise InvalidInput(
+            f"storage option {key!r} must be a string, number or boolean", hint="nested objects are not accepted here"
+        )
     only = _STRING_VALUES.get((protocol, key))
     if only is not None and isinstance(value, str) and value not in only:
-        raise InvalidInput(f"storage option {key!r} of {protocol!r} may not name a file on the node", hint=f"accepted strings: {sorted(only)}")
+        raise InvalidInput(
+            f"storage option {key!r} of {protocol!r} may not name a file on the node",
+            hint=f"accepted strings: {sorted(only)}",
+        )
 
 
 def _key_refused(protocol: str, key: str, allowed: Iterable[str]) -> InvalidInput:
@@ -210,7 +242,10 @@ def _within(path: str, roots: Sequence[str]) -> bool:
 def _check_local(url: str, local_sources: Sequence[Path]) -> str:
     text = _local_text(url)
     if not os.path.isabs(text):
-        raise InvalidInput(f"local source {url!r} is not an absolute path", hint="give the absolute path of a directory under DSAGENT_LOCAL_SOURCES")
+        raise InvalidInput(
+            f"local source {url!r} is not an absolute path",
+            hint="give the absolute path of a directory under DSAGENT_LOCAL_SOURCES",
+        )
     lexical = posixpath.normpath(text)
     roots = [posixpath.normpath(os.fspath(r)) for r in local_sources]
     refused = InvalidInput(
@@ -229,8 +264,21 @@ def _check_local(url: str, local_sources: Sequence[Path]) -> str:
     except OSError as exc:
         raise InvalidInput(f"local source {url!r} cannot be examined: {exc.strerror}") from exc
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-        raise InvalidInput(f"local source {url!r} is not a directory or a regular file (a FIFO, socket or device)", hint="datasets hold regular files only")
+        raise InvalidInput(
+            f"local source {url!r} is not a directory or a regular file (a FIFO, socket or device)",
+            hint="datasets hold regular files only",
+        )
     return real
 
 
-__all__ = ["ALIASES", "DEFAULT_OPTION_KEYS", "DEFAULT_PROTOCOLS", "Location", "SourcePolicy", "canonical_protocol", "check_location", "is_chain", "with_timeouts"]
+__all__ = [
+    "ALIASES",
+    "DEFAULT_OPTION_KEYS",
+    "DEFAULT_PROTOCOLS",
+    "Location",
+    "SourcePolicy",
+    "canonical_protocol",
+    "check_location",
+    "is_chain",
+    "with_timeouts",
+]

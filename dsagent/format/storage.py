@@ -25,13 +25,17 @@ from dsagent.format import storage_errors
 from dsagent.format.sources import is_chain
 
 
-def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
+def resolve(
+    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[AbstractFileSystem, str]:
     """The filesystem and the path inside it for ``url`` (a local path or any fsspec URL)."""
     text = os.fspath(url)
     if not text or "\x00" in text:
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
     storage_errors.check_url(text)
-    options = storage_errors.bounded_options(text.split("://", 1)[0].lower() if "://" in text else "file", storage_options or {})
+    options = storage_errors.bounded_options(
+        text.split("://", 1)[0].lower() if "://" in text else "file", storage_options or {}
+    )
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
             if is_chain(text):
@@ -41,7 +45,17 @@ def resolve(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
     except (ValueError, ImportError, TypeError) as exc:
         protocol = text.split("://", 1)[0] if "://" in text else "file"
         known = protocol in fsspec.available_protocols()
-        extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "http": "http", "https": "http"}.get(protocol, "all")
+        extra = {
+            "s3": "s3",
+            "s3a": "s3",
+            "gs": "gcs",
+            "gcs": "gcs",
+            "az": "azure",
+            "abfs": "azure",
+            "abfss": "azure",
+            "http": "http",
+            "https": "http",
+        }.get(protocol, "all")
         if not known:
             hint = f"'{protocol}://' is not a known fsspec protocol"
         elif isinstance(exc, ImportError):
@@ -78,7 +92,9 @@ def translate_errors(what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk is never "retry the source"
-            raise InsufficientSpace(f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets") from exc
+            raise InsufficientSpace(
+                f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets"
+            ) from exc
         error = storage_errors.classify(exc, what)
         if error is None or id(error) == id(exc):
             raise

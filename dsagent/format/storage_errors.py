@@ -154,21 +154,49 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
     detail = _short(exc)
     if isinstance(exc, TypeError):
         if "unexpected keyword argument" in str(exc) or "got an unexpected" in str(exc):
-            return InvalidInput(f"{what}: a storage option is not accepted by this filesystem ({detail})", hint="check the option names for this protocol")
+            return InvalidInput(
+                f"{what}: a storage option is not accepted by this filesystem ({detail})",
+                hint="check the option names for this protocol",
+            )
         return None
     if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
         return StorageCredentials(f"{what}: credentials missing or refused ({detail})", hint=CREDENTIALS_HINT[family])
     if "ParamValidationError" in names or "InvalidEndpoint" in names or "InvalidRegionError" in names:
-        return InvalidInput(f"{what}: invalid storage option ({detail})", hint="check endpoint_url, region and the other storage options")
-    if isinstance(exc, PermissionError) or service_code in {"AccessDenied", "AuthorizationFailure", "AuthorizationPermissionMismatch"} or status == 403:
-        return StorageForbidden(f"{what}: permission denied ({detail})", hint="the credentials work but may not do this: check the bucket policy or role")
-    if isinstance(exc, FileNotFoundError) or "ResourceNotFoundError" in names or service_code in {"NoSuchBucket", "NoSuchKey", "ContainerNotFound", "BlobNotFound"}:
-        return NotFound(f"{what}: not found ({detail})", hint="check the bucket and path; dsctl pack never creates buckets")
+        return InvalidInput(
+            f"{what}: invalid storage option ({detail})",
+            hint="check endpoint_url, region and the other storage options",
+        )
+    if (
+        isinstance(exc, PermissionError)
+        or service_code in {"AccessDenied", "AuthorizationFailure", "AuthorizationPermissionMismatch"}
+        or status == 403
+    ):
+        return StorageForbidden(
+            f"{what}: permission denied ({detail})",
+            hint="the credentials work but may not do this: check the bucket policy or role",
+        )
+    if (
+        isinstance(exc, FileNotFoundError)
+        or "ResourceNotFoundError" in names
+        or service_code in {"NoSuchBucket", "NoSuchKey", "ContainerNotFound", "BlobNotFound"}
+    ):
+        return NotFound(
+            f"{what}: not found ({detail})", hint="check the bucket and path; dsctl pack never creates buckets"
+        )
     if names & _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)) or "gaierror" in names:
-        return SourceUnavailable(f"{what}: store unreachable ({detail})", hint="check endpoint_url / the URL and that the store is reachable from here; retry later")
+        return SourceUnavailable(
+            f"{what}: store unreachable ({detail})",
+            hint="check endpoint_url / the URL and that the store is reachable from here; retry later",
+        )
     if isinstance(exc, OSError):
         return SourceUnavailable(f"{what}: {detail}")
-    if family != "other" or names & {"HttpError", "ClientResponseError", "HttpResponseError", "BotoCoreError", "ClientError"}:
+    if family != "other" or names & {
+        "HttpError",
+        "ClientResponseError",
+        "HttpResponseError",
+        "BotoCoreError",
+        "ClientError",
+    }:
         return SourceUnavailable(f"{what}: the store failed ({detail})")
     return None
 
@@ -190,7 +218,10 @@ def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
     """``(connect, read)`` seconds from ``DSAGENT_STORAGE_CONNECT_TIMEOUT`` / ``..._READ_TIMEOUT``."""
     env = os.environ if environ is None else environ
     values = []
-    for name, default in (("DSAGENT_STORAGE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT), ("DSAGENT_STORAGE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)):
+    for name, default in (
+        ("DSAGENT_STORAGE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT),
+        ("DSAGENT_STORAGE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT),
+    ):
         raw = env.get(name)
         try:
             value = default if not raw else parse_duration(raw)
@@ -202,7 +233,9 @@ def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
     return values[0], values[1]
 
 
-def bounded_options(protocol: str, options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def bounded_options(
+    protocol: str, options: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """``options`` with connect/read timeouts added for object stores (the caller's win)."""
     merged = dict(options)
     if protocol not in {"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"}:

@@ -161,7 +161,10 @@ class FrameReader:
         while view := self.read(CHUNK_SIZE):
             seen += len(view)
             if seen > max_tail or any(view):
-                raise IntegrityError(f"{self._what} has data after the end of its tar", hint="the bundle is corrupt or hostile; re-pack it")
+                raise IntegrityError(
+                    f"{self._what} has data after the end of its tar",
+                    hint="the bundle is corrupt or hostile; re-pack it",
+                )
 
 
 class _ReadAhead:
@@ -255,12 +258,16 @@ def iter_members(reader: FrameReader, what: str) -> Iterator[tarfile.TarInfo]:
             return
         info = _header(reader, block, what)
         if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) and info.size > MAX_EXTENDED_HEADER:
-            raise IntegrityError(f"{what} has a {info.size}-byte extended header", hint="the bundle is corrupt or hostile; re-pack it")
+            raise IntegrityError(
+                f"{what} has a {info.size}-byte extended header", hint="the bundle is corrupt or hostile; re-pack it"
+            )
         if info.type == tarfile.XHDTYPE:
             overrides.update(_pax_records(reader.read_exact(_padded(info.size)), what))
             continue
         if info.type == tarfile.GNUTYPE_LONGNAME:
-            overrides["path"] = reader.read_exact(_padded(info.size)).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            overrides["path"] = (
+                reader.read_exact(_padded(info.size)).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            )
             continue
         if info.type in (tarfile.XGLTYPE, tarfile.GNUTYPE_LONGLINK):
             raise UnsafeArchive(f"{what} uses a tar feature bundles never contain (type {info.type!r})")

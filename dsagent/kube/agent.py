@@ -83,7 +83,10 @@ class ClusterSettings(EnvSettings):
         if value <= 0:
             raise ValueError("must be positive")
         return value
-    class_mode: str = Field("numa", validation_alias=AliasChoices("class_mode", "DSAGENT_ROCE_CLASSES"))  # docs/design.md#roce-classes
+
+    class_mode: str = Field(
+        "numa", validation_alias=AliasChoices("class_mode", "DSAGENT_ROCE_CLASSES")
+    )  # docs/design.md#roce-classes
 
     @field_validator("class_mode")
     @classmethod
@@ -147,9 +150,17 @@ def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRe
 class ClusterAgent:
     """Cluster mode for one node; see the module docstring."""
 
-    def __init__(self, service: CacheService, settings: Settings, *, api_client: Any = None,
-                 topology: Any = "discover", cluster: ClusterSettings | None = None,
-                 environ: Mapping[str, str] | None = None, free_gpus: FreeGpuSource | None = None) -> None:
+    def __init__(
+        self,
+        service: CacheService,
+        settings: Settings,
+        *,
+        api_client: Any = None,
+        topology: Any = "discover",
+        cluster: ClusterSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        free_gpus: FreeGpuSource | None = None,
+    ) -> None:
         import os
 
         self.service = service
@@ -179,7 +190,9 @@ class ClusterAgent:
     async def start(self) -> None:
         """Start watching and publishing in the background; never blocks on the API server."""
         if not self.node_name:
-            raise InvalidInput("cluster mode needs the node's name", hint="set DSAGENT_NODE_NAME (downward API: spec.nodeName)")
+            raise InvalidInput(
+                "cluster mode needs the node's name", hint="set DSAGENT_NODE_NAME (downward API: spec.nodeName)"
+            )
         from kubernetes import client
 
         from dsagent.kube import apiclient
@@ -194,8 +207,9 @@ class ClusterAgent:
         port = self.settings.peer_port or (self.settings.listen[1] if self.settings.listen else 0)
         if self.settings.peer_token is not None and port:
             self.service.peers.cluster_holders = functools.partial(self.peer_holders, port=port)
-        self._watch = PodWatch(self._api_client, self.node_name, self._from_thread,
-                               timeout_seconds=self.cluster.watch_timeout)
+        self._watch = PodWatch(
+            self._api_client, self.node_name, self._from_thread, timeout_seconds=self.cluster.watch_timeout
+        )
         self._watch.start()
         self._background = [
             asyncio.create_task(self._consume(), name="dsagent-kube-pods"),
@@ -203,8 +217,11 @@ class ClusterAgent:
             asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
             asyncio.create_task(self._release_stale_tasks(), name="dsagent-kube-stale"),
         ]
-        log.info("cluster mode on node %s: watching its pods, publishing every %.0fs",
-                 self.node_name, self.cluster.publish_interval)
+        log.info(
+            "cluster mode on node %s: watching its pods, publishing every %.0fs",
+            self.node_name,
+            self.cluster.publish_interval,
+        )
 
     async def _check_node(self) -> None:
         """Fail fast on a wrong node name; an unreachable API server is retried later."""
@@ -214,7 +231,8 @@ class ClusterAgent:
             raise InvalidInput(
                 f"cluster mode: there is no node {self.node_name!r}",
                 hint="set DSAGENT_NODE_NAME from the downward API (fieldRef spec.nodeName); "
-                     "the pod's hostname is not the node's name") from None
+                "the pod's hostname is not the node's name",
+            ) from None
         except DsagentError as exc:
             log.warning("cannot read node %s yet (%s); retrying in the background", self.node_name, exc)
 
@@ -245,8 +263,10 @@ class ClusterAgent:
         deadline = time.monotonic() + self.cluster.guard_wait
         while not watch.has_pod(task_id):  # the init-container may be faster than the watch
             if time.monotonic() >= deadline:
-                raise TaskNotOnNode(f"task {task_id} is not a pod on node {self.node_name}",
-                                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)")
+                raise TaskNotOnNode(
+                    f"task {task_id} is not a pod on node {self.node_name}",
+                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
+                )
             await asyncio.sleep(0.05)
 
     # -- pods -------------------------------------------------------------------------
@@ -284,8 +304,13 @@ class ClusterAgent:
             log.warning("could not start caching for pod %s: %s", name, exc)
             return
         self._tasks[uid] = list(requests)
-        log.info("pod %s bound to %s: caching %s (%s)", name, self.node_name,
-                 ", ".join(r.name for r in requests), record.state)
+        log.info(
+            "pod %s bound to %s: caching %s (%s)",
+            name,
+            self.node_name,
+            ", ".join(r.name for r in requests),
+            record.state,
+        )
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
@@ -297,7 +322,9 @@ class ClusterAgent:
                 self._left_to_init.add(pod_uid(pod))
                 return None
             if requests is None:
-                log.info("pod %s needs storage credentials from Secrets: its init-container starts the caching", _name(pod))
+                log.info(
+                    "pod %s needs storage credentials from Secrets: its init-container starts the caching", _name(pod)
+                )
                 self._left_to_init.add(pod_uid(pod))
                 return None
             return requests
@@ -319,10 +346,14 @@ class ClusterAgent:
                 log.warning("pod %s: cannot resolve dataset %s: %s", _name(pod), ref.name, exc)
                 return None
             if dataset.storage_secret is not None:
-                log.info("pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name)
+                log.info(
+                    "pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name
+                )
                 self._left_to_init.add(pod_uid(pod))
                 return None
-            requests.append(DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options))
+            requests.append(
+                DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options)
+            )
         return requests or None
 
     async def _release(self, uid: str, name: str) -> None:
@@ -379,8 +410,9 @@ class ClusterAgent:
 
     async def publish_once(self) -> bool:
         """Patch the Node if what it should carry changed; True when it patched."""
-        desired = publisher.desired_annotations(await self.service.inventory(), self._topology_json,
-                                                await self._current_free_gpus())
+        desired = publisher.desired_annotations(
+            await self.service.inventory(), self._topology_json, await self._current_free_gpus()
+        )
         if self._annotations is None:
             self._annotations = await asyncio.to_thread(self._read_annotations)
         patch = publisher.annotation_patch(self._annotations, desired)
@@ -427,8 +459,12 @@ class ClusterAgent:
 
     def _patch_annotations(self, patch: Mapping[str, str | None]) -> None:
         with translated(f"patch node {self.node_name}"):
-            self._core.patch_node(self.node_name, {"metadata": {"annotations": dict(patch)}},
-                                  _content_type=MERGE_PATCH, _request_timeout=10)
+            self._core.patch_node(
+                self.node_name,
+                {"metadata": {"annotations": dict(patch)}},
+                _content_type=MERGE_PATCH,
+                _request_timeout=10,
+            )
 
     async def _clear_annotations(self) -> None:
         current = await asyncio.to_thread(self._read_annotations)
@@ -450,8 +486,12 @@ class ClusterAgent:
         try:
             self._topology_json = to_json(topology, mode=self.cluster.class_mode)
         except Exception as exc:  # subnet mode on a node whose NICs have no address yet
-            log.warning("RoCE classes by %s on node %s: %s; publishing the topology without classes",
-                        self.cluster.class_mode, self.node_name, exc)
+            log.warning(
+                "RoCE classes by %s on node %s: %s; publishing the topology without classes",
+                self.cluster.class_mode,
+                self.node_name,
+                exc,
+            )
             document = topology_to_dict(topology)
             document.pop("classMode", None)
             document["classes"] = []
@@ -472,4 +512,4 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "class_mode_from_env", "is_pod_uid"]
+__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]

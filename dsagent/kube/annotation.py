@@ -79,7 +79,9 @@ def _entry(item: Any, index: int) -> DatasetRef:
         raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}] must be an object with a 'name'")
     unknown = sorted(set(item) - _KEYS)
     if unknown:
-        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}] has unknown keys {unknown}", hint=f"allowed: {sorted(_KEYS)}")
+        raise InvalidInput(
+            f"{DATASETS_ANNOTATION}[{index}] has unknown keys {unknown}", hint=f"allowed: {sorted(_KEYS)}"
+        )
     options = item.get("storage_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].storage_options must be an object")

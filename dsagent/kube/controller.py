@@ -85,8 +85,16 @@ def _parse_time(text: Any) -> float | None:
 class LeaseElector:
     """One leader among the controller's replicas, by a ``coordination.k8s.io/v1`` Lease."""
 
-    def __init__(self, api_client: Any, *, namespace: str, name: str, identity: str,
-                 duration_s: int = 15, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        duration_s: int = 15,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         from kubernetes.client import CoordinationV1Api
 
         self._api: Any = CoordinationV1Api(api_client)
@@ -100,14 +108,19 @@ class LeaseElector:
         now = self.clock()
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_s, "renewTime": _iso(now)}
         try:
-            current = json.loads(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False).data)
+            current = json.loads(
+                self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False).data
+            )
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("reading Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
                 return False
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {**spec, "acquireTime": _iso(now), "leaseTransitions": 0}}
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**spec, "acquireTime": _iso(now), "leaseTransitions": 0},
+            }
             try:
                 self._api.create_namespaced_lease(self.namespace, body, _preload_content=False)
             except ApiException:
@@ -149,8 +162,16 @@ def listing_fingerprint(url: str, storage_options: Mapping[str, Any] | None = No
         info = found[name]
         if info.get("type") == "directory":
             continue
-        stamp = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("created")
-        digest.update(json.dumps([str(name)[len(str(path)):], info.get("size"), str(stamp)]).encode())
+        stamp = (
+            info.get("ETag")
+            or info.get("etag")
+            or info.get("md5Hash")
+            or info.get("mtime")
+            or info.get("LastModified")
+            or info.get("last_modified")
+            or info.get("created")
+        )
+        digest.update(json.dumps([str(name)[len(str(path)) :], info.get("size"), str(stamp)]).encode())
         digest.update(b"\n")
     return digest.hexdigest()[:32]
 
@@ -167,14 +188,20 @@ class ControllerMetrics:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.leader = Gauge("dsagent_controller_leader", "1 while this replica holds the Lease.", registry=r)
         self.passes = Counter("dsagent_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
-        self.pass_seconds = Histogram("dsagent_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r)
-        self.datasets = Counter("dsagent_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r)
-        self.pack_jobs = Counter("dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r)
+        self.pass_seconds = Histogram(
+            "dsagent_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
+        )
+        self.datasets = Counter(
+            "dsagent_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
+        )
+        self.pack_jobs = Counter(
+            "dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r
+        )
 
 
 @dataclass
 class ControllerSettings:
-    namespace: str = "default"            # where the Lease and the pack Jobs live
+    namespace: str = "default"  # where the Lease and the pack Jobs live
     lease_name: str = "dsplatform-dataset-controller"
     identity: str = field(default_factory=socket.gethostname)
     resync_s: float = 30.0
@@ -183,7 +210,7 @@ class ControllerSettings:
     agent_selector: str = "app.kubernetes.io/component=agent"
     agent_port: int = 7420
     admin_token: str | None = None
-    metrics_port: int | None = None       # serve /metrics (and /healthz) here
+    metrics_port: int | None = None  # serve /metrics (and /healthz) here
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -199,11 +226,15 @@ class ControllerSettings:
 
         defaults = cls()
         return cls(
-            namespace=get("NAMESPACE") or defaults.namespace, lease_name=get("LEASE") or defaults.lease_name,
-            identity=get("IDENTITY") or defaults.identity, resync_s=parse_duration(get("RESYNC") or defaults.resync_s),
-            pack_image=get("PACK_IMAGE") or defaults.pack_image, pack_service_account=get("PACK_SERVICE_ACCOUNT"),
+            namespace=get("NAMESPACE") or defaults.namespace,
+            lease_name=get("LEASE") or defaults.lease_name,
+            identity=get("IDENTITY") or defaults.identity,
+            resync_s=parse_duration(get("RESYNC") or defaults.resync_s),
+            pack_image=get("PACK_IMAGE") or defaults.pack_image,
+            pack_service_account=get("PACK_SERVICE_ACCOUNT"),
             agent_selector=get("AGENT_SELECTOR") or defaults.agent_selector,
-            agent_port=int(get("AGENT_PORT") or defaults.agent_port), admin_token=token or None,
+            agent_port=int(get("AGENT_PORT") or defaults.agent_port),
+            admin_token=token or None,
             metrics_port=int(get("METRICS_PORT") or 0) or None,
         )
 
@@ -249,17 +280,24 @@ def warm_task_id(namespace: str, name: str) -> str:
 class DatasetController:
     """Reconciles Datasets; :meth:`run_forever` for the process, :meth:`reconcile_all` in tests."""
 
-    def __init__(self, api_client: Any, settings: ControllerSettings, *, clock: Callable[[], float] = time.time,
-                 agent_call: AgentCall | None = None,
-                 fingerprint: Callable[[str, Mapping[str, Any] | None], str] = listing_fingerprint) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        settings: ControllerSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        agent_call: AgentCall | None = None,
+        fingerprint: Callable[[str, Mapping[str, Any] | None], str] = listing_fingerprint,
+    ) -> None:
         from kubernetes.client import BatchV1Api, CoreV1Api, CustomObjectsApi
 
         self.settings, self.clock, self.fingerprint = settings, clock, fingerprint
         self._core: Any = CoreV1Api(api_client)
         self._batch: Any = BatchV1Api(api_client)
         self._custom: Any = CustomObjectsApi(api_client)
-        self.elector = LeaseElector(api_client, namespace=settings.namespace, name=settings.lease_name,
-                                    identity=settings.identity, clock=clock)
+        self.elector = LeaseElector(
+            api_client, namespace=settings.namespace, name=settings.lease_name, identity=settings.identity, clock=clock
+        )
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
         self.metrics = ControllerMetrics()
@@ -320,7 +358,8 @@ class DatasetController:
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
             self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": changed}, _content_type=MERGE_PATCH)
+                GROUP, VERSION, namespace, PLURAL, name, {"status": changed}, _content_type=MERGE_PATCH
+            )
         return patch
 
     # -- packing --------------------------------------------------------------------------
@@ -340,15 +379,28 @@ class DatasetController:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self._batch.create_namespaced_job(self.settings.namespace, self._job(job, namespace, name, spec, pack, fingerprint))
+            self._batch.create_namespaced_job(
+                self.settings.namespace, self._job(job, namespace, name, spec, pack, fingerprint)
+            )
             self.metrics.pack_jobs.inc()
-            log.info("Dataset %s/%s: source listing %s is new; packing in Job %s", namespace, name, fingerprint[:12], job)
+            log.info(
+                "Dataset %s/%s: source listing %s is new; packing in Job %s", namespace, name, fingerprint[:12], job
+            )
             return {"fingerprint": fingerprint, "job": job, "state": "Running", "startTime": _iso(self.clock())}
-        conditions = {c.get("type"): c for c in (found.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+        conditions = {
+            c.get("type"): c for c in (found.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
+        }
         state = "Succeeded" if "Complete" in conditions else "Failed" if "Failed" in conditions else "Running"
-        out = {"fingerprint": fingerprint, "job": job, "state": state, "startTime": previous.get("startTime") or _iso(self.clock())}
+        out = {
+            "fingerprint": fingerprint,
+            "job": job,
+            "state": state,
+            "startTime": previous.get("startTime") or _iso(self.clock()),
+        }
         if state == "Failed":
-            out["message"] = str(conditions["Failed"].get("message") or conditions["Failed"].get("reason") or "the pack Job failed")[:500]
+            out["message"] = str(
+                conditions["Failed"].get("message") or conditions["Failed"].get("reason") or "the pack Job failed"
+            )[:500]
         return out
 
     def _job(self, job: str, namespace: str, name: str, spec: JSON, pack: JSON, fingerprint: str) -> JSON:
@@ -361,39 +413,79 @@ class DatasetController:
         args += ["--", spec["source"]]
         pod: JSON = {
             "restartPolicy": "Never",
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "pack", "image": self.settings.pack_image, "command": ["dsctl"], "args": args,
-                "env": [{"name": "HOME", "value": "/tmp"}],
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
-            }],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "pack",
+                    "image": self.settings.pack_image,
+                    "command": ["dsctl"],
+                    "args": args,
+                    "env": [{"name": "HOME", "value": "/tmp"}],
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
             "volumes": [{"name": "tmp", "emptyDir": {}}],
         }
         if self.settings.pack_service_account:
             pod["serviceAccountName"] = self.settings.pack_service_account
-        labels = {"app.kubernetes.io/part-of": "dsplatform", "app.kubernetes.io/component": "pack",
-                  "dsagent.io/dataset": name[:63], "dsagent.io/dataset-namespace": namespace[:63]}
+        labels = {
+            "app.kubernetes.io/part-of": "dsplatform",
+            "app.kubernetes.io/component": "pack",
+            "dsagent.io/dataset": name[:63],
+            "dsagent.io/dataset-namespace": namespace[:63],
+        }
         return {
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": job, "namespace": self.settings.namespace, "labels": labels,
-                         "annotations": {"dsagent.io/source-fingerprint": fingerprint}},
-            "spec": {"backoffLimit": 2, "ttlSecondsAfterFinished": 7 * 86400,
-                     "template": {"metadata": {"labels": labels}, "spec": pod}},
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": job,
+                "namespace": self.settings.namespace,
+                "labels": labels,
+                "annotations": {"dsagent.io/source-fingerprint": fingerprint},
+            },
+            "spec": {
+                "backoffLimit": 2,
+                "ttlSecondsAfterFinished": 7 * 86400,
+                "template": {"metadata": {"labels": labels}, "spec": pod},
+            },
         }
 
     # -- warm-up --------------------------------------------------------------------------
 
-    def _warm(self, namespace: str, name: str, spec: JSON, warm: JSON | None, previous: JSON,
-              nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> JSON:
+    def _warm(
+        self,
+        namespace: str,
+        name: str,
+        spec: JSON,
+        warm: JSON | None,
+        previous: JSON,
+        nodes: list[JSON],
+        inventories: Mapping[str, Mapping[str, Any]],
+    ) -> JSON:
         task = warm_task_id(namespace, name)
         before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
         start = _parse_time(warm.get("startTime")) if warm else None
         if warm is None or (start is not None and start > self.clock()):
             for node in before:
                 self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
-            return {"state": "Waiting" if warm is not None else "Off", "nodes": [], "readyNodes": 0,
-                    "desiredNodes": 0, "bytesDone": 0, "bytesWanted": 0}
+            return {
+                "state": "Waiting" if warm is not None else "Off",
+                "nodes": [],
+                "readyNodes": 0,
+                "desiredNodes": 0,
+                "bytesDone": 0,
+                "bytesWanted": 0,
+            }
         chosen = self._choose(name, warm, before, nodes, inventories)
         for node in before:
             if node not in chosen:
@@ -409,15 +501,20 @@ class DatasetController:
         desired = len(chosen)
         return {
             "state": "Ready" if desired and ready == desired else "Warming",
-            "desiredNodes": desired, "readyNodes": ready, "nodes": reports,
-            "bytesDone": sum(r["bytesDone"] for r in reports), "bytesWanted": sum(r["bytesWanted"] for r in reports),
+            "desiredNodes": desired,
+            "readyNodes": ready,
+            "nodes": reports,
+            "bytesDone": sum(r["bytesDone"] for r in reports),
+            "bytesWanted": sum(r["bytesWanted"] for r in reports),
         }
 
-    def _choose(self, name: str, warm: JSON, before: list[str], nodes: list[JSON],
-                inventories: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    def _choose(
+        self, name: str, warm: JSON, before: list[str], nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]
+    ) -> list[str]:
         selector = warm.get("nodeSelector") if isinstance(warm.get("nodeSelector"), dict) else None
         eligible = [
-            (n.get("metadata") or {}).get("name", "") for n in nodes
+            (n.get("metadata") or {}).get("name", "")
+            for n in nodes
             if (selector is None or _label_match(selector, (n.get("metadata") or {}).get("labels") or {}))
             and (n.get("metadata") or {}).get("name") in self._agent_nodes()
         ]
@@ -462,8 +559,11 @@ class DatasetController:
 
     def _find_agents(self) -> dict[str, str]:
         """node -> the agent's base URL, from the agent DaemonSet's running pods."""
-        pods = self._raw(lambda **kw: self._core.list_namespaced_pod(
-            self.settings.namespace, label_selector=self.settings.agent_selector, **kw))["items"]
+        pods = self._raw(
+            lambda **kw: self._core.list_namespaced_pod(
+                self.settings.namespace, label_selector=self.settings.agent_selector, **kw
+            )
+        )["items"]
         urls = {}
         for pod in pods:
             node, ip = (pod.get("spec") or {}).get("nodeName"), (pod.get("status") or {}).get("podIP")
@@ -499,7 +599,13 @@ def _warm_report(node: str, answer: tuple[int, Any] | None) -> JSON:
     item = datasets[0] if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict) else {}
     if code != 200 or not item:
         message = body.get("message") if isinstance(body, dict) else None
-        return {"node": node, "state": "failed", "bytesDone": 0, "bytesWanted": 0, "message": str(message or code)[:300]}
+        return {
+            "node": node,
+            "state": "failed",
+            "bytesDone": 0,
+            "bytesWanted": 0,
+            "message": str(message or code)[:300],
+        }
 
     def number(key: str) -> int:
         value = item.get(key)
@@ -513,11 +619,20 @@ def _warm_report(node: str, answer: tuple[int, Any] | None) -> JSON:
 
 
 def main() -> None:  # pragma: no cover - the container's entry point
-    logging.basicConfig(level=os.environ.get("DSAGENT_LOG_LEVEL", "info").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("DSAGENT_LOG_LEVEL", "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from dsagent.kube import apiclient
 
     settings = ControllerSettings.from_env()
-    log.info("Dataset controller %s starting (lease %s/%s, resync %.0f s)", settings.identity, settings.namespace, settings.lease_name, settings.resync_s)
+    log.info(
+        "Dataset controller %s starting (lease %s/%s, resync %.0f s)",
+        settings.identity,
+        settings.namespace,
+        settings.lease_name,
+        settings.resync_s,
+    )
     try:
         controller = DatasetController(apiclient.load(), settings)
         if settings.metrics_port:  # prometheus_client answers every path, /healthz included
@@ -533,4 +648,11 @@ if __name__ == "__main__":  # pragma: no cover
     main()
 
 
-__all__ = ["ControllerSettings", "DatasetController", "LeaseElector", "listing_fingerprint", "parse_inventory", "ready_nodes"]
+__all__ = [
+    "ControllerSettings",
+    "DatasetController",
+    "LeaseElector",
+    "listing_fingerprint",
+    "parse_inventory",
+    "ready_nodes",
+]

@@ -40,8 +40,10 @@ DRIVER = "datasets.dsagent.io"
 WAIT_CONTAINER = "dsagent-wait"
 MOUNT_PATH = "/dsagent-run"
 STATUS_FILE = MOUNT_PATH + "/status.json"
-INIT_WAIT_SCRIPT = (f'while [ ! -e {MOUNT_PATH}/ready ]; do '
-                    f'if [ -e {MOUNT_PATH}/failed ]; then cat {STATUS_FILE} >&2; exit 1; fi; sleep 0.2; done')
+INIT_WAIT_SCRIPT = (
+    f"while [ ! -e {MOUNT_PATH}/ready ]; do "
+    f"if [ -e {MOUNT_PATH}/failed ]; then cat {STATUS_FILE} >&2; exit 1; fi; sleep 0.2; done"
+)
 JSONPatch = list[dict[str, Any]]
 
 
@@ -49,28 +51,40 @@ def volume(datasets: Sequence[ResolvedDataset], injection: Injection) -> dict[st
     """The inline csi volume carrying the pod's dataset list."""
     secrets = sorted({d.secret.name for d in datasets if d.secret is not None})
     if len(secrets) > 1:
-        raise InvalidInput(f"the datasets of one pod name {len(secrets)} storage Secrets {secrets}; CSI mode passes one",
-                           hint="put every dataset's storage options in one Secret, one key per dataset")
+        raise InvalidInput(
+            f"the datasets of one pod name {len(secrets)} storage Secrets {secrets}; CSI mode passes one",
+            hint="put every dataset's storage options in one Secret, one key per dataset",
+        )
     entries = []
     for dataset in datasets:
         if dataset.storage_options:
-            raise InvalidInput(f"dataset {dataset.name!r} has inline storage options, which CSI mode does not put in a pod spec",
-                               hint="name a storage Secret in its Dataset instead")
+            raise InvalidInput(
+                f"dataset {dataset.name!r} has inline storage options, which CSI mode does not put in a pod spec",
+                hint="name a storage Secret in its Dataset instead",
+            )
         entry: dict[str, Any] = {"name": dataset.name, "source": dataset.source}
         if dataset.bundles:
             entry["bundles"] = dataset.bundles
         if dataset.secret is not None:
             entry["secretKey"] = dataset.secret.key or injection.storage_options_key
         entries.append(entry)
-    csi: dict[str, Any] = {"driver": injection.csi_driver, "readOnly": True,
-                           "volumeAttributes": {"datasets": json.dumps(entries, separators=(",", ":"))}}
+    csi: dict[str, Any] = {
+        "driver": injection.csi_driver,
+        "readOnly": True,
+        "volumeAttributes": {"datasets": json.dumps(entries, separators=(",", ":"))},
+    }
     if secrets:
         csi["nodePublishSecretRef"] = {"name": secrets[0]}
     return {"name": "dsagent-datasets", "csi": csi}
 
 
 def mount() -> dict[str, Any]:
-    return {"name": "dsagent-datasets", "mountPath": MOUNT_PATH, "readOnly": True, "mountPropagation": "HostToContainer"}
+    return {
+        "name": "dsagent-datasets",
+        "mountPath": MOUNT_PATH,
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
 
 
 def app_env(datasets: Sequence[ResolvedDataset]) -> list[dict[str, Any]]:
@@ -86,12 +100,19 @@ def app_env(datasets: Sequence[ResolvedDataset]) -> list[dict[str, Any]]:
 def wait_container(injection: Injection, name: str) -> dict[str, Any]:
     """``init`` mode: a blocking init-container that returns once the datasets are bound."""
     container: dict[str, Any] = {
-        "name": name, "image": injection.image, "imagePullPolicy": injection.image_pull_policy,
-        "command": ["/bin/sh", "-c", INIT_WAIT_SCRIPT], "volumeMounts": [mount()],
+        "name": name,
+        "image": injection.image,
+        "imagePullPolicy": injection.image_pull_policy,
+        "command": ["/bin/sh", "-c", INIT_WAIT_SCRIPT],
+        "volumeMounts": [mount()],
         "securityContext": {
-            "runAsUser": injection.run_as_user, "runAsGroup": injection.run_as_group, "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsUser": injection.run_as_user,
+            "runAsGroup": injection.run_as_group,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -100,8 +121,9 @@ def wait_container(injection: Injection, name: str) -> dict[str, Any]:
     return container
 
 
-def wire(spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *, overlap: bool,
-         wrap: Any) -> JSONPatch:
+def wire(
+    spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *, overlap: bool, wrap: Any
+) -> JSONPatch:
     """The volume, mounts, env and waiting of CSI mode (``wrap(path, container)``: the command wrapper)."""
     ops: JSONPatch = []
     if not overlap:
@@ -114,7 +136,9 @@ def wire(spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection
             raise InvalidInput(f"container {container.get('name')!r} already mounts something at {MOUNT_PATH}")
         ops += _append_all(f"{path}/volumeMounts", container.get("volumeMounts"), [mount()])
         defined = {e.get("name") for e in container.get("env") or []}
-        ops += _append_all(f"{path}/env", container.get("env"), [e for e in app_env(datasets) if e["name"] not in defined])
+        ops += _append_all(
+            f"{path}/env", container.get("env"), [e for e in app_env(datasets) if e["name"] not in defined]
+        )
         if overlap:
             ops += wrap(path, container)
     return ops
@@ -134,4 +158,14 @@ def _append_all(path: str, existing: Sequence[Any] | None, items: Sequence[Any])
     return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
 
 
-__all__ = ["DRIVER", "WAIT_CONTAINER", "MOUNT_PATH", "STATUS_FILE", "app_env", "mount", "volume", "wait_container", "wire"]
+__all__ = [
+    "DRIVER",
+    "WAIT_CONTAINER",
+    "MOUNT_PATH",
+    "STATUS_FILE",
+    "app_env",
+    "mount",
+    "volume",
+    "wait_container",
+    "wire",
+]

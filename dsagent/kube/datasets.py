@@ -57,8 +57,13 @@ class DatasetStatus:
     ready_nodes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"digest": self.digest, "files": self.files, "bytes": self.bytes,
-                                "bundles": self.bundles, "compressedBytes": self.compressed_bytes}
+        body: dict[str, Any] = {
+            "digest": self.digest,
+            "files": self.files,
+            "bytes": self.bytes,
+            "bundles": self.bundles,
+            "compressedBytes": self.compressed_bytes,
+        }
         if self.packed_time is not None:
             body["packedTime"] = self.packed_time
         return body
@@ -68,9 +73,15 @@ class DatasetStatus:
         digest = raw.get("digest")
         if not isinstance(digest, str):
             return None
-        return cls(digest=digest, files=int(raw.get("files") or 0), bytes=int(raw.get("bytes") or 0),
-                   bundles=int(raw.get("bundles") or 0), compressed_bytes=int(raw.get("compressedBytes") or 0),
-                   packed_time=raw.get("packedTime"), ready_nodes=tuple(raw.get("readyNodes") or ()))
+        return cls(
+            digest=digest,
+            files=int(raw.get("files") or 0),
+            bytes=int(raw.get("bytes") or 0),
+            bundles=int(raw.get("bundles") or 0),
+            compressed_bytes=int(raw.get("compressedBytes") or 0),
+            packed_time=raw.get("packedTime"),
+            ready_nodes=tuple(raw.get("readyNodes") or ()),
+        )
 
 
 @dataclass(frozen=True)
@@ -98,10 +109,20 @@ class Dataset:
         if not isinstance(source, str) or not source:
             raise InvalidInput(f"{where} has no spec.source")
         secret = spec.get("storageSecretRef")
-        ref = SecretRef(str(secret["name"]), secret.get("key")) if isinstance(secret, dict) and secret.get("name") else None
-        return cls(namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), source=source,
-                   bundles=spec.get("bundles") or None, storage_secret=ref,
-                   status=DatasetStatus.from_json(obj.get("status") or {}), generation=meta.get("generation"))
+        ref = (
+            SecretRef(str(secret["name"]), secret.get("key"))
+            if isinstance(secret, dict) and secret.get("name")
+            else None
+        )
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            source=source,
+            bundles=spec.get("bundles") or None,
+            storage_secret=ref,
+            status=DatasetStatus.from_json(obj.get("status") or {}),
+            generation=meta.get("generation"),
+        )
 
 
 class DatasetClient:
@@ -116,8 +137,9 @@ class DatasetClient:
     def get(self, namespace: str, name: str) -> Dataset:
         """The Dataset ``namespace/name``; :class:`NotFound` when there is none."""
         with translated(f"Dataset {namespace}/{name}"):
-            obj = self._api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                         _request_timeout=self._timeout)
+            obj = self._api.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self._timeout
+            )
         return Dataset.from_object(cast(dict[str, Any], obj))
 
     def list(self, namespace: str | None = None) -> list[Dataset]:
@@ -126,8 +148,9 @@ class DatasetClient:
             if namespace is None:
                 raw = self._api.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=self._timeout)
             else:
-                raw = self._api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                              _request_timeout=self._timeout)
+                raw = self._api.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, _request_timeout=self._timeout
+                )
         found = []
         for obj in cast(dict[str, Any], raw).get("items", []):
             try:
@@ -137,32 +160,47 @@ class DatasetClient:
         return found
 
     def create(self, namespace: str, name: str, *, source: str, bundles: str | None = None) -> Dataset:
-        body: DatasetObject = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                               "metadata": {"name": name, "namespace": namespace},
-                               "spec": {"source": source, **({"bundles": bundles} if bundles else {})}}
+        body: DatasetObject = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"source": source, **({"bundles": bundles} if bundles else {})},
+        }
         with translated(f"create Dataset {namespace}/{name}"):
-            obj = self._api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(body),
-                                                            _request_timeout=self._timeout)
+            obj = self._api.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, dict(body), _request_timeout=self._timeout
+            )
         return Dataset.from_object(cast(dict[str, Any], obj))
 
-    def update_status(self, namespace: str, name: str, status: DatasetStatus,
-                      *, observed_generation: int | None = None) -> Dataset:
+    def update_status(
+        self, namespace: str, name: str, status: DatasetStatus, *, observed_generation: int | None = None
+    ) -> Dataset:
         """Write the status subresource (a merge patch: fields not named stay)."""
         body = status.to_json()
         if observed_generation is not None:
             body["observedGeneration"] = observed_generation
         with translated(f"update status of Dataset {namespace}/{name}"):
             obj = self._api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": body},
-                _content_type=MERGE_PATCH, _request_timeout=self._timeout)
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": body},
+                _content_type=MERGE_PATCH,
+                _request_timeout=self._timeout,
+            )
         return Dataset.from_object(cast(dict[str, Any], obj))
 
 
 def status_from_manifest(manifest: Any, *, packed_time: str) -> DatasetStatus:
     """The status recording a packed :class:`dsagent.format.manifest.Manifest`."""
     return DatasetStatus(
-        digest=manifest.digest, files=manifest.file_count, bytes=manifest.total_bytes,
-        bundles=len(manifest.bundles), compressed_bytes=sum(b.compressed_size for b in manifest.bundles),
+        digest=manifest.digest,
+        files=manifest.file_count,
+        bytes=manifest.total_bytes,
+        bundles=len(manifest.bundles),
+        compressed_bytes=sum(b.compressed_size for b in manifest.bundles),
         packed_time=packed_time,
     )
 
@@ -171,8 +209,17 @@ def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def publish(manifest: Any, *, namespace: str, name: str | None = None, source: str, bundles: str | None,
-            api_client: Any = None, create: bool = True, now: Callable[[], str] = utc_now) -> Dataset:
+def publish(
+    manifest: Any,
+    *,
+    namespace: str,
+    name: str | None = None,
+    source: str,
+    bundles: str | None,
+    api_client: Any = None,
+    create: bool = True,
+    now: Callable[[], str] = utc_now,
+) -> Dataset:
     """Record a packed manifest as the current version of Dataset ``namespace/name``.
 
     ``dsctl pack --publish`` calls this after packing. The Dataset is created when missing
@@ -189,9 +236,9 @@ def publish(manifest: Any, *, namespace: str, name: str | None = None, source: s
         if not create:
             raise
         current = client.create(namespace, name, source=source, bundles=bundles)
-    return client.update_status(namespace, name, status_from_manifest(manifest, packed_time=now()),
-                                observed_generation=current.generation)
+    return client.update_status(
+        namespace, name, status_from_manifest(manifest, packed_time=now()), observed_generation=current.generation
+    )
 
 
-__all__ = ["Dataset", "DatasetClient", "DatasetObject", "DatasetStatus", "SecretRef", "publish",
-           "status_from_manifest"]
+__all__ = ["Dataset", "DatasetClient", "DatasetObject", "DatasetStatus", "SecretRef", "publish", "status_from_manifest"]

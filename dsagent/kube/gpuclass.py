@@ -73,8 +73,9 @@ class GpuClassSettings:
 
     def __post_init__(self) -> None:
         if not _RESOURCE_NAME.match(self.gpu_resource):
-            raise SettingsError(f"GPU resource {self.gpu_resource!r} is not an extended resource name",
-                                hint="e.g. nvidia.com/gpu")
+            raise SettingsError(
+                f"GPU resource {self.gpu_resource!r} is not an extended resource name", hint="e.g. nvidia.com/gpu"
+            )
         if not _PREFIX.match(self.prefix):
             raise SettingsError(f"class resource prefix {self.prefix!r} is not a DNS domain", hint="e.g. dsagent.io")
         if self.lease_ttl_s < 1:
@@ -164,8 +165,9 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def rewrite(pod: Mapping[str, Any], settings: GpuClassSettings, gpu_class: str, *,
-            annotations_exist: bool) -> JSONPatch:
+def rewrite(
+    pod: Mapping[str, Any], settings: GpuClassSettings, gpu_class: str, *, annotations_exist: bool
+) -> JSONPatch:
     """Replace every container's GPU (or other class) resource by ``gpu_class``'s, keeping
     the quantity, and annotate the pod with its class."""
     target = settings.resource(gpu_class)
@@ -174,8 +176,11 @@ def rewrite(pod: Mapping[str, Any], settings: GpuClassSettings, gpu_class: str, 
         resources = container.get("resources") or {}
         for kind in ("limits", "requests"):
             entries = resources.get(kind) or {}
-            moved = [name for name in entries
-                     if name == settings.gpu_resource or (name.startswith(settings.prefix + "/") and name != target)]
+            moved = [
+                name
+                for name in entries
+                if name == settings.gpu_resource or (name.startswith(settings.prefix + "/") and name != target)
+            ]
             amount = max((_quantity(entries[name]) for name in moved), default=0)
             for name in moved:
                 ops.append({"op": "remove", "path": f"{path}/resources/{kind}/{_escape(name)}"})
@@ -203,8 +208,14 @@ def controller_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The pod's controlling owner reference (its Job, PyTorchJob, ...), if any."""
     for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
         if isinstance(ref, dict) and ref.get("controller") and ref.get("uid") and ref.get("name"):
-            return {"apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"), "name": ref["name"],
-                    "uid": ref["uid"], "controller": False, "blockOwnerDeletion": False}
+            return {
+                "apiVersion": ref.get("apiVersion"),
+                "kind": ref.get("kind"),
+                "name": ref["name"],
+                "uid": ref["uid"],
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
     return None
 
 
@@ -272,8 +283,14 @@ def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
 class KubeGpuClasses:
     """Nodes and job Leases through an unmodified ``kubernetes`` ApiClient."""
 
-    def __init__(self, api_client: Any, settings: GpuClassSettings, *, request_timeout: float = 2.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        settings: GpuClassSettings,
+        *,
+        request_timeout: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         from kubernetes import client
 
         self.settings = settings
@@ -303,8 +320,9 @@ class KubeGpuClasses:
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             with translated(f"read Lease {namespace}/{name}"):
-                raw = self._leases.read_namespaced_lease(name, namespace, _preload_content=False,
-                                                         _request_timeout=self._timeout)
+                raw = self._leases.read_namespaced_lease(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
         except NotFound:
             return None
         found: dict[str, Any] = json.loads(raw.data)
@@ -312,16 +330,18 @@ class KubeGpuClasses:
 
     def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         with translated(f"create Lease {namespace}/{body['metadata']['name']}"):
-            raw = self._leases.create_namespaced_lease(namespace, body, _preload_content=False,
-                                                       _request_timeout=self._timeout)
+            raw = self._leases.create_namespaced_lease(
+                namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
         created: dict[str, Any] = json.loads(raw.data)
         return created
 
     def replace(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]
         with translated(f"replace Lease {namespace}/{name}"):
-            raw = self._leases.replace_namespaced_lease(name, namespace, body, _preload_content=False,
-                                                        _request_timeout=self._timeout)
+            raw = self._leases.replace_namespaced_lease(
+                name, namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
         replaced: dict[str, Any] = json.loads(raw.data)
         return replaced
 
@@ -336,8 +356,9 @@ class GpuClassPolicy:
         self.settings = settings
         self.kube = kube
 
-    def decide(self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool,
-               dry_run: bool = False) -> GpuDecision:
+    def decide(
+        self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool, dry_run: bool = False
+    ) -> GpuDecision:
         """The patch giving ``pod`` its job's class. ``dry_run`` (an AdmissionReview with
         ``dryRun: true``) reads the job's Lease but never writes one."""
         s = self.settings
@@ -355,23 +376,40 @@ class GpuClassPolicy:
         else:
             gpu_class = self.job_class(pod, namespace, job, need, own, dry_run=dry_run)
             if own is not None and gpu_class is not None and own != gpu_class:
-                warnings.append(f"dsplatform: job {job} uses GPU class {gpu_class}; the pod's {s.resource(own)} "
-                                f"request was changed to {s.resource(gpu_class)}")
+                warnings.append(
+                    f"dsplatform: job {job} uses GPU class {gpu_class}; the pod's {s.resource(own)} "
+                    f"request was changed to {s.resource(gpu_class)}"
+                )
         if gpu_class is None:
-            return GpuDecision(warnings=(f"dsplatform: no node publishes a GPU class that can hold {need} GPUs; "
-                                         f"the pod keeps its {s.gpu_resource} request",))
+            return GpuDecision(
+                warnings=(
+                    f"dsplatform: no node publishes a GPU class that can hold {need} GPUs; "
+                    f"the pod keeps its {s.gpu_resource} request",
+                )
+            )
         if own is None and self.kube.cluster().largest(gpu_class) < need:
-            return GpuDecision(warnings=(f"dsplatform: {need} GPUs exceed every node's class {gpu_class}; "
-                                         f"the pod keeps its {s.gpu_resource} request (a whole-node worker)",),
-                               gpu_class=gpu_class)
+            return GpuDecision(
+                warnings=(
+                    f"dsplatform: {need} GPUs exceed every node's class {gpu_class}; "
+                    f"the pod keeps its {s.gpu_resource} request (a whole-node worker)",
+                ),
+                gpu_class=gpu_class,
+            )
         patch = rewrite(pod, s, gpu_class, annotations_exist=annotations_exist)
         if patch:
-            log.info("pod %s/%s (job %s): %d GPUs of class %s", namespace,
-                     meta.get("name") or meta.get("generateName"), job, need, gpu_class)
+            log.info(
+                "pod %s/%s (job %s): %d GPUs of class %s",
+                namespace,
+                meta.get("name") or meta.get("generateName"),
+                job,
+                need,
+                gpu_class,
+            )
         return GpuDecision(patch, tuple(warnings), gpu_class)
 
-    def job_class(self, pod: Mapping[str, Any], namespace: str, job: str, need: int, own: str | None, *,
-                  dry_run: bool = False) -> str | None:
+    def job_class(
+        self, pod: Mapping[str, Any], namespace: str, job: str, need: int, own: str | None, *, dry_run: bool = False
+    ) -> str | None:
         """The job's class from its Lease, creating the Lease (by vote) for its first worker."""
         name = lease_name(job)
         owner = controller_of(pod)
@@ -398,15 +436,23 @@ class GpuClassPolicy:
             return str((created.get("spec") or {}).get("holderIdentity") or gpu_class)
         raise DsagentError(f"the Lease {namespace}/{name} of job {job} keeps changing")
 
-    def _lease(self, name: str, job: str, gpu_class: str, owner: dict[str, Any] | None, *,
-               previous: dict[str, Any] | None) -> dict[str, Any]:
+    def _lease(
+        self, name: str, job: str, gpu_class: str, owner: dict[str, Any] | None, *, previous: dict[str, Any] | None
+    ) -> dict[str, Any]:
         now = micro_time(self.kube.now())
-        meta: dict[str, Any] = {"name": name, "labels": {LEASE_LABEL: "true", "app.kubernetes.io/managed-by": "dsplatform"},
-                                "annotations": {JOB_ANNOTATION: job}}
+        meta: dict[str, Any] = {
+            "name": name,
+            "labels": {LEASE_LABEL: "true", "app.kubernetes.io/managed-by": "dsplatform"},
+            "annotations": {JOB_ANNOTATION: job},
+        }
         if owner is not None:
             meta["ownerReferences"] = [owner]
-        spec: dict[str, Any] = {"holderIdentity": gpu_class, "leaseDurationSeconds": self.settings.lease_ttl_s,
-                                "acquireTime": now, "renewTime": now}
+        spec: dict[str, Any] = {
+            "holderIdentity": gpu_class,
+            "leaseDurationSeconds": self.settings.lease_ttl_s,
+            "acquireTime": now,
+            "renewTime": now,
+        }
         if previous is not None:
             meta["resourceVersion"] = (previous.get("metadata") or {}).get("resourceVersion")
             transitions = (previous.get("spec") or {}).get("leaseTransitions") or 0

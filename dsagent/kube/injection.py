@@ -53,11 +53,21 @@ class Injection:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Injection:
-        keys = {"image": "image", "imagePullPolicy": "image_pull_policy", "schedulerName": "scheduler_name",
-                "cacheDir": "cache_dir", "socketDir": "socket_dir", "datasetsMountPath": "datasets_mount_path",
-                "socketMountPath": "socket_mount_path", "runAsUser": "run_as_user", "runAsGroup": "run_as_group",
-                "storageOptionsKey": "storage_options_key", "resources": "resources",
-                "volumeMode": "volume_mode", "csiDriver": "csi_driver"}
+        keys = {
+            "image": "image",
+            "imagePullPolicy": "image_pull_policy",
+            "schedulerName": "scheduler_name",
+            "cacheDir": "cache_dir",
+            "socketDir": "socket_dir",
+            "datasetsMountPath": "datasets_mount_path",
+            "socketMountPath": "socket_mount_path",
+            "runAsUser": "run_as_user",
+            "runAsGroup": "run_as_group",
+            "storageOptionsKey": "storage_options_key",
+            "resources": "resources",
+            "volumeMode": "volume_mode",
+            "csiDriver": "csi_driver",
+        }
         unknown = sorted(set(raw) - set(keys))
         if unknown:
             raise InvalidInput(f"injection: unknown keys {unknown}", hint=f"known: {sorted(keys)}")

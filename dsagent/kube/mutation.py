@@ -67,8 +67,10 @@ INJECTED_ANNOTATION = "dsagent.io/injected"
 WAIT_ANNOTATION = "dsagent.io/wait"
 LINK_DIR = RUN_DIR + "/datasets"
 # An app container: wait for the mark, then become the original command ($0 "$@").
-WAIT_SCRIPT = (f'if [ ! -e {READY_MARK} ]; then echo "dsplatform: waiting for datasets" >&2; fi; '
-               f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"')
+WAIT_SCRIPT = (
+    f'if [ ! -e {READY_MARK} ]; then echo "dsplatform: waiting for datasets" >&2; fi; '
+    f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"'
+)
 DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
 JSONPatch = list[dict[str, Any]]
 
@@ -81,9 +83,16 @@ def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tup
             resolved.append(ResolvedDataset(ref.name, ref.source, ref.bundles, ref.digest, None, ref.storage_options))
             continue
         dataset = lookup(ref.name)
-        resolved.append(ResolvedDataset(
-            name=ref.name, source=dataset.source, bundles=ref.bundles or dataset.bundles,
-            digest=ref.digest, secret=dataset.storage_secret, storage_options=ref.storage_options))
+        resolved.append(
+            ResolvedDataset(
+                name=ref.name,
+                source=dataset.source,
+                bundles=ref.bundles or dataset.bundles,
+                digest=ref.digest,
+                secret=dataset.storage_secret,
+                storage_options=ref.storage_options,
+            )
+        )
     return tuple(resolved)
 
 
@@ -95,7 +104,6 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
     overlap = wait_mode(pod) == "overlap"
     ops: JSONPatch = []
     if injection.volume_mode == "csi":
-
         ops += csivolume.wire(spec, datasets, injection, overlap=overlap, wrap=_wait_before)
     else:
         ops += _hostpath_wiring(spec, datasets, injection, overlap=overlap)
@@ -106,11 +114,13 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
     return ops
 
 
-def _hostpath_wiring(spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *,
-                     overlap: bool) -> JSONPatch:
+def _hostpath_wiring(
+    spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *, overlap: bool
+) -> JSONPatch:
     ops: JSONPatch = []
-    ops += _prepend("/spec/initContainers", spec.get("initContainers"),
-                    init_container(datasets, injection, sidecar=overlap))
+    ops += _prepend(
+        "/spec/initContainers", spec.get("initContainers"), init_container(datasets, injection, sidecar=overlap)
+    )
     ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
     for index, container in enumerate(spec.get("containers") or []):
         path = f"/spec/containers/{index}"
@@ -134,12 +144,15 @@ def cache_script(injection: Injection, *, sidecar: bool) -> str:
     """Cache (waiting with progress), link ``$DSAGENT_DATASETS_DIR/<name>`` to the bound
     versions; as a sidecar also mark ready and stay up until the pod ends. If caching
     fails the container exits, and the kubelet restarts it with back-off: it retries."""
-    script = (f"dsctl cache --from-env && "
-              f"python -m dsagent.cli.links {LINK_DIR} {shlex.quote(injection.datasets_mount_path)}")
+    script = (
+        f"dsctl cache --from-env && python -m dsagent.cli.links {LINK_DIR} {shlex.quote(injection.datasets_mount_path)}"
+    )
     return script + (f" && touch {READY_MARK} && exec sleep infinity" if sidecar else "")
 
 
-def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *, sidecar: bool = False) -> dict[str, Any]:
+def init_container(
+    datasets: Sequence[ResolvedDataset], injection: Injection, *, sidecar: bool = False
+) -> dict[str, Any]:
     """The ``dsagent-cache`` container: a native sidecar (``sidecar``) or a blocking init-container."""
     names = [options_env_name(d.name) for d in datasets]
     clashes = sorted({n for n in names if names.count(n) > 1})
@@ -152,8 +165,17 @@ def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *,
     ]
     for dataset in datasets:
         if dataset.secret is not None:
-            env.append({"name": options_env_name(dataset.name), "valueFrom": {"secretKeyRef": {
-                "name": dataset.secret.name, "key": dataset.secret.key or injection.storage_options_key}}})
+            env.append(
+                {
+                    "name": options_env_name(dataset.name),
+                    "valueFrom": {
+                        "secretKeyRef": {
+                            "name": dataset.secret.name,
+                            "key": dataset.secret.key or injection.storage_options_key,
+                        }
+                    },
+                }
+            )
     container: dict[str, Any] = {
         "name": INIT_CONTAINER,
         "image": injection.image,
@@ -164,12 +186,21 @@ def init_container(datasets: Sequence[ResolvedDataset], injection: Injection, *,
             {"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path},
             {"name": RUN_VOLUME, "mountPath": RUN_DIR},
             # read-only, only so the link step sees what it links to
-            {"name": DATASETS_VOLUME, "mountPath": injection.datasets_mount_path, "subPath": "datasets", "readOnly": True},
+            {
+                "name": DATASETS_VOLUME,
+                "mountPath": injection.datasets_mount_path,
+                "subPath": "datasets",
+                "readOnly": True,
+            },
         ],
         "securityContext": {
-            "runAsUser": injection.run_as_user, "runAsGroup": injection.run_as_group, "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsUser": injection.run_as_user,
+            "runAsGroup": injection.run_as_group,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -194,24 +225,39 @@ def _wait_before(path: str, container: Mapping[str, Any]) -> JSONPatch:
     return [{"op": "replace", "path": f"{path}/command", "value": ["/bin/sh", "-c", WAIT_SCRIPT, *command]}]
 
 
-def _wire_container(path: str, container: Mapping[str, Any], datasets: Sequence[ResolvedDataset],
-                    injection: Injection) -> JSONPatch:
+def _wire_container(
+    path: str, container: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection
+) -> JSONPatch:
     taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
-    mounts = [m for m in (
-        # subPath: only the ready datasets, never the catalog or staging directories
-        {"name": DATASETS_VOLUME, "mountPath": injection.datasets_mount_path, "subPath": "datasets", "readOnly": True},
-        {"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path},
-        {"name": RUN_VOLUME, "mountPath": RUN_DIR, "readOnly": True},  # the links and the ready mark
-    ) if m["mountPath"] not in taken]
+    mounts = [
+        m
+        for m in (
+            # subPath: only the ready datasets, never the catalog or staging directories
+            {
+                "name": DATASETS_VOLUME,
+                "mountPath": injection.datasets_mount_path,
+                "subPath": "datasets",
+                "readOnly": True,
+            },
+            {"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path},
+            {"name": RUN_VOLUME, "mountPath": RUN_DIR, "readOnly": True},  # the links and the ready mark
+        )
+        if m["mountPath"] not in taken
+    ]
     defined = {e.get("name") for e in container.get("env") or []}
-    env = [e for e in (
-        {"name": "DSAGENT_TASK_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-        {"name": "DSAGENT_DATASETS", "value": _datasets_json(datasets, with_options=False)},
-        {"name": "DSAGENT_SOCKET", "value": injection.socket_path},
-        {"name": "DSAGENT_DATASETS_DIR", "value": LINK_DIR},
-    ) if e["name"] not in defined]  # what the user set wins
-    return (_append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts)
-            + _append_all(f"{path}/env", container.get("env"), env))
+    env = [
+        e
+        for e in (
+            {"name": "DSAGENT_TASK_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": "DSAGENT_DATASETS", "value": _datasets_json(datasets, with_options=False)},
+            {"name": "DSAGENT_SOCKET", "value": injection.socket_path},
+            {"name": "DSAGENT_DATASETS_DIR", "value": LINK_DIR},
+        )
+        if e["name"] not in defined
+    ]  # what the user set wins
+    return _append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts) + _append_all(
+        f"{path}/env", container.get("env"), env
+    )
 
 
 def _supplemental_group(security: Mapping[str, Any] | None, gid: int) -> JSONPatch:
@@ -245,7 +291,8 @@ def _append_all(path: str, existing: Sequence[Any] | None, items: Sequence[Any])
 
 def _already_injected(spec: Mapping[str, Any]) -> bool:
     return any(c.get("name") == INIT_CONTAINER for c in spec.get("initContainers") or []) or any(
-        v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME, RUN_VOLUME) for v in spec.get("volumes") or [])
+        v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME, RUN_VOLUME) for v in spec.get("volumes") or []
+    )
 
 
 def _datasets_json(datasets: Sequence[ResolvedDataset], *, with_options: bool) -> str:
@@ -256,5 +303,15 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-__all__ = ["INIT_CONTAINER", "READY_MARK", "Injection", "JSONPatch", "ResolvedDataset", "init_container", "mutate",
-           "options_env_name", "resolve", "wait_mode"]
+__all__ = [
+    "INIT_CONTAINER",
+    "READY_MARK",
+    "Injection",
+    "JSONPatch",
+    "ResolvedDataset",
+    "init_container",
+    "mutate",
+    "options_env_name",
+    "resolve",
+    "wait_mode",
+]

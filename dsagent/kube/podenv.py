@@ -47,7 +47,11 @@ def datasets_from_env(environ: Mapping[str, str]) -> list[dict[str, Any]]:
         dataset = {key: item[key] for key in ("name", "source", "bundles") if item.get(key)}
         if default_bundles and "bundles" not in dataset:
             dataset["bundles"] = default_bundles
-        options = {**shared, **dict(item.get("storage_options") or {}), **_options_from_env(environ, options_env_name(str(item["name"])))}
+        options = {
+            **shared,
+            **dict(item.get("storage_options") or {}),
+            **_options_from_env(environ, options_env_name(str(item["name"]))),
+        }
         if options:
             dataset["storage_options"] = options
         datasets.append(dataset)

@@ -38,8 +38,15 @@ class _Gone(Exception):
 class PodWatch:
     """The pods on one node, kept current by list+watch in a background thread."""
 
-    def __init__(self, api_client: Any, node_name: str, on_event: OnEvent, *, timeout_seconds: int = 300,
-                 backoff: tuple[float, float] = (0.2, 5.0)) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        node_name: str,
+        on_event: OnEvent,
+        *,
+        timeout_seconds: int = 300,
+        backoff: tuple[float, float] = (0.2, 5.0),
+    ) -> None:
         from kubernetes import client
 
         self._api = client.CoreV1Api(api_client)
@@ -101,8 +108,11 @@ class PodWatch:
                 self._relist()
             self._watch()
         except _Gone:
-            log.info("pod watch on %s: resourceVersion %s expired (410 Gone); relisting",
-                     self.node_name, self.resource_version)
+            log.info(
+                "pod watch on %s: resourceVersion %s expired (410 Gone); relisting",
+                self.node_name,
+                self.resource_version,
+            )
             self.resource_version = None
 
     def _sleep(self, seconds: float) -> None:
@@ -112,12 +122,12 @@ class PodWatch:
         """Log a failure (the API server restarting, a network blip, a 5xx) before the wait."""
         exc = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning("pod watch on %s failed (%s: %s); retrying in %.1fs", self.node_name,
-                    type(exc).__name__, exc, wait)
+        log.warning("pod watch on %s failed (%s: %s); retrying in %.1fs", self.node_name, type(exc).__name__, exc, wait)
 
     def _relist(self) -> None:
-        result: Any = self._api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}",
-                                                       _request_timeout=30, _preload_content=False)
+        result: Any = self._api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node_name}", _request_timeout=30, _preload_content=False
+        )
         try:
             if result.status != 200:
                 raise RuntimeError(f"listing pods: HTTP {result.status}")
@@ -143,9 +153,14 @@ class PodWatch:
         from kubernetes.watch.watch import iter_resp_lines
 
         resp: Any = self._api.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node_name}", resource_version=self.resource_version,
-            allow_watch_bookmarks=True, timeout_seconds=self._timeout, watch=True,
-            _preload_content=False, _request_timeout=(10, self._timeout + 30))
+            field_selector=f"spec.nodeName={self.node_name}",
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._timeout,
+            watch=True,
+            _preload_content=False,
+            _request_timeout=(10, self._timeout + 30),
+        )
         self._resp = resp
         try:
             if resp.status != 200:

@@ -32,8 +32,9 @@ TOPOLOGY_BUDGET = 32 * 1024
 FREE_BYTES_QUANTUM = 64 << 20  # at least; 0.5% of the capacity on large disks
 
 
-def desired_annotations(inventory: Mapping[str, Any] | None, topology_json: str | None,
-                        free_gpus: Sequence[int] | None) -> dict[str, str]:
+def desired_annotations(
+    inventory: Mapping[str, Any] | None, topology_json: str | None, free_gpus: Sequence[int] | None
+) -> dict[str, str]:
     """The annotations this node should carry now."""
     desired: dict[str, str] = {}
     if inventory is not None:
@@ -112,5 +113,17 @@ def applied(current: Mapping[str, str] | None, patch: Mapping[str, str | None]) 
     return result
 
 
-__all__ = ["FREE_BYTES_QUANTUM", "FREE_GPUS", "INVENTORY", "OWNED", "TOPOLOGY", "annotation_patch", "applied", "clearing_patch",
-           "desired_annotations", "free_gpus", "gpu_request", "quantized"]
+__all__ = [
+    "FREE_BYTES_QUANTUM",
+    "FREE_GPUS",
+    "INVENTORY",
+    "OWNED",
+    "TOPOLOGY",
+    "annotation_patch",
+    "applied",
+    "clearing_patch",
+    "desired_annotations",
+    "free_gpus",
+    "gpu_request",
+    "quantized",
+]

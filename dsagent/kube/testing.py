@@ -47,10 +47,17 @@ class ContainerRun:
 class SimulatedKubelet:
     """Run one pod; ``run()`` returns each container's timeline (monotonic seconds)."""
 
-    def __init__(self, pod: Mapping[str, Any], *, pull: Pull, host_paths: Mapping[str, str] | None = None,
-                 secrets: Mapping[tuple[str, str], str] | None = None, uid: str | None = None,
-                 extra_env: Mapping[str, str] | None = None,
-                 csi: Callable[[Mapping[str, Any]], str] | None = None) -> None:
+    def __init__(
+        self,
+        pod: Mapping[str, Any],
+        *,
+        pull: Pull,
+        host_paths: Mapping[str, str] | None = None,
+        secrets: Mapping[tuple[str, str], str] | None = None,
+        uid: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        csi: Callable[[Mapping[str, Any]], str] | None = None,
+    ) -> None:
         self.pod = pod
         self.pull = pull
         self.host_paths = dict(host_paths or {})
@@ -89,11 +96,17 @@ class SimulatedKubelet:
     def _start(self, container: Mapping[str, Any], volumes: Mapping[str, str]) -> ContainerRun:
         run = ContainerRun(container["name"], pull_started=time.monotonic())
         self.pull(container.get("image", ""))
-        mounts = {m["mountPath"]: os.path.join(volumes[m["name"]], m.get("subPath", ""))
-                  for m in container.get("volumeMounts") or [] if m["name"] in volumes}
+        mounts = {
+            m["mountPath"]: os.path.join(volumes[m["name"]], m.get("subPath", ""))
+            for m in container.get("volumeMounts") or []
+            if m["name"] in volumes
+        }
         argv = [self._map(a, mounts) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
-        env = {**os.environ, **self.extra_env, **{e["name"]: self._map(self._value(e), mounts)
-                                                  for e in container.get("env") or []}}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            **{e["name"]: self._map(self._value(e), mounts) for e in container.get("env") or []},
+        }
         run.started = time.monotonic()
         run.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.runs[run.name] = run

@@ -70,15 +70,23 @@ class Decision:
     warnings: tuple[str, ...] = ()
 
 
-def decide(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup,
-           gpu: GpuClassPolicy | None = None, *, dry_run: bool = False) -> Decision:
+def decide(
+    pod: Mapping[str, Any],
+    namespace: str,
+    injection: Injection,
+    lookup: Lookup,
+    gpu: GpuClassPolicy | None = None,
+    *,
+    dry_run: bool = False,
+) -> Decision:
     """What to do with one pod: wire its datasets and (with ``gpu``) give its GPU request
     its job's class; never raises (an error becomes a warning and no patch for that part)."""
     datasets = _decide_datasets(pod, namespace, injection, lookup)
     if gpu is None:
         return datasets
     annotated = (pod.get("metadata") or {}).get("annotations") is not None or any(
-        op.get("path") == "/metadata/annotations" for op in datasets.patch)
+        op.get("path") == "/metadata/annotations" for op in datasets.patch
+    )
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
     try:
         classes = gpu.decide(pod, namespace, annotations_exist=annotated, dry_run=dry_run)
@@ -90,8 +98,10 @@ def decide(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup:
     else:
         return Decision(datasets.patch + classes.patch, datasets.warnings + classes.warnings)
     log.warning("pod %s/%s admitted without a GPU class: %s", namespace, name, reason)
-    return Decision(datasets.patch, datasets.warnings + (
-        f"dsplatform: GPU class not assigned, the pod keeps its GPU request: {reason}",))
+    return Decision(
+        datasets.patch,
+        datasets.warnings + (f"dsplatform: GPU class not assigned, the pod keeps its GPU request: {reason}",),
+    )
 
 
 def _decide_datasets(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
@@ -134,15 +144,15 @@ def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None 
         try:
             review = _Review.model_validate(json.loads(await request.body()))
         except (ValueError, ValidationError) as exc:
-            return JSONResponse({"code": "invalid_input", "message": f"not an AdmissionReview: {exc}"[:500]},
-                                status_code=400)
+            return JSONResponse(
+                {"code": "invalid_input", "message": f"not an AdmissionReview: {exc}"[:500]}, status_code=400
+            )
         req = review.request
         pod = req.object or {}
         namespace = req.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
         if pod.get("kind", "Pod") != "Pod" or req.operation not in (None, "CREATE"):
             return JSONResponse(response(req.uid, Decision([])))
-        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu,
-                                           dry_run=bool(req.dryRun))
+        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun))
         return JSONResponse(response(req.uid, decision))
 
     @app.get("/healthz")
@@ -176,9 +186,15 @@ class WebhookSettings:
         cert, key = env.get(ENV_PREFIX + "CERT_FILE"), env.get(ENV_PREFIX + "KEY_FILE")
         if bool(cert) != bool(key):
             raise SettingsError(f"set both {ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE, or neither")
-        return cls(host, port, Path(cert) if cert else None, Path(key) if key else None,
-                   _injection(env.get(ENV_PREFIX + "INJECTION_FILE")), env.get(ENV_PREFIX + "KUBECONFIG"),
-                   GpuClassSettings.from_env(env, ENV_PREFIX))
+        return cls(
+            host,
+            port,
+            Path(cert) if cert else None,
+            Path(key) if key else None,
+            _injection(env.get(ENV_PREFIX + "INJECTION_FILE")),
+            env.get(ENV_PREFIX + "KUBECONFIG"),
+            GpuClassSettings.from_env(env, ENV_PREFIX),
+        )
 
 
 def _injection(path: str | None) -> Injection:
@@ -209,9 +225,15 @@ def serve(settings: WebhookSettings) -> None:
     if settings.gpu_classes.enabled:
         gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
     app = create_app(settings.injection, client.get, gpu)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
-                ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
-                ssl_keyfile=str(settings.key_file) if settings.key_file else None)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+        ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
+        ssl_keyfile=str(settings.key_file) if settings.key_file else None,
+    )
 
 
 def main() -> None:

@@ -185,8 +185,10 @@ class Ledger:
         held = {g: a for a in self.allocations.values() for g in a.gpus}
         shared = sorted(g for g in uuids if g in held)
         if shared:
-            raise DeviceInUse(f"GPUs {shared} are already allocated under {held[shared[0]].resource}",
-                              hint="the kubelet offered a device this plugin reported Unhealthy")
+            raise DeviceInUse(
+                f"GPUs {shared} are already allocated under {held[shared[0]].resource}",
+                hint="the kubelet offered a device this plugin reported Unhealthy",
+            )
         taken = {vf for a in self.allocations.values() for vf in a.vfs}
         chosen: list[str] = []
         for cls in self._classes_of(devices):
@@ -198,7 +200,9 @@ class Ledger:
         self.allocations[alloc_id] = allocation
         return allocation
 
-    def release_unlisted(self, listed: Iterable[tuple[str, Iterable[str]]], now: float, grace: float) -> list[Allocation]:
+    def release_unlisted(
+        self, listed: Iterable[tuple[str, Iterable[str]]], now: float, grace: float
+    ) -> list[Allocation]:
         """Free allocations that pod-resources no longer lists, once older than ``grace`` s.
 
         ``listed`` holds (resource, device ids) per container, as the kubelet reports them.
@@ -228,8 +232,10 @@ class Ledger:
             for vf in usable[i]:
                 if vf.pci_bus_id not in taken:
                     return vf
-        raise NoFreeVf(f"every VF of {', '.join(cls.nics)} ({cls.resource}) is taken",
-                       hint="enable more VFs (sriov_numvfs) or wait for a pod of this class to end")
+        raise NoFreeVf(
+            f"every VF of {', '.join(cls.nics)} ({cls.resource}) is taken",
+            hint="enable more VFs (sriov_numvfs) or wait for a pod of this class to end",
+        )
 
     # -- persistence ---------------------------------------------------------------------
 
@@ -243,9 +249,13 @@ class Ledger:
             raise InvalidInput("not a version-1 allocation record")
         for item in data["allocations"]:
             try:
-                allocation = Allocation(id=str(item["id"]), resource=str(item["resource"]),
-                                        gpus=tuple(str(g) for g in item["gpus"]),
-                                        vfs=tuple(str(v) for v in item["vfs"]), created=float(item["created"]))
+                allocation = Allocation(
+                    id=str(item["id"]),
+                    resource=str(item["resource"]),
+                    gpus=tuple(str(g) for g in item["gpus"]),
+                    vfs=tuple(str(v) for v in item["vfs"]),
+                    created=float(item["created"]),
+                )
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidInput(f"malformed allocation record: {exc}") from exc
             if all(g in self.node.devices for g in allocation.gpus) and all(self.vf(v) for v in allocation.vfs):

@@ -98,8 +98,15 @@ class NodeDriver:
 
     # -- publish ----------------------------------------------------------------------
 
-    async def publish(self, volume_id: str, target_path: str, context: Mapping[str, str],
-                      secrets: Mapping[str, str], *, block: bool = False) -> None:
+    async def publish(
+        self,
+        volume_id: str,
+        target_path: str,
+        context: Mapping[str, str],
+        secrets: Mapping[str, str],
+        *,
+        block: bool = False,
+    ) -> None:
         validate_volume_id(volume_id)
         if block:
             raise InvalidInput("this driver publishes filesystem volumes only, not block volumes")
@@ -112,7 +119,10 @@ class NodeDriver:
             raise TransientError("the agent is starting; the kubelet retries")
         async with self._lock:
             existing = self.volumes.load(volume_id)
-            if existing is not None and (existing.target_path, existing.pod_uid) != (record.target_path, record.pod_uid):
+            if existing is not None and (existing.target_path, existing.pod_uid) != (
+                record.target_path,
+                record.pod_uid,
+            ):
                 raise Conflict(f"volume {volume_id} is already published at another target path")
             if existing is not None and existing.datasets != record.datasets:
                 raise Conflict(f"volume {volume_id} is already published with other datasets")
@@ -188,7 +198,9 @@ class NodeDriver:
             except asyncio.CancelledError:
                 raise
             except NotFound:  # released under us (an operator, the pod watch): say so, keep the mounts
-                await asyncio.to_thread(_write_status, view, {"task": record.pod_uid, "state": "released", "datasets": []})
+                await asyncio.to_thread(
+                    _write_status, view, {"task": record.pod_uid, "state": "released", "datasets": []}
+                )
                 return
             except DsagentError as exc:
                 log.warning("volume %s: %s; retrying", record.volume_id, exc)
@@ -272,11 +284,24 @@ class NodeDriver:
 
 def pod_status(task: TaskRecord) -> dict[str, Any]:
     """What the pod may see of its task (``status.json``): its own datasets, no paths, no options."""
-    return {"task": task.task_id, "state": task.state, "datasets": [
-        {"name": d.name, "digest": d.digest, "state": d.state, "bytes": d.size_bytes, "bytesDone": d.bytes_done,
-         "files": d.files, "filesDone": d.files_done, "eta": d.eta,
-         **({"error": {k: d.error[k] for k in ("code", "message", "hint") if k in d.error}} if d.error else {})}
-        for d in task.datasets]}
+    return {
+        "task": task.task_id,
+        "state": task.state,
+        "datasets": [
+            {
+                "name": d.name,
+                "digest": d.digest,
+                "state": d.state,
+                "bytes": d.size_bytes,
+                "bytesDone": d.bytes_done,
+                "files": d.files,
+                "filesDone": d.files_done,
+                "eta": d.eta,
+                **({"error": {k: d.error[k] for k in ("code", "message", "hint") if k in d.error}} if d.error else {}),
+            }
+            for d in task.datasets
+        ],
+    }
 
 
 def _write_status(view: Path, status: Mapping[str, Any]) -> None:
@@ -297,15 +322,22 @@ def _check_settings(settings: Settings) -> None:
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?", settings.csi_driver_name):
-        raise SettingsError(f"invalid DSAGENT_CSI_DRIVER_NAME {settings.csi_driver_name!r}",
-                            hint="a domain name of at most 63 characters, e.g. datasets.dsagent.io")
+        raise SettingsError(
+            f"invalid DSAGENT_CSI_DRIVER_NAME {settings.csi_driver_name!r}",
+            hint="a domain name of at most 63 characters, e.g. datasets.dsagent.io",
+        )
     if not Path(settings.csi_kubelet_pods_dir).is_absolute():
-        raise SettingsError(f"DSAGENT_CSI_KUBELET_PODS_DIR must be absolute, got {str(settings.csi_kubelet_pods_dir)!r}")
+        raise SettingsError(
+            f"DSAGENT_CSI_KUBELET_PODS_DIR must be absolute, got {str(settings.csi_kubelet_pods_dir)!r}"
+        )
     if settings.csi_socket is not None and len(str(settings.csi_socket).encode()) > 107:
-        raise SettingsError(f"DSAGENT_CSI_SOCKET {str(settings.csi_socket)!r} is too long for a unix socket (max 107 bytes)")
+        raise SettingsError(
+            f"DSAGENT_CSI_SOCKET {str(settings.csi_socket)!r} is too long for a unix socket (max 107 bytes)"
+        )
 
 
 # -- the gRPC edge ----------------------------------------------------------------------
+
 
 def status_code(exc: DsagentError) -> grpc.StatusCode:
     """The CSI spec's codes for our errors."""
@@ -335,7 +367,9 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
     async def GetPluginInfo(self, request: csi_pb2.GetPluginInfoRequest, context: Any) -> csi_pb2.GetPluginInfoResponse:
         return csi_pb2.GetPluginInfoResponse(name=self.driver.settings.csi_driver_name, vendor_version=__version__)
 
-    async def GetPluginCapabilities(self, request: csi_pb2.GetPluginCapabilitiesRequest, context: Any) -> csi_pb2.GetPluginCapabilitiesResponse:
+    async def GetPluginCapabilities(
+        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: Any
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
         return csi_pb2.GetPluginCapabilitiesResponse()  # node only: no controller, no topology constraints
 
     async def Probe(self, request: csi_pb2.ProbeRequest, context: Any) -> csi_pb2.ProbeResponse:
@@ -346,25 +380,36 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     def __init__(self, driver: NodeDriver) -> None:
         self.driver = driver
 
-    async def NodeGetCapabilities(self, request: csi_pb2.NodeGetCapabilitiesRequest, context: Any) -> csi_pb2.NodeGetCapabilitiesResponse:
+    async def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: Any
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
         return csi_pb2.NodeGetCapabilitiesResponse()  # no staging, no stats, no expansion
 
     async def NodeGetInfo(self, request: csi_pb2.NodeGetInfoRequest, context: Any) -> csi_pb2.NodeGetInfoResponse:
         return csi_pb2.NodeGetInfoResponse(node_id=self.driver.settings.node_name)
 
-    async def NodePublishVolume(self, request: csi_pb2.NodePublishVolumeRequest, context: Any) -> csi_pb2.NodePublishVolumeResponse:
+    async def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: Any
+    ) -> csi_pb2.NodePublishVolumeResponse:
         try:
             if not request.HasField("volume_capability"):
                 raise InvalidInput("volume_capability is required")
-            await self.driver.publish(request.volume_id, request.target_path, dict(request.volume_context),
-                                      dict(request.secrets), block=request.volume_capability.HasField("block"))
+            await self.driver.publish(
+                request.volume_id,
+                request.target_path,
+                dict(request.volume_context),
+                dict(request.secrets),
+                block=request.volume_capability.HasField("block"),
+            )
         except DsagentError as exc:
             await _abort(context, exc)
         except OSError as exc:  # a filesystem step failed: say which, as INTERNAL
             await context.abort(grpc.StatusCode.INTERNAL, f"{exc.strerror}: {exc.filename}")
         return csi_pb2.NodePublishVolumeResponse()
 
-    async def NodeUnpublishVolume(self, request: csi_pb2.NodeUnpublishVolumeRequest, context: Any) -> csi_pb2.NodeUnpublishVolumeResponse:
+    async def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: Any
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
         try:
             await self.driver.unpublish(request.volume_id, request.target_path)
         except DsagentError as exc:

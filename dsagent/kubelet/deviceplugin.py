@@ -141,7 +141,9 @@ class DevicePlugin:
             stub = pb_grpc.RegistrationStub(channel)
             for resource in self.node.resources:
                 request = pb.RegisterRequest(
-                    version=API_VERSION, endpoint=self.socket_name(resource), resource_name=resource,
+                    version=API_VERSION,
+                    endpoint=self.socket_name(resource),
+                    resource_name=resource,
                     options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
                 )
                 try:
@@ -245,12 +247,17 @@ class DevicePlugin:
                 path = self.nccl_path(allocation)
                 _write_atomic(path, nccl_conf(allocation, nccl))
                 host_path = self.host_state_dir / path.relative_to(self.state_dir)
-                response.mounts.append(pb.Mount(container_path=NCCL_CONF_IN_CONTAINER, host_path=str(host_path),
-                                                read_only=True))
+                response.mounts.append(
+                    pb.Mount(container_path=NCCL_CONF_IN_CONTAINER, host_path=str(host_path), read_only=True)
+                )
             self._save()
             self._notify()
-        log.info("allocated %s to a container: GPUs %s, VFs %s", resource, ",".join(allocation.gpus),
-                 ",".join(allocation.vfs) or "none")
+        log.info(
+            "allocated %s to a container: GPUs %s, VFs %s",
+            resource,
+            ",".join(allocation.gpus),
+            ",".join(allocation.vfs) or "none",
+        )
         return response
 
     def _save(self) -> None:

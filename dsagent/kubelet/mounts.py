@@ -53,7 +53,9 @@ def _mount(source: str | None, target: str, flags: int) -> None:
     rc = _lib().mount(source.encode() if source else None, target.encode(), None, flags, None)
     if rc != 0:
         err = ctypes.get_errno()
-        hint = "the agent must run privileged (CAP_SYS_ADMIN) to bind datasets into pods" if err == errno.EPERM else None
+        hint = (
+            "the agent must run privileged (CAP_SYS_ADMIN) to bind datasets into pods" if err == errno.EPERM else None
+        )
         raise MountError(f"cannot mount {source or ''} on {target}: {os.strerror(err)}", errno_value=err, hint=hint)
 
 
@@ -106,8 +108,8 @@ def _unescape(text: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \ooo
     out, i = [], 0
     while i < len(text):
-        if text[i] == "\\" and i + 3 < len(text) and text[i + 1:i + 4].isdigit():
-            out.append(chr(int(text[i + 1:i + 4], 8)))
+        if text[i] == "\\" and i + 3 < len(text) and text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(text[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(text[i])

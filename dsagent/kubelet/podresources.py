@@ -67,8 +67,15 @@ class PodResourcesClient:
         for pod in response.pod_resources:
             for container in pod.containers:
                 for devices in container.devices:
-                    found.append(ContainerDevices(namespace=pod.namespace, pod=pod.name, container=container.name,
-                                                  resource=devices.resource_name, device_ids=tuple(devices.device_ids)))
+                    found.append(
+                        ContainerDevices(
+                            namespace=pod.namespace,
+                            pod=pod.name,
+                            container=container.name,
+                            resource=devices.resource_name,
+                            device_ids=tuple(devices.device_ids),
+                        )
+                    )
         return found
 
     async def allocatable(self) -> dict[str, tuple[str, ...]] | None:
@@ -94,15 +101,17 @@ class PodResourcesClient:
 
     async def _call(self, method: str, request: object) -> Any:
         if not self.socket.exists():
-            raise PodResourcesUnavailable(f"no pod-resources socket at {self.socket}",
-                                          hint="mount /var/lib/kubelet/pod-resources into the agent")
+            raise PodResourcesUnavailable(
+                f"no pod-resources socket at {self.socket}", hint="mount /var/lib/kubelet/pod-resources into the agent"
+            )
         async with grpc.aio.insecure_channel(f"unix://{self.socket}") as channel:
             stub = pb_grpc.PodResourcesListerStub(channel)
             try:
                 return await getattr(stub, method)(request, timeout=self.timeout)
             except grpc.aio.AioRpcError as exc:
-                raise PodResourcesUnavailable(f"pod-resources {method} failed: {exc.details()}",
-                                              status=exc.code().name) from exc
+                raise PodResourcesUnavailable(
+                    f"pod-resources {method} failed: {exc.details()}", status=exc.code().name
+                ) from exc
 
 
 def free_gpu_indices(

@@ -74,7 +74,9 @@ class VolumeRecord:
     datasets: tuple[dict[str, Any], ...]  # {name, source, bundles?, secretKey?}
 
     def requests(self, secrets: Mapping[str, str] | None = None) -> list[DatasetRequest]:
-        return [DatasetRequest(d["name"], d["source"], d.get("bundles"), storage_options(d, secrets)) for d in self.datasets]
+        return [
+            DatasetRequest(d["name"], d["source"], d.get("bundles"), storage_options(d, secrets)) for d in self.datasets
+        ]
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -82,8 +84,14 @@ class VolumeRecord:
     @classmethod
     def from_json(cls, raw: bytes) -> VolumeRecord:
         data = json.loads(raw)
-        return cls(data["volume_id"], data["target_path"], data["pod_uid"], data["pod_namespace"], data["pod_name"],
-                   tuple(data["datasets"]))
+        return cls(
+            data["volume_id"],
+            data["target_path"],
+            data["pod_uid"],
+            data["pod_namespace"],
+            data["pod_name"],
+            tuple(data["datasets"]),
+        )
 
 
 def validate_volume_id(volume_id: str) -> str:
@@ -95,11 +103,15 @@ def validate_volume_id(volume_id: str) -> str:
 def pod_info(context: Mapping[str, str]) -> PodInfo:
     """The pod from the volume context; only ephemeral inline volumes are served."""
     if context.get(EPHEMERAL) != "true":
-        raise InvalidInput(f"volume context lacks {EPHEMERAL}=true: this driver serves ephemeral inline volumes only",
-                           hint="use an inline csi volume in the pod spec (the CSIDriver lists only Ephemeral)")
+        raise InvalidInput(
+            f"volume context lacks {EPHEMERAL}=true: this driver serves ephemeral inline volumes only",
+            hint="use an inline csi volume in the pod spec (the CSIDriver lists only Ephemeral)",
+        )
     uid, namespace, name = context.get(POD_UID, ""), context.get(POD_NAMESPACE, ""), context.get(POD_NAME, "")
     if not _UID.match(uid):
-        raise InvalidInput(f"volume context {POD_UID} is not a pod UID: {uid[:80]!r}", hint="the CSIDriver needs podInfoOnMount: true")
+        raise InvalidInput(
+            f"volume context {POD_UID} is not a pod UID: {uid[:80]!r}", hint="the CSIDriver needs podInfoOnMount: true"
+        )
     if not _DNS_LABEL.match(namespace):
         raise InvalidInput(f"volume context {POD_NAMESPACE} is not a namespace name: {namespace[:80]!r}")
     if not _DNS_SUBDOMAIN.match(name):
@@ -114,7 +126,10 @@ def datasets_from_context(context: Mapping[str, str]) -> tuple[dict[str, Any], .
     """The dataset list of ``volumeAttributes.datasets``: ``[{name, source, bundles?, secretKey?}]``."""
     raw = context.get(DATASETS_KEY)
     if not raw:
-        raise InvalidInput(f"volume attribute {DATASETS_KEY!r} is missing", hint='a JSON list, e.g. [{"name":"imagenet","source":"s3://..."}]')
+        raise InvalidInput(
+            f"volume attribute {DATASETS_KEY!r} is missing",
+            hint='a JSON list, e.g. [{"name":"imagenet","source":"s3://..."}]',
+        )
     try:
         items = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -123,11 +138,17 @@ def datasets_from_context(context: Mapping[str, str]) -> tuple[dict[str, Any], .
         raise InvalidInput(f"volume attribute {DATASETS_KEY!r} must be a list of 1-64 datasets")
     datasets = []
     for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(item.get("source"), str):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("name"), str)
+            or not isinstance(item.get("source"), str)
+        ):
             raise InvalidInput("each dataset needs a string 'name' and 'source'")
         unknown = sorted(set(item) - DATASET_KEYS)
         if unknown:
-            raise InvalidInput(f"dataset {item['name'][:60]!r} has unknown keys {unknown[:5]}", hint=f"known: {sorted(DATASET_KEYS)}")
+            raise InvalidInput(
+                f"dataset {item['name'][:60]!r} has unknown keys {unknown[:5]}", hint=f"known: {sorted(DATASET_KEYS)}"
+            )
         validate_name(item["name"])
         for key in ("bundles", "secretKey", "digest"):
             if key in item and not isinstance(item[key], str):
@@ -149,8 +170,10 @@ def storage_options(dataset: Mapping[str, Any], secrets: Mapping[str, str] | Non
     if not key:
         return None
     if not secrets or key not in secrets:
-        raise InvalidInput(f"dataset {dataset['name']!r} needs key {key!r} of the volume's nodePublishSecretRef, which the kubelet did not pass",
-                           hint="check the Secret named in the pod's csi volume and its keys")
+        raise InvalidInput(
+            f"dataset {dataset['name']!r} needs key {key!r} of the volume's nodePublishSecretRef, which the kubelet did not pass",
+            hint="check the Secret named in the pod's csi volume and its keys",
+        )
     try:
         value = json.loads(secrets[key])
     except json.JSONDecodeError as exc:
@@ -171,11 +194,20 @@ def check_target(target: str, pods_dir: Path, pod_uid: str | None) -> Path:
     try:
         parts = Path(target).relative_to(pods_dir).parts
     except ValueError:
-        raise InvalidInput(f"target_path {target[:200]!r} is not under the kubelet pods dir {str(pods_dir)!r}") from None
-    if (len(parts) != 5 or parts[1:3] != ("volumes", "kubernetes.io~csi") or parts[4] != "mount"
-            or not _UID.match(parts[0]) or not _VOLUME_NAME.match(parts[3])):
-        raise InvalidInput(f"target_path {target[:200]!r} is not a kubelet csi volume path",
-                           hint=f"expected {pods_dir}/<pod uid>/volumes/kubernetes.io~csi/<volume>/mount")
+        raise InvalidInput(
+            f"target_path {target[:200]!r} is not under the kubelet pods dir {str(pods_dir)!r}"
+        ) from None
+    if (
+        len(parts) != 5
+        or parts[1:3] != ("volumes", "kubernetes.io~csi")
+        or parts[4] != "mount"
+        or not _UID.match(parts[0])
+        or not _VOLUME_NAME.match(parts[3])
+    ):
+        raise InvalidInput(
+            f"target_path {target[:200]!r} is not a kubelet csi volume path",
+            hint=f"expected {pods_dir}/<pod uid>/volumes/kubernetes.io~csi/<volume>/mount",
+        )
     if pod_uid is not None and parts[0] != pod_uid:
         raise InvalidInput(f"target_path belongs to pod {parts[0]}, the volume context to pod {pod_uid}")
     real_pods = Path(os.path.realpath(pods_dir))
@@ -244,5 +276,14 @@ class Volumes:
             fsync_dir(path.parent)
 
 
-__all__ = ["PodInfo", "VolumeRecord", "Volumes", "check_target", "datasets_from_context", "pod_info", "storage_options",
-           "validate_volume_id", "write_atomic"]
+__all__ = [
+    "PodInfo",
+    "VolumeRecord",
+    "Volumes",
+    "check_target",
+    "datasets_from_context",
+    "pod_info",
+    "storage_options",
+    "validate_volume_id",
+    "write_atomic",
+]

@@ -37,8 +37,7 @@ def run_command(argv: Sequence[str], timeout: float, install_hint: str) -> str:
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise DiscoveryError(
-            f"{' '.join(argv)} exited with status {done.returncode}"
-            + (f": {detail[-1]}" if detail else "")
+            f"{' '.join(argv)} exited with status {done.returncode}" + (f": {detail[-1]}" if detail else "")
         )
     return done.stdout
 

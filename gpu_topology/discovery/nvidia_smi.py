@@ -97,8 +97,7 @@ def _check_diagonal(name: str, cells: Sequence[Link | None], devices: Sequence[s
 def with_inferred_nic_numa(topology: Topology) -> Topology:
     """``topology`` with every NIC of unknown NUMA node given its GPUs' node, if shared."""
     nics = tuple(
-        n if n.numa_node is not None else replace(n, numa_node=nic_numa_node(topology, n))
-        for n in topology.nics
+        n if n.numa_node is not None else replace(n, numa_node=nic_numa_node(topology, n)) for n in topology.nics
     )
     return replace(topology, nics=nics)
 
@@ -234,7 +233,11 @@ def _aligned(line: str, number: int, header: _Header, values: list[str]) -> dict
     found: dict[str, str] = {}
     for value, start in zip(values, starts[width + 1 :]):
         column = None if offset is None else start - offset
-        match = [a for a, c in zip(header.attributes, header.attribute_columns) if column is not None and abs(c - column) <= 1]
+        match = [
+            a
+            for a, c in zip(header.attributes, header.attribute_columns)
+            if column is not None and abs(c - column) <= 1
+        ]
         if not match:
             raise ParseError(
                 f"line {number}: {len(values)} attribute value(s) for the {len(header.attributes)} columns "

@@ -78,8 +78,11 @@ class SysfsBackend(Backend):
         ]
         # An SR-IOV VF is an RDMA device too, but it is a share of its PF, not a NIC of
         # the node: it is left out (gpu_topology.discovery.sriov lists VFs).
-        nics = [self._nic(p, addresses) for p in _sorted_names(self.root / "sys/class/infiniband")
-                if not (p / "device" / "physfn").exists()]
+        nics = [
+            self._nic(p, addresses)
+            for p in _sorted_names(self.root / "sys/class/infiniband")
+            if not (p / "device" / "physfn").exists()
+        ]
         places = {g.name: self._place(d) for g, d in zip(gpus, gpu_dirs)}
         for nic in nics:
             device = self.root / "sys/class/infiniband" / nic.name / "device"

@@ -33,8 +33,13 @@ from scheduler_plugin.timemodel import (
 log = logging.getLogger(__name__)
 
 
-def pod_bandwidth(topology: Topology | None, free: Iterable[int] | None, need: int, workers: int,
-                  bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> tuple[float, float] | None:
+def pod_bandwidth(
+    topology: Topology | None,
+    free: Iterable[int] | None,
+    need: int,
+    workers: int,
+    bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
+) -> tuple[float, float] | None:
     """(``bw`` on this node's best free set, ``bw`` on the same hardware fully free), or None
     when the node cannot give ``need`` GPUs."""
     if topology is None or free is None:
@@ -55,8 +60,15 @@ def pod_bandwidth(topology: Topology | None, free: Iterable[int] | None, need: i
     return bw, ideal_bw
 
 
-def score(job: JobProfile, topology: Topology | None, free: frozenset[int] | None, need: int, *,
-          now: float, bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> int:
+def score(
+    job: JobProfile,
+    topology: Topology | None,
+    free: frozenset[int] | None,
+    need: int,
+    *,
+    now: float,
+    bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
+) -> int:
     """0..10 for one node and one pod needing ``need`` GPUs of a job described by ``job``."""
     if need <= 0:
         return 0
@@ -67,8 +79,14 @@ def score(job: JobProfile, topology: Topology | None, free: frozenset[int] | Non
     return node_score(job, need * job.workers, bw, ideal_bw, len(free), now=now)
 
 
-def plan(job: JobProfile, nodes: Sequence[NodeFacts], *, now: float, max_gpus: int,
-         bandwidths: Bandwidths = DEFAULT_BANDWIDTHS) -> Decision:
+def plan(
+    job: JobProfile,
+    nodes: Sequence[NodeFacts],
+    *,
+    now: float,
+    max_gpus: int,
+    bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
+) -> Decision:
     """The design's plan decision (steps 3-4) over the nodes the extender knows: each
     node's share of a plan gets its best free GPU set, whose weakest link is its ``bw``."""
     by_name = {n.name: n for n in nodes if n.free_gpus}
@@ -87,15 +105,24 @@ def plan(job: JobProfile, nodes: Sequence[NodeFacts], *, now: float, max_gpus: i
 
 def describe(decision: Decision, *, now: float) -> dict[str, Any]:
     """The JSON answer of ``GET /v1/plan`` (times in seconds from ``now``)."""
+
     def one(p: Plan) -> dict[str, Any]:
-        return {"gpus": p.n_gpu, "nodes": [{"node": n, "gpus": c} for n, c in p.allocation],
-                "crossNode": p.cross_node, "runSeconds": round(p.t_run, 3),
-                "endInSeconds": round(p.t_end - now, 3), "meetsDeadline": p.meets_deadline,
-                "slackPerGpuSeconds": round(p.performance, 3) if math.isfinite(p.performance) else None}
+        return {
+            "gpus": p.n_gpu,
+            "nodes": [{"node": n, "gpus": c} for n, c in p.allocation],
+            "crossNode": p.cross_node,
+            "runSeconds": round(p.t_run, 3),
+            "endInSeconds": round(p.t_end - now, 3),
+            "meetsDeadline": p.meets_deadline,
+            "slackPerGpuSeconds": round(p.performance, 3) if math.isfinite(p.performance) else None,
+        }
 
     candidates: Mapping[str, Plan] = decision.candidates
-    return {"branch": decision.branch, "plan": one(decision.plan) if decision.plan else None,
-            "candidates": {k: one(v) for k, v in candidates.items()}}
+    return {
+        "branch": decision.branch,
+        "plan": one(decision.plan) if decision.plan else None,
+        "candidates": {k: one(v) for k, v in candidates.items()},
+    }
 
 
 __all__ = ["describe", "plan", "pod_bandwidth", "score"]

@@ -112,7 +112,9 @@ class LoopbackServer:
 
     def gets(self, predicate: Callable[[str], bool] = lambda p: True) -> dict[str, int]:
         with self._server._lock:
-            return {path: n for (method, path), n in self._server.requests.items() if method == "GET" and predicate(path)}
+            return {
+                path: n for (method, path), n in self._server.requests.items() if method == "GET" and predicate(path)
+            }
 
     def slow_down(self, predicate: Callable[[str], bool], seconds: float) -> None:
         self._server.delays.append((predicate, seconds))
@@ -150,13 +152,26 @@ def unix_socket_listening(path: Path) -> bool:
 class AgentProcess:
     """``python -m dsagent serve`` on a unix socket (and TCP with ``tcp=True``)."""
 
-    def __init__(self, root: Path, *, tcp: bool = False, env: dict[str, str] | None = None, local_sources: tuple[Path, ...] = ()) -> None:
+    def __init__(
+        self, root: Path, *, tcp: bool = False, env: dict[str, str] | None = None, local_sources: tuple[Path, ...] = ()
+    ) -> None:
         self.root = root
         self.socket = root.parent / f"{root.name}.sock"
         self.port = free_port() if tcp else None
         self.log = root.parent / f"{root.name}.log"
         self.env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN, "DSAGENT_SWEEP_INTERVAL": "3600", **(env or {})}
-        self.args = [sys.executable, "-m", "dsagent", "serve", "--root", str(root), "--socket", str(self.socket), "--log-level", "info"]
+        self.args = [
+            sys.executable,
+            "-m",
+            "dsagent",
+            "serve",
+            "--root",
+            str(root),
+            "--socket",
+            str(self.socket),
+            "--log-level",
+            "info",
+        ]
         self.args += [arg for path in local_sources for arg in ("--local-source", str(path))]
         if self.port is not None:
             self.args += ["--listen", f"127.0.0.1:{self.port}"]

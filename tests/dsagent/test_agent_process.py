@@ -27,7 +27,9 @@ def make_dataset(root: Path, files: int, size: int, seed: int = 0) -> Path:
     return root
 
 
-def packed(www: Path, url: str, name: str, *, files: int = 12, size: int = 2000, seed: int = 0, max_files: int = 4) -> tuple[Path, dict[str, Any], Manifest]:
+def packed(
+    www: Path, url: str, name: str, *, files: int = 12, size: int = 2000, seed: int = 0, max_files: int = 4
+) -> tuple[Path, dict[str, Any], Manifest]:
     source = make_dataset(www.parent / f"src-{name}-{seed}", files, size, seed)
     manifest = pack(source, www / "store", name=name, max_files=max_files)
     return source, {"name": name, "source": f"{url}/nowhere/{name}", "bundles": f"{url}/store"}, manifest
@@ -38,7 +40,9 @@ def bundle_gets(server: LoopbackServer) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("transport", ["socket", "tcp"])
-def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], transport: str) -> None:
+def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], transport: str
+) -> None:
     www, url, server = loopback
     source, dataset, manifest = packed(www, url, "imagenet")
     agent = agent_factory(tcp=transport == "tcp")
@@ -56,7 +60,9 @@ def test_a_repeated_task_request_returns_the_same_record_and_starts_no_new_work(
     assert len(bundle_gets(server)) == len(manifest.bundles)
 
 
-def test_twenty_concurrent_tasks_for_one_dataset_cause_exactly_one_fetch(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_twenty_concurrent_tasks_for_one_dataset_cause_exactly_one_fetch(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, server = loopback
     _, dataset, manifest = packed(www, url, "coco", files=16, max_files=4)
     server.slow_down(lambda p: p.startswith("/store/bundles/"), 0.3)  # the fetch outlives the burst
@@ -81,7 +87,9 @@ def test_twenty_concurrent_tasks_for_one_dataset_cause_exactly_one_fetch(agent_f
         assert 'dsagent_fetches_total{result="ok"} 1.0' in client.metrics()
 
 
-def test_a_changed_source_gets_a_new_version_while_the_old_stays_for_its_task(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_a_changed_source_gets_a_new_version_while_the_old_stays_for_its_task(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, server = loopback
     source, dataset, v1 = packed(www, url, "speech")
     agent = agent_factory()
@@ -104,7 +112,9 @@ def test_a_changed_source_gets_a_new_version_while_the_old_stays_for_its_task(ag
         assert [v["digest"] for v in client.dataset("speech")["versions"]] == [v2.digest]
 
 
-def test_kill_9_in_the_middle_of_a_fetch_leaves_nothing_ready_and_the_fetch_resumes(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_kill_9_in_the_middle_of_a_fetch_leaves_nothing_ready_and_the_fetch_resumes(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, server = loopback
     _, dataset, manifest = packed(www, url, "audio", files=24, max_files=2)
     assert len(manifest.bundles) >= 6
@@ -140,9 +150,13 @@ def test_kill_9_in_the_middle_of_a_fetch_leaves_nothing_ready_and_the_fetch_resu
     assert sum(after.values()) < 2 * len(manifest.bundles)
 
 
-def test_datasets_in_use_are_never_evicted_and_unused_ones_go_least_recently_used_first(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_datasets_in_use_are_never_evicted_and_unused_ones_go_least_recently_used_first(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, _ = loopback
-    sets = {name: packed(www, url, name, files=10, size=10_000, seed=i)[1] for i, name in enumerate(["a", "b", "c", "d"])}
+    sets = {
+        name: packed(www, url, name, files=10, size=10_000, seed=i)[1] for i, name in enumerate(["a", "b", "c", "d"])
+    }
     # each dataset is 100 kB; room for three plus 50 kB: the fourth needs 120 kB free
     agent = agent_factory(env={"DSAGENT_CAPACITY": "350kB"})
     with agent.client() as client:
@@ -157,7 +171,9 @@ def test_datasets_in_use_are_never_evicted_and_unused_ones_go_least_recently_use
     assert held == {"a", "c", "d"}  # b went first and one eviction was enough (stops at 1.2x)
 
 
-def test_out_of_space_fails_with_needed_free_and_evictable(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_out_of_space_fails_with_needed_free_and_evictable(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, _ = loopback
     small = packed(www, url, "small", files=4, size=10_000, seed=1)[1]
     big = packed(www, url, "big", files=20, size=10_000, seed=2)[1]
@@ -181,7 +197,9 @@ def raise_failure(record: dict[str, Any]) -> None:
     raise _failure(record)
 
 
-def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothing(agent_factory: Any, tmp_path: Path) -> None:
+def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothing(
+    agent_factory: Any, tmp_path: Path
+) -> None:
     source = make_dataset(tmp_path / "nfs" / "cifar", 9, 3000)
     agent = agent_factory(local_sources=(tmp_path / "nfs",))
     dataset = {"name": "cifar", "source": str(source)}
@@ -197,7 +215,9 @@ def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothin
     assert "dsagent_cache_hits_total 1.0" in metrics and "dsagent_cache_misses_total 1.0" in metrics
 
 
-def test_a_symlink_planted_in_a_local_source_cannot_pull_host_files_into_the_cache(agent_factory: Any, tmp_path: Path) -> None:
+def test_a_symlink_planted_in_a_local_source_cannot_pull_host_files_into_the_cache(
+    agent_factory: Any, tmp_path: Path
+) -> None:
     secret = tmp_path / "host" / "secret.key"
     secret.parent.mkdir()
     secret.write_bytes(b"host-only secret")
@@ -209,11 +229,15 @@ def test_a_symlink_planted_in_a_local_source_cannot_pull_host_files_into_the_cac
     status = record["datasets"][0]
     assert status["state"] == "failed"
     assert "points outside the allowed directories" in status["error"]["message"]
-    copies = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and p.read_bytes() == b"host-only secret"]
+    copies = [
+        p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and p.read_bytes() == b"host-only secret"
+    ]
     assert copies == [secret]
 
 
-def test_a_source_over_http_without_bundles_is_copied_file_by_file(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_a_source_over_http_without_bundles_is_copied_file_by_file(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, server = loopback
     make_dataset(www / "raw", 6, 1500)
     agent = agent_factory()
@@ -224,7 +248,9 @@ def test_a_source_over_http_without_bundles_is_copied_file_by_file(agent_factory
     assert len(server.gets(lambda p: p.endswith(".jpg"))) == 6
 
 
-def test_the_inventory_matches_its_schema_and_reports_state_and_use(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_the_inventory_matches_its_schema_and_reports_state_and_use(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, _ = loopback
     _, dataset, manifest = packed(www, url, "imagenet")
     agent = agent_factory(env={"DSAGENT_NODE_NAME": "gpu-node-7"})
@@ -239,7 +265,9 @@ def test_the_inventory_matches_its_schema_and_reports_state_and_use(agent_factor
         assert client.inventory()["datasets"]["imagenet"]["inUse"] is False
 
 
-def test_operator_evictions_refuse_datasets_in_use_unless_forced(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_operator_evictions_refuse_datasets_in_use_unless_forced(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, _ = loopback
     _, dataset, _ = packed(www, url, "imagenet")
     agent = agent_factory()
@@ -248,7 +276,9 @@ def test_operator_evictions_refuse_datasets_in_use_unless_forced(agent_factory: 
         with pytest.raises(Conflict):
             client.evict_dataset("imagenet")
         assert client.evict(mode="unused", dry_run=True)["evicted"] == []
-        assert [v["name"] for v in client.evict_dataset("imagenet", force=True, dry_run=True)["evicted"]] == ["imagenet"]
+        assert [v["name"] for v in client.evict_dataset("imagenet", force=True, dry_run=True)["evicted"]] == [
+            "imagenet"
+        ]
         client.release_task("pod")
         assert client.evict(mode="unused", dry_run=True)["evicted"][0]["name"] == "imagenet"
         result = client.evict_dataset("imagenet")
@@ -263,8 +293,12 @@ def test_the_manifest_is_read_once_per_resolution_from_the_store(loopback: tuple
     assert read_manifest(dataset["bundles"], "probe").digest == manifest.digest
 
 
-@pytest.mark.parametrize(("max_fetches", "workers", "peak"), [(1, 2, 2), (2, 2, 4)], ids=["one-dataset-at-a-time", "two-at-a-time"])
-def test_parallelism_is_bounded_per_dataset_and_across_datasets(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], max_fetches: int, workers: int, peak: int) -> None:
+@pytest.mark.parametrize(
+    ("max_fetches", "workers", "peak"), [(1, 2, 2), (2, 2, 4)], ids=["one-dataset-at-a-time", "two-at-a-time"]
+)
+def test_parallelism_is_bounded_per_dataset_and_across_datasets(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], max_fetches: int, workers: int, peak: int
+) -> None:
     www, url, server = loopback
     sets = [packed(www, url, name, files=16, max_files=2, seed=i)[1] for i, name in enumerate(["one", "two"])]
     server.slow_down(lambda p: p.startswith("/store/bundles/"), 0.25)

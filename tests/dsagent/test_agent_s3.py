@@ -23,19 +23,38 @@ def upload(s3: S3Server, local: Path, url: str) -> None:
     fs.put(str(local) + "/", url.split("://", 1)[1], recursive=True)
 
 
-def test_the_agent_caches_from_s3_with_and_without_bundles(s3: S3Server, agent_factory: Any, awkward_dataset: Path, tmp_path: Path) -> None:
+def test_the_agent_caches_from_s3_with_and_without_bundles(
+    s3: S3Server, agent_factory: Any, awkward_dataset: Path, tmp_path: Path
+) -> None:
     s3.create_bucket("datasets")
     upload(s3, awkward_dataset, "s3://datasets/raw/awk")
     options = {"endpoint_url": s3.endpoint}
     manifest = pack(awkward_dataset, "s3://datasets/store", name="awk", max_files=3, store_options=options)
     agent = agent_factory()  # inherits AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as a pod from a Secret
     with agent.client() as client:
-        bundled = client.submit_task("pod-b", [{"name": "awk", "source": "s3://datasets/raw/awk", "bundles": "s3://datasets/store", "storageOptions": options}], wait=60)
-        raw = client.submit_task("pod-r", [{"name": "raw", "source": "s3://datasets/raw/awk", "storageOptions": options}], wait=60)
+        bundled = client.submit_task(
+            "pod-b",
+            [
+                {
+                    "name": "awk",
+                    "source": "s3://datasets/raw/awk",
+                    "bundles": "s3://datasets/store",
+                    "storageOptions": options,
+                }
+            ],
+            wait=60,
+        )
+        raw = client.submit_task(
+            "pod-r", [{"name": "raw", "source": "s3://datasets/raw/awk", "storageOptions": options}], wait=60
+        )
     assert bundled["state"] == "ready", bundled
     assert raw["state"] == "ready", raw
     verify_tree(Path(bundled["datasets"][0]["path"]), manifest)
-    files = sorted(p.relative_to(raw["datasets"][0]["path"]).as_posix() for p in Path(raw["datasets"][0]["path"]).rglob("*") if p.is_file())
+    files = sorted(
+        p.relative_to(raw["datasets"][0]["path"]).as_posix()
+        for p in Path(raw["datasets"][0]["path"]).rglob("*")
+        if p.is_file()
+    )
     assert files == sorted(AWKWARD_FILES)  # the digest differs: object stores hold no empty directories
     assert all((Path(raw["datasets"][0]["path"]) / name).read_bytes() == data for name, data in AWKWARD_FILES.items())
 
@@ -47,13 +66,28 @@ def test_agent_storage_failures_are_codes_and_dsctl_cache_exits_with_them(
     isolate_aws(monkeypatch)  # this agent's pod has no credentials
     agent = agent_factory()
     with agent.client() as client:
-        record = client.submit_task("pod-1", [{"name": "x", "source": "s3://datasets/x", "storageOptions": {"endpoint_url": s3.endpoint}}], wait=30)
+        record = client.submit_task(
+            "pod-1",
+            [{"name": "x", "source": "s3://datasets/x", "storageOptions": {"endpoint_url": s3.endpoint}}],
+            wait=30,
+        )
         record = wait_ready(client, "pod-1")
     error = record["datasets"][0]["error"]
     assert record["state"] == "failed" and error["code"] == "credentials" and "AWS_ACCESS_KEY_ID" in error["hint"]
 
     try:
-        main(["cache", "y=s3://datasets/y", "--source-option", f"endpoint_url={s3.endpoint}", "--socket", str(agent.socket), "-o", "json"])
+        main(
+            [
+                "cache",
+                "y=s3://datasets/y",
+                "--source-option",
+                f"endpoint_url={s3.endpoint}",
+                "--socket",
+                str(agent.socket),
+                "-o",
+                "json",
+            ]
+        )
         code = 0
     except SystemExit as exc:
         code = int(exc.code or 0)

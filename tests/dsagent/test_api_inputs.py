@@ -16,7 +16,9 @@ from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Any:
     base = tmp_path_factory.mktemp("api")
     (base / "allowed").mkdir()
-    process = AgentProcess(base / "agent", tcp=True, local_sources=(base / "allowed",), env={"DSAGENT_MAX_BODY": "64kB"}).start()
+    process = AgentProcess(
+        base / "agent", tcp=True, local_sources=(base / "allowed",), env={"DSAGENT_MAX_BODY": "64kB"}
+    ).start()
     yield process
     process.stop()
 
@@ -38,7 +40,14 @@ GOOD = {"name": "ok", "source": "memory://nowhere/ok"}
 BAD_REQUESTS = [
     ("invalid-name-slash", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": "a/b"}]}, 400, "invalid_input"),
     ("invalid-name-dotdot", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": ".."}]}, 400, "invalid_input"),
-    ("invalid-name-unicode", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": "d\u00e9j\u00e0"}]}, 400, "invalid_input"),
+    (
+        "invalid-name-unicode",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "name": "d\u00e9j\u00e0"}]},
+        400,
+        "invalid_input",
+    ),
     ("invalid-name-empty", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": ""}]}, 400, "invalid_input"),
     ("invalid-name-too-long", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "name": "x" * 200}]}, 400, "invalid_input"),
     ("duplicate-names", "PUT", "/v1/tasks/t1", {"datasets": [GOOD, GOOD]}, 400, "invalid_input"),
@@ -46,17 +55,94 @@ BAD_REQUESTS = [
     ("unknown-top-field", "PUT", "/v1/tasks/t1", {"datasets": [GOOD], "priority": 1}, 400, "invalid_input"),
     ("no-datasets", "PUT", "/v1/tasks/t1", {"datasets": []}, 400, "invalid_input"),
     ("wrong-type", "PUT", "/v1/tasks/t1", {"datasets": "imagenet"}, 400, "invalid_input"),
-    ("unknown-protocol", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "nosuchproto://b/x"}]}, 400, "invalid_input"),
-    ("nul-in-url", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "memory://a\u0000b"}]}, 400, "invalid_input"),
-    ("malformed-bundles-url", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "bundles": "nosuchproto://"}]}, 400, "invalid_input"),
-    ("local-source-outside-allowed", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "/etc"}]}, 400, "invalid_input"),
-    ("local-source-traversal", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "ALLOWED/../../etc"}]}, 400, "invalid_input"),
-    ("file-url-outside-allowed", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "file:///etc"}]}, 400, "invalid_input"),
-    ("cache-chained-to-local", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "simplecache::file:///etc"}]}, 400, "invalid_input"),
-    ("blockcache-chained-to-local", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "blockcache::file:///etc"}]}, 400, "invalid_input"),
-    ("dir-wrapper-over-local", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "dir::/etc"}]}, 400, "invalid_input"),
-    ("archive-chained-to-local", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "source": "zip://x::file:///etc/a.zip"}]}, 400, "invalid_input"),
-    ("bundles-chained-to-local", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "bundles": "simplecache::file:///etc"}]}, 400, "invalid_input"),
+    (
+        "unknown-protocol",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "nosuchproto://b/x"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "nul-in-url",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "memory://a\u0000b"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "malformed-bundles-url",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "bundles": "nosuchproto://"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "local-source-outside-allowed",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "/etc"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "local-source-traversal",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "ALLOWED/../../etc"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "file-url-outside-allowed",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "file:///etc"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "cache-chained-to-local",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "simplecache::file:///etc"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "blockcache-chained-to-local",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "blockcache::file:///etc"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "dir-wrapper-over-local",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "dir::/etc"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "archive-chained-to-local",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "source": "zip://x::file:///etc/a.zip"}]},
+        400,
+        "invalid_input",
+    ),
+    (
+        "bundles-chained-to-local",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "bundles": "simplecache::file:///etc"}]},
+        400,
+        "invalid_input",
+    ),
     ("invalid-task-id", "PUT", "/v1/tasks/-bad", {"datasets": [GOOD]}, 400, "invalid_input"),
     ("task-id-traversal", "PUT", "/v1/tasks/..%2F..%2Fetc", {"datasets": [GOOD]}, 404, "not_found"),
     ("wait-negative", "PUT", "/v1/tasks/t1?wait=-1", {"datasets": [GOOD]}, 400, "invalid_input"),
@@ -75,8 +161,12 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body", "status", "code"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_requests_get_a_4xx_json_error_with_a_code_and_message(http: httpx.Client, agent: AgentProcess, method: str, path: str, body: Any, status: int, code: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS]
+)
+def test_bad_requests_get_a_4xx_json_error_with_a_code_and_message(
+    http: httpx.Client, agent: AgentProcess, method: str, path: str, body: Any, status: int, code: str
+) -> None:
     if body is not None:
         body = _fill(body, str(agent.root.parent / "allowed"))
     headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -137,11 +227,21 @@ def test_operator_actions_work_with_the_token_or_over_the_socket(http: httpx.Cli
 
 def test_storage_options_are_never_returned_or_logged(http: httpx.Client, agent: AgentProcess) -> None:
     secret = "AKIA-very-secret-value-42"
-    options = {"key": secret, "secret": secret, "endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "x"}}
+    options = {
+        "key": secret,
+        "secret": secret,
+        "endpoint_url": "http://127.0.0.1:9",
+        "client_kwargs": {"region_name": "x"},
+    }
     body = {"datasets": [{"name": "s3set", "source": "s3://bucket/none", "storageOptions": options}]}
     answer = http.put("/v1/tasks/with-secret?wait=5", json=body)
     assert answer.status_code == 200
-    everything = answer.text + http.get("/v1/tasks/with-secret").text + http.get("/v1/datasets").text + http.get("/v1/inventory").text
+    everything = (
+        answer.text
+        + http.get("/v1/tasks/with-secret").text
+        + http.get("/v1/datasets").text
+        + http.get("/v1/inventory").text
+    )
     assert secret not in everything
     assert secret not in agent.log.read_text()
     assert secret.encode() not in (agent.root / "catalog.db").read_bytes()
@@ -151,7 +251,14 @@ def test_health_readiness_and_metrics_answer(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
     assert http.get("/readyz").json() == {"status": "ready"}
     text = http.get("/metrics").text
-    for name in ("dsagent_cache_hits_total", "dsagent_cache_misses_total", "dsagent_fetched_bytes_total", "dsagent_fetch_duration_seconds_count", "dsagent_free_bytes", "dsagent_used_bytes"):
+    for name in (
+        "dsagent_cache_hits_total",
+        "dsagent_cache_misses_total",
+        "dsagent_fetched_bytes_total",
+        "dsagent_fetch_duration_seconds_count",
+        "dsagent_free_bytes",
+        "dsagent_used_bytes",
+    ):
         assert f"\n{name} " in "\n" + text, name
 
 

@@ -40,7 +40,9 @@ def _zstd_of(head: bytes, zeros: int, fill: bytes = b"\0") -> bytes:
             return len(data)
 
     block = fill * (16 << 20)
-    with zstandard.ZstdCompressor(level=1, write_checksum=True).stream_writer(Sink(), size=len(head) + zeros, closefd=False) as writer:  # type: ignore[arg-type]
+    with zstandard.ZstdCompressor(level=1, write_checksum=True).stream_writer(
+        Sink(), size=len(head) + zeros, closefd=False
+    ) as writer:  # type: ignore[arg-type]
         writer.write(head)
         left = zeros
         while left:
@@ -68,7 +70,16 @@ def bundle_bomb(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def manifest_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store whose manifest declares no files and whose body is 1 GiB of whitespace."""
     store = tmp_path_factory.mktemp("mbomb") / "store"
-    header = {"format": FORMAT, "version": FORMAT_VERSION, "name": "empty", "files": 0, "bytes": 0, "digest": dataset_digest([]), "bundles": [], "directories": []}
+    header = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "name": "empty",
+        "files": 0,
+        "bytes": 0,
+        "digest": dataset_digest([]),
+        "bundles": [],
+        "directories": [],
+    }
     (store / "empty").mkdir(parents=True)
     (store / "empty" / "manifest").write_bytes(json.dumps(header).encode() + b"\n" + _zstd_of(b"", BOMB_BYTES, b" "))
     return store
@@ -85,16 +96,31 @@ _MEASURE = (
 
 def _run_measured(args: list[str]) -> tuple[int, int, str]:
     """Run ``args``; its exit status, peak RSS in bytes, and its output."""
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300
+    )
     output = proc.stdout.decode(errors="replace")
     body, _, last = output.rstrip("\n").rpartition("\n")
     code, peak_kib = (int(x) for x in last.split())
     return code, peak_kib * 1024, body
 
 
-def test_a_bundle_with_data_after_the_tar_end_is_refused_in_bounded_memory(bundle_bomb: tuple[Path, str], tmp_path: Path) -> None:
+def test_a_bundle_with_data_after_the_tar_end_is_refused_in_bounded_memory(
+    bundle_bomb: tuple[Path, str], tmp_path: Path
+) -> None:
     base, name = bundle_bomb
-    code, peak, output = _run_measured([sys.executable, "-m", "dsagent.cli", "unpack", str(base / "www" / "store"), str(tmp_path / "out"), "--name", name])
+    code, peak, output = _run_measured(
+        [
+            sys.executable,
+            "-m",
+            "dsagent.cli",
+            "unpack",
+            str(base / "www" / "store"),
+            str(tmp_path / "out"),
+            "--name",
+            name,
+        ]
+    )
     assert code == IntegrityError.exit_code, output
     assert "after the end of its tar" in output or "more than" in output, output
     assert peak < PEAK_LIMIT, f"dsctl unpack peaked at {peak >> 20} MiB"
@@ -102,7 +128,9 @@ def test_a_bundle_with_data_after_the_tar_end_is_refused_in_bounded_memory(bundl
 
 
 def test_a_manifest_bomb_is_refused_in_bounded_memory(manifest_bomb: Path, tmp_path: Path) -> None:
-    code, peak, output = _run_measured([sys.executable, "-m", "dsagent.cli", "unpack", str(manifest_bomb), str(tmp_path / "out"), "--name", "empty"])
+    code, peak, output = _run_measured(
+        [sys.executable, "-m", "dsagent.cli", "unpack", str(manifest_bomb), str(tmp_path / "out"), "--name", "empty"]
+    )
     assert code == IntegrityError.exit_code, output
     assert peak < PEAK_LIMIT, f"dsctl unpack peaked at {peak >> 20} MiB"
     with pytest.raises(IntegrityError):
@@ -116,7 +144,9 @@ def _vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_the_agent_refuses_both_bombs_in_bounded_memory(agent_factory: Any, bundle_bomb: tuple[Path, str], manifest_bomb: Path, tmp_path: Path) -> None:
+def test_the_agent_refuses_both_bombs_in_bounded_memory(
+    agent_factory: Any, bundle_bomb: tuple[Path, str], manifest_bomb: Path, tmp_path: Path
+) -> None:
     base, name = bundle_bomb
     (base / "www" / "mstore").mkdir(exist_ok=True)
     os.system(f"cp -r {manifest_bomb}/empty {base / 'www' / 'mstore'}/")  # noqa: S605 - test data
@@ -124,8 +154,10 @@ def test_the_agent_refuses_both_bombs_in_bounded_memory(agent_factory: Any, bund
     agent = agent_factory(tcp=True)
     try:
         with httpx.Client(base_url=agent.url, timeout=120, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
-            for task, dataset in (("t-bundle", {"name": name, "source": f"{server.url}/nowhere", "bundles": f"{server.url}/store"}),
-                                  ("t-manifest", {"name": "empty", "source": f"{server.url}/nowhere", "bundles": f"{server.url}/mstore"})):
+            for task, dataset in (
+                ("t-bundle", {"name": name, "source": f"{server.url}/nowhere", "bundles": f"{server.url}/store"}),
+                ("t-manifest", {"name": "empty", "source": f"{server.url}/nowhere", "bundles": f"{server.url}/mstore"}),
+            ):
                 record = http.put(f"/v1/tasks/{task}?wait=60", json={"datasets": [dataset]}).json()
                 assert record["state"] == "failed", record
                 assert record["datasets"][0]["error"]["code"] == "integrity", record

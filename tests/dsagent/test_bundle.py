@@ -131,7 +131,9 @@ def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp
     assert not (tmp_path / "store" / "d").exists()
 
 
-def test_remote_sources_stream_large_files_and_prefetch_small_ones(memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remote_sources_stream_large_files_and_prefetch_small_ones(
+    memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dsagent.format import bundle
 
     monkeypatch.setattr(bundle, "PREFETCH_MAX_FILE", 1000)

@@ -39,17 +39,23 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         thread.join()
 
 
-def test_a_store_served_over_http_unpacks_verified(awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path) -> None:
+def test_a_store_served_over_http_unpacks_verified(
+    awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path
+) -> None:
     root, url = served
     manifest = pack(awkward_dataset, root / "store", name="awk", max_files=4)
     assert read_manifest(f"{url}/store", "awk") == manifest
     assert read_manifest_header(f"{url}/store", "awk").digest == manifest.digest
     unpack(f"{url}/store", name="awk", dest=tmp_path / "out")
     verify_tree(tmp_path / "out", manifest)
-    assert {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file()} == set(AWKWARD_FILES)
+    assert {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file()} == set(
+        AWKWARD_FILES
+    )
 
 
-def test_a_corrupt_bundle_over_http_is_an_integrity_error(awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path) -> None:
+def test_a_corrupt_bundle_over_http_is_an_integrity_error(
+    awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path
+) -> None:
     root, url = served
     manifest = pack(awkward_dataset, root / "store", name="awk")
     path = Path(bundle_path(str(root / "store"), manifest.bundles[0].digest))
@@ -68,7 +74,9 @@ def test_an_absent_dataset_over_http_is_not_found(served: tuple[Path, str]) -> N
         read_manifest(f"{url}/store", "nothing")
 
 
-def test_a_dataset_served_over_http_is_digested_and_packed(awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path) -> None:
+def test_a_dataset_served_over_http_is_digested_and_packed(
+    awkward_dataset: Path, served: tuple[Path, str], tmp_path: Path
+) -> None:
     import shutil
 
     from dsagent.format.digester import build_manifest

@@ -19,11 +19,15 @@ TRIALS = 1500
 
 
 def _file(rng: random.Random, size: int, path: str | None = None) -> FileEntry:
-    return FileEntry(path or f"class{rng.randrange(50):03d}/{rng.getrandbits(40):010x}.jpg", size, 0, f"{rng.getrandbits(128):032x}")
+    return FileEntry(
+        path or f"class{rng.randrange(50):03d}/{rng.getrandbits(40):010x}.jpg", size, 0, f"{rng.getrandbits(128):032x}"
+    )
 
 
 def _bundles(entries: Sequence[FileEntry], max_files: int, max_bytes: int) -> set[str]:
-    return {bundle_digest(entries[first : first + count]) for first, count in plan_bundles(entries, max_files, max_bytes)}
+    return {
+        bundle_digest(entries[first : first + count]) for first, count in plan_bundles(entries, max_files, max_bytes)
+    }
 
 
 def _dataset(rng: random.Random, smallest: int) -> tuple[list[FileEntry], int, int]:
@@ -35,7 +39,13 @@ def _dataset(rng: random.Random, smallest: int) -> tuple[list[FileEntry], int, i
 def test_every_bundle_respects_both_caps_or_holds_one_oversized_file(seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(TRIALS):
-        entries = sorted((_file(rng, rng.choice([0, rng.randint(0, 500), rng.randint(0, 5000)])) for _ in range(rng.randint(0, 150))), key=lambda e: e.path)
+        entries = sorted(
+            (
+                _file(rng, rng.choice([0, rng.randint(0, 500), rng.randint(0, 5000)]))
+                for _ in range(rng.randint(0, 150))
+            ),
+            key=lambda e: e.path,
+        )
         entries = list({e.path: e for e in entries}.values())
         max_files, max_bytes = rng.randint(1, 40), rng.randint(1, 6000)
         plan = plan_bundles(entries, max_files, max_bytes)
@@ -104,7 +114,10 @@ def test_at_realistic_scale_random_edits_of_every_kind_rewrite_at_most_two_bundl
     # Bundles of hundreds of files, log-normal sizes: the regime real datasets live in.
     # Removing the last file of a bundle is covered here too (1 in ~500 edits hits one).
     rng = random.Random(14)
-    entries = sorted({e.path: e for e in (_file(rng, int(rng.lognormvariate(11.6, 0.5))) for _ in range(8000))}.values(), key=lambda e: e.path)
+    entries = sorted(
+        {e.path: e for e in (_file(rng, int(rng.lognormvariate(11.6, 0.5))) for _ in range(8000))}.values(),
+        key=lambda e: e.path,
+    )
     max_files, max_bytes = 1000, 60_000_000
     before = _bundles(entries, max_files, max_bytes)
     assert len(before) > 8

@@ -31,7 +31,9 @@ def check_nothing_wrong_is_ready(client: Any, manifests: dict[str, Manifest]) ->
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_points_never_leaves_anything_wrong_ready(tmp_path: Path, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_kill_9_at_random_points_never_leaves_anything_wrong_ready(
+    tmp_path: Path, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, server = loopback
     datasets, manifests = {}, {}
     for i, name in enumerate(("alpha", "beta", "gamma")):

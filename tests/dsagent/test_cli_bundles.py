@@ -29,24 +29,36 @@ def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return code, out.out, out.err
 
 
-def test_pack_unpack_verify_round_trip_prints_one_summary_line_each(awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_unpack_verify_round_trip_prints_one_summary_line_each(
+    awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store, dest = tmp_path / "store", tmp_path / "out"
-    code, out, _ = _run(["pack", str(awkward_dataset), "--name", "awk", "--to", str(store), "--max-files", "3", "--max-bytes", "20kB"], capsys)
+    code, out, _ = _run(
+        ["pack", str(awkward_dataset), "--name", "awk", "--to", str(store), "--max-files", "3", "--max-bytes", "20kB"],
+        capsys,
+    )
     manifest = read_manifest(str(store), "awk")
     assert code == 0 and out.count("\n") == 1
     assert out.startswith(f"packed awk: {len(AWKWARD_FILES)} files") and manifest.digest in out
     assert f"into {len(manifest.bundles)} bundles ({len(manifest.bundles)} written, 0 reused" in out
 
-    code, out, _ = _run(["pack", str(awkward_dataset), "--name", "awk", "--to", str(store), "--max-files", "3", "--max-bytes", "20kB"], capsys)
+    code, out, _ = _run(
+        ["pack", str(awkward_dataset), "--name", "awk", "--to", str(store), "--max-files", "3", "--max-bytes", "20kB"],
+        capsys,
+    )
     assert code == 0 and f"(0 written, {len(manifest.bundles)} reused" in out
 
     code, out, _ = _run(["unpack", str(store), str(dest), "--name", "awk"], capsys)
-    assert code == 0 and out.startswith(f"unpacked awk into {dest}: {len(AWKWARD_FILES)} files") and "all verified" in out
+    assert (
+        code == 0 and out.startswith(f"unpacked awk into {dest}: {len(AWKWARD_FILES)} files") and "all verified" in out
+    )
     code, out, _ = _run(["verify", str(dest), "--manifest", str(store), "--name", "awk"], capsys)
     assert code == 0 and out.startswith(f"{dest} matches awk")
 
 
-def test_digest_prints_the_digest_or_the_manifest_as_json(awkward_dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_digest_prints_the_digest_or_the_manifest_as_json(
+    awkward_dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = _run(["digest", str(awkward_dataset), "--json"], capsys)
     body = json.loads(out)
     assert code == 0 and body["name"] == "source" and body["files"] == len(AWKWARD_FILES)
@@ -55,7 +67,9 @@ def test_digest_prints_the_digest_or_the_manifest_as_json(awkward_dataset: Path,
     assert code == 0 and body["digest"] in out and out.startswith(f"source: {len(AWKWARD_FILES)} files")
 
 
-def test_the_cli_uses_the_digest_cache_unless_told_not_to(awkward_dataset: Path, private_digest_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_uses_the_digest_cache_unless_told_not_to(
+    awkward_dataset: Path, private_digest_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _run(["digest", str(awkward_dataset), "--no-digest-cache"], capsys)
     assert not private_digest_cache.exists()
     _run(["digest", str(awkward_dataset)], capsys)
@@ -75,7 +89,12 @@ def test_the_cli_uses_the_digest_cache_unless_told_not_to(awkward_dataset: Path,
     ],
 )
 def test_bad_input_gets_one_clear_line_and_a_distinct_exit_code(
-    args: list[str], exit_code: int, message: str, awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    args: list[str],
+    exit_code: int,
+    message: str,
+    awkward_dataset: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     filled = [a.format(src=awkward_dataset, store=tmp_path / "store", tmp=tmp_path) for a in args]
     code, out, err = _run(filled, capsys)
@@ -84,7 +103,9 @@ def test_bad_input_gets_one_clear_line_and_a_distinct_exit_code(
     assert out == ""
 
 
-def test_verify_reports_a_damaged_copy_with_the_integrity_exit_code(awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_reports_a_damaged_copy_with_the_integrity_exit_code(
+    awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store, dest = tmp_path / "store", tmp_path / "out"
     _run(["pack", str(awkward_dataset), "--name", "awk", "--to", str(store)], capsys)
     _run(["unpack", str(store), str(dest), "--name", "awk"], capsys)
@@ -93,7 +114,9 @@ def test_verify_reports_a_damaged_copy_with_the_integrity_exit_code(awkward_data
     assert code == 5 and "wrong size: big.bin" in err
 
 
-def test_unpack_into_a_non_empty_directory_is_a_conflict(awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unpack_into_a_non_empty_directory_is_a_conflict(
+    awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store, dest = tmp_path / "store", tmp_path / "out"
     _run(["pack", str(awkward_dataset), "--name", "awk", "--to", str(store)], capsys)
     dest.mkdir()

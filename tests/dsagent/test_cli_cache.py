@@ -36,7 +36,9 @@ def dsctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str
     return code, out, err
 
 
-def test_cache_waits_until_ready_and_ls_lists_it(local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_waits_until_ready_and_ls_lists_it(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     agent, nfs = local_agent
     sock = str(agent.socket)
     code, out, err = dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--task", "job-1", "--socket", sock)
@@ -60,33 +62,62 @@ def test_cache_waits_until_ready_and_ls_lists_it(local_agent: tuple[AgentProcess
     assert code == 0 and "evicted 1 dataset version(s)" in out
 
 
-def test_cache_no_wait_returns_at_once_and_status_fails_for_unknown_tasks(local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_no_wait_returns_at_once_and_status_fails_for_unknown_tasks(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     agent, nfs = local_agent
-    code, out, err = dsctl(capsys, "cache", f"cifar={nfs / 'cifar'}", "--no-wait", "--socket", str(agent.socket), "-o", "json")
+    code, out, err = dsctl(
+        capsys, "cache", f"cifar={nfs / 'cifar'}", "--no-wait", "--socket", str(agent.socket), "-o", "json"
+    )
     assert code == 0, err
     assert json.loads(out)["state"] in ("pending", "ready")
     code, _, err = dsctl(capsys, "status", "nope", "--socket", str(agent.socket))
     assert code == 3 and err.startswith("dsctl: error: no task 'nope'")
 
 
-def test_an_unreachable_agent_is_one_line_saying_how_to_start_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreachable_agent_is_one_line_saying_how_to_start_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = dsctl(capsys, "ls", "--socket", str(tmp_path / "no.sock"))
     assert code == 8
     assert err.count("\n") == 1 and "dsagent serve" in err and str(tmp_path / "no.sock") in err
 
 
-def test_init_container_mode_reads_datasets_task_and_options_from_env_and_wait_execs(local_agent: tuple[AgentProcess, Path], tmp_path: Path) -> None:
+def test_init_container_mode_reads_datasets_task_and_options_from_env_and_wait_execs(
+    local_agent: tuple[AgentProcess, Path], tmp_path: Path
+) -> None:
     agent, nfs = local_agent
     env = {
-        **os.environ, "DSAGENT_SOCKET": str(agent.socket), "DSAGENT_TASK_ID": "3f1c-pod-uid",
+        **os.environ,
+        "DSAGENT_SOCKET": str(agent.socket),
+        "DSAGENT_TASK_ID": "3f1c-pod-uid",
         "DSAGENT_DATASETS": json.dumps([{"name": "mnist", "source": str(nfs / "mnist")}]),
     }
-    init = subprocess.run([sys.executable, "-m", "dsagent.cli", "cache", "--from-env", "--no-wait"], env=env, capture_output=True, text=True, timeout=60)
+    init = subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", "cache", "--from-env", "--no-wait"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert init.returncode == 0, init.stderr
     marker = tmp_path / "trained"
     main_container = subprocess.run(
-        [sys.executable, "-m", "dsagent.cli", "wait", "--from-env", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').write('ok')"],
-        env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "dsagent.cli",
+            "wait",
+            "--from-env",
+            "--",
+            sys.executable,
+            "-c",
+            f"open({str(marker)!r}, 'w').write('ok')",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert main_container.returncode == 0, main_container.stderr
     assert marker.read_text() == "ok"  # the training command ran after the wait, in place of dsctl
@@ -102,13 +133,23 @@ def test_storage_options_come_from_the_environment_per_dataset() -> None:
         "DSAGENT_BUNDLES": "s3://b/packed",
     }
     first, second = datasets_from_env(env)
-    assert first == {"name": "imagenet", "source": "s3://b/imagenet", "bundles": "s3://b/packed", "storage_options": {"anon": False}}
+    assert first == {
+        "name": "imagenet",
+        "source": "s3://b/imagenet",
+        "bundles": "s3://b/packed",
+        "storage_options": {"anon": False},
+    }
     assert second["storage_options"] == {"anon": False, "key": "k", "secret": "s"}
 
 
 @pytest.mark.parametrize(
     "env",
-    [{}, {"DSAGENT_DATASETS": "not json"}, {"DSAGENT_DATASETS": '{"name": "x"}'}, {"DSAGENT_DATASETS": '[{"name": "x", "source": "y"}]', "DSAGENT_STORAGE_OPTIONS": "[1]"}],
+    [
+        {},
+        {"DSAGENT_DATASETS": "not json"},
+        {"DSAGENT_DATASETS": '{"name": "x"}'},
+        {"DSAGENT_DATASETS": '[{"name": "x", "source": "y"}]', "DSAGENT_STORAGE_OPTIONS": "[1]"},
+    ],
     ids=["unset", "not-json", "not-a-list", "options-not-an-object"],
 )
 def test_bad_init_container_environments_are_invalid_input(env: dict[str, str]) -> None:
@@ -118,7 +159,9 @@ def test_bad_init_container_environments_are_invalid_input(env: dict[str, str]) 
 
 def test_a_secret_in_bad_storage_options_json_is_never_echoed() -> None:
     with pytest.raises(InvalidInput) as excinfo:
-        datasets_from_env({"DSAGENT_DATASETS": '[{"name": "x", "source": "y"}]', "DSAGENT_STORAGE_OPTIONS": '{"secret": "hunter2"'})
+        datasets_from_env(
+            {"DSAGENT_DATASETS": '[{"name": "x", "source": "y"}]', "DSAGENT_STORAGE_OPTIONS": '{"secret": "hunter2"'}
+        )
     assert "hunter2" not in str(excinfo.value)
 
 

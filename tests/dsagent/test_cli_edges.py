@@ -62,7 +62,12 @@ def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSAGENT_")}
     env.update(XDG_RUNTIME_DIR=str(tmp_path / "run"), DSAGENT_SWEEP_INTERVAL="3600", DSAGENT_ADMIN_TOKEN=ADMIN_TOKEN)
     root = tmp_path / "cache"
-    proc = subprocess.Popen([sys.executable, "-m", "dsagent", "serve", "--root", str(root)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsagent", "serve", "--root", str(root)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not unix_socket_listening(root / "dsagent.sock"):

@@ -49,7 +49,9 @@ def test_the_cluster_agent_starts_and_stops_with_the_app(tmp_path: Path, monkeyp
     assert RecordingClusterAgent.events == ["init gpu-node-7", "start", "stop"]
 
 
-def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A build without dsagent.kube, simulated: a None entry in sys.modules makes the
     # import fail and find_spec report the package missing.
     monkeypatch.setitem(sys.modules, "dsagent.kube", None)
@@ -62,7 +64,9 @@ def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path:
     )
     result = subprocess.run(
         [sys.executable, "-c", without_kube, "serve", "--root", str(tmp_path / "r"), "--kubernetes"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
@@ -72,7 +76,9 @@ def test_without_the_kubernetes_integration_cluster_mode_fails_clearly(tmp_path:
 def test_bad_settings_stop_the_agent_at_start_up_with_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path), "--capacity", "lots"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.startswith("dsagent: error: --capacity='lots': invalid size 'lots'")

@@ -29,7 +29,9 @@ def _dataset(root: Path) -> Path:
 def _kill_when(args: list[str], ready: Callable[[], bool]) -> None:
     """Run ``dsctl args`` in a child and SIGKILL it as soon as ``ready()`` holds."""
     env = {**os.environ, "DSAGENT_DIGEST_CACHE": os.devnull + "-unused", "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-m", "dsagent.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsagent.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 60
         while not ready():
@@ -45,7 +47,19 @@ def test_a_pack_killed_mid_bundle_publishes_no_bundle_and_no_manifest(tmp_path: 
     src, store = _dataset(tmp_path / "src"), tmp_path / "store"
     bundles = store / "bundles"
     _kill_when(
-        ["pack", str(src), "--name", "d", "--to", str(store), "--level", "19", "--max-bytes", "4MB", "--no-digest-cache"],
+        [
+            "pack",
+            str(src),
+            "--name",
+            "d",
+            "--to",
+            str(store),
+            "--level",
+            "19",
+            "--max-bytes",
+            "4MB",
+            "--no-digest-cache",
+        ],
         lambda: bundles.is_dir() and any(p.name.endswith(".tmp") for p in bundles.iterdir()),
     )
     for published in (p for p in bundles.iterdir() if not p.name.startswith(".")):

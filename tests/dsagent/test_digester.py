@@ -29,7 +29,9 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     started: list[int] = []
     original = digester._ProcessPool.__init__
 
-    def recording(self: digester._ProcessPool, processes: int, snapshot: dict[str, tuple[int, int, int, int, str]] | None) -> None:
+    def recording(
+        self: digester._ProcessPool, processes: int, snapshot: dict[str, tuple[int, int, int, int, str]] | None
+    ) -> None:
         started.append(processes)
         original(self, processes, snapshot)
 
@@ -77,7 +79,9 @@ def test_small_trees_and_single_workers_stay_in_process(big_tree: Path, pools: l
     assert pools == []
 
 
-def test_a_process_running_other_threads_digests_on_threads(big_tree: Path, pools: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_running_other_threads_digests_on_threads(
+    big_tree: Path, pools: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
@@ -111,7 +115,9 @@ def test_the_digest_cache_is_consulted_and_filled_from_processes(tmp_path: Path,
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_file_read_longer_than_its_stat_is_an_integrity_error(tmp_path: Path, workers: int, on_processes: list[int]) -> None:
+def test_a_file_read_longer_than_its_stat_is_an_integrity_error(
+    tmp_path: Path, workers: int, on_processes: list[int]
+) -> None:
     # /proc files stat as empty regular files and then read as text: like a file written
     # between its stat and its read, which must not get a digest under the stat'ed size
     tree = write_tree(tmp_path / "src", {f"{i}.jpg": b"x" * i for i in range(5)})
@@ -123,11 +129,15 @@ def test_a_file_read_longer_than_its_stat_is_an_integrity_error(tmp_path: Path, 
 
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("cached", [False, True])
-def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(tmp_path: Path, workers: int, cached: bool, on_processes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(
+    tmp_path: Path, workers: int, cached: bool, on_processes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree = write_tree(tmp_path / "src", {f"d/{i}.jpg": b"x" * i for i in range(5)})
     walk = digester._iter_local_dirs
 
-    def listing_a_deleted_file(root: str, empty: list[str], confine: list[str] | None = None) -> Iterator[digester._Dir]:
+    def listing_a_deleted_file(
+        root: str, empty: list[str], confine: list[str] | None = None
+    ) -> Iterator[digester._Dir]:
         for group in walk(root, empty, confine):
             yield group._replace(names=[*group.names, "gone.jpg"])
 
@@ -138,7 +148,9 @@ def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(tmp_path
     assert multiprocessing.active_children() == []
 
 
-def test_a_hashing_process_that_dies_fails_the_digest_cleanly(big_tree: Path, on_processes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hashing_process_that_dies_fails_the_digest_cleanly(
+    big_tree: Path, on_processes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def dying(*args: object) -> None:
         os._exit(9)  # as the OOM killer would leave it: no reply, the pipe closes
 
@@ -149,7 +161,9 @@ def test_a_hashing_process_that_dies_fails_the_digest_cleanly(big_tree: Path, on
     assert multiprocessing.active_children() == []
 
 
-def test_a_broken_link_found_while_processes_hash_is_refused_and_they_are_reaped(tmp_path: Path, on_processes: list[int]) -> None:
+def test_a_broken_link_found_while_processes_hash_is_refused_and_they_are_reaped(
+    tmp_path: Path, on_processes: list[int]
+) -> None:
     tree = write_tree(tmp_path / "src", {**{f"{i}.jpg": b"x" * i for i in range(5)}, "z/a.jpg": b"a"})
     (tree / "z" / "broken").symlink_to(tmp_path / "nowhere")
     with pytest.raises(InvalidInput, match="broken symlink"):

@@ -32,7 +32,9 @@ def test_cluster_mode_keeps_reserve_plus_the_kubelet_threshold_free(tmp_path: Pa
     assert abs(space["freeBytes"] - max(0, disk.free - floor)) < 64 << 20  # other tenants write meanwhile
 
 
-def test_a_fetch_that_would_cross_the_floor_fails_with_the_numbers_and_standalone_has_no_floor(tmp_path: Path, memory_root: str) -> None:
+def test_a_fetch_that_would_cross_the_floor_fails_with_the_numbers_and_standalone_has_no_floor(
+    tmp_path: Path, memory_root: str
+) -> None:
     fsspec.filesystem("memory").pipe(memory_root.split("://", 1)[1] + "/a.bin", b"x" * 4096)
     used = shutil.disk_usage(tmp_path)
     reserve = f"{max(1, min(99, int(100 * used.free / used.total) + 1))}%"  # more than is free: nothing fits

@@ -42,7 +42,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("candidates", "size", "free", "ratio", "victims", "sufficient"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+@pytest.mark.parametrize(
+    ("candidates", "size", "free", "ratio", "victims", "sufficient"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
 def test_victims_are_lru_unused_datasets_until_free_reaches_the_target(
     candidates: list[Candidate], size: int, free: int, ratio: float, victims: list[str], sufficient: bool
 ) -> None:

@@ -39,7 +39,9 @@ def packed(tmp_path: Path) -> tuple[Path, Manifest]:
     return store, manifest
 
 
-def _member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tuple[tarfile.TarInfo, bytes]:
+def _member(
+    name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, linkname: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.type = kind
     info.size = len(data) if kind in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
@@ -53,7 +55,9 @@ def _craft(store: Path, manifest: Manifest, members: list[tuple[tarfile.TarInfo,
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for info, data in members:
             tar.addfile(info, io.BytesIO(data) if info.size else None)
-    Path(bundle_path(str(store), manifest.bundles[0].digest)).write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(raw.getvalue()))
+    Path(bundle_path(str(store), manifest.bundles[0].digest)).write_bytes(
+        zstandard.ZstdCompressor(write_checksum=True).compress(raw.getvalue())
+    )
 
 
 def _legit() -> list[tuple[tarfile.TarInfo, bytes]]:
@@ -64,8 +68,14 @@ MALICIOUS: dict[str, Callable[[], list[tuple[tarfile.TarInfo, bytes]]]] = {
     "absolute path": lambda: [_member("/tmp/dsagent-evil-abs", b"x"), *_legit()],
     "dot-dot path": lambda: [_member("../evil-dotdot", b"x"), *_legit()],
     "dot-dot inside path": lambda: [_member("train/../../evil-inner", b"x"), *_legit()],
-    "symlink": lambda: [_member("train", kind=tarfile.SYMTYPE, linkname=".."), _member("train/a.jpg", FILES["train/a.jpg"])],
-    "symlink to a listed name": lambda: [_member("train/a.jpg", kind=tarfile.SYMTYPE, linkname="/etc/passwd"), *_legit()[1:]],
+    "symlink": lambda: [
+        _member("train", kind=tarfile.SYMTYPE, linkname=".."),
+        _member("train/a.jpg", FILES["train/a.jpg"]),
+    ],
+    "symlink to a listed name": lambda: [
+        _member("train/a.jpg", kind=tarfile.SYMTYPE, linkname="/etc/passwd"),
+        *_legit()[1:],
+    ],
     "hard link": lambda: [_member("train/a.jpg", kind=tarfile.LNKTYPE, linkname="/etc/passwd"), *_legit()[1:]],
     "character device": lambda: [_member("train/a.jpg", kind=tarfile.CHRTYPE), *_legit()[1:]],
     "block device": lambda: [_member("train/a.jpg", kind=tarfile.BLKTYPE), *_legit()[1:]],
@@ -77,7 +87,9 @@ MALICIOUS: dict[str, Callable[[], list[tuple[tarfile.TarInfo, bytes]]]] = {
 
 
 @pytest.mark.parametrize("kind", sorted(MALICIOUS))
-def test_malicious_members_are_rejected_and_nothing_lands_anywhere(kind: str, packed: tuple[Path, Manifest], tmp_path: Path) -> None:
+def test_malicious_members_are_rejected_and_nothing_lands_anywhere(
+    kind: str, packed: tuple[Path, Manifest], tmp_path: Path
+) -> None:
     store, manifest = packed
     _craft(store, manifest, MALICIOUS[kind]())
     before = _snapshot(tmp_path)
@@ -91,7 +103,9 @@ def test_malicious_members_are_rejected_and_nothing_lands_anywhere(kind: str, pa
 
 
 @pytest.mark.parametrize("kind", sorted(MALICIOUS))
-def test_unpack_bundle_leaves_an_existing_target_as_it_was(kind: str, packed: tuple[Path, Manifest], tmp_path: Path) -> None:
+def test_unpack_bundle_leaves_an_existing_target_as_it_was(
+    kind: str, packed: tuple[Path, Manifest], tmp_path: Path
+) -> None:
     store, manifest = packed
     _craft(store, manifest, MALICIOUS[kind]())
     target = tmp_path / "cache"
@@ -113,7 +127,9 @@ def test_a_tampered_file_fails_its_digest(packed: tuple[Path, Manifest], tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_a_member_of_the_wrong_size_is_rejected_before_it_is_written(packed: tuple[Path, Manifest], tmp_path: Path) -> None:
+def test_a_member_of_the_wrong_size_is_rejected_before_it_is_written(
+    packed: tuple[Path, Manifest], tmp_path: Path
+) -> None:
     store, manifest = packed
     members = _legit()
     members[1] = _member("train/b.jpg", b"B" * 701)
@@ -130,7 +146,9 @@ def test_a_missing_member_is_detected(packed: tuple[Path, Manifest], tmp_path: P
 
 
 @pytest.mark.parametrize("offset", [0, 10, -40, -5])
-def test_a_flipped_bit_anywhere_in_a_bundle_is_detected(packed: tuple[Path, Manifest], tmp_path: Path, offset: int) -> None:
+def test_a_flipped_bit_anywhere_in_a_bundle_is_detected(
+    packed: tuple[Path, Manifest], tmp_path: Path, offset: int
+) -> None:
     store, manifest = packed
     path = Path(bundle_path(str(store), manifest.bundles[0].digest))
     data = bytearray(path.read_bytes())
@@ -174,7 +192,9 @@ def test_a_missing_bundle_object_is_not_found(packed: tuple[Path, Manifest], tmp
         unpack(store, name="d", dest=tmp_path / "out")
 
 
-def test_a_directory_in_the_way_is_a_conflict_and_the_bundle_is_taken_back(packed: tuple[Path, Manifest], tmp_path: Path) -> None:
+def test_a_directory_in_the_way_is_a_conflict_and_the_bundle_is_taken_back(
+    packed: tuple[Path, Manifest], tmp_path: Path
+) -> None:
     from dsagent.errors import Conflict
 
     store, manifest = packed

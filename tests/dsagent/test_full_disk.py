@@ -28,7 +28,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a small filesystem needs root")
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here")
     yield disk
     subprocess.run(["umount", "-l", str(disk)], check=False)
@@ -56,7 +59,9 @@ def put(http: httpx.Client, task: str, name: str, source: Path, wait: float = 60
     return http.put(f"/v1/tasks/{task}?wait={wait}", json={"datasets": [{"name": name, "source": str(source)}]})
 
 
-def test_files_are_accounted_in_blocks_and_a_full_disk_loses_nothing(small_disk: Path, agent_factory: Any, tmp_path: Path) -> None:
+def test_files_are_accounted_in_blocks_and_a_full_disk_loses_nothing(
+    small_disk: Path, agent_factory: Any, tmp_path: Path
+) -> None:
     # 6,000 files of 512 B: 3 MB of bytes, ~24 MB of 4 KiB blocks: more than the disk
     many = many_small_files(tmp_path / "src" / "many", 6000, 512)
     few = many_small_files(tmp_path / "src" / "few", 10, 2000)
@@ -77,7 +82,9 @@ def test_files_are_accounted_in_blocks_and_a_full_disk_loses_nothing(small_disk:
         assert again.status_code == 200 and again.json()["datasets"][0]["error"]["code"] == "insufficient_space"
 
 
-def test_the_agent_starts_answers_and_evicts_on_a_full_disk(small_disk: Path, agent_factory: Any, tmp_path: Path) -> None:
+def test_the_agent_starts_answers_and_evicts_on_a_full_disk(
+    small_disk: Path, agent_factory: Any, tmp_path: Path
+) -> None:
     few = many_small_files(tmp_path / "src" / "few", 10, 2000)
     other = many_small_files(tmp_path / "src" / "other", 10, 3000)
     agent = agent_factory(tcp=True, local_sources=(tmp_path / "src",))

@@ -50,7 +50,15 @@ def silent_server() -> Iterator[str]:
 
 def test_readiness_fails_while_workers_hang_and_sigterm_stops_the_agent(agent_factory: Any, silent_server: str) -> None:
     # 1 fetch x 1 worker: 3 worker threads in all, each resolve below takes one for good
-    agent = agent_factory(tcp=True, env={"DSAGENT_MAX_FETCHES": "1", "DSAGENT_FETCH_WORKERS": "1", "DSAGENT_STALL_TIMEOUT": "1s", "DSAGENT_SOURCE_TIMEOUT": "1h"})
+    agent = agent_factory(
+        tcp=True,
+        env={
+            "DSAGENT_MAX_FETCHES": "1",
+            "DSAGENT_FETCH_WORKERS": "1",
+            "DSAGENT_STALL_TIMEOUT": "1s",
+            "DSAGENT_SOURCE_TIMEOUT": "1h",
+        },
+    )
     with httpx.Client(base_url=agent.url, timeout=10, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
         for i in range(6):
             dataset = {"name": f"hang{i}", "source": f"{silent_server}/src{i}", "bundles": f"{silent_server}/store{i}"}

@@ -38,7 +38,11 @@ def test_inventories_that_break_the_contract_are_refused(broken: dict[str, Any])
 
 
 def test_a_valid_inventory_with_older_versions_passes() -> None:
-    validate(inventory({"x": {**entry(), "versions": [{"digest": "b" * 32, "state": "ready", "inUse": True, "sizeBytes": 3}]}}))
+    validate(
+        inventory(
+            {"x": {**entry(), "versions": [{"digest": "b" * 32, "state": "ready", "inUse": True, "sizeBytes": 3}]}}
+        )
+    )
 
 
 def test_over_budget_the_least_recently_used_non_ready_entries_go_first() -> None:
@@ -51,4 +55,6 @@ def test_over_budget_the_least_recently_used_non_ready_entries_go_first() -> Non
     assert kept["truncated"] is True
     assert "stuck" not in kept["datasets"]
     assert "d0059" in kept["datasets"]  # a recently used ready one stays
-    assert compact(inventory({"x": entry()})) == json.dumps(inventory({"x": entry()}), separators=(",", ":"), sort_keys=True)
+    assert compact(inventory({"x": entry()})) == json.dumps(
+        inventory({"x": entry()}), separators=(",", ":"), sort_keys=True
+    )

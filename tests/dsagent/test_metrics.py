@@ -42,12 +42,16 @@ def test_after_six_failed_requests_the_failures_are_visible_by_code(tmp_path: Pa
         await service.start()
         try:
             for i in range(5):
-                record = await service.submit_task(f"good-{i}", [DatasetRequest(f"good{i}", f"{memory_root}/good{i}")], wait=30)
+                record = await service.submit_task(
+                    f"good-{i}", [DatasetRequest(f"good{i}", f"{memory_root}/good{i}")], wait=30
+                )
                 assert record.state == "ready", record
             again = await service.submit_task("again", [DatasetRequest("good0", f"{memory_root}/good0")], wait=30)
             assert again.state == "ready"
             for i in range(4):  # a source that does not exist: the request settles failed
-                record = await service.submit_task(f"bad-{i}", [DatasetRequest(f"missing{i}", f"{memory_root}/nothing-{i}")], wait=30)
+                record = await service.submit_task(
+                    f"bad-{i}", [DatasetRequest(f"missing{i}", f"{memory_root}/nothing-{i}")], wait=30
+                )
                 assert record.state == "failed", record
             for i in range(2):  # refused before any work
                 with pytest.raises(DsagentError):
@@ -57,7 +61,11 @@ def test_after_six_failed_requests_the_failures_are_visible_by_code(tmp_path: Pa
             await service.stop()
 
     got = asyncio.run(run())
-    failures = {labels: v for (name, labels), v in got.items() if name == "dsagent_requests_total" and labels != (("code", "ok"),)}
+    failures = {
+        labels: v
+        for (name, labels), v in got.items()
+        if name == "dsagent_requests_total" and labels != (("code", "ok"),)
+    }
     assert sum(failures.values()) == 6, failures
     assert got[("dsagent_requests_total", (("code", "ok"),))] == 6
     assert got[("dsagent_requests_total", (("code", "invalid_input"),))] == 2
@@ -93,5 +101,7 @@ def test_each_service_has_its_own_registry_and_evictions_count_by_reason(tmp_pat
     first, second = (samples(t) for t in asyncio.run(run()))
     assert first[("dsagent_fetches_total", (("result", "ok"),))] == 1
     assert second[("dsagent_fetches_total", (("result", "ok"),))] == 0
-    assert {labels: v for (name, labels), v in first.items() if name == "dsagent_evictions_total"} == {(("reason", "operator"),): 1}
+    assert {labels: v for (name, labels), v in first.items() if name == "dsagent_evictions_total"} == {
+        (("reason", "operator"),): 1
+    }
     assert first[("dsagent_evicted_bytes_total", (("reason", "operator"),))] == 2000

@@ -18,7 +18,9 @@ ERROR_REF = "#/components/schemas/ErrorOut"
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    process = AgentProcess(tmp_path_factory.mktemp("openapi") / "agent", tcp=True, env={"DSAGENT_MAX_BODY": "4kB"}).start()
+    process = AgentProcess(
+        tmp_path_factory.mktemp("openapi") / "agent", tcp=True, env={"DSAGENT_MAX_BODY": "4kB"}
+    ).start()
     yield process
     process.stop()
 
@@ -41,7 +43,10 @@ def test_the_document_lists_every_route_with_a_typed_answer_and_its_errors(docum
                 assert "$ref" in str(responses["200"]["content"]["application/json"]["schema"]), route.path
             for status, response in responses.items():
                 if status.startswith(("4", "5")) and route.path != "/readyz":
-                    assert response["content"]["application/json"]["schema"] == {"$ref": ERROR_REF}, (route.path, status)
+                    assert response["content"]["application/json"]["schema"] == {"$ref": ERROR_REF}, (
+                        route.path,
+                        status,
+                    )
     error = document["components"]["schemas"]["ErrorOut"]
     assert set(error["required"]) == {"code", "message"} and {"hint", "details"} <= set(error["properties"])
 
@@ -55,8 +60,23 @@ def declared(document: dict[str, Any], method: str, path: str) -> set[int]:
     [
         ("PUT", "/v1/tasks/t1", "/v1/tasks/{task_id}", {"json": {"datasets": [{"name": "x", "sorce": "y"}]}}, 400),
         ("PUT", "/v1/tasks/t1", "/v1/tasks/{task_id}", {"json": {"datasets": [{"name": "x", "source": "s3:/x"}]}}, 400),
-        ("PUT", "/v1/tasks/t1", "/v1/tasks/{task_id}", {"json": {"datasets": [{"name": "x", "source": "memory://x"}]}, "headers": {"authorization": "Bearer wrong"}}, 401),
-        ("PUT", "/v1/tasks/t1", "/v1/tasks/{task_id}", {"content": b"{" + b" " * 8000 + b"}", "headers": {"content-type": "application/json"}}, 413),
+        (
+            "PUT",
+            "/v1/tasks/t1",
+            "/v1/tasks/{task_id}",
+            {
+                "json": {"datasets": [{"name": "x", "source": "memory://x"}]},
+                "headers": {"authorization": "Bearer wrong"},
+            },
+            401,
+        ),
+        (
+            "PUT",
+            "/v1/tasks/t1",
+            "/v1/tasks/{task_id}",
+            {"content": b"{" + b" " * 8000 + b"}", "headers": {"content-type": "application/json"}},
+            413,
+        ),
         ("GET", "/v1/tasks/none", "/v1/tasks/{task_id}", {}, 404),
         ("DELETE", "/v1/tasks/none", "/v1/tasks/{task_id}", {}, 404),
         ("GET", "/v1/datasets/none", "/v1/datasets/{name}", {}, 404),
@@ -66,7 +86,13 @@ def declared(document: dict[str, Any], method: str, path: str) -> set[int]:
     ],
 )
 def test_the_errors_sent_are_the_errors_declared(
-    agent: AgentProcess, document: dict[str, Any], method: str, url: str, template: str, kwargs: dict[str, Any], status: int
+    agent: AgentProcess,
+    document: dict[str, Any],
+    method: str,
+    url: str,
+    template: str,
+    kwargs: dict[str, Any],
+    status: int,
 ) -> None:
     kwargs = dict(kwargs)
     headers = {"authorization": f"Bearer {ADMIN_TOKEN}", **kwargs.pop("headers", {})}

@@ -129,7 +129,9 @@ def test_an_agent_without_a_peer_token_serves_no_peer(store: Any, agent_factory:
     manifest, server = store
     a = agent_factory("a", tcp=True)
     _cache(a, server)
-    response = httpx.get(f"{a.url}/v1/peer/bundles/{manifest.bundles[0].digest}", headers={"Authorization": f"Bearer {TOKEN}"})
+    response = httpx.get(
+        f"{a.url}/v1/peer/bundles/{manifest.bundles[0].digest}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
     assert response.status_code == 401
 
 
@@ -232,7 +234,9 @@ class _BadPeerHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("mode", ["lie", "die", "stall"])
-def test_a_misbehaving_peer_falls_back_to_the_store_verified(mode: str, store: Any, agent_factory: Any, tmp_path: Path) -> None:
+def test_a_misbehaving_peer_falls_back_to_the_store_verified(
+    mode: str, store: Any, agent_factory: Any, tmp_path: Path
+) -> None:
     manifest, server = store
     bad = _BadPeer(manifest, tmp_path / "www" / "store", mode)
     try:
@@ -257,7 +261,9 @@ def test_a_repacked_bundle_unpacks_verified(tmp_path: Path) -> None:
     manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
     bundle = manifest.bundles[1]
     (tmp_path / "peer" / "bundles").mkdir(parents=True)
-    Path(bundle_path(str(tmp_path / "peer"), bundle.digest)).write_bytes(b"".join(repack(tmp_path / "src", manifest.bundle_entries(bundle))))
+    Path(bundle_path(str(tmp_path / "peer"), bundle.digest)).write_bytes(
+        b"".join(repack(tmp_path / "src", manifest.bundle_entries(bundle)))
+    )
     (tmp_path / "out").mkdir()
     unpack_bundle(tmp_path / "peer", manifest, bundle, tmp_path / "out")
     for entry in manifest.bundle_entries(bundle):
@@ -276,8 +282,15 @@ def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
 
 
 def test_holds_ready_reads_current_and_older_versions() -> None:
-    inventory = {"datasets": {"d": {"digest": "a" * 32, "state": "fetching", "versions": [
-        {"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}]}}}
+    inventory = {
+        "datasets": {
+            "d": {
+                "digest": "a" * 32,
+                "state": "fetching",
+                "versions": [{"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}],
+            }
+        }
+    }
     assert holds_ready(inventory, "d", "b" * 32)
     assert not holds_ready(inventory, "d", "a" * 32)
     assert not holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32)
@@ -301,7 +314,9 @@ def test_bundle_downloads_go_through_the_stores_proxy_and_manifests_do_not(store
         assert len(bundles) == len(manifest.bundles)
         assert all(proxy.served[url] >= 2 for url in bundles), "both agents read every bundle through the proxy"
         assert _bundle_gets(server) == len(manifest.bundles), "the origin served each bundle once"
-        assert not [url for url in proxy.served if "manifest" in url], "manifests change under one name: never through the proxy"
+        assert not [url for url in proxy.served if "manifest" in url], (
+            "manifests change under one name: never through the proxy"
+        )
     finally:
         proxy.close()
 
@@ -310,12 +325,17 @@ def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
     from dsagent.cache.peers import bundle_options
     from dsagent.cache.settings import Settings
 
-    settings = Settings.from_env({"DSAGENT_STORE_PROXIES": "http://store:80/ds=http://127.0.0.1:65001, s3://bucket=http://127.0.0.1:65001"})
+    settings = Settings.from_env(
+        {"DSAGENT_STORE_PROXIES": "http://store:80/ds=http://127.0.0.1:65001, s3://bucket=http://127.0.0.1:65001"}
+    )
     assert bundle_options(settings, "http://store:80/ds", None) == {"proxy": "http://127.0.0.1:65001"}
     assert bundle_options(settings, "http://store:80/ds/sub", {"a": 1}) == {"a": 1, "proxy": "http://127.0.0.1:65001"}
     assert bundle_options(settings, "http://store:80/dsx", None) is None
     s3 = bundle_options(settings, "s3://bucket/packs", {"anon": True})
-    assert s3 == {"anon": True, "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}}}
+    assert s3 == {
+        "anon": True,
+        "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}},
+    }
 
 
 def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
@@ -326,7 +346,10 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
 
     def node(name: str, inventory: Any, ip: str = "10.0.0.1") -> Any:
         annotations = {ANNOTATION: json.dumps(inventory)} if inventory is not None else {}
-        return NS(metadata=NS(name=name, annotations=annotations), status=NS(addresses=[NS(type="Hostname", address=name), NS(type="InternalIP", address=ip)]))
+        return NS(
+            metadata=NS(name=name, annotations=annotations),
+            status=NS(addresses=[NS(type="Hostname", address=name), NS(type="InternalIP", address=ip)]),
+        )
 
     held = {"datasets": {"imgs": {"digest": "a" * 32, "state": "ready"}}}
     nodes = [

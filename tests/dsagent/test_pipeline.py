@@ -24,7 +24,20 @@ from tests.dsagent.conftest import write_tree
 def _files(seed: int = 7) -> dict[str, bytes]:
     """Sizes around every buffer and block edge: empty, 1 byte, 511-513, a few buffers' worth."""
     rng = random.Random(seed)
-    sizes = [0, 1, 511, 512, 513, 4095, 4096, 4097, 10_000, 3 * 4096 + 7, 50_000, *(rng.randrange(0, 9000) for _ in range(40))]
+    sizes = [
+        0,
+        1,
+        511,
+        512,
+        513,
+        4095,
+        4096,
+        4097,
+        10_000,
+        3 * 4096 + 7,
+        50_000,
+        *(rng.randrange(0, 9000) for _ in range(40)),
+    ]
     return {f"d{i % 3}/f{i:03d}.bin": rng.randbytes(size) for i, size in enumerate(sizes)}
 
 
@@ -105,7 +118,9 @@ def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, mon
 
 @pytest.mark.usefixtures("small_buffers")
 @pytest.mark.parametrize("ahead", [0, 1, 2, 8])
-def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int) -> None:
+def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
+) -> None:
     from dsagent.format import extract, tarstream
 
     monkeypatch.setattr(extract, "UNPACK_AHEAD", ahead)
@@ -119,7 +134,9 @@ def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(tmp_path: Path,
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncated", "tampered"])
-def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
     from dsagent.format import tarstream
 
     monkeypatch.setattr(tarstream, "CHUNK_SIZE", 4096)
@@ -133,7 +150,9 @@ def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(tmp_path: Path, 
         del raw[len(raw) // 2 :]
     path.write_bytes(bytes(raw))
     if damage == "tampered":  # the stream is sound but the manifest wants other bytes: found by the writing side
-        entries = [e if e.path != "d2/f050.bin" else FileEntry(e.path, e.size, e.mtime_ns, "f" * 32) for e in manifest.entries]
+        entries = [
+            e if e.path != "d2/f050.bin" else FileEntry(e.path, e.size, e.mtime_ns, "f" * 32) for e in manifest.entries
+        ]
         monkeypatch.setattr(type(manifest), "bundle_entries", lambda self, ref: entries)
     before = threading.active_count()
     with pytest.raises(IntegrityError):

@@ -29,7 +29,9 @@ def fake_proc(root: Path, pid: int, cgroup: str) -> Path:
 
 def unix_client(agent: Any, token: str | None = None) -> httpx.Client:
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent", timeout=30, headers=headers)
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent", timeout=30, headers=headers
+    )
 
 
 @pytest.fixture
@@ -49,7 +51,9 @@ def test_a_pod_acts_only_on_its_own_task(pod_agent: Any, tmp_path: Path) -> None
         assert pod.get(f"/v1/tasks/{POD}").status_code == 200
         # another pod's task: neither read, nor replace, nor release
         for method in ("GET", "PUT", "DELETE"):
-            answer = pod.request(method, f"/v1/tasks/{OTHER}", json={"datasets": [dataset]} if method == "PUT" else None)
+            answer = pod.request(
+                method, f"/v1/tasks/{OTHER}", json={"datasets": [dataset]} if method == "PUT" else None
+            )
             assert answer.status_code == 403, (method, answer.text)
             assert answer.json()["code"] == "forbidden"
         # evictions need an operator, forced or not
@@ -64,7 +68,9 @@ def test_a_pod_acts_only_on_its_own_task(pod_agent: Any, tmp_path: Path) -> None
 def test_an_unidentifiable_peer_may_read_but_not_act(agent_factory: Any, tmp_path: Path) -> None:
     agent = agent_factory(env={"DSAGENT_PROC_ROOT": str(tmp_path / "empty-proc")})  # no cgroup to read
     with unix_client(agent) as caller:
-        answer = caller.put(f"/v1/tasks/{POD}", json={"datasets": [{"name": "x", "source": "memory://pod-rights/none"}]})
+        answer = caller.put(
+            f"/v1/tasks/{POD}", json={"datasets": [{"name": "x", "source": "memory://pod-rights/none"}]}
+        )
         assert answer.status_code == 403, answer.text
         assert caller.get("/v1/datasets").status_code == 200
 

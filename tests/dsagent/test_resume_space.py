@@ -16,7 +16,9 @@ from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
 from tests.dsagent.test_agent_process import packed
 
 
-def test_a_resumed_fetch_counts_its_own_staged_bytes_once(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]) -> None:
+def test_a_resumed_fetch_counts_its_own_staged_bytes_once(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
+) -> None:
     www, url, server = loopback
     _, dataset, manifest = packed(www, url, "audio", files=24, size=20_000, max_files=2)
     # room for the dataset 1.6 times: enough for one copy with the eviction ratio's margin,

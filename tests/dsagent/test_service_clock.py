@@ -62,7 +62,9 @@ def test_a_lapsed_lease_releases_the_task_and_idle_datasets_are_swept(tmp_path: 
     asyncio.run(run())
 
 
-def test_an_unchanged_remote_listing_is_a_hit_without_reading_and_a_change_is_seen(tmp_path: Path, memory_root: str, monkeypatch: Any) -> None:
+def test_an_unchanged_remote_listing_is_a_hit_without_reading_and_a_change_is_seen(
+    tmp_path: Path, memory_root: str, monkeypatch: Any
+) -> None:
     from fsspec.implementations.memory import MemoryFileSystem
 
     write_memory_dataset(memory_root, 4)
@@ -97,7 +99,9 @@ def test_an_unchanged_remote_listing_is_a_hit_without_reading_and_a_change_is_se
     asyncio.run(run())
 
 
-def test_a_forced_eviction_shows_in_the_task_and_repeating_the_request_caches_again(tmp_path: Path, memory_root: str) -> None:
+def test_a_forced_eviction_shows_in_the_task_and_repeating_the_request_caches_again(
+    tmp_path: Path, memory_root: str
+) -> None:
     write_memory_dataset(memory_root, 2)
     request = DatasetRequest("mem", memory_root)
 
@@ -136,7 +140,9 @@ def test_twenty_concurrent_tasks_share_one_per_file_copy(tmp_path: Path, memory_
         service = CacheService(Settings(root=tmp_path, sweep_interval=3600, fetch_workers=2))
         await service.start()
         try:
-            records = await asyncio.gather(*(service.submit_task(f"pod-{i}", [DatasetRequest("mem", memory_root)], wait=60) for i in range(20)))
+            records = await asyncio.gather(
+                *(service.submit_task(f"pod-{i}", [DatasetRequest("mem", memory_root)], wait=60) for i in range(20))
+            )
             assert {r.state for r in records} == {"ready"}
             assert len({r.datasets[0].path for r in records}) == 1
         finally:
@@ -181,7 +187,9 @@ def test_the_same_task_sent_many_times_at_once_is_one_task(tmp_path: Path, memor
         service = CacheService(Settings(root=tmp_path, sweep_interval=3600))
         await service.start()
         try:
-            records = await asyncio.gather(*(service.submit_task("pod", [DatasetRequest("mem", memory_root)], wait=30) for _ in range(10)))
+            records = await asyncio.gather(
+                *(service.submit_task("pod", [DatasetRequest("mem", memory_root)], wait=30) for _ in range(10))
+            )
             assert {r.created_at for r in records} == {records[0].created_at}
             assert len(await service._db(service.catalog.tasks)) == 1
         finally:

@@ -168,7 +168,9 @@ def test_a_version_just_committed_ready_counts_once_against_the_capacity(tmp_pat
     # must see that space counted once, not twice (held and reserved)
     first = write_local_dataset(tmp_path / "src" / "a", 3, b"a")
     second = write_local_dataset(tmp_path / "src" / "b", 3, b"b")
-    settings = Settings(root=tmp_path / "cache", capacity_bytes=4000, sweep_interval=3600, local_sources=(tmp_path / "src",))
+    settings = Settings(
+        root=tmp_path / "cache", capacity_bytes=4000, sweep_interval=3600, local_sources=(tmp_path / "src",)
+    )
 
     async def run() -> None:
         async with running(settings) as service:
@@ -193,7 +195,9 @@ def test_a_version_whose_bundles_a_fetch_links_from_is_not_evicted_under_it(tmp_
     data, store = write_local_dataset(src / "d", 4, b"d"), src / "bundles"
     other = write_local_dataset(src / "c", 4, b"c")
     pack(data, store, name="d", max_files=1)
-    settings = Settings(root=tmp_path / "cache", capacity_bytes=6000, fetch_workers=1, sweep_interval=3600, local_sources=(src,))
+    settings = Settings(
+        root=tmp_path / "cache", capacity_bytes=6000, fetch_workers=1, sweep_interval=3600, local_sources=(src,)
+    )
     request = DatasetRequest("d", str(data), bundles=str(store))
 
     async def run() -> None:
@@ -214,17 +218,27 @@ def test_a_version_whose_bundles_a_fetch_links_from_is_not_evicted_under_it(tmp_
     asyncio.run(run())
 
 
-
 def test_a_failed_fetch_left_on_disk_counts_against_the_capacity(tmp_path: Path) -> None:
     # a failed fetch keeps its staging for a resume; the capacity must count it, or a new
     # fetch would fill the cache past its limit instead of evicting the failed one
     source = write_local_dataset(tmp_path / "src" / "b", 4, b"b")  # 2000 bytes
-    settings = Settings(root=tmp_path / "cache", capacity_bytes=3000, sweep_interval=3600, local_sources=(tmp_path / "src",))
+    settings = Settings(
+        root=tmp_path / "cache", capacity_bytes=3000, sweep_interval=3600, local_sources=(tmp_path / "src",)
+    )
     failed = "ab" * 16
 
     async def run() -> None:
         async with running(settings) as service:
-            await service.pools.db(service.catalog.begin_version, "f", failed, size_bytes=1500, files=1, source="s3://x/f", bundles=None, now=1.0)
+            await service.pools.db(
+                service.catalog.begin_version,
+                "f",
+                failed,
+                size_bytes=1500,
+                files=1,
+                source="s3://x/f",
+                bundles=None,
+                now=1.0,
+            )
             await service.pools.db(service.catalog.mark_failed, "f", failed, "source went away")
             staging = service.store.staging_dir("f", failed)
             staging.mkdir(parents=True)

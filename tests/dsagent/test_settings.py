@@ -12,11 +12,18 @@ from dsplatform.units import parse_duration
 
 
 def test_settings_come_from_the_environment(tmp_path: Path) -> None:
-    settings = Settings.from_env({
-        "DSAGENT_ROOT": str(tmp_path), "DSAGENT_CAPACITY": "2GB", "DSAGENT_EVICT_RATIO": "1.5",
-        "DSAGENT_IDLE_TTL": "2d", "DSAGENT_LISTEN": "127.0.0.1:7420", "DSAGENT_MAX_FETCHES": "3",
-        "DSAGENT_LOCAL_SOURCES": f"{tmp_path}/a:{tmp_path}/b", "DSAGENT_KUBERNETES": "true",
-    })
+    settings = Settings.from_env(
+        {
+            "DSAGENT_ROOT": str(tmp_path),
+            "DSAGENT_CAPACITY": "2GB",
+            "DSAGENT_EVICT_RATIO": "1.5",
+            "DSAGENT_IDLE_TTL": "2d",
+            "DSAGENT_LISTEN": "127.0.0.1:7420",
+            "DSAGENT_MAX_FETCHES": "3",
+            "DSAGENT_LOCAL_SOURCES": f"{tmp_path}/a:{tmp_path}/b",
+            "DSAGENT_KUBERNETES": "true",
+        }
+    )
     assert settings.root == tmp_path
     assert settings.capacity_bytes == 2_000_000_000
     assert settings.evict_ratio == 1.5
@@ -58,7 +65,9 @@ def test_the_admin_token_can_come_from_a_file_and_is_never_in_the_repr(tmp_path:
     assert "s3cret" not in repr(settings)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("30s", 30), ("5m", 300), ("2h", 7200), ("7d", 604800), ("250ms", 0.25), (3, 3)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("30s", 30), ("5m", 300), ("2h", 7200), ("7d", 604800), ("250ms", 0.25), (3, 3)]
+)
 def test_durations_accept_units(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 

@@ -45,37 +45,87 @@ def one_line(err: str) -> str:
     return err
 
 
-def test_pack_unpack_verify_and_digest_through_s3(s3: S3Server, awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_unpack_verify_and_digest_through_s3(
+    s3: S3Server, awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     s3.create_bucket("datasets")
     ep = f"endpoint_url={s3.endpoint}"
-    code, out, err = dsctl(capsys, "pack", str(awkward_dataset), "--name", "awk", "--to", "s3://datasets/store", "--store-option", ep, "--max-files", "3", "-o", "json")
+    code, out, err = dsctl(
+        capsys,
+        "pack",
+        str(awkward_dataset),
+        "--name",
+        "awk",
+        "--to",
+        "s3://datasets/store",
+        "--store-option",
+        ep,
+        "--max-files",
+        "3",
+        "-o",
+        "json",
+    )
     assert code == 0, err
     packed = json.loads(out)
     assert packed["files"] == len(AWKWARD_FILES) and packed["written"] == packed["bundles"] > 1
 
     options_file = tmp_path / "store.json"
     options_file.write_text(json.dumps({"endpoint_url": s3.endpoint}))
-    code, out, err = dsctl(capsys, "unpack", "s3://datasets/store", str(tmp_path / "out"), "--name", "awk", "--store-options-file", str(options_file))
+    code, out, err = dsctl(
+        capsys,
+        "unpack",
+        "s3://datasets/store",
+        str(tmp_path / "out"),
+        "--name",
+        "awk",
+        "--store-options-file",
+        str(options_file),
+    )
     assert code == 0, err
     assert f"digest {packed['digest']}" in out
-    code, out, err = dsctl(capsys, "verify", str(tmp_path / "out"), "--manifest", "s3://datasets/store", "--name", "awk", "--store-option", ep)
+    code, out, err = dsctl(
+        capsys,
+        "verify",
+        str(tmp_path / "out"),
+        "--manifest",
+        "s3://datasets/store",
+        "--name",
+        "awk",
+        "--store-option",
+        ep,
+    )
     assert code == 0, err
 
     code, out, err = dsctl(capsys, "digest", "s3://datasets/store/bundles", "--source-option", ep, "-o", "json")
     assert code == 0, err
     assert json.loads(out)["files"] == packed["bundles"]
-    assert read_manifest("s3://datasets/store", "awk", storage_options={"endpoint_url": s3.endpoint}).digest == packed["digest"]
+    assert (
+        read_manifest("s3://datasets/store", "awk", storage_options={"endpoint_url": s3.endpoint}).digest
+        == packed["digest"]
+    )
 
 
 def test_pack_never_creates_a_bucket(s3: S3Server, awkward_dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s3.create_bucket("datasets")
-    code, _, err = dsctl(capsys, "pack", str(awkward_dataset), "--name", "awk", "--to", "s3://datasetz/store", "--store-option", f"endpoint_url={s3.endpoint}")
+    code, _, err = dsctl(
+        capsys,
+        "pack",
+        str(awkward_dataset),
+        "--name",
+        "awk",
+        "--to",
+        "s3://datasetz/store",
+        "--store-option",
+        f"endpoint_url={s3.endpoint}",
+    )
     assert code == 3
     assert "bucket 'datasetz' does not exist" in one_line(err) and "never creates buckets" in err
     assert s3.buckets() == ["datasets"]
 
 
-def test_unreachable_endpoint_fails_fast_with_one_line(awkward_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_endpoint_fails_fast_with_one_line(
+    awkward_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.dsagent.harness import free_port
 
     isolate_aws(monkeypatch)
@@ -83,13 +133,24 @@ def test_unreachable_endpoint_fails_fast_with_one_line(awkward_dataset: Path, mo
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     monkeypatch.setenv("DSAGENT_STORAGE_CONNECT_TIMEOUT", "2s")
     start = time.monotonic()
-    code, _, err = dsctl(capsys, "unpack", "s3://datasets/store", "/nonexistent/out", "--name", "awk", "--store-option", f"endpoint_url=http://127.0.0.1:{free_port()}")
+    code, _, err = dsctl(
+        capsys,
+        "unpack",
+        "s3://datasets/store",
+        "/nonexistent/out",
+        "--name",
+        "awk",
+        "--store-option",
+        f"endpoint_url=http://127.0.0.1:{free_port()}",
+    )
     assert code == 7
     assert "store unreachable" in one_line(err) and "endpoint_url" in err
     assert time.monotonic() - start < 10
 
 
-def test_missing_credentials_name_the_environment_variables(s3: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_credentials_name_the_environment_variables(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     s3.create_bucket("datasets")
     isolate_aws(monkeypatch)
     code, _, err = dsctl(capsys, "digest", "s3://datasets/x", "--source-option", f"endpoint_url={s3.endpoint}")
@@ -98,14 +159,31 @@ def test_missing_credentials_name_the_environment_variables(s3: S3Server, monkey
 
 
 def test_an_option_the_backend_rejects_is_bad_input(s3: S3Server, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = dsctl(capsys, "digest", "s3://datasets/x", "--source-option", f"endpoint_url={s3.endpoint}", "--source-option", "bogus=1")
+    code, _, err = dsctl(
+        capsys,
+        "digest",
+        "s3://datasets/x",
+        "--source-option",
+        f"endpoint_url={s3.endpoint}",
+        "--source-option",
+        "bogus=1",
+    )
     assert code == 2
     assert "storage option is not accepted" in one_line(err)
 
 
 def test_a_missing_object_is_not_found(s3: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s3.create_bucket("datasets")
-    code, _, err = dsctl(capsys, "unpack", "s3://datasets/store", str(tmp_path / "out"), "--name", "nothing", "--store-option", f"endpoint_url={s3.endpoint}")
+    code, _, err = dsctl(
+        capsys,
+        "unpack",
+        "s3://datasets/store",
+        str(tmp_path / "out"),
+        "--name",
+        "nothing",
+        "--store-option",
+        f"endpoint_url={s3.endpoint}",
+    )
     assert code == 3
     one_line(err)
 
@@ -131,7 +209,13 @@ def strict_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Serv
     server = S3Server(tmp_path_factory.mktemp("strict-s3") / "moto.log", auth_actions=3)
     try:
         server.create_bucket("datasets")
-        iam = boto3.client("iam", endpoint_url=server.endpoint, aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.endpoint,
+            aws_access_key_id="x",
+            aws_secret_access_key="y",
+            region_name="us-east-1",
+        )
         iam.create_user(UserName="reader")
         key = iam.create_access_key(UserName="reader")["AccessKey"]
         yield server, {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
@@ -139,15 +223,23 @@ def strict_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Serv
         server.close()
 
 
-def test_refused_credentials_and_denied_permission_are_told_apart(strict_s3: tuple[S3Server, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refused_credentials_and_denied_permission_are_told_apart(
+    strict_s3: tuple[S3Server, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     server, user = strict_s3
     isolate_aws(monkeypatch)
     fs, _ = resolve("s3://datasets/x", {"endpoint_url": server.endpoint, "key": "AKIAWRONG", "secret": "wrong"})
-    with pytest.raises(StorageCredentials, match="credentials missing or refused") as refused, translate_errors("source 's3://datasets/x'"):
+    with (
+        pytest.raises(StorageCredentials, match="credentials missing or refused") as refused,
+        translate_errors("source 's3://datasets/x'"),
+    ):
         fs.ls("datasets/x")
     assert refused.value.http_status == 403 and refused.value.exit_code == 11
     fs, _ = resolve("s3://datasets/x", {"endpoint_url": server.endpoint, **user})
-    with pytest.raises(StorageForbidden, match="permission denied") as denied, translate_errors("source 's3://datasets/x'"):
+    with (
+        pytest.raises(StorageForbidden, match="permission denied") as denied,
+        translate_errors("source 's3://datasets/x'"),
+    ):
         fs.ls("datasets/x")
     assert denied.value.exit_code == 12 and "bucket policy" in str(denied.value)
 

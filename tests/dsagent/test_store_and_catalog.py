@@ -16,7 +16,9 @@ from dsagent.errors import InvalidInput
 DIGEST = "ab" * 16
 
 
-@pytest.mark.parametrize("name", ["..", ".", "a/b", "/etc", "a\\b", "", "x" * 129, "-lead", "a b", "na\u00efve", "a\x00"])
+@pytest.mark.parametrize(
+    "name", ["..", ".", "a/b", "/etc", "a\\b", "", "x" * 129, "-lead", "a b", "na\u00efve", "a\x00"]
+)
 def test_names_that_could_escape_or_confuse_the_layout_are_refused(name: str) -> None:
     with pytest.raises(InvalidInput):
         validate_name(name)
@@ -102,7 +104,12 @@ def test_submitting_validates_before_anything_is_recorded(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("url", "shown"),
-    [("s3://bucket/x", "s3://bucket/x"), ("https://u:pw@host:8443/d", "https://u:***@host:8443/d"), ("/data/x", "/data/x"), (None, None)],
+    [
+        ("s3://bucket/x", "s3://bucket/x"),
+        ("https://u:pw@host:8443/d", "https://u:***@host:8443/d"),
+        ("/data/x", "/data/x"),
+        (None, None),
+    ],
 )
 def test_passwords_in_urls_are_redacted(url: str | None, shown: str | None) -> None:
     assert redact_url(url) == shown

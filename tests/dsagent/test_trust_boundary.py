@@ -47,7 +47,14 @@ def http(agent: AgentProcess) -> Any:
         yield client
 
 
-def put(http: httpx.Client, task: str, source: str, options: dict[str, Any] | None = None, bundles: str | None = None, wait: float = 0) -> httpx.Response:
+def put(
+    http: httpx.Client,
+    task: str,
+    source: str,
+    options: dict[str, Any] | None = None,
+    bundles: str | None = None,
+    wait: float = 0,
+) -> httpx.Response:
     dataset: dict[str, Any] = {"name": "probe", "source": source}
     if options is not None:
         dataset["storageOptions"] = options
@@ -93,7 +100,9 @@ def test_finding_1_the_async_wrapper_cannot_reach_host_files(http: httpx.Client,
         ("relative/path", None),
     ],
 )
-def test_wrappers_aliases_and_unlisted_options_are_refused(http: httpx.Client, base: Path, source: str, options: dict[str, Any] | None) -> None:
+def test_wrappers_aliases_and_unlisted_options_are_refused(
+    http: httpx.Client, base: Path, source: str, options: dict[str, Any] | None
+) -> None:
     source = source.replace("ALLOWED", str(base / "allowed"))
     answer = put(http, "wrappers", source, options)
     assert answer.status_code == 400, answer.text
@@ -123,7 +132,10 @@ def test_finding_2_tar_never_opens_its_fo(http: httpx.Client, base: Path) -> Non
     assert answer.status_code == 400, answer.text
 
 
-@pytest.mark.parametrize("source", ["jupyter://localhost:1/x", "generic://x", "tar:///x", "data:,hello", "nosuch://x", "http://", "https:///x"])
+@pytest.mark.parametrize(
+    "source",
+    ["jupyter://localhost:1/x", "generic://x", "tar:///x", "data:,hello", "nosuch://x", "http://", "https:///x"],
+)
 def test_finding_8_unknown_and_odd_protocols_are_a_400_never_a_500(http: httpx.Client, source: str) -> None:
     answer = put(http, "f8", source, {"fo": "/etc/hostname"} if source.startswith("tar") else None)
     assert answer.status_code == 400, answer.text

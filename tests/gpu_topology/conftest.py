@@ -35,9 +35,7 @@ def build(
 ) -> Topology:
     """A topology from ``{("GPU0", "GPU1"): "NV2", ...}``; GPU count from the names."""
     names = {n for pair in links for n in pair}
-    count = gpus if gpus is not None else 1 + max(
-        (int(n[3:]) for n in names if n.startswith("GPU")), default=-1
-    )
+    count = gpus if gpus is not None else 1 + max((int(n[3:]) for n in names if n.startswith("GPU")), default=-1)
     numa = numa or {}
     nics = nics or {n: None for n in sorted(names) if not n.startswith("GPU")}
     table: dict[str, dict[str, Link]] = {}

@@ -57,7 +57,7 @@ def partitions(devices: Sequence[int], size: int) -> Iterator[Partition]:
 
 def set_score(group: Sequence[Device], pair: Callable[[int, int], int]) -> int:
     real = [d for d in group if d != PAD]
-    return sum(pair(int(a), int(b)) for i, a in enumerate(real) for b in real[i + 1:])
+    return sum(pair(int(a), int(b)) for i, a in enumerate(real) for b in real[i + 1 :])
 
 
 def allocate(

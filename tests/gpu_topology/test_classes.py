@@ -22,7 +22,9 @@ from tests.gpu_topology.conftest import build
         ("NODE", "NODE", ("a", "b")),
     ],
 )
-def test_a_gpus_nearest_nics_are_those_at_its_closest_non_sys_level(to_a: str, to_b: str, nearest: tuple[str, ...]) -> None:
+def test_a_gpus_nearest_nics_are_those_at_its_closest_non_sys_level(
+    to_a: str, to_b: str, nearest: tuple[str, ...]
+) -> None:
     topology = build({("GPU0", "a"): to_a, ("GPU0", "b"): to_b})
     assert nearest_nics(topology, 0) == nearest
 
@@ -45,7 +47,12 @@ def two_socket(nic_numa: dict[str, int | None], links: dict[tuple[str, str], str
     [
         pytest.param(
             {"mlx5_0": 0, "mlx5_1": 1},
-            {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_0"): "NODE", ("GPU2", "mlx5_1"): "PXB", ("GPU3", "mlx5_1"): "PXB"},
+            {
+                ("GPU0", "mlx5_0"): "PIX",
+                ("GPU1", "mlx5_0"): "NODE",
+                ("GPU2", "mlx5_1"): "PXB",
+                ("GPU3", "mlx5_1"): "PXB",
+            },
             [(("mlx5_0",), (0, 1), 0), (("mlx5_1",), (2, 3), 1)],
             id="nics-on-two-numa-nodes-split-one-class-per-numa-node",
         ),
@@ -69,7 +76,12 @@ def two_socket(nic_numa: dict[str, int | None], links: dict[tuple[str, str], str
         ),
         pytest.param(
             {"mlx5_0": 0, "mlx5_1": 0, "mlx5_2": 1},
-            {("GPU0", "mlx5_0"): "PIX", ("GPU1", "mlx5_1"): "PIX", ("GPU2", "mlx5_2"): "PIX", ("GPU3", "mlx5_2"): "PIX"},
+            {
+                ("GPU0", "mlx5_0"): "PIX",
+                ("GPU1", "mlx5_1"): "PIX",
+                ("GPU2", "mlx5_2"): "PIX",
+                ("GPU3", "mlx5_2"): "PIX",
+            },
             [(("mlx5_0", "mlx5_1"), (0, 1), 0), (("mlx5_2",), (2, 3), 1)],
             id="nics-of-one-numa-node-share-a-class-even-when-near-different-gpus",
         ),
@@ -93,7 +105,9 @@ def two_socket(nic_numa: dict[str, int | None], links: dict[tuple[str, str], str
     ],
 )
 def test_roce_classes(
-    nic_numa: dict[str, int | None], links: dict[tuple[str, str], str], classes: list[tuple[tuple[str, ...], tuple[int, ...], int]]
+    nic_numa: dict[str, int | None],
+    links: dict[tuple[str, str], str],
+    classes: list[tuple[tuple[str, ...], tuple[int, ...], int]],
 ) -> None:
     found = roce_classes(two_socket(nic_numa, links))
     assert [(c.nics, c.gpus, c.numa_node) for c in found] == classes
@@ -114,9 +128,15 @@ def test_without_numa_nodes_gpus_cpu_lists_place_their_nics() -> None:
     topology = Topology(
         gpus=(Gpu(0, cpu_affinity="0-7"), Gpu(1, cpu_affinity="8-15")),
         nics=(Nic("a"), Nic("b")),
-        links={"GPU0": {"a": Link.parse("PIX"), "b": Link.parse("SYS")}, "GPU1": {"b": Link.parse("PIX"), "a": Link.parse("SYS")}},
+        links={
+            "GPU0": {"a": Link.parse("PIX"), "b": Link.parse("SYS")},
+            "GPU1": {"b": Link.parse("PIX"), "a": Link.parse("SYS")},
+        },
     )
-    assert [(c.nics, c.gpus, c.numa_node) for c in roce_classes(topology)] == [(("a",), (0,), None), (("b",), (1,), None)]
+    assert [(c.nics, c.gpus, c.numa_node) for c in roce_classes(topology)] == [
+        (("a",), (0,), None),
+        (("b",), (1,), None),
+    ]
 
 
 def test_class_subnets_are_those_of_its_nics_in_order() -> None:
@@ -151,12 +171,11 @@ def eight_rails(subnets: dict[int, str] | None = None) -> Topology:
     subnets = subnets or {}
     return Topology(
         gpus=tuple(Gpu(i, numa_node=i // 4) for i in range(8)),
-        nics=tuple(
-            Nic(f"mlx5_{i}", numa_node=i // 4, subnets=(subnets[i],) if i in subnets else ())
-            for i in range(8)
-        ),
+        nics=tuple(Nic(f"mlx5_{i}", numa_node=i // 4, subnets=(subnets[i],) if i in subnets else ()) for i in range(8)),
         links={
-            f"GPU{g}": {f"mlx5_{n}": Link.parse("PIX" if g == n else ("NODE" if g // 4 == n // 4 else "SYS")) for n in range(8)}
+            f"GPU{g}": {
+                f"mlx5_{n}": Link.parse("PIX" if g == n else ("NODE" if g // 4 == n // 4 else "SYS")) for n in range(8)
+            }
             for g in range(8)
         },
     )

@@ -38,7 +38,9 @@ def test_show_json_is_valid_against_the_committed_schema_for_every_fixture(
         jsonschema.validate(json.loads(out), SCHEMA)
 
 
-def test_show_prints_gpus_nics_classes_and_the_score_matrix(topology_fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_prints_gpus_nics_classes_and_the_score_matrix(
+    topology_fixtures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = run(["topo", "show", "--from", fixture(topology_fixtures, "oneflow")], capsys)
     assert code == 0
     lines = out.splitlines()
@@ -59,7 +61,9 @@ def test_show_uses_the_class_prefix(topology_fixtures: Path, capsys: pytest.Capt
     assert [c["name"] for c in json.loads(out)["classes"]] == ["example.com/roce1", "example.com/roce2"]
 
 
-def test_show_reads_its_own_json_back(topology_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_reads_its_own_json_back(
+    topology_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = fixture(topology_fixtures, "ibm-cloud")
     _, first, _ = run(["topo", "show", "--from", path, "--json"], capsys)
     saved = tmp_path / "topology.json"
@@ -68,7 +72,9 @@ def test_show_reads_its_own_json_back(topology_fixtures: Path, tmp_path: Path, c
     assert code == 0 and json.loads(second) == json.loads(first)
 
 
-def test_show_reads_stdin(topology_fixtures: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_show_reads_stdin(
+    topology_fixtures: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO(Path(fixture(topology_fixtures, "princeton-della")).read_text()))
@@ -80,7 +86,9 @@ def test_best_prints_the_chosen_set_and_its_score(topology_fixtures: Path, capsy
     path = fixture(topology_fixtures, "dgx1")
     # GPU2-GPU3 NV2 over PIX (250); GPU0 is NV2 to GPU3 and NV1 to GPU2, GPU1 the other way
     # round, all over PHB: a tie at 610 that goes to the partition found first, {0,2,3}.
-    code, out, _ = run(["topo", "best", "--from", path, "--count", "3", "--must-include", "2,3", "--free", "0,1,2,3"], capsys)
+    code, out, _ = run(
+        ["topo", "best", "--from", path, "--count", "3", "--must-include", "2,3", "--free", "0,1,2,3"], capsys
+    )
     assert code == 0
     assert out.strip() == "GPUs 0,2,3  score 610  single NUMA node: yes  closest NIC: PIX"
     code, out, _ = run(["topo", "best", "--from", path, "-k", "2", "--free", "0,4,7", "--json"], capsys)
@@ -106,7 +114,9 @@ def test_best_refuses_what_cannot_be_met_with_a_clear_line(
     assert message in err
 
 
-def test_a_missing_or_unreadable_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_or_unreadable_file_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = run(["topo", "show", "--from", str(tmp_path / "nope.txt")], capsys)
     assert code == 2
     assert err.startswith("dsctl: error: cannot read topology file") and err.count("\n") == 1

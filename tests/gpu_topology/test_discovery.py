@@ -38,7 +38,9 @@ def fake_nvidia_smi(folder: Path, matrix: str, *, fail: str | None = None, query
     return script
 
 
-def test_nvidia_smi_backend_runs_the_matrix_and_the_uuid_query(tmp_path: Path, read_fixture: Callable[[str], str]) -> None:
+def test_nvidia_smi_backend_runs_the_matrix_and_the_uuid_query(
+    tmp_path: Path, read_fixture: Callable[[str], str]
+) -> None:
     binary = fake_nvidia_smi(tmp_path, read_fixture(DELLA))
     topology = NvidiaSmiBackend(binary=str(binary)).discover()
     assert [(g.uuid, g.pci_bus_id, g.numa_node) for g in topology.gpus] == [
@@ -92,7 +94,9 @@ def test_a_backend_whose_module_cannot_import_says_what_to_install(monkeypatch: 
 def test_the_registry_builds_backends_by_name_and_refuses_unknown_ones(tmp_path: Path) -> None:
     assert isinstance(get_backend("sysfs", root=tmp_path), object)
     assert get_backend("nccl-xml", path=tmp_path / "x.xml").name == "nccl-xml"
-    with pytest.raises(BackendUnavailable, match="unknown discovery backend 'dcgm'.*one of nvml, nvidia-smi, sysfs, nccl-xml"):
+    with pytest.raises(
+        BackendUnavailable, match="unknown discovery backend 'dcgm'.*one of nvml, nvidia-smi, sysfs, nccl-xml"
+    ):
         get_backend("dcgm")
 
 
@@ -116,7 +120,11 @@ def unavailable_nvml() -> SimpleNamespace:
 
 def test_automatic_discovery_on_a_machine_without_gpus_lists_every_reason(tmp_path: Path) -> None:
     SysfsTree(tmp_path)
-    options = {"nvml": {"nvml": unavailable_nvml()}, "nvidia-smi": {"binary": "absent-smi"}, "sysfs": {"root": tmp_path}}
+    options = {
+        "nvml": {"nvml": unavailable_nvml()},
+        "nvidia-smi": {"binary": "absent-smi"},
+        "sysfs": {"root": tmp_path},
+    }
     with pytest.raises(BackendUnavailable) as excinfo:
         discover(options=options)
     text = str(excinfo.value)
@@ -132,8 +140,12 @@ def test_automatic_discovery_merges_nic_details_from_sysfs_into_nvidia_smi(
     tree = SysfsTree(tmp_path / "root")
     tree.gpu(["pci0000:20", "0000:20:01.0", "0000:27:00.0"], numa_node=0, cpulist="0-63")
     tree.gpu(["pci0000:a0", "0000:a0:01.0", "0000:a3:00.0"], numa_node=1, cpulist="64-127")
-    tree.rdma("mlx5_0", ["pci0000:20", "0000:20:03.0", "0000:2a:00.0"], numa_node=0, netdev="ib0", link_layer="InfiniBand")
-    tree.rdma("mlx5_1", ["pci0000:a0", "0000:a0:03.0", "0000:a6:00.0"], numa_node=1, netdev="ib1", link_layer="InfiniBand")
+    tree.rdma(
+        "mlx5_0", ["pci0000:20", "0000:20:03.0", "0000:2a:00.0"], numa_node=0, netdev="ib0", link_layer="InfiniBand"
+    )
+    tree.rdma(
+        "mlx5_1", ["pci0000:a0", "0000:a0:03.0", "0000:a6:00.0"], numa_node=1, netdev="ib1", link_layer="InfiniBand"
+    )
     options = {
         "nvml": {"nvml": unavailable_nvml()},
         "nvidia-smi": {"binary": str(binary)},
@@ -158,7 +170,9 @@ def test_named_backends_must_all_be_able_to_run(monkeypatch: pytest.MonkeyPatch)
         discover(["nccl-xml"])
 
 
-def test_named_backends_merge_in_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, read_fixture: Callable[[str], str]) -> None:
+def test_named_backends_merge_in_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, read_fixture: Callable[[str], str]
+) -> None:
     path = tmp_path / "topo.xml"
     path.write_text(read_fixture("ibm-cloud-gx3d"))
     monkeypatch.setenv("NCCL_TOPO_FILE", str(path))
@@ -169,7 +183,9 @@ def test_named_backends_merge_in_order(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert len(topology.gpus) == 8
 
 
-def test_merge_fills_gaps_and_keeps_the_first_sources_values(read_fixture: Callable[[str], str], tmp_path: Path) -> None:
+def test_merge_fills_gaps_and_keeps_the_first_sources_values(
+    read_fixture: Callable[[str], str], tmp_path: Path
+) -> None:
     from gpu_topology.dumps import parse_dump
 
     smi = parse_dump(read_fixture(DELLA))
@@ -225,8 +241,16 @@ def test_nccl_direct_nvlinks_nested_switches_and_cpu_masks() -> None:
 
 def test_nccl_dumps_without_tclass_tell_gpu_peers_from_switches() -> None:
     text = xml(
-        pci("0000:11:00.0", gpu(0, '<nvlink target="0000:12:00.0" count="1"/><nvlink target="0000:f0:00.0" count="6"/>'), "0x030200")
-        + pci("0000:12:00.0", gpu(1, '<nvlink target="0000:11:00.0" count="1"/><nvlink target="0000:f0:00.0" count="6"/>'), "0x030200")
+        pci(
+            "0000:11:00.0",
+            gpu(0, '<nvlink target="0000:12:00.0" count="1"/><nvlink target="0000:f0:00.0" count="6"/>'),
+            "0x030200",
+        )
+        + pci(
+            "0000:12:00.0",
+            gpu(1, '<nvlink target="0000:11:00.0" count="1"/><nvlink target="0000:f0:00.0" count="6"/>'),
+            "0x030200",
+        )
         + pci("0000:13:00.0", gpu(2, '<nvlink target="0000:f0:00.0" count="4"/>'), "0x030200")
     )
     topology = parse_nccl_xml(text)
@@ -251,7 +275,9 @@ def test_bad_nccl_xml_is_a_parse_error(text: str, match: str) -> None:
         parse_nccl_xml(text)
 
 
-def test_the_nccl_backend_reads_its_file_or_says_it_has_none(tmp_path: Path, read_fixture: Callable[[str], str]) -> None:
+def test_the_nccl_backend_reads_its_file_or_says_it_has_none(
+    tmp_path: Path, read_fixture: Callable[[str], str]
+) -> None:
     path = tmp_path / "topo.xml"
     path.write_text(read_fixture("ibm-cloud-gx3d"))
     assert len(NcclXmlBackend(path=path).discover().gpus) == 8
@@ -329,7 +355,9 @@ def test_nvml_maps_nvlinks_switches_and_common_ancestors() -> None:
     assert fake.shutdowns == 1
 
 
-@pytest.mark.parametrize(("ancestor", "level"), [(0, "BOARD"), (10, "PIX"), (20, "PXB"), (30, "PHB"), (40, "NODE"), (50, "SYS")])
+@pytest.mark.parametrize(
+    ("ancestor", "level"), [(0, "BOARD"), (10, "PIX"), (20, "PXB"), (30, "PHB"), (40, "NODE"), (50, "SYS")]
+)
 def test_nvml_common_ancestors_map_to_nvidia_smi_levels(ancestor: int, level: str) -> None:
     topology = NvmlBackend(nvml=FakeNvml({0: [], 1: []}, ancestor=ancestor)).discover()
     assert str(topology.link("GPU0", "GPU1")) == level

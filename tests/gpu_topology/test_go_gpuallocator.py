@@ -134,7 +134,9 @@ def test_must_include_sets_on_every_fixture_pick_what_go_gpuallocator_picks(
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_free_sets_on_every_fixture_pick_what_go_gpuallocator_picks(fixture: tuple[str, Topology], seed: int) -> None:
+def test_random_free_sets_on_every_fixture_pick_what_go_gpuallocator_picks(
+    fixture: tuple[str, Topology], seed: int
+) -> None:
     name, topology = fixture
     rng = random.Random(seed)
     pair = lambda a, b: go_pair_score(topology, name, a, b)  # noqa: E731

@@ -35,7 +35,9 @@ CGROUP = "mystous-8xH100-11nic-cgroup-empty-cpu-affinity-derived"
         pytest.param(lambda t: "\x1b[4m" + t.replace("NUMA Affinity", "NUMA Affinity\x1b[0m", 1), id="ansi"),
     ],
 )
-def test_mangled_text_parses_like_the_original(mangle: Callable[[str], str], read_fixture: Callable[[str], str]) -> None:
+def test_mangled_text_parses_like_the_original(
+    mangle: Callable[[str], str], read_fixture: Callable[[str], str]
+) -> None:
     for name in (DELLA, DGX_A100):
         original = read_fixture(name)
         assert parse_topo_matrix(mangle(original)) == parse_topo_matrix(original), name

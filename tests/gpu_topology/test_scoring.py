@@ -49,7 +49,9 @@ def test_each_pcie_level_scores_as_go_gpuallocator_does(cell: str, score: int) -
 
 
 @pytest.mark.parametrize(("links", "score"), [(1, 100), (2, 200), (12, 1200), (18, 1800), (24, 1800)])
-@pytest.mark.parametrize(("beneath", "extra"), [(None, 0), (LinkKind.PIX, 50), (LinkKind.SYS, 10), (LinkKind.BOARD, 60)])
+@pytest.mark.parametrize(
+    ("beneath", "extra"), [(None, 0), (LinkKind.PIX, 50), (LinkKind.SYS, 10), (LinkKind.BOARD, 60)]
+)
 def test_an_nvlink_scores_100_per_link_up_to_18_plus_the_pcie_level_beneath_it(
     links: int, score: int, beneath: LinkKind | None, extra: int
 ) -> None:
@@ -180,9 +182,12 @@ def test_the_best_partition_can_beat_the_best_set() -> None:
     # Four GPUs, two wanted: {0,1} is the best pair (NV3), but taking it leaves {2,3}
     # apart (SYS); {0,2} + {1,3} (NV2 each) scores more in all, so {0,2} is chosen.
     links = {
-        ("GPU0", "GPU1"): "NV3", ("GPU2", "GPU3"): "SYS",
-        ("GPU0", "GPU2"): "NV2", ("GPU1", "GPU3"): "NV2",
-        ("GPU0", "GPU3"): "SYS", ("GPU1", "GPU2"): "SYS",
+        ("GPU0", "GPU1"): "NV3",
+        ("GPU2", "GPU3"): "SYS",
+        ("GPU0", "GPU2"): "NV2",
+        ("GPU1", "GPU3"): "NV2",
+        ("GPU0", "GPU3"): "SYS",
+        ("GPU1", "GPU2"): "SYS",
     }
     topology = build(links)
     chosen = best_gpu_set(topology, range(4), 2)

@@ -17,7 +17,9 @@ def test_dgx_a100_vfs(tmp_path: Path) -> None:
     pf = found["mlx5_3"]
     assert (pf.numvfs, pf.totalvfs, pf.netdev, pf.pci_bus_id) == (2, 8, "ens3", "0000:40:00.0")
     assert [(vf.index, vf.pci_bus_id, vf.rdma_device, vf.netdev, vf.gid_index) for vf in pf.vfs] == [
-        (0, vf_bus(3, 0), "mlx5_16", "ens3v0", ROCE_V2_INDEX), (1, vf_bus(3, 1), "mlx5_17", "ens3v1", ROCE_V2_INDEX)]
+        (0, vf_bus(3, 0), "mlx5_16", "ens3v0", ROCE_V2_INDEX),
+        (1, vf_bus(3, 1), "mlx5_17", "ens3v1", ROCE_V2_INDEX),
+    ]
     assert pf.vfs[0].device_nodes == ("/dev/infiniband/uverbs16", "/dev/infiniband/rdma_cm")
     assert all(vf.usable for vf in pf.vfs)
 
@@ -43,9 +45,20 @@ def test_gid_index_choice(tmp_path: Path) -> None:
     tree = SysfsTree(tmp_path)
     pf = tree.rdma("mlx5_0", ["pci0000:10", "0000:10:00.0"])
     port = tmp_path / "sys/class/infiniband/mlx5_2/ports/1"
-    tree.vf(pf, 0, "0000:10:00.2", rdma="mlx5_2", gids={
-        0: ("fe80::1", "IB/RoCE v1"), 1: ("fe80::1", "RoCE v2"), 2: ("2001:db8::5", "RoCE v2"),
-        4: ("::ffff:10.0.0.5", "RoCE v2"), 5: ("::", "RoCE v2"), 6: ("::ffff:10.0.0.5", "IB/RoCE v1")})
+    tree.vf(
+        pf,
+        0,
+        "0000:10:00.2",
+        rdma="mlx5_2",
+        gids={
+            0: ("fe80::1", "IB/RoCE v1"),
+            1: ("fe80::1", "RoCE v2"),
+            2: ("2001:db8::5", "RoCE v2"),
+            4: ("::ffff:10.0.0.5", "RoCE v2"),
+            5: ("::", "RoCE v2"),
+            6: ("::ffff:10.0.0.5", "IB/RoCE v1"),
+        },
+    )
     assert gid_index(port) == 4  # IPv4-mapped RoCE v2 wins over lower-numbered ones
     (port / "gid_attrs/types/4").write_text("IB/RoCE v1\n")
     assert gid_index(port) == 1  # then the lowest RoCE v2 with a non-zero GID

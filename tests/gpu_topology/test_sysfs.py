@@ -121,7 +121,11 @@ def test_natural_order_puts_mlx5_10_after_mlx5_2(tmp_path: Path) -> None:
     tree = SysfsTree(tmp_path)
     for n in (10, 2, 1):
         tree.rdma(f"mlx5_{n}", ["pci0000:00", f"0000:00:{n:02x}.0"])
-    assert [n.name for n in SysfsBackend(root=tmp_path, addresses=dict).discover().nics] == ["mlx5_1", "mlx5_2", "mlx5_10"]
+    assert [n.name for n in SysfsBackend(root=tmp_path, addresses=dict).discover().nics] == [
+        "mlx5_1",
+        "mlx5_2",
+        "mlx5_10",
+    ]
 
 
 def test_a_root_without_sysfs_says_why_and_what_to_do(tmp_path: Path) -> None:
@@ -167,7 +171,10 @@ def test_the_real_ip_command_lists_the_loopback_address(tmp_path: Path) -> None:
         ("", {}),
         ("[]", {}),
         ('[{"ifname":"eth0","addr_info":[]}]', {}),
-        ('[{"ifname":"eth0","addr_info":[{"family":"inet","local":"192.0.2.1","prefixlen":25}]}]', {"eth0": ["192.0.2.1/25"]}),
+        (
+            '[{"ifname":"eth0","addr_info":[{"family":"inet","local":"192.0.2.1","prefixlen":25}]}]',
+            {"eth0": ["192.0.2.1/25"]},
+        ),
         ('[{"ifname":"eth0","addr_info":[{"family":"link","local":"aa"}]}]', {}),
         ('[{"addr_info":[]}]', {}),
     ],

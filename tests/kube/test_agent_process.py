@@ -36,22 +36,38 @@ def eventually(predicate: Callable[[], Any], timeout: float = 30, what: str = "c
 def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str, Any]]:
     apiserver.create(make_node(NODE, annotations={"keep": "me"}))
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
-        "users": [{"name": "agent", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "agent"}}]}))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
+                "users": [{"name": "agent", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "agent"}}],
+            }
+        )
+    )
     source = tmp_path / "coco"
     source.mkdir()
     for i in range(5):
         (source / f"{i}.jpg").write_bytes(os.urandom(1000))
     sockets = Path(tempfile.mkdtemp(prefix="dsk-", dir="/tmp"))
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "DSAGENT_KUBERNETES": "1", "DSAGENT_NODE_NAME": NODE,
-           "DSAGENT_PUBLISH_INTERVAL": "100ms", "DSAGENT_ROOT": str(tmp_path / "cache"),
-           "DSAGENT_SOCKET": str(sockets / "dsagent.sock"), "DSAGENT_LOCAL_SOURCES": str(source)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "DSAGENT_KUBERNETES": "1",
+        "DSAGENT_NODE_NAME": NODE,
+        "DSAGENT_PUBLISH_INTERVAL": "100ms",
+        "DSAGENT_ROOT": str(tmp_path / "cache"),
+        "DSAGENT_SOCKET": str(sockets / "dsagent.sock"),
+        "DSAGENT_LOCAL_SOURCES": str(source),
+    }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     log = open(tmp_path / "agent.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "dsagent", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsagent", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     client = AgentClient(socket_path=sockets / "dsagent.sock", timeout=30)
 
     def healthy() -> bool:
@@ -63,8 +79,7 @@ def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str
 
     try:
         eventually(healthy, what="the agent")
-        yield {"process": process, "client": client, "source": str(source), "env": env,
-               "log": tmp_path / "agent.log"}
+        yield {"process": process, "client": client, "source": str(source), "env": env, "log": tmp_path / "agent.log"}
     finally:
         client.close()
         if process.poll() is None:
@@ -100,14 +115,24 @@ def test_the_daemonset_agent_end_to_end(apiserver: FakeApiServer, cluster_agent:
 
     # an init-container of this pod repeats the request: accepted, same task
     env = {**cluster_agent["env"], "DSAGENT_DATASETS": datasets, "DSAGENT_TASK_ID": uid}
-    ok = subprocess.run([sys.executable, "-m", "dsagent.cli", "cache", "--from-env"], env=env,
-                        capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", "cache", "--from-env"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
 
     # a task id of a pod that is not on this node is refused
     foreign = {**env, "DSAGENT_TASK_ID": str(uuid.uuid4())}
-    refused = subprocess.run([sys.executable, "-m", "dsagent.cli", "cache", "--from-env", "--no-wait"], env=foreign,
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", "cache", "--from-env", "--no-wait"],
+        env=foreign,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode != 0 and f"not a pod on node {NODE}" in refused.stderr
 
     apiserver.delete("pods", "train")

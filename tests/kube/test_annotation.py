@@ -19,10 +19,14 @@ from dsagent.kube.annotation import DatasetRef, datasets_of, parse
         (" imagenet , coco ,", (DatasetRef("imagenet"), DatasetRef("coco"))),
         ('["imagenet"]', (DatasetRef("imagenet"),)),
         ('[{"name": "imagenet"}]', (DatasetRef("imagenet"),)),
-        ('[{"name": "a", "source": "s3://b/a", "bundles": "s3://b/bundles"}]',
-         (DatasetRef("a", "s3://b/a", "s3://b/bundles"),)),
-        ('[{"name": "a", "source": "/nfs/a", "digest": "' + "f" * 32 + '"}]',
-         (DatasetRef("a", "/nfs/a", digest="f" * 32),)),
+        (
+            '[{"name": "a", "source": "s3://b/a", "bundles": "s3://b/bundles"}]',
+            (DatasetRef("a", "s3://b/a", "s3://b/bundles"),),
+        ),
+        (
+            '[{"name": "a", "source": "/nfs/a", "digest": "' + "f" * 32 + '"}]',
+            (DatasetRef("a", "/nfs/a", digest="f" * 32),),
+        ),
     ],
 )
 def test_accepted_forms(text: str | None, expected: tuple[DatasetRef, ...]) -> None:

@@ -35,48 +35,92 @@ KUBE_VERSIONS = sorted({v for v in kv.all_versions() if Version(v) >= Version("1
 NON_DEFAULT: dict[str, Any] = {
     "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "0.1.0-rc1"},
     "imagePullSecrets": [{"name": "regcred"}],
-    "agent": {"cacheDir": "/nvme/dsagent", "socketDir": "/var/run/dsagent", "capacity": "800Gi",
-              "localSources": ["/mnt/nfs/datasets"], "maxFetches": 2, "runAsUser": 1001, "runAsGroup": 1001,
-              "nodeSelector": {"node-role.kubernetes.io/gpu": ""}, "tolerations": [{"operator": "Exists"}],
-              "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {
-                  "kubernetes.io/metadata.name": "monitoring"}}}]}},
+    "agent": {
+        "cacheDir": "/nvme/dsagent",
+        "socketDir": "/var/run/dsagent",
+        "capacity": "800Gi",
+        "localSources": ["/mnt/nfs/datasets"],
+        "maxFetches": 2,
+        "runAsUser": 1001,
+        "runAsGroup": 1001,
+        "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
+        "tolerations": [{"operator": "Exists"}],
+        "networkPolicy": {
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        },
+    },
     "extender": {"replicas": 3, "weights": "dataset=1,roce=0,numa=0", "partialDatasets": True},
     "scheduler": {"name": "data-aware", "replicas": 2, "extender": {"weight": 5, "httpTimeout": "2s"}},
-    "webhook": {"certManager": {"enabled": True}, "excludeNamespaces": ["kube-system", "monitoring"],
-                "datasetsMountPath": "/data"},
+    "webhook": {
+        "certManager": {"enabled": True},
+        "excludeNamespaces": ["kube-system", "monitoring"],
+        "datasetsMountPath": "/data",
+    },
     "crds": {"keep": False},
-    "csi": {"driverName": "data.example.com", "kubeletDir": "/data/kubelet",
-            "registrar": {"image": {"repository": "mirror.example.com/csi-node-driver-registrar", "tag": "v2.12.0"}}},
+    "csi": {
+        "driverName": "data.example.com",
+        "kubeletDir": "/data/kubelet",
+        "registrar": {"image": {"repository": "mirror.example.com/csi-node-driver-registrar", "tag": "v2.12.0"}},
+    },
 }
-MINIMAL: dict[str, Any] = {"webhook": {"enabled": False}, "scheduler": {"enabled": False},
-                           "extender": {"enabled": False}, "crds": {"install": False}, "controller": {"enabled": False}}
+MINIMAL: dict[str, Any] = {
+    "webhook": {"enabled": False},
+    "scheduler": {"enabled": False},
+    "extender": {"enabled": False},
+    "crds": {"install": False},
+    "controller": {"enabled": False},
+}
 DIGEST = "sha256:" + "ab" * 32
 PRODUCTION: dict[str, Any] = {
     "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "ignored", "digest": DIGEST},
     "agent": {"reserve": "20%"},
-    "availability": {"podDisruptionBudget": {"maxUnavailable": "50%"}, "podAntiAffinity": "hard",
-                     "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"}},
+    "availability": {
+        "podDisruptionBudget": {"maxUnavailable": "50%"},
+        "podAntiAffinity": "hard",
+        "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"},
+    },
     "topologyDiscovery": {"hostNetwork": True},
-    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
-                "grafanaDashboard": {"enabled": True, "namespace": "monitoring"}},
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+    },
     "controller": {"replicas": 3, "packServiceAccount": "bucket-writer"},
 }
-DEVICE_PLUGIN: dict[str, Any] = {"agent": {"cacheDir": "/nvme/dsagent", "devicePlugin": {
-    "enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"}}}
-GPU_CLASSES: dict[str, Any] = {"gpuClasses": {"enabled": True, "resourcePrefix": "example.com",
-                                              "jobLabels": ["team.example.com/job", "job-name"], "jobTTL": "2h"},
-                               "agent": {"roceClasses": "subnet"}}
-VALUE_SETS = {"default": {}, "non-default": NON_DEFAULT, "agent-only": MINIMAL, "production": PRODUCTION,
-              "device-plugin": DEVICE_PLUGIN, "no-csi": {"csi": {"enabled": False}}, "gpu-classes": GPU_CLASSES,
-              "cert-manager-with-issuer": {"webhook": {"certManager": {
-                  "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}}
+DEVICE_PLUGIN: dict[str, Any] = {
+    "agent": {
+        "cacheDir": "/nvme/dsagent",
+        "devicePlugin": {"enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"},
+    }
+}
+GPU_CLASSES: dict[str, Any] = {
+    "gpuClasses": {
+        "enabled": True,
+        "resourcePrefix": "example.com",
+        "jobLabels": ["team.example.com/job", "job-name"],
+        "jobTTL": "2h",
+    },
+    "agent": {"roceClasses": "subnet"},
+}
+VALUE_SETS = {
+    "default": {},
+    "non-default": NON_DEFAULT,
+    "agent-only": MINIMAL,
+    "production": PRODUCTION,
+    "device-plugin": DEVICE_PLUGIN,
+    "no-csi": {"csi": {"enabled": False}},
+    "gpu-classes": GPU_CLASSES,
+    "cert-manager-with-issuer": {
+        "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+    },
+}
 
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     chart = helm.Chart.load(str(CHART))
     out = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return [doc for path, text in sorted(out.items()) if path.endswith(".yaml")
-            for doc in yaml.safe_load_all(text) if doc]
+    return [
+        doc for path, text in sorted(out.items()) if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc
+    ]
 
 
 def find(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
@@ -179,8 +223,10 @@ def test_every_rendered_object_validates_strictly(kube_version: str, rendered: d
         try:
             kv.validate(doc, kube_version, strict=True)
         except kv.ValidationError as exc:
-            pytest.fail(f"{label}: {doc['kind']}/{doc['metadata']['name']} invalid for {kube_version}: "
-                        f"{exc.message} at {list(exc.path)}")
+            pytest.fail(
+                f"{label}: {doc['kind']}/{doc['metadata']['name']} invalid for {kube_version}: "
+                f"{exc.message} at {list(exc.path)}"
+            )
         checked += 1
     assert checked > 40
 
@@ -198,7 +244,10 @@ def test_cert_manager_objects_are_well_formed(rendered: dict[str, list[dict[str,
     assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer"}
     assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
     assert issuer["spec"] == {"selfSigned": {}}
-    assert webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{cert['metadata']['name']}"
+    assert (
+        webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == f"{NAMESPACE}/{cert['metadata']['name']}"
+    )
     assert "caBundle" not in webhook["webhooks"][0]["clientConfig"]
     assert not [d for d in docs if d["kind"] == "Secret" and d["type"] == "kubernetes.io/tls"]
     own = rendered["cert-manager-with-issuer"]
@@ -208,13 +257,37 @@ def test_cert_manager_objects_are_well_formed(rendered: dict[str, list[dict[str,
 
 # -- the second scheduler's KubeSchedulerConfiguration
 
-EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
-                   "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
-                   "ignorable"}
-CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
-                 "healthzBindAddress", "metricsBindAddress", "enableProfiling", "enableContentionProfiling",
-                 "percentageOfNodesToScore", "podInitialBackoffSeconds", "podMaxBackoffSeconds",
-                 "profiles", "extenders", "delayCacheUntilActive"}
+EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+CONFIG_FIELDS = {
+    "apiVersion",
+    "kind",
+    "parallelism",
+    "leaderElection",
+    "clientConnection",
+    "healthzBindAddress",
+    "metricsBindAddress",
+    "enableProfiling",
+    "enableContentionProfiling",
+    "percentageOfNodesToScore",
+    "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds",
+    "profiles",
+    "extenders",
+    "delayCacheUntilActive",
+}
 
 
 def scheduler_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -261,35 +334,52 @@ def test_the_leader_election_lease_role_names_the_configured_lease(rendered: dic
 
 def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str]]:
     role = find(docs, "ClusterRole", suffix)
-    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]}
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_the_agent_may_only_read_and_patch_nodes_watch_pods_and_read_datasets(
-    rendered: dict[str, list[dict[str, Any]]]
+    rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     assert rules_of(rendered["default"], "-agent") == {
-        ("", "nodes", "get"), ("", "nodes", "patch"),
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-        ("dsagent.io", "datasets", "get"), ("dsagent.io", "datasets", "list"), ("dsagent.io", "datasets", "watch"),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("dsagent.io", "datasets", "get"),
+        ("dsagent.io", "datasets", "list"),
+        ("dsagent.io", "datasets", "watch"),
     }
 
 
 def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert rules_of(rendered["default"], "-extender") == {
-        (group, resource, verb) for group, resource in (("", "nodes"), ("", "pods"), ("dsagent.io", "datasets"))
-        for verb in ("list", "watch")}
+        (group, resource, verb)
+        for group, resource in (("", "nodes"), ("", "pods"), ("dsagent.io", "datasets"))
+        for verb in ("list", "watch")
+    }
 
 
 def test_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert rules_of(rendered["default"], "-webhook") == {("dsagent.io", "datasets", "get")}
 
 
-def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     assert rules_of(rendered["gpu-classes"], "-webhook") == {
-        ("dsagent.io", "datasets", "get"), ("", "nodes", "list"),
-        ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
-        ("coordination.k8s.io", "leases", "update")}
+        ("dsagent.io", "datasets", "get"),
+        ("", "nodes", "list"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
 
 
 def test_no_role_uses_wildcards_or_touches_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -391,7 +481,11 @@ def test_with_gpu_classes_the_webhook_also_sees_gpu_pods_and_declares_its_lease_
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     settings = GpuClassSettings.from_env(env)
     assert (settings.enabled, settings.resource("gpu-roce1"), settings.job_labels, settings.lease_ttl_s) == (
-        True, "example.com/gpu-roce1", ("team.example.com/job", "job-name"), 7200)
+        True,
+        "example.com/gpu-roce1",
+        ("team.example.com/job", "job-name"),
+        7200,
+    )
     default = find(rendered["default"], "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
     assert GpuClassSettings.from_env({e["name"]: e["value"] for e in default["env"] if "value" in e}).enabled is False
 
@@ -436,13 +530,29 @@ def test_without_the_scheduler_the_webhook_leaves_scheduler_names_alone() -> Non
 
 def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["agent-only"]
-    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Secret", "NetworkPolicy", "CSIDriver"}
+    assert kinds(docs) == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Secret",
+        "NetworkPolicy",
+        "CSIDriver",
+    }
 
 
-def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     default = find(rendered["default"], "NetworkPolicy")
     [controller] = default["spec"]["ingress"]  # only the Dataset controller (warm-up, cleanup)
-    assert controller["from"] == [{"podSelector": {"matchLabels": find(rendered["default"], "Deployment", "-controller")["spec"]["selector"]["matchLabels"]}}]
+    assert controller["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": find(rendered["default"], "Deployment", "-controller")["spec"]["selector"]["matchLabels"]
+            }
+        }
+    ]
     assert find(rendered["agent-only"], "NetworkPolicy")["spec"]["ingress"] == []
     rule, _ = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
     assert rule["ports"] == [{"port": 7420, "protocol": "TCP"}]
@@ -460,7 +570,7 @@ def dataset_schema(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_the_dataset_crd_has_a_status_subresource_and_is_kept_on_uninstall(
-    rendered: dict[str, list[dict[str, Any]]]
+    rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     crd = find(rendered["default"], "CustomResourceDefinition")
     assert crd["metadata"]["name"] == "datasets.dsagent.io"
@@ -471,14 +581,26 @@ def test_the_dataset_crd_has_a_status_subresource_and_is_kept_on_uninstall(
 
 def test_datasets_validate_against_the_crd_schema(rendered: dict[str, list[dict[str, Any]]]) -> None:
     schema = dataset_schema(rendered["default"])
-    good = make_dataset("imagenet", bundles="s3://b/bundles", status={
-        "digest": "0" * 32, "files": 1281167, "bytes": 150 << 30, "bundles": 26,
-        "packedTime": "2026-11-21T10:00:00Z", "readyNodes": ["gpu-1"]})
+    good = make_dataset(
+        "imagenet",
+        bundles="s3://b/bundles",
+        status={
+            "digest": "0" * 32,
+            "files": 1281167,
+            "bytes": 150 << 30,
+            "bundles": 26,
+            "packedTime": "2026-11-21T10:00:00Z",
+            "readyNodes": ["gpu-1"],
+        },
+    )
     good["spec"]["storageSecretRef"] = {"name": "s3-creds"}
     jsonschema.validate(good, schema)
-    for bad in ({"spec": {}}, {"spec": {"source": ""}},
-                {"spec": {"source": "s3://x"}, "status": {"digest": "not-hex"}},
-                {"spec": {"source": "s3://x", "pack": {"level": 99}}}):
+    for bad in (
+        {"spec": {}},
+        {"spec": {"source": ""}},
+        {"spec": {"source": "s3://x"}, "status": {"digest": "not-hex"}},
+        {"spec": {"source": "s3://x", "pack": {"level": 99}}},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**make_dataset("x"), **bad}, schema)
 
@@ -503,10 +625,18 @@ def test_the_csidriver_serves_ephemeral_inline_volumes_with_pod_info(rendered: d
     assert "CSIDriver" not in kinds(rendered["no-csi"])
 
 
-def test_the_registrar_sidecar_registers_the_agents_socket_in_the_kubelet_plugin_dirs(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_registrar_sidecar_registers_the_agents_socket_in_the_kubelet_plugin_dirs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     for label, kubelet, driver, image in (
-            ("default", "/var/lib/kubelet", "datasets.dsagent.io", "registry.k8s.io/sig-storage/csi-node-driver-registrar:"),
-            ("non-default", "/data/kubelet", "data.example.com", "mirror.example.com/csi-node-driver-registrar:v2.12.0")):
+        (
+            "default",
+            "/var/lib/kubelet",
+            "datasets.dsagent.io",
+            "registry.k8s.io/sig-storage/csi-node-driver-registrar:",
+        ),
+        ("non-default", "/data/kubelet", "data.example.com", "mirror.example.com/csi-node-driver-registrar:v2.12.0"),
+    ):
         pod = agent_pod(rendered[label])
         [registrar] = [c for c in pod["containers"] if c["name"] == "csi-node-driver-registrar"]
         assert registrar["image"].startswith(image)
@@ -517,7 +647,11 @@ def test_the_registrar_sidecar_registers_the_agents_socket_in_the_kubelet_plugin
         assert volumes["csi-registration-dir"]["hostPath"]["path"] == f"{kubelet}/plugins_registry"
         agent = agent_container(rendered[label])
         mounts = {m["name"]: m for m in agent["volumeMounts"]}
-        assert mounts["kubelet-pods"] == {"name": "kubelet-pods", "mountPath": f"{kubelet}/pods", "mountPropagation": "Bidirectional"}
+        assert mounts["kubelet-pods"] == {
+            "name": "kubelet-pods",
+            "mountPath": f"{kubelet}/pods",
+            "mountPropagation": "Bidirectional",
+        }
         assert agent["securityContext"]["privileged"] is True  # Bidirectional needs it
         env = {e["name"]: e.get("value") for e in agent["env"]}
         assert env["DSAGENT_CSI_SOCKET"] == "/csi/csi.sock" and env["DSAGENT_CSI_KUBELET_PODS_DIR"] == f"{kubelet}/pods"
@@ -525,10 +659,15 @@ def test_the_registrar_sidecar_registers_the_agents_socket_in_the_kubelet_plugin
         settings.Settings.from_env({k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"})
         injection = json.loads(find(rendered[label], "ConfigMap", "-webhook")["data"]["injection.json"])
         assert injection["volumeMode"] == "csi" and injection["csiDriver"] == driver
-    assert json.loads(find(rendered["no-csi"], "ConfigMap", "-webhook")["data"]["injection.json"])["volumeMode"] == "hostPath"
+    assert (
+        json.loads(find(rendered["no-csi"], "ConfigMap", "-webhook")["data"]["injection.json"])["volumeMode"]
+        == "hostPath"
+    )
 
 
-def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricted(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricted(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     from tests.podsecurity import violations
 
     checked = 0
@@ -570,8 +709,21 @@ def test_replicas_spread_over_nodes_and_zones_and_repel_each_other(rendered: dic
         assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         hard = find(rendered["production"], "Deployment", f"-{component}")["spec"]["template"]["spec"]
         assert "requiredDuringSchedulingIgnoredDuringExecution" in hard["affinity"]["podAntiAffinity"]
-    own = render({"extender": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}}})
+    own = render(
+        {
+            "extender": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}
+                            ]
+                        }
+                    }
+                }
+            }
+        }
+    )
     assert set(find(own, "Deployment", "-extender")["spec"]["template"]["spec"]["affinity"]) == {"nodeAffinity"}
 
 
@@ -587,18 +739,27 @@ def test_every_long_running_container_has_a_startup_probe(rendered: dict[str, li
 
 def test_an_image_digest_overrides_the_tag_everywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["production"]
-    images = {c["image"] for d in docs if d["kind"] in ("Deployment", "DaemonSet")
-              for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])}
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
+    }
     ours = {i for i in images if "kube-scheduler" not in i and "csi-node-driver-registrar" not in i}  # upstream images
     assert ours == {f"registry.example.com/ml/dsplatform@{DIGEST}"}
     assert json.loads(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])["image"].endswith(DIGEST)
-    env = {e["name"]: e.get("value") for e in find(docs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value")
+        for e in find(docs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert env["DSAGENT_CONTROLLER_PACK_IMAGE"].endswith(DIGEST)
     with pytest.raises(helm.HelmValuesError):
         helm.Chart.load(str(CHART)).validate_schema({"image": {"digest": "latest"}})
 
 
-def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     default, production = agent_pod(rendered["default"]), agent_pod(rendered["production"])
     assert "hostNetwork" not in default
     assert production["hostNetwork"] is True and production["dnsPolicy"] == "ClusterFirstWithHostNet"
@@ -609,7 +770,9 @@ def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(render
     assert mount == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DSAGENT_SYSFS_ROOT"] == "/host"
-    assert settings.Settings.from_env({k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}).sysfs_root == Path("/host")
+    assert settings.Settings.from_env(
+        {k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}
+    ).sysfs_root == Path("/host")
     env = {e["name"]: e.get("value") for e in agent_container(rendered["production"])["env"]}
     assert env["DSAGENT_RESERVE"] == "20%"
 
@@ -632,46 +795,75 @@ def test_the_service_monitor_selects_services_with_an_http_port(rendered: dict[s
     assert "ServiceMonitor" not in kinds(rendered["default"])
 
 
-def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_json(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_json(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     config = find(rendered["production"], "ConfigMap", "-dashboard")
     assert config["metadata"]["labels"]["grafana_dashboard"] == "1" and config["metadata"]["namespace"] == "monitoring"
     dashboard = json.loads(config["data"]["dsplatform.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
-    for metric in ("dsagent_requests_total", "dsagent_cache_hits_total", "dsagent_fetch_duration_seconds_bucket",
-                   "dsagent_evictions_total", "dsplatform_extender_request_duration_seconds_bucket"):
+    for metric in (
+        "dsagent_requests_total",
+        "dsagent_cache_hits_total",
+        "dsagent_fetch_duration_seconds_bucket",
+        "dsagent_evictions_total",
+        "dsplatform_extender_request_duration_seconds_bucket",
+    ):
         assert metric in exprs, metric
-    assert not [d for d in rendered["default"] if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    assert not [
+        d for d in rendered["default"] if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
 
 
-def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     docs = rendered["default"]
-    assert rules_of(docs, "-controller") == {("", "nodes", "list"), ("dsagent.io", "datasets", "list"),
-                                             ("dsagent.io", "datasets/status", "patch")}
+    assert rules_of(docs, "-controller") == {
+        ("", "nodes", "list"),
+        ("dsagent.io", "datasets", "list"),
+        ("dsagent.io", "datasets/status", "patch"),
+    }
     role = find(docs, "Role", "-controller")
     deployment = find(docs, "Deployment", "-controller")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert any(r.get("resourceNames") == [env["DSAGENT_CONTROLLER_LEASE"]] for r in role["rules"])
-    assert rules_of(docs, "-pack") == {("dsagent.io", "datasets", "get"), ("dsagent.io", "datasets", "create"),
-                                       ("dsagent.io", "datasets/status", "patch")}
+    assert rules_of(docs, "-pack") == {
+        ("dsagent.io", "datasets", "get"),
+        ("dsagent.io", "datasets", "create"),
+        ("dsagent.io", "datasets/status", "patch"),
+    }
     assert env["DSAGENT_CONTROLLER_PACK_SERVICE_ACCOUNT"] == find(docs, "ServiceAccount", "-pack")["metadata"]["name"]
     agent_labels = agent_pod(docs)  # the selector finds the agent pods
     selector = dict(kv_.split("=") for kv_ in env["DSAGENT_CONTROLLER_AGENT_SELECTOR"].split(","))
     assert selector.items() <= find(docs, "DaemonSet", "-agent")["spec"]["template"]["metadata"]["labels"].items()
     assert agent_labels
     from dsagent.kube.controller import ControllerSettings
+
     settings = ControllerSettings.from_env({k: v for k, v in env.items() if v is not None})
     assert settings.resync_s == 30 and settings.metrics_port == 8080
     production = rendered["production"]
     assert "-pack" not in {d["metadata"]["name"][-5:] for d in production if d["kind"] == "ServiceAccount"}
 
 
-def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     crd = find(rendered["default"], "CustomResourceDefinition")
     columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert columns["Ready"] == ".status.readyNodeCount" and columns["Digest"] == ".status.digest"
     schema = dataset_schema(rendered["default"])
-    ds = make_dataset("imagenet", bundles="s3://b/x", status={"digest": "0" * 32, "readyNodes": ["a"], "readyNodeCount": 1,
-                                                              "pack": {"state": "Running"}, "warm": {"state": "Ready"}})
+    ds = make_dataset(
+        "imagenet",
+        bundles="s3://b/x",
+        status={
+            "digest": "0" * 32,
+            "readyNodes": ["a"],
+            "readyNodeCount": 1,
+            "pack": {"state": "Running"},
+            "warm": {"state": "Ready"},
+        },
+    )
     ds["spec"]["pack"] = {"auto": True}
     ds["spec"]["warm"] = {"nodes": 3, "nodeSelector": {"pool": "a100"}, "startTime": "2026-12-01T00:00:00Z"}
     jsonschema.validate(ds, schema)

@@ -26,7 +26,8 @@ def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[
 
 
 def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
-        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     pod = agent_pod(rendered["device-plugin"])
     [container] = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -36,8 +37,10 @@ def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
     assert env["DSAGENT_HOST_ROOT"] == "/nvme/dsagent"  # nccl.conf host paths for the kubelet
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    for name, path in (("device-plugins", "/var/lib/kubelet/device-plugins"),
-                       ("pod-resources", "/var/lib/kubelet/pod-resources")):
+    for name, path in (
+        ("device-plugins", "/var/lib/kubelet/device-plugins"),
+        ("pod-resources", "/var/lib/kubelet/pod-resources"),
+    ):
         assert volumes[name] == path and mounts[name]["mountPath"] == path  # directories: kubelet restarts
     assert volumes["host-sys"] == "/sys" and mounts["host-sys"]["readOnly"]
     assert mounts["host-sys"]["mountPath"] == env["DSAGENT_SYSFS_ROOT"] + "/sys"
@@ -45,11 +48,14 @@ def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert "chown 0:0" in pod["initContainers"][0]["args"][0]
-    agent_settings.Settings.from_env({k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"})
+    agent_settings.Settings.from_env(
+        {k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}
+    )
 
 
-@pytest.mark.parametrize("bad", [{"resourcePrefix": "Example.com"}, {"resourcePrefix": "a/b"},
-                                 {"nodeLabel": "bad label"}, {"extra": 1}])
+@pytest.mark.parametrize(
+    "bad", [{"resourcePrefix": "Example.com"}, {"resourcePrefix": "a/b"}, {"nodeLabel": "bad label"}, {"extra": 1}]
+)
 def test_bad_device_plugin_values_are_refused(bad: dict[str, Any]) -> None:
     values = {"agent": {"devicePlugin": {**DEVICE_PLUGIN["agent"]["devicePlugin"], **bad}}}
     with pytest.raises(helm.HelmValuesError):

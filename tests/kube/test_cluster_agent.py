@@ -33,8 +33,14 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str =
 
 
 @asynccontextmanager
-async def cluster_agent(apiserver: FakeApiServer, root: Path, *, topology: Any = None,
-                        cluster: ClusterSettings = FAST, lease_ttl: float = 3600) -> AsyncIterator[ClusterAgent]:
+async def cluster_agent(
+    apiserver: FakeApiServer,
+    root: Path,
+    *,
+    topology: Any = None,
+    cluster: ClusterSettings = FAST,
+    lease_ttl: float = 3600,
+) -> AsyncIterator[ClusterAgent]:
     settings = Settings(root=root, node_name=NODE, kubernetes=True, lease_ttl=lease_ttl)
     service = CacheService(settings)
     await service.start()
@@ -139,7 +145,9 @@ def test_topology_and_free_gpus_are_published_and_free_gpus_withdrawn_when_pods_
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize(("mode", "classes"), [("numa", [[0, 1, 2, 3], [4, 5, 6, 7]]), ("none", [list(range(8))]), ("subnet", [])])
+@pytest.mark.parametrize(
+    ("mode", "classes"), [("numa", [[0, 1, 2, 3], [4, 5, 6, 7]]), ("none", [list(range(8))]), ("subnet", [])]
+)
 def test_the_published_classes_follow_the_operator_s_class_mode(
     apiserver: FakeApiServer, tmp_path: Path, fixtures_dir: Path, mode: str, classes: list[list[int]]
 ) -> None:
@@ -198,8 +206,14 @@ def test_a_pod_that_ends_releases_its_datasets(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str, ending: str
 ) -> None:
     apiserver.create(make_node(NODE))
-    pod = apiserver.create(make_pod("train-0", node_name=NODE, phase="Running",
-                                    annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))
+    pod = apiserver.create(
+        make_pod(
+            "train-0",
+            node_name=NODE,
+            phase="Running",
+            annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)},
+        )
+    )
     uid = pod["metadata"]["uid"]
 
     async def scenario() -> None:
@@ -221,8 +235,14 @@ def test_a_pod_deleted_while_the_api_server_was_down_is_released_after_410_gone(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
 ) -> None:
     apiserver.create(make_node(NODE))
-    pod = apiserver.create(make_pod("train-0", node_name=NODE, phase="Running",
-                                    annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))
+    pod = apiserver.create(
+        make_pod(
+            "train-0",
+            node_name=NODE,
+            phase="Running",
+            annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)},
+        )
+    )
     uid = pod["metadata"]["uid"]
 
     async def scenario() -> None:
@@ -236,8 +256,14 @@ def test_a_pod_deleted_while_the_api_server_was_down_is_released_after_410_gone(
             await asyncio.to_thread(apiserver.start)
             await until_released(agent, uid)
             assert agent._watch.relists > relists
-            later = apiserver.create(make_pod("train-1", node_name=NODE, phase="Pending",
-                                              annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))
+            later = apiserver.create(
+                make_pod(
+                    "train-1",
+                    node_name=NODE,
+                    phase="Pending",
+                    annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)},
+                )
+            )
             await until(lambda: later["metadata"]["uid"] in agent._tasks, what="the watch after the restart")
 
     asyncio.run(scenario())
@@ -247,8 +273,14 @@ def test_tasks_of_pods_deleted_while_the_agent_was_down_are_released_at_start(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
 ) -> None:
     apiserver.create(make_node(NODE))
-    live = apiserver.create(make_pod("train-live", node_name=NODE, phase="Running",
-                                     annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))
+    live = apiserver.create(
+        make_pod(
+            "train-live",
+            node_name=NODE,
+            phase="Running",
+            annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)},
+        )
+    )
     gone_uid = "0b7e6a52-4b8e-4c3a-9a51-6d1f0e1c2b3a"  # a pod deleted while the agent was down
 
     async def scenario() -> None:
@@ -278,8 +310,9 @@ def test_the_watch_resumes_after_an_api_server_restart_without_relisting(
             assert agent._watch is not None
             relists = agent._watch.relists
             await asyncio.to_thread(apiserver.restart)
-            pod = apiserver.create(make_pod("p", node_name=NODE,
-                                            annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))
+            pod = apiserver.create(
+                make_pod("p", node_name=NODE, annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)})
+            )
             await until(lambda: pod["metadata"]["uid"] in agent._tasks, what="the pod after the restart")
             assert agent._watch.relists == relists
 
@@ -296,8 +329,9 @@ def test_bookmarks_move_the_watch_forward(apiserver: FakeApiServer, tmp_path: Pa
             await until(lambda: apiserver.open_watches >= 1, what="the watch")
             apiserver.send_bookmarks()
             current = str(apiserver.store.rv)
-            await until(lambda: agent._watch is not None and agent._watch.resource_version == current,
-                        what="the bookmark")
+            await until(
+                lambda: agent._watch is not None and agent._watch.resource_version == current, what="the bookmark"
+            )
             watches = apiserver.requests_matching("GET", "/api/v1/pods", watch=True)
             assert watches[-1].query["allowWatchBookmarks"] == "true"
             assert watches[-1].query["fieldSelector"] == f"spec.nodeName={NODE}"
@@ -334,7 +368,11 @@ def test_datasets_needing_secrets_are_left_to_the_init_container(apiserver: Fake
 
     async def scenario() -> None:
         async with cluster_agent(apiserver, tmp_path) as agent:
-            await until(lambda: apiserver.requests_matching("GET", "/apis/dsagent.io/v1alpha1/namespaces/default/datasets/private"))
+            await until(
+                lambda: apiserver.requests_matching(
+                    "GET", "/apis/dsagent.io/v1alpha1/namespaces/default/datasets/private"
+                )
+            )
             await asyncio.sleep(0.2)
             assert pod["metadata"]["uid"] not in agent._tasks
             assert await task_or_none(agent.service, pod["metadata"]["uid"]) is None
@@ -342,7 +380,9 @@ def test_datasets_needing_secrets_are_left_to_the_init_container(apiserver: Fake
     asyncio.run(scenario())
 
 
-def test_a_pod_left_to_its_init_container_is_not_resolved_again_on_every_update(apiserver: FakeApiServer, tmp_path: Path) -> None:
+def test_a_pod_left_to_its_init_container_is_not_resolved_again_on_every_update(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
     apiserver.create(make_node(NODE))
     secret = make_dataset("private", source="s3://corp/private")
     secret["spec"]["storageSecretRef"] = {"name": "creds"}
@@ -407,7 +447,9 @@ def test_the_agent_reads_the_init_container_environment_exactly_as_dsctl_does(
         async with cluster_agent(apiserver, tmp_path) as agent:
             await until(lambda: uid in agent._tasks, what="the task")
             first = await agent.service.get_task(uid)
-            sent = datasets_from_env({e["name"]: e["value"] for e in env if "value" in e})  # the init-container's request
+            sent = datasets_from_env(
+                {e["name"]: e["value"] for e in env if "value" in e}
+            )  # the init-container's request
             again = await agent.service.submit_task(uid, [DatasetRequest(**d) for d in sent])
             assert again.created_at == first.created_at  # the same task, not a Conflict
 
@@ -437,8 +479,11 @@ def test_task_ids_shaped_like_pod_uids_must_be_pods_on_this_node(
 
 def test_running_pods_keep_their_lease_renewed(apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str) -> None:
     apiserver.create(make_node(NODE))
-    uid = apiserver.create(make_pod("p", node_name=NODE, phase="Running",
-                                    annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}))["metadata"]["uid"]
+    uid = apiserver.create(
+        make_pod(
+            "p", node_name=NODE, phase="Running", annotations={"dsagent.io/datasets": inline("tiny", memory_dataset)}
+        )
+    )["metadata"]["uid"]
     renewing = ClusterSettings(publish_interval=0.05, watch_timeout=5, renew_interval=0.1)
 
     async def scenario() -> None:
@@ -475,8 +520,9 @@ def test_a_wrong_node_name_fails_fast_with_the_fix(apiserver: FakeApiServer, tmp
     asyncio.run(scenario())
 
 
-def test_an_unreachable_api_server_does_not_stop_the_agent(apiserver: FakeApiServer, tmp_path: Path,
-                                                           memory_dataset: str) -> None:
+def test_an_unreachable_api_server_does_not_stop_the_agent(
+    apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
+) -> None:
     apiserver.create(make_node(NODE))
     apiserver.stop()
 

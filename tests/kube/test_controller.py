@@ -36,15 +36,21 @@ def inventory(node: str, datasets: dict[str, Any], free: int = 10 << 30) -> str:
 
 
 def agent_pod(node: str, ip: str = "127.0.0.1") -> dict[str, Any]:
-    pod = make_pod(f"agent-{node}", namespace=NS, node_name=node, phase="Running",
-                   labels={"app.kubernetes.io/component": "agent"})
+    pod = make_pod(
+        f"agent-{node}", namespace=NS, node_name=node, phase="Running", labels={"app.kubernetes.io/component": "agent"}
+    )
     pod["status"]["podIP"] = ip
     return pod
 
 
 def controller(api_client: Any, clock: Clock, **kwargs: Any) -> DatasetController:
-    settings = ControllerSettings(namespace=NS, identity=kwargs.pop("identity", "c-1"), pack_image="registry.example/dsp:1",
-                                  admin_token=kwargs.pop("admin_token", None), agent_port=kwargs.pop("agent_port", 7420))
+    settings = ControllerSettings(
+        namespace=NS,
+        identity=kwargs.pop("identity", "c-1"),
+        pack_image="registry.example/dsp:1",
+        admin_token=kwargs.pop("admin_token", None),
+        agent_port=kwargs.pop("agent_port", 7420),
+    )
     return DatasetController(api_client, settings, clock=clock, **kwargs)
 
 
@@ -55,11 +61,42 @@ def write_source(root: Path, files: int = 3) -> Path:
     return root
 
 
-def test_ready_nodes_come_from_inventories_and_hostile_ones_are_skipped(apiserver: FakeApiServer, api_client: Any) -> None:
-    apiserver.create(make_node("gpu-1", annotations={"dsagent.io/inventory": inventory("gpu-1", {"imagenet": {"digest": DIGEST, "state": "ready"}})}))
-    apiserver.create(make_node("gpu-2", annotations={"dsagent.io/inventory": inventory("gpu-2", {"imagenet": {
-        "digest": "b" * 32, "state": "ready", "versions": [{"digest": DIGEST, "state": "ready"}, {"digest": "b" * 32, "state": "ready"}]}})}))
-    apiserver.create(make_node("gpu-3", annotations={"dsagent.io/inventory": inventory("gpu-3", {"imagenet": {"digest": DIGEST, "state": "fetching"}})}))
+def test_ready_nodes_come_from_inventories_and_hostile_ones_are_skipped(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    apiserver.create(
+        make_node(
+            "gpu-1",
+            annotations={
+                "dsagent.io/inventory": inventory("gpu-1", {"imagenet": {"digest": DIGEST, "state": "ready"}})
+            },
+        )
+    )
+    apiserver.create(
+        make_node(
+            "gpu-2",
+            annotations={
+                "dsagent.io/inventory": inventory(
+                    "gpu-2",
+                    {
+                        "imagenet": {
+                            "digest": "b" * 32,
+                            "state": "ready",
+                            "versions": [{"digest": DIGEST, "state": "ready"}, {"digest": "b" * 32, "state": "ready"}],
+                        }
+                    },
+                )
+            },
+        )
+    )
+    apiserver.create(
+        make_node(
+            "gpu-3",
+            annotations={
+                "dsagent.io/inventory": inventory("gpu-3", {"imagenet": {"digest": DIGEST, "state": "fetching"}})
+            },
+        )
+    )
     apiserver.create(make_node("gpu-4", annotations={"dsagent.io/inventory": "{not json"}))
     apiserver.create(make_node("gpu-5", annotations={"dsagent.io/inventory": json.dumps({"datasets": ["imagenet"]})}))
     apiserver.create(make_dataset("imagenet", namespace="ml", status={"digest": DIGEST, "files": 1, "bytes": 1}))
@@ -69,10 +106,14 @@ def test_ready_nodes_come_from_inventories_and_hostile_ones_are_skipped(apiserve
     assert status["digest"] == DIGEST  # the packer's fields stay
     patches = apiserver.requests_matching("PATCH", "/apis/dsagent.io/v1alpha1/namespaces/ml/datasets/imagenet/status")
     controller(api_client, Clock()).reconcile_all()
-    assert len(apiserver.requests_matching("PATCH", "/apis/dsagent.io/v1alpha1/namespaces/ml/datasets/imagenet/status")) == len(patches)  # nothing changed: no write
+    assert len(
+        apiserver.requests_matching("PATCH", "/apis/dsagent.io/v1alpha1/namespaces/ml/datasets/imagenet/status")
+    ) == len(patches)  # nothing changed: no write
 
 
-def test_auto_pack_creates_one_job_per_source_listing(apiserver: FakeApiServer, api_client: Any, tmp_path: Path) -> None:
+def test_auto_pack_creates_one_job_per_source_listing(
+    apiserver: FakeApiServer, api_client: Any, tmp_path: Path
+) -> None:
     source = write_source(tmp_path / "src")
     ds = make_dataset("coco", namespace="ml", source=str(source), bundles="s3://bundles/coco")
     ds["spec"]["pack"] = {"auto": True, "maxFiles": 1000, "level": 3}
@@ -85,14 +126,32 @@ def test_auto_pack_creates_one_job_per_source_listing(apiserver: FakeApiServer, 
     assert pack["state"] == "Running" and pack["job"] == job["metadata"]["name"] and job["metadata"]["namespace"] == NS
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["dsctl"] and container["image"] == "registry.example/dsp:1"
-    assert container["args"] == ["pack", "--name", "coco", "--to", "s3://bundles/coco", "--publish", "ml",
-                                 "--max-files", "1000", "--level", "3", "--", str(source)]
+    assert container["args"] == [
+        "pack",
+        "--name",
+        "coco",
+        "--to",
+        "s3://bundles/coco",
+        "--publish",
+        "ml",
+        "--max-files",
+        "1000",
+        "--level",
+        "3",
+        "--",
+        str(source),
+    ]
     ctl.reconcile_all()
     ctl2 = controller(api_client, clock, identity="c-2")  # a new leader sees the same listing: no second Job
     ctl2.reconcile_all()
     assert len(apiserver.list("jobs")) == 1
-    apiserver.patch("jobs", job["metadata"]["name"], {"status": {"succeeded": 1, "conditions": [
-        {"type": "Complete", "status": "True"}]}}, namespace=NS, subresource="status")
+    apiserver.patch(
+        "jobs",
+        job["metadata"]["name"],
+        {"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}},
+        namespace=NS,
+        subresource="status",
+    )
     ctl.reconcile_all()
     assert apiserver.get("datasets", "coco", "ml")["status"]["pack"]["state"] == "Succeeded"
     ctl.reconcile_all()
@@ -103,9 +162,25 @@ def test_auto_pack_creates_one_job_per_source_listing(apiserver: FakeApiServer, 
     assert len(jobs) == 2
     assert apiserver.get("datasets", "coco", "ml")["status"]["pack"]["state"] == "Running"
     new = [j for j in jobs if j["metadata"]["name"] != job["metadata"]["name"]][0]
-    apiserver.patch("jobs", new["metadata"]["name"], {"status": {"failed": 3, "conditions": [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}},
-        namespace=NS, subresource="status")
+    apiserver.patch(
+        "jobs",
+        new["metadata"]["name"],
+        {
+            "status": {
+                "failed": 3,
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                    }
+                ],
+            }
+        },
+        namespace=NS,
+        subresource="status",
+    )
     ctl.reconcile_all()
     pack = apiserver.get("datasets", "coco", "ml")["status"]["pack"]
     assert pack["state"] == "Failed" and "backoff limit" in pack["message"]
@@ -129,6 +204,7 @@ def test_listing_fingerprints_change_with_size_mtime_and_membership(tmp_path: Pa
     second = listing_fingerprint(str(source))
     assert second != first
     import os
+
     os.utime(source / "new.bin", (1, 1))
     assert listing_fingerprint(str(source)) != second
 
@@ -140,17 +216,19 @@ def test_one_leader_by_lease_and_takeover_after_expiry(apiserver: FakeApiServer,
     assert a.try_acquire() is True
     assert b.try_acquire() is False
     clock.now += 10
-    assert a.try_acquire() is True   # renewed
+    assert a.try_acquire() is True  # renewed
     clock.now += 10
     assert b.try_acquire() is False  # renewed 10 s ago: still a's
     clock.now += 16
-    assert b.try_acquire() is True   # a stopped renewing
+    assert b.try_acquire() is True  # a stopped renewing
     assert a.try_acquire() is False
     lease = apiserver.get("leases", "ctl", NS)
     assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
 
 
-def test_warm_up_asks_real_agents_and_reports_only_what_is_ready(apiserver: FakeApiServer, api_client: Any, tmp_path: Path) -> None:
+def test_warm_up_asks_real_agents_and_reports_only_what_is_ready(
+    apiserver: FakeApiServer, api_client: Any, tmp_path: Path
+) -> None:
     source = write_source(tmp_path / "nfs" / "speech", files=4)
     agent = AgentProcess(tmp_path / "agent", tcp=True, local_sources=(tmp_path / "nfs",)).start()
     try:
@@ -177,13 +255,20 @@ def test_warm_up_asks_real_agents_and_reports_only_what_is_ready(apiserver: Fake
         with agent.client() as client:
             assert client.get_task(warm_task_id("ml", "speech"))["state"] == "ready"
             # cleanup while warm holds it: the agent keeps data in use
-            apiserver.patch("datasets", "speech", {"metadata": {"annotations": {"dsagent.io/cleanup": "1"}}}, namespace="ml")
+            apiserver.patch(
+                "datasets", "speech", {"metadata": {"annotations": {"dsagent.io/cleanup": "1"}}}, namespace="ml"
+            )
             ctl.reconcile_all()
             cleanup = apiserver.get("datasets", "speech", "ml")["status"]["cleanup"]
             assert cleanup["keptInUse"] == ["gpu-1"] and cleanup["evictedNodes"] == []
             assert [d["name"] for d in client.datasets()["datasets"]] == ["speech"]
             # warm-up off: the task is released; a new cleanup request evicts it
-            apiserver.patch("datasets", "speech", {"spec": {"warm": None}, "metadata": {"annotations": {"dsagent.io/cleanup": "2"}}}, namespace="ml")
+            apiserver.patch(
+                "datasets",
+                "speech",
+                {"spec": {"warm": None}, "metadata": {"annotations": {"dsagent.io/cleanup": "2"}}},
+                namespace="ml",
+            )
             ctl.reconcile_all()
             assert apiserver.get("datasets", "speech", "ml")["status"]["warm"]["state"] == "Off"
             ctl.reconcile_all()
@@ -194,15 +279,21 @@ def test_warm_up_asks_real_agents_and_reports_only_what_is_ready(apiserver: Fake
         agent.stop()
 
 
-def test_warm_up_chooses_holders_first_then_free_space_and_waits_for_its_start_time(apiserver: FakeApiServer, api_client: Any) -> None:
+def test_warm_up_chooses_holders_first_then_free_space_and_waits_for_its_start_time(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
     calls: list[tuple[str, str, str]] = []
 
     def fake_agent(node: str, method: str, path: str, body: Any) -> tuple[int, Any]:
         calls.append((node, method, path))
         return 200, {"datasets": [{"state": "fetching", "bytesDone": 10, "sizeBytes": 100}]}
 
-    for name, inv in (("n1", inventory("n1", {}, free=1 << 30)), ("n2", inventory("n2", {}, free=9 << 30)),
-                      ("n3", inventory("n3", {"big": {"digest": DIGEST, "state": "ready"}}, free=0)), ("n4", "garbage")):
+    for name, inv in (
+        ("n1", inventory("n1", {}, free=1 << 30)),
+        ("n2", inventory("n2", {}, free=9 << 30)),
+        ("n3", inventory("n3", {"big": {"digest": DIGEST, "state": "ready"}}, free=0)),
+        ("n4", "garbage"),
+    ):
         apiserver.create(make_node(name, annotations={"dsagent.io/inventory": inv}))
         apiserver.create(agent_pod(name))
     clock = Clock()
@@ -224,7 +315,9 @@ def test_warm_up_chooses_holders_first_then_free_space_and_waits_for_its_start_t
     assert [n["node"] for n in apiserver.get("datasets", "big", "ml")["status"]["warm"]["nodes"]] == ["n3"]
 
 
-def test_hostile_dataset_fields_cannot_become_pack_flags(apiserver: FakeApiServer, api_client: Any, tmp_path: Path) -> None:
+def test_hostile_dataset_fields_cannot_become_pack_flags(
+    apiserver: FakeApiServer, api_client: Any, tmp_path: Path
+) -> None:
     """The Job's dsctl parses a source that looks like a flag as the source, never as --publish."""
     from dsagent.cli.bundles import pack
 

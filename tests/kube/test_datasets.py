@@ -19,13 +19,25 @@ DIGEST = "0123456789abcdef0123456789abcdef"
 
 
 def test_a_dataset_is_read_with_its_spec_and_current_digest(apiserver: FakeApiServer, api_client: Any) -> None:
-    obj = make_dataset("imagenet", namespace="ml", source="s3://b/imagenet", bundles="s3://b/bundles",
-                       status={"digest": DIGEST, "files": 3, "bytes": 30})
+    obj = make_dataset(
+        "imagenet",
+        namespace="ml",
+        source="s3://b/imagenet",
+        bundles="s3://b/bundles",
+        status={"digest": DIGEST, "files": 3, "bytes": 30},
+    )
     obj["spec"]["storageSecretRef"] = {"name": "creds", "key": "opts"}
     apiserver.create(obj)
     dataset = DatasetClient(api_client).get("ml", "imagenet")
-    assert dataset == Dataset("ml", "imagenet", "s3://b/imagenet", "s3://b/bundles", SecretRef("creds", "opts"),
-                              DatasetStatus(DIGEST, 3, 30), generation=1)
+    assert dataset == Dataset(
+        "ml",
+        "imagenet",
+        "s3://b/imagenet",
+        "s3://b/bundles",
+        SecretRef("creds", "opts"),
+        DatasetStatus(DIGEST, 3, 30),
+        generation=1,
+    )
     assert dataset.digest == DIGEST
 
 
@@ -48,8 +60,14 @@ def test_a_status_update_changes_only_the_status(apiserver: FakeApiServer, api_c
     DatasetClient(api_client).update_status("default", "d", DatasetStatus(DIGEST, 5, 50, 1, 20, "2026-11-21T10:00:00Z"))
     stored = apiserver.get("datasets", "d")
     assert stored is not None
-    assert stored["status"] == {"digest": DIGEST, "files": 5, "bytes": 50, "bundles": 1, "compressedBytes": 20,
-                                "packedTime": "2026-11-21T10:00:00Z"}
+    assert stored["status"] == {
+        "digest": DIGEST,
+        "files": 5,
+        "bytes": 50,
+        "bundles": 1,
+        "compressedBytes": 20,
+        "packedTime": "2026-11-21T10:00:00Z",
+    }
     assert stored["spec"] == {"source": "s3://b/d"}
     [patch] = apiserver.requests_matching("PATCH")
     assert patch.path.endswith("/datasets/d/status")
@@ -71,8 +89,14 @@ def test_publish_creates_the_dataset_and_records_what_was_packed(
     apiserver: FakeApiServer, api_client: Any, packed: tuple[Any, str, str]
 ) -> None:
     manifest, source, store = packed
-    published = publish(manifest, namespace="ml", source=source, bundles=store, api_client=api_client,
-                        now=lambda: "2026-11-21T10:00:00Z")
+    published = publish(
+        manifest,
+        namespace="ml",
+        source=source,
+        bundles=store,
+        api_client=api_client,
+        now=lambda: "2026-11-21T10:00:00Z",
+    )
     assert published.digest == manifest.digest
     stored = apiserver.get("datasets", "tiny", "ml")
     assert stored is not None
@@ -83,7 +107,9 @@ def test_publish_creates_the_dataset_and_records_what_was_packed(
     jsonschema.validate(stored, dataset_schema(render()))
 
 
-def test_publish_keeps_the_spec_an_owner_wrote(apiserver: FakeApiServer, api_client: Any, packed: tuple[Any, str, str]) -> None:
+def test_publish_keeps_the_spec_an_owner_wrote(
+    apiserver: FakeApiServer, api_client: Any, packed: tuple[Any, str, str]
+) -> None:
     manifest, source, store = packed
     owned = make_dataset("tiny", namespace="ml", source="s3://official/tiny", bundles="s3://official/bundles")
     owned["spec"]["storageSecretRef"] = {"name": "creds"}

@@ -32,8 +32,7 @@ def collect(stream_factory: Any, until: int, timeout: int = 5) -> list[dict[str,
     """Run one watch with a server-side timeout and return the events it delivered."""
     events: list[dict[str, Any]] = []
     w = watch.Watch()
-    for event in w.stream(stream_factory.func, *stream_factory.args, timeout_seconds=timeout,
-                          **stream_factory.kwargs):
+    for event in w.stream(stream_factory.func, *stream_factory.args, timeout_seconds=timeout, **stream_factory.kwargs):
         events.append(event)
         if len(events) >= until:
             w.stop()
@@ -178,15 +177,15 @@ def test_node_annotations_are_patched_and_removed_with_null(
 ) -> None:
     api = client.CoreV1Api(api_client)
     apiserver.create(make_node("gpu-1", annotations={"keep": "me", "drop": "me"}))
-    api.patch_node("gpu-1", {"metadata": {"annotations": {"dsagent.io/free-gpus": "0,1", "drop": None}}},
-                   _content_type=content_type)
-    assert apiserver.get("nodes", "gpu-1")["metadata"]["annotations"] == {
-        "keep": "me", "dsagent.io/free-gpus": "0,1"}
+    api.patch_node(
+        "gpu-1",
+        {"metadata": {"annotations": {"dsagent.io/free-gpus": "0,1", "drop": None}}},
+        _content_type=content_type,
+    )
+    assert apiserver.get("nodes", "gpu-1")["metadata"]["annotations"] == {"keep": "me", "dsagent.io/free-gpus": "0,1"}
 
 
-def test_a_json_patch_applies_and_a_map_body_goes_as_strategic_merge(
-    apiserver: FakeApiServer, api_client: Any
-) -> None:
+def test_a_json_patch_applies_and_a_map_body_goes_as_strategic_merge(apiserver: FakeApiServer, api_client: Any) -> None:
     api = client.CoreV1Api(api_client)
     apiserver.create(make_node("gpu-1"))
     api.patch_node("gpu-1", [{"op": "add", "path": "/metadata/annotations/dsagent.io~1x", "value": "1"}])
@@ -210,7 +209,8 @@ def test_custom_resources_reject_strategic_merge_as_the_real_server_does(
     apiserver.create(make_dataset("d"))
     with pytest.raises(ApiException) as info:
         client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
-            GROUP, VERSION, "default", PLURAL, "d", {"spec": {"source": "x"}}, _content_type=STRATEGIC)
+            GROUP, VERSION, "default", PLURAL, "d", {"spec": {"source": "x"}}, _content_type=STRATEGIC
+        )
     assert info.value.status == 415
 
 
@@ -246,7 +246,9 @@ def test_json_patch_operations(doc: dict[str, Any], ops: list[dict[str, Any]], e
 
 def test_merge_patch_merges_maps_replaces_lists_and_deletes_nulls() -> None:
     assert merge_patch({"a": {"x": 1, "y": 2}, "l": [1, 2]}, {"a": {"y": None, "z": 3}, "l": [3]}) == {
-        "a": {"x": 1, "z": 3}, "l": [3]}
+        "a": {"x": 1, "z": 3},
+        "l": [3],
+    }
 
 
 # -- the Dataset custom resource and its status subresource
@@ -255,13 +257,15 @@ def test_merge_patch_merges_maps_replaces_lists_and_deletes_nulls() -> None:
 def test_dataset_status_is_written_only_through_the_status_subresource(api_client: Any) -> None:
     api = client.CustomObjectsApi(api_client)
     api.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, make_dataset("imagenet", namespace="ml"))
-    api.patch_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "imagenet",
-                                       {"spec": {"source": "s3://new"}, "status": {"digest": "x" * 32}})
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, "ml", PLURAL, "imagenet", {"spec": {"source": "s3://new"}, "status": {"digest": "x" * 32}}
+    )
     obj = api.get_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "imagenet")
     assert obj["spec"]["source"] == "s3://new" and "status" not in obj
     assert obj["metadata"]["generation"] == 2
-    api.patch_namespaced_custom_object_status(GROUP, VERSION, "ml", PLURAL, "imagenet",
-                                              {"spec": {"source": "ignored"}, "status": {"digest": "a" * 32}})
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, "ml", PLURAL, "imagenet", {"spec": {"source": "ignored"}, "status": {"digest": "a" * 32}}
+    )
     obj = api.get_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "imagenet")
     assert obj["status"] == {"digest": "a" * 32}
     assert obj["spec"]["source"] == "s3://new"
@@ -290,7 +294,10 @@ def test_a_watch_without_resource_version_starts_with_the_current_state_then_cha
     thread.join(10)
     events = result[0]
     assert [(e["type"], e["object"].metadata.name) for e in events] == [
-        ("ADDED", "gpu-1"), ("MODIFIED", "gpu-1"), ("DELETED", "gpu-1")]
+        ("ADDED", "gpu-1"),
+        ("MODIFIED", "gpu-1"),
+        ("DELETED", "gpu-1"),
+    ]
     assert events[1]["object"].metadata.labels["x"] == "1"
 
 
@@ -309,8 +316,11 @@ def test_a_pod_bound_to_the_node_arrives_as_added_on_a_node_scoped_watch(
     api = client.CoreV1Api(api_client)
     apiserver.create(make_pod("p"))
     rv = api.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-1").metadata.resource_version
-    thread, result = in_background(lambda: collect(
-        Call(api.list_pod_for_all_namespaces, field_selector="spec.nodeName=gpu-1", resource_version=rv), until=2))
+    thread, result = in_background(
+        lambda: collect(
+            Call(api.list_pod_for_all_namespaces, field_selector="spec.nodeName=gpu-1", resource_version=rv), until=2
+        )
+    )
     apiserver.wait_for(lambda: apiserver.open_watches == 1, what="the watch")
     apiserver.patch("pods", "p", {"spec": {"nodeName": "gpu-1"}})
     apiserver.patch("pods", "p", {"spec": {"nodeName": "gpu-2"}})  # not realistic, but a transition
@@ -323,8 +333,9 @@ def test_a_bookmark_moves_the_clients_resource_version_forward(apiserver: FakeAp
     rv = api.list_node().metadata.resource_version
     apiserver.create(make_node("elsewhere"))  # changes the resourceVersion, not seen below
     w = watch.Watch()
-    stream = w.stream(api.list_node, resource_version=rv, allow_watch_bookmarks=True,
-                      label_selector="pool=none", timeout_seconds=5)
+    stream = w.stream(
+        api.list_node, resource_version=rv, allow_watch_bookmarks=True, label_selector="pool=none", timeout_seconds=5
+    )
     thread, result = in_background(lambda: _take(w, stream, 1))
     apiserver.wait_for(lambda: apiserver.open_watches == 1, what="the watch")
     apiserver.send_bookmarks()
@@ -337,8 +348,9 @@ def test_a_bookmark_moves_the_clients_resource_version_forward(apiserver: FakeAp
 def test_bookmark_events_are_sent_only_to_watches_that_allow_them(apiserver: FakeApiServer, api_client: Any) -> None:
     api = client.CoreV1Api(api_client)
     rv = api.list_node().metadata.resource_version
-    thread, result = in_background(lambda: collect(
-        Call(api.list_node, resource_version=rv, allow_watch_bookmarks=True), until=1))
+    thread, result = in_background(
+        lambda: collect(Call(api.list_node, resource_version=rv, allow_watch_bookmarks=True), until=1)
+    )
     plain_thread, plain = in_background(lambda: collect(Call(api.list_node, resource_version=rv), until=1, timeout=1))
     apiserver.wait_for(lambda: apiserver.open_watches == 2, what="two watches")
     apiserver.send_bookmarks()
@@ -360,7 +372,8 @@ def test_a_watch_from_a_compacted_resource_version_gets_410_gone(apiserver: Fake
     fresh = api.list_node().metadata.resource_version
     apiserver.create(make_node("gpu-2"))
     assert [e["object"].metadata.name for e in collect(Call(api.list_node, resource_version=fresh), until=1)] == [
-        "gpu-2"]
+        "gpu-2"
+    ]
 
 
 def test_timeout_seconds_ends_a_quiet_watch(apiserver: FakeApiServer, api_client: Any) -> None:
@@ -397,14 +410,19 @@ def test_requests_are_recorded_with_their_content_type(apiserver: FakeApiServer,
 # -- coordination.k8s.io/v1 Leases
 
 
-def test_leases_are_created_read_and_replaced_in_the_real_wire_format(apiserver: FakeApiServer, api_client: Any) -> None:
+def test_leases_are_created_read_and_replaced_in_the_real_wire_format(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
     import datetime as dt
 
     api = client.CoordinationV1Api(api_client)
     when = dt.datetime(2027, 1, 15, 8, 0, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=1)))
-    body = client.V1Lease(metadata=client.V1ObjectMeta(name="job-a"),
-                          spec=client.V1LeaseSpec(holder_identity="gpu-roce2", lease_duration_seconds=3600,
-                                                  acquire_time=when, renew_time=when))
+    body = client.V1Lease(
+        metadata=client.V1ObjectMeta(name="job-a"),
+        spec=client.V1LeaseSpec(
+            holder_identity="gpu-roce2", lease_duration_seconds=3600, acquire_time=when, renew_time=when
+        ),
+    )
     created = api.create_namespaced_lease("ml", body)
     assert created.spec.holder_identity == "gpu-roce2" and created.metadata.resource_version
     raw = apiserver.get("leases", "job-a", "ml")
@@ -445,8 +463,9 @@ def send(apiserver: FakeApiServer, method: str, path: str, body: Any = None) -> 
     import urllib.request
 
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{apiserver.url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{apiserver.url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request) as response:
             return response.status, json.loads(response.read())

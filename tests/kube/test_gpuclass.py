@@ -30,12 +30,24 @@ from scheduler_plugin.testing import topology_json
 from tests.fake_apiserver import FakeApiServer, json_patch, make_lease, make_pod
 
 SETTINGS = GpuClassSettings(enabled=True)
-OWNER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert", "uid": "uid-bert-1",
-         "controller": True, "blockOwnerDeletion": True}
+OWNER = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "name": "bert",
+    "uid": "uid-bert-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
 
 
-def worker(index: int = 0, *, gpus: int = 4, job: str | None = "bert", owner: dict[str, Any] | None = OWNER,
-           resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+def worker(
+    index: int = 0,
+    *,
+    gpus: int = 4,
+    job: str | None = "bert",
+    owner: dict[str, Any] | None = OWNER,
+    resource: str = "nvidia.com/gpu",
+) -> dict[str, Any]:
     labels = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-index": str(index)} if job else {}
     pod = make_pod(f"bert-worker-{index}", namespace="ml", labels=labels, gpus=gpus)
     if resource != "nvidia.com/gpu":
@@ -71,8 +83,13 @@ def clock() -> Clock:
 def cluster(apiserver: FakeApiServer) -> FakeApiServer:
     # gpu-roce1 = GPUs 0-3, gpu-roce2 = GPUs 4-7 on every node. Nodes suggest: a both,
     # b roce2, c roce1, d none (3 free at most), e roce2: gpu-roce2 wins 3 to 2.
-    for name, free in (("a", list(range(8))), ("b", [4, 5, 6, 7]), ("c", [0, 1, 2, 3]),
-                       ("d", [4, 5, 6]), ("e", [0, 1, 4, 5, 6, 7])):
+    for name, free in (
+        ("a", list(range(8))),
+        ("b", [4, 5, 6, 7]),
+        ("c", [0, 1, 2, 3]),
+        ("d", [4, 5, 6]),
+        ("e", [0, 1, 4, 5, 6, 7]),
+    ):
         apiserver.create(gpu_node(name, free))
     return apiserver
 
@@ -156,10 +173,20 @@ def test_bad_settings_are_refused(env: dict[str, str], message: str) -> None:
 
 
 def test_settings_from_the_environment() -> None:
-    settings = GpuClassSettings.from_env({"DSAGENT_WEBHOOK_GPU_CLASSES": "true", "DSAGENT_WEBHOOK_CLASS_PREFIX": "example.com",
-                                          "DSAGENT_WEBHOOK_JOB_LABELS": "team/job, job-name", "DSAGENT_WEBHOOK_JOB_TTL": "2h"})
+    settings = GpuClassSettings.from_env(
+        {
+            "DSAGENT_WEBHOOK_GPU_CLASSES": "true",
+            "DSAGENT_WEBHOOK_CLASS_PREFIX": "example.com",
+            "DSAGENT_WEBHOOK_JOB_LABELS": "team/job, job-name",
+            "DSAGENT_WEBHOOK_JOB_TTL": "2h",
+        }
+    )
     assert (settings.enabled, settings.resource("gpu-roce1"), settings.job_labels, settings.lease_ttl_s) == (
-        True, "example.com/gpu-roce1", ("team/job", "job-name"), 7200)
+        True,
+        "example.com/gpu-roce1",
+        ("team/job", "job-name"),
+        7200,
+    )
     assert GpuClassSettings.from_env({}).enabled is False
 
 
@@ -182,7 +209,9 @@ def test_the_vote_reads_published_classes_and_skips_unreadable_or_cordoned_nodes
 # -- the job Lease
 
 
-def test_the_first_worker_takes_the_vote_and_later_workers_its_lease(policy: GpuClassPolicy, cluster: FakeApiServer) -> None:
+def test_the_first_worker_takes_the_vote_and_later_workers_its_lease(
+    policy: GpuClassPolicy, cluster: FakeApiServer
+) -> None:
     first, warnings = admitted(policy, worker(0))
     assert warnings == ()
     assert resources(first)["limits"] == {"dsagent.io/gpu-roce2": "4"}
@@ -199,7 +228,9 @@ def test_the_first_worker_takes_the_vote_and_later_workers_its_lease(policy: Gpu
     assert len(cluster.list("leases")) == 1
 
 
-def test_a_restarted_or_second_replica_reads_the_same_class(cluster: FakeApiServer, policy: GpuClassPolicy, clock: Clock) -> None:
+def test_a_restarted_or_second_replica_reads_the_same_class(
+    cluster: FakeApiServer, policy: GpuClassPolicy, clock: Clock
+) -> None:
     admitted(policy, worker(0))
     for name in ("a", "b", "e"):
         cluster.patch("nodes", name, {"metadata": {"annotations": {"dsagent.io/free-gpus": "0,1,2,3"}}})
@@ -214,7 +245,9 @@ def test_a_restarted_or_second_replica_reads_the_same_class(cluster: FakeApiServ
     assert resources(other_job)["limits"] == {"dsagent.io/gpu-roce1": "4"}  # a new job votes afresh
 
 
-def test_two_replicas_racing_for_a_new_job_agree_on_the_winner(cluster: FakeApiServer, policy: GpuClassPolicy, clock: Clock) -> None:
+def test_two_replicas_racing_for_a_new_job_agree_on_the_winner(
+    cluster: FakeApiServer, policy: GpuClassPolicy, clock: Clock
+) -> None:
     client = cluster.api_client()
     try:
         loser = GpuClassPolicy(SETTINGS, KubeGpuClasses(client, SETTINGS, clock=clock))
@@ -224,8 +257,15 @@ def test_two_replicas_racing_for_a_new_job_agree_on_the_winner(cluster: FakeApiS
         def read_then_lose_the_race(namespace: str, name: str) -> dict[str, Any] | None:
             found = real_read(namespace, name)
             if not reads:  # between our read and our create, the other replica creates it
-                cluster.create(make_lease(name, namespace=namespace, holder="gpu-roce1", duration_s=3600,
-                                          renew_time="2027-01-15T08:00:00Z"))
+                cluster.create(
+                    make_lease(
+                        name,
+                        namespace=namespace,
+                        holder="gpu-roce1",
+                        duration_s=3600,
+                        renew_time="2027-01-15T08:00:00Z",
+                    )
+                )
             reads.append(name)
             return found
 
@@ -240,8 +280,13 @@ def test_two_replicas_racing_for_a_new_job_agree_on_the_winner(cluster: FakeApiS
 
 
 def test_a_lease_of_an_earlier_job_of_the_same_name_is_replaced(cluster: FakeApiServer, policy: GpuClassPolicy) -> None:
-    old = make_lease(lease_name("ml/bert"), namespace="ml", holder="gpu-roce1", duration_s=3600,
-                     renew_time=micro_time(policy.kube.now()))
+    old = make_lease(
+        lease_name("ml/bert"),
+        namespace="ml",
+        holder="gpu-roce1",
+        duration_s=3600,
+        renew_time=micro_time(policy.kube.now()),
+    )
     old["metadata"]["ownerReferences"] = [{**OWNER, "uid": "uid-of-a-deleted-job"}]
     cluster.create(old)
     pod, _ = admitted(policy, worker(0))
@@ -251,7 +296,9 @@ def test_a_lease_of_an_earlier_job_of_the_same_name_is_replaced(cluster: FakeApi
     assert lease["metadata"]["ownerReferences"][0]["uid"] == "uid-bert-1"
 
 
-def test_an_ownerless_lease_expires_and_is_renewed_by_its_workers(cluster: FakeApiServer, policy: GpuClassPolicy, clock: Clock) -> None:
+def test_an_ownerless_lease_expires_and_is_renewed_by_its_workers(
+    cluster: FakeApiServer, policy: GpuClassPolicy, clock: Clock
+) -> None:
     first, _ = admitted(policy, worker(0, owner=None))
     assert resources(first)["limits"] == {"dsagent.io/gpu-roce2": "4"}
     clock.now += 2000  # past half the hour: the next worker renews
@@ -281,7 +328,9 @@ def test_a_worker_larger_than_every_class_keeps_its_gpu_request(policy: GpuClass
 
 
 def test_without_published_classes_nothing_is_rewritten(apiserver: FakeApiServer, clock: Clock) -> None:
-    apiserver.create(gpu_node("plain", [0, 1], topology=json.dumps({"version": 1, "gpus": [], "nics": [], "links": {}})))
+    apiserver.create(
+        gpu_node("plain", [0, 1], topology=json.dumps({"version": 1, "gpus": [], "nics": [], "links": {}}))
+    )
     client = apiserver.api_client()
     try:
         policy = GpuClassPolicy(SETTINGS, KubeGpuClasses(client, SETTINGS, clock=clock))
@@ -321,7 +370,9 @@ def test_the_webhook_wires_datasets_and_the_gpu_class_in_one_patch(policy: GpuCl
     assert result["spec"]["initContainers"][0]["name"] == "dsagent-cache"
 
 
-def test_an_unreachable_api_server_admits_the_pod_unchanged_with_a_warning(policy: GpuClassPolicy, cluster: FakeApiServer) -> None:
+def test_an_unreachable_api_server_admits_the_pod_unchanged_with_a_warning(
+    policy: GpuClassPolicy, cluster: FakeApiServer
+) -> None:
     cluster.stop()
     decision = decide(worker(), "ml", Injection(image="img:1"), lambda ns, name: pytest.fail("no lookup"), policy)
     assert decision.patch == []

@@ -21,7 +21,9 @@ def record(state: str = "ready", **digests: str | None) -> dict[str, Any]:
 
 def test_each_dataset_links_to_its_bound_version() -> None:
     assert link_targets(record(imagenet=A, coco=B), "/datasets") == {
-        "imagenet": f"/datasets/imagenet/{A}", "coco": f"/datasets/coco/{B}"}
+        "imagenet": f"/datasets/imagenet/{A}",
+        "coco": f"/datasets/coco/{B}",
+    }
 
 
 @pytest.mark.parametrize(
@@ -45,8 +47,9 @@ def test_links_are_replaced_in_place(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "links")) == ["imagenet"]
 
 
-def test_without_a_task_id_the_command_fails_with_one_line(monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_without_a_task_id_the_command_fails_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     monkeypatch.delenv("DSAGENT_TASK_ID", raising=False)
     assert main([str(tmp_path), "/datasets"]) == 2
     assert "DSAGENT_TASK_ID is not set" in capsys.readouterr().err

@@ -26,8 +26,11 @@ from dsagent.kube.mutation import (
 from tests.fake_apiserver import json_patch, make_pod
 
 REVIEW = json.loads((Path(__file__).parent / "data" / "admission-review-pytorchjob.json").read_text())
-INJECTION = Injection(image="ghcr.io/dsplatform/dsplatform:0.1.0", scheduler_name="dsplatform-scheduler",
-                      resources={"requests": {"cpu": "50m"}})
+INJECTION = Injection(
+    image="ghcr.io/dsplatform/dsplatform:0.1.0",
+    scheduler_name="dsplatform-scheduler",
+    resources={"requests": {"cpu": "50m"}},
+)
 IMAGENET = ResolvedDataset("imagenet", "s3://ml/imagenet", "s3://ml/bundles", secret=SecretRef("s3-creds"))
 COCO = ResolvedDataset("coco", "/mnt/nfs/coco")
 
@@ -36,8 +39,9 @@ def real_pod() -> dict[str, Any]:
     return copy.deepcopy(REVIEW["request"]["object"])
 
 
-def mutated(pod: dict[str, Any], datasets: tuple[ResolvedDataset, ...] = (IMAGENET, COCO),
-            injection: Injection = INJECTION) -> dict[str, Any]:
+def mutated(
+    pod: dict[str, Any], datasets: tuple[ResolvedDataset, ...] = (IMAGENET, COCO), injection: Injection = INJECTION
+) -> dict[str, Any]:
     result: dict[str, Any] = json_patch(pod, mutate(pod, datasets, injection))
     return result
 
@@ -54,7 +58,8 @@ def test_the_cache_container_comes_first_and_runs_dsctl_cache_from_env() -> None
     env = env_of(init)
     assert json.loads(env["DSAGENT_DATASETS"]["value"]) == [
         {"name": "imagenet", "source": "s3://ml/imagenet", "bundles": "s3://ml/bundles"},
-        {"name": "coco", "source": "/mnt/nfs/coco"}]
+        {"name": "coco", "source": "/mnt/nfs/coco"},
+    ]
     assert env["DSAGENT_TASK_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["DSAGENT_SOCKET"]["value"] == "/run/dsagent/dsagent.sock"
     assert init["resources"] == {"requests": {"cpu": "50m"}}
@@ -65,7 +70,8 @@ def test_storage_options_come_from_the_datasets_secret_never_from_the_spec() -> 
     pod = mutated(real_pod())
     env = env_of(pod["spec"]["initContainers"][0])
     assert env["DSAGENT_STORAGE_OPTIONS_IMAGENET"]["valueFrom"] == {
-        "secretKeyRef": {"name": "s3-creds", "key": "storage_options"}}
+        "secretKeyRef": {"name": "s3-creds", "key": "storage_options"}
+    }
     assert "DSAGENT_STORAGE_OPTIONS_COCO" not in env
 
 
@@ -86,7 +92,7 @@ def test_by_default_caching_overlaps_the_app_image_pull() -> None:
     [app] = pod["spec"]["containers"]
     assert app["command"][:3] == ["/bin/sh", "-c", app["command"][2]]
     assert app["command"][3:] == ["torchrun", "--nproc-per-node=8", "train.py", "--data=/datasets/imagenet"]
-    assert "exec \"$0\" \"$@\"" in app["command"][2] and READY_MARK in app["command"][2]
+    assert 'exec "$0" "$@"' in app["command"][2] and READY_MARK in app["command"][2]
     assert {"name": "dsagent-run", "mountPath": "/dsagent-run", "readOnly": True} in app["volumeMounts"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["dsagent-run"]["emptyDir"]["medium"] == "Memory"
@@ -101,8 +107,11 @@ def test_a_blocking_init_container_when_asked_or_when_a_command_is_unknown(reaso
         del pod["spec"]["containers"][0]["command"]
     result = mutated(pod)
     init = result["spec"]["initContainers"][0]
-    assert init["command"] == ["/bin/sh", "-c", "dsctl cache --from-env && "
-                               "python -m dsagent.cli.links /dsagent-run/datasets /datasets"]
+    assert init["command"] == [
+        "/bin/sh",
+        "-c",
+        "dsctl cache --from-env && python -m dsagent.cli.links /dsagent-run/datasets /datasets",
+    ]
     assert "restartPolicy" not in init
     assert result["spec"]["containers"][0].get("command") == pod["spec"]["containers"][0].get("command")
 
@@ -126,8 +135,12 @@ def test_app_containers_get_the_datasets_read_only_and_the_socket() -> None:
     pod = mutated(real_pod())
     [container] = pod["spec"]["containers"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["dsagent-datasets"] == {"name": "dsagent-datasets", "mountPath": "/datasets",
-                                          "subPath": "datasets", "readOnly": True}
+    assert mounts["dsagent-datasets"] == {
+        "name": "dsagent-datasets",
+        "mountPath": "/datasets",
+        "subPath": "datasets",
+        "readOnly": True,
+    }
     assert mounts["dsagent-socket"]["mountPath"] == "/run/dsagent"
     assert mounts["dshm"]["mountPath"] == "/dev/shm"  # what was there stays
     env = env_of(container)
@@ -216,8 +229,10 @@ def test_names_mapping_to_one_variable_are_refused() -> None:
         mutate(real_pod(), (ResolvedDataset("a-b", "s3://x"), ResolvedDataset("a.b", "s3://y")), INJECTION)
 
 
-@pytest.mark.parametrize(("name", "var"), [("imagenet", "DSAGENT_STORAGE_OPTIONS_IMAGENET"),
-                                           ("coco-2017.v2", "DSAGENT_STORAGE_OPTIONS_COCO_2017_V2")])
+@pytest.mark.parametrize(
+    ("name", "var"),
+    [("imagenet", "DSAGENT_STORAGE_OPTIONS_IMAGENET"), ("coco-2017.v2", "DSAGENT_STORAGE_OPTIONS_COCO_2017_V2")],
+)
 def test_option_variable_names_match_what_dsctl_reads(name: str, var: str) -> None:
     cache_cli = pytest.importorskip("dsagent.cli.cache")
     assert options_env_name(name) == var
@@ -234,8 +249,10 @@ def test_names_are_resolved_through_datasets_and_inline_sources_are_kept() -> No
         return found[name]
 
     resolved = resolve((DatasetRef("imagenet"), DatasetRef("coco", "/nfs/coco")), lookup)
-    assert resolved == (ResolvedDataset("imagenet", "s3://ml/imagenet", "s3://ml/bundles", secret=SecretRef("c", "k")),
-                        ResolvedDataset("coco", "/nfs/coco"))
+    assert resolved == (
+        ResolvedDataset("imagenet", "s3://ml/imagenet", "s3://ml/bundles", secret=SecretRef("c", "k")),
+        ResolvedDataset("coco", "/nfs/coco"),
+    )
     with pytest.raises(NotFound):
         resolve((DatasetRef("missing"),), lookup)
 

@@ -21,15 +21,22 @@ from tests.kube.test_mutation import COCO, IMAGENET, real_pod
 from tests.podsecurity import violations
 
 CSI = Injection(image="ghcr.io/dsplatform/dsplatform:0.1.0", scheduler_name="dsplatform-scheduler", volume_mode="csi")
-RESTRICTED_CONTEXT = {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
-                      "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def restricted_pod(*, command: bool = True) -> dict[str, Any]:
     """A training pod that passes Pod Security restricted as the user wrote it."""
     pod = real_pod()
     spec = pod["spec"]
-    spec["volumes"] = [v for v in spec.get("volumes") or [] if set(v) & {"emptyDir", "configMap", "secret", "projected"}]
+    spec["volumes"] = [
+        v for v in spec.get("volumes") or [] if set(v) & {"emptyDir", "configMap", "secret", "projected"}
+    ]
     kept = {v["name"] for v in spec["volumes"]}
     for container in spec["containers"]:
         container["securityContext"] = copy.deepcopy(RESTRICTED_CONTEXT)
@@ -62,9 +69,12 @@ def test_the_hostpath_mode_breaks_restricted_which_is_why_csi_is_the_default() -
 def test_the_policy_helper_catches_each_restricted_rule() -> None:
     base = restricted_pod()
     breaks = [
-        ({"privileged": True}, "privileged"), ({"allowPrivilegeEscalation": True}, "allowPrivilegeEscalation"),
-        ({"runAsNonRoot": False}, "runAsNonRoot"), ({"runAsUser": 0}, "runAsUser 0"),
-        ({"capabilities": {"drop": ["NET_RAW"]}}, "drop ALL"), ({"seccompProfile": {"type": "Unconfined"}}, "seccomp"),
+        ({"privileged": True}, "privileged"),
+        ({"allowPrivilegeEscalation": True}, "allowPrivilegeEscalation"),
+        ({"runAsNonRoot": False}, "runAsNonRoot"),
+        ({"runAsUser": 0}, "runAsUser 0"),
+        ({"capabilities": {"drop": ["NET_RAW"]}}, "drop ALL"),
+        ({"seccompProfile": {"type": "Unconfined"}}, "seccomp"),
         ({"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}, "capabilities"),
     ]
     for change, words in breaks:
@@ -85,8 +95,15 @@ def test_the_volume_lists_the_datasets_the_driver_accepts_and_the_secret_by_refe
     assert set(attributes) == {"datasets"}
     # what the webhook writes is what the node plugin parses
     parsed = datasets_from_context({"datasets": attributes["datasets"]})
-    assert parsed == ({"name": "imagenet", "source": "s3://ml/imagenet", "bundles": "s3://ml/bundles", "secretKey": "storage_options"},
-                      {"name": "coco", "source": "/mnt/nfs/coco"})
+    assert parsed == (
+        {
+            "name": "imagenet",
+            "source": "s3://ml/imagenet",
+            "bundles": "s3://ml/bundles",
+            "secretKey": "storage_options",
+        },
+        {"name": "coco", "source": "/mnt/nfs/coco"},
+    )
     assert storage_options(parsed[0], {"storage_options": '{"key": "k"}'}) == {"key": "k"}
     assert "storage_options" not in json.dumps(pod["spec"]["containers"])  # no credentials in the spec
 
@@ -95,13 +112,20 @@ def test_app_containers_mount_it_read_only_with_host_to_container_propagation() 
     pod = mutated(restricted_pod())
     for container in pod["spec"]["containers"]:
         mount = next(m for m in container["volumeMounts"] if m["name"] == "dsagent-datasets")
-        assert mount == {"name": "dsagent-datasets", "mountPath": "/dsagent-run", "readOnly": True, "mountPropagation": "HostToContainer"}
+        assert mount == {
+            "name": "dsagent-datasets",
+            "mountPath": "/dsagent-run",
+            "readOnly": True,
+            "mountPropagation": "HostToContainer",
+        }
         env = {e["name"]: e for e in container["env"]}
         assert env["DSAGENT_DATASETS_DIR"]["value"] == "/dsagent-run/datasets"
         assert env["DSAGENT_STATUS_FILE"]["value"] == "/dsagent-run/status.json"
         assert "DSAGENT_SOCKET" not in env
         assert "/dsagent-run/ready" in container["command"][2]
-    assert not any(c["name"] in (INIT_CONTAINER, "dsagent-wait") for c in pod["spec"].get("initContainers") or [])  # the agent caches from publish
+    assert not any(
+        c["name"] in (INIT_CONTAINER, "dsagent-wait") for c in pod["spec"].get("initContainers") or []
+    )  # the agent caches from publish
     assert "supplementalGroups" not in (pod["spec"].get("securityContext") or {})
     assert mutate(pod, (IMAGENET, COCO), CSI) == []  # re-invocation adds nothing
 

@@ -28,8 +28,11 @@ from tests.dsagent.harness import unix_socket_listening
 from tests.fake_apiserver import json_patch, make_pod
 
 # The training command: list its dataset at the stable path $DSAGENT_DATASETS_DIR/<name>.
-TRAINING = [sys.executable, "-c", "import os; "
-            "print('training on', sorted(os.listdir(os.path.join(os.environ['DSAGENT_DATASETS_DIR'], 'imagenet'))))"]
+TRAINING = [
+    sys.executable,
+    "-c",
+    "import os; print('training on', sorted(os.listdir(os.path.join(os.environ['DSAGENT_DATASETS_DIR'], 'imagenet'))))",
+]
 
 
 @pytest.fixture
@@ -42,9 +45,22 @@ def agent(tmp_path: Path) -> Iterator[dict[str, Any]]:
     sockets = Path(tempfile.mkdtemp(prefix="dsk-", dir="/tmp"))
     root = tmp_path / "cache"
     log = open(tmp_path / "agent.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "dsagent", "serve", "--root", str(root), "--socket",
-                                str(sockets / "dsagent.sock"), "--local-source", str(source)],
-                               stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsagent",
+            "serve",
+            "--root",
+            str(root),
+            "--socket",
+            str(sockets / "dsagent.sock"),
+            "--local-source",
+            str(source),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -77,8 +93,12 @@ def mutated_pod(agent: dict[str, Any], *, wait: str | None = None) -> dict[str, 
 
 
 def kubelet_for(pod: dict[str, Any], agent: dict[str, Any], pull: Any) -> SimulatedKubelet:
-    return SimulatedKubelet(pod, pull=pull, host_paths={"/run/dsagent": agent["sockets"], "/var/lib/dsagent": agent["root"]},
-                            extra_env={"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})
+    return SimulatedKubelet(
+        pod,
+        pull=pull,
+        host_paths={"/run/dsagent": agent["sockets"], "/var/lib/dsagent": agent["root"]},
+        extra_env={"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")},
+    )
 
 
 def wait_for(path: Path, timeout: float = 60) -> None:

@@ -55,7 +55,19 @@ def test_pack_with_publish_and_no_cluster_says_how_to_reach_one(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["pack", str(source), "--name", "a", "--to", str(tmp_path / "store"), "--publish", "ns", "--no-digest-cache"])
+        main(
+            [
+                "pack",
+                str(source),
+                "--name",
+                "a",
+                "--to",
+                str(tmp_path / "store"),
+                "--publish",
+                "ns",
+                "--no-digest-cache",
+            ]
+        )
 
     assert exit_info.value.code == 7  # transient: the packing itself is done and kept
     err = capsys.readouterr().err

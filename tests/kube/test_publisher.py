@@ -61,8 +61,17 @@ def test_free_gpus_are_published_only_when_certain(gpus: int | None, gpu_pods: i
     [
         (make_pod("p"), 0),
         (make_pod("p", gpus=4), 4),
-        ({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}},
-                                  {"resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}, 3),
+        (
+            {
+                "spec": {
+                    "containers": [
+                        {"resources": {"limits": {"nvidia.com/gpu": "2"}}},
+                        {"resources": {"requests": {"nvidia.com/gpu": "1"}}},
+                    ]
+                }
+            },
+            3,
+        ),
         ({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "lots"}}}]}}, 0),
         ({}, 0),
     ],

@@ -78,8 +78,9 @@ def test_a_missing_dataset_admits_the_pod_unchanged_with_a_warning(apiserver: Fa
 
 def test_an_unreachable_api_server_admits_the_pod_unchanged(apiserver: FakeApiServer, api_client: Any) -> None:
     apiserver.stop()
-    decision = decide(review("imagenet")["request"]["object"], "ml-team", INJECTION,
-                      DatasetClient(api_client, request_timeout=1).get)
+    decision = decide(
+        review("imagenet")["request"]["object"], "ml-team", INJECTION, DatasetClient(api_client, request_timeout=1).get
+    )
     assert decision.patch == [] and "unreachable" in decision.warnings[0]
 
 
@@ -126,8 +127,11 @@ def chart_tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         files[key].write_bytes(base64.b64decode(secret["data"][key]))
     files["injection"] = folder / "injection.json"
     files["injection"].write_text(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])
-    return {"files": files, "ca": base64.b64decode(webhook["clientConfig"]["caBundle"]).decode(),
-            "host": f"{service['metadata']['name']}.{NAMESPACE}.svc"}
+    return {
+        "files": files,
+        "ca": base64.b64decode(webhook["clientConfig"]["caBundle"]).decode(),
+        "host": f"{service['metadata']['name']}.{NAMESPACE}.svc",
+    }
 
 
 def free_port() -> int:
@@ -145,23 +149,37 @@ def module_apiserver() -> Iterator[FakeApiServer]:
 
 
 @pytest.fixture(scope="module")
-def webhook_server(chart_tls: dict[str, Any], module_apiserver: FakeApiServer,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def webhook_server(
+    chart_tls: dict[str, Any], module_apiserver: FakeApiServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("kubeconfig")
     kubeconfig = folder / "config"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": module_apiserver.url}}],
-        "users": [{"name": "webhook", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "webhook"}}]}))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": module_apiserver.url}}],
+                "users": [{"name": "webhook", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "webhook"}}],
+            }
+        )
+    )
     port = free_port()
     files = chart_tls["files"]
-    env = {**os.environ, "DSAGENT_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
-           "DSAGENT_WEBHOOK_CERT_FILE": str(files["tls.crt"]), "DSAGENT_WEBHOOK_KEY_FILE": str(files["tls.key"]),
-           "DSAGENT_WEBHOOK_INJECTION_FILE": str(files["injection"]), "DSAGENT_WEBHOOK_KUBECONFIG": str(kubeconfig)}
+    env = {
+        **os.environ,
+        "DSAGENT_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+        "DSAGENT_WEBHOOK_CERT_FILE": str(files["tls.crt"]),
+        "DSAGENT_WEBHOOK_KEY_FILE": str(files["tls.key"]),
+        "DSAGENT_WEBHOOK_INJECTION_FILE": str(files["injection"]),
+        "DSAGENT_WEBHOOK_KUBECONFIG": str(kubeconfig),
+    }
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    process = subprocess.Popen([sys.executable, "-m", "dsagent.kube.webhook"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsagent.kube.webhook"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
         context = ssl.create_default_context(cadata=chart_tls["ca"])
         server = {"port": port, "context": context, "host": chart_tls["host"]}
@@ -172,7 +190,7 @@ def webhook_server(chart_tls: dict[str, Any], module_apiserver: FakeApiServer,
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"webhook did not start: {process.stdout.read() if process.stdout else ''!r}")
+                    raise RuntimeError(f"webhook did not start: {process.stdout.read() if process.stdout else ''!r}") from None
                 time.sleep(0.1)
         yield server
     finally:
@@ -233,7 +251,9 @@ def test_a_missing_dataset_is_a_warning_not_a_refusal(webhook_server: dict[str, 
     assert "patch" not in answer["response"] and "unknown" in answer["response"]["warnings"][0]
 
 
-@pytest.mark.parametrize("body", [b"not json", {"kind": "AdmissionReview"}, {"apiVersion": "v1", "kind": "x", "request": {}}])
+@pytest.mark.parametrize(
+    "body", [b"not json", {"kind": "AdmissionReview"}, {"apiVersion": "v1", "kind": "x", "request": {}}]
+)
 def test_malformed_reviews_get_a_400(webhook_server: dict[str, Any], body: Any) -> None:
     status, answer = call(webhook_server, "POST", "/mutate", body)
     assert status == 400 and answer["code"] == "invalid_input"
@@ -241,7 +261,8 @@ def test_malformed_reviews_get_a_400(webhook_server: dict[str, Any], body: Any) 
 
 def test_bad_settings_stop_the_webhook_with_one_clear_line(tmp_path: Path) -> None:
     env = {**os.environ, "DSAGENT_WEBHOOK_INJECTION_FILE": str(tmp_path / "missing.json")}
-    result = subprocess.run([sys.executable, "-m", "dsagent.kube.webhook"], env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "dsagent.kube.webhook"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert "INJECTION_FILE: cannot read" in result.stderr and "Traceback" not in result.stderr

@@ -33,7 +33,7 @@ DRIVER = "datasets.dsagent.io"
 def mount_rights(scratch: Path) -> str | None:
     """None when this process can bind-mount, else why not (the reason a test skips with)."""
     if os.geteuid() != 0:
-        return "bind mounts need root with CAP_SYS_ADMIN; the tests run as uid %d" % os.geteuid()
+        return f"bind mounts need root with CAP_SYS_ADMIN; the tests run as uid {os.geteuid()}"
     a, b = scratch / "probe-a", scratch / "probe-b"
     a.mkdir(exist_ok=True)
     b.mkdir(exist_ok=True)
@@ -95,20 +95,39 @@ class CsiClient:
         self.identity = csi_pb2_grpc.IdentityStub(self.channel)
         self.node = csi_pb2_grpc.NodeStub(self.channel)
 
-    def publish(self, volume_id: str, target: Path | str, context: dict[str, str], *, secrets: dict[str, str] | None = None,
-                block: bool = False, timeout: float = 10) -> csi_pb2.NodePublishVolumeResponse:
+    def publish(
+        self,
+        volume_id: str,
+        target: Path | str,
+        context: dict[str, str],
+        *,
+        secrets: dict[str, str] | None = None,
+        block: bool = False,
+        timeout: float = 10,
+    ) -> csi_pb2.NodePublishVolumeResponse:
         capability = csi_pb2.VolumeCapability(
-            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY))
+            access_mode=csi_pb2.VolumeCapability.AccessMode(
+                mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY
+            )
+        )
         if block:
             capability.block.SetInParent()
         else:
             capability.mount.SetInParent()
-        request = csi_pb2.NodePublishVolumeRequest(volume_id=volume_id, target_path=str(target), volume_capability=capability,
-                                                   readonly=True, volume_context=context, secrets=secrets or {})
+        request = csi_pb2.NodePublishVolumeRequest(
+            volume_id=volume_id,
+            target_path=str(target),
+            volume_capability=capability,
+            readonly=True,
+            volume_context=context,
+            secrets=secrets or {},
+        )
         return self.node.NodePublishVolume(request, timeout=timeout)
 
     def unpublish(self, volume_id: str, target: Path | str, timeout: float = 10) -> csi_pb2.NodeUnpublishVolumeResponse:
-        return self.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target)), timeout=timeout)
+        return self.node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target)), timeout=timeout
+        )
 
     def close(self) -> None:
         self.channel.close()
@@ -148,10 +167,17 @@ class Kubelet:
         subprocess.run(["umount", "-R", "-l", str(self.pods)], capture_output=True)
 
 
-def context(uid: str, datasets: list[dict[str, Any]], *, name: str = "trainer-0", namespace: str = "ml") -> dict[str, str]:
+def context(
+    uid: str, datasets: list[dict[str, Any]], *, name: str = "trainer-0", namespace: str = "ml"
+) -> dict[str, str]:
     """The volume context the kubelet sends for an inline volume of a pod (podInfoOnMount)."""
     import json
 
-    return {"csi.storage.k8s.io/pod.uid": uid, "csi.storage.k8s.io/pod.name": name,
-            "csi.storage.k8s.io/pod.namespace": namespace, "csi.storage.k8s.io/ephemeral": "true",
-            "csi.storage.k8s.io/serviceAccount.name": "default", "datasets": json.dumps(datasets)}
+    return {
+        "csi.storage.k8s.io/pod.uid": uid,
+        "csi.storage.k8s.io/pod.name": name,
+        "csi.storage.k8s.io/pod.namespace": namespace,
+        "csi.storage.k8s.io/ephemeral": "true",
+        "csi.storage.k8s.io/serviceAccount.name": "default",
+        "datasets": json.dumps(datasets),
+    }

@@ -43,9 +43,14 @@ def env(tmp_path: Path, sockets: Path) -> Iterator[dict[str, Any]]:
     www = tmp_path / "www"
     www.mkdir()
     server = LoopbackServer(www)
-    settings = Settings(root=tmp_path / "root", socket_path=sockets / "api.sock", node_name="gpu-node-7",
-                        csi_socket=sockets / DRIVER / "csi.sock",
-                        csi_kubelet_pods_dir=tmp_path / "kubelet" / "pods", sweep_interval=3600)
+    settings = Settings(
+        root=tmp_path / "root",
+        socket_path=sockets / "api.sock",
+        node_name="gpu-node-7",
+        csi_socket=sockets / DRIVER / "csi.sock",
+        csi_kubelet_pods_dir=tmp_path / "kubelet" / "pods",
+        sweep_interval=3600,
+    )
     state: dict[str, Any] = {"tmp": tmp_path, "www": www, "server": server, "settings": settings}
     yield state
     for key in ("client",):
@@ -88,11 +93,15 @@ def mounts_under(path: Path) -> list[str]:
 
 # -- no mounts needed ---------------------------------------------------------------------
 
+
 def test_identity_and_node_info_answer_over_the_socket(env: dict[str, Any]) -> None:
     _, client = start(env)
     info = client.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=5)
     assert info.name == DRIVER and info.vendor_version
-    assert list(client.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest(), timeout=5).capabilities) == []
+    assert (
+        list(client.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest(), timeout=5).capabilities)
+        == []
+    )
     probe = client.identity.Probe(csi_pb2.ProbeRequest(), timeout=5)
     assert probe.HasField("ready") and probe.ready.value is True
     assert list(client.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest(), timeout=5).capabilities) == []
@@ -106,7 +115,9 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
     good = pods / uid / "volumes" / "kubernetes.io~csi" / "datasets" / "mount"
     good.parent.mkdir(parents=True)
     (pods / "0f6c2d35-0a1b-4c5d-8e9f-0123456789ac" / "volumes" / "kubernetes.io~csi").mkdir(parents=True)
-    (pods / "0f6c2d35-0a1b-4c5d-8e9f-0123456789ac" / "volumes" / "kubernetes.io~csi" / "datasets").symlink_to(env["tmp"])
+    (pods / "0f6c2d35-0a1b-4c5d-8e9f-0123456789ac" / "volumes" / "kubernetes.io~csi" / "datasets").symlink_to(
+        env["tmp"]
+    )
     datasets = [{"name": "imagenet", "source": "s3://bucket/imagenet"}]
     ctx = context(uid, datasets)
     cases: list[tuple[str, str, dict[str, str], dict[str, Any]]] = [
@@ -115,15 +126,24 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
         ("dot-dot", str(good.parent / ".." / ".." / ".." / ".." / "etc" / "mount"), ctx, {}),
         ("not a csi volume path", str(pods / uid / "volumes" / "kubernetes.io~empty-dir" / "x" / "mount"), ctx, {}),
         ("another pod's path", str(good).replace(uid, "0f6c2d35-0a1b-4c5d-8e9f-0123456789ad"), ctx, {}),
-        ("symlinked volume dir", str(pods / "0f6c2d35-0a1b-4c5d-8e9f-0123456789ac" / "volumes" / "kubernetes.io~csi" / "datasets" / "mount"),
-         context("0f6c2d35-0a1b-4c5d-8e9f-0123456789ac", datasets), {}),
+        (
+            "symlinked volume dir",
+            str(pods / "0f6c2d35-0a1b-4c5d-8e9f-0123456789ac" / "volumes" / "kubernetes.io~csi" / "datasets" / "mount"),
+            context("0f6c2d35-0a1b-4c5d-8e9f-0123456789ac", datasets),
+            {},
+        ),
         ("not ephemeral", str(good), {**ctx, "csi.storage.k8s.io/ephemeral": "false"}, {}),
         ("bad pod uid", str(good), {**ctx, "csi.storage.k8s.io/pod.uid": "x; rm -rf /"}, {}),
         ("unknown attribute", str(good), {**ctx, "hostPath": "/"}, {}),
         ("datasets not json", str(good), {**ctx, "datasets": "[{"}, {}),
         ("dataset name escapes", str(good), context(uid, [{"name": "../x", "source": "s3://b/x"}]), {}),
         ("secret key missing", str(good), context(uid, [{**datasets[0], "secretKey": "creds"}]), {}),
-        ("secret not json", str(good), context(uid, [{**datasets[0], "secretKey": "creds"}]), {"secrets": {"creds": "hunter2"}}),
+        (
+            "secret not json",
+            str(good),
+            context(uid, [{**datasets[0], "secretKey": "creds"}]),
+            {"secrets": {"creds": "hunter2"}},
+        ),
         ("block volume", str(good), ctx, {"block": True}),
     ]
     for why, target, volume_context, extra in cases:
@@ -134,7 +154,9 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
         assert "hunter2" not in (caught.value.details() or "")
     # a missing capability is refused too
     with pytest.raises(grpc.RpcError) as caught:
-        client.node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(volume_id="csi-1", target_path=str(good), volume_context=ctx), timeout=5)
+        client.node.NodePublishVolume(
+            csi_pb2.NodePublishVolumeRequest(volume_id="csi-1", target_path=str(good), volume_context=ctx), timeout=5
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert not good.exists()
     assert list((env["settings"].root / "csi" / "volumes").iterdir()) == []
@@ -147,7 +169,10 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
 
 # -- with real bind mounts ----------------------------------------------------------------
 
-def test_publish_returns_at_once_then_the_pod_sees_its_datasets_and_nothing_else(env: dict[str, Any], kubelet: Kubelet) -> None:
+
+def test_publish_returns_at_once_then_the_pod_sees_its_datasets_and_nothing_else(
+    env: dict[str, Any], kubelet: Kubelet
+) -> None:
     agent, client = start(env)
     server: LoopbackServer = env["server"]
     _, mine, manifest = packed(env["www"], server.url, "imagenet", files=12, max_files=4)
@@ -214,7 +239,9 @@ def test_publish_returns_at_once_then_the_pod_sees_its_datasets_and_nothing_else
     assert mounts_under(kubelet.pods) == [str(kubelet.pods)]
 
 
-def test_an_agent_restart_keeps_published_volumes_and_a_publish_while_down_succeeds_on_retry(env: dict[str, Any], kubelet: Kubelet) -> None:
+def test_an_agent_restart_keeps_published_volumes_and_a_publish_while_down_succeeds_on_retry(
+    env: dict[str, Any], kubelet: Kubelet
+) -> None:
     agent, client = start(env)
     server: LoopbackServer = env["server"]
     _, dataset, manifest = packed(env["www"], server.url, "imagenet", files=12, max_files=2)
@@ -251,7 +278,9 @@ def test_an_agent_restart_keeps_published_volumes_and_a_publish_while_down_succe
         assert mounts_under(tgt) == []
 
 
-def test_a_volume_whose_pod_vanished_while_the_agent_was_down_is_cleaned_up_at_start(env: dict[str, Any], kubelet: Kubelet) -> None:
+def test_a_volume_whose_pod_vanished_while_the_agent_was_down_is_cleaned_up_at_start(
+    env: dict[str, Any], kubelet: Kubelet
+) -> None:
     agent, client = start(env)
     server: LoopbackServer = env["server"]
     _, dataset, _ = packed(env["www"], server.url, "imagenet", files=4)
@@ -276,10 +305,27 @@ def test_dsagent_serve_serves_the_csi_plugin_when_its_socket_is_set(tmp_path: Pa
     import sys
 
     socket = sockets / DRIVER / "csi.sock"
-    env = {**os.environ, "DSAGENT_CSI_SOCKET": str(socket), "DSAGENT_CSI_KUBELET_PODS_DIR": str(tmp_path / "pods"),
-           "DSAGENT_NODE_NAME": "gpu-node-9"}
-    process = subprocess.Popen([sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path / "root"),
-                                "--socket", str(sockets / "api.sock")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "DSAGENT_CSI_SOCKET": str(socket),
+        "DSAGENT_CSI_KUBELET_PODS_DIR": str(tmp_path / "pods"),
+        "DSAGENT_NODE_NAME": "gpu-node-9",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsagent",
+            "serve",
+            "--root",
+            str(tmp_path / "root"),
+            "--socket",
+            str(sockets / "api.sock"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(socket.exists, timeout=60)
         client = CsiClient(socket)

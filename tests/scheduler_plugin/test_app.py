@@ -35,8 +35,18 @@ def client() -> Iterator[httpx.Client]:
 
 def cluster() -> list[dict[str, Any]]:
     return [
-        node("holds-all", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]),
-        node("holds-stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=TOPO, free_gpus=[0, 1, 2, 3]),
+        node(
+            "holds-all",
+            inventory=inventory_json(datasets={"imagenet": holding()}),
+            topology=TOPO,
+            free_gpus=[4, 5, 6, 7],
+        ),
+        node(
+            "holds-stale",
+            inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}),
+            topology=TOPO,
+            free_gpus=[0, 1, 2, 3],
+        ),
         node("two-free", inventory=inventory_json(), topology=TOPO, free_gpus=[0, 5]),
         node("tiny-cache", inventory=inventory_json(capacity=GIB // 2), topology=TOPO, free_gpus=range(8)),
     ]
@@ -49,14 +59,16 @@ def post(client: httpx.Client, verb: str, body: bytes) -> Any:
 
 
 @pytest.mark.parametrize("node_cache_capable", [False])
-def test_filter_answers_in_the_field_the_request_used_with_reasons(client: httpx.Client, node_cache_capable: bool) -> None:
+def test_filter_answers_in_the_field_the_request_used_with_reasons(
+    client: httpx.Client, node_cache_capable: bool
+) -> None:
     body = args_body(pod(datasets=IMAGENET, gpus=4), cluster(), node_cache_capable=node_cache_capable)
     result = post(client, "filter", body)
     assert set(result) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert result["Error"] == "" and result["NodeNames"] is None
     passed = [n["metadata"]["name"] for n in result["Nodes"]["items"]]
     assert passed == ["holds-all", "holds-stale"]
-    assert result["Nodes"]["items"][0] == cluster()[0]           # echoed whole, unchanged
+    assert result["Nodes"]["items"][0] == cluster()[0]  # echoed whole, unchanged
     assert result["FailedNodes"] == {"two-free": "2 free GPUs, pod needs 4"}
     assert list(result["FailedAndUnresolvableNodes"]) == ["tiny-cache"]
 
@@ -87,8 +99,15 @@ def test_an_empty_candidate_list_is_answered_in_kind(client: httpx.Client) -> No
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"not json", b"[]", b'{"Pod": null, "NodeNames": ["a"]}', b'{"Pod": {}}',
-     b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}', b'{"Pod": {}, "NodeNames": [1, 2]}'],
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"Pod": null, "NodeNames": ["a"]}',
+        b'{"Pod": {}}',
+        b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}',
+        b'{"Pod": {}, "NodeNames": [1, 2]}',
+    ],
     ids=["empty", "not-json", "not-object", "no-pod", "no-nodes", "nameless-node", "names-not-strings"],
 )
 def test_malformed_requests_get_200_with_error_or_zeros_and_a_log_line(
@@ -103,7 +122,10 @@ def test_malformed_requests_get_200_with_error_or_zeros_and_a_log_line(
 
 
 def test_prioritize_salvages_node_names_of_a_malformed_request(client: httpx.Client) -> None:
-    assert post(client, "prioritize", b'{"Pod": 5, "NodeNames": ["a", "b"]}') == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+    assert post(client, "prioritize", b'{"Pod": 5, "NodeNames": ["a", "b"]}') == [
+        {"Host": "a", "Score": 0},
+        {"Host": "b", "Score": 0},
+    ]
 
 
 def test_names_only_without_a_watch_cache_is_an_error_not_a_silent_filter(client: httpx.Client) -> None:
@@ -120,7 +142,10 @@ def test_lowercase_field_names_are_accepted_like_gos_decoder(client: httpx.Clien
 
 
 def test_roce_class_endpoint_reports_the_cluster_wide_choice(client: httpx.Client) -> None:
-    nodes = [node(f"n{i}", topology=TOPO, free_gpus=free) for i, free in enumerate([[0, 1, 2, 5], [4, 5, 6], [1, 4, 5, 6, 7]])]
+    nodes = [
+        node(f"n{i}", topology=TOPO, free_gpus=free)
+        for i, free in enumerate([[0, 1, 2, 5], [4, 5, 6], [1, 4, 5, 6, 7]])
+    ]
     post(client, "prioritize", args_body(pod(), nodes, node_cache_capable=False))
     answer = client.get("/v1/roce-class", params={"gpus": 2}).json()
     assert answer["class"] == "gpu-roce2" and answer["votes"] == {"gpu-roce1": 1, "gpu-roce2": 2}
@@ -143,8 +168,15 @@ def test_health_and_unknown_routes(client: httpx.Client) -> None:
 
 
 def test_a_5000_node_request_is_served(client: httpx.Client) -> None:
-    nodes = [node(f"gpu-node-{i}", inventory=inventory_json(datasets={"imagenet": holding()} if i % 7 == 0 else {}),
-                  topology=TOPO, free_gpus=[j for j in range(8) if (i + j) % 3]) for i in range(5000)]
+    nodes = [
+        node(
+            f"gpu-node-{i}",
+            inventory=inventory_json(datasets={"imagenet": holding()} if i % 7 == 0 else {}),
+            topology=TOPO,
+            free_gpus=[j for j in range(8) if (i + j) % 3],
+        )
+        for i in range(5000)
+    ]
     body = args_body(pod(datasets=IMAGENET, gpus=2, job="big"), nodes, node_cache_capable=False)
     scores = post(client, "prioritize", body)
     assert len(scores) == 5000 and {h["Score"] for h in scores} <= set(range(11))
@@ -163,10 +195,15 @@ def test_base_path_prefixes_every_route() -> None:
 def test_every_worker_of_a_job_is_steered_to_the_first_workers_class() -> None:
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url) as http:
         # First worker: gpu-roce2 has the most free GPUs on two nodes of three.
-        first = [node(f"a{i}", topology=TOPO, free_gpus=free) for i, free in enumerate([[4, 5, 6], [4, 5, 6, 7], [0, 1]])]
+        first = [
+            node(f"a{i}", topology=TOPO, free_gpus=free) for i, free in enumerate([[4, 5, 6], [4, 5, 6, 7], [0, 1]])
+        ]
         post(http, "prioritize", args_body(pod("bert-0", gpus=2, job="bert"), first, node_cache_capable=False))
         # Later workers see a cluster where gpu-roce1 would win a fresh vote.
-        later = [node(f"b{i}", topology=TOPO, free_gpus=free) for i, free in enumerate([[0, 1, 2, 3], [0, 1, 2, 4, 5], [0, 1, 2]])]
+        later = [
+            node(f"b{i}", topology=TOPO, free_gpus=free)
+            for i, free in enumerate([[0, 1, 2, 3], [0, 1, 2, 4, 5], [0, 1, 2]])
+        ]
         for worker in range(1, 4):
             body = args_body(pod(f"bert-{worker}", gpus=2, job="bert"), later, node_cache_capable=False)
             assert [h["Score"] for h in post(http, "prioritize/roce", body)] == [0, 10, 0]
@@ -226,19 +263,34 @@ def timed_pod(annotations: dict[str, str], gpus: int = 2) -> dict[str, Any]:
 
 
 def test_prioritize_time_meets_deadlines_first_and_a_bad_annotation_scores_zero(client: httpx.Client) -> None:
-    nodes = [node("roomy", topology=TOPO, free_gpus=range(8)), node("tight", topology=TOPO, free_gpus=[0, 1]),
-             node("full", topology=TOPO, free_gpus=[])]
-    good = {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "100ms", "dsagent.io/steps": "1000",
-            "dsagent.io/deadline": "2100-01-01T00:00:00Z"}
-    scores = {h["Host"]: h["Score"] for h in post(client, "prioritize/time", args_body(timed_pod(good), nodes, node_cache_capable=False))}
+    nodes = [
+        node("roomy", topology=TOPO, free_gpus=range(8)),
+        node("tight", topology=TOPO, free_gpus=[0, 1]),
+        node("full", topology=TOPO, free_gpus=[]),
+    ]
+    good = {
+        "dsagent.io/params": "1B",
+        "dsagent.io/step-seconds": "100ms",
+        "dsagent.io/steps": "1000",
+        "dsagent.io/deadline": "2100-01-01T00:00:00Z",
+    }
+    scores = {
+        h["Host"]: h["Score"]
+        for h in post(client, "prioritize/time", args_body(timed_pod(good), nodes, node_cache_capable=False))
+    }
     # the deadline is far: both nodes that can hold 2 GPUs are in the top tier (6..10); the
     # exact fit wins; a node without free GPUs scores 0
     assert scores["full"] == 0 and 6 <= scores["roomy"] < scores["tight"] <= 10
     past = dict(good, **{"dsagent.io/deadline": "2000-01-01T00:00:00Z"})
-    late = {h["Host"]: h["Score"] for h in post(client, "prioritize/time", args_body(timed_pod(past), nodes, node_cache_capable=False))}
+    late = {
+        h["Host"]: h["Score"]
+        for h in post(client, "prioritize/time", args_body(timed_pod(past), nodes, node_cache_capable=False))
+    }
     assert 1 <= late["roomy"] <= 5 and 1 <= late["tight"] <= 5
-    for bad in ({"dsagent.io/params": "lots", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1"},
-                {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "9" * 60}):
+    for bad in (
+        {"dsagent.io/params": "lots", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1"},
+        {"dsagent.io/params": "1B", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "9" * 60},
+    ):
         result = post(client, "prioritize/time", args_body(timed_pod(bad), nodes, node_cache_capable=False))
         assert [h["Score"] for h in result] == [0, 0, 0]
 
@@ -249,15 +301,20 @@ def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
         post(http, "prioritize", args_body(pod(gpus=1), nodes, node_cache_capable=False))
         # tiny gradients, 1 s steps, 80 steps, deadline 25 s: 4 GPUs (20 s) meet it, 3 do
         # not; no node has 4 free, so the cross-node plan takes the fragment first (3.4, 4.3)
-        answer = http.get("/v1/plan", params={"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80",
-                                              "deadline": "25s", "max-gpus": "4"})
+        answer = http.get(
+            "/v1/plan",
+            params={"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80", "deadline": "25s", "max-gpus": "4"},
+        )
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["branch"] == "cross-expected"
         assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "three", "gpus": 3}]
         assert body["plan"]["meetsDeadline"] and body["candidates"]["single-late"]["gpus"] == 3
-        for query in ({"steps": "80", "max-gpus": "4"}, {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},
-                      {"params": "nope", "step-seconds": "1s", "steps": "80", "max-gpus": "4"}):
+        for query in (
+            {"steps": "80", "max-gpus": "4"},
+            {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},
+            {"params": "nope", "step-seconds": "1s", "steps": "80", "max-gpus": "4"},
+        ):
             bad = http.get("/v1/plan", params=query)
             assert bad.status_code == 400 and bad.json()["code"] == "invalid_request", query
 
@@ -268,13 +325,32 @@ def test_dsctl_plan_prints_the_extenders_plan_for_a_person() -> None:
     from dsagent.cli.plan import plan as plan_command
 
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
-        post(http, "prioritize", args_body(pod(gpus=1), [node("eight", topology=TOPO, free_gpus=range(8))],
-                                           node_cache_capable=False))
+        post(
+            http,
+            "prioritize",
+            args_body(pod(gpus=1), [node("eight", topology=TOPO, free_gpus=range(8))], node_cache_capable=False),
+        )
         runner = CliRunner()
-        done = runner.invoke(plan_command, ["--extender", url, "--gradient-bytes", "1kB", "--step-seconds", "1s",
-                                            "--steps", "80", "--deadline", "25s", "--max-gpus", "4"])
+        done = runner.invoke(
+            plan_command,
+            [
+                "--extender",
+                url,
+                "--gradient-bytes",
+                "1kB",
+                "--step-seconds",
+                "1s",
+                "--steps",
+                "80",
+                "--deadline",
+                "25s",
+                "--max-gpus",
+                "4",
+            ],
+        )
         assert done.exit_code == 0, done.output
-        assert done.output.splitlines()[0] == ("plan (single-expected): 4 GPUs on eightx4: runs 20 s, ends in 20 s, "
-                                               "meets the deadline")
+        assert done.output.splitlines()[0] == (
+            "plan (single-expected): 4 GPUs on eightx4: runs 20 s, ends in 20 s, meets the deadline"
+        )
         bad = runner.invoke(plan_command, ["--extender", url, "--steps", "80", "--max-gpus", "4"])
         assert bad.exit_code == 2 and "required" in bad.output

@@ -83,19 +83,30 @@ def test_at_most_keep_buffers_are_kept() -> None:
 
 def test_requests_of_changing_sizes_on_one_connection_score_as_on_a_fresh_server() -> None:
     topology = topology_json()
-    cluster = [node(f"n{i}", inventory=inventory_json(datasets={"imagenet": holding()} if i % 2 else {}),
-                    topology=topology, free_gpus=[0, 1, 2, 3][: i % 4 + 1], resource_version=str(i + 1))
-               for i in range(40)]
+    cluster = [
+        node(
+            f"n{i}",
+            inventory=inventory_json(datasets={"imagenet": holding()} if i % 2 else {}),
+            topology=topology,
+            free_gpus=[0, 1, 2, 3][: i % 4 + 1],
+            resource_version=str(i + 1),
+        )
+        for i in range(40)
+    ]
     wants = [{"name": "imagenet", "source": "s3://d/imagenet"}]
-    bodies = [args_body(pod(f"p{size}", datasets=wants, gpus=1), cluster[:size], node_cache_capable=False)
-              for size in (40, 3, 25, 40, 1)]
+    bodies = [
+        args_body(pod(f"p{size}", datasets=wants, gpus=1), cluster[:size], node_cache_capable=False)
+        for size in (40, 3, 25, 40, 1)
+    ]
     expected = []
     for body in bodies:
         with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
             expected.append((http.post("/prioritize", content=body).json(), http.post("/filter", content=body).json()))
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
-        got = [(http.post("/prioritize", content=body).json(), http.post("/filter", content=body).json())
-               for body in bodies]
+        got = [
+            (http.post("/prioritize", content=body).json(), http.post("/filter", content=body).json())
+            for body in bodies
+        ]
     assert got == expected
     assert [len(p) for p, _ in got] == [40, 3, 25, 40, 1]
     assert got[0][1]["Nodes"]["items"] == cluster

@@ -31,7 +31,16 @@ def dataset(status: Any = None, namespace: str | None = "ml") -> dict[str, Any]:
         ({"metadata": {}}, (None, None)),
         ("garbage", (None, None)),
     ],
-    ids=["published", "uppercase-digest", "bad-size", "unpublished", "bad-digest", "no-namespace", "nameless", "not-an-object"],
+    ids=[
+        "published",
+        "uppercase-digest",
+        "bad-size",
+        "unpublished",
+        "bad-digest",
+        "no-namespace",
+        "nameless",
+        "not-an-object",
+    ],
 )
 def test_reading_a_dataset_resource(obj: Any, expected: tuple[Any, Any]) -> None:
     assert read_dataset(obj) == expected

@@ -23,7 +23,9 @@ from scheduler_plugin.testing import holding, inventory_json, node
 
 
 def test_the_test_inventories_match_the_agents_schema() -> None:
-    agent_inventory.validate(json.loads(inventory_json(datasets={"imagenet": holding(), "coco": holding("b" * 32, state="fetching")})))
+    agent_inventory.validate(
+        json.loads(inventory_json(datasets={"imagenet": holding(), "coco": holding("b" * 32, state="fetching")}))
+    )
     assert INVENTORY_BUDGET == agent_inventory.ANNOTATION_BUDGET
 
 
@@ -44,7 +46,7 @@ def test_a_real_dgx_topology_fits_its_budget_and_scores(read_fixture_text: str) 
     facts = NodeReader().read(node("dgx", topology=text, free_gpus=[0, 1, 2, 5]))
     assert facts.topology is not None and facts.topology_error is None
     assert facts.free_gpus == {0, 1, 2, 5}
-    assert placement(facts.topology, facts.free_gpus, 2) == 10   # GPUs 0,1 share NUMA node 3 and NICs at PXB
+    assert placement(facts.topology, facts.free_gpus, 2) == 10  # GPUs 0,1 share NUMA node 3 and NICs at PXB
 
 
 def test_what_the_cluster_agent_publishes_is_read_back() -> None:

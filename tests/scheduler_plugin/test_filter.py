@@ -39,9 +39,11 @@ def test_a_dataset_larger_than_the_whole_cache_is_unresolvable() -> None:
 
 def test_affinity_and_unknowns_never_filter() -> None:
     pod = PodRequest("ml/p", datasets=(DatasetWant("imagenet"),), gpus=2)
-    bare = READER.read(node("bare", gpus=None))                          # no GPU facts at all
+    bare = READER.read(node("bare", gpus=None))  # no GPU facts at all
     no_data = READER.read(node("n2", inventory=inventory_json(), gpus=8))  # holds nothing
-    holds = READER.read(node("n3", inventory=inventory_json(capacity=GIB, datasets={"imagenet": holding(size=5 * GIB)})))
+    holds = READER.read(
+        node("n3", inventory=inventory_json(capacity=GIB, datasets={"imagenet": holding(size=5 * GIB)}))
+    )
     assert check(pod, None, {}) is None
     assert check(pod, bare, {}) is None
     assert check(pod, no_data, {"imagenet": GIB}) is None

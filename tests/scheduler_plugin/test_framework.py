@@ -22,11 +22,13 @@ TOPO = topology_json()
         (Weights(0.5, 0.3, 0.2), (10, 10, 10), 10),
         (Weights(0.5, 0.3, 0.2), (10, 0, 0), 5),
         (Weights(0.5, 0.3, 0.2), (0, 5, 5), 3),
-        (Weights(2, 2, 2), (10, 10, 10), 10),   # clamped
+        (Weights(2, 2, 2), (10, 10, 10), 10),  # clamped
         (Weights(0, 0, 0), (10, 10, 10), 0),
     ],
 )
-def test_combined_score_is_a_clamped_weighted_sum(weights: Weights, scores: tuple[int, int, int], expected: int) -> None:
+def test_combined_score_is_a_clamped_weighted_sum(
+    weights: Weights, scores: tuple[int, int, int], expected: int
+) -> None:
     assert combine(weights, [scores[0]], [scores[1]], [scores[2]]) == [expected]
 
 
@@ -37,7 +39,7 @@ def facts(free_sets: Sequence[Sequence[int]]) -> list[NodeFacts | None]:
 
 def test_every_worker_of_a_job_gets_the_class_of_the_first() -> None:
     framework = Framework(Settings(), jobs=JobClasses(ttl_s=600))
-    first_view = facts([[4, 5, 6], [4, 5, 6, 7], [0, 1]])      # gpu-roce2 suggested by 2 of 3
+    first_view = facts([[4, 5, 6], [4, 5, 6, 7], [0, 1]])  # gpu-roce2 suggested by 2 of 3
     workers = [framework.read_pod(pod(f"w{i}", gpus=2, job="bert")) for i in range(4)]
     scores = framework.roce_scores(workers[0], first_view, lambda: [f for f in first_view if f])
     assert framework.jobs.get("ml/bert") == "gpu-roce2"
@@ -87,12 +89,22 @@ def test_the_combined_verb_is_the_weighted_sum_of_the_three_verbs_node_by_node()
     reader = NodeReader()
     both = {"imagenet": holding(), "coco": holding()}
     shapes: list[tuple[dict[str, dict[str, object]], list[int] | None]] = [
-        (both, [0, 1]), ({"imagenet": holding()}, [0, 1]), ({}, [0, 1]), (both, [4, 5, 6, 7]),
-        ({}, [4, 5, 6, 7]), (both, None), ({"coco": holding()}, []),
+        (both, [0, 1]),
+        ({"imagenet": holding()}, [0, 1]),
+        ({}, [0, 1]),
+        (both, [4, 5, 6, 7]),
+        ({}, [4, 5, 6, 7]),
+        (both, None),
+        ({"coco": holding()}, []),
     ]
     nodes: list[NodeFacts | None] = [
-        reader.read(node(f"n{i}", inventory=inventory_json(datasets=held),
-                         **({"topology": TOPO, "free_gpus": free} if free is not None else {})))
+        reader.read(
+            node(
+                f"n{i}",
+                inventory=inventory_json(datasets=held),
+                **({"topology": TOPO, "free_gpus": free} if free is not None else {}),
+            )
+        )
         for i, (held, free) in enumerate(shapes)
     ]
     nodes.insert(2, None)
@@ -102,8 +114,12 @@ def test_the_combined_verb_is_the_weighted_sum_of_the_three_verbs_node_by_node()
         framework = Framework(Settings(weights=weights))
         request = framework.read_pod(pod(datasets=wants, gpus=2))
         cluster = lambda: [n for n in nodes if n is not None]  # noqa: E731
-        expected = combine(weights, framework.dataset_scores(request, nodes),
-                           framework.roce_scores(request, nodes, cluster), framework.numa_scores(request, nodes))
+        expected = combine(
+            weights,
+            framework.dataset_scores(request, nodes),
+            framework.roce_scores(request, nodes, cluster),
+            framework.numa_scores(request, nodes),
+        )
         assert framework.prioritize(request, nodes, cluster) == expected
         assert framework.dataset_scores(request, nodes)[0] == 10
         assert framework.dataset_scores(request, nodes)[1] == framework.dataset_scores(request, nodes)[2] == 0

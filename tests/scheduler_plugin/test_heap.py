@@ -38,14 +38,17 @@ def test_settling_freezes_every_surviving_object() -> None:
     assert gc.get_freeze_count() > len(survivor)
 
 
-@pytest.mark.parametrize(("reads", "settled"), [
-    ([], 0),
-    ([2], 0),
-    ([3], 1),
-    ([3, 4, 5], 1),          # counted from the last settle
-    ([3, 6], 2),
-    ([10], 1),
-])
+@pytest.mark.parametrize(
+    ("reads", "settled"),
+    [
+        ([], 0),
+        ([2], 0),
+        ([3], 1),
+        ([3, 4, 5], 1),  # counted from the last settle
+        ([3, 6], 2),
+        ([10], 1),
+    ],
+)
 def test_a_bulk_of_reads_since_the_last_settle_settles_once(reads: list[int], settled: int) -> None:
     heap = Heap(True, bulk_reads=3)
     for count in reads:
@@ -61,7 +64,7 @@ def test_the_served_app_settles_after_a_request_that_read_many_new_nodes() -> No
     body = args_body(pod("p", gpus=1), nodes, node_cache_capable=False)
     with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         first = http.post("/prioritize", content=body)
-        again = http.post("/prioritize", content=body)     # the same nodes: no new reads
+        again = http.post("/prioritize", content=body)  # the same nodes: no new reads
     assert first.status_code == again.status_code == 200
     assert first.json() == again.json()
     assert app.heap.settled == 1

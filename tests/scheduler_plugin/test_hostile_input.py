@@ -33,7 +33,9 @@ def client() -> Iterator[httpx.Client]:
 
 def good_nodes() -> list[dict[str, Any]]:
     return [
-        node("holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]),
+        node(
+            "holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]
+        ),
         node("empty", inventory=inventory_json(), topology=TOPO, free_gpus=[0, 1, 2, 3]),
     ]
 
@@ -77,7 +79,9 @@ def test_a_body_over_the_limit_is_refused_without_a_parse(client: httpx.Client) 
 
 def test_a_huge_body_without_a_pod_never_holds_up_healthz() -> None:
     # ~60 MB of valid JSON with no Pod, under a 64 MiB limit (the default)
-    body = json.dumps({"Nodes": {"items": [{"metadata": {"name": f"n{i}"}, "x": "y" * 40} for i in range(800_000)]}}).encode()
+    body = json.dumps(
+        {"Nodes": {"items": [{"metadata": {"name": f"n{i}"}, "x": "y" * 40} for i in range(800_000)]}}
+    ).encode()
     assert 40 << 20 < len(body) < 64 << 20
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=60) as http:
         answers: list[Any] = []

@@ -14,14 +14,19 @@ IMAGENET = [{"name": "imagenet", "source": "s3://datasets/imagenet", "digest": "
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_count_verbs_latency_parse_failures_and_nodes_scored() -> None:
     topo = topology_json()
-    nodes = [node("a", inventory=inventory_json(datasets={"imagenet": holding()}), topology=topo, free_gpus=[0, 1, 2, 3]),
-             node("b", inventory=inventory_json(), topology=topo, free_gpus=[0])]
+    nodes = [
+        node("a", inventory=inventory_json(datasets={"imagenet": holding()}), topology=topo, free_gpus=[0, 1, 2, 3]),
+        node("b", inventory=inventory_json(), topology=topo, free_gpus=[0]),
+    ]
     body = args_body(pod(datasets=IMAGENET, gpus=2), nodes, node_cache_capable=False)
     app = create_app(Settings())
     with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:

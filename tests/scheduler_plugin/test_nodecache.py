@@ -41,7 +41,14 @@ def api_node(name: str, **kwargs: Any) -> dict[str, Any]:
 @pytest.fixture
 def apiserver() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
-        server.create(api_node("holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=TOPO, free_gpus=[4, 5, 6, 7]))
+        server.create(
+            api_node(
+                "holds",
+                inventory=inventory_json(datasets={"imagenet": holding()}),
+                topology=TOPO,
+                free_gpus=[4, 5, 6, 7],
+            )
+        )
         server.create(api_node("empty", inventory=inventory_json(), topology=TOPO, free_gpus=[0, 1, 2, 3]))
         server.create(api_node("unannotated", topology=TOPO, gpus=8))
         yield server
@@ -52,8 +59,14 @@ def extender(apiserver: FakeApiServer) -> Iterator[tuple[httpx.Client, NodeCache
     settings = Settings(watch=True)
     reader = NodeReader()
     api_client = apiserver.api_client()
-    cache = NodeCache(api_client, reader, gpu_resource=settings.gpu_resource,
-                      roce_prefix=settings.roce_resource_prefix, retry_s=0.05, watch_timeout_s=30)
+    cache = NodeCache(
+        api_client,
+        reader,
+        gpu_resource=settings.gpu_resource,
+        roce_prefix=settings.roce_resource_prefix,
+        retry_s=0.05,
+        watch_timeout_s=30,
+    )
     app = ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings))
     with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert cache.wait_synced(10)
@@ -88,18 +101,32 @@ def test_filter_answers_with_node_names_and_passes_unknown_nodes(extender: tuple
     assert scores(http, names_body(["nobody-knows"], gpus=1)) == {"nobody-knows": 0}
 
 
-def test_node_changes_arrive_through_the_watch(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+def test_node_changes_arrive_through_the_watch(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
     http, cache = extender
-    apiserver.patch("nodes", "empty", {"metadata": {"annotations": {
-        "dsagent.io/inventory": inventory_json(datasets={"imagenet": holding()})}}})
-    apiserver.wait_for(lambda: (f := cache.facts("empty")) is not None and f.inventory is not None
-                       and "imagenet" in f.inventory.datasets, what="the patched node in the cache")
-    assert scores(http, names_body(["holds", "empty"], datasets=IMAGENET), "prioritize/dataset") == {"holds": 10, "empty": 10}
+    apiserver.patch(
+        "nodes",
+        "empty",
+        {"metadata": {"annotations": {"dsagent.io/inventory": inventory_json(datasets={"imagenet": holding()})}}},
+    )
+    apiserver.wait_for(
+        lambda: (
+            (f := cache.facts("empty")) is not None and f.inventory is not None and "imagenet" in f.inventory.datasets
+        ),
+        what="the patched node in the cache",
+    )
+    assert scores(http, names_body(["holds", "empty"], datasets=IMAGENET), "prioritize/dataset") == {
+        "holds": 10,
+        "empty": 10,
+    }
     apiserver.delete("nodes", "holds")
     apiserver.wait_for(lambda: cache.facts("holds") is None, what="the deleted node gone")
 
 
-def test_pods_bound_to_a_node_use_up_its_unpublished_gpus(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+def test_pods_bound_to_a_node_use_up_its_unpublished_gpus(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
     http, cache = extender
     apiserver.create(make_pod("running", node_name="unannotated", gpus=6, phase="Running"))
     apiserver.create(make_pod("finished", node_name="unannotated", gpus=2, phase="Succeeded"))
@@ -110,24 +137,32 @@ def test_pods_bound_to_a_node_use_up_its_unpublished_gpus(apiserver: FakeApiServ
     apiserver.wait_for(lambda: cache.facts("unannotated").free_count == 8, what="GPUs freed")  # type: ignore[union-attr]
 
 
-def test_an_expired_watch_relists_and_keeps_up(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+def test_an_expired_watch_relists_and_keeps_up(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
     _, cache = extender
     lists_before = len([r for r in apiserver.requests_matching("GET", "/api/v1/nodes", watch=False)])
     apiserver.compact()
     apiserver.close_watches()
-    apiserver.wait_for(lambda: len(apiserver.requests_matching("GET", "/api/v1/nodes", watch=False)) > lists_before,
-                       what="a new list after 410 Gone")
+    apiserver.wait_for(
+        lambda: len(apiserver.requests_matching("GET", "/api/v1/nodes", watch=False)) > lists_before,
+        what="a new list after 410 Gone",
+    )
     apiserver.create(api_node("newcomer", topology=TOPO, free_gpus=[0]))
     apiserver.wait_for(lambda: cache.facts("newcomer") is not None, what="the new node")
     watches = apiserver.requests_matching("GET", "/api/v1/nodes", watch=True)
     assert all(w.query.get("allowWatchBookmarks") == "true" for w in watches)
 
 
-def test_the_cache_survives_an_api_server_restart(apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]) -> None:
+def test_the_cache_survives_an_api_server_restart(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
     _, cache = extender
     apiserver.restart()
     apiserver.create(api_node("after-restart", topology=TOPO, free_gpus=[1]))
-    apiserver.wait_for(lambda: cache.facts("after-restart") is not None, timeout=15, what="the node created after restart")
+    apiserver.wait_for(
+        lambda: cache.facts("after-restart") is not None, timeout=15, what="the node created after restart"
+    )
 
 
 def test_roce_class_endpoint_counts_every_cached_node(extender: tuple[httpx.Client, NodeCache]) -> None:
@@ -155,10 +190,17 @@ def test_unpinned_datasets_are_current_only_at_their_dataset_resources_digest(
     apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
 ) -> None:
     http, cache = extender
-    apiserver.create(api_node("stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=TOPO, free_gpus=[0]))
+    apiserver.create(
+        api_node(
+            "stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=TOPO, free_gpus=[0]
+        )
+    )
     apiserver.wait_for(lambda: cache.facts("stale") is not None, what="the stale node")
-    body = args_body(pod(namespace="default", datasets="imagenet"),
-                     [{"metadata": {"name": n}} for n in ("holds", "stale")], node_cache_capable=True)
+    body = args_body(
+        pod(namespace="default", datasets="imagenet"),
+        [{"metadata": {"name": n}} for n in ("holds", "stale")],
+        node_cache_capable=True,
+    )
     # No Dataset resource yet: any ready copy counts.
     assert scores(http, body, "prioritize/dataset") == {"holds": 10, "stale": 10}
     apiserver.create(make_dataset("imagenet", status={"digest": "a" * 32, "files": 10, "bytes": 3 << 40}))
@@ -166,21 +208,31 @@ def test_unpinned_datasets_are_current_only_at_their_dataset_resources_digest(
     assert scores(http, body, "prioritize/dataset") == {"holds": 10, "stale": 0}
     # Its published size (3 TiB) exceeds the 2000 GiB caches of nodes that do not hold it.
     result = http.post("/filter", content=names_body(["holds", "empty"], datasets="imagenet")).json()
-    assert result["NodeNames"] == ["holds"] and "larger than the node's whole cache" in result["FailedAndUnresolvableNodes"]["empty"]
+    assert (
+        result["NodeNames"] == ["holds"]
+        and "larger than the node's whole cache" in result["FailedAndUnresolvableNodes"]["empty"]
+    )
 
 
 def test_each_full_list_of_nodes_and_of_pods_is_reported(apiserver: FakeApiServer) -> None:
     listed: list[int] = []
     api_client = apiserver.api_client()
-    cache = NodeCache(api_client, NodeReader(), gpu_resource="nvidia.com/gpu", roce_prefix="dsagent.io/gpu-roce",
-                      retry_s=0.05, watch_timeout_s=30, on_listed=lambda: listed.append(len(cache.all())))
+    cache = NodeCache(
+        api_client,
+        NodeReader(),
+        gpu_resource="nvidia.com/gpu",
+        roce_prefix="dsagent.io/gpu-roce",
+        retry_s=0.05,
+        watch_timeout_s=30,
+        on_listed=lambda: listed.append(len(cache.all())),
+    )
     cache.start()
     try:
         assert cache.wait_synced(10)
-        deadline = time.monotonic() + 10   # reported just after the synced flags are set
+        deadline = time.monotonic() + 10  # reported just after the synced flags are set
         while len(listed) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(listed) == 2 and 3 in listed   # nodes and pods, in either order
+        assert len(listed) == 2 and 3 in listed  # nodes and pods, in either order
     finally:
         cache.stop()
         api_client.close()

@@ -12,8 +12,14 @@ from scheduler_plugin.testing import holding, inventory_json, node, topology_jso
 
 
 def test_a_full_node_is_read() -> None:
-    facts = NodeReader().read(node("n1", inventory=inventory_json(datasets={"imagenet": holding()}),
-                                   topology=topology_json(), free_gpus=[0, 1, 4]))
+    facts = NodeReader().read(
+        node(
+            "n1",
+            inventory=inventory_json(datasets={"imagenet": holding()}),
+            topology=topology_json(),
+            free_gpus=[0, 1, 4],
+        )
+    )
     assert facts.inventory is not None and facts.inventory.datasets["imagenet"].ready
     assert [c.name for c in facts.classes] == ["gpu-roce1", "gpu-roce2"]
     assert facts.free_gpus == {0, 1, 4}
@@ -32,7 +38,9 @@ def test_an_unparseable_inventory_is_an_error_not_an_exception(text: str) -> Non
 
 
 def test_malformed_inventory_entries_are_skipped() -> None:
-    inventory, error = parse_inventory('{"datasets": {"good": {"state": "ready", "digest": "AA"}, "bad": 5, "worse": {}}}')
+    inventory, error = parse_inventory(
+        '{"datasets": {"good": {"state": "ready", "digest": "AA"}, "bad": 5, "worse": {}}}'
+    )
     assert error is None and inventory is not None
     assert list(inventory.datasets) == ["good"] and inventory.datasets["good"].digest == "aa"
 
@@ -43,7 +51,9 @@ def test_an_older_version_in_use_marks_the_dataset_in_use() -> None:
     assert inventory is not None and inventory.datasets["imagenet"].in_use
 
 
-@pytest.mark.parametrize(("text", "expected"), [("0,1,4,5", {0, 1, 4, 5}), ("", set()), (" 3 ", {3}), ("a,b", None), (None, None)])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("0,1,4,5", {0, 1, 4, 5}), ("", set()), (" 3 ", {3}), ("a,b", None), (None, None)]
+)
 def test_free_gpus_annotation(text: str | None, expected: set[int] | None) -> None:
     assert parse_free_gpus(text) == expected
 

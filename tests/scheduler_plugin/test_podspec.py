@@ -24,14 +24,25 @@ def read(p: dict[str, Any]):  # type: ignore[no-untyped-def]
     ("text", "expected"),
     [
         ('[{"name": "imagenet", "source": "s3://b/imagenet", "digest": "AB"}]', (DatasetWant("imagenet", "ab"),)),
-        ('[{"name": "a", "source": "s3://x", "bundles": "s3://y", "storage_options": {"anon": true}}]', (DatasetWant("a"),)),
+        (
+            '[{"name": "a", "source": "s3://x", "bundles": "s3://y", "storage_options": {"anon": true}}]',
+            (DatasetWant("a"),),
+        ),
         ("imagenet, coco", (DatasetWant("imagenet"), DatasetWant("coco"))),
         ("imagenet", (DatasetWant("imagenet"),)),
         ("imagenet,imagenet", (DatasetWant("imagenet"),)),
         ("", ()),
         (None, ()),
     ],
-    ids=["json-list-with-digest", "json-list-extra-keys", "comma-list", "one-name", "duplicate-counts-once", "blank", "absent"],
+    ids=[
+        "json-list-with-digest",
+        "json-list-extra-keys",
+        "comma-list",
+        "one-name",
+        "duplicate-counts-once",
+        "blank",
+        "absent",
+    ],
 )
 def test_datasets_annotation_is_read(text: str | None, expected: tuple[DatasetWant, ...]) -> None:
     assert parse_datasets(text) == (expected, None)
@@ -39,7 +50,15 @@ def test_datasets_annotation_is_read(text: str | None, expected: tuple[DatasetWa
 
 @pytest.mark.parametrize(
     "text",
-    ['[{"name": "a"', '[{"source": "s3://x"}]', '[{"name": ""}]', "[42]", "a,,b", '{"name": "a"}', '[{"name": "a", "digest": 7}]'],
+    [
+        '[{"name": "a"',
+        '[{"source": "s3://x"}]',
+        '[{"name": ""}]',
+        "[42]",
+        "a,,b",
+        '{"name": "a"}',
+        '[{"name": "a", "digest": 7}]',
+    ],
     ids=["broken-json", "no-name", "empty-name", "not-an-object", "empty-item", "object-not-list", "digest-not-string"],
 )
 def test_unparseable_datasets_annotation_is_reported_not_raised(text: str) -> None:
@@ -72,7 +91,9 @@ def test_a_roce_class_resource_counts_as_gpus_and_names_the_class() -> None:
     assert (request.gpus, request.gpu_class) == (2, "gpu-roce2")
 
 
-@pytest.mark.parametrize("label", ["training.kubeflow.org/job-name", "volcano.sh/job-name", "batch.kubernetes.io/job-name", "job-name"])
+@pytest.mark.parametrize(
+    "label", ["training.kubeflow.org/job-name", "volcano.sh/job-name", "batch.kubernetes.io/job-name", "job-name"]
+)
 def test_common_training_operator_labels_name_the_job(label: str) -> None:
     assert read(pod(job="resnet", job_label=label)).job == "ml/resnet"
 
@@ -86,6 +107,10 @@ def test_init_containers_count_by_their_maximum() -> None:
 
 
 def test_a_garbled_pod_never_raises() -> None:
-    for garbage in ({}, {"metadata": 5, "spec": []}, {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "x"}}}]}}):
+    for garbage in (
+        {},
+        {"metadata": 5, "spec": []},
+        {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "x"}}}]}},
+    ):
         request = read(garbage)
         assert request.gpus == 0

@@ -19,8 +19,15 @@ def cluster() -> list[dict[str, Any]]:
     topo = topology_json()
     return [
         node("holds", inventory=inventory_json(datasets={"imagenet": holding()}), topology=topo, free_gpus=[0, 1]),
-        node("stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=topo, free_gpus=[0, 1]),
-        node("fetching", inventory=inventory_json(datasets={"imagenet": holding(state="fetching")}), topology=topo, free_gpus=[0, 1]),
+        node(
+            "stale", inventory=inventory_json(datasets={"imagenet": holding("b" * 32)}), topology=topo, free_gpus=[0, 1]
+        ),
+        node(
+            "fetching",
+            inventory=inventory_json(datasets={"imagenet": holding(state="fetching")}),
+            topology=topo,
+            free_gpus=[0, 1],
+        ),
         node("empty", inventory=inventory_json(), topology=topo, free_gpus=[0, 1]),
         node("no-agent", topology=topo, free_gpus=[0, 1]),
     ]
@@ -44,7 +51,9 @@ def http() -> Any:
 
 
 def test_required_affinity_fails_every_node_without_the_current_version(http: httpx.Client) -> None:
-    result = http.post("/filter", content=args_body(with_affinity("required"), cluster(), node_cache_capable=False)).json()
+    result = http.post(
+        "/filter", content=args_body(with_affinity("required"), cluster(), node_cache_capable=False)
+    ).json()
     assert passed(result) == ["holds"] and result["Error"] == ""
     assert sorted(result["FailedAndUnresolvableNodes"]) == ["empty", "fetching", "no-agent", "stale"]
     assert "requires dataset imagenet" in result["FailedAndUnresolvableNodes"]["stale"]

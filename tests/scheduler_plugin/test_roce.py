@@ -35,7 +35,9 @@ def test_the_class_suggested_by_most_nodes_wins() -> None:
     ],
     ids=["most-free", "tie-suggests-both", "too-few-for-the-worker", "nothing-free", "no-classes"],
 )
-def test_a_node_suggests_its_class_with_the_most_free_gpus(free_by_class: dict[str, int], need: int, expected: tuple[str, ...]) -> None:
+def test_a_node_suggests_its_class_with_the_most_free_gpus(
+    free_by_class: dict[str, int], need: int, expected: tuple[str, ...]
+) -> None:
     assert suggest(free_by_class, need) == expected
 
 

@@ -17,15 +17,26 @@ from scheduler_plugin.settings import DEFAULT_JOB_LABELS, Settings, Weights
 
 def test_defaults() -> None:
     settings = Settings.from_env({})
-    assert (settings.host, settings.port, settings.watch, settings.partial_datasets) == ("127.0.0.1", 8888, False, False)
+    assert (settings.host, settings.port, settings.watch, settings.partial_datasets) == (
+        "127.0.0.1",
+        8888,
+        False,
+        False,
+    )
     assert settings.weights == Weights(0.5, 0.3, 0.2)
     assert settings.job_labels == DEFAULT_JOB_LABELS and settings.job_labels[0] == "dsagent.io/job"
 
 
 def test_environment_is_read_and_overrides_win() -> None:
-    env = {"DSEXT_PORT": "9000", "DSEXT_WEIGHTS": "dataset=1,numa=0", "DSEXT_WATCH": "yes",
-           "DSEXT_JOB_LABELS": "team/job, other", "DSEXT_JOB_TTL": "15m", "DSEXT_BASE_PATH": "/sched",
-           "DSEXT_PARTIAL_DATASETS": "true"}
+    env = {
+        "DSEXT_PORT": "9000",
+        "DSEXT_WEIGHTS": "dataset=1,numa=0",
+        "DSEXT_WATCH": "yes",
+        "DSEXT_JOB_LABELS": "team/job, other",
+        "DSEXT_JOB_TTL": "15m",
+        "DSEXT_BASE_PATH": "/sched",
+        "DSEXT_PARTIAL_DATASETS": "true",
+    }
     settings = Settings.from_env(env, port=9001)
     assert settings.port == 9001 and settings.watch and settings.partial_datasets
     assert settings.weights == Weights(dataset=1.0, roce=0.3, numa=0.0)
@@ -51,14 +62,21 @@ def test_invalid_settings_say_what_is_wrong(env: dict[str, str], message: str) -
         Settings.from_env(env)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("1h", 3600.0), ("250ms", 0.25)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("1h", 3600.0), ("250ms", 0.25)]
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
 def test_python_m_scheduler_plugin_exits_2_on_a_bad_setting() -> None:
-    result = subprocess.run([sys.executable, "-m", "scheduler_plugin"], env={"DSEXT_PORT": "x", "PATH": ""},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "scheduler_plugin"],
+        env={"DSEXT_PORT": "x", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "DSEXT_PORT" in result.stderr and "Traceback" not in result.stderr
 

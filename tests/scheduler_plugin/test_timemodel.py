@@ -23,11 +23,11 @@ def job(**kw: object) -> tm.JobProfile:
 
 def test_ring_allreduce_and_run_time_by_hand() -> None:
     assert tm.t_comm(1e9, 1, 1e9) == 0.0
-    assert tm.t_comm(1e9, 2, 1e9) == pytest.approx(1.0)       # 2 x 1/2 x 1 s
-    assert tm.t_comm(1e9, 4, 1e9) == pytest.approx(1.5)       # 2 x 3/4 x 1 s
+    assert tm.t_comm(1e9, 2, 1e9) == pytest.approx(1.0)  # 2 x 1/2 x 1 s
+    assert tm.t_comm(1e9, 4, 1e9) == pytest.approx(1.5)  # 2 x 3/4 x 1 s
     j = tm.JobProfile(gradient_bytes=1e9, step_seconds=0.5, steps=100)
     assert tm.t_run(j, 4, math.inf) == pytest.approx(0.5 * 25)
-    assert tm.t_run(j, 3, 1e9) == pytest.approx((0.5 + 2 * 2 / 3) * 34)   # ceil(100 / 3) = 34
+    assert tm.t_run(j, 3, 1e9) == pytest.approx((0.5 + 2 * 2 / 3) * 34)  # ceil(100 / 3) = 34
     assert tm.steps_at(100, 3) == 34
 
 
@@ -41,9 +41,9 @@ def test_spreading_pays_off_only_when_communication_is_cheaper_than_saved_comput
 def test_bandwidth_from_real_topologies() -> None:
     a100 = load_dump(FIXTURES / "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt")
     v100 = load_dump(FIXTURES / "dgx1-v100-4ib-nvidia-smi-topo-m.txt")
-    assert tm.intra_node_bandwidth(a100, [0, 1]) == 12 * 25e9            # NV12
-    assert tm.intra_node_bandwidth(v100, [0, 1]) == 25e9                 # NV1
-    assert tm.intra_node_bandwidth(v100, [0, 1, 7]) == tm.DEFAULT_BANDWIDTHS.sys   # GPU0-GPU7 is SYS
+    assert tm.intra_node_bandwidth(a100, [0, 1]) == 12 * 25e9  # NV12
+    assert tm.intra_node_bandwidth(v100, [0, 1]) == 25e9  # NV1
+    assert tm.intra_node_bandwidth(v100, [0, 1, 7]) == tm.DEFAULT_BANDWIDTHS.sys  # GPU0-GPU7 is SYS
     assert tm.intra_node_bandwidth(a100, [3]) == math.inf
     assert tm.plan_bandwidth([300e9]) == 300e9
     assert tm.plan_bandwidth([300e9, 300e9]) == NET
@@ -83,8 +83,14 @@ def test_cross_node_plan_only_when_it_ends_no_later_than_one_node() -> None:
     # a plan waiting for data starts late: a lacks the data (100 s to fetch), b holds it.
     # With a 200 s deadline one GPU on b (80 s, slack 120 s per GPU) beats four on a
     # (100 + 20 s, slack 20 s per GPU) by (12).
-    slow = tm.decide(job(deadline=200.0), {"a": 4, "b": 1}, bw_of, now=0.0, max_gpus=4,
-                     start_of=lambda alloc: 100.0 if any(n == "a" for n, _ in alloc) else 0.0)
+    slow = tm.decide(
+        job(deadline=200.0),
+        {"a": 4, "b": 1},
+        bw_of,
+        now=0.0,
+        max_gpus=4,
+        start_of=lambda alloc: 100.0 if any(n == "a" for n, _ in alloc) else 0.0,
+    )
     assert slow.plan is not None and slow.plan.allocation == (("b", 1),) and slow.plan.t_end == pytest.approx(80.0)
     assert slow.candidates["single-expected"] is slow.plan
 
@@ -110,11 +116,15 @@ def test_queue_order_closest_to_deadline_first_then_late_by_end() -> None:
     def decision(t_end: float, deadline: float) -> tm.Decision:
         return tm.Decision(tm.Plan((("a", 1),), t_end, t_end, deadline), "single-expected")
 
-    order = tm.queue_order([
-        ("roomy", decision(10, 100)), ("tight", decision(10, 11)),
-        ("late-far", decision(50, 10)), ("late-near", decision(20, 10)),
-        ("none", tm.Decision(None, "none")),
-    ])
+    order = tm.queue_order(
+        [
+            ("roomy", decision(10, 100)),
+            ("tight", decision(10, 11)),
+            ("late-far", decision(50, 10)),
+            ("late-near", decision(20, 10)),
+            ("none", tm.Decision(None, "none")),
+        ]
+    )
     assert order == ["tight", "roomy", "late-near", "late-far", "none"]
 
 
@@ -130,15 +140,27 @@ def test_node_score_tiers() -> None:
 
 
 def test_annotations_parse_and_refuse_hostile_values() -> None:
-    profile, error = tm.parse_profile({
-        "dsagent.io/params": "350M", "dsagent.io/step-seconds": "250ms",
-        "dsagent.io/steps": "1e5", "dsagent.io/deadline": "6h", "dsagent.io/workers": "2",
-    }, created=1000.0)
+    profile, error = tm.parse_profile(
+        {
+            "dsagent.io/params": "350M",
+            "dsagent.io/step-seconds": "250ms",
+            "dsagent.io/steps": "1e5",
+            "dsagent.io/deadline": "6h",
+            "dsagent.io/workers": "2",
+        },
+        created=1000.0,
+    )
     assert error is None and profile is not None
     assert profile.gradient_bytes == 350e6 * 4 and profile.step_seconds == 0.25
     assert profile.steps == 100_000 and profile.deadline == 1000.0 + 6 * 3600 and profile.workers == 2
-    profiled, _ = tm.parse_profile({"dsagent.io/gradient-bytes": "1GB", "dsagent.io/profiled-steps": "30s/100",
-                                    "dsagent.io/steps": "10", "dsagent.io/deadline": "2026-11-22T18:00:00Z"})
+    profiled, _ = tm.parse_profile(
+        {
+            "dsagent.io/gradient-bytes": "1GB",
+            "dsagent.io/profiled-steps": "30s/100",
+            "dsagent.io/steps": "10",
+            "dsagent.io/deadline": "2026-11-22T18:00:00Z",
+        }
+    )
     assert profiled is not None and profiled.step_seconds == pytest.approx(0.3) and profiled.gradient_bytes == 1e9
     assert profiled.deadline == datetime(2026, 11, 22, 18, tzinfo=timezone.utc).timestamp()
     assert tm.parse_profile({}) == (None, None)
@@ -148,8 +170,18 @@ def test_annotations_parse_and_refuse_hostile_values() -> None:
         {"dsagent.io/params": "1e99", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1"},
         {"dsagent.io/params": "1M", "dsagent.io/step-seconds": "0", "dsagent.io/steps": "1"},
         {"dsagent.io/params": "1M", "dsagent.io/step-seconds": "1"},
-        {"dsagent.io/params": "1M", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1", "dsagent.io/deadline": "6h"},
-        {"dsagent.io/params": "1M", "dsagent.io/step-seconds": "1", "dsagent.io/steps": "1", "dsagent.io/deadline": "2026-13-01T00:00:00Z"},
+        {
+            "dsagent.io/params": "1M",
+            "dsagent.io/step-seconds": "1",
+            "dsagent.io/steps": "1",
+            "dsagent.io/deadline": "6h",
+        },
+        {
+            "dsagent.io/params": "1M",
+            "dsagent.io/step-seconds": "1",
+            "dsagent.io/steps": "1",
+            "dsagent.io/deadline": "2026-13-01T00:00:00Z",
+        },
         {"dsagent.io/steps": "1"},
     ):
         profile, error = tm.parse_profile(bad)
@@ -158,7 +190,7 @@ def test_annotations_parse_and_refuse_hostile_values() -> None:
 
 def test_wait_for_one_node_when_it_ends_no_later_than_spreading() -> None:
     cross = tm.Plan((("a", 2), ("b", 2)), 100.0, 100.0, 1e9)
-    assert tm.wait_for_one_node(cross, single_run=60.0, t_free=30.0)        # 30 + 60 <= 100
-    assert not tm.wait_for_one_node(cross, single_run=60.0, t_free=50.0)    # 110 > 100
+    assert tm.wait_for_one_node(cross, single_run=60.0, t_free=30.0)  # 30 + 60 <= 100
+    assert not tm.wait_for_one_node(cross, single_run=60.0, t_free=50.0)  # 110 > 100
     assert not tm.wait_for_one_node(cross, single_run=1.0, t_free=math.inf)
     assert not tm.wait_for_one_node(tm.Plan((("a", 4),), 1.0, 1.0, 1e9), single_run=0.0, t_free=0.0)

@@ -22,7 +22,9 @@ from scheduler_plugin.wire import decode_args, encode_filter_result, encode_prio
 
 def nodes() -> list[dict[str, Any]]:
     return [
-        node("n1", inventory=inventory_json(datasets={"imagenet": holding()}), topology=topology_json(), free_gpus=[0, 1]),
+        node(
+            "n1", inventory=inventory_json(datasets={"imagenet": holding()}), topology=topology_json(), free_gpus=[0, 1]
+        ),
         node("n2", free_gpus=""),
         node("n3", inventory='{"not": "an inventory \\"items\\":[] {\\"metadata\\":{\\"name\\":\\"x\\""}'),
     ]
@@ -43,11 +45,13 @@ def test_a_go_layout_body_is_cut_into_raw_nodes_without_parsing_them() -> None:
 @pytest.mark.parametrize(
     "rewrite",
     [
-        lambda d: json.dumps(d).encode(),                                     # whitespace
-        lambda d: json.dumps({"NodeNames": None, **d}).encode(),              # another field order
+        lambda d: json.dumps(d).encode(),  # whitespace
+        lambda d: json.dumps({"NodeNames": None, **d}).encode(),  # another field order
         lambda d: json.dumps({k.lower(): v for k, v in d.items()}, separators=(",", ":")).encode(),
-        lambda d: json.dumps({**d, "Nodes": {"metadata": {}, "items": [{"kind": "Node", **n} for n in d["Nodes"]["items"]]}},
-                             separators=(",", ":")).encode(),                # TypeMeta set
+        lambda d: json.dumps(
+            {**d, "Nodes": {"metadata": {}, "items": [{"kind": "Node", **n} for n in d["Nodes"]["items"]]}},
+            separators=(",", ":"),
+        ).encode(),  # TypeMeta set
     ],
     ids=["whitespace", "field-order", "lowercase-keys", "kind-set"],
 )
@@ -68,9 +72,9 @@ def test_one_node_in_another_layout_sends_the_whole_body_down_the_plain_path() -
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        (b'},{"metadata":{"name":"n2"', b'}, {"metadata":{"name":"n2"'),     # space between items
-        (b'},{"metadata":{"name":"n3"', b'}\n,{"metadata":{"name":"n3"'),   # newline before a comma
-        (b'"items":[{"metadata"', b'"items":[ {"metadata"'),                 # space before the first
+        (b'},{"metadata":{"name":"n2"', b'}, {"metadata":{"name":"n2"'),  # space between items
+        (b'},{"metadata":{"name":"n3"', b'}\n,{"metadata":{"name":"n3"'),  # newline before a comma
+        (b'"items":[{"metadata"', b'"items":[ {"metadata"'),  # space before the first
     ],
     ids=["space-between", "newline-before-comma", "space-before-first"],
 )
@@ -94,8 +98,8 @@ def test_nodes_without_a_resource_version_take_the_plain_path() -> None:
 
 
 def test_an_empty_node_list_in_either_go_form() -> None:
-    assert decode_args(go_body([])).names == []                                  # items: null
-    empty = b'{"Pod":{},"Nodes":{"metadata":{},"items":[]},"NodeNames":null}'    # items: []
+    assert decode_args(go_body([])).names == []  # items: null
+    empty = b'{"Pod":{},"Nodes":{"metadata":{},"items":[]},"NodeNames":null}'  # items: []
     assert decode_args(empty).names == [] and decode_args(empty).node_field == "Nodes"
 
 
@@ -113,7 +117,13 @@ def test_filter_reply_in_names_mode_and_on_error() -> None:
     args = decode_args(args_body(pod(), nodes(), node_cache_capable=True))
     assert json.loads(encode_filter_result(args, ["n2"]))["NodeNames"] == ["n2"]
     failed = json.loads(encode_filter_result(None, error="bad"))
-    assert failed == {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": "bad"}
+    assert failed == {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "bad",
+    }
 
 
 def test_priorities_are_integers_clamped_and_names_escaped() -> None:
@@ -122,14 +132,17 @@ def test_priorities_are_integers_clamped_and_names_escaped() -> None:
     assert json.loads(reply)[1]["Host"] == 'we"ird'
 
 
-@pytest.mark.parametrize(("scores", "expected"), [
-    ([0, 10, 5], [0, 10, 5]),
-    ([11, -1, 3], [10, 0, 3]),
-    ([7.9, 3], [7, 3]),              # rounded down, as int64 scores are
-    ([True, False], [1, 0]),         # bools are ints to Python, written as numbers
-    ([4, 5, 6], [4, 5, 6]),
-    ([], []),
-])
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        ([0, 10, 5], [0, 10, 5]),
+        ([11, -1, 3], [10, 0, 3]),
+        ([7.9, 3], [7, 3]),  # rounded down, as int64 scores are
+        ([True, False], [1, 0]),  # bools are ints to Python, written as numbers
+        ([4, 5, 6], [4, 5, 6]),
+        ([], []),
+    ],
+)
 def test_every_priority_is_an_integer_from_0_to_10(scores: list[float], expected: list[int]) -> None:
     hosts = [f"n{i}" for i in range(len(scores))]
     reply = json.loads(encode_priorities(hosts, scores))
@@ -149,7 +162,7 @@ def test_malformed_bodies_raise_invalid_request(body: bytes) -> None:
 def test_a_corrupt_raw_node_is_an_invalid_request_when_parsed() -> None:
     body = go_body(nodes()[:2])
     second = body.index(b'"status":{"capacity"', body.index(b'"name":"n2"'))
-    broken = body[:second] + b'"status":["capacity"' + body[second + len(b'"status":{"capacity"'):]
+    broken = body[:second] + b'"status":["capacity"' + body[second + len(b'"status":{"capacity"') :]
     args = decode_args(broken)
     assert args.raw_nodes is not None and args.raw_nodes[0].parse() == nodes()[0]
     with pytest.raises(InvalidRequest, match="node n2"):

@@ -44,7 +44,11 @@ def test_bench_smoke(script: Path, tmp_path: Path) -> None:
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, str(script), "--smoke", "--workdir", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{script.name} --smoke failed (exit {result.returncode}):\n{output[-3000:]}"

@@ -18,12 +18,21 @@ A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.
 TB = 10**12
 
 
-def job(ident: int, arrival: float, dataset: str = "ds000", *, workers: int = 1, gpus: int = 2,
-        runtime: float = 1000.0, deadline: float = 1e9) -> Job:
+def job(
+    ident: int,
+    arrival: float,
+    dataset: str = "ds000",
+    *,
+    workers: int = 1,
+    gpus: int = 2,
+    runtime: float = 1000.0,
+    deadline: float = 1e9,
+) -> Job:
     # no communication cost (tiny gradients), 1 s steps: runtime = steps / GPUs exactly
     steps = int(runtime) * workers * gpus
-    return Job(ident, arrival, workers, gpus, dataset, runtime,
-               JobProfile(1.0, 1.0, steps, deadline=deadline, workers=workers))
+    return Job(
+        ident, arrival, workers, gpus, dataset, runtime, JobProfile(1.0, 1.0, steps, deadline=deadline, workers=workers)
+    )
 
 
 def cluster(nodes: int = 2, cache: int = 4 * TB) -> ClusterParams:
@@ -112,8 +121,13 @@ def test_workload_is_deterministic_for_a_seed_and_uses_the_philly_run_times() ->
 
 
 def test_smoke_run_completes_and_prints_its_table() -> None:
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "sim" / "run.py"), "--smoke", "--procs", "1"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "sim" / "run.py"), "--smoke", "--procs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("| policy | hit ratio") for line in lines)

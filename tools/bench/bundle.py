@@ -109,7 +109,12 @@ def timed(fn: Callable[[], object], reset: Callable[[], object] = lambda: None) 
     return best, least
 
 
-def compare(ours: Callable[[], object], theirs: Callable[[], object], reset_ours: Callable[[], object] = lambda: None, reset_theirs: Callable[[], object] = lambda: None) -> tuple[tuple[float, float], tuple[float, float]]:
+def compare(
+    ours: Callable[[], object],
+    theirs: Callable[[], object],
+    reset_ours: Callable[[], object] = lambda: None,
+    reset_theirs: Callable[[], object] = lambda: None,
+) -> tuple[tuple[float, float], tuple[float, float]]:
     """Best (wall, CPU) of both sides, runs interleaved so that both see the same machine load."""
     best = [(math.inf, math.inf), (math.inf, math.inf)]
     global REPEAT
@@ -141,7 +146,15 @@ def shell(command: str) -> Callable[[], object]:
     return lambda: subprocess.run(["bash", "-o", "pipefail", "-c", command], check=True)
 
 
-def report(what: str, ours: tuple[float, float], theirs: tuple[float, float], total: int, files: int, baseline: str, extra: tuple[str, tuple[float, float]] | None = None) -> None:
+def report(
+    what: str,
+    ours: tuple[float, float],
+    theirs: tuple[float, float],
+    total: int,
+    files: int,
+    baseline: str,
+    extra: tuple[str, tuple[float, float]] | None = None,
+) -> None:
     def line(who: str, result: tuple[float, float]) -> str:
         seconds, cpu = result
         return f"  {who:<40} {seconds:8.2f} s {total / seconds / 1e6:9.1f} MB/s {files / seconds:10.0f} files/s   CPU {cpu:6.2f} s"
@@ -151,7 +164,10 @@ def report(what: str, ours: tuple[float, float], theirs: tuple[float, float], to
     print(line(baseline, theirs))
     if extra is not None:
         print(line(*extra))
-    print(f"  {'ratio (dsagent / C throughput)':<40} {theirs[0] / ours[0]:8.2f}x   (CPU time C / dsagent: {theirs[1] / ours[1]:.2f}x)", flush=True)
+    print(
+        f"  {'ratio (dsagent / C throughput)':<40} {theirs[0] / ours[0]:8.2f}x   (CPU time C / dsagent: {theirs[1] / ours[1]:.2f}x)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -160,9 +176,20 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--median-kb", type=float, default=110)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--workdir", "--dir", dest="workdir", type=Path, default=ROOT / ".bench" / "bundle", help="where the dataset, the store and the outputs go (a tmpfs or a disk)")
-    parser.add_argument("--max-bytes", type=parse_size, default=800_000_000, help="bundle cap, e.g. 800MB (many bundles) or 10GB (one)")
-    parser.add_argument("--smoke", action="store_true", help="a few hundred small files: checks in seconds that the benchmark runs")
+    parser.add_argument(
+        "--workdir",
+        "--dir",
+        dest="workdir",
+        type=Path,
+        default=ROOT / ".bench" / "bundle",
+        help="where the dataset, the store and the outputs go (a tmpfs or a disk)",
+    )
+    parser.add_argument(
+        "--max-bytes", type=parse_size, default=800_000_000, help="bundle cap, e.g. 800MB (many bundles) or 10GB (one)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few hundred small files: checks in seconds that the benchmark runs"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the generated dataset for the next run")
     parser.add_argument("--repeat", type=int, default=1, help="report the best of this many runs of each step")
     args = parser.parse_args()
@@ -177,12 +204,16 @@ def main() -> None:
     print(f"generating {args.files} files in {min(args.classes, args.files)} classes under {src} ...", flush=True)
     total = generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
     print(f"dataset: {args.files} files, {total / 1e6:.1f} MB, {cpus} CPUs\n", flush=True)
-    subprocess.run(["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)  # warm the page cache
+    subprocess.run(
+        ["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True
+    )  # warm the page cache
 
     manifest: list[Manifest] = []
     ours, theirs = compare(
         lambda: manifest.append(build_manifest(src, name="bench")),
-        shell(f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"),
+        shell(
+            f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"
+        ),
     )
     report("digest", ours, theirs, total, args.files, f"find | xargs -P{cpus} xxh128sum")
 
@@ -203,7 +234,15 @@ def main() -> None:
         clear(c_out, mkdir=True),
     )
     unsynced = timed(shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out}"), clear(c_out, mkdir=True))
-    report("unpack", ours, theirs, total, args.files, "zstd -dc | tar -x && sync -f", ("zstd -dc | tar -x (no sync)", unsynced))
+    report(
+        "unpack",
+        ours,
+        theirs,
+        total,
+        args.files,
+        "zstd -dc | tar -x && sync -f",
+        ("zstd -dc | tar -x (no sync)", unsynced),
+    )
 
     for path in (ours_out, c_out, store):
         shutil.rmtree(path, ignore_errors=True)

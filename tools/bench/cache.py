@@ -178,7 +178,9 @@ def baseline_copy(url: str, dest: Path) -> None:
             shutil.copyfileobj(src, out, 1 << 20)
 
 
-async def agent_cache(root: Path, dataset: DatasetRequest, workers: int, local_sources: tuple[Path, ...] = ()) -> float | str:
+async def agent_cache(
+    root: Path, dataset: DatasetRequest, workers: int, local_sources: tuple[Path, ...] = ()
+) -> float | str:
     settings = Settings(root=root, fetch_workers=workers, sweep_interval=3600, local_sources=local_sources)
     service = CacheService(settings)
     await service.start()
@@ -205,14 +207,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=50_000)
     parser.add_argument("--mean-kb", type=float, default=110.0)
     parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--latency-ms", type=float, default=1.0, help="latency the HTTP source adds to every request (0: none)")
+    parser.add_argument(
+        "--latency-ms", type=float, default=1.0, help="latency the HTTP source adds to every request (0: none)"
+    )
     parser.add_argument("--workers", type=int, default=8, help="dsagent fetch workers")
     parser.add_argument("--max-files", type=int, default=50_000, help="files per bundle")
     parser.add_argument("--max-bytes", default="800MB", help="bytes per bundle")
     parser.add_argument("--workdir", type=Path, default=Path(".bench/cache"))
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before each way (root; only on a quiet machine)")
-    parser.add_argument("--smoke", action="store_true", help="a few seconds: 200 small files, to check that the benchmark runs")
+    parser.add_argument(
+        "--drop-caches", action="store_true", help="drop the page cache before each way (root; only on a quiet machine)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few seconds: 200 small files, to check that the benchmark runs"
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process started by start_server
     args = parser.parse_args(argv)
     if args.serve is not None:
@@ -230,7 +238,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"generating {args.files:,} files (~{args.mean_kb:g} kB, {args.classes} classes) ...", flush=True)
         total = generate(work / "www" / "imagenet", args.files, args.mean_kb, args.classes)
-        t_pack = timed(lambda: pack(work / "www" / "imagenet", work / "www" / "store", name="imagenet", max_files=args.max_files, max_bytes=parse_size(args.max_bytes)))
+        t_pack = timed(
+            lambda: pack(
+                work / "www" / "imagenet",
+                work / "www" / "store",
+                name="imagenet",
+                max_files=args.max_files,
+                max_bytes=parse_size(args.max_bytes),
+            )
+        )
         base, server = start_server(work / "www", args.latency_ms / 1000)
         what = f"a real HTTP server on {base}, {args.latency_ms:g} ms added per request"
         source, store = f"{base}/imagenet", f"{base}/store"
@@ -246,7 +262,9 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work / "agent-files", ignore_errors=True)
         if args.drop_caches:
             drop_caches_hint()
-        t_bundles = asyncio.run(agent_cache(work / "agent-bundles", DatasetRequest("imagenet", source, store), args.workers))
+        t_bundles = asyncio.run(
+            agent_cache(work / "agent-bundles", DatasetRequest("imagenet", source, store), args.workers)
+        )
 
         mbps = lambda seconds: f"{total / seconds / 1e6:8.1f} MB/s"  # noqa: E731
 
@@ -260,7 +278,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"pack (once per version):     {t_pack:8.2f} s  {mbps(t_pack)}")
         print(f"baseline per-file copy:      {t_base:8.2f} s  {mbps(t_base)}  1.00x")
         print(line("dsagent without bundles:", t_files))
-        share = "" if isinstance(t_bundles, str) else f"  ({total / t_bundles / bandwidth:.0%} of the disk's sequential write bandwidth)"
+        share = (
+            ""
+            if isinstance(t_bundles, str)
+            else f"  ({total / t_bundles / bandwidth:.0%} of the disk's sequential write bandwidth)"
+        )
         print(line("dsagent with bundles:", t_bundles, share))
         print("targets: bundles >= 8x the baseline and >= 80% of the disk's bandwidth")
     finally:

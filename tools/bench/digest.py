@@ -55,7 +55,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dir", "--workdir", dest="dir", type=Path, default=ROOT / ".bench" / "bundle")
     parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds: 200 small files, 3 runs, nothing installed")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few seconds: 200 small files, 3 runs, nothing installed"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.files, args.classes, args.median_kb, args.runs = 200, 10, 16, 3
@@ -67,13 +69,17 @@ def main() -> None:
     print(f"generating (or reusing) {args.files} files under {src} ...", flush=True)
     generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
     subprocess.run(["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)
-    c_pipeline = f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"
+    c_pipeline = (
+        f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"
+    )
     walls: dict[str, list[float]] = {"dsagent": [], "xxh128sum": []}
     cpu: dict[str, list[float]] = {"dsagent": [], "xxh128sum": []}
     files = total = 0
     for _ in range(args.runs):
         before = _children_cpu()
-        out = subprocess.run([sys.executable, "-c", _OURS, str(ROOT), str(src)], check=True, capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", _OURS, str(ROOT), str(src)], check=True, capture_output=True, text=True
+        ).stdout.split()
         cpu["dsagent"].append(_children_cpu() - before)
         walls["dsagent"].append(float(out[0]))
         files, total = int(out[1]), int(out[2])

@@ -67,10 +67,20 @@ def make_nodes(count: int, datasets: int, seed: int = 7) -> list[dict[str, Any]]
     names = [f"ds-{i:03d}" for i in range(datasets * 4)]
     nodes = []
     for i in range(count):
-        held = {n: holding(f"{abs(hash(n)) % 16**32:032x}", size=rng.randint(1, 500) << 30) for n in rng.sample(names, datasets)}
+        held = {
+            n: holding(f"{abs(hash(n)) % 16**32:032x}", size=rng.randint(1, 500) << 30)
+            for n in rng.sample(names, datasets)
+        }
         free = sorted(rng.sample(range(8), rng.randint(0, 8)))
-        nodes.append(node(f"gpu-node-{i:05d}", inventory=inventory_json(f"gpu-node-{i:05d}", held),
-                          topology=topology, free_gpus=free, resource_version=str(1000 + i)))
+        nodes.append(
+            node(
+                f"gpu-node-{i:05d}",
+                inventory=inventory_json(f"gpu-node-{i:05d}", held),
+                topology=topology,
+                free_gpus=free,
+                resource_version=str(1000 + i),
+            )
+        )
     return nodes
 
 
@@ -78,7 +88,9 @@ def churn(nodes: list[dict[str, Any]], fraction: float, rng: random.Random, vers
     for index in rng.sample(range(len(nodes)), int(len(nodes) * fraction)):
         meta = nodes[index]["metadata"]
         meta["resourceVersion"] = str(version * 100_000 + index)
-        meta["annotations"]["dsagent.io/free-gpus"] = ",".join(map(str, sorted(rng.sample(range(8), rng.randint(0, 8)))))
+        meta["annotations"]["dsagent.io/free-gpus"] = ",".join(
+            map(str, sorted(rng.sample(range(8), rng.randint(0, 8))))
+        )
 
 
 def request_pod(i: int, names: list[str]) -> dict[str, Any]:
@@ -88,8 +100,15 @@ def request_pod(i: int, names: list[str]) -> dict[str, Any]:
 
 
 def start_extender(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DSEXT_HOST": "127.0.0.1", "DSEXT_PORT": str(port), "DSEXT_WATCH": "1", "DSEXT_KUBECONFIG": str(kubeconfig),
-           "DSEXT_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "DSEXT_HOST": "127.0.0.1",
+        "DSEXT_PORT": str(port),
+        "DSEXT_WATCH": "1",
+        "DSEXT_KUBECONFIG": str(kubeconfig),
+        "DSEXT_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(ROOT),
+    }
     return subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env, cwd=ROOT)
 
 
@@ -116,8 +135,10 @@ class Connection:
         self.host = f"127.0.0.1:{port}"
 
     def post(self, path: str, body: bytes) -> bytes:
-        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode())
+        self.sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
         self.sock.sendall(body)
         status = self.reader.readline().split(b" ", 2)
         length = None
@@ -192,12 +213,18 @@ def main() -> None:
     parser.add_argument("--modes", default="full,names", help="full, names or both")
     parser.add_argument("--requests", type=int, default=200, help="prioritize requests per size and mode")
     parser.add_argument("--datasets", type=int, default=20, help="datasets cached per node")
-    parser.add_argument("--churn", type=float, default=0.01, help="fraction of nodes changed between requests (full mode)")
+    parser.add_argument(
+        "--churn", type=float, default=0.01, help="fraction of nodes changed between requests (full mode)"
+    )
     parser.add_argument("--port", type=int, default=0, help="the extender's port on 127.0.0.1 (0: a free one)")
     parser.add_argument("--workdir", type=Path, help="where the kubeconfig goes (default: a temporary directory)")
     parser.add_argument("--smoke", action="store_true", help="a few seconds: 100 nodes, 20 requests per mode")
-    parser.add_argument("--client", choices=("socket", "httpx"), default="socket",
-                        help="HTTP client sending the requests (httpx adds its own cost on big bodies)")
+    parser.add_argument(
+        "--client",
+        choices=("socket", "httpx"),
+        default="socket",
+        help="HTTP client sending the requests (httpx adds its own cost on big bodies)",
+    )
     opts = parser.parse_args()
     if opts.smoke:
         opts.nodes, opts.requests = "100", 20
@@ -208,9 +235,13 @@ def main() -> None:
     nodes = make_nodes(max(sizes), opts.datasets)
     dataset_names = [f"ds-{i:03d}" for i in range(opts.datasets * 4)]
     rng = random.Random(11)
-    print(f"# {max(sizes)} nodes, {opts.datasets} datasets each, {opts.requests} requests per cell, "
-          f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB, {opts.client} client")
-    print(f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}")
+    print(
+        f"# {max(sizes)} nodes, {opts.datasets} datasets each, {opts.requests} requests per cell, "
+        f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB, {opts.client} client"
+    )
+    print(
+        f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}"
+    )
     with FakeApiServer() as api, tempfile.TemporaryDirectory(dir=opts.workdir) as tmp:
         for obj in nodes:
             created = {"kind": "Node", "apiVersion": "v1", **obj}
@@ -231,13 +262,19 @@ def main() -> None:
                             subset = nodes[:size]
                             if mode == "full" and opts.churn:
                                 churn(subset, opts.churn, rng, variant + 1)
-                            bodies.append(args_body(request_pod(variant, dataset_names), subset,
-                                                    node_cache_capable=(mode == "names")))
+                            bodies.append(
+                                args_body(
+                                    request_pod(variant, dataset_names), subset, node_cache_capable=(mode == "names")
+                                )
+                            )
                         base = floor(bodies, max(5, min(opts.requests, 50)))
                         latencies, rps = measure(conn, bodies, opts.requests)
                         p50, p99 = pct(latencies, 0.5), pct(latencies, 0.99)
-                        print(f"{mode:6} {size:>6} {len(bodies[0]) / 2**20:>9.2f} {base * 1e3:>9.2f}ms "
-                              f"{p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {rps:>7.1f} {p50 / base:>9.1f}x", flush=True)
+                        print(
+                            f"{mode:6} {size:>6} {len(bodies[0]) / 2**20:>9.2f} {base * 1e3:>9.2f}ms "
+                            f"{p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {rps:>7.1f} {p50 / base:>9.1f}x",
+                            flush=True,
+                        )
             finally:
                 conn.close()
         finally:

@@ -69,9 +69,22 @@ class Agent:
             self.pods.mkdir(parents=True)
             env.update(DSAGENT_CSI_SOCKET=str(self.csi_socket), DSAGENT_CSI_KUBELET_PODS_DIR=str(self.pods))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "dsagent", "serve", "--root", str(self.root), "--socket",
-             str(self.sockets / "dsagent.sock"), "--local-source", str(source)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            [
+                sys.executable,
+                "-m",
+                "dsagent",
+                "serve",
+                "--root",
+                str(self.root),
+                "--socket",
+                str(self.sockets / "dsagent.sock"),
+                "--local-source",
+                str(source),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -113,20 +126,33 @@ class CsiKubelet:
     def publish(self, volume: Any) -> str:
         target = self.agent.pods / self.meta["uid"] / "volumes" / "kubernetes.io~csi" / volume["name"] / "mount"
         target.parent.mkdir(parents=True)
-        context = {"csi.storage.k8s.io/pod.uid": self.meta["uid"], "csi.storage.k8s.io/pod.name": self.meta["name"],
-                   "csi.storage.k8s.io/pod.namespace": self.meta["namespace"], "csi.storage.k8s.io/ephemeral": "true",
-                   **volume["csi"]["volumeAttributes"]}
+        context = {
+            "csi.storage.k8s.io/pod.uid": self.meta["uid"],
+            "csi.storage.k8s.io/pod.name": self.meta["name"],
+            "csi.storage.k8s.io/pod.namespace": self.meta["namespace"],
+            "csi.storage.k8s.io/ephemeral": "true",
+            **volume["csi"]["volumeAttributes"],
+        }
         capability = self.pb.VolumeCapability(mount=self.pb.VolumeCapability.MountVolume())
         volume_id = "csi-" + os.urandom(16).hex()
-        self.node.NodePublishVolume(self.pb.NodePublishVolumeRequest(
-            volume_id=volume_id, target_path=str(target), volume_capability=capability, readonly=True,
-            volume_context=context), timeout=60)
+        self.node.NodePublishVolume(
+            self.pb.NodePublishVolumeRequest(
+                volume_id=volume_id,
+                target_path=str(target),
+                volume_capability=capability,
+                readonly=True,
+                volume_context=context,
+            ),
+            timeout=60,
+        )
         self.published.append((volume_id, str(target)))
         return str(target)
 
     def close(self) -> None:
         for volume_id, target in self.published:
-            self.node.NodeUnpublishVolume(self.pb.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target), timeout=60)
+            self.node.NodeUnpublishVolume(
+                self.pb.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target), timeout=60
+            )
         self.channel.close()
 
 
@@ -147,10 +173,17 @@ def mount_rights() -> str | None:
 
 def pod(mode: str) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "metadata": {"name": "train", "namespace": "default", "uid": "6c1f9d2e-3b4a-4c5d-8e7f-9a0b1c2d3e4f",
-                     "annotations": {"dsagent.io/datasets": "imagenet"}},
-        "spec": {"containers": [{"name": "train", "image": APP_IMAGE, "command": TRAINING}],
-                 "schedulerName": "default-scheduler", "securityContext": {}},
+        "metadata": {
+            "name": "train",
+            "namespace": "default",
+            "uid": "6c1f9d2e-3b4a-4c5d-8e7f-9a0b1c2d3e4f",
+            "annotations": {"dsagent.io/datasets": "imagenet"},
+        },
+        "spec": {
+            "containers": [{"name": "train", "image": APP_IMAGE, "command": TRAINING}],
+            "schedulerName": "default-scheduler",
+            "securityContext": {},
+        },
     }
     if mode == "baseline":
         return base
@@ -196,10 +229,13 @@ def run_mode(work: Path, source: Path, mode: str, pull_seconds: float) -> float:
             if image == APP_IMAGE:
                 time.sleep(pull_seconds)
 
-        kubelet = SimulatedKubelet(spec, pull=pull,
-                                   host_paths={"/run/dsagent": str(agent.sockets), "/var/lib/dsagent": str(agent.root)},
-                                   extra_env={"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]},
-                                   csi=csi.publish if csi is not None else None)
+        kubelet = SimulatedKubelet(
+            spec,
+            pull=pull,
+            host_paths={"/run/dsagent": str(agent.sockets), "/var/lib/dsagent": str(agent.root)},
+            extra_env={"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]},
+            csi=csi.publish if csi is not None else None,
+        )
         t0 = time.monotonic()
         runs = kubelet.run(timeout=3600)
         train = runs["train"]
@@ -240,15 +276,21 @@ def main() -> None:
         skip_csi = mount_rights()
         modes = ("baseline", "overlap", "init") + (() if skip_csi else ("csi",))
         starts = {mode: run_mode(work, source, mode, args.pull) for mode in modes}
-    print(f"dataset: {args.files} files x {args.file_size} B; app image pull: {args.pull:.2f}s; caching alone: {cache:.2f}s")
+    print(
+        f"dataset: {args.files} files x {args.file_size} B; app image pull: {args.pull:.2f}s; caching alone: {cache:.2f}s"
+    )
     for mode, start in starts.items():
         print(f"  training starts after {start:6.2f}s  ({mode})")
     print(f"overlap / baseline = {starts['overlap'] / starts['baseline']:.3f}  (<= 1 + noise when pull > caching)")
-    print(f"init    / baseline = {starts['init'] / starts['baseline']:.3f}  (pull + caching: why overlap is the default)")
+    print(
+        f"init    / baseline = {starts['init'] / starts['baseline']:.3f}  (pull + caching: why overlap is the default)"
+    )
     if skip_csi:
         print(skip_csi)
     else:
-        print(f"csi     / baseline = {starts['csi'] / starts['baseline']:.3f}  (the CSI volume: <= 1 + noise when pull > caching)")
+        print(
+            f"csi     / baseline = {starts['csi'] / starts['baseline']:.3f}  (the CSI volume: <= 1 + noise when pull > caching)"
+        )
 
 
 if __name__ == "__main__":

@@ -115,7 +115,9 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def serve(directory: Path) -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _CountingHandler(*a, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: _CountingHandler(*a, directory=str(directory))
+    )
     server.daemon_threads = True
     print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
@@ -201,7 +203,10 @@ class Agent:
     def peer_bytes(self) -> tuple[float, float]:
         with AgentClient(socket_path=self.socket) as client:
             text = client.metrics()
-        found = {m.group(1): float(m.group(2)) for m in re.finditer(r'dsagent_peer_bytes_total\{direction="(\w+)"\} (\S+)', text)}
+        found = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r'dsagent_peer_bytes_total\{direction="(\w+)"\} (\S+)', text)
+        }
         return found.get("served", 0.0), found.get("fetched", 0.0)
 
     def stop(self) -> None:
@@ -220,7 +225,11 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int) -> dic
     agents = [Agent(work, i) for i in range(count)]
     try:
         for agent in agents:
-            env = {"DSAGENT_SWEEP_INTERVAL": "3600", "DSAGENT_FETCH_WORKERS": str(workers), "DSAGENT_NODE_NAME": agent.root.name}
+            env = {
+                "DSAGENT_SWEEP_INTERVAL": "3600",
+                "DSAGENT_FETCH_WORKERS": str(workers),
+                "DSAGENT_NODE_NAME": agent.root.name,
+            }
             if peers:
                 env |= {
                     "DSAGENT_PEER_TOKEN": PEER_TOKEN,
@@ -278,7 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mean-kb", type=float, default=256.0)
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--workers", type=int, default=4, help="fetch workers per agent")
-    parser.add_argument("--max-bytes", default="32MB", help="bytes per bundle (the default 800MB would make one bundle here)")
+    parser.add_argument(
+        "--max-bytes", default="32MB", help="bytes per bundle (the default 800MB would make one bundle here)"
+    )
     parser.add_argument("--workdir", type=Path, default=Path(".bench/p2p"))
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a few seconds: 80 small files, 3 agents")
@@ -297,7 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"generating {args.files:,} files (~{args.mean_kb:g} kB) ...", flush=True)
         total = generate(work / "www" / "imgs", args.files, args.mean_kb)
-        manifest = pack(work / "www" / "imgs", work / "www" / "store", name="imgs", max_bytes=parse_size(args.max_bytes))
+        manifest = pack(
+            work / "www" / "imgs", work / "www" / "store", name="imgs", max_bytes=parse_size(args.max_bytes)
+        )
         packed = sum(b.compressed_size for b in manifest.bundles)
         store, server = start_store(work / "www")
         alone = run(work / "run", store, args.agents, peers=False, workers=args.workers)
@@ -312,7 +325,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"with peers: the first agent (from the store) took {shared['first']:.2f} s, "
               f"the other {args.agents - 1} (from peers) {shared['seconds'] - shared['first']:.2f} s")  # fmt: skip
         ratio = shared["store_bundles"] / packed
-        print(f"target: the store serves <= 1.5x the dataset with peers: {ratio:.2f}x ({'met' if ratio <= 1.5 else 'NOT met'})")
+        print(
+            f"target: the store serves <= 1.5x the dataset with peers: {ratio:.2f}x ({'met' if ratio <= 1.5 else 'NOT met'})"
+        )
     finally:
         if server is not None:
             server.terminate()

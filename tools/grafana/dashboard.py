@@ -14,49 +14,121 @@ OUT = Path(__file__).resolve().parents[2] / "charts" / "dsplatform" / "dashboard
 
 #: (title, unit, [(legend, PromQL)]); one row of two panels per pair
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("Cache requests by outcome (/s)", "reqps", [
-        ("{{code}}", 'sum by (code) (rate(dsagent_requests_total{job=~"$job"}[$__rate_interval]))')]),
-    ("Cache hit ratio", "percentunit", [
-        ("hit ratio", 'sum(rate(dsagent_cache_hits_total[$__rate_interval])) / '
-                      '(sum(rate(dsagent_cache_hits_total[$__rate_interval])) + sum(rate(dsagent_cache_misses_total[$__rate_interval])))')]),
-    ("Fetch duration (p50, p95)", "s", [
-        ("p50", 'histogram_quantile(0.5, sum by (le) (rate(dsagent_fetch_duration_seconds_bucket[$__rate_interval])))'),
-        ("p95", 'histogram_quantile(0.95, sum by (le) (rate(dsagent_fetch_duration_seconds_bucket[$__rate_interval])))')]),
-    ("Bytes fetched (/s)", "Bps", [
-        ("fetched", 'sum(rate(dsagent_fetched_bytes_total[$__rate_interval]))')]),
-    ("Cache space", "bytes", [
-        ("used", 'sum(dsagent_used_bytes)'), ("free", 'sum(dsagent_free_bytes)'), ("capacity", 'sum(dsagent_capacity_bytes)')]),
-    ("Evictions by reason (/s)", "ops", [
-        ("{{reason}}", 'sum by (reason) (rate(dsagent_evictions_total[$__rate_interval]))')]),
-    ("Tasks by state", "short", [
-        ("{{state}}", 'sum by (state) (dsagent_tasks)')]),
-    ("Extender latency p95 by verb", "s", [
-        ("{{verb}}", 'histogram_quantile(0.95, sum by (le, verb) (rate(dsplatform_extender_request_duration_seconds_bucket[$__rate_interval])))')]),
-    ("Extender parse failures and errors (/s)", "reqps", [
-        ("parse {{verb}}", 'sum by (verb) (rate(dsplatform_extender_parse_failures_total[$__rate_interval]))'),
-        ("{{outcome}} {{verb}}", 'sum by (verb, outcome) (rate(dsplatform_extender_requests_total{outcome!="ok"}[$__rate_interval]))')]),
-    ("Nodes scored (/s)", "short", [
-        ("{{verb}}", 'sum by (verb) (rate(dsplatform_extender_nodes_scored_total[$__rate_interval]))')]),
+    (
+        "Cache requests by outcome (/s)",
+        "reqps",
+        [("{{code}}", 'sum by (code) (rate(dsagent_requests_total{job=~"$job"}[$__rate_interval]))')],
+    ),
+    (
+        "Cache hit ratio",
+        "percentunit",
+        [
+            (
+                "hit ratio",
+                "sum(rate(dsagent_cache_hits_total[$__rate_interval])) / "
+                "(sum(rate(dsagent_cache_hits_total[$__rate_interval])) + sum(rate(dsagent_cache_misses_total[$__rate_interval])))",
+            )
+        ],
+    ),
+    (
+        "Fetch duration (p50, p95)",
+        "s",
+        [
+            (
+                "p50",
+                "histogram_quantile(0.5, sum by (le) (rate(dsagent_fetch_duration_seconds_bucket[$__rate_interval])))",
+            ),
+            (
+                "p95",
+                "histogram_quantile(0.95, sum by (le) (rate(dsagent_fetch_duration_seconds_bucket[$__rate_interval])))",
+            ),
+        ],
+    ),
+    ("Bytes fetched (/s)", "Bps", [("fetched", "sum(rate(dsagent_fetched_bytes_total[$__rate_interval]))")]),
+    (
+        "Cache space",
+        "bytes",
+        [
+            ("used", "sum(dsagent_used_bytes)"),
+            ("free", "sum(dsagent_free_bytes)"),
+            ("capacity", "sum(dsagent_capacity_bytes)"),
+        ],
+    ),
+    (
+        "Evictions by reason (/s)",
+        "ops",
+        [("{{reason}}", "sum by (reason) (rate(dsagent_evictions_total[$__rate_interval]))")],
+    ),
+    ("Tasks by state", "short", [("{{state}}", "sum by (state) (dsagent_tasks)")]),
+    (
+        "Extender latency p95 by verb",
+        "s",
+        [
+            (
+                "{{verb}}",
+                "histogram_quantile(0.95, sum by (le, verb) (rate(dsplatform_extender_request_duration_seconds_bucket[$__rate_interval])))",
+            )
+        ],
+    ),
+    (
+        "Extender parse failures and errors (/s)",
+        "reqps",
+        [
+            ("parse {{verb}}", "sum by (verb) (rate(dsplatform_extender_parse_failures_total[$__rate_interval]))"),
+            (
+                "{{outcome}} {{verb}}",
+                'sum by (verb, outcome) (rate(dsplatform_extender_requests_total{outcome!="ok"}[$__rate_interval]))',
+            ),
+        ],
+    ),
+    (
+        "Nodes scored (/s)",
+        "short",
+        [("{{verb}}", "sum by (verb) (rate(dsplatform_extender_nodes_scored_total[$__rate_interval]))")],
+    ),
 ]
 
 
 def dashboard() -> dict[str, object]:
     panels = []
     for i, (title, unit, targets) in enumerate(PANELS):
-        panels.append({
-            "id": i + 1, "type": "timeseries", "title": title, "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "gridPos": {"x": 12 * (i % 2), "y": 8 * (i // 2), "w": 12, "h": 8},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": chr(65 + j), "expr": expr, "legendFormat": legend} for j, (legend, expr) in enumerate(targets)],
-        })
+        panels.append(
+            {
+                "id": i + 1,
+                "type": "timeseries",
+                "title": title,
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "gridPos": {"x": 12 * (i % 2), "y": 8 * (i // 2), "w": 12, "h": 8},
+                "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+                "targets": [
+                    {"refId": chr(65 + j), "expr": expr, "legendFormat": legend}
+                    for j, (legend, expr) in enumerate(targets)
+                ],
+            }
+        )
     return {
-        "title": "dsplatform", "uid": "dsplatform", "schemaVersion": 39, "version": 1, "editable": True,
-        "tags": ["dsplatform", "gpu", "datasets"], "time": {"from": "now-6h", "to": "now"}, "refresh": "30s",
-        "templating": {"list": [
-            {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source"},
-            {"name": "job", "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
-             "query": "label_values(dsagent_build_info, job)", "includeAll": True, "multi": True, "label": "Job"},
-        ]},
+        "title": "dsplatform",
+        "uid": "dsplatform",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "tags": ["dsplatform", "gpu", "datasets"],
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "templating": {
+            "list": [
+                {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source"},
+                {
+                    "name": "job",
+                    "type": "query",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "query": "label_values(dsagent_build_info, job)",
+                    "includeAll": True,
+                    "multi": True,
+                    "label": "Job",
+                },
+            ]
+        },
         "panels": panels,
     }
 

@@ -33,7 +33,11 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def scrape(url: str) -> Samples:
     text = httpx.get(url, timeout=5).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def free_port() -> int:
@@ -75,8 +79,25 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
     agent_port, ext_port = free_port(), free_port()
     env = {**os.environ, "DSAGENT_ADMIN_TOKEN": TOKEN, "DSAGENT_CAPACITY": "3MB", "DSAGENT_SWEEP_INTERVAL": "5"}
     log = open(work / "agent.log", "wb")
-    agent = subprocess.Popen([sys.executable, "-m", "dsagent", "serve", "--root", str(work / "cache"), "--socket", str(work / "a.sock"),
-                              "--listen", f"127.0.0.1:{agent_port}", "--local-source", str(sources)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsagent",
+            "serve",
+            "--root",
+            str(work / "cache"),
+            "--socket",
+            str(work / "a.sock"),
+            "--listen",
+            f"127.0.0.1:{agent_port}",
+            "--local-source",
+            str(sources),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     start_extender(ext_port)
     agent_url, ext_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{ext_port}"
     http = httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
@@ -87,9 +108,19 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
         except httpx.HTTPError:
             time.sleep(0.1)
     topo = topology_json()
-    nodes = [node(f"gpu-{i}", inventory=inventory_json(datasets={"set0": holding()} if i % 3 == 0 else {}), topology=topo,
-                  free_gpus=list(range(i % 8))) for i in range(64)]
-    bodies = [args_body(pod(datasets=[{"name": "set0", "source": "s3://x/set0"}], gpus=g), nodes, node_cache_capable=False) for g in (1, 2, 4, 8)]
+    nodes = [
+        node(
+            f"gpu-{i}",
+            inventory=inventory_json(datasets={"set0": holding()} if i % 3 == 0 else {}),
+            topology=topo,
+            free_gpus=list(range(i % 8)),
+        )
+        for i in range(64)
+    ]
+    bodies = [
+        args_body(pod(datasets=[{"name": "set0", "source": "s3://x/set0"}], gpus=g), nodes, node_cache_capable=False)
+        for g in (1, 2, 4, 8)
+    ]
     series: list[tuple[float, Samples, Samples]] = []
     started = time.monotonic()
     live: list[str] = []
@@ -101,14 +132,23 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
             phase = (time.monotonic() - started) / seconds
             hot = rng.randint(0, 2) if phase < 0.5 else rng.randint(0, 7)  # a shift of the working set mid-run
             task = f"job-{n}"
-            http.put(f"{agent_url}/v1/tasks/{task}?wait=10", json={"datasets": [{"name": f"set{hot}", "source": str(sources / f"set{hot}")}]})
+            http.put(
+                f"{agent_url}/v1/tasks/{task}?wait=10",
+                json={"datasets": [{"name": f"set{hot}", "source": str(sources / f"set{hot}")}]},
+            )
             live.append(task)
             if len(live) > 2:
                 http.delete(f"{agent_url}/v1/tasks/{live.pop(0)}")
             if rng.random() < 0.25 + (0.3 if 0.6 < phase < 0.75 else 0):  # an incident: a bucket path gone
-                http.put(f"{agent_url}/v1/tasks/bad-{n}?wait=5", json={"datasets": [{"name": "gone", "source": str(sources / f"missing{n}")}]})
+                http.put(
+                    f"{agent_url}/v1/tasks/bad-{n}?wait=5",
+                    json={"datasets": [{"name": "gone", "source": str(sources / f"missing{n}")}]},
+                )
             if rng.random() < 0.1:
-                http.put(f"{agent_url}/v1/tasks/bad-{n}", json={"datasets": [{"name": "Bad Name", "source": str(sources / "set0")}]})
+                http.put(
+                    f"{agent_url}/v1/tasks/bad-{n}",
+                    json={"datasets": [{"name": "Bad Name", "source": str(sources / "set0")}]},
+                )
             for _ in range(rng.randint(3, 8)):
                 body = rng.choice(bodies)
                 httpx.post(f"{ext_url}/filter", content=body)
@@ -116,7 +156,9 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
             if rng.random() < 0.15:
                 httpx.post(f"{ext_url}/filter", content=b'{"Pod": ')
             if time.monotonic() >= next_scrape:
-                series.append((time.monotonic() - started, scrape(agent_url + "/metrics"), scrape(ext_url + "/metrics")))
+                series.append(
+                    (time.monotonic() - started, scrape(agent_url + "/metrics"), scrape(ext_url + "/metrics"))
+                )
                 next_scrape += 2
             time.sleep(rng.uniform(0.05, 0.25))
     finally:
@@ -129,17 +171,29 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
 # -- a little PromQL by hand ---------------------------------------------------------------
 
 
-def _sum_by(samples: Samples, name: str, by: tuple[str, ...], where: dict[str, str] | None = None, negate: dict[str, str] | None = None) -> dict[tuple[str, ...], float]:
+def _sum_by(
+    samples: Samples,
+    name: str,
+    by: tuple[str, ...],
+    where: dict[str, str] | None = None,
+    negate: dict[str, str] | None = None,
+) -> dict[tuple[str, ...], float]:
     out: dict[tuple[str, ...], float] = defaultdict(float)
     for (n, labels), v in samples.items():
         d = dict(labels)
-        if n != name or any(d.get(k) != x for k, x in (where or {}).items()) or any(d.get(k) == x for k, x in (negate or {}).items()):
+        if (
+            n != name
+            or any(d.get(k) != x for k, x in (where or {}).items())
+            or any(d.get(k) == x for k, x in (negate or {}).items())
+        ):
             continue
         out[tuple(d.get(k, "") for k in by)] += v
     return dict(out)
 
 
-def rate(series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = (), window: float = 10, **kw: Any) -> tuple[list[float], dict[tuple[str, ...], list[float]]]:
+def rate(
+    series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = (), window: float = 10, **kw: Any
+) -> tuple[list[float], dict[tuple[str, ...], list[float]]]:
     times, out = [], defaultdict(list)
     keys = set().union(*(_sum_by(s, name, by, **kw).keys() for _, s in series))
     for i, (t, s) in enumerate(series):
@@ -154,7 +208,9 @@ def rate(series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = (
     return times, dict(out)
 
 
-def quantile(q: float, series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = (), window: float = 10) -> tuple[list[float], dict[tuple[str, ...], list[float]]]:
+def quantile(
+    q: float, series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = (), window: float = 10
+) -> tuple[list[float], dict[tuple[str, ...], list[float]]]:
     times, buckets = rate(series, name, by + ("le",), window)
     out: dict[tuple[str, ...], list[float]] = defaultdict(list)
     groups = {k[:-1] for k in buckets}
@@ -170,14 +226,20 @@ def quantile(q: float, series: list[tuple[float, Samples]], name: str, by: tuple
             value = counts[-2][0] if len(counts) > 1 else 0.0
             for le, c in counts:
                 if c >= rank:
-                    value = prev_le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-12)
+                    value = (
+                        prev_le
+                        if le == float("inf")
+                        else prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-12)
+                    )
                     break
                 prev_le, prev_c = le, c
             out[g].append(value)
     return times, dict(out)
 
 
-def gauge(series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = ()) -> tuple[list[float], dict[tuple[str, ...], list[float]]]:
+def gauge(
+    series: list[tuple[float, Samples]], name: str, by: tuple[str, ...] = ()
+) -> tuple[list[float], dict[tuple[str, ...], list[float]]]:
     keys = set().union(*(_sum_by(s, name, by).keys() for _, s in series))
     return [t for t, _ in series], {k: [_sum_by(s, name, by).get(k, 0.0) for _, s in series] for k in keys}
 
@@ -209,9 +271,22 @@ def draw(series: list[tuple[float, Samples, Samples]], out: Path) -> None:
         ("Cache space [bytes]", (space_t, {("used",): used[()], ("free",): free[()], ("capacity",): cap[()]}), "{0}"),
         ("Evictions by reason (/s)", rate(agent, "dsagent_evictions_total", ("reason",)), "{0}"),
         ("Tasks by state", gauge(agent, "dsagent_tasks", ("state",)), "{0}"),
-        ("Extender latency p95 by verb [s]", quantile(0.95, ext, "dsplatform_extender_request_duration_seconds_bucket", ("verb",)), "{0}"),
-        ("Extender parse failures and errors (/s)", (parse_t, {**{(f"parse {k[0]}",): v for k, v in parse.items()},
-                                                      **{(f"{k[1]} {k[0]}",): v for k, v in errs.items()}}), "{0}"),
+        (
+            "Extender latency p95 by verb [s]",
+            quantile(0.95, ext, "dsplatform_extender_request_duration_seconds_bucket", ("verb",)),
+            "{0}",
+        ),
+        (
+            "Extender parse failures and errors (/s)",
+            (
+                parse_t,
+                {
+                    **{(f"parse {k[0]}",): v for k, v in parse.items()},
+                    **{(f"{k[1]} {k[0]}",): v for k, v in errs.items()},
+                },
+            ),
+            "{0}",
+        ),
         ("Nodes scored (/s)", rate(ext, "dsplatform_extender_nodes_scored_total", ("verb",)), "{0}"),
     ]
     plt.style.use("dark_background")
@@ -227,7 +302,11 @@ def draw(series: list[tuple[float, Samples, Samples]], out: Path) -> None:
         ax.set_xlabel("seconds into the demo run", fontsize=8, color="#9fa7b3")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="upper left", frameon=False)
-    fig.suptitle("dsplatform - rendered with matplotlib from a real demo run's /metrics (no Grafana server here)", color="#d8d9da", fontsize=13)
+    fig.suptitle(
+        "dsplatform - rendered with matplotlib from a real demo run's /metrics (no Grafana server here)",
+        color="#d8d9da",
+        fontsize=13,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=72, facecolor=fig.get_facecolor())

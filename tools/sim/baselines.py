@@ -21,7 +21,7 @@ from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins import dataset
 from scheduler_plugin.podspec import PodRequest
 
-FLUID_AFFINITY_WEIGHT = 2     # preferred affinity outweighs spreading, as a weight-100 term does
+FLUID_AFFINITY_WEIGHT = 2  # preferred affinity outweighs spreading, as a weight-100 term does
 
 
 def least_allocated(nodes: Sequence[NodeFacts]) -> list[int]:

@@ -59,8 +59,8 @@ from tools.sim.workload import Dataset, Job
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
 POLICIES = ("default", "fluid", "ours", "ours+time")
-MEASURED_FETCH_BPS = 669e6       # dsagent unpack, every file verified (README, Performance)
-EPOCH = 1_795_000_000.0          # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
+MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
+EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,13 @@ class ClusterParams:
         ("oneflow-hugectr-8xV100-2nic-mangled-whitespace-nvidia-smi-topo-m.txt", 0.3),
         ("dgx1-v100-4ib-nvidia-smi-topo-m.txt", 0.2),
     )
-    cache_bytes: int = 4 * 10**12            # NVMe per node
-    storage_bw: float = 20e9                 # shared storage, bytes/s, all nodes together
+    cache_bytes: int = 4 * 10**12  # NVMe per node
+    storage_bw: float = 20e9  # shared storage, bytes/s, all nodes together
     node_fetch_bw: float = MEASURED_FETCH_BPS
-    cross_subnet_factor: float = 0.5         # ring bandwidth when a job's workers sit in different subnets
-    queue_scan: int = 40                     # waiting jobs tried per scheduling round
-    plan_sizes: str = "pow2"                 # GPU counts the time model may give a job: pow2 (1, 2, 4, ... up to the
-                                             # count asked for, and that count) or "asked" (only the count asked for)
+    cross_subnet_factor: float = 0.5  # ring bandwidth when a job's workers sit in different subnets
+    queue_scan: int = 40  # waiting jobs tried per scheduling round
+    plan_sizes: str = "pow2"  # GPU counts the time model may give a job: pow2 (1, 2, 4, ... up to the
+    # count asked for, and that count) or "asked" (only the count asked for)
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Node:
     type: NodeType
     free: set[int]
     cache: dict[tuple[str, int], CacheEntry] = field(default_factory=dict)
-    labels: set[str] = field(default_factory=set)          # Fluid-style: ever cached here
+    labels: set[str] = field(default_factory=set)  # Fluid-style: ever cached here
     facts: NodeFacts | None = None
 
     @property
@@ -157,8 +157,9 @@ def load_node_types(params: ClusterParams) -> list[tuple[NodeType, float]]:
 class Simulation:
     """One policy over one workload."""
 
-    def __init__(self, policy: str, jobs: Sequence[Job], datasets: Sequence[Dataset],
-                 params: ClusterParams, seed: int) -> None:
+    def __init__(
+        self, policy: str, jobs: Sequence[Job], datasets: Sequence[Dataset], params: ClusterParams, seed: int
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.policy = policy
@@ -185,12 +186,14 @@ class Simulation:
         weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
         if policy == "ours+time":
             weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
-        self.framework = Framework(Settings(weights=weights),
-                                   jobs=JobClasses(3600.0, clock=lambda: EPOCH + self.now),
-                                   clock=lambda: EPOCH + self.now)
+        self.framework = Framework(
+            Settings(weights=weights),
+            jobs=JobClasses(3600.0, clock=lambda: EPOCH + self.now),
+            clock=lambda: EPOCH + self.now,
+        )
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
-        self.running: dict[int, Outcome] = {}       # jobs whose data is ready, by id
+        self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
 
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
@@ -207,9 +210,14 @@ class Simulation:
                         held[name] = Holding(f"{version:032x}", e.size, e.ready, e.users > 0)
             free = frozenset(node.free)
             node.facts = NodeFacts(
-                name=node.name, inventory=Inventory(self.params.cache_bytes, self.params.cache_bytes - node.used_bytes, held),
-                topology=node.type.topology, topology_id=node.type.id, classes=node.type.classes,
-                allocatable_gpus=len(node.type.topology.gpus), published_free=free, gpu_facts_known=True,
+                name=node.name,
+                inventory=Inventory(self.params.cache_bytes, self.params.cache_bytes - node.used_bytes, held),
+                topology=node.type.topology,
+                topology_id=node.type.id,
+                classes=node.type.classes,
+                allocatable_gpus=len(node.type.topology.gpus),
+                published_free=free,
+                gpu_facts_known=True,
             )
         return node.facts
 
@@ -292,15 +300,23 @@ class Simulation:
                 self.waiting.remove(job)
 
     def _can_fit(self, per_worker: int, workers: int) -> bool:
-        return sum(1 for n in self.nodes if len(n.free) >= per_worker) >= 1 and \
-            sum(len(n.free) // per_worker for n in self.nodes) >= workers
+        return (
+            sum(1 for n in self.nodes if len(n.free) >= per_worker) >= 1
+            and sum(len(n.free) // per_worker for n in self.nodes) >= workers
+        )
 
     def _pod(self, job: Job, gpus: int, workers: int | None = None) -> PodRequest:
         d = self.datasets[job.dataset]
         profile = job.profile if workers is None else replace(job.profile, workers=workers)
         digest = None if self.policy == "fluid" else f"{d.version_at(self.now):032x}"
-        return PodRequest(key=f"sim/job-{job.id}", namespace="sim", datasets=(DatasetWant(job.dataset, digest),),
-                          gpus=gpus, job=f"sim/job-{job.id}", time=profile)
+        return PodRequest(
+            key=f"sim/job-{job.id}",
+            namespace="sim",
+            datasets=(DatasetWant(job.dataset, digest),),
+            gpus=gpus,
+            job=f"sim/job-{job.id}",
+            time=profile,
+        )
 
     def _choose(self, job: Job, gpus: int, exclude: set[int], workers: int) -> Node | None:
         """The node kube-scheduler would bind one worker to under this policy."""
@@ -331,7 +347,7 @@ class Simulation:
         if len(free) < count:
             return None
         if self.policy in ("default", "fluid"):
-            return tuple(free[:count])                      # the device plugin's first free GPUs
+            return tuple(free[:count])  # the device plugin's first free GPUs
         pod = self._pod(job, count)
         gpu_class = self.framework.job_class(pod, lambda: (self.facts(n) for n in self.nodes))
         pool = frozenset(free)
@@ -390,7 +406,7 @@ class Simulation:
                 if d.plan.cross_node:
                     shape: list[tuple[Node | None, int]] = [(by_name[n], c) for n, c in d.plan.allocation]
                 else:
-                    shape = [(None, d.plan.n_gpu)]           # the extender picks the node
+                    shape = [(None, d.plan.n_gpu)]  # the extender picks the node
                 if self._place_gang(job, shape):
                     self.outcomes[job.id].plan_gpus = d.plan.n_gpu
                     window.remove(job)
@@ -421,7 +437,9 @@ class Simulation:
                 ideal = self.ideal_bw.get((node.type.id, n))
                 if ideal is None:
                     best = best_gpu_set(node.type.topology, node.type.topology.gpu_indices, n)
-                    ideal = self.ideal_bw[(node.type.id, n)] = intra_node_bandwidth(node.type.topology, best.gpus if best else ())
+                    ideal = self.ideal_bw[(node.type.id, n)] = intra_node_bandwidth(
+                        node.type.topology, best.gpus if best else ()
+                    )
                 best_t, best_run = t, t_run(job.profile, n, ideal)
         return wait_for_one_node(plan, best_run, best_t)
 
@@ -435,13 +453,16 @@ class Simulation:
             weakest = min(per_node)
             if len(per_node) == 1:
                 return weakest
-            classes = {frozenset(by_name[n].type.class_of.get(g, "none") for g in self._gpus_for(job, by_name[n], c) or ())
-                       for n, c in allocation}
+            classes = {
+                frozenset(by_name[n].type.class_of.get(g, "none") for g in self._gpus_for(job, by_name[n], c) or ())
+                for n, c in allocation
+            }
             factor = self.params.cross_subnet_factor if len(classes) > 1 else 1.0
             return min(weakest, DEFAULT_BANDWIDTHS.network * factor)
 
         d = self.datasets[job.dataset]
         key = (d.name, d.version_at(self.now))
+
         def start_of(allocation: tuple[tuple[str, int], ...]) -> float:
             """When the dataset is on every node of the plan: at once where a ready copy is,
             else after a fetch sharing storage with the fetches running and the plan's own."""
@@ -459,8 +480,16 @@ class Simulation:
         sizes = [job.gpus]
         if self.params.plan_sizes == "pow2":
             sizes += [2**k for k in range(8) if 2**k <= job.gpus]
-        return decide(job.profile, free, bandwidth_of, now=self.now, max_gpus=job.gpus, sizes=sizes,
-                      start_of=start_of, prefer=prefer)
+        return decide(
+            job.profile,
+            free,
+            bandwidth_of,
+            now=self.now,
+            max_gpus=job.gpus,
+            sizes=sizes,
+            start_of=start_of,
+            prefer=prefer,
+        )
 
     # -- running ----------------------------------------------------------------------------
 
@@ -481,7 +510,7 @@ class Simulation:
         key = (d.name, d.version_at(self.now))
         node = worker.node
         self.requests += 1
-        if self.policy == "default":                          # no cache: every pod reads storage
+        if self.policy == "default":  # no cache: every pod reads storage
             self._new_fetch(node, key, d.size, cached=False, waiter=(job, index))
             return
         entry = node.cache.get(key)
@@ -503,8 +532,10 @@ class Simulation:
         self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index))
 
     def _make_room(self, node: Node, size: int) -> bool:
-        candidates = [Candidate(name, f"{version:032x}", e.size, e.last_used, in_use=e.users > 0, fetching=not e.ready)
-                      for (name, version), e in node.cache.items()]
+        candidates = [
+            Candidate(name, f"{version:032x}", e.size, e.last_used, in_use=e.users > 0, fetching=not e.ready)
+            for (name, version), e in node.cache.items()
+        ]
         plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
         if not plan.sufficient:
             return False
@@ -550,7 +581,7 @@ class Simulation:
                     e.last_used = self.now
                     newer = [k for k in w.node.cache if k[0] == d.name and k[1] > key[1]]
                     if e.users == 0 and newer:
-                        del w.node.cache[key]            # an old version goes when no task holds it
+                        del w.node.cache[key]  # an old version goes when no task holds it
             self.touch(w.node)
 
 

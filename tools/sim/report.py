@@ -74,17 +74,27 @@ def goals(results: Sequence[Mapping[str, Any]]) -> str:
         storage = by["ours"]["storage_tb"] / by["fluid"]["storage_tb"] if by["fluid"]["storage_tb"] else math.inf
         lines.append(_goal("storage bytes <= 0.5x Fluid-style", f"{storage:.2f}x", storage <= 0.5))
     if "ours" in by:
-        lines.append(_goal("zero jobs across subnets", f"{by['ours']['across_subnets']} (ours), "
-                           f"{by.get('ours+time', {}).get('across_subnets', '-')} (ours+time)",
-                           by["ours"]["across_subnets"] == 0))
+        lines.append(
+            _goal(
+                "zero jobs across subnets",
+                f"{by['ours']['across_subnets']} (ours), "
+                f"{by.get('ours+time', {}).get('across_subnets', '-')} (ours+time)",
+                by["ours"]["across_subnets"] == 0,
+            )
+        )
     if {"ours", "default"} <= by.keys():
         cut = 1 - by["ours"]["ttfs_mean"] / by["default"]["ttfs_mean"] if by["default"]["ttfs_mean"] else 0.0
         lines.append(_goal("time to first step -40% vs no cache (mean)", f"{-cut:+.0%}", cut >= 0.40))
     if "ours+time" in by:
         others = [r["misses"] for p, r in by.items() if p != "ours+time"]
         ok = bool(others) and by["ours+time"]["misses"] < min(others)
-        lines.append(_goal("deadline misses below the other policies",
-                           f"{by['ours+time']['misses']} vs {min(others) if others else '-'}", ok))
+        lines.append(
+            _goal(
+                "deadline misses below the other policies",
+                f"{by['ours+time']['misses']} vs {min(others) if others else '-'}",
+                ok,
+            )
+        )
     return "\n".join(lines)
 
 
@@ -101,8 +111,10 @@ def plot(results: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for key, title, unit, scale in (("ttfs", "Time to first training step", "seconds", 1.0),
-                                    ("jct", "Job completion time", "hours", 3600.0)):
+    for key, title, unit, scale in (
+        ("ttfs", "Time to first training step", "seconds", 1.0),
+        ("jct", "Job completion time", "hours", 3600.0),
+    ):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for r in results:
             xs = [max(v / scale, 1e-3) for v in r[key]]

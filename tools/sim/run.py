@@ -30,7 +30,7 @@ from tools.sim.workload import WorkloadParams, make_jobs  # noqa: E402
 
 def simulate(policy: str, nodes: int, workload: WorkloadParams, seed: int) -> dict[str, Any]:
     cluster = ClusterParams(nodes=nodes)
-    gpus_per_node = 8   # every node type in ClusterParams has 8 GPUs
+    gpus_per_node = 8  # every node type in ClusterParams has 8 GPUs
     jobs, datasets = make_jobs(workload, nodes * gpus_per_node, seed)
     started = time.perf_counter()
     sim = Simulation(policy, jobs, datasets, cluster, seed).run()
@@ -69,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = [simulate(p, args.nodes, workload, args.seed) for p in policies]
     elapsed = time.perf_counter() - started
-    print(f"{args.nodes} nodes, {args.jobs} jobs, load {args.load}, seed {args.seed}; "
-          f"job run times from Philly (tools/sim/data/philly_runtime.csv); {elapsed:.0f} s")
+    print(
+        f"{args.nodes} nodes, {args.jobs} jobs, load {args.load}, seed {args.seed}; "
+        f"job run times from Philly (tools/sim/data/philly_runtime.csv); {elapsed:.0f} s"
+    )
     print()
     print(report.table(results))
     print()

@@ -37,13 +37,13 @@ GB = 1e9
 @dataclass(frozen=True)
 class WorkloadParams:
     jobs: int = 5000
-    load: float = 0.85                        # offered GPU-seconds / cluster GPU-seconds
+    load: float = 0.85  # offered GPU-seconds / cluster GPU-seconds
     min_runtime_s: float = 60.0
     max_runtime_s: float = 3 * 86_400.0
     workers: tuple[tuple[int, float], ...] = ((1, 0.75), (2, 0.12), (4, 0.09), (8, 0.04))
     gpus_single: tuple[tuple[int, float], ...] = ((1, 0.45), (2, 0.20), (4, 0.20), (8, 0.15))
     gpus_multi: tuple[tuple[int, float], ...] = ((2, 0.30), (4, 0.40), (8, 0.30))
-    gradient_median_bytes: float = 0.4 * GB   # ~100M fp32 parameters
+    gradient_median_bytes: float = 0.4 * GB  # ~100M fp32 parameters
     gradient_sigma: float = 1.0
     step_s: tuple[float, float] = (0.1, 0.6)
     datasets: int = 300
@@ -52,14 +52,14 @@ class WorkloadParams:
     dataset_sigma: float = 1.0
     dataset_bytes: tuple[float, float] = (1 * GB, 2000 * GB)
     version_interval_s: float = 3 * 86_400.0
-    priorities: tuple[tuple[float, float], ...] = ((1.5, 0.2), (3.0, 0.5), (6.0, 0.3))   # (alpha, share)
+    priorities: tuple[tuple[float, float], ...] = ((1.5, 0.2), (3.0, 0.5), (6.0, 0.3))  # (alpha, share)
 
 
 @dataclass(frozen=True)
 class Dataset:
     name: str
     size: int
-    versions: tuple[float, ...]               # times at which a new version appears (first: 0)
+    versions: tuple[float, ...]  # times at which a new version appears (first: 0)
 
     def version_at(self, t: float) -> int:
         return bisect.bisect_right(self.versions, t) - 1
@@ -72,8 +72,8 @@ class Job:
     workers: int
     gpus_per_worker: int
     dataset: str
-    runtime_ideal: float                      # the drawn Philly run time
-    profile: JobProfile                       # deadline absolute, in simulated seconds
+    runtime_ideal: float  # the drawn Philly run time
+    profile: JobProfile  # deadline absolute, in simulated seconds
     alpha: float = 1.0
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -115,8 +115,9 @@ def make_datasets(p: WorkloadParams, rng: random.Random, horizon: float) -> list
     return out
 
 
-def make_jobs(p: WorkloadParams, total_gpus: int, seed: int,
-              runtimes: list[float] | None = None) -> tuple[list[Job], list[Dataset]]:
+def make_jobs(
+    p: WorkloadParams, total_gpus: int, seed: int, runtimes: list[float] | None = None
+) -> tuple[list[Job], list[Dataset]]:
     """The jobs (sorted by arrival) and datasets of one seed."""
     rng = random.Random(seed)
     pool = runtimes if runtimes is not None else load_runtimes()
@@ -126,8 +127,8 @@ def make_jobs(p: WorkloadParams, total_gpus: int, seed: int,
         gpw = int(_pick(rng, p.gpus_multi if workers > 1 else p.gpus_single))
         runtime = min(p.max_runtime_s, max(p.min_runtime_s, rng.choice(pool)))
         shapes.append((workers, gpw, runtime))
-    demand = sum(w * g * r for w, g, r in shapes) / len(shapes)      # GPU-seconds per job
-    rate = p.load * total_gpus / demand                               # jobs per second
+    demand = sum(w * g * r for w, g, r in shapes) / len(shapes)  # GPU-seconds per job
+    rate = p.load * total_gpus / demand  # jobs per second
     zipf = [1 / (k + 1) ** p.zipf_s for k in range(p.datasets)]
     t = 0.0
     drafts = []
@@ -140,7 +141,7 @@ def make_jobs(p: WorkloadParams, total_gpus: int, seed: int,
         gradient = min(40 * GB, max(1e7, rng.lognormvariate(math.log(p.gradient_median_bytes), p.gradient_sigma)))
         step = rng.uniform(*p.step_s)
         n = workers * gpw
-        unit = JobProfile(gradient, step, n)               # one step per GPU: t_run = one step
+        unit = JobProfile(gradient, step, n)  # one step per GPU: t_run = one step
         per_step = t_run(unit, n, ideal_bandwidth(workers, gpw))
         steps = max(1, round(runtime / per_step) * n)
         alpha = float(_pick(rng, p.priorities))
@@ -151,4 +152,13 @@ def make_jobs(p: WorkloadParams, total_gpus: int, seed: int,
     return jobs, datasets
 
 
-__all__ = ["Dataset", "Job", "RUNTIME_CSV", "WorkloadParams", "ideal_bandwidth", "load_runtimes", "make_datasets", "make_jobs"]
+__all__ = [
+    "Dataset",
+    "Job",
+    "RUNTIME_CSV",
+    "WorkloadParams",
+    "ideal_bandwidth",
+    "load_runtimes",
+    "make_datasets",
+    "make_jobs",
+]

@@ -40,9 +40,16 @@ class Node:
         self.pods = FakePodResources(base / "pr.sock")
         self.client = PodResourcesClient(base / "pr.sock")
         self.now = 1000.0
-        self.plugin = DevicePlugin(NodeDevices(topology, vfs), state_dir=state or base / "state", plugin_dir=base / "dp",
-                                   listed=self.client.listed, poll_interval=0.05, reconcile_interval=3600,
-                                   grace=5, clock=lambda: self.now)
+        self.plugin = DevicePlugin(
+            NodeDevices(topology, vfs),
+            state_dir=state or base / "state",
+            plugin_dir=base / "dp",
+            listed=self.client.listed,
+            poll_interval=0.05,
+            reconcile_interval=3600,
+            grace=5,
+            clock=lambda: self.now,
+        )
 
     async def __aenter__(self) -> Node:
         await self.kubelet.start()
@@ -69,7 +76,9 @@ def test_register_advertise_prefer_allocate_and_free(short_dir: Path, dgx_a100: 
             # class 1 = GPUs 0, 1 on NUMA node 3 (the fixture's NPS4 layout)
             devices = await kubelet.first_list(ROCE1)
             assert [(d.ID, d.health, [n.ID for n in d.topology.nodes]) for d in devices] == [
-                (gpu_uuid(0), "Healthy", [3]), (gpu_uuid(1), "Healthy", [3])]
+                (gpu_uuid(0), "Healthy", [3]),
+                (gpu_uuid(1), "Healthy", [3]),
+            ]
 
             # preferred allocation of 4 from the whole node = best_gpu_set, must-include honoured
             everything = [gpu_uuid(i) for i in range(8)]
@@ -162,8 +171,9 @@ def test_hostile_requests_get_clear_statuses(short_dir: Path, dgx_a100: Topology
     run(scenario())
 
 
-def test_reregisters_after_kubelet_restart_and_keeps_allocations(short_dir: Path, dgx_a100: Topology,
-                                                                 dgx_vfs: Any) -> None:
+def test_reregisters_after_kubelet_restart_and_keeps_allocations(
+    short_dir: Path, dgx_a100: Topology, dgx_vfs: Any
+) -> None:
     async def scenario() -> None:
         async with Node(short_dir, dgx_a100, dgx_vfs) as node:
             before = await node.kubelet.allocate(ROCE1, [gpu_uuid(0)])
@@ -180,4 +190,3 @@ def test_reregisters_after_kubelet_restart_and_keeps_allocations(short_dir: Path
             assert other.envs["NCCL_IB_HCA"] != before.envs["NCCL_IB_HCA"]
 
     run(scenario())
-

@@ -26,8 +26,11 @@ def held(resource: str, *ids: str) -> ContainerDevices:
 
 def test_free_gpus_rule(dgx_a100: Topology) -> None:
     everything = {"nvidia.com/gpu": [gpu_uuid(i) for i in range(8)]}
-    used = [held("nvidia.com/gpu", gpu_uuid(1), gpu_uuid(6)), held("dsagent.io/gpu-roce2", gpu_uuid(2)),
-            held("example.com/nic", "eth-vf-3")]  # not a GPU resource: ignored
+    used = [
+        held("nvidia.com/gpu", gpu_uuid(1), gpu_uuid(6)),
+        held("dsagent.io/gpu-roce2", gpu_uuid(2)),
+        held("example.com/nic", "eth-vf-3"),
+    ]  # not a GPU resource: ignored
     assert free_gpu_indices(dgx_a100, used, everything, PREFIXES) == [0, 3, 4, 5, 7]
     # only what some plugin advertises can be free; no allocatable answer: every GPU counts
     assert free_gpu_indices(dgx_a100, [], {"nvidia.com/gpu": [gpu_uuid(0)]}, PREFIXES) == [0]
@@ -51,10 +54,13 @@ def test_client_against_a_fake_kubelet(short_dir: Path, dgx_a100: Topology) -> N
         try:
             client = PodResourcesClient(short_dir / "pr.sock")
             fake.pods = [("team", "w0", [("dsagent.io/gpu-roce1", [gpu_uuid(0), gpu_uuid(1)])])]
-            fake.allocatable = {"dsagent.io/gpu-roce1": [gpu_uuid(0), gpu_uuid(1)],
-                                "dsagent.io/gpu-roce2": [gpu_uuid(2), gpu_uuid(3)]}
+            fake.allocatable = {
+                "dsagent.io/gpu-roce1": [gpu_uuid(0), gpu_uuid(1)],
+                "dsagent.io/gpu-roce2": [gpu_uuid(2), gpu_uuid(3)],
+            }
             assert await client.containers() == [
-                ContainerDevices("team", "w0", "main", "dsagent.io/gpu-roce1", (gpu_uuid(0), gpu_uuid(1)))]
+                ContainerDevices("team", "w0", "main", "dsagent.io/gpu-roce1", (gpu_uuid(0), gpu_uuid(1)))
+            ]
             assert await client.listed() == [("dsagent.io/gpu-roce1", [gpu_uuid(0), gpu_uuid(1)])]
             assert await client.free_gpus(dgx_a100, PREFIXES) == [2, 3]
             fake.allocatable = None  # a kubelet older than 1.21
@@ -69,5 +75,3 @@ def test_client_against_a_fake_kubelet(short_dir: Path, dgx_a100: Topology) -> N
             await PodResourcesClient(short_dir / "dead.sock", timeout=2).containers()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
-
-

@@ -16,8 +16,14 @@ from tests.sysfs_vf import build_dgx_a100_vfs
 
 
 def test_device_plugin_settings() -> None:
-    settings = Settings.from_env({"DSAGENT_DEVICE_PLUGIN": "on", "DSAGENT_RESOURCE_PREFIX": "example.com",
-                                  "DSAGENT_DEVICE_PLUGIN_DIR": "/k/dp", "DSAGENT_POD_RESOURCES_SOCKET": "/k/pr.sock"})
+    settings = Settings.from_env(
+        {
+            "DSAGENT_DEVICE_PLUGIN": "on",
+            "DSAGENT_RESOURCE_PREFIX": "example.com",
+            "DSAGENT_DEVICE_PLUGIN_DIR": "/k/dp",
+            "DSAGENT_POD_RESOURCES_SOCKET": "/k/pr.sock",
+        }
+    )
     assert (settings.device_plugin, settings.resource_prefix) == (True, "example.com")
     assert (settings.device_plugin_dir, settings.pod_resources_socket) == (Path("/k/dp"), Path("/k/pr.sock"))
     defaults = Settings()
@@ -33,9 +39,14 @@ def test_device_plugin_settings() -> None:
 def test_serve_starts_and_registers_the_plugin(short_dir: Path, tmp_path: Path, dgx_a100: Topology) -> None:
     build_dgx_a100_vfs(tmp_path / "sys-root")
     (short_dir / "dp").mkdir()
-    settings = Settings(root=tmp_path / "root", device_plugin=True, resource_prefix="example.com",
-                        device_plugin_dir=short_dir / "dp", pod_resources_socket=short_dir / "none.sock",
-                        host_root=Path("/nvme/dsagent"))
+    settings = Settings(
+        root=tmp_path / "root",
+        device_plugin=True,
+        resource_prefix="example.com",
+        device_plugin_dir=short_dir / "dp",
+        pod_resources_socket=short_dir / "none.sock",
+        host_root=Path("/nvme/dsagent"),
+    )
 
     async def scenario() -> None:
         kubelet = FakeKubelet(short_dir / "dp")
