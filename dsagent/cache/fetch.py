@@ -287,11 +287,12 @@ async def fetch_bundles(
             return
         if from_peer is not None and from_peer(bundle, index):
             return
+        assert source.bundles is not None  # fetch_bundles is called for a source with bundles only
         unpack_bundle(
             source.bundles,
             manifest,
             bundle,
-            staging,  # type: ignore[arg-type]
+            staging,
             storage_options=source.storage_options,
             progress=progress.add,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -191,7 +192,7 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
     return lines
 
 
-def _wait_until_up(client: object, agent: object, timeout: float = 60.0) -> None:
+def _wait_until_up(client: object, agent: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     from dsagent.api.client import AgentClient
     from dsagent.errors import AgentUnreachable
 

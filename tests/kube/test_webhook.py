@@ -190,7 +190,9 @@ def webhook_server(
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"webhook did not start: {process.stdout.read() if process.stdout else ''!r}") from None
+                    raise RuntimeError(
+                        f"webhook did not start: {process.stdout.read() if process.stdout else ''!r}"
+                    ) from None
                 time.sleep(0.1)
         yield server
     finally:
