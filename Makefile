@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test typecheck lint-imports pytest clean
+.PHONY: demo test lint typecheck lint-imports pytest clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,16 +23,21 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 demo: $(VENV)/.runtime-installed
 	$(PY) -m dsagent.cli.demo
 
+lint: $(VENV)/.test-installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 lint-imports: $(VENV)/.test-installed
 	$(VENV)/bin/lint-imports
 
 typecheck: $(VENV)/.test-installed
 	$(PY) -m mypy
 
+# -n auto: one worker per core (pytest-xdist); PYTEST_ARGS="-n 0 -k name" runs one test in-process
 pytest: $(VENV)/.test-installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
-test: lint-imports typecheck pytest
+test: lint lint-imports typecheck pytest
 
 clean:
 	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache
