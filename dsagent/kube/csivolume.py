@@ -105,15 +105,7 @@ def wait_container(injection: Injection, name: str) -> dict[str, Any]:
         "imagePullPolicy": injection.image_pull_policy,
         "command": ["/bin/sh", "-c", INIT_WAIT_SCRIPT],
         "volumeMounts": [mount()],
-        "securityContext": {
-            "runAsUser": injection.run_as_user,
-            "runAsGroup": injection.run_as_group,
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": injection.security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if injection.resources:

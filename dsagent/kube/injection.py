@@ -47,6 +47,18 @@ class Injection:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise InvalidInput(f"injection: {name} must be a non-root id (>= 1)")
 
+    def security_context(self) -> dict[str, Any]:
+        """The injected containers' security context: Pod Security ``restricted``, as the image's user."""
+        return {
+            "runAsUser": self.run_as_user,
+            "runAsGroup": self.run_as_group,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
     @property
     def socket_path(self) -> str:
         return posixpath.join(self.socket_mount_path, "dsagent.sock")

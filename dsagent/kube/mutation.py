@@ -193,15 +193,7 @@ def init_container(
                 "readOnly": True,
             },
         ],
-        "securityContext": {
-            "runAsUser": injection.run_as_user,
-            "runAsGroup": injection.run_as_group,
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": injection.security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if injection.resources:
