@@ -41,7 +41,6 @@ duration; write with the resourceVersion read, so two candidates never both win)
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.errors import DsagentError
+from dsagent.kube.apiclient import micro_time, parse_time
 
 log = logging.getLogger("dsagent.controller")
 
@@ -64,19 +64,6 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON = dict[str, Any]
 # (node, method, path, body) -> (HTTP status, JSON answer); None when the node has no agent
 AgentCall = Callable[[str, str, str, "JSON | None"], "tuple[int, Any] | None"]
-
-
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: Any) -> float | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # -- leader election -----------------------------------------------------------------------
@@ -106,7 +93,7 @@ class LeaseElector:
         from kubernetes.client.exceptions import ApiException
 
         now = self.clock()
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_s, "renewTime": _iso(now)}
+        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_s, "renewTime": micro_time(now)}
         try:
             current = json.loads(
                 self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False).data
@@ -119,7 +106,7 @@ class LeaseElector:
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": {**spec, "acquireTime": _iso(now), "leaseTransitions": 0},
+                "spec": {**spec, "acquireTime": micro_time(now), "leaseTransitions": 0},
             }
             try:
                 self._api.create_namespaced_lease(self.namespace, body, _preload_content=False)
@@ -128,14 +115,14 @@ class LeaseElector:
             return True
         held = current.get("spec") or {}
         holder = held.get("holderIdentity")
-        renewed = _parse_time(held.get("renewTime")) or 0.0
+        renewed = parse_time(held.get("renewTime")) or 0.0
         given = held.get("leaseDurationSeconds")
         duration = given if isinstance(given, int) else self.duration_s
         if holder not in (None, "", self.identity) and renewed + duration > now:
             return False  # someone else leads and is alive
         new_spec = dict(held, **spec)
         if holder != self.identity:
-            new_spec["acquireTime"] = _iso(now)
+            new_spec["acquireTime"] = micro_time(now)
             new_spec["leaseTransitions"] = int(held.get("leaseTransitions") or 0) + 1
         current["spec"] = new_spec  # metadata.resourceVersion stays: a concurrent writer gets 409
         try:
@@ -386,7 +373,7 @@ class DatasetController:
             log.info(
                 "Dataset %s/%s: source listing %s is new; packing in Job %s", namespace, name, fingerprint[:12], job
             )
-            return {"fingerprint": fingerprint, "job": job, "state": "Running", "startTime": _iso(self.clock())}
+            return {"fingerprint": fingerprint, "job": job, "state": "Running", "startTime": micro_time(self.clock())}
         conditions = {
             c.get("type"): c for c in (found.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
         }
@@ -395,7 +382,7 @@ class DatasetController:
             "fingerprint": fingerprint,
             "job": job,
             "state": state,
-            "startTime": previous.get("startTime") or _iso(self.clock()),
+            "startTime": previous.get("startTime") or micro_time(self.clock()),
         }
         if state == "Failed":
             out["message"] = str(
@@ -474,7 +461,7 @@ class DatasetController:
     ) -> JSON:
         task = warm_task_id(namespace, name)
         before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
-        start = _parse_time(warm.get("startTime")) if warm else None
+        start = parse_time(warm.get("startTime")) if warm else None
         if warm is None or (start is not None and start > self.clock()):
             for node in before:
                 self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
@@ -549,7 +536,7 @@ class DatasetController:
             code, _ = answer
             (evicted if code == 200 else kept if code == 409 else absent).append(node)
         log.info("cleanup of dataset %s: evicted on %s, kept (in use) on %s", name, evicted, kept)
-        return {"request": request, "time": _iso(self.clock()), "evictedNodes": evicted, "keptInUse": kept}
+        return {"request": request, "time": micro_time(self.clock()), "evictedNodes": evicted, "keptInUse": kept}
 
     # -- plumbing -------------------------------------------------------------------------
 

@@ -29,7 +29,6 @@ part takes an unmodified ``kubernetes`` ApiClient.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -43,7 +42,7 @@ from typing import Any
 from cachetools import TTLCache
 
 from dsagent.errors import Conflict, DsagentError, NotFound, SettingsError
-from dsagent.kube.apiclient import translated
+from dsagent.kube.apiclient import micro_time, parse_time, translated
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.units import UnitError, parse_duration
 
@@ -217,20 +216,6 @@ def controller_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
                 "blockOwnerDeletion": False,
             }
     return None
-
-
-def micro_time(when: float) -> str:
-    """A Kubernetes MicroTime (RFC 3339, microseconds, UTC)."""
-    return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: Any) -> float | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # -- the API part ------------------------------------------------------------------------
@@ -465,7 +450,7 @@ class GpuClassPolicy:
         if owners:
             return owner is not None and all(o.get("uid") != owner["uid"] for o in owners if isinstance(o, dict))
         spec = lease.get("spec") or {}
-        renewed = _parse_time(spec.get("renewTime") or spec.get("acquireTime"))
+        renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime"))
         duration = spec.get("leaseDurationSeconds")
         if renewed is None or not isinstance(duration, int):
             return False
@@ -476,7 +461,7 @@ class GpuClassPolicy:
         if (lease.get("metadata") or {}).get("ownerReferences"):
             return
         spec = lease.get("spec") or {}
-        renewed = _parse_time(spec.get("renewTime"))
+        renewed = parse_time(spec.get("renewTime"))
         duration = spec.get("leaseDurationSeconds")
         if renewed is None or not isinstance(duration, int) or self.kube.now() - renewed < duration / 2:
             return
