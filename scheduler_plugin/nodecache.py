@@ -1,7 +1,8 @@
 """A watch-backed cache of Nodes and Pods, for ``nodeCacheCapable`` (names-only) requests.
 
 Daemon threads list then watch ``/api/v1/nodes``, ``/api/v1/pods`` and the ``Dataset``
-custom resources (optional: the CRD may be absent) with the official ``kubernetes`` client (raw JSON, no model deserialization: thousands of Nodes
+custom resources (optional: the CRD may be absent) with the official ``kubernetes`` client
+(raw JSON, no model deserialization: thousands of Nodes
 must stay cheap), resuming from the last ``resourceVersion`` (bookmarks included) and
 re-listing on ``410 Gone``. Node objects become :class:`NodeFacts` through the shared
 :class:`NodeReader`; active pods bound to a node count against its free GPUs when the

@@ -336,7 +336,8 @@ def decide(
 
     ``bandwidth_of(allocation)`` is the plan's ``bw``; ``prefer`` breaks best-fit ties between
     nodes with equal free GPUs. ``start_of(allocation)`` is the plan's ``t_start`` (project
-    extension: when its data will be on every node of the plan); by default ``now``. ``sizes`` limits the GPU counts tried (e.g. powers of two,
+    extension: when its data will be on every node of the plan); by default ``now``. ``sizes``
+    limits the GPU counts tried (e.g. powers of two,
     for jobs whose global batch must divide evenly); by default every count. Without a deadline
     every plan meets it and (12) degenerates; the deadline is then taken as ``inf`` and the
     plan with the smallest GPU-time among those that pay off (11) wins.

@@ -171,6 +171,7 @@ def eviction_out(result: EvictionResult) -> dict[str, Any]:
 
 
 __all__ = [
-    "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut", "InventoryOut",
+    "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut",
+    "InventoryOut",
     "ReleaseOut", "StatusOut", "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
 ]  # fmt: skip

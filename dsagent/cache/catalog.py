@@ -196,7 +196,8 @@ class Catalog:
         """Record a fetch starting (or restarting after a failure or crash)."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at, last_used, resolved_at)"
+                "INSERT INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at, last_used,"
+                " resolved_at)"
                 " VALUES (?, ?, 'fetching', ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (name, digest) DO UPDATE SET state = 'fetching', error = NULL,"
                 " source = excluded.source, bundles = excluded.bundles, resolved_at = excluded.resolved_at",
@@ -206,7 +207,8 @@ class Catalog:
     def mark_ready(self, name: str, digest: str, *, now: float) -> None:
         with self._tx() as db:
             db.execute(
-                "UPDATE versions SET state = 'ready', ready_at = ?, last_used = ?, error = NULL WHERE name = ? AND digest = ?",
+                "UPDATE versions SET state = 'ready', ready_at = ?, last_used = ?, error = NULL"
+                " WHERE name = ? AND digest = ?",
                 (now, now, name, digest),
             )
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))

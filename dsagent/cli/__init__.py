@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("DSCTL_DEBUG"):
             raise
         click.echo(
-            f"dsctl: error: internal error: {type(exc).__name__}: {exc} (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)",
+            f"dsctl: error: internal error: {type(exc).__name__}: {exc}"
+            " (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)",
             err=True,
         )
         sys.exit(1)

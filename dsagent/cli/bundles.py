@@ -195,7 +195,8 @@ def _manifest_json(manifest: Manifest) -> dict[str, Any]:
     "publish_namespace",
     metavar="NAMESPACE",
     default=None,
-    help="Record the packed digest in the status of Dataset NAME in NAMESPACE (created if missing; needs a kubeconfig or a service account).",
+    help="Record the packed digest in the status of Dataset NAME in NAMESPACE"
+    " (created if missing; needs a kubeconfig or a service account).",
 )
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
@@ -234,13 +235,15 @@ def pack(
         published = publish(packed, namespace=publish_namespace, source=source, bundles=store)
     data = {
         "name": packed.name, "digest": packed.digest, "files": packed.file_count, "bytes": packed.total_bytes,
-        "bundles": len(packed.bundles), "written": len(packed.bundles) - reused, "reused": reused, "storedBytes": compressed,
+        "bundles": len(packed.bundles), "written": len(packed.bundles) - reused, "reused": reused,
+        "storedBytes": compressed,
         "seconds": round(elapsed, 3), **({"published": f"{published.namespace}/{published.name}"} if published else {}),
     }  # fmt: skip
     line = (
         f"packed {packed.name}: {packed.file_count} files, {format_size(packed.total_bytes)} into "
         f"{len(packed.bundles)} bundles ({len(packed.bundles) - reused} written, {reused} reused, "
-        f"{format_size(compressed)} stored) in {elapsed:.1f} s ({_rate(packed.total_bytes, elapsed)}); digest {packed.digest}"
+        f"{format_size(compressed)} stored) in {elapsed:.1f} s ({_rate(packed.total_bytes, elapsed)}); "
+        f"digest {packed.digest}"
     )
     if published is not None:
         line += f"\npublished Dataset {published.namespace}/{published.name}: digest {published.digest}"
@@ -290,7 +293,8 @@ def unpack(
     }
     _emit(output, data, (
         f"unpacked {manifest.name} into {dest}: {manifest.file_count} files, {format_size(manifest.total_bytes)} "
-        f"from {len(manifest.bundles)} bundles, all verified, in {elapsed:.1f} s ({_rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
+        f"from {len(manifest.bundles)} bundles, all verified, in {elapsed:.1f} s "
+        f"({_rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
     ))  # fmt: skip
 
 
@@ -330,5 +334,6 @@ def verify(
     _emit(
         output,
         data,
-        f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, digest {manifest.digest} ({elapsed:.1f} s)",
+        f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, "
+        f"digest {manifest.digest} ({elapsed:.1f} s)",
     )

@@ -149,7 +149,10 @@ def describe(record: dict[str, Any]) -> str:
         filled = int(width * done / total) if total else width
         etas = [d["etaSeconds"] for d in datasets if d["etaSeconds"] is not None]
         eta = f" eta {max(etas):.0f}s" if etas else ""
-        return f"[{'#' * filled}{'.' * (width - filled)}] {format_size(done)}/{format_size(total)} {format_size(rate)}/s{eta}  {states}"
+        return (
+            f"[{'#' * filled}{'.' * (width - filled)}] "
+            f"{format_size(done)}/{format_size(total)} {format_size(rate)}/s{eta}  {states}"
+        )
     return f"task {record['task']}: {record['state']}  {states}"
 
 
@@ -170,7 +173,8 @@ def describe(record: dict[str, Any]) -> str:
 @store_options
 @agent_options
 def cache(
-    specs: tuple[str, ...], bundles: str | None, task_id: str | None, from_env: bool, wait: bool, timeout: float | None, output: str,
+    specs: tuple[str, ...], bundles: str | None, task_id: str | None, from_env: bool, wait: bool, timeout: float | None,
+    output: str,
     source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
     store_options_files: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None,
 ) -> None:  # fmt: skip
@@ -285,7 +289,8 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     click.echo(
-        f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} of {format_size(listing['capacityBytes'])}"
+        f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} "
+        f"of {format_size(listing['capacityBytes'])}"
     )
 
 

@@ -72,7 +72,8 @@ def run(root: Path = DEMO_ROOT) -> list[str]:
     stored = sum(b.compressed_size for b in packed.bundles)
     say(
         "packed",
-        f"into {len(packed.bundles)} tar+zstd bundles of at most {format_size(MAX_BYTES)} ({format_size(stored)} stored) in {time.monotonic() - start:.2f} s",
+        f"into {len(packed.bundles)} tar+zstd bundles of at most {format_size(MAX_BYTES)} "
+        f"({format_size(stored)} stored) in {time.monotonic() - start:.2f} s",
     )
 
     changed = source / packed.entries[len(packed.entries) // 2].path
@@ -80,7 +81,8 @@ def run(root: Path = DEMO_ROOT) -> list[str]:
     repacked, reused = write_bundles(build_manifest(source, name=DATASET), source, store, max_bytes=MAX_BYTES)
     say(
         "re-packed",
-        f"after changing {changed.name}: {len(repacked.bundles) - reused} bundle rewritten, {reused} reused; new digest {repacked.digest}",
+        f"after changing {changed.name}: {len(repacked.bundles) - reused} bundle rewritten, {reused} reused; "
+        f"new digest {repacked.digest}",
     )
 
     start = time.monotonic()
@@ -163,14 +165,16 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
         for row in client.datasets()["datasets"]:
             say(
                 "listed",
-                f"{row['name']} {row['digest'][:12]} {row['state']} {format_size(row['sizeBytes'])} {row['files']} files, in use: {row['inUse']}",
+                f"{row['name']} {row['digest'][:12]} {row['state']} {format_size(row['sizeBytes'])} "
+                f"{row['files']} files, in use: {row['inUse']}",
             )
         client.release_task("train-job-1")
         client.release_task("train-job-2")
         space = client.datasets()
         say(
             "released",
-            f"both tasks; free {format_size(space['freeBytes'])}, {AGENT_DATASET} needs 1.2 x {format_size(second.total_bytes)}",
+            f"both tasks; free {format_size(space['freeBytes'])}, "
+            f"{AGENT_DATASET} needs 1.2 x {format_size(second.total_bytes)}",
         )
         record = client.submit_task(
             "train-job-3",
@@ -181,7 +185,8 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
         evicted = int(float(_metric(client.metrics(), 'dsagent_evictions_total{reason="space"}')))
         say(
             "evicted",
-            f"{evicted} dataset ({DATASET}, least recently used) to cache {AGENT_DATASET}: {record['state']}; cache now holds {', '.join(held)}",
+            f"{evicted} dataset ({DATASET}, least recently used) to cache {AGENT_DATASET}: {record['state']}; "
+            f"cache now holds {', '.join(held)}",
         )
         client.close()
     finally:

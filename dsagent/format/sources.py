@@ -19,7 +19,8 @@ its ``cache_storage`` directory, ``tar://`` opens its ``fo``). So:
 - every storage-option key must be in the protocol's key allowlist, and values are plain
   JSON scalars, except keys allowed as ``key.*`` / ``key.sub`` (a mapping of scalars, e.g.
   HTTP ``headers``, S3 ``client_kwargs.region_name``);
-- a local path (``/x``, ``file:///x``, ``local:///x``; never ``file://host/x``) is first checked lexically against ``DSAGENT_LOCAL_SOURCES`` (no syscall
+- a local path (``/x``, ``file:///x``, ``local:///x``; never ``file://host/x``) is first
+  checked lexically against ``DSAGENT_LOCAL_SOURCES`` (no syscall
   on a path outside them), then resolved (every symlink, ``..``) and checked again, and
   must be a directory or a regular file: a FIFO, socket or device is refused without
   being opened (opening a FIFO blocks a worker thread forever).

@@ -4,7 +4,8 @@ Who calls it: manifest building, bundle packing and unpacking, and the agent's f
 What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
 translating what the filesystems raise into dsagent's error tree where it enters. Which
 foreign error means what (unreachable, credentials, permission, not found), the URL form
-check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`. What the *agent* may open is decided before
+check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`. What
+the *agent* may open is decided before
 this module is reached, from the URL's text: :mod:`dsagent.format.sources`.
 """
 

@@ -133,11 +133,14 @@ def _short(exc: BaseException) -> str:
 
 
 CREDENTIALS_HINT = {
-    "aws": "give credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment (in a pod: env from a Secret), "
+    "aws": "give credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment "
+    "(in a pod: env from a Secret), "
     "or the key/secret storage options; for S3-compatible stores also endpoint_url",
-    "gcs": "give credentials: GOOGLE_APPLICATION_CREDENTIALS pointing at a service-account key (in a pod: a mounted Secret), "
+    "gcs": "give credentials: GOOGLE_APPLICATION_CREDENTIALS pointing at a service-account key "
+    "(in a pod: a mounted Secret), "
     "or the token storage option",
-    "azure": "give credentials: AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_CONNECTION_STRING "
+    "azure": "give credentials: AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY "
+    "or AZURE_STORAGE_CONNECTION_STRING "
     "in the environment (in a pod: env from a Secret), or the account_name/account_key storage options",
     "other": "check the store's credentials (environment variables or storage options)",
 }

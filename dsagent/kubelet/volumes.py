@@ -171,7 +171,8 @@ def storage_options(dataset: Mapping[str, Any], secrets: Mapping[str, str] | Non
         return None
     if not secrets or key not in secrets:
         raise InvalidInput(
-            f"dataset {dataset['name']!r} needs key {key!r} of the volume's nodePublishSecretRef, which the kubelet did not pass",
+            f"dataset {dataset['name']!r} needs key {key!r} of the volume's nodePublishSecretRef, "
+            "which the kubelet did not pass",
             hint="check the Secret named in the pod's csi volume and its keys",
         )
     try:

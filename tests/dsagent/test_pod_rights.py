@@ -36,7 +36,10 @@ def unix_client(agent: Any, token: str | None = None) -> httpx.Client:
 
 @pytest.fixture
 def pod_agent(agent_factory: Any, tmp_path: Path, memory_root: str) -> Any:
-    systemd_slice = f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
+    systemd_slice = (
+        "0::/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{POD.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
+    )
     proc = fake_proc(tmp_path / "proc", os.getpid(), systemd_slice)
     return agent_factory(env={"DSAGENT_PROC_ROOT": str(proc)})
 

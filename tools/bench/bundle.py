@@ -157,7 +157,10 @@ def report(
 ) -> None:
     def line(who: str, result: tuple[float, float]) -> str:
         seconds, cpu = result
-        return f"  {who:<40} {seconds:8.2f} s {total / seconds / 1e6:9.1f} MB/s {files / seconds:10.0f} files/s   CPU {cpu:6.2f} s"
+        return (
+            f"  {who:<40} {seconds:8.2f} s {total / seconds / 1e6:9.1f} MB/s {files / seconds:10.0f} files/s"
+            f"   CPU {cpu:6.2f} s"
+        )
 
     print(f"{what}")
     print(line("dsagent", ours))
@@ -165,7 +168,8 @@ def report(
     if extra is not None:
         print(line(*extra))
     print(
-        f"  {'ratio (dsagent / C throughput)':<40} {theirs[0] / ours[0]:8.2f}x   (CPU time C / dsagent: {theirs[1] / ours[1]:.2f}x)",
+        f"  {'ratio (dsagent / C throughput)':<40} {theirs[0] / ours[0]:8.2f}x"
+        f"   (CPU time C / dsagent: {theirs[1] / ours[1]:.2f}x)",
         flush=True,
     )
 

@@ -97,7 +97,8 @@ def main() -> None:
         wall = statistics.median(walls[who])
         print(
             f"  {label:<34} {wall:7.3f} s {total / wall / 1e6:9.1f} MB/s {files / wall:9.0f} files/s"
-            f"   CPU {statistics.median(cpu[who]) / files * 1e6:5.1f} us/file   runs {' '.join(f'{w:.2f}' for w in walls[who])}"
+            f"   CPU {statistics.median(cpu[who]) / files * 1e6:5.1f} us/file"
+            f"   runs {' '.join(f'{w:.2f}' for w in walls[who])}"
         )
     if walls["xxh128sum"]:
         ratio = statistics.median(walls["xxh128sum"]) / statistics.median(walls["dsagent"])

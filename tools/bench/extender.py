@@ -240,7 +240,8 @@ def main() -> None:
         f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB, {opts.client} client"
     )
     print(
-        f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}"
+        f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}"
     )
     with FakeApiServer() as api, tempfile.TemporaryDirectory(dir=opts.workdir) as tmp:
         for obj in nodes:

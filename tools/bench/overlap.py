@@ -277,7 +277,8 @@ def main() -> None:
         modes = ("baseline", "overlap", "init") + (() if skip_csi else ("csi",))
         starts = {mode: run_mode(work, source, mode, args.pull) for mode in modes}
     print(
-        f"dataset: {args.files} files x {args.file_size} B; app image pull: {args.pull:.2f}s; caching alone: {cache:.2f}s"
+        f"dataset: {args.files} files x {args.file_size} B; app image pull: {args.pull:.2f}s; "
+        f"caching alone: {cache:.2f}s"
     )
     for mode, start in starts.items():
         print(f"  training starts after {start:6.2f}s  ({mode})")
@@ -289,7 +290,8 @@ def main() -> None:
         print(skip_csi)
     else:
         print(
-            f"csi     / baseline = {starts['csi'] / starts['baseline']:.3f}  (the CSI volume: <= 1 + noise when pull > caching)"
+            f"csi     / baseline = {starts['csi'] / starts['baseline']:.3f}"
+            "  (the CSI volume: <= 1 + noise when pull > caching)"
         )
 
 

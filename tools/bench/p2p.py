@@ -316,8 +316,10 @@ def main(argv: list[str] | None = None) -> None:
         alone = run(work / "run", store, args.agents, peers=False, workers=args.workers)
         shared = run(work / "run", store, args.agents, peers=True, workers=args.workers)
 
-        print(f"\ndataset: {args.files:,} files, {format_size(total)}, {len(manifest.bundles)} bundles, {format_size(packed)} packed; "
-              f"{args.agents} agents on 127.0.0.1, {args.workers} fetch workers each; {os.cpu_count()} CPUs")  # fmt: skip
+        print(f"\ndataset: {args.files:,} files, {format_size(total)}, {len(manifest.bundles)} bundles, "
+              f"{format_size(packed)} packed; "
+              f"{args.agents} agents on 127.0.0.1, {args.workers} fetch workers each; "
+              f"{os.cpu_count()} CPUs")  # fmt: skip
         print(f"{'':<16} {'all ready':>10} {'store (bundles)':>18} {'x dataset':>10} {'peers served':>14}")
         for label, result in (("without peers", alone), ("with peers", shared)):
             print(f"{label:<16} {result['seconds']:>8.2f} s {format_size(result['store_bundles']):>18} "
@@ -326,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
               f"the other {args.agents - 1} (from peers) {shared['seconds'] - shared['first']:.2f} s")  # fmt: skip
         ratio = shared["store_bundles"] / packed
         print(
-            f"target: the store serves <= 1.5x the dataset with peers: {ratio:.2f}x ({'met' if ratio <= 1.5 else 'NOT met'})"
+            f"target: the store serves <= 1.5x the dataset with peers: {ratio:.2f}x "
+            f"({'met' if ratio <= 1.5 else 'NOT met'})"
         )
     finally:
         if server is not None:

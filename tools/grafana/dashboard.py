@@ -26,7 +26,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
             (
                 "hit ratio",
                 "sum(rate(dsagent_cache_hits_total[$__rate_interval])) / "
-                "(sum(rate(dsagent_cache_hits_total[$__rate_interval])) + sum(rate(dsagent_cache_misses_total[$__rate_interval])))",
+                "(sum(rate(dsagent_cache_hits_total[$__rate_interval])) + "
+                "sum(rate(dsagent_cache_misses_total[$__rate_interval])))",
             )
         ],
     ),
@@ -66,7 +67,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             (
                 "{{verb}}",
-                "histogram_quantile(0.95, sum by (le, verb) (rate(dsplatform_extender_request_duration_seconds_bucket[$__rate_interval])))",
+                "histogram_quantile(0.95, sum by (le, verb) "
+                "(rate(dsplatform_extender_request_duration_seconds_bucket[$__rate_interval])))",
             )
         ],
     ),
