@@ -75,7 +75,10 @@ def test_files_are_accounted_in_blocks_and_a_full_disk_loses_nothing(
         assert record["state"] == "failed", record
         assert record["datasets"][0]["error"]["code"] == "insufficient_space", record
         assert not any((small_disk / "cache" / "staging").rglob("*")), "partial staging was left"
-        assert shutil.disk_usage(small_disk).free >= free_before - (1 << 20)
+        # nothing of the failed copy stays; the stat-keyed digest cache of the local source
+        # (digests.db and its WAL) may keep what it learned, and is only a cache
+        learned = sum(p.stat().st_size for p in (small_disk / "cache").glob("digests.db*"))
+        assert shutil.disk_usage(small_disk).free >= free_before - (1 << 20) - learned
         # the agent still works: a small dataset is cached, a repeat of the big one fails the same way
         assert put(http, "few", "few", few).json()["state"] == "ready"
         again = put(http, "many-2", "many", many)
