@@ -22,8 +22,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from dsagent.cache.catalog import Catalog
-from dsagent.cache.claims import Claims
 from dsagent.cache.fetch import (
     Source,
     copy_and_digest,
@@ -33,13 +31,10 @@ from dsagent.cache.fetch import (
     list_remote,
     listing_matches,
 )
-from dsagent.cache.flights import Flights
-from dsagent.cache.layout import Key, Store
-from dsagent.cache.metrics import Metrics, error_code
+from dsagent.cache.layout import Key
+from dsagent.cache.metrics import error_code
+from dsagent.cache.node import Node
 from dsagent.cache.peers import PeerFetcher, bundle_options
-from dsagent.cache.pools import Pools
-from dsagent.cache.progress import ProgressBoard
-from dsagent.cache.settings import Settings
 from dsagent.cache.space import Space
 from dsagent.cache.task import redact_url
 from dsagent.errors import DsagentError, InsufficientSpace, IntegrityError, NotFound
@@ -53,27 +48,14 @@ log = logging.getLogger("dsagent")
 
 
 class Versions:
-    """Resolves and fetches versions; shares pools, catalog, store and space with the service."""
+    """Resolves and fetches versions; shares the node's state and its space with the service."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        pools: Pools,
-        catalog: Callable[[], Catalog],
-        store: Store,
-        clock: Callable[[], float],
-        metrics: Metrics,
-        space: Space,
-        claims: Claims,
-        flights: Flights,
-        progress: ProgressBoard,
-        peers: PeerFetcher | None = None,
-    ) -> None:
-        self.peers = peers
-        self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
-        self.metrics, self.space, self.claims, self.flights, self.progress = metrics, space, claims, flights, progress
-        self._fetch_slots = asyncio.Semaphore(settings.max_fetches)
+    def __init__(self, node: Node, *, space: Space, peers: PeerFetcher | None = None) -> None:
+        self.peers, self.space = peers, space
+        self.settings, self.pools, self.store, self.clock = node.settings, node.pools, node.store, node.clock
+        self._catalog = node.catalog
+        self.metrics, self.claims, self.flights, self.progress = node.metrics, node.claims, node.flights, node.progress
+        self._fetch_slots = asyncio.Semaphore(node.settings.max_fetches)
 
     async def stored_manifest(self, name: str, digest: str) -> Manifest | None:
         data = await self.pools.work(self.store.read_manifest_bytes, name, digest)
@@ -286,10 +268,11 @@ class Versions:
 
         In this order, which recovery (:mod:`dsagent.cache.recovery`) relies on: the catalog
         records the version as fetching (so its staging is owned, kept and resumable), its
-        manifest is written, ``stage`` puts the data in its staging directory (fetches it, or
-        renames a finished copy there), the staging directory is renamed into place, and only then is the version committed ready (so a ready row
-        always has its directory; a lost commit is redone from the directory). The caller
-        holds the version's reservation and handles errors; nothing here catches one."""
+        manifest is written, ``stage`` puts the data in its staging directory (fetches it,
+        or renames a finished copy there), the staging directory is renamed into place,
+        and only then is the version committed ready (so a ready row always has its
+        directory; a lost commit is redone from the directory). The caller holds the
+        version's reservation and handles errors; nothing here catches one."""
         key = (manifest.name, manifest.digest)
         await self.pools.db(
             self._catalog().begin_version,
