@@ -19,7 +19,8 @@ coordinates, so every node-cache rule (docs/design.md#rules) is enforced from he
 6. Concurrency: ``max_fetches`` datasets at once, ``fetch_workers`` threads each;
    concurrent requests for one dataset version share one fetch (:mod:`dsagent.cache.flights`).
 
-The parts: :mod:`dsagent.cache.pools` (threads), :mod:`dsagent.cache.space`, :mod:`dsagent.cache.versions`,
+The parts: :mod:`dsagent.cache.pools` (threads), :mod:`dsagent.cache.space`, :mod:`dsagent.cache.versions`
+(both take the :class:`dsagent.cache.node.Node` it builds once: the node's shared state),
 :mod:`dsagent.cache.progress`, :mod:`dsagent.cache.recovery` (after a crash :meth:`start` reconciles
 catalog and disk and resumes interrupted fetches) and :mod:`dsagent.cache.report` (answers).
 Everything runs on one event loop; blocking work goes to the pools.
@@ -42,6 +43,7 @@ from dsagent.cache.fetch import Source
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
+from dsagent.cache.node import Node
 from dsagent.cache.peers import PeerFetcher, PeerServer, ServedBundle, find_bundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
@@ -81,8 +83,8 @@ class CacheService:
         self._flights = Flights()
         self._claims = Claims()
         self._progress = ProgressBoard()
-        self._space = Space(
-            settings,
+        self.node = Node(
+            settings=settings,
             pools=self.pools,
             catalog=lambda: self.catalog,
             store=self.store,
@@ -92,23 +94,12 @@ class CacheService:
             flights=self._flights,
             progress=self._progress,
         )
+        self._space = Space(self.node)
         self.peers = PeerFetcher(settings, self.store, self.metrics)
         self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._versions = Versions(
-            settings,
-            pools=self.pools,
-            catalog=lambda: self.catalog,
-            store=self.store,
-            clock=clock,
-            metrics=self.metrics,
-            space=self._space,
-            claims=self._claims,
-            flights=self._flights,
-            progress=self._progress,
-            peers=self.peers,
-        )
+        self._versions = Versions(self.node, space=self._space, peers=self.peers)
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}

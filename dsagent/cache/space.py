@@ -24,18 +24,13 @@ import asyncio
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dsagent.cache import eviction
-from dsagent.cache.catalog import Catalog, VersionRow
-from dsagent.cache.claims import Claims
-from dsagent.cache.flights import Flights
-from dsagent.cache.layout import Key, Store, validate_name
-from dsagent.cache.metrics import Metrics
-from dsagent.cache.pools import Pools
-from dsagent.cache.progress import ProgressBoard
-from dsagent.cache.settings import Settings
+from dsagent.cache.catalog import VersionRow
+from dsagent.cache.layout import Key, validate_name
+from dsagent.cache.node import Node
 from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
 from dsplatform.units import format_size
 
@@ -52,21 +47,10 @@ class EvictionResult:
 class Space:
     """The cache's space: one lock orders every reservation and deletion."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        pools: Pools,
-        catalog: Callable[[], Catalog],
-        store: Store,
-        clock: Callable[[], float],
-        metrics: Metrics,
-        claims: Claims,
-        flights: Flights,
-        progress: ProgressBoard,
-    ) -> None:
-        self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
-        self.metrics, self.claims, self.flights, self.progress = metrics, claims, flights, progress
+    def __init__(self, node: Node) -> None:
+        self.settings, self.pools, self.store, self.clock = node.settings, node.pools, node.store, node.clock
+        self._catalog = node.catalog
+        self.metrics, self.claims, self.flights, self.progress = node.metrics, node.claims, node.flights, node.progress
         self.lock = asyncio.Lock()
         self.reservations: dict[Key, int] = {}
         self._pins: Counter[Key] = Counter()  # versions a fetch hard-links bundles from

@@ -5,7 +5,8 @@ resolve per request identity, one fetch per version), so nothing here deduplicat
 What it owns: the consistency check (docs/design.md#rule-2) (:meth:`Versions.resolve`: the packed manifest,
 else a listing that matches the cached copy, else a digest, else a per-file copy that
 digests while it copies) and the fetch of a resolved version into staging, its atomic
-publication and its catalog commit (:meth:`Versions.fetch`). Space comes from
+publication and its catalog commit (:meth:`Versions.fetch`); both ways in make a version
+ready through one sequence (:meth:`Versions._make_ready`). Space comes from
 :mod:`dsagent.cache.space` (reserved before any byte is written); progress goes to
 :mod:`dsagent.cache.progress`; the fetch paths themselves are :mod:`dsagent.cache.fetch`.
 """
@@ -18,11 +19,9 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from dsagent.cache.catalog import Catalog
-from dsagent.cache.claims import Claims
 from dsagent.cache.fetch import (
     Source,
     copy_and_digest,
@@ -32,13 +31,10 @@ from dsagent.cache.fetch import (
     list_remote,
     listing_matches,
 )
-from dsagent.cache.flights import Flights
-from dsagent.cache.layout import Key, Store
-from dsagent.cache.metrics import Metrics, error_code
+from dsagent.cache.layout import Key
+from dsagent.cache.metrics import error_code
+from dsagent.cache.node import Node
 from dsagent.cache.peers import PeerFetcher, bundle_options
-from dsagent.cache.pools import Pools
-from dsagent.cache.progress import ProgressBoard
-from dsagent.cache.settings import Settings
 from dsagent.cache.space import Space
 from dsagent.cache.task import redact_url
 from dsagent.errors import DsagentError, InsufficientSpace, IntegrityError, NotFound
@@ -52,27 +48,14 @@ log = logging.getLogger("dsagent")
 
 
 class Versions:
-    """Resolves and fetches versions; shares pools, catalog, store and space with the service."""
+    """Resolves and fetches versions; shares the node's state and its space with the service."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        pools: Pools,
-        catalog: Callable[[], Catalog],
-        store: Store,
-        clock: Callable[[], float],
-        metrics: Metrics,
-        space: Space,
-        claims: Claims,
-        flights: Flights,
-        progress: ProgressBoard,
-        peers: PeerFetcher | None = None,
-    ) -> None:
-        self.peers = peers
-        self.settings, self.pools, self._catalog, self.store, self.clock = settings, pools, catalog, store, clock
-        self.metrics, self.space, self.claims, self.flights, self.progress = metrics, space, claims, flights, progress
-        self._fetch_slots = asyncio.Semaphore(settings.max_fetches)
+    def __init__(self, node: Node, *, space: Space, peers: PeerFetcher | None = None) -> None:
+        self.peers, self.space = peers, space
+        self.settings, self.pools, self.store, self.clock = node.settings, node.pools, node.store, node.clock
+        self._catalog = node.catalog
+        self.metrics, self.claims, self.flights, self.progress = node.metrics, node.claims, node.flights, node.progress
+        self._fetch_slots = asyncio.Semaphore(node.settings.max_fetches)
 
     async def stored_manifest(self, name: str, digest: str) -> Manifest | None:
         data = await self.pools.work(self.store.read_manifest_bytes, name, digest)
@@ -198,19 +181,12 @@ class Versions:
             self.space.move(pending, key, manifest.total_bytes)
             self.progress.rename(pending, key)
             try:
-                await self.pools.db(
-                    self._catalog().begin_version,
-                    *key,
-                    size_bytes=manifest.total_bytes,
-                    files=manifest.file_count,
-                    source=source.url,
+                await self._make_ready(
+                    manifest,
+                    source,
                     bundles=None,
-                    now=self.clock(),
+                    stage=lambda: self.pools.work(self.store.adopt, manifest.name, token, manifest.digest),
                 )
-                await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
-                await self.pools.work(self.store.adopt, manifest.name, token, manifest.digest)
-                await self.pools.work(self.store.publish, *key)
-                await self.pools.db(self._catalog().mark_ready, *key, now=self.clock())
             finally:
                 self.space.release(key)
                 self.progress.end(key)
@@ -264,32 +240,51 @@ class Versions:
 
     async def _fetch_reserved(self, source: Source, manifest: Manifest) -> None:
         key = (manifest.name, manifest.digest)
+
+        async def stage() -> None:
+            staging = self.store.staging_dir(*key)
+            await self.pools.work(lambda: staging.mkdir(parents=True, exist_ok=True))
+            progress = self.progress.start(key, manifest.total_bytes, manifest.file_count)
+            if manifest.bundles and source.bundles:
+                await self._fetch_bundles(source, manifest, staging)
+            else:
+                await fetch_files(
+                    source,
+                    manifest,
+                    staging,
+                    progress=progress,
+                    executor=self.pools.executor,
+                    workers=self.settings.fetch_workers,
+                )
+            await self.pools.work(finish, staging, manifest)
+            self.metrics.bytes_fetched(progress.bytes_done)
+
+        await self._make_ready(manifest, source, bundles=source.bundles if manifest.bundles else None, stage=stage)
+
+    async def _make_ready(
+        self, manifest: Manifest, source: Source, *, bundles: str | None, stage: Callable[[], Awaitable[object]]
+    ) -> None:
+        """Mark a version ready, the one sequence both ways in (a fetch, an adopted per-file copy) use.
+
+        In this order, which recovery (:mod:`dsagent.cache.recovery`) relies on: the catalog
+        records the version as fetching (so its staging is owned, kept and resumable), its
+        manifest is written, ``stage`` puts the data in its staging directory (fetches it,
+        or renames a finished copy there), the staging directory is renamed into place,
+        and only then is the version committed ready (so a ready row always has its
+        directory; a lost commit is redone from the directory). The caller holds the
+        version's reservation and handles errors; nothing here catches one."""
+        key = (manifest.name, manifest.digest)
         await self.pools.db(
             self._catalog().begin_version,
             *key,
             size_bytes=manifest.total_bytes,
             files=manifest.file_count,
             source=source.url,
-            bundles=source.bundles if manifest.bundles else None,
+            bundles=bundles,
             now=self.clock(),
         )
         await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
-        staging = self.store.staging_dir(*key)
-        await self.pools.work(lambda: staging.mkdir(parents=True, exist_ok=True))
-        progress = self.progress.start(key, manifest.total_bytes, manifest.file_count)
-        if manifest.bundles and source.bundles:
-            await self._fetch_bundles(source, manifest, staging)
-        else:
-            await fetch_files(
-                source,
-                manifest,
-                staging,
-                progress=progress,
-                executor=self.pools.executor,
-                workers=self.settings.fetch_workers,
-            )
-        await self.pools.work(finish, staging, manifest)
-        self.metrics.bytes_fetched(progress.bytes_done)
+        await stage()
         await self.pools.work(self.store.publish, *key)
         await self.pools.db(self._catalog().mark_ready, *key, now=self.clock())
 
