@@ -408,7 +408,7 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         raise SettingsError(
             f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
         ) from exc
-    node = NodeDevices(topology, vfs, settings.resource_prefix)
+    node = NodeDevices(topology, vfs, settings.resource_prefix, settings.roce_classes)
     if not node.resources:
         raise SettingsError(
             "this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node"
