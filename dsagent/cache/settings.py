@@ -376,7 +376,8 @@ class Settings(EnvSettings):
         unlisted = [p for p in self.protocols if p not in self.storage_option_keys]
         if unlisted:
             raise ValueError(
-                f"{ENV_PREFIX}PROTOCOLS: {unlisted} have no storage-option key allowlist (add them to {ENV_PREFIX}STORAGE_OPTION_KEYS, a JSON object)"
+                f"{ENV_PREFIX}PROTOCOLS: {unlisted} have no storage-option key allowlist"
+                f" (add them to {ENV_PREFIX}STORAGE_OPTION_KEYS, a JSON object)"
             )
         if len(str(self.socket).encode()) > 107:
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
@@ -391,7 +392,9 @@ class Settings(EnvSettings):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Settings from ``DSAGENT_*`` variables (flags in ``overrides`` win); one :class:`SettingsError` lists every bad one."""
+        """Settings from ``DSAGENT_*`` variables (flags in ``overrides`` win).
+
+        One :class:`SettingsError` lists every bad one."""
         try:
             return cls.read(environ, **overrides)
         except InvalidSettings as exc:
