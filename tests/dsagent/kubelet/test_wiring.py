@@ -113,3 +113,12 @@ def test_the_plugin_cuts_classes_by_the_mode_the_agent_publishes(
             await kubelet.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_class_rule_that_cannot_be_applied_stops_the_plugin_with_a_clear_error(
+    short_dir: Path, tmp_path: Path, dgx_a100: Topology
+) -> None:
+    """subnet mode on NICs without addresses: the agent publishes no classes, the plugin none either."""
+    settings = Settings(root=tmp_path / "root", roce_classes="subnet", device_plugin_dir=short_dir)
+    with pytest.raises(SettingsError, match="DSAGENT_ROCE_CLASSES=subnet"):
+        asyncio.run(start_device_plugin(settings, topology=dgx_a100, sysfs_root=tmp_path))
