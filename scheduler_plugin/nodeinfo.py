@@ -337,7 +337,9 @@ def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceCl
         doc = json.loads(text)
         topology = topology_from_dict(doc)
         raw_classes = doc.get("classes")
-        if isinstance(raw_classes, list) and raw_classes:
+        # as published, like the webhook reads them: [] is "no classes" (e.g. the agent's
+        # subnet rule could not be applied); only a document without the key is recomputed
+        if isinstance(raw_classes, list):
             classes = tuple(
                 RoceClassInfo(c["name"], frozenset(int(g) for g in c.get("gpus") or ()))
                 for c in raw_classes

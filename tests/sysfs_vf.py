@@ -1,9 +1,10 @@
-"""A synthetic sysfs with SR-IOV VFs for the DGX A100 fixture (tests/fixtures/sysfs-vf/README.md).
+"""A synthetic sysfs with SR-IOV VFs for the fixture topologies (tests/fixtures/sysfs-vf/README.md).
 
-``build_dgx_a100_vfs(root)`` lays out, with :class:`gpu_topology.testing.SysfsTree`, the
-eight compute NICs of ``tests/fixtures/topology/dgx-a100-class-*`` (``mlx5_0``..``mlx5_7``,
-two per NUMA node) each with two VFs, as the kernel shows them. Synthetic: modelled on the
-kernel's layout, not copied from a machine.
+``build_vfs(root, pfs)`` lays out, with :class:`gpu_topology.testing.SysfsTree`, RDMA NICs
+``mlx5_0``..``mlx5_<pfs-1>`` each with two VFs, as the kernel shows them;
+``build_dgx_a100_vfs(root)`` is the eight compute NICs of ``tests/fixtures/topology/dgx-a100-class-*``
+(two per NUMA node), ``build_vfs(root, 4)`` the four IB NICs of the DGX-1 fixture. Synthetic:
+modelled on the kernel's layout, not copied from a machine.
 """
 
 from __future__ import annotations
@@ -28,10 +29,19 @@ def vf_rdma(pf: int, vf: int) -> str:
     return f"mlx5_{10 + VFS_PER_PF * pf + vf}"
 
 
+def vf_uverbs(pf: int, vf: int) -> str:
+    return f"/dev/infiniband/uverbs{10 + VFS_PER_PF * pf + vf}"
+
+
 def build_dgx_a100_vfs(root: Path) -> SysfsTree:
     """PFs mlx5_0..7, VFs mlx5_10..25 (uverbs10..25, netdevs ens<pf>v<vf>), RoCE v2 GID at 3."""
+    return build_vfs(root, 8)
+
+
+def build_vfs(root: Path, pfs: int) -> SysfsTree:
+    """PFs mlx5_0..<pfs-1>, two VFs each: mlx5_<10+2pf+vf>, uverbs<10+2pf+vf>, ens<pf>v<vf>."""
     tree = SysfsTree(root)
-    for pf in range(8):
+    for pf in range(pfs):
         host = f"pci0000:{0x10 + 0x10 * pf:02x}"
         device = tree.rdma(f"mlx5_{pf}", [host, pf_bus(pf)], netdev=f"ens{pf}", link_layer="Ethernet")
         (device / "infiniband_verbs" / f"uverbs{pf}").mkdir(parents=True, exist_ok=True)

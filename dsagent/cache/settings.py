@@ -212,6 +212,9 @@ class Settings(EnvSettings):
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False
     resource_prefix: str = "dsagent.io"  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
+    # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
+    # field read by both the published topology (dsagent.kube) and the device plugin (dsagent.kubelet)
+    roce_classes: str = "numa"
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
@@ -333,6 +336,16 @@ class Settings(EnvSettings):
         if not _DNS_SUBDOMAIN.fullmatch(value):
             raise ValueError(f"invalid resource prefix {value!r} (use a DNS subdomain such as dsagent.io)")
         return value
+
+    @field_validator("roce_classes")
+    @classmethod
+    def _roce_classes(cls, value: str) -> str:
+        from gpu_topology import ClassMode, TopologyError
+
+        try:
+            return ClassMode.parse(value).value
+        except TopologyError as exc:
+            raise ValueError(f"{exc.message} (use numa, subnet or none)") from None
 
     @field_validator("log_level", mode="before")
     @classmethod

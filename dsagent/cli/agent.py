@@ -408,7 +408,13 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         raise SettingsError(
             f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
         ) from exc
-    node = NodeDevices(topology, vfs, settings.resource_prefix)
+    try:
+        node = NodeDevices(topology, vfs, settings.resource_prefix, settings.roce_classes)
+    except TopologyError as exc:  # subnet mode and a GPU-affine NIC without an address
+        raise SettingsError(
+            f"RoCE classes by DSAGENT_ROCE_CLASSES={settings.roce_classes}: {exc}",
+            hint="the agent publishes this node without classes too; give the NICs their addresses or use numa",
+        ) from exc
     if not node.resources:
         raise SettingsError(
             "this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node"

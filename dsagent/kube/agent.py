@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from dsagent.cache.service import CacheService, DatasetRequest
@@ -83,20 +83,6 @@ class ClusterSettings(EnvSettings):
         if value <= 0:
             raise ValueError("must be positive")
         return value
-
-    class_mode: str = Field(
-        "numa", validation_alias=AliasChoices("class_mode", "DSAGENT_ROCE_CLASSES")
-    )  # docs/design.md#roce-classes
-
-    @field_validator("class_mode")
-    @classmethod
-    def _class_mode(cls, value: str) -> str:
-        from gpu_topology import ClassMode, TopologyError
-
-        try:
-            return ClassMode.parse(value).value
-        except TopologyError as exc:
-            raise ValueError(f"{exc.message} (use numa, subnet or none)") from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
@@ -484,11 +470,11 @@ class ClusterAgent:
         from gpu_topology import to_json, topology_to_dict
 
         try:
-            self._topology_json = to_json(topology, mode=self.cluster.class_mode)
+            self._topology_json = to_json(topology, mode=self.settings.roce_classes)
         except Exception as exc:  # subnet mode on a node whose NICs have no address yet
             log.warning(
                 "RoCE classes by %s on node %s: %s; publishing the topology without classes",
-                self.cluster.class_mode,
+                self.settings.roce_classes,
                 self.node_name,
                 exc,
             )

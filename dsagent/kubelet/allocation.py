@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
-from gpu_topology import Topology, roce_classes
+from gpu_topology import ClassMode, Topology, roce_classes
 from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
 
 DEFAULT_PREFIX = "dsagent.io"
@@ -72,12 +72,17 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
-def node_classes(topology: Topology, prefix: str = DEFAULT_PREFIX) -> tuple[ResourceClass, ...]:
+def node_classes(
+    topology: Topology, prefix: str = DEFAULT_PREFIX, mode: ClassMode | str = ClassMode.NUMA
+) -> tuple[ResourceClass, ...]:
     """The node's class resources, ``<prefix>/gpu-roce<N>`` (docs/design.md#roce-classes).
 
     The adapter to :func:`gpu_topology.roce_classes`: the only call of it in this package.
+    ``mode`` must be the one the agent publishes its topology with (``DSAGENT_ROCE_CLASSES``,
+    ``Settings.roce_classes``), so that ``gpu-roce<N>`` here is the class the webhook and the
+    extender chose from the published annotation.
     """
-    classes = roce_classes(topology, prefix=f"{validate_prefix(prefix)}/{CLASS_RESOURCE}")
+    classes = roce_classes(topology, prefix=f"{validate_prefix(prefix)}/{CLASS_RESOURCE}", mode=mode)
     return tuple(ResourceClass(resource=c.name, gpus=tuple(c.gpus), nics=tuple(c.nics)) for c in classes)
 
 
@@ -93,7 +98,13 @@ class Device:
 class NodeDevices:
     """The node's resources, their devices and VFs; built once at start-up."""
 
-    def __init__(self, topology: Topology, vfs: Mapping[str, PhysicalFunction], prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        vfs: Mapping[str, PhysicalFunction],
+        prefix: str = DEFAULT_PREFIX,
+        mode: ClassMode | str = ClassMode.NUMA,
+    ) -> None:
         missing = [g.index for g in topology.gpus if not g.uuid]
         if missing:
             raise InvalidInput(
@@ -105,7 +116,7 @@ class NodeDevices:
             raise InvalidInput(f"GPU UUIDs longer than {MAX_DEVICE_ID} characters: {too_long}")
         self.topology = topology
         self.prefix = validate_prefix(prefix)
-        self.classes = node_classes(topology, prefix)
+        self.classes = node_classes(topology, prefix, mode)
         self.whole_node = f"{prefix}/{WHOLE_NODE_RESOURCE}"
         self.devices = {g.uuid: Device(id=str(g.uuid), index=g.index, numa_node=g.numa_node) for g in topology.gpus}
         self.by_index = {d.index: d for d in self.devices.values()}

@@ -89,8 +89,9 @@ PRODUCTION: dict[str, Any] = {
 DEVICE_PLUGIN: dict[str, Any] = {
     "agent": {
         "cacheDir": "/nvme/dsagent",
-        "devicePlugin": {"enabled": True, "resourcePrefix": "example.com", "nodeLabel": "example.com/gpu-plugin"},
-    }
+        "devicePlugin": {"enabled": True, "nodeLabel": "example.com/gpu-plugin"},
+    },
+    "gpuClasses": {"resourcePrefix": "example.com"},
 }
 GPU_CLASSES: dict[str, Any] = {
     "gpuClasses": {

@@ -54,10 +54,43 @@ def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
 
 
 @pytest.mark.parametrize(
-    "bad", [{"resourcePrefix": "Example.com"}, {"resourcePrefix": "a/b"}, {"nodeLabel": "bad label"}, {"extra": 1}]
+    "bad",
+    [
+        {"agent": {"devicePlugin": {"nodeLabel": "bad label"}}},
+        {"agent": {"devicePlugin": {"extra": 1}}},
+        # the prefix is gpuClasses' alone now: a second one could disagree with the webhook's
+        {"agent": {"devicePlugin": {"resourcePrefix": "example.com"}}},
+        {"gpuClasses": {"resourcePrefix": "Example.com"}},
+        {"gpuClasses": {"resourcePrefix": "a/b"}},
+        {"gpuClasses": {"resourcePrefix": "a..b"}},
+    ],
 )
 def test_bad_device_plugin_values_are_refused(bad: dict[str, Any]) -> None:
-    values = {"agent": {"devicePlugin": {**DEVICE_PLUGIN["agent"]["devicePlugin"], **bad}}}
+    values = {
+        "agent": {
+            "devicePlugin": {**DEVICE_PLUGIN["agent"]["devicePlugin"], **bad.get("agent", {}).get("devicePlugin", {})}
+        },
+        "gpuClasses": {**DEVICE_PLUGIN["gpuClasses"], **bad.get("gpuClasses", {})},
+    }
     with pytest.raises(helm.HelmValuesError):
         helm.Chart.load(str(CHART)).validate_schema(values)
     assert render(DEVICE_PLUGIN)
+
+
+def _env(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    return {e["name"]: e.get("value") for c in doc["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+
+
+def test_the_webhook_the_extender_and_the_device_plugin_name_the_same_class_resources() -> None:
+    """One prefix and one class rule: what the webhook writes is what the node advertises."""
+    docs = render({**DEVICE_PLUGIN, "gpuClasses": {"enabled": True, "resourcePrefix": "example.com"}})
+    agent = {e["name"]: e.get("value") for e in agent_pod(docs)["containers"][0]["env"]}
+    webhook = _env(docs, "Deployment", "-webhook")
+    extender = _env(docs, "Deployment", "-extender")
+    assert agent["DSAGENT_RESOURCE_PREFIX"] == "example.com"
+    assert webhook["DSAGENT_WEBHOOK_CLASS_PREFIX"] == "example.com"
+    assert extender["DSEXT_ROCE_RESOURCE_PREFIX"] == "example.com/gpu-roce"
+    # the agent publishes and the plugin cuts classes from the same variable
+    assert agent["DSAGENT_ROCE_CLASSES"] == "numa"
+    assert list(agent).count("DSAGENT_ROCE_CLASSES") == 1

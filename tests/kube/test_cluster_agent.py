@@ -40,8 +40,9 @@ async def cluster_agent(
     topology: Any = None,
     cluster: ClusterSettings = FAST,
     lease_ttl: float = 3600,
+    roce_classes: str = "numa",
 ) -> AsyncIterator[ClusterAgent]:
-    settings = Settings(root=root, node_name=NODE, kubernetes=True, lease_ttl=lease_ttl)
+    settings = Settings(root=root, node_name=NODE, kubernetes=True, lease_ttl=lease_ttl, roce_classes=roce_classes)
     service = CacheService(settings)
     await service.start()
     api_client = apiserver.api_client()
@@ -154,10 +155,10 @@ def test_the_published_classes_follow_the_operator_s_class_mode(
     # The DGX-1 fixture knows no NIC subnets: subnet mode publishes the topology without classes.
     apiserver.create(make_node(NODE))
     topology = load_dump(fixtures_dir / "topology" / "dgx1-v100-4ib-nvidia-smi-topo-m.txt")
-    cluster = FAST.replace(class_mode=ClusterSettings.from_env({"DSAGENT_ROCE_CLASSES": mode}).class_mode)
+    roce_classes = Settings.from_env({"DSAGENT_ROCE_CLASSES": mode}).roce_classes
 
     async def scenario() -> None:
-        async with cluster_agent(apiserver, tmp_path, topology=topology, cluster=cluster):
+        async with cluster_agent(apiserver, tmp_path, topology=topology, roce_classes=roce_classes):
             await until(lambda: "dsagent.io/topology" in node_annotations(apiserver), what="topology")
             published = json.loads(node_annotations(apiserver)["dsagent.io/topology"])
             assert [c["gpus"] for c in published["classes"]] == classes
@@ -168,7 +169,7 @@ def test_the_published_classes_follow_the_operator_s_class_mode(
 
 def test_an_unknown_class_mode_is_refused_at_start_up() -> None:
     with pytest.raises(InvalidInput, match="DSAGENT_ROCE_CLASSES"):
-        ClusterSettings.from_env({"DSAGENT_ROCE_CLASSES": "per-nic"})
+        Settings.from_env({"DSAGENT_ROCE_CLASSES": "per-nic"})
 
 
 # -- pods: caching at bind time, in use while running, released at the end

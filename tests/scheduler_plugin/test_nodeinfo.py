@@ -70,6 +70,19 @@ def test_a_topology_with_garbled_classes_is_an_error_not_an_exception() -> None:
     assert facts.topology is None and facts.topology_error and facts.classes == ()
 
 
+def test_published_classes_are_taken_as_published_even_none() -> None:
+    """An agent whose class rule could not be applied (subnet mode, NICs without addresses)
+    publishes ``classes: []``: no classes here either, as the webhook and the node's device
+    plugin see it; only a document without ``classes`` has them recomputed."""
+    doc = json.loads(topology_json())
+    doc["classes"] = []
+    facts = NodeReader().read(node("n1", topology=json.dumps(doc), free_gpus=range(8)))
+    assert facts.topology is not None and facts.classes == () and facts.free_by_class == {}
+    del doc["classes"]
+    facts = NodeReader().read(node("n2", topology=json.dumps(doc), free_gpus=range(8)))
+    assert [c.name for c in facts.classes] == ["gpu-roce1", "gpu-roce2"]
+
+
 def test_free_indices_the_topology_lacks_are_ignored() -> None:
     facts = NodeReader().read(node("n1", topology=topology_json(), free_gpus="0,1,42"))
     assert facts.free_gpus == {0, 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,49 @@ def test_serve_refuses_gpus_without_uuids(short_dir: Path, fixtures_dir: Path) -
     settings = Settings(root=short_dir / "root", device_plugin=True, device_plugin_dir=short_dir)
     with pytest.raises(InvalidInput, match="no UUID"):
         asyncio.run(start_device_plugin(settings, topology=topology, sysfs_root=short_dir))
+
+
+@pytest.mark.parametrize(("mode", "classes"), [("numa", 4), ("none", 1)])
+def test_the_plugin_cuts_classes_by_the_mode_the_agent_publishes(
+    short_dir: Path, tmp_path: Path, dgx_a100: Topology, mode: str, classes: int
+) -> None:
+    """One variable, DSAGENT_ROCE_CLASSES, for the published topology and the plugin's resources."""
+    from gpu_topology import to_json
+
+    build_dgx_a100_vfs(tmp_path / "sys-root")
+    (short_dir / "dp").mkdir()
+    settings = Settings.from_env(
+        {
+            "DSAGENT_ROOT": str(tmp_path / "root"),
+            "DSAGENT_ROCE_CLASSES": mode,
+            "DSAGENT_DEVICE_PLUGIN_DIR": str(short_dir / "dp"),
+            "DSAGENT_POD_RESOURCES_SOCKET": str(short_dir / "none.sock"),
+        }
+    )
+    published = [(c["name"], c["gpus"]) for c in json.loads(to_json(dgx_a100, mode=settings.roce_classes))["classes"]]
+
+    async def scenario() -> None:
+        kubelet = FakeKubelet(short_dir / "dp")
+        await kubelet.start()
+        plugin = await start_device_plugin(settings, topology=dgx_a100, sysfs_root=tmp_path / "sys-root")
+        try:
+            served = [
+                (r.split("/", 1)[1], [d.index for d in plugin.node.resource_devices(r)])
+                for r in plugin.node.resources
+                if not r.endswith("/gpu-all")
+            ]
+            assert served == published and len(served) == classes
+        finally:
+            await plugin.stop()
+            await kubelet.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_class_rule_that_cannot_be_applied_stops_the_plugin_with_a_clear_error(
+    short_dir: Path, tmp_path: Path, dgx_a100: Topology
+) -> None:
+    """subnet mode on NICs without addresses: the agent publishes no classes, the plugin none either."""
+    settings = Settings(root=tmp_path / "root", roce_classes="subnet", device_plugin_dir=short_dir)
+    with pytest.raises(SettingsError, match="DSAGENT_ROCE_CLASSES=subnet"):
+        asyncio.run(start_device_plugin(settings, topology=dgx_a100, sysfs_root=tmp_path))
