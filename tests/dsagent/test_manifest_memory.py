@@ -57,3 +57,22 @@ def test_a_manifest_of_many_entries_is_read_in_memory_proportional_to_them(tmp_p
     assert read.digest == written.digest
     assert read.entries == written.entries
     assert read == written
+
+
+def test_the_path_order_is_checked_across_parse_batches() -> None:
+    from dsagent.format.manifest import _BodyChecks
+
+    def entry(path: str) -> FileEntry:
+        return FileEntry(path, 1, 0, "0" * 32)
+
+    for second in ("a/b", "a/a"):  # equal to, then before, the previous batch's last path
+        checks = _BodyChecks()
+        checks.batch([entry("a/a"), entry("a/b")])
+        checks.batch([entry(second), entry("z")])
+        assert checks.disordered and not checks.malformed
+    checks = _BodyChecks()
+    checks.batch([entry("a/a"), entry("a/b")])
+    checks.batch([entry("a/c")])
+    assert not checks.disordered and not checks.malformed
+    checks.batch([FileEntry("b", 1, 0, "0" * 31 + "G")])
+    assert checks.malformed
