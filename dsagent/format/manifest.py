@@ -65,6 +65,7 @@ from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_strea
 from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storage import resolve, translate_errors
 from dsagent.format.tarstream import FrameReader
+from dsplatform.names import DIGEST_LENGTH
 
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
@@ -463,6 +464,7 @@ class _BodyChecks:
             and e.size >= 0
             and type(e.mtime_ns) is int
             and type(e.digest) is str
+            and len(e.digest) == DIGEST_LENGTH  # else two digests joined by a newline pass the line check
             for e in entries
         )
         if not well_typed or not _HEX_LINES.fullmatch("\n".join(e.digest for e in entries) + "\n"):

@@ -76,3 +76,17 @@ def test_the_path_order_is_checked_across_parse_batches() -> None:
     assert not checks.disordered and not checks.malformed
     checks.batch([FileEntry("b", 1, 0, "0" * 31 + "G")])
     assert checks.malformed
+
+
+def test_a_digest_of_two_hex_blocks_joined_by_a_newline_is_refused() -> None:
+    import io
+
+    import pytest
+
+    from dsagent.errors import IntegrityError
+    from dsagent.format.manifest import FileEntry, Manifest, read_manifest_stream
+
+    forged = FileEntry("a.jpg", 1, 0, "a" * 32 + "\n" + "b" * 32)
+    data = Manifest.create("forged", [forged]).to_bytes()  # a consistent header: it is not authenticated
+    with pytest.raises(IntegrityError, match="malformed file entry"):
+        read_manifest_stream(io.BytesIO(data))
