@@ -89,10 +89,9 @@ def test_a_file_that_grew_after_digesting_fails_the_pack_from_the_reader_thread(
     src = write_tree(tmp_path / "src", _files())
     manifest = build_manifest(src, name="p")
     (src / "d1/f010.bin").write_bytes(os.urandom(20_000))
-    before = threading.active_count()
     with pytest.raises(IntegrityError, match="changed after it was digested"):
         write_bundles(manifest, src, tmp_path / "store")
-    assert threading.active_count() == before
+    assert _pipeline_threads() == []  # every stage ended
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
 
 
@@ -109,10 +108,9 @@ def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, mon
         return len(data)
 
     monkeypatch.setattr(bundle._CountingWriter, "write", full)
-    before = threading.active_count()
     with pytest.raises(InsufficientSpace):
         write_bundles(manifest, src, tmp_path / "store")
-    assert threading.active_count() == before
+    assert _pipeline_threads() == []  # every stage ended
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
 
 
@@ -127,10 +125,9 @@ def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(
     monkeypatch.setattr(tarstream, "CHUNK_SIZE", 1000)  # many small compressed reads
     files = _files()
     pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
-    before = threading.active_count()
     unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
     assert _tree(tmp_path / "out") == files
-    assert threading.active_count() == before
+    assert _pipeline_threads() == []  # every stage ended
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncated", "tampered"])
@@ -154,10 +151,9 @@ def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(
             e if e.path != "d2/f050.bin" else FileEntry(e.path, e.size, e.mtime_ns, "f" * 32) for e in manifest.entries
         ]
         monkeypatch.setattr(type(manifest), "bundle_entries", lambda self, ref: entries)
-    before = threading.active_count()
     with pytest.raises(IntegrityError):
         unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
-    assert threading.active_count() == before
+    assert _pipeline_threads() == []  # every stage ended
     assert not (tmp_path / "out").exists()
 
 
@@ -168,3 +164,11 @@ def test_start_writeback_accepts_any_regular_file(tmp_path: Path) -> None:
         fh.write(b"x" * 10_000)
         fh.flush()
         start_writeback(fh.fileno())
+
+
+PIPELINE_THREADS = ("dsagent-pack-read", "dsagent-pack-write", "dsagent-unpack-read")
+
+
+def _pipeline_threads() -> list[threading.Thread]:
+    """The pipelines' threads still alive (other tests on this worker may run threads of their own)."""
+    return [t for t in threading.enumerate() if t.name in PIPELINE_THREADS and t.is_alive()]
