@@ -383,13 +383,6 @@ class Settings(EnvSettings):
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
         return self
 
-    def with_overrides(self, **changes: Any) -> Settings:
-        """A copy with flag values applied (``None`` means "not given")."""
-        try:
-            return self.replace(**changes)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
-
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``DSAGENT_*`` variables (flags in ``overrides`` win).

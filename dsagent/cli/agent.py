@@ -154,9 +154,9 @@ def serve(
 ) -> None:
     """Run the agent until SIGTERM or Ctrl-C."""
     try:
-        settings = _settings(root, socket_path, listen, capacity, local_sources, node_name, kubernetes, log_level)
-        if device_plugin is not None:
-            settings = settings.with_overrides(device_plugin=device_plugin)
+        settings = _settings(
+            root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level
+        )
         if settings.kubernetes and importlib.util.find_spec("dsagent.kube") is None:
             raise SettingsError(
                 "cluster mode (--kubernetes) needs dsagent.kube, which this build lacks",
@@ -210,6 +210,7 @@ def _settings(
     local_sources: tuple[Path, ...],
     node_name: str | None,
     kubernetes: bool | None,
+    device_plugin: bool | None,
     log_level: str | None,
 ) -> Settings:
     """``DSAGENT_*`` with the flags given on the command line winning; one error lists every bad value."""
@@ -221,6 +222,7 @@ def _settings(
         local_sources=local_sources or None,
         node_name=node_name,
         kubernetes=kubernetes,
+        device_plugin=device_plugin,
         log_level=log_level,
     )
 
