@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import math
 import os
-import random
 import re
 import shutil
 import socket
@@ -40,6 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
+
+from cache import generate  # the same image-like dataset as the cache benchmark (this directory)
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
@@ -261,26 +261,6 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int) -> dic
             agent.stop()
 
 
-# --------------------------------------------------------------------------- data
-
-
-def generate(root: Path, files: int, mean_kb: float, seed: int = 1) -> int:
-    """Log-normal sizes around ``mean_kb`` of incompressible bytes (like JPEGs)."""
-    rng = random.Random(seed)
-    sigma = 0.6
-    mu = math.log(mean_kb * 1000) - sigma**2 / 2
-    pool = os.urandom(8 << 20)
-    total = 0
-    for i in range(files):
-        size = max(1, min(int(rng.lognormvariate(mu, sigma)), len(pool)))
-        start = rng.randrange(0, len(pool) - size + 1)
-        path = root / f"n{i % 50:04d}" / f"img_{i:07d}.JPEG"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pool[start : start + size])
-        total += size
-    return total
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=1000)
@@ -307,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     server = None
     try:
         print(f"generating {args.files:,} files (~{args.mean_kb:g} kB) ...", flush=True)
-        total = generate(work / "www" / "imgs", args.files, args.mean_kb)
+        total = generate(work / "www" / "imgs", args.files, args.mean_kb, classes=50)
         manifest = pack(
             work / "www" / "imgs", work / "www" / "store", name="imgs", max_bytes=parse_size(args.max_bytes)
         )
