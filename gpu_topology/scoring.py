@@ -53,8 +53,6 @@ LINK_SCORES: dict[LinkKind, int] = {
 }
 EXACT_PARTITIONS = 20_000
 EXACT_COMBINATIONS = 5_000
-# Kept for callers of the 0.1 API; the partition count now decides exactness.
-EXACT_FREE_GPUS = 8
 
 
 def link_score(link: Link | None, pcie: LinkKind | None = None) -> int:

@@ -253,16 +253,6 @@ def _decode_node_list(raw: Any) -> list[Node]:
     return cast("list[Node]", items)
 
 
-def salvage_names(body: bytes | bytearray | None) -> list[str]:
-    """Best effort: the candidate names of a request that failed to decode, so that a
-    prioritize reply can still give each of them an explicit 0. Parses ``body`` again:
-    the app uses the names :func:`decode_args` attaches to its error instead."""
-    try:
-        return salvage_from(json.loads(body) if body else None)
-    except Exception:  # salvage only: a body this broken gets an empty list
-        return []
-
-
 def salvage_from(doc: Any) -> list[str]:
     """The candidate names in an already parsed body (empty when there are none)."""
     try:
@@ -344,5 +334,4 @@ __all__ = [
     "decode_args",
     "encode_filter_result",
     "encode_priorities",
-    "salvage_names",
 ]
