@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, ValidationError
+from pydantic import AliasChoices, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from typing_extensions import Self
@@ -124,4 +124,23 @@ class EnvSettings(BaseSettings):
         return (f"{variable}={env[variable]!r}", message)
 
 
-__all__ = ["EnvSettings", "InvalidSettings"]
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def parse_flag(value: Any) -> bool:
+    """The one boolean syntax of every setting: 1/0, true/false, yes/no, on/off (empty: false)."""
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"{value!r} is not a boolean (expected 1/0, true/false, yes/no or on/off)")
+
+
+#: A boolean setting, in :func:`parse_flag`'s syntax.
+Flag = Annotated[bool, BeforeValidator(parse_flag)]
+
+__all__ = ["EnvSettings", "Flag", "InvalidSettings", "parse_flag"]

@@ -16,15 +16,11 @@ from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsplatform.jobs import DEFAULT_JOB_LABELS
-from dsplatform.settings import EnvSettings, InvalidSettings
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size
 from scheduler_plugin.errors import SettingsError
 
 PREFIX = "DSEXT_"
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 @dataclass(frozen=True)
@@ -73,17 +69,6 @@ def _labels(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    lowered = str(value).strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"{value!r} is not a boolean (use 1/0, true/false, yes/no)")
-
-
 class Settings(EnvSettings):
     """Everything the extender can be told; validated on construction (building one reads no environment)."""
 
@@ -93,14 +78,14 @@ class Settings(EnvSettings):
     port: int = 8888
     base_path: str = ""  # the path part of kube-scheduler's urlPrefix
     weights: Annotated[Weights, NoDecode, BeforeValidator(_weights)] = Field(default_factory=Weights)
-    partial_datasets: Annotated[bool, BeforeValidator(_bool)] = False  # credit the cached fraction of requested bytes
+    partial_datasets: Flag = False  # credit the cached fraction of requested bytes
     job_labels: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_labels)] = DEFAULT_JOB_LABELS
     job_ttl_s: Duration = Field(
         3600.0, validation_alias=AliasChoices("job_ttl_s", PREFIX + "JOB_TTL")
     )  # how long a job's RoCE class is remembered
     gpu_resource: str = "nvidia.com/gpu"
     roce_resource_prefix: str = "dsagent.io/gpu-roce"
-    watch: Annotated[bool, BeforeValidator(_bool)] = False  # keep a watch-backed cache (needed for nodeCacheCapable)
+    watch: Flag = False  # keep a watch-backed cache (needed for nodeCacheCapable)
     kubeconfig: str | None = None  # None: in-cluster config, else the default kubeconfig
     log_level: str = "info"
     # the largest filter/prioritize body read (DSEXT_MAX_BODY); kube-scheduler's 5,000 Nodes

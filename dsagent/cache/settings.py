@@ -32,7 +32,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
-from dsplatform.settings import EnvSettings, InvalidSettings
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
@@ -74,17 +74,6 @@ def _paths(text: str | tuple[Path, ...] | list[Any]) -> tuple[Path, ...]:
     return tuple(Path(p) for p in text)
 
 
-def _flag(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    lowered = str(text).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
-
-
 def _whole(text: str | int) -> int:
     try:
         return int(text)
@@ -101,7 +90,6 @@ Listen = Annotated[
     tuple[str, int] | None, NoDecode, BeforeValidator(lambda v: parse_listen(v) if v not in (None, "") else None)
 ]
 Paths = Annotated[tuple[Path, ...], NoDecode, BeforeValidator(_paths)]
-Flag = Annotated[bool, BeforeValidator(_flag)]
 Protocols = Annotated[
     tuple[str, ...],
     NoDecode,
