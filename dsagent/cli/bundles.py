@@ -14,13 +14,13 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import click
 
-from dsagent.cli.options import output_option, source_options, store_options
+from dsagent.cli.options import output_option, source_options, storage_options, store_options
 from dsagent.errors import InvalidInput
 from dsagent.format.digestcache import DigestCache, default_cache_path
 from dsagent.format.digester import build_manifest
@@ -69,13 +69,6 @@ def _counter(label: str) -> Iterator[Progress]:
             click.echo("\r\x1b[K", file=sys.stderr, nl=False)
 
 
-def _options(pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option") -> dict[str, Any]:
-    """Storage options from ``KEY=VALUE`` flags (values parsed as JSON when they are) over JSON files."""
-    from dsagent.cli.options import storage_options
-
-    return storage_options(pairs, files, flag=flag)
-
-
 def _default_name(source: str) -> str:
     base = source.rstrip("/").rsplit("/", 1)[-1] or "dataset"
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("-._")
@@ -119,7 +112,7 @@ def digest(
     digest_cache: bool,
 ) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
-    options = _options(source_option_pairs, source_options_files)
+    options = storage_options(source_option_pairs, source_options_files)
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
@@ -209,8 +202,8 @@ def pack(
     cap = parse_size(max_bytes)
     if cap < 1:
         raise InvalidInput("--max-bytes must be at least 1 byte")
-    src_options = _options(source_option_pairs, source_options_files)
-    dst_options = _options(store_option_pairs, store_options_files, flag="--store-option")
+    src_options = storage_options(source_option_pairs, source_options_files)
+    dst_options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
@@ -274,7 +267,7 @@ def unpack(
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
     from dsagent.format.bundle import unpack as unpack_dataset
 
-    options = _options(store_option_pairs, store_options_files, flag="--store-option")
+    options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=options)
     with progress_bar("unpacking", manifest.total_bytes) as progress:
@@ -319,7 +312,7 @@ def verify(
 
     start = time.monotonic()
     manifest = read_manifest(
-        store, name, storage_options=_options(store_option_pairs, store_options_files, flag="--store-option")
+        store, name, storage_options=storage_options(store_option_pairs, store_options_files, flag="--store-option")
     )
     verify_tree(os.fspath(directory), manifest)
     elapsed = time.monotonic() - start

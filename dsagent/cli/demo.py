@@ -103,7 +103,6 @@ AGENT_DATASET = "coco-mini"
 
 def run_agent(root: Path = DEMO_ROOT) -> list[str]:
     """Run stage 2 under ``root`` (after :func:`run`); returns the lines it printed."""
-    import subprocess
     import sys
 
     from dsagent.api.client import AgentClient
