@@ -67,7 +67,7 @@ class ResourceClass:
 
 def validate_prefix(prefix: str) -> str:
     """A resource prefix must be a DNS subdomain (``dsagent.io``, ``example.com``)."""
-    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
         raise InvalidInput(f"invalid resource prefix {prefix!r}", hint="use a DNS subdomain such as dsagent.io")
     return prefix
 

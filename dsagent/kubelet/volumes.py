@@ -47,11 +47,11 @@ DATASETS_KEY = "datasets"
 KNOWN_CONTEXT = {POD_UID, POD_NAME, POD_NAMESPACE, EPHEMERAL, SERVICE_ACCOUNT, DATASETS_KEY}
 DATASET_KEYS = {"name", "source", "bundles", "digest", "secretKey"}
 
+# Checked with fullmatch: ``$`` alone lets a trailing newline through.
 _VOLUME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_VOLUME_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
 
@@ -95,7 +95,7 @@ class VolumeRecord:
 
 
 def validate_volume_id(volume_id: str) -> str:
-    if not isinstance(volume_id, str) or not _VOLUME_ID.match(volume_id):
+    if not isinstance(volume_id, str) or not _VOLUME_ID.fullmatch(volume_id):
         raise InvalidInput(f"invalid volume_id {volume_id[:80]!r}", hint="1-128 letters, digits, '.', '_' or '-'")
     return volume_id
 
@@ -108,13 +108,13 @@ def pod_info(context: Mapping[str, str]) -> PodInfo:
             hint="use an inline csi volume in the pod spec (the CSIDriver lists only Ephemeral)",
         )
     uid, namespace, name = context.get(POD_UID, ""), context.get(POD_NAMESPACE, ""), context.get(POD_NAME, "")
-    if not _UID.match(uid):
+    if not _UID.fullmatch(uid):
         raise InvalidInput(
             f"volume context {POD_UID} is not a pod UID: {uid[:80]!r}", hint="the CSIDriver needs podInfoOnMount: true"
         )
-    if not _DNS_LABEL.match(namespace):
+    if not _DNS_LABEL.fullmatch(namespace):
         raise InvalidInput(f"volume context {POD_NAMESPACE} is not a namespace name: {namespace[:80]!r}")
-    if not _DNS_SUBDOMAIN.match(name):
+    if not _DNS_SUBDOMAIN.fullmatch(name):
         raise InvalidInput(f"volume context {POD_NAME} is not a pod name: {name[:80]!r}")
     unknown = sorted(set(context) - KNOWN_CONTEXT)
     if unknown:
@@ -153,7 +153,7 @@ def datasets_from_context(context: Mapping[str, str]) -> tuple[dict[str, Any], .
         for key in ("bundles", "secretKey", "digest"):
             if key in item and not isinstance(item[key], str):
                 raise InvalidInput(f"dataset {item['name']!r}: {key} must be a string")
-        if "secretKey" in item and not _SECRET_KEY.match(item["secretKey"]):
+        if "secretKey" in item and not _SECRET_KEY.fullmatch(item["secretKey"]):
             raise InvalidInput(f"dataset {item['name']!r}: invalid secretKey")
         # a pinned digest is not a request field of the service (as with DSAGENT_DATASETS): dropped
         datasets.append({k: item[k] for k in ("name", "source", "bundles", "secretKey") if item.get(k)})
@@ -202,8 +202,8 @@ def check_target(target: str, pods_dir: Path, pod_uid: str | None) -> Path:
         len(parts) != 5
         or parts[1:3] != ("volumes", "kubernetes.io~csi")
         or parts[4] != "mount"
-        or not _UID.match(parts[0])
-        or not _VOLUME_NAME.match(parts[3])
+        or not _UID.fullmatch(parts[0])
+        or not _DNS_SUBDOMAIN.fullmatch(parts[3])
     ):
         raise InvalidInput(
             f"target_path {target[:200]!r} is not a kubelet csi volume path",
