@@ -57,6 +57,7 @@ from dsagent.errors import (
     TransientError,
     Unauthorized,
 )
+from dsagent.format.bundle import tar_header
 from dsagent.format.extract import unpack_bundle
 from dsagent.format.manifest import BUNDLES_DIR, BundleRef, FileEntry, Manifest
 
@@ -101,15 +102,6 @@ def check_peer_token(settings: Settings, authorization: str) -> None:
 # --------------------------------------------------------------------------- serving
 
 
-def _tar_header(entry: FileEntry) -> bytes:
-    """The member header :mod:`dsagent.format.bundle` writes (pax, mode 0644, whole-second mtime)."""
-    info = tarfile.TarInfo(entry.path)
-    info.size = entry.size
-    info.mtime = entry.mtime_ns // 1_000_000_000
-    info.mode = 0o644
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-
-
 def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
     """A bundle's tar+zstd stream (one frame) re-packed from a ready directory's files,
     in pieces of about 1 MiB.
@@ -132,7 +124,7 @@ def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK
         return piece
 
     for entry in members:
-        if (piece := put(_tar_header(entry))) is not None:
+        if (piece := put(tar_header(entry))) is not None:
             yield piece
         state = xxhash.xxh3_128()
         size = 0

@@ -13,7 +13,7 @@ What it owns:
   digest of its members, skipped when the store already holds it. One bundle is written
   by a pipeline (reader thread, zstd, write-behind thread: :class:`_BundleWriter`,
   docs/design.md#bundles); several bundles are written in parallel, one per core;
-- **tar headers** for plain members (:func:`_tar_header`), packed by hand because
+- **tar headers** for plain members (:func:`tar_header`), packed by hand because
   ``tarfile`` spends ~36 us per header, a sixth of a pack on tmpfs; others go through
   ``tarfile``, and a test checks both give the same bytes;
 - **the store's write order**: bundles first, the manifest last, each atomically (temp,
@@ -194,7 +194,7 @@ _USTAR_LIMIT = 8**11  # 11 octal digits: larger sizes and times need a pax heade
 _USTAR_BASE = sum(_USTAR.pack(b"", *_USTAR_FIXED, b"", b"", b" " * 8, *_USTAR_TAIL))
 
 
-def _tar_header(entry: FileEntry) -> bytes:
+def tar_header(entry: FileEntry) -> bytes:
     """The tar header(s) of one member, byte for byte what ``tarfile`` writes in PAX_FORMAT.
 
     Hand-written for the common case (an ASCII path of at most 100 bytes, a size and mtime
@@ -318,7 +318,7 @@ class _BundleWriter:
     def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers) -> None:
         fetched = iter(()) if self._local else self._prefetch(members)
         for entry in members:
-            tar.put(_tar_header(entry))
+            tar.put(tar_header(entry))
             state = xxhash.xxh3_128()
             data = None if self._local else next(fetched)
             if data is not None:
@@ -642,6 +642,7 @@ __all__ = [
     "create_empty_directories",
     "pack",
     "plan_bundles",
+    "tar_header",
     "unpack",
     "unpack_bundle",
     "verify_tree",
