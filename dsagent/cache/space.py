@@ -178,6 +178,7 @@ class Space:
         if self.busy(key) or (not force and self.protected(key)):
             return False  # force overrides a task's use, never a fetch's
         unless = None if force else self.clock()
+        removed = False
         try:
             deleted = await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=unless)
         except InsufficientSpace:
@@ -186,11 +187,13 @@ class Space:
             if not force and key in await self.pools.db(self._catalog().in_use, self.clock()):
                 return False
             await self.pools.work(self.store.remove, *key)
+            removed = True
             deleted = await self.pools.db(self._catalog().delete_version, *key, unless_in_use_at=None)
         if not deleted and not force:
             return False  # a task was bound to it after the plan was made
         log.info("evicting %s@%s (%s, %s)", victim.name, victim.digest[:12], format_size(victim.size_bytes), reason)
-        await self.pools.work(self.store.remove, *key)
+        if not removed:
+            await self.pools.work(self.store.remove, *key)
         self.metrics.evicted(reason, victim.size_bytes)
         return True
 
