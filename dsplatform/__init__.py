@@ -17,18 +17,15 @@ from __future__ import annotations
 
 from dsplatform.errors import VocabularyError
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
-from dsplatform.names import DIGEST_LENGTH, NAME_MAX_LENGTH, InvalidName, check_digest, check_name, is_digest, is_name
+from dsplatform.names import DIGEST_LENGTH, NAME_MAX_LENGTH, is_digest, is_name
 from dsplatform.units import UnitError, format_size, parse_duration, parse_size
 
 __all__ = [
     "DEFAULT_JOB_LABELS",
     "DIGEST_LENGTH",
     "NAME_MAX_LENGTH",
-    "InvalidName",
     "UnitError",
     "VocabularyError",
-    "check_digest",
-    "check_name",
     "format_size",
     "is_digest",
     "is_name",

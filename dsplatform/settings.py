@@ -85,17 +85,6 @@ class EnvSettings(BaseSettings):
         finally:
             _ENVIRON.reset(token)
 
-    def replace(self, **changes: Any) -> Self:
-        """A validated copy with ``changes`` applied (``None`` means "not given")."""
-        given = {key: value for key, value in changes.items() if value is not None}
-        if not given:
-            return self
-        values = {name: getattr(self, name) for name in type(self).model_fields}
-        try:
-            return type(self)(**{**values, **given})
-        except ValidationError as exc:
-            raise InvalidSettings([self._problem(error, {}, given) for error in exc.errors()]) from None
-
     @classmethod
     def env_name(cls, field: str) -> str:
         """The environment variable that sets ``field``."""

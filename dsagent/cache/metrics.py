@@ -155,11 +155,6 @@ class Metrics:
         for state, count in tasks_by_state.items():
             self.tasks.labels(state=state).set(count)
 
-    def value(self, name: str, **labels: str) -> float:
-        """One sample's value (0 when absent), e.g. ``value("dsagent_requests_total", code="ok")``."""
-        found = self.registry.get_sample_value(name, labels)
-        return 0.0 if found is None else found
-
     def render(self) -> str:
         return generate_latest(self.registry).decode()
 
