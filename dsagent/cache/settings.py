@@ -257,6 +257,12 @@ class Settings(EnvSettings):
         return {**sources.DEFAULT_OPTION_KEYS, **value} if isinstance(value, Mapping) else value
 
     @property
+    def discovery_options(self) -> dict[str, Any] | None:
+        """``gpu_topology.discover``'s options: read the host's sysfs at :attr:`sysfs_root`
+        (the chart mounts it at ``/host/sys``); None where it is this container's own ``/``."""
+        return {"sysfs": {"root": self.sysfs_root}} if self.sysfs_root != Path("/") else None
+
+    @property
     def socket(self) -> Path:
         return self.socket_path if self.socket_path is not None else self.root / "dsagent.sock"
 

@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -404,7 +405,7 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
 
     try:
         if topology is None:
-            topology = await asyncio.to_thread(discover)
+            topology = await asyncio.to_thread(partial(discover, options=settings.discovery_options))
         vfs = await asyncio.to_thread(discover_vfs, sysfs_root)
     except TopologyError as exc:
         raise SettingsError(

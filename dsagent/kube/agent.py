@@ -33,7 +33,6 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -463,7 +462,9 @@ class ClusterAgent:
         if source is None:
             return
         try:
-            topology = await asyncio.to_thread(_discover, self.settings.sysfs_root) if source == "discover" else source
+            topology = (
+                await asyncio.to_thread(_discover, self.settings.discovery_options) if source == "discover" else source
+            )
         except Exception as exc:  # no GPU, no nvidia-smi: publish without topology
             log.info("no GPU topology on node %s (%s); publishing the inventory only", self.node_name, exc)
             return
@@ -486,11 +487,10 @@ class ClusterAgent:
         self._gpu_count = len(topology.gpus)
 
 
-def _discover(sysfs_root: Path | None = None) -> Any:
+def _discover(options: dict[str, Any] | None = None) -> Any:
     from gpu_topology import discover
 
-    # the agent's DSAGENT_SYSFS_ROOT: where the host's /sys is seen (the chart mounts it at /host/sys)
-    return discover(options={"sysfs": {"root": sysfs_root}} if sysfs_root not in (None, Path("/")) else None)
+    return discover(options=options)
 
 
 def _name(pod: Mapping[str, Any]) -> str:
