@@ -33,6 +33,7 @@ from typing import Any
 
 from dsagent.errors import InvalidInput
 from dsagent.kube.injection import Injection, ResolvedDataset
+from dsagent.kube.jsonpatch import JSONPatch, append_all, prepend
 
 DRIVER = "datasets.dsagent.io"
 #: Not ``dsagent-cache``: this one caches nothing; the cluster agent then submits the pod's
@@ -44,7 +45,6 @@ INIT_WAIT_SCRIPT = (
     f"while [ ! -e {MOUNT_PATH}/ready ]; do "
     f"if [ -e {MOUNT_PATH}/failed ]; then cat {STATUS_FILE} >&2; exit 1; fi; sleep 0.2; done"
 )
-JSONPatch = list[dict[str, Any]]
 
 
 def volume(datasets: Sequence[ResolvedDataset], injection: Injection) -> dict[str, Any]:
@@ -119,35 +119,21 @@ def wire(
     """The volume, mounts, env and waiting of CSI mode (``wrap(path, container)``: the command wrapper)."""
     ops: JSONPatch = []
     if not overlap:
-        ops += _prepend("/spec/initContainers", spec.get("initContainers"), wait_container(injection, WAIT_CONTAINER))
-    ops += _append_all("/spec/volumes", spec.get("volumes"), [volume(datasets, injection)])
+        ops += prepend("/spec/initContainers", spec.get("initContainers"), wait_container(injection, WAIT_CONTAINER))
+    ops += append_all("/spec/volumes", spec.get("volumes"), [volume(datasets, injection)])
     for index, container in enumerate(spec.get("containers") or []):
         path = f"/spec/containers/{index}"
         taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
         if MOUNT_PATH in taken:
             raise InvalidInput(f"container {container.get('name')!r} already mounts something at {MOUNT_PATH}")
-        ops += _append_all(f"{path}/volumeMounts", container.get("volumeMounts"), [mount()])
+        ops += append_all(f"{path}/volumeMounts", container.get("volumeMounts"), [mount()])
         defined = {e.get("name") for e in container.get("env") or []}
-        ops += _append_all(
+        ops += append_all(
             f"{path}/env", container.get("env"), [e for e in app_env(datasets) if e["name"] not in defined]
         )
         if overlap:
             ops += wrap(path, container)
     return ops
-
-
-def _prepend(path: str, existing: Sequence[Any] | None, item: Any) -> JSONPatch:
-    if existing is None:
-        return [{"op": "add", "path": path, "value": [item]}]
-    return [{"op": "add", "path": f"{path}/0", "value": item}]
-
-
-def _append_all(path: str, existing: Sequence[Any] | None, items: Sequence[Any]) -> JSONPatch:
-    if not items:
-        return []
-    if existing is None:
-        return [{"op": "add", "path": path, "value": list(items)}]
-    return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
 
 
 __all__ = [

@@ -43,6 +43,7 @@ from cachetools import TTLCache
 
 from dsagent.errors import Conflict, DsagentError, NotFound, SettingsError
 from dsagent.kube.apiclient import micro_time, parse_time, translated
+from dsagent.kube.jsonpatch import JSONPatch, escape
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.units import UnitError, parse_duration
 
@@ -54,7 +55,6 @@ CLASS_ANNOTATION = "dsagent.io/gpu-class"
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"
 DEFAULT_PREFIX = "dsagent.io"
-JSONPatch = list[dict[str, Any]]
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
@@ -160,10 +160,6 @@ def requested_classes(pod: Mapping[str, Any], prefix: str) -> dict[str, int]:
     return found
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 def rewrite(
     pod: Mapping[str, Any], settings: GpuClassSettings, gpu_class: str, *, annotations_exist: bool
 ) -> JSONPatch:
@@ -182,15 +178,15 @@ def rewrite(
             ]
             amount = max((_quantity(entries[name]) for name in moved), default=0)
             for name in moved:
-                ops.append({"op": "remove", "path": f"{path}/resources/{kind}/{_escape(name)}"})
+                ops.append({"op": "remove", "path": f"{path}/resources/{kind}/{escape(name)}"})
             if moved and amount > 0:
                 value = max(amount, _quantity(entries.get(target, 0)))
                 op = "replace" if target in entries else "add"
-                ops.append({"op": op, "path": f"{path}/resources/{kind}/{_escape(target)}", "value": str(value)})
+                ops.append({"op": op, "path": f"{path}/resources/{kind}/{escape(target)}", "value": str(value)})
     if not ops:
         return ops
     if annotations_exist:
-        ops.append({"op": "add", "path": "/metadata/annotations/" + _escape(CLASS_ANNOTATION), "value": gpu_class})
+        ops.append({"op": "add", "path": "/metadata/annotations/" + escape(CLASS_ANNOTATION), "value": gpu_class})
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {CLASS_ANNOTATION: gpu_class}})
     return ops

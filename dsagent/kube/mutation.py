@@ -55,6 +55,7 @@ from dsagent.kube import csivolume
 from dsagent.kube.annotation import DatasetRef
 from dsagent.kube.datasets import Dataset
 from dsagent.kube.injection import Injection, ResolvedDataset
+from dsagent.kube.jsonpatch import JSONPatch, append_all, escape, prepend
 from dsagent.kube.podenv import options_env_name
 
 INIT_CONTAINER = "dsagent-cache"
@@ -72,7 +73,6 @@ WAIT_SCRIPT = (
     f'while [ ! -e {READY_MARK} ]; do sleep 0.2; done; exec "$0" "$@"'
 )
 DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
-JSONPatch = list[dict[str, Any]]
 
 
 def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tuple[ResolvedDataset, ...]:
@@ -118,10 +118,10 @@ def _hostpath_wiring(
     spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *, overlap: bool
 ) -> JSONPatch:
     ops: JSONPatch = []
-    ops += _prepend(
+    ops += prepend(
         "/spec/initContainers", spec.get("initContainers"), init_container(datasets, injection, sidecar=overlap)
     )
-    ops += _append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
+    ops += append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
     for index, container in enumerate(spec.get("containers") or []):
         path = f"/spec/containers/{index}"
         ops += _wire_container(path, container, datasets, injection)
@@ -247,7 +247,7 @@ def _wire_container(
         )
         if e["name"] not in defined
     ]  # what the user set wins
-    return _append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts) + _append_all(
+    return append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts) + append_all(
         f"{path}/env", container.get("env"), env
     )
 
@@ -264,21 +264,7 @@ def _supplemental_group(security: Mapping[str, Any] | None, gid: int) -> JSONPat
 def _annotate(meta: Mapping[str, Any]) -> JSONPatch:
     if meta.get("annotations") is None:
         return [{"op": "add", "path": "/metadata/annotations", "value": {INJECTED_ANNOTATION: "true"}}]
-    return [{"op": "add", "path": "/metadata/annotations/" + _escape(INJECTED_ANNOTATION), "value": "true"}]
-
-
-def _prepend(path: str, existing: Sequence[Any] | None, item: Any) -> JSONPatch:
-    if existing is None:
-        return [{"op": "add", "path": path, "value": [item]}]
-    return [{"op": "add", "path": f"{path}/0", "value": item}]
-
-
-def _append_all(path: str, existing: Sequence[Any] | None, items: Sequence[Any]) -> JSONPatch:
-    if not items:
-        return []
-    if existing is None:
-        return [{"op": "add", "path": path, "value": list(items)}]
-    return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
+    return [{"op": "add", "path": "/metadata/annotations/" + escape(INJECTED_ANNOTATION), "value": "true"}]
 
 
 def _already_injected(spec: Mapping[str, Any]) -> bool:
@@ -289,10 +275,6 @@ def _already_injected(spec: Mapping[str, Any]) -> bool:
 
 def _datasets_json(datasets: Sequence[ResolvedDataset], *, with_options: bool) -> str:
     return json.dumps([d.request(with_options=with_options) for d in datasets], separators=(",", ":"))
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 __all__ = [
