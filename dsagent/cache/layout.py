@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsagent.errors import InvalidInput
-from dsagent.format.durable import fsync_dir
+from dsagent.format.durable import fsync_dir, write_atomic
 from dsagent.format.names import is_digest, is_name, validate_digest, validate_name
 
 #: A dataset version's identity in the cache, the one key every part of the service uses:
@@ -96,13 +96,7 @@ class Store:
         """Stage, fsync, rename: the manifest is whole or absent."""
         path = self.manifest_path(name, digest)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomic(path, data)
 
     def read_manifest_bytes(self, name: str, digest: str) -> bytes | None:
         try:

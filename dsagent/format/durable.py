@@ -5,13 +5,17 @@ Who calls it: bundle packing and verified extraction (:mod:`dsagent.format.bundl
 version is stage, sync, rename, sync the parent). What it owns: the one ``fsync`` of a
 directory's entries and the one ``syncfs`` of a whole filesystem (one call instead of an
 ``fsync`` per small file; it also flushes other writers on that filesystem, which is the
-price of the saving), falling back to ``sync`` where ``syncfs`` is missing.
+price of the saving), falling back to ``sync`` where ``syncfs`` is missing; and the one
+atomic small-file write (:func:`write_atomic`: stage, fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import uuid
+from pathlib import Path
 from typing import Any
 
 
@@ -22,6 +26,24 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``path`` whole or not at all: a temp file beside it (never through a planted
+    link), fsync, rename, fsync of the directory. A failure leaves no temp file behind."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
 
 
 def syncfs(path: str | os.PathLike[str]) -> None:
@@ -65,4 +87,4 @@ def start_writeback(fd: int) -> None:
         _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
-__all__ = ["EARLY_WRITEBACK", "fsync_dir", "start_writeback", "syncfs"]
+__all__ = ["EARLY_WRITEBACK", "fsync_dir", "start_writeback", "syncfs", "write_atomic"]

@@ -59,6 +59,7 @@ from dsagent.errors import (
     SettingsError,
     TransientError,
 )
+from dsagent.format.durable import write_atomic
 from dsagent.kubelet import mounts
 from dsagent.kubelet.proto.csi import csi_pb2, csi_pb2_grpc
 from dsagent.kubelet.volumes import (
@@ -68,7 +69,6 @@ from dsagent.kubelet.volumes import (
     datasets_from_context,
     pod_info,
     validate_volume_id,
-    write_atomic,
 )
 
 log = logging.getLogger("dsagent.csi")

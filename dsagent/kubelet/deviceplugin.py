@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import grpc
 
 from dsagent.errors import Conflict, DsagentError, InvalidInput
+from dsagent.format.durable import write_atomic
 from dsagent.kubelet.allocation import (
     NCCL_CONF_IN_CONTAINER,
     NVIDIA_VISIBLE_DEVICES,
@@ -245,7 +245,7 @@ class DevicePlugin:
                     response.devices.append(pb.DeviceSpec(container_path=node, host_path=node, permissions="rw"))
             if nccl:
                 path = self.nccl_path(allocation)
-                _write_atomic(path, nccl_conf(allocation, nccl))
+                _write(path, nccl_conf(allocation, nccl))
                 host_path = self.host_state_dir / path.relative_to(self.state_dir)
                 response.mounts.append(
                     pb.Mount(container_path=NCCL_CONF_IN_CONTAINER, host_path=str(host_path), read_only=True)
@@ -261,7 +261,7 @@ class DevicePlugin:
         return response
 
     def _save(self) -> None:
-        _write_atomic(self.state_dir / "allocations.json", self.ledger.to_json())
+        _write(self.state_dir / "allocations.json", self.ledger.to_json())
 
     def _notify(self) -> None:
         old, self._changed = self._changed, asyncio.Event()
@@ -325,24 +325,9 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_ctime_ns
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Stage, fsync, rename: a reader sees the old file or the new one, whole."""
+def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, text.encode("utf-8"))
 
 
 __all__ = ["API_VERSION", "DEFAULT_PLUGIN_DIR", "KUBELET_SOCKET", "DevicePlugin"]

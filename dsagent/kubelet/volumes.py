@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 from dsagent.cache.task import DatasetRequest
 from dsagent.errors import InvalidInput
-from dsagent.format.durable import fsync_dir
+from dsagent.format.durable import fsync_dir, write_atomic
 from dsagent.format.names import validate_name
 
 #: Pod info keys the kubelet puts in the volume context (``podInfoOnMount: true``).
@@ -219,19 +218,6 @@ def check_target(target: str, pods_dir: Path, pod_uid: str | None) -> Path:
     if resolved.is_symlink() or (resolved.exists() and not resolved.is_dir()):
         raise InvalidInput(f"target_path {target[:200]!r} exists and is not a directory")
     return resolved
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Temp file beside ``path``, fsync, rename, fsync of the directory: whole or absent."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class Volumes:
