@@ -75,11 +75,16 @@ def own_pod_uid(proc: Path = Path("/proc")) -> str | None:
         return None
 
 
-def _token_ok(request: Request, token: str | None) -> bool:
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+def bearer_matches(authorization: str, token: str | None) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <token>`` (compared in constant time)."""
+    scheme, _, given = authorization.partition(" ")
     return (
         token is not None and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
     )
+
+
+def _token_ok(request: Request, token: str | None) -> bool:
+    return bearer_matches(request.headers.get("authorization", ""), token)
 
 
 def over_unix_socket(request: Request) -> bool:

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from dsagent.api.identity import Caller, caller_identity, require_operator, require_task
+from dsagent.api.identity import Caller, bearer_matches, caller_identity, require_operator, require_task
 from dsagent.api.schemas import (
     DatasetsOut,
     DatasetVersionsOut,
@@ -37,8 +37,9 @@ from dsagent.api.schemas import (
     task_out,
 )
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from dsagent.cache.peers import PEER_HEADER, check_peer_token
+from dsagent.cache.peers import PEER_HEADER
 from dsagent.cache.service import CacheService
+from dsagent.errors import Unauthorized
 from dsagent.format.names import validate_digest
 
 router = APIRouter()
@@ -146,7 +147,15 @@ async def inventory(svc: CacheService = Depends(service)) -> dict[str, Any]:
 
 def require_peer(request: Request) -> None:
     """Peer endpoints need the agents' shared peer token on every transport (pods never hold it)."""
-    check_peer_token(request.app.state.settings, request.headers.get("authorization", ""))
+    token = request.app.state.settings.peer_token
+    if token is None:
+        raise Unauthorized(
+            "this agent serves no peers (it has no peer token)", hint="set DSAGENT_PEER_TOKEN on every agent"
+        )
+    if not bearer_matches(request.headers.get("authorization", ""), token):
+        raise Unauthorized(
+            "a valid peer token is required", hint="agents send 'Authorization: Bearer <DSAGENT_PEER_TOKEN>'"
+        )
 
 
 @router.get(

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import shutil
 import tarfile
@@ -55,7 +54,6 @@ from dsagent.errors import (
     IntegrityError,
     NotFound,
     TransientError,
-    Unauthorized,
 )
 from dsagent.format.bundle import tar_header
 from dsagent.format.extract import unpack_bundle
@@ -83,20 +81,6 @@ class PeerOverloaded(TransientError):
 
     http_status = 503
     code = "peer_overloaded"
-
-
-def check_peer_token(settings: Settings, authorization: str) -> None:
-    """Constant-time check of ``Authorization: Bearer <peer token>``; :class:`Unauthorized` otherwise."""
-    token = settings.peer_token
-    if token is None:
-        raise Unauthorized(
-            "this agent serves no peers (it has no peer token)", hint="set DSAGENT_PEER_TOKEN on every agent"
-        )
-    scheme, _, given = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise Unauthorized(
-            "a valid peer token is required", hint="agents send 'Authorization: Bearer <DSAGENT_PEER_TOKEN>'"
-        )
 
 
 # --------------------------------------------------------------------------- serving
@@ -509,7 +493,6 @@ __all__ = [
     "ServedBundle",
     "UploadLimits",
     "bundle_options",
-    "check_peer_token",
     "find_bundle",
     "holds_ready",
     "repack",
