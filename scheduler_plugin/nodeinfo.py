@@ -20,12 +20,12 @@ import functools
 import itertools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
-from gpu_topology import GpuSet, Topology, best_gpu_set, roce_classes, topology_from_dict
+from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.placement import parse_free_gpus
 from scheduler_plugin.podspec import parse_quantity
 from scheduler_plugin.wire import Node
@@ -284,6 +284,19 @@ def ideal_set(topology: Topology, count: int) -> GpuSet | None:
     """The best ``count`` GPUs of the whole topology, as if all were free: it depends on
     the hardware alone, so every node and free set of one topology shares it."""
     return best_gpu_set(topology, topology.gpu_indices, count) if count > 0 else None
+
+
+def placed_sets(topology: Topology, free: Iterable[int], need: int) -> tuple[GpuSet, GpuSet | None] | None:
+    """The best set of ``need`` free GPUs and the best the same hardware gives fully free
+    (:func:`ideal_set`); None when no set fits or the free set names GPUs the topology
+    lacks (logged). Shared by the NUMA and the time scores."""
+    try:
+        best = best_gpu_set(topology, free, need)
+        ideal = ideal_set(topology, need) if best is not None else None
+    except TopologyError as exc:  # e.g. a free index the topology lacks
+        log.warning("cannot place %d GPUs on free set %s: %s", need, sorted(free), exc)
+        return None
+    return None if best is None else (best, ideal)
 
 
 def _best_subset(topology: Topology, count: int) -> frozenset[int]:

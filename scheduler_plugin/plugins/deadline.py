@@ -16,8 +16,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpu_topology import Topology, TopologyError, best_gpu_set
-from scheduler_plugin.nodeinfo import NodeFacts, ideal_set
+from gpu_topology import Topology
+from scheduler_plugin.nodeinfo import NodeFacts, placed_sets
 from scheduler_plugin.timemodel import (
     DEFAULT_BANDWIDTHS,
     Bandwidths,
@@ -44,14 +44,10 @@ def pod_bandwidth(
     when the node cannot give ``need`` GPUs."""
     if topology is None or free is None:
         return None
-    try:
-        best = best_gpu_set(topology, free, need)
-        ideal = ideal_set(topology, need)
-    except TopologyError as exc:
-        log.warning("cannot place %d GPUs on free set %s: %s", need, sorted(free), exc)
+    placed = placed_sets(topology, free, need)
+    if placed is None:
         return None
-    if best is None:
-        return None
+    best, ideal = placed
     bw = intra_node_bandwidth(topology, best.gpus, bandwidths)
     ideal_bw = intra_node_bandwidth(topology, ideal.gpus if ideal else best.gpus, bandwidths)
     if workers > 1:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from gpu_topology import Topology, TopologyError, best_gpu_set
-from scheduler_plugin.nodeinfo import ideal_set
+from gpu_topology import Topology
+from scheduler_plugin.nodeinfo import placed_sets
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +32,10 @@ def placement(topology: Topology | None, free: Iterable[int] | None, need: int) 
     """The 0..10 NUMA score of one node for a pod needing ``need`` GPUs."""
     if topology is None or free is None or need <= 0:
         return 0
-    try:
-        best = best_gpu_set(topology, free, need)
-        ideal = ideal_set(topology, need) if best is not None else None
-    except TopologyError as exc:  # e.g. a free index the topology lacks
-        log.warning("cannot place %d GPUs on free set %s: %s", need, sorted(free), exc)
+    placed = placed_sets(topology, free, need)
+    if placed is None:
         return 0
-    if best is None:
-        return 0
+    best, ideal = placed
     ratio = 1.0 if ideal is None or ideal.score <= 0 else min(1.0, max(0.0, best.score / ideal.score))
     near = best.single_numa and best.nic_level in NEAR_NIC_LEVELS
     return (6 if near else 1) + round(4 * ratio)
