@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
+from dsplatform import published
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.placement import parse_free_gpus
 from scheduler_plugin.podspec import parse_quantity
@@ -32,9 +33,9 @@ from scheduler_plugin.wire import Node
 
 log = logging.getLogger(__name__)
 
-INVENTORY_ANNOTATION = "dsagent.io/inventory"
-TOPOLOGY_ANNOTATION = "dsagent.io/topology"
-FREE_GPUS_ANNOTATION = "dsagent.io/free-gpus"
+INVENTORY_ANNOTATION = published.INVENTORY
+TOPOLOGY_ANNOTATION = published.TOPOLOGY
+FREE_GPUS_ANNOTATION = published.FREE_GPUS
 INVENTORY_BUDGET = 64 * 1024
 TOPOLOGY_BUDGET = 32 * 1024
 
@@ -218,9 +219,9 @@ class NodeReader:
         known = allocatable is not None or topology is not None
         if allocatable is None:
             allocatable = len(topology.gpus) if topology is not None else 0
-        published = parse_free_gpus(annotations.get(FREE_GPUS_ANNOTATION))
-        known = known or published is not None
-        if published is None and topology is not None and name not in self._warned:
+        free = parse_free_gpus(annotations.get(FREE_GPUS_ANNOTATION))
+        known = known or free is not None
+        if free is None and topology is not None and name not in self._warned:
             self._warned.add(name)
             log.info(
                 "node %s publishes no %s; counting free GPUs as allocatable minus known pod "
@@ -237,7 +238,7 @@ class NodeReader:
             topology_error=topology_error,
             classes=classes,
             allocatable_gpus=allocatable,
-            published_free=published,
+            published_free=free,
             resource_version=version if isinstance(version, str) else None,
             gpu_facts_known=known,
         )

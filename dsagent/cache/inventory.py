@@ -16,8 +16,9 @@ from typing import Any
 import jsonschema
 
 from dsagent.errors import InvalidInput
+from dsplatform import published
 
-ANNOTATION = "dsagent.io/inventory"
+ANNOTATION = published.INVENTORY
 ANNOTATION_BUDGET = 64 * 1024
 
 

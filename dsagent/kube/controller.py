@@ -53,11 +53,12 @@ from typing import Any
 
 from dsagent.errors import DsagentError
 from dsagent.kube.apiclient import micro_time, parse_time
+from dsplatform import published
 
 log = logging.getLogger("dsagent.controller")
 
 GROUP, VERSION, PLURAL = "dsagent.io", "v1alpha1", "datasets"
-INVENTORY_ANNOTATION = "dsagent.io/inventory"
+INVENTORY_ANNOTATION = published.INVENTORY
 CLEANUP_ANNOTATION = "dsagent.io/cleanup"
 MERGE_PATCH = "application/merge-patch+json"
 

@@ -44,13 +44,14 @@ from cachetools import TTLCache
 from dsagent.errors import Conflict, DsagentError, NotFound, SettingsError
 from dsagent.kube.apiclient import micro_time, parse_time, translated
 from dsagent.kube.jsonpatch import JSONPatch, escape
+from dsplatform import published
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.units import UnitError, parse_duration
 
 log = logging.getLogger("dsagent.webhook")
 
-TOPOLOGY_ANNOTATION = "dsagent.io/topology"
-FREE_GPUS_ANNOTATION = "dsagent.io/free-gpus"
+TOPOLOGY_ANNOTATION = published.TOPOLOGY
+FREE_GPUS_ANNOTATION = published.FREE_GPUS
 CLASS_ANNOTATION = "dsagent.io/gpu-class"
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"

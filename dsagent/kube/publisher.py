@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsagent.cache import inventory as inventory_contract
+from dsplatform import published
 
 INVENTORY = inventory_contract.ANNOTATION
-TOPOLOGY = "dsagent.io/topology"
-FREE_GPUS = "dsagent.io/free-gpus"
+TOPOLOGY = published.TOPOLOGY
+FREE_GPUS = published.FREE_GPUS
 OWNED = (INVENTORY, TOPOLOGY, FREE_GPUS)
 TOPOLOGY_BUDGET = 32 * 1024
 FREE_BYTES_QUANTUM = 64 << 20  # at least; 0.5% of the capacity on large disks
