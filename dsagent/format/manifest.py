@@ -28,14 +28,14 @@ Decisions:
   does not exist raises :class:`NotFound` (on object stores an empty prefix does not
   exist, so a mistyped ``s3://`` prefix is an error, never an empty dataset).
 - **Reading costs the entries, not copies of them** (issue 10 finding 5): a stored
-  manifest is parsed and checked a batch at a time (types, digests, path order), the
-  layout checks lean on the path order instead of sets of all paths, and digests hash
-  the canonical records a block at a time. A 2.6 MB manifest of 10^6 entries
-  (``d0000/f0000000``-style paths): peak RSS of a fresh reading process 465 -> 267 MiB,
-  10.3 -> 4.3 s. Of that, ~221 MiB is the result itself (per entry: the FileEntry 64
-  bytes, its path 64 and digest 96 in pymalloc blocks, 8 in the tuple) and ~32 MiB the
-  imports (half of it fsspec); going lower means a leaner FileEntry (e.g. the digest held
-  as 16 bytes), which is a change of the value type, not of the reader.
+  manifest is parsed and checked a batch at a time (types, digests, path order) straight
+  into an :class:`EntryTable` (the entries column-wise: ~104 bytes an entry instead of
+  ~232 as FileEntry objects), the layout checks lean on the path order instead of sets of
+  all paths, digests hash the canonical records a block at a time, and the stored form is
+  written a block at a time. A 2.6 MB manifest of 10^6 entries (``d0000/f0000000``-style
+  paths): peak RSS of a fresh reading process 465 MiB before issue 10, 267 with FileEntry
+  tuples, 169 MiB now (~32 MiB of it imports); the agent that reads it, re-encodes it into
+  its cache and fails on its missing bundles peaks at 224 MiB.
 
 Stored format (``Manifest.to_bytes``): one line of plain JSON (the header: format,
 version, name, file count, total bytes, dataset digest, bundle index, empty directories),
@@ -52,10 +52,11 @@ import json
 import operator
 import re
 import struct
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import IO, Any
+from typing import IO, Any, overload
 
 import xxhash
 import zstandard
@@ -99,6 +100,121 @@ class FileEntry:
     digest: str  # xxh3-128 of the content, 32 lowercase hex chars
 
 
+class EntryTable(Sequence[FileEntry]):
+    """A manifest's entries held column-wise: what :attr:`Manifest.entries` is.
+
+    A manifest can list millions of files, and a hostile one is read by the privileged
+    agent (issue 10 finding 5). As objects an entry costs ~232 bytes (the FileEntry 64,
+    its path 64, its hex digest 96, a tuple slot 8); here it costs its path (64 + a list
+    slot 8), 16 raw digest bytes and two 8-byte numbers: ~104 bytes. :class:`FileEntry`
+    stays the value callers see: indexing and iterating build them on demand, and the
+    passes over every entry (path checks, digests, sizes) read the columns directly.
+
+    Numbers are 64-bit: a size outside ``[0, 2**64)`` or an mtime outside int64 is not a
+    file's, and raises :class:`OverflowError` when the table is built.
+    """
+
+    __slots__ = ("digests", "mtimes", "paths", "sizes")
+
+    def __init__(self, paths: list[str], sizes: array[int], mtimes: array[int], digests: bytes) -> None:
+        self.paths = paths
+        self.sizes = sizes
+        self.mtimes = mtimes
+        self.digests = digests  # 16 raw bytes an entry
+
+    @classmethod
+    def of(cls, entries: Iterable[FileEntry]) -> EntryTable:
+        """The table of ``entries`` in the order given; :class:`ValueError` for a digest
+        that is not hex, :class:`OverflowError` for numbers out of range."""
+        if isinstance(entries, EntryTable):
+            return entries
+        builder = _TableBuilder()
+        remaining = iter(entries)
+        while block := list(itertools.islice(remaining, _BLOCK)):
+            builder.add(
+                [e.path for e in block], [e.size for e in block], [e.mtime_ns for e in block], [e.digest for e in block]
+            )
+        return builder.build()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @overload
+    def __getitem__(self, index: int) -> FileEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> EntryTable: ...
+    def __getitem__(self, index: int | slice) -> FileEntry | EntryTable:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self.paths))
+            if step != 1:
+                raise ValueError("an entry table slices with step 1 only")
+            return EntryTable(
+                self.paths[start:stop], self.sizes[start:stop], self.mtimes[start:stop],
+                self.digests[16 * start : 16 * max(start, stop)],
+            )  # fmt: skip
+        i = range(len(self.paths))[index]  # IndexError, negative indexes
+        return FileEntry(self.paths[i], self.sizes[i], self.mtimes[i], self.digests[16 * i : 16 * i + 16].hex())
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        return map(FileEntry, self.paths, self.sizes, self.mtimes, self.hex_digests())
+
+    def hex_digests(self) -> Iterator[str]:
+        """The file digests as :class:`FileEntry` holds them (32 lowercase hex characters)."""
+        digests, step = self.digests, 16 * _BLOCK
+        for start in range(0, len(digests), step):  # .hex() of a block, then slices: 4x faster than per digest
+            hexed = digests[start : start + step].hex()
+            yield from (hexed[o : o + 32] for o in range(0, len(hexed), 32))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EntryTable):
+            return (
+                self.digests == other.digests and self.paths == other.paths
+                and self.sizes == other.sizes and self.mtimes == other.mtimes
+            )  # fmt: skip
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == len(self) and all(map(operator.eq, self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((len(self.paths), self.digests))
+
+    def __repr__(self) -> str:
+        return f"<EntryTable of {len(self.paths)} entries>"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def records(self) -> Iterator[bytes]:
+        """The canonical digest record of each entry (see :func:`dataset_digest`), in order."""
+        pack_size, pack_len, digests = _SIZE.pack, _LEN.pack, self.digests
+        for offset, path, size in zip(range(0, len(digests), 16), self.paths, self.sizes, strict=True):
+            name = path.encode("utf-8", "surrogateescape")
+            yield b"F" + pack_len(len(name)) + name + pack_size(size) + digests[offset : offset + 16]
+
+
+class _TableBuilder:
+    """Columns grown a batch at a time; the digests join into one ``bytes`` at the end."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.sizes = array("Q")
+        self.mtimes = array("q")
+        self._digests = bytearray()
+
+    def add(self, paths: list[str], sizes: list[int], mtimes: list[int], hex_digests: list[str]) -> None:
+        raw = bytes.fromhex("".join(hex_digests))
+        if len(raw) != 16 * len(hex_digests) or any(len(d) != DIGEST_LENGTH for d in hex_digests):
+            raise ValueError("a file digest is not 32 hex characters")
+        self.sizes.extend(sizes)
+        self.mtimes.extend(mtimes)
+        self._digests += raw
+        self.paths.extend(paths)
+
+    def build(self) -> EntryTable:
+        return EntryTable(self.paths, self.sizes, self.mtimes, bytes(self._digests))
+
+
 @dataclass(frozen=True)
 class BundleRef:
     """One tar+zstd bundle: a contiguous range of entries in path order."""
@@ -130,7 +246,7 @@ class Manifest:
     """
 
     name: str
-    entries: tuple[FileEntry, ...]  # sorted by path
+    entries: EntryTable  # sorted by path
     bundles: tuple[BundleRef, ...]  # empty when not packed
     digest: str  # dataset_digest(entries, directories)
     directories: tuple[str, ...] = field(default=())  # empty directories, sorted
@@ -146,18 +262,21 @@ class Manifest:
     ) -> Manifest:
         """A manifest with entries sorted, paths checked and the digest computed."""
         check_dataset_name(name)
-        ordered = tuple(sorted(entries, key=_path_key))
+        try:
+            ordered = EntryTable.of(sorted(entries, key=_path_key))
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
         dirs = tuple(sorted(set(directories)))
-        check_layout(ordered, dirs)
+        check_layout(ordered.paths, dirs)
         return cls._assemble(name, ordered, dirs, tuple(bundles))
 
     @classmethod
     def _assemble(
-        cls, name: str, entries: tuple[FileEntry, ...], dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]
+        cls, name: str, entries: EntryTable, dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]
     ) -> Manifest:
         """Digest and bundle index of the (sorted, checked) entries, encoded a block at a time."""
         try:
-            digest = _digest_of(_DATASET_DOMAIN, itertools.chain(_member_records(entries), _dir_records(dirs)))
+            digest = _digest_of(_DATASET_DOMAIN, itertools.chain(entries.records(), _dir_records(dirs)))
         except (ValueError, TypeError, AttributeError, struct.error) as exc:
             raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
         if bundles:
@@ -170,13 +289,13 @@ class Manifest:
 
     @cached_property
     def total_bytes(self) -> int:
-        return sum(entry.size for entry in self.entries)  # computed once: manifests can list millions
+        return self.entries.total_bytes  # computed once: manifests can list millions
 
     @property
     def header(self) -> ManifestHeader:
         return ManifestHeader(self.name, self.digest, self.file_count, self.total_bytes, self.bundles, self.directories)
 
-    def bundle_entries(self, bundle: BundleRef) -> Sequence[FileEntry]:
+    def bundle_entries(self, bundle: BundleRef) -> EntryTable:
         """The entries stored in ``bundle``, in path order."""
         return self.entries[bundle.first : bundle.first + bundle.count]
 
@@ -196,11 +315,7 @@ class Manifest:
         return decode_manifest(data)
 
 
-def _path_key(entry: FileEntry) -> str:
-    return entry.path
-
-
-_PATH = operator.attrgetter("path")  # _path_key at C speed, for the passes over every entry
+_path_key = operator.attrgetter("path")  # the sort key of entries, at C speed
 
 
 # --------------------------------------------------------------------------- checks
@@ -253,23 +368,23 @@ def _first_unsafe_of(paths: Iterable[str]) -> str | None:
     return None
 
 
-def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> None:
+def check_layout(paths: Sequence[str], directories: Sequence[str]) -> None:
     """Raise :class:`InvalidInput` unless paths are safe, unique, and no file is also a directory.
 
-    ``entries`` are sorted by path (both callers sort or check the order first), so a
+    ``paths`` (the files') are sorted (both callers sort or check the order first), so a
     duplicate is next to its twin and no set of all the paths is needed: memory follows
     the number of directories, not of files.
     """
-    bad = _first_unsafe_of(map(_PATH, entries))
+    bad = _first_unsafe_of(paths)
     if bad is not None:
         raise InvalidInput(f"unsafe path in dataset: {bad!r}", hint="paths must be relative, without '..'")
-    if any(map(operator.eq, map(_PATH, entries), map(_PATH, itertools.islice(entries, 1, None)))):
-        twin = next(a.path for a, b in zip(entries, itertools.islice(entries, 1, None)) if a.path == b.path)
+    if any(map(operator.eq, paths, itertools.islice(paths, 1, None))):
+        twin = next(a for a, b in zip(paths, itertools.islice(paths, 1, None)) if a == b)
         raise InvalidInput(f"duplicate path in dataset: {twin!r}")
     bad = _first_unsafe(list(directories))
     if bad is not None:
         raise InvalidInput(f"unsafe directory in dataset: {bad!r}")
-    parents = {entry.path.rpartition("/")[0] for entry in entries}
+    parents = {path.rpartition("/")[0] for path in paths}
     parents.update(path.rpartition("/")[0] for path in directories)
     expanded = set()
     for parent in parents:
@@ -277,7 +392,7 @@ def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> No
             expanded.add(parent)
             parent = parent.rpartition("/")[0]
     dirs = expanded | set(directories)
-    clash = next(filter(dirs.__contains__, map(_PATH, entries)), None)  # the first in path order
+    clash = next(filter(dirs.__contains__, paths), None)  # the first in path order
     if clash is not None:
         raise InvalidInput(f"path is both a file and a directory: {clash!r}")
     for directory in directories:
@@ -285,16 +400,16 @@ def check_layout(entries: Sequence[FileEntry], directories: Sequence[str]) -> No
             raise InvalidInput(f"directory {directory!r} is not empty; only empty directories are listed")
 
 
-def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRef]) -> None:
+def _check_bundle_index(entries: EntryTable, bundles: Sequence[BundleRef]) -> None:
     position = 0
     for ref in bundles:
         if ref.first != position or ref.count <= 0 or not is_digest(ref.digest):
             raise IntegrityError(f"bundle index does not tile the entries at bundle {ref.digest!r}")
         end = ref.first + ref.count
-        members = range(ref.first, end)  # indexes, not a slice: a bundle may hold most of the entries
-        if end > len(entries) or bundle_digest(map(entries.__getitem__, members)) != ref.digest:
+        members = entries[ref.first : end]  # columns: ~40 bytes an entry while it is checked
+        if end > len(entries) or bundle_digest(members) != ref.digest:
             raise IntegrityError(f"bundle {ref.digest} does not match the entries it claims")
-        if ref.size != sum(entries[index].size for index in members):
+        if ref.size != members.total_bytes:
             raise IntegrityError(f"bundle {ref.digest} records the wrong payload size")
         position = end
     if bundles and position != len(entries):
@@ -302,14 +417,6 @@ def _check_bundle_index(entries: Sequence[FileEntry], bundles: Sequence[BundleRe
 
 
 # --------------------------------------------------------------------------- digests
-
-
-def _member_records(entries: Iterable[FileEntry]) -> Iterator[bytes]:
-    """The canonical record of each entry, in the order given, one at a time."""
-    pack_size, pack_len, fromhex = _SIZE.pack, _LEN.pack, bytes.fromhex
-    for entry in entries:
-        name = entry.path.encode("utf-8", "surrogateescape")
-        yield b"F" + pack_len(len(name)) + name + pack_size(entry.size) + fromhex(entry.digest)
 
 
 def _dir_records(directories: Iterable[str]) -> list[bytes]:
@@ -334,9 +441,8 @@ def dataset_digest(entries: Iterable[FileEntry], directories: Iterable[str] = ()
     bytes``; each empty directory (after all files) is ``b"D" + len + path``. mtimes do
     not count, and the input order does not matter (entries are sorted here).
     """
-    return _digest_of(
-        _DATASET_DOMAIN, itertools.chain(_member_records(sorted(entries, key=_path_key)), _dir_records(directories))
-    )
+    table = EntryTable.of(sorted(entries, key=_path_key))
+    return _digest_of(_DATASET_DOMAIN, itertools.chain(table.records(), _dir_records(directories)))
 
 
 def bundle_digest(members: Iterable[FileEntry]) -> str:
@@ -345,7 +451,7 @@ def bundle_digest(members: Iterable[FileEntry]) -> str:
     It depends only on what the bundle holds, so an unchanged run of files keeps its
     bundle (and its object ``bundles/<digest>.tar.zst``) across dataset versions.
     """
-    return _digest_of(_BUNDLE_DOMAIN, _member_records(members))
+    return _digest_of(_BUNDLE_DOMAIN, EntryTable.of(members).records())
 
 
 # --------------------------------------------------------------------------- stored form
@@ -363,9 +469,16 @@ def encode_manifest(manifest: Manifest) -> bytes:
         "directories": list(manifest.directories),
     }
     dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-    body = "".join(dumps([e.path, e.size, e.mtime_ns, e.digest]) + "\n" for e in manifest.entries)
-    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
-    return dumps(header).encode() + b"\n" + compressor.compress(body.encode("utf-8", "surrogateescape"))
+    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True).compressobj()
+    parts = [dumps(header).encode() + b"\n"]
+    table = manifest.entries
+    for start in range(0, len(table), _BLOCK):  # a block at a time: the body is never held uncompressed
+        block = table[start : start + _BLOCK]
+        rows = zip(block.paths, block.sizes, block.mtimes, block.hex_digests(), strict=True)
+        lines = "\n".join(map(dumps, map(list, rows))) + "\n"
+        parts.append(compressor.compress(lines.encode("utf-8", "surrogateescape")))
+    parts.append(compressor.flush())
+    return b"".join(parts)
 
 
 def _parse_header(line: bytes) -> ManifestHeader:
@@ -433,13 +546,20 @@ def _entry_batches(reader: FrameReader, limit: int, name: str) -> Iterator[list[
         raise IntegrityError(f"corrupt manifest {name!r}: its last entry line is cut", hint="re-pack the dataset")
 
 
-def _parse_batch(lines: list[bytes]) -> list[FileEntry]:
+#: One parsed batch of entry lines, column-wise: paths, sizes, mtimes, hex digests.
+_Columns = tuple[list[Any], list[Any], list[Any], list[Any]]
+
+
+def _parse_batch(lines: list[bytes]) -> _Columns:
     """One ``json.loads`` per batch (per line it is twice as slow); a line holding more or
     less than one array shows as a count that does not match."""
     rows = json.loads(b"[" + b",".join(lines) + b"]")
     if len(rows) != len(lines):
         raise ValueError("an entry line does not hold exactly one entry")
-    return [FileEntry(*row) for row in rows]
+    if not all(type(row) is list and len(row) == 4 for row in rows):
+        raise ValueError("an entry line is not [path, size, mtime_ns, digest]")
+    paths, sizes, mtimes, digests = zip(*rows, strict=True)
+    return list(paths), list(sizes), list(mtimes), list(digests)
 
 
 class _BodyChecks:
@@ -455,26 +575,27 @@ class _BodyChecks:
         self.disordered = False
         self._last: str | None = None  # the last path of the previous batch
 
-    def batch(self, entries: list[FileEntry]) -> list[FileEntry]:
-        if self.malformed or not entries:
-            return entries
-        well_typed = all(
-            type(e.path) is str
-            and type(e.size) is int
-            and e.size >= 0
-            and type(e.mtime_ns) is int
-            and type(e.digest) is str
-            and len(e.digest) == DIGEST_LENGTH  # else two digests joined by a newline pass the line check
-            for e in entries
+    def batch(self, columns: _Columns) -> bool:
+        """Check one batch; True when it is well formed (and so may join the table)."""
+        paths, sizes, mtimes, digests = columns
+        if self.malformed:
+            return False
+        if not paths:
+            return True
+        well_typed = (
+            all(type(p) is str for p in paths)
+            and all(type(s) is int and s >= 0 for s in sizes)
+            and all(type(m) is int for m in mtimes)
+            # exactly 32 characters each, else two digests joined by a newline pass the line check
+            and all(type(d) is str and len(d) == DIGEST_LENGTH for d in digests)
         )
-        if not well_typed or not _HEX_LINES.fullmatch("\n".join(e.digest for e in entries) + "\n"):
+        if not well_typed or not _HEX_LINES.fullmatch("\n".join(digests) + "\n"):
             self.malformed = True
-            return entries
-        paths = [e.path for e in entries]
+            return False
         if (self._last is not None and not self._last < paths[0]) or not all(map(operator.lt, paths, paths[1:])):
             self.disordered = True
         self._last = paths[-1]
-        return entries
+        return True
 
 
 def _header_line(stream: IO[bytes]) -> tuple[bytes, bytes]:
@@ -500,38 +621,36 @@ def read_manifest_stream(stream: IO[bytes]) -> Manifest:
         raise IntegrityError(
             f"corrupt manifest {header.name!r}: negative counts in its header", hint="re-pack the dataset"
         )
-    entries: tuple[FileEntry, ...] = ()
+    table = _TableBuilder()
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
         reader = FrameReader(_Prefixed(first, stream), what, limit=header.file_count * MAX_ENTRY_LINE)  # type: ignore[arg-type]
         checks = _BodyChecks()
         try:
-            entries = tuple(
-                itertools.chain.from_iterable(
-                    checks.batch(_parse_batch(batch))
-                    for batch in _entry_batches(reader, header.file_count, header.name)
-                )
-            )
-        except (ValueError, TypeError) as exc:
+            for batch in _entry_batches(reader, header.file_count, header.name):
+                columns = _parse_batch(batch)
+                if checks.batch(columns):
+                    table.add(*columns)
+        except (ValueError, TypeError, OverflowError) as exc:
             raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
         if checks.malformed:
             raise IntegrityError(f"corrupt manifest {header.name!r}: malformed file entry")
         if checks.disordered:
             raise IntegrityError(f"corrupt manifest {header.name!r}: entries are not in strict path order")
-    return _checked(header, entries)
+    return _checked(header, table.build())
 
 
 def decode_manifest(data: bytes) -> Manifest:
     return read_manifest_stream(io.BytesIO(data))
 
 
-def _checked(header: ManifestHeader, entries: tuple[FileEntry, ...]) -> Manifest:
+def _checked(header: ManifestHeader, entries: EntryTable) -> Manifest:
     """The manifest of ``entries`` (well typed and in strict path order: :class:`_BodyChecks`)
     once its layout, dataset digest, counts and bundle index match ``header``."""
     try:
         check_dataset_name(header.name)
-        check_layout(entries, header.directories)
+        check_layout(entries.paths, header.directories)
         manifest = Manifest._assemble(header.name, entries, tuple(sorted(header.directories)), header.bundles)
     except InvalidInput as exc:
         raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}") from exc
@@ -584,6 +703,7 @@ __all__ = [
     "BUNDLES_DIR",
     "CHUNK_SIZE",
     "BundleRef",
+    "EntryTable",
     "FileEntry",
     "FileHasher",
     "Manifest",

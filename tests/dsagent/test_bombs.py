@@ -21,7 +21,17 @@ import zstandard
 
 from dsagent.errors import IntegrityError
 from dsagent.format.bundle import pack
-from dsagent.format.manifest import FORMAT, FORMAT_VERSION, bundle_path, dataset_digest, read_manifest
+from dsagent.format.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    BundleRef,
+    FileEntry,
+    Manifest,
+    bundle_digest,
+    bundle_path,
+    dataset_digest,
+    read_manifest,
+)
 from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer
 
 #: Zeros hidden after the tar's end / in the manifest body: 1 GiB, compressed to ~32 KB.
@@ -85,6 +95,23 @@ def manifest_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
+#: Entries of the many-entries manifest: issue 10 finding 5's 3 MB manifest (727 MB, 11.6 s).
+MANY = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def many_entries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store whose valid manifest lists 10^6 one-byte files in 20 bundles (2.6 MB stored),
+    none of which exist: reading the manifest is the whole cost."""
+    store = tmp_path_factory.mktemp("many") / "store"
+    plain = Manifest.create("many", (FileEntry(f"d{i // 1000:04d}/f{i:07d}", 1, 0, f"{i:032x}") for i in range(MANY)))
+    step = MANY // 20
+    refs = [BundleRef(bundle_digest(plain.entries[i : i + step]), i, step, step, 1000) for i in range(0, MANY, step)]
+    (store / "many").mkdir(parents=True)
+    (store / "many" / "manifest").write_bytes(plain.with_bundles(refs).to_bytes())
+    return store
+
+
 #: Runs its arguments and prints their exit status and peak RSS (KiB) on its last line. The
 #: measured command must be started from a small process: a child spawned straight from a
 #: pytest worker (vfork/posix_spawn) keeps the worker's RSS as its ``ru_maxrss`` across exec.
@@ -144,12 +171,12 @@ def _vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_the_agent_refuses_both_bombs_in_bounded_memory(
-    agent_factory: Any, bundle_bomb: tuple[Path, str], manifest_bomb: Path, tmp_path: Path
+def test_the_agent_refuses_both_bombs_and_reads_a_million_entries_in_bounded_memory(
+    agent_factory: Any, bundle_bomb: tuple[Path, str], manifest_bomb: Path, many_entries: Path, tmp_path: Path
 ) -> None:
     base, name = bundle_bomb
     (base / "www" / "mstore").mkdir(exist_ok=True)
-    os.system(f"cp -r {manifest_bomb}/empty {base / 'www' / 'mstore'}/")  # noqa: S605 - test data
+    os.system(f"cp -r {manifest_bomb}/empty {many_entries}/many {base / 'www' / 'mstore'}/")  # noqa: S605 - test data
     server = LoopbackServer(base / "www")
     agent = agent_factory(tcp=True)
     try:
@@ -161,6 +188,10 @@ def test_the_agent_refuses_both_bombs_in_bounded_memory(
                 record = http.put(f"/v1/tasks/{task}?wait=60", json={"datasets": [dataset]}).json()
                 assert record["state"] == "failed", record
                 assert record["datasets"][0]["error"]["code"] == "integrity", record
+            many = {"name": "many", "source": f"{server.url}/nowhere", "bundles": f"{server.url}/mstore"}
+            record = http.put("/v1/tasks/t-many?wait=120", json={"datasets": [many]}).json()
+            assert record["state"] == "failed", record  # its bundles do not exist, or do not fit
+            assert record["datasets"][0]["error"]["code"] != "integrity", record  # the manifest itself is valid
             assert all(d["state"] != "ready" for d in http.get("/v1/datasets").json()["datasets"])
         assert agent.proc is not None
         peak = _vm_hwm(agent.proc.pid)

@@ -14,12 +14,13 @@ from dsagent.format.manifest import FileEntry, Manifest, read_manifest
 ENTRIES = 200_000
 
 #: Fresh-process peak allowed: imports (~32 MiB, fsspec being half of it) plus parse batches
-#: (a few MiB) within 52 MiB, plus 250 bytes an entry. An entry that is read costs ~232 bytes
-#: by itself (the FileEntry 64, its path 64 and digest 96 in pymalloc blocks, 8 in the tuple).
-#: Measured (Python 3.11): 89 MiB for 200,000 entries and 267 MiB for 10^6, against a bound
-#: of 99.7 and 290 MiB; the code before this test took 121 and 465 MiB.
-PEAK_FIXED = 52 << 20
-PEAK_PER_ENTRY = 250
+#: (a few MiB) within 56 MiB, plus 150 bytes an entry. Entries are held column-wise
+#: (manifest.EntryTable): ~104 bytes an entry (its path 64 and list slot 8, 16 digest bytes,
+#: two 8-byte numbers), plus the columns' growth. Measured (Python 3.11): 74 MiB for 200,000
+#: entries and 169 MiB for 10^6, against bounds of 84.6 and 199 MiB; FileEntry objects in a
+#: tuple took 89 and 267 MiB, and the code before issue 10 took 121 and 465 MiB.
+PEAK_FIXED = 56 << 20
+PEAK_PER_ENTRY = 150
 
 #: Runs its arguments and prints their exit status and peak RSS (KiB) on its last line. The
 #: measured command must be started from a small process: a child spawned straight from a
@@ -62,19 +63,19 @@ def test_a_manifest_of_many_entries_is_read_in_memory_proportional_to_them(tmp_p
 def test_the_path_order_is_checked_across_parse_batches() -> None:
     from dsagent.format.manifest import _BodyChecks
 
-    def entry(path: str) -> FileEntry:
-        return FileEntry(path, 1, 0, "0" * 32)
+    def columns(*paths: str, digest: str = "0" * 32) -> tuple[list[object], ...]:
+        return list(paths), [1] * len(paths), [0] * len(paths), [digest] * len(paths)
 
     for second in ("a/b", "a/a"):  # equal to, then before, the previous batch's last path
         checks = _BodyChecks()
-        checks.batch([entry("a/a"), entry("a/b")])
-        checks.batch([entry(second), entry("z")])
+        assert checks.batch(columns("a/a", "a/b"))  # type: ignore[arg-type]
+        assert checks.batch(columns(second, "z"))  # type: ignore[arg-type]
         assert checks.disordered and not checks.malformed
     checks = _BodyChecks()
-    checks.batch([entry("a/a"), entry("a/b")])
-    checks.batch([entry("a/c")])
+    checks.batch(columns("a/a", "a/b"))  # type: ignore[arg-type]
+    checks.batch(columns("a/c"))  # type: ignore[arg-type]
     assert not checks.disordered and not checks.malformed
-    checks.batch([FileEntry("b", 1, 0, "0" * 31 + "G")])
+    assert not checks.batch(columns("b", digest="0" * 31 + "G"))  # type: ignore[arg-type]
     assert checks.malformed
 
 
@@ -82,11 +83,14 @@ def test_a_digest_of_two_hex_blocks_joined_by_a_newline_is_refused() -> None:
     import io
 
     import pytest
+    import zstandard
 
     from dsagent.errors import IntegrityError
     from dsagent.format.manifest import FileEntry, Manifest, read_manifest_stream
 
-    forged = FileEntry("a.jpg", 1, 0, "a" * 32 + "\n" + "b" * 32)
-    data = Manifest.create("forged", [forged]).to_bytes()  # a consistent header: it is not authenticated
+    honest = Manifest.create("forged", [FileEntry("a.jpg", 1, 0, "a" * 32)]).to_bytes()
+    header = honest.partition(b"\n")[0]  # the header is not authenticated: the body's checks decide
+    line = '["a.jpg",1,0,"' + "a" * 32 + "\\n" + "b" * 32 + '"]\n'
+    data = header + b"\n" + zstandard.ZstdCompressor().compress(line.encode())
     with pytest.raises(IntegrityError, match="malformed file entry"):
         read_manifest_stream(io.BytesIO(data))
