@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
@@ -34,8 +35,8 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
-from dsagent.format.hashing import CHUNK_SIZE, hash_fd, hash_file, hash_stream
-from dsagent.format.manifest import FileEntry, Manifest, Progress, check_dataset_name
+from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
+from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.format.storage import resolve, resolves_within, translate_errors
 
 if TYPE_CHECKING:
@@ -110,22 +111,27 @@ def _iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
         with os.scandir(directory) as it:
             for item in it:
                 has_child = True
-                if item.is_symlink():  # d_type: no syscall for the common, unlinked entry
-                    _check_link(item.path, confine)
-                # d_type answers without a syscall (except through symlinks); the stat that
-                # sizes and dates a file happens where it is hashed, in parallel
-                if item.is_dir():
-                    subdirs.append((f"{rel}/{item.name}" if rel else item.name, item.path))
-                elif item.is_file():
-                    names.append(item.name)
-                    if len(names) >= _GROUP:
-                        names.sort()
-                        yield _Dir(rel, directory, names)
-                        names = []
-                elif item.is_symlink() and not os.path.exists(item.path):
-                    raise InvalidInput(f"broken symlink in source: {item.path!r}", hint="fix or remove the link")
-                else:
-                    raise InvalidInput(f"not a regular file: {item.path!r}", hint="datasets hold regular files only")
+                # d_type answers without a syscall (except through symlinks), and a plain file
+                # in one call; the stat that sizes and dates a file happens where it is hashed
+                if not item.is_file(follow_symlinks=False):
+                    if item.is_symlink():
+                        _check_link(item.path, confine)
+                    if item.is_dir():
+                        subdirs.append((f"{rel}/{item.name}" if rel else item.name, item.path))
+                        continue
+                    if not item.is_file():
+                        if item.is_symlink() and not os.path.exists(item.path):
+                            raise InvalidInput(
+                                f"broken symlink in source: {item.path!r}", hint="fix or remove the link"
+                            )
+                        raise InvalidInput(
+                            f"not a regular file: {item.path!r}", hint="datasets hold regular files only"
+                        )
+                names.append(item.name)
+                if len(names) >= _GROUP:
+                    names.sort()
+                    yield _Dir(rel, directory, names)
+                    names = []
         if names:
             names.sort()
             yield _Dir(rel, directory, names)
@@ -242,7 +248,7 @@ class _Hasher:
         self._lock = threading.Lock()
 
     def batch(self, items: Sequence[_Found]) -> list[tuple[FileEntry, _Found | None]]:
-        buffer = bytearray(CHUNK_SIZE) if self._local else None
+        buffer = bytearray(HASH_BUFFER) if self._local else None
         results: list[tuple[FileEntry, _Found | None]] = []
         item = None
         try:
@@ -342,7 +348,7 @@ def digest_files(
     workers: int | None = None,
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,
-) -> list[FileEntry]:
+) -> Sequence[FileEntry]:
     """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
 
     Hashing runs while ``found`` is still being walked: on ``workers`` threads, or, for a
@@ -546,7 +552,7 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
     # replies hold no cycles; the collector would only walk (and so copy, page by page)
     # the objects this process shares with its parent
     gc.disable()
-    buffer = bytearray(CHUNK_SIZE)
+    buffer = bytearray(HASH_BUFFER)
     while True:
         try:
             request = conn.recv()
@@ -566,8 +572,9 @@ class _ProcessPool:
     Python spends ~15 us per file on bookkeeping under the GIL, so threads cannot use two
     cores for a tree of small files; processes can. Each gets groups of names (its
     directory opened once, each file opened relative to it, ``fstat`` on the open file, one
-    read for a file under :data:`CHUNK_SIZE`) and answers columns that this process turns
-    into entries. The digest cache's snapshot is a plain dict inherited by the fork; only
+    read for a file under :data:`HASH_BUFFER`) and answers columns that this process adds
+    to the entry table in request order (so the table is in walk order, nearly path order),
+    making no FileEntry objects. The digest cache's snapshot is a plain dict inherited by the fork; only
     this process touches the SQLite connection (it is not fork-safe), recording what the
     workers hashed once they are done.
     """
@@ -579,7 +586,7 @@ class _ProcessPool:
         self._processes = processes
         self._snapshot = snapshot
 
-    def digest(self, groups: Iterable[_Dir], cache: DigestCache | None, progress: Progress | None) -> list[FileEntry]:
+    def digest(self, groups: Iterable[_Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
         context = multiprocessing.get_context("fork")
         workers: list[tuple[BaseProcess, Connection]] = []
         done = False
@@ -604,39 +611,46 @@ class _ProcessPool:
 
     def _run(
         self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None
-    ) -> tuple[list[FileEntry], list[tuple[_Found, str]]]:
-        """Walk and dispatch; entries are made as replies come (while the workers still hash)."""
-        pending = dict.fromkeys(conns, 0)
-        entries: list[FileEntry] = []
+    ) -> tuple[EntryTable, list[tuple[_Found, str]]]:
+        """Walk and dispatch; replies join the table in request order as they come (while
+        the workers still hash)."""
+        pending: dict[Connection, deque[int]] = {conn: deque() for conn in conns}  # request numbers, FIFO
+        early: dict[int, _Reply] = {}  # replies that overtook an earlier request's
+        table = EntryTableBuilder()
         fresh: list[tuple[_Found, str]] = []
+        joined = 0  # requests whose columns are in the table
 
         def receive(ready: Iterable[object]) -> None:
+            nonlocal joined
             for conn in ready:
                 assert isinstance(conn, Connection)
                 try:
                     reply: _Reply = conn.recv()
                 except (EOFError, OSError) as exc:
                     raise _died() from exc
-                pending[conn] -= 1
                 _raise_for(reply)
-                entries.extend(map(FileEntry, reply.paths, reply.sizes, reply.mtimes, reply.digests))
+                early[pending[conn].popleft()] = reply
                 fresh.extend(reply.fresh)
                 if progress is not None:
                     progress(sum(reply.sizes), len(reply.paths))
+            while joined in early:
+                reply = early.pop(joined)
+                table.add(reply.paths, reply.sizes, reply.mtimes, reply.digests)
+                joined += 1
 
-        for request in _requests(groups):
-            idle = min(pending, key=pending.__getitem__)
-            while pending[idle] >= self.DEPTH:
+        for number, request in enumerate(_requests(groups)):
+            idle = min(pending, key=lambda conn: len(pending[conn]))
+            while len(pending[idle]) >= self.DEPTH:
                 receive(wait(conns))
-                idle = min(pending, key=pending.__getitem__)
+                idle = min(pending, key=lambda conn: len(pending[conn]))
             try:
                 idle.send(request)
             except OSError as exc:
                 raise _died() from exc
-            pending[idle] += 1
+            pending[idle].append(number)
         while any(pending.values()):
-            receive(wait([conn for conn, count in pending.items() if count]))
-        return entries, fresh
+            receive(wait([conn for conn, numbers in pending.items() if numbers]))
+        return table.build(), fresh
 
 
 def _died() -> SourceUnavailable:

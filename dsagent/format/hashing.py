@@ -18,6 +18,12 @@ import xxhash
 #: overhead vanishes, small enough to stay in L2 and never hold a whole file in memory.
 CHUNK_SIZE = 1 << 20
 
+#: The read buffer of the loops that only hash local files (the digest, tree checks):
+#: a file under it is read with one call. 1 MiB here made the digest of 20,000 ~128 KB
+#: files on tmpfs 25% slower than 256 KiB (median of 9 runs, 0.70 against 0.55 s, more
+#: system time in the reads), although each read used only the buffer's first ~128 KB.
+HASH_BUFFER = 256 << 10
+
 
 class FileHasher:
     """Streaming xxh3-128 of one file's bytes: ``update`` chunks, then ``hexdigest``.
@@ -83,4 +89,4 @@ def hash_fd(fd: int, expected: int, buffer: bytearray) -> tuple[str, int]:
     return state.hexdigest(), size
 
 
-__all__ = ["CHUNK_SIZE", "FileHasher", "hash_fd", "hash_file", "hash_stream"]
+__all__ = ["CHUNK_SIZE", "HASH_BUFFER", "FileHasher", "hash_fd", "hash_file", "hash_stream"]

@@ -187,3 +187,34 @@ def test_one_unsafe_path_among_many_is_named(position: int, bad: str) -> None:
     with pytest.raises(InvalidInput) as excinfo:
         Manifest.create("d", entries)
     assert repr(bad) in str(excinfo.value)
+
+
+def test_the_dataset_and_bundle_digests_follow_the_documented_encoding() -> None:
+    """The digests are a stored contract (manifests and bundle names outlive versions of
+    this code): recompute them here from dataset_digest's docstring, record by record."""
+    import struct
+
+    import xxhash
+
+    from dsagent.format.manifest import bundle_digest, dataset_digest
+
+    entries = [
+        FileEntry(f"c{i % 3}/é{i:05d}.jpg", 1000 + i * 7919, 10**18 + i, f"{(i * 2654435761) % (1 << 128):032x}")
+        for i in range(5000)  # more than one block of records
+    ]
+    directories = ["z/empty", "a/empty"]
+
+    def record(entry: FileEntry) -> bytes:
+        name = entry.path.encode()
+        return b"F" + struct.pack("<I", len(name)) + name + struct.pack("<Q", entry.size) + bytes.fromhex(entry.digest)
+
+    ordered = sorted(entries, key=lambda e: e.path)
+    dirs = b"".join(b"D" + struct.pack("<I", len(d.encode())) + d.encode() for d in sorted(directories))
+    expected = xxhash.xxh3_128(b"dsplatform/dataset/v1\n" + b"".join(map(record, ordered)) + dirs).hexdigest()
+    assert dataset_digest(entries, directories) == expected
+    assert Manifest.create("spec", entries, directories=directories).digest == expected
+    members = ordered[10:4600]
+    assert (
+        bundle_digest(members)
+        == xxhash.xxh3_128(b"dsplatform/bundle/v1\n" + b"".join(map(record, members))).hexdigest()
+    )
