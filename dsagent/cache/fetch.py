@@ -41,7 +41,7 @@ from dsagent.format.manifest import (
     Manifest,
     is_safe_path,
 )
-from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.storage import open_whole, resolve, translate_errors
 
 _T = TypeVar("_T")
 
@@ -103,7 +103,7 @@ def copy_hashing(fs: Any, source_path: str, dest: Path, relative: str, mtime_ns:
     dest.parent.mkdir(parents=True, exist_ok=True)
     hasher = FileHasher()
     try:
-        with translate_errors(f"source file {relative!r}"), fs.open(source_path, "rb") as src, open(dest, "wb") as out:
+        with translate_errors(f"source file {relative!r}"), open_whole(fs, source_path) as src, open(dest, "wb") as out:
             while chunk := src.read(CHUNK_SIZE):
                 hasher.update(chunk)
                 out.write(chunk)

@@ -60,7 +60,7 @@ from dsagent.format.manifest import (
     bundle_path,
     manifest_path,
 )
-from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.storage import open_whole, resolve, translate_errors
 
 DEFAULT_MAX_FILES = 50_000
 DEFAULT_MAX_BYTES = 800_000_000
@@ -398,7 +398,7 @@ class _BundleWriter:
     def _read_remote(self, entry: FileEntry, tar: _TarBuffers, state: Any) -> int:
         location = self._location(entry)
         size = 0
-        with translate_errors(f"source file {location!r}"), self._fs.open(location, "rb") as stream:
+        with translate_errors(f"source file {location!r}"), open_whole(self._fs, location) as stream:
             while chunk := stream.read(CHUNK_SIZE):
                 state.update(chunk)
                 tar.put(chunk)

@@ -37,7 +37,7 @@ from fsspec.spec import AbstractFileSystem
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
-from dsagent.format.storage import resolve, resolves_within, translate_errors
+from dsagent.format.storage import open_whole, resolve, resolves_within, translate_errors
 
 if TYPE_CHECKING:
     from dsagent.format.digestcache import DigestCache
@@ -265,7 +265,7 @@ class _Hasher:
 
     def _one(self, item: _Found, buffer: bytearray | None) -> tuple[FileEntry, _Found | None]:
         if buffer is None:
-            with self._fs.open(item.location, "rb") as stream:
+            with open_whole(self._fs, item.location) as stream:
                 digest, size = hash_stream(stream)
         elif self._cache is not None:
             if item.inode == _UNSTATED:  # a path stat: a cache hit must not open the file

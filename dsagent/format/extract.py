@@ -64,7 +64,7 @@ from dsagent.format.manifest import (
     is_safe_path,
     read_manifest,
 )
-from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.storage import open_whole, resolve, translate_errors
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 
 STAGING_DIR = ".dsagent-staging"
@@ -272,7 +272,7 @@ def unpack_bundle(
     try:
         with (
             translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"),
-            fs.open(bundle_path(root, bundle.digest), "rb") as raw,
+            open_whole(fs, bundle_path(root, bundle.digest)) as raw,
         ):
             with _local_writes(dest):  # inside: errors writing the target are not the store's
                 _extract_stream(raw, members, bundle, staging, progress)

@@ -64,7 +64,7 @@ import zstandard
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
-from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.storage import open_whole, resolve, translate_errors
 from dsagent.format.tarstream import FrameReader
 from dsplatform.names import DIGEST_LENGTH
 
@@ -711,7 +711,7 @@ def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] |
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
     try:
-        with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
+        with translate_errors(f"manifest of {name!r} in {store}"), open_whole(fs, path) as stream:
             return read_manifest_stream(stream)
     except NotFound as exc:
         raise NotFound(

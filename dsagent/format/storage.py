@@ -15,7 +15,7 @@ import errno
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 import fsspec
 from fsspec.core import split_protocol, url_to_fs
@@ -73,6 +73,26 @@ def _single(text: str, storage_options: Mapping[str, Any]) -> tuple[AbstractFile
     cls = fsspec.get_filesystem_class(protocol or "file")
     options = {**cls._get_kwargs_from_urls(text), **storage_options}
     return cls(**options), cls._strip_protocol(text)
+
+
+def open_whole(fs: AbstractFileSystem, path: str) -> IO[bytes]:
+    """``path`` opened for one front-to-back read of the whole object (a bundle, a
+    manifest, a file being copied or hashed).
+
+    fsspec's HTTP files are built for random access: a HEAD for the size, then a range
+    GET per 5 MB block through a cache that copies every block again. Read straight
+    through, that cost 4.0-4.9 s and 1.8 CPU-s for a 991 MB bundle set from a loopback
+    server, against 1.3-1.6 s and 0.5-0.75 CPU-s for one streamed GET (``block_size=0``),
+    which is what HTTP(S) gets here. Other backends keep their defaults.
+    """
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if protocols & _STREAMED:
+        return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
+    return fs.open(path, "rb")  # type: ignore[no-any-return]
+
+
+#: Protocols whose whole-object reads are one streamed request (see :func:`open_whole`).
+_STREAMED = frozenset({"http", "https"})
 
 
 def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> bool:
