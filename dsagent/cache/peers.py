@@ -19,9 +19,10 @@ to one peer (429 beyond), and ``peer_upload_rate`` bytes/s to one peer (a token 
 
 Fetching. Before a version's bundles are fetched, the agents that hold it ready are found
 (the configured peers' inventories, and in cluster mode the node inventories), each bundle
-is asked of them in turn (rotated by bundle index, so requests spread), downloaded to a
-private temporary file under ``<root>/staging/peer-*`` and unpacked from there with
-:func:`dsagent.format.extract.unpack_bundle`: verified like any bundle. Any error, refusal,
+is asked of them in turn (rotated by bundle index, so requests spread) and unpacked as it
+arrives (:func:`dsagent.format.extract.unpack_bundle_stream`: no temporary copy on disk,
+and decompression, hashing and writing overlap the transfer), verified like any bundle and
+published only whole. Any error, refusal,
 timeout (``peer_timeout`` per read, and a deadline from ``peer_min_rate``), oversize or
 mismatch drops that peer for the rest of the fetch and moves on; after the peers, the store.
 """
@@ -31,11 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import tarfile
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +55,8 @@ from dsagent.errors import (
     TransientError,
 )
 from dsagent.format.bundle import tar_header
-from dsagent.format.extract import unpack_bundle
-from dsagent.format.manifest import BUNDLES_DIR, BundleRef, FileEntry, Manifest
+from dsagent.format.extract import unpack_bundle_stream
+from dsagent.format.manifest import BundleRef, FileEntry, Manifest
 
 log = logging.getLogger("dsagent.peers")
 
@@ -403,9 +402,6 @@ class PeerFetcher:
     def _fetch_one(
         self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress
     ) -> None:
-        tmp = self.store.root / "staging" / f"peer-{uuid.uuid4().hex[:16]}"
-        target = tmp / BUNDLES_DIR / f"{bundle.digest}.tar.zst"
-        target.parent.mkdir(parents=True)
         counted = [0, 0]
 
         def count(nbytes: int, nfiles: int = 0) -> None:
@@ -413,35 +409,49 @@ class PeerFetcher:
             counted[1] += nfiles
             progress.add(nbytes, nfiles)
 
+        # compressed bytes: the tar's records and headers, and zstd's frame, on top of the files
+        limit = bundle.size + 3 * _BLOCK * (bundle.count + 2) + bundle.size // 64 + (1 << 20)
+        deadline = time.monotonic() + self.settings.peer_timeout + limit / max(self.settings.peer_min_rate, 1)
+        url = f"{peer}/v1/peer/bundles/{bundle.digest}"
         try:
-            received = self._download(peer, bundle, target)
-            unpack_bundle(str(tmp), manifest, bundle, staging, progress=count)
+            with self._client.stream("GET", url, headers=self._headers) as response:
+                if response.status_code in (404, 429, 503):
+                    raise PeerRefused(f"peer answered {response.status_code}")
+                if response.status_code != 200:
+                    raise DsagentError(f"peer answered {response.status_code}")
+                body = _PeerBody(response.iter_raw(_READ), limit, deadline, self.settings.peer_min_rate, bundle)
+                unpack_bundle_stream(body, manifest, bundle, staging, progress=count)  # type: ignore[arg-type]
         except BaseException:
             progress.add(-counted[0], -counted[1])
             raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        self.metrics.peer_transfer("fetched", received)
+        self.metrics.peer_transfer("fetched", body.received)
 
-    def _download(self, peer: str, bundle: BundleRef, target: Path) -> int:
-        """Stream the bundle into ``target``; errors on refusal, timeout, slowness or oversize."""
-        limit = bundle.size + 3 * _BLOCK * (bundle.count + 2) + bundle.size // 64 + (1 << 20)  # tar + zstd overhead
-        deadline = time.monotonic() + self.settings.peer_timeout + limit / max(self.settings.peer_min_rate, 1)
-        received = 0
-        with self._client.stream("GET", f"{peer}/v1/peer/bundles/{bundle.digest}", headers=self._headers) as response:
-            if response.status_code in (404, 429, 503):
-                raise PeerRefused(f"peer answered {response.status_code}")
-            if response.status_code != 200:
-                raise DsagentError(f"peer answered {response.status_code}")
-            with open(target, "wb") as out:
-                for chunk in response.iter_raw(_READ):
-                    received += len(chunk)
-                    if received > limit:
-                        raise IntegrityError(f"peer sent more than {limit} bytes for a bundle of {bundle.size}")
-                    if time.monotonic() > deadline:
-                        raise TransientError(f"peer slower than {self.settings.peer_min_rate} bytes/s")
-                    out.write(chunk)
-        return received
+
+class _PeerBody:
+    """A peer's response body as the ``read(n)`` stream the unpacker takes, cut with an
+    error once it is longer than any honest bundle (``limit``) or later than ``deadline``
+    (a peer too slow to finish at ``min_rate``)."""
+
+    def __init__(self, chunks: Iterator[bytes], limit: int, deadline: float, min_rate: int, bundle: BundleRef) -> None:
+        self._chunks, self._limit, self._deadline, self._min_rate = chunks, limit, deadline, min_rate
+        self._bundle = bundle
+        self._chunk, self._offset = b"", 0
+        self.received = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self._offset >= len(self._chunk):
+            self._chunk, self._offset = next(self._chunks, b""), 0
+            if time.monotonic() > self._deadline:
+                raise TransientError(f"peer slower than {self._min_rate} bytes/s")
+            self.received += len(self._chunk)
+            if self.received > self._limit:
+                raise IntegrityError(f"peer sent more than {self._limit} bytes for a bundle of {self._bundle.size}")
+        if self._offset == 0 and (size < 0 or size >= len(self._chunk)):
+            self._offset = len(self._chunk)
+            return self._chunk  # the usual case: the unpacker asks for a chunk's worth, no copy
+        end = len(self._chunk) if size < 0 else min(len(self._chunk), self._offset + size)
+        out, self._offset = self._chunk[self._offset : end], end
+        return out
 
 
 def holds_ready(inventory: Mapping[str, Any], name: str, digest: str) -> bool:

@@ -262,20 +262,35 @@ def unpack_bundle(
     for a digest mismatch or a truncated or corrupt bundle, :class:`NotFound` /
     :class:`SourceUnavailable` when the store cannot be read.
     """
+    fs, root = resolve(store, storage_options)
+    with (
+        translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"),
+        open_whole(fs, bundle_path(root, bundle.digest)) as raw,
+    ):
+        unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable)
+
+
+def unpack_bundle_stream(
+    raw: IO[bytes],
+    manifest: Manifest,
+    bundle: BundleRef,
+    dest_dir: str | os.PathLike[str],
+    *,
+    progress: Progress | None = None,
+    durable: bool = True,
+) -> None:
+    """:func:`unpack_bundle` from an already open stream of the bundle's bytes (a peer's
+    response, read as it arrives): the same checks, the same all-or-nothing result.
+    What ``raw.read`` raises passes through unchanged."""
     dest = Path(dest_dir)
     if not dest.is_dir():
         raise InvalidInput(f"unpack target {dest} is not a directory")
     members = manifest.bundle_entries(bundle)
-    fs, root = resolve(store, storage_options)
     with _local_writes(dest):
         staging = _Staging(dest, bundle)
     try:
-        with (
-            translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"),
-            open_whole(fs, bundle_path(root, bundle.digest)) as raw,
-        ):
-            with _local_writes(dest):  # inside: errors writing the target are not the store's
-                _extract_stream(raw, members, bundle, staging, progress)
+        with _local_writes(dest):  # errors writing the target are not the source's
+            _extract_stream(raw, members, bundle, staging, progress)
         _publish(staging, dest, members, durable)
     finally:
         staging.remove()
