@@ -185,6 +185,9 @@ class Settings(EnvSettings):
     lease_ttl: Duration = 6 * 3600.0
     sweep_interval: Duration = 60.0
     max_fetches: Whole = 4
+    # the most files a packed dataset's manifest may list: what one request can make the
+    # agent hold is ~130 bytes a file (issue 10 finding 5); 2,000,000 is ~260 MB per fetch
+    max_dataset_files: Whole = 2_000_000
     fetch_workers: Whole = 8
     max_body_bytes: Size = Field(1 << 20, validation_alias=_env("MAX_BODY", "max_body_bytes"))
     local_sources: Paths = ()  # local directories requests may name as sources
@@ -296,7 +299,7 @@ class Settings(EnvSettings):
             raise ValueError(f"the eviction ratio must be a number >= 1.0, got {value!r}")
         return ratio
 
-    @field_validator("max_fetches", "fetch_workers")
+    @field_validator("max_fetches", "fetch_workers", "max_dataset_files")
     @classmethod
     def _at_least_one(cls, value: int) -> int:
         if value < 1:

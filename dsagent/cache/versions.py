@@ -81,7 +81,12 @@ class Versions:
         def read() -> Manifest | None:
             if source.bundles:
                 try:
-                    return read_manifest(source.bundles, name, storage_options=source.storage_options)
+                    return read_manifest(
+                        source.bundles,
+                        name,
+                        storage_options=source.storage_options,
+                        max_files=self.settings.max_dataset_files,
+                    )
                 except NotFound:
                     log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
             if cached is not None and listing_matches(source, cached):

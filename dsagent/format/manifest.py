@@ -642,14 +642,23 @@ def _header_line(stream: IO[bytes]) -> tuple[bytes, bytes]:
     return line, rest
 
 
-def read_manifest_stream(stream: IO[bytes]) -> Manifest:
+def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> Manifest:
     """Parse and fully check a stored manifest read from ``stream``, as a stream: memory and
-    work follow the entries its header declares, never what the body decompresses to."""
+    work follow the entries its header declares, never what the body decompresses to.
+
+    ``max_files``: refuse (:class:`InvalidInput`) a manifest whose header declares more
+    files, before its body is read: the agent's bound on what one request can make it hold
+    (~130 bytes an entry while it is read and checked)."""
     line, rest = _header_line(stream)
     header = _parse_header(line)
     if header.file_count < 0 or header.total_bytes < 0:
         raise IntegrityError(
             f"corrupt manifest {header.name!r}: negative counts in its header", hint="re-pack the dataset"
+        )
+    if max_files is not None and header.file_count > max_files:
+        raise InvalidInput(
+            f"dataset {header.name!r} lists {header.file_count} files; this agent accepts at most {max_files}",
+            hint="raise DSAGENT_MAX_DATASET_FILES (and the agent's memory limit: ~130 bytes a file per fetch)",
         )
     table = EntryTableBuilder()
     first = rest or stream.read(1)
@@ -706,13 +715,16 @@ def bundle_path(store_root: str, digest: str) -> str:
     return f"{store_root.rstrip('/')}/{BUNDLES_DIR}/{digest}{BUNDLE_SUFFIX}"
 
 
-def read_manifest(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> Manifest:
-    """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent."""
+def read_manifest(
+    store: str, name: str, *, storage_options: Mapping[str, Any] | None = None, max_files: int | None = None
+) -> Manifest:
+    """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent;
+    ``max_files`` as in :func:`read_manifest_stream`."""
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
     try:
         with translate_errors(f"manifest of {name!r} in {store}"), open_whole(fs, path) as stream:
-            return read_manifest_stream(stream)
+            return read_manifest_stream(stream, max_files=max_files)
     except NotFound as exc:
         raise NotFound(
             f"no dataset {name!r} in bundle store {store}",

@@ -198,3 +198,24 @@ def test_the_agent_refuses_both_bombs_and_reads_a_million_entries_in_bounded_mem
         assert peak < PEAK_LIMIT, f"the agent peaked at {peak >> 20} MiB"
     finally:
         server.close()
+
+
+def test_the_agent_refuses_a_manifest_of_more_files_than_it_accepts(
+    agent_factory: Any, many_entries: Path, tmp_path: Path
+) -> None:
+    """DSAGENT_MAX_DATASET_FILES bounds what one request can make the agent hold: a manifest
+    declaring more files is a 400-class failure before its body is read, and nothing is kept."""
+    server = LoopbackServer(many_entries.parent)
+    agent = agent_factory(tcp=True, env={"DSAGENT_MAX_DATASET_FILES": str(MANY - 1)})
+    try:
+        with httpx.Client(base_url=agent.url, timeout=60, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+            many = {"name": "many", "source": f"{server.url}/nowhere", "bundles": f"{server.url}/{many_entries.name}"}
+            record = http.put("/v1/tasks/t-many?wait=30", json={"datasets": [many]}).json()
+            assert record["state"] == "failed", record
+            error = record["datasets"][0]["error"]
+            assert error["code"] == "invalid_input" and "DSAGENT_MAX_DATASET_FILES" in error["hint"], record
+            assert http.get("/v1/datasets").json()["datasets"] == []
+        assert agent.proc is not None
+        assert _vm_hwm(agent.proc.pid) < 128 << 20  # the body was never parsed
+    finally:
+        server.close()

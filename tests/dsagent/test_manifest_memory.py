@@ -94,3 +94,19 @@ def test_a_digest_of_two_hex_blocks_joined_by_a_newline_is_refused() -> None:
     data = header + b"\n" + zstandard.ZstdCompressor().compress(line.encode())
     with pytest.raises(IntegrityError, match="malformed file entry"):
         read_manifest_stream(io.BytesIO(data))
+
+
+def test_a_manifest_listing_more_files_than_allowed_is_refused_before_its_body_is_read() -> None:
+    import io
+
+    import pytest
+
+    from dsagent.errors import InvalidInput
+    from dsagent.format.manifest import read_manifest_stream
+
+    entries = [FileEntry(f"f{i:04d}", 1, 0, f"{i:032x}") for i in range(100)]
+    data = Manifest.create("many", entries).to_bytes()
+    header = data.partition(b"\n")[0] + b"\n"
+    assert read_manifest_stream(io.BytesIO(data), max_files=100).file_count == 100
+    with pytest.raises(InvalidInput, match="lists 100 files; this agent accepts at most 99"):
+        read_manifest_stream(io.BytesIO(header + b"not even zstd"), max_files=99)  # the body is never read
