@@ -102,6 +102,28 @@ GPU_CLASSES: dict[str, Any] = {
     },
     "agent": {"roceClasses": "subnet"},
 }
+# Peer-to-peer bundles (tests/kube/test_chart_peers.py): a chart-made token, every tunable,
+# a node port apart from the agent's own; and a platform's Secret with host networking and
+# the agent running as non-root (no CSI).
+PEERS: dict[str, Any] = {
+    "agent": {
+        "peers": {
+            "enabled": True,
+            "hostPort": 17420,
+            "maxUploads": 16,
+            "maxUploadsPerPeer": 2,
+            "uploadRate": "200Mi",
+            "minRate": 2000000,
+            "timeout": "30s",
+            "networkPolicyFrom": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+        }
+    }
+}
+PEERS_EXISTING_SECRET: dict[str, Any] = {
+    "agent": {"peers": {"enabled": True, "existingSecret": "platform-peer-token", "existingSecretKey": "p2p"}},
+    "topologyDiscovery": {"hostNetwork": True},
+    "csi": {"enabled": False},
+}
 VALUE_SETS = {
     "default": {},
     "non-default": NON_DEFAULT,
@@ -110,6 +132,8 @@ VALUE_SETS = {
     "device-plugin": DEVICE_PLUGIN,
     "no-csi": {"csi": {"enabled": False}},
     "gpu-classes": GPU_CLASSES,
+    "peers": PEERS,
+    "peers-existing-secret": PEERS_EXISTING_SECRET,
     "cert-manager-with-issuer": {
         "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
     },

@@ -160,3 +160,14 @@ extenders:
     ignorable: {{ .Values.scheduler.extender.ignorable }}
     httpTimeout: {{ .Values.scheduler.extender.httpTimeout }}
 {{- end }}
+
+{{/* The Secret holding the agents' shared peer token: agent.peers.existingSecret, else the
+chart's own <fullname>-agent-peer (agent-daemonset.yaml). */}}
+{{- define "dsplatform.peerSecret" -}}
+{{- .Values.agent.peers.existingSecret | default (printf "%s-peer" (include "dsplatform.component" (dict "root" . "component" "agent"))) }}
+{{- end }}
+
+{{/* The port other agents dial on an agent's node: agent.peers.hostPort, else agent.port. */}}
+{{- define "dsplatform.peerPort" -}}
+{{- .Values.agent.peers.hostPort | default .Values.agent.port | int }}
+{{- end }}
