@@ -298,3 +298,14 @@ def test_without_controller_or_scrapers_only_the_agents_get_in(rendered: dict[st
     policy = find(docs, "NetworkPolicy")
     assert policy["spec"]["ingress"] == agent_rule(policy, labels)
     assert len(policy["spec"]["ingress"]) == 1
+
+
+def test_the_admin_token_is_readable_by_the_agent_whatever_user_it_runs_as(rendered: dict[str, Docs]) -> None:
+    """The admin token's Secret volume follows the agent's user like the peer token's: a
+    non-root agent (no CSI, no device plugin) cannot read a root-owned 0400 file and so
+    could not start."""
+    for name, docs in rendered.items():
+        daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+        volume = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "admin-token")
+        root = agent_container(docs)["securityContext"].get("runAsUser", 0) == 0
+        assert volume["secret"]["defaultMode"] == (0o400 if root else 0o444), name
