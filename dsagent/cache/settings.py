@@ -160,7 +160,8 @@ Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
 class Settings(EnvSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
-    Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk);
+    Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
+    disk use (a version's bytes plus its files' blocks and inodes, not logical bytes);
     ``evict_ratio`` is the eviction rule's 1.2 (docs/design.md#eviction). Concurrency
     (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
     ``fetch_workers`` threads. Leases: a task's datasets stay in use for ``lease_ttl``

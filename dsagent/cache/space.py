@@ -15,7 +15,10 @@ The rules that keep a version safe from eviction:
   protection is checked again (claims, fetches and pins in memory; task bindings in the
   same catalog transaction as the delete), because the plan was made on an earlier view;
 - space is counted once: a version committed ready whose reservation is not yet released
-  counts as reserved, not also as held.
+  counts as reserved, not also as held;
+- space is disk use, on the capacity side as on the disk side: a version counts its bytes
+  plus its files' blocks and inodes (:meth:`Store.allocated`), so ``DSAGENT_CAPACITY``,
+  ``usedBytes`` and what an eviction frees are all in those units.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class Space:
         """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size.
 
         ``overhead``: what the files take on disk beyond their bytes (blocks, inodes; see
-        :meth:`Store.allocated`), counted against the disk's free space (issue 10 finding 4).
+        :meth:`Store.allocated`), counted against the disk's free space (issue 10 finding 4)
+        and against the capacity, which counts disk use too, not logical bytes.
         ``staged``: disk the version's own staging already takes (a resumed fetch); it is
         part of the version, so it counts once (issue 10 finding 6: it counted as held
         *and* was reserved again)."""
@@ -104,10 +108,14 @@ class Space:
 
     async def free_bytes(self, *, exclude: Key | None = None, staged: int = 0, overhead: int = 0) -> int:
         """Free bytes for new data: disk free and capacity left, minus pending reservations.
-        The disk side counts what files take on disk (their reserved ``overhead``), the
-        capacity side their bytes. ``exclude``: a version about to be reserved, whose own
-        row must not count as held; ``staged``: the disk its staging takes already (free
-        again for it: it is part of it); ``overhead``: its own disk overhead."""
+
+        Both sides count what files take on disk, blocks and inodes included (a
+        reservation's ``overhead``, a held version's :meth:`Store.allocated`): a capacity
+        of 100 GB holds 100 GB of disk, however small the files. ``exclude``: a version
+        about to be reserved, whose own row must not count as held; ``staged``: the disk
+        its staging takes already (free again for it on the disk side: it is part of it;
+        the capacity side never counts it, its row being excluded); ``overhead``: its own
+        disk overhead, taken from both sides."""
         disk = await self.pools.work(self.store.disk_usage)
         pending = sum(
             max(0, size + self._overheads.get(key, 0) - self.progress.bytes_done(key))
@@ -119,23 +127,25 @@ class Space:
         )  # never into the kubelet's eviction zone
         if self.settings.capacity_bytes is not None:
             rows = await self.pools.db(self._catalog().versions)
-            reserved = sum(size for key, size in self.reservations.items() if key != exclude)
-            # every version counts, once: as reserved while a fetch holds its reservation
-            # (also just after its ready commit), else as held - a failed or interrupted
-            # one too, since its staging stays on disk for a resume and evicting it is
-            # credited with its size
+            reserved = sum(
+                size + self._overheads.get(key, 0) for key, size in self.reservations.items() if key != exclude
+            )
+            # every version counts, once and by its disk use (bytes, blocks, inodes): as
+            # reserved while a fetch holds its reservation (also just after its ready
+            # commit), else as held - a failed or interrupted one too, since its staging
+            # stays on disk for a resume and evicting it is credited with that size
             held = sum(
-                r.size_bytes
+                self.store.allocated(r.size_bytes, r.files)
                 for r in rows
                 if (r.name, r.digest) not in self.reservations and (r.name, r.digest) != exclude
             )
-            free = min(free, self.settings.capacity_bytes - held - reserved)
+            free = min(free, self.settings.capacity_bytes - held - reserved - overhead)
         return free
 
     async def report(self) -> dict[str, int]:
         rows = await self.pools.db(self._catalog().versions)
         disk = await self.pools.work(self.store.disk_usage)
-        used = sum(r.size_bytes for r in rows if r.state == "ready")
+        used = sum(self.store.allocated(r.size_bytes, r.files) for r in rows if r.state == "ready")
         capacity = (
             self.settings.capacity_bytes
             if self.settings.capacity_bytes is not None
@@ -153,7 +163,7 @@ class Space:
             eviction.Candidate(
                 r.name,
                 r.digest,
-                r.size_bytes,
+                self.store.allocated(r.size_bytes, r.files),  # what deleting it frees
                 r.last_used or r.created_at,
                 in_use=(r.name, r.digest) in in_use,
                 fetching=(r.name, r.digest) in fetching or r.state == "fetching",

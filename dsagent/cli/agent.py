@@ -120,7 +120,10 @@ _register_webhook()
     help="Unix socket [DSAGENT_SOCKET, default ROOT/dsagent.sock].",
 )
 @click.option("--listen", help="Also serve TCP on HOST:PORT [DSAGENT_LISTEN].")
-@click.option("--capacity", help="Cap the cache at this size, e.g. 500GB [DSAGENT_CAPACITY].")
+@click.option(
+    "--capacity",
+    help="Cap the cache's disk use (blocks and per-file overhead count) at this size, e.g. 500GB [DSAGENT_CAPACITY].",
+)
 @click.option(
     "--local-source",
     "local_sources",

@@ -15,7 +15,7 @@ from dsagent.cache import inventory as inventory_schema
 from dsagent.errors import Conflict, InsufficientSpace, NotFound
 from dsagent.format.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest, read_manifest
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, allocated, wait_ready
 
 
 def make_dataset(root: Path, files: int, size: int, seed: int = 0) -> Path:
@@ -157,8 +157,10 @@ def test_datasets_in_use_are_never_evicted_and_unused_ones_go_least_recently_use
     sets = {
         name: packed(www, url, name, files=10, size=10_000, seed=i)[1] for i, name in enumerate(["a", "b", "c", "d"])
     }
-    # each dataset is 100 kB; room for three plus 50 kB: the fourth needs 120 kB free
-    agent = agent_factory(env={"DSAGENT_CAPACITY": "350kB"})
+    # each dataset is 100 kB in 10 files; room for three on disk plus 50 kB (and the
+    # fourth's blocks): the fourth needs 120 kB free for its bytes
+    each = allocated(100_000, 10, www)
+    agent = agent_factory(env={"DSAGENT_CAPACITY": str(3 * each + 50_000 + (each - 100_000))})
     with agent.client() as client:
         client.submit_task("holds-a", [sets["a"]], wait=30)  # a stays in use throughout
         for name in ("c", "b"):
@@ -177,7 +179,10 @@ def test_out_of_space_fails_with_needed_free_and_evictable(
     www, url, _ = loopback
     small = packed(www, url, "small", files=4, size=10_000, seed=1)[1]
     big = packed(www, url, "big", files=20, size=10_000, seed=2)[1]
-    agent = agent_factory(env={"DSAGENT_CAPACITY": "150kB"})
+    # 150 kB for their bytes, plus both datasets' blocks: "small" leaves 110 kB for the
+    # 1.2 x 200 kB "big" needs
+    blocks = allocated(40_000, 4, www) - 40_000 + allocated(200_000, 20, www) - 200_000
+    agent = agent_factory(env={"DSAGENT_CAPACITY": str(150_000 + blocks)})
     with agent.client() as client:
         client.submit_task("t-small", [small], wait=30)
         record = client.submit_task("t-big", [big], wait=30)
@@ -269,7 +274,7 @@ def test_operator_evictions_refuse_datasets_in_use_unless_forced(
     agent_factory: Any, loopback: tuple[Path, str, LoopbackServer]
 ) -> None:
     www, url, _ = loopback
-    _, dataset, _ = packed(www, url, "imagenet")
+    _, dataset, _ = packed(www, url, "imagenet")  # 12 files of 2000 bytes
     agent = agent_factory()
     with agent.client() as client:
         client.submit_task("pod", [dataset], wait=30)
@@ -282,7 +287,7 @@ def test_operator_evictions_refuse_datasets_in_use_unless_forced(
         client.release_task("pod")
         assert client.evict(mode="unused", dry_run=True)["evicted"][0]["name"] == "imagenet"
         result = client.evict_dataset("imagenet")
-        assert result["freedBytes"] == 24_000
+        assert result["freedBytes"] == allocated(24_000, 12, www)  # the disk it took
         with pytest.raises(NotFound):
             client.dataset("imagenet")
 

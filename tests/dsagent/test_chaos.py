@@ -16,7 +16,7 @@ import pytest
 
 from dsagent.format.bundle import verify_tree
 from dsagent.format.manifest import Manifest
-from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, wait_ready
 from tests.dsagent.test_agent_process import packed
 
 SEEDS = range(8)
@@ -40,7 +40,8 @@ def test_kill_9_at_random_points_never_leaves_anything_wrong_ready(
         _, datasets[name], manifests[name] = packed(www, url, name, files=16, size=6000, seed=i, max_files=2)
     server.slow_down(lambda p: p.startswith("/store/bundles/"), 0.05)
     root = tmp_path / "agent"
-    env = {"DSAGENT_FETCH_WORKERS": "2", "DSAGENT_CAPACITY": str(2 * sum(m.total_bytes for m in manifests.values()))}
+    on_disk = sum(allocated(m.total_bytes, m.file_count, root) for m in manifests.values())
+    env = {"DSAGENT_FETCH_WORKERS": "2", "DSAGENT_CAPACITY": str(2 * on_disk)}  # room for all three twice
     tasks: dict[str, list[str]] = {}
     for seed in SEEDS:
         rng = random.Random(seed)

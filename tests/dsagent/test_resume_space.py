@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsagent.format.bundle import verify_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, wait_ready
 from tests.dsagent.test_agent_process import packed
 
 
@@ -21,9 +21,12 @@ def test_a_resumed_fetch_counts_its_own_staged_bytes_once(
 ) -> None:
     www, url, server = loopback
     _, dataset, manifest = packed(www, url, "audio", files=24, size=20_000, max_files=2)
-    # room for the dataset 1.6 times: enough for one copy with the eviction ratio's margin,
-    # not for its staged half counted as held plus the whole of it reserved again
-    env = {"DSAGENT_FETCH_WORKERS": "2", "DSAGENT_CAPACITY": str(int(manifest.total_bytes * 1.6))}
+    # room for the dataset's bytes 1.6 times, plus its blocks once: enough for one copy
+    # with the eviction ratio's margin, not for its staged half counted as held plus the
+    # whole of it reserved again
+    size = manifest.total_bytes
+    capacity = int(size * 1.6) + allocated(size, manifest.file_count, www) - size
+    env = {"DSAGENT_FETCH_WORKERS": "2", "DSAGENT_CAPACITY": str(capacity)}
     server.slow_down(lambda p: p.startswith("/store/bundles/"), 0.4)
     agent = agent_factory(env=env)
     with agent.client() as client:

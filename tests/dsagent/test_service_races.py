@@ -13,6 +13,7 @@ import fsspec
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from tests.dsagent.harness import allocated
 
 
 class Clock:
@@ -91,7 +92,9 @@ def test_a_version_just_copied_is_not_evicted_before_its_task_is_bound(tmp_path:
     first, second = f"{memory_root}/a", f"{memory_root}/b"
     write_memory_dataset(first, 3, b"a")
     write_memory_dataset(second, 3, b"b")
-    settings = Settings(root=tmp_path, capacity_bytes=3000, sweep_interval=3600)
+    # room for one of them (1500 bytes in 3 files, on disk), not for both: 1.2 x the
+    # second's bytes (and its blocks) fit only once the first is evicted
+    settings = Settings(root=tmp_path, capacity_bytes=2 * allocated(1500, 3, tmp_path), sweep_interval=3600)
 
     async def run() -> None:
         async with running(settings) as service:
@@ -115,7 +118,9 @@ def test_a_copy_is_claimed_for_its_tasks_before_it_becomes_ready(tmp_path: Path,
     first, second = f"{memory_root}/a", f"{memory_root}/b"
     write_memory_dataset(first, 3, b"a")
     write_memory_dataset(second, 3, b"b")
-    settings = Settings(root=tmp_path, capacity_bytes=3000, sweep_interval=3600)
+    # room for one of them (1500 bytes in 3 files, on disk), not for both: 1.2 x the
+    # second's bytes (and its blocks) fit only once the first is evicted
+    settings = Settings(root=tmp_path, capacity_bytes=2 * allocated(1500, 3, tmp_path), sweep_interval=3600)
 
     async def run() -> None:
         async with running(settings) as service:
@@ -168,20 +173,23 @@ def test_a_version_just_committed_ready_counts_once_against_the_capacity(tmp_pat
     # must see that space counted once, not twice (held and reserved)
     first = write_local_dataset(tmp_path / "src" / "a", 3, b"a")
     second = write_local_dataset(tmp_path / "src" / "b", 3, b"b")
+    each = allocated(1500, 3, tmp_path)  # 1500 bytes in 3 files, on disk
+    # both on disk plus 1000 bytes: counted once, "a" leaves 2500 bytes for 1.2 x 1500 of
+    # "b" (besides its blocks); counted twice, 1000
     settings = Settings(
-        root=tmp_path / "cache", capacity_bytes=4000, sweep_interval=3600, local_sources=(tmp_path / "src",)
+        root=tmp_path / "cache", capacity_bytes=2 * each + 1000, sweep_interval=3600, local_sources=(tmp_path / "src",)
     )
 
     async def run() -> None:
         async with running(settings) as service:
             gate = Gate(service, "mark_ready", after=True)
             await service.submit_task("a", [DatasetRequest("a", str(first))])
-            await gate.reached.wait()  # "a" (1500 bytes) is committed ready; its fetch has not resumed
+            await gate.reached.wait()  # "a" is committed ready; its fetch has not resumed
             other = await service.submit_task("b", [DatasetRequest("b", str(second))], wait=30)
-            assert other.state == "ready", other  # 4000 - 1500 = 2500 free >= 1.2 x 1500
+            assert other.state == "ready", other
             gate.open()
             assert (await settled(service, "a")).state == "ready"
-            assert (await service.space())["usedBytes"] == 3000
+            assert (await service.space())["usedBytes"] == 2 * each
 
     asyncio.run(run())
 
@@ -195,8 +203,14 @@ def test_a_version_whose_bundles_a_fetch_links_from_is_not_evicted_under_it(tmp_
     data, store = write_local_dataset(src / "d", 4, b"d"), src / "bundles"
     other = write_local_dataset(src / "c", 4, b"c")
     pack(data, store, name="d", max_files=1)
+    # room for three versions of 2000 bytes in 4 files (on disk): version 1, version 2
+    # being fetched, and 1.2 x "c" only once version 1 is evicted
     settings = Settings(
-        root=tmp_path / "cache", capacity_bytes=6000, fetch_workers=1, sweep_interval=3600, local_sources=(src,)
+        root=tmp_path / "cache",
+        capacity_bytes=3 * allocated(2000, 4, tmp_path),
+        fetch_workers=1,
+        sweep_interval=3600,
+        local_sources=(src,),
     )
     request = DatasetRequest("d", str(data), bundles=str(store))
 
@@ -222,8 +236,11 @@ def test_a_failed_fetch_left_on_disk_counts_against_the_capacity(tmp_path: Path)
     # a failed fetch keeps its staging for a resume; the capacity must count it, or a new
     # fetch would fill the cache past its limit instead of evicting the failed one
     source = write_local_dataset(tmp_path / "src" / "b", 4, b"b")  # 2000 bytes
+    # the failed version (1500 bytes, 1 file) and "b" on disk, less 500 bytes: "b" fits
+    # (1.2 x its bytes, and its blocks) only once the failed one is evicted
+    capacity = allocated(1500, 1, tmp_path) + allocated(2000, 4, tmp_path) - 500
     settings = Settings(
-        root=tmp_path / "cache", capacity_bytes=3000, sweep_interval=3600, local_sources=(tmp_path / "src",)
+        root=tmp_path / "cache", capacity_bytes=capacity, sweep_interval=3600, local_sources=(tmp_path / "src",)
     )
     failed = "ab" * 16
 
