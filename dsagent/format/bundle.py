@@ -398,7 +398,7 @@ class _BundleWriter:
     def _read_remote(self, entry: FileEntry, tar: _TarBuffers, state: Any) -> int:
         location = self._location(entry)
         size = 0
-        with translate_errors(f"source file {location!r}"), open_whole(self._fs, location) as stream:
+        with translate_errors(f"source file {location!r}"), open_whole(self._fs, location, size=entry.size) as stream:
             while chunk := stream.read(CHUNK_SIZE):
                 state.update(chunk)
                 tar.put(chunk)

@@ -265,7 +265,7 @@ class _Hasher:
 
     def _one(self, item: _Found, buffer: bytearray | None) -> tuple[FileEntry, _Found | None]:
         if buffer is None:
-            with open_whole(self._fs, item.location) as stream:
+            with open_whole(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
                 digest, size = hash_stream(stream)
         elif self._cache is not None:
             if item.inode == _UNSTATED:  # a path stat: a cache hit must not open the file

@@ -265,7 +265,7 @@ def unpack_bundle(
     fs, root = resolve(store, storage_options)
     with (
         translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"),
-        open_whole(fs, bundle_path(root, bundle.digest)) as raw,
+        open_whole(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size) as raw,
     ):
         unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable)
 

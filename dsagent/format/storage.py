@@ -75,24 +75,30 @@ def _single(text: str, storage_options: Mapping[str, Any]) -> tuple[AbstractFile
     return cls(**options), cls._strip_protocol(text)
 
 
-def open_whole(fs: AbstractFileSystem, path: str) -> IO[bytes]:
+def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) -> IO[bytes]:
     """``path`` opened for one front-to-back read of the whole object (a bundle, a
-    manifest, a file being copied or hashed).
+    manifest, a file being copied or hashed); ``size``: what a listing said it holds.
 
     fsspec's HTTP files are built for random access: a HEAD for the size, then a range
     GET per 5 MB block through a cache that copies every block again. Read straight
     through, that cost 4.0-4.9 s and 1.8 CPU-s for a 991 MB bundle set from a loopback
     server, against 1.3-1.6 s and 0.5-0.75 CPU-s for one streamed GET (``block_size=0``),
-    which is what HTTP(S) gets here. Other backends keep their defaults.
+    which is what a big or unknown-size HTTP(S) object gets here. A small one keeps the
+    random-access file: fsspec closes a streamed response's connection instead of
+    returning it to the pool, and a new connection per ~110 kB file cost more than the
+    HEAD (800 files on 8 threads: 1.1 s streamed, 0.78 s not). Other backends keep their
+    defaults.
     """
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    if protocols & _STREAMED:
+    if protocols & _STREAMED and (size is None or size >= _STREAM_FROM):
         return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
     return fs.open(path, "rb")  # type: ignore[no-any-return]
 
 
 #: Protocols whose whole-object reads are one streamed request (see :func:`open_whole`).
 _STREAMED = frozenset({"http", "https"})
+#: Objects from this size up are streamed (see :func:`open_whole`).
+_STREAM_FROM = 8 << 20
 
 
 def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> bool:
