@@ -57,6 +57,10 @@ def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "DSAGENT_KUBERNETES": "1",
+        # no disk floor: the test machine's own disk fullness must not decide the test
+        # (the floor is tested in tests/dsagent/test_disk_floor.py)
+        "DSAGENT_RESERVE": "0",
+        "DSAGENT_NODEFS_AVAILABLE": "0",
         "DSAGENT_NODE_NAME": NODE,
         "DSAGENT_PUBLISH_INTERVAL": "100ms",
         "DSAGENT_ROOT": str(tmp_path / "cache"),

@@ -20,6 +20,11 @@ from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
 from gpu_topology.dumps import load_dump
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
 
+#: Cluster mode keeps 25% of the disk free by default (the reserve and the kubelet's
+#: threshold): here the test machine's own disk fullness must not decide a test. The floor
+#: itself is tested in tests/dsagent/test_disk_floor.py.
+NO_FLOOR: dict[str, Any] = {"reserve": 0, "nodefs_available": 0}
+
 NODE = "gpu-1"
 FAST = ClusterSettings(publish_interval=0.05, watch_timeout=5, guard_wait=0.5)
 
@@ -42,7 +47,9 @@ async def cluster_agent(
     lease_ttl: float = 3600,
     roce_classes: str = "numa",
 ) -> AsyncIterator[ClusterAgent]:
-    settings = Settings(root=root, node_name=NODE, kubernetes=True, lease_ttl=lease_ttl, roce_classes=roce_classes)
+    settings = Settings(
+        root=root, node_name=NODE, kubernetes=True, **NO_FLOOR, lease_ttl=lease_ttl, roce_classes=roce_classes
+    )
     service = CacheService(settings)
     await service.start()
     api_client = apiserver.api_client()
@@ -285,7 +292,7 @@ def test_tasks_of_pods_deleted_while_the_agent_was_down_are_released_at_start(
     gone_uid = "0b7e6a52-4b8e-4c3a-9a51-6d1f0e1c2b3a"  # a pod deleted while the agent was down
 
     async def scenario() -> None:
-        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True)
+        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
         service = CacheService(settings)
         await service.start()
         await service.submit_task(gone_uid, [DatasetRequest("tiny", memory_dataset)], wait=10)
@@ -507,7 +514,7 @@ def test_a_wrong_node_name_fails_fast_with_the_fix(apiserver: FakeApiServer, tmp
     from dsagent.errors import InvalidInput
 
     async def scenario() -> None:
-        settings = Settings(root=tmp_path, node_name="train-pod-7f9c", kubernetes=True)
+        settings = Settings(root=tmp_path, node_name="train-pod-7f9c", kubernetes=True, **NO_FLOOR)
         service = CacheService(settings)
         await service.start()
         agent = ClusterAgent(service, settings, api_client=apiserver.api_client(), topology=None, cluster=FAST)
@@ -528,7 +535,7 @@ def test_an_unreachable_api_server_does_not_stop_the_agent(
     apiserver.stop()
 
     async def scenario() -> None:
-        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True)
+        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
         service = CacheService(settings)
         await service.start()
         api_client = apiserver.api_client()
