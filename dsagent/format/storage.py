@@ -81,8 +81,8 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
 
     fsspec's HTTP files are built for random access: a HEAD for the size, then a range
     GET per 5 MB block through a cache that copies every block again. Read straight
-    through, that cost 4.0-4.9 s and 1.8 CPU-s for a 991 MB bundle set from a loopback
-    server, against 1.3-1.6 s and 0.5-0.75 CPU-s for one streamed GET (``block_size=0``),
+    through, that cost 4.0-4.9 s and 2.4-2.5 CPU-s for a 991 MB bundle set from a loopback
+    server, against 1.1-1.6 s and 1.0-1.2 CPU-s for one streamed GET (``block_size=0``),
     which is what a big or unknown-size HTTP(S) object gets here. A small one keeps the
     random-access file: fsspec closes a streamed response's connection instead of
     returning it to the pool, and a new connection per ~110 kB file cost more than the
