@@ -54,7 +54,7 @@ from dsagent.errors import (
     UnsafeArchive,
 )
 from dsagent.format.durable import start_writeback, syncfs
-from dsagent.format.hashing import CHUNK_SIZE, hash_file
+from dsagent.format.hashing import HASH_BUFFER, hash_file
 from dsagent.format.manifest import (
     BundleRef,
     FileEntry,
@@ -441,7 +441,7 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
     def check(entry: FileEntry) -> str | None:
         buffer = getattr(buffers, "buffer", None)
         if buffer is None:
-            buffer = buffers.buffer = bytearray(CHUNK_SIZE)
+            buffer = buffers.buffer = bytearray(HASH_BUFFER)
         with translate_errors(f"file {entry.path!r}"):
             digest, _ = hash_file(root / entry.path, buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"

@@ -3,8 +3,8 @@
 Who calls it: manifest building (:mod:`dsagent.format.digester`), tree verification
 (:mod:`dsagent.format.extract`), and the agent's per-file copy path, which feeds
 :class:`FileHasher` the chunks it copies so that a file is hashed while it is written.
-Nothing here reads a whole file into memory: files go through one reusable buffer of
-:data:`CHUNK_SIZE` bytes.
+Nothing here reads a whole file into memory: a local file is hashed through one reusable
+buffer of :data:`HASH_BUFFER` bytes, a stream read :data:`CHUNK_SIZE` bytes at a time.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def hash_stream(stream: IO[bytes], chunk_size: int = CHUNK_SIZE) -> tuple[str, i
 
 def hash_file(path: str | os.PathLike[str], buffer: bytearray | None = None) -> tuple[str, int]:
     """``(digest, size)`` of a local file, read with one reusable buffer (no per-chunk allocation)."""
-    buf = buffer if buffer is not None else bytearray(CHUNK_SIZE)
+    buf = buffer if buffer is not None else bytearray(HASH_BUFFER)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         return hash_fd(fd, os.fstat(fd).st_size, buf)
