@@ -303,7 +303,7 @@ class Manifest:
     ) -> Manifest:
         """Digest and bundle index of the (sorted, checked) entries, encoded a block at a time."""
         try:
-            digest = _digest_of(_DATASET_DOMAIN, itertools.chain(entries.record_blocks(), _dir_records(dirs)))
+            digest = _table_digest(entries, dirs)
         except (ValueError, TypeError, AttributeError, struct.error) as exc:
             raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
         if bundles:
@@ -471,7 +471,11 @@ def dataset_digest(entries: Iterable[FileEntry], directories: Iterable[str] = ()
     bytes``; each empty directory (after all files) is ``b"D" + len + path``. mtimes do
     not count, and the input order does not matter (entries are sorted here).
     """
-    table = EntryTable.of(sorted(entries, key=_path_key))
+    return _table_digest(EntryTable.of(sorted(entries, key=_path_key)), directories)
+
+
+def _table_digest(table: EntryTable, directories: Iterable[str]) -> str:
+    """The dataset digest of ``table`` (in path order) and its empty ``directories``."""
     return _digest_of(_DATASET_DOMAIN, itertools.chain(table.record_blocks(), _dir_records(directories)))
 
 
