@@ -297,8 +297,14 @@ def main(argv: list[str] | None = None) -> None:
             t_files = asyncio.run(agent_cache(work / "agent-files", DatasetRequest("imagenet", source), args.workers))
         t_bundles: float | str = "not run"
         shares: list[str] = []
+
+        def of_bandwidth(seconds: float) -> str:
+            """Writing ``total`` bytes in ``seconds`` as a share of the disk's best bandwidth so far."""
+            return f"{total / seconds / bandwidth:.0%}"
+
         t_c: float | str = "not run"
         for repeat in range(args.repeat if ways & {"bundles", "c"} else 0):
+            c_run: float | str = "not run"
             if "c" in ways:
                 if args.drop_caches:
                     drop_caches_hint()
@@ -312,10 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                 agent_cache(work / f"agent-bundles-{repeat}", DatasetRequest("imagenet", source, store), args.workers)
             )
             if isinstance(run, float):
-                c_share = (
-                    f", C tools {total / c_run / bandwidth:.0%}" if "c" in ways and isinstance(c_run, float) else ""
-                )
-                shares.append(f"{run:.2f} s = {total / run / bandwidth:.0%} of {bandwidth / 1e6:.0f} MB/s{c_share}")
+                c_share = f", C tools {of_bandwidth(c_run)}" if isinstance(c_run, float) else ""
+                shares.append(f"{run:.2f} s = {of_bandwidth(run)} of {bandwidth / 1e6:.0f} MB/s{c_share}")
                 bandwidth = max(bandwidth, disk_write_bandwidth(work, max(total, 256 << 20)))  # the best seen
                 t_bundles = run if isinstance(t_bundles, str) else min(t_bundles, run)
             elif isinstance(t_bundles, str):
@@ -323,9 +327,10 @@ def main(argv: list[str] | None = None) -> None:
 
         mbps = lambda seconds: f"{total / seconds / 1e6:8.1f} MB/s"  # noqa: E731
 
-        def line(label: str, seconds: float | str, extra: str = "") -> str:
+        def line(label: str, seconds: float | str, *, share: bool = False) -> str:
             if isinstance(seconds, str):
                 return f"{label:<28} {seconds}"
+            extra = f"  ({of_bandwidth(seconds)} of the disk's sequential write bandwidth)" if share else ""
             return f"{label:<28} {seconds:8.2f} s  {mbps(seconds)}  {t_base / seconds:.2f}x{extra}"
 
         print(f"\ndataset: {args.files:,} files, {format_size(total)}; source: {what}; {os.cpu_count()} CPUs")
@@ -333,18 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"pack (once per version):     {t_pack:8.2f} s  {mbps(t_pack)}")
         print(f"baseline per-file copy:      {t_base:8.2f} s  {mbps(t_base)}  1.00x")
         print(line("dsagent without bundles:", t_files))
-        share = (
-            ""
-            if isinstance(t_bundles, str)
-            else f"  ({total / t_bundles / bandwidth:.0%} of the disk's sequential write bandwidth)"
-        )
-        c_share = (
-            ""
-            if isinstance(t_c, str)
-            else f"  ({total / t_c / bandwidth:.0%} of the disk's sequential write bandwidth)"
-        )
-        print(line("C tools (curl|zstd|tar):", t_c, c_share))
-        print(line("dsagent with bundles:", t_bundles, share))
+        print(line("C tools (curl|zstd|tar):", t_c, share=True))
+        print(line("dsagent with bundles:", t_bundles, share=True))
         if len(shares) > 1:
             print("  bundle runs (each against the best disk bandwidth measured before it): " + "; ".join(shares))
         print("targets: bundles >= 8x the baseline and >= 90% of the disk's bandwidth")
