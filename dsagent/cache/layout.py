@@ -45,6 +45,22 @@ class DiskUsage:
     free: int
 
 
+def block_size_of(path: Path) -> int:
+    """The allocation unit of the filesystem holding ``path`` (4 KiB on ext4, xfs and tmpfs)."""
+    try:
+        return max(512, os.statvfs(path).f_frsize)
+    except OSError:
+        return 4096
+
+
+def allocated(size_bytes: int, files: int, block_size: int) -> int:
+    """An upper bound of the disk ``files`` files of ``size_bytes`` bytes in all take: each
+    file's last block partly used, plus one block per file for its inode and directory
+    entry (issue 10 finding 4: 20,000 files of 512 B need ~80 MB, not 10). The unit of the
+    capacity and of every space figure the agent reports."""
+    return size_bytes + 2 * files * block_size
+
+
 class Store:
     """Paths and atomic moves under one cache root."""
 
@@ -170,16 +186,12 @@ class Store:
     @functools.cached_property
     def block_size(self) -> int:
         """The cache filesystem's allocation unit (4 KiB on ext4, xfs and tmpfs)."""
-        try:
-            return max(512, os.statvfs(self.root).f_frsize)
-        except OSError:
-            return 4096
+        return block_size_of(self.root)
 
     def allocated(self, size_bytes: int, files: int) -> int:
-        """An upper bound of the disk a version of ``files`` files and ``size_bytes`` bytes
-        takes: each file's last block partly used, plus one block per file for its inode
-        and directory entry (issue 10 finding 4: 20,000 files of 512 B need ~80 MB, not 10)."""
-        return size_bytes + 2 * files * self.block_size
+        """What a version of ``files`` files and ``size_bytes`` bytes takes on this cache's
+        disk: :func:`allocated`."""
+        return allocated(size_bytes, files, self.block_size)
 
     def staged_bytes(self, name: str, digest: str) -> int:
         """Disk already taken by the staging directory of ``name@digest`` (a resumed fetch's own)."""
@@ -197,4 +209,4 @@ def _valid_key(name: str, digest: str) -> bool:
     return is_name(name) and is_digest(digest)
 
 
-__all__ = ["DiskUsage", "Key", "Store", "validate_digest", "validate_name"]
+__all__ = ["DiskUsage", "Key", "Store", "allocated", "block_size_of", "validate_digest", "validate_name"]

@@ -235,10 +235,11 @@ def wait_ready(client: AgentClient, task_id: str, timeout: float = 60.0) -> dict
 
 def allocated(size_bytes: int, files: int, root: Path) -> int:
     """The disk a version of ``files`` files and ``size_bytes`` bytes counts against the
-    cache's capacity: its bytes plus two blocks a file (its last block's slack, its inode
-    and directory entry), the rule of ``Store.allocated`` rebuilt here from the block size
-    of the filesystem holding ``root`` (or its nearest existing parent: a cache root not yet
-    created lies on it too). Tests size their capacities with it, in the agent's units."""
+    cache's capacity (the agent's own rule, ``dsagent.cache.layout.allocated``) on the
+    filesystem holding ``root``, or its nearest existing parent: a cache root not yet
+    created lies on it too. Tests size their capacities with it, in the agent's units."""
+    from dsagent.cache import layout
+
     while not root.exists():
         root = root.parent
-    return size_bytes + 2 * files * max(512, os.statvfs(root).f_frsize)
+    return layout.allocated(size_bytes, files, layout.block_size_of(root))
