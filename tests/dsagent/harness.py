@@ -243,3 +243,24 @@ def allocated(size_bytes: int, files: int, root: Path) -> int:
     while not root.exists():
         root = root.parent
     return layout.allocated(size_bytes, files, layout.block_size_of(root))
+
+
+#: Runs its arguments and prints their exit status and peak RSS (KiB) on its last line. The
+#: measured command must be started from a small process: a child spawned straight from a
+#: pytest worker (vfork/posix_spawn) keeps the worker's RSS as its ``ru_maxrss`` across exec.
+_MEASURE = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+    "print(f'\\n{code} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}')"
+)
+
+
+def run_measured(args: list[str]) -> tuple[int, int, str]:
+    """Run ``args``; its exit status, its peak RSS in bytes (the kernel's ``wait4`` figure),
+    and its output."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300
+    )
+    output = proc.stdout.decode(errors="replace")
+    body, _, last = output.rstrip("\n").rpartition("\n")
+    code, peak_kib = (int(x) for x in last.split())
+    return code, peak_kib * 1024, body

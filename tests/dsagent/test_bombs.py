@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from dsagent.format.manifest import (
     dataset_digest,
     read_manifest,
 )
-from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer
+from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer, run_measured
 
 #: Zeros hidden after the tar's end / in the manifest body: 1 GiB, compressed to ~32 KB.
 BOMB_BYTES = 1 << 30
@@ -112,31 +111,11 @@ def many_entries(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
-#: Runs its arguments and prints their exit status and peak RSS (KiB) on its last line. The
-#: measured command must be started from a small process: a child spawned straight from a
-#: pytest worker (vfork/posix_spawn) keeps the worker's RSS as its ``ru_maxrss`` across exec.
-_MEASURE = (
-    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
-    "print(f'\\n{code} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}')"
-)
-
-
-def _run_measured(args: list[str]) -> tuple[int, int, str]:
-    """Run ``args``; its exit status, peak RSS in bytes, and its output."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _MEASURE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300
-    )
-    output = proc.stdout.decode(errors="replace")
-    body, _, last = output.rstrip("\n").rpartition("\n")
-    code, peak_kib = (int(x) for x in last.split())
-    return code, peak_kib * 1024, body
-
-
 def test_a_bundle_with_data_after_the_tar_end_is_refused_in_bounded_memory(
     bundle_bomb: tuple[Path, str], tmp_path: Path
 ) -> None:
     base, name = bundle_bomb
-    code, peak, output = _run_measured(
+    code, peak, output = run_measured(
         [
             sys.executable,
             "-m",
@@ -155,7 +134,7 @@ def test_a_bundle_with_data_after_the_tar_end_is_refused_in_bounded_memory(
 
 
 def test_a_manifest_bomb_is_refused_in_bounded_memory(manifest_bomb: Path, tmp_path: Path) -> None:
-    code, peak, output = _run_measured(
+    code, peak, output = run_measured(
         [sys.executable, "-m", "dsagent.cli", "unpack", str(manifest_bomb), str(tmp_path / "out"), "--name", "empty"]
     )
     assert code == IntegrityError.exit_code, output

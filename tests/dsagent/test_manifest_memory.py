@@ -5,11 +5,11 @@ Peak memory is the kernel's (``wait4`` rusage) for a fresh ``read_manifest`` pro
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from dsagent.format.manifest import FileEntry, Manifest, read_manifest
+from tests.dsagent.harness import run_measured
 
 ENTRIES = 200_000
 
@@ -22,13 +22,6 @@ ENTRIES = 200_000
 PEAK_FIXED = 56 << 20
 PEAK_PER_ENTRY = 150
 
-#: Runs its arguments and prints their exit status and peak RSS (KiB) on its last line. The
-#: measured command must be started from a small process: a child spawned straight from a
-#: pytest worker keeps the worker's RSS as its ``ru_maxrss`` across exec.
-_MEASURE = (
-    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
-    "print(f'\\n{code} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}')"
-)
 _READ = "import sys; from dsagent.format.manifest import read_manifest; print(read_manifest(sys.argv[1], 'big').digest)"
 
 
@@ -40,19 +33,11 @@ def test_a_manifest_of_many_entries_is_read_in_memory_proportional_to_them(tmp_p
     (store / "big").mkdir(parents=True)
     (store / "big" / "manifest").write_bytes(written.to_bytes())
 
-    proc = subprocess.run(
-        [sys.executable, "-c", _MEASURE, sys.executable, "-c", _READ, str(store)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=300,
-    )
-    output = proc.stdout.decode(errors="replace")
-    body, _, last = output.rstrip("\n").rpartition("\n")
-    code, peak_kib = (int(x) for x in last.split())
+    code, peak, output = run_measured([sys.executable, "-c", _READ, str(store)])
     assert code == 0, output
-    assert body.strip() == written.digest, output
+    assert output.strip() == written.digest, output
     bound = PEAK_FIXED + PEAK_PER_ENTRY * ENTRIES
-    assert peak_kib * 1024 < bound, f"read_manifest peaked at {peak_kib >> 10} MiB (bound {bound >> 20} MiB)"
+    assert peak < bound, f"read_manifest peaked at {peak >> 20} MiB (bound {bound >> 20} MiB)"
 
     read = read_manifest(str(store), "big")
     assert read.digest == written.digest
