@@ -419,7 +419,9 @@ class PeerFetcher:
                     raise PeerRefused(f"peer answered {response.status_code}")
                 if response.status_code != 200:
                     raise DsagentError(f"peer answered {response.status_code}")
-                body = _PeerBody(response.iter_raw(_READ), limit, deadline, self.settings.peer_min_rate, bundle)
+                # the body as the network delivers it: httpx re-chunking to 1 MiB copied every byte
+                # twice more (0.9-1.1 CPU-s per 703 MB received against 0.26-0.42 s unchunked)
+                body = _PeerBody(response.iter_raw(), limit, deadline, self.settings.peer_min_rate, bundle)
                 unpack_bundle_stream(body, manifest, bundle, staging, progress=count)  # type: ignore[arg-type]
         except BaseException:
             progress.add(-counted[0], -counted[1])
