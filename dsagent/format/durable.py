@@ -6,7 +6,8 @@ version is stage, sync, rename, sync the parent). What it owns: the one ``fsync`
 directory's entries and the one ``syncfs`` of a whole filesystem (one call instead of an
 ``fsync`` per small file; it also flushes other writers on that filesystem, which is the
 price of the saving), falling back to ``sync`` where ``syncfs`` is missing; and the one
-atomic small-file write (:func:`write_atomic`: stage, fsync, rename, fsync the directory).
+atomic small-file write (:func:`write_atomic`: stage, fsync, rename, fsync the directory);
+and the paced background writeback of unpacked files (:class:`Writeback`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,7 @@ def syncfs(path: str | os.PathLike[str]) -> None:
     """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
-        if fn is None or fn(fd) != 0:
-            os.sync()
+        _syncfs_fd(fd)
     finally:
         os.close(fd)
 
@@ -65,26 +65,90 @@ def _load_libc() -> Any:
 
 
 _LIBC = _load_libc()
-_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of the range's dirty pages, do not wait
-_sync_file_range = getattr(_LIBC, "sync_file_range", None) if _LIBC is not None else None
-if _sync_file_range is not None:
-    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
 
-#: Start each unpacked file's writeback as soon as it is written (docs/design.md#bundles).
-EARLY_WRITEBACK = True
+#: Bytes written into one filesystem between two background flushes (:class:`Writeback`);
+#: 0 turns them off (then Linux starts writeback on its own thresholds).
+WRITEBACK_STEP = 32 << 20
 
 
-def start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting for them.
+class Writeback:
+    """Starts the writeback of what is written into one filesystem, in large requests.
 
     Left alone, Linux starts writeback only once dirty pages pass ``dirty_background_ratio``
     (2.4 GB on a 24 GiB node), so a disk receiving a dataset faster than it can write sits
     idle for the first seconds and the final ``syncfs`` then writes everything at once.
-    Started per file, the disk is busy from the first file on and the final ``syncfs``
-    only waits for the tail. A no-op where there is no such call or no writeback (tmpfs).
+    Here, every :data:`WRITEBACK_STEP` bytes reported by :meth:`written` (from every thread
+    writing into the filesystem), one ``syncfs`` runs on a background thread, never two at
+    once: the disk is busy from the first files on, the final ``syncfs`` only waits for the
+    tail, and the kernel's flusher writes many small files' pages in merged requests. This
+    replaced a ``sync_file_range`` per file, which sent one request per ~110 kB file:
+    10,300 write requests for a 1.08 GB dataset against ~1,000 from ``tar -x`` left to the
+    kernel. Paced every 32 MiB, ~2,200 requests of ~510 kB, and caching that dataset took
+    3.07-4.81 s (median 3.56 s) against 3.95-5.03 s (median 4.91 s) per file, in six
+    interleaved rounds on this project's test VM (64 MiB: median 3.9-4.3 s; README, cache.py).
+
+    One instance per filesystem (:func:`writeback_for`), shared by the threads writing into
+    it; it holds no descriptor between flushes (a flush syncs through a copy of the
+    descriptor of the file that crossed the step, closed when the flush ends).
     """
-    if EARLY_WRITEBACK and _sync_file_range is not None:
-        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._flushing: threading.Thread | None = None
+
+    def written(self, fd: int, nbytes: int) -> None:
+        """Report ``nbytes`` more written through ``fd`` (a flush starts every step)."""
+        if not WRITEBACK_STEP:
+            return
+        with self._lock:
+            self._pending += nbytes
+            if self._pending < WRITEBACK_STEP or self._flushing is not None:
+                return
+            self._pending = 0
+            try:
+                handle = os.dup(fd)
+            except OSError:  # out of descriptors: writeback is an optimisation, the final syncfs still runs
+                return
+            flushing = threading.Thread(target=self._flush, args=(handle,), name="dsagent-writeback", daemon=True)
+            try:
+                flushing.start()
+            except RuntimeError:  # no thread to be had: as above
+                os.close(handle)
+                return
+            self._flushing = flushing
+
+    def _flush(self, fd: int) -> None:
+        try:
+            _syncfs_fd(fd)
+        finally:
+            os.close(fd)
+            with self._lock:
+                self._flushing = None
+
+    def wait(self) -> None:
+        """Wait for the flush running now, if any."""
+        with self._lock:
+            flushing = self._flushing
+        if flushing is not None:
+            flushing.join()
 
 
-__all__ = ["EARLY_WRITEBACK", "fsync_dir", "start_writeback", "syncfs", "write_atomic"]
+_writebacks: dict[int, Writeback] = {}
+_writebacks_lock = threading.Lock()
+
+
+def writeback_for(directory: str | os.PathLike[str]) -> Writeback:
+    """The :class:`Writeback` of the filesystem holding ``directory`` (one per filesystem, shared)."""
+    device = os.stat(directory).st_dev
+    with _writebacks_lock:
+        return _writebacks.setdefault(device, Writeback())
+
+
+def _syncfs_fd(fd: int) -> None:
+    fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
+    if fn is None or fn(fd) != 0:
+        os.sync()
+
+
+__all__ = ["WRITEBACK_STEP", "Writeback", "fsync_dir", "syncfs", "write_atomic", "writeback_for"]

@@ -21,11 +21,11 @@ the durability of what it leaves behind:
 Durability uses ``syncfs`` on the target's filesystem: one call instead of an ``fsync``
 per small file, at the price of also flushing other writers' dirty pages on that
 filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
-Each file's writeback is started as soon as it is written (:func:`start_writeback`), so
-the disk works while the rest of the bundle is extracted and the ``syncfs`` only waits
-for the tail. The bundle's stream is decompressed a few chunks ahead on its own thread
-(:class:`~dsagent.format.tarstream.FrameReader`, ``UNPACK_AHEAD``) while this thread
-parses, hashes and writes.
+Writeback starts in the background every few tens of MB written into the filesystem
+(:class:`~dsagent.format.durable.Writeback`), so the disk works while the rest of the
+bundle is extracted and the ``syncfs`` only waits for the tail. The bundle's stream is
+decompressed a few chunks ahead on its own thread (:class:`~dsagent.format.tarstream.FrameReader`,
+``UNPACK_AHEAD``) while this thread parses, hashes and writes.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dsagent.errors import (
     SourceUnavailable,
     UnsafeArchive,
 )
-from dsagent.format.durable import start_writeback, syncfs
+from dsagent.format.durable import Writeback, syncfs, writeback_for
 from dsagent.format.hashing import HASH_BUFFER, hash_file
 from dsagent.format.manifest import (
     BundleRef,
@@ -127,7 +127,7 @@ class _Staging:
             pass  # another bundle is staging beside us
 
 
-def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what: str) -> None:
+def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what: str, writeback: Writeback) -> None:
     state = xxhash.xxh3_128()
     write, update = os.write, state.update
     for chunk in chunks:
@@ -140,7 +140,7 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
             hint="the bundle is corrupt or was tampered with; re-pack the dataset",
         )
     os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-    start_writeback(fd)
+    writeback.written(fd, entry.size)
 
 
 def _extract_stream(
@@ -162,6 +162,7 @@ def _extract_members(
     expected: dict[str, int], seen: set[str],
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
+    writeback = writeback_for(staging.root)
     for member in iter_members(reader, what):
         _reject_unsafe(member, bundle)
         index = expected.get(member.name)
@@ -175,7 +176,7 @@ def _extract_members(
         seen.add(member.name)
         fd = staging.create(index)
         try:
-            _write_member(read_data(reader, member.size, what), fd, entry, what)
+            _write_member(read_data(reader, member.size, what), fd, entry, what, writeback)
         finally:
             os.close(fd)
         if progress is not None:

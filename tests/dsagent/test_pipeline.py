@@ -157,15 +157,6 @@ def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(
     assert not (tmp_path / "out").exists()
 
 
-def test_start_writeback_accepts_any_regular_file(tmp_path: Path) -> None:
-    from dsagent.format.extract import start_writeback
-
-    with open(tmp_path / "f", "wb") as fh:
-        fh.write(b"x" * 10_000)
-        fh.flush()
-        start_writeback(fh.fileno())
-
-
 PIPELINE_THREADS = ("dsagent-pack-read", "dsagent-pack-write", "dsagent-unpack-read")
 
 

@@ -28,6 +28,10 @@ measured so far. No way's output is deleted before the end: ext4 avoids reusing 
 inodes of files deleted in the last minutes (``recently_deleted``) by scanning past them,
 which made every create slow right after the previous way's ``rmtree`` (~20% of the CPU
 samples of a bundle run in ``perf``).
+Each bundle run also prints what it used: CPU time (this process's threads and the C tools'
+processes; the HTTP server's process is left out of both) as a share of all cores over its
+wall time, and the disk's write requests, bytes and busy time from ``/proc/diskstats``
+(where the work directory is on a block device): whether the disk or the CPU decided.
 Targets: bundles >= 8x the baseline (issue 3) and >= 90% of the sequential bandwidth (issue 14).
 
 The test suite runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes under
@@ -222,6 +226,43 @@ def c_tools_copy(base: str, store: Path, dest: Path) -> float | str:
     return time.perf_counter() - started
 
 
+def disk_of(directory: Path) -> str | None:
+    """The ``/proc/diskstats`` name of the block device holding ``directory`` (None: no device, e.g. tmpfs)."""
+    st = os.stat(directory)
+    link = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    return link.resolve().name if link.exists() else None
+
+
+def disk_counters(device: str | None) -> tuple[int, int, int] | None:
+    """``(write requests completed, bytes written, ms the device was busy)`` so far."""
+    if device is None:
+        return None
+    with open("/proc/diskstats") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields[2] == device:
+                return int(fields[7]), int(fields[9]) * 512, int(fields[12])
+    return None
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process's threads and of its children that have ended (the C tools)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def usage(seconds: float, cpu: float, before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> str:
+    """What one run used: CPU as a share of all cores, and the disk's writes and busy time."""
+    text = f"CPU {cpu:.1f} s = {cpu / seconds / (os.cpu_count() or 1):.0%} of {os.cpu_count()} cores"
+    if before is not None and after is not None:
+        writes, written, busy = (a - b for a, b in zip(after, before, strict=True))
+        text += (
+            f", {writes:,} disk writes of {written / max(writes, 1) / 1e3:.0f} kB on average,"
+            f" disk busy {busy / 1000 / seconds:.0%}"
+        )
+    return text
+
+
 def timed(fn: Any, *args: Any) -> float:
     started = time.perf_counter()
     fn(*args)
@@ -303,23 +344,34 @@ def main(argv: list[str] | None = None) -> None:
             return f"{total / seconds / bandwidth:.0%}"
 
         t_c: float | str = "not run"
+        device = disk_of(work)
         for repeat in range(args.repeat if ways & {"bundles", "c"} else 0):
             c_run: float | str = "not run"
+            c_used = ""
             if "c" in ways:
                 if args.drop_caches:
                     drop_caches_hint()
+                cpu, disk = cpu_seconds(), disk_counters(device)
                 c_run = c_tools_copy(base, work / "www" / "store", work / f"c-tools-{repeat}")
+                if isinstance(c_run, float):
+                    c_used = usage(c_run, cpu_seconds() - cpu, disk, disk_counters(device))
                 t_c = c_run if isinstance(c_run, str) or isinstance(t_c, str) else min(t_c, c_run)
             if "bundles" not in ways:
                 continue
             if args.drop_caches:
                 drop_caches_hint()
+            cpu, disk = cpu_seconds(), disk_counters(device)
             run = asyncio.run(
                 agent_cache(work / f"agent-bundles-{repeat}", DatasetRequest("imagenet", source, store), args.workers)
             )
             if isinstance(run, float):
-                c_share = f", C tools {of_bandwidth(c_run)}" if isinstance(c_run, float) else ""
-                shares.append(f"{run:.2f} s = {of_bandwidth(run)} of {bandwidth / 1e6:.0f} MB/s{c_share}")
+                used = usage(run, cpu_seconds() - cpu, disk, disk_counters(device))
+                c_share = (
+                    f"; C tools {c_run:.2f} s = {of_bandwidth(c_run)} ({c_used})" if isinstance(c_run, float) else ""
+                )
+                shares.append(
+                    f"dsagent {run:.2f} s = {of_bandwidth(run)} of {bandwidth / 1e6:.0f} MB/s ({used}){c_share}"
+                )
                 bandwidth = max(bandwidth, disk_write_bandwidth(work, max(total, 256 << 20)))  # the best seen
                 t_bundles = run if isinstance(t_bundles, str) else min(t_bundles, run)
             elif isinstance(t_bundles, str):
@@ -340,8 +392,10 @@ def main(argv: list[str] | None = None) -> None:
         print(line("dsagent without bundles:", t_files))
         print(line("C tools (curl|zstd|tar):", t_c, share=True))
         print(line("dsagent with bundles:", t_bundles, share=True))
-        if len(shares) > 1:
-            print("  bundle runs (each against the best disk bandwidth measured before it): " + "; ".join(shares))
+        if shares:
+            print("bundle runs (each against the best disk bandwidth measured before it):")
+            for share in shares:
+                print(f"  {share}")
         print("targets: bundles >= 8x the baseline and >= 90% of the disk's bandwidth")
     finally:
         if server is not None:
