@@ -33,7 +33,7 @@ def flushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     return seen
 
 
-def test_a_flush_starts_each_step_on_a_background_thread(
+def test_a_flush_starts_each_step_on_a_background_thread_unless_turned_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flushes: list[tuple[int, str]]
 ) -> None:
     monkeypatch.setattr(durable, "WRITEBACK_STEP", 1000)
@@ -49,22 +49,29 @@ def test_a_flush_starts_each_step_on_a_background_thread(
         writeback.written(fh.fileno(), 1500)  # the count starts again after each flush
         writeback.wait()
         assert len(flushes) == 2
+        monkeypatch.setattr(durable, "WRITEBACK_STEP", 0)  # off
+        writeback.written(fh.fileno(), 1 << 40)
+        writeback.wait()
+        assert len(flushes) == 2
 
 
 def test_one_flush_at_a_time_and_no_descriptor_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(durable, "WRITEBACK_STEP", 10)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
     started: list[int] = []
 
     def slow(fd: int) -> None:
         started.append(fd)
+        entered.set()
         release.wait(10)
 
     monkeypatch.setattr(durable, "_syncfs_fd", slow)
     writeback = Writeback()
     before = _open_fds()
     with open(tmp_path / "f", "wb") as fh:
-        for _ in range(50):  # 500 bytes: 50 steps, but the first flush is still running
+        writeback.written(fh.fileno(), 10)
+        assert entered.wait(10)
+        for _ in range(50):  # 50 more steps while the first flush is still running
             writeback.written(fh.fileno(), 10)
         assert len(started) == 1
         release.set()
@@ -73,17 +80,6 @@ def test_one_flush_at_a_time_and_no_descriptor_kept(tmp_path: Path, monkeypatch:
         writeback.wait()
     assert len(started) == 2
     assert _open_fds() == before  # each flush's copy of the descriptor was closed
-
-
-def test_step_zero_turns_flushing_off(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flushes: list[tuple[int, str]]
-) -> None:
-    monkeypatch.setattr(durable, "WRITEBACK_STEP", 0)
-    writeback = Writeback()
-    with open(tmp_path / "f", "wb") as fh:
-        writeback.written(fh.fileno(), 1 << 40)
-    writeback.wait()
-    assert flushes == []
 
 
 def test_one_writeback_per_filesystem(tmp_path: Path) -> None:
