@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import struct
 import tarfile
 import threading
 import uuid
@@ -61,6 +60,7 @@ from dsagent.format.manifest import (
     manifest_path,
 )
 from dsagent.format.storage import open_whole, resolve, translate_errors
+from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
 
 DEFAULT_MAX_FILES = 50_000
 DEFAULT_MAX_BYTES = 800_000_000
@@ -185,15 +185,6 @@ def _tar_header_slow(entry: FileEntry) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-#: The fixed fields of a bundle member's ustar header (mode 0644, uid/gid 0, regular file,
-#: ``ustar\0`` ``00``, empty device numbers), with ``tarfile``'s layout and zero padding.
-_USTAR = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
-_USTAR_FIXED = (b"0000644\0", b"0000000\0", b"0000000\0")
-_USTAR_TAIL = (b"0", b"", b"ustar\0", b"00", b"", b"", b"", b"", b"", b"")
-_USTAR_LIMIT = 8**11  # 11 octal digits: larger sizes and times need a pax header
-_USTAR_BASE = sum(_USTAR.pack(b"", *_USTAR_FIXED, b"", b"", b" " * 8, *_USTAR_TAIL))
-
-
 def tar_header(entry: FileEntry) -> bytes:
     """The tar header(s) of one member, byte for byte what ``tarfile`` writes in PAX_FORMAT.
 
@@ -205,13 +196,13 @@ def tar_header(entry: FileEntry) -> bytes:
     """
     path = entry.path
     mtime = entry.mtime_ns // 1_000_000_000
-    if len(path) > 100 or not path.isascii() or not 0 <= entry.size < _USTAR_LIMIT or not 0 <= mtime < _USTAR_LIMIT:
+    if len(path) > 100 or not path.isascii() or not 0 <= entry.size < USTAR_LIMIT or not 0 <= mtime < USTAR_LIMIT:
         return _tar_header_slow(entry)
     name = path.encode("ascii")
     size = b"%011o\0" % entry.size
     stamp = b"%011o\0" % mtime
-    checksum = b"%06o\0 " % (_USTAR_BASE + sum(name) + sum(size) + sum(stamp))
-    return _USTAR.pack(name, *_USTAR_FIXED, size, stamp, checksum, *_USTAR_TAIL)
+    checksum = b"%06o\0 " % (USTAR_BASE + sum(name) + sum(size) + sum(stamp))
+    return USTAR.pack(name, *USTAR_FIXED, size, stamp, checksum, *USTAR_TAIL)
 
 
 class _Stopped(Exception):

@@ -20,10 +20,11 @@ A pax or GNU long-name header is at most :data:`MAX_EXTENDED_HEADER` bytes.
 
 **Read-ahead** (the unpack pipeline): optionally a thread reads and decompresses ahead;
 every decompressed byte still comes from ``FrameReader._decompressed``, where the bounds sit.
-- :func:`iter_members` parses POSIX ustar headers (checksums checked by
-  ``tarfile.TarInfo.frombuf``), pax extended headers (``path``, ``size``) and GNU long
-  names, and yields each member's header; the caller must then consume exactly
-  ``size`` bytes with :func:`read_data` before asking for the next one.
+- :func:`iter_members` parses POSIX ustar headers (the plain header bundles are written
+  with by :func:`_plain_header`, checksum included; any other by ``tarfile.TarInfo.frombuf``),
+  pax extended headers (``path``, ``size``) and GNU long names, and yields each member's
+  header; the caller must then consume exactly ``size`` bytes with :func:`read_data`
+  before asking for the next one.
 
 The standard ``tarfile`` streaming reader does the same job with several extra copies
 per chunk, which made it the hot spot of unpacking.
@@ -32,6 +33,8 @@ per chunk, which made it the hot spot of unpacking.
 from __future__ import annotations
 
 import queue
+import re
+import struct
 import tarfile
 import threading
 from collections.abc import Iterable, Iterator
@@ -46,6 +49,18 @@ from dsagent.errors import IntegrityError, UnsafeArchive
 from dsagent.format.hashing import CHUNK_SIZE
 
 BLOCK = tarfile.BLOCKSIZE
+#: The plain ustar header bundles are written with (:func:`dsagent.format.bundle.tar_header`)
+#: and read back fast (:func:`_plain_header`): ``tarfile``'s layout and zero padding, mode
+#: 0644, uid/gid 0, a regular file, ``ustar\0`` ``00``, no link, owner names, device
+#: numbers or prefix; only the name, the size and the mtime vary.
+USTAR = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
+USTAR_FIXED = (b"0000644\0", b"0000000\0", b"0000000\0")
+USTAR_TAIL = (b"0", b"", b"ustar\0", b"00", b"", b"", b"", b"", b"", b"")
+USTAR_LIMIT = 8**11  # 11 octal digits: larger sizes and times need a pax header
+USTAR_BASE = sum(USTAR.pack(b"", *USTAR_FIXED, b"", b"", b" " * 8, *USTAR_TAIL))
+_PLAIN = USTAR.pack(b"", *USTAR_FIXED, b"", b"", b"", *USTAR_TAIL)
+_PLAIN_FIXED, _PLAIN_TAIL = _PLAIN[100:124], _PLAIN[156:]
+_OCTAL_11 = re.compile(rb"[0-7]{11}\0")
 _ZERO_BLOCK = bytes(BLOCK)
 
 #: Zero bytes a tar writer may add after the end-of-archive block (ours: two records).
@@ -242,7 +257,33 @@ def _pax_records(data: bytes, what: str) -> dict[str, str]:
     return records
 
 
+def _plain_header(block: bytes) -> tarfile.TarInfo | None:
+    """The member of a header exactly as bundles write it (:data:`USTAR`), else None.
+
+    ``TarInfo.frombuf`` costs ~25 us a header, ~10% of unpacking 6,000 files on tmpfs;
+    this takes only a header that ``frombuf`` would read the same way (every fixed field
+    as written, 11 octal digits and a NUL for the size and mtime, an ASCII name padded
+    with NULs, the checksum right) and leaves any other to ``frombuf``.
+    """
+    if block[100:124] != _PLAIN_FIXED or block[156:] != _PLAIN_TAIL:
+        return None
+    size, mtime = block[124:136], block[136:148]
+    if not (_OCTAL_11.fullmatch(size) and _OCTAL_11.fullmatch(mtime)):
+        return None
+    if block[148:156] != b"%06o\0 " % (sum(block) - sum(block[148:156]) + 256):
+        return None
+    name = block[:100].rstrip(b"\0")
+    if not name or b"\0" in name or not name.isascii():
+        return None
+    info = tarfile.TarInfo(name.decode("ascii"))
+    info.size, info.mtime, info.mode, info.type = int(size[:11], 8), int(mtime[:11], 8), 0o644, tarfile.REGTYPE
+    return info
+
+
 def _header(reader: FrameReader, block: bytes, what: str) -> tarfile.TarInfo:
+    plain = _plain_header(block)
+    if plain is not None:
+        return plain
     try:
         return tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
     except tarfile.HeaderError as exc:

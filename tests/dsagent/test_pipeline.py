@@ -69,6 +69,48 @@ def test_fast_tar_headers_are_byte_for_byte_what_tarfile_writes() -> None:
         assert bundle.tar_header(entry) == bundle._tar_header_slow(entry), entry
 
 
+def _as_read(info: tarfile.TarInfo | None) -> tuple[object, ...] | None:
+    return None if info is None else (info.name, info.size, info.mtime, info.mode, info.type, info.linkname)
+
+
+def test_the_fast_header_reader_reads_what_tarfile_reads_or_leaves_it_to_tarfile() -> None:
+    """Every plain header bundles write is read as ``TarInfo.frombuf`` reads it; a header with
+    any byte changed is either left to ``frombuf`` (None) or still read exactly as it reads it."""
+    from dsagent.format import tarstream
+
+    rng = random.Random(3)
+    alphabet = "abcXYZ019_.-/"
+    for _ in range(500):
+        path = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 100))).strip("/") or "x"
+        entry = FileEntry(path, rng.randrange(0, 8**11), rng.randrange(0, 8**11) * 10**9, "0" * 32)
+        header = bundle.tar_header(entry)
+        if len(header) != tarfile.BLOCKSIZE:
+            continue  # a pax header first: not the plain form
+        expected = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        assert _as_read(tarstream._plain_header(header)) == _as_read(expected)
+        for _ in range(20):
+            damaged = bytearray(header)
+            damaged[rng.randrange(tarfile.BLOCKSIZE)] = rng.randrange(256)
+            fast = tarstream._plain_header(bytes(damaged))
+            if fast is None:
+                continue
+            assert _as_read(fast) == _as_read(tarfile.TarInfo.frombuf(bytes(damaged), "utf-8", "surrogateescape"))
+    link = tarfile.TarInfo("link")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    for header in (  # what bundles never hold is never taken by the fast path
+        link.tobuf(tarfile.USTAR_FORMAT),
+        bundle.tar_header(FileEntry("a", 8, 0, "0" * 32)).replace(b"0000644", b"0000755"),
+        bundle.tar_header(FileEntry("a", 8, 0, "0" * 32)).replace(b"00000000010", b"0000000001 "),
+    ):
+        assert tarstream._plain_header(header) is None
+    # after a pax header the ustar block holds tarfile's ASCII stand-in name, read the same way
+    # (the pax record's path then overrides it, as before)
+    after_pax = bundle._tar_header_slow(FileEntry("é.bin", 1, 0, "0" * 32))[-tarfile.BLOCKSIZE :]
+    assert _as_read(tarstream._plain_header(after_pax)) == _as_read(
+        tarfile.TarInfo.frombuf(after_pax, "utf-8", "surrogateescape")
+    )
+
+
 @pytest.mark.usefixtures("small_buffers")
 @pytest.mark.parametrize("threads", [0, 1, 2])
 def test_pipelined_pack_writes_a_plain_tar_in_one_frame_that_unpacks_verified(tmp_path: Path, threads: int) -> None:
