@@ -37,7 +37,7 @@ import stat
 import tarfile
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +57,7 @@ from dsagent.format.durable import Writeback, syncfs, writeback_for
 from dsagent.format.hashing import HASH_BUFFER, hash_file
 from dsagent.format.manifest import (
     BundleRef,
+    EntryTable,
     FileEntry,
     Manifest,
     Progress,
@@ -144,12 +145,13 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 
 def _extract_stream(
-    raw: IO[bytes], members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None
+    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None
 ) -> None:
     what = f"bundle {bundle.digest}"
-    expected = {entry.path: i for i, entry in enumerate(members)}
+    # from the columns: an entry is built as a FileEntry only when its member arrives
+    expected = {path: i for i, path in enumerate(members.paths)}
     seen: set[str] = set()
-    bound = tar_bound((e.size, len(e.path.encode("utf-8", "surrogateescape"))) for e in members)
+    bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
     with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD) as reader:
         _extract_members(reader, members, bundle, staging, progress, expected, seen)
     if len(seen) != len(expected):
@@ -158,7 +160,7 @@ def _extract_stream(
 
 
 def _extract_members(
-    reader: FrameReader, members: Sequence[FileEntry], bundle: BundleRef, staging: _Staging, progress: Progress | None,
+    reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
     expected: dict[str, int], seen: set[str],
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
@@ -203,7 +205,7 @@ def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
     made.add(parent)
 
 
-def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], durable: bool) -> None:
+def _publish(staging: _Staging, dest_dir: Path, members: EntryTable, durable: bool) -> None:
     """Rename a verified bundle's files into place; on failure take back the ones moved."""
     if durable:
         syncfs(staging.root)
@@ -211,12 +213,12 @@ def _publish(staging: _Staging, dest_dir: Path, members: Sequence[FileEntry], du
     prefix = f"{dest_dir}/"
     moved: list[str] = []
     try:
-        for index, entry in enumerate(members):
-            parent = entry.path.rpartition("/")[0]
+        for index, path in enumerate(members.paths):
+            parent = path.rpartition("/")[0]
             if parent:
                 _ensure_real_dir(dest_dir, parent, made)
-            os.replace(staging.path(index), prefix + entry.path)
-            moved.append(prefix + entry.path)
+            os.replace(staging.path(index), prefix + path)
+            moved.append(prefix + path)
     except BaseException as exc:
         for path in moved:
             os.unlink(path)
@@ -286,7 +288,7 @@ def unpack_bundle_stream(
     dest = Path(dest_dir)
     if not dest.is_dir():
         raise InvalidInput(f"unpack target {dest} is not a directory")
-    members = manifest.bundle_entries(bundle)
+    members = EntryTable.of(manifest.bundle_entries(bundle))
     with _local_writes(dest):
         staging = _Staging(dest, bundle)
     try:
