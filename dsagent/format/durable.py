@@ -52,7 +52,8 @@ def syncfs(path: str | os.PathLike[str]) -> None:
     """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        _syncfs_fd(fd)
+        if not _syncfs_fd(fd):
+            os.sync()
     finally:
         os.close(fd)
 
@@ -120,7 +121,7 @@ class Writeback:
 
     def _flush(self, fd: int) -> None:
         try:
-            _syncfs_fd(fd)
+            _syncfs_fd(fd)  # no ``sync`` of every filesystem in its place: the final syncfs decides
         finally:
             os.close(fd)
             with self._lock:
@@ -145,10 +146,10 @@ def writeback_for(directory: str | os.PathLike[str]) -> Writeback:
         return _writebacks.setdefault(device, Writeback())
 
 
-def _syncfs_fd(fd: int) -> None:
+def _syncfs_fd(fd: int) -> bool:
+    """``syncfs`` of the filesystem holding ``fd``; False where there is none or it failed."""
     fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
-    if fn is None or fn(fd) != 0:
-        os.sync()
+    return fn is not None and fn(fd) == 0
 
 
 __all__ = ["WRITEBACK_STEP", "Writeback", "fsync_dir", "syncfs", "write_atomic", "writeback_for"]

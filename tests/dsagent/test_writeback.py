@@ -25,9 +25,9 @@ def flushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     seen: list[tuple[int, str]] = []
     real = durable._syncfs_fd
 
-    def spy(fd: int) -> None:
+    def spy(fd: int) -> bool:
         seen.append((os.fstat(fd).st_dev, threading.current_thread().name))
-        real(fd)
+        return real(fd)
 
     monkeypatch.setattr(durable, "_syncfs_fd", spy)
     return seen
@@ -60,10 +60,10 @@ def test_one_flush_at_a_time_and_no_descriptor_kept(tmp_path: Path, monkeypatch:
     release, entered = threading.Event(), threading.Event()
     started: list[int] = []
 
-    def slow(fd: int) -> None:
+    def slow(fd: int) -> bool:
         started.append(fd)
         entered.set()
-        release.wait(10)
+        return release.wait(10)
 
     monkeypatch.setattr(durable, "_syncfs_fd", slow)
     writeback = Writeback()
