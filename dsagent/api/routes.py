@@ -53,6 +53,7 @@ ERROR_STATUSES: dict[int, str] = {
     404: "No such task or dataset (not_found); a source or bundle store that does not exist",
     409: "In use, being fetched, or a task repeated with other datasets (conflict)",
     413: "Request body over DSAGENT_MAX_BODY (body_too_large)",
+    425: "This agent is downloading that bundle right now (peer_fetching): ask again shortly",
     429: "Too many bundles being served to this peer at once (peer_busy): retry later",
     500: "A bug in the agent (internal); details only in the agent's log",
     503: "The source or bundle store is unreachable (source_unavailable): worth retrying",
@@ -165,13 +166,14 @@ def require_peer(request: Request) -> None:
     responses={
         200: {
             "content": {"application/zstd": {"schema": {"type": "string", "format": "binary"}}},
-            "description": "The bundle, tar+zstd, re-packed from the ready version's files",
+            "description": "The bundle, tar+zstd, re-packed from the files of a ready version "
+            "(or of one being fetched that finished this bundle)",
         },
-        **errors(400, 401, 404, 429, 503),
+        **errors(400, 401, 404, 425, 429, 503),
     },
 )
 async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends(service)) -> StreamingResponse:
-    """A bundle of a ready version, re-packed and streamed to another agent (docs/design.md#peers)."""
+    """A finished bundle, re-packed and streamed to another agent (docs/design.md#peers)."""
     validate_digest(digest)
     peer = (request.headers.get(PEER_HEADER) or (request.client.host if request.client else "") or "unknown")[:253]
     chunks, end = await svc.peer_server.open(digest, peer)

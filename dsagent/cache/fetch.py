@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import IntegrityError, InvalidInput
@@ -42,6 +42,9 @@ from dsagent.format.manifest import (
     is_safe_path,
 )
 from dsagent.format.storage import open_whole, resolve, translate_errors
+
+if TYPE_CHECKING:
+    from dsagent.cache.peers import PeerSwarm
 
 _T = TypeVar("_T")
 
@@ -206,9 +209,10 @@ async def _bounded(
     executor: Executor,
     workers: int,
     calls: Iterable[Callable[[], _T]],
-    after: Callable[[int], Awaitable[None]] | None = None,
+    after: Callable[[int, _T], Awaitable[None]] | None = None,
 ) -> None:
-    """Run blocking ``calls`` with at most ``workers`` at once; the first error wins."""
+    """Run blocking ``calls`` with at most ``workers`` at once; the first error wins.
+    ``after(index, result)`` runs on the loop after each call that returned."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(workers)
     failure: list[BaseException] = []
@@ -218,9 +222,9 @@ async def _bounded(
             if failure:
                 return
             try:
-                await loop.run_in_executor(executor, call)
+                result = await loop.run_in_executor(executor, call)
                 if after is not None:
-                    await after(index)
+                    await after(index, result)
             except BaseException as exc:  # collected, re-raised once below
                 failure.append(exc)
 
@@ -283,30 +287,30 @@ async def fetch_bundles(
     progress: FetchProgress,
     executor: Executor,
     workers: int,
-    from_peer: Callable[[BundleRef, int], bool] | None = None,
+    swarm: PeerSwarm | None = None,
 ) -> None:
     """Unpack every bundle not in ``done`` into ``staging``; ``on_bundle_done`` records each.
 
     ``local`` maps bundle digests to ready directories of other versions that hold the
     same files: those are hard-linked from there instead of downloaded, so a changed
     dataset only fetches the bundles that changed (cached copies are never modified).
-    ``from_peer(bundle, index)`` (blocking) tries peers first and says whether one delivered
-    the bundle verified; when it did not, the bundle comes from the store (docs/design.md#peers).
+    With ``swarm`` each bundle is asked of peers first (docs/design.md#peers): the bundles
+    are taken from this agent's own offset on, and those another agent is downloading are
+    put off to a second round, which waits for that agent before reading the store.
     """
     assert source.bundles is not None
     todo = [b for b in manifest.bundles if b.digest not in done]
     for bundle in manifest.bundles:
         if bundle.digest in done:
             progress.skip(bundle.size, bundle.count)
+    if swarm is not None and todo:
+        start = swarm.offset % len(todo)
+        todo = todo[start:] + todo[:start]
 
     clear_interrupted(staging)
+    later: list[int] = []
 
-    def unpack(bundle: BundleRef, index: int) -> None:
-        if local and bundle.digest in local:
-            link_bundle(local[bundle.digest], staging, manifest.bundle_entries(bundle), progress)
-            return
-        if from_peer is not None and from_peer(bundle, index):
-            return
+    def from_store(bundle: BundleRef) -> None:
         assert source.bundles is not None  # fetch_bundles is called for a source with bundles only
         unpack_bundle(
             source.bundles,
@@ -317,10 +321,28 @@ async def fetch_bundles(
             progress=progress.add,
         )
 
-    async def after(index: int) -> None:
-        await on_bundle_done(todo[index])
+    def unpack(index: int, second: bool = False) -> bool:
+        bundle = todo[index]
+        if local and bundle.digest in local:
+            link_bundle(local[bundle.digest], staging, manifest.bundle_entries(bundle), progress)
+            return True
+        if swarm is None:
+            from_store(bundle)
+            return True
+        return swarm.unpack(bundle, index, second=second, from_store=functools.partial(from_store, bundle))
 
-    await _bounded(executor, workers, [functools.partial(unpack, b, i) for i, b in enumerate(todo)], after)
+    async def after(index: int, finished: bool) -> None:
+        if finished:
+            await on_bundle_done(todo[index])
+        else:
+            later.append(index)
+
+    await _bounded(executor, workers, [functools.partial(unpack, i) for i in range(len(todo))], after)
+    if later:
+        assert swarm is not None
+        refresh = functools.partial(swarm.session.maybe_refresh, force=True)  # who finished what by now
+        await asyncio.get_running_loop().run_in_executor(executor, refresh)
+        await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in sorted(later)], after)
 
 
 __all__ = [

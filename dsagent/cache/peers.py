@@ -12,7 +12,9 @@ So a peer re-packs the bundle's files from its ready directory into a fresh tar+
 stream (the same member order and headers :mod:`dsagent.format.bundle` writes) and streams
 it; it hashes each file again as it reads it and cuts the stream on a mismatch, so a
 damaged cache copy is never passed on as good. Only ready versions are served, pinned
-against eviction while a stream runs; staging data is never served.
+against eviction while a stream runs. A version still being fetched serves the bundles it
+has finished (verified, synced and in place in its staging directory), and answers 425 for
+one it is downloading right now, so that agents starting together share the work (below).
 
 Limits: at most ``peer_max_uploads`` streams at once (503 beyond), ``peer_max_uploads_per_peer``
 to one peer (429 beyond), and ``peer_upload_rate`` bytes/s to one peer (a token bucket).
@@ -25,6 +27,15 @@ and decompression, hashing and writing overlap the transfer), verified like any 
 published only whole. Any error, refusal,
 timeout (``peer_timeout`` per read, and a deadline from ``peer_min_rate``), oversize or
 mismatch drops that peer for the rest of the fetch and moves on; after the peers, the store.
+
+Starting together (:class:`PeerSwarm`). Agents that fetch the same version at once also count
+each other as holders (their inventories list it as fetching), refreshed every few seconds.
+Each takes the bundles in its own rotation (from its node name), marks the one it works on,
+and asks the others first: a peer that has it sends it, a peer downloading it answers 425 and
+the bundle is put off to a second round, where the agent waits up to ``peer_wait`` for that
+peer before reading the store. Two agents asking each other for the same bundle at the same
+moment settle it by node name (the lower one downloads). So ~one agent reads each bundle
+from the store however many start together (docs/design.md#peers).
 """
 
 from __future__ import annotations
@@ -32,13 +43,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import tarfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import xxhash
@@ -75,6 +87,13 @@ class PeerBusy(TransientError):
     code = "peer_busy"
 
 
+class BundleInFlight(TransientError):
+    """This agent is downloading that bundle right now: ask again shortly."""
+
+    http_status = 425
+    code = "peer_fetching"
+
+
 class PeerOverloaded(TransientError):
     """This agent already streams as many bundles as it serves at once."""
 
@@ -93,6 +112,16 @@ def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK
     manifest raises :class:`IntegrityError` mid-stream, which cuts the stream short: the
     receiver then sees a truncated bundle and falls back to another source.
     """
+    root = os.open(ready_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield from repack_at(root, members, level=level)
+    finally:
+        os.close(root)
+
+
+def repack_at(root: int, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
+    """:func:`repack` from the open directory ``root``: the files are opened relative to it,
+    so a staging directory renamed into place while it is served is still read whole."""
     compressor = zstandard.ZstdCompressor(level=level, write_checksum=True).compressobj(size=-1)
     pending = bytearray()
     buf = bytearray(_READ)
@@ -111,7 +140,8 @@ def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK
             yield piece
         state = xxhash.xxh3_128()
         size = 0
-        with open(ready_dir.joinpath(*entry.path.split("/")), "rb", buffering=0) as fh:
+        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        with open(fd, "rb", buffering=0) as fh:
             while n := fh.readinto(buf):
                 size += n
                 if size > entry.size:
@@ -190,24 +220,37 @@ class UploadLimits:
 
 @dataclass(frozen=True)
 class ServedBundle:
-    """A bundle found in a ready version: where its files are and which they are."""
+    """A bundle found in a version: where its files are (``ready_dir``, else ``fallback``:
+    a staging directory may be renamed into place at any moment) and which they are."""
 
     key: Key
     ready_dir: Path
     members: Sequence[FileEntry]
+    fallback: Path | None = None
+
+    def open_dir(self) -> int:
+        """A descriptor of the directory holding the files (:class:`NotFound` if neither is there)."""
+        for directory in (self.ready_dir, self.fallback):
+            if directory is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        raise NotFound(f"the files of version {self.key[0]}@{self.key[1][:12]} are gone")
 
 
 class PeerServer:
     """Finds bundles in ready versions and streams them under the upload limits.
 
-    ``locate`` is the service's lookup (ready versions only, pinned until ``unpin``).
+    ``locate(digest, peer)`` is the service's lookup (pinned until ``unpin``): a ready version,
+    or the finished bundle of one being fetched; it raises :class:`BundleInFlight` for a
+    bundle this agent is downloading for ``peer`` to wait for.
     """
 
     def __init__(
         self,
         settings: Settings,
         metrics: Metrics,
-        locate: Callable[[str], Awaitable[ServedBundle | None]],
+        locate: Callable[[str, str], Awaitable[ServedBundle | None]],
         unpin: Callable[[Key], None],
     ) -> None:
         self.settings = settings
@@ -220,17 +263,24 @@ class PeerServer:
 
     async def open(self, digest: str, peer: str) -> tuple[Iterator[bytes], Callable[[], None]]:
         """The stream of bundle ``digest`` for ``peer`` and the call that ends it (idempotent;
-        the stream also calls it when it ends). :class:`NotFound` unless a ready version holds
-        it, :class:`PeerBusy` / :class:`PeerOverloaded` over the limits."""
+        the stream also calls it when it ends). :class:`NotFound` unless a version holds it
+        finished, :class:`BundleInFlight` while this agent downloads it, :class:`PeerBusy` /
+        :class:`PeerOverloaded` over the limits."""
         bucket = self.limits.acquire(peer)
         try:
-            found = await self._locate(digest)
+            found = await self._locate(digest, peer)
         except BaseException:
             self.limits.release(peer)
             raise
         if found is None:
             self.limits.release(peer)
-            raise NotFound(f"no ready version here holds bundle {digest}", hint="ask another peer or the store")
+            raise NotFound(f"no version here holds bundle {digest} finished", hint="ask another peer or the store")
+        try:
+            root = found.open_dir()
+        except BaseException:
+            self._unpin(found.key)
+            self.limits.release(peer)
+            raise
         ended = threading.Event()
         end_lock = threading.Lock()
 
@@ -239,12 +289,13 @@ class PeerServer:
                 if ended.is_set():
                     return
                 ended.set()
+            os.close(root)
             self._unpin(found.key)
             self.limits.release(peer)
 
         def stream() -> Iterator[bytes]:
             try:
-                for chunk in repack(found.ready_dir, found.members):
+                for chunk in repack_at(root, found.members):
                     bucket.take(len(chunk))
                     self.metrics.peer_transfer("served", len(chunk))
                     yield chunk
@@ -275,12 +326,27 @@ class PeerRefused(TransientError):
     code = "peer_refused"
 
 
+class PeerFetchingIt(PeerRefused):
+    """A peer answered 425: it is downloading that bundle right now."""
+
+
+#: How a bundle went with the peers: one delivered it; one is downloading it (wait, or read
+#: the store); none has it.
+Outcome = Literal["delivered", "fetching", "none"]
+#: Seconds between two looks for more holders of a version during its fetch, and between two
+#: requests to a peer that is downloading a bundle this agent waits for.
+REFRESH_EVERY = 2.0
+POLL_EVERY = 0.25
+
+
 @dataclass
 class PeerSession:
     """One version's fetch from peers: who holds it, who failed, what came from peers.
 
     At most ``per_peer`` bundles are asked of one peer at once (the peers' own
     ``peer_max_uploads_per_peer``, so a well-configured peer never answers 429).
+    ``refresh`` (blocking) finds the holders again, for :meth:`maybe_refresh`: agents that
+    started the same version after this one began.
     """
 
     holders: list[str]
@@ -288,7 +354,9 @@ class PeerSession:
     failed: set[str] = field(default_factory=set)
     bundles: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    refresh: Callable[[], list[str]] | None = None
     _slots: dict[str, threading.Semaphore] = field(default_factory=dict)
+    _refreshed: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self._slots = {peer: threading.Semaphore(self.per_peer) for peer in self.holders}
@@ -320,9 +388,33 @@ class PeerSession:
         with self.lock:
             self.failed.add(peer)
 
+    def maybe_refresh(self, *, force: bool = False) -> None:
+        """Look for holders again when :data:`REFRESH_EVERY` passed since the last look (or ``force``)."""
+        if self.refresh is None:
+            return
+        with self.lock:
+            now = time.monotonic()
+            if not force and now - self._refreshed < REFRESH_EVERY:
+                return
+            self._refreshed = now
+        try:
+            found = self.refresh()
+        except Exception as exc:  # noqa: BLE001 - no new holders this time; the fetch goes on
+            log.debug("looking for more holders failed: %s", exc)
+            return
+        with self.lock:
+            for peer in found:
+                if peer not in self._slots:
+                    self._slots[peer] = threading.Semaphore(self.per_peer)
+                    self.holders.append(peer)
+
 
 class PeerFetcher:
-    """Asks peers for bundles before the store (blocking calls run in the fetch workers)."""
+    """Asks peers for bundles before the store (blocking calls run in the fetch workers).
+
+    It also keeps which bundles this agent is working on (:meth:`claim`): the peer server
+    answers 425 for those, so that other agents wait instead of reading the store too.
+    """
 
     def __init__(self, settings: Settings, store: Store, metrics: Metrics) -> None:
         self.settings = settings
@@ -335,6 +427,8 @@ class PeerFetcher:
             timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
         )
         self._headers = {"Authorization": f"Bearer {settings.peer_token}", PEER_HEADER: settings.node_name}
+        self._working: dict[str, str] = {}  # bundle digest -> "asking" | "downloading"
+        self._working_lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -343,30 +437,71 @@ class PeerFetcher:
     def close(self) -> None:
         self._client.close()
 
-    async def session(self, name: str, digest: str) -> PeerSession | None:
-        """The peers that hold ``name@digest`` ready now; None when none does."""
-        if not self.enabled:
-            return None
-        holders: list[str] = []
+    async def holders(self, name: str, digest: str) -> list[str]:
+        """The peers to ask for the bundles of ``name@digest`` (base URLs), best first: those
+        holding it ready, those fetching it, then the other configured peers (a short list,
+        and one that starts the same version a moment later is then asked all the same; a
+        peer that does not answer is dropped for the fetch). In cluster mode, the agents
+        whose node inventories list it ready or fetching."""
+        ready: list[str] = []
+        fetching: list[str] = []
+        others: list[str] = []
         if self.settings.peers:
             async with httpx.AsyncClient(timeout=httpx.Timeout(min(self.settings.peer_timeout, 5.0))) as client:
                 answers = await asyncio.gather(
                     *(self._holds(client, peer, name, digest) for peer in self.settings.peers)
                 )
-            holders += [peer for peer, holds in zip(self.settings.peers, answers) if holds]
+            for peer, state in zip(self.settings.peers, answers, strict=True):
+                (ready if state == "ready" else fetching if state == "fetching" else others).append(peer)
         if self.cluster_holders is not None:
             with contextlib.suppress(Exception):
-                holders += [p for p in await self.cluster_holders(name, digest) if p not in holders]
-        return PeerSession(holders, per_peer=self.settings.peer_max_uploads_per_peer) if holders else None
+                ready += [p for p in await self.cluster_holders(name, digest) if p not in ready + fetching + others]
+        return ready + fetching + others
 
-    async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> bool:
+    async def session(self, name: str, digest: str) -> PeerSession | None:
+        """The fetch of ``name@digest`` from peers (None when peers are off): the holders found
+        now, and a way to find more while it runs."""
+        if not self.enabled:
+            return None
+        return PeerSession(await self.holders(name, digest), per_peer=self.settings.peer_max_uploads_per_peer)
+
+    async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> str | None:
         try:
             response = await client.get(f"{peer}/v1/inventory")
             response.raise_for_status()
-            return holds_ready(response.json(), name, digest)
+            return holds(response.json(), name, digest)
         except (httpx.HTTPError, ValueError) as exc:
             log.debug("peer %s did not answer its inventory: %s", peer, exc)
-            return False
+            return None
+
+    # -- what this agent works on ------------------------------------------------------
+
+    @contextlib.contextmanager
+    def claim(self, digest: str, phase: str) -> Iterator[Callable[[], None]]:
+        """Mark bundle ``digest`` as worked on here (``phase`` "asking" its peers, or
+        "downloading" it); yields the call that moves it to "downloading"."""
+
+        def downloading() -> None:
+            with self._working_lock:
+                self._working[digest] = "downloading"
+
+        with self._working_lock:
+            self._working[digest] = phase
+        try:
+            yield downloading
+        finally:
+            with self._working_lock:
+                self._working.pop(digest, None)
+
+    def in_flight(self, digest: str, peer: str) -> bool:
+        """Whether ``peer`` asking for bundle ``digest`` should wait for this agent: it downloads
+        it, or asks its peers for it too and ``peer`` comes later by node name (so of two agents
+        asking each other at once, exactly one goes on to the store)."""
+        with self._working_lock:
+            phase = self._working.get(digest)
+        return phase == "downloading" or (phase == "asking" and peer > self.settings.node_name)
+
+    # -- fetching ---------------------------------------------------------------------
 
     def fetch(
         self,
@@ -376,12 +511,35 @@ class PeerFetcher:
         index: int,
         staging: Path,
         progress: FetchProgress,
-    ) -> bool:
-        """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified."""
+        *,
+        wait: float = 0.0,
+    ) -> Outcome:
+        """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified;
+        while a peer is downloading it, ask again for up to ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            outcome = self._ask(session, manifest, bundle, index, staging, progress)
+            if outcome != "fetching" or time.monotonic() >= deadline:
+                return outcome
+            time.sleep(POLL_EVERY)
+
+    def _ask(
+        self,
+        session: PeerSession,
+        manifest: Manifest,
+        bundle: BundleRef,
+        index: int,
+        staging: Path,
+        progress: FetchProgress,
+    ) -> Outcome:
+        outcome: Outcome = "none"
         with session.slot(index) as peers:
             for peer in peers:
                 try:
                     self._fetch_one(peer, manifest, bundle, staging, progress)
+                except PeerFetchingIt:
+                    outcome = "fetching"
+                    continue
                 except PeerRefused as exc:
                     log.info("peer %s refused bundle %s (%s); trying the next source", peer, bundle.digest[:12], exc)
                     continue
@@ -396,8 +554,8 @@ class PeerFetcher:
                     continue
                 with session.lock:
                     session.bundles += 1
-                return True
-        return False
+                return "delivered"
+        return outcome
 
     def _fetch_one(
         self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress
@@ -415,6 +573,8 @@ class PeerFetcher:
         url = f"{peer}/v1/peer/bundles/{bundle.digest}"
         try:
             with self._client.stream("GET", url, headers=self._headers) as response:
+                if response.status_code == 425:
+                    raise PeerFetchingIt(f"peer {peer} is downloading bundle {bundle.digest[:12]} now")
                 if response.status_code in (404, 429, 503):
                     raise PeerRefused(f"peer answered {response.status_code}")
                 if response.status_code != 200:
@@ -427,6 +587,45 @@ class PeerFetcher:
             progress.add(-counted[0], -counted[1])
             raise
         self.metrics.peer_transfer("fetched", body.received)
+
+
+@dataclass
+class PeerSwarm:
+    """One version fetched with peers, bundle by bundle (what :func:`dsagent.cache.fetch.fetch_bundles`
+    calls): peers first, then the store, with the bundles other agents are downloading put
+    off to a second round (see the module's "Starting together")."""
+
+    fetcher: PeerFetcher
+    session: PeerSession
+    manifest: Manifest
+    staging: Path
+    progress: FetchProgress
+
+    @property
+    def offset(self) -> int:
+        """Where this agent starts in the version's bundle list (agents starting together spread)."""
+        return xxhash.xxh3_64_intdigest(self.fetcher.settings.node_name.encode())
+
+    def unpack(self, bundle: BundleRef, index: int, *, second: bool, from_store: Callable[[], None]) -> bool:
+        """Bring ``bundle`` in from a peer or the store; False: put off (a peer downloads it)."""
+        fetcher = self.fetcher
+        if not second:
+            self.session.maybe_refresh()
+            with fetcher.claim(bundle.digest, "asking") as downloading:
+                outcome = fetcher.fetch(self.session, self.manifest, bundle, index, self.staging, self.progress)
+                if outcome == "fetching":
+                    return False
+                if outcome == "none":
+                    downloading()
+                    from_store()
+            return True
+        outcome = fetcher.fetch(
+            self.session, self.manifest, bundle, index, self.staging, self.progress, wait=fetcher.settings.peer_wait
+        )
+        if outcome != "delivered":
+            with fetcher.claim(bundle.digest, "downloading"):
+                from_store()
+        return True
 
 
 class _PeerBody:
@@ -456,13 +655,20 @@ class _PeerBody:
         return out
 
 
-def holds_ready(inventory: Mapping[str, Any], name: str, digest: str) -> bool:
-    """Whether an inventory report (``GET /v1/inventory``, the Node annotation) lists ``name@digest`` ready."""
+def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
+    """``"ready"`` or ``"fetching"``: how an inventory report (``GET /v1/inventory``, the Node
+    annotation) lists ``name@digest``; None when it does not."""
     entry = (inventory.get("datasets") or {}).get(name)
     if not isinstance(entry, Mapping):
-        return False
+        return None
     versions = entry.get("versions") or [entry]
-    return any(isinstance(v, Mapping) and v.get("digest") == digest and v.get("state") == "ready" for v in versions)
+    states = {v.get("state") for v in versions if isinstance(v, Mapping) and v.get("digest") == digest}
+    return "ready" if "ready" in states else "fetching" if "fetching" in states else None
+
+
+def holds_ready(inventory: Mapping[str, Any], name: str, digest: str) -> bool:
+    """Whether an inventory report (``GET /v1/inventory``, the Node annotation) lists ``name@digest`` ready."""
+    return holds(inventory, name, digest) == "ready"
 
 
 def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -496,16 +702,22 @@ def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | 
 
 __all__ = [
     "PEER_HEADER",
+    "BundleInFlight",
+    "Outcome",
     "PeerBusy",
     "PeerFetcher",
+    "PeerFetchingIt",
     "PeerOverloaded",
     "PeerRefused",
     "PeerServer",
     "PeerSession",
+    "PeerSwarm",
     "ServedBundle",
     "UploadLimits",
     "bundle_options",
     "find_bundle",
+    "holds",
     "holds_ready",
     "repack",
+    "repack_at",
 ]

@@ -44,7 +44,7 @@ from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
-from dsagent.cache.peers import PeerFetcher, PeerServer, ServedBundle, find_bundle
+from dsagent.cache.peers import BundleInFlight, PeerFetcher, PeerServer, ServedBundle, find_bundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
@@ -314,31 +314,48 @@ class CacheService:
 
     # -- peers (docs/design.md#peers) ----------------------------------------------------
 
-    async def _locate_bundle(self, digest: str) -> ServedBundle | None:
-        """A ready version holding bundle ``digest``, pinned against eviction (never staging)."""
+    async def _locate_bundle(self, digest: str, peer: str) -> ServedBundle | None:
+        """Where bundle ``digest`` can be served from, pinned against eviction: a ready version
+        holding it, else a version being fetched that finished it (its files are in place in
+        the staging directory, verified and synced); :class:`BundleInFlight` when this agent
+        is downloading it for ``peer`` to wait for (docs/design.md#peers)."""
         async with self._space.lock:
-            ready = [r for r in await self._db(self.catalog.versions) if r.state == "ready"]
-            live = {(r.name, r.digest) for r in ready}
-            for key in [k for k in self._manifests if k not in live]:
+            rows = await self._db(self.catalog.versions)
+            ready = [(r.name, r.digest) for r in rows if r.state == "ready"]
+            fetching = [(r.name, r.digest) for r in rows if r.state != "ready"]
+            fetching = [key for key in fetching if self._flights.is_fetching(key)]
+            for key in [k for k in self._manifests if k not in set(ready) | set(fetching)]:
                 del self._manifests[key]
-            manifests: list[tuple[tuple[str, str], Manifest]] = []
-            for row in ready:
-                key = (row.name, row.digest)
-                if key not in self._manifests:
-                    manifest = await self._versions.stored_manifest(*key)
-                    if manifest is None:
-                        continue
-                    self._manifests[key] = manifest
-                manifests.append((key, self._manifests[key]))
-            found = find_bundle(manifests, digest)
-            if found is None:
-                return None
-            key, members = found
-            ready_dir = self.store.ready_dir(*key)
-            if not await self._work(ready_dir.is_dir):
-                return None
-            self._space.pin([key])
-        return ServedBundle(key, ready_dir, members)
+            found = find_bundle(await self._manifests_of(ready), digest)
+            if found is not None:
+                key, members = found
+                ready_dir = self.store.ready_dir(*key)
+                if await self._work(ready_dir.is_dir):
+                    self._space.pin([key])
+                    return ServedBundle(key, ready_dir, members)
+            for key, manifest in await self._manifests_of(fetching):
+                in_fetch = find_bundle([(key, manifest)], digest)
+                if in_fetch is None or digest not in await self._db(self.catalog.bundles_done, *key):
+                    continue
+                self._space.pin([key])  # published mid-stream: then it is a ready version like the others
+                return ServedBundle(key, self.store.staging_dir(*key), in_fetch[1], self.store.ready_dir(*key))
+        if self.peers.in_flight(digest, peer):
+            raise BundleInFlight(
+                f"this agent is downloading bundle {digest} now", hint="ask again shortly, or read the store"
+            )
+        return None
+
+    async def _manifests_of(self, keys: list[tuple[str, str]]) -> list[tuple[tuple[str, str], Manifest]]:
+        """The stored manifests of versions ``keys`` (kept in memory while they are served)."""
+        found: list[tuple[tuple[str, str], Manifest]] = []
+        for key in keys:
+            if key not in self._manifests:
+                manifest = await self._versions.stored_manifest(*key)
+                if manifest is None:
+                    continue
+                self._manifests[key] = manifest
+            found.append((key, self._manifests[key]))
+        return found
 
     def _unpin_served(self, key: tuple[str, str]) -> None:
         """Called from the thread that streamed the bundle: unpin on the loop."""

@@ -218,6 +218,7 @@ class Settings(EnvSettings):
     peers: Peers = ()  # base URLs of other agents' TCP listeners
     peer_port: Whole = 0  # cluster mode: the port peers listen on (0: this agent's --listen port)
     peer_timeout: Duration = 10.0  # connect and per-read timeout of a peer download
+    peer_wait: Duration = 30.0  # how long a bundle another agent is downloading is waited for before the store
     peer_min_rate: Size = Field(
         1 << 20, validation_alias=_env("PEER_MIN_RATE", "peer_min_rate")
     )  # bytes/s, else too slow

@@ -34,7 +34,7 @@ from dsagent.cache.fetch import (
 from dsagent.cache.layout import Key
 from dsagent.cache.metrics import error_code
 from dsagent.cache.node import Node
-from dsagent.cache.peers import PeerFetcher, bundle_options
+from dsagent.cache.peers import PeerFetcher, PeerSwarm, bundle_options
 from dsagent.cache.space import Space
 from dsagent.cache.task import redact_url
 from dsagent.errors import DsagentError, InsufficientSpace, IntegrityError, NotFound
@@ -307,18 +307,24 @@ class Versions:
         progress = self.progress.get(key)
         assert progress is not None
         assert source.bundles is not None
-        from_peer = None
+        swarm = None
         session = (
             await self.peers.session(*key) if self.peers is not None and len(local) < len(manifest.bundles) else None
         )
         if session is not None and self.peers is not None:
-            peers, live = self.peers, session
-            log.info(
-                "fetching %s@%s from peers %s first", manifest.name, manifest.digest[:12], ", ".join(session.holders)
-            )
+            loop, peers = asyncio.get_running_loop(), self.peers
 
-            def from_peer(bundle: BundleRef, index: int) -> bool:
-                return peers.fetch(live, manifest, bundle, index, staging, progress)
+            def refresh() -> list[str]:  # from a fetch worker: the lookup runs on the loop
+                return asyncio.run_coroutine_threadsafe(peers.holders(*key), loop).result(timeout=30)
+
+            session.refresh = refresh
+            swarm = PeerSwarm(peers, session, manifest, staging, progress)
+            log.info(
+                "fetching %s@%s from peers first (holders now: %s)",
+                manifest.name,
+                manifest.digest[:12],
+                ", ".join(session.holders) or "none",
+            )
 
         options = bundle_options(self.settings, source.bundles, source.storage_options)
         try:
@@ -332,7 +338,7 @@ class Versions:
                 progress=progress,
                 executor=self.pools.executor,
                 workers=self.settings.fetch_workers,
-                from_peer=from_peer,
+                swarm=swarm,
             )
         finally:
             self.space.unpin(origins)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dsagent.cache.inventory import ANNOTATION
-from dsagent.cache.peers import holds_ready
+from dsagent.cache.peers import holds
 
 log = logging.getLogger("dsagent.kube")
 
@@ -30,8 +30,10 @@ def _address(node: Any) -> str | None:
 
 
 def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int) -> list[str]:
-    """Base URLs of the agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest`` ready."""
+    """Base URLs of the agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest``:
+    those holding it ready first, then those fetching it (they serve the bundles they finished)."""
     urls: list[str] = []
+    fetching: list[str] = []
     for node in nodes:
         metadata = getattr(node, "metadata", None)
         if metadata is None or metadata.name == own_node:
@@ -45,10 +47,11 @@ def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: s
             log.debug("node %s has an unreadable inventory", metadata.name)
             continue
         address = _address(node)
-        if isinstance(inventory, dict) and address is not None and holds_ready(inventory, name, digest):
+        state = holds(inventory, name, digest) if isinstance(inventory, dict) and address is not None else None
+        if state is not None and address is not None:
             host = f"[{address}]" if ":" in address else address
-            urls.append(f"http://{host}:{port}")
-    return urls
+            (urls if state == "ready" else fetching).append(f"http://{host}:{port}")
+    return urls + fetching
 
 
 __all__ = ["holders_from_nodes"]

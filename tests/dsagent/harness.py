@@ -153,11 +153,17 @@ class AgentProcess:
     """``python -m dsagent serve`` on a unix socket (and TCP with ``tcp=True``)."""
 
     def __init__(
-        self, root: Path, *, tcp: bool = False, env: dict[str, str] | None = None, local_sources: tuple[Path, ...] = ()
+        self,
+        root: Path,
+        *,
+        tcp: bool = False,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        local_sources: tuple[Path, ...] = (),
     ) -> None:
         self.root = root
         self.socket = root.parent / f"{root.name}.sock"
-        self.port = free_port() if tcp else None
+        self.port = (port or free_port()) if tcp else None  # a port chosen beforehand: peers that list each other
         self.log = root.parent / f"{root.name}.log"
         self.env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN, "DSAGENT_SWEEP_INTERVAL": "3600", **(env or {})}
         self.args = [

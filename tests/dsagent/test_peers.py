@@ -9,7 +9,9 @@ the fetching agent ends with the dataset verified, from the store where the peer
 from __future__ import annotations
 
 import http.server
+import io
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -25,11 +27,13 @@ from dsagent.cache.peers import (
     UploadLimits,
     holds_ready,
     repack,
+    repack_at,
 )
 from dsagent.format.bundle import pack, unpack_bundle, verify_tree
+from dsagent.format.extract import unpack_bundle_stream
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
 
 pytest.importorskip("aiohttp")
 
@@ -135,22 +139,65 @@ def test_an_agent_without_a_peer_token_serves_no_peer(store: Any, agent_factory:
     assert response.status_code == 401
 
 
-def test_a_version_that_is_not_ready_is_never_served(store: Any, agent_factory: Any) -> None:
+def test_a_version_being_fetched_serves_what_it_finished_and_425_for_what_it_downloads(
+    store: Any, agent_factory: Any, tmp_path: Path
+) -> None:
+    """Mid-fetch, a bundle already unpacked (verified, synced, in place in staging) is served
+    and unpacks verified; the one being downloaded answers 425; one not started, 404."""
     manifest, server = store
-    slow = manifest.bundles[-1].digest
+    slow = manifest.bundles[2].digest
     server.slow_down(lambda p: slow in p, 4.0)
-    a = agent_factory("a", tcp=True, env=_peer_env(DSAGENT_FETCH_WORKERS="1"))
+    nobody = "http://127.0.0.1:9"  # peers on (so the agent marks what it downloads), but none answers
+    a = agent_factory("a", tcp=True, env=_peer_env(nobody, DSAGENT_FETCH_WORKERS="1", DSAGENT_NODE_NAME="a"))
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Dsagent-Peer": "b"}
     with a.client() as client:
         client.submit_task("t1", [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
         deadline = time.monotonic() + 20
-        while _bundle_gets(server) < len(manifest.bundles) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while not server.gets(lambda p: slow in p) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert client.get_task("t1")["state"] == "pending"
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        for bundle in manifest.bundles:  # the first ones are unpacked in staging: still not served
-            assert httpx.get(f"{a.url}/v1/peer/bundles/{bundle.digest}", headers=headers).status_code == 404
+        requested = {b.digest for b in manifest.bundles if server.gets(lambda p, d=b.digest: d in p)}
+        finished = [b for b in manifest.bundles if b.digest in requested - {slow}]
+        assert finished, "one fetch worker: the bundles asked for before the slow one are unpacked"
+        for bundle in manifest.bundles:
+            response = httpx.get(f"{a.url}/v1/peer/bundles/{bundle.digest}", headers=headers)
+            expected = 200 if bundle in finished else 425 if bundle.digest == slow else 404
+            assert response.status_code == expected, bundle
+            if expected == 200:
+                (tmp_path / bundle.digest).mkdir()
+                unpack_bundle_stream(io.BytesIO(response.content), manifest, bundle, tmp_path / bundle.digest)
         assert wait_ready(client, "t1")["state"] == "ready"
     assert httpx.get(f"{a.url}/v1/peer/bundles/{slow}", headers=headers).status_code == 200
+
+
+def test_agents_starting_together_read_each_bundle_from_the_store_about_once(store: Any, agent_factory: Any) -> None:
+    """Three agents asked for the same new version at once (each store bundle takes 0.5 s):
+    they ask each other first, wait for the one downloading a bundle, and end verified with
+    the store read about once (3x without peers)."""
+    manifest, server = store
+    server.slow_down(lambda p: "/store/bundles/" in p, 0.5)
+    ports = {name: free_port() for name in "abc"}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    agents = {
+        name: agent_factory(
+            name,
+            tcp=True,
+            port=ports[name],
+            env=_peer_env(*(u for other, u in urls.items() if other != name), DSAGENT_NODE_NAME=name),
+        )
+        for name in "abc"
+    }
+    request = [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}]
+    for agent in agents.values():
+        with agent.client() as client:
+            client.submit_task("t1", request)
+    for agent in agents.values():
+        with agent.client() as client:
+            record = wait_ready(client, "t1")
+        assert record["state"] == "ready", record
+        _verified(agent, manifest, record)
+    assert _bundle_gets(server) <= len(manifest.bundles) + 2, server.gets(lambda p: "/store/bundles/" in p)
+    assert sum(_metric(agent, "fetched") for agent in agents.values()) > 0
 
 
 def test_upload_limits_refuse_with_429_per_peer_and_503_in_all() -> None:
@@ -270,6 +317,53 @@ def test_a_repacked_bundle_unpacks_verified(tmp_path: Path) -> None:
         assert (tmp_path / "out" / entry.path).read_bytes() == FILES[entry.path]
 
 
+def test_a_directory_renamed_mid_stream_is_still_served_whole(tmp_path: Path) -> None:
+    """A version's staging directory is renamed into place while one of its finished bundles
+    is served: the files are opened relative to the directory, not by path."""
+    write_tree(tmp_path / "staging", FILES)
+    manifest = pack(tmp_path / "staging", tmp_path / "store", name="imgs", max_files=8)
+    bundle = max(manifest.bundles, key=lambda b: b.count)
+    root = os.open(tmp_path / "staging", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stream = repack_at(root, manifest.bundle_entries(bundle), level=1)
+        first = next(stream)
+        (tmp_path / "staging").rename(tmp_path / "ready")
+        body = first + b"".join(stream)
+    finally:
+        os.close(root)
+    (tmp_path / "out").mkdir()
+    unpack_bundle_stream(io.BytesIO(body), manifest, bundle, tmp_path / "out")
+    assert {e.path: (tmp_path / "out" / e.path).read_bytes() for e in manifest.bundle_entries(bundle)} == {
+        e.path: FILES[e.path] for e in manifest.bundle_entries(bundle)
+    }
+
+
+def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store() -> None:
+    """The rule the peer server answers 425 by: a bundle being downloaded here is waited for by
+    anyone; one this agent is still asking its peers for, only by agents named after it."""
+    from dsagent.cache.metrics import Metrics
+    from dsagent.cache.peers import PeerFetcher
+    from dsagent.cache.settings import Settings
+
+    def fetcher(name: str) -> PeerFetcher:
+        settings = Settings.from_env({"DSAGENT_NODE_NAME": name, "DSAGENT_PEER_TOKEN": TOKEN})
+        return PeerFetcher(settings, None, Metrics())  # type: ignore[arg-type]
+
+    a, b = fetcher("node-a"), fetcher("node-b")
+    try:
+        with a.claim("d" * 32, "asking"), b.claim("d" * 32, "asking"):
+            waits_for_a = a.in_flight("d" * 32, "node-b")  # b asks a: b waits for a
+            waits_for_b = b.in_flight("d" * 32, "node-a")  # a asks b: a does not wait
+            assert (waits_for_a, waits_for_b) == (True, False)
+        with b.claim("d" * 32, "asking") as downloading:
+            downloading()
+            assert b.in_flight("d" * 32, "node-a"), "a download in progress is waited for by anyone"
+        assert not b.in_flight("d" * 32, "node-c"), "nothing claimed: 404"
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
     from dsagent.errors import IntegrityError
 
@@ -339,6 +433,8 @@ def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
 
 
 def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
+    """Agents holding the version ready come first, then those fetching it (they serve what
+    they finished); itself, nodes without an inventory and failed versions are left out."""
     from types import SimpleNamespace as NS
 
     from dsagent.cache.inventory import ANNOTATION
@@ -358,5 +454,10 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
         node("n2", {"datasets": {"imgs": {"digest": "a" * 32, "state": "fetching"}}}, "10.0.0.2"),
         node("n3", None, "10.0.0.3"),
         node("n4", held, "fd00::4"),
+        node("n5", {"datasets": {"imgs": {"digest": "a" * 32, "state": "failed"}}}, "10.0.0.5"),
     ]
-    assert holders_from_nodes(nodes, "me", "imgs", "a" * 32, 7420) == ["http://10.0.0.1:7420", "http://[fd00::4]:7420"]
+    assert holders_from_nodes(nodes, "me", "imgs", "a" * 32, 7420) == [
+        "http://10.0.0.1:7420",
+        "http://[fd00::4]:7420",
+        "http://10.0.0.2:7420",
+    ]

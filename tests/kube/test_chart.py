@@ -115,6 +115,7 @@ PEERS: dict[str, Any] = {
             "uploadRate": "200Mi",
             "minRate": 2000000,
             "timeout": "30s",
+            "wait": "45s",
             "networkPolicyFrom": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
         }
     }

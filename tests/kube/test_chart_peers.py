@@ -237,7 +237,8 @@ def test_tunables_are_passed_only_when_set_and_the_agent_accepts_them(
         tuned.peer_upload_rate,
         tuned.peer_min_rate,
         tuned.peer_timeout,
-    ) == (16, 2, 200 << 20, 2_000_000, 30.0)
+        tuned.peer_wait,
+    ) == (16, 2, 200 << 20, 2_000_000, 30.0, 45.0)
 
 
 def test_large_numbers_reach_the_agent_as_whole_numbers() -> None:
@@ -252,6 +253,7 @@ def test_large_numbers_reach_the_agent_as_whole_numbers() -> None:
         ({"uploadRate": "fast"}, "uploadRate"),
         ({"minRate": -1}, "minRate"),
         ({"timeout": "ten seconds"}, "timeout"),
+        ({"wait": "a while"}, "wait"),
         ({"maxUploads": -1}, "maxUploads"),
         ({"hostPort": 70000}, "hostPort"),
         ({"existingSecret": "Not_A_Name"}, "existingSecret"),

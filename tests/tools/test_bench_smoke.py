@@ -28,7 +28,7 @@ TABLES = {
     "digest": ["dsagent build_manifest", "ratio of medians (dsagent / C)"],
     "extender": ["p50 ms", "p99 ms", "names     100"],
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
-    "p2p": ["without peers", "with peers", "target: the store serves <= 1.5x"],
+    "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
 }
 
 

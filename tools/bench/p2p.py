@@ -6,7 +6,7 @@
 
 The bundle store is a real HTTP server on 127.0.0.1, in its own process, that counts the
 bytes it sends. Each agent is a real ``dsagent serve`` process with its own cache root, unix
-socket and TCP port on 127.0.0.1. Two runs, fresh roots each:
+socket and TCP port on 127.0.0.1. Three runs, fresh roots each:
 
 1. **without peers**: all agents are asked for the dataset at once; each reads every
    bundle from the store (8x the dataset from the store);
@@ -14,10 +14,13 @@ socket and TCP port on 127.0.0.1. Two runs, fresh roots each:
    One agent is asked first (the dataset is new to the cluster: somebody reads it from the
    store); when it is ready, the other seven are asked at once and fetch the bundles from
    the agents that hold the version ready, falling back to the store per bundle.
+3. **with peers, all at once**: the same agents, all asked at once for the new version (a
+   job's pods starting together): they ask each other first, a bundle another agent is
+   downloading is waited for, so each bundle is read from the store about once.
 
 Printed: the store's bytes (bundles only, and as a multiple of the packed dataset), the time
 until all agents are ready, and the peers' served/fetched bytes. Target (issue 14): with
-peers the store serves <= 1.5x the dataset (8x without).
+peers the store serves <= 1.5x the dataset (8x without), in both runs with peers.
 
 The test suite runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes under
 ``.bench/p2p`` (or ``--workdir``) and is removed unless ``--keep``.
@@ -219,7 +222,8 @@ class Agent:
                 self.proc.wait(10)
 
 
-def run(work: Path, store: str, count: int, *, peers: bool, workers: int) -> dict[str, Any]:
+def run(work: Path, store: str, count: int, *, peers: bool, workers: int, seed: bool = True) -> dict[str, Any]:
+    """One run: ``count`` fresh agents cache the dataset; with ``peers`` and ``seed``, one first."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     agents = [Agent(work, i) for i in range(count)]
@@ -244,7 +248,7 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int) -> dic
         reset_store(store)
         started = time.perf_counter()
         first = None
-        if peers:
+        if peers and seed:
             first = agents[0].cache(store)
             rest = agents[1:]
         else:
@@ -295,20 +299,21 @@ def main(argv: list[str] | None = None) -> None:
         store, server = start_store(work / "www")
         alone = run(work / "run", store, args.agents, peers=False, workers=args.workers)
         shared = run(work / "run", store, args.agents, peers=True, workers=args.workers)
+        together = run(work / "run", store, args.agents, peers=True, workers=args.workers, seed=False)
 
         print(f"\ndataset: {args.files:,} files, {format_size(total)}, {len(manifest.bundles)} bundles, "
               f"{format_size(packed)} packed; "
               f"{args.agents} agents on 127.0.0.1, {args.workers} fetch workers each; "
               f"{os.cpu_count()} CPUs")  # fmt: skip
         print(f"{'':<16} {'all ready':>10} {'store (bundles)':>18} {'x dataset':>10} {'peers served':>14}")
-        for label, result in (("without peers", alone), ("with peers", shared)):
+        for label, result in (("without peers", alone), ("with peers", shared), ("peers, at once", together)):
             print(f"{label:<16} {result['seconds']:>8.2f} s {format_size(result['store_bundles']):>18} "
                   f"{result['store_bundles'] / packed:>9.2f}x {format_size(int(result['served'])):>14}")  # fmt: skip
         print(f"with peers: the first agent (from the store) took {shared['first']:.2f} s, "
               f"the other {args.agents - 1} (from peers) {shared['seconds'] - shared['first']:.2f} s")  # fmt: skip
-        ratio = shared["store_bundles"] / packed
+        ratio = max(shared["store_bundles"], together["store_bundles"]) / packed
         print(
-            f"target: the store serves <= 1.5x the dataset with peers: {ratio:.2f}x "
+            f"target: the store serves <= 1.5x the dataset with peers: {ratio:.2f}x at most "
             f"({'met' if ratio <= 1.5 else 'NOT met'})"
         )
     finally:
