@@ -337,6 +337,9 @@ Outcome = Literal["delivered", "fetching", "none"]
 #: requests to a peer that is downloading a bundle this agent waits for.
 REFRESH_EVERY = 2.0
 POLL_EVERY = 0.25
+#: In cluster mode a look is a list of every Node: no more often than the agents publish
+#: their inventories (``DSAGENT_PUBLISH_INTERVAL``, 10 s by default).
+CLUSTER_REFRESH_EVERY = 10.0
 
 
 @dataclass
@@ -355,6 +358,7 @@ class PeerSession:
     bundles: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     refresh: Callable[[], list[str]] | None = None
+    refresh_every: float = REFRESH_EVERY
     _slots: dict[str, threading.Semaphore] = field(default_factory=dict)
     _refreshed: float = field(default_factory=time.monotonic)
 
@@ -389,12 +393,12 @@ class PeerSession:
             self.failed.add(peer)
 
     def maybe_refresh(self, *, force: bool = False) -> None:
-        """Look for holders again when :data:`REFRESH_EVERY` passed since the last look (or ``force``)."""
+        """Look for holders again when ``refresh_every`` seconds passed since the last look (or ``force``)."""
         if self.refresh is None:
             return
         with self.lock:
             now = time.monotonic()
-            if not force and now - self._refreshed < REFRESH_EVERY:
+            if not force and now - self._refreshed < self.refresh_every:
                 return
             self._refreshed = now
         try:
@@ -463,7 +467,11 @@ class PeerFetcher:
         now, and a way to find more while it runs."""
         if not self.enabled:
             return None
-        return PeerSession(await self.holders(name, digest), per_peer=self.settings.peer_max_uploads_per_peer)
+        return PeerSession(
+            await self.holders(name, digest),
+            per_peer=self.settings.peer_max_uploads_per_peer,
+            refresh_every=REFRESH_EVERY if self.cluster_holders is None else CLUSTER_REFRESH_EVERY,
+        )
 
     async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> str | None:
         try:

@@ -428,7 +428,7 @@ class ClusterAgent:
         return publisher.free_gpus(self._gpu_count, gpu_pods)
 
     async def peer_holders(self, name: str, digest: str, *, port: int) -> list[str]:
-        """Agents whose node inventory holds ``name@digest`` ready (docs/design.md#peers)."""
+        """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
         from dsagent.kube.peers import holders_from_nodes
 
         def nodes() -> list[Any]:
