@@ -332,17 +332,25 @@ async def fetch_bundles(
         return swarm.unpack(bundle, index, second=second, from_store=functools.partial(from_store, bundle))
 
     async def after(index: int, finished: bool) -> None:
-        if finished:
-            await on_bundle_done(todo[index])
-        else:
+        if not finished:
             later.append(index)
+            return
+        try:
+            await on_bundle_done(todo[index])
+        finally:
+            if swarm is not None:
+                swarm.recorded(todo[index])  # served from now on (or, on failure, not claimed any more)
 
-    await _bounded(executor, workers, [functools.partial(unpack, i) for i in range(len(todo))], after)
-    if later:
-        assert swarm is not None
-        refresh = functools.partial(swarm.session.maybe_refresh, force=True)  # who finished what by now
-        await asyncio.get_running_loop().run_in_executor(executor, refresh)
-        await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in sorted(later)], after)
+    try:
+        await _bounded(executor, workers, [functools.partial(unpack, i) for i in range(len(todo))], after)
+        if later:
+            assert swarm is not None
+            refresh = functools.partial(swarm.session.maybe_refresh, force=True)  # who finished what by now
+            await asyncio.get_running_loop().run_in_executor(executor, refresh)
+            await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in sorted(later)], after)
+    finally:
+        if swarm is not None:
+            swarm.close()
 
 
 __all__ = [

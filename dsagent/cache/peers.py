@@ -265,16 +265,15 @@ class PeerServer:
         """The stream of bundle ``digest`` for ``peer`` and the call that ends it (idempotent;
         the stream also calls it when it ends). :class:`NotFound` unless a version holds it
         finished, :class:`BundleInFlight` while this agent downloads it, :class:`PeerBusy` /
-        :class:`PeerOverloaded` over the limits."""
-        bucket = self.limits.acquire(peer)
-        try:
-            found = await self._locate(digest, peer)
-        except BaseException:
-            self.limits.release(peer)
-            raise
+        :class:`PeerOverloaded` over the limits (so 429 and 503 mean: held here, ask again)."""
+        found = await self._locate(digest, peer)
         if found is None:
-            self.limits.release(peer)
             raise NotFound(f"no version here holds bundle {digest} finished", hint="ask another peer or the store")
+        try:
+            bucket = self.limits.acquire(peer)
+        except BaseException:
+            self._unpin(found.key)
+            raise
         try:
             root = found.open_dir()
         except BaseException:
@@ -327,11 +326,12 @@ class PeerRefused(TransientError):
 
 
 class PeerFetchingIt(PeerRefused):
-    """A peer answered 425: it is downloading that bundle right now."""
+    """A peer answered 425 (it is downloading that bundle right now), or 429 / 503 (it holds
+    it but serves as many streams as it may): ask it again shortly."""
 
 
-#: How a bundle went with the peers: one delivered it; one is downloading it (wait, or read
-#: the store); none has it.
+#: How a bundle went with the peers: one delivered it; one is downloading it or is busy
+#: (wait, or read the store); none has it.
 Outcome = Literal["delivered", "fetching", "none"]
 #: Seconds between two looks for more holders of a version during its fetch, and between two
 #: requests to a peer that is downloading a bundle this agent waits for.
@@ -413,6 +413,28 @@ class PeerSession:
                     self.holders.append(peer)
 
 
+class Claim:
+    """This agent working on one bundle (:meth:`PeerFetcher.claim`)."""
+
+    def __init__(self, fetcher: PeerFetcher, digest: str) -> None:
+        self._fetcher, self._digest = fetcher, digest
+        self.done = False
+
+    def downloading(self) -> bool:
+        """Move on to downloading it; False when an agent named before this one asked for it
+        meanwhile (:meth:`PeerFetcher.in_flight`): that one reads the store, this one waits."""
+        fetcher = self._fetcher
+        with fetcher._working_lock:
+            if fetcher._working.get(self._digest) == "yielded":
+                return False
+            fetcher._working[self._digest] = "downloading"
+            return True
+
+    def finished(self) -> None:
+        """It is in place: keep answering 425 until it is recorded done (:meth:`PeerFetcher.release`)."""
+        self.done = True
+
+
 class PeerFetcher:
     """Asks peers for bundles before the store (blocking calls run in the fetch workers).
 
@@ -485,29 +507,44 @@ class PeerFetcher:
     # -- what this agent works on ------------------------------------------------------
 
     @contextlib.contextmanager
-    def claim(self, digest: str, phase: str) -> Iterator[Callable[[], None]]:
+    def claim(self, digest: str, phase: str) -> Iterator[Claim]:
         """Mark bundle ``digest`` as worked on here (``phase`` "asking" its peers, or
-        "downloading" it); yields the call that moves it to "downloading"."""
-
-        def downloading() -> None:
-            with self._working_lock:
-                self._working[digest] = "downloading"
-
+        "downloading" it) for as long as the block runs, and after it, once the block said
+        :meth:`Claim.finished`, until :meth:`release` (the bundle is recorded done: only
+        then is it served)."""
+        claim = Claim(self, digest)
         with self._working_lock:
             self._working[digest] = phase
         try:
-            yield downloading
+            yield claim
         finally:
             with self._working_lock:
-                self._working.pop(digest, None)
+                if claim.done:
+                    self._working[digest] = "finishing"
+                else:
+                    self._working.pop(digest, None)
+
+    def phase(self, digest: str) -> str | None:
+        with self._working_lock:
+            return self._working.get(digest)
+
+    def release(self, digest: str) -> None:
+        """A finished bundle is recorded done (it is served from now on): no more 425 for it."""
+        with self._working_lock:
+            self._working.pop(digest, None)
 
     def in_flight(self, digest: str, peer: str) -> bool:
-        """Whether ``peer`` asking for bundle ``digest`` should wait for this agent: it downloads
-        it, or asks its peers for it too and ``peer`` comes later by node name (so of two agents
-        asking each other at once, exactly one goes on to the store)."""
+        """Whether ``peer`` asking for bundle ``digest`` should wait for this agent (425).
+
+        Yes while this agent downloads it. While this agent is still asking its own peers,
+        of the two the one named first goes on: a later ``peer`` waits; an earlier one is
+        told no (404), and this agent then yields (:meth:`claim`'s call says False), so that
+        of agents asking each other at once exactly one reads the store."""
         with self._working_lock:
             phase = self._working.get(digest)
-        return phase == "downloading" or (phase == "asking" and peer > self.settings.node_name)
+            if phase == "asking" and peer < self.settings.node_name:
+                self._working[digest] = phase = "yielded"
+        return phase in ("downloading", "finishing") or (phase == "asking" and peer > self.settings.node_name)
 
     # -- fetching ---------------------------------------------------------------------
 
@@ -525,39 +562,33 @@ class PeerFetcher:
         """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified;
         while a peer is downloading it, ask again for up to ``wait`` seconds."""
         deadline = time.monotonic() + wait
+
+        def fetch_one(peer: str) -> None:
+            self._fetch_one(peer, manifest, bundle, staging, progress)
+
         while True:
-            outcome = self._ask(session, manifest, bundle, index, staging, progress)
+            outcome = self._ask(session, index, bundle.digest[:12], fetch_one)
             if outcome != "fetching" or time.monotonic() >= deadline:
                 return outcome
             time.sleep(POLL_EVERY)
 
-    def _ask(
-        self,
-        session: PeerSession,
-        manifest: Manifest,
-        bundle: BundleRef,
-        index: int,
-        staging: Path,
-        progress: FetchProgress,
-    ) -> Outcome:
+    def _ask(self, session: PeerSession, index: int, what: str, fetch_one: Callable[[str], None]) -> Outcome:
+        """One pass over the peers for bundle ``what`` (``fetch_one(peer)`` raises unless that peer delivered)."""
         outcome: Outcome = "none"
         with session.slot(index) as peers:
             for peer in peers:
                 try:
-                    self._fetch_one(peer, manifest, bundle, staging, progress)
+                    fetch_one(peer)
                 except PeerFetchingIt:
                     outcome = "fetching"
                     continue
                 except PeerRefused as exc:
-                    log.info("peer %s refused bundle %s (%s); trying the next source", peer, bundle.digest[:12], exc)
+                    log.info("peer %s refused bundle %s (%s); trying the next source", peer, what, exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 - any failure of a peer means: next source
                     session.drop(peer)
                     log.warning(
-                        "bundle %s from peer %s failed (%s); not asking it again for this version",
-                        bundle.digest[:12],
-                        peer,
-                        exc,
+                        "bundle %s from peer %s failed (%s); not asking it again for this version", what, peer, exc
                     )
                     continue
                 with session.lock:
@@ -581,9 +612,9 @@ class PeerFetcher:
         url = f"{peer}/v1/peer/bundles/{bundle.digest}"
         try:
             with self._client.stream("GET", url, headers=self._headers) as response:
-                if response.status_code == 425:
-                    raise PeerFetchingIt(f"peer {peer} is downloading bundle {bundle.digest[:12]} now")
-                if response.status_code in (404, 429, 503):
+                if response.status_code in (425, 429, 503):
+                    raise PeerFetchingIt(f"peer answered {response.status_code}")
+                if response.status_code == 404:
                     raise PeerRefused(f"peer answered {response.status_code}")
                 if response.status_code != 200:
                     raise DsagentError(f"peer answered {response.status_code}")
@@ -615,25 +646,37 @@ class PeerSwarm:
         return xxhash.xxh3_64_intdigest(self.fetcher.settings.node_name.encode())
 
     def unpack(self, bundle: BundleRef, index: int, *, second: bool, from_store: Callable[[], None]) -> bool:
-        """Bring ``bundle`` in from a peer or the store; False: put off (a peer downloads it)."""
+        """Bring ``bundle`` in from a peer or the store; False: put off (another agent downloads it).
+        A bundle brought in stays claimed until :meth:`recorded`."""
         fetcher = self.fetcher
         if not second:
             self.session.maybe_refresh()
-            with fetcher.claim(bundle.digest, "asking") as downloading:
+            with fetcher.claim(bundle.digest, "asking") as claim:
                 outcome = fetcher.fetch(self.session, self.manifest, bundle, index, self.staging, self.progress)
-                if outcome == "fetching":
-                    return False
+                if outcome == "fetching" or (outcome == "none" and not claim.downloading()):
+                    return False  # another agent downloads it: the second round waits for it
                 if outcome == "none":
-                    downloading()
                     from_store()
+                claim.finished()
             return True
         outcome = fetcher.fetch(
             self.session, self.manifest, bundle, index, self.staging, self.progress, wait=fetcher.settings.peer_wait
         )
-        if outcome != "delivered":
-            with fetcher.claim(bundle.digest, "downloading"):
-                from_store()
+        with fetcher.claim(bundle.digest, "downloading") as claim:
+            if outcome != "delivered":
+                from_store()  # waited long enough (or nobody has it any more)
+            claim.finished()
         return True
+
+    def recorded(self, bundle: BundleRef) -> None:
+        """``bundle`` is recorded done: it is served from now on."""
+        self.fetcher.release(bundle.digest)
+
+    def close(self) -> None:
+        """The fetch ended: release what it finished but could not record (it failed or was cancelled)."""
+        for bundle in self.manifest.bundles:
+            if self.fetcher.phase(bundle.digest) == "finishing":
+                self.fetcher.release(bundle.digest)
 
 
 class _PeerBody:
@@ -711,6 +754,7 @@ def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | 
 __all__ = [
     "PEER_HEADER",
     "BundleInFlight",
+    "Claim",
     "Outcome",
     "PeerBusy",
     "PeerFetcher",

@@ -351,13 +351,22 @@ def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store()
 
     a, b = fetcher("node-a"), fetcher("node-b")
     try:
-        with a.claim("d" * 32, "asking"), b.claim("d" * 32, "asking"):
-            waits_for_a = a.in_flight("d" * 32, "node-b")  # b asks a: b waits for a
-            waits_for_b = b.in_flight("d" * 32, "node-a")  # a asks b: a does not wait
-            assert (waits_for_a, waits_for_b) == (True, False)
-        with b.claim("d" * 32, "asking") as downloading:
-            downloading()
+        for b_asks_first in (True, False):  # whichever asks first, a downloads and b waits
+            with a.claim("d" * 32, "asking") as a_claim, b.claim("d" * 32, "asking") as b_claim:
+                if b_asks_first:
+                    assert a.in_flight("d" * 32, "node-b"), "b asks a: b waits for a"
+                    assert not b.in_flight("d" * 32, "node-a"), "a asks b: a goes on"
+                else:
+                    assert not b.in_flight("d" * 32, "node-a")
+                    assert a.in_flight("d" * 32, "node-b")
+                assert (a_claim.downloading(), b_claim.downloading()) == (True, False)  # b yielded when a asked
+                assert a.in_flight("d" * 32, "node-c") and not b.in_flight("d" * 32, "node-c")
+        with b.claim("d" * 32, "asking") as claim:
+            assert claim.downloading()
             assert b.in_flight("d" * 32, "node-a"), "a download in progress is waited for by anyone"
+            claim.finished()
+        assert b.in_flight("d" * 32, "node-c"), "finished but not recorded done yet: still 425"
+        b.release("d" * 32)
         assert not b.in_flight("d" * 32, "node-c"), "nothing claimed: 404"
     finally:
         a.close()
