@@ -34,8 +34,9 @@ Each takes the bundles in its own rotation (from its node name), marks the one i
 and asks the others first: a peer that has it sends it, a peer downloading it answers 425 and
 the bundle is put off to a second round, where the agent waits up to ``peer_wait`` for that
 peer before reading the store. Two agents asking each other for the same bundle at the same
-moment settle it by node name (the lower one downloads). So ~one agent reads each bundle
-from the store however many start together (docs/design.md#peers).
+moment settle it by :func:`precedes` (a hash of node name and bundle: the one first downloads,
+and which one that is differs from bundle to bundle). So ~one agent reads each bundle from
+the store however many start together, and the reads spread over them (docs/design.md#peers).
 """
 
 from __future__ import annotations
@@ -413,6 +414,14 @@ class PeerSession:
                     self.holders.append(peer)
 
 
+def precedes(node: str, other: str, digest: str) -> bool:
+    """Whether agent ``node`` goes before ``other`` for bundle ``digest`` when both ask for it at
+    once: an order by a hash of node and bundle, the same on every agent and different per
+    bundle, so that the store reads of agents starting together spread over all of them."""
+    rank = xxhash.xxh3_64_intdigest
+    return (rank(f"{node}/{digest}".encode()), node) < (rank(f"{other}/{digest}".encode()), other)
+
+
 class Claim:
     """This agent working on one bundle (:meth:`PeerFetcher.claim`)."""
 
@@ -421,8 +430,8 @@ class Claim:
         self.done = False
 
     def downloading(self) -> bool:
-        """Move on to downloading it; False when an agent named before this one asked for it
-        meanwhile (:meth:`PeerFetcher.in_flight`): that one reads the store, this one waits."""
+        """Move on to downloading it; False when an agent that :func:`precedes` this one asked
+        for it meanwhile (:meth:`PeerFetcher.in_flight`): that one reads the store, this one waits."""
         fetcher = self._fetcher
         with fetcher._working_lock:
             if fetcher._working.get(self._digest) == "yielded":
@@ -537,14 +546,17 @@ class PeerFetcher:
         """Whether ``peer`` asking for bundle ``digest`` should wait for this agent (425).
 
         Yes while this agent downloads it. While this agent is still asking its own peers,
-        of the two the one named first goes on: a later ``peer`` waits; an earlier one is
-        told no (404), and this agent then yields (:meth:`claim`'s call says False), so that
-        of agents asking each other at once exactly one reads the store."""
+        of the two the one that :func:`precedes` goes on: a later ``peer`` waits; an earlier
+        one is told no (404), and this agent then yields (:meth:`Claim.downloading` says
+        False), so that of agents asking each other at once exactly one reads the store."""
+        me = self.settings.node_name
+        first = precedes(peer, me, digest)
         with self._working_lock:
             phase = self._working.get(digest)
-            if phase == "asking" and peer < self.settings.node_name:
+            if phase == "asking" and first:
                 self._working[digest] = phase = "yielded"
-        return phase in ("downloading", "finishing") or (phase == "asking" and peer > self.settings.node_name)
+        later = not first and peer != me  # the same name (hostnames by default): neither waits
+        return phase in ("downloading", "finishing") or (phase == "asking" and later)
 
     # -- fetching ---------------------------------------------------------------------
 
@@ -770,6 +782,7 @@ __all__ = [
     "find_bundle",
     "holds",
     "holds_ready",
+    "precedes",
     "repack",
     "repack_at",
 ]

@@ -340,27 +340,33 @@ def test_a_directory_renamed_mid_stream_is_still_served_whole(tmp_path: Path) ->
 
 def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store() -> None:
     """The rule the peer server answers 425 by: a bundle being downloaded here is waited for by
-    anyone; one this agent is still asking its peers for, only by agents named after it."""
+    anyone; one this agent is still asking its peers for, only by the agent that comes after
+    it for that bundle (``precedes``), and the one before it makes this agent yield."""
     from dsagent.cache.metrics import Metrics
-    from dsagent.cache.peers import PeerFetcher
+    from dsagent.cache.peers import PeerFetcher, precedes
     from dsagent.cache.settings import Settings
 
     def fetcher(name: str) -> PeerFetcher:
         settings = Settings.from_env({"DSAGENT_NODE_NAME": name, "DSAGENT_PEER_TOKEN": TOKEN})
         return PeerFetcher(settings, None, Metrics())  # type: ignore[arg-type]
 
-    a, b = fetcher("node-a"), fetcher("node-b")
+    agents = {name: fetcher(name) for name in ("node-a", "node-b")}
     try:
-        for b_asks_first in (True, False):  # whichever asks first, a downloads and b waits
-            with a.claim("d" * 32, "asking") as a_claim, b.claim("d" * 32, "asking") as b_claim:
-                if b_asks_first:
-                    assert a.in_flight("d" * 32, "node-b"), "b asks a: b waits for a"
-                    assert not b.in_flight("d" * 32, "node-a"), "a asks b: a goes on"
-                else:
-                    assert not b.in_flight("d" * 32, "node-a")
-                    assert a.in_flight("d" * 32, "node-b")
-                assert (a_claim.downloading(), b_claim.downloading()) == (True, False)  # b yielded when a asked
-                assert a.in_flight("d" * 32, "node-c") and not b.in_flight("d" * 32, "node-c")
+        for digest in (f"{i:032x}" for i in range(8)):
+            first, second = ("node-a", "node-b") if precedes("node-a", "node-b", digest) else ("node-b", "node-a")
+            assert precedes(first, second, digest) and not precedes(second, first, digest)
+            for second_asks_first in (True, False):  # whichever asks first, the same one downloads
+                with agents[first].claim(digest, "asking") as a, agents[second].claim(digest, "asking") as b:
+                    if second_asks_first:
+                        assert agents[first].in_flight(digest, second), "the second waits for the first"
+                        assert not agents[second].in_flight(digest, first), "the first goes on"
+                    else:
+                        assert not agents[second].in_flight(digest, first)
+                        assert agents[first].in_flight(digest, second)
+                    assert (a.downloading(), b.downloading()) == (True, False)  # the second yielded
+        winners = {"node-a" if precedes("node-a", "node-b", f"{i:032x}") else "node-b" for i in range(64)}
+        assert winners == set(agents), "which agent reads the store differs from bundle to bundle"
+        b = agents["node-b"]
         with b.claim("d" * 32, "asking") as claim:
             assert claim.downloading()
             assert b.in_flight("d" * 32, "node-a"), "a download in progress is waited for by anyone"
@@ -369,8 +375,8 @@ def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store()
         b.release("d" * 32)
         assert not b.in_flight("d" * 32, "node-c"), "nothing claimed: 404"
     finally:
-        a.close()
-        b.close()
+        for agent in agents.values():
+            agent.close()
 
 
 def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
