@@ -320,11 +320,11 @@ class CacheService:
         the staging directory, verified and synced); :class:`BundleInFlight` when this agent
         is downloading it for ``peer`` to wait for (docs/design.md#peers)."""
         async with self._space.lock:
-            rows = await self._db(self.catalog.versions)
-            ready = [(r.name, r.digest) for r in rows if r.state == "ready"]
-            fetching = [(r.name, r.digest) for r in rows if r.state != "ready"]
-            fetching = [key for key in fetching if self._flights.is_fetching(key)]
-            for key in [k for k in self._manifests if k not in set(ready) | set(fetching)]:
+            keys = [((r.name, r.digest), r.state == "ready") for r in await self._db(self.catalog.versions)]
+            ready = [key for key, is_ready in keys if is_ready]
+            fetching = [key for key, is_ready in keys if not is_ready and self._flights.is_fetching(key)]
+            live = {*ready, *fetching}
+            for key in [k for k in self._manifests if k not in live]:
                 del self._manifests[key]
             found = find_bundle(await self._manifests_of(ready), digest)
             if found is not None:
