@@ -11,9 +11,9 @@ compressed bytes, and the receiver verifies members exactly as it verifies a sto
 So a peer re-packs the bundle's files from its ready directory into a fresh tar+zstd
 stream (the same member order and headers :mod:`dsagent.format.bundle` writes) and streams
 it; it hashes each file again as it reads it and cuts the stream on a mismatch, so a
-damaged cache copy is never passed on as good. Only ready versions are served, pinned
-against eviction while a stream runs. A version still being fetched serves the bundles it
-has finished (verified, synced and in place in its staging directory), and answers 425 for
+damaged cache copy is never passed on as good. Ready versions are served, pinned against
+eviction while a stream runs; so is a version still being fetched, for the bundles it has
+finished (verified, synced and in place in its staging directory), and answers 425 for
 one it is downloading right now, so that agents starting together share the work (below).
 
 Limits: at most ``peer_max_uploads`` streams at once (503 beyond), ``peer_max_uploads_per_peer``
@@ -432,12 +432,7 @@ class Claim:
     def downloading(self) -> bool:
         """Move on to downloading it; False when an agent that :func:`precedes` this one asked
         for it meanwhile (:meth:`PeerFetcher.in_flight`): that one reads the store, this one waits."""
-        fetcher = self._fetcher
-        with fetcher._working_lock:
-            if fetcher._working.get(self._digest) == "yielded":
-                return False
-            fetcher._working[self._digest] = "downloading"
-            return True
+        return self._fetcher._start_download(self._digest)
 
     def finished(self) -> None:
         """It is in place: keep answering 425 until it is recorded done (:meth:`PeerFetcher.release`)."""
@@ -462,7 +457,8 @@ class PeerFetcher:
             timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
         )
         self._headers = {"Authorization": f"Bearer {settings.peer_token}", PEER_HEADER: settings.node_name}
-        self._working: dict[str, str] = {}  # bundle digest -> "asking" | "downloading"
+        # bundle digest -> "asking" | "yielded" | "downloading" | "finishing" (see claim, in_flight)
+        self._working: dict[str, str] = {}
         self._working_lock = threading.Lock()
 
     @property
@@ -498,9 +494,15 @@ class PeerFetcher:
         now, and a way to find more while it runs."""
         if not self.enabled:
             return None
+        loop = asyncio.get_running_loop()
+
+        def refresh() -> list[str]:  # from a fetch worker: the lookup runs on this loop
+            return asyncio.run_coroutine_threadsafe(self.holders(name, digest), loop).result(timeout=30)
+
         return PeerSession(
             await self.holders(name, digest),
             per_peer=self.settings.peer_max_uploads_per_peer,
+            refresh=refresh,
             refresh_every=REFRESH_EVERY if self.cluster_holders is None else CLUSTER_REFRESH_EVERY,
         )
 
@@ -532,6 +534,13 @@ class PeerFetcher:
                     self._working[digest] = "finishing"
                 else:
                     self._working.pop(digest, None)
+
+    def _start_download(self, digest: str) -> bool:
+        with self._working_lock:
+            if self._working.get(digest) == "yielded":
+                return False
+            self._working[digest] = "downloading"
+            return True
 
     def phase(self, digest: str) -> str | None:
         with self._working_lock:

@@ -312,13 +312,7 @@ class Versions:
             await self.peers.session(*key) if self.peers is not None and len(local) < len(manifest.bundles) else None
         )
         if session is not None and self.peers is not None:
-            loop, peers = asyncio.get_running_loop(), self.peers
-
-            def refresh() -> list[str]:  # from a fetch worker: the lookup runs on the loop
-                return asyncio.run_coroutine_threadsafe(peers.holders(*key), loop).result(timeout=30)
-
-            session.refresh = refresh
-            swarm = PeerSwarm(peers, session, manifest, staging, progress)
+            swarm = PeerSwarm(self.peers, session, manifest, staging, progress)
             log.info(
                 "fetching %s@%s from peers first (holders now: %s)",
                 manifest.name,
