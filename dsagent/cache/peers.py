@@ -738,11 +738,6 @@ def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
     return "ready" if "ready" in states else "fetching" if "fetching" in states else None
 
 
-def holds_ready(inventory: Mapping[str, Any], name: str, digest: str) -> bool:
-    """Whether an inventory report (``GET /v1/inventory``, the Node annotation) lists ``name@digest`` ready."""
-    return holds(inventory, name, digest) == "ready"
-
-
 def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """``options`` for reading bundles from ``store``, through its configured proxy if any.
 
@@ -790,7 +785,6 @@ __all__ = [
     "bundle_options",
     "find_bundle",
     "holds",
-    "holds_ready",
     "precedes",
     "repack",
     "repack_at",

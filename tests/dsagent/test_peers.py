@@ -25,7 +25,7 @@ from dsagent.cache.peers import (
     PeerBusy,
     PeerOverloaded,
     UploadLimits,
-    holds_ready,
+    holds,
     repack,
     repack_at,
 )
@@ -390,7 +390,7 @@ def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
         b"".join(repack(tmp_path / "src", members))
 
 
-def test_holds_ready_reads_current_and_older_versions() -> None:
+def test_holds_reads_current_and_older_versions() -> None:
     inventory = {
         "datasets": {
             "d": {
@@ -400,10 +400,10 @@ def test_holds_ready_reads_current_and_older_versions() -> None:
             }
         }
     }
-    assert holds_ready(inventory, "d", "b" * 32)
-    assert not holds_ready(inventory, "d", "a" * 32)
-    assert not holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32)
-    assert holds_ready({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32)
+    assert holds(inventory, "d", "b" * 32) == "ready"
+    assert holds(inventory, "d", "a" * 32) == "fetching"
+    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32) is None
+    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32) == "ready"
 
 
 # --------------------------------------------------------------------------- the cluster's own P2P engine
