@@ -1,6 +1,7 @@
 """Reading a bundle's byte stream: one zstd frame, then tar headers and member data.
 
-Who calls it: :mod:`dsagent.format.extract` only. What it owns: turning the compressed object
+Who calls it: :mod:`dsagent.format.extract`, and :mod:`dsagent.format.bundle` for the
+header layout it writes (:data:`USTAR`). What it owns: turning the compressed object
 into ``(header, data chunks)`` with as few copies as possible, and reporting every
 malformation as :class:`IntegrityError`:
 
@@ -57,9 +58,12 @@ USTAR = struct.Struct("100s8s8s8s12s12s8s1s100s6s2s32s32s8s8s155s12s")
 USTAR_FIXED = (b"0000644\0", b"0000000\0", b"0000000\0")
 USTAR_TAIL = (b"0", b"", b"ustar\0", b"00", b"", b"", b"", b"", b"", b"")
 USTAR_LIMIT = 8**11  # 11 octal digits: larger sizes and times need a pax header
-USTAR_BASE = sum(USTAR.pack(b"", *USTAR_FIXED, b"", b"", b" " * 8, *USTAR_TAIL))
 _PLAIN = USTAR.pack(b"", *USTAR_FIXED, b"", b"", b"", *USTAR_TAIL)
 _PLAIN_FIXED, _PLAIN_TAIL = _PLAIN[100:124], _PLAIN[156:]
+#: A header's checksum counts its own 8-byte field as spaces.
+_BLANK_CHECKSUM = sum(b" " * 8)
+#: The checksum of a plain header before its name, size and mtime are added.
+USTAR_BASE = sum(_PLAIN) + _BLANK_CHECKSUM
 _OCTAL_11 = re.compile(rb"[0-7]{11}\0")
 _ZERO_BLOCK = bytes(BLOCK)
 
@@ -270,7 +274,7 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     size, mtime = block[124:136], block[136:148]
     if not (_OCTAL_11.fullmatch(size) and _OCTAL_11.fullmatch(mtime)):
         return None
-    if block[148:156] != b"%06o\0 " % (sum(block) - sum(block[148:156]) + 256):
+    if block[148:156] != b"%06o\0 " % (sum(block) - sum(block[148:156]) + _BLANK_CHECKSUM):
         return None
     name = block[:100].rstrip(b"\0")
     if not name or b"\0" in name or not name.isascii():
