@@ -45,6 +45,35 @@ class KubernetesUnavailable(DsagentError):
     exit_code = 2
 
 
+def require_kubelet_extra(settings: Settings) -> None:
+    """Stop at start-up, in one line, where a chosen kubelet plugin lacks the ``kubelet`` extra.
+
+    grpcio and protobuf are an extra so that ``pip install dsplatform`` for dsctl in a training
+    image does not force their newest releases beside TensorFlow or Ray; the agent's image
+    installs them. The CSI node plugin, the device plugin and cluster mode (free GPUs from the
+    kubelet's pod-resources API) need them.
+    """
+    wanted = [
+        feature
+        for feature, on in (
+            ("the CSI node plugin (DSAGENT_CSI_SOCKET)", settings.csi_socket is not None),
+            ("the device plugin (--device-plugin)", settings.device_plugin),
+            ("cluster mode (--kubernetes: free GPUs from the kubelet's pod-resources API)", settings.kubernetes),
+        )
+        if on
+    ]
+    if not wanted:
+        return
+    try:
+        import google.protobuf  # noqa: F401
+        import grpc  # noqa: F401
+    except ImportError as exc:
+        raise SettingsError(
+            f"{wanted[0]} needs {exc.name!r}, which is not installed",
+            hint="pip install 'dsplatform[kubelet]' (the agent's image has it)",
+        ) from exc
+
+
 def load_cluster_agent(settings: Settings) -> CompanionFactory:
     """``dsagent.kube.agent.ClusterAgent``'s factory, imported only in cluster mode."""
     try:
@@ -166,6 +195,7 @@ def serve(
                 "cluster mode (--kubernetes) needs dsagent.kube, which this build lacks",
                 hint="run without --kubernetes",
             )
+        require_kubelet_extra(settings)
         sockets = _bind(settings)
         pointer = _record_socket(settings)
     except DsagentError as exc:
