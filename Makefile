@@ -1,34 +1,43 @@
-# Two set-up commands, each of which prepares .venv itself:
+# Two set-up commands, each of which prepares .venv itself from the committed lock:
 #   make demo   runs the main job on its embedded defaults
-#   make test   installs the test dependencies and runs every check CI runs
+#   make test   installs the test environment and runs every check CI runs
+# After changing a dependency in pyproject.toml: make lock (LOCK_ARGS=--upgrade for the newest releases).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip --disable-pip-version-check -q
+# The test environment, every package pinned with its hashes; the demo's runtime install
+# takes its versions from it too. uv installs it (parallel downloads, no resolver at
+# install time): pinned here, installed from PyPI into the venv.
+LOCK       := requirements-test.txt
+UV_VERSION := 0.13.9
+UV         := $(PY) -m uv
+LOCK_ARGS  ?=
 
-.PHONY: demo test lint typecheck lint-imports pytest clean
+.PHONY: demo test lint typecheck lint-imports pytest lock resolve-check clean
 
-$(PY):
+$(VENV)/.uv-$(UV_VERSION):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
+	$(PY) -m pip install --disable-pip-version-check --quiet "uv==$(UV_VERSION)"
+	@touch "$@"
 
-$(VENV)/.runtime-installed: pyproject.toml | $(PY)
-	$(PIP) install -e .
-	@touch $@
+$(VENV)/.runtime-installed: pyproject.toml $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
+	$(UV) pip install --quiet --python $(PY) --constraint $(LOCK) --build-constraint $(LOCK) --editable .
+	@touch "$@"
 
-$(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PIP) install -e '.[test]'
-	@touch $@ $(VENV)/.runtime-installed
+$(VENV)/.test-installed: pyproject.toml $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
+	$(UV) pip install --quiet --python $(PY) --require-hashes --requirement $(LOCK)
+	$(UV) pip install --quiet --python $(PY) --no-deps --build-constraint $(LOCK) --editable .
+	@touch "$@" $(VENV)/.runtime-installed
 
 demo: $(VENV)/.runtime-installed
 	$(PY) -m dsagent.cli.demo
 
 lint: $(VENV)/.test-installed
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 lint-imports: $(VENV)/.test-installed
-	$(VENV)/bin/lint-imports
+	$(PY) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())'
 
 typecheck: $(VENV)/.test-installed
 	$(PY) -m mypy
@@ -38,6 +47,16 @@ pytest: $(VENV)/.test-installed
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 test: lint lint-imports typecheck pytest
+
+# Re-resolve the lock from pyproject.toml: every Python the project supports, every platform.
+lock: | $(VENV)/.uv-$(UV_VERSION)
+	$(UV) pip compile pyproject.toml --extra test --universal --python-version 3.10 --generate-hashes \
+		--custom-compile-command "make lock" --quiet --output-file $(LOCK) $(LOCK_ARGS)
+
+# What a user without the lock meets: pyproject.toml's ranges resolved by pip (the bundled
+# one and the newest), no cache, under a time limit (CI runs it after make test).
+resolve-check:
+	bash tools/ci/resolve-unlocked.sh
 
 clean:
 	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache
