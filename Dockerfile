@@ -10,15 +10,20 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/dsplatform
 ENV PATH=/opt/dsplatform/bin:$PATH
 WORKDIR /src
-# Dependencies first (cached while only sources change): pyproject + the packages' stubs.
-COPY pyproject.toml README.md ./
+# The versions the project tests with: requirements-test.txt (the lock) constrains the install.
+COPY pyproject.toml README.md requirements-test.txt ./
+COPY dsplatform ./dsplatform
 COPY dsagent ./dsagent
 COPY scheduler_plugin ./scheduler_plugin
 COPY gpu_topology ./gpu_topology
-# [all]: every storage backend (s3://, gs://, az:// and abfs://, http://), so the
-# chart's s3:// examples work in the default image; --build-arg EXTRAS=http for a slimmer one.
-ARG EXTRAS=all
-RUN pip install --upgrade pip && pip install ".[${EXTRAS}]" \
+# [agent]: every storage backend (s3://, gs://, az:// and abfs://, http://), so the chart's
+# s3:// examples work in the default image, and the kubelet plugins (grpcio, protobuf);
+# --build-arg EXTRAS=http,kubelet for a slimmer one. uv installs, outside the venv it fills.
+ARG EXTRAS=agent
+ARG UV_VERSION=0.13.9
+RUN pip install "uv==${UV_VERSION}" \
+    && uv pip install --python /opt/dsplatform/bin/python --constraint requirements-test.txt \
+       --build-constraint requirements-test.txt ".[${EXTRAS}]" \
     && python -m compileall -q /opt/dsplatform
 
 # -- runtime: slim, no compilers, no pip cache, a fixed non-root user

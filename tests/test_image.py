@@ -1,0 +1,38 @@
+"""The Dockerfile builds what the tests test: every package of the distribution is copied in,
+the install is constrained by the lock, and uv is the Makefile's version. (No Docker engine runs
+here, so the file is read, not built.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKERFILE = (REPO / "Dockerfile").read_text(encoding="utf-8")
+
+
+def packages() -> set[str]:
+    """The top-level packages setuptools puts into the distribution (pyproject's find.include)."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    include = re.search(r"\[tool\.setuptools\.packages\.find\]\ninclude = \[([^\]]*)\]", text)
+    assert include, "pyproject.toml lists no packages to find"
+    return {name.strip().strip('"').rstrip("*") for name in include.group(1).split(",")}
+
+
+def test_the_image_copies_every_package_of_the_distribution() -> None:
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", DOCKERFILE, re.M))
+    assert packages() == {"dsplatform", "dsagent", "scheduler_plugin", "gpu_topology"}
+    assert packages() <= copied
+
+
+def test_the_image_installs_the_locked_versions_with_the_makefiles_uv() -> None:
+    assert "--constraint requirements-test.txt" in DOCKERFILE
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    pinned = re.search(r"^UV_VERSION\s*:=\s*(\S+)", makefile, re.M)
+    image = re.search(r"^ARG UV_VERSION=(\S+)", DOCKERFILE, re.M)
+    assert pinned and image and pinned.group(1) == image.group(1)
+
+
+def test_the_dockerignore_lets_the_lock_in() -> None:
+    ignored = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    assert "requirements-test.txt" not in ignored and "*.txt" not in ignored
