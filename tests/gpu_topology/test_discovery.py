@@ -4,6 +4,7 @@ automatic choice and merging, NCCL XML edge cases, and NVML's mapping."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -428,3 +429,84 @@ def test_merge_takes_a_measured_pcie_level_beneath_an_nvlink_the_first_source_la
     assert merged.link("GPU1", "GPU0") == Link(LinkKind.NVLINK, 4, pcie=LinkKind.PIX)
     other = Topology(gpus=(Gpu(0), Gpu(1)), links={"GPU0": {"GPU1": Link(LinkKind.NVLINK, 2, pcie=LinkKind.PIX)}})
     assert merge(first, other).link("GPU0", "GPU1") == Link.parse("NV4")  # a different NVLink: the first wins
+
+
+LENT_H100 = "lent-h100-vm-1gpu-nonic-driver580-gpu-numa-id"
+
+
+class ReplayedNvml:
+    """pynvml answering what a real H100 VM's NVML answered (tests/fixtures/nvml/*.json):
+    a recorded "error: ..." value is raised as that NVMLError, as the real call raised it."""
+
+    NVML_FEATURE_ENABLED = 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, recorded: dict[str, Any]) -> None:
+        self.gpus = recorded["gpus"]
+
+    def _answer(self, handle: int, key: str) -> Any:
+        value = self.gpus[handle][key]
+        if isinstance(value, str) and value.startswith("error: "):
+            raise self.NVMLError(value.removeprefix("error: "))
+        return value
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return str(self._answer(handle, "uuid"))
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._answer(handle, "pci_bus_id"))
+
+    def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
+        return int(self._answer(handle, "numa_node"))
+
+    def nvmlDeviceGetCpuAffinity(self, handle: int, words: int) -> list[int]:
+        recorded = list(self._answer(handle, "cpu_affinity"))
+        return (recorded + [0] * words)[:words]
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        for answer in self.gpus[handle]["nvlink"]:
+            if answer["link"] == link:
+                if "error" in answer:
+                    raise self.NVMLError(answer["error"])
+                return int(answer["state"])
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        raise self.NVMLError("Not Supported")
+
+
+def test_nvml_on_a_real_h100_vm_without_numa_or_nvlink_answers(fixtures_dir: Path) -> None:
+    recorded = json.loads((fixtures_dir / "nvml" / "lent-h100-vm-1gpu-driver580.json").read_text())
+    topology = NvmlBackend(nvml=ReplayedNvml(recorded)).discover()
+    # NumaNodeId is NotSupported there: unknown, not node 0 and not an error; link 0 NotSupported
+    # ends the NVLink walk; 0xFFFF in the first affinity word is CPUs 0-15.
+    assert [(g.uuid, g.pci_bus_id, g.numa_node, g.cpu_affinity) for g in topology.gpus] == [
+        ("GPU-3c693de9-02a4-966a-3c0c-bbfc6a0981e2", "0000:00:06.0", None, "0-15")
+    ]
+    assert topology.links == {}
+
+
+def test_nvidia_smi_backend_on_a_real_h100_vms_outputs(
+    tmp_path: Path, fixtures_dir: Path, read_fixture: Callable[[str], str]
+) -> None:
+    query = (fixtures_dir / "nvml" / "lent-h100-vm-1gpu-driver580-query-gpu.txt").read_text()
+    topology = NvidiaSmiBackend(binary=str(fake_nvidia_smi(tmp_path, read_fixture(LENT_H100), query=query))).discover()
+    # nvidia-smi reads the NUMA node from its NUMA Affinity column (0) where NVML has none.
+    assert [(g.uuid, g.pci_bus_id, g.numa_node) for g in topology.gpus] == [
+        ("GPU-3c693de9-02a4-966a-3c0c-bbfc6a0981e2", "0000:00:06.0", 0)
+    ]
+    assert topology.nics == ()

@@ -25,6 +25,7 @@ CGROUP = "mystous-8xH100-11nic-cgroup-empty-cpu-affinity-derived"
 ONEFLOW = "oneflow-hugectr-8xV100-2nic-mangled-whitespace"
 DELLA = "princeton-della-2xA100-pcie-2nic-epyc"
 TRAVERSE = "princeton-traverse-power9-1gpu-slurm-numa-list"
+LENT_H100 = "lent-h100-vm-1gpu-nonic-driver580-gpu-numa-id"
 
 Class = tuple[tuple[str, ...], tuple[int, ...], "int | None"]
 
@@ -118,6 +119,9 @@ EXPECTED: dict[str, Expected] = {
         },
         nic_numa={"mlx5_4": 0, "mlx5_5": 0, "mlx5_10": 1, "mlx5_11": 1},
     ),
+    # Driver 580 adds a "GPU NUMA ID" column (N/A here) after NUMA Affinity: the NUMA node
+    # is still read from NUMA Affinity. No NIC, so no class.
+    LENT_H100: Expected(nics=(), numa=(0,), cpus=("0-15",), nearest=((),), classes=()),
     # Derived from MYSTOUS with every CPU Affinity cell emptied (see its .src): the NUMA
     # column must stay in place.
     CGROUP: Expected(
