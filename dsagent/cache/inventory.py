@@ -20,6 +20,10 @@ from dsplatform import published
 
 ANNOTATION = published.INVENTORY
 ANNOTATION_BUDGET = 64 * 1024
+#: a peer's whole ``GET /v1/inventory`` (not budgeted like the annotation): ~20,000 versions
+PEER_INVENTORY_MAX_BYTES = 4 << 20
+#: the API server's limit on all the annotations of one object together
+ANNOTATION_MAX_BYTES = 256 << 10
 
 
 @lru_cache(maxsize=1)

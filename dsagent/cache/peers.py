@@ -57,6 +57,7 @@ import httpx
 import xxhash
 import zstandard
 
+from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES
 from dsagent.cache.layout import Key, Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.progress import FetchProgress
@@ -70,6 +71,7 @@ from dsagent.errors import (
 from dsagent.format.bundle import tar_header
 from dsagent.format.extract import unpack_bundle_stream
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest
+from dsplatform import boundedjson
 
 log = logging.getLogger("dsagent.peers")
 
@@ -507,11 +509,19 @@ class PeerFetcher:
         )
 
     async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> str | None:
+        """How ``peer``'s inventory lists ``name@digest``; None for a peer that does not answer
+        or answers anything but a bounded, well-formed inventory (the fetch goes on without it)."""
         try:
-            response = await client.get(f"{peer}/v1/inventory")
-            response.raise_for_status()
-            return holds(response.json(), name, digest)
-        except (httpx.HTTPError, ValueError) as exc:
+            async with client.stream("GET", f"{peer}/v1/inventory") as response:
+                response.raise_for_status()
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > PEER_INVENTORY_MAX_BYTES:
+                        break  # refused by loads below, without reading the rest
+            inventory = boundedjson.loads(bytes(body), what="peer inventory", max_bytes=PEER_INVENTORY_MAX_BYTES)
+            return holds(inventory, name, digest)
+        except Exception as exc:  # noqa: BLE001 - whatever a peer sends, it is only unusable for this fetch
             log.debug("peer %s did not answer its inventory: %s", peer, exc)
             return None
 
@@ -730,10 +740,13 @@ class _PeerBody:
 def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
     """``"ready"`` or ``"fetching"``: how an inventory report (``GET /v1/inventory``, the Node
     annotation) lists ``name@digest``; None when it does not."""
-    entry = (inventory.get("datasets") or {}).get(name)
+    datasets = inventory.get("datasets") if isinstance(inventory, Mapping) else None
+    entry = datasets.get(name) if isinstance(datasets, Mapping) else None
     if not isinstance(entry, Mapping):
         return None
     versions = entry.get("versions") or [entry]
+    if not isinstance(versions, list):
+        return None
     states = {v.get("state") for v in versions if isinstance(v, Mapping) and v.get("digest") == digest}
     return "ready" if "ready" in states else "fetching" if "fetching" in states else None
 

@@ -9,13 +9,13 @@ port (the agent's TCP port, published on the node: hostPort or host network).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-from dsagent.cache.inventory import ANNOTATION
+from dsagent.cache.inventory import ANNOTATION, ANNOTATION_MAX_BYTES
 from dsagent.cache.peers import holds
+from dsplatform import boundedjson
 
 log = logging.getLogger("dsagent.kube")
 
@@ -42,9 +42,9 @@ def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: s
         if not text:
             continue
         try:
-            inventory = json.loads(text)
-        except ValueError:
-            log.debug("node %s has an unreadable inventory", metadata.name)
+            inventory = boundedjson.loads(text, what="node inventory", max_bytes=ANNOTATION_MAX_BYTES)
+        except boundedjson.JsonRefused as exc:
+            log.debug("node %s has an unreadable inventory: %s", metadata.name, exc)
             continue
         address = _address(node)
         state = holds(inventory, name, digest) if isinstance(inventory, dict) and address is not None else None

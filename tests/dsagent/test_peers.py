@@ -236,6 +236,7 @@ class _BadPeer(http.server.ThreadingHTTPServer):
     def __init__(self, manifest: Manifest, store_dir: Path, mode: str) -> None:
         self.manifest, self.store_dir, self.mode = manifest, store_dir, mode
         self.bundle_requests = 0
+        self.inventory_bytes_sent = 0
         super().__init__(("127.0.0.1", 0), _BadPeerHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -253,6 +254,9 @@ class _BadPeerHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         m = self.server.manifest
+        if self.path == "/v1/inventory" and self.server.mode in INVENTORY_MODES:
+            self._bad_inventory(self.server.mode)
+            return
         if self.path == "/v1/inventory":
             body = json.dumps({"version": 1, "datasets": {m.name: {"digest": m.digest, "state": "ready"}}}).encode()
             self.send_response(200)
@@ -278,6 +282,50 @@ class _BadPeerHandler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(real)
+
+    def _bad_inventory(self, mode: str) -> None:
+        """``deep``: nested past the parser's stack; ``listy``: ``datasets`` a list of lists;
+        ``huge``: 64 MB that claims the version ready, written 1 MB at a time, counted."""
+        m = self.server.manifest
+        if mode == "deep":
+            chunks = [b'{"version": 1, "datasets": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"]
+        elif mode == "listy":
+            chunks = [json.dumps({"version": 1, "datasets": [[m.name, m.digest, "ready"]]}).encode()]
+        else:
+            head = json.dumps({"version": 1, "datasets": {m.name: {"digest": m.digest, "state": "ready"}}, "pad": ""})
+            pad = 64 << 20
+            chunks = [head[:-2].encode()] + [b"x" * (1 << 20)] * (pad >> 20) + [b'"}']
+        self.send_response(200)
+        self.send_header("Content-Length", str(sum(map(len, chunks))))
+        self.end_headers()
+        try:
+            for chunk in chunks:
+                self.wfile.write(chunk)
+                self.server.inventory_bytes_sent += len(chunk)
+        except OSError:
+            self.close_connection = True
+
+
+INVENTORY_MODES = ("deep", "listy", "huge")
+
+
+@pytest.mark.parametrize("mode", INVENTORY_MODES)
+def test_a_peer_with_a_hostile_inventory_is_only_unusable(
+    mode: str, store: Any, agent_factory: Any, tmp_path: Path
+) -> None:
+    """A deeply nested, oddly shaped or huge inventory leaves the fetch to the other sources
+    (the peer's bundles, if it serves them, or the store), verified; the agent stops reading a
+    huge one at its limit (docs/threat-model.md)."""
+    manifest, server = store
+    bad = _BadPeer(manifest, tmp_path / "www" / "store", mode)
+    try:
+        b = agent_factory("b", tcp=True, env=_peer_env(bad.url, DSAGENT_PEER_TIMEOUT="5s"))
+        _verified(b, manifest, _cache(b, server))
+        if mode == "huge":
+            assert bad.inventory_bytes_sent < 32 << 20, "the agent read the whole 64 MB inventory"
+    finally:
+        bad.shutdown()
+        bad.server_close()
 
 
 @pytest.mark.parametrize("mode", ["lie", "die", "stall"])
@@ -476,3 +524,12 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
         "http://[fd00::4]:7420",
         "http://10.0.0.2:7420",
     ]
+    # another node's annotation is another party's JSON: nested past the stack, or shaped
+    # otherwise, that node is left out and the rest still count
+    deep = node("n6", None, "10.0.0.6")
+    deep.metadata.annotations = {ANNOTATION: "[" * 100_000 + "]" * 100_000}
+    listy = node("n7", {"datasets": [["imgs", "a" * 32, "ready"]]}, "10.0.0.7")
+    versions = node("n8", {"datasets": {"imgs": {"versions": {"digest": "a" * 32}}}}, "10.0.0.8")
+    assert (
+        holders_from_nodes([deep, listy, versions, *nodes], "me", "imgs", "a" * 32, 7420)[0] == "http://10.0.0.1:7420"
+    )
