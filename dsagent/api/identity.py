@@ -35,6 +35,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 
 from dsagent.errors import Forbidden, Unauthorized
+from dsplatform.names import canonical_task_id
 
 #: The connection-state key under which a per-pod listener names its pod.
 POD_UID_KEY = "dsagent.pod_uid"
@@ -137,7 +138,11 @@ def require_task(caller: Caller, task_id: str, *, write: bool) -> None:
     """An operator may act on any task, a pod only on its own (its UID), anonymous only read."""
     if caller.operator or (caller.kind == "anonymous" and not write):
         return
-    if caller.kind == "pod" and caller.pod_uid == task_id.lower():
+    if (
+        caller.kind == "pod"
+        and caller.pod_uid is not None
+        and canonical_task_id(caller.pod_uid) == canonical_task_id(task_id)
+    ):
         return
     if caller.kind == "anonymous":
         raise Unauthorized(

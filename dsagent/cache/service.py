@@ -57,6 +57,7 @@ from dsagent.cache.task import (
     check_same_request,
     iso,
     redact_url,
+    task_key,
     validate_request,
 )
 from dsagent.cache.versions import Versions
@@ -155,8 +156,10 @@ class CacheService:
     async def submit_task(
         self, task_id: str, datasets: Sequence[DatasetRequest], *, wait: float | None = None
     ) -> TaskRecord:
-        """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds."""
+        """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds.
+        ``task_id`` in any case names one task (:func:`task_key`)."""
         try:
+            task_id = task_key(task_id)
             requests = await self._validate(task_id, datasets)
         except DsagentError as exc:  # refused before any work: still a failed request
             for _ in datasets or (None,):
@@ -269,6 +272,7 @@ class CacheService:
             await asyncio.wait(waiters, timeout=timeout)
 
     async def get_task(self, task_id: str) -> TaskRecord:
+        task_id = task_key(task_id)
         task = await self._db(self.catalog.task, task_id)
         if task is None:
             raise NotFound(
@@ -300,6 +304,7 @@ class CacheService:
 
     async def release_task(self, task_id: str) -> None:
         """The task no longer needs its datasets (the pod ended); they become evictable."""
+        task_id = task_key(task_id)
         for (tid, name), waiter in list(self._waiters.items()):
             if tid == task_id:
                 waiter.cancel()

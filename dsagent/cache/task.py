@@ -9,7 +9,6 @@ or returned, so only :meth:`DatasetRequest.redacted` reaches the catalog.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -20,8 +19,7 @@ from dsagent.cache.catalog import TaskRow
 from dsagent.cache.layout import validate_name
 from dsagent.errors import Conflict, InvalidInput
 from dsagent.format.sources import SourcePolicy
-
-_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+from dsplatform.names import TASK_ID_HINT, canonical_task_id
 
 
 @dataclass(frozen=True)
@@ -80,12 +78,17 @@ class TaskRecord:
         return "ready" if states <= {"ready"} else "pending"
 
 
+def task_key(task_id: str) -> str:
+    """The task ``task_id`` names: its one form (dsplatform.names), or InvalidInput."""
+    key = canonical_task_id(task_id)
+    if key is None:
+        raise InvalidInput(f"invalid task id {task_id!r}", hint=TASK_ID_HINT)
+    return key
+
+
 def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
     """A task id and its dataset list, before anything is recorded."""
-    if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
-        raise InvalidInput(
-            f"invalid task id {task_id!r}", hint="use 1-253 letters, digits, '.', '_', ':' or '-', e.g. a pod UID"
-        )
+    task_key(task_id)
     if not datasets:
         raise InvalidInput("a task must ask for at least one dataset")
     names = [validate_name(d.name) for d in datasets]

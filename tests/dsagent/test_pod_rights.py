@@ -1,4 +1,4 @@
-"""Issue 10, finding 7: a pod on the node acts only on its own task.
+"""Issue 10, finding 7 and issue 21, finding 4: a pod on the node acts only on its own task.
 
 A real ``dsagent serve`` on its unix socket; the test process is the pod: the agent reads
 its pid from the socket (``SO_PEERCRED``) and its cgroup from a ``/proc`` the test lays out
@@ -66,6 +66,25 @@ def test_a_pod_acts_only_on_its_own_task(pod_agent: Any, tmp_path: Path) -> None
         assert operator.get(f"/v1/tasks/{OTHER}").status_code == 200  # untouched
         assert pod.delete(f"/v1/tasks/{POD}").status_code == 200
         assert pod.get("/v1/inventory").status_code == 200  # reads stay open
+
+
+def test_case_variants_of_a_pods_uid_are_its_one_task(pod_agent: Any, tmp_path: Path) -> None:
+    """Issue 21, finding 4: the permission check lower-cased the id and the records did not,
+    so a pod held three tasks (three dataset lists, three leases) under variants of its UID."""
+    (tmp_path / "data").mkdir()
+    first = {"name": "mine", "source": "memory://pod-rights/none"}
+    other = {"name": "more", "source": "memory://pod-rights/none"}
+    with unix_client(pod_agent) as pod, unix_client(pod_agent, ADMIN_TOKEN) as operator:
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [first]}).status_code == 200
+        # a variant is the same task: the same request is idempotent, another list a conflict
+        assert pod.put(f"/v1/tasks/{POD.upper()}", json={"datasets": [first]}).json()["task"] == POD
+        answer = pod.put(f"/v1/tasks/{POD.title()}", json={"datasets": [other]})
+        assert answer.status_code == 409, answer.text
+        assert pod.get(f"/v1/tasks/{POD.upper()}").json()["task"] == POD
+        assert pod.delete(f"/v1/tasks/{POD.upper()}").status_code == 200
+        # released under any spelling: no variant outlives it
+        for variant in (POD, POD.upper(), POD.title()):
+            assert operator.get(f"/v1/tasks/{variant}").status_code == 404, variant
 
 
 def test_an_unidentifiable_peer_may_read_but_not_act(agent_factory: Any, tmp_path: Path) -> None:
