@@ -239,6 +239,38 @@ def test_publish_returns_at_once_then_the_pod_sees_its_datasets_and_nothing_else
     assert mounts_under(kubelet.pods) == [str(kubelet.pods)]
 
 
+def test_unpublish_touches_only_what_that_volume_id_published_at_that_target(
+    env: dict[str, Any], kubelet: Kubelet
+) -> None:
+    """Issue 21, finding 5: an unknown volume id at another pod's target unmounted that pod's
+    volume, and a known id at a wrong target stopped its lease renewal."""
+    agent, client = start(env)
+    _, mine, _ = packed(env["www"], env["server"].url, "imagenet", files=6, max_files=3)
+    uid, volume, target = kubelet.pod()
+    client.publish(volume, target, context(uid, [mine]))
+    container = kubelet.container_view(target)
+    wait_for(lambda: (container / "ready").exists())
+    mounted = mounts_under(target)
+    assert len(mounted) == 2
+
+    # an id this node never published, at that pod's target: OK, and nothing changes
+    client.unpublish("csi-0123456789abcdef", target)
+    # that pod's own id at another pod's target: refused, and nothing changes
+    _, _, elsewhere = kubelet.pod()
+    elsewhere.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(grpc.RpcError) as caught:
+        client.unpublish(volume, elsewhere)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert mounts_under(target) == mounted
+    assert (container / "ready").exists()
+    watcher = agent.driver._published[volume].watcher
+    assert watcher is not None and not watcher.done(), "the volume's lease renewal stopped"
+    assert agent.call(agent.service.get_task(uid)).state == "ready"
+
+    client.unpublish(volume, target)
+    assert mounts_under(target) == []
+
+
 def test_an_agent_restart_keeps_published_volumes_and_a_publish_while_down_succeeds_on_retry(
     env: dict[str, Any], kubelet: Kubelet
 ) -> None:
