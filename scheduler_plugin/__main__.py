@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
-from scheduler_plugin.errors import SchedulerPluginError
+from scheduler_plugin.errors import SchedulerPluginError, SettingsError
 from scheduler_plugin.settings import Settings
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The extender's listening socket, bound before anything starts: a busy or forbidden
+    address is one line and exit 2 (uvicorn would log it and exit as if nothing was found)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SettingsError(
+            f"cannot listen on {host}:{port}: {exc.strerror}",
+            hint="choose another --port (DSEXT_PORT) or stop what holds this one",
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve(settings: Settings) -> None:
@@ -15,11 +34,10 @@ def serve(settings: Settings) -> None:
 
     from scheduler_plugin.app import create_app
 
+    sock = listen(settings.host, settings.port)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings, settle_heap=True),
-        host=settings.host,
-        port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
@@ -28,15 +46,15 @@ def serve(settings: Settings) -> None:
         # close (Go does not retry a POST that hits a connection closed under it).
         timeout_keep_alive=120,
     )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def main() -> None:
     try:
-        settings = Settings.from_env()
+        serve(Settings.from_env())
     except SchedulerPluginError as exc:
         print(f"scheduler_plugin: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    serve(settings)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def agent_url(text: str) -> str:
         parsed = httpx.URL(candidate)
     except (httpx.InvalidURL, ValueError) as exc:
         raise InvalidInput(f"invalid agent URL {text!r}", hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420") from exc
-    if parsed.scheme not in ("http", "https") or not parsed.host:
+    bad_port = parsed.port is not None and not 0 < parsed.port < 65536
+    if parsed.scheme not in ("http", "https") or not parsed.host or bad_port:
         raise InvalidInput(
             f"invalid agent URL {text!r}",
             hint="e.g. http://127.0.0.1:7420 or 127.0.0.1:7420 (the unix socket: --socket PATH)",

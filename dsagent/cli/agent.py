@@ -261,10 +261,22 @@ def _settings(
     )
 
 
+def _make_dir(path: Path, what: str, setting: str) -> None:
+    """``path`` as a directory, or one line saying why it cannot be (not a traceback)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise SettingsError(f"the {what} {path} is not a directory", hint=f"give a directory: {setting}") from None
+    except OSError as exc:
+        raise SettingsError(
+            f"cannot create the {what} {path}: {exc.strerror}", hint=f"give a writable directory: {setting}"
+        ) from None
+
+
 def _bind(settings: Settings) -> list[socket.socket]:
-    settings.root.mkdir(parents=True, exist_ok=True)
+    _make_dir(settings.root, "cache root", "--root or DSAGENT_ROOT")
     path = settings.socket
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(path.parent, "socket's directory", "--socket or DSAGENT_SOCKET")
     if path.exists() or path.is_symlink():
         if _listening(path):
             raise SettingsError(f"another agent is already serving {path}", hint="stop it first, or use --socket")
@@ -273,6 +285,11 @@ def _bind(settings: Settings) -> list[socket.socket]:
     old = os.umask(0o117)  # rw for owner and group: the socket's permissions are its access control
     try:
         unix.bind(str(path))
+    except OSError as exc:
+        unix.close()
+        raise SettingsError(
+            f"cannot serve the socket {path}: {exc.strerror}", hint="choose another path: --socket or DSAGENT_SOCKET"
+        ) from None
     finally:
         os.umask(old)
     sockets = [unix]

@@ -34,7 +34,8 @@ def test_both_commands_print_their_version() -> None:
 def test_agent_urls_without_a_scheme_mean_http() -> None:
     assert agent_url("127.0.0.1:17420") == "http://127.0.0.1:17420"
     assert agent_url("https://agent.example:7420") == "https://agent.example:7420"
-    for bad in ("ftp://x:1", "http://[::1", "127.0.0.1:notaport"):
+    # issue 23: a port out of range was "no agent answering" (exit 8), not a bad URL (exit 2)
+    for bad in ("ftp://x:1", "http://[::1", "127.0.0.1:notaport", "notahost:99999", "notahost:0"):
         with pytest.raises(InvalidInput, match="invalid agent URL"):
             agent_url(bad)
 
@@ -81,3 +82,36 @@ def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Pa
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert not pointer.exists() and not (root / "dsagent.sock").exists()
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], prefix: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["missing parent", "regular file"])
+def test_a_root_that_cannot_be_a_directory_is_one_line_and_exit_2(kind: str, tmp_path: Path) -> None:
+    """Issue 23: `dsagent serve --root /proc/nope` and `--root <a file>` printed 35-line tracebacks."""
+    root = Path("/proc/nope") if kind == "missing parent" else tmp_path / "afile"
+    if kind == "regular file":
+        root.write_text("x")
+    result = run("-m", "dsagent", "serve", "--root", str(root), "--socket", str(tmp_path / "s.sock"))
+    assert result.returncode == 2
+    line = one_line_error(result, "dsagent: error: ")
+    assert str(root) in line and "--root or DSAGENT_ROOT" in line
+
+
+def test_the_extender_on_a_busy_port_is_one_line_and_exit_2() -> None:
+    """Issue 23: `dsctl scheduler serve` on a busy port exited 3 ("not found") after uvicorn's log."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = run("-m", "dsagent.cli", "scheduler", "serve", "--port", str(port))
+    assert result.returncode == 2
+    line = one_line_error(result, "dsctl: error: ")
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "DSEXT_PORT" in line
