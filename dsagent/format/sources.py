@@ -26,6 +26,12 @@ its ``cache_storage`` directory, ``tar://`` opens its ``fo``). So:
   being opened (opening a FIFO blocks a worker thread forever).
 
 Every refusal is :class:`~dsagent.errors.InvalidInput` (400).
+
+It also holds two URL and option rules that hold for ``dsctl`` too (called by
+:func:`dsagent.format.storage.resolve` for every filesystem it builds): :func:`check_url`
+calls near-URLs (``s3:/bucket``) malformed instead of taking them for local paths, and
+:func:`check_option_values` refuses a flag that is not a boolean (``anon=maybe``) or an
+endpoint that is not an http(s) URL with a host, before a backend takes it the wrong way.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +49,6 @@ from urllib.parse import urlsplit
 from fsspec.core import split_protocol
 
 from dsagent.errors import InvalidInput
-from dsagent.format.storage_errors import check_url
 
 #: The protocols an agent reads by default: object stores, HTTP(S), local paths.
 DEFAULT_PROTOCOLS: tuple[str, ...] = ("s3", "gs", "az", "http", "https", "file")
@@ -100,6 +105,57 @@ DEFAULT_OPTION_KEYS: Mapping[str, tuple[str, ...]] = {
 _STRING_VALUES: Mapping[tuple[str, str], frozenset[str]] = {("gs", "token"): frozenset({"anon"})}
 
 _SCALARS = (str, bool, int, float, type(None))
+_NEAR_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
+_SCHEMES_WITHOUT_SLASHES = {"data"}
+
+#: Keys whose value has one meaning whatever the protocol: a flag must be a boolean (fsspec
+#: backends take any truthy string, so ``anon=maybe`` would mean anonymous), an endpoint an
+#: http(s) URL with a host (botocore's "Invalid endpoint" otherwise surfaces mid-fetch).
+_BOOLEAN_KEYS = frozenset({"anon", "requester_pays", "use_ssl", "client_kwargs.verify"})
+_ENDPOINT_KEYS = frozenset({"endpoint_url", "client_kwargs.endpoint_url"})
+
+
+def check_option_values(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` with each flag a boolean (``"true"``/``"false"`` strings, as a Secret
+    holds them, become booleans), or InvalidInput for a value that cannot mean what its key
+    says; before any filesystem is built, for dsctl (any key, the user's own rights) and the
+    agent alike."""
+    checked = {k: dict(v) if isinstance(v, Mapping) else v for k, v in (options or {}).items()}
+    for key, value in _flat(options or {}):
+        if key in _BOOLEAN_KEYS and not isinstance(value, bool):
+            text = value.strip().lower() if isinstance(value, str) else None
+            if text not in ("true", "false"):
+                raise InvalidInput(
+                    f"storage option {key!r} must be true or false, not {value!r}", hint=f"e.g. {key}=true"
+                )
+            top, _, sub = key.partition(".")
+            if sub:
+                checked[top][sub] = text == "true"
+            else:
+                checked[top] = text == "true"
+        if key in _ENDPOINT_KEYS:
+            parts = urlsplit(value) if isinstance(value, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+                raise InvalidInput(
+                    f"storage option {key!r} must be an http:// or https:// URL with a host, not {value!r}",
+                    hint=f"e.g. {key}=http://minio.example:9000",
+                )
+    return checked
+
+
+def _flat(options: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            yield from ((f"{key}.{sub}", item) for sub, item in value.items())
+        else:
+            yield str(key), value
+
+
+def known_option_keys() -> frozenset[str]:
+    """Every storage-option key (leaf names too) some protocol admits by default: what a
+    misspelt key is compared with."""
+    keys = {k for allowed in DEFAULT_OPTION_KEYS.values() for k in allowed if "*" not in k}
+    return frozenset(keys | {k.rsplit(".", 1)[-1] for k in keys})
 
 
 @dataclass(frozen=True)
@@ -124,6 +180,19 @@ class SourcePolicy:
         """Refuse ``url`` with ``storage_options`` unless the allowlist admits it. Only a
         local path inside ``local_sources`` is touched (stat'ed, its links resolved)."""
         return check_location(url, storage_options, self)
+
+
+def check_url(text: str) -> None:
+    """Refuse a near-URL such as ``s3:/bucket`` or ``s3:bucket`` (a typo, not a local path)."""
+    match = _NEAR_URL.match(text)
+    if match is None or match.group(1).lower() in _SCHEMES_WITHOUT_SLASHES:
+        return
+    import fsspec
+
+    scheme = match.group(1).lower()
+    if scheme in fsspec.available_protocols():
+        rest = text[match.end() :].lstrip("/")
+        raise InvalidInput(f"malformed URL {text!r}", hint=f"write {scheme}://{rest or 'bucket/path'}")
 
 
 def canonical_protocol(url: str) -> str:
@@ -280,6 +349,9 @@ __all__ = [
     "SourcePolicy",
     "canonical_protocol",
     "check_location",
+    "check_option_values",
+    "check_url",
     "is_chain",
+    "known_option_keys",
     "with_timeouts",
 ]

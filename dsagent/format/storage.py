@@ -23,7 +23,7 @@ from fsspec.spec import AbstractFileSystem
 
 from dsagent.errors import InsufficientSpace, InvalidInput
 from dsagent.format import storage_errors
-from dsagent.format.sources import is_chain
+from dsagent.format.sources import check_option_values, check_url, is_chain
 
 
 def resolve(
@@ -33,9 +33,9 @@ def resolve(
     text = os.fspath(url)
     if not text or "\x00" in text:
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
-    storage_errors.check_url(text)
+    check_url(text)
     options = storage_errors.bounded_options(
-        text.split("://", 1)[0].lower() if "://" in text else "file", storage_options or {}
+        text.split("://", 1)[0].lower() if "://" in text else "file", check_option_values(storage_options)
     )
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here

@@ -23,8 +23,6 @@ What it owns:
   Classification walks the exception and its ``__cause__``/``__context__`` chain and
   looks at class *names and modules*, so this module imports none of the optional
   backends (s3fs, gcsfs, adlfs, aiohttp) and works whichever are installed.
-- :func:`check_url`: ``s3:/bucket`` (one slash) and other near-URLs are called malformed
-  instead of being taken for a local path.
 - :func:`bounded_options`: connect and read timeouts for object stores, so an unreachable
   endpoint fails in seconds with one line instead of a minute of retries.
   ``DSAGENT_STORAGE_CONNECT_TIMEOUT`` (default 10 s) and ``DSAGENT_STORAGE_READ_TIMEOUT``
@@ -37,6 +35,7 @@ modes), capped here at 3 attempts; whole-dataset retries are the caller's, by ty
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -51,6 +50,7 @@ from dsagent.errors import (
     StorageCredentials,
     StorageForbidden,
 )
+from dsagent.format.sources import known_option_keys
 from dsplatform.units import parse_duration
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -74,8 +74,6 @@ _UNREACHABLE = {
     "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError", "ServerTimeoutError",
     "ClientOSError", "ServiceRequestError", "ServiceResponseError", "FSTimeoutError", "ProxyConnectionError",
 }  # fmt: skip
-_NEAR_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
-_SCHEMES_WITHOUT_SLASHES = {"data"}
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -156,10 +154,11 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
     status = _http_status(exc)
     detail = _short(exc)
     if isinstance(exc, TypeError):
-        if "unexpected keyword argument" in str(exc) or "got an unexpected" in str(exc):
+        unknown = _UNEXPECTED_KEYWORD.search(str(exc))
+        if unknown is not None:
             return InvalidInput(
-                f"{what}: a storage option is not accepted by this filesystem ({detail})",
-                hint="check the option names for this protocol",
+                f"{what}: storage option {unknown.group(1)!r} is not accepted by this filesystem",
+                hint=_option_hint(unknown.group(1)),
             )
         return None
     if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
@@ -204,17 +203,16 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
     return None
 
 
-def check_url(text: str) -> None:
-    """Refuse a near-URL such as ``s3:/bucket`` or ``s3:bucket`` (a typo, not a local path)."""
-    match = _NEAR_URL.match(text)
-    if match is None or match.group(1).lower() in _SCHEMES_WITHOUT_SLASHES:
-        return
-    import fsspec
+_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
 
-    scheme = match.group(1).lower()
-    if scheme in fsspec.available_protocols():
-        rest = text[match.end() :].lstrip("/")
-        raise InvalidInput(f"malformed URL {text!r}", hint=f"write {scheme}://{rest or 'bucket/path'}")
+
+def _option_hint(key: str) -> str:
+    """A misspelt storage-option key's likely meaning (the backends' own error names an
+    internal class, e.g. aiobotocore's AioSession, that users never wrote)."""
+    close = difflib.get_close_matches(key, sorted(known_option_keys()), n=2, cutoff=0.75)
+    if close:
+        return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return "check the option names for this protocol (README: Storage)"
 
 
 def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
@@ -266,4 +264,4 @@ def bounded_options(
     return merged
 
 
-__all__ = ["CREDENTIALS_HINT", "bounded_options", "check_url", "classify", "timeouts"]
+__all__ = ["CREDENTIALS_HINT", "bounded_options", "classify", "timeouts"]

@@ -169,7 +169,30 @@ def test_an_option_the_backend_rejects_is_bad_input(s3: S3Server, capsys: pytest
         "bogus=1",
     )
     assert code == 2
-    assert "storage option is not accepted" in one_line(err)
+    assert "storage option 'bogus' is not accepted" in one_line(err)
+    assert "AioSession" not in err, "the backend's internals are not the user's words"
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        # issue 23: a misspelt key named aiobotocore's AioSession; now the key and its likely meaning
+        (
+            "endpiont_url=http://127.0.0.1:9",
+            "storage option 'endpiont_url' is not accepted by this filesystem (did you mean 'endpoint_url'?)",
+        ),
+        # issue 23: an endpoint without a scheme was "internal error: ValueError: Invalid endpoint"
+        ("endpoint_url=127.0.0.1:5055", "storage option 'endpoint_url' must be an http:// or https:// URL with a host"),
+        # issue 23: anon=maybe was taken as true
+        ("anon=maybe", "storage option 'anon' must be true or false, not 'maybe'"),
+    ],
+)
+def test_a_mistyped_storage_option_is_one_line_naming_it(
+    option: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = dsctl(capsys, "digest", "s3://datasets/x", "--source-option", option)
+    assert code == 2, err
+    assert says in one_line(err)
 
 
 def test_a_missing_object_is_not_found(s3: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
