@@ -1,6 +1,6 @@
 """A discrete-event simulator of a GPU cluster that runs the project's real scheduling code.
 
-Who calls it: ``tools/sim/run.py`` and ``tests/tools/test_sim.py``. It owns the cluster
+Who calls it: ``tools/sim/run.py``, ``tools/sim/sweep.py`` and ``tests/tools/test_sim.py``. It owns the cluster
 state (free GPUs, node caches, fetches sharing storage bandwidth, running jobs), the event
 loop and the measurements. It owns **no policy**: every decision is a call into the
 product --
@@ -17,9 +17,14 @@ product --
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
 - fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
   rate (README, Performance) per node, shared fairly on a storage system of
-  ``storage_bw`` bytes/s.
+  ``storage_bw`` bytes/s; P2P as the agent does it (README, Peer-to-peer bundles): a
+  version another node holds ready is read from it, and a node starting while another
+  fetches the same version reads from that one as its bundles arrive. Ready copies per
+  version are tracked (:meth:`Simulation.copies_elsewhere`) for cluster-aware eviction.
 
-The two baselines are emulations of other schedulers, in :mod:`tools.sim.baselines`.
+The two baselines are emulations of other systems: their scores in
+:mod:`tools.sim.baselines`, Fluid's per-dataset cache runtimes in :mod:`tools.sim.fluid`;
+the no-cache baseline reads as a direct-mode pod (streams while training, ``Fetch.stream``).
 
 Time is in simulated seconds from 0. Deterministic for a seed: stdlib ``random.Random``
 only, ties broken by that generator, dicts iterated in insertion order.
