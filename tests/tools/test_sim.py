@@ -171,6 +171,18 @@ def test_peers_serve_a_ready_copy_instead_of_storage() -> None:
     assert with_peers.copies_elsewhere(a, ("ds000", 0)) == 1 == with_peers.copies_elsewhere(b, ("ds000", 0))
 
 
+def test_a_node_serving_two_peers_splits_its_upload() -> None:
+    # Node A holds the copy; jobs 1 and 2 start together on B and C and read from A, whose
+    # 1 GB/s of upload they share: 2,000 s each. With uploads unbounded, 1,000 s.
+    data = [Dataset("ds000", TB, (0.0,))]
+    jobs = [job(0, 0.0, gpus=8, runtime=50_000.0), job(1, 5000.0, gpus=8), job(2, 5000.0, gpus=8)]
+    shared = run("ours", jobs, data, replace(cluster(nodes=3), node_serve_bw=1e9))
+    assert (shared.storage_bytes, shared.peer_bytes) == (TB, 2 * TB)
+    assert [shared.outcomes[i].first_step for i in (1, 2)] == [pytest.approx(7000.0)] * 2
+    wide = run("ours", jobs, data, replace(cluster(nodes=3), node_serve_bw=1e12))
+    assert [wide.outcomes[i].first_step for i in (1, 2)] == [pytest.approx(6000.0)] * 2
+
+
 def test_agents_starting_together_read_storage_once() -> None:
     # Two 8-GPU jobs at once on two nodes: the second agent reads from the first as its
     # bundles arrive, never faster than they come.

@@ -88,6 +88,8 @@ class ClusterParams:
     # ``nodes`` and ``node_types``' shares (a workload file's ``nodes`` key)
     peers: bool = True  # ours: a version another node holds ready comes from that peer, not storage
     direct_epochs: float = 1.0  # passes over its dataset a no-cache (direct-mode) pod reads while training
+    node_serve_bw: float = 3e9  # what one node serves to peers, all its uploads together (an NVMe's
+    # sequential read, about a 25 Gb/s link): an assumption, not a measurement
 
 
 @dataclass
@@ -139,6 +141,7 @@ class Fetch:
     source: str = "storage"  # "storage" | "peer"
     stream: bool = False
     after: Fetch | None = None  # a peer fetch of bytes this other fetch is still bringing in
+    sources: tuple[int, ...] = ()  # the nodes serving a peer fetch
 
 
 @dataclass
@@ -218,6 +221,7 @@ class Simulation:
         # nodes hold a version, for a cluster-aware eviction policy: :meth:`copies_elsewhere`)
         self.ready_copies: dict[tuple[str, int], set[int]] = {}
         self.fluid = FluidRuntimes(params.cache_bytes)
+        self.fluid_fills: dict[tuple[str, int], Fetch] = {}
         weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
         if policy == "ours+time":
             weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
@@ -309,13 +313,16 @@ class Simulation:
                 self.schedule()
         return self
 
-    def _rate(self, fetch: Fetch, per_node: dict[int, int], from_storage: int) -> float:
-        """Fair shares: the node's fetch rate among its fetches; storage's among storage fetches.
-        Peers' upload is not the limit (the agent caps it per peer; many peers serve)."""
+    def _rate(self, fetch: Fetch, per_node: dict[int, int], from_storage: int, uploads: dict[int, int]) -> float:
+        """Fair shares: the node's fetch rate among its fetches; storage's among storage
+        fetches; each serving node's upload rate among the peer reads it serves (a read
+        from several sources gets its share of each)."""
         p = self.params
         node_share = p.node_fetch_bw / per_node[fetch.node.index]
         if fetch.source == "peer":
-            return node_share
+            if not fetch.sources:
+                return node_share
+            return min(node_share, sum(p.node_serve_bw / uploads[s] for s in fetch.sources))
         return min(node_share, p.storage_bw / from_storage)
 
     def _next_fetch(self) -> tuple[float, dict[int, float]]:
@@ -325,7 +332,11 @@ class Simulation:
         for f in self.fetches:
             per_node[f.node.index] = per_node.get(f.node.index, 0) + 1
         from_storage = sum(1 for f in self.fetches if f.source == "storage")
-        rates = {id(f): self._rate(f, per_node, from_storage) for f in self.fetches}
+        uploads: dict[int, int] = {}
+        for f in self.fetches:
+            for source in f.sources:
+                uploads[source] = uploads.get(source, 0) + 1
+        rates = {id(f): self._rate(f, per_node, from_storage, uploads) for f in self.fetches}
         # a peer serving bytes it is still fetching passes them on no faster than they come
         active = {id(f) for f in self.fetches}
         for f in self.fetches:
@@ -347,6 +358,7 @@ class Simulation:
             entry = f.node.cache.get(f.key)
             if f.cached and self.policy == "fluid":
                 self.fluid.filled(f.key)
+                self.fluid_fills.pop(f.key, None)
             elif f.cached and entry is not None:
                 entry.ready = True
                 f.node.labels.add(f.key[0])
@@ -611,13 +623,16 @@ class Simulation:
             self.touch(node)
         # peer-to-peer: a version another agent holds ready is read from it, not from storage
         # (or from a peer still fetching it, bundle by bundle, as agents starting together do)
-        source, after = "storage", None
+        # (or from a peer still fetching it, bundle by bundle, as agents starting together do);
+        # its bundle requests are spread over every peer that holds it
+        source, after, sources = "storage", None, ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
-            source = "peer"
+            source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
         elif self.params.peers:
             after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
-            source = "peer" if after is not None else "storage"
-        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index), source=source)
+            if after is not None:
+                source, sources = "peer", (after.node.index,)
+        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index), source=source, sources=sources)
         if after is not None:
             self.fetches[-1].after = after
 
@@ -636,8 +651,16 @@ class Simulation:
             return
         if read == "fill":  # the runtime reads the new version from storage and keeps it
             self._new_fetch(node, key, size, cached=True, waiter=(job, index), stream=True)
+            self.fluid_fills[key] = self.fetches[-1]
         elif read == "remote":  # from the runtime's cache workers over the network
-            self._new_fetch(node, key, size, cached=False, waiter=(job, index), source="peer", stream=True)
+            workers = self.fluid.runtimes[key[0]].workers
+            sources = tuple(w for w in workers if w != node.index) or workers
+            self._new_fetch(
+                node, key, size, cached=False, waiter=(job, index), source="peer", stream=True, sources=sources
+            )
+            fill = self.fluid_fills.get(key)  # present while the fill runs
+            if fill is not None:
+                self.fetches[-1].after = fill  # reads through a fill no faster than it comes
         else:  # no room for a runtime anywhere: every read goes to storage
             self._new_fetch(node, key, size, cached=False, waiter=(job, index), stream=True)
 
@@ -671,8 +694,9 @@ class Simulation:
         waiter: tuple[Job, int],
         source: str = "storage",
         stream: bool = False,
+        sources: tuple[int, ...] = (),
     ) -> None:
-        fetch = Fetch(node, key, float(size), cached, [waiter], source, stream)
+        fetch = Fetch(node, key, float(size), cached, [waiter], source, stream, sources=sources)
         self.fetches.append(fetch)
         if cached and self.policy != "fluid":
             self.inflight[(node.index, key)] = fetch

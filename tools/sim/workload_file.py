@@ -142,6 +142,9 @@ class WorkloadFile(Strict):
         ClusterParams.node_fetch_bw, description="one node's fetch rate (the agent's measured unpack rate)"
     )
     peers: bool = Field(True, description="ours reads a version another node holds ready from it (P2P)")
+    node_serve_bytes_per_s: Positive = Field(
+        ClusterParams.node_serve_bw, description="what one node serves to peers, all its uploads together"
+    )
     cross_subnet_factor: Annotated[float, Field(gt=0, le=1)] = ClusterParams.cross_subnet_factor
     queue_scan: int = Field(ClusterParams.queue_scan, ge=1, le=10_000)
     datasets: Datasets
@@ -161,6 +164,7 @@ class WorkloadFile(Strict):
             cache_bytes=self.cache_bytes_per_node,
             storage_bw=self.storage_bytes_per_s,
             node_fetch_bw=self.node_fetch_bytes_per_s,
+            node_serve_bw=self.node_serve_bytes_per_s,
             cross_subnet_factor=self.cross_subnet_factor,
             queue_scan=self.queue_scan,
             peers=self.peers,
