@@ -217,6 +217,7 @@ class Simulation:
         self.storage_bytes = 0.0
         self.peer_bytes = 0.0  # bytes a node read from other nodes' caches (P2P, Fluid's workers)
         self.requests = self.hits = 0
+        self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
         # ready copies per dataset version: which nodes hold it (P2P sources; how many other
         # nodes hold a version, for a cluster-aware eviction policy: :meth:`copies_elsewhere`)
         self.ready_copies: dict[tuple[str, int], set[int]] = {}
@@ -618,6 +619,7 @@ class Simulation:
                 self.inflight[(node.index, key)].waiters.append((job, index))
             return
         victims_ok = self._make_room(node, d.size)
+        self.uncached_reads += not victims_ok
         if victims_ok:
             node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
             self.touch(node)

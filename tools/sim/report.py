@@ -48,6 +48,7 @@ FIELDS: dict[str, str] = {
     "gpu_hours_idle_for_data": "GPU-hours held while waiting for data: binding to first step, plus the time a "
     "streaming job ran past its compute because its reads were slower",
     "finished": "jobs that finished (all, unless the simulation was cut short)",
+    "uncached_reads": "ours: misses for which eviction could not make room (the version is read, not kept)",
 }
 
 
@@ -69,6 +70,7 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "jobs": len(sim.jobs),
         "finished": len(outs),
         "requests": sim.requests,
+        "uncached_reads": sim.uncached_reads,
         "hit_ratio": sim.hits / sim.requests if sim.requests else 0.0,
         "storage_tb": sim.storage_bytes / 1e12,
         "storage_bytes": sim.storage_bytes,
@@ -111,6 +113,7 @@ def fields(m: Mapping[str, Any]) -> dict[str, Any]:
         "jct_mean_s": m["jct_mean"],
         "gpu_hours_idle_for_data": m["idle_gpu_h"],
         "finished": m["finished"],
+        "uncached_reads": m["uncached_reads"],
     }
 
 

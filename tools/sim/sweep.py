@@ -101,8 +101,34 @@ def _cell(fmt: str, v: Any) -> str:
     return fmt.format(v)
 
 
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One line per regime: ours against Fluid-style on issue 25's measures."""
+    lines = [
+        "| regime | cache/total | hits ours / Fluid-style / none | hits ours : Fluid | storage TB ours / Fluid / none "
+        "| storage ours : Fluid | TTFS mean s ours / Fluid / none | goals |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        by = row["policies"]
+        o, f, d = by.get("ours"), by.get("fluid"), by.get("default")
+        if o is None or f is None:
+            continue
+        none = d or {"hit_ratio": float("nan"), "storage_bytes": float("nan"), "ttfs_mean_s": float("nan")}
+        hits = o["hit_ratio"] / f["hit_ratio"] if f["hit_ratio"] else float("inf")
+        storage = o["storage_bytes"] / f["storage_bytes"] if f["storage_bytes"] else float("inf")
+        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"])
+        lines.append(
+            f"| {row['regime']} | {row['ratio']:.3g} "
+            f"| {o['hit_ratio']:.1%} / {f['hit_ratio']:.1%} / {none['hit_ratio']:.1%} | {hits:.2f}x "
+            f"| {o['storage_bytes'] / 1e12:.1f} / {f['storage_bytes'] / 1e12:.1f} / {none['storage_bytes'] / 1e12:.1f} "
+            f"| {storage:.2f}x "
+            f"| {o['ttfs_mean_s']:.0f} / {f['ttfs_mean_s']:.0f} / {none['ttfs_mean_s']:.0f} | {met} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = []
+    lines = [summary(rows), ""]
     for row in rows:
         lines.append(
             f"**{row['regime']}** (cache per node {row['cache_bytes_per_node'] / 1e12:.2f} TB, "
