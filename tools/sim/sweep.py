@@ -167,7 +167,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     right.set_yscale("log")
-    left.legend(title="lines: base; squares: multi-TB", fontsize=8)
+    left.legend(title="lines: base; squares: multi-TB", fontsize=8, loc="center right")
     fig.suptitle("Cache pressure sweep (tools/sim/sweep.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
