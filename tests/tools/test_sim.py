@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from scheduler_plugin.timemodel import JobProfile
-from tools.sim.engine import ClusterParams, Simulation
-from tools.sim.report import metrics, table
+from tools.sim.engine import POLICIES, ClusterParams, Simulation, Worker
+from tools.sim.report import FIELDS, metrics, table
+from tools.sim.subnets import single_class_set_existed
 from tools.sim.workload import Dataset, Job, WorkloadParams, make_jobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +49,8 @@ def run(policy: str, jobs: list[Job], datasets: list[Dataset], params: ClusterPa
 def test_second_job_on_a_dataset_hits_the_cache_only_where_the_data_is() -> None:
     # 1 TB at 1 GB/s: the first job waits 1,000 s for its data, runs 1,000 s; the second
     # arrives later. Ours sends it to the node holding the data: a hit, no second read.
-    # The no-cache baseline reads it again.
+    # The no-cache baseline reads it again, streaming as a direct-mode pod does: its first
+    # step at once, its 1,000 s of reading overlapped with its 1,000 s of compute.
     data = [Dataset("ds000", TB, (0.0,))]
     jobs = [job(0, 0.0), job(1, 5000.0)]
     ours = run("ours", jobs, data, cluster())
@@ -56,24 +60,24 @@ def test_second_job_on_a_dataset_hits_the_cache_only_where_the_data_is() -> None
     assert second.first_step == pytest.approx(5000.0) and second.workers[0].node is first.workers[0].node
     default = run("default", jobs, data, cluster())
     assert (default.hits, default.storage_bytes) == (0, 2 * TB)
-    assert default.outcomes[1].first_step == pytest.approx(6000.0)
+    assert default.outcomes[1].first_step == pytest.approx(5000.0)
+    assert default.outcomes[1].end == pytest.approx(6000.0)
     m = metrics(ours)
     assert m["hit_ratio"] == 0.5 and m["idle_gpu_h"] == pytest.approx(2 * 1000 / 3600)
 
 
 def test_fluid_follows_a_stale_label_to_an_old_version() -> None:
     # The dataset gets a new version at t=3000. Fluid's label (name only) still sends the
-    # second job to the node with the old copy: a miss. Ours pins the digest: the old copy
-    # scores nothing, and the node is still chosen only by GPUs; either way it is a miss,
-    # but ours never counts the stale copy as a hit.
+    # second job to the node with the old copy: a miss, and its runtime reads the new
+    # version from storage, replacing the old one in the same quota.
     data = [Dataset("ds000", TB, (0.0, 3000.0))]
     jobs = [job(0, 0.0), job(1, 5000.0)]
     fluid = run("fluid", jobs, data, cluster())
     assert fluid.outcomes[1].workers[0].node is fluid.outcomes[0].workers[0].node
     assert fluid.hits == 0 and fluid.storage_bytes == 2 * TB
-    # the new version replaced the old one on that node once no task held it
     node = fluid.outcomes[0].workers[0].node
-    assert list(node.cache) == [("ds000", 1)]
+    runtime = fluid.fluid.runtimes["ds000"]
+    assert runtime.workers == (node.index,) and runtime.ready == 1 and node.labels == {"ds000"}
 
 
 def test_eviction_makes_room_least_recently_used_first() -> None:
@@ -120,9 +124,10 @@ def test_workload_is_deterministic_for_a_seed_and_uses_the_philly_run_times() ->
     assert all(j.profile.deadline is not None and j.profile.deadline > j.arrival for j in a)
 
 
-def test_smoke_run_completes_and_prints_its_table() -> None:
+def test_smoke_run_completes_and_prints_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
     done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "sim" / "run.py"), "--smoke", "--procs", "1"],
+        [sys.executable, str(REPO / "tools" / "sim" / "run.py"), "--smoke", "--procs", "1", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -134,9 +139,92 @@ def test_smoke_run_completes_and_prints_its_table() -> None:
     for policy in ("default", "fluid", "ours", "ours+time"):
         assert any(line.startswith(f"| {policy} |") for line in lines), policy
     assert "hit ratio >= 1.5x Fluid-style" in done.stdout
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["jobs"]["count"] == 150 and set(doc["policies"]) == set(POLICIES)
+    for policy, figures in doc["policies"].items():
+        assert set(FIELDS) == set(figures), policy
+        assert figures["finished"] == 150 and figures["deadline_jobs"] == 150
+        assert figures["jobs_across_subnets_avoidable"] <= figures["jobs_across_subnets"]
+        assert figures["jobs_across_subnets"] <= figures["jobs_multi_worker"]
+    assert doc["policies"]["default"]["hit_ratio"] == 0 and doc["policies"]["ours"]["hit_ratio"] > 0
 
 
 def test_table_formats_one_row_per_policy() -> None:
     data = [Dataset("ds000", 10**9, (0.0,))]
     text = table([metrics(run("ours", [job(0, 0.0)], data, cluster()))])
     assert text.count("\n") == 2 and "| ours | 0.0% |" in text
+
+
+def test_peers_serve_a_ready_copy_instead_of_storage() -> None:
+    # Job 0 holds node A's 8 GPUs for a long time; job 1 (same dataset, 8 GPUs) must go to
+    # node B. With peers its agent reads A's ready copy: storage is read once. Without
+    # peers, twice.
+    data = [Dataset("ds000", TB, (0.0,))]
+    jobs = [job(0, 0.0, gpus=8, runtime=50_000.0), job(1, 5000.0, gpus=8)]
+    with_peers = run("ours", jobs, data, cluster())
+    assert with_peers.outcomes[0].workers[0].node is not with_peers.outcomes[1].workers[0].node
+    assert (with_peers.storage_bytes, with_peers.peer_bytes, with_peers.hits) == (TB, TB, 0)
+    alone = run("ours", jobs, data, replace(cluster(), peers=False))
+    assert (alone.storage_bytes, alone.peer_bytes) == (2 * TB, 0)
+    # both nodes now hold it: each sees one copy elsewhere
+    a, b = (with_peers.outcomes[i].workers[0].node for i in (0, 1))
+    assert with_peers.copies_elsewhere(a, ("ds000", 0)) == 1 == with_peers.copies_elsewhere(b, ("ds000", 0))
+
+
+def test_a_node_serving_two_peers_splits_its_upload() -> None:
+    # Node A holds the copy; jobs 1 and 2 start together on B and C and read from A, whose
+    # 1 GB/s of upload they share: 2,000 s each. With uploads unbounded, 1,000 s.
+    data = [Dataset("ds000", TB, (0.0,))]
+    jobs = [job(0, 0.0, gpus=8, runtime=50_000.0), job(1, 5000.0, gpus=8), job(2, 5000.0, gpus=8)]
+    shared = run("ours", jobs, data, replace(cluster(nodes=3), node_serve_bw=1e9))
+    assert (shared.storage_bytes, shared.peer_bytes) == (TB, 2 * TB)
+    assert [shared.outcomes[i].first_step for i in (1, 2)] == [pytest.approx(7000.0)] * 2
+    wide = run("ours", jobs, data, replace(cluster(nodes=3), node_serve_bw=1e12))
+    assert [wide.outcomes[i].first_step for i in (1, 2)] == [pytest.approx(6000.0)] * 2
+
+
+def test_agents_starting_together_read_storage_once() -> None:
+    # Two 8-GPU jobs at once on two nodes: the second agent reads from the first as its
+    # bundles arrive, never faster than they come.
+    data = [Dataset("ds000", TB, (0.0,))]
+    sim = run("ours", [job(0, 0.0, gpus=8), job(1, 0.0, gpus=8)], data, cluster())
+    assert (sim.storage_bytes, sim.peer_bytes) == (TB, TB)
+    assert sim.outcomes[1].first_step >= sim.outcomes[0].first_step == pytest.approx(1000.0)
+
+
+def test_fluid_pods_off_the_cache_node_read_the_runtime_not_storage() -> None:
+    # Fluid's runtime for ds000 sits on job 0's node. Job 1 must go elsewhere (8 GPUs busy):
+    # it streams from the cache worker (no storage bytes, not a hit) and starts at once.
+    data = [Dataset("ds000", TB, (0.0,))]
+    jobs = [job(0, 0.0, gpus=8, runtime=50_000.0), job(1, 5000.0, gpus=8)]
+    sim = run("fluid", jobs, data, cluster())
+    assert (sim.storage_bytes, sim.peer_bytes, sim.hits) == (TB, TB, 0)
+    assert sim.outcomes[1].first_step == pytest.approx(5000.0)
+    assert sim.outcomes[0].first_step == pytest.approx(0.0)  # FUSE: trains while reading
+
+
+def test_a_direct_mode_job_ends_when_its_reading_ends() -> None:
+    # 100 s of compute, 1 TB to stream at 1 GB/s: the job ends at 1,000 s and its GPUs
+    # idled 900 s for data; with two epochs it reads 2 TB.
+    data = [Dataset("ds000", TB, (0.0,))]
+    sim = run("default", [job(0, 0.0, gpus=2, runtime=100.0)], data, cluster())
+    out = sim.outcomes[0]
+    assert out.first_step == pytest.approx(0.0) and out.end == pytest.approx(1000.0)
+    assert metrics(sim)["idle_gpu_h"] == pytest.approx(2 * 900 / 3600)
+    twice = run("default", [job(0, 0.0, gpus=2, runtime=100.0)], data, replace(cluster(), direct_epochs=2.0))
+    assert twice.storage_bytes == 2 * TB and twice.outcomes[0].end == pytest.approx(2000.0)
+
+
+def test_avoidable_across_subnets_sees_a_free_class_set() -> None:
+    # DGX-A100-class nodes, classes of 2 GPUs: two workers that took different classes
+    # could both have used gpu-roce1 (free on both nodes): avoidable. With gpu-roce1 busy
+    # on one node and every other class busy on the other, not.
+    sim = Simulation("ours", [], [], cluster(), seed=3)
+    a, b = sim.nodes
+    w = [Worker(a, (0, 1), frozenset({"gpu-roce1"})), Worker(b, (2, 3), frozenset({"gpu-roce2"}))]
+    a.free -= {0, 1}
+    b.free -= {2, 3}
+    assert single_class_set_existed(sim.nodes, w, 2)
+    a.free -= {2, 3, 4, 5, 6, 7}
+    b.free -= {0, 1}
+    assert not single_class_set_existed(sim.nodes, w, 2)

@@ -1,6 +1,6 @@
 """A discrete-event simulator of a GPU cluster that runs the project's real scheduling code.
 
-Who calls it: ``tools/sim/run.py`` and ``tests/tools/test_sim.py``. It owns the cluster
+Who calls it: ``tools/sim/run.py``, ``tools/sim/sweep.py`` and ``tests/tools/test_sim.py``. It owns the cluster
 state (free GPUs, node caches, fetches sharing storage bandwidth, running jobs), the event
 loop and the measurements. It owns **no policy**: every decision is a call into the
 product --
@@ -17,9 +17,14 @@ product --
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
 - fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
   rate (README, Performance) per node, shared fairly on a storage system of
-  ``storage_bw`` bytes/s.
+  ``storage_bw`` bytes/s; P2P as the agent does it (README, Peer-to-peer bundles): a
+  version another node holds ready is read from it, and a node starting while another
+  fetches the same version reads from that one as its bundles arrive. Ready copies per
+  version are tracked (:meth:`Simulation.copies_elsewhere`) for cluster-aware eviction.
 
-The two baselines are emulations of other schedulers, in :mod:`tools.sim.baselines`.
+The two baselines are emulations of other systems: their scores in
+:mod:`tools.sim.baselines`, Fluid's per-dataset cache runtimes in :mod:`tools.sim.fluid`;
+the no-cache baseline reads as a direct-mode pod (streams while training, ``Fetch.stream``).
 
 Time is in simulated seconds from 0. Deterministic for a seed: stdlib ``random.Random``
 only, ties broken by that generator, dicts iterated in insertion order.
@@ -53,7 +58,8 @@ from scheduler_plugin.timemodel import (
     t_run,
     wait_for_one_node,
 )
-from tools.sim import baselines
+from tools.sim import baselines, subnets
+from tools.sim.fluid import FluidRuntimes
 from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +84,12 @@ class ClusterParams:
     queue_scan: int = 40  # waiting jobs tried per scheduling round
     plan_sizes: str = "pow2"  # GPU counts the time model may give a job: pow2 (1, 2, 4, ... up to the
     # count asked for, and that count) or "asked" (only the count asked for)
+    node_counts: tuple[tuple[str, int], ...] = ()  # exact (fixture, count) list; when set it replaces
+    # ``nodes`` and ``node_types``' shares (a workload file's ``nodes`` key)
+    peers: bool = True  # ours: a version another node holds ready comes from that peer, not storage
+    direct_epochs: float = 1.0  # passes over its dataset a no-cache (direct-mode) pod reads while training
+    node_serve_bw: float = 3e9  # what one node serves to peers, all its uploads together (an NVMe's
+    # sequential read, about a 25 Gb/s link): an assumption, not a measurement
 
 
 @dataclass
@@ -116,11 +128,20 @@ class Node:
 
 @dataclass
 class Fetch:
+    """Bytes moving to one node: from shared storage or from peers (other nodes' caches).
+
+    ``stream``: the pod trains while these bytes arrive (a direct-mode or FUSE read); its
+    first step does not wait for them, its end does. Otherwise the first step waits."""
+
     node: Node
     key: tuple[str, int]
     remaining: float
     cached: bool
     waiters: list[tuple[Job, int]] = field(default_factory=list)
+    source: str = "storage"  # "storage" | "peer"
+    stream: bool = False
+    after: Fetch | None = None  # a peer fetch of bytes this other fetch is still bringing in
+    sources: tuple[int, ...] = ()  # the nodes serving a peer fetch
 
 
 @dataclass
@@ -140,18 +161,35 @@ class Outcome:
     workers: list[Worker] = field(default_factory=list)
     pending: int = 0
     spans_subnets: bool = False
+    across_avoidable: bool = False  # spans subnets although one class set could have held it
     numa_split: int = 0
     plan_gpus: int = 0
+    streams: int = 0  # streaming reads still running (direct mode, Fluid-style FUSE reads)
+    compute_end: float = math.nan  # when the GPUs' work is done; ``end`` waits for the streams too
 
 
 def load_node_types(params: ClusterParams) -> list[tuple[NodeType, float]]:
+    """The node types with their shares (``node_counts``: their counts)."""
     out = []
-    for i, (file, share) in enumerate(params.node_types):
+    listed = params.node_counts or params.node_types
+    for i, (file, share) in enumerate(listed):
         topo = load_dump(TOPOLOGIES / file)
         classes = tuple(RoceClassInfo(c.name, frozenset(c.gpus)) for c in roce_classes(topo))
         class_of = {g: c.name for c in classes for g in c.gpus}
-        out.append((NodeType(file.split("-nvidia")[0], topo, i, classes, class_of), share))
+        out.append((NodeType(file.split("-nvidia")[0], topo, i, classes, class_of), float(share)))
     return out
+
+
+def build_nodes(params: ClusterParams, seed: int) -> list[Node]:
+    """The cluster's nodes: exact counts shuffled (``node_counts``), else drawn by share."""
+    types = load_node_types(params)
+    layout = random.Random(seed + 1)
+    if params.node_counts:
+        chosen = [t for t, count in types for _ in range(int(count))]
+        layout.shuffle(chosen)
+    else:
+        chosen = [layout.choices([t for t, _ in types], [s for _, s in types])[0] for _ in range(params.nodes)]
+    return [Node(i, f"node-{i:04d}", t, set(t.topology.gpu_indices)) for i, t in enumerate(chosen)]
 
 
 class Simulation:
@@ -167,12 +205,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.jobs = list(jobs)
         self.datasets = {d.name: d for d in datasets}
-        types = load_node_types(params)
-        layout = random.Random(seed + 1)
-        self.nodes: list[Node] = []
-        for i in range(params.nodes):
-            node_type = layout.choices([t for t, _ in types], [s for _, s in types])[0]
-            self.nodes.append(Node(i, f"node-{i:04d}", node_type, set(node_type.topology.gpu_indices)))
+        self.nodes: list[Node] = build_nodes(params, seed)
         self.now = 0.0
         self.events: list[tuple[float, int, str, int]] = []
         self.seq = 0
@@ -182,7 +215,14 @@ class Simulation:
         self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
         self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
         self.storage_bytes = 0.0
+        self.peer_bytes = 0.0  # bytes a node read from other nodes' caches (P2P, Fluid's workers)
         self.requests = self.hits = 0
+        self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
+        # ready copies per dataset version: which nodes hold it (P2P sources; how many other
+        # nodes hold a version, for a cluster-aware eviction policy: :meth:`copies_elsewhere`)
+        self.ready_copies: dict[tuple[str, int], set[int]] = {}
+        self.fluid = FluidRuntimes(params.cache_bytes)
+        self.fluid_fills: dict[tuple[str, int], Fetch] = {}
         weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
         if policy == "ours+time":
             weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
@@ -211,7 +251,7 @@ class Simulation:
             free = frozenset(node.free)
             node.facts = NodeFacts(
                 name=node.name,
-                inventory=Inventory(self.params.cache_bytes, self.params.cache_bytes - node.used_bytes, held),
+                inventory=Inventory(self.params.cache_bytes, self._free_bytes(node), held),
                 topology=node.type.topology,
                 topology_id=node.type.id,
                 classes=node.type.classes,
@@ -223,6 +263,28 @@ class Simulation:
 
     def touch(self, node: Node) -> None:
         node.facts = None
+
+    def _free_bytes(self, node: Node) -> int:
+        if self.policy == "fluid":
+            return self.params.cache_bytes - self.fluid.committed.get(node.index, 0)
+        return self.params.cache_bytes - node.used_bytes
+
+    # -- the node caches' cluster-wide view -----------------------------------------------
+
+    def copies_elsewhere(self, node: Node, key: tuple[str, int]) -> int:
+        """How many other nodes hold this dataset version ready (what the controller reads
+        from the node inventories)."""
+        holders = self.ready_copies.get(key, ())
+        return len(holders) - (1 if node.index in holders else 0)
+
+    def _forget(self, node: Node, key: tuple[str, int]) -> None:
+        """Drop a cached version from a node (evicted or replaced)."""
+        node.cache.pop(key, None)
+        holders = self.ready_copies.get(key)
+        if holders is not None:
+            holders.discard(node.index)
+            if not holders:
+                del self.ready_copies[key]
 
     # -- events -------------------------------------------------------------------------
 
@@ -247,14 +309,22 @@ class Simulation:
                 if kind == "arrive":
                     self.waiting.append(by_id[ident])
                 elif kind == "end":
-                    self._release(self.outcomes[ident])
+                    self._compute_done(self.outcomes[ident])
             if not self.events or self.events[0][0] > self.now:
                 self.schedule()
         return self
 
-    def _rate(self, fetch: Fetch, per_node: dict[int, int]) -> float:
+    def _rate(self, fetch: Fetch, per_node: dict[int, int], from_storage: int, uploads: dict[int, int]) -> float:
+        """Fair shares: the node's fetch rate among its fetches; storage's among storage
+        fetches; each serving node's upload rate among the peer reads it serves (a read
+        from several sources gets its share of each)."""
         p = self.params
-        return min(p.node_fetch_bw / per_node[fetch.node.index], p.storage_bw / len(self.fetches))
+        node_share = p.node_fetch_bw / per_node[fetch.node.index]
+        if fetch.source == "peer":
+            if not fetch.sources:
+                return node_share
+            return min(node_share, sum(p.node_serve_bw / uploads[s] for s in fetch.sources))
+        return min(node_share, p.storage_bw / from_storage)
 
     def _next_fetch(self) -> tuple[float, dict[int, float]]:
         if not self.fetches:
@@ -262,7 +332,17 @@ class Simulation:
         per_node: dict[int, int] = {}
         for f in self.fetches:
             per_node[f.node.index] = per_node.get(f.node.index, 0) + 1
-        rates = {id(f): self._rate(f, per_node) for f in self.fetches}
+        from_storage = sum(1 for f in self.fetches if f.source == "storage")
+        uploads: dict[int, int] = {}
+        for f in self.fetches:
+            for source in f.sources:
+                uploads[source] = uploads.get(source, 0) + 1
+        rates = {id(f): self._rate(f, per_node, from_storage, uploads) for f in self.fetches}
+        # a peer serving bytes it is still fetching passes them on no faster than they come
+        active = {id(f) for f in self.fetches}
+        for f in self.fetches:
+            if f.after is not None and id(f.after) in active:
+                rates[id(f)] = min(rates[id(f)], rates[id(f.after)])
         soonest = min(f.remaining / rates[id(f)] for f in self.fetches)
         return self.now + soonest, rates
 
@@ -277,14 +357,21 @@ class Simulation:
         self.fetches = [f for f in self.fetches if f.remaining > 1.0]
         for f in done:
             entry = f.node.cache.get(f.key)
-            if f.cached and entry is not None:
+            if f.cached and self.policy == "fluid":
+                self.fluid.filled(f.key)
+                self.fluid_fills.pop(f.key, None)
+            elif f.cached and entry is not None:
                 entry.ready = True
                 f.node.labels.add(f.key[0])
+                self.ready_copies.setdefault(f.key, set()).add(f.node.index)
                 self._drop_old_versions(f.node, f.key)
                 self.touch(f.node)
             self.inflight.pop((f.node.index, f.key), None)
             for job, _ in f.waiters:
-                self._data_ready(self.outcomes[job.id])
+                if f.stream:
+                    self._stream_done(self.outcomes[job.id])
+                else:
+                    self._data_ready(self.outcomes[job.id])
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -501,6 +588,8 @@ class Simulation:
         out.plan_gpus = out.plan_gpus or job.gpus
         if len(workers) > 1:
             out.spans_subnets = len({w.classes for w in workers}) > 1
+            if out.spans_subnets:
+                out.across_avoidable = subnets.single_class_set_existed(self.nodes, workers, job.gpus_per_worker)
         out.numa_split = sum(1 for w in workers if len(w.gpus) > 1 and not single_numa(w.node.type.topology, w.gpus))
         for index, w in enumerate(workers):
             self._request_data(job, w, index)
@@ -510,8 +599,12 @@ class Simulation:
         key = (d.name, d.version_at(self.now))
         node = worker.node
         self.requests += 1
-        if self.policy == "default":  # no cache: every pod reads storage
-            self._new_fetch(node, key, d.size, cached=False, waiter=(job, index))
+        if self.policy == "default":  # no cache: a direct-mode pod streams from storage as it trains
+            size = int(d.size * self.params.direct_epochs)
+            self._new_fetch(node, key, size, cached=False, waiter=(job, index), stream=True)
+            return
+        if self.policy == "fluid":
+            self._request_fluid(job, worker, index, key, d.size)
             return
         entry = node.cache.get(key)
         if entry is not None:
@@ -526,10 +619,56 @@ class Simulation:
                 self.inflight[(node.index, key)].waiters.append((job, index))
             return
         victims_ok = self._make_room(node, d.size)
+        self.uncached_reads += not victims_ok
         if victims_ok:
             node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
             self.touch(node)
-        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index))
+        # peer-to-peer: a version another agent holds ready is read from it, not from storage
+        # (or from a peer still fetching it, bundle by bundle, as agents starting together do)
+        # (or from a peer still fetching it, bundle by bundle, as agents starting together do);
+        # its bundle requests are spread over every peer that holds it
+        source, after, sources = "storage", None, ()
+        if self.params.peers and self.copies_elsewhere(node, key) > 0:
+            source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
+        elif self.params.peers:
+            after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
+            if after is not None:
+                source, sources = "peer", (after.node.index,)
+        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index), source=source, sources=sources)
+        if after is not None:
+            self.fetches[-1].after = after
+
+    def _request_fluid(self, job: Job, worker: Worker, index: int, key: tuple[str, int], size: int) -> None:
+        """Fluid-style: the dataset's own cache runtime on the nodes it picked (tools/sim/fluid.py);
+        pods read through FUSE as they train (a stream), locally where a worker holds the copy."""
+        node = worker.node
+        created, read = self.fluid.read(key, size, node.index, self._fluid_room)
+        for w in created:
+            self.nodes[w].labels.add(key[0])  # Fluid labels the nodes its cache workers run on
+            self.touch(self.nodes[w])
+        if read == "local":
+            self.hits += 1
+            worker.hit = True
+            self._data_ready(self.outcomes[job.id])
+            return
+        if read == "fill":  # the runtime reads the new version from storage and keeps it
+            self._new_fetch(node, key, size, cached=True, waiter=(job, index), stream=True)
+            self.fluid_fills[key] = self.fetches[-1]
+        elif read == "remote":  # from the runtime's cache workers over the network
+            workers = self.fluid.runtimes[key[0]].workers
+            sources = tuple(w for w in workers if w != node.index) or workers
+            self._new_fetch(
+                node, key, size, cached=False, waiter=(job, index), source="peer", stream=True, sources=sources
+            )
+            fill = self.fluid_fills.get(key)  # present while the fill runs
+            if fill is not None:
+                self.fetches[-1].after = fill  # reads through a fill no faster than it comes
+        else:  # no room for a runtime anywhere: every read goes to storage
+            self._new_fetch(node, key, size, cached=False, waiter=(job, index), stream=True)
+
+    def _fluid_room(self) -> list[tuple[int, int]]:
+        """(node index, uncommitted cache bytes) of every node, for a new runtime's workers."""
+        return [(n.index, self.params.cache_bytes - self.fluid.committed.get(n.index, 0)) for n in self.nodes]
 
     def _make_room(self, node: Node, size: int) -> bool:
         candidates = [
@@ -540,18 +679,36 @@ class Simulation:
         if not plan.sufficient:
             return False
         for victim in plan.victims:
-            node.cache.pop((victim.name, int(victim.digest, 16)), None)
+            self._forget(node, (victim.name, int(victim.digest, 16)))
         return True
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
         for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and e.users == 0]:
-            del node.cache[other]
+            self._forget(node, other)
 
-    def _new_fetch(self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int]) -> None:
-        fetch = Fetch(node, key, float(size), cached, [waiter])
+    def _new_fetch(
+        self,
+        node: Node,
+        key: tuple[str, int],
+        size: int,
+        *,
+        cached: bool,
+        waiter: tuple[Job, int],
+        source: str = "storage",
+        stream: bool = False,
+        sources: tuple[int, ...] = (),
+    ) -> None:
+        fetch = Fetch(node, key, float(size), cached, [waiter], source, stream, sources=sources)
         self.fetches.append(fetch)
-        if cached:
+        if cached and self.policy != "fluid":
             self.inflight[(node.index, key)] = fetch
+        if stream:
+            out = self.outcomes[waiter[0].id]
+            out.streams += 1
+            self._data_ready(out)  # trains while the bytes arrive
+        if source == "peer":
+            self.peer_bytes += size
+            return
         self.storage_bytes += size
         self.storage_log.append((self.now, self.storage_bytes))
 
@@ -566,9 +723,22 @@ class Simulation:
         if len(out.workers) > 1:
             net = DEFAULT_BANDWIDTHS.network * (self.params.cross_subnet_factor if out.spans_subnets else 1.0)
             bw = min(bw, net)
-        out.end = self.now + t_run(job.profile, n, bw)
+        out.end = out.compute_end = self.now + t_run(job.profile, n, bw)
         self.running[job.id] = out
         self.push(out.end, "end", job.id)
+
+    def _compute_done(self, out: Outcome) -> None:
+        """The job's steps are done; it ends when its streaming reads are done too."""
+        if out.streams > 0:
+            out.end = math.inf  # still reading: ends at the last stream's end
+            return
+        self._release(out)
+
+    def _stream_done(self, out: Outcome) -> None:
+        out.streams -= 1
+        if out.streams == 0 and out.end == math.inf:
+            out.end = self.now
+            self._release(out)
 
     def _release(self, out: Outcome) -> None:
         self.running.pop(out.job.id, None)
@@ -581,7 +751,7 @@ class Simulation:
                     e.last_used = self.now
                     newer = [k for k in w.node.cache if k[0] == d.name and k[1] > key[1]]
                     if e.users == 0 and newer:
-                        del w.node.cache[key]  # an old version goes when no task holds it
+                        self._forget(w.node, key)  # an old version goes when no task holds it
             self.touch(w.node)
 
 

@@ -29,30 +29,91 @@ COLUMNS = (
 )
 
 
+FIELDS: dict[str, str] = {
+    "hit_ratio": "worker dataset requests served by a ready copy of the current version on the pod's own node, "
+    "over all requests (Fluid-style: a pod on the node of its dataset's single cache worker)",
+    "storage_bytes": "bytes read from shared storage (fetches, direct-mode streams, Fluid runtime fills)",
+    "peer_bytes": "bytes read from other nodes' caches: P2P for ours, the cache workers for Fluid-style",
+    "ttfs_mean_s": "mean time to first step: arrival to the moment every worker can train (queue + data wait)",
+    "ttfs_p50_s": "median time to first step",
+    "queued_ttfs_mean_s": "mean time to first step of the jobs that waited for GPUs (bound after they arrived)",
+    "queued_jobs": "jobs that waited for GPUs",
+    "jobs_multi_worker": "finished jobs with more than one worker",
+    "jobs_across_subnets": "multi-worker jobs whose workers' GPUs use different sets of RoCE classes",
+    "jobs_across_subnets_avoidable": "of those, jobs for which, when they started, one set of class names had "
+    "enough nodes with the worker's GPUs free inside it (tools/sim/subnets.py)",
+    "deadline_jobs": "finished jobs with a deadline",
+    "deadline_misses": "of those, jobs that ended at or after their deadline",
+    "jct_mean_s": "mean job completion time: arrival to end (the end waits for streaming reads)",
+    "gpu_hours_idle_for_data": "GPU-hours held while waiting for data: binding to first step, plus the time a "
+    "streaming job ran past its compute because its reads were slower",
+    "finished": "jobs that finished (all, unless the simulation was cut short)",
+    "uncached_reads": "ours: misses for which eviction could not make room (the version is read, not kept)",
+}
+
+
 def metrics(sim: Simulation) -> dict[str, Any]:
     outs = [o for o in sim.outcomes.values() if not math.isnan(o.end)]
     ttfs = [o.first_step - o.job.arrival for o in outs]
+    queued = [o.first_step - o.job.arrival for o in outs if o.start > o.job.arrival]
     jct = [o.end - o.job.arrival for o in outs]
-    idle = sum((o.first_step - o.start) * sum(len(w.gpus) for w in o.workers) for o in outs) / 3600
+    idle = (
+        sum(
+            (o.first_step - o.start + max(0.0, o.end - o.compute_end)) * sum(len(w.gpus) for w in o.workers)
+            for o in outs
+        )
+        / 3600
+    )
+    deadline = [o for o in outs if o.job.profile.deadline is not None]
     return {
         "policy": sim.policy,
         "jobs": len(sim.jobs),
         "finished": len(outs),
         "requests": sim.requests,
+        "uncached_reads": sim.uncached_reads,
         "hit_ratio": sim.hits / sim.requests if sim.requests else 0.0,
         "storage_tb": sim.storage_bytes / 1e12,
+        "storage_bytes": sim.storage_bytes,
+        "peer_bytes": sim.peer_bytes,
         "ttfs_p50": statistics.median(ttfs) if ttfs else math.nan,
         "ttfs_mean": statistics.fmean(ttfs) if ttfs else math.nan,
+        "queued_ttfs_mean": statistics.fmean(queued) if queued else 0.0,
+        "queued_jobs": len(queued),
         "idle_gpu_h": idle,
         "across_subnets": sum(1 for o in outs if o.spans_subnets),
+        "across_subnets_avoidable": sum(1 for o in outs if o.spans_subnets and o.across_avoidable),
         "multi_worker_jobs": sum(1 for o in outs if len(o.workers) > 1),
         "numa_split": sum(o.numa_split for o in outs),
-        "misses": sum(1 for o in outs if o.job.profile.deadline is not None and o.end >= o.job.profile.deadline),
+        "deadline_jobs": len(deadline),
+        "misses": sum(1 for o in deadline if o.end >= (o.job.profile.deadline or math.inf)),
         "jct_p50_h": statistics.median(jct) / 3600 if jct else math.nan,
         "jct_mean_h": statistics.fmean(jct) / 3600 if jct else math.nan,
+        "jct_mean": statistics.fmean(jct) if jct else math.nan,
         "ttfs": sorted(ttfs),
         "jct": sorted(jct),
         "storage_log": sim.storage_log,
+    }
+
+
+def fields(m: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--json`` figures of one policy, named as :data:`FIELDS` documents them."""
+    return {
+        "hit_ratio": m["hit_ratio"],
+        "storage_bytes": m["storage_bytes"],
+        "peer_bytes": m["peer_bytes"],
+        "ttfs_mean_s": m["ttfs_mean"],
+        "ttfs_p50_s": m["ttfs_p50"],
+        "queued_ttfs_mean_s": m["queued_ttfs_mean"],
+        "queued_jobs": m["queued_jobs"],
+        "jobs_multi_worker": m["multi_worker_jobs"],
+        "jobs_across_subnets": m["across_subnets"],
+        "jobs_across_subnets_avoidable": m["across_subnets_avoidable"],
+        "deadline_jobs": m["deadline_jobs"],
+        "deadline_misses": m["misses"],
+        "jct_mean_s": m["jct_mean"],
+        "gpu_hours_idle_for_data": m["idle_gpu_h"],
+        "finished": m["finished"],
+        "uncached_reads": m["uncached_reads"],
     }
 
 
@@ -148,4 +209,4 @@ def plot(results: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     return written
 
 
-__all__ = ["COLUMNS", "goals", "metrics", "plot", "table"]
+__all__ = ["COLUMNS", "FIELDS", "fields", "goals", "metrics", "plot", "table"]

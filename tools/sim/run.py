@@ -1,11 +1,16 @@
-"""Run the four policies on one simulated cluster and workload; print the table, draw the plots.
+"""Run the four policies on one simulated cluster and workload; print the table, write JSON and plots.
 
-    python tools/sim/run.py                      # 500 nodes, 5,000 jobs, seed 1 (minutes on 2 cores)
-    python tools/sim/run.py --smoke              # 20 nodes, 150 jobs (seconds)
-    python tools/sim/run.py --nodes 100 --jobs 1000 --load 0.9 --seed 7 --out /tmp/sim
+    python tools/sim/run.py                                   # the default preset: 500 nodes, 5,000 jobs
+    python tools/sim/run.py --smoke                           # 20 nodes, 150 jobs (seconds)
+    python tools/sim/run.py --workload tools/sim/workloads/multi-tb.json --json /tmp/r.json
+    python tools/sim/run.py --list-node-types                 # node types for a workload file's "nodes"
 
-The policies run side by side, on the same jobs, in ``--procs`` processes. Who calls it: a
-person, and ``tests/tools/test_sim.py`` (``--smoke``). See tools/sim/engine.py.
+Every workload parameter is in one JSON file (``--workload``; the schema and its defaults
+are tools/sim/workload_file.py, presets in tools/sim/workloads/); ``--jobs``, ``--load`` and
+``--seed`` override the file's. The policies run side by side, on the same jobs, in
+``--procs`` processes. Who calls it: a person, ``tools/sim/sweep.py`` (:func:`simulate`) and
+``tests/tools/test_sim.py``. Exit codes: 0 done, 2 bad arguments or workload file (one line
+on stderr). See tools/sim/engine.py for the model and report.py for the JSON fields.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,68 +27,98 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.sim import report  # noqa: E402
-from tools.sim.engine import POLICIES, ClusterParams, Simulation  # noqa: E402
-from tools.sim.workload import WorkloadParams, make_jobs  # noqa: E402
+from tools.sim import nodetypes, report  # noqa: E402
+from tools.sim.engine import POLICIES, Simulation  # noqa: E402
+from tools.sim.workload import make_jobs  # noqa: E402
+from tools.sim.workload_file import WorkloadError, WorkloadFile, load, total_gpus  # noqa: E402
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+DEFAULT = WORKLOADS / "default.json"
+SMOKE = WORKLOADS / "smoke.json"
 
 
-def simulate(policy: str, nodes: int, workload: WorkloadParams, seed: int) -> dict[str, Any]:
-    cluster = ClusterParams(nodes=nodes)
-    gpus_per_node = 8  # every node type in ClusterParams has 8 GPUs
-    jobs, datasets = make_jobs(workload, nodes * gpus_per_node, seed)
+def simulate(policy: str, wf: WorkloadFile) -> dict[str, Any]:
+    """One policy over the workload file's cluster and jobs: :func:`report.metrics`."""
+    cluster = wf.cluster()
+    jobs, datasets = make_jobs(wf.workload(), total_gpus(cluster), wf.seed)
     started = time.perf_counter()
-    sim = Simulation(policy, jobs, datasets, cluster, seed).run()
+    sim = Simulation(policy, jobs, datasets, cluster, wf.seed).run()
     result = report.metrics(sim)
     result["seconds"] = time.perf_counter() - started
     return result
 
 
+def run_all(wf: WorkloadFile, policies: list[str], procs: int) -> list[dict[str, Any]]:
+    if procs > 1 and len(policies) > 1:
+        with ProcessPoolExecutor(max_workers=procs) as pool:
+            futures = [pool.submit(simulate, p, wf) for p in policies]
+            return [f.result() for f in futures]
+    return [simulate(p, wf) for p in policies]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--load", type=float, default=WorkloadParams.load)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workload", type=Path, default=None, help=f"workload JSON (default {DEFAULT.name})")
+    parser.add_argument("--list-node-types", action="store_true", help="print the node types as JSON and exit")
+    parser.add_argument("--jobs", type=int, default=None, help="override the file's jobs.count")
+    parser.add_argument("--load", type=float, default=None, help="override the file's jobs.load")
+    parser.add_argument("--seed", type=int, default=None, help="override the file's seed")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="20 nodes, 150 jobs, no plots unless --out")
+    parser.add_argument("--smoke", action="store_true", help=f"the {SMOKE.name} preset, no plots unless --out")
+    parser.add_argument("--json", type=Path, default=None, help="write the per-policy figures (report.FIELDS) here")
     parser.add_argument("--out", type=Path, default=None, help="where the PNGs and results.json go")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.nodes, args.jobs = 20, 150
+    if args.list_node_types:
+        print(json.dumps(nodetypes.describe(), indent=1))
+        return 0
+    if args.smoke and args.workload is not None:
+        parser.error("--smoke and --workload: choose one")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
-    if unknown or args.nodes < 1 or args.jobs < 1 or not 0 < args.load <= 2:
-        parser.error(f"bad arguments: unknown policies {unknown}" if unknown else "nodes, jobs >= 1, 0 < load <= 2")
-    workload = replace(WorkloadParams(), jobs=args.jobs, load=args.load)
-    # smaller datasets keep a small cluster's caches meaningful
-    if args.smoke:
-        workload = replace(workload, datasets=40)
+    if unknown or not policies:
+        parser.error(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    path = SMOKE if args.smoke else (args.workload or DEFAULT)
+    try:
+        wf = load(path)
+        overrides: dict[str, Any] = {}
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        jobs = {k: v for k, v in (("count", args.jobs), ("load", args.load)) if v is not None}
+        if jobs:
+            overrides["jobs"] = {**wf.jobs.model_dump(), **jobs}
+        if overrides:
+            wf = WorkloadFile.model_validate({**wf.model_dump(), **overrides})
+    except WorkloadError as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # a pydantic ValidationError from an override
+        print(f"run.py: bad override: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
-    if args.procs > 1 and len(policies) > 1:
-        with ProcessPoolExecutor(max_workers=args.procs) as pool:
-            futures = [pool.submit(simulate, p, args.nodes, workload, args.seed) for p in policies]
-            results = [f.result() for f in futures]
-    else:
-        results = [simulate(p, args.nodes, workload, args.seed) for p in policies]
+    results = run_all(wf, policies, args.procs)
     elapsed = time.perf_counter() - started
     print(
-        f"{args.nodes} nodes, {args.jobs} jobs, load {args.load}, seed {args.seed}; "
+        f"{path.name}: {wf.cluster().nodes} nodes, {wf.jobs.count} jobs, load {wf.jobs.load}, seed {wf.seed}; "
         f"job run times from Philly (tools/sim/data/philly_runtime.csv); {elapsed:.0f} s"
     )
     print()
     print(report.table(results))
     print()
     print(report.goals(results))
-    out = args.out if args.out is not None else (None if args.smoke else REPO / "tools" / "sim" / "out")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"workload": wf.model_dump(mode="json"), "policies": {r["policy"]: report.fields(r) for r in results}}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    out = args.out if args.out is not None else (None if args.smoke or args.workload else REPO / "tools/sim/out")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         slim = [{k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log")} for r in results]
         (out / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
         if not args.no_plots:
-            for path in report.plot(results, out):
-                print(f"wrote {path}")
+            for p in report.plot(results, out):
+                print(f"wrote {p}")
     return 0
 
 

@@ -1,0 +1,132 @@
+"""The simulator's workload file, --list-node-types, and the cache-pressure sweep's smoke size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tools.sim.engine import ClusterParams, build_nodes
+from tools.sim.workload import WorkloadParams
+from tools.sim.workload_file import WorkloadError, datasets_total_bytes, load, total_gpus
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOADS = REPO / "tools" / "sim" / "workloads"
+RUN = REPO / "tools" / "sim" / "run.py"
+
+
+def good() -> dict:
+    return json.loads((WORKLOADS / "smoke.json").read_text())
+
+
+def write(tmp_path: Path, doc: object) -> Path:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_default_preset_is_the_generators_defaults() -> None:
+    wf = load(WORKLOADS / "default.json")
+    assert wf.workload() == WorkloadParams()
+    cluster = wf.cluster()
+    defaults = ClusterParams()
+    assert (cluster.nodes, cluster.cache_bytes, cluster.storage_bw) == (500, defaults.cache_bytes, defaults.storage_bw)
+    assert total_gpus(cluster) == 4000
+
+
+def test_every_shipped_workload_loads() -> None:
+    for path in sorted(WORKLOADS.glob("*.json")):
+        wf = load(path)
+        assert datasets_total_bytes(wf) > 0, path
+
+
+def test_node_counts_are_exact(tmp_path: Path) -> None:
+    doc = good()
+    doc["nodes"] = [{"type": "h100-11nic", "count": 3}, {"type": "a100-pcie-2gpu", "count": 2}]
+    nodes = build_nodes(load(write(tmp_path, doc)).cluster(), seed=1)
+    names = sorted(n.type.name for n in nodes)
+    assert len(nodes) == 5 and sum(len(n.free) for n in nodes) == 3 * 8 + 2 * 2
+    assert names.count("princeton-della-2xA100-pcie-2nic-epyc") == 2
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: d.update(colour="blue"), "colour: unknown key"),
+        (lambda d: d["datasets"].update(zipf=1.0), "datasets.zipf: unknown key"),
+        (lambda d: d["nodes"][0].update(gpus=8), "nodes.0.gpus: unknown key"),
+        (lambda d: d["nodes"][0].update(type="dgx-z"), "unknown node type 'dgx-z'"),
+        (lambda d: d["jobs"].update(workers={"1": 0.5, "2": 0.4}), "sum to 0.9, not 1"),
+        (lambda d: d["jobs"].update(gpus_per_worker={"x": 1.0}), "keys are whole numbers"),
+        (lambda d: d["jobs"].update(deadline_alpha=[]), "jobs.deadline_alpha"),
+        (lambda d: d.pop("seed"), "seed: Field required"),
+        (lambda d: d.update(cache_bytes_per_node=-1), "cache_bytes_per_node"),
+    ],
+)
+def test_bad_files_are_refused_in_one_line(tmp_path: Path, edit: Callable[[dict], object], expected: str) -> None:
+    doc = good()
+    edit(doc)
+    with pytest.raises(WorkloadError) as err:
+        load(write(tmp_path, doc))
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_not_json_and_missing_files_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(WorkloadError, match="not JSON"):
+        load(bad)
+    with pytest.raises(WorkloadError, match="cannot read"):
+        load(tmp_path / "absent.json")
+
+
+def test_run_refuses_a_bad_file_with_exit_2_and_one_line(tmp_path: Path) -> None:
+    doc = good()
+    doc["jobs"]["lode"] = 0.9
+    done = subprocess.run(
+        [sys.executable, str(RUN), "--workload", str(write(tmp_path, doc))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "jobs.lode: unknown key" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_list_node_types_prints_gpus_and_class_layouts() -> None:
+    done = subprocess.run(
+        [sys.executable, str(RUN), "--list-node-types"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    types = {t["name"]: t for t in json.loads(done.stdout)}
+    assert types["dgx-a100"]["gpus"] == 8
+    assert [c["gpus"] for c in types["dgx-a100"]["roce_classes"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [c["gpus"] for c in types["v100-2nic"]["roce_classes"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert types["a100-pcie-2gpu"]["gpus"] == 2
+
+
+def test_sweep_smoke_writes_its_table_and_json(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "sim" / "sweep.py"), "--smoke", "--procs", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["ratio"] for r in rows][:2] == [0.05, 1.0] and rows[2]["regime"].startswith("multi-TB")
+    for row in rows:
+        assert set(row["policies"]) == {"default", "fluid", "ours"}
+        assert row["cache_bytes_per_node"] == row["workload"]["cache_bytes_per_node"]
+        assert [g[0] for g in row["goals"]]
+    # more cache never reads more from storage for the node-cache policies' baseline
+    assert rows[0]["policies"]["default"]["storage_bytes"] == rows[1]["policies"]["default"]["storage_bytes"]
+    assert "| ours |" in (tmp_path / "sweep.md").read_text()
+    assert (tmp_path / "sweep.png").stat().st_size > 1000

@@ -1,0 +1,230 @@
+"""The cache-pressure sweep: cache per node against the datasets' total size, and a multi-TB mix.
+
+    python tools/sim/sweep.py --out tools/sim/out/sweep        # the published sweep (tens of minutes)
+    python tools/sim/sweep.py --smoke --out /tmp/sweep         # 3 regimes, 20 nodes, 150 jobs (the tests)
+
+Each regime is a workload file (tools/sim/workloads/) with ``cache_bytes_per_node`` set to
+``ratio x`` the total size of the datasets that file generates for its seed (one copy of
+each, first version): ``sweep-base.json`` at ratios 0.02 .. 1, and ``sweep-multi-tb.json``
+(datasets around 1.5 TB, up to 30 TB) at 4 TB per node and at ratio 0.1. Every policy runs
+on the same jobs in every regime. Writes ``sweep.json`` (the workload and run.py's
+``--json`` fields per regime and policy), ``sweep.md`` (a table per regime and the goals of
+issue 25, each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the
+ratio). Who calls it: a person and ``tests/tools/test_sim.py`` (``--smoke``). Exit codes:
+0 done, 2 bad arguments or workload file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tools.sim import report  # noqa: E402
+from tools.sim.engine import POLICIES  # noqa: E402
+from tools.sim.run import WORKLOADS, simulate  # noqa: E402
+from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_bytes, load  # noqa: E402
+
+RATIOS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+SMOKE_RATIOS = (0.05, 1.0)
+MULTI_TB_NVME = 4 * 10**12
+SWEEP_POLICIES = ("default", "fluid", "ours")
+
+
+def regimes(base: WorkloadFile, multi: WorkloadFile, smoke: bool) -> list[tuple[str, WorkloadFile, float]]:
+    """(name, workload, cache/total) of every regime."""
+    if smoke:
+        base = _shrink(base)
+        multi = _shrink(multi)
+    out = []
+    total = datasets_total_bytes(base)
+    for r in SMOKE_RATIOS if smoke else RATIOS:
+        out.append((f"base, cache/total {r:g}", base.with_cache(int(r * total)), r))
+    total_m = datasets_total_bytes(multi)
+    out.append(("multi-TB, 4 TB per node", multi.with_cache(MULTI_TB_NVME), MULTI_TB_NVME / total_m))
+    if not smoke:
+        out.append(("multi-TB, cache/total 0.1", multi.with_cache(int(0.1 * total_m)), 0.1))
+    return out
+
+
+def _shrink(wf: WorkloadFile) -> WorkloadFile:
+    """The smoke size: 20 nodes (the same mix), 150 jobs, a tenth of the datasets."""
+    total = sum(g.count for g in wf.nodes)
+    nodes = [g.model_copy(update={"count": max(1, round(20 * g.count / total))}) for g in wf.nodes]
+    datasets = wf.datasets.model_copy(update={"count": max(5, wf.datasets.count // 10)})
+    jobs = wf.jobs.model_copy(update={"count": 150})
+    return wf.model_copy(update={"nodes": nodes, "datasets": datasets, "jobs": jobs})
+
+
+def goals(ratio: float, by: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """Issue 25's goals for one regime: (goal, figure, met)."""
+    if not {"ours", "fluid"} <= by.keys():
+        return []
+    ours, fluid = by["ours"], by["fluid"]
+    hits = ours["hit_ratio"] / fluid["hit_ratio"] if fluid["hit_ratio"] else float("inf")
+    storage = ours["storage_bytes"] / fluid["storage_bytes"] if fluid["storage_bytes"] else float("inf")
+    out = []
+    if ratio <= 0.1:
+        out.append(("hits >= 1.5x Fluid-style", f"{hits:.2f}x", hits >= 1.5))
+        out.append(("storage bytes <= 0.5x Fluid-style", f"{storage:.2f}x", storage <= 0.5))
+    else:
+        out.append(("hits >= Fluid-style", f"{hits:.2f}x", hits >= 1.0))
+        out.append(("storage bytes <= Fluid-style", f"{storage:.2f}x", storage <= 1.0))
+    return out
+
+
+COLS = (
+    ("hit ratio", "hit_ratio", "{:.1%}"),
+    ("storage TB", "storage_bytes", "tb"),
+    ("peer TB", "peer_bytes", "tb"),
+    ("TTFS mean s", "ttfs_mean_s", "{:.0f}"),
+    ("queued TTFS mean s", "queued_ttfs_mean_s", "{:.0f}"),
+    ("GPU-h idle for data", "gpu_hours_idle_for_data", "{:.0f}"),
+    ("JCT mean h", "jct_mean_s", "h"),
+    ("deadline misses", "deadline_misses", "{:d}"),
+)
+
+
+def _cell(fmt: str, v: Any) -> str:
+    if fmt == "tb":
+        return f"{v / 1e12:.1f}"
+    if fmt == "h":
+        return f"{v / 3600:.2f}"
+    return fmt.format(v)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One line per regime: ours against Fluid-style on issue 25's measures."""
+    lines = [
+        "| regime | cache/total | hits ours / Fluid-style / none | hits ours : Fluid | storage TB ours / Fluid / none "
+        "| storage ours : Fluid | TTFS mean s ours / Fluid / none | goals |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        by = row["policies"]
+        o, f, d = by.get("ours"), by.get("fluid"), by.get("default")
+        if o is None or f is None:
+            continue
+        none = d or {"hit_ratio": float("nan"), "storage_bytes": float("nan"), "ttfs_mean_s": float("nan")}
+        hits = o["hit_ratio"] / f["hit_ratio"] if f["hit_ratio"] else float("inf")
+        storage = o["storage_bytes"] / f["storage_bytes"] if f["storage_bytes"] else float("inf")
+        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"])
+        lines.append(
+            f"| {row['regime']} | {row['ratio']:.3g} "
+            f"| {o['hit_ratio']:.1%} / {f['hit_ratio']:.1%} / {none['hit_ratio']:.1%} | {hits:.2f}x "
+            f"| {o['storage_bytes'] / 1e12:.1f} / {f['storage_bytes'] / 1e12:.1f} / {none['storage_bytes'] / 1e12:.1f} "
+            f"| {storage:.2f}x "
+            f"| {o['ttfs_mean_s']:.0f} / {f['ttfs_mean_s']:.0f} / {none['ttfs_mean_s']:.0f} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [summary(rows), ""]
+    for row in rows:
+        lines.append(
+            f"**{row['regime']}** (cache per node {row['cache_bytes_per_node'] / 1e12:.2f} TB, "
+            f"datasets {row['datasets_total_bytes'] / 1e12:.1f} TB, ratio {row['ratio']:.3g})\n"
+        )
+        lines.append("| policy | " + " | ".join(c for c, _, _ in COLS) + " |")
+        lines.append("|---|" + "---:|" * len(COLS))
+        for policy, f in row["policies"].items():
+            lines.append(f"| {policy} | " + " | ".join(_cell(fmt, f[key]) for _, key, fmt in COLS) + " |")
+        for goal, figure, met in row["goals"]:
+            lines.append(f"\n- {goal}: **{figure}** ({'met' if met else 'missed'})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = [r for r in rows if r["regime"].startswith("base")]
+    multi = [r for r in rows if r["regime"].startswith("multi")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, policy in enumerate(rows[0]["policies"]):
+        color = f"C{i}"
+        xs = [r["ratio"] for r in base]
+        left.plot(xs, [r["policies"][policy]["hit_ratio"] for r in base], "o-", color=color, label=policy)
+        right.plot(xs, [r["policies"][policy]["storage_bytes"] / 1e12 for r in base], "o-", color=color, label=policy)
+        mx = [r["ratio"] for r in multi]
+        left.plot(mx, [r["policies"][policy]["hit_ratio"] for r in multi], "s", color=color, mfc="none")
+        right.plot(mx, [r["policies"][policy]["storage_bytes"] / 1e12 for r in multi], "s", color=color, mfc="none")
+    for ax, label in ((left, "hit ratio"), (right, "storage TB read")):
+        ax.set_xscale("log")
+        ax.set_xlabel("cache per node / datasets' total size (log)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    right.set_yscale("log")
+    left.legend(title="lines: base; squares: multi-TB", fontsize=8, loc="center right")
+    fig.suptitle("Cache pressure sweep (tools/sim/sweep.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="directory for sweep.json, sweep.md, sweep.png")
+    parser.add_argument("--base", type=Path, default=WORKLOADS / "sweep-base.json")
+    parser.add_argument("--multi-tb", type=Path, default=WORKLOADS / "sweep-multi-tb.json")
+    parser.add_argument("--policies", default=",".join(SWEEP_POLICIES))
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="20 nodes, 150 jobs per regime")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies or any(p not in POLICIES for p in policies):
+        parser.error(f"policies from {', '.join(POLICIES)}")
+    try:
+        todo = regimes(load(args.base), load(args.multi_tb), args.smoke)
+    except WorkloadError as e:
+        print(f"sweep.py: {e}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    tasks = [(i, p) for i in range(len(todo)) for p in policies]
+    if args.procs > 1:
+        with ProcessPoolExecutor(max_workers=args.procs) as pool:
+            futures = {t: pool.submit(simulate, t[1], todo[t[0]][1]) for t in tasks}
+            results = {t: f.result() for t, f in futures.items()}
+    else:
+        results = {t: simulate(t[1], todo[t[0]][1]) for t in tasks}
+    rows = []
+    for i, (name, wf, ratio) in enumerate(todo):
+        by = {p: report.fields(results[(i, p)]) for p in policies}
+        rows.append(
+            {
+                "regime": name,
+                "ratio": ratio,
+                "cache_bytes_per_node": wf.cache_bytes_per_node,
+                "datasets_total_bytes": datasets_total_bytes(wf),
+                "workload": wf.model_dump(mode="json"),
+                "policies": by,
+                "goals": goals(ratio, by),
+            }
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = markdown(rows)
+    (args.out / "sweep.md").write_text(text + "\n")
+    print(text)
+    print(f"{len(todo)} regimes x {len(policies)} policies in {time.perf_counter() - started:.0f} s")
+    if not args.no_plot:
+        plot(rows, args.out / "sweep.png")
+        print(f"wrote {args.out / 'sweep.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
