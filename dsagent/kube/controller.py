@@ -26,6 +26,13 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   the task on nodes no longer picked or when ``spec.warm`` goes. ``status.warm`` reports
   what the agents say: ready nodes, bytes done and wanted per node - never "complete"
   before every byte is there.
+- copy counts (docs/design.md#cluster-eviction): how many nodes hold each dataset version
+  ready, counted from the same inventories, written to the ConfigMap
+  ``dsplatform-dataset-copies`` in the controller's namespace
+  (:mod:`dsagent.cache.copies`); agents read it to keep the cluster's last copy of a
+  version when they evict. One object for every agent to read, rather than every agent
+  listing every Node. Rewritten each resync with its time, so an agent can tell a
+  controller that stopped (stale counts are ignored: plain LRU again).
 - cleanup (the annotation ``dsagent.io/cleanup``: any new value): every agent is asked to
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
@@ -51,6 +58,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsagent.cache import copies
 from dsagent.errors import DsagentError
 from dsagent.kube.apiclient import micro_time, parse_time
 from dsplatform import published
@@ -185,6 +193,12 @@ class ControllerMetrics:
         self.pack_jobs = Counter(
             "dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r
         )
+        self.versions_by_copies = Gauge(
+            "dsagent_controller_dataset_versions",
+            "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
+            ["copies"],
+            registry=r,
+        )
 
 
 @dataclass
@@ -199,6 +213,7 @@ class ControllerSettings:
     agent_port: int = 7420
     admin_token: str | None = None
     metrics_port: int | None = None  # serve /metrics (and /healthz) here
+    copies_configmap: str | None = copies.CONFIGMAP  # where agents read copy counts; None: not published
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -224,6 +239,9 @@ class ControllerSettings:
             agent_port=int(get("AGENT_PORT") or defaults.agent_port),
             admin_token=token or None,
             metrics_port=int(get("METRICS_PORT") or 0) or None,
+            copies_configmap=None
+            if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
+            else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
         )
 
 
@@ -316,6 +334,10 @@ class DatasetController:
             if inv is not None:
                 inventories[meta.get("name", "")] = inv
         self._agent_urls = self._find_agents()
+        try:
+            self.publish_copies(inventories)
+        except Exception:  # counts are an optimisation: never let them stop a pass
+            log.exception("publishing the copy counts failed; agents fall back to LRU once theirs are stale")
         datasets = self._raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
         for ds in datasets:
             try:
@@ -349,6 +371,41 @@ class DatasetController:
                 GROUP, VERSION, namespace, PLURAL, name, {"status": changed}, _content_type=MERGE_PATCH
             )
         return patch
+
+    # -- copy counts (docs/design.md#cluster-eviction) ------------------------------------
+
+    def publish_copies(self, inventories: Mapping[str, Mapping[str, Any]]) -> dict[copies.Key, int]:
+        """Count each version's ready copies and write them where the agents read them."""
+        counts = copies.count_copies(inventories.values())
+        for label, low, high in (("1", 1, 1), ("2", 2, 2), ("3+", 3, None)):
+            self.metrics.versions_by_copies.labels(copies=label).set(
+                sum(1 for c in counts.values() if c >= low and (high is None or c <= high))
+            )
+        name = self.settings.copies_configmap
+        if name is None:
+            return counts
+        from kubernetes.client.exceptions import ApiException
+
+        data = {copies.DATA_KEY: copies.copies_document(counts, at=self.clock())}
+        try:
+            self._core.patch_namespaced_config_map(
+                name, self.settings.namespace, {"data": data}, _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": self.settings.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "dsplatform", "app.kubernetes.io/component": "controller"},
+                },
+                "data": data,
+            }
+            self._core.create_namespaced_config_map(self.settings.namespace, body)
+        return counts
 
     # -- packing --------------------------------------------------------------------------
 
