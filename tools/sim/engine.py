@@ -11,7 +11,9 @@ product --
 - the GPUs a pod gets: ``gpu_topology.best_gpu_set`` (inside the job's RoCE class from
   ``gpu_topology.roce_classes``); the baselines get what the device plugin hands out, the
   lowest free indices;
-- the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``,
+- the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``
+  (for ours cluster-aware: the copies other nodes hold, counted every 30 simulated seconds
+  as the Dataset controller does),
   its single flight per dataset version, and its rule that an old version goes when no task
   holds it;
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
@@ -61,6 +63,7 @@ TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
 POLICIES = ("default", "fluid", "ours", "ours+time")
 MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
 EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
+COPIES_RESYNC_S = 30.0  # the Dataset controller's resync: how old the copy counts may be
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,8 @@ class Simulation:
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
+        self._copies: dict[tuple[str, int], int] = {}  # cluster-aware eviction's counts
+        self._copies_at: float | None = None
 
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
@@ -532,8 +537,18 @@ class Simulation:
         self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index))
 
     def _make_room(self, node: Node, size: int) -> bool:
+        copies = self._cluster_copies() if self.policy in ("ours", "ours+time") else None
         candidates = [
-            Candidate(name, f"{version:032x}", e.size, e.last_used, in_use=e.users > 0, fetching=not e.ready)
+            Candidate(
+                name,
+                f"{version:032x}",
+                e.size,
+                e.last_used,
+                in_use=e.users > 0,
+                fetching=not e.ready,
+                # the agent's rule (dsagent.cache.copies): the controller's count less itself
+                copies=None if copies is None else max(0, copies.get((name, version), 0) - (1 if e.ready else 0)),
+            )
             for (name, version), e in node.cache.items()
         ]
         plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
@@ -542,6 +557,19 @@ class Simulation:
         for victim in plan.victims:
             node.cache.pop((victim.name, int(victim.digest, 16)), None)
         return True
+
+    def _cluster_copies(self) -> dict[tuple[str, int], int]:
+        """Ready copies per version as the Dataset controller publishes them
+        (docs/design.md#cluster-eviction): counted over every node's cache, at most
+        ``COPIES_RESYNC_S`` old, as the agents see them between resyncs."""
+        if self._copies_at is None or self.now - self._copies_at >= COPIES_RESYNC_S:
+            counts: dict[tuple[str, int], int] = {}
+            for n in self.nodes:
+                for key, e in n.cache.items():
+                    if e.ready:
+                        counts[key] = counts.get(key, 0) + 1
+            self._copies, self._copies_at = counts, self.now
+        return self._copies
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
         for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and e.users == 0]:
