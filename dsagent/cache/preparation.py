@@ -8,11 +8,11 @@ cache what :func:`plan` says) and the simulator (``tools/sim/engine.py``, the op
 
 The switching design's three steps, mapped to datasets on a node:
 
-1. **Predict** (:func:`predict`): walk the waiting jobs in queue order; each goes to the
-   node where enough GPUs are free earliest (free now, plus those of running jobs as their
-   expected ends pass), ties to the node already holding more of its bytes, then by name.
-   A job that fits somewhere now is left to the scheduler (nothing to prepare) but takes
-   its GPUs, so the jobs behind it are predicted on what is left.
+1. **Predict** (:func:`predict`): replay the queue against the running jobs' expected
+   ends, as the scheduler runs it (queue order, backfill, gangs together), each pod to the
+   node holding most of its bytes, then best fit. A pod that fits somewhere now is left to
+   the scheduler (nothing to prepare) but takes its GPUs, so the pods behind it are
+   predicted on what is left.
 2. **Phase 1** (manifest, space reservation): a predicted job whose start is within
    ``window_s`` gets its missing datasets reserved on its node while the bytes reserved for
    prepared jobs there stay within ``reserve_fraction`` of the node's cache (the first
@@ -20,8 +20,10 @@ The switching design's three steps, mapped to datasets on a node:
 3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
    start) is within ``fetch_lead_s``, and the bytes that cannot be evicted afterwards (in
    use, plus prepared data fetched or fetching) stay within ``fill_fraction`` of the cache
-   (the second threshold), which also means nothing in use is ever evicted for it. A
-   preparation already fetching keeps its place first (no flapping), counted first.
+   (the second threshold), which also means nothing in use is ever evicted for it; not
+   while a job bound to that node still waits for its own data (it would share the node's
+   fetch bandwidth with a prefetch). A preparation already fetching keeps its place first
+   (no flapping), counted first.
 4. **Cleanup**: a job whose pods ended releases its datasets at once (the agent's rule:
    they become eviction candidates); a preparation whose job is no longer predicted there
    (bound elsewhere, gone, or overtaken) is dropped by the caller: the plan lists only
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Key = tuple[str, str]  # (dataset name, digest)
 
@@ -86,6 +88,7 @@ class NodeState:
     free_gpus: int
     running: tuple[Running, ...] = ()
     held: frozenset[Key] = frozenset()  # versions ready or being fetched there
+    data_wait: bool = False  # a job bound there still waits for its own data: it fetches first
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class Waiting:
     key: str
     gpus: int
     datasets: tuple[Want, ...]
+    group: str | None = None  # pods of one gang job: placed together or not at all
 
 
 @dataclass(frozen=True)
@@ -112,55 +116,65 @@ class Preparation:
         return sum(w.size_bytes for w in self.datasets)
 
 
-@dataclass
-class _Slot:
-    node: NodeState
-    releases: list[tuple[float, int]] = field(default_factory=list)  # (time, GPUs freed), sorted
-    taken: list[tuple[float, int]] = field(default_factory=list)  # (from time, GPUs) of predicted jobs
-
-    def start_for(self, gpus: int, now: float, horizon: float) -> float | None:
-        """Earliest time within ``horizon`` at which ``gpus`` are free here, after the jobs
-        already predicted here took theirs (each holds its GPUs from its start on)."""
-        for t in [now] + [t for t, _ in self.releases if t <= horizon]:
-            free = self.node.free_gpus + sum(g for r, g in self.releases if r <= t)
-            free -= sum(g for _, g in self.taken)  # predicted jobs hold theirs until after the horizon
-            if free >= gpus:
-                return t
-        return None
-
-
 def predict(
     nodes: Sequence[NodeState], waiting: Sequence[Waiting], *, now: float, window_s: float
 ) -> dict[str, tuple[str, float]]:
-    """``job -> (node, predicted start)`` for the waiting pods that start within the window
-    (those that fit now included, with start ``now``); see the module docstring."""
+    """``pod -> (node, predicted start)`` for the waiting pods that start within the window
+    (those that fit now included, with start ``now``).
+
+    The queue is replayed against the expected releases as the scheduler would run it: at
+    ``now`` and at each expected end within the window, the waiting pods are tried in queue
+    order and every one that fits is placed (later pods may pass one that does not fit:
+    backfill); the pods of one ``group`` (a gang) are placed together or not at all. A pod
+    goes to the node holding most of its bytes, then the fewest free GPUs that fit (best
+    fit), then by name."""
     horizon = now + window_s
-    slots = []
-    for node in nodes:
-        ends = sorted(
-            (max(now, r.expected_end), r.gpus)
-            for r in node.running
-            if r.expected_end is not None and math.isfinite(r.expected_end) and r.gpus > 0
-        )
-        slots.append(_Slot(node, ends))
-    out: dict[str, tuple[str, float]] = {}
+    free = {n.name: n.free_gpus for n in nodes if n.free_gpus > 0}  # nodes with free GPUs only
+    by_name = {n.name: n for n in nodes}
+    releases: dict[float, list[tuple[str, int]]] = {}
+    for n in nodes:
+        for r in n.running:
+            if r.expected_end is not None and math.isfinite(r.expected_end) and r.gpus > 0:
+                at = max(now, r.expected_end)
+                if at <= horizon:
+                    releases.setdefault(at, []).append((n.name, r.gpus))
+    groups: dict[str, list[Waiting]] = {}
+    order: list[str] = []
     for job in waiting:
-        if job.gpus <= 0:
-            continue
-        best: tuple[float, int, str] | None = None
-        chosen: _Slot | None = None
-        for slot in slots:
-            start = slot.start_for(job.gpus, now, horizon)
-            if start is None:
-                continue
-            held = sum(w.size_bytes for w in job.datasets if w.key in slot.node.held)
-            rank = (start, -held, slot.node.name)
-            if best is None or rank < best:
-                best, chosen = rank, slot
-        if best is None or chosen is None:
-            continue
-        chosen.taken.append((best[0], job.gpus))
-        out[job.key] = (chosen.node.name, best[0])
+        group = job.group if job.group is not None else "\0" + job.key
+        if group not in groups:
+            order.append(group)
+        groups.setdefault(group, []).append(job)
+    out: dict[str, tuple[str, float]] = {}
+    pending = [g for g in order if all(j.gpus > 0 for j in groups[g])]
+    for t in sorted({now, *releases}):
+        for name, gpus in releases.get(t, ()):
+            free[name] = free.get(name, 0) + gpus
+        for group in list(pending):  # one pass: free GPUs only shrink until the next release
+            taken: dict[str, int] = {}  # this group's GPUs per node, until it is placed whole
+            chosen = []
+            for job in groups[group]:
+                fits = [
+                    (
+                        -sum(w.size_bytes for w in job.datasets if w.key in by_name[name].held),
+                        f - taken.get(name, 0),
+                        name,
+                    )
+                    for name, f in free.items()
+                    if f - taken.get(name, 0) >= job.gpus
+                ]
+                if not fits:
+                    break
+                best = min(fits)[2]
+                taken[best] = taken.get(best, 0) + job.gpus
+                chosen.append((job.key, best))
+            else:
+                for name, gpus in taken.items():
+                    free[name] -= gpus
+                    if free[name] <= 0:
+                        del free[name]
+                out.update((key, (name, t)) for key, name in chosen)
+                pending.remove(group)
     return out
 
 
@@ -203,7 +217,7 @@ def plan(
         in_fetch = (key, node_name) in started
         lead = start - now <= thresholds.fetch_lead_s
         fill = node.in_use_bytes + filled.get(node_name, 0) + size
-        if (in_fetch or lead) and fill <= thresholds.fill_fraction * node.capacity_bytes:
+        if (in_fetch or (lead and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
             phase = 2
             filled[node_name] = filled.get(node_name, 0) + size
         reserved[node_name] = reserved.get(node_name, 0) + size
