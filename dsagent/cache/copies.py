@@ -99,7 +99,12 @@ def parse_copies(text: Any, *, limit: int = 1 << 20) -> tuple[dict[Key, int], fl
         return None
     copies = doc.get("copies") if isinstance(doc, dict) and doc.get("version") == 1 else None
     at = doc.get("at") if isinstance(doc, dict) else None
-    if not isinstance(copies, dict) or type(at) not in (int, float) or not math.isfinite(at):
+    if (
+        not isinstance(copies, dict)
+        or not isinstance(at, (int, float))
+        or isinstance(at, bool)
+        or not math.isfinite(at)
+    ):
         return None
     out: dict[Key, int] = {}
     for key, count in copies.items():

@@ -33,6 +33,15 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   version when they evict. One object for every agent to read, rather than every agent
   listing every Node. Rewritten each resync with its time, so an agent can tell a
   controller that stopped (stale counts are ignored: plain LRU again).
+- next-job preparation (``DSAGENT_CONTROLLER_PREPARE=on``, docs/design.md#next-job-preparation):
+  each resync the pending pods that name Datasets are predicted onto the nodes whose running
+  pods end soonest (:mod:`dsagent.cache.preparation`, inputs from :mod:`dsagent.kube.prepare`);
+  phase 1 is a reservation in ``status.preparation`` (no node work), phase 2 asks the
+  node's agent to cache the datasets as task ``prepare.<pod UID>`` (renewed each resync,
+  so the copy is protected while the pod waits); a preparation the plan drops (the pod was
+  bound, deleted, or is now predicted elsewhere) has its task released at once, so its data
+  is an eviction candidate. The pod's own task takes over when it is bound there. The
+  ledger lives in the Datasets' status, so a new leader releases what the old one asked.
 - cleanup (the annotation ``dsagent.io/cleanup``: any new value): every agent is asked to
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
@@ -59,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.cache import copies
+from dsagent.cache.preparation import Preparation, Thresholds
 from dsagent.errors import DsagentError
 from dsagent.kube.apiclient import micro_time, parse_time
 from dsplatform import published
@@ -193,6 +203,17 @@ class ControllerMetrics:
         self.pack_jobs = Counter(
             "dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r
         )
+        self.preparations = Gauge(
+            "dsagent_controller_preparations",
+            "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
+            ["phase"],
+            registry=r,
+        )
+        self.preparation_releases = Counter(
+            "dsagent_controller_preparation_releases",
+            "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
+            registry=r,
+        )
         self.versions_by_copies = Gauge(
             "dsagent_controller_dataset_versions",
             "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
@@ -214,6 +235,7 @@ class ControllerSettings:
     admin_token: str | None = None
     metrics_port: int | None = None  # serve /metrics (and /healthz) here
     copies_configmap: str | None = copies.CONFIGMAP  # where agents read copy counts; None: not published
+    prepare: Thresholds | None = None  # next-job preparation's presets; None: off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -239,6 +261,7 @@ class ControllerSettings:
             agent_port=int(get("AGENT_PORT") or defaults.agent_port),
             admin_token=token or None,
             metrics_port=int(get("METRICS_PORT") or 0) or None,
+            prepare=_prepare_settings(get),
             copies_configmap=None
             if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
             else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
@@ -283,6 +306,26 @@ def warm_task_id(namespace: str, name: str) -> str:
     return f"warm.{namespace}.{name}"
 
 
+def prepare_task_id(pod_uid: str) -> str:
+    """The agent task that holds a waiting pod's prepared datasets (docs/design.md#next-job-preparation)."""
+    return f"prepare.{pod_uid}"
+
+
+def _prepare_settings(get: Callable[[str], str | None]) -> Thresholds | None:
+    """``DSAGENT_CONTROLLER_PREPARE=on`` and its presets, or None (off)."""
+    from dsplatform.units import parse_duration
+
+    if (get("PREPARE") or "off").lower() not in ("on", "true", "1"):
+        return None
+    defaults = Thresholds()
+    return Thresholds(
+        window_s=parse_duration(get("PREPARE_WINDOW") or defaults.window_s),
+        fetch_lead_s=parse_duration(get("PREPARE_FETCH_LEAD") or defaults.fetch_lead_s),
+        reserve_fraction=float(get("PREPARE_RESERVE_FRACTION") or defaults.reserve_fraction),
+        fill_fraction=float(get("PREPARE_FILL_FRACTION") or defaults.fill_fraction),
+    )
+
+
 class DatasetController:
     """Reconciles Datasets; :meth:`run_forever` for the process, :meth:`reconcile_all` in tests."""
 
@@ -306,6 +349,8 @@ class DatasetController:
         )
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
+        # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
+        self._preparation: dict[tuple[str, str], JSON] | None = {}
         self.metrics = ControllerMetrics()
 
     # -- the loop ------------------------------------------------------------------------
@@ -339,6 +384,13 @@ class DatasetController:
         except Exception:  # counts are an optimisation: never let them stop a pass
             log.exception("publishing the copy counts failed; agents fall back to LRU once theirs are stale")
         datasets = self._raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
+        self._preparation = {}
+        if self.settings.prepare is not None:
+            try:
+                self._preparation = self.prepare_pass(nodes, inventories, datasets, self.settings.prepare)
+            except Exception:  # preparation is an optimisation: never let it stop a pass
+                log.exception("next-job preparation failed this pass")
+                self._preparation = None
         for ds in datasets:
             try:
                 self.reconcile(ds, nodes, inventories)
@@ -362,6 +414,9 @@ class DatasetController:
         previous = status.get("warm") or {}
         if warm is not None or previous.get("nodes"):
             patch["warm"] = self._warm(namespace, name, spec, warm, previous, nodes, inventories)
+        prepared = self._preparation.get((namespace, name)) if self._preparation is not None else None
+        if prepared is not None or (self._preparation is not None and status.get("preparation")):
+            patch["preparation"] = prepared or {"reservedBytes": 0, "fetchingBytes": 0, "pods": []}
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = self._cleanup(name, request[:253])
@@ -406,6 +461,82 @@ class DatasetController:
             }
             self._core.create_namespaced_config_map(self.settings.namespace, body)
         return counts
+
+    # -- next-job preparation (docs/design.md#next-job-preparation) -----------------------
+
+    def prepare_pass(
+        self, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]], datasets: list[JSON], presets: Thresholds
+    ) -> dict[tuple[str, str], JSON]:
+        """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset."""
+        from dsagent.cache.preparation import plan
+        from dsagent.kube.prepare import node_states, waiting_pods
+
+        pods = self._raw(self._core.list_pod_for_all_namespaces)["items"]
+        by_key = {
+            ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
+            for d in datasets
+        }
+        previous = [
+            entry
+            for d in datasets
+            for entry in (((d.get("status") or {}).get("preparation") or {}).get("pods") or [])
+            if isinstance(entry, dict) and isinstance(entry.get("uid"), str) and isinstance(entry.get("node"), str)
+        ]
+        asked = {(e["uid"], e["node"]) for e in previous if e.get("phase") == 2}
+        waiting = waiting_pods(pods, by_key)
+        pod_of = {w.key: pod for w, pod in waiting}
+        preps = plan(
+            node_states(nodes, pods, inventories),
+            [w for w, _ in waiting],
+            now=self.clock(),
+            thresholds=presets,
+            fetching=asked,
+        )
+        out: dict[tuple[str, str], JSON] = {}
+        fetching: set[tuple[str, str]] = set()
+        for prep in preps:
+            pod = pod_of[prep.job]
+            namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+            state = "reserved"
+            if prep.phase == 2:
+                state = self._ask_to_prepare(prep, namespace, by_key)
+                if state != "skipped":
+                    fetching.add((prep.job, prep.node))
+            for want in prep.datasets:
+                entry = out.setdefault((namespace, want.name), {"reservedBytes": 0, "fetchingBytes": 0, "pods": []})
+                entry["reservedBytes"] += want.size_bytes
+                if prep.phase == 2:
+                    entry["fetchingBytes"] += want.size_bytes
+                entry["pods"].append(
+                    {
+                        "pod": f"{namespace}/{(pod.get('metadata') or {}).get('name', '')}",
+                        "uid": prep.job,
+                        "node": prep.node,
+                        "phase": prep.phase,
+                        "state": state,
+                        "expectedStart": micro_time(prep.start),
+                    }
+                )
+        for uid, node in sorted(asked - fetching):  # cleanup: at once an eviction candidate
+            self.agent_call(node, "DELETE", f"/v1/tasks/{prepare_task_id(uid)}", None)
+            self.metrics.preparation_releases.inc()
+        self.metrics.preparations.labels(phase="1").set(sum(1 for p in preps if p.phase == 1))
+        self.metrics.preparations.labels(phase="2").set(len(fetching))
+        return out
+
+    def _ask_to_prepare(self, prep: Preparation, namespace: str, by_key: Mapping[tuple[str, str], JSON]) -> str:
+        requests = []
+        for want in prep.datasets:
+            spec = (by_key.get((namespace, want.name)) or {}).get("spec") or {}
+            if not isinstance(spec.get("source"), str) or spec.get("storageSecretRef"):
+                return "skipped"  # a Secret's options reach only the pod's own request (rule 5)
+            request = {"name": want.name, "source": spec["source"]}
+            if isinstance(spec.get("bundles"), str):
+                request["bundles"] = spec["bundles"]
+            requests.append(request)
+        answer = self.agent_call(prep.node, "PUT", f"/v1/tasks/{prepare_task_id(prep.job)}", {"datasets": requests})
+        report = _warm_report(prep.node, answer)
+        return str(report["state"])
 
     # -- packing --------------------------------------------------------------------------
 
@@ -698,6 +829,7 @@ __all__ = [
     "DatasetController",
     "LeaseElector",
     "listing_fingerprint",
+    "prepare_task_id",
     "parse_inventory",
     "ready_nodes",
 ]

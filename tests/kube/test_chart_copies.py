@@ -53,3 +53,20 @@ def test_switched_off_neither_side_touches_the_configmap() -> None:
     assert "DSAGENT_COPIES_CONFIGMAP" not in env_of(agent_container(docs))
     assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-agent")]
     assert controller_env(docs)["DSAGENT_CONTROLLER_COPIES_CONFIGMAP"] == "off"
+
+
+def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_presets() -> None:
+    from dsagent.kube.controller import ControllerSettings
+
+    off = render()
+    assert "DSAGENT_CONTROLLER_PREPARE" not in controller_env(off)
+    assert ControllerSettings.from_env(controller_env(off)).prepare is None
+    docs = render({"controller": {"prepare": {"enabled": True, "window": "1h", "fillFraction": "0.8"}}})
+    env = controller_env(docs)
+    presets = ControllerSettings.from_env(env).prepare
+    assert presets is not None and (presets.window_s, presets.fetch_lead_s, presets.fill_fraction) == (3600, 600, 0.8)
+    rules = find(docs, "ClusterRole", "-controller")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
+    crd = find(docs, "CustomResourceDefinition")
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["preparation"]["x-kubernetes-preserve-unknown-fields"] is True
