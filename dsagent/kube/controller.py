@@ -42,6 +42,12 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   bound, deleted, or is now predicted elsewhere) has its task released at once, so its data
   is an eviction candidate. The pod's own task takes over when it is bound there. The
   ledger lives in the Datasets' status, so a new leader releases what the old one asked.
+- replication of hot data (``spec.replicas``: ``auto`` or a number, docs/design.md#replication):
+  a target of ready copies from the demand (pending pods naming the Dataset plus those
+  started within ``DSAGENT_CONTROLLER_REPLICAS_WINDOW``), held on nodes with room and free
+  GPUs as task ``replica.<namespace>.<name>`` (:mod:`dsagent.cache.replication`); nodes no
+  longer chosen are released when the target falls. ``status.replicas`` shows the demand,
+  target and actual copies.
 - cleanup (the annotation ``dsagent.io/cleanup``: any new value): every agent is asked to
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
@@ -67,7 +73,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsagent.cache import copies
+from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
 from dsagent.errors import DsagentError
 from dsagent.kube.apiclient import micro_time, parse_time
@@ -236,6 +242,8 @@ class ControllerSettings:
     metrics_port: int | None = None  # serve /metrics (and /healthz) here
     copies_configmap: str | None = copies.CONFIGMAP  # where agents read copy counts; None: not published
     prepare: Thresholds | None = None  # next-job preparation's presets; None: off
+    replicas_window_s: float = 3600.0  # replication: pods started this recently count as demand
+    replicas_max: int = 16  # replication: the most copies "auto" asks for
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -262,6 +270,8 @@ class ControllerSettings:
             admin_token=token or None,
             metrics_port=int(get("METRICS_PORT") or 0) or None,
             prepare=_prepare_settings(get),
+            replicas_window_s=parse_duration(get("REPLICAS_WINDOW") or defaults.replicas_window_s),
+            replicas_max=int(get("REPLICAS_MAX") or defaults.replicas_max),
             copies_configmap=None
             if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
             else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
@@ -351,6 +361,8 @@ class DatasetController:
         self._agent_urls: dict[str, str] = {}
         # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
         self._preparation: dict[tuple[str, str], JSON] | None = {}
+        self._nodes_now: list[JSON] = []
+        self._pods_now: list[JSON] | None = None
         self.metrics = ControllerMetrics()
 
     # -- the loop ------------------------------------------------------------------------
@@ -385,6 +397,8 @@ class DatasetController:
             log.exception("publishing the copy counts failed; agents fall back to LRU once theirs are stale")
         datasets = self._raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
         self._preparation = {}
+        self._nodes_now = nodes
+        self._pods_now = None  # listed at most once per pass, when something needs them
         if self.settings.prepare is not None:
             try:
                 self._preparation = self.prepare_pass(nodes, inventories, datasets, self.settings.prepare)
@@ -417,6 +431,9 @@ class DatasetController:
         prepared = self._preparation.get((namespace, name)) if self._preparation is not None else None
         if prepared is not None or (self._preparation is not None and status.get("preparation")):
             patch["preparation"] = prepared or {"reservedBytes": 0, "fetchingBytes": 0, "pods": []}
+        mode = replication.parse_mode(spec.get("replicas"))
+        if mode is not None or (status.get("replicas") or {}).get("nodes"):
+            patch["replicas"] = self._replicate(namespace, name, spec, status, mode, ready, inventories)
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = self._cleanup(name, request[:253])
@@ -462,6 +479,63 @@ class DatasetController:
             self._core.create_namespaced_config_map(self.settings.namespace, body)
         return counts
 
+    def _pods(self) -> list[JSON]:
+        if self._pods_now is None:
+            self._pods_now = self._raw(self._core.list_pod_for_all_namespaces)["items"]
+        return self._pods_now
+
+    # -- replication of hot data (docs/design.md#replication) -------------------------------
+
+    def _replicate(
+        self,
+        namespace: str,
+        name: str,
+        spec: JSON,
+        status: JSON,
+        mode: str | int | None,
+        ready: list[str],
+        inventories: Mapping[str, Mapping[str, Any]],
+    ) -> JSON:
+        from dsagent.kube.prepare import demand, free_gpus
+
+        task = f"replica.{namespace}.{name}"
+        previous = status.get("replicas") or {}
+        before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
+        if mode is None:  # spec.replicas removed: release every copy it held
+            for node in before:
+                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+            return {"mode": "off", "demand": 0, "target": 0, "actual": len(ready), "nodes": []}
+        pods = self._pods()
+        wanted = demand(pods, namespace, name, now=self.clock(), window_s=self.settings.replicas_window_s)
+        goal = replication.target(mode, wanted, max_auto=self.settings.replicas_max)
+        gpus = free_gpus(self._nodes_now, pods)
+        rooms = []
+        for node in sorted(self._agent_nodes()):
+            given = (inventories.get(node) or {}).get("freeBytes")
+            free = given if isinstance(given, int) and not isinstance(given, bool) else 0
+            rooms.append(replication.NodeRoom(node, node in ready, free, gpus.get(node, 0)))
+        given_size = status.get("bytes")
+        size = given_size if isinstance(given_size, int) and not isinstance(given_size, bool) else 0
+        chosen = replication.choose(rooms, goal, size_bytes=size, before=before)
+        for node in before:
+            if node not in chosen:
+                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+        request = {"name": name, "source": spec.get("source")}
+        if isinstance(spec.get("bundles"), str):
+            request["bundles"] = spec["bundles"]
+        reports = [
+            _warm_report(node, self.agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}))
+            for node in chosen
+        ]
+        return {
+            "mode": mode,
+            "demand": wanted,
+            "target": goal,
+            "actual": len(ready),
+            "desiredNodes": len(chosen),
+            "nodes": reports,
+        }
+
     # -- next-job preparation (docs/design.md#next-job-preparation) -----------------------
 
     def prepare_pass(
@@ -471,7 +545,7 @@ class DatasetController:
         from dsagent.cache.preparation import plan
         from dsagent.kube.prepare import node_states, waiting_pods
 
-        pods = self._raw(self._core.list_pod_for_all_namespaces)["items"]
+        pods = self._pods()
         by_key = {
             ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
             for d in datasets

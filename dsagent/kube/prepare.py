@@ -208,6 +208,37 @@ def node_states(
     return out
 
 
+def free_gpus(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Free GPUs per node: ``dsagent.io/free-gpus``, else allocatable less active pods' requests."""
+    requested: dict[str, int] = {}
+    for pod in pods:
+        bound = node_of(pod)
+        if bound is not None and not ended(pod):
+            requested[bound] = requested.get(bound, 0) + pod_gpus(pod)
+    out = {}
+    for node in nodes:
+        name = _meta(node).get("name")
+        if isinstance(name, str):
+            out[name] = _free_gpus(node, requested.get(name, 0))
+    return out
+
+
+def demand(pods: Iterable[Mapping[str, Any]], namespace: str, name: str, *, now: float, window_s: float) -> int:
+    """Pods of ``namespace`` naming Dataset ``name`` that wait now or started within ``window_s``
+    (running or finished): the copies that could be hit (docs/design.md#replication)."""
+    count = 0
+    for pod in pods:
+        if (_meta(pod).get("namespace") or "default") != namespace or name not in dataset_names(pod):
+            continue
+        if node_of(pod) is None and not ended(pod):
+            count += 1
+            continue
+        started = parse_time(_mapping(pod.get("status")).get("startTime"))
+        if started is not None and now - window_s <= started <= now + 60:
+            count += 1
+    return count
+
+
 def _free_gpus(node: Mapping[str, Any], requested: int) -> int:
     published_free = _annotations(node).get(published.FREE_GPUS)
     if published_free is not None:
@@ -222,4 +253,12 @@ def _free_gpus(node: Mapping[str, Any], requested: int) -> int:
     return max(0, total - requested)
 
 
-__all__ = ["DURATION_ANNOTATION", "current_version", "expected_end", "node_states", "waiting_pods"]
+__all__ = [
+    "DURATION_ANNOTATION",
+    "current_version",
+    "demand",
+    "expected_end",
+    "free_gpus",
+    "node_states",
+    "waiting_pods",
+]

@@ -1,4 +1,4 @@
-"""The chart's cluster-aware eviction wiring (docs/design.md#cluster-eviction): the controller
+"""The chart's issue-25 wiring. Cluster-aware eviction (docs/design.md#cluster-eviction): the controller
 may write one ConfigMap of copy counts and is told its name; each agent may only read that one
 ConfigMap and is told where it is; switching it off removes both sides."""
 
@@ -65,8 +65,21 @@ def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_prese
     env = controller_env(docs)
     presets = ControllerSettings.from_env(env).prepare
     assert presets is not None and (presets.window_s, presets.fetch_lead_s, presets.fill_fraction) == (3600, 600, 0.8)
-    rules = find(docs, "ClusterRole", "-controller")["rules"]
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
     crd = find(docs, "CustomResourceDefinition")
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["preparation"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
+    import jsonschema
+    import pytest
+
+    from tests.fake_apiserver import make_dataset
+    from tests.kube.test_chart import dataset_schema
+
+    schema = dataset_schema(render())
+    for good in ("auto", 0, 3):
+        jsonschema.validate({**make_dataset("x"), "spec": {"source": "s3://x", "replicas": good}}, schema)
+    for bad in ("AUTO", "3", -1, 10_001):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**make_dataset("x"), "spec": {"source": "s3://x", "replicas": bad}}, schema)
