@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,11 @@ def test_a_fetch_evicts_the_replicated_version_and_keeps_the_last_copy(
                 text = (node.get("metadata", {}).get("annotations") or {}).get("dsagent.io/inventory")
                 return json.loads(text)["datasets"] if text else {}
 
-            await until(lambda: {"last", "shared"} <= set(own_inventory()), what="the agent's inventory")
+            def both_ready() -> bool:
+                listed = own_inventory()
+                return all((listed.get(name) or {}).get("state") == "ready" for name in ("last", "shared"))
+
+            await until(both_ready, what="the agent's inventory listing both ready")
             controller = DatasetController(apiserver.api_client(), ControllerSettings(namespace=NS, identity="c-1"))
             await asyncio.to_thread(controller.reconcile_all)
             document = (apiserver.get("configmaps", copies.CONFIGMAP, NS) or {})["data"][copies.DATA_KEY]
@@ -180,3 +185,47 @@ def test_the_agent_ignores_a_hostile_or_stale_document(apiserver: FakeApiServer,
             await asyncio.to_thread(api_client.close)
 
     asyncio.run(scenario())
+
+
+def test_the_agent_reads_the_counts_in_the_background(apiserver: FakeApiServer, tmp_path: Path) -> None:
+    apiserver.create(make_node(NODE))
+    document = copies.copies_document({("data", "e" * 32): 4}, at=time.time())
+    apiserver.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": NS},
+            "data": {copies.DATA_KEY: document},
+        }
+    )
+    cluster = ClusterSettings(publish_interval=3600, watch_timeout=5, copies_configmap=f"{NS}/c", copies_interval=0.05)
+
+    async def scenario() -> None:
+        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
+        service = CacheService(settings)
+        await service.start()
+        api_client = apiserver.api_client()
+        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster)
+        await agent.start()
+        try:
+            await until(lambda: service.node.copies.made_at is not None, what="the first read")
+            assert service.node.copies.others("data", "e" * 32, ready_here=True, now=service.clock()) == 3
+            assert service.node.copies.others("data", "e" * 32, ready_here=False, now=service.clock()) == 4
+        finally:
+            await agent.stop()
+            await service.stop()
+            await asyncio.to_thread(api_client.close)
+
+    asyncio.run(scenario())
+
+
+def test_bad_copy_settings_are_refused() -> None:
+    from dsagent.errors import SettingsError
+
+    for bad in ("no-slash", "Bad_NS/x", "ns/"):
+        with pytest.raises(SettingsError):
+            ClusterSettings.from_env({"DSAGENT_COPIES_CONFIGMAP": bad})
+    assert ClusterSettings.from_env({"DSAGENT_COPIES_CONFIGMAP": ""}).copies_configmap is None
+    off = ControllerSettings.from_env({"DSAGENT_CONTROLLER_COPIES_CONFIGMAP": "off"})
+    assert off.copies_configmap is None
+    assert ControllerSettings.from_env({}).copies_configmap == copies.CONFIGMAP
