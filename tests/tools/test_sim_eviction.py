@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tools.sim.engine import COPIES_RESYNC_S, CacheEntry, ClusterParams, Simulation
+from tools.sim.engine import CacheEntry, ClusterParams, Simulation
+from tools.sim.hooks import RESYNC_S
 from tools.sim.workload import Dataset
 
 A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
@@ -32,12 +33,12 @@ def test_ours_evicts_the_replicated_version_and_baselines_stay_lru(policy: str, 
 
 def test_the_counts_are_as_old_as_a_controller_resync() -> None:
     sim = two_nodes("ours")
-    assert sim._cluster_copies() == {("a", 0): 1, ("b", 0): 2}
+    assert sim.copy_counts.get(sim) == {("a", 0): 1, ("b", 0): 2}
     del sim.nodes[1].cache[("b", 0)]  # the other node evicted its copy: not seen until the next resync
-    sim.now = COPIES_RESYNC_S / 2
-    assert sim._cluster_copies()[("b", 0)] == 2
-    sim.now = COPIES_RESYNC_S
-    assert sim._cluster_copies() == {("a", 0): 1, ("b", 0): 1}
+    sim.now = RESYNC_S / 2
+    assert sim.copy_counts.get(sim)[("b", 0)] == 2
+    sim.now = RESYNC_S
+    assert sim.copy_counts.get(sim) == {("a", 0): 1, ("b", 0): 1}
     # now both are last copies: plain LRU takes the older one
     assert sim._make_room(sim.nodes[0], TB)
     assert [k[0] for k in sim.nodes[0].cache] == ["b"]

@@ -12,8 +12,8 @@ product --
   ``gpu_topology.roce_classes``); the baselines get what the device plugin hands out, the
   lowest free indices;
 - the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``
-  (for ours cluster-aware: the copies other nodes hold, counted every 30 simulated seconds
-  as the Dataset controller does),
+  (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), and, opt-in,
+  next-job preparation (``ClusterParams.prepare_next``, the same module),
   its single flight per dataset version, and its rule that an old version goes when no task
   holds it;
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dsagent.cache import preparation
 from dsagent.cache.eviction import Candidate, plan_for_fetch
 from gpu_topology import Topology, best_gpu_set, roce_classes
 from gpu_topology.dumps import load_dump
@@ -56,7 +55,7 @@ from scheduler_plugin.timemodel import (
     t_run,
     wait_for_one_node,
 )
-from tools.sim import baselines
+from tools.sim import baselines, hooks
 from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +63,6 @@ TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
 POLICIES = ("default", "fluid", "ours", "ours+time")
 MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
 EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
-COPIES_RESYNC_S = 30.0  # the Dataset controller's resync: how old the copy counts may be
-PREPARE_INTERVAL_S = 30.0  # how often next-job preparation plans (the controller's resync)
 
 
 @dataclass(frozen=True)
@@ -201,10 +198,8 @@ class Simulation:
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
-        self._copies: dict[tuple[str, int], int] = {}  # cluster-aware eviction's counts
-        self._copies_at: float | None = None
-        self._prepared_at = -math.inf  # next-job preparation: last plan, and its phase-2 pairs
-        self._prep_started: set[tuple[str, str]] = set()
+        self.copy_counts = hooks.CopyCounts()  # cluster-aware eviction (tools/sim/hooks.py)
+        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next
 
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
@@ -262,7 +257,7 @@ class Simulation:
             if not self.events or self.events[0][0] > self.now:
                 self.schedule()
                 if self.params.prepare_next and self.policy in ("ours", "ours+time"):
-                    self._prepare()
+                    self.next_job(self)
         return self
 
     def _rate(self, fetch: Fetch, per_node: dict[int, int]) -> float:
@@ -545,7 +540,7 @@ class Simulation:
         self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index))
 
     def _make_room(self, node: Node, size: int) -> bool:
-        copies = self._cluster_copies() if self.policy in ("ours", "ours+time") else None
+        aware = self.policy in ("ours", "ours+time")
         candidates = [
             Candidate(
                 name,
@@ -554,8 +549,7 @@ class Simulation:
                 e.last_used,
                 in_use=e.users > 0 or e.prepared,
                 fetching=not e.ready,
-                # the agent's rule (dsagent.cache.copies): the controller's count less itself
-                copies=None if copies is None else max(0, copies.get((name, version), 0) - (1 if e.ready else 0)),
+                copies=self.copy_counts.others(self, (name, version), e.ready) if aware else None,
             )
             for (name, version), e in node.cache.items()
         ]
@@ -565,78 +559,6 @@ class Simulation:
         for victim in plan.victims:
             node.cache.pop((victim.name, int(victim.digest, 16)), None)
         return True
-
-    def _prepare(self) -> None:
-        """Next-job preparation (opt-in): every ``PREPARE_INTERVAL_S``, as the controller's
-        resync, the product's policy predicts where the waiting jobs start and phase 2 fetches
-        their data there; what the plan no longer lists is an eviction candidate at once."""
-        if self.now - self._prepared_at < PREPARE_INTERVAL_S:
-            return
-        self._prepared_at = self.now
-        if self.waiting and self.running:  # wake up again while a queued job waits for GPUs
-            self.push(self.now + PREPARE_INTERVAL_S, "prepare", -1)
-        thresholds = preparation.Thresholds()
-        ends: dict[int, list[preparation.Running]] = {}
-        for out in self.running.values():
-            for w in out.workers:
-                ends.setdefault(w.node.index, []).append(preparation.Running(len(w.gpus), out.end))
-        nodes = [
-            preparation.NodeState(
-                n.name,
-                self.params.cache_bytes,
-                sum(e.size for e in n.cache.values() if e.users > 0),
-                len(n.free),
-                tuple(ends.get(n.index, ())),
-                frozenset((name, f"{v:032x}") for name, v in n.cache),
-                data_wait=any(f.node is n and f.waiters for f in self.fetches),
-            )
-            for n in self.nodes
-            if n.free or n.index in ends
-        ]
-        waiting = []
-        for job in self.waiting[: self.params.queue_scan]:
-            d = self.datasets[job.dataset]
-            want = preparation.Want(d.name, f"{d.version_at(self.now):032x}", d.size)
-            waiting += [
-                preparation.Waiting(f"{job.id}/{i}", job.gpus_per_worker, (want,), group=str(job.id))
-                for i in range(job.workers)
-            ]
-        by_name = {n.name: n for n in self.nodes}
-        plan = preparation.plan(nodes, waiting, now=self.now, thresholds=thresholds, fetching=self._prep_started)
-        keep: set[tuple[int, tuple[str, int]]] = set()
-        self._prep_started = set()
-        for prep in plan:
-            if prep.phase != 2:
-                continue  # phase 1 is the controller's reservation ledger: nothing on the node yet
-            node = by_name[prep.node]
-            for want in prep.datasets:
-                key = (want.name, int(want.digest, 16))
-                if key not in node.cache:
-                    if not self._make_room(node, want.size_bytes):
-                        continue
-                    node.cache[key] = CacheEntry(want.name, key[1], want.size_bytes, self.now)
-                    self._new_fetch(node, key, want.size_bytes, cached=True, waiter=None)
-                    self.touch(node)
-                node.cache[key].prepared = True
-                keep.add((node.index, key))
-            self._prep_started.add((prep.job, prep.node))
-        for node in self.nodes:  # cleanup: what is no longer planned may be evicted at once
-            for key, e in node.cache.items():
-                if e.prepared and (node.index, key) not in keep:
-                    e.prepared = False
-
-    def _cluster_copies(self) -> dict[tuple[str, int], int]:
-        """Ready copies per version as the Dataset controller publishes them
-        (docs/design.md#cluster-eviction): counted over every node's cache, at most
-        ``COPIES_RESYNC_S`` old, as the agents see them between resyncs."""
-        if self._copies_at is None or self.now - self._copies_at >= COPIES_RESYNC_S:
-            counts: dict[tuple[str, int], int] = {}
-            for n in self.nodes:
-                for key, e in n.cache.items():
-                    if e.ready:
-                        counts[key] = counts.get(key, 0) + 1
-            self._copies, self._copies_at = counts, self.now
-        return self._copies
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
         for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and e.users == 0]:
