@@ -36,6 +36,13 @@ def running_pod(name: str, started: float, duration: str, gpus: int = 4) -> dict
     return pod
 
 
+def _counter(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def ctl_for(api_client: Any, clock: Clock, port: int) -> DatasetController:
     settings = ControllerSettings(
         namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=port, prepare=PRESETS, copies_configmap=None
@@ -98,8 +105,16 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
         agent = AgentProcess(root, tcp=True, port=agent.port, local_sources=(tmp_path / "nfs",)).start()
         ctl.reconcile_all()
         assert apiserver.get("datasets", "speech", "ml")["status"]["preparation"]["pods"][0]["state"] == "ready"
-        # w1 is bound to the node: its prepare task is released at once (the pod's own task takes over)
+        # w1 is bound to the node; its own request (sidecar, init-container or CSI publish
+        # send the same) finds the prepared copy: a hit, no second fetch
         apiserver.patch("pods", "w1", {"spec": {"nodeName": "gpu-1"}}, namespace="ml")
+        with agent.client() as client:
+            hits_before = _counter(client.metrics(), "dsagent_cache_hits_total")
+            own = client.submit_task(waiting["w1"], [{"name": "speech", "source": str(speech)}], wait=30)
+            assert own["datasets"][0]["state"] == "ready"
+            assert _counter(client.metrics(), "dsagent_cache_hits_total") == hits_before + 1
+            assert _counter(client.metrics(), "dsagent_cache_misses_total") == 0  # no fetch since the restart
+        # ... and the prepare task is released at once
         ctl.reconcile_all()
         assert apiserver.get("datasets", "speech", "ml")["status"]["preparation"] == {
             "reservedBytes": 0,
