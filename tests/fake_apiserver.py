@@ -151,6 +151,8 @@ RESOURCES: dict[str, ResourceType] = {
         validate=_validate_lease,
     ),
     "jobs": ResourceType("batch", "v1", "jobs", "Job", namespaced=True),
+    # the Dataset controller's per-version copy counts for the agents (issue 25)
+    "configmaps": ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, status_subresource=False),
 }
 
 

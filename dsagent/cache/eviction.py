@@ -6,9 +6,16 @@ result. Nothing here touches the disk or reads the clock; ``now`` is passed in.
 
 The rule: to cache a dataset of ``size`` bytes, free space must reach ``ratio x size``
 (1.2 by default), counting the space other fetches in flight have reserved. When it does
-not, evict datasets that are neither in use nor being fetched, least recently used first,
-and stop as soon as free space reaches the target. When even evicting every candidate
-would not reach it, evict nothing and report the numbers.
+not, evict datasets that are neither in use nor being fetched and stop as soon as free
+space reaches the target. When even evicting every candidate would not reach it, evict
+nothing and report the numbers.
+
+The order (docs/design.md#cluster-eviction): a version that more *other* nodes hold ready
+goes first (``Candidate.copies``, from the cluster's inventories), then the least
+recently used. So the cluster's last copy of a version (no other holder) is evicted only
+when the replicated ones together cannot free enough. A count that is not known
+(``copies`` None: a standalone agent, or no fresh count from the cluster) ranks as no
+other copy, the safe side; with no counts at all the order is plain LRU, as before.
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ class Candidate:
     last_used: float  # seconds since the epoch
     in_use: bool = False
     fetching: bool = False
+    copies: int | None = None  # other nodes holding this very version ready; None: unknown
+
+    @property
+    def other_copies(self) -> int:
+        """The count the order uses: unknown or nonsense counts as no other copy (keep it)."""
+        return self.copies if self.copies is not None and self.copies > 0 else 0
 
     @property
     def evictable(self) -> bool:
@@ -63,14 +76,23 @@ def lru_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(usable, key=lambda c: (c.last_used, -c.size_bytes, c.name, c.digest))
 
 
+def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Evictable candidates in the order a fetch evicts them (docs/design.md#cluster-eviction):
+    most other ready copies in the cluster first, then least recently used (ties as
+    :func:`lru_order`). Without counts this is :func:`lru_order`."""
+    return sorted(lru_order(candidates), key=lambda c: -c.other_copies)  # stable: LRU within a count
+
+
 def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, ratio: float = 1.2) -> Plan:
     """Victims that make room for a dataset of ``size`` bytes, given ``free`` bytes now.
 
     ``free`` must already subtract the reservations of other fetches in flight. Returns
     no victims when space suffices, and no victims (``sufficient`` false) when it cannot.
+    Victims come in :func:`eviction_order`, so a last copy in the cluster is among them
+    only when the versions other nodes also hold cannot reach the target on their own.
     """
     target = needed_bytes(size, ratio)
-    order = lru_order(candidates)
+    order = eviction_order(candidates)
     evictable = sum(c.size_bytes for c in order)
     if free >= target or free + evictable < target:  # nothing to evict, or no use evicting
         return Plan((), target, free, evictable)
@@ -96,4 +118,13 @@ def unused_victims(candidates: Iterable[Candidate]) -> tuple[Candidate, ...]:
     return tuple(lru_order(candidates))
 
 
-__all__ = ["Candidate", "Plan", "idle_victims", "lru_order", "needed_bytes", "plan_for_fetch", "unused_victims"]
+__all__ = [
+    "Candidate",
+    "Plan",
+    "eviction_order",
+    "idle_victims",
+    "lru_order",
+    "needed_bytes",
+    "plan_for_fetch",
+    "unused_victims",
+]

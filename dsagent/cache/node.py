@@ -12,10 +12,11 @@ list it again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsagent.cache.catalog import Catalog
 from dsagent.cache.claims import Claims
+from dsagent.cache.copies import ClusterCopies
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
@@ -38,6 +39,8 @@ class Node:
     claims: Claims
     flights: Flights
     progress: ProgressBoard
+    #: other nodes' ready copies, as cluster mode last read them (docs/design.md#cluster-eviction)
+    copies: ClusterCopies = field(default_factory=ClusterCopies)
 
 
 __all__ = ["Node"]

@@ -58,6 +58,7 @@ class Space:
         self.reservations: dict[Key, int] = {}
         self._pins: Counter[Key] = Counter()  # versions a fetch hard-links bundles from
         self._overheads: dict[Key, int] = {}  # reserved disk beyond the bytes (blocks, inodes)
+        self.copies = node.copies  # other nodes' ready copies (docs/design.md#cluster-eviction)
 
     # -- reservations -----------------------------------------------------------------
 
@@ -159,6 +160,7 @@ class Space:
         rows = await self.pools.db(self._catalog().versions)
         in_use = await self.pools.db(self._catalog().in_use, self.clock()) | self.claims.held()
         fetching = self.flights.fetching() | set(self._pins)
+        now = self.clock()
         return [
             eviction.Candidate(
                 r.name,
@@ -167,6 +169,7 @@ class Space:
                 r.last_used or r.created_at,
                 in_use=(r.name, r.digest) in in_use,
                 fetching=(r.name, r.digest) in fetching or r.state == "fetching",
+                copies=self.copies.others(r.name, r.digest, ready_here=r.state == "ready", now=now),
             )
             for r in rows
             if r.state in ("ready", "failed")

@@ -16,7 +16,12 @@ the :class:`~dsagent.cache.service.CacheService`.
    task when the pod ends or is deleted (also when that happened while the watch was
    broken: a relist after ``410 Gone`` reports it);
 4. checks that a task id shaped like a pod UID belongs to a pod on this node before the
-   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass).
+   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass);
+5. with ``DSAGENT_COPIES_CONFIGMAP`` (``namespace/name``, set by the chart), reads the
+   Dataset controller's per-version copy counts every ``DSAGENT_COPIES_INTERVAL`` into the
+   service's :class:`~dsagent.cache.copies.ClusterCopies`, so eviction keeps the cluster's
+   last copies (docs/design.md#cluster-eviction); a failed or hostile read keeps the last
+   counts, which stop counting once stale.
 
 Pods whose datasets need storage credentials from Secrets are left to their
 init-container (the agent never reads Secrets); the agent does not block on the API
@@ -51,6 +56,8 @@ from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 
 log = logging.getLogger("dsagent.kube")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.kubelet.podresources, wired by the
@@ -75,8 +82,20 @@ class ClusterSettings(EnvSettings):
     watch_timeout: int = Field(300, exclude=True)  # not configurable: the watch's server-side timeout
     renew_interval: Duration | None = None  # None: a third of the service's lease TTL
     guard_wait: Duration = 5.0  # how long a task id may wait for its pod to reach the watch
+    copies_configmap: str | None = None  # "namespace/name" of the controller's copy counts
+    copies_interval: Duration = 30.0  # how often they are read
 
-    @field_validator("publish_interval")
+    @field_validator("copies_configmap")
+    @classmethod
+    def _namespaced(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        namespace, _, name = str(value).partition("/")
+        if not (_DNS_LABEL.match(namespace) and _DNS_SUBDOMAIN.match(name)):
+            raise ValueError("must be NAMESPACE/NAME of a ConfigMap")
+        return str(value)
+
+    @field_validator("publish_interval", "copies_interval")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
@@ -202,6 +221,8 @@ class ClusterAgent:
             asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
             asyncio.create_task(self._release_stale_tasks(), name="dsagent-kube-stale"),
         ]
+        if self.cluster.copies_configmap is not None:
+            self._background.append(asyncio.create_task(self._copies_forever(), name="dsagent-kube-copies"))
         log.info(
             "cluster mode on node %s: watching its pods, publishing every %.0fs",
             self.node_name,
@@ -426,6 +447,38 @@ class ClusterAgent:
             return None
         gpu_pods = sum(1 for p in pods if not has_ended(p) and publisher.gpu_request(p) > 0)
         return publisher.free_gpus(self._gpu_count, gpu_pods)
+
+    # -- the cluster's copy counts (docs/design.md#cluster-eviction) ------------------
+
+    async def _copies_forever(self) -> None:
+        while True:
+            try:
+                await self.read_copies()
+            except DsagentError as exc:
+                log.debug("reading the copy counts failed: %s", exc)
+            except Exception:
+                log.exception("reading the copy counts failed")
+            await asyncio.sleep(self.cluster.copies_interval)
+
+    async def read_copies(self) -> bool:
+        """Read the controller's counts into the service; True when they were taken."""
+        from dsagent.cache.copies import DATA_KEY, parse_copies
+
+        assert self.cluster.copies_configmap is not None
+        namespace, _, name = self.cluster.copies_configmap.partition("/")
+
+        def read() -> Any:
+            with translated(f"read configmap {namespace}/{name}"):
+                return self._core.read_namespaced_config_map(name, namespace, _request_timeout=10)
+
+        configmap = await asyncio.to_thread(read)
+        parsed = parse_copies((configmap.data or {}).get(DATA_KEY))
+        if parsed is None:
+            log.warning("ConfigMap %s/%s holds no copy counts this agent can read", namespace, name)
+            return False
+        counts, made_at = parsed
+        self.service.node.copies.update(counts, made_at)
+        return True
 
     async def peer_holders(self, name: str, digest: str, *, port: int) -> list[str]:
         """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""

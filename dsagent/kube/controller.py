@@ -26,6 +26,28 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   the task on nodes no longer picked or when ``spec.warm`` goes. ``status.warm`` reports
   what the agents say: ready nodes, bytes done and wanted per node - never "complete"
   before every byte is there.
+- copy counts (docs/design.md#cluster-eviction): how many nodes hold each dataset version
+  ready, counted from the same inventories, written to the ConfigMap
+  ``dsplatform-dataset-copies`` in the controller's namespace
+  (:mod:`dsagent.cache.copies`); agents read it to keep the cluster's last copy of a
+  version when they evict. One object for every agent to read, rather than every agent
+  listing every Node. Rewritten each resync with its time, so an agent can tell a
+  controller that stopped (stale counts are ignored: plain LRU again).
+- next-job preparation (``DSAGENT_CONTROLLER_PREPARE=on``, docs/design.md#next-job-preparation):
+  each resync the pending pods that name Datasets are predicted onto the nodes whose running
+  pods end soonest (:mod:`dsagent.cache.preparation`, inputs from :mod:`dsagent.kube.prepare`);
+  phase 1 is a reservation in ``status.preparation`` (no node work), phase 2 asks the
+  node's agent to cache the datasets as task ``prepare.<pod UID>`` (renewed each resync,
+  so the copy is protected while the pod waits); a preparation the plan drops (the pod was
+  bound, deleted, or is now predicted elsewhere) has its task released at once, so its data
+  is an eviction candidate. The pod's own task takes over when it is bound there. The
+  ledger lives in the Datasets' status, so a new leader releases what the old one asked.
+- replication of hot data (``spec.replicas``: ``auto`` or a number, docs/design.md#replication):
+  a target of ready copies from the demand (pending pods naming the Dataset plus those
+  started within ``DSAGENT_CONTROLLER_REPLICAS_WINDOW``), held on nodes with room and free
+  GPUs as task ``replica.<namespace>.<name>`` (:mod:`dsagent.cache.replication`); nodes no
+  longer chosen are released when the target falls. ``status.replicas`` shows the demand,
+  target and actual copies.
 - cleanup (the annotation ``dsagent.io/cleanup``: any new value): every agent is asked to
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
@@ -51,6 +73,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsagent.cache import copies, replication
+from dsagent.cache.preparation import Preparation, Thresholds
 from dsagent.errors import DsagentError
 from dsagent.kube.apiclient import micro_time, parse_time
 from dsplatform import published
@@ -185,6 +209,23 @@ class ControllerMetrics:
         self.pack_jobs = Counter(
             "dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r
         )
+        self.preparations = Gauge(
+            "dsagent_controller_preparations",
+            "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
+            ["phase"],
+            registry=r,
+        )
+        self.preparation_releases = Counter(
+            "dsagent_controller_preparation_releases",
+            "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
+            registry=r,
+        )
+        self.versions_by_copies = Gauge(
+            "dsagent_controller_dataset_versions",
+            "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
+            ["copies"],
+            registry=r,
+        )
 
 
 @dataclass
@@ -199,6 +240,10 @@ class ControllerSettings:
     agent_port: int = 7420
     admin_token: str | None = None
     metrics_port: int | None = None  # serve /metrics (and /healthz) here
+    copies_configmap: str | None = copies.CONFIGMAP  # where agents read copy counts; None: not published
+    prepare: Thresholds | None = None  # next-job preparation's presets; None: off
+    replicas_window_s: float = 3600.0  # replication: pods started this recently count as demand
+    replicas_max: int = 16  # replication: the most copies "auto" asks for
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -224,6 +269,12 @@ class ControllerSettings:
             agent_port=int(get("AGENT_PORT") or defaults.agent_port),
             admin_token=token or None,
             metrics_port=int(get("METRICS_PORT") or 0) or None,
+            prepare=_prepare_settings(get),
+            replicas_window_s=parse_duration(get("REPLICAS_WINDOW") or defaults.replicas_window_s),
+            replicas_max=int(get("REPLICAS_MAX") or defaults.replicas_max),
+            copies_configmap=None
+            if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
+            else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
         )
 
 
@@ -265,6 +316,26 @@ def warm_task_id(namespace: str, name: str) -> str:
     return f"warm.{namespace}.{name}"
 
 
+def prepare_task_id(pod_uid: str) -> str:
+    """The agent task that holds a waiting pod's prepared datasets (docs/design.md#next-job-preparation)."""
+    return f"prepare.{pod_uid}"
+
+
+def _prepare_settings(get: Callable[[str], str | None]) -> Thresholds | None:
+    """``DSAGENT_CONTROLLER_PREPARE=on`` and its presets, or None (off)."""
+    from dsplatform.units import parse_duration
+
+    if (get("PREPARE") or "off").lower() not in ("on", "true", "1"):
+        return None
+    defaults = Thresholds()
+    return Thresholds(
+        window_s=parse_duration(get("PREPARE_WINDOW") or defaults.window_s),
+        fetch_lead_s=parse_duration(get("PREPARE_FETCH_LEAD") or defaults.fetch_lead_s),
+        reserve_fraction=float(get("PREPARE_RESERVE_FRACTION") or defaults.reserve_fraction),
+        fill_fraction=float(get("PREPARE_FILL_FRACTION") or defaults.fill_fraction),
+    )
+
+
 class DatasetController:
     """Reconciles Datasets; :meth:`run_forever` for the process, :meth:`reconcile_all` in tests."""
 
@@ -288,6 +359,10 @@ class DatasetController:
         )
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
+        # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
+        self._preparation: dict[tuple[str, str], JSON] | None = {}
+        self._nodes_now: list[JSON] = []
+        self._pods_now: list[JSON] | None = None
         self.metrics = ControllerMetrics()
 
     # -- the loop ------------------------------------------------------------------------
@@ -316,7 +391,20 @@ class DatasetController:
             if inv is not None:
                 inventories[meta.get("name", "")] = inv
         self._agent_urls = self._find_agents()
+        try:
+            self.publish_copies(inventories)
+        except Exception:  # counts are an optimisation: never let them stop a pass
+            log.exception("publishing the copy counts failed; agents fall back to LRU once theirs are stale")
         datasets = self._raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
+        self._preparation = {}
+        self._nodes_now = nodes
+        self._pods_now = None  # listed at most once per pass, when something needs them
+        if self.settings.prepare is not None:
+            try:
+                self._preparation = self.prepare_pass(nodes, inventories, datasets, self.settings.prepare)
+            except Exception:  # preparation is an optimisation: never let it stop a pass
+                log.exception("next-job preparation failed this pass")
+                self._preparation = None
         for ds in datasets:
             try:
                 self.reconcile(ds, nodes, inventories)
@@ -340,6 +428,12 @@ class DatasetController:
         previous = status.get("warm") or {}
         if warm is not None or previous.get("nodes"):
             patch["warm"] = self._warm(namespace, name, spec, warm, previous, nodes, inventories)
+        prepared = self._preparation.get((namespace, name)) if self._preparation is not None else None
+        if prepared is not None or (self._preparation is not None and status.get("preparation")):
+            patch["preparation"] = prepared or {"reservedBytes": 0, "fetchingBytes": 0, "pods": []}
+        mode = replication.parse_mode(spec.get("replicas"))
+        if mode is not None or (status.get("replicas") or {}).get("nodes"):
+            patch["replicas"] = self._replicate(namespace, name, spec, status, mode, ready, inventories)
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = self._cleanup(name, request[:253])
@@ -349,6 +443,174 @@ class DatasetController:
                 GROUP, VERSION, namespace, PLURAL, name, {"status": changed}, _content_type=MERGE_PATCH
             )
         return patch
+
+    # -- copy counts (docs/design.md#cluster-eviction) ------------------------------------
+
+    def publish_copies(self, inventories: Mapping[str, Mapping[str, Any]]) -> dict[copies.Key, int]:
+        """Count each version's ready copies and write them where the agents read them."""
+        counts = copies.count_copies(inventories.values())
+        for label, low, high in (("1", 1, 1), ("2", 2, 2), ("3+", 3, None)):
+            self.metrics.versions_by_copies.labels(copies=label).set(
+                sum(1 for c in counts.values() if c >= low and (high is None or c <= high))
+            )
+        name = self.settings.copies_configmap
+        if name is None:
+            return counts
+        from kubernetes.client.exceptions import ApiException
+
+        data = {copies.DATA_KEY: copies.copies_document(counts, at=self.clock())}
+        try:
+            self._core.patch_namespaced_config_map(
+                name, self.settings.namespace, {"data": data}, _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": self.settings.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "dsplatform", "app.kubernetes.io/component": "controller"},
+                },
+                "data": data,
+            }
+            self._core.create_namespaced_config_map(self.settings.namespace, body)
+        return counts
+
+    def _pods(self) -> list[JSON]:
+        if self._pods_now is None:
+            self._pods_now = self._raw(self._core.list_pod_for_all_namespaces)["items"]
+        return self._pods_now
+
+    # -- replication of hot data (docs/design.md#replication) -------------------------------
+
+    def _replicate(
+        self,
+        namespace: str,
+        name: str,
+        spec: JSON,
+        status: JSON,
+        mode: str | int | None,
+        ready: list[str],
+        inventories: Mapping[str, Mapping[str, Any]],
+    ) -> JSON:
+        from dsagent.kube.prepare import demand, free_gpus
+
+        task = f"replica.{namespace}.{name}"
+        previous = status.get("replicas") or {}
+        before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
+        if mode is None:  # spec.replicas removed: release every copy it held
+            for node in before:
+                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+            return {"mode": "off", "demand": 0, "target": 0, "actual": len(ready), "nodes": []}
+        pods = self._pods()
+        wanted = demand(pods, namespace, name, now=self.clock(), window_s=self.settings.replicas_window_s)
+        goal = replication.target(mode, wanted, max_auto=self.settings.replicas_max)
+        gpus = free_gpus(self._nodes_now, pods)
+        rooms = []
+        for node in sorted(self._agent_nodes()):
+            given = (inventories.get(node) or {}).get("freeBytes")
+            free = given if isinstance(given, int) and not isinstance(given, bool) else 0
+            rooms.append(replication.NodeRoom(node, node in ready, free, gpus.get(node, 0)))
+        given_size = status.get("bytes")
+        size = given_size if isinstance(given_size, int) and not isinstance(given_size, bool) else 0
+        chosen = replication.choose(rooms, goal, size_bytes=size, before=before)
+        for node in before:
+            if node not in chosen:
+                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+        request = {"name": name, "source": spec.get("source")}
+        if isinstance(spec.get("bundles"), str):
+            request["bundles"] = spec["bundles"]
+        reports = [
+            _warm_report(node, self.agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}))
+            for node in chosen
+        ]
+        return {
+            "mode": mode,
+            "demand": wanted,
+            "target": goal,
+            "actual": len(ready),
+            "desiredNodes": len(chosen),
+            "nodes": reports,
+        }
+
+    # -- next-job preparation (docs/design.md#next-job-preparation) -----------------------
+
+    def prepare_pass(
+        self, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]], datasets: list[JSON], presets: Thresholds
+    ) -> dict[tuple[str, str], JSON]:
+        """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset."""
+        from dsagent.cache.preparation import plan
+        from dsagent.kube.prepare import node_states, waiting_pods
+
+        pods = self._pods()
+        by_key = {
+            ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
+            for d in datasets
+        }
+        previous = [
+            entry
+            for d in datasets
+            for entry in (((d.get("status") or {}).get("preparation") or {}).get("pods") or [])
+            if isinstance(entry, dict) and isinstance(entry.get("uid"), str) and isinstance(entry.get("node"), str)
+        ]
+        asked = {(e["uid"], e["node"]) for e in previous if e.get("phase") == 2}
+        waiting = waiting_pods(pods, by_key)
+        pod_of = {w.key: pod for w, pod in waiting}
+        preps = plan(
+            node_states(nodes, pods, inventories),
+            [w for w, _ in waiting],
+            now=self.clock(),
+            thresholds=presets,
+            fetching=asked,
+        )
+        out: dict[tuple[str, str], JSON] = {}
+        fetching: set[tuple[str, str]] = set()
+        for prep in preps:
+            pod = pod_of[prep.job]
+            namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+            state = "reserved"
+            if prep.phase == 2:
+                state = self._ask_to_prepare(prep, namespace, by_key)
+                if state != "skipped":
+                    fetching.add((prep.job, prep.node))
+            for want in prep.datasets:
+                entry = out.setdefault((namespace, want.name), {"reservedBytes": 0, "fetchingBytes": 0, "pods": []})
+                entry["reservedBytes"] += want.size_bytes
+                if prep.phase == 2:
+                    entry["fetchingBytes"] += want.size_bytes
+                entry["pods"].append(
+                    {
+                        "pod": f"{namespace}/{(pod.get('metadata') or {}).get('name', '')}",
+                        "uid": prep.job,
+                        "node": prep.node,
+                        "phase": prep.phase,
+                        "state": state,
+                        "expectedStart": micro_time(prep.start),
+                    }
+                )
+        for uid, node in sorted(asked - fetching):  # cleanup: at once an eviction candidate
+            self.agent_call(node, "DELETE", f"/v1/tasks/{prepare_task_id(uid)}", None)
+            self.metrics.preparation_releases.inc()
+        self.metrics.preparations.labels(phase="1").set(sum(1 for p in preps if p.phase == 1))
+        self.metrics.preparations.labels(phase="2").set(len(fetching))
+        return out
+
+    def _ask_to_prepare(self, prep: Preparation, namespace: str, by_key: Mapping[tuple[str, str], JSON]) -> str:
+        requests = []
+        for want in prep.datasets:
+            spec = (by_key.get((namespace, want.name)) or {}).get("spec") or {}
+            if not isinstance(spec.get("source"), str) or spec.get("storageSecretRef"):
+                return "skipped"  # a Secret's options reach only the pod's own request (rule 5)
+            request = {"name": want.name, "source": spec["source"]}
+            if isinstance(spec.get("bundles"), str):
+                request["bundles"] = spec["bundles"]
+            requests.append(request)
+        answer = self.agent_call(prep.node, "PUT", f"/v1/tasks/{prepare_task_id(prep.job)}", {"datasets": requests})
+        report = _warm_report(prep.node, answer)
+        return str(report["state"])
 
     # -- packing --------------------------------------------------------------------------
 
@@ -641,6 +903,7 @@ __all__ = [
     "DatasetController",
     "LeaseElector",
     "listing_fingerprint",
+    "prepare_task_id",
     "parse_inventory",
     "ready_nodes",
 ]

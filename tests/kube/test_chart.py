@@ -847,6 +847,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
     docs = rendered["default"]
     assert rules_of(docs, "-controller") == {
         ("", "nodes", "list"),
+        ("", "pods", "list"),  # replication's demand, next-job preparation (issue 25)
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets/status", "patch"),
     }

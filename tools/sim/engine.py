@@ -11,7 +11,9 @@ product --
 - the GPUs a pod gets: ``gpu_topology.best_gpu_set`` (inside the job's RoCE class from
   ``gpu_topology.roce_classes``); the baselines get what the device plugin hands out, the
   lowest free indices;
-- the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``,
+- the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``
+  (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), and, opt-in,
+  next-job preparation (``ClusterParams.prepare_next``, the same module),
   its single flight per dataset version, and its rule that an old version goes when no task
   holds it;
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
@@ -58,7 +60,7 @@ from scheduler_plugin.timemodel import (
     t_run,
     wait_for_one_node,
 )
-from tools.sim import baselines, subnets
+from tools.sim import baselines, hooks, subnets
 from tools.sim.fluid import FluidRuntimes
 from tools.sim.workload import Dataset, Job
 
@@ -82,6 +84,7 @@ class ClusterParams:
     node_fetch_bw: float = MEASURED_FETCH_BPS
     cross_subnet_factor: float = 0.5  # ring bandwidth when a job's workers sit in different subnets
     queue_scan: int = 40  # waiting jobs tried per scheduling round
+    prepare_next: bool = False  # opt-in: ours prepares waiting jobs' data (docs/design.md#next-job-preparation)
     plan_sizes: str = "pow2"  # GPU counts the time model may give a job: pow2 (1, 2, 4, ... up to the
     # count asked for, and that count) or "asked" (only the count asked for)
     node_counts: tuple[tuple[str, int], ...] = ()  # exact (fixture, count) list; when set it replaces
@@ -109,6 +112,7 @@ class CacheEntry:
     last_used: float
     users: int = 0
     ready: bool = False
+    prepared: bool = False  # held for a waiting job by next-job preparation: not evicted
 
 
 @dataclass
@@ -234,6 +238,8 @@ class Simulation:
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
+        self.copy_counts = hooks.CopyCounts()  # cluster-aware eviction (tools/sim/hooks.py)
+        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next
 
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
@@ -312,6 +318,8 @@ class Simulation:
                     self._compute_done(self.outcomes[ident])
             if not self.events or self.events[0][0] > self.now:
                 self.schedule()
+                if self.params.prepare_next and self.policy in ("ours", "ours+time"):
+                    self.next_job(self)
         return self
 
     def _rate(self, fetch: Fetch, per_node: dict[int, int], from_storage: int, uploads: dict[int, int]) -> float:
@@ -671,8 +679,17 @@ class Simulation:
         return [(n.index, self.params.cache_bytes - self.fluid.committed.get(n.index, 0)) for n in self.nodes]
 
     def _make_room(self, node: Node, size: int) -> bool:
+        aware = self.policy in ("ours", "ours+time")
         candidates = [
-            Candidate(name, f"{version:032x}", e.size, e.last_used, in_use=e.users > 0, fetching=not e.ready)
+            Candidate(
+                name,
+                f"{version:032x}",
+                e.size,
+                e.last_used,
+                in_use=e.users > 0 or e.prepared,
+                fetching=not e.ready,
+                copies=self.copy_counts.others(self, (name, version), e.ready) if aware else None,
+            )
             for (name, version), e in node.cache.items()
         ]
         plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
@@ -693,12 +710,14 @@ class Simulation:
         size: int,
         *,
         cached: bool,
-        waiter: tuple[Job, int],
+        waiter: tuple[Job, int] | None,
         source: str = "storage",
         stream: bool = False,
         sources: tuple[int, ...] = (),
     ) -> None:
-        fetch = Fetch(node, key, float(size), cached, [waiter], source, stream, sources=sources)
+        fetch = Fetch(
+            node, key, float(size), cached, [waiter] if waiter is not None else [], source, stream, sources=sources
+        )
         self.fetches.append(fetch)
         if cached and self.policy != "fluid":
             self.inflight[(node.index, key)] = fetch

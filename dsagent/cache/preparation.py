@@ -1,0 +1,236 @@
+"""Which waiting jobs' datasets to prepare on which node while the current jobs run: pure
+functions of their inputs (docs/design.md#next-job-preparation).
+
+Who calls it: the Dataset controller (:mod:`dsagent.kube.controller`, which gathers the
+nodes, the running pods' expected ends and the pending pods, and asks each node's agent to
+cache what :func:`plan` says) and the simulator (``tools/sim/engine.py``, the opt-in
+``prepare_next`` variant). Nothing here reads the clock or does I/O; ``now`` is passed in.
+
+The switching design's three steps, mapped to datasets on a node:
+
+1. **Predict** (:func:`predict`): replay the queue against the running jobs' expected
+   ends, as the scheduler runs it (queue order, backfill, gangs together), each pod to the
+   node holding most of its bytes, then best fit. A pod that fits somewhere now is left to
+   the scheduler (nothing to prepare) but takes its GPUs, so the pods behind it are
+   predicted on what is left.
+2. **Phase 1** (manifest, space reservation): a predicted job whose start is within
+   ``window_s`` gets its missing datasets reserved on its node while the bytes reserved for
+   prepared jobs there stay within ``reserve_fraction`` of the node's cache (the first
+   threshold). Phase 2 below the same budget.
+3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
+   start) is within ``fetch_lead_s``, and the bytes that cannot be evicted afterwards (in
+   use, plus prepared data fetched or fetching) stay within ``fill_fraction`` of the cache
+   (the second threshold), which also means nothing in use is ever evicted for it; not
+   while a job bound to that node still waits for its own data (it would share the node's
+   fetch bandwidth with a prefetch). A preparation already fetching keeps its place first
+   (no flapping), counted first.
+4. **Cleanup**: a job whose pods ended releases its datasets at once (the agent's rule:
+   they become eviction candidates); a preparation whose job is no longer predicted there
+   (bound elsewhere, gone, or overtaken) is dropped by the caller: the plan lists only
+   what should be prepared now.
+
+Decisions: predictions follow the queue, not a score (the extender's affinity then sends
+the job to the prepared node, since it holds the data); multi-pod jobs are one entry per
+pod; a node whose running jobs have no expected end frees nothing (no prediction there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+Key = tuple[str, str]  # (dataset name, digest)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The presets: when to start each phase and how much of a cache it may take."""
+
+    window_s: float = 1800.0  # prepare jobs predicted to start within this
+    fetch_lead_s: float = 600.0  # phase 2 once the start is this close
+    reserve_fraction: float = 0.3  # first threshold: reserved for prepared jobs, of capacity
+    fill_fraction: float = 0.9  # second threshold: in use + prepared data, of capacity
+
+    def __post_init__(self) -> None:
+        if not (self.window_s >= 0 and self.fetch_lead_s >= 0):
+            raise ValueError("window_s and fetch_lead_s must be >= 0")
+        if not (0 <= self.reserve_fraction <= 1 and 0 <= self.fill_fraction <= 1):
+            raise ValueError("reserve_fraction and fill_fraction must be within [0, 1]")
+
+
+@dataclass(frozen=True)
+class Want:
+    """One dataset version a waiting job needs."""
+
+    name: str
+    digest: str
+    size_bytes: int
+
+    @property
+    def key(self) -> Key:
+        return (self.name, self.digest)
+
+
+@dataclass(frozen=True)
+class Running:
+    """A job holding GPUs on a node, and when it is expected to end (None: unknown)."""
+
+    gpus: int
+    expected_end: float | None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    capacity_bytes: int
+    in_use_bytes: int  # versions bound to running tasks: never evicted
+    free_gpus: int
+    running: tuple[Running, ...] = ()
+    held: frozenset[Key] = frozenset()  # versions ready or being fetched there
+    data_wait: bool = False  # a job bound there still waits for its own data: it fetches first
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One pod of a waiting job (``key`` unique), in queue order."""
+
+    key: str
+    gpus: int
+    datasets: tuple[Want, ...]
+    group: str | None = None  # pods of one gang job: placed together or not at all
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """Prepare ``job``'s ``datasets`` (those its node lacks) on ``node``: phase 1 or 2."""
+
+    job: str
+    node: str
+    datasets: tuple[Want, ...]
+    phase: int
+    start: float  # when the job is predicted to start there
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.size_bytes for w in self.datasets)
+
+
+def predict(
+    nodes: Sequence[NodeState], waiting: Sequence[Waiting], *, now: float, window_s: float
+) -> dict[str, tuple[str, float]]:
+    """``pod -> (node, predicted start)`` for the waiting pods that start within the window
+    (those that fit now included, with start ``now``).
+
+    The queue is replayed against the expected releases as the scheduler would run it: at
+    ``now`` and at each expected end within the window, the waiting pods are tried in queue
+    order and every one that fits is placed (later pods may pass one that does not fit:
+    backfill); the pods of one ``group`` (a gang) are placed together or not at all. A pod
+    goes to the node holding most of its bytes, then the fewest free GPUs that fit (best
+    fit), then by name."""
+    horizon = now + window_s
+    free = {n.name: n.free_gpus for n in nodes if n.free_gpus > 0}  # nodes with free GPUs only
+    by_name = {n.name: n for n in nodes}
+    releases: dict[float, list[tuple[str, int]]] = {}
+    for n in nodes:
+        for r in n.running:
+            if r.expected_end is not None and math.isfinite(r.expected_end) and r.gpus > 0:
+                at = max(now, r.expected_end)
+                if at <= horizon:
+                    releases.setdefault(at, []).append((n.name, r.gpus))
+    groups: dict[str, list[Waiting]] = {}
+    order: list[str] = []
+    for job in waiting:
+        group = job.group if job.group is not None else "\0" + job.key
+        if group not in groups:
+            order.append(group)
+        groups.setdefault(group, []).append(job)
+    out: dict[str, tuple[str, float]] = {}
+    pending = [g for g in order if all(j.gpus > 0 for j in groups[g])]
+    for t in sorted({now, *releases}):
+        for name, gpus in releases.get(t, ()):
+            free[name] = free.get(name, 0) + gpus
+        for group in list(pending):  # one pass: free GPUs only shrink until the next release
+            taken: dict[str, int] = {}  # this group's GPUs per node, until it is placed whole
+            chosen = []
+            for job in groups[group]:
+                fits = [
+                    (
+                        -sum(w.size_bytes for w in job.datasets if w.key in by_name[name].held),
+                        f - taken.get(name, 0),
+                        name,
+                    )
+                    for name, f in free.items()
+                    if f - taken.get(name, 0) >= job.gpus
+                ]
+                if not fits:
+                    break
+                best = min(fits)[2]
+                taken[best] = taken.get(best, 0) + job.gpus
+                chosen.append((job.key, best))
+            else:
+                for name, gpus in taken.items():
+                    free[name] -= gpus
+                    if free[name] <= 0:
+                        del free[name]
+                out.update((key, (name, t)) for key, name in chosen)
+                pending.remove(group)
+    return out
+
+
+def plan(
+    nodes: Sequence[NodeState],
+    waiting: Sequence[Waiting],
+    *,
+    now: float,
+    thresholds: Thresholds = Thresholds(),
+    fetching: Iterable[tuple[str, str]] = (),
+) -> tuple[Preparation, ...]:
+    """What to prepare now: one :class:`Preparation` per waiting pod predicted to start on a
+    node within the window and not ready to start now, with the datasets that node lacks.
+
+    ``fetching``: ``(job, node)`` pairs whose phase 2 already started; they stay in phase 2
+    while still predicted there and count first against both thresholds."""
+    by_name = {n.name: n for n in nodes}
+    predicted = predict(nodes, waiting, now=now, window_s=thresholds.window_s)
+    started = set(fetching)
+    reserved: dict[str, int] = {}  # node -> bytes reserved for prepared jobs (phases 1 and 2)
+    filled: dict[str, int] = {}  # node -> bytes of prepared data fetched or fetching (phase 2)
+    claimed: dict[str, set[Key]] = {}  # node -> versions already planned there (counted once)
+    jobs = {w.key: w for w in waiting}
+    order = sorted(
+        (key for key, (_, start) in predicted.items() if start > now),
+        key=lambda k: (0 if (k, predicted[k][0]) in started else 1, predicted[k][1]),
+    )
+    out = []
+    for key in order:
+        node_name, start = predicted[key]
+        node = by_name[node_name]
+        seen = claimed.setdefault(node_name, set())
+        missing = tuple(dict.fromkeys(w for w in jobs[key].datasets if w.key not in node.held and w.key not in seen))
+        if not missing:
+            continue
+        size = sum(w.size_bytes for w in missing)
+        if reserved.get(node_name, 0) + size > thresholds.reserve_fraction * node.capacity_bytes:
+            continue  # the first threshold: not even a reservation this round
+        phase = 1
+        in_fetch = (key, node_name) in started
+        lead = start - now <= thresholds.fetch_lead_s
+        fill = node.in_use_bytes + filled.get(node_name, 0) + size
+        if (in_fetch or (lead and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
+            phase = 2
+            filled[node_name] = filled.get(node_name, 0) + size
+        reserved[node_name] = reserved.get(node_name, 0) + size
+        seen.update(w.key for w in missing)
+        out.append(Preparation(key, node_name, missing, phase, start))
+    return tuple(out)
+
+
+def by_node(preparations: Iterable[Preparation]) -> Mapping[str, list[Preparation]]:
+    out: dict[str, list[Preparation]] = {}
+    for p in preparations:
+        out.setdefault(p.node, []).append(p)
+    return out
+
+
+__all__ = ["NodeState", "Preparation", "Running", "Thresholds", "Waiting", "Want", "by_node", "plan", "predict"]

@@ -1,0 +1,127 @@
+"""The simulator's hooks into the cluster-side cache policies of issue 25, kept out of
+:mod:`tools.sim.engine` so that the engine only calls them.
+
+Who calls it: :class:`tools.sim.engine.Simulation` (its eviction call site and, opt-in, its
+event loop). It owns no policy: the decisions are the product's
+(:mod:`dsagent.cache.eviction` with the copy counts of :mod:`dsagent.cache.copies`,
+:mod:`dsagent.cache.preparation`); this module turns the simulated cluster into their
+inputs, as the Dataset controller does from Nodes and pods, at the controller's resync.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from dsagent.cache import preparation
+
+if TYPE_CHECKING:
+    from tools.sim.engine import Node, Simulation
+
+RESYNC_S = 30.0  # the Dataset controller's resync: how old counts may be, how often it plans
+
+
+class CopyCounts:
+    """Ready copies per version as the controller publishes them
+    (docs/design.md#cluster-eviction): counted over every node's cache, at most
+    ``RESYNC_S`` old, as the agents see them between resyncs."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], int] = {}
+        self.made_at: float | None = None
+
+    def get(self, sim: Simulation) -> dict[tuple[str, int], int]:
+        if self.made_at is None or sim.now - self.made_at >= RESYNC_S:
+            counts: dict[tuple[str, int], int] = {}
+            for n in sim.nodes:
+                for key, e in n.cache.items():
+                    if e.ready:
+                        counts[key] = counts.get(key, 0) + 1
+            self.counts, self.made_at = counts, sim.now
+        return self.counts
+
+    def others(self, sim: Simulation, key: tuple[str, int], ready_here: bool) -> int:
+        """The agent's rule (:meth:`dsagent.cache.copies.ClusterCopies.others`): the count less itself."""
+        return max(0, self.get(sim).get(key, 0) - (1 if ready_here else 0))
+
+
+class NextJobPreparation:
+    """Next-job preparation (docs/design.md#next-job-preparation), opt-in: every
+    ``RESYNC_S`` while a job waits, the product's policy predicts where the waiting jobs
+    start; phase 2 fetches their data into that node's cache, protected until the plan drops
+    it, when it is an eviction candidate at once. Phase 1 is the controller's ledger only."""
+
+    def __init__(self, thresholds: preparation.Thresholds | None = None) -> None:
+        self.thresholds = thresholds or preparation.Thresholds()
+        self.planned_at = -math.inf
+        self.started: set[tuple[str, str]] = set()  # (pod, node) pairs in phase 2
+
+    def __call__(self, sim: Simulation) -> None:
+        from tools.sim.engine import CacheEntry
+
+        if sim.now - self.planned_at < RESYNC_S:
+            return
+        self.planned_at = sim.now
+        if sim.waiting and sim.running:  # wake up again while a queued job waits for GPUs
+            sim.push(sim.now + RESYNC_S, "prepare", -1)
+        plan = preparation.plan(
+            self.nodes(sim), self.waiting(sim), now=sim.now, thresholds=self.thresholds, fetching=self.started
+        )
+        by_name = {n.name: n for n in sim.nodes}
+        keep: set[tuple[int, tuple[str, int]]] = set()
+        self.started = set()
+        for prep in plan:
+            if prep.phase != 2:
+                continue
+            node = by_name[prep.node]
+            for want in prep.datasets:
+                key = (want.name, int(want.digest, 16))
+                if key not in node.cache:
+                    if not sim._make_room(node, want.size_bytes):
+                        continue
+                    node.cache[key] = CacheEntry(want.name, key[1], want.size_bytes, sim.now)
+                    sim._new_fetch(node, key, want.size_bytes, cached=True, waiter=None)
+                    sim.touch(node)
+                node.cache[key].prepared = True
+                keep.add((node.index, key))
+            self.started.add((prep.job, prep.node))
+        for node in sim.nodes:  # cleanup: what is no longer planned may be evicted at once
+            for key, e in node.cache.items():
+                if e.prepared and (node.index, key) not in keep:
+                    e.prepared = False
+
+    @staticmethod
+    def nodes(sim: Simulation) -> list[preparation.NodeState]:
+        ends: dict[int, list[preparation.Running]] = {}
+        for out in sim.running.values():
+            for w in out.workers:
+                ends.setdefault(w.node.index, []).append(preparation.Running(len(w.gpus), out.end))
+        waiting_for_data = {f.node.index for f in sim.fetches if f.waiters}
+
+        def state(n: Node) -> preparation.NodeState:
+            return preparation.NodeState(
+                n.name,
+                sim.params.cache_bytes,
+                sum(e.size for e in n.cache.values() if e.users > 0),
+                len(n.free),
+                tuple(ends.get(n.index, ())),
+                frozenset((name, f"{v:032x}") for name, v in n.cache),
+                data_wait=n.index in waiting_for_data,
+            )
+
+        return [state(n) for n in sim.nodes if n.free or n.index in ends]
+
+    @staticmethod
+    def waiting(sim: Simulation) -> list[preparation.Waiting]:
+        out = []
+        for job in sim.waiting[: sim.params.queue_scan]:
+            d = sim.datasets[job.dataset]
+            want = preparation.Want(d.name, f"{d.version_at(sim.now):032x}", d.size)
+            out += [
+                preparation.Waiting(f"{job.id}/{i}", job.gpus_per_worker, (want,), group=str(job.id))
+                for i in range(job.workers)
+            ]
+        return out
+
+
+__all__ = ["RESYNC_S", "CopyCounts", "NextJobPreparation"]
