@@ -223,21 +223,26 @@ class NodeDriver:
         validate_volume_id(volume_id)
         target = check_target(target_path, self.pods_dir, None)
         async with self._lock:
+            # Only what this volume id published at this target is touched: an id with no
+            # record published nothing (OK, idempotent: the CSI spec), and a known id at
+            # another target is refused before its mounts or its lease renewal are touched.
+            record = self.volumes.load(volume_id)
+            if record is None:
+                log.info("unpublish of volume %s, which this node does not hold: nothing to do", volume_id)
+                return
+            if record.target_path != str(target):
+                raise NotFound(f"volume {volume_id} is not published at {target_path}")
             published = self._published.pop(volume_id, None)
             if published is not None and published.watcher is not None:
                 published.watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await published.watcher
-            record = self.volumes.load(volume_id)
-            if record is not None and record.target_path != str(target):
-                raise NotFound(f"volume {volume_id} is not published at {target_path}")
             await asyncio.to_thread(self._remove_mounts, volume_id, target)
-            if record is not None:
-                others = [r for r in self.volumes.all() if r.pod_uid == record.pod_uid and r.volume_id != volume_id]
-                if not others:
-                    with contextlib.suppress(NotFound):
-                        await self.service.release_task(record.pod_uid)
-                self.volumes.delete(volume_id)
+            others = [r for r in self.volumes.all() if r.pod_uid == record.pod_uid and r.volume_id != volume_id]
+            if not others:
+                with contextlib.suppress(NotFound):
+                    await self.service.release_task(record.pod_uid)
+            self.volumes.delete(volume_id)
         log.info("unpublished volume %s from %s", volume_id, target)
 
     def _remove_mounts(self, volume_id: str, target: Path) -> None:
