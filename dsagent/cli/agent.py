@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -320,7 +321,7 @@ def _listening(path: Path) -> bool:
         probe.close()
 
 
-async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path | None = None) -> int:
+async def _run(settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None) -> int:
     import uvicorn
 
     from dsagent.api import create_app
@@ -374,32 +375,53 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Path |
     return 0 if server.started else 3
 
 
-def _record_socket(settings: Settings) -> Path | None:
+@dataclass(frozen=True)
+class SocketPointer:
+    """The per-user pointer file this agent wrote, and the socket it named before (another
+    agent's, still running then), to hand back to when this agent stops."""
+
+    path: Path
+    previous: str | None
+
+
+def _record_socket(settings: Settings) -> SocketPointer | None:
     """Write the socket's path to the per-user pointer file when it is the root's default."""
     if settings.socket_path is not None and settings.socket_path != settings.root / "dsagent.sock":
         return None
     pointer = socket_pointer()
     try:
+        previous = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
         pointer.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
-        tmp.write_text(str(settings.socket.absolute()) + "\n", encoding="utf-8")
-        tmp.replace(pointer)
+        _write_pointer(pointer, str(settings.socket.absolute()))
     except OSError as exc:  # a convenience only: dsctl can still be told DSAGENT_SOCKET
         logging.getLogger("dsagent").warning("cannot record the socket path in %s: %s", pointer, exc)
         return None
-    return pointer
+    return SocketPointer(pointer, previous if previous != str(settings.socket.absolute()) else None)
 
 
-def _cleanup(settings: Settings, sockets: list[socket.socket], pointer: Path | None = None) -> None:
-    """Close the listeners, remove the socket file and, if it still names ours, the pointer."""
+def _write_pointer(pointer: Path, socket_path: str) -> None:
+    tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
+    tmp.write_text(socket_path + "\n", encoding="utf-8")
+    tmp.replace(pointer)
+
+
+def _cleanup(settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None) -> None:
+    """Close the listeners, remove the socket file and, if the pointer still names ours, hand
+    it back to the agent it named before when that one still serves, else remove it (a second
+    agent stopping must not hide the first one from dsctl)."""
     for sock in sockets:
         sock.close()
     with contextlib.suppress(FileNotFoundError):
         settings.socket.unlink()
-    if pointer is not None:
-        with contextlib.suppress(OSError):
-            if pointer.read_text(encoding="utf-8").strip() == str(settings.socket.absolute()):
-                pointer.unlink()
+    if pointer is None:
+        return
+    with contextlib.suppress(OSError):
+        if pointer.path.read_text(encoding="utf-8").strip() != str(settings.socket.absolute()):
+            return  # a later agent took it over: its own to clean up
+        if pointer.previous is not None and _listening(Path(pointer.previous)):
+            _write_pointer(pointer.path, pointer.previous)
+        else:
+            pointer.path.unlink()
 
 
 async def _device_plugin_wanted(settings: Settings) -> bool:

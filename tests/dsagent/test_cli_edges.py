@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -84,6 +85,55 @@ def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Pa
     assert not pointer.exists() and not (root / "dsagent.sock").exists()
 
 
+def test_a_second_agent_stopping_hands_the_pointer_back_to_the_first(tmp_path: Path) -> None:
+    """Issue 23: stopping a second agent deleted the first one's discovery file, and dsctl ls
+    then said no agent was running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSAGENT_")}
+    env.update(XDG_RUNTIME_DIR=str(tmp_path / "run"), DSAGENT_SWEEP_INTERVAL="3600", DSAGENT_ADMIN_TOKEN=ADMIN_TOKEN)
+    pointer = tmp_path / "run" / "dsagent" / "socket"
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def start(root: Path) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dsagent", "serve", "--root", str(root)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        agents.append(proc)
+        deadline = time.monotonic() + 60
+        while not serving(root / "dsagent.sock"):  # its SIGTERM handler is in place from here
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        return proc
+
+    def serving(path: Path) -> bool:
+        """The agent answers HTTP (not only listens: it binds before its signal handlers are
+        in place). A raw request on a socket closed here: httpcore leaks refused ones."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(5)
+            try:
+                probe.connect(str(path))
+                probe.sendall(b"GET /healthz HTTP/1.0\r\nHost: agent\r\n\r\n")
+                return probe.recv(12).startswith(b"HTTP/1.1 200")
+            except OSError:
+                return False
+
+    try:
+        start(tmp_path / "first")
+        second = start(tmp_path / "second")
+        assert pointer.read_text().strip() == str(tmp_path / "second" / "dsagent.sock")
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=30)
+        assert pointer.read_text().strip() == str(tmp_path / "first" / "dsagent.sock")
+        assert run("-m", "dsagent.cli", "ls", "-o", "json", env=env).returncode == 0
+    finally:
+        for proc in agents:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert not pointer.exists(), "the last agent to stop removes it"
+
+
 def one_line_error(result: subprocess.CompletedProcess[str], prefix: str) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
@@ -105,8 +155,6 @@ def test_a_root_that_cannot_be_a_directory_is_one_line_and_exit_2(kind: str, tmp
 
 def test_the_extender_on_a_busy_port_is_one_line_and_exit_2() -> None:
     """Issue 23: `dsctl scheduler serve` on a busy port exited 3 ("not found") after uvicorn's log."""
-    import socket
-
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
