@@ -196,8 +196,11 @@ def pack(
     source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
     store_options_files: tuple[str, ...], output: str, digest_cache: bool, publish_namespace: str | None,
 ) -> None:  # fmt: skip
-    """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME."""
-    from dsagent.format.bundle import write_bundles
+    """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME.
+
+    A local SOURCE is read once: each file is hashed while it is packed.
+    """
+    from dsagent.format.bundle import pack_dataset
 
     cap = parse_size(max_bytes)
     if cap < 1:
@@ -207,18 +210,14 @@ def pack(
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
-        with progress_bar("digesting", None) as progress:
-            manifest = build_manifest(
-                source, name=name, storage_options=src_options, digest_cache=cache, progress=progress
-            )
+        with progress_bar("packing", None) as progress:
+            packed, reused = pack_dataset(
+                source, store, name=name, max_files=max_files, max_bytes=cap, level=level, threads=threads,
+                storage_options=src_options, store_options=dst_options, progress=progress, digest_cache=cache,
+            )  # fmt: skip
     finally:
         if cache is not None:
             cache.close()
-    with progress_bar("packing  ", manifest.total_bytes) as progress:
-        packed, reused = write_bundles(
-            manifest, source, store, max_files=max_files, max_bytes=cap, level=level, threads=threads,
-            storage_options=src_options, store_options=dst_options, progress=progress,
-        )  # fmt: skip
     elapsed = time.monotonic() - start
     compressed = sum(b.compressed_size for b in packed.bundles)
     published = None

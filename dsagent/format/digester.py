@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import operator
 import os
 import signal
 import sys
@@ -220,6 +221,32 @@ def walk_source(
         found, dirs = _walk_remote(fs, root)
         empty.extend(dirs)
         return found
+
+
+def list_files(
+    fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None
+) -> list[_Found] | None:
+    """Every file of the dataset at ``root`` with its size and mtime, in path order, none of them read.
+
+    Local files are stat'ed (each once, following links as the walk does); the listing of
+    another filesystem already carries sizes. None when a size is unknown (an http
+    listing gives none): a caller that plans bundles from sizes must digest first.
+    Used by the one-pass pack (:func:`dsagent.format.bundle.pack_dataset`), which reads
+    each file only while packing it.
+    """
+    files: list[_Found] = []
+    for item in walk_source(fs, root, empty, confine=confine):
+        if item.inode == _UNSTATED:
+            with translate_errors(f"source file {item.location!r}"):
+                item = _stated(item, os.stat(item.location))
+        elif item.size < 0:
+            return None
+        files.append(item)
+    files.sort(key=_found_path)
+    return files
+
+
+_found_path = operator.attrgetter("path")
 
 
 # --------------------------------------------------------------------------- digesting
