@@ -16,16 +16,17 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dsagent.cli.options import output_option, source_options, storage_options, store_options
 from dsagent.errors import InvalidInput
-from dsagent.format.digestcache import DigestCache, default_cache_path
-from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import Manifest, Progress, read_manifest
 from dsplatform.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from dsagent.format.digestcache import DigestCache
 
 
 @contextmanager
@@ -80,6 +81,8 @@ def _rate(size: int, seconds: float) -> str:
 
 
 def _cache(enabled: bool) -> DigestCache | None:
+    from dsagent.format.digestcache import DigestCache, default_cache_path
+
     return DigestCache(default_cache_path()) if enabled else None
 
 
@@ -112,6 +115,8 @@ def digest(
     digest_cache: bool,
 ) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
+    from dsagent.format.digester import build_manifest
+
     options = storage_options(source_option_pairs, source_options_files)
     start = time.monotonic()
     cache = _cache(digest_cache)
@@ -264,7 +269,7 @@ def unpack(
     output: str,
 ) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
-    from dsagent.format.bundle import unpack as unpack_dataset
+    from dsagent.format.extract import unpack as unpack_dataset
 
     options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
@@ -307,7 +312,7 @@ def verify(
     output: str,
 ) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
-    from dsagent.format.bundle import verify_tree
+    from dsagent.format.extract import verify_tree
 
     start = time.monotonic()
     manifest = read_manifest(

@@ -32,11 +32,10 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import xxhash
 import zstandard
-from fsspec.spec import AbstractFileSystem
 
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput
 from dsagent.format.digestcache import DigestCache
@@ -63,6 +62,9 @@ from dsagent.format.manifest import (
 )
 from dsagent.format.storage import open_whole, resolve, translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
+
+if TYPE_CHECKING:
+    from fsspec.spec import AbstractFileSystem
 
 DEFAULT_MAX_FILES = 50_000
 DEFAULT_MAX_BYTES = 800_000_000

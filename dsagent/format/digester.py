@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 import xxhash
-from fsspec.implementations.local import LocalFileSystem
-from fsspec.spec import AbstractFileSystem
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
@@ -41,6 +39,8 @@ from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Ma
 from dsagent.format.storage import open_whole, resolve, resolves_within, translate_errors
 
 if TYPE_CHECKING:
+    from fsspec.spec import AbstractFileSystem
+
     from dsagent.format.digestcache import DigestCache
 
 #: Digest threads for remote sources, where each file costs a round trip.
@@ -59,6 +59,8 @@ class _Found(NamedTuple):
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
+    from fsspec.implementations.local import LocalFileSystem  # loaded already: fs is an fsspec filesystem
+
     return isinstance(fs, LocalFileSystem)
 
 
