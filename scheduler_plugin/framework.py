@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from typing import Any
 
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.jobs import JobClasses
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 Cluster = Callable[[], Iterable[NodeFacts]]
 GpuKey = tuple[int, "frozenset[int] | None", int]
+#: Memoized best-fit scores (GPU key, class, need) kept before the memo starts again.
+FIT_MEMO_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Framework:
         self.clock = clock  # wall-clock seconds, the clock of pod deadlines
         self.jobs = jobs if jobs is not None else JobClasses(settings.job_ttl_s)
         self.placements = numa.PlacementMemo()
+        self._fits: dict[tuple[GpuKey, str | None, int], float] = {}
 
     def read_pod(self, pod: Pod) -> PodRequest:
         """The pod's request, with a log line when its data cannot be read."""
@@ -108,12 +111,14 @@ class Framework:
         table[None] = (0, 0)
         # Most nodes hold none of the pod's datasets: their combined score depends on the
         # GPU key alone, so it is computed once per distinct key and looked up in C; only
-        # the nodes with a dataset score are visited in Python.
+        # the nodes with a dataset score are visited in Python (combine's rule, inlined).
+        wd, wr, wn = w.dataset, w.roce, w.numa
         base = {key: combine(w, [0], [r], [n])[0] for key, (r, n) in table.items()}
         scores = list(map(base.__getitem__, keys))
         for index in compress(range(len(datasets)), datasets):
             roce_score, numa_score = table[keys[index]]
-            scores[index] = combine(w, [datasets[index]], [roce_score], [numa_score])[0]
+            total = int(wd * datasets[index] + wr * roce_score + wn * numa_score + 0.5)
+            scores[index] = MAX if total > MAX else 0 if total < 0 else total
         return scores
 
     def dataset_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
@@ -125,12 +130,15 @@ class Framework:
             sizes = dataset.requested_sizes(wants, (n.inventory for n in nodes if n is not None))
         affinity = dataset.affinity
         if sizes is None:
-            # Without partial credit a node lacking the first dataset scores 0: only the
-            # nodes holding it (found in C, without a Python loop over every candidate)
-            # are scored.
-            held = map(getattr, nodes, repeat("held"), repeat(NOTHING_HELD))
+            # Without partial credit a node lacking any of the datasets scores 0: only the
+            # nodes holding all of them (found in C, one membership pass per dataset over
+            # the nodes left, without a Python loop over every candidate) are scored.
+            held = list(map(getattr, nodes, repeat("held"), repeat(NOTHING_HELD)))
+            left: Iterable[int] = range(len(nodes))
+            for name in dict.fromkeys(want.name for want in wants):
+                left = list(compress(left, map(operator.contains, map(held.__getitem__, left), repeat(name))))
             raws = [0.0] * len(nodes)
-            for index in compress(range(len(nodes)), map(operator.contains, held, repeat(wants[0].name))):
+            for index in left:
                 raws[index] = affinity(wants, nodes[index].inventory)  # type: ignore[union-attr]
             return dataset.normalize(raws)
         return dataset.normalize([affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes])
@@ -184,12 +192,23 @@ class Framework:
         # One node per distinct key (any one: equal keys score alike), built in C.
         distinct: dict[GpuKey, NodeFacts] = dict(zip(keys, nodes))  # type: ignore[arg-type]
         distinct.pop(None, None)  # type: ignore[call-overload]
-        fits = [_node_fit(node, gpu_class, need) if roce_too else 0.0 for node in distinct.values()]
+        fits = [self._fit(key, node, gpu_class, need) if roce_too else 0.0 for key, node in distinct.items()]
         table: dict[GpuKey | None, tuple[int, int]] = {
             key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)
             for (key, node), fit in zip(distinct.items(), roce.normalize(fits))
         }
         return keys, table
+
+    def _fit(self, key: GpuKey, node: NodeFacts, gpu_class: str | None, need: int) -> float:
+        """:func:`_node_fit`, memoized: it reads only the node's classes (equal topology ids
+        have equal classes), free set and free count, which is its GPU key."""
+        memo = (key, gpu_class, need)
+        found = self._fits.get(memo)
+        if found is None:
+            if len(self._fits) >= FIT_MEMO_LIMIT:
+                self._fits.clear()
+            found = self._fits[memo] = _node_fit(node, gpu_class, need)
+        return found
 
     def job_class(self, pod: PodRequest, cluster: Cluster) -> str | None:
         """The RoCE class this pod's GPUs should come from, or None for "any class".
@@ -234,15 +253,19 @@ class Framework:
 
 
 def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, int], int]]:
-    """(free_by_class, node count) per distinct GPU key, for the cluster-wide vote."""
-    groups: dict[GpuKey, list[Any]] = {}
-    for node in nodes:
-        group = groups.get(node.gpu_key)
-        if group is None:
-            groups[node.gpu_key] = [node.free_by_class, 1]
-        else:
-            group[1] += 1
-    return [(free, count) for free, count in groups.values() if free]
+    """(free_by_class, node count) per distinct GPU key, for the cluster-wide vote.
+
+    Counted in C (``Counter`` over the keys, one node per key from ``dict(zip(...))``):
+    the first worker of every job asks for this over all nodes, 5,000 in a big cluster.
+    """
+    listed = nodes if isinstance(nodes, list) else list(nodes)
+    keys = list(map(_GPU_KEY, listed))
+    counts = Counter(keys)
+    groups = [(node.free_by_class, counts[key]) for key, node in dict(zip(keys, listed)).items()]
+    return [(free, count) for free, count in groups if free]
+
+
+_GPU_KEY = operator.attrgetter("gpu_key")
 
 
 def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:

@@ -18,21 +18,20 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from dsagent import __version__
-from dsagent.api.identity import own_pod_uid
-from dsagent.api.routes import router
-from dsagent.cache.service import CacheService
-from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, InvalidInput
+
+if TYPE_CHECKING:
+    # Imported where the app is built, not here: dsctl's client (dsagent.api.client) lives in
+    # this package, and importing FastAPI, the routes and the service cost every
+    # init-container's ``dsctl cache`` over a second of start-up (issue 24).
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from dsagent.cache.service import CacheService
+    from dsagent.cache.settings import Settings
 
 log = logging.getLogger("dsagent.api")
 
@@ -51,7 +50,7 @@ class Companion(Protocol):
 
 
 #: Builds a companion for the running service.
-CompanionFactory = Callable[[CacheService], Companion]
+CompanionFactory = Callable[["CacheService"], Companion]
 
 
 def create_app(
@@ -62,6 +61,13 @@ def create_app(
     companions: Sequence[CompanionFactory] = (),
 ) -> FastAPI:
     """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``."""
+    from fastapi import FastAPI
+
+    from dsagent import __version__
+    from dsagent.api.identity import own_pod_uid
+    from dsagent.api.routes import router
+    from dsagent.cache.service import CacheService
+
     svc = service if service is not None else CacheService(settings, clock=clock)
 
     @asynccontextmanager
@@ -100,6 +106,8 @@ def create_app(
 def openapi_document(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document without the 422 it adds to every route with inputs: the error
     edge answers validation errors as 400 ``invalid_input`` (declared per route)."""
+    from fastapi.openapi.utils import get_openapi
+
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes, description=(
@@ -117,10 +125,16 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
 
 
 def _error(exc: DsagentError) -> JSONResponse:
+    from fastapi.responses import JSONResponse
+
     return JSONResponse(exc.to_dict(), status_code=exc.http_status)
 
 
 def _install_error_edge(app: FastAPI) -> None:
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
     @app.exception_handler(DsagentError)
     async def deliberate(_: Request, exc: DsagentError) -> JSONResponse:
         return _error(exc)

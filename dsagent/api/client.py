@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 
 from dsagent import errors
-from dsagent.cache.settings import default_root, socket_pointer
 from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput
 
 _BY_CODE: dict[str, type[DsagentError]] = {
@@ -33,6 +32,10 @@ def default_socket(environ: Mapping[str, str] | None = None) -> Path:
         return Path(env["DSAGENT_SOCKET"])
     if env.get("DSAGENT_ROOT"):
         return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
+    # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
+    # init-container's dsctl cache, which finds its socket above
+    from dsagent.cache.settings import default_root, socket_pointer
+
     try:
         recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
     except OSError:

@@ -16,16 +16,17 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dsagent.cli.options import output_option, source_options, storage_options, store_options
 from dsagent.errors import InvalidInput
-from dsagent.format.digestcache import DigestCache, default_cache_path
-from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import Manifest, Progress, read_manifest
 from dsplatform.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from dsagent.format.digestcache import DigestCache
 
 
 @contextmanager
@@ -80,6 +81,8 @@ def _rate(size: int, seconds: float) -> str:
 
 
 def _cache(enabled: bool) -> DigestCache | None:
+    from dsagent.format.digestcache import DigestCache, default_cache_path
+
     return DigestCache(default_cache_path()) if enabled else None
 
 
@@ -112,6 +115,8 @@ def digest(
     digest_cache: bool,
 ) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
+    from dsagent.format.digester import build_manifest
+
     options = storage_options(source_option_pairs, source_options_files)
     start = time.monotonic()
     cache = _cache(digest_cache)
@@ -196,8 +201,11 @@ def pack(
     source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
     store_options_files: tuple[str, ...], output: str, digest_cache: bool, publish_namespace: str | None,
 ) -> None:  # fmt: skip
-    """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME."""
-    from dsagent.format.bundle import write_bundles
+    """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME.
+
+    A local SOURCE is read once: each file is hashed while it is packed.
+    """
+    from dsagent.format.bundle import pack_dataset
 
     cap = parse_size(max_bytes)
     if cap < 1:
@@ -207,18 +215,14 @@ def pack(
     start = time.monotonic()
     cache = _cache(digest_cache)
     try:
-        with progress_bar("digesting", None) as progress:
-            manifest = build_manifest(
-                source, name=name, storage_options=src_options, digest_cache=cache, progress=progress
-            )
+        with progress_bar("packing", None) as progress:
+            packed, reused = pack_dataset(
+                source, store, name=name, max_files=max_files, max_bytes=cap, level=level, threads=threads,
+                storage_options=src_options, store_options=dst_options, progress=progress, digest_cache=cache,
+            )  # fmt: skip
     finally:
         if cache is not None:
             cache.close()
-    with progress_bar("packing  ", manifest.total_bytes) as progress:
-        packed, reused = write_bundles(
-            manifest, source, store, max_files=max_files, max_bytes=cap, level=level, threads=threads,
-            storage_options=src_options, store_options=dst_options, progress=progress,
-        )  # fmt: skip
     elapsed = time.monotonic() - start
     compressed = sum(b.compressed_size for b in packed.bundles)
     published = None
@@ -265,7 +269,7 @@ def unpack(
     output: str,
 ) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
-    from dsagent.format.bundle import unpack as unpack_dataset
+    from dsagent.format.extract import unpack as unpack_dataset
 
     options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
@@ -308,7 +312,7 @@ def verify(
     output: str,
 ) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
-    from dsagent.format.bundle import verify_tree
+    from dsagent.format.extract import verify_tree
 
     start = time.monotonic()
     manifest = read_manifest(

@@ -198,7 +198,9 @@ def cache(
         raise InvalidInput("DSAGENT_TASK_ID is not set", hint="set it from the pod UID (downward API: metadata.uid)")
     task_id = task_id or default_task_id(datasets)
     with _client(agent_url, socket_path, token) as client:
-        record = client.submit_task(task_id, datasets)
+        # With --wait the agent holds the first answer up to one poll interval: a dataset
+        # ready by then (cached already, or small) returns at once, not a poll later.
+        record = client.submit_task(task_id, datasets, wait=POLL_SECONDS if wait else 0.0)
         if wait and record["state"] == "pending":
             record = wait_until_done(
                 client, task_id, timeout=timeout, show=ProgressView() if output == "text" else lambda r: None

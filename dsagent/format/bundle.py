@@ -32,15 +32,14 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import xxhash
 import zstandard
-from fsspec.spec import AbstractFileSystem
 
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput
 from dsagent.format.digestcache import DigestCache
-from dsagent.format.digester import build_manifest, is_local
+from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.durable import fsync_dir
 from dsagent.format.extract import (
     create_empty_directories,
@@ -57,10 +56,15 @@ from dsagent.format.manifest import (
     Progress,
     bundle_digest,
     bundle_path,
+    check_dataset_name,
+    check_layout,
     manifest_path,
 )
 from dsagent.format.storage import open_whole, resolve, translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
+
+if TYPE_CHECKING:
+    from fsspec.spec import AbstractFileSystem
 
 DEFAULT_MAX_FILES = 50_000
 DEFAULT_MAX_BYTES = 800_000_000
@@ -276,7 +280,13 @@ class _BundleWriter:
         self._lock = lock
         self._single_file = not fs.isdir(root)  # a lone-file dataset: its one entry is the root
 
-    def write(self, members: Sequence[FileEntry], out: Any) -> None:
+    def write(self, members: Sequence[FileEntry], out: Any) -> list[str]:
+        """Write ``members``' tar stream into ``out``; returns their digests as read.
+
+        A member with a digest must still have it (it was digested before); one without
+        (the one-pass pack) is hashed as it is read, and must not change while it is.
+        """
+        digests: list[str] = []
         free: queue.SimpleQueue[bytearray | None] = queue.SimpleQueue()
         full: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(PIPELINE_BUFFERS):
@@ -285,7 +295,7 @@ class _BundleWriter:
 
         def read() -> None:
             try:
-                self._fill(members, _TarBuffers(free, full))
+                self._fill(members, _TarBuffers(free, full), digests)
             except _Stopped:
                 pass
             except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
@@ -305,8 +315,9 @@ class _BundleWriter:
             reader.join()
         if failure:
             raise failure[0]
+        return digests
 
-    def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers) -> None:
+    def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
         fetched = iter(()) if self._local else self._prefetch(members)
         for entry in members:
             tar.put(tar_header(entry))
@@ -320,10 +331,14 @@ class _BundleWriter:
                 size = self._read_local(entry, tar, state)
             else:
                 size = self._read_remote(entry, tar, state)
-            if size != entry.size or state.hexdigest() != entry.digest:
+            digest = state.hexdigest()
+            if entry.digest and (size != entry.size or digest != entry.digest):
                 raise IntegrityError(
                     f"{entry.path!r} changed after it was digested", hint="pack again once the source is quiet"
                 )
+            if size != entry.size:
+                raise _changed_while_packed(entry)
+            digests.append(digest)
             if size % _BLOCK:
                 tar.zeros(_BLOCK - size % _BLOCK)
             if self._progress is not None:
@@ -364,7 +379,10 @@ class _BundleWriter:
         Asks for one byte more than the file should still hold, so a short read that
         completes the expected size proves the end of the file without another call
         (like :func:`dsagent.format.hashing.hash_fd`); a file that grew reads past its
-        size and is reported by the caller.
+        size and is reported by the caller. A file read for the first time (no digest
+        yet: the one-pass pack) must also still have the size and mtime it was listed
+        with once read, so that a rewrite during the pass is an error, not a digest of
+        half old, half new bytes.
         """
         location = self._location(entry)
         size = 0
@@ -382,6 +400,10 @@ class _BundleWriter:
                     size += n
                     if size > entry.size or (size == entry.size and n < asked):
                         break
+                if not entry.digest:
+                    st = os.fstat(fd)
+                    if st.st_size != entry.size or st.st_mtime_ns != entry.mtime_ns:
+                        raise _changed_while_packed(entry)
             finally:
                 os.close(fd)
         return size
@@ -399,29 +421,47 @@ class _BundleWriter:
         return size
 
 
+def _write_synced(tmp: str, fill: Any, what: str) -> int:
+    """Write the new local file ``tmp`` with ``fill(stream)`` and fsync it; removed again on failure."""
+    try:
+        with open(tmp, "xb") as raw:
+            counter = _CountingWriter(raw)
+            fill(counter)
+            raw.flush()
+            os.fsync(raw.fileno())
+    except BaseException as exc:
+        _remove_temporary(tmp)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpace(
+                f"no space left in the bundle store for {what}: {exc}", hint="free space in the store"
+            ) from exc
+        raise
+    return counter.written
+
+
+def _remove_temporary(tmp: str) -> None:
+    with translate_errors(f"temporary {tmp!r}"):
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _changed_while_packed(entry: FileEntry) -> IntegrityError:
+    return IntegrityError(f"{entry.path!r} changed while it was packed", hint="pack again once the source is quiet")
+
+
 def _store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
     """Write one object atomically with ``fill(stream)``; the number of bytes written."""
     if is_local(fs):
         directory, _, base = path.rpartition("/")
         tmp = f"{directory}/.{base}.{uuid.uuid4().hex}.tmp"
+        written = _write_synced(tmp, fill, base)
         try:
-            with open(tmp, "wb") as raw:
-                counter = _CountingWriter(raw)
-                fill(counter)
-                raw.flush()
-                os.fsync(raw.fileno())
             os.replace(tmp, path)
-        except BaseException as exc:
-            with translate_errors(f"temporary {tmp!r}"):
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise InsufficientSpace(
-                    f"no space left in the bundle store for {base}: {exc}", hint="free space in the store"
-                ) from exc
+        except BaseException:
+            _remove_temporary(tmp)
             raise
         fsync_dir(directory)
-        return counter.written
+        return written
     with fs.open(path, "wb") as raw:  # object stores publish an object only on a completed close
         counter = _CountingWriter(raw)
         fill(counter)
@@ -479,18 +519,80 @@ class _WriteBehind:
 
 
 def _compress_into(members: Sequence[FileEntry], writer: _BundleWriter, level: int, threads: int) -> Any:
-    def fill(raw: _CountingWriter) -> None:
+    """``fill(raw)``: the bundle of ``members`` compressed into ``raw``; returns their digests."""
+
+    def fill(raw: _CountingWriter) -> list[str]:
         compressor = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
         behind = _WriteBehind(raw)
         try:
             with compressor.stream_writer(behind, closefd=False, write_size=CHUNK_SIZE) as out:  # type: ignore[arg-type]
-                writer.write(members, out)
+                digests = writer.write(members, out)
         except BaseException:
             behind.close_quietly()
             raise
         behind.close()
+        return digests
 
     return fill
+
+
+def _store_new_bundle(
+    fs: AbstractFileSystem, root: str, members: Sequence[FileEntry], fill: Any
+) -> tuple[str, int, list[str], bool]:
+    """Write a bundle whose name is known only once it is written (the one-pass pack).
+
+    ``fill`` writes into a temporary object in ``bundles/`` and returns the members'
+    digests; the object is then renamed to ``bundles/<bundle digest>.tar.zst``, or dropped
+    when the store already holds that bundle (same members, same bytes: the one there is
+    kept, as :func:`write_bundles` keeps it). Local stores: fsync, rename, fsync of the
+    directory, as :func:`_store_object`; object stores: one PUT of the temporary object and
+    a server-side move. Returns ``(bundle digest, stored size, member digests, whether it
+    was new to the store)``.
+    """
+    directory = f"{root.rstrip('/')}/{BUNDLES_DIR}"
+    tmp = f"{directory}/.pack-{uuid.uuid4().hex}.tmp"
+    digests: list[str] = []
+
+    def record(raw: _CountingWriter) -> None:
+        digests.extend(fill(raw))
+
+    if is_local(fs):
+        size = _write_synced(tmp, record, "a new bundle")
+        try:
+            digest = bundle_digest(_named(members, digests))
+            path = bundle_path(root, digest)
+            new = not os.path.exists(path)
+            if new:
+                os.replace(tmp, path)
+                fsync_dir(directory)
+            else:
+                os.unlink(tmp)
+        except BaseException:
+            _remove_temporary(tmp)
+            raise
+        return digest, size, digests, new
+    try:
+        size = _store_object(fs, tmp, record)
+        digest = bundle_digest(_named(members, digests))
+        path = bundle_path(root, digest)
+        new = _stored_size(fs, path) is None
+        if new:
+            fs.mv(tmp, path)
+        else:
+            fs.rm(tmp)
+    except BaseException:
+        try:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            pass
+        raise
+    return digest, size, digests, new
+
+
+def _named(members: Sequence[FileEntry], digests: Sequence[str]) -> list[FileEntry]:
+    """``members`` with the digests read while packing them."""
+    return [FileEntry(e.path, e.size, e.mtime_ns, d) for e, d in zip(members, digests, strict=True)]
 
 
 def _stored_size(fs: AbstractFileSystem, path: str) -> int | None:
@@ -612,18 +714,128 @@ def pack(
 ) -> Manifest:
     """Digest ``source`` and pack it into ``store`` as dataset ``name``; returns the manifest.
 
-    Bundles the store already holds (same members, same digest) are not rewritten.
+    :func:`pack_dataset` without the count of reused bundles.
+    """
+    packed, _ = pack_dataset(
+        source, store, name=name, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
+        storage_options=storage_options, store_options=store_options, progress=progress, digest_cache=digest_cache,
+        workers=workers,
+    )  # fmt: skip
+    return packed
+
+
+def pack_dataset(
+    source: str | os.PathLike[str],
+    store: str | os.PathLike[str],
+    *,
+    name: str,
+    max_files: int = DEFAULT_MAX_FILES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    store_options: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    digest_cache: DigestCache | None = None,
+    workers: int | None = None,
+) -> tuple[Manifest, int]:
+    """Pack ``source`` into ``store`` as dataset ``name``: the manifest and the number of bundles reused.
+
+    A local source is packed in one pass (docs/design.md#bundles): the tree is listed and
+    stat'ed, bundles are planned from paths and sizes (:func:`plan_bundles` needs no
+    digests), and each file is read once, hashed while its bytes go into its bundle; the
+    manifest is built from those hashes. A file whose size or mtime moves while it is
+    read is an error (:class:`IntegrityError`), as it was between the two passes. With
+    ``digest_cache``, a bundle whose files all have cached digests (unchanged size, mtime,
+    inode, ctime) and which the store already holds is reused without reading a byte; its
+    other bundles are written into a temporary object and named once written (a bundle the
+    store turns out to hold is dropped, not replaced). Files hashed while packing go into
+    the cache.
+
+    Other sources are digested first and then packed (:func:`write_bundles`): re-packing
+    an unchanged remote source in one pass would upload every bundle again only to find
+    that the store holds it, and remote sources have no digest cache to avoid that.
     ``threads`` is zstd's worker count per bundle (default: all cores when one bundle is
     written at a time, else bundles are written in parallel, one per core).
     """
-    manifest = build_manifest(
-        source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache
+    check_dataset_name(name)
+    src_fs, src_root = resolve(source, storage_options)
+    empty: list[str] = []
+    files = None
+    if is_local(src_fs):
+        with translate_errors(f"source {os.fspath(source)!r}"):
+            files = list_files(src_fs, src_root, empty)
+    if files is None:
+        manifest = build_manifest(
+            source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache
+        )
+        return write_bundles(
+            manifest, source, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
+            storage_options=storage_options, store_options=store_options, progress=progress,
+        )  # fmt: skip
+    listed = [FileEntry(f.path, f.size, f.mtime_ns, "") for f in files]
+    check_layout([e.path for e in listed], sorted(set(empty)))  # before any bundle is written
+    snapshot = digest_cache.snapshot(src_root) if digest_cache is not None else {}
+    known: list[str | None] = (
+        [digest_cache.match(snapshot, f) for f in files] if digest_cache is not None else [None] * len(files)
     )
-    packed, _ = write_bundles(
-        manifest, source, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
-        storage_options=storage_options, store_options=store_options, progress=progress,
-    )  # fmt: skip
-    return packed
+    plan = plan_bundles(listed, max_files, max_bytes)
+    dst_fs, dst_root = resolve(store, store_options)
+    digests: list[str | None] = []
+    for first, count in plan:
+        cached = known[first : first + count]
+        digests.append(None if None in cached else bundle_digest(_named(listed[first : first + count], cached)))  # type: ignore[arg-type]
+    with translate_errors(f"bundle store {os.fspath(store)!r}"):
+        _prepare_directory(dst_fs, f"{dst_root.rstrip('/')}/{BUNDLES_DIR}")
+        sizes = {
+            digest: size
+            for digest in digests
+            if digest is not None and (size := _stored_size(dst_fs, bundle_path(dst_root, digest))) is not None
+        }
+    todo = [i for i, digest in enumerate(digests) if digest not in sizes]
+    if progress is not None and len(todo) < len(plan):
+        writing = set(todo)
+        reused = [plan[i] for i in range(len(plan)) if i not in writing]
+        progress(
+            sum(e.size for first, count in reused for e in listed[first : first + count]), sum(c for _, c in reused)
+        )
+    cpus = os.cpu_count() or 1
+    parallel = max(1, min(len(todo), cpus))
+    zstd_threads = threads if threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
+    writer = _BundleWriter(src_fs, src_root, progress, threading.Lock())
+    written: list[int] = []  # bundles the store did not hold (one packed again but found there is reused)
+
+    def write_one(i: int) -> None:
+        first, count = plan[i]
+        members = listed[first : first + count]
+        with translate_errors(f"a new bundle in {os.fspath(store)!r}"):
+            digest, size, read, new = _store_new_bundle(
+                dst_fs, dst_root, members, _compress_into(members, writer, level, zstd_threads)
+            )
+        digests[i] = digest
+        sizes[digest] = size
+        known[first : first + count] = read
+        if new:
+            written.append(i)
+
+    if parallel == 1:
+        for i in todo:
+            write_one(i)
+    else:
+        with ThreadPoolExecutor(parallel, thread_name_prefix="dsagent-pack") as pool:
+            list(pool.map(write_one, todo))
+    entries = [FileEntry(e.path, e.size, e.mtime_ns, d) for e, d in zip(listed, known)]  # type: ignore[arg-type]
+    refs = []
+    for (first, count), digest in zip(plan, digests):
+        assert digest is not None
+        refs.append(BundleRef(digest, first, count, sum(e.size for e in listed[first : first + count]), sizes[digest]))
+    packed = Manifest.create(name, entries, directories=empty, bundles=refs)
+    write_manifest(packed, store, store_options=store_options)
+    if digest_cache is not None:
+        fresh = [(files[k], known[k]) for i in todo for k in range(plan[i][0], plan[i][0] + plan[i][1])]
+        digest_cache.record(hits=len(files) - len(fresh), misses=len(fresh))
+        digest_cache.store(fresh)  # type: ignore[arg-type]
+    return packed, len(plan) - len(written)
 
 
 __all__ = [
@@ -632,6 +844,7 @@ __all__ = [
     "DEFAULT_MAX_FILES",
     "create_empty_directories",
     "pack",
+    "pack_dataset",
     "plan_bundles",
     "tar_header",
     "unpack",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import operator
 import os
 import signal
 import sys
@@ -31,8 +32,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 import xxhash
-from fsspec.implementations.local import LocalFileSystem
-from fsspec.spec import AbstractFileSystem
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
@@ -40,6 +39,8 @@ from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Ma
 from dsagent.format.storage import open_whole, resolve, resolves_within, translate_errors
 
 if TYPE_CHECKING:
+    from fsspec.spec import AbstractFileSystem
+
     from dsagent.format.digestcache import DigestCache
 
 #: Digest threads for remote sources, where each file costs a round trip.
@@ -58,6 +59,8 @@ class _Found(NamedTuple):
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
+    from fsspec.implementations.local import LocalFileSystem  # loaded already: fs is an fsspec filesystem
+
     return isinstance(fs, LocalFileSystem)
 
 
@@ -220,6 +223,32 @@ def walk_source(
         found, dirs = _walk_remote(fs, root)
         empty.extend(dirs)
         return found
+
+
+def list_files(
+    fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None
+) -> list[_Found] | None:
+    """Every file of the dataset at ``root`` with its size and mtime, in path order, none of them read.
+
+    Local files are stat'ed (each once, following links as the walk does); the listing of
+    another filesystem already carries sizes. None when a size is unknown (an http
+    listing gives none): a caller that plans bundles from sizes must digest first.
+    Used by the one-pass pack (:func:`dsagent.format.bundle.pack_dataset`), which reads
+    each file only while packing it.
+    """
+    files: list[_Found] = []
+    for item in walk_source(fs, root, empty, confine=confine):
+        if item.inode == _UNSTATED:
+            with translate_errors(f"source file {item.location!r}"):
+                item = _stated(item, os.stat(item.location))
+        elif item.size < 0:
+            return None
+        files.append(item)
+    files.sort(key=_found_path)
+    return files
+
+
+_found_path = operator.attrgetter("path")
 
 
 # --------------------------------------------------------------------------- digesting

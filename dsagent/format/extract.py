@@ -65,7 +65,7 @@ from dsagent.format.manifest import (
     is_safe_path,
     read_manifest,
 )
-from dsagent.format.storage import open_whole, resolve, translate_errors
+from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 
 STAGING_DIR = ".dsagent-staging"
@@ -265,12 +265,15 @@ def unpack_bundle(
     for a digest mismatch or a truncated or corrupt bundle, :class:`NotFound` /
     :class:`SourceUnavailable` when the store cannot be read.
     """
-    fs, root = resolve(store, storage_options)
-    with (
-        translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"),
-        open_whole(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size) as raw,
-    ):
-        unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable)
+    local = local_path(store, storage_options)
+    with translate_errors(f"bundle {bundle.digest} in {os.fspath(store)!r}"):
+        if local is not None:  # without fsspec (see local_path)
+            raw: IO[bytes] = open(bundle_path(local, bundle.digest), "rb")  # noqa: SIM115 - closed below
+        else:
+            fs, root = resolve(store, storage_options)
+            raw = open_whole(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
+        with raw:
+            unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable)
 
 
 def unpack_bundle_stream(

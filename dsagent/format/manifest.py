@@ -64,7 +64,7 @@ import zstandard
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
-from dsagent.format.storage import open_whole, resolve, translate_errors
+from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
 from dsagent.format.tarstream import FrameReader
 from dsplatform.names import DIGEST_LENGTH
 
@@ -724,11 +724,16 @@ def read_manifest(
 ) -> Manifest:
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent;
     ``max_files`` as in :func:`read_manifest_stream`."""
-    fs, root = resolve(store, storage_options)
-    path = manifest_path(root, name)
+    local = local_path(store, storage_options)
     try:
-        with translate_errors(f"manifest of {name!r} in {store}"), open_whole(fs, path) as stream:
-            return read_manifest_stream(stream, max_files=max_files)
+        with translate_errors(f"manifest of {name!r} in {store}"):
+            if local is not None:  # without fsspec (see local_path)
+                stream: IO[bytes] = open(manifest_path(local, name), "rb")  # noqa: SIM115 - closed below
+            else:
+                fs, root = resolve(store, storage_options)
+                stream = open_whole(fs, manifest_path(root, name))
+            with stream:
+                return read_manifest_stream(stream, max_files=max_files)
     except NotFound as exc:
         raise NotFound(
             f"no dataset {name!r} in bundle store {store}",

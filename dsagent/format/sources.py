@@ -46,8 +46,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fsspec.core import split_protocol
-
 from dsagent.errors import InvalidInput
 
 #: The protocols an agent reads by default: object stores, HTTP(S), local paths.
@@ -202,6 +200,8 @@ def canonical_protocol(url: str) -> str:
             f"{url!r} chains filesystems, which this agent does not accept",
             hint="give the dataset's own URL: the agent is the cache, and a chain could reach the node's local files",
         )
+    from fsspec.core import split_protocol  # here: dsctl's local paths never import fsspec
+
     protocol, _ = split_protocol(url)
     name = (protocol or "file").lower()
     return ALIASES.get(name, name)

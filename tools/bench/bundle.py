@@ -1,34 +1,39 @@
-"""Benchmark: digest, pack and unpack beside the C pipelines, on an ImageNet-like dataset.
+"""Benchmark: ``dsctl digest / pack / unpack`` as users run them, beside the C pipelines.
 
 Not run by CI. Generates N files (default 50,000) with log-normal sizes around 110 KB of
-incompressible bytes (like JPEGs) in 1,000 class folders, then measures in one run:
+incompressible bytes (like JPEGs) in 1,000 class folders, then times, in one run, each
+step three ways on the same data:
 
-    digest   dsagent build_manifest (threads)     vs  find | xargs -P<cpus> xxh128sum
-    pack     dsagent write_bundles (zstd -1)      vs  tar -cf - | zstd -1 -T0 && sync FILE
-    unpack   dsagent unpack (verified, synced)    vs  zstd -dc | tar -x && sync -f DIR
+    dsctl (process)   dsctl digest SRC            find | xargs -P<cpus> xxh128sum
+                      dsctl pack SRC --to STORE   tar -cf - | zstd -1 -T0 && sync FILE
+                      dsctl unpack STORE DEST     zstd -dc | tar -x && sync -f DIR
+    in process        build_manifest / pack_dataset / unpack, called from this process
+                      (the library's cost without the interpreter's start-up; labelled)
 
-and prints wall time, MB/s, files/s, CPU time (user + sys, all threads and processes)
-and dsagent's throughput as a ratio of the C pipeline's (targets, issue 14: pack and
-unpack >= 1.2x, digest >= 1.0x). On a shared machine wall times swing with the load
-while CPU times stay put, so both ratios are printed. Each side runs on a warm page cache (one untimed read of
-the tree first) after a ``sync``. dsagent's writes are durable (fsync/syncfs before
-publishing), so the C pipelines are followed by a ``sync`` of what they wrote to compare
-like with like; the unpack figure without that sync is printed too. dsagent's pack also
-re-hashes every file as it reads it (a file that changed since its digest is an error)
-and its unpack hashes every file; the C pipelines do not.
+The process figures are what users see and what the ratios (dsctl throughput over the C
+pipeline's; targets, issue 24: pack and unpack >= 1.2x, digest >= 1.0x) are computed
+from; the in-process row shows what start-up costs (issue 24: ``dsctl unpack`` within 10%
+of it). Runs are interleaved (dsctl, C, in-process, dsctl, C, ...) so that all sides see
+the same load on a shared machine, each after a ``sync``, page cache warm; each side's
+best of ``--repeat`` is printed with its CPU time (user + sys, all threads and children).
+dsctl runs with the digest cache off (a cold pack), as ``dsctl`` from this interpreter's
+``bin/`` (``python -m dsagent.cli`` without it), with bytecode caches written as a user's
+install has them (``PYTHONDONTWRITEBYTECODE`` is dropped for the children; one untimed
+warm-up round writes them). dsctl's writes are durable (fsync/syncfs before publishing),
+so the C pipelines are followed by a ``sync`` of what they wrote; the unpack without that
+sync is printed too. dsctl also hashes every file while packing and unpacking; the C
+pipelines do not. A baseline tool that is missing (``xxh128sum``: Debian's ``xxhash``,
+``zstd``) drops its column, not the benchmark.
 
     python tools/bench/bundle.py                 # the full run (50,000 files, ~5.5 GB)
-    python tools/bench/bundle.py --files 3000    # a quick look
     python tools/bench/bundle.py --smoke         # seconds: checks that the benchmark still runs
-    python tools/bench/bundle.py --workdir /dev/shm/bench --files 6000 --max-bytes 10GB --repeat 9
-                                                 # one bundle on tmpfs: only the software's cost counts
+    python tools/bench/bundle.py --workdir /dev/shm/bench --workdir .bench/bundle \\
+        --files 6000 --median-kb 65 --max-bytes 10GB --repeat 5
+                                                 # issue 24's set: one ~450 MB bundle, tmpfs then disk
 
 ``--workdir`` picks the filesystem (the default, ``.bench/bundle``, is this checkout's
-disk; a tmpfs removes the disk from the comparison); ``--max-bytes`` picks one bundle
-(larger than the dataset) or many. ``--repeat N`` reports each side's best of N runs,
-interleaved (ours, C, ours, C, ...) so both see the same load on a shared machine.
-
-Installs Debian's ``zstd`` and ``xxhash`` packages with apt-get when the tools are missing.
+disk; a tmpfs removes the disk from the comparison) and may be given more than once (a
+table for each). ``--max-bytes`` picks one bundle (larger than the dataset) or many.
 """
 
 from __future__ import annotations
@@ -48,22 +53,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dsagent.format.bundle import unpack, write_bundles  # noqa: E402
+from dsagent.format.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
-from dsagent.format.manifest import Manifest  # noqa: E402
 from dsplatform.units import parse_size  # noqa: E402
 
+#: baseline tools, and the Debian package that has each
 TOOLS = {"zstd": "zstd", "xxh128sum": "xxhash", "tar": "tar"}
-
-
-def ensure_tools() -> None:
-    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
-    if not missing:
-        return
-    prefix = [] if os.geteuid() == 0 else ["sudo"]
-    print(f"installing {' '.join(missing)} with apt-get ...", flush=True)
-    subprocess.run([*prefix, "apt-get", "update", "-qq"], check=True)
-    subprocess.run([*prefix, "apt-get", "install", "-y", "-qq", *missing], check=True)
 
 
 def generate(root: Path, files: int, classes: int, median_kb: float, seed: int) -> int:
@@ -87,46 +82,39 @@ def generate(root: Path, files: int, classes: int, median_kb: float, seed: int) 
     return total
 
 
-REPEAT = 1
-
-
 def _cpu() -> float:
     """CPU seconds used so far by this process (all its threads) and its finished children."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def timed(fn: Callable[[], object], reset: Callable[[], object] = lambda: None) -> tuple[float, float]:
-    """Best wall time and least CPU time of ``REPEAT`` runs of ``fn``, each after ``reset()`` and a ``sync``."""
-    best, least = math.inf, math.inf
-    for _ in range(REPEAT):
-        reset()
-        os.sync()  # nobody pays for the previous step's dirty pages
+class Side:
+    """One way of running a step: a callable, what to clear before each run, its best figures."""
+
+    def __init__(self, label: str, run: Callable[[], object], reset: Callable[[], object] = lambda: None) -> None:
+        self.label = label
+        self.run = run
+        self.reset = reset
+        self.wall = math.inf
+        self.cpu = math.inf
+
+    def once(self, record: bool = True) -> None:
+        self.reset()
+        os.sync()  # nobody pays for the previous run's dirty pages
         cpu, start = _cpu(), time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-        least = min(least, _cpu() - cpu)
-    return best, least
+        self.run()
+        wall, used = time.perf_counter() - start, _cpu() - cpu
+        if record:
+            self.wall, self.cpu = min(self.wall, wall), min(self.cpu, used)
 
 
-def compare(
-    ours: Callable[[], object],
-    theirs: Callable[[], object],
-    reset_ours: Callable[[], object] = lambda: None,
-    reset_theirs: Callable[[], object] = lambda: None,
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Best (wall, CPU) of both sides, runs interleaved so that both see the same machine load."""
-    best = [(math.inf, math.inf), (math.inf, math.inf)]
-    global REPEAT
-    repeat, REPEAT = REPEAT, 1
-    try:
-        for _ in range(repeat):
-            for side, (fn, reset) in enumerate(((ours, reset_ours), (theirs, reset_theirs))):
-                wall, cpu = timed(fn, reset)
-                best[side] = (min(best[side][0], wall), min(best[side][1], cpu))
-    finally:
-        REPEAT = repeat
-    return best[0], best[1]
+def interleave(sides: list[Side], repeat: int) -> None:
+    """One untimed warm-up round, then ``repeat`` rounds running each side in turn."""
+    for side in sides:
+        side.once(record=False)
+    for _ in range(repeat):
+        for side in sides:
+            side.once()
 
 
 def clear(*paths: Path, mkdir: bool = False) -> Callable[[], None]:
@@ -146,32 +134,121 @@ def shell(command: str) -> Callable[[], object]:
     return lambda: subprocess.run(["bash", "-o", "pipefail", "-c", command], check=True)
 
 
-def report(
-    what: str,
-    ours: tuple[float, float],
-    theirs: tuple[float, float],
-    total: int,
-    files: int,
-    baseline: str,
-    extra: tuple[str, tuple[float, float]] | None = None,
-) -> None:
-    def line(who: str, result: tuple[float, float]) -> str:
-        seconds, cpu = result
-        return (
-            f"  {who:<40} {seconds:8.2f} s {total / seconds / 1e6:9.1f} MB/s {files / seconds:10.0f} files/s"
-            f"   CPU {cpu:6.2f} s"
-        )
+def dsctl_command() -> list[str]:
+    """``dsctl`` as installed beside this interpreter, else the same entry point through ``-m``."""
+    script = Path(sys.executable).parent / "dsctl"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "dsagent.cli"]
 
-    print(f"{what}")
-    print(line("dsagent", ours))
-    print(line(baseline, theirs))
-    if extra is not None:
-        print(line(*extra))
-    print(
-        f"  {'ratio (dsagent / C throughput)':<40} {theirs[0] / ours[0]:8.2f}x"
-        f"   (CPU time C / dsagent: {theirs[1] / ours[1]:.2f}x)",
-        flush=True,
-    )
+
+def dsctl(*args: str) -> Callable[[], object]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as a user's install has them
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    command = [*dsctl_command(), *args]
+    return lambda: subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def report(what: str, sides: list[Side], total: int, files: int) -> None:
+    print(what)
+    for side in sides:
+        print(
+            f"  {side.label:<44} {side.wall:8.2f} s {total / side.wall / 1e6:9.1f} MB/s"
+            f" {files / side.wall:10.0f} files/s   CPU {side.cpu:6.2f} s"
+        )
+    ours, inproc, baselines = sides[0], sides[1], sides[2:]
+    for c in baselines[:1]:
+        print(
+            f"  {'ratio (dsagent / C throughput)':<44} {c.wall / ours.wall:8.2f}x"
+            f"   (CPU time C / dsctl: {c.cpu / ours.cpu:.2f}x; in process: {c.wall / inproc.wall:.2f}x)"
+        )
+    if not baselines:
+        print(f"  {'ratio (dsagent / C throughput)':<44}      -   (no baseline: install {what}'s tool)")
+    print(f"  {'dsctl process / in process':<44} {ours.wall / inproc.wall:8.2f}x", flush=True)
+
+
+def bench(work: Path, args: argparse.Namespace, cpus: int) -> None:
+    src = work / "src"
+    print(f"generating {args.files} files in {min(args.classes, args.files)} classes under {src} ...", flush=True)
+    total = generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
+    load = os.getloadavg()[0]
+    print(f"dataset: {args.files} files, {total / 1e6:.1f} MB, {cpus} CPUs, load average {load:.2f} at start\n")
+    subprocess.run(["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)
+    have = {tool for tool in TOOLS if shutil.which(tool) is not None}
+    missing = sorted(set(TOOLS) - have)
+    if missing:
+        print(f"missing baseline tools (their columns are left out): {', '.join(missing)}", flush=True)
+    manifest_holder: list[object] = []
+
+    sides = [
+        Side("dsctl digest (process)", dsctl("digest", str(src), "--name", "bench", "--no-digest-cache")),
+        Side("dsagent build_manifest (in process)", lambda: manifest_holder.append(build_manifest(src, name="bench"))),
+    ]
+    if "xxh128sum" in have:
+        sides.append(
+            Side(
+                f"find | xargs -P{cpus} xxh128sum",
+                shell(
+                    f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum >/dev/null 2>&1"
+                ),
+            )
+        )
+    interleave(sides, args.repeat)
+    report("digest", sides, total, args.files)
+
+    store, store2, c_archive = work / "store", work / "store-inproc", work / "c.tar.zst"
+    cap = str(args.max_bytes)
+    sides = [
+        Side(
+            "dsctl pack (process)",
+            dsctl("pack", str(src), "--name", "bench", "--to", str(store), "--max-bytes", cap, "--no-digest-cache"),
+            clear(store),
+        ),
+        Side(
+            "dsagent pack_dataset (in process)",
+            lambda: pack_dataset(src, store2, name="bench", max_bytes=args.max_bytes),
+            clear(store2),
+        ),
+    ]
+    if {"tar", "zstd"} <= have:
+        sides.append(
+            Side(
+                "tar -cf - | zstd -1 -T0 && sync",
+                shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}"),
+                clear(c_archive),
+            )
+        )
+    interleave(sides, args.repeat)
+    report("pack", sides, total, args.files)
+    shutil.rmtree(store2, ignore_errors=True)
+
+    ours_out, inproc_out, c_out = work / "out-dsctl", work / "out-inproc", work / "out-c"
+    sides = [
+        Side("dsctl unpack (process)", dsctl("unpack", str(store), str(ours_out), "--name", "bench"), clear(ours_out)),
+        Side("dsagent unpack (in process)", lambda: unpack(store, name="bench", dest=inproc_out), clear(inproc_out)),
+    ]
+    if {"tar", "zstd"} <= have and c_archive.exists():
+        sides.append(
+            Side(
+                "zstd -dc | tar -x && sync -f",
+                shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out} && sync -f {c_out}"),
+                clear(c_out, mkdir=True),
+            )
+        )
+        sides.append(
+            Side(
+                "zstd -dc | tar -x (no sync)",
+                shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out}"),
+                clear(c_out, mkdir=True),
+            )
+        )
+    interleave(sides, args.repeat)
+    report("unpack", sides, total, args.files)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}\n", flush=True)
+
+    for path in (ours_out, inproc_out, c_out, store):
+        shutil.rmtree(path, ignore_errors=True)
+    c_archive.unlink(missing_ok=True)
+    if not args.keep:
+        shutil.rmtree(src, ignore_errors=True)
 
 
 def main() -> None:
@@ -183,10 +260,11 @@ def main() -> None:
     parser.add_argument(
         "--workdir",
         "--dir",
-        dest="workdir",
+        dest="workdirs",
         type=Path,
-        default=ROOT / ".bench" / "bundle",
-        help="where the dataset, the store and the outputs go (a tmpfs or a disk)",
+        action="append",
+        help="where the dataset, the store and the outputs go (a tmpfs or a disk); repeat for a table each"
+        " (default: .bench/bundle)",
     )
     parser.add_argument(
         "--max-bytes", type=parse_size, default=800_000_000, help="bundle cap, e.g. 800MB (many bundles) or 10GB (one)"
@@ -195,64 +273,15 @@ def main() -> None:
         "--smoke", action="store_true", help="a few hundred small files: checks in seconds that the benchmark runs"
     )
     parser.add_argument("--keep", action="store_true", help="keep the generated dataset for the next run")
-    parser.add_argument("--repeat", type=int, default=1, help="report the best of this many runs of each step")
+    parser.add_argument("--repeat", type=int, default=3, help="report each side's best of this many interleaved runs")
     args = parser.parse_args()
     if args.smoke:
-        args.files, args.classes, args.median_kb = 300, 10, 20
-    global REPEAT
-    REPEAT = max(1, args.repeat)
-    ensure_tools()
+        args.files, args.classes, args.median_kb, args.repeat = 300, 10, 20, 1
+    args.repeat = max(1, args.repeat)
     cpus = os.cpu_count() or 1
-    work = args.workdir.absolute()
-    src = work / "src"
-    print(f"generating {args.files} files in {min(args.classes, args.files)} classes under {src} ...", flush=True)
-    total = generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
-    print(f"dataset: {args.files} files, {total / 1e6:.1f} MB, {cpus} CPUs\n", flush=True)
-    subprocess.run(
-        ["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True
-    )  # warm the page cache
-
-    manifest: list[Manifest] = []
-    ours, theirs = compare(
-        lambda: manifest.append(build_manifest(src, name="bench")),
-        shell(
-            f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"
-        ),
-    )
-    report("digest", ours, theirs, total, args.files, f"find | xargs -P{cpus} xxh128sum")
-
-    store, c_archive = work / "store", work / "c.tar.zst"
-    ours, theirs = compare(
-        lambda: write_bundles(manifest[0], src, store, max_bytes=args.max_bytes),
-        shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}"),
-        clear(store),
-        clear(c_archive),
-    )
-    report("pack", ours, theirs, total, args.files, "tar -cf - | zstd -1 -T0 && sync")
-
-    ours_out, c_out = work / "out-dsagent", work / "out-c"
-    ours, theirs = compare(
-        lambda: unpack(store, name="bench", dest=ours_out),
-        shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out} && sync -f {c_out}"),
-        clear(ours_out),
-        clear(c_out, mkdir=True),
-    )
-    unsynced = timed(shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out}"), clear(c_out, mkdir=True))
-    report(
-        "unpack",
-        ours,
-        theirs,
-        total,
-        args.files,
-        "zstd -dc | tar -x && sync -f",
-        ("zstd -dc | tar -x (no sync)", unsynced),
-    )
-
-    for path in (ours_out, c_out, store):
-        shutil.rmtree(path, ignore_errors=True)
-    c_archive.unlink(missing_ok=True)
-    if not args.keep:
-        shutil.rmtree(src, ignore_errors=True)
+    for workdir in args.workdirs or [ROOT / ".bench" / "bundle"]:
+        print(f"== {workdir}", flush=True)
+        bench(workdir.absolute(), args, cpus)
 
 
 if __name__ == "__main__":

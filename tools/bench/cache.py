@@ -20,7 +20,10 @@ Ways, all from the same source into the same disk:
 3. dsagent with bundles: the dataset packed beforehand (packing is timed and printed, but
    done once per dataset version, not per node), then parallel verified unpacking;
 4. the C tools on the same bundles (``c``): ``curl | zstd -dc | tar -x`` per bundle, one
-   per core, then ``sync -f``, verifying nothing: what this disk allows for these files.
+   per core, then ``sync -f``, verifying nothing: what this disk allows for these files;
+5. ``dsctl cache`` as an init-container runs it (``dsctl``): a ``dsagent serve`` process is
+   started on a fresh root first (not timed), then ``dsctl cache imagenet=SOURCE --bundles
+   STORE`` is timed as a process from its start until it returns with the dataset ready.
 It also measures this disk's sequential write bandwidth (large writes + fsync) and prints
 wall times, speedups against the baseline and the bundle paths' share of the bandwidth.
 ``--repeat N`` runs ways 4 and 3 N times, interleaved, each against the best bandwidth
@@ -60,6 +63,8 @@ from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.format.bundle import pack
 from dsplatform.units import format_size
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # --------------------------------------------------------------------------- sources
 
@@ -207,6 +212,49 @@ async def agent_cache(
         await service.stop()
 
 
+def dsctl_cache(root: Path, source: str, store: str, workers: int, task: str) -> float | str:
+    """What an init-container costs: ``dsctl cache NAME=SOURCE --bundles STORE`` as a process,
+    timed from its start until it returns with the dataset ready, against a ``dsagent
+    serve`` process already running (started, on its own root, before the clock starts)."""
+    from dsagent.api.client import AgentClient
+
+    sock = root.parent / f"{root.name}.sock"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as an install has them
+    env.update(DSAGENT_SWEEP_INTERVAL="3600", DSAGENT_FETCH_WORKERS=str(workers))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    log = root.parent / f"{root.name}.log"
+    with open(log, "ab") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "dsagent", "serve", "--root", str(root), "--socket", str(sock)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if agent.poll() is not None or time.monotonic() > deadline:
+                return f"failed: the agent did not start ({log})"
+            try:
+                with AgentClient(socket_path=sock, timeout=5) as client:
+                    if client.health():
+                        break
+            except Exception:  # noqa: BLE001 - not listening yet
+                time.sleep(0.05)
+        script = Path(sys.executable).parent / "dsctl"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "dsagent.cli"]
+        command += ["cache", f"imagenet={source}", "--bundles", store, "--task", task, "--socket", str(sock)]
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        elapsed = time.perf_counter() - started
+        if done.returncode != 0:
+            return f"failed: dsctl cache exited {done.returncode}: {done.stderr.strip()[-300:]}"
+        return elapsed
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
 def c_tools_copy(base: str, store: Path, dest: Path) -> float | str:
     """The bundles through the C tools, as fast as a shell can do it: ``curl | zstd -dc |
     tar -x`` per bundle, one per core at a time, then ``sync -f`` (dsagent's result is
@@ -284,8 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(
         "--ways",
-        default="baseline,files,c,bundles",
-        help="which ways to run, comma-separated (baseline, files, c, bundles)",
+        default="baseline,files,c,bundles,dsctl",
+        help="which ways to run, comma-separated (baseline, files, c, bundles, dsctl)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs of the bundle way (each against a fresh bandwidth)")
     parser.add_argument(
@@ -344,8 +392,9 @@ def main(argv: list[str] | None = None) -> None:
             return f"{total / seconds / bandwidth:.0%}"
 
         t_c: float | str = "not run"
+        t_dsctl: float | str = "not run"
         device = disk_of(work)
-        for repeat in range(args.repeat if ways & {"bundles", "c"} else 0):
+        for repeat in range(args.repeat if ways & {"bundles", "c", "dsctl"} else 0):
             c_run: float | str = "not run"
             c_used = ""
             if "c" in ways:
@@ -356,6 +405,12 @@ def main(argv: list[str] | None = None) -> None:
                 if isinstance(c_run, float):
                     c_used = usage(c_run, cpu_seconds() - cpu, disk, disk_counters(device))
                 t_c = c_run if isinstance(c_run, str) or isinstance(t_c, str) else min(t_c, c_run)
+            if "dsctl" in ways:
+                if args.drop_caches:
+                    drop_caches_hint()
+                run_dsctl = dsctl_cache(work / f"agent-dsctl-{repeat}", source, store, args.workers, f"bench-{repeat}")
+                fresh = isinstance(run_dsctl, str) or isinstance(t_dsctl, str)
+                t_dsctl = run_dsctl if fresh else min(t_dsctl, run_dsctl)  # type: ignore[type-var]
             if "bundles" not in ways:
                 continue
             if args.drop_caches:
@@ -392,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         print(line("dsagent without bundles:", t_files))
         print(line("C tools (curl|zstd|tar):", t_c, share=True))
         print(line("dsagent with bundles:", t_bundles, share=True))
+        print(line("dsctl cache to ready:", t_dsctl, share=True))
         if shares:
             print("bundle runs (each against the best disk bandwidth measured before it):")
             for share in shares:

@@ -1,0 +1,82 @@
+"""What the commands import: a ``dsctl`` process pays for every module it loads (issue 24).
+
+``dsctl unpack`` of a local store needs neither fsspec nor pydantic, and ``dsctl cache``
+(every init-container runs it) needs no FastAPI app; each check runs the command in a
+fresh interpreter and lists the modules it loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsagent.format.bundle import pack
+from dsagent.format.storage import local_path
+from tests.conftest import REPO_ROOT
+from tests.dsagent.conftest import write_tree
+
+_PROBE = """
+import json, sys
+from dsagent.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def _loaded(args: list[str], tmp_path: Path) -> tuple[int, set[str]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DSAGENT_DIGEST_CACHE": str(tmp_path / "digests.sqlite")}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    return report["code"] or 0, set(report["modules"])
+
+
+def test_dsctl_unpack_and_verify_of_a_local_store_import_neither_fsspec_nor_pydantic(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"a/1.jpg": b"x" * 3000, "b/2.jpg": b"y" * 10})
+    pack(src, tmp_path / "store", name="d")
+    for args in (
+        ["unpack", str(tmp_path / "store"), str(tmp_path / "out"), "--name", "d"],
+        ["verify", str(tmp_path / "out"), "--manifest", str(tmp_path / "store"), "--name", "d"],
+    ):
+        code, modules = _loaded(args, tmp_path)
+        assert code == 0, args
+        assert not {m for m in modules if m.split(".")[0] in ("fsspec", "pydantic", "pydantic_settings")}, args
+    assert (tmp_path / "out" / "a" / "1.jpg").read_bytes() == b"x" * 3000
+
+
+def test_dsctl_cache_does_not_import_the_agent_app(tmp_path: Path) -> None:
+    code, modules = _loaded(["cache", "--help"], tmp_path)
+    assert code == 0
+    assert not {m for m in modules if m.split(".")[0] in ("fastapi", "starlette", "pydantic_settings")}
+    assert "dsagent.cache.service" not in modules and "dsagent.api.routes" not in modules
+
+
+@pytest.mark.parametrize(
+    ("location", "options", "expected"),
+    [
+        ("store", None, os.path.abspath("store")),
+        ("/data/store/", None, "/data/store"),
+        ("/data/./x/../store", None, "/data/store"),
+        ("s3://bucket/store", None, None),  # a URL: fsspec
+        ("s3:/bucket", None, None),  # a near-URL: resolve() refuses it
+        ("file:///data/store", None, None),
+        ("a::b", None, None),  # a chain
+        ("~/store", None, None),  # fsspec expands ~
+        ("/data/store", {"auto_mkdir": True}, None),  # options: fsspec
+        ("", None, None),
+        ("/data/\x00", None, None),
+    ],
+)
+def test_only_plain_local_paths_bypass_fsspec(location: str, options: dict[str, object] | None, expected: str) -> None:
+    assert local_path(location, options) == expected
