@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from dsplatform.jobs import job_key
+from gpu_topology.classsets import SEPARATOR, parse_set
 from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
 
@@ -25,6 +26,14 @@ DATASETS_ANNOTATION = "dsagent.io/datasets"
 #: ``required``: the filter fails nodes not holding the current version of every dataset
 #: the pod names; anything else (absent, ``preferred``, garbage) keeps today's preference.
 AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
+#: ``required``: every worker of the job waits for nodes serving the job's class set
+#: (docs/design.md#class-sets); anything else: ``preferred`` (split across layouts, counted,
+#: only when no class set can hold the job).
+SUBNET_ANNOTATION = "dsagent.io/subnet-placement"
+#: the job's worker count (shared with the time model's annotations); the PodGroup
+#: convention's ``scheduling.x-k8s.io/pod-group`` minMember, when the pod carries it here
+WORKERS_ANNOTATION = "dsagent.io/workers"
+MAX_WORKERS = 4096
 
 _QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
@@ -70,6 +79,9 @@ class PodRequest:
     time: JobProfile | None = None  # the dsagent.io/ time-model annotations, when given
     time_error: str | None = None  # set when they could not be used (scored 0)
     affinity_required: bool = False  # dsagent.io/dataset-affinity: required
+    gpu_classes: tuple[str, ...] = ()  # every RoCE class the pod requests (its class set), rail order
+    workers: int = 1  # dsagent.io/workers: the job's worker count (1 when absent or unreadable)
+    subnet_required: bool = False  # dsagent.io/subnet-placement: required
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -80,7 +92,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     name = meta.get("name") if isinstance(meta.get("name"), str) else ""
     annotations = _str_map(meta.get("annotations"))
     datasets, datasets_error = parse_datasets(annotations.get(DATASETS_ANNOTATION))
-    gpus, gpu_class, gpus_error = _gpus(pod, gpu_resource, roce_prefix)
+    gpus, gpu_class, gpus_error, gpu_classes = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
     job = job_key(namespace, labels, job_labels)
     time, time_error = parse_profile(annotations, _timestamp(meta.get("creationTimestamp")))
@@ -96,7 +108,17 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
         time=time,
         time_error=time_error,
         affinity_required=annotations.get(AFFINITY_ANNOTATION, "").strip().lower() == "required",
+        gpu_classes=gpu_classes,
+        workers=_workers(annotations.get(WORKERS_ANNOTATION)),
+        subnet_required=annotations.get(SUBNET_ANNOTATION, "").strip().lower() == "required",
     )
+
+
+def _workers(text: str | None) -> int:
+    """``dsagent.io/workers``: a small positive integer, else 1 (hostile: bounded)."""
+    if not isinstance(text, str) or not text.strip().isascii() or not text.strip().isdigit() or len(text) > 6:
+        return 1
+    return max(1, min(int(text.strip()), MAX_WORKERS))
 
 
 def _timestamp(value: Any) -> float | None:
@@ -155,18 +177,19 @@ def _unique(wants: Iterable[DatasetWant]) -> tuple[DatasetWant, ...]:
     return tuple(seen.values())
 
 
-def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None]:
+def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None, tuple[str, ...]]:
     spec: Any = pod.get("spec") if isinstance(pod, dict) else None
     spec = spec if isinstance(spec, dict) else {}
     try:
         totals = pod_requests(spec.get("containers"), spec.get("initContainers"))
     except ValueError as exc:
-        return 0, None, f"unreadable resource request: {exc}"
+        return 0, None, f"unreadable resource request: {exc}", ()
     by_class = {r.split("/", 1)[1]: q for r, q in totals.items() if r.startswith(roce_prefix) and q > 0}
     gpus = totals.get(gpu_resource, 0) + sum(by_class.values())
-    # A pod asking for two classes at once is unusual; the larger share names its class.
+    # A pod asking for several classes is a worker of a job's class set (docs/design.md#class-sets);
+    # the larger share names its class for the single-class rules.
     gpu_class = max(sorted(by_class), key=lambda c: by_class[c]) if by_class else None
-    return gpus, gpu_class, None
+    return gpus, gpu_class, None, parse_set(SEPARATOR.join(by_class))
 
 
 def pod_requests(containers: Any, init_containers: Any = None) -> dict[str, int]:

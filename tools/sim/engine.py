@@ -36,6 +36,7 @@ from pathlib import Path
 
 from dsagent.cache.eviction import Candidate, plan_for_fetch
 from gpu_topology import Topology, best_gpu_set, roce_classes
+from gpu_topology.classsets import NodeRoom, gpus_in_set, single_set_exists, single_set_placement
 from gpu_topology.dumps import load_dump
 from gpu_topology.scoring import single_numa
 from scheduler_plugin.framework import Framework
@@ -140,6 +141,7 @@ class Outcome:
     workers: list[Worker] = field(default_factory=list)
     pending: int = 0
     spans_subnets: bool = False
+    avoidable: bool = False  # spans subnets although one class set could hold it at its start
     numa_split: int = 0
     plan_gpus: int = 0
 
@@ -306,6 +308,7 @@ class Simulation:
         )
 
     def _pod(self, job: Job, gpus: int, workers: int | None = None) -> PodRequest:
+        """The pod the extender sees: ``workers`` is the job's worker count (its shape's)."""
         d = self.datasets[job.dataset]
         profile = job.profile if workers is None else replace(job.profile, workers=workers)
         digest = None if self.policy == "fluid" else f"{d.version_at(self.now):032x}"
@@ -316,6 +319,7 @@ class Simulation:
             gpus=gpus,
             job=f"sim/job-{job.id}",
             time=profile,
+            workers=workers if workers is not None else job.workers,
         )
 
     def _choose(self, job: Job, gpus: int, exclude: set[int], workers: int) -> Node | None:
@@ -330,7 +334,9 @@ class Simulation:
             scores = baselines.fluid(self._pod(job, gpus), facts)
         else:
             pod = self._pod(job, gpus, workers)
-            outcome = self.framework.filter(pod, [f.name for f in facts], facts)
+            outcome = self.framework.filter(
+                pod, [f.name for f in facts], facts, lambda: (self.facts(n) for n in self.nodes)
+            )
             passed = set(outcome.passed)
             keep = [i for i, f in enumerate(facts) if f.name in passed]
             candidates = [candidates[i] for i in keep]
@@ -342,14 +348,21 @@ class Simulation:
         top = [n for n, s in zip(candidates, scores) if s == best]
         return top[self.rng.randrange(len(top))]
 
-    def _gpus_for(self, job: Job, node: Node, count: int) -> tuple[int, ...] | None:
+    def _gpus_for(self, job: Job, node: Node, count: int, workers: int = 1) -> tuple[int, ...] | None:
         free = sorted(node.free)
         if len(free) < count:
             return None
         if self.policy in ("default", "fluid"):
             return tuple(free[:count])  # the device plugin's first free GPUs
-        pod = self._pod(job, count)
-        gpu_class = self.framework.job_class(pod, lambda: (self.facts(n) for n in self.nodes))
+        pod = self._pod(job, count, workers)
+        cluster = lambda: (self.facts(n) for n in self.nodes)  # noqa: E731
+        job_set = self.framework.job_set(pod, cluster)
+        if job_set is not None and job_set.classes:
+            classes = {c.name: c.gpus for c in node.type.classes}
+            in_set = gpus_in_set(node.type.topology, classes, free, job_set.classes, count)
+            if in_set is not None:
+                return in_set
+        gpu_class = self.framework.job_class(pod, cluster)
         pool = frozenset(free)
         if gpu_class is not None:
             in_class = frozenset(g for g in free if node.type.class_of.get(g) == gpu_class)
@@ -369,13 +382,18 @@ class Simulation:
             shape = [(None, job.gpus_per_worker)] * job.workers
         placed: list[Worker] = []
         used: set[int] = set()
-        for fixed, count in shape:
+        rooms = self._rooms() if len(shape) > 1 else []
+        in_set = self._single_set(job, shape, rooms)
+        for slot, (fixed, count) in enumerate(shape):
             node = fixed if fixed is not None else self._choose(job, count, used, len(shape))
-            gpus = self._gpus_for(job, node, count) if node is not None else None
+            gpus = self._gpus_for(job, node, count, len(shape)) if node is not None else None
+            if in_set is not None:
+                node, gpus = in_set[slot]
             if node is None or gpus is None:
                 for w in placed:
                     w.node.free.update(w.gpus)
                     self.touch(w.node)
+                self.framework.jobs.forget(f"sim/job-{job.id}")  # nothing placed: choose afresh
                 return False
             node.free.difference_update(gpus)
             self.touch(node)
@@ -383,7 +401,45 @@ class Simulation:
             classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
             placed.append(Worker(node, gpus, classes))
         self._start(job, placed)
+        out = self.outcomes[job.id]
+        if out.spans_subnets:
+            out.avoidable = single_set_exists(rooms, [count for _, count in shape])
         return True
+
+    def _single_set(
+        self, job: Job, shape: Sequence[tuple[Node | None, int]], rooms: list[NodeRoom]
+    ) -> list[tuple[Node, tuple[int, ...] | None]] | None:
+        """For our policies, a time-model plan across fixed nodes whose workers would not
+        share one class set is moved to nodes that hold it in one set, when some do
+        (docs/design.md#class-sets); None: keep the plan's nodes."""
+        if self.policy not in ("ours", "ours+time") or len(shape) < 2 or any(n is None for n, _ in shape):
+            return None
+        sets = set()
+        for fixed, count in shape:
+            assert fixed is not None
+            gpus = self._gpus_for(job, fixed, count, len(shape)) or ()
+            sets.add(frozenset(fixed.type.class_of.get(g, "none") for g in gpus))
+        if len(sets) == 1:
+            return None
+        found = single_set_placement(rooms, [count for _, count in shape])
+        if found is None:
+            return None
+        class_set, where = found
+        out = []
+        for (_, count), index in zip(shape, where):
+            node = self.nodes[index]
+            classes = {c.name: c.gpus for c in node.type.classes}
+            out.append((node, gpus_in_set(node.type.topology, classes, node.free, class_set, count)))
+        return out
+
+    def _rooms(self) -> list[NodeRoom]:
+        """Every node's class sizes and free GPUs per class, as the class-set rules read them."""
+        return [
+            NodeRoom(
+                {c.name: len(c.gpus) for c in n.type.classes}, {c.name: len(c.gpus & n.free) for c in n.type.classes}
+            )
+            for n in self.nodes
+        ]
 
     def _schedule_by_plans(self, window: list[Job]) -> None:
         """Steps 3-6 of the deadline design: a plan per waiting job, the queue in the

@@ -22,6 +22,7 @@ COLUMNS = (
     ("TTFS mean s", "ttfs_mean", "{:.0f}"),
     ("GPU-h idle for data", "idle_gpu_h", "{:.0f}"),
     ("jobs across subnets", "across_subnets", "{:d}"),
+    ("of which avoidable", "jobs_across_subnets_avoidable", "{:d}"),
     ("NUMA-split workers", "numa_split", "{:d}"),
     ("deadline misses", "misses", "{:d}"),
     ("JCT p50 h", "jct_p50_h", "{:.2f}"),
@@ -45,6 +46,10 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "ttfs_mean": statistics.fmean(ttfs) if ttfs else math.nan,
         "idle_gpu_h": idle,
         "across_subnets": sum(1 for o in outs if o.spans_subnets),
+        # issue 26's names: jobs whose workers use different class sets (subnets), and those
+        # of them for which one class set could hold every worker when the job started
+        "jobs_across_subnets": sum(1 for o in outs if o.spans_subnets),
+        "jobs_across_subnets_avoidable": sum(1 for o in outs if o.spans_subnets and o.avoidable),
         "multi_worker_jobs": sum(1 for o in outs if len(o.workers) > 1),
         "numa_split": sum(o.numa_split for o in outs),
         "misses": sum(1 for o in outs if o.job.profile.deadline is not None and o.end >= o.job.profile.deadline),
