@@ -18,6 +18,31 @@ DEFAULT_JOB_LABELS: tuple[str, ...] = (
 )
 
 
+#: a job's worker count, on each of its pods (the time model reads it too)
+WORKERS_ANNOTATION = "dsagent.io/workers"
+#: ``required``: a multi-worker job waits for nodes serving one class set (subnets) rather
+#: than be split across class layouts; anything else: ``preferred``
+SUBNET_PLACEMENT_ANNOTATION = "dsagent.io/subnet-placement"
+MAX_WORKERS = 4096
+
+
+def workers_of(annotations: Mapping[str, object] | None) -> int:
+    """The pod's ``dsagent.io/workers``: 1..MAX_WORKERS, else 1 (absent or unreadable)."""
+    text = (annotations or {}).get(WORKERS_ANNOTATION)
+    if not isinstance(text, str) or len(text) > 8:
+        return 1
+    text = text.strip()
+    if not text.isascii() or not text.isdigit():
+        return 1
+    return max(1, min(int(text), MAX_WORKERS))
+
+
+def subnet_required(annotations: Mapping[str, object] | None) -> bool:
+    """Whether the pod's job requires one class set (``dsagent.io/subnet-placement: required``)."""
+    value = (annotations or {}).get(SUBNET_PLACEMENT_ANNOTATION)
+    return isinstance(value, str) and value.strip().lower() == "required"
+
+
 def job_key(
     namespace: str, labels: Mapping[str, object] | None, job_labels: Sequence[str] = DEFAULT_JOB_LABELS
 ) -> str | None:
@@ -30,4 +55,12 @@ def job_key(
     return None
 
 
-__all__ = ["DEFAULT_JOB_LABELS", "job_key"]
+__all__ = [
+    "DEFAULT_JOB_LABELS",
+    "MAX_WORKERS",
+    "SUBNET_PLACEMENT_ANNOTATION",
+    "WORKERS_ANNOTATION",
+    "job_key",
+    "subnet_required",
+    "workers_of",
+]

@@ -11,6 +11,10 @@ Decisions:
   ``<prefix>N`` is cabled to the same subnet (rail) on every node, so two workers share
   their subnets exactly when they use the same class set. Its text form, kept in the
   job's Lease, is the names joined by ``+`` (:func:`set_key`, :func:`parse_set`).
+* The sets a node offers are the **runs** of consecutive classes in rail order (``1``,
+  ``1+2``, ``2+3``, ...): its device plugin advertises each as one kubelet resource
+  (:func:`resource_name`: ``gpu-roce1-2``), because one container asking for two class
+  resources would get two Allocate answers whose ``NVIDIA_VISIBLE_DEVICES`` collide.
 * A worker of ``need`` GPUs uses **every** class of its set, ``need`` split as evenly as
   possible over them (:func:`shares`): rail-aligned, as on rail-optimised fabrics, so
   every rail carries the same share of the worker's traffic. A node **serves** the set
@@ -27,7 +31,6 @@ Decisions:
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,16 +86,44 @@ def serves(room: Mapping[str, int], class_set: Sequence[str], need: int) -> bool
     return assign(room, class_set, need) is not None
 
 
+def runs(names: Iterable[str]) -> list[tuple[str, ...]]:
+    """The class sets a node offers: every run of consecutive classes in rail order
+    (``1``, ``1+2``, ``2+3``, ``1+2+3``, ...), at most :data:`MAX_CLASSES` classes. Runs,
+    not every combination, so that a node's device plugin can advertise each set as a
+    resource (``n(n+1)/2`` of them)."""
+    ordered = _order(names)[:MAX_CLASSES]
+    return [ordered[i:j] for i in range(len(ordered)) for j in range(i + 1, len(ordered) + 1)]
+
+
 def candidate_sets(layouts: Iterable[Mapping[str, int]], need: int) -> list[tuple[str, ...]]:
-    """Every class set that some layout (class sizes) could serve for ``need`` GPUs."""
+    """Every class set (:func:`runs`) that some layout (class sizes) could serve for ``need`` GPUs."""
     found: set[tuple[str, ...]] = set()
     for sizes in layouts:
-        names = _order(sizes)[:MAX_CLASSES]
-        for count in range(1, min(len(names), max(need, 0)) + 1):
-            for combo in itertools.combinations(names, count):
-                if serves(sizes, combo, need):
-                    found.add(combo)
+        for run in runs(sizes):
+            if len(run) <= need and serves(sizes, run, need):
+                found.add(run)
     return sorted(found, key=lambda s: (len(s), [class_number(c) for c in s], s))
+
+
+def resource_name(class_set: Sequence[str]) -> str:
+    """The kubelet resource name of a set: ``("gpu-roce1", "gpu-roce2")`` -> ``"gpu-roce1-2"``
+    (one class: its own name). The classes share a prefix (``<prefix>N``)."""
+    ordered = _order(class_set)
+    if len(ordered) <= 1:
+        return ordered[0] if ordered else ""
+    stem = _NUMBER.sub("", ordered[0])
+    return stem + "-".join(str(class_number(c)) for c in ordered)
+
+
+def parse_resource_name(name: str, stem: str) -> tuple[str, ...]:
+    """The inverse of :func:`resource_name` for classes named ``<stem>N``: ``"gpu-roce1-2"``
+    -> ``("gpu-roce1", "gpu-roce2")``; ``()`` for a name that is not one."""
+    if not name.startswith(stem):
+        return ()
+    parts = name[len(stem) :].split("-")
+    if not parts or not all(p.isascii() and p.isdigit() and len(p) <= 3 for p in parts) or len(parts) > MAX_CLASSES:
+        return ()
+    return _order(f"{stem}{int(p)}" for p in parts)
 
 
 @dataclass(frozen=True)
@@ -229,7 +260,10 @@ __all__ = [
     "choose_class_set",
     "class_number",
     "gpus_in_set",
+    "parse_resource_name",
     "parse_set",
+    "resource_name",
+    "runs",
     "serves",
     "set_key",
     "shares",

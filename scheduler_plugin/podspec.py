@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from dsplatform.jobs import job_key
-from gpu_topology.classsets import SEPARATOR, parse_set
+from dsplatform.jobs import job_key, subnet_required, workers_of
+from gpu_topology.classsets import SEPARATOR, parse_resource_name, parse_set
 from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
 
@@ -26,14 +26,6 @@ DATASETS_ANNOTATION = "dsagent.io/datasets"
 #: ``required``: the filter fails nodes not holding the current version of every dataset
 #: the pod names; anything else (absent, ``preferred``, garbage) keeps today's preference.
 AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
-#: ``required``: every worker of the job waits for nodes serving the job's class set
-#: (docs/design.md#class-sets); anything else: ``preferred`` (split across layouts, counted,
-#: only when no class set can hold the job).
-SUBNET_ANNOTATION = "dsagent.io/subnet-placement"
-#: the job's worker count (shared with the time model's annotations); the PodGroup
-#: convention's ``scheduling.x-k8s.io/pod-group`` minMember, when the pod carries it here
-WORKERS_ANNOTATION = "dsagent.io/workers"
-MAX_WORKERS = 4096
 
 _QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
@@ -81,7 +73,7 @@ class PodRequest:
     affinity_required: bool = False  # dsagent.io/dataset-affinity: required
     gpu_classes: tuple[str, ...] = ()  # every RoCE class the pod requests (its class set), rail order
     workers: int = 1  # dsagent.io/workers: the job's worker count (1 when absent or unreadable)
-    subnet_required: bool = False  # dsagent.io/subnet-placement: required
+    subnet_required: bool = False  # dsagent.io/subnet-placement: required (docs/design.md#class-sets)
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -109,16 +101,9 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
         time_error=time_error,
         affinity_required=annotations.get(AFFINITY_ANNOTATION, "").strip().lower() == "required",
         gpu_classes=gpu_classes,
-        workers=_workers(annotations.get(WORKERS_ANNOTATION)),
-        subnet_required=annotations.get(SUBNET_ANNOTATION, "").strip().lower() == "required",
+        workers=workers_of(annotations),
+        subnet_required=subnet_required(annotations),
     )
-
-
-def _workers(text: str | None) -> int:
-    """``dsagent.io/workers``: a small positive integer, else 1 (hostile: bounded)."""
-    if not isinstance(text, str) or not text.strip().isascii() or not text.strip().isdigit() or len(text) > 6:
-        return 1
-    return max(1, min(int(text.strip()), MAX_WORKERS))
 
 
 def _timestamp(value: Any) -> float | None:
@@ -186,10 +171,15 @@ def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | Non
         return 0, None, f"unreadable resource request: {exc}", ()
     by_class = {r.split("/", 1)[1]: q for r, q in totals.items() if r.startswith(roce_prefix) and q > 0}
     gpus = totals.get(gpu_resource, 0) + sum(by_class.values())
-    # A pod asking for several classes is a worker of a job's class set (docs/design.md#class-sets);
-    # the larger share names its class for the single-class rules.
-    gpu_class = max(sorted(by_class), key=lambda c: by_class[c]) if by_class else None
-    return gpus, gpu_class, None, parse_set(SEPARATOR.join(by_class))
+    # A class-set resource (gpu-roce1-2: a worker of a job's class set, docs/design.md#class-sets)
+    # names its classes; a plain class names itself.
+    stem = roce_prefix.split("/", 1)[-1]
+    sets = {name: parse_resource_name(name, stem) for name in by_class}
+    classes = parse_set(SEPARATOR.join(c for name in sorted(by_class) for c in (sets[name] or (name,))))
+    plain = {name: q for name, q in by_class.items() if len(sets[name]) <= 1}
+    # A pod asking for two classes at once is unusual; the larger share names its class.
+    gpu_class = max(sorted(plain), key=lambda c: plain[c]) if plain and len(plain) == len(by_class) else None
+    return gpus, gpu_class, None, classes
 
 
 def pod_requests(containers: Any, init_containers: Any = None) -> dict[str, int]:

@@ -21,6 +21,17 @@ class's NIC:
 4. A pod in no job gets the vote's class, without a Lease. A pod whose K GPUs no class
    can hold (a whole-node worker on a node cut into classes) keeps ``nvidia.com/gpu``.
 
+**Multi-worker jobs** (``dsagent.io/workers: N`` > 1, ``docs/design.md#class-sets``) get a
+class *set* instead: the Lease holds its key (``gpu-roce1+gpu-roce2``), chosen by
+:func:`gpu_topology.classsets.choose_class_set` over the nodes' free GPUs per class, and
+each worker's K GPUs are rewritten into the set's resource (``dsagent.io/gpu-roce1-2: K``),
+which the device plugin serves with a rail-aligned share of every class of the set.
+When no set can hold every worker now and the job does not require one
+(``dsagent.io/subnet-placement: required``), the Lease holds ``*``: the job is placed
+across class layouts, each worker gets its own class as a single-worker
+pod would, and every worker carries the reason in ``dsagent.io/class-set-split`` and an
+admission warning.
+
 A pod that already requests a class resource is held to its job's class too (the Lease
 wins, with a warning). Nothing here ever blocks a pod: the webhook turns errors into
 warnings. The pure part (:func:`gpu_request`, :func:`rewrite`) takes no I/O; the API
@@ -45,7 +56,7 @@ from dsagent.errors import Conflict, DsagentError, NotFound, SettingsError
 from dsagent.kube.apiclient import micro_time, parse_time, translated
 from dsagent.kube.jsonpatch import JSONPatch, escape
 from dsplatform import published
-from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
+from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.units import UnitError, parse_duration
 
 log = logging.getLogger("dsagent.webhook")
@@ -53,6 +64,8 @@ log = logging.getLogger("dsagent.webhook")
 TOPOLOGY_ANNOTATION = published.TOPOLOGY
 FREE_GPUS_ANNOTATION = published.FREE_GPUS
 CLASS_ANNOTATION = "dsagent.io/gpu-class"
+SPLIT_ANNOTATION = "dsagent.io/class-set-split"  # why a multi-worker job spans class layouts
+SPLIT = "*"  # a Lease holder: the job is placed across class layouts
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"
 DEFAULT_PREFIX = "dsagent.io"
@@ -166,7 +179,27 @@ def rewrite(
 ) -> JSONPatch:
     """Replace every container's GPU (or other class) resource by ``gpu_class``'s, keeping
     the quantity, and annotate the pod with its class."""
-    target = settings.resource(gpu_class)
+    return rewrite_set(pod, settings, (gpu_class,), annotations_exist=annotations_exist)
+
+
+def rewrite_set(
+    pod: Mapping[str, Any],
+    settings: GpuClassSettings,
+    classes: Sequence[str],
+    *,
+    annotations_exist: bool,
+    extra_annotations: Mapping[str, str] | None = None,
+) -> JSONPatch:
+    """Replace every container's GPU (or other class) resource by the resource of the class
+    set ``classes``, keeping the quantity, and annotate the pod with its class (set).
+
+    One class: ``<prefix>/gpu-roce1``. Several: the set's own resource, ``<prefix>/gpu-roce1-2``
+    (``docs/design.md#class-sets``), which the node's device plugin serves with the worker's
+    rail-aligned share of every class of the set, in one Allocate: two class resources in
+    one container would get two answers whose ``NVIDIA_VISIBLE_DEVICES`` collide."""
+    from gpu_topology.classsets import resource_name, set_key
+
+    target = settings.resource(resource_name(classes))
     ops: JSONPatch = []
     for path, container in _containers(pod.get("spec") or {}):
         resources = container.get("resources") or {}
@@ -186,10 +219,12 @@ def rewrite(
                 ops.append({"op": op, "path": f"{path}/resources/{kind}/{escape(target)}", "value": str(value)})
     if not ops:
         return ops
+    notes = {CLASS_ANNOTATION: set_key(classes), **(extra_annotations or {})}
     if annotations_exist:
-        ops.append({"op": "add", "path": "/metadata/annotations/" + escape(CLASS_ANNOTATION), "value": gpu_class})
+        for key, value in notes.items():
+            ops.append({"op": "add", "path": "/metadata/annotations/" + escape(key), "value": value})
     else:
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {CLASS_ANNOTATION: gpu_class}})
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
     return ops
 
 
@@ -224,6 +259,14 @@ class ClusterView:
 
     sizes: tuple[Mapping[str, int], ...]
     free: tuple[Mapping[str, int], ...]
+    rooms: tuple[Any, ...] = ()  # gpu_topology.classsets.NodeRoom per node whose free GPUs are known
+
+    def vote_set(self, need: int, workers: int) -> Any:
+        """The class set for ``workers`` workers of ``need`` GPUs
+        (:func:`gpu_topology.classsets.choose_class_set`), or None."""
+        from gpu_topology.classsets import choose_class_set
+
+        return choose_class_set(self.rooms, need, workers)
 
     def largest(self, gpu_class: str) -> int:
         return max((s.get(gpu_class, 0) for s in self.sizes), default=0)
@@ -240,10 +283,12 @@ class ClusterView:
 def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
     """The classes of schedulable nodes whose agent publishes a readable topology."""
     from gpu_topology import TopologyError
+    from gpu_topology.classsets import NodeRoom
     from gpu_topology.placement import node_classes, parse_free_gpus
 
     sizes: list[Mapping[str, int]] = []
     free: list[Mapping[str, int]] = []
+    rooms: list[NodeRoom] = []
     for node in nodes:
         if (node.get("spec") or {}).get("unschedulable"):
             continue
@@ -259,7 +304,8 @@ def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
             sizes.append(found.sizes)
             if found.free is not None:
                 free.append(found.free)
-    return ClusterView(tuple(sizes), tuple(free))
+                rooms.append(NodeRoom(found.sizes, found.free))
+    return ClusterView(tuple(sizes), tuple(free), tuple(rooms))
 
 
 class KubeGpuClasses:
@@ -353,7 +399,13 @@ class GpuClassPolicy:
         job = job_key(namespace, meta.get("labels"), s.job_labels)
         own = max(sorted(asked), key=lambda c: asked[c]) if asked else None
         warnings: list[str] = []
-        if job is None:
+        annotations = meta.get("annotations") or {}
+        workers = workers_of(annotations)
+        if job is not None and workers > 1 and need > 0:
+            decided = self._decide_set(pod, namespace, job, need, workers, annotations_exist, dry_run=dry_run)
+            if decided is not None:
+                return decided
+        if job is None or workers > 1:
             gpu_class = own or self.kube.cluster().vote(need)
         else:
             gpu_class = self.job_class(pod, namespace, job, need, own, dry_run=dry_run)
@@ -389,10 +441,90 @@ class GpuClassPolicy:
             )
         return GpuDecision(patch, tuple(warnings), gpu_class)
 
+    def _decide_set(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        job: str,
+        need: int,
+        workers: int,
+        annotations_exist: bool,
+        *,
+        dry_run: bool,
+    ) -> GpuDecision | None:
+        """A multi-worker job's worker: its share of the job's class set; None when the job
+        is placed across class layouts (the caller then gives the pod a class of its own,
+        and :meth:`decide` adds the reason) or no node can serve any set."""
+        s = self.settings
+        reasons: list[str] = []
+
+        def choose() -> str | None:
+            choice = self.kube.cluster().vote_set(need, workers)
+            if choice is None:
+                return None
+            if choice.holds or subnet_required((pod.get("metadata") or {}).get("annotations")):
+                return str(choice.key)
+            reasons.append(
+                f"no class set can hold {workers} workers of {need} GPUs now (best: {choice.key}, "
+                f"{choice.hosts} nodes can take a worker)"
+            )
+            return SPLIT
+
+        holder = self._job_lease(pod, namespace, job, choose, dry_run=dry_run)
+        if holder is None:
+            return None
+        if holder == SPLIT:
+            reason = reasons[0] if reasons else "no class set could hold every worker when the job's first worker came"
+            message = f"dsplatform: job {job} is placed across class layouts (subnets): {reason}"
+            log.warning("pod %s/%s: %s", namespace, (pod.get("metadata") or {}).get("name"), message)
+            own = self.kube.cluster().vote(need)
+            if own is None or self.kube.cluster().largest(own) < need:
+                patch: JSONPatch = []
+                note = {SPLIT_ANNOTATION: reason}
+                if annotations_exist:
+                    patch = [
+                        {"op": "add", "path": "/metadata/annotations/" + escape(SPLIT_ANNOTATION), "value": reason}
+                    ]
+                else:
+                    patch = [{"op": "add", "path": "/metadata/annotations", "value": note}]
+                return GpuDecision(patch, (message,), None)
+            patch = rewrite_set(
+                pod, s, (own,), annotations_exist=annotations_exist, extra_annotations={SPLIT_ANNOTATION: reason}
+            )
+            return GpuDecision(patch, (message,), own)
+        from gpu_topology.classsets import parse_set
+
+        classes = parse_set(holder)
+        if not classes:
+            return None
+        patch = rewrite_set(pod, s, classes, annotations_exist=annotations_exist)
+        log.info(
+            "pod %s/%s (job %s): %d GPUs in class set %s",
+            namespace,
+            (pod.get("metadata") or {}).get("name"),
+            job,
+            need,
+            holder,
+        )
+        return GpuDecision(patch, (), holder)
+
     def job_class(
         self, pod: Mapping[str, Any], namespace: str, job: str, need: int, own: str | None, *, dry_run: bool = False
     ) -> str | None:
         """The job's class from its Lease, creating the Lease (by vote) for its first worker."""
+        return self._job_lease(pod, namespace, job, lambda: own or self.kube.cluster().vote(need), dry_run=dry_run)
+
+    def _job_lease(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        job: str,
+        choose: Callable[[], str | None],
+        *,
+        dry_run: bool = False,
+    ) -> str | None:
+        """The job's Lease holder (its class, or class set), creating the Lease with
+        ``choose()`` for its first worker; the API server's create is the one decision."""
         name = lease_name(job)
         owner = controller_of(pod)
         for _ in range(3):
@@ -403,7 +535,7 @@ class GpuClassPolicy:
                 holder = (lease.get("spec") or {}).get("holderIdentity")
                 if isinstance(holder, str) and holder:
                     return holder
-            gpu_class = own or self.kube.cluster().vote(need)
+            gpu_class = choose()
             if gpu_class is None or dry_run:
                 return gpu_class
             body = self._lease(name, job, gpu_class, owner, previous=lease)
@@ -477,6 +609,8 @@ __all__ = [
     "GpuClassSettings",
     "GpuDecision",
     "KubeGpuClasses",
+    "SPLIT",
+    "SPLIT_ANNOTATION",
     "controller_of",
     "gpu_request",
     "lease_name",
@@ -484,4 +618,5 @@ __all__ = [
     "read_cluster",
     "requested_classes",
     "rewrite",
+    "rewrite_set",
 ]
