@@ -221,8 +221,8 @@ def rewrite_set(
         return ops
     notes = {CLASS_ANNOTATION: set_key(classes), **(extra_annotations or {})}
     if annotations_exist:
-        for key, value in notes.items():
-            ops.append({"op": "add", "path": "/metadata/annotations/" + escape(key), "value": value})
+        for key, text in notes.items():
+            ops.append({"op": "add", "path": "/metadata/annotations/" + escape(key), "value": text})
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
     return ops
