@@ -9,8 +9,9 @@ product --
   ``prioritize``, ``job_class``) over :class:`scheduler_plugin.nodeinfo.NodeFacts` built
   from the simulated nodes, exactly what the extender computes from Node annotations;
 - the GPUs a pod gets: ``gpu_topology.best_gpu_set`` (inside the job's RoCE class from
-  ``gpu_topology.roce_classes``); the baselines get what the device plugin hands out, the
-  lowest free indices;
+  ``gpu_topology.roce_classes``, or the job's class set: ``gpu_topology.classsets``); the
+  baselines get what NVIDIA's device plugin hands out, go-gpuallocator's best-effort
+  choice over the node's free GPUs (``best_gpu_set`` without classes);
 - the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``,
   its single flight per dataset version, and its rule that an old version goes when no task
   holds it;
@@ -353,7 +354,7 @@ class Simulation:
         if len(free) < count:
             return None
         if self.policy in ("default", "fluid"):
-            return tuple(free[:count])  # the device plugin's first free GPUs
+            return self._nvidia_choice(node, count)
         pod = self._pod(job, count, workers)
         cluster = lambda: (self.facts(n) for n in self.nodes)  # noqa: E731
         job_set = self.framework.job_set(pod, cluster)
@@ -373,6 +374,17 @@ class Simulation:
             best = best_gpu_set(node.type.topology, pool, count)
             self.gpu_memo[key] = tuple(best.gpus) if best else None
         return self.gpu_memo[key]
+
+    def _nvidia_choice(self, node: Node, count: int) -> tuple[int, ...]:
+        """What NVIDIA's device plugin gives a pod of the baselines: its GetPreferredAllocation
+        is go-gpuallocator's best-effort policy over the node's free GPUs, which
+        ``gpu_topology.best_gpu_set`` reproduces (tests/gpu_topology/test_go_gpuallocator.py);
+        when it names no set, the kubelet's own pick, the lowest free indices."""
+        key = (node.type.id, frozenset(node.free), -count)  # negative: apart from our policies' keys
+        if key not in self.gpu_memo:
+            best = best_gpu_set(node.type.topology, node.free, count)
+            self.gpu_memo[key] = tuple(best.gpus) if best else tuple(sorted(node.free)[:count])
+        return self.gpu_memo[key] or ()
 
     def _place_gang(self, job: Job, shape: Sequence[tuple[Node | None, int]] | None = None) -> bool:
         """Bind every worker or none (gang scheduling). ``shape``: a plan's (node, GPUs)."""
