@@ -71,6 +71,9 @@ LEASE_LABEL = "dsagent.io/job-class"
 DEFAULT_PREFIX = "dsagent.io"
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_NETWORK = re.compile(rf"^({_DNS_LABEL}/)?{_DNS_LABEL}$")
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"  # Multus: the pod's extra networks
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class GpuClassSettings:
     job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
     lease_ttl_s: int = 3600  # an ownerless job Lease lives this long after its last worker
     nodes_ttl_s: float = 5.0  # how long a node listing serves votes
+    #: Multus: the NetworkAttachmentDefinition of a class, ``[<namespace>/]<name>`` with
+    #: ``{class}`` in it (``dsplatform/dsp-{class}``); empty: no network annotation
+    networks: str = ""
 
     def __post_init__(self) -> None:
         if not _RESOURCE_NAME.match(self.gpu_resource):
@@ -93,6 +99,17 @@ class GpuClassSettings:
             raise SettingsError(f"class resource prefix {self.prefix!r} is not a DNS domain", hint="e.g. dsagent.io")
         if self.lease_ttl_s < 1:
             raise SettingsError("the job Lease TTL must be at least one second")
+        if self.networks and (
+            "{class}" not in self.networks or not _NETWORK.match(self.networks.replace("{class}", "gpu-roce1"))
+        ):
+            raise SettingsError(
+                f"network attachment template {self.networks!r} is not [<namespace>/]<name> with {{class}} in it",
+                hint="e.g. dsplatform/dsp-{class}",
+            )
+
+    def network(self, gpu_class: str) -> str:
+        """The NetworkAttachmentDefinition (``[ns/]name``) of one class."""
+        return self.networks.replace("{class}", gpu_class)
 
     def resource(self, gpu_class: str) -> str:
         return f"{self.prefix}/{gpu_class}"
@@ -114,6 +131,7 @@ class GpuClassSettings:
             prefix=env.get(prefix + "CLASS_PREFIX") or cls.prefix,
             job_labels=labels or DEFAULT_JOB_LABELS,
             lease_ttl_s=max(1, int(ttl)),
+            networks=env.get(prefix + "NETWORKS", "").strip(),
         )
 
 
@@ -226,6 +244,31 @@ def rewrite_set(
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
     return ops
+
+
+def networks_value(annotations: Mapping[str, Any] | None, attachments: Sequence[str]) -> str:
+    """The Multus ``k8s.v1.cni.cncf.io/networks`` value: the pod's own entries (comma list or
+    JSON list, kept as written) followed by ``attachments`` not already named."""
+    existing = (annotations or {}).get(NETWORKS_ANNOTATION)
+    text = existing.strip() if isinstance(existing, str) else ""
+    if text.startswith("["):
+        try:
+            entries = json.loads(text)
+        except ValueError:
+            entries = None
+        if isinstance(entries, list):
+            named = {
+                f"{e.get('namespace')}/{e.get('name')}" if e.get("namespace") else e.get("name")
+                for e in entries
+                if isinstance(e, dict)
+            }
+            for item in attachments:
+                if item not in named:
+                    ns, _, name = item.rpartition("/")
+                    entries.append({"name": name, **({"namespace": ns} if ns else {})})
+            return json.dumps(entries, separators=(",", ":"))
+    own = [part.strip() for part in text.split(",") if part.strip()]
+    return ",".join(own + [a for a in attachments if a not in own])
 
 
 def lease_name(job: str) -> str:
@@ -388,7 +431,25 @@ class GpuClassPolicy:
         self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool, dry_run: bool = False
     ) -> GpuDecision:
         """The patch giving ``pod`` its job's class. ``dry_run`` (an AdmissionReview with
-        ``dryRun: true``) reads the job's Lease but never writes one."""
+        ``dryRun: true``) reads the job's Lease but never writes one. With ``networks``
+        set, a pod given a class (set) also gets the Multus network attachment of every
+        class in it (``docs/design.md#vf-networks``)."""
+        decision = self._decide(pod, namespace, annotations_exist=annotations_exist, dry_run=dry_run)
+        if not self.settings.networks or decision.gpu_class is None or not decision.patch:
+            return decision
+        from gpu_topology.classsets import parse_set
+
+        classes = parse_set(decision.gpu_class)
+        value = networks_value(
+            (pod.get("metadata") or {}).get("annotations"), [self.settings.network(c) for c in classes]
+        )
+        op = {"op": "add", "path": "/metadata/annotations/" + escape(NETWORKS_ANNOTATION), "value": value}
+        # the rewrite's last op adds the class annotation (creating the map when absent)
+        return GpuDecision([*decision.patch, op], decision.warnings, decision.gpu_class)
+
+    def _decide(
+        self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool, dry_run: bool = False
+    ) -> GpuDecision:
         s = self.settings
         need = gpu_request(pod, s.gpu_resource)
         asked = requested_classes(pod, s.prefix)
@@ -609,12 +670,14 @@ __all__ = [
     "GpuClassSettings",
     "GpuDecision",
     "KubeGpuClasses",
+    "NETWORKS_ANNOTATION",
     "SPLIT",
     "SPLIT_ANNOTATION",
     "controller_of",
     "gpu_request",
     "lease_name",
     "micro_time",
+    "networks_value",
     "read_cluster",
     "requested_classes",
     "rewrite",

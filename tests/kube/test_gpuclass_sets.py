@@ -7,13 +7,22 @@ test topology (two classes of four). docs/design.md#class-sets.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dsagent.kube.gpuclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses, lease_name
+from dsagent.errors import SettingsError
+from dsagent.kube.gpuclass import (
+    NETWORKS_ANNOTATION,
+    GpuClassPolicy,
+    GpuClassSettings,
+    KubeGpuClasses,
+    lease_name,
+    networks_value,
+)
 from gpu_topology.dumps import load_dump
 from scheduler_plugin.testing import topology_json
 from tests.fake_apiserver import FakeApiServer, json_patch
@@ -92,3 +101,47 @@ def test_a_job_no_set_can_hold_is_split_with_a_reason_unless_it_requires_one(
     assert warnings == () and resources(waits)["limits"] == {"dsagent.io/gpu-roce1-2": "8"}  # the quads' set
     lease = apiserver.get("leases", lease_name("ml/strict"), "ml")
     assert lease is not None and lease["spec"]["holderIdentity"] == "gpu-roce1+gpu-roce2"
+
+
+def test_with_networks_every_class_of_the_set_gets_its_multus_attachment(apiserver: FakeApiServer) -> None:
+    settings = GpuClassSettings.from_env(
+        {"DSAGENT_WEBHOOK_GPU_CLASSES": "true", "DSAGENT_WEBHOOK_NETWORKS": "dsplatform/dsp-{class}"}
+    )
+    apiserver.create(gpu_node("a100-0", list(range(8)), topology=A100))
+    apiserver.create(gpu_node("a100-1", list(range(8)), topology=A100))
+    client = apiserver.api_client()
+    try:
+        policy = GpuClassPolicy(settings, KubeGpuClasses(client, settings))
+        pod = member(0, 2)
+        pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] = "ml/storage-net"
+        patched, _ = admitted(policy, pod)
+        assert resources(patched)["limits"] == {"dsagent.io/gpu-roce1-2": "4"}
+        assert patched["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == (
+            "ml/storage-net,dsplatform/dsp-gpu-roce1,dsplatform/dsp-gpu-roce2"
+        )
+        bare = member(0, 1, gpus=2, job="solo")
+        del bare["metadata"]["annotations"]
+        patched, _ = admitted(policy, bare)
+        assert patched["metadata"]["annotations"] == {
+            "dsagent.io/gpu-class": "gpu-roce1",
+            "k8s.v1.cni.cncf.io/networks": "dsplatform/dsp-gpu-roce1",
+        }
+    finally:
+        client.close()
+
+
+def test_the_multus_value_keeps_the_pods_own_entries_in_either_form() -> None:
+    wanted = ["dsplatform/dsp-gpu-roce1"]
+    assert networks_value(None, wanted) == "dsplatform/dsp-gpu-roce1"
+    assert networks_value({NETWORKS_ANNOTATION: "dsplatform/dsp-gpu-roce1"}, wanted) == "dsplatform/dsp-gpu-roce1"
+    as_json = '[{"name": "storage-net", "interface": "net9"}]'
+    assert json.loads(networks_value({NETWORKS_ANNOTATION: as_json}, wanted)) == [
+        {"name": "storage-net", "interface": "net9"},
+        {"name": "dsp-gpu-roce1", "namespace": "dsplatform"},
+    ]
+
+
+@pytest.mark.parametrize("template", ["dsp-gpu", "Bad/{class}", "a/b/{class}", "{class}/x/y"])
+def test_a_bad_network_template_is_refused(template: str) -> None:
+    with pytest.raises(SettingsError):
+        GpuClassSettings(enabled=True, networks=template)
