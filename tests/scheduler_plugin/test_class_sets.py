@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gpu_topology.dumps import load_dump
 from scheduler_plugin.app import create_app
@@ -94,3 +95,46 @@ def test_a_single_worker_job_and_a_pod_in_no_job_keep_the_per_pod_class_rules() 
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert filtered(http, pod("solo", gpus=2, job="solo"), cluster)["passed"] == ["quad-0", "a100-0"]
         assert filtered(http, pod("lone", gpus=2), cluster)["passed"] == ["quad-0", "a100-0"]
+
+
+def test_a_gang_schedulers_pod_group_names_the_job_and_sizes_it() -> None:
+    from scheduler_plugin.podspec import read_pod
+    from scheduler_plugin.settings import Settings as S
+
+    s = S()
+    kueue = pod("g-0", gpus=4, job="llm", job_label="kueue.x-k8s.io/pod-group-name")
+    kueue["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] = "3"
+    request = read_pod(kueue, job_labels=s.job_labels, gpu_resource=s.gpu_resource, roce_prefix=s.roce_resource_prefix)
+    assert (request.job, request.workers) == ("ml/llm", 3)
+    cosched = pod("c-0", gpus=4, job="llm", job_label="scheduling.x-k8s.io/pod-group")
+    cosched["metadata"]["annotations"]["dsagent.io/workers"] = "2"
+    request = read_pod(
+        cosched, job_labels=s.job_labels, gpu_resource=s.gpu_resource, roce_prefix=s.roce_resource_prefix
+    )
+    assert (request.job, request.workers) == ("ml/llm", 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "workers"), [("4", 4), (" 8 ", 8), ("0", 1), ("-3", 1), ("²", 1), ("9" * 9, 1), ("99999", 4096)]
+)
+def test_the_worker_count_is_bounded(text: str, workers: int) -> None:
+    from dsplatform.jobs import workers_of
+
+    assert workers_of({"dsagent.io/workers": text}) == workers
+
+
+def test_a_set_resource_names_the_pods_classes() -> None:
+    from scheduler_plugin.podspec import read_pod
+    from scheduler_plugin.settings import Settings as S
+
+    s = S()
+    obj = pod("w", gpus=4, gpu_resource="dsagent.io/gpu-roce1-2", job="llm")
+    request = read_pod(obj, job_labels=s.job_labels, gpu_resource=s.gpu_resource, roce_prefix=s.roce_resource_prefix)
+    assert (request.gpus, request.gpu_class, request.gpu_classes) == (4, None, ("gpu-roce1", "gpu-roce2"))
+    # the filter holds it to nodes serving classes 1 and 2 with two free GPUs each
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
+        cluster = [
+            node("a100-0", topology=A100, free_gpus=[0, 1, 2, 4, 5, 6, 7]),
+            node("a100-1", topology=A100, free_gpus=[0, 1, 2, 3]),
+        ]
+        assert filtered(http, obj, cluster)["passed"] == ["a100-1"]
