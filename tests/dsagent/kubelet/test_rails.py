@@ -85,3 +85,26 @@ def test_one_vf_per_nic_near_the_gpus_on_a_held_out_one_nic_per_gpu_shape(short_
             assert single.envs["NCCL_IB_HCA"] == f"={vf_rdma(6, 0)}"
 
     run(scenario())
+
+
+IBM = "ibm-cloud-gx3d-8xH100-vsi-nccl-topo.xml"
+
+
+def test_the_8_nic_nccl_dump_gets_the_vf_of_each_gpus_own_nic(short_dir: Path, fixtures_dir: Path) -> None:
+    # IBM's 8xH100 NCCL topology: GPU i sits under mlx5_{7-i}; class 1 = GPUs 0-3 (mlx5_4..7)
+    topology = load_dump(fixtures_dir / "topology" / IBM)
+    topology = dataclasses.replace(
+        topology, gpus=tuple(dataclasses.replace(g, uuid=gpu_uuid(g.index)) for g in topology.gpus)
+    )
+    build_vfs(short_dir / "sys", 8)
+    vfs = discover_vfs(short_dir / "sys")
+
+    async def scenario() -> None:
+        async with Node(short_dir / "node", topology, vfs) as node:
+            pair = await node.kubelet.allocate("dsagent.io/gpu-roce1", [gpu_uuid(0), gpu_uuid(1)])
+            assert pair.envs["NCCL_IB_HCA"] == f"={vf_rdma(6, 0)},{vf_rdma(7, 0)}"  # mlx5_6 (GPU 1), mlx5_7 (GPU 0)
+            whole = await node.kubelet.allocate("dsagent.io/gpu-roce1-2", [gpu_uuid(i) for i in range(2, 8)])
+            assert whole.envs["NCCL_IB_HCA"].lstrip("=").split(",") == [vf_rdma(pf, 0) for pf in (4, 5, 0, 1, 2, 3)]
+            assert whole.envs["NCCL_CROSS_NIC"] == "0"
+
+    run(scenario())
