@@ -2,9 +2,10 @@
 
 The one coordinator of a scheduling decision: it reads the pod once, fetches each
 score's inputs from :class:`~scheduler_plugin.nodeinfo.NodeFacts`, calls the pure
-functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class (with
-:class:`~scheduler_plugin.jobs.JobClasses`) and combines the normalized scores with the
-configured weights. The HTTP app calls it; it knows nothing of HTTP.
+functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class, or a
+multi-worker job's class set (:mod:`gpu_topology.classsets`, docs/design.md#class-sets),
+both kept in :class:`~scheduler_plugin.jobs.JobClasses`, and combines the normalized
+scores with the configured weights. The HTTP app calls it; it knows nothing of HTTP.
 """
 
 from __future__ import annotations
