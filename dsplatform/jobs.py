@@ -2,7 +2,12 @@
 
 A job is named by the first of these pod labels that is set (``DSEXT_JOB_LABELS`` and
 ``DSAGENT_WEBHOOK_JOB_LABELS`` override the list): our own, then Kubeflow's training
-operator, Volcano and batch/v1 Jobs. The key is ``namespace/value``.
+operator, Volcano and batch/v1 Jobs, then the gang conventions' pod-group labels
+(scheduler-plugins' Coscheduling ``scheduling.x-k8s.io/pod-group``, Kueue's
+``kueue.x-k8s.io/pod-group-name``): a pod group is a job. The key is ``namespace/value``.
+
+A job's worker count (``docs/design.md#class-sets``) is ``dsagent.io/workers``, else Kueue's
+``kueue.x-k8s.io/pod-group-total-count``: the gang's size, which the class set must hold.
 """
 
 from __future__ import annotations
@@ -15,7 +20,37 @@ DEFAULT_JOB_LABELS: tuple[str, ...] = (
     "volcano.sh/job-name",
     "batch.kubernetes.io/job-name",
     "job-name",
+    "scheduling.x-k8s.io/pod-group",
+    "kueue.x-k8s.io/pod-group-name",
 )
+
+
+#: a job's worker count, on each of its pods (the time model reads it too)
+WORKERS_ANNOTATION = "dsagent.io/workers"
+#: Kueue's plain-pod group size, read when ``dsagent.io/workers`` is absent
+KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+#: ``required``: a multi-worker job waits for nodes serving one class set (subnets) rather
+#: than be split across class layouts; anything else: ``preferred``
+SUBNET_PLACEMENT_ANNOTATION = "dsagent.io/subnet-placement"
+MAX_WORKERS = 4096
+
+
+def workers_of(annotations: Mapping[str, object] | None) -> int:
+    """The pod's ``dsagent.io/workers`` (else Kueue's group count): 1..MAX_WORKERS, else 1."""
+    annotations = annotations or {}
+    text = annotations.get(WORKERS_ANNOTATION, annotations.get(KUEUE_GROUP_COUNT_ANNOTATION))
+    if not isinstance(text, str) or len(text) > 8:
+        return 1
+    text = text.strip()
+    if not text.isascii() or not text.isdigit():
+        return 1
+    return max(1, min(int(text), MAX_WORKERS))
+
+
+def subnet_required(annotations: Mapping[str, object] | None) -> bool:
+    """Whether the pod's job requires one class set (``dsagent.io/subnet-placement: required``)."""
+    value = (annotations or {}).get(SUBNET_PLACEMENT_ANNOTATION)
+    return isinstance(value, str) and value.strip().lower() == "required"
 
 
 def job_key(
@@ -30,4 +65,13 @@ def job_key(
     return None
 
 
-__all__ = ["DEFAULT_JOB_LABELS", "job_key"]
+__all__ = [
+    "DEFAULT_JOB_LABELS",
+    "KUEUE_GROUP_COUNT_ANNOTATION",
+    "MAX_WORKERS",
+    "SUBNET_PLACEMENT_ANNOTATION",
+    "WORKERS_ANNOTATION",
+    "job_key",
+    "subnet_required",
+    "workers_of",
+]

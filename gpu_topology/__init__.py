@@ -9,6 +9,7 @@ with ``topology_from_dict`` and calls :func:`best_gpu_set` and :func:`roce_class
     scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
     classes      nearest_nics, roce_classes, ClassMode GPU-NIC affinity, RoCE classes
     placement    choose_class, ...                    the cluster-wide RoCE class vote
+    classsets    choose_class_set, gpus_in_set, ...   one class set per multi-worker job
     contract     to/from the version-1 JSON           schema: topology.schema.json
     discovery    discover() and its backends          nvml, nvidia-smi, sysfs, nccl-xml
     errors       TopologyError and its tree

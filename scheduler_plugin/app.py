@@ -153,7 +153,9 @@ class ExtenderApp:
             args = self._decode("filter", body)
             pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
-            outcome = self.framework.filter(pod, args.names, nodes)
+            outcome = self.framework.filter(pod, args.names, nodes, lambda: self.view.cluster(nodes))
+            if outcome.split_reason:
+                log.warning("filter: pod %s: %s", pod.key, outcome.split_reason)
             self.metrics.nodes_filtered.labels(result="passed").inc(len(outcome.passed))
             self.metrics.nodes_filtered.labels(result="failed").inc(len(outcome.failed) + len(outcome.unresolvable))
             outcome_label = "ok"

@@ -7,6 +7,10 @@ A node fails when
 - the pod requests a RoCE class the node does not have, or a dataset larger than the
   node's whole cache that the node does not already hold: nothing can change that, so
   it goes to ``FailedAndUnresolvableNodes``.
+- the pod is a worker of a multi-worker job whose class set (docs/design.md#class-sets)
+  the node's class layout cannot serve (unresolvable), or can serve but not with its
+  free GPUs now (resolvable): :func:`class_set`, called by the framework, which knows
+  the job's set.
 
 - the pod opts in to *required* dataset affinity (``dsagent.io/dataset-affinity: required``)
   and the node does not hold the current version of one of its datasets ready (a node
@@ -22,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpu_topology.classsets import assign, set_key
 from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins.dataset import is_current
 from scheduler_plugin.podspec import PodRequest
@@ -56,9 +61,28 @@ def _required(pod: PodRequest, node: NodeFacts) -> Failure | None:
     return None
 
 
+def class_set(pod: PodRequest, node: NodeFacts, classes: tuple[str, ...]) -> Failure | None:
+    """Why ``node`` cannot take a worker of ``pod``'s job in the job's class set, or None.
+    A node without classes, or whose free GPUs are unknown, passes (nothing is known)."""
+    if not classes or not node.classes or node.free_gpus is None or pod.gpus <= 0:
+        return None
+    key = set_key(classes)
+    if assign(node.class_sizes, classes, pod.gpus) is None:
+        layout = ", ".join(f"{name}:{size}" for name, size in node.class_sizes.items())
+        return Failure(
+            f"node's class layout ({layout}) cannot serve the job's class set {key} with {pod.gpus} GPUs", True
+        )
+    if assign(node.free_by_class, classes, pod.gpus) is None:
+        free = ", ".join(f"{name}:{node.free_by_class.get(name, 0)}" for name in classes)
+        return Failure(f"free GPUs in the job's class set {key} ({free}) cannot take {pod.gpus}")
+    return None
+
+
 def _gpus(pod: PodRequest, node: NodeFacts) -> Failure | None:
     if pod.gpus <= 0:
         return None
+    if len(pod.gpu_classes) > 1:
+        return class_set(pod, node, pod.gpu_classes) or _plain(pod, node)
     if pod.gpu_class is not None and node.classes and node.free_gpus is not None:
         if pod.gpu_class not in node.class_sizes:
             names = ", ".join(c.name for c in node.classes)
@@ -67,6 +91,10 @@ def _gpus(pod: PodRequest, node: NodeFacts) -> Failure | None:
         if free < pod.gpus:
             return Failure(f"{free} free GPUs in class {pod.gpu_class}, pod needs {pod.gpus}")
         return None
+    return _plain(pod, node)
+
+
+def _plain(pod: PodRequest, node: NodeFacts) -> Failure | None:
     if node.gpu_facts_known and node.free_count < pod.gpus:
         return Failure(f"{node.free_count} free GPUs, pod needs {pod.gpus}")
     return None
@@ -100,4 +128,4 @@ def _human(count: int) -> str:
     return f"{count} B"
 
 
-__all__ = ["Failure", "check"]
+__all__ = ["Failure", "check", "class_set"]

@@ -2,9 +2,10 @@
 
 The one coordinator of a scheduling decision: it reads the pod once, fetches each
 score's inputs from :class:`~scheduler_plugin.nodeinfo.NodeFacts`, calls the pure
-functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class (with
-:class:`~scheduler_plugin.jobs.JobClasses`) and combines the normalized scores with the
-configured weights. The HTTP app calls it; it knows nothing of HTTP.
+functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class, or a
+multi-worker job's class set (:mod:`gpu_topology.classsets`, docs/design.md#class-sets),
+both kept in :class:`~scheduler_plugin.jobs.JobClasses`, and combines the normalized
+scores with the configured weights. The HTTP app calls it; it knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
+from typing import Any
 
+from gpu_topology.classsets import NodeRoom, choose_class_set, parse_set, serves, set_key
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NOTHING_HELD, NodeFacts
@@ -34,11 +37,25 @@ GpuKey = tuple[int, "frozenset[int] | None", int]
 FIT_MEMO_LIMIT = 100_000
 
 
+SPLIT = "*"  # a job's cached "class set" when no set could hold it: placed across layouts
+
+
 @dataclass(frozen=True)
 class FilterOutcome:
     passed: list[str]
     failed: dict[str, str]
     unresolvable: dict[str, str]
+    split_reason: str | None = None  # set when the pod's job is placed across class layouts
+
+
+@dataclass(frozen=True)
+class JobSet:
+    """A multi-worker job's class set in force (docs/design.md#class-sets); ``classes``
+    empty when the job is placed across layouts (``reason`` says why)."""
+
+    classes: tuple[str, ...]
+    required: bool = False
+    reason: str | None = None
 
 
 def combine(
@@ -188,11 +205,16 @@ class Framework:
         if need <= 0 or pod.gpus_error:
             return keys, dict.fromkeys(keys, (0, 0))
         gpu_class = self.job_class(pod, cluster) if roce_too else None
+        job_set = self.job_set(pod, cluster) if roce_too else None
+        classes = job_set.classes if job_set is not None else ()
         placement = self.placements.score
         # One node per distinct key (any one: equal keys score alike), built in C.
         distinct: dict[GpuKey, NodeFacts] = dict(zip(keys, nodes))  # type: ignore[arg-type]
         distinct.pop(None, None)  # type: ignore[call-overload]
-        fits = [self._fit(key, node, gpu_class, need) if roce_too else 0.0 for key, node in distinct.items()]
+        fits = [
+            (_set_fit(node, classes, need) if classes else self._fit(key, node, gpu_class, need)) if roce_too else 0.0
+            for key, node in distinct.items()
+        ]
         table: dict[GpuKey | None, tuple[int, int]] = {
             key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)
             for (key, node), fit in zip(distinct.items(), roce.normalize(fits))
@@ -220,11 +242,13 @@ class Framework:
         each node) will do.
         """
         if pod.gpu_class is not None:
-            if pod.job is not None:
+            if pod.job is not None and pod.workers <= 1:
                 self.jobs.set(pod.job, pod.gpu_class)
             return pod.gpu_class
         if pod.job is None:
             return None
+        if pod.workers > 1:
+            return None  # a multi-worker job's GPUs come from its class set (job_set)
         known = self.jobs.get(pod.job)
         if known is not None:
             return known
@@ -235,21 +259,99 @@ class Framework:
         log.info("job %s: RoCE class %s (votes %s)", pod.job, chosen, dict(choice.votes))
         return chosen
 
-    def filter(self, pod: PodRequest, names: Sequence[str], nodes: Sequence[NodeFacts | None]) -> FilterOutcome:
-        """Hard facts only; unknown nodes pass."""
+    def job_set(self, pod: PodRequest, cluster: Cluster) -> JobSet | None:
+        """The class set of a multi-worker job's pod (docs/design.md#class-sets), or None
+        for a pod in no job, a single-worker job or a pod without GPUs.
+
+        The set the pod requests as resources is a fact (the webhook wrote it from the
+        job's Lease). Otherwise the job's cached set; otherwise chosen now over the
+        cluster's free GPUs (:func:`gpu_topology.classsets.choose_class_set`) and cached:
+        a set that holds every worker now; else, for a job that *requires* one subnet
+        set, the set it will wait for; else the job is placed across layouts (cached as
+        such, so that its later workers are not held to a set its first ones broke).
+        """
+        if pod.job is None or pod.workers <= 1 or pod.gpus <= 0 or pod.gpus_error:
+            return None
+        required = pod.subnet_required
+        if pod.gpu_classes:
+            self.jobs.set(pod.job, set_key(pod.gpu_classes))
+            return JobSet(pod.gpu_classes, required)
+        known = self.jobs.get(pod.job)
+        if known is not None:
+            if known == SPLIT:
+                return JobSet((), required, "no class set could hold every worker when the job started")
+            return JobSet(parse_set(known), required)
+        rooms = _grouped_rooms(cluster())
+        choice = choose_class_set(rooms, pod.gpus, pod.workers)
+        if choice is None:
+            return None  # no node has classes that can serve the worker: plain GPU rules
+        if choice.holds or required:
+            chosen = self.jobs.remember(pod.job, choice.key)
+            log.info("job %s: class set %s (%d nodes can take a worker now)", pod.job, chosen, choice.hosts)
+            return JobSet((), required) if chosen == SPLIT else JobSet(parse_set(chosen), required)
+        reason = (
+            f"no class set can hold {pod.workers} workers of {pod.gpus} GPUs now "
+            f"(best: {choice.key} on {choice.hosts} nodes); placed across class layouts"
+        )
+        self.jobs.remember(pod.job, SPLIT)
+        log.warning("job %s: %s", pod.job, reason)
+        return JobSet((), required, reason)
+
+    def filter(
+        self,
+        pod: PodRequest,
+        names: Sequence[str],
+        nodes: Sequence[NodeFacts | None],
+        cluster: Cluster | None = None,
+    ) -> FilterOutcome:
+        """Hard facts only; unknown nodes pass. With ``cluster``, a multi-worker job's pod
+        is also held to its class set (docs/design.md#class-sets)."""
         sizes = dataset.requested_sizes(pod.datasets, (n.inventory for n in nodes if n is not None))
+        job_set = self.job_set(pod, cluster) if cluster is not None else None
+        classes = job_set.classes if job_set is not None else ()
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        held_out: dict[str, node_filter.Failure] = {}
         for name, node in zip(names, nodes):
             failure = node_filter.check(pod, node, sizes)
+            if failure is None and classes and node is not None:
+                set_failure = node_filter.class_set(pod, node, classes)
+                if set_failure is not None:
+                    held_out[name] = set_failure
+                    continue
             if failure is None:
                 passed.append(name)
             elif failure.unresolvable:
                 unresolvable[name] = failure.reason
             else:
                 failed[name] = failure.reason
-        return FilterOutcome(passed, failed, unresolvable)
+        split_reason = job_set.reason if job_set is not None else None
+        if held_out and not passed and job_set is not None and not job_set.required and pod.job is not None:
+            # preferred: the set's nodes are gone (taken since the set was chosen); the
+            # job goes across layouts rather than wait, and says so
+            split_reason = f"no node can serve class set {set_key(classes)} any more; placed across class layouts"
+            self.jobs.set(pod.job, SPLIT)
+            log.warning("job %s: %s", pod.job, split_reason)
+            passed = list(held_out)
+        else:
+            for name, failure in held_out.items():
+                (unresolvable if failure.unresolvable else failed)[name] = failure.reason
+        return FilterOutcome(passed, failed, unresolvable, split_reason)
+
+
+def _grouped_rooms(nodes: Iterable[NodeFacts]) -> list[NodeRoom]:
+    """One :class:`NodeRoom` per distinct GPU key, weighted by its node count."""
+    groups: dict[GpuKey, list[Any]] = {}
+    for node in nodes:
+        group = groups.get(node.gpu_key)
+        if group is None:
+            groups[node.gpu_key] = [node, 1]
+        else:
+            group[1] += 1
+    return [
+        NodeRoom(node.class_sizes, node.free_by_class, count) for node, count in groups.values() if node.class_sizes
+    ]
 
 
 def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, int], int]]:
@@ -268,6 +370,13 @@ def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, i
 _GPU_KEY = operator.attrgetter("gpu_key")
 
 
+def _set_fit(node: NodeFacts, classes: tuple[str, ...], need: int) -> float:
+    """Best-fit raw score of one node in a job's class set (0 when it cannot serve it)."""
+    if not serves(node.free_by_class, classes, need):
+        return 0.0
+    return roce.fit(sum(node.free_by_class[c] for c in classes), need)
+
+
 def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:
     """Best-fit raw score of one node: in the job's class when it has one, else in the
     node's best-fitting class, else over the whole node (pods larger than any class)."""
@@ -283,4 +392,4 @@ def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:
     return roce.fit(node.free_count, need)
 
 
-__all__ = ["Cluster", "GpuKey", "FilterOutcome", "Framework", "combine"]
+__all__ = ["SPLIT", "Cluster", "GpuKey", "FilterOutcome", "Framework", "JobSet", "combine"]

@@ -57,6 +57,11 @@ class JobClasses:
         with self._lock:
             self._entries[job] = gpu_class
 
+    def forget(self, job: str) -> None:
+        """Drop the job's entry (a job none of whose workers was placed chooses afresh)."""
+        with self._lock:
+            self._entries.pop(job, None)
+
     def __len__(self) -> int:
         with self._lock:
             self._entries.expire()

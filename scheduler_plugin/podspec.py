@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from dsplatform.jobs import job_key
+from dsplatform.jobs import job_key, subnet_required, workers_of
+from gpu_topology.classsets import SEPARATOR, parse_resource_name, parse_set
 from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
 
@@ -70,6 +71,9 @@ class PodRequest:
     time: JobProfile | None = None  # the dsagent.io/ time-model annotations, when given
     time_error: str | None = None  # set when they could not be used (scored 0)
     affinity_required: bool = False  # dsagent.io/dataset-affinity: required
+    gpu_classes: tuple[str, ...] = ()  # every RoCE class the pod requests (its class set), rail order
+    workers: int = 1  # dsagent.io/workers: the job's worker count (1 when absent or unreadable)
+    subnet_required: bool = False  # dsagent.io/subnet-placement: required (docs/design.md#class-sets)
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -80,7 +84,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     name = meta.get("name") if isinstance(meta.get("name"), str) else ""
     annotations = _str_map(meta.get("annotations"))
     datasets, datasets_error = parse_datasets(annotations.get(DATASETS_ANNOTATION))
-    gpus, gpu_class, gpus_error = _gpus(pod, gpu_resource, roce_prefix)
+    gpus, gpu_class, gpus_error, gpu_classes = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
     job = job_key(namespace, labels, job_labels)
     time, time_error = parse_profile(annotations, _timestamp(meta.get("creationTimestamp")))
@@ -96,6 +100,9 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
         time=time,
         time_error=time_error,
         affinity_required=annotations.get(AFFINITY_ANNOTATION, "").strip().lower() == "required",
+        gpu_classes=gpu_classes,
+        workers=workers_of(annotations),
+        subnet_required=subnet_required(annotations),
     )
 
 
@@ -155,18 +162,24 @@ def _unique(wants: Iterable[DatasetWant]) -> tuple[DatasetWant, ...]:
     return tuple(seen.values())
 
 
-def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None]:
+def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None, tuple[str, ...]]:
     spec: Any = pod.get("spec") if isinstance(pod, dict) else None
     spec = spec if isinstance(spec, dict) else {}
     try:
         totals = pod_requests(spec.get("containers"), spec.get("initContainers"))
     except ValueError as exc:
-        return 0, None, f"unreadable resource request: {exc}"
+        return 0, None, f"unreadable resource request: {exc}", ()
     by_class = {r.split("/", 1)[1]: q for r, q in totals.items() if r.startswith(roce_prefix) and q > 0}
     gpus = totals.get(gpu_resource, 0) + sum(by_class.values())
+    # A class-set resource (gpu-roce1-2: a worker of a job's class set, docs/design.md#class-sets)
+    # names its classes; a plain class names itself.
+    stem = roce_prefix.split("/", 1)[-1]
+    sets = {name: parse_resource_name(name, stem) for name in by_class}
+    classes = parse_set(SEPARATOR.join(c for name in sorted(by_class) for c in (sets[name] or (name,))))
+    plain = {name: q for name, q in by_class.items() if len(sets[name]) <= 1}
     # A pod asking for two classes at once is unusual; the larger share names its class.
-    gpu_class = max(sorted(by_class), key=lambda c: by_class[c]) if by_class else None
-    return gpus, gpu_class, None
+    gpu_class = max(sorted(plain), key=lambda c: plain[c]) if plain and len(plain) == len(by_class) else None
+    return gpus, gpu_class, None, classes
 
 
 def pod_requests(containers: Any, init_containers: Any = None) -> dict[str, int]:

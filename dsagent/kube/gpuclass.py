@@ -21,6 +21,17 @@ class's NIC:
 4. A pod in no job gets the vote's class, without a Lease. A pod whose K GPUs no class
    can hold (a whole-node worker on a node cut into classes) keeps ``nvidia.com/gpu``.
 
+**Multi-worker jobs** (``dsagent.io/workers: N`` > 1, ``docs/design.md#class-sets``) get a
+class *set* instead: the Lease holds its key (``gpu-roce1+gpu-roce2``), chosen by
+:func:`gpu_topology.classsets.choose_class_set` over the nodes' free GPUs per class, and
+each worker's K GPUs are rewritten into the set's resource (``dsagent.io/gpu-roce1-2: K``),
+which the device plugin serves with a rail-aligned share of every class of the set.
+When no set can hold every worker now and the job does not require one
+(``dsagent.io/subnet-placement: required``), the Lease holds ``*``: the job is placed
+across class layouts, each worker gets its own class as a single-worker
+pod would, and every worker carries the reason in ``dsagent.io/class-set-split`` and an
+admission warning.
+
 A pod that already requests a class resource is held to its job's class too (the Lease
 wins, with a warning). Nothing here ever blocks a pod: the webhook turns errors into
 warnings. The pure part (:func:`gpu_request`, :func:`rewrite`) takes no I/O; the API
@@ -45,7 +56,7 @@ from dsagent.errors import Conflict, DsagentError, NotFound, SettingsError
 from dsagent.kube.apiclient import micro_time, parse_time, translated
 from dsagent.kube.jsonpatch import JSONPatch, escape
 from dsplatform import published
-from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
+from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.units import UnitError, parse_duration
 
 log = logging.getLogger("dsagent.webhook")
@@ -53,11 +64,16 @@ log = logging.getLogger("dsagent.webhook")
 TOPOLOGY_ANNOTATION = published.TOPOLOGY
 FREE_GPUS_ANNOTATION = published.FREE_GPUS
 CLASS_ANNOTATION = "dsagent.io/gpu-class"
+SPLIT_ANNOTATION = "dsagent.io/class-set-split"  # why a multi-worker job spans class layouts
+SPLIT = "*"  # a Lease holder: the job is placed across class layouts
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"
 DEFAULT_PREFIX = "dsagent.io"
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_NETWORK = re.compile(rf"^({_DNS_LABEL}/)?{_DNS_LABEL}$")
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"  # Multus: the pod's extra networks
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,9 @@ class GpuClassSettings:
     job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
     lease_ttl_s: int = 3600  # an ownerless job Lease lives this long after its last worker
     nodes_ttl_s: float = 5.0  # how long a node listing serves votes
+    #: Multus: the NetworkAttachmentDefinition of a class, ``[<namespace>/]<name>`` with
+    #: ``{class}`` in it (``dsplatform/dsp-{class}``); empty: no network annotation
+    networks: str = ""
 
     def __post_init__(self) -> None:
         if not _RESOURCE_NAME.match(self.gpu_resource):
@@ -80,6 +99,17 @@ class GpuClassSettings:
             raise SettingsError(f"class resource prefix {self.prefix!r} is not a DNS domain", hint="e.g. dsagent.io")
         if self.lease_ttl_s < 1:
             raise SettingsError("the job Lease TTL must be at least one second")
+        if self.networks and (
+            "{class}" not in self.networks or not _NETWORK.match(self.networks.replace("{class}", "gpu-roce1"))
+        ):
+            raise SettingsError(
+                f"network attachment template {self.networks!r} is not [<namespace>/]<name> with {{class}} in it",
+                hint="e.g. dsplatform/dsp-{class}",
+            )
+
+    def network(self, gpu_class: str) -> str:
+        """The NetworkAttachmentDefinition (``[ns/]name``) of one class."""
+        return self.networks.replace("{class}", gpu_class)
 
     def resource(self, gpu_class: str) -> str:
         return f"{self.prefix}/{gpu_class}"
@@ -101,6 +131,7 @@ class GpuClassSettings:
             prefix=env.get(prefix + "CLASS_PREFIX") or cls.prefix,
             job_labels=labels or DEFAULT_JOB_LABELS,
             lease_ttl_s=max(1, int(ttl)),
+            networks=env.get(prefix + "NETWORKS", "").strip(),
         )
 
 
@@ -166,7 +197,27 @@ def rewrite(
 ) -> JSONPatch:
     """Replace every container's GPU (or other class) resource by ``gpu_class``'s, keeping
     the quantity, and annotate the pod with its class."""
-    target = settings.resource(gpu_class)
+    return rewrite_set(pod, settings, (gpu_class,), annotations_exist=annotations_exist)
+
+
+def rewrite_set(
+    pod: Mapping[str, Any],
+    settings: GpuClassSettings,
+    classes: Sequence[str],
+    *,
+    annotations_exist: bool,
+    extra_annotations: Mapping[str, str] | None = None,
+) -> JSONPatch:
+    """Replace every container's GPU (or other class) resource by the resource of the class
+    set ``classes``, keeping the quantity, and annotate the pod with its class (set).
+
+    One class: ``<prefix>/gpu-roce1``. Several: the set's own resource, ``<prefix>/gpu-roce1-2``
+    (``docs/design.md#class-sets``), which the node's device plugin serves with the worker's
+    rail-aligned share of every class of the set, in one Allocate: two class resources in
+    one container would get two answers whose ``NVIDIA_VISIBLE_DEVICES`` collide."""
+    from gpu_topology.classsets import resource_name, set_key
+
+    target = settings.resource(resource_name(classes))
     ops: JSONPatch = []
     for path, container in _containers(pod.get("spec") or {}):
         resources = container.get("resources") or {}
@@ -186,11 +237,38 @@ def rewrite(
                 ops.append({"op": op, "path": f"{path}/resources/{kind}/{escape(target)}", "value": str(value)})
     if not ops:
         return ops
+    notes = {CLASS_ANNOTATION: set_key(classes), **(extra_annotations or {})}
     if annotations_exist:
-        ops.append({"op": "add", "path": "/metadata/annotations/" + escape(CLASS_ANNOTATION), "value": gpu_class})
+        for key, text in notes.items():
+            ops.append({"op": "add", "path": "/metadata/annotations/" + escape(key), "value": text})
     else:
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {CLASS_ANNOTATION: gpu_class}})
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
     return ops
+
+
+def networks_value(annotations: Mapping[str, Any] | None, attachments: Sequence[str]) -> str:
+    """The Multus ``k8s.v1.cni.cncf.io/networks`` value: the pod's own entries (comma list or
+    JSON list, kept as written) followed by ``attachments`` not already named."""
+    existing = (annotations or {}).get(NETWORKS_ANNOTATION)
+    text = existing.strip() if isinstance(existing, str) else ""
+    if text.startswith("["):
+        try:
+            entries = json.loads(text)
+        except ValueError:
+            entries = None
+        if isinstance(entries, list):
+            named = {
+                f"{e.get('namespace')}/{e.get('name')}" if e.get("namespace") else e.get("name")
+                for e in entries
+                if isinstance(e, dict)
+            }
+            for item in attachments:
+                if item not in named:
+                    ns, _, name = item.rpartition("/")
+                    entries.append({"name": name, **({"namespace": ns} if ns else {})})
+            return json.dumps(entries, separators=(",", ":"))
+    own = [part.strip() for part in text.split(",") if part.strip()]
+    return ",".join(own + [a for a in attachments if a not in own])
 
 
 def lease_name(job: str) -> str:
@@ -224,6 +302,14 @@ class ClusterView:
 
     sizes: tuple[Mapping[str, int], ...]
     free: tuple[Mapping[str, int], ...]
+    rooms: tuple[Any, ...] = ()  # gpu_topology.classsets.NodeRoom per node whose free GPUs are known
+
+    def vote_set(self, need: int, workers: int) -> Any:
+        """The class set for ``workers`` workers of ``need`` GPUs
+        (:func:`gpu_topology.classsets.choose_class_set`), or None."""
+        from gpu_topology.classsets import choose_class_set
+
+        return choose_class_set(self.rooms, need, workers)
 
     def largest(self, gpu_class: str) -> int:
         return max((s.get(gpu_class, 0) for s in self.sizes), default=0)
@@ -240,10 +326,12 @@ class ClusterView:
 def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
     """The classes of schedulable nodes whose agent publishes a readable topology."""
     from gpu_topology import TopologyError
+    from gpu_topology.classsets import NodeRoom
     from gpu_topology.placement import node_classes, parse_free_gpus
 
     sizes: list[Mapping[str, int]] = []
     free: list[Mapping[str, int]] = []
+    rooms: list[NodeRoom] = []
     for node in nodes:
         if (node.get("spec") or {}).get("unschedulable"):
             continue
@@ -259,7 +347,8 @@ def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
             sizes.append(found.sizes)
             if found.free is not None:
                 free.append(found.free)
-    return ClusterView(tuple(sizes), tuple(free))
+                rooms.append(NodeRoom(found.sizes, found.free))
+    return ClusterView(tuple(sizes), tuple(free), tuple(rooms))
 
 
 class KubeGpuClasses:
@@ -342,7 +431,25 @@ class GpuClassPolicy:
         self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool, dry_run: bool = False
     ) -> GpuDecision:
         """The patch giving ``pod`` its job's class. ``dry_run`` (an AdmissionReview with
-        ``dryRun: true``) reads the job's Lease but never writes one."""
+        ``dryRun: true``) reads the job's Lease but never writes one. With ``networks``
+        set, a pod given a class (set) also gets the Multus network attachment of every
+        class in it (``docs/design.md#vf-networks``)."""
+        decision = self._decide(pod, namespace, annotations_exist=annotations_exist, dry_run=dry_run)
+        if not self.settings.networks or decision.gpu_class is None or not decision.patch:
+            return decision
+        from gpu_topology.classsets import parse_set
+
+        classes = parse_set(decision.gpu_class)
+        value = networks_value(
+            (pod.get("metadata") or {}).get("annotations"), [self.settings.network(c) for c in classes]
+        )
+        op = {"op": "add", "path": "/metadata/annotations/" + escape(NETWORKS_ANNOTATION), "value": value}
+        # the rewrite's last op adds the class annotation (creating the map when absent)
+        return GpuDecision([*decision.patch, op], decision.warnings, decision.gpu_class)
+
+    def _decide(
+        self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool, dry_run: bool = False
+    ) -> GpuDecision:
         s = self.settings
         need = gpu_request(pod, s.gpu_resource)
         asked = requested_classes(pod, s.prefix)
@@ -353,7 +460,13 @@ class GpuClassPolicy:
         job = job_key(namespace, meta.get("labels"), s.job_labels)
         own = max(sorted(asked), key=lambda c: asked[c]) if asked else None
         warnings: list[str] = []
-        if job is None:
+        annotations = meta.get("annotations") or {}
+        workers = workers_of(annotations)
+        if job is not None and workers > 1 and need > 0:
+            decided = self._decide_set(pod, namespace, job, need, workers, annotations_exist, dry_run=dry_run)
+            if decided is not None:
+                return decided
+        if job is None or workers > 1:
             gpu_class = own or self.kube.cluster().vote(need)
         else:
             gpu_class = self.job_class(pod, namespace, job, need, own, dry_run=dry_run)
@@ -389,10 +502,90 @@ class GpuClassPolicy:
             )
         return GpuDecision(patch, tuple(warnings), gpu_class)
 
+    def _decide_set(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        job: str,
+        need: int,
+        workers: int,
+        annotations_exist: bool,
+        *,
+        dry_run: bool,
+    ) -> GpuDecision | None:
+        """A multi-worker job's worker: its share of the job's class set; None when the job
+        is placed across class layouts (the caller then gives the pod a class of its own,
+        and :meth:`decide` adds the reason) or no node can serve any set."""
+        s = self.settings
+        reasons: list[str] = []
+
+        def choose() -> str | None:
+            choice = self.kube.cluster().vote_set(need, workers)
+            if choice is None:
+                return None
+            if choice.holds or subnet_required((pod.get("metadata") or {}).get("annotations")):
+                return str(choice.key)
+            reasons.append(
+                f"no class set can hold {workers} workers of {need} GPUs now (best: {choice.key}, "
+                f"{choice.hosts} nodes can take a worker)"
+            )
+            return SPLIT
+
+        holder = self._job_lease(pod, namespace, job, choose, dry_run=dry_run)
+        if holder is None:
+            return None
+        if holder == SPLIT:
+            reason = reasons[0] if reasons else "no class set could hold every worker when the job's first worker came"
+            message = f"dsplatform: job {job} is placed across class layouts (subnets): {reason}"
+            log.warning("pod %s/%s: %s", namespace, (pod.get("metadata") or {}).get("name"), message)
+            own = self.kube.cluster().vote(need)
+            if own is None or self.kube.cluster().largest(own) < need:
+                patch: JSONPatch = []
+                note = {SPLIT_ANNOTATION: reason}
+                if annotations_exist:
+                    patch = [
+                        {"op": "add", "path": "/metadata/annotations/" + escape(SPLIT_ANNOTATION), "value": reason}
+                    ]
+                else:
+                    patch = [{"op": "add", "path": "/metadata/annotations", "value": note}]
+                return GpuDecision(patch, (message,), None)
+            patch = rewrite_set(
+                pod, s, (own,), annotations_exist=annotations_exist, extra_annotations={SPLIT_ANNOTATION: reason}
+            )
+            return GpuDecision(patch, (message,), own)
+        from gpu_topology.classsets import parse_set
+
+        classes = parse_set(holder)
+        if not classes:
+            return None
+        patch = rewrite_set(pod, s, classes, annotations_exist=annotations_exist)
+        log.info(
+            "pod %s/%s (job %s): %d GPUs in class set %s",
+            namespace,
+            (pod.get("metadata") or {}).get("name"),
+            job,
+            need,
+            holder,
+        )
+        return GpuDecision(patch, (), holder)
+
     def job_class(
         self, pod: Mapping[str, Any], namespace: str, job: str, need: int, own: str | None, *, dry_run: bool = False
     ) -> str | None:
         """The job's class from its Lease, creating the Lease (by vote) for its first worker."""
+        return self._job_lease(pod, namespace, job, lambda: own or self.kube.cluster().vote(need), dry_run=dry_run)
+
+    def _job_lease(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        job: str,
+        choose: Callable[[], str | None],
+        *,
+        dry_run: bool = False,
+    ) -> str | None:
+        """The job's Lease holder (its class, or class set), creating the Lease with
+        ``choose()`` for its first worker; the API server's create is the one decision."""
         name = lease_name(job)
         owner = controller_of(pod)
         for _ in range(3):
@@ -403,7 +596,7 @@ class GpuClassPolicy:
                 holder = (lease.get("spec") or {}).get("holderIdentity")
                 if isinstance(holder, str) and holder:
                     return holder
-            gpu_class = own or self.kube.cluster().vote(need)
+            gpu_class = choose()
             if gpu_class is None or dry_run:
                 return gpu_class
             body = self._lease(name, job, gpu_class, owner, previous=lease)
@@ -477,11 +670,16 @@ __all__ = [
     "GpuClassSettings",
     "GpuDecision",
     "KubeGpuClasses",
+    "NETWORKS_ANNOTATION",
+    "SPLIT",
+    "SPLIT_ANNOTATION",
     "controller_of",
     "gpu_request",
     "lease_name",
     "micro_time",
+    "networks_value",
     "read_cluster",
     "requested_classes",
     "rewrite",
+    "rewrite_set",
 ]

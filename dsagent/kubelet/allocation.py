@@ -7,16 +7,22 @@ What it owns (docs/design.md#roce-allocation):
   kubelet resources ``<prefix>/gpu-roce<N>`` (the classes rule lives in gpu_topology and
   may change; nothing else here calls it);
 * :class:`NodeDevices`: per resource, its GPUs (named by UUID, with their NUMA node) and
-  the SR-IOV VFs of its NICs; plus ``<prefix>/gpu-all`` with every GPU of the node, for a
-  whole-node worker that spans several classes;
-* :class:`Ledger`: the allocations made, each with its GPUs and one VF per class it
-  touches. A GPU held under one resource is reported Unhealthy under the others (the
-  kubelet then offers it to nobody else) and an Allocate that would share it is refused;
-  a VF is taken until the kubelet's pod-resources API stops listing the allocation;
+  the SR-IOV VFs of its NICs; a **class-set resource** per run of consecutive classes
+  (``<prefix>/gpu-roce1-2``: the GPUs of classes 1 and 2, for a worker of a job whose
+  class set they are, docs/design.md#class-sets); plus ``<prefix>/gpu-all`` with every
+  GPU of the node, for a whole-node worker that spans several classes;
+* :class:`Ledger`: the allocations made, each with its GPUs and one VF per RoCE NIC near
+  them (of the classes they touch: a GPU near two NICs gets both, so NCCL can stripe over
+  every near rail; docs/design.md#roce-allocation). A GPU held under one resource is
+  reported Unhealthy under the others (the kubelet then offers it to nobody else) and an
+  Allocate that would share it is refused; a VF is taken until the kubelet's pod-resources
+  API stops listing the allocation;
 * :func:`nccl_settings` and :func:`nccl_conf`: the NCCL environment and file text.
 
-Decisions: VFs are chosen per class from the NIC with the fewest taken VFs (ties by NIC
-order), lowest free ``virtfn`` first. An Allocate repeated for the same devices (the
+Decisions: the NICs are the nearest ones of each allocated GPU
+(:func:`gpu_topology.nearest_nics`) among its class's NICs; on each, the lowest free
+``virtfn``. A class none of whose GPUs names a nearest NIC of its own gets one VF from
+the class NIC with the fewest taken VFs (ties by NIC order). An Allocate repeated for the same devices (the
 kubelet does this after its restart) gets the same allocation back. NCCL names use the
 ``=`` exact-match form (``NCCL_IB_HCA==mlx5_10``): a bare ``mlx5_1`` would also match
 ``mlx5_10``..``mlx5_19``.
@@ -32,7 +38,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
-from gpu_topology import ClassMode, Topology, roce_classes
+from gpu_topology import ClassMode, Topology, nearest_nics, roce_classes
+from gpu_topology.classsets import resource_name, runs
 from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
 
 DEFAULT_PREFIX = "dsagent.io"
@@ -122,13 +129,26 @@ class NodeDevices:
         self.by_index = {d.index: d for d in self.devices.values()}
         self.vfs = dict(vfs)
         self._resources: dict[str, tuple[int, ...]] = {c.resource: c.gpus for c in self.classes}
+        by_name = {c.resource: c for c in self.classes}
+        #: class-set resource -> its classes (docs/design.md#class-sets)
+        self.sets: dict[str, tuple[ResourceClass, ...]] = {}
+        for run in runs(by_name):
+            if len(run) > 1:
+                name = resource_name(run)
+                self.sets[name] = tuple(by_name[c] for c in run)
+                self._resources[name] = tuple(sorted(g for c in run for g in by_name[c].gpus))
         if self.classes:
             self._resources[self.whole_node] = topology.gpu_indices
+        self._near = {g.index: nearest_nics(topology, g.index) for g in topology.gpus}
 
     @property
     def resources(self) -> tuple[str, ...]:
-        """Every resource to register, classes first, then ``gpu-all`` (none without classes)."""
+        """Every resource to register: classes, class sets, then ``gpu-all`` (none without classes)."""
         return tuple(self._resources)
+
+    def near_nics(self, index: int) -> tuple[str, ...]:
+        """GPU ``index``'s nearest NICs (gpu_topology's rule)."""
+        return self._near.get(index, ())
 
     def resource_devices(self, resource: str) -> tuple[Device, ...]:
         return tuple(self.by_index[i] for i in self._resources[resource])
@@ -157,7 +177,7 @@ class Allocation:
     id: str
     resource: str
     gpus: tuple[str, ...]  # UUIDs, sorted
-    vfs: tuple[str, ...]  # VF PCI addresses, one per class touched
+    vfs: tuple[str, ...]  # VF PCI addresses, one per near NIC of the classes touched
     created: float
 
     @staticmethod
@@ -203,7 +223,15 @@ class Ledger:
         taken = {vf for a in self.allocations.values() for vf in a.vfs}
         chosen: list[str] = []
         for cls in self._classes_of(devices):
-            vf = self._free_vf(cls, taken)
+            near = [n for n in cls.nics if any(n in self.node.near_nics(d.index) for d in devices)]
+            if len(near) > 1:  # one VF per near NIC: NCCL stripes over every rail (cross-node design)
+                for nic in near:
+                    vf = self._free_vf(cls, taken, only=nic)
+                    if vf is not None:
+                        chosen.append(vf.pci_bus_id)
+                        taken.add(vf.pci_bus_id)
+                continue
+            vf = self._free_vf(cls, taken, prefer=near[0] if near else None)
             if vf is not None:
                 chosen.append(vf.pci_bus_id)
                 taken.add(vf.pci_bus_id)
@@ -233,12 +261,19 @@ class Ledger:
                 found.append(cls)
         return found
 
-    def _free_vf(self, cls: ResourceClass, taken: set[str]) -> VirtualFunction | None:
-        pfs = [self.node.vfs[n] for n in cls.nics if n in self.node.vfs]
+    def _free_vf(
+        self, cls: ResourceClass, taken: set[str], *, only: str | None = None, prefer: str | None = None
+    ) -> VirtualFunction | None:
+        """A free VF of the class's NICs (``only``: of that NIC; ``prefer``: that NIC first)."""
+        names = [n for n in cls.nics if (only is None or n == only) and n in self.node.vfs]
+        pfs = [self.node.vfs[n] for n in names]
         usable = [[vf for vf in pf.vfs if vf.usable] for pf in pfs]
         if not any(usable):
             return None  # no SR-IOV on this class's NICs: GPUs only (docs/design.md#roce-allocation)
-        order = sorted(range(len(pfs)), key=lambda i: (sum(vf.pci_bus_id in taken for vf in usable[i]), i))
+        order = sorted(
+            range(len(pfs)),
+            key=lambda i: (names[i] != prefer, sum(vf.pci_bus_id in taken for vf in usable[i]), i),
+        )
         for i in order:
             for vf in usable[i]:
                 if vf.pci_bus_id not in taken:
@@ -285,6 +320,11 @@ def nccl_settings(vfs: Iterable[VirtualFunction]) -> dict[str, str]:
     netdevs = [vf.netdev for vf in vfs if vf.netdev]
     if netdevs:
         settings["NCCL_SOCKET_IFNAME"] = "=" + ",".join(str(n) for n in netdevs)
+    if len(vfs) > 1:
+        # several rails, each its own subnet: a channel must stay on one rail between the
+        # nodes (NCCL_CROSS_NIC=0, NCCL's setting for rail-optimised fabrics), so that NCCL
+        # stripes channels over every listed HCA without crossing subnets
+        settings["NCCL_CROSS_NIC"] = "0"
     return settings
 
 

@@ -6,15 +6,18 @@ resource in the kubelet's device-plugins directory, their registration with the 
 the allocation record under ``<root>/kubelet/`` and the ``nccl.conf`` files it mounts.
 The bookkeeping itself is :mod:`dsagent.kubelet.allocation` (docs/design.md#roce-allocation).
 
-Per resource (``<prefix>/gpu-roce<N>`` per class, ``<prefix>/gpu-all`` for whole-node workers):
+Per resource (``<prefix>/gpu-roce<N>`` per class, ``<prefix>/gpu-roce<N>-<M>...`` per run of
+classes, for the workers of a job's class set, ``<prefix>/gpu-all`` for whole-node workers):
 
 * ``ListAndWatch`` streams the resource's GPUs by UUID with their NUMA node; a GPU held
   under another resource is Unhealthy here, so the kubelet never hands it out twice;
 * ``GetPreferredAllocation`` is :func:`gpu_topology.best_gpu_set` over the offered devices
-  with the kubelet's must-include devices;
-* ``Allocate`` answers ``NVIDIA_VISIBLE_DEVICES=<uuids>``, one free VF per class touched
-  (its ``/dev/infiniband/*`` nodes as devices) and the NCCL settings as environment and
-  as ``/etc/nccl.conf`` (a file written atomically under ``<root>/kubelet/nccl/``).
+  with the kubelet's must-include devices; for a class-set resource, the rail-aligned share
+  of every class of the set (:func:`gpu_topology.classsets.gpus_in_set`);
+* ``Allocate`` answers ``NVIDIA_VISIBLE_DEVICES=<uuids>``, one free VF per RoCE NIC near
+  the GPUs (its ``/dev/infiniband/*`` nodes as devices) and the NCCL settings naming every
+  one of them as environment and as ``/etc/nccl.conf`` (a file written atomically under
+  ``<root>/kubelet/nccl/``).
 
 The kubelet deletes plugin sockets and recreates ``kubelet.sock`` when it restarts; the
 supervisor notices (inode change or our socket gone) and serves and registers again.
@@ -51,6 +54,7 @@ from dsagent.kubelet.allocation import (
 from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2 as pb
 from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpu_topology import best_gpu_set
+from gpu_topology.classsets import gpus_in_set
 
 log = logging.getLogger("dsagent.kubelet")
 API_VERSION = "v1beta1"
@@ -229,6 +233,14 @@ class DevicePlugin:
             raise InvalidInput(f"allocation_size {size} is not between 1 and the resource's device count")
         held = self.ledger.held_elsewhere(resource)
         free = [d.index for d in available if d.id not in held]
+        classes = self.node.sets.get(resource)
+        if classes is not None and not must:
+            # a class-set resource: the worker's rail-aligned share of every class of the set
+            # (docs/design.md#class-sets), each share go-gpuallocator's best inside its class
+            names = tuple(c.resource for c in classes)
+            in_set = gpus_in_set(self.node.topology, {c.resource: c.gpus for c in classes}, free, names, size)
+            if in_set is not None:
+                return [self.node.by_index[i].id for i in in_set]
         best = best_gpu_set(self.node.topology, free, size, [d.index for d in must])
         if best is None:
             return []  # the kubelet then chooses by itself

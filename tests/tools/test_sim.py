@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from scheduler_plugin.timemodel import JobProfile
-from tools.sim.engine import POLICIES, ClusterParams, Simulation, Worker
+from tools.sim.engine import POLICIES, ClusterParams, Simulation
 from tools.sim.report import FIELDS, metrics, table
-from tools.sim.subnets import single_class_set_existed
 from tools.sim.workload import Dataset, Job, WorkloadParams, make_jobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,18 +212,3 @@ def test_a_direct_mode_job_ends_when_its_reading_ends() -> None:
     assert metrics(sim)["idle_gpu_h"] == pytest.approx(2 * 900 / 3600)
     twice = run("default", [job(0, 0.0, gpus=2, runtime=100.0)], data, replace(cluster(), direct_epochs=2.0))
     assert twice.storage_bytes == 2 * TB and twice.outcomes[0].end == pytest.approx(2000.0)
-
-
-def test_avoidable_across_subnets_sees_a_free_class_set() -> None:
-    # DGX-A100-class nodes, classes of 2 GPUs: two workers that took different classes
-    # could both have used gpu-roce1 (free on both nodes): avoidable. With gpu-roce1 busy
-    # on one node and every other class busy on the other, not.
-    sim = Simulation("ours", [], [], cluster(), seed=3)
-    a, b = sim.nodes
-    w = [Worker(a, (0, 1), frozenset({"gpu-roce1"})), Worker(b, (2, 3), frozenset({"gpu-roce2"}))]
-    a.free -= {0, 1}
-    b.free -= {2, 3}
-    assert single_class_set_existed(sim.nodes, w, 2)
-    a.free -= {2, 3, 4, 5, 6, 7}
-    b.free -= {0, 1}
-    assert not single_class_set_existed(sim.nodes, w, 2)

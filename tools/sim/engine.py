@@ -9,8 +9,9 @@ product --
   ``prioritize``, ``job_class``) over :class:`scheduler_plugin.nodeinfo.NodeFacts` built
   from the simulated nodes, exactly what the extender computes from Node annotations;
 - the GPUs a pod gets: ``gpu_topology.best_gpu_set`` (inside the job's RoCE class from
-  ``gpu_topology.roce_classes``); the baselines get what the device plugin hands out, the
-  lowest free indices;
+  ``gpu_topology.roce_classes``, or the job's class set: ``gpu_topology.classsets``); the
+  baselines get what NVIDIA's device plugin hands out, go-gpuallocator's best-effort
+  choice over the node's free GPUs (``best_gpu_set`` without classes);
 - the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``
   (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), and, opt-in,
   next-job preparation (``ClusterParams.prepare_next``, the same module),
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from dsagent.cache.eviction import Candidate, plan_for_fetch
 from gpu_topology import Topology, best_gpu_set, roce_classes
+from gpu_topology.classsets import NodeRoom, gpus_in_set, single_set_exists, single_set_placement
 from gpu_topology.dumps import load_dump
 from gpu_topology.scoring import single_numa
 from scheduler_plugin.framework import Framework
@@ -60,7 +62,7 @@ from scheduler_plugin.timemodel import (
     t_run,
     wait_for_one_node,
 )
-from tools.sim import baselines, hooks, subnets
+from tools.sim import baselines, hooks
 from tools.sim.fluid import FluidRuntimes
 from tools.sim.workload import Dataset, Job
 
@@ -165,7 +167,7 @@ class Outcome:
     workers: list[Worker] = field(default_factory=list)
     pending: int = 0
     spans_subnets: bool = False
-    across_avoidable: bool = False  # spans subnets although one class set could have held it
+    avoidable: bool = False  # spans subnets although one class set could hold it at its start
     numa_split: int = 0
     plan_gpus: int = 0
     streams: int = 0  # streaming reads still running (direct mode, Fluid-style FUSE reads)
@@ -401,6 +403,7 @@ class Simulation:
         )
 
     def _pod(self, job: Job, gpus: int, workers: int | None = None) -> PodRequest:
+        """The pod the extender sees: ``workers`` is the job's worker count (its shape's)."""
         d = self.datasets[job.dataset]
         profile = job.profile if workers is None else replace(job.profile, workers=workers)
         digest = None if self.policy == "fluid" else f"{d.version_at(self.now):032x}"
@@ -411,6 +414,7 @@ class Simulation:
             gpus=gpus,
             job=f"sim/job-{job.id}",
             time=profile,
+            workers=workers if workers is not None else job.workers,
         )
 
     def _choose(self, job: Job, gpus: int, exclude: set[int], workers: int) -> Node | None:
@@ -425,7 +429,9 @@ class Simulation:
             scores = baselines.fluid(self._pod(job, gpus), facts)
         else:
             pod = self._pod(job, gpus, workers)
-            outcome = self.framework.filter(pod, [f.name for f in facts], facts)
+            outcome = self.framework.filter(
+                pod, [f.name for f in facts], facts, lambda: (self.facts(n) for n in self.nodes)
+            )
             passed = set(outcome.passed)
             keep = [i for i, f in enumerate(facts) if f.name in passed]
             candidates = [candidates[i] for i in keep]
@@ -437,14 +443,21 @@ class Simulation:
         top = [n for n, s in zip(candidates, scores) if s == best]
         return top[self.rng.randrange(len(top))]
 
-    def _gpus_for(self, job: Job, node: Node, count: int) -> tuple[int, ...] | None:
+    def _gpus_for(self, job: Job, node: Node, count: int, workers: int = 1) -> tuple[int, ...] | None:
         free = sorted(node.free)
         if len(free) < count:
             return None
         if self.policy in ("default", "fluid"):
-            return tuple(free[:count])  # the device plugin's first free GPUs
-        pod = self._pod(job, count)
-        gpu_class = self.framework.job_class(pod, lambda: (self.facts(n) for n in self.nodes))
+            return self._nvidia_choice(node, count)
+        pod = self._pod(job, count, workers)
+        cluster = lambda: (self.facts(n) for n in self.nodes)  # noqa: E731
+        job_set = self.framework.job_set(pod, cluster)
+        if job_set is not None and job_set.classes:
+            classes = {c.name: c.gpus for c in node.type.classes}
+            in_set = gpus_in_set(node.type.topology, classes, free, job_set.classes, count)
+            if in_set is not None:
+                return in_set
+        gpu_class = self.framework.job_class(pod, cluster)
         pool = frozenset(free)
         if gpu_class is not None:
             in_class = frozenset(g for g in free if node.type.class_of.get(g) == gpu_class)
@@ -456,6 +469,17 @@ class Simulation:
             self.gpu_memo[key] = tuple(best.gpus) if best else None
         return self.gpu_memo[key]
 
+    def _nvidia_choice(self, node: Node, count: int) -> tuple[int, ...]:
+        """What NVIDIA's device plugin gives a pod of the baselines: its GetPreferredAllocation
+        is go-gpuallocator's best-effort policy over the node's free GPUs, which
+        ``gpu_topology.best_gpu_set`` reproduces (tests/gpu_topology/test_go_gpuallocator.py);
+        when it names no set, the kubelet's own pick, the lowest free indices."""
+        key = (node.type.id, frozenset(node.free), -count)  # negative: apart from our policies' keys
+        if key not in self.gpu_memo:
+            best = best_gpu_set(node.type.topology, node.free, count)
+            self.gpu_memo[key] = tuple(best.gpus) if best else tuple(sorted(node.free)[:count])
+        return self.gpu_memo[key] or ()
+
     def _place_gang(self, job: Job, shape: Sequence[tuple[Node | None, int]] | None = None) -> bool:
         """Bind every worker or none (gang scheduling). ``shape``: a plan's (node, GPUs)."""
         if shape is None:
@@ -464,13 +488,18 @@ class Simulation:
             shape = [(None, job.gpus_per_worker)] * job.workers
         placed: list[Worker] = []
         used: set[int] = set()
-        for fixed, count in shape:
+        rooms = self._rooms() if len(shape) > 1 else []
+        in_set = self._single_set(job, shape, rooms)
+        for slot, (fixed, count) in enumerate(shape):
             node = fixed if fixed is not None else self._choose(job, count, used, len(shape))
-            gpus = self._gpus_for(job, node, count) if node is not None else None
+            gpus = self._gpus_for(job, node, count, len(shape)) if node is not None else None
+            if in_set is not None:
+                node, gpus = in_set[slot]
             if node is None or gpus is None:
                 for w in placed:
                     w.node.free.update(w.gpus)
                     self.touch(w.node)
+                self.framework.jobs.forget(f"sim/job-{job.id}")  # nothing placed: choose afresh
                 return False
             node.free.difference_update(gpus)
             self.touch(node)
@@ -478,7 +507,45 @@ class Simulation:
             classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
             placed.append(Worker(node, gpus, classes))
         self._start(job, placed)
+        out = self.outcomes[job.id]
+        if out.spans_subnets:
+            out.avoidable = single_set_exists(rooms, [count for _, count in shape])
         return True
+
+    def _single_set(
+        self, job: Job, shape: Sequence[tuple[Node | None, int]], rooms: list[NodeRoom]
+    ) -> list[tuple[Node, tuple[int, ...] | None]] | None:
+        """For our policies, a time-model plan across fixed nodes whose workers would not
+        share one class set is moved to nodes that hold it in one set, when some do
+        (docs/design.md#class-sets); None: keep the plan's nodes."""
+        if self.policy not in ("ours", "ours+time") or len(shape) < 2 or any(n is None for n, _ in shape):
+            return None
+        sets = set()
+        for fixed, count in shape:
+            assert fixed is not None
+            gpus = self._gpus_for(job, fixed, count, len(shape)) or ()
+            sets.add(frozenset(fixed.type.class_of.get(g, "none") for g in gpus))
+        if len(sets) == 1:
+            return None
+        found = single_set_placement(rooms, [count for _, count in shape])
+        if found is None:
+            return None
+        class_set, where = found
+        out = []
+        for (_, count), index in zip(shape, where):
+            node = self.nodes[index]
+            classes = {c.name: c.gpus for c in node.type.classes}
+            out.append((node, gpus_in_set(node.type.topology, classes, node.free, class_set, count)))
+        return out
+
+    def _rooms(self) -> list[NodeRoom]:
+        """Every node's class sizes and free GPUs per class, as the class-set rules read them."""
+        return [
+            NodeRoom(
+                {c.name: len(c.gpus) for c in n.type.classes}, {c.name: len(c.gpus & n.free) for c in n.type.classes}
+            )
+            for n in self.nodes
+        ]
 
     def _schedule_by_plans(self, window: list[Job]) -> None:
         """Steps 3-6 of the deadline design: a plan per waiting job, the queue in the
@@ -596,8 +663,6 @@ class Simulation:
         out.plan_gpus = out.plan_gpus or job.gpus
         if len(workers) > 1:
             out.spans_subnets = len({w.classes for w in workers}) > 1
-            if out.spans_subnets:
-                out.across_avoidable = subnets.single_class_set_existed(self.nodes, workers, job.gpus_per_worker)
         out.numa_split = sum(1 for w in workers if len(w.gpus) > 1 and not single_numa(w.node.type.topology, w.gpus))
         for index, w in enumerate(workers):
             self._request_data(job, w, index)

@@ -22,6 +22,7 @@ COLUMNS = (
     ("TTFS mean s", "ttfs_mean", "{:.0f}"),
     ("GPU-h idle for data", "idle_gpu_h", "{:.0f}"),
     ("jobs across subnets", "across_subnets", "{:d}"),
+    ("of which avoidable", "across_subnets_avoidable", "{:d}"),
     ("NUMA-split workers", "numa_split", "{:d}"),
     ("deadline misses", "misses", "{:d}"),
     ("JCT p50 h", "jct_p50_h", "{:.2f}"),
@@ -41,7 +42,7 @@ FIELDS: dict[str, str] = {
     "jobs_multi_worker": "finished jobs with more than one worker",
     "jobs_across_subnets": "multi-worker jobs whose workers' GPUs use different sets of RoCE classes",
     "jobs_across_subnets_avoidable": "of those, jobs for which, when they started, one set of class names had "
-    "enough nodes with the worker's GPUs free inside it (tools/sim/subnets.py)",
+    "enough nodes with the worker's GPUs free inside it (gpu_topology.classsets.single_set_exists)",
     "deadline_jobs": "finished jobs with a deadline",
     "deadline_misses": "of those, jobs that ended at or after their deadline",
     "jct_mean_s": "mean job completion time: arrival to end (the end waits for streaming reads)",
@@ -81,7 +82,9 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "queued_jobs": len(queued),
         "idle_gpu_h": idle,
         "across_subnets": sum(1 for o in outs if o.spans_subnets),
-        "across_subnets_avoidable": sum(1 for o in outs if o.spans_subnets and o.across_avoidable),
+        # jobs whose workers use different class sets (subnets), and those of them for which
+        # one class set could hold every worker when the job started (issue 26)
+        "across_subnets_avoidable": sum(1 for o in outs if o.spans_subnets and o.avoidable),
         "multi_worker_jobs": sum(1 for o in outs if len(o.workers) > 1),
         "numa_split": sum(o.numa_split for o in outs),
         "deadline_jobs": len(deadline),

@@ -68,7 +68,10 @@ def test_register_advertise_prefer_allocate_and_free(short_dir: Path, dgx_a100: 
         async with Node(short_dir, dgx_a100, dgx_vfs) as node:
             kubelet = node.kubelet
             names = [r.resource_name for r in kubelet.registrations]
-            assert names == [f"dsagent.io/gpu-roce{i}" for i in (1, 2, 3, 4)] + [ALL]
+            sets = ["1-2", "1-2-3", "1-2-3-4", "2-3", "2-3-4", "3-4"]  # runs of classes (docs/design.md#class-sets)
+            assert names == [f"dsagent.io/gpu-roce{i}" for i in (1, 2, 3, 4)] + [
+                f"dsagent.io/gpu-roce{s}" for s in sets
+            ] + [ALL]
             reg = kubelet.registration(ROCE1)
             assert reg.version == "v1beta1" and reg.options.get_preferred_allocation_available
             assert (short_dir / "dp" / reg.endpoint).exists()
@@ -87,20 +90,21 @@ def test_register_advertise_prefer_allocate_and_free(short_dir: Path, dgx_a100: 
             got = await kubelet.preferred(ALL, everything, [gpu_uuid(5)], 4)
             assert got == [gpu_uuid(i) for i in expected.gpus] and gpu_uuid(5) in got
 
-            # Allocate: UUIDs, one VF of the class's NICs, nccl.conf naming it
+            # Allocate: UUIDs, one VF of each NIC GPU 0 is near (mlx5_0 and mlx5_1, both PXB),
+            # nccl.conf naming both (cross-node design: every near NIC carries traffic)
             first = await kubelet.allocate(ROCE1, [gpu_uuid(0)])
             assert first.envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(0)
             vf_paths = [d.host_path for d in first.devices if "uverbs" in d.host_path]
-            assert len(vf_paths) == 1 and vf_paths[0] in ("/dev/infiniband/uverbs10", "/dev/infiniband/uverbs12")
+            assert vf_paths == ["/dev/infiniband/uverbs10", "/dev/infiniband/uverbs12"]
             hca = first.envs["NCCL_IB_HCA"]
-            assert hca in (f"={vf_rdma(0, 0)}", f"={vf_rdma(1, 0)}")
+            assert hca == f"={vf_rdma(0, 0)},{vf_rdma(1, 0)}"
             assert first.envs["NCCL_IB_GID_INDEX"] == str(ROCE_V2_INDEX)
             (mount,) = first.mounts
             assert mount.container_path == "/etc/nccl.conf" and mount.read_only
             conf = Path(mount.host_path).read_text()
             assert f"NCCL_IB_HCA={hca}\n" in conf and f"NCCL_IB_GID_INDEX={ROCE_V2_INDEX}\n" in conf
 
-            # a second container of the class gets a different VF (the other NIC: fewest taken)
+            # a second container of the class gets different VFs (the next free VF of each NIC)
             second = await kubelet.allocate(ROCE1, [gpu_uuid(1)])
             assert second.envs["NCCL_IB_HCA"] != hca
             assert {d.host_path for d in second.devices} != {d.host_path for d in first.devices}
@@ -128,7 +132,7 @@ def test_register_advertise_prefer_allocate_and_free(short_dir: Path, dgx_a100: 
     run(scenario())
 
 
-def test_whole_node_worker_gets_one_vf_per_class(short_dir: Path, dgx_a100: Topology, dgx_vfs: Any) -> None:
+def test_whole_node_worker_gets_one_vf_per_near_nic(short_dir: Path, dgx_a100: Topology, dgx_vfs: Any) -> None:
     async def scenario() -> None:
         async with Node(short_dir, dgx_a100, dgx_vfs) as node:
             everything = [gpu_uuid(i) for i in range(8)]
@@ -141,7 +145,7 @@ def test_whole_node_worker_gets_one_vf_per_class(short_dir: Path, dgx_a100: Topo
                 stream.cancel()
             assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(sorted(everything))
             hcas = answer.envs["NCCL_IB_HCA"].lstrip("=").split(",")
-            assert len(hcas) == 4 and len({int(h.split("_")[1]) // 4 for h in hcas}) == 4  # one per class's NIC pair
+            assert hcas == [vf_rdma(pf, 0) for pf in range(8)]  # one per NIC: every GPU is near its pair
             for i in (1, 2, 3, 4):
                 health = {d.health for d in await node.kubelet.first_list(f"dsagent.io/gpu-roce{i}")}
                 assert health == {"Unhealthy"}
@@ -179,8 +183,9 @@ def test_reregisters_after_kubelet_restart_and_keeps_allocations(
             before = await node.kubelet.allocate(ROCE1, [gpu_uuid(0)])
             await node.kubelet.restart()
             await asyncio.wait_for(node.kubelet.registered.wait(), 10)
-            await asyncio.sleep(0.2)  # all five resources register in one round
-            assert {r.resource_name for r in node.kubelet.registrations[-5:]} == set(node.plugin.node.resources)
+            await asyncio.sleep(0.2)  # every resource registers in one round
+            count = len(node.plugin.node.resources)
+            assert {r.resource_name for r in node.kubelet.registrations[-count:]} == set(node.plugin.node.resources)
             assert node.plugin.registrations == 2
             again = await node.kubelet.allocate(ROCE1, [gpu_uuid(0)])  # the kubelet re-allocates after restart
             assert again.envs == before.envs
