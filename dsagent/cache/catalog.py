@@ -214,10 +214,36 @@ class Catalog:
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
 
     def mark_failed(self, name: str, digest: str, error: str) -> None:
+        """A fetch failed and keeps its staging (resumable): its bundle records stay with it."""
         with self._tx() as db:
             db.execute(
                 "UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest)
             )
+
+    def abandon(self, name: str, digest: str, error: str) -> None:
+        """A fetch failed and its staging is about to be removed: the failure and the end of
+        every "bundle done" record of the version in one transaction, committed before the
+        directory goes (docs/design.md#ready-invariant: a record never outlives its files)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            db.execute(
+                "UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest)
+            )
+
+    def forget_bundles(self, name: str, digest: str, bundles: Sequence[str] | None = None) -> None:
+        """Drop "bundle done" records whose files are not on disk (``bundles``; all by default)."""
+        with self._tx() as db:
+            if bundles is None:
+                db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            else:
+                db.executemany(
+                    "DELETE FROM bundles_done WHERE name = ? AND digest = ? AND bundle = ?",
+                    [(name, digest, b) for b in bundles],
+                )
+
+    def with_bundles_done(self) -> set[tuple[str, str]]:
+        """``(name, digest)`` of every version that has "bundle done" records."""
+        return {(r["name"], r["digest"]) for r in self._query("SELECT DISTINCT name, digest FROM bundles_done")}
 
     def touch(self, name: str, digest: str, now: float) -> None:
         """A hit: the version is used now and is its name's current version."""

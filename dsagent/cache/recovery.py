@@ -6,10 +6,14 @@ version is ready only after its directory was renamed into place, so the disk is
 truth about data and the catalog the truth about intent:
 
 - a ready directory the catalog knows as fetching: the rename happened, the commit was
-  lost; it is marked ready. One it does not know at all is an orphan and is removed.
+  lost; it is marked ready through the one ready check (:func:`dsagent.cache.ready.make_ready`,
+  docs/design.md#ready-invariant), or removed when it fails it. One it does not know at
+  all is an orphan and is removed.
 - a staging directory no unfinished version owns is removed; one that is owned is kept,
   so a resumed fetch skips the bundles verified before the stop.
-- a version the catalog calls ready whose directory is gone is forgotten.
+- a version the catalog calls ready whose directory is gone is forgotten;
+- "bundle done" records of a version with no staging directory (or no unfinished row)
+  are dropped: a record never outlives its files.
 
 :func:`interrupted` lists what live tasks still wait for. Requests that carried storage
 options are left out: those options (credentials) are never stored, so such a fetch
@@ -21,10 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from dsagent.cache.catalog import Catalog
+from dsagent.cache import ready
+from dsagent.cache.catalog import Catalog, VersionRow
 from dsagent.cache.layout import Store
 from dsagent.cache.pools import Pools
 from dsagent.cache.task import DatasetRequest
+from dsagent.errors import IntegrityError
+from dsagent.format.manifest import Manifest
 
 log = logging.getLogger("dsagent")
 
@@ -35,7 +42,7 @@ async def reconcile(pools: Pools, catalog: Catalog, store: Store, *, now: Callab
     known = {(r.name, r.digest): r for r in await pools.db(catalog.versions)}
     for key in ready_on_disk - {k for k, r in known.items() if r.state == "ready"}:
         if key in known:  # renamed into place but the catalog commit was lost
-            await pools.db(catalog.mark_ready, *key, now=now())
+            await _finish_commit(pools, catalog, store, known[key], now=now())
         else:
             log.info("removing orphan dataset directory %s/%s", *key)
             await pools.work(store.remove, *key)
@@ -47,8 +54,31 @@ async def reconcile(pools: Pools, catalog: Catalog, store: Store, *, now: Callab
             log.warning("dataset %s@%s is gone from disk; forgetting it", *key)
             await pools.db(catalog.delete_version, *key)
             await pools.work(store.remove, *key)
+    # a "bundle done" record never outlives its files (docs/design.md#ready-invariant)
+    for key in await pools.db(catalog.with_bundles_done):
+        owner = known.get(key)
+        if owner is None or owner.state == "ready" or key not in staged_on_disk:
+            await pools.db(catalog.forget_bundles, *key)
     await pools.work(store.empty_trash)
     await pools.work(store.prune_empty_names)
+
+
+async def _finish_commit(pools: Pools, catalog: Catalog, store: Store, row: VersionRow, *, now: float) -> None:
+    """Commit a version published before a stop, through the one ready check; a version
+    that fails it (or whose manifest is gone) is removed, to be fetched again."""
+    key = (row.name, row.digest)
+    data = await pools.work(store.read_manifest_bytes, *key)
+    try:
+        if data is None:
+            raise IntegrityError(f"{row.name}@{row.digest[:12]} has no stored manifest")
+        manifest = Manifest.from_bytes(data)
+        await ready.make_ready(
+            pools, catalog, store, manifest, bundles=row.bundles is not None, now=now, published=True
+        )
+    except IntegrityError as exc:
+        log.warning("dataset %s@%s was published but fails its check (%s); removing it", *key, exc)
+        await pools.db(catalog.delete_version, *key)
+        await pools.work(store.remove, *key)
 
 
 async def interrupted(pools: Pools, catalog: Catalog, *, now: float) -> list[tuple[str, DatasetRequest, str | None]]:

@@ -53,7 +53,7 @@ from dsagent.errors import (
     SourceUnavailable,
     UnsafeArchive,
 )
-from dsagent.format.durable import Writeback, syncfs, writeback_for
+from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
 from dsagent.format.hashing import HASH_BUFFER, hash_file
 from dsagent.format.manifest import (
     BundleRef,
@@ -241,6 +241,10 @@ def _local_writes(dest: Path) -> Iterator[None]:
             raise InsufficientSpace(
                 f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets"
             ) from exc
+        if isinstance(exc, WritebackError):  # written data may be lost: nothing of it is kept
+            raise IntegrityError(
+                f"flushing {dest} to disk failed: {exc}", hint="the cache disk reported a write error (see dmesg)"
+            ) from exc
         raise SourceUnavailable(f"writing into {dest} failed: {exc}") from exc
 
 
@@ -291,10 +295,14 @@ def unpack_bundle_stream(
     members = EntryTable.of(manifest.bundle_entries(bundle))
     with _local_writes(dest):
         staging = _Staging(dest, bundle)
+        writeback = writeback_for(staging.root)
+        since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
             _extract_stream(raw, members, bundle, staging, progress)
-        _publish(staging, dest, members, durable)
+            _publish(staging, dest, members, durable)
+            if durable:
+                writeback.check(since)  # a background flush's error is not the last syncfs's
     finally:
         staging.remove()
 
@@ -345,6 +353,7 @@ def unpack(
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
     stage.mkdir()
+    since = writeback_for(stage).mark()
     try:
         count = workers or min(4, os.cpu_count() or 1)
         if count <= 1 or len(manifest.bundles) <= 1:
@@ -376,7 +385,9 @@ def unpack(
                         future.cancel()
                     raise
         create_empty_directories(manifest, stage)
-        syncfs(stage)
+        with _local_writes(stage):
+            syncfs(stage)
+            writeback_for(stage).check(since)
         if target.exists():
             target.rmdir()
         os.replace(stage, target)
