@@ -15,6 +15,7 @@ so a catalog row never claims a partial dataset.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -53,6 +54,21 @@ CREATE INDEX IF NOT EXISTS task_datasets_version ON task_datasets (name, digest)
 
 class CatalogError(DsagentError):
     code = "catalog"
+
+
+class CatalogDamaged(CatalogError):
+    """The catalog file is not a readable SQLite database (a damaged header, a malformed
+    page): :func:`dsagent.cache.recovery.open_catalog` keeps it aside and rebuilds."""
+
+
+#: SQLite's result codes for a damaged database file: SQLITE_CORRUPT, SQLITE_NOTADB
+_DAMAGED = (11, 26)
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in _DAMAGED or any(
+        words in str(exc) for words in ("file is not a database", "malformed")
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,12 @@ class Catalog:
         try:
             self._open(path)
         except sqlite3.Error as exc:
+            if _damaged(exc):
+                with contextlib.suppress(sqlite3.Error, AttributeError):
+                    self._db.close()
+                raise CatalogDamaged(
+                    f"the catalog at {path} is damaged: {exc}", hint="the agent keeps it aside and rebuilds it"
+                ) from exc
             if not (_disk_full(exc, path.parent) and self._give_back_ballast()):
                 raise CatalogError(
                     f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk"
@@ -202,6 +224,16 @@ class Catalog:
                 " ON CONFLICT (name, digest) DO UPDATE SET state = 'fetching', error = NULL,"
                 " source = excluded.source, bundles = excluded.bundles, resolved_at = excluded.resolved_at",
                 (name, digest, size_bytes, files, source, bundles, now, now, now),
+            )
+
+    def adopt_ready(self, name: str, digest: str, *, size_bytes: int, files: int, now: float) -> None:
+        """Record a ready version found on disk and verified against its stored manifest
+        (a catalog rebuilt after damage: its source is not known until it is asked again)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at,"
+                " ready_at, last_used, resolved_at) VALUES (?, ?, 'ready', ?, ?, '', NULL, ?, ?, ?, ?)",
+                (name, digest, size_bytes, files, now, now, now, now),
             )
 
     def mark_ready(self, name: str, digest: str, *, now: float) -> None:
@@ -347,4 +379,4 @@ class Catalog:
         return {(row["name"], row["digest"]) for row in rows}
 
 
-__all__ = ["Catalog", "CatalogError", "TaskRow", "VersionRow"]
+__all__ = ["Catalog", "CatalogDamaged", "CatalogError", "TaskRow", "VersionRow"]

@@ -1,7 +1,9 @@
 """Recovery after any stop, clean or kill -9: catalog and disk agree again, and the work
 that was interrupted is found.
 
-Who calls it: :meth:`dsagent.cache.service.CacheService.start`, before it serves anything. A
+Who calls it: :meth:`dsagent.cache.service.CacheService.start`, before it serves anything:
+first :func:`open_catalog` (a damaged catalog is kept aside and rebuilt from the cache
+directory, docs/design.md#catalog-rebuild), then :func:`reconcile`. A
 version is ready only after its directory was renamed into place, so the disk is the
 truth about data and the catalog the truth about intent:
 
@@ -22,18 +24,72 @@ resumes when the task's init-container repeats its request.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable
 
 from dsagent.cache import ready
-from dsagent.cache.catalog import Catalog, VersionRow
+from dsagent.cache.catalog import Catalog, CatalogDamaged, VersionRow
 from dsagent.cache.layout import Store
+from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.task import DatasetRequest
-from dsagent.errors import IntegrityError
+from dsagent.errors import DsagentError, IntegrityError
+from dsagent.format.extract import verify_tree
 from dsagent.format.manifest import Manifest
 
 log = logging.getLogger("dsagent")
+
+
+async def open_catalog(pools: Pools, store: Store, metrics: Metrics, *, workers: int, now: float) -> Catalog:
+    """The catalog; a damaged one is kept aside and rebuilt (docs/design.md#catalog-rebuild).
+
+    The damaged file (and its ``-wal`` / ``-shm``) is renamed to ``catalog.db.damaged-<time>``
+    beside it, for a person to look at; a new catalog is created and every ready directory
+    on disk whose stored manifest it verifies against (every file read and hashed, as
+    ``dsctl verify`` does) is recorded ready again; the others are removed. Tasks and
+    fetches in progress are not recoverable from the disk: tasks repeat their requests
+    (then their fetches start over, :func:`reconcile` removing the staging no row owns)."""
+    path = store.catalog_path
+    try:
+        return await pools.db(Catalog, path)
+    except CatalogDamaged as exc:
+        damaged = exc
+    aside = path.with_name(f"{path.name}.damaged-{int(now)}")
+    for suffix in ("", "-wal", "-shm"):
+        part = path.with_name(path.name + suffix)
+        if await pools.work(part.exists):
+            await pools.work(os.rename, part, aside.with_name(aside.name + suffix))
+    catalog = await pools.db(Catalog, path)
+    kept = discarded = 0
+    ready_on_disk, _ = await pools.work(store.on_disk)
+    for key in sorted(ready_on_disk):
+        data = await pools.work(store.read_manifest_bytes, *key)
+        try:
+            if data is None:
+                raise IntegrityError(f"{key[0]}@{key[1][:12]} has no stored manifest")
+            manifest = Manifest.from_bytes(data)
+            if manifest.name != key[0] or manifest.digest != key[1]:
+                raise IntegrityError(f"the stored manifest of {key[0]}@{key[1][:12]} is another version's")
+            await pools.work(functools.partial(verify_tree, store.ready_dir(*key), manifest, workers=workers))
+        except DsagentError as exc:
+            log.warning("catalog rebuild: discarding %s@%s: %s", *key, exc)
+            await pools.work(store.remove, *key)
+            discarded += 1
+            continue
+        await pools.db(catalog.adopt_ready, *key, size_bytes=manifest.total_bytes, files=manifest.file_count, now=now)
+        kept += 1
+    metrics.catalog_rebuilt(kept, discarded)
+    log.warning(
+        "the catalog was damaged (%s); kept it as %s and rebuilt it from the cache directory:"
+        " %d ready versions verified and kept, %d discarded",
+        damaged.message,
+        aside,
+        kept,
+        discarded,
+    )
+    return catalog
 
 
 async def reconcile(pools: Pools, catalog: Catalog, store: Store, *, now: Callable[[], float]) -> None:
@@ -96,4 +152,4 @@ async def interrupted(pools: Pools, catalog: Catalog, *, now: float) -> list[tup
     return todo
 
 
-__all__ = ["interrupted", "reconcile"]
+__all__ = ["interrupted", "open_catalog", "reconcile"]
