@@ -176,6 +176,13 @@ class Store:
                 self._trash(entry)
         return ready, staging
 
+    def clear_temporary_manifests(self) -> None:
+        """Remove what a stop in the middle of :meth:`write_manifest` left: its temporary
+        file (found by the issue 21 kill -9 sweep; nothing else ever removed it)."""
+        for name_dir in (self.root / "manifests").iterdir():
+            for entry in name_dir.glob(".*.tmp") if name_dir.is_dir() else ():
+                entry.unlink(missing_ok=True)
+
     def prune_empty_names(self) -> None:
         for sub in ("datasets", "manifests"):
             for name_dir in (self.root / sub).iterdir():

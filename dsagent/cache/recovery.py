@@ -116,6 +116,7 @@ async def reconcile(pools: Pools, catalog: Catalog, store: Store, *, now: Callab
         if owner is None or owner.state == "ready" or key not in staged_on_disk:
             await pools.db(catalog.forget_bundles, *key)
     await pools.work(store.empty_trash)
+    await pools.work(store.clear_temporary_manifests)
     await pools.work(store.prune_empty_names)
 
 

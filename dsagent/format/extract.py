@@ -74,6 +74,8 @@ STAGING_DIR = ".dsagent-staging"
 UNPACK_AHEAD = 2
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+#: errors of a rename into the target that mean something is in the way there (a conflict)
+_IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
 
 # --------------------------------------------------------------------------- member checks
@@ -222,11 +224,11 @@ def _publish(staging: _Staging, dest_dir: Path, members: EntryTable, durable: bo
     except BaseException as exc:
         for path in moved:
             os.unlink(path)
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError) and exc.errno in _IN_THE_WAY:
             raise Conflict(
                 f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory"
             ) from exc
-        raise
+        raise  # a full or failing disk: the caller's _local_writes says which (issue 21 fault sweep)
     if durable:
         syncfs(dest_dir)
 

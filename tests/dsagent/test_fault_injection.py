@@ -68,7 +68,13 @@ def test_kill_9_at_a_sample_of_points_then_a_restart_and_the_same_request(
     dataset: tuple[Dataset, int], tmp_path: Path
 ) -> None:
     data, points = dataset
-    for at in sorted({1, points // 3, points // 2, (2 * points) // 3, points}):
+    _, counted = run_point(tmp_path / "count", data, None)
+    # the write of the version's manifest: a kill there left its temporary file for good
+    # before (found by tools/faults/sweep.py)
+    manifest_write = 1 + next(
+        i for i, (kind, path) in enumerate(counted.ops) if "/manifests/" in path and kind == "write"
+    )
+    for at in sorted({1, manifest_write, points // 3, points // 2, (2 * points) // 3, points}):
         outcome = run_forked_kill_point(tmp_path / str(at), data, at)
         assert outcome.first == "killed", outcome
         assert outcome.violations == [], outcome

@@ -4,8 +4,9 @@ For every filesystem operation and catalog commit that a fetch of a multi-bundle
 dataset (15 files, 9 bundles, an empty directory) reaches (counted in a dry run), and for
 each of ENOSPC, EIO and EDQUOT, failed once and failed from there on (a full disk stays
 full): an in-process agent serves the task with that fault, then the same request with
-the fault gone; then the same with ``kill -9`` at each point (a forked child), a restart
-and the same request. After each it checks what ``tests/dsagent/faults.py`` describes:
+the fault gone; then the same with ``kill -9`` at each point (a forked child of the
+agent's service; ``--serve-points`` of them also against a real ``dsagent serve``), a
+restart and the same request. After each it checks what ``tests/dsagent/faults.py`` describes:
 failed with a clear code or ready with a copy that verifies, never anything in between
 reported ready, no staging, reservation, record or trash left. The suite runs a sample
 (tests/dsagent/test_fault_injection.py).
@@ -31,13 +32,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.dsagent.faults import ERRNOS, Dataset, run_forked_kill_point, run_point  # noqa: E402
+from tests.dsagent.faults import (  # noqa: E402
+    ERRNOS,
+    Dataset,
+    run_forked_kill_point,
+    run_kill_point,
+    run_point,
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a sample: every 10th point, ENOSPC, 10 kill points")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--serve-points",
+        type=int,
+        default=None,
+        help="kill -9 points also run against a real dsagent serve process (~15 s each; default 3, 0 with --smoke)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where to work (default: a temporary directory)")
     args = parser.parse_args()
     logging.getLogger("dsagent").setLevel(logging.CRITICAL)  # the agent's warnings are expected here
@@ -68,6 +81,13 @@ def main() -> int:
         runs += 1
         outcomes[f"kill -9: {outcome.first} -> restart {outcome.retry}"] += 1
         broken += [f"kill -9 at {at}: {v}" for v in outcome.violations]
+    serve = args.serve_points if args.serve_points is not None else (0 if args.smoke else 3)
+    serve_points = sorted({max(1, (points * (i + 1)) // (serve + 1)) for i in range(serve)})
+    for at in serve_points:
+        outcome = run_kill_point(base / f"serve-kill-{at}", data, at)
+        runs += 1
+        outcomes[f"kill -9 (dsagent serve): {outcome.first} -> restart {outcome.retry}"] += 1
+        broken += [f"kill -9 of dsagent serve at {at}: {v}" for v in outcome.violations]
     seconds = time.monotonic() - started
     summary = {
         "bundles": len(data.manifest().bundles),
@@ -77,6 +97,7 @@ def main() -> int:
         "errnos": list(codes),
         "runs": runs,
         "kill_points": len(kill_points),
+        "serve_kill_points": serve_points,
         "outcomes": dict(sorted(outcomes.items())),
         "violations": broken,
         "seconds": round(seconds, 1),
