@@ -148,6 +148,11 @@ class Catalog:
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a ready row must survive power loss
         self._db.execute("PRAGMA foreign_keys=ON")
+        # damage past the header (a torn page) shows here, at start, not in a later request
+        # (docs/design.md#catalog-rebuild); it reads the whole file, a few MB at most
+        check = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {check}")
         if (
             self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION
         ):  # no write at all on a known catalog

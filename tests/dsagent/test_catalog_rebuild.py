@@ -32,8 +32,9 @@ def _packed(base: Path, name: str, seed: int) -> DatasetRequest:
     return DatasetRequest(name, str(source), str(base / "store"))
 
 
+@pytest.mark.parametrize("where", ["header", "page"])
 def test_a_damaged_catalog_is_kept_aside_and_rebuilt_from_verified_copies(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:
     data = tmp_path / "data"
     good, bad = _packed(data, "good", 1), _packed(data, "bad", 2)
@@ -51,8 +52,10 @@ def test_a_damaged_catalog_is_kept_aside_and_rebuilt_from_verified_copies(
             await service.stop()
 
     paths = asyncio.run(first())
-    with open(root / "catalog.db", "r+b") as db:  # the header ("SQLite format 3\0" and on)
-        db.write(b"\xde\xad\xbe\xef" * 8)
+    with open(root / "catalog.db", "r+b") as db:
+        if where == "page":  # a torn b-tree page past the header: found by quick_check at start
+            db.seek(2 * 4096 + 8)
+        db.write(b"\xde\xad\xbe\xef" * 8)  # else the header ("SQLite format 3\0" and on)
     tampered = next(p for p in sorted(Path(paths["bad"]).rglob("*.bin")))
     tampered.chmod(0o644)
     tampered.write_bytes(b"x" * tampered.stat().st_size)
