@@ -370,7 +370,15 @@ async def fetch_bundles(
             assert swarm is not None
             refresh = functools.partial(swarm.session.maybe_refresh, force=True)  # who finished what by now
             await asyncio.get_running_loop().run_in_executor(executor, refresh)
-            await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in sorted(later)], after)
+            order = sorted(later)
+
+            async def after_second(position: int, finished: bool) -> None:
+                # _bounded numbers the calls it was given: map back to the bundle's index
+                # (recording ``todo[position]`` recorded the wrong bundles: issue 21, found by
+                # the ready check, docs/design.md#ready-invariant)
+                await after(order[position], finished)
+
+            await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in order], after_second)
     finally:
         if swarm is not None:
             swarm.close()
