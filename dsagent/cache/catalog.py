@@ -15,6 +15,7 @@ so a catalog row never claims a partial dataset.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -53,6 +54,21 @@ CREATE INDEX IF NOT EXISTS task_datasets_version ON task_datasets (name, digest)
 
 class CatalogError(DsagentError):
     code = "catalog"
+
+
+class CatalogDamaged(CatalogError):
+    """The catalog file is not a readable SQLite database (a damaged header, a malformed
+    page): :func:`dsagent.cache.recovery.open_catalog` keeps it aside and rebuilds."""
+
+
+#: SQLite's result codes for a damaged database file: SQLITE_CORRUPT, SQLITE_NOTADB
+_DAMAGED = (11, 26)
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in _DAMAGED or any(
+        words in str(exc) for words in ("file is not a database", "malformed")
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,12 @@ class Catalog:
         try:
             self._open(path)
         except sqlite3.Error as exc:
+            if _damaged(exc):
+                with contextlib.suppress(sqlite3.Error, AttributeError):
+                    self._db.close()
+                raise CatalogDamaged(
+                    f"the catalog at {path} is damaged: {exc}", hint="the agent keeps it aside and rebuilds it"
+                ) from exc
             if not (_disk_full(exc, path.parent) and self._give_back_ballast()):
                 raise CatalogError(
                     f"cannot open the catalog at {path}: {exc}", hint="check the cache root's permissions and disk"
@@ -126,6 +148,11 @@ class Catalog:
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a ready row must survive power loss
         self._db.execute("PRAGMA foreign_keys=ON")
+        # damage past the header (a torn page) shows here, at start, not in a later request
+        # (docs/design.md#catalog-rebuild); it reads the whole file, a few MB at most
+        check = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {check}")
         if (
             self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION
         ):  # no write at all on a known catalog
@@ -204,6 +231,16 @@ class Catalog:
                 (name, digest, size_bytes, files, source, bundles, now, now, now),
             )
 
+    def adopt_ready(self, name: str, digest: str, *, size_bytes: int, files: int, now: float) -> None:
+        """Record a ready version found on disk and verified against its stored manifest
+        (a catalog rebuilt after damage: its source is not known until it is asked again)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO versions (name, digest, state, size_bytes, files, source, bundles, created_at,"
+                " ready_at, last_used, resolved_at) VALUES (?, ?, 'ready', ?, ?, '', NULL, ?, ?, ?, ?)",
+                (name, digest, size_bytes, files, now, now, now, now),
+            )
+
     def mark_ready(self, name: str, digest: str, *, now: float) -> None:
         with self._tx() as db:
             db.execute(
@@ -214,10 +251,36 @@ class Catalog:
             db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
 
     def mark_failed(self, name: str, digest: str, error: str) -> None:
+        """A fetch failed and keeps its staging (resumable): its bundle records stay with it."""
         with self._tx() as db:
             db.execute(
                 "UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest)
             )
+
+    def abandon(self, name: str, digest: str, error: str) -> None:
+        """A fetch failed and its staging is about to be removed: the failure and the end of
+        every "bundle done" record of the version in one transaction, committed before the
+        directory goes (docs/design.md#ready-invariant: a record never outlives its files)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            db.execute(
+                "UPDATE versions SET state = 'failed', error = ? WHERE name = ? AND digest = ?", (error, name, digest)
+            )
+
+    def forget_bundles(self, name: str, digest: str, bundles: Sequence[str] | None = None) -> None:
+        """Drop "bundle done" records whose files are not on disk (``bundles``; all by default)."""
+        with self._tx() as db:
+            if bundles is None:
+                db.execute("DELETE FROM bundles_done WHERE name = ? AND digest = ?", (name, digest))
+            else:
+                db.executemany(
+                    "DELETE FROM bundles_done WHERE name = ? AND digest = ? AND bundle = ?",
+                    [(name, digest, b) for b in bundles],
+                )
+
+    def with_bundles_done(self) -> set[tuple[str, str]]:
+        """``(name, digest)`` of every version that has "bundle done" records."""
+        return {(r["name"], r["digest"]) for r in self._query("SELECT DISTINCT name, digest FROM bundles_done")}
 
     def touch(self, name: str, digest: str, now: float) -> None:
         """A hit: the version is used now and is its name's current version."""
@@ -321,4 +384,4 @@ class Catalog:
         return {(row["name"], row["digest"]) for row in rows}
 
 
-__all__ = ["Catalog", "CatalogError", "TaskRow", "VersionRow"]
+__all__ = ["Catalog", "CatalogDamaged", "CatalogError", "TaskRow", "VersionRow"]

@@ -18,6 +18,7 @@ Blocking work (fsspec, zstd, tar, hashing, fsync) runs in the executor, never on
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import os
 import shutil
@@ -28,10 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dsagent.cache.progress import FetchProgress
-from dsagent.errors import IntegrityError, InvalidInput
+from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput
 from dsagent.format.bundle import unpack_bundle
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
-from dsagent.format.durable import syncfs
+from dsagent.format.durable import WritebackError, syncfs, writeback_for
 from dsagent.format.extract import STAGING_DIR, create_empty_directories
 from dsagent.format.manifest import (
     CHUNK_SIZE,
@@ -268,12 +269,34 @@ def clear_interrupted(staging: Path) -> None:
     shutil.rmtree(staging / STAGING_DIR, ignore_errors=True)
 
 
-def finish(staging: Path, manifest: Manifest) -> None:
+def finish(staging: Path, manifest: Manifest, *, writeback_since: int | None = None) -> None:
     """Create the manifest's empty directories and make the whole tree durable (one
-    ``syncfs`` instead of an fsync per small file) before it may be published."""
+    ``syncfs`` instead of an fsync per small file) before it may be published.
+
+    A write error the kernel reports, to this ``syncfs`` or (``writeback_since``: the
+    filesystem's :meth:`~dsagent.format.durable.Writeback.mark` taken when the fetch
+    started) to a background flush meanwhile, fails the fetch: the copy is not published
+    (issue 21 finding 6; docs/design.md#ready-invariant)."""
     clear_interrupted(staging)
     create_empty_directories(manifest, staging)
-    syncfs(staging)
+    try:
+        syncfs(staging)
+        if writeback_since is not None:
+            writeback_for(staging).check(writeback_since)
+    except WritebackError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientSpace(
+                f"the cache disk ran out of space while flushing {staging}: {exc}",
+                hint="free space or evict unused datasets",
+            ) from exc
+        raise IntegrityError(
+            f"flushing {staging} to disk failed: {exc}", hint="the cache disk reported a write error (see dmesg)"
+        ) from exc
+
+
+def writeback_mark(staging: Path) -> int:
+    """The background writeback's failure mark of the filesystem holding ``staging``."""
+    return writeback_for(staging).mark()
 
 
 async def fetch_bundles(
@@ -347,7 +370,15 @@ async def fetch_bundles(
             assert swarm is not None
             refresh = functools.partial(swarm.session.maybe_refresh, force=True)  # who finished what by now
             await asyncio.get_running_loop().run_in_executor(executor, refresh)
-            await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in sorted(later)], after)
+            order = sorted(later)
+
+            async def after_second(position: int, finished: bool) -> None:
+                # _bounded numbers the calls it was given: map back to the bundle's index
+                # (recording ``todo[position]`` recorded the wrong bundles: issue 21, found by
+                # the ready check, docs/design.md#ready-invariant)
+                await after(order[position], finished)
+
+            await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in order], after_second)
     finally:
         if swarm is not None:
             swarm.close()
@@ -362,6 +393,7 @@ __all__ = [
     "clear_interrupted",
     "copy_file",
     "finish",
+    "writeback_mark",
     "listing_matches",
     "fetch_bundles",
     "fetch_files",

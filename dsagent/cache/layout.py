@@ -124,11 +124,14 @@ class Store:
         """Atomically move a finished staging directory into place; returns the ready path."""
         staging, ready = self.staging_dir(name, digest), self.ready_dir(name, digest)
         ready.parent.mkdir(parents=True, exist_ok=True)
-        if ready.exists():  # a stale copy (e.g. marked gone earlier): replace it whole
+        stale = ready.exists()
+        if stale:  # a stale copy (e.g. a publication whose commit failed): replace it whole
             self._trash(ready)
         fsync_dir(staging)
         os.rename(staging, ready)
         fsync_dir(ready.parent)
+        if stale:
+            self.empty_trash()
         return ready
 
     def remove(self, name: str, digest: str) -> None:
@@ -172,6 +175,13 @@ class Store:
             else:
                 self._trash(entry)
         return ready, staging
+
+    def clear_temporary_manifests(self) -> None:
+        """Remove what a stop in the middle of :meth:`write_manifest` left: its temporary
+        file (found by the issue 21 kill -9 sweep; nothing else ever removed it)."""
+        for name_dir in (self.root / "manifests").iterdir():
+            for entry in name_dir.glob(".*.tmp") if name_dir.is_dir() else ():
+                entry.unlink(missing_ok=True)
 
     def prune_empty_names(self) -> None:
         for sub in ("datasets", "manifests"):

@@ -23,6 +23,9 @@ The metrics (all prefixed ``dsagent_``):
 - ``fetch_duration_seconds`` and ``fetch_size_bytes``: histograms of successful fetches;
   ``fetched_bytes_total``: every byte written into the cache.
 - ``evictions_total{reason}`` and ``evicted_bytes_total{reason}``.
+- ``catalog_rebuilds_total`` and ``catalog_rebuild_versions_total{result}`` (``kept`` /
+  ``discarded``): a damaged catalog kept aside and rebuilt from the cache directory
+  (docs/design.md#catalog-rebuild).
 - gauges ``free_bytes``, ``used_bytes``, ``capacity_bytes``, ``datasets{state}`` and
   ``tasks{state}`` (``active``: still working or ready; ``failed``: a dataset failed and no
   work remains; failed tasks are not active).
@@ -92,6 +95,17 @@ class Metrics:
             ["direction"],
             registry=r,
         )
+        self.catalog_rebuilds = Counter(
+            "dsagent_catalog_rebuilds",
+            "Times the catalog was found damaged, kept aside and rebuilt from the cache directory.",
+            registry=r,
+        )
+        self.rebuilt_versions = Counter(
+            "dsagent_catalog_rebuild_versions",
+            "Ready versions found on disk by a catalog rebuild, by result: kept (verified) or discarded.",
+            ["result"],
+            registry=r,
+        )
         self.free_bytes = Gauge(
             "dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r
         )
@@ -138,6 +152,11 @@ class Metrics:
     def peer_transfer(self, direction: str, size_bytes: int) -> None:
         """``direction``: ``served`` (to another agent) or ``fetched`` (from one)."""
         self.peer_bytes.labels(direction=direction).inc(size_bytes)
+
+    def catalog_rebuilt(self, kept: int, discarded: int) -> None:
+        self.catalog_rebuilds.inc()
+        self.rebuilt_versions.labels(result="kept").inc(kept)
+        self.rebuilt_versions.labels(result="discarded").inc(discarded)
 
     def evicted(self, reason: str, size_bytes: int) -> None:
         self.evictions.labels(reason=reason).inc()

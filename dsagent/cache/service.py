@@ -114,7 +114,9 @@ class CacheService:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._catalog = await self._db(Catalog, self.store.catalog_path)
+        self._catalog = await recovery.open_catalog(
+            self.pools, self.store, self.metrics, workers=self.settings.fetch_workers, now=self.clock()
+        )
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from dsagent.cache import ready
 from dsagent.cache.fetch import (
     Source,
     copy_and_digest,
@@ -30,6 +32,7 @@ from dsagent.cache.fetch import (
     finish,
     list_remote,
     listing_matches,
+    writeback_mark,
 )
 from dsagent.cache.layout import Key
 from dsagent.cache.metrics import error_code
@@ -139,6 +142,7 @@ class Versions:
             started = time.monotonic()
             try:
                 await self.pools.work(lambda: staging.mkdir(parents=True))
+                since = await self.pools.work(writeback_mark, staging)
                 entries = await copy_and_digest(
                     source,
                     files,
@@ -148,7 +152,7 @@ class Versions:
                     workers=self.settings.fetch_workers,
                 )
                 manifest = Manifest.create(name, entries, directories=dirs)
-                await self.pools.work(finish, staging, manifest)
+                await self.pools.work(functools.partial(finish, staging, manifest, writeback_since=since))
                 adopted = await self._adopt(key, manifest, source)
             except BaseException as exc:
                 self.metrics.fetch_failed(error_code(exc))
@@ -224,11 +228,11 @@ class Versions:
                 self.metrics.fetch_failed(error_code(exc))
                 message = exc.message if isinstance(exc, DsagentError) else f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, (IntegrityError, InsufficientSpace)):
-                    # never resume from data that failed a check; a full disk gets its space
-                    # back first, so that recording the failure below can be written
-                    await self.pools.work(self.store.discard_staging, *key)
-                with contextlib.suppress(Exception):
-                    await self.pools.db(self._catalog().mark_failed, *key, message)
+                    # never resume from data that failed a check; a full disk gets its space back
+                    await self._abandon(key, message)
+                else:  # the staging stays, resumable, and its bundle records with it
+                    with contextlib.suppress(Exception):
+                        await self.pools.db(self._catalog().mark_failed, *key, message)
                 raise
             finally:
                 self.space.release(key)
@@ -243,12 +247,31 @@ class Versions:
         )
         await self.space.collect_superseded(manifest.name)
 
+    async def _abandon(self, key: Key, message: str) -> None:
+        """Record a failed fetch and remove its staging (docs/design.md#ready-invariant).
+
+        Its "bundle done" records end in the transaction that records the failure, and the
+        directory goes only once that committed: a stop in between leaves a staging with no
+        records (its bundles are fetched again), never records without their files. A full
+        disk refuses the first write; the catalog's reserve then makes room for the second.
+        When neither commits, the staging stays with its records (they still agree)."""
+        for attempt in range(2):
+            try:
+                await self.pools.db(self._catalog().abandon, *key, message)
+                break
+            except DsagentError as exc:
+                if attempt or not isinstance(exc, InsufficientSpace):
+                    log.warning("cannot record the failed fetch of %s@%s (%s); keeping its staging", *key, exc)
+                    return
+        await self.pools.work(self.store.discard_staging, *key)
+
     async def _fetch_reserved(self, source: Source, manifest: Manifest) -> None:
         key = (manifest.name, manifest.digest)
 
         async def stage() -> None:
             staging = self.store.staging_dir(*key)
             await self.pools.work(lambda: staging.mkdir(parents=True, exist_ok=True))
+            since = await self.pools.work(writeback_mark, staging)  # a flush failing from here fails the fetch
             progress = self.progress.start(key, manifest.total_bytes, manifest.file_count)
             if manifest.bundles and source.bundles:
                 await self._fetch_bundles(source, manifest, staging)
@@ -261,7 +284,7 @@ class Versions:
                     executor=self.pools.executor,
                     workers=self.settings.fetch_workers,
                 )
-            await self.pools.work(finish, staging, manifest)
+            await self.pools.work(functools.partial(finish, staging, manifest, writeback_since=since))
             self.metrics.bytes_fetched(progress.bytes_done)
 
         await self._make_ready(manifest, source, bundles=source.bundles if manifest.bundles else None, stage=stage)
@@ -276,7 +299,9 @@ class Versions:
         manifest is written, ``stage`` puts the data in its staging directory (fetches it,
         or renames a finished copy there), the staging directory is renamed into place,
         and only then is the version committed ready (so a ready row always has its
-        directory; a lost commit is redone from the directory). The caller holds the
+        directory; a lost commit is redone from the directory), the last two steps through
+        :func:`dsagent.cache.ready.make_ready`, the one place a version becomes ready
+        (docs/design.md#ready-invariant). The caller holds the
         version's reservation and handles errors; nothing here catches one."""
         key = (manifest.name, manifest.digest)
         await self.pools.db(
@@ -290,12 +315,17 @@ class Versions:
         )
         await self.pools.work(self.store.write_manifest, *key, manifest.to_bytes())
         await stage()
-        await self.pools.work(self.store.publish, *key)
-        await self.pools.db(self._catalog().mark_ready, *key, now=self.clock())
+        await ready.make_ready(
+            self.pools, self._catalog(), self.store, manifest, bundles=bundles is not None, now=self.clock()
+        )
 
     async def _fetch_bundles(self, source: Source, manifest: Manifest, staging: Path) -> None:
         key = (manifest.name, manifest.digest)
-        done = await self.pools.db(self._catalog().bundles_done, *key)
+        recorded = await self.pools.db(self._catalog().bundles_done, *key)
+        done = await self.pools.work(ready.trusted_bundles, staging, manifest, recorded)
+        if recorded - done:  # records whose files are gone: never skip those bundles
+            log.warning("%s@%s: %d bundle records without their files; fetching them again", *key, len(recorded - done))
+            await self.pools.db(self._catalog().forget_bundles, *key, sorted(recorded - done))
 
         async def record(bundle: BundleRef) -> None:
             await self.pools.db(self._catalog().bundle_done, *key, bundle.digest)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import threading
 import uuid
@@ -48,8 +49,15 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
+class WritebackError(OSError):
+    """Flushing a filesystem failed (EIO, ENOSPC, ...): what was written into it since the
+    last good flush may not be on disk. Raised by :func:`syncfs` and by
+    :meth:`Writeback.check` for a background flush that failed (issue 21 finding 6)."""
+
+
 def syncfs(path: str | os.PathLike[str]) -> None:
-    """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file)."""
+    """Flush the filesystem holding ``path`` once (far cheaper than one fsync per small file);
+    :class:`WritebackError` when the kernel reports a write error."""
     fd = os.open(path, os.O_RDONLY)
     try:
         if not _syncfs_fd(fd):
@@ -97,6 +105,8 @@ class Writeback:
         self._lock = threading.Lock()
         self._pending = 0
         self._flushing: threading.Thread | None = None
+        self._failures = 0  # background flushes that failed, ever
+        self._failure: OSError | None = None  # the last one's error
 
     def written(self, fd: int, nbytes: int) -> None:
         """Report ``nbytes`` more written through ``fd`` (a flush starts every step)."""
@@ -122,10 +132,33 @@ class Writeback:
     def _flush(self, fd: int) -> None:
         try:
             _syncfs_fd(fd)  # no ``sync`` of every filesystem in its place: the final syncfs decides
+        except OSError as exc:
+            # kept for :meth:`check`: the kernel reports a writeback error to one syncfs per
+            # open file, so the writer's own final syncfs (on a descriptor opened later) may
+            # never see it (issue 21 finding 6)
+            with self._lock:
+                self._failures += 1
+                self._failure = exc
         finally:
             os.close(fd)
             with self._lock:
                 self._flushing = None
+
+    def mark(self) -> int:
+        """A mark to pass to :meth:`check` later: taken before a writer starts."""
+        with self._lock:
+            return self._failures
+
+    def check(self, since: int) -> None:
+        """Raise :class:`WritebackError` if a background flush failed since ``mark()`` returned
+        ``since`` (waiting for the one running now). The filesystem is shared, so the error
+        may be another writer's: every writer of that time fails, none publishes."""
+        self.wait()
+        with self._lock:
+            failures, failure = self._failures, self._failure
+        if failures != since:
+            code = failure.errno if failure is not None and failure.errno else errno.EIO
+            raise WritebackError(code, f"a background flush of the filesystem failed: {failure}")
 
     def wait(self) -> None:
         """Wait for the flush running now, if any."""
@@ -147,9 +180,18 @@ def writeback_for(directory: str | os.PathLike[str]) -> Writeback:
 
 
 def _syncfs_fd(fd: int) -> bool:
-    """``syncfs`` of the filesystem holding ``fd``; False where there is none or it failed."""
+    """``syncfs`` of the filesystem holding ``fd``; False where there is none, and
+    :class:`WritebackError` where it failed (a write error of the filesystem since this
+    descriptor was opened: never taken for success)."""
     fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
-    return fn is not None and fn(fd) == 0
+    if fn is None:
+        return False
+    if fn(fd) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.ENOSYS:  # pragma: no cover - a kernel without syncfs
+        return False
+    raise WritebackError(code, f"syncfs failed: {os.strerror(code)}")
 
 
-__all__ = ["WRITEBACK_STEP", "Writeback", "fsync_dir", "syncfs", "write_atomic", "writeback_for"]
+__all__ = ["WRITEBACK_STEP", "Writeback", "WritebackError", "fsync_dir", "syncfs", "write_atomic", "writeback_for"]

@@ -53,7 +53,7 @@ from dsagent.errors import (
     SourceUnavailable,
     UnsafeArchive,
 )
-from dsagent.format.durable import Writeback, syncfs, writeback_for
+from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
 from dsagent.format.hashing import HASH_BUFFER, hash_file
 from dsagent.format.manifest import (
     BundleRef,
@@ -74,6 +74,8 @@ STAGING_DIR = ".dsagent-staging"
 UNPACK_AHEAD = 2
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+#: errors of a rename into the target that mean something is in the way there (a conflict)
+_IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
 
 # --------------------------------------------------------------------------- member checks
@@ -222,11 +224,11 @@ def _publish(staging: _Staging, dest_dir: Path, members: EntryTable, durable: bo
     except BaseException as exc:
         for path in moved:
             os.unlink(path)
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError) and exc.errno in _IN_THE_WAY:
             raise Conflict(
                 f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory"
             ) from exc
-        raise
+        raise  # a full or failing disk: the caller's _local_writes says which (issue 21 fault sweep)
     if durable:
         syncfs(dest_dir)
 
@@ -240,6 +242,10 @@ def _local_writes(dest: Path) -> Iterator[None]:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise InsufficientSpace(
                 f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets"
+            ) from exc
+        if isinstance(exc, WritebackError):  # written data may be lost: nothing of it is kept
+            raise IntegrityError(
+                f"flushing {dest} to disk failed: {exc}", hint="the cache disk reported a write error (see dmesg)"
             ) from exc
         raise SourceUnavailable(f"writing into {dest} failed: {exc}") from exc
 
@@ -294,10 +300,14 @@ def unpack_bundle_stream(
     members = EntryTable.of(manifest.bundle_entries(bundle))
     with _local_writes(dest):
         staging = _Staging(dest, bundle)
+        writeback = writeback_for(staging.root)
+        since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
             _extract_stream(raw, members, bundle, staging, progress)
-        _publish(staging, dest, members, durable)
+            _publish(staging, dest, members, durable)
+            if durable:
+                writeback.check(since)  # a background flush's error is not the last syncfs's
     finally:
         staging.remove()
 
@@ -348,6 +358,7 @@ def unpack(
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
     stage.mkdir()
+    since = writeback_for(stage).mark()
     try:
         count = workers or min(4, os.cpu_count() or 1)
         if count <= 1 or len(manifest.bundles) <= 1:
@@ -379,7 +390,9 @@ def unpack(
                         future.cancel()
                     raise
         create_empty_directories(manifest, stage)
-        syncfs(stage)
+        with _local_writes(stage):
+            syncfs(stage)
+            writeback_for(stage).check(since)
         if target.exists():
             target.rmdir()
         os.replace(stage, target)

@@ -1,0 +1,559 @@
+"""Fault injection for the agent's data path, the way SQLite tests I/O errors (issue 21, deliver 3).
+
+Who uses it: ``tests/dsagent/test_fault_injection.py`` (a sample of points, in the suite)
+and ``tools/faults/sweep.py`` (every point). What it owns:
+
+- :class:`Injector`: counts the filesystem operations under one cache root (``open``,
+  ``write``, ``fsync`` and ``syncfs``, ``rename`` / ``replace`` / ``link``, ``mkdir``) and the
+  catalog's commits, and makes the Nth fail with an ``OSError`` (ENOSPC, EIO, EDQUOT; a
+  commit fails as SQLite reports it), once or from N on (a full disk stays full), or
+  kills the process there (``SIGKILL``). It wraps the ``os`` / ``io`` functions the agent
+  calls, so the agent's code is the real one; operations outside the root (the bundle
+  store, pytest's own files) are not counted.
+- :func:`run_point`: one in-process agent (a real :class:`CacheService`, a real tar+zstd
+  multi-bundle store in a local directory) serving one task with the fault armed, then
+  the same request with the fault gone, checking after each: the task failed with a
+  clear code (not ``internal``) or is ready with a copy that ``dsctl verify``'s check
+  (:func:`verify_tree`) accepts; every version the catalog calls ready verifies; no
+  reservation, pin, progress or flight is left; no staging without an unfinished
+  version that owns it, nothing left in the trash; after the retry, ready and verified.
+- :func:`run_kill_point`: the same with ``kill -9`` at operation N of a real
+  ``dsagent serve`` process, then a plain restart and the same request.
+- ``python -m tests.dsagent.faults --kill-at N -- <dsagent args>``: runs ``dsagent`` with
+  the killer armed from the first task's creation on (used by :func:`run_kill_point`).
+
+Determinism: one fetch at a time, one worker, background writeback off: the Nth
+operation is the same one in every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import builtins
+import contextlib
+import errno
+import io
+import os
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KINDS = ("open", "write", "fsync", "rename", "mkdir", "commit")
+ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EDQUOT": errno.EDQUOT}
+#: the error codes a failed task may carry: clear ones, never ``internal``
+CLEAR_CODES = {"insufficient_space", "integrity", "source_unavailable", "catalog", "not_found", "conflict"}
+
+
+class Injector:
+    """Counts operations under ``root`` and fails (or kills at) number ``at``."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        at: int | None = None,
+        code: int = errno.ENOSPC,
+        persist: bool = False,
+        kill: bool = False,
+        armed: bool = True,
+    ) -> None:
+        self.root = os.path.realpath(root) + "/"
+        self.at, self.code, self.persist, self.kill = at, code, persist, kill
+        self.armed = armed  # counting at all
+        self.active = True  # failing at ``at`` (off for the retry)
+        self.count = 0
+        self.fired = 0
+        self.kinds: Counter[str] = Counter()
+        self.ops: list[tuple[str, str]] = []  # (kind, path) of each counted operation, in order
+        self.failed_op: tuple[str, str] | None = None
+        self._lock = threading.Lock()
+        self._undo: list[Callable[[], None]] = []
+
+    # -- counting -------------------------------------------------------------------
+
+    def under(self, path: Any) -> str | None:
+        if isinstance(path, int):
+            try:
+                name = os.readlink(f"/proc/self/fd/{path}")
+            except OSError:
+                return None
+        elif isinstance(path, (str, bytes, os.PathLike)):
+            name = os.path.abspath(os.fsdecode(path))
+        else:
+            return None
+        return name if (name + "/").startswith(self.root) else None
+
+    def hit(self, kind: str, path: Any) -> None:
+        """One operation of ``kind`` on ``path``: counted when under the root; failed when it is the one."""
+        if not self.armed:
+            return
+        name = "catalog.db" if kind == "commit" else self.under(path)
+        if name is None:
+            return
+        with self._lock:
+            self.count += 1
+            self.kinds[kind] += 1
+            self.ops.append((kind, name))
+            n = self.count
+            fail = self.active and self.at is not None and (n == self.at or (self.persist and n > self.at))
+            if fail:
+                self.fired += 1
+                if self.failed_op is None:
+                    self.failed_op = (kind, name)
+        if not fail:
+            return
+        if self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "commit":
+            message = "database or disk is full" if self.code in (errno.ENOSPC, errno.EDQUOT) else "disk I/O error"
+            raise sqlite3.OperationalError(message)
+        raise OSError(self.code, os.strerror(self.code), name)
+
+    # -- installing -----------------------------------------------------------------
+
+    def _patch(self, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+        real = getattr(owner, attr)
+        setattr(owner, attr, make(real))
+        self._undo.append(lambda: setattr(owner, attr, real))
+
+    def install(self) -> Injector:
+        from dsagent.cache import catalog as catalog_module
+        from dsagent.format import durable
+
+        hit, under = self.hit, self.under
+
+        def path_op(kind: str) -> Callable[[Any], Any]:
+            def make(real: Any) -> Any:
+                def wrapper(path: Any, *args: Any, **kwargs: Any) -> Any:
+                    if kwargs.get("dir_fd") is None:
+                        hit(kind, path)
+                    return real(path, *args, **kwargs)
+
+                return wrapper
+
+            return make
+
+        def two_path_op(kind: str) -> Callable[[Any], Any]:
+            def make(real: Any) -> Any:
+                def wrapper(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+                    hit(kind, dst if under(dst) else src)
+                    return real(src, dst, *args, **kwargs)
+
+                return wrapper
+
+            return make
+
+        def io_open(real: Any) -> Any:
+            def wrapper(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+                name = under(file)
+                if name is not None and not isinstance(file, int):
+                    hit("open", file)  # os.fdopen of a descriptor: opened already
+                handle = real(file, mode, *args, **kwargs)
+                if name is not None and any(c in mode for c in "wax+"):
+                    return _CountingFile(handle, name, hit)
+                return handle
+
+            return wrapper
+
+        self._patch(os, "open", path_op("open"))
+        self._patch(os, "mkdir", path_op("mkdir"))
+        self._patch(os, "rename", two_path_op("rename"))
+        self._patch(os, "replace", two_path_op("rename"))
+        self._patch(os, "link", two_path_op("rename"))
+        self._patch(os, "write", path_op("write"))
+        self._patch(os, "fsync", path_op("fsync"))
+        self._patch(os, "fdatasync", path_op("fsync"))
+        self._patch(io, "open", io_open)
+        self._patch(builtins, "open", io_open)
+        self._patch(durable, "_syncfs_fd", path_op("fsync"))
+        self._patch(durable, "WRITEBACK_STEP", lambda real: 0)  # deterministic: no background flush
+
+        real_tx = catalog_module.Catalog._tx
+
+        @contextlib.contextmanager
+        def tx(catalog: Any) -> Iterator[Any]:
+            with real_tx(catalog) as db:
+                yield db
+                hit("commit", None)  # raised inside: the transaction rolls back, as a failed COMMIT does
+
+        self._patch(catalog_module.Catalog, "_tx", lambda real: tx)
+        return self
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self) -> Injector:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+class _CountingFile:
+    """A file object whose writes count as operations (Python's own file writes bypass ``os.write``)."""
+
+    def __init__(self, handle: Any, name: str, hit: Callable[[str, Any], None]) -> None:
+        self._handle, self._name, self._hit = handle, name, hit
+
+    def write(self, data: Any) -> int:
+        self._hit("write", self._name)
+        return int(self._handle.write(data))
+
+    def __enter__(self) -> _CountingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._handle)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._handle, attr)
+
+
+# --------------------------------------------------------------------------- the scenario
+
+
+@dataclass
+class Dataset:
+    """A multi-bundle tar+zstd dataset in a local store, with an empty directory."""
+
+    source: Path
+    store: Path
+    name: str = "images"
+
+    @classmethod
+    def make(cls, base: Path, *, files: int = 12, size: int = 3000, per_bundle: int = 3) -> Dataset:
+        from dsagent.format.bundle import pack
+
+        source = base / "src" / "images"
+        for i in range(files):
+            path = source / f"class{i % 3}" / f"img{i:03d}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(bytes([i % 251]) * (size + i))
+        (source / "empty-class").mkdir(parents=True, exist_ok=True)
+        store = base / "src" / "store"
+        pack(source, store, name="images", max_files=per_bundle)
+        return cls(source, store)
+
+    def manifest(self) -> Any:
+        from dsagent.format.manifest import read_manifest
+
+        return read_manifest(str(self.store), self.name)
+
+
+@dataclass
+class Outcome:
+    """What one injection point gave."""
+
+    at: int
+    first: str  # ready | failed:<code> | refused:<code> | killed | ...
+    retry: str = ""
+    op: tuple[str, str] | None = None
+    violations: list[str] = field(default_factory=list)
+
+
+def _settings(root: Path, data: Path) -> Any:
+    from dsagent.cache.settings import Settings
+
+    return Settings(root=root, sweep_interval=3600, max_fetches=1, fetch_workers=1, local_sources=(data,))
+
+
+def _verified(path: Path, manifest: Any) -> str | None:
+    from dsagent.errors import DsagentError
+    from dsagent.format.bundle import verify_tree
+
+    try:
+        verify_tree(path, manifest, workers=1)
+    except DsagentError as exc:
+        return str(exc)[:300]
+    return None
+
+
+def check_root(root: Path, manifest: Any, *, after_retry: bool) -> list[str]:
+    """The on-disk and catalog invariants of a cache root at rest (no agent running on it)."""
+    problems: list[str] = []
+    db = sqlite3.connect(f"file:{root / 'catalog.db'}?mode=ro", uri=True)  # read as it is, by SQL
+    try:
+        rows = db.execute("SELECT name, digest, state FROM versions").fetchall()
+        done = set(db.execute("SELECT DISTINCT name, digest FROM bundles_done").fetchall())
+    finally:
+        db.close()
+    unfinished = {(name, digest) for name, digest, state in rows if state != "ready"}
+    for name, digest, state in rows:
+        if state == "ready":
+            bad = _verified(root / "datasets" / name / digest, manifest)
+            if bad:
+                problems.append(f"ready in the catalog but does not verify: {bad}")
+    for entry in (root / "staging").iterdir() if (root / "staging").is_dir() else ():
+        name, _, digest = entry.name.rpartition("@")
+        if after_retry or (name, digest) not in unfinished:
+            problems.append(f"staging left: {entry.name}")
+    for key in done:  # their files are in staging, or renamed into place before a lost commit
+        staged, published = root / "staging" / f"{key[0]}@{key[1]}", root / "datasets" / key[0] / key[1]
+        if not staged.is_dir() and not (key in unfinished and published.is_dir()):
+            problems.append(f"bundle records without their files: {key[0]}@{key[1][:12]}")
+    if (root / "trash").is_dir() and any((root / "trash").iterdir()):
+        problems.append("trash not emptied")
+    leftovers = [p.name for p in (root / "manifests").rglob(".*.tmp")] if (root / "manifests").is_dir() else []
+    if leftovers:
+        problems.append(f"temporary manifest files left: {leftovers}")
+    if after_retry and done:
+        problems.append("bundle records left after the version became ready")
+    return problems
+
+
+async def _submit(service: Any, request: Any) -> Any:
+    """Submit the task and wait: its record, or the exception that refused it."""
+    try:
+        return await service.submit_task("pod-a", [request], wait=60)
+    except Exception as exc:  # noqa: BLE001 - judged by _judge
+        return exc
+
+
+def _judge(record: Any, manifest: Any) -> tuple[str, list[str]]:
+    """``(outcome, problems)`` of one answer (checked with the injector disarmed)."""
+    from dsagent.errors import DsagentError
+
+    if isinstance(record, DsagentError):
+        problems = [] if record.code in CLEAR_CODES else [f"refused with an unclear error {record.code}: {record}"]
+        return f"refused:{record.code}", problems
+    if isinstance(record, Exception):
+        return f"raised:{type(record).__name__}", [f"request raised {type(record).__name__}: {record}"]
+    status = record.datasets[0]
+    if record.state == "ready":
+        bad = _verified(Path(str(status.path)), manifest)
+        return "ready", [f"reported ready but does not verify: {bad}"] if bad else []
+    if record.state == "failed":
+        code = (status.error or {}).get("code", "?")
+        unclear = code not in CLEAR_CODES
+        return f"failed:{code}", [f"failed with an unclear code {code}: {status.error}"] if unclear else []
+    return f"stuck:{record.state}", [f"task still {record.state} after its wait"]
+
+
+def _service_leaks(service: Any) -> list[str]:
+    problems = []
+    space = service._space
+    if space.reservations:
+        problems.append(f"reservations left: {sorted(space.reservations)}")
+    if +space._pins:
+        problems.append(f"pins left: {dict(space._pins)}")
+    if service._progress._by_key:
+        problems.append(f"progress left: {sorted(service._progress._by_key)}")
+    if any(not f.done() for f in service._flights.futures()):
+        problems.append("a flight is still running")
+    return problems
+
+
+def run_point(
+    base: Path, data: Dataset, at: int | None, *, code: int = errno.ENOSPC, persist: bool = False
+) -> tuple[Outcome, Injector]:
+    """One injection point in process (``at=None``: count only). ``base`` must be fresh."""
+    from dsagent.cache.service import CacheService, DatasetRequest
+
+    manifest = data.manifest()
+    request = DatasetRequest(data.name, str(data.source), str(data.store))
+    root = base / "cache"
+    root.mkdir(parents=True)
+    injector = Injector(root, at=at, code=code, persist=persist, armed=False)
+
+    async def scenario() -> Outcome:
+        service = CacheService(_settings(root, data.source.parent))
+        await service.start()
+        try:
+            injector.armed = True
+            answer = await _submit(service, request)
+            injector.armed = injector.active = False  # the fault is gone; checks are not counted
+            first, problems = _judge(answer, manifest)
+            problems += _service_leaks(service)
+            outcome = Outcome(at or 0, first, op=injector.failed_op, violations=problems)
+            retry, more = _judge(await _submit(service, request), manifest)
+            outcome.retry = retry
+            if retry != "ready":
+                more.append(f"the retry did not make it ready: {retry}")
+            outcome.violations += more + _service_leaks(service)
+        finally:
+            await service.stop()
+        return outcome
+
+    with injector:
+        outcome = asyncio.run(scenario())
+    outcome.violations += check_root(root, manifest, after_retry=True)
+    return outcome, injector
+
+
+def _left_by_a_kill(problem: str) -> bool:
+    """What a kill may leave until the next start cleans it (checked after the restart)."""
+    return problem.startswith(("trash not emptied", "temporary manifest files left"))
+
+
+def _killed_child(root: str, source: str, store: str, at: int) -> None:
+    """In a forked child: the agent's service serving the task, killed at operation ``at``."""
+    from dsagent.cache.service import CacheService, DatasetRequest
+
+    injector = Injector(Path(root), at=at, kill=True, armed=False).install()
+
+    async def scenario() -> None:
+        service = CacheService(_settings(Path(root), Path(source).parent))
+        await service.start()
+        injector.armed = True
+        await service.submit_task("pod-a", [DatasetRequest("images", source, store)], wait=60)
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
+_FORKSERVER: Any = None
+
+
+def _forkserver() -> Any:
+    """A forkserver with the agent imported once: each kill point forks a ready child in
+    milliseconds (an agent process starts in seconds on a loaded machine), from a process
+    with no threads."""
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        import multiprocessing
+
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["dsagent.cache.service", "tests.dsagent.faults"])
+    return _FORKSERVER
+
+
+def run_forked_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
+    """``kill -9`` at operation ``at`` of the agent's service in a child process, then a
+    restart (recovery) in this process and the same request; ``first`` is ``killed``, or
+    ``survived`` when ``at`` lies past the last operation."""
+    from dsagent.cache.service import CacheService, DatasetRequest
+
+    manifest = data.manifest()
+    root = base / "cache"
+    root.mkdir(parents=True)
+    child = _forkserver().Process(target=_killed_child, args=(str(root), str(data.source), str(data.store), at))
+    child.start()
+    child.join(120)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+        return Outcome(at, "hung", violations=["the child neither finished nor died"])
+    outcome = Outcome(at, "killed" if child.exitcode == -signal.SIGKILL else f"exit:{child.exitcode}")
+    if child.exitcode not in (0, -signal.SIGKILL):
+        outcome.violations.append(f"the child exited with {child.exitcode}")
+    if child.exitcode == 0:
+        outcome.first = "survived"
+    outcome.violations += [p for p in check_root(root, manifest, after_retry=False) if not _left_by_a_kill(p)]
+
+    async def restart() -> None:
+        service = CacheService(_settings(root, data.source.parent))
+        await service.start()  # recovery, and the interrupted fetch resumes
+        try:
+            request = DatasetRequest(data.name, str(data.source), str(data.store))
+            outcome.retry, problems = _judge(await _submit(service, request), manifest)
+            if outcome.retry != "ready":
+                problems.append(f"after the restart the task is {outcome.retry}")
+            outcome.violations += problems + _service_leaks(service)
+        finally:
+            await service.stop()
+
+    asyncio.run(restart())
+    outcome.violations += check_root(root, manifest, after_retry=True)
+    return outcome
+
+
+def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
+    """``kill -9`` at operation ``at`` of a real ``dsagent serve``, then a plain restart and
+    the same request; ``first`` is ``killed`` or, past the last operation, the outcome."""
+    from tests.dsagent.harness import AgentProcess
+
+    manifest = data.manifest()
+    dataset = {"name": data.name, "source": str(data.source), "bundles": str(data.store)}
+    env = {"DSAGENT_MAX_FETCHES": "1", "DSAGENT_FETCH_WORKERS": "1"}
+    root = base / "cache"
+    base.mkdir(parents=True, exist_ok=True)
+    agent = AgentProcess(root, env=env, local_sources=(data.source.parent,))
+    plain = list(agent.args)
+    agent.args = [
+        sys.executable,
+        "-m",
+        "tests.dsagent.faults",
+        "--kill-at",
+        str(at),
+        "--root",
+        str(root),
+        "--",
+        *agent.args[3:],
+    ]
+    outcome = Outcome(at, "")
+    agent.start()
+    try:
+        with agent.client(timeout=60) as client:
+            try:
+                client.submit_task("pod-a", [dataset], wait=60)
+            except Exception:  # noqa: BLE001 - the agent died under the request
+                pass
+        assert agent.proc is not None
+        try:
+            agent.proc.wait(timeout=10)
+            outcome.first = "killed" if agent.proc.returncode == -signal.SIGKILL else f"exit:{agent.proc.returncode}"
+        except Exception:  # noqa: BLE001 - past the last operation: it lives
+            outcome.first = "survived"
+    finally:
+        agent.stop()
+    outcome.violations += [p for p in check_root(root, manifest, after_retry=False) if not _left_by_a_kill(p)]
+    agent.args = plain
+    agent.start()
+    try:
+        with agent.client(timeout=60) as client:
+            record = client.submit_task("pod-a", [dataset], wait=60)
+            deadline = time.monotonic() + 60
+            while record["state"] == "pending" and time.monotonic() < deadline:
+                time.sleep(0.05)
+                record = client.get_task("pod-a")
+        outcome.retry = record["state"]
+        if record["state"] != "ready":
+            outcome.violations.append(f"after the restart the task is {record['state']}: {record}")
+        else:
+            bad = _verified(Path(record["datasets"][0]["path"]), manifest)
+            if bad:
+                outcome.violations.append(f"reported ready after the restart but does not verify: {bad}")
+    finally:
+        agent.stop()
+    outcome.violations += check_root(root, manifest, after_retry=True)
+    return outcome
+
+
+def _main() -> None:
+    """``--kill-at N --root R -- <dsagent args>``: dsagent, killed at its Nth operation under R
+    counted from the first task's creation on."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kill-at", type=int, required=True)
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+    injector = Injector(args.root, at=args.kill_at, kill=True, armed=False).install()
+    from dsagent.cache.catalog import Catalog
+
+    real_create = Catalog.create_task
+
+    def create_task(self: Any, *a: Any, **k: Any) -> None:
+        injector.armed = True  # count from the request on, the task's own commit included
+        real_create(self, *a, **k)
+
+    Catalog.create_task = create_task  # type: ignore[method-assign]
+    from dsagent.cli.agent import main
+
+    main([a for a in args.rest if a != "--"])
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,96 @@
+"""Issue 21, finding 6: a background ``syncfs`` that fails (a writeback error) must fail
+the fetch, never let it publish.
+
+The kernel reports a writeback error once per open file: the background flush
+(:class:`dsagent.format.durable.Writeback`) saw it on its descriptor, and the fetch's
+final ``syncfs``, on a descriptor opened later, does not. Here libc's ``syncfs`` fails with
+EIO on the background flush thread only, as it would after a real write error; the rest
+is real (an in-process agent, tar+zstd bundles in a local store). Failed on the code
+before issue 21: the flush's error was dropped and the dataset became ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
+from dsagent.errors import IntegrityError
+from dsagent.format import durable
+from dsagent.format.bundle import pack, unpack, verify_tree
+from dsagent.format.manifest import read_manifest
+from tests.dsagent.conftest import write_tree
+
+
+class _FailingBackgroundFlush:
+    """libc whose ``syncfs`` fails with EIO on the background writeback thread while ``failing``."""
+
+    def __init__(self) -> None:
+        self.real = ctypes.CDLL(None, use_errno=True).syncfs
+        self.failing = True
+        self.failed = 0
+
+    def syncfs(self, fd: int) -> int:
+        if self.failing and threading.current_thread().name == "dsagent-writeback":
+            self.failed += 1
+            ctypes.set_errno(errno.EIO)
+            return -1
+        return int(self.real(fd))
+
+
+@pytest.fixture
+def libc(monkeypatch: pytest.MonkeyPatch) -> _FailingBackgroundFlush:
+    fake = _FailingBackgroundFlush()
+    monkeypatch.setattr(durable, "_LIBC", SimpleNamespace(syncfs=fake.syncfs))
+    monkeypatch.setattr(durable, "WRITEBACK_STEP", 4096)  # a background flush every 4 kB written
+    return fake
+
+
+def _dataset(tmp_path: Path) -> tuple[Path, Path]:
+    files = {f"class{i % 3}/img{i:03d}.bin": bytes([i]) * 9000 for i in range(24)}
+    source = write_tree(tmp_path / "src" / "images", files)
+    store = tmp_path / "src" / "store"
+    pack(source, store, name="images", max_files=4)
+    return source, store
+
+
+def test_a_failed_background_flush_fails_the_fetch_and_the_retry_publishes_a_whole_copy(
+    tmp_path: Path, libc: _FailingBackgroundFlush
+) -> None:
+    source, store = _dataset(tmp_path)
+    manifest = read_manifest(str(store), "images")
+    request = DatasetRequest("images", str(source), str(store))
+
+    async def run() -> None:
+        settings = Settings(root=tmp_path / "cache", sweep_interval=3600, local_sources=(tmp_path / "src",))
+        service = CacheService(settings)
+        await service.start()
+        try:
+            record = await service.submit_task("t", [request], wait=60)
+            assert libc.failed >= 1  # the flush did fail
+            assert record.state == "failed", record
+            assert (record.datasets[0].error or {}).get("code") == "integrity", record
+            assert not any((tmp_path / "cache" / "datasets").rglob("*")), "a copy was published"
+            assert not any((tmp_path / "cache" / "staging").iterdir()), "its staging was kept"
+            libc.failing = False  # the disk is healthy again: the same request succeeds
+            again = await service.submit_task("t", [request], wait=60)
+            assert again.state == "ready", again
+            verify_tree(str(again.datasets[0].path), manifest)
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+
+
+def test_dsctl_unpack_fails_on_a_failed_background_flush(tmp_path: Path, libc: _FailingBackgroundFlush) -> None:
+    _, store = _dataset(tmp_path)
+    with pytest.raises(IntegrityError, match="flushing"):
+        unpack(store=store, name="images", dest=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

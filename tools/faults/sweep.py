@@ -1,0 +1,123 @@
+"""The full fault-injection sweep of a multi-bundle fetch (issue 21, deliver 3).
+
+For every filesystem operation and catalog commit that a fetch of a multi-bundle tar+zstd
+dataset (15 files, 9 bundles, an empty directory) reaches (counted in a dry run), and for
+each of ENOSPC, EIO and EDQUOT, failed once and failed from there on (a full disk stays
+full): an in-process agent serves the task with that fault, then the same request with
+the fault gone; then the same with ``kill -9`` at each point (a forked child of the
+agent's service; ``--serve-points`` of them also against a real ``dsagent serve``), a
+restart and the same request. After each it checks what ``tests/dsagent/faults.py`` describes:
+failed with a clear code or ready with a copy that verifies, never anything in between
+reported ready, no staging, reservation, record or trash left. The suite runs a sample
+(tests/dsagent/test_fault_injection.py).
+
+    .venv/bin/python tools/faults/sweep.py            # every point: ~10 min on a loaded 2-core VM
+    .venv/bin/python tools/faults/sweep.py --smoke    # every 10th point, ENOSPC only, 10 kill points
+    .venv/bin/python tools/faults/sweep.py --json     # one JSON object instead of the table
+
+Exit status 1 when any point broke an invariant (each is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.dsagent.faults import (  # noqa: E402
+    ERRNOS,
+    Dataset,
+    run_forked_kill_point,
+    run_kill_point,
+    run_point,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a sample: every 10th point, ENOSPC, 10 kill points")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--serve-points",
+        type=int,
+        default=None,
+        help="kill -9 points also run against a real dsagent serve process (~15 s each; default 3, 0 with --smoke)",
+    )
+    parser.add_argument("--workdir", type=Path, default=None, help="where to work (default: a temporary directory)")
+    args = parser.parse_args()
+    logging.getLogger("dsagent").setLevel(logging.CRITICAL)  # the agent's warnings are expected here
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="dsagent-faults-"))
+    data = Dataset.make(base / "data", files=15, per_bundle=3)
+    started = time.monotonic()
+    counted, injector = run_point(base / "count", data, None)
+    if counted.violations:
+        print("the fault-free run broke an invariant:", counted.violations)
+        return 1
+    points = injector.count
+    step = 10 if args.smoke else 1
+    codes = {"ENOSPC": ERRNOS["ENOSPC"]} if args.smoke else ERRNOS
+    outcomes: Counter[str] = Counter()
+    broken: list[str] = []
+    runs = 0
+    for label, code in codes.items():
+        for persist in (False, True):
+            mode = "persist" if persist else "once"
+            for at in range(1, points + 1, step):
+                outcome, _ = run_point(base / f"{label}-{mode}-{at}", data, at, code=code, persist=persist)
+                runs += 1
+                outcomes[f"{label} {mode}: {outcome.first} -> retry {outcome.retry}"] += 1
+                broken += [f"{label} {mode} at {at} {outcome.op}: {v}" for v in outcome.violations]
+    kill_points = range(1, points + 2, max(1, points // 10) if args.smoke else 1)
+    for at in kill_points:
+        outcome = run_forked_kill_point(base / f"kill-{at}", data, at)
+        runs += 1
+        outcomes[f"kill -9: {outcome.first} -> restart {outcome.retry}"] += 1
+        broken += [f"kill -9 at {at}: {v}" for v in outcome.violations]
+    serve = args.serve_points if args.serve_points is not None else (0 if args.smoke else 3)
+    serve_points = sorted({max(1, (points * (i + 1)) // (serve + 1)) for i in range(serve)})
+    for at in serve_points:
+        outcome = run_kill_point(base / f"serve-kill-{at}", data, at)
+        runs += 1
+        outcomes[f"kill -9 (dsagent serve): {outcome.first} -> restart {outcome.retry}"] += 1
+        broken += [f"kill -9 of dsagent serve at {at}: {v}" for v in outcome.violations]
+    seconds = time.monotonic() - started
+    summary = {
+        "bundles": len(data.manifest().bundles),
+        "files": data.manifest().file_count,
+        "injection_points": points,
+        "operations": dict(injector.kinds),
+        "errnos": list(codes),
+        "runs": runs,
+        "kill_points": len(kill_points),
+        "serve_kill_points": serve_points,
+        "outcomes": dict(sorted(outcomes.items())),
+        "violations": broken,
+        "seconds": round(seconds, 1),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"dataset: {summary['files']} files in {summary['bundles']} bundles (tar+zstd)")
+        print(f"injection points: {points} ({', '.join(f'{k} {v}' for k, v in sorted(injector.kinds.items()))})")
+        print(
+            f"runs: {runs} ({len(codes)} errnos x once/persist x {len(range(1, points + 1, step))} points"
+            f" + {len(kill_points)} kill -9 points), {seconds:.0f} s"
+        )
+        for line, count in sorted(outcomes.items()):
+            print(f"  {count:5d}  {line}")
+        print(f"violations: {len(broken)}")
+        for line in broken:
+            print(f"  {line}")
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
