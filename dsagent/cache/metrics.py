@@ -52,7 +52,7 @@ EVICTION_REASONS = ("space", "superseded", "idle", "operator")
 
 # No ``*_created`` twin per counter and histogram (Prometheus' naming guide; issue 23):
 # process-wide in prometheus_client, so every registry of this process loses them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def error_code(exc: BaseException) -> str:

@@ -731,7 +731,8 @@ def test_every_deployment_with_more_than_one_replica_has_a_pdb_selecting_its_pod
             assert pdb["spec"]["maxUnavailable"] == expected
             assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert "PodDisruptionBudget" not in kinds(rendered["agent-only"])
-    assert not [d for d in rendered["default"] if d["kind"] == "PodDisruptionBudget" and "scheduler" in d["metadata"]["name"]]
+    pdbs = [d["metadata"]["name"] for d in rendered["default"] if d["kind"] == "PodDisruptionBudget"]
+    assert not [name for name in pdbs if "scheduler" in name], pdbs
 
 
 def test_every_container_has_resources(rendered: dict[str, list[dict[str, Any]]]) -> None:

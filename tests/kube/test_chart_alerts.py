@@ -113,7 +113,8 @@ def selectors(expr: str) -> Iterator[tuple[str, dict[str, tuple[str, str]]]]:
         name, matchers = match.group(1), match.group(2) or ""
         if name in PROMQL_WORDS:
             continue
-        labels = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(r'(\w+)\s*(=~|!=|!~|=)\s*"([^"]*)"', matchers)}
+        found = re.finditer(r'(\w+)\s*(=~|!=|!~|=)\s*"([^"]*)"', matchers)
+        labels = {m.group(1): (m.group(2), m.group(3)) for m in found}
         yield name, labels
 
 
