@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from dsagent import __version__
 from dsagent.errors import DsagentError
@@ -50,6 +50,12 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600
 SIZE_BUCKETS = tuple(float(1024 * 10**i) for i in range(11))
 
 _GAUGE_STATES = ("ready", "fetching", "failed")
+#: Reasons :mod:`dsagent.cache.space` evicts for (``operator``: ``dsctl evict`` by name).
+EVICTION_REASONS = ("space", "superseded", "idle", "operator")
+
+# No ``*_created`` twin per counter and histogram (Prometheus' naming guide; issue 23):
+# process-wide in prometheus_client, so every registry of this process loses them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def error_code(exc: BaseException) -> str:
@@ -126,6 +132,11 @@ class Metrics:
             self.tasks.labels(state=state)
         self.requests.labels(code="ok")
         self.fetches.labels(result="ok")
+        for direction in ("served", "fetched"):  # visible (0) before the first transfer
+            self.peer_bytes.labels(direction=direction)
+        for reason in EVICTION_REASONS:  # the cache-full alert reads reason="space"
+            self.evictions.labels(reason=reason)
+            self.evicted_bytes.labels(reason=reason)
 
     # -- events ---------------------------------------------------------------------
 

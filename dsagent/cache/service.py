@@ -244,19 +244,33 @@ class CacheService:
         except asyncio.CancelledError:
             raise
         except DsagentError as exc:
-            self._errors[(task_id, request.name)] = exc
-            self.metrics.request_settled(exc.code)
+            self._failed(task_id, request, exc)
         except Exception as exc:  # a foreign storage error, or a bug: keep it visible, never crash the loop
             known = classify(exc, f"dataset {request.name!r}")
             if known is not None:
-                self._errors[(task_id, request.name)] = known
-                self.metrics.request_settled(known.code)
+                self._failed(task_id, request, known)
                 return
             log.exception("caching %s for task %s failed", request.name, task_id)
-            self._errors[(task_id, request.name)] = DsagentError(f"internal error: {type(exc).__name__}: {exc}")
-            self.metrics.request_settled("internal")
+            self._failed(task_id, request, DsagentError(f"internal error: {type(exc).__name__}: {exc}"), logged=True)
         else:
             self.metrics.request_settled("ok")
+
+    def _failed(self, task_id: str, request: DatasetRequest, exc: DsagentError, *, logged: bool = False) -> None:
+        """Keep a dataset's failure for its task, count it by code, and log it once at
+        WARNING with code, task, dataset and source (passwords in URLs redacted; storage
+        options never logged): issue 23 found five failed tasks and no warning line."""
+        self._errors[(task_id, request.name)] = exc
+        self.metrics.request_settled(exc.code)
+        if not logged:
+            log.warning(
+                "dataset failed: code=%s task=%s dataset=%s source=%s bundles=%s: %s",
+                exc.code,
+                task_id,
+                request.name,
+                redact_url(request.source),
+                redact_url(request.bundles),
+                exc,
+            )
 
     async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:
         resolved = await self._versions.resolve(request.name, source)

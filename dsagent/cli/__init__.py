@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "topo": "dsagent.cli.topo:topo",
     "scheduler": "dsagent.cli.scheduler:scheduler",
     "plan": "dsagent.cli.plan:plan",
+    "gc": "dsagent.cli.gc:gc",
 }
 
 

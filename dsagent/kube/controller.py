@@ -195,8 +195,9 @@ class ControllerMetrics:
     """The controller's own registry (``GET /metrics`` on ``DSAGENT_CONTROLLER_METRICS_PORT``)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.leader = Gauge("dsagent_controller_leader", "1 while this replica holds the Lease.", registry=r)
         self.passes = Counter("dsagent_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
@@ -226,6 +227,9 @@ class ControllerMetrics:
             ["copies"],
             registry=r,
         )
+        for result in ("ok", "error"):  # series exist before the first error (issue 23)
+            self.passes.labels(result=result)
+            self.datasets.labels(result=result)
 
 
 @dataclass

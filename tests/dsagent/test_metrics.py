@@ -102,7 +102,53 @@ def test_each_service_has_its_own_registry_and_evictions_count_by_reason(tmp_pat
     first, second = (samples(t) for t in asyncio.run(run()))
     assert first[("dsagent_fetches_total", (("result", "ok"),))] == 1
     assert second[("dsagent_fetches_total", (("result", "ok"),))] == 0
-    assert {labels: v for (name, labels), v in first.items() if name == "dsagent_evictions_total"} == {
+    assert {labels: v for (name, labels), v in first.items() if name == "dsagent_evictions_total" and v} == {
         (("reason", "operator"),): 1
     }
     assert first[("dsagent_evicted_bytes_total", (("reason", "operator"),))] == allocated(2000, 2, tmp_path)
+
+
+def test_a_failed_dataset_is_one_warning_with_code_task_dataset_and_redacted_source(
+    tmp_path: Path, memory_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 23: five failed tasks left no warning line in the agent's log."""
+
+    async def run() -> str:
+        service = CacheService(Settings(root=tmp_path / "a", sweep_interval=3600))
+        await service.start()
+        try:
+            record = await service.submit_task(
+                "t-missing", [DatasetRequest("gone", f"{memory_root}/nothing-here")], wait=30
+            )
+            assert record.state == "failed", record
+            return await service.metrics_text()
+        finally:
+            await service.stop()
+
+    with caplog.at_level("WARNING", logger="dsagent"):
+        text = asyncio.run(run())
+    lines = [r for r in caplog.records if r.levelname == "WARNING" and "dataset failed" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+    message = lines[0].getMessage()
+    assert "code=not_found" in message and "task=t-missing" in message and "dataset=gone" in message
+    assert f"source={memory_root}/nothing-here" in message
+    assert samples(text)[("dsagent_requests_total", (("code", "not_found"),))] == 1
+
+
+def test_no_created_twins_and_peer_bytes_visible_before_any_transfer() -> None:
+    from dsagent.cache.metrics import Metrics
+    from dsagent.kube.controller import ControllerMetrics
+    from scheduler_plugin.metrics import ExtenderMetrics
+
+    agent = Metrics().render()
+    extender = ExtenderMetrics().render().decode()
+    from prometheus_client import generate_latest
+
+    controller = generate_latest(ControllerMetrics().registry).decode()
+    for text in (agent, extender, controller):
+        assert "_created" not in text.replace("pack_jobs_created", "")
+    got = samples(agent)
+    assert got[("dsagent_peer_bytes_total", (("direction", "served"),))] == 0
+    assert got[("dsagent_peer_bytes_total", (("direction", "fetched"),))] == 0
+    assert ("dsplatform_extender_requests_total", (("outcome", "error"), ("verb", "filter"))) in samples(extender)
+    assert ("dsagent_controller_passes_total", (("result", "error"),)) in samples(controller)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,10 @@ MINIMAL: dict[str, Any] = {
     "controller": {"enabled": False},
 }
 DIGEST = "sha256:" + "ab" * 32
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
 PRODUCTION: dict[str, Any] = {
     "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "ignored", "digest": DIGEST},
-    "agent": {"reserve": "20%"},
+    "agent": {"reserve": "20%", "networkPolicy": {"metricsFrom": MONITORING}},
     "availability": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
         "podAntiAffinity": "hard",
@@ -82,6 +84,7 @@ PRODUCTION: dict[str, Any] = {
     "topologyDiscovery": {"hostNetwork": True},
     "metrics": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+        "prometheusRule": {"enabled": True},
         "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
     },
     "controller": {"replicas": 3, "packServiceAccount": "bucket-writer"},
@@ -712,15 +715,53 @@ def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricte
 DEPLOYMENTS = ("extender", "webhook", "scheduler", "controller")
 
 
-def test_every_deployment_has_a_pdb_selecting_its_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_every_deployment_with_more_than_one_replica_has_a_pdb_selecting_its_pods(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     for label, expected in (("default", 1), ("production", "50%")):
         docs = rendered[label]
         for component in DEPLOYMENTS:
-            pdb = find(docs, "PodDisruptionBudget", f"-{component}")
-            pod_labels = find(docs, "Deployment", f"-{component}")["spec"]["template"]["metadata"]["labels"]
+            deployment = find(docs, "Deployment", f"-{component}")
+            pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"].endswith(component)]
+            if deployment["spec"]["replicas"] == 1:  # issue 23: a one-replica PDB protects nothing
+                assert pdbs == [], (label, component)
+                continue
+            [pdb] = pdbs
+            pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
             assert pdb["spec"]["maxUnavailable"] == expected
             assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert "PodDisruptionBudget" not in kinds(rendered["agent-only"])
+    pdbs = [d["metadata"]["name"] for d in rendered["default"] if d["kind"] == "PodDisruptionBudget"]
+    assert not [name for name in pdbs if "scheduler" in name], pdbs
+
+
+def test_every_container_has_resources(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for label, docs in rendered.items():
+        for doc in docs:
+            spec = doc.get("spec", {}).get("template", {}).get("spec")
+            if spec is None:
+                continue
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert c.get("resources", {}).get("requests"), (label, doc["metadata"]["name"], c["name"])
+
+
+def test_a_service_monitor_without_a_way_through_the_network_policy_fails_the_render() -> None:
+    with pytest.raises(Exception, match="agent.networkPolicy.metricsFrom"):
+        render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    render({"metrics": {"serviceMonitor": {"enabled": True}}, "agent": {"networkPolicy": {"enabled": False}}})
+
+
+def test_the_notes_say_which_pod_security_level_each_mode_needs() -> None:
+    def notes(values: dict[str, Any]) -> str:
+        out = helm.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return " ".join(text for path, text in out.items() if path.endswith("NOTES.txt")).replace("\n", " ")
+
+    default = notes({})
+    assert '"privileged"' in default and "hostPID" in default
+    assert "pod-security.kubernetes.io/enforce=privileged" in default
+    no_csi = notes({"csi": {"enabled": False}})
+    assert '"privileged"' in no_csi and "hostPID" not in no_csi
+    assert '"restricted"' in notes({"agent": {"enabled": False}, "csi": {"enabled": False}})
 
 
 def test_replicas_spread_over_nodes_and_zones_and_repel_each_other(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -896,3 +937,28 @@ def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(
     jsonschema.validate(ds, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**ds, "spec": {**ds["spec"], "warm": {"nodes": -1}}}, schema)
+
+
+def test_the_scheduler_image_follows_the_cluster_version_and_every_image_takes_a_digest() -> None:
+    """The SDK renders for its own default cluster version (it takes no --kube-version):
+    the scheduler's tag is that version, not a fixed one (issue 23: v1.31.4 on any cluster)."""
+
+    def images(values: dict[str, Any]) -> list[str]:
+        out = []
+        for doc in render(values):
+            pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+            out += [c["image"] for c in pod.get("containers", []) + pod.get("initContainers", [])]
+        return out
+
+    [scheduler] = [i for i in images({}) if "kube-scheduler" in i]
+    version = scheduler.rpartition(":")[2]
+    assert re.fullmatch(r"v1\.(\d+)\.\d+", version) and int(version.split(".")[1]) >= 29, scheduler
+    [fixed] = [i for i in images({"scheduler": {"image": {"tag": "v1.29.3"}}}) if "kube-scheduler" in i]
+    assert fixed == "registry.k8s.io/kube-scheduler:v1.29.3"
+    pinned = {
+        "image": {"digest": DIGEST},
+        "scheduler": {"image": {"digest": DIGEST}},
+        "csi": {"registrar": {"image": {"digest": DIGEST}}},
+    }
+    got = images(pinned)
+    assert len(got) > 5 and all(i.endswith("@" + DIGEST) for i in got), got

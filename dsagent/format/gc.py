@@ -1,0 +1,187 @@
+"""Bundle store garbage collection: bundles that no manifest in the store references.
+
+Who calls it: ``dsctl gc STORE`` (:mod:`dsagent.cli.gc`); a Dataset controller may call
+:func:`collect` on the stores it manages.
+
+What it owns:
+
+- **which bundles are garbage** (:func:`plan_collection`, pure): a bundle is an orphan when
+  no manifest under ``<store>/<name>/manifest`` lists its digest; an orphan is deleted only
+  when it is older than the grace period, because ``dsctl pack`` writes bundles first and
+  the manifest last (docs/design.md#bundles), so a young orphan may belong to a pack still
+  running. A bundle whose age cannot be read is never deleted;
+- **the I/O around it** (:func:`scan`, :func:`collect`): one listing of ``bundles/``, every
+  manifest read whole. A manifest that cannot be read stops the collection (its bundles
+  would look orphaned); just before deleting, the manifests are listed and read again and
+  any bundle a new manifest references is kept. Deletes are one ``rm`` per object, so
+  object stores (S3, GCS, Azure) need no rename or lock.
+
+Decision: dry run by default (the CLI lists, ``--delete`` deletes); the default grace is
+24 h, far longer than any pack we measured. Residual race (docs/design.md#store-gc): a pack
+that *reuses* an old orphan (it skips bundles the store already holds) and writes its
+manifest between the second read and the ``rm`` loses that bundle; run gc when no pack
+reuses old data, or with a grace longer than the interval between re-packs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsagent.errors import IntegrityError
+from dsagent.format.manifest import BUNDLE_SUFFIX, BUNDLES_DIR, MANIFEST_FILE, read_manifest
+from dsagent.format.names import is_digest, validate_name
+from dsagent.format.storage import resolve, translate_errors
+
+DEFAULT_GRACE_SECONDS = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class StoredBundle:
+    digest: str
+    path: str
+    size: int
+    modified: float | None  # seconds since the epoch; None when the store does not say
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a collection would do: ``delete`` (old orphans), ``young`` (orphans inside the
+    grace period or of unknown age, kept), and the count of referenced bundles."""
+
+    delete: tuple[StoredBundle, ...]
+    young: tuple[StoredBundle, ...]
+    referenced: int
+    manifests: int = 0
+    deleted: tuple[StoredBundle, ...] = field(default=())
+
+    @property
+    def reclaimable_bytes(self) -> int:
+        return sum(b.size for b in self.delete)
+
+
+def plan_collection(
+    bundles: Mapping[str, StoredBundle], referenced: set[str], *, now: float, grace_seconds: float
+) -> Plan:
+    """Pure: split ``bundles`` into referenced, young orphans and orphans old enough to delete."""
+    delete, young = [], []
+    for digest in sorted(bundles):
+        if digest in referenced:
+            continue
+        bundle = bundles[digest]
+        if bundle.modified is None or now - bundle.modified < grace_seconds:
+            young.append(bundle)
+        else:
+            delete.append(bundle)
+    return Plan(tuple(delete), tuple(young), sum(1 for d in bundles if d in referenced))
+
+
+def _modified(info: Mapping[str, Any]) -> float | None:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, dt.datetime):
+            return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
+        if isinstance(value, str):
+            try:
+                parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return None
+
+
+def _list_bundles(fs: Any, root: str, store: str) -> dict[str, StoredBundle]:
+    directory = f"{root.rstrip('/')}/{BUNDLES_DIR}"
+    with translate_errors(f"bundles of store {store}"):
+        if not fs.exists(directory):
+            return {}
+        listing = fs.ls(directory, detail=True)
+    found = {}
+    for info in listing:
+        base = str(info["name"]).rstrip("/").rpartition("/")[2]
+        digest = base[: -len(BUNDLE_SUFFIX)] if base.endswith(BUNDLE_SUFFIX) else ""
+        if info.get("type") != "file" or not is_digest(digest):
+            continue  # temp files, foreign objects: not ours to judge
+        found[digest] = StoredBundle(digest, str(info["name"]), int(info.get("size") or 0), _modified(info))
+    return found
+
+
+def _dataset_names(fs: Any, root: str, store: str) -> list[str]:
+    with translate_errors(f"manifests of store {store}"):
+        paths = fs.glob(f"{root.rstrip('/')}/*/{MANIFEST_FILE}")
+    names = []
+    for path in paths:
+        name = str(path).rstrip("/").split("/")[-2]
+        try:
+            names.append(validate_name(name))
+        except Exception:  # noqa: BLE001 - not a dataset directory this tool wrote
+            continue
+    return sorted(names)
+
+
+def referenced_digests(store: str, storage_options: Mapping[str, Any] | None = None) -> tuple[set[str], int]:
+    """Every bundle digest any manifest in ``store`` lists, and the number of manifests.
+
+    A manifest that cannot be read raises (:class:`IntegrityError` for a damaged one):
+    collecting without it would delete the bundles it needs."""
+    fs, root = resolve(store, storage_options)
+    names = _dataset_names(fs, root, store)
+    digests: set[str] = set()
+    for name in names:
+        try:
+            manifest = read_manifest(store, name, storage_options=storage_options)
+        except Exception as exc:
+            raise IntegrityError(
+                f"cannot read the manifest of {name!r} in {store}: {exc}; nothing was deleted",
+                hint="repair or remove that manifest (dsctl verify), then run gc again",
+            ) from exc
+        digests.update(ref.digest for ref in manifest.bundles)
+    return digests, len(names)
+
+
+def scan(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    now: float | None = None,
+) -> Plan:
+    """The collection plan for ``store`` (nothing is deleted)."""
+    fs, root = resolve(store, storage_options)
+    bundles = _list_bundles(fs, root, store)
+    referenced, manifests = referenced_digests(store, storage_options)
+    plan = plan_collection(bundles, referenced, now=time.time() if now is None else now, grace_seconds=grace_seconds)
+    return Plan(plan.delete, plan.young, plan.referenced, manifests)
+
+
+def collect(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    delete: bool = False,
+    now: float | None = None,
+) -> Plan:
+    """:func:`scan`, then with ``delete`` remove the old orphans that are still unreferenced
+    after the manifests are read a second time; ``Plan.deleted`` lists what went."""
+    plan = scan(store, storage_options, grace_seconds=grace_seconds, now=now)
+    if not delete or not plan.delete:
+        return plan
+    fs, _ = resolve(store, storage_options)
+    still_referenced, _ = referenced_digests(store, storage_options)
+    deleted = []
+    for bundle in plan.delete:
+        if bundle.digest in still_referenced:
+            continue
+        with translate_errors(f"bundle {bundle.digest} in {store}"):
+            fs.rm_file(bundle.path)
+        deleted.append(bundle)
+    return Plan(plan.delete, plan.young, plan.referenced, plan.manifests, tuple(deleted))
+
+
+__all__ = ["DEFAULT_GRACE_SECONDS", "Plan", "StoredBundle", "collect", "plan_collection", "referenced_digests", "scan"]
