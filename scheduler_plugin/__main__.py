@@ -8,6 +8,9 @@ import sys
 from scheduler_plugin.errors import SchedulerPluginError
 from scheduler_plugin.settings import Settings
 
+#: seconds uvicorn waits for open requests after SIGTERM before closing them
+SHUTDOWN_GRACE_S = 5
+
 
 def serve(settings: Settings) -> None:
     """Run the extender under uvicorn until interrupted."""
@@ -27,6 +30,8 @@ def serve(settings: Settings) -> None:
         # longer means the client always closes first, so a POST never races a server
         # close (Go does not retry a POST that hits a connection closed under it).
         timeout_keep_alive=120,
+        # a client stalled mid-request must not hold SIGTERM (it did, indefinitely)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
 
 
