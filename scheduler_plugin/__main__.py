@@ -9,6 +9,9 @@ import sys
 from scheduler_plugin.errors import SchedulerPluginError, SettingsError
 from scheduler_plugin.settings import Settings
 
+#: seconds uvicorn waits for open requests after SIGTERM before closing them
+SHUTDOWN_GRACE_S = 5
+
 
 def listen(host: str, port: int) -> socket.socket:
     """The extender's listening socket, bound before anything starts: a busy or forbidden
@@ -45,6 +48,8 @@ def serve(settings: Settings) -> None:
         # longer means the client always closes first, so a POST never races a server
         # close (Go does not retry a POST that hits a connection closed under it).
         timeout_keep_alive=120,
+        # a client stalled mid-request must not hold SIGTERM (it did, indefinitely)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     uvicorn.Server(config).run(sockets=[sock])
 

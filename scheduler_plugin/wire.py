@@ -104,6 +104,8 @@ class RawNode(NamedTuple):
         """The Node object; :class:`InvalidRequest` when its bytes are not that node."""
         try:
             node = json.loads(bytes(self.raw))
+        except RecursionError:  # the C scanner's own bound on nesting: a clear refusal, not a traceback
+            raise InvalidRequest(f"node {self.name}: nested too deeply") from None
         except ValueError as exc:
             raise InvalidRequest(f"node {self.name}: not JSON: {exc}") from exc
         if not isinstance(node, dict) or (node.get("metadata") or {}).get("name") != self.name:
@@ -154,7 +156,9 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
         raise InvalidRequest("ExtenderArgs has no Pod")
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except RecursionError:
+        raise InvalidRequest("request body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not JSON: {str(exc)[:200]}") from exc
     try:
         return _args_of(doc)
@@ -213,7 +217,7 @@ def _split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
         nodes.append(RawNode(head.group(1).decode(), head.group(2).decode(), view[item_start:item_end]))
     try:
         pod = json.loads(body[len(_POD_HEAD) : pod_end])
-    except ValueError:
+    except (ValueError, RecursionError):  # the general path says what is wrong
         return None
     if not isinstance(pod, dict):
         return None

@@ -37,7 +37,6 @@ from dsagent.api.schemas import (
     task_out,
 )
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from dsagent.cache.peers import PEER_HEADER
 from dsagent.cache.service import CacheService
 from dsagent.errors import Unauthorized
 from dsagent.format.names import validate_digest
@@ -175,7 +174,7 @@ def require_peer(request: Request) -> None:
 async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends(service)) -> StreamingResponse:
     """A finished bundle, re-packed and streamed to another agent (docs/design.md#peers)."""
     validate_digest(digest)
-    peer = (request.headers.get(PEER_HEADER) or (request.client.host if request.client else "") or "unknown")[:253]
+    peer = peer_identity(request)
     chunks, end = await svc.peer_server.open(digest, peer)
 
     async def body() -> AsyncIterator[bytes]:
@@ -186,6 +185,14 @@ async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends
             end()
 
     return StreamingResponse(body(), media_type="application/zstd", headers={"Cache-Control": "no-store"})
+
+
+def peer_identity(request: Request) -> str:
+    """Who a peer is, for its upload limits: the address it connected from, which it proved by
+    completing the TCP handshake. Every peer holds the same token, so the token does not tell
+    them apart, and the ``X-Dsagent-Peer`` header is whatever the peer chose to write (keyed on
+    it, one peer got a fresh per-peer allowance per name: issue 21 finding 6)."""
+    return (request.client.host if request.client else "") or "local"
 
 
 @router.get("/healthz", response_model=StatusOut)

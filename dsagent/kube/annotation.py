@@ -14,16 +14,18 @@ reason.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.errors import InvalidInput
+from dsplatform import boundedjson
 from dsplatform.names import NAME_HINT, is_digest, is_name
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
 _KEYS = {"name", "source", "digest", "bundles", "storage_options"}
+#: the API server caps all of a pod's annotations together at 256 KiB
+ANNOTATION_MAX_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,9 @@ def _parse_names(text: str) -> tuple[DatasetRef, ...]:
 
 def _parse_json(text: str) -> tuple[DatasetRef, ...]:
     try:
-        items = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{DATASETS_ANNOTATION} is not valid JSON: {exc.msg} at position {exc.pos}") from exc
+        items = boundedjson.loads(text, what=DATASETS_ANNOTATION, max_bytes=ANNOTATION_MAX_BYTES)
+    except boundedjson.JsonRefused as exc:  # too large, too deep or not JSON
+        raise InvalidInput(exc.message) from None
     if not isinstance(items, list):
         raise InvalidInput(f"{DATASETS_ANNOTATION} must be a JSON list or a comma-separated list of names")
     return tuple(_entry(item, i) for i, item in enumerate(items))

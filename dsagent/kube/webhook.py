@@ -40,10 +40,15 @@ from dsagent.kube import annotation
 from dsagent.kube.datasets import Dataset
 from dsagent.kube.gpuclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.kube.mutation import Injection, JSONPatch, mutate, resolve
+from dsplatform import boundedjson
 
 log = logging.getLogger("dsagent.webhook")
 ENV_PREFIX = "DSAGENT_WEBHOOK_"
 Lookup = Callable[[str, str], Dataset]  # (namespace, name) -> Dataset, raises NotFound
+#: an AdmissionReview carries a pod (etcd caps an object at 1.5 MiB) and maybe its old copy
+REVIEW_MAX_BYTES = 8 * 1024 * 1024
+#: seconds uvicorn waits for open connections after SIGTERM before closing them
+SHUTDOWN_GRACE_S = 5
 
 
 class _Request(BaseModel):
@@ -81,6 +86,10 @@ def decide(
 ) -> Decision:
     """What to do with one pod: wire its datasets and (with ``gpu``) give its GPU request
     its job's class; never raises (an error becomes a warning and no patch for that part)."""
+    shape = _shape_problem(pod)
+    if shape:  # no JSONPatch could apply to it: admit it unchanged, the API server judges it
+        log.warning("pod in %s admitted without dsplatform: %s", namespace, shape)
+        return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {shape}",))
     datasets = _decide_datasets(pod, namespace, injection, lookup)
     if gpu is None:
         return datasets
@@ -142,16 +151,22 @@ def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None 
     @app.post("/mutate")
     async def mutate_pod(request: Request) -> JSONResponse:
         try:
-            review = _Review.model_validate(json.loads(await request.body()))
+            raw = boundedjson.loads(
+                await _read_bounded(request, REVIEW_MAX_BYTES), what="the AdmissionReview", max_bytes=REVIEW_MAX_BYTES
+            )
+            review = _Review.model_validate(raw)
+        except boundedjson.JsonRefused as exc:
+            return JSONResponse({"code": "invalid_input", "message": exc.message}, status_code=400)
         except (ValueError, ValidationError) as exc:
             return JSONResponse(
                 {"code": "invalid_input", "message": f"not an AdmissionReview: {exc}"[:500]}, status_code=400
             )
         req = review.request
         pod = req.object or {}
-        namespace = req.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
         if pod.get("kind", "Pod") != "Pod" or req.operation not in (None, "CREATE"):
             return JSONResponse(response(req.uid, Decision([])))
+        metadata = pod.get("metadata")
+        namespace = req.namespace or (metadata.get("namespace") if isinstance(metadata, dict) else None) or "default"
         decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun))
         return JSONResponse(response(req.uid, decision))
 
@@ -164,6 +179,29 @@ def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None 
         return {"status": "ok"}
 
     return app
+
+
+async def _read_bounded(request: Request, max_bytes: int) -> bytes:
+    """The request body, read no further than one byte past ``max_bytes``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            break
+    return b"".join(chunks)
+
+
+def _shape_problem(pod: Mapping[str, Any]) -> str | None:
+    """Why no JSONPatch can apply to ``pod`` (its ``spec`` or ``metadata`` not an object), or None."""
+    for field in ("metadata", "spec"):
+        value = pod.get(field)
+        if field == "spec" and not isinstance(value, dict):
+            return f"the pod's spec is {type(value).__name__ if value is not None else 'null'}, not an object"
+        if field == "metadata" and value is not None and not isinstance(value, dict):
+            return f"the pod's metadata is {type(value).__name__}, not an object"
+    return None
 
 
 @dataclass(frozen=True)
@@ -231,6 +269,8 @@ def serve(settings: WebhookSettings) -> None:
         port=settings.port,
         log_level="info",
         access_log=False,
+        # an idle or half-open client (a TLS handshake never finished) must not hold SIGTERM
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
         ssl_keyfile=str(settings.key_file) if settings.key_file else None,
     )

@@ -34,6 +34,7 @@ from dsagent.cache.task import DatasetRequest
 from dsagent.errors import InvalidInput
 from dsagent.format.durable import fsync_dir, write_atomic
 from dsagent.format.names import validate_name
+from dsplatform import boundedjson
 
 #: Pod info keys the kubelet puts in the volume context (``podInfoOnMount: true``).
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -45,6 +46,10 @@ SERVICE_ACCOUNT = "csi.storage.k8s.io/serviceAccount.name"
 DATASETS_KEY = "datasets"
 KNOWN_CONTEXT = {POD_UID, POD_NAME, POD_NAMESPACE, EPHEMERAL, SERVICE_ACCOUNT, DATASETS_KEY}
 DATASET_KEYS = {"name", "source", "bundles", "digest", "secretKey"}
+#: the datasets attribute: at most 64 entries of a few short strings each
+ATTRIBUTE_MAX_BYTES = 256 * 1024
+#: one Secret key's storage options: a handful of credentials and endpoints
+SECRET_OPTIONS_MAX_BYTES = 64 * 1024
 
 # Checked with fullmatch: ``$`` alone lets a trailing newline through.
 _VOLUME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -130,9 +135,9 @@ def datasets_from_context(context: Mapping[str, str]) -> tuple[dict[str, Any], .
             hint='a JSON list, e.g. [{"name":"imagenet","source":"s3://..."}]',
         )
     try:
-        items = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"volume attribute {DATASETS_KEY!r} is not JSON: {exc.msg} at {exc.pos}") from exc
+        items = boundedjson.loads(raw, what=f"volume attribute {DATASETS_KEY!r}", max_bytes=ATTRIBUTE_MAX_BYTES)
+    except boundedjson.JsonRefused as exc:  # too large, too deep or not JSON: INVALID_ARGUMENT
+        raise InvalidInput(exc.message) from None
     if not isinstance(items, list) or not items or len(items) > 64:
         raise InvalidInput(f"volume attribute {DATASETS_KEY!r} must be a list of 1-64 datasets")
     datasets = []
@@ -175,9 +180,10 @@ def storage_options(dataset: Mapping[str, Any], secrets: Mapping[str, str] | Non
             hint="check the Secret named in the pod's csi volume and its keys",
         )
     try:
-        value = json.loads(secrets[key])
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"secret key {key!r} is not valid JSON (value not shown: it may hold credentials)") from exc
+        value = boundedjson.loads(secrets[key], what=f"secret key {key!r}", max_bytes=SECRET_OPTIONS_MAX_BYTES)
+    except boundedjson.JsonRefused as exc:
+        reason = "is not valid JSON" if "not JSON" in exc.message else exc.message.removeprefix(f"secret key {key!r} ")
+        raise InvalidInput(f"secret key {key!r} {reason} (value not shown: it may hold credentials)") from None
     if not isinstance(value, dict):
         raise InvalidInput(f"secret key {key!r} must hold a JSON object of storage options")
     return value

@@ -533,3 +533,21 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
     assert (
         holders_from_nodes([deep, listy, versions, *nodes], "me", "imgs", "a" * 32, 7420)[0] == "http://10.0.0.1:7420"
     )
+
+
+def test_the_per_peer_upload_limit_keys_on_the_address_not_the_self_named_header() -> None:
+    """Issue 21 finding 6: keyed on X-Dsagent-Peer, one peer naming itself anew on each request
+    got a fresh per-peer allowance each time; the address it connected from is what it proved."""
+    from starlette.requests import Request
+
+    from dsagent.api.routes import peer_identity
+
+    def request(name: str, host: str) -> Request:
+        headers = [(b"x-dsagent-peer", name.encode())]
+        return Request({"type": "http", "headers": headers, "client": (host, 40000)})
+
+    limits = UploadLimits(total=10, per_peer=1, rate=0)
+    limits.acquire(peer_identity(request("b", "10.0.0.7")))
+    with pytest.raises(PeerBusy):  # another name, the same address: the same peer
+        limits.acquire(peer_identity(request("c", "10.0.0.7")))
+    limits.acquire(peer_identity(request("b", "10.0.0.8")))  # the same name elsewhere: another peer

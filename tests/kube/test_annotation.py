@@ -36,7 +36,7 @@ def test_accepted_forms(text: str | None, expected: tuple[DatasetRef, ...]) -> N
 @pytest.mark.parametrize(
     ("text", "complaint"),
     [
-        ("[", "not valid JSON"),
+        ("[", "is not JSON"),
         ('{"name": "a"}', "comma-separated"),
         ('[{"source": "s3://x"}]', "'name'"),
         ('[{"name": "a", "src": "s3://x"}]', "unknown keys ['src']"),
@@ -63,3 +63,10 @@ def test_storage_options_are_kept_but_never_printed() -> None:
 def test_pods_without_the_annotation_ask_for_nothing() -> None:
     assert datasets_of({"metadata": {"name": "p"}}) == ()
     assert datasets_of({"metadata": {"annotations": {"dsagent.io/datasets": "x"}}}) == (DatasetRef("x"),)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "[" + " " * (256 * 1024) + "]"])
+def test_a_nested_or_oversized_annotation_is_invalid_input_not_a_recursion_error(text: str) -> None:
+    # issue 21 finding 6: the old parse raised RecursionError, which the webhook saw as a bug
+    with pytest.raises(InvalidInput, match="nested deeper|over"):
+        parse(text)

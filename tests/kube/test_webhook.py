@@ -268,3 +268,117 @@ def test_bad_settings_stop_the_webhook_with_one_clear_line(tmp_path: Path) -> No
     )
     assert result.returncode == 2
     assert "INJECTION_FILE: cannot read" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- hostile reviews (issue 21 finding 6): a 400 with a reason, or an allow without a patch
+
+
+def test_a_deeply_nested_review_is_a_400_not_a_500(webhook_server: dict[str, Any]) -> None:
+    # 100,000 levels: the old code's json.loads raised RecursionError, which became a 500
+    status, answer = call(webhook_server, "POST", "/mutate", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and answer["code"] == "invalid_input"
+    assert "nested deeper" in answer["message"]
+
+
+def test_a_review_nested_past_the_depth_limit_is_a_400(webhook_server: dict[str, Any]) -> None:
+    body = review()
+    body["request"]["object"]["metadata"]["labels"] = {"x": json.loads("[" * 40 + "]" * 40)}
+    status, answer = call(webhook_server, "POST", "/mutate", body)
+    assert status == 400 and "nested deeper than 32" in answer["message"]
+
+
+def test_an_oversized_review_is_a_400_naming_the_limit(webhook_server: dict[str, Any]) -> None:
+    from dsagent.kube.webhook import REVIEW_MAX_BYTES
+
+    body = review()
+    body["request"]["object"]["metadata"]["labels"] = {"pad": "x" * REVIEW_MAX_BYTES}
+    status, answer = call(webhook_server, "POST", "/mutate", body)
+    assert status == 400 and f"over {REVIEW_MAX_BYTES} bytes" in answer["message"]
+
+
+@pytest.mark.parametrize("spec", [None, [], ["x"], "spec"])
+def test_a_pod_whose_spec_is_not_an_object_is_admitted_without_a_patch(
+    webhook_server: dict[str, Any], spec: Any
+) -> None:
+    body = review('[{"name": "coco", "source": "/nfs/coco"}]')
+    body["request"]["object"]["spec"] = spec
+    status, answer = call(webhook_server, "POST", "/mutate", body)
+    # the old code answered with a patch adding /spec/initContainers, which cannot apply
+    assert status == 200 and answer["response"]["allowed"] is True
+    assert "patch" not in answer["response"]
+    assert "spec is" in answer["response"]["warnings"][0]
+
+
+@pytest.mark.parametrize("metadata", [[], "m", 3])
+def test_a_pod_whose_metadata_is_not_an_object_is_admitted_without_a_patch(
+    webhook_server: dict[str, Any], metadata: Any
+) -> None:
+    body = review()
+    body["request"]["object"]["metadata"] = metadata
+    status, answer = call(webhook_server, "POST", "/mutate", body)
+    assert status == 200 and "patch" not in answer["response"]
+    assert "metadata is" in answer["response"]["warnings"][0]
+
+
+def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connection(
+    chart_tls: dict[str, Any], module_apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """A client that opened TCP and never finished the TLS handshake (or an idle keep-alive)
+    used to hold the TLS webhook past its SIGTERM deadline; now the grace period ends it."""
+    from dsagent.kube.webhook import SHUTDOWN_GRACE_S
+
+    port = free_port()
+    files = chart_tls["files"]
+    env = {
+        **os.environ,
+        "DSAGENT_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+        "DSAGENT_WEBHOOK_CERT_FILE": str(files["tls.crt"]),
+        "DSAGENT_WEBHOOK_KEY_FILE": str(files["tls.key"]),
+        "DSAGENT_WEBHOOK_INJECTION_FILE": str(files["injection"]),
+    }
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": module_apiserver.url}}],
+                "users": [{"name": "w", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "w"}}],
+            }
+        )
+    )
+    env["DSAGENT_WEBHOOK_KUBECONFIG"] = str(kubeconfig)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsagent.kube.webhook"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    server = {"port": port, "context": ssl.create_default_context(cadata=chart_tls["ca"]), "host": chart_tls["host"]}
+    idle: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if call(server, "GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "webhook did not start"
+                time.sleep(0.1)
+        # one connection with a finished request kept alive, one that never starts its handshake
+        kept = socket.create_connection(("127.0.0.1", port))
+        tls = server["context"].wrap_socket(kept, server_hostname=chart_tls["host"])
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        tls.recv(1024)
+        idle += [tls, socket.create_connection(("127.0.0.1", port))]
+        process.terminate()
+        # the grace period plus a generous margin for a loaded machine, well under the chart's 30 s
+        process.wait(SHUTDOWN_GRACE_S + 20)
+    finally:
+        for sock in idle:
+            sock.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout:
+            process.stdout.close()

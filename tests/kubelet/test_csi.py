@@ -167,6 +167,34 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
         env["agent"].call(env["agent"].service.get_task(uid))
 
 
+def test_nested_or_oversized_attributes_and_secrets_are_invalid_argument_not_unknown(env: dict[str, Any]) -> None:
+    """Issue 21 finding 6: a datasets attribute or a Secret's options nested 100,000 deep raised
+    RecursionError out of the servicer (UNKNOWN); over its byte limit it was parsed whole."""
+    from dsagent.kubelet.volumes import ATTRIBUTE_MAX_BYTES, SECRET_OPTIONS_MAX_BYTES
+
+    _, client = start(env)
+    pods: Path = env["settings"].csi_kubelet_pods_dir
+    uid = "0f6c2d35-0a1b-4c5d-8e9f-0123456789ab"
+    good = pods / uid / "volumes" / "kubernetes.io~csi" / "datasets" / "mount"
+    good.parent.mkdir(parents=True)
+    datasets = [{"name": "imagenet", "source": "s3://bucket/imagenet", "secretKey": "creds"}]
+    ctx = context(uid, datasets)
+    deep = "[" * 100_000 + "]" * 100_000
+    cases: list[tuple[str, dict[str, str], dict[str, str], str]] = [
+        ("deep attribute", {**ctx, "datasets": deep}, {}, "nested deeper"),
+        ("big attribute", {**ctx, "datasets": "[" + " " * ATTRIBUTE_MAX_BYTES + "]"}, {}, "over"),
+        ("deep secret", ctx, {"creds": '{"a":' * 5_000 + "1" + "}" * 5_000}, "nested deeper"),
+        ("big secret", ctx, {"creds": '{"key":"' + "s" * SECRET_OPTIONS_MAX_BYTES + '"}'}, "over"),
+    ]
+    for why, volume_context, secrets, reason in cases:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.publish("csi-0123", str(good), volume_context, secrets=secrets)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (why, caught.value.details())
+        assert reason in (caught.value.details() or ""), (why, caught.value.details())
+        assert "sss" not in (caught.value.details() or "")
+    assert not good.exists()
+
+
 # -- with real bind mounts ----------------------------------------------------------------
 
 

@@ -96,3 +96,27 @@ def test_a_huge_body_without_a_pod_never_holds_up_healthz() -> None:
         worker.join()
         assert answers[0].status_code == 200
         assert worst < 1.0, f"/healthz waited {worst:.2f} s"
+
+
+# issue 21 finding 6: nesting past the parser's own bound is a clear refusal, not a traceback
+DEEP_POD = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the layout Go's json.Marshal gives (the fast path), with a Pod nested 100,000 deep
+        b'{"Pod":' + DEEP_POD + b',"Nodes":{"metadata":{},"items":[]},"NodeNames":null}',
+        # any other layout (the general parse)
+        b'{"NodeNames":["n"],"Pod":' + DEEP_POD + b"}",
+        b"[" * 100_000 + b'"Pod":' + b"]" * 100_000,
+    ],
+    ids=["go-layout", "other-layout", "nested-arrays"],
+)
+def test_a_deeply_nested_body_is_refused_with_a_clear_error(
+    client: httpx.Client, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    result = client.post("/filter", content=body).json()
+    assert "nested too deeply" in result["Error"], result["Error"]  # old code: "internal error (RecursionError)"
+    assert client.post("/prioritize", content=body).json() in ([], [{"Host": "n", "Score": 0}])
+    assert not any(record.exc_info for record in caplog.records), "a traceback was logged"
