@@ -27,6 +27,9 @@ from tools.sim import report  # noqa: E402
 from tools.sim.engine import POLICIES, ClusterParams, Simulation  # noqa: E402
 from tools.sim.workload import WorkloadParams, make_jobs  # noqa: E402
 
+# the deadline variants not listed run with --policies (tools/sim/deadline.py names them)
+DEFAULT_POLICIES = ("default", "fluid", "ours", "ours+time", "deadline-efficiency+migrate")
+
 
 def simulate(policy: str, nodes: int, workload: WorkloadParams, seed: int) -> dict[str, Any]:
     cluster = ClusterParams(nodes=nodes)
@@ -45,7 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--load", type=float, default=WorkloadParams.load)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated, from: {', '.join(POLICIES)}",
+    )
+    parser.add_argument(
+        "--deadlines",
+        choices=("eq6", "asked"),
+        default=WorkloadParams.deadline_rule,
+        help="eq6: alpha x run time on one GPU (design eq. 6); asked: alpha x run time on the GPUs asked for",
+    )
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="20 nodes, 150 jobs, no plots unless --out")
     parser.add_argument("--out", type=Path, default=None, help="where the PNGs and results.json go")
@@ -57,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or args.nodes < 1 or args.jobs < 1 or not 0 < args.load <= 2:
         parser.error(f"bad arguments: unknown policies {unknown}" if unknown else "nodes, jobs >= 1, 0 < load <= 2")
-    workload = replace(WorkloadParams(), jobs=args.jobs, load=args.load)
+    workload = replace(WorkloadParams(), jobs=args.jobs, load=args.load, deadline_rule=args.deadlines)
     # smaller datasets keep a small cluster's caches meaningful
     if args.smoke:
         workload = replace(workload, datasets=40)
@@ -70,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [simulate(p, args.nodes, workload, args.seed) for p in policies]
     elapsed = time.perf_counter() - started
     print(
-        f"{args.nodes} nodes, {args.jobs} jobs, load {args.load}, seed {args.seed}; "
+        f"{args.nodes} nodes, {args.jobs} jobs, load {args.load}, seed {args.seed}, deadlines {args.deadlines}; "
         f"job run times from Philly (tools/sim/data/philly_runtime.csv); {elapsed:.0f} s"
     )
     print()
