@@ -52,3 +52,22 @@ def test_plans_over_free_gpus_and_migration_cost_in_a_small_cluster() -> None:
     for o in moved:  # the move's checkpoint + restart is paid before the job runs again
         assert o.delay == dl.CHECKPOINT_S + dl.RESTART_S and len(o.workers) == 1
     assert metrics(sim)["finished"] == len(jobs)
+
+
+def test_the_deadline_goal_compares_the_best_variant_with_the_best_other_policy() -> None:
+    from tools.sim.report import goals
+
+    def r(policy: str, misses: int, jct: float) -> dict[str, object]:
+        return {
+            "policy": policy,
+            "misses": misses,
+            "jct_mean_h": jct,
+            "across_subnets": 0,
+            "hit_ratio": 0.5,
+            "storage_tb": 1.0,
+        }
+
+    met = goals([r("ours", 40, 2.0), r("fluid", 30, 2.2), r("deadline-slack", 21, 2.08), r("ours+time", 50, 3.0)])
+    assert "deadline-slack: 21 vs 30 (0.70x), JCT 1.04x** (met)" in met
+    missed = goals([r("ours", 40, 2.0), r("fluid", 30, 2.2), r("deadline-slack", 21, 2.2)])
+    assert "(missed)" in missed.splitlines()[-1]

@@ -28,7 +28,7 @@ from tools.sim.engine import POLICIES, ClusterParams, Simulation  # noqa: E402
 from tools.sim.workload import WorkloadParams, make_jobs  # noqa: E402
 
 # the deadline variants not listed run with --policies (tools/sim/deadline.py names them)
-DEFAULT_POLICIES = ("default", "fluid", "ours", "ours+time", "deadline-efficiency+migrate")
+DEFAULT_POLICIES = ("default", "fluid", "ours", "ours+time", "deadline-slack")
 
 
 def simulate(policy: str, nodes: int, workload: WorkloadParams, seed: int) -> dict[str, Any]:
