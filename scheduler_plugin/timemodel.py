@@ -15,7 +15,8 @@ Time model (seconds, bytes, bytes/s)::
     t_run(n)    = (t_cal + t_comm(n)) x n_step(n)              (1)+(2)
     pays off    : t_comm(n) < (n - 1) x t_cal                  (11)
     t_end       = t_start + t_run ; met iff t_end < t_dl       (8), (9)
-    performance = (t_dl - t_end) / n                           (12) stand-in
+    performance = FORMULAS[name](plan, t_single)               (12) lost: pluggable
+    t_exp       = alpha x t_single ; t_dl = t_arr + t_exp      (6), (7)
 
 ``bw`` is the weakest GPU pair of the plan inside a node (NVLink per bonded link, PCIe by
 path) and the network bandwidth as soon as a plan spans nodes.
@@ -281,6 +282,49 @@ class Plan:
         return (self.deadline - self.t_end) / self.n_gpu  # (12) stand-in: slack per GPU
 
 
+# (12) is lost (docs/design.md#deadline-formula): the stand-ins, each "larger is better",
+# ranking only the plans that meet the deadline. ``t_single`` is the job's run time on one GPU.
+Formula = Callable[["Plan", float], float]
+
+
+def slack_per_gpu(plan: Plan, t_single: float) -> float:
+    """The first stand-in: deadline slack per GPU, ``(t_dl - t_end) / n_gpu``; it can only shrink jobs."""
+    return plan.performance
+
+
+def earliest_finish(plan: Plan, t_single: float) -> float:
+    """The plan that ends first (``-t_end``): the deadline met with the most margin."""
+    return -plan.t_end
+
+
+def parallel_efficiency(plan: Plan, t_single: float) -> float:
+    """Speed-up per GPU, ``t_single / (n_gpu x t_run)`` (1 = linear scaling): the GPUs that
+    pay off most; among equally efficient plans, the earlier end (a tiny tie-break)."""
+    if plan.t_run <= 0 or not math.isfinite(plan.t_run):
+        return 0.0
+    return t_single / (plan.n_gpu * plan.t_run) - plan.t_end * 1e-15
+
+
+FORMULAS: dict[str, Formula] = {
+    "slack-per-gpu": slack_per_gpu,
+    "earliest-finish": earliest_finish,
+    "efficiency": parallel_efficiency,
+}
+DEFAULT_FORMULA = "slack-per-gpu"
+
+
+def single_gpu_time(job: JobProfile) -> float:
+    """``t_single``: eq. (1) on one GPU, no communication (the run time eq. (6) scales)."""
+    return t_run(job, 1, math.inf)
+
+
+def expected_run_time(alpha: float, job: JobProfile) -> float:
+    """Eq. (6), reconstructed: ``t_exp = alpha x t_single``; ``alpha`` comes from the priority."""
+    if not alpha > 0:
+        raise ValueError("alpha must be positive")
+    return alpha * single_gpu_time(job)
+
+
 @dataclass(frozen=True)
 class Decision:
     """The chosen plan, the branch of the decision order that chose it, and the candidates."""
@@ -330,6 +374,8 @@ def decide(
     prefer: Mapping[str, float] | None = None,
     sizes: Iterable[int] | None = None,
     start_of: StartOf | None = None,
+    formula: str = DEFAULT_FORMULA,
+    as_written: bool = False,
 ) -> Decision:
     """Steps 3-4 for one job: plans of 1..``max_gpus`` GPUs on the free GPUs, candidates, the
     decision order, and the best-fit allocation of the chosen plan.
@@ -341,7 +387,13 @@ def decide(
     for jobs whose global batch must divide evenly); by default every count. Without a deadline
     every plan meets it and (12) degenerates; the deadline is then taken as ``inf`` and the
     plan with the smallest GPU-time among those that pay off (11) wins.
+
+    ``formula`` names the stand-in for (12) in :data:`FORMULAS`. ``as_written`` runs (3.4)
+    exactly as the design says, without the project rule that a cross-node plan must end no
+    later than the single-node plan of its kind.
     """
+    rank_by = FORMULAS[formula]
+    t_single = single_gpu_time(job)
     deadline = job.deadline if job.deadline is not None else math.inf
     order = best_fit_order(free, prefer)
     if not order:
@@ -368,7 +420,7 @@ def decide(
             no_deadline = math.isinf(deadline)
 
             def rank(p: Plan, no_deadline: bool = no_deadline) -> tuple[float, int]:
-                return (-p.t_run * p.n_gpu if no_deadline else p.performance, -p.n_gpu)
+                return (-p.t_run * p.n_gpu if no_deadline else rank_by(p, t_single), -p.n_gpu)
 
             candidates[f"{kind}-expected"] = max(met, key=rank)
         if late:
@@ -383,7 +435,9 @@ def decide(
             # later than the single-node plan of the same kind (t_end counts the wait for
             # data when the caller passes start_of), so fragments never cost time.
             alone = candidates.get(branch.replace("cross", "single"))
-            if not any(0 < c < plan.n_gpu for _, c in order) or (alone is not None and alone.t_end < plan.t_end):
+            if not any(0 < c < plan.n_gpu for _, c in order):
+                continue
+            if not as_written and alone is not None and alone.t_end < plan.t_end:
                 continue
         return Decision(plan, branch, candidates)
     return Decision(None, "none", candidates)
@@ -452,7 +506,9 @@ __all__ = [
     "AnnotationError",
     "Bandwidths",
     "DEFAULT_BANDWIDTHS",
+    "DEFAULT_FORMULA",
     "Decision",
+    "FORMULAS",
     "JobProfile",
     "Plan",
     "TIME_ANNOTATIONS",
@@ -460,13 +516,18 @@ __all__ = [
     "allocate_single",
     "best_fit_order",
     "decide",
+    "earliest_finish",
+    "expected_run_time",
     "intra_node_bandwidth",
     "node_score",
     "parse_deadline",
+    "parallel_efficiency",
     "parse_profile",
     "pays_off",
     "plan_bandwidth",
     "queue_order",
+    "single_gpu_time",
+    "slack_per_gpu",
     "steps_at",
     "t_comm",
     "t_run",

@@ -521,7 +521,7 @@ class Store:
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<plural>[^/]+)"
-    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|eviction))?$"
 )
 
 
@@ -540,7 +540,9 @@ def _parse_path(path: str) -> _Target:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     group = match.group("group") or ""
     version = match.group("core") or match.group("version")
-    if match.group("sub") and not rt.status_subresource:
+    if match.group("sub") == "eviction" and (rt.plural != "pods" or not match.group("name")):
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+    if match.group("sub") == "status" and not rt.status_subresource:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     if (group, version) != (rt.group, rt.version) or (match.group("namespace") and not rt.namespaced):
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -680,6 +682,8 @@ class FakeApiServer:
         self.bookmark_interval = bookmark_interval
         self.requests: list[RecordedRequest] = []
         self.open_watches = 0
+        self.evictions: list[str] = []  # "namespace/name" of every pod evicted
+        self.blocked_evictions: set[str] = set()  # pods a PodDisruptionBudget protects (429)
         self._bookmark_generation = 0
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -862,6 +866,8 @@ class FakeApiServer:
                         raise ApiError(400, "BadRequest", "the request body must be an object")
                     return 201, self.store.create(rt.plural, ns, body)
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
+            if target.subresource == "eviction":
+                return self._evict(method, ns, target.name, body)
             if method == "GET":
                 return 200, copy.deepcopy(self.store.get(rt.plural, ns, target.name))
             if method == "DELETE":
@@ -875,6 +881,20 @@ class FakeApiServer:
                 new = apply_patch(rt, old, content_type or "", body)
                 return 200, self.store.update(rt.plural, ns, target.name, new, subresource=target.subresource)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+    def _evict(self, method: str, ns: str, name: str, body: Any) -> tuple[int, JSON]:
+        """POST pods/NAME/eviction (policy/v1 Eviction): the pod is deleted, unless
+        ``blocked_evictions`` names it (a PodDisruptionBudget's 429). Records every eviction."""
+        if method != "POST":
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on pods/eviction")
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            raise ApiError(400, "BadRequest", "the request body must be an Eviction")
+        self.store.get("pods", ns, name)  # 404 when gone
+        if f"{ns}/{name}" in self.blocked_evictions:
+            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+        self.store.delete("pods", ns, name)
+        self.evictions.append(f"{ns}/{name}")
+        return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
     def _list(self, target: _Target, query: dict[str, str]) -> JSON:
         items = [obj for obj in self.store.list(target.rt.plural, target.namespace) if self._matches(obj, query)]

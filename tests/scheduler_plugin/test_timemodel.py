@@ -194,3 +194,52 @@ def test_wait_for_one_node_when_it_ends_no_later_than_spreading() -> None:
     assert not tm.wait_for_one_node(cross, single_run=60.0, t_free=50.0)  # 110 > 100
     assert not tm.wait_for_one_node(cross, single_run=1.0, t_free=math.inf)
     assert not tm.wait_for_one_node(tm.Plan((("a", 4),), 1.0, 1.0, 1e9), single_run=0.0, t_free=0.0)
+
+
+# --- (12) is pluggable (docs/design.md#deadline-formula) ------------------------------------
+
+
+def test_formulas_rank_the_plans_that_meet_the_deadline_differently() -> None:
+    # 80 one-second steps, deadline 100 s, one node with 8 free GPUs (NVLink, tiny gradients):
+    # every plan of 1..8 GPUs meets it. Slack per GPU takes 2 GPUs (~30 s per GPU; one GPU
+    # has 20, four 20), the earliest finish all 8 (10 s), parallel efficiency one GPU (1.0).
+    choose = {
+        name: tm.decide(job(deadline=100.0), {"a": 8}, bw_of, now=0.0, max_gpus=8, formula=name).plan
+        for name in tm.FORMULAS
+    }
+    assert {k: p.n_gpu if p else None for k, p in choose.items()} == {
+        "slack-per-gpu": 2,
+        "earliest-finish": 8,
+        "efficiency": 1,
+    }
+    # a late job is unaffected: the plan that ends first, whatever the formula
+    late = {tm.decide(job(deadline=5.0), {"a": 8}, bw_of, now=0.0, max_gpus=8, formula=f).plan for f in tm.FORMULAS}
+    assert len(late) == 1
+    with pytest.raises(KeyError):
+        tm.decide(job(), {"a": 8}, bw_of, now=0.0, max_gpus=8, formula="nope")
+
+
+def test_parallel_efficiency_prefers_plans_that_scale() -> None:
+    # gradients so large that communication eats most of the gain of a second GPU
+    big = job(gradient_bytes=20e9, deadline=1e6)
+    one = tm.Plan((("a", 1),), tm.t_run(big, 1, 25e9), tm.t_run(big, 1, 25e9), 1e6)
+    four = tm.Plan((("a", 4),), tm.t_run(big, 4, 25e9), tm.t_run(big, 4, 25e9), 1e6)
+    t1 = tm.single_gpu_time(big)
+    assert tm.parallel_efficiency(one, t1) == pytest.approx(1.0)
+    assert tm.parallel_efficiency(four, t1) < 0.5
+    assert tm.earliest_finish(four, t1) > tm.earliest_finish(one, t1)  # 44 s beats 80 s
+
+
+def test_design_as_written_takes_the_fragment_even_when_one_node_is_faster() -> None:
+    # the project rule keeps this job on node a (see above); (3.4) as written takes the
+    # cross-node plan because a partly free node exists
+    d = tm.decide(job(), {"a": 4, "b": 1}, bw_of, now=0.0, max_gpus=4, as_written=True)
+    assert d.branch == "cross-expected" and d.plan is not None and d.plan.cross_node
+
+
+def test_equation_6_scales_the_single_gpu_time() -> None:
+    j = job(step_seconds=0.5, steps=1000)
+    assert tm.single_gpu_time(j) == pytest.approx(500.0)
+    assert tm.expected_run_time(2.0, j) == pytest.approx(1000.0)
+    with pytest.raises(ValueError):
+        tm.expected_run_time(0.0, j)

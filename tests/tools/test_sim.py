@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from scheduler_plugin.timemodel import JobProfile
-from tools.sim.engine import POLICIES, ClusterParams, Simulation
+from tools.sim.engine import ClusterParams, Simulation
 from tools.sim.report import FIELDS, metrics, table
+from tools.sim.run import DEFAULT_POLICIES
 from tools.sim.workload import Dataset, Job, WorkloadParams, make_jobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,7 +140,7 @@ def test_smoke_run_completes_and_prints_its_table(tmp_path: Path) -> None:
         assert any(line.startswith(f"| {policy} |") for line in lines), policy
     assert "hit ratio >= 1.5x Fluid-style" in done.stdout
     doc = json.loads(out.read_text())
-    assert doc["workload"]["jobs"]["count"] == 150 and set(doc["policies"]) == set(POLICIES)
+    assert doc["workload"]["jobs"]["count"] == 150 and set(doc["policies"]) == set(DEFAULT_POLICIES)
     for policy, figures in doc["policies"].items():
         assert set(FIELDS) == set(figures), policy
         assert figures["finished"] == 150 and figures["deadline_jobs"] == 150

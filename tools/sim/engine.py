@@ -49,6 +49,7 @@ from gpu_topology.dumps import load_dump
 from gpu_topology.scoring import single_numa
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
+from scheduler_plugin.migration import RunningJob, plan_migrations
 from scheduler_plugin.nodeinfo import Holding, Inventory, NodeFacts, RoceClassInfo
 from scheduler_plugin.podspec import DatasetWant, PodRequest
 from scheduler_plugin.settings import Settings, Weights
@@ -63,12 +64,13 @@ from scheduler_plugin.timemodel import (
     wait_for_one_node,
 )
 from tools.sim import baselines, hooks
+from tools.sim import deadline as deadline_variants
 from tools.sim.fluid import FluidRuntimes
 from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
-POLICIES = ("default", "fluid", "ours", "ours+time")
+POLICIES = ("default", "fluid", "ours", *deadline_variants.POLICY_NAMES)
 MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
 EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
 
@@ -172,6 +174,10 @@ class Outcome:
     plan_gpus: int = 0
     streams: int = 0  # streaming reads still running (direct mode, Fluid-style FUSE reads)
     compute_end: float = math.nan  # when the GPUs' work is done; ``end`` waits for the streams too
+    remaining: float = 1.0  # part of the work left when the (re)start's data is ready
+    delay: float = 0.0  # checkpoint + restart of a move, before the first step on the new GPUs
+    migrations: int = 0
+    migratable: bool = False
 
 
 def load_node_types(params: ClusterParams) -> list[tuple[NodeType, float]]:
@@ -207,6 +213,8 @@ class Simulation:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.policy = policy
+        self.variant = deadline_variants.variant(policy)
+        self.seed = seed
         self.params = params
         self.rng = random.Random(seed)
         self.jobs = list(jobs)
@@ -216,7 +224,7 @@ class Simulation:
         self.events: list[tuple[float, int, str, int]] = []
         self.seq = 0
         self.waiting: list[Job] = []
-        self.outcomes = {j.id: Outcome(j) for j in self.jobs}
+        self.outcomes = {j.id: Outcome(j, migratable=deadline_variants.migratable(j.id, seed)) for j in self.jobs}
         self.fetches: list[Fetch] = []
         self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
         self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -230,7 +238,7 @@ class Simulation:
         self.fluid = FluidRuntimes(params.cache_bytes)
         self.fluid_fills: dict[tuple[str, int], Fetch] = {}
         weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
-        if policy == "ours+time":
+        if self.variant is not None:
             weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
         self.framework = Framework(
             Settings(weights=weights),
@@ -316,7 +324,7 @@ class Simulation:
                 _, _, kind, ident = heapq.heappop(self.events)
                 if kind == "arrive":
                     self.waiting.append(by_id[ident])
-                elif kind == "end":
+                elif kind == "end" and self.outcomes[ident].compute_end == t:  # not the end before a move
                     self._compute_done(self.outcomes[ident])
             if not self.events or self.events[0][0] > self.now:
                 self.schedule()
@@ -389,7 +397,9 @@ class Simulation:
         if not self.waiting:
             return
         window = self.waiting[: self.params.queue_scan]
-        if self.policy == "ours+time":
+        if self.variant is not None:
+            if self.variant.migrate:
+                self._migrate()
             self._schedule_by_plans(window)
             return
         for job in window:
@@ -563,7 +573,8 @@ class Simulation:
                 d = decisions[job.id]
                 if d.plan is None:
                     continue
-                if d.plan.cross_node and self._better_to_wait(job, d.plan):
+                as_written = self.variant is not None and self.variant.as_written
+                if d.plan.cross_node and not as_written and self._better_to_wait(job, d.plan):
                     continue
                 if d.plan.cross_node:
                     shape: list[tuple[Node | None, int]] = [(by_name[n], c) for n, c in d.plan.allocation]
@@ -639,19 +650,81 @@ class Simulation:
         holders = [n for n in self.nodes if n.free and job.dataset in self.facts(n).held]
         affinity = self.framework.dataset_scores(pod, [self.facts(n) for n in holders])
         prefer = {n.name: float(a) for n, a in zip(holders, affinity)}
+        variant = self.variant
+        over_free = variant is not None and variant.over_free
+        # plans over the free GPUs (design, step 3.2) or capped at the GPUs asked for (ours+time)
+        most = min(deadline_variants.MAX_PLAN_GPUS, sum(free.values())) if over_free else job.gpus
         sizes = [job.gpus]
-        if self.params.plan_sizes == "pow2":
-            sizes += [2**k for k in range(8) if 2**k <= job.gpus]
+        if self.params.plan_sizes == "pow2" or over_free:
+            sizes += [2**k for k in range(10) if 2**k <= most]
         return decide(
             job.profile,
             free,
             bandwidth_of,
             now=self.now,
-            max_gpus=job.gpus,
+            max_gpus=max(most, job.gpus),
             sizes=sizes,
             start_of=start_of,
             prefer=prefer,
+            formula=variant.formula if variant is not None else "slack-per-gpu",
+            as_written=variant is not None and variant.as_written,
         )
+
+    def _migrate(self) -> None:
+        """Step 5 before the round: the product's migration policy over the running jobs that
+        checkpoint; a move evicts the job's workers and re-places them, its cost modelled as
+        checkpoint + restart + the data re-fetch on a node without the data."""
+        running = []
+        for out in self.running.values():
+            if not out.migratable or out.end <= self.now or math.isnan(out.first_step):
+                continue
+            began = out.first_step + out.delay
+            span = out.end - began
+            done = (self.now - began) / span if span > 0 else 1.0
+            left = out.remaining * (1.0 - min(1.0, max(0.0, done)))
+            if left <= 0.01:
+                continue
+            allocation = tuple((w.node.name, len(w.gpus)) for w in out.workers)
+            running.append(RunningJob(str(out.job.id), out.job.profile, allocation, out.end, left, True))
+        if not running:
+            return
+        by_name = {n.name: n for n in self.nodes}
+        free = {n.name: len(n.free) for n in self.nodes if n.free}
+        by_id = {str(o.job.id): o for o in self.running.values()}
+
+        def bandwidth_of(moving: RunningJob, allocation: tuple[tuple[str, int], ...]) -> float:
+            name, count = allocation[0]
+            gpus = self._gpus_for(by_id[moving.name].job, by_name[name], count) or ()
+            return intra_node_bandwidth(by_name[name].type.topology, gpus)
+
+        def cost_of(job: RunningJob, target: tuple[tuple[str, int], ...]) -> float:
+            d = self.datasets[by_id[job.name].job.dataset]
+            key = (d.name, d.version_at(by_id[job.name].start))
+            entry = by_name[target[0][0]].cache.get(key)
+            refetch = 0 if entry is not None and entry.ready else d.size
+            rate = min(self.params.node_fetch_bw, self.params.storage_bw / (len(self.fetches) + 1))
+            return deadline_variants.move_cost(refetch, rate)
+
+        for move in plan_migrations(running, free, bandwidth_of, cost_of, now=self.now):
+            out = by_id[move.job]
+            left = next(j.remaining for j in running if j.name == move.job)
+            self._release_workers(out)
+            self.running.pop(out.job.id, None)
+            node = by_name[move.target[0][0]]
+            gpus = self._gpus_for(out.job, node, move.target[0][1])
+            if gpus is None:  # cannot happen: the policy counted this node's free GPUs
+                continue
+            node.free.difference_update(gpus)
+            self.touch(node)
+            classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
+            out.workers = [Worker(node, gpus, classes)]
+            out.pending = 1
+            out.remaining = left
+            out.delay = deadline_variants.CHECKPOINT_S + deadline_variants.RESTART_S
+            out.migrations += 1
+            out.spans_subnets = False
+            out.end = out.compute_end = math.nan  # the old end event is stale
+            self._request_data(out.job, out.workers[0], 0)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -669,7 +742,7 @@ class Simulation:
 
     def _request_data(self, job: Job, worker: Worker, index: int) -> None:
         d = self.datasets[job.dataset]
-        key = (d.name, d.version_at(self.now))
+        key = (d.name, d.version_at(self.outcomes[job.id].start))  # a moved job keeps its version
         node = worker.node
         self.requests += 1
         if self.policy == "default":  # no cache: a direct-mode pod streams from storage as it trains
@@ -800,14 +873,15 @@ class Simulation:
         out.pending -= 1
         if out.pending > 0:
             return
-        out.first_step = self.now
+        if math.isnan(out.first_step):
+            out.first_step = self.now
         job = out.job
         n = sum(len(w.gpus) for w in out.workers)
         bw = min(intra_node_bandwidth(w.node.type.topology, w.gpus) for w in out.workers)
         if len(out.workers) > 1:
             net = DEFAULT_BANDWIDTHS.network * (self.params.cross_subnet_factor if out.spans_subnets else 1.0)
             bw = min(bw, net)
-        out.end = out.compute_end = self.now + t_run(job.profile, n, bw)
+        out.end = out.compute_end = self.now + out.delay + t_run(job.profile, n, bw) * out.remaining
         self.running[job.id] = out
         self.push(out.end, "end", job.id)
 
@@ -826,6 +900,9 @@ class Simulation:
 
     def _release(self, out: Outcome) -> None:
         self.running.pop(out.job.id, None)
+        self._release_workers(out)
+
+    def _release_workers(self, out: Outcome) -> None:
         d = self.datasets[out.job.dataset]
         for w in out.workers:
             w.node.free.update(w.gpus)

@@ -36,6 +36,9 @@ WORKLOADS = Path(__file__).resolve().parent / "workloads"
 DEFAULT = WORKLOADS / "default.json"
 SMOKE = WORKLOADS / "smoke.json"
 
+# the deadline variants not listed run with --policies (tools/sim/deadline.py names them)
+DEFAULT_POLICIES = ("default", "fluid", "ours", "ours+time", "deadline-slack")
+
 
 def simulate(policy: str, wf: WorkloadFile) -> dict[str, Any]:
     """One policy over the workload file's cluster and jobs: :func:`report.metrics`."""
@@ -63,7 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="override the file's jobs.count")
     parser.add_argument("--load", type=float, default=None, help="override the file's jobs.load")
     parser.add_argument("--seed", type=int, default=None, help="override the file's seed")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated, from: {', '.join(POLICIES)}",
+    )
+    parser.add_argument(
+        "--deadlines",
+        choices=("eq6", "asked"),
+        default=None,
+        help="override the file's jobs.deadline_rule (eq6: alpha x run time on one GPU, design eq. 6; "
+        "asked: alpha x run time on the GPUs asked for)",
+    )
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help=f"the {SMOKE.name} preset, no plots unless --out")
     parser.add_argument("--json", type=Path, default=None, help="write the per-policy figures (report.FIELDS) here")
@@ -85,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides: dict[str, Any] = {}
         if args.seed is not None:
             overrides["seed"] = args.seed
-        jobs = {k: v for k, v in (("count", args.jobs), ("load", args.load)) if v is not None}
+        jobs = {
+            k: v
+            for k, v in (("count", args.jobs), ("load", args.load), ("deadline_rule", args.deadlines))
+            if v is not None
+        }
         if jobs:
             overrides["jobs"] = {**wf.jobs.model_dump(), **jobs}
         if overrides:
@@ -100,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run_all(wf, policies, args.procs)
     elapsed = time.perf_counter() - started
     print(
-        f"{path.name}: {wf.cluster().nodes} nodes, {wf.jobs.count} jobs, load {wf.jobs.load}, seed {wf.seed}; "
+        f"{path.name}: {wf.cluster().nodes} nodes, {wf.jobs.count} jobs, load {wf.jobs.load}, seed {wf.seed}, "
+        f"deadlines {wf.jobs.deadline_rule}; "
         f"job run times from Philly (tools/sim/data/philly_runtime.csv); {elapsed:.0f} s"
     )
     print()

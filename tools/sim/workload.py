@@ -16,7 +16,10 @@ into the same list of :class:`Job` every time (stdlib ``random.Random``, no glob
   each dataset gets a new version (a new digest) at Poisson times, mean
   ``version_interval_s``.
 - **Arrivals**: Poisson, at a rate that offers ``load`` x the cluster's GPUs in GPU-seconds.
-- **Deadlines**: eq. (6)-(7), ``t_dl = t_arr + alpha x t_ideal`` with ``alpha`` per priority.
+- **Deadlines**: eq. (6)-(7), ``t_dl = t_arr + alpha x t_single`` with ``alpha`` per priority
+  (``priorities_single``) and ``t_single`` the job's run time on one GPU
+  (:func:`scheduler_plugin.timemodel.expected_run_time`); ``deadline_rule="asked"`` keeps the
+  earlier rule, ``alpha x`` the run time on the GPUs asked for (``priorities``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, JobProfile, t_run
+from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, JobProfile, expected_run_time, t_run
 
 RUNTIME_CSV = Path(__file__).resolve().parent / "data" / "philly_runtime.csv"
 GB = 1e9
@@ -53,6 +56,8 @@ class WorkloadParams:
     dataset_bytes: tuple[float, float] = (1 * GB, 2000 * GB)
     version_interval_s: float = 3 * 86_400.0
     priorities: tuple[tuple[float, float], ...] = ((1.5, 0.2), (3.0, 0.5), (6.0, 0.3))  # (alpha, share)
+    deadline_rule: str = "eq6"  # eq6: alpha x t_single (priorities_single); asked: alpha x t_ideal
+    priorities_single: tuple[tuple[float, float], ...] = ((1.0, 0.2), (2.0, 0.5), (4.0, 0.3))
 
 
 @dataclass(frozen=True)
@@ -144,9 +149,14 @@ def make_jobs(
         unit = JobProfile(gradient, step, n)  # one step per GPU: t_run = one step
         per_step = t_run(unit, n, ideal_bandwidth(workers, gpw))
         steps = max(1, round(runtime / per_step) * n)
-        alpha = float(_pick(rng, p.priorities))
         ideal = t_run(JobProfile(gradient, step, steps), n, ideal_bandwidth(workers, gpw))
-        profile = JobProfile(gradient, step, steps, deadline=arrival + alpha * ideal, workers=workers)
+        if p.deadline_rule == "eq6":
+            alpha = float(_pick(rng, p.priorities_single))
+            expected = expected_run_time(alpha, JobProfile(gradient, step, steps))
+        else:
+            alpha = float(_pick(rng, p.priorities))
+            expected = alpha * ideal
+        profile = JobProfile(gradient, step, steps, deadline=arrival + expected, workers=workers)
         dataset = datasets[rng.choices(range(p.datasets), zipf)[0]].name
         jobs.append(Job(i, arrival, workers, gpw, dataset, ideal, profile, alpha))
     return jobs, datasets

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -104,6 +104,11 @@ class Jobs(Strict):
     )
     deadline_alpha_share: list[NonNegative] | None = Field(
         None, description="probability of each deadline_alpha (default: equal)"
+    )
+    deadline_rule: Literal["eq6", "asked"] = Field(
+        "eq6",
+        description="eq6: deadline = alpha x run time on one GPU (design eq. 6); "
+        "asked: alpha x run time on the GPUs asked for",
     )
     min_runtime_s: Positive = WorkloadParams.min_runtime_s
     max_runtime_s: Positive = WorkloadParams.max_runtime_s
@@ -196,6 +201,7 @@ class WorkloadFile(Strict):
             dataset_bytes=(d.size_min_bytes, d.size_max_bytes),
             version_interval_s=d.new_version_mean_days * DAY,
             priorities=tuple(zip(j.deadline_alpha, shares)),
+            deadline_rule=j.deadline_rule,
         )
 
     def with_cache(self, cache_bytes_per_node: int) -> WorkloadFile:
