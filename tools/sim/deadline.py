@@ -5,7 +5,7 @@ costs) and ``tools/sim/run.py`` (the policy names). It owns no scheduling rule: 
 are :func:`scheduler_plugin.timemodel.decide` and
 :func:`scheduler_plugin.migration.plan_migrations`; this module only names their settings.
 
-Policy names (docs/design.md#deadline-variants)::
+Policy names (docs/design.md#deadline-formula)::
 
     ours+time               (12) = slack per GPU, plans capped at the GPUs asked for (as before)
     deadline-slack          slack per GPU, plans over the free GPUs
