@@ -26,14 +26,13 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from scheduler_plugin.migration import Migration, RunningJob, is_migratable, plan_migrations
 from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins.deadline import pod_bandwidth
-from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets, pod_requests
+from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets, pod_requests, timestamp
 from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, parse_profile, t_run
 
 log = logging.getLogger(__name__)
@@ -69,16 +68,6 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _time(value: Any) -> float | None:
-    if not isinstance(value, str) or len(value) > 40:
-        return None
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when.timestamp() if when.tzinfo is not None else None
-
-
 def running_jobs(
     pods: Sequence[Mapping[str, Any]],
     nodes: Mapping[str, NodeFacts],
@@ -95,7 +84,7 @@ def running_jobs(
         if status.get("phase") != "Running" or not is_migratable(labels, annotations):
             continue
         namespace, name, node = (_str(v) for v in (meta.get("namespace"), meta.get("name"), spec.get("nodeName")))
-        started = _time(status.get("startTime"))
+        started = timestamp(status.get("startTime"))
         if not (namespace and name and node) or started is None:
             continue
         profile, _ = parse_profile({k: v for k, v in annotations.items() if isinstance(v, str)}, started)

@@ -87,7 +87,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     gpus, gpu_class, gpus_error, gpu_classes = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
     job = job_key(namespace, labels, job_labels)
-    time, time_error = parse_profile(annotations, _timestamp(meta.get("creationTimestamp")))
+    time, time_error = parse_profile(annotations, timestamp(meta.get("creationTimestamp")))
     return PodRequest(
         key=f"{namespace}/{name}",
         namespace=namespace,
@@ -106,8 +106,9 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     )
 
 
-def _timestamp(value: Any) -> float | None:
-    """A v1 creationTimestamp (RFC 3339, UTC) as epoch seconds; None when absent or unreadable."""
+def timestamp(value: Any) -> float | None:
+    """A v1 timestamp (``creationTimestamp``, ``startTime``: RFC 3339, UTC) as epoch seconds;
+    None when absent or unreadable."""
     if not isinstance(value, str) or len(value) > 40:
         return None
     try:
@@ -250,4 +251,5 @@ __all__ = [
     "pod_is_active",
     "pod_requests",
     "read_pod",
+    "timestamp",
 ]

@@ -521,16 +521,7 @@ class DatasetController:
         given_size = status.get("bytes")
         size = given_size if isinstance(given_size, int) and not isinstance(given_size, bool) else 0
         chosen = replication.choose(rooms, goal, size_bytes=size, before=before)
-        for node in before:
-            if node not in chosen:
-                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
-        request = {"name": name, "source": spec.get("source")}
-        if isinstance(spec.get("bundles"), str):
-            request["bundles"] = spec["bundles"]
-        reports = [
-            _warm_report(node, self.agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}))
-            for node in chosen
-        ]
+        reports = self._hold_on(task, name, spec, before, chosen)
         return {
             "mode": mode,
             "demand": wanted,
@@ -741,16 +732,7 @@ class DatasetController:
                 "bytesWanted": 0,
             }
         chosen = self._choose(name, warm, before, nodes, inventories)
-        for node in before:
-            if node not in chosen:
-                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
-        request = {"name": name, "source": spec.get("source")}
-        if isinstance(spec.get("bundles"), str):
-            request["bundles"] = spec["bundles"]
-        reports = []
-        for node in chosen:
-            answer = self.agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]})
-            reports.append(_warm_report(node, answer))
+        reports = self._hold_on(task, name, spec, before, chosen)
         ready = sum(1 for r in reports if r["state"] == "ready")
         desired = len(chosen)
         return {
@@ -761,6 +743,21 @@ class DatasetController:
             "bytesDone": sum(r["bytesDone"] for r in reports),
             "bytesWanted": sum(r["bytesWanted"] for r in reports),
         }
+
+    def _hold_on(self, task: str, name: str, spec: JSON, before: list[str], chosen: list[str]) -> list[JSON]:
+        """Move the agent task ``task`` (the Dataset's source and store) from the nodes in
+        ``before`` to those in ``chosen``: released where it is no longer wanted, asked
+        (idempotently) on every chosen node; their reports, in ``chosen``'s order."""
+        for node in before:
+            if node not in chosen:
+                self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+        request = {"name": name, "source": spec.get("source")}
+        if isinstance(spec.get("bundles"), str):
+            request["bundles"] = spec["bundles"]
+        return [
+            _warm_report(node, self.agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}))
+            for node in chosen
+        ]
 
     def _choose(
         self, name: str, warm: JSON, before: list[str], nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]
