@@ -15,10 +15,10 @@ from typing import Any
 
 import grpc
 
-from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2 as dp
-from dsagent.kubelet.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from dsagent.kubelet.proto import podresources_v1_pb2 as pr
-from dsagent.kubelet.proto import podresources_v1_pb2_grpc as pr_grpc
+from dsagent.nodeplugins.proto import deviceplugin_v1beta1_pb2 as dp
+from dsagent.nodeplugins.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from dsagent.nodeplugins.proto import podresources_v1_pb2 as pr
+from dsagent.nodeplugins.proto import podresources_v1_pb2_grpc as pr_grpc
 
 
 class _Registration(dp_grpc.RegistrationServicer):

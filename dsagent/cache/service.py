@@ -2,7 +2,7 @@
 space and the idle sweep.
 
 Who calls it: the HTTP API (:mod:`dsagent.api`) and, in cluster mode, the Kubernetes
-integration (``dsagent.kube.agent.ClusterAgent``); nothing else calls the parts it
+integration (``dsagent.cluster.nodeagent.ClusterAgent``); nothing else calls the parts it
 coordinates, so every node-cache rule (docs/design.md#rules) is enforced from here:
 
 1. One request per task: :meth:`CacheService.submit_task` is idempotent per task id;

@@ -205,7 +205,7 @@ class Settings(EnvSettings):
     device_plugin: Flag = False
     resource_prefix: str = "dsagent.io"  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
-    # field read by both the published topology (dsagent.kube) and the device plugin (dsagent.kubelet)
+    # field read by both the published topology (dsagent.cluster) and the device plugin (dsagent.nodeplugins)
     roce_classes: str = "numa"
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

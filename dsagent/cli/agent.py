@@ -4,9 +4,9 @@ Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket 
 TCP listener when asked), chooses the companions that run beside the cache service (the
 cluster agent in Kubernetes mode; :func:`companions`), and runs the FastAPI app under
 uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
-(:mod:`dsagent.kubelet.csi`) is a companion too: it serves on that socket, on the same loop
+(:mod:`dsagent.nodeplugins.csi.driver`) is a companion too: it serves on that socket, on the same loop
 and the same service, once the service has started. This is the one place that wires the
-edges together: the API layer never imports ``dsagent.kube`` or ``dsagent.kubelet``.
+edges together: the API layer never imports ``dsagent.cluster`` or ``dsagent.nodeplugins``.
 
 On the way out (SIGTERM, Ctrl-C or a failed start-up) it removes its socket file. That
 happens in the server's ``shutdown``, not after ``serve`` returns: uvicorn re-raises the
@@ -76,9 +76,9 @@ def require_kubelet_extra(settings: Settings) -> None:
 
 
 def load_cluster_agent(settings: Settings) -> CompanionFactory:
-    """``dsagent.kube.agent.ClusterAgent``'s factory, imported only in cluster mode."""
+    """``dsagent.cluster.nodeagent.ClusterAgent``'s factory, imported only in cluster mode."""
     try:
-        from dsagent.kube.agent import ClusterAgent
+        from dsagent.cluster.nodeagent import ClusterAgent
     except ImportError as exc:
         name = getattr(exc, "name", None) or ""
         if name and not name.startswith("dsagent"):
@@ -86,7 +86,7 @@ def load_cluster_agent(settings: Settings) -> CompanionFactory:
                 f"cluster mode needs {name!r}, which is not installed", hint="pip install dsplatform"
             ) from exc
         raise KubernetesUnavailable(
-            "cluster mode (--kubernetes) is not available in this build: dsagent.kube.agent is missing",
+            "cluster mode (--kubernetes) is not available in this build: dsagent.cluster.nodeagent is missing",
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
         ) from exc
     free_gpus = _free_gpu_source(settings)
@@ -102,7 +102,7 @@ class CsiCompanion:
         self._driver: Any = None
 
     async def start(self) -> None:
-        from dsagent.kubelet.csi import NodeDriver, serve
+        from dsagent.nodeplugins.csi.driver import NodeDriver, serve
 
         assert self.settings.csi_socket is not None
         self._driver = NodeDriver(self.service, self.settings)
@@ -191,9 +191,9 @@ def serve(
         settings = _settings(
             root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level
         )
-        if settings.kubernetes and importlib.util.find_spec("dsagent.kube") is None:
+        if settings.kubernetes and importlib.util.find_spec("dsagent.cluster") is None:
             raise SettingsError(
-                "cluster mode (--kubernetes) needs dsagent.kube, which this build lacks",
+                "cluster mode (--kubernetes) needs dsagent.cluster, which this build lacks",
                 hint="run without --kubernetes",
             )
         require_kubelet_extra(settings)
@@ -433,7 +433,7 @@ async def _device_plugin_wanted(settings: Settings) -> bool:
     label = settings.device_plugin_node_label
     if not label or not settings.kubernetes:
         return True
-    from dsagent.kube import apiclient
+    from dsagent.cluster import apiclient
 
     def labels() -> dict[str, str]:
         from kubernetes import client
@@ -456,7 +456,7 @@ async def _device_plugin_wanted(settings: Settings) -> bool:
 
 def _free_gpu_source(settings: Settings) -> Any:
     """Free GPUs from the kubelet's pod-resources API, for the ClusterAgent's annotation."""
-    from dsagent.kubelet.podresources import GPU_RESOURCE_PREFIXES, PodResourcesClient
+    from dsagent.nodeplugins.deviceplugin.podresources import GPU_RESOURCE_PREFIXES, PodResourcesClient
 
     client = PodResourcesClient(settings.pod_resources_socket)
     prefixes = GPU_RESOURCE_PREFIXES + (f"{settings.resource_prefix}/gpu-",)
@@ -469,9 +469,9 @@ def _free_gpu_source(settings: Settings) -> Any:
 
 async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs_root: Path = Path("/")) -> Any:
     """Discover GPUs and VFs, then serve and register the device plugin (docs/design.md#roce-allocation)."""
-    from dsagent.kubelet.allocation import NodeDevices
-    from dsagent.kubelet.deviceplugin import DevicePlugin
-    from dsagent.kubelet.podresources import PodResourcesClient
+    from dsagent.nodeplugins.deviceplugin.allocation import NodeDevices
+    from dsagent.nodeplugins.deviceplugin.plugin import DevicePlugin
+    from dsagent.nodeplugins.deviceplugin.podresources import PodResourcesClient
     from gpu_topology import TopologyError, discover
     from gpu_topology.discovery.sriov import discover_vfs
 

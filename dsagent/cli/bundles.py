@@ -227,7 +227,7 @@ def pack(
     compressed = sum(b.compressed_size for b in packed.bundles)
     published = None
     if publish_namespace:
-        from dsagent.kube.datasets import publish
+        from dsagent.cluster.datasets import publish
 
         published = publish(packed, namespace=publish_namespace, source=source, bundles=store)
     data = {

@@ -24,8 +24,8 @@ import click
 
 from dsagent.api.client import AgentClient
 from dsagent.cli.options import output_option, source_options, storage_options, store_options
+from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, InvalidInput, TransientError
-from dsagent.kube.podenv import datasets_from_env  # the init-container environment contract
 from dsplatform.units import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])

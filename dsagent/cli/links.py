@@ -1,9 +1,9 @@
 """``python -m dsagent.cli.links LINK_DIR DATASETS_MOUNT``: the cache container's last step.
 
 Who calls it: the cache container (init-container or sidecar) that the webhook injects
-(:mod:`dsagent.kube.mutation`). It asks the local agent for the pod's task over its socket
+(:mod:`dsagent.cluster.admission.mutation`). It asks the local agent for the pod's task over its socket
 (``DSAGENT_TASK_ID``, ``DSAGENT_SOCKET``) and writes the stable links that
-:mod:`dsagent.kube.links` computes. Exit codes are the error tree's.
+:mod:`dsagent.cluster.stablelinks` computes. Exit codes are the error tree's.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from dsagent.api.client import AgentClient
+from dsagent.cluster.stablelinks import link_targets, write_links
 from dsagent.errors import DsagentError, InvalidInput
-from dsagent.kube.links import link_targets, write_links
 
 
 def main(argv: list[str] | None = None) -> int:

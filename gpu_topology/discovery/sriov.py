@@ -1,6 +1,6 @@
 """SR-IOV virtual functions of the node's RDMA NICs, read from sysfs with an injectable root.
 
-Who calls it: the node agent's device plugin (``dsagent.kubelet``), which hands one VF of
+Who calls it: the node agent's device plugin (``dsagent.nodeplugins``), which hands one VF of
 a RoCE class's NIC to each container (docs/design.md#roce-allocation). What it owns: the
 reading of the kernel's SR-IOV and RDMA layout, nothing else (no allocation, no I/O
 outside ``root``). Like :mod:`gpu_topology.discovery.sysfs`, ``root`` is ``/`` on a node

@@ -1,6 +1,6 @@
 """Fault injection for the agent's data path, the way SQLite tests I/O errors (issue 21, deliver 3).
 
-Who uses it: ``tests/dsagent/test_fault_injection.py`` (a sample of points, in the suite)
+Who uses it: ``tests/dsagent/cache/test_fault_injection.py`` (a sample of points, in the suite)
 and ``tools/faults/sweep.py`` (every point). What it owns:
 
 - :class:`Injector`: counts the filesystem operations under one cache root (``open``,

@@ -1,6 +1,6 @@
 """Benchmark docs/design.md#rule-3: with dsplatform a pod starts training no later than without it.
 
-A simulated kubelet (``dsagent.kube.testing.SimulatedKubelet``) starts one training pod
+A simulated kubelet (``dsagent.cluster.testing.SimulatedKubelet``) starts one training pod
 three ways, each against a fresh real agent process caching a local dataset of
 ``--files`` files:
 
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from dsagent.api.client import AgentClient
+from dsagent.cluster.admission.mutation import Injection, ResolvedDataset, mutate
+from dsagent.cluster.testing import SimulatedKubelet
 from dsagent.errors import AgentUnreachable
-from dsagent.kube.mutation import Injection, ResolvedDataset, mutate
-from dsagent.kube.testing import SimulatedKubelet
 
 TRAINING = [sys.executable, "-c", "import time; print(time.monotonic())"]
 APP_IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
@@ -110,7 +110,7 @@ class CsiKubelet:
     def __init__(self, agent: Agent, pod_meta: dict[str, Any]) -> None:
         import grpc
 
-        from dsagent.kubelet.proto.csi import csi_pb2, csi_pb2_grpc
+        from dsagent.nodeplugins.proto.csi import csi_pb2, csi_pb2_grpc
 
         self.pb = csi_pb2
         self.agent, self.meta = agent, pod_meta

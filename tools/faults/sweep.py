@@ -9,7 +9,7 @@ agent's service; ``--serve-points`` of them also against a real ``dsagent serve`
 restart and the same request. After each it checks what ``tests/dsagent/faults.py`` describes:
 failed with a clear code or ready with a copy that verifies, never anything in between
 reported ready, no staging, reservation, record or trash left. The suite runs a sample
-(tests/dsagent/test_fault_injection.py).
+(tests/dsagent/cache/test_fault_injection.py).
 
     .venv/bin/python tools/faults/sweep.py            # every point: ~10 min on a loaded 2-core VM
     .venv/bin/python tools/faults/sweep.py --smoke    # every 10th point, ENOSPC only, 10 kill points

@@ -1,0 +1,293 @@
+"""The mutating admission webhook: AdmissionReview v1 over HTTPS, never blocking a pod.
+
+``POST /mutate`` takes the AdmissionReview the API server sends for a pod CREATE, parses
+the pod's ``dsagent.io/datasets`` annotation, resolves bare names through the Datasets of
+the pod's namespace, and answers with the JSONPatch of :func:`dsagent.cluster.admission.mutation.mutate`.
+Whatever goes wrong (an unparseable annotation, a missing Dataset, an unreachable API
+server, a bug), the answer is ``allowed: true`` without a patch and with a warning the
+user sees in ``kubectl``: this webhook never blocks a pod (and the chart registers it
+with ``failurePolicy: Ignore`` for when it is down).
+
+With ``DSAGENT_WEBHOOK_GPU_CLASSES=true`` it also rewrites a GPU pod's ``nvidia.com/gpu``
+request into its job's RoCE class resource (:mod:`dsagent.cluster.admission.roceclass`), the job's
+class kept in a Lease per job.
+
+Serve it with ``python -m dsagent.cluster.admission.server`` (settings from ``DSAGENT_WEBHOOK_*``:
+``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``; for GPU
+classes ``GPU_CLASSES``, ``GPU_RESOURCE``, ``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dsagent.cache.settings import parse_listen
+from dsagent.cluster import annotation
+from dsagent.cluster.admission.mutation import Injection, JSONPatch, mutate, resolve
+from dsagent.cluster.admission.roceclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses
+from dsagent.cluster.datasets import Dataset
+from dsagent.errors import DsagentError, NotFound, SettingsError
+from dsplatform import boundedjson
+
+log = logging.getLogger("dsagent.webhook")
+ENV_PREFIX = "DSAGENT_WEBHOOK_"
+Lookup = Callable[[str, str], Dataset]  # (namespace, name) -> Dataset, raises NotFound
+#: an AdmissionReview carries a pod (etcd caps an object at 1.5 MiB) and maybe its old copy
+REVIEW_MAX_BYTES = 8 * 1024 * 1024
+#: seconds uvicorn waits for open connections after SIGTERM before closing them
+SHUTDOWN_GRACE_S = 5
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    uid: str
+    namespace: str | None = None
+    operation: str | None = None
+    object: dict[str, Any] | None = None
+    dryRun: bool | None = None
+
+
+class _Review(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    apiVersion: str
+    kind: str
+    request: _Request
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The webhook's answer for one pod: a patch (possibly empty) and warnings."""
+
+    patch: JSONPatch
+    warnings: tuple[str, ...] = ()
+
+
+def decide(
+    pod: Mapping[str, Any],
+    namespace: str,
+    injection: Injection,
+    lookup: Lookup,
+    gpu: GpuClassPolicy | None = None,
+    *,
+    dry_run: bool = False,
+) -> Decision:
+    """What to do with one pod: wire its datasets and (with ``gpu``) give its GPU request
+    its job's class; never raises (an error becomes a warning and no patch for that part)."""
+    shape = _shape_problem(pod)
+    if shape:  # no JSONPatch could apply to it: admit it unchanged, the API server judges it
+        log.warning("pod in %s admitted without dsplatform: %s", namespace, shape)
+        return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {shape}",))
+    datasets = _decide_datasets(pod, namespace, injection, lookup)
+    if gpu is None:
+        return datasets
+    annotated = (pod.get("metadata") or {}).get("annotations") is not None or any(
+        op.get("path") == "/metadata/annotations" for op in datasets.patch
+    )
+    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
+    try:
+        classes = gpu.decide(pod, namespace, annotations_exist=annotated, dry_run=dry_run)
+    except DsagentError as exc:
+        reason = str(exc)
+    except Exception as exc:  # never block a pod on a bug; keep it visible
+        log.exception("assigning a GPU class to %s/%s failed", namespace, name)
+        reason = f"internal error ({type(exc).__name__})"
+    else:
+        return Decision(datasets.patch + classes.patch, datasets.warnings + classes.warnings)
+    log.warning("pod %s/%s admitted without a GPU class: %s", namespace, name, reason)
+    return Decision(
+        datasets.patch,
+        datasets.warnings + (f"dsplatform: GPU class not assigned, the pod keeps its GPU request: {reason}",),
+    )
+
+
+def _decide_datasets(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
+    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
+    try:
+        refs = annotation.datasets_of(pod)
+        if not refs:
+            return Decision([])
+        datasets = resolve(refs, lambda dataset: lookup(namespace, dataset))
+        return Decision(mutate(pod, datasets, injection))
+    except NotFound as exc:
+        reason = f"{exc.message} (create the Dataset or give its source in the annotation)"
+    except DsagentError as exc:
+        reason = str(exc)
+    except Exception as exc:  # never block a pod on a bug; keep it visible
+        log.exception("mutating %s/%s failed", namespace, name)
+        reason = f"internal error ({type(exc).__name__})"
+    log.warning("pod %s/%s admitted without dsplatform: %s", namespace, name, reason)
+    return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {reason}",))
+
+
+def response(uid: str, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview v1 answer."""
+    body: dict[str, Any] = {"uid": uid, "allowed": True}
+    if decision.patch:
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode()
+    if decision.warnings:
+        body["warnings"] = list(decision.warnings)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": body}
+
+
+def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None = None) -> FastAPI:
+    """The webhook's ASGI app; ``lookup`` reads Datasets and ``gpu`` assigns GPU classes
+    (both blocking: run in a thread)."""
+    app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/mutate")
+    async def mutate_pod(request: Request) -> JSONResponse:
+        try:
+            raw = boundedjson.loads(
+                await _read_bounded(request, REVIEW_MAX_BYTES), what="the AdmissionReview", max_bytes=REVIEW_MAX_BYTES
+            )
+            review = _Review.model_validate(raw)
+        except boundedjson.JsonRefused as exc:
+            return JSONResponse({"code": "invalid_input", "message": exc.message}, status_code=400)
+        except (ValueError, ValidationError) as exc:
+            return JSONResponse(
+                {"code": "invalid_input", "message": f"not an AdmissionReview: {exc}"[:500]}, status_code=400
+            )
+        req = review.request
+        pod = req.object or {}
+        if pod.get("kind", "Pod") != "Pod" or req.operation not in (None, "CREATE"):
+            return JSONResponse(response(req.uid, Decision([])))
+        metadata = pod.get("metadata")
+        namespace = req.namespace or (metadata.get("namespace") if isinstance(metadata, dict) else None) or "default"
+        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun))
+        return JSONResponse(response(req.uid, decision))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+async def _read_bounded(request: Request, max_bytes: int) -> bytes:
+    """The request body, read no further than one byte past ``max_bytes``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            break
+    return b"".join(chunks)
+
+
+def _shape_problem(pod: Mapping[str, Any]) -> str | None:
+    """Why no JSONPatch can apply to ``pod`` (its ``spec`` or ``metadata`` not an object), or None."""
+    for field in ("metadata", "spec"):
+        value = pod.get(field)
+        if field == "spec" and not isinstance(value, dict):
+            return f"the pod's spec is {type(value).__name__ if value is not None else 'null'}, not an object"
+        if field == "metadata" and value is not None and not isinstance(value, dict):
+            return f"the pod's metadata is {type(value).__name__}, not an object"
+    return None
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    host: str
+    port: int
+    cert_file: Path | None
+    key_file: Path | None
+    injection: Injection
+    kubeconfig: str | None = None
+    gpu_classes: GpuClassSettings = GpuClassSettings()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings:
+        env = os.environ if environ is None else environ
+        try:
+            host, port = parse_listen(env.get(ENV_PREFIX + "LISTEN", "0.0.0.0:8443"))
+        except DsagentError as exc:
+            raise SettingsError(f"{ENV_PREFIX}LISTEN: {exc.message}", hint=exc.hint) from exc
+        cert, key = env.get(ENV_PREFIX + "CERT_FILE"), env.get(ENV_PREFIX + "KEY_FILE")
+        if bool(cert) != bool(key):
+            raise SettingsError(f"set both {ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE, or neither")
+        return cls(
+            host,
+            port,
+            Path(cert) if cert else None,
+            Path(key) if key else None,
+            _injection(env.get(ENV_PREFIX + "INJECTION_FILE")),
+            env.get(ENV_PREFIX + "KUBECONFIG"),
+            GpuClassSettings.from_env(env, ENV_PREFIX),
+        )
+
+
+def _injection(path: str | None) -> Injection:
+    if not path:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE is not set", hint="point it at the chart's injection.json")
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: cannot read {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {path} is not JSON: {exc.msg}") from exc
+    try:
+        return Injection.from_json(raw)
+    except (DsagentError, TypeError) as exc:
+        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from exc
+
+
+def serve(settings: WebhookSettings) -> None:
+    """Run the webhook under uvicorn (HTTPS when a certificate is configured)."""
+    import uvicorn
+
+    from dsagent.cluster import apiclient
+    from dsagent.cluster.datasets import DatasetClient
+
+    api_client = apiclient.load(settings.kubeconfig)
+    client = DatasetClient(api_client, request_timeout=2.0)
+    gpu = None
+    if settings.gpu_classes.enabled:
+        gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
+    app = create_app(settings.injection, client.get, gpu)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+        # an idle or half-open client (a TLS handshake never finished) must not hold SIGTERM
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
+        ssl_keyfile=str(settings.key_file) if settings.key_file else None,
+    )
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = WebhookSettings.from_env()
+    except DsagentError as exc:
+        print(f"dsagent-webhook: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    serve(settings)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["Decision", "WebhookSettings", "create_app", "decide", "main", "response", "serve"]

@@ -1,0 +1,554 @@
+"""The node agent in cluster mode: :class:`ClusterAgent`, the glue between Kubernetes and
+the :class:`~dsagent.cache.service.CacheService`.
+
+``dsagent serve --kubernetes`` creates ``ClusterAgent(service, settings)`` and awaits
+:meth:`ClusterAgent.start` at start-up and :meth:`ClusterAgent.stop` at shutdown. It
+
+1. publishes the node's inventory, topology and free GPUs as annotations of its Node
+   (free GPUs from the kubelet's pod-resources API when ``free_gpus`` is given and answers,
+   else only while no pod requests GPUs) (``DSAGENT_NODE_NAME``, from the downward API), patching only on change and
+   at most once per ``DSAGENT_PUBLISH_INTERVAL``; a graceful stop removes them;
+2. watches the pods bound to its node (:class:`~dsagent.cluster.podwatch.PodWatch`) and, as
+   soon as one that names datasets is bound, submits its task (the pod UID) to the
+   service, so caching runs while the kubelet pulls the images (docs/design.md#rule-3); the
+   task is the very request its init-container will repeat, so that repeat is a no-op;
+3. keeps a running pod's datasets in use by renewing the task's lease, and releases the
+   task when the pod ends or is deleted (also when that happened while the watch was
+   broken: a relist after ``410 Gone`` reports it);
+4. checks that a task id shaped like a pod UID belongs to a pod on this node before the
+   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass);
+5. with ``DSAGENT_COPIES_CONFIGMAP`` (``namespace/name``, set by the chart), reads the
+   Dataset controller's per-version copy counts every ``DSAGENT_COPIES_INTERVAL`` into the
+   service's :class:`~dsagent.cache.copies.ClusterCopies`, so eviction keeps the cluster's
+   last copies (docs/design.md#cluster-eviction); a failed or hostile read keeps the last
+   counts, which stop counting once stale.
+
+Pods whose datasets need storage credentials from Secrets are left to their
+init-container (the agent never reads Secrets); the agent does not block on the API
+server: if it is unreachable, caching through the socket keeps working and the watch and
+publisher retry in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings
+from dsagent.cluster import annotation, publisher
+from dsagent.cluster.admission.mutation import INIT_CONTAINER
+from dsagent.cluster.apiclient import translated
+from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
+from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cluster.podwatch import PodWatch
+from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
+from dsplatform.settings import EnvSettings, InvalidSettings
+from dsplatform.units import Duration
+
+log = logging.getLogger("dsagent.cluster")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+TERMINAL_PHASES = ("Succeeded", "Failed")
+# The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
+# CLI: kube never imports kubelet), or None when it cannot tell.
+FreeGpuSource = Callable[[Any], Awaitable[Sequence[int] | None]]
+
+
+class TaskNotOnNode(DsagentError):
+    """A pod-UID task id that is no pod on this node (403 over the API, exit 2 in dsctl)."""
+
+    http_status = 403
+    exit_code = 2
+    code = "task_not_on_node"
+
+
+class ClusterSettings(EnvSettings):
+    """Cluster-mode settings, from ``DSAGENT_*`` (validated once at start-up)."""
+
+    model_config = SettingsConfigDict(env_prefix="DSAGENT_", extra="ignore")
+
+    publish_interval: Duration = 10.0
+    watch_timeout: int = Field(300, exclude=True)  # not configurable: the watch's server-side timeout
+    renew_interval: Duration | None = None  # None: a third of the service's lease TTL
+    guard_wait: Duration = 5.0  # how long a task id may wait for its pod to reach the watch
+    copies_configmap: str | None = None  # "namespace/name" of the controller's copy counts
+    copies_interval: Duration = 30.0  # how often they are read
+
+    @field_validator("copies_configmap")
+    @classmethod
+    def _namespaced(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        namespace, _, name = str(value).partition("/")
+        if not (_DNS_LABEL.match(namespace) and _DNS_SUBDOMAIN.match(name)):
+            raise ValueError("must be NAMESPACE/NAME of a ConfigMap")
+        return str(value)
+
+    @field_validator("publish_interval", "copies_interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
+        try:
+            return cls.read(environ)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
+
+
+def is_pod_uid(task_id: str) -> bool:
+    return bool(_POD_UID.match(task_id))
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def has_ended(pod: Mapping[str, Any]) -> bool:
+    """A pod whose containers will not run again (or that is going away)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in TERMINAL_PHASES or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def wants_datasets(pod: Mapping[str, Any]) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotation.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
+
+
+def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if isinstance(container, Mapping) and container.get("name") == INIT_CONTAINER:
+            return container
+    return None
+
+
+def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRequest] | None:
+    """The request the webhook's init-container will send, read as ``dsctl`` reads it
+    (:func:`dsagent.cluster.podenv.datasets_from_env`); None when a variable it needs has no
+    literal value here (storage options or anything else taken from a Secret)."""
+    env = container.get("env") or []
+    for e in env:
+        name = str(e.get("name"))
+        if name.startswith(OPTIONS_PREFIX) or (name in REQUEST_VARIABLES and "value" not in e):
+            return None
+    literal = {str(e.get("name")): str(e["value"]) for e in env if "value" in e}
+    if not literal.get("DSAGENT_DATASETS"):
+        return None
+    return [DatasetRequest(**item) for item in datasets_from_env(literal)]
+
+
+class ClusterAgent:
+    """Cluster mode for one node; see the module docstring."""
+
+    def __init__(
+        self,
+        service: CacheService,
+        settings: Settings,
+        *,
+        api_client: Any = None,
+        topology: Any = "discover",
+        cluster: ClusterSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        free_gpus: FreeGpuSource | None = None,
+    ) -> None:
+        import os
+
+        self.service = service
+        self.settings = settings
+        self.node_name = settings.node_name
+        self.cluster = cluster or ClusterSettings.from_env(os.environ if environ is None else environ)
+        self._api_client = api_client
+        self._topology_source = topology
+        self._topology_json: str | None = None
+        self._gpu_count: int | None = None
+        self._topology: Any = None
+        self._free_gpu_source = free_gpus
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._tasks: dict[str, list[DatasetRequest]] = {}  # pod UID -> what the agent submitted
+        # Pods left to their init-container for good (Secrets, malformed data): a pod's
+        # spec does not change, so its many status updates need not resolve it again.
+        self._left_to_init: set[str] = set()
+        self._background: list[asyncio.Task[Any]] = []
+        self._watch: PodWatch | None = None
+        self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
+        self.patches = 0
+        self.released: list[str] = []  # pod UIDs whose tasks were released, oldest first
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start watching and publishing in the background; never blocks on the API server."""
+        if not self.node_name:
+            raise InvalidInput(
+                "cluster mode needs the node's name", hint="set DSAGENT_NODE_NAME (downward API: spec.nodeName)"
+            )
+        from kubernetes import client
+
+        from dsagent.cluster import apiclient
+
+        self._loop = asyncio.get_running_loop()
+        if self._api_client is None:
+            self._api_client = await asyncio.to_thread(apiclient.load)
+        self._core = client.CoreV1Api(self._api_client)
+        self._datasets = DatasetClient(self._api_client)
+        await self._check_node()
+        self.service.admit_task = self.check_task
+        port = self.settings.peer_port or (self.settings.listen[1] if self.settings.listen else 0)
+        if self.settings.peer_token is not None and port:
+            self.service.peers.cluster_holders = functools.partial(self.peer_holders, port=port)
+        self._watch = PodWatch(
+            self._api_client, self.node_name, self._from_thread, timeout_seconds=self.cluster.watch_timeout
+        )
+        self._watch.start()
+        self._background = [
+            asyncio.create_task(self._consume(), name="dsagent-kube-pods"),
+            asyncio.create_task(self._publish_forever(), name="dsagent-kube-publish"),
+            asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
+            asyncio.create_task(self._release_stale_tasks(), name="dsagent-kube-stale"),
+        ]
+        if self.cluster.copies_configmap is not None:
+            self._background.append(asyncio.create_task(self._copies_forever(), name="dsagent-kube-copies"))
+        log.info(
+            "cluster mode on node %s: watching its pods, publishing every %.0fs",
+            self.node_name,
+            self.cluster.publish_interval,
+        )
+
+    async def _check_node(self) -> None:
+        """Fail fast on a wrong node name; an unreachable API server is retried later."""
+        try:
+            self._annotations = await asyncio.to_thread(self._read_annotations)
+        except NotFound:
+            raise InvalidInput(
+                f"cluster mode: there is no node {self.node_name!r}",
+                hint="set DSAGENT_NODE_NAME from the downward API (fieldRef spec.nodeName); "
+                "the pod's hostname is not the node's name",
+            ) from None
+        except DsagentError as exc:
+            log.warning("cannot read node %s yet (%s); retrying in the background", self.node_name, exc)
+
+    async def stop(self) -> None:
+        """Stop watching, remove the Node annotations (best effort), restore the service."""
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._watch is not None:
+            await asyncio.to_thread(self._watch.stop)
+        self.service.admit_task = None
+        self.service.peers.cluster_holders = None
+        try:
+            await asyncio.wait_for(self._clear_annotations(), timeout=5)
+        except (asyncio.TimeoutError, DsagentError) as exc:
+            log.warning("could not clear the annotations of node %s: %s", self.node_name, exc)
+
+    # -- the task guard ---------------------------------------------------------------
+
+    async def check_task(self, task_id: str) -> None:
+        """Accept a pod-UID task id only for a pod bound to this node (other ids pass)."""
+        watch = self._watch
+        if not is_pod_uid(task_id) or watch is None or task_id in self._tasks:
+            return
+        if not watch.synced.is_set():
+            log.warning("accepting task %s unchecked: the pod watch has not synced yet", task_id)
+            return
+        deadline = time.monotonic() + self.cluster.guard_wait
+        while not watch.has_pod(task_id):  # the init-container may be faster than the watch
+            if time.monotonic() >= deadline:
+                raise TaskNotOnNode(
+                    f"task {task_id} is not a pod on node {self.node_name}",
+                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
+                )
+            await asyncio.sleep(0.05)
+
+    # -- pods -------------------------------------------------------------------------
+
+    def _from_thread(self, kind: str, pod: dict[str, Any]) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._events.put_nowait, (kind, pod))
+
+    async def _consume(self) -> None:
+        while True:
+            kind, pod = await self._events.get()
+            try:
+                await self.handle_pod(kind, pod)
+            except Exception:  # one bad pod must not stop the loop
+                log.exception("handling %s of pod %s failed", kind, (pod.get("metadata") or {}).get("name"))
+
+    async def handle_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        """React to one pod event: cache at bind time, release at the end."""
+        uid = pod_uid(pod)
+        if not uid or not wants_datasets(pod):
+            return
+        if kind == "DELETED" or has_ended(pod):
+            await self._release(uid, _name(pod))
+            return
+        if uid in self._tasks or uid in self._left_to_init:
+            return
+        requests = await self._requests_for(pod)
+        if requests is None:
+            return
+        name = _name(pod)
+        try:
+            record = await self.service.submit_task(uid, requests)
+        except DsagentError as exc:
+            log.warning("could not start caching for pod %s: %s", name, exc)
+            return
+        self._tasks[uid] = list(requests)
+        log.info(
+            "pod %s bound to %s: caching %s (%s)",
+            name,
+            self.node_name,
+            ", ".join(r.name for r in requests),
+            record.state,
+        )
+
+    async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
+        init = _init_container(pod)
+        if init is not None:
+            try:
+                requests = requests_from_init_container(init)
+            except (InvalidInput, ValueError, KeyError, TypeError):
+                log.warning("pod %s: its init-container's DSAGENT_DATASETS is malformed", _name(pod))
+                self._left_to_init.add(pod_uid(pod))
+                return None
+            if requests is None:
+                log.info(
+                    "pod %s needs storage credentials from Secrets: its init-container starts the caching", _name(pod)
+                )
+                self._left_to_init.add(pod_uid(pod))
+                return None
+            return requests
+        try:
+            refs = annotation.datasets_of(pod)
+        except InvalidInput as exc:
+            log.warning("pod %s: %s", _name(pod), exc)
+            self._left_to_init.add(pod_uid(pod))
+            return None
+        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        requests = []
+        for ref in refs:
+            if ref.source is not None:
+                requests.append(DatasetRequest(ref.name, ref.source, ref.bundles, ref.storage_options))
+                continue
+            try:
+                dataset = await asyncio.to_thread(self._datasets.get, namespace, ref.name)
+            except DsagentError as exc:
+                log.warning("pod %s: cannot resolve dataset %s: %s", _name(pod), ref.name, exc)
+                return None
+            if dataset.storage_secret is not None:
+                log.info(
+                    "pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name
+                )
+                self._left_to_init.add(pod_uid(pod))
+                return None
+            requests.append(
+                DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options)
+            )
+        return requests or None
+
+    async def _release(self, uid: str, name: str) -> None:
+        self._tasks.pop(uid, None)  # first, so the renewal loop stops renewing it
+        self._left_to_init.discard(uid)
+        self.released.append(uid)
+        try:
+            await self.service.release_task(uid)
+        except NotFound:
+            return  # never submitted (or already released)
+        log.info("pod %s ended: released its datasets", name)
+
+    async def _release_stale_tasks(self) -> None:
+        """Once the first pod list is in, release pod tasks whose pods are gone.
+
+        Pods deleted while the agent itself was down send no DELETED event to this
+        process; without this their datasets would stay in use until the lease lapses.
+        """
+        watch = self._watch
+        assert watch is not None
+        while not watch.synced.is_set():  # polled, not waited on a thread: stop() cancels it
+            await asyncio.sleep(0.1)
+        for task_id in await self.service.task_ids():
+            if is_pod_uid(task_id) and not watch.has_pod(task_id):
+                await self._release(task_id, f"with UID {task_id} (gone while the agent was down)")
+
+    async def _renew_forever(self) -> None:
+        """Keep running pods' datasets in use: repeating a request renews its lease."""
+        interval = self.cluster.renew_interval or max(1.0, self.settings.lease_ttl / 3)
+        while True:
+            await asyncio.sleep(interval)
+            for uid, requests in list(self._tasks.items()):
+                if uid not in self._tasks:  # released meanwhile: never bring it back
+                    continue
+                try:
+                    await self.service.submit_task(uid, requests)
+                except DsagentError as exc:
+                    log.warning("renewing task %s failed: %s", uid, exc)
+
+    # -- the Node's annotations -------------------------------------------------------
+
+    async def _publish_forever(self) -> None:
+        await self._load_topology()
+        while True:
+            try:
+                await self.publish_once()
+            except DsagentError as exc:
+                log.warning("publishing to node %s failed: %s", self.node_name, exc)
+                self._annotations = None  # read the Node again next time
+            except Exception:
+                log.exception("publishing to node %s failed", self.node_name)
+                self._annotations = None
+            await asyncio.sleep(self.cluster.publish_interval)
+
+    async def publish_once(self) -> bool:
+        """Patch the Node if what it should carry changed; True when it patched."""
+        desired = publisher.desired_annotations(
+            await self.service.inventory(), self._topology_json, await self._current_free_gpus()
+        )
+        if self._annotations is None:
+            self._annotations = await asyncio.to_thread(self._read_annotations)
+        patch = publisher.annotation_patch(self._annotations, desired)
+        if patch is None:
+            return False
+        await asyncio.to_thread(self._patch_annotations, patch)
+        self._annotations = publisher.applied(self._annotations, patch)
+        self.patches += 1
+        return True
+
+    async def _current_free_gpus(self) -> list[int] | None:
+        """The kubelet's answer (pod-resources) when there is one, else the estimate."""
+        if self._free_gpu_source is not None and self._topology is not None:
+            try:
+                found = await self._free_gpu_source(self._topology)
+            except DsagentError as exc:
+                log.debug("pod-resources gave no free GPUs (%s); estimating from pods", exc)
+            else:
+                if found is not None:
+                    return sorted(found)
+        return self._free_gpus()
+
+    def _free_gpus(self) -> list[int] | None:
+        pods = self._watch.pods().values() if self._watch is not None and self._watch.synced.is_set() else None
+        if pods is None:
+            return None
+        gpu_pods = sum(1 for p in pods if not has_ended(p) and publisher.gpu_request(p) > 0)
+        return publisher.free_gpus(self._gpu_count, gpu_pods)
+
+    # -- the cluster's copy counts (docs/design.md#cluster-eviction) ------------------
+
+    async def _copies_forever(self) -> None:
+        while True:
+            try:
+                await self.read_copies()
+            except DsagentError as exc:
+                log.debug("reading the copy counts failed: %s", exc)
+            except Exception:
+                log.exception("reading the copy counts failed")
+            await asyncio.sleep(self.cluster.copies_interval)
+
+    async def read_copies(self) -> bool:
+        """Read the controller's counts into the service; True when they were taken."""
+        from dsagent.cache.copies import DATA_KEY, parse_copies
+
+        assert self.cluster.copies_configmap is not None
+        namespace, _, name = self.cluster.copies_configmap.partition("/")
+
+        def read() -> Any:
+            with translated(f"read configmap {namespace}/{name}"):
+                return self._core.read_namespaced_config_map(name, namespace, _request_timeout=10)
+
+        configmap = await asyncio.to_thread(read)
+        parsed = parse_copies((configmap.data or {}).get(DATA_KEY))
+        if parsed is None:
+            log.warning("ConfigMap %s/%s holds no copy counts this agent can read", namespace, name)
+            return False
+        counts, made_at = parsed
+        self.service.node.copies.update(counts, made_at)
+        return True
+
+    async def peer_holders(self, name: str, digest: str, *, port: int) -> list[str]:
+        """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
+        from dsagent.cluster.peerlist import holders_from_nodes
+
+        def nodes() -> list[Any]:
+            with translated("list nodes"):
+                return list(self._core.list_node(_request_timeout=10).items or [])
+
+        return holders_from_nodes(await asyncio.to_thread(nodes), self.node_name, name, digest, port)
+
+    def _read_annotations(self) -> dict[str, str]:
+        with translated(f"read node {self.node_name}"):
+            node = self._core.read_node(self.node_name, _request_timeout=10)
+        return dict((node.metadata.annotations if node.metadata else None) or {})
+
+    def _patch_annotations(self, patch: Mapping[str, str | None]) -> None:
+        with translated(f"patch node {self.node_name}"):
+            self._core.patch_node(
+                self.node_name,
+                {"metadata": {"annotations": dict(patch)}},
+                _content_type=MERGE_PATCH,
+                _request_timeout=10,
+            )
+
+    async def _clear_annotations(self) -> None:
+        current = await asyncio.to_thread(self._read_annotations)
+        patch = publisher.clearing_patch(current)
+        if patch is not None:
+            await asyncio.to_thread(self._patch_annotations, patch)
+
+    async def _load_topology(self) -> None:
+        source = self._topology_source
+        if source is None:
+            return
+        try:
+            topology = (
+                await asyncio.to_thread(_discover, self.settings.discovery_options) if source == "discover" else source
+            )
+        except Exception as exc:  # no GPU, no nvidia-smi: publish without topology
+            log.info("no GPU topology on node %s (%s); publishing the inventory only", self.node_name, exc)
+            return
+        from gpu_topology import to_json, topology_to_dict
+
+        try:
+            self._topology_json = to_json(topology, mode=self.settings.roce_classes)
+        except Exception as exc:  # subnet mode on a node whose NICs have no address yet
+            log.warning(
+                "RoCE classes by %s on node %s: %s; publishing the topology without classes",
+                self.settings.roce_classes,
+                self.node_name,
+                exc,
+            )
+            document = topology_to_dict(topology)
+            document.pop("classMode", None)
+            document["classes"] = []
+            self._topology_json = json.dumps(document, separators=(",", ":"))
+        self._topology = topology
+        self._gpu_count = len(topology.gpus)
+
+
+def _discover(options: dict[str, Any] | None = None) -> Any:
+    from gpu_topology import discover
+
+    return discover(options=options)
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]

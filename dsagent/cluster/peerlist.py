@@ -1,0 +1,57 @@
+"""Cluster mode's peer list: the agents whose node inventories hold a version ready.
+
+Who calls it: :class:`dsagent.cluster.nodeagent.ClusterAgent`, which sets
+``service.peers.cluster_holders`` to :func:`holders_from_nodes` over a fresh node list when
+the agent has a peer token (docs/design.md#peers). Each node's ``dsagent.io/inventory``
+annotation says what it holds; its agent is reached at the node's InternalIP on the peer
+port (the agent's TCP port, published on the node: hostPort or host network).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from dsagent.cache.inventory import ANNOTATION, ANNOTATION_MAX_BYTES
+from dsagent.cache.peers import holds
+from dsplatform import boundedjson
+
+log = logging.getLogger("dsagent.cluster")
+
+
+def _address(node: Any) -> str | None:
+    addresses = getattr(getattr(node, "status", None), "addresses", None) or []
+    for kind in ("InternalIP", "ExternalIP"):
+        for address in addresses:
+            if getattr(address, "type", None) == kind and getattr(address, "address", None):
+                return str(address.address)
+    return None
+
+
+def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int) -> list[str]:
+    """Base URLs of the agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest``:
+    those holding it ready first, then those fetching it (they serve the bundles they finished)."""
+    urls: list[str] = []
+    fetching: list[str] = []
+    for node in nodes:
+        metadata = getattr(node, "metadata", None)
+        if metadata is None or metadata.name == own_node:
+            continue
+        text = (metadata.annotations or {}).get(ANNOTATION)
+        if not text:
+            continue
+        try:
+            inventory = boundedjson.loads(text, what="node inventory", max_bytes=ANNOTATION_MAX_BYTES)
+        except boundedjson.JsonRefused as exc:
+            log.debug("node %s has an unreadable inventory: %s", metadata.name, exc)
+            continue
+        address = _address(node)
+        state = holds(inventory, name, digest) if isinstance(inventory, dict) and address is not None else None
+        if state is not None and address is not None:
+            host = f"[{address}]" if ":" in address else address
+            (urls if state == "ready" else fetching).append(f"http://{host}:{port}")
+    return urls + fetching
+
+
+__all__ = ["holders_from_nodes"]

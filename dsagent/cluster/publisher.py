@@ -1,0 +1,130 @@
+"""What the agent publishes on its Node, as pure functions over annotation maps.
+
+Three annotations, read by the scheduler extender (contract: docs/design.md#annotations):
+
+- ``dsagent.io/inventory``: the compact inventory JSON (budget 64 KiB, trimmed by
+  :func:`dsagent.cache.inventory.compact`);
+- ``dsagent.io/topology``: the compact topology JSON (budget 32 KiB; left out when larger);
+- ``dsagent.io/free-gpus``: the indices of free GPUs, published whenever they are known:
+  from the kubelet's pod-resources API (``dsagent.nodeplugins.deviceplugin.podresources``, wired in by the
+  CLI) when it answers, else only while no pod on the node requests GPUs (every GPU is
+  free); otherwise the annotation is removed and the extender falls back to allocatable
+  minus requests.
+
+:func:`annotation_patch` turns the current and desired maps into the smallest merge
+patch (None when nothing changed), so the agent patches its Node only on change.
+Who calls it: :class:`dsagent.cluster.nodeagent.ClusterAgent`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dsagent.cache import inventory as inventory_contract
+from dsplatform import published
+
+INVENTORY = inventory_contract.ANNOTATION
+TOPOLOGY = published.TOPOLOGY
+FREE_GPUS = published.FREE_GPUS
+OWNED = (INVENTORY, TOPOLOGY, FREE_GPUS)
+TOPOLOGY_BUDGET = 32 * 1024
+FREE_BYTES_QUANTUM = 64 << 20  # at least; 0.5% of the capacity on large disks
+
+
+def desired_annotations(
+    inventory: Mapping[str, Any] | None, topology_json: str | None, free_gpus: Sequence[int] | None
+) -> dict[str, str]:
+    """The annotations this node should carry now."""
+    desired: dict[str, str] = {}
+    if inventory is not None:
+        desired[INVENTORY] = inventory_contract.compact(quantized(inventory))
+    if topology_json is not None and len(topology_json.encode()) <= TOPOLOGY_BUDGET:
+        desired[TOPOLOGY] = topology_json
+    if free_gpus is not None:
+        desired[FREE_GPUS] = ",".join(str(i) for i in sorted(free_gpus))
+    return desired
+
+
+def quantized(inventory: Mapping[str, Any]) -> dict[str, Any]:
+    """The inventory with ``freeBytes`` rounded down, so disk noise does not patch the Node.
+
+    Free space moves by a few bytes all the time (logs, other tenants); publishing it
+    exactly would patch the Node at every interval. Rounding down to 0.5% of the
+    capacity (at least 64 MiB) keeps real changes visible and never overstates space.
+    """
+    result = dict(inventory)
+    free, capacity = result.get("freeBytes"), result.get("capacityBytes")
+    if isinstance(free, int) and isinstance(capacity, int):
+        quantum = max(FREE_BYTES_QUANTUM, capacity // 200)
+        result["freeBytes"] = free - free % quantum
+    return result
+
+
+def annotation_patch(current: Mapping[str, str] | None, desired: Mapping[str, str]) -> dict[str, str | None] | None:
+    """Merge-patch values for ``metadata.annotations``: changed keys, None for stale ones."""
+    current = current or {}
+    patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
+    patch.update({k: None for k in OWNED if k in current and k not in desired})
+    return patch or None
+
+
+def clearing_patch(current: Mapping[str, str] | None) -> dict[str, str | None] | None:
+    """The patch removing every annotation the agent owns (graceful shutdown)."""
+    return annotation_patch(current, {})
+
+
+def free_gpus(gpu_count: int | None, gpu_pods: int) -> list[int] | None:
+    """All GPUs when no pod on the node requests GPUs; None (unknown) otherwise."""
+    if gpu_count is None or gpu_pods > 0:
+        return None
+    return list(range(gpu_count))
+
+
+_GPU_RESOURCE = re.compile(r"^(nvidia\.com/gpu|[a-z0-9.-]+/gpu-(roce\d+|all))$")
+
+
+def gpu_request(pod: Mapping[str, Any]) -> int:
+    """GPUs a raw pod requests: ``nvidia.com/gpu`` and the device plugin's ``<prefix>/gpu-roce<N>``
+    and ``<prefix>/gpu-all`` (limits count when requests are absent, as for extended resources)."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        for name in set(requests) | set(limits):
+            if not isinstance(name, str) or not _GPU_RESOURCE.match(name):
+                continue
+            value = requests.get(name) or limits.get(name)
+            try:
+                total += int(value) if value is not None else 0
+            except (TypeError, ValueError):
+                continue
+    return total
+
+
+def applied(current: Mapping[str, str] | None, patch: Mapping[str, str | None]) -> dict[str, str]:
+    """``current`` after ``patch``."""
+    result = dict(current or {})
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = value
+    return result
+
+
+__all__ = [
+    "FREE_BYTES_QUANTUM",
+    "FREE_GPUS",
+    "INVENTORY",
+    "OWNED",
+    "TOPOLOGY",
+    "annotation_patch",
+    "applied",
+    "clearing_patch",
+    "desired_annotations",
+    "free_gpus",
+    "gpu_request",
+    "quantized",
+]

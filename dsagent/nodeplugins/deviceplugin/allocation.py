@@ -1,0 +1,351 @@
+"""What the device plugin advertises and who holds which GPU and VF: pure bookkeeping.
+
+Who calls it: :mod:`dsagent.nodeplugins.deviceplugin.plugin` (the gRPC edge), which owns all I/O.
+What it owns (docs/design.md#roce-allocation):
+
+* :func:`node_classes`, the one adapter between ``gpu_topology``'s RoCE classes and the
+  kubelet resources ``<prefix>/gpu-roce<N>`` (the classes rule lives in gpu_topology and
+  may change; nothing else here calls it);
+* :class:`NodeDevices`: per resource, its GPUs (named by UUID, with their NUMA node) and
+  the SR-IOV VFs of its NICs; a **class-set resource** per run of consecutive classes
+  (``<prefix>/gpu-roce1-2``: the GPUs of classes 1 and 2, for a worker of a job whose
+  class set they are, docs/design.md#class-sets); plus ``<prefix>/gpu-all`` with every
+  GPU of the node, for a whole-node worker that spans several classes;
+* :class:`Ledger`: the allocations made, each with its GPUs and one VF per RoCE NIC near
+  them (of the classes they touch: a GPU near two NICs gets both, so NCCL can stripe over
+  every near rail; docs/design.md#roce-allocation). A GPU held under one resource is
+  reported Unhealthy under the others (the kubelet then offers it to nobody else) and an
+  Allocate that would share it is refused; a VF is taken until the kubelet's pod-resources
+  API stops listing the allocation;
+* :func:`nccl_settings` and :func:`nccl_conf`: the NCCL environment and file text.
+
+Decisions: the NICs are the nearest ones of each allocated GPU
+(:func:`gpu_topology.nearest_nics`) among its class's NICs; on each, the lowest free
+``virtfn``. A class none of whose GPUs names a nearest NIC of its own gets one VF from
+the class NIC with the fewest taken VFs (ties by NIC order). An Allocate repeated for the same devices (the
+kubelet does this after its restart) gets the same allocation back. NCCL names use the
+``=`` exact-match form (``NCCL_IB_HCA==mlx5_10``): a bare ``mlx5_1`` would also match
+``mlx5_10``..``mlx5_19``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dsagent.errors import Conflict, InvalidInput
+from gpu_topology import ClassMode, Topology, nearest_nics, roce_classes
+from gpu_topology.classsets import resource_name, runs
+from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
+
+DEFAULT_PREFIX = "dsagent.io"
+CLASS_RESOURCE = "gpu-roce"  # <prefix>/gpu-roce<N>
+WHOLE_NODE_RESOURCE = "gpu-all"
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+NCCL_CONF_IN_CONTAINER = "/etc/nccl.conf"
+MAX_DEVICE_ID = 63  # the kubelet's limit on a device ID
+_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class NoFreeVf(Conflict):
+    """Every VF of the class's NICs is taken (kubelet: FAILED_PRECONDITION)."""
+
+    code = "no_free_vf"
+
+
+class DeviceInUse(Conflict):
+    """A GPU is held under another resource (kubelet: FAILED_PRECONDITION)."""
+
+    code = "device_in_use"
+
+
+@dataclass(frozen=True)
+class ResourceClass:
+    """One kubelet resource: its GPUs (indices) and the NICs whose VFs go with them."""
+
+    resource: str
+    gpus: tuple[int, ...]
+    nics: tuple[str, ...]
+
+
+def validate_prefix(prefix: str) -> str:
+    """A resource prefix must be a DNS subdomain (``dsagent.io``, ``example.com``)."""
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise InvalidInput(f"invalid resource prefix {prefix!r}", hint="use a DNS subdomain such as dsagent.io")
+    return prefix
+
+
+def node_classes(
+    topology: Topology, prefix: str = DEFAULT_PREFIX, mode: ClassMode | str = ClassMode.NUMA
+) -> tuple[ResourceClass, ...]:
+    """The node's class resources, ``<prefix>/gpu-roce<N>`` (docs/design.md#roce-classes).
+
+    The adapter to :func:`gpu_topology.roce_classes`: the only call of it in this package.
+    ``mode`` must be the one the agent publishes its topology with (``DSAGENT_ROCE_CLASSES``,
+    ``Settings.roce_classes``), so that ``gpu-roce<N>`` here is the class the webhook and the
+    extender chose from the published annotation.
+    """
+    classes = roce_classes(topology, prefix=f"{validate_prefix(prefix)}/{CLASS_RESOURCE}", mode=mode)
+    return tuple(ResourceClass(resource=c.name, gpus=tuple(c.gpus), nics=tuple(c.nics)) for c in classes)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One advertised device: a GPU by UUID."""
+
+    id: str
+    index: int
+    numa_node: int | None
+
+
+class NodeDevices:
+    """The node's resources, their devices and VFs; built once at start-up."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        vfs: Mapping[str, PhysicalFunction],
+        prefix: str = DEFAULT_PREFIX,
+        mode: ClassMode | str = ClassMode.NUMA,
+    ) -> None:
+        missing = [g.index for g in topology.gpus if not g.uuid]
+        if missing:
+            raise InvalidInput(
+                f"GPUs {missing} have no UUID; the device plugin names devices by GPU UUID",
+                hint="discover the topology with nvml or nvidia-smi, which report UUIDs",
+            )
+        too_long = [g.uuid for g in topology.gpus if g.uuid and len(g.uuid) > MAX_DEVICE_ID]
+        if too_long:
+            raise InvalidInput(f"GPU UUIDs longer than {MAX_DEVICE_ID} characters: {too_long}")
+        self.topology = topology
+        self.prefix = validate_prefix(prefix)
+        self.classes = node_classes(topology, prefix, mode)
+        self.whole_node = f"{prefix}/{WHOLE_NODE_RESOURCE}"
+        self.devices = {g.uuid: Device(id=str(g.uuid), index=g.index, numa_node=g.numa_node) for g in topology.gpus}
+        self.by_index = {d.index: d for d in self.devices.values()}
+        self.vfs = dict(vfs)
+        self._resources: dict[str, tuple[int, ...]] = {c.resource: c.gpus for c in self.classes}
+        by_name = {c.resource: c for c in self.classes}
+        #: class-set resource -> its classes (docs/design.md#class-sets)
+        self.sets: dict[str, tuple[ResourceClass, ...]] = {}
+        for run in runs(by_name):
+            if len(run) > 1:
+                name = resource_name(run)
+                self.sets[name] = tuple(by_name[c] for c in run)
+                self._resources[name] = tuple(sorted(g for c in run for g in by_name[c].gpus))
+        if self.classes:
+            self._resources[self.whole_node] = topology.gpu_indices
+        self._near = {g.index: nearest_nics(topology, g.index) for g in topology.gpus}
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """Every resource to register: classes, class sets, then ``gpu-all`` (none without classes)."""
+        return tuple(self._resources)
+
+    def near_nics(self, index: int) -> tuple[str, ...]:
+        """GPU ``index``'s nearest NICs (gpu_topology's rule)."""
+        return self._near.get(index, ())
+
+    def resource_devices(self, resource: str) -> tuple[Device, ...]:
+        return tuple(self.by_index[i] for i in self._resources[resource])
+
+    def class_of(self, index: int) -> ResourceClass | None:
+        return next((c for c in self.classes if index in c.gpus), None)
+
+    def resolve(self, resource: str, ids: Iterable[Any], what: str) -> list[Device]:
+        """The devices ``ids`` name; hostile input is an :class:`InvalidInput`."""
+        allowed = set(self._resources.get(resource, ()))
+        found: list[Device] = []
+        for raw in ids:
+            device = self.devices.get(raw) if isinstance(raw, str) else None
+            if device is None or device.index not in allowed:
+                raise InvalidInput(f"{what}: {str(raw)[:80]!r} is not a device of {resource}")
+            if device in found:
+                raise InvalidInput(f"{what}: device {raw} is named twice")
+            found.append(device)
+        return found
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """GPUs given to one container under one resource, and the VFs that go with them."""
+
+    id: str
+    resource: str
+    gpus: tuple[str, ...]  # UUIDs, sorted
+    vfs: tuple[str, ...]  # VF PCI addresses, one per near NIC of the classes touched
+    created: float
+
+    @staticmethod
+    def make_id(resource: str, gpus: Iterable[str]) -> str:
+        text = resource + "\0" + "\0".join(sorted(gpus))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Ledger:
+    """Who holds which GPU and VF (see the module docstring); JSON-serialisable."""
+
+    node: NodeDevices
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+
+    def vf(self, pci_bus_id: str) -> VirtualFunction | None:
+        for pf in self.node.vfs.values():
+            for vf in pf.vfs:
+                if vf.pci_bus_id == pci_bus_id:
+                    return vf
+        return None
+
+    def held_elsewhere(self, resource: str) -> set[str]:
+        """GPU UUIDs held under resources other than ``resource``."""
+        return {g for a in self.allocations.values() if a.resource != resource for g in a.gpus}
+
+    def allocate(self, resource: str, gpus: Iterable[str], now: float) -> Allocation:
+        """Record an allocation (idempotent for the same devices); raises on a conflict."""
+        devices = self.node.resolve(resource, gpus, "Allocate")
+        if not devices:
+            raise InvalidInput("Allocate: a container request names no device")
+        uuids = tuple(sorted(d.id for d in devices))
+        alloc_id = Allocation.make_id(resource, uuids)
+        if alloc_id in self.allocations:
+            return self.allocations[alloc_id]
+        held = {g: a for a in self.allocations.values() for g in a.gpus}
+        shared = sorted(g for g in uuids if g in held)
+        if shared:
+            raise DeviceInUse(
+                f"GPUs {shared} are already allocated under {held[shared[0]].resource}",
+                hint="the kubelet offered a device this plugin reported Unhealthy",
+            )
+        taken = {vf for a in self.allocations.values() for vf in a.vfs}
+        chosen: list[str] = []
+        for cls in self._classes_of(devices):
+            near = [n for n in cls.nics if any(n in self.node.near_nics(d.index) for d in devices)]
+            if len(near) > 1:  # one VF per near NIC: NCCL stripes over every rail (cross-node design)
+                for nic in near:
+                    vf = self._free_vf(cls, taken, only=nic)
+                    if vf is not None:
+                        chosen.append(vf.pci_bus_id)
+                        taken.add(vf.pci_bus_id)
+                continue
+            vf = self._free_vf(cls, taken, prefer=near[0] if near else None)
+            if vf is not None:
+                chosen.append(vf.pci_bus_id)
+                taken.add(vf.pci_bus_id)
+        allocation = Allocation(id=alloc_id, resource=resource, gpus=uuids, vfs=tuple(chosen), created=now)
+        self.allocations[alloc_id] = allocation
+        return allocation
+
+    def release_unlisted(
+        self, listed: Iterable[tuple[str, Iterable[str]]], now: float, grace: float
+    ) -> list[Allocation]:
+        """Free allocations that pod-resources no longer lists, once older than ``grace`` s.
+
+        ``listed`` holds (resource, device ids) per container, as the kubelet reports them.
+        The grace covers the moment between Allocate and the kubelet recording it.
+        """
+        present = {Allocation.make_id(resource, ids) for resource, ids in listed}
+        freed = [a for key, a in self.allocations.items() if key not in present and now - a.created >= grace]
+        for allocation in freed:
+            del self.allocations[allocation.id]
+        return freed
+
+    def _classes_of(self, devices: Iterable[Device]) -> list[Any]:
+        found = []
+        for device in devices:
+            cls = self.node.class_of(device.index)
+            if cls is not None and cls not in found:
+                found.append(cls)
+        return found
+
+    def _free_vf(
+        self, cls: ResourceClass, taken: set[str], *, only: str | None = None, prefer: str | None = None
+    ) -> VirtualFunction | None:
+        """A free VF of the class's NICs (``only``: of that NIC; ``prefer``: that NIC first)."""
+        names = [n for n in cls.nics if (only is None or n == only) and n in self.node.vfs]
+        pfs = [self.node.vfs[n] for n in names]
+        usable = [[vf for vf in pf.vfs if vf.usable] for pf in pfs]
+        if not any(usable):
+            return None  # no SR-IOV on this class's NICs: GPUs only (docs/design.md#roce-allocation)
+        order = sorted(
+            range(len(pfs)),
+            key=lambda i: (names[i] != prefer, sum(vf.pci_bus_id in taken for vf in usable[i]), i),
+        )
+        for i in order:
+            for vf in usable[i]:
+                if vf.pci_bus_id not in taken:
+                    return vf
+        raise NoFreeVf(
+            f"every VF of {', '.join(cls.nics)} ({cls.resource}) is taken",
+            hint="enable more VFs (sriov_numvfs) or wait for a pod of this class to end",
+        )
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, "allocations": [asdict(a) for a in self.allocations.values()]}, sort_keys=True)
+
+    def load_json(self, text: str) -> None:
+        """Restore allocations saved by :meth:`to_json`; unknown GPUs or VFs are dropped."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("allocations"), list):
+            raise InvalidInput("not a version-1 allocation record")
+        for item in data["allocations"]:
+            try:
+                allocation = Allocation(
+                    id=str(item["id"]),
+                    resource=str(item["resource"]),
+                    gpus=tuple(str(g) for g in item["gpus"]),
+                    vfs=tuple(str(v) for v in item["vfs"]),
+                    created=float(item["created"]),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InvalidInput(f"malformed allocation record: {exc}") from exc
+            if all(g in self.node.devices for g in allocation.gpus) and all(self.vf(v) for v in allocation.vfs):
+                self.allocations[allocation.id] = allocation
+
+
+def nccl_settings(vfs: Iterable[VirtualFunction]) -> dict[str, str]:
+    """NCCL's environment for a container given ``vfs`` (empty without a VF)."""
+    vfs = [vf for vf in vfs if vf.rdma_device]
+    if not vfs:
+        return {}
+    settings = {"NCCL_IB_HCA": "=" + ",".join(str(vf.rdma_device) for vf in vfs)}
+    gid = next((vf.gid_index for vf in vfs if vf.gid_index is not None), None)
+    if gid is not None:
+        settings["NCCL_IB_GID_INDEX"] = str(gid)
+    netdevs = [vf.netdev for vf in vfs if vf.netdev]
+    if netdevs:
+        settings["NCCL_SOCKET_IFNAME"] = "=" + ",".join(str(n) for n in netdevs)
+    if len(vfs) > 1:
+        # several rails, each its own subnet: a channel must stay on one rail between the
+        # nodes (NCCL_CROSS_NIC=0, NCCL's setting for rail-optimised fabrics), so that NCCL
+        # stripes channels over every listed HCA without crossing subnets
+        settings["NCCL_CROSS_NIC"] = "0"
+    return settings
+
+
+def nccl_conf(allocation: Allocation, settings: Mapping[str, str]) -> str:
+    """The ``/etc/nccl.conf`` text: NCCL reads ``KEY=VALUE`` lines, ``#`` comments."""
+    lines = [f"# written by dsagent's device plugin: {allocation.resource}, GPUs {','.join(allocation.gpus)}"]
+    lines += [f"{key}={value}" for key, value in sorted(settings.items())]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Allocation",
+    "Device",
+    "DeviceInUse",
+    "Ledger",
+    "NoFreeVf",
+    "NodeDevices",
+    "ResourceClass",
+    "nccl_conf",
+    "nccl_settings",
+    "node_classes",
+    "validate_prefix",
+]

@@ -1,0 +1,965 @@
+"""The Helm chart, rendered and linted by Helm's own SDK, validated object by object.
+
+Every rendered object is checked with ``kubernetes-validate`` in strict mode for every
+Kubernetes version from 1.29 to the newest it ships. What those schemas cannot cover is
+checked here by hand: the KubeSchedulerConfiguration inside its ConfigMap (a component
+config, not an API object), cert-manager objects, and Datasets against the CRD's own
+openAPIV3Schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+from packaging.version import Version
+
+from dsagent.cache import settings
+from dsagent.cluster.nodeagent import ClusterSettings
+from tests.fake_apiserver import make_dataset
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"
+NAMESPACE = "dsplatform"
+RELEASE = "dsp"
+KUBE_VERSIONS = sorted({v for v in kv.all_versions() if Version(v) >= Version("1.29")}, key=Version)
+
+NON_DEFAULT: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "0.1.0-rc1"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "agent": {
+        "cacheDir": "/nvme/dsagent",
+        "socketDir": "/var/run/dsagent",
+        "capacity": "800Gi",
+        "localSources": ["/mnt/nfs/datasets"],
+        "maxFetches": 2,
+        "runAsUser": 1001,
+        "runAsGroup": 1001,
+        "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
+        "tolerations": [{"operator": "Exists"}],
+        "networkPolicy": {
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        },
+    },
+    "extender": {"replicas": 3, "weights": "dataset=1,roce=0,numa=0", "partialDatasets": True},
+    "scheduler": {"name": "data-aware", "replicas": 2, "extender": {"weight": 5, "httpTimeout": "2s"}},
+    "webhook": {
+        "certManager": {"enabled": True},
+        "excludeNamespaces": ["kube-system", "monitoring"],
+        "datasetsMountPath": "/data",
+    },
+    "crds": {"keep": False},
+    "csi": {
+        "driverName": "data.example.com",
+        "kubeletDir": "/data/kubelet",
+        "registrar": {"image": {"repository": "mirror.example.com/csi-node-driver-registrar", "tag": "v2.12.0"}},
+    },
+}
+MINIMAL: dict[str, Any] = {
+    "webhook": {"enabled": False},
+    "scheduler": {"enabled": False},
+    "extender": {"enabled": False},
+    "crds": {"install": False},
+    "controller": {"enabled": False},
+}
+DIGEST = "sha256:" + "ab" * 32
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+PRODUCTION: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/ml/dsplatform", "tag": "ignored", "digest": DIGEST},
+    "agent": {"reserve": "20%", "networkPolicy": {"metricsFrom": MONITORING}},
+    "availability": {
+        "podDisruptionBudget": {"maxUnavailable": "50%"},
+        "podAntiAffinity": "hard",
+        "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"},
+    },
+    "topologyDiscovery": {"hostNetwork": True},
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+        "prometheusRule": {"enabled": True},
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+    },
+    "controller": {"replicas": 3, "packServiceAccount": "bucket-writer"},
+}
+DEVICE_PLUGIN: dict[str, Any] = {
+    "agent": {
+        "cacheDir": "/nvme/dsagent",
+        "devicePlugin": {"enabled": True, "nodeLabel": "example.com/gpu-plugin"},
+    },
+    "gpuClasses": {"resourcePrefix": "example.com"},
+}
+GPU_CLASSES: dict[str, Any] = {
+    "gpuClasses": {
+        "enabled": True,
+        "resourcePrefix": "example.com",
+        "jobLabels": ["team.example.com/job", "job-name"],
+        "jobTTL": "2h",
+    },
+    "agent": {"roceClasses": "subnet"},
+}
+# Peer-to-peer bundles (tests/charts/test_chart_peers.py): a chart-made token, every tunable,
+# a node port apart from the agent's own; and a platform's Secret with host networking and
+# the agent running as non-root (no CSI).
+PEERS: dict[str, Any] = {
+    "agent": {
+        "peers": {
+            "enabled": True,
+            "hostPort": 17420,
+            "maxUploads": 16,
+            "maxUploadsPerPeer": 2,
+            "uploadRate": "200Mi",
+            "minRate": 2000000,
+            "timeout": "30s",
+            "wait": "45s",
+            "networkPolicyFrom": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+        }
+    }
+}
+PEERS_EXISTING_SECRET: dict[str, Any] = {
+    "agent": {"peers": {"enabled": True, "existingSecret": "platform-peer-token", "existingSecretKey": "p2p"}},
+    "topologyDiscovery": {"hostNetwork": True},
+    "csi": {"enabled": False},
+}
+VALUE_SETS = {
+    "default": {},
+    "non-default": NON_DEFAULT,
+    "agent-only": MINIMAL,
+    "production": PRODUCTION,
+    "device-plugin": DEVICE_PLUGIN,
+    "no-csi": {"csi": {"enabled": False}},
+    "gpu-classes": GPU_CLASSES,
+    "peers": PEERS,
+    "peers-existing-secret": PEERS_EXISTING_SECRET,
+    "cert-manager-with-issuer": {
+        "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+    },
+}
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return [
+        doc for path, text in sorted(out.items()) if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc
+    ]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(matches) == 1, f"expected one {kind} *{name_suffix}, found {[d['metadata']['name'] for d in matches]}"
+    return matches[0]
+
+
+def kinds(docs: list[dict[str, Any]]) -> set[str]:
+    return {d["kind"] for d in docs}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {label: render(values) for label, values in VALUE_SETS.items()}
+
+
+# -- Helm's own checks
+
+
+@pytest.mark.parametrize("label", sorted(VALUE_SETS))
+def test_helm_lint_strict_finds_no_warnings_or_errors(label: str) -> None:
+    report = helm.lint(str(CHART), VALUE_SETS[label], strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
+
+
+@pytest.mark.parametrize("kube_version", ["v1.29.0", "v1.37.0"])
+def test_the_chart_lints_for_the_oldest_and_newest_supported_kubernetes(kube_version: str) -> None:
+    report = helm.lint(str(CHART), strict=True, kube_version=kube_version)
+    assert report["errors"] == []
+
+
+def test_the_chart_declares_the_kubernetes_versions_it_is_validated_for() -> None:
+    assert helm.Chart.load(str(CHART)).metadata["kubeVersion"] == ">=1.29.0-0"
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"agent": {"evictRatio": 0.9}}, "evictRatio"),
+        ({"agent": {"runAsUser": 0}}, "runAsUser"),
+        ({"agent": {"cacheDir": "relative/path"}}, "cacheDir"),
+        ({"agent": {"capacity": "lots"}}, "capacity"),
+        ({"agent": {"idleTTL": "a week"}}, "idleTTL"),
+        ({"agent": {"cahceDir": "/typo"}}, "cahceDir"),
+        ({"webhook": {"failurePolicy": "Sometimes"}}, "failurePolicy"),
+        ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
+        ({"scheduler": {"name": "Not_A_DNS_Name"}}, "name"),
+        ({"scheduler": {"extender": {"httpTimeout": "5"}}}, "httpTimeout"),
+        ({"extender": {"weights": "dataset=lots"}}, "weights"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"gpuClasses": {"resourcePrefix": "Example.COM"}}, "resourcePrefix"),
+        ({"gpuClasses": {"gpuResource": "gpu"}}, "gpuResource"),
+        ({"gpuClasses": {"jobTTL": "forever"}}, "jobTTL"),
+        ({"agent": {"roceClasses": "per-nic"}}, "roceClasses"),
+    ],
+)
+def test_values_schema_rejects_bad_values_naming_the_key(values: dict[str, Any], complaint: str) -> None:
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmValuesError) as info:
+        chart.validate_schema(values)
+    assert complaint in str(info.value)
+
+
+def test_the_default_values_satisfy_the_schema() -> None:
+    helm.Chart.load(str(CHART)).validate_schema({})
+    helm.Chart.load(str(CHART)).validate_schema(NON_DEFAULT)
+
+
+# -- every object, every Kubernetes version
+
+# kubernetes-validate knows only built-in kinds: cert-manager objects and the Prometheus
+# Operator's ServiceMonitor (CRDs) are checked by the tests below instead.
+CHECKED_BY_HAND = {"cert-manager.io/v1", "monitoring.coreos.com/v1"}
+
+
+def all_objects(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for label, docs in rendered.items():
+        for doc in docs:
+            yield label, doc
+
+
+@pytest.fixture
+def cached_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubernetes-validate re-reads its multi-megabyte definitions per object; read once."""
+    monkeypatch.setattr(kv, "schema_contents", _schema_contents)
+
+
+_schema_contents = functools.lru_cache(maxsize=None)(kv.schema_contents)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.usefixtures("cached_schemas")
+def test_every_rendered_object_validates_strictly(kube_version: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    checked = 0
+    for label, doc in all_objects(rendered):
+        if doc["apiVersion"] in CHECKED_BY_HAND:
+            continue
+        try:
+            kv.validate(doc, kube_version, strict=True)
+        except kv.ValidationError as exc:
+            pytest.fail(
+                f"{label}: {doc['kind']}/{doc['metadata']['name']} invalid for {kube_version}: "
+                f"{exc.message} at {list(exc.path)}"
+            )
+        checked += 1
+    assert checked > 40
+
+
+def test_kubernetes_validate_ships_at_least_the_versions_we_claim() -> None:
+    assert KUBE_VERSIONS[0] == "1.29.0" and Version(KUBE_VERSIONS[-1]) >= Version("1.31")
+
+
+def test_cert_manager_objects_are_well_formed(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["non-default"]
+    cert = find(docs, "Certificate")
+    issuer = find(docs, "Issuer")
+    webhook = find(docs, "MutatingWebhookConfiguration")
+    service = find(docs, "Service", "-webhook")
+    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer"}
+    assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert (
+        webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == f"{NAMESPACE}/{cert['metadata']['name']}"
+    )
+    assert "caBundle" not in webhook["webhooks"][0]["clientConfig"]
+    assert not [d for d in docs if d["kind"] == "Secret" and d["type"] == "kubernetes.io/tls"]
+    own = rendered["cert-manager-with-issuer"]
+    assert find(own, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert "Issuer" not in kinds(own)
+
+
+# -- the second scheduler's KubeSchedulerConfiguration
+
+EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+CONFIG_FIELDS = {
+    "apiVersion",
+    "kind",
+    "parallelism",
+    "leaderElection",
+    "clientConnection",
+    "healthzBindAddress",
+    "metricsBindAddress",
+    "enableProfiling",
+    "enableContentionProfiling",
+    "percentageOfNodesToScore",
+    "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds",
+    "profiles",
+    "extenders",
+    "delayCacheUntilActive",
+}
+
+
+def scheduler_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(find(docs, "ConfigMap", "-scheduler")["data"]["config.yaml"])
+    return config
+
+
+@pytest.mark.parametrize("label", ["default", "non-default"])
+def test_scheduler_configuration_has_one_profile_and_an_ignorable_extender(
+    label: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    docs = rendered[label]
+    config = scheduler_config(docs)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert set(config) <= CONFIG_FIELDS
+    expected_name = "data-aware" if label == "non-default" else "dsplatform-scheduler"
+    assert [p["schedulerName"] for p in config["profiles"]] == [expected_name]
+    assert config["leaderElection"]["resourceName"] == expected_name
+    [extender] = config["extenders"]
+    assert set(extender) <= EXTENDER_FIELDS
+    assert extender["ignorable"] is True
+    assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
+    assert isinstance(extender["weight"], int) and extender["weight"] >= 1
+    assert extender["httpTimeout"].endswith("s")
+    service = find(docs, "Service", "-extender")
+    assert service["spec"]["sessionAffinity"] == "ClientIP"  # job memory lives in one replica
+    port = service["spec"]["ports"][0]["port"]
+    assert extender["urlPrefix"] == f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{port}"
+    deployment = find(docs, "Deployment", "-extender")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DSEXT_PORT"] == str(port)
+    assert env["DSEXT_WATCH"] == str(extender["nodeCacheCapable"]).lower()
+
+
+def test_the_leader_election_lease_role_names_the_configured_lease(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["non-default"]
+    role = find(docs, "Role", "-leader-election")
+    assert any(r.get("resourceNames") == ["data-aware"] for r in role["rules"])
+
+
+# -- least-privilege RBAC
+
+
+def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str]]:
+    role = find(docs, "ClusterRole", suffix)
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_agent_may_only_read_and_patch_nodes_watch_pods_and_read_datasets(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    assert rules_of(rendered["default"], "-agent") == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("dsagent.io", "datasets", "get"),
+        ("dsagent.io", "datasets", "list"),
+        ("dsagent.io", "datasets", "watch"),
+    }
+
+
+def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert rules_of(rendered["default"], "-extender") == {
+        (group, resource, verb)
+        for group, resource in (("", "nodes"), ("", "pods"), ("dsagent.io", "datasets"))
+        for verb in ("list", "watch")
+    }
+
+
+def test_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert rules_of(rendered["default"], "-webhook") == {("dsagent.io", "datasets", "get")}
+
+
+def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    assert rules_of(rendered["gpu-classes"], "-webhook") == {
+        ("dsagent.io", "datasets", "get"),
+        ("", "nodes", "list"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+
+
+def test_no_role_uses_wildcards_or_touches_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for _, doc in all_objects(rendered):
+        for rule in doc.get("rules", []) if doc["kind"] in ("ClusterRole", "Role") else []:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], doc["metadata"]["name"]
+            assert "secrets" not in rule["resources"], doc["metadata"]["name"]
+
+
+# -- the agent DaemonSet
+
+
+def agent_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = find(docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    return spec
+
+
+def agent_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [container] = [c for c in agent_pod(docs)["containers"] if c["name"] == "agent"]
+    return container
+
+
+def test_the_agent_learns_its_node_name_from_the_downward_api(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    container = agent_container(rendered["default"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DSAGENT_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert container["command"] == ["dsagent", "serve", "--kubernetes"]
+
+
+def test_the_agent_is_node_critical_probed_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["no-csi"])  # with the CSI plugin it runs privileged (test below)
+    [container] = pod["containers"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["runAsUser"] == 65532
+    assert container["resources"]["requests"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["non-default"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cache"]["hostPath"]["path"] == "/nvme/dsagent"
+    assert volumes["socket"]["hostPath"]["path"] == "/var/run/dsagent"
+    container = agent_container(rendered["non-default"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSAGENT_CAPACITY"] == "800Gi"
+    assert env["DSAGENT_LOCAL_SOURCES"] == "/mnt/nfs/datasets"
+    assert env["DSAGENT_MAX_FETCHES"] == "2"
+    assert "chown 1001:1001" in pod["initContainers"][0]["args"][0]
+    assert container["image"] == "registry.example.com/ml/dsplatform:0.1.0-rc1"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_agent_settings_in_the_daemonset_are_ones_the_agent_accepts(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for label in ("default", "non-default"):
+        container = agent_container(rendered[label])
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        env.pop("DSAGENT_ADMIN_TOKEN_FILE")  # a mounted Secret in the cluster
+        settings.Settings.from_env(env)
+        ClusterSettings.from_env(env)
+
+
+def test_the_admin_token_is_generated_and_long(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    secret = find(rendered["default"], "Secret", "-agent-admin")
+    assert len(base64.b64decode(secret["data"]["token"])) >= 32
+
+
+# -- the webhook
+
+
+def test_the_webhook_never_blocks_pods_and_only_sees_annotated_ones(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    [hook] = find(rendered["default"], "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+    assert "'dsagent.io/datasets' in object.metadata.annotations" in hook["matchConditions"][0]["expression"]
+    [expr] = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and {"kube-system", NAMESPACE} <= set(expr["values"])
+    assert hook["clientConfig"]["service"]["path"] == "/mutate"
+
+
+def test_with_gpu_classes_the_webhook_also_sees_gpu_pods_and_declares_its_lease_writes(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    from dsagent.cluster.admission.roceclass import GpuClassSettings
+
+    [hook] = find(rendered["gpu-classes"], "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    [condition] = hook["matchConditions"]
+    expression = condition["expression"]
+    assert "'dsagent.io/datasets' in object.metadata.annotations" in expression
+    assert "k == 'nvidia.com/gpu' || k.startsWith('example.com/')" in expression
+    assert "object.spec.initContainers.exists(c," in expression and expression.count("(") == expression.count(")")
+    container = find(rendered["gpu-classes"], "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = GpuClassSettings.from_env(env)
+    assert (settings.enabled, settings.resource("gpu-roce1"), settings.job_labels, settings.lease_ttl_s) == (
+        True,
+        "example.com/gpu-roce1",
+        ("team.example.com/job", "job-name"),
+        7200,
+    )
+    default = find(rendered["default"], "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert GpuClassSettings.from_env({e["name"]: e["value"] for e in default["env"] if "value" in e}).enabled is False
+
+
+def test_the_extender_reads_the_class_resources_the_webhook_writes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from scheduler_plugin.settings import Settings
+
+    for label, prefix in (("default", "dsagent.io/gpu-roce"), ("gpu-classes", "example.com/gpu-roce")):
+        container = find(rendered[label], "Deployment", "-extender")["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        settings = Settings.from_env(env)
+        assert (settings.roce_resource_prefix, settings.gpu_resource) == (prefix, "nvidia.com/gpu")
+    agent = agent_pod(rendered["gpu-classes"])["containers"][0]
+    assert {e["name"]: e.get("value") for e in agent["env"]}["DSAGENT_ROCE_CLASSES"] == "subnet"
+
+
+def test_the_webhook_ca_bundle_is_the_ca_of_its_serving_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    secret = find(docs, "Secret", "-webhook-tls")
+    [hook] = find(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    for key in ("ca.crt", "tls.crt"):
+        assert base64.b64decode(secret["data"][key]).startswith(b"-----BEGIN CERTIFICATE-----")
+    assert b"PRIVATE KEY" in base64.b64decode(secret["data"]["tls.key"])
+
+
+def test_the_webhook_injection_config_follows_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    default = json.loads(find(rendered["default"], "ConfigMap", "-webhook")["data"]["injection.json"])
+    custom = json.loads(find(rendered["non-default"], "ConfigMap", "-webhook")["data"]["injection.json"])
+    assert default["schedulerName"] == "dsplatform-scheduler"
+    assert default["socketDir"] == "/run/dsagent" and default["cacheDir"] == "/var/lib/dsagent"
+    assert custom["schedulerName"] == "data-aware"
+    assert custom["datasetsMountPath"] == "/data"
+    assert custom["cacheDir"] == "/nvme/dsagent" and custom["runAsGroup"] == 1001
+    assert custom["image"] == "registry.example.com/ml/dsplatform:0.1.0-rc1"
+
+
+def test_without_the_scheduler_the_webhook_leaves_scheduler_names_alone() -> None:
+    docs = render({"scheduler": {"enabled": False}})
+    assert json.loads(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])["schedulerName"] == ""
+
+
+def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["agent-only"]
+    assert kinds(docs) == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Secret",
+        "NetworkPolicy",
+        "CSIDriver",
+    }
+
+
+def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    default = find(rendered["default"], "NetworkPolicy")
+    [controller] = default["spec"]["ingress"]  # only the Dataset controller (warm-up, cleanup)
+    assert controller["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": find(rendered["default"], "Deployment", "-controller")["spec"]["selector"]["matchLabels"]
+            }
+        }
+    ]
+    assert find(rendered["agent-only"], "NetworkPolicy")["spec"]["ingress"] == []
+    rule, _ = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 7420, "protocol": "TCP"}]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+
+
+# -- the Dataset CRD
+
+
+def dataset_schema(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    crd = find(docs, "CustomResourceDefinition")
+    [version] = crd["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_the_dataset_crd_has_a_status_subresource_and_is_kept_on_uninstall(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    crd = find(rendered["default"], "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "datasets.dsagent.io"
+    assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert "annotations" not in find(rendered["non-default"], "CustomResourceDefinition")["metadata"]
+
+
+def test_datasets_validate_against_the_crd_schema(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    schema = dataset_schema(rendered["default"])
+    good = make_dataset(
+        "imagenet",
+        bundles="s3://b/bundles",
+        status={
+            "digest": "0" * 32,
+            "files": 1281167,
+            "bytes": 150 << 30,
+            "bundles": 26,
+            "packedTime": "2026-11-21T10:00:00Z",
+            "readyNodes": ["gpu-1"],
+        },
+    )
+    good["spec"]["storageSecretRef"] = {"name": "s3-creds"}
+    jsonschema.validate(good, schema)
+    for bad in (
+        {"spec": {}},
+        {"spec": {"source": ""}},
+        {"spec": {"source": "s3://x"}, "status": {"digest": "not-hex"}},
+        {"spec": {"source": "s3://x", "pack": {"level": 99}}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**make_dataset("x"), **bad}, schema)
+
+
+@pytest.mark.usefixtures("cached_schemas")
+def test_strict_validation_catches_an_unknown_field(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    daemonset = json.loads(json.dumps(find(rendered["default"], "DaemonSet", "-agent")))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(daemonset, KUBE_VERSIONS[-1], strict=True)
+
+
+# -- the CSI node plugin (issue 12, docs/design.md#csi)
+
+
+def test_the_csidriver_serves_ephemeral_inline_volumes_with_pod_info(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    driver = find(rendered["default"], "CSIDriver")
+    assert driver["metadata"]["name"] == "datasets.dsagent.io"
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["podInfoOnMount"] is True and driver["spec"]["attachRequired"] is False
+    assert find(rendered["non-default"], "CSIDriver")["metadata"]["name"] == "data.example.com"
+    assert "CSIDriver" not in kinds(rendered["no-csi"])
+
+
+def test_the_registrar_sidecar_registers_the_agents_socket_in_the_kubelet_plugin_dirs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for label, kubelet, driver, image in (
+        (
+            "default",
+            "/var/lib/kubelet",
+            "datasets.dsagent.io",
+            "registry.k8s.io/sig-storage/csi-node-driver-registrar:",
+        ),
+        ("non-default", "/data/kubelet", "data.example.com", "mirror.example.com/csi-node-driver-registrar:v2.12.0"),
+    ):
+        pod = agent_pod(rendered[label])
+        [registrar] = [c for c in pod["containers"] if c["name"] == "csi-node-driver-registrar"]
+        assert registrar["image"].startswith(image)
+        assert f"--kubelet-registration-path={kubelet}/plugins/{driver}/csi.sock" in registrar["args"]
+        assert "--csi-address=/csi/csi.sock" in registrar["args"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["csi-plugin-dir"]["hostPath"]["path"] == f"{kubelet}/plugins/{driver}"
+        assert volumes["csi-registration-dir"]["hostPath"]["path"] == f"{kubelet}/plugins_registry"
+        agent = agent_container(rendered[label])
+        mounts = {m["name"]: m for m in agent["volumeMounts"]}
+        assert mounts["kubelet-pods"] == {
+            "name": "kubelet-pods",
+            "mountPath": f"{kubelet}/pods",
+            "mountPropagation": "Bidirectional",
+        }
+        assert agent["securityContext"]["privileged"] is True  # Bidirectional needs it
+        env = {e["name"]: e.get("value") for e in agent["env"]}
+        assert env["DSAGENT_CSI_SOCKET"] == "/csi/csi.sock" and env["DSAGENT_CSI_KUBELET_PODS_DIR"] == f"{kubelet}/pods"
+        assert env["DSAGENT_CSI_DRIVER_NAME"] == driver
+        settings.Settings.from_env({k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"})
+        injection = json.loads(find(rendered[label], "ConfigMap", "-webhook")["data"]["injection.json"])
+        assert injection["volumeMode"] == "csi" and injection["csiDriver"] == driver
+    assert (
+        json.loads(find(rendered["no-csi"], "ConfigMap", "-webhook")["data"]["injection.json"])["volumeMode"]
+        == "hostPath"
+    )
+
+
+def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricted(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    from tests.podsecurity import violations
+
+    checked = 0
+    for label, doc in all_objects(rendered):
+        if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet") and not doc["metadata"]["name"].endswith("-agent"):
+            assert violations(doc["spec"]["template"]) == [], (label, doc["metadata"]["name"])
+            checked += 1
+    assert checked >= 3
+    # the agent is the one privileged part (its namespace needs the privileged level) ...
+    assert violations(find(rendered["default"], "DaemonSet", "-agent")["spec"]["template"])
+    # ... and what the webhook injects into user pods keeps them restricted
+    # (tests/dsagent/cluster/admission/test_mutation_csi.py)
+
+
+# -- production: disruption budgets, spreading, probes, digest, discovery, monitoring (issue 13)
+
+DEPLOYMENTS = ("extender", "webhook", "scheduler", "controller")
+
+
+def test_every_deployment_with_more_than_one_replica_has_a_pdb_selecting_its_pods(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for label, expected in (("default", 1), ("production", "50%")):
+        docs = rendered[label]
+        for component in DEPLOYMENTS:
+            deployment = find(docs, "Deployment", f"-{component}")
+            pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"].endswith(component)]
+            if deployment["spec"]["replicas"] == 1:  # issue 23: a one-replica PDB protects nothing
+                assert pdbs == [], (label, component)
+                continue
+            [pdb] = pdbs
+            pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+            assert pdb["spec"]["maxUnavailable"] == expected
+            assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert "PodDisruptionBudget" not in kinds(rendered["agent-only"])
+    pdbs = [d["metadata"]["name"] for d in rendered["default"] if d["kind"] == "PodDisruptionBudget"]
+    assert not [name for name in pdbs if "scheduler" in name], pdbs
+
+
+def test_every_container_has_resources(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for label, docs in rendered.items():
+        for doc in docs:
+            spec = doc.get("spec", {}).get("template", {}).get("spec")
+            if spec is None:
+                continue
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert c.get("resources", {}).get("requests"), (label, doc["metadata"]["name"], c["name"])
+
+
+def test_a_service_monitor_without_a_way_through_the_network_policy_fails_the_render() -> None:
+    with pytest.raises(Exception, match="agent.networkPolicy.metricsFrom"):
+        render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    render({"metrics": {"serviceMonitor": {"enabled": True}}, "agent": {"networkPolicy": {"enabled": False}}})
+
+
+def test_the_notes_say_which_pod_security_level_each_mode_needs() -> None:
+    def notes(values: dict[str, Any]) -> str:
+        out = helm.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return " ".join(text for path, text in out.items() if path.endswith("NOTES.txt")).replace("\n", " ")
+
+    default = notes({})
+    assert '"privileged"' in default and "hostPID" in default
+    assert "pod-security.kubernetes.io/enforce=privileged" in default
+    no_csi = notes({"csi": {"enabled": False}})
+    assert '"privileged"' in no_csi and "hostPID" not in no_csi
+    assert '"restricted"' in notes({"agent": {"enabled": False}, "csi": {"enabled": False}})
+
+
+def test_replicas_spread_over_nodes_and_zones_and_repel_each_other(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for component in DEPLOYMENTS:
+        pod = find(rendered["default"], "Deployment", f"-{component}")["spec"]["template"]
+        keys = [c["topologyKey"] for c in pod["spec"]["topologySpreadConstraints"]]
+        assert keys == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+        for constraint in pod["spec"]["topologySpreadConstraints"]:
+            assert constraint["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        [term] = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        hard = find(rendered["production"], "Deployment", f"-{component}")["spec"]["template"]["spec"]
+        assert "requiredDuringSchedulingIgnoredDuringExecution" in hard["affinity"]["podAntiAffinity"]
+    own = render(
+        {
+            "extender": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}
+                            ]
+                        }
+                    }
+                }
+            }
+        }
+    )
+    assert set(find(own, "Deployment", "-extender")["spec"]["template"]["spec"]["affinity"]) == {"nodeAffinity"}
+
+
+def test_every_long_running_container_has_a_startup_probe(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    pods = [find(docs, "Deployment", f"-{c}")["spec"]["template"]["spec"] for c in DEPLOYMENTS] + [agent_pod(docs)]
+    for pod in pods:
+        for container in pod["containers"]:
+            probe = container["startupProbe"]
+            assert probe["httpGet"]["path"] == "/healthz" and probe["failureThreshold"] * probe["periodSeconds"] >= 60
+            assert "initialDelaySeconds" not in container["livenessProbe"]
+
+
+def test_an_image_digest_overrides_the_tag_everywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["production"]
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
+    }
+    ours = {i for i in images if "kube-scheduler" not in i and "csi-node-driver-registrar" not in i}  # upstream images
+    assert ours == {f"registry.example.com/ml/dsplatform@{DIGEST}"}
+    assert json.loads(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])["image"].endswith(DIGEST)
+    env = {
+        e["name"]: e.get("value")
+        for e in find(docs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["DSAGENT_CONTROLLER_PACK_IMAGE"].endswith(DIGEST)
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(str(CHART)).validate_schema({"image": {"digest": "latest"}})
+
+
+def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    default, production = agent_pod(rendered["default"]), agent_pod(rendered["production"])
+    assert "hostNetwork" not in default
+    assert production["hostNetwork"] is True and production["dnsPolicy"] == "ClusterFirstWithHostNet"
+    volumes = {v["name"]: v for v in default["volumes"]}
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    container = agent_container(rendered["default"])
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "host-sys")
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSAGENT_SYSFS_ROOT"] == "/host"
+    assert settings.Settings.from_env(
+        {k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}
+    ).sysfs_root == Path("/host")
+    env = {e["name"]: e.get("value") for e in agent_container(rendered["production"])["env"]}
+    assert env["DSAGENT_RESERVE"] == "20%"
+
+
+def test_the_service_monitor_selects_services_with_an_http_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["production"]
+    monitor = find(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert set(monitor["spec"]) == {"namespaceSelector", "selector", "endpoints"}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    selected = []
+    for service in (d for d in docs if d["kind"] == "Service"):
+        labels = service["metadata"]["labels"]
+        if all(labels.get(e["key"]) in e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]):
+            selected.append(labels["app.kubernetes.io/component"])
+            assert any(p["name"] == "http" for p in service["spec"]["ports"])
+    assert sorted(selected) == ["agent", "controller", "extender"]
+    assert "ServiceMonitor" not in kinds(rendered["default"])
+
+
+def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_json(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    config = find(rendered["production"], "ConfigMap", "-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1" and config["metadata"]["namespace"] == "monitoring"
+    dashboard = json.loads(config["data"]["dsplatform.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    for metric in (
+        "dsagent_requests_total",
+        "dsagent_cache_hits_total",
+        "dsagent_fetch_duration_seconds_bucket",
+        "dsagent_evictions_total",
+        "dsplatform_extender_request_duration_seconds_bucket",
+    ):
+        assert metric in exprs, metric
+    assert not [
+        d for d in rendered["default"] if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
+
+
+def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["default"]
+    assert rules_of(docs, "-controller") == {
+        ("", "nodes", "list"),
+        ("", "pods", "list"),  # replication's demand, next-job preparation (issue 25)
+        ("dsagent.io", "datasets", "list"),
+        ("dsagent.io", "datasets/status", "patch"),
+    }
+    role = find(docs, "Role", "-controller")
+    deployment = find(docs, "Deployment", "-controller")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert any(r.get("resourceNames") == [env["DSAGENT_CONTROLLER_LEASE"]] for r in role["rules"])
+    assert rules_of(docs, "-pack") == {
+        ("dsagent.io", "datasets", "get"),
+        ("dsagent.io", "datasets", "create"),
+        ("dsagent.io", "datasets/status", "patch"),
+    }
+    assert env["DSAGENT_CONTROLLER_PACK_SERVICE_ACCOUNT"] == find(docs, "ServiceAccount", "-pack")["metadata"]["name"]
+    agent_labels = agent_pod(docs)  # the selector finds the agent pods
+    selector = dict(kv_.split("=") for kv_ in env["DSAGENT_CONTROLLER_AGENT_SELECTOR"].split(","))
+    assert selector.items() <= find(docs, "DaemonSet", "-agent")["spec"]["template"]["metadata"]["labels"].items()
+    assert agent_labels
+    from dsagent.cluster.controller import ControllerSettings
+
+    settings = ControllerSettings.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.resync_s == 30 and settings.metrics_port == 8080
+    production = rendered["production"]
+    assert "-pack" not in {d["metadata"]["name"][-5:] for d in production if d["kind"] == "ServiceAccount"}
+
+
+def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    crd = find(rendered["default"], "CustomResourceDefinition")
+    columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Ready"] == ".status.readyNodeCount" and columns["Digest"] == ".status.digest"
+    schema = dataset_schema(rendered["default"])
+    ds = make_dataset(
+        "imagenet",
+        bundles="s3://b/x",
+        status={
+            "digest": "0" * 32,
+            "readyNodes": ["a"],
+            "readyNodeCount": 1,
+            "pack": {"state": "Running"},
+            "warm": {"state": "Ready"},
+        },
+    )
+    ds["spec"]["pack"] = {"auto": True}
+    ds["spec"]["warm"] = {"nodes": 3, "nodeSelector": {"pool": "a100"}, "startTime": "2026-12-01T00:00:00Z"}
+    jsonschema.validate(ds, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**ds, "spec": {**ds["spec"], "warm": {"nodes": -1}}}, schema)
+
+
+def test_the_scheduler_image_follows_the_cluster_version_and_every_image_takes_a_digest() -> None:
+    """The SDK renders for its own default cluster version (it takes no --kube-version):
+    the scheduler's tag is that version, not a fixed one (issue 23: v1.31.4 on any cluster)."""
+
+    def images(values: dict[str, Any]) -> list[str]:
+        out = []
+        for doc in render(values):
+            pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+            out += [c["image"] for c in pod.get("containers", []) + pod.get("initContainers", [])]
+        return out
+
+    [scheduler] = [i for i in images({}) if "kube-scheduler" in i]
+    version = scheduler.rpartition(":")[2]
+    assert re.fullmatch(r"v1\.(\d+)\.\d+", version) and int(version.split(".")[1]) >= 29, scheduler
+    [fixed] = [i for i in images({"scheduler": {"image": {"tag": "v1.29.3"}}}) if "kube-scheduler" in i]
+    assert fixed == "registry.k8s.io/kube-scheduler:v1.29.3"
+    pinned = {
+        "image": {"digest": DIGEST},
+        "scheduler": {"image": {"digest": DIGEST}},
+        "csi": {"registrar": {"image": {"digest": DIGEST}}},
+    }
+    got = images(pinned)
+    assert len(got) > 5 and all(i.endswith("@" + DIGEST) for i in got), got

@@ -1,0 +1,85 @@
+"""The chart's issue-25 wiring. Cluster-aware eviction (docs/design.md#cluster-eviction): the controller
+may write one ConfigMap of copy counts and is told its name; each agent may only read that one
+ConfigMap and is told where it is; switching it off removes both sides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsagent.cache import copies
+from dsagent.cluster.nodeagent import ClusterSettings
+from tests.charts.test_chart import NAMESPACE, agent_container, find, render
+
+Docs = list[dict[str, Any]]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def controller_env(docs: Docs) -> dict[str, str]:
+    deployment = find(docs, "Deployment", "-controller")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return env_of(container)
+
+
+def namespaced_rules(docs: Docs, suffix: str) -> list[dict[str, Any]]:
+    return [rule for rule in find(docs, "Role", suffix)["rules"] if "configmaps" in rule["resources"]]
+
+
+def test_the_agent_reads_only_the_controllers_configmap_and_the_controller_writes_it() -> None:
+    docs = render()
+    env = env_of(agent_container(docs))
+    assert env["DSAGENT_COPIES_CONFIGMAP"] == f"{NAMESPACE}/{copies.CONFIGMAP}"
+    cluster = ClusterSettings.from_env(env)
+    assert cluster.copies_configmap == f"{NAMESPACE}/{copies.CONFIGMAP}" and cluster.copies_interval == 30
+    assert namespaced_rules(docs, "-agent") == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [copies.CONFIGMAP], "verbs": ["get"]}
+    ]
+    assert find(docs, "RoleBinding", "-agent")["roleRef"]["name"] == find(docs, "Role", "-agent")["metadata"]["name"]
+    assert controller_env(docs)["DSAGENT_CONTROLLER_COPIES_CONFIGMAP"] == copies.CONFIGMAP
+    writes = namespaced_rules(docs, "-controller")
+    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]} in writes
+    assert {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [copies.CONFIGMAP],
+        "verbs": ["get", "patch"],
+    } in writes
+
+
+def test_switched_off_neither_side_touches_the_configmap() -> None:
+    docs = render({"agent": {"clusterEviction": {"enabled": False}}})
+    assert "DSAGENT_COPIES_CONFIGMAP" not in env_of(agent_container(docs))
+    assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-agent")]
+    assert controller_env(docs)["DSAGENT_CONTROLLER_COPIES_CONFIGMAP"] == "off"
+
+
+def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_presets() -> None:
+    from dsagent.cluster.controller import ControllerSettings
+
+    off = render()
+    assert "DSAGENT_CONTROLLER_PREPARE" not in controller_env(off)
+    assert ControllerSettings.from_env(controller_env(off)).prepare is None
+    docs = render({"controller": {"prepare": {"enabled": True, "window": "1h", "fillFraction": "0.8"}}})
+    env = controller_env(docs)
+    presets = ControllerSettings.from_env(env).prepare
+    assert presets is not None and (presets.window_s, presets.fetch_lead_s, presets.fill_fraction) == (3600, 600, 0.8)
+    crd = find(docs, "CustomResourceDefinition")
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["preparation"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
+    import jsonschema
+    import pytest
+
+    from tests.charts.test_chart import dataset_schema
+    from tests.fake_apiserver import make_dataset
+
+    schema = dataset_schema(render())
+    for good in ("auto", 0, 3):
+        jsonschema.validate({**make_dataset("x"), "spec": {"source": "s3://x", "replicas": good}}, schema)
+    for bad in ("AUTO", "3", -1, 10_001):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**make_dataset("x"), "spec": {"source": "s3://x", "replicas": bad}}, schema)

@@ -1,0 +1,96 @@
+"""The chart's device plugin values: off by default, and when on, what the plugin needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dsagent.cache import settings as agent_settings
+from tests.charts.test_chart import CHART, DEVICE_PLUGIN, agent_pod, helm, render
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    # CSI (on by default) makes the agent privileged; these tests look at the device plugin alone
+    no_csi = {"csi": {"enabled": False}}
+    return {"default": render(no_csi), "device-plugin": render({**DEVICE_PLUGIN, **no_csi})}
+
+
+def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["default"])
+    [container] = pod["containers"]
+    assert not any(e["name"].startswith(("DSAGENT_DEVICE_PLUGIN", "DSAGENT_POD_RESOURCES")) for e in container["env"])
+    assert not any("/var/lib/kubelet" in m["mountPath"] for m in container["volumeMounts"])
+    assert container["securityContext"]["runAsNonRoot"] is True
+
+
+def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    pod = agent_pod(rendered["device-plugin"])
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSAGENT_DEVICE_PLUGIN"] == "true"
+    assert env["DSAGENT_RESOURCE_PREFIX"] == "example.com"
+    assert env["DSAGENT_DEVICE_PLUGIN_NODE_LABEL"] == "example.com/gpu-plugin"
+    assert env["DSAGENT_HOST_ROOT"] == "/nvme/dsagent"  # nccl.conf host paths for the kubelet
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    for name, path in (
+        ("device-plugins", "/var/lib/kubelet/device-plugins"),
+        ("pod-resources", "/var/lib/kubelet/pod-resources"),
+    ):
+        assert volumes[name] == path and mounts[name]["mountPath"] == path  # directories: kubelet restarts
+    assert volumes["host-sys"] == "/sys" and mounts["host-sys"]["readOnly"]
+    assert mounts["host-sys"]["mountPath"] == env["DSAGENT_SYSFS_ROOT"] + "/sys"
+    assert container["securityContext"]["runAsUser"] == 0  # the kubelet's sockets are root's
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "chown 0:0" in pod["initContainers"][0]["args"][0]
+    agent_settings.Settings.from_env(
+        {k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"agent": {"devicePlugin": {"nodeLabel": "bad label"}}},
+        {"agent": {"devicePlugin": {"extra": 1}}},
+        # the prefix is gpuClasses' alone now: a second one could disagree with the webhook's
+        {"agent": {"devicePlugin": {"resourcePrefix": "example.com"}}},
+        {"gpuClasses": {"resourcePrefix": "Example.com"}},
+        {"gpuClasses": {"resourcePrefix": "a/b"}},
+        {"gpuClasses": {"resourcePrefix": "a..b"}},
+    ],
+)
+def test_bad_device_plugin_values_are_refused(bad: dict[str, Any]) -> None:
+    values = {
+        "agent": {
+            "devicePlugin": {**DEVICE_PLUGIN["agent"]["devicePlugin"], **bad.get("agent", {}).get("devicePlugin", {})}
+        },
+        "gpuClasses": {**DEVICE_PLUGIN["gpuClasses"], **bad.get("gpuClasses", {})},
+    }
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(str(CHART)).validate_schema(values)
+    assert render(DEVICE_PLUGIN)
+
+
+def _env(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    return {e["name"]: e.get("value") for c in doc["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+
+
+def test_the_webhook_the_extender_and_the_device_plugin_name_the_same_class_resources() -> None:
+    """One prefix and one class rule: what the webhook writes is what the node advertises."""
+    docs = render({**DEVICE_PLUGIN, "gpuClasses": {"enabled": True, "resourcePrefix": "example.com"}})
+    agent = {e["name"]: e.get("value") for e in agent_pod(docs)["containers"][0]["env"]}
+    webhook = _env(docs, "Deployment", "-webhook")
+    extender = _env(docs, "Deployment", "-extender")
+    assert agent["DSAGENT_RESOURCE_PREFIX"] == "example.com"
+    assert webhook["DSAGENT_WEBHOOK_CLASS_PREFIX"] == "example.com"
+    assert extender["DSEXT_ROCE_RESOURCE_PREFIX"] == "example.com/gpu-roce"
+    # the agent publishes and the plugin cuts classes from the same variable
+    assert agent["DSAGENT_ROCE_CLASSES"] == "numa"
+    assert list(agent).count("DSAGENT_ROCE_CLASSES") == 1

@@ -1,0 +1,553 @@
+"""Peer-to-peer bundles with real agents and real HTTP on 127.0.0.1 (docs/design.md#peers).
+
+A store served by :class:`LoopbackServer` (which counts GETs), agents run as real
+``dsagent serve`` processes on TCP, and misbehaving peers as small HTTP servers here: one
+that lies (wrong bytes), one that dies mid-stream, one that stalls. Whatever a peer does,
+the fetching agent ends with the dataset verified, from the store where the peer failed.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dsagent.cache.peers import (
+    PeerBusy,
+    PeerOverloaded,
+    UploadLimits,
+    holds,
+    repack,
+    repack_at,
+)
+from dsagent.format.bundle import pack, unpack_bundle, verify_tree
+from dsagent.format.extract import unpack_bundle_stream
+from dsagent.format.manifest import Manifest, bundle_path
+from tests.dsagent.conftest import write_tree
+from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
+
+pytest.importorskip("aiohttp")
+
+TOKEN = "peer-token-0123456789abcdef"
+FILES = {f"class{i % 3}/img{i:03d}.jpg": bytes([i % 251]) * (3000 + 97 * i) for i in range(24)}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[tuple[Manifest, LoopbackServer]]:
+    """The dataset ``imgs`` packed into 6 bundles in a store served over HTTP."""
+    www = tmp_path / "www"
+    write_tree(www / "src", FILES)
+    manifest = pack(www / "src", www / "store", name="imgs", max_files=4)
+    assert len(manifest.bundles) >= 4
+    server = LoopbackServer(www)
+    yield manifest, server
+    server.close()
+
+
+def _bundle_gets(server: LoopbackServer) -> int:
+    return sum(server.gets(lambda p: "/store/bundles/" in p).values())
+
+
+def _cache(agent: AgentProcess, server: LoopbackServer, task: str = "t1") -> dict[str, Any]:
+    with agent.client() as client:
+        client.submit_task(task, [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
+        record = wait_ready(client, task)
+    assert record["state"] == "ready", record
+    return record
+
+
+def _peer_env(*peers: str, **extra: str) -> dict[str, str]:
+    return {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEERS": ",".join(peers), **extra}
+
+
+def _metric(agent: AgentProcess, direction: str) -> float:
+    with agent.client() as client:
+        text = client.metrics()
+    for line in text.splitlines():
+        if line.startswith(f'dsagent_peer_bytes_total{{direction="{direction}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _verified(agent: AgentProcess, manifest: Manifest, record: dict[str, Any]) -> None:
+    verify_tree(Path(record["datasets"][0]["path"]), manifest)
+
+
+@pytest.fixture
+def seeded(store: tuple[Manifest, LoopbackServer], agent_factory: Any) -> tuple[Manifest, LoopbackServer, AgentProcess]:
+    """Agent ``a`` holds ``imgs`` ready, fetched from the store."""
+    manifest, server = store
+    a = agent_factory("a", tcp=True, env=_peer_env())
+    _cache(a, server)
+    assert _bundle_gets(server) == len(manifest.bundles)
+    return manifest, server, a
+
+
+# --------------------------------------------------------------------------- the good path
+
+
+def test_an_agent_fetches_every_bundle_from_a_peer_that_holds_it(seeded: Any, agent_factory: Any) -> None:
+    manifest, server, a = seeded
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url))
+    record = _cache(b, server)
+    _verified(b, manifest, record)
+    assert _bundle_gets(server) == len(manifest.bundles), "the store served nothing more"
+    assert _metric(a, "served") > 0 and _metric(a, "served") == _metric(b, "fetched")
+
+
+def test_bundle_requests_spread_over_the_peers_that_hold_the_version(seeded: Any, agent_factory: Any) -> None:
+    manifest, server, a = seeded
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url))
+    _cache(b, server)
+    c = agent_factory("c", tcp=True, env=_peer_env(a.url, b.url))
+    _verified(c, manifest, _cache(c, server))
+    assert _bundle_gets(server) == len(manifest.bundles)
+    assert _metric(a, "served") > _metric(b, "fetched") / 2 > 0  # a served b wholly, and some of c
+    assert _metric(b, "served") > 0, "b served part of c's bundles"
+
+
+# --------------------------------------------------------------------------- what peers refuse
+
+
+def test_peer_requests_without_the_peer_token_are_401(seeded: Any) -> None:
+    manifest, _, a = seeded
+    url = f"{a.url}/v1/peer/bundles/{manifest.bundles[0].digest}"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    transport = httpx.HTTPTransport(uds=str(a.socket))
+    with httpx.Client(transport=transport) as over_socket:  # the unix socket is no way round it
+        assert over_socket.get(f"http://agent/v1/peer/bundles/{manifest.bundles[0].digest}").status_code == 401
+
+
+def test_an_agent_without_a_peer_token_serves_no_peer(store: Any, agent_factory: Any) -> None:
+    manifest, server = store
+    a = agent_factory("a", tcp=True)
+    _cache(a, server)
+    response = httpx.get(
+        f"{a.url}/v1/peer/bundles/{manifest.bundles[0].digest}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert response.status_code == 401
+
+
+def test_a_version_being_fetched_serves_what_it_finished_and_425_for_what_it_downloads(
+    store: Any, agent_factory: Any, tmp_path: Path
+) -> None:
+    """Mid-fetch, a bundle already unpacked (verified, synced, in place in staging) is served
+    and unpacks verified; the one being downloaded answers 425; one not started, 404."""
+    manifest, server = store
+    slow = manifest.bundles[2].digest
+    server.slow_down(lambda p: slow in p, 4.0)
+    nobody = "http://127.0.0.1:9"  # peers on (so the agent marks what it downloads), but none answers
+    a = agent_factory("a", tcp=True, env=_peer_env(nobody, DSAGENT_FETCH_WORKERS="1", DSAGENT_NODE_NAME="a"))
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Dsagent-Peer": "b"}
+    with a.client() as client:
+        client.submit_task("t1", [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
+        deadline = time.monotonic() + 20
+        while not server.gets(lambda p: slow in p) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.get_task("t1")["state"] == "pending"
+        requested = {b.digest for b in manifest.bundles if server.gets(lambda p, d=b.digest: d in p)}
+        finished = [b for b in manifest.bundles if b.digest in requested - {slow}]
+        assert finished, "one fetch worker: the bundles asked for before the slow one are unpacked"
+        for bundle in manifest.bundles:
+            response = httpx.get(f"{a.url}/v1/peer/bundles/{bundle.digest}", headers=headers)
+            expected = 200 if bundle in finished else 425 if bundle.digest == slow else 404
+            assert response.status_code == expected, bundle
+            if expected == 200:
+                (tmp_path / bundle.digest).mkdir()
+                unpack_bundle_stream(io.BytesIO(response.content), manifest, bundle, tmp_path / bundle.digest)
+        assert wait_ready(client, "t1")["state"] == "ready"
+    assert httpx.get(f"{a.url}/v1/peer/bundles/{slow}", headers=headers).status_code == 200
+
+
+def test_agents_starting_together_read_each_bundle_from_the_store_about_once(store: Any, agent_factory: Any) -> None:
+    """Three agents asked for the same new version at once (each store bundle takes 0.5 s):
+    they ask each other first, wait for the one downloading a bundle, and end verified with
+    the store read about once (3x without peers)."""
+    manifest, server = store
+    server.slow_down(lambda p: "/store/bundles/" in p, 0.5)
+    ports = {name: free_port() for name in "abc"}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    agents = {
+        name: agent_factory(
+            name,
+            tcp=True,
+            port=ports[name],
+            env=_peer_env(*(u for other, u in urls.items() if other != name), DSAGENT_NODE_NAME=name),
+        )
+        for name in "abc"
+    }
+    request = [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}]
+    for agent in agents.values():
+        with agent.client() as client:
+            client.submit_task("t1", request)
+    for agent in agents.values():
+        with agent.client() as client:
+            record = wait_ready(client, "t1")
+        assert record["state"] == "ready", record
+        _verified(agent, manifest, record)
+    assert _bundle_gets(server) <= len(manifest.bundles) + 2, server.gets(lambda p: "/store/bundles/" in p)
+    assert sum(_metric(agent, "fetched") for agent in agents.values()) > 0
+
+
+def test_upload_limits_refuse_with_429_per_peer_and_503_in_all() -> None:
+    limits = UploadLimits(total=3, per_peer=2, rate=0)
+    limits.acquire("b")
+    limits.acquire("b")
+    with pytest.raises(PeerBusy) as busy:
+        limits.acquire("b")
+    assert busy.value.http_status == 429
+    limits.acquire("c")
+    with pytest.raises(PeerOverloaded) as overloaded:
+        limits.acquire("d")
+    assert overloaded.value.http_status == 503
+    limits.release("b")
+    limits.acquire("d")
+    assert limits.running == 3
+
+
+def test_a_refusing_peer_is_skipped_and_the_store_serves(seeded: Any, agent_factory: Any) -> None:
+    manifest, server, a = seeded
+    b = agent_factory("b", tcp=True, env=_peer_env(a.url, DSAGENT_PEER_TOKEN="another-token-0123456789"))
+    _verified(b, manifest, _cache(b, server))
+    assert _bundle_gets(server) == 2 * len(manifest.bundles)
+
+
+# --------------------------------------------------------------------------- peers that misbehave
+
+
+class _BadPeer(http.server.ThreadingHTTPServer):
+    """Claims to hold ``name@digest`` and answers bundle requests the way ``mode`` says:
+    ``lie`` (a valid stream of wrong bytes), ``die`` (half the real bundle, then the
+    connection drops) or ``stall`` (headers, then silence)."""
+
+    daemon_threads = True
+
+    def __init__(self, manifest: Manifest, store_dir: Path, mode: str) -> None:
+        self.manifest, self.store_dir, self.mode = manifest, store_dir, mode
+        self.bundle_requests = 0
+        self.inventory_bytes_sent = 0
+        super().__init__(("127.0.0.1", 0), _BadPeerHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _BadPeerHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _BadPeer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        m = self.server.manifest
+        if self.path == "/v1/inventory" and self.server.mode in INVENTORY_MODES:
+            self._bad_inventory(self.server.mode)
+            return
+        if self.path == "/v1/inventory":
+            body = json.dumps({"version": 1, "datasets": {m.name: {"digest": m.digest, "state": "ready"}}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.server.bundle_requests += 1
+        digest = self.path.rsplit("/", 1)[-1]
+        real = Path(bundle_path(str(self.server.store_dir), digest)).read_bytes()
+        if self.server.mode == "lie":  # a whole, valid bundle of the same members with other bytes
+            other = next(b for b in m.bundles if b.digest != digest)
+            real = Path(bundle_path(str(self.server.store_dir), other.digest)).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(real)))
+        self.end_headers()
+        if self.server.mode == "stall":
+            time.sleep(6)
+            return
+        if self.server.mode == "die":
+            self.wfile.write(real[: len(real) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(real)
+
+    def _bad_inventory(self, mode: str) -> None:
+        """``deep``: nested past the parser's stack; ``listy``: ``datasets`` a list of lists;
+        ``huge``: 64 MB that claims the version ready, written 1 MB at a time, counted."""
+        m = self.server.manifest
+        if mode == "deep":
+            chunks = [b'{"version": 1, "datasets": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"]
+        elif mode == "listy":
+            chunks = [json.dumps({"version": 1, "datasets": [[m.name, m.digest, "ready"]]}).encode()]
+        else:
+            head = json.dumps({"version": 1, "datasets": {m.name: {"digest": m.digest, "state": "ready"}}, "pad": ""})
+            pad = 64 << 20
+            chunks = [head[:-2].encode()] + [b"x" * (1 << 20)] * (pad >> 20) + [b'"}']
+        self.send_response(200)
+        self.send_header("Content-Length", str(sum(map(len, chunks))))
+        self.end_headers()
+        try:
+            for chunk in chunks:
+                self.wfile.write(chunk)
+                self.server.inventory_bytes_sent += len(chunk)
+        except OSError:
+            self.close_connection = True
+
+
+INVENTORY_MODES = ("deep", "listy", "huge")
+
+
+@pytest.mark.parametrize("mode", INVENTORY_MODES)
+def test_a_peer_with_a_hostile_inventory_is_only_unusable(
+    mode: str, store: Any, agent_factory: Any, tmp_path: Path
+) -> None:
+    """A deeply nested, oddly shaped or huge inventory leaves the fetch to the other sources
+    (the peer's bundles, if it serves them, or the store), verified; the agent stops reading a
+    huge one at its limit (docs/threat-model.md)."""
+    manifest, server = store
+    bad = _BadPeer(manifest, tmp_path / "www" / "store", mode)
+    try:
+        b = agent_factory("b", tcp=True, env=_peer_env(bad.url, DSAGENT_PEER_TIMEOUT="5s"))
+        _verified(b, manifest, _cache(b, server))
+        if mode == "huge":
+            assert bad.inventory_bytes_sent < 32 << 20, "the agent read the whole 64 MB inventory"
+    finally:
+        bad.shutdown()
+        bad.server_close()
+
+
+@pytest.mark.parametrize("mode", ["lie", "die", "stall"])
+def test_a_misbehaving_peer_falls_back_to_the_store_verified(
+    mode: str, store: Any, agent_factory: Any, tmp_path: Path
+) -> None:
+    manifest, server = store
+    bad = _BadPeer(manifest, tmp_path / "www" / "store", mode)
+    try:
+        b = agent_factory("b", tcp=True, env=_peer_env(bad.url, DSAGENT_PEER_TIMEOUT="1s"))
+        started = time.monotonic()
+        _verified(b, manifest, _cache(b, server))
+        assert bad.bundle_requests >= 1, "the peer was asked"
+        assert _bundle_gets(server) == len(manifest.bundles), "every bundle came from the store in the end"
+        assert _metric(b, "fetched") == 0
+        if mode == "stall":
+            assert time.monotonic() - started < 5.5, "the stalled peer was given up on its timeout"
+    finally:
+        bad.shutdown()
+        bad.server_close()
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_a_repacked_bundle_unpacks_verified(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", FILES)
+    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
+    bundle = manifest.bundles[1]
+    (tmp_path / "peer" / "bundles").mkdir(parents=True)
+    Path(bundle_path(str(tmp_path / "peer"), bundle.digest)).write_bytes(
+        b"".join(repack(tmp_path / "src", manifest.bundle_entries(bundle)))
+    )
+    (tmp_path / "out").mkdir()
+    unpack_bundle(tmp_path / "peer", manifest, bundle, tmp_path / "out")
+    for entry in manifest.bundle_entries(bundle):
+        assert (tmp_path / "out" / entry.path).read_bytes() == FILES[entry.path]
+
+
+def test_a_directory_renamed_mid_stream_is_still_served_whole(tmp_path: Path) -> None:
+    """A version's staging directory is renamed into place while one of its finished bundles
+    is served: the files are opened relative to the directory, not by path."""
+    write_tree(tmp_path / "staging", FILES)
+    manifest = pack(tmp_path / "staging", tmp_path / "store", name="imgs", max_files=8)
+    bundle = max(manifest.bundles, key=lambda b: b.count)
+    root = os.open(tmp_path / "staging", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stream = repack_at(root, manifest.bundle_entries(bundle), level=1)
+        first = next(stream)
+        (tmp_path / "staging").rename(tmp_path / "ready")
+        body = first + b"".join(stream)
+    finally:
+        os.close(root)
+    (tmp_path / "out").mkdir()
+    unpack_bundle_stream(io.BytesIO(body), manifest, bundle, tmp_path / "out")
+    assert {e.path: (tmp_path / "out" / e.path).read_bytes() for e in manifest.bundle_entries(bundle)} == {
+        e.path: FILES[e.path] for e in manifest.bundle_entries(bundle)
+    }
+
+
+def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store() -> None:
+    """The rule the peer server answers 425 by: a bundle being downloaded here is waited for by
+    anyone; one this agent is still asking its peers for, only by the agent that comes after
+    it for that bundle (``precedes``), and the one before it makes this agent yield."""
+    from dsagent.cache.metrics import Metrics
+    from dsagent.cache.peers import PeerFetcher, precedes
+    from dsagent.cache.settings import Settings
+
+    def fetcher(name: str) -> PeerFetcher:
+        settings = Settings.from_env({"DSAGENT_NODE_NAME": name, "DSAGENT_PEER_TOKEN": TOKEN})
+        return PeerFetcher(settings, None, Metrics())  # type: ignore[arg-type]
+
+    agents = {name: fetcher(name) for name in ("node-a", "node-b")}
+    try:
+        for digest in (f"{i:032x}" for i in range(8)):
+            first, second = ("node-a", "node-b") if precedes("node-a", "node-b", digest) else ("node-b", "node-a")
+            assert precedes(first, second, digest) and not precedes(second, first, digest)
+            for second_asks_first in (True, False):  # whichever asks first, the same one downloads
+                with agents[first].claim(digest, "asking") as a, agents[second].claim(digest, "asking") as b:
+                    if second_asks_first:
+                        assert agents[first].in_flight(digest, second), "the second waits for the first"
+                        assert not agents[second].in_flight(digest, first), "the first goes on"
+                    else:
+                        assert not agents[second].in_flight(digest, first)
+                        assert agents[first].in_flight(digest, second)
+                    assert (a.downloading(), b.downloading()) == (True, False)  # the second yielded
+        winners = {"node-a" if precedes("node-a", "node-b", f"{i:032x}") else "node-b" for i in range(64)}
+        assert winners == set(agents), "which agent reads the store differs from bundle to bundle"
+        b = agents["node-b"]
+        with b.claim("d" * 32, "asking") as claim:
+            assert claim.downloading()
+            assert b.in_flight("d" * 32, "node-a"), "a download in progress is waited for by anyone"
+            claim.finished()
+        assert b.in_flight("d" * 32, "node-c"), "finished but not recorded done yet: still 425"
+        b.release("d" * 32)
+        assert not b.in_flight("d" * 32, "node-c"), "nothing claimed: 404"
+    finally:
+        for agent in agents.values():
+            agent.close()
+
+
+def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
+    from dsagent.errors import IntegrityError
+
+    write_tree(tmp_path / "src", FILES)
+    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
+    members = manifest.bundle_entries(manifest.bundles[0])
+    (tmp_path / "src" / members[-1].path).write_bytes(b"x" * members[-1].size)
+    with pytest.raises(IntegrityError):
+        b"".join(repack(tmp_path / "src", members))
+
+
+def test_holds_reads_current_and_older_versions() -> None:
+    inventory = {
+        "datasets": {
+            "d": {
+                "digest": "a" * 32,
+                "state": "fetching",
+                "versions": [{"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}],
+            }
+        }
+    }
+    assert holds(inventory, "d", "b" * 32) == "ready"
+    assert holds(inventory, "d", "a" * 32) == "fetching"
+    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32) is None
+    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32) == "ready"
+
+
+# --------------------------------------------------------------------------- the cluster's own P2P engine
+
+
+def test_bundle_downloads_go_through_the_stores_proxy_and_manifests_do_not(store: Any, agent_factory: Any) -> None:
+    from tests.dsagent.caching_proxy import CachingProxy
+
+    manifest, server = store
+    proxy = CachingProxy()
+    try:
+        env = {"DSAGENT_STORE_PROXIES": f"{server.url}/store={proxy.url}"}
+        for name in ("a", "b"):
+            agent = agent_factory(name, env=env)
+            _verified(agent, manifest, _cache(agent, server))
+        bundles = {url for url in proxy.served if "/store/bundles/" in url}
+        assert len(bundles) == len(manifest.bundles)
+        assert all(proxy.served[url] >= 2 for url in bundles), "both agents read every bundle through the proxy"
+        assert _bundle_gets(server) == len(manifest.bundles), "the origin served each bundle once"
+        assert not [url for url in proxy.served if "manifest" in url], (
+            "manifests change under one name: never through the proxy"
+        )
+    finally:
+        proxy.close()
+
+
+def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
+    from dsagent.cache.peers import bundle_options
+    from dsagent.cache.settings import Settings
+
+    settings = Settings.from_env(
+        {"DSAGENT_STORE_PROXIES": "http://store:80/ds=http://127.0.0.1:65001, s3://bucket=http://127.0.0.1:65001"}
+    )
+    assert bundle_options(settings, "http://store:80/ds", None) == {"proxy": "http://127.0.0.1:65001"}
+    assert bundle_options(settings, "http://store:80/ds/sub", {"a": 1}) == {"a": 1, "proxy": "http://127.0.0.1:65001"}
+    assert bundle_options(settings, "http://store:80/dsx", None) is None
+    s3 = bundle_options(settings, "s3://bucket/packs", {"anon": True})
+    assert s3 == {
+        "anon": True,
+        "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}},
+    }
+
+
+def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
+    """Agents holding the version ready come first, then those fetching it (they serve what
+    they finished); itself, nodes without an inventory and failed versions are left out."""
+    from types import SimpleNamespace as NS
+
+    from dsagent.cache.inventory import ANNOTATION
+    from dsagent.cluster.peerlist import holders_from_nodes
+
+    def node(name: str, inventory: Any, ip: str = "10.0.0.1") -> Any:
+        annotations = {ANNOTATION: json.dumps(inventory)} if inventory is not None else {}
+        return NS(
+            metadata=NS(name=name, annotations=annotations),
+            status=NS(addresses=[NS(type="Hostname", address=name), NS(type="InternalIP", address=ip)]),
+        )
+
+    held = {"datasets": {"imgs": {"digest": "a" * 32, "state": "ready"}}}
+    nodes = [
+        node("me", held, "10.0.0.9"),
+        node("n1", held, "10.0.0.1"),
+        node("n2", {"datasets": {"imgs": {"digest": "a" * 32, "state": "fetching"}}}, "10.0.0.2"),
+        node("n3", None, "10.0.0.3"),
+        node("n4", held, "fd00::4"),
+        node("n5", {"datasets": {"imgs": {"digest": "a" * 32, "state": "failed"}}}, "10.0.0.5"),
+    ]
+    assert holders_from_nodes(nodes, "me", "imgs", "a" * 32, 7420) == [
+        "http://10.0.0.1:7420",
+        "http://[fd00::4]:7420",
+        "http://10.0.0.2:7420",
+    ]
+    # another node's annotation is another party's JSON: nested past the stack, or shaped
+    # otherwise, that node is left out and the rest still count
+    deep = node("n6", None, "10.0.0.6")
+    deep.metadata.annotations = {ANNOTATION: "[" * 100_000 + "]" * 100_000}
+    listy = node("n7", {"datasets": [["imgs", "a" * 32, "ready"]]}, "10.0.0.7")
+    versions = node("n8", {"datasets": {"imgs": {"versions": {"digest": "a" * 32}}}}, "10.0.0.8")
+    assert (
+        holders_from_nodes([deep, listy, versions, *nodes], "me", "imgs", "a" * 32, 7420)[0] == "http://10.0.0.1:7420"
+    )
+
+
+def test_the_per_peer_upload_limit_keys_on_the_address_not_the_self_named_header() -> None:
+    """Issue 21 finding 6: keyed on X-Dsagent-Peer, one peer naming itself anew on each request
+    got a fresh per-peer allowance each time; the address it connected from is what it proved."""
+    from starlette.requests import Request
+
+    from dsagent.api.routes import peer_identity
+
+    def request(name: str, host: str) -> Request:
+        headers = [(b"x-dsagent-peer", name.encode())]
+        return Request({"type": "http", "headers": headers, "client": (host, 40000)})
+
+    limits = UploadLimits(total=10, per_peer=1, rate=0)
+    limits.acquire(peer_identity(request("b", "10.0.0.7")))
+    with pytest.raises(PeerBusy):  # another name, the same address: the same peer
+        limits.acquire(peer_identity(request("c", "10.0.0.7")))
+    limits.acquire(peer_identity(request("b", "10.0.0.8")))  # the same name elsewhere: another peer

@@ -1,0 +1,173 @@
+"""``dsctl cache / ls / evict / status / release / wait`` against a real agent process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsagent.cli import main
+from dsagent.cli.cache import datasets_from_env, default_task_id, parse_specs
+from dsagent.errors import InvalidInput
+from tests.dsagent.cli.test_agent_process import make_dataset
+from tests.dsagent.harness import AgentProcess
+
+
+@pytest.fixture
+def local_agent(agent_factory: Any, tmp_path: Path) -> tuple[AgentProcess, Path]:
+    nfs = tmp_path / "nfs"
+    make_dataset(nfs / "mnist", 6, 2000)
+    make_dataset(nfs / "cifar", 4, 2000, seed=3)
+    return agent_factory(local_sources=(nfs,)), nfs
+
+
+def dsctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cache_waits_until_ready_and_ls_lists_it(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent, nfs = local_agent
+    sock = str(agent.socket)
+    code, out, err = dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--task", "job-1", "--socket", sock)
+    assert code == 0, err
+    assert "task job-1: ready" in out and "mnist" in out
+    code, out, _ = dsctl(capsys, "ls", "--socket", sock)
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["NAME", "DIGEST", "STATE", "SIZE", "FILES", "IN", "USE", "LAST", "USED"]
+    assert row.split()[:6] == ["mnist", row.split()[1], "ready", "12", "kB", "6"] and " yes " in row
+    code, out, _ = dsctl(capsys, "ls", "--socket", sock, "-o", "json")
+    assert json.loads(out)["datasets"][0]["name"] == "mnist"
+    code, out, _ = dsctl(capsys, "status", "job-1", "--socket", sock)
+    assert "ready" in out
+    code, out, _ = dsctl(capsys, "evict", "mnist", "--socket", sock)
+    assert code == 4  # in use: a conflict
+    code, out, _ = dsctl(capsys, "release", "job-1", "--socket", sock)
+    assert code == 0 and "released task job-1" in out
+    code, out, _ = dsctl(capsys, "evict", "--all-unused", "--dry-run", "--socket", sock)
+    assert "would evict mnist@" in out
+    code, out, _ = dsctl(capsys, "evict", "mnist", "--socket", sock)
+    assert code == 0 and "evicted 1 dataset version(s)" in out
+
+
+def test_cache_no_wait_returns_at_once_and_status_fails_for_unknown_tasks(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent, nfs = local_agent
+    code, out, err = dsctl(
+        capsys, "cache", f"cifar={nfs / 'cifar'}", "--no-wait", "--socket", str(agent.socket), "-o", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["state"] in ("pending", "ready")
+    code, _, err = dsctl(capsys, "status", "nope", "--socket", str(agent.socket))
+    assert code == 3 and err.startswith("dsctl: error: no task 'nope'")
+
+
+def test_an_unreachable_agent_is_one_line_saying_how_to_start_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = dsctl(capsys, "ls", "--socket", str(tmp_path / "no.sock"))
+    assert code == 8
+    assert err.count("\n") == 1 and "dsagent serve" in err and str(tmp_path / "no.sock") in err
+
+
+def test_init_container_mode_reads_datasets_task_and_options_from_env_and_wait_execs(
+    local_agent: tuple[AgentProcess, Path], tmp_path: Path
+) -> None:
+    agent, nfs = local_agent
+    env = {
+        **os.environ,
+        "DSAGENT_SOCKET": str(agent.socket),
+        "DSAGENT_TASK_ID": "3f1c-pod-uid",
+        "DSAGENT_DATASETS": json.dumps([{"name": "mnist", "source": str(nfs / "mnist")}]),
+    }
+    init = subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", "cache", "--from-env", "--no-wait"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert init.returncode == 0, init.stderr
+    marker = tmp_path / "trained"
+    main_container = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsagent.cli",
+            "wait",
+            "--from-env",
+            "--",
+            sys.executable,
+            "-c",
+            f"open({str(marker)!r}, 'w').write('ok')",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert main_container.returncode == 0, main_container.stderr
+    assert marker.read_text() == "ok"  # the training command ran after the wait, in place of dsctl
+    with agent.client() as client:
+        assert client.get_task("3f1c-pod-uid")["state"] == "ready"
+
+
+def test_storage_options_come_from_the_environment_per_dataset() -> None:
+    env = {
+        "DSAGENT_DATASETS": '[{"name": "imagenet", "source": "s3://b/imagenet"}, {"name": "coco-2017", "source": "s3://b/coco"}]',
+        "DSAGENT_STORAGE_OPTIONS": '{"anon": false}',
+        "DSAGENT_STORAGE_OPTIONS_COCO_2017": '{"key": "k", "secret": "s"}',
+        "DSAGENT_BUNDLES": "s3://b/packed",
+    }
+    first, second = datasets_from_env(env)
+    assert first == {
+        "name": "imagenet",
+        "source": "s3://b/imagenet",
+        "bundles": "s3://b/packed",
+        "storage_options": {"anon": False},
+    }
+    assert second["storage_options"] == {"anon": False, "key": "k", "secret": "s"}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"DSAGENT_DATASETS": "not json"},
+        {"DSAGENT_DATASETS": '{"name": "x"}'},
+        {"DSAGENT_DATASETS": '[{"name": "x", "source": "y"}]', "DSAGENT_STORAGE_OPTIONS": "[1]"},
+    ],
+    ids=["unset", "not-json", "not-a-list", "options-not-an-object"],
+)
+def test_bad_init_container_environments_are_invalid_input(env: dict[str, str]) -> None:
+    with pytest.raises(InvalidInput):
+        datasets_from_env(env)
+
+
+def test_a_secret_in_bad_storage_options_json_is_never_echoed() -> None:
+    with pytest.raises(InvalidInput) as excinfo:
+        datasets_from_env(
+            {"DSAGENT_DATASETS": '[{"name": "x", "source": "y"}]', "DSAGENT_STORAGE_OPTIONS": '{"secret": "hunter2"'}
+        )
+    assert "hunter2" not in str(excinfo.value)
+
+
+def test_name_source_arguments_and_the_default_task_id_are_stable() -> None:
+    specs = parse_specs(["a=s3://x/a", "b=/data/b"], "s3://x/packed")
+    assert specs[1] == {"name": "b", "source": "/data/b", "bundles": "s3://x/packed"}
+    assert default_task_id(specs) == default_task_id(list(reversed(specs)))
+    with pytest.raises(InvalidInput):
+        parse_specs(["just-a-name"], None)
