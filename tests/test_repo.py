@@ -48,3 +48,27 @@ def test_every_fixture_has_its_provenance() -> None:
     data = [p for p in (REPO / "tests" / "fixtures").rglob("*") if p.is_file() and p.suffix not in (".src", ".md")]
     assert data, "no fixtures found"
     assert [str(p) for p in data if not p.with_suffix(".src").exists()] == []
+
+
+def _modules(package: str) -> list[Path]:
+    return [p for p in _tracked(f"{package}/*.py") if "proto" not in p.relative_to(REPO).parts]
+
+
+def test_no_two_dsagent_modules_share_a_file_name() -> None:
+    """A name says one thing: ``kube/peers.py`` beside ``cache/peers.py`` cost readers wrong turns."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules("dsagent"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert len(seen) > 50, "too few modules found: the check would prove nothing"
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+def test_tests_mirror_the_package_tree() -> None:
+    """Every test folder under tests/<package>/ names a package folder that exists."""
+    packages = ("dsagent", "dsplatform", "gpu_topology", "scheduler_plugin")
+    folders = {p.parent for p in _tracked("tests/*.py")}
+    mirrored = [f.relative_to(REPO / "tests") for f in folders if f != REPO / "tests"]
+    checked = [m for m in mirrored if m.parts[0] in packages]
+    assert len(checked) >= 8, checked
+    assert [str(m) for m in checked if not (REPO / m / "__init__.py").is_file()] == []
