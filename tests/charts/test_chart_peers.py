@@ -208,7 +208,7 @@ def test_other_agents_can_dial_the_agent_on_its_node(rendered: dict[str, Docs], 
         assert http["containerPort"] == 7420 and http["hostPort"] == node_port, label
         settings = agent_settings_from(docs, token_file)
         assert settings.listen == ("0.0.0.0", 7420)  # every address: the hostPort's DNAT target
-        assert settings.peer_port == node_port  # what kube.agent dials on the other nodes
+        assert settings.peer_port == node_port  # what cluster.nodeagent dials on the other nodes
     assert agent_pod(rendered["existing"])["hostNetwork"] is True
 
 

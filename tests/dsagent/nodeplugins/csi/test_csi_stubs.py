@@ -26,8 +26,8 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
         capture_output=True,
     )
     for name in STUBS:
-        fresh = tmp_path / "dsagent" / "kubelet" / "proto" / "csi" / name
-        committed = REPO_ROOT / "dsagent" / "kubelet" / "proto" / "csi" / name
+        fresh = tmp_path / "dsagent" / "nodeplugins" / "proto" / "csi" / name
+        committed = REPO_ROOT / "dsagent" / "nodeplugins" / "proto" / "csi" / name
         assert fresh.read_text() == committed.read_text(), f"{name} is stale: run tools/proto/regen_csi.sh"
 
 

@@ -25,7 +25,7 @@ from dsagent.cluster.admission.roceclass import (
 from dsagent.errors import SettingsError
 from gpu_topology.dumps import load_dump
 from scheduler_plugin.testing import topology_json
-from tests.dsagent.cluster.admission.test_gpuclass import OWNER, gpu_node, resources, worker
+from tests.dsagent.cluster.admission.test_roceclass import OWNER, gpu_node, resources, worker
 from tests.fake_apiserver import FakeApiServer, json_patch
 
 SETTINGS = GpuClassSettings(enabled=True)
