@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.fake_apiserver import FakeApiServer
 from tests.s3server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -64,3 +66,20 @@ def _memory_sources_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    """A fake Kubernetes API server on 127.0.0.1, stopped after the test."""
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def api_client(apiserver: FakeApiServer) -> Iterator[Any]:
+    """An unmodified ``kubernetes.client.ApiClient`` talking to :func:`apiserver`."""
+    client = apiserver.api_client()
+    try:
+        yield client
+    finally:
+        client.close()

@@ -60,7 +60,7 @@ def test_serve_starts_and_registers_the_plugin(short_dir: Path, tmp_path: Path, 
             assert answer.envs["NCCL_IB_HCA"] == "=mlx5_18,mlx5_20"  # a VF of each of mlx5_4 and mlx5_5, both near
             # the kubelet gets the host's path of the file the agent wrote under its own root
             host_path = Path(answer.mounts[0].host_path)
-            assert host_path.parent == Path("/nvme/dsagent/nodeplugins/nccl")
+            assert host_path.parent == Path("/nvme/dsagent/kubelet/nccl")
             assert (tmp_path / "root" / "kubelet" / "nccl" / host_path.name).read_text().startswith("# written")
         finally:
             await plugin.stop()
