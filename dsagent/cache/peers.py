@@ -9,12 +9,13 @@ Serving. A cached version is unpacked: its bundles' ``.tar.zst`` objects are not
 bundle's digest is over its *member records* (path, size, file digest), never over the
 compressed bytes, and the receiver verifies members exactly as it verifies a store bundle.
 So a peer re-packs the bundle's files from its ready directory into a fresh tar+zstd
-stream (the same member order and headers :mod:`dsagent.format.bundle` writes) and streams
-it; it hashes each file again as it reads it and cuts the stream on a mismatch, so a
-damaged cache copy is never passed on as good. Ready versions are served, pinned against
-eviction while a stream runs; so is a version still being fetched, for the bundles it has
-finished (verified, synced and in place in its staging directory), and answers 425 for
-one it is downloading right now, so that agents starting together share the work (below).
+stream (:mod:`dsagent.format.repack`: the same member order and headers
+:mod:`dsagent.format.bundle` writes) and streams it; it hashes each file again as it reads
+it and cuts the stream on a mismatch, so a damaged cache copy is never passed on as good.
+Ready versions are served, pinned against eviction while a stream runs; so is a version
+still being fetched, for the bundles it has finished (verified, synced and in place in its
+staging directory), and answers 425 for one it is downloading right now, so that agents
+starting together share the work (below).
 
 Limits: at most ``peer_max_uploads`` streams at once (503 beyond), ``peer_max_uploads_per_peer``
 to one peer (429 beyond), and ``peer_upload_rate`` bytes/s to one peer (a token bucket).
@@ -55,7 +56,6 @@ from typing import Any, Literal
 
 import httpx
 import xxhash
-import zstandard
 
 from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES
 from dsagent.cache.layout import Key, Store
@@ -68,19 +68,15 @@ from dsagent.errors import (
     NotFound,
     TransientError,
 )
-from dsagent.format.bundle import tar_header
 from dsagent.format.extract import unpack_bundle_stream
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest
+from dsagent.format.repack import repack, repack_at
 from dsplatform import boundedjson
 
 log = logging.getLogger("dsagent.peers")
 
 PEER_HEADER = "X-Dsagent-Peer"
-#: zstd level of re-packed bundles: the level packs use (JPEG-like data does not compress)
-REPACK_LEVEL = 1
 _BLOCK = tarfile.BLOCKSIZE
-_ZEROS = bytes(2 * tarfile.RECORDSIZE)
-_READ = 1 << 20
 
 
 class PeerBusy(TransientError):
@@ -105,62 +101,6 @@ class PeerOverloaded(TransientError):
 
 
 # --------------------------------------------------------------------------- serving
-
-
-def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
-    """A bundle's tar+zstd stream (one frame) re-packed from a ready directory's files,
-    in pieces of about 1 MiB.
-
-    Each file is hashed as it is read; a file whose size or digest no longer matches the
-    manifest raises :class:`IntegrityError` mid-stream, which cuts the stream short: the
-    receiver then sees a truncated bundle and falls back to another source.
-    """
-    root = os.open(ready_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield from repack_at(root, members, level=level)
-    finally:
-        os.close(root)
-
-
-def repack_at(root: int, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
-    """:func:`repack` from the open directory ``root``: the files are opened relative to it,
-    so a staging directory renamed into place while it is served is still read whole."""
-    compressor = zstandard.ZstdCompressor(level=level, write_checksum=True).compressobj(size=-1)
-    pending = bytearray()
-    buf = bytearray(_READ)
-    view = memoryview(buf)
-
-    def put(data: bytes | memoryview) -> bytes | None:
-        pending.extend(compressor.compress(data))
-        if len(pending) < _READ:
-            return None
-        piece = bytes(pending)
-        pending.clear()
-        return piece
-
-    for entry in members:
-        if (piece := put(tar_header(entry))) is not None:
-            yield piece
-        state = xxhash.xxh3_128()
-        size = 0
-        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
-        with open(fd, "rb", buffering=0) as fh:
-            while n := fh.readinto(buf):
-                size += n
-                if size > entry.size:
-                    break
-                chunk = view[:n]
-                state.update(chunk)
-                if (piece := put(chunk)) is not None:
-                    yield piece
-        if size != entry.size or state.hexdigest() != entry.digest:
-            raise IntegrityError(f"cached file {entry.path!r} no longer matches its digest; not serving it")
-        if size % _BLOCK and (piece := put(bytes(_BLOCK - size % _BLOCK))) is not None:
-            yield piece
-    pending.extend(compressor.compress(_ZEROS))
-    pending.extend(compressor.flush())
-    if pending:
-        yield bytes(pending)
 
 
 class _Bucket:
