@@ -3,7 +3,8 @@ and asking each other for bundles before the bundle store (docs/design.md#peers)
 
 Who calls it: :class:`dsagent.cache.service.CacheService` (one :class:`PeerServer`, one
 :class:`PeerFetcher`), :mod:`dsagent.cache.versions` and :mod:`dsagent.cache.fetch` (a
-:class:`PeerSwarm` per version fetched), :mod:`dsagent.cluster.peerlist` (:func:`holds`).
+:class:`PeerSwarm` per version fetched). How an inventory lists a version (who holds it) is
+:func:`dsagent.cache.inventory.holds`.
 They import from here; the names below are re-exported from the modules that own them:
 
 - :mod:`~dsagent.cache.peers.peerfetch`: the peer fetch, a bundle asked of the agents that
@@ -25,7 +26,7 @@ They import from here; the names below are re-exported from the modules that own
 """
 
 from dsagent.cache.peers.peererrors import BundleInFlight, PeerBusy, PeerFetchingIt, PeerOverloaded, PeerRefused
-from dsagent.cache.peers.peerfetch import PEER_HEADER, Claim, Outcome, PeerFetcher, holds, precedes
+from dsagent.cache.peers.peerfetch import PEER_HEADER, Claim, Outcome, PeerFetcher, precedes
 from dsagent.cache.peers.peerserver import PeerServer, ServedBundle, find_bundle
 from dsagent.cache.peers.peersession import PeerSession
 from dsagent.cache.peers.storeproxy import bundle_options
@@ -49,6 +50,5 @@ __all__ = [
     "UploadLimits",
     "bundle_options",
     "find_bundle",
-    "holds",
     "precedes",
 ]

@@ -33,14 +33,14 @@ import logging
 import tarfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 import xxhash
 
-from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES
+from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES, holds
 from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers.peererrors import PeerFetchingIt, PeerRefused
@@ -338,20 +338,6 @@ class _PeerBody:
         return out
 
 
-def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
-    """``"ready"`` or ``"fetching"``: how an inventory report (``GET /v1/inventory``, the Node
-    annotation) lists ``name@digest``; None when it does not."""
-    datasets = inventory.get("datasets") if isinstance(inventory, Mapping) else None
-    entry = datasets.get(name) if isinstance(datasets, Mapping) else None
-    if not isinstance(entry, Mapping):
-        return None
-    versions = entry.get("versions") or [entry]
-    if not isinstance(versions, list):
-        return None
-    states = {v.get("state") for v in versions if isinstance(v, Mapping) and v.get("digest") == digest}
-    return "ready" if "ready" in states else "fetching" if "fetching" in states else None
-
-
 __all__ = [
     "CLUSTER_REFRESH_EVERY",
     "PEER_HEADER",
@@ -359,6 +345,5 @@ __all__ = [
     "Claim",
     "Outcome",
     "PeerFetcher",
-    "holds",
     "precedes",
 ]

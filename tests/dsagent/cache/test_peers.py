@@ -24,7 +24,6 @@ from dsagent.cache.peers import (
     PeerBusy,
     PeerOverloaded,
     UploadLimits,
-    holds,
 )
 from dsagent.format.bundle import pack, verify_tree
 from dsagent.format.extract import unpack_bundle_stream
@@ -387,22 +386,6 @@ def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store()
     finally:
         for agent in agents.values():
             agent.close()
-
-
-def test_holds_reads_current_and_older_versions() -> None:
-    inventory = {
-        "datasets": {
-            "d": {
-                "digest": "a" * 32,
-                "state": "fetching",
-                "versions": [{"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}],
-            }
-        }
-    }
-    assert holds(inventory, "d", "b" * 32) == "ready"
-    assert holds(inventory, "d", "a" * 32) == "fetching"
-    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32) is None
-    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32) == "ready"
 
 
 # --------------------------------------------------------------------------- the cluster's own P2P engine
