@@ -1,14 +1,19 @@
-"""The node inventory contract: its JSON schema, validation, and the annotation budget.
+"""The node inventory contract: its JSON schema, validation, the annotation budget, and
+how a report lists a version.
 
 Who calls it: tests and the Kubernetes integration (which publishes the inventory as the
 Node annotation ``dsagent.io/inventory``); the scheduler extender reads the same shape
 (it never imports this module: it reads the published JSON). The inventory itself is
-built by :meth:`dsagent.cache.service.CacheService.inventory`.
+built by :meth:`dsagent.cache.service.CacheService.inventory`. Peers read other agents'
+inventories (``GET /v1/inventory``, or the annotation in cluster mode) with :func:`holds`
+to find who holds a version (:mod:`dsagent.cache.peers.peerfetch`,
+:mod:`dsagent.cluster.peerlist`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -60,4 +65,18 @@ def compact(inventory: dict[str, Any], budget: int = ANNOTATION_BUDGET) -> str:
     return json.dumps(trimmed, separators=(",", ":"), sort_keys=True)
 
 
-__all__ = ["ANNOTATION", "ANNOTATION_BUDGET", "compact", "schema", "validate"]
+def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
+    """``"ready"`` or ``"fetching"``: how an inventory report (``GET /v1/inventory``, the Node
+    annotation) lists ``name@digest``; None when it does not."""
+    datasets = inventory.get("datasets") if isinstance(inventory, Mapping) else None
+    entry = datasets.get(name) if isinstance(datasets, Mapping) else None
+    if not isinstance(entry, Mapping):
+        return None
+    versions = entry.get("versions") or [entry]
+    if not isinstance(versions, list):
+        return None
+    states = {v.get("state") for v in versions if isinstance(v, Mapping) and v.get("digest") == digest}
+    return "ready" if "ready" in states else "fetching" if "fetching" in states else None
+
+
+__all__ = ["ANNOTATION", "ANNOTATION_BUDGET", "compact", "holds", "schema", "validate"]

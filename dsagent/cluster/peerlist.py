@@ -13,8 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from dsagent.cache.inventory import ANNOTATION, ANNOTATION_MAX_BYTES
-from dsagent.cache.peers import holds
+from dsagent.cache.inventory import ANNOTATION, ANNOTATION_MAX_BYTES, holds
 from dsplatform import boundedjson
 
 log = logging.getLogger("dsagent.cluster")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.cache.inventory import compact, validate
+from dsagent.cache.inventory import compact, holds, validate
 from dsagent.errors import InvalidInput
 
 
@@ -58,3 +58,19 @@ def test_over_budget_the_least_recently_used_non_ready_entries_go_first() -> Non
     assert compact(inventory({"x": entry()})) == json.dumps(
         inventory({"x": entry()}), separators=(",", ":"), sort_keys=True
     )
+
+
+def test_holds_reads_current_and_older_versions() -> None:
+    inventory = {
+        "datasets": {
+            "d": {
+                "digest": "a" * 32,
+                "state": "fetching",
+                "versions": [{"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}],
+            }
+        }
+    }
+    assert holds(inventory, "d", "b" * 32) == "ready"
+    assert holds(inventory, "d", "a" * 32) == "fetching"
+    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32) is None
+    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32) == "ready"

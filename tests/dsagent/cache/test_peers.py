@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.server
 import io
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -25,11 +24,8 @@ from dsagent.cache.peers import (
     PeerBusy,
     PeerOverloaded,
     UploadLimits,
-    holds,
-    repack,
-    repack_at,
 )
-from dsagent.format.bundle import pack, unpack_bundle, verify_tree
+from dsagent.format.bundle import pack, verify_tree
 from dsagent.format.extract import unpack_bundle_stream
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
@@ -351,41 +347,6 @@ def test_a_misbehaving_peer_falls_back_to_the_store_verified(
 # --------------------------------------------------------------------------- pieces
 
 
-def test_a_repacked_bundle_unpacks_verified(tmp_path: Path) -> None:
-    write_tree(tmp_path / "src", FILES)
-    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
-    bundle = manifest.bundles[1]
-    (tmp_path / "peer" / "bundles").mkdir(parents=True)
-    Path(bundle_path(str(tmp_path / "peer"), bundle.digest)).write_bytes(
-        b"".join(repack(tmp_path / "src", manifest.bundle_entries(bundle)))
-    )
-    (tmp_path / "out").mkdir()
-    unpack_bundle(tmp_path / "peer", manifest, bundle, tmp_path / "out")
-    for entry in manifest.bundle_entries(bundle):
-        assert (tmp_path / "out" / entry.path).read_bytes() == FILES[entry.path]
-
-
-def test_a_directory_renamed_mid_stream_is_still_served_whole(tmp_path: Path) -> None:
-    """A version's staging directory is renamed into place while one of its finished bundles
-    is served: the files are opened relative to the directory, not by path."""
-    write_tree(tmp_path / "staging", FILES)
-    manifest = pack(tmp_path / "staging", tmp_path / "store", name="imgs", max_files=8)
-    bundle = max(manifest.bundles, key=lambda b: b.count)
-    root = os.open(tmp_path / "staging", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        stream = repack_at(root, manifest.bundle_entries(bundle), level=1)
-        first = next(stream)
-        (tmp_path / "staging").rename(tmp_path / "ready")
-        body = first + b"".join(stream)
-    finally:
-        os.close(root)
-    (tmp_path / "out").mkdir()
-    unpack_bundle_stream(io.BytesIO(body), manifest, bundle, tmp_path / "out")
-    assert {e.path: (tmp_path / "out" / e.path).read_bytes() for e in manifest.bundle_entries(bundle)} == {
-        e.path: FILES[e.path] for e in manifest.bundle_entries(bundle)
-    }
-
-
 def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store() -> None:
     """The rule the peer server answers 425 by: a bundle being downloaded here is waited for by
     anyone; one this agent is still asking its peers for, only by the agent that comes after
@@ -425,33 +386,6 @@ def test_of_two_agents_asking_each_other_at_once_exactly_one_goes_to_the_store()
     finally:
         for agent in agents.values():
             agent.close()
-
-
-def test_a_changed_cached_file_cuts_the_stream(tmp_path: Path) -> None:
-    from dsagent.errors import IntegrityError
-
-    write_tree(tmp_path / "src", FILES)
-    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs", max_files=4)
-    members = manifest.bundle_entries(manifest.bundles[0])
-    (tmp_path / "src" / members[-1].path).write_bytes(b"x" * members[-1].size)
-    with pytest.raises(IntegrityError):
-        b"".join(repack(tmp_path / "src", members))
-
-
-def test_holds_reads_current_and_older_versions() -> None:
-    inventory = {
-        "datasets": {
-            "d": {
-                "digest": "a" * 32,
-                "state": "fetching",
-                "versions": [{"digest": "b" * 32, "state": "ready"}, {"digest": "a" * 32, "state": "fetching"}],
-            }
-        }
-    }
-    assert holds(inventory, "d", "b" * 32) == "ready"
-    assert holds(inventory, "d", "a" * 32) == "fetching"
-    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32) is None
-    assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32) == "ready"
 
 
 # --------------------------------------------------------------------------- the cluster's own P2P engine

@@ -1,0 +1,139 @@
+"""The serving side of peer-to-peer bundles: a bundle of a cached version streamed to a peer.
+
+Who calls it: :class:`dsagent.cache.service.CacheService`, which owns one :class:`PeerServer`
+and gives it its lookup (a ready version that holds the bundle, found with
+:func:`find_bundle`, or the finished bundle of a version still being fetched; pinned against
+eviction until the stream ends), and the ``GET /v1/peer/bundles/{digest}`` route
+(:mod:`dsagent.api.routes`), which sends the stream. Design: docs/design.md#peers.
+
+What it owns: the directory the files are read from (:class:`ServedBundle`: opened once, so
+a staging directory renamed into place mid-stream is still read whole), the upload limits
+around each stream (:mod:`dsagent.cache.peers.uploads`), and the stream itself. A cached
+version keeps no ``.tar.zst`` objects, so the bundle is re-packed from its files
+(:mod:`dsagent.format.repack`: the pack's member order, headers and zstd level, each file
+hashed again as it is read, so that a damaged cache copy cuts the stream instead of being
+passed on as good). A bundle this agent is downloading right now is answered 425
+(:class:`BundleInFlight`), so that agents starting together share the work
+(:mod:`dsagent.cache.peers.swarm`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsagent.cache.layout import Key
+from dsagent.cache.metrics import Metrics
+from dsagent.cache.peers.uploads import UploadLimits
+from dsagent.cache.settings import Settings
+from dsagent.errors import NotFound
+from dsagent.format.manifest import FileEntry, Manifest
+from dsagent.format.repack import repack_at
+
+log = logging.getLogger("dsagent.peers")
+
+
+@dataclass(frozen=True)
+class ServedBundle:
+    """A bundle found in a version: where its files are (``ready_dir``, else ``fallback``:
+    a staging directory may be renamed into place at any moment) and which they are."""
+
+    key: Key
+    ready_dir: Path
+    members: Sequence[FileEntry]
+    fallback: Path | None = None
+
+    def open_dir(self) -> int:
+        """A descriptor of the directory holding the files (:class:`NotFound` if neither is there)."""
+        for directory in (self.ready_dir, self.fallback):
+            if directory is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        raise NotFound(f"the files of version {self.key[0]}@{self.key[1][:12]} are gone")
+
+
+class PeerServer:
+    """Finds bundles in ready versions and streams them under the upload limits.
+
+    ``locate(digest, peer)`` is the service's lookup (pinned until ``unpin``): a ready version,
+    or the finished bundle of one being fetched; it raises :class:`BundleInFlight` for a
+    bundle this agent is downloading for ``peer`` to wait for.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        locate: Callable[[str, str], Awaitable[ServedBundle | None]],
+        unpin: Callable[[Key], None],
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.limits = UploadLimits(
+            settings.peer_max_uploads, settings.peer_max_uploads_per_peer, settings.peer_upload_rate
+        )
+        self._locate = locate
+        self._unpin = unpin
+
+    async def open(self, digest: str, peer: str) -> tuple[Iterator[bytes], Callable[[], None]]:
+        """The stream of bundle ``digest`` for ``peer`` and the call that ends it (idempotent;
+        the stream also calls it when it ends). :class:`NotFound` unless a version holds it
+        finished, :class:`BundleInFlight` while this agent downloads it, :class:`PeerBusy` /
+        :class:`PeerOverloaded` over the limits (so 429 and 503 mean: held here, ask again)."""
+        found = await self._locate(digest, peer)
+        if found is None:
+            raise NotFound(f"no version here holds bundle {digest} finished", hint="ask another peer or the store")
+        try:
+            bucket = self.limits.acquire(peer)
+        except BaseException:
+            self._unpin(found.key)
+            raise
+        try:
+            root = found.open_dir()
+        except BaseException:
+            self._unpin(found.key)
+            self.limits.release(peer)
+            raise
+        ended = threading.Event()
+        end_lock = threading.Lock()
+
+        def end() -> None:
+            with end_lock:
+                if ended.is_set():
+                    return
+                ended.set()
+            os.close(root)
+            self._unpin(found.key)
+            self.limits.release(peer)
+
+        def stream() -> Iterator[bytes]:
+            try:
+                for chunk in repack_at(root, found.members):
+                    bucket.take(len(chunk))
+                    self.metrics.peer_transfer("served", len(chunk))
+                    yield chunk
+            except Exception as exc:  # the status is sent: cutting the stream is the only signal left
+                log.warning("stream of bundle %s to %s cut: %s", digest, peer, exc)
+                raise
+            finally:
+                end()
+
+        return stream(), end
+
+
+def find_bundle(manifests: Sequence[tuple[Key, Manifest]], digest: str) -> tuple[Key, Sequence[FileEntry]] | None:
+    """The first ready version (of ``manifests``) that holds bundle ``digest``, and its members."""
+    for key, manifest in manifests:
+        for bundle in manifest.bundles:
+            if bundle.digest == digest:
+                return key, manifest.bundle_entries(bundle)
+    return None
+
+
+__all__ = ["PeerServer", "ServedBundle", "find_bundle"]
