@@ -15,6 +15,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── StorageForbidden (403, exit 12)       the store knows the credentials but refuses the action
     ├── Forbidden (403, exit 9)               a pod acting on another pod's task, or evicting
     ├── NotFound (404, exit 3)                unknown dataset, task, manifest or bundle
+    │   └── BundleMissing                     --bundles store has no manifest for the dataset
     ├── Conflict (409, exit 4)                dataset in use, task already holds another set
     ├── IntegrityError (422, exit 5)          digest mismatch, truncated or tampered bundle
     │   └── UnsafeArchive                     a member that would escape its target
@@ -156,3 +157,14 @@ __all__ = [
     "UnsafeArchive",
     "Unauthorized",
 ]
+
+
+class BundleMissing(NotFound):
+    """The bundle store a request names has no manifest for the dataset (the store itself
+    answered: an unreachable store stays :class:`SourceUnavailable`). Refused unless the
+    request allows the per-file path (``allowPerFile`` / ``dsctl cache --allow-per-file``)."""
+
+    code = "bundle_missing"
+
+
+__all__ += ["BundleMissing"]

@@ -53,7 +53,7 @@ from scheduler_plugin.plugins import deadline, roce
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.timemodel import parse_profile
 from scheduler_plugin.view import View
-from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities
+from scheduler_plugin.wire import BodyNotJson, decode_args, encode_filter_result, encode_priorities
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,13 @@ class ExtenderApp:
                 return
             body = await self.bodies.read(receive)
             verb = self.filter if path == "/filter" else functools.partial(self.prioritize, which=_PRIORITIZE[path])
-            reply = await asyncio.get_running_loop().run_in_executor(self._verbs, _paused, verb, body)
-            await _reply(send, 200, reply)
+            try:
+                reply = await asyncio.get_running_loop().run_in_executor(self._verbs, _paused, verb, body)
+            except BodyNotJson as exc:  # no kube-scheduler sends it: a person or a wrong client, told plainly
+                reply = _error_body(exc.code, str(exc))
+                await _reply(send, 400, reply)
+            else:
+                await _reply(send, 200, reply)
             if body is not None:
                 self.bodies.give_back(body)
             del body, reply
@@ -160,6 +165,9 @@ class ExtenderApp:
             self.metrics.nodes_filtered.labels(result="failed").inc(len(outcome.failed) + len(outcome.unresolvable))
             outcome_label = "ok"
             return encode_filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+        except BodyNotJson as exc:  # not a JSON object: answered 400 by the route
+            _log_failure("filter", exc, _describe(exc))
+            raise
         except ViewUnavailable as exc:
             # Still syncing: no hard fact is known, so every node passes (filtering on
             # nothing must not fail scheduling, whether or not the extender is ignorable).
@@ -186,6 +194,9 @@ class ExtenderApp:
             self.metrics.nodes_scored.labels(verb=verb).inc(len(names))
             outcome_label = "ok"
             return encode_priorities(names, scores)
+        except BodyNotJson as exc:  # not a JSON object: answered 400 by the route
+            _log_failure(verb, exc, _describe(exc))
+            raise
         except Exception as exc:  # the edge: all-zero scores, never a 500
             outcome_label = "unsynced" if isinstance(exc, ViewUnavailable) else "error"
             _log_failure(verb, exc, _describe(exc))

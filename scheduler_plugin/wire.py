@@ -147,19 +147,34 @@ _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.rstrip() strips
 _ITEM_HEAD = re.compile(rb'\{"metadata":\{"name":"([^"\\]+)","uid":"[^"\\]*","resourceVersion":"([^"\\]+)"')
 
 
+class BodyNotJson(InvalidRequest):
+    """A verb's body that is not a JSON object: never one kube-scheduler sends, so it is
+    answered 400 (not the verbs' 200 with ``Error`` set) and says which of the two it is."""
+
+    code = "invalid_json"
+
+
+#: bodies without a Pod key up to this size are parsed to say exactly what is wrong;
+#: larger ones are judged by their first byte (a parse of megabytes holds the GIL)
+_EXPLAIN_BYTES = 1 << 20
+_JSON_SCALAR_START = frozenset(b'["-0123456789tfn')
+_LEADING_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]*")
+
+
 def decode_args(body: bytes | bytearray) -> ExtenderArgs:
-    """Decode a filter/prioritize request body; :class:`InvalidRequest` says what is wrong."""
+    """Decode a filter/prioritize request body; :class:`InvalidRequest` says what is wrong
+    (:class:`BodyNotJson` when it is not a JSON object at all)."""
     fast = _split_go_layout(body)
     if fast is not None:
         return fast
     if _POD_KEY.search(body) is None:  # a cheap scan in C before a parse of megabytes
-        raise InvalidRequest("ExtenderArgs has no Pod")
+        raise _without_pod(body)
     try:
         doc = json.loads(body)
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not JSON: {str(exc)[:200]}") from exc
+        raise _not_json(exc) from exc
     try:
         return _args_of(doc)
     except InvalidRequest as exc:
@@ -167,9 +182,56 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
         raise
 
 
+def _not_json(exc: Exception) -> BodyNotJson:
+    reason = " ".join(str(exc).split())[:200]  # one line
+    return BodyNotJson(f"request body is not JSON: {reason}", hint="send ExtenderArgs, a JSON object with a Pod")
+
+
+def _not_an_object(kind: str) -> BodyNotJson:
+    return BodyNotJson(
+        f"request body is JSON but not an object: got {kind}", hint="send ExtenderArgs, a JSON object with a Pod"
+    )
+
+
+def _without_pod(body: bytes | bytearray) -> InvalidRequest:
+    """Why a body with no Pod key is refused: not JSON, JSON but not an object, or an
+    object without a Pod. Exact for small bodies; by the first byte for large ones."""
+    start = _LEADING_SPACE.match(body).end()  # type: ignore[union-attr]  # always matches
+    if start >= len(body):
+        return BodyNotJson("request body is empty", hint="send ExtenderArgs, a JSON object with a Pod")
+    if len(body) <= _EXPLAIN_BYTES:
+        try:
+            doc = json.loads(body)
+        except RecursionError:
+            return InvalidRequest("request body is nested too deeply")
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _not_json(exc)
+        if not isinstance(doc, dict):
+            return _not_an_object(_json_kind(doc))
+        return InvalidRequest("ExtenderArgs has no Pod")
+    first = body[start]
+    if first == 0x7B:  # "{"
+        return InvalidRequest("ExtenderArgs has no Pod")
+    if first in _JSON_SCALAR_START:
+        return _not_an_object("an array" if first == 0x5B else "a scalar")
+    return BodyNotJson(f"request body is not JSON: it starts with {bytes(body[start : start + 1])!r}")
+
+
+def _json_kind(doc: Any) -> str:
+    if isinstance(doc, list):
+        return "an array"
+    if isinstance(doc, str):
+        return "a string"
+    if doc is None:
+        return "null"
+    if isinstance(doc, bool):
+        return "a boolean"
+    return "a number"
+
+
 def _args_of(doc: Any) -> ExtenderArgs:
     if not isinstance(doc, dict):
-        raise InvalidRequest(f"ExtenderArgs must be a JSON object, got {type(doc).__name__}")
+        raise _not_an_object(_json_kind(doc))
     pod = _field(doc, "Pod")
     if not isinstance(pod, dict):
         raise InvalidRequest("ExtenderArgs.Pod must be a v1.Pod object")
@@ -324,6 +386,7 @@ _SCORE_TAILS = [f',"Score":{score}}}' for score in range(MAX_SCORE + 1)]
 __all__ = [
     "MAX_SCORE",
     "MIN_SCORE",
+    "BodyNotJson",
     "Container",
     "ExtenderArgs",
     "Node",

@@ -26,9 +26,16 @@ class DatasetIn(_Strict):
     source: str = Field(min_length=1, max_length=4096)
     bundles: str | None = Field(default=None, min_length=1, max_length=4096)
     storage_options: dict[str, Any] | None = Field(default=None, alias="storageOptions")
+    allow_per_file: bool = Field(
+        default=False,
+        alias="allowPerFile",
+        strict=True,
+        description="when `bundles` has no manifest for the dataset, copy the source file by file"
+        " (slow) instead of failing with bundle_missing (404)",
+    )
 
     def to_request(self) -> DatasetRequest:
-        return DatasetRequest(self.name, self.source, self.bundles, self.storage_options)
+        return DatasetRequest(self.name, self.source, self.bundles, self.storage_options, self.allow_per_file)
 
 
 class TaskIn(_Strict):

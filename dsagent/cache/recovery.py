@@ -149,7 +149,10 @@ async def interrupted(pools: Pools, catalog: Catalog, *, now: float) -> list[tup
             digest = task.digests.get(item["name"])
             row = await pools.db(catalog.version, item["name"], digest) if digest else None
             if (row is None or row.state != "ready") and not item.get("hasStorageOptions"):
-                todo.append((task.task_id, DatasetRequest(item["name"], item["source"], item.get("bundles")), digest))
+                request = DatasetRequest(
+                    item["name"], item["source"], item.get("bundles"), allow_per_file=item.get("allowPerFile") is True
+                )
+                todo.append((task.task_id, request, digest))
     return todo
 
 

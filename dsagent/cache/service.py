@@ -231,7 +231,7 @@ class CacheService:
                 stored = await self._versions.stored_manifest(request.name, bound)
             resolved: tuple[Manifest, bool]
             if stored is None:
-                flight = ("resolve", *request.identity)
+                flight = ("resolve", *request.identity, request.allow_per_file)
                 resolved = await self._flights.join(flight, functools.partial(self._resolve, request, source))
                 await self._bind(task_id, request, resolved[0].digest)
             else:
@@ -273,7 +273,7 @@ class CacheService:
             )
 
     async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:
-        resolved = await self._versions.resolve(request.name, source)
+        resolved = await self._versions.resolve(request.name, source, allow_per_file=request.allow_per_file)
         self._claims.settle(request.identity, resolved[0].digest)  # every task waiting on this flight
         return resolved
 

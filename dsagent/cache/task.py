@@ -24,12 +24,17 @@ from dsplatform.names import TASK_ID_HINT, canonical_task_id
 
 @dataclass(frozen=True)
 class DatasetRequest:
-    """One dataset a task asks for. ``storage_options`` is never logged, stored or returned."""
+    """One dataset a task asks for. ``storage_options`` is never logged, stored or returned.
+
+    ``allow_per_file``: when ``bundles`` has no manifest for the dataset, copy the source file
+    by file instead of failing with :class:`~dsagent.errors.BundleMissing`. A policy, not
+    part of the dataset's identity."""
 
     name: str
     source: str
     bundles: str | None = None
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    allow_per_file: bool = False
 
     @property
     def identity(self) -> tuple[str, str, str | None]:
@@ -41,6 +46,7 @@ class DatasetRequest:
             "source": self.source,
             "bundles": self.bundles,
             "hasStorageOptions": bool(self.storage_options),
+            **({"allowPerFile": True} if self.allow_per_file else {}),
         }
 
 

@@ -40,7 +40,7 @@ from dsagent.cache.node import Node
 from dsagent.cache.peers import PeerFetcher, PeerSwarm, bundle_options
 from dsagent.cache.space import Space
 from dsagent.cache.task import redact_url
-from dsagent.errors import DsagentError, InsufficientSpace, IntegrityError, NotFound
+from dsagent.errors import BundleMissing, DsagentError, InsufficientSpace, IntegrityError, NotFound
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local
 from dsagent.format.manifest import BundleRef, Manifest, read_manifest
@@ -71,10 +71,13 @@ class Versions:
 
     # -- the consistency check ----------------------------------------------------------
 
-    async def resolve(self, name: str, source: Source) -> tuple[Manifest, bool]:
+    async def resolve(self, name: str, source: Source, *, allow_per_file: bool = False) -> tuple[Manifest, bool]:
         """The source's current manifest (docs/design.md#rule-2) and whether resolving it cached it too.
 
-        In order: the packed manifest when the bundle store has one; the cached version's
+        A bundle store without the dataset is :class:`BundleMissing` unless ``allow_per_file``
+        (issue 23: it used to fall back silently to a slow per-file copy); a store that cannot
+        be reached keeps its own error. Then, in order: the packed manifest when the bundle
+        store has one; the cached version's
         manifest when a remote listing shows the same files, sizes and times; for a local
         source a digest (through the stat-keyed digest cache); for a remote one a per-file
         copy that digests while it copies (each file read once); else a digest.
@@ -90,8 +93,15 @@ class Versions:
                         storage_options=source.storage_options,
                         max_files=self.settings.max_dataset_files,
                     )
-                except NotFound:
-                    log.info("no packed manifest for %s in %s; digesting the source", name, redact_url(source.bundles))
+                except NotFound as exc:
+                    store = redact_url(source.bundles)
+                    if not allow_per_file:
+                        raise BundleMissing(
+                            f"no dataset {name!r} in bundle store {store}",
+                            hint=f"pack it first: dsctl pack SOURCE --name {name} --to {store}; or fix the store;"
+                            " or copy file by file (slow): dsctl cache --allow-per-file (API: allowPerFile)",
+                        ) from exc
+                    log.info("no packed manifest for %s in %s; copying the source file by file", name, store)
             if cached is not None and listing_matches(source, cached):
                 return cached
             if not source.bundles and not _is_local_url(source):

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import click
 
 from dsagent.api.client import AgentClient
-from dsagent.cli.options import output_option, source_options, storage_options, store_options
+from dsagent.cli.options import DURATION, output_option, source_options, storage_options, store_options
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsplatform.units import format_size
@@ -56,8 +56,15 @@ def _client(agent_url: str | None, socket_path: str | None, token: str | None, t
 # -- requests ------------------------------------------------------------------------
 
 
-def parse_specs(specs: Sequence[str], bundles: str | None) -> list[dict[str, Any]]:
+def parse_specs(specs: Sequence[str], bundles: str | None, *, allow_per_file: bool = False) -> list[dict[str, Any]]:
     """``NAME=SOURCE`` arguments as dataset requests."""
+    if allow_per_file and not bundles:
+        raise InvalidInput(
+            "--allow-per-file applies only with --bundles", hint="without --bundles every copy is per file"
+        )
+    extra: dict[str, Any] = {"bundles": bundles} if bundles else {}
+    if allow_per_file:
+        extra["allowPerFile"] = True
     datasets = []
     for spec in specs:
         name, sep, source = spec.partition("=")
@@ -65,7 +72,7 @@ def parse_specs(specs: Sequence[str], bundles: str | None) -> list[dict[str, Any
             raise InvalidInput(
                 f"invalid dataset {spec!r}", hint="write NAME=SOURCE, e.g. imagenet=s3://bucket/imagenet"
             )
-        datasets.append({"name": name, "source": source, **({"bundles": bundles} if bundles else {})})
+        datasets.append({"name": name, "source": source, **extra})
     return datasets
 
 
@@ -161,19 +168,29 @@ def describe(record: dict[str, Any]) -> str:
 
 @click.command()
 @click.argument("specs", nargs=-1, metavar="NAME=SOURCE...")
-@click.option("--bundles", help="Bundle store URL holding the packed datasets.")
+@click.option(
+    "--bundles", help="Bundle store URL holding the packed datasets; a dataset it lacks fails (exit 3, bundle_missing)."
+)
+@click.option(
+    "--allow-per-file",
+    is_flag=True,
+    help="When the --bundles store lacks a dataset, copy its source file by file (slow) instead of failing.",
+)
 @click.option("--task", "task_id", envvar="DSAGENT_TASK_ID", help="Task id (a pod UID, a job id) [DSAGENT_TASK_ID].")
 @click.option("--from-env", is_flag=True, help="Read the datasets from DSAGENT_DATASETS (init-container mode).")
 @click.option(
     "--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready."
 )
-@click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
+@click.option(
+    "--timeout", type=DURATION, default=None, metavar="DURATION", help="Give up waiting after this long, e.g. 90s, 10m."
+)
 @output_option
 @source_options
 @store_options
 @agent_options
 def cache(
-    specs: tuple[str, ...], bundles: str | None, task_id: str | None, from_env: bool, wait: bool, timeout: float | None,
+    specs: tuple[str, ...], bundles: str | None, allow_per_file: bool, task_id: str | None, from_env: bool, wait: bool,
+    timeout: float | None,
     output: str,
     source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
     store_options_files: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None,
@@ -187,9 +204,11 @@ def cache(
         storage_options(source_option_pairs, source_options_files),
         storage_options(store_option_pairs, store_options_files, flag="--store-option"),
     )
-    datasets = datasets_from_env(os.environ) if from_env else parse_specs(specs, bundles)
-    if from_env and specs:
-        raise InvalidInput("give either NAME=SOURCE arguments or --from-env, not both")
+    if from_env and (specs or bundles or allow_per_file):
+        raise InvalidInput(
+            "give either NAME=SOURCE arguments (with --bundles, --allow-per-file) or --from-env, not both"
+        )
+    datasets = datasets_from_env(os.environ) if from_env else parse_specs(specs, bundles, allow_per_file=allow_per_file)
     if options:
         datasets = [{**d, "storage_options": {**dict(d.get("storage_options") or {}), **options}} for d in datasets]
     if not datasets:
@@ -217,7 +236,9 @@ def cache(
     required=True,
     help="Task id from DSAGENT_TASK_ID (and DSAGENT_DATASETS to submit if needed).",
 )
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option(
+    "--timeout", type=DURATION, default=None, metavar="DURATION", help="Give up after this long, e.g. 90s, 10m."
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @agent_options
 def wait(

@@ -8,7 +8,9 @@ dataset source or a bundle store (``digest``, ``pack``, ``unpack``, ``verify``, 
 - ``--source-option KEY=VALUE`` (repeatable) and ``--source-options-file FILE.json``:
   fsspec storage options of the dataset source;
 - ``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file FILE.json``:
-  fsspec storage options of the bundle store.
+  fsspec storage options of the bundle store;
+- durations (``--timeout``): :data:`DURATION`, the platform's syntax (``30s``, ``5m``,
+  plain seconds).
 
 Values of ``KEY=VALUE`` are parsed as JSON when they are JSON (``anon=true``,
 ``config_kwargs={"region_name": "eu-west-1"}``), else taken as strings. Flags win over the
@@ -27,6 +29,7 @@ from typing import Any, TypeVar
 import click
 
 from dsagent.errors import InvalidInput
+from dsplatform.units import UnitError, parse_duration
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -109,4 +112,25 @@ def store_options(fn: _F) -> _F:
     return fn
 
 
-__all__ = ["output_option", "source_options", "storage_options", "store_options"]
+class DurationType(click.ParamType[float]):
+    """A duration in the platform's one syntax (:func:`dsplatform.units.parse_duration`):
+    ``30s``, ``250ms``, ``5m``, ``2h``, ``7d``, or plain seconds (``90``, ``1.5``) as
+    before; anything else is a usage error (exit 2) naming the syntax."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(value)
+        except UnitError:
+            self.fail(
+                f"{value!r} is not a duration: use seconds or a number with ms, s, m, h or d, e.g. 30s, 5m", param, ctx
+            )
+
+
+#: ``--timeout`` and every other duration option
+DURATION = DurationType()
+
+__all__ = ["DURATION", "DurationType", "output_option", "source_options", "storage_options", "store_options"]

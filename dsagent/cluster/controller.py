@@ -602,6 +602,7 @@ class DatasetController:
             request = {"name": want.name, "source": spec["source"]}
             if isinstance(spec.get("bundles"), str):
                 request["bundles"] = spec["bundles"]
+                request["allowPerFile"] = True  # the cluster path: see dsagent.cluster.podenv
             requests.append(request)
         answer = self.agent_call(prep.node, "PUT", f"/v1/tasks/{prepare_task_id(prep.job)}", {"datasets": requests})
         report = _warm_report(prep.node, answer)
@@ -754,6 +755,7 @@ class DatasetController:
         request = {"name": name, "source": spec.get("source")}
         if isinstance(spec.get("bundles"), str):
             request["bundles"] = spec["bundles"]
+            request["allowPerFile"] = True  # the cluster path: see dsagent.cluster.podenv
         return [
             _warm_report(node, self.agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}))
             for node in chosen

@@ -344,7 +344,9 @@ class ClusterAgent:
         requests = []
         for ref in refs:
             if ref.source is not None:
-                requests.append(DatasetRequest(ref.name, ref.source, ref.bundles, ref.storage_options))
+                requests.append(
+                    DatasetRequest(ref.name, ref.source, ref.bundles, ref.storage_options, allow_per_file=True)
+                )
                 continue
             try:
                 dataset = await asyncio.to_thread(self._datasets.get, namespace, ref.name)
@@ -358,7 +360,9 @@ class ClusterAgent:
                 self._left_to_init.add(pod_uid(pod))
                 return None
             requests.append(
-                DatasetRequest(ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options)
+                DatasetRequest(
+                    ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options, allow_per_file=True
+                )
             )
         return requests or None
 

@@ -8,6 +8,13 @@ so that its request and the init-container's are one and the same task (docs/des
 - ``DSAGENT_BUNDLES``: the bundle store for datasets that name none;
 - ``DSAGENT_STORAGE_OPTIONS`` (all datasets) and ``DSAGENT_STORAGE_OPTIONS_<NAME>``: JSON
   fsspec options, typically from Secrets. Their values are never echoed in errors.
+
+The cluster path allows the per-file copy (``allow_per_file``) for every dataset: a bundle
+store without the dataset is copied file by file, as before, not refused with
+``bundle_missing``. A Dataset's store may be packed later (``pack.auto``), and a pod must
+not fail while the controller packs it; the agent logs the fallback. The webhook, the
+cluster agent, the CSI driver and the controller's warm and prepare requests all ask the
+same way, so the init-container's request and theirs stay one task.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ def datasets_from_env(environ: Mapping[str, str]) -> list[dict[str, Any]]:
         dataset = {key: item[key] for key in ("name", "source", "bundles") if item.get(key)}
         if default_bundles and "bundles" not in dataset:
             dataset["bundles"] = default_bundles
+        if "bundles" in dataset:
+            dataset["allow_per_file"] = True  # the cluster path (see above)
         options = {
             **shared,
             **dict(item.get("storage_options") or {}),

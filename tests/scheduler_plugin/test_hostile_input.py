@@ -120,3 +120,38 @@ def test_a_deeply_nested_body_is_refused_with_a_clear_error(
     assert "nested too deeply" in result["Error"], result["Error"]  # old code: "internal error (RecursionError)"
     assert client.post("/prioritize", content=body).json() in ([], [{"Host": "n", "Score": 0}])
     assert not any(record.exc_info for record in caplog.records), "a traceback was logged"
+
+
+# issue 23: a body that is not JSON was answered "ExtenderArgs has no Pod"
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"hello", "request body is not JSON: Expecting value: line 1 column 1 (char 0)"),
+        (b"{oops", "request body is not JSON: Expecting property name enclosed in double quotes"),
+        (b"", "request body is empty"),
+        (b"  \n ", "request body is empty"),
+        (b'["Pod"]', "request body is JSON but not an object: got an array"),
+        (b"42", "request body is JSON but not an object: got a number"),
+        (b'"x"', "request body is JSON but not an object: got a string"),
+        (b"\xff\xfe", "request body is not JSON"),
+        (b"<" + b"x" * (2 << 20), "request body is not JSON: it starts with b'<'"),  # large: by its first byte
+        (b"[" + b"1," * (1 << 20) + b"1]", "request body is JSON but not an object: got an array"),
+    ],
+    ids=["text", "broken-object", "empty", "blank", "array", "number", "string", "binary", "large-text", "large-array"],
+)
+def test_a_body_that_is_not_a_json_object_is_a_400_saying_so(
+    client: httpx.Client, body: bytes, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for path in ("/filter", "/prioritize", "/prioritize/numa"):
+        answer = client.post(path, content=body)
+        assert answer.status_code == 400, (path, answer.text)
+        error = answer.json()
+        assert error["code"] == "invalid_json" and error["message"].startswith(message), error
+        assert "\n" not in error["message"] and "has no Pod" not in error["message"]
+    assert not any(record.exc_info for record in caplog.records), "a traceback was logged"
+
+
+def test_a_json_object_without_a_pod_is_still_the_verbs_200_with_error_set(client: httpx.Client) -> None:
+    result = client.post("/filter", content=b'{"Nodes": null}')
+    assert result.status_code == 200 and result.json()["Error"] == "dsplatform extender: ExtenderArgs has no Pod"
+    assert client.post("/prioritize", content=b'{"Nodes": null}').json() == []

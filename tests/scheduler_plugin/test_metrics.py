@@ -33,8 +33,8 @@ def test_metrics_count_verbs_latency_parse_failures_and_nodes_scored() -> None:
         for _ in range(3):
             assert http.post("/prioritize", content=body).status_code == 200
         assert http.post("/filter", content=body).status_code == 200
-        assert http.post("/filter", content=b"{not json").status_code == 200
-        assert http.post("/prioritize/dataset", content=b"[]").status_code == 200
+        assert http.post("/filter", content=b"{not json").status_code == 400  # not JSON: a 400, still counted
+        assert http.post("/prioritize/dataset", content=b"[]").status_code == 400
         response = http.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     got = samples(response.text)

@@ -79,7 +79,8 @@ class VolumeRecord:
 
     def requests(self, secrets: Mapping[str, str] | None = None) -> list[DatasetRequest]:
         return [
-            DatasetRequest(d["name"], d["source"], d.get("bundles"), storage_options(d, secrets)) for d in self.datasets
+            DatasetRequest(d["name"], d["source"], d.get("bundles"), storage_options(d, secrets), allow_per_file=True)
+            for d in self.datasets
         ]
 
     def to_json(self) -> bytes:

@@ -55,6 +55,16 @@ BAD_REQUESTS = [
     ("unknown-top-field", "PUT", "/v1/tasks/t1", {"datasets": [GOOD], "priority": 1}, 400, "invalid_input"),
     ("no-datasets", "PUT", "/v1/tasks/t1", {"datasets": []}, 400, "invalid_input"),
     ("wrong-type", "PUT", "/v1/tasks/t1", {"datasets": "imagenet"}, 400, "invalid_input"),
+    # a boolean only: "yes", 1 or "true" are not coerced into the slow per-file opt-in
+    (
+        "allow-per-file-string",
+        "PUT",
+        "/v1/tasks/t1",
+        {"datasets": [{**GOOD, "allowPerFile": "yes"}]},
+        400,
+        "invalid_input",
+    ),
+    ("allow-per-file-number", "PUT", "/v1/tasks/t1", {"datasets": [{**GOOD, "allowPerFile": 1}]}, 400, "invalid_input"),
     (
         "unknown-protocol",
         "PUT",

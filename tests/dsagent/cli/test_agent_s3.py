@@ -104,3 +104,42 @@ def test_dsctl_cache_calls_a_near_url_malformed(agent_factory: Any, capsys: pyte
         code = int(exc.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and "malformed URL 's3:/x'" in err and "outside the directories" not in err
+
+
+def test_a_store_without_the_dataset_is_bundle_missing_unless_the_request_allows_per_file(
+    s3: S3Server, agent_factory: Any, awkward_dataset: Path, tmp_path: Path
+) -> None:
+    """Issue 23: a dataset missing from the ``bundles`` store used to be copied file by file
+    and reported ready. Now it fails (bundle_missing, 404's family) with nothing ready, and
+    only ``allowPerFile`` takes the per-file path; an unreachable store keeps its own code."""
+    from tests.dsagent.harness import free_port
+
+    s3.create_bucket("datasets")
+    upload(s3, awkward_dataset, "s3://datasets/raw/awk")
+    options = {"endpoint_url": s3.endpoint}
+    pack(awkward_dataset, "s3://datasets/store", name="other", max_files=3, store_options=options)  # a real store
+    request = {"name": "awk", "source": "s3://datasets/raw/awk", "bundles": "s3://datasets/store"}
+    agent = agent_factory()
+    with agent.client() as client:
+        client.submit_task("pod-m", [{**request, "storageOptions": options}], wait=30)
+        record = wait_ready(client, "pod-m")
+        error = record["datasets"][0]["error"]
+        assert record["state"] == "failed" and record["datasets"][0]["path"] is None, record
+        assert error["code"] == "bundle_missing", error
+        assert error["message"] == "no dataset 'awk' in bundle store s3://datasets/store"
+        assert "s3://datasets/store" in error["hint"] and "--allow-per-file" in error["hint"]
+        assert "\n" not in error["hint"]
+        assert not [d for d in client.datasets()["datasets"] if d["name"] == "awk"]  # nothing cached, nothing ready
+
+        # the same task asked again with the opt-in: the slow per-file path, as before issue 23
+        client.submit_task("pod-m", [{**request, "storageOptions": options, "allowPerFile": True}], wait=60)
+        record = wait_ready(client, "pod-m")
+        assert record["state"] == "ready", record
+        copied = Path(record["datasets"][0]["path"])
+        assert all((copied / name).read_bytes() == data for name, data in AWKWARD_FILES.items())
+
+        # a store that cannot be reached is not "missing": it keeps source_unavailable
+        down = {"endpoint_url": f"http://127.0.0.1:{free_port()}"}
+        client.submit_task("pod-d", [{**request, "name": "down", "storageOptions": down}], wait=30)
+        record = wait_ready(client, "pod-d")
+        assert record["datasets"][0]["error"]["code"] == "source_unavailable", record

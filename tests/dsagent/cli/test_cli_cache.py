@@ -14,6 +14,7 @@ import pytest
 from dsagent.cli import main
 from dsagent.cli.cache import datasets_from_env, default_task_id, parse_specs
 from dsagent.errors import InvalidInput
+from dsagent.format.bundle import pack
 from tests.dsagent.cli.test_agent_process import make_dataset
 from tests.dsagent.harness import AgentProcess
 
@@ -137,6 +138,7 @@ def test_storage_options_come_from_the_environment_per_dataset() -> None:
         "name": "imagenet",
         "source": "s3://b/imagenet",
         "bundles": "s3://b/packed",
+        "allow_per_file": True,  # the cluster path keeps the per-file fallback (dsagent.cluster.podenv)
         "storage_options": {"anon": False},
     }
     assert second["storage_options"] == {"anon": False, "key": "k", "secret": "s"}
@@ -171,3 +173,58 @@ def test_name_source_arguments_and_the_default_task_id_are_stable() -> None:
     assert default_task_id(specs) == default_task_id(list(reversed(specs)))
     with pytest.raises(InvalidInput):
         parse_specs(["just-a-name"], None)
+
+
+def test_a_dataset_missing_from_the_bundles_store_fails_unless_allow_per_file(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23: a name the --bundles store lacks used to be a silent, slow per-file success."""
+    agent, nfs = local_agent
+    store = nfs / "store"
+    pack(nfs / "cifar", str(store), name="cifar")  # a real store, without mnist
+    sock = str(agent.socket)
+    code, out, err = dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--bundles", str(store), "--socket", sock)
+    assert code == 3 and out == "" and err.count("\n") == 1, (code, out, err)
+    assert f"no dataset 'mnist' in bundle store {store}" in err and "--allow-per-file" in err
+    code, out, _ = dsctl(capsys, "ls", "--socket", sock, "-o", "json")
+    assert not [d for d in json.loads(out)["datasets"] if d["name"] == "mnist"]  # nothing reported ready
+
+    code, out, err = dsctl(
+        capsys, "cache", f"mnist={nfs / 'mnist'}", "--bundles", str(store), "--allow-per-file", "--socket", sock
+    )
+    assert code == 0 and "ready" in out, err
+    code, out, err = dsctl(capsys, "cache", f"cifar={nfs / 'cifar'}", "--bundles", str(store), "--socket", sock)
+    assert code == 0 and "ready" in out, err  # a packed dataset needs no flag
+
+    code, _, err = dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--allow-per-file", "--socket", sock)
+    assert code == 2 and "--allow-per-file applies only with --bundles" in err
+    code, _, err = dsctl(capsys, "cache", "--from-env", "--bundles", str(store), "--socket", sock)
+    assert code == 2 and "not both" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30.0), ("250ms", 0.25), ("5m", 300.0), ("90", 90.0), ("1.5", 1.5)]
+)
+def test_timeouts_take_the_platform_duration_syntax_and_plain_seconds(text: str, seconds: float) -> None:
+    from dsagent.cli.options import DURATION
+
+    assert DURATION.convert(text, None, None) == seconds
+
+
+@pytest.mark.parametrize("command", [["cache", "x=/nope"], ["wait", "--from-env"]])
+@pytest.mark.parametrize("bad", ["30x", "soon", "-5s", "inf"])
+def test_a_bad_timeout_is_a_usage_error_naming_the_syntax(
+    command: list[str], bad: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = [*command, "--timeout", bad, "--socket", str(tmp_path / "none.sock")]
+    code, out, err = dsctl(capsys, *(argv + (["--", "true"] if command[0] == "wait" else [])))
+    assert code == 2 and out == "" and err.count("\n") == 1, (code, err)
+    assert f"Invalid value for '--timeout': {bad!r} is not a duration" in err and "30s" in err
+
+
+def test_a_timeout_in_the_duration_syntax_bounds_the_wait(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent, nfs = local_agent
+    code, out, err = dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--timeout", "2m", "--socket", str(agent.socket))
+    assert code == 0 and "ready" in out, err
