@@ -9,6 +9,7 @@ import pytest
 
 from dsagent.cache.inventory import compact, validate
 from dsagent.errors import InvalidInput
+from dsplatform.names import is_name
 
 
 def inventory(datasets: dict[str, Any]) -> dict[str, Any]:
@@ -58,3 +59,30 @@ def test_over_budget_the_least_recently_used_non_ready_entries_go_first() -> Non
     assert compact(inventory({"x": entry()})) == json.dumps(
         inventory({"x": entry()}), separators=(",", ":"), sort_keys=True
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x",
+        "imagenet-1k_v2.train",
+        "a" * 128,
+        "a" * 129,
+        "a" * 253,
+        ".hidden",
+        "-x",
+        "x/y",
+        "x y",
+        "é",
+    ],
+)
+def test_the_schema_names_a_dataset_by_the_one_name_rule(name: str) -> None:
+    """The schema cannot import dsplatform.names; this holds it to the same rule. (Not
+    checked: a trailing newline, which the schema's ECMA ``$`` refuses but Python's ``re``,
+    which jsonschema runs it with, lets through.)"""
+    published = inventory({name: entry()})
+    if is_name(name):
+        validate(published)
+    else:
+        with pytest.raises(InvalidInput):
+            validate(published)
