@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
+from dsplatform.kubetime import parse_or_none
 from scheduler_plugin.migration import Migration, RunningJob, is_migratable, plan_migrations
 from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins.deadline import pod_bandwidth
-from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets, pod_requests, timestamp
+from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets, pod_requests
 from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, parse_profile, t_run
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def running_jobs(
         if status.get("phase") != "Running" or not is_migratable(labels, annotations):
             continue
         namespace, name, node = (_str(v) for v in (meta.get("namespace"), meta.get("name"), spec.get("nodeName")))
-        started = timestamp(status.get("startTime"))
+        started = parse_or_none(status.get("startTime"))
         if not (namespace and name and node) or started is None:
             continue
         profile, _ = parse_profile({k: v for k, v in annotations.items() if isinstance(v, str)}, started)

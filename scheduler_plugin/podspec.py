@@ -14,10 +14,10 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, cast
 
 from dsplatform.jobs import job_key, subnet_required, workers_of
+from dsplatform.kubetime import parse_or_none
 from gpu_topology.classsets import SEPARATOR, parse_resource_name, parse_set
 from scheduler_plugin.timemodel import JobProfile, parse_profile
 from scheduler_plugin.wire import Container, Pod
@@ -87,7 +87,7 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     gpus, gpu_class, gpus_error, gpu_classes = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
     job = job_key(namespace, labels, job_labels)
-    time, time_error = parse_profile(annotations, timestamp(meta.get("creationTimestamp")))
+    time, time_error = parse_profile(annotations, parse_or_none(meta.get("creationTimestamp")))
     return PodRequest(
         key=f"{namespace}/{name}",
         namespace=namespace,
@@ -104,18 +104,6 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
         workers=workers_of(annotations),
         subnet_required=subnet_required(annotations),
     )
-
-
-def timestamp(value: Any) -> float | None:
-    """A v1 timestamp (``creationTimestamp``, ``startTime``: RFC 3339, UTC) as epoch seconds;
-    None when absent or unreadable."""
-    if not isinstance(value, str) or len(value) > 40:
-        return None
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when.timestamp() if when.tzinfo is not None else None
 
 
 def parse_datasets(text: str | None) -> tuple[tuple[DatasetWant, ...], str | None]:
@@ -251,5 +239,4 @@ __all__ = [
     "pod_is_active",
     "pod_requests",
     "read_pod",
-    "timestamp",
 ]

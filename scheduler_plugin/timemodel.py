@@ -28,9 +28,9 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import combinations
 
+from dsplatform import kubetime
 from dsplatform.units import UnitError, parse_duration, parse_size
 from gpu_topology import LinkKind, Topology
 from gpu_topology.model import gpu_name
@@ -174,16 +174,16 @@ def _count(key: str, text: str, limit: float) -> float:
 
 
 def parse_deadline(text: str, created: float | None) -> float:
-    """RFC 3339 time (``2026-11-22T18:00:00Z``) or a duration counted from ``created``."""
+    """RFC 3339 time (``2026-11-22T18:00:00Z``, :mod:`dsplatform.kubetime`'s rule: with its
+    zone) or a duration counted from ``created``."""
     text = text.strip()
     if "T" in text or "-" in text:
         try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise AnnotationError(f"{DEADLINE_ANNOTATION}: {text!r} is neither RFC 3339 nor a duration") from None
-        if when.tzinfo is None:
-            raise AnnotationError(f"{DEADLINE_ANNOTATION}: {text!r} has no time zone")
-        return when.timestamp()
+            return kubetime.parse(text)
+        except kubetime.KubeTimeError as exc:
+            raise AnnotationError(
+                f"{DEADLINE_ANNOTATION}: {exc.message} (use {kubetime.HINT}, or a duration such as 6h)"
+            ) from None
     try:
         seconds = parse_duration(text)
     except UnitError as exc:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime as dt
 import json
 import re
 import select
@@ -56,6 +55,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from dsplatform import kubetime
 
 JSON = dict[str, Any]
 
@@ -76,21 +77,17 @@ class ResourceType:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-_MICRO_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
-
-
 def _micro_time(value: Any, field_path: str) -> str:
     """A MicroTime as the API server stores and returns it: RFC 3339, microseconds, UTC."""
-    match = _MICRO_TIME.match(value) if isinstance(value, str) else None
-    if match is None:
+    try:
+        return kubetime.format_micro_time(kubetime.parse(value))
+    except kubetime.KubeTimeError:
         raise ApiError(
             400,
             "BadRequest",
             f'Lease in version "v1" cannot be handled as a Lease: {field_path}: '
             f"parsing time {json.dumps(value)} as RFC3339: cannot parse",
-        )
-    when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ) from None
 
 
 def _validate_lease(obj: JSON) -> JSON:
@@ -392,7 +389,7 @@ def apply_patch(rt: ResourceType, obj: JSON, content_type: str, body: Any) -> JS
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return kubetime.format_time(time.time())
 
 
 class Store:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,6 +18,7 @@ from dsagent.cache.catalog import TaskRow
 from dsagent.cache.layout import validate_name
 from dsagent.errors import Conflict, InvalidInput
 from dsagent.format.sources import SourcePolicy
+from dsplatform.kubetime import format_time
 from dsplatform.names import TASK_ID_HINT, canonical_task_id
 
 
@@ -135,9 +135,8 @@ def redact_url(url: str | None) -> str | None:
 
 
 def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``ts`` as the API and reports print times: RFC 3339, whole seconds, UTC."""
+    return None if ts is None else format_time(ts)
 
 
 __all__ = [

@@ -11,7 +11,6 @@ enter: 404 -> :class:`NotFound`, 409 -> :class:`Conflict`, 400/422 -> :class:`In
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -80,19 +79,4 @@ def translated(what: str) -> Iterator[None]:
         raise KubeUnavailable(f"{what}: the API server is unreachable ({type(exc).__name__})") from exc
 
 
-def micro_time(when: float) -> str:
-    """A Kubernetes MicroTime (RFC 3339, microseconds, UTC), as Leases and statuses carry."""
-    return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: Any) -> float | None:
-    """Seconds since the epoch of a Kubernetes time (``...Z``); None when it is not one."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-__all__ = ["micro_time", "parse_time", "KubeForbidden", "KubeUnavailable", "load", "status_of", "translated"]
+__all__ = ["KubeForbidden", "KubeUnavailable", "load", "status_of", "translated"]

@@ -75,9 +75,10 @@ from typing import Any
 
 from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
-from dsagent.cluster.apiclient import micro_time, parse_time
-from dsagent.errors import DsagentError
+from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
+from dsagent.errors import Conflict, DsagentError
 from dsplatform import published
+from dsplatform.kubetime import format_micro_time, parse_or_none
 
 log = logging.getLogger("dsagent.controller")
 
@@ -107,52 +108,47 @@ class LeaseElector:
         duration_s: int = 15,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from kubernetes.client import CoordinationV1Api
-
-        self._api: Any = CoordinationV1Api(api_client)
+        self.leases = Leases(api_client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration_s, self.clock = duration_s, clock
 
     def try_acquire(self) -> bool:
-        """Take or renew the Lease; True while this replica leads."""
-        from kubernetes.client.exceptions import ApiException
+        """Take or renew the Lease; True while this replica leads.
 
+        A 409 on create or replace means another replica wrote first: it leads, so this
+        one does not (it reads the Lease again at the next resync). Any other failure
+        (RBAC, the API server unreachable) is logged and this replica does not lead."""
         now = self.clock()
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_s, "renewTime": micro_time(now)}
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.duration_s,
+            "renewTime": format_micro_time(now),
+        }
         try:
-            current = json.loads(
-                self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False).data
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("reading Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
-                return False
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": {**spec, "acquireTime": micro_time(now), "leaseTransitions": 0},
-            }
-            try:
-                self._api.create_namespaced_lease(self.namespace, body, _preload_content=False)
-            except ApiException:
-                return False  # another replica created it first
-            return True
-        held = current.get("spec") or {}
-        holder = held.get("holderIdentity")
-        renewed = parse_time(held.get("renewTime")) or 0.0
-        given = held.get("leaseDurationSeconds")
-        duration = given if isinstance(given, int) else self.duration_s
-        if holder not in (None, "", self.identity) and renewed + duration > now:
-            return False  # someone else leads and is alive
-        new_spec = dict(held, **spec)
-        if holder != self.identity:
-            new_spec["acquireTime"] = micro_time(now)
-            new_spec["leaseTransitions"] = int(held.get("leaseTransitions") or 0) + 1
-        current["spec"] = new_spec  # metadata.resourceVersion stays: a concurrent writer gets 409
-        try:
-            self._api.replace_namespaced_lease(self.name, self.namespace, current, _preload_content=False)
-        except ApiException:
+            current = self.leases.read(self.namespace, self.name)
+            if current is None:
+                metadata = {"name": self.name, "namespace": self.namespace}
+                self.leases.create(
+                    self.namespace,
+                    new_lease(metadata, {**spec, "acquireTime": format_micro_time(now), "leaseTransitions": 0}),
+                )
+                return True
+            held = current.get("spec") or {}
+            holder = held.get("holderIdentity")
+            until = expiry(held, self.duration_s)
+            if holder not in (None, "", self.identity) and until is not None and until > now:
+                return False  # someone else leads and is alive
+            new_spec = dict(held, **spec)
+            if holder != self.identity:
+                new_spec["acquireTime"] = format_micro_time(now)
+                new_spec["leaseTransitions"] = next_transitions(held)
+            current["spec"] = new_spec  # metadata.resourceVersion stays: a concurrent writer gets 409
+            self.leases.replace(self.namespace, current)
+        except Conflict:
+            log.debug("Lease %s/%s: another replica wrote first", self.namespace, self.name)
+            return False
+        except DsagentError as exc:
+            log.warning("Lease %s/%s: %s", self.namespace, self.name, exc)
             return False
         return True
 
@@ -583,7 +579,7 @@ class DatasetController:
                         "node": prep.node,
                         "phase": prep.phase,
                         "state": state,
-                        "expectedStart": micro_time(prep.start),
+                        "expectedStart": format_micro_time(prep.start),
                     }
                 )
         for uid, node in sorted(asked - fetching):  # cleanup: at once an eviction candidate
@@ -632,7 +628,12 @@ class DatasetController:
             log.info(
                 "Dataset %s/%s: source listing %s is new; packing in Job %s", namespace, name, fingerprint[:12], job
             )
-            return {"fingerprint": fingerprint, "job": job, "state": "Running", "startTime": micro_time(self.clock())}
+            return {
+                "fingerprint": fingerprint,
+                "job": job,
+                "state": "Running",
+                "startTime": format_micro_time(self.clock()),
+            }
         conditions = {
             c.get("type"): c for c in (found.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
         }
@@ -641,7 +642,7 @@ class DatasetController:
             "fingerprint": fingerprint,
             "job": job,
             "state": state,
-            "startTime": previous.get("startTime") or micro_time(self.clock()),
+            "startTime": previous.get("startTime") or format_micro_time(self.clock()),
         }
         if state == "Failed":
             out["message"] = str(
@@ -720,7 +721,7 @@ class DatasetController:
     ) -> JSON:
         task = warm_task_id(namespace, name)
         before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
-        start = parse_time(warm.get("startTime")) if warm else None
+        start = parse_or_none(warm.get("startTime")) if warm else None
         if warm is None or (start is not None and start > self.clock()):
             for node in before:
                 self.agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
@@ -802,7 +803,7 @@ class DatasetController:
             code, _ = answer
             (evicted if code == 200 else kept if code == 409 else absent).append(node)
         log.info("cleanup of dataset %s: evicted on %s, kept (in use) on %s", name, evicted, kept)
-        return {"request": request, "time": micro_time(self.clock()), "evictedNodes": evicted, "keptInUse": kept}
+        return {"request": request, "time": format_micro_time(self.clock()), "evictedNodes": evicted, "keptInUse": kept}
 
     # -- plumbing -------------------------------------------------------------------------
 

@@ -13,13 +13,14 @@ in a thread.
 
 from __future__ import annotations
 
-import datetime as dt
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
 from dsagent.cluster.apiclient import translated
 from dsagent.errors import InvalidInput, NotFound
+from dsplatform.kubetime import format_time
 
 GROUP = "dsagent.io"
 VERSION = "v1alpha1"
@@ -206,7 +207,7 @@ def status_from_manifest(manifest: Any, *, packed_time: str) -> DatasetStatus:
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(time.time())
 
 
 def publish(

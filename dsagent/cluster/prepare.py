@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dsagent.cache.preparation import NodeState, Running, Waiting, Want
-from dsagent.cluster.apiclient import parse_time
 from dsplatform import published
+from dsplatform.kubetime import parse_or_none
 from dsplatform.names import is_digest, is_name
 
 DURATION_ANNOTATION = "dsagent.io/duration"
@@ -81,7 +81,7 @@ def expected_end(pod: Mapping[str, Any]) -> float | None:
     from dsplatform.units import parse_duration
 
     status = _mapping(pod.get("status"))
-    started = parse_time(status.get("startTime")) or parse_time(_meta(pod).get("creationTimestamp"))
+    started = parse_or_none(status.get("startTime")) or parse_or_none(_meta(pod).get("creationTimestamp"))
     if started is None:
         return None
     annotations = _annotations(pod)
@@ -156,7 +156,10 @@ def waiting_pods(
         if wants and gpus > 0:
             out.append((Waiting(uid, gpus, tuple(wants), _group(pod)), pod))
     out.sort(
-        key=lambda item: (parse_time(_meta(item[1]).get("creationTimestamp")) or 0.0, str(_meta(item[1]).get("name")))
+        key=lambda item: (
+            parse_or_none(_meta(item[1]).get("creationTimestamp")) or 0.0,
+            str(_meta(item[1]).get("name")),
+        )
     )
     return out
 
@@ -233,7 +236,7 @@ def demand(pods: Iterable[Mapping[str, Any]], namespace: str, name: str, *, now:
         if node_of(pod) is None and not ended(pod):
             count += 1
             continue
-        started = parse_time(_mapping(pod.get("status")).get("startTime"))
+        started = parse_or_none(_mapping(pod.get("status")).get("startTime"))
         if started is not None and now - window_s <= started <= now + 60:
             count += 1
     return count

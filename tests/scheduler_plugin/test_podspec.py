@@ -114,3 +114,32 @@ def test_a_garbled_pod_never_raises() -> None:
     ):
         request = read(garbage)
         assert request.gpus == 0
+
+
+@pytest.mark.parametrize(
+    ("created", "deadline"),
+    [
+        ("2026-11-22T18:00:00Z", 1_795_370_400.0 + 6 * 3600),
+        ("2026-11-22T20:00:00+02:00", 1_795_370_400.0 + 6 * 3600),  # an offset is the same instant
+        ("2026-11-22T18:00:00.500000Z", 1_795_370_400.5 + 6 * 3600),
+        ("2026-11-22T18:00:00", None),  # no zone: not a Kubernetes time (was read as local time elsewhere)
+        ("2026-11-22 18:00:00Z", None),
+        ("2026-11-22", None),
+    ],
+)
+def test_a_relative_deadline_counts_from_the_creation_time_the_api_server_wrote(
+    created: str, deadline: float | None
+) -> None:
+    p = pod()
+    p["metadata"]["creationTimestamp"] = created
+    p["metadata"]["annotations"] = {
+        "dsagent.io/params": "1M",
+        "dsagent.io/step-seconds": "1",
+        "dsagent.io/steps": "10",
+        "dsagent.io/deadline": "6h",
+    }
+    request = read(p)
+    if deadline is None:
+        assert request.time is None and request.time_error is not None and "creationTimestamp" in request.time_error
+    else:
+        assert request.time is not None and request.time.deadline == pytest.approx(deadline)

@@ -188,6 +188,29 @@ def test_annotations_parse_and_refuse_hostile_values() -> None:
         assert profile is None and error and "dsagent.io/" in error, bad
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-11-22T18:00:00Z", 0.0),
+        ("2026-11-22T20:00:00+02:00", 0.0),
+        ("2026-11-22T13:00:00-05:00", 0.0),
+        ("2026-11-22T18:00:00.25Z", 0.25),
+    ],
+)
+def test_a_deadline_is_an_rfc3339_time_in_any_zone(text: str, expected: float) -> None:
+    at = datetime(2026, 11, 22, 18, tzinfo=timezone.utc).timestamp()
+    assert tm.parse_deadline(text, created=None) == at + expected
+
+
+@pytest.mark.parametrize("text", ["2026-11-22T18:00:00", "2026-11-22", "2026-11-22 18:00:00Z", "20261122T180000Z"])
+def test_a_deadline_the_api_server_could_not_read_is_refused_with_the_form(text: str) -> None:
+    with pytest.raises(tm.AnnotationError) as excinfo:
+        tm.parse_deadline(text, created=0.0)
+    message = str(excinfo.value)
+    assert message.startswith("dsagent.io/deadline: ") and "not an RFC 3339 time" in message
+    assert "2026-11-22T18:00:00Z" in message and "6h" in message
+
+
 def test_wait_for_one_node_when_it_ends_no_later_than_spreading() -> None:
     cross = tm.Plan((("a", 2), ("b", 2)), 100.0, 100.0, 1e9)
     assert tm.wait_for_one_node(cross, single_run=60.0, t_free=30.0)  # 30 + 60 <= 100

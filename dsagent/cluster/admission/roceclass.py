@@ -53,10 +53,12 @@ from typing import Any
 from cachetools import TTLCache
 
 from dsagent.cluster.admission.jsonpatch import JSONPatch, escape
-from dsagent.cluster.apiclient import micro_time, parse_time, translated
-from dsagent.errors import Conflict, DsagentError, NotFound, SettingsError
+from dsagent.cluster.apiclient import translated
+from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
+from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
+from dsplatform.kubetime import format_micro_time, parse_or_none
 from dsplatform.units import UnitError, parse_duration
 
 log = logging.getLogger("dsagent.webhook")
@@ -352,7 +354,7 @@ def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
 
 
 class KubeGpuClasses:
-    """Nodes and job Leases through an unmodified ``kubernetes`` ApiClient."""
+    """Nodes and job Leases (:attr:`leases`) through an unmodified ``kubernetes`` ApiClient."""
 
     def __init__(
         self,
@@ -367,7 +369,7 @@ class KubeGpuClasses:
         self.settings = settings
         # Raw JSON both ways (_preload_content=False, dict bodies): the wire format as is.
         self._core: Any = client.CoreV1Api(api_client)
-        self._leases: Any = client.CoordinationV1Api(api_client)
+        self.leases = Leases(api_client, request_timeout=request_timeout)
         self._timeout = request_timeout
         self._clock = clock
         self._views: TTLCache[str, ClusterView] = TTLCache(maxsize=1, ttl=settings.nodes_ttl_s, timer=clock)
@@ -386,35 +388,6 @@ class KubeGpuClasses:
         with self._lock:
             self._views["nodes"] = view
         return view
-
-    # leases
-    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            with translated(f"read Lease {namespace}/{name}"):
-                raw = self._leases.read_namespaced_lease(
-                    name, namespace, _preload_content=False, _request_timeout=self._timeout
-                )
-        except NotFound:
-            return None
-        found: dict[str, Any] = json.loads(raw.data)
-        return found
-
-    def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        with translated(f"create Lease {namespace}/{body['metadata']['name']}"):
-            raw = self._leases.create_namespaced_lease(
-                namespace, body, _preload_content=False, _request_timeout=self._timeout
-            )
-        created: dict[str, Any] = json.loads(raw.data)
-        return created
-
-    def replace(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        with translated(f"replace Lease {namespace}/{name}"):
-            raw = self._leases.replace_namespaced_lease(
-                name, namespace, body, _preload_content=False, _request_timeout=self._timeout
-            )
-        replaced: dict[str, Any] = json.loads(raw.data)
-        return replaced
 
     def now(self) -> float:
         return self._clock()
@@ -589,7 +562,7 @@ class GpuClassPolicy:
         name = lease_name(job)
         owner = controller_of(pod)
         for _ in range(3):
-            lease = self.kube.read(namespace, name)
+            lease = self.kube.leases.read(namespace, name)
             if lease is not None and not self._stale(lease, owner):
                 if not dry_run:
                     self._renew(namespace, lease, owner)
@@ -602,9 +575,9 @@ class GpuClassPolicy:
             body = self._lease(name, job, gpu_class, owner, previous=lease)
             try:
                 if lease is None:
-                    created = self.kube.create(namespace, body)
+                    created = self.kube.leases.create(namespace, body)
                 else:
-                    created = self.kube.replace(namespace, body)
+                    created = self.kube.leases.replace(namespace, body)
             except Conflict:
                 continue  # another replica decided first: read its class
             log.info("job %s: GPU class %s (Lease %s/%s)", job, gpu_class, namespace, name)
@@ -614,7 +587,7 @@ class GpuClassPolicy:
     def _lease(
         self, name: str, job: str, gpu_class: str, owner: dict[str, Any] | None, *, previous: dict[str, Any] | None
     ) -> dict[str, Any]:
-        now = micro_time(self.kube.now())
+        now = format_micro_time(self.kube.now())
         meta: dict[str, Any] = {
             "name": name,
             "labels": {LEASE_LABEL: "true", "app.kubernetes.io/managed-by": "dsplatform"},
@@ -630,35 +603,30 @@ class GpuClassPolicy:
         }
         if previous is not None:
             meta["resourceVersion"] = (previous.get("metadata") or {}).get("resourceVersion")
-            transitions = (previous.get("spec") or {}).get("leaseTransitions") or 0
-            spec["leaseTransitions"] = int(transitions) + 1
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+            spec["leaseTransitions"] = next_transitions(previous.get("spec"))
+        return new_lease(meta, spec)
 
     def _stale(self, lease: Mapping[str, Any], owner: Mapping[str, Any] | None) -> bool:
         """A Lease of an earlier job of the same name: another owner, or expired without one."""
         owners = (lease.get("metadata") or {}).get("ownerReferences") or []
         if owners:
             return owner is not None and all(o.get("uid") != owner["uid"] for o in owners if isinstance(o, dict))
-        spec = lease.get("spec") or {}
-        renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime"))
-        duration = spec.get("leaseDurationSeconds")
-        if renewed is None or not isinstance(duration, int):
-            return False
-        return renewed + duration < self.kube.now()
+        until = expiry(lease.get("spec") or {})
+        return until is not None and until < self.kube.now()
 
     def _renew(self, namespace: str, lease: dict[str, Any], owner: Mapping[str, Any] | None) -> None:
         """Extend an ownerless Lease past half its life (best effort: a conflict means a peer did)."""
         if (lease.get("metadata") or {}).get("ownerReferences"):
             return
         spec = lease.get("spec") or {}
-        renewed = parse_time(spec.get("renewTime"))
+        renewed = parse_or_none(spec.get("renewTime"))
         duration = spec.get("leaseDurationSeconds")
         if renewed is None or not isinstance(duration, int) or self.kube.now() - renewed < duration / 2:
             return
         body = json.loads(json.dumps(lease))
-        body["spec"]["renewTime"] = micro_time(self.kube.now())
+        body["spec"]["renewTime"] = format_micro_time(self.kube.now())
         try:
-            self.kube.replace(namespace, body)
+            self.kube.leases.replace(namespace, body)
         except DsagentError as exc:
             log.info("renewing Lease %s/%s: %s", namespace, body["metadata"].get("name"), exc)
 
@@ -676,7 +644,6 @@ __all__ = [
     "controller_of",
     "gpu_request",
     "lease_name",
-    "micro_time",
     "networks_value",
     "read_cluster",
     "requested_classes",

@@ -9,6 +9,7 @@ import pytest
 
 from dsagent.cache.inventory import compact, holds, validate
 from dsagent.errors import InvalidInput
+from dsplatform.names import is_name
 
 
 def inventory(datasets: dict[str, Any]) -> dict[str, Any]:
@@ -74,3 +75,30 @@ def test_holds_reads_current_and_older_versions() -> None:
     assert holds(inventory, "d", "a" * 32) == "fetching"
     assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "a" * 32) is None
     assert holds({"datasets": {"d": {"digest": "c" * 32, "state": "ready"}}}, "d", "c" * 32) == "ready"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x",
+        "imagenet-1k_v2.train",
+        "a" * 128,
+        "a" * 129,
+        "a" * 253,
+        ".hidden",
+        "-x",
+        "x/y",
+        "x y",
+        "é",
+    ],
+)
+def test_the_schema_names_a_dataset_by_the_one_name_rule(name: str) -> None:
+    """The schema cannot import dsplatform.names; this holds it to the same rule. (Not
+    checked: a trailing newline, which the schema's ECMA ``$`` refuses but Python's ``re``,
+    which jsonschema runs it with, lets through.)"""
+    published = inventory({name: entry()})
+    if is_name(name):
+        validate(published)
+    else:
+        with pytest.raises(InvalidInput):
+            validate(published)

@@ -6,7 +6,6 @@ task across an agent restart, and releases it once the pod is bound."""
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from dsagent.cache.preparation import Thresholds
 from dsagent.cluster.controller import ControllerSettings, DatasetController, prepare_task_id
 from dsagent.cluster.prepare import expected_end, waiting_pods
 from dsagent.errors import NotFound
+from dsplatform.kubetime import format_time
 from tests.dsagent.cluster.test_controller import NS, Clock, agent_pod, inventory, write_source
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
@@ -26,7 +26,7 @@ PRESETS = Thresholds(window_s=1800, fetch_lead_s=600, reserve_fraction=0.5, fill
 
 
 def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(t)
 
 
 def running_pod(name: str, started: float, duration: str, gpus: int = 4) -> dict[str, Any]:

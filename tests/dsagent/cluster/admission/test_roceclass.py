@@ -18,13 +18,13 @@ from dsagent.cluster.admission.roceclass import (
     controller_of,
     gpu_request,
     lease_name,
-    micro_time,
     read_cluster,
     requested_classes,
     rewrite,
 )
 from dsagent.cluster.admission.server import decide
 from dsagent.errors import SettingsError
+from dsplatform.kubetime import format_micro_time
 from scheduler_plugin.testing import node as extender_node
 from scheduler_plugin.testing import topology_json
 from tests.fake_apiserver import FakeApiServer, json_patch, make_lease, make_pod
@@ -251,7 +251,7 @@ def test_two_replicas_racing_for_a_new_job_agree_on_the_winner(
     client = cluster.api_client()
     try:
         loser = GpuClassPolicy(SETTINGS, KubeGpuClasses(client, SETTINGS, clock=clock))
-        real_read = loser.kube.read
+        real_read = loser.kube.leases.read
         reads: list[str] = []
 
         def read_then_lose_the_race(namespace: str, name: str) -> dict[str, Any] | None:
@@ -269,7 +269,7 @@ def test_two_replicas_racing_for_a_new_job_agree_on_the_winner(
             reads.append(name)
             return found
 
-        loser.kube.read = read_then_lose_the_race  # type: ignore[method-assign]
+        loser.kube.leases.read = read_then_lose_the_race  # type: ignore[method-assign]
         pod, _ = admitted(loser, worker(0))
     finally:
         client.close()
@@ -285,7 +285,7 @@ def test_a_lease_of_an_earlier_job_of_the_same_name_is_replaced(cluster: FakeApi
         namespace="ml",
         holder="gpu-roce1",
         duration_s=3600,
-        renew_time=micro_time(policy.kube.now()),
+        renew_time=format_micro_time(policy.kube.now()),
     )
     old["metadata"]["ownerReferences"] = [{**OWNER, "uid": "uid-of-a-deleted-job"}]
     cluster.create(old)
@@ -304,7 +304,7 @@ def test_an_ownerless_lease_expires_and_is_renewed_by_its_workers(
     clock.now += 2000  # past half the hour: the next worker renews
     admitted(policy, worker(1, owner=None))
     lease = cluster.get("leases", lease_name("ml/bert"), "ml")
-    assert lease is not None and lease["spec"]["renewTime"] == micro_time(clock.now)
+    assert lease is not None and lease["spec"]["renewTime"] == format_micro_time(clock.now)
     clock.now += 3000  # within the renewed hour
     assert resources(admitted(policy, worker(2, owner=None))[0])["limits"] == {"dsagent.io/gpu-roce2": "4"}
     for name in ("a", "b", "e"):
