@@ -131,7 +131,7 @@ class EvictionOut(_Out):
 
 
 class InventoryOut(_Out):
-    """The node report the scheduler reads; its full schema is ``dsagent/inventory.schema.json``."""
+    """The node report the scheduler reads; its full schema is ``dsagent/cache/inventory.schema.json``."""
 
 
 class StatusOut(_Out):
