@@ -39,11 +39,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dsplatform.gpus import CLASS_STEM
 from gpu_topology.errors import InvalidTopology
 from gpu_topology.model import Gpu, LinkKind, Nic, Topology, gpu_name
 
 AFFINE_LEVELS = (LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE)
-DEFAULT_PREFIX = "gpu-roce"
+DEFAULT_PREFIX = CLASS_STEM  # classes gpu-roce1, gpu-roce2, ...
 _PREFIX = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9_-])?$")
 
 

@@ -28,12 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsplatform.gpus import GPU_RESOURCE, GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.kubetime import parse_or_none
 from scheduler_plugin.migration import Migration, RunningJob, is_migratable, plan_migrations
 from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins.deadline import pod_bandwidth
-from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets, pod_requests
+from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets
 from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, parse_profile, t_run
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class MigratorSettings:
     restart_s: float = 180.0
     fetch_bps: float = 669e6  # the agent's measured unpack rate (README, Performance)
     min_gain: float = 0.1
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: str = GPU_RESOURCE
     job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
 
 
@@ -89,7 +90,10 @@ def running_jobs(
         if not (namespace and name and node) or started is None:
             continue
         profile, _ = parse_profile({k: v for k, v in annotations.items() if isinstance(v, str)}, started)
-        gpus = pod_requests(spec.get("containers")).get(settings.gpu_resource, 0)
+        try:
+            gpus = pod_gpus(spec, GpuResources(gpu=settings.gpu_resource))
+        except ValueError:
+            continue
         if profile is None or gpus <= 0:
             continue
         key = job_key(namespace, labels, settings.job_labels) or f"{namespace}/{name}"

@@ -26,6 +26,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from dsplatform.gpus import GpuResources, pod_gpus
 from scheduler_plugin.catalog import (
     GROUP,
     PLURAL,
@@ -35,7 +36,7 @@ from scheduler_plugin.catalog import (
 )
 from scheduler_plugin.errors import ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
-from scheduler_plugin.podspec import pod_is_active, pod_requests
+from scheduler_plugin.podspec import pod_is_active
 from scheduler_plugin.wire import Pod
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,7 @@ class NodeCache:
         self._api = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
         self._reader = reader
-        self._gpu_resource = gpu_resource
-        self._roce_prefix = roce_prefix
+        self._gpu_names = GpuResources.of_class_prefix(gpu_resource, roce_prefix)
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._page_size = page_size
@@ -256,10 +256,9 @@ class NodeCache:
         if not node or not pod_is_active(pod):
             return key, None
         try:
-            requests = pod_requests(spec.get("containers"), spec.get("initContainers"))
+            gpus = pod_gpus(spec, self._gpu_names)
         except ValueError:
             return key, None
-        gpus = sum(q for r, q in requests.items() if r == self._gpu_resource or r.startswith(self._roce_prefix))
         return key, (node, gpus) if gpus > 0 else None
 
     def _recount(self) -> None:

@@ -26,9 +26,9 @@ from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from dsplatform import published
+from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, parse_quantity
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.placement import parse_free_gpus
-from scheduler_plugin.podspec import parse_quantity
 from scheduler_plugin.wire import Node
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,8 @@ class BoundedCache(Generic[K, V]):
 class NodeReader:
     """Reads raw v1.Node objects into :class:`NodeFacts`, with caches."""
 
-    gpu_resource: str = "nvidia.com/gpu"
-    roce_prefix: str = "dsagent.io/gpu-roce"
+    gpu_resource: str = GPU_RESOURCE
+    roce_prefix: str = CLASS_RESOURCE_PREFIX
     limit: int = 20_000
     _facts: BoundedCache[tuple[str, str], NodeFacts] = field(init=False)
     _inventories: BoundedCache[str, tuple[Inventory | None, str | None]] = field(init=False)

@@ -4,46 +4,29 @@
 it) into a frozen :class:`PodRequest`. It never raises on bad pod data: a dataset
 annotation that cannot be parsed is recorded in ``datasets_error`` (docs/design.md#dataset-affinity: "the
 pod's dataset information cannot be parsed" case, scored 0), and an unreadable GPU
-quantity counts as 0 with ``gpus_error`` set. Called by the framework and the view.
+quantity counts as 0 with ``gpus_error`` set. The GPU count is :mod:`dsplatform.gpus`'s rule,
+the one the webhook and the agent count with. Called by the framework and the view.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
+from dsplatform.gpus import GpuResources, gpu_requests
 from dsplatform.jobs import job_key, subnet_required, workers_of
 from dsplatform.kubetime import parse_or_none
 from gpu_topology.classsets import SEPARATOR, parse_resource_name, parse_set
 from scheduler_plugin.timemodel import JobProfile, parse_profile
-from scheduler_plugin.wire import Container, Pod
+from scheduler_plugin.wire import Pod
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
 #: ``required``: the filter fails nodes not holding the current version of every dataset
 #: the pod names; anything else (absent, ``preferred``, garbage) keeps today's preference.
 AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
 
-_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-_SUFFIX = {
-    None: 1,
-    "m": 0.001,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -153,67 +136,21 @@ def _unique(wants: Iterable[DatasetWant]) -> tuple[DatasetWant, ...]:
 
 def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None, tuple[str, ...]]:
     spec: Any = pod.get("spec") if isinstance(pod, dict) else None
-    spec = spec if isinstance(spec, dict) else {}
+    names = GpuResources.of_class_prefix(gpu_resource, roce_prefix)
     try:
-        totals = pod_requests(spec.get("containers"), spec.get("initContainers"))
+        totals = gpu_requests(spec, names)
     except ValueError as exc:
         return 0, None, f"unreadable resource request: {exc}", ()
-    by_class = {r.split("/", 1)[1]: q for r, q in totals.items() if r.startswith(roce_prefix) and q > 0}
-    gpus = totals.get(gpu_resource, 0) + sum(by_class.values())
+    by_class = {c: q for r, q in totals.items() if (c := names.class_of(r)) is not None}
+    gpus = sum(totals.values())
     # A class-set resource (gpu-roce1-2: a worker of a job's class set, docs/design.md#class-sets)
     # names its classes; a plain class names itself.
-    stem = roce_prefix.split("/", 1)[-1]
-    sets = {name: parse_resource_name(name, stem) for name in by_class}
+    sets = {name: parse_resource_name(name, names.stem) for name in by_class}
     classes = parse_set(SEPARATOR.join(c for name in sorted(by_class) for c in (sets[name] or (name,))))
     plain = {name: q for name, q in by_class.items() if len(sets[name]) <= 1}
     # A pod asking for two classes at once is unusual; the larger share names its class.
     gpu_class = max(sorted(plain), key=lambda c: plain[c]) if plain and len(plain) == len(by_class) else None
     return gpus, gpu_class, None, classes
-
-
-def pod_requests(containers: Any, init_containers: Any = None) -> dict[str, int]:
-    """Effective integer requests per resource: max(sum of containers, max of init containers).
-
-    Extended resources have requests == limits; a container that sets only limits
-    requests its limits. Raises ``ValueError`` on a quantity it cannot read.
-    """
-    totals: dict[str, int] = {}
-    for container in _containers(containers):
-        for resource, amount in _container_requests(container).items():
-            totals[resource] = totals.get(resource, 0) + amount
-    for container in _containers(init_containers):
-        for resource, amount in _container_requests(container).items():
-            totals[resource] = max(totals.get(resource, 0), amount)
-    return totals
-
-
-def _containers(value: Any) -> list[Container]:
-    return [cast(Container, c) for c in value if isinstance(c, dict)] if isinstance(value, list) else []
-
-
-def _container_requests(container: Container) -> dict[str, int]:
-    resources: Any = container.get("resources")
-    if not isinstance(resources, dict):
-        return {}
-    merged = {
-        **_str_map(resources.get("limits"), any_value=True),
-        **_str_map(resources.get("requests"), any_value=True),
-    }
-    return {k: parse_quantity(v) for k, v in merged.items() if "/" in k}
-
-
-def parse_quantity(value: Any) -> int:
-    """A Kubernetes quantity as a whole count (rounded up): ``"4"``, ``4``, ``"2k"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a quantity")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return math.ceil(value)
-    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"{value!r} is not a quantity")
-    return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])
 
 
 def pod_is_active(pod: Pod) -> bool:
@@ -235,8 +172,6 @@ __all__ = [
     "DatasetWant",
     "PodRequest",
     "parse_datasets",
-    "parse_quantity",
     "pod_is_active",
-    "pod_requests",
     "read_pod",
 ]

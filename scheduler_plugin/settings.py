@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size
@@ -83,8 +84,8 @@ class Settings(EnvSettings):
     job_ttl_s: Duration = Field(
         3600.0, validation_alias=AliasChoices("job_ttl_s", PREFIX + "JOB_TTL")
     )  # how long a job's RoCE class is remembered
-    gpu_resource: str = "nvidia.com/gpu"
-    roce_resource_prefix: str = "dsagent.io/gpu-roce"
+    gpu_resource: str = GPU_RESOURCE
+    roce_resource_prefix: str = CLASS_RESOURCE_PREFIX
     watch: Flag = False  # keep a watch-backed cache (needed for nodeCacheCapable)
     kubeconfig: str | None = None  # None: in-cluster config, else the default kubeconfig
     log_level: str = "info"

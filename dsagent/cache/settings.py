@@ -32,6 +32,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
+from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
@@ -203,7 +204,7 @@ class Settings(EnvSettings):
     log_level: str = "info"
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False
-    resource_prefix: str = "dsagent.io"  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
+    resource_prefix: str = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
     # field read by both the published topology (dsagent.cluster) and the device plugin (dsagent.nodeplugins)
     roce_classes: str = "numa"

@@ -52,6 +52,7 @@ from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
+from dsplatform.gpus import GpuResources
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 
@@ -449,7 +450,8 @@ class ClusterAgent:
         pods = self._watch.pods().values() if self._watch is not None and self._watch.synced.is_set() else None
         if pods is None:
             return None
-        gpu_pods = sum(1 for p in pods if not has_ended(p) and publisher.gpu_request(p) > 0)
+        gpu_names = GpuResources(prefix=self.settings.resource_prefix)
+        gpu_pods = sum(1 for p in pods if not has_ended(p) and publisher.gpu_request(p, gpu_names) > 0)
         return publisher.free_gpus(self._gpu_count, gpu_pods)
 
     # -- the cluster's copy counts (docs/design.md#cluster-eviction) ------------------

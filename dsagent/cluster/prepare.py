@@ -29,11 +29,12 @@ from typing import Any
 
 from dsagent.cache.preparation import NodeState, Running, Waiting, Want
 from dsplatform import published
+from dsplatform.gpus import GPU_RESOURCE, QuantityError
+from dsplatform.gpus import pod_gpus as requested_gpus
 from dsplatform.kubetime import parse_or_none
 from dsplatform.names import is_digest, is_name
 
 DURATION_ANNOTATION = "dsagent.io/duration"
-GPU_RESOURCE = "nvidia.com/gpu"
 MAX_DURATION_S = 90 * 86400.0
 
 JSON = dict[str, Any]
@@ -53,16 +54,13 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod requests (its containers' requests, or limits where no request is given)."""
-    from scheduler_plugin.podspec import pod_requests
-
-    spec = _mapping(pod.get("spec"))
+    """GPUs a pod requests, by the platform's one rule (:func:`dsplatform.gpus.pod_gpus`, the
+    default resource names); hostile quantities (unreadable, or past 1024) count none."""
     try:
-        requests = pod_requests(spec.get("containers"), spec.get("initContainers"))
-    except Exception:  # hostile quantities: no GPUs known
+        value = requested_gpus(pod.get("spec"))
+    except QuantityError:
         return 0
-    value = requests.get(GPU_RESOURCE, 0)
-    return value if isinstance(value, int) and 0 <= value <= 1024 else 0
+    return value if 0 <= value <= 1024 else 0
 
 
 def ended(pod: Mapping[str, Any]) -> bool:

@@ -18,12 +18,12 @@ Who calls it: :class:`dsagent.cluster.nodeagent.ClusterAgent`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsagent.cache import inventory as inventory_contract
 from dsplatform import published
+from dsplatform.gpus import GpuResources, QuantityError, pod_gpus
 
 INVENTORY = inventory_contract.ANNOTATION
 TOPOLOGY = published.TOPOLOGY
@@ -82,25 +82,14 @@ def free_gpus(gpu_count: int | None, gpu_pods: int) -> list[int] | None:
     return list(range(gpu_count))
 
 
-_GPU_RESOURCE = re.compile(r"^(nvidia\.com/gpu|[a-z0-9.-]+/gpu-(roce\d+|all))$")
-
-
-def gpu_request(pod: Mapping[str, Any]) -> int:
-    """GPUs a raw pod requests: ``nvidia.com/gpu`` and the device plugin's ``<prefix>/gpu-roce<N>``
-    and ``<prefix>/gpu-all`` (limits count when requests are absent, as for extended resources)."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
-        for name in set(requests) | set(limits):
-            if not isinstance(name, str) or not _GPU_RESOURCE.match(name):
-                continue
-            value = requests.get(name) or limits.get(name)
-            try:
-                total += int(value) if value is not None else 0
-            except (TypeError, ValueError):
-                continue
-    return total
+def gpu_request(pod: Mapping[str, Any], names: GpuResources = GpuResources()) -> int:
+    """GPUs a raw pod requests, by the platform's one rule (:func:`dsplatform.gpus.pod_gpus`:
+    init containers and sidecars included, the node's configured resource names); a quantity
+    it cannot read counts no GPUs, as in the extender."""
+    try:
+        return pod_gpus(pod.get("spec"), names)
+    except QuantityError:
+        return 0
 
 
 def applied(current: Mapping[str, str] | None, patch: Mapping[str, str | None]) -> dict[str, str]:

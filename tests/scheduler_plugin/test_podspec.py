@@ -9,7 +9,6 @@ import pytest
 from scheduler_plugin.podspec import (
     DatasetWant,
     parse_datasets,
-    parse_quantity,
     read_pod,
 )
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
@@ -64,20 +63,6 @@ def test_datasets_annotation_is_read(text: str | None, expected: tuple[DatasetWa
 def test_unparseable_datasets_annotation_is_reported_not_raised(text: str) -> None:
     wants, error = parse_datasets(text)
     assert wants == () and error and "dsagent.io/datasets" in error
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [("4", 4), (4, 4), ("1k", 1000), ("1Ki", 1024), ("500m", 1), ("0", 0)],
-)
-def test_quantities(value: object, expected: int) -> None:
-    assert parse_quantity(value) == expected
-
-
-@pytest.mark.parametrize("value", ["four", "", True, None, "1.2.3"])
-def test_bad_quantities_raise_value_error(value: object) -> None:
-    with pytest.raises(ValueError):
-        parse_quantity(value)
 
 
 def test_gpu_count_job_and_datasets_come_from_the_pod() -> None:

@@ -1,7 +1,8 @@
 """The webhook's CSI wiring: a pod's datasets as one inline ``csi`` volume, no ``hostPath``.
 
-Who calls it: :func:`dsagent.cluster.admission.mutation.mutate` when the chart's injection says
-``volumeMode: csi`` (the chart's default). Pure: no I/O. What it decides
+Who calls it: :func:`dsagent.cluster.admission.mutation.mutate`, which builds the patch in one
+pass from these parts when the chart's injection says ``volumeMode: csi`` (the chart's
+default). Pure: no I/O. What it decides
 (``docs/design.md#csi``):
 
 - one volume ``dsagent-datasets``: ``csi`` with the agent's driver (``datasets.dsagent.io``),
@@ -32,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsagent.cluster.admission.injection import Injection, ResolvedDataset
-from dsagent.cluster.admission.jsonpatch import JSONPatch, append_all, prepend
 from dsagent.errors import InvalidInput
 
 DRIVER = "datasets.dsagent.io"
@@ -113,27 +113,15 @@ def wait_container(injection: Injection, name: str) -> dict[str, Any]:
     return container
 
 
-def wire(
-    spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *, overlap: bool, wrap: Any
-) -> JSONPatch:
-    """The volume, mounts, env and waiting of CSI mode (``wrap(path, container)``: the command wrapper)."""
-    ops: JSONPatch = []
-    if not overlap:
-        ops += prepend("/spec/initContainers", spec.get("initContainers"), wait_container(injection, WAIT_CONTAINER))
-    ops += append_all("/spec/volumes", spec.get("volumes"), [volume(datasets, injection)])
-    for index, container in enumerate(spec.get("containers") or []):
-        path = f"/spec/containers/{index}"
-        taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
-        if MOUNT_PATH in taken:
-            raise InvalidInput(f"container {container.get('name')!r} already mounts something at {MOUNT_PATH}")
-        ops += append_all(f"{path}/volumeMounts", container.get("volumeMounts"), [mount()])
-        defined = {e.get("name") for e in container.get("env") or []}
-        ops += append_all(
-            f"{path}/env", container.get("env"), [e for e in app_env(datasets) if e["name"] not in defined]
-        )
-        if overlap:
-            ops += wrap(path, container)
-    return ops
+def container_wiring(
+    container: Mapping[str, Any], datasets: Sequence[ResolvedDataset]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The mount and the env an app container gets in CSI mode (env it sets itself wins)."""
+    taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
+    if MOUNT_PATH in taken:
+        raise InvalidInput(f"container {container.get('name')!r} already mounts something at {MOUNT_PATH}")
+    defined = {e.get("name") for e in container.get("env") or []}
+    return [mount()], [e for e in app_env(datasets) if e["name"] not in defined]
 
 
 __all__ = [
@@ -142,8 +130,8 @@ __all__ = [
     "MOUNT_PATH",
     "STATUS_FILE",
     "app_env",
+    "container_wiring",
     "mount",
     "volume",
     "wait_container",
-    "wire",
 ]

@@ -97,37 +97,43 @@ def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tup
 
 
 def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection) -> JSONPatch:
-    """The JSONPatch wiring ``pod`` to its datasets (empty when already wired or none asked)."""
+    """The JSONPatch wiring ``pod`` to its datasets (empty when already wired or none asked).
+
+    One pass, in the patch's order: the first init-container, the pod's volumes, each app
+    container (its mounts, its env, its wait wrapper), the pod's group, its scheduler, the
+    annotation. The volume mode picks the parts (CSI: :mod:`~dsagent.cluster.admission.csiwiring`;
+    hostPath: this module); the wait mode whether app commands are wrapped."""
     spec = pod.get("spec") or {}
     if not datasets or _already_injected(spec):
         return []
     overlap = wait_mode(pod) == "overlap"
-    ops: JSONPatch = []
-    if injection.volume_mode == "csi":
-        ops += csiwiring.wire(spec, datasets, injection, overlap=overlap, wrap=_wait_before)
+    csi = injection.volume_mode == "csi"
+    if csi:  # the agent caches at NodePublishVolume: an init-container only to wait in init mode
+        first = None if overlap else csiwiring.wait_container(injection, csiwiring.WAIT_CONTAINER)
+        pod_volumes = [csiwiring.volume(datasets, injection)]
     else:
-        ops += _hostpath_wiring(spec, datasets, injection, overlap=overlap)
+        first = init_container(datasets, injection, sidecar=overlap)
+        pod_volumes = volumes(injection)
+    ops: JSONPatch = []
+    if first is not None:
+        ops += prepend("/spec/initContainers", spec.get("initContainers"), first)
+    ops += append_all("/spec/volumes", spec.get("volumes"), pod_volumes)
+    for index, container in enumerate(spec.get("containers") or []):
+        path = f"/spec/containers/{index}"
+        if csi:
+            mounts, env = csiwiring.container_wiring(container, datasets)
+        else:
+            mounts, env = _container_wiring(container, datasets, injection)
+        ops += append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts)
+        ops += append_all(f"{path}/env", container.get("env"), env)
+        if overlap:
+            ops += _wait_before(path, container)
+    if not csi:  # the agent's socket is group-writable
+        ops += _supplemental_group(spec.get("securityContext"), injection.run_as_group)
     if injection.scheduler_name and spec.get("schedulerName") in DEFAULT_SCHEDULERS:
         op = "replace" if "schedulerName" in spec else "add"
         ops.append({"op": op, "path": "/spec/schedulerName", "value": injection.scheduler_name})
     ops += _annotate(pod.get("metadata") or {})
-    return ops
-
-
-def _hostpath_wiring(
-    spec: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection, *, overlap: bool
-) -> JSONPatch:
-    ops: JSONPatch = []
-    ops += prepend(
-        "/spec/initContainers", spec.get("initContainers"), init_container(datasets, injection, sidecar=overlap)
-    )
-    ops += append_all("/spec/volumes", spec.get("volumes"), volumes(injection))
-    for index, container in enumerate(spec.get("containers") or []):
-        path = f"/spec/containers/{index}"
-        ops += _wire_container(path, container, datasets, injection)
-        if overlap:
-            ops += _wait_before(path, container)
-    ops += _supplemental_group(spec.get("securityContext"), injection.run_as_group)
     return ops
 
 
@@ -217,9 +223,10 @@ def _wait_before(path: str, container: Mapping[str, Any]) -> JSONPatch:
     return [{"op": "replace", "path": f"{path}/command", "value": ["/bin/sh", "-c", WAIT_SCRIPT, *command]}]
 
 
-def _wire_container(
-    path: str, container: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection
-) -> JSONPatch:
+def _container_wiring(
+    container: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """hostPath mode: the mounts and env an app container lacks (what the user set wins)."""
     taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
     mounts = [
         m
@@ -246,10 +253,8 @@ def _wire_container(
             {"name": "DSAGENT_DATASETS_DIR", "value": LINK_DIR},
         )
         if e["name"] not in defined
-    ]  # what the user set wins
-    return append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts) + append_all(
-        f"{path}/env", container.get("env"), env
-    )
+    ]
+    return mounts, env
 
 
 def _supplemental_group(security: Mapping[str, Any] | None, gid: int) -> JSONPatch:

@@ -57,6 +57,7 @@ from dsagent.cluster.apiclient import translated
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
+from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.kubetime import format_micro_time, parse_or_none
 from dsplatform.units import UnitError, parse_duration
@@ -70,7 +71,7 @@ SPLIT_ANNOTATION = "dsagent.io/class-set-split"  # why a multi-worker job spans 
 SPLIT = "*"  # a Lease holder: the job is placed across class layouts
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"
-DEFAULT_PREFIX = "dsagent.io"
+DEFAULT_PREFIX = RESOURCE_PREFIX
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -83,7 +84,7 @@ class GpuClassSettings:
     """``DSAGENT_WEBHOOK_GPU_*`` settings (the chart's ``gpuClasses`` values)."""
 
     enabled: bool = False
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: str = GPU_RESOURCE
     prefix: str = DEFAULT_PREFIX  # class resources are <prefix>/<class name>, e.g. dsagent.io/gpu-roce1
     job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
     lease_ttl_s: int = 3600  # an ownerless job Lease lives this long after its last worker
@@ -115,6 +116,11 @@ class GpuClassSettings:
 
     def resource(self, gpu_class: str) -> str:
         return f"{self.prefix}/{gpu_class}"
+
+    @property
+    def names(self) -> GpuResources:
+        """The GPU resource names these settings configure (what counts as a GPU)."""
+        return GpuResources(gpu=self.gpu_resource, prefix=self.prefix)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prefix: str = "DSAGENT_WEBHOOK_") -> GpuClassSettings:
@@ -165,20 +171,13 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def gpu_request(pod: Mapping[str, Any], resource: str) -> int:
-    """GPUs of ``resource`` the pod asks for: the containers' sum or, if larger, the
-    largest init container's (extended resources: limits, or requests when only those)."""
-    spec = pod.get("spec") or {}
-    total = 0
-    largest_init = 0
-    for path, container in _containers(spec):
-        resources = container.get("resources") or {}
-        amount = max(_quantity((resources.get(kind) or {}).get(resource, 0)) for kind in ("limits", "requests"))
-        if path.startswith("/spec/initContainers"):
-            largest_init = max(largest_init, amount)
-        else:
-            total += amount
-    return max(total, largest_init)
+def gpu_request(pod: Mapping[str, Any], settings: GpuClassSettings) -> int:
+    """GPUs the pod asks for, plain or of a class, by the platform's one rule
+    (:func:`dsplatform.gpus.pod_gpus`); a quantity it cannot read counts none."""
+    try:
+        return pod_gpus(pod.get("spec"), settings.names)
+    except ValueError:
+        return 0
 
 
 def requested_classes(pod: Mapping[str, Any], prefix: str) -> dict[str, int]:
@@ -424,11 +423,10 @@ class GpuClassPolicy:
         self, pod: Mapping[str, Any], namespace: str, *, annotations_exist: bool, dry_run: bool = False
     ) -> GpuDecision:
         s = self.settings
-        need = gpu_request(pod, s.gpu_resource)
+        need = gpu_request(pod, s)
         asked = requested_classes(pod, s.prefix)
         if need <= 0 and not asked:
             return GpuDecision()
-        need = max(need, max(asked.values(), default=0))
         meta = pod.get("metadata") or {}
         job = job_key(namespace, meta.get("labels"), s.job_labels)
         own = max(sorted(asked), key=lambda c: asked[c]) if asked else None

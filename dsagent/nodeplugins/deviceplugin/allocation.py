@@ -38,13 +38,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
+from dsplatform.gpus import CLASS_STEM, RESOURCE_PREFIX, WHOLE_NODE
 from gpu_topology import ClassMode, Topology, nearest_nics, roce_classes
 from gpu_topology.classsets import resource_name, runs
 from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
 
-DEFAULT_PREFIX = "dsagent.io"
-CLASS_RESOURCE = "gpu-roce"  # <prefix>/gpu-roce<N>
-WHOLE_NODE_RESOURCE = "gpu-all"
+DEFAULT_PREFIX = RESOURCE_PREFIX
+CLASS_RESOURCE = CLASS_STEM  # <prefix>/gpu-roce<N>
+WHOLE_NODE_RESOURCE = WHOLE_NODE
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NCCL_CONF_IN_CONTAINER = "/etc/nccl.conf"
 MAX_DEVICE_ID = 63  # the kubelet's limit on a device ID

@@ -50,18 +50,25 @@ def test_free_gpus_come_from_pod_resources_and_fall_back_when_it_is_gone(
         shutil.rmtree(sockets, ignore_errors=True)
 
 
-def test_the_estimate_counts_class_resources_as_gpu_requests() -> None:
+def test_the_estimate_counts_class_resources_of_the_configured_prefix_as_gpu_requests() -> None:
     from dsagent.cluster.publisher import gpu_request
+    from dsplatform.gpus import GpuResources
 
     pod = make_pod("w", gpus=0)
     pod["spec"]["containers"][0]["resources"] = {
-        "limits": {"dsagent.io/gpu-roce2": "4", "cpu": "8"},
+        "limits": {"example.com/gpu-roce2": "4", "cpu": "8"},
         "requests": {"example.com/gpu-all": "8", "memory": "1Gi"},
     }
     pod["spec"]["containers"].append({"name": "side", "resources": {"limits": {"nvidia.com/gpu": "1"}}})
-    assert gpu_request(pod) == 13
-    pod["spec"]["containers"][1]["resources"] = {"limits": {"dsagent.io/gpu-roce2x": "1", "nvidia.com/gpu": "lots"}}
-    assert gpu_request(pod) == 12
+    example = GpuResources(prefix="example.com")
+    assert gpu_request(pod, example) == 13
+    # another prefix's resources are not this node's GPUs (the regex once took any prefix)
+    assert gpu_request(pod) == 1
+    pod["spec"]["containers"][1]["resources"] = {"limits": {"example.com/gpu-roce2x": "1"}}
+    assert gpu_request(pod, example) == 12
+    # a quantity the API server would never pass counts no GPUs, as in the extender
+    pod["spec"]["containers"][1]["resources"] = {"limits": {"nvidia.com/gpu": "lots"}}
+    assert gpu_request(pod, example) == 0
 
 
 def test_the_device_plugin_serves_only_labelled_nodes(

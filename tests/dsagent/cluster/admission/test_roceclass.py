@@ -119,10 +119,19 @@ def resources(pod: dict[str, Any]) -> dict[str, Any]:
 def test_the_gpu_request_counts_containers_and_the_largest_init_container() -> None:
     pod = make_pod("p", gpus=2)
     pod["spec"]["containers"].append(copy.deepcopy(pod["spec"]["containers"][0]))
-    assert gpu_request(pod, "nvidia.com/gpu") == 4
+    assert gpu_request(pod, SETTINGS) == 4
     pod["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]
-    assert gpu_request(pod, "nvidia.com/gpu") == 8
-    assert gpu_request(make_pod("p"), "nvidia.com/gpu") == 0
+    assert gpu_request(pod, SETTINGS) == 8
+    assert gpu_request(make_pod("p"), SETTINGS) == 0
+
+
+def test_the_gpu_request_counts_class_resources_of_every_container() -> None:
+    """Two containers of one class hold twice the GPUs (the policy once took the larger one)."""
+    pod = make_pod("p", gpus=2)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"dsagent.io/gpu-roce1": "2"}}
+    pod["spec"]["containers"].append(copy.deepcopy(pod["spec"]["containers"][0]))
+    assert gpu_request(pod, SETTINGS) == 4
+    assert gpu_request(pod, GpuClassSettings(enabled=True, prefix="example.com")) == 0
 
 
 def test_rewrite_moves_requests_and_limits_to_the_class_resource_and_annotates() -> None:

@@ -1,0 +1,191 @@
+"""How many GPUs a pod requests, and what the GPU resources are called.
+
+Who calls it: the admission webhook's GPU class policy (``dsagent.cluster.admission.roceclass``),
+the agent's annotation publisher (``dsagent.cluster.publisher``: is any GPU pod on the node),
+the controller's preparation (``dsagent.cluster.prepare``: free GPUs per node), the device
+plugin and the agent's settings (the names), the scheduler extender (``scheduler_plugin.podspec``,
+``.nodecache``, ``.migrator``, ``.nodeinfo`` for quantities) and the simulator (through the
+extender's framework); ``gpu_topology`` names its classes with :data:`CLASS_STEM`.
+
+What it owns: two facts every one of them must agree on, each stated once here.
+
+- **The names.** The plain GPU resource (:data:`GPU_RESOURCE`, ``nvidia.com/gpu``), and the
+  device plugin's resources under a DNS prefix (:data:`RESOURCE_PREFIX`, ``dsagent.io``):
+  a RoCE class ``<prefix>/gpu-roce<N>``, a class set ``<prefix>/gpu-roce<N>-<M>...``
+  (``docs/design.md#class-sets``) and every GPU of the node, ``<prefix>/gpu-all``.
+  :class:`GpuResources` is one configuration of them (each component reads its own
+  settings into one).
+- **The count** (:func:`pod_gpus`, per resource :func:`gpu_requests`): Kubernetes' effective
+  request, per resource: the larger of the app containers' sum (plus every restartable
+  "sidecar" init container, ``restartPolicy: Always``, which runs alongside them) and, for
+  each regular init container, its request plus the sidecars started before it. A
+  container's request is its ``requests`` entry, else its ``limits`` entry (Kubernetes
+  defaults an extended resource's request from its limit and requires them equal). The
+  pod's GPUs are the sum over its GPU resources.
+
+Pure: no I/O, tolerant of any shape (a non-dict container or resource map counts nothing);
+an unreadable quantity of a GPU resource raises :class:`QuantityError`, which each caller
+maps (the extender reports it on the pod, the agent counts no GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dsplatform.errors import VocabularyError
+
+#: the plain GPU resource of NVIDIA's device plugin
+GPU_RESOURCE = "nvidia.com/gpu"
+#: the DNS prefix of the dsagent device plugin's resources
+RESOURCE_PREFIX = "dsagent.io"
+#: the stem of a RoCE class's name (``gpu-roce1``) and resource (``<prefix>/gpu-roce1``)
+CLASS_STEM = "gpu-roce"
+#: the whole-node resource (``<prefix>/gpu-all``): every GPU of the node
+WHOLE_NODE = "gpu-all"
+#: the default class resource prefix, ``dsagent.io/gpu-roce`` (the extender's setting)
+CLASS_RESOURCE_PREFIX = f"{RESOURCE_PREFIX}/{CLASS_STEM}"
+
+_CLASS_SUFFIX = re.compile(r"^[0-9]+(-[0-9]+)*$")  # gpu-roce<N>, a class set gpu-roce<N>-<M>...
+_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_SUFFIX: dict[str | None, float] = {
+    None: 1,
+    "m": 0.001,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+class QuantityError(VocabularyError):
+    """A resource quantity that is not a Kubernetes quantity."""
+
+
+@dataclass(frozen=True)
+class GpuResources:
+    """The configured GPU resource names: ``gpu`` (plain), the class resources
+    ``<prefix>/<stem><N>[-<M>...]`` and ``<prefix>/gpu-all``."""
+
+    gpu: str = GPU_RESOURCE
+    prefix: str = RESOURCE_PREFIX
+    stem: str = CLASS_STEM
+
+    @classmethod
+    def of_class_prefix(cls, gpu: str, class_prefix: str) -> GpuResources:
+        """From the extender's form, ``<prefix>/<stem>`` (``dsagent.io/gpu-roce``)."""
+        prefix, _, stem = class_prefix.rpartition("/")
+        return cls(gpu=gpu, prefix=prefix, stem=stem)
+
+    @property
+    def class_prefix(self) -> str:
+        """``<prefix>/<stem>``: every class and class-set resource starts with it."""
+        return f"{self.prefix}/{self.stem}"
+
+    @property
+    def whole_node(self) -> str:
+        return f"{self.prefix}/{WHOLE_NODE}"
+
+    def class_of(self, resource: str) -> str | None:
+        """The class (set) name of a class resource (``dsagent.io/gpu-roce1-2`` -> ``gpu-roce1-2``);
+        None for any other resource."""
+        head = self.class_prefix
+        if resource.startswith(head) and _CLASS_SUFFIX.match(resource[len(head) :]):
+            return resource[len(self.prefix) + 1 :]
+        return None
+
+    def is_gpu(self, resource: str) -> bool:
+        """Whether ``resource`` counts GPUs: the plain one, a class (set), or the whole node."""
+        return resource in (self.gpu, self.whole_node) or self.class_of(resource) is not None
+
+
+def parse_quantity(value: Any) -> int:
+    """A Kubernetes quantity as a whole count (rounded up): ``"4"``, ``4``, ``"2k"``."""
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return math.ceil(value)
+    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise QuantityError(f"{value!r} is not a quantity", hint='e.g. "4"')
+    return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])
+
+
+def gpu_requests(spec: Any, names: GpuResources = GpuResources()) -> dict[str, int]:
+    """The pod's effective request of each GPU resource it names (zero ones left out).
+
+    ``spec`` is a pod's ``spec`` in the wire format (a dict; anything else requests nothing).
+    Raises :class:`QuantityError` on a GPU quantity it cannot read.
+    """
+    spec = spec if isinstance(spec, Mapping) else {}
+    app: dict[str, int] = {}
+    for container in _containers(spec.get("containers")):
+        _add(app, _requests(container, names))
+    sidecars: dict[str, int] = {}  # restartable init containers started so far
+    init: dict[str, int] = {}  # the largest moment of the init phase
+    for container in _containers(spec.get("initContainers")):
+        own = _requests(container, names)
+        if container.get("restartPolicy") == "Always":
+            _add(app, own)  # a sidecar runs alongside the app containers
+            _add(sidecars, own)
+            moment = dict(sidecars)
+        else:
+            moment = dict(sidecars)
+            _add(moment, own)
+        for resource, amount in moment.items():
+            init[resource] = max(init.get(resource, 0), amount)
+    effective = {r: max(app.get(r, 0), init.get(r, 0)) for r in app.keys() | init.keys()}
+    return {r: q for r, q in sorted(effective.items()) if q > 0}
+
+
+def pod_gpus(spec: Any, names: GpuResources = GpuResources()) -> int:
+    """The GPUs a pod requests: the sum of :func:`gpu_requests` (see the module's rule)."""
+    return sum(gpu_requests(spec, names).values())
+
+
+def _containers(value: Any) -> list[Mapping[str, Any]]:
+    return [c for c in value if isinstance(c, Mapping)] if isinstance(value, list) else []
+
+
+def _requests(container: Mapping[str, Any], names: GpuResources) -> dict[str, int]:
+    resources = container.get("resources")
+    if not isinstance(resources, Mapping):
+        return {}
+    limits, requests = resources.get("limits"), resources.get("requests")
+    merged = {
+        **(limits if isinstance(limits, Mapping) else {}),
+        **(requests if isinstance(requests, Mapping) else {}),
+    }
+    return {k: parse_quantity(v) for k, v in merged.items() if isinstance(k, str) and names.is_gpu(k)}
+
+
+def _add(into: dict[str, int], amounts: Mapping[str, int]) -> None:
+    for resource, amount in amounts.items():
+        into[resource] = into.get(resource, 0) + amount
+
+
+__all__ = [
+    "CLASS_RESOURCE_PREFIX",
+    "CLASS_STEM",
+    "GPU_RESOURCE",
+    "RESOURCE_PREFIX",
+    "WHOLE_NODE",
+    "GpuResources",
+    "QuantityError",
+    "gpu_requests",
+    "parse_quantity",
+    "pod_gpus",
+]
