@@ -10,6 +10,11 @@ dataset source or a bundle store (``digest``, ``pack``, ``unpack``, ``verify``, 
 - ``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file FILE.json``:
   fsspec storage options of the bundle store.
 
+Reading storage options is also where ``dsctl`` reads the storage timeouts
+(``DSAGENT_STORAGE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``, ``DSAGENT_SOURCE_TIMEOUT``:
+:class:`dsagent.cache.settings.StorageSettings`) and hands them to the format layer, which
+reads no environment: every command that opens a store goes through :func:`storage_options`.
+
 Values of ``KEY=VALUE`` are parsed as JSON when they are JSON (``anon=true``,
 ``config_kwargs={"region_name": "eu-west-1"}``), else taken as strings. Flags win over the
 file. Decision: ``--option`` (the old spelling of ``--source-option`` in ``digest`` and
@@ -20,13 +25,13 @@ only, so ``-o KEY=VALUE`` fails with a usage error naming the choices.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from dsagent.errors import InvalidInput
+from dsagent.errors import InvalidInput, SettingsError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -34,7 +39,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def storage_options(
     pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
 ) -> dict[str, Any]:
-    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``."""
+    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``;
+    the storage timeouts of the settings are applied to every filesystem built after it."""
+    use_storage_settings()
     options: dict[str, Any] = {}
     for name in files:
         try:
@@ -61,6 +68,20 @@ def storage_options(
         except ValueError:
             options[key] = value
     return options
+
+
+def use_storage_settings(environ: Mapping[str, str] | None = None) -> None:
+    """Read the storage timeouts (``os.environ`` unless given) and make them this process's
+    bounds (:func:`dsagent.format.storage_errors.use_timeouts`); a bad one is a SettingsError."""
+    from dsagent.cache.settings import StorageSettings
+    from dsagent.format.storage_errors import use_timeouts
+    from dsplatform.settings import InvalidSettings
+
+    try:
+        settings = StorageSettings.read(environ)
+    except InvalidSettings as exc:
+        raise SettingsError(exc.message) from None
+    use_timeouts(settings.storage_timeouts)
 
 
 def output_option(fn: _F) -> _F:
@@ -109,4 +130,4 @@ def store_options(fn: _F) -> _F:
     return fn
 
 
-__all__ = ["output_option", "source_options", "storage_options", "store_options"]
+__all__ = ["output_option", "use_storage_settings", "source_options", "storage_options", "store_options"]
