@@ -70,18 +70,46 @@ def storage_options(
     return options
 
 
-def use_storage_settings(environ: Mapping[str, str] | None = None) -> None:
-    """Read the storage timeouts (``os.environ`` unless given) and make them this process's
-    bounds (:func:`dsagent.format.storage_errors.use_timeouts`); a bad one is a SettingsError."""
-    from dsagent.cache.settings import StorageSettings
-    from dsagent.format.storage_errors import use_timeouts
-    from dsplatform.settings import InvalidSettings
+def default_socket(environ: Mapping[str, str]) -> Path:
+    """Where the local agent listens (``dsctl``'s default for ``--socket``): ``DSAGENT_SOCKET``,
+    else ``DSAGENT_ROOT/dsagent.sock``, else the socket a running ``dsagent serve`` recorded
+    in :func:`~dsagent.cache.settings.socket_pointer` (so ``dsagent serve --root X`` is found
+    without settings), else the default root's."""
+    env = environ
+    if env.get("DSAGENT_SOCKET"):
+        return Path(env["DSAGENT_SOCKET"])
+    if env.get("DSAGENT_ROOT"):
+        return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
+    # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
+    # init-container's dsctl cache, which finds its socket above
+    from dsagent.cache.settings import default_root, socket_pointer
 
     try:
-        settings = StorageSettings.read(environ)
-    except InvalidSettings as exc:
-        raise SettingsError(exc.message) from None
-    use_timeouts(settings.storage_timeouts)
+        recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
+    except OSError:
+        recorded = None
+    if recorded is not None and recorded.is_absolute() and recorded.exists():
+        return recorded
+    return default_root(env) / "dsagent.sock"
+
+
+def use_storage_settings(environ: Mapping[str, str] | None = None) -> None:
+    """Make the storage timeouts of the settings (``os.environ`` unless given) this process's
+    bounds (:func:`dsagent.format.storage_errors.use_timeouts`), read when the first remote
+    filesystem is built (a local-only command never imports pydantic); a bad one is a
+    SettingsError then."""
+    from dsagent.format.storage_errors import StorageTimeouts, use_timeouts
+
+    def read() -> StorageTimeouts:
+        from dsagent.cache.settings import StorageSettings
+        from dsplatform.settings import InvalidSettings
+
+        try:
+            return StorageSettings.read(environ).storage_timeouts
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
+
+    use_timeouts(read)
 
 
 def output_option(fn: _F) -> _F:
@@ -130,4 +158,11 @@ def store_options(fn: _F) -> _F:
     return fn
 
 
-__all__ = ["output_option", "use_storage_settings", "source_options", "storage_options", "store_options"]
+__all__ = [
+    "default_socket",
+    "output_option",
+    "source_options",
+    "storage_options",
+    "store_options",
+    "use_storage_settings",
+]

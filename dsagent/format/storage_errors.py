@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,19 +66,23 @@ class StorageTimeouts:
     read: float = DEFAULT_READ_TIMEOUT
 
 
-_configured = StorageTimeouts()
+_configured: StorageTimeouts | Callable[[], StorageTimeouts] = StorageTimeouts()
 
 
-def use_timeouts(timeouts: StorageTimeouts) -> None:
+def use_timeouts(timeouts: StorageTimeouts | Callable[[], StorageTimeouts]) -> None:
     """Make ``timeouts`` this process's bounds for every filesystem :func:`bounded_options`
-    builds without its own: called once by the edge that read the settings (``dsctl``'s
-    storage commands, the agent's :class:`~dsagent.cache.service.CacheService`)."""
+    builds without its own: called once by the edge that has the settings (the agent's
+    :class:`~dsagent.cache.service.CacheService`), or given as a function that reads them on
+    first use (``dsctl``, whose local-only commands never import pydantic)."""
     global _configured
     _configured = timeouts
 
 
 def timeouts() -> StorageTimeouts:
     """This process's bounds: what the edge passed to :func:`use_timeouts`, else 10 s / 60 s."""
+    global _configured
+    if callable(_configured):
+        _configured = _configured()
     return _configured
 
 
@@ -247,7 +251,7 @@ def bounded_options(protocol: str, options: Mapping[str, Any], bounds: StorageTi
     merged = dict(options)
     if protocol not in {"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"}:
         return merged
-    chosen = bounds if bounds is not None else _configured
+    chosen = bounds if bounds is not None else timeouts()
     connect, read = chosen.connect, chosen.read
     if protocol in {"s3", "s3a"}:
         config = dict(merged.get("config_kwargs") or {})

@@ -91,8 +91,9 @@ def test_dsctl_hands_the_configured_timeouts_to_every_filesystem_it_builds(monke
     timeout = fs.client_kwargs["timeout"]
     assert isinstance(timeout, aiohttp.ClientTimeout)
     assert (timeout.sock_connect, timeout.sock_read) == (3.0, 20.0)
+    use_storage_settings({"DSAGENT_STORAGE_READ_TIMEOUT": "soon"})
     with pytest.raises(SettingsError, match="DSAGENT_STORAGE_READ_TIMEOUT='soon'"):
-        use_storage_settings({"DSAGENT_STORAGE_READ_TIMEOUT": "soon"})
+        storage.resolve("s3://bucket/x", {"anon": True})
 
 
 def test_a_timeout_in_the_callers_options_wins() -> None:
