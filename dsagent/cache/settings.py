@@ -33,6 +33,7 @@ from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
+from dsplatform.paths import cache_home
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
@@ -41,10 +42,9 @@ _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def default_root() -> Path:
+def default_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/dsagent`` (or ``~/.cache/dsagent``); the chart sets ``DSAGENT_ROOT``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsagent"
+    return cache_home(os.environ if environ is None else environ) / "dsagent"
 
 
 def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
@@ -54,8 +54,7 @@ def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     if env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "socket"
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsagent.socket"
+    return cache_home(env) / "dsagent.socket"
 
 
 def parse_listen(text: str | tuple[str, int]) -> tuple[str, int]:
