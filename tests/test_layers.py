@@ -24,6 +24,8 @@ MAY_READ_ENVIRONMENT: dict[str, str] = {
     "dsagent/cluster/admission/server.py": "the webhook's entry point and settings",
     "dsagent/cluster/apiclient.py": "the Kubernetes client's own variables (KUBERNETES_SERVICE_HOST, KUBECONFIG)",
     "dsagent/cluster/testing.py": "test support: the environment of agent processes it starts",
+    "dsagent/cluster/envnames.py": "start-up's check for unknown DSAGENT_* variables",
+    "scheduler_plugin/settings.py": "the extender's settings and its check for unknown DSEXT_* variables",
     "dsplatform/settings.py": "EnvSettings.read: the one place settings objects read the environment",
     "gpu_topology/discovery/nccl_xml.py": "NCCL_TOPO_FILE is NCCL's own variable: the file NCCL in this process reads",
 }
