@@ -8,7 +8,8 @@ What it owns: one rule per fact that more than one component must agree on:
 - :mod:`dsplatform.units`: the byte-size and duration syntax of every setting and flag;
 - :mod:`dsplatform.jobs`: which job a pod belongs to (its job labels);
 - :mod:`dsplatform.kubetime`: how a Kubernetes time (RFC 3339) is read and written;
-- :mod:`dsplatform.gpus`: how many GPUs a pod requests, and the GPU resource names.
+- :mod:`dsplatform.gpus`: how many GPUs a pod requests, and the GPU resource names;
+- :mod:`dsplatform.paths`: the per-user cache base (``$XDG_CACHE_HOME``, else ``~/.cache``).
 
 It imports nothing of the project (an import contract checks this), so every package may
 depend on it. Its errors are :class:`ValueError` subclasses carrying a ``hint``, which each

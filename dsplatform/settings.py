@@ -17,8 +17,9 @@ sizes and durations):
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Annotated, Any
 
@@ -98,6 +99,11 @@ class EnvSettings(BaseSettings):
         return str(cls.model_config.get("env_prefix", "")) + field.upper()
 
     @classmethod
+    def env_names(cls) -> frozenset[str]:
+        """Every environment variable this class reads."""
+        return frozenset(cls.env_name(field) for field in cls.model_fields)
+
+    @classmethod
     def _problem(cls, error: Any, env: Mapping[str, str], given: Mapping[str, Any]) -> tuple[str, str]:
         field = str(error["loc"][0]) if error.get("loc") else ""
         message = str(error.get("msg", "invalid"))
@@ -111,6 +117,35 @@ class EnvSettings(BaseSettings):
         if variable not in env:
             return (f"{field}={error.get('input')!r}", message)
         return (f"{variable}={env[variable]!r}", message)
+
+
+class UnknownSettings(VocabularyError):
+    """Variables with a component's prefix that none of its settings declares (a typo, or a
+    setting that no longer exists): refused at start-up instead of silently ignored."""
+
+    def __init__(self, unknown: list[tuple[str, list[str]]]) -> None:
+        self.unknown = unknown
+        parts = [
+            f"unknown setting {name}" + (f"; did you mean {' or '.join(close)}?" if close else "")
+            for name, close in unknown
+        ]
+        super().__init__("; ".join(parts), hint="remove it or correct its name; the README lists every setting")
+
+
+def refuse_unknown(
+    environ: Mapping[str, str], prefix: str, known: Iterable[str], *, known_prefixes: Iterable[str] = ()
+) -> None:
+    """Raise :class:`UnknownSettings` naming each ``prefix*`` variable of ``environ`` that is
+    not in ``known`` and starts with none of ``known_prefixes``, with its close matches."""
+    names = sorted(set(known))
+    starts = tuple(known_prefixes)
+    unknown = [
+        (name, difflib.get_close_matches(name, names, n=2, cutoff=0.8))
+        for name in sorted(environ)
+        if name.startswith(prefix) and name not in names and not (starts and name.startswith(starts))
+    ]
+    if unknown:
+        raise UnknownSettings(unknown)
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -132,4 +167,4 @@ def parse_flag(value: Any) -> bool:
 #: A boolean setting, in :func:`parse_flag`'s syntax.
 Flag = Annotated[bool, BeforeValidator(parse_flag)]
 
-__all__ = ["EnvSettings", "Flag", "InvalidSettings", "parse_flag"]
+__all__ = ["EnvSettings", "Flag", "InvalidSettings", "UnknownSettings", "parse_flag", "refuse_unknown"]

@@ -7,7 +7,7 @@ import socket
 import sys
 
 from scheduler_plugin.errors import SchedulerPluginError, SettingsError
-from scheduler_plugin.settings import Settings
+from scheduler_plugin.settings import Settings, refuse_unknown
 
 #: seconds uvicorn waits for open requests after SIGTERM before closing them
 SHUTDOWN_GRACE_S = 5
@@ -56,6 +56,7 @@ def serve(settings: Settings) -> None:
 
 def main() -> None:
     try:
+        refuse_unknown()
         serve(Settings.from_env())
     except SchedulerPluginError as exc:
         print(f"scheduler_plugin: error: {exc}", file=sys.stderr)

@@ -17,7 +17,8 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, UnknownSettings
+from dsplatform.settings import refuse_unknown as _refuse_unknown
 from dsplatform.units import Duration, Size
 from scheduler_plugin.errors import SettingsError
 
@@ -146,4 +147,15 @@ class Settings(EnvSettings):
             raise SettingsError(exc.message) from None
 
 
-__all__ = ["DEFAULT_JOB_LABELS", "PREFIX", "Settings", "Weights"]
+def refuse_unknown(environ: Mapping[str, str] | None = None) -> None:
+    """At start-up: a SettingsError (exit 2, one line) naming each ``DSEXT_*`` variable that
+    :class:`Settings` does not declare, with its close matches (a typo is not ignored)."""
+    import os
+
+    try:
+        _refuse_unknown(os.environ if environ is None else environ, PREFIX, Settings.env_names())
+    except UnknownSettings as exc:
+        raise SettingsError(exc.message, hint=exc.hint) from None
+
+
+__all__ = ["DEFAULT_JOB_LABELS", "PREFIX", "Settings", "Weights", "refuse_unknown"]

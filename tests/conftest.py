@@ -65,6 +65,14 @@ def _memory_sources_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sources, "DEFAULT_PROTOCOLS", TEST_PROTOCOLS)
 
 
+@pytest.fixture(autouse=True)
+def _storage_timeouts_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's storage timeouts (set by dsctl and by every CacheService) end with the test."""
+    from dsagent.format import storage_errors
+
+    monkeypatch.setattr(storage_errors, "_configured", storage_errors.StorageTimeouts())
+
+
 os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes
 
 

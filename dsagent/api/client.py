@@ -23,28 +23,6 @@ _BY_CODE: dict[str, type[DsagentError]] = {
 }
 
 
-def default_socket(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the local agent listens: ``DSAGENT_SOCKET``, else ``DSAGENT_ROOT/dsagent.sock``,
-    else the socket a running ``dsagent serve`` recorded in :func:`socket_pointer` (so
-    ``dsagent serve --root X`` is found without settings), else the default root's."""
-    env = os.environ if environ is None else environ
-    if env.get("DSAGENT_SOCKET"):
-        return Path(env["DSAGENT_SOCKET"])
-    if env.get("DSAGENT_ROOT"):
-        return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
-    # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
-    # init-container's dsctl cache, which finds its socket above
-    from dsagent.cache.settings import default_root, socket_pointer
-
-    try:
-        recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
-    except OSError:
-        recorded = None
-    if recorded is not None and recorded.is_absolute() and recorded.exists():
-        return recorded
-    return default_root() / "dsagent.sock"
-
-
 def agent_url(text: str) -> str:
     """``--agent`` as a base URL: ``127.0.0.1:17420`` means ``http://127.0.0.1:17420``."""
     candidate = text.strip() if "://" in text else f"http://{text.strip()}"
@@ -62,7 +40,10 @@ def agent_url(text: str) -> str:
 
 
 class AgentClient:
-    """A small synchronous client; ``url`` (http://host:port) selects TCP, else the socket."""
+    """A small synchronous client; ``url`` (http://host:port) selects TCP, else ``socket_path``.
+
+    It reads no environment: ``dsctl`` finds the socket and the token at its edge
+    (:func:`dsagent.cli.options.default_socket`, ``--socket``/``--agent``/``--token``)."""
 
     def __init__(
         self,
@@ -79,7 +60,9 @@ class AgentClient:
             self.where = url
             self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
         else:
-            path = Path(socket_path) if socket_path is not None else default_socket()
+            if socket_path is None:
+                raise TypeError("AgentClient needs url or socket_path")
+            path = Path(socket_path)
             self.where = str(path)
             self._socket = path
             self._http = httpx.Client(
@@ -88,15 +71,6 @@ class AgentClient:
                 headers=headers,
                 timeout=timeout,
             )
-
-    @classmethod
-    def from_env(
-        cls, *, url: str | None = None, socket_path: str | None = None, token: str | None = None, timeout: float = 30.0
-    ) -> AgentClient:
-        """Client for ``--agent``/``DSAGENT_AGENT`` (URL) or the socket, token from the env."""
-        url = url or os.environ.get("DSAGENT_AGENT") or None
-        token = token or os.environ.get("DSAGENT_ADMIN_TOKEN") or None
-        return cls(url=url, socket_path=socket_path, token=token, timeout=timeout)
 
     def close(self) -> None:
         self._http.close()
@@ -217,4 +191,4 @@ def _error_from(response: httpx.Response) -> DsagentError:
     return cls(message, hint=body.get("hint"), **details)
 
 
-__all__ = ["AgentClient", "agent_url", "default_socket"]
+__all__ = ["AgentClient", "agent_url"]

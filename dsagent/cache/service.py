@@ -63,8 +63,7 @@ from dsagent.cache.task import (
 from dsagent.cache.versions import Versions
 from dsagent.errors import DsagentError, NotFound
 from dsagent.format.manifest import Manifest
-from dsagent.format.sources import with_timeouts
-from dsagent.format.storage_errors import classify
+from dsagent.format.storage_errors import classify, use_timeouts
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")
@@ -76,6 +75,9 @@ class CacheService:
     def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock
+        # every filesystem the agent builds (source, store, bundles) gets these bounds when
+        # it is built, for its own protocol (dsagent.format.storage.resolve)
+        use_timeouts(settings.storage_timeouts)
         self.metrics = Metrics()
         self.store = Store(settings.root)
         self.pools = Pools(settings.max_fetches * settings.fetch_workers + 2)
@@ -221,10 +223,7 @@ class CacheService:
 
     async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
         """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
-        options = with_timeouts(
-            request.source, request.bundles, self._options.get((task_id, request.name)), self.settings.source_timeout
-        )
-        source = Source(request.source, request.bundles, options)
+        source = Source(request.source, request.bundles, self._options.get((task_id, request.name)))
         try:
             stored = None
             if bound is not None and await self._db(self.catalog.version, request.name, bound) is not None:

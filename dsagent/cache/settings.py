@@ -32,7 +32,9 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
+from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
+from dsplatform.paths import cache_home
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
@@ -41,10 +43,9 @@ _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def default_root() -> Path:
+def default_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/dsagent`` (or ``~/.cache/dsagent``); the chart sets ``DSAGENT_ROOT``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsagent"
+    return cache_home(os.environ if environ is None else environ) / "dsagent"
 
 
 def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
@@ -54,8 +55,7 @@ def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     if env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "socket"
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsagent.socket"
+    return cache_home(env) / "dsagent.socket"
 
 
 def parse_listen(text: str | tuple[str, int]) -> tuple[str, int]:
@@ -158,7 +158,45 @@ Peers = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)]
 Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
 
 
-class Settings(EnvSettings):
+class StorageSettings(EnvSettings):
+    """How long object stores and HTTP(S) sources may take: read by ``dsctl``'s storage
+    commands and, as part of :class:`Settings`, by the agent.
+
+    One rule (:attr:`storage_timeouts`), for every protocol and both programs: a specific
+    timeout that is configured (``DSAGENT_STORAGE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``)
+    wins over the general one (``DSAGENT_SOURCE_TIMEOUT``, both), which wins over the
+    defaults 10 s to connect, 60 s per read.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+
+    source_timeout: Duration | None = None  # connect and read timeout of every remote source operation
+    storage_connect_timeout: Duration | None = None
+    storage_read_timeout: Duration | None = None
+
+    @field_validator("source_timeout", "storage_connect_timeout", "storage_read_timeout")
+    @classmethod
+    def _positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError(f"a timeout must be positive, got {value!r}")
+        return value
+
+    @property
+    def storage_timeouts(self) -> StorageTimeouts:
+        """The connect and read timeouts: the specific setting, else the general, else the default."""
+
+        def pick(specific: float | None, default: float) -> float:
+            if specific is not None:
+                return specific
+            return self.source_timeout if self.source_timeout is not None else default
+
+        return StorageTimeouts(
+            connect=pick(self.storage_connect_timeout, DEFAULT_CONNECT_TIMEOUT),
+            read=pick(self.storage_read_timeout, DEFAULT_READ_TIMEOUT),
+        )
+
+
+class Settings(StorageSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
@@ -197,7 +235,6 @@ class Settings(EnvSettings):
     # each the storage-option keys it accepts; decided before any filesystem is built
     protocols: Protocols = Field(default_factory=lambda: sources.DEFAULT_PROTOCOLS)
     storage_option_keys: dict[str, tuple[str, ...]] = Field(default_factory=lambda: dict(sources.DEFAULT_OPTION_KEYS))
-    source_timeout: Duration = 60.0  # connect/read timeout of every remote source operation
     proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
     stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
     kubernetes: Flag = False
@@ -395,4 +432,4 @@ class Settings(EnvSettings):
             raise SettingsError(exc.message) from None
 
 
-__all__ = ["ENV_PREFIX", "Settings", "default_root", "parse_listen"]
+__all__ = ["ENV_PREFIX", "Settings", "StorageSettings", "default_root", "parse_listen"]

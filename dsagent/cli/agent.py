@@ -188,6 +188,7 @@ def serve(
 ) -> None:
     """Run the agent until SIGTERM or Ctrl-C."""
     try:
+        _refuse_unknown_settings()
         settings = _settings(
             root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level
         )
@@ -235,6 +236,15 @@ def _watchdog(seconds: float) -> None:
     timer = threading.Timer(seconds, _exit_now, (0, f"shutdown took over {seconds:.0f} s"))
     timer.daemon = True
     timer.start()
+
+
+def _refuse_unknown_settings() -> None:
+    """Refuse ``DSAGENT_*`` variables no part of the platform reads (a typo is not ignored);
+    the list of known names lives with cluster mode, which a build may lack (then no check)."""
+    if importlib.util.find_spec("dsagent.cluster") is not None:
+        from dsagent.cluster.envnames import refuse_unknown
+
+        refuse_unknown()
 
 
 def _settings(

@@ -14,8 +14,9 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -80,10 +81,18 @@ def _rate(size: int, seconds: float) -> str:
     return f"{format_size(size / seconds)}/s" if seconds > 0 else "-"
 
 
-def _cache(enabled: bool) -> DigestCache | None:
-    from dsagent.format.digestcache import DigestCache, default_cache_path
+def digest_cache_path(environ: Mapping[str, str]) -> Path:
+    """``$DSAGENT_DIGEST_CACHE``, else ``$XDG_CACHE_HOME/dsplatform/digests.sqlite``."""
+    from dsplatform.paths import cache_home
 
-    return DigestCache(default_cache_path()) if enabled else None
+    explicit = environ.get("DSAGENT_DIGEST_CACHE")
+    return Path(explicit) if explicit else cache_home(environ) / "dsplatform" / "digests.sqlite"
+
+
+def _cache(enabled: bool) -> DigestCache | None:
+    from dsagent.format.digestcache import DigestCache
+
+    return DigestCache(digest_cache_path(os.environ)) if enabled else None
 
 
 _cache_flag = click.option(

@@ -23,7 +23,14 @@ from typing import Any, TypeVar
 import click
 
 from dsagent.api.client import AgentClient
-from dsagent.cli.options import DURATION, output_option, source_options, storage_options, store_options
+from dsagent.cli.options import (
+    DURATION,
+    default_socket,
+    output_option,
+    source_options,
+    storage_options,
+    store_options,
+)
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsplatform.units import format_size
@@ -50,6 +57,8 @@ def agent_options(fn: _F) -> _F:
 
 
 def _client(agent_url: str | None, socket_path: str | None, token: str | None, timeout: float = 30.0) -> AgentClient:
+    if not agent_url and not socket_path:
+        socket_path = str(default_socket(os.environ))
     return AgentClient(url=agent_url, socket_path=socket_path, token=token, timeout=timeout)
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from dsagent.api.client import AgentClient
+from dsagent.cli.options import default_socket
 from dsagent.cluster.stablelinks import link_targets, write_links
 from dsagent.errors import DsagentError, InvalidInput
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not task_id:
             raise InvalidInput("DSAGENT_TASK_ID is not set")
-        with AgentClient(socket_path=os.environ.get("DSAGENT_SOCKET"), timeout=30) as client:
+        with AgentClient(socket_path=default_socket(os.environ), timeout=30) as client:
             record = client.get_task(task_id)
         targets = link_targets(record, args[1])
         missing = sorted(name for name, target in targets.items() if not os.path.isdir(target))

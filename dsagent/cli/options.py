@@ -12,6 +12,11 @@ dataset source or a bundle store (``digest``, ``pack``, ``unpack``, ``verify``, 
 - durations (``--timeout``): :data:`DURATION`, the platform's syntax (``30s``, ``5m``,
   plain seconds).
 
+Reading storage options is also where ``dsctl`` reads the storage timeouts
+(``DSAGENT_STORAGE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``, ``DSAGENT_SOURCE_TIMEOUT``:
+:class:`dsagent.cache.settings.StorageSettings`) and hands them to the format layer, which
+reads no environment: every command that opens a store goes through :func:`storage_options`.
+
 Values of ``KEY=VALUE`` are parsed as JSON when they are JSON (``anon=true``,
 ``config_kwargs={"region_name": "eu-west-1"}``), else taken as strings. Flags win over the
 file. Decision: ``--option`` (the old spelling of ``--source-option`` in ``digest`` and
@@ -22,13 +27,13 @@ only, so ``-o KEY=VALUE`` fails with a usage error naming the choices.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from dsagent.errors import InvalidInput
+from dsagent.errors import InvalidInput, SettingsError
 from dsplatform.units import UnitError, parse_duration
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -37,7 +42,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def storage_options(
     pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
 ) -> dict[str, Any]:
-    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``."""
+    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``;
+    the storage timeouts of the settings are applied to every filesystem built after it."""
+    use_storage_settings()
     options: dict[str, Any] = {}
     for name in files:
         try:
@@ -64,6 +71,48 @@ def storage_options(
         except ValueError:
             options[key] = value
     return options
+
+
+def default_socket(environ: Mapping[str, str]) -> Path:
+    """Where the local agent listens (``dsctl``'s default for ``--socket``): ``DSAGENT_SOCKET``,
+    else ``DSAGENT_ROOT/dsagent.sock``, else the socket a running ``dsagent serve`` recorded
+    in :func:`~dsagent.cache.settings.socket_pointer` (so ``dsagent serve --root X`` is found
+    without settings), else the default root's."""
+    env = environ
+    if env.get("DSAGENT_SOCKET"):
+        return Path(env["DSAGENT_SOCKET"])
+    if env.get("DSAGENT_ROOT"):
+        return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
+    # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
+    # init-container's dsctl cache, which finds its socket above
+    from dsagent.cache.settings import default_root, socket_pointer
+
+    try:
+        recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
+    except OSError:
+        recorded = None
+    if recorded is not None and recorded.is_absolute() and recorded.exists():
+        return recorded
+    return default_root(env) / "dsagent.sock"
+
+
+def use_storage_settings(environ: Mapping[str, str] | None = None) -> None:
+    """Make the storage timeouts of the settings (``os.environ`` unless given) this process's
+    bounds (:func:`dsagent.format.storage_errors.use_timeouts`), read when the first remote
+    filesystem is built (a local-only command never imports pydantic); a bad one is a
+    SettingsError then."""
+    from dsagent.format.storage_errors import StorageTimeouts, use_timeouts
+
+    def read() -> StorageTimeouts:
+        from dsagent.cache.settings import StorageSettings
+        from dsplatform.settings import InvalidSettings
+
+        try:
+            return StorageSettings.read(environ).storage_timeouts
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
+
+    use_timeouts(read)
 
 
 def output_option(fn: _F) -> _F:
@@ -133,4 +182,13 @@ class DurationType(click.ParamType[float]):
 #: ``--timeout`` and every other duration option
 DURATION = DurationType()
 
-__all__ = ["DURATION", "DurationType", "output_option", "source_options", "storage_options", "store_options"]
+__all__ = [
+    "DURATION",
+    "DurationType",
+    "default_socket",
+    "output_option",
+    "source_options",
+    "storage_options",
+    "store_options",
+    "use_storage_settings",
+]

@@ -37,8 +37,9 @@ def serve(
 ) -> None:
     """Serve filter and prioritize verbs for kube-scheduler over HTTP."""
     from scheduler_plugin.__main__ import serve as run
-    from scheduler_plugin.settings import Settings
+    from scheduler_plugin.settings import Settings, refuse_unknown
 
+    refuse_unknown()
     settings = Settings.from_env(
         host=host,
         port=port,

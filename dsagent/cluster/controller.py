@@ -68,6 +68,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -878,8 +879,14 @@ def main() -> None:  # pragma: no cover - the container's entry point
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from dsagent.cluster import apiclient
+    from dsagent.cluster.envnames import refuse_unknown
 
-    settings = ControllerSettings.from_env()
+    try:
+        refuse_unknown()
+        settings = ControllerSettings.from_env()
+    except DsagentError as exc:
+        print(f"dsagent controller: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     log.info(
         "Dataset controller %s starting (lease %s/%s, resync %.0f s)",
         settings.identity,

@@ -51,15 +51,6 @@ CREATE TABLE IF NOT EXISTS digests (
 """
 
 
-def default_cache_path() -> Path:
-    """``$DSAGENT_DIGEST_CACHE``, else ``$XDG_CACHE_HOME/dsplatform/digests.sqlite``."""
-    explicit = os.environ.get("DSAGENT_DIGEST_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsplatform" / "digests.sqlite"
-
-
 class DigestCache:
     """A SQLite-backed map ``path -> digest`` valid while size, mtime, inode and ctime hold."""
 

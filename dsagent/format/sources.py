@@ -230,32 +230,6 @@ def check_location(url: str, storage_options: Mapping[str, Any] | None, policy: 
     return Location(url, protocol, _check_local(url, policy.local_sources))
 
 
-def with_timeouts(
-    url: str, bundles: str | None, options: Mapping[str, Any] | None, seconds: float
-) -> dict[str, Any] | None:
-    """``options`` plus the agent's own connect/read timeouts for ``url``'s protocol (HTTP:
-    aiohttp's ``sock_connect``/``sock_read``; S3: botocore's ``connect_timeout``/``read_timeout``),
-    so that no source operation waits forever on a peer that stopped answering. Only when
-    the bundle store uses the same protocol (the options are shared). Local paths and the
-    other stores keep their client's defaults (docs/threat-model.md)."""
-    protocol = canonical_protocol(url)
-    if bundles is not None and canonical_protocol(bundles) != protocol:
-        return dict(options) if options is not None else None
-    merged: dict[str, Any] = dict(options or {})
-    if protocol in ("http", "https"):
-        import aiohttp
-
-        client = dict(merged.get("client_kwargs") or {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds))
-        merged["client_kwargs"] = client
-    elif protocol == "s3":
-        config = dict(merged.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", seconds)
-        config.setdefault("read_timeout", seconds)
-        merged["config_kwargs"] = config
-    return merged or (dict(options) if options is not None else None)
-
-
 def _check_options(protocol: str, options: Mapping[str, Any] | None, allowed: Sequence[str]) -> None:
     if options is None:
         return
@@ -353,5 +327,4 @@ __all__ = [
     "check_url",
     "is_chain",
     "known_option_keys",
-    "with_timeouts",
 ]

@@ -23,10 +23,13 @@ What it owns:
   Classification walks the exception and its ``__cause__``/``__context__`` chain and
   looks at class *names and modules*, so this module imports none of the optional
   backends (s3fs, gcsfs, adlfs, aiohttp) and works whichever are installed.
-- :func:`bounded_options`: connect and read timeouts for object stores, so an unreachable
-  endpoint fails in seconds with one line instead of a minute of retries.
-  ``DSAGENT_STORAGE_CONNECT_TIMEOUT`` (default 10 s) and ``DSAGENT_STORAGE_READ_TIMEOUT``
-  (default 60 s), durations like ``10s``; options the caller gives win.
+- :func:`bounded_options`: connect and read timeouts for object stores and HTTP(S), so an
+  unreachable endpoint fails in seconds with one line instead of a minute of retries.
+  The seconds are a :class:`StorageTimeouts` the edges decide from their settings
+  (:attr:`dsagent.cache.settings.StorageSettings.storage_timeouts`: ``DSAGENT_STORAGE_*``,
+  then ``DSAGENT_SOURCE_TIMEOUT``, then 10 s / 60 s) and hand down, once per process with
+  :func:`use_timeouts` or per call; this module never reads the environment. Options the
+  caller gives win.
 
 Decision: retries of a single request stay with the backend (botocore's own retry
 modes), capped here at 3 attempts; whole-dataset retries are the caller's, by type
@@ -36,25 +39,52 @@ modes), capped here at 3 attempts; whole-dataset retries are the caller's, by ty
 from __future__ import annotations
 
 import difflib
-import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dsagent.errors import (
     DsagentError,
     InvalidInput,
     NotFound,
-    SettingsError,
     SourceUnavailable,
     StorageCredentials,
     StorageForbidden,
 )
 from dsagent.format.sources import known_option_keys
-from dsplatform.units import parse_duration
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class StorageTimeouts:
+    """Seconds an object-store or HTTP(S) client waits to connect, and for each read."""
+
+    connect: float = DEFAULT_CONNECT_TIMEOUT
+    read: float = DEFAULT_READ_TIMEOUT
+
+
+_configured: StorageTimeouts | Callable[[], StorageTimeouts] = StorageTimeouts()
+
+
+def use_timeouts(timeouts: StorageTimeouts | Callable[[], StorageTimeouts]) -> None:
+    """Make ``timeouts`` this process's bounds for every filesystem :func:`bounded_options`
+    builds without its own: called once by the edge that has the settings (the agent's
+    :class:`~dsagent.cache.service.CacheService`), or given as a function that reads them on
+    first use (``dsctl``, whose local-only commands never import pydantic)."""
+    global _configured
+    _configured = timeouts
+
+
+def timeouts() -> StorageTimeouts:
+    """This process's bounds: what the edge passed to :func:`use_timeouts`, else 10 s / 60 s."""
+    global _configured
+    if callable(_configured):
+        _configured = _configured()
+    return _configured
+
 
 # Error codes object stores answer when the credentials themselves are the problem
 # (S3 and compatibles, GCS, Azure); anything else that is a 403 is a permission problem.
@@ -215,33 +245,14 @@ def _option_hint(key: str) -> str:
     return "check the option names for this protocol (README: Storage)"
 
 
-def timeouts(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
-    """``(connect, read)`` seconds from ``DSAGENT_STORAGE_CONNECT_TIMEOUT`` / ``..._READ_TIMEOUT``."""
-    env = os.environ if environ is None else environ
-    values = []
-    for name, default in (
-        ("DSAGENT_STORAGE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT),
-        ("DSAGENT_STORAGE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT),
-    ):
-        raw = env.get(name)
-        try:
-            value = default if not raw else parse_duration(raw)
-        except ValueError as exc:
-            raise SettingsError(f"{name}={raw!r} is not a duration", hint="e.g. 10s or 1m") from exc
-        if value <= 0:
-            raise SettingsError(f"{name} must be positive")
-        values.append(value)
-    return values[0], values[1]
-
-
-def bounded_options(
-    protocol: str, options: Mapping[str, Any], environ: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """``options`` with connect/read timeouts added for object stores (the caller's win)."""
+def bounded_options(protocol: str, options: Mapping[str, Any], bounds: StorageTimeouts | None = None) -> dict[str, Any]:
+    """``options`` with connect/read timeouts added for object stores and HTTP(S): ``bounds``,
+    else this process's (:func:`use_timeouts`); a timeout the caller's options set wins."""
     merged = dict(options)
     if protocol not in {"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"}:
         return merged
-    connect, read = timeouts(environ)
+    chosen = bounds if bounds is not None else timeouts()
+    connect, read = chosen.connect, chosen.read
     if protocol in {"s3", "s3a"}:
         config = dict(merged.get("config_kwargs") or {})
         config.setdefault("connect_timeout", connect)
@@ -264,4 +275,4 @@ def bounded_options(
     return merged
 
 
-__all__ = ["CREDENTIALS_HINT", "bounded_options", "classify", "timeouts"]
+__all__ = ["CREDENTIALS_HINT", "StorageTimeouts", "bounded_options", "classify", "timeouts", "use_timeouts"]

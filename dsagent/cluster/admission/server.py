@@ -279,6 +279,9 @@ def serve(settings: WebhookSettings) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        from dsagent.cluster.envnames import refuse_unknown
+
+        refuse_unknown()
         settings = WebhookSettings.from_env()
     except DsagentError as exc:
         print(f"dsagent-webhook: error: {exc}", file=sys.stderr)

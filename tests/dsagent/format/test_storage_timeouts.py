@@ -1,0 +1,103 @@
+"""Issue 22 item 2: one timeout rule for object stores. The seconds come from the settings
+(``DSAGENT_STORAGE_CONNECT_TIMEOUT`` / ``..._READ_TIMEOUT`` win over ``DSAGENT_SOURCE_TIMEOUT``,
+which wins over 10 s / 60 s) and are handed down; the format layer reads no environment.
+
+Before, the agent added ``DSAGENT_SOURCE_TIMEOUT`` (60 s) to a request's options first and
+the format layer's ``DSAGENT_STORAGE_*`` only filled what was unset, so a configured 10 s S3
+connect timeout became 60 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.settings import Settings, StorageSettings
+from dsagent.cli.options import use_storage_settings
+from dsagent.errors import SettingsError
+from dsagent.format import storage
+from dsagent.format.storage_errors import StorageTimeouts, bounded_options
+
+
+class Built(Exception):
+    """Raised by the recording filesystem class once it has seen its options."""
+
+
+def test_the_specific_timeout_wins_over_the_general_one_which_wins_over_the_default() -> None:
+    def bounds(env: dict[str, str]) -> StorageTimeouts:
+        return StorageSettings.read(env).storage_timeouts
+
+    assert bounds({}) == StorageTimeouts(10.0, 60.0)
+    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "5s"}) == StorageTimeouts(5.0, 5.0)
+    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "60s", "DSAGENT_STORAGE_CONNECT_TIMEOUT": "10s"}) == StorageTimeouts(
+        10.0, 60.0
+    )
+    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "1h", "DSAGENT_STORAGE_READ_TIMEOUT": "30s"}) == StorageTimeouts(
+        3600.0, 30.0
+    )
+    with pytest.raises(SettingsError, match="DSAGENT_STORAGE_CONNECT_TIMEOUT='0': a timeout must be positive"):
+        Settings.from_env({"DSAGENT_STORAGE_CONNECT_TIMEOUT": "0"})
+
+
+def test_a_configured_10s_s3_connect_timeout_stays_10s_in_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's case, through the agent's own path: a task's S3 source is opened by
+    :func:`dsagent.format.storage.resolve` with the options s3fs is built from."""
+    import s3fs
+
+    seen: list[dict[str, Any]] = []
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(kwargs)
+        raise Built
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "__init__", recording)
+    settings = Settings.from_env(
+        {
+            "DSAGENT_ROOT": str(tmp_path),
+            "DSAGENT_SOURCE_TIMEOUT": "60s",
+            "DSAGENT_STORAGE_CONNECT_TIMEOUT": "10s",
+            "DSAGENT_SWEEP_INTERVAL": "1h",
+        }
+    )
+
+    async def run() -> None:
+        service = CacheService(settings)
+        await service.start()
+        try:
+            request = DatasetRequest(
+                "d", "s3://bucket/data", storage_options={"anon": True, "endpoint_url": "http://127.0.0.1:9"}
+            )
+            await service.submit_task("t", [request], wait=30)
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+    assert seen, "the agent never built an S3 filesystem"
+    config = seen[0]["config_kwargs"]
+    assert (config["connect_timeout"], config["read_timeout"]) == (10.0, 60.0)
+
+
+def test_dsctl_hands_the_configured_timeouts_to_every_filesystem_it_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiohttp
+
+    use_storage_settings({"DSAGENT_STORAGE_CONNECT_TIMEOUT": "3s", "DSAGENT_SOURCE_TIMEOUT": "20s"})
+    fs, _ = storage.resolve("https://example.invalid/x")
+    timeout = fs.client_kwargs["timeout"]
+    assert isinstance(timeout, aiohttp.ClientTimeout)
+    assert (timeout.sock_connect, timeout.sock_read) == (3.0, 20.0)
+    use_storage_settings({"DSAGENT_STORAGE_READ_TIMEOUT": "soon"})
+    with pytest.raises(SettingsError, match="DSAGENT_STORAGE_READ_TIMEOUT='soon'"):
+        storage.resolve("s3://bucket/x", {"anon": True})
+
+
+def test_a_timeout_in_the_callers_options_wins() -> None:
+    options = bounded_options("s3", {"config_kwargs": {"connect_timeout": 1}}, StorageTimeouts(10.0, 60.0))
+    assert options["config_kwargs"]["connect_timeout"] == 1
+    assert options["config_kwargs"]["read_timeout"] == 60.0
+    assert bounded_options("file", {}, StorageTimeouts(1.0, 1.0)) == {}
