@@ -20,6 +20,7 @@ from dsagent.cache.settings import Settings as AgentSettings
 from scheduler_plugin.app import create_app as create_extender_app
 from scheduler_plugin.settings import Settings as ExtenderSettings
 from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
+from scheduler_plugin.wire import BodyNotJson
 
 TOKEN = "fuzz-admin-token-0123456789abcdef"
 
@@ -176,7 +177,19 @@ def test_one_nodes_data_never_fails_the_filter_or_zeroes_the_others(inventory: s
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=2000) | json_value.map(lambda v: json.dumps(v).encode()))
 def test_any_body_gets_a_well_formed_answer(raw: bytes) -> None:
+    """A JSON object gets the verbs' 200 answer (``Error`` set when it is wrong); anything
+    else is refused as :class:`BodyNotJson`, which the route answers 400, and only then."""
     app = create_extender_app(ExtenderSettings())
+    try:
+        is_object = isinstance(json.loads(raw), dict)
+    except ValueError:
+        is_object = False
+    if not is_object:
+        with pytest.raises(BodyNotJson):
+            app.filter(raw)
+        with pytest.raises(BodyNotJson):
+            app.prioritize(raw)
+        return
     result = json.loads(app.filter(raw))
     assert set(result) >= {"Error"}
     assert isinstance(json.loads(app.prioritize(raw)), list)
