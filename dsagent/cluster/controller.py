@@ -76,8 +76,8 @@ from typing import Any
 from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
 from dsagent.cluster.apiclient import micro_time, parse_time
-from dsagent.errors import DsagentError
 from dsplatform import published
+from dsplatform.errors import exit_on_error
 
 log = logging.getLogger("dsagent.controller")
 
@@ -874,6 +874,11 @@ def main() -> None:  # pragma: no cover - the container's entry point
         level=os.environ.get("DSAGENT_LOG_LEVEL", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
+        _run_controller()
+
+
+def _run_controller() -> None:
     from dsagent.cluster import apiclient
 
     settings = ControllerSettings.from_env()
@@ -884,15 +889,12 @@ def main() -> None:  # pragma: no cover - the container's entry point
         settings.lease_name,
         settings.resync_s,
     )
-    try:
-        controller = DatasetController(apiclient.load(), settings)
-        if settings.metrics_port:  # prometheus_client answers every path, /healthz included
-            from prometheus_client import start_http_server
+    controller = DatasetController(apiclient.load(), settings)
+    if settings.metrics_port:  # prometheus_client answers every path, /healthz included
+        from prometheus_client import start_http_server
 
-            start_http_server(settings.metrics_port, registry=controller.metrics.registry)
-        controller.run_forever()
-    except DsagentError as exc:
-        raise SystemExit(f"dsagent controller: {exc}") from None
+        start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+    controller.run_forever()
 
 
 if __name__ == "__main__":  # pragma: no cover
