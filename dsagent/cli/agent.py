@@ -42,9 +42,8 @@ from dsagent.errors import DsagentError, SettingsError
 from dsplatform.errors import exit_on_error
 
 
-class KubernetesUnavailable(DsagentError):
-    code = "kubernetes_unavailable"
-    exit_code = 2
+class KubernetesUnavailable(SettingsError):
+    """Cluster mode was asked for, but this build or install lacks it (like a missing extra)."""
 
 
 def require_kubelet_extra(settings: Settings) -> None:
