@@ -1,72 +1,72 @@
 """The one error tree of the dsagent package.
 
-Every error the agent or ``dsctl`` raises on purpose derives from :class:`DsagentError`.
-Each class carries the HTTP status the API answers with, the exit code ``dsctl`` exits
-with, and a short machine-readable ``code``. Exactly two edges translate them: the API's
-exception handler and the CLI's ``main``. Domain code never raises framework exceptions,
-and foreign exceptions (``OSError`` from fsspec, ``sqlite3.Error``, ``zstd`` errors) are
-translated where they enter, with ``raise ... from exc``.
+Every error the agent or ``dsctl`` raises on purpose derives from :class:`DsagentError`, a
+:class:`dsplatform.errors.PlatformError`: each class carries its machine-readable ``code``, the
+HTTP status the API answers with, the exit code ``dsctl`` exits with and the gRPC status the
+CSI node plugin and the device plugin answer with. Exactly two kinds of edge translate them:
+the API's exception handler, and the process edge :func:`dsplatform.errors.exit_on_error`
+that ``dsctl``, ``dsagent``, the webhook and the controller run under (the kubelet plugins'
+one gRPC helper, :mod:`dsagent.nodeplugins.grpcstatus`, reads ``grpc_status``). Domain code
+never raises framework exceptions or exits, and foreign exceptions (``OSError`` from fsspec,
+``sqlite3.Error``, ``zstd`` errors) are translated where they enter, with ``raise ... from exc``;
+so is ``format.durable.WritebackError``, an ``OSError`` on purpose (the kernel's errno from a
+failed flush). Classes defined beside their code are drawn with their module.
 
-    DsagentError (500, exit 1)
-    ├── InvalidInput (400, exit 2)            bad names, URLs, sizes, settings, flags
-    │   └── SettingsError                     a DSAGENT_* value or flag is invalid
-    ├── Unauthorized (401, exit 9)            operator action without a valid admin token
-    ├── StorageCredentials (403, exit 11)     the dataset source or bundle store has no, or refused, credentials
-    ├── StorageForbidden (403, exit 12)       the store knows the credentials but refuses the action
-    ├── Forbidden (403, exit 9)               a pod acting on another pod's task, or evicting
-    ├── NotFound (404, exit 3)                unknown dataset, task, manifest or bundle
+    DsagentError (500, exit 1, INTERNAL)
+    ├── InvalidInput (400, exit 2, INVALID_ARGUMENT)  bad names, URLs, sizes, settings, flags
+    │   ├── SettingsError                     a DSAGENT_* value or flag is invalid
+    │   │   └── KubernetesUnavailable         cli.agent: cluster mode is not in this build
+    │   └── BodyTooLarge (413)                api: a request body over its limit
+    ├── Unauthorized (401, exit 9, UNAUTHENTICATED)   operator action without a valid admin token
+    ├── StorageCredentials (403, exit 11, PERMISSION_DENIED)  the dataset source or bundle store
+    │                                         has no, or refused, credentials
+    ├── StorageForbidden (403, exit 12, PERMISSION_DENIED)  the store knows the credentials but
+    │                                         refuses the action
+    ├── Forbidden (403, exit 9, PERMISSION_DENIED)  a pod acting on another pod's task, or evicting
+    │   └── KubeForbidden                     cluster.apiclient: the API server refused the service account
+    ├── TaskNotOnNode (403, exit 2, PERMISSION_DENIED)  cluster.nodeagent: a pod-UID task id that
+    │                                         is no pod on this node
+    ├── NotFound (404, exit 3, NOT_FOUND)     unknown dataset, task, manifest or bundle
     │   └── BundleMissing                     --bundles store has no manifest for the dataset
-    ├── Conflict (409, exit 4)                dataset in use, task already holds another set
+    ├── Conflict (409, exit 4, ALREADY_EXISTS)  dataset in use, task already holds another set,
+    │   │                                     a CSI volume re-published incompatibly
+    │   ├── NoFreeVf (FAILED_PRECONDITION)    nodeplugins.deviceplugin.allocation: every VF taken
+    │   └── DeviceInUse (FAILED_PRECONDITION) nodeplugins.deviceplugin.allocation: a GPU held elsewhere
     ├── IntegrityError (422, exit 5)          digest mismatch, truncated or tampered bundle
     │   └── UnsafeArchive                     a member that would escape its target
-    ├── InsufficientSpace (507, exit 6)       cannot free enough space (gives the numbers)
-    └── TransientError (503, exit 7)          worth retrying: source or agent unreachable
+    ├── InsufficientSpace (507, exit 6, RESOURCE_EXHAUSTED)  cannot free enough space (gives the numbers)
+    ├── CatalogError                          cache.catalog: the catalog cannot be written
+    │   └── CatalogDamaged                    cache.catalog: not a readable SQLite file (rebuilt)
+    ├── MountError                            nodeplugins.csi.mounts: a mount or unmount failed
+    └── TransientError (503, exit 7, UNAVAILABLE)  worth retrying: source or agent unreachable
         ├── SourceUnavailable                 the dataset source or bundle store failed
-        └── AgentUnreachable (exit 8)         dsctl could not reach the local agent
+        ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent
+        ├── KubeUnavailable                   cluster.apiclient: the API server failed or is unreachable
+        ├── PodResourcesUnavailable           nodeplugins.deviceplugin.podresources: the kubelet's
+        │                                     pod-resources socket did not answer
+        └── PeerBusy (429), BundleInFlight (425), PeerOverloaded, PeerRefused
+            └── PeerFetchingIt                cache.peers: a peer agent cannot serve the bundle now
 
 "Transient vs permanent" is a type: retry only :class:`TransientError`.
 
 Storage refusals answer 403, not 401: a 401 from the agent means the *caller* lacks the
 agent's admin token (:class:`Unauthorized`); a 403 says the agent reached the store and the
 store refused the agent. The exit codes are listed in the README's "Exit codes" table,
-which ``tests/test_exit_codes.py`` checks against these classes.
+which ``tests/test_exit_codes.py`` checks against these classes; ``tests/test_errors.py``
+checks that every public error class of the packages is drawn in its tree.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dsplatform import errors as platform
 
 
-class DsagentError(Exception):
-    """Base of every deliberate dsagent error."""
-
-    http_status: ClassVar[int] = 500
-    exit_code: ClassVar[int] = 1
-    code: ClassVar[str] = "internal"
-
-    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        self.details = details
-
-    def __str__(self) -> str:
-        return f"{self.message} ({self.hint})" if self.hint else self.message
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON body the API answers with."""
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.hint:
-            body["hint"] = self.hint
-        if self.details:
-            body["details"] = self.details
-        return body
+class DsagentError(platform.PlatformError):
+    """Base of every deliberate dsagent error (500, exit 1, INTERNAL: the base's facts)."""
 
 
-class InvalidInput(DsagentError):
-    http_status = 400
-    exit_code = 2
-    code = "invalid_input"
+class InvalidInput(platform.InvalidInput, DsagentError):
+    """Bad input: a name, URL, size, setting or flag (400, exit 2, INVALID_ARGUMENT)."""
 
 
 class SettingsError(InvalidInput):
@@ -77,36 +77,43 @@ class Unauthorized(DsagentError):
     http_status = 401
     exit_code = 9
     code = "unauthorized"
+    grpc_status = "UNAUTHENTICATED"
 
 
 class StorageCredentials(DsagentError):
     http_status = 403
     exit_code = 11
     code = "credentials"
+    grpc_status = "PERMISSION_DENIED"
 
 
 class StorageForbidden(DsagentError):
     http_status = 403
     exit_code = 12
     code = "storage_forbidden"
+    grpc_status = "PERMISSION_DENIED"
 
 
 class Forbidden(DsagentError):
     http_status = 403
     exit_code = 9
     code = "forbidden"
+    grpc_status = "PERMISSION_DENIED"
 
 
 class NotFound(DsagentError):
     http_status = 404
     exit_code = 3
     code = "not_found"
+    grpc_status = "NOT_FOUND"
 
 
 class Conflict(DsagentError):
+    # the CSI spec's code for a volume published again incompatibly (NodePublishVolume)
     http_status = 409
     exit_code = 4
     code = "conflict"
+    grpc_status = "ALREADY_EXISTS"
 
 
 class IntegrityError(DsagentError):
@@ -123,12 +130,11 @@ class InsufficientSpace(DsagentError):
     http_status = 507
     exit_code = 6
     code = "insufficient_space"
+    grpc_status = "RESOURCE_EXHAUSTED"
 
 
-class TransientError(DsagentError):
-    http_status = 503
-    exit_code = 7
-    code = "unavailable"
+class TransientError(platform.Unavailable, DsagentError):
+    """Worth retrying: the source, the store or the agent failed or is unreachable (503, exit 7)."""
 
 
 class SourceUnavailable(TransientError):

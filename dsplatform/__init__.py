@@ -12,13 +12,14 @@ What it owns: one rule per fact that more than one component must agree on:
 - :mod:`dsplatform.paths`: the per-user cache base (``$XDG_CACHE_HOME``, else ``~/.cache``).
 
 It imports nothing of the project (an import contract checks this), so every package may
-depend on it. Its errors are :class:`ValueError` subclasses carrying a ``hint``, which each
-component maps onto its own error tree at its edge (pydantic and click accept them as is).
+depend on it. :mod:`dsplatform.errors` holds the one error base every package's tree derives
+from (code, HTTP status, exit code, gRPC status); this package's own errors are also
+:class:`ValueError` subclasses, so pydantic and click accept them as is.
 """
 
 from __future__ import annotations
 
-from dsplatform.errors import VocabularyError
+from dsplatform.errors import PlatformError, VocabularyError
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.names import DIGEST_LENGTH, NAME_MAX_LENGTH, is_digest, is_name
 from dsplatform.units import UnitError, format_size, parse_duration, parse_size
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_JOB_LABELS",
     "DIGEST_LENGTH",
     "NAME_MAX_LENGTH",
+    "PlatformError",
     "UnitError",
     "VocabularyError",
     "format_size",

@@ -1,26 +1,99 @@
-"""The base of dsplatform's errors: a :class:`ValueError` that also speaks the edges' language.
+"""The one error base of the platform, its shared families, and the process edge.
 
-Both edges of the platform (the CLI's ``main`` and each HTTP API's exception handler) turn
-any error carrying ``exit_code`` / ``http_status`` / ``code`` into one line or one JSON body,
-so a bad size in a flag or a bad name in a request needs no translation layer of its own.
+Every error any package raises on purpose derives from :class:`PlatformError`. Each class
+carries the four facts its edges need: a short machine-readable ``code``, the HTTP status an
+API answers with, the exit code a command exits with, and the gRPC status a kubelet plugin
+answers with (the name of a ``grpc.StatusCode`` member, so that this package needs no grpc;
+:mod:`dsagent.nodeplugins.grpcstatus` turns it into the code). Each package draws its own tree
+under this base (``dsagent.errors``, ``gpu_topology.errors``, ``scheduler_plugin.errors``);
+the families below are the kinds more than one package has.
+
+    PlatformError (500, exit 1, INTERNAL)     code "internal"
+    ├── InvalidInput (400, exit 2, INVALID_ARGUMENT)
+    │   └── VocabularyError                   a shared rule broken (a name, a size, a duration);
+    │       │                                 also a ValueError, so pydantic and click accept it
+    │       ├── UnitError                     dsplatform.units
+    │       ├── JsonRefused                   dsplatform.boundedjson
+    │       └── InvalidSettings               dsplatform.settings
+    └── Unavailable (503, exit 7, UNAVAILABLE)  worth retrying
+
+Errors become exit codes in one place: :func:`exit_on_error`, which every process's entry
+point runs under (``dsctl``, ``dsagent``, the webhook, the controller, the extender). Errors
+become HTTP answers in each API's exception handler, and gRPC statuses in the one helper of
+the kubelet plugins. Nothing else sets an exit code from an error.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, NoReturn
 
 
-class VocabularyError(ValueError):
-    """Input that breaks one of the shared rules (a name, a size, a duration)."""
+class PlatformError(Exception):
+    """Base of every deliberate error of the platform; ``str()`` is the one line an edge prints."""
 
-    http_status: ClassVar[int] = 400
-    exit_code: ClassVar[int] = 2
-    code: ClassVar[str] = "invalid_input"
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+    exit_code: ClassVar[int] = 1
+    grpc_status: ClassVar[str] = "INTERNAL"
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(f"{message} ({hint})" if hint else message)
+    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
+        super().__init__(message)
         self.message = message
         self.hint = hint
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON body an API answers with: ``{"code", "message", "hint"?, "details"?}``."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.hint:
+            body["hint"] = self.hint
+        if self.details:
+            body["details"] = self.details
+        return body
 
 
-__all__ = ["VocabularyError"]
+class InvalidInput(PlatformError):
+    """Input that makes no sense: a name, size, flag, setting, request or document."""
+
+    code = "invalid_input"
+    http_status = 400
+    exit_code = 2
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class Unavailable(PlatformError):
+    """Something this needs is not there or not ready yet: worth retrying."""
+
+    code = "unavailable"
+    http_status = 503
+    exit_code = 7
+    grpc_status = "UNAVAILABLE"
+
+
+class VocabularyError(InvalidInput, ValueError):
+    """Input that breaks one of the shared rules (a name, a size, a duration)."""
+
+
+def exit_with(error: PlatformError, prog: str) -> NoReturn:
+    """The process edge: ``error`` as one line on stderr, and its exit code."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    raise SystemExit(error.exit_code)
+
+
+@contextmanager
+def exit_on_error(prog: str) -> Iterator[None]:
+    """Run a process's entry point: a deliberate error leaving the block ends the process
+    through :func:`exit_with`; anything else passes (a bug keeps its traceback)."""
+    try:
+        yield
+    except PlatformError as exc:
+        exit_with(exc, prog)
+
+
+__all__ = ["InvalidInput", "PlatformError", "Unavailable", "VocabularyError", "exit_on_error", "exit_with"]

@@ -1,7 +1,8 @@
 """gpu_topology: GPUs, NICs, NUMA nodes and their links; GPU-set scoring; RoCE classes.
 
 A library: it imports nothing from Kubernetes, the web stack or the rest of dsplatform
-(an import-linter contract checks it). The node agent publishes ``topology_to_dict(topology)``
+but the shared vocabulary (``dsplatform``: its errors derive from the platform's one error
+base; an import-linter contract checks it). The node agent publishes ``topology_to_dict(topology)``
 as the Node annotation ``dsagent.io/topology``; the scheduler extender reads it back
 with ``topology_from_dict`` and calls :func:`best_gpu_set` and :func:`roce_classes`.
 

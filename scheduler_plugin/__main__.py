@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 
-from scheduler_plugin.errors import SchedulerPluginError, SettingsError
+from dsplatform.errors import exit_on_error
+from scheduler_plugin.errors import SettingsError
 from scheduler_plugin.settings import Settings, refuse_unknown
 
 #: seconds uvicorn waits for open requests after SIGTERM before closing them
@@ -55,12 +55,10 @@ def serve(settings: Settings) -> None:
 
 
 def main() -> None:
-    try:
+    """The extender process; a deliberate error (bad settings, a busy port) is one line and its exit code."""
+    with exit_on_error("scheduler_plugin"):
         refuse_unknown()
         serve(Settings.from_env())
-    except SchedulerPluginError as exc:
-        print(f"scheduler_plugin: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

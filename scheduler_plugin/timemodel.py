@@ -34,6 +34,7 @@ from dsplatform import kubetime
 from dsplatform.units import UnitError, parse_duration, parse_size
 from gpu_topology import LinkKind, Topology
 from gpu_topology.model import gpu_name
+from scheduler_plugin.errors import InvalidRequest
 
 PARAMS_ANNOTATION = "dsagent.io/params"
 GRADIENT_BYTES_ANNOTATION = "dsagent.io/gradient-bytes"
@@ -155,7 +156,7 @@ def plan_bandwidth(per_node: Sequence[float], bandwidths: Bandwidths = DEFAULT_B
 # --- annotations -------------------------------------------------------------------------
 
 
-class AnnotationError(ValueError):
+class AnnotationError(InvalidRequest, ValueError):
     """A time-model annotation that cannot be used; the message names the key."""
 
 

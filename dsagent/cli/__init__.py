@@ -2,9 +2,11 @@
 
 Commands live one group per module and are imported lazily, so ``dsctl cache`` in an
 init-container does not pay for importing the scheduler or the topology code. This
-module is also the CLI's one error edge: it turns every deliberate error of the
-platform's packages (anything carrying an ``exit_code``) into one clear line on stderr
-and that exit code.
+module is also the CLI's one error edge: every deliberate error of the platform's
+packages (a :class:`dsplatform.errors.PlatformError`) becomes one clear line on stderr and
+its exit code, through the process edge that every entry point shares
+(:func:`dsplatform.errors.exit_on_error`); click's usage errors, Ctrl-C and bugs are
+handled here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 from typing import Any
 
 import click
+
+from dsplatform.errors import exit_on_error, exit_with
 
 # command name -> "module:attribute"; each module owns its commands.
 COMMANDS: dict[str, str] = {
@@ -80,12 +84,14 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point and the CLI's error edge: every failure is one line on stderr.
 
-    Exit codes: the error's own (:mod:`dsagent.errors`, listed in the README's "Exit codes"
-    table), 2 for usage errors, 130 for Ctrl-C, 1 for anything unexpected (its traceback
-    only with ``DSCTL_DEBUG=1``).
+    Exit codes: the error's own (any :class:`dsplatform.errors.PlatformError`, through
+    :func:`dsplatform.errors.exit_on_error`; listed in the README's "Exit codes" table), click's
+    for usage errors (2), 130 for Ctrl-C, 1 for anything unexpected (its traceback only with
+    ``DSCTL_DEBUG=1``).
     """
     try:
-        cli.main(args=argv, prog_name="dsctl", standalone_mode=False)
+        with exit_on_error("dsctl"):
+            cli.main(args=argv, prog_name="dsctl", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -98,17 +104,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # the edge: deliberate errors of any platform package
-        exit_code = getattr(exc, "exit_code", None)
-        if isinstance(exit_code, int):
-            click.echo(f"dsctl: error: {exc}", err=True)
-            sys.exit(exit_code)
+    except Exception as exc:  # not a deliberate error: a storage library's, or a bug
         from dsagent.format.storage_errors import classify
 
         known = classify(exc, "storage")
         if known is not None:
-            click.echo(f"dsctl: error: {known}", err=True)
-            sys.exit(known.exit_code)
+            exit_with(known, "dsctl")
         if os.environ.get("DSCTL_DEBUG"):
             raise
         click.echo(

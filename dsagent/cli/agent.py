@@ -39,11 +39,11 @@ from dsagent.api import CompanionFactory
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
+from dsplatform.errors import exit_on_error
 
 
-class KubernetesUnavailable(DsagentError):
-    code = "kubernetes_unavailable"
-    exit_code = 2
+class KubernetesUnavailable(SettingsError):
+    """Cluster mode was asked for, but this build or install lacks it (like a missing extra)."""
 
 
 def require_kubelet_extra(settings: Settings) -> None:
@@ -186,23 +186,19 @@ def serve(
     device_plugin: bool | None,
     log_level: str | None,
 ) -> None:
-    """Run the agent until SIGTERM or Ctrl-C."""
-    try:
-        _refuse_unknown_settings()
-        settings = _settings(
-            root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level
+    """Run the agent until SIGTERM or Ctrl-C (a failed start-up: one line and its exit code, by :func:`main`)."""
+    _refuse_unknown_settings()
+    settings = _settings(
+        root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level
+    )
+    if settings.kubernetes and importlib.util.find_spec("dsagent.cluster") is None:
+        raise SettingsError(
+            "cluster mode (--kubernetes) needs dsagent.cluster, which this build lacks",
+            hint="run without --kubernetes",
         )
-        if settings.kubernetes and importlib.util.find_spec("dsagent.cluster") is None:
-            raise SettingsError(
-                "cluster mode (--kubernetes) needs dsagent.cluster, which this build lacks",
-                hint="run without --kubernetes",
-            )
-        require_kubelet_extra(settings)
-        sockets = _bind(settings)
-        pointer = _record_socket(settings)
-    except DsagentError as exc:
-        click.echo(f"dsagent: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    require_kubelet_extra(settings)
+    sockets = _bind(settings)
+    pointer = _record_socket(settings)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     code = asyncio.run(_run(settings, sockets, pointer))
     if _stuck_threads():
@@ -342,9 +338,9 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Socket
         if settings.device_plugin and await _device_plugin_wanted(settings):
             plugin = await start_device_plugin(settings, sysfs_root=settings.sysfs_root)
     except DsagentError as exc:
-        click.echo(f"dsagent: error: the device plugin cannot start: {exc}", err=True)
         _cleanup(settings, list(sockets), pointer)
-        return exc.exit_code
+        exc.message = f"the device plugin cannot start: {exc.message}"  # main's edge says it, with its exit code
+        raise
 
     async def stop_plugin() -> None:
         nonlocal plugin
@@ -518,4 +514,6 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
 
 
 def main(argv: list[str] | None = None) -> None:
-    agent.main(args=argv, prog_name="dsagent")
+    """The ``dsagent`` command; a deliberate error is one line and its exit code (the process edge)."""
+    with exit_on_error("dsagent"):
+        agent.main(args=argv, prog_name="dsagent")

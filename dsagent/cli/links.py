@@ -16,13 +16,18 @@ from dsagent.api.client import AgentClient
 from dsagent.cli.options import default_socket
 from dsagent.cluster.stablelinks import link_targets, write_links
 from dsagent.errors import DsagentError, InvalidInput
+from dsplatform.errors import exit_on_error
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main(argv: list[str] | None = None) -> None:
+    """The command; a failure is one line and the error tree's exit code (the process edge)."""
+    with exit_on_error("dsagent links"):
+        _links(sys.argv[1:] if argv is None else argv)
+
+
+def _links(args: list[str]) -> None:
     if len(args) != 2:
-        print("usage: python -m dsagent.cli.links LINK_DIR DATASETS_MOUNT", file=sys.stderr)
-        return 2
+        raise InvalidInput("usage: python -m dsagent.cli.links LINK_DIR DATASETS_MOUNT")
     task_id = os.environ.get("DSAGENT_TASK_ID")
     try:
         if not task_id:
@@ -37,14 +42,9 @@ def main(argv: list[str] | None = None) -> int:
                 hint="the cache container must mount the node's datasets there",
             )
         write_links(Path(args[0]), targets)
-    except DsagentError as exc:
-        print(f"dsagent links: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except OSError as exc:
-        print(f"dsagent links: error: cannot write links in {args[0]}: {exc.strerror}", file=sys.stderr)
-        return 1
-    return 0
+        raise DsagentError(f"cannot write links in {args[0]}: {exc.strerror}") from exc
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -2,15 +2,18 @@
 
 Who calls it: a person. It sends ``GET /v1/plan`` to the extender (scheduler_plugin, which
 owns the time model and the cluster view) and prints the answer; it computes nothing itself.
+An extender that cannot be reached or fails is a :class:`TransientError` (exit 7), a refused
+query an :class:`InvalidInput` (exit 2); ``dsctl``'s edge prints them.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
+
+from dsagent.errors import InvalidInput, TransientError
 
 
 @click.command()
@@ -61,18 +64,16 @@ def plan(
     try:
         response = httpx.get(extender.rstrip("/") + "/v1/plan", params=query, timeout=30)
     except httpx.HTTPError as exc:
-        click.echo(f"error: cannot reach the extender at {extender}: {exc}", err=True)
-        sys.exit(7)
+        raise TransientError(f"cannot reach the extender at {extender}: {exc}") from exc
     try:
         body: Any = response.json()
     except ValueError:
-        click.echo(f"error: the extender answered {response.status_code} without JSON", err=True)
-        sys.exit(7)
+        raise TransientError(f"the extender answered {response.status_code} without JSON") from None
     if response.status_code != 200:
-        click.echo(f"error: {body.get('message', body)}", err=True)
-        if body.get("hint"):
-            click.echo(f"hint: {body['hint']}", err=True)
-        sys.exit(2 if response.status_code < 500 else 7)
+        refused = InvalidInput if response.status_code < 500 else TransientError
+        if not isinstance(body, dict):
+            raise refused(f"the extender answered {response.status_code}: {str(body)[:200]}")
+        raise refused(str(body.get("message", body)), hint=body.get("hint") or None)
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return

@@ -15,16 +15,18 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from dsagent.errors import Conflict, DsagentError, InvalidInput, NotFound, TransientError
+from dsagent.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
 
 
 class KubeUnavailable(TransientError):
+    """The API server failed or could not be reached: worth retrying."""
+
     code = "kubernetes_unavailable"
 
 
-class KubeForbidden(DsagentError):
-    http_status = 403
-    exit_code = 9
+class KubeForbidden(Forbidden):
+    """The API server refused this process's service account (403, exit 9)."""
+
     code = "kubernetes_forbidden"
 
 

@@ -68,7 +68,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +78,7 @@ from dsagent.cache.preparation import Preparation, Thresholds
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError
 from dsplatform import published
+from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_micro_time, parse_or_none
 
 log = logging.getLogger("dsagent.controller")
@@ -878,15 +878,16 @@ def main() -> None:  # pragma: no cover - the container's entry point
         level=os.environ.get("DSAGENT_LOG_LEVEL", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
+        _run_controller()
+
+
+def _run_controller() -> None:
     from dsagent.cluster import apiclient
     from dsagent.cluster.envnames import refuse_unknown
 
-    try:
-        refuse_unknown()
-        settings = ControllerSettings.from_env()
-    except DsagentError as exc:
-        print(f"dsagent controller: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    refuse_unknown()
+    settings = ControllerSettings.from_env()
     log.info(
         "Dataset controller %s starting (lease %s/%s, resync %.0f s)",
         settings.identity,
@@ -894,15 +895,12 @@ def main() -> None:  # pragma: no cover - the container's entry point
         settings.lease_name,
         settings.resync_s,
     )
-    try:
-        controller = DatasetController(apiclient.load(), settings)
-        if settings.metrics_port:  # prometheus_client answers every path, /healthz included
-            from prometheus_client import start_http_server
+    controller = DatasetController(apiclient.load(), settings)
+    if settings.metrics_port:  # prometheus_client answers every path, /healthz included
+        from prometheus_client import start_http_server
 
-            start_http_server(settings.metrics_port, registry=controller.metrics.registry)
-        controller.run_forever()
-    except DsagentError as exc:
-        raise SystemExit(f"dsagent controller: {exc}") from None
+        start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+    controller.run_forever()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -72,6 +72,7 @@ class TaskNotOnNode(DsagentError):
     http_status = 403
     exit_code = 2
     code = "task_not_on_node"
+    grpc_status = "PERMISSION_DENIED"  # the CSI node plugin's answer for a pod not on this node
 
 
 class ClusterSettings(EnvSettings):

@@ -7,4 +7,5 @@ never ``api``, ``cli`` or ``cluster``. ``dsagent serve`` (``dsagent.cli.agent``)
     deviceplugin/  the device plugin and pod-resources client: GPUs and RoCE NICs per class
                    (docs/design.md#roce-allocation)
     proto/         the kubelet's .proto files and their generated stubs (tools/proto/regen.sh)
+    grpcstatus     the one rule both plugins answer an error with: its own ``grpc_status``
 """

@@ -319,9 +319,10 @@ def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
             assert bad.status_code == 400 and bad.json()["code"] == "invalid_request", query
 
 
-def test_dsctl_plan_prints_the_extenders_plan_for_a_person() -> None:
+def test_dsctl_plan_prints_the_extenders_plan_for_a_person(capsys: pytest.CaptureFixture[str]) -> None:
     from click.testing import CliRunner
 
+    from dsagent.cli import main as dsctl
     from dsagent.cli.plan import plan as plan_command
 
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
@@ -352,5 +353,20 @@ def test_dsctl_plan_prints_the_extenders_plan_for_a_person() -> None:
         assert done.output.splitlines()[0] == (
             "plan (single-expected): 4 GPUs on eightx4: runs 20 s, ends in 20 s, meets the deadline"
         )
-        bad = runner.invoke(plan_command, ["--extender", url, "--steps", "80", "--max-gpus", "4"])
-        assert bad.exit_code == 2 and "required" in bad.output
+        # a refused query is the tree's InvalidInput: dsctl's edge prints one line, exit 2
+        with pytest.raises(SystemExit) as refused:
+            dsctl(["plan", "--extender", url, "--steps", "80", "--max-gpus", "4"])
+        assert refused.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("dsctl: error: ") and "required" in err and err.count("\n") == 1, err
+
+
+def test_dsctl_plan_without_an_extender_is_transient(capsys: pytest.CaptureFixture[str]) -> None:
+    from dsagent.cli import main as dsctl
+
+    with serving(create_app(Settings())) as url:
+        pass  # a port that just stopped answering
+    with pytest.raises(SystemExit) as unreachable:
+        dsctl(["plan", "--extender", url, "--steps", "80", "--max-gpus", "4"])
+    assert unreachable.value.code == 7
+    assert capsys.readouterr().err.startswith(f"dsctl: error: cannot reach the extender at {url}: ")

@@ -24,7 +24,6 @@ import base64
 import json
 import logging
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from dsagent.cluster.admission.roceclass import GpuClassPolicy, GpuClassSettings
 from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsplatform import boundedjson
+from dsplatform.errors import exit_on_error
 
 log = logging.getLogger("dsagent.webhook")
 ENV_PREFIX = "DSAGENT_WEBHOOK_"
@@ -277,16 +277,13 @@ def serve(settings: WebhookSettings) -> None:
 
 
 def main() -> None:
+    """The webhook process; a deliberate error (bad settings, no API server) is one line and its exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+    with exit_on_error("dsagent-webhook"):
         from dsagent.cluster.envnames import refuse_unknown
 
         refuse_unknown()
-        settings = WebhookSettings.from_env()
-    except DsagentError as exc:
-        print(f"dsagent-webhook: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    serve(settings)
+        serve(WebhookSettings.from_env())
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ volume:
 Binds need CAP_SYS_ADMIN: without it publish fails with INTERNAL and the reason (there is
 no unprivileged fallback). Errors leave as gRPC codes per the CSI spec: bad fields
 INVALID_ARGUMENT, an incompatible re-publish ALREADY_EXISTS, a pod not on this node
-PERMISSION_DENIED, an agent not started yet UNAVAILABLE.
+PERMISSION_DENIED, an agent not started yet UNAVAILABLE: each error's own ``grpc_status``,
+answered by the plugins' one helper (:mod:`dsagent.nodeplugins.grpcstatus`).
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import (
     Conflict,
     DsagentError,
-    InsufficientSpace,
     InvalidInput,
     NotFound,
     SettingsError,
     TransientError,
 )
 from dsagent.format.durable import write_atomic
+from dsagent.nodeplugins import grpcstatus
 from dsagent.nodeplugins.csi import mounts
 from dsagent.nodeplugins.csi.volumes import (
     VolumeRecord,
@@ -344,27 +345,6 @@ def _check_settings(settings: Settings) -> None:
 # -- the gRPC edge ----------------------------------------------------------------------
 
 
-def status_code(exc: DsagentError) -> grpc.StatusCode:
-    """The CSI spec's codes for our errors."""
-    if isinstance(exc, InvalidInput):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, NotFound):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, Conflict):
-        return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, InsufficientSpace):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, TransientError):
-        return grpc.StatusCode.UNAVAILABLE
-    if exc.http_status == 403:
-        return grpc.StatusCode.PERMISSION_DENIED
-    return grpc.StatusCode.INTERNAL
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: DsagentError) -> None:
-    await context.abort(status_code(exc), str(exc))
-
-
 class IdentityServicer(csi_pb2_grpc.IdentityServicer):
     def __init__(self, driver: NodeDriver) -> None:
         self.driver = driver
@@ -407,7 +387,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 block=request.volume_capability.HasField("block"),
             )
         except DsagentError as exc:
-            await _abort(context, exc)
+            await grpcstatus.abort(context, exc)
         except OSError as exc:  # a filesystem step failed: say which, as INTERNAL
             await context.abort(grpc.StatusCode.INTERNAL, f"{exc.strerror}: {exc.filename}")
         return csi_pb2.NodePublishVolumeResponse()
@@ -418,7 +398,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         try:
             await self.driver.unpublish(request.volume_id, request.target_path)
         except DsagentError as exc:
-            await _abort(context, exc)
+            await grpcstatus.abort(context, exc)
         except OSError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, f"{exc.strerror}: {exc.filename}")
         return csi_pb2.NodeUnpublishVolumeResponse()
@@ -437,4 +417,4 @@ async def serve(driver: NodeDriver, socket_path: Path) -> grpc.aio.Server:
     return server
 
 
-__all__ = ["IdentityServicer", "NodeDriver", "NodeServicer", "pod_status", "serve", "status_code"]
+__all__ = ["IdentityServicer", "NodeDriver", "NodeServicer", "pod_status", "serve"]

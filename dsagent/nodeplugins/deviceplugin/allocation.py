@@ -53,15 +53,17 @@ _PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-
 
 
 class NoFreeVf(Conflict):
-    """Every VF of the class's NICs is taken (kubelet: FAILED_PRECONDITION)."""
+    """Every VF of the class's NICs is taken: the node's state, not a duplicate request."""
 
     code = "no_free_vf"
+    grpc_status = "FAILED_PRECONDITION"
 
 
 class DeviceInUse(Conflict):
-    """A GPU is held under another resource (kubelet: FAILED_PRECONDITION)."""
+    """A GPU is held under another resource: the node's state, not a duplicate request."""
 
     code = "device_in_use"
+    grpc_status = "FAILED_PRECONDITION"
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ The kubelet deletes plugin sockets and recreates ``kubelet.sock`` when it restar
 supervisor notices (inode change or our socket gone) and serves and registers again.
 Every ``reconcile_interval`` the pod-resources API (:mod:`dsagent.nodeplugins.deviceplugin.podresources`)
 says which allocations still exist; VFs of the others are freed after a grace period.
-Errors answer the kubelet with a gRPC status (INVALID_ARGUMENT, FAILED_PRECONDITION),
-never a traceback.
+Errors answer the kubelet with their own gRPC status (INVALID_ARGUMENT, FAILED_PRECONDITION
+for a VF or GPU taken, UNAVAILABLE, ...: :mod:`dsagent.nodeplugins.grpcstatus`, the same rule
+as the CSI node plugin's), never a traceback.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import Any
 
 import grpc
 
-from dsagent.errors import Conflict, DsagentError, InvalidInput
+from dsagent.errors import DsagentError, InvalidInput
 from dsagent.format.durable import write_atomic
+from dsagent.nodeplugins import grpcstatus
 from dsagent.nodeplugins.deviceplugin.allocation import (
     NCCL_CONF_IN_CONTAINER,
     NVIDIA_VISIBLE_DEVICES,
@@ -300,7 +302,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             try:
                 ids = self.plugin.preferred(self.resource, container)
             except DsagentError as exc:
-                await context.abort(_status(exc), str(exc))
+                await grpcstatus.abort(context, exc)
             response.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return response
 
@@ -312,20 +314,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             try:
                 answer = await self.plugin.allocate(self.resource, container)
             except DsagentError as exc:
-                await context.abort(_status(exc), str(exc))
+                await grpcstatus.abort(context, exc)
             response.container_responses.append(answer)
         return response
 
     async def PreStartContainer(self, request: Any, context: Any) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
-
-
-def _status(exc: DsagentError) -> grpc.StatusCode:
-    if isinstance(exc, Conflict):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, InvalidInput):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.INTERNAL
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

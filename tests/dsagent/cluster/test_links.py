@@ -51,6 +51,11 @@ def test_without_a_task_id_the_command_fails_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.delenv("DSAGENT_TASK_ID", raising=False)
-    assert main([str(tmp_path), "/datasets"]) == 2
-    assert "DSAGENT_TASK_ID is not set" in capsys.readouterr().err
-    assert main([]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main([str(tmp_path), "/datasets"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "dsagent links: error: DSAGENT_TASK_ID is not set\n"
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("dsagent links: error: usage: python -m dsagent.cli.links ")
