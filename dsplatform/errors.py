@@ -14,7 +14,10 @@ the families below are the kinds more than one package has.
     │       │                                 also a ValueError, so pydantic and click accept it
     │       ├── UnitError                     dsplatform.units
     │       ├── JsonRefused                   dsplatform.boundedjson
-    │       └── InvalidSettings               dsplatform.settings
+    │       ├── InvalidSettings               dsplatform.settings
+    │       ├── UnknownSettings               dsplatform.settings: a variable no settings class declares
+    │       ├── QuantityError                 dsplatform.gpus: a resource quantity that is not one
+    │       └── KubeTimeError                 dsplatform.kubetime: not an RFC 3339 time
     └── Unavailable (503, exit 7, UNAVAILABLE)  worth retrying
 
 Errors become exit codes in one place: :func:`exit_on_error`, which every process's entry
