@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES
 from dsagent.errors import SettingsError
 from dsplatform.settings import UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse
@@ -56,9 +57,8 @@ CONTROLLER_NAMES = frozenset(
 #: cluster agent from the pod spec) and the variables only dsctl reads
 POD_AND_DSCTL_NAMES = frozenset(
     {
-        "DSAGENT_DATASETS",
-        "DSAGENT_BUNDLES",
-        "DSAGENT_STORAGE_OPTIONS",
+        *REQUEST_VARIABLES,
+        OPTIONS_PREFIX,
         "DSAGENT_TASK_ID",
         "DSAGENT_DATASETS_DIR",
         "DSAGENT_STATUS_FILE",
@@ -77,8 +77,6 @@ def known_names() -> frozenset[str]:
 
 def known_prefixes() -> tuple[str, ...]:
     """Families of names: one dataset's storage options, ``DSAGENT_STORAGE_OPTIONS_<NAME>``."""
-    from dsagent.cluster.podenv import OPTIONS_PREFIX
-
     return (OPTIONS_PREFIX + "_",)
 
 
