@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsagent.errors import IntegrityError
+from dsagent.errors import IntegrityError, NotFound
 from dsagent.format.manifest import BUNDLE_SUFFIX, BUNDLES_DIR, MANIFEST_FILE, read_manifest
 from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storage import resolve, translate_errors
@@ -155,6 +155,11 @@ def scan(
     fs, root = resolve(store, storage_options)
     bundles = _list_bundles(fs, root, store)
     referenced, manifests = referenced_digests(store, storage_options)
+    if not bundles and not manifests:
+        with translate_errors(f"store {store}"):
+            missing = not fs.exists(root)
+        if missing:  # a mistyped store is not an empty one: "0 orphans" would mislead
+            raise NotFound(f"no bundle store at {store}", hint="check the path or URL: it is the one dsctl pack --to wrote")
     plan = plan_collection(bundles, referenced, now=time.time() if now is None else now, grace_seconds=grace_seconds)
     return Plan(plan.delete, plan.young, plan.referenced, manifests)
 

@@ -113,6 +113,17 @@ def test_a_bad_grace_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captu
     assert code == 2 and "--grace" in err and err.count("\n") == 1
 
 
+def test_a_store_that_does_not_exist_is_not_found_but_an_empty_one_is_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a mistyped store used to report "0 orphaned bundles" and exit 0, as if it were clean
+    code, _, err = dsctl(capsys, "gc", str(tmp_path / "nostore"))
+    assert code == 3 and "no bundle store at" in err and "nostore" in err and err.count("\n") == 1
+    (tmp_path / "empty").mkdir()
+    code, out, _ = dsctl(capsys, "gc", str(tmp_path / "empty"))
+    assert code == 0 and out.startswith("0 orphaned bundles")
+
+
 def test_the_plan_keeps_referenced_young_and_undated_bundles() -> None:
     def b(digest: str, modified: float | None) -> StoredBundle:
         return StoredBundle(digest, f"s/bundles/{digest}.tar.zst", 10, modified)
