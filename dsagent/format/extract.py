@@ -50,6 +50,7 @@ from dsagent.errors import (
     InsufficientSpace,
     IntegrityError,
     InvalidInput,
+    NotFound,
     SourceUnavailable,
     UnsafeArchive,
 )
@@ -438,6 +439,8 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
     """
     root = Path(directory)
     if not root.is_dir():
+        if not root.exists():  # as digest and unpack answer a missing path: not found, not bad input
+            raise NotFound(f"{root} does not exist", hint="give the directory the dataset was unpacked or cached into")
         raise InvalidInput(f"{root} is not a directory")
     with translate_errors(f"directory {root}"):
         files, empty, odd = _tree(root)

@@ -36,9 +36,15 @@ def resolve(
     if not text or "\x00" in text:
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
     check_url(text)
-    options = storage_errors.bounded_options(
-        text.split("://", 1)[0].lower() if "://" in text else "file", check_option_values(storage_options)
-    )
+    protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
+    values = check_option_values(storage_options)
+    if protocol in ("file", "local") and values:
+        key = sorted(values)[0]  # fsspec's local filesystem takes any keyword and ignores it
+        raise InvalidInput(
+            f"storage option {key!r} does nothing for the local path {text!r}",
+            hint="storage options are for object stores and HTTP URLs; a local path takes none",
+        )
+    options = storage_errors.bounded_options(protocol, values)
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
             if is_chain(text):
@@ -66,6 +72,8 @@ def resolve(
         else:
             hint = "check the URL and the storage options"
         raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
+    if protocol not in ("file", "local") and not str(path).strip("/"):
+        raise InvalidInput(f"{text!r} names no bucket or path", hint=f"write {protocol}://bucket/path")
     return fs, path
 
 
@@ -141,6 +149,11 @@ def translate_errors(what: str) -> Iterator[None]:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk is never "retry the source"
             raise InsufficientSpace(
                 f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets"
+            ) from exc
+        if exc.errno == errno.ENOTDIR:  # a path through a regular file: the input's shape, not the store's health
+            raise InvalidInput(
+                f"{what}: a part of {exc.filename or 'the path'} is a file, not a directory",
+                hint="give a directory or a URL there",
             ) from exc
         error = storage_errors.classify(exc, what)
         if error is None or id(error) == id(exc):

@@ -191,6 +191,11 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
                 hint=_option_hint(unknown.group(1)),
             )
         return None
+    if isinstance(exc, NotImplementedError):  # fsspec's answer when a backend lacks the operation (HTTP writes)
+        return InvalidInput(
+            f"{what}: the store's filesystem cannot do this; HTTP(S) stores, for one, are read-only",
+            hint="pack to a directory or an object store such as s3://, gs:// or az://",
+        )
     if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
         return StorageCredentials(f"{what}: credentials missing or refused ({detail})", hint=CREDENTIALS_HINT[family])
     if "ParamValidationError" in names or "InvalidEndpoint" in names or "InvalidRegionError" in names:

@@ -86,6 +86,10 @@ def test_the_cli_uses_the_digest_cache_unless_told_not_to(
         (["digest", "{src}", "--source-option", "novalue"], 2, "not KEY=VALUE"),
         (["digest", "{src}", "-o", "endpoint_url=x"], 2, "is not one of"),
         (["digest", "nosuchproto://x"], 2, "not a known fsspec protocol"),
+        (["digest", "s3://"], 2, "names no bucket or path"),
+        (["digest", "{src}", "--option", "anno=true"], 2, "'anno' does nothing for the local path"),
+        (["pack", "{src}", "--name", "d", "--to", "{src}/big.bin"], 2, "is a file, not a directory"),
+        (["pack", "{src}", "--name", "d", "--to", "http://127.0.0.1:9/store"], 2, "HTTP(S) stores, for one, are read-only"),
     ],
 )
 def test_bad_input_gets_one_clear_line_and_a_distinct_exit_code(
@@ -112,6 +116,16 @@ def test_verify_reports_a_damaged_copy_with_the_integrity_exit_code(
     (dest / "big.bin").write_bytes(b"")
     code, _, err = _run(["verify", str(dest), "--manifest", str(store), "--name", "awk"], capsys)
     assert code == 5 and "wrong size: big.bin" in err
+
+
+def test_verify_of_a_directory_that_does_not_exist_is_not_found(
+    awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as digest and unpack answer a missing path (exit 3); it was "not a directory", exit 2
+    store = tmp_path / "store"
+    _run(["pack", str(awkward_dataset), "--name", "awk", "--to", str(store)], capsys)
+    code, _, err = _run(["verify", str(tmp_path / "nodir"), "--manifest", str(store), "--name", "awk"], capsys)
+    assert code == 3 and "nodir does not exist" in err and err.count("\n") == 1
 
 
 def test_unpack_into_a_non_empty_directory_is_a_conflict(
