@@ -38,20 +38,23 @@ def serve(settings: Settings) -> None:
     from scheduler_plugin.app import create_app
 
     sock = listen(settings.host, settings.port)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn.Config(
-        create_app(settings, settle_heap=True),
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        lifespan="on",
-        # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
-        # longer means the client always closes first, so a POST never races a server
-        # close (Go does not retry a POST that hits a connection closed under it).
-        timeout_keep_alive=120,
-        # a client stalled mid-request must not hold SIGTERM (it did, indefinitely)
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    try:  # a failed start (a bad kubeconfig) must not leak the bound socket
+        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        config = uvicorn.Config(
+            create_app(settings, settle_heap=True),
+            log_level=settings.log_level.lower(),
+            access_log=False,
+            lifespan="on",
+            # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
+            # longer means the client always closes first, so a POST never races a server
+            # close (Go does not retry a POST that hits a connection closed under it).
+            timeout_keep_alive=120,
+            # a client stalled mid-request must not hold SIGTERM (it did, indefinitely)
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def main() -> None:

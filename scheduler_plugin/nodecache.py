@@ -34,7 +34,7 @@ from scheduler_plugin.catalog import (
     CurrentVersion,
     read_dataset,
 )
-from scheduler_plugin.errors import ViewUnavailable
+from scheduler_plugin.errors import SettingsError, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import pod_is_active
 from scheduler_plugin.wire import Pod
@@ -353,7 +353,18 @@ def api_client_from(kubeconfig: str | None) -> k8s.ApiClient:
             return k8s.ApiClient(configuration)
         except config.ConfigException:
             pass
-    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    try:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except (config.ConfigException, OSError) as exc:
+        if kubeconfig is not None:  # the operator named a file: a setting to fix, not a cluster to wait for
+            raise SettingsError(
+                f"cannot read the kubeconfig {kubeconfig}: {exc}",
+                hint="--kubeconfig / DSEXT_KUBECONFIG must name a kubeconfig file",
+            ) from exc
+        raise ViewUnavailable(
+            f"no Kubernetes configuration: {exc}",
+            hint="run in a pod with a service account, or give --kubeconfig / KUBECONFIG",
+        ) from exc
     return k8s.ApiClient(configuration)
 
 

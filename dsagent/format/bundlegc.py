@@ -159,7 +159,7 @@ def scan(
         with translate_errors(f"store {store}"):
             missing = not fs.exists(root)
         if missing:  # a mistyped store is not an empty one: "0 orphans" would mislead
-            raise NotFound(f"no bundle store at {store}", hint="check the path or URL: it is the one dsctl pack --to wrote")
+            raise NotFound(f"no bundle store at {store}", hint="check the path or URL that dsctl pack --to wrote")
     plan = plan_collection(bundles, referenced, now=time.time() if now is None else now, grace_seconds=grace_seconds)
     return Plan(plan.delete, plan.young, plan.referenced, manifests)
 

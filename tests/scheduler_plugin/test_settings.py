@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -92,6 +93,18 @@ def test_dsctl_scheduler_serve_rejects_bad_weights_with_exit_2(capsys: pytest.Ca
         dsctl(["scheduler", "serve", "--weights", "dataset=lots"])
     assert excinfo.value.code == 2
     assert "weight dataset='lots' is not a number" in capsys.readouterr().err
+
+
+def test_a_kubeconfig_that_does_not_exist_is_a_setting_error_not_an_internal_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it was exit 1, "internal error: ConfigException" (a bug report for a typo)
+    missing = tmp_path / "nokube"
+    with pytest.raises(SystemExit) as excinfo:
+        dsctl(["scheduler", "serve", "--watch", "--kubeconfig", str(missing)])
+    err = capsys.readouterr().err
+    assert excinfo.value.code == 2
+    assert f"cannot read the kubeconfig {missing}" in err and "internal error" not in err and err.count("\n") == 1
 
 
 def test_python_m_scheduler_plugin_serves_the_extender() -> None:

@@ -257,6 +257,7 @@ def serve(settings: WebhookSettings) -> None:
     from dsagent.cluster import apiclient
     from dsagent.cluster.datasets import DatasetClient
 
+    _check_certificate(settings)
     api_client = apiclient.load(settings.kubeconfig)
     client = DatasetClient(api_client, request_timeout=2.0)
     gpu = None
@@ -274,6 +275,23 @@ def serve(settings: WebhookSettings) -> None:
         ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
         ssl_keyfile=str(settings.key_file) if settings.key_file else None,
     )
+
+
+def _check_certificate(settings: WebhookSettings) -> None:
+    """Load the serving certificate once before anything starts: uvicorn loads it only when
+    it begins serving, and a missing or mismatched file was a 40-line traceback there."""
+    if settings.cert_file is None or settings.key_file is None:
+        return
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(settings.cert_file, settings.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SettingsError(
+            f"cannot load the serving certificate {settings.cert_file} with key {settings.key_file}: {reason}",
+            hint=f"{ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE must name a readable PEM certificate and its key",
+        ) from exc
 
 
 def main() -> None:

@@ -390,3 +390,26 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
             process.wait()
         if process.stdout:
             process.stdout.close()
+
+
+@pytest.mark.parametrize("certificate", ["missing", "not-pem"])
+def test_a_missing_or_unreadable_certificate_is_one_line_and_exit_2(
+    certificate: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # uvicorn loads the certificate only when it starts serving: this was a 40-line traceback, exit 1
+    from dsagent.cluster.admission.server import main
+
+    injection = tmp_path / "injection.json"
+    injection.write_text(json.dumps({"image": "dsplatform:test"}))
+    cert = tmp_path / "tls.crt"
+    if certificate == "not-pem":
+        cert.write_text("not a certificate\n")
+    monkeypatch.setenv("DSAGENT_WEBHOOK_INJECTION_FILE", str(injection))
+    monkeypatch.setenv("DSAGENT_WEBHOOK_CERT_FILE", str(cert))
+    monkeypatch.setenv("DSAGENT_WEBHOOK_KEY_FILE", str(cert))
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "cannot load the serving certificate" in err and str(cert) in err and "Traceback" not in err
+    assert err.count("\n") == 1
