@@ -280,7 +280,20 @@ def _make_dir(path: Path, what: str, setting: str) -> None:
         ) from None
 
 
+def _check_local_sources(settings: Settings) -> None:
+    """Every allowed local source is a directory: a mistyped one would otherwise refuse, at
+    request time, every dataset the operator meant to allow ("outside the directories")."""
+    for path in settings.local_sources:
+        if not path.is_dir():
+            state = "is not a directory" if path.exists() else "does not exist"
+            raise SettingsError(
+                f"the local source {path} {state}",
+                hint="give existing directories: --local-source or DSAGENT_LOCAL_SOURCES",
+            )
+
+
 def _bind(settings: Settings) -> list[socket.socket]:
+    _check_local_sources(settings)
     _make_dir(settings.root, "cache root", "--root or DSAGENT_ROOT")
     path = settings.socket
     _make_dir(path.parent, "socket's directory", "--socket or DSAGENT_SOCKET")

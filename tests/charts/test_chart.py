@@ -460,6 +460,11 @@ def test_host_directories_follow_the_values(rendered: dict[str, list[dict[str, A
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DSAGENT_CAPACITY"] == "800Gi"
     assert env["DSAGENT_LOCAL_SOURCES"] == "/mnt/nfs/datasets"
+    # the agent reads a local source at the path it was told: the host directory is mounted there
+    # (it was not, and the agent refused every dataset under it; it now refuses to start without it)
+    assert volumes["local-source-0"]["hostPath"] == {"path": "/mnt/nfs/datasets", "type": "Directory"}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["local-source-0"]["mountPath"] == "/mnt/nfs/datasets" and mounts["local-source-0"]["readOnly"]
     assert env["DSAGENT_MAX_FETCHES"] == "2"
     assert "chown 1001:1001" in pod["initContainers"][0]["args"][0]
     assert container["image"] == "registry.example.com/ml/dsplatform:0.1.0-rc1"

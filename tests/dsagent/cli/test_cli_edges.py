@@ -153,6 +153,21 @@ def test_a_root_that_cannot_be_a_directory_is_one_line_and_exit_2(kind: str, tmp
     assert str(root) in line and "--root or DSAGENT_ROOT" in line
 
 
+@pytest.mark.parametrize("kind", ["missing", "regular file"])
+def test_a_local_source_that_is_not_a_directory_stops_the_agent_with_one_line(kind: str, tmp_path: Path) -> None:
+    """The agent used to start and then refuse, at request time, every dataset under the
+    mistyped directory as "outside the directories this agent may read"."""
+    source = tmp_path / "nosrc"
+    if kind == "regular file":
+        source.write_text("x")
+    root, sock = tmp_path / "root", tmp_path / "s.sock"
+    result = run("-m", "dsagent", "serve", "--root", str(root), "--socket", str(sock), "--local-source", str(source))
+    assert result.returncode == 2
+    line = one_line_error(result, "dsagent: error: ")
+    assert f"the local source {source}" in line and "DSAGENT_LOCAL_SOURCES" in line
+    assert not sock.exists()
+
+
 def test_the_extender_on_a_busy_port_is_one_line_and_exit_2() -> None:
     """Issue 23: `dsctl scheduler serve` on a busy port exited 3 ("not found") after uvicorn's log."""
     with socket.socket() as busy:
