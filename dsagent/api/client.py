@@ -17,6 +17,7 @@ import httpx
 
 from dsagent import errors
 from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput
+from dsplatform.names import TASK_ID_HINT, canonical_task_id
 
 _BY_CODE: dict[str, type[DsagentError]] = {
     cls.code: cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, DsagentError)
@@ -124,15 +125,13 @@ class AgentClient:
 
     def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> dict[str, Any]:
         body = {"datasets": [dict(d) for d in datasets]}
-        return self._json(
-            "PUT", f"/v1/tasks/{_segment(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0
-        )
+        return self._json("PUT", f"/v1/tasks/{_task(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
 
     def get_task(self, task_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/tasks/{_segment(task_id)}")
+        return self._json("GET", f"/v1/tasks/{_task(task_id)}")
 
     def release_task(self, task_id: str) -> dict[str, Any]:
-        return self._json("DELETE", f"/v1/tasks/{_segment(task_id)}")
+        return self._json("DELETE", f"/v1/tasks/{_task(task_id)}")
 
     # -- datasets and operator actions -------------------------------------------------
 
@@ -166,6 +165,14 @@ class AgentClient:
 
     def metrics(self) -> str:
         return str(self._call("GET", "/metrics"))
+
+
+def _task(task_id: str) -> str:
+    """``task_id`` as a path segment, refused here when the agent would refuse it: a '/' in
+    it reached the agent decoded, as another route, and came back as a bare "Not Found"."""
+    if canonical_task_id(task_id) is None:
+        raise InvalidInput(f"invalid task id {task_id!r}", hint=TASK_ID_HINT)
+    return _segment(task_id)
 
 
 def _segment(value: str) -> str:

@@ -228,3 +228,21 @@ def test_a_timeout_in_the_duration_syntax_bounds_the_wait(
     agent, nfs = local_agent
     code, out, err = dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--timeout", "2m", "--socket", str(agent.socket))
     assert code == 0 and "ready" in out, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("cache", "mnist=/data/mnist", "--task", "team/job-1"),
+        ("status", "team/job-1"),
+        ("release", "team/job-1"),
+        ("cache", "mnist=/data/mnist", "--task", "job 1"),
+    ],
+)
+def test_a_task_id_the_agent_would_refuse_is_refused_before_any_request(
+    args: tuple[str, ...], local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a '/' reached the agent percent-decoded, as another route: exit 3 with a bare "Not Found"
+    agent, _ = local_agent
+    code, _, err = dsctl(capsys, *args, "--socket", str(agent.socket))
+    assert code == 2 and "invalid task id" in err and "Not Found" not in err and err.count("\n") == 1
