@@ -82,7 +82,13 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point and the CLI's error edge: every failure is one line on stderr.
+    """Console entry point of ``dsctl``; see :func:`run`."""
+    run(cli, argv, "dsctl")
+
+
+def run(command: click.Command, argv: list[str] | None, prog: str) -> None:
+    """The CLI's error edge for ``dsctl`` and ``dsagent``: every failure is one line on stderr,
+    ``<prog>: error: <message> (<hint>)``.
 
     Exit codes: the error's own (any :class:`dsplatform.errors.PlatformError`, through
     :func:`dsplatform.errors.exit_on_error`; listed in the README's "Exit codes" table), click's
@@ -90,17 +96,17 @@ def main(argv: list[str] | None = None) -> None:
     ``DSCTL_DEBUG=1``).
     """
     try:
-        with exit_on_error("dsctl"):
-            cli.main(args=argv, prog_name="dsctl", standalone_mode=False)
+        with exit_on_error(prog):
+            command.main(args=argv, prog_name=prog, standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx is not None else "dsctl"
-        click.echo(f"dsctl: error: {exc.format_message()} (see '{where} --help')", err=True)
+        where = exc.ctx.command_path if exc.ctx is not None else prog
+        click.echo(f"{prog}: error: {exc.format_message()} (see '{where} --help')", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"dsctl: error: {exc.format_message()}", err=True)
+        click.echo(f"{prog}: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -109,11 +115,11 @@ def main(argv: list[str] | None = None) -> None:
 
         known = classify(exc, "storage")
         if known is not None:
-            exit_with(known, "dsctl")
+            exit_with(known, prog)
         if os.environ.get("DSCTL_DEBUG"):
             raise
         click.echo(
-            f"dsctl: error: internal error: {type(exc).__name__}: {exc}"
+            f"{prog}: error: internal error: {type(exc).__name__}: {exc}"
             " (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)",
             err=True,
         )

@@ -39,7 +39,6 @@ from dsagent.api import CompanionFactory
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
-from dsplatform.errors import exit_on_error
 
 
 class KubernetesUnavailable(SettingsError):
@@ -527,6 +526,8 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The ``dsagent`` command; a deliberate error is one line and its exit code (the process edge)."""
-    with exit_on_error("dsagent"):
-        agent.main(args=argv, prog_name="dsagent")
+    """The ``dsagent`` command; a deliberate error is one line and its exit code (the process
+    edge, shared with ``dsctl``: usage errors too are one line, not click's usage block)."""
+    from dsagent.cli import run
+
+    run(agent, argv, "dsagent")

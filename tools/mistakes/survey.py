@@ -9,8 +9,8 @@ with the environment a new user would have: a small dataset, a store packed from
 running ``dsagent serve``, a port already taken. A mistake is answered **clearly** when:
 
 - the process exits with the code the README's exit-code table documents for it;
-- stderr says so in at most three lines (one line, and a hint), with no traceback and no
-  "internal error";
+- stderr says so in one line, ``PROG: error: what (hint)``, with no traceback and no
+  "internal error" (``dsctl cache``'s progress lines may come before it);
 - the message names what was wrong (each case lists a word it must contain: the option,
   the value or the thing missing, compared case-insensitively);
 - it exits by itself within the case's limit (a server that should refuse to start and
@@ -30,6 +30,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -37,9 +39,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 DSCTL = [str(BIN / "dsctl")] if (BIN / "dsctl").exists() else [sys.executable, "-m", "dsagent.cli"]
@@ -72,6 +75,7 @@ class World:
     sock: Path
     nosock: Path
     busy_port: int
+    extender: str
     env: dict[str, str]
 
     def fill(self, text: str) -> str:
@@ -83,107 +87,325 @@ class World:
             sock=self.sock,
             nosock=self.nosock,
             busy=self.busy_port,
+            extender=self.extender,
         )
 
 
 def _cases() -> list[Mistake]:
-    agent = ["--socket", "{sock}"]
-    m = Mistake
-    return [
+    """The mistakes. Commands are shell words (``{tmp}`` and the like filled in after the
+    split, so paths with spaces stay one word); ``dsctl``/``dsagent``/``extender`` name the
+    programs; ``@agent`` is ``--socket`` of the running agent."""
+    rows: list[tuple[str, str, int, str, dict[str, Any]]] = [
         # -- dsctl digest / pack / unpack / verify: the format library's commands
-        m("digest a path that does not exist", [*DSCTL, "digest", "{tmp}/nope"], 3, "nope", smoke=True),
-        m("digest a URL with an unknown scheme", [*DSCTL, "digest", "foo://bucket/x"], 2, "foo"),
-        m("digest s3 without a bucket", [*DSCTL, "digest", "s3://"], 2, "s3"),
-        m("digest with an unknown output format", [*DSCTL, "digest", "{data}", "-o", "yaml"], 2, "yaml"),
-        m("digest with an unknown flag", [*DSCTL, "digest", "{data}", "--fast"], 2, "--fast"),
-        m("digest with a misspelt source option", [*DSCTL, "digest", "{data}", "--option", "anno=true"], 2, "anno"),
-        m("pack without --to", [*DSCTL, "pack", "{data}", "--name", "ds"], 2, "--to"),
-        m("pack without --name", [*DSCTL, "pack", "{data}", "--to", "{tmp}/s2"], 2, "--name"),
-        m("pack with a size in an unknown unit", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{tmp}/s3", "--max-bytes", "10XB"], 2, "10XB", smoke=True),
-        m("pack with --max-bytes 0", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{tmp}/s4", "--max-bytes", "0"], 2, "max-bytes"),
-        m("pack with a negative --max-files", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{tmp}/s5", "--max-files", "-1"], 2, "max-files"),
-        m("pack a dataset name with a space", [*DSCTL, "pack", "{data}", "--name", "my data", "--to", "{tmp}/s6"], 2, "my data"),
-        m("pack a dataset name with a slash", [*DSCTL, "pack", "{data}", "--name", "../up", "--to", "{tmp}/s7"], 2, "../up"),
-        m("pack a regular file as the source", [*DSCTL, "pack", "{file}", "--name", "ds", "--to", "{tmp}/s8"], 2, "file.txt"),
-        m("pack into a store that is a file", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{file}"], 2, "file.txt"),
-        m("pack with zstd level 99", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{tmp}/s9", "--level", "99"], 2, "level"),
-        m("pack with a store option without '='", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{tmp}/s10", "--store-option", "anon"], 2, "anon"),
-        m("pack with a store options file that is not JSON", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "{tmp}/s11", "--store-options-file", "{file}"], 2, "file.txt"),
-        m("pack to an http store (read-only)", [*DSCTL, "pack", "{data}", "--name", "ds", "--to", "http://127.0.0.1:9/store"], 2, "http"),
-        m("unpack a dataset the store does not hold", [*DSCTL, "unpack", "{store}", "{tmp}/u1", "--name", "other"], 3, "other", smoke=True),
-        m("unpack from a store that does not exist", [*DSCTL, "unpack", "{tmp}/nostore", "{tmp}/u2", "--name", "ds"], 3, "nostore"),
-        m("unpack into a non-empty directory", [*DSCTL, "unpack", "{store}", "{data}", "--name", "ds"], 4, "data"),
-        m("unpack into a path that is a file", [*DSCTL, "unpack", "{store}", "{file}", "--name", "ds"], 4, "file.txt"),
-        m("unpack a damaged bundle", [*DSCTL, "unpack", "{tmp}/damaged", "{tmp}/u3", "--name", "ds"], 5, "ds"),
-        m("unpack a truncated bundle", [*DSCTL, "unpack", "{tmp}/truncated", "{tmp}/u4", "--name", "ds"], 5, "ds"),
-        m("unpack with --workers 0", [*DSCTL, "unpack", "{store}", "{tmp}/u5", "--name", "ds", "--workers", "0"], 2, "workers"),
-        m("verify a copy missing a file", [*DSCTL, "verify", "{tmp}/missing", "--manifest", "{store}", "--name", "ds"], 5, "missing"),
-        m("verify a copy with a changed file", [*DSCTL, "verify", "{tmp}/changed", "--manifest", "{store}", "--name", "ds"], 5, "a/1.bin"),
-        m("verify a copy with an extra file", [*DSCTL, "verify", "{tmp}/extra", "--manifest", "{store}", "--name", "ds"], 5, "extra"),
-        m("verify a directory that does not exist", [*DSCTL, "verify", "{tmp}/nodir", "--manifest", "{store}", "--name", "ds"], 3, "nodir"),
-        m("verify against a dataset the store lacks", [*DSCTL, "verify", "{data}", "--manifest", "{store}", "--name", "other"], 3, "other"),
+        ("digest a path that does not exist", "dsctl digest {tmp}/nope", 3, "nope", SMOKE),
+        ("digest a URL with an unknown scheme", "dsctl digest foo://bucket/x", 2, "foo", {}),
+        ("digest s3 without a bucket", "dsctl digest s3://", 2, "s3", {}),
+        ("digest with an unknown output format", "dsctl digest {data} -o yaml", 2, "yaml", {}),
+        ("digest with an unknown flag", "dsctl digest {data} --fast", 2, "--fast", {}),
+        ("digest with a storage option on a local path", "dsctl digest {data} --option anno=true", 2, "anno", {}),
+        ("pack without --to", "dsctl pack {data} --name ds", 2, "--to", {}),
+        ("pack without --name", "dsctl pack {data} --to {tmp}/s2", 2, "--name", {}),
+        ("pack a source that does not exist", "dsctl pack {tmp}/nope --name ds --to {tmp}/s1", 3, "nope", {}),
+        (
+            "pack with a size in an unknown unit",
+            "dsctl pack {data} --name ds --to {tmp}/s3 --max-bytes 10XB",
+            2,
+            "10XB",
+            SMOKE,
+        ),
+        ("pack with --max-bytes 0", "dsctl pack {data} --name ds --to {tmp}/s4 --max-bytes 0", 2, "max-bytes", {}),
+        (
+            "pack with a negative --max-files",
+            "dsctl pack {data} --name ds --to {tmp}/s5 --max-files -1",
+            2,
+            "max-files",
+            {},
+        ),
+        ("pack a dataset name with a space", "dsctl pack {data} --name 'my data' --to {tmp}/s6", 2, "my data", {}),
+        ("pack a dataset name with a slash", "dsctl pack {data} --name ../up --to {tmp}/s7", 2, "../up", {}),
+        ("pack into a store that is a file", "dsctl pack {data} --name ds --to {file}", 2, "file.txt", {}),
+        ("pack with zstd level 99", "dsctl pack {data} --name ds --to {tmp}/s9 --level 99", 2, "level", {}),
+        (
+            "pack with a store option without '='",
+            "dsctl pack {data} --name ds --to {tmp}/s10 --store-option anon",
+            2,
+            "anon",
+            {},
+        ),
+        (
+            "pack with a store options file that is not JSON",
+            "dsctl pack {data} --name ds --to {tmp}/s11 --store-options-file {file}",
+            2,
+            "file.txt",
+            {},
+        ),
+        (
+            "pack to an http store (read-only)",
+            "dsctl pack {data} --name ds --to http://127.0.0.1:9/store",
+            2,
+            "read-only",
+            {},
+        ),
+        ("unpack a dataset the store does not hold", "dsctl unpack {store} {tmp}/u1 --name other", 3, "other", SMOKE),
+        ("unpack from a store that does not exist", "dsctl unpack {tmp}/nostore {tmp}/u2 --name ds", 3, "nostore", {}),
+        ("unpack into a non-empty directory", "dsctl unpack {store} {data} --name ds", 4, "not empty", {}),
+        ("unpack into a path that is a file", "dsctl unpack {store} {file} --name ds", 2, "is a file", {}),
+        ("unpack a damaged bundle", "dsctl unpack {tmp}/damaged {tmp}/u3 --name ds", 5, "ds", {}),
+        ("unpack a truncated bundle", "dsctl unpack {tmp}/truncated {tmp}/u4 --name ds", 5, "ds", {}),
+        ("unpack with --workers 0", "dsctl unpack {store} {tmp}/u5 --name ds --workers 0", 2, "workers", {}),
+        ("verify a copy missing a file", "dsctl verify {tmp}/missing --manifest {store} --name ds", 5, "missing", {}),
+        (
+            "verify a copy with a changed file",
+            "dsctl verify {tmp}/changed --manifest {store} --name ds",
+            5,
+            "a/1.bin",
+            {},
+        ),
+        ("verify a copy with an extra file", "dsctl verify {tmp}/extra --manifest {store} --name ds", 5, "extra", {}),
+        (
+            "verify a directory that does not exist",
+            "dsctl verify {tmp}/nodir --manifest {store} --name ds",
+            3,
+            "nodir",
+            {},
+        ),
+        (
+            "verify against a dataset the store lacks",
+            "dsctl verify {data} --manifest {store} --name other",
+            3,
+            "other",
+            {},
+        ),
         # -- dsctl cache / status / release / evict / ls / wait: the agent's clients
-        m("cache with no agent running", [*DSCTL, "cache", "ds={data}", "--socket", "{nosock}"], 8, "agent", smoke=True),
-        m("cache with a port out of range", [*DSCTL, "cache", "ds={data}", "--agent", "notahost:99999"], 2, "99999"),
-        m("cache with nothing listening on --agent", [*DSCTL, "cache", "ds={data}", "--agent", "127.0.0.1:9"], 8, "127.0.0.1:9"),
-        m("cache a spec without '='", [*DSCTL, "cache", "imagenet", *agent], 2, "imagenet"),
-        m("cache a dataset name with capitals and a space", [*DSCTL, "cache", "My Data={data}", *agent], 2, "My Data"),
-        m("cache the same name twice", [*DSCTL, "cache", "ds={data}", "ds={store}", *agent], 2, "ds"),
-        m("cache a local path that does not exist", [*DSCTL, "cache", "ds={data}/nope", "--task", "t-missing", *agent], 3, "nope"),
-        m("cache a local path the agent does not allow", [*DSCTL, "cache", "ds=/etc", "--task", "t-etc", *agent], 2, "/etc"),
-        m("cache file:///etc/passwd", [*DSCTL, "cache", "ds=file:///etc/passwd", "--task", "t-passwd", *agent], 2, "/etc/passwd"),
-        m("cache over ftp://", [*DSCTL, "cache", "ds=ftp://host/x", "--task", "t-ftp", *agent], 2, "ftp"),
-        m("cache from an unreachable HTTP store", [*DSCTL, "cache", "ds=http://127.0.0.1:9/ds", "--task", "t-http", *agent], 7, "127.0.0.1:9"),
-        m("cache with an unreadable --timeout", [*DSCTL, "cache", "ds={data}", "--timeout", "10parsecs", *agent], 2, "10parsecs"),
-        m("cache with a negative --timeout", [*DSCTL, "cache", "ds={data}", "--timeout", "-5", *agent], 2, "-5"),
-        m("cache with --bundles lacking the dataset", [*DSCTL, "cache", "other={data}", "--bundles", "{store}", "--task", "t-bundles", *agent], 3, "other"),
-        m("cache with endpoint_url lacking a scheme", [*DSCTL, "cache", "ds=s3://b/x", "--option", "endpoint_url=127.0.0.1:5055", "--task", "t-ep", *agent], 2, "endpoint_url"),
-        m("cache with anon=maybe", [*DSCTL, "cache", "ds=s3://b/x", "--option", "anon=maybe", "--task", "t-anon", *agent], 2, "anon"),
-        m("cache with a misspelt option key", [*DSCTL, "cache", "ds=s3://b/x", "--option", "endpoint_urll=http://127.0.0.1:9", "--task", "t-typo", *agent], 2, "endpoint_url"),
-        m("cache s3 through an unreachable endpoint", [*DSCTL, "cache", "ds=s3://b/x", "--option", "endpoint_url=http://127.0.0.1:9", "--option", "anon=true", "--task", "t-s3", "--timeout", "45s", *agent], 7, "127.0.0.1:9", limit_s=90),
-        m("cache a task id with a slash", [*DSCTL, "cache", "ds={data}", "--task", "a/b", *agent], 2, "a/b"),
-        m("cache a second dataset set under a held task", [*DSCTL, "cache", "ds2={store}", "--task", "t-held", *agent], 4, "t-held"),
-        m("cache --from-env with DSAGENT_DATASETS unset", [*DSCTL, "cache", "--from-env", *agent], 2, "DSAGENT_DATASETS"),
-        m("cache with a source options file that does not exist", [*DSCTL, "cache", "ds={data}", "--source-options-file", "{tmp}/nofile.json", *agent], 2, "nofile.json"),
-        m("status of an unknown task", [*DSCTL, "status", "no-such-task", *agent], 3, "no-such-task"),
-        m("release an unknown task", [*DSCTL, "release", "no-such-task", *agent], 3, "no-such-task"),
-        m("evict a dataset that is not cached", [*DSCTL, "evict", "nosuch", *agent], 3, "nosuch"),
-        m("evict a dataset a task uses", [*DSCTL, "evict", "held", *agent], 4, "held"),
-        m("evict with nothing named", [*DSCTL, "evict", *agent], 2, "evict"),
-        m("ls with an unknown output format", [*DSCTL, "ls", "-o", "yaml", *agent], 2, "yaml"),
-        m("ls with no agent running", [*DSCTL, "ls", "--socket", "{nosock}"], 8, "agent"),
-        m("wait without a command", [*DSCTL, "wait", "--from-env", *agent], 2, "command"),
-        m("wait with an unreadable --timeout", [*DSCTL, "wait", "--timeout", "soon", "--", "true"], 2, "soon"),
-        m("gc a store that does not exist", [*DSCTL, "gc", "{tmp}/nostore"], 3, "nostore"),
-        m("gc with an unreadable --grace", [*DSCTL, "gc", "{store}", "--grace", "5parsecs"], 2, "5parsecs"),
-        m("gc with a negative --grace", [*DSCTL, "gc", "{store}", "--grace", "-1h"], 2, "-1h"),
+        ("cache with no agent running", "dsctl cache ds={data} --socket {nosock}", 8, "agent", SMOKE),
+        ("cache with a port out of range", "dsctl cache ds={data} --agent notahost:99999", 2, "99999", {}),
+        ("cache with nothing listening on --agent", "dsctl cache ds={data} --agent 127.0.0.1:9", 8, "127.0.0.1:9", {}),
+        ("cache a spec without '='", "dsctl cache imagenet @agent", 2, "imagenet", {}),
+        ("cache a dataset name with capitals and a space", "dsctl cache 'My Data={data}' @agent", 2, "My Data", {}),
+        ("cache the same name twice", "dsctl cache ds={data} ds={store} @agent", 2, "ds", {}),
+        ("cache a local path that does not exist", "dsctl cache ds={data}/nope --task t-missing @agent", 3, "nope", {}),
+        ("cache a local path the agent does not allow", "dsctl cache ds=/etc --task t-etc @agent", 2, "/etc", {}),
+        ("cache file:///etc/passwd", "dsctl cache ds=file:///etc/passwd --task t-passwd @agent", 2, "/etc/passwd", {}),
+        ("cache over ftp://", "dsctl cache ds=ftp://host/x --task t-ftp @agent", 2, "ftp", {}),
+        (
+            "cache from an unreachable HTTP store",
+            "dsctl cache ds=http://127.0.0.1:9/ds --task t-http @agent",
+            7,
+            "127.0.0.1:9",
+            {},
+        ),
+        ("cache with an unreadable --timeout", "dsctl cache ds={data} --timeout 10parsecs @agent", 2, "10parsecs", {}),
+        ("cache with a negative --timeout", "dsctl cache ds={data} --timeout -5 @agent", 2, "-5", {}),
+        (
+            "cache with --bundles lacking the dataset",
+            "dsctl cache other={data} --bundles {store} --task t-bundles @agent",
+            3,
+            "other",
+            {},
+        ),
+        (
+            "cache with endpoint_url lacking a scheme",
+            "dsctl cache ds=s3://b/x --option endpoint_url=127.0.0.1:5055 --task t-ep @agent",
+            2,
+            "endpoint_url",
+            {},
+        ),
+        ("cache with anon=maybe", "dsctl cache ds=s3://b/x --option anon=maybe --task t-anon @agent", 2, "anon", {}),
+        (
+            "cache with a misspelt option key",
+            "dsctl cache ds=s3://b/x --option endpoint_urll=http://127.0.0.1:9 --task t-typo @agent",
+            2,
+            "endpoint_url",
+            {},
+        ),
+        (
+            "cache s3 through an unreachable endpoint",
+            "dsctl cache ds=s3://b/x --option endpoint_url=http://127.0.0.1:9 --option anon=true"
+            " --task t-s3 --timeout 45s @agent",
+            7,
+            "127.0.0.1:9",
+            {"limit_s": 90},
+        ),
+        ("cache a task id with a slash", "dsctl cache ds={data} --task a/b @agent", 2, "a/b", {}),
+        (
+            "cache a second dataset set under a held task",
+            "dsctl cache ds2={store} --task t-held @agent",
+            4,
+            "t-held",
+            {},
+        ),
+        ("cache --from-env with DSAGENT_DATASETS unset", "dsctl cache --from-env @agent", 2, "DSAGENT_DATASETS", {}),
+        (
+            "cache with a source options file that does not exist",
+            "dsctl cache ds={data} --source-options-file {tmp}/nofile.json @agent",
+            2,
+            "nofile.json",
+            {},
+        ),
+        ("status of an unknown task", "dsctl status no-such-task @agent", 3, "no-such-task", {}),
+        ("release an unknown task", "dsctl release no-such-task @agent", 3, "no-such-task", {}),
+        ("evict a dataset that is not cached", "dsctl evict nosuch @agent", 3, "nosuch", {}),
+        ("evict a dataset a task uses", "dsctl evict held @agent", 4, "held", {}),
+        ("evict with nothing named", "dsctl evict @agent", 2, "--idle", {}),
+        ("ls with an unknown output format", "dsctl ls -o yaml @agent", 2, "yaml", {}),
+        ("ls with no agent running", "dsctl ls --socket {nosock}", 8, "agent", {}),
+        ("wait without a command", "dsctl wait --from-env @agent", 2, "command", {}),
+        ("wait with an unreadable --timeout", "dsctl wait --timeout soon -- true", 2, "soon", {}),
+        ("gc a store that does not exist", "dsctl gc {tmp}/nostore", 3, "nostore", {}),
+        ("gc with an unreadable --grace", "dsctl gc {store} --grace 5parsecs", 2, "5parsecs", {}),
+        ("gc with a negative --grace", "dsctl gc {store} --grace -1h", 2, "-1h", {}),
         # -- dsctl topo / plan
-        m("topo from a file that does not exist", [*DSCTL, "topo", "show", "--from", "{tmp}/nope.txt"], 2, "nope.txt"),
-        m("topo from a file that is not a topology", [*DSCTL, "topo", "show", "--from", "{file}"], 2, "topology"),
-        m("topo with an unknown class rule", [*DSCTL, "topo", "show", "--from", "{file}", "--classes", "rack"], 2, "rack"),
-        m("topo best with no --count", [*DSCTL, "topo", "best", "--from", "{file}"], 2, "count"),
-        m("plan with an unreadable deadline", [*DSCTL, "plan", "--extender", "http://127.0.0.1:9", "--params", "7B", "--step-seconds", "250ms", "--steps", "1e5", "--deadline", "tomorrow", "--max-gpus", "8"], 2, "tomorrow"),
-        m("plan with a parameter count in an unknown unit", [*DSCTL, "plan", "--extender", "http://127.0.0.1:9", "--params", "7Q", "--step-seconds", "250ms", "--steps", "1e5", "--deadline", "6h", "--max-gpus", "8"], 2, "7Q"),
-        m("plan with no extender running", [*DSCTL, "plan", "--extender", "http://127.0.0.1:9", "--params", "7B", "--step-seconds", "250ms", "--steps", "1e5", "--deadline", "6h", "--max-gpus", "8"], 7, "127.0.0.1:9"),
+        ("topo from a file that does not exist", "dsctl topo show --from {tmp}/nope.txt", 2, "nope.txt", {}),
+        ("topo from a file that is not a topology", "dsctl topo show --from {file}", 2, "nvidia-smi", {}),
+        ("topo with an unknown class rule", "dsctl topo show --from {file} --classes rack", 2, "rack", {}),
+        ("topo best with no --count", "dsctl topo best --from {file}", 2, "count", {}),
+        (
+            "plan with an unreadable deadline",
+            "dsctl plan --extender {extender} --params 7B --step-seconds 250ms --steps 1e5"
+            " --deadline tomorrow --max-gpus 8",
+            2,
+            "tomorrow",
+            {},
+        ),
+        (
+            "plan with a parameter count in an unknown unit",
+            "dsctl plan --extender {extender} --params 7Q --step-seconds 250ms --steps 1e5 --deadline 6h --max-gpus 8",
+            2,
+            "7Q",
+            {},
+        ),
+        (
+            "plan with no step time",
+            "dsctl plan --extender {extender} --params 7B --steps 1e5 --max-gpus 8",
+            2,
+            "step-seconds",
+            {},
+        ),
+        (
+            "plan with no extender running",
+            "dsctl plan --extender http://127.0.0.1:9 --params 7B --step-seconds 250ms --steps 1e5 --max-gpus 8",
+            7,
+            "127.0.0.1:9",
+            {},
+        ),
         # -- dsagent serve: the node agent's start-up
-        m("serve a root under /proc", [*DSAGENT, "serve", "--root", "/proc/nope"], 2, "/proc/nope", limit_s=30, smoke=True),
-        m("serve a root that is a regular file", [*DSAGENT, "serve", "--root", "{file}"], 2, "file.txt", limit_s=30),
-        m("serve with a capacity in an unknown unit", [*DSAGENT, "serve", "--root", "{tmp}/r1", "--capacity", "lots"], 2, "lots", limit_s=30),
-        m("serve with a misspelt DSAGENT_ variable", [*DSAGENT, "serve", "--root", "{tmp}/r2"], 2, "DSAGENT_CAPCITY", env={"DSAGENT_CAPCITY": "1GB"}, limit_s=30),
-        m("serve with an unknown log level", [*DSAGENT, "serve", "--root", "{tmp}/r3", "--log-level", "verbose"], 2, "verbose", limit_s=30),
-        m("serve a local source that does not exist", [*DSAGENT, "serve", "--root", "{tmp}/r4", "--local-source", "{tmp}/nosrc"], 2, "nosrc", limit_s=30),
-        m("serve TCP on a port out of range", [*DSAGENT, "serve", "--root", "{tmp}/r5", "--listen", "127.0.0.1:99999"], 2, "99999", limit_s=30),
-        m("serve TCP on a busy port", [*DSAGENT, "serve", "--root", "{tmp}/r6", "--listen", "127.0.0.1:{busy}"], 2, "{busy}", limit_s=30),
-        m("serve a root another agent serves", [*DSAGENT, "serve", "--root", "{tmp}/root"], 4, "dsagent.sock", limit_s=30),
-        m("serve with a bad DSAGENT_IDLE_TTL", [*DSAGENT, "serve", "--root", "{tmp}/r7"], 2, "DSAGENT_IDLE_TTL", env={"DSAGENT_IDLE_TTL": "forever"}, limit_s=30),
+        (
+            "serve a root under /proc",
+            "dsagent serve --root /proc/nope",
+            2,
+            "/proc/nope",
+            {"limit_s": 30, "smoke": True},
+        ),
+        ("serve a root that is a regular file", "dsagent serve --root {file}", 2, "file.txt", {"limit_s": 30}),
+        (
+            "serve with a capacity in an unknown unit",
+            "dsagent serve --root {tmp}/r1 --capacity lots",
+            2,
+            "lots",
+            {"limit_s": 30},
+        ),
+        (
+            "serve with a misspelt DSAGENT_ variable",
+            "dsagent serve --root {tmp}/r2",
+            2,
+            "DSAGENT_CAPCITY",
+            {"env": {"DSAGENT_CAPCITY": "1GB"}, "limit_s": 30},
+        ),
+        (
+            "serve with an unknown log level",
+            "dsagent serve --root {tmp}/r3 --log-level verbose",
+            2,
+            "verbose",
+            {"limit_s": 30},
+        ),
+        (
+            "serve a local source that does not exist",
+            "dsagent serve --root {tmp}/r4 --local-source {tmp}/nosrc",
+            2,
+            "nosrc",
+            {"limit_s": 30},
+        ),
+        (
+            "serve TCP on a port out of range",
+            "dsagent serve --root {tmp}/r5 --listen 127.0.0.1:99999",
+            2,
+            "99999",
+            {"limit_s": 30},
+        ),
+        (
+            "serve TCP on a busy port",
+            "dsagent serve --root {tmp}/r6 --listen 127.0.0.1:{busy}",
+            2,
+            "{busy}",
+            {"limit_s": 30},
+        ),
+        ("serve a root another agent serves", "dsagent serve --root {tmp}/root", 2, "already serving", {"limit_s": 30}),
+        (
+            "serve with a bad DSAGENT_IDLE_TTL",
+            "dsagent serve --root {tmp}/r7",
+            2,
+            "DSAGENT_IDLE_TTL",
+            {"env": {"DSAGENT_IDLE_TTL": "forever"}, "limit_s": 30},
+        ),
         # -- the extender and the webhook
-        m("extender on a busy port", [*DSCTL, "scheduler", "serve", "--port", "{busy}"], 2, "{busy}", limit_s=30),
-        m("extender with a misspelt DSEXT_ variable", [*EXTENDER], 2, "DSEXT_WIEGHTS", env={"DSEXT_WIEGHTS": "dataset=1"}, limit_s=30),
-        m("extender with unreadable weights", [*DSCTL, "scheduler", "serve", "--weights", "dataset=lots"], 2, "lots", limit_s=30),
-        m("extender with a kubeconfig that does not exist", [*DSCTL, "scheduler", "serve", "--watch", "--kubeconfig", "{tmp}/nokube"], 2, "nokube", limit_s=30),
-        m("webhook without its certificate", [*DSAGENT, "webhook", "serve"], 2, "cert", env={"DSAGENT_WEBHOOK_CERT_FILE": "{tmp}/nocert.pem", "DSAGENT_WEBHOOK_KEY_FILE": "{tmp}/nokey.pem"}, limit_s=30),
-        m("webhook with a misspelt variable", [*DSAGENT, "webhook", "serve"], 2, "DSAGENT_WEBHOOK_PROT", env={"DSAGENT_WEBHOOK_PROT": "8443"}, limit_s=30),
+        ("extender on a busy port", "dsctl scheduler serve --port {busy}", 2, "{busy}", {"limit_s": 30}),
+        (
+            "extender with a misspelt DSEXT_ variable",
+            "extender",
+            2,
+            "DSEXT_WIEGHTS",
+            {"env": {"DSEXT_WIEGHTS": "dataset=1"}, "limit_s": 30},
+        ),
+        (
+            "extender with unreadable weights",
+            "dsctl scheduler serve --weights dataset=lots",
+            2,
+            "lots",
+            {"limit_s": 30},
+        ),
+        (
+            "extender with a kubeconfig that does not exist",
+            "dsctl scheduler serve --watch --kubeconfig {tmp}/nokube",
+            2,
+            "nokube",
+            {"limit_s": 30},
+        ),
+        ("webhook without its injection file", "dsagent webhook serve", 2, "INJECTION_FILE", {"limit_s": 30}),
+        (
+            "webhook without its certificate",
+            "dsagent webhook serve",
+            2,
+            "certificate",
+            {"env": WEBHOOK_NO_CERT, "limit_s": 30},
+        ),
+        (
+            "webhook with a misspelt variable",
+            "dsagent webhook serve",
+            2,
+            "DSAGENT_WEBHOOK_PROT",
+            {"env": {"DSAGENT_WEBHOOK_PROT": "8443"}, "limit_s": 30},
+        ),
     ]
+    return [Mistake(what, _words(command), code, says, **extra) for what, command, code, says, extra in rows]
+
+
+SMOKE: dict[str, Any] = {"smoke": True}
+WEBHOOK_NO_CERT = {
+    "DSAGENT_WEBHOOK_INJECTION_FILE": "{tmp}/injection.json",
+    "DSAGENT_WEBHOOK_CERT_FILE": "{tmp}/nocert.pem",
+    "DSAGENT_WEBHOOK_KEY_FILE": "{tmp}/nokey.pem",
+}
+PROGRAMS = {"dsctl": DSCTL, "dsagent": DSAGENT, "extender": EXTENDER}
+
+
+def _words(command: str) -> list[str]:
+    words: list[str] = []
+    for word in shlex.split(command):
+        if word == "@agent":
+            words += ["--socket", "{sock}"]
+        else:
+            words += PROGRAMS.get(word, [word]) if not words else [word]
+    return words
 
 
 def _free_port() -> int:
@@ -194,7 +416,9 @@ def _free_port() -> int:
 
 def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
     """Run one command; None for the exit code when it had to be stopped."""
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, err
@@ -207,50 +431,74 @@ def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | No
 @contextlib.contextmanager
 def world() -> Iterator[World]:
     """A small dataset, its store, damaged and partial copies, a running agent holding a
-    task, and a port something else listens on."""
+    task, a running extender (no watch), and a port something else listens on."""
     tmp = Path(tempfile.mkdtemp(prefix="dsmistakes-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DSAGENT_", "DSEXT_"))}
-    env.update({"XDG_RUNTIME_DIR": str(tmp / "run"), "XDG_CACHE_HOME": str(tmp / "xdg"), "HOME": str(tmp / "home"), "NO_COLOR": "1"})
     for d in ("run", "xdg", "home"):
         (tmp / d).mkdir()
+    env.update(XDG_RUNTIME_DIR=str(tmp / "run"), XDG_CACHE_HOME=str(tmp / "xdg"), HOME=str(tmp / "home"), NO_COLOR="1")
     data = tmp / "data"
     for rel, size in (("a/1.bin", 3000), ("a/2.bin", 5000), ("b/3.bin", 7000)):
         (data / rel).parent.mkdir(parents=True, exist_ok=True)
         (data / rel).write_bytes(os.urandom(size))
     afile = tmp / "file.txt"
     afile.write_text("not a directory, not JSON, not a topology\n")
+    (tmp / "injection.json").write_text(json.dumps({"image": "dsplatform:survey"}))
     store = tmp / "store"
-    subprocess.run([*DSCTL, "pack", str(data), "--name", "ds", "--to", str(store)], env=env, check=True, capture_output=True)
-    subprocess.run([*DSCTL, "pack", str(data), "--name", "held", "--to", str(store)], env=env, check=True, capture_output=True)
+    for name in ("ds", "held"):
+        subprocess.run(
+            [*DSCTL, "pack", str(data), "--name", name, "--to", str(store)], env=env, check=True, capture_output=True
+        )
     _damaged_stores(store, tmp)
     _partial_copies(data, tmp)
     sock = tmp / "root" / "dsagent.sock"
-    agent = subprocess.Popen(
-        [*DSAGENT, "serve", "--root", str(tmp / "root"), "--local-source", str(data), "--local-source", str(store)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    busy = socket.socket()
-    try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if agent.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("survey: the agent did not start")
-            time.sleep(0.1)
-        subprocess.run([*DSCTL, "cache", f"held={data}", "--task", "t-held", "--socket", str(sock)], env=env, check=True, capture_output=True, timeout=60)
-        busy.bind(("127.0.0.1", _free_port()))
+    extender_port = _free_port()
+    with contextlib.ExitStack() as stack:
+        agent = stack.enter_context(
+            _process([*DSAGENT, "serve", "--root", str(tmp / "root"), *_sources(data, store)], env)
+        )
+        stack.enter_context(_process([*DSCTL, "scheduler", "serve", "--port", str(extender_port)], env))
+        busy = stack.enter_context(socket.socket())
+        busy.bind(("127.0.0.1", 0))
         busy.listen()
-        yield World(tmp, data, store, afile, sock, tmp / "nosuch.sock", int(busy.getsockname()[1]), env)
+        _wait_for(lambda: sock.exists(), agent, "the agent")
+        _wait_for(lambda: _accepts(extender_port), None, "the extender")
+        held = [*DSCTL, "cache", f"held={data}", "--task", "t-held", "--socket", str(sock)]
+        subprocess.run(held, env=env, check=True, capture_output=True, timeout=60)
+        port = int(busy.getsockname()[1])
+        yield World(tmp, data, store, afile, sock, tmp / "nosuch.sock", port, f"http://127.0.0.1:{extender_port}", env)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
     finally:
-        busy.close()
-        os.killpg(agent.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            agent.wait(timeout=15)
-        if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGKILL)
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _sources(*paths: Path) -> list[str]:
+    return [arg for path in paths for arg in ("--local-source", str(path))]
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_for(ready: Callable[[], bool], proc: subprocess.Popen[bytes] | None, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            raise SystemExit(f"survey: {what} did not start")
+        time.sleep(0.1)
 
 
 def _damaged_stores(store: Path, tmp: Path) -> None:
@@ -286,23 +534,28 @@ def _partial_copies(data: Path, tmp: Path) -> None:
 
 def judge(case: Mistake, code: int | None, err: str, w: World) -> str | None:
     """None when the answer is clear, else why not (one line)."""
-    lines = [line for line in err.splitlines() if line.strip()]
     if code is None:
         return f"still running after {case.limit_s:.0f} s"
+    # progress lines ("task t: pending ...") may precede the answer on stderr
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("task ")]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
     if "Traceback" in err:
         return f"traceback (exit {code})"
     if code != case.exit:
         return f"exit {code}, documented {case.exit}: {lines[0] if lines else '(no message)'}"
-    if not lines:
-        return "no message"
-    if len(lines) > 3:
+    if len(errors) != 1:
+        return f"not one 'PROG: error:' line: {lines[0] if lines else '(no message)'}"
+    if len(lines) > 1:
         return f"{len(lines)} lines on stderr"
     if "internal error" in err.lower():
-        return f"internal error: {lines[0]}"
+        return f"internal error: {errors[0]}"
     says = w.fill(case.says).lower()
     if says not in err.lower():
-        return f"does not name {says!r}: {lines[0]}"
+        return f"does not name {says!r}: {errors[0]}"
     return None
+
+
+_ERROR_LINE = re.compile(r"^[\w.-]+: error: \S")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,7 +571,9 @@ def main(argv: list[str] | None = None) -> int:
             env = {**w.env, **{k: w.fill(v) for k, v in case.env.items()}}
             code, err = _run([w.fill(a) for a in case.argv], env, case.limit_s)
             verdict = judge(case, code, err, w)
-            results.append({"what": case.what, "exit": code, "documented": case.exit, "stderr": err.strip(), "miss": verdict})
+            results.append(
+                {"what": case.what, "exit": code, "documented": case.exit, "stderr": err.strip(), "miss": verdict}
+            )
             if verdict or args.verbose:
                 mark = "ok  " if verdict is None else "MISS"
                 print(f"{mark} {case.what}: {verdict or err.strip().splitlines()[0] if err.strip() else verdict}")
