@@ -22,6 +22,8 @@ what the code answers today: a case that fails is a finding, not a wrong expecta
     python tools/mistakes/survey.py            # all cases, a line per miss, the count
     python tools/mistakes/survey.py -v         # every case with its exit code and stderr
     python tools/mistakes/survey.py --smoke    # a handful, to check that the survey runs
+
+Exit status: 0 when every mistake was answered clearly, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -581,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"clear: {clear} of {len(results)} mistakes")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    return 0
+    return 0 if clear == len(results) else 1
 
 
 if __name__ == "__main__":
