@@ -138,6 +138,11 @@ VALUE_SETS = {
     "gpu-classes": GPU_CLASSES,
     "peers": PEERS,
     "peers-existing-secret": PEERS_EXISTING_SECRET,
+    # issue 23: every Secret and certificate brought by the user (tests/charts/test_chart_gitops.py)
+    "gitops": {
+        "agent": {"adminToken": {"existingSecret": "ops-admin"}},
+        "webhook": {"tls": {"existingSecret": "ops-webhook-tls", "caBundle": "QUJD"}},
+    },
     "cert-manager-with-issuer": {
         "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
     },
@@ -571,6 +576,8 @@ def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]
         "Secret",
         "NetworkPolicy",
         "CSIDriver",
+        "ValidatingAdmissionPolicy",  # the agent's node restriction (test_chart_security.py)
+        "ValidatingAdmissionPolicyBinding",
     }
 
 
