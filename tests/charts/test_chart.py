@@ -578,14 +578,28 @@ def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]
         "CSIDriver",
         "ValidatingAdmissionPolicy",  # the agent's node restriction (test_chart_security.py)
         "ValidatingAdmissionPolicyBinding",
+        "Pod",  # `helm test` hooks (test_chart_helm_test.py): the check pod, the agents' Service
+        "Service",
     }
+
+
+def ingress(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    """A NetworkPolicy's ingress rules but the `helm test` pod's (test_chart_helm_test.py)."""
+    return [
+        rule
+        for rule in policy["spec"]["ingress"]
+        if not any(
+            p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "test"
+            for p in rule["from"]
+        )
+    ]
 
 
 def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     default = find(rendered["default"], "NetworkPolicy")
-    [controller] = default["spec"]["ingress"]  # only the Dataset controller (warm-up, cleanup)
+    [controller] = ingress(default)  # only the Dataset controller (warm-up, cleanup)
     assert controller["from"] == [
         {
             "podSelector": {
@@ -593,8 +607,8 @@ def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
             }
         }
     ]
-    assert find(rendered["agent-only"], "NetworkPolicy")["spec"]["ingress"] == []
-    rule, _ = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
+    assert ingress(find(rendered["agent-only"], "NetworkPolicy")) == []
+    rule, _ = ingress(find(rendered["non-default"], "NetworkPolicy"))
     assert rule["ports"] == [{"port": 7420, "protocol": "TCP"}]
     assert rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
 
@@ -958,7 +972,8 @@ def test_the_scheduler_image_follows_the_cluster_version_and_every_image_takes_a
     def images(values: dict[str, Any]) -> list[str]:
         out = []
         for doc in render(values):
-            pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+            # the `helm test` Pod too (issue 23: every image takes a digest)
+            pod = doc["spec"] if doc["kind"] == "Pod" else doc.get("spec", {}).get("template", {}).get("spec", {})
             out += [c["image"] for c in pod.get("containers", []) + pod.get("initContainers", [])]
         return out
 
