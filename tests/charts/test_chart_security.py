@@ -89,3 +89,17 @@ def test_the_agent_may_not_get_single_pods(default: list[dict[str, Any]]) -> Non
     role = find(default, "ClusterRole", "-agent")
     [pods] = [r for r in role["rules"] if "pods" in r["resources"]]
     assert pods["verbs"] == ["list", "watch"]
+
+
+def test_the_notes_say_whether_node_writes_are_restricted() -> None:
+    import helm_python as helm
+
+    from tests.charts.test_chart import CHART, NAMESPACE, RELEASE
+
+    def notes(values: dict[str, Any]) -> str:
+        out = helm.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return " ".join(text for path, text in out.items() if path.endswith("NOTES.txt")).replace("\n", " ")
+
+    on = notes({})
+    assert "may annotate only its own Node" in on and "ValidatingAdmissionPolicy" in on and "NOT enforced" not in on
+    assert "its own Node" not in notes({"agent": {"nodeRestriction": {"enabled": False}}})
