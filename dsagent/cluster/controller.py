@@ -78,6 +78,7 @@ from typing import Any
 
 from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
+from dsagent.cluster.jobpod import job_pod
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.cluster.storegc import StoreCollector
 from dsagent.errors import Conflict, DsagentError
@@ -688,33 +689,7 @@ class DatasetController:
             if isinstance(pack.get(key), int) and not isinstance(pack.get(key), bool):
                 args += [flag, str(pack[key])]
         args += ["--", spec["source"]]
-        pod: JSON = {
-            "restartPolicy": "Never",
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 65532,
-                "runAsGroup": 65532,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "pack",
-                    "image": self.settings.pack_image,
-                    "command": ["dsctl"],
-                    "args": args,
-                    "env": [{"name": "HOME", "value": "/tmp"}],
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                }
-            ],
-            "volumes": [{"name": "tmp", "emptyDir": {}}],
-        }
-        if self.settings.pack_service_account:
-            pod["serviceAccountName"] = self.settings.pack_service_account
+        pod = job_pod("pack", self.settings.pack_image, args, self.settings.pack_service_account)
         labels = {
             "app.kubernetes.io/part-of": "dsplatform",
             "app.kubernetes.io/component": "pack",

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dsagent.cluster.jobpod import job_pod
+
 log = logging.getLogger("dsagent.controller")
 
 JSON = dict[str, Any]
@@ -100,33 +102,8 @@ def gc_job(
         "app.kubernetes.io/component": COMPONENT,
         "dsagent.io/store": store_key(store),
     }
-    pod: JSON = {
-        "restartPolicy": "Never",
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [
-            {
-                "name": "gc",
-                "image": image,
-                "command": ["dsctl"],
-                "args": ["gc", "--delete", "--grace", f"{int(grace_s)}s", "--", store],
-                "env": [{"name": "HOME", "value": "/tmp"}],
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }
-        ],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
-    }
-    if service_account:
-        pod["serviceAccountName"] = service_account
+    args = ["gc", "--delete", "--grace", f"{int(grace_s)}s", "--", store]
+    pod = job_pod("gc", image, args, service_account)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
