@@ -125,3 +125,23 @@ def test_a_pack_writes_again_a_reused_bundle_gc_removed_before_its_manifest(
     assert reused == len(first.bundles) and again.bundles == first.bundles
     assert fs.exists(bundlegc.bundle_path(root, taken))
     assert unpacked(url, options, tmp_path / "out") == sorted(AWKWARD_FILES)
+
+
+def test_dsctl_gc_says_what_it_put_back(
+    awkward_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from dsagent.cli import main
+
+    url = str(tmp_path / "store")
+    second, _ = pack_dataset(awkward_dataset, url, name="awk", max_files=3)
+    fs, root = bundlegc.resolve(url, None)
+    live = second.bundles[0].digest
+    bundlegc._move_aside(fs, root, url, [bundlegc.StoredBundle(live, bundlegc.bundle_path(root, live), 0, None)])
+    main(["gc", url, "--delete", "--grace", "0s", "-o", "json"])
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["restored"] == [live] and answer["deleted"] == []
+    bundlegc._move_aside(fs, root, url, [bundlegc.StoredBundle(live, bundlegc.bundle_path(root, live), 0, None)])
+    main(["gc", url, "--delete", "--grace", "0s"])
+    assert f"put back 1 bundles a manifest references again: {live}" in capsys.readouterr().out
