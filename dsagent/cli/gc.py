@@ -55,6 +55,7 @@ def gc(
             "young": [b.digest for b in plan.young],
             "reclaimableBytes": plan.reclaimable_bytes,
             "deleted": [b.digest for b in plan.deleted],
+            "restored": list(plan.restored),
             "dryRun": not delete,
         }
         click.echo(json.dumps(data))
@@ -70,6 +71,8 @@ def gc(
         f" than {grace}, {plan.referenced} referenced by {plan.manifests} manifests"
     )
     if delete:
+        if plan.restored:  # a manifest came to reference them while they were set aside (docs/design.md#store-gc)
+            click.echo(f"put back {len(plan.restored)} bundles a manifest references again: {' '.join(plan.restored)}")
         click.echo(f"{summary}; deleted {len(plan.deleted)}")
     else:
         click.echo(f"{summary}; dry run, nothing deleted (add --delete)")

@@ -52,6 +52,9 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
   a superseded version at its sweep once no task holds it (rule 2).
+- store gc (``DSAGENT_CONTROLLER_STORE_GC``: an interval; off by default, issue 23): one
+  ``dsctl gc --delete`` Job per bundle store of the auto-packed Datasets and interval,
+  never while a pack of that store runs (:mod:`dsagent.cluster.storegc`).
 
 One leader: a ``coordination.k8s.io/v1`` Lease (:class:`LeaseElector`). The kubernetes
 client's own ``leaderelection`` package is not used: its ``LeaseLock`` builds its API
@@ -75,7 +78,9 @@ from typing import Any
 
 from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
+from dsagent.cluster.jobpod import job_pod
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
+from dsagent.cluster.storegc import StoreCollector
 from dsagent.errors import Conflict, DsagentError
 from dsplatform import published
 from dsplatform.errors import exit_on_error
@@ -245,6 +250,8 @@ class ControllerSettings:
     prepare: Thresholds | None = None  # next-job preparation's presets; None: off
     replicas_window_s: float = 3600.0  # replication: pods started this recently count as demand
     replicas_max: int = 16  # replication: the most copies "auto" asks for
+    store_gc_s: float | None = None  # run store gc Jobs this often (dsagent/cluster/storegc.py); None: off
+    store_gc_grace_s: float = 7 * 86400.0  # never delete a bundle younger than this
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -273,6 +280,10 @@ class ControllerSettings:
             prepare=_prepare_settings(get),
             replicas_window_s=parse_duration(get("REPLICAS_WINDOW") or defaults.replicas_window_s),
             replicas_max=int(get("REPLICAS_MAX") or defaults.replicas_max),
+            store_gc_s=None
+            if (get("STORE_GC") or "off").lower() in ("off", "none", "0")
+            else parse_duration(get("STORE_GC") or ""),
+            store_gc_grace_s=parse_duration(get("STORE_GC_GRACE") or defaults.store_gc_grace_s),
             copies_configmap=None
             if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
             else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
@@ -365,6 +376,18 @@ class DatasetController:
         self._nodes_now: list[JSON] = []
         self._pods_now: list[JSON] | None = None
         self.metrics = ControllerMetrics()
+        self.store_gc = (
+            StoreCollector(
+                self._batch,
+                namespace=settings.namespace,
+                image=settings.pack_image,
+                service_account=settings.pack_service_account,
+                interval_s=settings.store_gc_s,
+                grace_s=settings.store_gc_grace_s,
+            )
+            if settings.store_gc_s
+            else None
+        )
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -406,14 +429,21 @@ class DatasetController:
             except Exception:  # preparation is an optimisation: never let it stop a pass
                 log.exception("next-job preparation failed this pass")
                 self._preparation = None
+        reconciled = []  # the Datasets as this pass left them (a pack Job started now is Running)
         for ds in datasets:
             try:
-                self.reconcile(ds, nodes, inventories)
+                patch = self.reconcile(ds, nodes, inventories)
+                reconciled.append({**ds, "status": {**(ds.get("status") or {}), **patch}})
                 self.metrics.datasets.labels(result="ok").inc()
             except Exception:
                 self.metrics.datasets.labels(result="error").inc()
                 meta = ds.get("metadata") or {}
                 log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
+        if self.store_gc is not None and len(reconciled) == len(datasets):  # a failed one may be packing
+            try:
+                self.store_gc.run(reconciled, self.clock())
+            except Exception:  # gc is housekeeping: never let it stop a pass
+                log.exception("starting store gc Jobs failed this pass")
 
     def reconcile(self, ds: JSON, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> JSON:
         """One Dataset: the status patch it needs (also written, when it changes anything)."""
@@ -659,33 +689,7 @@ class DatasetController:
             if isinstance(pack.get(key), int) and not isinstance(pack.get(key), bool):
                 args += [flag, str(pack[key])]
         args += ["--", spec["source"]]
-        pod: JSON = {
-            "restartPolicy": "Never",
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 65532,
-                "runAsGroup": 65532,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "pack",
-                    "image": self.settings.pack_image,
-                    "command": ["dsctl"],
-                    "args": args,
-                    "env": [{"name": "HOME", "value": "/tmp"}],
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                }
-            ],
-            "volumes": [{"name": "tmp", "emptyDir": {}}],
-        }
-        if self.settings.pack_service_account:
-            pod["serviceAccountName"] = self.settings.pack_service_account
+        pod = job_pod("pack", self.settings.pack_image, args, self.settings.pack_service_account)
         labels = {
             "app.kubernetes.io/part-of": "dsplatform",
             "app.kubernetes.io/component": "pack",

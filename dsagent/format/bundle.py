@@ -661,7 +661,45 @@ def write_bundles(
     ]  # fmt: skip
     packed = manifest.with_bundles(refs)
     write_manifest(packed, store, store_options=store_options)
+    packed = _keep_reused(packed, set(existing), src_fs, src_root, dst_fs, dst_root, store, level, store_options)
     return packed, len(plan) - len(todo)
+
+
+def _keep_reused(
+    packed: Manifest,
+    reused: set[str],
+    src_fs: AbstractFileSystem,
+    src_root: str,
+    dst_fs: AbstractFileSystem,
+    dst_root: str,
+    store: str | os.PathLike[str],
+    level: int,
+    store_options: Mapping[str, Any] | None,
+) -> Manifest:
+    """After the manifest, check once more that the bundles this pack reused (rather than
+    wrote) are still in the store: a concurrent ``dsctl gc`` may have moved an old orphan
+    aside between this pack's look and its manifest (docs/design.md#store-gc). One missing
+    is written again from the source (each file's digest checked), and the manifest again
+    when its compressed size changed. One size request per reused bundle."""
+    refs = list(packed.bundles)
+    changed = False
+    writer = _BundleWriter(src_fs, src_root, None, threading.Lock())
+    for k, ref in enumerate(refs):
+        if ref.digest not in reused:
+            continue
+        path = bundle_path(dst_root, ref.digest)
+        with translate_errors(f"bundle {ref.digest} in {os.fspath(store)!r}"):
+            if _stored_size(dst_fs, path) is not None:
+                continue
+            members = packed.entries[ref.first : ref.first + ref.count]
+            size = _store_object(dst_fs, path, _compress_into(members, writer, level, 0))
+        if size != ref.compressed_size:
+            refs[k] = BundleRef(ref.digest, ref.first, ref.count, ref.size, size)
+            changed = True
+    if changed:
+        packed = packed.with_bundles(refs)
+        write_manifest(packed, store, store_options=store_options)
+    return packed
 
 
 def write_manifest(
@@ -831,6 +869,8 @@ def pack_dataset(
         refs.append(BundleRef(digest, first, count, sum(e.size for e in listed[first : first + count]), sizes[digest]))
     packed = Manifest.create(name, entries, directories=empty, bundles=refs)
     write_manifest(packed, store, store_options=store_options)
+    kept = {digests[i] for i in range(len(plan)) if i not in set(written)}
+    packed = _keep_reused(packed, kept, src_fs, src_root, dst_fs, dst_root, store, level, store_options)  # type: ignore[arg-type]
     if digest_cache is not None:
         fresh = [(files[k], known[k]) for i in todo for k in range(plan[i][0], plan[i][0] + plan[i][1])]
         digest_cache.record(hits=len(files) - len(fresh), misses=len(fresh))

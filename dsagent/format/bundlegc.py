@@ -12,15 +12,22 @@ What it owns:
   running. A bundle whose age cannot be read is never deleted;
 - **the I/O around it** (:func:`scan`, :func:`collect`): one listing of ``bundles/``, every
   manifest read whole. A manifest that cannot be read stops the collection (its bundles
-  would look orphaned); just before deleting, the manifests are listed and read again and
-  any bundle a new manifest references is kept. Deletes are one ``rm`` per object, so
-  object stores (S3, GCS, Azure) need no rename or lock.
+  would look orphaned). Deleting is three steps, because a pack *reuses* bundles the store
+  already holds and so may come to reference an old orphan at any moment
+  (docs/design.md#store-gc): the manifests are read again and the orphans still
+  unreferenced are **moved aside** to ``bundles/.gc/``; the manifests are read a third time
+  and any bundle moved aside that a manifest now references is **put back**; only then are
+  the others removed. A pack that saw the bundle before it was moved and wrote its manifest
+  after that third read finds it gone when it checks its reused bundles after its manifest
+  (:func:`dsagent.format.bundle.pack_dataset`) and writes it again. Bundles left in
+  ``bundles/.gc/`` by an interrupted collection are put back or removed by the next one.
+  Moves and removes are one request per object (a server-side copy on object stores), no
+  lock.
 
-Decision: dry run by default (the CLI lists, ``--delete`` deletes); the default grace is
-24 h, far longer than any pack we measured. Residual race (docs/design.md#store-gc): a pack
-that *reuses* an old orphan (it skips bundles the store already holds) and writes its
-manifest between the second read and the ``rm`` loses that bundle; run gc when no pack
-reuses old data, or with a grace longer than the interval between re-packs.
+Decisions: dry run by default (the CLI lists, ``--delete`` deletes); the default grace is
+24 h, far longer than any pack we measured. One collection per store at a time (two could
+remove each other's moved-aside bundles before the third read): the controller's Jobs
+never overlap (:mod:`dsagent.cluster.storegc`).
 """
 
 from __future__ import annotations
@@ -32,11 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.errors import IntegrityError, NotFound
-from dsagent.format.manifest import BUNDLE_SUFFIX, BUNDLES_DIR, MANIFEST_FILE, read_manifest
+from dsagent.format.digester import is_local
+from dsagent.format.manifest import BUNDLE_SUFFIX, BUNDLES_DIR, MANIFEST_FILE, bundle_path, read_manifest
 from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storage import resolve, translate_errors
 
 DEFAULT_GRACE_SECONDS = 24 * 3600.0
+#: where a collection moves the bundles it is about to delete (under ``bundles/``)
+ASIDE_DIR = ".gc"
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class Plan:
     referenced: int
     manifests: int = 0
     deleted: tuple[StoredBundle, ...] = field(default=())
+    restored: tuple[str, ...] = field(default=())  # digests put back: a manifest referenced them meanwhile
 
     @property
     def reclaimable_bytes(self) -> int:
@@ -164,6 +175,52 @@ def scan(
     return Plan(plan.delete, plan.young, plan.referenced, manifests)
 
 
+def _aside_path(root: str, digest: str) -> str:
+    return f"{root.rstrip('/')}/{BUNDLES_DIR}/{ASIDE_DIR}/{digest}{BUNDLE_SUFFIX}"
+
+
+def _set_aside(fs: Any, root: str, store: str) -> dict[str, str]:
+    """digest -> path of the bundles an earlier collection moved aside and did not finish."""
+    directory = f"{root.rstrip('/')}/{BUNDLES_DIR}/{ASIDE_DIR}"
+    with translate_errors(f"bundles set aside in store {store}"):
+        if not fs.exists(directory):
+            return {}
+        listing = fs.ls(directory, detail=True)
+    found = {}
+    for info in listing:
+        base = str(info["name"]).rstrip("/").rpartition("/")[2]
+        digest = base[: -len(BUNDLE_SUFFIX)] if base.endswith(BUNDLE_SUFFIX) else ""
+        if info.get("type") == "file" and is_digest(digest):
+            found[digest] = str(info["name"])
+    return found
+
+
+def _put_back(fs: Any, aside: str, path: str) -> None:
+    """Return a moved-aside bundle; when a pack has written it again meanwhile, drop the copy."""
+    if fs.exists(path):
+        fs.rm_file(aside)
+    else:
+        fs.mv(aside, path)
+
+
+def _move_aside(fs: Any, root: str, store: str, bundles: list[StoredBundle]) -> dict[str, str]:
+    """Move each bundle to ``bundles/.gc/``; digest -> its new path (the ones that moved)."""
+    moved: dict[str, str] = {}
+    if not bundles:
+        return moved
+    if is_local(fs):  # object stores have no directories to make
+        with translate_errors(f"store {store}"):
+            fs.makedirs(f"{root.rstrip('/')}/{BUNDLES_DIR}/{ASIDE_DIR}", exist_ok=True)
+    for bundle in bundles:
+        aside = _aside_path(root, bundle.digest)
+        with translate_errors(f"bundle {bundle.digest} in {store}"):
+            if not fs.exists(bundle.path):
+                continue  # gone already (another tool): nothing to delete
+            fs.mv(bundle.path, aside)
+        moved[bundle.digest] = aside
+    return moved
+
+
 def collect(
     store: str,
     storage_options: Mapping[str, Any] | None = None,
@@ -172,21 +229,39 @@ def collect(
     delete: bool = False,
     now: float | None = None,
 ) -> Plan:
-    """:func:`scan`, then with ``delete`` remove the old orphans that are still unreferenced
-    after the manifests are read a second time; ``Plan.deleted`` lists what went."""
+    """:func:`scan`, then with ``delete`` remove the old orphans: moved aside when still
+    unreferenced after a second read of the manifests, put back when a third read finds a
+    manifest referencing them, else removed. ``Plan.deleted`` lists what went,
+    ``Plan.restored`` what was put back."""
     plan = scan(store, storage_options, grace_seconds=grace_seconds, now=now)
-    if not delete or not plan.delete:
+    if not delete:
         return plan
-    fs, _ = resolve(store, storage_options)
+    fs, root = resolve(store, storage_options)
+    leftovers = _set_aside(fs, root, store)
+    if not plan.delete and not leftovers:
+        return plan
     still_referenced, _ = referenced_digests(store, storage_options)
-    deleted = []
-    for bundle in plan.delete:
-        if bundle.digest in still_referenced:
-            continue
-        with translate_errors(f"bundle {bundle.digest} in {store}"):
-            fs.rm_file(bundle.path)
-        deleted.append(bundle)
-    return Plan(plan.delete, plan.young, plan.referenced, plan.manifests, tuple(deleted))
+    moved = _move_aside(fs, root, store, [b for b in plan.delete if b.digest not in still_referenced])
+    referenced_now, _ = referenced_digests(store, storage_options)
+    restored = []
+    for digest, aside in {**leftovers, **moved}.items():
+        with translate_errors(f"bundle {digest} in {store}"):
+            if digest in referenced_now:
+                _put_back(fs, aside, bundle_path(root, digest))
+                restored.append(digest)
+            else:
+                fs.rm_file(aside)
+    deleted = tuple(b for b in plan.delete if b.digest in moved and b.digest not in referenced_now)
+    return Plan(plan.delete, plan.young, plan.referenced, plan.manifests, deleted, tuple(sorted(restored)))
 
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "Plan", "StoredBundle", "collect", "plan_collection", "referenced_digests", "scan"]
+__all__ = [
+    "ASIDE_DIR",
+    "DEFAULT_GRACE_SECONDS",
+    "Plan",
+    "StoredBundle",
+    "collect",
+    "plan_collection",
+    "referenced_digests",
+    "scan",
+]

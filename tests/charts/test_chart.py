@@ -138,6 +138,11 @@ VALUE_SETS = {
     "gpu-classes": GPU_CLASSES,
     "peers": PEERS,
     "peers-existing-secret": PEERS_EXISTING_SECRET,
+    # issue 23: every Secret and certificate brought by the user (tests/charts/test_chart_gitops.py)
+    "gitops": {
+        "agent": {"adminToken": {"existingSecret": "ops-admin"}},
+        "webhook": {"tls": {"existingSecret": "ops-webhook-tls", "caBundle": "QUJD"}},
+    },
     "cert-manager-with-issuer": {
         "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
     },
@@ -225,6 +230,8 @@ def test_the_default_values_satisfy_the_schema() -> None:
 # kubernetes-validate knows only built-in kinds: cert-manager objects and the Prometheus
 # Operator's ServiceMonitor (CRDs) are checked by the tests below instead.
 CHECKED_BY_HAND = {"cert-manager.io/v1", "monitoring.coreos.com/v1"}
+# admissionregistration.k8s.io/v1 from Kubernetes 1.30; the SDK renders for a newer cluster.
+RENDERED_FROM_1_30 = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 def all_objects(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -249,6 +256,8 @@ def test_every_rendered_object_validates_strictly(kube_version: str, rendered: d
     for label, doc in all_objects(rendered):
         if doc["apiVersion"] in CHECKED_BY_HAND:
             continue
+        if doc["kind"] in RENDERED_FROM_1_30 and Version(kube_version) < Version("1.30"):
+            continue  # the chart renders them only for clusters >= 1.30 (test_chart_security.py)
         try:
             kv.validate(doc, kube_version, strict=True)
         except kv.ValidationError as exc:
@@ -375,10 +384,10 @@ def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str
 def test_the_agent_may_only_read_and_patch_nodes_watch_pods_and_read_datasets(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
+    # no pods/get: the agent only lists and watches, with spec.nodeName (issue 23)
     assert rules_of(rendered["default"], "-agent") == {
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
-        ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("dsagent.io", "datasets", "get"),
@@ -572,14 +581,30 @@ def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]
         "Secret",
         "NetworkPolicy",
         "CSIDriver",
+        "ValidatingAdmissionPolicy",  # the agent's node restriction (test_chart_security.py)
+        "ValidatingAdmissionPolicyBinding",
+        "Pod",  # `helm test` hooks (test_chart_helm_test.py): the check pod, the agents' Service
+        "Service",
     }
+
+
+def ingress(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    """A NetworkPolicy's ingress rules but the `helm test` pod's (test_chart_helm_test.py)."""
+    return [
+        rule
+        for rule in policy["spec"]["ingress"]
+        if not any(
+            p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "test"
+            for p in rule["from"]
+        )
+    ]
 
 
 def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     default = find(rendered["default"], "NetworkPolicy")
-    [controller] = default["spec"]["ingress"]  # only the Dataset controller (warm-up, cleanup)
+    [controller] = ingress(default)  # only the Dataset controller (warm-up, cleanup)
     assert controller["from"] == [
         {
             "podSelector": {
@@ -587,8 +612,8 @@ def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
             }
         }
     ]
-    assert find(rendered["agent-only"], "NetworkPolicy")["spec"]["ingress"] == []
-    rule, _ = find(rendered["non-default"], "NetworkPolicy")["spec"]["ingress"]
+    assert ingress(find(rendered["agent-only"], "NetworkPolicy")) == []
+    rule, _ = ingress(find(rendered["non-default"], "NetworkPolicy"))
     assert rule["ports"] == [{"port": 7420, "protocol": "TCP"}]
     assert rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
 
@@ -952,7 +977,8 @@ def test_the_scheduler_image_follows_the_cluster_version_and_every_image_takes_a
     def images(values: dict[str, Any]) -> list[str]:
         out = []
         for doc in render(values):
-            pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+            # the `helm test` Pod too (issue 23: every image takes a digest)
+            pod = doc["spec"] if doc["kind"] == "Pod" else doc.get("spec", {}).get("template", {}).get("spec", {})
             out += [c["image"] for c in pod.get("containers", []) + pod.get("initContainers", [])]
         return out
 

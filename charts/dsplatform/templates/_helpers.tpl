@@ -171,3 +171,19 @@ chart's own <fullname>-agent-peer (agent-daemonset.yaml). */}}
 {{- define "dsplatform.peerPort" -}}
 {{- .Values.agent.peers.hostPort | default .Values.agent.port | int }}
 {{- end }}
+
+{{/* The Secret holding the agents' admin token: agent.adminToken.existingSecret, else the
+chart's own <fullname>-agent-admin (agent-daemonset.yaml); and the key the token is under. */}}
+{{- define "dsplatform.adminSecret" -}}
+{{- .Values.agent.adminToken.existingSecret | default (printf "%s-admin" (include "dsplatform.component" (dict "root" . "component" "agent"))) }}
+{{- end }}
+
+{{- define "dsplatform.adminSecretKey" -}}
+{{- ternary .Values.agent.adminToken.existingSecretKey "token" (not (empty .Values.agent.adminToken.existingSecret)) }}
+{{- end }}
+
+{{/* The webhook's serving Secret (tls.crt, tls.key): webhook.tls.existingSecret, else
+<fullname>-webhook-tls (made by the chart or by cert-manager). */}}
+{{- define "dsplatform.webhookTLSSecret" -}}
+{{- .Values.webhook.tls.existingSecret | default (printf "%s-tls" (include "dsplatform.component" (dict "root" . "component" "webhook"))) }}
+{{- end }}

@@ -552,3 +552,55 @@ def test_an_unreachable_api_server_does_not_stop_the_agent(
             await asyncio.to_thread(api_client.close)
 
     asyncio.run(scenario())
+
+
+# -- the rights the chart grants are the ones the agent uses (issue 23)
+
+
+def _verb_and_resource(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str | None]:
+    """(verb, apiGroup, resource, name) of one request, as the API server's RBAC sees it."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource, name = rest[0], (rest[1] if len(rest) > 1 else None)
+    if method == "GET":
+        verb = "get" if name else ("watch" if query.get("watch") in ("true", "1") else "list")
+    else:
+        verb = {"PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[method]
+    return verb, group, resource, name
+
+
+def test_every_request_of_the_agent_is_granted_by_the_chart_and_stays_on_its_own_node(
+    apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
+) -> None:
+    """The chart's agent ClusterRole grants pods list/watch only (no get) and Node patch,
+    and its ValidatingAdmissionPolicy allows only the agent's own Node: the agent must
+    list pods only with its node's field selector and read and patch only its own Node."""
+    from tests.charts.test_chart import find, render, rules_of
+
+    docs = render({})
+    granted = rules_of(docs, "-agent")
+    assert find(docs, "ValidatingAdmissionPolicy")  # the node-restriction policy renders by default
+    apiserver.create(make_node(NODE))
+    apiserver.create(make_node("gpu-2"))
+    apiserver.create(make_dataset("tiny", namespace="ml", source=memory_dataset))
+    pod = apiserver.create(make_pod("p", namespace="ml", node_name=NODE, annotations={"dsagent.io/datasets": "tiny"}))
+    apiserver.create(make_pod("elsewhere", namespace="ml", node_name="gpu-2"))
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            await until(lambda: pod["metadata"]["uid"] in agent._tasks, what="the task")
+            await until(lambda: agent.patches >= 1, what="a publish")
+
+    asyncio.run(scenario())
+    seen = set()
+    for request in apiserver.requests:
+        verb, group, resource, name = _verb_and_resource(request.method, request.path, request.query)
+        assert (group, resource, verb) in granted, (request.method, request.path)
+        if resource == "pods":
+            assert request.query.get("fieldSelector") == f"spec.nodeName={NODE}", request.path
+        if resource == "nodes":
+            assert name == NODE, request.path
+        seen.add((resource, verb))
+    assert {("pods", "list"), ("pods", "watch"), ("nodes", "patch")} <= seen
