@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scheduler_plugin import catalog
+from scheduler_plugin.columns import Selection
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import PodRequest
@@ -64,6 +65,16 @@ class View:
         if not self.cache.synced:
             raise ViewUnavailable("the node cache has not finished its first list yet")
         return list(map(self.cache.snapshot().get, args.node_names or ()))
+
+    def selection(self, args: ExtenderArgs) -> Selection | None:
+        """A names-only request's candidates read from the watch cache's columns (one pass
+        in C, :mod:`scheduler_plugin.columns`); None for a ``Nodes`` request, which
+        :meth:`candidates` serves."""
+        if args.node_names is None or self.cache is None:
+            return None
+        if not self.cache.synced:
+            raise ViewUnavailable("the node cache has not finished its first list yet")
+        return self.cache.columns().select(args.node_names)
 
     def _read_raw(self, raw: RawNode) -> NodeFacts:
         # A node seen at this resourceVersion is not parsed again.
