@@ -90,9 +90,10 @@ class View:
         return catalog.resolve(pod, self.cache.current_datasets())
 
     def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:
-        """Every node the cluster-wide class choice should count."""
+        """Every node the cluster-wide class choice should count (from the watch cache: one
+        node per distinct GPU key with its count, :class:`GroupedNodes`)."""
         if self.cache is not None and self.cache.synced:
-            return self.cache.all()
+            return self.cache.columns().groups()
         return [f for f in candidates if f is not None]
 
     def known(self) -> list[NodeFacts]:

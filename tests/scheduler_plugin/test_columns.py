@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -75,11 +76,15 @@ def assert_same_scores(rng: random.Random, facts: dict[str, NodeFacts], columns:
         weights = rng.choice([Weights(), Weights(1, 0, 0), Weights(0, 1, 0), Weights(0, 0, 1), Weights(0.7, 0, 0.6)])
         settings = Settings(weights=weights)
         raw_pod = random_pod(rng, index)
-        cluster = lambda: list(facts.values())  # noqa: E731
         for verb in VERBS:
             per_node, by_columns = Framework(settings, clock=lambda: 0.0), Framework(settings, clock=lambda: 0.0)
-            expected = per_node.prioritize(per_node.read_pod(raw_pod), [facts.get(n) for n in names], cluster, verb)
-            got = by_columns.prioritize_selection(by_columns.read_pod(raw_pod), columns.select(names), cluster, verb)
+            expected = per_node.prioritize(
+                per_node.read_pod(raw_pod), [facts.get(n) for n in names], lambda: list(facts.values()), verb
+            )
+            # the cluster-wide class vote and class-set choice read the columns' groups
+            got = by_columns.prioritize_selection(
+                by_columns.read_pod(raw_pod), columns.select(names), columns.groups, verb
+            )
             assert got == expected, (verb, weights, raw_pod["metadata"]["annotations"], names)
 
 
@@ -113,6 +118,10 @@ def test_columns_updated_event_by_event_equal_columns_built_afresh(seed: int) ->
     assert columns.facts == facts
     assert columns.ready == fresh.ready and columns.ready_at == fresh.ready_at
     assert set(columns.gpu.ids) == set(facts)
+    assert columns.gpu.counts == Counter(columns.gpu.ids.values())
+    groups = columns.groups()
+    assert sum(groups.counts) == len(facts)
+    assert {g.gpu_key for g in groups} == {f.gpu_key for f in facts.values()}
     for name, node_facts in facts.items():
         assert columns.gpu.reps[columns.gpu.ids[name]].gpu_key == node_facts.gpu_key  # type: ignore[union-attr]
     assert_same_scores(rng, facts, columns, rounds=6)
