@@ -30,14 +30,16 @@ so a request that took the old pair reads a consistent one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from itertools import repeat
 from typing import NamedTuple, TypeVar
 
 from scheduler_plugin.nodeinfo import Holding, Inventory, NodeFacts
 
-#: GPU-key ids kept before the table is rebuilt from the current nodes.
-KEY_LIMIT = 65_536
+#: GPU-key ids kept before the table is rebuilt from the current nodes (keys no node has
+#: any more are dropped then); each keeps one node's GPU facts, without its inventory.
+KEY_LIMIT = 8_192
 _NONE: frozenset[str] = frozenset()
 K = TypeVar("K")
 
@@ -100,7 +102,7 @@ class NodeColumns:
         else:
             if found is None:
                 found = self._id_of[key] = len(gpu.reps)
-                gpu.reps.append(node)  # before ids names it: a reader never sees an id without its node
+                gpu.reps.append(_gpu_only(node))  # before ids names it: a reader never sees an id without its node
             before_id = gpu.ids.get(name)
             if before_id != found:
                 gpu.counts[found] = gpu.counts.get(found, 0) + 1
@@ -133,7 +135,7 @@ class NodeColumns:
             found = id_of.get(node.gpu_key)
             if found is None:
                 found = id_of[node.gpu_key] = len(reps)
-                reps.append(node)
+                reps.append(_gpu_only(node))
             ids[name.encode().decode()] = found
             counts[found] = counts.get(found, 0) + 1
         self._id_of = id_of
@@ -185,6 +187,12 @@ class Selection(NamedTuple):
     def facts(self) -> list[NodeFacts | None]:
         """Each candidate's facts (None when unknown), for the paths that read every node."""
         return list(map(self.columns.facts.get, self.names))
+
+
+def _gpu_only(node: NodeFacts) -> NodeFacts:
+    """The node's GPU facts (all a GPU key's representative is read for), without the
+    inventory, which an id kept after its last node changed would otherwise keep alive."""
+    return dataclasses.replace(node, inventory=None) if node.inventory is not None else node
 
 
 def _holdings(inventory: Inventory | None) -> Mapping[str, Holding]:
