@@ -189,8 +189,12 @@ class ExtenderApp:
             args = self._decode(verb, body)
             names = args.names
             pod = self.view.resolve(self.framework.read_pod(args.pod))
-            nodes = self.view.candidates(args)
-            scores = self.framework.prioritize(pod, nodes, lambda: self.view.cluster(nodes), which)
+            selection = self.view.selection(args)
+            if selection is not None:  # names-only: read from the watch cache's columns
+                scores = self.framework.prioritize_selection(pod, selection, lambda: self.view.cluster(()), which)
+            else:
+                nodes = self.view.candidates(args)
+                scores = self.framework.prioritize(pod, nodes, lambda: self.view.cluster(nodes), which)
             self.metrics.nodes_scored.labels(verb=verb).inc(len(names))
             outcome_label = "ok"
             return encode_priorities(names, scores)

@@ -14,13 +14,14 @@ import logging
 import operator
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_topology.classsets import NodeRoom, choose_class_set, parse_set, serves, set_key
 from scheduler_plugin import filter as node_filter
+from scheduler_plugin.columns import GroupedNodes, Selection
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.nodeinfo import NOTHING_HELD, NodeFacts
 from scheduler_plugin.plugins import MAX, dataset, deadline, numa, roce
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 Cluster = Callable[[], Iterable[NodeFacts]]
 GpuKey = tuple[int, "frozenset[int] | None", int]
+K = TypeVar("K")
 #: Memoized best-fit scores (GPU key, class, need) kept before the memo starts again.
 FIT_MEMO_LIMIT = 100_000
 
@@ -201,25 +203,102 @@ class Framework:
         cheap.
         """
         keys: list[GpuKey | None] = list(map(getattr, nodes, repeat("gpu_key"), repeat(None)))
+        # One node per distinct key (any one: equal keys score alike), built in C.
+        distinct: dict[GpuKey | None, NodeFacts] = dict(zip(keys, nodes))  # type: ignore[arg-type]
+        distinct.pop(None, None)
+        return keys, self.key_scores(pod, distinct, cluster, roce_too=roce_too, numa_too=numa_too)
+
+    def key_scores(
+        self,
+        pod: PodRequest,
+        distinct: Mapping[K, NodeFacts],
+        cluster: Cluster,
+        *,
+        roce_too: bool = True,
+        numa_too: bool = True,
+    ) -> dict[K, tuple[int, int]]:
+        """The (normalized RoCE, NUMA) scores of each distinct GPU key among the candidates,
+        given one node per key; the normalization runs over these keys only."""
         need = pod.gpus
         if need <= 0 or pod.gpus_error:
-            return keys, dict.fromkeys(keys, (0, 0))
+            return dict.fromkeys(distinct, (0, 0))
         gpu_class = self.job_class(pod, cluster) if roce_too else None
         job_set = self.job_set(pod, cluster) if roce_too else None
         classes = job_set.classes if job_set is not None else ()
         placement = self.placements.score
-        # One node per distinct key (any one: equal keys score alike), built in C.
-        distinct: dict[GpuKey, NodeFacts] = dict(zip(keys, nodes))  # type: ignore[arg-type]
-        distinct.pop(None, None)  # type: ignore[call-overload]
         fits = [
-            (_set_fit(node, classes, need) if classes else self._fit(key, node, gpu_class, need)) if roce_too else 0.0
-            for key, node in distinct.items()
+            (_set_fit(node, classes, need) if classes else self._fit(node.gpu_key, node, gpu_class, need))
+            if roce_too
+            else 0.0
+            for node in distinct.values()
         ]
-        table: dict[GpuKey | None, tuple[int, int]] = {
+        return {
             key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)
             for (key, node), fit in zip(distinct.items(), roce.normalize(fits))
         }
-        return keys, table
+
+    def prioritize_selection(
+        self, pod: PodRequest, selection: Selection, cluster: Cluster, which: str = "combined"
+    ) -> list[int]:
+        """:meth:`prioritize` for a names-only request read from the watch cache's columns
+        (:mod:`scheduler_plugin.columns`): the same scores, without a Python loop over the
+        candidates. The GPU scores are computed once per distinct GPU-key id and looked up
+        in C; the dataset score is 10 on the nodes holding every wanted dataset ready and
+        current (an intersection of the columns' sets) and 0 elsewhere. Partial credit and
+        the time score read every node and take :meth:`prioritize`'s path."""
+        w = self.settings.weights
+        if which == "time" or self.settings.partial_datasets or (which == "combined" and w.time):
+            return self.prioritize(pod, selection.facts(), cluster, which)
+        ids = selection.ids
+        if which == "dataset":
+            scores = [0] * len(ids)
+            for index in self._dataset_holders(pod, selection):
+                scores[index] = MAX
+            return scores
+        if which == "numa":
+            table = self.key_scores(pod, selection.reps, lambda: (), roce_too=False)
+        elif which == "roce":
+            table = self.key_scores(pod, selection.reps, cluster, numa_too=False)
+        elif w.roce or w.numa:
+            table = self.key_scores(pod, selection.reps, cluster)
+        else:
+            table = dict.fromkeys(selection.reps, (0, 0))
+        table[0] = (0, 0)  # unknown nodes
+        if which == "roce":
+            return list(map({i: r for i, (r, _) in table.items()}.__getitem__, ids))
+        if which == "numa":
+            return list(map({i: n for i, (_, n) in table.items()}.__getitem__, ids))
+        # combined: the GPU part per id, looked up in C; then the dataset holders. combine's
+        # rule, inlined: it runs once per distinct id, a few hundred times per request.
+        wd, wr, wn = w.dataset, w.roce, w.numa
+        base = {}
+        for i, (roce_score, numa_score) in table.items():
+            total = int(wr * roce_score + wn * numa_score + 0.5)
+            base[i] = MAX if total > MAX else 0 if total < 0 else total
+        scores = list(map(base.__getitem__, ids))
+        if not wd:
+            return scores
+        with_data: dict[int, int] = {}
+        for index in self._dataset_holders(pod, selection):
+            i = ids[index]
+            found = with_data.get(i)
+            if found is None:
+                roce_score, numa_score = table[i]
+                total = int(wd * MAX + wr * roce_score + wn * numa_score + 0.5)
+                found = with_data[i] = MAX if total > MAX else 0 if total < 0 else total
+            scores[index] = found
+        return scores
+
+    def _dataset_holders(self, pod: PodRequest, selection: Selection) -> list[int]:
+        """Positions of the candidates whose dataset score is 10 (without partial credit:
+        the raw scores are ``len(wants)`` or 0, so the best nodes are exactly these)."""
+        if pod.datasets_error or not pod.datasets:
+            return []
+        columns = selection.columns
+        holders = dataset.holding_all(pod.datasets, columns.ready, columns.ready_at)
+        if not holders:
+            return []
+        return list(compress(range(len(selection.names)), map(holders.__contains__, selection.names)))
 
     def _fit(self, key: GpuKey, node: NodeFacts, gpu_class: str | None, need: int) -> float:
         """:func:`_node_fit`, memoized: it reads only the node's classes (equal topology ids
@@ -341,7 +420,12 @@ class Framework:
 
 
 def _grouped_rooms(nodes: Iterable[NodeFacts]) -> list[NodeRoom]:
-    """One :class:`NodeRoom` per distinct GPU key, weighted by its node count."""
+    """One :class:`NodeRoom` per distinct GPU key, weighted by its node count (given by the
+    watch cache's columns when ``nodes`` is a :class:`GroupedNodes`)."""
+    if isinstance(nodes, GroupedNodes):
+        return [
+            NodeRoom(n.class_sizes, n.free_by_class, count) for n, count in zip(nodes, nodes.counts) if n.class_sizes
+        ]
     groups: dict[GpuKey, list[Any]] = {}
     for node in nodes:
         group = groups.get(node.gpu_key)
@@ -359,7 +443,10 @@ def _grouped_free_by_class(nodes: Iterable[NodeFacts]) -> list[tuple[dict[str, i
 
     Counted in C (``Counter`` over the keys, one node per key from ``dict(zip(...))``):
     the first worker of every job asks for this over all nodes, 5,000 in a big cluster.
+    The watch cache's columns count them as nodes change (a :class:`GroupedNodes`).
     """
+    if isinstance(nodes, GroupedNodes):
+        return [(n.free_by_class, count) for n, count in zip(nodes, nodes.counts) if n.free_by_class]
     listed = nodes if isinstance(nodes, list) else list(nodes)
     keys = list(map(_GPU_KEY, listed))
     counts = Counter(keys)

@@ -34,6 +34,7 @@ from scheduler_plugin.catalog import (
     CurrentVersion,
     read_dataset,
 )
+from scheduler_plugin.columns import NodeColumns
 from scheduler_plugin.errors import SettingsError, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import pod_is_active
@@ -78,7 +79,9 @@ class NodeCache:
         # Base facts (no pod usage) per node: the raw Node objects are not kept, since
         # 5,000 parsed Nodes would cost hundreds of MiB.
         self._nodes: dict[str, NodeFacts] = {}
-        self._facts: dict[str, NodeFacts] = {}  # the same with pod usage applied
+        # The same with pod usage applied, and the columns names-only requests read
+        # (scheduler_plugin/columns.py), updated together on every event.
+        self._columns = NodeColumns()
         self._pods: dict[str, tuple[str, int]] = {}  # pod key -> (node, GPUs)
         self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
@@ -102,14 +105,18 @@ class NodeCache:
         """The facts of a known node; None for a node the cache has not seen."""
         if not self.synced:
             raise ViewUnavailable("the node cache has not finished its first list yet")
-        return self._facts.get(name)
+        return self._columns.facts.get(name)
 
     def snapshot(self) -> Mapping[str, NodeFacts]:
         """The current name -> facts map (read-only by convention; updated in place)."""
-        return self._facts
+        return self._columns.facts
+
+    def columns(self) -> NodeColumns:
+        """The current columns (read-only by convention; updated in place, replaced on a relist)."""
+        return self._columns
 
     def all(self) -> list[NodeFacts]:
-        return list(self._facts.values())
+        return list(self._columns.facts.values())
 
     def used_gpus(self, node: str) -> int:
         return self._used.get(node, 0)
@@ -183,7 +190,7 @@ class NodeCache:
         nodes = {n["metadata"]["name"]: self._reader.read(n) for n in items if _name(n)}
         with self._lock:
             self._nodes = nodes
-            self._facts = {name: self._with_usage(base) for name, base in nodes.items()}
+            self._columns = NodeColumns({name: self._with_usage(base) for name, base in nodes.items()})
         self._synced["nodes"].set()
         log.info("node cache listed %d nodes at resourceVersion %s", len(nodes), version)
         if self._on_listed is not None:
@@ -195,10 +202,10 @@ class NodeCache:
             with self._lock:
                 if kind == "DELETED":
                     self._nodes.pop(name, None)
-                    self._facts.pop(name, None)
+                    self._columns.drop(name)
                 else:
                     base = self._nodes[name] = self._reader.read(node)
-                    self._facts[name] = self._with_usage(base)
+                    self._columns.put(name, self._with_usage(base))
 
     # -- datasets ----------------------------------------------------------------
 
@@ -267,7 +274,7 @@ class NodeCache:
             used[node_name] = used.get(node_name, 0) + gpus
         self._used = used
         for name, base in self._nodes.items():
-            self._facts[name] = self._with_usage(base)
+            self._columns.put(name, self._with_usage(base))
 
     def _adjust(self, usage: tuple[str, int] | None, sign: int) -> None:
         """Add or remove one pod's GPUs from its node (an O(1) update per pod event)."""
@@ -280,7 +287,7 @@ class NodeCache:
         else:
             self._used.pop(name, None)
         if name in self._nodes:
-            self._facts[name] = self._with_usage(self._nodes[name])
+            self._columns.put(name, self._with_usage(self._nodes[name]))
 
     def _with_usage(self, base: NodeFacts) -> NodeFacts:
         used = self._used.get(base.name, 0)

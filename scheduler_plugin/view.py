@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scheduler_plugin import catalog
+from scheduler_plugin.columns import Selection
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
 from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.podspec import PodRequest
@@ -65,6 +66,16 @@ class View:
             raise ViewUnavailable("the node cache has not finished its first list yet")
         return list(map(self.cache.snapshot().get, args.node_names or ()))
 
+    def selection(self, args: ExtenderArgs) -> Selection | None:
+        """A names-only request's candidates read from the watch cache's columns (one pass
+        in C, :mod:`scheduler_plugin.columns`); None for a ``Nodes`` request, which
+        :meth:`candidates` serves."""
+        if args.node_names is None or self.cache is None:
+            return None
+        if not self.cache.synced:
+            raise ViewUnavailable("the node cache has not finished its first list yet")
+        return self.cache.columns().select(args.node_names)
+
     def _read_raw(self, raw: RawNode) -> NodeFacts:
         # A node seen at this resourceVersion is not parsed again.
         used = self.cache.used_gpus(raw.name) if self.cache is not None else 0
@@ -79,9 +90,10 @@ class View:
         return catalog.resolve(pod, self.cache.current_datasets())
 
     def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:
-        """Every node the cluster-wide class choice should count."""
+        """Every node the cluster-wide class choice should count (from the watch cache: one
+        node per distinct GPU key with its count, :class:`GroupedNodes`)."""
         if self.cache is not None and self.cache.synced:
-            return self.cache.all()
+            return self.cache.columns().groups()
         return [f for f in candidates if f is not None]
 
     def known(self) -> list[NodeFacts]:

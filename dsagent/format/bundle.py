@@ -60,7 +60,7 @@ from dsagent.format.manifest import (
     check_layout,
     manifest_path,
 )
-from dsagent.format.storage import open_whole, resolve, translate_errors
+from dsagent.format.storage import open_whole, resolve_local_first, translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
 
 if TYPE_CHECKING:
@@ -621,8 +621,8 @@ def write_bundles(
     Returns the manifest with its bundle index and the number of bundles reused.
     ``progress(bytes, files)`` counts the files packed (reused bundles count at once).
     """
-    src_fs, src_root = resolve(source, storage_options)
-    dst_fs, dst_root = resolve(store, store_options)
+    src_fs, src_root = resolve_local_first(source, storage_options)
+    dst_fs, dst_root = resolve_local_first(store, store_options)
     plan = plan_bundles(manifest.entries, max_files, max_bytes)
     groups = [manifest.entries[first : first + count] for first, count in plan]
     digests = [bundle_digest(group) for group in groups]
@@ -706,7 +706,7 @@ def write_manifest(
     manifest: Manifest, store: str | os.PathLike[str], *, store_options: Mapping[str, Any] | None = None
 ) -> None:
     """Store ``manifest`` as ``<store>/<name>/manifest``, atomically; call it after its bundles."""
-    fs, root = resolve(store, store_options)
+    fs, root = resolve_local_first(store, store_options)
     path = manifest_path(root, manifest.name)
     data = manifest.to_bytes()
     with translate_errors(f"manifest of {manifest.name!r} in {os.fspath(store)!r}"):
@@ -797,7 +797,7 @@ def pack_dataset(
     written at a time, else bundles are written in parallel, one per core).
     """
     check_dataset_name(name)
-    src_fs, src_root = resolve(source, storage_options)
+    src_fs, src_root = resolve_local_first(source, storage_options)
     empty: list[str] = []
     files = None
     if is_local(src_fs):
@@ -818,7 +818,7 @@ def pack_dataset(
         [digest_cache.match(snapshot, f) for f in files] if digest_cache is not None else [None] * len(files)
     )
     plan = plan_bundles(listed, max_files, max_bytes)
-    dst_fs, dst_root = resolve(store, store_options)
+    dst_fs, dst_root = resolve_local_first(store, store_options)
     digests: list[str | None] = []
     for first, count in plan:
         cached = known[first : first + count]

@@ -36,7 +36,7 @@ import xxhash
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
-from dsagent.format.storage import open_whole, resolve, resolves_within, translate_errors
+from dsagent.format.storage import LocalFiles, open_whole, resolve_local_first, resolves_within, translate_errors
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -59,9 +59,10 @@ class _Found(NamedTuple):
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
-    from fsspec.implementations.local import LocalFileSystem  # loaded already: fs is an fsspec filesystem
-
-    return isinstance(fs, LocalFileSystem)
+    if isinstance(fs, LocalFiles):
+        return True
+    local = sys.modules.get("fsspec.implementations.local")  # loaded already when fs is fsspec's
+    return local is not None and isinstance(fs, local.LocalFileSystem)
 
 
 #: inode of a local file the walk listed but did not stat yet
@@ -735,7 +736,7 @@ def build_manifest(
     special files, broken or escaping links in it, :class:`SourceUnavailable` when reading fails.
     """
     check_dataset_name(name)
-    fs, root = resolve(source, storage_options)
+    fs, root = resolve_local_first(source, storage_options)
     empty_dirs: list[str] = []
     found = walk_source(fs, root, empty_dirs, confine=None if confine is None else [os.fspath(c) for c in confine])
     with translate_errors(f"source {os.fspath(source)!r}"):

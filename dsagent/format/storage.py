@@ -92,6 +92,69 @@ def local_path(url: str | os.PathLike[str], storage_options: Mapping[str, Any] |
     return os.path.abspath(text)
 
 
+class LocalFiles:
+    """The local disk, answering the few filesystem calls that digesting and packing a
+    plain local path make, without importing fsspec.
+
+    ``dsctl digest`` and ``dsctl pack`` of a local tree into a local store read and write
+    with ``os`` directly (:func:`dsagent.format.digester.is_local` branches); the fsspec
+    filesystem was only asked whether the root exists, whether it is a directory, to make
+    the store's directories and for an object's size, and its import (asyncio, ssl,
+    importlib.metadata, ~150 ms on a quiet machine) was most of ``dsctl digest``'s
+    start-up. The methods keep fsspec's ``LocalFileSystem`` meaning for these calls.
+    """
+
+    protocol = ("file", "local")
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size  # FileNotFoundError when absent, as fsspec raises
+
+    def info(self, path: str) -> dict[str, Any]:
+        st = os.stat(path)
+        return {"name": path, "size": st.st_size, "type": "directory" if os.path.isdir(path) else "file"}
+
+    def open(self, path: str, mode: str = "rb", **_: Any) -> IO[bytes]:
+        return open(path, mode)  # noqa: SIM115  # the caller closes it
+
+    def cat_file(self, path: str) -> bytes:
+        with open(path, "rb") as stream:
+            return stream.read()
+
+    def mv(self, source: str, dest: str) -> None:
+        os.replace(source, dest)
+
+    def rm(self, path: str) -> None:
+        os.unlink(path)
+
+    @staticmethod
+    def _strip_protocol(path: str) -> str:
+        return path
+
+
+LOCAL_FILES = LocalFiles()
+
+
+def resolve_local_first(
+    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[AbstractFileSystem, str]:
+    """:func:`resolve`, except that a plain local path (:func:`local_path`) is answered with
+    :data:`LOCAL_FILES` and never imports fsspec. For the callers whose local branches read
+    and write with ``os`` (digesting and packing)."""
+    path = local_path(url, storage_options)
+    if path is None:
+        return resolve(url, storage_options)
+    return LOCAL_FILES, path  # the calls these callers make (fsspec is untyped: no cast needed)
+
+
 def _single(text: str, storage_options: Mapping[str, Any]) -> tuple[AbstractFileSystem, str]:
     """What ``url_to_fs`` does for one URL, without its chain split (which cuts IPv6 hosts)."""
     import fsspec

@@ -20,6 +20,7 @@ size taken from the inventories of the candidates.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 from scheduler_plugin.nodeinfo import Holding, Inventory
 from scheduler_plugin.plugins import normalize_to_max
@@ -58,6 +59,26 @@ def affinity(
     return len(wants) * _fraction(held, wants, sizes)
 
 
+def holding_all(
+    wants: Sequence[DatasetWant],
+    ready: Mapping[str, AbstractSet[str]],
+    ready_at: Mapping[tuple[str, str], AbstractSet[str]],
+) -> set[str]:
+    """The nodes whose :func:`affinity` (without partial credit) is ``len(wants)``, from an
+    index instead of a call per node: those holding every wanted dataset ready and current.
+
+    ``ready`` maps a dataset name to the nodes holding it ready; ``ready_at`` maps (name,
+    digest) to the nodes whose ready copy is that version. Every other node scores 0, so
+    the normalized dataset score is 10 for these nodes and 0 for the rest.
+    """
+    if not wants:
+        return set()
+    groups = sorted(
+        (ready.get(w.name, ()) if w.digest is None else ready_at.get((w.name, w.digest), ()) for w in wants), key=len
+    )
+    return set(groups[0]).intersection(*groups[1:])
+
+
 def is_current(want: DatasetWant, holding: Holding) -> bool:
     """Whether the node's newest copy is the version the pod asks for."""
     return want.digest is None or want.digest == holding.digest
@@ -94,4 +115,4 @@ def normalize(raws: Sequence[float]) -> list[int]:
     return normalize_to_max(raws)
 
 
-__all__ = ["affinity", "is_current", "normalize", "requested_sizes"]
+__all__ = ["affinity", "holding_all", "is_current", "normalize", "requested_sizes"]

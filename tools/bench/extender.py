@@ -9,6 +9,10 @@ For 100, 1,000 and 5,000 nodes, in both kube-scheduler modes:
 it sends sequential prioritize requests the way kube-scheduler does (one pod at a time,
 a keep-alive connection), and prints p50 / p99 latency and requests per second next to
 the floor: the bare cost of ``json.loads`` of the same request body in this process.
+It also prints the extender process's CPU time per request (user + system, from
+``/proc/<pid>/stat``, "-" where there is none): on a shared, loaded machine latency
+includes waiting for a core, CPU time does not, so it is the figure to compare between
+two runs there. The load average at the start and the end is printed too.
 
 The client is a few lines of HTTP/1.1 over a socket that writes each request with
 ``sendall``, as Go's transport does. httpx is not used for the requests: its sync
@@ -202,6 +206,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used so far, or None without ``/proc``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -239,9 +252,10 @@ def main() -> None:
         f"# {max(sizes)} nodes, {opts.datasets} datasets each, {opts.requests} requests per cell, "
         f"node object ~{len(json.dumps(nodes[0])) // 1024} KiB, {opts.client} client"
     )
+    print(f"# load average at the start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
     print(
         f"{'mode':6} {'nodes':>6} {'body MiB':>9} {'json.loads':>11} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10}"
+        f"{'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'p50/floor':>10} {'CPU ms/req':>11}"
     )
     with FakeApiServer() as api, tempfile.TemporaryDirectory(dir=opts.workdir) as tmp:
         for obj in nodes:
@@ -269,11 +283,19 @@ def main() -> None:
                                 )
                             )
                         base = floor(bodies, max(5, min(opts.requests, 50)))
+                        cpu_before = cpu_seconds(server.pid)
                         latencies, rps = measure(conn, bodies, opts.requests)
+                        cpu_after = cpu_seconds(server.pid)
+                        # the warm-up requests (two) ran inside the window too
+                        cpu = (
+                            f"{(cpu_after - cpu_before) / (opts.requests + 2) * 1e3:>11.2f}"
+                            if cpu_before is not None and cpu_after is not None
+                            else f"{'-':>11}"
+                        )
                         p50, p99 = pct(latencies, 0.5), pct(latencies, 0.99)
                         print(
                             f"{mode:6} {size:>6} {len(bodies[0]) / 2**20:>9.2f} {base * 1e3:>9.2f}ms "
-                            f"{p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {rps:>7.1f} {p50 / base:>9.1f}x",
+                            f"{p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {rps:>7.1f} {p50 / base:>9.1f}x {cpu}",
                             flush=True,
                         )
             finally:
@@ -281,6 +303,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(10)
+    print(f"# load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the commands import: a ``dsctl`` process pays for every module it loads (issue 24).
 
-``dsctl unpack`` of a local store needs neither fsspec nor pydantic, and ``dsctl cache``
+``dsctl unpack``, ``digest`` and ``pack`` of local paths need neither fsspec nor pydantic, and ``dsctl cache``
 (every init-container runs it) needs no FastAPI app; each check runs the command in a
 fresh interpreter and lists the modules it loaded.
 """
@@ -53,6 +53,34 @@ def test_dsctl_unpack_and_verify_of_a_local_store_import_neither_fsspec_nor_pyda
         assert code == 0, args
         assert not {m for m in modules if m.split(".")[0] in ("fsspec", "pydantic", "pydantic_settings")}, args
     assert (tmp_path / "out" / "a" / "1.jpg").read_bytes() == b"x" * 3000
+
+
+def test_dsctl_digest_and_pack_of_local_paths_import_neither_fsspec_nor_pydantic(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"a/1.jpg": b"x" * 3000, "b/2.jpg": b"y" * 10, "c/empty/.keep": b""})
+    digests = []
+    for args in (
+        ["digest", str(src), "-o", "json"],
+        ["pack", str(src), "--name", "d", "--to", str(tmp_path / "store"), "-o", "json"],
+        ["pack", str(src), "--name", "d", "--to", str(tmp_path / "store"), "-o", "json"],  # every bundle reused
+        ["digest", str(src / "a" / "1.jpg"), "-o", "json"],  # a lone file is a dataset of one
+    ):
+        code, modules = _loaded(args, tmp_path)
+        assert code == 0, args
+        assert not {m for m in modules if m.split(".")[0] in ("fsspec", "pydantic", "pydantic_settings")}, args
+    # the same answers as through fsspec (the library call, with fsspec loaded by a URL form)
+    for args in (["digest", str(src), "-o", "json"], ["digest", f"file://{src}", "-o", "json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "dsagent.cli", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "DSAGENT_DIGEST_CACHE": str(tmp_path / "d.sqlite")},
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        digests.append(json.loads(done.stdout)["digest"])
+    assert digests[0] == digests[1]
+    assert pack(src, tmp_path / "store2", name="d").digest == digests[0]
 
 
 def test_dsctl_cache_does_not_import_the_agent_app(tmp_path: Path) -> None:
