@@ -34,12 +34,12 @@ from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
+from dsplatform.names import is_dns_subdomain
 from dsplatform.paths import cache_home
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
-_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -370,7 +370,7 @@ class Settings(StorageSettings):
     @field_validator("resource_prefix")
     @classmethod
     def _resource_prefix(cls, value: str) -> str:
-        if not _DNS_SUBDOMAIN.fullmatch(value):
+        if not is_dns_subdomain(value):
             raise ValueError(f"invalid resource prefix {value!r} (use a DNS subdomain such as dsagent.io)")
         return value
 

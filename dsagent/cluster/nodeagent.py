@@ -53,12 +53,11 @@ from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_f
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
 from dsplatform.gpus import GpuResources
+from dsplatform.names import is_dns_label, is_dns_subdomain
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 
 log = logging.getLogger("dsagent.cluster")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
@@ -93,7 +92,7 @@ class ClusterSettings(EnvSettings):
         if value in (None, ""):
             return None
         namespace, _, name = str(value).partition("/")
-        if not (_DNS_LABEL.match(namespace) and _DNS_SUBDOMAIN.match(name)):
+        if not (is_dns_label(namespace) and is_dns_subdomain(name)):
             raise ValueError("must be NAMESPACE/NAME of a ConfigMap")
         return str(value)
 

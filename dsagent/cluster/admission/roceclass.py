@@ -60,6 +60,7 @@ from dsplatform import published
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.kubetime import format_micro_time, parse_or_none
+from dsplatform.names import is_dns_label, is_dns_subdomain, is_resource_name
 from dsplatform.units import UnitError, parse_duration
 
 log = logging.getLogger("dsagent.webhook")
@@ -72,10 +73,6 @@ SPLIT = "*"  # a Lease holder: the job is placed across class layouts
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"
 DEFAULT_PREFIX = RESOURCE_PREFIX
-_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-_NETWORK = re.compile(rf"^({_DNS_LABEL}/)?{_DNS_LABEL}$")
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"  # Multus: the pod's extra networks
 
 
@@ -94,17 +91,15 @@ class GpuClassSettings:
     networks: str = ""
 
     def __post_init__(self) -> None:
-        if not _RESOURCE_NAME.match(self.gpu_resource):
+        if not is_resource_name(self.gpu_resource):
             raise SettingsError(
                 f"GPU resource {self.gpu_resource!r} is not an extended resource name", hint="e.g. nvidia.com/gpu"
             )
-        if not _PREFIX.match(self.prefix):
+        if not is_dns_subdomain(self.prefix):
             raise SettingsError(f"class resource prefix {self.prefix!r} is not a DNS domain", hint="e.g. dsagent.io")
         if self.lease_ttl_s < 1:
             raise SettingsError("the job Lease TTL must be at least one second")
-        if self.networks and (
-            "{class}" not in self.networks or not _NETWORK.match(self.networks.replace("{class}", "gpu-roce1"))
-        ):
+        if self.networks and ("{class}" not in self.networks or not _is_network(self.network("gpu-roce1"))):
             raise SettingsError(
                 f"network attachment template {self.networks!r} is not [<namespace>/]<name> with {{class}} in it",
                 hint="e.g. dsplatform/dsp-{class}",
@@ -153,6 +148,12 @@ class GpuDecision:
 
 
 # -- the pure part -----------------------------------------------------------------------
+
+
+def _is_network(value: str) -> bool:
+    """A NetworkAttachmentDefinition reference, ``[<namespace>/]<name>``, each a DNS-1123 label."""
+    namespace, _, name = value.rpartition("/")
+    return (not namespace or is_dns_label(namespace)) and is_dns_label(name)
 
 
 def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
