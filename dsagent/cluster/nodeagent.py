@@ -38,24 +38,26 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from dsagent.cache.task import DatasetRequest
 from dsagent.cluster import annotation, publisher
-from dsagent.cluster.admission.mutation import INIT_CONTAINER
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
-from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
 from dsplatform.gpus import GpuResources
 from dsplatform.names import is_dns_label, is_dns_subdomain
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
+
+if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
+    from dsagent.cache.service import CacheService
 
 log = logging.getLogger("dsagent.cluster")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
