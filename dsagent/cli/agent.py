@@ -2,7 +2,9 @@
 
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
 TCP listener when asked), chooses the companions that run beside the cache service (the
-cluster agent in Kubernetes mode; :func:`companions`), and runs the FastAPI app under
+cluster agent in Kubernetes mode; :func:`node_parts`) and the hooks the service is built
+with (cluster mode's task guard and peer list, :mod:`dsagent.cache.hooks`: built first,
+so the service takes them in its constructor), and runs the FastAPI app under
 uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
 (:mod:`dsagent.nodeplugins.csi.driver`) is a companion too: it serves on that socket, on the same loop
 and the same service, once the service has started. This is the one place that wires the
@@ -36,6 +38,7 @@ from typing import Any
 import click
 
 from dsagent.api import CompanionFactory
+from dsagent.cache.hooks import ServiceHooks
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
@@ -75,10 +78,11 @@ def require_kubelet_extra(settings: Settings) -> None:
         ) from exc
 
 
-def load_cluster_agent(settings: Settings) -> CompanionFactory:
-    """``dsagent.cluster.nodeagent.ClusterAgent``'s factory, imported only in cluster mode."""
+def load_cluster_agent(settings: Settings) -> tuple[ServiceHooks, CompanionFactory]:
+    """Cluster mode's hooks for the service and ``dsagent.cluster.nodeagent.ClusterAgent``'s
+    factory (sharing one ``ClusterHooks``), imported only in cluster mode."""
     try:
-        from dsagent.cluster.nodeagent import ClusterAgent
+        from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, ClusterSettings
     except ImportError as exc:
         name = getattr(exc, "name", None) or ""
         if name and not name.startswith("dsagent"):
@@ -90,7 +94,11 @@ def load_cluster_agent(settings: Settings) -> CompanionFactory:
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
         ) from exc
     free_gpus = _free_gpu_source(settings)
-    return lambda svc: ClusterAgent(svc, settings, free_gpus=free_gpus)
+    cluster = ClusterSettings.from_env(os.environ)
+    hooks = ClusterHooks(settings, cluster)
+    return hooks.for_service(), lambda svc: ClusterAgent(
+        svc, settings, cluster=cluster, free_gpus=free_gpus, hooks=hooks
+    )
 
 
 class CsiCompanion:
@@ -116,14 +124,25 @@ class CsiCompanion:
             await self._driver.stop()
 
 
-def companions(settings: Settings) -> list[CompanionFactory]:
-    """What runs beside the cache service on this node, by the settings."""
+@dataclass(frozen=True)
+class NodeParts:
+    """What ``dsagent serve`` builds around the cache service: the hooks it is built with,
+    and the companions that run beside it."""
+
+    hooks: ServiceHooks = ServiceHooks()
+    companions: tuple[CompanionFactory, ...] = ()
+
+
+def node_parts(settings: Settings) -> NodeParts:
+    """The service's hooks and the companions on this node, by the settings."""
+    hooks = ServiceHooks()
     chosen: list[CompanionFactory] = []
     if settings.kubernetes:
-        chosen.append(load_cluster_agent(settings))
+        hooks, cluster_agent = load_cluster_agent(settings)
+        chosen.append(cluster_agent)
     if settings.csi_socket is not None:
         chosen.append(lambda svc: CsiCompanion(svc, settings))
-    return chosen
+    return NodeParts(hooks, tuple(chosen))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -362,7 +381,8 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Socket
                 _cleanup(settings, bound, pointer)
 
     bound = list(sockets)
-    app = create_app(settings, companions=companions(settings))
+    parts = node_parts(settings)
+    app = create_app(settings, hooks=parts.hooks, companions=parts.companions)
 
     config = uvicorn.Config(
         app,
