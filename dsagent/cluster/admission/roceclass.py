@@ -59,7 +59,7 @@ from dsagent.cluster.apiclient import translated
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
-from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, pod_gpus
+from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.kubetime import format_micro_time, parse_or_none
 from dsplatform.names import is_dns_label, is_dns_subdomain, is_resource_name
@@ -191,9 +191,12 @@ def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def _quantity(value: Any) -> int:
+    """A container's quantity of a GPU resource by the platform's one rule
+    (:func:`dsplatform.gpus.parse_quantity`: ``"4"``, ``4``, ``"4000m"``); unreadable: none,
+    as :func:`gpu_request` counts it."""
     try:
-        return int(str(value).strip())
-    except ValueError:
+        return parse_quantity(value)
+    except QuantityError:
         return 0
 
 
