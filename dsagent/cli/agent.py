@@ -42,7 +42,8 @@ from dsagent.cache.hooks import ServiceHooks
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
-from dsplatform.errors import exit_on_error
+from dsplatform.errors import PlatformError, exit_on_error, exit_with
+from dsplatform.serving import BACKLOG, CannotListen, StartupWatch, listening_socket
 
 
 class KubernetesUnavailable(SettingsError):
@@ -219,12 +220,13 @@ def serve(
     sockets = _bind(settings)
     pointer = _record_socket(settings)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    code = asyncio.run(_run(settings, sockets, pointer))
+    failure = asyncio.run(_run(settings, sockets, pointer))
     if _stuck_threads():
         # a worker stuck in a blocking call (a hanging source, a dead NFS mount) would hold
         # the interpreter's exit forever: leave it behind
-        _exit_now(code, "leaving threads stuck in blocking calls behind")
-    sys.exit(code)
+        _exit_now("leaving threads stuck in blocking calls behind", failure)
+    if failure is not None:
+        raise failure  # the start-up's own error: main's edge prints it with its exit code
 
 
 #: From SIGTERM to the process being gone, whatever its threads are doing (issue 10 finding 3).
@@ -235,20 +237,23 @@ def _stuck_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
 
 
-def _exit_now(code: int, why: str) -> None:
+def _exit_now(why: str, failure: PlatformError | None = None) -> None:
+    """End the process now, threads or not: 0, or ``failure``'s line and exit code."""
     logging.getLogger("dsagent").warning("exiting: %s", why)
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()
+    if failure is not None:
+        exit_with(failure, "dsagent", now=True)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
+    os._exit(os.EX_OK)  # stopped: not an error
 
 
 def _watchdog(seconds: float) -> None:
     """Exit ``seconds`` from now if the orderly shutdown has not finished by then."""
-    timer = threading.Timer(seconds, _exit_now, (0, f"shutdown took over {seconds:.0f} s"))
+    timer = threading.Timer(seconds, _exit_now, (f"shutdown took over {seconds:.0f} s",))
     timer.daemon = True
     timer.start()
 
@@ -318,20 +323,16 @@ def _bind(settings: Settings) -> list[socket.socket]:
         ) from None
     finally:
         os.umask(old)
+    unix.listen(BACKLOG)
+    unix.set_inheritable(True)
     sockets = [unix]
     if settings.listen is not None:
         host, port = settings.listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        tcp = socket.socket(family, socket.SOCK_STREAM)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            tcp.bind((host, port))
-        except OSError as exc:
-            raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        sockets.append(tcp)
-    for sock in sockets:
-        sock.listen(128)
-        sock.set_inheritable(True)
+            sockets.append(listening_socket(host, port, hint="choose another --listen (DSAGENT_LISTEN)"))
+        except CannotListen:
+            unix.close()
+            raise
     return sockets
 
 
@@ -346,7 +347,10 @@ def _listening(path: Path) -> bool:
         probe.close()
 
 
-async def _run(settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None) -> int:
+async def _run(
+    settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None
+) -> PlatformError | None:
+    """Serve until stopped; None, or the error that kept the server from starting."""
     import uvicorn
 
     from dsagent.api import create_app
@@ -384,8 +388,9 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Socket
     parts = node_parts(settings)
     app = create_app(settings, hooks=parts.hooks, companions=parts.companions)
 
+    watched = StartupWatch(app)
     config = uvicorn.Config(
-        app,
+        watched,
         http=peer_credentials_protocol(),
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
@@ -394,11 +399,14 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Socket
     )
     server = Server(config)
     try:
-        await server.serve(sockets=sockets)
+        with watched.serving("the agent", lambda: server.started):  # a failed start: its error, not exit 3
+            await server.serve(sockets=sockets)
+    except PlatformError as failure:
+        return failure
     finally:
         await stop_plugin()
         _cleanup(settings, bound, pointer)
-    return 0 if server.started else 3
+    return None
 
 
 @dataclass(frozen=True)

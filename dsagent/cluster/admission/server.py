@@ -42,6 +42,7 @@ from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsplatform import boundedjson
 from dsplatform.errors import exit_on_error
+from dsplatform.serving import StartupWatch, listening_socket
 from dsplatform.settings import EnvSettings, InvalidSettings, not_from_env
 
 log = logging.getLogger("dsagent.webhook")
@@ -289,11 +290,11 @@ def serve(settings: WebhookSettings) -> None:
     if settings.gpu_classes.enabled:
         gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
     assert settings.injection is not None  # the settings read or were given it
-    app = create_app(settings.injection, client.get, gpu)
-    uvicorn.run(
+    # bound first: a busy address is one line and exit 2, not uvicorn's log and exit 3
+    sock = listening_socket(settings.host, settings.port, hint=f"choose another {ENV_PREFIX}LISTEN")
+    app = StartupWatch(create_app(settings.injection, client.get, gpu))
+    config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_level="info",
         access_log=False,
         # an idle or half-open client (a TLS handshake never finished) must not hold SIGTERM
@@ -301,6 +302,9 @@ def serve(settings: WebhookSettings) -> None:
         ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
         ssl_keyfile=str(settings.key_file) if settings.key_file else None,
     )
+    server = uvicorn.Server(config)
+    with app.serving("the webhook", lambda: server.started):  # a failed start: its error, not exit 3
+        server.run(sockets=[sock])
 
 
 def main() -> None:
