@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from fastapi.responses import JSONResponse
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from dsagent.cache.hooks import ServiceHooks
     from dsagent.cache.service import CacheService
+    from dsagent.cache.servicehooks import ServiceHooks
     from dsagent.cache.settings import Settings
 
 log = logging.getLogger("dsagent.api")
@@ -63,14 +63,14 @@ def create_app(
     hooks: ServiceHooks | None = None,
 ) -> FastAPI:
     """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``,
-    built with ``hooks`` (what cluster mode lends it, :mod:`dsagent.cache.hooks`)."""
+    built with ``hooks`` (what cluster mode lends it, :mod:`dsagent.cache.servicehooks`)."""
     from fastapi import FastAPI
 
     from dsagent import __version__
     from dsagent.api.identity import own_pod_uid
     from dsagent.api.routes import router
-    from dsagent.cache.hooks import ServiceHooks
     from dsagent.cache.service import CacheService
+    from dsagent.cache.servicehooks import ServiceHooks
 
     if service is not None and hooks is not None:
         raise ValueError("hooks are for the service create_app builds; a given service has its own")

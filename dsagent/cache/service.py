@@ -41,13 +41,13 @@ from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
 from dsagent.cache.fetch import Source
 from dsagent.cache.flights import Flights
-from dsagent.cache.hooks import ServiceHooks
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
 from dsagent.cache.peers import BundleInFlight, PeerFetcher, PeerServer, ServedBundle, find_bundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
 from dsagent.cache.task import (
@@ -78,7 +78,7 @@ class CacheService:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        # what cluster mode lends: the task check and the peer list (dsagent.cache.hooks)
+        # what cluster mode lends: the task check and the peer list (dsagent.cache.servicehooks)
         self.hooks = hooks
         # every filesystem the agent builds (source, store, bundles) gets these bounds when
         # it is built, for its own protocol (dsagent.format.storage.resolve)

@@ -3,7 +3,7 @@
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
 TCP listener when asked), chooses the companions that run beside the cache service (the
 cluster agent in Kubernetes mode; :func:`node_parts`) and the hooks the service is built
-with (cluster mode's task guard and peer list, :mod:`dsagent.cache.hooks`: built first,
+with (cluster mode's task guard and peer list, :mod:`dsagent.cache.servicehooks`: built first,
 so the service takes them in its constructor), and runs the FastAPI app under
 uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
 (:mod:`dsagent.nodeplugins.csi.driver`) is a companion too: it serves on that socket, on the same loop
@@ -38,8 +38,8 @@ from typing import Any
 import click
 
 from dsagent.api import CompanionFactory
-from dsagent.cache.hooks import ServiceHooks
 from dsagent.cache.service import CacheService
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
 from dsplatform.errors import PlatformError, exit_on_error, exit_with

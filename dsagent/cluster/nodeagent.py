@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from dsagent.cache.hooks import ServiceHooks
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
 from dsagent.cluster import annotation, publisher
@@ -159,7 +159,7 @@ def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRe
 
 
 class ClusterHooks:
-    """What cluster mode lends the cache service (:class:`~dsagent.cache.hooks.ServiceHooks`):
+    """What cluster mode lends the cache service (:class:`~dsagent.cache.servicehooks.ServiceHooks`):
     the task guard (item 4 of the module docstring) and the peer list from the node
     inventories. Built before the service, which takes :meth:`for_service` in its
     constructor; they need the agent's pod watch and API client, not the service, and get

@@ -40,13 +40,13 @@ from typing import Literal
 import httpx
 import xxhash
 
-from dsagent.cache.hooks import PeerHolders
 from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES, holds
 from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers.peererrors import PeerFetchingIt, PeerRefused
 from dsagent.cache.peers.peersession import REFRESH_EVERY, PeerSession
 from dsagent.cache.progress import FetchProgress
+from dsagent.cache.servicehooks import PeerHolders
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, IntegrityError, TransientError
 from dsagent.format.extract import unpack_bundle_stream

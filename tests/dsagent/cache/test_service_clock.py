@@ -9,8 +9,8 @@ from typing import Any
 
 import fsspec
 
-from dsagent.cache.hooks import ServiceHooks
 from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 
 

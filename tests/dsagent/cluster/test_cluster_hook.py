@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from dsagent.api import create_app
-from dsagent.cache.hooks import ServiceHooks
 from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cli.agent import KubernetesUnavailable, load_cluster_agent, node_parts
 from dsagent.cluster.nodeagent import ClusterSettings
