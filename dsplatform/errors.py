@@ -10,6 +10,7 @@ the families below are the kinds more than one package has.
 
     PlatformError (500, exit 1, INTERNAL)     code "internal"
     ├── InvalidInput (400, exit 2, INVALID_ARGUMENT)
+    │   ├── CannotListen                      dsplatform.serving: a listening address that cannot be bound
     │   └── VocabularyError                   a shared rule broken (a name, a size, a duration);
     │       │                                 also a ValueError, so pydantic and click accept it
     │       ├── UnitError                     dsplatform.units
@@ -28,6 +29,7 @@ the kubelet plugins. Nothing else sets an exit code from an error.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,9 +85,14 @@ class VocabularyError(InvalidInput, ValueError):
     """Input that breaks one of the shared rules (a name, a size, a duration)."""
 
 
-def exit_with(error: PlatformError, prog: str) -> NoReturn:
-    """The process edge: ``error`` as one line on stderr, and its exit code."""
+def exit_with(error: PlatformError, prog: str, *, now: bool = False) -> NoReturn:
+    """The process edge: ``error`` as one line on stderr, and its exit code; ``now``: at
+    once (``os._exit``), for a process whose threads are stuck in blocking calls."""
     print(f"{prog}: error: {error}", file=sys.stderr)
+    if now:
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(error.exit_code)
     raise SystemExit(error.exit_code)
 
 

@@ -22,6 +22,10 @@ What it owns: two facts every one of them must agree on, each stated once here.
   container's request is its ``requests`` entry, else its ``limits`` entry (Kubernetes
   defaults an extended resource's request from its limit and requires them equal). The
   pod's GPUs are the sum over its GPU resources.
+- **A node's GPUs** (:func:`node_gpus`, from its ``status.allocatable``): the same GPUs are
+  advertised under several names (the plain resource by NVIDIA's plugin; the device plugin's
+  disjoint classes, their class sets and ``gpu-all``), so the node has the largest of the
+  plain count, ``gpu-all`` and the sum of its single classes; a class set never adds GPUs.
 
 Pure: no I/O, tolerant of any shape (a non-dict container or resource map counts nothing);
 an unreadable quantity of a GPU resource raises :class:`QuantityError`, which each caller
@@ -151,6 +155,29 @@ def gpu_requests(spec: Any, names: GpuResources = GpuResources()) -> dict[str, i
     return {r: q for r, q in sorted(effective.items()) if q > 0}
 
 
+def node_gpus(allocatable: Any, names: GpuResources = GpuResources()) -> int | None:
+    """The GPUs a node offers, from its ``status.allocatable`` (see the module's rule); None
+    when it names no GPU resource. A quantity that cannot be read counts as not named."""
+    allocatable = allocatable if isinstance(allocatable, Mapping) else {}
+    plain: list[int] = []  # the plain resource, gpu-all: every GPU, each
+    classes: list[int] = []  # single classes: disjoint
+    for resource, quantity in allocatable.items():
+        if not isinstance(resource, str) or not names.is_gpu(resource):
+            continue
+        try:
+            count = parse_quantity(quantity)
+        except QuantityError:
+            continue
+        class_name = names.class_of(resource)
+        if class_name is None:
+            plain.append(count)
+        elif "-" not in class_name[len(names.stem) :]:  # gpu-roce1, not the set gpu-roce1-2
+            classes.append(count)
+    if not plain and not classes:
+        return None
+    return max([*plain, sum(classes)])
+
+
 def pod_gpus(spec: Any, names: GpuResources = GpuResources()) -> int:
     """The GPUs a pod requests: the sum of :func:`gpu_requests` (see the module's rule)."""
     return sum(gpu_requests(spec, names).values())
@@ -186,6 +213,7 @@ __all__ = [
     "GpuResources",
     "QuantityError",
     "gpu_requests",
+    "node_gpus",
     "parse_quantity",
     "pod_gpus",
 ]

@@ -10,6 +10,22 @@ A task id names what holds datasets on a node (a pod's UID, a job id). Its one f
 lower case: ids that differ only in case name the same task, because the permission check
 (a pod acts on its own UID only) and the records must agree on which task an id is; without
 one form a pod could hold several tasks under case variants of its UID.
+
+Kubernetes object and resource names (``docs/design.md#code-map``), each rule as the API
+server applies it (``k8s.io/apimachinery/pkg/util/validation``), so that nothing the agent,
+the webhook or the CSI driver accepts is refused by the API server, and nothing it
+refuses would be accepted there:
+
+- a **DNS-1123 label** (:func:`is_dns_label`: a namespace, a Multus network name): 1-63
+  of ``a-z 0-9 -``, starting and ending with a letter or digit;
+- a **DNS-1123 subdomain** (:func:`is_dns_subdomain`: a pod, a ConfigMap, a resource
+  prefix such as ``dsagent.io``): at most 253 characters, labels joined by single dots
+  (so never ``a..b``, ``a.-b`` or ``.a``); as in Kubernetes, a label inside a subdomain
+  is not held to 63 characters;
+- a **qualified name** (:func:`is_qualified_name`: ``[<DNS subdomain>/]<name>``, the name
+  1-63 of ``A-Z a-z 0-9 - _ .`` starting and ending with a letter or digit) and a
+  **resource name** (:func:`is_resource_name`: a qualified name with its prefix, such as
+  ``nvidia.com/gpu``; Kubernetes' extended resources are always prefixed).
 """
 
 from __future__ import annotations
@@ -29,6 +45,14 @@ TASK_ID_HINT = (
 )
 _TASK_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{TASK_ID_MAX_LENGTH - 1}}}")
 
+DNS_LABEL_MAX_LENGTH = 63
+DNS_SUBDOMAIN_MAX_LENGTH = 253
+QUALIFIED_NAME_MAX_LENGTH = 63
+_LABEL = "[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(_LABEL)
+_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_QUALIFIED_PART = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
 
 def is_name(name: object) -> bool:
     return isinstance(name, str) and _NAME.fullmatch(name) is not None
@@ -36,6 +60,36 @@ def is_name(name: object) -> bool:
 
 def is_digest(digest: object) -> bool:
     return isinstance(digest, str) and _DIGEST.fullmatch(digest) is not None
+
+
+def is_dns_label(value: object) -> bool:
+    """A DNS-1123 label: 1-63 of ``a-z 0-9 -``, a letter or digit at both ends."""
+    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX_LENGTH and _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_dns_subdomain(value: object) -> bool:
+    """A DNS-1123 subdomain: at most 253 characters, DNS-1123 labels joined by single dots."""
+    return (
+        isinstance(value, str)
+        and len(value) <= DNS_SUBDOMAIN_MAX_LENGTH
+        and _DNS_SUBDOMAIN.fullmatch(value) is not None
+    )
+
+
+def is_qualified_name(value: object) -> bool:
+    """``[<DNS-1123 subdomain>/]<name>``, the name 1-63 of ``A-Z a-z 0-9 - _ .`` with a
+    letter or digit at both ends (Kubernetes' label keys and resource names)."""
+    if not isinstance(value, str):
+        return False
+    prefix, slash, name = value.rpartition("/")
+    if slash and not is_dns_subdomain(prefix):
+        return False
+    return len(name) <= QUALIFIED_NAME_MAX_LENGTH and _QUALIFIED_PART.fullmatch(name) is not None
+
+
+def is_resource_name(value: object) -> bool:
+    """A qualified name with its DNS prefix (``nvidia.com/gpu``, ``dsagent.io/gpu-roce1``)."""
+    return isinstance(value, str) and "/" in value and is_qualified_name(value)
 
 
 def canonical_task_id(task_id: object) -> str | None:
@@ -47,12 +101,19 @@ def canonical_task_id(task_id: object) -> str | None:
 
 __all__ = [
     "DIGEST_HINT",
+    "DNS_LABEL_MAX_LENGTH",
+    "DNS_SUBDOMAIN_MAX_LENGTH",
     "DIGEST_LENGTH",
     "NAME_HINT",
     "NAME_MAX_LENGTH",
+    "QUALIFIED_NAME_MAX_LENGTH",
     "TASK_ID_HINT",
     "TASK_ID_MAX_LENGTH",
     "canonical_task_id",
     "is_digest",
+    "is_dns_label",
+    "is_dns_subdomain",
     "is_name",
+    "is_qualified_name",
+    "is_resource_name",
 ]

@@ -1,7 +1,9 @@
 """Settings objects read once from one environment prefix: the base of every component's settings.
 
-Who calls it: :class:`dsagent.cache.settings.Settings` (``DSAGENT_*``), the cluster agent's
-settings, and :class:`scheduler_plugin.settings.Settings` (``DSEXT_*``).
+Who calls it: :class:`dsagent.cache.settings.Settings` (``DSAGENT_*``), the settings of the
+cluster-side processes (the node agent's ``ClusterSettings``, the Dataset controller's
+``ControllerSettings``, the webhook's ``WebhookSettings`` and ``GpuClassSettings``) and
+:class:`scheduler_plugin.settings.Settings` (``DSEXT_*``): one mechanism for every component.
 What it owns: the pydantic-settings wiring those share, so each component only declares
 typed fields (with :data:`dsplatform.units.Size` / :data:`~dsplatform.units.Duration` for
 sizes and durations):
@@ -12,7 +14,13 @@ sizes and durations):
 - keyword overrides (command-line flags) win over the environment; ``None`` means "not given";
 - every invalid variable is listed in one :class:`InvalidSettings`, each as
   ``VARIABLE='value': what is wrong (what a good one looks like)``, so a misconfigured
-  DaemonSet fails at start-up with one line naming all of its mistakes.
+  DaemonSet fails at start-up with one line naming all of its mistakes;
+- a field made with :func:`not_from_env` is never read from the environment and is not
+  one of :meth:`EnvSettings.env_names` (a value only code passes, or one built from other
+  fields), so its name cannot collide with a variable;
+- with ``env_ignore_empty=True`` in a class's config, an empty variable means "unset"
+  (the default), as the hand-written readers it replaced had it;
+- :func:`read_secret_file` is the one way a ``*_FILE`` setting (a mounted Secret) is read.
 """
 
 from __future__ import annotations
@@ -21,16 +29,21 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BeforeValidator, ValidationError
+from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from typing_extensions import Self
 
 from dsplatform.errors import VocabularyError
 
-_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("dsplatform_environ", default=None)
+# (the class being read, its environment): only that class reads it, so a settings object
+# built while another is read (a default, a nested one) is not steered by that environment
+_ENVIRON: ContextVar[tuple[type[BaseSettings], Mapping[str, str]] | None] = ContextVar(
+    "dsplatform_environ", default=None
+)
 
 
 class InvalidSettings(VocabularyError):
@@ -38,7 +51,7 @@ class InvalidSettings(VocabularyError):
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         self.problems = problems
-        super().__init__("; ".join(f"{where}: {what}" for where, what in problems))
+        super().__init__("; ".join(f"{where}: {what}" if where else what for where, what in problems))
 
 
 class _MappingEnvSource(EnvSettingsSource):
@@ -49,9 +62,41 @@ class _MappingEnvSource(EnvSettingsSource):
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = {k: v for k, v in self._environ.items() if not (self.env_ignore_empty and v == "")}
         if self.case_sensitive:
-            return dict(self._environ)
-        return {key.lower(): value for key, value in self._environ.items()}
+            return environ
+        return {key.lower(): value for key, value in environ.items()}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if not _from_env(field):
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+
+_NOT_FROM_ENV = "dsplatform_not_from_env"
+
+
+def not_from_env(default: Any = None, **kwargs: Any) -> Any:
+    """A field no variable sets (see the module docstring); ``kwargs`` go to ``Field``
+    (``default_factory`` instead of ``default``)."""
+    if "default_factory" in kwargs:
+        return Field(json_schema_extra={_NOT_FROM_ENV: True}, **kwargs)
+    return Field(default, json_schema_extra={_NOT_FROM_ENV: True}, **kwargs)
+
+
+def _from_env(field: FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return not (isinstance(extra, dict) and extra.get(_NOT_FROM_ENV))
+
+
+def read_secret_file(path: Path, variable: str) -> str:
+    """The stripped text of a mounted secret named by ``variable``; a ValueError naming the
+    variable when it cannot be read (a configured secret that is missing is an error, not
+    "no secret")."""
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{variable}: cannot read {str(path)!r}: {exc.strerror}") from None
 
 
 class EnvSettings(BaseSettings):
@@ -68,17 +113,17 @@ class EnvSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        environ = _ENVIRON.get()
-        if environ is None:
+        reading = _ENVIRON.get()
+        if reading is None or reading[0] is not settings_cls:
             return (init_settings,)
-        return (init_settings, _MappingEnvSource(settings_cls, environ))
+        return (init_settings, _MappingEnvSource(settings_cls, reading[1]))
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None, /, **overrides: Any) -> Self:
         """Settings from the environment (``os.environ`` unless given), flags in ``overrides`` winning."""
         env = os.environ if environ is None else environ
         given = {key: value for key, value in overrides.items() if value is not None}
-        token = _ENVIRON.set(env)
+        token = _ENVIRON.set((cls, env))
         try:
             return cls(**given)
         except ValidationError as exc:
@@ -101,15 +146,15 @@ class EnvSettings(BaseSettings):
     @classmethod
     def env_names(cls) -> frozenset[str]:
         """Every environment variable this class reads."""
-        return frozenset(cls.env_name(field) for field in cls.model_fields)
+        return frozenset(cls.env_name(name) for name, field in cls.model_fields.items() if _from_env(field))
 
     @classmethod
     def _problem(cls, error: Any, env: Mapping[str, str], given: Mapping[str, Any]) -> tuple[str, str]:
         field = str(error["loc"][0]) if error.get("loc") else ""
         message = str(error.get("msg", "invalid"))
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        if not field:
-            return ("settings", message)
+        if not field:  # a rule over several fields: its message names the variables
+            return ("", message)
         variable = cls.env_name(field)
         if field in given:  # a flag: --name after the variable's name
             flag = "--" + variable.removeprefix(str(cls.model_config.get("env_prefix", ""))).lower().replace("_", "-")
@@ -167,4 +212,13 @@ def parse_flag(value: Any) -> bool:
 #: A boolean setting, in :func:`parse_flag`'s syntax.
 Flag = Annotated[bool, BeforeValidator(parse_flag)]
 
-__all__ = ["EnvSettings", "Flag", "InvalidSettings", "UnknownSettings", "parse_flag", "refuse_unknown"]
+__all__ = [
+    "EnvSettings",
+    "Flag",
+    "InvalidSettings",
+    "UnknownSettings",
+    "not_from_env",
+    "parse_flag",
+    "read_secret_file",
+    "refuse_unknown",
+]

@@ -35,17 +35,16 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dsplatform.gpus import CLASS_STEM
+from dsplatform.names import is_qualified_name
 from gpu_topology.errors import InvalidTopology
 from gpu_topology.model import Gpu, LinkKind, Nic, Topology, gpu_name
 
 AFFINE_LEVELS = (LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE)
 DEFAULT_PREFIX = CLASS_STEM  # classes gpu-roce1, gpu-roce2, ...
-_PREFIX = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9_-])?$")
 
 
 class ClassMode(str, enum.Enum):
@@ -122,7 +121,9 @@ def roce_classes(
     ``none``. Raises :class:`InvalidTopology` for a bad prefix or mode, and in ``subnet``
     mode when a GPU-affine NIC's subnet is unknown.
     """
-    if not _PREFIX.match(prefix):
+    # a class's name, <prefix><N>, is (part of) a resource name: Kubernetes' qualified-name
+    # rule (dsplatform.names), with a stem of its own after any domain
+    if not isinstance(prefix, str) or not prefix.rpartition("/")[2] or not is_qualified_name(f"{prefix}1"):
         raise InvalidTopology(
             f"invalid resource class prefix {prefix!r}",
             hint="use letters, digits, '.', '-', '_' and '/' such as 'example.com/gpu-roce'",

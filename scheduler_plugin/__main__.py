@@ -6,7 +6,7 @@ import logging
 import socket
 
 from dsplatform.errors import exit_on_error
-from scheduler_plugin.errors import SettingsError
+from dsplatform.serving import StartupWatch, listening_socket
 from scheduler_plugin.settings import Settings, refuse_unknown
 
 #: seconds uvicorn waits for open requests after SIGTERM before closing them
@@ -16,19 +16,7 @@ SHUTDOWN_GRACE_S = 5
 def listen(host: str, port: int) -> socket.socket:
     """The extender's listening socket, bound before anything starts: a busy or forbidden
     address is one line and exit 2 (uvicorn would log it and exit as if nothing was found)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise SettingsError(
-            f"cannot listen on {host}:{port}: {exc.strerror}",
-            hint="choose another --port (DSEXT_PORT) or stop what holds this one",
-        ) from None
-    sock.set_inheritable(True)
-    return sock
+    return listening_socket(host, port, hint="choose another --port (DSEXT_PORT) or stop what holds this one")
 
 
 def serve(settings: Settings) -> None:
@@ -40,8 +28,9 @@ def serve(settings: Settings) -> None:
     sock = listen(settings.host, settings.port)
     try:  # a failed start (a bad kubeconfig) must not leak the bound socket
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        app = StartupWatch(create_app(settings, settle_heap=True))
         config = uvicorn.Config(
-            create_app(settings, settle_heap=True),
+            app,
             log_level=settings.log_level.lower(),
             access_log=False,
             lifespan="on",
@@ -52,7 +41,9 @@ def serve(settings: Settings) -> None:
             # a client stalled mid-request must not hold SIGTERM (it did, indefinitely)
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
-        uvicorn.Server(config).run(sockets=[sock])
+        server = uvicorn.Server(config)
+        with app.serving("the extender", lambda: server.started):  # a failed start: its error, not exit 3
+            server.run(sockets=[sock])
     finally:
         sock.close()
 

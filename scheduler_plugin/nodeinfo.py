@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from dsplatform import published
-from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, parse_quantity
+from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, node_gpus
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.placement import parse_free_gpus
 from scheduler_plugin.wire import Node
@@ -261,19 +261,11 @@ class NodeReader:
         )
 
     def _allocatable_gpus(self, node: Node) -> int | None:
+        """The node's GPUs by the platform's one rule (:func:`dsplatform.gpus.node_gpus`): a
+        GPU advertised as a class, in a class set and as ``gpu-all`` is one GPU."""
         status: Any = node.get("status")
         allocatable = status.get("allocatable") if isinstance(status, dict) else None
-        if not isinstance(allocatable, dict):
-            return None
-        total, seen = 0, False
-        for resource, quantity in allocatable.items():
-            if resource == self.gpu_resource or resource.startswith(self.roce_prefix):
-                try:
-                    total += parse_quantity(quantity)
-                    seen = True
-                except ValueError:
-                    continue
-        return total if seen else None
+        return node_gpus(allocatable, GpuResources.of_class_prefix(self.gpu_resource, self.roce_prefix))
 
     def _inventory(self, text: Any) -> tuple[Inventory | None, str | None]:
         if text is None:

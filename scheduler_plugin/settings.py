@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BeforeValidator, Field, field_validator
+from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
+from dsplatform.names import is_resource_name
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings, UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse_unknown
 from dsplatform.units import Duration, Size
@@ -126,8 +127,10 @@ class Settings(EnvSettings):
 
     @field_validator("roce_resource_prefix", "gpu_resource")
     @classmethod
-    def _qualified(cls, value: str) -> str:
-        if "/" not in value:
+    def _qualified(cls, value: str, info: ValidationInfo) -> str:
+        # the class prefix (dsagent.io/gpu-roce) is a resource name once a class number follows it
+        name = f"{value}1" if info.field_name == "roce_resource_prefix" else value
+        if not is_resource_name(name):
             raise ValueError("resource names must be qualified, e.g. nvidia.com/gpu")
         return value
 

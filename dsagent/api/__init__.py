@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from dsagent.cache.service import CacheService
+    from dsagent.cache.servicehooks import ServiceHooks
     from dsagent.cache.settings import Settings
 
 log = logging.getLogger("dsagent.api")
@@ -59,16 +60,21 @@ def create_app(
     service: CacheService | None = None,
     clock: Callable[[], float] = time.time,
     companions: Sequence[CompanionFactory] = (),
+    hooks: ServiceHooks | None = None,
 ) -> FastAPI:
-    """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``."""
+    """The agent's ASGI app; ``service`` defaults to a :class:`CacheService` on ``settings``,
+    built with ``hooks`` (what cluster mode lends it, :mod:`dsagent.cache.servicehooks`)."""
     from fastapi import FastAPI
 
     from dsagent import __version__
     from dsagent.api.identity import own_pod_uid
     from dsagent.api.routes import router
     from dsagent.cache.service import CacheService
+    from dsagent.cache.servicehooks import ServiceHooks
 
-    svc = service if service is not None else CacheService(settings, clock=clock)
+    if service is not None and hooks is not None:
+        raise ValueError("hooks are for the service create_app builds; a given service has its own")
+    svc = service if service is not None else CacheService(settings, clock=clock, hooks=hooks or ServiceHooks())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

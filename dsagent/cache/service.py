@@ -33,7 +33,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dsagent.cache import recovery, report
@@ -47,6 +47,7 @@ from dsagent.cache.node import Node
 from dsagent.cache.peers import BundleInFlight, PeerFetcher, PeerServer, ServedBundle, find_bundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
 from dsagent.cache.task import (
@@ -72,9 +73,13 @@ _T = TypeVar("_T")
 class CacheService:
     """The coordinator; create it, ``await start()``, use it, ``await stop()``."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, settings: Settings, *, clock: Callable[[], float] = time.time, hooks: ServiceHooks = ServiceHooks()
+    ) -> None:
         self.settings = settings
         self.clock = clock
+        # what cluster mode lends: the task check and the peer list (dsagent.cache.servicehooks)
+        self.hooks = hooks
         # every filesystem the agent builds (source, store, bundles) gets these bounds when
         # it is built, for its own protocol (dsagent.format.storage.resolve)
         use_timeouts(settings.storage_timeouts)
@@ -98,7 +103,7 @@ class CacheService:
             progress=self._progress,
         )
         self._space = Space(self.node)
-        self.peers = PeerFetcher(settings, self.store, self.metrics)
+        self.peers = PeerFetcher(settings, self.store, self.metrics, cluster_holders=hooks.peer_holders)
         self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,9 +113,6 @@ class CacheService:
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.started = False
-        # Set by the cluster integration: checks a new task id (e.g. that it is a pod on
-        # this node) and raises a DsagentError to refuse it.
-        self.admit_task: Callable[[str], Awaitable[None]] | None = None
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -171,10 +173,11 @@ class CacheService:
             raise
         now = self.clock()
         lease_until = now + self.settings.lease_ttl
-        if self.admit_task is not None and await self._db(self.catalog.task, task_id) is None:
+        admit_task = self.hooks.admit_task
+        if admit_task is not None and await self._db(self.catalog.task, task_id) is None:
             # Admission may wait (e.g. for the pod watch to see the pod): do it before the
             # lock so it never holds up other tasks' requests.
-            await self.admit_task(task_id)
+            await admit_task(task_id)
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
             if existing is None:

@@ -34,12 +34,12 @@ from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
+from dsplatform.names import is_dns_subdomain
 from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
-_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -370,7 +370,7 @@ class Settings(StorageSettings):
     @field_validator("resource_prefix")
     @classmethod
     def _resource_prefix(cls, value: str) -> str:
-        if not _DNS_SUBDOMAIN.fullmatch(value):
+        if not is_dns_subdomain(value):
             raise ValueError(f"invalid resource prefix {value!r} (use a DNS subdomain such as dsagent.io)")
         return value
 
@@ -395,20 +395,10 @@ class Settings(StorageSettings):
     @model_validator(mode="after")
     def _whole_settings(self) -> Settings:
         if self.admin_token is None and self.admin_token_file is not None:
-            try:
-                token = self.admin_token_file.read_text().strip()
-            except OSError as exc:
-                raise ValueError(
-                    f"{ENV_PREFIX}ADMIN_TOKEN_FILE: cannot read {str(self.admin_token_file)!r}: {exc.strerror}"
-                ) from None
+            token = read_secret_file(self.admin_token_file, f"{ENV_PREFIX}ADMIN_TOKEN_FILE")
             object.__setattr__(self, "admin_token", self._token(token))
         if self.peer_token is None and self.peer_token_file is not None:
-            try:
-                token = self.peer_token_file.read_text().strip()
-            except OSError as exc:
-                raise ValueError(
-                    f"{ENV_PREFIX}PEER_TOKEN_FILE: cannot read {str(self.peer_token_file)!r}: {exc.strerror}"
-                ) from None
+            token = read_secret_file(self.peer_token_file, f"{ENV_PREFIX}PEER_TOKEN_FILE")
             object.__setattr__(self, "peer_token", self._peer_token(token))
         unlisted = [p for p in self.protocols if p not in self.storage_option_keys]
         if unlisted:

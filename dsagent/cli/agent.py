@@ -2,7 +2,9 @@
 
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
 TCP listener when asked), chooses the companions that run beside the cache service (the
-cluster agent in Kubernetes mode; :func:`companions`), and runs the FastAPI app under
+cluster agent in Kubernetes mode; :func:`node_parts`) and the hooks the service is built
+with (cluster mode's task guard and peer list, :mod:`dsagent.cache.servicehooks`: built first,
+so the service takes them in its constructor), and runs the FastAPI app under
 uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
 (:mod:`dsagent.nodeplugins.csi.driver`) is a companion too: it serves on that socket, on the same loop
 and the same service, once the service has started. This is the one place that wires the
@@ -37,8 +39,11 @@ import click
 
 from dsagent.api import CompanionFactory
 from dsagent.cache.service import CacheService
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
+from dsplatform.errors import PlatformError, exit_with
+from dsplatform.serving import BACKLOG, CannotListen, StartupWatch, listening_socket
 
 
 class KubernetesUnavailable(SettingsError):
@@ -74,10 +79,11 @@ def require_kubelet_extra(settings: Settings) -> None:
         ) from exc
 
 
-def load_cluster_agent(settings: Settings) -> CompanionFactory:
-    """``dsagent.cluster.nodeagent.ClusterAgent``'s factory, imported only in cluster mode."""
+def load_cluster_agent(settings: Settings) -> tuple[ServiceHooks, CompanionFactory]:
+    """Cluster mode's hooks for the service and ``dsagent.cluster.nodeagent.ClusterAgent``'s
+    factory (sharing one ``ClusterHooks``), imported only in cluster mode."""
     try:
-        from dsagent.cluster.nodeagent import ClusterAgent
+        from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, ClusterSettings
     except ImportError as exc:
         name = getattr(exc, "name", None) or ""
         if name and not name.startswith("dsagent"):
@@ -89,7 +95,11 @@ def load_cluster_agent(settings: Settings) -> CompanionFactory:
             hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
         ) from exc
     free_gpus = _free_gpu_source(settings)
-    return lambda svc: ClusterAgent(svc, settings, free_gpus=free_gpus)
+    cluster = ClusterSettings.from_env(os.environ)
+    hooks = ClusterHooks(settings, cluster)
+    return hooks.for_service(), lambda svc: ClusterAgent(
+        svc, settings, cluster=cluster, free_gpus=free_gpus, hooks=hooks
+    )
 
 
 class CsiCompanion:
@@ -115,14 +125,25 @@ class CsiCompanion:
             await self._driver.stop()
 
 
-def companions(settings: Settings) -> list[CompanionFactory]:
-    """What runs beside the cache service on this node, by the settings."""
+@dataclass(frozen=True)
+class NodeParts:
+    """What ``dsagent serve`` builds around the cache service: the hooks it is built with,
+    and the companions that run beside it."""
+
+    hooks: ServiceHooks = ServiceHooks()
+    companions: tuple[CompanionFactory, ...] = ()
+
+
+def node_parts(settings: Settings) -> NodeParts:
+    """The service's hooks and the companions on this node, by the settings."""
+    hooks = ServiceHooks()
     chosen: list[CompanionFactory] = []
     if settings.kubernetes:
-        chosen.append(load_cluster_agent(settings))
+        hooks, cluster_agent = load_cluster_agent(settings)
+        chosen.append(cluster_agent)
     if settings.csi_socket is not None:
         chosen.append(lambda svc: CsiCompanion(svc, settings))
-    return chosen
+    return NodeParts(hooks, tuple(chosen))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -199,12 +220,13 @@ def serve(
     sockets = _bind(settings)
     pointer = _record_socket(settings)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    code = asyncio.run(_run(settings, sockets, pointer))
+    failure = asyncio.run(_run(settings, sockets, pointer))
     if _stuck_threads():
         # a worker stuck in a blocking call (a hanging source, a dead NFS mount) would hold
         # the interpreter's exit forever: leave it behind
-        _exit_now(code, "leaving threads stuck in blocking calls behind")
-    sys.exit(code)
+        _exit_now("leaving threads stuck in blocking calls behind", failure)
+    if failure is not None:
+        raise failure  # the start-up's own error: main's edge prints it with its exit code
 
 
 #: From SIGTERM to the process being gone, whatever its threads are doing (issue 10 finding 3).
@@ -215,20 +237,23 @@ def _stuck_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
 
 
-def _exit_now(code: int, why: str) -> None:
+def _exit_now(why: str, failure: PlatformError | None = None) -> None:
+    """End the process now, threads or not: 0, or ``failure``'s line and exit code."""
     logging.getLogger("dsagent").warning("exiting: %s", why)
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()
+    if failure is not None:
+        exit_with(failure, "dsagent", now=True)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
+    os._exit(os.EX_OK)  # stopped: not an error
 
 
 def _watchdog(seconds: float) -> None:
     """Exit ``seconds`` from now if the orderly shutdown has not finished by then."""
-    timer = threading.Timer(seconds, _exit_now, (0, f"shutdown took over {seconds:.0f} s"))
+    timer = threading.Timer(seconds, _exit_now, (f"shutdown took over {seconds:.0f} s",))
     timer.daemon = True
     timer.start()
 
@@ -311,20 +336,16 @@ def _bind(settings: Settings) -> list[socket.socket]:
         ) from None
     finally:
         os.umask(old)
+    unix.listen(BACKLOG)
+    unix.set_inheritable(True)
     sockets = [unix]
     if settings.listen is not None:
         host, port = settings.listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        tcp = socket.socket(family, socket.SOCK_STREAM)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            tcp.bind((host, port))
-        except OSError as exc:
-            raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        sockets.append(tcp)
-    for sock in sockets:
-        sock.listen(128)
-        sock.set_inheritable(True)
+            sockets.append(listening_socket(host, port, hint="choose another --listen (DSAGENT_LISTEN)"))
+        except CannotListen:
+            unix.close()
+            raise
     return sockets
 
 
@@ -339,7 +360,10 @@ def _listening(path: Path) -> bool:
         probe.close()
 
 
-async def _run(settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None) -> int:
+async def _run(
+    settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None
+) -> PlatformError | None:
+    """Serve until stopped; None, or the error that kept the server from starting."""
     import uvicorn
 
     from dsagent.api import create_app
@@ -374,10 +398,12 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Socket
                 _cleanup(settings, bound, pointer)
 
     bound = list(sockets)
-    app = create_app(settings, companions=companions(settings))
+    parts = node_parts(settings)
+    app = create_app(settings, hooks=parts.hooks, companions=parts.companions)
 
+    watched = StartupWatch(app)
     config = uvicorn.Config(
-        app,
+        watched,
         http=peer_credentials_protocol(),
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
@@ -386,11 +412,14 @@ async def _run(settings: Settings, sockets: list[socket.socket], pointer: Socket
     )
     server = Server(config)
     try:
-        await server.serve(sockets=sockets)
+        with watched.serving("the agent", lambda: server.started):  # a failed start: its error, not exit 3
+            await server.serve(sockets=sockets)
+    except PlatformError as failure:
+        return failure
     finally:
         await stop_plugin()
         _cleanup(settings, bound, pointer)
-    return 0 if server.started else 3
+    return None
 
 
 @dataclass(frozen=True)

@@ -73,18 +73,23 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BeforeValidator, Field, InstanceOf, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
 from dsagent.cluster.jobpod import job_pod
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.cluster.storegc import StoreCollector
-from dsagent.errors import Conflict, DsagentError
+from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
 from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_micro_time, parse_or_none
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env, read_secret_file
+from dsplatform.units import Duration
 
 log = logging.getLogger("dsagent.controller")
 
@@ -234,60 +239,103 @@ class ControllerMetrics:
             self.datasets.labels(result=result)
 
 
-@dataclass
-class ControllerSettings:
+CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
+_PRESETS = Thresholds()  # next-job preparation's default presets
+
+
+def _controller_env(name: str, field: str) -> Any:
+    """The field's variable is ``DSAGENT_CONTROLLER_<name>``; its own name still works as a keyword."""
+    return AliasChoices(field, CONTROLLER_PREFIX + name)
+
+
+def _off_is_none(value: Any) -> Any:
+    """``off``, ``none`` or ``0`` (any case): the feature is off."""
+    return None if isinstance(value, str) and value.strip().lower() in ("off", "none", "0") else value
+
+
+def _copies_configmap(value: Any) -> Any:
+    """``off`` or ``none`` (any case): the controller publishes no copy counts."""
+    return None if isinstance(value, str) and value.strip().lower() in ("off", "none") else value
+
+
+class ControllerSettings(EnvSettings):
+    """``DSAGENT_CONTROLLER_*`` (and the agents' admin token, ``DSAGENT_ADMIN_TOKEN[_FILE]``);
+    an empty variable means its default."""
+
+    model_config = SettingsConfigDict(env_prefix=CONTROLLER_PREFIX, env_ignore_empty=True)
+
     namespace: str = "default"  # where the Lease and the pack Jobs live
-    lease_name: str = "dsplatform-dataset-controller"
-    identity: str = field(default_factory=socket.gethostname)
-    resync_s: float = 30.0
+    lease_name: str = Field("dsplatform-dataset-controller", validation_alias=_controller_env("LEASE", "lease_name"))
+    identity: str = Field(default_factory=socket.gethostname)
+    resync_s: Duration = Field(30.0, validation_alias=_controller_env("RESYNC", "resync_s"))
     pack_image: str = "ghcr.io/dsplatform/dsplatform:0.1.0"
     pack_service_account: str | None = None
     agent_selector: str = "app.kubernetes.io/component=agent"
     agent_port: int = 7420
-    admin_token: str | None = None
-    metrics_port: int | None = None  # serve /metrics (and /healthz) here
-    copies_configmap: str | None = copies.CONFIGMAP  # where agents read copy counts; None: not published
-    prepare: Thresholds | None = None  # next-job preparation's presets; None: off
-    replicas_window_s: float = 3600.0  # replication: pods started this recently count as demand
-    replicas_max: int = 16  # replication: the most copies "auto" asks for
-    store_gc_s: float | None = None  # run store gc Jobs this often (dsagent/cluster/storegc.py); None: off
-    store_gc_grace_s: float = 7 * 86400.0  # never delete a bundle younger than this
+    admin_token: str | None = Field(
+        None, repr=False, validation_alias=AliasChoices("admin_token", "DSAGENT_ADMIN_TOKEN")
+    )
+    admin_token_file: Path | None = Field(
+        None, repr=False, validation_alias=AliasChoices("admin_token_file", "DSAGENT_ADMIN_TOKEN_FILE")
+    )
+    metrics_port: int | None = None  # serve /metrics (and /healthz) here; 0 or unset: not served
+    # where agents read copy counts; None ("off"): not published
+    copies_configmap: Annotated[str | None, BeforeValidator(_copies_configmap)] = copies.CONFIGMAP
+    # next-job preparation (docs/design.md#next-job-preparation): on with DSAGENT_CONTROLLER_PREPARE,
+    # with these presets; ``prepare`` is what the controller uses (None: off), built from them
+    prepare_enabled: Flag = Field(False, validation_alias=_controller_env("PREPARE", "prepare_enabled"))
+    prepare_window: Duration = _PRESETS.window_s
+    prepare_fetch_lead: Duration = _PRESETS.fetch_lead_s
+    prepare_reserve_fraction: float = _PRESETS.reserve_fraction
+    prepare_fill_fraction: float = _PRESETS.fill_fraction
+    prepare: InstanceOf[Thresholds] | None = not_from_env(None)
+    # replication: pods started this recently count as demand; "auto" asks for at most this many copies
+    replicas_window_s: Duration = Field(
+        3600.0, validation_alias=_controller_env("REPLICAS_WINDOW", "replicas_window_s")
+    )
+    replicas_max: int = 16
+    # store gc Jobs (dsagent/cluster/storegc.py) this often; None ("off", "none", "0"): not run
+    store_gc_s: Annotated[Duration | None, BeforeValidator(_off_is_none)] = Field(
+        None, validation_alias=_controller_env("STORE_GC", "store_gc_s")
+    )
+    store_gc_grace_s: Duration = Field(  # never delete a bundle younger than this
+        7 * 86400.0, validation_alias=_controller_env("STORE_GC_GRACE", "store_gc_grace_s")
+    )
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _metrics_port(cls, value: int | None) -> int | None:
+        return value or None
+
+    @field_validator("prepare_reserve_fraction", "prepare_fill_fraction")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise ValueError(f"{value!r} is not a fraction within [0, 1]")
+        return value
+
+    @model_validator(mode="after")
+    def _whole_settings(self) -> ControllerSettings:
+        if self.admin_token is None and self.admin_token_file is not None:
+            object.__setattr__(self, "admin_token", read_secret_file(self.admin_token_file, "DSAGENT_ADMIN_TOKEN_FILE"))
+        if self.prepare is None and self.prepare_enabled:
+            thresholds = Thresholds(
+                window_s=self.prepare_window,
+                fetch_lead_s=self.prepare_fetch_lead,
+                reserve_fraction=self.prepare_reserve_fraction,
+                fill_fraction=self.prepare_fill_fraction,
+            )
+            object.__setattr__(self, "prepare", thresholds)
+        return self
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
-        def get(name: str) -> str | None:
-            return env.get("DSAGENT_CONTROLLER_" + name) or None
-
-        token = env.get("DSAGENT_ADMIN_TOKEN")
-        token_file = env.get("DSAGENT_ADMIN_TOKEN_FILE")
-        if not token and token_file and os.path.exists(token_file):
-            with open(token_file) as handle:
-                token = handle.read().strip()
-        from dsplatform.units import parse_duration
-
-        defaults = cls()
-        return cls(
-            namespace=get("NAMESPACE") or defaults.namespace,
-            lease_name=get("LEASE") or defaults.lease_name,
-            identity=get("IDENTITY") or defaults.identity,
-            resync_s=parse_duration(get("RESYNC") or defaults.resync_s),
-            pack_image=get("PACK_IMAGE") or defaults.pack_image,
-            pack_service_account=get("PACK_SERVICE_ACCOUNT"),
-            agent_selector=get("AGENT_SELECTOR") or defaults.agent_selector,
-            agent_port=int(get("AGENT_PORT") or defaults.agent_port),
-            admin_token=token or None,
-            metrics_port=int(get("METRICS_PORT") or 0) or None,
-            prepare=_prepare_settings(get),
-            replicas_window_s=parse_duration(get("REPLICAS_WINDOW") or defaults.replicas_window_s),
-            replicas_max=int(get("REPLICAS_MAX") or defaults.replicas_max),
-            store_gc_s=None
-            if (get("STORE_GC") or "off").lower() in ("off", "none", "0")
-            else parse_duration(get("STORE_GC") or ""),
-            store_gc_grace_s=parse_duration(get("STORE_GC_GRACE") or defaults.store_gc_grace_s),
-            copies_configmap=None
-            if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
-            else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
+        """The settings from the environment (``os.environ`` unless given); one :class:`SettingsError`
+        lists every bad variable."""
+        try:
+            return cls.read(environ)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
 
 
 def parse_inventory(raw: Any) -> dict[str, Any] | None:
@@ -331,21 +379,6 @@ def warm_task_id(namespace: str, name: str) -> str:
 def prepare_task_id(pod_uid: str) -> str:
     """The agent task that holds a waiting pod's prepared datasets (docs/design.md#next-job-preparation)."""
     return f"prepare.{pod_uid}"
-
-
-def _prepare_settings(get: Callable[[str], str | None]) -> Thresholds | None:
-    """``DSAGENT_CONTROLLER_PREPARE=on`` and its presets, or None (off)."""
-    from dsplatform.units import parse_duration
-
-    if (get("PREPARE") or "off").lower() not in ("on", "true", "1"):
-        return None
-    defaults = Thresholds()
-    return Thresholds(
-        window_s=parse_duration(get("PREPARE_WINDOW") or defaults.window_s),
-        fetch_lead_s=parse_duration(get("PREPARE_FETCH_LEAD") or defaults.fetch_lead_s),
-        reserve_fraction=float(get("PREPARE_RESERVE_FRACTION") or defaults.reserve_fraction),
-        fill_fraction=float(get("PREPARE_FILL_FRACTION") or defaults.fill_fraction),
-    )
 
 
 class DatasetController:

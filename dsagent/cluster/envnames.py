@@ -7,11 +7,14 @@ What it owns: the union of the names, one set for every ``DSAGENT_*`` process, b
 chart and the webhook give processes variables meant for another reader in the same pod
 (the agent's token for ``dsctl``, the pod contract for the init-container):
 
-- the pydantic-settings classes' own fields (:class:`dsagent.cache.settings.Settings`;
-  :class:`dsagent.cluster.nodeagent.ClusterSettings`'s as :data:`CLUSTER_NAMES`, since the
-  webhook imports this module and the node agent imports the webhook's; a test checks them);
-- the variables the webhook's and the controller's hand-written readers take
-  (:data:`WEBHOOK_NAMES`, :data:`CONTROLLER_NAMES`; tests check the readers against them);
+- the fields of the pydantic-settings classes, every process's one settings mechanism
+  (:mod:`dsplatform.settings`): :class:`dsagent.cache.settings.Settings` and
+  :class:`dsagent.cluster.nodeagent.ClusterSettings` (:data:`CLUSTER_NAMES`), read from the
+  classes themselves; the webhook's (``WebhookSettings``, ``GpuClassSettings``:
+  :data:`WEBHOOK_NAMES`) and the controller's (``ControllerSettings``: :data:`CONTROLLER_NAMES`)
+  as written-out lists, because those classes live beside their process's ``main``, which
+  imports this module (deriving them would be an import cycle); a test checks the lists
+  equal the classes' fields;
 - the pod contract (:mod:`dsagent.cluster.podenv`, :mod:`dsagent.cluster.admission.csiwiring`)
   and ``dsctl``'s own variables (:data:`POD_AND_DSCTL_NAMES`), with the per-dataset
   ``DSAGENT_STORAGE_OPTIONS_<NAME>`` accepted by prefix.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from dsagent.cluster.nodeagent import ClusterSettings
 from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES
 from dsagent.errors import SettingsError
 from dsplatform.settings import UnknownSettings
@@ -30,13 +34,9 @@ from dsplatform.settings import refuse_unknown as _refuse
 PREFIX = "DSAGENT_"
 
 #: the fields of :class:`dsagent.cluster.nodeagent.ClusterSettings`
-CLUSTER_NAMES = frozenset(
-    "DSAGENT_" + name
-    for name in (
-        "PUBLISH_INTERVAL", "WATCH_TIMEOUT", "RENEW_INTERVAL", "GUARD_WAIT", "COPIES_CONFIGMAP", "COPIES_INTERVAL",
-    )
-)  # fmt: skip
-#: read by :meth:`dsagent.cluster.admission.server.WebhookSettings.from_env` (and its GPU classes)
+CLUSTER_NAMES = ClusterSettings.env_names()
+#: the fields of :class:`dsagent.cluster.admission.server.WebhookSettings` and its GPU classes'
+#: (:class:`dsagent.cluster.admission.roceclass.GpuClassSettings`)
 WEBHOOK_NAMES = frozenset(
     "DSAGENT_WEBHOOK_" + name
     for name in (
@@ -44,7 +44,8 @@ WEBHOOK_NAMES = frozenset(
         "GPU_CLASSES", "JOB_LABELS", "JOB_TTL", "GPU_RESOURCE", "CLASS_PREFIX", "NETWORKS",
     )
 )  # fmt: skip
-#: read by :meth:`dsagent.cluster.controller.ControllerSettings.from_env`
+#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.cluster.controller.ControllerSettings`
+#: (it also reads the agents' ``DSAGENT_ADMIN_TOKEN[_FILE]``, fields of the agent's settings)
 CONTROLLER_NAMES = frozenset(
     "DSAGENT_CONTROLLER_" + name
     for name in (

@@ -1,7 +1,9 @@
 """The node agent in cluster mode: :class:`ClusterAgent`, the glue between Kubernetes and
 the :class:`~dsagent.cache.service.CacheService`.
 
-``dsagent serve --kubernetes`` creates ``ClusterAgent(service, settings)`` and awaits
+``dsagent serve --kubernetes`` creates ``hooks = ClusterHooks(settings, cluster)``, then
+``CacheService(settings, hooks=hooks.for_service())`` and ``ClusterAgent(service, settings,
+hooks=hooks)``, and awaits
 :meth:`ClusterAgent.start` at start-up and :meth:`ClusterAgent.stop` at shutdown. It
 
 1. publishes the node's inventory, topology and free GPUs as annotations of its Node
@@ -16,7 +18,9 @@ the :class:`~dsagent.cache.service.CacheService`.
    task when the pod ends or is deleted (also when that happened while the watch was
    broken: a relist after ``410 Gone`` reports it);
 4. checks that a task id shaped like a pod UID belongs to a pod on this node before the
-   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass);
+   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass), and lists the
+   agents whose nodes hold a bundle for the peer fetch: :class:`ClusterHooks`, built before
+   the service and given to its constructor (``dsagent serve`` wires both);
 5. with ``DSAGENT_COPIES_CONFIGMAP`` (``namespace/name``, set by the chart), reads the
    Dataset controller's per-version copy counts every ``DSAGENT_COPIES_INTERVAL`` into the
    service's :class:`~dsagent.cache.copies.ClusterCopies`, so eviction keeps the cluster's
@@ -32,33 +36,34 @@ publisher retry in the background.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
+from dsagent.cache.task import DatasetRequest
 from dsagent.cluster import annotation, publisher
-from dsagent.cluster.admission.mutation import INIT_CONTAINER
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
-from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
 from dsplatform.gpus import GpuResources
+from dsplatform.names import is_dns_label, is_dns_subdomain
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 
+if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
+    from dsagent.cache.service import CacheService
+
 log = logging.getLogger("dsagent.cluster")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
@@ -93,7 +98,7 @@ class ClusterSettings(EnvSettings):
         if value in (None, ""):
             return None
         namespace, _, name = str(value).partition("/")
-        if not (_DNS_LABEL.match(namespace) and _DNS_SUBDOMAIN.match(name)):
+        if not (is_dns_label(namespace) and is_dns_subdomain(name)):
             raise ValueError("must be NAMESPACE/NAME of a ConfigMap")
         return str(value)
 
@@ -153,8 +158,70 @@ def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRe
     return [DatasetRequest(**item) for item in datasets_from_env(literal)]
 
 
+class ClusterHooks:
+    """What cluster mode lends the cache service (:class:`~dsagent.cache.servicehooks.ServiceHooks`):
+    the task guard (item 4 of the module docstring) and the peer list from the node
+    inventories. Built before the service, which takes :meth:`for_service` in its
+    constructor; they need the agent's pod watch and API client, not the service, and get
+    them when the agent starts (:meth:`connect`) until it stops (:meth:`disconnect`).
+    Unconnected, every task id is admitted and no cluster peer is listed, as without
+    cluster mode (the agent cannot tell which pods are on its node yet)."""
+
+    def __init__(self, settings: Settings, cluster: ClusterSettings) -> None:
+        self.node_name = settings.node_name
+        self.guard_wait = cluster.guard_wait
+        port = settings.peer_port or (settings.listen[1] if settings.listen else 0)
+        self.peer_port = port if settings.peer_token is not None else 0  # 0: peers off
+        self._watch: PodWatch | None = None
+        self._core: Any = None
+        self._submitted: Container[str] = frozenset()
+
+    def for_service(self) -> ServiceHooks:
+        """The hooks for ``CacheService(settings, hooks=...)``; peers only with a token and a port."""
+        return ServiceHooks(admit_task=self.check_task, peer_holders=self.peer_holders if self.peer_port else None)
+
+    def connect(self, watch: PodWatch, core: Any, submitted: Container[str]) -> None:
+        """The agent's pod watch, its CoreV1Api and the pod UIDs it submitted itself."""
+        self._watch, self._core, self._submitted = watch, core, submitted
+
+    def disconnect(self) -> None:
+        self._watch, self._core, self._submitted = None, None, frozenset()
+
+    async def check_task(self, task_id: str) -> None:
+        """Accept a pod-UID task id only for a pod bound to this node (other ids pass)."""
+        watch = self._watch
+        if not is_pod_uid(task_id) or watch is None or task_id in self._submitted:
+            return
+        if not watch.synced.is_set():
+            log.warning("accepting task %s unchecked: the pod watch has not synced yet", task_id)
+            return
+        deadline = time.monotonic() + self.guard_wait
+        while not watch.has_pod(task_id):  # the init-container may be faster than the watch
+            if time.monotonic() >= deadline:
+                raise TaskNotOnNode(
+                    f"task {task_id} is not a pod on node {self.node_name}",
+                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
+                )
+            await asyncio.sleep(0.05)
+
+    async def peer_holders(self, name: str, digest: str) -> list[str]:
+        """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
+        from dsagent.cluster.peerlist import holders_from_nodes
+
+        core = self._core
+        if core is None:
+            return []
+
+        def nodes() -> list[Any]:
+            with translated("list nodes"):
+                return list(core.list_node(_request_timeout=10).items or [])
+
+        return holders_from_nodes(await asyncio.to_thread(nodes), self.node_name, name, digest, self.peer_port)
+
+
 class ClusterAgent:
-    """Cluster mode for one node; see the module docstring."""
+    """Cluster mode for one node; see the module docstring. ``service`` must have been built
+    with ``hooks.for_service()`` (the agent's :class:`ClusterHooks`)."""
 
     def __init__(
         self,
@@ -166,6 +233,7 @@ class ClusterAgent:
         cluster: ClusterSettings | None = None,
         environ: Mapping[str, str] | None = None,
         free_gpus: FreeGpuSource | None = None,
+        hooks: ClusterHooks | None = None,
     ) -> None:
         import os
 
@@ -173,6 +241,7 @@ class ClusterAgent:
         self.settings = settings
         self.node_name = settings.node_name
         self.cluster = cluster or ClusterSettings.from_env(os.environ if environ is None else environ)
+        self.hooks = hooks or ClusterHooks(settings, self.cluster)
         self._api_client = api_client
         self._topology_source = topology
         self._topology_json: str | None = None
@@ -203,19 +272,22 @@ class ClusterAgent:
 
         from dsagent.cluster import apiclient
 
+        if self.service.hooks != self.hooks.for_service():
+            raise InvalidInput(
+                "cluster mode: the cache service was built without the cluster agent's hooks"
+                " (pod task ids would not be checked)",
+                hint="CacheService(settings, hooks=cluster_hooks.for_service()), the same ClusterHooks as the agent's",
+            )
         self._loop = asyncio.get_running_loop()
         if self._api_client is None:
             self._api_client = await asyncio.to_thread(apiclient.load)
         self._core = client.CoreV1Api(self._api_client)
         self._datasets = DatasetClient(self._api_client)
         await self._check_node()
-        self.service.admit_task = self.check_task
-        port = self.settings.peer_port or (self.settings.listen[1] if self.settings.listen else 0)
-        if self.settings.peer_token is not None and port:
-            self.service.peers.cluster_holders = functools.partial(self.peer_holders, port=port)
         self._watch = PodWatch(
             self._api_client, self.node_name, self._from_thread, timeout_seconds=self.cluster.watch_timeout
         )
+        self.hooks.connect(self._watch, self._core, self._tasks)
         self._watch.start()
         self._background = [
             asyncio.create_task(self._consume(), name="dsagent-kube-pods"),
@@ -251,31 +323,11 @@ class ClusterAgent:
         await asyncio.gather(*self._background, return_exceptions=True)
         if self._watch is not None:
             await asyncio.to_thread(self._watch.stop)
-        self.service.admit_task = None
-        self.service.peers.cluster_holders = None
+        self.hooks.disconnect()
         try:
             await asyncio.wait_for(self._clear_annotations(), timeout=5)
         except (asyncio.TimeoutError, DsagentError) as exc:
             log.warning("could not clear the annotations of node %s: %s", self.node_name, exc)
-
-    # -- the task guard ---------------------------------------------------------------
-
-    async def check_task(self, task_id: str) -> None:
-        """Accept a pod-UID task id only for a pod bound to this node (other ids pass)."""
-        watch = self._watch
-        if not is_pod_uid(task_id) or watch is None or task_id in self._tasks:
-            return
-        if not watch.synced.is_set():
-            log.warning("accepting task %s unchecked: the pod watch has not synced yet", task_id)
-            return
-        deadline = time.monotonic() + self.cluster.guard_wait
-        while not watch.has_pod(task_id):  # the init-container may be faster than the watch
-            if time.monotonic() >= deadline:
-                raise TaskNotOnNode(
-                    f"task {task_id} is not a pod on node {self.node_name}",
-                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
-                )
-            await asyncio.sleep(0.05)
 
     # -- pods -------------------------------------------------------------------------
 
@@ -487,16 +539,6 @@ class ClusterAgent:
         self.service.node.copies.update(counts, made_at)
         return True
 
-    async def peer_holders(self, name: str, digest: str, *, port: int) -> list[str]:
-        """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
-        from dsagent.cluster.peerlist import holders_from_nodes
-
-        def nodes() -> list[Any]:
-            with translated("list nodes"):
-                return list(self._core.list_node(_request_timeout=10).items or [])
-
-        return holders_from_nodes(await asyncio.to_thread(nodes), self.node_name, name, digest, port)
-
     def _read_annotations(self) -> dict[str, str]:
         with translated(f"read node {self.node_name}"):
             node = self._core.read_node(self.node_name, _request_timeout=10)
@@ -558,4 +600,4 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-__all__ = ["ClusterAgent", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]
+__all__ = ["ClusterAgent", "ClusterHooks", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]

@@ -1,8 +1,8 @@
 """Cluster mode's peer list: the agents whose node inventories hold a version ready.
 
-Who calls it: :class:`dsagent.cluster.nodeagent.ClusterAgent`, which sets
-``service.peers.cluster_holders`` to :func:`holders_from_nodes` over a fresh node list when
-the agent has a peer token (docs/design.md#peers). Each node's ``dsagent.io/inventory``
+Who calls it: :meth:`dsagent.cluster.nodeagent.ClusterHooks.peer_holders`, the peer list
+the cache service is built with when the agent has a peer token: :func:`holders_from_nodes`
+over a fresh node list (docs/design.md#peers). Each node's ``dsagent.io/inventory``
 annotation says what it holds; its agent is reached at the node's InternalIP on the peer
 port (the agent's TCP port, published on the node: hostPort or host network).
 """

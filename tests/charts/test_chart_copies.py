@@ -23,6 +23,11 @@ def controller_env(docs: Docs) -> dict[str, str]:
     return env_of(container)
 
 
+def settings_env(docs: Docs) -> dict[str, str]:
+    """The controller's variables its settings can read here: the admin token file is the pod's mounted Secret."""
+    return {k: v for k, v in controller_env(docs).items() if k != "DSAGENT_ADMIN_TOKEN_FILE"}
+
+
 def namespaced_rules(docs: Docs, suffix: str) -> list[dict[str, Any]]:
     return [rule for rule in find(docs, "Role", suffix)["rules"] if "configmaps" in rule["resources"]]
 
@@ -60,10 +65,9 @@ def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_prese
 
     off = render()
     assert "DSAGENT_CONTROLLER_PREPARE" not in controller_env(off)
-    assert ControllerSettings.from_env(controller_env(off)).prepare is None
+    assert ControllerSettings.from_env(settings_env(off)).prepare is None
     docs = render({"controller": {"prepare": {"enabled": True, "window": "1h", "fillFraction": "0.8"}}})
-    env = controller_env(docs)
-    presets = ControllerSettings.from_env(env).prepare
+    presets = ControllerSettings.from_env(settings_env(docs)).prepare
     assert presets is not None and (presets.window_s, presets.fetch_lead_s, presets.fill_fraction) == (3600, 600, 0.8)
     crd = find(docs, "CustomResourceDefinition")
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

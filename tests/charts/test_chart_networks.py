@@ -63,7 +63,7 @@ def test_one_attachment_per_class_and_the_webhook_names_them() -> None:
     env = {e["name"]: e.get("value") for e in webhook["spec"]["template"]["spec"]["containers"][0]["env"]}
     template = env["DSAGENT_WEBHOOK_NETWORKS"]
     # the webhook accepts what the chart renders, and names exactly the rendered attachments
-    settings = GpuClassSettings.from_env(env, "DSAGENT_WEBHOOK_")
+    settings = GpuClassSettings.from_env(env)
     assert template == f"{NAMESPACE}/{RELEASE}-dsplatform-{{class}}"
     assert [settings.network(d["metadata"]["labels"]["dsagent.io/gpu-class"]) for d in nads] == [
         f"{NAMESPACE}/{d['metadata']['name']}" for d in nads

@@ -11,6 +11,7 @@ from dsplatform.gpus import (
     GpuResources,
     QuantityError,
     gpu_requests,
+    node_gpus,
     parse_quantity,
     pod_gpus,
 )
@@ -132,3 +133,22 @@ def test_quantities(value: object, expected: int) -> None:
 def test_bad_quantities_raise_a_value_error(value: object) -> None:
     with pytest.raises(ValueError):
         parse_quantity(value)
+
+
+def test_a_nodes_gpus_count_each_gpu_once_whatever_it_is_advertised_as() -> None:
+    """The device plugin advertises a GPU in its class, in every class set holding that
+    class and in gpu-all; NVIDIA's plugin may advertise it as nvidia.com/gpu too."""
+    eight = {
+        "dsagent.io/gpu-roce1": "4",
+        "dsagent.io/gpu-roce2": "4",
+        "dsagent.io/gpu-roce1-2": "8",  # a class set: the same eight GPUs
+        "dsagent.io/gpu-all": "8",
+    }
+    assert node_gpus(eight) == 8
+    assert node_gpus({**eight, GPU: "8"}) == 8
+    assert node_gpus({"dsagent.io/gpu-roce1": "4", "dsagent.io/gpu-roce2": "2"}) == 6  # classes only
+    assert node_gpus({GPU: "8", "cpu": "64"}) == 8
+    assert node_gpus({GPU: "lots", "cpu": "64"}) is None  # unreadable: not named
+    assert node_gpus({"cpu": "64"}) is None and node_gpus(None) is None
+    names = GpuResources(gpu="amd.com/gpu", prefix="example.com")
+    assert node_gpus({"example.com/gpu-roce1": "2", "example.com/gpu-roce1-2": "4", GPU: "8"}, names) == 2

@@ -112,3 +112,18 @@ def test_the_reader_forgets_old_nodes_when_full() -> None:
         reader.read(node(f"n{i}", free_gpus=[0], resource_version=str(i)))
     assert reader.cached("n24", "24") is not None
     assert reader.cached("n0", "0") is None
+
+
+def test_allocatable_gpus_count_a_class_set_and_gpu_all_once() -> None:
+    """Issue 22: the reader summed every resource starting with the class prefix, so a node
+    whose device plugin serves two classes of 4 and their set read as 16 GPUs (24 with
+    NVIDIA's plugin beside it), and its free count (allocatable minus requests) doubled."""
+    advertised = {
+        "dsagent.io/gpu-roce1": "4",
+        "dsagent.io/gpu-roce2": "4",
+        "dsagent.io/gpu-roce1-2": "8",
+        "dsagent.io/gpu-all": "8",
+    }
+    facts = NodeReader().read(node("n1", gpus=8, extra_allocatable=advertised), used_gpus=4)
+    assert facts.allocatable_gpus == 8
+    assert NodeReader().read(node("n2", gpus=None, extra_allocatable=advertised)).allocatable_gpus == 8

@@ -33,7 +33,7 @@ import logging
 import tarfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +46,7 @@ from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers.peererrors import PeerFetchingIt, PeerRefused
 from dsagent.cache.peers.peersession import REFRESH_EVERY, PeerSession
 from dsagent.cache.progress import FetchProgress
+from dsagent.cache.servicehooks import PeerHolders
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, IntegrityError, TransientError
 from dsagent.format.extract import unpack_bundle_stream
@@ -100,12 +101,14 @@ class PeerFetcher:
     answers 425 for those, so that other agents wait instead of reading the store too.
     """
 
-    def __init__(self, settings: Settings, store: Store, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, metrics: Metrics, *, cluster_holders: PeerHolders | None = None
+    ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
         #: cluster mode: more holders of ``(name, digest)`` (base URLs), from the node inventories
-        self.cluster_holders: Callable[[str, str], Awaitable[list[str]]] | None = None
+        self.cluster_holders = cluster_holders
         timeout = httpx.Timeout(settings.peer_timeout)
         self._client = httpx.Client(
             timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)

@@ -55,10 +55,9 @@ from dsagent.cluster.admission.injection import Injection, ResolvedDataset
 from dsagent.cluster.admission.jsonpatch import JSONPatch, append_all, escape, prepend
 from dsagent.cluster.annotation import DatasetRef
 from dsagent.cluster.datasets import Dataset
-from dsagent.cluster.podenv import options_env_name
+from dsagent.cluster.podenv import INIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
 
-INIT_CONTAINER = "dsagent-cache"
 SOCKET_VOLUME = "dsagent-socket"
 DATASETS_VOLUME = "dsagent-datasets"
 RUN_VOLUME = "dsagent-run"

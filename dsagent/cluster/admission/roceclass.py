@@ -48,19 +48,23 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from cachetools import TTLCache
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.cluster.admission.jsonpatch import JSONPatch, escape
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
-from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, pod_gpus
+from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.kubetime import format_micro_time, parse_or_none
-from dsplatform.units import UnitError, parse_duration
+from dsplatform.names import is_dns_label, is_dns_subdomain, is_resource_name
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env
+from dsplatform.units import parse_duration
 
 log = logging.getLogger("dsagent.webhook")
 
@@ -72,43 +76,71 @@ SPLIT = "*"  # a Lease holder: the job is placed across class layouts
 JOB_ANNOTATION = "dsagent.io/job"
 LEASE_LABEL = "dsagent.io/job-class"
 DEFAULT_PREFIX = RESOURCE_PREFIX
-_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-_NETWORK = re.compile(rf"^({_DNS_LABEL}/)?{_DNS_LABEL}$")
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"  # Multus: the pod's extra networks
+WEBHOOK_PREFIX = "DSAGENT_WEBHOOK_"  # the webhook's variables (and its GPU classes')
 
 
-@dataclass(frozen=True)
-class GpuClassSettings:
-    """``DSAGENT_WEBHOOK_GPU_*`` settings (the chart's ``gpuClasses`` values)."""
+def _job_labels(value: Any) -> tuple[str, ...]:
+    """A comma list (``team/job, job-name``); none named: the platform's default labels."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    labels = tuple(str(x).strip() for x in items if str(x).strip())
+    return labels or DEFAULT_JOB_LABELS
 
-    enabled: bool = False
+
+def _lease_ttl(value: Any) -> Any:
+    """``DSAGENT_WEBHOOK_JOB_TTL`` is a duration (``2h``), in whole seconds, at least one."""
+    return max(1, int(parse_duration(value))) if isinstance(value, str) else value
+
+
+class GpuClassSettings(EnvSettings):
+    """``DSAGENT_WEBHOOK_*`` settings of the GPU class policy (the chart's ``gpuClasses`` values)."""
+
+    model_config = SettingsConfigDict(env_prefix=WEBHOOK_PREFIX, env_ignore_empty=True)
+
+    enabled: Flag = Field(False, validation_alias=AliasChoices("enabled", WEBHOOK_PREFIX + "GPU_CLASSES"))
     gpu_resource: str = GPU_RESOURCE
-    prefix: str = DEFAULT_PREFIX  # class resources are <prefix>/<class name>, e.g. dsagent.io/gpu-roce1
-    job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
-    lease_ttl_s: int = 3600  # an ownerless job Lease lives this long after its last worker
-    nodes_ttl_s: float = 5.0  # how long a node listing serves votes
+    # class resources are <prefix>/<class name>, e.g. dsagent.io/gpu-roce1
+    prefix: str = Field(DEFAULT_PREFIX, validation_alias=AliasChoices("prefix", WEBHOOK_PREFIX + "CLASS_PREFIX"))
+    job_labels: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_job_labels)] = DEFAULT_JOB_LABELS
+    # an ownerless job Lease lives this long after its last worker
+    lease_ttl_s: Annotated[int, BeforeValidator(_lease_ttl)] = Field(
+        3600, validation_alias=AliasChoices("lease_ttl_s", WEBHOOK_PREFIX + "JOB_TTL")
+    )
+    nodes_ttl_s: float = not_from_env(5.0)  # how long a node listing serves votes
     #: Multus: the NetworkAttachmentDefinition of a class, ``[<namespace>/]<name>`` with
     #: ``{class}`` in it (``dsplatform/dsp-{class}``); empty: no network annotation
-    networks: str = ""
+    networks: Annotated[str, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)] = ""
 
-    def __post_init__(self) -> None:
-        if not _RESOURCE_NAME.match(self.gpu_resource):
-            raise SettingsError(
-                f"GPU resource {self.gpu_resource!r} is not an extended resource name", hint="e.g. nvidia.com/gpu"
+    @field_validator("gpu_resource")
+    @classmethod
+    def _gpu_resource(cls, value: str) -> str:
+        if not is_resource_name(value):
+            raise ValueError(f"GPU resource {value!r} is not an extended resource name (e.g. nvidia.com/gpu)")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"class resource prefix {value!r} is not a DNS domain (e.g. dsagent.io)")
+        return value
+
+    @field_validator("lease_ttl_s")
+    @classmethod
+    def _lease_ttl_s(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("the job Lease TTL must be at least one second")
+        return value
+
+    @field_validator("networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        if value and ("{class}" not in value or not _is_network(value.replace("{class}", "gpu-roce1"))):
+            raise ValueError(
+                f"network attachment template {value!r} is not [<namespace>/]<name> with {{class}} in it"
+                " (e.g. dsplatform/dsp-{class})"
             )
-        if not _PREFIX.match(self.prefix):
-            raise SettingsError(f"class resource prefix {self.prefix!r} is not a DNS domain", hint="e.g. dsagent.io")
-        if self.lease_ttl_s < 1:
-            raise SettingsError("the job Lease TTL must be at least one second")
-        if self.networks and (
-            "{class}" not in self.networks or not _NETWORK.match(self.networks.replace("{class}", "gpu-roce1"))
-        ):
-            raise SettingsError(
-                f"network attachment template {self.networks!r} is not [<namespace>/]<name> with {{class}} in it",
-                hint="e.g. dsplatform/dsp-{class}",
-            )
+        return value
 
     def network(self, gpu_class: str) -> str:
         """The NetworkAttachmentDefinition (``[ns/]name``) of one class."""
@@ -123,24 +155,12 @@ class GpuClassSettings:
         return GpuResources(gpu=self.gpu_resource, prefix=self.prefix)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], prefix: str = "DSAGENT_WEBHOOK_") -> GpuClassSettings:
-        enabled = env.get(prefix + "GPU_CLASSES", "false").strip().lower()
-        if enabled not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
-            raise SettingsError(f"{prefix}GPU_CLASSES={enabled!r}: expected true or false")
-        labels = tuple(x.strip() for x in env.get(prefix + "JOB_LABELS", "").split(",") if x.strip())
-        ttl_text = env.get(prefix + "JOB_TTL", "")
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GpuClassSettings:
+        """The settings from ``DSAGENT_WEBHOOK_*``; one :class:`SettingsError` lists every bad one."""
         try:
-            ttl = parse_duration(ttl_text) if ttl_text else float(cls.lease_ttl_s)
-        except UnitError as exc:
-            raise SettingsError(f"{prefix}JOB_TTL={ttl_text!r}: {exc}") from exc
-        return cls(
-            enabled=enabled in ("true", "1", "yes", "on"),
-            gpu_resource=env.get(prefix + "GPU_RESOURCE") or cls.gpu_resource,
-            prefix=env.get(prefix + "CLASS_PREFIX") or cls.prefix,
-            job_labels=labels or DEFAULT_JOB_LABELS,
-            lease_ttl_s=max(1, int(ttl)),
-            networks=env.get(prefix + "NETWORKS", "").strip(),
-        )
+            return cls.read(environ)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
 
 
 @dataclass(frozen=True)
@@ -155,6 +175,12 @@ class GpuDecision:
 # -- the pure part -----------------------------------------------------------------------
 
 
+def _is_network(value: str) -> bool:
+    """A NetworkAttachmentDefinition reference, ``[<namespace>/]<name>``, each a DNS-1123 label."""
+    namespace, _, name = value.rpartition("/")
+    return (not namespace or is_dns_label(namespace)) and is_dns_label(name)
+
+
 def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     found: list[tuple[str, Mapping[str, Any]]] = []
     for key in ("initContainers", "containers"):
@@ -165,9 +191,12 @@ def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def _quantity(value: Any) -> int:
+    """A container's quantity of a GPU resource by the platform's one rule
+    (:func:`dsplatform.gpus.parse_quantity`: ``"4"``, ``4``, ``"4000m"``); unreadable: none,
+    as :func:`gpu_request` counts it."""
     try:
-        return int(str(value).strip())
-    except ValueError:
+        return parse_quantity(value)
+    except QuantityError:
         return 0
 
 

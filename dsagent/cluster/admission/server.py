@@ -27,23 +27,26 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, InstanceOf, ValidationError, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.cache.settings import parse_listen
 from dsagent.cluster import annotation
 from dsagent.cluster.admission.mutation import Injection, JSONPatch, mutate, resolve
-from dsagent.cluster.admission.roceclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses
+from dsagent.cluster.admission.roceclass import WEBHOOK_PREFIX, GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsplatform import boundedjson
 from dsplatform.errors import exit_on_error
+from dsplatform.serving import StartupWatch, listening_socket
+from dsplatform.settings import EnvSettings, InvalidSettings, not_from_env
 
 log = logging.getLogger("dsagent.webhook")
-ENV_PREFIX = "DSAGENT_WEBHOOK_"
+ENV_PREFIX = WEBHOOK_PREFIX
 Lookup = Callable[[str, str], Dataset]  # (namespace, name) -> Dataset, raises NotFound
 #: an AdmissionReview carries a pod (etcd caps an object at 1.5 MiB) and maybe its old copy
 REVIEW_MAX_BYTES = 8 * 1024 * 1024
@@ -204,50 +207,74 @@ def _shape_problem(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class WebhookSettings:
-    host: str
-    port: int
-    cert_file: Path | None
-    key_file: Path | None
-    injection: Injection
+def _listen(value: Any) -> tuple[str, int]:
+    return parse_listen(value)
+
+
+class WebhookSettings(EnvSettings):
+    """``DSAGENT_WEBHOOK_*``: where the webhook listens, its certificate, what it injects;
+    its GPU classes are :class:`GpuClassSettings`, read from the same variables."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True)
+
+    listen: Annotated[tuple[str, int], NoDecode, BeforeValidator(_listen)] = ("0.0.0.0", 8443)
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    injection_file: Path | None = None  # the chart's injection.json: what the webhook injects
     kubeconfig: str | None = None
-    gpu_classes: GpuClassSettings = GpuClassSettings()
+    # read from the file at start-up (:meth:`from_env`), or given directly
+    injection: InstanceOf[Injection] | None = not_from_env(None)
+    gpu_classes: InstanceOf[GpuClassSettings] = not_from_env(default_factory=GpuClassSettings)
+
+    @property
+    def host(self) -> str:
+        return self.listen[0]
+
+    @property
+    def port(self) -> int:
+        return self.listen[1]
+
+    @model_validator(mode="after")
+    def _whole_settings(self) -> WebhookSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(f"set both {ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE, or neither")
+        if self.injection is None:
+            object.__setattr__(self, "injection", _injection(self.injection_file))
+        return self
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings:
+        """The webhook's settings and its GPU classes' from ``DSAGENT_WEBHOOK_*``; one
+        :class:`SettingsError` lists every bad variable of both."""
         env = os.environ if environ is None else environ
+        problems: list[tuple[str, str]] = []
+        gpu_classes: GpuClassSettings | None = None
         try:
-            host, port = parse_listen(env.get(ENV_PREFIX + "LISTEN", "0.0.0.0:8443"))
-        except DsagentError as exc:
-            raise SettingsError(f"{ENV_PREFIX}LISTEN: {exc.message}", hint=exc.hint) from exc
-        cert, key = env.get(ENV_PREFIX + "CERT_FILE"), env.get(ENV_PREFIX + "KEY_FILE")
-        if bool(cert) != bool(key):
-            raise SettingsError(f"set both {ENV_PREFIX}CERT_FILE and {ENV_PREFIX}KEY_FILE, or neither")
-        return cls(
-            host,
-            port,
-            Path(cert) if cert else None,
-            Path(key) if key else None,
-            _injection(env.get(ENV_PREFIX + "INJECTION_FILE")),
-            env.get(ENV_PREFIX + "KUBECONFIG"),
-            GpuClassSettings.from_env(env, ENV_PREFIX),
-        )
+            gpu_classes = GpuClassSettings.read(env)
+        except InvalidSettings as exc:
+            problems += exc.problems
+        try:
+            settings = cls.read(env, gpu_classes=gpu_classes)
+        except InvalidSettings as exc:
+            problems += exc.problems
+        if problems:
+            raise SettingsError(InvalidSettings(problems).message)
+        return settings
 
 
-def _injection(path: str | None) -> Injection:
-    if not path:
-        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE is not set", hint="point it at the chart's injection.json")
+def _injection(path: Path | None) -> Injection:
+    if path is None:
+        raise ValueError(f"{ENV_PREFIX}INJECTION_FILE is not set (point it at the chart's injection.json)")
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = json.loads(path.read_text())
     except OSError as exc:
-        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: cannot read {path}: {exc.strerror}") from exc
+        raise ValueError(f"{ENV_PREFIX}INJECTION_FILE: cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
-        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {path} is not JSON: {exc.msg}") from exc
+        raise ValueError(f"{ENV_PREFIX}INJECTION_FILE: {path} is not JSON: {exc.msg}") from None
     try:
         return Injection.from_json(raw)
     except (DsagentError, TypeError) as exc:
-        raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from exc
+        raise ValueError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from None
 
 
 def serve(settings: WebhookSettings) -> None:
@@ -263,11 +290,12 @@ def serve(settings: WebhookSettings) -> None:
     gpu = None
     if settings.gpu_classes.enabled:
         gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
-    app = create_app(settings.injection, client.get, gpu)
-    uvicorn.run(
+    assert settings.injection is not None  # the settings read or were given it
+    # bound first: a busy address is one line and exit 2, not uvicorn's log and exit 3
+    sock = listening_socket(settings.host, settings.port, hint=f"choose another {ENV_PREFIX}LISTEN")
+    app = StartupWatch(create_app(settings.injection, client.get, gpu))
+    config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_level="info",
         access_log=False,
         # an idle or half-open client (a TLS handshake never finished) must not hold SIGTERM
@@ -275,6 +303,9 @@ def serve(settings: WebhookSettings) -> None:
         ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
         ssl_keyfile=str(settings.key_file) if settings.key_file else None,
     )
+    server = uvicorn.Server(config)
+    with app.serving("the webhook", lambda: server.started):  # a failed start: its error, not exit 3
+        server.run(sockets=[sock])
 
 
 def _check_certificate(settings: WebhookSettings) -> None:

@@ -71,10 +71,12 @@ from dsagent.nodeplugins.csi.volumes import (
     validate_volume_id,
 )
 from dsagent.nodeplugins.proto.csi import csi_pb2, csi_pb2_grpc
+from dsplatform.names import is_dns_subdomain
 
 log = logging.getLogger("dsagent.csi")
 POLL_SECONDS = 0.2  # how often a watcher looks at its task while datasets are pending
 RETRY_SECONDS = 10.0  # how long a failed task waits before it is submitted again
+CSI_DRIVER_NAME_MAX_LENGTH = 63  # the CSI spec and the CSIDriver object agree on this one
 
 
 @dataclass
@@ -325,9 +327,10 @@ def _at_or_under(path: str, base: Path) -> bool:
 
 
 def _check_settings(settings: Settings) -> None:
-    import re
-
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?", settings.csi_driver_name):
+    # The API server's rule for a CSIDriver's name: at most 63 characters and, lower-cased,
+    # a DNS-1123 subdomain (the CSI spec's looser "domain notation" let 'a..b' through).
+    name = settings.csi_driver_name
+    if len(name) > CSI_DRIVER_NAME_MAX_LENGTH or not is_dns_subdomain(name.lower()):
         raise SettingsError(
             f"invalid DSAGENT_CSI_DRIVER_NAME {settings.csi_driver_name!r}",
             hint="a domain name of at most 63 characters, e.g. datasets.dsagent.io",

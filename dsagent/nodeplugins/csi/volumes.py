@@ -35,6 +35,7 @@ from dsagent.errors import InvalidInput
 from dsagent.format.durable import fsync_dir, write_atomic
 from dsagent.format.names import validate_name
 from dsplatform import boundedjson
+from dsplatform.names import is_dns_label, is_dns_subdomain
 
 #: Pod info keys the kubelet puts in the volume context (``podInfoOnMount: true``).
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -54,8 +55,6 @@ SECRET_OPTIONS_MAX_BYTES = 64 * 1024
 # Checked with fullmatch: ``$`` alone lets a trailing newline through.
 _VOLUME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
 
@@ -117,9 +116,9 @@ def pod_info(context: Mapping[str, str]) -> PodInfo:
         raise InvalidInput(
             f"volume context {POD_UID} is not a pod UID: {uid[:80]!r}", hint="the CSIDriver needs podInfoOnMount: true"
         )
-    if not _DNS_LABEL.fullmatch(namespace):
+    if not is_dns_label(namespace):
         raise InvalidInput(f"volume context {POD_NAMESPACE} is not a namespace name: {namespace[:80]!r}")
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    if not is_dns_subdomain(name):
         raise InvalidInput(f"volume context {POD_NAME} is not a pod name: {name[:80]!r}")
     unknown = sorted(set(context) - KNOWN_CONTEXT)
     if unknown:
@@ -209,7 +208,7 @@ def check_target(target: str, pods_dir: Path, pod_uid: str | None) -> Path:
         or parts[1:3] != ("volumes", "kubernetes.io~csi")
         or parts[4] != "mount"
         or not _UID.fullmatch(parts[0])
-        or not _DNS_SUBDOMAIN.fullmatch(parts[3])
+        or not is_dns_subdomain(parts[3])
     ):
         raise InvalidInput(
             f"target_path {target[:200]!r} is not a kubelet csi volume path",

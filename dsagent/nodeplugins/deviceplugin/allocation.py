@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
 from dsplatform.gpus import CLASS_STEM, RESOURCE_PREFIX, WHOLE_NODE
+from dsplatform.names import is_dns_subdomain
 from gpu_topology import ClassMode, Topology, nearest_nics, roce_classes
 from gpu_topology.classsets import resource_name, runs
 from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
@@ -49,7 +49,6 @@ WHOLE_NODE_RESOURCE = WHOLE_NODE
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NCCL_CONF_IN_CONTAINER = "/etc/nccl.conf"
 MAX_DEVICE_ID = 63  # the kubelet's limit on a device ID
-_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class NoFreeVf(Conflict):
@@ -77,7 +76,7 @@ class ResourceClass:
 
 def validate_prefix(prefix: str) -> str:
     """A resource prefix must be a DNS subdomain (``dsagent.io``, ``example.com``)."""
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+    if not is_dns_subdomain(prefix):
         raise InvalidInput(f"invalid resource prefix {prefix!r}", hint="use a DNS subdomain such as dsagent.io")
     return prefix
 

@@ -10,6 +10,7 @@ from typing import Any
 import fsspec
 
 from dsagent.cache.service import CacheService, DatasetRequest
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 
 
@@ -162,8 +163,8 @@ def test_the_cluster_integration_can_refuse_unknown_task_ids(tmp_path: Path, mem
             raise NotFound(f"no pod with UID {task_id!r} on this node")
 
     async def run() -> None:
-        service = CacheService(Settings(root=tmp_path, sweep_interval=3600))
-        service.admit_task = only_pods_on_this_node
+        hooks = ServiceHooks(admit_task=only_pods_on_this_node)
+        service = CacheService(Settings(root=tmp_path, sweep_interval=3600), hooks=hooks)
         await service.start()
         try:
             try:

@@ -15,7 +15,7 @@ import pytest
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.cluster.admission.mutation import Injection, ResolvedDataset, mutate
-from dsagent.cluster.nodeagent import ClusterAgent, ClusterSettings, TaskNotOnNode
+from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, ClusterSettings, TaskNotOnNode
 from dsagent.errors import InvalidInput, NotFound
 from gpu_topology.dumps import load_dump
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
@@ -50,10 +50,11 @@ async def cluster_agent(
     settings = Settings(
         root=root, node_name=NODE, kubernetes=True, **NO_FLOOR, lease_ttl=lease_ttl, roce_classes=roce_classes
     )
-    service = CacheService(settings)
+    hooks = ClusterHooks(settings, cluster)
+    service = CacheService(settings, hooks=hooks.for_service())
     await service.start()
     api_client = apiserver.api_client()
-    agent = ClusterAgent(service, settings, api_client=api_client, topology=topology, cluster=cluster)
+    agent = ClusterAgent(service, settings, api_client=api_client, topology=topology, cluster=cluster, hooks=hooks)
     await agent.start()
     try:
         assert agent._watch is not None
@@ -515,9 +516,12 @@ def test_a_wrong_node_name_fails_fast_with_the_fix(apiserver: FakeApiServer, tmp
 
     async def scenario() -> None:
         settings = Settings(root=tmp_path, node_name="train-pod-7f9c", kubernetes=True, **NO_FLOOR)
-        service = CacheService(settings)
+        hooks = ClusterHooks(settings, FAST)
+        service = CacheService(settings, hooks=hooks.for_service())
         await service.start()
-        agent = ClusterAgent(service, settings, api_client=apiserver.api_client(), topology=None, cluster=FAST)
+        agent = ClusterAgent(
+            service, settings, api_client=apiserver.api_client(), topology=None, cluster=FAST, hooks=hooks
+        )
         try:
             with pytest.raises(InvalidInput) as info:
                 await agent.start()
@@ -536,10 +540,11 @@ def test_an_unreachable_api_server_does_not_stop_the_agent(
 
     async def scenario() -> None:
         settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
-        service = CacheService(settings)
+        hooks = ClusterHooks(settings, FAST)
+        service = CacheService(settings, hooks=hooks.for_service())
         await service.start()
         api_client = apiserver.api_client()
-        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=FAST)
+        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=FAST, hooks=hooks)
         await agent.start()
         try:
             record = await service.submit_task("cli-op", [DatasetRequest("tiny", memory_dataset)], wait=10)

@@ -20,7 +20,7 @@ from dsagent.cache.layout import Store
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.cluster.controller import ControllerSettings, DatasetController
-from dsagent.cluster.nodeagent import ClusterAgent, ClusterSettings
+from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, ClusterSettings
 from tests.dsagent.cluster.test_cluster_agent import NO_FLOOR, until
 from tests.fake_apiserver import FakeApiServer, make_node
 
@@ -65,10 +65,11 @@ def test_a_fetch_evicts_the_replicated_version_and_keeps_the_last_copy(
 
     async def scenario() -> list[str]:
         settings = Settings(root=root, node_name=NODE, kubernetes=True, capacity_bytes=capacity, **NO_FLOOR)
-        service = CacheService(settings)
+        hooks = ClusterHooks(settings, cluster)
+        service = CacheService(settings, hooks=hooks.for_service())
         await service.start()
         api_client = apiserver.api_client()
-        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster)
+        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster, hooks=hooks)
         await agent.start()
         try:
             for task, name, source in (("t-last", "last", last), ("t-shared", "shared", shared)):
@@ -166,10 +167,11 @@ def test_the_agent_ignores_a_hostile_or_stale_document(apiserver: FakeApiServer,
 
     async def scenario() -> None:
         settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
-        service = CacheService(settings)
+        hooks = ClusterHooks(settings, cluster)
+        service = CacheService(settings, hooks=hooks.for_service())
         await service.start()
         api_client = apiserver.api_client()
-        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster)
+        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster, hooks=hooks)
         await agent.start()
         try:
             assert await agent.read_copies() is False
@@ -202,10 +204,11 @@ def test_the_agent_reads_the_counts_in_the_background(apiserver: FakeApiServer, 
 
     async def scenario() -> None:
         settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
-        service = CacheService(settings)
+        hooks = ClusterHooks(settings, cluster)
+        service = CacheService(settings, hooks=hooks.for_service())
         await service.start()
         api_client = apiserver.api_client()
-        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster)
+        agent = ClusterAgent(service, settings, api_client=api_client, topology=None, cluster=cluster, hooks=hooks)
         await agent.start()
         try:
             await until(lambda: service.node.copies.made_at is not None, what="the first read")

@@ -145,6 +145,25 @@ def test_rewrite_moves_requests_and_limits_to_the_class_resource_and_annotates()
     assert result["metadata"]["annotations"] == {CLASS_ANNOTATION: "gpu-roce1"}
 
 
+def test_quantities_are_read_by_the_platforms_one_rule() -> None:
+    """Issue 22: the rewrite read quantities with int(), so a valid "4000m" (4 GPUs, as the
+    API server and gpu_request read it) was removed and nothing added: the pod lost its
+    GPU request. Requested classes counted it as 0."""
+    pod = worker(gpus=4)
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpu"] = "4000m"
+    assert gpu_request(pod, SETTINGS) == 4
+    patched = json_patch(pod, rewrite(pod, SETTINGS, "gpu-roce2", annotations_exist=False))
+    assert patched["spec"]["containers"][0]["resources"]["limits"] == {"dsagent.io/gpu-roce2": "4"}
+    asking = worker(gpus=2, resource="dsagent.io/gpu-roce1")
+    asking["spec"]["containers"][0]["resources"]["limits"]["dsagent.io/gpu-roce1"] = "2000m"
+    assert requested_classes(asking, "dsagent.io") == {"gpu-roce1": 2}
+    unreadable = worker(gpus=2, resource="dsagent.io/gpu-roce1")
+    for kind in ("limits", "requests"):
+        unreadable["spec"]["containers"][0]["resources"][kind]["dsagent.io/gpu-roce1"] = "two"
+    assert requested_classes(unreadable, "dsagent.io") == {"gpu-roce1": 0}  # as before: counts none
+
+
 def test_rewrite_replaces_another_class_and_keeps_unrelated_resources() -> None:
     pod = worker(resource="dsagent.io/gpu-roce1")
     resources(pod)["limits"]["cpu"] = "8"
@@ -170,7 +189,7 @@ def test_the_lease_owner_is_the_pods_controller_without_blocking_its_deletion() 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"DSAGENT_WEBHOOK_GPU_CLASSES": "maybe"}, "expected true or false"),
+        ({"DSAGENT_WEBHOOK_GPU_CLASSES": "maybe"}, "is not a boolean"),
         ({"DSAGENT_WEBHOOK_GPU_RESOURCE": "gpu"}, "not an extended resource"),
         ({"DSAGENT_WEBHOOK_CLASS_PREFIX": "Bad_Prefix"}, "not a DNS domain"),
         ({"DSAGENT_WEBHOOK_JOB_TTL": "soon"}, "JOB_TTL"),

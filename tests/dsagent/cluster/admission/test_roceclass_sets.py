@@ -143,5 +143,5 @@ def test_the_multus_value_keeps_the_pods_own_entries_in_either_form() -> None:
 
 @pytest.mark.parametrize("template", ["dsp-gpu", "Bad/{class}", "a/b/{class}", "{class}/x/y"])
 def test_a_bad_network_template_is_refused(template: str) -> None:
-    with pytest.raises(SettingsError):
-        GpuClassSettings(enabled=True, networks=template)
+    with pytest.raises(SettingsError, match="DSAGENT_WEBHOOK_NETWORKS"):
+        GpuClassSettings.from_env({"DSAGENT_WEBHOOK_GPU_CLASSES": "true", "DSAGENT_WEBHOOK_NETWORKS": template})

@@ -1,0 +1,40 @@
+"""What a layer above lends the node service, given to its constructor.
+
+Who calls it: :class:`dsagent.cache.service.CacheService` takes a :class:`ServiceHooks`
+(``CacheService(settings, hooks=...)``) and hands ``peer_holders`` to its
+:class:`~dsagent.cache.peers.PeerFetcher`; cluster mode builds them
+(``dsagent.cluster.nodeagent.ClusterHooks``, wired by ``dsagent serve --kubernetes``), tests
+build their own. What it owns: the two questions the service asks the cluster, as plain
+async callables, so that the cache layer never imports cluster code:
+
+- ``admit_task(task_id)``: raises a :class:`~dsagent.errors.DsagentError` to refuse a new
+  task id (in cluster mode: a pod UID that is no pod on this node);
+- ``peer_holders(name, digest)``: base URLs of other agents holding ``name@digest``, ready
+  ones first (in cluster mode: from the node inventories, docs/design.md#peers).
+
+Why a constructor argument (issue 22): the cluster agent used to set these on the service
+by attribute after both were built (the agent needs the service; the service needs the
+agent's checks), so what a service did depended on who had touched it last. The checks
+need the agent's pod watch and API client, not the service, so they are built first and
+the service is built with them; a service without hooks admits every task and asks only
+its configured peers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+AdmitTask = Callable[[str], Awaitable[None]]
+PeerHolders = Callable[[str, str], Awaitable[list[str]]]
+
+
+@dataclass(frozen=True)
+class ServiceHooks:
+    """The cluster's answers the service asks for; None: not asked (see the module docstring)."""
+
+    admit_task: AdmitTask | None = None
+    peer_holders: PeerHolders | None = None
+
+
+__all__ = ["AdmitTask", "PeerHolders", "ServiceHooks"]
