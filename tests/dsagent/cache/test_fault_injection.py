@@ -79,3 +79,29 @@ def test_kill_9_at_a_sample_of_points_then_a_restart_and_the_same_request(
         assert outcome.first == "killed", outcome
         assert outcome.violations == [], outcome
         assert outcome.retry == "ready", outcome
+
+
+# issue 21: a failing cache disk was reported as the source's failure (source_unavailable,
+# "worth retrying") wherever it happened: unpacking, creating staging, finishing, publishing
+@pytest.mark.parametrize("code", [errno.EIO, errno.EROFS], ids=["EIO", "EROFS"])
+def test_a_cache_disk_error_anywhere_in_a_fetch_is_cache_disk_not_the_source(
+    dataset: tuple[Dataset, int], tmp_path: Path, code: int
+) -> None:
+    data, _ = dataset
+    _, counted = run_point(tmp_path / "count", data, None)
+    # the first operation of each kind in each place: storing the manifest, creating and
+    # finishing staging, a bundle's unpack, publishing
+    first: dict[tuple[str, str], int] = {}
+    for number, (kind, path) in enumerate(counted.ops, start=1):
+        top = path.split("/cache/", 1)[-1].split("/", 1)[0]
+        place = "unpack" if "/.dsagent-staging/" in path else top
+        if kind != "commit" and (kind, place) not in first:
+            first[(kind, place)] = number
+    assert {("mkdir", "staging"), ("rename", "datasets"), ("write", "unpack"), ("fsync", "manifests")} <= set(first)
+    for (kind, place), at in sorted(first.items(), key=lambda item: item[1]):
+        outcome, injector = run_point(tmp_path / f"{code}-{at}", data, at, code=code)
+        assert injector.fired == 1, (kind, place, at)
+        assert outcome.violations == [], outcome
+        if outcome.first != "ready":  # a failure retried inside the fetch may still end ready
+            assert outcome.first in ("failed:cache_disk", "refused:cache_disk"), (kind, place, outcome)
+        assert outcome.retry == "ready", outcome
