@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,3 +106,43 @@ def test_a_cache_disk_error_anywhere_in_a_fetch_is_cache_disk_not_the_source(
         if outcome.first != "ready":  # a failure retried inside the fetch may still end ready
             assert outcome.first in ("failed:cache_disk", "refused:cache_disk"), (kind, place, outcome)
         assert outcome.retry == "ready", outcome
+
+
+def test_a_cache_disk_error_in_a_per_file_copy_is_cache_disk_not_the_source(
+    dataset: tuple[Dataset, int], tmp_path: Path
+) -> None:
+    """A source without bundles is copied file by file; a failed write into the cache was
+    reported as the source file's failure (source_unavailable) before issue 21."""
+    import asyncio
+
+    from dsagent.cache.service import CacheService, DatasetRequest
+    from tests.dsagent.faults import Injector, _settings
+
+    data, _ = dataset
+    request = DatasetRequest(data.name, str(data.source))  # no bundle store: the per-file copy
+
+    def fetch(root: Path, at: int | None) -> tuple[Any, Injector]:
+        root.mkdir(parents=True)
+        injector = Injector(root, at=at, code=errno.EIO, armed=False)
+
+        async def scenario() -> Any:
+            service = CacheService(_settings(root, data.source.parent))
+            await service.start()
+            try:
+                injector.armed = True
+                return await service.submit_task("pod-a", [request], wait=60)
+            finally:
+                injector.armed = False
+                await service.stop()
+
+        with injector:
+            return asyncio.run(scenario()), injector
+
+    record, counted = fetch(tmp_path / "count", None)
+    assert record.state == "ready"
+    writes = [n for n, (kind, path) in enumerate(counted.ops, 1) if kind == "write" and "/staging/" in path]
+    opens = [n for n, (kind, path) in enumerate(counted.ops, 1) if kind == "open" and "/staging/" in path]
+    for at in (writes[0], opens[0]):
+        record, injector = fetch(tmp_path / str(at), at)
+        assert injector.fired == 1 and record.state == "failed", (at, record)
+        assert record.datasets[0].error["code"] == "cache_disk", record.datasets[0].error
