@@ -35,6 +35,7 @@ failed flush). Classes defined beside their code are drawn with their module.
     ├── IntegrityError (422, exit 5)          digest mismatch, truncated or tampered bundle
     │   └── UnsafeArchive                     a member that would escape its target
     ├── InsufficientSpace (507, exit 6, RESOURCE_EXHAUSTED)  cannot free enough space (gives the numbers)
+    ├── CacheDiskError (507, exit 13, INTERNAL)  the cache disk itself failed a write (EIO, EROFS, ...)
     ├── CatalogError                          cache.catalog: the catalog cannot be written
     │   └── CatalogDamaged                    cache.catalog: not a readable SQLite file (rebuilt)
     ├── MountError                            nodeplugins.csi.mounts: a mount or unmount failed
@@ -57,6 +58,8 @@ checks that every public error class of the packages is drawn in its tree.
 """
 
 from __future__ import annotations
+
+import errno
 
 from dsplatform import errors as platform
 
@@ -133,6 +136,27 @@ class InsufficientSpace(DsagentError):
     grpc_status = "RESOURCE_EXHAUSTED"
 
 
+class CacheDiskError(DsagentError):
+    """The node's cache disk failed an operation (EIO, EROFS, ...; a full one is
+    :class:`InsufficientSpace`): the node's fault, not the source's, and not worth a retry
+    until someone looks at the disk (issue 21: it surfaced as ``source_unavailable``)."""
+
+    http_status = 507  # "unable to store the representation" (RFC 4918), as for a full disk
+    exit_code = 13
+    code = "cache_disk"
+    grpc_status = "INTERNAL"
+
+
+def local_write_error(exc: OSError, what: str) -> DsagentError:
+    """The error for ``exc``, raised by the cache disk while doing ``what``: a full disk or
+    quota is :class:`InsufficientSpace`, anything else :class:`CacheDiskError`."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientSpace(
+            f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets"
+        )
+    return CacheDiskError(f"{what}: the cache disk failed ({exc})", hint="check the cache disk (dmesg, mount options)")
+
+
 class TransientError(platform.Unavailable, DsagentError):
     """Worth retrying: the source, the store or the agent failed or is unreachable (503, exit 7)."""
 
@@ -148,6 +172,7 @@ class AgentUnreachable(TransientError):
 
 __all__ = [
     "AgentUnreachable",
+    "CacheDiskError",
     "Conflict",
     "DsagentError",
     "Forbidden",
@@ -162,6 +187,7 @@ __all__ = [
     "TransientError",
     "UnsafeArchive",
     "Unauthorized",
+    "local_write_error",
 ]
 
 

@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from scheduler_plugin.body import BodyBuffers
@@ -53,10 +53,11 @@ from scheduler_plugin.plugins import deadline, roce
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.timemodel import parse_profile
 from scheduler_plugin.view import View
-from scheduler_plugin.wire import BodyNotJson, decode_args, encode_filter_result, encode_priorities
+from scheduler_plugin.wire import BodyNotJson, decode_args, encode_priorities, filter_result_parts
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -105,17 +106,22 @@ class ExtenderApp:
                 await _reply(send, 405, _error_body("method_not_allowed", f"{path} takes POST"))
                 return
             body = await self.bodies.read(receive)
-            verb = self.filter if path == "/filter" else functools.partial(self.prioritize, which=_PRIORITIZE[path])
+            verb: Callable[[Any], list[bytes | memoryview]] = (
+                self.filter_parts
+                if path == "/filter"
+                else functools.partial(self._prioritize_parts, which=_PRIORITIZE[path])
+            )
             try:
-                reply = await asyncio.get_running_loop().run_in_executor(self._verbs, _paused, verb, body)
+                parts = await asyncio.get_running_loop().run_in_executor(self._verbs, _paused, verb, body)
             except BodyNotJson as exc:  # no kube-scheduler sends it: a person or a wrong client, told plainly
-                reply = _error_body(exc.code, str(exc))
-                await _reply(send, 400, reply)
+                parts = [_error_body(exc.code, str(exc))]
+                await _reply_parts(send, 400, parts)
             else:
-                await _reply(send, 200, reply)
+                await _reply_parts(send, 200, parts)
+            del parts  # views of the body: released before it is given back
             if body is not None:
                 self.bodies.give_back(body)
-            del body, reply
+            del body
             # After the reply: a request that read many nodes for the first time settles
             # the heap now rather than leave a full collection to a later request.
             self.heap.after_reads(self.view.reader.built)
@@ -152,6 +158,10 @@ class ExtenderApp:
 
     def filter(self, body: bytes | bytearray | None) -> bytes:
         """ExtenderFilterResult for one request body."""
+        return b"".join(self.filter_parts(body))
+
+    def filter_parts(self, body: bytes | bytearray | None) -> list[bytes | memoryview]:
+        """:meth:`filter`'s reply as parts (views of ``body`` among them), sent a batch at a time."""
         args = None
         started, outcome_label = time.perf_counter(), "error"
         try:
@@ -164,7 +174,7 @@ class ExtenderApp:
             self.metrics.nodes_filtered.labels(result="passed").inc(len(outcome.passed))
             self.metrics.nodes_filtered.labels(result="failed").inc(len(outcome.failed) + len(outcome.unresolvable))
             outcome_label = "ok"
-            return encode_filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+            return filter_result_parts(args, outcome.passed, outcome.failed, outcome.unresolvable)
         except BodyNotJson as exc:  # not a JSON object: answered 400 by the route
             _log_failure("filter", exc, _describe(exc))
             raise
@@ -173,11 +183,11 @@ class ExtenderApp:
             # nothing must not fail scheduling, whether or not the extender is ignorable).
             log.warning("filter: %s; passing every node", exc)
             outcome_label = "unsynced"
-            return encode_filter_result(args, args.names if args is not None else ())
+            return filter_result_parts(args, args.names if args is not None else ())
         except Exception as exc:  # the edge: kube-scheduler must get a 200 with Error set
             message = _describe(exc)
             _log_failure("filter", exc, message)
-            return encode_filter_result(args, error=message)
+            return filter_result_parts(args, error=message)
         finally:
             self.metrics.observe("filter", time.perf_counter() - started, outcome_label)
 
@@ -208,6 +218,9 @@ class ExtenderApp:
             return encode_priorities(names, [0] * len(names))
         finally:
             self.metrics.observe(verb, time.perf_counter() - started, outcome_label)
+
+    def _prioritize_parts(self, body: bytes | bytearray | None, which: str) -> list[bytes | memoryview]:
+        return [self.prioritize(body, which)]
 
     def _decode(self, verb: str, body: bytes | bytearray | None) -> Any:
         """ExtenderArgs from a body; a body that is none (too large) or not ExtenderArgs is
@@ -292,7 +305,7 @@ class ExtenderApp:
                 return
 
 
-def _paused(verb: Callable[[Any], bytes], body: Any) -> bytes:
+def _paused(verb: Callable[[Any], T], body: Any) -> T:
     with _collector_paused():
         return verb(body)
 
@@ -313,6 +326,31 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+#: the most bytes of a reply's parts joined into one ASGI message
+REPLY_BATCH_BYTES = 1 << 20
+
+
+async def _reply_parts(send: Send, status: int, parts: list[bytes | memoryview]) -> None:
+    """Send a reply given as parts, joined a batch of ~1 MiB at a time: a filter reply
+    echoes up to ~48 MiB of nodes, and one message of it would be copied whole by the
+    HTTP writer and again into the socket's buffer. The server waits for the socket to
+    drain between messages, so what is copied at once stays near one batch."""
+    if len(parts) == 1:
+        await _reply(send, status, bytes(parts[0]))
+        return
+    headers = [*_JSON, (b"content-length", str(sum(map(len, parts))).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    batch: list[bytes | memoryview] = []
+    size = 0
+    for part in parts:
+        batch.append(part)
+        size += len(part)
+        if size >= REPLY_BATCH_BYTES:
+            await send({"type": "http.response.body", "body": b"".join(batch), "more_body": True})
+            batch, size = [], 0
+    await send({"type": "http.response.body", "body": b"".join(batch)})
 
 
 async def _reply(send: Send, status: int, body: bytes) -> None:

@@ -14,25 +14,38 @@ With ``nodeCacheCapable: false`` kube-scheduler fills ``Nodes`` (whole Node obje
 reverse. A filter reply must set the same field, or kube-scheduler reads it as "no node
 passed". Go's decoder matches field names case-insensitively, so this module does too.
 
-The big payload (thousands of Node objects) never goes through a validation library.
-When the body has exactly the layout Go's ``json.Marshal`` gives it, :func:`decode_args`
-does not parse the Node objects at all: it cuts the ``items`` array into one
-:class:`RawNode` per node (its name, resourceVersion and exact bytes) by searching for
-the only place the text ``{"metadata":{"name":"`` can occur unescaped, at the start of
-an item, so that nodes already seen at the same resourceVersion cost a dictionary
-lookup and a filter reply echoes their bytes unchanged. Anything else (another field
-order, ``kind`` set, whitespace, a node without a resourceVersion) takes the plain path:
-the stdlib ``json`` parses everything into dicts typed as the ``TypedDict``s below.
+The big payload (thousands of Node objects) never goes through a validation library,
+and is never parsed into one tree: a 48 MiB body parsed whole is ~190 MiB of dicts,
+which put the extender's peak at 380 MiB (issue 21; the bound is 256 MB,
+``tools/bench/extender_memory.py`` measures it). When the body has exactly the layout
+Go's ``json.Marshal`` gives it, :func:`decode_args` does not parse the Node objects at
+all: it cuts the ``items`` array into one :class:`RawNode` per node (its name,
+resourceVersion and exact bytes) by searching for the only place the text
+``{"metadata":{"name":"`` can occur unescaped, at the start of an item, so that nodes
+already seen at the same resourceVersion cost a dictionary lookup and a filter reply
+echoes their bytes unchanged. Any other JSON object (another field order, ``kind`` set,
+whitespace, a node without a resourceVersion) is walked by :class:`_Walk`: the two
+outer objects by hand, every value with the stdlib's C scanner, one Node at a time
+over the body decoded a window at a time, so that it too becomes :class:`RawNode`s
+(parsed once for their name and to check them, then dropped) and never a whole tree.
+The walk answers exactly what ``json.loads`` of the whole body would have (the same
+error, at the same line, column and character; the same args; the same replies, byte
+for byte: its nodes are re-serialized compactly when echoed). A body that is not an
+object keeps the plain ``json.loads``. Filter replies are built as a list of parts
+(views of the request body, for the Go layout) that the app sends a batch at a time,
+so no copy of the echoed nodes is ever made whole.
 This module owns decoding and encoding only; :mod:`scheduler_plugin.app` calls it.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.decoder import JSONDecodeError
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal, NamedTuple, TypedDict, cast
 
@@ -122,6 +135,9 @@ class ExtenderArgs:
     nodes: list[Node] | None
     node_names: list[str] | None
     raw_nodes: list[RawNode] | None = None
+    #: the raw nodes' bytes are Go's compact JSON, echoed as they are; False (any other
+    #: layout): a filter reply re-serializes them compactly, as a parse of the whole body did
+    echo_raw: bool = True
 
     @property
     def node_field(self) -> NodeField:
@@ -159,6 +175,7 @@ class BodyNotJson(InvalidRequest):
 _EXPLAIN_BYTES = 1 << 20
 _JSON_SCALAR_START = frozenset(b'["-0123456789tfn')
 _LEADING_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]*")
+_JSON_SPACE = re.compile(rb"[ \t\n\r]*")  # what json.loads skips
 
 
 def decode_args(body: bytes | bytearray) -> ExtenderArgs:
@@ -169,6 +186,9 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
         return fast
     if _POD_KEY.search(body) is None:  # a cheap scan in C before a parse of megabytes
         raise _without_pod(body)
+    start = _JSON_SPACE.match(body).end()  # type: ignore[union-attr]  # always matches
+    if body[start : start + 1] == b"{" and json.detect_encoding(bytes(body[:4])) == "utf-8":
+        return _Walk(body, start).args()
     try:
         doc = json.loads(body)
     except RecursionError:
@@ -241,6 +261,299 @@ def _args_of(doc: Any) -> ExtenderArgs:
     if raw_nodes is not None:
         return ExtenderArgs(cast(Pod, pod), _decode_node_list(raw_nodes), None)
     raise InvalidRequest("ExtenderArgs has neither Nodes nor NodeNames")
+
+
+#: text decoded from the body at a time by the walk (a window grows for a longer value)
+_WINDOW = 1 << 20
+_TEXT_SPACE = re.compile(r"[ \t\n\r]*")
+#: the C scanner: (text, index) -> (value, end); StopIteration(index) where no value starts
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+#: (text, index after the opening quote, strict) -> (string, end)
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+def _scanstring_at(text: str, quote: int) -> tuple[str, int]:
+    return _scanstring(text, quote + 1, True)
+
+
+class _NodeList:
+    """What the walk kept of one ``Nodes`` object: its items as :class:`RawNode`s (None
+    when ``items`` is absent or null), the first reason they are not a node list, and
+    the names a failed request salvages (as :func:`salvage_from` would from a parse)."""
+
+    def __init__(self) -> None:
+        self.items: list[RawNode] | None = None
+        self.error: str | None = None
+        self.salvage: list[str] = []
+
+
+class _Walk:
+    """One JSON object body, read as ``json.loads`` would read it but never held whole.
+
+    The body is decoded a window of ``_WINDOW`` bytes at a time (``text``; ``pos`` and
+    ``char`` are the byte and character offsets of ``text[i]``). The top-level object and
+    the ``Nodes`` object are walked here with json's own rules and wording; every value
+    in them is read by the C scanner from the window (a value that runs past the window
+    is read again from a window twice as long). Each item of ``Nodes.items`` becomes a
+    :class:`RawNode` viewing its bytes; its parsed dict is checked and dropped. A syntax
+    error says what ``json.loads`` would say (a UTF-8 error anywhere wins, as there,
+    because ``json.loads`` decodes the whole body first); a semantic error is raised
+    only once the whole body is known to be JSON.
+    """
+
+    def __init__(self, body: bytes | bytearray, start: int) -> None:
+        self.body = body
+        self.view = memoryview(body)
+        self.text = ""
+        self.i = 0
+        self.pos = start
+        self.char = start  # only JSON whitespace (ASCII) precedes the object
+        self.final = False
+        self.ascii = True
+        self.stop = start  # the byte after the window
+        self._read_result: tuple[Any, int] = (None, 0)
+        self._load(_WINDOW)
+
+    # -- reading ------------------------------------------------------------------
+
+    def _load(self, size: int) -> None:
+        """Decode the window of ``size`` bytes that starts at ``pos``."""
+        end = len(self.body)
+        stop = min(end, self.pos + size)
+        self.text = ""  # one window at a time
+        try:
+            text, used = codecs.utf_8_decode(self.view[self.pos : stop], "surrogatepass", stop == end)
+        except UnicodeDecodeError as exc:
+            raise self._bad_utf8(exc, self.pos) from None
+        self.text, self.i, self.ascii = text, 0, used == len(text)
+        self.stop = self.pos + used
+        self.final = self.stop == end
+
+    def _more(self) -> bool:
+        """Read again from ``pos`` with a window twice as long; False at the body's end."""
+        if self.final:
+            return False
+        self._load(max(_WINDOW, 2 * (self.stop - self.pos)))
+        return True
+
+    def _advance(self, j: int) -> None:
+        text, i = self.text, self.i
+        self.pos += j - i if self.ascii else len(text[i:j].encode("utf-8", "surrogatepass"))
+        self.char += j - i
+        self.i = j
+
+    def _skip(self) -> None:
+        while True:
+            j = _TEXT_SPACE.match(self.text, self.i).end()  # type: ignore[union-attr]  # always matches
+            self._advance(j)
+            if j < len(self.text) or self.final:
+                return
+            self._load(_WINDOW)
+
+    def _peek(self) -> str:
+        return self.text[self.i : self.i + 1]
+
+    def _value(self) -> Any:
+        """The value at ``pos`` (a failure or a value at the window's end is read again
+        from a longer window until the body's end: a window may cut any value short)."""
+        while True:
+            failure = self._read(_scan)
+            if failure is None:
+                value, j = self._read_result
+                if j == len(self.text) and self._more():
+                    continue  # a number or a literal may go on past the window
+                self._advance(j)
+                return value
+            if not self._more():
+                raise self._syntax(*failure)
+
+    def _key(self) -> str:
+        while True:
+            failure = self._read(_scanstring_at)
+            if failure is None:
+                key, j = self._read_result
+                self._advance(j)
+                return str(key)
+            if not self._more():
+                raise self._syntax(*failure)
+
+    def _read(self, scan: Callable[[str, int], tuple[Any, int]]) -> tuple[str, int] | None:
+        """Run ``scan`` at ``text[i]``: None (its result in ``_read_result``), or why and
+        where it failed. The failure is returned, not kept as an exception: a
+        JSONDecodeError holds the whole window, which would then live on beside the next."""
+        try:
+            self._read_result = scan(self.text, self.i)
+        except StopIteration as stop:
+            return "Expecting value", int(stop.value)
+        except JSONDecodeError as exc:
+            return exc.msg, exc.pos
+        except RecursionError:  # the C scanner's own bound on nesting
+            raise self._failed(InvalidRequest("request body is nested too deeply")) from None
+        return None
+
+    def _object(self, pair: Callable[[str], None]) -> None:
+        """Walk the object at ``pos``; ``pair(key)`` reads each value (json's rules and messages)."""
+        self._advance(self.i + 1)
+        self._skip()
+        if self._peek() == "}":
+            self._advance(self.i + 1)
+            return
+        while True:
+            if self._peek() != '"':
+                raise self._syntax("Expecting property name enclosed in double quotes", self.i)
+            key = self._key()
+            self._skip()
+            if self._peek() != ":":
+                raise self._syntax("Expecting ':' delimiter", self.i)
+            self._advance(self.i + 1)
+            self._skip()
+            pair(key)
+            self._skip()
+            nextchar = self._peek()
+            if nextchar != "}" and nextchar != ",":
+                raise self._syntax("Expecting ',' delimiter", self.i)
+            self._advance(self.i + 1)
+            if nextchar == "}":
+                return
+            self._skip()
+
+    # -- errors -------------------------------------------------------------------
+
+    def _syntax(self, message: str, index: int) -> Exception:
+        """json.loads' error for ``message`` at ``text[index]``: line, column and character."""
+        char = self.char + index - self.i
+        text = self.text[self.i : index] if index > self.i else ""
+        at = self.pos + (len(text) if self.ascii else len(text.encode("utf-8", "surrogatepass")))
+        newline = self.body.rfind(b"\n", 0, at)
+        line = self.body.count(b"\n", 0, at) + 1
+        column = char + 1 if newline < 0 else len(codecs.utf_8_decode(self.view[newline:at], "surrogatepass")[0])
+        return self._failed(_not_json(ValueError(f"{message}: line {line} column {column} (char {char})")))
+
+    def _failed(self, exc: InvalidRequest) -> InvalidRequest:
+        """``exc``, unless the rest of the body is not UTF-8: json.loads decodes it all first."""
+        position = self.stop
+        end = len(self.body)
+        while position < end:
+            stop = min(end, position + _WINDOW)
+            try:
+                position += codecs.utf_8_decode(self.view[position:stop], "surrogatepass", stop == end)[1]
+            except UnicodeDecodeError as bad:
+                return self._bad_utf8(bad, position)
+        return exc
+
+    @staticmethod
+    def _bad_utf8(exc: UnicodeDecodeError, base: int) -> BodyNotJson:
+        start, end = base + exc.start, base + exc.end
+        where = (
+            f"byte 0x{exc.object[exc.start]:02x} in position {start}"
+            if end - start == 1
+            else (f"bytes in position {start}-{end - 1}")
+        )
+        return _not_json(ValueError(f"'utf-8' codec can't decode {where}: {exc.reason}"))
+
+    # -- ExtenderArgs ---------------------------------------------------------------
+
+    def args(self) -> ExtenderArgs:
+        """The body's ExtenderArgs, decided as :func:`_args_of` decides a parsed body."""
+        top: dict[str, Any] = {}
+
+        def pair(key: str) -> None:
+            lowered = key.lower()
+            if lowered == "nodes" and self._peek() == "{":
+                top[key] = self._node_list()
+                return
+            value = self._value()  # every value is read: the whole body must be JSON
+            top[key] = value if lowered in ("pod", "nodenames", "nodes") else None
+
+        self._object(pair)
+        self._skip()
+        if self.i < len(self.text):
+            raise self._syntax("Extra data", self.i)
+        self.view.release()  # the raw nodes keep views of their own
+        try:
+            return self._decide(top)
+        except InvalidRequest as exc:
+            names = _field(top, "NodeNames")
+            nodes = _field(top, "Nodes")
+            salvage = names if isinstance(names, list) else nodes.salvage if isinstance(nodes, _NodeList) else []
+            exc.names = [n for n in salvage if isinstance(n, str)]  # type: ignore[attr-defined]
+            raise
+
+    @staticmethod
+    def _decide(top: dict[str, Any]) -> ExtenderArgs:
+        pod = _field(top, "Pod")
+        if not isinstance(pod, dict):
+            raise InvalidRequest("ExtenderArgs.Pod must be a v1.Pod object")
+        raw_nodes, raw_names = _field(top, "Nodes"), _field(top, "NodeNames")
+        if raw_names is not None:
+            return ExtenderArgs(cast(Pod, pod), None, _decode_names(raw_names))
+        if isinstance(raw_nodes, _NodeList):
+            if raw_nodes.error is not None:
+                raise InvalidRequest(raw_nodes.error)
+            return ExtenderArgs(cast(Pod, pod), None, None, raw_nodes=raw_nodes.items or [], echo_raw=False)
+        if raw_nodes is not None:
+            _decode_node_list(raw_nodes)  # not an object: raises
+        raise InvalidRequest("ExtenderArgs has neither Nodes nor NodeNames")
+
+    def _node_list(self) -> _NodeList:
+        """Walk a ``Nodes`` object; the last ``items`` wins, as in a parsed dict."""
+        found = _NodeList()
+
+        def pair(key: str) -> None:
+            nonlocal found
+            if key != "items":
+                self._value()
+            elif self._peek() == "[":
+                found = self._items()
+            else:
+                found = _NodeList()
+                value = self._value()
+                if value is not None:
+                    found.error = "ExtenderArgs.Nodes.items must be a list of v1.Node"
+
+        self._object(pair)
+        return found
+
+    def _items(self) -> _NodeList:
+        """Walk an ``items`` array into raw nodes (json's rules and messages for arrays)."""
+        found = _NodeList()
+        items: list[RawNode] = []
+        salvage: list[str] | None = []
+        self._advance(self.i + 1)
+        self._skip()
+        if self._peek() == "]":
+            self._advance(self.i + 1)
+        else:
+            while True:
+                start = self.pos
+                item = self._value()
+                meta = item.get("metadata") if isinstance(item, dict) else None
+                name = meta.get("name") if isinstance(meta, dict) else None
+                if (not isinstance(name, str) or not name) and found.error is None:
+                    found.error = f"ExtenderArgs.Nodes.items[{len(items)}] has no metadata.name"
+                if salvage is not None:  # salvage_from gives up on an item that is not an object
+                    if not isinstance(item, dict) or not isinstance(item.get("metadata", {}), dict):
+                        salvage = None
+                    elif isinstance(name, str):
+                        salvage.append(name)
+                version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                # "" for a node without a resourceVersion: never found in the facts cache
+                raw = self.view[start : self.pos]
+                items.append(
+                    RawNode(name if isinstance(name, str) else "", version if isinstance(version, str) else "", raw)
+                )
+                del item, meta
+                self._skip()
+                nextchar = self._peek()
+                if nextchar != "]" and nextchar != ",":
+                    raise self._syntax("Expecting ',' delimiter", self.i)
+                self._advance(self.i + 1)
+                if nextchar == "]":
+                    break
+                self._skip()
+        found.items = items
+        found.salvage = salvage or []
+        return found
 
 
 def _split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
@@ -343,6 +656,19 @@ def encode_filter_result(
     ``passed`` are node names; in ``Nodes`` mode the request's own Node objects are
     echoed back, because older kube-schedulers use the returned objects themselves.
     """
+    return b"".join(filter_result_parts(args, passed, failed, unresolvable, error))
+
+
+def filter_result_parts(
+    args: ExtenderArgs | None,
+    passed: Iterable[str] = (),
+    failed: Mapping[str, str] | None = None,
+    unresolvable: Mapping[str, str] | None = None,
+    error: str = "",
+) -> list[bytes | memoryview]:
+    """:func:`encode_filter_result` as the parts whose concatenation it is: the echoed
+    raw nodes are views of the request body, so the app sends them a batch at a time
+    instead of copying ~48 MiB of nodes into one reply (or more: each copy on the way)."""
     result: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,
@@ -352,12 +678,20 @@ def encode_filter_result(
     }
     if args is not None and args.raw_nodes is not None:
         keep = set(passed)
-        echoed = b",".join([node.raw for node in args.raw_nodes if node.name in keep])
         result["Nodes"] = {"metadata": {}, "items": []}
         # "Nodes" is the first key, so the first `"items":[]` is its own (an unescaped
         # quote cannot occur inside the JSON strings that follow).
         head, tail = json.dumps(result, separators=(",", ":")).encode().split(b'"items":[]', 1)
-        return head + b'"items":[' + echoed + b"]" + tail
+        parts: list[bytes | memoryview] = [head + b'"items":[']
+        for node in args.raw_nodes:
+            if node.name in keep:
+                # re-serialized one at a time as json.dumps of a parsed body wrote them
+                parts.append(node.raw if args.echo_raw else _compact(node.raw))
+                parts.append(b",")
+        if len(parts) > 1:
+            parts.pop()
+        parts.append(b"]" + tail)
+        return parts
     if args is not None:
         keep = set(passed)
         if args.nodes is not None:
@@ -365,7 +699,11 @@ def encode_filter_result(
             result["Nodes"] = {"metadata": {}, "items": items}
         else:
             result["NodeNames"] = [name for name in args.node_names or () if name in keep]
-    return json.dumps(result, separators=(",", ":")).encode()
+    return [json.dumps(result, separators=(",", ":")).encode()]
+
+
+def _compact(raw: memoryview) -> bytes:
+    return json.dumps(json.loads(bytes(raw)), separators=(",", ":")).encode()
 
 
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
@@ -401,4 +739,5 @@ __all__ = [
     "decode_args",
     "encode_filter_result",
     "encode_priorities",
+    "filter_result_parts",
 ]

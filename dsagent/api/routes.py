@@ -6,6 +6,14 @@ any pod) anything; a pod only its own task (its UID); evictions need an operator
 TCP without the token only reads (inventory, metrics, probes stay open for the extender
 and Prometheus).
 
+Request bodies are parsed by :mod:`dsplatform.boundedjson` (:class:`BoundedJsonRoute`), the
+one parse of another party's JSON: a body nested deeper than ``boundedjson.MAX_DEPTH``
+(32; a task is 4 levels and its storage options the rest) or that is not JSON or not UTF-8
+is a 400 ``invalid_input`` saying which, where FastAPI's own parse accepted any depth below
+the interpreter's recursion limit and answered anything else "There was an error parsing
+the body" (issue 21). The size is ``DSAGENT_MAX_BODY``'s, checked first by
+:class:`dsagent.api.BodyLimit` (413).
+
 Each route declares its ``response_model`` and the error statuses it can actually answer
 (:func:`errors`, all with the :class:`~dsagent.api.schemas.ErrorOut` body); FastAPI's
 automatic 422 is removed from the document by :func:`dsagent.api.openapi_document`,
@@ -14,12 +22,14 @@ because validation errors are answered as 400 ``invalid_input``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from dsagent.api.identity import Caller, bearer_matches, caller_identity, require_operator, require_task
 from dsagent.api.schemas import (
@@ -38,10 +48,44 @@ from dsagent.api.schemas import (
 )
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.cache.service import CacheService
-from dsagent.errors import Unauthorized
+from dsagent.errors import DsagentError, InvalidInput, Unauthorized
 from dsagent.format.names import validate_digest
+from dsplatform import boundedjson
 
-router = APIRouter()
+
+class _BoundedJsonRequest(Request):
+    """A request whose JSON body FastAPI reads through :func:`dsplatform.boundedjson.loads`."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            limit: int = self.app.state.settings.max_body_bytes
+            self._json = boundedjson.loads(await self.body(), what="request body", max_bytes=limit)
+        return self._json
+
+
+class BoundedJsonRoute(APIRoute):
+    """Routes whose bodies are parsed bounded; a refusal is a 400 ``invalid_input`` with
+    boundedjson's one-line reason, and a body over the limit without a Content-Length a 413
+    (FastAPI turns any error while it reads and parses a body into a bare 400)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def bounded(request: Request) -> Response:
+            try:
+                return await handler(_BoundedJsonRequest(request.scope, request.receive))
+            except HTTPException as exc:
+                cause = exc.__cause__
+                if isinstance(cause, boundedjson.JsonRefused):
+                    raise InvalidInput(cause.message, hint="send a JSON object (see /v1/openapi.json)") from None
+                if isinstance(cause, DsagentError):  # BodyTooLarge while a body without a length streams in
+                    raise cause from None
+                raise
+
+        return bounded
+
+
+router = APIRouter(route_class=BoundedJsonRoute)
 
 ERROR_STATUSES: dict[int, str] = {
     400: "Invalid input: names, URLs (a malformed URL), fields, query values (invalid_input, ...)",

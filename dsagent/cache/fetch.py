@@ -22,14 +22,15 @@ import errno
 import functools
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from dsagent.cache.progress import FetchProgress
-from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput
+from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, local_write_error
 from dsagent.format.bundle import unpack_bundle
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
 from dsagent.format.durable import WritebackError, syncfs, writeback_for
@@ -102,6 +103,20 @@ def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress:
         )
 
 
+@contextmanager
+def _cache_disk(relative: str) -> Iterator[None]:
+    """An OSError inside is the cache disk's (issue 21: it read as the source's)."""
+    try:
+        yield
+    except OSError as exc:
+        raise local_write_error(exc, f"copying {relative!r} into the cache") from exc
+
+
+def _create(dest: Path, relative: str) -> BinaryIO:
+    with _cache_disk(relative):
+        return open(dest, "wb")
+
+
 def copy_hashing(
     fs: Any, source_path: str, dest: Path, relative: str, mtime_ns: int, progress: FetchProgress, *, size: int
 ) -> str:
@@ -113,11 +128,12 @@ def copy_hashing(
         with (
             translate_errors(f"source file {relative!r}"),
             open_whole(fs, source_path, size=size) as src,
-            open(dest, "wb") as out,
+            _create(dest, relative) as out,
         ):
             while chunk := src.read(CHUNK_SIZE):
                 hasher.update(chunk)
-                out.write(chunk)
+                with _cache_disk(relative):  # a failed write is the cache disk's, not the source's
+                    out.write(chunk)
                 progress.add(len(chunk))
         os.utime(dest, ns=(mtime_ns, mtime_ns))  # durable with the whole tree: see finish()
     except BaseException:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -62,7 +63,7 @@ from dsagent.cache.task import (
     validate_request,
 )
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, NotFound
+from dsagent.errors import DsagentError, NotFound, local_write_error
 from dsagent.format.manifest import Manifest
 from dsagent.format.storage_errors import classify, use_timeouts
 
@@ -248,7 +249,11 @@ class CacheService:
         except DsagentError as exc:
             self._failed(task_id, request, exc)
         except Exception as exc:  # a foreign storage error, or a bug: keep it visible, never crash the loop
-            known = classify(exc, f"dataset {request.name!r}")
+            what = f"dataset {request.name!r}"
+            if isinstance(exc, OSError) and self._on_cache_disk(exc):
+                known: DsagentError | None = local_write_error(exc, what)  # the node's disk, not the source
+            else:
+                known = classify(exc, what)
             if known is not None:
                 self._failed(task_id, request, known)
                 return
@@ -256,6 +261,14 @@ class CacheService:
             self._failed(task_id, request, DsagentError(f"internal error: {type(exc).__name__}: {exc}"), logged=True)
         else:
             self.metrics.request_settled("ok")
+
+    def _on_cache_disk(self, exc: OSError) -> bool:
+        """Whether ``exc`` is the cache disk's failure (on a path under the root), not the
+        source's: staging, publishing and finishing a version touch only the root."""
+        if not exc.filename:
+            return False
+        root = os.path.realpath(self.settings.root)
+        return os.path.realpath(os.fsdecode(exc.filename)).startswith(root + os.sep)
 
     def _failed(self, task_id: str, request: DatasetRequest, exc: DsagentError, *, logged: bool = False) -> None:
         """Keep a dataset's failure for its task, count it by code, and log it once at

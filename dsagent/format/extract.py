@@ -47,12 +47,11 @@ import xxhash
 
 from dsagent.errors import (
     Conflict,
-    InsufficientSpace,
     IntegrityError,
     InvalidInput,
     NotFound,
-    SourceUnavailable,
     UnsafeArchive,
+    local_write_error,
 )
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
 from dsagent.format.hashing import HASH_BUFFER, hash_file
@@ -236,19 +235,17 @@ def _publish(staging: _Staging, dest_dir: Path, members: EntryTable, durable: bo
 
 @contextmanager
 def _local_writes(dest: Path) -> Iterator[None]:
-    """A full disk is :class:`InsufficientSpace`; other local write failures say where they happened."""
+    """A full disk is :class:`InsufficientSpace`; any other local write failure is the
+    cache disk's (:class:`CacheDiskError`, not the source's) and says where it happened."""
     try:
         yield
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientSpace(
-                f"no space left to unpack into {dest}: {exc}", hint="free space or evict unused datasets"
-            ) from exc
-        if isinstance(exc, WritebackError):  # written data may be lost: nothing of it is kept
+        if isinstance(exc, WritebackError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            # written data may be lost: nothing of it is kept
             raise IntegrityError(
                 f"flushing {dest} to disk failed: {exc}", hint="the cache disk reported a write error (see dmesg)"
             ) from exc
-        raise SourceUnavailable(f"writing into {dest} failed: {exc}") from exc
+        raise local_write_error(exc, f"unpacking into {dest}") from exc
 
 
 def unpack_bundle(

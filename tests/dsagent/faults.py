@@ -48,8 +48,10 @@ from typing import Any
 
 KINDS = ("open", "write", "fsync", "rename", "mkdir", "commit")
 ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EDQUOT": errno.EDQUOT}
-#: the error codes a failed task may carry: clear ones, never ``internal``
-CLEAR_CODES = {"insufficient_space", "integrity", "source_unavailable", "catalog", "not_found", "conflict"}
+#: the error codes a failed task may carry: clear ones, never ``internal``, and never
+#: ``source_unavailable``: every fault is injected on the cache disk, which is not the
+#: source (a failing disk said "source unavailable" before issue 21's ``cache_disk``)
+CLEAR_CODES = {"insufficient_space", "integrity", "cache_disk", "catalog", "not_found", "conflict"}
 
 
 class Injector:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,3 +111,48 @@ def test_requests_of_changing_sizes_on_one_connection_score_as_on_a_fresh_server
     assert got == expected
     assert [len(p) for p, _ in got] == [40, 3, 25, 40, 1]
     assert got[0][1]["Nodes"]["items"] == cluster
+
+
+def asgi_post(app: Any, path: str, body: bytes) -> list[dict[str, Any]]:
+    """POST ``body`` to the ASGI ``app`` in one message; every message it sends back."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            await asyncio.Event().wait()  # nothing more: the app must not read past the body
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": []}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_filter_reply_is_sent_a_batch_at_a_time_and_equals_the_whole_reply() -> None:
+    """Issue 21: the reply echoing ~48 MiB of passing nodes was one bytes object (after a
+    join, then a concatenation), copied again by the HTTP writer and into the socket's
+    buffer; it is now sent in batches of ~1 MiB joined from views of the request body."""
+    from scheduler_plugin.app import REPLY_BATCH_BYTES
+
+    topology = topology_json()
+    cluster = [
+        node(f"n{i}", inventory=inventory_json(datasets={"imagenet": holding()}), topology=topology, free_gpus=[0, 1])
+        for i in range(1200)
+    ]
+    body = args_body(pod(gpus=1), cluster, node_cache_capable=False)
+    app = create_app(Settings())
+    sent = asgi_post(app, "/filter", body)
+    start, chunks = sent[0], [m["body"] for m in sent[1:]]
+    assert start["status"] == 200 and all(m["type"] == "http.response.body" for m in sent[1:])
+    reply = b"".join(chunks)
+    assert reply == app.filter(body)  # the same bytes as the reply made whole
+    assert int(dict(start["headers"])[b"content-length"]) == len(reply)
+    assert len(reply) > 4 * REPLY_BATCH_BYTES and len(json.loads(reply)["Nodes"]["items"]) == 1200
+    largest_node = max(len(json.dumps(n, separators=(",", ":"))) for n in cluster)
+    assert max(map(len, chunks)) <= REPLY_BATCH_BYTES + largest_node, "a batch holds more than ~1 MiB"
+    assert [m.get("more_body", False) for m in sent[1:]] == [True] * (len(chunks) - 1) + [False]

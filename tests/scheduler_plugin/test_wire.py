@@ -4,10 +4,13 @@ must agree on every body, and anything unusual must take the plain path."""
 from __future__ import annotations
 
 import json
+import random
+import tracemalloc
 from typing import Any
 
 import pytest
 
+from scheduler_plugin import wire
 from scheduler_plugin.errors import InvalidRequest
 from scheduler_plugin.testing import (
     args_body,
@@ -55,18 +58,19 @@ def test_a_go_layout_body_is_cut_into_raw_nodes_without_parsing_them() -> None:
     ],
     ids=["whitespace", "field-order", "lowercase-keys", "kind-set"],
 )
-def test_any_other_layout_takes_the_plain_path_with_the_same_result(rewrite: Any) -> None:
+def test_any_other_layout_is_walked_with_the_same_result(rewrite: Any) -> None:
     body = rewrite(json.loads(go_body(nodes())))
     args = decode_args(body)
-    assert args.raw_nodes is None and args.nodes is not None
+    assert args.raw_nodes is not None and not args.echo_raw  # walked, not cut: echoed re-serialized
     assert args.names == ["n1", "n2", "n3"]
+    assert [{k: v for k, v in raw.parse().items() if k != "kind"} for raw in args.raw_nodes] == nodes()
 
 
-def test_one_node_in_another_layout_sends_the_whole_body_down_the_plain_path() -> None:
+def test_one_node_in_another_layout_sends_the_whole_body_down_the_walk() -> None:
     doc = json.loads(go_body(nodes()))
     doc["Nodes"]["items"][1] = {"kind": "Node", **doc["Nodes"]["items"][1]}
     args = decode_args(json.dumps(doc, separators=(",", ":")).encode())
-    assert args.raw_nodes is None and args.names == ["n1", "n2", "n3"]
+    assert args.raw_nodes is not None and not args.echo_raw and args.names == ["n1", "n2", "n3"]
 
 
 @pytest.mark.parametrize(
@@ -78,11 +82,11 @@ def test_one_node_in_another_layout_sends_the_whole_body_down_the_plain_path() -
     ],
     ids=["space-between", "newline-before-comma", "space-before-first"],
 )
-def test_items_that_do_not_tile_the_array_take_the_plain_path(old: bytes, new: bytes) -> None:
+def test_items_that_do_not_tile_the_array_are_walked(old: bytes, new: bytes) -> None:
     body = go_body(nodes())
     assert body.count(old) == 1
     args = decode_args(body.replace(old, new))
-    assert args.raw_nodes is None and args.nodes == nodes()
+    assert args.raw_nodes is not None and not args.echo_raw and [raw.parse() for raw in args.raw_nodes] == nodes()
 
 
 def test_a_single_node_is_cut_too() -> None:
@@ -90,11 +94,12 @@ def test_a_single_node_is_cut_too() -> None:
     assert args.raw_nodes is not None and [raw.parse() for raw in args.raw_nodes] == nodes()[:1]
 
 
-def test_nodes_without_a_resource_version_take_the_plain_path() -> None:
+def test_nodes_without_a_resource_version_are_walked() -> None:
     items = nodes()
     del items[1]["metadata"]["resourceVersion"]
     args = decode_args(go_body(items))
-    assert args.raw_nodes is None and args.nodes == items
+    assert args.raw_nodes is not None and not args.echo_raw and [raw.parse() for raw in args.raw_nodes] == items
+    assert args.raw_nodes[1].resource_version == ""  # never found in the facts cache
 
 
 def test_an_empty_node_list_in_either_go_form() -> None:
@@ -175,3 +180,105 @@ def test_a_go_layout_body_in_a_bytearray_with_a_trailing_newline_is_cut_alike() 
     args = decode_args(body)
     assert args.raw_nodes is not None and [raw.parse() for raw in args.raw_nodes] == nodes()
     assert json.loads(encode_filter_result(args, ["n1"]))["Nodes"]["items"] == nodes()[:1]
+
+
+# -- issue 21: any other layout is walked a node at a time, with json.loads' answers -------
+
+
+def parsed_whole(body: bytes) -> Any:
+    """What the old decode answered: the Go cut, else json.loads of the whole body and the checks."""
+    fast = wire._split_go_layout(body)
+    if fast is not None:
+        return fast
+    if wire._POD_KEY.search(body) is None:
+        return ("refused", str(wire._without_pod(body)), None)
+    try:
+        doc = json.loads(body)
+    except RecursionError:
+        return ("refused", "request body is nested too deeply", None)
+    except ValueError as exc:
+        return ("refused", str(wire._not_json(exc)), None)
+    try:
+        args = wire._args_of(doc)
+    except InvalidRequest as exc:
+        return ("refused", str(exc), wire.salvage_from(doc))
+    return args
+
+
+def walked(body: bytes) -> Any:
+    try:
+        return decode_args(body)
+    except InvalidRequest as exc:
+        return ("refused", str(exc), getattr(exc, "names", None))
+
+
+def assert_walked_like_parsed_whole(body: bytes) -> None:
+    old, new = parsed_whole(body), walked(body)
+    if isinstance(old, tuple) or isinstance(new, tuple):
+        assert new == old, body[:300]
+        return
+    assert (new.pod, new.names, new.node_field, new.node_names) == (old.pod, old.names, old.node_field, old.node_names)
+    if old.nodes is not None:
+        assert new.raw_nodes is not None and [raw.parse() for raw in new.raw_nodes] == old.nodes
+    passed = new.names[::2]
+    assert encode_filter_result(new, passed, {"x": "y"}) == encode_filter_result(old, passed, {"x": "y"})
+
+
+def other_layouts() -> list[bytes]:
+    doc = json.loads(go_body([*nodes(), node("nœud-ü", free_gpus=[3])]))
+    return [
+        json.dumps(doc).encode(),
+        json.dumps(doc, indent=2, ensure_ascii=False).encode(),  # raw UTF-8, as Go writes it
+        json.dumps({"NodeNames": None, **doc}).encode(),
+        b'\n {"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a","resourceVersion":7}}],"metadata":{}}} \r\n',
+        b'{"Pod":{},"Nodes":{"items":[{"metadata":{"name":"a"}}],"items":null}}',  # the last items wins
+        json.dumps({**doc, "Nodes": {"items": [{"metadata": {"name": "a"}}, 3, {"metadata": {"name": ""}}]}}).encode(),
+        json.dumps({**doc, "Nodes": {"items": "x"}, "Extra": [1, {"a": None}]}).encode(),
+        json.dumps({**doc, "nodes": 5, "Nodes": None}).encode(),
+        json.dumps({"Pod": 1, "Nodes": {"items": [{"metadata": {"name": "q"}}]}}).encode(),
+    ]
+
+
+@pytest.mark.parametrize("window", [1 << 20, 64, 7], ids=["1MiB", "64B", "7B"])
+def test_the_walk_answers_as_a_parse_of_the_whole_body_for_any_edit(
+    window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every truncation and many one-byte edits of bodies in other layouts get the same
+    args, replies (byte for byte) and errors (to the character) as json.loads of the
+    whole body; small windows cut values, keys and UTF-8 sequences at every place."""
+    monkeypatch.setattr(wire, "_WINDOW", window)
+    rng = random.Random(21)
+    for body in other_layouts():
+        assert_walked_like_parsed_whole(body)
+        for cut in range(0, len(body), max(1, len(body) // 80)):
+            assert_walked_like_parsed_whole(body[:cut])
+        for _ in range(60 if window > 64 else 15):
+            i = rng.randrange(len(body))
+            assert_walked_like_parsed_whole(body[:i] + bytes([rng.choice(b'{}[]:,"\\ \n\xff\xc3a1-')]) + body[i + 1 :])
+            assert_walked_like_parsed_whole(body[:i] + body[i + 1 :])
+
+
+def test_a_deep_value_in_the_walk_is_refused_as_nested_unless_the_body_is_not_utf8() -> None:
+    deep = b'{"Pod":{},"Other":' + b"[" * 100_000 + b"]" * 100_000 + b',"NodeNames":["n"]}'
+    assert walked(deep) == ("refused", "request body is nested too deeply", None)
+    assert walked(deep + b"\xff")[1].startswith("request body is not JSON: 'utf-8' codec can't decode byte 0xff")
+
+
+def test_a_walked_body_never_becomes_one_parsed_tree() -> None:
+    """Issue 21: a 50 MB body in any layout but Go's was parsed whole (~4x its size in
+    dicts), which put the extender at 380 MiB. Walked, the decode allocates a window and
+    one node at a time: far less than the body, whatever its size."""
+    items = [
+        node(f"n{i}", inventory=inventory_json(datasets={"imagenet": holding()}), free_gpus=[1]) for i in range(1500)
+    ]
+    body = json.dumps({"Pod": pod(), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}).encode()
+    assert len(body) > 5 << 20
+    tracemalloc.start()
+    try:
+        args = decode_args(body)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # a whole parse allocates ~4x the body; the walk a 1 MiB window and ~400 bytes a node
+    assert peak < len(body) // 2, f"decoding a {len(body)}-byte body allocated {peak} bytes at its peak"
+    assert args.raw_nodes is not None and len(args.raw_nodes) == 1500

@@ -27,6 +27,7 @@ TABLES = {
     "cache": ["baseline per-file copy:", "dsagent without bundles:", "dsagent with bundles:"],
     "digest": ["dsagent build_manifest", "ratio of medians (dsagent / C)"],
     "extender": ["p50 ms", "p99 ms", "names     100"],
+    "extender_memory": ["peak MiB", "json.loads MiB", "go         filter", "reordered  prioritize"],
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
     "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
 }

@@ -201,6 +201,55 @@ def test_malformed_json_and_oversized_bodies_are_refused(http: httpx.Client) -> 
     assert (response.status_code, response.json()["code"]) == (413, "body_too_large")
 
 
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def with_options(options: str) -> bytes:
+    return ('{"datasets":[{"name":"ok","source":"memory://x/ok","storageOptions":' + options + "}]}").encode()
+
+
+# issue 21: FastAPI's parse accepted any depth under the recursion limit and answered anything
+# past it, or not UTF-8, "There was an error parsing the body" (code http_error)
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (nested(20_000).encode(), "request body is nested deeper than 32 levels"),
+        (b'{"datasets":' + nested(20_000).encode() + b"}", "request body is nested deeper than 32 levels"),
+        # 33 levels in all: under the interpreter's bound, over the one bound (dsplatform.boundedjson)
+        (with_options('{"a":' * 30 + "1" + "}" * 30), "request body is nested deeper than 32 levels"),
+        (b'{"datasets":"\xff"}', "request body is not JSON: 'utf-8' codec"),
+        (b'{"datasets":[{"name":"ok"},]}', "request body is not JSON: Expecting value"),
+    ],
+    ids=["nested-arrays", "nested-datasets", "options-33-deep", "not-utf8", "trailing-comma"],
+)
+@pytest.mark.parametrize(("method", "path"), [("PUT", "/v1/tasks/t1"), ("POST", "/v1/evict")], ids=["task", "evict"])
+def test_a_nested_or_broken_json_body_is_a_400_that_says_so(
+    http: httpx.Client, body: bytes, message: str, method: str, path: str
+) -> None:
+    response = http.request(method, path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["code"] == "invalid_input" and error["message"].startswith(message), error
+
+
+def test_a_body_32_levels_deep_is_parsed_and_judged_on_its_fields(http: httpx.Client) -> None:
+    body = with_options('{"a":' * 29 + "1" + "}" * 29)  # 32 levels: allowed through to the checks
+    response = http.put("/v1/tasks/t1", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "nested" not in response.json()["message"], response.text
+
+
+def test_a_body_over_the_limit_without_a_length_is_413_not_a_bare_400(http: httpx.Client) -> None:
+    def chunks() -> Any:  # no Content-Length: sent chunked, refused while it streams in
+        yield b'{"datasets":[{"name":"ok","source":"memory://x/y","storageOptions":{"pad":"'
+        for _ in range(20):
+            yield b"x" * 10_000
+        yield b'"}}]}'
+
+    response = http.put("/v1/tasks/t1", content=chunks(), headers={"content-type": "application/json"})
+    assert (response.status_code, response.json()["code"]) == (413, "body_too_large"), response.text
+
+
 def test_a_task_cannot_change_its_datasets(http: httpx.Client, agent: AgentProcess) -> None:
     http.put("/v1/tasks/fixed", json={"datasets": [{"name": "m1", "source": "memory://dsagent-api/m1"}]})
     response = http.put("/v1/tasks/fixed", json={"datasets": [{"name": "m2", "source": "memory://dsagent-api/m2"}]})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,69 @@ def test_kill_9_at_a_sample_of_points_then_a_restart_and_the_same_request(
         assert outcome.first == "killed", outcome
         assert outcome.violations == [], outcome
         assert outcome.retry == "ready", outcome
+
+
+# issue 21: a failing cache disk was reported as the source's failure (source_unavailable,
+# "worth retrying") wherever it happened: unpacking, creating staging, finishing, publishing
+@pytest.mark.parametrize("code", [errno.EIO, errno.EROFS], ids=["EIO", "EROFS"])
+def test_a_cache_disk_error_anywhere_in_a_fetch_is_cache_disk_not_the_source(
+    dataset: tuple[Dataset, int], tmp_path: Path, code: int
+) -> None:
+    data, _ = dataset
+    _, counted = run_point(tmp_path / "count", data, None)
+    # the first operation of each kind in each place: storing the manifest, creating and
+    # finishing staging, a bundle's unpack, publishing
+    first: dict[tuple[str, str], int] = {}
+    for number, (kind, path) in enumerate(counted.ops, start=1):
+        top = path.split("/cache/", 1)[-1].split("/", 1)[0]
+        place = "unpack" if "/.dsagent-staging/" in path else top
+        if kind != "commit" and (kind, place) not in first:
+            first[(kind, place)] = number
+    assert {("mkdir", "staging"), ("rename", "datasets"), ("write", "unpack"), ("fsync", "manifests")} <= set(first)
+    for (kind, place), at in sorted(first.items(), key=lambda item: item[1]):
+        outcome, injector = run_point(tmp_path / f"{code}-{at}", data, at, code=code)
+        assert injector.fired == 1, (kind, place, at)
+        assert outcome.violations == [], outcome
+        if outcome.first != "ready":  # a failure retried inside the fetch may still end ready
+            assert outcome.first in ("failed:cache_disk", "refused:cache_disk"), (kind, place, outcome)
+        assert outcome.retry == "ready", outcome
+
+
+def test_a_cache_disk_error_in_a_per_file_copy_is_cache_disk_not_the_source(
+    dataset: tuple[Dataset, int], tmp_path: Path
+) -> None:
+    """A source without bundles is copied file by file; a failed write into the cache was
+    reported as the source file's failure (source_unavailable) before issue 21."""
+    import asyncio
+
+    from dsagent.cache.service import CacheService, DatasetRequest
+    from tests.dsagent.faults import Injector, _settings
+
+    data, _ = dataset
+    request = DatasetRequest(data.name, str(data.source))  # no bundle store: the per-file copy
+
+    def fetch(root: Path, at: int | None) -> tuple[Any, Injector]:
+        root.mkdir(parents=True)
+        injector = Injector(root, at=at, code=errno.EIO, armed=False)
+
+        async def scenario() -> Any:
+            service = CacheService(_settings(root, data.source.parent))
+            await service.start()
+            try:
+                injector.armed = True
+                return await service.submit_task("pod-a", [request], wait=60)
+            finally:
+                injector.armed = False
+                await service.stop()
+
+        with injector:
+            return asyncio.run(scenario()), injector
+
+    record, counted = fetch(tmp_path / "count", None)
+    assert record.state == "ready"
+    writes = [n for n, (kind, path) in enumerate(counted.ops, 1) if kind == "write" and "/staging/" in path]
+    opens = [n for n, (kind, path) in enumerate(counted.ops, 1) if kind == "open" and "/staging/" in path]
+    for at in (writes[0], opens[0]):
+        record, injector = fetch(tmp_path / str(at), at)
+        assert injector.fired == 1 and record.state == "failed", (at, record)
+        assert record.datasets[0].error["code"] == "cache_disk", record.datasets[0].error

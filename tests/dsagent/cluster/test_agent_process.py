@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from dsagent.api.client import AgentClient
+from dsagent.cli.agent import STOP_DEADLINE
 from dsagent.errors import AgentUnreachable, NotFound
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 
@@ -34,6 +36,11 @@ def eventually(predicate: Callable[[], Any], timeout: float = 30, what: str = "c
 
 @pytest.fixture
 def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    yield from running_agent(apiserver, tmp_path, {})
+
+
+def running_agent(apiserver: FakeApiServer, tmp_path: Path, extra: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """``dsagent serve --kubernetes`` against ``apiserver``, healthy, with ``extra`` variables."""
     apiserver.create(make_node(NODE, annotations={"keep": "me"}))
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -66,6 +73,7 @@ def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str
         "DSAGENT_ROOT": str(tmp_path / "cache"),
         "DSAGENT_SOCKET": str(sockets / "dsagent.sock"),
         "DSAGENT_LOCAL_SOURCES": str(source),
+        **{k: v.replace("SOCKETS", str(sockets)) for k, v in extra.items()},
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     log = open(tmp_path / "agent.log", "wb")
@@ -83,7 +91,14 @@ def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str
 
     try:
         eventually(healthy, what="the agent")
-        yield {"process": process, "client": client, "source": str(source), "env": env, "log": tmp_path / "agent.log"}
+        yield {
+            "process": process,
+            "client": client,
+            "source": str(source),
+            "env": env,
+            "log": tmp_path / "agent.log",
+            "sockets": sockets,
+        }
     finally:
         client.close()
         if process.poll() is None:
@@ -147,3 +162,35 @@ def test_the_daemonset_agent_end_to_end(apiserver: FakeApiServer, cluster_agent:
     # uvicorn shuts down gracefully, then re-raises the signal it caught
     assert process.wait(30) in (0, -signal.SIGTERM)
     assert annotations(apiserver) == {"keep": "me"}  # the graceful stop took its annotations away
+
+
+def test_sigterm_ends_the_agent_with_its_csi_plugin_while_the_api_server_hangs(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """Scope item 3 of issue 21: cluster mode and the CSI node plugin in one process, the
+    API server turned into a black hole (connections accepted, never answered: a watch
+    and a publish hang on it). SIGTERM must still end the process: the orderly shutdown
+    waits on the hung calls, and the watchdog ends it at STOP_DEADLINE (9 s; the
+    DaemonSet's grace period is 30 s). Measured: 0.2-0.3 s idle, 9.1 s here. The bound
+    below is generous; the test fails only if the process hangs."""
+    extra = {"DSAGENT_CSI_SOCKET": "SOCKETS/csi.sock", "DSAGENT_CSI_KUBELET_PODS_DIR": str(tmp_path / "pods")}
+    agent = running_agent(apiserver, tmp_path, extra)
+    started = next(agent)
+    process: subprocess.Popen[bytes] = started["process"]
+    hole = socket.socket()
+    try:
+        eventually(lambda: (started["sockets"] / "csi.sock").exists(), what="the CSI socket")
+        port = apiserver.port
+        apiserver.stop()
+        hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        hole.bind(("127.0.0.1", port))
+        hole.listen(64)  # never accepted: the agent's next calls connect, then wait for ever
+        requests = len(apiserver.requests)
+        time.sleep(2)  # let the publish loop and the watch reconnect hang on it (not an assertion)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(STOP_DEADLINE + 60)
+        assert code in (0, -signal.SIGTERM), started["log"].read_text()[-3000:]
+        assert len(apiserver.requests) == requests  # nothing reached a real API server meanwhile
+    finally:
+        hole.close()
+        agent.close()
