@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 
+from dsplatform import logs
 from dsplatform.errors import exit_on_error
 from scheduler_plugin.errors import SettingsError
 from scheduler_plugin.settings import Settings, refuse_unknown
@@ -38,11 +38,10 @@ def serve(settings: Settings) -> None:
     from scheduler_plugin.app import create_app
 
     sock = listen(settings.host, settings.port)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)  # one handler and format, uvicorn's too
     config = uvicorn.Config(
         create_app(settings, settle_heap=True),
-        log_level=settings.log_level.lower(),
-        access_log=False,
+        **logs.uvicorn_options(settings),
         lifespan="on",
         # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
         # longer means the client always closes first, so a POST never races a server

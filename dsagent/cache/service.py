@@ -261,14 +261,18 @@ class CacheService:
         self._errors[(task_id, request.name)] = exc
         self.metrics.request_settled(exc.code)
         if not logged:
+            source, bundles = redact_url(request.source), redact_url(request.bundles)
             log.warning(
                 "dataset failed: code=%s task=%s dataset=%s source=%s bundles=%s: %s",
                 exc.code,
                 task_id,
                 request.name,
-                redact_url(request.source),
-                redact_url(request.bundles),
+                source,
+                bundles,
                 exc,
+                # the same facts as fields of a JSON log line (DSAGENT_LOG_FORMAT=json)
+                extra={"code": exc.code, "task": task_id, "dataset": request.name, "source": source}
+                | {"bundles": bundles},
             )
 
     async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:

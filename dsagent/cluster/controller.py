@@ -874,11 +874,13 @@ def _warm_report(node: str, answer: tuple[int, Any] | None) -> JSON:
 
 
 def main() -> None:  # pragma: no cover - the container's entry point
-    logging.basicConfig(
-        level=os.environ.get("DSAGENT_LOG_LEVEL", "info").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from dsagent.cache.settings import AgentLogSettings
+    from dsplatform import logs
+
+    logs.configure("info", "text")  # until the settings are read: a bad one is still logged
     with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
+        log_settings = AgentLogSettings.from_env()  # DSAGENT_LOG_LEVEL, _LOG_FORMAT (docs/design.md#logs)
+        logs.configure(log_settings.log_level, log_settings.log_format)
         _run_controller()
 
 

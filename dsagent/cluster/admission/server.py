@@ -33,13 +33,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dsagent.cache.settings import parse_listen
+from dsagent.cache.settings import AgentLogSettings, parse_listen
 from dsagent.cluster import annotation
 from dsagent.cluster.admission.mutation import Injection, JSONPatch, mutate, resolve
 from dsagent.cluster.admission.roceclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
-from dsplatform import boundedjson
+from dsplatform import boundedjson, logs
 from dsplatform.errors import exit_on_error
 
 log = logging.getLogger("dsagent.webhook")
@@ -250,7 +250,7 @@ def _injection(path: str | None) -> Injection:
         raise SettingsError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from exc
 
 
-def serve(settings: WebhookSettings) -> None:
+def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = None) -> None:
     """Run the webhook under uvicorn (HTTPS when a certificate is configured)."""
     import uvicorn
 
@@ -267,8 +267,7 @@ def serve(settings: WebhookSettings) -> None:
         app,
         host=settings.host,
         port=settings.port,
-        log_level="info",
-        access_log=False,
+        **logs.uvicorn_options(log_settings if log_settings is not None else AgentLogSettings()),
         # an idle or half-open client (a TLS handshake never finished) must not hold SIGTERM
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
@@ -278,12 +277,14 @@ def serve(settings: WebhookSettings) -> None:
 
 def main() -> None:
     """The webhook process; a deliberate error (bad settings, no API server) is one line and its exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure("info", "text")  # until the settings are read: a bad one is still logged
     with exit_on_error("dsagent-webhook"):
         from dsagent.cluster.envnames import refuse_unknown
 
         refuse_unknown()
-        serve(WebhookSettings.from_env())
+        log_settings = AgentLogSettings.from_env()
+        logs.configure(log_settings.log_level, log_settings.log_format)
+        serve(WebhookSettings.from_env(), log_settings)
 
 
 if __name__ == "__main__":
