@@ -13,9 +13,9 @@ show only its own counts. The exposition text is ``prometheus_client``'s
 (``generate_latest``); it replaced a hand-written renderer that could only show counters
 it had already seen (so failures by an unseen code were invisible).
 
-The metrics (all prefixed ``dsagent_``):
+The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
 
-- ``requests_total{code}``: every dataset a task asked for, once it settled: ``ok`` or
+- ``dataset_requests_total{code}``: every dataset a task asked for, once it settled: ``ok`` or
   the error code the API answers with (``not_found``, ``source_unavailable``...). A
   request refused before any work (bad input, unknown task) counts too.
 - ``cache_hits_total`` / ``cache_misses_total``: the hit ratio's inputs.
@@ -75,56 +75,56 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "dsagent_requests", "Dataset requests settled, by outcome: ok or the error code.", ["code"], registry=r
+            "dsplatform_agent_dataset_requests", "Dataset requests settled, by outcome: ok or the error code.", ["code"], registry=r
         )
         self.hits = Counter(
-            "dsagent_cache_hits", "Dataset requests served by a ready, digest-matching cached copy.", registry=r
+            "dsplatform_agent_cache_hits", "Dataset requests served by a ready, digest-matching cached copy.", registry=r
         )
-        self.misses = Counter("dsagent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
+        self.misses = Counter("dsplatform_agent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
         self.fetches = Counter(
-            "dsagent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r
+            "dsplatform_agent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r
         )
         self.fetch_seconds = Histogram(
-            "dsagent_fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS, registry=r
+            "dsplatform_agent_fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS, registry=r
         )
         self.fetch_size = Histogram(
-            "dsagent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r
+            "dsplatform_agent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r
         )
-        self.fetched_bytes = Counter("dsagent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r)
-        self.evictions = Counter("dsagent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r)
+        self.fetched_bytes = Counter("dsplatform_agent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r)
+        self.evictions = Counter("dsplatform_agent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r)
         self.evicted_bytes = Counter(
-            "dsagent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r
+            "dsplatform_agent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r
         )
         self.peer_bytes = Counter(
-            "dsagent_peer_bytes",
+            "dsplatform_agent_peer_bytes",
             "Bundle bytes (compressed) served to and fetched from peer agents, by direction.",
             ["direction"],
             registry=r,
         )
         self.catalog_rebuilds = Counter(
-            "dsagent_catalog_rebuilds",
+            "dsplatform_agent_catalog_rebuilds",
             "Times the catalog was found damaged, kept aside and rebuilt from the cache directory.",
             registry=r,
         )
         self.rebuilt_versions = Counter(
-            "dsagent_catalog_rebuild_versions",
+            "dsplatform_agent_catalog_rebuild_versions",
             "Ready versions found on disk by a catalog rebuild, by result: kept (verified) or discarded.",
             ["result"],
             registry=r,
         )
         self.free_bytes = Gauge(
-            "dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r
+            "dsplatform_agent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r
         )
-        self.used_bytes = Gauge("dsagent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
-        self.capacity_bytes = Gauge("dsagent_capacity_bytes", "Bytes the cache may use.", registry=r)
-        self.datasets = Gauge("dsagent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
+        self.used_bytes = Gauge("dsplatform_agent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
+        self.capacity_bytes = Gauge("dsplatform_agent_capacity_bytes", "Bytes the cache may use.", registry=r)
+        self.datasets = Gauge("dsplatform_agent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
         self.tasks = Gauge(
-            "dsagent_tasks",
+            "dsplatform_agent_tasks",
             "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).",
             ["state"],
             registry=r,
         )
-        build = Gauge("dsagent_build_info", "The agent's version; always 1.", ["version"], registry=r)
+        build = Gauge("dsplatform_agent_build_info", "The agent's version; always 1.", ["version"], registry=r)
         build.labels(version=version).set(1)
         for state in _GAUGE_STATES:
             self.datasets.labels(state=state)

@@ -196,30 +196,30 @@ class ControllerMetrics:
 
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.leader = Gauge("dsagent_controller_leader", "1 while this replica holds the Lease.", registry=r)
-        self.passes = Counter("dsagent_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
+        self.leader = Gauge("dsplatform_controller_leader", "1 while this replica holds the Lease.", registry=r)
+        self.passes = Counter("dsplatform_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
         self.pass_seconds = Histogram(
-            "dsagent_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
+            "dsplatform_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
         )
         self.datasets = Counter(
-            "dsagent_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
+            "dsplatform_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
         )
         self.pack_jobs = Counter(
-            "dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r
+            "dsplatform_controller_pack_jobs", "Pack Jobs created for new source listings.", registry=r
         )
         self.preparations = Gauge(
-            "dsagent_controller_preparations",
+            "dsplatform_controller_preparations",
             "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
             ["phase"],
             registry=r,
         )
         self.preparation_releases = Counter(
-            "dsagent_controller_preparation_releases",
+            "dsplatform_controller_preparation_releases",
             "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
             registry=r,
         )
         self.versions_by_copies = Gauge(
-            "dsagent_controller_dataset_versions",
+            "dsplatform_controller_dataset_versions",
             "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
             ["copies"],
             registry=r,

@@ -871,10 +871,10 @@ def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_jso
     dashboard = json.loads(config["data"]["dsplatform.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
     for metric in (
-        "dsagent_requests_total",
-        "dsagent_cache_hits_total",
-        "dsagent_fetch_duration_seconds_bucket",
-        "dsagent_evictions_total",
+        "dsplatform_agent_dataset_requests_total",
+        "dsplatform_agent_cache_hits_total",
+        "dsplatform_agent_fetch_duration_seconds_bucket",
+        "dsplatform_agent_evictions_total",
         "dsplatform_extender_request_duration_seconds_bucket",
     ):
         assert metric in exprs, metric

@@ -159,7 +159,7 @@ def test_every_metric_label_and_value_an_alert_reads_is_exported(
 
 
 def test_the_scrape_shows_failures_by_code(scraped: dict[str, set[tuple[tuple[str, str], ...]]]) -> None:
-    codes = {dict(ls)["code"] for ls in scraped["dsagent_requests_total"]}
+    codes = {dict(ls)["code"] for ls in scraped["dsplatform_agent_dataset_requests_total"]}
     assert "ok" in codes and codes - {"ok"}, codes
     assert not [n for n in scraped if n.endswith("_created")]
 
