@@ -63,6 +63,7 @@ from dsagent.cache.task import (
 from dsagent.cache.versions import Versions
 from dsagent.errors import DsagentError, NotFound
 from dsagent.format.manifest import Manifest
+from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify, use_timeouts
 
 log = logging.getLogger("dsagent")
@@ -78,7 +79,8 @@ class CacheService:
         # every filesystem the agent builds (source, store, bundles) gets these bounds when
         # it is built, for its own protocol (dsagent.format.storage.resolve)
         use_timeouts(settings.storage_timeouts)
-        self.metrics = Metrics()
+        self.metrics = Metrics(protocols=sorted({protocol_label(p) for p in settings.protocols}))
+        self._stop_observing: Callable[[], None] | None = None
         self.store = Store(settings.root)
         self.pools = Pools(settings.max_fetches * settings.fetch_workers + 2)
         self._catalog: Catalog | None = None
@@ -116,6 +118,8 @@ class CacheService:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # every object opened in a store, timed and its errors counted by protocol (docs/design.md#metrics)
+        self._stop_observing = add_store_observer(self.metrics.store_request)
         self._catalog = await recovery.open_catalog(
             self.pools, self.store, self.metrics, workers=self.settings.fetch_workers, now=self.clock()
         )
@@ -133,6 +137,8 @@ class CacheService:
 
     async def stop(self) -> None:
         self.started = False
+        if self._stop_observing is not None:
+            self._stop_observing()
         tasks = [t for t in (self._sweeper, *self._waiters.values(), *self._flights.futures()) if t is not None]
         for task in tasks:
             task.cancel()

@@ -37,11 +37,13 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             (
                 "p50",
-                "histogram_quantile(0.5, sum by (le) (rate(dsplatform_agent_fetch_duration_seconds_bucket[$__rate_interval])))",
+                "histogram_quantile(0.5, sum by (le) "
+                "(rate(dsplatform_agent_fetch_duration_seconds_bucket[$__rate_interval])))",
             ),
             (
                 "p95",
-                "histogram_quantile(0.95, sum by (le) (rate(dsplatform_agent_fetch_duration_seconds_bucket[$__rate_interval])))",
+                "histogram_quantile(0.95, sum by (le) "
+                "(rate(dsplatform_agent_fetch_duration_seconds_bucket[$__rate_interval])))",
             ),
         ],
     ),
