@@ -898,11 +898,44 @@ def _run_controller() -> None:
         settings.resync_s,
     )
     controller = DatasetController(apiclient.load(), settings)
-    if settings.metrics_port:  # prometheus_client answers every path, /healthz included
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+    if settings.metrics_port:
+        serve_metrics(settings.metrics_port, controller.metrics.registry)
     controller.run_forever()
+
+
+def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` in a daemon thread; returns the server.
+
+    prometheus_client's own server answered every path with the metrics text, so the
+    liveness probe's ``/healthz`` got Prometheus text where every other process answers
+    the one probe body (docs/design.md#probes). The controller is alive and ready while
+    this thread serves: a standby replica is ready too (it takes over when the leader goes).
+    """
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    from dsplatform import probes
+
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/healthz", "/readyz"):
+            return metrics(environ, start_response)
+        status, body = probes.encoded(probes.OK if path == "/healthz" else probes.READY)
+        start_response(f"{status} OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            pass  # a probe every few seconds is not worth a log line
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="controller-metrics", daemon=True).start()
+    return server
 
 
 if __name__ == "__main__":  # pragma: no cover
