@@ -90,6 +90,43 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "short",
         [("{{verb}}", "sum by (verb) (rate(dsplatform_extender_nodes_scored_total[$__rate_interval]))")],
     ),
+    (
+        "Agent API latency p95 by route",
+        "s",
+        [
+            (
+                "{{method}} {{route}}",
+                "histogram_quantile(0.95, sum by (le, method, route) "
+                '(rate(dsplatform_agent_http_request_duration_seconds_bucket{route!="unmatched"}[$__rate_interval])))',
+            )
+        ],
+    ),
+    (
+        "Store open latency p95 by protocol",
+        "s",
+        [
+            (
+                "{{protocol}}",
+                "histogram_quantile(0.95, sum by (le, protocol) "
+                "(rate(dsplatform_agent_store_request_duration_seconds_bucket[$__rate_interval])))",
+            )
+        ],
+    ),
+    (
+        "Store errors by protocol and code (/s)",
+        "ops",
+        [
+            (
+                "{{protocol}} {{code}}",
+                "sum by (protocol, code) (rate(dsplatform_agent_store_errors_total[$__rate_interval]))",
+            )
+        ],
+    ),
+    (
+        "Webhook admissions by outcome (/s)",
+        "ops",
+        [("{{outcome}}", "sum by (outcome) (rate(dsplatform_webhook_admissions_total[$__rate_interval]))")],
+    ),
 ]
 
 
