@@ -29,7 +29,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsagent.cluster.admission.metrics import WebhookMetrics
+from dsagent.cluster.admission.admissionmetrics import WebhookMetrics
 from dsagent.cluster.controller import ControllerMetrics
 from tests.charts.test_chart import PRODUCTION, render
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess

@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dsagent.cache.settings import AgentLogSettings, parse_listen
 from dsagent.cluster import annotation
-from dsagent.cluster.admission.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from dsagent.cluster.admission.metrics import WebhookMetrics
+from dsagent.cluster.admission.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dsagent.cluster.admission.admissionmetrics import WebhookMetrics
 from dsagent.cluster.admission.mutation import Injection, JSONPatch, mutate, resolve
 from dsagent.cluster.admission.roceclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.cluster.datasets import Dataset
