@@ -877,18 +877,19 @@ def main() -> None:  # pragma: no cover - the container's entry point
     from dsagent.cache.settings import AgentLogSettings
     from dsplatform import logs
 
-    logs.configure("info", "text")  # until the settings are read: a bad one is still logged
     with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
+        from dsagent.cluster.envnames import refuse_unknown
+
+        refuse_unknown()
         log_settings = AgentLogSettings.from_env()  # DSAGENT_LOG_LEVEL, _LOG_FORMAT (docs/design.md#logs)
+        # only once the settings are good: configure() replaces the root logger's handlers
         logs.configure(log_settings.log_level, log_settings.log_format)
         _run_controller()
 
 
 def _run_controller() -> None:
     from dsagent.cluster import apiclient
-    from dsagent.cluster.envnames import refuse_unknown
 
-    refuse_unknown()
     settings = ControllerSettings.from_env()
     log.info(
         "Dataset controller %s starting (lease %s/%s, resync %.0f s)",

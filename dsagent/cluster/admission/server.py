@@ -299,12 +299,12 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
 
 def main() -> None:
     """The webhook process; a deliberate error (bad settings, no API server) is one line and its exit code."""
-    logs.configure("info", "text")  # until the settings are read: a bad one is still logged
-    with exit_on_error("dsagent-webhook"):
+    with exit_on_error("dsagent-webhook"):  # a bad setting is one line on stderr, logging or not
         from dsagent.cluster.envnames import refuse_unknown
 
         refuse_unknown()
         log_settings = AgentLogSettings.from_env()
+        # only once the settings are good: configure() replaces the root logger's handlers
         logs.configure(log_settings.log_level, log_settings.log_format)
         serve(WebhookSettings.from_env(), log_settings)
 
