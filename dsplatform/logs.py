@@ -114,13 +114,17 @@ def formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if parse_log_format(log_format) == "json" else logging.Formatter(TEXT_FORMAT)
 
 
+class ProcessHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The one handler :func:`configure` installs (a class of its own, so it can be found)."""
+
+
 def configure(level: str, log_format: str, *, stream: TextIO | None = None) -> logging.Handler:
     """Send every logger of this process, uvicorn's included, to one handler in one format.
 
     Replaces the root logger's handlers (a second call reconfigures, it does not add a
     second handler) and takes uvicorn's loggers' own handlers off so they propagate here.
     """
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = ProcessHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(log_format))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -6,32 +6,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 
 from dsplatform import logs
 
-UVICORN = logs.UVICORN_LOGGERS
 
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """configure() replaces the root handlers: give pytest's back after the test."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    uvicorn = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate) for name in UVICORN}
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-    for name, (old, propagate) in uvicorn.items():
-        logging.getLogger(name).handlers, logging.getLogger(name).propagate = old, propagate
-
-
-def test_a_json_line_has_time_level_logger_message_the_extras_and_the_traceback(restore_logging: None) -> None:
+def test_a_json_line_has_time_level_logger_message_the_extras_and_the_traceback() -> None:
     out = io.StringIO()
     logs.configure("info", "json", stream=out)
     log = logging.getLogger("dsagent.test")
@@ -48,7 +29,7 @@ def test_a_json_line_has_time_level_logger_message_the_extras_and_the_traceback(
     assert second["level"] == "error" and "ValueError: boom" in second["exception"]
 
 
-def test_uvicorn_loggers_go_through_the_one_handler_even_after_uvicorn_set_its_own(restore_logging: None) -> None:
+def test_uvicorn_loggers_go_through_the_one_handler_even_after_uvicorn_set_its_own() -> None:
     logging.getLogger("uvicorn.error").addHandler(logging.StreamHandler(io.StringIO()))  # as uvicorn's dictConfig does
     logging.getLogger("uvicorn.error").propagate = False
     out = io.StringIO()
@@ -66,7 +47,7 @@ def test_uvicorn_loggers_go_through_the_one_handler_even_after_uvicorn_set_its_o
     }
 
 
-def test_configuring_twice_leaves_one_handler_and_text_is_the_default_shape(restore_logging: None) -> None:
+def test_configuring_twice_leaves_one_handler_and_text_is_the_default_shape() -> None:
     logs.configure("info", "json", stream=io.StringIO())
     out = io.StringIO()
     logs.configure("warning", "text", stream=out)
