@@ -131,10 +131,11 @@ def configure(level: str, log_format: str, *, stream: TextIO | None = None) -> l
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(parse_log_level(level).upper())
-    for name in UVICORN_LOGGERS:
+    for name in UVICORN_LOGGERS:  # as uvicorn's own dictConfig left them: handlers, a level of their own
         logger = logging.getLogger(name)
         logger.handlers = []
         logger.propagate = True
+        logger.setLevel(logging.NOTSET)  # the root's level decides (uvicorn.Config sets its own after)
     return handler
 
 

@@ -84,14 +84,15 @@ def _logging_restored() -> Iterator[None]:
     from dsplatform.logs import UVICORN_LOGGERS, ProcessHandler
 
     root, level = logging.getLogger(), logging.getLogger().level
-    uvicorn = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
-               for n in UVICORN_LOGGERS]  # fmt: skip
+    uvicorn = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).propagate,
+                logging.getLogger(n).level) for n in UVICORN_LOGGERS]  # fmt: skip
     yield
     for handler in [h for h in root.handlers if isinstance(h, ProcessHandler)]:
         root.removeHandler(handler)  # pytest's own capture handlers are left to pytest
     root.setLevel(level)
-    for logger, handlers, propagate in uvicorn:
+    for logger, handlers, propagate, uvicorn_level in uvicorn:
         logger.handlers, logger.propagate = handlers, propagate
+        logger.setLevel(uvicorn_level)
 
 
 os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes

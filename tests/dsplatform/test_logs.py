@@ -32,6 +32,7 @@ def test_a_json_line_has_time_level_logger_message_the_extras_and_the_traceback(
 def test_uvicorn_loggers_go_through_the_one_handler_even_after_uvicorn_set_its_own() -> None:
     logging.getLogger("uvicorn.error").addHandler(logging.StreamHandler(io.StringIO()))  # as uvicorn's dictConfig does
     logging.getLogger("uvicorn.error").propagate = False
+    logging.getLogger("uvicorn.error").setLevel("WARNING")  # a test server's log_level="warning" left this
     out = io.StringIO()
     logs.configure("info", "json", stream=out)
     logging.getLogger("uvicorn.error").info("Application startup complete.")
