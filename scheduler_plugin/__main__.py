@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 
+from dsplatform import logs
 from dsplatform.errors import exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket
 from scheduler_plugin.settings import Settings, refuse_unknown
@@ -27,12 +27,11 @@ def serve(settings: Settings) -> None:
 
     sock = listen(settings.host, settings.port)
     try:  # a failed start (a bad kubeconfig) must not leak the bound socket
-        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logs.configure(settings.log_level, settings.log_format)  # one handler and format, uvicorn's too
         app = StartupWatch(create_app(settings, settle_heap=True))
         config = uvicorn.Config(
             app,
-            log_level=settings.log_level.lower(),
-            access_log=False,
+            **logs.uvicorn_options(settings),
             lifespan="on",
             # kube-scheduler's transport drops idle connections after 90 s; keeping ours open
             # longer means the client always closes first, so a POST never races a server

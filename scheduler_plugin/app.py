@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
+from dsplatform import probes
 from scheduler_plugin.body import BodyBuffers
 from scheduler_plugin.errors import (
     InvalidRequest,
@@ -146,11 +147,13 @@ class ExtenderApp:
                 }
             )
             await send({"type": "http.response.body", "body": text})
-        elif path == "/healthz":
-            await _reply(send, 200, b'{"ok":true}')
+        elif path == "/healthz":  # the one probe shape of every process (docs/design.md#probes)
+            await _reply(send, *probes.encoded(probes.OK))
         elif path == "/readyz":
-            ready = self.view.ready
-            await _reply(send, 200 if ready else 503, json.dumps({"ready": ready}).encode())
+            if self.view.ready:
+                await _reply(send, *probes.encoded(probes.READY))
+            else:
+                await _reply(send, *probes.encoded("syncing", "the node watch has not listed the nodes yet"))
         else:
             await _reply(send, 404, _error_body("not_found", f"no route {path}"))
 

@@ -14,6 +14,10 @@ never the process-global one, so tests can run several apps in one process.
 - ``dsplatform_extender_nodes_scored_total{verb}``: nodes given a score;
 - ``dsplatform_extender_nodes_filtered_total{result}``: nodes passed or failed by filter;
 - ``dsplatform_extender_build_info{version}`` = 1.
+
+Every verb's series exist (at 0) from the start (:data:`VERBS`): an error ratio and a
+per-verb latency panel read 0, not "no data", before the first request. The prefix is the
+platform's (``dsplatform_``) then the component's (docs/design.md#metrics).
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # no ``*_created`` twins (Prometheus' naming guide; issue 23)
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
+#: kube-scheduler's verbs, as :class:`scheduler_plugin.app.ExtenderApp` names them
+VERBS = (
+    "filter",
+    "prioritize/combined",
+    "prioritize/dataset",
+    "prioritize/roce",
+    "prioritize/numa",
+    "prioritize/time",
+)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -65,10 +78,14 @@ class ExtenderMetrics:
         ).set(1)
         for result in ("passed", "failed"):
             self.nodes_filtered.labels(result=result)
-        # an error-ratio alert needs the series before the first error (issue 23)
-        for outcome in ("ok", "error", "unsynced"):
-            self.requests.labels(verb="filter", outcome=outcome)
-        self.parse_failures.labels(verb="filter")
+        # an error-ratio alert and a latency panel need the series before the first request (issue 23)
+        for verb in VERBS:
+            self.latency.labels(verb=verb)
+            self.parse_failures.labels(verb=verb)
+            for outcome in ("ok", "error", "unsynced"):
+                self.requests.labels(verb=verb, outcome=outcome)
+        for verb in VERBS[1:]:
+            self.nodes_scored.labels(verb=verb)
 
     def observe(self, verb: str, seconds: float, outcome: str) -> None:
         self.latency.labels(verb=verb).observe(seconds)

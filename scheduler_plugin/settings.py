@@ -17,8 +17,9 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
+from dsplatform.logs import LogSettings
 from dsplatform.names import is_resource_name
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, UnknownSettings
+from dsplatform.settings import Flag, InvalidSettings, UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse_unknown
 from dsplatform.units import Duration, Size
 from scheduler_plugin.errors import SettingsError
@@ -72,7 +73,7 @@ def _labels(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-class Settings(EnvSettings):
+class Settings(LogSettings):
     """Everything the extender can be told; validated on construction (building one reads no environment)."""
 
     model_config = SettingsConfigDict(env_prefix=PREFIX)
@@ -90,7 +91,6 @@ class Settings(EnvSettings):
     roce_resource_prefix: str = CLASS_RESOURCE_PREFIX
     watch: Flag = False  # keep a watch-backed cache (needed for nodeCacheCapable)
     kubeconfig: str | None = None  # None: in-cluster config, else the default kubeconfig
-    log_level: str = "info"
     # the largest filter/prioritize body read (DSEXT_MAX_BODY); kube-scheduler's 5,000 Nodes
     # with budget-sized annotations stay far below; larger bodies get Error/zero scores
     max_body_bytes: Size = Field(64 << 20, validation_alias=AliasChoices("max_body_bytes", PREFIX + "MAX_BODY"))
@@ -132,13 +132,6 @@ class Settings(EnvSettings):
         name = f"{value}1" if info.field_name == "roce_resource_prefix" else value
         if not is_resource_name(name):
             raise ValueError("resource names must be qualified, e.g. nvidia.com/gpu")
-        return value
-
-    @field_validator("log_level")
-    @classmethod
-    def _log_level(cls, value: str) -> str:
-        if value.lower() not in {"debug", "info", "warning", "error", "critical"}:
-            raise ValueError(f"unknown log level {value!r}")
         return value
 
     @classmethod

@@ -73,6 +73,28 @@ def _storage_timeouts_reset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage_errors, "_configured", storage_errors.StorageTimeouts())
 
 
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """A process main run in-process (a settings test) calls dsplatform.logs.configure, which
+    replaces the root logger's handlers with one on that test's captured stderr and sets its
+    level: give the root and uvicorn's loggers back as they were, so later tests neither
+    write to a closed capture nor get INFO lines in their stderr."""
+    import logging
+
+    from dsplatform.logs import UVICORN_LOGGERS, ProcessHandler
+
+    root, level = logging.getLogger(), logging.getLogger().level
+    uvicorn = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).propagate,
+                logging.getLogger(n).level) for n in UVICORN_LOGGERS]  # fmt: skip
+    yield
+    for handler in [h for h in root.handlers if isinstance(h, ProcessHandler)]:
+        root.removeHandler(handler)  # pytest's own capture handlers are left to pytest
+    root.setLevel(level)
+    for logger, handlers, propagate, uvicorn_level in uvicorn:
+        logger.handlers, logger.propagate = handlers, propagate
+        logger.setLevel(uvicorn_level)
+
+
 os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes
 
 

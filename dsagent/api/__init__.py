@@ -69,6 +69,7 @@ def create_app(
     from dsagent import __version__
     from dsagent.api.identity import own_pod_uid
     from dsagent.api.routes import router
+    from dsagent.api.timing import RouteTiming
     from dsagent.cache.service import CacheService
     from dsagent.cache.servicehooks import ServiceHooks
 
@@ -106,6 +107,7 @@ def create_app(
     app.openapi = functools.partial(openapi_document, app)  # type: ignore[method-assign]
     _install_error_edge(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RouteTiming, metrics=svc.metrics)  # outermost: refused bodies are timed too
     return app
 
 

@@ -50,7 +50,7 @@ from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.cache.service import CacheService
 from dsagent.errors import DsagentError, InvalidInput, Unauthorized
 from dsagent.format.names import validate_digest
-from dsplatform import boundedjson
+from dsplatform import boundedjson, probes
 
 
 class _BoundedJsonRequest(Request):
@@ -241,7 +241,7 @@ def peer_identity(request: Request) -> str:
 
 @router.get("/healthz", response_model=StatusOut)
 async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+    return probes.body(probes.OK)  # the one probe shape of every process (docs/design.md#probes)
 
 
 @router.get(
@@ -249,13 +249,13 @@ async def healthz() -> dict[str, str]:
 )
 async def readyz(response: Response, svc: CacheService = Depends(service)) -> dict[str, str]:
     if not svc.started:
-        response.status_code = 503
-        return {"status": "starting"}
-    waited = svc.pools.stalled(svc.settings.stall_timeout)
-    if waited:
-        response.status_code = 503
-        return {"status": "stalled", "detail": f"blocking work has waited {waited:.0f} s for a worker thread"}
-    return {"status": "ready"}
+        answer = probes.body("starting", "the cache service is recovering its catalog")
+    elif waited := svc.pools.stalled(svc.settings.stall_timeout):
+        answer = probes.body("stalled", f"blocking work has waited {waited:.0f} s for a worker thread")
+    else:
+        answer = probes.body(probes.READY)
+    response.status_code = probes.http_status(answer["status"])
+    return answer
 
 
 @router.get("/metrics")

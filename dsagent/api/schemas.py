@@ -135,6 +135,8 @@ class InventoryOut(_Out):
 
 
 class StatusOut(_Out):
+    """A probe's body (:mod:`dsplatform.probes`): ``status``, and ``detail`` when not ready."""
+
     status: str
 
 

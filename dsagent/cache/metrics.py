@@ -13,9 +13,9 @@ show only its own counts. The exposition text is ``prometheus_client``'s
 (``generate_latest``); it replaced a hand-written renderer that could only show counters
 it had already seen (so failures by an unseen code were invisible).
 
-The metrics (all prefixed ``dsagent_``):
+The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
 
-- ``requests_total{code}``: every dataset a task asked for, once it settled: ``ok`` or
+- ``dataset_requests_total{code}``: every dataset a task asked for, once it settled: ``ok`` or
   the error code the API answers with (``not_found``, ``source_unavailable``...). A
   request refused before any work (bad input, unknown task) counts too.
 - ``cache_hits_total`` / ``cache_misses_total``: the hit ratio's inputs.
@@ -29,7 +29,20 @@ The metrics (all prefixed ``dsagent_``):
 - gauges ``free_bytes``, ``used_bytes``, ``capacity_bytes``, ``datasets{state}`` and
   ``tasks{state}`` (``active``: still working or ready; ``failed``: a dataset failed and no
   work remains; failed tasks are not active).
+- ``http_request_duration_seconds{method,route,status}``: every API request, by its route's
+  template (``/v1/tasks/{task_id}``, ``unmatched`` for none: a bounded label), timed by
+  :class:`dsagent.api.timing.RouteTiming`; a ``PUT /v1/tasks`` with ``wait`` includes the wait.
+- ``store_request_duration_seconds{protocol}`` and ``store_errors_total{protocol,code}``:
+  each object the agent opens in a source or bundle store (a manifest, a bundle, a file of a
+  per-file copy), heard through :func:`dsagent.format.storage.add_store_observer`; the
+  duration is the open (up to the first byte or the object's metadata), the code the error
+  the open failed with (``not_found``, ``storage_credentials``, ``source_unavailable``...).
 - ``build_info{version}`` = 1.
+
+Series an alert or a ratio reads exist (at 0) before their first event: the ``ok`` codes,
+evictions by reason, peer bytes by direction, dataset and task states, and the store
+series of every protocol the agent allows (``DSAGENT_PROTOCOLS``). The HTTP histogram's
+``status`` cannot be known ahead, so its series appear with each route's first request.
 """
 
 from __future__ import annotations
@@ -48,6 +61,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600)
 # 1 KiB .. 10 TiB by factors of ~10
 SIZE_BUCKETS = tuple(float(1024 * 10**i) for i in range(11))
+# 1 ms .. 15 min: a /healthz to a task request that waits for its datasets
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+# 1 ms .. 2 min: one object opened in a store (connect timeouts are 10-60 s)
+STORE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 _GAUGE_STATES = ("ready", "fetching", "failed")
 #: Reasons :mod:`dsagent.cache.space` evicts for (``operator``: ``dsctl evict`` by name).
@@ -71,60 +88,94 @@ def error_code(exc: BaseException) -> str:
 class Metrics:
     """The metrics of one agent, in a registry of their own."""
 
-    def __init__(self, *, version: str = __version__) -> None:
+    def __init__(self, *, version: str = __version__, protocols: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "dsagent_requests", "Dataset requests settled, by outcome: ok or the error code.", ["code"], registry=r
+            "dsplatform_agent_dataset_requests",
+            "Dataset requests settled, by outcome: ok or the error code.",
+            ["code"],
+            registry=r,
         )
         self.hits = Counter(
-            "dsagent_cache_hits", "Dataset requests served by a ready, digest-matching cached copy.", registry=r
+            "dsplatform_agent_cache_hits",
+            "Dataset requests served by a ready, digest-matching cached copy.",
+            registry=r,
         )
-        self.misses = Counter("dsagent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
+        self.misses = Counter("dsplatform_agent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
         self.fetches = Counter(
-            "dsagent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r
+            "dsplatform_agent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r
         )
         self.fetch_seconds = Histogram(
-            "dsagent_fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS, registry=r
+            "dsplatform_agent_fetch_duration_seconds",
+            "Seconds a successful fetch took.",
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
         self.fetch_size = Histogram(
-            "dsagent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r
+            "dsplatform_agent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r
         )
-        self.fetched_bytes = Counter("dsagent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r)
-        self.evictions = Counter("dsagent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r)
+        self.fetched_bytes = Counter(
+            "dsplatform_agent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r
+        )
+        self.evictions = Counter(
+            "dsplatform_agent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r
+        )
         self.evicted_bytes = Counter(
-            "dsagent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r
+            "dsplatform_agent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r
         )
         self.peer_bytes = Counter(
-            "dsagent_peer_bytes",
+            "dsplatform_agent_peer_bytes",
             "Bundle bytes (compressed) served to and fetched from peer agents, by direction.",
             ["direction"],
             registry=r,
         )
         self.catalog_rebuilds = Counter(
-            "dsagent_catalog_rebuilds",
+            "dsplatform_agent_catalog_rebuilds",
             "Times the catalog was found damaged, kept aside and rebuilt from the cache directory.",
             registry=r,
         )
         self.rebuilt_versions = Counter(
-            "dsagent_catalog_rebuild_versions",
+            "dsplatform_agent_catalog_rebuild_versions",
             "Ready versions found on disk by a catalog rebuild, by result: kept (verified) or discarded.",
             ["result"],
             registry=r,
         )
         self.free_bytes = Gauge(
-            "dsagent_free_bytes", "Bytes free for the cache (after reservations and the capacity limit).", registry=r
+            "dsplatform_agent_free_bytes",
+            "Bytes free for the cache (after reservations and the capacity limit).",
+            registry=r,
         )
-        self.used_bytes = Gauge("dsagent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
-        self.capacity_bytes = Gauge("dsagent_capacity_bytes", "Bytes the cache may use.", registry=r)
-        self.datasets = Gauge("dsagent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
+        self.used_bytes = Gauge("dsplatform_agent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
+        self.capacity_bytes = Gauge("dsplatform_agent_capacity_bytes", "Bytes the cache may use.", registry=r)
+        self.datasets = Gauge("dsplatform_agent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
         self.tasks = Gauge(
-            "dsagent_tasks",
+            "dsplatform_agent_tasks",
             "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).",
             ["state"],
             registry=r,
         )
-        build = Gauge("dsagent_build_info", "The agent's version; always 1.", ["version"], registry=r)
+        self.http_seconds = Histogram(
+            "dsplatform_agent_http_request_duration_seconds",
+            "Seconds an API request took, by method, route template and status.",
+            ["method", "route", "status"],
+            buckets=HTTP_BUCKETS,
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "dsplatform_agent_store_request_duration_seconds",
+            "Seconds opening one object in a source or bundle store took, by protocol.",
+            ["protocol"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "dsplatform_agent_store_errors",
+            "Objects a source or bundle store failed to open, by protocol and error code.",
+            ["protocol", "code"],
+            registry=r,
+        )
+        build = Gauge("dsplatform_agent_build_info", "The agent's version; always 1.", ["version"], registry=r)
         build.labels(version=version).set(1)
         for state in _GAUGE_STATES:
             self.datasets.labels(state=state)
@@ -134,6 +185,9 @@ class Metrics:
         self.fetches.labels(result="ok")
         for direction in ("served", "fetched"):  # visible (0) before the first transfer
             self.peer_bytes.labels(direction=direction)
+        for protocol in protocols:  # per-protocol panels and alerts see every allowed store at 0
+            self.store_seconds.labels(protocol=protocol)
+            self.store_errors.labels(protocol=protocol, code="source_unavailable")
         for reason in EVICTION_REASONS:  # the cache-full alert reads reason="space"
             self.evictions.labels(reason=reason)
             self.evicted_bytes.labels(reason=reason)
@@ -163,6 +217,15 @@ class Metrics:
     def peer_transfer(self, direction: str, size_bytes: int) -> None:
         """``direction``: ``served`` (to another agent) or ``fetched`` (from one)."""
         self.peer_bytes.labels(direction=direction).inc(size_bytes)
+
+    def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.http_seconds.labels(method=method, route=route, status=str(status)).observe(seconds)
+
+    def store_request(self, protocol: str, seconds: float, code: str | None) -> None:
+        """A :data:`dsagent.format.storage.StoreObserver`: one object opened, or failed to."""
+        self.store_seconds.labels(protocol=protocol).observe(seconds)
+        if code is not None:
+            self.store_errors.labels(protocol=protocol, code=code).inc()
 
     def catalog_rebuilt(self, kept: int, discarded: int) -> None:
         self.catalog_rebuilds.inc()

@@ -138,7 +138,7 @@ def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | No
 
 
 def task_states(task_ids: list[str], *, failed: set[str], working: set[str]) -> dict[str, int]:
-    """Tasks by state for the ``dsagent_tasks`` gauge: a task with a failed dataset and no
+    """Tasks by state for the ``dsplatform_agent_tasks`` gauge: a task with a failed dataset and no
     work left is ``failed``, not active."""
     failed_now = {t for t in task_ids if t in failed and t not in working}
     return {"active": len(task_ids) - len(failed_now), "failed": len(failed_now)}

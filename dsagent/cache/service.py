@@ -65,6 +65,7 @@ from dsagent.cache.task import (
 from dsagent.cache.versions import Versions
 from dsagent.errors import DsagentError, NotFound, local_write_error
 from dsagent.format.manifest import Manifest
+from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify, use_timeouts
 
 log = logging.getLogger("dsagent")
@@ -84,7 +85,8 @@ class CacheService:
         # every filesystem the agent builds (source, store, bundles) gets these bounds when
         # it is built, for its own protocol (dsagent.format.storage.resolve)
         use_timeouts(settings.storage_timeouts)
-        self.metrics = Metrics()
+        self.metrics = Metrics(protocols=sorted({protocol_label(p) for p in settings.protocols}))
+        self._stop_observing: Callable[[], None] | None = None
         self.store = Store(settings.root)
         self.pools = Pools(settings.max_fetches * settings.fetch_workers + 2)
         self._catalog: Catalog | None = None
@@ -119,6 +121,8 @@ class CacheService:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # every object opened in a store, timed and its errors counted by protocol (docs/design.md#metrics)
+        self._stop_observing = add_store_observer(self.metrics.store_request)
         self._catalog = await recovery.open_catalog(
             self.pools, self.store, self.metrics, workers=self.settings.fetch_workers, now=self.clock()
         )
@@ -136,6 +140,8 @@ class CacheService:
 
     async def stop(self) -> None:
         self.started = False
+        if self._stop_observing is not None:
+            self._stop_observing()
         tasks = [t for t in (self._sweeper, *self._waiters.values(), *self._flights.futures()) if t is not None]
         for task in tasks:
             task.cancel()
@@ -277,14 +283,18 @@ class CacheService:
         self._errors[(task_id, request.name)] = exc
         self.metrics.request_settled(exc.code)
         if not logged:
+            source, bundles = redact_url(request.source), redact_url(request.bundles)
             log.warning(
                 "dataset failed: code=%s task=%s dataset=%s source=%s bundles=%s: %s",
                 exc.code,
                 task_id,
                 request.name,
-                redact_url(request.source),
-                redact_url(request.bundles),
+                source,
+                bundles,
                 exc,
+                # the same facts as fields of a JSON log line (DSAGENT_LOG_FORMAT=json)
+                extra={"code": exc.code, "task": task_id, "dataset": request.name, "source": source}
+                | {"bundles": bundles},
             )
 
     async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:

@@ -34,13 +34,13 @@ from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
+from dsplatform.logs import LogSettings
 from dsplatform.names import is_dns_subdomain
 from dsplatform.paths import cache_home
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
-_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -196,7 +196,23 @@ class StorageSettings(EnvSettings):
         )
 
 
-class Settings(StorageSettings):
+class AgentLogSettings(LogSettings):
+    """``DSAGENT_LOG_LEVEL``, ``DSAGENT_LOG_FORMAT`` and ``DSAGENT_ACCESS_LOG``: read by every
+    ``DSAGENT_*`` process (the agent as part of :class:`Settings`; the controller and the
+    webhook on their own), docs/design.md#logs."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentLogSettings:
+        """The three variables alone (the controller's and the webhook's start-up); one error lists every bad one."""
+        try:
+            return AgentLogSettings.read(environ)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
+
+
+class Settings(StorageSettings, AgentLogSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
@@ -238,7 +254,6 @@ class Settings(StorageSettings):
     proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
     stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
     kubernetes: Flag = False
-    log_level: str = "info"
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False
     resource_prefix: str = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
@@ -383,14 +398,6 @@ class Settings(StorageSettings):
             return ClassMode.parse(value).value
         except TopologyError as exc:
             raise ValueError(f"{exc.message} (use numa, subnet or none)") from None
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _log_level(cls, value: Any) -> str:
-        level = str(value).lower()
-        if level not in _LOG_LEVELS:
-            raise ValueError(f"unknown log level {value!r} (use one of {', '.join(_LOG_LEVELS)})")
-        return level
 
     @model_validator(mode="after")
     def _whole_settings(self) -> Settings:

@@ -42,7 +42,9 @@ from dsagent.cache.service import CacheService
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings, socket_pointer
 from dsagent.errors import DsagentError, SettingsError
+from dsplatform import logs
 from dsplatform.errors import PlatformError, exit_with
+from dsplatform.logs import LOG_FORMATS, LOG_LEVELS
 from dsplatform.serving import BACKLOG, CannotListen, StartupWatch, listening_socket
 
 
@@ -192,8 +194,12 @@ _register_webhook()
     default=None,
     help="Serve the kubelet GPU+VF device plugin [DSAGENT_DEVICE_PLUGIN].",
 )
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[DSAGENT_LOG_LEVEL]")
 @click.option(
-    "--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="[DSAGENT_LOG_LEVEL]"
+    "--log-format", type=click.Choice(LOG_FORMATS), help="text, or one JSON object per line [DSAGENT_LOG_FORMAT]."
+)
+@click.option(
+    "--access-log/--no-access-log", default=None, help="Log every HTTP request at INFO (off) [DSAGENT_ACCESS_LOG]."
 )
 def serve(
     root: Path | None,
@@ -205,12 +211,15 @@ def serve(
     kubernetes: bool | None,
     device_plugin: bool | None,
     log_level: str | None,
+    log_format: str | None,
+    access_log: bool | None,
 ) -> None:
     """Run the agent until SIGTERM or Ctrl-C (a failed start-up: one line and its exit code, by :func:`main`)."""
     _refuse_unknown_settings()
     settings = _settings(
-        root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level
-    )
+        root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level,
+        log_format=log_format, access_log=access_log,
+    )  # fmt: skip
     if settings.kubernetes and importlib.util.find_spec("dsagent.cluster") is None:
         raise SettingsError(
             "cluster mode (--kubernetes) needs dsagent.cluster, which this build lacks",
@@ -219,7 +228,7 @@ def serve(
     require_kubelet_extra(settings)
     sockets = _bind(settings)
     pointer = _record_socket(settings)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)  # one handler and format, uvicorn's too
     failure = asyncio.run(_run(settings, sockets, pointer))
     if _stuck_threads():
         # a worker stuck in a blocking call (a hanging source, a dead NFS mount) would hold
@@ -277,6 +286,8 @@ def _settings(
     kubernetes: bool | None,
     device_plugin: bool | None,
     log_level: str | None,
+    log_format: str | None = None,
+    access_log: bool | None = None,
 ) -> Settings:
     """``DSAGENT_*`` with the flags given on the command line winning; one error lists every bad value."""
     return Settings.from_env(
@@ -289,6 +300,8 @@ def _settings(
         kubernetes=kubernetes,
         device_plugin=device_plugin,
         log_level=log_level,
+        log_format=log_format,
+        access_log=access_log,
     )
 
 
@@ -405,8 +418,7 @@ async def _run(
     config = uvicorn.Config(
         watched,
         http=peer_credentials_protocol(),
-        log_level=settings.log_level,
-        access_log=settings.log_level == "debug",
+        **logs.uvicorn_options(settings),
         lifespan="on",
         timeout_graceful_shutdown=5,
     )

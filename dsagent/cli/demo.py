@@ -181,7 +181,7 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
             wait=120,
         )
         held = [d["name"] for d in client.datasets()["datasets"]]
-        evicted = int(float(_metric(client.metrics(), 'dsagent_evictions_total{reason="space"}')))
+        evicted = int(float(_metric(client.metrics(), 'dsplatform_agent_evictions_total{reason="space"}')))
         say(
             "evicted",
             f"{evicted} dataset ({DATASET}, least recently used) to cache {AGENT_DATASET}: {record['state']}; "

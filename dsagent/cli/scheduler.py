@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from dsplatform.logs import LOG_FORMATS
+
 
 @click.group()
 def scheduler() -> None:
@@ -26,6 +28,10 @@ def scheduler() -> None:
     default=None,
     help="Credit nodes holding some of a pod's datasets [DSEXT_PARTIAL_DATASETS].",
 )
+@click.option(
+    "--log-format", type=click.Choice(LOG_FORMATS), default=None, help="text, or JSON lines [DSEXT_LOG_FORMAT]."
+)
+@click.option("--access-log/--no-access-log", default=None, help="One log line per request [DSEXT_ACCESS_LOG].")
 def serve(
     host: str | None,
     port: int | None,
@@ -34,6 +40,8 @@ def serve(
     watch: bool | None,
     kubeconfig: str | None,
     partial_datasets: bool | None,
+    log_format: str | None,
+    access_log: bool | None,
 ) -> None:
     """Serve filter and prioritize verbs for kube-scheduler over HTTP."""
     from scheduler_plugin.__main__ import serve as run
@@ -48,5 +56,7 @@ def serve(
         watch=watch,
         kubeconfig=kubeconfig,
         partial_datasets=partial_datasets,
+        log_format=log_format,
+        access_log=access_log,
     )
     run(settings)

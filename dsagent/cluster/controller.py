@@ -69,7 +69,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -206,30 +205,30 @@ class ControllerMetrics:
 
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.leader = Gauge("dsagent_controller_leader", "1 while this replica holds the Lease.", registry=r)
-        self.passes = Counter("dsagent_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
+        self.leader = Gauge("dsplatform_controller_leader", "1 while this replica holds the Lease.", registry=r)
+        self.passes = Counter("dsplatform_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
         self.pass_seconds = Histogram(
-            "dsagent_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
+            "dsplatform_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
         )
         self.datasets = Counter(
-            "dsagent_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
+            "dsplatform_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
         )
         self.pack_jobs = Counter(
-            "dsagent_controller_pack_jobs_created", "Pack Jobs created for new source listings.", registry=r
+            "dsplatform_controller_pack_jobs", "Pack Jobs created for new source listings.", registry=r
         )
         self.preparations = Gauge(
-            "dsagent_controller_preparations",
+            "dsplatform_controller_preparations",
             "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
             ["phase"],
             registry=r,
         )
         self.preparation_releases = Counter(
-            "dsagent_controller_preparation_releases",
+            "dsplatform_controller_preparation_releases",
             "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
             registry=r,
         )
         self.versions_by_copies = Gauge(
-            "dsagent_controller_dataset_versions",
+            "dsplatform_controller_dataset_versions",
             "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
             ["copies"],
             registry=r,
@@ -911,19 +910,22 @@ def _warm_report(node: str, answer: tuple[int, Any] | None) -> JSON:
 
 
 def main() -> None:  # pragma: no cover - the container's entry point
-    logging.basicConfig(
-        level=os.environ.get("DSAGENT_LOG_LEVEL", "info").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from dsagent.cache.settings import AgentLogSettings
+    from dsplatform import logs
+
     with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
+        from dsagent.cluster.envnames import refuse_unknown
+
+        refuse_unknown()
+        log_settings = AgentLogSettings.from_env()  # DSAGENT_LOG_LEVEL, _LOG_FORMAT (docs/design.md#logs)
+        # only once the settings are good: configure() replaces the root logger's handlers
+        logs.configure(log_settings.log_level, log_settings.log_format)
         _run_controller()
 
 
 def _run_controller() -> None:
     from dsagent.cluster import apiclient
-    from dsagent.cluster.envnames import refuse_unknown
 
-    refuse_unknown()
     settings = ControllerSettings.from_env()
     log.info(
         "Dataset controller %s starting (lease %s/%s, resync %.0f s)",
@@ -933,11 +935,44 @@ def _run_controller() -> None:
         settings.resync_s,
     )
     controller = DatasetController(apiclient.load(), settings)
-    if settings.metrics_port:  # prometheus_client answers every path, /healthz included
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+    if settings.metrics_port:
+        serve_metrics(settings.metrics_port, controller.metrics.registry)
     controller.run_forever()
+
+
+def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` in a daemon thread; returns the server.
+
+    prometheus_client's own server answered every path with the metrics text, so the
+    liveness probe's ``/healthz`` got Prometheus text where every other process answers
+    the one probe body (docs/design.md#probes). The controller is alive and ready while
+    this thread serves: a standby replica is ready too (it takes over when the leader goes).
+    """
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    from dsplatform import probes
+
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/healthz", "/readyz"):
+            return metrics(environ, start_response)
+        status, body = probes.encoded(probes.OK if path == "/healthz" else probes.READY)
+        start_response(f"{status} OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            pass  # a probe every few seconds is not worth a log line
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="controller-metrics", daemon=True).start()
+    return server
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,19 +7,27 @@ foreign error means what (unreachable, credentials, permission, not found), the 
 check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`. What
 the *agent* may open is decided before
 this module is reached, from the URL's text: :mod:`dsagent.format.sources`.
+
+It also tells observers of every object it opens for a whole read (:func:`open_whole`: each
+manifest, bundle and per-file copy): the protocol, the seconds the open took (the request
+up to its first byte or metadata) and the error code it failed with. This layer imports no
+metrics library; the agent registers its metrics with :func:`add_store_observer`
+(docs/design.md#metrics). Observers are process-wide: one agent runs per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
 from dsagent.errors import InsufficientSpace, InvalidInput
 from dsagent.format import storage_errors
-from dsagent.format.sources import check_option_values, check_url, is_chain
+from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -181,9 +189,56 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
     defaults.
     """
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    if protocols & _STREAMED and (size is None or size >= _STREAM_FROM):
-        return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
-    return fs.open(path, "rb")  # type: ignore[no-any-return]
+    with _observed(fs):
+        if protocols & _STREAMED and (size is None or size >= _STREAM_FROM):
+            return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
+        return fs.open(path, "rb")  # type: ignore[no-any-return]
+
+
+#: Hears of one store request: ``(protocol, seconds, None or the error code it failed with)``.
+StoreObserver = Callable[[str, float, "str | None"], None]
+_OBSERVERS: list[StoreObserver] = []
+
+
+def add_store_observer(observer: StoreObserver) -> Callable[[], None]:
+    """Tell ``observer`` of every store request from now on; returns the call that stops it."""
+    _OBSERVERS.append(observer)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            _OBSERVERS.remove(observer)
+
+    return remove
+
+
+def protocol_label(name: str) -> str:
+    """The one name a protocol is counted under: the allowlist's aliases folded
+    (:data:`dsagent.format.sources.ALIASES`) and ``https`` counted as ``http``."""
+    return "http" if name == "https" else ALIASES.get(name, name)
+
+
+def _fs_label(fs: AbstractFileSystem) -> str:
+    return protocol_label(fs.protocol if isinstance(fs.protocol, str) else (fs.protocol[0] if fs.protocol else "file"))
+
+
+@contextmanager
+def _observed(fs: AbstractFileSystem) -> Iterator[None]:
+    if not _OBSERVERS:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:
+        error = storage_errors.classify(exc, "store")
+        _notify(_fs_label(fs), time.perf_counter() - started, error.code if error is not None else "internal")
+        raise
+    _notify(_fs_label(fs), time.perf_counter() - started, None)
+
+
+def _notify(protocol: str, seconds: float, code: str | None) -> None:
+    for observer in list(_OBSERVERS):
+        observer(protocol, seconds, code)
 
 
 #: Protocols whose whole-object reads are one streamed request (see :func:`open_whole`).

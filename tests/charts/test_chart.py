@@ -875,21 +875,30 @@ def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(
     assert env["DSAGENT_RESERVE"] == "20%"
 
 
-def test_the_service_monitor_selects_services_with_an_http_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_service_monitor_scrapes_every_component_by_a_port_it_has(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     docs = rendered["production"]
     monitor = find(docs, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
     assert set(monitor["spec"]) == {"namespaceSelector", "selector", "endpoints"}
-    [endpoint] = monitor["spec"]["endpoints"]
-    assert endpoint == {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    http, https = monitor["spec"]["endpoints"]
+    assert http == {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    # the webhook (issue 23: its admissions by outcome) over HTTPS, verified against its own CA
+    webhook = find(docs, "Service", "-webhook")
+    secret = find(docs, "Secret", "-webhook-tls")
+    assert https["port"] == "https" and https["scheme"] == "https" and https["path"] == "/metrics"
+    assert https["tlsConfig"]["ca"]["secret"] == {"name": secret["metadata"]["name"], "key": "ca.crt"}
+    assert https["tlsConfig"]["serverName"] == f"{webhook['metadata']['name']}.{NAMESPACE}.svc"
+    assert "insecureSkipVerify" not in https["tlsConfig"]
     selected = []
     for service in (d for d in docs if d["kind"] == "Service"):
         labels = service["metadata"]["labels"]
         if all(labels.get(e["key"]) in e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]):
             selected.append(labels["app.kubernetes.io/component"])
-            assert any(p["name"] == "http" for p in service["spec"]["ports"])
-    assert sorted(selected) == ["agent", "controller", "extender"]
+            assert {p["name"] for p in service["spec"]["ports"]} & {"http", "https"}
+    assert sorted(selected) == ["agent", "controller", "extender", "webhook"]
     assert "ServiceMonitor" not in kinds(rendered["default"])
 
 
@@ -901,11 +910,15 @@ def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_jso
     dashboard = json.loads(config["data"]["dsplatform.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
     for metric in (
-        "dsagent_requests_total",
-        "dsagent_cache_hits_total",
-        "dsagent_fetch_duration_seconds_bucket",
-        "dsagent_evictions_total",
+        "dsplatform_agent_dataset_requests_total",
+        "dsplatform_agent_cache_hits_total",
+        "dsplatform_agent_fetch_duration_seconds_bucket",
+        "dsplatform_agent_evictions_total",
         "dsplatform_extender_request_duration_seconds_bucket",
+        "dsplatform_agent_http_request_duration_seconds_bucket",
+        "dsplatform_agent_store_request_duration_seconds_bucket",
+        "dsplatform_agent_store_errors_total",
+        "dsplatform_webhook_admissions_total",
     ):
         assert metric in exprs, metric
     assert not [

@@ -29,6 +29,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsagent.cluster.admission.admissionmetrics import WebhookMetrics
 from dsagent.cluster.controller import ControllerMetrics
 from tests.charts.test_chart import PRODUCTION, render
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
@@ -88,8 +89,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple[tup
         extender.terminate()
         extender.wait(20)
     controller_text = generate_latest(ControllerMetrics().registry).decode()
+    webhook_text = WebhookMetrics().render().decode()  # the process's own: tests/dsagent/cluster/admission
     out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
-    for text in (agent_text, extender_text, controller_text):
+    for text in (agent_text, extender_text, controller_text, webhook_text):
         for name, labels in families(text).items():
             out.setdefault(name, set()).update(labels)
     return out
@@ -130,6 +132,8 @@ def test_the_alerts_an_on_call_needs_are_there(rules: list[dict[str, Any]]) -> N
         "DsplatformExtenderErrors",
         "DsplatformControllerErrors",
         "DsplatformWebhookFailingOpen",
+        "DsplatformWebhookAdmittingUnpatched",
+        "DsplatformStoreUnavailable",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"critical", "warning", "info"} and rule["annotations"]["summary"]
@@ -155,11 +159,11 @@ def test_every_metric_label_and_value_an_alert_reads_is_exported(
                 if op == "=":
                     assert value in values, f"{rule['alert']}: {name}{{{label}={value!r}}} never exported: {values}"
             checked += 1
-    assert checked >= 8
+    assert checked >= 11
 
 
 def test_the_scrape_shows_failures_by_code(scraped: dict[str, set[tuple[tuple[str, str], ...]]]) -> None:
-    codes = {dict(ls)["code"] for ls in scraped["dsagent_requests_total"]}
+    codes = {dict(ls)["code"] for ls in scraped["dsplatform_agent_dataset_requests_total"]}
     assert "ok" in codes and codes - {"ok"}, codes
     assert not [n for n in scraped if n.endswith("_created")]
 

@@ -161,7 +161,7 @@ def test_roce_class_endpoint_rejects_a_bad_gpu_count(client: httpx.Client, gpus:
 
 
 def test_health_and_unknown_routes(client: httpx.Client) -> None:
-    assert client.get("/healthz").json() == {"ok": True}
+    assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200
     assert client.get("/nope").status_code == 404
     assert client.get("/filter").status_code == 405
@@ -370,3 +370,24 @@ def test_dsctl_plan_without_an_extender_is_transient(capsys: pytest.CaptureFixtu
         dsctl(["plan", "--extender", url, "--steps", "80", "--max-gpus", "4"])
     assert unreachable.value.code == 7
     assert capsys.readouterr().err.startswith(f"dsctl: error: cannot reach the extender at {url}: ")
+
+
+def test_readyz_says_syncing_in_the_one_probe_shape_until_the_node_watch_has_listed() -> None:
+    """Issue 23: the extender answered ``{"ok": true}`` / ``{"ready": false}`` where the agent
+    and the webhook answer ``{"status": ...}``; now every process answers one shape."""
+    from kubernetes import client as k8s
+
+    from tests.scheduler_plugin.test_shutdown import free_port
+
+    config = k8s.Configuration()
+    config.host = f"http://127.0.0.1:{free_port()}"  # nothing listens: the watch never lists
+    app = create_app(Settings(watch=True), api_client=k8s.ApiClient(config))
+    with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        reply = http.get("/readyz")
+        assert reply.status_code == 503
+        assert reply.json() == {"status": "syncing", "detail": "the node watch has not listed the nodes yet"}
+        assert http.get("/healthz").json() == {"status": "ok"}
+
+
+def test_readyz_is_ready_without_a_watch(client: httpx.Client) -> None:
+    assert client.get("/readyz").json() == {"status": "ready"}

@@ -48,6 +48,15 @@ def test_metrics_count_verbs_latency_parse_failures_and_nodes_scored() -> None:
     assert got[("dsplatform_extender_nodes_filtered_total", (("result", "passed"),))] == 1
     assert got[("dsplatform_extender_nodes_filtered_total", (("result", "failed"),))] == 1
     assert ("dsplatform_extender_build_info", (("version", "0.1.0"),)) in got
-    # a second app counts on its own: nothing served, no latency samples
+    # a second app counts on its own: nothing served, every verb's series at 0 (pre-initialised)
+    from scheduler_plugin.app import _PRIORITIZE
+    from scheduler_plugin.metrics import VERBS
+
+    assert set(VERBS) == {"filter"} | {f"prioritize/{which}" for which in _PRIORITIZE.values()}
+
     fresh = samples(create_app(Settings()).metrics.render().decode())
-    assert not any(name.endswith("_count") for name, _ in fresh)
+    counts = {labels: v for (name, labels), v in fresh.items() if name.endswith("_count")}
+    assert counts == {(("verb", verb),): 0 for verb in VERBS}
+    for verb in VERBS:
+        for outcome in ("ok", "error", "unsynced"):
+            assert fresh[("dsplatform_extender_requests_total", (("outcome", outcome), ("verb", verb)))] == 0

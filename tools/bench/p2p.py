@@ -208,7 +208,7 @@ class Agent:
             text = client.metrics()
         found = {
             m.group(1): float(m.group(2))
-            for m in re.finditer(r'dsagent_peer_bytes_total\{direction="(\w+)"\} (\S+)', text)
+            for m in re.finditer(r'dsplatform_agent_peer_bytes_total\{direction="(\w+)"\} (\S+)', text)
         }
         return found.get("served", 0.0), found.get("fetched", 0.0)
 

@@ -17,7 +17,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     (
         "Cache requests by outcome (/s)",
         "reqps",
-        [("{{code}}", 'sum by (code) (rate(dsagent_requests_total{job=~"$job"}[$__rate_interval]))')],
+        [("{{code}}", 'sum by (code) (rate(dsplatform_agent_dataset_requests_total{job=~"$job"}[$__rate_interval]))')],
     ),
     (
         "Cache hit ratio",
@@ -25,9 +25,9 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             (
                 "hit ratio",
-                "sum(rate(dsagent_cache_hits_total[$__rate_interval])) / "
-                "(sum(rate(dsagent_cache_hits_total[$__rate_interval])) + "
-                "sum(rate(dsagent_cache_misses_total[$__rate_interval])))",
+                "sum(rate(dsplatform_agent_cache_hits_total[$__rate_interval])) / "
+                "(sum(rate(dsplatform_agent_cache_hits_total[$__rate_interval])) + "
+                "sum(rate(dsplatform_agent_cache_misses_total[$__rate_interval])))",
             )
         ],
     ),
@@ -37,30 +37,32 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             (
                 "p50",
-                "histogram_quantile(0.5, sum by (le) (rate(dsagent_fetch_duration_seconds_bucket[$__rate_interval])))",
+                "histogram_quantile(0.5, sum by (le) "
+                "(rate(dsplatform_agent_fetch_duration_seconds_bucket[$__rate_interval])))",
             ),
             (
                 "p95",
-                "histogram_quantile(0.95, sum by (le) (rate(dsagent_fetch_duration_seconds_bucket[$__rate_interval])))",
+                "histogram_quantile(0.95, sum by (le) "
+                "(rate(dsplatform_agent_fetch_duration_seconds_bucket[$__rate_interval])))",
             ),
         ],
     ),
-    ("Bytes fetched (/s)", "Bps", [("fetched", "sum(rate(dsagent_fetched_bytes_total[$__rate_interval]))")]),
+    ("Bytes fetched (/s)", "Bps", [("fetched", "sum(rate(dsplatform_agent_fetched_bytes_total[$__rate_interval]))")]),
     (
         "Cache space",
         "bytes",
         [
-            ("used", "sum(dsagent_used_bytes)"),
-            ("free", "sum(dsagent_free_bytes)"),
-            ("capacity", "sum(dsagent_capacity_bytes)"),
+            ("used", "sum(dsplatform_agent_used_bytes)"),
+            ("free", "sum(dsplatform_agent_free_bytes)"),
+            ("capacity", "sum(dsplatform_agent_capacity_bytes)"),
         ],
     ),
     (
         "Evictions by reason (/s)",
         "ops",
-        [("{{reason}}", "sum by (reason) (rate(dsagent_evictions_total[$__rate_interval]))")],
+        [("{{reason}}", "sum by (reason) (rate(dsplatform_agent_evictions_total[$__rate_interval]))")],
     ),
-    ("Tasks by state", "short", [("{{state}}", "sum by (state) (dsagent_tasks)")]),
+    ("Tasks by state", "short", [("{{state}}", "sum by (state) (dsplatform_agent_tasks)")]),
     (
         "Extender latency p95 by verb",
         "s",
@@ -87,6 +89,43 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "Nodes scored (/s)",
         "short",
         [("{{verb}}", "sum by (verb) (rate(dsplatform_extender_nodes_scored_total[$__rate_interval]))")],
+    ),
+    (
+        "Agent API latency p95 by route",
+        "s",
+        [
+            (
+                "{{method}} {{route}}",
+                "histogram_quantile(0.95, sum by (le, method, route) "
+                '(rate(dsplatform_agent_http_request_duration_seconds_bucket{route!="unmatched"}[$__rate_interval])))',
+            )
+        ],
+    ),
+    (
+        "Store open latency p95 by protocol",
+        "s",
+        [
+            (
+                "{{protocol}}",
+                "histogram_quantile(0.95, sum by (le, protocol) "
+                "(rate(dsplatform_agent_store_request_duration_seconds_bucket[$__rate_interval])))",
+            )
+        ],
+    ),
+    (
+        "Store errors by protocol and code (/s)",
+        "ops",
+        [
+            (
+                "{{protocol}} {{code}}",
+                "sum by (protocol, code) (rate(dsplatform_agent_store_errors_total[$__rate_interval]))",
+            )
+        ],
+    ),
+    (
+        "Webhook admissions by outcome (/s)",
+        "ops",
+        [("{{outcome}}", "sum by (outcome) (rate(dsplatform_webhook_admissions_total[$__rate_interval]))")],
     ),
 ]
 
@@ -124,7 +163,7 @@ def dashboard() -> dict[str, object]:
                     "name": "job",
                     "type": "query",
                     "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                    "query": "label_values(dsagent_build_info, job)",
+                    "query": "label_values(dsplatform_agent_build_info, job)",
                     "includeAll": True,
                     "multi": True,
                     "label": "Job",

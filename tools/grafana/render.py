@@ -252,25 +252,25 @@ def draw(series: list[tuple[float, Samples, Samples]], out: Path) -> None:
 
     agent = [(t, a) for t, a, _ in series]
     ext = [(t, e) for t, _, e in series]
-    hits_t, hits = rate(agent, "dsagent_cache_hits_total")
-    _, misses = rate(agent, "dsagent_cache_misses_total")
+    hits_t, hits = rate(agent, "dsplatform_agent_cache_hits_total")
+    _, misses = rate(agent, "dsplatform_agent_cache_misses_total")
     h, m = hits.get((), []), misses.get((), [])
     ratio = {("hit ratio",): [x / (x + y) if x + y else float("nan") for x, y in zip(h, m)]}
-    p50_t, p50 = quantile(0.5, agent, "dsagent_fetch_duration_seconds_bucket")
-    _, p95 = quantile(0.95, agent, "dsagent_fetch_duration_seconds_bucket")
-    space_t, used = gauge(agent, "dsagent_used_bytes")
-    _, free = gauge(agent, "dsagent_free_bytes")
-    _, cap = gauge(agent, "dsagent_capacity_bytes")
+    p50_t, p50 = quantile(0.5, agent, "dsplatform_agent_fetch_duration_seconds_bucket")
+    _, p95 = quantile(0.95, agent, "dsplatform_agent_fetch_duration_seconds_bucket")
+    space_t, used = gauge(agent, "dsplatform_agent_used_bytes")
+    _, free = gauge(agent, "dsplatform_agent_free_bytes")
+    _, cap = gauge(agent, "dsplatform_agent_capacity_bytes")
     parse_t, parse = rate(ext, "dsplatform_extender_parse_failures_total", ("verb",))
     _, errs = rate(ext, "dsplatform_extender_requests_total", ("verb", "outcome"), negate={"outcome": "ok"})
     panels = [
-        ("Cache requests by outcome (/s)", rate(agent, "dsagent_requests_total", ("code",)), "{0}"),
+        ("Cache requests by outcome (/s)", rate(agent, "dsplatform_agent_dataset_requests_total", ("code",)), "{0}"),
         ("Cache hit ratio", (hits_t, ratio), "{0}"),
         ("Fetch duration (p50, p95) [s]", (p50_t, {("p50",): p50.get((), []), ("p95",): p95.get((), [])}), "{0}"),
-        ("Bytes fetched (/s)", rate(agent, "dsagent_fetched_bytes_total"), "fetched"),
+        ("Bytes fetched (/s)", rate(agent, "dsplatform_agent_fetched_bytes_total"), "fetched"),
         ("Cache space [bytes]", (space_t, {("used",): used[()], ("free",): free[()], ("capacity",): cap[()]}), "{0}"),
-        ("Evictions by reason (/s)", rate(agent, "dsagent_evictions_total", ("reason",)), "{0}"),
-        ("Tasks by state", gauge(agent, "dsagent_tasks", ("state",)), "{0}"),
+        ("Evictions by reason (/s)", rate(agent, "dsplatform_agent_evictions_total", ("reason",)), "{0}"),
+        ("Tasks by state", gauge(agent, "dsplatform_agent_tasks", ("state",)), "{0}"),
         (
             "Extender latency p95 by verb [s]",
             quantile(0.95, ext, "dsplatform_extender_request_duration_seconds_bucket", ("verb",)),

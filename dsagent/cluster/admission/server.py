@@ -24,23 +24,26 @@ import base64
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, InstanceOf, ValidationError, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from dsagent.cache.settings import parse_listen
+from dsagent.cache.settings import AgentLogSettings, parse_listen
 from dsagent.cluster import annotation
+from dsagent.cluster.admission.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dsagent.cluster.admission.admissionmetrics import WebhookMetrics
 from dsagent.cluster.admission.mutation import Injection, JSONPatch, mutate, resolve
 from dsagent.cluster.admission.roceclass import WEBHOOK_PREFIX, GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
-from dsplatform import boundedjson
+from dsplatform import boundedjson, logs, probes
 from dsplatform.errors import exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket
 from dsplatform.settings import EnvSettings, InvalidSettings, not_from_env
@@ -72,10 +75,17 @@ class _Review(BaseModel):
 
 @dataclass(frozen=True)
 class Decision:
-    """The webhook's answer for one pod: a patch (possibly empty) and warnings."""
+    """The webhook's answer for one pod: a patch (possibly empty), warnings, and whether a
+    part failed and the pod was admitted without it (``failed``: the webhook failed open)."""
 
     patch: JSONPatch
     warnings: tuple[str, ...] = ()
+    failed: bool = False
+
+    @property
+    def outcome(self) -> str:
+        """The ``outcome`` label it is counted under (:class:`WebhookMetrics`)."""
+        return "failed_open" if self.failed else "patched" if self.patch else "unpatched"
 
 
 def decide(
@@ -92,7 +102,7 @@ def decide(
     shape = _shape_problem(pod)
     if shape:  # no JSONPatch could apply to it: admit it unchanged, the API server judges it
         log.warning("pod in %s admitted without dsplatform: %s", namespace, shape)
-        return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {shape}",))
+        return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {shape}",), True)
     datasets = _decide_datasets(pod, namespace, injection, lookup)
     if gpu is None:
         return datasets
@@ -108,11 +118,12 @@ def decide(
         log.exception("assigning a GPU class to %s/%s failed", namespace, name)
         reason = f"internal error ({type(exc).__name__})"
     else:
-        return Decision(datasets.patch + classes.patch, datasets.warnings + classes.warnings)
+        return Decision(datasets.patch + classes.patch, datasets.warnings + classes.warnings, datasets.failed)
     log.warning("pod %s/%s admitted without a GPU class: %s", namespace, name, reason)
     return Decision(
         datasets.patch,
         datasets.warnings + (f"dsplatform: GPU class not assigned, the pod keeps its GPU request: {reason}",),
+        True,
     )
 
 
@@ -132,7 +143,7 @@ def _decide_datasets(pod: Mapping[str, Any], namespace: str, injection: Injectio
         log.exception("mutating %s/%s failed", namespace, name)
         reason = f"internal error ({type(exc).__name__})"
     log.warning("pod %s/%s admitted without dsplatform: %s", namespace, name, reason)
-    return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {reason}",))
+    return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {reason}",), True)
 
 
 def response(uid: str, decision: Decision) -> dict[str, Any]:
@@ -150,36 +161,47 @@ def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None 
     """The webhook's ASGI app; ``lookup`` reads Datasets and ``gpu`` assigns GPU classes
     (both blocking: run in a thread)."""
     app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = WebhookMetrics()
+    app.state.metrics = metrics
 
     @app.post("/mutate")
     async def mutate_pod(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        answer, outcome = await _review(request)
+        metrics.admitted(outcome, time.perf_counter() - started)  # docs/design.md#metrics
+        return answer
+
+    async def _review(request: Request) -> tuple[JSONResponse, str]:
         try:
             raw = boundedjson.loads(
                 await _read_bounded(request, REVIEW_MAX_BYTES), what="the AdmissionReview", max_bytes=REVIEW_MAX_BYTES
             )
             review = _Review.model_validate(raw)
         except boundedjson.JsonRefused as exc:
-            return JSONResponse({"code": "invalid_input", "message": exc.message}, status_code=400)
+            return JSONResponse({"code": "invalid_input", "message": exc.message}, status_code=400), "invalid"
         except (ValueError, ValidationError) as exc:
-            return JSONResponse(
-                {"code": "invalid_input", "message": f"not an AdmissionReview: {exc}"[:500]}, status_code=400
-            )
+            message = f"not an AdmissionReview: {exc}"[:500]
+            return JSONResponse({"code": "invalid_input", "message": message}, status_code=400), "invalid"
         req = review.request
         pod = req.object or {}
         if pod.get("kind", "Pod") != "Pod" or req.operation not in (None, "CREATE"):
-            return JSONResponse(response(req.uid, Decision([])))
+            return JSONResponse(response(req.uid, Decision([]))), "unpatched"
         metadata = pod.get("metadata")
         namespace = req.namespace or (metadata.get("namespace") if isinstance(metadata, dict) else None) or "default"
         decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun))
-        return JSONResponse(response(req.uid, decision))
+        return JSONResponse(response(req.uid, decision)), decision.outcome
 
-    @app.get("/healthz")
+    @app.get("/healthz")  # the one probe shape of every process (docs/design.md#probes)
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return probes.body(probes.OK)
 
     @app.get("/readyz")
     async def readyz() -> dict[str, str]:
-        return {"status": "ok"}
+        return probes.body(probes.READY)
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     return app
 
@@ -277,7 +299,7 @@ def _injection(path: Path | None) -> Injection:
         raise ValueError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from None
 
 
-def serve(settings: WebhookSettings) -> None:
+def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = None) -> None:
     """Run the webhook under uvicorn (HTTPS when a certificate is configured)."""
     import uvicorn
 
@@ -296,8 +318,7 @@ def serve(settings: WebhookSettings) -> None:
     app = StartupWatch(create_app(settings.injection, client.get, gpu))
     config = uvicorn.Config(
         app,
-        log_level="info",
-        access_log=False,
+        **logs.uvicorn_options(log_settings if log_settings is not None else AgentLogSettings()),
         # an idle or half-open client (a TLS handshake never finished) must not hold SIGTERM
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         ssl_certfile=str(settings.cert_file) if settings.cert_file else None,
@@ -327,12 +348,14 @@ def _check_certificate(settings: WebhookSettings) -> None:
 
 def main() -> None:
     """The webhook process; a deliberate error (bad settings, no API server) is one line and its exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with exit_on_error("dsagent-webhook"):
+    with exit_on_error("dsagent-webhook"):  # a bad setting is one line on stderr, logging or not
         from dsagent.cluster.envnames import refuse_unknown
 
         refuse_unknown()
-        serve(WebhookSettings.from_env())
+        log_settings = AgentLogSettings.from_env()
+        # only once the settings are good: configure() replaces the root logger's handlers
+        logs.configure(log_settings.log_level, log_settings.log_format)
+        serve(WebhookSettings.from_env(), log_settings)
 
 
 if __name__ == "__main__":

@@ -311,12 +311,12 @@ def test_health_readiness_and_metrics_answer(http: httpx.Client) -> None:
     assert http.get("/readyz").json() == {"status": "ready"}
     text = http.get("/metrics").text
     for name in (
-        "dsagent_cache_hits_total",
-        "dsagent_cache_misses_total",
-        "dsagent_fetched_bytes_total",
-        "dsagent_fetch_duration_seconds_count",
-        "dsagent_free_bytes",
-        "dsagent_used_bytes",
+        "dsplatform_agent_cache_hits_total",
+        "dsplatform_agent_cache_misses_total",
+        "dsplatform_agent_fetched_bytes_total",
+        "dsplatform_agent_fetch_duration_seconds_count",
+        "dsplatform_agent_free_bytes",
+        "dsplatform_agent_used_bytes",
     ):
         assert f"\n{name} " in "\n" + text, name
 

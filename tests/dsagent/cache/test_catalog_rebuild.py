@@ -80,7 +80,7 @@ def test_a_damaged_catalog_is_kept_aside_and_rebuilt_from_verified_copies(
     assert path == paths["good"]
     verify_tree(path, read_manifest(str(data / "store"), "good"))
     assert [p.name for p in root.glob("catalog.db.damaged-*")], "the damaged catalog was not kept"
-    assert "dsagent_catalog_rebuilds_total 1.0" in metrics
-    assert 'dsagent_catalog_rebuild_versions_total{result="kept"} 1.0' in metrics
-    assert 'dsagent_catalog_rebuild_versions_total{result="discarded"} 1.0' in metrics
+    assert "dsplatform_agent_catalog_rebuilds_total 1.0" in metrics
+    assert 'dsplatform_agent_catalog_rebuild_versions_total{result="kept"} 1.0' in metrics
+    assert 'dsplatform_agent_catalog_rebuild_versions_total{result="discarded"} 1.0' in metrics
     assert "catalog was damaged" in logged and "1 ready versions verified and kept, 1 discarded" in logged

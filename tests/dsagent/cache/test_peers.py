@@ -69,7 +69,7 @@ def _metric(agent: AgentProcess, direction: str) -> float:
     with agent.client() as client:
         text = client.metrics()
     for line in text.splitlines():
-        if line.startswith(f'dsagent_peer_bytes_total{{direction="{direction}"}}'):
+        if line.startswith(f'dsplatform_agent_peer_bytes_total{{direction="{direction}"}}'):
             return float(line.split()[-1])
     return 0.0
 

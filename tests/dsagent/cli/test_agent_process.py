@@ -84,7 +84,7 @@ def test_twenty_concurrent_tasks_for_one_dataset_cause_exactly_one_fetch(
     assert sorted(gets) == sorted(f"/store/bundles/{b.digest}.tar.zst" for b in manifest.bundles)
     assert set(gets.values()) == {1}, gets  # every bundle read once, by one fetch
     with agent.client() as client:
-        assert 'dsagent_fetches_total{result="ok"} 1.0' in client.metrics()
+        assert 'dsplatform_agent_fetches_total{result="ok"} 1.0' in client.metrics()
 
 
 def test_a_changed_source_gets_a_new_version_while_the_old_stays_for_its_task(
@@ -217,7 +217,7 @@ def test_per_file_copies_from_a_local_source_are_verified_and_a_hit_reads_nothin
     assert sorted(p.relative_to(first["path"]).as_posix() for p in Path(first["path"]).rglob("*.jpg")) == sorted(
         p.relative_to(source).as_posix() for p in source.rglob("*.jpg")
     )
-    assert "dsagent_cache_hits_total 1.0" in metrics and "dsagent_cache_misses_total 1.0" in metrics
+    assert "dsplatform_agent_cache_hits_total 1.0" in metrics and "dsplatform_agent_cache_misses_total 1.0" in metrics
 
 
 def test_a_symlink_planted_in_a_local_source_cannot_pull_host_files_into_the_cache(

@@ -109,11 +109,11 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
         # send the same) finds the prepared copy: a hit, no second fetch
         apiserver.patch("pods", "w1", {"spec": {"nodeName": "gpu-1"}}, namespace="ml")
         with agent.client() as client:
-            hits_before = _counter(client.metrics(), "dsagent_cache_hits_total")
+            hits_before = _counter(client.metrics(), "dsplatform_agent_cache_hits_total")
             own = client.submit_task(waiting["w1"], [{"name": "speech", "source": str(speech)}], wait=30)
             assert own["datasets"][0]["state"] == "ready"
-            assert _counter(client.metrics(), "dsagent_cache_hits_total") == hits_before + 1
-            assert _counter(client.metrics(), "dsagent_cache_misses_total") == 0  # no fetch since the restart
+            assert _counter(client.metrics(), "dsplatform_agent_cache_hits_total") == hits_before + 1
+            assert _counter(client.metrics(), "dsplatform_agent_cache_misses_total") == 0  # no fetch since the restart
         # ... and the prepare task is released at once
         ctl.reconcile_all()
         assert apiserver.get("datasets", "speech", "ml")["status"]["preparation"] == {

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,16 @@ def module_apiserver() -> Iterator[FakeApiServer]:
 def webhook_server(
     chart_tls: dict[str, Any], module_apiserver: FakeApiServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("kubeconfig")
+    with webhook_process(chart_tls, module_apiserver, tmp_path_factory.mktemp("kubeconfig")) as server:
+        yield server
+
+
+@contextmanager
+def webhook_process(
+    chart_tls: dict[str, Any], apiserver: FakeApiServer, folder: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """``python -m dsagent.cluster.admission.server`` with the chart's TLS, reading Datasets
+    from ``apiserver``; yields ``{"port", "context", "host", "process"}``."""
     kubeconfig = folder / "config"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -162,7 +172,7 @@ def webhook_server(
                 "apiVersion": "v1",
                 "kind": "Config",
                 "current-context": "fake",
-                "clusters": [{"name": "fake", "cluster": {"server": module_apiserver.url}}],
+                "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
                 "users": [{"name": "webhook", "user": {"token": "t"}}],
                 "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "webhook"}}],
             }
@@ -177,6 +187,7 @@ def webhook_server(
         "DSAGENT_WEBHOOK_KEY_FILE": str(files["tls.key"]),
         "DSAGENT_WEBHOOK_INJECTION_FILE": str(files["injection"]),
         "DSAGENT_WEBHOOK_KUBECONFIG": str(kubeconfig),
+        **(extra_env or {}),
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     process = subprocess.Popen(
@@ -187,7 +198,7 @@ def webhook_server(
     )
     try:
         context = ssl.create_default_context(cadata=chart_tls["ca"])
-        server = {"port": port, "context": context, "host": chart_tls["host"]}
+        server = {"port": port, "context": context, "host": chart_tls["host"], "process": process}
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -413,3 +424,64 @@ def test_a_missing_or_unreadable_certificate_is_one_line_and_exit_2(
     assert exited.value.code == 2
     assert "cannot load the serving certificate" in err and str(cert) in err and "Traceback" not in err
     assert err.count("\n") == 1
+
+
+# -- what an operator sees (issue 23): admissions by outcome, one probe shape, JSON logs
+
+
+def scrape(server: dict[str, Any]) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = _Connection(server)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return {
+        s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}": s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_admissions_are_counted_by_outcome_and_every_outcome_exists_before_its_first(
+    webhook_server: dict[str, Any],
+) -> None:
+    before = scrape(webhook_server)
+    outcomes = ("patched", "unpatched", "failed_open", "invalid")
+    for outcome in outcomes:  # pre-initialised: a failure ratio reads 0, not "no data"
+        assert f"dsplatform_webhook_admissions_total{{outcome={outcome}}}" in before, sorted(before)
+    assert "patch" in call(webhook_server, "POST", "/mutate", review("imagenet"))[1]["response"]
+    call(webhook_server, "POST", "/mutate", review(None))  # nothing to do
+    call(webhook_server, "POST", "/mutate", review("unknown"))  # admitted without its wiring
+    call(webhook_server, "POST", "/mutate", review("unknown-too"))
+    assert call(webhook_server, "POST", "/mutate", b"not json")[0] == 400
+    after = scrape(webhook_server)
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    got = {o: delta(f"dsplatform_webhook_admissions_total{{outcome={o}}}") for o in outcomes}
+    assert got == {"patched": 1, "unpatched": 1, "failed_open": 2, "invalid": 1}
+    assert delta("dsplatform_webhook_request_duration_seconds_count{route=/mutate}") == 5
+
+
+def test_the_probes_answer_the_one_shape(webhook_server: dict[str, Any]) -> None:
+    assert call(webhook_server, "GET", "/healthz") == (200, {"status": "ok"})
+    assert call(webhook_server, "GET", "/readyz") == (200, {"status": "ready"})
+
+
+def test_json_logs_put_uvicorns_lines_and_the_access_log_in_the_same_format(
+    chart_tls: dict[str, Any], module_apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    env = {"DSAGENT_LOG_FORMAT": "json", "DSAGENT_ACCESS_LOG": "1"}
+    with webhook_process(chart_tls, module_apiserver, tmp_path, env) as server:
+        call(server, "POST", "/mutate", review("unknown"))
+        process = server["process"]
+        process.terminate()
+        output = process.stdout.read().decode()
+    docs = [json.loads(line) for line in output.splitlines() if line.strip()]  # a line not JSON fails here
+    assert {"uvicorn.error", "uvicorn.access", "dsagent.webhook"} <= {d["logger"] for d in docs}, docs
+    assert any(d.get("path") == "/mutate" and d.get("status") == 200 for d in docs)
+    assert any(d["level"] == "warning" and "admitted without dsplatform" in d["message"] for d in docs)
