@@ -19,7 +19,6 @@ PACKAGES = ("dsagent", "scheduler_plugin", "gpu_topology", "dsplatform")
 MAY_READ_ENVIRONMENT: dict[str, str] = {
     "dsagent/cli": "the dsctl / dsagent command line: the CLI edge (flags with envvars, DSCTL_DEBUG, the pod's env)",
     "dsagent/cache/settings.py": "the agent's settings (pydantic-settings) and their XDG defaults",
-    "dsagent/cluster/controller.py": "the Dataset controller's entry point and settings",
     "dsagent/cluster/nodeagent.py": "the cluster agent's settings, read where serve --kubernetes starts it",
     "dsagent/cluster/admission/server.py": "the webhook's entry point and settings",
     "dsagent/cluster/apiclient.py": "the Kubernetes client's own variables (KUBERNETES_SERVICE_HOST, KUBECONFIG)",
