@@ -52,6 +52,13 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
   a superseded version at its sweep once no task holds it (rule 2).
+- migration, step 5 of the deadline design (``DSAGENT_CONTROLLER_MIGRATE=on``, off by
+  default; docs/design.md#deadline-migration): each resync the running jobs that opted in
+  (``dsagent.io/migratable: "true"``) and would end sooner on free GPUs elsewhere, their
+  move paid for, have their pods evicted through the Eviction API (PodDisruptionBudgets
+  honoured) for their controllers to re-create (:mod:`scheduler_plugin.migrator`). Here
+  rather than in the extender because a move is decided once for the cluster, by the
+  leader, while every extender replica answers kube-scheduler.
 
 One leader: a ``coordination.k8s.io/v1`` Lease (:class:`LeaseElector`). The kubernetes
 client's own ``leaderelection`` package is not used: its ``LeaseLock`` builds its API
@@ -245,6 +252,7 @@ class ControllerSettings:
     prepare: Thresholds | None = None  # next-job preparation's presets; None: off
     replicas_window_s: float = 3600.0  # replication: pods started this recently count as demand
     replicas_max: int = 16  # replication: the most copies "auto" asks for
+    migrate: bool = False  # step 5 of the deadline design: move jobs that opted in (evictions)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -273,6 +281,7 @@ class ControllerSettings:
             prepare=_prepare_settings(get),
             replicas_window_s=parse_duration(get("REPLICAS_WINDOW") or defaults.replicas_window_s),
             replicas_max=int(get("REPLICAS_MAX") or defaults.replicas_max),
+            migrate=(get("MIGRATE") or "off").lower() in ("on", "true", "1"),
             copies_configmap=None
             if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
             else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
@@ -364,6 +373,7 @@ class DatasetController:
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
         self._pods_now: list[JSON] | None = None
+        self._node_reader: Any = None  # scheduler_plugin's NodeReader, made on the first migration pass
         self.metrics = ControllerMetrics()
 
     # -- the loop ------------------------------------------------------------------------
@@ -414,6 +424,23 @@ class DatasetController:
                 self.metrics.datasets.labels(result="error").inc()
                 meta = ds.get("metadata") or {}
                 log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
+        if self.settings.migrate:
+            try:
+                self.migrate_pass(nodes)
+            except Exception:  # a move is an optimisation: never let it stop a pass
+                log.exception("migration failed this pass")
+
+    def migrate_pass(self, nodes: list[JSON]) -> list[Any]:
+        """Step 5 (docs/design.md#deadline-migration): the moves made this pass. The nodes'
+        facts are read as the extender reads them; the policy and the evictions are
+        :class:`scheduler_plugin.migrator.Migrator`'s."""
+        from scheduler_plugin.migrator import Migrator, node_facts
+        from scheduler_plugin.nodeinfo import NodeReader
+
+        if self._node_reader is None:
+            self._node_reader = NodeReader()
+        facts = node_facts(nodes, self._pods(), self._node_reader)
+        return Migrator(self._core.api_client, lambda: facts, clock=self.clock).run_once()
 
     def reconcile(self, ds: JSON, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> JSON:
         """One Dataset: the status patch it needs (also written, when it changes anything)."""
