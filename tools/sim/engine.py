@@ -527,8 +527,12 @@ class Simulation:
     ) -> list[tuple[Node, tuple[int, ...] | None]] | None:
         """For our policies, a time-model plan across fixed nodes whose workers would not
         share one class set is moved to nodes that hold it in one set, when some do
-        (docs/design.md#class-sets); None: keep the plan's nodes."""
-        if self.policy not in ("ours", "ours+time") or len(shape) < 2 or any(n is None for n, _ in shape):
+        (docs/design.md#class-sets); None: keep the plan's nodes. The deadline variants run
+        with the project's rules get it too (the webhook chooses a job's set whatever plans
+        it); the design as written (``deadline-design``) does not."""
+        if self.policy in ("default", "fluid") or len(shape) < 2 or any(n is None for n, _ in shape):
+            return None
+        if self.variant is not None and self.variant.as_written:
             return None
         sets = set()
         for fixed, count in shape:
