@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from dsplatform.gpus import GPU_RESOURCE, GpuResources, pod_gpus
+from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.kubetime import parse_or_none
 from scheduler_plugin.migration import Migration, RunningJob, is_migratable, plan_migrations
@@ -57,6 +57,7 @@ class MigratorSettings:
     fetch_bps: float = 669e6  # the agent's measured unpack rate (README, Performance)
     min_gain: float = 0.1
     gpu_resource: str = GPU_RESOURCE
+    class_prefix: str = CLASS_RESOURCE_PREFIX  # <prefix>/<stem>: the class resources the webhook writes
     job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
 
 
@@ -99,7 +100,7 @@ def running_jobs(
             continue
         profile, _ = parse_profile({k: v for k, v in annotations.items() if isinstance(v, str)}, started)
         try:
-            gpus = pod_gpus(spec, GpuResources(gpu=settings.gpu_resource))
+            gpus = pod_gpus(spec, GpuResources.of_class_prefix(settings.gpu_resource, settings.class_prefix))
         except ValueError:
             continue
         if profile is None or gpus <= 0:

@@ -86,6 +86,7 @@ from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError
 from dsplatform import published
 from dsplatform.errors import exit_on_error
+from dsplatform.gpus import CLASS_STEM, GPU_RESOURCE, RESOURCE_PREFIX
 from dsplatform.kubetime import format_micro_time, parse_or_none
 
 log = logging.getLogger("dsagent.controller")
@@ -253,6 +254,8 @@ class ControllerSettings:
     replicas_window_s: float = 3600.0  # replication: pods started this recently count as demand
     replicas_max: int = 16  # replication: the most copies "auto" asks for
     migrate: bool = False  # step 5 of the deadline design: move jobs that opted in (evictions)
+    gpu_resource: str = GPU_RESOURCE  # migration: the GPU resource and the class resources'
+    class_prefix: str = RESOURCE_PREFIX  # prefix, as the webhook writes them (chart: gpuClasses.*)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ControllerSettings:
@@ -282,6 +285,8 @@ class ControllerSettings:
             replicas_window_s=parse_duration(get("REPLICAS_WINDOW") or defaults.replicas_window_s),
             replicas_max=int(get("REPLICAS_MAX") or defaults.replicas_max),
             migrate=(get("MIGRATE") or "off").lower() in ("on", "true", "1"),
+            gpu_resource=get("GPU_RESOURCE") or defaults.gpu_resource,
+            class_prefix=get("CLASS_PREFIX") or defaults.class_prefix,
             copies_configmap=None
             if (get("COPIES_CONFIGMAP") or "").lower() in ("off", "none")
             else get("COPIES_CONFIGMAP") or defaults.copies_configmap,
@@ -434,13 +439,15 @@ class DatasetController:
         """Step 5 (docs/design.md#deadline-migration): the moves made this pass. The nodes'
         facts are read as the extender reads them; the policy and the evictions are
         :class:`scheduler_plugin.migrator.Migrator`'s."""
-        from scheduler_plugin.migrator import Migrator, node_facts
+        from scheduler_plugin.migrator import Migrator, MigratorSettings, node_facts
         from scheduler_plugin.nodeinfo import NodeReader
 
+        s = self.settings
+        resources = MigratorSettings(gpu_resource=s.gpu_resource, class_prefix=f"{s.class_prefix}/{CLASS_STEM}")
         if self._node_reader is None:
-            self._node_reader = NodeReader()
+            self._node_reader = NodeReader(gpu_resource=resources.gpu_resource, roce_prefix=resources.class_prefix)
         facts = node_facts(nodes, self._pods(), self._node_reader)
-        return Migrator(self._core.api_client, lambda: facts, clock=self.clock).run_once()
+        return Migrator(self._core.api_client, lambda: facts, clock=self.clock, settings=resources).run_once()
 
     def reconcile(self, ds: JSON, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> JSON:
         """One Dataset: the status patch it needs (also written, when it changes anything)."""

@@ -51,7 +51,7 @@ CONTROLLER_NAMES = frozenset(
         "NAMESPACE", "LEASE", "IDENTITY", "RESYNC", "PACK_IMAGE", "PACK_SERVICE_ACCOUNT", "AGENT_SELECTOR",
         "AGENT_PORT", "METRICS_PORT", "REPLICAS_WINDOW", "REPLICAS_MAX", "COPIES_CONFIGMAP",
         "PREPARE", "PREPARE_WINDOW", "PREPARE_FETCH_LEAD", "PREPARE_RESERVE_FRACTION", "PREPARE_FILL_FRACTION",
-        "MIGRATE",
+        "MIGRATE", "GPU_RESOURCE", "CLASS_PREFIX",
     )
 )  # fmt: skip
 #: the pod contract the webhook writes (read by dsctl in the init-container and by the

@@ -98,6 +98,7 @@ def test_migration_is_off_by_default_and_on_may_evict_pods() -> None:
     assert "DSAGENT_CONTROLLER_MIGRATE" not in controller_env(off)
     assert ControllerSettings.from_env(controller_env(off)).migrate is False
     assert evictions(off) == []
-    on = render({"controller": {"migration": {"enabled": True}}})
-    assert ControllerSettings.from_env(controller_env(on)).migrate is True
+    on = render({"controller": {"migration": {"enabled": True}}, "gpuClasses": {"resourcePrefix": "example.com"}})
+    settings = ControllerSettings.from_env(controller_env(on))
+    assert settings.migrate is True and settings.class_prefix == "example.com"  # as the webhook writes them
     assert evictions(on) == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]

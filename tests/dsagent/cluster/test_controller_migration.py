@@ -133,3 +133,23 @@ def test_a_refused_eviction_leaves_the_job_where_it_is(apiserver: FakeApiServer,
     assert pass_if_leading(leader)
     assert apiserver.evictions == []
     assert sorted(p["metadata"]["name"] for p in apiserver.list("pods")) == ["mover-0", "mover-1", "stay-0", "stay-1"]
+
+
+def test_pods_asking_for_class_resources_of_another_prefix_are_counted(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """With the chart's gpuClasses.resourcePrefix the webhook writes ``example.com/gpu-roce1-2``;
+    the controller is told the same prefix, so such a job is seen and moved (it was invisible:
+    no GPUs under the default names)."""
+    apiserver.create(node("n1", []))
+    apiserver.create(node("n2", []))
+    apiserver.create(node("n3", [0, 1, 2, 3]))
+    for name, where in (("mover-0", "n1"), ("mover-1", "n2")):
+        pod = worker(name, where, job="mover")
+        for entries in pod["spec"]["containers"][0]["resources"].values():
+            entries["example.com/gpu-roce1-2"] = entries.pop("nvidia.com/gpu")
+        apiserver.create(pod)
+    env = {"DSAGENT_CONTROLLER_MIGRATE": "on", "DSAGENT_CONTROLLER_CLASS_PREFIX": "example.com"}
+    settings = ControllerSettings.from_env({**env, "DSAGENT_CONTROLLER_NAMESPACE": NS})
+    assert pass_if_leading(DatasetController(api_client, settings, clock=Clock()))
+    assert sorted(apiserver.evictions) == ["ml/mover-0", "ml/mover-1"]
