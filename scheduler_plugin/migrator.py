@@ -1,7 +1,9 @@
 """Step 5 of the deadline design in the cluster: move running jobs that checkpoint.
 
-Who calls it: the extender process, once per round (``Migrator.run_once``), and the tests
-with the fake API server. It owns the I/O around the pure policy
+Who calls it: the Dataset controller's leader, once per pass when migration is on
+(``DSAGENT_CONTROLLER_MIGRATE``, :meth:`dsagent.cluster.controller.DatasetController.migrate_pass`,
+with :func:`node_facts` over the Nodes and pods it listed), and the tests with the fake API
+server. It owns the I/O around the pure policy
 :func:`scheduler_plugin.migration.plan_migrations`: it lists the running pods, keeps the
 jobs that opted in (``dsagent.io/migratable: "true"``, label or annotation) and carry the
 time-model annotations, builds their :class:`~scheduler_plugin.migration.RunningJob`, and
@@ -18,6 +20,11 @@ Decisions (docs/design.md#deadline-migration):
   ``fetch_bps`` when the target node does not hold them ready.
 - An eviction the API refuses (429: a PodDisruptionBudget; 404: the pod is gone) leaves the
   job where it is; the other pods of that job are not evicted then.
+- It runs in the controller, not the extender: a move must be decided once for the cluster
+  (the controller's leader Lease), while every extender replica answers kube-scheduler. The
+  nodes' facts are read as the extender reads them (:class:`~scheduler_plugin.nodeinfo.NodeReader`
+  over the agents' annotations, the active pods' GPU requests where a node publishes no
+  free GPUs), so both see the same free GPUs.
 """
 
 from __future__ import annotations
@@ -26,16 +33,17 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from dsplatform.gpus import GPU_RESOURCE, GpuResources, pod_gpus
+from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.kubetime import parse_or_none
 from scheduler_plugin.migration import Migration, RunningJob, is_migratable, plan_migrations
-from scheduler_plugin.nodeinfo import NodeFacts
+from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.plugins.deadline import pod_bandwidth
-from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets
+from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets, pod_is_active
 from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, parse_profile, t_run
+from scheduler_plugin.wire import Node, Pod
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,7 @@ class MigratorSettings:
     fetch_bps: float = 669e6  # the agent's measured unpack rate (README, Performance)
     min_gain: float = 0.1
     gpu_resource: str = GPU_RESOURCE
+    class_prefix: str = CLASS_RESOURCE_PREFIX  # <prefix>/<stem>: the class resources the webhook writes
     job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
 
 
@@ -91,7 +100,7 @@ def running_jobs(
             continue
         profile, _ = parse_profile({k: v for k, v in annotations.items() if isinstance(v, str)}, started)
         try:
-            gpus = pod_gpus(spec, GpuResources(gpu=settings.gpu_resource))
+            gpus = pod_gpus(spec, GpuResources.of_class_prefix(settings.gpu_resource, settings.class_prefix))
         except ValueError:
             continue
         if profile is None or gpus <= 0:
@@ -119,6 +128,34 @@ def running_jobs(
         remaining = (end - now) / (end - start) if end > start else 0.0
         jobs.append(RunningJob(key, profiles[key], allocation, end, min(1.0, remaining), True))
     return jobs, members
+
+
+def node_facts(
+    nodes: Sequence[dict[str, Any]],
+    pods: Sequence[dict[str, Any]],
+    reader: NodeReader,
+) -> list[NodeFacts]:
+    """The facts of raw v1.Node objects as the extender's node cache builds them: the agents'
+    annotations read by ``reader``, with the GPUs the active pods bound to each node request
+    (what the extender counts where a node publishes no free GPUs)."""
+    used: dict[str, int] = {}
+    names = GpuResources.of_class_prefix(reader.gpu_resource, reader.roce_prefix)
+    for pod in pods:
+        spec = _dict(pod.get("spec"))
+        bound = _str(spec.get("nodeName"))
+        if not bound or not pod_is_active(cast(Pod, pod)):
+            continue
+        try:
+            gpus = pod_gpus(spec, names)
+        except ValueError:
+            continue
+        used[bound] = used.get(bound, 0) + gpus
+    out = []
+    for obj in nodes:
+        name = _str(_dict(obj.get("metadata")).get("name"))
+        if name:
+            out.append(reader.read(cast(Node, obj), used.get(name, 0)))
+    return out
 
 
 class Migrator:
@@ -208,4 +245,4 @@ class Migrator:
         return done
 
 
-__all__ = ["Migrator", "MigratorSettings", "running_jobs"]
+__all__ = ["Migrator", "MigratorSettings", "node_facts", "running_jobs"]

@@ -55,6 +55,13 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
 - store gc (``DSAGENT_CONTROLLER_STORE_GC``: an interval; off by default, issue 23): one
   ``dsctl gc --delete`` Job per bundle store of the auto-packed Datasets and interval,
   never while a pack of that store runs (:mod:`dsagent.cluster.storegc`).
+- migration, step 5 of the deadline design (``DSAGENT_CONTROLLER_MIGRATE=on``, off by
+  default; docs/design.md#deadline-migration): each resync the running jobs that opted in
+  (``dsagent.io/migratable: "true"``) and would end sooner on free GPUs elsewhere, their
+  move paid for, have their pods evicted through the Eviction API (PodDisruptionBudgets
+  honoured) for their controllers to re-create (:mod:`scheduler_plugin.migrator`). Here
+  rather than in the extender because a move is decided once for the cluster, by the
+  leader, while every extender replica answers kube-scheduler.
 
 One leader: a ``coordination.k8s.io/v1`` Lease (:class:`LeaseElector`). The kubernetes
 client's own ``leaderelection`` package is not used: its ``LeaseLock`` builds its API
@@ -86,6 +93,7 @@ from dsagent.cluster.storegc import StoreCollector
 from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
 from dsplatform.errors import exit_on_error
+from dsplatform.gpus import CLASS_STEM, GPU_RESOURCE, RESOURCE_PREFIX
 from dsplatform.kubetime import format_micro_time, parse_or_none
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env, read_secret_file
 from dsplatform.units import Duration
@@ -301,6 +309,12 @@ class ControllerSettings(EnvSettings):
         7 * 86400.0, validation_alias=_controller_env("STORE_GC_GRACE", "store_gc_grace_s")
     )
 
+    # migration, step 5 of the deadline design: move jobs that opted in (evictions); the GPU
+    # resource and the class resources' prefix as the webhook writes them (chart: gpuClasses.*)
+    migrate: Flag = Field(False, validation_alias=_controller_env("MIGRATE", "migrate"))
+    gpu_resource: str = GPU_RESOURCE
+    class_prefix: str = RESOURCE_PREFIX
+
     @field_validator("metrics_port")
     @classmethod
     def _metrics_port(cls, value: int | None) -> int | None:
@@ -407,6 +421,7 @@ class DatasetController:
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
         self._pods_now: list[JSON] | None = None
+        self._node_reader: Any = None  # scheduler_plugin's NodeReader, made on the first migration pass
         self.metrics = ControllerMetrics()
         self.store_gc = (
             StoreCollector(
@@ -476,6 +491,25 @@ class DatasetController:
                 self.store_gc.run(reconciled, self.clock())
             except Exception:  # gc is housekeeping: never let it stop a pass
                 log.exception("starting store gc Jobs failed this pass")
+        if self.settings.migrate:
+            try:
+                self.migrate_pass(nodes)
+            except Exception:  # a move is an optimisation: never let it stop a pass
+                log.exception("migration failed this pass")
+
+    def migrate_pass(self, nodes: list[JSON]) -> list[Any]:
+        """Step 5 (docs/design.md#deadline-migration): the moves made this pass. The nodes'
+        facts are read as the extender reads them; the policy and the evictions are
+        :class:`scheduler_plugin.migrator.Migrator`'s."""
+        from scheduler_plugin.migrator import Migrator, MigratorSettings, node_facts
+        from scheduler_plugin.nodeinfo import NodeReader
+
+        s = self.settings
+        resources = MigratorSettings(gpu_resource=s.gpu_resource, class_prefix=f"{s.class_prefix}/{CLASS_STEM}")
+        if self._node_reader is None:
+            self._node_reader = NodeReader(gpu_resource=resources.gpu_resource, roce_prefix=resources.class_prefix)
+        facts = node_facts(nodes, self._pods(), self._node_reader)
+        return Migrator(self._core.api_client, lambda: facts, clock=self.clock, settings=resources).run_once()
 
     def reconcile(self, ds: JSON, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> JSON:
         """One Dataset: the status patch it needs (also written, when it changes anything)."""

@@ -53,6 +53,7 @@ CONTROLLER_NAMES = frozenset(
         "AGENT_PORT", "METRICS_PORT", "REPLICAS_WINDOW", "REPLICAS_MAX", "COPIES_CONFIGMAP",
         "PREPARE", "PREPARE_WINDOW", "PREPARE_FETCH_LEAD", "PREPARE_RESERVE_FRACTION", "PREPARE_FILL_FRACTION",
         "STORE_GC", "STORE_GC_GRACE",
+        "MIGRATE", "GPU_RESOURCE", "CLASS_PREFIX",
     )
 )  # fmt: skip
 #: the pod contract the webhook writes (read by dsctl in the init-container and by the

@@ -87,3 +87,22 @@ def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
     for bad in ("AUTO", "3", -1, 10_001):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**make_dataset("x"), "spec": {"source": "s3://x", "replicas": bad}}, schema)
+
+
+def test_migration_is_off_by_default_and_on_may_evict_pods() -> None:
+    """Issue 26: the controller's migration (docs/design.md#deadline-migration) needs the
+    Eviction API; the permission is there only when migration is on."""
+    from dsagent.cluster.controller import ControllerSettings
+
+    def evictions(docs: Docs) -> list[dict[str, Any]]:
+        rules = find(docs, "ClusterRole", "-controller")["rules"]
+        return [r for r in rules if any(res.startswith("pods/") for res in r["resources"])]
+
+    off = render()
+    assert "DSAGENT_CONTROLLER_MIGRATE" not in controller_env(off)
+    assert ControllerSettings.from_env(settings_env(off)).migrate is False
+    assert evictions(off) == []
+    on = render({"controller": {"migration": {"enabled": True}}, "gpuClasses": {"resourcePrefix": "example.com"}})
+    settings = ControllerSettings.from_env(settings_env(on))
+    assert settings.migrate is True and settings.class_prefix == "example.com"  # as the webhook writes them
+    assert evictions(on) == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]

@@ -247,6 +247,7 @@ class Simulation:
         )
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
+        self.bw_memo: dict[tuple[int, tuple[int, ...]], float] = {}  # (node type, GPUs) -> intra-node bandwidth
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
         self.copy_counts = hooks.CopyCounts()  # cluster-aware eviction (tools/sim/hooks.py)
         self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next
@@ -527,8 +528,12 @@ class Simulation:
     ) -> list[tuple[Node, tuple[int, ...] | None]] | None:
         """For our policies, a time-model plan across fixed nodes whose workers would not
         share one class set is moved to nodes that hold it in one set, when some do
-        (docs/design.md#class-sets); None: keep the plan's nodes."""
-        if self.policy not in ("ours", "ours+time") or len(shape) < 2 or any(n is None for n, _ in shape):
+        (docs/design.md#class-sets); None: keep the plan's nodes. The deadline variants run
+        with the project's rules get it too (the webhook chooses a job's set whatever plans
+        it); the design as written (``deadline-design``) does not."""
+        if self.policy in ("default", "fluid") or len(shape) < 2 or any(n is None for n, _ in shape):
+            return None
+        if self.variant is not None and self.variant.as_written:
             return None
         sets = set()
         for fixed, count in shape:
@@ -616,20 +621,30 @@ class Simulation:
                 best_t, best_run = t, t_run(job.profile, n, ideal)
         return wait_for_one_node(plan, best_run, best_t)
 
+    def _node_bandwidth(self, node: Node, gpus: tuple[int, ...]) -> float:
+        """``intra_node_bandwidth`` of a GPU set, memoised per node type (a pure function of both)."""
+        key = (node.type.id, gpus)
+        bw = self.bw_memo.get(key)
+        if bw is None:
+            bw = self.bw_memo[key] = intra_node_bandwidth(node.type.topology, gpus)
+        return bw
+
     def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]) -> Decision:
+        # the GPUs a plan's share of a node would get: nothing changes while one job is decided,
+        # so each (node, count) is asked of the product once (the same answers, far fewer calls)
+        chosen: dict[tuple[str, int], tuple[int, ...]] = {}
+
+        def gpus_of(name: str, count: int) -> tuple[int, ...]:
+            if (name, count) not in chosen:
+                chosen[(name, count)] = self._gpus_for(job, by_name[name], count) or ()
+            return chosen[(name, count)]
+
         def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
-            per_node = []
-            for name, count in allocation:
-                node = by_name[name]
-                gpus = self._gpus_for(job, node, count) or ()
-                per_node.append(intra_node_bandwidth(node.type.topology, gpus))
+            per_node = [self._node_bandwidth(by_name[name], gpus_of(name, count)) for name, count in allocation]
             weakest = min(per_node)
             if len(per_node) == 1:
                 return weakest
-            classes = {
-                frozenset(by_name[n].type.class_of.get(g, "none") for g in self._gpus_for(job, by_name[n], c) or ())
-                for n, c in allocation
-            }
+            classes = {frozenset(by_name[n].type.class_of.get(g, "none") for g in gpus_of(n, c)) for n, c in allocation}
             factor = self.params.cross_subnet_factor if len(classes) > 1 else 1.0
             return min(weakest, DEFAULT_BANDWIDTHS.network * factor)
 
