@@ -229,6 +229,9 @@ class Simulation:
         self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
         self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
         self.storage_bytes = 0.0
+        self.storage_first_bytes = 0.0  # the first storage read of each version: no policy reads less
+        self.storage_uncached_bytes = 0.0  # storage reads not kept (a miss with no room, direct mode)
+        self.storage_seen: set[tuple[str, int]] = set()
         self.peer_bytes = 0.0  # bytes a node read from other nodes' caches (P2P, Fluid's workers)
         self.requests = self.hits = 0
         self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
@@ -867,6 +870,11 @@ class Simulation:
             self.peer_bytes += size
             return
         self.storage_bytes += size
+        if key not in self.storage_seen:
+            self.storage_seen.add(key)
+            self.storage_first_bytes += size
+        if not cached:
+            self.storage_uncached_bytes += size
         self.storage_log.append((self.now, self.storage_bytes))
 
     def _data_ready(self, out: Outcome) -> None:

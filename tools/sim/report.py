@@ -35,6 +35,10 @@ FIELDS: dict[str, str] = {
     "hit_ratio": "worker dataset requests served by a ready copy of the current version on the pod's own node, "
     "over all requests (Fluid-style: a pod on the node of its dataset's single cache worker)",
     "storage_bytes": "bytes read from shared storage (fetches, direct-mode streams, Fluid runtime fills)",
+    "storage_first_bytes": "of storage_bytes, the first read of each dataset version: what no policy can avoid "
+    "(for this run's versions)",
+    "storage_uncached_bytes": "of storage_bytes, reads not kept in a cache (ours: a miss the node had no room "
+    "for; direct mode: every read)",
     "peer_bytes": "bytes read from other nodes' caches: P2P for ours, the cache workers for Fluid-style",
     "ttfs_mean_s": "mean time to first step: arrival to the moment every worker can train (queue + data wait)",
     "ttfs_p50_s": "median time to first step",
@@ -76,6 +80,8 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "hit_ratio": sim.hits / sim.requests if sim.requests else 0.0,
         "storage_tb": sim.storage_bytes / 1e12,
         "storage_bytes": sim.storage_bytes,
+        "storage_first_bytes": sim.storage_first_bytes,
+        "storage_uncached_bytes": sim.storage_uncached_bytes,
         "peer_bytes": sim.peer_bytes,
         "ttfs_p50": statistics.median(ttfs) if ttfs else math.nan,
         "ttfs_mean": statistics.fmean(ttfs) if ttfs else math.nan,
@@ -104,6 +110,8 @@ def fields(m: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "hit_ratio": m["hit_ratio"],
         "storage_bytes": m["storage_bytes"],
+        "storage_first_bytes": m["storage_first_bytes"],
+        "storage_uncached_bytes": m["storage_uncached_bytes"],
         "peer_bytes": m["peer_bytes"],
         "ttfs_mean_s": m["ttfs_mean"],
         "ttfs_p50_s": m["ttfs_p50"],
