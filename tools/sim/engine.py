@@ -70,7 +70,10 @@ from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
-POLICIES = ("default", "fluid", "ours", *deadline_variants.POLICY_NAMES)
+# ours with issue 25's cluster-side policies switched on: next-job preparation, replication
+OURS_VARIANTS = ("ours+prepare", "ours+replicas")
+OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
+POLICIES = ("default", "fluid", "ours", *OURS_VARIANTS, *deadline_variants.POLICY_NAMES)
 MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
 EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
 
@@ -117,6 +120,11 @@ class CacheEntry:
     users: int = 0
     ready: bool = False
     prepared: bool = False  # held for a waiting job by next-job preparation: not evicted
+    replica: bool = False  # held by the controller's replica task: in use, not evicted
+
+    @property
+    def in_use(self) -> bool:
+        return self.users > 0 or self.prepared or self.replica
 
 
 @dataclass
@@ -252,8 +260,10 @@ class Simulation:
         self.ideal_bw: dict[tuple[int, int], float] = {}
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
         self.copy_counts = hooks.CopyCounts()  # cluster-aware eviction (tools/sim/hooks.py)
-        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next
-
+        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next or "ours+prepare"
+        self.prepare = policy == "ours+prepare" or (params.prepare_next and policy in ("ours", "ours+time"))
+        self.replication = hooks.Replication() if policy == "ours+replicas" else None
+        self.started_log: list[tuple[float, str, int]] = []  # (start, dataset, workers): demand
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
     def facts(self, node: Node) -> NodeFacts:
@@ -331,8 +341,10 @@ class Simulation:
                     self._compute_done(self.outcomes[ident])
             if not self.events or self.events[0][0] > self.now:
                 self.schedule()
-                if self.params.prepare_next and self.policy in ("ours", "ours+time"):
+                if self.prepare:
                     self.next_job(self)
+                if self.replication is not None:
+                    self.replication(self)
         return self
 
     def _rate(self, fetch: Fetch, per_node: dict[int, int], from_storage: int, uploads: dict[int, int]) -> float:
@@ -531,7 +543,7 @@ class Simulation:
         """For our policies, a time-model plan across fixed nodes whose workers would not
         share one class set is moved to nodes that hold it in one set, when some do
         (docs/design.md#class-sets); None: keep the plan's nodes."""
-        if self.policy not in ("ours", "ours+time") or len(shape) < 2 or any(n is None for n, _ in shape):
+        if self.policy not in OURS or len(shape) < 2 or any(n is None for n, _ in shape):
             return None
         sets = set()
         for fixed, count in shape:
@@ -739,6 +751,8 @@ class Simulation:
         out.plan_gpus = out.plan_gpus or job.gpus
         if len(workers) > 1:
             out.spans_subnets = len({w.classes for w in workers}) > 1
+        if math.isnan(out.first_step):
+            self.started_log.append((self.now, job.dataset, len(workers)))
         out.numa_split = sum(1 for w in workers if len(w.gpus) > 1 and not single_numa(w.node.type.topology, w.gpus))
         for index, w in enumerate(workers):
             self._request_data(job, w, index)
@@ -772,10 +786,16 @@ class Simulation:
         if victims_ok:
             node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
             self.touch(node)
-        # peer-to-peer: a version another agent holds ready is read from it, not from storage
-        # (or from a peer still fetching it, bundle by bundle, as agents starting together do)
-        # (or from a peer still fetching it, bundle by bundle, as agents starting together do);
-        # its bundle requests are spread over every peer that holds it
+        self._fetch_version(node, key, d.size, cached=victims_ok, waiter=(job, index))
+
+    def _fetch_version(
+        self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
+    ) -> None:
+        """A fetch by ours' agent, for a pod or a controller task (preparation, replica):
+        peer-to-peer first, as the agent does for every fetch: a version another agent holds
+        ready is read from it, not from storage (or from a peer still fetching it, bundle by
+        bundle, as agents starting together do); its bundle requests are spread over every
+        peer that holds it."""
         source, after, sources = "storage", None, ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
@@ -783,7 +803,7 @@ class Simulation:
             after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
             if after is not None:
                 source, sources = "peer", (after.node.index,)
-        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index), source=source, sources=sources)
+        self._new_fetch(node, key, size, cached=cached, waiter=waiter, source=source, sources=sources)
         if after is not None:
             self.fetches[-1].after = after
 
@@ -820,14 +840,14 @@ class Simulation:
         return [(n.index, self.params.cache_bytes - self.fluid.committed.get(n.index, 0)) for n in self.nodes]
 
     def _make_room(self, node: Node, size: int) -> bool:
-        aware = self.policy in ("ours", "ours+time")
+        aware = self.policy in OURS
         candidates = [
             Candidate(
                 name,
                 f"{version:032x}",
                 e.size,
                 e.last_used,
-                in_use=e.users > 0 or e.prepared,
+                in_use=e.in_use,
                 fetching=not e.ready,
                 copies=self.copy_counts.others(self, (name, version), e.ready) if aware else None,
             )
@@ -841,7 +861,7 @@ class Simulation:
         return True
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
-        for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and e.users == 0]:
+        for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and not e.in_use]:
             self._forget(node, other)
 
     def _new_fetch(

@@ -44,6 +44,8 @@ FIELDS: dict[str, str] = {
     "ttfs_p50_s": "median time to first step",
     "queued_ttfs_mean_s": "mean time to first step of the jobs that waited for GPUs (bound after they arrived)",
     "queued_jobs": "jobs that waited for GPUs",
+    "queued_data_wait_mean_s": "of those jobs, the mean time from binding (their GPUs free) to first step: the "
+    "switch time next-job preparation overlaps with the jobs before them",
     "jobs_multi_worker": "finished jobs with more than one worker",
     "jobs_across_subnets": "multi-worker jobs whose workers' GPUs use different sets of RoCE classes",
     "jobs_across_subnets_avoidable": "of those, jobs for which, when they started, one set of class names had "
@@ -62,6 +64,7 @@ def metrics(sim: Simulation) -> dict[str, Any]:
     outs = [o for o in sim.outcomes.values() if not math.isnan(o.end)]
     ttfs = [o.first_step - o.job.arrival for o in outs]
     queued = [o.first_step - o.job.arrival for o in outs if o.start > o.job.arrival]
+    queued_data = [o.first_step - o.start for o in outs if o.start > o.job.arrival]
     jct = [o.end - o.job.arrival for o in outs]
     idle = (
         sum(
@@ -87,6 +90,7 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "ttfs_mean": statistics.fmean(ttfs) if ttfs else math.nan,
         "queued_ttfs_mean": statistics.fmean(queued) if queued else 0.0,
         "queued_jobs": len(queued),
+        "queued_data_wait_mean": statistics.fmean(queued_data) if queued_data else 0.0,
         "idle_gpu_h": idle,
         "across_subnets": sum(1 for o in outs if o.spans_subnets),
         # jobs whose workers use different class sets (subnets), and those of them for which
@@ -117,6 +121,7 @@ def fields(m: Mapping[str, Any]) -> dict[str, Any]:
         "ttfs_p50_s": m["ttfs_p50"],
         "queued_ttfs_mean_s": m["queued_ttfs_mean"],
         "queued_jobs": m["queued_jobs"],
+        "queued_data_wait_mean_s": m["queued_data_wait_mean"],
         "jobs_multi_worker": m["multi_worker_jobs"],
         "jobs_across_subnets": m["across_subnets"],
         "jobs_across_subnets_avoidable": m["across_subnets_avoidable"],
