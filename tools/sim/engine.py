@@ -121,6 +121,7 @@ class CacheEntry:
     ready: bool = False
     prepared: bool = False  # held for a waiting job by next-job preparation: not evicted
     replica: bool = False  # held by the controller's replica task: in use, not evicted
+    by_task: str = ""  # fetched for a controller task ("prepare", "replica"), until a pod first uses it
 
     @property
     def in_use(self) -> bool:
@@ -264,6 +265,8 @@ class Simulation:
         self.prepare = policy == "ours+prepare" or (params.prepare_next and policy in ("ours", "ours+time"))
         self.replication = hooks.Replication() if policy == "ours+replicas" else None
         self.started_log: list[tuple[float, str, int]] = []  # (start, dataset, workers): demand
+        self.task_fetch_bytes: dict[str, int] = {}  # bytes fetched for controller tasks, per kind
+        self.task_used_bytes: dict[str, int] = {}  # of those, copies a pod then used on that node
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
     def facts(self, node: Node) -> NodeFacts:
@@ -770,6 +773,9 @@ class Simulation:
             self._request_fluid(job, worker, index, key, d.size)
             return
         entry = node.cache.get(key)
+        if entry is not None and entry.by_task:  # a controller task's copy a pod now uses
+            self.task_used_bytes[entry.by_task] = self.task_used_bytes.get(entry.by_task, 0) + entry.size
+            entry.by_task = ""
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now

@@ -79,8 +79,9 @@ class NextJobPreparation:
                 if key not in node.cache:
                     if not sim._make_room(node, want.size_bytes):
                         continue
-                    node.cache[key] = CacheEntry(want.name, key[1], want.size_bytes, sim.now)
+                    node.cache[key] = CacheEntry(want.name, key[1], want.size_bytes, sim.now, by_task="prepare")
                     sim._fetch_version(node, key, want.size_bytes, cached=True, waiter=None)
+                    sim.task_fetch_bytes["prepare"] = sim.task_fetch_bytes.get("prepare", 0) + want.size_bytes
                     sim.touch(node)
                 node.cache[key].prepared = True
                 keep.add((node.index, key))
@@ -182,8 +183,9 @@ class Replication:
                 if entry is None:
                     if not sim._make_room(node, d.size):  # room was checked: only a race of this pass
                         continue
-                    entry = node.cache[key] = CacheEntry(name, key[1], d.size, sim.now)
+                    entry = node.cache[key] = CacheEntry(name, key[1], d.size, sim.now, by_task="replica")
                     sim._fetch_version(node, key, d.size, cached=True, waiter=None)
+                    sim.task_fetch_bytes["replica"] = sim.task_fetch_bytes.get("replica", 0) + d.size
                     sim.touch(node)
                     rooms[node.index] = replication.NodeRoom(
                         node.name, False, sim.params.cache_bytes - node.used_bytes, len(node.free)

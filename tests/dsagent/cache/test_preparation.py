@@ -4,6 +4,8 @@ and under the second threshold, never for data a node already holds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,6 +38,29 @@ def test_a_waiting_job_is_predicted_where_gpus_free_first_and_prepared_in_two_ph
     assert (early.node, early.phase) == ("b", 1)
     # outside the window: nothing
     assert plan(nodes, [job], now=-2000, thresholds=T) == ()
+
+
+def test_phase_2_starts_early_enough_for_the_bytes_to_arrive_before_the_start() -> None:
+    # 40 GB missing on a 200 GB node; at 500 MB/s that is 80 s of fetch on top of the 600 s
+    # lead: phase 2 begins 680 s before the predicted start, not 600 s
+    nodes = [node("a", ends=((8, 650.0),), capacity_bytes=200 * GB)]
+    job = Waiting("j", 8, (want("large", 40 * GB),))
+    [prep] = plan(nodes, [job], now=0, thresholds=T)
+    assert prep.phase == 2  # 650 s away: within 680 s
+    assert plan(nodes, [job], now=-40, thresholds=T)[0].phase == 1  # 690 s away
+    # without the rate term the old rule: 600 s
+    assert plan(nodes, [job], now=0, thresholds=replace(T, fetch_bytes_per_s=0))[0].phase == 1
+
+
+def test_a_job_whose_fetch_outlasts_the_window_is_predicted_within_its_lead() -> None:
+    # 2 TB at 500 MB/s: 4,000 s of fetch; the running job ends in 3,000 s, past the 1,800 s
+    # window, yet the bulk fetch must start now to be done when the GPUs free
+    nodes = [node("a", ends=((8, 3000.0),), capacity_bytes=10_000 * GB)]
+    job = Waiting("j", 8, (want("huge", 2000 * GB),))
+    [prep] = plan(nodes, [job], now=0, thresholds=T)
+    assert (prep.node, prep.phase, prep.start) == ("a", 2, 3000.0)
+    small = Waiting("s", 8, (want("small", 10 * GB),))  # its own lead is 620 s: not yet
+    assert plan(nodes, [small], now=0, thresholds=T) == ()
 
 
 def test_a_job_that_fits_now_is_left_to_the_scheduler_but_takes_its_gpus() -> None:
@@ -83,6 +108,8 @@ def test_no_expected_end_means_no_prediction() -> None:
 def test_thresholds_are_checked() -> None:
     with pytest.raises(ValueError, match="within"):
         Thresholds(reserve_fraction=1.5)
+    with pytest.raises(ValueError):
+        Thresholds(fetch_bytes_per_s=float("nan"))
 
 
 # -- properties ----------------------------------------------------------------------------
