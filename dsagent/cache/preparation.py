@@ -14,9 +14,12 @@ The switching design's three steps, mapped to datasets on a node:
    the scheduler (nothing to prepare) but takes its GPUs, so the pods behind it are
    predicted on what is left.
 2. **Phase 1** (manifest, space reservation): a predicted job whose start is within
-   ``window_s`` gets its missing datasets reserved on its node while the bytes reserved for
-   prepared jobs there stay within ``reserve_fraction`` of the node's cache (the first
-   threshold). Phase 2 below the same budget.
+   ``window_s`` gets its missing datasets reserved on its node as long as the bytes already
+   reserved for prepared jobs there have not reached ``reserve_fraction`` of the node's
+   cache (the first threshold): the design stops *starting* new set-ups once the total
+   reaches it, so one job may take the total past it, and a dataset larger than the
+   threshold can still be prepared (the second threshold bounds its bulk fetch). Phase 2
+   below the same budget.
 3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
    start) is within the job's **lead**, ``fetch_lead_s`` plus the time its missing bytes
    take at ``fetch_bytes_per_s`` (so that a large dataset starts early enough to be ready
@@ -222,15 +225,19 @@ def plan(
         node_name, start = predicted[key]
         node = by_name[node_name]
         seen = claimed.setdefault(node_name, set())
-        missing = tuple(dict.fromkeys(w for w in jobs[key].datasets if w.key not in node.held and w.key not in seen))
+        first: dict[Key, Want] = {}  # one Want per version (a pod may name a version twice)
+        for w in jobs[key].datasets:
+            if w.key not in node.held and w.key not in seen:
+                first.setdefault(w.key, w)
+        missing = tuple(first.values())
         if not missing:
             continue
         size = sum(w.size_bytes for w in missing)
         lead_s = thresholds.lead_s(size)
         if start - now > max(thresholds.window_s, lead_s):
             continue  # predicted, but neither within the window nor within its own lead
-        if reserved.get(node_name, 0) + size > thresholds.reserve_fraction * node.capacity_bytes:
-            continue  # the first threshold: not even a reservation this round
+        if reserved.get(node_name, 0) >= thresholds.reserve_fraction * node.capacity_bytes:
+            continue  # the first threshold reached: no new reservation this round
         phase = 1
         in_fetch = (key, node_name) in started
         lead = start - now <= lead_s

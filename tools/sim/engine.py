@@ -13,10 +13,15 @@ product --
   baselines get what NVIDIA's device plugin hands out, go-gpuallocator's best-effort
   choice over the node's free GPUs (``best_gpu_set`` without classes);
 - the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``
-  (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), and, opt-in,
-  next-job preparation (``ClusterParams.prepare_next``, the same module),
-  its single flight per dataset version, and its rule that an old version goes when no task
-  holds it;
+  (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), its single
+  flight per dataset version, and its rule that an old version goes when no task holds it;
+- the Dataset controller's cluster-side policies, each in a variant of ours so that the
+  sweep shows its effect on the same jobs: ``ours+prepare``, next-job preparation
+  (``dsagent.cache.preparation``; also ``ClusterParams.prepare_next``), and
+  ``ours+replicas``, replication with ``spec.replicas: auto`` for every dataset
+  (``dsagent.cache.replication``), both through ``tools/sim/hooks.py``; their copies are
+  fetched as the agent fetches any task's (P2P first) and held (in use) while the
+  controller holds them;
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
 - fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
   rate (README, Performance) per node, shared fairly on a storage system of

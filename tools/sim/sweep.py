@@ -36,7 +36,7 @@ from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_
 RATIOS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 SMOKE_RATIOS = (0.05, 1.0)
 MULTI_TB_NVME = 4 * 10**12
-SWEEP_POLICIES = ("default", "fluid", "ours")
+SWEEP_POLICIES = ("default", "fluid", "ours", "ours+prepare", "ours+replicas")
 
 
 def regimes(base: WorkloadFile, multi: WorkloadFile, smoke: bool) -> list[tuple[str, WorkloadFile, float]]:
@@ -78,6 +78,10 @@ def goals(ratio: float, by: dict[str, dict[str, Any]]) -> list[tuple[str, str, b
     else:
         out.append(("hits >= Fluid-style", f"{hits:.2f}x", hits >= 1.0))
         out.append(("storage bytes <= Fluid-style", f"{storage:.2f}x", storage <= 1.0))
+    prep = by.get("ours+prepare")
+    if prep is not None and ours["queued_ttfs_mean_s"]:
+        cut = 1 - prep["queued_ttfs_mean_s"] / ours["queued_ttfs_mean_s"]
+        out.append(("queued TTFS -50% with preparation", f"{-cut:+.0%}", cut >= 0.5))
     return out
 
 
@@ -87,6 +91,9 @@ COLS = (
     ("peer TB", "peer_bytes", "tb"),
     ("TTFS mean s", "ttfs_mean_s", "{:.0f}"),
     ("queued TTFS mean s", "queued_ttfs_mean_s", "{:.0f}"),
+    ("queued data wait s", "queued_data_wait_mean_s", "{:.0f}"),
+    ("storage first / not kept TB", ("storage_first_bytes", "storage_uncached_bytes"), "tb2"),
+    ("task fetched / used TB", ("prepare_fetch_bytes", "prepare_used_bytes", "replica_fetch_bytes", "replica_used_bytes"), "task"),
     ("GPU-h idle for data", "gpu_hours_idle_for_data", "{:.0f}"),
     ("JCT mean h", "jct_mean_s", "h"),
     ("deadline misses", "deadline_misses", "{:d}"),
@@ -94,11 +101,59 @@ COLS = (
 
 
 def _cell(fmt: str, v: Any) -> str:
+    if fmt == "tb2":
+        return f"{v[0] / 1e12:.1f} / {v[1] / 1e12:.1f}"
+    if fmt == "task":
+        fetched, used = v[0] + v[2], v[1] + v[3]
+        return f"{fetched / 1e12:.1f} / {used / 1e12:.1f}" if fetched else "-"
     if fmt == "tb":
         return f"{v / 1e12:.1f}"
     if fmt == "h":
         return f"{v / 3600:.2f}"
     return fmt.format(v)
+
+
+def _get(f: dict[str, Any], key: str | tuple[str, ...]) -> Any:
+    return tuple(f.get(k, 0) for k in key) if isinstance(key, tuple) else f[key]
+
+
+def effects(rows: list[dict[str, Any]]) -> str:
+    """One line per regime: what next-job preparation and replication change against plain ours."""
+    lines = [
+        "| regime | queued TTFS s ours / +prepare | change | queued data wait s ours / +prepare | change "
+        "| prepared TB fetched / used | +replicas: hits | +replicas: storage TB | replica TB fetched / used |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def change(new: float, old: float) -> str:
+        return f"{new / old - 1:+.0%}" if old else "-"
+
+    for row in rows:
+        by = row["policies"]
+        o, p, r = by.get("ours"), by.get("ours+prepare"), by.get("ours+replicas")
+        if o is None or (p is None and r is None):
+            continue
+        cells = [row["regime"]]
+        if p is not None:
+            cells += [
+                f"{o['queued_ttfs_mean_s']:.0f} / {p['queued_ttfs_mean_s']:.0f}",
+                change(p["queued_ttfs_mean_s"], o["queued_ttfs_mean_s"]),
+                f"{o['queued_data_wait_mean_s']:.0f} / {p['queued_data_wait_mean_s']:.0f}",
+                change(p["queued_data_wait_mean_s"], o["queued_data_wait_mean_s"]),
+                f"{p['prepare_fetch_bytes'] / 1e12:.1f} / {p['prepare_used_bytes'] / 1e12:.1f}",
+            ]
+        else:
+            cells += ["-"] * 5
+        if r is not None:
+            cells += [
+                f"{o['hit_ratio']:.1%} -> {r['hit_ratio']:.1%}",
+                f"{o['storage_bytes'] / 1e12:.1f} -> {r['storage_bytes'] / 1e12:.1f}",
+                f"{r['replica_fetch_bytes'] / 1e12:.1f} / {r['replica_used_bytes'] / 1e12:.1f}",
+            ]
+        else:
+            cells += ["-"] * 3
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -116,7 +171,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         none = d or {"hit_ratio": float("nan"), "storage_bytes": float("nan"), "ttfs_mean_s": float("nan")}
         hits = o["hit_ratio"] / f["hit_ratio"] if f["hit_ratio"] else float("inf")
         storage = o["storage_bytes"] / f["storage_bytes"] if f["storage_bytes"] else float("inf")
-        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"])
+        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"][:2])
         lines.append(
             f"| {row['regime']} | {row['ratio']:.3g} "
             f"| {o['hit_ratio']:.1%} / {f['hit_ratio']:.1%} / {none['hit_ratio']:.1%} | {hits:.2f}x "
@@ -128,7 +183,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = [summary(rows), ""]
+    lines = [summary(rows), "", effects(rows), ""]
     for row in rows:
         lines.append(
             f"**{row['regime']}** (cache per node {row['cache_bytes_per_node'] / 1e12:.2f} TB, "
@@ -137,7 +192,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append("| policy | " + " | ".join(c for c, _, _ in COLS) + " |")
         lines.append("|---|" + "---:|" * len(COLS))
         for policy, f in row["policies"].items():
-            lines.append(f"| {policy} | " + " | ".join(_cell(fmt, f[key]) for _, key, fmt in COLS) + " |")
+            lines.append(f"| {policy} | " + " | ".join(_cell(fmt, _get(f, key)) for _, key, fmt in COLS) + " |")
         for goal, figure, met in row["goals"]:
             lines.append(f"\n- {goal}: **{figure}** ({'met' if met else 'missed'})")
         lines.append("")

@@ -79,10 +79,23 @@ def test_data_the_node_holds_is_not_prepared_and_ties_go_to_the_holder() -> None
 
 
 def test_the_first_threshold_bounds_what_is_reserved_per_node() -> None:
-    nodes = [node("a", ends=((1, 100.0), (1, 200.0), (1, 300.0)))]
-    jobs = [Waiting(f"j{i}", 1, (want(f"ds{i}", 12 * GB),)) for i in range(3)]
-    # 30 GB of 100 GB: two of 12 GB fit, the third waits for a later round
-    assert [p.job for p in plan(nodes, jobs, now=0, thresholds=T)] == ["j0", "j1"]
+    nodes = [node("a", ends=((1, 100.0), (1, 200.0), (1, 300.0), (1, 400.0)))]
+    jobs = [Waiting(f"j{i}", 1, (want(f"ds{i}", 12 * GB),)) for i in range(4)]
+    # 30 GB of 100 GB: new set-ups start while the total is below it (0, 12, 24 GB); once it
+    # reaches 36 GB the fourth waits for a later round (the design's "stop starting")
+    assert [p.job for p in plan(nodes, jobs, now=0, thresholds=T)] == ["j0", "j1", "j2"]
+
+
+def test_a_dataset_larger_than_the_first_threshold_is_still_prepared() -> None:
+    # 50 GB on a 100 GB node: over the 30 GB first threshold on its own; the old rule
+    # (reserved + size <= threshold) could never prepare it; the second threshold (90 GB
+    # in use + prepared) still bounds its fetch
+    nodes = [node("a", ends=((8, 100.0),))]
+    job = Waiting("j", 8, (want("big", 50 * GB),))
+    [prep] = plan(nodes, [job], now=0, thresholds=T)
+    assert prep.phase == 2
+    busy = [node("a", ends=((8, 100.0),), in_use_bytes=45 * GB)]
+    assert plan(busy, [job], now=0, thresholds=T)[0].phase == 1  # 45 + 50 > 90
 
 
 def test_the_second_threshold_and_data_in_use_keep_phase_2_back() -> None:
@@ -94,8 +107,8 @@ def test_the_second_threshold_and_data_in_use_keep_phase_2_back() -> None:
 
 def test_a_started_fetch_keeps_phase_2_and_its_budget_first() -> None:
     nodes = [node("a", ends=((1, 100.0), (1, 1000.0)))]
-    later = Waiting("later", 1, (want("x", 25 * GB),))
-    sooner = Waiting("sooner", 1, (want("y", 25 * GB),))
+    later = Waiting("later", 1, (want("x", 35 * GB),))
+    sooner = Waiting("sooner", 1, (want("y", 35 * GB),))
     # "later" ends up behind "sooner" in time, but its fetch already started: it keeps it
     preps = plan(nodes, [sooner, later], now=0, thresholds=T, fetching=[("later", "a")])
     assert [(p.job, p.phase) for p in preps] == [("later", 2)]
@@ -149,6 +162,7 @@ thresholds_st = st.builds(
     fetch_lead_s=st.floats(0, 3000),
     reserve_fraction=st.floats(0, 1),
     fill_fraction=st.floats(0, 1),
+    fetch_bytes_per_s=st.sampled_from([0.0, 0.01, 1.0, 500e6]),
 )
 
 
@@ -156,19 +170,24 @@ thresholds_st = st.builds(
 @given(nodes=nodes_st, waiting=waiting_st, thresholds=thresholds_st, now=st.floats(0, 1000))
 def test_plan_properties(nodes: list[NodeState], waiting: list[Waiting], thresholds: Thresholds, now: float) -> None:
     preps = plan(nodes, waiting, now=now, thresholds=thresholds)
-    predicted = predict(nodes, waiting, now=now, window_s=thresholds.window_s)
+    largest = max((sum(w.size_bytes for w in job.datasets) for job in waiting), default=0)
+    horizon = max(thresholds.window_s, thresholds.lead_s(largest))
+    predicted = predict(nodes, waiting, now=now, window_s=horizon)
     by_name = {n.name: n for n in nodes}
     assert len({p.job for p in preps}) == len(preps)
     for p in preps:
         n = by_name[p.node]
         assert predicted[p.job] == (p.node, p.start)
-        assert now < p.start <= now + thresholds.window_s
+        assert now < p.start <= now + max(thresholds.window_s, thresholds.lead_s(p.bytes))
         assert p.datasets and not any(w.key in n.held for w in p.datasets)
         if p.phase == 2:
-            assert p.start - now <= thresholds.fetch_lead_s
+            assert p.start - now <= thresholds.lead_s(p.bytes)
     for name, n in by_name.items():
         mine = [p for p in preps if p.node == name]
-        assert sum(p.bytes for p in mine) <= thresholds.reserve_fraction * n.capacity_bytes
+        before = 0  # each reservation starts while the node's total is below the first threshold
+        for p in mine:
+            assert before < thresholds.reserve_fraction * n.capacity_bytes
+            before += p.bytes
         fetched = sum(p.bytes for p in mine if p.phase == 2)
         if fetched:
             assert n.in_use_bytes + fetched <= thresholds.fill_fraction * n.capacity_bytes
