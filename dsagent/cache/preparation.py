@@ -23,8 +23,9 @@ The switching design's three steps, mapped to datasets on a node:
 3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
    start) is within the job's **lead**, ``fetch_lead_s`` plus the time its missing bytes
    take at ``fetch_bytes_per_s`` (so that a large dataset starts early enough to be ready
-   when the GPUs free, as the switching design asks of the second phase), and the bytes that cannot be evicted afterwards (in
-   use, plus prepared data fetched or fetching) stay within ``fill_fraction`` of the cache
+   when the GPUs free, as the switching design asks of the second phase), and the bytes
+   that cannot be evicted afterwards (in use, plus prepared data fetched or fetching) stay
+   within ``fill_fraction`` of the cache
    (the second threshold), which also means nothing in use is ever evicted for it; not
    while a job bound to that node still waits for its own data (it would share the node's
    fetch bandwidth with a prefetch). A preparation already fetching keeps its place first
@@ -35,9 +36,10 @@ The switching design's three steps, mapped to datasets on a node:
    what should be prepared now.
 
 Decisions: the prediction horizon is ``window_s`` or, for a job whose lead is longer, its
-lead (a 2 TB dataset at 500 MB/s needs more than the 30 min window); predictions follow the queue, not a score (the extender's affinity then sends
-the job to the prepared node, since it holds the data); multi-pod jobs are one entry per
-pod; a node whose running jobs have no expected end frees nothing (no prediction there).
+lead (a 2 TB dataset at 500 MB/s needs more than the 30 min window); predictions follow
+the queue, not a score (the extender's affinity then sends the job to the prepared node,
+since it holds the data); multi-pod jobs are one entry per pod; a node whose running jobs
+have no expected end frees nothing (no prediction there).
 """
 
 from __future__ import annotations

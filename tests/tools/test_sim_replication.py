@@ -21,7 +21,12 @@ def job(ident: int, arrival: float, dataset: str, runtime: float, gpus: int = 8)
 
 def params(nodes: int, **kw: object) -> ClusterParams:
     return ClusterParams(
-        nodes=nodes, node_types=A100, cache_bytes=4 * TB, storage_bw=1e9, node_fetch_bw=1e9, **kw  # type: ignore[arg-type]
+        nodes=nodes,
+        node_types=A100,
+        cache_bytes=4 * TB,
+        storage_bw=1e9,
+        node_fetch_bw=1e9,
+        **kw,  # type: ignore[arg-type]
     )
 
 

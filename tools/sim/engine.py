@@ -272,6 +272,7 @@ class Simulation:
         self.started_log: list[tuple[float, str, int]] = []  # (start, dataset, workers): demand
         self.task_fetch_bytes: dict[str, int] = {}  # bytes fetched for controller tasks, per kind
         self.task_used_bytes: dict[str, int] = {}  # of those, copies a pod then used on that node
+
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
     def facts(self, node: Node) -> NodeFacts:

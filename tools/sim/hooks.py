@@ -172,9 +172,7 @@ class Replication:
                     for n in sim.nodes
                 ]
             holders = sim.ready_copies.get(key, set())
-            here = [
-                replication.NodeRoom(r.name, i in holders, r.free_bytes, r.free_gpus) for i, r in enumerate(rooms)
-            ]
+            here = [replication.NodeRoom(r.name, i in holders, r.free_bytes, r.free_gpus) for i, r in enumerate(rooms)]
             chosen = replication.choose(here, goal, size_bytes=d.size, before=before)
             self._release(sim, [by_name[n] for n in before if n not in chosen], key)
             for node_name in chosen:

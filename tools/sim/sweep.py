@@ -93,7 +93,11 @@ COLS = (
     ("queued TTFS mean s", "queued_ttfs_mean_s", "{:.0f}"),
     ("queued data wait s", "queued_data_wait_mean_s", "{:.0f}"),
     ("storage first / not kept TB", ("storage_first_bytes", "storage_uncached_bytes"), "tb2"),
-    ("task fetched / used TB", ("prepare_fetch_bytes", "prepare_used_bytes", "replica_fetch_bytes", "replica_used_bytes"), "task"),
+    (
+        "task fetched / used TB",
+        ("prepare_fetch_bytes", "prepare_used_bytes", "replica_fetch_bytes", "replica_used_bytes"),
+        "task",
+    ),
     ("GPU-h idle for data", "gpu_hours_idle_for_data", "{:.0f}"),
     ("JCT mean h", "jct_mean_s", "h"),
     ("deadline misses", "deadline_misses", "{:d}"),
