@@ -123,10 +123,14 @@ def test_sweep_smoke_writes_its_table_and_json(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert [r["ratio"] for r in rows][:2] == [0.05, 1.0] and rows[2]["regime"].startswith("multi-TB")
     for row in rows:
-        assert set(row["policies"]) == {"default", "fluid", "ours"}
+        assert set(row["policies"]) == {"default", "fluid", "ours", "ours+prepare", "ours+replicas"}
+        assert "queued TTFS -50% with preparation" in [g[0] for g in row["goals"]]
+        for field in ("queued_data_wait_mean_s", "storage_first_bytes", "prepare_used_bytes", "replica_fetch_bytes"):
+            assert field in row["policies"]["ours"]
         assert row["cache_bytes_per_node"] == row["workload"]["cache_bytes_per_node"]
         assert [g[0] for g in row["goals"]]
     # more cache never reads more from storage for the node-cache policies' baseline
     assert rows[0]["policies"]["default"]["storage_bytes"] == rows[1]["policies"]["default"]["storage_bytes"]
-    assert "| ours |" in (tmp_path / "sweep.md").read_text()
+    text = (tmp_path / "sweep.md").read_text()
+    assert "| ours |" in text and "| ours+replicas |" in text and "queued data wait s ours / +prepare" in text
     assert (tmp_path / "sweep.png").stat().st_size > 1000
