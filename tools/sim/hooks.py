@@ -155,7 +155,7 @@ class Replication:
                 break
             demand[dataset] = demand.get(dataset, 0) + workers
         by_name = {n.name: n for n in sim.nodes}
-        rooms: list[replication.NodeRoom] | None = None
+        rooms: list[tuple[str, int, int]] | None = None  # per node: name, free bytes, free GPUs
         for name in dict.fromkeys([*demand, *self.held]):
             d = sim.datasets[name]
             key = (name, d.version_at(sim.now))
@@ -167,12 +167,16 @@ class Replication:
                 self.held.pop(name, None)
                 continue
             if rooms is None:
-                rooms = [
-                    replication.NodeRoom(n.name, False, sim.params.cache_bytes - n.used_bytes, len(n.free))
-                    for n in sim.nodes
-                ]
+                rooms = [(n.name, sim.params.cache_bytes - n.used_bytes, len(n.free)) for n in sim.nodes]
             holders = sim.ready_copies.get(key, set())
-            here = [replication.NodeRoom(r.name, i in holders, r.free_bytes, r.free_gpus) for i, r in enumerate(rooms)]
+            # only the nodes choose() could pick (a copy, chosen before, or room and free GPUs):
+            # the same answer, without a NodeRoom for each of the others
+            need, kept = math.ceil(d.size * 1.2), set(before)
+            here = [
+                replication.NodeRoom(n, i in holders, free, gpus)
+                for i, (n, free, gpus) in enumerate(rooms)
+                if i in holders or n in kept or (free >= need and gpus > 0)
+            ]
             chosen = replication.choose(here, goal, size_bytes=d.size, before=before)
             self._release(sim, [by_name[n] for n in before if n not in chosen], key)
             for node_name in chosen:
@@ -185,9 +189,7 @@ class Replication:
                     sim._fetch_version(node, key, d.size, cached=True, waiter=None)
                     sim.task_fetch_bytes["replica"] = sim.task_fetch_bytes.get("replica", 0) + d.size
                     sim.touch(node)
-                    rooms[node.index] = replication.NodeRoom(
-                        node.name, False, sim.params.cache_bytes - node.used_bytes, len(node.free)
-                    )
+                    rooms[node.index] = (node.name, sim.params.cache_bytes - node.used_bytes, len(node.free))
                 entry.replica = True
             if chosen:
                 self.held[name] = (key, chosen)

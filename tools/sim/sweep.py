@@ -7,20 +7,27 @@ Each regime is a workload file (tools/sim/workloads/) with ``cache_bytes_per_nod
 ``ratio x`` the total size of the datasets that file generates for its seed (one copy of
 each, first version): ``sweep-base.json`` at ratios 0.02 .. 1, and ``sweep-multi-tb.json``
 (datasets around 1.5 TB, up to 30 TB) at 4 TB per node and at ratio 0.1. Every policy runs
-on the same jobs in every regime. Writes ``sweep.json`` (the workload and run.py's
-``--json`` fields per regime and policy), ``sweep.md`` (a table per regime and the goals of
-issue 25, each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the
-ratio). Who calls it: a person and ``tests/tools/test_sim.py`` (``--smoke``). Exit codes:
-0 done, 2 bad arguments or workload file.
+on the same jobs in every regime: no cache, Fluid-style, ours, and ours with each of the
+controller's cluster-side policies (``ours+prepare``: next-job preparation;
+``ours+replicas``: replication, ``spec.replicas: auto``). Writes ``sweep.json`` (the
+workload and run.py's ``--json`` fields per regime and policy), ``sweep.md`` (a table per
+regime, a table of what preparation and replication change, and the goals of issue 25,
+each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the ratio).
+Each simulation's figures are also written to ``OUT/parts/`` as soon as it ends, so that
+``--resume`` after an interruption (same code) runs only what is missing; the tables and
+the plot always come from the whole set. Who calls it: a person and
+``tests/tools/test_sim_workload_file.py`` (``--smoke``). Exit codes: 0 done, 2 bad
+arguments or workload file.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +247,29 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _part_path(parts: Path, wf: WorkloadFile, policy: str) -> Path:
+    key = json.dumps({"workload": wf.model_dump(mode="json"), "policy": policy}, sort_keys=True)
+    return parts / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _save_part(parts: Path, wf: WorkloadFile, policy: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """One finished simulation's figures, written as soon as it ends (stage and rename)."""
+    path = _part_path(parts, wf, policy)
+    staged = path.with_suffix(".tmp")
+    staged.write_text(json.dumps({"policy": policy, "figures": figures}) + "\n")
+    staged.replace(path)
+    return figures
+
+
+def _load_part(parts: Path, wf: WorkloadFile, policy: str) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(_part_path(parts, wf, policy).read_text())
+    except (OSError, ValueError):
+        return None
+    figures = doc.get("figures") if isinstance(doc, dict) and doc.get("policy") == policy else None
+    return figures if isinstance(figures, dict) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for sweep.json, sweep.md, sweep.png")
@@ -249,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="20 nodes, 150 jobs per regime")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the figures an interrupted run of the same code left in OUT/parts/ (same workload and policy)",
+    )
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):
@@ -259,16 +294,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep.py: {e}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    tasks = [(i, p) for i in range(len(todo)) for p in policies]
-    if args.procs > 1:
+    # policy by policy over the regimes: the baselines and ours are done first
+    tasks = [(i, p) for p in policies for i in range(len(todo))]
+    parts = args.out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[int, str], dict[str, Any]] = {}
+    if args.resume:
+        for i, p in tasks:
+            kept = _load_part(parts, todo[i][1], p)
+            if kept is not None:
+                results[(i, p)] = kept
+    todo_tasks = [t for t in tasks if t not in results]
+    if args.procs > 1 and len(todo_tasks) > 1:
         with ProcessPoolExecutor(max_workers=args.procs) as pool:
-            futures = {t: pool.submit(simulate, t[1], todo[t[0]][1]) for t in tasks}
-            results = {t: f.result() for t, f in futures.items()}
+            futures = {pool.submit(simulate, t[1], todo[t[0]][1]): t for t in todo_tasks}
+            for future in as_completed(futures):
+                t = futures[future]
+                results[t] = _save_part(parts, todo[t[0]][1], t[1], report.fields(future.result()))
     else:
-        results = {t: simulate(t[1], todo[t[0]][1]) for t in tasks}
+        for t in todo_tasks:
+            results[t] = _save_part(parts, todo[t[0]][1], t[1], report.fields(simulate(t[1], todo[t[0]][1])))
     rows = []
     for i, (name, wf, ratio) in enumerate(todo):
-        by = {p: report.fields(results[(i, p)]) for p in policies}
+        by = {p: results[(i, p)] for p in policies}
         rows.append(
             {
                 "regime": name,
