@@ -14,12 +14,18 @@ The switching design's three steps, mapped to datasets on a node:
    the scheduler (nothing to prepare) but takes its GPUs, so the pods behind it are
    predicted on what is left.
 2. **Phase 1** (manifest, space reservation): a predicted job whose start is within
-   ``window_s`` gets its missing datasets reserved on its node while the bytes reserved for
-   prepared jobs there stay within ``reserve_fraction`` of the node's cache (the first
-   threshold). Phase 2 below the same budget.
+   ``window_s`` gets its missing datasets reserved on its node as long as the bytes already
+   reserved for prepared jobs there have not reached ``reserve_fraction`` of the node's
+   cache (the first threshold): the design stops *starting* new set-ups once the total
+   reaches it, so one job may take the total past it, and a dataset larger than the
+   threshold can still be prepared (the second threshold bounds its bulk fetch). Phase 2
+   below the same budget.
 3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
-   start) is within ``fetch_lead_s``, and the bytes that cannot be evicted afterwards (in
-   use, plus prepared data fetched or fetching) stay within ``fill_fraction`` of the cache
+   start) is within the job's **lead**, ``fetch_lead_s`` plus the time its missing bytes
+   take at ``fetch_bytes_per_s`` (so that a large dataset starts early enough to be ready
+   when the GPUs free, as the switching design asks of the second phase), and the bytes
+   that cannot be evicted afterwards (in use, plus prepared data fetched or fetching) stay
+   within ``fill_fraction`` of the cache
    (the second threshold), which also means nothing in use is ever evicted for it; not
    while a job bound to that node still waits for its own data (it would share the node's
    fetch bandwidth with a prefetch). A preparation already fetching keeps its place first
@@ -29,9 +35,11 @@ The switching design's three steps, mapped to datasets on a node:
    (bound elsewhere, gone, or overtaken) is dropped by the caller: the plan lists only
    what should be prepared now.
 
-Decisions: predictions follow the queue, not a score (the extender's affinity then sends
-the job to the prepared node, since it holds the data); multi-pod jobs are one entry per
-pod; a node whose running jobs have no expected end frees nothing (no prediction there).
+Decisions: the prediction horizon is ``window_s`` or, for a job whose lead is longer, its
+lead (a 2 TB dataset at 500 MB/s needs more than the 30 min window); predictions follow
+the queue, not a score (the extender's affinity then sends the job to the prepared node,
+since it holds the data); multi-pod jobs are one entry per pod; a node whose running jobs
+have no expected end frees nothing (no prediction there).
 """
 
 from __future__ import annotations
@@ -51,12 +59,22 @@ class Thresholds:
     fetch_lead_s: float = 600.0  # phase 2 once the start is this close
     reserve_fraction: float = 0.3  # first threshold: reserved for prepared jobs, of capacity
     fill_fraction: float = 0.9  # second threshold: in use + prepared data, of capacity
+    # the bulk-fetch rate phase 2 plans with (below the agent's measured 669 MB/s unpack,
+    # README Performance, since fetches share the store); 0: fetch_lead_s alone
+    fetch_bytes_per_s: float = 500e6
+
+    def lead_s(self, size_bytes: int) -> float:
+        """How long before a predicted start phase 2 begins for ``size_bytes`` missing bytes."""
+        extra = size_bytes / self.fetch_bytes_per_s if self.fetch_bytes_per_s > 0 else 0.0
+        return self.fetch_lead_s + extra
 
     def __post_init__(self) -> None:
         if not (self.window_s >= 0 and self.fetch_lead_s >= 0):
             raise ValueError("window_s and fetch_lead_s must be >= 0")
         if not (0 <= self.reserve_fraction <= 1 and 0 <= self.fill_fraction <= 1):
             raise ValueError("reserve_fraction and fill_fraction must be within [0, 1]")
+        if not (self.fetch_bytes_per_s >= 0 and math.isfinite(self.fetch_bytes_per_s)):
+            raise ValueError("fetch_bytes_per_s must be a finite number >= 0")
 
 
 @dataclass(frozen=True)
@@ -192,7 +210,9 @@ def plan(
     ``fetching``: ``(job, node)`` pairs whose phase 2 already started; they stay in phase 2
     while still predicted there and count first against both thresholds."""
     by_name = {n.name: n for n in nodes}
-    predicted = predict(nodes, waiting, now=now, window_s=thresholds.window_s)
+    largest = max((sum(w.size_bytes for w in job.datasets) for job in waiting), default=0)
+    horizon = max(thresholds.window_s, thresholds.lead_s(largest))  # a large dataset's lead is longer
+    predicted = predict(nodes, waiting, now=now, window_s=horizon)
     started = set(fetching)
     reserved: dict[str, int] = {}  # node -> bytes reserved for prepared jobs (phases 1 and 2)
     filled: dict[str, int] = {}  # node -> bytes of prepared data fetched or fetching (phase 2)
@@ -207,15 +227,22 @@ def plan(
         node_name, start = predicted[key]
         node = by_name[node_name]
         seen = claimed.setdefault(node_name, set())
-        missing = tuple(dict.fromkeys(w for w in jobs[key].datasets if w.key not in node.held and w.key not in seen))
+        first: dict[Key, Want] = {}  # one Want per version (a pod may name a version twice)
+        for w in jobs[key].datasets:
+            if w.key not in node.held and w.key not in seen:
+                first.setdefault(w.key, w)
+        missing = tuple(first.values())
         if not missing:
             continue
         size = sum(w.size_bytes for w in missing)
-        if reserved.get(node_name, 0) + size > thresholds.reserve_fraction * node.capacity_bytes:
-            continue  # the first threshold: not even a reservation this round
+        lead_s = thresholds.lead_s(size)
+        if start - now > max(thresholds.window_s, lead_s):
+            continue  # predicted, but neither within the window nor within its own lead
+        if reserved.get(node_name, 0) >= thresholds.reserve_fraction * node.capacity_bytes:
+            continue  # the first threshold reached: no new reservation this round
         phase = 1
         in_fetch = (key, node_name) in started
-        lead = start - now <= thresholds.fetch_lead_s
+        lead = start - now <= lead_s
         fill = node.in_use_bytes + filled.get(node_name, 0) + size
         if (in_fetch or (lead and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
             phase = 2

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,22 +112,44 @@ def test_list_node_types_prints_gpus_and_class_layouts() -> None:
     assert types["a100-pcie-2gpu"]["gpus"] == 2
 
 
-def test_sweep_smoke_writes_its_table_and_json(tmp_path: Path) -> None:
+def _sweep_smoke(out: Path, policies: str) -> list[dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "sim" / "sweep.py"), "--smoke", "--procs", "1", "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "tools" / "sim" / "sweep.py"), "--smoke", "--procs", "1", "--out", str(out)]
+        + ["--policies", policies],
         capture_output=True,
         text=True,
         timeout=170,
         cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
-    rows = json.loads((tmp_path / "sweep.json").read_text())
+    rows: list[dict[str, Any]] = json.loads((out / "sweep.json").read_text())
+    return rows
+
+
+def test_sweep_smoke_writes_its_table_and_json(tmp_path: Path) -> None:
+    rows = _sweep_smoke(tmp_path, "default,fluid,ours")
     assert [r["ratio"] for r in rows][:2] == [0.05, 1.0] and rows[2]["regime"].startswith("multi-TB")
     for row in rows:
         assert set(row["policies"]) == {"default", "fluid", "ours"}
         assert row["cache_bytes_per_node"] == row["workload"]["cache_bytes_per_node"]
         assert [g[0] for g in row["goals"]]
+        assert "queued TTFS -50% with preparation" not in [g[0] for g in row["goals"]]
+        for field in ("queued_data_wait_mean_s", "storage_first_bytes", "storage_uncached_bytes"):
+            assert field in row["policies"]["ours"]
     # more cache never reads more from storage for the node-cache policies' baseline
     assert rows[0]["policies"]["default"]["storage_bytes"] == rows[1]["policies"]["default"]["storage_bytes"]
     assert "| ours |" in (tmp_path / "sweep.md").read_text()
     assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_sweep_smoke_reports_what_preparation_and_replication_change(tmp_path: Path) -> None:
+    rows = _sweep_smoke(tmp_path, "ours,ours+prepare,ours+replicas")
+    for row in rows:
+        assert set(row["policies"]) == {"ours", "ours+prepare", "ours+replicas"}
+        # no Fluid-style here: only the preparation goal, ours against ours+prepare
+        assert [g[0] for g in row["goals"]] == ["queued TTFS -50% with preparation"]
+    prepared = sum(r["policies"]["ours+prepare"]["prepare_fetch_bytes"] for r in rows)
+    assert prepared > 0 and all(r["policies"]["ours"]["prepare_fetch_bytes"] == 0 for r in rows)
+    assert sum(r["policies"]["ours+replicas"]["replica_fetch_bytes"] for r in rows) > 0
+    text = (tmp_path / "sweep.md").read_text()
+    assert "| ours+replicas |" in text and "queued data wait s ours / +prepare" in text

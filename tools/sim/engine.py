@@ -13,10 +13,15 @@ product --
   baselines get what NVIDIA's device plugin hands out, go-gpuallocator's best-effort
   choice over the node's free GPUs (``best_gpu_set`` without classes);
 - the node cache: the agent's pure eviction policy ``dsagent.cache.eviction.plan_for_fetch``
-  (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), and, opt-in,
-  next-job preparation (``ClusterParams.prepare_next``, the same module),
-  its single flight per dataset version, and its rule that an old version goes when no task
-  holds it;
+  (for ours cluster-aware: the copies other nodes hold, ``tools/sim/hooks.py``), its single
+  flight per dataset version, and its rule that an old version goes when no task holds it;
+- the Dataset controller's cluster-side policies, each in a variant of ours so that the
+  sweep shows its effect on the same jobs: ``ours+prepare``, next-job preparation
+  (``dsagent.cache.preparation``; also ``ClusterParams.prepare_next``), and
+  ``ours+replicas``, replication with ``spec.replicas: auto`` for every dataset
+  (``dsagent.cache.replication``), both through ``tools/sim/hooks.py``; their copies are
+  fetched as the agent fetches any task's (P2P first) and held (in use) while the
+  controller holds them;
 - run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
 - fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
   rate (README, Performance) per node, shared fairly on a storage system of
@@ -70,7 +75,10 @@ from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
-POLICIES = ("default", "fluid", "ours", *deadline_variants.POLICY_NAMES)
+# ours with issue 25's cluster-side policies switched on: next-job preparation, replication
+OURS_VARIANTS = ("ours+prepare", "ours+replicas")
+OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
+POLICIES = ("default", "fluid", "ours", *OURS_VARIANTS, *deadline_variants.POLICY_NAMES)
 MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
 EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
 
@@ -117,6 +125,12 @@ class CacheEntry:
     users: int = 0
     ready: bool = False
     prepared: bool = False  # held for a waiting job by next-job preparation: not evicted
+    replica: bool = False  # held by the controller's replica task: in use, not evicted
+    by_task: str = ""  # fetched for a controller task ("prepare", "replica"), until a pod first uses it
+
+    @property
+    def in_use(self) -> bool:
+        return self.users > 0 or self.prepared or self.replica
 
 
 @dataclass
@@ -229,6 +243,9 @@ class Simulation:
         self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
         self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
         self.storage_bytes = 0.0
+        self.storage_first_bytes = 0.0  # the first storage read of each version: no policy reads less
+        self.storage_uncached_bytes = 0.0  # storage reads not kept (a miss with no room, direct mode)
+        self.storage_seen: set[tuple[str, int]] = set()
         self.peer_bytes = 0.0  # bytes a node read from other nodes' caches (P2P, Fluid's workers)
         self.requests = self.hits = 0
         self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
@@ -250,7 +267,12 @@ class Simulation:
         self.bw_memo: dict[tuple[int, tuple[int, ...]], float] = {}  # (node type, GPUs) -> intra-node bandwidth
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
         self.copy_counts = hooks.CopyCounts()  # cluster-aware eviction (tools/sim/hooks.py)
-        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next
+        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next or "ours+prepare"
+        self.prepare = policy == "ours+prepare" or (params.prepare_next and policy in ("ours", "ours+time"))
+        self.replication = hooks.Replication() if policy == "ours+replicas" else None
+        self.started_log: list[tuple[float, str, int]] = []  # (start, dataset, workers): demand
+        self.task_fetch_bytes: dict[str, int] = {}  # bytes fetched for controller tasks, per kind
+        self.task_used_bytes: dict[str, int] = {}  # of those, copies a pod then used on that node
 
     # -- node facts, as the extender would read them from the agents' annotations ---------
 
@@ -329,8 +351,10 @@ class Simulation:
                     self._compute_done(self.outcomes[ident])
             if not self.events or self.events[0][0] > self.now:
                 self.schedule()
-                if self.params.prepare_next and self.policy in ("ours", "ours+time"):
+                if self.prepare:
                     self.next_job(self)
+                if self.replication is not None:
+                    self.replication(self)
         return self
 
     def _rate(self, fetch: Fetch, per_node: dict[int, int], from_storage: int, uploads: dict[int, int]) -> float:
@@ -751,6 +775,8 @@ class Simulation:
         out.plan_gpus = out.plan_gpus or job.gpus
         if len(workers) > 1:
             out.spans_subnets = len({w.classes for w in workers}) > 1
+        if math.isnan(out.first_step):
+            self.started_log.append((self.now, job.dataset, len(workers)))
         out.numa_split = sum(1 for w in workers if len(w.gpus) > 1 and not single_numa(w.node.type.topology, w.gpus))
         for index, w in enumerate(workers):
             self._request_data(job, w, index)
@@ -768,6 +794,9 @@ class Simulation:
             self._request_fluid(job, worker, index, key, d.size)
             return
         entry = node.cache.get(key)
+        if entry is not None and entry.by_task:  # a controller task's copy a pod now uses
+            self.task_used_bytes[entry.by_task] = self.task_used_bytes.get(entry.by_task, 0) + entry.size
+            entry.by_task = ""
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
@@ -784,10 +813,16 @@ class Simulation:
         if victims_ok:
             node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
             self.touch(node)
-        # peer-to-peer: a version another agent holds ready is read from it, not from storage
-        # (or from a peer still fetching it, bundle by bundle, as agents starting together do)
-        # (or from a peer still fetching it, bundle by bundle, as agents starting together do);
-        # its bundle requests are spread over every peer that holds it
+        self._fetch_version(node, key, d.size, cached=victims_ok, waiter=(job, index))
+
+    def _fetch_version(
+        self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
+    ) -> None:
+        """A fetch by ours' agent, for a pod or a controller task (preparation, replica):
+        peer-to-peer first, as the agent does for every fetch: a version another agent holds
+        ready is read from it, not from storage (or from a peer still fetching it, bundle by
+        bundle, as agents starting together do); its bundle requests are spread over every
+        peer that holds it."""
         source, after, sources = "storage", None, ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
@@ -795,7 +830,7 @@ class Simulation:
             after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
             if after is not None:
                 source, sources = "peer", (after.node.index,)
-        self._new_fetch(node, key, d.size, cached=victims_ok, waiter=(job, index), source=source, sources=sources)
+        self._new_fetch(node, key, size, cached=cached, waiter=waiter, source=source, sources=sources)
         if after is not None:
             self.fetches[-1].after = after
 
@@ -832,14 +867,14 @@ class Simulation:
         return [(n.index, self.params.cache_bytes - self.fluid.committed.get(n.index, 0)) for n in self.nodes]
 
     def _make_room(self, node: Node, size: int) -> bool:
-        aware = self.policy in ("ours", "ours+time")
+        aware = self.policy in OURS
         candidates = [
             Candidate(
                 name,
                 f"{version:032x}",
                 e.size,
                 e.last_used,
-                in_use=e.users > 0 or e.prepared,
+                in_use=e.in_use,
                 fetching=not e.ready,
                 copies=self.copy_counts.others(self, (name, version), e.ready) if aware else None,
             )
@@ -853,7 +888,7 @@ class Simulation:
         return True
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
-        for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and e.users == 0]:
+        for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and not e.in_use]:
             self._forget(node, other)
 
     def _new_fetch(
@@ -882,6 +917,11 @@ class Simulation:
             self.peer_bytes += size
             return
         self.storage_bytes += size
+        if key not in self.storage_seen:
+            self.storage_seen.add(key)
+            self.storage_first_bytes += size
+        if not cached:
+            self.storage_uncached_bytes += size
         self.storage_log.append((self.now, self.storage_bytes))
 
     def _data_ready(self, out: Outcome) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dsagent.cache import preparation
+from dsagent.cache import preparation, replication
 
 if TYPE_CHECKING:
     from tools.sim.engine import Node, Simulation
@@ -79,8 +79,9 @@ class NextJobPreparation:
                 if key not in node.cache:
                     if not sim._make_room(node, want.size_bytes):
                         continue
-                    node.cache[key] = CacheEntry(want.name, key[1], want.size_bytes, sim.now)
-                    sim._new_fetch(node, key, want.size_bytes, cached=True, waiter=None)
+                    node.cache[key] = CacheEntry(want.name, key[1], want.size_bytes, sim.now, by_task="prepare")
+                    sim._fetch_version(node, key, want.size_bytes, cached=True, waiter=None)
+                    sim.task_fetch_bytes["prepare"] = sim.task_fetch_bytes.get("prepare", 0) + want.size_bytes
                     sim.touch(node)
                 node.cache[key].prepared = True
                 keep.add((node.index, key))
@@ -124,4 +125,84 @@ class NextJobPreparation:
         return out
 
 
-__all__ = ["RESYNC_S", "CopyCounts", "NextJobPreparation"]
+class Replication:
+    """Replication of hot data (docs/design.md#replication), every Dataset with
+    ``spec.replicas: auto``: every ``RESYNC_S`` the controller's pass
+    (``DatasetController._replicate``) over the datasets with demand or copies held: the
+    demand as :func:`dsagent.cluster.prepare.demand` counts it (pods waiting for GPUs plus
+    pods started within ``window_s``), the product's :func:`replication.target` and
+    :func:`replication.choose` over every node's room, then a ``replica`` task on each chosen
+    node (the version fetched as the agent fetches, P2P first, and held: in use, never
+    evicted) and released on the nodes no longer chosen."""
+
+    def __init__(self, *, window_s: float = 3600.0, max_auto: int = 16) -> None:
+        self.window_s, self.max_auto = window_s, max_auto  # the controller's defaults
+        self.planned_at = -math.inf
+        self.held: dict[str, tuple[tuple[str, int], list[str]]] = {}  # dataset -> (version, chosen nodes)
+
+    def __call__(self, sim: Simulation) -> None:
+        from tools.sim.engine import CacheEntry
+
+        if sim.now - self.planned_at < RESYNC_S:
+            return
+        self.planned_at = sim.now
+        demand: dict[str, int] = {}
+        for job in sim.waiting:  # pending pods naming the dataset
+            demand[job.dataset] = demand.get(job.dataset, 0) + job.workers
+        log = sim.started_log
+        for started, dataset, workers in reversed(log):  # started within the window
+            if started < sim.now - self.window_s:
+                break
+            demand[dataset] = demand.get(dataset, 0) + workers
+        by_name = {n.name: n for n in sim.nodes}
+        rooms: list[tuple[str, int, int]] | None = None  # per node: name, free bytes, free GPUs
+        for name in dict.fromkeys([*demand, *self.held]):
+            d = sim.datasets[name]
+            key = (name, d.version_at(sim.now))
+            old_key, before = self.held.get(name, (key, []))
+            if old_key != key:  # a new version: the task now names it; the old one is released
+                self._release(sim, [by_name[n] for n in before], old_key)
+            goal = replication.target(replication.AUTO, demand.get(name, 0), max_auto=self.max_auto)
+            if goal == 0 and not before:
+                self.held.pop(name, None)
+                continue
+            if rooms is None:
+                rooms = [(n.name, sim.params.cache_bytes - n.used_bytes, len(n.free)) for n in sim.nodes]
+            holders = sim.ready_copies.get(key, set())
+            # only the nodes choose() could pick (a copy, chosen before, or room and free GPUs):
+            # the same answer, without a NodeRoom for each of the others
+            need, kept = math.ceil(d.size * 1.2), set(before)
+            here = [
+                replication.NodeRoom(n, i in holders, free, gpus)
+                for i, (n, free, gpus) in enumerate(rooms)
+                if i in holders or n in kept or (free >= need and gpus > 0)
+            ]
+            chosen = replication.choose(here, goal, size_bytes=d.size, before=before)
+            self._release(sim, [by_name[n] for n in before if n not in chosen], key)
+            for node_name in chosen:
+                node = by_name[node_name]
+                entry = node.cache.get(key)
+                if entry is None:
+                    if not sim._make_room(node, d.size):  # room was checked: only a race of this pass
+                        continue
+                    entry = node.cache[key] = CacheEntry(name, key[1], d.size, sim.now, by_task="replica")
+                    sim._fetch_version(node, key, d.size, cached=True, waiter=None)
+                    sim.task_fetch_bytes["replica"] = sim.task_fetch_bytes.get("replica", 0) + d.size
+                    sim.touch(node)
+                    rooms[node.index] = (node.name, sim.params.cache_bytes - node.used_bytes, len(node.free))
+                entry.replica = True
+            if chosen:
+                self.held[name] = (key, chosen)
+            else:
+                self.held.pop(name, None)
+
+    @staticmethod
+    def _release(sim: Simulation, nodes: list[Node], key: tuple[str, int]) -> None:
+        for node in nodes:
+            entry = node.cache.get(key)
+            if entry is not None and entry.replica:
+                entry.replica = False  # evictable at once, like any unused data
+                sim.touch(node)
+
+
+__all__ = ["RESYNC_S", "CopyCounts", "NextJobPreparation", "Replication"]

@@ -35,11 +35,21 @@ FIELDS: dict[str, str] = {
     "hit_ratio": "worker dataset requests served by a ready copy of the current version on the pod's own node, "
     "over all requests (Fluid-style: a pod on the node of its dataset's single cache worker)",
     "storage_bytes": "bytes read from shared storage (fetches, direct-mode streams, Fluid runtime fills)",
+    "storage_first_bytes": "of storage_bytes, the first read of each dataset version: what no policy can avoid "
+    "(for this run's versions)",
+    "storage_uncached_bytes": "of storage_bytes, reads not kept in a cache (ours: a miss the node had no room "
+    "for; direct mode: every read)",
     "peer_bytes": "bytes read from other nodes' caches: P2P for ours, the cache workers for Fluid-style",
     "ttfs_mean_s": "mean time to first step: arrival to the moment every worker can train (queue + data wait)",
     "ttfs_p50_s": "median time to first step",
     "queued_ttfs_mean_s": "mean time to first step of the jobs that waited for GPUs (bound after they arrived)",
     "queued_jobs": "jobs that waited for GPUs",
+    "prepare_fetch_bytes": "ours+prepare: bytes fetched into a node's cache for a waiting job (phase 2)",
+    "prepare_used_bytes": "of those copies, the bytes a pod then used on that node (the rest: mispredictions)",
+    "replica_fetch_bytes": "ours+replicas: bytes fetched into a node's cache for a replica",
+    "replica_used_bytes": "of those copies, the bytes a pod then used on that node",
+    "queued_data_wait_mean_s": "of those jobs, the mean time from binding (their GPUs free) to first step: the "
+    "switch time next-job preparation overlaps with the jobs before them",
     "jobs_multi_worker": "finished jobs with more than one worker",
     "jobs_across_subnets": "multi-worker jobs whose workers' GPUs use different sets of RoCE classes",
     "jobs_across_subnets_avoidable": "of those, jobs for which, when they started, one set of class names had "
@@ -58,6 +68,7 @@ def metrics(sim: Simulation) -> dict[str, Any]:
     outs = [o for o in sim.outcomes.values() if not math.isnan(o.end)]
     ttfs = [o.first_step - o.job.arrival for o in outs]
     queued = [o.first_step - o.job.arrival for o in outs if o.start > o.job.arrival]
+    queued_data = [o.first_step - o.start for o in outs if o.start > o.job.arrival]
     jct = [o.end - o.job.arrival for o in outs]
     idle = (
         sum(
@@ -76,11 +87,16 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "hit_ratio": sim.hits / sim.requests if sim.requests else 0.0,
         "storage_tb": sim.storage_bytes / 1e12,
         "storage_bytes": sim.storage_bytes,
+        "storage_first_bytes": sim.storage_first_bytes,
+        "storage_uncached_bytes": sim.storage_uncached_bytes,
         "peer_bytes": sim.peer_bytes,
         "ttfs_p50": statistics.median(ttfs) if ttfs else math.nan,
         "ttfs_mean": statistics.fmean(ttfs) if ttfs else math.nan,
         "queued_ttfs_mean": statistics.fmean(queued) if queued else 0.0,
         "queued_jobs": len(queued),
+        "queued_data_wait_mean": statistics.fmean(queued_data) if queued_data else 0.0,
+        "task_fetch_bytes": dict(sim.task_fetch_bytes),
+        "task_used_bytes": dict(sim.task_used_bytes),
         "idle_gpu_h": idle,
         "across_subnets": sum(1 for o in outs if o.spans_subnets),
         # jobs whose workers use different class sets (subnets), and those of them for which
@@ -104,11 +120,18 @@ def fields(m: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "hit_ratio": m["hit_ratio"],
         "storage_bytes": m["storage_bytes"],
+        "storage_first_bytes": m["storage_first_bytes"],
+        "storage_uncached_bytes": m["storage_uncached_bytes"],
         "peer_bytes": m["peer_bytes"],
         "ttfs_mean_s": m["ttfs_mean"],
         "ttfs_p50_s": m["ttfs_p50"],
         "queued_ttfs_mean_s": m["queued_ttfs_mean"],
         "queued_jobs": m["queued_jobs"],
+        "queued_data_wait_mean_s": m["queued_data_wait_mean"],
+        "prepare_fetch_bytes": m["task_fetch_bytes"].get("prepare", 0),
+        "prepare_used_bytes": m["task_used_bytes"].get("prepare", 0),
+        "replica_fetch_bytes": m["task_fetch_bytes"].get("replica", 0),
+        "replica_used_bytes": m["task_used_bytes"].get("replica", 0),
         "jobs_multi_worker": m["multi_worker_jobs"],
         "jobs_across_subnets": m["across_subnets"],
         "jobs_across_subnets_avoidable": m["across_subnets_avoidable"],

@@ -7,20 +7,27 @@ Each regime is a workload file (tools/sim/workloads/) with ``cache_bytes_per_nod
 ``ratio x`` the total size of the datasets that file generates for its seed (one copy of
 each, first version): ``sweep-base.json`` at ratios 0.02 .. 1, and ``sweep-multi-tb.json``
 (datasets around 1.5 TB, up to 30 TB) at 4 TB per node and at ratio 0.1. Every policy runs
-on the same jobs in every regime. Writes ``sweep.json`` (the workload and run.py's
-``--json`` fields per regime and policy), ``sweep.md`` (a table per regime and the goals of
-issue 25, each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the
-ratio). Who calls it: a person and ``tests/tools/test_sim.py`` (``--smoke``). Exit codes:
-0 done, 2 bad arguments or workload file.
+on the same jobs in every regime: no cache, Fluid-style, ours, and ours with each of the
+controller's cluster-side policies (``ours+prepare``: next-job preparation;
+``ours+replicas``: replication, ``spec.replicas: auto``). Writes ``sweep.json`` (the
+workload and run.py's ``--json`` fields per regime and policy), ``sweep.md`` (a table per
+regime, a table of what preparation and replication change, and the goals of issue 25,
+each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the ratio).
+Each simulation's figures are also written to ``OUT/parts/`` as soon as it ends, so that
+``--resume`` after an interruption (same code) runs only what is missing; the tables and
+the plot always come from the whole set. Who calls it: a person and
+``tests/tools/test_sim_workload_file.py`` (``--smoke``). Exit codes: 0 done, 2 bad
+arguments or workload file.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +43,7 @@ from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_
 RATIOS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 SMOKE_RATIOS = (0.05, 1.0)
 MULTI_TB_NVME = 4 * 10**12
-SWEEP_POLICIES = ("default", "fluid", "ours")
+SWEEP_POLICIES = ("default", "fluid", "ours", "ours+prepare", "ours+replicas")
 
 
 def regimes(base: WorkloadFile, multi: WorkloadFile, smoke: bool) -> list[tuple[str, WorkloadFile, float]]:
@@ -64,20 +71,31 @@ def _shrink(wf: WorkloadFile) -> WorkloadFile:
     return wf.model_copy(update={"nodes": nodes, "datasets": datasets, "jobs": jobs})
 
 
-def goals(ratio: float, by: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
-    """Issue 25's goals for one regime: (goal, figure, met)."""
-    if not {"ours", "fluid"} <= by.keys():
-        return []
-    ours, fluid = by["ours"], by["fluid"]
+def _ratios(ours: dict[str, Any], fluid: dict[str, Any]) -> tuple[float, float]:
+    """Ours against Fluid-style: hit ratio and storage bytes."""
     hits = ours["hit_ratio"] / fluid["hit_ratio"] if fluid["hit_ratio"] else float("inf")
     storage = ours["storage_bytes"] / fluid["storage_bytes"] if fluid["storage_bytes"] else float("inf")
-    out = []
-    if ratio <= 0.1:
-        out.append(("hits >= 1.5x Fluid-style", f"{hits:.2f}x", hits >= 1.5))
-        out.append(("storage bytes <= 0.5x Fluid-style", f"{storage:.2f}x", storage <= 0.5))
-    else:
-        out.append(("hits >= Fluid-style", f"{hits:.2f}x", hits >= 1.0))
-        out.append(("storage bytes <= Fluid-style", f"{storage:.2f}x", storage <= 1.0))
+    return hits, storage
+
+
+def goals(ratio: float, by: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """Issue 25's goals for one regime: (goal, figure, met)."""
+    out: list[tuple[str, str, bool]] = []
+    if "ours" not in by:
+        return out
+    ours, fluid = by["ours"], by.get("fluid")
+    prep = by.get("ours+prepare")
+    if fluid is not None:
+        hits, storage = _ratios(ours, fluid)
+        if ratio <= 0.1:
+            out.append(("hits >= 1.5x Fluid-style", f"{hits:.2f}x", hits >= 1.5))
+            out.append(("storage bytes <= 0.5x Fluid-style", f"{storage:.2f}x", storage <= 0.5))
+        else:
+            out.append(("hits >= Fluid-style", f"{hits:.2f}x", hits >= 1.0))
+            out.append(("storage bytes <= Fluid-style", f"{storage:.2f}x", storage <= 1.0))
+    if prep is not None and ours["queued_ttfs_mean_s"]:
+        cut = 1 - prep["queued_ttfs_mean_s"] / ours["queued_ttfs_mean_s"]
+        out.append(("queued TTFS -50% with preparation", f"{-cut:+.0%}", cut >= 0.5))
     return out
 
 
@@ -87,6 +105,13 @@ COLS = (
     ("peer TB", "peer_bytes", "tb"),
     ("TTFS mean s", "ttfs_mean_s", "{:.0f}"),
     ("queued TTFS mean s", "queued_ttfs_mean_s", "{:.0f}"),
+    ("queued data wait s", "queued_data_wait_mean_s", "{:.0f}"),
+    ("storage first / not kept TB", ("storage_first_bytes", "storage_uncached_bytes"), "tb2"),
+    (
+        "task fetched / used TB",
+        ("prepare_fetch_bytes", "prepare_used_bytes", "replica_fetch_bytes", "replica_used_bytes"),
+        "task",
+    ),
     ("GPU-h idle for data", "gpu_hours_idle_for_data", "{:.0f}"),
     ("JCT mean h", "jct_mean_s", "h"),
     ("deadline misses", "deadline_misses", "{:d}"),
@@ -94,11 +119,59 @@ COLS = (
 
 
 def _cell(fmt: str, v: Any) -> str:
+    if fmt == "tb2":
+        return f"{v[0] / 1e12:.1f} / {v[1] / 1e12:.1f}"
+    if fmt == "task":
+        fetched, used = v[0] + v[2], v[1] + v[3]
+        return f"{fetched / 1e12:.1f} / {used / 1e12:.1f}" if fetched else "-"
     if fmt == "tb":
         return f"{v / 1e12:.1f}"
     if fmt == "h":
         return f"{v / 3600:.2f}"
     return fmt.format(v)
+
+
+def _get(f: dict[str, Any], key: str | tuple[str, ...]) -> Any:
+    return tuple(f.get(k, 0) for k in key) if isinstance(key, tuple) else f[key]
+
+
+def effects(rows: list[dict[str, Any]]) -> str:
+    """One line per regime: what next-job preparation and replication change against plain ours."""
+    lines = [
+        "| regime | queued TTFS s ours / +prepare | change | queued data wait s ours / +prepare | change "
+        "| prepared TB fetched / used | +replicas: hits | +replicas: storage TB | replica TB fetched / used |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def change(new: float, old: float) -> str:
+        return f"{new / old - 1:+.0%}" if old else "-"
+
+    for row in rows:
+        by = row["policies"]
+        o, p, r = by.get("ours"), by.get("ours+prepare"), by.get("ours+replicas")
+        if o is None or (p is None and r is None):
+            continue
+        cells = [row["regime"]]
+        if p is not None:
+            cells += [
+                f"{o['queued_ttfs_mean_s']:.0f} / {p['queued_ttfs_mean_s']:.0f}",
+                change(p["queued_ttfs_mean_s"], o["queued_ttfs_mean_s"]),
+                f"{o['queued_data_wait_mean_s']:.0f} / {p['queued_data_wait_mean_s']:.0f}",
+                change(p["queued_data_wait_mean_s"], o["queued_data_wait_mean_s"]),
+                f"{p['prepare_fetch_bytes'] / 1e12:.1f} / {p['prepare_used_bytes'] / 1e12:.1f}",
+            ]
+        else:
+            cells += ["-"] * 5
+        if r is not None:
+            cells += [
+                f"{o['hit_ratio']:.1%} -> {r['hit_ratio']:.1%}",
+                f"{o['storage_bytes'] / 1e12:.1f} -> {r['storage_bytes'] / 1e12:.1f}",
+                f"{r['replica_fetch_bytes'] / 1e12:.1f} / {r['replica_used_bytes'] / 1e12:.1f}",
+            ]
+        else:
+            cells += ["-"] * 3
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -116,7 +189,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         none = d or {"hit_ratio": float("nan"), "storage_bytes": float("nan"), "ttfs_mean_s": float("nan")}
         hits = o["hit_ratio"] / f["hit_ratio"] if f["hit_ratio"] else float("inf")
         storage = o["storage_bytes"] / f["storage_bytes"] if f["storage_bytes"] else float("inf")
-        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"])
+        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"][:2])
         lines.append(
             f"| {row['regime']} | {row['ratio']:.3g} "
             f"| {o['hit_ratio']:.1%} / {f['hit_ratio']:.1%} / {none['hit_ratio']:.1%} | {hits:.2f}x "
@@ -128,7 +201,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = [summary(rows), ""]
+    lines = [summary(rows), "", effects(rows), ""]
     for row in rows:
         lines.append(
             f"**{row['regime']}** (cache per node {row['cache_bytes_per_node'] / 1e12:.2f} TB, "
@@ -137,7 +210,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append("| policy | " + " | ".join(c for c, _, _ in COLS) + " |")
         lines.append("|---|" + "---:|" * len(COLS))
         for policy, f in row["policies"].items():
-            lines.append(f"| {policy} | " + " | ".join(_cell(fmt, f[key]) for _, key, fmt in COLS) + " |")
+            lines.append(f"| {policy} | " + " | ".join(_cell(fmt, _get(f, key)) for _, key, fmt in COLS) + " |")
         for goal, figure, met in row["goals"]:
             lines.append(f"\n- {goal}: **{figure}** ({'met' if met else 'missed'})")
         lines.append("")
@@ -174,6 +247,29 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _part_path(parts: Path, wf: WorkloadFile, policy: str) -> Path:
+    key = json.dumps({"workload": wf.model_dump(mode="json"), "policy": policy}, sort_keys=True)
+    return parts / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _save_part(parts: Path, wf: WorkloadFile, policy: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """One finished simulation's figures, written as soon as it ends (stage and rename)."""
+    path = _part_path(parts, wf, policy)
+    staged = path.with_suffix(".tmp")
+    staged.write_text(json.dumps({"policy": policy, "figures": figures}) + "\n")
+    staged.replace(path)
+    return figures
+
+
+def _load_part(parts: Path, wf: WorkloadFile, policy: str) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(_part_path(parts, wf, policy).read_text())
+    except (OSError, ValueError):
+        return None
+    figures = doc.get("figures") if isinstance(doc, dict) and doc.get("policy") == policy else None
+    return figures if isinstance(figures, dict) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for sweep.json, sweep.md, sweep.png")
@@ -183,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="20 nodes, 150 jobs per regime")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the figures an interrupted run of the same code left in OUT/parts/ (same workload and policy)",
+    )
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):
@@ -193,16 +294,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep.py: {e}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    tasks = [(i, p) for i in range(len(todo)) for p in policies]
-    if args.procs > 1:
+    # policy by policy over the regimes: the baselines and ours are done first
+    tasks = [(i, p) for p in policies for i in range(len(todo))]
+    parts = args.out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[int, str], dict[str, Any]] = {}
+    if args.resume:
+        for i, p in tasks:
+            kept = _load_part(parts, todo[i][1], p)
+            if kept is not None:
+                results[(i, p)] = kept
+    todo_tasks = [t for t in tasks if t not in results]
+    if args.procs > 1 and len(todo_tasks) > 1:
         with ProcessPoolExecutor(max_workers=args.procs) as pool:
-            futures = {t: pool.submit(simulate, t[1], todo[t[0]][1]) for t in tasks}
-            results = {t: f.result() for t, f in futures.items()}
+            futures = {pool.submit(simulate, t[1], todo[t[0]][1]): t for t in todo_tasks}
+            for future in as_completed(futures):
+                t = futures[future]
+                results[t] = _save_part(parts, todo[t[0]][1], t[1], report.fields(future.result()))
     else:
-        results = {t: simulate(t[1], todo[t[0]][1]) for t in tasks}
+        for t in todo_tasks:
+            results[t] = _save_part(parts, todo[t[0]][1], t[1], report.fields(simulate(t[1], todo[t[0]][1])))
     rows = []
     for i, (name, wf, ratio) in enumerate(todo):
-        by = {p: report.fields(results[(i, p)]) for p in policies}
+        by = {p: results[(i, p)] for p in policies}
         rows.append(
             {
                 "regime": name,
