@@ -708,17 +708,34 @@ def _compact(raw: memoryview) -> bytes:
 
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """A ``HostPriorityList``: integer scores clamped to kube-scheduler's 0..10."""
-    # Formatted directly (names escaped by json's own C encoder) from a table of the
-    # eleven possible score tails, all in C: 3x faster than json.dumps of a list of
-    # dicts, which matters at 5,000 nodes.
+    # Formatted directly from a table of the eleven possible score tails and each host's
+    # escaped ``{"Host":"name"`` head, all in C: 3x faster than json.dumps of a list of
+    # dicts, which matters at 5,000 nodes. The heads are kept between requests (the same
+    # nodes are scored again and again: escaping 5,000 names was ~1.5 ms of a ~3.4 ms
+    # encode); the table is bounded and starts afresh when full.
     if not set(map(type, scores)) <= {int} or (scores and (min(scores) < MIN_SCORE or max(scores) > MAX_SCORE)):
         scores = [MAX_SCORE if s > MAX_SCORE else MIN_SCORE if s < MIN_SCORE else int(s) for s in scores]
-    items = map(operator.add, map(_HOST.__add__, map(_quote, hosts)), map(_SCORE_TAILS.__getitem__, scores))
+    try:
+        heads = list(map(_HEADS.__getitem__, hosts))
+    except KeyError:
+        if len(_HEADS) + len(hosts) > _MAX_HEADS:
+            _HEADS.clear()
+        heads = list(map(_head, hosts))
+    items = map(operator.add, heads, map(_SCORE_TAILS.__getitem__, scores))
     return ("[" + ",".join(items) + "]").encode()
+
+
+def _head(host: str) -> str:
+    head = _HEADS.get(host)
+    if head is None:
+        head = _HEADS[host] = _HOST + _quote(host)
+    return head
 
 
 _HOST = '{"Host":'
 _SCORE_TAILS = [f',"Score":{score}}}' for score in range(MAX_SCORE + 1)]
+_HEADS: dict[str, str] = {}  # host name -> '{"Host":"<name escaped>"', shared by every request
+_MAX_HEADS = 65_536
 
 
 __all__ = [

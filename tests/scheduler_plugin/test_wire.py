@@ -155,6 +155,20 @@ def test_every_priority_is_an_integer_from_0_to_10(scores: list[float], expected
     assert all(type(item["Score"]) is int for item in reply)
 
 
+def test_priorities_stay_exact_as_the_kept_host_heads_fill_and_start_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the escaped '{"Host":...' heads are kept between requests; a full table starts afresh
+    from scheduler_plugin import wire
+
+    monkeypatch.setattr(wire, "_MAX_HEADS", 8)
+    monkeypatch.setattr(wire, "_HEADS", {})
+    rounds = [["a", "b", 'c"q'], ["a", "b", 'c"q'], ["d", "e\\", "f", "g", "h", "a"], ["x", "a"], ["é", "\u2028"]]
+    for i, hosts in enumerate(rounds):
+        scores = [(i + j) % 11 for j in range(len(hosts))]
+        expected = json.dumps([{"Host": h, "Score": s} for h, s in zip(hosts, scores)], separators=(",", ":"))
+        assert encode_priorities(hosts, scores) == expected.encode()
+        assert len(wire._HEADS) <= 8
+
+
 @pytest.mark.parametrize(
     "body",
     [b"", b"{", b"[]", b'{"Pod":[]}', b'{"Pod":{},"Nodes":{"items":{}}}', b'{"Pod":{},"NodeNames":[""]}'],
