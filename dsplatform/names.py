@@ -92,6 +92,21 @@ def is_resource_name(value: object) -> bool:
     return isinstance(value, str) and "/" in value and is_qualified_name(value)
 
 
+def pod_uid_pattern(separator: str = "-") -> str:
+    """The regular expression of a pod UID (RFC 4122 text form, lower case, as the API server
+    writes it); ``separator`` is a pattern for the dashes (cgroup paths use ``_`` too)."""
+    return separator.join(f"[0-9a-f]{{{n}}}" for n in (8, 4, 4, 4, 12))
+
+
+POD_UID_PATTERN = pod_uid_pattern()
+_POD_UID = re.compile(POD_UID_PATTERN)
+
+
+def is_pod_uid(value: object) -> bool:
+    """Whether ``value`` is a pod's UID (``metadata.uid``), exactly."""
+    return isinstance(value, str) and _POD_UID.fullmatch(value) is not None
+
+
 def canonical_task_id(task_id: object) -> str | None:
     """``task_id`` in its one form (lower case), or None when it is not a task id."""
     if not isinstance(task_id, str) or _TASK_ID.fullmatch(task_id) is None:
@@ -100,6 +115,7 @@ def canonical_task_id(task_id: object) -> str | None:
 
 
 __all__ = [
+    "POD_UID_PATTERN",
     "DIGEST_HINT",
     "DNS_LABEL_MAX_LENGTH",
     "DNS_SUBDOMAIN_MAX_LENGTH",
@@ -113,6 +129,8 @@ __all__ = [
     "is_digest",
     "is_dns_label",
     "is_dns_subdomain",
+    "is_pod_uid",
+    "pod_uid_pattern",
     "is_name",
     "is_qualified_name",
     "is_resource_name",

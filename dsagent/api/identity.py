@@ -35,14 +35,15 @@ from typing import Any, Literal
 from starlette.requests import Request
 
 from dsagent.errors import Forbidden, Unauthorized
-from dsplatform.names import canonical_task_id
+from dsplatform.names import canonical_task_id, pod_uid_pattern
 
 #: The connection-state key under which a per-pod listener names its pod.
 POD_UID_KEY = "dsagent.pod_uid"
 #: The connection-state key under which :func:`peer_credentials_protocol` stores ``(pid, uid, gid)``.
 PEER_KEY = "dsagent.peer"
 
-_POD_IN_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# the pod UID rule with systemd's '_' for '-' (kubepods-besteffort-pod<uid with _>.slice)
+_POD_IN_CGROUP = re.compile(f"pod({pod_uid_pattern('[-_]')})")
 _CRED = struct.Struct("3i")
 
 Kind = Literal["operator", "pod", "unidentified", "anonymous"]

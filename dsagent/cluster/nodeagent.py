@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,7 +55,7 @@ from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIA
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
 from dsplatform.gpus import GpuResources
-from dsplatform.names import is_dns_label, is_dns_subdomain
+from dsplatform.names import is_dns_label, is_dns_subdomain, is_pod_uid
 from dsplatform.settings import EnvSettings, InvalidSettings
 from dsplatform.units import Duration
 
@@ -64,7 +63,6 @@ if TYPE_CHECKING:  # the service is handed in; importing it here would make envn
     from dsagent.cache.service import CacheService
 
 log = logging.getLogger("dsagent.cluster")
-_POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
@@ -115,10 +113,6 @@ class ClusterSettings(EnvSettings):
             return cls.read(environ)
         except InvalidSettings as exc:
             raise SettingsError(exc.message) from None
-
-
-def is_pod_uid(task_id: str) -> bool:
-    return bool(_POD_UID.match(task_id))
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -600,4 +594,4 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-__all__ = ["ClusterAgent", "ClusterHooks", "ClusterSettings", "TaskNotOnNode", "is_pod_uid"]
+__all__ = ["ClusterAgent", "ClusterHooks", "ClusterSettings", "TaskNotOnNode"]

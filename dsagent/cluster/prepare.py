@@ -29,7 +29,7 @@ from typing import Any
 
 from dsagent.cache.preparation import NodeState, Running, Waiting, Want
 from dsplatform import published
-from dsplatform.gpus import GPU_RESOURCE, QuantityError
+from dsplatform.gpus import QuantityError, node_gpus
 from dsplatform.gpus import pod_gpus as requested_gpus
 from dsplatform.kubetime import parse_or_none
 from dsplatform.names import is_digest, is_name
@@ -246,11 +246,8 @@ def _free_gpus(node: Mapping[str, Any], requested: int) -> int:
         parts = [p for p in published_free[:512].split(",") if p.strip()]
         if all(p.strip().isdigit() for p in parts):
             return len(parts)
-    value = _mapping(_mapping(node.get("status")).get("allocatable")).get(GPU_RESOURCE)
-    try:
-        total = int(str(value)) if value is not None else 0
-    except ValueError:
-        total = 0
+    # the platform's one rule for a node's GPUs (plain, gpu-all or its classes, counted once)
+    total = node_gpus(_mapping(node.get("status")).get("allocatable")) or 0
     return max(0, total - requested)
 
 

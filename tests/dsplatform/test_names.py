@@ -68,3 +68,20 @@ def test_resource_names_have_a_prefix() -> None:
     assert is_resource_name("nvidia.com/gpu")
     assert not is_resource_name("gpu")
     assert not is_resource_name("a..b/gpu")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0f1e2d3c-4b5a-6978-8695-a4b3c2d1e0f9", True),
+        ("0F1E2D3C-4B5A-6978-8695-A4B3C2D1E0F9", False),  # the API server writes lower case
+        ("0f1e2d3c-4b5a-6978-8695-a4b3c2d1e0f9\n", False),  # '$' let a trailing newline through
+        ("0f1e2d3c_4b5a_6978_8695_a4b3c2d1e0f9", False),  # systemd's form is only for cgroup paths
+        ("job-1", False),
+        (None, False),
+    ],
+)
+def test_pod_uids(value: object, expected: bool) -> None:
+    from dsplatform.names import is_pod_uid
+
+    assert is_pod_uid(value) is expected

@@ -35,7 +35,7 @@ from dsagent.errors import InvalidInput
 from dsagent.format.durable import fsync_dir, write_atomic
 from dsagent.format.names import validate_name
 from dsplatform import boundedjson
-from dsplatform.names import is_dns_label, is_dns_subdomain
+from dsplatform.names import is_dns_label, is_dns_subdomain, is_pod_uid
 
 #: Pod info keys the kubelet puts in the volume context (``podInfoOnMount: true``).
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -54,7 +54,6 @@ SECRET_OPTIONS_MAX_BYTES = 64 * 1024
 
 # Checked with fullmatch: ``$`` alone lets a trailing newline through.
 _VOLUME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
 
@@ -112,7 +111,7 @@ def pod_info(context: Mapping[str, str]) -> PodInfo:
             hint="use an inline csi volume in the pod spec (the CSIDriver lists only Ephemeral)",
         )
     uid, namespace, name = context.get(POD_UID, ""), context.get(POD_NAMESPACE, ""), context.get(POD_NAME, "")
-    if not _UID.fullmatch(uid):
+    if not is_pod_uid(uid):
         raise InvalidInput(
             f"volume context {POD_UID} is not a pod UID: {uid[:80]!r}", hint="the CSIDriver needs podInfoOnMount: true"
         )
@@ -207,7 +206,7 @@ def check_target(target: str, pods_dir: Path, pod_uid: str | None) -> Path:
         len(parts) != 5
         or parts[1:3] != ("volumes", "kubernetes.io~csi")
         or parts[4] != "mount"
-        or not _UID.fullmatch(parts[0])
+        or not is_pod_uid(parts[0])
         or not is_dns_subdomain(parts[3])
     ):
         raise InvalidInput(

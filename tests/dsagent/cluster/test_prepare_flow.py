@@ -166,3 +166,29 @@ def test_waiting_pods_need_packed_datasets_and_gpus_and_queue_by_creation() -> N
         ("uid-early", 2, ["packed"]),
         ("uid-late", 1, ["packed"]),
     ]
+
+
+def test_free_gpus_count_a_node_with_only_class_resources_by_the_platform_rule() -> None:
+    # prepare's own reader saw only nvidia.com/gpu, read with int(): a node advertising its
+    # GPUs as RoCE classes (and gpu-all) had 0 free GPUs, so it was never prepared for
+    from dsagent.cluster.prepare import free_gpus
+
+    node = {
+        "metadata": {"name": "n1"},
+        "status": {
+            "allocatable": {
+                "dsagent.io/gpu-roce0": "4",
+                "dsagent.io/gpu-roce1": "4",
+                "dsagent.io/gpu-roce0-1": "8",
+                "dsagent.io/gpu-all": "8",
+            }
+        },
+    }
+    pod = {
+        "metadata": {"name": "p", "namespace": "d", "uid": "u"},
+        "spec": {"nodeName": "n1", "containers": [{"resources": {"limits": {"dsagent.io/gpu-roce0": "2"}}}]},
+        "status": {"phase": "Running"},
+    }
+    assert free_gpus([node], [pod]) == {"n1": 6}
+    node["status"]["allocatable"] = {"nvidia.com/gpu": "4000m"}  # a quantity, not an int() string
+    assert free_gpus([node], []) == {"n1": 4}
