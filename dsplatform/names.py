@@ -87,6 +87,14 @@ def is_qualified_name(value: object) -> bool:
     return len(name) <= QUALIFIED_NAME_MAX_LENGTH and _QUALIFIED_PART.fullmatch(name) is not None
 
 
+def resource_prefix_problem(prefix: object) -> str | None:
+    """Why ``prefix`` cannot prefix the platform's extended resources (``<prefix>/gpu-roce1``),
+    or None when it can: it must be a DNS subdomain. One wording for every reader."""
+    if is_dns_subdomain(prefix):
+        return None
+    return f"resource prefix {prefix!r} is not a DNS subdomain (e.g. dsagent.io, example.com)"
+
+
 def is_resource_name(value: object) -> bool:
     """A qualified name with its DNS prefix (``nvidia.com/gpu``, ``dsagent.io/gpu-roce1``)."""
     return isinstance(value, str) and "/" in value and is_qualified_name(value)
@@ -131,6 +139,7 @@ __all__ = [
     "is_dns_subdomain",
     "is_pod_uid",
     "pod_uid_pattern",
+    "resource_prefix_problem",
     "is_name",
     "is_qualified_name",
     "is_resource_name",

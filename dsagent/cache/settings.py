@@ -35,7 +35,7 @@ from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
-from dsplatform.names import is_dns_subdomain
+from dsplatform.names import resource_prefix_problem
 from dsplatform.paths import cache_home
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
@@ -385,8 +385,9 @@ class Settings(StorageSettings, AgentLogSettings):
     @field_validator("resource_prefix")
     @classmethod
     def _resource_prefix(cls, value: str) -> str:
-        if not is_dns_subdomain(value):
-            raise ValueError(f"invalid resource prefix {value!r} (use a DNS subdomain such as dsagent.io)")
+        problem = resource_prefix_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("roce_classes")

@@ -62,7 +62,7 @@ from dsplatform import published
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of
 from dsplatform.kubetime import format_micro_time, parse_or_none
-from dsplatform.names import is_dns_label, is_dns_subdomain, is_resource_name
+from dsplatform.names import is_dns_label, is_resource_name, resource_prefix_problem
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env
 from dsplatform.units import parse_duration
 
@@ -121,8 +121,9 @@ class GpuClassSettings(EnvSettings):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        if not is_dns_subdomain(value):
-            raise ValueError(f"class resource prefix {value!r} is not a DNS domain (e.g. dsagent.io)")
+        problem = resource_prefix_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("lease_ttl_s")

@@ -38,7 +38,7 @@ from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
 from dsplatform.gpus import CLASS_STEM, RESOURCE_PREFIX, WHOLE_NODE
-from dsplatform.names import is_dns_subdomain
+from dsplatform.names import resource_prefix_problem
 from gpu_topology import ClassMode, Topology, nearest_nics, roce_classes
 from gpu_topology.classsets import resource_name, runs
 from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
@@ -76,8 +76,9 @@ class ResourceClass:
 
 def validate_prefix(prefix: str) -> str:
     """A resource prefix must be a DNS subdomain (``dsagent.io``, ``example.com``)."""
-    if not is_dns_subdomain(prefix):
-        raise InvalidInput(f"invalid resource prefix {prefix!r}", hint="use a DNS subdomain such as dsagent.io")
+    problem = resource_prefix_problem(prefix)
+    if problem is not None:
+        raise InvalidInput(problem)
     return prefix
 
 

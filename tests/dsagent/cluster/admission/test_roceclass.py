@@ -191,7 +191,7 @@ def test_the_lease_owner_is_the_pods_controller_without_blocking_its_deletion() 
     [
         ({"DSAGENT_WEBHOOK_GPU_CLASSES": "maybe"}, "is not a boolean"),
         ({"DSAGENT_WEBHOOK_GPU_RESOURCE": "gpu"}, "not an extended resource"),
-        ({"DSAGENT_WEBHOOK_CLASS_PREFIX": "Bad_Prefix"}, "not a DNS domain"),
+        ({"DSAGENT_WEBHOOK_CLASS_PREFIX": "Bad_Prefix"}, "not a DNS subdomain"),
         ({"DSAGENT_WEBHOOK_JOB_TTL": "soon"}, "JOB_TTL"),
     ],
 )
