@@ -106,9 +106,10 @@ def _modified(info: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _list_bundles(fs: Any, root: str, store: str) -> dict[str, StoredBundle]:
-    directory = f"{root.rstrip('/')}/{BUNDLES_DIR}"
-    with translate_errors(f"bundles of store {store}"):
+def _bundle_files(fs: Any, directory: str, what: str) -> dict[str, Mapping[str, Any]]:
+    """digest -> listing entry of the bundle files directly in ``directory`` (none when it
+    does not exist); temp files and foreign objects are not ours to judge and are skipped."""
+    with translate_errors(what):
         if not fs.exists(directory):
             return {}
         listing = fs.ls(directory, detail=True)
@@ -116,10 +117,17 @@ def _list_bundles(fs: Any, root: str, store: str) -> dict[str, StoredBundle]:
     for info in listing:
         base = str(info["name"]).rstrip("/").rpartition("/")[2]
         digest = base[: -len(BUNDLE_SUFFIX)] if base.endswith(BUNDLE_SUFFIX) else ""
-        if info.get("type") != "file" or not is_digest(digest):
-            continue  # temp files, foreign objects: not ours to judge
-        found[digest] = StoredBundle(digest, str(info["name"]), int(info.get("size") or 0), _modified(info))
+        if info.get("type") == "file" and is_digest(digest):
+            found[digest] = info
     return found
+
+
+def _list_bundles(fs: Any, root: str, store: str) -> dict[str, StoredBundle]:
+    files = _bundle_files(fs, f"{root.rstrip('/')}/{BUNDLES_DIR}", f"bundles of store {store}")
+    return {
+        digest: StoredBundle(digest, str(info["name"]), int(info.get("size") or 0), _modified(info))
+        for digest, info in files.items()
+    }
 
 
 def _dataset_names(fs: Any, root: str, store: str) -> list[str]:
@@ -182,17 +190,8 @@ def _aside_path(root: str, digest: str) -> str:
 def _set_aside(fs: Any, root: str, store: str) -> dict[str, str]:
     """digest -> path of the bundles an earlier collection moved aside and did not finish."""
     directory = f"{root.rstrip('/')}/{BUNDLES_DIR}/{ASIDE_DIR}"
-    with translate_errors(f"bundles set aside in store {store}"):
-        if not fs.exists(directory):
-            return {}
-        listing = fs.ls(directory, detail=True)
-    found = {}
-    for info in listing:
-        base = str(info["name"]).rstrip("/").rpartition("/")[2]
-        digest = base[: -len(BUNDLE_SUFFIX)] if base.endswith(BUNDLE_SUFFIX) else ""
-        if info.get("type") == "file" and is_digest(digest):
-            found[digest] = str(info["name"])
-    return found
+    files = _bundle_files(fs, directory, f"bundles set aside in store {store}")
+    return {digest: str(info["name"]) for digest, info in files.items()}
 
 
 def _put_back(fs: Any, aside: str, path: str) -> None:
