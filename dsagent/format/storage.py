@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
-from dsagent.errors import InsufficientSpace, InvalidInput
+from dsagent.errors import InvalidInput, local_write_error
 from dsagent.format import storage_errors
 from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
 
@@ -265,9 +265,7 @@ def translate_errors(what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk is never "retry the source"
-            raise InsufficientSpace(
-                f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets"
-            ) from exc
+            raise local_write_error(exc, what) from exc
         if exc.errno == errno.ENOTDIR:  # a path through a regular file: the input's shape, not the store's health
             raise InvalidInput(
                 f"{what}: a part of {exc.filename or 'the path'} is a file, not a directory",
