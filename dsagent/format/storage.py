@@ -45,8 +45,9 @@ def resolve(
         raise InvalidInput(f"invalid dataset location {text!r}", hint="give a local path or an fsspec URL")
     check_url(text)
     protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
+    local = ALIASES.get(protocol, protocol) == "file"
     values = check_option_values(storage_options)
-    if protocol in ("file", "local") and values:
+    if local and values:
         key = sorted(values)[0]  # fsspec's local filesystem takes any keyword and ignores it
         raise InvalidInput(
             f"storage option {key!r} does nothing for the local path {text!r}",
@@ -80,7 +81,7 @@ def resolve(
         else:
             hint = "check the URL and the storage options"
         raise InvalidInput(f"cannot open {text!r}: {exc}", hint=hint) from exc
-    if protocol not in ("file", "local") and not str(path).strip("/"):
+    if not local and not str(path).strip("/"):
         raise InvalidInput(f"{text!r} names no bucket or path", hint=f"write {protocol}://bucket/path")
     return fs, path
 
