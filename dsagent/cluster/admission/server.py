@@ -229,17 +229,13 @@ def _shape_problem(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _listen(value: Any) -> tuple[str, int]:
-    return parse_listen(value)
-
-
 class WebhookSettings(EnvSettings):
     """``DSAGENT_WEBHOOK_*``: where the webhook listens, its certificate, what it injects;
     its GPU classes are :class:`GpuClassSettings`, read from the same variables."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True)
 
-    listen: Annotated[tuple[str, int], NoDecode, BeforeValidator(_listen)] = ("0.0.0.0", 8443)
+    listen: Annotated[tuple[str, int], NoDecode, BeforeValidator(parse_listen)] = ("0.0.0.0", 8443)
     cert_file: Path | None = None
     key_file: Path | None = None
     injection_file: Path | None = None  # the chart's injection.json: what the webhook injects
