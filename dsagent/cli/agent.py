@@ -226,6 +226,7 @@ def serve(
             hint="run without --kubernetes",
         )
     require_kubelet_extra(settings)
+    _check_local_sources(settings)
     sockets = _bind(settings)
     pointer = _record_socket(settings)
     logs.configure(settings.log_level, settings.log_format)  # one handler and format, uvicorn's too
@@ -330,7 +331,6 @@ def _check_local_sources(settings: Settings) -> None:
 
 
 def _bind(settings: Settings) -> list[socket.socket]:
-    _check_local_sources(settings)
     _make_dir(settings.root, "cache root", "--root or DSAGENT_ROOT")
     path = settings.socket
     _make_dir(path.parent, "socket's directory", "--socket or DSAGENT_SOCKET")
