@@ -13,5 +13,8 @@ INVENTORY = "dsagent.io/inventory"
 TOPOLOGY = "dsagent.io/topology"
 #: The node's free GPU indices (``"0,1,4,5"``).
 FREE_GPUS = "dsagent.io/free-gpus"
+#: When the agent last published (RFC 3339, seconds): written with every change and at least
+#: every heartbeat, so a reader can refuse an inventory older than its bound (docs/tenancy.md).
+PUBLISHED_AT = "dsagent.io/published-at"
 
-__all__ = ["FREE_GPUS", "INVENTORY", "TOPOLOGY"]
+__all__ = ["FREE_GPUS", "INVENTORY", "PUBLISHED_AT", "TOPOLOGY"]
