@@ -76,7 +76,8 @@ class Ledger:
         if tasks + 1 > limits.open_tasks:
             return Refusal(
                 "NamespaceTasks",
-                f"namespace {namespace} holds {tasks} warm-up and replica tasks; at most {limits.open_tasks} are allowed",
+                f"namespace {namespace} holds {tasks} warm-up and replica tasks;"
+                f" at most {limits.open_tasks} are allowed",
             )
         total = self._bytes.get(namespace, 0)
         if limits.cluster_bytes is not None and total + size > limits.cluster_bytes:

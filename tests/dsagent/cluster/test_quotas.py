@@ -20,7 +20,7 @@ def test_a_namespaces_pins_stay_within_its_share_bytes_and_tasks() -> None:
     assert ledger.admitter("team-a", 50 * GIB)("n1")  # another namespace: its own share
     small = ledger.admitter("evil", 5 * GIB)
     assert small("n1")  # 45 GiB of 100: within the share; 85 GiB in all
-    big = ledger.admitter("evil", 10 * GIB)
+    big = ledger.admitter("evil", 20 * GIB)
     assert not big("n2") and big.refused is not None and big.refused.reason == "NamespaceBytes"
     tiny = ledger.admitter("evil", 1)
     assert tiny("n2") and tiny("n2")  # 5 tasks
