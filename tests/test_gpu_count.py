@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster import prepare, publisher
-from dsagent.cluster.admission import roceclass
+from dsagent.cluster import publisher
+from dsagent.controller import prepare
+from dsagent.webhook import roceclass
 from dsplatform.gpus import GpuResources
 from scheduler_plugin.podspec import read_pod
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS

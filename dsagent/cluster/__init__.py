@@ -2,7 +2,7 @@
 
 Modules, each owning one concept:
 
-- :mod:`dsagent.cluster.admission`: the admission webhook (its own package).
+- :mod:`dsagent.webhook`: the admission webhook (its own package).
 - :mod:`dsagent.cluster.annotation`: the pod annotation ``dsagent.io/datasets`` (pure parsing).
 - :mod:`dsagent.cluster.podenv`: the environment contract between the webhook and ``dsctl``.
 - :mod:`dsagent.cluster.datasets`: the ``Dataset`` custom resource: reading specs and current
@@ -13,8 +13,8 @@ Modules, each owning one concept:
 - :mod:`dsagent.cluster.peerlist`: which peer agents hold a version (from Node inventories).
 - :mod:`dsagent.cluster.stablelinks`: ``$DSAGENT_DATASETS_DIR/<name>`` links per pod.
 - :mod:`dsagent.cluster.nodeagent`: :class:`ClusterAgent`, wiring the above to the CacheService.
-- :mod:`dsagent.cluster.controller`: the Dataset controller (readyNodes, pack Jobs, warm-up,
-  cleanup; one leader by Lease), run by its own Deployment; :mod:`dsagent.cluster.prepare`
+- :mod:`dsagent.controller.reconcile`: the Dataset controller (readyNodes, pack Jobs, warm-up,
+  cleanup; one leader by Lease), run by its own Deployment; :mod:`dsagent.controller.prepare`
   its next-job preparation inputs.
 
 Only this package imports ``kubernetes``; the rest of dsagent works without a cluster.

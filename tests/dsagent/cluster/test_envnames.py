@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.cluster import controller
-from dsagent.cluster.admission import server
-from dsagent.cluster.admission.roceclass import GpuClassSettings
 from dsagent.cluster.envnames import CLUSTER_NAMES, CONTROLLER_NAMES, WEBHOOK_NAMES, known_names, refuse_unknown
+from dsagent.controller import reconcile as controller
 from dsagent.errors import SettingsError
+from dsagent.webhook import server
+from dsagent.webhook.roceclass import GpuClassSettings
 
 REPO = Path(__file__).resolve().parents[3]
 

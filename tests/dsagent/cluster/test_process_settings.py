@@ -12,11 +12,11 @@ import pytest
 
 from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
-from dsagent.cluster import controller
-from dsagent.cluster.admission import server
-from dsagent.cluster.admission.roceclass import GpuClassSettings
-from dsagent.cluster.controller import ControllerSettings
+from dsagent.controller import reconcile as controller
+from dsagent.controller.reconcile import ControllerSettings
 from dsagent.errors import SettingsError
+from dsagent.webhook import server
+from dsagent.webhook.roceclass import GpuClassSettings
 from dsplatform.gpus import GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 

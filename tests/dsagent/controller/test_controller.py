@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsagent.cluster.controller import (
+from dsagent.controller.reconcile import (
     ControllerSettings,
     DatasetController,
     LeaseElector,

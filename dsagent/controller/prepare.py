@@ -1,8 +1,8 @@
 """Next-job preparation in the cluster: from pods, Nodes and Datasets to the policy's inputs
 (docs/design.md#next-job-preparation). No I/O: the Dataset controller lists the objects and
-acts on the answer (:meth:`dsagent.cluster.controller.DatasetController.prepare_pass`).
+acts on the answer (:meth:`dsagent.controller.reconcile.DatasetController.prepare_pass`).
 
-Who calls it: :mod:`dsagent.cluster.controller` only. What it decides:
+Who calls it: :mod:`dsagent.controller.reconcile` only. What it decides:
 
 - a **running** pod (bound, not ended) frees its GPUs at its expected end: its start time
   (``status.startTime``, else its creation) plus its declared duration

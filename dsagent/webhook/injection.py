@@ -1,8 +1,8 @@
 """What the webhook injects and the datasets it injects for: the values mutation works on.
 
-Who calls it: :mod:`dsagent.cluster.admission.mutation` (the hostPath wiring),
-:mod:`dsagent.cluster.admission.csiwiring` (the CSI wiring) and
-:mod:`dsagent.cluster.admission.server`, which reads :class:`Injection` from the chart's
+Who calls it: :mod:`dsagent.webhook.mutation` (the hostPath wiring),
+:mod:`dsagent.webhook.csiwiring` (the CSI wiring) and
+:mod:`dsagent.webhook.server`, which reads :class:`Injection` from the chart's
 ``injection.json``. Values only: no I/O.
 """
 

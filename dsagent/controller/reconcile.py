@@ -1,6 +1,6 @@
 """The Dataset controller: keeps every ``Dataset``'s status true and acts on its spec.
 
-Who runs it: the chart's ``controller`` Deployment (``python -m dsagent.cluster.controller``,
+Who runs it: the chart's ``controller`` Deployment (``python -m dsagent.controller``,
 two replicas, one leader). It is a separate Deployment rather than part of the extender
 because it writes (Dataset status, Jobs, agent requests) while the extender only reads,
 and because a slow object-store listing must never delay a scheduling decision.
@@ -35,7 +35,7 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   controller that stopped (stale counts are ignored: plain LRU again).
 - next-job preparation (``DSAGENT_CONTROLLER_PREPARE=on``, docs/design.md#next-job-preparation):
   each resync the pending pods that name Datasets are predicted onto the nodes whose running
-  pods end soonest (:mod:`dsagent.cache.preparation`, inputs from :mod:`dsagent.cluster.prepare`);
+  pods end soonest (:mod:`dsagent.cache.preparation`, inputs from :mod:`dsagent.controller.prepare`);
   phase 1 is a reservation in ``status.preparation`` (no node work), phase 2 asks the
   node's agent to cache the datasets as task ``prepare.<pod UID>`` (renewed each resync,
   so the copy is protected while the pod waits); a preparation the plan drops (the pod was
@@ -54,7 +54,7 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   a superseded version at its sweep once no task holds it (rule 2).
 - store gc (``DSAGENT_CONTROLLER_STORE_GC``: an interval; off by default, issue 23): one
   ``dsctl gc --delete`` Job per bundle store of the auto-packed Datasets and interval,
-  never while a pack of that store runs (:mod:`dsagent.cluster.storegc`).
+  never while a pack of that store runs (:mod:`dsagent.controller.storegc`).
 - migration, step 5 of the deadline design (``DSAGENT_CONTROLLER_MIGRATE=on``, off by
   default; docs/design.md#deadline-migration): each resync the running jobs that opted in
   (``dsagent.io/migratable: "true"``) and would end sooner on free GPUs elsewhere, their
@@ -87,9 +87,9 @@ from pydantic_settings import SettingsConfigDict
 
 from dsagent.cache import copies, replication
 from dsagent.cache.preparation import Preparation, Thresholds
-from dsagent.cluster.jobpod import job_pod
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
-from dsagent.cluster.storegc import StoreCollector
+from dsagent.controller.jobpod import job_pod
+from dsagent.controller.storegc import StoreCollector
 from dsagent.errors import Conflict, DsagentError, SettingsError
 from dsplatform import published
 from dsplatform.errors import exit_on_error
@@ -301,7 +301,7 @@ class ControllerSettings(EnvSettings):
         3600.0, validation_alias=_controller_env("REPLICAS_WINDOW", "replicas_window_s")
     )
     replicas_max: int = 16
-    # store gc Jobs (dsagent/cluster/storegc.py) this often; None ("off", "none", "0"): not run
+    # store gc Jobs (dsagent/controller/storegc.py) this often; None ("off", "none", "0"): not run
     store_gc_s: Annotated[Duration | None, BeforeValidator(_off_is_none)] = Field(
         None, validation_alias=_controller_env("STORE_GC", "store_gc_s")
     )
@@ -593,7 +593,7 @@ class DatasetController:
         ready: list[str],
         inventories: Mapping[str, Mapping[str, Any]],
     ) -> JSON:
-        from dsagent.cluster.prepare import demand, free_gpus
+        from dsagent.controller.prepare import demand, free_gpus
 
         task = f"replica.{namespace}.{name}"
         previous = status.get("replicas") or {}
@@ -631,7 +631,7 @@ class DatasetController:
     ) -> dict[tuple[str, str], JSON]:
         """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset."""
         from dsagent.cache.preparation import plan
-        from dsagent.cluster.prepare import node_states, waiting_pods
+        from dsagent.controller.prepare import node_states, waiting_pods
 
         pods = self._pods()
         by_key = {

@@ -12,9 +12,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from dsagent.cluster.controller import ControllerSettings, DatasetController
 from dsagent.cluster.envnames import CONTROLLER_NAMES
 from dsagent.cluster.publisher import desired_annotations
+from dsagent.controller.reconcile import ControllerSettings, DatasetController
 from scheduler_plugin.testing import topology_json
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 

@@ -1,8 +1,8 @@
 """RFC 6902 JSON Patch operations for admission responses: the type and the few builders we use.
 
-Who calls it: :mod:`dsagent.cluster.admission.mutation` (the hostPath wiring),
-:mod:`dsagent.cluster.admission.csiwiring` (the CSI wiring) and
-:mod:`dsagent.cluster.admission.roceclass` (the GPU class rewrite), whose operations the
+Who calls it: :mod:`dsagent.webhook.mutation` (the hostPath wiring),
+:mod:`dsagent.webhook.csiwiring` (the CSI wiring) and
+:mod:`dsagent.webhook.roceclass` (the GPU class rewrite), whose operations the
 webhook returns together. Pure: no I/O.
 """
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from dsagent.api.client import AgentClient
-from dsagent.cluster.admission.mutation import Injection, ResolvedDataset, mutate
 from dsagent.cluster.testing import SimulatedKubelet
 from dsagent.errors import AgentUnreachable
+from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 from tests.dsagent.harness import unix_socket_listening
 from tests.fake_apiserver import json_patch, make_pod
 

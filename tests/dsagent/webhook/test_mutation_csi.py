@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
-from dsagent.cluster.admission.mutation import INIT_CONTAINER, Injection, ResolvedDataset, mutate
 from dsagent.cluster.datasets import SecretRef
 from dsagent.errors import InvalidInput
 from dsagent.nodeplugins.csi.volumes import datasets_from_context, storage_options
-from tests.dsagent.cluster.admission.test_mutation import COCO, IMAGENET, real_pod
+from dsagent.webhook.mutation import INIT_CONTAINER, Injection, ResolvedDataset, mutate
+from tests.dsagent.webhook.test_mutation import COCO, IMAGENET, real_pod
 from tests.fake_apiserver import json_patch
 from tests.podsecurity import violations
 

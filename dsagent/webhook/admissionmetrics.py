@@ -1,6 +1,6 @@
 """The admission webhook's Prometheus metrics, kept by ``prometheus_client``.
 
-Who calls it: :func:`dsagent.cluster.admission.server.create_app` counts every
+Who calls it: :func:`dsagent.webhook.server.create_app` counts every
 AdmissionReview by outcome, times it, and answers ``GET /metrics`` with :meth:`render`.
 One registry per app, never the process-global one, so tests can run several apps.
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster.admission.mutation import Injection
-from dsagent.cluster.admission.roceclass import (
+from dsagent.errors import SettingsError
+from dsagent.webhook.mutation import Injection
+from dsagent.webhook.roceclass import (
     CLASS_ANNOTATION,
     GpuClassPolicy,
     GpuClassSettings,
@@ -22,8 +23,7 @@ from dsagent.cluster.admission.roceclass import (
     requested_classes,
     rewrite,
 )
-from dsagent.cluster.admission.server import decide
-from dsagent.errors import SettingsError
+from dsagent.webhook.server import decide
 from dsplatform.kubetime import format_micro_time
 from scheduler_plugin.testing import node as extender_node
 from scheduler_plugin.testing import topology_json

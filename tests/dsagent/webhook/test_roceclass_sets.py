@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster.admission.roceclass import (
+from dsagent.errors import SettingsError
+from dsagent.webhook.roceclass import (
     NETWORKS_ANNOTATION,
     GpuClassPolicy,
     GpuClassSettings,
@@ -22,14 +23,13 @@ from dsagent.cluster.admission.roceclass import (
     lease_name,
     networks_value,
 )
-from dsagent.errors import SettingsError
 from gpu_topology.dumps import load_dump
 from scheduler_plugin.testing import topology_json
-from tests.dsagent.cluster.admission.test_roceclass import OWNER, gpu_node, resources, worker
+from tests.dsagent.webhook.test_roceclass import OWNER, gpu_node, resources, worker
 from tests.fake_apiserver import FakeApiServer, json_patch
 
 SETTINGS = GpuClassSettings(enabled=True)
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "topology"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "topology"
 A100 = topology_json(load_dump(FIXTURES / "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt"))
 
 

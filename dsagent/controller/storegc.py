@@ -1,6 +1,6 @@
 """Bundle-store garbage collection run by the Dataset controller (issue 23, docs/design.md#store-gc).
 
-Who calls it: :class:`dsagent.cluster.controller.DatasetController`, each pass of the
+Who calls it: :class:`dsagent.controller.reconcile.DatasetController`, each pass of the
 leader, when ``DSAGENT_CONTROLLER_STORE_GC`` sets an interval (the chart's
 ``controller.storeGC.enabled``; off by default).
 
@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsagent.cluster.jobpod import job_pod
+from dsagent.controller.jobpod import job_pod
 
 log = logging.getLogger("dsagent.controller")
 

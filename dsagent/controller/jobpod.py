@@ -1,7 +1,7 @@
 """The pod of every Job the Dataset controller starts (pack Jobs, store gc Jobs).
 
-Who calls it: :meth:`dsagent.cluster.controller.DatasetController._job` (``dsctl pack``)
-and :func:`dsagent.cluster.storegc.gc_job` (``dsctl gc``). One rule for both: the chart's
+Who calls it: :meth:`dsagent.controller.reconcile.DatasetController._job` (``dsctl pack``)
+and :func:`dsagent.controller.storegc.gc_job` (``dsctl gc``). One rule for both: the chart's
 image running ``dsctl`` as uid 65532, no privilege escalation, a read-only root with an
 ``emptyDir`` at ``/tmp`` (``HOME`` there), Pod Security ``restricted``, and the pack service
 account (the one with the store's credentials) when one is set.

@@ -36,11 +36,11 @@ ENTRYPOINT is unknown here) or the pod says ``dsagent.io/wait: init``, the
 are ready (the agent has been caching since the pod was bound).
 
 With ``volumeMode: csi`` (the chart's default) the volumes, mounts and init-container
-parts come from :mod:`dsagent.cluster.admission.csiwiring` instead: one inline ``csi`` volume served by
+parts come from :mod:`dsagent.webhook.csiwiring` instead: one inline ``csi`` volume served by
 the agent's CSI node plugin, no ``hostPath``, no socket, no caching container.
 
 A pod already carrying ``dsagent-cache`` gets no operations (re-invocation is harmless).
-Who calls it: :mod:`dsagent.cluster.admission.server`. Pure: no I/O; tests feed it real pod JSON.
+Who calls it: :mod:`dsagent.webhook.server`. Pure: no I/O; tests feed it real pod JSON.
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dsagent.cluster.admission import csiwiring
-from dsagent.cluster.admission.injection import Injection, ResolvedDataset
-from dsagent.cluster.admission.jsonpatch import JSONPatch, append_all, escape, prepend
 from dsagent.cluster.annotation import DatasetRef
 from dsagent.cluster.datasets import Dataset
 from dsagent.cluster.podenv import INIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
+from dsagent.webhook import csiwiring
+from dsagent.webhook.injection import Injection, ResolvedDataset
+from dsagent.webhook.jsonpatch import JSONPatch, append_all, escape, prepend
 
 SOCKET_VOLUME = "dsagent-socket"
 DATASETS_VOLUME = "dsagent-datasets"
@@ -100,7 +100,7 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
 
     One pass, in the patch's order: the first init-container, the pod's volumes, each app
     container (its mounts, its env, its wait wrapper), the pod's group, its scheduler, the
-    annotation. The volume mode picks the parts (CSI: :mod:`~dsagent.cluster.admission.csiwiring`;
+    annotation. The volume mode picks the parts (CSI: :mod:`~dsagent.webhook.csiwiring`;
     hostPath: this module); the wait mode whether app commands are wrapped."""
     spec = pod.get("spec") or {}
     if not datasets or _already_injected(spec):

@@ -1,6 +1,6 @@
 """The webhook's CSI wiring: a pod's datasets as one inline ``csi`` volume, no ``hostPath``.
 
-Who calls it: :func:`dsagent.cluster.admission.mutation.mutate`, which builds the patch in one
+Who calls it: :func:`dsagent.webhook.mutation.mutate`, which builds the patch in one
 pass from these parts when the chart's injection says ``volumeMode: csi`` (the chart's
 default). Pure: no I/O. What it decides
 (``docs/design.md#csi``):
@@ -16,7 +16,7 @@ default). Pure: no I/O. What it decides
   and gets ``DSAGENT_TASK_ID``, ``DSAGENT_DATASETS``, ``DSAGENT_DATASETS_DIR`` and
   ``DSAGENT_STATUS_FILE``; the agent's socket is not mounted: ``status.json`` in the
   volume is the pod's own task status;
-- waiting, as in :mod:`dsagent.cluster.admission.mutation`: ``overlap`` wraps each app command to wait
+- waiting, as in :mod:`dsagent.webhook.mutation`: ``overlap`` wraps each app command to wait
   for ``/dsagent-run/ready`` (the kubelet pulls app images while the agent caches: it
   caches from ``NodePublishVolume``, before any container starts); ``init`` adds a
   blocking init-container ``dsagent-wait`` that only waits for the mark.
@@ -32,8 +32,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dsagent.cluster.admission.injection import Injection, ResolvedDataset
 from dsagent.errors import InvalidInput
+from dsagent.webhook.injection import Injection, ResolvedDataset
 
 DRIVER = "datasets.dsagent.io"
 #: Not ``dsagent-cache``: this one caches nothing; the cluster agent then submits the pod's

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
-from dsagent.cluster.admission.mutation import (
+from dsagent.cluster.annotation import DatasetRef
+from dsagent.cluster.datasets import Dataset, SecretRef
+from dsagent.errors import InvalidInput, NotFound
+from dsagent.webhook.mutation import (
     INIT_CONTAINER,
     READY_MARK,
     Injection,
@@ -20,13 +23,10 @@ from dsagent.cluster.admission.mutation import (
     resolve,
     wait_mode,
 )
-from dsagent.cluster.annotation import DatasetRef
-from dsagent.cluster.datasets import Dataset, SecretRef
-from dsagent.errors import InvalidInput, NotFound
 from tests.fake_apiserver import json_patch, make_pod
 
 REVIEW = json.loads(
-    (Path(__file__).resolve().parents[3] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
+    (Path(__file__).resolve().parents[2] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
 )
 INJECTION = Injection(
     image="ghcr.io/dsplatform/dsplatform:0.1.0",

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsagent.cluster.controller import ControllerSettings, DatasetController
-from dsagent.cluster.storegc import due, gc_job_name
+from dsagent.controller.reconcile import ControllerSettings, DatasetController
+from dsagent.controller.storegc import due, gc_job_name
 from tests.fake_apiserver import FakeApiServer, make_dataset
 
 NS = "dsplatform"

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import yaml
 
-from dsagent.cluster.admission.mutation import INIT_CONTAINER, Injection
-from dsagent.cluster.admission.server import decide, response
 from dsagent.cluster.datasets import DatasetClient
+from dsagent.webhook.mutation import INIT_CONTAINER, Injection
+from dsagent.webhook.server import decide, response
 from tests.charts.test_chart import NAMESPACE, find, render
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset
 
 REVIEW = json.loads(
-    (Path(__file__).resolve().parents[3] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
+    (Path(__file__).resolve().parents[2] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
 )
 INJECTION = Injection(image="img:1", scheduler_name="dsplatform-scheduler")
 
@@ -163,7 +163,7 @@ def webhook_server(
 def webhook_process(
     chart_tls: dict[str, Any], apiserver: FakeApiServer, folder: Path, extra_env: dict[str, str] | None = None
 ) -> Iterator[dict[str, Any]]:
-    """``python -m dsagent.cluster.admission.server`` with the chart's TLS, reading Datasets
+    """``python -m dsagent.webhook`` with the chart's TLS, reading Datasets
     from ``apiserver``; yields ``{"port", "context", "host", "process"}``."""
     kubeconfig = folder / "config"
     kubeconfig.write_text(
@@ -191,7 +191,7 @@ def webhook_process(
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "dsagent.cluster.admission.server"],
+        [sys.executable, "-m", "dsagent.webhook"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -280,7 +280,7 @@ def test_malformed_reviews_get_a_400(webhook_server: dict[str, Any], body: Any) 
 def test_bad_settings_stop_the_webhook_with_one_clear_line(tmp_path: Path) -> None:
     env = {**os.environ, "DSAGENT_WEBHOOK_INJECTION_FILE": str(tmp_path / "missing.json")}
     result = subprocess.run(
-        [sys.executable, "-m", "dsagent.cluster.admission.server"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "dsagent.webhook"], env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     assert "INJECTION_FILE: cannot read" in result.stderr and "Traceback" not in result.stderr
@@ -304,7 +304,7 @@ def test_a_review_nested_past_the_depth_limit_is_a_400(webhook_server: dict[str,
 
 
 def test_an_oversized_review_is_a_400_naming_the_limit(webhook_server: dict[str, Any]) -> None:
-    from dsagent.cluster.admission.server import REVIEW_MAX_BYTES
+    from dsagent.webhook.server import REVIEW_MAX_BYTES
 
     body = review()
     body["request"]["object"]["metadata"]["labels"] = {"pad": "x" * REVIEW_MAX_BYTES}
@@ -341,7 +341,7 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
 ) -> None:
     """A client that opened TCP and never finished the TLS handshake (or an idle keep-alive)
     used to hold the TLS webhook past its SIGTERM deadline; now the grace period ends it."""
-    from dsagent.cluster.admission.server import SHUTDOWN_GRACE_S
+    from dsagent.webhook.server import SHUTDOWN_GRACE_S
 
     port = free_port()
     files = chart_tls["files"]
@@ -368,7 +368,7 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
     )
     env["DSAGENT_WEBHOOK_KUBECONFIG"] = str(kubeconfig)
     process = subprocess.Popen(
-        [sys.executable, "-m", "dsagent.cluster.admission.server"],
+        [sys.executable, "-m", "dsagent.webhook"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -408,7 +408,7 @@ def test_a_missing_or_unreadable_certificate_is_one_line_and_exit_2(
     certificate: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # uvicorn loads the certificate only when it starts serving: this was a 40-line traceback, exit 1
-    from dsagent.cluster.admission.server import main
+    from dsagent.webhook.server import main
 
     injection = tmp_path / "injection.json"
     injection.write_text(json.dumps({"image": "dsplatform:test"}))

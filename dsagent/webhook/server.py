@@ -2,17 +2,17 @@
 
 ``POST /mutate`` takes the AdmissionReview the API server sends for a pod CREATE, parses
 the pod's ``dsagent.io/datasets`` annotation, resolves bare names through the Datasets of
-the pod's namespace, and answers with the JSONPatch of :func:`dsagent.cluster.admission.mutation.mutate`.
+the pod's namespace, and answers with the JSONPatch of :func:`dsagent.webhook.mutation.mutate`.
 Whatever goes wrong (an unparseable annotation, a missing Dataset, an unreachable API
 server, a bug), the answer is ``allowed: true`` without a patch and with a warning the
 user sees in ``kubectl``: this webhook never blocks a pod (and the chart registers it
 with ``failurePolicy: Ignore`` for when it is down).
 
 With ``DSAGENT_WEBHOOK_GPU_CLASSES=true`` it also rewrites a GPU pod's ``nvidia.com/gpu``
-request into its job's RoCE class resource (:mod:`dsagent.cluster.admission.roceclass`), the job's
+request into its job's RoCE class resource (:mod:`dsagent.webhook.roceclass`), the job's
 class kept in a Lease per job.
 
-Serve it with ``python -m dsagent.cluster.admission.server`` (settings from ``DSAGENT_WEBHOOK_*``:
+Serve it with ``python -m dsagent.webhook`` (settings from ``DSAGENT_WEBHOOK_*``:
 ``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``; for GPU
 classes ``GPU_CLASSES``, ``GPU_RESOURCE``, ``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
 """
@@ -37,12 +37,12 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.cache.settings import AgentLogSettings, parse_listen
 from dsagent.cluster import annotation
-from dsagent.cluster.admission.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from dsagent.cluster.admission.admissionmetrics import WebhookMetrics
-from dsagent.cluster.admission.mutation import Injection, JSONPatch, mutate, resolve
-from dsagent.cluster.admission.roceclass import WEBHOOK_PREFIX, GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
+from dsagent.webhook.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dsagent.webhook.admissionmetrics import WebhookMetrics
+from dsagent.webhook.mutation import Injection, JSONPatch, mutate, resolve
+from dsagent.webhook.roceclass import WEBHOOK_PREFIX, GpuClassPolicy, GpuClassSettings, KubeGpuClasses
 from dsplatform import boundedjson, logs, probes
 from dsplatform.errors import exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket

@@ -54,10 +54,10 @@ from cachetools import TTLCache
 from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from dsagent.cluster.admission.jsonpatch import JSONPatch, escape
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError, SettingsError
+from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform import published
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, subnet_required, workers_of

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster.controller import ControllerSettings, DatasetController
+from dsagent.controller.reconcile import ControllerSettings, DatasetController
 from dsagent.errors import NotFound
-from tests.dsagent.cluster.test_controller import NS, Clock, agent_pod, inventory, write_source
+from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 
