@@ -1,7 +1,7 @@
 """Step 5 of the deadline design in the cluster: move running jobs that checkpoint.
 
 Who calls it: the Dataset controller's leader, once per pass when migration is on
-(``DSAGENT_CONTROLLER_MIGRATE``, :meth:`dsagent.controller.reconcile.DatasetController.migrate_pass`,
+(``DSAGENT_CONTROLLER_MIGRATE``, :mod:`dsagent.controller.migration`,
 with :func:`node_facts` over the Nodes and pods it listed), and the tests with the fake API
 server. It owns the I/O around the pure policy
 :func:`scheduler_plugin.migration.plan_migrations`: it lists the running pods, keeps the

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dsagent.cluster import publisher
-from dsagent.controller import prepare
+from dsagent.controller import podfacts
 from dsagent.webhook import roceclass
 from dsplatform.gpus import GpuResources
 from scheduler_plugin.podspec import read_pod
@@ -52,7 +52,7 @@ def test_the_webhook_the_agent_and_the_extender_count_a_pods_gpus_alike(pod: dic
     counts = {
         "webhook class policy": roceclass.gpu_request(copy.deepcopy(pod), roceclass.GpuClassSettings(enabled=True)),
         "publisher": publisher.gpu_request(copy.deepcopy(pod), GpuResources()),
-        "controller preparation": prepare.pod_gpus(copy.deepcopy(pod)),
+        "controller preparation": podfacts.pod_gpus(copy.deepcopy(pod)),
         "extender": read_pod(
             copy.deepcopy(pod), job_labels=DEFAULT_JOB_LABELS, gpu_resource=GPU, roce_prefix="dsagent.io/gpu-roce"
         ).gpus,

@@ -44,7 +44,7 @@ WEBHOOK_NAMES = frozenset(
         "GPU_CLASSES", "JOB_LABELS", "JOB_TTL", "GPU_RESOURCE", "CLASS_PREFIX", "NETWORKS",
     )
 )  # fmt: skip
-#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.controller.reconcile.ControllerSettings`
+#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.controller.settings.ControllerSettings`
 #: (it also reads the agents' ``DSAGENT_ADMIN_TOKEN[_FILE]``, fields of the agent's settings)
 CONTROLLER_NAMES = frozenset(
     "DSAGENT_CONTROLLER_" + name

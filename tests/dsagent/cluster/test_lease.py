@@ -9,7 +9,7 @@ import pytest
 
 from dsagent.cluster.apiclient import KubeUnavailable
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
-from dsagent.controller.reconcile import LeaseElector
+from dsagent.controller.leader import LeaseElector
 from dsagent.errors import Conflict, InvalidInput
 from dsplatform.kubetime import format_micro_time, parse
 from tests.fake_apiserver import FakeApiServer, make_lease

@@ -12,8 +12,8 @@ import pytest
 
 from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
-from dsagent.controller import reconcile as controller
-from dsagent.controller.reconcile import ControllerSettings
+from dsagent.controller import reconcile
+from dsagent.controller.settings import ControllerSettings
 from dsagent.errors import SettingsError
 from dsagent.webhook import server
 from dsagent.webhook.roceclass import GpuClassSettings
@@ -114,7 +114,7 @@ def test_the_controller_process_names_a_bad_variable_in_one_line_and_exits_2(
 ) -> None:
     monkeypatch.setenv("DSAGENT_CONTROLLER_AGENT_PORT", "http")
     with pytest.raises(SystemExit) as caught:
-        controller.main()
+        reconcile.main()
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "DSAGENT_CONTROLLER_AGENT_PORT='http'" in err, err

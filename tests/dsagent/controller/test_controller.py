@@ -9,13 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsagent.controller.reconcile import (
-    ControllerSettings,
-    DatasetController,
-    LeaseElector,
-    listing_fingerprint,
-    warm_task_id,
-)
+from dsagent.controller.leader import LeaseElector
+from dsagent.controller.packing import listing_fingerprint
+from dsagent.controller.reconcile import DatasetController
+from dsagent.controller.settings import ControllerSettings
+from dsagent.controller.warmup import warm_task_id
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from dsagent.cache.preparation import Thresholds
-from dsagent.controller.prepare import expected_end, waiting_pods
-from dsagent.controller.reconcile import ControllerSettings, DatasetController, prepare_task_id
+from dsagent.controller.podfacts import expected_end, waiting_pods
+from dsagent.controller.preparation import prepare_task_id
+from dsagent.controller.reconcile import DatasetController
+from dsagent.controller.settings import ControllerSettings
 from dsagent.errors import NotFound
 from dsplatform.kubetime import format_time
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
@@ -171,7 +173,7 @@ def test_waiting_pods_need_packed_datasets_and_gpus_and_queue_by_creation() -> N
 def test_free_gpus_count_a_node_with_only_class_resources_by_the_platform_rule() -> None:
     # prepare's own reader saw only nvidia.com/gpu, read with int(): a node advertising its
     # GPUs as RoCE classes (and gpu-all) had 0 free GPUs, so it was never prepared for
-    from dsagent.controller.prepare import free_gpus
+    from dsagent.controller.podfacts import free_gpus
 
     node = {
         "metadata": {"name": "n1"},

@@ -1,8 +1,9 @@
-"""Next-job preparation in the cluster: from pods, Nodes and Datasets to the policy's inputs
-(docs/design.md#next-job-preparation). No I/O: the Dataset controller lists the objects and
-acts on the answer (:meth:`dsagent.controller.reconcile.DatasetController.prepare_pass`).
+"""What pods, Nodes and Datasets say, read for the Dataset controller: the inputs of next-job
+preparation (docs/design.md#next-job-preparation) and of replicas' demand. No I/O: the
+controller lists the objects and acts on the answer (:mod:`dsagent.controller.preparation`,
+:mod:`dsagent.controller.warmup`).
 
-Who calls it: :mod:`dsagent.controller.reconcile` only. What it decides:
+Who calls it: :mod:`dsagent.controller` only. What it decides:
 
 - a **running** pod (bound, not ended) frees its GPUs at its expected end: its start time
   (``status.startTime``, else its creation) plus its declared duration
