@@ -15,6 +15,7 @@ COPY pyproject.toml README.md requirements-test.txt ./
 COPY dsplatform ./dsplatform
 COPY dsagent ./dsagent
 COPY scheduler_plugin ./scheduler_plugin
+COPY scheduling ./scheduling
 COPY gpu_topology ./gpu_topology
 # [agent]: every storage backend (s3://, gs://, az:// and abfs://, http://), so the chart's
 # s3:// examples work in the default image, and the kubelet plugins (grpcio, protobuf);

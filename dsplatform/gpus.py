@@ -3,7 +3,7 @@
 Who calls it: the admission webhook's GPU class policy (``dsagent.webhook.roceclass``),
 the agent's annotation publisher (``dsagent.cluster.publisher``: is any GPU pod on the node),
 the controller's preparation (``dsagent.controller.podfacts``: free GPUs per node), the device
-plugin and the agent's settings (the names), the scheduler extender (``scheduler_plugin.podspec``,
+plugin and the agent's settings (the names), the scheduler extender (``scheduling.podspec``,
 ``.nodecache``, ``.migrator``, ``.nodeinfo`` for quantities) and the simulator (through the
 extender's framework); ``gpu_topology`` names its classes with :data:`CLASS_STEM`.
 

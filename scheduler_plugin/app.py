@@ -49,12 +49,12 @@ from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from scheduler_plugin.metrics import ExtenderMetrics
-from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.plugins import deadline, roce
 from scheduler_plugin.settings import Settings
-from scheduler_plugin.timemodel import parse_profile
 from scheduler_plugin.view import View
 from scheduler_plugin.wire import BodyNotJson, decode_args, encode_priorities, filter_result_parts
+from scheduling.nodeinfo import NodeReader
+from scheduling.timemodel import parse_profile
 
 log = logging.getLogger(__name__)
 

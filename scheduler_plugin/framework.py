@@ -1,7 +1,7 @@
 """Runs the scores and the filter over the candidate nodes and combines the results.
 
 The one coordinator of a scheduling decision: it reads the pod once, fetches each
-score's inputs from :class:`~scheduler_plugin.nodeinfo.NodeFacts`, calls the pure
+score's inputs from :class:`~scheduling.nodeinfo.NodeFacts`, calls the pure
 functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class, or a
 multi-worker job's class set (:mod:`gpu_topology.classsets`, docs/design.md#class-sets),
 both kept in :class:`~scheduler_plugin.jobs.JobClasses`, and combines the normalized
@@ -23,11 +23,11 @@ from gpu_topology.classsets import NodeRoom, choose_class_set, parse_set, serves
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.columns import GroupedNodes, Selection
 from scheduler_plugin.jobs import JobClasses
-from scheduler_plugin.nodeinfo import NOTHING_HELD, NodeFacts
 from scheduler_plugin.plugins import MAX, dataset, deadline, numa, roce
-from scheduler_plugin.podspec import PodRequest, read_pod
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.wire import Pod
+from scheduling.nodeinfo import NOTHING_HELD, NodeFacts
+from scheduling.podspec import PodRequest, read_pod
 
 log = logging.getLogger(__name__)
 

@@ -47,57 +47,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from json.decoder import JSONDecodeError
 from json.encoder import encode_basestring_ascii as _quote
-from typing import Any, Literal, NamedTuple, TypedDict, cast
+from typing import Any, Literal, NamedTuple, cast
 
 from scheduler_plugin.errors import InvalidRequest
+from scheduling.kubeobjects import Node, Pod
 
 MIN_SCORE = 0
 MAX_SCORE = 10
-
-
-class ObjectMeta(TypedDict, total=False):
-    name: str
-    namespace: str
-    uid: str
-    resourceVersion: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-
-
-class ResourceRequirements(TypedDict, total=False):
-    requests: dict[str, str]
-    limits: dict[str, str]
-
-
-class Container(TypedDict, total=False):
-    name: str
-    resources: ResourceRequirements
-
-
-class PodSpec(TypedDict, total=False):
-    nodeName: str
-    containers: list[Container]
-    initContainers: list[Container]
-
-
-class PodStatus(TypedDict, total=False):
-    phase: str
-
-
-class Pod(TypedDict, total=False):
-    metadata: ObjectMeta
-    spec: PodSpec
-    status: PodStatus
-
-
-class NodeStatus(TypedDict, total=False):
-    capacity: dict[str, str]
-    allocatable: dict[str, str]
-
-
-class Node(TypedDict, total=False):
-    metadata: ObjectMeta
-    status: NodeStatus
 
 
 NodeField = Literal["Nodes", "NodeNames"]
@@ -742,17 +698,11 @@ __all__ = [
     "MAX_SCORE",
     "MIN_SCORE",
     "BodyNotJson",
-    "Container",
     "ExtenderArgs",
     "Node",
     "NodeField",
-    "NodeStatus",
-    "ObjectMeta",
     "Pod",
-    "PodSpec",
-    "PodStatus",
     "RawNode",
-    "ResourceRequirements",
     "decode_args",
     "encode_filter_result",
     "encode_priorities",

@@ -18,8 +18,8 @@ from dsagent.cluster import publisher
 from dsagent.controller import podfacts
 from dsagent.webhook import roceclass
 from dsplatform.gpus import GpuResources
-from scheduler_plugin.podspec import read_pod
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
+from scheduling.podspec import read_pod
 from tests.fake_apiserver import make_pod
 
 GPU = "nvidia.com/gpu"

@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("dsagent", "scheduler_plugin", "gpu_topology", "dsplatform")
+PACKAGES = ("dsagent", "scheduler_plugin", "scheduling", "gpu_topology", "dsplatform")
 
 #: module -> why it may read the environment
 MAY_READ_ENVIRONMENT: dict[str, str] = {

@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from dsagent.cluster.nodeagent import ClusterSettings
 from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES
+from dsagent.cluster.settings import ClusterSettings
 from dsagent.errors import SettingsError
 from dsplatform.settings import UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse

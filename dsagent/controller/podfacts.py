@@ -91,7 +91,7 @@ def expected_end(pod: Mapping[str, Any]) -> float | None:
         except Exception:
             return None
         return started + seconds if 0 < seconds <= MAX_DURATION_S else None
-    from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, parse_profile, t_run
+    from scheduling.timemodel import DEFAULT_BANDWIDTHS, parse_profile, t_run
 
     profile, _ = parse_profile(annotations, started)
     gpus = pod_gpus(pod)
@@ -103,7 +103,7 @@ def expected_end(pod: Mapping[str, Any]) -> float | None:
 
 def dataset_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The Dataset names a pod asks for by name (inline sources are left out)."""
-    from scheduler_plugin.podspec import DATASETS_ANNOTATION, parse_datasets
+    from scheduling.podspec import DATASETS_ANNOTATION, parse_datasets
 
     text = _annotations(pod).get(DATASETS_ANNOTATION)
     if text is None or len(text) > 64 * 1024:

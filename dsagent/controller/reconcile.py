@@ -29,7 +29,7 @@ from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.copycounts import publish_copies
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.metrics import ControllerMetrics, serve_metrics
-from dsagent.controller.migration import Migration
+from dsagent.controller.migration import MigrationPass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.preparation import prepare_pass
 from dsagent.controller.settings import ControllerSettings
@@ -107,7 +107,7 @@ class DatasetController:
             fingerprint=fingerprint,
             created=self.metrics.pack_jobs.inc,
         )
-        self.migration = Migration(
+        self.migration = MigrationPass(
             api_client, gpu_resource=settings.gpu_resource, class_prefix=settings.class_prefix, clock=clock
         )
         self.store_gc = (

@@ -25,7 +25,7 @@ from kubernetes_validate import utils as kv
 from packaging.version import Version
 
 from dsagent.cache import settings
-from dsagent.cluster.nodeagent import ClusterSettings
+from dsagent.cluster.settings import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.cache import copies
-from dsagent.cluster.nodeagent import ClusterSettings
+from dsagent.cluster.settings import ClusterSettings
 from tests.charts.test_chart import NAMESPACE, agent_container, find, render
 
 Docs = list[dict[str, Any]]

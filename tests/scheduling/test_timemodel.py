@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_topology.dumps import load_dump
-from scheduler_plugin import timemodel as tm
+from scheduling import timemodel as tm
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 NET = tm.DEFAULT_BANDWIDTHS.network  # 12.5 GB/s

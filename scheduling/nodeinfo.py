@@ -29,7 +29,8 @@ from dsplatform import published
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, node_gpus
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.placement import parse_free_gpus
-from scheduler_plugin.wire import Node
+from scheduling.kubeobjects import Node
+from scheduling.timemodel import DEFAULT_BANDWIDTHS, Bandwidths, intra_node_bandwidth, plan_bandwidth
 
 log = logging.getLogger(__name__)
 
@@ -375,6 +376,29 @@ def parse_topology(text: str) -> tuple[Topology | None, str | None, tuple[RoceCl
     return topology, None, classes
 
 
+def pod_bandwidth(
+    topology: Topology | None,
+    free: Iterable[int] | None,
+    need: int,
+    workers: int,
+    bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
+) -> tuple[float, float] | None:
+    """(``bw`` on this node's best free set, ``bw`` on the same hardware fully free), or None
+    when the node cannot give ``need`` GPUs."""
+    if topology is None or free is None:
+        return None
+    placed = placed_sets(topology, free, need)
+    if placed is None:
+        return None
+    best, ideal = placed
+    bw = intra_node_bandwidth(topology, best.gpus, bandwidths)
+    ideal_bw = intra_node_bandwidth(topology, ideal.gpus if ideal else best.gpus, bandwidths)
+    if workers > 1:
+        bw = plan_bandwidth([bw, bw], bandwidths)
+        ideal_bw = plan_bandwidth([ideal_bw, ideal_bw], bandwidths)
+    return bw, ideal_bw
+
+
 __all__ = [
     "FREE_GPUS_ANNOTATION",
     "INVENTORY_ANNOTATION",
@@ -390,4 +414,6 @@ __all__ = [
     "parse_free_gpus",
     "parse_inventory",
     "parse_topology",
+    "placed_sets",
+    "pod_bandwidth",
 ]

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from dsplatform import kubetime
+from dsplatform.errors import InvalidInput
 from dsplatform.units import UnitError, parse_duration, parse_size
 from gpu_topology import LinkKind, Topology
 from gpu_topology.model import gpu_name
-from scheduler_plugin.errors import InvalidRequest
 
 PARAMS_ANNOTATION = "dsagent.io/params"
 GRADIENT_BYTES_ANNOTATION = "dsagent.io/gradient-bytes"
@@ -156,8 +156,10 @@ def plan_bandwidth(per_node: Sequence[float], bandwidths: Bandwidths = DEFAULT_B
 # --- annotations -------------------------------------------------------------------------
 
 
-class AnnotationError(InvalidRequest, ValueError):
+class AnnotationError(InvalidInput, ValueError):
     """A time-model annotation that cannot be used; the message names the key."""
+
+    code = "invalid_annotation"
 
 
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE]\d{1,2})?)\s*([kKMGTB]?)\s*$")

@@ -1,6 +1,6 @@
 """Step 5 of the deadline design (migration), as a pure policy: which running jobs to move.
 
-Who calls it: the migrator (:mod:`scheduler_plugin.migrator`), which reads the running
+Who calls it: the migrator (:mod:`dsagent.controller.migration`), which reads the running
 pods, evicts the chosen jobs' pods through the Eviction API and lets their controllers
 re-create them, and the cluster simulator (``tools/sim``), which models the cost. Nothing
 here reads a clock or does I/O.
@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler_plugin.timemodel import JobProfile, allocate_single, best_fit_order, t_run
+from scheduling.timemodel import JobProfile, allocate_single, best_fit_order, t_run
 
 MIGRATABLE_KEY = "dsagent.io/migratable"
 DEFAULT_MIN_GAIN = 0.1

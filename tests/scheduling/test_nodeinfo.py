@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from scheduler_plugin.nodeinfo import NodeReader, parse_free_gpus, parse_inventory
 from scheduler_plugin.testing import holding, inventory_json, node, topology_json
+from scheduling.nodeinfo import NodeReader, parse_free_gpus, parse_inventory
 
 
 def test_a_full_node_is_read() -> None:

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.podspec import (
+from scheduler_plugin.settings import DEFAULT_JOB_LABELS
+from scheduler_plugin.testing import pod
+from scheduling.podspec import (
     DatasetWant,
     parse_datasets,
     read_pod,
 )
-from scheduler_plugin.settings import DEFAULT_JOB_LABELS
-from scheduler_plugin.testing import pod
 
 
 def read(p: dict[str, Any]):  # type: ignore[no-untyped-def]

@@ -19,8 +19,8 @@ from dsplatform.gpus import GpuResources, gpu_requests
 from dsplatform.jobs import job_key, subnet_required, workers_of
 from dsplatform.kubetime import parse_or_none
 from gpu_topology.classsets import SEPARATOR, parse_resource_name, parse_set
-from scheduler_plugin.timemodel import JobProfile, parse_profile
-from scheduler_plugin.wire import Pod
+from scheduling.kubeobjects import Pod
+from scheduling.timemodel import JobProfile, parse_profile
 
 DATASETS_ANNOTATION = "dsagent.io/datasets"
 #: ``required``: the filter fails nodes not holding the current version of every dataset
