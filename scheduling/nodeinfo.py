@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from dsplatform import published
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, node_gpus
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
-from gpu_topology.placement import parse_free_gpus
+from gpu_topology.classvote import parse_free_gpus
 from scheduling.kubeobjects import Node
 from scheduling.timemodel import DEFAULT_BANDWIDTHS, Bandwidths, intra_node_bandwidth, plan_bandwidth
 

@@ -18,14 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from dsagent.webhook.gpurequest import GpuClassSettings, lease_name
 from dsagent.webhook.mutation import Injection
-from dsagent.webhook.roceclass import (
-    GpuClassPolicy,
-    GpuClassSettings,
-    KubeGpuClasses,
-    lease_name,
-    read_cluster,
-)
+from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses, read_cluster
 from dsagent.webhook.server import create_app as webhook_app
 from scheduler_plugin.app import create_app as extender_app
 from scheduler_plugin.settings import Settings

@@ -16,7 +16,7 @@ import pytest
 
 from dsagent.cluster import publisher
 from dsagent.controller import podfacts
-from dsagent.webhook import roceclass
+from dsagent.webhook import gpurequest
 from dsplatform.gpus import GpuResources
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
 from scheduling.podspec import read_pod
@@ -50,7 +50,7 @@ PODS = {
 @pytest.mark.parametrize(("pod", "expected"), PODS.values(), ids=PODS.keys())
 def test_the_webhook_the_agent_and_the_extender_count_a_pods_gpus_alike(pod: dict[str, Any], expected: int) -> None:
     counts = {
-        "webhook class policy": roceclass.gpu_request(copy.deepcopy(pod), roceclass.GpuClassSettings(enabled=True)),
+        "webhook class policy": gpurequest.gpu_request(copy.deepcopy(pod), gpurequest.GpuClassSettings(enabled=True)),
         "publisher": publisher.gpu_request(copy.deepcopy(pod), GpuResources()),
         "controller preparation": podfacts.pod_gpus(copy.deepcopy(pod)),
         "extender": read_pod(

@@ -73,19 +73,19 @@ def _copies_configmap(value: str) -> None:
 
 
 def _webhook_class_prefix(value: str) -> None:
-    from dsagent.webhook.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     GpuClassSettings(prefix=value)
 
 
 def _webhook_gpu_resource(value: str) -> None:
-    from dsagent.webhook.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     GpuClassSettings(gpu_resource=f"{value}/gpu")
 
 
 def _webhook_networks(value: str) -> None:
-    from dsagent.webhook.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     GpuClassSettings(networks=value + "/dsp-{class}")
 

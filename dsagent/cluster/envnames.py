@@ -36,7 +36,7 @@ PREFIX = "DSAGENT_"
 #: the fields of :class:`dsagent.cluster.nodeagent.ClusterSettings`
 CLUSTER_NAMES = ClusterSettings.env_names()
 #: the fields of :class:`dsagent.webhook.server.WebhookSettings` and its GPU classes'
-#: (:class:`dsagent.webhook.roceclass.GpuClassSettings`)
+#: (:class:`dsagent.webhook.gpurequest.GpuClassSettings`)
 WEBHOOK_NAMES = frozenset(
     "DSAGENT_WEBHOOK_" + name
     for name in (

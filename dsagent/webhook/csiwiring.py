@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsagent.errors import InvalidInput
-from dsagent.webhook.injection import Injection, ResolvedDataset
+from dsagent.webhook.injectconfig import Injection, ResolvedDataset
 
 DRIVER = "datasets.dsagent.io"
 #: Not ``dsagent-cache``: this one caches nothing; the cluster agent then submits the pod's

@@ -55,7 +55,7 @@ from dsagent.cluster.datasets import Dataset
 from dsagent.cluster.podenv import INIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
 from dsagent.webhook import csiwiring
-from dsagent.webhook.injection import Injection, ResolvedDataset
+from dsagent.webhook.injectconfig import Injection, ResolvedDataset
 from dsagent.webhook.jsonpatch import JSONPatch, append_all, escape, prepend
 
 SOCKET_VOLUME = "dsagent-socket"

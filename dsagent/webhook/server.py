@@ -41,8 +41,9 @@ from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsagent.webhook.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.webhook.admissionmetrics import WebhookMetrics
+from dsagent.webhook.gpurequest import WEBHOOK_PREFIX, GpuClassSettings
 from dsagent.webhook.mutation import Injection, JSONPatch, mutate, resolve
-from dsagent.webhook.roceclass import WEBHOOK_PREFIX, GpuClassPolicy, GpuClassSettings, KubeGpuClasses
+from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from dsplatform import boundedjson, logs, probes
 from dsplatform.errors import exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket

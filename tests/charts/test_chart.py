@@ -511,7 +511,7 @@ def test_the_webhook_never_blocks_pods_and_only_sees_annotated_ones(rendered: di
 def test_with_gpu_classes_the_webhook_also_sees_gpu_pods_and_declares_its_lease_writes(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    from dsagent.webhook.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     [hook] = find(rendered["gpu-classes"], "MutatingWebhookConfiguration")["webhooks"]
     assert hook["sideEffects"] == "NoneOnDryRun"

@@ -16,7 +16,7 @@ from dsagent.controller import reconcile
 from dsagent.controller.settings import ControllerSettings
 from dsagent.errors import SettingsError
 from dsagent.webhook import server
-from dsagent.webhook.roceclass import GpuClassSettings
+from dsagent.webhook.gpurequest import GpuClassSettings
 from dsplatform.gpus import GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 

@@ -39,8 +39,9 @@ import pytest
 from dsagent.cache.settings import Settings as AgentSettings
 from dsagent.cli.agent import start_device_plugin
 from dsagent.cluster.publisher import desired_annotations
+from dsagent.webhook.gpurequest import GpuClassSettings, lease_name
 from dsagent.webhook.mutation import Injection
-from dsagent.webhook.roceclass import GpuClassPolicy, GpuClassSettings, KubeGpuClasses, lease_name
+from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from dsagent.webhook.server import create_app as webhook_app
 from gpu_topology import Topology, to_json
 from gpu_topology.discovery.nvidia_smi import parse_topo_matrix

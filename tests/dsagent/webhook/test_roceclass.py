@@ -10,19 +10,17 @@ from typing import Any
 import pytest
 
 from dsagent.errors import SettingsError
-from dsagent.webhook.mutation import Injection
-from dsagent.webhook.roceclass import (
+from dsagent.webhook.gpurequest import (
     CLASS_ANNOTATION,
-    GpuClassPolicy,
     GpuClassSettings,
-    KubeGpuClasses,
     controller_of,
     gpu_request,
     lease_name,
-    read_cluster,
     requested_classes,
     rewrite,
 )
+from dsagent.webhook.mutation import Injection
+from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses, read_cluster
 from dsagent.webhook.server import decide
 from dsplatform.kubetime import format_micro_time
 from scheduler_plugin.testing import node as extender_node

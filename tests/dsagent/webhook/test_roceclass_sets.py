@@ -15,14 +15,8 @@ from typing import Any
 import pytest
 
 from dsagent.errors import SettingsError
-from dsagent.webhook.roceclass import (
-    NETWORKS_ANNOTATION,
-    GpuClassPolicy,
-    GpuClassSettings,
-    KubeGpuClasses,
-    lease_name,
-    networks_value,
-)
+from dsagent.webhook.gpurequest import NETWORKS_ANNOTATION, GpuClassSettings, lease_name, networks_value
+from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from gpu_topology.dumps import load_dump
 from scheduler_plugin.testing import topology_json
 from tests.dsagent.webhook.test_roceclass import OWNER, gpu_node, resources, worker

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_plugin.plugins.roce import choose_class, fit, suggest
+from gpu_topology.classvote import choose_class, suggest
+from scheduler_plugin.plugins.subnet import fit
 
 
 def test_the_class_suggested_by_most_nodes_wins() -> None:

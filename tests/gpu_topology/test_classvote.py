@@ -6,8 +6,8 @@ import pytest
 
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from gpu_topology import ParseError
+from gpu_topology.classvote import choose_class, choose_class_by_size, node_classes, parse_free_gpus, suggest
 from gpu_topology.contract import topology_to_dict
-from gpu_topology.placement import choose_class, choose_class_by_size, node_classes, parse_free_gpus, suggest
 from scheduler_plugin.testing import two_class_topology
 
 

@@ -1,11 +1,12 @@
-"""GPU-RoCE subnet placement (docs/design.md#roce-class-choice).
+"""The GPU-RoCE subnet score (``prioritize``): how well a node fits a worker of the job's class
+(docs/design.md#roce-class-choice).
 
 A node's GPUs fall into classes, one per NUMA group of its RoCE NICs (hence subnet). All
 workers of one job should use one class, so that their NICs share a subnet:
 
-- :func:`choose_class` is the cluster-wide choice for a new job: every node suggests
-  its class with the most free GPUs; the class suggested by the most nodes wins. The
-  rule lives in :mod:`gpu_topology.placement`, shared with the admission webhook.
+- the job's class is the cluster-wide vote, :mod:`gpu_topology.classvote` (every node
+  suggests its class with the most free GPUs; the class suggested by the most nodes
+  wins), shared with the admission webhook;
 - :func:`fit` scores a node for a worker needing ``need`` GPUs of the job's class:
   best fit first (the smallest sufficient leftover scores highest), nothing when the
   class cannot hold the worker.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpu_topology.placement import ClassChoice, choose_class, choose_class_grouped, suggest
 from scheduler_plugin.plugins import normalize_to_max
 
 
@@ -31,4 +31,4 @@ def normalize(raws: Sequence[float]) -> list[int]:
     return normalize_to_max(raws)
 
 
-__all__ = ["ClassChoice", "choose_class", "choose_class_grouped", "fit", "normalize", "suggest"]
+__all__ = ["fit", "normalize"]
