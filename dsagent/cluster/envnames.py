@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES
-from dsagent.cluster.settings import ClusterSettings
 from dsagent.errors import SettingsError
 from dsplatform.settings import UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse
@@ -44,7 +44,7 @@ WEBHOOK_NAMES = frozenset(
         "GPU_CLASSES", "JOB_LABELS", "JOB_TTL", "GPU_RESOURCE", "CLASS_PREFIX", "NETWORKS",
     )
 )  # fmt: skip
-#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.controller.settings.ControllerSettings`
+#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.controller.controllersettings.ControllerSettings`
 #: (it also reads the agents' ``DSAGENT_ADMIN_TOKEN[_FILE]``, fields of the agent's settings)
 CONTROLLER_NAMES = frozenset(
     "DSAGENT_CONTROLLER_" + name

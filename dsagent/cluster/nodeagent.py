@@ -47,10 +47,10 @@ from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
 from dsagent.cluster import annotation, publisher
 from dsagent.cluster.apiclient import translated
+from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
-from dsagent.cluster.settings import ClusterSettings
 from dsagent.errors import DsagentError, InvalidInput, NotFound
 from dsplatform.gpus import GpuResources
 from dsplatform.names import is_pod_uid

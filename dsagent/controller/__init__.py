@@ -10,17 +10,17 @@ Modules, one concern each:
 
 reconcile    the loop: leader check, one pass over the Nodes' inventories and every Dataset,
              ``status.readyNodes``, cleanup (``dsagent.io/cleanup``); ``main``
-settings     ``DSAGENT_CONTROLLER_*``
+controllersettings  ``DSAGENT_CONTROLLER_*``
 leader       one leader among the replicas, by a ``coordination.k8s.io/v1`` Lease
 agents       calls to the node agents: find them, hold a task on chosen nodes, read answers
 packing      ``spec.pack.auto``: a pack Job per new source listing, ``status.pack``
 warmup       ``spec.warm`` and ``spec.replicas``: copies held by agent tasks on chosen nodes
-preparation  next-job preparation: plan, ask the agents, release what the plan dropped
+nextjob      next-job preparation: plan, ask the agents, release what the plan dropped
 podfacts     what pods, Nodes and Datasets say (pure): waiting pods, expected ends, free
              GPUs, demand; inputs of preparation and replicas
 copycounts   ready copies per dataset version, published for the agents' eviction
 storegc      ``dsctl gc --delete`` Jobs per bundle store
 migration    step 5 of the deadline design: evict opted-in jobs that would end sooner elsewhere
 jobpod       the pod template of the Jobs it starts (pack and store gc)
-metrics      its Prometheus registry and probe port
+controllermetrics   its Prometheus registry and probe port
 """

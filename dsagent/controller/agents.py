@@ -3,7 +3,7 @@ task's datasets, reading their answers, asking them to evict.
 
 Who calls it: :class:`dsagent.controller.reconcile.DatasetController` (finding the agents,
 cleanup) and its warm-up, replicas and preparation steps (:mod:`dsagent.controller.warmup`,
-:mod:`dsagent.controller.preparation`). Each agent is called over its TCP port with the admin
+:mod:`dsagent.controller.nextjob`). Each agent is called over its TCP port with the admin
 token (:func:`http_call`); tests pass their own :data:`AgentCall`. An agent's answer is
 hostile input: :func:`task_report` keeps its state and byte counts, never more.
 """

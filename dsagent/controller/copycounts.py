@@ -16,7 +16,7 @@ from typing import Any
 
 from dsagent.cache import copies
 from dsagent.cluster.datasets import MERGE_PATCH
-from dsagent.controller.metrics import ControllerMetrics
+from dsagent.controller.controllermetrics import ControllerMetrics
 
 
 def publish_copies(

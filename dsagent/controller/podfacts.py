@@ -1,6 +1,6 @@
 """What pods, Nodes and Datasets say, read for the Dataset controller: the inputs of next-job
 preparation (docs/design.md#next-job-preparation) and of replicas' demand. No I/O: the
-controller lists the objects and acts on the answer (:mod:`dsagent.controller.preparation`,
+controller lists the objects and acts on the answer (:mod:`dsagent.controller.nextjob`,
 :mod:`dsagent.controller.warmup`).
 
 Who calls it: :mod:`dsagent.controller` only. What it decides:

@@ -26,13 +26,13 @@ from dsagent.cache import replication
 from dsagent.cluster.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
 from dsagent.controller import agents
 from dsagent.controller.agents import JSON, AgentCall
+from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
 from dsagent.controller.leader import LeaseElector
-from dsagent.controller.metrics import ControllerMetrics, serve_metrics
 from dsagent.controller.migration import MigrationPass
+from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
-from dsagent.controller.preparation import prepare_pass
-from dsagent.controller.settings import ControllerSettings
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published

@@ -25,7 +25,7 @@ from kubernetes_validate import utils as kv
 from packaging.version import Version
 
 from dsagent.cache import settings
-from dsagent.cluster.settings import ClusterSettings
+from dsagent.cluster.clustersettings import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"
@@ -950,7 +950,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
     selector = dict(kv_.split("=") for kv_ in env["DSAGENT_CONTROLLER_AGENT_SELECTOR"].split(","))
     assert selector.items() <= find(docs, "DaemonSet", "-agent")["spec"]["template"]["metadata"]["labels"].items()
     assert agent_labels
-    from dsagent.controller.settings import ControllerSettings
+    from dsagent.controller.controllersettings import ControllerSettings
 
     # the admin token file is the pod's mounted Secret, not on this machine
     settings = ControllerSettings.from_env({k: v for k, v in env.items() if v is not None and "TOKEN" not in k})

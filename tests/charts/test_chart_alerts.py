@@ -29,7 +29,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsagent.controller.metrics import ControllerMetrics
+from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.webhook.admissionmetrics import WebhookMetrics
 from tests.charts.test_chart import PRODUCTION, render
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess

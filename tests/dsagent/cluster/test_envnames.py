@@ -13,7 +13,7 @@ import pytest
 
 from dsagent.cluster.envnames import CLUSTER_NAMES, CONTROLLER_NAMES, WEBHOOK_NAMES, known_names, refuse_unknown
 from dsagent.controller import reconcile
-from dsagent.controller.settings import ControllerSettings
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.errors import SettingsError
 from dsagent.webhook import server
 from dsagent.webhook.gpurequest import GpuClassSettings

@@ -13,7 +13,7 @@ import pytest
 from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
 from dsagent.controller import reconcile
-from dsagent.controller.settings import ControllerSettings
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.errors import SettingsError
 from dsagent.webhook import server
 from dsagent.webhook.gpurequest import GpuClassSettings

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.packing import listing_fingerprint
 from dsagent.controller.reconcile import DatasetController
-from dsagent.controller.settings import ControllerSettings
 from dsagent.controller.warmup import warm_task_id
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod

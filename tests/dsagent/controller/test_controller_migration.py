@@ -14,8 +14,8 @@ from typing import Any
 
 from dsagent.cluster.envnames import CONTROLLER_NAMES
 from dsagent.cluster.publisher import desired_annotations
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
-from dsagent.controller.settings import ControllerSettings
 from scheduler_plugin.testing import topology_json
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 

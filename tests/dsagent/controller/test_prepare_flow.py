@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from dsagent.cache.preparation import Thresholds
+from dsagent.controller.controllersettings import ControllerSettings
+from dsagent.controller.nextjob import prepare_task_id
 from dsagent.controller.podfacts import expected_end, waiting_pods
-from dsagent.controller.preparation import prepare_task_id
 from dsagent.controller.reconcile import DatasetController
-from dsagent.controller.settings import ControllerSettings
 from dsagent.errors import NotFound
 from dsplatform.kubetime import format_time
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
-from dsagent.controller.settings import ControllerSettings
 from dsagent.errors import NotFound
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess

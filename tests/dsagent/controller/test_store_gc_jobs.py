@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
-from dsagent.controller.settings import ControllerSettings
 from dsagent.controller.storegc import due, gc_job_name
 from tests.fake_apiserver import FakeApiServer, make_dataset
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from dsagent.cache.preparation import Preparation, Thresholds, plan
 from dsagent.controller.agents import JSON, AgentCall, task_report, task_request
-from dsagent.controller.metrics import ControllerMetrics
+from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.podfacts import node_states, waiting_pods
 from dsplatform.kubetime import format_micro_time
 
