@@ -10,19 +10,20 @@ the one the webhook and the agent count with. Called by the framework and the vi
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsplatform.errors import InvalidInput
 from dsplatform.gpus import GpuResources, gpu_requests
 from dsplatform.jobs import job_key, subnet_required, workers_of
 from dsplatform.kubetime import parse_or_none
+from dsplatform.wire import podannotations
 from gpu_topology.classsets import SEPARATOR, parse_resource_name, parse_set
 from scheduling.kubeobjects import Pod
 from scheduling.timemodel import JobProfile, parse_profile
 
-DATASETS_ANNOTATION = "dsagent.io/datasets"
+DATASETS_ANNOTATION = podannotations.DATASETS_ANNOTATION
 #: ``required``: the filter fails nodes not holding the current version of every dataset
 #: the pod names; anything else (absent, ``preferred``, garbage) keeps today's preference.
 AFFINITY_ANNOTATION = "dsagent.io/dataset-affinity"
@@ -92,46 +93,14 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
 def parse_datasets(text: str | None) -> tuple[tuple[DatasetWant, ...], str | None]:
     """The annotation value -> (datasets, error). Absent or blank means no datasets.
 
-    Accepted: a JSON list of ``{"name", "source", "digest"?, ...}`` objects (extra keys
-    such as ``bundles`` or ``storage_options`` are allowed and ignored here), or a
-    comma-separated list of names. A name given twice counts once.
+    Read by the platform's one rule (:mod:`dsplatform.wire.podannotations`, as the webhook
+    and the node agent read it); a value it refuses is an error here, never raised.
     """
-    if text is None or not text.strip():
-        return (), None
-    stripped = text.strip()
-    if stripped.startswith("["):
-        try:
-            items = json.loads(stripped)
-        except ValueError as exc:
-            return (), f"{DATASETS_ANNOTATION} is not valid JSON: {exc}"
-        wants = [_want(item) for item in items]
-        if any(w is None for w in wants):
-            return (), f"{DATASETS_ANNOTATION} entries must be objects with a non-empty 'name'"
-        return _unique(w for w in wants if w is not None), None
-    names = [part.strip() for part in stripped.split(",")]
-    if not all(names) or any(c in n for n in names for c in '{}[]":'):
-        return (), f"{DATASETS_ANNOTATION} is neither a JSON list nor a list of names: {text[:80]!r}"
-    return _unique(DatasetWant(n) for n in names), None
-
-
-def _want(item: Any) -> DatasetWant | None:
-    if isinstance(item, str) and item.strip():
-        return DatasetWant(item.strip())
-    if not isinstance(item, dict):
-        return None
-    name, digest = item.get("name"), item.get("digest")
-    if not isinstance(name, str) or not name.strip():
-        return None
-    if digest is not None and not isinstance(digest, str):
-        return None
-    return DatasetWant(name.strip(), digest.lower() if digest else None)
-
-
-def _unique(wants: Iterable[DatasetWant]) -> tuple[DatasetWant, ...]:
-    seen: dict[str, DatasetWant] = {}
-    for want in wants:
-        seen.setdefault(want.name, want)
-    return tuple(seen.values())
+    try:
+        refs = podannotations.parse(text)
+    except InvalidInput as exc:
+        return (), str(exc)
+    return tuple(DatasetWant(ref.name, ref.digest) for ref in refs), None
 
 
 def _gpus(pod: Pod, gpu_resource: str, roce_prefix: str) -> tuple[int, str | None, str | None, tuple[str, ...]]:

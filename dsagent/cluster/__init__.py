@@ -10,7 +10,7 @@ Shared by the processes:
 - :mod:`dsagent.cluster.datasets`: the ``Dataset`` custom resource: reading specs and current
   digests, writing status (``dsctl pack --publish``).
 - :mod:`dsagent.cluster.lease`: reading and writing ``coordination.k8s.io`` Leases.
-- :mod:`dsagent.cluster.annotation`: the pod annotation ``dsagent.io/datasets`` (pure parsing).
+- the pod annotation ``dsagent.io/datasets`` is a wire contract: :mod:`dsplatform.wire.podannotations`.
 - :mod:`dsagent.cluster.podenv`: the environment contract between the webhook and ``dsctl``.
 - :mod:`dsagent.cluster.envnames`: every ``DSAGENT_*`` name, for start-up's check.
 

@@ -45,15 +45,17 @@ from typing import TYPE_CHECKING, Any
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
-from dsagent.cluster import annotation, publisher
+from dsagent.cluster import publisher
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound
+from dsplatform import errors as platform_errors
 from dsplatform.gpus import GpuResources
 from dsplatform.names import is_pod_uid
+from dsplatform.wire import podannotations
 
 if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
     from dsagent.cache.service import CacheService
@@ -86,7 +88,7 @@ def has_ended(pod: Mapping[str, Any]) -> bool:
 
 def wants_datasets(pod: Mapping[str, Any]) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return annotation.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
+    return podannotations.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
 
 
 def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -342,8 +344,8 @@ class ClusterAgent:
                 return None
             return requests
         try:
-            refs = annotation.datasets_of(pod)
-        except InvalidInput as exc:
+            refs = podannotations.datasets_of(pod)
+        except platform_errors.InvalidInput as exc:  # the agent's and the wire contract's
             log.warning("pod %s: %s", _name(pod), exc)
             self._left_to_init.add(pod_uid(pod))
             return None

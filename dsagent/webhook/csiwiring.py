@@ -6,11 +6,12 @@ default). Pure: no I/O. What it decides
 (``docs/design.md#csi``):
 
 - one volume ``dsagent-datasets``: ``csi`` with the agent's driver (``datasets.dsagent.io``),
-  ``readOnly``, ``volumeAttributes.datasets`` = the JSON list ``[{name, source, bundles?,
-  secretKey?}]``; a dataset whose Dataset names a storage Secret gets ``secretKey`` and
-  the volume ``nodePublishSecretRef`` (the kubelet reads the Secret in the pod's namespace
-  and passes it to the agent: the agent never reads Secrets, the pod spec never holds
-  credentials). One Secret per pod; inline storage options in the annotation are refused;
+  ``readOnly``, ``volumeAttributes`` by the contract :mod:`dsplatform.wire.csivolume` (the
+  JSON list ``[{name, source, bundles?, secretKey?}]`` and its version); a dataset whose
+  Dataset names a storage Secret gets ``secretKey`` and the volume ``nodePublishSecretRef``
+  (the kubelet reads the Secret in the pod's namespace and passes it to the agent: the
+  agent never reads Secrets, the pod spec never holds credentials). One Secret per pod;
+  inline storage options in the annotation are refused;
 - every app container mounts it read-only at ``/dsagent-run`` with
   ``mountPropagation: HostToContainer`` (so the datasets bound when ready appear inside)
   and gets ``DSAGENT_TASK_ID``, ``DSAGENT_DATASETS``, ``DSAGENT_DATASETS_DIR`` and
@@ -34,6 +35,7 @@ from typing import Any
 
 from dsagent.errors import InvalidInput
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
+from dsplatform.wire import csivolume
 
 DRIVER = "datasets.dsagent.io"
 #: Not ``dsagent-cache``: this one caches nothing; the cluster agent then submits the pod's
@@ -62,16 +64,12 @@ def volume(datasets: Sequence[ResolvedDataset], injection: Injection) -> dict[st
                 f"dataset {dataset.name!r} has inline storage options, which CSI mode does not put in a pod spec",
                 hint="name a storage Secret in its Dataset instead",
             )
-        entry: dict[str, Any] = {"name": dataset.name, "source": dataset.source}
-        if dataset.bundles:
-            entry["bundles"] = dataset.bundles
-        if dataset.secret is not None:
-            entry["secretKey"] = dataset.secret.key or injection.storage_options_key
-        entries.append(entry)
+        secret_key = (dataset.secret.key or injection.storage_options_key) if dataset.secret is not None else None
+        entries.append(csivolume.VolumeDataset(dataset.name, dataset.source, dataset.bundles or None, secret_key))
     csi: dict[str, Any] = {
         "driver": injection.csi_driver,
         "readOnly": True,
-        "volumeAttributes": {"datasets": json.dumps(entries, separators=(",", ":"))},
+        "volumeAttributes": csivolume.encode(entries),
     }
     if secrets:
         csi["nodePublishSecretRef"] = {"name": secrets[0]}

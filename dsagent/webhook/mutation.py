@@ -50,13 +50,13 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dsagent.cluster.annotation import DatasetRef
 from dsagent.cluster.datasets import Dataset
 from dsagent.cluster.podenv import INIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
 from dsagent.webhook import csiwiring
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
 from dsagent.webhook.jsonpatch import JSONPatch, append_all, escape, prepend
+from dsplatform.wire.podannotations import DatasetRef
 
 SOCKET_VOLUME = "dsagent-socket"
 DATASETS_VOLUME = "dsagent-datasets"

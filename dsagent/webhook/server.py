@@ -36,7 +36,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, InstanceOf, Validat
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.cache.settings import AgentLogSettings, parse_listen
-from dsagent.cluster import annotation
 from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsagent.webhook.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -45,9 +44,10 @@ from dsagent.webhook.gpurequest import WEBHOOK_PREFIX, GpuClassSettings
 from dsagent.webhook.mutation import Injection, JSONPatch, mutate, resolve
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from dsplatform import boundedjson, logs, probes
-from dsplatform.errors import exit_on_error
+from dsplatform.errors import PlatformError, exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket
 from dsplatform.settings import EnvSettings, InvalidSettings, not_from_env
+from dsplatform.wire import podannotations
 
 log = logging.getLogger("dsagent.webhook")
 ENV_PREFIX = WEBHOOK_PREFIX
@@ -113,7 +113,7 @@ def decide(
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
     try:
         classes = gpu.decide(pod, namespace, annotations_exist=annotated, dry_run=dry_run)
-    except DsagentError as exc:
+    except PlatformError as exc:  # the agent's errors and the wire contract's
         reason = str(exc)
     except Exception as exc:  # never block a pod on a bug; keep it visible
         log.exception("assigning a GPU class to %s/%s failed", namespace, name)
@@ -131,14 +131,14 @@ def decide(
 def _decide_datasets(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
     try:
-        refs = annotation.datasets_of(pod)
+        refs = podannotations.datasets_of(pod)
         if not refs:
             return Decision([])
         datasets = resolve(refs, lambda dataset: lookup(namespace, dataset))
         return Decision(mutate(pod, datasets, injection))
     except NotFound as exc:
         reason = f"{exc.message} (create the Dataset or give its source in the annotation)"
-    except DsagentError as exc:
+    except PlatformError as exc:  # the agent's errors and the wire contract's
         reason = str(exc)
     except Exception as exc:  # never block a pod on a bug; keep it visible
         log.exception("mutating %s/%s failed", namespace, name)

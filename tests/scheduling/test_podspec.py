@@ -22,14 +22,17 @@ def read(p: dict[str, Any]):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('[{"name": "imagenet", "source": "s3://b/imagenet", "digest": "AB"}]', (DatasetWant("imagenet", "ab"),)),
+        (
+            '[{"name": "imagenet", "source": "s3://b/imagenet", "digest": "' + "ab" * 16 + '"}]',
+            (DatasetWant("imagenet", "ab" * 16),),
+        ),
         (
             '[{"name": "a", "source": "s3://x", "bundles": "s3://y", "storage_options": {"anon": true}}]',
             (DatasetWant("a"),),
         ),
         ("imagenet, coco", (DatasetWant("imagenet"), DatasetWant("coco"))),
         ("imagenet", (DatasetWant("imagenet"),)),
-        ("imagenet,imagenet", (DatasetWant("imagenet"),)),
+        ("imagenet,,coco", (DatasetWant("imagenet"), DatasetWant("coco"))),
         ("", ()),
         (None, ()),
     ],
@@ -38,7 +41,7 @@ def read(p: dict[str, Any]):  # type: ignore[no-untyped-def]
         "json-list-extra-keys",
         "comma-list",
         "one-name",
-        "duplicate-counts-once",
+        "empty-item-skipped",
         "blank",
         "absent",
     ],
@@ -54,11 +57,23 @@ def test_datasets_annotation_is_read(text: str | None, expected: tuple[DatasetWa
         '[{"source": "s3://x"}]',
         '[{"name": ""}]',
         "[42]",
-        "a,,b",
+        "imagenet,imagenet",
+        '[{"name": "a", "src": "s3://x"}]',
+        '[{"name": "a", "digest": "AB"}]',
         '{"name": "a"}',
         '[{"name": "a", "digest": 7}]',
     ],
-    ids=["broken-json", "no-name", "empty-name", "not-an-object", "empty-item", "object-not-list", "digest-not-string"],
+    ids=[
+        "broken-json",
+        "no-name",
+        "empty-name",
+        "not-an-object",
+        "duplicate",
+        "unknown-key",
+        "digest-not-lowercase-hex",
+        "object-not-list",
+        "digest-not-string",
+    ],
 )
 def test_unparseable_datasets_annotation_is_reported_not_raised(text: str) -> None:
     wants, error = parse_datasets(text)

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
-from dsagent.cluster.annotation import DatasetRef
 from dsagent.cluster.datasets import Dataset, SecretRef
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.webhook.mutation import (
@@ -23,6 +22,7 @@ from dsagent.webhook.mutation import (
     resolve,
     wait_mode,
 )
+from dsplatform.wire.podannotations import DatasetRef
 from tests.fake_apiserver import json_patch, make_pod
 
 REVIEW = json.loads(

@@ -1,27 +1,35 @@
-"""The pod annotation ``dsagent.io/datasets``: what a pod asks to have cached.
+"""The pod annotation ``dsagent.io/datasets``: what a pod asks to have cached. Version 1.
 
-Two forms are accepted (the contract shared with the scheduler extender):
+The one reading of it: the admission webhook (to wire the pod), the node agent's cluster
+mode (to start caching at bind time), the scheduler extender and the Dataset controller
+(through :func:`scheduling.podspec.parse_datasets`: affinity, preparation, migration) all
+parse it here, so a pod one of them accepts is one the others read alike.
+
+Two forms are accepted:
 
 - a comma-separated list of names, ``"imagenet,coco"``, resolved through ``Dataset``
   resources in the pod's namespace;
 - a JSON list of objects ``{"name", "source"?, "digest"?, "bundles"?, "storage_options"?}``;
   an entry without ``source`` is resolved like a bare name.
 
-Who calls it: the admission webhook (to build the init-container) and the cluster agent
-(to start caching at bind time). Pure: no I/O, errors are :class:`InvalidInput` with the
-reason.
+The writer is the pod's author (a user or a training operator): :func:`encode` writes the
+JSON form, as tools and tests do. Pure: no I/O; errors are :class:`InvalidInput` (the
+platform's, each process's tree derives from it) with the reason.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsagent.errors import InvalidInput
 from dsplatform import boundedjson
+from dsplatform.errors import InvalidInput
 from dsplatform.names import NAME_HINT, is_digest, is_name
 
+#: the version of this contract: both forms below; a new form gets a new version
+VERSION = 1
 DATASETS_ANNOTATION = "dsagent.io/datasets"
 _KEYS = {"name", "source", "digest", "bundles", "storage_options"}
 #: the API server caps all of a pod's annotations together at 256 KiB
@@ -57,6 +65,18 @@ def datasets_of(pod: Mapping[str, Any]) -> tuple[DatasetRef, ...]:
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     return parse(annotations.get(DATASETS_ANNOTATION))
+
+
+def encode(refs: tuple[DatasetRef, ...] | list[DatasetRef]) -> str:
+    """The annotation's JSON form for ``refs``: what :func:`parse` reads back as ``refs``."""
+    items = []
+    for ref in refs:
+        item: dict[str, Any] = {"name": ref.name}
+        for key in ("source", "bundles", "digest", "storage_options"):
+            if getattr(ref, key) is not None:
+                item[key] = getattr(ref, key)
+        items.append(item)
+    return json.dumps(items, separators=(",", ":"))
 
 
 def _parse_names(text: str) -> tuple[DatasetRef, ...]:
@@ -114,4 +134,4 @@ def _name(name: Any) -> str:
     return str(name)
 
 
-__all__ = ["DATASETS_ANNOTATION", "DatasetRef", "datasets_of", "parse"]
+__all__ = ["DATASETS_ANNOTATION", "VERSION", "DatasetRef", "datasets_of", "encode", "parse"]

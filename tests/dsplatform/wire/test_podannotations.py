@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsagent.cluster.annotation import DatasetRef, datasets_of, parse
-from dsagent.errors import InvalidInput
+from dsplatform.errors import InvalidInput
+from dsplatform.wire.podannotations import DatasetRef, datasets_of, encode, parse
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,17 @@ def test_a_nested_or_oversized_annotation_is_invalid_input_not_a_recursion_error
     # issue 21 finding 6: the old parse raised RecursionError, which the webhook saw as a bug
     with pytest.raises(InvalidInput, match="nested deeper|over"):
         parse(text)
+
+
+@pytest.mark.parametrize(
+    "refs",
+    [
+        (DatasetRef("imagenet"),),
+        (DatasetRef("a", "s3://b/a", "s3://b/bundles"), DatasetRef("coco", "/nfs/coco", digest="f" * 32)),
+        (DatasetRef("a", "s3://b/a", storage_options={"anon": True}),),
+    ],
+)
+def test_what_encode_writes_parse_reads_back(refs: tuple[DatasetRef, ...]) -> None:
+    back = parse(encode(refs))
+    assert back == refs
+    assert [r.storage_options for r in back] == [r.storage_options for r in refs]  # not part of ==
