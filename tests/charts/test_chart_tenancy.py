@@ -130,3 +130,22 @@ def test_a_share_outside_zero_to_one_is_refused_by_the_values_schema() -> None:
     for bad in ("0", "1.5", "half"):
         with pytest.raises(Exception, match="nodeShare"):
             helm.Chart.load(str(CHART)).render({"tenancy": {"nodeShare": bad}}, name="r", namespace=NAMESPACE)
+
+
+def test_the_controller_gets_the_limits_and_may_write_events() -> None:
+    from dsagent.controller.controllersettings import ControllerSettings
+    from tests.charts.test_chart import find
+
+    docs = render({"tenancy": {"clusterBytes": "20Ti", "warmNodesMax": 4}})
+    deployment = find(docs, "Deployment", "-controller")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e and e["name"] != "DSAGENT_ADMIN_TOKEN_FILE"}
+    settings = ControllerSettings.from_env(env)
+    assert (settings.warm_nodes_max, settings.replicas_max, settings.namespace_share) == (4, 8, 0.5)
+    assert (settings.namespace_bytes, settings.namespace_tasks, settings.inventory_max_age) == (20 << 40, 64, 300)
+    assert "DSAGENT_CONTROLLER_NAMESPACE_BYTES" not in {
+        e["name"]
+        for e in find(render(), "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    rules = find(docs, "ClusterRole", "-controller")["rules"]
+    assert {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]} in rules

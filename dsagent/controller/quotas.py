@@ -1,9 +1,10 @@
 """What one namespace may make the cluster hold: the controller's tenancy bounds, pure.
 
-Who calls it: the Dataset controller, once per pass: it builds a :class:`Ledger` with the
-chart's limits (:class:`Limits`, ``DSAGENT_CONTROLLER_*``) and each node's cache capacity,
-charges the preparations it asks for, then asks :meth:`Ledger.admit` before each pin of a
-warm-up or a replica. No I/O and no clock: the same inputs give the same decisions, so a
+Who calls it: the Dataset controller (:mod:`dsagent.controller.reconcile`), once per pass:
+it builds a :class:`Ledger` with the chart's limits (:class:`Limits`,
+``DSAGENT_CONTROLLER_*``) and each node's cache capacity; preparation
+(:mod:`dsagent.controller.nextjob`), warm-up and replicas (:mod:`dsagent.controller.warmup`)
+ask an :class:`Admitter` before each pin. No I/O and no clock: the same inputs give the same decisions, so a
 new leader decides as the old one did (docs/tenancy.md).
 
 Decisions:

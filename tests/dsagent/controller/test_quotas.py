@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dsagent.cache import replication
-from dsagent.cluster.quotas import Ledger, Limits, capped
+from dsagent.controller.quotas import Ledger, Limits, capped
 from dsplatform import published
 from dsplatform.kubetime import format_time
 
