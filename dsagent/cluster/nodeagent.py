@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -543,9 +544,8 @@ class ClusterAgent:
         pause = 0.1
         while (left := deadline - time.monotonic()) > 0:
             try:
-                await asyncio.wait_for(
-                    _in_daemon_thread(lambda t=min(left, 3.0): self._patch_annotations(patch, timeout=t)), left
-                )
+                call = functools.partial(self._patch_annotations, patch, timeout=min(left, 3.0))
+                await asyncio.wait_for(_in_daemon_thread(call), left)
                 self._annotations = publisher.applied(self._annotations, patch)
                 return True
             except (asyncio.TimeoutError, DsagentError) as exc:
