@@ -13,6 +13,7 @@ Needs ``moto[server]`` (in the ``test`` extra; ``make s3-local`` installs it int
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import socket
 import sys
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"s3-local: error: cannot listen on {args.host}:{args.port}: {exc.strerror} (try --port)", file=sys.stderr)
             return 2
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = ThreadedMotoServer(ip_address=args.host, port=args.port, verbose=False)
     server.start()
     endpoint = f"http://{args.host}:{args.port}"
