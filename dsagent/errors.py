@@ -139,7 +139,7 @@ class InsufficientSpace(DsagentError):
 class CacheDiskError(DsagentError):
     """The node's cache disk failed an operation (EIO, EROFS, ...; a full one is
     :class:`InsufficientSpace`): the node's fault, not the source's, and not worth a retry
-    until someone looks at the disk (issue 21: it surfaced as ``source_unavailable``)."""
+    until someone looks at the disk (it surfaced as ``source_unavailable``)."""
 
     http_status = 507  # "unable to store the representation" (RFC 4918), as for a full disk
     exit_code = 13

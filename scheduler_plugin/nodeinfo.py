@@ -121,7 +121,7 @@ class NodeFacts:
 
         Interned: nodes with equal keys share one tuple, so the per-request dictionaries
         keyed by it (one entry per distinct key, 5,000 lookups at 5,000 nodes) match by
-        identity instead of comparing free-GPU sets element by element (issue 24: 12% of
+        identity instead of comparing free-GPU sets element by element (12% of
         a names-only request's samples were that comparison).
         """
         key = (self.topology_id, self.free_gpus, self.free_count)

@@ -25,7 +25,7 @@ from dsagent.errors import DsagentError, InvalidInput
 if TYPE_CHECKING:
     # Imported where the app is built, not here: dsctl's client (dsagent.api.client) lives in
     # this package, and importing FastAPI, the routes and the service cost every
-    # init-container's ``dsctl cache`` over a second of start-up (issue 24).
+    # init-container's ``dsctl cache`` over a second of start-up.
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from starlette.types import ASGIApp, Message, Receive, Scope, Send

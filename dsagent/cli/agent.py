@@ -239,7 +239,7 @@ def serve(
         raise failure  # the start-up's own error: main's edge prints it with its exit code
 
 
-#: From SIGTERM to the process being gone, whatever its threads are doing (issue 10 finding 3).
+#: From SIGTERM to the process being gone, whatever its threads are doing.
 STOP_DEADLINE = 9.0
 
 

@@ -52,7 +52,7 @@ What it owns, per Dataset, each resync (``DSAGENT_CONTROLLER_RESYNC``, 30 s):
   evict the dataset *without force*; an agent where a task still uses it answers 409 and
   keeps it (``status.cleanup.keptInUse``). Old versions need no command: each agent deletes
   a superseded version at its sweep once no task holds it (rule 2).
-- store gc (``DSAGENT_CONTROLLER_STORE_GC``: an interval; off by default, issue 23): one
+- store gc (``DSAGENT_CONTROLLER_STORE_GC``: an interval; off by default): one
   ``dsctl gc --delete`` Job per bundle store of the auto-packed Datasets and interval,
   never while a pack of that store runs (:mod:`dsagent.cluster.storegc`).
 - migration, step 5 of the deadline design (``DSAGENT_CONTROLLER_MIGRATE=on``, off by
@@ -211,7 +211,7 @@ class ControllerMetrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.leader = Gauge("dsplatform_controller_leader", "1 while this replica holds the Lease.", registry=r)
         self.passes = Counter("dsplatform_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
@@ -241,7 +241,7 @@ class ControllerMetrics:
             ["copies"],
             registry=r,
         )
-        for result in ("ok", "error"):  # series exist before the first error (issue 23)
+        for result in ("ok", "error"):  # series exist before the first error
             self.passes.labels(result=result)
             self.datasets.labels(result=result)
 

@@ -52,7 +52,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 class WritebackError(OSError):
     """Flushing a filesystem failed (EIO, ENOSPC, ...): what was written into it since the
     last good flush may not be on disk. Raised by :func:`syncfs` and by
-    :meth:`Writeback.check` for a background flush that failed (issue 21 finding 6)."""
+    :meth:`Writeback.check` for a background flush that failed."""
 
 
 def syncfs(path: str | os.PathLike[str]) -> None:
@@ -135,7 +135,7 @@ class Writeback:
         except OSError as exc:
             # kept for :meth:`check`: the kernel reports a writeback error to one syncfs per
             # open file, so the writer's own final syncfs (on a descriptor opened later) may
-            # never see it (issue 21 finding 6)
+            # never see it
             with self._lock:
                 self._failures += 1
                 self._failure = exc

@@ -33,7 +33,9 @@ def test_every_alert_links_the_runbook_page_that_explains_it() -> None:
         slug = page_of(alert["annotations"]["runbook_url"], base)
         page = RUNBOOKS / f"{slug}.md"
         assert page.is_file(), f"{alert['alert']}: no runbook page {page.relative_to(REPO_ROOT)}"
-        assert page.read_text().startswith(f"# {alert['alert']}\n"), f"{page.name} is not the runbook of {alert['alert']}"
+        assert page.read_text().startswith(f"# {alert['alert']}\n"), (
+            f"{page.name} is not the runbook of {alert['alert']}"
+        )
 
 
 def test_the_runbook_index_lists_every_alert_and_no_page_is_orphaned() -> None:

@@ -18,7 +18,6 @@ from mkdocs.structure.files import File, Files  # noqa: E402
 
 from tools.docs.reference import PAGES  # noqa: E402
 
-
 # the simulator's plots, written by tools/sim into tools/sim/out, shown by docs/simulation.md
 SIM_OUT = REPO / "tools" / "sim" / "out"
 

@@ -89,11 +89,19 @@ def cli_page() -> str:
 
 # (title, class, who reads it); each class's fields with their variables
 SETTINGS = (
-    ("The node agent (`dsagent serve`)", "dsagent.cache.settings:Settings", "the agent; `dsctl` reads the storage timeouts"),
+    (
+        "The node agent (`dsagent serve`)",
+        "dsagent.cache.settings:Settings",
+        "the agent; `dsctl` reads the storage timeouts",
+    ),
     ("Cluster mode of the agent", "dsagent.cluster.nodeagent:ClusterSettings", "the agent with `--kubernetes`"),
     ("The webhook", "dsagent.cluster.admission.server:WebhookSettings", "`dsagent webhook serve`"),
     ("GPU classes in the webhook", "dsagent.cluster.admission.roceclass:GpuClassSettings", "the webhook"),
-    ("The Dataset controller", "dsagent.cluster.controller:ControllerSettings", "`python -m dsagent.cluster.controller`"),
+    (
+        "The Dataset controller",
+        "dsagent.cluster.controller:ControllerSettings",
+        "`python -m dsagent.cluster.controller`",
+    ),
     ("The scheduler extender", "scheduler_plugin.settings:Settings", "`python -m scheduler_plugin`"),
 )
 
@@ -126,9 +134,7 @@ def _field_comments(cls: type) -> dict[str, str]:
             while row in comments and comments[row][1]:
                 above.insert(0, comments[row][0])
                 row -= 1
-            beside = [
-                comments[r][0] for r in range(node.lineno, (node.end_lineno or node.lineno) + 1) if r in comments
-            ]
+            beside = [comments[r][0] for r in range(node.lineno, (node.end_lineno or node.lineno) + 1) if r in comments]
             text = " ".join(part for part in [*above, *[b for b in beside if b]] if not part.startswith("---"))
             found[node.target.id] = text
     return found

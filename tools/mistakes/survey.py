@@ -1,7 +1,7 @@
 """A new user's mistakes, run against the real commands and judged the same way each time.
 
-Who runs it: the lead before closing issue 23 (its "done when" asks for the count of clear
-answers out of 80), and ``tests/tools/test_mistakes.py`` at ``--smoke`` size so that the
+Who runs it: whoever changes an error message or an exit code (it prints the count of
+clear answers), and ``tests/tools/test_mistakes.py`` at ``--smoke`` size so that the
 list cannot rot. Not run by CI in full (about a minute on a quiet machine).
 
 Each mistake is one command line (``dsctl``, ``dsagent``, ``python -m scheduler_plugin``)

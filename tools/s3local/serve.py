@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             probe.bind((args.host, args.port))
         except OSError as exc:
-            print(f"s3-local: error: cannot listen on {args.host}:{args.port}: {exc.strerror} (try --port)", file=sys.stderr)
+            print(
+                f"s3-local: error: cannot listen on {args.host}:{args.port}: {exc.strerror} (try --port)",
+                file=sys.stderr,
+            )
             return 2
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = ThreadedMotoServer(ip_address=args.host, port=args.port, verbose=False)

@@ -75,7 +75,7 @@ from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
-# ours with issue 25's cluster-side policies switched on: next-job preparation, replication
+# ours with the cluster-side policies switched on: next-job preparation, replication
 OURS_VARIANTS = ("ours+prepare", "ours+replicas")
 OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
 POLICIES = ("default", "fluid", "ours", *OURS_VARIANTS, *deadline_variants.POLICY_NAMES)

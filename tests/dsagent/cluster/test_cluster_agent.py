@@ -559,7 +559,7 @@ def test_an_unreachable_api_server_does_not_stop_the_agent(
     asyncio.run(scenario())
 
 
-# -- the rights the chart grants are the ones the agent uses (issue 23)
+# -- the rights the chart grants are the ones the agent uses
 
 
 def _verb_and_resource(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str | None]:
