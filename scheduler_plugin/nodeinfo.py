@@ -1,6 +1,6 @@
 """What a node offers: its cached datasets, GPU topology, RoCE classes and free GPUs.
 
-The node agent publishes three annotations (exact keys and size budgets in the README):
+The node agent publishes three annotations (exact keys and size budgets in docs/user-guide/scheduler-extender.md):
 
 - ``dsagent.io/inventory``: the agent's inventory JSON (version 1, <= 64 KiB);
 - ``dsagent.io/topology``: gpu_topology's JSON (version 1, <= 32 KiB);

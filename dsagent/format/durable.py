@@ -94,7 +94,7 @@ class Writeback:
     10,300 write requests for a 1.08 GB dataset against ~1,000 from ``tar -x`` left to the
     kernel. Paced every 32 MiB, ~2,200 requests of ~510 kB, and caching that dataset took
     3.07-4.81 s (median 3.56 s) against 3.95-5.03 s (median 4.91 s) per file, in six
-    interleaved rounds on this project's test VM (64 MiB: median 3.9-4.3 s; README, cache.py).
+    interleaved rounds on this project's test VM (64 MiB: median 3.9-4.3 s; docs/performance.md, cache.py).
 
     One instance per filesystem (:func:`writeback_for`), shared by the threads writing into
     it; it holds no descriptor between flushes (a flush syncs through a copy of the
