@@ -43,10 +43,10 @@ s3-local: $(VENV)/.s3-installed
 
 # The documentation site (mkdocs.yml) into site/; strict: a broken link or anchor fails.
 docs: $(VENV)/.test-installed
-	$(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 docs-serve: $(VENV)/.test-installed
-	$(PY) -m mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 lint: $(VENV)/.test-installed
 	$(PY) -m ruff check .
