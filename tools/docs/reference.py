@@ -94,13 +94,13 @@ SETTINGS = (
         "dsagent.cache.settings:Settings",
         "the agent; `dsctl` reads the storage timeouts",
     ),
-    ("Cluster mode of the agent", "dsagent.cluster.nodeagent:ClusterSettings", "the agent with `--kubernetes`"),
-    ("The webhook", "dsagent.cluster.admission.server:WebhookSettings", "`dsagent webhook serve`"),
-    ("GPU classes in the webhook", "dsagent.cluster.admission.roceclass:GpuClassSettings", "the webhook"),
+    ("Cluster mode of the agent", "dsagent.cluster.clustersettings:ClusterSettings", "the agent with `--kubernetes`"),
+    ("The webhook", "dsagent.webhook.server:WebhookSettings", "`dsagent webhook serve`"),
+    ("GPU classes in the webhook", "dsagent.webhook.gpurequest:GpuClassSettings", "the webhook"),
     (
         "The Dataset controller",
-        "dsagent.cluster.controller:ControllerSettings",
-        "`python -m dsagent.cluster.controller`",
+        "dsagent.controller.controllersettings:ControllerSettings",
+        "`python -m dsagent.controller`",
     ),
     ("The scheduler extender", "scheduler_plugin.settings:Settings", "`python -m scheduler_plugin`"),
 )
@@ -218,8 +218,8 @@ def settings_page() -> str:
 
 REGISTRIES: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("The node agent", "dsagent.cache.metrics:Metrics", lambda cls: cls(protocols=("file", "http", "s3"))),
-    ("The Dataset controller", "dsagent.cluster.controller:ControllerMetrics", lambda cls: cls()),
-    ("The webhook", "dsagent.cluster.admission.admissionmetrics:WebhookMetrics", lambda cls: cls()),
+    ("The Dataset controller", "dsagent.controller.controllermetrics:ControllerMetrics", lambda cls: cls()),
+    ("The webhook", "dsagent.webhook.admissionmetrics:WebhookMetrics", lambda cls: cls()),
     ("The scheduler extender", "scheduler_plugin.metrics:ExtenderMetrics", lambda cls: cls()),
 )
 SUFFIX = {"counter": "_total", "histogram": "", "gauge": "", "summary": "", "info": "_info"}
