@@ -113,7 +113,7 @@ class NotFound(DsagentError):
 
 
 class NamespaceShareExceeded(Forbidden):
-    """A pin for a namespace that already holds its share of this node's cache (docs/tenancy.md)."""
+    """A pin for a namespace that already holds its share of this node's cache (docs/operator-guide/tenancy.md)."""
 
     code = "namespace_share"
 

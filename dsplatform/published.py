@@ -19,9 +19,8 @@ TOPOLOGY = "dsagent.io/topology"
 #: The node's free GPU indices (``"0,1,4,5"``).
 FREE_GPUS = "dsagent.io/free-gpus"
 #: When the agent last published (RFC 3339, seconds): written with every change and at least
-#: every heartbeat, so a reader can refuse an inventory older than its bound (docs/tenancy.md).
+#: every heartbeat, so a reader can refuse an inventory older than its bound (docs/operator-guide/tenancy.md).
 PUBLISHED_AT = "dsagent.io/published-at"
-
 
 
 def stale(annotations: Mapping[str, Any], now: float, max_age: float) -> bool:

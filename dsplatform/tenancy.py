@@ -3,7 +3,7 @@
 Who calls it: the Dataset controller (writes the header on every request it makes to an
 agent with the admin token) and the agent's API (reads it for its audit line, its counter,
 its per-namespace accounting and the scope of a named eviction). One definition of the
-header and of its value, so the two ends cannot drift apart (docs/tenancy.md).
+header and of its value, so the two ends cannot drift apart (docs/operator-guide/tenancy.md).
 
 - :data:`ACTING_FOR_HEADER`: ``X-Dsagent-For: <namespace>/<name>``, the Dataset a
   request acts for. The agent trusts it only beside a valid admin token (an operator

@@ -10,7 +10,7 @@ task is not an operator and is not audited here (its task is its pod UID).
 The line names the Dataset the request acts for, from the controller's
 ``X-Dsagent-For: namespace/name`` header (:mod:`dsplatform.tenancy`; ``-`` when an
 operator acts by hand), so an operator can tell which Dataset evicted or pinned what
-(docs/tenancy.md)::
+(docs/operator-guide/tenancy.md)::
 
     audit action=evict for=team-a/imagenet task=- target=/v1/evict status=200 caller="admin token" client=10.0.0.7
 """

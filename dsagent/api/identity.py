@@ -137,7 +137,7 @@ def require_operator(caller: Caller) -> None:
 
 
 def acting_for(request: Request, caller: Caller) -> tuple[str, str] | None:
-    """The Dataset an operator's request acts for (``X-Dsagent-For: namespace/name``, docs/tenancy.md).
+    """The Dataset an operator's request acts for (``X-Dsagent-For: namespace/name``, docs/operator-guide/tenancy.md).
 
     Only an operator names one: from anyone else the header is ignored (a pod cannot make
     its request count against, or evict for, another namespace). A malformed value from an

@@ -380,7 +380,7 @@ class Catalog:
     def expired_tasks(self, now: float) -> list[str]:
         return [row["task_id"] for row in self._query("SELECT task_id FROM tasks WHERE lease_until <= ?", (now,))]
 
-    # -- tenants (docs/tenancy.md) --------------------------------------------------------
+    # -- tenants (docs/operator-guide/tenancy.md) --------------------------------------------------------
 
     def record_tenant(self, task_id: str, namespace: str, sources: Sequence[tuple[str, str]]) -> None:
         """The task acts for ``namespace``, which asked for each ``(name, source)``."""

@@ -39,7 +39,7 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
   the open failed with (``not_found``, ``storage_credentials``, ``source_unavailable``...).
 - ``operator_requests_total{action,namespace,status}``: every admin-token request that pins
   (``pin``), releases (``release``) or evicts (``evict``), by the namespace of the Dataset it
-  names (``-``: none, an operator by hand) and the status answered (docs/tenancy.md); the
+  names (``-``: none, an operator by hand) and the status answered (docs/operator-guide/tenancy.md); the
   same request is the agent's ``audit`` log line. ``namespace_refusals_total{namespace}``:
   pins refused because the namespace holds its share of the cache. The namespace label is
   bounded by the cluster's namespaces, and only the controller (the admin token) sets it.

@@ -67,7 +67,7 @@ def choose(
 ) -> list[str]:
     """The ``wanted`` nodes to hold a copy (fewer when fewer qualify), sorted by name.
     ``admit``: asked in rank order for each eligible node until ``wanted`` are admitted (the
-    controller's tenancy bounds, docs/tenancy.md); a node it refuses is skipped."""
+    controller's tenancy bounds, docs/operator-guide/tenancy.md); a node it refuses is skipped."""
     need = math.ceil(max(0, size_bytes) * ratio)
     kept = set(before)
 

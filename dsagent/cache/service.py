@@ -177,7 +177,7 @@ class CacheService:
     ) -> TaskRecord:
         """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds.
         ``task_id`` in any case names one task (:func:`task_key`). ``tenant``: the namespace
-        the task acts for (docs/tenancy.md): a new task of a namespace that already pins its
+        the task acts for (docs/operator-guide/tenancy.md): a new task of a namespace that already pins its
         share of the cache is refused (:class:`NamespaceShareExceeded`) before any work, and
         the namespace is recorded as one that asked for each dataset's source."""
         try:
@@ -222,7 +222,7 @@ class CacheService:
         return await self.get_task(task_id)
 
     async def _check_share(self, tenant: str, requests: Sequence[DatasetRequest], now: float) -> None:
-        """Refuse a new pin past ``tenant``'s share of this node's cache (docs/tenancy.md).
+        """Refuse a new pin past ``tenant``'s share of this node's cache (docs/operator-guide/tenancy.md).
 
         What the namespace already pins is exact (the versions its live tasks hold); what the
         new task adds is the size of the version of each dataset already known here from the
@@ -466,7 +466,7 @@ class CacheService:
         tenant: str | None = None,
     ) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``.
-        With ``tenant`` (named datasets only), only for that namespace (docs/tenancy.md)."""
+        With ``tenant`` (named datasets only), only for that namespace (docs/operator-guide/tenancy.md)."""
         result = await self._space.evict(
             names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes, tenant=tenant
         )

@@ -238,7 +238,7 @@ class Settings(StorageSettings, AgentLogSettings):
     nodefs_available: Share = Field(0.10, validation_alias=_env("NODEFS_AVAILABLE", "nodefs_available"))
     evict_ratio: float = 1.2
     # the most of this node's cache one namespace's controller pins (warm-up, replicas,
-    # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/tenancy.md)
+    # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/operator-guide/tenancy.md)
     namespace_share: float = 1.0
     idle_ttl: Duration = 7 * 86400.0
     lease_ttl: Duration = 6 * 3600.0

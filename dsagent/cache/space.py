@@ -215,7 +215,7 @@ class Space:
         (the one its latest consistency check of that source resolved to) and the versions
         tasks still use. Per source, because two namespaces may each have a Dataset of one
         name with its own source: one's new version must never supersede the other's
-        (docs/tenancy.md)."""
+        (docs/operator-guide/tenancy.md)."""
         async with self.lock:
             rows = await self.pools.db(self._catalog().versions, name)
             current: dict[tuple[str, str], VersionRow] = {}
@@ -245,7 +245,7 @@ class Space:
     ) -> EvictionResult:
         """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``.
 
-        ``tenant`` (named datasets only, docs/tenancy.md): the eviction acts for that
+        ``tenant`` (named datasets only, docs/operator-guide/tenancy.md): the eviction acts for that
         namespace alone. A version goes only when ``tenant`` is the one namespace that asked
         for its source; where other namespaces asked for it too, ``tenant``'s claim is dropped
         and the bytes stay; a version ``tenant`` never asked for is not touched."""

@@ -31,7 +31,7 @@ class ClusterSettings(EnvSettings):
     copies_configmap: str | None = None  # "namespace/name" of the controller's copy counts
     copies_interval: Duration = 30.0  # how often they are read
     # the Node's dsagent.io/published-at is rewritten at least this often, so the controller
-    # can tell a live inventory from a stale one (docs/tenancy.md)
+    # can tell a live inventory from a stale one (docs/operator-guide/tenancy.md)
     publish_heartbeat: Duration = 120.0
     # how long a stopping agent tries to remove its Node annotations (an API server that hangs
     # or fails is retried within it, never waited on past it)

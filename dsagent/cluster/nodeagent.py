@@ -12,7 +12,7 @@ hooks=hooks)``, and awaits
    at most once per ``DSAGENT_PUBLISH_INTERVAL``, with the time it published
    (``dsagent.io/published-at``, rewritten at least every ``DSAGENT_PUBLISH_HEARTBEAT`` so a
    stale inventory can be told); a graceful stop removes them within ``DSAGENT_STOP_TIMEOUT``,
-   even while the API server hangs (docs/tenancy.md);
+   even while the API server hangs (docs/operator-guide/tenancy.md);
 2. watches the pods bound to its node (:class:`~dsagent.cluster.podwatch.PodWatch`) and, as
    soon as one that names datasets is bound, submits its task (the pod UID) to the
    service, so caching runs while the kubelet pulls the images (docs/design.md#rule-3); the

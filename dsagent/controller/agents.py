@@ -7,7 +7,7 @@ cleanup) and its warm-up, replicas and preparation steps (:mod:`dsagent.controll
 token (:func:`http_call`); tests pass their own :data:`AgentCall`. Every call names the
 Dataset it acts for (``X-Dsagent-For: namespace/name``, :mod:`dsplatform.tenancy`): the
 agent logs and counts it, and scopes a cleanup's eviction to that namespace
-(docs/tenancy.md). An agent's answer is hostile input: :func:`task_report` keeps its state
+(docs/operator-guide/tenancy.md). An agent's answer is hostile input: :func:`task_report` keeps its state
 and byte counts, never more.
 """
 
@@ -25,7 +25,7 @@ log = logging.getLogger("dsagent.controller")
 
 JSON = dict[str, Any]
 # (node, method, path, body, acting_for) -> (HTTP status, JSON answer); None when the node has
-# no agent. ``acting_for``: the Dataset the request is for, "namespace/name" (docs/tenancy.md)
+# no agent. ``acting_for``: the Dataset the request is for, "namespace/name" (docs/operator-guide/tenancy.md)
 AgentCall = Callable[[str, str, str, "JSON | None", str], "tuple[int, Any] | None"]
 
 
@@ -135,7 +135,7 @@ def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
 def cleanup(agent_call: AgentCall, nodes: list[str], namespace: str, name: str, request: str, now: float) -> JSON:
     """``dsagent.io/cleanup``: ask every agent to evict dataset ``name`` without force, for the
     Dataset's namespace alone (the agent evicts only the versions that namespace alone asked
-    for, docs/tenancy.md); an agent where a task still uses it answers 409 and keeps it. The
+    for, docs/operator-guide/tenancy.md); an agent where a task still uses it answers 409 and keeps it. The
     Dataset's ``status.cleanup``."""
     evicted: list[str] = []
     kept: list[str] = []

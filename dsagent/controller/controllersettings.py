@@ -75,8 +75,8 @@ class ControllerSettings(EnvSettings):
     replicas_window_s: Duration = Field(
         3600.0, validation_alias=_controller_env("REPLICAS_WINDOW", "replicas_window_s")
     )
-    replicas_max: int = 16  # copies one Dataset may hold: "auto" and a number alike (docs/tenancy.md)
-    # tenancy bounds (docs/tenancy.md, the chart's tenancy.*)
+    replicas_max: int = 16  # copies one Dataset may hold: "auto" and a number alike (docs/operator-guide/tenancy.md)
+    # tenancy bounds (docs/operator-guide/tenancy.md, the chart's tenancy.*)
     warm_nodes_max: int = Field(8, ge=1)
     namespace_share: float = 0.5  # of any node's cache, through warm-up, replicas and preparation
     namespace_bytes: Size | None = None  # pinned across the cluster; None: no bound beyond the share

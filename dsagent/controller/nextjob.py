@@ -47,7 +47,7 @@ def prepare_pass(
 ) -> dict[tuple[str, str], JSON]:
     """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset.
     A phase-2 ask is charged to its namespace in ``ledger`` and not made (state ``refused``)
-    when it would pass the namespace's bounds (docs/tenancy.md)."""
+    when it would pass the namespace's bounds (docs/operator-guide/tenancy.md)."""
     by_key = {
         ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
         for d in datasets
@@ -80,7 +80,7 @@ def prepare_pass(
             if ledger is None or ledger.admitter(namespace, size)(prep.node):
                 state = _ask_to_prepare(agent_call, prep, namespace, by_key)
             else:
-                state = "refused"  # the namespace's share of the node (docs/tenancy.md)
+                state = "refused"  # the namespace's share of the node (docs/operator-guide/tenancy.md)
             if state not in ("skipped", "refused"):
                 fetching.add((prep.job, prep.node))
         for want in prep.datasets:

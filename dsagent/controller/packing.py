@@ -58,7 +58,7 @@ def listing_fingerprint(url: str, storage_options: Mapping[str, Any] | None = No
 
 def job_name(namespace: str, dataset: str, fingerprint: str) -> str:
     """The pack Job of a Dataset's source listing: one per namespace, Dataset and listing, so
-    two namespaces with one Dataset name and source never share a Job (docs/tenancy.md); a
+    two namespaces with one Dataset name and source never share a Job (docs/operator-guide/tenancy.md); a
     short hash of ``namespace/name`` tells apart what the cut names would not."""
     tag = hashlib.sha256(f"{namespace}/{dataset}".encode()).hexdigest()[:6]
     readable = f"{dataset[:18].rstrip('.-')}-{namespace[:14].rstrip('-')}".lower()

@@ -5,7 +5,7 @@ it builds a :class:`Ledger` with the chart's limits (:class:`Limits`,
 ``DSAGENT_CONTROLLER_*``) and each node's cache capacity; preparation
 (:mod:`dsagent.controller.nextjob`), warm-up and replicas (:mod:`dsagent.controller.warmup`)
 ask an :class:`Admitter` before each pin. No I/O and no clock: the same inputs give the same decisions, so a
-new leader decides as the old one did (docs/tenancy.md).
+new leader decides as the old one did (docs/operator-guide/tenancy.md).
 
 Decisions:
 

@@ -13,7 +13,7 @@ and cleanup; the status patch is written only when it changes anything. Once per
 copy counts, next-job preparation, store gc and migration, each an optimisation that never
 stops a pass when it fails.
 
-Tenancy (docs/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
+Tenancy (docs/operator-guide/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
 ``dsagent.io/published-at``) is used for nothing; each pass keeps one
 :class:`~dsagent.controller.quotas.Ledger` of what each namespace pins; a spec field a bound
 held back is the Dataset's ``Refused`` condition and a Warning Event. Faults: every API
@@ -53,7 +53,7 @@ log = logging.getLogger("dsagent.controller")
 INVENTORY_ANNOTATION = published.INVENTORY
 CLEANUP_ANNOTATION = "dsagent.io/cleanup"
 EVENTS_CONTROLLER = "dsagent.io/dataset-controller"  # the reportingController of its Events
-REFUSED = "Refused"  # the Dataset condition a tenancy bound sets (docs/tenancy.md)
+REFUSED = "Refused"  # the Dataset condition a tenancy bound sets (docs/operator-guide/tenancy.md)
 #: the backoff after failed passes stops growing here (or at the resync, when that is longer)
 BACKOFF_MAX_S = 300.0
 
@@ -166,7 +166,7 @@ class DatasetController:
         (the Lease unreachable counts) the wait doubles (twice the resync, then four times, ...
         up to :data:`BACKOFF_MAX_S`), so a failing API server is not hammered; the first good
         pass brings back the resync. Each API request is bounded by ``api_timeout_s``, so a
-        hanging API server holds a pass no longer than that (docs/tenancy.md)."""
+        hanging API server holds a pass no longer than that (docs/operator-guide/tenancy.md)."""
         started = time.monotonic()
         resync = self.settings.resync_s
         try:
@@ -191,7 +191,7 @@ class DatasetController:
     def fresh_inventories(self, nodes: list[JSON]) -> dict[str, dict[str, Any]]:
         """node -> its inventory, for the nodes whose inventory parses and is not stale (its
         ``dsagent.io/published-at`` within ``inventory_max_age``): nothing is decided on an
-        older one (docs/tenancy.md)."""
+        older one (docs/operator-guide/tenancy.md)."""
         inventories = {}
         now = self.clock()
         for node in nodes:
@@ -345,7 +345,7 @@ class DatasetController:
 
     def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:
         """``status.conditions`` with ``Refused`` as this pass found it (None: no refusal now and
-        none before, nothing to write); each refusal is also a Warning Event (docs/tenancy.md)."""
+        none before, nothing to write); each refusal is also a Warning Event (docs/operator-guide/tenancy.md)."""
         previous = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
         before = next((c for c in previous if c.get("type") == REFUSED), None)
         if not refusals and before is None:

@@ -16,7 +16,7 @@ Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile`, 
   (:mod:`dsagent.cache.replication` chooses); nodes no longer chosen are released when the
   target falls. ``status.replicas`` shows the demand, target and actual copies.
 
-Both are held to the tenancy bounds (docs/tenancy.md, :mod:`dsagent.controller.quotas`):
+Both are held to the tenancy bounds (docs/operator-guide/tenancy.md, :mod:`dsagent.controller.quotas`):
 at most ``warm_nodes_max`` nodes and ``replicas_max`` copies whatever the spec says, and
 each node admitted by the namespace's ledger (its share of the node, its bytes and tasks in
 the cluster); each bound that held a field back is added to ``refusals``, which the caller

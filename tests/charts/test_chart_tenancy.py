@@ -1,4 +1,4 @@
-"""The chart's tenancy bounds (docs/tenancy.md): the Dataset CRD refuses absurd specs at
+"""The chart's tenancy bounds (docs/operator-guide/tenancy.md): the Dataset CRD refuses absurd specs at
 admission, by its OpenAPI bounds and by its ``x-kubernetes-validations`` rules, and the
 chart passes the same limits to the agents and the controller.
 

@@ -1,7 +1,7 @@
 """Many namespaces on one node: what an operator request made for one Dataset may do.
 
 A real ``dsagent serve`` over TCP with its admin token, asked as the Dataset controller asks
-(``X-Dsagent-For: namespace/name``, docs/tenancy.md). Two namespaces each have a Dataset
+(``X-Dsagent-For: namespace/name``, docs/operator-guide/tenancy.md). Two namespaces each have a Dataset
 ``imagenet`` with its own source: one namespace's cleanup, and its new version, must leave
 the other's copy alone; a namespace past its share of the cache gets no new pin; every such
 request is an audit line and a count naming the Dataset.

@@ -1,4 +1,4 @@
-"""The node agent against an API server that hangs or fails (docs/tenancy.md): a stopping
+"""The node agent against an API server that hangs or fails (docs/operator-guide/tenancy.md): a stopping
 agent still removes what it published, within its bound, and the time it published is
 refreshed so that a reader can tell a stale inventory."""
 

@@ -1,4 +1,4 @@
-"""Many teams, one cluster (docs/tenancy.md): the Dataset controller against the fake API
+"""Many teams, one cluster (docs/operator-guide/tenancy.md): the Dataset controller against the fake API
 server with 40 nodes and a recording agent, tried as a hostile tenant would.
 
 Every controller action is tried with two namespaces that share a Dataset name: each

@@ -1,4 +1,4 @@
-"""The controller's tenancy bounds as pure functions (docs/tenancy.md), and the stale-inventory rule."""
+"""The controller's tenancy bounds as pure functions (docs/operator-guide/tenancy.md), and the stale-inventory rule."""
 
 from __future__ import annotations
 
