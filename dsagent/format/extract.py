@@ -154,7 +154,7 @@ def _extract_stream(
     expected = {path: i for i, path in enumerate(members.paths)}
     seen: set[str] = set()
     bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
-    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD) as reader:
+    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
         _extract_members(reader, members, bundle, staging, progress, expected, seen)
     if len(seen) != len(expected):
         missing = sorted(expected.keys() - seen)
