@@ -16,17 +16,13 @@ module's public face, building a :class:`~dsagent.format.manifest.Manifest` valu
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import xxhash
@@ -48,6 +44,10 @@ from dsagent.format.walk import (
 )
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
     from fsspec.spec import AbstractFileSystem
 
     from dsagent.format.digestcache import DigestCache
@@ -137,7 +137,11 @@ class _Batches:
 
     def __init__(self, hasher: _Hasher, workers: int) -> None:
         self._hasher = hasher
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest") if workers > 1 else None
+        self._pool = None
+        if workers > 1:
+            from concurrent.futures import ThreadPoolExecutor  # here: one worker needs no pool
+
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest")
         self._batch: list[Found] = []
         self._futures: list[Future[list[tuple[FileEntry, Found | None]]]] = []
         self._inline: list[tuple[FileEntry, Found | None]] = []
@@ -417,6 +421,8 @@ class _ProcessPool:
         self._snapshot = snapshot
 
     def digest(self, groups: Iterable[Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
+        import multiprocessing  # here: `dsctl digest` of a few files forks nothing
+
         context = multiprocessing.get_context("fork")
         workers: list[tuple[BaseProcess, Connection]] = []
         done = False
@@ -444,6 +450,8 @@ class _ProcessPool:
     ) -> tuple[EntryTable, list[tuple[Found, str]]]:
         """Walk and dispatch; replies join the table in request order as they come (while
         the workers still hash)."""
+        from multiprocessing.connection import Connection, wait
+
         pending: dict[Connection, deque[int]] = {conn: deque() for conn in conns}  # request numbers, FIFO
         early: dict[int, _Reply] = {}  # replies that overtook an earlier request's
         table = EntryTableBuilder()

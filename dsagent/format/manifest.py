@@ -54,9 +54,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import IO, Any
-
-import zstandard
+from typing import IO, TYPE_CHECKING, Any
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.entries import (
@@ -72,9 +70,13 @@ from dsagent.format.entries import (
 )
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
-from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
-from dsagent.format.tarstream import FrameReader
 from dsplatform.names import DIGEST_LENGTH
+
+if TYPE_CHECKING:
+    from dsagent.format.tarstream import FrameReader
+
+# Reading a stored manifest (zstd, fsspec) is imported where it happens: ``dsctl digest``
+# only builds one, and its start-up is part of what users time.
 
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
@@ -236,6 +238,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
         "directories": list(manifest.directories),
     }
     dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    import zstandard  # here: building a manifest (dsctl digest) needs no zstd
+
     compressor = zstandard.ZstdCompressor(level=3, write_checksum=True).compressobj()
     parts = [dumps(header).encode() + b"\n"]
     table = manifest.entries
@@ -401,6 +405,8 @@ def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> 
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
+        from dsagent.format.tarstream import FrameReader
+
         reader = FrameReader(_Prefixed(first, stream), what, limit=header.file_count * MAX_ENTRY_LINE)  # type: ignore[arg-type]
         checks = _BodyChecks()
         try:
@@ -457,6 +463,8 @@ def read_manifest(
 ) -> Manifest:
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent;
     ``max_files`` as in :func:`read_manifest_stream`."""
+    from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
+
     local = local_path(store, storage_options)
     try:
         with translate_errors(f"manifest of {name!r} in {store}"):
@@ -476,6 +484,8 @@ def read_manifest(
 
 def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> ManifestHeader:
     """Only the header line (digest, counts, bundle index): a cheap consistency check."""
+    from dsagent.format.storage import resolve, translate_errors
+
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
     with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
