@@ -339,7 +339,11 @@ _FORKED: tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None]
 def _unpack_forked(index: int) -> None:
     assert _FORKED is not None
     store, manifest, stage, storage_options = _FORKED
+    writeback = writeback_for(stage)  # this process's own background flushes: their errors are checked here
+    since = writeback.mark()
     unpack_bundle(store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False)
+    with _local_writes(stage):
+        writeback.check(since)
 
 
 def _in_processes(

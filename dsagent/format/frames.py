@@ -144,8 +144,8 @@ class FrameWriter:
         return self._encoder().encode(data)
 
     def _put(self, pieces: list[bytes | memoryview]) -> None:
-        for piece in pieces:
-            self._sink(piece if isinstance(piece, bytes) else bytes(piece))
+        # one copy out of the caller's buffer, one object for the write-behind queue
+        self._sink(pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces))
 
     def write(self, data: memoryview | bytes) -> int:
         size = len(data)
