@@ -111,6 +111,13 @@ def digest(
 @click.option(
     "--threads", type=click.IntRange(min=0), default=None, help="zstd threads per bundle (default: automatic)."
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Pack each large bundle of a local source in this many segments, one forked process each.",
+)
 @source_options
 @store_options
 @output_option
@@ -125,8 +132,9 @@ def digest(
 )
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
-    source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...], output: str, digest_cache: bool, publish_namespace: str | None,
+    processes: int, source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...],
+    store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str, digest_cache: bool,
+    publish_namespace: str | None,
 ) -> None:  # fmt: skip
     """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME.
 
@@ -146,6 +154,7 @@ def pack(
             packed, reused = pack_dataset(
                 source, store, name=name, max_files=max_files, max_bytes=cap, level=level, threads=threads,
                 storage_options=src_options, store_options=dst_options, progress=progress, digest_cache=cache,
+                processes=processes,
             )  # fmt: skip
     finally:
         if cache is not None:

@@ -31,7 +31,7 @@ import xxhash
 
 from dsagent.errors import InvalidInput
 from dsagent.format.digestcache import DigestCache
-from dsagent.format.digester import build_manifest, is_local, list_files
+from dsagent.format.digester import build_manifest, can_fork, is_local, list_files
 from dsagent.format.extract import (
     create_empty_directories,
     unpack,
@@ -50,9 +50,9 @@ from dsagent.format.manifest import (
     check_layout,
     manifest_path,
 )
+from dsagent.format.packparallel import SEGMENT_MIN_BYTES, compress_into
 from dsagent.format.packwriter import (
     BundleWriter,
-    compress_into,
     named,
     store_new_bundle,
     store_object,
@@ -300,6 +300,7 @@ def pack(
     progress: Progress | None = None,
     digest_cache: DigestCache | None = None,
     workers: int | None = None,
+    processes: int = 1,
 ) -> Manifest:
     """Digest ``source`` and pack it into ``store`` as dataset ``name``; returns the manifest.
 
@@ -308,7 +309,7 @@ def pack(
     packed, _ = pack_dataset(
         source, store, name=name, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
         storage_options=storage_options, store_options=store_options, progress=progress, digest_cache=digest_cache,
-        workers=workers,
+        workers=workers, processes=processes,
     )  # fmt: skip
     return packed
 
@@ -327,6 +328,7 @@ def pack_dataset(
     progress: Progress | None = None,
     digest_cache: DigestCache | None = None,
     workers: int | None = None,
+    processes: int = 1,
 ) -> tuple[Manifest, int]:
     """Pack ``source`` into ``store`` as dataset ``name``: the manifest and the number of bundles reused.
 
@@ -345,7 +347,12 @@ def pack_dataset(
     an unchanged remote source in one pass would upload every bundle again only to find
     that the store holds it, and remote sources have no digest cache to avoid that.
     ``threads`` is zstd's worker count per bundle (default: all cores when one bundle is
-    written at a time, else bundles are written in parallel, one per core).
+    written at a time, else bundles are written in parallel, one per core). With
+    ``processes`` > 1 (a local source whose bundles average at least
+    :data:`~dsagent.format.packparallel.SEGMENT_MIN_BYTES`), bundles are written one at a
+    time, each cut into that many segments packed by forked processes
+    (:func:`~dsagent.format.packparallel.compress_into`): docs/design.md#bundles says when
+    that pays.
     """
     check_dataset_name(name)
     src_fs, src_root = resolve_local_first(source, storage_options)
@@ -390,17 +397,22 @@ def pack_dataset(
         )
     cpus = os.cpu_count() or 1
     parallel = max(1, min(len(todo), cpus))
+    writing_bytes = sum(e.size for i in todo for e in listed[plan[i][0] : plan[i][0] + plan[i][1]])
+    if processes > 1 and todo and writing_bytes >= len(todo) * SEGMENT_MIN_BYTES and can_fork():
+        parallel = 1  # large bundles: one at a time, each cut into segments packed by forked processes
+    else:
+        processes = 1
     zstd_threads = threads if threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
     writer = BundleWriter(src_fs, src_root, progress, threading.Lock())
     written: list[int] = []  # bundles the store did not hold (one packed again but found there is reused)
+    scratch = f"{dst_root.rstrip('/')}/{BUNDLES_DIR}" if is_local(dst_fs) else None
 
     def write_one(i: int) -> None:
         first, count = plan[i]
         members = listed[first : first + count]
+        fill = compress_into(members, writer, level, zstd_threads, processes=processes, scratch=scratch)
         with translate_errors(f"a new bundle in {os.fspath(store)!r}"):
-            digest, size, read, new = store_new_bundle(
-                dst_fs, dst_root, members, compress_into(members, writer, level, zstd_threads)
-            )
+            digest, size, read, new = store_new_bundle(dst_fs, dst_root, members, fill)
         digests[i] = digest
         sizes[digest] = size
         known[first : first + count] = read

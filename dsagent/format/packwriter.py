@@ -18,6 +18,7 @@ which bundles to write and in what order). What it owns:
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import queue
@@ -33,7 +34,6 @@ import xxhash
 
 from dsagent.errors import InsufficientSpace, IntegrityError
 from dsagent.format.durable import fsync_dir
-from dsagent.format.frames import FrameWriter
 from dsagent.format.manifest import BUNDLES_DIR, CHUNK_SIZE, FileEntry, Progress, bundle_digest, bundle_path
 from dsagent.format.storage import open_whole, translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
@@ -168,7 +168,23 @@ class BundleWriter:
         self._lock = lock
         self._single_file = not fs.isdir(root)  # a lone-file dataset: its one entry is the root
 
-    def write(self, members: Sequence[FileEntry], out: Any) -> list[str]:
+    @property
+    def local(self) -> bool:
+        return self._local
+
+    def quiet(self) -> BundleWriter:
+        """This writer without progress reports (for a forked segment: the parent counts)."""
+        twin = copy.copy(self)
+        twin._progress = None
+        return twin
+
+    def count(self, members: Sequence[FileEntry]) -> None:
+        """Report ``members`` as packed (a segment another process packed)."""
+        if self._progress is not None:
+            with self._lock:
+                self._progress(sum(e.size for e in members), len(members))
+
+    def write(self, members: Sequence[FileEntry], out: Any, *, end: bool = True) -> list[str]:
         """Write ``members``' tar stream into ``out``; returns their digests as read.
 
         A member with a digest must still have it (it was digested before); one without
@@ -183,7 +199,7 @@ class BundleWriter:
 
         def read() -> None:
             try:
-                self._fill(members, _TarBuffers(free, full), digests)
+                self._fill(members, _TarBuffers(free, full), digests, end)
             except _Stopped:
                 pass
             except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
@@ -205,7 +221,7 @@ class BundleWriter:
             raise failure[0]
         return digests
 
-    def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
+    def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str], end: bool) -> None:
         fetched = iter(()) if self._local else self._prefetch(members)
         for entry in members:
             tar.put(tar_header(entry))
@@ -232,7 +248,8 @@ class BundleWriter:
             if self._progress is not None:
                 with self._lock:
                     self._progress(size, 1)
-        tar.zeros(len(_ZEROS))
+        if end:  # a segment packed by another process (dsagent.format.packparallel) leaves the end to the last
+            tar.zeros(len(_ZEROS))
         tar.flush()
 
     def _location(self, entry: FileEntry) -> str:
@@ -356,7 +373,7 @@ def store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
     return counter.written
 
 
-class _WriteBehind:
+class WriteBehind:
     """The store-writing stage of the pack pipeline: zstd's output written by its own thread.
 
     zstd hands each compressed block over as a new ``bytes``; a thread writes them to the
@@ -404,27 +421,6 @@ class _WriteBehind:
             self._thread.join()
         if self._failure:
             raise self._failure[0]
-
-
-def compress_into(members: Sequence[FileEntry], writer: BundleWriter, level: int, threads: int) -> Any:
-    """``fill(raw)``: the bundle of ``members`` encoded as zstd frames into ``raw``
-    (:class:`~dsagent.format.frames.FrameWriter`: raw where compressing would not pay);
-    returns their digests. ``threads`` > 1 encodes buffers on that many threads."""
-
-    def fill(raw: CountingWriter) -> list[str]:
-        behind = _WriteBehind(raw)
-        frames = FrameWriter(behind.write, level=level, threads=threads)
-        try:
-            digests = writer.write(members, frames)
-            frames.close()
-        except BaseException:
-            frames.abort()
-            behind.close_quietly()
-            raise
-        behind.close()
-        return digests
-
-    return fill
 
 
 def store_new_bundle(
