@@ -32,6 +32,7 @@ import xxhash
 from dsagent.errors import InvalidInput
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, can_fork, is_local, list_files
+from dsagent.format.entries import check_layout
 from dsagent.format.extract import (
     create_empty_directories,
     unpack,
@@ -47,7 +48,6 @@ from dsagent.format.manifest import (
     bundle_digest,
     bundle_path,
     check_dataset_name,
-    check_layout,
     manifest_path,
 )
 from dsagent.format.packparallel import SEGMENT_MIN_BYTES, compress_into

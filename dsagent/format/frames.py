@@ -54,7 +54,7 @@ def _block_header(size: int, last: bool) -> bytes:
     return (size << 3 | _RAW << 1 | (_LAST if last else 0)).to_bytes(3, "little")
 
 
-def raw_frame(data: memoryview | bytes) -> list[bytes | memoryview]:
+def raw_frame(data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
     """``data`` as one zstd frame of raw blocks: a header, then each block behind its own."""
     view = memoryview(data)
     pieces: list[bytes | memoryview] = [RAW_FRAME_HEADER]
@@ -88,7 +88,7 @@ class FrameEncoder:
         sample = _sample(block)
         return len(self._probe.compress(sample)) < RAW_RATIO * len(sample)
 
-    def encode(self, data: memoryview | bytes) -> list[bytes | memoryview]:
+    def encode(self, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
         """The frames of ``data``: consecutive blocks with the same decision share a frame."""
         view = memoryview(data)
         out: list[bytes | memoryview] = []
