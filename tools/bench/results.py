@@ -63,8 +63,8 @@ def render(runs: list[dict[str, Any]]) -> str:
             continue
         lines += [f"## {_TITLES[bench]}", ""]
         lines += [
-            "| ratio | measured | goal | | load avg (start / end) | run | parameters |",
-            "|---|---|---|---|---|---|---|",
+            "| ratio | measured | goal | | note | load avg (start / end) | run | parameters |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for run in mine:
             load = f"{run['load_start'][0]:.1f} / {run.get('load_end', [float('nan')])[0]:.1f}"
@@ -75,7 +75,7 @@ def render(runs: list[dict[str, Any]]) -> str:
                 value, goal = ratio.get("value"), ratio.get("goal")
                 lines.append(
                     f"| {_cell(ratio['name'])} | {_fmt(value)}x | {_fmt(goal) + 'x' if goal is not None else ''} "
-                    f"| {_verdict(value, goal)} | {load} | {where} | {_cell(params)} |"
+                    f"| {_verdict(value, goal)} | {_cell(ratio.get('note', ''))} | {load} | {where} | {_cell(params)} |"
                 )
         lines.append("")
         lines += ["<details><summary>timed rows</summary>", "", "| step | side | wall s | CPU s |", "|---|---|---|---|"]
