@@ -50,7 +50,7 @@ class EntryTable(Sequence[FileEntry]):
     """A manifest's entries held column-wise: what :attr:`Manifest.entries` is.
 
     A manifest can list millions of files, and a hostile one is read by the privileged
-    agent (issue 10 finding 5). As objects an entry costs ~232 bytes (the FileEntry 64,
+    agent. As objects an entry costs ~232 bytes (the FileEntry 64,
     its path 64, its hex digest 96, a tuple slot 8); here it costs its path (64 + a list
     slot 8), 16 raw digest bytes and two 8-byte numbers: ~104 bytes. :class:`FileEntry`
     stays the value callers see: indexing and iterating build them on demand, and the

@@ -13,7 +13,7 @@ malformation as :class:`IntegrityError`:
   between two frames decodes to a short tar stream, which :func:`iter_members` reports. Chunks come out as
   memoryviews of the decompressor's output: no copy between zstd and ``os.write``.
 
-**Bounds** (issue 10, finding 5: a 65 KB bundle of 2 GiB of zeros took the agent to
+**Bounds** (a 65 KB bundle of 2 GiB of zeros took the agent to
 2.1 GB). This module is the one place decompression is bounded, for bundles and
 manifests alike: each decompress call yields at most :data:`CHUNK_SIZE` bytes
 (``compression.zstd``'s ``max_length``; python-zstandard's ``decompressobj`` has none, and
