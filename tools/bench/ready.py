@@ -247,8 +247,10 @@ def main() -> None:
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env(), stdout=log, stderr=log
     )
     proxy: subprocess.Popen[bytes] | None = None
+    failures: list[str] = []
     try:
         wait_port(port, moto, "moto.server")
+        os.environ.update(CREDENTIALS)  # for the uploads and the pack from this process
         direct = f"http://127.0.0.1:{port}"
         import boto3
 
@@ -265,7 +267,6 @@ def main() -> None:
             s3fs.S3FileSystem(endpoint_url=direct).put(f"{src}/", f"{BUCKET}/ds-raw", recursive=True)
         from dsagent.format.bundle import pack
 
-        os.environ.update(CREDENTIALS)
         pack(src, f"s3://{BUCKET}/store", name="ds", store_options={"endpoint_url": direct})
         warm = work / "warm"
         (warm / "d").mkdir(parents=True, exist_ok=True)
@@ -305,6 +306,7 @@ def main() -> None:
             proxy.wait(10)
             proxy = None
             print(f"first-byte latency {latency:g} ms (load average {os.getloadavg()[0]:.2f}):", flush=True)
+            failures += [f"{way} at {latency:g} ms: {took}" for way, took in best.items() if isinstance(took, str)]
             for way in ways:
                 took = best.get(way, "not run")
                 shown = f"{took:8.2f} s {args.files / took:9.0f} files/s" if isinstance(took, float) else str(took)
@@ -325,6 +327,8 @@ def main() -> None:
     record.write(args.json or work / "ready.json")
     if not args.keep:
         shutil.rmtree(src, ignore_errors=True)
+    if failures:
+        sys.exit("ready.py: a way failed: " + "; ".join(failures))
 
 
 def _boto_credentials() -> dict[str, str]:
