@@ -30,6 +30,9 @@ TABLES = {
     "extender_memory": ["peak MiB", "json.loads MiB", "go         filter", "reordered  prioritize"],
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
     "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
+    "ready": ["first-byte latency", "dsctl", "results written to"],
+    "loader": ["images/s", "cache", "local", "s3", "ratio cache / local images/s", "results written to"],
+    "results": ["# Performance results", "written to"],
 }
 
 
