@@ -232,9 +232,7 @@ class StripeLayout:
             files = int(header["files"])
             if not 0 <= files <= max_files:
                 raise LayoutError(f"stripe layout lists {files} files, over the limit of {max_files}")
-            bundles = tuple(
-                StripeBundle(str(d), int(f), int(c), int(s), str(o)) for d, f, c, s, o in header["bundles"]
-            )
+            bundles = tuple(StripeBundle(str(d), int(f), int(c), int(s), str(o)) for d, f, c, s, o in header["bundles"])
             members = tuple(str(m) for m in header["members"])
             name, digest, buckets = str(header["name"]), str(header["digest"]), int(header["buckets"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -296,9 +294,7 @@ class Assignment:
         return sum(len(files) for _, files in self.ranks[rank])
 
 
-def assign(
-    layout: StripeLayout, world_size: int, rank_nodes: Sequence[str | None] | None = None
-) -> Assignment:
+def assign(layout: StripeLayout, world_size: int, rank_nodes: Sequence[str | None] | None = None) -> Assignment:
     """Each sample to exactly one of ``world_size`` ranks, each rank's own node's buckets first.
 
     ``rank_nodes[r]`` is the node rank ``r`` runs on (None or unknown: no preference). Buckets

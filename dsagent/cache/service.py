@@ -51,6 +51,7 @@ from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
+from dsagent.cache.stripes import StripeShares
 from dsagent.cache.task import (
     DatasetRequest,
     DatasetStatus,
@@ -111,6 +112,7 @@ class CacheService:
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions = Versions(self.node, space=self._space, peers=self.peers)
+        self.stripes = StripeShares(settings, self.pools, self.peers)  # docs/design-striping.md
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
@@ -146,6 +148,7 @@ class CacheService:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.stripes.stop()
         self.pools.shutdown_workers()
         self.peers.close()
         if self._catalog is not None:
@@ -385,6 +388,9 @@ class CacheService:
                     continue
                 self._space.pin([key])  # published mid-stream: then it is a ready version like the others
                 return ServedBundle(key, self.store.staging_dir(*key), in_fetch[1], self.store.ready_dir(*key))
+        striped = await self.stripes.locate(digest)
+        if striped is not None:
+            return striped
         if self.peers.in_flight(digest, peer):
             raise BundleInFlight(
                 f"this agent is downloading bundle {digest} now", hint="ask again shortly, or read the store"

@@ -79,7 +79,9 @@ def test_owned_partitions_the_bundles() -> None:
     shares = [set(owned([b.digest for b in layout.bundles], m, layout.members)) for m in layout.members]
     assert sum(len(s) for s in shares) == len(layout.bundles)
     assert set().union(*shares) == {b.digest for b in layout.bundles}
-    assert all(layout.held_by(m) == [b for b in layout.bundles if b.digest in s] for m, s in zip(layout.members, shares))
+    assert all(
+        layout.held_by(m) == [b for b in layout.bundles if b.digest in s] for m, s in zip(layout.members, shares)
+    )
 
 
 def test_group_size_keeps_each_member_under_its_budget() -> None:
@@ -153,6 +155,7 @@ def test_a_changed_world_size_moves_whole_buckets_not_their_order() -> None:
     layout = _layout(bundles=64, files_per_bundle=5)
     four = assign(layout, 4, list(layout.members))
     eight = assign(layout, 8, [m for m in layout.members for _ in range(2)])
+
     # the order of one bundle's files in an epoch is the same whoever reads it
     def orders(a, world):  # type: ignore[no-untyped-def]
         out = {}
