@@ -107,11 +107,16 @@ class AgentEndpoint:
         except OSError as exc:
             conn.close()
             raise Unavailable(f"agent {self.address}: {exc}") from exc
+
+        def close() -> None:
+            response.close()  # holds the socket when the answer ends the connection
+            conn.close()
+
         if response.status != 200:
             body = response.read(4096).decode("utf-8", "replace")
-            conn.close()
+            close()
             raise Unavailable(f"agent {self.address} answered {response.status} for bundle {bundle}: {body}")
-        return response, conn.close
+        return response, close
 
 
 class StripedDataset:

@@ -104,8 +104,10 @@ def main() -> None:
             assert got == total, (label, got, total)
 
     load = os.getloadavg()
-    print(f"{args.files} files, {total / 1e6:.1f} MB, {len(manifest.bundles)} bundles, {args.runs} runs interleaved;"
-          f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"{args.files} files, {total / 1e6:.1f} MB, {len(manifest.bundles)} bundles, {args.runs} runs interleaved;"
+        f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     print(f"{'side':<8} {'median s':>9} {'MB/s':>8} {'files/s':>9}")
     medians = {}
     for label in ("plain", "reader"):
@@ -113,8 +115,10 @@ def main() -> None:
         medians[label] = m
         print(f"{label:<8} {m:>9.3f} {total / m / 1e6:>8.0f} {args.files / m:>9.0f}")
     ratios = [r / p for p, r in zip(times["plain"], times["reader"])]
-    print(f"ratio of medians (reader / plain open) = {medians['reader'] / medians['plain']:.3f}"
-          f" (pairwise median {statistics.median(ratios):.3f}; goal <= 1.10)")
+    print(
+        f"ratio of medians (reader / plain open) = {medians['reader'] / medians['plain']:.3f}"
+        f" (pairwise median {statistics.median(ratios):.3f}; goal <= 1.10)"
+    )
 
 
 if __name__ == "__main__":
