@@ -479,7 +479,9 @@ class CacheService:
 
     async def inventory(self) -> dict[str, Any]:
         """The node report of the inventory contract (``GET /v1/inventory``, the Node annotation)."""
-        return report.inventory(await self.datasets(), await self.space(), self.settings.node_name)
+        return report.inventory(
+            await self.datasets(), await self.space(), self.settings.node_name, self.stripes.inventory()
+        )
 
     async def metrics_text(self) -> str:
         """``GET /metrics``: the counters and the gauges of this moment (see :mod:`dsagent.cache.metrics`)."""

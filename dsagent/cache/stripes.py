@@ -247,6 +247,18 @@ class StripeShares:
             for key, share in self._shares.items()
         }
 
+    def inventory(self) -> dict[str, Any]:
+        """The inventory's ``stripes`` section: per name, the newest version this node takes part in."""
+        out: dict[str, Any] = {}
+        for key, share in self._shares.items():
+            out[key[0]] = {
+                "digest": key[1],
+                "sizeBytes": share.layout.total_bytes,
+                "heldBytes": sum(b.size for b in share.layout.bundles if b.digest in share.held),
+                "members": len(share.layout.members),
+            }
+        return out
+
     async def stop(self) -> None:
         tasks = [s.task for s in self._shares.values() if s.task is not None]
         for task in tasks:
