@@ -47,11 +47,12 @@ from dsagent.format.bundle import tar_header
 from dsagent.format.extract import unpack_bundle
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsplatform.data import DONE_DIR
-from dsplatform.stripe import LAYOUT_FILE, StripeLayout
+from dsplatform.stripe import LAYOUT_FILE, StripeLayout, owners
 
 log = logging.getLogger("dsagent.stripes")
 
 STRIPES_DIR = "stripes"
+PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
 _BLOCK = 512
 
 
@@ -199,9 +200,24 @@ class StripeShares:
             log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
 
     def _fetch_owned(self, share: _Share, bundle: BundleRef) -> None:
-        """An owned bundle: from the store, verified, then its marker (the files first, so a
-        marker always means the files are there)."""
+        """An owned bundle, verified, then its marker (the files first, so a marker always
+        means the files are there). Asked first of the members ranked next by rendezvous
+        hashing: after a member joins, the one ranked second owned the bundle before, so a
+        group change moves shares over P2P; then the store, the durable copy."""
         directory = self.share_dir(share.key)
+        if self.settings.peer_token is not None:
+            for member in owners(bundle.digest, share.layout.members, replicas=1 + PREVIOUS_OWNERS)[1:]:
+                url = share.peers.get(member)
+                if url is None or member == self.settings.node_name:
+                    continue
+                try:
+                    self.peers.fetch_from(url, share.manifest, bundle, directory)
+                except Exception as exc:  # not held there, or a failure: the next, then the store
+                    log.debug("own bundle %s not from %s: %s", bundle.digest[:12], member, exc)
+                    continue
+                self.counts["peer_bundles"] += 1
+                _write_marker(directory / DONE_DIR / bundle.digest)
+                return
         unpack_bundle(share.store, share.manifest, bundle, directory, storage_options=share.storage_options)
         self.counts["store_bundles"] += 1
         _write_marker(directory / DONE_DIR / bundle.digest)
