@@ -117,6 +117,7 @@ class CacheService:
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._stripes_back: asyncio.Task[None] | None = None
         self.started = False
 
     # -- life cycle -------------------------------------------------------------------
@@ -130,6 +131,7 @@ class CacheService:
         )
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
+        self._stripes_back = asyncio.create_task(self.stripes.recover(), name="dsagent-stripes")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
             try:  # the operator may have narrowed the allowlist since the request was taken
                 await self.pools.check(check_locations, request, policy=self.settings.source_policy)
@@ -144,7 +146,11 @@ class CacheService:
         self.started = False
         if self._stop_observing is not None:
             self._stop_observing()
-        tasks = [t for t in (self._sweeper, *self._waiters.values(), *self._flights.futures()) if t is not None]
+        tasks = [
+            t
+            for t in (self._sweeper, self._stripes_back, *self._waiters.values(), *self._flights.futures())
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -52,6 +53,7 @@ from dsplatform.stripe import LAYOUT_FILE, StripeLayout, owners
 log = logging.getLogger("dsagent.stripes")
 
 STRIPES_DIR = "stripes"
+HOLD_FILE = "hold.json"
 PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
 _BLOCK = 512
 
@@ -67,6 +69,7 @@ class _Share:
     peers: dict[str, str]  # member -> base URL of its agent
     ready_after: int
     held: set[str] = field(default_factory=set)
+    handover: set[str] = field(default_factory=set)  # held under an earlier group: served until dropped
     error: str | None = None
     task: asyncio.Task[None] | None = None
 
@@ -121,7 +124,8 @@ class StripeShares:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
         answer its status. Repeating it is harmless; a changed group re-plans the share
-        (bundles this node no longer owns are dropped once the new share is held)."""
+        (bundles this node no longer owns are still served to their new owners for
+        ``stripe_handover`` seconds after this node's new share is held, then dropped)."""
         node = self.settings.node_name
         if node not in members:
             raise InvalidInput(f"this node ({node}) is not a member of the stripe group", hint="list it in members")
@@ -160,8 +164,36 @@ class StripeShares:
         share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after))
         self._shares[key] = share
         await self.pools.work(self._prepare, share)
+        await self.pools.work(self._remember, share)
         share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
         return self.status(key)
+
+    def _remember(self, share: _Share) -> None:
+        """What a restarted agent needs to hold the share again (:meth:`recover`): never the
+        storage options, which may hold credentials; a share that needed them waits for its
+        holder (the controller's renewed task) to ask again."""
+        path = self.version_dir(share.key) / HOLD_FILE
+        if share.storage_options is not None:
+            path.unlink(missing_ok=True)
+            return
+        record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
+                  "readyAfter": share.ready_after}  # fmt: skip
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    async def recover(self) -> None:
+        """Hold again the shares this node held before a restart (their bundles on disk are
+        kept: a marker means a verified bundle), so that peers and readers find them."""
+        found = await self.pools.work(lambda: sorted(self.root.glob(f"*/*/{HOLD_FILE}")))
+        for path in found:
+            name, digest = path.parent.parent.name, path.parent.name
+            try:
+                record = json.loads(await self.pools.work(path.read_text))
+                await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
+                                ready_after=int(record.get("readyAfter", 1)))  # fmt: skip
+            except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 
     def _prepare(self, share: _Share) -> None:
         directory = self.share_dir(share.key)
@@ -176,8 +208,7 @@ class StripeShares:
         os.replace(tmp, directory / LAYOUT_FILE)
         mine = {b.digest for b in share.layout.held_by(self.settings.node_name)}
         for marker in (directory / DONE_DIR).iterdir():
-            if marker.name in mine:
-                share.held.add(marker.name)
+            (share.held if marker.name in mine else share.handover).add(marker.name)
 
     async def _fill(self, share: _Share) -> None:
         """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
@@ -192,7 +223,10 @@ class StripeShares:
 
         try:
             await asyncio.gather(*(one(b.digest) for b in todo))
-            await self.pools.work(self._drop_unowned, share)
+            if share.handover:  # the new owners fetch them from here meanwhile (bounded in time)
+                await asyncio.sleep(self.settings.stripe_handover)
+                share.handover.clear()
+                await self.pools.work(self._drop_unowned, share)
         except asyncio.CancelledError:
             raise
         except DsagentError as exc:
@@ -289,7 +323,7 @@ class StripeShares:
         versions, so nothing is pinned; its key is ``("stripe/<name>", digest)``, which names
         no version."""
         for key, share in self._shares.items():
-            if digest in share.held:
+            if digest in share.held or digest in share.handover:
                 entries = _entries_of(share.manifest, digest)
                 if entries is not None:
                     return ServedBundle((f"stripe/{key[0]}", key[1]), self.share_dir(key), entries)

@@ -181,7 +181,15 @@ def test_a_killed_owner_mid_epoch_costs_no_sample(striped: dict[str, Any]) -> No
             seen[sample.path] += 1
     assert set(seen) == set(striped["files"]) and set(seen.values()) == {1}
     assert readers[3].stats["retries"] >= 1 or readers[3].stats["agent_bytes"] == 0
-    victim.start()  # the module's later tests (and its teardown) find four agents
+    victim.start()
+    deadline = time.monotonic() + 60  # a restarted agent holds its share again, from its disk
+    while True:
+        with _admin(victim) as client:
+            answer = client.get(f"/v1/stripes/imgs/{striped['manifest'].digest}")
+        if answer.status_code == 200 and answer.json()["complete"]:
+            break
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.2)
 
 
 def test_peak_memory_of_a_serving_agent_stays_bounded(striped: dict[str, Any]) -> None:
@@ -212,3 +220,48 @@ def test_peak_memory_of_a_serving_agent_stays_bounded(striped: dict[str, Any]) -
     print(f"agent peak RSS {before / 2**20:.1f} -> {hwm() / 2**20:.1f} MiB after serving {served / 2**20:.1f} MiB")
     assert served > 0
     assert grown < 64 << 20
+
+
+def test_a_joining_member_takes_its_share_from_the_previous_owners_not_the_store(striped: dict[str, Any]) -> None:
+    server: LoopbackServer = striped["server"]
+    manifest: Manifest = striped["manifest"]
+    agents: list[AgentProcess] = striped["agents"]
+    tmp = agents[0].root.parent
+    joiner = AgentProcess(
+        tmp / "node-4",
+        tcp=True,
+        env={"DSAGENT_NODE_NAME": "node-4", "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_CAPACITY": str(striped["capacity"])},
+    ).start()
+    agents.append(joiner)  # stopped by the fixture
+    members = [*NODES, "node-4"]
+    peers = {node: agent.url for node, agent in zip(members, agents)}
+    before = _bundle_gets(server)
+    for agent in agents:
+        with _admin(agent) as client:
+            answer = client.put(
+                "/v1/stripes/imgs", json={"store": f"{server.url}/store", "members": members, "peers": peers}
+            )
+        assert answer.status_code == 200, answer.text
+    deadline = time.monotonic() + 120
+    while not all(_status(a, manifest)["complete"] for a in agents):
+        assert time.monotonic() < deadline, [_status(a, manifest) for a in agents]
+        time.sleep(0.1)
+    owned = _status(joiner, manifest)["bundlesOwned"]
+    assert owned > 0
+    # every bundle the joiner now owns came from the member that owned it before
+    assert _bundle_gets(server) == before
+    seen: Counter[str] = Counter()
+    for rank, agent in enumerate(agents):
+        reader = StripedDataset(
+            agent.root / "stripes" / "imgs" / manifest.digest / "share",
+            rank=rank,
+            world_size=5,
+            rank_nodes=members,
+            agent=f"unix://{agent.socket}",
+            seed=2,
+        )
+        for sample in reader:
+            assert sample.data == striped["files"][sample.path]
+            seen[sample.path] += 1
+    assert set(seen) == set(striped["files"]) and set(seen.values()) == {1}
+    assert _bundle_gets(server) == before
