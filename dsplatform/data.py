@@ -49,10 +49,10 @@ _CHUNK = 1 << 20
 
 
 class Sample(NamedTuple):
-    """One file of the version: its index in path order, its relative path, its bytes. A
+    """One file of the version: its position in path order, its relative path, its bytes. A
     named tuple, not a dataclass: built once per sample, it is the reader's hottest line."""
 
-    index: int
+    position: int
     path: str
     data: bytes
 
@@ -268,7 +268,7 @@ class StripedDataset:
         rng.shuffle(buffer)
         while buffer:
             sample = buffer.pop()
-            given.add(sample.index)
+            given.add(sample.position)
             self.stats["agent_bytes"] += len(sample.data)
             yield sample
 
@@ -279,7 +279,7 @@ class StripedDataset:
 
         reader = self
 
-        class _Torch(IterableDataset):  # type: ignore[misc]
+        class _Torch(IterableDataset):  # type: ignore[misc,type-arg,unused-ignore]
             def __iter__(self) -> Iterator[Sample]:
                 info = get_worker_info()
                 if info is None:

@@ -352,7 +352,7 @@ def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
 def _stripes(section: Any) -> dict[str, StripeHolding]:
     """The ``stripes`` section; malformed entries are skipped."""
     out: dict[str, StripeHolding] = {}
-    for name, entry in (section.items() if isinstance(section, dict) else ()):
+    for name, entry in section.items() if isinstance(section, dict) else ():
         if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
             continue
         size, held, members = (_int_or_none(entry.get(k)) for k in ("sizeBytes", "heldBytes", "members"))
