@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
-from dsplatform.errors import PlatformError, Unavailable
+from dsplatform.errors import Unavailable
 from dsplatform.stripe import LAYOUT_FILE, Assignment, StripeLayout, assign, epoch_order
 
 DONE_DIR = ".stripe/done"  # relative to the share directory; one empty file per held bundle
@@ -57,10 +57,9 @@ class Sample(NamedTuple):
     data: bytes
 
 
-class ReaderError(PlatformError):
-    """The reader could not get a bundle from any endpoint (after its retries)."""
-
-    code = "reader_failed"
+class ReaderError(Unavailable):
+    """The reader could not get a bundle from any endpoint (after its retries): worth retrying
+    the epoch once an agent answers again."""
 
 
 class _UnixConnection(http.client.HTTPConnection):

@@ -49,8 +49,6 @@ _TWO64 = float(1 << 64)
 class LayoutError(VocabularyError):
     """A stripe layout or group that breaks the format's rules (a name, a digest, the tiling)."""
 
-    code = "invalid_stripe_layout"
-
 
 # -- ownership (docs/design-striping.md#ownership) ------------------------------------------
 
