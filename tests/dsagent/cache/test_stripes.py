@@ -11,6 +11,8 @@ sample exactly once.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -142,6 +144,25 @@ def test_each_agent_holds_only_its_share_within_its_capacity(striped: dict[str, 
         held = sum(p.stat().st_size for p in share.rglob("*.jpg"))
         assert held == _status(agent, manifest)["bytesHeld"] <= striped["capacity"]
         assert (share / "stripe-layout.jsonl").is_file()
+
+
+def _dsctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dsagent.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_dsctl_reports_a_shares_progress_and_refuses_a_malformed_peer(striped: dict[str, Any]) -> None:
+    manifest: Manifest = striped["manifest"]
+    agent: AgentProcess = striped["agents"][1]
+    done = _dsctl("stripe", "wait", "imgs", manifest.digest, "--until", "complete", "--socket", str(agent.socket))
+    owned = _status(agent, manifest)["bundlesOwned"]
+    assert done.returncode == 0, done.stderr
+    assert f"{owned} of {owned} bundles held" in done.stdout
+    bad = _dsctl(
+        "stripe", "hold", "imgs", "--store", "x", "--member", "node-1", "--peer", "nourl", "--socket", str(agent.socket)
+    )
+    assert bad.returncode == 2 and "NODE=URL" in bad.stderr
+    other = _dsctl("stripe", "wait", "imgs", "0" * 32, "--socket", str(agent.socket))
+    assert other.returncode != 0 and "no share" in other.stderr
 
 
 def test_every_sample_exactly_once_per_epoch_and_later_epochs_skip_the_store(striped: dict[str, Any]) -> None:
