@@ -1,7 +1,7 @@
 """Partial holdings and striped versions: how much of a pod's share a node holds.
 
 Who calls it: nothing in :mod:`scheduler_plugin.framework` yet (it is a pure score with its
-inputs parsed by :mod:`scheduler_plugin.nodeinfo`: the inventory's ``heldBytes`` of a copy
+inputs parsed by :mod:`scheduling.nodeinfo`: the inventory's ``heldBytes`` of a copy
 being fetched and its ``stripes`` section); docs/design-striping.md#scheduler says how it is
 meant to join the combined score. It stays a score, never a filter.
 

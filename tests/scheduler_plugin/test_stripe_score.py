@@ -9,7 +9,7 @@ import pytest
 
 from dsagent.cache import inventory as contract
 from dsagent.cache.report import inventory
-from scheduler_plugin.nodeinfo import parse_inventory
+from scheduling.nodeinfo import parse_inventory
 from scheduler_plugin.plugins.stripe import Held, normalize, raw, share_score
 
 DIGEST = "0123456789abcdef0123456789abcdef"
