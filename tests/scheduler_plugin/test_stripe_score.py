@@ -9,8 +9,8 @@ import pytest
 
 from dsagent.cache import inventory as contract
 from dsagent.cache.report import inventory
-from scheduling.nodeinfo import parse_inventory
 from scheduler_plugin.plugins.stripe import Held, normalize, raw, share_score
+from scheduling.nodeinfo import parse_inventory
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 GB = 10**9
