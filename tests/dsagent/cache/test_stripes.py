@@ -32,6 +32,7 @@ pytest.importorskip("aiohttp")
 
 TOKEN = "peer-token-0123456789abcdef"
 NODES = [f"node-{i}" for i in range(4)]
+WINDOW = 64 << 10  # a few bundles: the window turns over many times per epoch
 
 
 def _files(count: int = 320, seed: int = 5) -> dict[str, bytes]:
@@ -58,7 +59,7 @@ def striped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 "DSAGENT_NODE_NAME": node,
                 "DSAGENT_PEER_TOKEN": TOKEN,
                 "DSAGENT_CAPACITY": str(capacity),
-                "DSAGENT_STRIPE_WINDOW": str(8 << 20),
+                "DSAGENT_STRIPE_WINDOW": str(WINDOW),
             },
         ).start()
         for i, node in enumerate(NODES)
@@ -183,6 +184,12 @@ def test_every_sample_exactly_once_per_epoch_and_later_epochs_skip_the_store(str
             # the store is read for under 5% of the dataset per epoch: not at all here
             assert store_bundles == 0
         assert local > 0.75
+        for agent in striped["agents"]:  # the window stays within its bound; the share is untouched
+            window = agent.root / "stripes" / "imgs" / manifest.digest / "window"
+            assert sum(p.stat().st_size for p in window.rglob("*") if p.is_file()) <= WINDOW
+            assert _status(agent, manifest)["complete"]
+            share = _share(agent, manifest)
+            assert sum(p.stat().st_size for p in share.rglob("*.jpg")) == _status(agent, manifest)["bytesHeld"]
 
 
 def test_a_killed_owner_mid_epoch_costs_no_sample(striped: dict[str, Any]) -> None:
