@@ -13,7 +13,7 @@ UV_VERSION := 0.13.9
 UV         := $(PY) -m uv
 LOCK_ARGS  ?=
 
-.PHONY: demo test lint typecheck lint-imports pytest lock resolve-check clean
+.PHONY: demo test lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve
 
 $(VENV)/.uv-$(UV_VERSION):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,22 @@ $(VENV)/.test-installed: pyproject.toml $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
 
 demo: $(VENV)/.runtime-installed
 	$(PY) -m dsagent.cli.demo
+
+# Trying S3 without a cloud: the s3 extra (s3fs) and moto's S3 server, both from the lock, into
+# the demo's .venv; then a local S3 server with a bucket until Ctrl-C (tools/s3local/serve.py).
+$(VENV)/.s3-installed: pyproject.toml $(LOCK) | $(VENV)/.runtime-installed
+	$(UV) pip install --quiet --python $(PY) --constraint $(LOCK) --build-constraint $(LOCK) --editable ".[s3]" "moto[server]"
+	@touch "$@"
+
+s3-local: $(VENV)/.s3-installed
+	$(PY) tools/s3local/serve.py $(S3_LOCAL_ARGS)
+
+# The documentation site (mkdocs.yml) into site/; strict: a broken link or anchor fails.
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 lint: $(VENV)/.test-installed
 	$(PY) -m ruff check .
@@ -52,7 +68,7 @@ $(HELM): tools/helm/install.py tools/helm/requirements.txt | $(VENV)/.uv-$(UV_VE
 pytest: $(VENV)/.test-installed $(HELM)
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
-test: lint lint-imports typecheck pytest
+test: lint lint-imports typecheck docs pytest
 
 # Re-resolve the lock from pyproject.toml: every Python the project supports, every platform.
 lock: | $(VENV)/.uv-$(UV_VERSION)
@@ -65,4 +81,4 @@ resolve-check:
 	bash tools/ci/resolve-unlocked.sh
 
 clean:
-	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache
+	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache site

@@ -52,7 +52,7 @@ failed flush). Classes defined beside their code are drawn with their module.
 
 Storage refusals answer 403, not 401: a 401 from the agent means the *caller* lacks the
 agent's admin token (:class:`Unauthorized`); a 403 says the agent reached the store and the
-store refused the agent. The exit codes are listed in the README's "Exit codes" table,
+store refused the agent. The exit codes are listed in the documentation's exit codes reference,
 which ``tests/test_exit_codes.py`` checks against these classes; ``tests/test_errors.py``
 checks that every public error class of the packages is drawn in its tree.
 """
@@ -139,7 +139,7 @@ class InsufficientSpace(DsagentError):
 class CacheDiskError(DsagentError):
     """The node's cache disk failed an operation (EIO, EROFS, ...; a full one is
     :class:`InsufficientSpace`): the node's fault, not the source's, and not worth a retry
-    until someone looks at the disk (issue 21: it surfaced as ``source_unavailable``)."""
+    until someone looks at the disk (it surfaced as ``source_unavailable``)."""
 
     http_status = 507  # "unable to store the representation" (RFC 4918), as for a full disk
     exit_code = 13

@@ -4,9 +4,8 @@ Who calls it: the agent's API (:mod:`dsagent.api.routes`), the extender
 (:mod:`scheduler_plugin.app`), the admission webhook (:mod:`dsagent.webhook.server`)
 and the Dataset controller's metrics port (:mod:`dsagent.controller.controllermetrics`).
 What it owns (docs/design.md#probes): the shape ``{"status": S}`` plus ``"detail"`` when
-there is something to say, and which statuses are healthy. Before issue 23 the processes
-answered three shapes (``{"status": "ok"}``, ``{"ok": true}``/``{"ready": false}``, and
-the controller's Prometheus text), so a script or a ``helm test`` could not read them alike.
+there is something to say, and which statuses are healthy, so that a script or a
+``helm test`` reads every process alike.
 
 - ``/healthz`` (liveness): ``200 {"status": "ok"}`` while the process serves.
 - ``/readyz`` (readiness): ``200 {"status": "ready"}``, or ``503`` with ``starting``,

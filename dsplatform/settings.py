@@ -174,7 +174,7 @@ class UnknownSettings(VocabularyError):
             f"unknown setting {name}" + (f"; did you mean {' or '.join(close)}?" if close else "")
             for name, close in unknown
         ]
-        super().__init__("; ".join(parts), hint="remove it or correct its name; the README lists every setting")
+        super().__init__("; ".join(parts), hint="remove it or correct its name; the settings reference lists every one")
 
 
 def refuse_unknown(

@@ -18,7 +18,7 @@ What it owns, beside the name -> :class:`NodeFacts` map the filter reads:
   these sets in C instead of an affinity call per node.
 
 Decisions: the per-request work was about ten Python passes over 5,000 node objects
-scattered in memory (issue 24); the columns move that work to the watch events, where
+scattered in memory; the columns move that work to the watch events, where
 it is paid once per change. The sets are frozensets replaced on change (copy on write),
 so a request reading them never sees one half-updated; an event changes one or two of
 them (the reader hands the same :class:`Inventory` object to a node whose inventory text

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # 100 us .. 10 s: a tiny request to a 5,000-node body on a loaded scheduler
-# no ``*_created`` twins (Prometheus' naming guide; issue 23)
+# no ``*_created`` twins (Prometheus' naming guide)
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: kube-scheduler's verbs, as :class:`scheduler_plugin.app.ExtenderApp` names them
@@ -78,7 +78,7 @@ class ExtenderMetrics:
         ).set(1)
         for result in ("passed", "failed"):
             self.nodes_filtered.labels(result=result)
-        # an error-ratio alert and a latency panel need the series before the first request (issue 23)
+        # an error-ratio alert and a latency panel need the series before the first request
         for verb in VERBS:
             self.latency.labels(verb=verb)
             self.parse_failures.labels(verb=verb)

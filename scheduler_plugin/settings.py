@@ -136,7 +136,7 @@ class Settings(LogSettings):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read ``DSEXT_*`` (see the README); keyword overrides (CLI flags) win; one error lists every bad value."""
+        """Read ``DSEXT_*`` (docs/reference/settings.md); flags win; one error lists every bad value."""
         try:
             return cls.read(environ, **overrides)
         except InvalidSettings as exc:

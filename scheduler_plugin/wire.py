@@ -16,7 +16,7 @@ passed". Go's decoder matches field names case-insensitively, so this module doe
 
 The big payload (thousands of Node objects) never goes through a validation library,
 and is never parsed into one tree: a 48 MiB body parsed whole is ~190 MiB of dicts,
-which put the extender's peak at 380 MiB (issue 21; the bound is 256 MB,
+which put the extender's peak at 380 MiB (the bound is 256 MB,
 ``tools/bench/extender_memory.py`` measures it). When the body has exactly the layout
 Go's ``json.Marshal`` gives it, :func:`decode_args` does not parse the Node objects at
 all: it cuts the ``items`` array into one :class:`RawNode` per node (its name,

@@ -1,6 +1,6 @@
 """What a node offers: its cached datasets, GPU topology, RoCE classes and free GPUs.
 
-The node agent publishes three annotations (exact keys and size budgets in the README):
+The node agent publishes three annotations (exact keys and size budgets in docs/user-guide/scheduler-extender.md):
 
 - ``dsagent.io/inventory``: the agent's inventory JSON (version 1, <= 64 KiB);
 - ``dsagent.io/topology``: gpu_topology's JSON (version 1, <= 32 KiB);
@@ -134,7 +134,7 @@ class NodeFacts:
 
         Interned: nodes with equal keys share one tuple, so the per-request dictionaries
         keyed by it (one entry per distinct key, 5,000 lookups at 5,000 nodes) match by
-        identity instead of comparing free-GPU sets element by element (issue 24: 12% of
+        identity instead of comparing free-GPU sets element by element (12% of
         a names-only request's samples were that comparison).
         """
         key = (self.topology_id, self.free_gpus, self.free_count)

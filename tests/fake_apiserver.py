@@ -137,7 +137,7 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType("", "v1", "nodes", "Node", namespaced=False),
     "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
     "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True, generation=True),
-    # the job's RoCE class (issue 11), the Dataset controller's leader Lease and pack Jobs (issue 13)
+    # the job's RoCE class, the Dataset controller's leader Lease and pack Jobs
     "leases": ResourceType(
         "coordination.k8s.io",
         "v1",
@@ -148,7 +148,7 @@ RESOURCES: dict[str, ResourceType] = {
         validate=_validate_lease,
     ),
     "jobs": ResourceType("batch", "v1", "jobs", "Job", namespaced=True),
-    # the Dataset controller's per-version copy counts for the agents (issue 25)
+    # the Dataset controller's per-version copy counts for the agents
     "configmaps": ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, status_subresource=False),
 }
 

@@ -1,4 +1,5 @@
-"""The README's "Exit codes" table matches the error classes of every package."""
+"""The documentation's exit-code table (docs/reference/exit-codes.md, written by
+tools/docs/reference.py when the site is built) matches the error classes of every package."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import importlib
 import pkgutil
 import re
 
-from tests.conftest import REPO_ROOT
+from tools.docs.reference import exit_codes_page
 
 PACKAGES = ("dsagent", "gpu_topology", "scheduler_plugin", "scheduling", "dsplatform")
 
@@ -47,9 +48,13 @@ def error_classes() -> set[type]:
     return found
 
 
-def readme_table() -> dict[int, tuple[str, set[str]]]:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+def table_text() -> str:
+    """The page's summary table: one row per exit code."""
+    return exit_codes_page().split("## Every error", 1)[0]
+
+
+def exit_table() -> dict[int, tuple[str, set[str]]]:
+    section = table_text()
     rows: dict[int, tuple[str, set[str]]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -59,24 +64,24 @@ def readme_table() -> dict[int, tuple[str, set[str]]]:
 
 
 def test_every_error_class_is_in_the_exit_code_table_with_its_status() -> None:
-    table = readme_table()
+    table = exit_table()
     for cls in error_classes():
         assert cls.exit_code in table, f"{cls.__module__}.{cls.__name__}: exit {cls.exit_code} is not documented"
         statuses, codes = table[cls.exit_code]
         assert cls.code in codes, f"{cls.__name__}: code {cls.code!r} is not listed under exit {cls.exit_code}"
-        assert str(cls.http_status) in statuses or f"`{cls.code}` ({cls.http_status})" in readme_row(cls.exit_code), (
+        assert str(cls.http_status) in statuses or f"`{cls.code}` ({cls.http_status})" in table_row(cls.exit_code), (
             f"{cls.__name__}: HTTP {cls.http_status} is not given for code {cls.code!r}"
         )
 
 
-def readme_row(exit_code: int) -> str:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split("## Exit codes", 1)[1]
+def table_row(exit_code: int) -> str:
+    text = table_text()
     return next(line for line in text.splitlines() if line.startswith(f"| {exit_code} |"))
 
 
 def test_the_table_lists_no_code_that_nothing_raises() -> None:
     used = {(cls.exit_code, cls.code) for cls in error_classes()}
-    for exit_code, (_, codes) in readme_table().items():
+    for exit_code, (_, codes) in exit_table().items():
         for code in codes:
             assert (exit_code, code) in used, f"exit {exit_code} lists {code!r}, which no error class has"
-    assert set(readme_table()) == {cls.exit_code for cls in error_classes()} | {0, 130}
+    assert set(exit_table()) == {cls.exit_code for cls in error_classes()} | {0, 130}

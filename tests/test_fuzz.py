@@ -1,4 +1,4 @@
-"""Issue 10: property-based fuzzing of the agent's API and the extender's wire format.
+"""Property-based fuzzing of the agent's API and the extender's wire format.
 
 Whatever a pod or a node sends, the answer is never a 5xx: the agent answers 2xx or a
 4xx JSON error; the extender always answers a well-formed 200, and one node's data never

@@ -1,4 +1,4 @@
-"""Every component counts a pod's GPUs alike (issue 22: ``dsplatform.gpus.pod_gpus``).
+"""Every component counts a pod's GPUs alike (``dsplatform.gpus.pod_gpus``).
 
 The webhook's GPU class policy, the agent's publisher and the controller's preparation, and
 the scheduler extender each read the same raw pods; before the one rule they disagreed on

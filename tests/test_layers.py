@@ -1,4 +1,4 @@
-"""Issue 22: the environment is read at the edges only. Settings come from pydantic-settings
+"""The environment is read at the edges only. Settings come from pydantic-settings
 classes (the one mechanism) and entry points, and are passed down as values; nothing below
 reads ``os.environ``, so a variable cannot steer a layer behind its settings' back (as
 ``DSAGENT_STORAGE_*`` did inside ``dsagent.format``).

@@ -1,4 +1,4 @@
-"""One probe body shape for every process (issue 23): the agent, the extender, the webhook
+"""One probe body shape for every process: the agent, the extender, the webhook
 and the controller answer ``/healthz`` and ``/readyz`` with ``{"status": ...}`` (plus
 ``detail`` when not ready). The agent's, extender's and webhook's are checked over real HTTP
 in their own tests; the controller's metrics port is served for real here."""

@@ -25,7 +25,7 @@ from dsagent.errors import DsagentError, InvalidInput
 if TYPE_CHECKING:
     # Imported where the app is built, not here: dsctl's client (dsagent.api.client) lives in
     # this package, and importing FastAPI, the routes and the service cost every
-    # init-container's ``dsctl cache`` over a second of start-up (issue 24).
+    # init-container's ``dsctl cache`` over a second of start-up.
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -122,7 +122,7 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes, description=(
         "The dsagent node API. Every error answers an ErrorOut body {code, message, hint?, details?}; "
-        "the codes, statuses and dsctl exit codes are in the README's Exit codes table."
+        "the codes, statuses and dsctl exit codes are in the documentation's exit codes reference."
     ))  # fmt: skip
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():

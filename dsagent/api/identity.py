@@ -6,7 +6,7 @@ connection carries its peer's credentials. A later per-pod socket (the kubelet
 integration) names its pod by setting :data:`POD_UID_KEY` in the connection's state;
 :func:`caller_identity` is the one place that turns a request into a :class:`Caller`.
 
-The rules (issue 10, finding 7: any pod on the node had operator rights):
+The rules (any pod on the node had operator rights):
 
 - a valid ``Authorization: Bearer $DSAGENT_ADMIN_TOKEN`` is an **operator**, on any transport;
 - a per-pod listener's pod UID (:data:`POD_UID_KEY`) is that **pod**;

@@ -11,7 +11,7 @@ one parse of another party's JSON: a body nested deeper than ``boundedjson.MAX_D
 (32; a task is 4 levels and its storage options the rest) or that is not JSON or not UTF-8
 is a 400 ``invalid_input`` saying which, where FastAPI's own parse accepted any depth below
 the interpreter's recursion limit and answered anything else "There was an error parsing
-the body" (issue 21). The size is ``DSAGENT_MAX_BODY``'s, checked first by
+the body". The size is ``DSAGENT_MAX_BODY``'s, checked first by
 :class:`dsagent.api.BodyLimit` (413).
 
 Each route declares its ``response_model`` and the error statuses it can actually answer
@@ -235,7 +235,7 @@ def peer_identity(request: Request) -> str:
     """Who a peer is, for its upload limits: the address it connected from, which it proved by
     completing the TCP handshake. Every peer holds the same token, so the token does not tell
     them apart, and the ``X-Dsagent-Peer`` header is whatever the peer chose to write (keyed on
-    it, one peer got a fresh per-peer allowance per name: issue 21 finding 6)."""
+    it, one peer got a fresh per-peer allowance per name)."""
     return (request.client.host if request.client else "") or "local"
 
 

@@ -55,7 +55,7 @@ class _Out(BaseModel):
 
 
 class ErrorOut(_Out):
-    """Every error answer: a machine-readable ``code`` (see the README's Exit codes table)."""
+    """Every error answer: a machine-readable ``code`` (see docs/reference/exit-codes.md)."""
 
     code: str = Field(description="machine-readable error code, e.g. not_found, credentials, source_unavailable")
     message: str = Field(description="one line for a human")

@@ -97,8 +97,8 @@ class TaskRow:
 
 
 #: Disk the catalog keeps in reserve beside itself: given back when a write finds the disk
-#: full, so that the agent can still open its catalog, record failures and evict (issue 10
-#: finding 4: a full disk made every later request a 500 and the next start impossible).
+#: full, so that the agent can still open its catalog, record failures and evict (without it,
+#: a full disk would make every later request a 500 and the next start impossible).
 BALLAST_BYTES = 4 << 20
 
 

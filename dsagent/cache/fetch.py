@@ -105,7 +105,7 @@ def copy_file(fs: Any, source_path: str, dest: Path, entry: FileEntry, progress:
 
 @contextmanager
 def _cache_disk(relative: str) -> Iterator[None]:
-    """An OSError inside is the cache disk's (issue 21: it read as the source's)."""
+    """An OSError inside is the cache disk's (it read as the source's)."""
     try:
         yield
     except OSError as exc:
@@ -292,7 +292,7 @@ def finish(staging: Path, manifest: Manifest, *, writeback_since: int | None = N
     A write error the kernel reports, to this ``syncfs`` or (``writeback_since``: the
     filesystem's :meth:`~dsagent.format.durable.Writeback.mark` taken when the fetch
     started) to a background flush meanwhile, fails the fetch: the copy is not published
-    (issue 21 finding 6; docs/design.md#ready-invariant)."""
+    (docs/design.md#ready-invariant)."""
     clear_interrupted(staging)
     create_empty_directories(manifest, staging)
     try:
@@ -390,8 +390,8 @@ async def fetch_bundles(
 
             async def after_second(position: int, finished: bool) -> None:
                 # _bounded numbers the calls it was given: map back to the bundle's index
-                # (recording ``todo[position]`` recorded the wrong bundles: issue 21, found by
-                # the ready check, docs/design.md#ready-invariant)
+                # (``todo[position]`` would record the wrong bundles, which the ready check,
+                # docs/design.md#ready-invariant, refuses)
                 await after(order[position], finished)
 
             await _bounded(executor, workers, [functools.partial(unpack, i, True) for i in order], after_second)

@@ -56,7 +56,7 @@ def block_size_of(path: Path) -> int:
 def allocated(size_bytes: int, files: int, block_size: int) -> int:
     """An upper bound of the disk ``files`` files of ``size_bytes`` bytes in all take: each
     file's last block partly used, plus one block per file for its inode and directory
-    entry (issue 10 finding 4: 20,000 files of 512 B need ~80 MB, not 10). The unit of the
+    entry (20,000 files of 512 B need ~80 MB, not 10). The unit of the
     capacity and of every space figure the agent reports."""
     return size_bytes + 2 * files * block_size
 
@@ -178,7 +178,7 @@ class Store:
 
     def clear_temporary_manifests(self) -> None:
         """Remove what a stop in the middle of :meth:`write_manifest` left: its temporary
-        file (found by the issue 21 kill -9 sweep; nothing else ever removed it)."""
+        file (the kill -9 sweep of tools/faults finds them; nothing else removes them)."""
         for name_dir in (self.root / "manifests").iterdir():
             for entry in name_dir.glob(".*.tmp") if name_dir.is_dir() else ():
                 entry.unlink(missing_ok=True)

@@ -70,7 +70,7 @@ _GAUGE_STATES = ("ready", "fetching", "failed")
 #: Reasons :mod:`dsagent.cache.space` evicts for (``operator``: ``dsctl evict`` by name).
 EVICTION_REASONS = ("space", "superseded", "idle", "operator")
 
-# No ``*_created`` twin per counter and histogram (Prometheus' naming guide; issue 23):
+# No ``*_created`` twin per counter and histogram (Prometheus' naming guide):
 # process-wide in prometheus_client, so every registry of this process loses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 

@@ -60,7 +60,7 @@ class Thresholds:
     reserve_fraction: float = 0.3  # first threshold: reserved for prepared jobs, of capacity
     fill_fraction: float = 0.9  # second threshold: in use + prepared data, of capacity
     # the bulk-fetch rate phase 2 plans with (below the agent's measured 669 MB/s unpack,
-    # README Performance, since fetches share the store); 0: fetch_lead_s alone
+    # docs/performance.md, since fetches share the store); 0: fetch_lead_s alone
     fetch_bytes_per_s: float = 500e6
 
     def lead_s(self, size_bytes: int) -> float:

@@ -288,7 +288,7 @@ class CacheService:
     def _failed(self, task_id: str, request: DatasetRequest, exc: DsagentError, *, logged: bool = False) -> None:
         """Keep a dataset's failure for its task, count it by code, and log it once at
         WARNING with code, task, dataset and source (passwords in URLs redacted; storage
-        options never logged): issue 23 found five failed tasks and no warning line."""
+        options never logged), so that no failed task goes without a warning line."""
         self._errors[(task_id, request.name)] = exc
         self.metrics.request_settled(exc.code)
         if not logged:

@@ -12,9 +12,9 @@ async callables, so that the cache layer never imports cluster code:
 - ``peer_holders(name, digest)``: base URLs of other agents holding ``name@digest``, ready
   ones first (in cluster mode: from the node inventories, docs/design.md#peers).
 
-Why a constructor argument (issue 22): the cluster agent used to set these on the service
-by attribute after both were built (the agent needs the service; the service needs the
-agent's checks), so what a service did depended on who had touched it last. The checks
+Why a constructor argument: set on the service by attribute after both were built (the
+agent needs the service; the service needs the agent's checks), what a service did would
+depend on who had touched it last. The checks
 need the agent's pod watch and API client, not the service, so they are built first and
 the service is built with them; a service without hooks admits every task and asks only
 its configured peers.

@@ -242,7 +242,7 @@ class Settings(StorageSettings, AgentLogSettings):
     sweep_interval: Duration = 60.0
     max_fetches: Whole = 4
     # the most files a packed dataset's manifest may list: what one request can make the
-    # agent hold is ~130 bytes a file (issue 10 finding 5); 2,000,000 is ~260 MB per fetch
+    # agent hold is ~130 bytes a file; 2,000,000 is ~260 MB per fetch
     max_dataset_files: Whole = 2_000_000
     fetch_workers: Whole = 8
     max_body_bytes: Size = Field(1 << 20, validation_alias=_env("MAX_BODY", "max_body_bytes"))
@@ -288,11 +288,11 @@ class Settings(StorageSettings, AgentLogSettings):
         default_factory=dict
     )  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)
 
-    # --- issue 12: CSI ---
+    # --- CSI ---
     csi_socket: Path | None = None  # None: no CSI node plugin (docs/design.md#csi)
     csi_driver_name: str = "datasets.dsagent.io"
     csi_kubelet_pods_dir: Path = Path("/var/lib/kubelet/pods")  # NodePublish targets must lie under it
-    # --- end issue 12 ---
+    # ---
 
     def disk_floor(self, disk_total: int) -> int:
         """Bytes of the cache's disk the cache never fills: the reserve plus the kubelet's

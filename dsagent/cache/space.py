@@ -66,10 +66,10 @@ class Space:
         """Reserve ``size`` bytes for ``key``, evicting LRU unused datasets to reach ratio x size.
 
         ``overhead``: what the files take on disk beyond their bytes (blocks, inodes; see
-        :meth:`Store.allocated`), counted against the disk's free space (issue 10 finding 4)
+        :meth:`Store.allocated`), counted against the disk's free space
         and against the capacity, which counts disk use too, not logical bytes.
         ``staged``: disk the version's own staging already takes (a resumed fetch); it is
-        part of the version, so it counts once (issue 10 finding 6: it counted as held
+        part of the version, so it counts once (it counted as held
         *and* was reserved again)."""
         spared: set[Key] = set()  # victims found protected since their plan: never chosen again
         async with self.lock:

@@ -75,7 +75,7 @@ class Versions:
         """The source's current manifest (docs/design.md#rule-2) and whether resolving it cached it too.
 
         A bundle store without the dataset is :class:`BundleMissing` unless ``allow_per_file``
-        (issue 23: it used to fall back silently to a slow per-file copy); a store that cannot
+        (never a silent fall-back to a slow per-file copy); a store that cannot
         be reached keeps its own error. Then, in order: the packed manifest when the bundle
         store has one; the cached version's
         manifest when a remote listing shows the same files, sizes and times; for a local

@@ -92,7 +92,7 @@ def run(command: click.Command, argv: list[str] | None, prog: str) -> None:
     ``<prog>: error: <message> (<hint>)``.
 
     Exit codes: the error's own (any :class:`dsplatform.errors.PlatformError`, through
-    :func:`dsplatform.errors.exit_on_error`; listed in the README's "Exit codes" table), click's
+    :func:`dsplatform.errors.exit_on_error`; listed in docs/reference/exit-codes.md), click's
     for usage errors (2), 130 for Ctrl-C, 1 for anything unexpected (its traceback only with
     ``DSCTL_DEBUG=1``).
     """

@@ -240,7 +240,7 @@ def serve(
         raise failure  # the start-up's own error: main's edge prints it with its exit code
 
 
-#: From SIGTERM to the process being gone, whatever its threads are doing (issue 10 finding 3).
+#: From SIGTERM to the process being gone, whatever its threads are doing.
 STOP_DEADLINE = 9.0
 
 
@@ -488,7 +488,7 @@ async def _device_plugin_wanted(settings: Settings) -> bool:
     """False on a node without ``<DSAGENT_DEVICE_PLUGIN_NODE_LABEL>=true`` (cluster mode only).
 
     The label is how the plugin and NVIDIA's never serve one node: NVIDIA's DaemonSet
-    excludes labelled nodes, ours serves only them (README, "GPU allocation on the node").
+    excludes labelled nodes, ours serves only them (docs/user-guide/gpu-allocation.md).
     """
     label = settings.device_plugin_node_label
     if not label or not settings.kubernetes:

@@ -9,7 +9,7 @@ chart and the webhook give processes variables meant for another reader in the s
 
 - the fields of the pydantic-settings classes, every process's one settings mechanism
   (:mod:`dsplatform.settings`): :class:`dsagent.cache.settings.Settings` and
-  :class:`dsagent.cluster.nodeagent.ClusterSettings` (:data:`CLUSTER_NAMES`), read from the
+  :class:`dsagent.cluster.clustersettings.ClusterSettings` (:data:`CLUSTER_NAMES`), read from the
   classes themselves; the webhook's (``WebhookSettings``, ``GpuClassSettings``:
   :data:`WEBHOOK_NAMES`) and the controller's (``ControllerSettings``: :data:`CONTROLLER_NAMES`)
   as written-out lists, because those classes live beside their process's ``main``, which
@@ -33,7 +33,7 @@ from dsplatform.settings import refuse_unknown as _refuse
 
 PREFIX = "DSAGENT_"
 
-#: the fields of :class:`dsagent.cluster.nodeagent.ClusterSettings`
+#: the fields of :class:`dsagent.cluster.clustersettings.ClusterSettings`
 CLUSTER_NAMES = ClusterSettings.env_names()
 #: the fields of :class:`dsagent.webhook.server.WebhookSettings` and its GPU classes'
 #: (:class:`dsagent.webhook.gpurequest.GpuClassSettings`)

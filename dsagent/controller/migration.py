@@ -53,7 +53,7 @@ MAX_PODS = 20_000  # one round reads at most this many running pods
 class MigratorSettings:
     checkpoint_s: float = 120.0
     restart_s: float = 180.0
-    fetch_bps: float = 669e6  # the agent's measured unpack rate (README, Performance)
+    fetch_bps: float = 669e6  # the agent's measured unpack rate (docs/simulation.md)
     min_gain: float = 0.1
     gpu_resource: str = GPU_RESOURCE
     class_prefix: str = CLASS_RESOURCE_PREFIX  # <prefix>/<stem>: the class resources the webhook writes

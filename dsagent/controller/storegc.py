@@ -1,4 +1,4 @@
-"""Bundle-store garbage collection run by the Dataset controller (issue 23, docs/design.md#store-gc).
+"""Bundle-store garbage collection run by the Dataset controller (docs/design.md#store-gc).
 
 Who calls it: :class:`dsagent.controller.reconcile.DatasetController`, each pass of the
 leader, when ``DSAGENT_CONTROLLER_STORE_GC`` sets an interval (the chart's

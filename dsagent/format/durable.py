@@ -52,7 +52,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 class WritebackError(OSError):
     """Flushing a filesystem failed (EIO, ENOSPC, ...): what was written into it since the
     last good flush may not be on disk. Raised by :func:`syncfs` and by
-    :meth:`Writeback.check` for a background flush that failed (issue 21 finding 6)."""
+    :meth:`Writeback.check` for a background flush that failed."""
 
 
 def syncfs(path: str | os.PathLike[str]) -> None:
@@ -94,7 +94,7 @@ class Writeback:
     10,300 write requests for a 1.08 GB dataset against ~1,000 from ``tar -x`` left to the
     kernel. Paced every 32 MiB, ~2,200 requests of ~510 kB, and caching that dataset took
     3.07-4.81 s (median 3.56 s) against 3.95-5.03 s (median 4.91 s) per file, in six
-    interleaved rounds on this project's test VM (64 MiB: median 3.9-4.3 s; README, cache.py).
+    interleaved rounds on this project's test VM (64 MiB: median 3.9-4.3 s; docs/performance.md, cache.py).
 
     One instance per filesystem (:func:`writeback_for`), shared by the threads writing into
     it; it holds no descriptor between flushes (a flush syncs through a copy of the
@@ -135,7 +135,7 @@ class Writeback:
         except OSError as exc:
             # kept for :meth:`check`: the kernel reports a writeback error to one syncfs per
             # open file, so the writer's own final syncfs (on a descriptor opened later) may
-            # never see it (issue 21 finding 6)
+            # never see it
             with self._lock:
                 self._failures += 1
                 self._failure = exc

@@ -228,7 +228,7 @@ def _publish(staging: _Staging, dest_dir: Path, members: EntryTable, durable: bo
             raise Conflict(
                 f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory"
             ) from exc
-        raise  # a full or failing disk: the caller's _local_writes says which (issue 21 fault sweep)
+        raise  # a full or failing disk: the caller's _local_writes says which
     if durable:
         syncfs(dest_dir)
 

@@ -27,14 +27,14 @@ Decisions:
   manifest has no entries and no bundles, it unpacks to an empty directory. A source that
   does not exist raises :class:`NotFound` (on object stores an empty prefix does not
   exist, so a mistyped ``s3://`` prefix is an error, never an empty dataset).
-- **Reading costs the entries, not copies of them** (issue 10 finding 5): a stored
+- **Reading costs the entries, not copies of them**: a stored
   manifest is parsed and checked a batch at a time (types, digests, path order) straight
   into an :class:`EntryTable` (the entries column-wise: ~104 bytes an entry instead of
   ~232 as FileEntry objects), the layout checks lean on the path order instead of sets of
   all paths, digests hash the canonical records a block at a time, and the stored form is
   written a block at a time. A 2.6 MB manifest of 10^6 entries (``d0000/f0000000``-style
-  paths): peak RSS of a fresh reading process 465 MiB before issue 10, 267 with FileEntry
-  tuples, 169 MiB now (~32 MiB of it imports); the agent that reads it, re-encodes it into
+  paths): peak RSS of a fresh reading process 169 MiB (~32 MiB of it imports; 267 MiB with
+  FileEntry tuples); the agent that reads it, re-encodes it into
   its cache and fails on its missing bundles peaks at 224 MiB.
 
 Stored format (``Manifest.to_bytes``): one line of plain JSON (the header: format,
@@ -83,7 +83,7 @@ _BUNDLE_DOMAIN = b"dsplatform/bundle/v1\n"
 _SIZE = struct.Struct("<Q")
 _LEN = struct.Struct("<I")
 #: Records hashed / paths checked per step: whole-manifest temporaries would cost ~100 bytes
-#: an entry on top of the entries themselves (issue 10 finding 5).
+#: an entry on top of the entries themselves.
 _BLOCK = 4096
 
 
@@ -104,7 +104,7 @@ class EntryTable(Sequence[FileEntry]):
     """A manifest's entries held column-wise: what :attr:`Manifest.entries` is.
 
     A manifest can list millions of files, and a hostile one is read by the privileged
-    agent (issue 10 finding 5). As objects an entry costs ~232 bytes (the FileEntry 64,
+    agent. As objects an entry costs ~232 bytes (the FileEntry 64,
     its path 64, its hex digest 96, a tuple slot 8); here it costs its path (64 + a list
     slot 8), 16 raw digest bytes and two 8-byte numbers: ~104 bytes. :class:`FileEntry`
     stays the value callers see: indexing and iterating build them on demand, and the
@@ -556,7 +556,7 @@ def _entry_batches(reader: FrameReader, limit: int, name: str) -> Iterator[list[
     """The entry lines of a manifest body, a decompressed chunk's worth at a time; each line
     at most :data:`MAX_ENTRY_LINE` bytes, at most ``limit`` of them (the count its header
     declares): a body cannot make the reader hold or parse more than its header promised
-    (issue 10 finding 5: 1 GiB of whitespace)."""
+    (1 GiB of whitespace)."""
     pending = b""
     count = 0
     while True:

@@ -8,8 +8,8 @@ user's own rights apply.
 What it owns: the one decision "may the agent open this URL with these storage options",
 made **before any filesystem object is constructed, any file opened or any path touched
 outside the allowed local directories**. Checking the shape of a filesystem after fsspec
-built it loses to the next wrapper fsspec adds (finding 1 of issue 10: the async wrapper
-keeps its target in ``.sync_fs``), and building one may already act (``filecache`` creates
+built it loses to the next wrapper fsspec adds (the async wrapper keeps its target in
+``.sync_fs``), and building one may already act (``filecache`` creates
 its ``cache_storage`` directory, ``tar://`` opens its ``fo``). So:
 
 - the protocol comes from the URL's text (:func:`fsspec.core.split_protocol`, exactly what

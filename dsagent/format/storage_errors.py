@@ -247,7 +247,7 @@ def _option_hint(key: str) -> str:
     close = difflib.get_close_matches(key, sorted(known_option_keys()), n=2, cutoff=0.75)
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
-    return "check the option names for this protocol (README: Storage)"
+    return "check the option names for this protocol (docs/user-guide/storage.md)"
 
 
 def bounded_options(protocol: str, options: Mapping[str, Any], bounds: StorageTimeouts | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ malformation as :class:`IntegrityError`:
   frame, so a bundle cut at its checksum would otherwise pass). Chunks come out as
   memoryviews of the decompressor's output: no copy between zstd and ``os.write``.
 
-**Bounds** (issue 10, finding 5: a 65 KB bundle of 2 GiB of zeros took the agent to
+**Bounds** (a 65 KB bundle of 2 GiB of zeros took the agent to
 2.1 GB). This module is the one place decompression is bounded, for bundles and
 manifests alike: each decompress call yields at most :data:`CHUNK_SIZE` bytes
 (``compression.zstd``'s ``max_length``; python-zstandard's ``decompressobj`` has none, and

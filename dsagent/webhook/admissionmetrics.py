@@ -31,7 +31,7 @@ OUTCOMES = ("patched", "unpatched", "failed_open", "invalid")
 # 1 ms .. 10 s: the API server's webhook timeout is 10 s at most (the chart sets 5 s)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
-disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins
 
 
 class WebhookMetrics:

@@ -32,7 +32,7 @@ class Injection:
     run_as_group: int = 65532
     storage_options_key: str = "storage_options"
     resources: Mapping[str, Any] = field(default_factory=dict)
-    volume_mode: str = "hostPath"  # issue 12: "csi" wires the inline CSI volume (docs/design.md#csi)
+    volume_mode: str = "hostPath"  # "csi" wires the inline CSI volume (docs/design.md#csi)
     csi_driver: str = "datasets.dsagent.io"
 
     def __post_init__(self) -> None:

@@ -138,7 +138,7 @@ VALUE_SETS = {
     "gpu-classes": GPU_CLASSES,
     "peers": PEERS,
     "peers-existing-secret": PEERS_EXISTING_SECRET,
-    # issue 23: every Secret and certificate brought by the user (tests/charts/test_chart_gitops.py)
+    # every Secret and certificate brought by the user (tests/charts/test_chart_gitops.py)
     "gitops": {
         "agent": {"adminToken": {"existingSecret": "ops-admin"}},
         "webhook": {"tls": {"existingSecret": "ops-webhook-tls", "caBundle": "QUJD"}},
@@ -384,7 +384,7 @@ def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str
 def test_the_agent_may_only_read_and_patch_nodes_watch_pods_and_read_datasets(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    # no pods/get: the agent only lists and watches, with spec.nodeName (issue 23)
+    # no pods/get: the agent only lists and watches, with spec.nodeName
     assert rules_of(rendered["default"], "-agent") == {
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
@@ -672,7 +672,7 @@ def test_strict_validation_catches_an_unknown_field(rendered: dict[str, list[dic
         kv.validate(daemonset, KUBE_VERSIONS[-1], strict=True)
 
 
-# -- the CSI node plugin (issue 12, docs/design.md#csi)
+# -- the CSI node plugin (docs/design.md#csi)
 
 
 def test_the_csidriver_serves_ephemeral_inline_volumes_with_pod_info(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -741,7 +741,7 @@ def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricte
     # (tests/dsagent/webhook/test_mutation_csi.py)
 
 
-# -- production: disruption budgets, spreading, probes, digest, discovery, monitoring (issue 13)
+# -- production: disruption budgets, spreading, probes, digest, discovery, monitoring
 
 DEPLOYMENTS = ("extender", "webhook", "scheduler", "controller")
 
@@ -754,7 +754,7 @@ def test_every_deployment_with_more_than_one_replica_has_a_pdb_selecting_its_pod
         for component in DEPLOYMENTS:
             deployment = find(docs, "Deployment", f"-{component}")
             pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"].endswith(component)]
-            if deployment["spec"]["replicas"] == 1:  # issue 23: a one-replica PDB protects nothing
+            if deployment["spec"]["replicas"] == 1:  # a one-replica PDB protects nothing
                 assert pdbs == [], (label, component)
                 continue
             [pdb] = pdbs
@@ -885,7 +885,7 @@ def test_the_service_monitor_scrapes_every_component_by_a_port_it_has(
     assert set(monitor["spec"]) == {"namespaceSelector", "selector", "endpoints"}
     http, https = monitor["spec"]["endpoints"]
     assert http == {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
-    # the webhook (issue 23: its admissions by outcome) over HTTPS, verified against its own CA
+    # the webhook (its admissions by outcome) over HTTPS, verified against its own CA
     webhook = find(docs, "Service", "-webhook")
     secret = find(docs, "Secret", "-webhook-tls")
     assert https["port"] == "https" and https["scheme"] == "https" and https["path"] == "/metrics"
@@ -932,7 +932,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
     docs = rendered["default"]
     assert rules_of(docs, "-controller") == {
         ("", "nodes", "list"),
-        ("", "pods", "list"),  # replication's demand, next-job preparation (issue 25)
+        ("", "pods", "list"),  # replication's demand, next-job preparation
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets/status", "patch"),
     }
@@ -986,12 +986,12 @@ def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(
 
 def test_the_scheduler_image_follows_the_cluster_version_and_every_image_takes_a_digest() -> None:
     """The SDK renders for its own default cluster version (it takes no --kube-version):
-    the scheduler's tag is that version, not a fixed one (issue 23: v1.31.4 on any cluster)."""
+    the scheduler's tag is that version, not a fixed one (v1.31.4 on any cluster)."""
 
     def images(values: dict[str, Any]) -> list[str]:
         out = []
         for doc in render(values):
-            # the `helm test` Pod too (issue 23: every image takes a digest)
+            # the `helm test` Pod too (every image takes a digest)
             pod = doc["spec"] if doc["kind"] == "Pod" else doc.get("spec", {}).get("template", {}).get("spec", {})
             out += [c["image"] for c in pod.get("containers", []) + pod.get("initContainers", [])]
         return out

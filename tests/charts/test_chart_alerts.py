@@ -1,5 +1,5 @@
 """The chart's PrometheusRule: every metric and label value its alerts read is one the real
-processes export (issue 23: alerts over names nobody emits read 0 forever).
+processes export (alerts over names nobody emits read 0 forever).
 
 A real ``dsagent serve`` (TCP) and a real ``python -m scheduler_plugin`` are started and
 their ``/metrics`` scraped after one failed dataset request and one extender call; the

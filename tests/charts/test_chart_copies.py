@@ -1,6 +1,7 @@
-"""The chart's issue-25 wiring. Cluster-aware eviction (docs/design.md#cluster-eviction): the controller
-may write one ConfigMap of copy counts and is told its name; each agent may only read that one
-ConfigMap and is told where it is; switching it off removes both sides."""
+"""The chart's wiring of the controller's cluster-side policies. Cluster-aware eviction
+(docs/design.md#cluster-eviction): the controller may write one ConfigMap of copy counts and
+is told its name; each agent may only read that one ConfigMap and is told where it is;
+switching it off removes both sides."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
 
 
 def test_migration_is_off_by_default_and_on_may_evict_pods() -> None:
-    """Issue 26: the controller's migration (docs/design.md#deadline-migration) needs the
+    """The controller's migration (docs/design.md#deadline-migration) needs the
     Eviction API; the permission is there only when migration is on."""
     from dsagent.controller.controllersettings import ControllerSettings
 

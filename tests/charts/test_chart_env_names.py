@@ -1,4 +1,4 @@
-"""Issue 23: unknown ``DSAGENT_*`` / ``DSEXT_*`` variables are refused at start-up, so every
+"""Unknown ``DSAGENT_*`` / ``DSEXT_*`` variables are refused at start-up, so every
 name the chart gives a process must be one some part of the platform reads, or that process
 would refuse to start in the cluster. Nothing is rendered: every name written in the
 templates is collected."""

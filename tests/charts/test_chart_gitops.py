@@ -1,4 +1,4 @@
-"""Renders that stay the same without a cluster (issue 23, item 4): Argo CD, Flux and
+"""Renders that stay the same without a cluster: Argo CD, Flux and
 ``helm template`` render with no ``lookup``, so every Secret or certificate the chart would
 generate changes on each render (and a GitOps tool would roll it, breaking the agents'
 tokens and the webhook's trust). Each one can be brought by the user (``existingSecret``)

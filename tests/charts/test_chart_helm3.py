@@ -1,4 +1,4 @@
-"""The chart rendered and linted by the real Helm v3 binary (issue 23, item 4), as most
+"""The chart rendered and linted by the real Helm v3 binary, as most
 users run it, beside the Helm v4 SDK the other chart tests use.
 
 ``make`` puts the binary at ``.venv/bin/helm`` (tools/helm/install.py: the official

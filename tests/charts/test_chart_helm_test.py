@@ -1,4 +1,4 @@
-"""``helm test`` (issue 23, item 4): the chart's test hook pod and the script it runs.
+"""``helm test``: the chart's test hook pod and the script it runs.
 
 The script is taken from the rendered Pod (its ``python -c`` argument and environment, with
 the cluster's names swapped for 127.0.0.1) and run against real HTTP and HTTPS servers:

@@ -1,4 +1,4 @@
-"""The chart's Multus NetworkAttachmentDefinitions per GPU-RoCE class (README "VF networks")."""
+"""The chart's Multus NetworkAttachmentDefinitions per GPU-RoCE class (docs/user-guide/gpu-placement.md)."""
 
 from __future__ import annotations
 

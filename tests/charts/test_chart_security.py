@@ -1,4 +1,4 @@
-"""The chart's limits on the agent's rights (issue 23, item 4): node writes only to its own
+"""The chart's limits on the agent's rights: node writes only to its own
 Node, through a ValidatingAdmissionPolicy as the kubelet's NodeRestriction does.
 
 No CEL library is in the lock, so the policy's expressions are checked for their shape

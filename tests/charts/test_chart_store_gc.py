@@ -1,4 +1,4 @@
-"""The chart's switch for the controller's store gc Jobs (issue 23, item 5)."""
+"""The chart's switch for the controller's store gc Jobs."""
 
 from __future__ import annotations
 

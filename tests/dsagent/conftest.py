@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-# --------------------------------------------------------------------------- bundles (issue 2)
+# --------------------------------------------------------------------------- bundles
 
 #: An awkward little dataset: unicode, a path over 100 bytes, empty files, deep nesting,
 #: an empty directory, and one file bigger than the small ``max_bytes`` the tests use.
@@ -56,7 +56,7 @@ def memory_root() -> Iterator[str]:
         fs.rm(path, recursive=True)
 
 
-# --------------------------------------------------------------------------- agent (issue 3)
+# --------------------------------------------------------------------------- agent
 
 from typing import Any  # noqa: E402 - this file is append-only
 

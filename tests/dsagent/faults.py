@@ -1,4 +1,4 @@
-"""Fault injection for the agent's data path, the way SQLite tests I/O errors (issue 21, deliver 3).
+"""Fault injection for the agent's data path, the way SQLite tests I/O errors.
 
 Who uses it: ``tests/dsagent/cache/test_fault_injection.py`` (a sample of points, in the suite)
 and ``tools/faults/sweep.py`` (every point). What it owns:
@@ -50,7 +50,7 @@ KINDS = ("open", "write", "fsync", "rename", "mkdir", "commit")
 ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EDQUOT": errno.EDQUOT}
 #: the error codes a failed task may carry: clear ones, never ``internal``, and never
 #: ``source_unavailable``: every fault is injected on the cache disk, which is not the
-#: source (a failing disk said "source unavailable" before issue 21's ``cache_disk``)
+#: source (a failing disk is ``cache_disk``, never "source unavailable")
 CLEAR_CODES = {"insufficient_space", "integrity", "cache_disk", "catalog", "not_found", "conflict"}
 
 

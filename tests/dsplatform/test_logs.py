@@ -1,4 +1,4 @@
-"""One log handler and one format per process (issue 23): text or JSON lines, uvicorn's
+"""One log handler and one format per process: text or JSON lines, uvicorn's
 loggers through the same handler, and the access log only when asked for."""
 
 from __future__ import annotations

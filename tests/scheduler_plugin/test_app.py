@@ -373,7 +373,7 @@ def test_dsctl_plan_without_an_extender_is_transient(capsys: pytest.CaptureFixtu
 
 
 def test_readyz_says_syncing_in_the_one_probe_shape_until_the_node_watch_has_listed() -> None:
-    """Issue 23: the extender answered ``{"ok": true}`` / ``{"ready": false}`` where the agent
+    """The extender answered ``{"ok": true}`` / ``{"ready": false}`` where the agent
     and the webhook answer ``{"status": ...}``; now every process answers one shape."""
     from kubernetes import client as k8s
 

@@ -134,7 +134,7 @@ def asgi_post(app: Any, path: str, body: bytes) -> list[dict[str, Any]]:
 
 
 def test_a_filter_reply_is_sent_a_batch_at_a_time_and_equals_the_whole_reply() -> None:
-    """Issue 21: the reply echoing ~48 MiB of passing nodes was one bytes object (after a
+    """The reply echoing ~48 MiB of passing nodes was one bytes object (after a
     join, then a concatenation), copied again by the HTTP writer and into the socket's
     buffer; it is now sent in batches of ~1 MiB joined from views of the request body."""
     from scheduler_plugin.app import REPLY_BATCH_BYTES

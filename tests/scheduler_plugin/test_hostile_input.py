@@ -1,8 +1,8 @@
-"""Issue 10, finding 9: one node's unreadable data costs only that node its score; one
+"""One node's unreadable data costs only that node its score; one
 parse per body; a body limit; a huge body never holds up ``/healthz``.
 
 The extender over real HTTP (uvicorn on 127.0.0.1), with bodies shaped as kube-scheduler
-sends them. Each test failed on the code before issue 10.
+sends them.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_a_huge_body_without_a_pod_never_holds_up_healthz() -> None:
         assert probes >= 2 and worst < 0.5 * whole, f"/healthz waited {worst:.2f} s of the request's {whole:.2f} s"
 
 
-# issue 21 finding 6: nesting past the parser's own bound is a clear refusal, not a traceback
+# nesting past the parser's own bound is a clear refusal, not a traceback
 DEEP_POD = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
 
 
@@ -125,7 +125,7 @@ def test_a_deeply_nested_body_is_refused_with_a_clear_error(
     assert not any(record.exc_info for record in caplog.records), "a traceback was logged"
 
 
-# issue 23: a body that is not JSON was answered "ExtenderArgs has no Pod"
+# a body that is not JSON was answered "ExtenderArgs has no Pod"
 @pytest.mark.parametrize(
     ("body", "message"),
     [

@@ -1,4 +1,4 @@
-"""The extender's log as an operator reads it (issue 23): a real ``python -m scheduler_plugin``
+"""The extender's log as an operator reads it: a real ``python -m scheduler_plugin``
 with ``DSEXT_LOG_FORMAT=json``: uvicorn's lines and the access log in the same JSON."""
 
 from __future__ import annotations

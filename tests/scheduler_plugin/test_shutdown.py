@@ -1,4 +1,4 @@
-"""Issue 21 finding 6: the extender process exits soon after SIGTERM even while a client is
+"""The extender process exits soon after SIGTERM even while a client is
 stalled mid-request (before, uvicorn waited for that request forever)."""
 
 from __future__ import annotations

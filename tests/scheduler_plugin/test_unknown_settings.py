@@ -1,4 +1,4 @@
-"""Issue 23: a ``DSEXT_*`` variable the extender does not declare stops it at start-up:
+"""A ``DSEXT_*`` variable the extender does not declare stops it at start-up:
 one line naming the close matches, exit 2."""
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def test_a_go_layout_body_in_a_bytearray_with_a_trailing_newline_is_cut_alike() 
     assert json.loads(encode_filter_result(args, ["n1"]))["Nodes"]["items"] == nodes()[:1]
 
 
-# -- issue 21: any other layout is walked a node at a time, with json.loads' answers -------
+# -- any other layout is walked a node at a time, with json.loads' answers -------
 
 
 def parsed_whole(body: bytes) -> Any:
@@ -280,7 +280,7 @@ def test_a_deep_value_in_the_walk_is_refused_as_nested_unless_the_body_is_not_ut
 
 
 def test_a_walked_body_never_becomes_one_parsed_tree() -> None:
-    """Issue 21: a 50 MB body in any layout but Go's was parsed whole (~4x its size in
+    """A 50 MB body in any layout but Go's was parsed whole (~4x its size in
     dicts), which put the extender at 380 MiB. Walked, the decode allocates a window and
     one node at a time: far less than the body, whatever its size."""
     items = [

@@ -115,7 +115,7 @@ def test_the_reader_forgets_old_nodes_when_full() -> None:
 
 
 def test_allocatable_gpus_count_a_class_set_and_gpu_all_once() -> None:
-    """Issue 22: the reader summed every resource starting with the class prefix, so a node
+    """The reader summed every resource starting with the class prefix, so a node
     whose device plugin serves two classes of 4 and their set read as 16 GPUs (24 with
     NVIDIA's plugin beside it), and its free count (allocatable minus requests) doubled."""
     advertised = {

@@ -1,7 +1,7 @@
 """``tools/mistakes/survey.py`` at its ``--smoke`` size, so that the survey cannot rot.
 
-The full survey (90 mistakes, about two minutes) is the lead's before closing issue 23;
-here a handful of its cases run against real processes (a packed store, a running agent
+The full survey (90 mistakes, about two minutes) runs by hand (``python
+tools/mistakes/survey.py``); here a handful of its cases run against real processes (a packed store, a running agent
 and extender) and must each get the documented exit code and one clear line.
 """
 

@@ -1,4 +1,4 @@
-"""The simulator's hooks for issue 25's cluster-side policies beyond eviction: replication
+"""The simulator's hooks for the cluster-side policies beyond eviction: replication
 (``ours+replicas``, docs/design.md#replication) and where a controller task's copy comes from
 (peers first, as the agent fetches every task's data)."""
 

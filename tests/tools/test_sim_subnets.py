@@ -1,4 +1,4 @@
-"""The simulator's across-subnet counters and the class-set placement it calls (issue 26)."""
+"""The simulator's across-subnet counters and the class-set placement it calls."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ step three ways on the same data:
                       (the library's cost without the interpreter's start-up; labelled)
 
 The process figures are what users see and what the ratios (dsctl throughput over the C
-pipeline's; targets, issue 24: pack and unpack >= 1.2x, digest >= 1.0x) are computed
-from; the in-process row shows what start-up costs (issue 24: ``dsctl unpack`` within 10%
+pipeline's; targets: pack and unpack >= 1.2x, digest >= 1.0x) are computed
+from; the in-process row shows what start-up costs (``dsctl unpack`` within 10%
 of it). Runs are interleaved (dsctl, C, in-process, dsctl, C, ...) so that all sides see
 the same load on a shared machine, each after a ``sync``, page cache warm; each side's
 best of ``--repeat`` is printed with its CPU time (user + sys, all threads and children).
@@ -29,7 +29,7 @@ pipelines do not. A baseline tool that is missing (``xxh128sum``: Debian's ``xxh
     python tools/bench/bundle.py --smoke         # seconds: checks that the benchmark still runs
     python tools/bench/bundle.py --workdir /dev/shm/bench --workdir .bench/bundle \\
         --files 6000 --median-kb 65 --max-bytes 10GB --repeat 5
-                                                 # issue 24's set: one ~450 MB bundle, tmpfs then disk
+                                                 # the measured set: one ~450 MB bundle, tmpfs then disk
 
 ``--workdir`` picks the filesystem (the default, ``.bench/bundle``, is this checkout's
 disk; a tmpfs removes the disk from the comparison) and may be given more than once (a

@@ -9,8 +9,8 @@ The source is a real HTTP server on 127.0.0.1, in its own process, serving the g
 dataset and its bundles with byte ranges, and sleeping ``--latency-ms`` before answering
 each request (a remote's round trip). The agent reads it through fsspec's HTTP filesystem
 and checks it as it checks any remote URL: the benchmark needs no exception in the agent.
-(It used to be an fsspec filesystem wrapping the local disk, which the agent rightly
-refuses: a local path outside its allowed directories.)
+(An fsspec filesystem wrapping the local disk would not do: the agent rightly refuses a
+local path outside its allowed directories.)
 
 Ways, all from the same source into the same disk:
 1. baseline: a per-file copy as a user would do it without dsplatform (one file after the
@@ -35,7 +35,7 @@ Each bundle run also prints what it used: CPU time (this process's threads and t
 processes; the HTTP server's process is left out of both) as a share of all cores over its
 wall time, and the disk's write requests, bytes and busy time from ``/proc/diskstats``
 (where the work directory is on a block device): whether the disk or the CPU decided.
-Targets: bundles >= 8x the baseline (issue 3) and >= 90% of the sequential bandwidth (issue 14).
+Targets: bundles >= 8x the baseline and >= 90% of the sequential bandwidth.
 
 The test suite runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes under
 ``.bench/cache`` (or ``--workdir``) and is removed unless ``--keep``.

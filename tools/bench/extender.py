@@ -29,7 +29,7 @@ nodes whose agents republish.
     .venv/bin/python tools/bench/extender.py --nodes 100,1000 --requests 20   # quick
     .venv/bin/python tools/bench/extender.py --smoke                  # seconds: checks that it runs
 
-Targets (issue 5): p99 <= 10 ms at 100 nodes; at 5,000 nodes <= 100 ms with full Node
+Targets: p99 <= 10 ms at 100 nodes; at 5,000 nodes <= 100 ms with full Node
 objects and <= 20 ms names-only. The test suite runs ``--smoke`` (100 nodes, 20 requests).
 """
 

@@ -25,7 +25,7 @@ it (what any Python consumer of that body pays at least).
     .venv/bin/python tools/bench/extender_memory.py --nodes 1000        # quicker
     .venv/bin/python tools/bench/extender_memory.py --smoke             # seconds: checks that it runs
 
-Target (issue 21): the extender's peak under 256 MB (244 MiB) at 5,000 nodes in every
+Target: the extender's peak under 256 MB (244 MiB) at 5,000 nodes in every
 layout and verb. Linux only (``/proc``).
 """
 

@@ -10,7 +10,7 @@ three ways, each against a fresh real agent process caching a local dataset of
   pulls the app image; the app command waits for the ready mark);
 - ``init``: a blocking init-container (``dsagent.io/wait: init``), for contrast: caching
   and the pull are serialised;
-- ``csi``: the chart's default since issue 12 (``volumeMode: csi``): the simulated kubelet
+- ``csi``: the chart's default (``volumeMode: csi``): the simulated kubelet
   publishes the pod's inline CSI volume through the agent's real CSI socket (gRPC) before
   it pulls anything, the agent caches from that call and bind-mounts the dataset into the
   volume when ready, and the wrapped app command waits for the volume's ready mark. Needs

@@ -19,7 +19,7 @@ socket and TCP port on 127.0.0.1. Three runs, fresh roots each:
    downloading is waited for, so each bundle is read from the store about once.
 
 Printed: the store's bytes (bundles only, and as a multiple of the packed dataset), the time
-until all agents are ready, and the peers' served/fetched bytes. Target (issue 14): with
+until all agents are ready, and the peers' served/fetched bytes. Target: with
 peers the store serves <= 1.5x the dataset (8x without), in both runs with peers.
 
 The test suite runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes under

@@ -1,4 +1,4 @@
-"""The full fault-injection sweep of a multi-bundle fetch (issue 21, deliver 3).
+"""The full fault-injection sweep of a multi-bundle fetch.
 
 For every filesystem operation and catalog commit that a fetch of a multi-bundle tar+zstd
 dataset (15 files, 9 bundles, an empty directory) reaches (counted in a dry run), and for

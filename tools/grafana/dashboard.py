@@ -1,7 +1,7 @@
 """Writes the chart's Grafana dashboard (``charts/dsplatform/dashboards/dsplatform.json``).
 
 Who calls it: a maintainer after changing a panel (``python tools/grafana/dashboard.py``);
-``tools/grafana/render.py`` reads the same PANELS to draw the README's picture. The chart
+``tools/grafana/render.py`` reads the same PANELS to draw the picture in docs/operator-guide/monitoring.md. The chart
 ships the JSON through an optional ConfigMap labelled for Grafana's dashboard sidecar.
 """
 

@@ -1,4 +1,4 @@
-"""Draws the README's picture of the Grafana dashboard from the metrics of a real demo run.
+"""Draws the picture of the Grafana dashboard (docs/operator-guide/monitoring.md) from the metrics of a real demo run.
 
 Who calls it: a maintainer (``python tools/grafana/render.py docs/img/dashboard.png``).
 No Grafana server is available where this runs, so the panels of

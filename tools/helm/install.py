@@ -1,4 +1,4 @@
-"""Put the real Helm v3 binary at a path, for the chart tests (issue 23, item 4).
+"""Put the real Helm v3 binary at a path, for the chart tests.
 
 Who runs it: ``make`` (the ``$(VENV)/bin/helm`` target, a prerequisite of ``make pytest``),
 so CI and every developer's ``make test`` render the chart with Helm v3 as most users run

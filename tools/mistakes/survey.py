@@ -1,14 +1,14 @@
 """A new user's mistakes, run against the real commands and judged the same way each time.
 
-Who runs it: the lead before closing issue 23 (its "done when" asks for the count of clear
-answers out of 80), and ``tests/tools/test_mistakes.py`` at ``--smoke`` size so that the
+Who runs it: whoever changes an error message or an exit code (it prints the count of
+clear answers), and ``tests/tools/test_mistakes.py`` at ``--smoke`` size so that the
 list cannot rot. Not run by CI in full (about a minute on a quiet machine).
 
 Each mistake is one command line (``dsctl``, ``dsagent``, ``python -m scheduler_plugin``)
 with the environment a new user would have: a small dataset, a store packed from it, a
 running ``dsagent serve``, a port already taken. A mistake is answered **clearly** when:
 
-- the process exits with the code the README's exit-code table documents for it;
+- the process exits with the code docs/reference/exit-codes.md documents for it;
 - stderr says so in one line, ``PROG: error: what (hint)``, with no traceback and no
   "internal error" (``dsctl cache``'s progress lines may come before it);
 - the message names what was wrong (each case lists a word it must contain: the option,
@@ -16,7 +16,7 @@ running ``dsagent serve``, a port already taken. A mistake is answered **clearly
 - it exits by itself within the case's limit (a server that should refuse to start and
   serves instead is a miss).
 
-The cases are written from the documentation (README's exit codes and commands), not from
+The cases are written from the documentation (the exit codes and commands it documents), not from
 what the code answers today: a case that fails is a finding, not a wrong expectation.
 
     python tools/mistakes/survey.py            # all cases, a line per miss, the count

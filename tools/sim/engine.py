@@ -24,8 +24,8 @@ product --
   controller holds them;
 - run times, plans and queue order: :mod:`scheduling.timemodel`;
 - fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
-  rate (README, Performance) per node, shared fairly on a storage system of
-  ``storage_bw`` bytes/s; P2P as the agent does it (README, Peer-to-peer bundles): a
+  rate (docs/simulation.md) per node, shared fairly on a storage system of
+  ``storage_bw`` bytes/s; P2P as the agent does it (docs/user-guide/peers.md): a
   version another node holds ready is read from it, and a node starting while another
   fetches the same version reads from that one as its bundles arrive. Ready copies per
   version are tracked (:meth:`Simulation.copies_elsewhere`) for cluster-aware eviction.
@@ -75,11 +75,11 @@ from tools.sim.workload import Dataset, Job
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topology"
-# ours with issue 25's cluster-side policies switched on: next-job preparation, replication
+# ours with the cluster-side policies switched on: next-job preparation, replication
 OURS_VARIANTS = ("ours+prepare", "ours+replicas")
 OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
 POLICIES = ("default", "fluid", "ours", *OURS_VARIANTS, *deadline_variants.POLICY_NAMES)
-MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (README, Performance)
+MEASURED_FETCH_BPS = 669e6  # dsagent unpack, every file verified (docs/simulation.md)
 EPOCH = 1_795_000_000.0  # simulated t=0 as wall-clock seconds (deadlines, JobClasses)
 
 

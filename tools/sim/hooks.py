@@ -1,4 +1,4 @@
-"""The simulator's hooks into the cluster-side cache policies of issue 25, kept out of
+"""The simulator's hooks into the cluster-side cache policies (preparation, replication), kept out of
 :mod:`tools.sim.engine` so that the engine only calls them.
 
 Who calls it: :class:`tools.sim.engine.Simulation` (its eviction call site and, opt-in, its

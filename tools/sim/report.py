@@ -100,7 +100,7 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "idle_gpu_h": idle,
         "across_subnets": sum(1 for o in outs if o.spans_subnets),
         # jobs whose workers use different class sets (subnets), and those of them for which
-        # one class set could hold every worker when the job started (issue 26)
+        # one class set could hold every worker when the job started
         "across_subnets_avoidable": sum(1 for o in outs if o.spans_subnets and o.avoidable),
         "multi_worker_jobs": sum(1 for o in outs if len(o.workers) > 1),
         "numa_split": sum(o.numa_split for o in outs),
@@ -176,7 +176,7 @@ def goals(results: Sequence[Mapping[str, Any]]) -> str:
     timed = [p for p in by if p in DEADLINE_POLICIES]
     others = [r["misses"] for p, r in by.items() if p not in DEADLINE_POLICIES]
     if timed and others:
-        # issue 26: misses <= 0.7x the best non-deadline policy, mean JCT <= 1.05x ours
+        # misses <= 0.7x the best non-deadline policy, mean JCT <= 1.05x ours
         best = min(timed, key=lambda p: (by[p]["misses"], by[p]["jct_mean_h"]))
         ratio = by[best]["misses"] / min(others) if min(others) else math.inf
         jct = by[best]["jct_mean_h"] / by["ours"]["jct_mean_h"] if "ours" in by else math.nan

@@ -11,7 +11,7 @@ on the same jobs in every regime: no cache, Fluid-style, ours, and ours with eac
 controller's cluster-side policies (``ours+prepare``: next-job preparation;
 ``ours+replicas``: replication, ``spec.replicas: auto``). Writes ``sweep.json`` (the
 workload and run.py's ``--json`` fields per regime and policy), ``sweep.md`` (a table per
-regime, a table of what preparation and replication change, and the goals of issue 25,
+regime, a table of what preparation and replication change, and the goals,
 each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the ratio).
 Each simulation's figures are also written to ``OUT/parts/`` as soon as it ends, so that
 ``--resume`` after an interruption (same code) runs only what is missing; the tables and
@@ -79,7 +79,7 @@ def _ratios(ours: dict[str, Any], fluid: dict[str, Any]) -> tuple[float, float]:
 
 
 def goals(ratio: float, by: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
-    """Issue 25's goals for one regime: (goal, figure, met)."""
+    """Goals for one regime: (goal, figure, met)."""
     out: list[tuple[str, str, bool]] = []
     if "ours" not in by:
         return out
@@ -175,7 +175,7 @@ def effects(rows: list[dict[str, Any]]) -> str:
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    """One line per regime: ours against Fluid-style on issue 25's measures."""
+    """One line per regime: ours against Fluid-style on the sweep's measures."""
     lines = [
         "| regime | cache/total | hits ours / Fluid-style / none | hits ours : Fluid | storage TB ours / Fluid / none "
         "| storage ours : Fluid | TTFS mean s ours / Fluid / none | goals |",

@@ -6,7 +6,7 @@ onto the engine's :class:`~tools.sim.engine.ClusterParams` and the generator's
 :class:`~tools.sim.workload.WorkloadParams`; their defaults stay where they are (one rule
 per fact), so a key left out means the documented default of those dataclasses.
 
-Example (``tools/sim/workloads/default.json`` is the preset the README measures)::
+Example (``tools/sim/workloads/default.json`` is the preset docs/simulation.md measures)::
 
     {"seed": 1,
      "nodes": [{"type": "dgx-a100", "count": 250}, {"type": "v100-2nic", "count": 150}],

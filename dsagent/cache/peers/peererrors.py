@@ -17,7 +17,7 @@ PeerRefused     (503)  peer_refused    a peer answered 404: not held there
 PeerFetchingIt  (503)  peer_refused    a peer answered 425, 429 or 503: later
 =============== ====== =============== =========================================
 
-All are :class:`dsagent.errors.TransientError` (exit 7, in the README's "Exit codes"
+All are :class:`dsagent.errors.TransientError` (exit 7, in the "Exit codes"
 table). They live beside the peer code rather than in :mod:`dsagent.errors`, as error
 classes do in this package (``tests/test_exit_codes.py`` walks every module): nothing
 outside the peer protocol raises or catches them.

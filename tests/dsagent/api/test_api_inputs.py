@@ -209,7 +209,7 @@ def with_options(options: str) -> bytes:
     return ('{"datasets":[{"name":"ok","source":"memory://x/ok","storageOptions":' + options + "}]}").encode()
 
 
-# issue 21: FastAPI's parse accepted any depth under the recursion limit and answered anything
+# FastAPI's parse accepted any depth under the recursion limit and answered anything
 # past it, or not UTF-8, "There was an error parsing the body" (code http_error)
 @pytest.mark.parametrize(
     ("body", "message"),

@@ -1,9 +1,9 @@
-"""Issue 10, finding 7 and issue 21, finding 4: a pod on the node acts only on its own task.
+"""A pod on the node acts only on its own task.
 
 A real ``dsagent serve`` on its unix socket; the test process is the pod: the agent reads
 its pid from the socket (``SO_PEERCRED``) and its cgroup from a ``/proc`` the test lays out
 (``DSAGENT_PROC_ROOT``), naming a kubepods pod UID as a real kubelet's cgroup does.
-Failed on the code before issue 10 (the socket gave every caller operator rights).
+
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_a_pod_acts_only_on_its_own_task(pod_agent: Any, tmp_path: Path) -> None
 
 
 def test_case_variants_of_a_pods_uid_are_its_one_task(pod_agent: Any, tmp_path: Path) -> None:
-    """Issue 21, finding 4: the permission check lower-cased the id and the records did not,
+    """The permission check lower-cased the id and the records did not,
     so a pod held three tasks (three dataset lists, three leases) under variants of its UID."""
     (tmp_path / "data").mkdir()
     first = {"name": "mine", "source": "memory://pod-rights/none"}

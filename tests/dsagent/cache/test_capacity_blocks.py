@@ -3,8 +3,8 @@ takes a block and an inode per file, so 200 files of 100 bytes need ~1.6 MB of d
 (4 KiB blocks), not 20 kB. A capacity that holds their bytes three times does not hold
 them; one of 1.3 x their disk use does, and ``usedBytes`` reports that disk use.
 
-Failed on the code before (the capacity side counted ``size_bytes``): the first fetch
-was accepted and ``usedBytes`` was 20,000.
+Counting ``size_bytes`` on the capacity side would accept the first fetch and report
+``usedBytes`` 20,000.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 21, deliver 7: a catalog whose SQLite header is damaged does not stop the agent.
+"""A catalog whose SQLite header is damaged does not stop the agent.
 
 A real in-process agent caches two versions from a real tar+zstd bundle store and stops;
 the catalog's header is overwritten (as a torn write or a bad sector would leave it) and
@@ -6,8 +6,7 @@ one file of one cached version is changed. The agent starts again: it keeps the 
 file aside, rebuilds its records from the cache directory, keeping the version that
 verifies against its stored manifest (a hit, nothing read from the store) and discarding
 the other (fetched again), and says so in a log line and a metric.
-Failed on the code before issue 21: ``start`` raised CatalogError ("file is not a
-database"), and ``dsagent serve`` exited with status 3 until someone repaired it by hand.
+
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def test_a_damaged_catalog_is_kept_aside_and_rebuilt_from_verified_copies(
     async def second() -> tuple[str, str, str]:
         service = CacheService(settings)
         with caplog.at_level(logging.WARNING, logger="dsagent"):
-            await service.start()  # before issue 21: CatalogError, the agent did not start
+            await service.start()  # no CatalogError: the agent starts
         try:
             hits_before = service.metrics.hits._value.get()
             record = await service.submit_task("t2", [good], wait=60)

@@ -1,4 +1,4 @@
-"""Issue 10: chaos. A real agent is killed (-9) at random points over many seeds while it
+"""Chaos. A real agent is killed (-9) at random points over many seeds while it
 caches, releases and evicts; after every restart nothing it reports ready is anything
 but a verified copy of its dataset, and in the end every task's datasets become ready.
 

@@ -1,4 +1,4 @@
-"""Issue 21, deliver 3: fault injection over a multi-bundle fetch, a sample in the suite.
+"""Fault injection over a multi-bundle fetch, a sample in the suite.
 
 ``tests/dsagent/faults.py`` makes the Nth filesystem operation (open, write, fsync and
 syncfs, rename, mkdir) or catalog commit of a fetch fail with ENOSPC, EIO or EDQUOT, or
@@ -7,9 +7,8 @@ each: failed with a clear code or ready with a copy that verifies; nothing in be
 reported ready; no staging, reservation, bundle record or trash left. Here a spread of
 points (the first, the last, and some between, each errno, once and from there on) and
 a few kill -9 points; ``tools/faults/sweep.py`` runs every point.
-
-On the code before issue 21 the ENOSPC points during unpacking broke the invariant the
-way finding 1 did: the retry reported ready with files missing.
+The ENOSPC points during unpacking guard the invariant a retry needs: never ready with
+files missing.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Dataset, int]:
     ("fraction", "code", "persist"),
     [
         (0.0, errno.ENOSPC, True),
-        (0.3, errno.ENOSPC, True),  # mid-unpack, the disk stays full: finding 1
+        (0.3, errno.ENOSPC, True),  # mid-unpack, the disk stays full
         (0.45, errno.ENOSPC, False),
         (0.6, errno.EIO, False),
         (0.7, errno.EDQUOT, True),
@@ -82,7 +81,7 @@ def test_kill_9_at_a_sample_of_points_then_a_restart_and_the_same_request(
         assert outcome.retry == "ready", outcome
 
 
-# issue 21: a failing cache disk was reported as the source's failure (source_unavailable,
+# a failing cache disk was reported as the source's failure (source_unavailable,
 # "worth retrying") wherever it happened: unpacking, creating staging, finishing, publishing
 @pytest.mark.parametrize("code", [errno.EIO, errno.EROFS], ids=["EIO", "EROFS"])
 def test_a_cache_disk_error_anywhere_in_a_fetch_is_cache_disk_not_the_source(
@@ -112,7 +111,7 @@ def test_a_cache_disk_error_in_a_per_file_copy_is_cache_disk_not_the_source(
     dataset: tuple[Dataset, int], tmp_path: Path
 ) -> None:
     """A source without bundles is copied file by file; a failed write into the cache was
-    reported as the source file's failure (source_unavailable) before issue 21."""
+    is the cache disk's failure (cache_disk), never the source file's (source_unavailable)."""
     import asyncio
 
     from dsagent.cache.service import CacheService, DatasetRequest

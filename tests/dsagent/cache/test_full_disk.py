@@ -1,8 +1,8 @@
-"""Issue 10, findings 4 and 6: a full disk is a state, not a wedge; a resumed fetch counts
+"""A full disk is a state, not a wedge; a resumed fetch counts
 its own staged bytes once.
 
 A real ``dsagent serve`` whose cache root is a small tmpfs mounted for the test (root
-only; skipped otherwise), real local sources. Failed on the code before issue 10.
+only; skipped otherwise), real local sources.
 """
 
 from __future__ import annotations

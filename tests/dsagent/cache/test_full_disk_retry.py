@@ -1,12 +1,9 @@
-"""Issue 21, finding 1: a fetch that runs out of disk mid-way, then the same request once
+"""A fetch that runs out of disk mid-way, then the same request once
 space is free, must never publish a partial dataset.
 
 A real ``dsagent serve`` whose cache root is a small tmpfs (root only; skipped otherwise),
 a real HTTP bundle store of tar+zstd bundles, a multi-bundle dataset. The disk is filled
-by another writer while bundles are being unpacked. Failed on the code before issue 21:
-the failed fetch deleted its staging directory but kept the bundles it had finished
-recorded as done, so the retry skipped them and reported the dataset ready with those
-files missing (``verify_tree``: "missing file").
+by another writer while bundles are being unpacked.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Issue 10, finding 3: hanging sources cannot wedge the agent for good. Readiness fails
+"""Hanging sources cannot wedge the agent for good. Readiness fails
 while every worker thread is stuck; SIGTERM stops the agent within 10 s whatever its
 threads are doing. (A FIFO source is refused without being opened:
 ``test_trust_boundary.py``.)
 
 A real ``dsagent serve`` and a real TCP server on 127.0.0.1 that accepts connections and
-never answers. Failed on the code before issue 10 (readiness stayed 200; SIGTERM hung).
+never answers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The agent's metrics, parsed back with ``prometheus_client.parser`` (in process, memory:// sources).
 
-Reproduces issue 13's finding: after 5 good and 6 failed cache requests only
+after 5 good and 6 failed cache requests only
 ``dsplatform_agent_fetches_total{result="ok"} 5`` was visible. Now every failure is counted by its
 error code, failed tasks are not active, and two services keep separate counts."""
 
@@ -111,7 +111,7 @@ def test_each_service_has_its_own_registry_and_evictions_count_by_reason(tmp_pat
 def test_a_failed_dataset_is_one_warning_with_code_task_dataset_and_redacted_source(
     tmp_path: Path, memory_root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 23: five failed tasks left no warning line in the agent's log."""
+    """Five failed tasks left no warning line in the agent's log."""
 
     async def run() -> str:
         service = CacheService(Settings(root=tmp_path / "a", sweep_interval=3600))

@@ -475,7 +475,7 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
 
 
 def test_the_per_peer_upload_limit_keys_on_the_address_not_the_self_named_header() -> None:
-    """Issue 21 finding 6: keyed on X-Dsagent-Peer, one peer naming itself anew on each request
+    """Keyed on X-Dsagent-Peer, one peer naming itself anew on each request
     got a fresh per-peer allowance each time; the address it connected from is what it proved."""
     from starlette.requests import Request
 

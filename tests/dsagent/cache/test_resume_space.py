@@ -1,8 +1,7 @@
-"""Issue 10, finding 6: after a kill -9 in the middle of a fetch, the resumed fetch counts
+"""After a kill -9 in the middle of a fetch, the resumed fetch counts
 its own staged bytes once (they are part of the version), so a capacity that fits the
 dataset once still fits it. A real agent process, a real HTTP bundle store.
-Failed on the code before issue 10 (insufficient_space: staged bytes counted as held
-*and* the full size reserved again).
+
 """
 
 from __future__ import annotations

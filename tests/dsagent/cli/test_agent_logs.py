@@ -1,4 +1,4 @@
-"""The agent's log as an operator reads it (issue 23): a real ``dsagent serve`` process in
+"""The agent's log as an operator reads it: a real ``dsagent serve`` process in
 JSON or text, uvicorn's lines in the same format as ours, and the access log only on request."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The agent's per-route and per-store metrics as Prometheus scrapes them (issue 23): a real
+"""The agent's per-route and per-store metrics as Prometheus scrapes them: a real
 ``dsagent serve`` caching from a real HTTP bundle store on 127.0.0.1 and a local directory."""
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ def test_dsctl_cache_calls_a_near_url_malformed(agent_factory: Any, capsys: pyte
 def test_a_store_without_the_dataset_is_bundle_missing_unless_the_request_allows_per_file(
     s3: S3Server, agent_factory: Any, awkward_dataset: Path, tmp_path: Path
 ) -> None:
-    """Issue 23: a dataset missing from the ``bundles`` store used to be copied file by file
-    and reported ready. Now it fails (bundle_missing, 404's family) with nothing ready, and
+    """A dataset missing from the ``bundles`` store is not copied file by file and
+    reported ready: it fails (bundle_missing, 404's family) with nothing ready, and
     only ``allowPerFile`` takes the per-file path; an unreachable store keeps its own code."""
     from tests.dsagent.harness import free_port
 
@@ -131,7 +131,7 @@ def test_a_store_without_the_dataset_is_bundle_missing_unless_the_request_allows
         assert "\n" not in error["hint"]
         assert not [d for d in client.datasets()["datasets"] if d["name"] == "awk"]  # nothing cached, nothing ready
 
-        # the same task asked again with the opt-in: the slow per-file path, as before issue 23
+        # the same task asked again with the opt-in: the slow per-file path
         client.submit_task("pod-m", [{**request, "storageOptions": options, "allowPerFile": True}], wait=60)
         record = wait_ready(client, "pod-m")
         assert record["state"] == "ready", record

@@ -1,9 +1,9 @@
-"""Issue 10, finding 5: decompression bombs. A bundle yields at most what its manifest
+"""Decompression bombs. A bundle yields at most what its manifest
 declares (plus tar headers) and nothing after the tar's end; a manifest's body is bounded
 by its header and parsed as a stream. Real tar + zstd, a real ``dsctl unpack`` process and
 a real agent; peak memory is the kernel's (``wait4`` rusage / ``VmHWM``).
 
-Both bombs failed on the code before issue 10 (accepted, at 1+ GB of memory).
+
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def manifest_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
-#: Entries of the many-entries manifest: issue 10 finding 5's 3 MB manifest (727 MB, 11.6 s).
+#: Entries of the many-entries manifest: 3 MB manifest (727 MB, 11.6 s).
 MANY = 1_000_000
 
 

@@ -178,7 +178,7 @@ def test_name_source_arguments_and_the_default_task_id_are_stable() -> None:
 def test_a_dataset_missing_from_the_bundles_store_fails_unless_allow_per_file(
     local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 23: a name the --bundles store lacks used to be a silent, slow per-file success."""
+    """A name the --bundles store lacks is an error, not a silent, slow per-file success."""
     agent, nfs = local_agent
     store = nfs / "store"
     pack(nfs / "cifar", str(store), name="cifar")  # a real store, without mnist

@@ -35,7 +35,7 @@ def test_both_commands_print_their_version() -> None:
 def test_agent_urls_without_a_scheme_mean_http() -> None:
     assert agent_url("127.0.0.1:17420") == "http://127.0.0.1:17420"
     assert agent_url("https://agent.example:7420") == "https://agent.example:7420"
-    # issue 23: a port out of range was "no agent answering" (exit 8), not a bad URL (exit 2)
+    # a port out of range was "no agent answering" (exit 8), not a bad URL (exit 2)
     for bad in ("ftp://x:1", "http://[::1", "127.0.0.1:notaport", "notahost:99999", "notahost:0"):
         with pytest.raises(InvalidInput, match="invalid agent URL"):
             agent_url(bad)
@@ -86,7 +86,7 @@ def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Pa
 
 
 def test_a_second_agent_stopping_hands_the_pointer_back_to_the_first(tmp_path: Path) -> None:
-    """Issue 23: stopping a second agent deleted the first one's discovery file, and dsctl ls
+    """Stopping a second agent deleted the first one's discovery file, and dsctl ls
     then said no agent was running."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSAGENT_")}
     env.update(XDG_RUNTIME_DIR=str(tmp_path / "run"), DSAGENT_SWEEP_INTERVAL="3600", DSAGENT_ADMIN_TOKEN=ADMIN_TOKEN)
@@ -143,7 +143,7 @@ def one_line_error(result: subprocess.CompletedProcess[str], prefix: str) -> str
 
 @pytest.mark.parametrize("kind", ["missing parent", "regular file"])
 def test_a_root_that_cannot_be_a_directory_is_one_line_and_exit_2(kind: str, tmp_path: Path) -> None:
-    """Issue 23: `dsagent serve --root /proc/nope` and `--root <a file>` printed 35-line tracebacks."""
+    """`dsagent serve --root /proc/nope` and `--root <a file>` printed 35-line tracebacks."""
     root = Path("/proc/nope") if kind == "missing parent" else tmp_path / "afile"
     if kind == "regular file":
         root.write_text("x")
@@ -169,7 +169,7 @@ def test_a_local_source_that_is_not_a_directory_stops_the_agent_with_one_line(ki
 
 
 def test_the_extender_on_a_busy_port_is_one_line_and_exit_2() -> None:
-    """Issue 23: `dsctl scheduler serve` on a busy port exited 3 ("not found") after uvicorn's log."""
+    """`dsctl scheduler serve` on a busy port exited 3 ("not found") after uvicorn's log."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)

@@ -1,4 +1,4 @@
-"""What the commands import: a ``dsctl`` process pays for every module it loads (issue 24).
+"""What the commands import: a ``dsctl`` process pays for every module it loads.
 
 ``dsctl unpack``, ``digest`` and ``pack`` of local paths need neither fsspec nor pydantic, and ``dsctl cache``
 (every init-container runs it) needs no FastAPI app; each check runs the command in a

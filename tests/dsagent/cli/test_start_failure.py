@@ -1,4 +1,4 @@
-"""Issue 22: when the agent's start-up fails (a companion, the service), dsagent serve ends
+"""When the agent's start-up fails (a companion, the service), dsagent serve ends
 with that error's line and exit code; uvicorn made it exit 3, the code of not_found."""
 
 from __future__ import annotations

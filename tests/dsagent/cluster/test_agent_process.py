@@ -167,7 +167,7 @@ def test_the_daemonset_agent_end_to_end(apiserver: FakeApiServer, cluster_agent:
 def test_sigterm_ends_the_agent_with_its_csi_plugin_while_the_api_server_hangs(
     apiserver: FakeApiServer, tmp_path: Path
 ) -> None:
-    """Scope item 3 of issue 21: cluster mode and the CSI node plugin in one process, the
+    """Cluster mode and the CSI node plugin in one process, the
     API server turned into a black hole (connections accepted, never answered: a watch
     and a publish hang on it). SIGTERM must still end the process: the orderly shutdown
     waits on the hung calls, and the watchdog ends it at STOP_DEADLINE (9 s; the

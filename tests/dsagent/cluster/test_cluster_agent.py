@@ -444,7 +444,7 @@ def test_the_agent_reads_the_init_container_environment_exactly_as_dsctl_does(
     apiserver.create(make_node(NODE))
     pod = make_pod("p", annotations={"dsagent.io/datasets": "tiny"})
     pod = json_patch(pod, mutate(pod, (ResolvedDataset("tiny", memory_dataset),), Injection(image="img:1")))
-    # What an operator may add: a default bundle store (README), and an empty per-dataset one.
+    # What an operator may add: a default bundle store (docs/user-guide/kubernetes.md), and an empty per-dataset one.
     env = pod["spec"]["initContainers"][0]["env"]
     env.append({"name": "DSAGENT_BUNDLES", "value": "memory://no-store-yet"})
     for e in env:
@@ -560,7 +560,7 @@ def test_an_unreachable_api_server_does_not_stop_the_agent(
     asyncio.run(scenario())
 
 
-# -- the rights the chart grants are the ones the agent uses (issue 23)
+# -- the rights the chart grants are the ones the agent uses
 
 
 def _verb_and_resource(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str | None]:

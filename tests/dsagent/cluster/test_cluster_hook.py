@@ -1,6 +1,6 @@
 """``dsagent serve --kubernetes``: the cluster agent is imported lazily, started with the
-app and stopped with it, and the service is built with its hooks (constructor injection,
-issue 22); without ``dsagent.cluster`` the agent says so in one line."""
+app and stopped with it, and the service is built with its hooks (constructor injection);
+without ``dsagent.cluster`` the agent says so in one line."""
 
 from __future__ import annotations
 

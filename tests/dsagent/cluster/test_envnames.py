@@ -1,4 +1,4 @@
-"""Issue 23: a ``DSAGENT_*`` variable nothing reads stops ``dsagent serve``, the webhook and
+"""A ``DSAGENT_*`` variable nothing reads stops ``dsagent serve``, the webhook and
 the controller at start-up with one line naming its close matches, exit 2."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 22: the controller's and the webhook's settings are pydantic-settings classes like
+"""The controller's and the webhook's settings are pydantic-settings classes like
 every other process's (dsplatform.settings): same variables and defaults as the
 hand-written readers they replace, every bad variable named in one line (exit 2)
 instead of a traceback, and the platform's one boolean syntax and secret-file rule."""

@@ -1,4 +1,4 @@
-"""The Dataset controller's store gc Jobs (issue 23, item 5) against the fake API server,
+"""The Dataset controller's store gc Jobs against the fake API server,
 and the Job's own command run as ``dsctl`` against a real local store."""
 
 from __future__ import annotations

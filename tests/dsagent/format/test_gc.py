@@ -1,7 +1,7 @@
 """``dsctl gc``: bundles no manifest references are listed, and deleted only when asked and
 only when older than the grace period; on a local store and on S3 (moto in server mode).
 
-Reproduces issue 23's finding: re-packing with other caps left most bundles orphaned and
+re-packing with other caps left most bundles orphaned and
 nothing told a live bundle from a dead one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""gc and pack at once (issue 23, item 5; docs/design.md#store-gc): a pack that *reuses* a
+"""Gc and pack at once (docs/design.md#store-gc): a pack that *reuses* a
 bundle the store already holds can come to reference an old orphan gc is removing. Both
 sides close it: gc moves orphans aside, reads the manifests a third time and puts back any
 now referenced; a pack checks its reused bundles after its manifest and writes a missing

@@ -1,4 +1,4 @@
-"""Issue 10, finding 5: reading a hostile-but-valid manifest of many small entries costs
+"""Reading a hostile-but-valid manifest of many small entries costs
 memory in proportion to the entries it yields, with no whole-manifest temporaries on top.
 Peak memory is the kernel's (``wait4`` rusage) for a fresh ``read_manifest`` process.
 """
@@ -18,7 +18,7 @@ ENTRIES = 200_000
 #: (manifest.EntryTable): ~104 bytes an entry (its path 64 and list slot 8, 16 digest bytes,
 #: two 8-byte numbers), plus the columns' growth. Measured (Python 3.11): 74 MiB for 200,000
 #: entries and 169 MiB for 10^6, against bounds of 84.6 and 199 MiB; FileEntry objects in a
-#: tuple took 89 and 267 MiB, and the code before issue 10 took 121 and 465 MiB.
+#: tuple took 89 and 267 MiB.
 PEAK_FIXED = 56 << 20
 PEAK_PER_ENTRY = 150
 

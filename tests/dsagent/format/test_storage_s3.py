@@ -176,14 +176,14 @@ def test_an_option_the_backend_rejects_is_bad_input(s3: S3Server, capsys: pytest
 @pytest.mark.parametrize(
     ("option", "says"),
     [
-        # issue 23: a misspelt key named aiobotocore's AioSession; now the key and its likely meaning
+        # a misspelt key named aiobotocore's AioSession; now the key and its likely meaning
         (
             "endpiont_url=http://127.0.0.1:9",
             "storage option 'endpiont_url' is not accepted by this filesystem (did you mean 'endpoint_url'?)",
         ),
-        # issue 23: an endpoint without a scheme was "internal error: ValueError: Invalid endpoint"
+        # an endpoint without a scheme was "internal error: ValueError: Invalid endpoint"
         ("endpoint_url=127.0.0.1:5055", "storage option 'endpoint_url' must be an http:// or https:// URL with a host"),
-        # issue 23: anon=maybe was taken as true
+        # anon=maybe was taken as true
         ("anon=maybe", "storage option 'anon' must be true or false, not 'maybe'"),
     ],
 )

@@ -1,4 +1,4 @@
-"""Issue 22 item 2: one timeout rule for object stores. The seconds come from the settings
+"""One timeout rule for object stores. The seconds come from the settings
 (``DSAGENT_STORAGE_CONNECT_TIMEOUT`` / ``..._READ_TIMEOUT`` win over ``DSAGENT_SOURCE_TIMEOUT``,
 which wins over 10 s / 60 s) and are handed down; the format layer reads no environment.
 

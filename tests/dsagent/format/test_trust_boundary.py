@@ -1,8 +1,8 @@
-"""Issue 10, findings 1, 2 and 8: what a pod's request may make the privileged agent read
+"""2 and 8: what a pod's request may make the privileged agent read
 is decided from the request's text, before any filesystem is built or any path touched.
 
 A real ``dsagent serve`` over TCP (admin token), real host directories and FIFOs, a real
-HTTP server on ``[::1]``. Each test here failed on the code before issue 10.
+HTTP server on ``[::1]``.
 """
 
 from __future__ import annotations

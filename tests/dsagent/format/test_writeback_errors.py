@@ -1,12 +1,12 @@
-"""Issue 21, finding 6: a background ``syncfs`` that fails (a writeback error) must fail
+"""A background ``syncfs`` that fails (a writeback error) must fail
 the fetch, never let it publish.
 
 The kernel reports a writeback error once per open file: the background flush
 (:class:`dsagent.format.durable.Writeback`) saw it on its descriptor, and the fetch's
 final ``syncfs``, on a descriptor opened later, does not. Here libc's ``syncfs`` fails with
 EIO on the background flush thread only, as it would after a real write error; the rest
-is real (an in-process agent, tar+zstd bundles in a local store). Failed on the code
-before issue 21: the flush's error was dropped and the dataset became ready.
+is real (an in-process agent, tar+zstd bundles in a local store). A dropped flush error
+would let the dataset become ready.
 """
 
 from __future__ import annotations

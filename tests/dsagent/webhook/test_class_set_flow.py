@@ -1,4 +1,4 @@
-"""Issue 26 end to end with the fakes: a job's class set through webhook -> extender -> device plugin.
+"""End to end with the fakes: a job's class set through webhook -> extender -> device plugin.
 
 A two-worker job whose pods ask ``nvidia.com/gpu: 4`` (``dsagent.io/workers: "2"``) on
 three DGX-A100-class nodes (the NPS4 fixture: four RoCE classes of two GPUs, each class's

@@ -1,4 +1,4 @@
-"""Issue 11's "Done when", end to end with the fakes: webhook -> extender -> device plugin.
+"""End to end with the fakes: webhook -> extender -> device plugin.
 
 A two-worker PyTorchJob whose pods ask ``nvidia.com/gpu: 4`` on five DGX-1 nodes (the
 fixture's ``nvidia-smi topo -m``; by the ``numa`` rule two classes: ``gpu-roce1`` = GPUs

@@ -144,7 +144,7 @@ def test_rewrite_moves_requests_and_limits_to_the_class_resource_and_annotates()
 
 
 def test_quantities_are_read_by_the_platforms_one_rule() -> None:
-    """Issue 22: the rewrite read quantities with int(), so a valid "4000m" (4 GPUs, as the
+    """The rewrite read quantities with int(), so a valid "4000m" (4 GPUs, as the
     API server and gpu_request read it) was removed and nothing added: the pod lost its
     GPU request. Requested classes counted it as 0."""
     pod = worker(gpus=4)

@@ -246,7 +246,7 @@ def test_the_api_server_can_call_the_webhook_with_the_charts_ca_bundle(webhook_s
     assert status == 200
     assert answer["response"]["uid"] == REVIEW["request"]["uid"] and answer["response"]["allowed"] is True
     pod = patched(answer, review()["request"]["object"])
-    # the chart's default injection wires the agent's CSI volume (issue 12), no hostPath
+    # the chart's default injection wires the agent's CSI volume, no hostPath
     [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "dsagent-datasets"]
     assert volume["csi"]["driver"] == "datasets.dsagent.io"
     assert not any("hostPath" in v for v in pod["spec"]["volumes"])
@@ -286,7 +286,7 @@ def test_bad_settings_stop_the_webhook_with_one_clear_line(tmp_path: Path) -> No
     assert "INJECTION_FILE: cannot read" in result.stderr and "Traceback" not in result.stderr
 
 
-# -- hostile reviews (issue 21 finding 6): a 400 with a reason, or an allow without a patch
+# -- hostile reviews: a 400 with a reason, or an allow without a patch
 
 
 def test_a_deeply_nested_review_is_a_400_not_a_500(webhook_server: dict[str, Any]) -> None:
@@ -426,7 +426,7 @@ def test_a_missing_or_unreadable_certificate_is_one_line_and_exit_2(
     assert err.count("\n") == 1
 
 
-# -- what an operator sees (issue 23): admissions by outcome, one probe shape, JSON logs
+# -- what an operator sees: admissions by outcome, one probe shape, JSON logs
 
 
 def scrape(server: dict[str, Any]) -> dict[str, float]:

@@ -67,7 +67,7 @@ def test_pods_without_the_annotation_ask_for_nothing() -> None:
 
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "[" + " " * (256 * 1024) + "]"])
 def test_a_nested_or_oversized_annotation_is_invalid_input_not_a_recursion_error(text: str) -> None:
-    # issue 21 finding 6: the old parse raised RecursionError, which the webhook saw as a bug
+    # the old parse raised RecursionError, which the webhook saw as a bug
     with pytest.raises(InvalidInput, match="nested deeper|over"):
         parse(text)
 

@@ -168,7 +168,7 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
 
 
 def test_nested_or_oversized_attributes_and_secrets_are_invalid_argument_not_unknown(env: dict[str, Any]) -> None:
-    """Issue 21 finding 6: a datasets attribute or a Secret's options nested 100,000 deep raised
+    """A datasets attribute or a Secret's options nested 100,000 deep raised
     RecursionError out of the servicer (UNKNOWN); over its byte limit it was parsed whole."""
     from dsagent.nodeplugins.csi.volumes import SECRET_OPTIONS_MAX_BYTES
     from dsplatform.wire.csivolume import ATTRIBUTE_MAX_BYTES
@@ -271,7 +271,7 @@ def test_publish_returns_at_once_then_the_pod_sees_its_datasets_and_nothing_else
 def test_unpublish_touches_only_what_that_volume_id_published_at_that_target(
     env: dict[str, Any], kubelet: Kubelet
 ) -> None:
-    """Issue 21, finding 5: an unknown volume id at another pod's target unmounted that pod's
+    """An unknown volume id at another pod's target unmounted that pod's
     volume, and a known id at a wrong target stopped its lease renewal."""
     agent, client = start(env)
     _, mine, _ = packed(env["www"], env["server"].url, "imagenet", files=6, max_files=3)
