@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "scheduler": "dsagent.cli.scheduler:scheduler",
     "plan": "dsagent.cli.plan:plan",
     "gc": "dsagent.cli.gc:gc",
+    "stripe": "dsagent.cli.stripe:stripe",
 }
 
 

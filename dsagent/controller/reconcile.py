@@ -34,6 +34,7 @@ from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.storegc import StoreCollector
+from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
 from dsplatform.errors import exit_on_error
@@ -246,6 +247,10 @@ class DatasetController:
                 now=self.clock,
                 window_s=self.settings.replicas_window_s,
                 max_auto=self.settings.replicas_max,
+            )
+        if parse_stripe(spec.get("stripe")) is not None or (status.get("stripe") or {}).get("nodes"):
+            patch["stripe"] = stripe_status(
+                name, spec, status, inventories, agent_call=self.agent_call, agent_urls=self._agent_urls
             )
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
