@@ -35,9 +35,8 @@ from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
-from dsplatform.names import resource_prefix_problem
 from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
@@ -256,7 +255,7 @@ class Settings(StorageSettings, AgentLogSettings):
     kubernetes: Flag = False
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False
-    resource_prefix: str = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
+    resource_prefix: ResourcePrefix = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
     # field read by both the published topology (dsagent.cluster) and the device plugin (dsagent.nodeplugins)
     roce_classes: str = "numa"
@@ -384,14 +383,6 @@ class Settings(StorageSettings, AgentLogSettings):
     def _token(cls, value: str | None) -> str | None:
         if value is not None and len(value) < 16:
             raise ValueError("the admin token must be at least 16 characters (generate one with: openssl rand -hex 16)")
-        return value
-
-    @field_validator("resource_prefix")
-    @classmethod
-    def _resource_prefix(cls, value: str) -> str:
-        problem = resource_prefix_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
         return value
 
     @field_validator("roce_classes")

@@ -29,6 +29,7 @@ from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
+from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
@@ -99,11 +100,10 @@ class DatasetController:
         self._nodes_now: list[JSON] = []
         self._pods_now: list[JSON] | None = None
         self.metrics = ControllerMetrics()
+        jobs = JobPlace(settings.namespace, settings.pack_image, settings.pack_service_account)
         self.packs = PackJobs(
             self._batch,
-            namespace=settings.namespace,
-            image=settings.pack_image,
-            service_account=settings.pack_service_account,
+            jobs,
             clock=clock,
             fingerprint=fingerprint,
             created=self.metrics.pack_jobs.inc,
@@ -112,14 +112,7 @@ class DatasetController:
             api_client, gpu_resource=settings.gpu_resource, class_prefix=settings.class_prefix, clock=clock
         )
         self.store_gc = (
-            StoreCollector(
-                self._batch,
-                namespace=settings.namespace,
-                image=settings.pack_image,
-                service_account=settings.pack_service_account,
-                interval_s=settings.store_gc_s,
-                grace_s=settings.store_gc_grace_s,
-            )
+            StoreCollector(self._batch, jobs, interval_s=settings.store_gc_s, grace_s=settings.store_gc_grace_s)
             if settings.store_gc_s
             else None
         )

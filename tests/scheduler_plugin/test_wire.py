@@ -261,7 +261,7 @@ def test_the_walk_answers_as_a_parse_of_the_whole_body_for_any_edit(
     """Every truncation and many one-byte edits of bodies in other layouts get the same
     args, replies (byte for byte) and errors (to the character) as json.loads of the
     whole body; small windows cut values, keys and UTF-8 sequences at every place."""
-    monkeypatch.setattr(wire, "_WINDOW", window)
+    monkeypatch.setattr(decode, "_WINDOW", window)
     rng = random.Random(21)
     for body in other_layouts():
         assert_walked_like_parsed_whole(body)
