@@ -48,6 +48,7 @@ from dsagent.format.manifest import (
     bundle_digest,
     bundle_path,
     check_dataset_name,
+    expect_total,
     manifest_path,
 )
 from dsagent.format.packparallel import SEGMENT_MIN_BYTES, compress_into
@@ -176,6 +177,7 @@ def write_bundles(
     dst_fs, dst_root = resolve_local_first(store, store_options)
     plan = plan_bundles(manifest.entries, max_files, max_bytes)
     groups = [manifest.entries[first : first + count] for first, count in plan]
+    expect_total(progress, manifest.total_bytes, manifest.file_count)
     digests = [bundle_digest(group) for group in groups]
     with translate_errors(f"bundle store {os.fspath(store)!r}"):
         _prepare_directory(dst_fs, f"{dst_root.rstrip('/')}/{BUNDLES_DIR}")
@@ -370,6 +372,7 @@ def pack_dataset(
             storage_options=storage_options, store_options=store_options, progress=progress,
         )  # fmt: skip
     listed = [FileEntry(f.path, f.size, f.mtime_ns, "") for f in files]
+    expect_total(progress, sum(e.size for e in listed), len(listed))
     check_layout([e.path for e in listed], sorted(set(empty)))  # before any bundle is written
     snapshot = digest_cache.snapshot(src_root) if digest_cache is not None else {}
     known: list[str | None] = (

@@ -84,8 +84,18 @@ MANIFEST_FILE = "manifest"
 BUNDLES_DIR = "bundles"
 BUNDLE_SUFFIX = ".tar.zst"
 
-#: progress(bytes_done_increment, files_done_increment)
+#: progress(bytes_done_increment, files_done_increment); a progress may also have
+#: ``expect(total_bytes, total_files)``, which :func:`expect_total` calls once the work's
+#: size is known (a display can then give a total, a percentage and an ETA)
 Progress = Callable[[int, int], None]
+
+
+def expect_total(progress: Progress | None, total_bytes: int, total_files: int) -> None:
+    """Tell ``progress`` how much work there is, when it wants to know."""
+    expect = getattr(progress, "expect", None)
+    if callable(expect):
+        expect(total_bytes, total_files)
+
 
 _HEX_LINES = re.compile(r"(?:[0-9a-f]{32}\n)*")
 #: Records hashed / paths checked per step: whole-manifest temporaries would cost ~100 bytes
@@ -504,6 +514,7 @@ __all__ = [
     "Manifest",
     "ManifestHeader",
     "Progress",
+    "expect_total",
     "bundle_digest",
     "bundle_path",
     "check_dataset_name",
