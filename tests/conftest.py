@@ -16,6 +16,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 
 
+#: Fixtures that start a real process per test (an agent) or per worker (the S3 server): a
+#: test using one is ``slow`` whether or not it says so, and ``make check`` leaves it out.
+PROCESS_FIXTURES = frozenset({"agent_factory", "s3_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """``tests/fixtures``: real outputs of real machines, each beside a ``.src`` provenance file."""

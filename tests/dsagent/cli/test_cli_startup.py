@@ -23,6 +23,8 @@ from tests.dsagent.conftest import write_tree
 _PROBE = """
 import json, sys
 from dsagent.cli import main
+
+pytestmark = pytest.mark.slow
 try:
     main(sys.argv[1:])
 except SystemExit as exc:
