@@ -34,6 +34,8 @@ from dsagent.cluster.controller import ControllerMetrics
 from tests.charts.test_chart import PRODUCTION, render
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 
+pytestmark = pytest.mark.slow
+
 EXTERNAL = {"up", "apiserver_admission_webhook_fail_open_count"}
 #: Labels Prometheus' scrape adds (ServiceMonitor target labels) and the apiserver's own.
 TARGET_LABELS = {"namespace", "service", "pod", "instance", "job", "container", "endpoint", "name"}
@@ -139,7 +141,6 @@ def test_the_alerts_an_on_call_needs_are_there(rules: list[dict[str, Any]]) -> N
         assert rule["labels"]["severity"] in {"critical", "warning", "info"} and rule["annotations"]["summary"]
 
 
-@pytest.mark.slow
 def test_every_metric_label_and_value_an_alert_reads_is_exported(
     rules: list[dict[str, Any]], scraped: dict[str, set[tuple[tuple[str, str], ...]]]
 ) -> None:
@@ -163,7 +164,6 @@ def test_every_metric_label_and_value_an_alert_reads_is_exported(
     assert checked >= 11
 
 
-@pytest.mark.slow
 def test_the_scrape_shows_failures_by_code(scraped: dict[str, set[tuple[tuple[str, str], ...]]]) -> None:
     codes = {dict(ls)["code"] for ls in scraped["dsplatform_agent_dataset_requests_total"]}
     assert "ok" in codes and codes - {"ok"}, codes
