@@ -20,11 +20,11 @@ from dsagent.format.storage import local_path
 from tests.conftest import REPO_ROOT
 from tests.dsagent.conftest import write_tree
 
+pytestmark = pytest.mark.slow
+
 _PROBE = """
 import json, sys
 from dsagent.cli import main
-
-pytestmark = pytest.mark.slow
 try:
     main(sys.argv[1:])
 except SystemExit as exc:
