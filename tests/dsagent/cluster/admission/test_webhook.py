@@ -26,6 +26,8 @@ from dsagent.cluster.datasets import DatasetClient
 from tests.charts.test_chart import NAMESPACE, find, render
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset
 
+pytestmark = pytest.mark.slow
+
 REVIEW = json.loads(
     (Path(__file__).resolve().parents[3] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
 )
