@@ -56,8 +56,9 @@ pytest: $(VENV)/.test-installed $(HELM)
 test: lint lint-imports typecheck pytest
 
 # The edit-test loop: lint, types (mypy's cache makes a second run quick) and every test not
-# marked slow (tests that start processes, render the chart, run benchmarks); pytest's
-# summary counts the slow ones it leaves out. make test runs them all.
+# marked slow (tests that start processes, render the chart, run simulations, fuzzers or
+# long property tests: CONTRIBUTING.md); its last lines count the slow ones it leaves out.
+# make test runs them all.
 check: $(VENV)/.test-installed $(HELM)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
