@@ -1,7 +1,7 @@
 # Two set-up commands, each of which prepares .venv itself from the committed lock:
 #   make demo   runs the main job on its embedded defaults
 #   make test   installs the test environment and runs every check CI runs
-#   make check  the edit-test loop (about a minute): ruff, mypy, and the tests not marked slow
+#   make check  the edit-test loop: ruff, mypy, and the tests not marked slow
 # After changing a dependency in pyproject.toml: make lock (LOCK_ARGS=--upgrade for the newest releases).
 PYTHON ?= python3
 VENV   ?= .venv
