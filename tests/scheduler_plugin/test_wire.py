@@ -279,6 +279,7 @@ def test_a_deep_value_in_the_walk_is_refused_as_nested_unless_the_body_is_not_ut
     assert walked(deep + b"\xff")[1].startswith("request body is not JSON: 'utf-8' codec can't decode byte 0xff")
 
 
+@pytest.mark.slow
 def test_a_walked_body_never_becomes_one_parsed_tree() -> None:
     """A 50 MB body in any layout but Go's was parsed whole (~4x its size in
     dicts), which put the extender at 380 MiB. Walked, the decode allocates a window and

@@ -20,6 +20,8 @@ from dsagent.format.storage import local_path
 from tests.conftest import REPO_ROOT
 from tests.dsagent.conftest import write_tree
 
+pytestmark = pytest.mark.slow
+
 _PROBE = """
 import json, sys
 from dsagent.cli import main
