@@ -1,6 +1,7 @@
 # Two set-up commands, each of which prepares .venv itself from the committed lock:
 #   make demo   runs the main job on its embedded defaults
 #   make test   installs the test environment and runs every check CI runs
+#   make check  the edit-test loop: ruff, mypy, and the tests not marked slow
 # After changing a dependency in pyproject.toml: make lock (LOCK_ARGS=--upgrade for the newest releases).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -13,7 +14,7 @@ UV_VERSION := 0.13.9
 UV         := $(PY) -m uv
 LOCK_ARGS  ?=
 
-.PHONY: demo test lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve
+.PHONY: demo test check lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve
 
 $(VENV)/.uv-$(UV_VERSION):
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,15 @@ pytest: $(VENV)/.test-installed $(HELM)
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 test: lint lint-imports typecheck docs pytest
+
+# The edit-test loop: lint, types (mypy's cache makes a second run quick) and every test not
+# marked slow (tests that start processes, render the chart, run simulations, fuzzers or
+# long property tests: CONTRIBUTING.md); its last lines count the slow ones it leaves out.
+# make test runs them all.
+check: $(VENV)/.test-installed $(HELM)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
 
 # Re-resolve the lock from pyproject.toml: every Python the project supports, every platform.
 lock: | $(VENV)/.uv-$(UV_VERSION)

@@ -18,8 +18,10 @@ the families below are the kinds more than one package has.
     │       ├── InvalidSettings               dsplatform.settings
     │       ├── UnknownSettings               dsplatform.settings: a variable no settings class declares
     │       ├── QuantityError                 dsplatform.gpus: a resource quantity that is not one
-    │       └── KubeTimeError                 dsplatform.kubetime: not an RFC 3339 time
+    │       ├── KubeTimeError                 dsplatform.kubetime: not an RFC 3339 time
+    │       └── LayoutError                   dsplatform.stripe: a stripe layout or group that breaks its format
     └── Unavailable (503, exit 7, UNAVAILABLE)  worth retrying
+        └── ReaderError                       dsplatform.data: a bundle no endpoint could give
 
 Errors become exit codes in one place: :func:`exit_on_error`, which every process's entry
 point runs under (``dsctl``, ``dsagent``, the webhook, the controller, the extender). Errors

@@ -32,12 +32,13 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from typing_extensions import Self
 
 from dsplatform.errors import VocabularyError
+from dsplatform.names import resource_prefix_problem
 
 # (the class being read, its environment): only that class reads it, so a settings object
 # built while another is read (a default, a nested one) is not steered by that environment
@@ -212,11 +213,25 @@ def parse_flag(value: Any) -> bool:
 #: A boolean setting, in :func:`parse_flag`'s syntax.
 Flag = Annotated[bool, BeforeValidator(parse_flag)]
 
+
+def check_resource_prefix(value: str) -> str:
+    """``value`` if it can prefix an extended resource (:func:`dsplatform.names.resource_prefix_problem`)."""
+    problem = resource_prefix_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+#: The prefix of the GPU class resources (``dsagent.io``), one rule for every setting of it.
+ResourcePrefix = Annotated[str, AfterValidator(check_resource_prefix)]
+
 __all__ = [
     "EnvSettings",
     "Flag",
     "InvalidSettings",
+    "ResourcePrefix",
     "UnknownSettings",
+    "check_resource_prefix",
     "not_from_env",
     "parse_flag",
     "read_secret_file",

@@ -30,6 +30,7 @@ from scheduler_plugin.wire import (
     json_kind,
     not_an_object,
     not_json,
+    pod_of,
     salvage_from,
 )
 from scheduling.kubeobjects import Pod
@@ -317,16 +318,14 @@ class _Walk:
 
     @staticmethod
     def _decide(top: dict[str, Any]) -> ExtenderArgs:
-        pod = field_of(top, "Pod")
-        if not isinstance(pod, dict):
-            raise InvalidRequest("ExtenderArgs.Pod must be a v1.Pod object")
+        pod = pod_of(top)
         raw_nodes, raw_names = field_of(top, "Nodes"), field_of(top, "NodeNames")
         if raw_names is not None:
-            return ExtenderArgs(cast(Pod, pod), None, decode_names(raw_names))
+            return ExtenderArgs(pod, None, decode_names(raw_names))
         if isinstance(raw_nodes, _NodeList):
             if raw_nodes.error is not None:
                 raise InvalidRequest(raw_nodes.error)
-            return ExtenderArgs(cast(Pod, pod), None, None, raw_nodes=raw_nodes.items or [], echo_raw=False)
+            return ExtenderArgs(pod, None, None, raw_nodes=raw_nodes.items or [], echo_raw=False)
         if raw_nodes is not None:
             decode_node_list(raw_nodes)  # not an object: raises
         raise InvalidRequest("ExtenderArgs has neither Nodes nor NodeNames")

@@ -138,17 +138,23 @@ def json_kind(doc: Any) -> str:
     return "a number"
 
 
-def args_of(doc: Any) -> ExtenderArgs:
-    if not isinstance(doc, dict):
-        raise not_an_object(json_kind(doc))
+def pod_of(doc: Mapping[str, Any]) -> Pod:
+    """ExtenderArgs' Pod, which must be an object."""
     pod = field_of(doc, "Pod")
     if not isinstance(pod, dict):
         raise InvalidRequest("ExtenderArgs.Pod must be a v1.Pod object")
+    return cast(Pod, pod)
+
+
+def args_of(doc: Any) -> ExtenderArgs:
+    if not isinstance(doc, dict):
+        raise not_an_object(json_kind(doc))
+    pod = pod_of(doc)
     raw_nodes, raw_names = field_of(doc, "Nodes"), field_of(doc, "NodeNames")
     if raw_names is not None:
-        return ExtenderArgs(cast(Pod, pod), None, decode_names(raw_names))
+        return ExtenderArgs(pod, None, decode_names(raw_names))
     if raw_nodes is not None:
-        return ExtenderArgs(cast(Pod, pod), decode_node_list(raw_nodes), None)
+        return ExtenderArgs(pod, decode_node_list(raw_nodes), None)
     raise InvalidRequest("ExtenderArgs has neither Nodes nor NodeNames")
 
 
@@ -307,6 +313,7 @@ __all__ = [
     "json_kind",
     "not_an_object",
     "not_json",
+    "pod_of",
     "encode_filter_result",
     "encode_priorities",
     "filter_result_parts",

@@ -54,6 +54,17 @@ class Holding:
     size_bytes: int | None
     ready: bool
     in_use: bool  # that version, or an older one still listed, serves running tasks
+    held_bytes: int | None = None  # of a copy being fetched: bytes held so far (None: not said)
+
+
+@dataclass(frozen=True)
+class StripeHolding:
+    """This node's share of a striped version, as its inventory's ``stripes`` describes it."""
+
+    digest: str
+    size_bytes: int
+    held_bytes: int
+    members: int
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class Inventory:
     free_bytes: int | None
     datasets: Mapping[str, Holding]
     truncated: bool = False
+    stripes: Mapping[str, StripeHolding] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -334,7 +346,20 @@ def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
         free_bytes=_int_or_none(doc.get("freeBytes")),
         datasets=datasets,
         truncated=doc.get("truncated") is True,
+        stripes=_stripes(doc.get("stripes")),
     ), None
+
+
+def _stripes(section: Any) -> dict[str, StripeHolding]:
+    """The ``stripes`` section; malformed entries are skipped."""
+    out: dict[str, StripeHolding] = {}
+    for name, entry in section.items() if isinstance(section, dict) else ():
+        if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+            continue
+        size, held, members = (_int_or_none(entry.get(k)) for k in ("sizeBytes", "heldBytes", "members"))
+        if size is not None and held is not None and members:
+            out[name] = StripeHolding(entry["digest"].lower(), size, min(held, size), members)
+    return out
 
 
 def _holding(entry: Any) -> Holding | None:
@@ -348,6 +373,7 @@ def _holding(entry: Any) -> Holding | None:
         size_bytes=_int_or_none(entry.get("sizeBytes")),
         ready=entry["state"] == "ready",
         in_use=entry.get("inUse") is True or older_in_use,
+        held_bytes=_int_or_none(entry.get("heldBytes")),
     )
 
 

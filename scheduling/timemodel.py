@@ -159,7 +159,7 @@ def plan_bandwidth(per_node: Sequence[float], bandwidths: Bandwidths = DEFAULT_B
 class AnnotationError(InvalidInput, ValueError):
     """A time-model annotation that cannot be used; the message names the key."""
 
-    code = "invalid_annotation"
+    code = "invalid_request"  # what the extender answers for a request it cannot use
 
 
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE]\d{1,2})?)\s*([kKMGTB]?)\s*$")

@@ -16,6 +16,48 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 
 
+#: Fixtures that start a real process per test (an agent) or per worker (the S3 server): a
+#: test using one is ``slow`` whether or not it says so, and ``make check`` leaves it out.
+PROCESS_FIXTURES = frozenset({"agent_factory", "s3_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+# ``make check`` (``-m "not slow"``) says how many tests it left out. pytest does so itself
+# without pytest-xdist; with it, each worker counts what it deselected and the controller,
+# which collects nothing, prints the count from their reports.
+_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        config.stash[_DESELECTED] = config.stash.get(_DESELECTED, 0) + len(items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if output is not None:
+        output["deselected"] = session.config.stash.get(_DESELECTED, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    deselected = getattr(node, "workeroutput", {}).get("deselected", 0)
+    node.config.stash[_DESELECTED] = max(node.config.stash.get(_DESELECTED, 0), deselected)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    deselected = config.stash.get(_DESELECTED, 0)
+    expression = config.getoption("markexpr") or ""
+    if deselected and expression and getattr(config, "workerinput", None) is None:
+        terminalreporter.write_line(f"{deselected} tests deselected (-m {expression!r}); make test runs every test")
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """``tests/fixtures``: real outputs of real machines, each beside a ``.src`` provenance file."""

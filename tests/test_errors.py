@@ -25,8 +25,9 @@ NOT_PLATFORM_ERRORS = {
 }
 
 #: the only files that turn an error into an exit code: the process edge every entry point
-#: runs under, and dsctl's main (click's usage errors, Ctrl-C, bugs)
-EXIT_EDGES = {"dsplatform/errors.py", "dsagent/cli/__init__.py"}
+#: runs under, and dsctl's (click's usage errors in the click group's run, Ctrl-C and bugs in
+#: the edge both ways into dsctl share)
+EXIT_EDGES = {"dsplatform/errors.py", "dsagent/cli/group.py", "dsagent/cli/edge.py"}
 
 
 def public_exception_classes() -> list[type[BaseException]]:

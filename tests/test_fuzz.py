@@ -22,6 +22,8 @@ from scheduler_plugin.settings import Settings as ExtenderSettings
 from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json
 from scheduler_plugin.wire import BodyNotJson
 
+pytestmark = pytest.mark.slow
+
 TOKEN = "fuzz-admin-token-0123456789abcdef"
 
 PREFIXES = [

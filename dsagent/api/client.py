@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -134,6 +135,14 @@ class AgentClient:
         return self._json("DELETE", f"/v1/tasks/{_task(task_id)}")
 
     # -- datasets and operator actions -------------------------------------------------
+
+    # -- striped versions (docs/design-striping.md) -------------------------------------
+
+    def hold_stripe(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._json("PUT", f"/v1/stripes/{quote(name, safe='')}", json=dict(body))
+
+    def stripe_status(self, name: str, digest: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/stripes/{quote(name, safe='')}/{quote(digest, safe='')}")
 
     def datasets(self) -> dict[str, Any]:
         return self._json("GET", "/v1/datasets")

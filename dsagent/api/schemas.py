@@ -140,6 +140,33 @@ class StatusOut(_Out):
     status: str
 
 
+class StripeIn(_Strict):
+    """Hold this node's share of a striped version (docs/design-striping.md)."""
+
+    store: str = Field(min_length=1, max_length=4096, description="the bundle store holding the version")
+    digest: str | None = Field(default=None, min_length=32, max_length=32, description="the version (default: current)")
+    members: list[str] = Field(min_length=1, max_length=4096, description="the stripe group's node names")
+    peers: dict[str, str] = Field(default_factory=dict, description="member node -> its agent's base URL")
+    storage_options: dict[str, Any] | None = Field(default=None, alias="storageOptions")
+    ready_after: int = Field(default=1, ge=0, alias="readyAfter", description="own bundles held before readyEnough")
+
+
+class StripeOut(_Out):
+    """This node's part in a striped version: its share and how much of it is held."""
+
+    name: str
+    digest: str
+    members: list[str]
+    bundles_owned: int = Field(alias="bundlesOwned")
+    bundles_held: int = Field(alias="bundlesHeld")
+    bytes_owned: int = Field(alias="bytesOwned")
+    bytes_held: int = Field(alias="bytesHeld")
+    complete: bool = Field(description="every bundle this node owns is held")
+    ready_enough: bool = Field(alias="readyEnough", description="the first readyAfter owned bundles are held")
+    error: str | None
+    share_dir: str = Field(alias="shareDir")
+
+
 def dataset_status_out(status: DatasetStatus) -> dict[str, Any]:
     return {
         "name": status.name,
@@ -182,5 +209,6 @@ def eviction_out(result: EvictionResult) -> dict[str, Any]:
 __all__ = [
     "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut",
     "InventoryOut",
-    "ReleaseOut", "StatusOut", "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
+    "ReleaseOut", "StatusOut", "StripeIn", "StripeOut",
+    "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
 ]  # fmt: skip

@@ -116,8 +116,11 @@ def version_view(
     }
 
 
-def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | None) -> dict[str, Any]:
-    """The node report of the inventory contract from the version views (in resolution order)."""
+def inventory(
+    views: list[dict[str, Any]], space: dict[str, int], node: str | None, stripes: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The node report of the inventory contract from the version views (in resolution order)
+    and this node's shares of striped versions (``stripes``, docs/design-striping.md)."""
     by_name: dict[str, list[dict[str, Any]]] = {}
     for view in views:
         by_name.setdefault(view["name"], []).append(view)
@@ -125,6 +128,8 @@ def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | No
     for name, mine in sorted(by_name.items()):
         newest = mine[-1]  # versions come in resolution order: the last is current
         entry = {key: newest[key] for key in ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")}
+        if newest["state"] == "fetching":
+            entry["heldBytes"] = newest["bytesDone"]  # a copy being fetched earns partial credit
         if len(mine) > 1:
             entry["versions"] = [{key: v[key] for key in ("digest", "state", "inUse", "sizeBytes")} for v in mine]
         datasets[name] = entry
@@ -134,6 +139,7 @@ def inventory(views: list[dict[str, Any]], space: dict[str, int], node: str | No
         "capacityBytes": space["capacityBytes"],
         "freeBytes": space["freeBytes"],
         "datasets": datasets,
+        **({"stripes": stripes} if stripes else {}),
     }
 
 

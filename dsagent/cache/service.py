@@ -51,6 +51,7 @@ from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
+from dsagent.cache.stripes import StripeShares
 from dsagent.cache.task import (
     DatasetRequest,
     DatasetStatus,
@@ -112,10 +113,12 @@ class CacheService:
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions = Versions(self.node, space=self._space, peers=self.peers)
+        self.stripes = StripeShares(settings, self.pools, self.peers)  # docs/design-striping.md
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._stripes_back: asyncio.Task[None] | None = None
         self.started = False
 
     # -- life cycle -------------------------------------------------------------------
@@ -129,6 +132,7 @@ class CacheService:
         )
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
+        self._stripes_back = asyncio.create_task(self.stripes.recover(), name="dsagent-stripes")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
             try:  # the operator may have narrowed the allowlist since the request was taken
                 await self.pools.check(check_locations, request, policy=self.settings.source_policy)
@@ -143,10 +147,15 @@ class CacheService:
         self.started = False
         if self._stop_observing is not None:
             self._stop_observing()
-        tasks = [t for t in (self._sweeper, *self._waiters.values(), *self._flights.futures()) if t is not None]
+        tasks = [
+            t
+            for t in (self._sweeper, self._stripes_back, *self._waiters.values(), *self._flights.futures())
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.stripes.stop()
         self.pools.shutdown_workers()
         self.peers.close()
         if self._catalog is not None:
@@ -430,6 +439,9 @@ class CacheService:
                     continue
                 self._space.pin([key])  # published mid-stream: then it is a ready version like the others
                 return ServedBundle(key, self.store.staging_dir(*key), in_fetch[1], self.store.ready_dir(*key))
+        striped = await self.stripes.locate(digest)
+        if striped is not None:
+            return striped
         if self.peers.in_flight(digest, peer):
             raise BundleInFlight(
                 f"this agent is downloading bundle {digest} now", hint="ask again shortly, or read the store"
@@ -522,7 +534,9 @@ class CacheService:
 
     async def inventory(self) -> dict[str, Any]:
         """The node report of the inventory contract (``GET /v1/inventory``, the Node annotation)."""
-        return report.inventory(await self.datasets(), await self.space(), self.settings.node_name)
+        return report.inventory(
+            await self.datasets(), await self.space(), self.settings.node_name, self.stripes.inventory()
+        )
 
     async def metrics_text(self) -> str:
         """``GET /metrics``: the counters and the gauges of this moment (see :mod:`dsagent.cache.metrics`)."""

@@ -35,9 +35,8 @@ from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
-from dsplatform.names import resource_prefix_problem
 from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
@@ -259,7 +258,7 @@ class Settings(StorageSettings, AgentLogSettings):
     kubernetes: Flag = False
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False
-    resource_prefix: str = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
+    resource_prefix: ResourcePrefix = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
     # field read by both the published topology (dsagent.cluster) and the device plugin (dsagent.nodeplugins)
     roce_classes: str = "numa"
@@ -283,6 +282,10 @@ class Settings(StorageSettings, AgentLogSettings):
     peer_upload_rate: Size = Field(
         0, validation_alias=_env("PEER_UPLOAD_RATE", "peer_upload_rate")
     )  # bytes/s per peer, 0: no cap
+    # striped versions (docs/design-striping.md): the bytes of bundles owned elsewhere this node
+    # keeps for its readers at once (never its own share)
+    stripe_window_bytes: Size = Field(2 << 30, validation_alias=_env("STRIPE_WINDOW", "stripe_window_bytes"))
+    stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
     store_proxies: Proxies = Field(
         default_factory=dict
     )  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)
@@ -390,14 +393,6 @@ class Settings(StorageSettings, AgentLogSettings):
     def _token(cls, value: str | None) -> str | None:
         if value is not None and len(value) < 16:
             raise ValueError("the admin token must be at least 16 characters (generate one with: openssl rand -hex 16)")
-        return value
-
-    @field_validator("resource_prefix")
-    @classmethod
-    def _resource_prefix(cls, value: str) -> str:
-        problem = resource_prefix_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
         return value
 
     @field_validator("roce_classes")

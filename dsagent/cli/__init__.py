@@ -1,126 +1,43 @@
 """``dsctl``: the operator and init-container command line.
 
-Commands live one group per module and are imported lazily, so ``dsctl cache`` in an
-init-container does not pay for importing the scheduler or the topology code. This
-module is also the CLI's one error edge: every deliberate error of the platform's
-packages (a :class:`dsplatform.errors.PlatformError`) becomes one clear line on stderr and
-its exit code, through the process edge that every entry point shares
-(:func:`dsplatform.errors.exit_on_error`); click's usage errors, Ctrl-C and bugs are
-handled here.
+Its entry point (:func:`main`) imports as little as a command needs: ``dsctl digest`` of a
+local path runs without click (:mod:`dsagent.cli.digesting`); everything else goes to the
+click group (:mod:`dsagent.cli.group`), whose commands live one group per module and are
+imported on first use. Both ways share one error edge (:mod:`dsagent.cli.edge`): every
+deliberate error of the platform's packages (a :class:`dsplatform.errors.PlatformError`)
+becomes one clear line on stderr and its exit code.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 import sys
 from typing import Any
 
-import click
-
-from dsplatform.errors import exit_on_error, exit_with
-
-# command name -> "module:attribute"; each module owns its commands.
-COMMANDS: dict[str, str] = {
-    "digest": "dsagent.cli.bundles:digest",
-    "pack": "dsagent.cli.bundles:pack",
-    "unpack": "dsagent.cli.bundles:unpack",
-    "verify": "dsagent.cli.bundles:verify",
-    "cache": "dsagent.cli.cache:cache",
-    "ls": "dsagent.cli.cache:ls",
-    "evict": "dsagent.cli.cache:evict",
-    "status": "dsagent.cli.cache:status",
-    "release": "dsagent.cli.cache:release",
-    "wait": "dsagent.cli.cache:wait",
-    "topo": "dsagent.cli.topo:topo",
-    "scheduler": "dsagent.cli.scheduler:scheduler",
-    "plan": "dsagent.cli.plan:plan",
-    "gc": "dsagent.cli.gc:gc",
-}
-
-
-class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
-
-    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lazy = lazy
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | self._available())
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self._lazy:
-            return self._load(cmd_name)
-        return super().get_command(ctx, cmd_name)
-
-    def _available(self) -> set[str]:
-        found = set()
-        for name, target in self._lazy.items():
-            module = target.split(":", 1)[0]
-            if importlib.util.find_spec(module) is not None:
-                found.add(name)
-        return found
-
-    def _load(self, cmd_name: str) -> click.Command | None:
-        module_name, attr = self._lazy[cmd_name].split(":", 1)
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                return None
-            raise
-        command = getattr(module, attr, None)
-        return command if isinstance(command, click.Command) else None
-
-
-@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dsplatform", prog_name="dsctl")
-def cli() -> None:
-    """dsctl: digest, pack and cache datasets; inspect GPU topology; run the extender."""
+from dsagent.cli.edge import quick_edge
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point of ``dsctl``; see :func:`run`."""
+    """Console entry point of ``dsctl``.
+
+    ``dsctl digest`` of a local path is run without importing click
+    (:func:`dsagent.cli.digesting.quick_digest`); every other command line goes through
+    the click group (:mod:`dsagent.cli.group`, error edge: :func:`dsagent.cli.group.run`).
+    """
+    from dsagent.cli.digesting import quick_digest
+
+    with quick_edge("dsctl"):
+        if quick_digest(sys.argv[1:] if argv is None else argv):
+            return
+    from dsagent.cli.group import cli, run
+
     run(cli, argv, "dsctl")
 
 
-def run(command: click.Command, argv: list[str] | None, prog: str) -> None:
-    """The CLI's error edge for ``dsctl`` and ``dsagent``: every failure is one line on stderr,
-    ``<prog>: error: <message> (<hint>)``.
+def __getattr__(name: str) -> Any:
+    """``cli``, ``run``, ``COMMANDS`` and ``LazyGroup`` live in :mod:`dsagent.cli.group`
+    (imported on first use: it imports click)."""
+    if name in ("cli", "run", "COMMANDS", "LazyGroup"):
+        from dsagent.cli import group
 
-    Exit codes: the error's own (any :class:`dsplatform.errors.PlatformError`, through
-    :func:`dsplatform.errors.exit_on_error`; listed in docs/reference/exit-codes.md), click's
-    for usage errors (2), 130 for Ctrl-C, 1 for anything unexpected (its traceback only with
-    ``DSCTL_DEBUG=1``).
-    """
-    try:
-        with exit_on_error(prog):
-            command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("Aborted.", err=True)
-        sys.exit(130)
-    except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx is not None else prog
-        click.echo(f"{prog}: error: {exc.format_message()} (see '{where} --help')", err=True)
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        click.echo(f"{prog}: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # not a deliberate error: a storage library's, or a bug
-        from dsagent.format.storage_errors import classify
-
-        known = classify(exc, "storage")
-        if known is not None:
-            exit_with(known, prog)
-        if os.environ.get("DSCTL_DEBUG"):
-            raise
-        click.echo(
-            f"{prog}: error: internal error: {type(exc).__name__}: {exc}"
-            " (a bug: rerun with DSCTL_DEBUG=1 for the traceback and report it)",
-            err=True,
-        )
-        sys.exit(1)
+        return getattr(group, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -217,10 +217,20 @@ def serve(
 ) -> None:
     """Run the agent until SIGTERM or Ctrl-C (a failed start-up: one line and its exit code, by :func:`main`)."""
     _refuse_unknown_settings()
-    settings = _settings(
-        root, socket_path, listen, capacity, local_sources, node_name, kubernetes, device_plugin, log_level,
-        log_format=log_format, access_log=access_log,
-    )  # fmt: skip
+    # DSAGENT_* with the flags given on the command line winning; one error lists every bad value
+    settings = Settings.from_env(
+        root=root,
+        socket_path=socket_path,
+        listen=listen,
+        capacity_bytes=capacity,
+        local_sources=local_sources or None,
+        node_name=node_name,
+        kubernetes=kubernetes,
+        device_plugin=device_plugin,
+        log_level=log_level,
+        log_format=log_format,
+        access_log=access_log,
+    )
     if settings.kubernetes and importlib.util.find_spec("dsagent.cluster") is None:
         raise SettingsError(
             "cluster mode (--kubernetes) needs dsagent.cluster, which this build lacks",
@@ -276,35 +286,6 @@ def _refuse_unknown_settings() -> None:
         from dsagent.cluster.envnames import refuse_unknown
 
         refuse_unknown()
-
-
-def _settings(
-    root: Path | None,
-    socket_path: Path | None,
-    listen: str | None,
-    capacity: str | None,
-    local_sources: tuple[Path, ...],
-    node_name: str | None,
-    kubernetes: bool | None,
-    device_plugin: bool | None,
-    log_level: str | None,
-    log_format: str | None = None,
-    access_log: bool | None = None,
-) -> Settings:
-    """``DSAGENT_*`` with the flags given on the command line winning; one error lists every bad value."""
-    return Settings.from_env(
-        root=root,
-        socket_path=socket_path,
-        listen=listen,
-        capacity_bytes=capacity,
-        local_sources=local_sources or None,
-        node_name=node_name,
-        kubernetes=kubernetes,
-        device_plugin=device_plugin,
-        log_level=log_level,
-        log_format=log_format,
-        access_log=access_log,
-    )
 
 
 def _make_dir(path: Path, what: str, setting: str) -> None:

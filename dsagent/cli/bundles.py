@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from dsagent.cli.digesting import counter, digest_source, open_cache, rate
 from dsagent.cli.options import output_option, source_options, storage_options, store_options
 from dsagent.errors import InvalidInput
-from dsagent.format.manifest import Manifest, Progress, read_manifest
+from dsagent.format.manifest import Progress, read_manifest
 from dsplatform.units import format_size, parse_size
 
 if TYPE_CHECKING:
-    from dsagent.format.digestcache import DigestCache
+    pass
 
 
 @contextmanager
@@ -37,7 +36,7 @@ def progress_bar(label: str, total_bytes: int | None) -> Iterator[Progress | Non
         yield None
         return
     if total_bytes is None:
-        with _counter(label) as advance:
+        with counter(label) as advance:
             yield advance
         return
     with click.progressbar(
@@ -48,51 +47,6 @@ def progress_bar(label: str, total_bytes: int | None) -> Iterator[Progress | Non
             bar.update(done_bytes)
 
         yield advance_bar
-
-
-@contextmanager
-def _counter(label: str) -> Iterator[Progress]:
-    done = {"bytes": 0, "files": 0, "shown": 0.0}
-
-    def advance(done_bytes: int, files: int) -> None:
-        done["bytes"] += done_bytes
-        done["files"] += files
-        now = time.monotonic()
-        if now - done["shown"] > 0.2:
-            done["shown"] = now
-            click.echo(
-                f"\r{label}: {int(done['files'])} files, {format_size(done['bytes'])}\x1b[K", file=sys.stderr, nl=False
-            )
-
-    try:
-        yield advance
-    finally:
-        if done["shown"]:
-            click.echo("\r\x1b[K", file=sys.stderr, nl=False)
-
-
-def _default_name(source: str) -> str:
-    base = source.rstrip("/").rsplit("/", 1)[-1] or "dataset"
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("-._")
-    return cleaned or "dataset"
-
-
-def _rate(size: int, seconds: float) -> str:
-    return f"{format_size(size / seconds)}/s" if seconds > 0 else "-"
-
-
-def digest_cache_path(environ: Mapping[str, str]) -> Path:
-    """``$DSAGENT_DIGEST_CACHE``, else ``$XDG_CACHE_HOME/dsplatform/digests.sqlite``."""
-    from dsplatform.paths import cache_home
-
-    explicit = environ.get("DSAGENT_DIGEST_CACHE")
-    return Path(explicit) if explicit else cache_home(environ) / "dsplatform" / "digests.sqlite"
-
-
-def _cache(enabled: bool) -> DigestCache | None:
-    from dsagent.format.digestcache import DigestCache
-
-    return DigestCache(digest_cache_path(os.environ)) if enabled else None
 
 
 _cache_flag = click.option(
@@ -124,44 +78,8 @@ def digest(
     digest_cache: bool,
 ) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
-    from dsagent.format.digester import build_manifest
-
     options = storage_options(source_option_pairs, source_options_files)
-    start = time.monotonic()
-    cache = _cache(digest_cache)
-    try:
-        with progress_bar("digesting", None) as progress:
-            manifest = build_manifest(
-                source,
-                name=name or _default_name(source),
-                storage_options=options,
-                digest_cache=cache,
-                progress=progress,
-            )
-    finally:
-        if cache is not None:
-            cache.close()
-    elapsed = time.monotonic() - start
-    if as_json or output == "json":
-        click.echo(json.dumps(_manifest_json(manifest), ensure_ascii=False))
-        return
-    click.echo(
-        f"{manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, "
-        f"digest {manifest.digest} ({elapsed:.1f} s, {_rate(manifest.total_bytes, elapsed)})"
-    )
-
-
-def _manifest_json(manifest: Manifest) -> dict[str, Any]:
-    return {
-        "name": manifest.name,
-        "digest": manifest.digest,
-        "files": manifest.file_count,
-        "bytes": manifest.total_bytes,
-        "emptyDirectories": list(manifest.directories),
-        "entries": [
-            {"path": e.path, "size": e.size, "mtimeNs": e.mtime_ns, "digest": e.digest} for e in manifest.entries
-        ],
-    }
+    digest_source(source, name, "json" if as_json else output, options, digest_cache, click.echo)
 
 
 @click.command()
@@ -193,6 +111,13 @@ def _manifest_json(manifest: Manifest) -> dict[str, Any]:
 @click.option(
     "--threads", type=click.IntRange(min=0), default=None, help="zstd threads per bundle (default: automatic)."
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Pack each large bundle of a local source in this many segments, one forked process each.",
+)
 @source_options
 @store_options
 @output_option
@@ -207,8 +132,9 @@ def _manifest_json(manifest: Manifest) -> dict[str, Any]:
 )
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
-    source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...], output: str, digest_cache: bool, publish_namespace: str | None,
+    processes: int, source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...],
+    store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str, digest_cache: bool,
+    publish_namespace: str | None,
 ) -> None:  # fmt: skip
     """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME.
 
@@ -222,12 +148,13 @@ def pack(
     src_options = storage_options(source_option_pairs, source_options_files)
     dst_options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
-    cache = _cache(digest_cache)
+    cache = open_cache(digest_cache)
     try:
         with progress_bar("packing", None) as progress:
             packed, reused = pack_dataset(
                 source, store, name=name, max_files=max_files, max_bytes=cap, level=level, threads=threads,
                 storage_options=src_options, store_options=dst_options, progress=progress, digest_cache=cache,
+                processes=processes,
             )  # fmt: skip
     finally:
         if cache is not None:
@@ -248,7 +175,7 @@ def pack(
     line = (
         f"packed {packed.name}: {packed.file_count} files, {format_size(packed.total_bytes)} into "
         f"{len(packed.bundles)} bundles ({len(packed.bundles) - reused} written, {reused} reused, "
-        f"{format_size(compressed)} stored) in {elapsed:.1f} s ({_rate(packed.total_bytes, elapsed)}); "
+        f"{format_size(compressed)} stored) in {elapsed:.1f} s ({rate(packed.total_bytes, elapsed)}); "
         f"digest {packed.digest}"
     )
     if published is not None:
@@ -300,7 +227,7 @@ def unpack(
     _emit(output, data, (
         f"unpacked {manifest.name} into {dest}: {manifest.file_count} files, {format_size(manifest.total_bytes)} "
         f"from {len(manifest.bundles)} bundles, all verified, in {elapsed:.1f} s "
-        f"({_rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
+        f"({rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
     ))  # fmt: skip
 
 

@@ -1,8 +1,8 @@
 """The pod of every Job the Dataset controller starts (pack Jobs, store gc Jobs).
 
-Who calls it: :meth:`dsagent.controller.reconcile.DatasetController._job` (``dsctl pack``)
-and :func:`dsagent.controller.storegc.gc_job` (``dsctl gc``). One rule for both: the chart's
-image running ``dsctl`` as uid 65532, no privilege escalation, a read-only root with an
+Who calls it: :meth:`dsagent.controller.packing.PackJobs.job` (``dsctl pack``) and
+:func:`dsagent.controller.storegc.gc_job` (``dsctl gc``), each through its :class:`JobPlace`.
+One rule for both: the chart's image running ``dsctl`` as uid 65532, no privilege escalation, a read-only root with an
 ``emptyDir`` at ``/tmp`` (``HOME`` there), Pod Security ``restricted``, and the pack service
 account (the one with the store's credentials) when one is set.
 """
@@ -10,7 +10,22 @@ account (the one with the store's credentials) when one is set.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class JobPlace:
+    """Where the controller's Jobs run and as what: their namespace, the chart's image and the
+    pack service account (the one with the stores' credentials; None: the namespace's default)."""
+
+    namespace: str
+    image: str
+    service_account: str | None = None
+
+    def pod(self, container: str, args: Sequence[str]) -> dict[str, Any]:
+        """The pod of a Job here running ``dsctl <args>``."""
+        return job_pod(container, self.image, args, self.service_account)
 
 
 def job_pod(container: str, image: str, args: Sequence[str], service_account: str | None) -> dict[str, Any]:
@@ -45,4 +60,4 @@ def job_pod(container: str, image: str, args: Sequence[str], service_account: st
     return pod
 
 
-__all__ = ["job_pod"]
+__all__ = ["JobPlace", "job_pod"]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsagent.controller.agents import JSON, raw
-from dsagent.controller.jobpod import job_pod
+from dsagent.controller.jobpod import JobPlace
 from dsplatform.kubetime import format_micro_time
 
 log = logging.getLogger("dsagent.controller")
@@ -72,15 +72,13 @@ class PackJobs:
     def __init__(
         self,
         batch: Any,
+        place: JobPlace,
         *,
-        namespace: str,
-        image: str,
-        service_account: str | None,
         clock: Callable[[], float],
         fingerprint: Fingerprint = listing_fingerprint,
         created: Callable[[], Any] = lambda: None,
     ) -> None:
-        self.batch, self.namespace, self.image, self.service_account = batch, namespace, image, service_account
+        self.batch, self.place = batch, place
         self.clock, self.fingerprint, self.created = clock, fingerprint, created
 
     def status(self, namespace: str, name: str, spec: JSON, pack: JSON, previous: JSON) -> JSON:
@@ -95,11 +93,13 @@ class PackJobs:
             return previous  # packed (or failed) for this very listing: nothing new to do
         job = job_name(namespace, name, fingerprint)
         try:
-            found = raw(self.batch.read_namespaced_job, job, self.namespace)
+            found = raw(self.batch.read_namespaced_job, job, self.place.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self.batch.create_namespaced_job(self.namespace, self.job(job, namespace, name, spec, pack, fingerprint))
+            self.batch.create_namespaced_job(
+                self.place.namespace, self.job(job, namespace, name, spec, pack, fingerprint)
+            )
             self.created()
             log.info(
                 "Dataset %s/%s: source listing %s is new; packing in Job %s", namespace, name, fingerprint[:12], job
@@ -135,7 +135,7 @@ class PackJobs:
             if isinstance(pack.get(key), int) and not isinstance(pack.get(key), bool):
                 args += [flag, str(pack[key])]
         args += ["--", spec["source"]]
-        pod = job_pod("pack", self.image, args, self.service_account)
+        pod = self.place.pod("pack", args)
         labels = {
             "app.kubernetes.io/part-of": "dsplatform",
             "app.kubernetes.io/component": "pack",
@@ -147,7 +147,7 @@ class PackJobs:
             "kind": "Job",
             "metadata": {
                 "name": job,
-                "namespace": self.namespace,
+                "namespace": self.place.namespace,
                 "labels": labels,
                 "annotations": {"dsagent.io/source-fingerprint": fingerprint},
             },

@@ -37,16 +37,19 @@ from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
+from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
+from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
 from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_time
+from dsplatform.tenancy import acting_for
 
 log = logging.getLogger("dsagent.controller")
 
@@ -128,11 +131,10 @@ class DatasetController:
             open_tasks=settings.namespace_tasks,
         )
         self._ledger = Ledger(self.limits, {})
+        jobs = JobPlace(settings.namespace, settings.pack_image, settings.pack_service_account)
         self.packs = PackJobs(
             self._batch,
-            namespace=settings.namespace,
-            image=settings.pack_image,
-            service_account=settings.pack_service_account,
+            jobs,
             clock=clock,
             fingerprint=fingerprint,
             created=self.metrics.pack_jobs.inc,
@@ -141,14 +143,7 @@ class DatasetController:
             api_client, gpu_resource=settings.gpu_resource, class_prefix=settings.class_prefix, clock=clock
         )
         self.store_gc = (
-            StoreCollector(
-                self._batch,
-                namespace=settings.namespace,
-                image=settings.pack_image,
-                service_account=settings.pack_service_account,
-                interval_s=settings.store_gc_s,
-                grace_s=settings.store_gc_grace_s,
-            )
+            StoreCollector(self._batch, jobs, interval_s=settings.store_gc_s, grace_s=settings.store_gc_grace_s)
             if settings.store_gc_s
             else None
         )
@@ -321,6 +316,16 @@ class DatasetController:
             )
             if copies_admit.refused is not None:
                 refusals.append(copies_admit.refused)
+        if parse_stripe(spec.get("stripe")) is not None or (status.get("stripe") or {}).get("nodes"):
+            patch["stripe"] = stripe_status(
+                name,
+                spec,
+                status,
+                inventories,
+                agent_call=self.agent_call,
+                agent_urls=self._agent_urls,
+                who=acting_for(namespace, name),
+            )
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = agents.cleanup(

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsagent.controller.jobpod import job_pod
+from dsagent.controller.jobpod import JobPlace
 
 log = logging.getLogger("dsagent.controller")
 
@@ -86,16 +86,7 @@ def due(datasets: Iterable[Mapping[str, Any]], *, now: float, interval_s: float)
     ]
 
 
-def gc_job(
-    name: str,
-    store: str,
-    *,
-    namespace: str,
-    image: str,
-    service_account: str | None,
-    grace_s: float,
-    interval_s: float,
-) -> JSON:
+def gc_job(name: str, store: str, *, place: JobPlace, grace_s: float, interval_s: float) -> JSON:
     """The Job running ``dsctl gc --delete`` on ``store`` (the store after ``--``: never a flag)."""
     labels = {
         "app.kubernetes.io/part-of": "dsplatform",
@@ -103,13 +94,13 @@ def gc_job(
         "dsagent.io/store": store_key(store),
     }
     args = ["gc", "--delete", "--grace", f"{int(grace_s)}s", "--", store]
-    pod = job_pod("gc", image, args, service_account)
+    pod = place.pod("gc", args)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": name,
-            "namespace": namespace,
+            "namespace": place.namespace,
             "labels": labels,
             "annotations": {"dsagent.io/store": store},
         },
@@ -130,18 +121,8 @@ def _active(job: Mapping[str, Any]) -> bool:
 class StoreCollector:
     """Creates the gc Jobs :func:`due` names, through ``batch`` (a ``BatchV1Api``)."""
 
-    def __init__(
-        self,
-        batch: Any,
-        *,
-        namespace: str,
-        image: str,
-        service_account: str | None,
-        interval_s: float,
-        grace_s: float,
-    ) -> None:
-        self.batch, self.namespace, self.image = batch, namespace, image
-        self.service_account, self.interval_s, self.grace_s = service_account, interval_s, grace_s
+    def __init__(self, batch: Any, place: JobPlace, *, interval_s: float, grace_s: float) -> None:
+        self.batch, self.place, self.interval_s, self.grace_s = batch, place, interval_s, grace_s
 
     def run(self, datasets: Iterable[Mapping[str, Any]], now: float) -> list[str]:
         """One pass: the names of the Jobs created."""
@@ -150,7 +131,7 @@ class StoreCollector:
         created = []
         for item in due(datasets, now=now, interval_s=self.interval_s):
             try:
-                answer = self.batch.read_namespaced_job(item.previous, self.namespace, _preload_content=False)
+                answer = self.batch.read_namespaced_job(item.previous, self.place.namespace, _preload_content=False)
                 previous = json.loads(answer.data)
             except ApiException as exc:
                 if exc.status != 404:
@@ -161,17 +142,9 @@ class StoreCollector:
                     "store gc of %s: the previous Job %s still runs; not starting another", item.store, item.previous
                 )
                 continue
-            job = gc_job(
-                item.job,
-                item.store,
-                namespace=self.namespace,
-                image=self.image,
-                service_account=self.service_account,
-                grace_s=self.grace_s,
-                interval_s=self.interval_s,
-            )
+            job = gc_job(item.job, item.store, place=self.place, grace_s=self.grace_s, interval_s=self.interval_s)
             try:
-                self.batch.create_namespaced_job(self.namespace, job)
+                self.batch.create_namespaced_job(self.place.namespace, job)
             except ApiException as exc:
                 if exc.status != 409:  # 409: this interval's Job exists (an earlier pass or leader)
                     raise

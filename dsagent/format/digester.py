@@ -3,8 +3,8 @@
 Who calls it: ``dsctl digest / pack`` and the agent, through :func:`build_manifest` (this
 module's public face, building a :class:`~dsagent.format.manifest.Manifest` value). What it owns:
 
-- the walk: local trees with ``os.scandir`` (lazily, by ``d_type``, following symlinks,
-  refusing loops, FIFOs, sockets and devices), other filesystems with ``fs.find``;
+- driving the walk (:mod:`dsagent.format.walk`: local trees with ``os.scandir``, other
+  filesystems with ``fs.find``) and hashing what it finds;
 - hashing while the walk goes on: a big local tree on one forked process per core
   (:class:`_ProcessPool`; Python's per-file work holds the GIL, so threads cannot use a
   second core on small files), anything else on a thread pool (xxhash and file reads
@@ -16,240 +16,44 @@ module's public face, building a :class:`~dsagent.format.manifest.Manifest` valu
 from __future__ import annotations
 
 import gc
-import multiprocessing
-import operator
 import os
 import signal
 import sys
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import unquote
 
 import xxhash
 
-from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
+from dsagent.errors import IntegrityError, SourceUnavailable
 from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
-from dsagent.format.storage import LocalFiles, open_whole, resolve_local_first, resolves_within, translate_errors
+from dsagent.format.storage import open_whole, resolve_local_first, translate_errors
+from dsagent.format.walk import (
+    UNSTATED,
+    Dir,
+    Found,
+    LocalWalk,
+    is_local,
+    list_files,
+    mtime_ns,
+    stated,
+    walk_source,
+)
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
     from fsspec.spec import AbstractFileSystem
 
     from dsagent.format.digestcache import DigestCache
 
 #: Digest threads for remote sources, where each file costs a round trip.
 REMOTE_WORKERS = 16
-
-
-class _Found(NamedTuple):
-    """A file found by the walk, before hashing (a tuple: the walk makes millions)."""
-
-    path: str  # relative to the source root
-    location: str  # where to read it (absolute local path or fsspec path)
-    size: int
-    mtime_ns: int
-    inode: int = 0
-    ctime_ns: int = 0
-
-
-def is_local(fs: AbstractFileSystem) -> bool:
-    if isinstance(fs, LocalFiles):
-        return True
-    local = sys.modules.get("fsspec.implementations.local")  # loaded already when fs is fsspec's
-    return local is not None and isinstance(fs, local.LocalFileSystem)
-
-
-#: inode of a local file the walk listed but did not stat yet
-_UNSTATED = -1
-
-#: The walk hands out a directory's files in groups of at most this many names.
-_GROUP = 256
-
-
-class _Dir(NamedTuple):
-    """Some regular files of one local directory, as the walk lists them (unstat'ed)."""
-
-    rel: str  # the directory relative to the source root ("" for the root itself)
-    path: str  # where to open it
-    names: list[str]
-
-
-def _check_link(path: str, confine: Sequence[str] | None) -> None:
-    """Refuse a symlink that resolves outside ``confine`` (when given)."""
-    if confine is not None and not resolves_within(path, confine):
-        raise InvalidInput(
-            f"symlink in source points outside the allowed directories: {path!r} -> {os.path.realpath(path)!r}",
-            hint="replace the link with the file, or add its target's directory to DSAGENT_LOCAL_SOURCES",
-        )
-
-
-def _iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None = None) -> Iterator[_Dir]:
-    """Files under a local ``root`` in groups per directory (empty directories go to ``empty``).
-
-    Follows symlinks (a linked file is packed as a regular file) and refuses loops; with
-    ``confine``, a symlink must resolve inside one of those directories: the agent reads
-    with more rights than the pods it caches for, so a link planted in a shared source
-    must not make it copy other host files into a pod's mount.
-    Groups come as the walk goes, at most :data:`_GROUP` names each, so that hashing
-    starts at once even on one flat directory of a million files. Names are sorted within
-    a group and directories are visited in name order, so the entries arrive nearly in
-    path order and the manifest's final sort is mostly a merge of sorted runs.
-    """
-    seen: set[tuple[int, int]] = set()
-    stack = [("", root)]
-    while stack:
-        rel, directory = stack.pop()
-        st = os.stat(directory)
-        if (st.st_dev, st.st_ino) in seen:
-            raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
-        seen.add((st.st_dev, st.st_ino))
-        has_child = False
-        names: list[str] = []
-        subdirs: list[tuple[str, str]] = []
-        with os.scandir(directory) as it:
-            for item in it:
-                has_child = True
-                # d_type answers without a syscall (except through symlinks), and a plain file
-                # in one call; the stat that sizes and dates a file happens where it is hashed
-                if not item.is_file(follow_symlinks=False):
-                    if item.is_symlink():
-                        _check_link(item.path, confine)
-                    if item.is_dir():
-                        subdirs.append((f"{rel}/{item.name}" if rel else item.name, item.path))
-                        continue
-                    if not item.is_file():
-                        if item.is_symlink() and not os.path.exists(item.path):
-                            raise InvalidInput(
-                                f"broken symlink in source: {item.path!r}", hint="fix or remove the link"
-                            )
-                        raise InvalidInput(
-                            f"not a regular file: {item.path!r}", hint="datasets hold regular files only"
-                        )
-                names.append(item.name)
-                if len(names) >= _GROUP:
-                    names.sort()
-                    yield _Dir(rel, directory, names)
-                    names = []
-        if names:
-            names.sort()
-            yield _Dir(rel, directory, names)
-        stack.extend(sorted(subdirs, reverse=True))  # popped in name order
-        if not has_child and rel:
-            empty.append(rel)
-
-
-def _found_in(groups: Iterable[_Dir]) -> Iterator[_Found]:
-    """The files of ``groups`` one by one, for the thread path."""
-    join = os.path.join
-    for rel, directory, names in groups:
-        prefix = f"{rel}/" if rel else ""
-        for name in names:
-            yield _Found(prefix + name, join(directory, name), -1, 0, _UNSTATED, 0)
-
-
-class _LocalWalk:
-    """The lazy walk of a local tree: taken file by file (threads) or by groups (processes)."""
-
-    def __init__(self, groups: Iterator[_Dir]) -> None:
-        self.groups = groups
-
-    def __iter__(self) -> Iterator[_Found]:
-        return _found_in(self.groups)
-
-
-def mtime_ns(info: Mapping[str, Any]) -> int:
-    """Modification time in ns from an fsspec ``info`` dict, whatever the backend calls it (0 if none)."""
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if hasattr(value, "timestamp"):
-            return int(value.timestamp() * 1_000_000_000)
-        try:
-            return int(float(value) * 1_000_000_000)
-        except (TypeError, ValueError):
-            continue
-    return 0
-
-
-def _walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[_Found], list[str]]:
-    listing = fs.find(root, withdirs=True, detail=True)
-    prefix = root.rstrip("/") + "/"
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    quoted = any(p in ("http", "https") for p in protocols)  # URLs name files percent-encoded
-    found: list[_Found] = []
-    dirs: list[str] = []
-    for full, info in listing.items():
-        full = full.rstrip("/")
-        if not full.startswith(prefix):
-            continue
-        rel = unquote(full[len(prefix) :]) if quoted else full[len(prefix) :]
-        if info.get("type") == "directory":
-            dirs.append(rel)
-        else:
-            size = info.get("size")  # http listings give none: -1, taken from the read
-            found.append(_Found(rel, full, int(size) if size is not None else -1, mtime_ns(info)))
-    parents = {f.path.rsplit("/", 1)[0] for f in found if "/" in f.path}
-    parents |= {d.rsplit("/", 1)[0] for d in dirs if "/" in d}
-    return found, [d for d in dirs if d not in parents]
-
-
-def walk_source(
-    fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None
-) -> Iterable[_Found]:
-    """Every file of the dataset at ``root`` (empty directories go to ``empty``); a lone file is a dataset of one.
-
-    Local trees are walked lazily, so hashing starts while the walk goes on; ``confine``
-    (local only) refuses symlinks resolving outside those directories.
-    """
-    with translate_errors(f"source {root!r}"):
-        if not fs.exists(root):
-            raise NotFound(f"dataset source {root!r} does not exist", hint="check the path or URL")
-        if not fs.isdir(root):
-            name = root.rstrip("/").rsplit("/", 1)[-1]
-            if is_local(fs):
-                st = os.stat(root)
-                return [_Found(name, root, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
-            info = fs.info(root)
-            size = info.get("size")
-            return [_Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
-        if is_local(fs):
-            return _LocalWalk(_iter_local_dirs(root, empty, confine))
-        found, dirs = _walk_remote(fs, root)
-        empty.extend(dirs)
-        return found
-
-
-def list_files(
-    fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None
-) -> list[_Found] | None:
-    """Every file of the dataset at ``root`` with its size and mtime, in path order, none of them read.
-
-    Local files are stat'ed (each once, following links as the walk does); the listing of
-    another filesystem already carries sizes. None when a size is unknown (an http
-    listing gives none): a caller that plans bundles from sizes must digest first.
-    Used by the one-pass pack (:func:`dsagent.format.bundle.pack_dataset`), which reads
-    each file only while packing it.
-    """
-    files: list[_Found] = []
-    for item in walk_source(fs, root, empty, confine=confine):
-        if item.inode == _UNSTATED:
-            with translate_errors(f"source file {item.location!r}"):
-                item = _stated(item, os.stat(item.location))
-        elif item.size < 0:
-            return None
-        files.append(item)
-    files.sort(key=_found_path)
-    return files
-
-
-_found_path = operator.attrgetter("path")
 
 
 # --------------------------------------------------------------------------- digesting
@@ -277,9 +81,9 @@ class _Hasher:
         self._snapshot = snapshot
         self._lock = threading.Lock()
 
-    def batch(self, items: Sequence[_Found]) -> list[tuple[FileEntry, _Found | None]]:
+    def batch(self, items: Sequence[Found]) -> list[tuple[FileEntry, Found | None]]:
         buffer = bytearray(HASH_BUFFER) if self._local else None
-        results: list[tuple[FileEntry, _Found | None]] = []
+        results: list[tuple[FileEntry, Found | None]] = []
         item = None
         try:
             for item in items:
@@ -293,13 +97,13 @@ class _Hasher:
                 self._progress(sum(entry.size for entry, _ in results), len(results))
         return results
 
-    def _one(self, item: _Found, buffer: bytearray | None) -> tuple[FileEntry, _Found | None]:
+    def _one(self, item: Found, buffer: bytearray | None) -> tuple[FileEntry, Found | None]:
         if buffer is None:
             with open_whole(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
                 digest, size = hash_stream(stream)
         elif self._cache is not None:
-            if item.inode == _UNSTATED:  # a path stat: a cache hit must not open the file
-                item = _stated(item, os.stat(item.location))
+            if item.inode == UNSTATED:  # a path stat: a cache hit must not open the file
+                item = stated(item, os.stat(item.location))
             known = self._cache.match(self._snapshot, item)
             if known is not None:
                 return FileEntry(item.path, item.size, item.mtime_ns, known), None
@@ -307,18 +111,14 @@ class _Hasher:
         else:
             fd = os.open(item.location, _O_READ)
             try:
-                if item.inode == _UNSTATED:
-                    item = _stated(item, os.fstat(fd))
+                if item.inode == UNSTATED:
+                    item = stated(item, os.fstat(fd))
                 digest, size = hash_fd(fd, item.size, buffer)
             finally:
                 os.close(fd)
         if size != item.size and item.size >= 0:
             raise _changed(item.path, item.size, size)
         return FileEntry(item.path, size, item.mtime_ns, digest), item
-
-
-def _stated(item: _Found, st: os.stat_result) -> _Found:
-    return _Found(item.path, item.location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def _changed(path: str, before: int, after: int) -> IntegrityError:
@@ -337,12 +137,16 @@ class _Batches:
 
     def __init__(self, hasher: _Hasher, workers: int) -> None:
         self._hasher = hasher
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest") if workers > 1 else None
-        self._batch: list[_Found] = []
-        self._futures: list[Future[list[tuple[FileEntry, _Found | None]]]] = []
-        self._inline: list[tuple[FileEntry, _Found | None]] = []
+        self._pool = None
+        if workers > 1:
+            from concurrent.futures import ThreadPoolExecutor  # here: one worker needs no pool
 
-    def add(self, item: _Found) -> None:
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dsagent-digest")
+        self._batch: list[Found] = []
+        self._futures: list[Future[list[tuple[FileEntry, Found | None]]]] = []
+        self._inline: list[tuple[FileEntry, Found | None]] = []
+
+    def add(self, item: Found) -> None:
         self._batch.append(item)
         if len(self._batch) >= self.SIZE:
             self._flush()
@@ -356,7 +160,7 @@ class _Batches:
             self._futures.append(self._pool.submit(self._hasher.batch, self._batch))
         self._batch = []
 
-    def results(self) -> list[tuple[FileEntry, _Found | None]]:
+    def results(self) -> list[tuple[FileEntry, Found | None]]:
         self._flush()
         try:
             return self._inline + [entry for future in self._futures for entry in future.result()]
@@ -372,7 +176,7 @@ class _Batches:
 
 def digest_files(
     fs: AbstractFileSystem,
-    found: Iterable[_Found],
+    found: Iterable[Found],
     *,
     root: str = "",
     workers: int | None = None,
@@ -389,13 +193,13 @@ def digest_files(
     snapshot = cache.snapshot(root) if cache is not None else {}
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
-    if isinstance(found, _LocalWalk) and count > 1 and can_fork():
+    if isinstance(found, LocalWalk) and count > 1 and can_fork():
         head, rest = _peek(found.groups, PROCESS_MIN_FILES)
         if rest is not None:
             return _ProcessPool(min(count, os.cpu_count() or 1), snapshot if cache is not None else None).digest(
                 chain(head, rest), cache, progress
             )
-        found = _LocalWalk(iter(head))
+        found = LocalWalk(iter(head))
     hasher = _Hasher(fs, progress, cache, snapshot)
     batches = _Batches(hasher, count)
     try:
@@ -432,9 +236,9 @@ def can_fork() -> bool:
     return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
-def _peek(groups: Iterator[_Dir], files: int) -> tuple[list[_Dir], Iterator[_Dir] | None]:
+def _peek(groups: Iterator[Dir], files: int) -> tuple[list[Dir], Iterator[Dir] | None]:
     """The first groups of the walk holding ``files`` files, and the rest (None if the walk ended)."""
-    head: list[_Dir] = []
+    head: list[Dir] = []
     seen = 0
     for group in groups:
         head.append(group)
@@ -444,9 +248,9 @@ def _peek(groups: Iterator[_Dir], files: int) -> tuple[list[_Dir], Iterator[_Dir
     return head, None
 
 
-def _requests(groups: Iterable[_Dir]) -> Iterator[list[_Dir]]:
+def _requests(groups: Iterable[Dir]) -> Iterator[list[Dir]]:
     """The walk's groups packed into requests of about :data:`_REQUEST_FILES` files."""
-    request: list[_Dir] = []
+    request: list[Dir] = []
     files = 0
     for group in groups:
         request.append(group)
@@ -469,11 +273,11 @@ class _Reply(NamedTuple):
     sizes: list[int]
     mtimes: list[int]
     digests: list[str]
-    fresh: list[tuple[_Found, str]]  # files hashed (not answered by the cache), only when a cache is used
+    fresh: list[tuple[Found, str]]  # files hashed (not answered by the cache), only when a cache is used
     error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
 
 
-def _hash_request(request: list[_Dir], snapshot: _Snapshot | None, buffer: bytearray) -> _Reply:
+def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: bytearray) -> _Reply:
     """Hash one request's files in a hashing process (opening each relative to its directory)."""
     reply = _Reply([], [], [], [], [])
     name = ""
@@ -565,7 +369,7 @@ def _hash_one(
     reply.mtimes.append(st.st_mtime_ns)
     reply.digests.append(digest)
     if snapshot is not None:
-        reply.fresh.append((_Found(path, location, size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), digest))
+        reply.fresh.append((Found(path, location, size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), digest))
     return None
 
 
@@ -616,7 +420,9 @@ class _ProcessPool:
         self._processes = processes
         self._snapshot = snapshot
 
-    def digest(self, groups: Iterable[_Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
+    def digest(self, groups: Iterable[Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
+        import multiprocessing  # here: `dsctl digest` of a few files forks nothing
+
         context = multiprocessing.get_context("fork")
         workers: list[tuple[BaseProcess, Connection]] = []
         done = False
@@ -640,14 +446,16 @@ class _ProcessPool:
         return entries
 
     def _run(
-        self, conns: list[Connection], groups: Iterable[_Dir], progress: Progress | None
-    ) -> tuple[EntryTable, list[tuple[_Found, str]]]:
+        self, conns: list[Connection], groups: Iterable[Dir], progress: Progress | None
+    ) -> tuple[EntryTable, list[tuple[Found, str]]]:
         """Walk and dispatch; replies join the table in request order as they come (while
         the workers still hash)."""
+        from multiprocessing.connection import Connection, wait
+
         pending: dict[Connection, deque[int]] = {conn: deque() for conn in conns}  # request numbers, FIFO
         early: dict[int, _Reply] = {}  # replies that overtook an earlier request's
         table = EntryTableBuilder()
-        fresh: list[tuple[_Found, str]] = []
+        fresh: list[tuple[Found, str]] = []
         joined = 0  # requests whose columns are in the table
 
         def receive(ready: Iterable[object]) -> None:
@@ -742,3 +550,6 @@ def build_manifest(
     with translate_errors(f"source {os.fspath(source)!r}"):
         entries = digest_files(fs, found, root=root, workers=workers, digest_cache=digest_cache, progress=progress)
     return Manifest.create(name, entries, directories=empty_dirs)
+
+
+__all__ = ["REMOTE_WORKERS", "build_manifest", "default_workers", "digest_files", "is_local", "list_files", "mtime_ns"]

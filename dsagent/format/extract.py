@@ -154,7 +154,7 @@ def _extract_stream(
     expected = {path: i for i, path in enumerate(members.paths)}
     seen: set[str] = set()
     bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
-    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD) as reader:
+    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
         _extract_members(reader, members, bundle, staging, progress, expected, seen)
     if len(seen) != len(expected):
         missing = sorted(expected.keys() - seen)
@@ -331,6 +331,100 @@ def _locked(progress: Progress | None) -> Progress | None:
     return report
 
 
+#: What the forked unpacking processes share with their parent (:func:`_in_processes`):
+#: set just before they are forked, so that a task is only a bundle's index.
+_FORKED: tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None] | None = None
+
+
+def _unpack_forked(index: int) -> None:
+    assert _FORKED is not None
+    store, manifest, stage, storage_options = _FORKED
+    writeback = writeback_for(stage)  # this process's own background flushes: their errors are checked here
+    since = writeback.mark()
+    unpack_bundle(store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False)
+    with _local_writes(stage):
+        writeback.check(since)
+
+
+def _in_processes(
+    store: str | os.PathLike[str],
+    manifest: Manifest,
+    stage: Path,
+    storage_options: Mapping[str, Any] | None,
+    progress: Progress | None,
+    count: int,
+) -> None:
+    """Bundles unpacked by ``count`` forked processes: the per-file work (parsing, hashing,
+    creating and renaming files) holds the GIL, so threads would take turns on it.
+    Progress is counted a bundle at a time, as each one is published."""
+    global _FORKED
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    _FORKED = (store, manifest, stage, storage_options)
+    try:
+        with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {pool.submit(_unpack_forked, i): bundle for i, bundle in enumerate(manifest.bundles)}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        future.result()  # the first failure decides
+                        if progress is not None:
+                            progress(futures[future].size, futures[future].count)
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+    except BrokenProcessPool as exc:
+        raise IntegrityError(
+            f"an unpacking process of dataset {manifest.name!r} died", hint="see the system log (out of memory?)"
+        ) from exc
+    finally:
+        _FORKED = None
+
+
+def _unpack_bundles(
+    store: str | os.PathLike[str],
+    manifest: Manifest,
+    stage: Path,
+    storage_options: Mapping[str, Any] | None,
+    progress: Progress | None,
+    count: int,
+) -> None:
+    """Every bundle of ``manifest`` into ``stage``: one after another, in forked processes
+    where this process may fork (Linux, no other thread), else on threads."""
+    from dsagent.format.digester import can_fork
+
+    if count <= 1 or len(manifest.bundles) <= 1:
+        for bundle in manifest.bundles:
+            unpack_bundle(
+                store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False
+            )
+        return
+    if can_fork():
+        _in_processes(store, manifest, stage, storage_options, progress, min(count, len(manifest.bundles)))
+        return
+    shared = _locked(progress)
+    with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
+        futures = [
+            pool.submit(
+                unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared,
+                durable=False,
+            )
+            for b in manifest.bundles
+        ]  # fmt: skip
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:  # the first failure decides; do not unpack the rest
+                future.cancel()
+            raise
+
+
 def unpack(
     store: str | os.PathLike[str],
     *,
@@ -345,7 +439,8 @@ def unpack(
 
     Works in a sibling staging directory and renames it to ``dest`` only when every
     bundle verified; ``dest`` must not exist or be empty (:class:`Conflict` otherwise).
-    Bundles are extracted ``workers`` at a time (default: one per core, at most 4).
+    Bundles are extracted ``workers`` at a time (default: one per core, at most 4), each
+    in its own forked process where this process may fork (:func:`_unpack_bundles`).
     """
     manifest = manifest or read_manifest(os.fspath(store), name, storage_options=storage_options)
     if manifest.entries and not manifest.bundles:
@@ -359,34 +454,7 @@ def unpack(
     since = writeback_for(stage).mark()
     try:
         count = workers or min(4, os.cpu_count() or 1)
-        if count <= 1 or len(manifest.bundles) <= 1:
-            for bundle in manifest.bundles:
-                unpack_bundle(
-                    store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False
-                )
-        else:
-            shared = _locked(progress)
-            with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
-                futures = [
-                    pool.submit(
-                        unpack_bundle,
-                        store,
-                        manifest,
-                        b,
-                        stage,
-                        storage_options=storage_options,
-                        progress=shared,
-                        durable=False,
-                    )
-                    for b in manifest.bundles
-                ]
-                try:
-                    for future in futures:
-                        future.result()
-                except BaseException:
-                    for future in futures:  # the first failure decides; do not unpack the rest
-                        future.cancel()
-                    raise
+        _unpack_bundles(store, manifest, stage, storage_options, progress, count)
         create_empty_directories(manifest, stage)
         with _local_writes(stage):
             syncfs(stage)

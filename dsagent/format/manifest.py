@@ -47,26 +47,36 @@ digest from the first line without decompressing anything (:func:`read_manifest_
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import operator
 import re
 import struct
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import IO, Any, overload
-
-import xxhash
-import zstandard
+from typing import IO, TYPE_CHECKING, Any
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
+from dsagent.format.entries import (
+    EntryTable,
+    EntryTableBuilder,
+    FileEntry,
+    bundle_digest,
+    check_layout,
+    dataset_digest,
+    is_safe_path,
+    path_key,
+    table_digest,
+)
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
-from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
-from dsagent.format.tarstream import FrameReader
 from dsplatform.names import DIGEST_LENGTH
+
+if TYPE_CHECKING:
+    from dsagent.format.tarstream import FrameReader
+
+# Reading a stored manifest (zstd, fsspec) is imported where it happens: ``dsctl digest``
+# only builds one, and its start-up is part of what users time.
 
 FORMAT = "dsplatform-manifest"
 FORMAT_VERSION = 1
@@ -74,169 +84,26 @@ MANIFEST_FILE = "manifest"
 BUNDLES_DIR = "bundles"
 BUNDLE_SUFFIX = ".tar.zst"
 
-#: progress(bytes_done_increment, files_done_increment)
+#: progress(bytes_done_increment, files_done_increment); a progress may also have
+#: ``expect(total_bytes, total_files)``, which :func:`expect_total` calls once the work's
+#: size is known (a display can then give a total, a percentage and an ETA)
 Progress = Callable[[int, int], None]
 
+
+def expect_total(progress: Progress | None, total_bytes: int, total_files: int) -> None:
+    """Tell ``progress`` how much work there is, when it wants to know."""
+    expect = getattr(progress, "expect", None)
+    if callable(expect):
+        expect(total_bytes, total_files)
+
+
 _HEX_LINES = re.compile(r"(?:[0-9a-f]{32}\n)*")
-_DATASET_DOMAIN = b"dsplatform/dataset/v1\n"
-_BUNDLE_DOMAIN = b"dsplatform/bundle/v1\n"
-_SIZE = struct.Struct("<Q")
-_LEN = struct.Struct("<I")
 #: Records hashed / paths checked per step: whole-manifest temporaries would cost ~100 bytes
 #: an entry on top of the entries themselves.
 _BLOCK = 4096
 
 
 # --------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True, slots=True)
-class FileEntry:
-    """One file of a dataset."""
-
-    path: str  # relative POSIX path, never absolute, never '..'
-    size: int
-    mtime_ns: int
-    digest: str  # xxh3-128 of the content, 32 lowercase hex chars
-
-
-class EntryTable(Sequence[FileEntry]):
-    """A manifest's entries held column-wise: what :attr:`Manifest.entries` is.
-
-    A manifest can list millions of files, and a hostile one is read by the privileged
-    agent. As objects an entry costs ~232 bytes (the FileEntry 64,
-    its path 64, its hex digest 96, a tuple slot 8); here it costs its path (64 + a list
-    slot 8), 16 raw digest bytes and two 8-byte numbers: ~104 bytes. :class:`FileEntry`
-    stays the value callers see: indexing and iterating build them on demand, and the
-    passes over every entry (path checks, digests, sizes) read the columns directly.
-
-    Numbers are 64-bit: a size outside ``[0, 2**64)`` or an mtime outside int64 is not a
-    file's, and raises :class:`OverflowError` when the table is built.
-    """
-
-    __slots__ = ("digests", "mtimes", "paths", "sizes")
-
-    def __init__(self, paths: list[str], sizes: array[int], mtimes: array[int], digests: bytes) -> None:
-        self.paths = paths
-        self.sizes = sizes
-        self.mtimes = mtimes
-        self.digests = digests  # 16 raw bytes an entry
-
-    @classmethod
-    def of(cls, entries: Iterable[FileEntry]) -> EntryTable:
-        """The table of ``entries`` in the order given; :class:`ValueError` for a digest
-        that is not hex, :class:`OverflowError` for numbers out of range."""
-        if isinstance(entries, EntryTable):
-            return entries
-        builder = EntryTableBuilder()
-        remaining = iter(entries)
-        while block := list(itertools.islice(remaining, _BLOCK)):
-            builder.add(
-                [e.path for e in block], [e.size for e in block], [e.mtime_ns for e in block], [e.digest for e in block]
-            )
-        return builder.build()
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    @overload
-    def __getitem__(self, index: int) -> FileEntry: ...
-    @overload
-    def __getitem__(self, index: slice) -> EntryTable: ...
-    def __getitem__(self, index: int | slice) -> FileEntry | EntryTable:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self.paths))
-            if step != 1:
-                raise ValueError("an entry table slices with step 1 only")
-            return EntryTable(
-                self.paths[start:stop], self.sizes[start:stop], self.mtimes[start:stop],
-                self.digests[16 * start : 16 * max(start, stop)],
-            )  # fmt: skip
-        i = range(len(self.paths))[index]  # IndexError, negative indexes
-        return FileEntry(self.paths[i], self.sizes[i], self.mtimes[i], self.digests[16 * i : 16 * i + 16].hex())
-
-    def in_path_order(self) -> EntryTable:
-        """This table sorted by path: itself when it already is (a walk's usual order)."""
-        paths = self.paths
-        if all(map(operator.lt, paths, itertools.islice(paths, 1, None))):
-            return self
-        order = sorted(range(len(paths)), key=paths.__getitem__)
-        digests = self.digests
-        return EntryTable(
-            [paths[i] for i in order],
-            array("Q", [self.sizes[i] for i in order]),
-            array("q", [self.mtimes[i] for i in order]),
-            b"".join([digests[16 * i : 16 * i + 16] for i in order]),
-        )
-
-    def __iter__(self) -> Iterator[FileEntry]:
-        return map(FileEntry, self.paths, self.sizes, self.mtimes, self.hex_digests())
-
-    def hex_digests(self) -> Iterator[str]:
-        """The file digests as :class:`FileEntry` holds them (32 lowercase hex characters)."""
-        digests, step = self.digests, 16 * _BLOCK
-        for start in range(0, len(digests), step):  # .hex() of a block, then slices: 4x faster than per digest
-            hexed = digests[start : start + step].hex()
-            yield from (hexed[o : o + 32] for o in range(0, len(hexed), 32))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EntryTable):
-            return (
-                self.digests == other.digests and self.paths == other.paths
-                and self.sizes == other.sizes and self.mtimes == other.mtimes
-            )  # fmt: skip
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(other) == len(self) and all(map(operator.eq, self, other))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((len(self.paths), self.digests))
-
-    def __repr__(self) -> str:
-        return f"<EntryTable of {len(self.paths)} entries>"
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.sizes)
-
-    def record_blocks(self) -> Iterator[bytes]:
-        """The canonical digest records of the entries (see :func:`dataset_digest`), in
-        order, :data:`_BLOCK` records joined per item. Built column-wise with slice
-        assignment: twice as fast as one concatenation per record, and it is the serial
-        tail of every digest (~15 ms for 20,000 entries)."""
-        for start in range(0, len(self.paths), _BLOCK):
-            names = [path.encode("utf-8", "surrogateescape") for path in self.paths[start : start + _BLOCK]]
-            count = len(names)
-            digests = self.digests[16 * start : 16 * (start + count)]
-            parts: list[bytes] = [b"F"] * (5 * count)
-            parts[1::5] = map(_LEN.pack, map(len, names))
-            parts[2::5] = names
-            parts[3::5] = map(_SIZE.pack, self.sizes[start : start + count])
-            parts[4::5] = [digests[offset : offset + 16] for offset in range(0, 16 * count, 16)]
-            yield b"".join(parts)
-
-
-class EntryTableBuilder:
-    """An :class:`EntryTable` grown a batch of columns at a time (the manifest reader, the
-    digest's process pool); the digests join into one ``bytes`` at the end."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        self.sizes = array("Q")
-        self.mtimes = array("q")
-        self._digests = bytearray()
-
-    def add(self, paths: list[str], sizes: list[int], mtimes: list[int], hex_digests: list[str]) -> None:
-        raw = bytes.fromhex("".join(hex_digests))
-        if len(raw) != 16 * len(hex_digests) or any(len(d) != DIGEST_LENGTH for d in hex_digests):
-            raise ValueError("a file digest is not 32 hex characters")
-        self.sizes.extend(sizes)
-        self.mtimes.extend(mtimes)
-        self._digests += raw
-        self.paths.extend(paths)
-
-    def build(self) -> EntryTable:
-        return EntryTable(self.paths, self.sizes, self.mtimes, bytes(self._digests))
 
 
 @dataclass(frozen=True)
@@ -290,7 +157,7 @@ class Manifest:
             if isinstance(entries, EntryTable):
                 ordered = entries.in_path_order()
             else:
-                ordered = EntryTable.of(sorted(entries, key=_path_key))
+                ordered = EntryTable.of(sorted(entries, key=path_key))
         except (ValueError, TypeError, AttributeError, OverflowError) as exc:
             raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
         dirs = tuple(sorted(set(directories)))
@@ -303,7 +170,7 @@ class Manifest:
     ) -> Manifest:
         """Digest and bundle index of the (sorted, checked) entries, encoded a block at a time."""
         try:
-            digest = _table_digest(entries, dirs)
+            digest = table_digest(entries, dirs)
         except (ValueError, TypeError, AttributeError, struct.error) as exc:
             raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
         if bundles:
@@ -342,89 +209,12 @@ class Manifest:
         return decode_manifest(data)
 
 
-_path_key = operator.attrgetter("path")  # the sort key of entries, at C speed
-
-
 # --------------------------------------------------------------------------- checks
 
 
 def check_dataset_name(name: str) -> str:
     """``name`` if it is a valid dataset name (it becomes a directory in stores and caches)."""
     return validate_name(name)
-
-
-def is_safe_path(path: str) -> bool:
-    """True when ``path`` is a clean relative POSIX path that stays below its root."""
-    return _first_unsafe([path]) is None
-
-
-def _first_unsafe(paths: Sequence[str]) -> str | None:
-    """The first unsafe path: empty, absolute, with an empty, '.' or '..' component, or a NUL.
-
-    All paths are checked at once on their NUL-joined form with a few substring searches
-    (C speed; a regex over every character cost more than hashing a manifest's records),
-    and scanned one by one only when one fails.
-    """
-    if not paths:
-        return None
-    joined = "\x00" + "\x00".join(paths) + "\x00"  # every path between NULs
-    if (
-        joined.count("\x00") == len(paths) + 1  # no path holds a NUL
-        and "\x00\x00" not in joined  # empty path
-        and "\x00/" not in joined  # absolute
-        and "//" not in joined  # empty component
-        and "/\x00" not in joined  # trailing slash
-        and "\x00.\x00" not in (components := joined.replace("/", "\x00"))  # '.' component
-        and "\x00..\x00" not in components  # '..' component
-    ):
-        return None
-    return next(
-        p
-        for p in paths
-        if not p or "\x00" in p or p.startswith("/") or any(part in ("", ".", "..") for part in p.split("/"))
-    )
-
-
-def _first_unsafe_of(paths: Iterable[str]) -> str | None:
-    """:func:`_first_unsafe` a block at a time: no joined copy of a whole manifest's paths."""
-    remaining = iter(paths)
-    while block := list(itertools.islice(remaining, _BLOCK)):
-        bad = _first_unsafe(block)
-        if bad is not None:
-            return bad
-    return None
-
-
-def check_layout(paths: Sequence[str], directories: Sequence[str]) -> None:
-    """Raise :class:`InvalidInput` unless paths are safe, unique, and no file is also a directory.
-
-    ``paths`` (the files') are sorted (both callers sort or check the order first), so a
-    duplicate is next to its twin and no set of all the paths is needed: memory follows
-    the number of directories, not of files.
-    """
-    bad = _first_unsafe_of(paths)
-    if bad is not None:
-        raise InvalidInput(f"unsafe path in dataset: {bad!r}", hint="paths must be relative, without '..'")
-    if any(map(operator.eq, paths, itertools.islice(paths, 1, None))):
-        twin = next(a for a, b in zip(paths, itertools.islice(paths, 1, None)) if a == b)
-        raise InvalidInput(f"duplicate path in dataset: {twin!r}")
-    bad = _first_unsafe(list(directories))
-    if bad is not None:
-        raise InvalidInput(f"unsafe directory in dataset: {bad!r}")
-    parents = {path.rpartition("/")[0] for path in paths}
-    parents.update(path.rpartition("/")[0] for path in directories)
-    expanded = set()
-    for parent in parents:
-        while parent and parent not in expanded:
-            expanded.add(parent)
-            parent = parent.rpartition("/")[0]
-    dirs = expanded | set(directories)
-    clash = next(filter(dirs.__contains__, paths), None)  # the first in path order
-    if clash is not None:
-        raise InvalidInput(f"path is both a file and a directory: {clash!r}")
-    for directory in directories:
-        if directory in expanded:
-            raise InvalidInput(f"directory {directory!r} is not empty; only empty directories are listed")
 
 
 def _check_bundle_index(entries: EntryTable, bundles: Sequence[BundleRef]) -> None:
@@ -443,51 +233,6 @@ def _check_bundle_index(entries: EntryTable, bundles: Sequence[BundleRef]) -> No
         raise IntegrityError(f"bundle index covers {position} of {len(entries)} entries")
 
 
-# --------------------------------------------------------------------------- digests
-
-
-def _dir_records(directories: Iterable[str]) -> list[bytes]:
-    """The canonical records of empty directories (sorted), as one block."""
-    return [
-        b"".join(
-            b"D" + _LEN.pack(len(raw)) + raw
-            for raw in (d.encode("utf-8", "surrogateescape") for d in sorted(directories))
-        )
-    ]
-
-
-def _digest_of(domain: bytes, blocks: Iterable[bytes]) -> str:
-    """xxh3-128 of ``domain`` then the record ``blocks``, one block at a time."""
-    state = xxhash.xxh3_128(domain)
-    for block in blocks:
-        state.update(block)
-    return state.hexdigest()
-
-
-def dataset_digest(entries: Iterable[FileEntry], directories: Iterable[str] = ()) -> str:
-    """xxh3-128 over the canonical encoding of ``(path, size, digest)`` in path order.
-
-    Each file is ``b"F" + len(path) as u32 LE + UTF-8 path + size as u64 LE + 16 digest
-    bytes``; each empty directory (after all files) is ``b"D" + len + path``. mtimes do
-    not count, and the input order does not matter (entries are sorted here).
-    """
-    return _table_digest(EntryTable.of(sorted(entries, key=_path_key)), directories)
-
-
-def _table_digest(table: EntryTable, directories: Iterable[str]) -> str:
-    """The dataset digest of ``table`` (in path order) and its empty ``directories``."""
-    return _digest_of(_DATASET_DOMAIN, itertools.chain(table.record_blocks(), _dir_records(directories)))
-
-
-def bundle_digest(members: Iterable[FileEntry]) -> str:
-    """xxh3-128 over the canonical encoding of a bundle's members (same records as files above).
-
-    It depends only on what the bundle holds, so an unchanged run of files keeps its
-    bundle (and its object ``bundles/<digest>.tar.zst``) across dataset versions.
-    """
-    return _digest_of(_BUNDLE_DOMAIN, EntryTable.of(members).record_blocks())
-
-
 # --------------------------------------------------------------------------- stored form
 
 
@@ -503,6 +248,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
         "directories": list(manifest.directories),
     }
     dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    import zstandard  # here: building a manifest (dsctl digest) needs no zstd
+
     compressor = zstandard.ZstdCompressor(level=3, write_checksum=True).compressobj()
     parts = [dumps(header).encode() + b"\n"]
     table = manifest.entries
@@ -668,6 +415,8 @@ def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> 
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
+        from dsagent.format.tarstream import FrameReader
+
         reader = FrameReader(_Prefixed(first, stream), what, limit=header.file_count * MAX_ENTRY_LINE)  # type: ignore[arg-type]
         checks = _BodyChecks()
         try:
@@ -724,6 +473,8 @@ def read_manifest(
 ) -> Manifest:
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent;
     ``max_files`` as in :func:`read_manifest_stream`."""
+    from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
+
     local = local_path(store, storage_options)
     try:
         with translate_errors(f"manifest of {name!r} in {store}"):
@@ -743,6 +494,8 @@ def read_manifest(
 
 def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> ManifestHeader:
     """Only the header line (digest, counts, bundle index): a cheap consistency check."""
+    from dsagent.format.storage import resolve, translate_errors
+
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
     with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
@@ -761,6 +514,7 @@ __all__ = [
     "Manifest",
     "ManifestHeader",
     "Progress",
+    "expect_total",
     "bundle_digest",
     "bundle_path",
     "check_dataset_name",

@@ -4,9 +4,10 @@ Who calls it: the peer server (:class:`dsagent.cache.peers.peerserver.PeerServer
 serves the bundles of its ready versions this way, since a cached version keeps no
 ``.tar.zst`` objects (docs/design.md#peers: why re-packing rather than keeping them).
 
-What it owns: writing one bundle's stream (one zstd frame, in pieces of about 1 MiB) with
-the member order and plain headers :mod:`dsagent.format.bundle` writes
-(:func:`dsagent.format.bundle.tar_header`) and the pack's zstd level, so that the receiver
+What it owns: writing one bundle's stream (zstd frames, raw where zstd would not shrink
+the data, as :mod:`dsagent.format.frames` encodes a packed bundle; in pieces of about
+1 MiB) with the member order and plain headers packs write
+(:func:`dsagent.format.packwriter.tar_header`) and the pack's zstd level, so that the receiver
 verifies it exactly as a store bundle; and hashing every file again as it is read, so that
 a cached file that changed since it was verified cuts the stream (:class:`IntegrityError`)
 instead of being passed on as good.
@@ -20,11 +21,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import xxhash
-import zstandard
 
 from dsagent.errors import IntegrityError
-from dsagent.format.bundle import tar_header
+from dsagent.format.frames import FrameEncoder
 from dsagent.format.manifest import FileEntry
+from dsagent.format.packwriter import tar_header
 
 #: zstd level of re-packed bundles: the level packs use (JPEG-like data does not compress)
 REPACK_LEVEL = 1
@@ -34,7 +35,7 @@ _READ = 1 << 20
 
 
 def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
-    """A bundle's tar+zstd stream (one frame) re-packed from a ready directory's files,
+    """A bundle's tar+zstd stream re-packed from a ready directory's files,
     in pieces of about 1 MiB.
 
     Each file is hashed as it is read; a file whose size or digest no longer matches the
@@ -51,16 +52,16 @@ def repack(ready_dir: Path, members: Sequence[FileEntry], *, level: int = REPACK
 def repack_at(root: int, members: Sequence[FileEntry], *, level: int = REPACK_LEVEL) -> Iterator[bytes]:
     """:func:`repack` from the open directory ``root``: the files are opened relative to it,
     so a staging directory renamed into place while it is served is still read whole."""
-    compressor = zstandard.ZstdCompressor(level=level, write_checksum=True).compressobj(size=-1)
+    encoder = FrameEncoder(level)
     pending = bytearray()
     buf = bytearray(_READ)
     view = memoryview(buf)
 
     def put(data: bytes | memoryview) -> bytes | None:
-        pending.extend(compressor.compress(data))
+        pending.extend(data)
         if len(pending) < _READ:
             return None
-        piece = bytes(pending)
+        piece = b"".join(encoder.encode(pending))
         pending.clear()
         return piece
 
@@ -83,10 +84,8 @@ def repack_at(root: int, members: Sequence[FileEntry], *, level: int = REPACK_LE
             raise IntegrityError(f"cached file {entry.path!r} no longer matches its digest; not serving it")
         if size % _BLOCK and (piece := put(bytes(_BLOCK - size % _BLOCK))) is not None:
             yield piece
-    pending.extend(compressor.compress(_ZEROS))
-    pending.extend(compressor.flush())
-    if pending:
-        yield bytes(pending)
+    pending.extend(_ZEROS)
+    yield b"".join(encoder.encode(pending))
 
 
 __all__ = ["REPACK_LEVEL", "repack", "repack_at"]

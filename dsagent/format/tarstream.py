@@ -5,9 +5,12 @@ header layout it writes (:data:`USTAR`). What it owns: turning the compressed ob
 into ``(header, data chunks)`` with as few copies as possible, and reporting every
 malformation as :class:`IntegrityError`:
 
-- :class:`FrameReader` decompresses exactly one zstd frame and fails when the input ends
-  inside it or has bytes after it (zstandard's stream reader ends cleanly inside a cut
-  frame, so a bundle cut at its checksum would otherwise pass). Chunks come out as
+- :class:`FrameReader` decompresses exactly one zstd frame (a manifest's body) or, with
+  ``frames=True``, a run of frames (a bundle: :mod:`dsagent.format.frames` stores
+  incompressible blocks as frames of raw blocks), and fails when the input ends inside a
+  frame or, in one-frame mode, has bytes after it (zstandard's stream reader ends cleanly
+  inside a cut frame, so a bundle cut at its checksum would otherwise pass). A bundle cut
+  between two frames decodes to a short tar stream, which :func:`iter_members` reports. Chunks come out as
   memoryviews of the decompressor's output: no copy between zstd and ``os.write``.
 
 **Bounds** (a 65 KB bundle of 2 GiB of zeros took the agent to
@@ -83,7 +86,8 @@ def tar_bound(members: Iterable[tuple[int, int]]) -> int:
 
 
 class FrameReader:
-    """Decompressed bytes of exactly one zstd frame read from ``raw``.
+    """Decompressed bytes of exactly one zstd frame read from ``raw`` (with ``frames``: of
+    the frames that follow one another until ``raw`` ends).
 
     With ``ahead`` > 0 a thread reads and decompresses up to that many chunks ahead of the
     caller (zstd releases the GIL, so decompression overlaps the caller's parsing, hashing
@@ -91,8 +95,11 @@ class FrameReader:
     every decompressed byte comes from :meth:`_decompressed`, the one place they are bounded.
     """
 
-    def __init__(self, raw: IO[bytes], what: str, *, limit: int | None = None, ahead: int = 0) -> None:
+    def __init__(
+        self, raw: IO[bytes], what: str, *, limit: int | None = None, ahead: int = 0, frames: bool = False
+    ) -> None:
         self._raw = raw
+        self._frames = frames  # several frames, one after the other (bundles: dsagent.format.frames)
         self._what = what
         self._limit = limit  # the most decompressed bytes this frame may yield
         self._decompressor = _zstd.ZstdDecompressor()
@@ -116,13 +123,19 @@ class FrameReader:
         """The frame's decompressed bytes, at most :data:`CHUNK_SIZE` per step and ``limit`` in
         all, checking its end and its checksum: the one place decompression is bounded."""
         decompressor = self._decompressor
+        carried = b""  # bytes read past the end of the frame before: the next frame's start
         while True:
             if decompressor.eof:
-                if decompressor.unused_data or self._raw.read(1):
+                carried = decompressor.unused_data or self._raw.read(CHUNK_SIZE if self._frames else 1)
+                if not carried:
+                    return
+                if not self._frames:
                     raise IntegrityError(f"{self._what} has data after its end", hint="re-fetch or re-pack it")
-                return
+                decompressor = self._decompressor = _zstd.ZstdDecompressor()
             compressed = b""
-            if decompressor.needs_input:
+            if carried:
+                compressed, carried = carried, b""
+            elif decompressor.needs_input:
                 compressed = self._raw.read(CHUNK_SIZE)
                 if not compressed:
                     raise IntegrityError(f"{self._what} is truncated", hint="re-fetch or re-pack it")

@@ -21,8 +21,8 @@ from dsagent.errors import SettingsError
 from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS
-from dsplatform.names import is_dns_label, is_resource_name, resource_prefix_problem
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env
+from dsplatform.names import is_dns_label, is_resource_name
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, not_from_env
 from dsplatform.units import parse_duration
 
 CLASS_ANNOTATION = "dsagent.io/gpu-class"
@@ -51,7 +51,9 @@ class GpuClassSettings(EnvSettings):
     enabled: Flag = Field(False, validation_alias=AliasChoices("enabled", WEBHOOK_PREFIX + "GPU_CLASSES"))
     gpu_resource: str = GPU_RESOURCE
     # class resources are <prefix>/<class name>, e.g. dsagent.io/gpu-roce1
-    prefix: str = Field(DEFAULT_PREFIX, validation_alias=AliasChoices("prefix", WEBHOOK_PREFIX + "CLASS_PREFIX"))
+    prefix: ResourcePrefix = Field(
+        DEFAULT_PREFIX, validation_alias=AliasChoices("prefix", WEBHOOK_PREFIX + "CLASS_PREFIX")
+    )
     job_labels: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_job_labels)] = DEFAULT_JOB_LABELS
     # an ownerless job Lease lives this long after its last worker
     lease_ttl_s: Annotated[int, BeforeValidator(_lease_ttl)] = Field(
@@ -67,14 +69,6 @@ class GpuClassSettings(EnvSettings):
     def _gpu_resource(cls, value: str) -> str:
         if not is_resource_name(value):
             raise ValueError(f"GPU resource {value!r} is not an extended resource name (e.g. nvidia.com/gpu)")
-        return value
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        problem = resource_prefix_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
         return value
 
     @field_validator("lease_ttl_s")

@@ -10,16 +10,19 @@ NCCL derives its paths, in ``nvidia-smi``'s words:
   any target that is not a GPU) the smaller of the two GPUs' switch link totals (an
   H100 with 18 switch links is NV18 to its peers). The NVLink keeps the two GPUs' PCIe
   level (below) as the level beneath it, which go-gpuallocator's pair score adds.
-* Otherwise by PCIe position: both under one bridge/switch element -> PIX; several
-  bridges -> PXB; only the CPU in common -> PHB (NCCL cannot tell host bridges apart,
-  so it never yields NODE); different CPUs -> SYS.
+* Otherwise by PCIe position, decided by :func:`gpu_topology.pcie.pcie_level` (the rule
+  sysfs discovery shares): each ``<pci>`` bridge element enclosing a device is one PCIe
+  switch (NCCL writes a switch's upstream port and skips its downstream ports), and the
+  ``<cpu>`` is the root. NCCL merges a CPU's host bridges into its ``<cpu>``, so devices
+  under different host bridges of one CPU come out PHB, never NODE; different CPUs are
+  SYS.
 """
 
 from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpu_topology.discovery.base import Backend
@@ -33,6 +36,7 @@ from gpu_topology.model import (
     gpu_name,
     normalize_bus_id,
 )
+from gpu_topology.pcie import PciePlace, pcie_level, slot_of
 
 NVSWITCH_CLASS = "0x068000"
 
@@ -40,7 +44,7 @@ NVSWITCH_CLASS = "0x068000"
 @dataclass
 class _Device:
     name: str
-    path: tuple[str, ...]  # cpu id, then the busids of enclosing bridges (outermost first)
+    place: PciePlace
     busid: str | None
     nvlinks: dict[str, int] = field(default_factory=dict)  # target busid -> links
     switch_links: int = 0
@@ -62,9 +66,11 @@ def parse_nccl_xml(text: str) -> Topology:
     nics: list[tuple[int, Nic, _Device]] = []
     for position, cpu in enumerate(cpus):
         numa = _int(cpu.get("numaid"), "numaid")
-        cpu_id = f"cpu{numa if numa is not None else position}"
+        # One <cpu> per NUMA node: its position stands for the node when numaid is missing.
+        node = numa if numa is not None else position
+        cpu_place = PciePlace(numa_node=node, root=f"cpu{node}")
         affinity = _mask_to_list(cpu.get("affinity"))
-        _walk(cpu, (cpu_id,), None, numa, affinity, gpus, nics)
+        _walk(cpu, cpu_place, None, numa, affinity, gpus, nics)
     if not gpus:
         raise ParseError("NCCL topology XML lists no <gpu>")
     nics.sort(key=lambda item: item[0])
@@ -84,7 +90,7 @@ def parse_nccl_xml(text: str) -> Topology:
 
 def _walk(
     element: ET.Element,
-    path: tuple[str, ...],
+    place: PciePlace,
     busid: str | None,
     numa: int | None,
     affinity: str | None,
@@ -94,21 +100,26 @@ def _walk(
     for child in element:
         if child.tag == "pci":
             bus = _bus(child.get("busid"))
-            inner = path if busid is None else path + (busid,)
+            inner = place if busid is None else replace(place, switches=place.switches + (busid,))
             _walk(child, inner, bus, numa, affinity, gpus, nics)
         elif child.tag == "gpu":
-            gpus.append(_gpu(child, len(gpus), path, busid, numa, affinity))
+            gpus.append(_gpu(child, len(gpus), _endpoint(place, busid), busid, numa, affinity))
         elif child.tag == "nic":
             for net in child.findall("net"):
-                nics.append(_nic(net, len(nics), path, busid, numa, nics))
+                nics.append(_nic(net, len(nics), _endpoint(place, busid), busid, numa, nics))
+
+
+def _endpoint(place: PciePlace, busid: str | None) -> PciePlace:
+    """The place of the device on the ``<pci>`` endpoint ``busid`` (not a bridge on its path)."""
+    return replace(place, slot=slot_of(busid))
 
 
 def _gpu(
-    element: ET.Element, position: int, path: tuple[str, ...], busid: str | None, numa: int | None, affinity: str | None
+    element: ET.Element, position: int, place: PciePlace, busid: str | None, numa: int | None, affinity: str | None
 ) -> tuple[Gpu, _Device]:
     index = _int(element.get("dev"), "gpu dev")
     index = position if index is None else index
-    device = _Device(name=gpu_name(index), path=path, busid=busid)
+    device = _Device(name=gpu_name(index), place=place, busid=busid)
     for link in element.findall("nvlink"):
         count = _int(link.get("count"), "nvlink count") or 1
         target = _bus(link.get("target"))
@@ -126,7 +137,7 @@ def _gpu(
 def _nic(
     net: ET.Element,
     position: int,
-    path: tuple[str, ...],
+    place: PciePlace,
     busid: str | None,
     numa: int | None,
     earlier: list[tuple[int, Nic, _Device]],
@@ -138,8 +149,7 @@ def _nic(
         name = f"{name}:{net.get('port', position)}"  # a second port of one device
     order = _int(net.get("dev"), "net dev")
     nic = Nic(name=name, numa_node=numa, pci_bus_id=busid)
-    # A NIC's own pci element is an endpoint, not a bridge on its path.
-    return (position if order is None else order), nic, _Device(name=name, path=path, busid=busid)
+    return (position if order is None else order), nic, _Device(name=name, place=place, busid=busid)
 
 
 def _classify_untyped_targets(gpus: list[_Device]) -> None:
@@ -156,7 +166,7 @@ def _classify_untyped_targets(gpus: list[_Device]) -> None:
 
 def _link(a: _Device, b: _Device, bus_to_gpu: dict[str, str]) -> Link:
     both_gpus = a.name.startswith("GPU") and b.name.startswith("GPU") and a.busid in bus_to_gpu
-    pcie = _pcie_level(a.path, b.path)
+    pcie = pcie_level(a.place, b.place)
     if both_gpus:
         direct = a.nvlinks.get(b.busid or "", 0) or b.nvlinks.get(a.busid or "", 0)
         if direct:
@@ -164,20 +174,6 @@ def _link(a: _Device, b: _Device, bus_to_gpu: dict[str, str]) -> Link:
         if a.switch_links and b.switch_links:
             return Link(LinkKind.NVLINK, min(a.switch_links, b.switch_links), pcie=pcie)
     return Link(pcie)
-
-
-def _pcie_level(a: tuple[str, ...], b: tuple[str, ...]) -> LinkKind:
-    if a[0] != b[0]:
-        return LinkKind.SYS
-    common = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        common += 1
-    if common == 1:
-        return LinkKind.PHB
-    bridges = (len(a) - common) + (len(b) - common) + 1
-    return LinkKind.PIX if bridges <= 1 else LinkKind.PXB
 
 
 def _bus(text: str | None) -> str | None:

@@ -11,10 +11,10 @@ Reads, under ``root`` (``/`` on a real machine, a temporary tree in tests):
 * addresses per net device from ``ip -j address show`` (the ``addresses`` callable is
   injectable; when ``ip`` is missing the addresses stay unknown).
 
-PCIe levels come from where devices sit in ``sys/devices``: different host bridges are
-NODE on one NUMA node and SYS across nodes; only the host bridge in common is PHB; a
-path through at most one switch (its upstream port and two downstream ports) is PIX;
-longer paths are PXB. sysfs knows nothing of NVLink: merge with nvml or nvidia-smi.
+PCIe levels: each device's path below ``sys/devices`` (host bridge, root port, switch
+ports, device) becomes a :class:`~gpu_topology.pcie.PciePlace` and
+:func:`gpu_topology.pcie.pcie_level`, the rule the NCCL dump reader shares, decides.
+sysfs knows nothing of NVLink: merge with nvml or nvidia-smi.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pathlib import Path
 
 from gpu_topology.discovery.base import Backend, Runner, run_command
 from gpu_topology.errors import BackendUnavailable, DiscoveryError, ParseError
-from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology, subnets_of
+from gpu_topology.model import Gpu, Link, Nic, Topology, subnets_of
+from gpu_topology.pcie import PciePlace, pcie_level, slot_of, switches_in_device_path
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")
@@ -92,7 +93,7 @@ class SysfsBackend(Backend):
         links: dict[str, dict[str, Link]] = {}
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
-                links.setdefault(a, {})[b] = Link(_level(places[a], places[b]))
+                links.setdefault(a, {})[b] = Link(pcie_level(places[a], places[b]))
         return Topology(gpus=tuple(gpus), nics=tuple(nics), links=links)
 
     def _nic(self, ib: Path, addresses: Mapping[str, Sequence[str]]) -> Nic:
@@ -111,15 +112,20 @@ class SysfsBackend(Backend):
             pci_bus_id=device.resolve().name if device.exists() else None,
         )
 
-    def _place(self, device: Path) -> tuple[tuple[str, ...], int | None]:
-        """(PCI path below sys/devices, NUMA node) of a device directory or link."""
+    def _place(self, device: Path) -> PciePlace:
+        """Where a device directory (or link to one) sits in the PCIe tree."""
         real = device.resolve()
         devices = (self.root / "sys/devices").resolve()
         try:
             parts = real.relative_to(devices).parts
         except ValueError:
-            parts = (real.name,)
-        return parts, _numa(device)
+            parts = (real.name,)  # not below a host bridge
+        return PciePlace(
+            numa_node=_numa(device),
+            root=parts[0] if len(parts) > 1 else None,
+            switches=switches_in_device_path(parts),
+            slot=slot_of(parts[-1]),
+        )
 
     def _ip_addresses(self) -> Mapping[str, Sequence[str]]:
         try:
@@ -144,24 +150,6 @@ def parse_ip_json(text: str) -> dict[str, list[str]]:
             if info.get("family") in ("inet", "inet6") and "local" in info and "prefixlen" in info:
                 found.setdefault(name, []).append(f"{info['local']}/{info['prefixlen']}")
     return found
-
-
-def _level(a: tuple[tuple[str, ...], int | None], b: tuple[tuple[str, ...], int | None]) -> LinkKind:
-    (path_a, numa_a), (path_b, numa_b) = a, b
-    up_a, up_b = path_a[:-1], path_b[:-1]  # the bridges above each device
-    if not up_a or not up_b or up_a[0] != up_b[0]:
-        if numa_a is not None and numa_b is not None and numa_a != numa_b:
-            return LinkKind.SYS
-        return LinkKind.NODE
-    common = 0
-    for x, y in zip(up_a, up_b):
-        if x != y:
-            break
-        common += 1
-    if common == 1:
-        return LinkKind.PHB
-    below = (len(up_a) - common) + (len(up_b) - common)
-    return LinkKind.PIX if below <= 2 else LinkKind.PXB
 
 
 def _is_gpu(device: Path) -> bool:

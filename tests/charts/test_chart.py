@@ -28,6 +28,8 @@ from dsagent.cache import settings
 from dsagent.cluster.clustersettings import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
+pytestmark = pytest.mark.slow
+
 CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"
 NAMESPACE = "dsplatform"
 RELEASE = "dsp"

@@ -34,6 +34,8 @@ from dsagent.webhook.admissionmetrics import WebhookMetrics
 from tests.charts.test_chart import PRODUCTION, render
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 
+pytestmark = pytest.mark.slow
+
 EXTERNAL = {"up", "apiserver_admission_webhook_fail_open_count"}
 #: Labels Prometheus' scrape adds (ServiceMonitor target labels) and the apiserver's own.
 TARGET_LABELS = {"namespace", "service", "pod", "instance", "job", "container", "endpoint", "name"}

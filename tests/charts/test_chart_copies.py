@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from dsagent.cache import copies
 from dsagent.cluster.clustersettings import ClusterSettings
 from tests.charts.test_chart import NAMESPACE, agent_container, find, render
+
+pytestmark = pytest.mark.slow
 
 Docs = list[dict[str, Any]]
 

@@ -9,6 +9,8 @@ import pytest
 from dsagent.cache import settings as agent_settings
 from tests.charts.test_chart import CHART, DEVICE_PLUGIN, agent_pod, helm, render
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:

@@ -8,8 +8,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from dsagent.cluster.envnames import known_names, known_prefixes
 from scheduler_plugin.settings import Settings as ExtenderSettings
+
+pytestmark = pytest.mark.slow
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "charts" / "dsplatform" / "templates"
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests.charts.test_chart import CHART, NAMESPACE, RELEASE, find, render
 
+pytestmark = pytest.mark.slow
+
 CA = "TFMwdExTMUNSVWRKVGlCRFJWSlVTVVpKUTBGVVJTMHRMUzB0Q2c9PQ=="  # base64 of a PEM's text (shape only)
 GITOPS: dict[str, Any] = {
     "agent": {

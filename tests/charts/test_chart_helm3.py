@@ -34,6 +34,8 @@ from tests.charts.test_chart import (  # noqa: F401 - cached_schemas is a fixtur
     render,
 )
 
+pytestmark = pytest.mark.slow
+
 HELM = Path(sys.executable).parent / "helm"
 
 

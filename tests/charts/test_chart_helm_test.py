@@ -24,6 +24,8 @@ import pytest
 from tests.charts.test_chart import DIGEST, find, kinds, render
 from tests.podsecurity import violations
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def default() -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ import pytest
 from dsagent.webhook.gpurequest import GpuClassSettings
 from tests.charts.test_chart import CHART, NAMESPACE, RELEASE, render
 
+pytestmark = pytest.mark.slow
+
 NETWORKS: dict[str, Any] = {
     "gpuClasses": {"enabled": True},
     "networkAttachments": {

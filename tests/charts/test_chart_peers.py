@@ -35,6 +35,8 @@ from tests.charts.test_chart import (
     rules_of,
 )
 
+pytestmark = pytest.mark.slow
+
 Docs = list[dict[str, Any]]
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.charts.test_chart import NAMESPACE, find, kinds, render
 
+pytestmark = pytest.mark.slow
+
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 

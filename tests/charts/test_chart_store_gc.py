@@ -10,6 +10,8 @@ import pytest
 from dsagent.controller.controllersettings import ControllerSettings
 from tests.charts.test_chart import CHART, find, render
 
+pytestmark = pytest.mark.slow
+
 
 def controller_env(docs: list[dict[str, Any]]) -> dict[str, str]:
     [container] = find(docs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"]

@@ -2,8 +2,11 @@
 
 ``LoopbackServer`` serves a directory over HTTP/1.1 on 127.0.0.1 with Range support (what
 fsspec's http filesystem needs), counts requests per path, and can delay chosen paths to
-make a source slow. ``AgentProcess`` runs ``python -m dsagent serve`` in a subprocess on a
-unix socket (and TCP when asked), and can stop it politely or with SIGKILL.
+make a source slow. ``AgentProcess`` runs ``dsagent serve`` in a process of its own on a
+unix socket (and TCP when asked), and can stop it politely or with SIGKILL: forked from
+this worker's agent fork server (``tests/dsagent/agentfork.py``: the agent imported once,
+not once per start), or, with ``fresh=True``, as ``python -m dsagent serve`` from scratch
+(for tests that measure the process's own memory).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
+from tests.dsagent.agentfork import ForkedProcess, ForkServer
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
@@ -160,8 +164,10 @@ class AgentProcess:
         port: int | None = None,
         env: dict[str, str] | None = None,
         local_sources: tuple[Path, ...] = (),
+        fresh: bool = False,
     ) -> None:
         self.root = root
+        self.fresh = fresh
         self.socket = root.parent / f"{root.name}.sock"
         self.port = (port or free_port()) if tcp else None  # a port chosen beforehand: peers that list each other
         self.log = root.parent / f"{root.name}.log"
@@ -181,13 +187,16 @@ class AgentProcess:
         self.args += [arg for path in local_sources for arg in ("--local-source", str(path))]
         if self.port is not None:
             self.args += ["--listen", f"127.0.0.1:{self.port}"]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
         self.socket.unlink(missing_ok=True)  # a killed agent's stale socket: wait for the new one
-        log = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        if self.fresh:
+            log = open(self.log, "ab")
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+        else:
+            self.proc = ForkServer.spawn(self.args[3:], self.env, self.log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

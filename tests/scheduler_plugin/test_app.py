@@ -167,6 +167,7 @@ def test_health_and_unknown_routes(client: httpx.Client) -> None:
     assert client.get("/filter").status_code == 405
 
 
+@pytest.mark.slow
 def test_a_5000_node_request_is_served(client: httpx.Client) -> None:
     nodes = [
         node(

@@ -75,6 +75,7 @@ def test_a_body_over_the_limit_is_refused_without_a_parse(client: httpx.Client) 
     assert "larger than" in result["Error"]
 
 
+@pytest.mark.slow
 def test_a_huge_body_without_a_pod_never_holds_up_healthz() -> None:
     # ~60 MB of valid JSON with no Pod, under a 64 MiB limit (the default)
     body = json.dumps(

@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.scheduler_plugin.test_shutdown import free_port
+
+pytestmark = pytest.mark.slow
 
 
 def _run_extender(tmp_path: Path, env: dict[str, str]) -> list[str]:

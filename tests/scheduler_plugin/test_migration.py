@@ -116,6 +116,7 @@ def facts(name: str, free: frozenset[int], *, holds: bool) -> NodeFacts:
     )
 
 
+@pytest.mark.slow
 def test_migrator_evicts_the_pods_of_a_job_that_moves_and_only_those(apiserver: FakeApiServer) -> None:
     for pod in (
         worker("mover-0", "n1", job="mover"),

@@ -70,6 +70,7 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
+@pytest.mark.slow
 def test_python_m_scheduler_plugin_exits_2_on_a_bad_setting() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "scheduler_plugin"],
@@ -107,6 +108,7 @@ def test_a_kubeconfig_that_does_not_exist_is_a_setting_error_not_an_internal_one
     assert f"cannot read the kubeconfig {missing}" in err and "internal error" not in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_python_m_scheduler_plugin_serves_the_extender() -> None:
     import os
     import socket

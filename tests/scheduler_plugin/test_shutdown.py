@@ -9,7 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from scheduler_plugin.__main__ import SHUTDOWN_GRACE_S
+
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:

@@ -13,6 +13,8 @@ import pytest
 from scheduler_plugin.errors import SettingsError
 from scheduler_plugin.settings import refuse_unknown
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

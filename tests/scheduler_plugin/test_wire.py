@@ -261,7 +261,7 @@ def test_the_walk_answers_as_a_parse_of_the_whole_body_for_any_edit(
     """Every truncation and many one-byte edits of bodies in other layouts get the same
     args, replies (byte for byte) and errors (to the character) as json.loads of the
     whole body; small windows cut values, keys and UTF-8 sequences at every place."""
-    monkeypatch.setattr(wire, "_WINDOW", window)
+    monkeypatch.setattr(decode, "_WINDOW", window)
     rng = random.Random(21)
     for body in other_layouts():
         assert_walked_like_parsed_whole(body)
@@ -279,6 +279,7 @@ def test_a_deep_value_in_the_walk_is_refused_as_nested_unless_the_body_is_not_ut
     assert walked(deep + b"\xff")[1].startswith("request body is not JSON: 'utf-8' codec can't decode byte 0xff")
 
 
+@pytest.mark.slow
 def test_a_walked_body_never_becomes_one_parsed_tree() -> None:
     """A 50 MB body in any layout but Go's was parsed whole (~4x its size in
     dicts), which put the extender at 380 MiB. Walked, the decode allocates a window and

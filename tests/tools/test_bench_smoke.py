@@ -29,7 +29,12 @@ TABLES = {
     "extender": ["p50 ms", "p99 ms", "names     100"],
     "extender_memory": ["peak MiB", "json.loads MiB", "go         filter", "reordered  prioritize"],
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
+    "stripe_serve": ["served", "peak RSS before serving"],
+    "reader": ["plain", "reader", "ratio of medians (reader / plain open)"],
     "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
+    "ready": ["first-byte latency", "dsctl", "results written to"],
+    "loader": ["images/s", "cache", "local", "s3", "ratio cache / local images/s", "results written to"],
+    "results": ["# Performance results", "written to"],
 }
 
 

@@ -124,6 +124,7 @@ def test_workload_is_deterministic_for_a_seed_and_uses_the_philly_run_times() ->
     assert all(j.profile.deadline is not None and j.profile.deadline > j.arrival for j in a)
 
 
+@pytest.mark.slow
 def test_smoke_run_completes_and_prints_its_table(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     done = subprocess.run(

@@ -11,6 +11,8 @@ from tools.sim.engine import POLICIES, ClusterParams, Simulation
 from tools.sim.report import metrics
 from tools.sim.workload import WorkloadParams, make_jobs
 
+pytestmark = pytest.mark.slow
+
 
 def test_policy_names_map_to_variants() -> None:
     assert set(dl.POLICY_NAMES) <= set(POLICIES)

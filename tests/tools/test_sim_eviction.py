@@ -9,6 +9,8 @@ from tools.sim.engine import CacheEntry, ClusterParams, Simulation
 from tools.sim.hooks import RESYNC_S
 from tools.sim.workload import Dataset
 
+pytestmark = pytest.mark.slow
+
 A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
 TB = 10**12
 

@@ -10,6 +10,8 @@ from scheduling.timemodel import JobProfile
 from tools.sim.engine import ClusterParams, Simulation
 from tools.sim.workload import Dataset, Job
 
+pytestmark = pytest.mark.slow
+
 A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
 GB, TB = 10**9, 10**12
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.tools.test_sim import TB, cluster, job, run
 from tools.sim.report import metrics
 from tools.sim.workload import Dataset
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_job_whose_workers_exceed_a_class_stays_in_one_class_set() -> None:

@@ -15,6 +15,8 @@ from tools.sim.engine import ClusterParams, build_nodes
 from tools.sim.workload import WorkloadParams
 from tools.sim.workload_file import WorkloadError, datasets_total_bytes, load, total_gpus
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "tools" / "sim" / "workloads"
 RUN = REPO / "tools" / "sim" / "run.py"

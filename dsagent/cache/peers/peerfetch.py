@@ -282,6 +282,12 @@ class PeerFetcher:
                 return "delivered"
         return outcome
 
+    def fetch_from(self, peer: str, manifest: Manifest, bundle: BundleRef, dest: Path) -> None:
+        """Bundle ``bundle`` from the one agent ``peer`` (a base URL) into ``dest``, verified as
+        any peer download; for striped versions, which know the owner (docs/design-striping.md).
+        :class:`PeerFetchingIt` / :class:`PeerRefused` / any other error: ask elsewhere."""
+        self._fetch_one(peer, manifest, bundle, dest, FetchProgress(bundle.size, bundle.count))
+
     def _fetch_one(
         self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress
     ) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Any:

@@ -13,6 +13,8 @@ from fastapi.routing import APIRoute
 from dsagent.api.routes import router
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 
+pytestmark = pytest.mark.slow
+
 ERROR_REF = "#/components/schemas/ErrorOut"
 
 

@@ -4,6 +4,7 @@ The 1.2x target and the in-use / fetching protection stay as test_eviction.py ch
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,6 +78,7 @@ candidate = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     candidates=st.lists(candidate, max_size=10),
@@ -112,6 +114,7 @@ def test_plan_properties(candidates: list[Candidate], size: int, free: int, rati
         assert all(x in victims for x in evictable if x.other_copies > 0)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(candidates=st.lists(candidate, max_size=10), size=st.integers(0, 2000), free=st.integers(-500, 2000))
 def test_without_counts_the_plan_is_the_lru_plan(candidates: list[Candidate], size: int, free: int) -> None:

@@ -21,6 +21,8 @@ import pytest
 
 from tests.dsagent.faults import Dataset, run_forked_kill_point, run_point
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Dataset, int]:

@@ -166,6 +166,7 @@ thresholds_st = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(nodes=nodes_st, waiting=waiting_st, thresholds=thresholds_st, now=st.floats(0, 1000))
 def test_plan_properties(nodes: list[NodeState], waiting: list[Waiting], thresholds: Thresholds, now: float) -> None:
@@ -195,6 +196,7 @@ def test_plan_properties(nodes: list[NodeState], waiting: list[Waiting], thresho
         assert len(keys) == len(set(keys))  # a version is prepared once per node
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(nodes=nodes_st, waiting=waiting_st, now=st.floats(0, 1000), window=st.floats(0, 3000))
 def test_predictions_never_promise_more_gpus_than_a_node_frees(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,7 @@ rooms = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(nodes=rooms, wanted=st.integers(0, 10), size=st.integers(0, 80), before=st.lists(st.sampled_from(["n0", "n3"])))
 def test_choice_properties(nodes: list[NodeRoom], wanted: int, size: int, before: list[str]) -> None:

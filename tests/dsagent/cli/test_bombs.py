@@ -33,6 +33,8 @@ from dsagent.format.manifest import (
 )
 from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer, run_measured
 
+pytestmark = pytest.mark.slow
+
 #: Zeros hidden after the tar's end / in the manifest body: 1 GiB, compressed to ~32 KB.
 BOMB_BYTES = 1 << 30
 PEAK_LIMIT = 256 << 20
@@ -157,7 +159,7 @@ def test_the_agent_refuses_both_bombs_and_reads_a_million_entries_in_bounded_mem
     (base / "www" / "mstore").mkdir(exist_ok=True)
     os.system(f"cp -r {manifest_bomb}/empty {many_entries}/many {base / 'www' / 'mstore'}/")  # noqa: S605 - test data
     server = LoopbackServer(base / "www")
-    agent = agent_factory(tcp=True)
+    agent = agent_factory(tcp=True, fresh=True)  # its own peak memory: no forked start
     try:
         with httpx.Client(base_url=agent.url, timeout=120, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
             for task, dataset in (
@@ -185,7 +187,7 @@ def test_the_agent_refuses_a_manifest_of_more_files_than_it_accepts(
     """DSAGENT_MAX_DATASET_FILES bounds what one request can make the agent hold: a manifest
     declaring more files is a 400-class failure before its body is read, and nothing is kept."""
     server = LoopbackServer(many_entries.parent)
-    agent = agent_factory(tcp=True, env={"DSAGENT_MAX_DATASET_FILES": str(MANY - 1)})
+    agent = agent_factory(tcp=True, fresh=True, env={"DSAGENT_MAX_DATASET_FILES": str(MANY - 1)})
     try:
         with httpx.Client(base_url=agent.url, timeout=60, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
             many = {"name": "many", "source": f"{server.url}/nowhere", "bundles": f"{server.url}/{many_entries.name}"}

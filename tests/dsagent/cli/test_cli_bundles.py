@@ -76,6 +76,7 @@ def test_the_cli_uses_the_digest_cache_unless_told_not_to(
     assert private_digest_cache.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "exit_code", "message"),
     [

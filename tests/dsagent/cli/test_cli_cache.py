@@ -84,6 +84,7 @@ def test_an_unreachable_agent_is_one_line_saying_how_to_start_it(
     assert err.count("\n") == 1 and "dsagent serve" in err and str(tmp_path / "no.sock") in err
 
 
+@pytest.mark.slow
 def test_init_container_mode_reads_datasets_task_and_options_from_env_and_wait_execs(
     local_agent: tuple[AgentProcess, Path], tmp_path: Path
 ) -> None:

@@ -20,6 +20,8 @@ from dsagent.api.client import agent_url
 from dsagent.errors import InvalidInput
 from tests.dsagent.harness import ADMIN_TOKEN, unix_socket_listening
 
+pytestmark = pytest.mark.slow
+
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60, env=env, check=False)

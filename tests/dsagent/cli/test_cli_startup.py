@@ -20,6 +20,8 @@ from dsagent.format.storage import local_path
 from tests.conftest import REPO_ROOT
 from tests.dsagent.conftest import write_tree
 
+pytestmark = pytest.mark.slow
+
 _PROBE = """
 import json, sys
 from dsagent.cli import main
@@ -81,6 +83,37 @@ def test_dsctl_digest_and_pack_of_local_paths_import_neither_fsspec_nor_pydantic
         digests.append(json.loads(done.stdout)["digest"])
     assert digests[0] == digests[1]
     assert pack(src, tmp_path / "store2", name="d").digest == digests[0]
+
+
+def test_dsctl_digest_of_a_local_path_starts_without_click_zstd_or_multiprocessing(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"a/1.jpg": b"x" * 3000, "b/2.jpg": b"y" * 10})
+    outputs = {}
+    for args in (
+        ["digest", str(src), "--name", "d", "-o", "json", "--no-digest-cache"],
+        ["digest", str(src), "--name=d", "--output=json"],
+    ):
+        code, modules = _loaded(args, tmp_path)
+        assert code == 0, args
+        assert not {m for m in modules if m.split(".")[0] in ("click", "zstandard", "multiprocessing", "fsspec")}, args
+    # the quick way and click's agree, line for line (click takes any form it does not parse)
+    for way, args in (
+        ("quick", ["digest", str(src), "--name", "d", "-o", "json"]),
+        ("click", ["digest", str(src), "--name", "d", "-o", "json", "--source-options-file", str(tmp_path / "o.json")]),
+    ):
+        (tmp_path / "o.json").write_text("{}")
+        done = subprocess.run(
+            [sys.executable, "-m", "dsagent.cli", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "DSAGENT_DIGEST_CACHE": str(tmp_path / "d.sqlite")},
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[way] = json.loads(done.stdout)
+    assert outputs["quick"] == outputs["click"]
+    code, modules = _loaded(["digest", str(tmp_path / "missing")], tmp_path)
+    assert code == 3 and "click" not in modules  # a deliberate error: its exit code, on the quick way too
 
 
 def test_dsctl_cache_does_not_import_the_agent_app(tmp_path: Path) -> None:

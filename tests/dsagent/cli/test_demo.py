@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dsagent.cli import demo
 from dsagent.format.bundle import verify_tree
 from dsagent.format.manifest import read_manifest
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_demo_packs_reuses_unpacks_and_verifies(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

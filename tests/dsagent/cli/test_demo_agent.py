@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dsagent.cli import demo
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_demo_agent_caches_hits_lists_evicts_and_stops(tmp_path: Path) -> None:

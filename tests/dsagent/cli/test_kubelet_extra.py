@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 # A None entry in sys.modules makes `import grpc` raise ImportError(name='grpc'), as on a
 # machine where `pip install dsplatform` left the extra out.
 WITHOUT_GRPC = "import sys; sys.modules['grpc'] = None; sys.modules['google.protobuf'] = None; "

@@ -24,6 +24,8 @@ from dsagent.cli.agent import STOP_DEADLINE
 from dsagent.errors import AgentUnreachable, NotFound
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 
+pytestmark = pytest.mark.slow
+
 NODE = "gpu-7"
 
 

@@ -45,6 +45,7 @@ def inventory(node: str, datasets: dict[str, Any]) -> str:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("counts", [True, False], ids=["with-cluster-counts", "plain-lru"])
 def test_a_fetch_evicts_the_replicated_version_and_keeps_the_last_copy(
     apiserver: FakeApiServer, tmp_path: Path, counts: bool

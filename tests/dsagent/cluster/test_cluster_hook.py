@@ -21,6 +21,8 @@ from dsagent.cli.agent import KubernetesUnavailable, load_cluster_agent, node_pa
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.errors import NotFound
 
+pytestmark = pytest.mark.slow
+
 
 class RecordingHooks:
     def __init__(self, settings: Settings, cluster: Any) -> None:

@@ -84,6 +84,7 @@ def test_an_unknown_name_is_refused_with_its_close_match_and_known_ones_pass() -
     )
 
 
+@pytest.mark.slow
 def test_dsagent_serve_refuses_an_unknown_variable(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSAGENT_")}
     env.update(DSAGENT_ROOT=str(tmp_path / "cache"), DSAGENT_MAX_FETCHS="2", PYTHONPATH=str(REPO))

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.packing import listing_fingerprint
@@ -224,6 +226,7 @@ def test_one_leader_by_lease_and_takeover_after_expiry(apiserver: FakeApiServer,
     assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
 
 
+@pytest.mark.slow
 def test_warm_up_asks_real_agents_and_reports_only_what_is_ready(
     apiserver: FakeApiServer, api_client: Any, tmp_path: Path
 ) -> None:

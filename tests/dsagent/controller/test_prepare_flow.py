@@ -23,6 +23,8 @@ from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inven
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 
+pytestmark = pytest.mark.slow
+
 DIGEST = "a" * 32
 PRESETS = Thresholds(window_s=1800, fetch_lead_s=600, reserve_fraction=0.5, fill_fraction=0.9)
 

@@ -19,6 +19,8 @@ from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inven
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 
+pytestmark = pytest.mark.slow
+
 TASK = "replica.ml.speech"
 
 

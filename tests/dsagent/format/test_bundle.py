@@ -134,7 +134,7 @@ def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp
 def test_remote_sources_stream_large_files_and_prefetch_small_ones(
     memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dsagent.format import bundle
+    from dsagent.format import packwriter as bundle
 
     monkeypatch.setattr(bundle, "PREFETCH_MAX_FILE", 1000)
     monkeypatch.setattr(bundle, "PREFETCH_FILES", 2)

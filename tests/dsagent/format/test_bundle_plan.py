@@ -15,6 +15,8 @@ from dsagent.errors import InvalidInput
 from dsagent.format.bundle import plan_bundles
 from dsagent.format.manifest import FileEntry, bundle_digest
 
+pytestmark = pytest.mark.slow
+
 TRIALS = 1500
 
 

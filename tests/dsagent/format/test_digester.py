@@ -13,6 +13,7 @@ import xxhash
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
 from dsagent.format import digester
+from dsagent.format import walk as walk_module
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
 from dsagent.format.hashing import CHUNK_SIZE, hash_fd
@@ -133,15 +134,15 @@ def test_a_file_gone_between_the_walk_and_its_read_is_not_found_by_name(
     tmp_path: Path, workers: int, cached: bool, on_processes: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tree = write_tree(tmp_path / "src", {f"d/{i}.jpg": b"x" * i for i in range(5)})
-    walk = digester._iter_local_dirs
+    walk = walk_module.iter_local_dirs
 
     def listing_a_deleted_file(
         root: str, empty: list[str], confine: list[str] | None = None
-    ) -> Iterator[digester._Dir]:
+    ) -> Iterator[walk_module.Dir]:
         for group in walk(root, empty, confine):
             yield group._replace(names=[*group.names, "gone.jpg"])
 
-    monkeypatch.setattr(digester, "_iter_local_dirs", listing_a_deleted_file)
+    monkeypatch.setattr(walk_module, "iter_local_dirs", listing_a_deleted_file)
     with DigestCache(tmp_path / "cache.sqlite") as cache, pytest.raises(NotFound, match=r"/d/gone\.jpg"):
         build_manifest(tree, name="d", workers=workers, digest_cache=cache if cached else None)
     assert on_processes == ([2] if workers == 2 else [])

@@ -19,6 +19,8 @@ from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_FILES
 from tests.s3server import S3Server
 
+pytestmark = pytest.mark.slow
+
 
 def stores(tmp_path: Path, s3: S3Server | None) -> tuple[str, dict[str, Any] | None]:
     if s3 is None:

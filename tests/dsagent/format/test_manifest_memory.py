@@ -8,8 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from dsagent.format.manifest import FileEntry, Manifest, read_manifest
 from tests.dsagent.harness import run_measured
+
+pytestmark = pytest.mark.slow
 
 ENTRIES = 200_000
 

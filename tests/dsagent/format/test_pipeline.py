@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import InsufficientSpace, IntegrityError
-from dsagent.format import bundle
+from dsagent.format import packwriter
 from dsagent.format.bundle import pack, unpack, write_bundles
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import FileEntry, bundle_path
@@ -48,8 +48,8 @@ def _tree(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def small_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Buffers of 4 KiB, two of them: every file crosses buffer edges and the stages wait on each other."""
-    monkeypatch.setattr(bundle, "CHUNK_SIZE", 4096)
-    monkeypatch.setattr(bundle, "PIPELINE_BUFFERS", 2)
+    monkeypatch.setattr(packwriter, "CHUNK_SIZE", 4096)
+    monkeypatch.setattr(packwriter, "PIPELINE_BUFFERS", 2)
 
 
 def test_fast_tar_headers_are_byte_for_byte_what_tarfile_writes() -> None:
@@ -66,7 +66,7 @@ def test_fast_tar_headers_are_byte_for_byte_what_tarfile_writes() -> None:
         parts = ("".join(rng.choice("abc_.-09XY") for _ in range(rng.randint(1, 40))) for _ in range(rng.randint(1, 4)))
         entries.append(FileEntry("/".join(parts), rng.randint(0, 10**12), rng.randint(0, 4 * 10**18), "0" * 32))
     for entry in entries:
-        assert bundle.tar_header(entry) == bundle._tar_header_slow(entry), entry
+        assert packwriter.tar_header(entry) == packwriter._tar_header_slow(entry), entry
 
 
 def _as_read(info: tarfile.TarInfo | None) -> tuple[object, ...] | None:
@@ -83,7 +83,7 @@ def test_the_fast_header_reader_reads_what_tarfile_reads_or_leaves_it_to_tarfile
     for _ in range(500):
         path = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 100))).strip("/") or "x"
         entry = FileEntry(path, rng.randrange(0, 8**11), rng.randrange(0, 8**11) * 10**9, "0" * 32)
-        header = bundle.tar_header(entry)
+        header = packwriter.tar_header(entry)
         if len(header) != tarfile.BLOCKSIZE:
             continue  # a pax header first: not the plain form
         expected = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
@@ -99,13 +99,13 @@ def test_the_fast_header_reader_reads_what_tarfile_reads_or_leaves_it_to_tarfile
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
     for header in (  # what bundles never hold is never taken by the fast path
         link.tobuf(tarfile.USTAR_FORMAT),
-        bundle.tar_header(FileEntry("a", 8, 0, "0" * 32)).replace(b"0000644", b"0000755"),
-        bundle.tar_header(FileEntry("a", 8, 0, "0" * 32)).replace(b"00000000010", b"0000000001 "),
+        packwriter.tar_header(FileEntry("a", 8, 0, "0" * 32)).replace(b"0000644", b"0000755"),
+        packwriter.tar_header(FileEntry("a", 8, 0, "0" * 32)).replace(b"00000000010", b"0000000001 "),
     ):
         assert tarstream._plain_header(header) is None
     # after a pax header the ustar block holds tarfile's ASCII stand-in name, read the same way
     # (the pax record's path then overrides it, as before)
-    after_pax = bundle._tar_header_slow(FileEntry("é.bin", 1, 0, "0" * 32))[-tarfile.BLOCKSIZE :]
+    after_pax = packwriter._tar_header_slow(FileEntry("é.bin", 1, 0, "0" * 32))[-tarfile.BLOCKSIZE :]
     assert _as_read(tarstream._plain_header(after_pax)) == _as_read(
         tarfile.TarInfo.frombuf(after_pax, "utf-8", "surrogateescape")
     )
@@ -113,13 +113,13 @@ def test_the_fast_header_reader_reads_what_tarfile_reads_or_leaves_it_to_tarfile
 
 @pytest.mark.usefixtures("small_buffers")
 @pytest.mark.parametrize("threads", [0, 1, 2])
-def test_pipelined_pack_writes_a_plain_tar_in_one_frame_that_unpacks_verified(tmp_path: Path, threads: int) -> None:
+def test_pipelined_pack_writes_a_plain_tar_in_zstd_frames_that_unpacks_verified(tmp_path: Path, threads: int) -> None:
     files = _files()
     src = write_tree(tmp_path / "src", files)
     manifest = pack(src, tmp_path / "store", name="p", threads=threads)
     assert len(manifest.bundles) == 1
     raw = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest)).read_bytes()
-    data = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+    data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True).read()
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         assert {m.name: tar.extractfile(m).read() for m in tar} == files  # type: ignore[union-attr]
     unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
@@ -149,7 +149,7 @@ def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, mon
             raise OSError(errno.ENOSPC, "No space left on device")
         return len(data)
 
-    monkeypatch.setattr(bundle._CountingWriter, "write", full)
+    monkeypatch.setattr(packwriter.CountingWriter, "write", full)
     with pytest.raises(InsufficientSpace):
         write_bundles(manifest, src, tmp_path / "store")
     assert _pipeline_threads() == []  # every stage ended

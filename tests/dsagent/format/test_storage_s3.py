@@ -24,6 +24,8 @@ from tests.conftest import isolate_aws
 from tests.dsagent.conftest import AWKWARD_FILES
 from tests.s3server import S3Server
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def private_digest_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

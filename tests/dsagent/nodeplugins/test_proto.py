@@ -14,6 +14,8 @@ from dsagent.nodeplugins.proto import deviceplugin_v1beta1_pb2 as dp
 from dsagent.nodeplugins.proto import podresources_v1_pb2 as pr
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 PROTO_DIR = REPO_ROOT / "dsagent/nodeplugins/proto"
 
 

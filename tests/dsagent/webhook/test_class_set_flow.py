@@ -53,6 +53,8 @@ from tests.fake_kubelet import FakeKubelet
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_dgx_a100_vfs, vf_rdma
 
+pytestmark = pytest.mark.slow
+
 DGX_A100 = "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt"
 PREFIX = "example.com"  # the chart's gpuClasses.resourcePrefix, given to all three
 SET = f"{PREFIX}/gpu-roce1-2"  # classes 1 (GPUs 0, 1) and 2 (GPUs 2, 3)

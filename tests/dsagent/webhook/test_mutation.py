@@ -118,6 +118,7 @@ def test_a_blocking_init_container_when_asked_or_when_a_command_is_unknown(reaso
     assert result["spec"]["containers"][0].get("command") == pod["spec"]["containers"][0].get("command")
 
 
+@pytest.mark.slow
 def test_the_wrapped_command_waits_for_the_mark_then_becomes_the_original(tmp_path: Path) -> None:
     import subprocess
 

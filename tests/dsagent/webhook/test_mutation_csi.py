@@ -92,9 +92,9 @@ def test_the_volume_lists_the_datasets_the_driver_accepts_and_the_secret_by_refe
     assert volume["csi"]["driver"] == "datasets.dsagent.io" and volume["csi"]["readOnly"] is True
     assert volume["csi"]["nodePublishSecretRef"] == {"name": "s3-creds"}
     attributes = volume["csi"]["volumeAttributes"]
-    assert set(attributes) == {"datasets"}
+    assert set(attributes) == {"datasets", "version"}
     # what the webhook writes is what the node plugin parses
-    parsed = datasets_from_context({"datasets": attributes["datasets"]})
+    parsed = datasets_from_context(attributes)
     assert parsed == (
         {
             "name": "imagenet",

@@ -27,6 +27,8 @@ from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 from tests.dsagent.harness import unix_socket_listening
 from tests.fake_apiserver import json_patch, make_pod
 
+pytestmark = pytest.mark.slow
+
 # The training command: list its dataset at the stable path $DSAGENT_DATASETS_DIR/<name>.
 TRAINING = [
     sys.executable,

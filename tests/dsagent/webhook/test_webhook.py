@@ -26,6 +26,8 @@ from dsagent.webhook.server import decide, response
 from tests.charts.test_chart import NAMESPACE, find, render
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset
 
+pytestmark = pytest.mark.slow
+
 REVIEW = json.loads(
     (Path(__file__).resolve().parents[2] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
 )

@@ -360,6 +360,7 @@ def test_a_volume_whose_pod_vanished_while_the_agent_was_down_is_cleaned_up_at_s
         agent.call(agent.service.get_task(uid))
 
 
+@pytest.mark.slow
 def test_dsagent_serve_serves_the_csi_plugin_when_its_socket_is_set(tmp_path: Path, sockets: Path) -> None:
     import signal
     import subprocess

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 STUBS = ("csi_pb2.py", "csi_pb2.pyi", "csi_pb2_grpc.py")
 
 

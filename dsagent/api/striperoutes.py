@@ -1,0 +1,94 @@
+"""The ``/v1/stripes`` routes: this node's part in striped versions (docs/design-striping.md).
+
+Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. An operator (the
+controller, or ``dsctl`` on the node) asks the node to hold its share of a version; anyone
+may read a share's status (as the inventory); this node's pods (and operators) read bundles
+through it, as a plain tar, whether the node holds them or fetches them into its window.
+Peers never use these routes: they read held bundles with ``/v1/peer/bundles``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from dsagent.api.identity import Caller, require_operator
+from dsagent.api.routes import BoundedJsonRoute, caller, errors, operator, service
+from dsagent.api.schemas import StripeIn, StripeOut
+from dsagent.cache.service import CacheService
+from dsagent.cache.stripes import tar_stream
+from dsagent.errors import Forbidden
+from dsagent.format.names import validate_digest, validate_name
+
+router = APIRouter(route_class=BoundedJsonRoute)
+
+
+@router.put(
+    "/v1/stripes/{name}",
+    dependencies=[Depends(operator)],
+    response_model=StripeOut,
+    responses=errors(400, 401, 403, 404, 413, 503),
+)
+async def hold_stripe(name: str, body: StripeIn, svc: CacheService = Depends(service)) -> dict[str, Any]:
+    """Hold this node's share of ``name`` in the group ``members`` (fetching starts at once)."""
+    validate_name(name)
+    if body.digest is not None:
+        validate_digest(body.digest)
+    return await svc.stripes.hold(
+        name,
+        body.store,
+        body.members,
+        body.peers,
+        digest=body.digest,
+        storage_options=body.storage_options,
+        ready_after=body.ready_after,
+    )
+
+
+@router.get("/v1/stripes/{name}/{digest}", response_model=StripeOut, responses=errors(400, 404))
+async def stripe_status(name: str, digest: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
+    validate_name(name)
+    validate_digest(digest)
+    return svc.stripes.status((name, digest))
+
+
+@router.get(
+    "/v1/stripes/{name}/{digest}/bundles/{bundle}",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "The bundle's files as a plain tar, verified when they reached this node",
+        },
+        **errors(400, 401, 403, 404, 503),
+    },
+)
+async def stripe_bundle(
+    name: str, digest: str, bundle: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)
+) -> StreamingResponse:
+    """A bundle of a striped version for this node's reader: from the share, or fetched into
+    the window from its owner (then the other members, then the store)."""
+    if not who.operator:
+        if who.kind == "anonymous":
+            require_operator(who)  # 401: TCP without the token
+        if who.kind != "pod":
+            raise Forbidden(f"only this node's pods and operators read stripe bundles ({who.why})")
+    validate_name(name)
+    validate_digest(digest)
+    validate_digest(bundle)
+    directory, entries, done = await svc.stripes.open_bundle(name, digest, bundle)
+    chunks = tar_stream(directory, entries)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                yield chunk
+        finally:
+            chunks.close()
+            done()
+
+    return StreamingResponse(body(), media_type="application/x-tar", headers={"Cache-Control": "no-store"})

@@ -1,0 +1,111 @@
+"""Which nodes form a striped version's group, and in which order a node gives space back:
+pure functions (docs/design-striping.md#group, docs/design-striping.md#eviction).
+
+Who calls it: the Dataset controller, for a Dataset whose version does not fit one node (or
+that asks for striping): it gathers the nodes and their inventories, asks :func:`choose_group`
+for the members, records them in the Dataset status (``status.stripe.nodes``) and holds each
+member's share with a renewed task ``stripe.<namespace>.<name>``, as replicas are held
+(docs/design.md#replication). A node's agent orders its eviction candidates with
+:func:`eviction_class`. Nothing here reads the clock or the cluster.
+
+The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), in this
+order:
+
+1. the job's own nodes (its ranks then read their share from local disk);
+2. nodes that hold bundles of the version already (their share moves least), most bytes first;
+3. nodes with room for a share (free bytes at least ``ratio x S / k``) in the RoCE subnet of
+   the first member chosen, most free bytes first; then, only if the subnet has too few,
+   nodes with room anywhere.
+
+Members chosen before stay while they qualify (no flapping): a group change moves ~1/k of the
+bundles (rendezvous hashing), but every change moves some.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dsplatform.stripe import group_size
+
+#: eviction classes, evicted first to last (docs/design-striping.md#eviction)
+REPLICATED, STRIPE_SHARE, LAST_COPY = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One node as the group choice sees it."""
+
+    name: str
+    free_bytes: int
+    held_bytes: int = 0  # bytes of the version's bundles it holds now
+    subnet: str | None = None  # its RoCE subnet (class set), None: unknown
+    cache_bytes: int = 0  # its whole cache
+
+
+def choose_group(
+    nodes: Sequence[Candidate],
+    *,
+    size_bytes: int,
+    job_nodes: Sequence[str] = (),
+    before: Sequence[str] = (),
+    members: int | None = None,
+    budget: float = 0.5,
+    ratio: float = 1.2,
+) -> list[str]:
+    """The group's members, in the order chosen (fewer when fewer qualify; empty for no nodes).
+
+    ``members`` defaults to ``group_size(size, smallest cache)`` with ``budget``. A node of the
+    job or of ``before`` is taken without a room check (its share is the point of the group,
+    or is there already); any other needs ``ratio x size / k`` free bytes."""
+    if not nodes:
+        return []
+    by_name = {n.name: n for n in nodes}
+    if members is None:
+        caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
+        members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
+    k = max(1, min(members, len(nodes)))
+    need = math.ceil(ratio * max(0, size_bytes) / k)
+    chosen: list[str] = []
+
+    def take(name: str) -> None:
+        if name in by_name and name not in chosen and len(chosen) < k:
+            chosen.append(name)
+
+    for name in job_nodes:
+        take(name)
+    for name in sorted(before, key=lambda n: (-by_name[n].held_bytes if n in by_name else 0, n)):
+        take(name)
+    for node in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)):
+        if node.held_bytes > 0:
+            take(node.name)
+    subnet = by_name[chosen[0]].subnet if chosen else None
+    roomy = sorted((n for n in nodes if n.free_bytes >= need), key=lambda n: (-n.free_bytes, n.name))
+    for node in roomy:
+        if subnet is None or node.subnet == subnet:
+            take(node.name)
+    for node in roomy:
+        take(node.name)
+    return chosen
+
+
+def eviction_class(*, striped: bool, other_copies: int | None) -> int:
+    """Where a candidate stands in the eviction order: whole copies that other nodes also
+    hold go first (:data:`REPLICATED`), then stripe shares (:data:`STRIPE_SHARE`: a lost
+    share costs its own bundles from the store, never the whole version), then last copies
+    (:data:`LAST_COPY`). An unknown count is the safe side: a last copy."""
+    if striped:
+        return STRIPE_SHARE
+    return REPLICATED if other_copies else LAST_COPY
+
+
+def eviction_order(candidates: Sequence[tuple[str, bool, int | None, float]]) -> list[str]:
+    """Names of ``(name, striped, other_copies, last_used)`` candidates in eviction order:
+    by class, then least recently used first, then by name."""
+    return [
+        c[0] for c in sorted(candidates, key=lambda c: (eviction_class(striped=c[1], other_copies=c[2]), c[3], c[0]))
+    ]
+
+
+__all__ = ["Candidate", "LAST_COPY", "REPLICATED", "STRIPE_SHARE", "choose_group", "eviction_class", "eviction_order"]

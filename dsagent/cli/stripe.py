@@ -1,0 +1,97 @@
+"""``dsctl stripe hold / wait``: a node's part in a striped version (docs/design-striping.md).
+
+Who calls it: an operator (or the controller's task, later) asks a node to hold its share
+with ``hold``; a pod's init container runs ``wait`` to report the share's progress and to
+return once enough of it is local (``--until ready-enough``, the default: the reader fetches
+the rest through the agent) or all of it (``--until complete``). Everything goes through
+:class:`dsagent.api.client.AgentClient`; errors surface as one line and their exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from dsagent.cli.cache import POLL_SECONDS, _client, agent_options
+from dsagent.cli.options import DURATION
+from dsagent.errors import DsagentError, InvalidInput, TransientError
+from dsplatform.units import format_size
+
+
+@click.group()
+def stripe() -> None:
+    """Hold and follow this node's share of a striped version."""
+
+
+@stripe.command()
+@click.argument("name")
+@click.option("--store", required=True, help="The bundle store holding the packed version.")
+@click.option("--member", "members", multiple=True, required=True, help="A node of the stripe group (repeat).")
+@click.option("--peer", "peers", multiple=True, metavar="NODE=URL", help="A member's agent base URL (repeat).")
+@click.option("--digest", help="The version (default: the store's current one).")
+@click.option("--ready-after", type=click.IntRange(min=0), default=1, show_default=True)
+@agent_options
+def hold(
+    name: str,
+    store: str,
+    members: tuple[str, ...],
+    peers: tuple[str, ...],
+    digest: str | None,
+    ready_after: int,
+    agent_url: str | None,
+    socket_path: str | None,
+    token: str | None,
+) -> None:
+    """Ask this node's agent to hold its share of NAME (operators only)."""
+    urls: dict[str, str] = {}
+    for spec in peers:
+        node, sep, url = spec.partition("=")
+        if not sep or not node or not url:
+            raise InvalidInput(f"--peer {spec!r} is not NODE=URL")
+        urls[node] = url
+    body: dict[str, Any] = {"store": store, "members": list(members), "peers": urls, "readyAfter": ready_after}
+    if digest:
+        body["digest"] = digest
+    with _client(agent_url, socket_path, token) as client:
+        click.echo(json.dumps(client.hold_stripe(name, body), indent=2))
+
+
+@stripe.command()
+@click.argument("name")
+@click.argument("digest")
+@click.option("--until", type=click.Choice(["ready-enough", "complete"]), default="ready-enough", show_default=True)
+@click.option("--timeout", type=DURATION, default=None, help="Give up after this long (exit 7).")
+@agent_options
+def wait(
+    name: str,
+    digest: str,
+    until: str,
+    timeout: float | None,
+    agent_url: str | None,
+    socket_path: str | None,
+    token: str | None,
+) -> None:
+    """Report the share's progress until enough of it (or all of it) is held here."""
+    key = "readyEnough" if until == "ready-enough" else "complete"
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shown = None
+    with _client(agent_url, socket_path, token) as client:
+        while True:
+            status = client.stripe_status(name, digest)
+            line = (
+                f"{name}@{digest[:12]}: {status['bundlesHeld']} of {status['bundlesOwned']} bundles held"
+                f" ({format_size(status['bytesHeld'])} of {format_size(status['bytesOwned'])})"
+            )
+            if line != shown:
+                click.echo(line)
+                shown = line
+            if status.get("error"):
+                raise DsagentError(f"the share of {name} stopped: {status['error']}")
+            if status[key]:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TransientError(f"the share of {name} is not {until} after {timeout:g}s")
+            time.sleep(POLL_SECONDS)

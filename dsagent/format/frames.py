@@ -1,0 +1,188 @@
+"""The compressed side of a bundle: its tar stream as a sequence of zstd frames, raw where
+compressing would not pay.
+
+Who calls it: the bundle writer (:mod:`dsagent.format.packwriter`) and the peer server's
+re-packing (:mod:`dsagent.format.repack`). What it owns: deciding, per 128 KiB block of the
+tar stream, whether zstd is worth its CPU, and writing the frames.
+
+Training data is mostly JPEG, PNG, video and compressed arrays: zstd cannot shrink them,
+yet at level 1 it still spends most of a pack's CPU looking for matches. So each block is
+probed first: a 4 KiB sample (four 1 KiB pieces spread over the block) is compressed at
+level 1; when it does not shrink below :data:`RAW_RATIO` of its size, the block is stored
+raw. A run of raw blocks becomes one zstd frame of *raw blocks* (block type 0: a 3-byte
+header, then the bytes as they are), built here without calling zstd at all; a run of
+compressible blocks becomes one ordinary frame from libzstd at the pack's level, with its
+content checksum. Raw frames carry no checksum: every member's bytes are checked against
+their xxh3-128 digest by whoever unpacks them, and tar headers carry their own checksum.
+
+The result is still a tar stream compressed by zstd: ``zstd -d`` decodes concatenated
+frames, so ``zstd -dc bundle.tar.zst | tar -x`` reads it (tested with the real binaries).
+Readers of this project accept several frames (:class:`dsagent.format.tarstream.FrameReader`
+with ``frames=True``); a bundle written as one frame by earlier versions is just the
+one-frame case.
+
+With ``threads`` > 1, buffers are encoded on a small thread pool (zstd releases the GIL)
+and written in order, so compressible data uses every core.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import zstandard
+
+#: Block size of the decision and of a raw block (zstd's largest block).
+BLOCK = 128 << 10
+#: A block whose sample compresses to more than this share of its size is stored raw.
+RAW_RATIO = 0.9
+_PIECE = 1024
+_PIECES = 4
+#: zstd frame magic, then a frame header descriptor with no content size, no checksum,
+#: no dictionary, not single-segment, then a window descriptor of 128 KiB (2**(10+7)).
+RAW_FRAME_HEADER = struct.pack("<IBB", 0xFD2FB528, 0x00, 7 << 3)
+_RAW = 0
+_LAST = 1
+#: Buffers being encoded at once ahead of the writer (threaded mode).
+_AHEAD = 4
+
+
+def _block_header(size: int, last: bool) -> bytes:
+    return (size << 3 | _RAW << 1 | (_LAST if last else 0)).to_bytes(3, "little")
+
+
+def raw_frame(data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
+    """``data`` as one zstd frame of raw blocks: a header, then each block behind its own."""
+    view = memoryview(data)
+    pieces: list[bytes | memoryview] = [RAW_FRAME_HEADER]
+    if not view:
+        pieces.append(_block_header(0, True))
+        return pieces
+    for start in range(0, len(view), BLOCK):
+        block = view[start : start + BLOCK]
+        pieces.append(_block_header(len(block), start + BLOCK >= len(view)))
+        pieces.append(block)
+    return pieces
+
+
+def _sample(block: memoryview) -> bytes:
+    if len(block) <= _PIECE * _PIECES:
+        return bytes(block)
+    step = (len(block) - _PIECE) // (_PIECES - 1)
+    return b"".join(block[i * step : i * step + _PIECE] for i in range(_PIECES))
+
+
+class FrameEncoder:
+    """Turns buffers of a tar stream into frames (see the module docstring); one per thread."""
+
+    def __init__(self, level: int) -> None:
+        self._probe = zstandard.ZstdCompressor(level=1)
+        self._compressor = zstandard.ZstdCompressor(level=level, write_checksum=True)
+        self.raw_bytes = 0
+        self.compressed_bytes = 0
+
+    def compressible(self, block: memoryview) -> bool:
+        sample = _sample(block)
+        return len(self._probe.compress(sample)) < RAW_RATIO * len(sample)
+
+    def encode(self, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
+        """The frames of ``data``: consecutive blocks with the same decision share a frame."""
+        view = memoryview(data)
+        out: list[bytes | memoryview] = []
+        start = 0
+        run_start, run_packed = 0, None
+        while start < len(view):
+            end = min(start + BLOCK, len(view))
+            packed = self.compressible(view[start:end])
+            if run_packed is not None and packed != run_packed:
+                self._emit(view[run_start:start], run_packed, out)
+                run_start = start
+            run_packed = packed
+            start = end
+        if run_packed is not None:
+            self._emit(view[run_start:], run_packed, out)
+        return out
+
+    def _emit(self, run: memoryview, packed: bool, out: list[bytes | memoryview]) -> None:
+        if packed:
+            self.compressed_bytes += len(run)
+            out.append(self._compressor.compress(run))
+        else:
+            self.raw_bytes += len(run)
+            out.extend(raw_frame(run))
+
+
+class FrameWriter:
+    """A file-like ``write`` target that encodes what it is given into ``sink`` as frames.
+
+    ``write`` takes whole buffers (the pack pipeline hands over 1 MiB at a time); the
+    caller may reuse a buffer once ``write`` returns. :meth:`close` writes what is still
+    being encoded; nothing is written after an error.
+    """
+
+    def __init__(self, sink: Callable[[bytes], object], *, level: int, threads: int = 0) -> None:
+        self._sink = sink
+        self._level = level
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dsagent-zstd") if threads > 1 else None
+        self._pending: deque[Future[list[bytes | memoryview]]] = deque()
+        self._encoders: list[FrameEncoder] = []
+        self._lock = threading.Lock()
+
+    def _encoder(self) -> FrameEncoder:
+        encoder: FrameEncoder | None = getattr(self._local, "encoder", None)
+        if encoder is None:
+            encoder = self._local.encoder = FrameEncoder(self._level)
+            with self._lock:
+                self._encoders.append(encoder)
+        return encoder
+
+    def _encode(self, data: memoryview | bytes) -> list[bytes | memoryview]:
+        return self._encoder().encode(data)
+
+    def _put(self, pieces: list[bytes | memoryview]) -> None:
+        # one copy out of the caller's buffer, one object for the write-behind queue
+        self._sink(pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces))
+
+    def write(self, data: memoryview | bytes) -> int:
+        size = len(data)
+        if self._pool is None:
+            self._put(self._encode(data))
+            return size
+        self._pending.append(self._pool.submit(self._encode, bytes(data)))
+        while len(self._pending) > _AHEAD:
+            self._put(self._pending.popleft().result())
+        return size
+
+    def close(self) -> None:
+        """Write every buffer still being encoded, in order; then stop the pool."""
+        try:
+            while self._pending:
+                self._put(self._pending.popleft().result())
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Stop without writing what is pending (after a failure elsewhere)."""
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    @property
+    def raw_bytes(self) -> int:
+        """Tar bytes stored raw so far (a figure for benchmarks and tests)."""
+        return sum(e.raw_bytes for e in self._encoders)
+
+    @property
+    def compressed_bytes(self) -> int:
+        """Tar bytes handed to zstd so far."""
+        return sum(e.compressed_bytes for e in self._encoders)
+
+
+__all__ = ["BLOCK", "RAW_FRAME_HEADER", "RAW_RATIO", "FrameEncoder", "FrameWriter", "raw_frame"]

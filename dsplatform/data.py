@@ -1,0 +1,301 @@
+"""The rank-aware reader of a striped (or whole) dataset version, for training code.
+
+Who calls it: training code inside a pod, as a plain Python iterable or (through
+:meth:`StripedDataset.torch`) as a PyTorch ``IterableDataset``; torch is imported only when
+that method is called, so ``import dsplatform.data`` needs nothing beyond the package's own
+dependencies. ``tools/bench/reader.py`` measures it against plain ``open()``.
+
+What it owns: one rank's pass over a version's samples (a sample is one file: its path and
+its bytes). Which samples a rank reads, and in which order, is :mod:`dsplatform.stripe`'s
+(:func:`~dsplatform.stripe.assign`, :func:`~dsplatform.stripe.epoch_order`): every sample
+exactly once per epoch over all ranks, each rank's own node's buckets first, a seeded
+shuffle per epoch (docs/design-striping.md#reader). How the bytes are read is this module's:
+
+- a bundle this node holds (its marker ``.stripe/done/<bundle digest>`` is in the share
+  directory, or the whole version is local) is read with ``open()`` from the share
+  directory, in the shuffled order;
+- any other bundle is asked of the node's agent, ``GET /v1/stripes/<name>/<digest>/bundles/
+  <bundle>``, which answers a plain tar of the verified files (it fetched them from the
+  owner over the peer protocol, or from the store). The tar is read as a stream; only the
+  bundle's own members, with the layout's sizes, are accepted; a rank's wanted files are
+  held at most ``buffer_bytes`` at a time, shuffled within that window;
+- when an answer breaks off, the bundle is asked again (of the same agent, then of the
+  ``fallback`` endpoints) and the samples already given are skipped, so a failure costs
+  time, never a sample skipped or read twice.
+
+The agent's HTTP is spoken with the standard library (``http.client``, a unix socket or TCP),
+because this package imports no web client (pyproject's import contracts).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import random
+import socket
+import tarfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+from urllib.parse import quote, urlsplit
+
+from dsplatform.errors import Unavailable
+from dsplatform.stripe import LAYOUT_FILE, Assignment, StripeLayout, assign, epoch_order
+
+DONE_DIR = ".stripe/done"  # relative to the share directory; one empty file per held bundle
+DEFAULT_BUFFER_BYTES = 256 << 20
+_CHUNK = 1 << 20
+
+
+class Sample(NamedTuple):
+    """One file of the version: its position in path order, its relative path, its bytes. A
+    named tuple, not a dataclass: built once per sample, it is the reader's hottest line."""
+
+    position: int
+    path: str
+    data: bytes
+
+
+class ReaderError(Unavailable):
+    """The reader could not get a bundle from any endpoint (after its retries): worth retrying
+    the epoch once an agent answers again."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class AgentEndpoint:
+    """One agent to ask for bundles: ``unix:///path/to/socket`` or ``http://host:port``."""
+
+    def __init__(self, address: str, *, token: str | None = None, timeout: float = 120.0) -> None:
+        self.address = address
+        self.token = token
+        self.timeout = timeout
+        parts = urlsplit(address)
+        if parts.scheme == "unix":
+            self._unix: str | None = parts.path
+        elif parts.scheme == "http" and parts.hostname:
+            self._unix = None
+            self._host, self._port = parts.hostname, parts.port or 80
+        else:
+            raise ValueError(f"an agent endpoint is unix:///PATH or http://HOST:PORT, not {address!r}")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._unix is not None:
+            return _UnixConnection(self._unix, self.timeout)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+    def open_bundle(self, name: str, digest: str, bundle: str) -> tuple[IO[bytes], Callable[[], None]]:
+        """The plain tar of ``bundle`` and the call that closes it; ``Unavailable`` on a refusal."""
+        conn = self._connection()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        path = f"/v1/stripes/{quote(name, safe='')}/{digest}/bundles/{bundle}"
+        try:
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+        except OSError as exc:
+            conn.close()
+            raise Unavailable(f"agent {self.address}: {exc}") from exc
+
+        def close() -> None:
+            response.close()  # holds the socket when the answer ends the connection
+            conn.close()
+
+        if response.status != 200:
+            body = response.read(4096).decode("utf-8", "replace")
+            close()
+            raise Unavailable(f"agent {self.address} answered {response.status} for bundle {bundle}: {body}")
+        return response, close
+
+
+class StripedDataset:
+    """Rank ``rank`` of ``world_size``'s samples of one version, an epoch at a time.
+
+    ``layout`` is the version's :class:`~dsplatform.stripe.StripeLayout` (or the path of its
+    layout file; by default ``<share_dir>/stripe-layout.jsonl``). ``share_dir`` holds this
+    node's bundles as files; ``whole=True`` says every bundle is there (a whole cached
+    version). ``agent`` (and ``fallback``) are asked for the others. ``rank_nodes[r]`` names
+    the node of rank ``r`` (by default: this node for this rank, no preference elsewhere)."""
+
+    def __init__(
+        self,
+        share_dir: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        layout: StripeLayout | str | os.PathLike[str] | None = None,
+        node: str | None = None,
+        rank_nodes: Sequence[str | None] | None = None,
+        agent: AgentEndpoint | str | None = None,
+        fallback: Sequence[AgentEndpoint | str] = (),
+        seed: int = 0,
+        epoch: int = 0,
+        whole: bool = False,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        retries: int = 3,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.share_dir = Path(share_dir)
+        if not isinstance(layout, StripeLayout):
+            with open(layout or self.share_dir / LAYOUT_FILE, "rb") as stream:
+                layout = StripeLayout.load(stream)
+        self.layout = layout
+        self.rank = rank
+        self.world_size = world_size
+        if rank_nodes is None:
+            rank_nodes = [node if r == rank else None for r in range(world_size)]
+        self.assignment: Assignment = assign(layout, world_size, rank_nodes)
+        endpoints = [agent] if agent is not None else []
+        endpoints.extend(fallback)
+        self.endpoints = [e if isinstance(e, AgentEndpoint) else AgentEndpoint(e) for e in endpoints]
+        self.seed = seed
+        self.epoch = epoch
+        self.whole = whole
+        self.buffer_bytes = buffer_bytes
+        self.retries = retries
+        self.stats = {"local_bytes": 0, "agent_bytes": 0, "retries": 0}
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.assignment.samples(self.rank)
+
+    def is_local(self, bundle_digest: str) -> bool:
+        return self.whole or (self.share_dir / DONE_DIR / bundle_digest).exists()
+
+    def __iter__(self) -> Iterator[Sample]:
+        return self.samples()
+
+    def samples(self, worker: int = 0, workers: int = 1) -> Iterator[Sample]:
+        """This rank's samples for the current epoch; with ``workers`` > 1 only the bundles
+        at positions ``worker::workers`` of the rank's order (one DataLoader worker's part)."""
+        order = epoch_order(self.layout, self.assignment, self.rank, seed=self.seed, epoch=self.epoch)
+        for bi, files in order[worker::workers]:
+            bundle = self.layout.bundles[bi]
+            if self.is_local(bundle.digest):
+                yield from self._local(files)
+            else:
+                yield from self._remote(bi, files)
+
+    def _local(self, files: Sequence[int]) -> Iterator[Sample]:
+        paths, root = self.layout.paths, f"{self.share_dir}/"
+        got = 0
+        try:
+            for index in files:
+                path = paths[index]
+                with open(root + path, "rb") as f:
+                    data = f.read()
+                got += len(data)
+                yield Sample(index, path, data)
+        finally:
+            self.stats["local_bytes"] += got
+
+    def _remote(self, bi: int, files: Sequence[int]) -> Iterator[Sample]:
+        """A bundle through the agent: streamed, filtered, shuffled within a bounded buffer,
+        asked again from where it broke off (the samples given are remembered)."""
+        bundle = self.layout.bundles[bi]
+        wanted = {self.layout.paths[i]: i for i in files}
+        given: set[int] = set()
+        rng = random.Random(f"{self.seed}/{self.epoch}/{bundle.digest}/{self.rank}")
+        endpoints = self.endpoints
+        if not endpoints:
+            raise ReaderError(f"bundle {bundle.digest} is not held on this node and no agent endpoint is set")
+        attempts = (self.retries + 1) * len(endpoints)
+        for attempt in range(attempts):
+            try:
+                yield from self._stream(endpoints[attempt % len(endpoints)], bi, wanted, given, rng)
+                return
+            except (Unavailable, OSError, tarfile.TarError, http.client.HTTPException, _Broken) as exc:
+                self.stats["retries"] += 1
+                if attempt + 1 == attempts:
+                    raise ReaderError(f"bundle {bundle.digest}: {exc}") from exc
+                time.sleep(min(2.0, 0.1 * (attempt + 1)))
+
+    def _stream(
+        self,
+        endpoint: AgentEndpoint,
+        bi: int,
+        wanted: dict[str, int],
+        given: set[int],
+        rng: random.Random,
+    ) -> Iterator[Sample]:
+        bundle = self.layout.bundles[bi].digest
+        members = dict(self.layout.files(self.layout.bundles[bi]))
+        body, close = endpoint.open_bundle(self.layout.name, self.layout.digest, bundle)
+        buffer: list[Sample] = []
+        held = 0
+        seen = 0
+        try:
+            with tarfile.open(fileobj=body, mode="r|") as tar:
+                for member in tar:
+                    expected = members.get(member.name)
+                    if not member.isreg() or expected is None or member.size != expected:
+                        raise _Broken(f"bundle {bundle}: unexpected member {member.name!r}")
+                    seen += 1
+                    index = wanted.get(member.name)
+                    if index is None or index in given:
+                        continue  # another rank's sample, or one given before a retry
+                    extracted = tar.extractfile(member)
+                    assert extracted is not None  # a regular file
+                    data = extracted.read()
+                    if len(data) != expected:
+                        raise _Broken(f"bundle {bundle}: {member.name!r} cut short")
+                    buffer.append(Sample(index, member.name, data))
+                    held += len(data)
+                    if held >= self.buffer_bytes:
+                        yield from self._drain(buffer, given, rng)
+                        held = 0
+            if seen != len(members):
+                raise _Broken(f"bundle {bundle}: {seen} of {len(members)} files arrived")
+            yield from self._drain(buffer, given, rng)
+        finally:
+            close()
+
+    def _drain(self, buffer: list[Sample], given: set[int], rng: random.Random) -> Iterator[Sample]:
+        rng.shuffle(buffer)
+        while buffer:
+            sample = buffer.pop()
+            given.add(sample.position)
+            self.stats["agent_bytes"] += len(sample.data)
+            yield sample
+
+    def torch(self) -> Any:
+        """This reader as a ``torch.utils.data.IterableDataset`` (torch imported here, not
+        before). DataLoader workers split the rank's bundles among themselves."""
+        from torch.utils.data import IterableDataset, get_worker_info
+
+        reader = self
+
+        class _Torch(IterableDataset):  # type: ignore[misc,type-arg,unused-ignore]
+            def __iter__(self) -> Iterator[Sample]:
+                info = get_worker_info()
+                if info is None:
+                    return reader.samples()
+                return reader.samples(info.id, info.num_workers)
+
+            def __len__(self) -> int:
+                return len(reader)
+
+            def set_epoch(self, epoch: int) -> None:
+                reader.set_epoch(epoch)
+
+        return _Torch()
+
+
+class _Broken(Exception):
+    """An answer that broke the bundle's contract (asked again, never passed on)."""
+
+
+__all__ = ["AgentEndpoint", "DONE_DIR", "ReaderError", "Sample", "StripedDataset"]

@@ -1,0 +1,151 @@
+"""Bundles as zstd frames, raw where zstd cannot shrink the data: readable by the real
+``zstd`` and GNU ``tar``, by this project's reader, and old one-frame bundles still unpack."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from dsagent.errors import IntegrityError
+from dsagent.format.bundle import pack, unpack
+from dsagent.format.frames import BLOCK, RAW_FRAME_HEADER, FrameEncoder, FrameWriter
+from dsagent.format.manifest import bundle_path
+from dsagent.format.repack import repack
+from tests.dsagent.conftest import write_tree
+
+_TOOLS = pytest.mark.skipif(
+    shutil.which("zstd") is None or shutil.which("tar") is None, reason="needs the zstd and tar binaries"
+)
+
+
+def _text(n: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    words = [b"label", b"image", b"class", b"train", b"valid", b"0.5", b"cat", b"dog", b"\n"]
+    return b" ".join(rng.choice(words) for _ in range(n // 4))[:n]
+
+
+def _mixed() -> dict[str, bytes]:
+    """Half incompressible (like JPEGs), half text, sizes across block edges."""
+    files = {}
+    for i in range(24):
+        size = random.Random(i).randrange(100, 300_000)
+        files[f"img/{i:03d}.jpg"] = os.urandom(size)
+        files[f"txt/{i:03d}.txt"] = _text(size, i)
+    return files
+
+
+def _frames(raw: bytes) -> list[bytes]:
+    """The frames of a bundle, split where zstd ends each one."""
+    frames, pos = [], 0
+    while pos < len(raw):
+        reader = zstandard.ZstdDecompressor().decompressobj()
+        reader.decompress(raw[pos:])
+        length = len(raw) - pos - len(reader.unused_data)
+        frames.append(raw[pos : pos + length])
+        pos += length
+    return frames
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_incompressible_blocks_are_stored_raw_and_text_is_compressed() -> None:
+    encoder = FrameEncoder(level=1)
+    noise = os.urandom(3 * BLOCK)
+    text = _text(3 * BLOCK, 1)
+    frames = encoder.encode(noise + text)
+    assert frames[0] == RAW_FRAME_HEADER  # the noise: one frame of raw blocks
+    assert encoder.raw_bytes == len(noise)
+    assert encoder.compressed_bytes == len(text)
+    encoded = b"".join(bytes(f) for f in frames)
+    assert len(encoded) < len(noise) + len(text) // 2  # the text half shrank
+    assert len(encoded) < len(noise) + 64 + len(text)  # the raw half cost a few header bytes
+    decoded = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(encoded), read_across_frames=True).read()
+    assert decoded == noise + text
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_the_frame_writer_keeps_buffers_in_order_on_any_thread_count(threads: int) -> None:
+    data = b"".join(os.urandom(300_000) + _text(200_000, i) for i in range(6))
+    out: list[bytes] = []
+    writer = FrameWriter(out.append, level=3, threads=threads)
+    buffer = bytearray(1 << 18)
+    for start in range(0, len(data), len(buffer)):
+        piece = data[start : start + len(buffer)]
+        buffer[: len(piece)] = piece
+        writer.write(memoryview(buffer)[: len(piece)])  # the buffer is reused at once, as the pack does
+    writer.close()
+    assert writer.raw_bytes + writer.compressed_bytes == len(data)
+    assert writer.raw_bytes and writer.compressed_bytes
+    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
+    assert stream.read() == data
+
+
+@_TOOLS
+def test_a_packed_bundle_is_read_by_the_zstd_and_gnu_tar_binaries(tmp_path: Path) -> None:
+    files = _mixed()
+    src = write_tree(tmp_path / "src", files)
+    manifest = pack(src, tmp_path / "store", name="m")
+    (ref,) = manifest.bundles
+    path = bundle_path(str(tmp_path / "store"), ref.digest)
+    raw = Path(path).read_bytes()
+    assert len(_frames(raw)) > 1  # raw and compressed runs alternate
+    assert ref.compressed_size < ref.size  # the text shrank
+    out = tmp_path / "c"
+    out.mkdir()
+    subprocess.run(f"zstd -dc {path} | tar -x -C {out}", shell=True, check=True)
+    assert _tree(out) == files
+    assert subprocess.run(["zstd", "-t", "-q", path], check=False).returncode == 0
+
+
+def test_a_bundle_written_as_one_frame_still_unpacks(tmp_path: Path) -> None:
+    files = _mixed()
+    src = write_tree(tmp_path / "src", files)
+    manifest = pack(src, tmp_path / "store", name="old")
+    path = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest))
+    tar = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(path.read_bytes()), read_across_frames=True).read()
+    path.write_bytes(zstandard.ZstdCompressor(level=1, write_checksum=True).compress(tar))  # as packs used to write
+    assert len(_frames(path.read_bytes())) == 1
+    unpack(tmp_path / "store", name="old", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == files
+
+
+def test_a_bundle_cut_between_two_frames_or_followed_by_junk_is_refused(tmp_path: Path) -> None:
+    files = _mixed()
+    src = write_tree(tmp_path / "src", files)
+    manifest = pack(src, tmp_path / "store", name="cut")
+    path = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest))
+    whole = path.read_bytes()
+    frames = _frames(whole)
+    assert len(frames) > 2
+    path.write_bytes(b"".join(frames[: len(frames) // 2]))  # a clean frame edge, half the tar missing
+    with pytest.raises(IntegrityError):
+        unpack(tmp_path / "store", name="cut", dest=tmp_path / "out1")
+    path.write_bytes(whole + b"junk after the last frame")
+    with pytest.raises(IntegrityError):
+        unpack(tmp_path / "store", name="cut", dest=tmp_path / "out2")
+    assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()
+
+
+@_TOOLS
+def test_a_repacked_bundle_is_the_same_tar_as_the_packed_one(tmp_path: Path) -> None:
+    files = _mixed()
+    src = write_tree(tmp_path / "src", files)
+    manifest = pack(src, tmp_path / "store", name="r")
+    stream = b"".join(repack(src, list(manifest.bundle_entries(manifest.bundles[0]))))
+    packed = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest)).read_bytes()
+    decode = zstandard.ZstdDecompressor()
+    assert (
+        decode.stream_reader(io.BytesIO(stream), read_across_frames=True).read()
+        == decode.stream_reader(io.BytesIO(packed), read_across_frames=True).read()
+    )
+    done = subprocess.run(["zstd", "-dc"], input=stream, capture_output=True, check=True)
+    assert done.stdout.startswith(b"img/000.jpg")

@@ -1,0 +1,1 @@
+"""Helpers the benchmarks in ``tools/bench/`` share (not benchmarks themselves)."""

@@ -1,0 +1,44 @@
+"""The JSON every benchmark writes (``--json PATH``), which ``tools/bench/results.py`` turns
+into docs/results-performance.md.
+
+One file per run: the benchmark's name, when and where it ran (CPUs, the load average at
+its start and end: figures from a loaded machine are only good as ratios), its
+parameters, every timed row (a step, a side, wall and CPU seconds) and the ratios it was
+run for, each beside its goal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Record:
+    def __init__(self, bench: str, params: dict[str, Any]) -> None:
+        self.data: dict[str, Any] = {
+            "bench": bench,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+            "load_start": list(os.getloadavg()),
+            "params": params,
+            "rows": [],
+            "ratios": [],
+        }
+
+    def row(self, step: str, side: str, wall: float, cpu: float | None = None, **extra: Any) -> None:
+        self.data["rows"].append({"step": step, "side": side, "wall_s": wall, "cpu_s": cpu, **extra})
+
+    def ratio(self, name: str, value: float | None, goal: float | None, note: str = "") -> None:
+        """``value``: how many times faster (or, for a share, the share) ours is; ``goal``: the target."""
+        self.data["ratios"].append({"name": name, "value": value, "goal": goal, "note": note})
+
+    def write(self, path: Path | None) -> None:
+        self.data["load_end"] = list(os.getloadavg())
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.data, indent=1) + "\n")
+            print(f"results written to {path}", flush=True)
