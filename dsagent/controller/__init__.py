@@ -18,6 +18,7 @@ warmup       ``spec.warm`` and ``spec.replicas``: copies held by agent tasks on 
 nextjob      next-job preparation: plan, ask the agents, release what the plan dropped
 podfacts     what pods, Nodes and Datasets say (pure): waiting pods, expected ends, free
              GPUs, demand; inputs of preparation and replicas
+quotas       the tenancy bounds (pure): what each namespace pins this pass, what is refused
 copycounts   ready copies per dataset version, published for the agents' eviction
 storegc      ``dsctl gc --delete`` Jobs per bundle store
 migration    step 5 of the deadline design: evict opted-in jobs that would end sooner elsewhere

@@ -41,8 +41,10 @@ def stripe_status(
     *,
     agent_call: AgentCall,
     agent_urls: Mapping[str, str],
+    who: str = "-",
 ) -> JSON:
-    """The Dataset's ``status.stripe``, after asking the chosen members' agents."""
+    """The Dataset's ``status.stripe``, after asking the chosen members' agents (each request
+    names the Dataset ``who``, ``namespace/name``, it is for: docs/operator-guide/tenancy.md)."""
     mode = parse_stripe(spec.get("stripe"))
     size = _int(status.get("bytes"))
     store = spec.get("bundles")
@@ -62,7 +64,7 @@ def stripe_status(
         body["digest"] = status["digest"]
     reports = []
     for node in members:
-        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", body)
+        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", body, who)
         if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
             reports.append({"node": node, "state": "unreachable" if answer is None else "failed",
                             "bytesHeld": 0, "bytesOwned": 0})  # fmt: skip

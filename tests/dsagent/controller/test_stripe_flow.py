@@ -44,7 +44,8 @@ def test_the_controller_chooses_a_group_and_holds_every_members_share(
     apiserver.create(ds)
     asked: list[tuple[str, str, str, Any]] = []
 
-    def agent(node: str, method: str, path: str, body: Any) -> tuple[int, Any] | None:
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
+        assert acting_for == "ml/big"  # every request names its Dataset (docs/operator-guide/tenancy.md)
         asked.append((node, method, path, body))
         done = node == "n3"
         return 200, {"complete": done, "bytesHeld": 30 * GB if done else 0, "bytesOwned": 30 * GB}
