@@ -1,7 +1,8 @@
-"""Transfers over every near NIC, and class-set resources, over real gRPC with the kubelet fakes.
+"""The container's one VF on several NIC shapes, and class-set resources, over real gRPC with the kubelet fakes.
 
-The cross-node design: a worker whose GPUs are near several RoCE NICs gets one VF of each,
-and NCCL is told to stripe over all of them without crossing rails (docs/design.md#roce-allocation).
+The RoCE design: a container gets one VF, of a NIC affine to its GPUs; a class-set worker's
+VF is on its set's first rail, so every worker of the set shares one subnet
+(docs/design.md#roce-allocation).
 Shapes: the DGX A100 (every GPU near its class's two NICs), and a held-out 8xH100 with
 one NIC per GPU in class 1 and two GPUs sharing mlx5_8 in class 2.
 """
@@ -37,7 +38,7 @@ def conf_lines(answer: Any) -> list[str]:
     return Path(mount.host_path).read_text(encoding="utf-8").splitlines()
 
 
-def test_a_class_set_worker_gets_its_share_of_each_class_and_a_vf_per_near_nic(
+def test_a_class_set_worker_gets_its_share_of_each_class_and_one_vf_of_the_first_rail(
     short_dir: Path, dgx_a100: Topology, dgx_vfs: Any
 ) -> None:
     async def scenario() -> None:
@@ -49,13 +50,11 @@ def test_a_class_set_worker_gets_its_share_of_each_class_and_a_vf_per_near_nic(
             preferred = await kubelet.preferred(resource, devices, [], 2)
             assert sorted(preferred) == [gpu_uuid(0), gpu_uuid(2)]  # rail-aligned: one GPU per class
             answer = await kubelet.allocate(resource, devices)
-            # GPUs 0-3 are near mlx5_0..3: one VF of each, all named for NCCL, rails kept apart
-            hca = f"={vf_rdma(0, 0)},{vf_rdma(1, 0)},{vf_rdma(2, 0)},{vf_rdma(3, 0)}"
-            assert answer.envs["NCCL_IB_HCA"] == hca and answer.envs["NCCL_CROSS_NIC"] == "0"
-            assert [d.host_path for d in answer.devices if "uverbs" in d.host_path] == [
-                vf_uverbs(pf, 0) for pf in range(4)
-            ]
-            assert f"NCCL_IB_HCA={hca}" in conf_lines(answer) and "NCCL_CROSS_NIC=0" in conf_lines(answer)
+            # GPUs 0-3 are near mlx5_0..3: one VF, of class 1's first NIC (the set's first rail)
+            hca = f"={vf_rdma(0, 0)}"
+            assert answer.envs["NCCL_IB_HCA"] == hca and "NCCL_CROSS_NIC" not in answer.envs
+            assert [d.host_path for d in answer.devices if "uverbs" in d.host_path] == [vf_uverbs(0, 0)]
+            assert f"NCCL_IB_HCA={hca}" in conf_lines(answer)
             # held under the set: offered to nobody under the classes or another set
             for other in ("dsagent.io/gpu-roce2", "dsagent.io/gpu-roce2-3"):
                 health = {d.ID: d.health for d in await kubelet.first_list(other)}
@@ -64,7 +63,7 @@ def test_a_class_set_worker_gets_its_share_of_each_class_and_a_vf_per_near_nic(
     run(scenario())
 
 
-def test_one_vf_per_nic_near_the_gpus_on_a_held_out_one_nic_per_gpu_shape(short_dir: Path, h100: Topology) -> None:
+def test_one_vf_of_a_nic_near_the_gpus_on_a_held_out_one_nic_per_gpu_shape(short_dir: Path, h100: Topology) -> None:
     build_vfs(short_dir / "sys", 9)  # mlx5_0..8, as the fixture's RoCE NICs
     vfs = discover_vfs(short_dir / "sys")
     near = {g.index: nearest_nics(h100, g.index) for g in h100.gpus}
@@ -74,12 +73,11 @@ def test_one_vf_per_nic_near_the_gpus_on_a_held_out_one_nic_per_gpu_shape(short_
         async with Node(short_dir / "node", h100, vfs) as node:
             kubelet = node.kubelet
             four = await kubelet.allocate("dsagent.io/gpu-roce1", [gpu_uuid(i) for i in range(4)])
-            assert four.envs["NCCL_IB_HCA"] == "=" + ",".join(vf_rdma(pf, 0) for pf in range(4))
-            assert four.envs["NCCL_CROSS_NIC"] == "0"
-            assert four.envs["NCCL_SOCKET_IFNAME"] == "=ens0v0,ens1v0,ens2v0,ens3v0"
-            # two GPUs sharing one NIC: one VF, of that NIC, and nothing to stripe
+            assert four.envs["NCCL_IB_HCA"] == f"={vf_rdma(0, 0)}" and "NCCL_CROSS_NIC" not in four.envs
+            assert four.envs["NCCL_SOCKET_IFNAME"] == "=ens0v0"
+            # two GPUs sharing one NIC: the VF of that NIC
             pair = await kubelet.allocate("dsagent.io/gpu-roce2", [gpu_uuid(6), gpu_uuid(7)])
-            assert pair.envs["NCCL_IB_HCA"] == f"={vf_rdma(8, 0)}" and "NCCL_CROSS_NIC" not in pair.envs
+            assert pair.envs["NCCL_IB_HCA"] == f"={vf_rdma(8, 0)}"
             # GPU 4 alone: only its own NIC (mlx5_6), not every NIC of its class
             single = await kubelet.allocate("dsagent.io/gpu-roce2", [gpu_uuid(4)])
             assert single.envs["NCCL_IB_HCA"] == f"={vf_rdma(6, 0)}"
@@ -101,10 +99,11 @@ def test_the_8_nic_nccl_dump_gets_the_vf_of_each_gpus_own_nic(short_dir: Path, f
 
     async def scenario() -> None:
         async with Node(short_dir / "node", topology, vfs) as node:
+            # GPUs 0 and 1 sit under mlx5_7 and mlx5_6: one VF, of the first of them in class order
             pair = await node.kubelet.allocate("dsagent.io/gpu-roce1", [gpu_uuid(0), gpu_uuid(1)])
-            assert pair.envs["NCCL_IB_HCA"] == f"={vf_rdma(6, 0)},{vf_rdma(7, 0)}"  # mlx5_6 (GPU 1), mlx5_7 (GPU 0)
+            assert pair.envs["NCCL_IB_HCA"] == f"={vf_rdma(6, 0)}"
+            # a set worker on GPUs 2-7: class 1's GPUs 2 and 3 are near mlx5_5 and mlx5_4
             whole = await node.kubelet.allocate("dsagent.io/gpu-roce1-2", [gpu_uuid(i) for i in range(2, 8)])
-            assert whole.envs["NCCL_IB_HCA"].lstrip("=").split(",") == [vf_rdma(pf, 0) for pf in (4, 5, 0, 1, 2, 3)]
-            assert whole.envs["NCCL_CROSS_NIC"] == "0"
+            assert whole.envs["NCCL_IB_HCA"] == f"={vf_rdma(4, 0)}" and "NCCL_CROSS_NIC" not in whole.envs
 
     run(scenario())
