@@ -1,7 +1,8 @@
 """The node's side of the VFs: how many each RoCE NIC gets, and a VF's address.
 
-Who calls it: ``dsagent serve`` before it starts the device plugin, when
-``DSAGENT_VF_SETUP`` is on (docs/design.md#roce-allocation), and the tests. What it owns:
+Who calls it: ``dsagent serve`` before it starts the device plugin (:func:`set_up_vfs`),
+when ``DSAGENT_VF_SETUP`` is on or ``DSAGENT_VF_ADDRESSES`` names a file
+(docs/design.md#roce-allocation), and the tests. What it owns:
 
 * :func:`vf_counts`, pure: the RoCE design's claim 3, each physical NIC split into as many
   VFs as there are GPUs affine to it (a GPU is affine to its nearest NICs,
@@ -19,14 +20,21 @@ pyroute2 is imported on first use, so nodes without the extra run everything els
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from dsagent.errors import DsagentError, InvalidInput
+from dsplatform import boundedjson
 from gpu_topology import Topology, nearest_nics
-from gpu_topology.discovery.sriov import set_numvfs
+from gpu_topology.discovery.sriov import PhysicalFunction, discover_vfs, set_numvfs
 from gpu_topology.errors import DiscoveryError
+
+
+log = logging.getLogger("dsagent.nodeplugins")
+MAX_ADDRESS_FILE = 1 << 20
 
 
 class VfSetupFailed(DsagentError):
@@ -97,4 +105,43 @@ def set_address(netdev: str, address: str, *, netns: str | None = None) -> None:
         ipr.close()
 
 
-__all__ = ["VfSetupFailed", "create_vfs", "set_address", "vf_counts"]
+def read_addresses(path: Path, vf_netdevs: Iterable[str]) -> dict[str, str]:
+    """The address file: ``{"<vf netdev>": "a.b.c.d/len"}``, bounded, only the node's VF netdevs."""
+    try:
+        with path.open("rb") as file:
+            text = file.read(MAX_ADDRESS_FILE + 1)
+        data = boundedjson.loads(text, what=str(path), max_bytes=MAX_ADDRESS_FILE)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the VF address file {path}: {exc.strerror}") from exc
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise InvalidInput(f"{path}: expected a JSON object of VF netdev -> \"a.b.c.d/len\"")
+    known = set(vf_netdevs)
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        raise InvalidInput(f"{path}: {', '.join(k[:32] for k in unknown[:5])} are not VF netdevs of this node")
+    return dict(data)
+
+
+def set_up_vfs(
+    topology: Topology,
+    pfs: Mapping[str, PhysicalFunction],
+    root: str | os.PathLike[str],
+    create: bool,
+    addresses: Path | None,
+) -> dict[str, PhysicalFunction]:
+    """The agent's start-up step: VFs created (``create``), addresses set; the VFs read again."""
+    if create:
+        counts = {nic: n for nic, n in vf_counts(topology, pfs).items() if n > 0}
+        written = create_vfs(root, counts)
+        if written:
+            log.info("enabled VFs: %s", ", ".join(f"{nic}={counts[nic]}" for nic in written))
+            pfs = discover_vfs(root)
+    if addresses is not None:
+        netdevs = [vf.netdev for pf in pfs.values() for vf in pf.vfs if vf.netdev]
+        for netdev, address in read_addresses(addresses, netdevs).items():
+            set_address(netdev, address)
+            log.info("VF %s has address %s", netdev, address)
+    return dict(pfs)
+
+
+__all__ = ["VfSetupFailed", "create_vfs", "read_addresses", "set_address", "set_up_vfs", "vf_counts"]
