@@ -1,9 +1,10 @@
 """SR-IOV virtual functions of the node's RDMA NICs, read from sysfs with an injectable root.
 
 Who calls it: the node agent's device plugin (``dsagent.nodeplugins``), which hands one VF of
-a RoCE class's NIC to each container (docs/design.md#roce-allocation). What it owns: the
-reading of the kernel's SR-IOV and RDMA layout, and the one write the kernel offers for it,
-:func:`set_numvfs` (``sriov_numvfs``); nothing else (no allocation, no I/O outside ``root``). Like :mod:`gpu_topology.discovery.sysfs`, ``root`` is ``/`` on a node
+a RoCE class's NIC to each container and may create the VFs (docs/design.md#roce-allocation).
+What it owns: the reading of the kernel's SR-IOV and RDMA layout, and the one write the
+kernel offers for it, :func:`set_numvfs` (``sriov_numvfs``); nothing else (no allocation, no
+I/O outside ``root``). Like :mod:`gpu_topology.discovery.sysfs`, ``root`` is ``/`` on a node
 and a temporary tree in tests (:class:`gpu_topology.testing.SysfsTree` builds one).
 
 The layout read, for each physical function (PF) ``sys/class/infiniband/<pf>/device``:

@@ -32,7 +32,6 @@ from gpu_topology import Topology, nearest_nics
 from gpu_topology.discovery.sriov import PhysicalFunction, discover_vfs, set_numvfs
 from gpu_topology.errors import DiscoveryError
 
-
 log = logging.getLogger("dsagent.nodeplugins")
 MAX_ADDRESS_FILE = 1 << 20
 
@@ -114,7 +113,7 @@ def read_addresses(path: Path, vf_netdevs: Iterable[str]) -> dict[str, str]:
     except OSError as exc:
         raise InvalidInput(f"cannot read the VF address file {path}: {exc.strerror}") from exc
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        raise InvalidInput(f"{path}: expected a JSON object of VF netdev -> \"a.b.c.d/len\"")
+        raise InvalidInput(f'{path}: expected a JSON object of VF netdev -> "a.b.c.d/len"')
     known = set(vf_netdevs)
     unknown = sorted(k for k in data if k not in known)
     if unknown:

@@ -65,8 +65,9 @@ def netns() -> Iterator[str]:
     if made.returncode != 0:
         pytest.skip(f"cannot create a network namespace (needs CAP_SYS_ADMIN): {made.stderr.strip()}")
     try:
-        dummy = subprocess.run(["ip", "-n", name, "link", "add", "vf0", "type", "dummy"], capture_output=True, check=False)
-        if dummy.returncode != 0:  # no dummy module in this kernel: one end of a veth pair
+        dummy = ["ip", "-n", name, "link", "add", "vf0", "type", "dummy"]
+        made = subprocess.run(dummy, capture_output=True, check=False, text=True)
+        if made.returncode != 0:  # no dummy module in this kernel: one end of a veth pair
             veth = ["ip", "-n", name, "link", "add", "vf0", "type", "veth", "peer", "name", "vf0peer"]
             subprocess.run(veth, check=True, capture_output=True)
         yield name
@@ -107,4 +108,3 @@ def test_set_address_refuses_bad_input_in_one_line(netns: str) -> None:
     with pytest.raises(InvalidInput, match="no network device"):
         set_address("vf9", "10.1.0.11/24", netns=netns)
     assert ipv4(link(netns)) == []
-
