@@ -319,9 +319,9 @@ def nccl_settings(vfs: Iterable[VirtualFunction]) -> dict[str, str]:
     if netdevs:
         settings["NCCL_SOCKET_IFNAME"] = "=" + ",".join(str(n) for n in netdevs)
     if len(vfs) > 1:
-        # several rails, each its own subnet: a channel must stay on one rail between the
-        # nodes (NCCL_CROSS_NIC=0, NCCL's setting for rail-optimised fabrics), so that NCCL
-        # stripes channels over every listed HCA without crossing subnets
+        # an allocation recorded with several VFs (such records still load): each rail is its
+        # own subnet, so a channel must stay on one rail between the nodes (NCCL_CROSS_NIC=0,
+        # NCCL's setting for rail-optimised fabrics)
         settings["NCCL_CROSS_NIC"] = "0"
     return settings
 
