@@ -10,6 +10,8 @@ one NIC per GPU in class 1 and two GPUs sharing mlx5_8 in class 2.
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from gpu_topology.discovery.sriov import discover_vfs
 from gpu_topology.dumps import load_dump
 from tests.dsagent.nodeplugins.deviceplugin.conftest import gpu_uuid
 from tests.dsagent.nodeplugins.deviceplugin.test_deviceplugin import Node, run
-from tests.sysfs_vf import build_vfs, vf_rdma, vf_uverbs
+from tests.sysfs_vf import build_vfs, vf_bus, vf_rdma, vf_uverbs
 
 MYSTOUS = "mystous-8xH100-11nic-ansi-escapes-captured-nvidia-smi-topo-m.txt"
 
@@ -107,3 +109,40 @@ def test_the_8_nic_nccl_dump_gets_the_vf_of_each_gpus_own_nic(short_dir: Path, f
             assert whole.envs["NCCL_IB_HCA"] == f"={vf_rdma(4, 0)}" and "NCCL_CROSS_NIC" not in whole.envs
 
     run(scenario())
+
+
+def test_a_nic_without_a_free_vf_gives_way_and_a_class_without_any_refuses(short_dir: Path, h100: Topology) -> None:
+    """Class 2 of the 8xH100: GPUs 4, 5 under mlx5_6, mlx5_7; GPUs 6, 7 share mlx5_8."""
+    from dsagent.nodeplugins.deviceplugin.allocation import Ledger, NodeDevices, NoFreeVf
+
+    build_vfs(short_dir / "sys", 9)
+    device = short_dir / "sys/sys/class/infiniband/mlx5_8/device"
+    shutil.rmtree((device / "virtfn1").resolve() / "infiniband_verbs")  # its driver unbound: unusable
+    ledger = Ledger(NodeDevices(h100, discover_vfs(short_dir / "sys")))
+    roce2 = "dsagent.io/gpu-roce2"
+    assert ledger.allocate(roce2, [gpu_uuid(6)], 0).vfs == (vf_bus(8, 0),)
+    # mlx5_8 has no free VF left: GPU 7's VF comes from the least used other NIC of its class
+    assert ledger.allocate(roce2, [gpu_uuid(7)], 0).vfs == (vf_bus(6, 0),)
+    assert ledger.allocate(roce2, [gpu_uuid(4)], 0).vfs == (vf_bus(6, 1),)  # its own NIC, the next VF
+    assert ledger.allocate(roce2, [gpu_uuid(5)], 0).vfs == (vf_bus(7, 0),)
+    # every container holds one VF; none is held twice
+    held = [vf for a in ledger.allocations.values() for vf in a.vfs]
+    assert len(held) == len(set(held)) == 4
+    # a record of several VFs per container (as older agents wrote) still loads
+    again = Ledger(ledger.node)
+    record = json.loads(ledger.to_json())
+    record["allocations"][0]["vfs"].append(vf_bus(7, 1))
+    again.load_json(json.dumps(record))
+    assert len(again.allocations) == 4
+    # no usable VF on a class's NICs: GPUs only; every usable VF taken: refused in one line
+    build_vfs(short_dir / "sys2", 9)
+    for pf, vf in [(pf, vf) for pf in (0, 1, 2, 3, 6, 7) for vf in (0, 1)] + [(8, 1)]:
+        shutil.rmtree(
+            (short_dir / f"sys2/sys/class/infiniband/mlx5_{pf}/device/virtfn{vf}").resolve() / "infiniband_verbs"
+        )
+    scarce = Ledger(NodeDevices(h100, discover_vfs(short_dir / "sys2")))
+    assert scarce.allocate("dsagent.io/gpu-roce1", [gpu_uuid(0)], 0).vfs == ()
+    assert scarce.allocate(roce2, [gpu_uuid(6)], 0).vfs == (vf_bus(8, 0),)
+    with pytest.raises(NoFreeVf, match="is taken"):
+        scarce.allocate(roce2, [gpu_uuid(7)], 0)
+    assert len(scarce.allocations) == 2  # the refused container holds nothing
