@@ -267,6 +267,11 @@ class Settings(StorageSettings, AgentLogSettings):
     device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
     host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
     sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
+    # the node's side of the VFs (docs/design.md#roce-allocation), both off by default:
+    # sriov_numvfs of each SR-IOV RoCE NIC = its affine GPUs, and the VF netdevs' addresses
+    # from a JSON file on the node ({"<vf netdev>": "a.b.c.d/len"}, the netlink extra)
+    vf_setup: Flag = False
+    vf_addresses: Path | None = None
     # peer-to-peer bundles (docs/design.md#peers)
     peer_token: str | None = Field(None, repr=False)  # agents serve and fetch bundles only with it
     peer_token_file: Path | None = Field(None, repr=False)

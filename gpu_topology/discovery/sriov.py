@@ -1,9 +1,10 @@
 """SR-IOV virtual functions of the node's RDMA NICs, read from sysfs with an injectable root.
 
 Who calls it: the node agent's device plugin (``dsagent.nodeplugins``), which hands one VF of
-a RoCE class's NIC to each container (docs/design.md#roce-allocation). What it owns: the
-reading of the kernel's SR-IOV and RDMA layout, nothing else (no allocation, no I/O
-outside ``root``). Like :mod:`gpu_topology.discovery.sysfs`, ``root`` is ``/`` on a node
+a RoCE class's NIC to each container and may create the VFs (docs/design.md#roce-allocation).
+What it owns: the reading of the kernel's SR-IOV and RDMA layout, and the one write the
+kernel offers for it, :func:`set_numvfs` (``sriov_numvfs``); nothing else (no allocation, no
+I/O outside ``root``). Like :mod:`gpu_topology.discovery.sysfs`, ``root`` is ``/`` on a node
 and a temporary tree in tests (:class:`gpu_topology.testing.SysfsTree` builds one).
 
 The layout read, for each physical function (PF) ``sys/class/infiniband/<pf>/device``:
@@ -101,6 +102,34 @@ def discover_vfs(root: str | os.PathLike[str] = "/") -> dict[str, PhysicalFuncti
     return found
 
 
+def set_numvfs(root: str | os.PathLike[str], pf: str, count: int) -> bool:
+    """Enable ``count`` VFs on RDMA NIC ``pf`` by writing its ``sriov_numvfs``; True when written.
+
+    Nothing is written when ``count`` VFs are already enabled (the kernel would destroy
+    and recreate them, and with them every VF a running container holds). A different
+    non-zero count is reached through 0, as the kernel requires (it refuses a change
+    between two non-zero counts with EBUSY). Raises :class:`DiscoveryError` for a NIC
+    without SR-IOV, a count above ``sriov_totalvfs`` or a refused write.
+    """
+    device = Path(root) / "sys/class/infiniband" / pf / "device"
+    numvfs = device / "sriov_numvfs"
+    current = _int(_read(numvfs))
+    if current is None or (device / "physfn").exists():
+        raise DiscoveryError(f"{pf} has no SR-IOV (no readable {numvfs})")
+    total = _int(_read(device / "sriov_totalvfs"))
+    if count < 0 or (total is not None and count > total):
+        raise DiscoveryError(f"{pf}: {count} VFs asked, the NIC offers 0..{total}")
+    if current == count:
+        return False
+    try:
+        if current and count:
+            numvfs.write_text("0", encoding="ascii")
+        numvfs.write_text(str(count), encoding="ascii")
+    except OSError as exc:
+        raise DiscoveryError(f"enabling {count} VFs on {pf} failed: {exc}") from exc
+    return True
+
+
 def gid_index(port: Path) -> int | None:
     """The GID index NCCL should use on ``ports/<n>`` (see the module docstring)."""
     types = port / "gid_attrs" / "types"
@@ -174,4 +203,4 @@ def _read(path: Path) -> str | None:
     return text or None
 
 
-__all__ = ["PhysicalFunction", "VirtualFunction", "discover_vfs", "gid_index"]
+__all__ = ["PhysicalFunction", "VirtualFunction", "discover_vfs", "gid_index", "set_numvfs"]

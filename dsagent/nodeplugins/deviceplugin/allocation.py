@@ -11,18 +11,19 @@ What it owns (docs/design.md#roce-allocation):
   (``<prefix>/gpu-roce1-2``: the GPUs of classes 1 and 2, for a worker of a job whose
   class set they are, docs/design.md#class-sets); plus ``<prefix>/gpu-all`` with every
   GPU of the node, for a whole-node worker that spans several classes;
-* :class:`Ledger`: the allocations made, each with its GPUs and one VF per RoCE NIC near
-  them (of the classes they touch: a GPU near two NICs gets both, so NCCL can stripe over
-  every near rail; docs/design.md#roce-allocation). A GPU held under one resource is
+* :class:`Ledger`: the allocations made, each with its GPUs and **one** VF, of a RoCE NIC
+  affine to them (the design's "only one VF needs to be chosen";
+  docs/design.md#roce-allocation). A GPU held under one resource is
   reported Unhealthy under the others (the kubelet then offers it to nobody else) and an
   Allocate that would share it is refused; a VF is taken until the kubelet's pod-resources
   API stops listing the allocation;
 * :func:`nccl_settings` and :func:`nccl_conf`: the NCCL environment and file text.
 
-Decisions: the NICs are the nearest ones of each allocated GPU
-(:func:`gpu_topology.nearest_nics`) among its class's NICs; on each, the lowest free
-``virtfn``. A class none of whose GPUs names a nearest NIC of its own gets one VF from
-the class NIC with the fewest taken VFs (ties by NIC order). An Allocate repeated for the same devices (the
+Decisions: the VF's NIC is one of the allocated GPUs' nearest NICs
+(:func:`gpu_topology.nearest_nics`) among their classes' NICs: the first class's (rail
+order), the NIC near the most allocated GPUs, then the least used; on it, the lowest free
+``virtfn`` (:meth:`Ledger._choose_vf`). A class none of whose GPUs names a nearest NIC of
+its own gets the VF of its NIC with the fewest taken VFs. An Allocate repeated for the same devices (the
 kubelet does this after its restart) gets the same allocation back. NCCL names use the
 ``=`` exact-match form (``NCCL_IB_HCA==mlx5_10``): a bare ``mlx5_1`` would also match
 ``mlx5_10``..``mlx5_19``.
@@ -180,7 +181,7 @@ class Allocation:
     id: str
     resource: str
     gpus: tuple[str, ...]  # UUIDs, sorted
-    vfs: tuple[str, ...]  # VF PCI addresses, one per near NIC of the classes touched
+    vfs: tuple[str, ...]  # the VF's PCI address (none without SR-IOV); records of several still load
     created: float
 
     @staticmethod
@@ -224,21 +225,9 @@ class Ledger:
                 hint="the kubelet offered a device this plugin reported Unhealthy",
             )
         taken = {vf for a in self.allocations.values() for vf in a.vfs}
-        chosen: list[str] = []
-        for cls in self._classes_of(devices):
-            near = [n for n in cls.nics if any(n in self.node.near_nics(d.index) for d in devices)]
-            if len(near) > 1:  # one VF per near NIC: NCCL stripes over every rail (cross-node design)
-                for nic in near:
-                    vf = self._free_vf(cls, taken, only=nic)
-                    if vf is not None:
-                        chosen.append(vf.pci_bus_id)
-                        taken.add(vf.pci_bus_id)
-                continue
-            vf = self._free_vf(cls, taken, prefer=near[0] if near else None)
-            if vf is not None:
-                chosen.append(vf.pci_bus_id)
-                taken.add(vf.pci_bus_id)
-        allocation = Allocation(id=alloc_id, resource=resource, gpus=uuids, vfs=tuple(chosen), created=now)
+        vf = self._choose_vf(devices, taken)
+        chosen = (vf.pci_bus_id,) if vf is not None else ()
+        allocation = Allocation(id=alloc_id, resource=resource, gpus=uuids, vfs=chosen, created=now)
         self.allocations[alloc_id] = allocation
         return allocation
 
@@ -256,33 +245,39 @@ class Ledger:
             del self.allocations[allocation.id]
         return freed
 
-    def _classes_of(self, devices: Iterable[Device]) -> list[Any]:
-        found = []
-        for device in devices:
-            cls = self.node.class_of(device.index)
-            if cls is not None and cls not in found:
-                found.append(cls)
-        return found
+    def _classes_of(self, devices: Iterable[Device]) -> list[ResourceClass]:
+        """The classes the devices belong to, in class (rail) order."""
+        indices = {d.index for d in devices}
+        return [c for c in self.node.classes if indices.intersection(c.gpus)]
 
-    def _free_vf(
-        self, cls: ResourceClass, taken: set[str], *, only: str | None = None, prefer: str | None = None
-    ) -> VirtualFunction | None:
-        """A free VF of the class's NICs (``only``: of that NIC; ``prefer``: that NIC first)."""
-        names = [n for n in cls.nics if (only is None or n == only) and n in self.node.vfs]
-        pfs = [self.node.vfs[n] for n in names]
-        usable = [[vf for vf in pf.vfs if vf.usable] for pf in pfs]
-        if not any(usable):
-            return None  # no SR-IOV on this class's NICs: GPUs only (docs/design.md#roce-allocation)
-        order = sorted(
-            range(len(pfs)),
-            key=lambda i: (names[i] != prefer, sum(vf.pci_bus_id in taken for vf in usable[i]), i),
-        )
-        for i in order:
-            for vf in usable[i]:
-                if vf.pci_bus_id not in taken:
+    def _choose_vf(self, devices: list[Device], taken: set[str]) -> VirtualFunction | None:
+        """The container's one VF (docs/design.md#roce-allocation); None without SR-IOV.
+
+        Candidates are the SR-IOV NICs of the classes the GPUs touch. The first class (rail
+        order) comes first, so every worker of a class set uses the same rail; inside a
+        class, a NIC near an allocated GPU before one near none, then the NIC near the most
+        allocated GPUs, then the one with the fewest taken VFs, then NIC order. On the
+        chosen NIC, the lowest free ``virtfn``; a NIC with none free gives way to the next.
+        """
+        classes = self._classes_of(devices)
+        candidates: list[tuple[tuple[int, int, int, int, int], PhysicalFunction]] = []
+        for rank, cls in enumerate(classes):
+            for position, nic in enumerate(cls.nics):
+                pf = self.node.vfs.get(nic)
+                if pf is None or not any(vf.usable for vf in pf.vfs):
+                    continue
+                near = sum(nic in self.node.near_nics(d.index) for d in devices)
+                busy = sum(vf.pci_bus_id in taken for vf in pf.vfs)
+                candidates.append(((rank, near == 0, -near, busy, position), pf))
+        if not candidates:
+            return None  # no SR-IOV on these classes' NICs: GPUs only (docs/design.md#roce-allocation)
+        for _, pf in sorted(candidates, key=lambda item: item[0]):
+            for vf in pf.vfs:
+                if vf.usable and vf.pci_bus_id not in taken:
                     return vf
+        nics = ", ".join(dict.fromkeys(n for c in classes for n in c.nics))
         raise NoFreeVf(
-            f"every VF of {', '.join(cls.nics)} ({cls.resource}) is taken",
+            f"every VF of {nics} ({', '.join(c.resource for c in classes)}) is taken",
             hint="enable more VFs (sriov_numvfs) or wait for a pod of this class to end",
         )
 
@@ -324,9 +319,9 @@ def nccl_settings(vfs: Iterable[VirtualFunction]) -> dict[str, str]:
     if netdevs:
         settings["NCCL_SOCKET_IFNAME"] = "=" + ",".join(str(n) for n in netdevs)
     if len(vfs) > 1:
-        # several rails, each its own subnet: a channel must stay on one rail between the
-        # nodes (NCCL_CROSS_NIC=0, NCCL's setting for rail-optimised fabrics), so that NCCL
-        # stripes channels over every listed HCA without crossing subnets
+        # an allocation recorded with several VFs (such records still load): each rail is its
+        # own subnet, so a channel must stay on one rail between the nodes (NCCL_CROSS_NIC=0,
+        # NCCL's setting for rail-optimised fabrics)
         settings["NCCL_CROSS_NIC"] = "0"
     return settings
 

@@ -14,9 +14,9 @@ classes, for the workers of a job's class set, ``<prefix>/gpu-all`` for whole-no
 * ``GetPreferredAllocation`` is :func:`gpu_topology.best_gpu_set` over the offered devices
   with the kubelet's must-include devices; for a class-set resource, the rail-aligned share
   of every class of the set (:func:`gpu_topology.classsets.gpus_in_set`);
-* ``Allocate`` answers ``NVIDIA_VISIBLE_DEVICES=<uuids>``, one free VF per RoCE NIC near
-  the GPUs (its ``/dev/infiniband/*`` nodes as devices) and the NCCL settings naming every
-  one of them as environment and as ``/etc/nccl.conf`` (a file written atomically under
+* ``Allocate`` answers ``NVIDIA_VISIBLE_DEVICES=<uuids>``, one free VF of a RoCE NIC near
+  the GPUs (its ``/dev/infiniband/*`` nodes as devices) and the NCCL settings naming it as
+  environment and as ``/etc/nccl.conf`` (a file written atomically under
   ``<root>/kubelet/nccl/``).
 
 The kubelet deletes plugin sockets and recreates ``kubelet.sock`` when it restarts; the

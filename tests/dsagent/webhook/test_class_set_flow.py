@@ -216,14 +216,13 @@ def test_a_two_worker_job_keeps_one_class_set_through_webhook_extender_and_devic
         assert "class set gpu-roce1+gpu-roce2" in failed["a100-2"]
         placed[pod["metadata"]["name"]] = node
 
-        # 3. the device plugin on that node: two GPUs of each class, a VF of each near NIC
+        # 3. the device plugin on that node: two GPUs of each class, one VF on the set's first rail
         run = asyncio.run(kubelet_runs(short_dir / f"w{index}", a100, SET, 4))
         assert SET in run["registered"]
         assert sorted(run["preferred"]) == [gpu_uuid(i) for i in range(4)]
         answer = run["answer"]
-        # GPUs 0-3 sit near mlx5_0..3: one VF of each, named for NCCL, rails kept apart
-        hca = ",".join(vf_rdma(pf, 0) for pf in range(4))
-        assert answer.envs["NCCL_IB_HCA"] == f"={hca}" and answer.envs["NCCL_CROSS_NIC"] == "0"
+        # GPUs 0-3 sit near mlx5_0..3: one VF, of class 1's first NIC, the same on every worker
+        assert answer.envs["NCCL_IB_HCA"] == f"={vf_rdma(0, 0)}" and "NCCL_CROSS_NIC" not in answer.envs
         assert sorted(answer.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == [gpu_uuid(i) for i in range(4)]
 
         # the agent republishes the node's free GPUs (pod-resources after the Allocate)

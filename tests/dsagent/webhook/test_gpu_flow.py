@@ -244,19 +244,19 @@ def test_a_two_worker_job_goes_through_webhook_extender_and_device_plugin(
         visible = answer.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
         assert sorted(visible) == sorted(placement["preferred"])
         assert sorted(by_uuid[u] for u in visible) == [4, 5, 6, 7]
-        # one VF of each NIC near the GPUs (4, 5 under mlx5_2; 6, 7 under mlx5_3): its
-        # /dev/infiniband device node (cross-node design: every near NIC carries traffic)
+        # one VF for the container, of a NIC near the GPUs (4, 5 under mlx5_2; 6, 7 under
+        # mlx5_3): the class's first, so both workers use the same rail; its /dev/infiniband node
         vfs = {vf.device_nodes[0]: vf for pf in discover_vfs(short_dir / node / "host").values() for vf in pf.vfs}
         uverbs = [d.host_path for d in answer.devices if "uverbs" in d.host_path]
-        assert len(uverbs) == 2 and [d.container_path for d in answer.devices] == [d.host_path for d in answer.devices]
+        assert len(uverbs) == 1 and [d.container_path for d in answer.devices] == [d.host_path for d in answer.devices]
         given = [vfs[u] for u in uverbs]
-        assert [vf.pf for vf in given] == nics
-        # NCCL told to use both, on their own rails, in the environment and in the mounted nccl.conf
-        hca = "=" + ",".join(str(vf.rdma_device) for vf in given)
-        assert answer.envs["NCCL_IB_HCA"] == hca and answer.envs["NCCL_CROSS_NIC"] == "0"
+        assert [vf.pf for vf in given] == nics[:1]
+        # NCCL told to use it, in the environment and in the mounted nccl.conf
+        hca = "=" + str(given[0].rdma_device)
+        assert answer.envs["NCCL_IB_HCA"] == hca and "NCCL_CROSS_NIC" not in answer.envs
         [mount] = answer.mounts
         assert mount.container_path == "/etc/nccl.conf" and mount.read_only
         conf = Path(mount.host_path).read_text(encoding="utf-8").splitlines()
-        assert f"NCCL_IB_HCA={hca}" in conf and "NCCL_CROSS_NIC=0" in conf
+        assert f"NCCL_IB_HCA={hca}" in conf
         ifnames = "=" + ",".join(str(vf.netdev) for vf in given)
         assert f"NCCL_IB_GID_INDEX={given[0].gid_index}" in conf and f"NCCL_SOCKET_IFNAME={ifnames}" in conf

@@ -90,23 +90,23 @@ def test_register_advertise_prefer_allocate_and_free(short_dir: Path, dgx_a100: 
             got = await kubelet.preferred(ALL, everything, [gpu_uuid(5)], 4)
             assert got == [gpu_uuid(i) for i in expected.gpus] and gpu_uuid(5) in got
 
-            # Allocate: UUIDs, one VF of each NIC GPU 0 is near (mlx5_0 and mlx5_1, both PXB),
-            # nccl.conf naming both (cross-node design: every near NIC carries traffic)
+            # Allocate: UUIDs and ONE VF, of a NIC GPU 0 is near (mlx5_0 and mlx5_1, both PXB):
+            # the lowest of the first NIC, named in nccl.conf
             first = await kubelet.allocate(ROCE1, [gpu_uuid(0)])
             assert first.envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(0)
             vf_paths = [d.host_path for d in first.devices if "uverbs" in d.host_path]
-            assert vf_paths == ["/dev/infiniband/uverbs10", "/dev/infiniband/uverbs12"]
+            assert vf_paths == ["/dev/infiniband/uverbs10"]
             hca = first.envs["NCCL_IB_HCA"]
-            assert hca == f"={vf_rdma(0, 0)},{vf_rdma(1, 0)}"
+            assert hca == f"={vf_rdma(0, 0)}" and "NCCL_CROSS_NIC" not in first.envs
             assert first.envs["NCCL_IB_GID_INDEX"] == str(ROCE_V2_INDEX)
             (mount,) = first.mounts
             assert mount.container_path == "/etc/nccl.conf" and mount.read_only
             conf = Path(mount.host_path).read_text()
             assert f"NCCL_IB_HCA={hca}\n" in conf and f"NCCL_IB_GID_INDEX={ROCE_V2_INDEX}\n" in conf
 
-            # a second container of the class gets different VFs (the next free VF of each NIC)
+            # a second container of the class gets a VF of the less used near NIC (mlx5_1)
             second = await kubelet.allocate(ROCE1, [gpu_uuid(1)])
-            assert second.envs["NCCL_IB_HCA"] != hca
+            assert second.envs["NCCL_IB_HCA"] == f"={vf_rdma(1, 0)}"
             assert {d.host_path for d in second.devices} != {d.host_path for d in first.devices}
 
             # the pods run: pod-resources lists them; nothing is freed
@@ -132,7 +132,7 @@ def test_register_advertise_prefer_allocate_and_free(short_dir: Path, dgx_a100: 
     run(scenario())
 
 
-def test_whole_node_worker_gets_one_vf_per_near_nic(short_dir: Path, dgx_a100: Topology, dgx_vfs: Any) -> None:
+def test_whole_node_worker_gets_one_vf_of_the_first_rail(short_dir: Path, dgx_a100: Topology, dgx_vfs: Any) -> None:
     async def scenario() -> None:
         async with Node(short_dir, dgx_a100, dgx_vfs) as node:
             everything = [gpu_uuid(i) for i in range(8)]
@@ -144,8 +144,9 @@ def test_whole_node_worker_gets_one_vf_per_near_nic(short_dir: Path, dgx_a100: T
                 assert {d.health for d in (await asyncio.wait_for(stream.read(), 10)).devices} == {"Unhealthy"}
                 stream.cancel()
             assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(sorted(everything))
-            hcas = answer.envs["NCCL_IB_HCA"].lstrip("=").split(",")
-            assert hcas == [vf_rdma(pf, 0) for pf in range(8)]  # one per NIC: every GPU is near its pair
+            # one VF for the container, of class 1's first NIC (near GPUs 0 and 1)
+            assert answer.envs["NCCL_IB_HCA"] == f"={vf_rdma(0, 0)}"
+            assert [d.host_path for d in answer.devices if "uverbs" in d.host_path] == ["/dev/infiniband/uverbs10"]
             for i in (1, 2, 3, 4):
                 health = {d.health for d in await node.kubelet.first_list(f"dsagent.io/gpu-roce{i}")}
                 assert health == {"Unhealthy"}

@@ -57,7 +57,7 @@ def test_serve_starts_and_registers_the_plugin(short_dir: Path, tmp_path: Path, 
             assert [r.resource_name for r in kubelet.registrations][-1] == "example.com/gpu-all"
             assert len(kubelet.registrations) == 4 + 6 + 1  # classes, runs of classes, gpu-all
             answer = await kubelet.allocate("example.com/gpu-roce3", [dgx_a100.gpus[4].uuid or ""])
-            assert answer.envs["NCCL_IB_HCA"] == "=mlx5_18,mlx5_20"  # a VF of each of mlx5_4 and mlx5_5, both near
+            assert answer.envs["NCCL_IB_HCA"] == "=mlx5_18"  # one VF, of mlx5_4 (mlx5_4 and mlx5_5 are both near)
             # the kubelet gets the host's path of the file the agent wrote under its own root
             host_path = Path(answer.mounts[0].host_path)
             assert host_path.parent == Path("/nvme/dsagent/kubelet/nccl")
@@ -122,3 +122,38 @@ def test_a_class_rule_that_cannot_be_applied_stops_the_plugin_with_a_clear_error
     settings = Settings(root=tmp_path / "root", roce_classes="subnet", device_plugin_dir=short_dir)
     with pytest.raises(SettingsError, match="DSAGENT_ROCE_CLASSES=subnet"):
         asyncio.run(start_device_plugin(settings, topology=dgx_a100, sysfs_root=tmp_path))
+
+
+def test_serve_creates_the_vfs_and_checks_the_address_file(short_dir: Path, tmp_path: Path, dgx_a100: Topology) -> None:
+    """DSAGENT_VF_SETUP: each NIC gets as many VFs as it has affine GPUs; DSAGENT_VF_ADDRESSES names only VFs."""
+    build_dgx_a100_vfs(tmp_path / "sys-root")
+    numvfs = tmp_path / "sys-root/sys/class/infiniband/mlx5_4/device/sriov_numvfs"
+    numvfs.write_text("0\n")  # VFs not enabled on mlx5_4 yet
+    (short_dir / "dp").mkdir()
+    addresses = tmp_path / "addresses.json"
+    addresses.write_text(json.dumps({"eth0": "10.0.0.1/24"}))
+    settings = Settings.from_env(
+        {
+            "DSAGENT_ROOT": str(tmp_path / "root"),
+            "DSAGENT_DEVICE_PLUGIN": "on",
+            "DSAGENT_DEVICE_PLUGIN_DIR": str(short_dir / "dp"),
+            "DSAGENT_POD_RESOURCES_SOCKET": str(short_dir / "none.sock"),
+            "DSAGENT_VF_SETUP": "on",
+        }
+    )
+    assert Settings().vf_setup is False and Settings().vf_addresses is None
+
+    async def scenario() -> None:
+        kubelet = FakeKubelet(short_dir / "dp")
+        await kubelet.start()
+        plugin = await start_device_plugin(settings, topology=dgx_a100, sysfs_root=tmp_path / "sys-root")
+        try:
+            assert numvfs.read_text().strip() == "2"  # GPUs 4 and 5 are affine to mlx5_4
+            with pytest.raises(InvalidInput, match="eth0 are not VF netdevs"):
+                refused = settings.model_copy(update={"vf_setup": False, "vf_addresses": addresses})
+                await start_device_plugin(refused, topology=dgx_a100, sysfs_root=tmp_path / "sys-root")
+        finally:
+            await plugin.stop()
+            await kubelet.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
