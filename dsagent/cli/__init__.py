@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "evict": "dsagent.cli.cache:evict",
     "status": "dsagent.cli.cache:status",
     "release": "dsagent.cli.cache:release",
+    "operation": "dsagent.cli.cache:operation",
     "wait": "dsagent.cli.cache:wait",
     "topo": "dsagent.cli.topo:topo",
     "scheduler": "dsagent.cli.scheduler:scheduler",
@@ -81,8 +82,33 @@ def cli() -> None:
     """dsctl: digest, pack and cache datasets; inspect GPU topology; run the extender."""
 
 
+#: ``DSAGENT_*`` variables an init-container's or an operator's ``dsctl`` usually sees; with
+#: only these set, start-up skips reading the platform's whole list (it costs pydantic's
+#: import). A test holds this a subset of :func:`dsagent.cluster.envnames.known_names`.
+COMMON_VARIABLES = frozenset(
+    {
+        "DSAGENT_DATASETS", "DSAGENT_BUNDLES", "DSAGENT_TASK_ID", "DSAGENT_SOCKET", "DSAGENT_AGENT",
+        "DSAGENT_ADMIN_TOKEN", "DSAGENT_ROOT",
+    }
+)  # fmt: skip
+
+
+def refuse_unknown_environment(environ: dict[str, str] | os._Environ[str]) -> None:
+    """A misspelt ``DSAGENT_*`` variable (``DSAGENT_SOKET``) stops ``dsctl`` with one line
+    naming it and its close matches (exit 2), as it stops the agent, instead of being
+    silently ignored; the list is every variable some part of the platform reads."""
+    odd = [n for n in environ if n.startswith("DSAGENT_") and n not in COMMON_VARIABLES]
+    if not odd or all(n.startswith("DSAGENT_STORAGE_OPTIONS_") for n in odd):
+        return
+    from dsagent.cluster.envnames import refuse_unknown
+
+    refuse_unknown(environ)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point of ``dsctl``; see :func:`run`."""
+    with exit_on_error("dsctl"):
+        refuse_unknown_environment(os.environ)
     run(cli, argv, "dsctl")
 
 
@@ -98,8 +124,9 @@ def run(command: click.Command, argv: list[str] | None, prog: str) -> None:
     try:
         with exit_on_error(prog):
             command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("Aborted.", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        # a command that knows what goes on after Ctrl-C says so in its Abort's message
+        click.echo(str(exc) if isinstance(exc, click.exceptions.Abort) and str(exc) else "Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else prog
