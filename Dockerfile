@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # One image for the node agent (dsagent), dsctl (init-containers and sidecars), the
 # scheduler extender (python -m scheduler_plugin) and the admission webhook
-# (python -m dsagent.cluster.admission.server). Build: docker build -t ghcr.io/dsplatform/dsplatform:0.1.0 .
+# (python -m dsagent.webhook). Build: docker build -t ghcr.io/dsplatform/dsplatform:0.1.0 .
 ARG PYTHON_VERSION=3.12
 
 # -- build: install the distribution and its dependencies into a self-contained venv
@@ -15,6 +15,7 @@ COPY pyproject.toml README.md requirements-test.txt ./
 COPY dsplatform ./dsplatform
 COPY dsagent ./dsagent
 COPY scheduler_plugin ./scheduler_plugin
+COPY scheduling ./scheduling
 COPY gpu_topology ./gpu_topology
 # [agent]: every storage backend (s3://, gs://, az:// and abfs://, http://), so the chart's
 # s3:// examples work in the default image, and the kubelet plugins (grpcio, protobuf);

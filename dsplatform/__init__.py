@@ -9,7 +9,9 @@ What it owns: one rule per fact that more than one component must agree on:
 - :mod:`dsplatform.jobs`: which job a pod belongs to (its job labels);
 - :mod:`dsplatform.kubetime`: how a Kubernetes time (RFC 3339) is read and written;
 - :mod:`dsplatform.gpus`: how many GPUs a pod requests, and the GPU resource names;
-- :mod:`dsplatform.paths`: the per-user cache base (``$XDG_CACHE_HOME``, else ``~/.cache``).
+- :mod:`dsplatform.paths`: the per-user cache base (``$XDG_CACHE_HOME``, else ``~/.cache``);
+- :mod:`dsplatform.wire`: the wire contracts between processes (the pod annotation, the CSI
+  volume attributes), one module each, with its version.
 
 It imports nothing of the project (an import contract checks this), so every package may
 depend on it. :mod:`dsplatform.errors` holds the one error base every package's tree derives

@@ -1,9 +1,9 @@
 """How many GPUs a pod requests, and what the GPU resources are called.
 
-Who calls it: the admission webhook's GPU class policy (``dsagent.cluster.admission.roceclass``),
+Who calls it: the admission webhook's GPU class policy (``dsagent.webhook.roceclass``),
 the agent's annotation publisher (``dsagent.cluster.publisher``: is any GPU pod on the node),
-the controller's preparation (``dsagent.cluster.prepare``: free GPUs per node), the device
-plugin and the agent's settings (the names), the scheduler extender (``scheduler_plugin.podspec``,
+the controller's preparation (``dsagent.controller.podfacts``: free GPUs per node), the device
+plugin and the agent's settings (the names), the scheduler extender (``scheduling.podspec``,
 ``.nodecache``, ``.migrator``, ``.nodeinfo`` for quantities) and the simulator (through the
 extender's framework); ``gpu_topology`` names its classes with :data:`CLASS_STEM`.
 

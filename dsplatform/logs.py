@@ -2,8 +2,8 @@
 
 Who calls it: the main of each long-running process, once, before anything logs:
 ``dsagent serve`` (:mod:`dsagent.cli.agent`), the Dataset controller
-(:mod:`dsagent.cluster.controller`), the admission webhook
-(:mod:`dsagent.cluster.admission.server`) and the extender (:mod:`scheduler_plugin.__main__`);
+(:mod:`dsagent.controller.reconcile`), the admission webhook
+(:mod:`dsagent.webhook.server`) and the extender (:mod:`scheduler_plugin.__main__`);
 their settings classes take the fields from :class:`LogSettings` (``<PREFIX>LOG_LEVEL``,
 ``<PREFIX>LOG_FORMAT``, ``<PREFIX>ACCESS_LOG``).
 What it owns (docs/design.md#logs):

@@ -1,8 +1,8 @@
 """The one body every process answers ``GET /healthz`` and ``GET /readyz`` with.
 
 Who calls it: the agent's API (:mod:`dsagent.api.routes`), the extender
-(:mod:`scheduler_plugin.app`), the admission webhook (:mod:`dsagent.cluster.admission.server`)
-and the Dataset controller's metrics port (:mod:`dsagent.cluster.controller`).
+(:mod:`scheduler_plugin.app`), the admission webhook (:mod:`dsagent.webhook.server`)
+and the Dataset controller's metrics port (:mod:`dsagent.controller.controllermetrics`).
 What it owns (docs/design.md#probes): the shape ``{"status": S}`` plus ``"detail"`` when
 there is something to say, and which statuses are healthy. Before issue 23 the processes
 answered three shapes (``{"status": "ok"}``, ``{"ok": true}``/``{"ready": false}``, and

@@ -1,6 +1,6 @@
 """The Node annotations an agent publishes, read by the extender, the webhook and the controller.
 
-Who calls it: the agent's publisher (writes them), ``scheduler_plugin.nodeinfo`` (the
+Who calls it: the agent's publisher (writes them), ``scheduling.nodeinfo`` (the
 extender), the webhook's GPU class vote and the Dataset controller (read them). One name per
 annotation, so a writer and its readers cannot drift apart (docs/design.md#annotations).
 """

@@ -1,7 +1,7 @@
 """What every HTTP process does around its server: bind first, and a failed start is an error.
 
 Who calls it: ``dsagent serve`` (``dsagent.cli.agent``, its TCP listener), the extender
-(``scheduler_plugin.__main__``) and the webhook (``dsagent.cluster.admission.server``). What
+(``scheduler_plugin.__main__``) and the webhook (``dsagent.webhook.server``). What
 it owns, once for all three (this package imports no web server, so the server itself is
 each caller's):
 

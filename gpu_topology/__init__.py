@@ -8,15 +8,14 @@ with ``topology_from_dict`` and calls :func:`best_gpu_set` and :func:`roce_class
 
     model        Gpu, Nic, Link, Topology            the frozen values
     scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
-    classes      nearest_nics, roce_classes, ClassMode GPU-NIC affinity, RoCE classes
-    placement    choose_class, ...                    the cluster-wide RoCE class vote
+    roceclasses  nearest_nics, roce_classes, ClassMode GPU-NIC affinity, RoCE classes
+    classvote    choose_class, ...                    the cluster-wide RoCE class vote
     classsets    choose_class_set, gpus_in_set, ...   one class set per multi-worker job
     contract     to/from the version-1 JSON           schema: topology.schema.json
     discovery    discover() and its backends          nvml, nvidia-smi, sysfs, nccl-xml
     errors       TopologyError and its tree
 """
 
-from gpu_topology.classes import ClassMode, RoceClass, nearest_nic_map, nearest_nics, roce_classes
 from gpu_topology.contract import from_json, to_json, topology_from_dict, topology_to_dict
 from gpu_topology.discovery import discover
 from gpu_topology.errors import (
@@ -28,6 +27,7 @@ from gpu_topology.errors import (
     UnknownDevice,
 )
 from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology
+from gpu_topology.roceclasses import ClassMode, RoceClass, nearest_nic_map, nearest_nics, roce_classes
 from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. Called by the scheduler extender (its filter and RoCE score, via
 ``scheduler_plugin.framework``), by the admission webhook (which keeps the job's set in
-its Lease, ``dsagent.cluster.admission.roceclass``) and by the simulator (``tools/sim/engine.py``).
+its Lease, ``dsagent.webhook.roceclass``) and by the simulator (``tools/sim/engine.py``).
 Design: ``docs/design.md#class-sets``.
 
 Decisions:

@@ -20,9 +20,9 @@ from typing import Any
 
 import jsonschema
 
-from gpu_topology.classes import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode, RoceClass, nearest_nic_map, roce_classes
 from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology
+from gpu_topology.roceclasses import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode, RoceClass, nearest_nic_map, roce_classes
 
 VERSION = 1
 

@@ -38,7 +38,9 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from dsplatform import probes
+from gpu_topology import classvote
 from scheduler_plugin.body import BodyBuffers
+from scheduler_plugin.decode import decode_args
 from scheduler_plugin.errors import (
     InvalidRequest,
     SchedulerPluginError,
@@ -49,12 +51,12 @@ from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from scheduler_plugin.metrics import ExtenderMetrics
-from scheduler_plugin.nodeinfo import NodeReader
-from scheduler_plugin.plugins import deadline, roce
+from scheduler_plugin.plugins import deadline
 from scheduler_plugin.settings import Settings
-from scheduler_plugin.timemodel import parse_profile
 from scheduler_plugin.view import View
-from scheduler_plugin.wire import BodyNotJson, decode_args, encode_priorities, filter_result_parts
+from scheduler_plugin.wire import BodyNotJson, encode_priorities, filter_result_parts
+from scheduling.nodeinfo import NodeReader
+from scheduling.timemodel import parse_profile
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +252,7 @@ class ExtenderApp:
             job = jobs[0] if jobs else None
             remembered = self.framework.jobs.get(job) if job else None
             nodes = self.view.known()
-            choice = roce.choose_class((n.free_by_class for n in nodes if n.free_by_class), gpus)
+            choice = classvote.choose_class((n.free_by_class for n in nodes if n.free_by_class), gpus)
         except SchedulerPluginError as exc:
             return exc.http_status, json.dumps(exc.to_dict()).encode()
         body: dict[str, Any] = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsplatform.names import is_digest
-from scheduler_plugin.podspec import PodRequest
+from scheduling.podspec import PodRequest
 
 GROUP = "dsagent.io"
 VERSION = "v1alpha1"

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from itertools import repeat
 from typing import NamedTuple, TypeVar
 
-from scheduler_plugin.nodeinfo import Holding, Inventory, NodeFacts
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 
 #: GPU-key ids kept before the table is rebuilt from the current nodes (keys no node has
 #: any more are dropped then); each keeps one node's GPU facts, without its inventory.

@@ -12,7 +12,6 @@ that ``python -m scheduler_plugin`` runs under.
     ├── InvalidRequest (400, exit 2, INVALID_ARGUMENT)  a request body or query that is not what
     │   │                                     the extender protocol or endpoint expects
     │   ├── SettingsError                     a DSEXT_* value or flag is invalid
-    │   ├── AnnotationError                   timemodel: a time-model annotation that cannot be used
     │   └── BodyNotJson                       wire: a verb's body that is not a JSON object (answered 400)
     └── ViewUnavailable (503, exit 7, UNAVAILABLE)  the watch-backed cluster view is not synced yet
 """

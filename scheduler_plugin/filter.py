@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpu_topology.classsets import assign, set_key
-from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins.dataset import is_current
-from scheduler_plugin.podspec import PodRequest
+from scheduling.nodeinfo import NodeFacts
+from scheduling.podspec import PodRequest
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Runs the scores and the filter over the candidate nodes and combines the results.
 
 The one coordinator of a scheduling decision: it reads the pod once, fetches each
-score's inputs from :class:`~scheduler_plugin.nodeinfo.NodeFacts`, calls the pure
+score's inputs from :class:`~scheduling.nodeinfo.NodeFacts`, calls the pure
 functions in :mod:`scheduler_plugin.plugins`, resolves the job's RoCE class, or a
 multi-worker job's class set (:mod:`gpu_topology.classsets`, docs/design.md#class-sets),
 both kept in :class:`~scheduler_plugin.jobs.JobClasses`, and combines the normalized
@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from typing import Any, TypeVar
 
+from gpu_topology import classvote
 from gpu_topology.classsets import NodeRoom, choose_class_set, parse_set, serves, set_key
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.columns import GroupedNodes, Selection
 from scheduler_plugin.jobs import JobClasses
-from scheduler_plugin.nodeinfo import NOTHING_HELD, NodeFacts
-from scheduler_plugin.plugins import MAX, dataset, deadline, numa, roce
-from scheduler_plugin.podspec import PodRequest, read_pod
+from scheduler_plugin.plugins import MAX, dataset, deadline, numa, subnet
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.wire import Pod
+from scheduling.nodeinfo import NOTHING_HELD, NodeFacts
+from scheduling.podspec import PodRequest, read_pod
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class Framework:
         ]
         return {
             key: (fit, placement(node.topology, node.topology_id, node.free_gpus, need) if numa_too else 0)
-            for (key, node), fit in zip(distinct.items(), roce.normalize(fits))
+            for (key, node), fit in zip(distinct.items(), subnet.normalize(fits))
         }
 
     def prioritize_selection(
@@ -331,7 +332,7 @@ class Framework:
         known = self.jobs.get(pod.job)
         if known is not None:
             return known
-        choice = roce.choose_class_grouped(_grouped_free_by_class(cluster()), pod.gpus)
+        choice = classvote.choose_class_grouped(_grouped_free_by_class(cluster()), pod.gpus)
         if choice is None:
             return None
         chosen = self.jobs.remember(pod.job, choice.name)
@@ -461,7 +462,7 @@ def _set_fit(node: NodeFacts, classes: tuple[str, ...], need: int) -> float:
     """Best-fit raw score of one node in a job's class set (0 when it cannot serve it)."""
     if not serves(node.free_by_class, classes, need):
         return 0.0
-    return roce.fit(sum(node.free_by_class[c] for c in classes), need)
+    return subnet.fit(sum(node.free_by_class[c] for c in classes), need)
 
 
 def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:
@@ -473,10 +474,10 @@ def _node_fit(node: NodeFacts, gpu_class: str | None, need: int) -> float:
         if gpu_class not in by_class:
             return 0.0
         if need <= sizes[gpu_class]:
-            return roce.fit(by_class[gpu_class], need)
+            return subnet.fit(by_class[gpu_class], need)
     elif by_class and need <= max(sizes.values()):
-        return max(roce.fit(free, need) for free in by_class.values())
-    return roce.fit(node.free_count, need)
+        return max(subnet.fit(free, need) for free in by_class.values())
+    return subnet.fit(node.free_count, need)
 
 
 __all__ = ["SPLIT", "Cluster", "GpuKey", "FilterOutcome", "Framework", "JobSet", "combine"]

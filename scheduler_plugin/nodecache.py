@@ -36,9 +36,9 @@ from scheduler_plugin.catalog import (
 )
 from scheduler_plugin.columns import NodeColumns
 from scheduler_plugin.errors import SettingsError, ViewUnavailable
-from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
-from scheduler_plugin.podspec import pod_is_active
 from scheduler_plugin.wire import Pod
+from scheduling.nodeinfo import NodeFacts, NodeReader
+from scheduling.podspec import pod_is_active
 
 log = logging.getLogger(__name__)
 

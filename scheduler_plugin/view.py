@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from scheduler_plugin import catalog
 from scheduler_plugin.columns import Selection
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
-from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
-from scheduler_plugin.podspec import PodRequest
 from scheduler_plugin.wire import ExtenderArgs, RawNode
+from scheduling.nodeinfo import NodeFacts, NodeReader
+from scheduling.podspec import PodRequest
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when the watch cache runs
     from scheduler_plugin.nodecache import NodeCache

@@ -54,7 +54,7 @@ def test_the_walk_finds_the_errors_beside_their_code() -> None:
         "dsagent.cluster.apiclient.KubeForbidden",
         "dsagent.nodeplugins.deviceplugin.allocation.NoFreeVf",
         "gpu_topology.errors.ParseError",
-        "scheduler_plugin.timemodel.AnnotationError",
+        "scheduling.timemodel.AnnotationError",
         "dsplatform.units.UnitError",
     } <= names
 

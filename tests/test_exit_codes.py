@@ -8,7 +8,7 @@ import re
 
 from tests.conftest import REPO_ROOT
 
-PACKAGES = ("dsagent", "gpu_topology", "scheduler_plugin", "dsplatform")
+PACKAGES = ("dsagent", "gpu_topology", "scheduler_plugin", "scheduling", "dsplatform")
 
 
 def all_modules() -> list[str]:
@@ -39,6 +39,7 @@ def error_classes() -> set[type]:
             "dsagent",
             "gpu_topology",
             "scheduler_plugin",
+            "scheduling",
             "dsplatform",
         }:
             found.add(cls)

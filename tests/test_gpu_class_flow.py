@@ -18,15 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from dsagent.cluster.admission.mutation import Injection
-from dsagent.cluster.admission.roceclass import (
-    GpuClassPolicy,
-    GpuClassSettings,
-    KubeGpuClasses,
-    lease_name,
-    read_cluster,
-)
-from dsagent.cluster.admission.server import create_app as webhook_app
+from dsagent.webhook.gpurequest import GpuClassSettings, lease_name
+from dsagent.webhook.mutation import Injection
+from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses, read_cluster
+from dsagent.webhook.server import create_app as webhook_app
 from scheduler_plugin.app import create_app as extender_app
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.testing import args_body, node, topology_json

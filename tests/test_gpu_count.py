@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster import prepare, publisher
-from dsagent.cluster.admission import roceclass
+from dsagent.cluster import publisher
+from dsagent.controller import podfacts
+from dsagent.webhook import gpurequest
 from dsplatform.gpus import GpuResources
-from scheduler_plugin.podspec import read_pod
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
+from scheduling.podspec import read_pod
 from tests.fake_apiserver import make_pod
 
 GPU = "nvidia.com/gpu"
@@ -49,9 +50,9 @@ PODS = {
 @pytest.mark.parametrize(("pod", "expected"), PODS.values(), ids=PODS.keys())
 def test_the_webhook_the_agent_and_the_extender_count_a_pods_gpus_alike(pod: dict[str, Any], expected: int) -> None:
     counts = {
-        "webhook class policy": roceclass.gpu_request(copy.deepcopy(pod), roceclass.GpuClassSettings(enabled=True)),
+        "webhook class policy": gpurequest.gpu_request(copy.deepcopy(pod), gpurequest.GpuClassSettings(enabled=True)),
         "publisher": publisher.gpu_request(copy.deepcopy(pod), GpuResources()),
-        "controller preparation": prepare.pod_gpus(copy.deepcopy(pod)),
+        "controller preparation": podfacts.pod_gpus(copy.deepcopy(pod)),
         "extender": read_pod(
             copy.deepcopy(pod), job_labels=DEFAULT_JOB_LABELS, gpu_resource=GPU, roce_prefix="dsagent.io/gpu-roce"
         ).gpus,

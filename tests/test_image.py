@@ -21,7 +21,7 @@ def packages() -> set[str]:
 
 def test_the_image_copies_every_package_of_the_distribution() -> None:
     copied = set(re.findall(r"^COPY (\w+) \./\1$", DOCKERFILE, re.M))
-    assert packages() == {"dsplatform", "dsagent", "scheduler_plugin", "gpu_topology"}
+    assert packages() == {"dsplatform", "dsagent", "scheduler_plugin", "scheduling", "gpu_topology"}
     assert packages() <= copied
 
 

@@ -67,25 +67,25 @@ def _csi_driver_name(value: str, tmp_path: Path) -> None:
 
 
 def _copies_configmap(value: str) -> None:
-    from dsagent.cluster.nodeagent import ClusterSettings
+    from dsagent.cluster.clustersettings import ClusterSettings
 
     ClusterSettings.from_env({"DSAGENT_COPIES_CONFIGMAP": f"dsplatform/{value}"})
 
 
 def _webhook_class_prefix(value: str) -> None:
-    from dsagent.cluster.admission.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     GpuClassSettings(prefix=value)
 
 
 def _webhook_gpu_resource(value: str) -> None:
-    from dsagent.cluster.admission.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     GpuClassSettings(gpu_resource=f"{value}/gpu")
 
 
 def _webhook_networks(value: str) -> None:
-    from dsagent.cluster.admission.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     GpuClassSettings(networks=value + "/dsp-{class}")
 

@@ -13,14 +13,14 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("dsagent", "scheduler_plugin", "gpu_topology", "dsplatform")
+PACKAGES = ("dsagent", "scheduler_plugin", "scheduling", "gpu_topology", "dsplatform")
 
 #: module -> why it may read the environment
 MAY_READ_ENVIRONMENT: dict[str, str] = {
     "dsagent/cli": "the dsctl / dsagent command line: the CLI edge (flags with envvars, DSCTL_DEBUG, the pod's env)",
     "dsagent/cache/settings.py": "the agent's settings (pydantic-settings) and their XDG defaults",
     "dsagent/cluster/nodeagent.py": "the cluster agent's settings, read where serve --kubernetes starts it",
-    "dsagent/cluster/admission/server.py": "the webhook's entry point and settings",
+    "dsagent/webhook/server.py": "the webhook's entry point and settings",
     "dsagent/cluster/apiclient.py": "the Kubernetes client's own variables (KUBERNETES_SERVICE_HOST, KUBECONFIG)",
     "dsagent/cluster/testing.py": "test support: the environment of agent processes it starts",
     "dsagent/cluster/envnames.py": "start-up's check for unknown DSAGENT_* variables",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from dsagent.cluster.controller import ControllerMetrics, serve_metrics
+from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsplatform import probes
 
 

@@ -66,7 +66,7 @@ def test_no_two_dsagent_modules_share_a_file_name() -> None:
 
 def test_tests_mirror_the_package_tree() -> None:
     """Every test folder under tests/<package>/ names a package folder that exists."""
-    packages = ("dsagent", "dsplatform", "gpu_topology", "scheduler_plugin")
+    packages = ("dsagent", "dsplatform", "gpu_topology", "scheduler_plugin", "scheduling")
     folders = {p.parent for p in _tracked("tests/*.py")}
     mirrored = [f.relative_to(REPO / "tests") for f in folders if f != REPO / "tests"]
     checked = [m for m in mirrored if m.parts[0] in packages]

@@ -1,6 +1,6 @@
 """How many nodes of the cluster hold each dataset version ready (docs/design.md#cluster-eviction).
 
-Who calls it: the Dataset controller (:mod:`dsagent.cluster.controller`) counts the copies from
+Who calls it: the Dataset controller (:mod:`dsagent.controller.copycounts`) counts the copies from
 the node inventories it already reads (:func:`count_copies`) and publishes them as one
 ConfigMap document (:func:`copies_document`); each agent in cluster mode
 (:mod:`dsagent.cluster.nodeagent`) reads that document back (:func:`parse_copies`) into its

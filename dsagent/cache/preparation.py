@@ -1,7 +1,7 @@
 """Which waiting jobs' datasets to prepare on which node while the current jobs run: pure
 functions of their inputs (docs/design.md#next-job-preparation).
 
-Who calls it: the Dataset controller (:mod:`dsagent.cluster.controller`, which gathers the
+Who calls it: the Dataset controller (:mod:`dsagent.controller.nextjob`, which gathers the
 nodes, the running pods' expected ends and the pending pods, and asks each node's agent to
 cache what :func:`plan` says) and the simulator (``tools/sim/engine.py``, the opt-in
 ``prepare_next`` variant). Nothing here reads the clock or does I/O; ``now`` is passed in.

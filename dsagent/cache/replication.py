@@ -1,7 +1,7 @@
 """How many ready copies of a dataset the cluster should keep, and where: pure functions
 (docs/design.md#replication).
 
-Who calls it: the Dataset controller (:mod:`dsagent.cluster.controller`) for Datasets with
+Who calls it: the Dataset controller (:mod:`dsagent.controller.warmup`) for Datasets with
 ``spec.replicas`` (``auto`` or a number); it gathers the demand and the nodes and asks the
 chosen nodes' agents to hold a copy (task ``replica.<namespace>.<name>``).
 

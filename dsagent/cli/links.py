@@ -1,7 +1,7 @@
 """``python -m dsagent.cli.links LINK_DIR DATASETS_MOUNT``: the cache container's last step.
 
 Who calls it: the cache container (init-container or sidecar) that the webhook injects
-(:mod:`dsagent.cluster.admission.mutation`). It asks the local agent for the pod's task over its socket
+(:mod:`dsagent.webhook.mutation`). It asks the local agent for the pod's task over its socket
 (``DSAGENT_TASK_ID``, ``DSAGENT_SOCKET``) and writes the stable links that
 :mod:`dsagent.cluster.stablelinks` computes. Exit codes are the error tree's.
 """

@@ -15,10 +15,10 @@ from typing import Any
 import click
 
 from gpu_topology import Topology, best_gpu_set, discover, nearest_nics, pair_score, roce_classes
-from gpu_topology.classes import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode
 from gpu_topology.contract import topology_to_dict
 from gpu_topology.dumps import FORMATS, load_dump, parse_dump
 from gpu_topology.model import gpu_name
+from gpu_topology.roceclasses import DEFAULT_MODE, DEFAULT_PREFIX, ClassMode
 
 _Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

@@ -1,7 +1,7 @@
-"""``dsagent webhook serve``: the admission webhook's command (same as ``python -m dsagent.cluster.admission.server``).
+"""``dsagent webhook serve``: the admission webhook's command (same as ``python -m dsagent.webhook``).
 
-Settings come from ``DSAGENT_WEBHOOK_*`` (see :mod:`dsagent.cluster.admission.server`); the chart's
-webhook Deployment runs ``python -m dsagent.cluster.admission.server``, which needs no registration.
+Settings come from ``DSAGENT_WEBHOOK_*`` (see :mod:`dsagent.webhook.server`); the chart's
+webhook Deployment runs ``python -m dsagent.webhook``, which needs no registration.
 """
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ def webhook() -> None:
 @webhook.command()
 def serve() -> None:
     """Serve AdmissionReviews over HTTPS until interrupted (settings: DSAGENT_WEBHOOK_*)."""
-    from dsagent.cluster.admission.server import main
+    from dsagent.webhook.server import main
 
     main()

@@ -15,7 +15,7 @@ chart and the webhook give processes variables meant for another reader in the s
   as written-out lists, because those classes live beside their process's ``main``, which
   imports this module (deriving them would be an import cycle); a test checks the lists
   equal the classes' fields;
-- the pod contract (:mod:`dsagent.cluster.podenv`, :mod:`dsagent.cluster.admission.csiwiring`)
+- the pod contract (:mod:`dsagent.cluster.podenv`, :mod:`dsagent.webhook.csiwiring`)
   and ``dsctl``'s own variables (:data:`POD_AND_DSCTL_NAMES`), with the per-dataset
   ``DSAGENT_STORAGE_OPTIONS_<NAME>`` accepted by prefix.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from dsagent.cluster.nodeagent import ClusterSettings
+from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.podenv import OPTIONS_PREFIX, REQUEST_VARIABLES
 from dsagent.errors import SettingsError
 from dsplatform.settings import UnknownSettings
@@ -35,8 +35,8 @@ PREFIX = "DSAGENT_"
 
 #: the fields of :class:`dsagent.cluster.nodeagent.ClusterSettings`
 CLUSTER_NAMES = ClusterSettings.env_names()
-#: the fields of :class:`dsagent.cluster.admission.server.WebhookSettings` and its GPU classes'
-#: (:class:`dsagent.cluster.admission.roceclass.GpuClassSettings`)
+#: the fields of :class:`dsagent.webhook.server.WebhookSettings` and its GPU classes'
+#: (:class:`dsagent.webhook.gpurequest.GpuClassSettings`)
 WEBHOOK_NAMES = frozenset(
     "DSAGENT_WEBHOOK_" + name
     for name in (
@@ -44,7 +44,7 @@ WEBHOOK_NAMES = frozenset(
         "GPU_CLASSES", "JOB_LABELS", "JOB_TTL", "GPU_RESOURCE", "CLASS_PREFIX", "NETWORKS",
     )
 )  # fmt: skip
-#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.cluster.controller.ControllerSettings`
+#: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.controller.controllersettings.ControllerSettings`
 #: (it also reads the agents' ``DSAGENT_ADMIN_TOKEN[_FILE]``, fields of the agent's settings)
 CONTROLLER_NAMES = frozenset(
     "DSAGENT_CONTROLLER_" + name

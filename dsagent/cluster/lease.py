@@ -1,8 +1,8 @@
 """``coordination.k8s.io/v1`` Leases: the one reader and writer, for the controller and the webhook.
 
 Two parts of dsagent hold a Lease: the Dataset controller elects its leader with one
-(:class:`dsagent.cluster.controller.LeaseElector`) and the admission webhook keeps each
-job's GPU class in one (:mod:`dsagent.cluster.admission.roceclass`). Both read, create and
+(:class:`dsagent.controller.leader.LeaseElector`) and the admission webhook keeps each
+job's GPU class in one (:mod:`dsagent.webhook.roceclass`). Both read, create and
 replace through :class:`Leases`, raw JSON both ways (the wire format as is, no client
 models), with the client's errors translated once (:func:`dsagent.cluster.apiclient.translated`):
 a missing Lease reads as None; :class:`~dsagent.errors.Conflict` (409) from

@@ -42,22 +42,20 @@ import time
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
-
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
-from dsagent.cluster import annotation, publisher
+from dsagent.cluster import publisher
 from dsagent.cluster.apiclient import translated
+from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
-from dsagent.errors import DsagentError, InvalidInput, NotFound, SettingsError
+from dsagent.errors import DsagentError, InvalidInput, NotFound
+from dsplatform import errors as platform_errors
 from dsplatform.gpus import GpuResources
-from dsplatform.names import is_dns_label, is_dns_subdomain, is_pod_uid
-from dsplatform.settings import EnvSettings, InvalidSettings
-from dsplatform.units import Duration
+from dsplatform.names import is_pod_uid
+from dsplatform.wire import podannotations
 
 if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
     from dsagent.cache.service import CacheService
@@ -78,43 +76,6 @@ class TaskNotOnNode(DsagentError):
     grpc_status = "PERMISSION_DENIED"  # the CSI node plugin's answer for a pod not on this node
 
 
-class ClusterSettings(EnvSettings):
-    """Cluster-mode settings, from ``DSAGENT_*`` (validated once at start-up)."""
-
-    model_config = SettingsConfigDict(env_prefix="DSAGENT_", extra="ignore")
-
-    publish_interval: Duration = 10.0
-    watch_timeout: int = Field(300, exclude=True)  # not configurable: the watch's server-side timeout
-    renew_interval: Duration | None = None  # None: a third of the service's lease TTL
-    guard_wait: Duration = 5.0  # how long a task id may wait for its pod to reach the watch
-    copies_configmap: str | None = None  # "namespace/name" of the controller's copy counts
-    copies_interval: Duration = 30.0  # how often they are read
-
-    @field_validator("copies_configmap")
-    @classmethod
-    def _namespaced(cls, value: str | None) -> str | None:
-        if value in (None, ""):
-            return None
-        namespace, _, name = str(value).partition("/")
-        if not (is_dns_label(namespace) and is_dns_subdomain(name)):
-            raise ValueError("must be NAMESPACE/NAME of a ConfigMap")
-        return str(value)
-
-    @field_validator("publish_interval", "copies_interval")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be positive")
-        return value
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
-        try:
-            return cls.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
-
-
 def pod_uid(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("uid") or "")
 
@@ -127,7 +88,7 @@ def has_ended(pod: Mapping[str, Any]) -> bool:
 
 def wants_datasets(pod: Mapping[str, Any]) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return annotation.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
+    return podannotations.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
 
 
 def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -383,8 +344,8 @@ class ClusterAgent:
                 return None
             return requests
         try:
-            refs = annotation.datasets_of(pod)
-        except InvalidInput as exc:
+            refs = podannotations.datasets_of(pod)
+        except platform_errors.InvalidInput as exc:  # the agent's and the wire contract's
             log.warning("pod %s: %s", _name(pod), exc)
             self._left_to_init.add(pod_uid(pod))
             return None

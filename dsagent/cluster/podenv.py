@@ -1,6 +1,6 @@
 """The environment contract between the webhook's init-container and ``dsctl cache --from-env``.
 
-The webhook (:mod:`dsagent.cluster.admission.mutation`) writes it into the pod; ``dsctl`` reads it in the
+The webhook (:mod:`dsagent.webhook.mutation`) writes it into the pod; ``dsctl`` reads it in the
 init-container; the cluster agent reads the same variables from the pod spec at bind time,
 so that its request and the init-container's are one and the same task (docs/design.md#rule-1):
 

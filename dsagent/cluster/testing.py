@@ -15,7 +15,7 @@ published by the ``csi`` callable, which returns the target directory, before an
 container is pulled, as the kubelet does), textually in the argv and environment: enough
 for the dsplatform containers, not a container runtime.
 
-Who calls it: ``tests/dsagent/cluster/admission/test_overlap.py`` and ``tools/bench/overlap.py``.
+Who calls it: ``tests/dsagent/webhook/test_overlap.py`` and ``tools/bench/overlap.py``.
 """
 
 from __future__ import annotations

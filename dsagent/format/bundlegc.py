@@ -27,7 +27,7 @@ What it owns:
 Decisions: dry run by default (the CLI lists, ``--delete`` deletes); the default grace is
 24 h, far longer than any pack we measured. One collection per store at a time (two could
 remove each other's moved-aside bundles before the third read): the controller's Jobs
-never overlap (:mod:`dsagent.cluster.storegc`).
+never overlap (:mod:`dsagent.controller.storegc`).
 """
 
 from __future__ import annotations

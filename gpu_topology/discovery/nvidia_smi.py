@@ -31,10 +31,10 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpu_topology.classes import nic_numa_node
 from gpu_topology.discovery.base import Backend, Runner, run_command
 from gpu_topology.errors import ParseError
 from gpu_topology.model import Gpu, Link, Nic, Topology, normalize_bus_id
+from gpu_topology.roceclasses import nic_numa_node
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Escape codes that lost their ESC byte on the way through a web page or a document

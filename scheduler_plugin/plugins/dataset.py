@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-from scheduler_plugin.nodeinfo import Holding, Inventory
 from scheduler_plugin.plugins import normalize_to_max
-from scheduler_plugin.podspec import DatasetWant
+from scheduling.nodeinfo import Holding, Inventory
+from scheduling.podspec import DatasetWant
 
 
 def affinity(

@@ -1,10 +1,10 @@
 """The time score (``prioritize/time``): how soon the pod's job would finish on a node.
 
-Pure: the framework passes the pod's :class:`~scheduler_plugin.timemodel.JobProfile`, the
+Pure: the framework passes the pod's :class:`~scheduling.timemodel.JobProfile`, the
 node's topology and free GPUs, and the time now. The pod's GPUs are the best set
 gpu_topology's ``best_gpu_set`` finds on the node's free GPUs; their weakest link (and the
 network, when the job has several workers) is the ``bw`` of the time model
-(:mod:`scheduler_plugin.timemodel`), which gives the run time. Scores are absolute
+(:mod:`scheduling.timemodel`), which gives the run time. Scores are absolute
 (0..10): a node where the job would meet its deadline scores 6..10, any other 1..5, a node
 that cannot hold the pod 0; within a tier faster and tighter-fitting nodes score higher.
 """
@@ -13,47 +13,23 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_topology import Topology
-from scheduler_plugin.nodeinfo import NodeFacts, placed_sets
-from scheduler_plugin.timemodel import (
+from scheduling.nodeinfo import NodeFacts, pod_bandwidth
+from scheduling.timemodel import (
     DEFAULT_BANDWIDTHS,
     Bandwidths,
     Decision,
     JobProfile,
     Plan,
     decide,
-    intra_node_bandwidth,
     node_score,
     plan_bandwidth,
 )
 
 log = logging.getLogger(__name__)
-
-
-def pod_bandwidth(
-    topology: Topology | None,
-    free: Iterable[int] | None,
-    need: int,
-    workers: int,
-    bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
-) -> tuple[float, float] | None:
-    """(``bw`` on this node's best free set, ``bw`` on the same hardware fully free), or None
-    when the node cannot give ``need`` GPUs."""
-    if topology is None or free is None:
-        return None
-    placed = placed_sets(topology, free, need)
-    if placed is None:
-        return None
-    best, ideal = placed
-    bw = intra_node_bandwidth(topology, best.gpus, bandwidths)
-    ideal_bw = intra_node_bandwidth(topology, ideal.gpus if ideal else best.gpus, bandwidths)
-    if workers > 1:
-        bw = plan_bandwidth([bw, bw], bandwidths)
-        ideal_bw = plan_bandwidth([ideal_bw, ideal_bw], bandwidths)
-    return bw, ideal_bw
 
 
 def score(
@@ -121,4 +97,4 @@ def describe(decision: Decision, *, now: float) -> dict[str, Any]:
     }
 
 
-__all__ = ["describe", "plan", "pod_bandwidth", "score"]
+__all__ = ["describe", "plan", "score"]

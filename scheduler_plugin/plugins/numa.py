@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterable
 
 from gpu_topology import Topology
-from scheduler_plugin.nodeinfo import placed_sets
+from scheduling.nodeinfo import placed_sets
 
 log = logging.getLogger(__name__)
 

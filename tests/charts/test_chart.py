@@ -25,7 +25,7 @@ from kubernetes_validate import utils as kv
 from packaging.version import Version
 
 from dsagent.cache import settings
-from dsagent.cluster.nodeagent import ClusterSettings
+from dsagent.cluster.clustersettings import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "dsplatform"
@@ -511,7 +511,7 @@ def test_the_webhook_never_blocks_pods_and_only_sees_annotated_ones(rendered: di
 def test_with_gpu_classes_the_webhook_also_sees_gpu_pods_and_declares_its_lease_writes(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    from dsagent.cluster.admission.roceclass import GpuClassSettings
+    from dsagent.webhook.gpurequest import GpuClassSettings
 
     [hook] = find(rendered["gpu-classes"], "MutatingWebhookConfiguration")["webhooks"]
     assert hook["sideEffects"] == "NoneOnDryRun"
@@ -738,7 +738,7 @@ def test_the_charts_own_workloads_but_the_node_agent_pass_pod_security_restricte
     # the agent is the one privileged part (its namespace needs the privileged level) ...
     assert violations(find(rendered["default"], "DaemonSet", "-agent")["spec"]["template"])
     # ... and what the webhook injects into user pods keeps them restricted
-    # (tests/dsagent/cluster/admission/test_mutation_csi.py)
+    # (tests/dsagent/webhook/test_mutation_csi.py)
 
 
 # -- production: disruption budgets, spreading, probes, digest, discovery, monitoring (issue 13)
@@ -950,7 +950,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
     selector = dict(kv_.split("=") for kv_ in env["DSAGENT_CONTROLLER_AGENT_SELECTOR"].split(","))
     assert selector.items() <= find(docs, "DaemonSet", "-agent")["spec"]["template"]["metadata"]["labels"].items()
     assert agent_labels
-    from dsagent.cluster.controller import ControllerSettings
+    from dsagent.controller.controllersettings import ControllerSettings
 
     # the admin token file is the pod's mounted Secret, not on this machine
     settings = ControllerSettings.from_env({k: v for k, v in env.items() if v is not None and "TOKEN" not in k})

@@ -29,8 +29,8 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsagent.cluster.admission.admissionmetrics import WebhookMetrics
-from dsagent.cluster.controller import ControllerMetrics
+from dsagent.controller.controllermetrics import ControllerMetrics
+from dsagent.webhook.admissionmetrics import WebhookMetrics
 from tests.charts.test_chart import PRODUCTION, render
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 
@@ -89,7 +89,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple[tup
         extender.terminate()
         extender.wait(20)
     controller_text = generate_latest(ControllerMetrics().registry).decode()
-    webhook_text = WebhookMetrics().render().decode()  # the process's own: tests/dsagent/cluster/admission
+    webhook_text = WebhookMetrics().render().decode()  # the process's own: tests/dsagent/webhook
     out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
     for text in (agent_text, extender_text, controller_text, webhook_text):
         for name, labels in families(text).items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.cache import copies
-from dsagent.cluster.nodeagent import ClusterSettings
+from dsagent.cluster.clustersettings import ClusterSettings
 from tests.charts.test_chart import NAMESPACE, agent_container, find, render
 
 Docs = list[dict[str, Any]]
@@ -61,7 +61,7 @@ def test_switched_off_neither_side_touches_the_configmap() -> None:
 
 
 def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_presets() -> None:
-    from dsagent.cluster.controller import ControllerSettings
+    from dsagent.controller.controllersettings import ControllerSettings
 
     off = render()
     assert "DSAGENT_CONTROLLER_PREPARE" not in controller_env(off)
@@ -92,7 +92,7 @@ def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
 def test_migration_is_off_by_default_and_on_may_evict_pods() -> None:
     """Issue 26: the controller's migration (docs/design.md#deadline-migration) needs the
     Eviction API; the permission is there only when migration is on."""
-    from dsagent.cluster.controller import ControllerSettings
+    from dsagent.controller.controllersettings import ControllerSettings
 
     def evictions(docs: Docs) -> list[dict[str, Any]]:
         rules = find(docs, "ClusterRole", "-controller")["rules"]

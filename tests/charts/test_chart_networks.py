@@ -8,7 +8,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from dsagent.cluster.admission.roceclass import GpuClassSettings
+from dsagent.webhook.gpurequest import GpuClassSettings
 from tests.charts.test_chart import CHART, NAMESPACE, RELEASE, render
 
 NETWORKS: dict[str, Any] = {

@@ -7,7 +7,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from dsagent.cluster.controller import ControllerSettings
+from dsagent.controller.controllersettings import ControllerSettings
 from tests.charts.test_chart import CHART, find, render
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.catalog import CurrentVersion, read_dataset, resolve
-from scheduler_plugin.podspec import DatasetWant, PodRequest
+from scheduling.podspec import DatasetWant, PodRequest
 
 A, B = "a" * 32, "b" * 32
 

@@ -98,8 +98,8 @@ def test_a_single_worker_job_and_a_pod_in_no_job_keep_the_per_pod_class_rules() 
 
 
 def test_a_gang_schedulers_pod_group_names_the_job_and_sizes_it() -> None:
-    from scheduler_plugin.podspec import read_pod
     from scheduler_plugin.settings import Settings as S
+    from scheduling.podspec import read_pod
 
     s = S()
     kueue = pod("g-0", gpus=4, job="llm", job_label="kueue.x-k8s.io/pod-group-name")
@@ -124,8 +124,8 @@ def test_the_worker_count_is_bounded(text: str, workers: int) -> None:
 
 
 def test_a_set_resource_names_the_pods_classes() -> None:
-    from scheduler_plugin.podspec import read_pod
     from scheduler_plugin.settings import Settings as S
+    from scheduling.podspec import read_pod
 
     s = S()
     obj = pod("w", gpus=4, gpu_resource="dsagent.io/gpu-roce1-2", job="llm")

@@ -13,10 +13,10 @@ import pytest
 
 from scheduler_plugin.columns import NodeColumns
 from scheduler_plugin.framework import Framework
-from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.plugins import dataset
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.testing import holding, inventory_json, node, pod, topology_json
+from scheduling.nodeinfo import NodeFacts, NodeReader
 
 TOPO = topology_json()
 DATASETS = ["imagenet", "coco", "laion", "wiki", "c4", "pile"]

@@ -12,14 +12,14 @@ import json
 from dsagent.cache import inventory as agent_inventory
 from gpu_topology.contract import topology_to_dict
 from gpu_topology.discovery.nvidia_smi import parse_topo_matrix, with_inferred_nic_numa
-from scheduler_plugin.nodeinfo import (
+from scheduler_plugin.plugins.numa import placement
+from scheduler_plugin.testing import holding, inventory_json, node
+from scheduling.nodeinfo import (
     INVENTORY_BUDGET,
     TOPOLOGY_BUDGET,
     NodeReader,
     parse_inventory,
 )
-from scheduler_plugin.plugins.numa import placement
-from scheduler_plugin.testing import holding, inventory_json, node
 
 
 def test_the_test_inventories_match_the_agents_schema() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_plugin.nodeinfo import Holding, Inventory
 from scheduler_plugin.plugins.dataset import affinity, normalize, requested_sizes
-from scheduler_plugin.podspec import DatasetWant
+from scheduling.nodeinfo import Holding, Inventory
+from scheduling.podspec import DatasetWant
 
 A, B = "a" * 32, "b" * 32
 GIB = 1 << 30

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from scheduler_plugin.filter import check
-from scheduler_plugin.nodeinfo import NodeReader
-from scheduler_plugin.podspec import DatasetWant, PodRequest
 from scheduler_plugin.testing import GIB, holding, inventory_json, node, topology_json
+from scheduling.nodeinfo import NodeReader
+from scheduling.podspec import DatasetWant, PodRequest
 
 READER = NodeReader()
 

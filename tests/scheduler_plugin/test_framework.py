@@ -8,9 +8,9 @@ import pytest
 
 from scheduler_plugin.framework import Framework, combine
 from scheduler_plugin.jobs import JobClasses
-from scheduler_plugin.nodeinfo import NodeFacts, NodeReader
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.testing import holding, inventory_json, node, pod, topology_json
+from scheduling.nodeinfo import NodeFacts, NodeReader
 
 TOPO = topology_json()
 

@@ -7,11 +7,11 @@ from datetime import datetime
 
 import pytest
 
-from scheduler_plugin import migration as mig
-from scheduler_plugin.migrator import Migrator, MigratorSettings
-from scheduler_plugin.nodeinfo import Holding, Inventory, NodeFacts
+from dsagent.controller.migration import Migrator, MigratorSettings
 from scheduler_plugin.testing import two_class_topology
-from scheduler_plugin.timemodel import JobProfile
+from scheduling import migration as mig
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts
+from scheduling.timemodel import JobProfile
 from tests.fake_apiserver import FakeApiServer, make_pod
 
 STARTED = datetime.fromisoformat("2026-11-23T08:00:00+00:00").timestamp()

@@ -14,7 +14,6 @@ import pytest
 from scheduler_plugin.app import ExtenderApp
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.nodecache import NodeCache
-from scheduler_plugin.nodeinfo import NodeReader
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.testing import (
     args_body,
@@ -25,6 +24,7 @@ from scheduler_plugin.testing import (
     topology_json,
 )
 from scheduler_plugin.view import View
+from scheduling.nodeinfo import NodeReader
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_pod
 from tests.scheduler_plugin.server import serving
 

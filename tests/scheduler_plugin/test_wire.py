@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin import wire
+from scheduler_plugin import decode, wire
+from scheduler_plugin.decode import decode_args
 from scheduler_plugin.errors import InvalidRequest
 from scheduler_plugin.testing import (
     args_body,
@@ -20,7 +21,7 @@ from scheduler_plugin.testing import (
     pod,
     topology_json,
 )
-from scheduler_plugin.wire import decode_args, encode_filter_result, encode_priorities
+from scheduler_plugin.wire import encode_filter_result, encode_priorities
 
 
 def nodes() -> list[dict[str, Any]]:
@@ -201,19 +202,19 @@ def test_a_go_layout_body_in_a_bytearray_with_a_trailing_newline_is_cut_alike() 
 
 def parsed_whole(body: bytes) -> Any:
     """What the old decode answered: the Go cut, else json.loads of the whole body and the checks."""
-    fast = wire._split_go_layout(body)
+    fast = decode.split_go_layout(body)
     if fast is not None:
         return fast
-    if wire._POD_KEY.search(body) is None:
-        return ("refused", str(wire._without_pod(body)), None)
+    if decode._POD_KEY.search(body) is None:
+        return ("refused", str(decode._without_pod(body)), None)
     try:
         doc = json.loads(body)
     except RecursionError:
         return ("refused", "request body is nested too deeply", None)
     except ValueError as exc:
-        return ("refused", str(wire._not_json(exc)), None)
+        return ("refused", str(wire.not_json(exc)), None)
     try:
-        args = wire._args_of(doc)
+        args = wire.args_of(doc)
     except InvalidRequest as exc:
         return ("refused", str(exc), wire.salvage_from(doc))
     return args

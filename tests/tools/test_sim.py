@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_plugin.timemodel import JobProfile
+from scheduling.timemodel import JobProfile
 from tools.sim.engine import ClusterParams, Simulation
 from tools.sim.report import FIELDS, metrics, table
 from tools.sim.run import DEFAULT_POLICIES

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_plugin.timemodel import JobProfile
+from scheduling.timemodel import JobProfile
 from tools.sim.engine import CacheEntry, ClusterParams, Simulation
 from tools.sim.workload import Dataset, Job
 

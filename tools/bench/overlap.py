@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from dsagent.api.client import AgentClient
-from dsagent.cluster.admission.mutation import Injection, ResolvedDataset, mutate
 from dsagent.cluster.testing import SimulatedKubelet
 from dsagent.errors import AgentUnreachable
+from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 
 TRAINING = [sys.executable, "-c", "import time; print(time.monotonic())"]
 APP_IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"

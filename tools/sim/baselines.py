@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler_plugin.nodeinfo import NodeFacts
 from scheduler_plugin.plugins import dataset
-from scheduler_plugin.podspec import PodRequest
+from scheduling.nodeinfo import NodeFacts
+from scheduling.podspec import PodRequest
 
 FLUID_AFFINITY_WEIGHT = 2  # preferred affinity outweighs spreading, as a weight-100 term does
 

@@ -2,8 +2,8 @@
 
 Who calls it: :mod:`tools.sim.engine` (which variant a policy name means, what a move
 costs) and ``tools/sim/run.py`` (the policy names). It owns no scheduling rule: the rules
-are :func:`scheduler_plugin.timemodel.decide` and
-:func:`scheduler_plugin.migration.plan_migrations`; this module only names their settings.
+are :func:`scheduling.timemodel.decide` and
+:func:`scheduling.migration.plan_migrations`; this module only names their settings.
 
 Policy names (docs/design.md#deadline-formula)::
 

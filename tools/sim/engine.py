@@ -6,7 +6,7 @@ loop and the measurements. It owns **no policy**: every decision is a call into 
 product --
 
 - filter and scores: :class:`scheduler_plugin.framework.Framework` (``filter``,
-  ``prioritize``, ``job_class``) over :class:`scheduler_plugin.nodeinfo.NodeFacts` built
+  ``prioritize``, ``job_class``) over :class:`scheduling.nodeinfo.NodeFacts` built
   from the simulated nodes, exactly what the extender computes from Node annotations;
 - the GPUs a pod gets: ``gpu_topology.best_gpu_set`` (inside the job's RoCE class from
   ``gpu_topology.roce_classes``, or the job's class set: ``gpu_topology.classsets``); the
@@ -22,7 +22,7 @@ product --
   (``dsagent.cache.replication``), both through ``tools/sim/hooks.py``; their copies are
   fetched as the agent fetches any task's (P2P first) and held (in use) while the
   controller holds them;
-- run times, plans and queue order: :mod:`scheduler_plugin.timemodel`;
+- run times, plans and queue order: :mod:`scheduling.timemodel`;
 - fetch time: bytes / throughput, the throughput being the agent's measured bundle unpack
   rate (README, Performance) per node, shared fairly on a storage system of
   ``storage_bw`` bytes/s; P2P as the agent does it (README, Peer-to-peer bundles): a
@@ -54,11 +54,11 @@ from gpu_topology.dumps import load_dump
 from gpu_topology.scoring import single_numa
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
-from scheduler_plugin.migration import RunningJob, plan_migrations
-from scheduler_plugin.nodeinfo import Holding, Inventory, NodeFacts, RoceClassInfo
-from scheduler_plugin.podspec import DatasetWant, PodRequest
 from scheduler_plugin.settings import Settings, Weights
-from scheduler_plugin.timemodel import (
+from scheduling.migration import RunningJob, plan_migrations
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts, RoceClassInfo
+from scheduling.podspec import DatasetWant, PodRequest
+from scheduling.timemodel import (
     DEFAULT_BANDWIDTHS,
     Decision,
     Plan,

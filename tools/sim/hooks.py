@@ -128,8 +128,8 @@ class NextJobPreparation:
 class Replication:
     """Replication of hot data (docs/design.md#replication), every Dataset with
     ``spec.replicas: auto``: every ``RESYNC_S`` the controller's pass
-    (``DatasetController._replicate``) over the datasets with demand or copies held: the
-    demand as :func:`dsagent.cluster.prepare.demand` counts it (pods waiting for GPUs plus
+    (:func:`dsagent.controller.warmup.replicas_status`) over the datasets with demand or copies held: the
+    demand as :func:`dsagent.controller.podfacts.demand` counts it (pods waiting for GPUs plus
     pods started within ``window_s``), the product's :func:`replication.target` and
     :func:`replication.choose` over every node's room, then a ``replica`` task on each chosen
     node (the version fetched as the agent fetches, P2P first, and held: in use, never

@@ -18,7 +18,7 @@ into the same list of :class:`Job` every time (stdlib ``random.Random``, no glob
 - **Arrivals**: Poisson, at a rate that offers ``load`` x the cluster's GPUs in GPU-seconds.
 - **Deadlines**: eq. (6)-(7), ``t_dl = t_arr + alpha x t_single`` with ``alpha`` per priority
   (``priorities_single``) and ``t_single`` the job's run time on one GPU
-  (:func:`scheduler_plugin.timemodel.expected_run_time`); ``deadline_rule="asked"`` keeps the
+  (:func:`scheduling.timemodel.expected_run_time`); ``deadline_rule="asked"`` keeps the
   earlier rule, ``alpha x`` the run time on the GPUs asked for (``priorities``).
 """
 
@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_plugin.timemodel import DEFAULT_BANDWIDTHS, JobProfile, expected_run_time, t_run
+from scheduling.timemodel import DEFAULT_BANDWIDTHS, JobProfile, expected_run_time, t_run
 
 RUNTIME_CSV = Path(__file__).resolve().parent / "data" / "philly_runtime.csv"
 GB = 1e9

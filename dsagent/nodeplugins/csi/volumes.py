@@ -33,9 +33,10 @@ from typing import Any
 from dsagent.cache.task import DatasetRequest
 from dsagent.errors import InvalidInput
 from dsagent.format.durable import fsync_dir, write_atomic
-from dsagent.format.names import validate_name
 from dsplatform import boundedjson
+from dsplatform.errors import InvalidInput as PlatformInvalidInput
 from dsplatform.names import is_dns_label, is_dns_subdomain, is_pod_uid
+from dsplatform.wire import csivolume
 
 #: Pod info keys the kubelet puts in the volume context (``podInfoOnMount: true``).
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -43,18 +44,13 @@ POD_NAME = "csi.storage.k8s.io/pod.name"
 POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
 EPHEMERAL = "csi.storage.k8s.io/ephemeral"
 SERVICE_ACCOUNT = "csi.storage.k8s.io/serviceAccount.name"
-#: The one key of ours: the JSON list of datasets (``volumeAttributes.datasets``).
-DATASETS_KEY = "datasets"
-KNOWN_CONTEXT = {POD_UID, POD_NAME, POD_NAMESPACE, EPHEMERAL, SERVICE_ACCOUNT, DATASETS_KEY}
-DATASET_KEYS = {"name", "source", "bundles", "digest", "secretKey"}
-#: the datasets attribute: at most 64 entries of a few short strings each
-ATTRIBUTE_MAX_BYTES = 256 * 1024
+#: beside ours (:data:`dsplatform.wire.csivolume.ATTRIBUTES`: the datasets and the contract's version)
+KNOWN_CONTEXT = {POD_UID, POD_NAME, POD_NAMESPACE, EPHEMERAL, SERVICE_ACCOUNT, *csivolume.ATTRIBUTES}
 #: one Secret key's storage options: a handful of credentials and endpoints
 SECRET_OPTIONS_MAX_BYTES = 64 * 1024
 
 # Checked with fullmatch: ``$`` alone lets a trailing newline through.
 _VOLUME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
 
 @dataclass(frozen=True)
@@ -121,49 +117,21 @@ def pod_info(context: Mapping[str, str]) -> PodInfo:
         raise InvalidInput(f"volume context {POD_NAME} is not a pod name: {name[:80]!r}")
     unknown = sorted(set(context) - KNOWN_CONTEXT)
     if unknown:
-        raise InvalidInput(f"unknown volume attributes {[k[:60] for k in unknown[:5]]}", hint=f"known: {DATASETS_KEY}")
+        raise InvalidInput(
+            f"unknown volume attributes {[k[:60] for k in unknown[:5]]}", hint=f"known: {sorted(csivolume.ATTRIBUTES)}"
+        )
     return PodInfo(uid, namespace, name)
 
 
 def datasets_from_context(context: Mapping[str, str]) -> tuple[dict[str, Any], ...]:
-    """The dataset list of ``volumeAttributes.datasets``: ``[{name, source, bundles?, secretKey?}]``."""
-    raw = context.get(DATASETS_KEY)
-    if not raw:
-        raise InvalidInput(
-            f"volume attribute {DATASETS_KEY!r} is missing",
-            hint='a JSON list, e.g. [{"name":"imagenet","source":"s3://..."}]',
-        )
+    """The datasets of the volume attributes (the contract: :mod:`dsplatform.wire.csivolume`), as
+    the publish record keeps them: ``{name, source, bundles?, secretKey?}``."""
     try:
-        items = boundedjson.loads(raw, what=f"volume attribute {DATASETS_KEY!r}", max_bytes=ATTRIBUTE_MAX_BYTES)
-    except boundedjson.JsonRefused as exc:  # too large, too deep or not JSON: INVALID_ARGUMENT
-        raise InvalidInput(exc.message) from None
-    if not isinstance(items, list) or not items or len(items) > 64:
-        raise InvalidInput(f"volume attribute {DATASETS_KEY!r} must be a list of 1-64 datasets")
-    datasets = []
-    for item in items:
-        if (
-            not isinstance(item, dict)
-            or not isinstance(item.get("name"), str)
-            or not isinstance(item.get("source"), str)
-        ):
-            raise InvalidInput("each dataset needs a string 'name' and 'source'")
-        unknown = sorted(set(item) - DATASET_KEYS)
-        if unknown:
-            raise InvalidInput(
-                f"dataset {item['name'][:60]!r} has unknown keys {unknown[:5]}", hint=f"known: {sorted(DATASET_KEYS)}"
-            )
-        validate_name(item["name"])
-        for key in ("bundles", "secretKey", "digest"):
-            if key in item and not isinstance(item[key], str):
-                raise InvalidInput(f"dataset {item['name']!r}: {key} must be a string")
-        if "secretKey" in item and not _SECRET_KEY.fullmatch(item["secretKey"]):
-            raise InvalidInput(f"dataset {item['name']!r}: invalid secretKey")
-        # a pinned digest is not a request field of the service (as with DSAGENT_DATASETS): dropped
-        datasets.append({k: item[k] for k in ("name", "source", "bundles", "secretKey") if item.get(k)})
-    names = [d["name"] for d in datasets]
-    if len(set(names)) != len(names):
-        raise InvalidInput(f"dataset names repeat in volume attribute {DATASETS_KEY!r}")
-    return tuple(datasets)
+        found = csivolume.decode(context)
+    except PlatformInvalidInput as exc:  # into the agent's tree: the CSI edge answers INVALID_ARGUMENT
+        raise InvalidInput(exc.message, hint=exc.hint) from None
+    fields = (("name", "name"), ("source", "source"), ("bundles", "bundles"), ("secretKey", "secret_key"))
+    return tuple({key: getattr(d, attr) for key, attr in fields if getattr(d, attr)} for d in found)
 
 
 def storage_options(dataset: Mapping[str, Any], secrets: Mapping[str, str] | None) -> dict[str, Any] | None:

@@ -137,7 +137,7 @@ def test_a_failed_dataset_is_one_warning_with_code_task_dataset_and_redacted_sou
 
 def test_no_created_twins_and_peer_bytes_visible_before_any_transfer() -> None:
     from dsagent.cache.metrics import Metrics
-    from dsagent.cluster.controller import ControllerMetrics
+    from dsagent.controller.controllermetrics import ControllerMetrics
     from scheduler_plugin.metrics import ExtenderMetrics
 
     agent = Metrics().render()

@@ -25,7 +25,7 @@ def run_without_grpc(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_every_module_but_the_kubelet_plugins_imports_without_grpc() -> None:
     walk = (
         "import importlib, pkgutil\n"
-        "for top in ('dsplatform', 'dsagent', 'scheduler_plugin', 'gpu_topology'):\n"
+        "for top in ('dsplatform', 'dsagent', 'scheduler_plugin', 'scheduling', 'gpu_topology'):\n"
         "    package = importlib.import_module(top)\n"
         "    for info in pkgutil.walk_packages(package.__path__, top + '.'):\n"
         "        if not info.name.startswith('dsagent.nodeplugins') and not info.name.endswith('__main__'):\n"

@@ -14,9 +14,10 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsagent.cluster.admission.mutation import Injection, ResolvedDataset, mutate
-from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, ClusterSettings, TaskNotOnNode
+from dsagent.cluster.clustersettings import ClusterSettings
+from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, TaskNotOnNode
 from dsagent.errors import InvalidInput, NotFound
+from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 from gpu_topology.dumps import load_dump
 from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
 

@@ -19,8 +19,10 @@ from dsagent.cache import copies
 from dsagent.cache.layout import Store
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsagent.cluster.controller import ControllerSettings, DatasetController
-from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, ClusterSettings
+from dsagent.cluster.clustersettings import ClusterSettings
+from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks
+from dsagent.controller.controllersettings import ControllerSettings
+from dsagent.controller.reconcile import DatasetController
 from tests.dsagent.cluster.test_cluster_agent import NO_FLOOR, until
 from tests.fake_apiserver import FakeApiServer, make_node
 

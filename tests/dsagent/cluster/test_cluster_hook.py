@@ -18,7 +18,7 @@ from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cli.agent import KubernetesUnavailable, load_cluster_agent, node_parts
-from dsagent.cluster.nodeagent import ClusterSettings
+from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.errors import NotFound
 
 

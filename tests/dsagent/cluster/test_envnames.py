@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.cluster import controller
-from dsagent.cluster.admission import server
-from dsagent.cluster.admission.roceclass import GpuClassSettings
 from dsagent.cluster.envnames import CLUSTER_NAMES, CONTROLLER_NAMES, WEBHOOK_NAMES, known_names, refuse_unknown
+from dsagent.controller import reconcile
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.errors import SettingsError
+from dsagent.webhook import server
+from dsagent.webhook.gpurequest import GpuClassSettings
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -48,7 +49,7 @@ class Recording(Mapping[str, str]):
 
 def test_the_written_out_lists_are_the_settings_classes_fields() -> None:
     assert WEBHOOK_NAMES == server.WebhookSettings.env_names() | GpuClassSettings.env_names()
-    names = controller.ControllerSettings.env_names()
+    names = ControllerSettings.env_names()
     assert CONTROLLER_NAMES == {n for n in names if n.startswith("DSAGENT_CONTROLLER_")}
     assert names <= known_names(), sorted(names - known_names())  # the admin token's are the agent's
     assert {"DSAGENT_PUBLISH_INTERVAL", "DSAGENT_COPIES_INTERVAL"} <= CLUSTER_NAMES <= known_names()
@@ -56,7 +57,7 @@ def test_the_written_out_lists_are_the_settings_classes_fields() -> None:
 
 def test_the_readers_read_only_declared_names() -> None:
     env = Recording(DSAGENT_CONTROLLER_PREPARE="on")
-    controller.ControllerSettings.from_env(env)
+    ControllerSettings.from_env(env)
     assert env.asked <= known_names(), sorted(env.asked - known_names())
     env = Recording()
     with pytest.raises(SettingsError, match="INJECTION_FILE is not set"):
@@ -96,7 +97,7 @@ def test_dsagent_serve_refuses_an_unknown_variable(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("main", [server.main, controller.main], ids=["webhook", "controller"])
+@pytest.mark.parametrize("main", [server.main, reconcile.main], ids=["webhook", "controller"])
 def test_the_webhook_and_the_controller_refuse_an_unknown_variable(
     main: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

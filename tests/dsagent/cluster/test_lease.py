@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dsagent.cluster.apiclient import KubeUnavailable
-from dsagent.cluster.controller import LeaseElector
 from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
+from dsagent.controller.leader import LeaseElector
 from dsagent.errors import Conflict, InvalidInput
 from dsplatform.kubetime import format_micro_time, parse
 from tests.fake_apiserver import FakeApiServer, make_lease

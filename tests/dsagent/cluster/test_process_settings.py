@@ -12,11 +12,11 @@ import pytest
 
 from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
-from dsagent.cluster import controller
-from dsagent.cluster.admission import server
-from dsagent.cluster.admission.roceclass import GpuClassSettings
-from dsagent.cluster.controller import ControllerSettings
+from dsagent.controller import reconcile
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.errors import SettingsError
+from dsagent.webhook import server
+from dsagent.webhook.gpurequest import GpuClassSettings
 from dsplatform.gpus import GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 
@@ -114,7 +114,7 @@ def test_the_controller_process_names_a_bad_variable_in_one_line_and_exits_2(
 ) -> None:
     monkeypatch.setenv("DSAGENT_CONTROLLER_AGENT_PORT", "http")
     with pytest.raises(SystemExit) as caught:
-        controller.main()
+        reconcile.main()
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "DSAGENT_CONTROLLER_AGENT_PORT='http'" in err, err

@@ -170,7 +170,8 @@ def test_hostile_fields_are_refused_before_anything_touches_the_filesystem(env: 
 def test_nested_or_oversized_attributes_and_secrets_are_invalid_argument_not_unknown(env: dict[str, Any]) -> None:
     """Issue 21 finding 6: a datasets attribute or a Secret's options nested 100,000 deep raised
     RecursionError out of the servicer (UNKNOWN); over its byte limit it was parsed whole."""
-    from dsagent.nodeplugins.csi.volumes import ATTRIBUTE_MAX_BYTES, SECRET_OPTIONS_MAX_BYTES
+    from dsagent.nodeplugins.csi.volumes import SECRET_OPTIONS_MAX_BYTES
+    from dsplatform.wire.csivolume import ATTRIBUTE_MAX_BYTES
 
     _, client = start(env)
     pods: Path = env["settings"].csi_kubelet_pods_dir

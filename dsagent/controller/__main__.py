@@ -1,0 +1,5 @@
+"""``python -m dsagent.controller``: run the Dataset controller with settings from ``DSAGENT_CONTROLLER_*``."""
+
+from dsagent.controller.reconcile import main
+
+main()

@@ -1,0 +1,146 @@
+"""The Dataset controller's calls to the node agents: finding them, asking them to hold a
+task's datasets, reading their answers, asking them to evict.
+
+Who calls it: :class:`dsagent.controller.reconcile.DatasetController` (finding the agents,
+cleanup) and its warm-up, replicas and preparation steps (:mod:`dsagent.controller.warmup`,
+:mod:`dsagent.controller.nextjob`). Each agent is called over its TCP port with the admin
+token (:func:`http_call`); tests pass their own :data:`AgentCall`. An agent's answer is
+hostile input: :func:`task_report` keeps its state and byte counts, never more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from dsplatform.kubetime import format_micro_time
+
+log = logging.getLogger("dsagent.controller")
+
+JSON = dict[str, Any]
+# (node, method, path, body) -> (HTTP status, JSON answer); None when the node has no agent
+AgentCall = Callable[[str, str, str, "JSON | None"], "tuple[int, Any] | None"]
+
+
+def raw(call: Callable[..., Any], *args: Any) -> Any:
+    """An API call's answer as plain JSON (the client's models are not built)."""
+    return json.loads(call(*args, _preload_content=False).data)
+
+
+def find_agents(core: Any, namespace: str, selector: str, port: int) -> dict[str, str]:
+    """node -> the agent's base URL, from the agent DaemonSet's running pods."""
+    pods = raw(lambda **kw: core.list_namespaced_pod(namespace, label_selector=selector, **kw))["items"]
+    urls = {}
+    for pod in pods:
+        node, ip = (pod.get("spec") or {}).get("nodeName"), (pod.get("status") or {}).get("podIP")
+        if node and ip and (pod.get("status") or {}).get("phase") == "Running":
+            host = f"[{ip}]" if ":" in ip else ip
+            urls[node] = f"http://{host}:{port}"
+    return urls
+
+
+def http_call(
+    base: str | None, admin_token: str | None, node: str, method: str, path: str, body: JSON | None
+) -> tuple[int, Any] | None:
+    """One request to the agent at ``base``; None when the node has none or it is unreachable."""
+    import httpx
+
+    if base is None:
+        return None
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+    try:
+        response = httpx.request(method, base + path, json=body, headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        log.warning("agent on node %s unreachable: %s", node, exc)
+        return None
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, None
+
+
+def task_request(name: str, spec: JSON) -> JSON:
+    """One dataset of an agent task, from a Dataset's spec (its source and bundle store)."""
+    request = {"name": name, "source": spec.get("source")}
+    if isinstance(spec.get("bundles"), str):
+        request["bundles"] = spec["bundles"]
+        request["allowPerFile"] = True  # the cluster path: see dsagent.cluster.podenv
+    return request
+
+
+def hold_on(
+    agent_call: AgentCall, task: str, name: str, spec: JSON, before: list[str], chosen: list[str]
+) -> list[JSON]:
+    """Move the agent task ``task`` (the Dataset's source and store) from the nodes in
+    ``before`` to those in ``chosen``: released where it is no longer wanted, asked
+    (idempotently) on every chosen node; their reports, in ``chosen``'s order."""
+    for node in before:
+        if node not in chosen:
+            agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+    request = task_request(name, spec)
+    return [task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]})) for node in chosen]
+
+
+def release(agent_call: AgentCall, task: str, nodes: list[str]) -> None:
+    """Release the agent task ``task`` on every node of ``nodes``."""
+    for node in nodes:
+        agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+
+
+def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
+    """What one agent says about a task's (first) dataset: its state and bytes, never more."""
+    if answer is None:
+        return {"node": node, "state": "unreachable", "bytesDone": 0, "bytesWanted": 0}
+    code, body = answer
+    datasets = body.get("datasets") if isinstance(body, dict) else None
+    item = datasets[0] if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict) else {}
+    if code != 200 or not item:
+        message = body.get("message") if isinstance(body, dict) else None
+        return {
+            "node": node,
+            "state": "failed",
+            "bytesDone": 0,
+            "bytesWanted": 0,
+            "message": str(message or code)[:300],
+        }
+
+    def number(key: str) -> int:
+        value = item.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    state = item.get("state") if item.get("state") in ("ready", "fetching", "resolving", "failed") else "unknown"
+    report = {"node": node, "state": state, "bytesDone": number("bytesDone"), "bytesWanted": number("sizeBytes")}
+    if state == "failed" and isinstance(item.get("error"), dict):
+        report["message"] = str(item["error"].get("message"))[:300]
+    return report
+
+
+def cleanup(agent_call: AgentCall, nodes: list[str], name: str, request: str, now: float) -> JSON:
+    """``dsagent.io/cleanup``: ask every agent to evict dataset ``name`` without force; an agent
+    where a task still uses it answers 409 and keeps it. The Dataset's ``status.cleanup``."""
+    evicted: list[str] = []
+    kept: list[str] = []
+    absent: list[str] = []
+    for node in nodes:
+        answer = agent_call(node, "POST", "/v1/evict", {"mode": "names", "names": [name]})
+        if answer is None:
+            continue
+        code, _ = answer
+        (evicted if code == 200 else kept if code == 409 else absent).append(node)
+    log.info("cleanup of dataset %s: evicted on %s, kept (in use) on %s", name, evicted, kept)
+    return {"request": request, "time": format_micro_time(now), "evictedNodes": evicted, "keptInUse": kept}
+
+
+__all__ = [
+    "AgentCall",
+    "cleanup",
+    "find_agents",
+    "hold_on",
+    "http_call",
+    "raw",
+    "release",
+    "task_report",
+    "task_request",
+]

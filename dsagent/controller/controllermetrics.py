@@ -1,0 +1,89 @@
+"""The Dataset controller's metrics and its probe port.
+
+Who calls it: :class:`dsagent.controller.reconcile.DatasetController` counts into
+:class:`ControllerMetrics`; :func:`dsagent.controller.reconcile.main` serves them with
+:func:`serve_metrics` when ``DSAGENT_CONTROLLER_METRICS_PORT`` is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ControllerMetrics:
+    """The controller's own registry (``GET /metrics`` on ``DSAGENT_CONTROLLER_METRICS_PORT``)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.leader = Gauge("dsplatform_controller_leader", "1 while this replica holds the Lease.", registry=r)
+        self.passes = Counter("dsplatform_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
+        self.pass_seconds = Histogram(
+            "dsplatform_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
+        )
+        self.datasets = Counter(
+            "dsplatform_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
+        )
+        self.pack_jobs = Counter(
+            "dsplatform_controller_pack_jobs", "Pack Jobs created for new source listings.", registry=r
+        )
+        self.preparations = Gauge(
+            "dsplatform_controller_preparations",
+            "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
+            ["phase"],
+            registry=r,
+        )
+        self.preparation_releases = Counter(
+            "dsplatform_controller_preparation_releases",
+            "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
+            registry=r,
+        )
+        self.versions_by_copies = Gauge(
+            "dsplatform_controller_dataset_versions",
+            "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
+            ["copies"],
+            registry=r,
+        )
+        for result in ("ok", "error"):  # series exist before the first error (issue 23)
+            self.passes.labels(result=result)
+            self.datasets.labels(result=result)
+
+
+def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` in a daemon thread; returns the server.
+
+    prometheus_client's own server answered every path with the metrics text, so the
+    liveness probe's ``/healthz`` got Prometheus text where every other process answers
+    the one probe body (docs/design.md#probes). The controller is alive and ready while
+    this thread serves: a standby replica is ready too (it takes over when the leader goes).
+    """
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    from dsplatform import probes
+
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/healthz", "/readyz"):
+            return metrics(environ, start_response)
+        status, body = probes.encoded(probes.OK if path == "/healthz" else probes.READY)
+        start_response(f"{status} OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            pass  # a probe every few seconds is not worth a log line
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="controller-metrics", daemon=True).start()
+    return server
+
+
+__all__ = ["ControllerMetrics", "serve_metrics"]

@@ -1,0 +1,129 @@
+"""The Dataset controller's settings: ``DSAGENT_CONTROLLER_*`` (and the agents' admin token).
+
+Who reads it: :func:`dsagent.controller.reconcile.main` at start-up (``from_env``); tests
+build it with keywords. Every feature's switch and presets live here, passed down as values.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BeforeValidator, Field, InstanceOf, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from dsagent.cache import copies
+from dsagent.cache.preparation import Thresholds
+from dsagent.errors import SettingsError
+from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env, read_secret_file
+from dsplatform.units import Duration
+
+CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
+_PRESETS = Thresholds()  # next-job preparation's default presets
+
+
+def _controller_env(name: str, field: str) -> Any:
+    """The field's variable is ``DSAGENT_CONTROLLER_<name>``; its own name still works as a keyword."""
+    return AliasChoices(field, CONTROLLER_PREFIX + name)
+
+
+def _off_is_none(value: Any) -> Any:
+    """``off``, ``none`` or ``0`` (any case): the feature is off."""
+    return None if isinstance(value, str) and value.strip().lower() in ("off", "none", "0") else value
+
+
+def _copies_configmap(value: Any) -> Any:
+    """``off`` or ``none`` (any case): the controller publishes no copy counts."""
+    return None if isinstance(value, str) and value.strip().lower() in ("off", "none") else value
+
+
+class ControllerSettings(EnvSettings):
+    """``DSAGENT_CONTROLLER_*`` (and the agents' admin token, ``DSAGENT_ADMIN_TOKEN[_FILE]``);
+    an empty variable means its default."""
+
+    model_config = SettingsConfigDict(env_prefix=CONTROLLER_PREFIX, env_ignore_empty=True)
+
+    namespace: str = "default"  # where the Lease and the pack Jobs live
+    lease_name: str = Field("dsplatform-dataset-controller", validation_alias=_controller_env("LEASE", "lease_name"))
+    identity: str = Field(default_factory=socket.gethostname)
+    resync_s: Duration = Field(30.0, validation_alias=_controller_env("RESYNC", "resync_s"))
+    pack_image: str = "ghcr.io/dsplatform/dsplatform:0.1.0"
+    pack_service_account: str | None = None
+    agent_selector: str = "app.kubernetes.io/component=agent"
+    agent_port: int = 7420
+    admin_token: str | None = Field(
+        None, repr=False, validation_alias=AliasChoices("admin_token", "DSAGENT_ADMIN_TOKEN")
+    )
+    admin_token_file: Path | None = Field(
+        None, repr=False, validation_alias=AliasChoices("admin_token_file", "DSAGENT_ADMIN_TOKEN_FILE")
+    )
+    metrics_port: int | None = None  # serve /metrics (and /healthz) here; 0 or unset: not served
+    # where agents read copy counts; None ("off"): not published
+    copies_configmap: Annotated[str | None, BeforeValidator(_copies_configmap)] = copies.CONFIGMAP
+    # next-job preparation (docs/design.md#next-job-preparation): on with DSAGENT_CONTROLLER_PREPARE,
+    # with these presets; ``prepare`` is what the controller uses (None: off), built from them
+    prepare_enabled: Flag = Field(False, validation_alias=_controller_env("PREPARE", "prepare_enabled"))
+    prepare_window: Duration = _PRESETS.window_s
+    prepare_fetch_lead: Duration = _PRESETS.fetch_lead_s
+    prepare_reserve_fraction: float = _PRESETS.reserve_fraction
+    prepare_fill_fraction: float = _PRESETS.fill_fraction
+    prepare: InstanceOf[Thresholds] | None = not_from_env(None)
+    # replication: pods started this recently count as demand; "auto" asks for at most this many copies
+    replicas_window_s: Duration = Field(
+        3600.0, validation_alias=_controller_env("REPLICAS_WINDOW", "replicas_window_s")
+    )
+    replicas_max: int = 16
+    # store gc Jobs (dsagent/controller/storegc.py) this often; None ("off", "none", "0"): not run
+    store_gc_s: Annotated[Duration | None, BeforeValidator(_off_is_none)] = Field(
+        None, validation_alias=_controller_env("STORE_GC", "store_gc_s")
+    )
+    store_gc_grace_s: Duration = Field(  # never delete a bundle younger than this
+        7 * 86400.0, validation_alias=_controller_env("STORE_GC_GRACE", "store_gc_grace_s")
+    )
+
+    # migration, step 5 of the deadline design: move jobs that opted in (evictions); the GPU
+    # resource and the class resources' prefix as the webhook writes them (chart: gpuClasses.*)
+    migrate: Flag = Field(False, validation_alias=_controller_env("MIGRATE", "migrate"))
+    gpu_resource: str = GPU_RESOURCE
+    class_prefix: str = RESOURCE_PREFIX
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _metrics_port(cls, value: int | None) -> int | None:
+        return value or None
+
+    @field_validator("prepare_reserve_fraction", "prepare_fill_fraction")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise ValueError(f"{value!r} is not a fraction within [0, 1]")
+        return value
+
+    @model_validator(mode="after")
+    def _whole_settings(self) -> ControllerSettings:
+        if self.admin_token is None and self.admin_token_file is not None:
+            object.__setattr__(self, "admin_token", read_secret_file(self.admin_token_file, "DSAGENT_ADMIN_TOKEN_FILE"))
+        if self.prepare is None and self.prepare_enabled:
+            thresholds = Thresholds(
+                window_s=self.prepare_window,
+                fetch_lead_s=self.prepare_fetch_lead,
+                reserve_fraction=self.prepare_reserve_fraction,
+                fill_fraction=self.prepare_fill_fraction,
+            )
+            object.__setattr__(self, "prepare", thresholds)
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
+        """The settings from the environment (``os.environ`` unless given); one :class:`SettingsError`
+        lists every bad variable."""
+        try:
+            return cls.read(environ)
+        except InvalidSettings as exc:
+            raise SettingsError(exc.message) from None
+
+
+__all__ = ["CONTROLLER_PREFIX", "ControllerSettings"]

@@ -1,0 +1,61 @@
+"""Copy counts (docs/design.md#cluster-eviction): how many nodes hold each dataset version
+ready, counted from the agents' inventories and written to the ConfigMap
+``dsplatform-dataset-copies`` in the controller's namespace (:mod:`dsagent.cache.copies`).
+
+Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile_all`, each pass.
+Agents read the ConfigMap to keep the cluster's last copy of a version when they evict: one
+object for every agent to read, rather than every agent listing every Node. Rewritten each
+resync with its time, so an agent can tell a controller that stopped (stale counts are
+ignored: plain LRU again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dsagent.cache import copies
+from dsagent.cluster.datasets import MERGE_PATCH
+from dsagent.controller.controllermetrics import ControllerMetrics
+
+
+def publish_copies(
+    core: Any,
+    inventories: Mapping[str, Mapping[str, Any]],
+    *,
+    configmap: str | None,
+    namespace: str,
+    now: float,
+    metrics: ControllerMetrics,
+) -> dict[copies.Key, int]:
+    """Count each version's ready copies and write them to ``configmap`` (None: not published)."""
+    counts = copies.count_copies(inventories.values())
+    for label, low, high in (("1", 1, 1), ("2", 2, 2), ("3+", 3, None)):
+        metrics.versions_by_copies.labels(copies=label).set(
+            sum(1 for c in counts.values() if c >= low and (high is None or c <= high))
+        )
+    if configmap is None:
+        return counts
+    from kubernetes.client.exceptions import ApiException
+
+    data = {copies.DATA_KEY: copies.copies_document(counts, at=now)}
+    try:
+        core.patch_namespaced_config_map(configmap, namespace, {"data": data}, _content_type=MERGE_PATCH)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": configmap,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/part-of": "dsplatform", "app.kubernetes.io/component": "controller"},
+            },
+            "data": data,
+        }
+        core.create_namespaced_config_map(namespace, body)
+    return counts
+
+
+__all__ = ["publish_copies"]

@@ -1,0 +1,11 @@
+"""The wire contracts between the platform's processes: one module per contract, each with its
+version, imported by the writer and by every reader, each with a round-trip test.
+
+podannotations  the pod annotation ``dsagent.io/datasets`` (the pod's author writes it; the
+                webhook, the node agent, the extender and the controller read it)
+csivolume       the CSI volume attributes (the webhook writes them into the pod's inline
+                ``csi`` volume; the agent's CSI node plugin reads them from ``NodePublishVolume``)
+
+Pure values and parsers: no I/O, nothing of the processes; errors are
+:class:`dsplatform.errors.InvalidInput` naming the field.
+"""

@@ -1,0 +1,137 @@
+"""The pod annotation ``dsagent.io/datasets``: what a pod asks to have cached. Version 1.
+
+The one reading of it: the admission webhook (to wire the pod), the node agent's cluster
+mode (to start caching at bind time), the scheduler extender and the Dataset controller
+(through :func:`scheduling.podspec.parse_datasets`: affinity, preparation, migration) all
+parse it here, so a pod one of them accepts is one the others read alike.
+
+Two forms are accepted:
+
+- a comma-separated list of names, ``"imagenet,coco"``, resolved through ``Dataset``
+  resources in the pod's namespace;
+- a JSON list of objects ``{"name", "source"?, "digest"?, "bundles"?, "storage_options"?}``;
+  an entry without ``source`` is resolved like a bare name.
+
+The writer is the pod's author (a user or a training operator): :func:`encode` writes the
+JSON form, as tools and tests do. Pure: no I/O; errors are :class:`InvalidInput` (the
+platform's, each process's tree derives from it) with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsplatform import boundedjson
+from dsplatform.errors import InvalidInput
+from dsplatform.names import NAME_HINT, is_digest, is_name
+
+#: the version of this contract: both forms below; a new form gets a new version
+VERSION = 1
+DATASETS_ANNOTATION = "dsagent.io/datasets"
+_KEYS = {"name", "source", "digest", "bundles", "storage_options"}
+#: the API server caps all of a pod's annotations together at 256 KiB
+ANNOTATION_MAX_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """One dataset a pod names; ``source`` None means "look it up in the Dataset resource"."""
+
+    name: str
+    source: str | None = None
+    bundles: str | None = None
+    digest: str | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+
+
+def parse(text: str | None) -> tuple[DatasetRef, ...]:
+    """The annotation's datasets, in order; raises :class:`InvalidInput` saying what is wrong."""
+    if text is None or not text.strip():
+        return ()
+    stripped = text.strip()
+    refs = _parse_json(stripped) if stripped[0] in "[{" else _parse_names(stripped)
+    names = [r.name for r in refs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidInput(f"{DATASETS_ANNOTATION} names {', '.join(duplicates)} more than once")
+    return refs
+
+
+def datasets_of(pod: Mapping[str, Any]) -> tuple[DatasetRef, ...]:
+    """The datasets a raw pod's annotation asks for (empty when it has none)."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return parse(annotations.get(DATASETS_ANNOTATION))
+
+
+def encode(refs: tuple[DatasetRef, ...] | list[DatasetRef]) -> str:
+    """The annotation's JSON form for ``refs``: what :func:`parse` reads back as ``refs``."""
+    items = []
+    for ref in refs:
+        item: dict[str, Any] = {"name": ref.name}
+        for key in ("source", "bundles", "digest", "storage_options"):
+            if getattr(ref, key) is not None:
+                item[key] = getattr(ref, key)
+        items.append(item)
+    return json.dumps(items, separators=(",", ":"))
+
+
+def _parse_names(text: str) -> tuple[DatasetRef, ...]:
+    names = [part.strip() for part in text.split(",")]
+    return tuple(DatasetRef(_name(n)) for n in names if n)
+
+
+def _parse_json(text: str) -> tuple[DatasetRef, ...]:
+    try:
+        items = boundedjson.loads(text, what=DATASETS_ANNOTATION, max_bytes=ANNOTATION_MAX_BYTES)
+    except boundedjson.JsonRefused as exc:  # too large, too deep or not JSON
+        raise InvalidInput(exc.message) from None
+    if not isinstance(items, list):
+        raise InvalidInput(f"{DATASETS_ANNOTATION} must be a JSON list or a comma-separated list of names")
+    return tuple(_entry(item, i) for i, item in enumerate(items))
+
+
+def _entry(item: Any, index: int) -> DatasetRef:
+    if isinstance(item, str):
+        return DatasetRef(_name(item))
+    if not isinstance(item, dict) or "name" not in item:
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}] must be an object with a 'name'")
+    unknown = sorted(set(item) - _KEYS)
+    if unknown:
+        raise InvalidInput(
+            f"{DATASETS_ANNOTATION}[{index}] has unknown keys {unknown}", hint=f"allowed: {sorted(_KEYS)}"
+        )
+    options = item.get("storage_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].storage_options must be an object")
+    digest = item.get("digest")
+    if digest is not None and not is_digest(digest):
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].digest must be 32 lowercase hex characters")
+    return DatasetRef(
+        name=_name(item["name"]),
+        source=_optional_str(item, "source", index),
+        bundles=_optional_str(item, "bundles", index),
+        digest=digest,
+        storage_options=options,
+    )
+
+
+def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{DATASETS_ANNOTATION}[{index}].{key} must be a non-empty string")
+    return value
+
+
+def _name(name: Any) -> str:
+    if not is_name(name):
+        raise InvalidInput(f"invalid dataset name {name!r} in {DATASETS_ANNOTATION}", hint=NAME_HINT)
+    return str(name)
+
+
+__all__ = ["DATASETS_ANNOTATION", "VERSION", "DatasetRef", "datasets_of", "encode", "parse"]
