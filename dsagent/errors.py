@@ -23,7 +23,8 @@ failed flush). Classes defined beside their code are drawn with their module.
     ├── StorageForbidden (403, exit 12, PERMISSION_DENIED)  the store knows the credentials but
     │                                         refuses the action
     ├── Forbidden (403, exit 9, PERMISSION_DENIED)  a pod acting on another pod's task, or evicting
-    │   └── KubeForbidden                     cluster.apiclient: the API server refused the service account
+    │   ├── KubeForbidden                     cluster.apiclient: the API server refused the service account
+    │   └── NamespaceShareExceeded            a namespace's pins would pass its share of the node's cache
     ├── TaskNotOnNode (403, exit 2, PERMISSION_DENIED)  cluster.nodeagent: a pod-UID task id that
     │                                         is no pod on this node
     ├── NotFound (404, exit 3, NOT_FOUND)     unknown dataset, task, manifest or bundle
@@ -113,6 +114,12 @@ class NotFound(DsagentError):
     grpc_status = "NOT_FOUND"
 
 
+class NamespaceShareExceeded(Forbidden):
+    """A pin for a namespace that already holds its share of this node's cache (docs/tenancy.md)."""
+
+    code = "namespace_share"
+
+
 class Conflict(DsagentError):
     # the CSI spec's code for a volume published again incompatibly (NodePublishVolume)
     http_status = 409
@@ -191,6 +198,7 @@ __all__ = [
     "InsufficientSpace",
     "IntegrityError",
     "InvalidInput",
+    "NamespaceShareExceeded",
     "NotFound",
     "SettingsError",
     "SourceUnavailable",

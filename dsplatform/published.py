@@ -7,11 +7,33 @@ annotation, so a writer and its readers cannot drift apart (docs/design.md#annot
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from dsplatform.kubetime import parse_or_none
+
 #: The datasets a node holds (JSON, the inventory schema).
 INVENTORY = "dsagent.io/inventory"
 #: The node's GPU topology and RoCE classes (JSON, the gpu_topology contract).
 TOPOLOGY = "dsagent.io/topology"
 #: The node's free GPU indices (``"0,1,4,5"``).
 FREE_GPUS = "dsagent.io/free-gpus"
+#: When the agent last published (RFC 3339, seconds): written with every change and at least
+#: every heartbeat, so a reader can refuse an inventory older than its bound (docs/tenancy.md).
+PUBLISHED_AT = "dsagent.io/published-at"
 
-__all__ = ["FREE_GPUS", "INVENTORY", "TOPOLOGY"]
+
+
+def stale(annotations: Mapping[str, Any], now: float, max_age: float) -> bool:
+    """Whether a Node's published annotations are older than ``max_age`` seconds by their
+    :data:`PUBLISHED_AT` stamp (a stamp in the future by more than the bound counts as stale
+    too: a clock that far off is not to be trusted). No stamp at all (an agent older than the
+    stamp) is not stale: there is nothing to date it by."""
+    raw = annotations.get(PUBLISHED_AT)
+    if raw is None:
+        return False
+    stamp = parse_or_none(raw)
+    return stamp is None or abs(now - stamp) > max_age
+
+
+__all__ = ["FREE_GPUS", "INVENTORY", "PUBLISHED_AT", "TOPOLOGY", "stale"]

@@ -32,8 +32,9 @@ Test hooks (the class :class:`FakeApiServer`): seed or change objects directly
 (:meth:`inject_event`), send bookmarks (:meth:`send_bookmarks`), force ``410 Gone`` for
 every resourceVersion seen so far (:meth:`compact`), end every open watch
 (:meth:`close_watches`), stop and restart on the same port (:meth:`stop`,
-:meth:`start`, :meth:`restart`), and inspect what clients sent (:attr:`requests`,
-:meth:`wait_for`). Builders :func:`make_node`, :func:`make_pod` and
+:meth:`start`, :meth:`restart`), make matching requests hang (:meth:`hang`) or fail with
+a status (:meth:`fail`) until :meth:`heal`, and inspect what clients sent
+(:attr:`requests`, :meth:`wait_for`). Builders :func:`make_node`, :func:`make_pod` and
 :func:`make_dataset` give realistic objects.
 
 Shared by the kube tests and the scheduler extender's watch-cache tests.
@@ -150,6 +151,8 @@ RESOURCES: dict[str, ResourceType] = {
     "jobs": ResourceType("batch", "v1", "jobs", "Job", namespaced=True),
     # the Dataset controller's per-version copy counts for the agents (issue 25)
     "configmaps": ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, status_subresource=False),
+    # what the controller tells a Dataset's owner (a refusal, a bound held)
+    "events": ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True, status_subresource=False),
 }
 
 
@@ -580,8 +583,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except json.JSONDecodeError:
             body = raw.decode("utf-8", "replace")
-        fake._record(RecordedRequest(method, url.path, query, content_type, body))
+        recorded = RecordedRequest(method, url.path, query, content_type, body)
+        fake._record(recorded)
         try:
+            fake._fault(recorded)
             if url.path == "/version":
                 self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
                 return
@@ -685,6 +690,10 @@ class FakeApiServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._faults: list[tuple[Callable[[RecordedRequest], bool], int | None]] = []
+        self._fault_lock = threading.Lock()
+        self._healed = threading.Event()
+        self._healed.set()
 
     # -- life cycle
 
@@ -727,6 +736,7 @@ class FakeApiServer:
         with self.store.lock:
             self._stopping = True
             self.store.lock.notify_all()
+        self._healed.set()  # hanging requests end with the server
         self._httpd.shutdown()
         self._httpd.drop_connections()
         self._httpd.server_close()
@@ -816,6 +826,34 @@ class FakeApiServer:
             self.store.lock.notify_all()
 
     # -- what clients sent
+
+    # -- faults (test side): an API server that hangs or fails
+
+    def hang(self, predicate: Callable[[RecordedRequest], bool] = lambda r: True) -> None:
+        """Matching requests get no answer until :meth:`heal` (or :meth:`stop`)."""
+        with self._fault_lock:
+            self._faults.append((predicate, None))
+            self._healed.clear()
+
+    def fail(self, predicate: Callable[[RecordedRequest], bool] = lambda r: True, code: int = 500) -> None:
+        """Matching requests are answered ``code`` with a Status until :meth:`heal`."""
+        with self._fault_lock:
+            self._faults.append((predicate, code))
+
+    def heal(self) -> None:
+        """End every fault; hanging requests are then served."""
+        with self._fault_lock:
+            self._faults.clear()
+            self._healed.set()
+
+    def _fault(self, request: RecordedRequest) -> None:
+        with self._fault_lock:
+            matching = [code for predicate, code in self._faults if predicate(request)]
+        if not matching:
+            return
+        if matching[0] is not None:
+            raise ApiError(matching[0], "InternalError" if matching[0] >= 500 else "BadRequest", "injected fault")
+        self._healed.wait(timeout=120)
 
     def _record(self, request: RecordedRequest) -> None:
         with self.store.lock:

@@ -67,6 +67,7 @@ def create_app(
     from fastapi import FastAPI
 
     from dsagent import __version__
+    from dsagent.api.audit import OperatorAudit
     from dsagent.api.identity import own_pod_uid
     from dsagent.api.operations import Operations
     from dsagent.api.routes import router
@@ -110,6 +111,7 @@ def create_app(
     app.openapi = functools.partial(openapi_document, app)  # type: ignore[method-assign]
     _install_error_edge(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(OperatorAudit, metrics=svc.metrics)  # who pinned or evicted what, for which Dataset
     app.add_middleware(RouteTiming, metrics=svc.metrics)  # outermost: refused bodies are timed too
     return app
 

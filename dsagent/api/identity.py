@@ -34,8 +34,9 @@ from typing import Any, Literal
 
 from starlette.requests import Request
 
-from dsagent.errors import Forbidden, Unauthorized
+from dsagent.errors import Forbidden, InvalidInput, Unauthorized
 from dsplatform.names import canonical_task_id, pod_uid_pattern
+from dsplatform.tenancy import ACTING_FOR_HEADER, parse_acting_for
 
 #: The connection-state key under which a per-pod listener names its pod.
 POD_UID_KEY = "dsagent.pod_uid"
@@ -135,6 +136,21 @@ def require_operator(caller: Caller) -> None:
     )
 
 
+def acting_for(request: Request, caller: Caller) -> tuple[str, str] | None:
+    """The Dataset an operator's request acts for (``X-Dsagent-For: namespace/name``, docs/tenancy.md).
+
+    Only an operator names one: from anyone else the header is ignored (a pod cannot make
+    its request count against, or evict for, another namespace). A malformed value from an
+    operator is a 400, so a controller bug never acts unscoped."""
+    raw = request.headers.get(ACTING_FOR_HEADER)
+    if raw is None or not caller.operator:
+        return None
+    parsed = parse_acting_for(raw)
+    if parsed is None:
+        raise InvalidInput(f"{ACTING_FOR_HEADER} must be NAMESPACE/NAME of a Dataset", hint="e.g. 'team-a/imagenet'")
+    return parsed
+
+
 def require_task(caller: Caller, task_id: str, *, write: bool) -> None:
     """An operator may act on any task, a pod only on its own (its UID), anonymous only read."""
     if caller.operator or (caller.kind == "anonymous" and not write):
@@ -188,6 +204,7 @@ __all__ = [
     "POD_UID_KEY",
     "PEER_KEY",
     "Caller",
+    "acting_for",
     "caller_identity",
     "own_pod_uid",
     "peer_credentials_protocol",

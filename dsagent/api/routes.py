@@ -31,7 +31,14 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from dsagent.api.identity import Caller, bearer_matches, caller_identity, require_operator, require_task
+from dsagent.api.identity import (
+    Caller,
+    acting_for,
+    bearer_matches,
+    caller_identity,
+    require_operator,
+    require_task,
+)
 from dsagent.api.operations import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, Operations, operation_out
 from dsagent.api.schemas import (
     DatasetsOut,
@@ -94,7 +101,8 @@ ERROR_STATUSES: dict[int, str] = {
     401: "An operator action over TCP without a valid admin token (unauthorized)",
     403: "The store refused the agent's credentials (credentials) or the action (storage_forbidden); "
     "a pod acting on another pod's task, or evicting (forbidden); "
-    "in cluster mode, a pod-UID task for a pod not on this node (task_not_on_node)",
+    "in cluster mode, a pod-UID task for a pod not on this node (task_not_on_node); "
+    "a pin for a namespace that holds its share of the cache (namespace_share)",
     404: "No such task or dataset (not_found); a source or bundle store that does not exist",
     409: "In use, being fetched, or a task repeated with other datasets (conflict)",
     413: "Request body over DSAGENT_MAX_BODY (body_too_large)",
@@ -138,6 +146,12 @@ def operator(who: Caller = Depends(caller)) -> None:
     require_operator(who)
 
 
+def tenant(request: Request, who: Caller = Depends(caller)) -> str | None:
+    """The namespace an operator's request acts for (``X-Dsagent-For``), or None."""
+    dataset = acting_for(request, who)
+    return dataset[0] if dataset is not None else None
+
+
 @router.put("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 401, 403, 404, 409, 413, 503))
 async def submit_task(
     task_id: str,
@@ -145,9 +159,10 @@ async def submit_task(
     svc: CacheService = Depends(service),
     wait: float = Query(0.0, ge=0.0, le=3600.0),
     who: Caller = Depends(caller),
+    namespace: str | None = Depends(tenant),
 ) -> dict[str, Any]:
     require_task(who, task_id, write=True)
-    record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait)
+    record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait, tenant=namespace)
     return task_out(record)
 
 
@@ -200,10 +215,11 @@ async def evict_dataset(
     svc: CacheService = Depends(service),
     force: bool = False,
     dry_run: bool = Query(False, alias="dryRun"),
+    namespace: str | None = Depends(tenant),
     wait: float = WAIT,
 ) -> Any:
     async def evict() -> dict[str, Any]:
-        return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run))
+        return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run, tenant=namespace))
 
     return await _as_operation(request, "evict", "operator", f"names={name}", evict, wait)
 
@@ -214,10 +230,21 @@ async def evict_dataset(
     response_model=EvictionOut,
     responses={**errors(400, 401, 403, 404, 409, 413, 503), **ACCEPTED},
 )
-async def evict(body: EvictIn, request: Request, svc: CacheService = Depends(service), wait: float = WAIT) -> Any:
+async def evict(
+    body: EvictIn,
+    request: Request,
+    svc: CacheService = Depends(service),
+    namespace: str | None = Depends(tenant),
+    wait: float = WAIT,
+) -> Any:
     async def evict() -> dict[str, Any]:
         result = await svc.evict(
-            names=body.names, mode=body.mode, force=body.force, dry_run=body.dry_run, free_bytes=body.bytes or 0
+            names=body.names,
+            mode=body.mode,
+            force=body.force,
+            dry_run=body.dry_run,
+            free_bytes=body.bytes or 0,
+            tenant=namespace,
         )
         return eviction_out(result)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from dsagent.errors import DsagentError, InsufficientSpace
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the namespace a task acts for, and which namespaces asked for each source
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
     name TEXT NOT NULL, digest TEXT NOT NULL, state TEXT NOT NULL,
@@ -49,6 +49,12 @@ CREATE TABLE IF NOT EXISTS task_datasets (
     name TEXT NOT NULL, digest TEXT,
     PRIMARY KEY (task_id, name));
 CREATE INDEX IF NOT EXISTS task_datasets_version ON task_datasets (name, digest);
+CREATE TABLE IF NOT EXISTS task_tenants (
+    task_id TEXT PRIMARY KEY REFERENCES tasks(task_id) ON DELETE CASCADE,
+    namespace TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tenant_sources (
+    name TEXT NOT NULL, source TEXT NOT NULL, namespace TEXT NOT NULL,
+    PRIMARY KEY (name, source, namespace));
 """
 
 
@@ -373,6 +379,44 @@ class Catalog:
 
     def expired_tasks(self, now: float) -> list[str]:
         return [row["task_id"] for row in self._query("SELECT task_id FROM tasks WHERE lease_until <= ?", (now,))]
+
+    # -- tenants (docs/tenancy.md) --------------------------------------------------------
+
+    def record_tenant(self, task_id: str, namespace: str, sources: Sequence[tuple[str, str]]) -> None:
+        """The task acts for ``namespace``, which asked for each ``(name, source)``."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO task_tenants VALUES (?, ?)", (task_id, namespace))
+            db.executemany(
+                "INSERT OR IGNORE INTO tenant_sources VALUES (?, ?, ?)",
+                [(name, source, namespace) for name, source in sources],
+            )
+
+    def tenant_of(self, task_id: str) -> str | None:
+        rows = self._query("SELECT namespace FROM task_tenants WHERE task_id = ?", (task_id,))
+        return str(rows[0]["namespace"]) if rows else None
+
+    def tenant_pinned(self, namespace: str, now: float) -> int:
+        """Bytes of the versions the live tasks acting for ``namespace`` hold (each version once)."""
+        rows = self._query(
+            "SELECT COALESCE(SUM(v.size_bytes), 0) AS pinned FROM versions v JOIN"
+            " (SELECT DISTINCT d.name, d.digest FROM task_datasets d JOIN tasks t USING (task_id)"
+            "  JOIN task_tenants n USING (task_id)"
+            "  WHERE n.namespace = ? AND d.digest IS NOT NULL AND t.lease_until > ?) p"
+            " ON v.name = p.name AND v.digest = p.digest",
+            (namespace, now),
+        )
+        return int(rows[0]["pinned"])
+
+    def tenants_of(self, name: str, source: str) -> set[str]:
+        """The namespaces that asked for ``name`` from ``source``."""
+        rows = self._query("SELECT namespace FROM tenant_sources WHERE name = ? AND source = ?", (name, source))
+        return {str(row["namespace"]) for row in rows}
+
+    def forget_tenant(self, name: str, source: str, namespace: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM tenant_sources WHERE name = ? AND source = ? AND namespace = ?", (name, source, namespace)
+            )
 
     def in_use(self, now: float) -> set[tuple[str, str]]:
         """``(name, digest)`` of every version bound to a task whose lease has not lapsed."""

@@ -37,6 +37,12 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
   per-file copy), heard through :func:`dsagent.format.storage.add_store_observer`; the
   duration is the open (up to the first byte or the object's metadata), the code the error
   the open failed with (``not_found``, ``storage_credentials``, ``source_unavailable``...).
+- ``operator_requests_total{action,namespace,status}``: every admin-token request that pins
+  (``pin``), releases (``release``) or evicts (``evict``), by the namespace of the Dataset it
+  names (``-``: none, an operator by hand) and the status answered (docs/tenancy.md); the
+  same request is the agent's ``audit`` log line. ``namespace_refusals_total{namespace}``:
+  pins refused because the namespace holds its share of the cache. The namespace label is
+  bounded by the cluster's namespaces, and only the controller (the admin token) sets it.
 - ``build_info{version}`` = 1.
 
 Series an alert or a ratio reads exist (at 0) before their first event: the ``ok`` codes,
@@ -175,6 +181,18 @@ class Metrics:
             ["protocol", "code"],
             registry=r,
         )
+        self.operator_requests = Counter(
+            "dsplatform_agent_operator_requests",
+            "Admin-token requests that pin, release or evict, by action, the Dataset's namespace and status.",
+            ["action", "namespace", "status"],
+            registry=r,
+        )
+        self.namespace_refusals = Counter(
+            "dsplatform_agent_namespace_refusals",
+            "Pins refused because the namespace holds its share of this node's cache.",
+            ["namespace"],
+            registry=r,
+        )
         build = Gauge("dsplatform_agent_build_info", "The agent's version; always 1.", ["version"], registry=r)
         build.labels(version=version).set(1)
         for state in _GAUGE_STATES:
@@ -231,6 +249,12 @@ class Metrics:
         self.catalog_rebuilds.inc()
         self.rebuilt_versions.labels(result="kept").inc(kept)
         self.rebuilt_versions.labels(result="discarded").inc(discarded)
+
+    def operator_request(self, action: str, namespace: str, status: int) -> None:
+        self.operator_requests.labels(action=action, namespace=namespace, status=str(status)).inc()
+
+    def namespace_refusal(self, namespace: str) -> None:
+        self.namespace_refusals.labels(namespace=namespace).inc()
 
     def evicted(self, reason: str, size_bytes: int) -> None:
         self.evictions.labels(reason=reason).inc()

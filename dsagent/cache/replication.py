@@ -24,7 +24,7 @@ Decisions:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 AUTO = "auto"
@@ -57,9 +57,17 @@ def target(mode: str | int, demand: int, *, max_auto: int) -> int:
 
 
 def choose(
-    nodes: Sequence[NodeRoom], wanted: int, *, size_bytes: int, before: Sequence[str] = (), ratio: float = 1.2
+    nodes: Sequence[NodeRoom],
+    wanted: int,
+    *,
+    size_bytes: int,
+    before: Sequence[str] = (),
+    ratio: float = 1.2,
+    admit: Callable[[str], bool] | None = None,
 ) -> list[str]:
-    """The ``wanted`` nodes to hold a copy (fewer when fewer qualify), sorted by name."""
+    """The ``wanted`` nodes to hold a copy (fewer when fewer qualify), sorted by name.
+    ``admit``: asked in rank order for each eligible node until ``wanted`` are admitted (the
+    controller's tenancy bounds, docs/tenancy.md); a node it refuses is skipped."""
     need = math.ceil(max(0, size_bytes) * ratio)
     kept = set(before)
 
@@ -69,8 +77,14 @@ def choose(
     def rank(n: NodeRoom) -> tuple[int, int, int, int, str]:
         return (0 if n.holds_ready else 1, 0 if n.name in kept else 1, -n.free_gpus, -n.free_bytes, n.name)
 
-    picked = sorted((n for n in nodes if eligible(n)), key=rank)[: max(0, wanted)]
-    return sorted(n.name for n in picked)
+    ranked = sorted((n for n in nodes if eligible(n)), key=rank)
+    picked: list[str] = []
+    for node in ranked:
+        if len(picked) >= wanted:
+            break
+        if admit is None or admit(node.name):
+            picked.append(node.name)
+    return sorted(picked)
 
 
 __all__ = ["AUTO", "NodeRoom", "choose", "parse_mode", "target"]

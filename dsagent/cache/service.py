@@ -63,10 +63,11 @@ from dsagent.cache.task import (
     validate_request,
 )
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, NotFound, local_write_error
+from dsagent.errors import DsagentError, NamespaceShareExceeded, NotFound, local_write_error
 from dsagent.format.manifest import Manifest
 from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify, use_timeouts
+from dsplatform.tenancy import over_share
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")
@@ -167,10 +168,18 @@ class CacheService:
     # -- tasks ------------------------------------------------------------------------
 
     async def submit_task(
-        self, task_id: str, datasets: Sequence[DatasetRequest], *, wait: float | None = None
+        self,
+        task_id: str,
+        datasets: Sequence[DatasetRequest],
+        *,
+        wait: float | None = None,
+        tenant: str | None = None,
     ) -> TaskRecord:
         """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds.
-        ``task_id`` in any case names one task (:func:`task_key`)."""
+        ``task_id`` in any case names one task (:func:`task_key`). ``tenant``: the namespace
+        the task acts for (docs/tenancy.md): a new task of a namespace that already pins its
+        share of the cache is refused (:class:`NamespaceShareExceeded`) before any work, and
+        the namespace is recorded as one that asked for each dataset's source."""
         try:
             task_id = task_key(task_id)
             requests = await self._validate(task_id, datasets)
@@ -187,6 +196,8 @@ class CacheService:
             await admit_task(task_id)
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
+            if existing is None and tenant is not None:
+                await self._check_share(tenant, requests, now)
             if existing is None:
                 await self._db(
                     self.catalog.create_task,
@@ -201,12 +212,46 @@ class CacheService:
                 check_same_request(existing, requests)
                 await self._db(self.catalog.renew_task, task_id, lease_until)
                 await self._db(self.catalog.touch_task, task_id, now)
+            if tenant is not None:
+                await self._db(self.catalog.record_tenant, task_id, tenant, [(r.name, r.source) for r in requests])
             for request in requests:
                 self._options[(task_id, request.name)] = request.storage_options
                 await self._ensure(task_id, request, existing.digests.get(request.name))
         if wait:
             await self._wait_for(task_id, wait)
         return await self.get_task(task_id)
+
+    async def _check_share(self, tenant: str, requests: Sequence[DatasetRequest], now: float) -> None:
+        """Refuse a new pin past ``tenant``'s share of this node's cache (docs/tenancy.md).
+
+        What the namespace already pins is exact (the versions its live tasks hold); what the
+        new task adds is the size of the version of each dataset already known here from the
+        same source (0 when none is: then the namespace passes its share by one dataset at
+        most, and its next pin is refused)."""
+        share = self.settings.namespace_share
+        if share >= 1:
+            return
+        pinned = await self._db(self.catalog.tenant_pinned, tenant, now)
+        rows = await self._db(self.catalog.versions)
+        adding = sum(
+            max((v.size_bytes for v in rows if v.name == r.name and v.source == r.source), default=0) for r in requests
+        )
+        capacity = (await self.space()).get("capacityBytes")
+        if over_share(pinned, adding, capacity, share):
+            self.metrics.namespace_refusal(tenant)
+            raise NamespaceShareExceeded(
+                f"namespace {tenant!r} pins {pinned} bytes of this node's cache and asks for {adding} more:"
+                f" over its share ({share:.0%} of {capacity} bytes)",
+                hint="release other warm-up, replica or preparation pins of the namespace, or raise the chart's"
+                " tenancy.nodeShare",
+                pinned=pinned,
+                adding=adding,
+                capacity=capacity,
+            )
+
+    async def tenant_pinned(self, tenant: str) -> int:
+        """Bytes the live tasks acting for ``tenant`` hold on this node."""
+        return int(await self._db(self.catalog.tenant_pinned, tenant, self.clock()))
 
     async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
         validate_request(task_id, datasets)
@@ -418,9 +463,13 @@ class CacheService:
         force: bool = False,
         dry_run: bool = False,
         free_bytes: int = 0,
+        tenant: str | None = None,
     ) -> EvictionResult:
-        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
-        result = await self._space.evict(names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes)
+        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``.
+        With ``tenant`` (named datasets only), only for that namespace (docs/tenancy.md)."""
+        result = await self._space.evict(
+            names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes, tenant=tenant
+        )
         if result.evicted:
             await self._db(self.catalog.keep_ballast)
         return result

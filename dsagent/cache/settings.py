@@ -237,6 +237,9 @@ class Settings(StorageSettings, AgentLogSettings):
     reserve: Share | None = None
     nodefs_available: Share = Field(0.10, validation_alias=_env("NODEFS_AVAILABLE", "nodefs_available"))
     evict_ratio: float = 1.2
+    # the most of this node's cache one namespace's controller pins (warm-up, replicas,
+    # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/tenancy.md)
+    namespace_share: float = 1.0
     idle_ttl: Duration = 7 * 86400.0
     lease_ttl: Duration = 6 * 3600.0
     sweep_interval: Duration = 60.0
@@ -342,6 +345,13 @@ class Settings(StorageSettings, AgentLogSettings):
     @classmethod
     def _no_capacity(cls, value: Any) -> Any:
         return None if value == "" else value
+
+    @field_validator("namespace_share")
+    @classmethod
+    def _share(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(f"{value!r} is not a share within (0, 1]")
+        return value
 
     @field_validator("evict_ratio", mode="before")
     @classmethod

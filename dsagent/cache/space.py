@@ -211,19 +211,25 @@ class Space:
         return True
 
     async def collect_superseded(self, name: str | None = None) -> None:
-        """Delete old versions no task holds: a name keeps its current version (the one
-        its latest consistency check resolved to) and the versions tasks still use."""
+        """Delete old versions no task holds: a name keeps, per source, its current version
+        (the one its latest consistency check of that source resolved to) and the versions
+        tasks still use. Per source, because two namespaces may each have a Dataset of one
+        name with its own source: one's new version must never supersede the other's
+        (docs/tenancy.md)."""
         async with self.lock:
-            current: dict[str, VersionRow] = {}
-            for row in await self.pools.db(self._catalog().versions, name):  # by resolved_at: the last ready one wins
+            rows = await self.pools.db(self._catalog().versions, name)
+            current: dict[tuple[str, str], VersionRow] = {}
+            for row in rows:  # by resolved_at: the last ready one wins
                 if row.state == "ready":
-                    current[row.name] = row
+                    current[(row.name, row.source)] = row
+            sources = {(r.name, r.digest): r.source for r in rows}
             for c in await self.candidates():
+                key = (c.name, sources.get((c.name, c.digest), ""))
                 if (
                     (name is None or c.name == name)
                     and c.evictable
-                    and c.name in current
-                    and current[c.name].digest != c.digest
+                    and key in current
+                    and current[key].digest != c.digest
                 ):
                     await self.evict_one(c, reason="superseded")
 
@@ -235,21 +241,70 @@ class Space:
         force: bool = False,
         dry_run: bool = False,
         free_bytes: int = 0,
+        tenant: str | None = None,
     ) -> EvictionResult:
-        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``."""
+        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``.
+
+        ``tenant`` (named datasets only, docs/tenancy.md): the eviction acts for that
+        namespace alone. A version goes only when ``tenant`` is the one namespace that asked
+        for its source; where other namespaces asked for it too, ``tenant``'s claim is dropped
+        and the bytes stay; a version ``tenant`` never asked for is not touched."""
         async with self.lock:
+            candidates = await self.candidates()
+            shared: list[eviction.Candidate] = []
+            if tenant is not None:
+                if mode != "names":
+                    raise InvalidInput("an eviction for a namespace names its datasets", hint="use mode 'names'")
+                candidates, shared = await self._tenant_candidates(candidates, names, tenant)
+            scope = None if tenant is None else {(c.name, c.digest) for c in candidates + shared}
             victims = await self._choose(
-                await self.candidates(), names=names, mode=mode, force=force, free_bytes=free_bytes
+                candidates, names=names, mode=mode, force=force, free_bytes=free_bytes, scope=scope
             )
             if not dry_run:
                 reason = "operator" if mode == "names" else mode
                 victims = [
                     v for v in victims if await self.evict_one(v, reason=reason, force=force and mode == "names")
                 ]
+                for version in shared:  # only this namespace's claim on shared bytes goes
+                    if not version.in_use or force:
+                        await self._forget_tenant(version, tenant)
         return EvictionResult(tuple(victims), dry_run, sum(v.size_bytes for v in victims))
 
+    async def _tenant_candidates(
+        self, candidates: list[eviction.Candidate], names: Sequence[str], tenant: str
+    ) -> tuple[list[eviction.Candidate], list[eviction.Candidate]]:
+        """The versions of ``names`` that ``tenant`` alone asked for (its to evict), and those it
+        asked for beside other namespaces (shared: its claim goes, the bytes stay)."""
+        catalog = self._catalog()
+        sources = {(r.name, r.digest): r.source for r in await self.pools.db(catalog.versions)}
+        alone: list[eviction.Candidate] = []
+        shared: list[eviction.Candidate] = []
+        for candidate in candidates:
+            source = sources.get((candidate.name, candidate.digest))
+            if candidate.name not in names or source is None:
+                continue
+            asked = await self.pools.db(catalog.tenants_of, candidate.name, source)
+            if asked == {tenant}:
+                alone.append(candidate)
+            elif tenant in asked:
+                shared.append(candidate)
+        return alone, shared
+
+    async def _forget_tenant(self, version: eviction.Candidate, tenant: str | None) -> None:
+        catalog = self._catalog()
+        row = await self.pools.db(catalog.version, version.name, version.digest)
+        if row is not None and tenant is not None:
+            await self.pools.db(catalog.forget_tenant, version.name, row.source, tenant)
+
     async def _choose(
-        self, candidates: list[eviction.Candidate], *, names: Sequence[str], mode: str, force: bool, free_bytes: int
+        self,
+        candidates: list[eviction.Candidate],
+        *,
+        names: Sequence[str],
+        mode: str,
+        force: bool,
+        free_bytes: int,
+        scope: set[Key] | None = None,
     ) -> list[eviction.Candidate]:
         if mode == "idle":
             return list(eviction.idle_victims(candidates, now=self.clock(), idle_ttl=self.settings.idle_ttl))
@@ -260,13 +315,17 @@ class Space:
             return list(plan.victims)
         if mode != "names":
             raise InvalidInput(f"unknown eviction mode {mode!r}", hint="use names, idle, unused or space")
-        return await self._named_victims(candidates, names, force)
+        return await self._named_victims(candidates, names, force, scope=scope)
 
     async def _named_victims(
-        self, candidates: list[eviction.Candidate], names: Sequence[str], force: bool
+        self, candidates: list[eviction.Candidate], names: Sequence[str], force: bool, *, scope: set[Key] | None = None
     ) -> list[eviction.Candidate]:
+        """``scope``: the versions one namespace asked for (an eviction for it); the others
+        (their fetches included) are none of its business: they neither conflict nor count as found."""
         victims: list[eviction.Candidate] = []
         rows = await self.pools.db(self._catalog().versions)
+        if scope is not None:
+            rows = [r for r in rows if (r.name, r.digest) in scope]
         for name in names:
             validate_name(name)
             mine = [c for c in candidates if c.name == name]

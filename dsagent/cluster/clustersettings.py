@@ -30,6 +30,12 @@ class ClusterSettings(EnvSettings):
     guard_wait: Duration = 5.0  # how long a task id may wait for its pod to reach the watch
     copies_configmap: str | None = None  # "namespace/name" of the controller's copy counts
     copies_interval: Duration = 30.0  # how often they are read
+    # the Node's dsagent.io/published-at is rewritten at least this often, so the controller
+    # can tell a live inventory from a stale one (docs/tenancy.md)
+    publish_heartbeat: Duration = 120.0
+    # how long a stopping agent tries to remove its Node annotations (an API server that hangs
+    # or fails is retried within it, never waited on past it)
+    stop_timeout: Duration = 10.0
 
     @field_validator("copies_configmap")
     @classmethod
@@ -41,7 +47,7 @@ class ClusterSettings(EnvSettings):
             raise ValueError("must be NAMESPACE/NAME of a ConfigMap")
         return str(value)
 
-    @field_validator("publish_interval", "copies_interval")
+    @field_validator("publish_interval", "copies_interval", "publish_heartbeat", "stop_timeout")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:

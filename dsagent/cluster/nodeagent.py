@@ -9,7 +9,10 @@ hooks=hooks)``, and awaits
 1. publishes the node's inventory, topology and free GPUs as annotations of its Node
    (free GPUs from the kubelet's pod-resources API when ``free_gpus`` is given and answers,
    else only while no pod requests GPUs) (``DSAGENT_NODE_NAME``, from the downward API), patching only on change and
-   at most once per ``DSAGENT_PUBLISH_INTERVAL``; a graceful stop removes them;
+   at most once per ``DSAGENT_PUBLISH_INTERVAL``, with the time it published
+   (``dsagent.io/published-at``, rewritten at least every ``DSAGENT_PUBLISH_HEARTBEAT`` so a
+   stale inventory can be told); a graceful stop removes them within ``DSAGENT_STOP_TIMEOUT``,
+   even while the API server hangs (docs/tenancy.md);
 2. watches the pods bound to its node (:class:`~dsagent.cluster.podwatch.PodWatch`) and, as
    soon as one that names datasets is bound, submits its task (the pod UID) to the
    service, so caching runs while the kubelet pulls the images (docs/design.md#rule-3); the
@@ -36,11 +39,13 @@ publisher retry in the background.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
@@ -61,6 +66,7 @@ if TYPE_CHECKING:  # the service is handed in; importing it here would make envn
     from dsagent.cache.service import CacheService
 
 log = logging.getLogger("dsagent.cluster")
+_T = TypeVar("_T")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
@@ -272,17 +278,34 @@ class ClusterAgent:
             log.warning("cannot read node %s yet (%s); retrying in the background", self.node_name, exc)
 
     async def stop(self) -> None:
-        """Stop watching, remove the Node annotations (best effort), restore the service."""
+        """Stop publishing and watching, and remove the Node annotations, all within
+        ``stop_timeout``: the removal is one merge patch that needs no read of the Node,
+        retried while the API server hangs or fails, and never waited on past the bound;
+        the blocking calls run in daemon threads, so a hung request cannot hold up the
+        process's exit either."""
+        deadline = time.monotonic() + self.cluster.stop_timeout
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._watch is not None:
-            await asyncio.to_thread(self._watch.stop)
+        watch = self._watch
+        stopping = (
+            asyncio.ensure_future(_in_daemon_thread(lambda: watch.stop(timeout=self.cluster.stop_timeout)))
+            if watch is not None
+            else None
+        )
+        if not await self._clear_annotations(deadline):
+            log.warning(
+                "could not clear the annotations of node %s within %.0f s; the controller stops using"
+                " its inventory once it is older than its bound",
+                self.node_name,
+                self.cluster.stop_timeout,
+            )
+        if stopping is not None:
+            try:
+                await asyncio.wait_for(stopping, max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                log.warning("the pod watch of node %s did not stop in time; leaving it behind", self.node_name)
         self.hooks.disconnect()
-        try:
-            await asyncio.wait_for(self._clear_annotations(), timeout=5)
-        except (asyncio.TimeoutError, DsagentError) as exc:
-            log.warning("could not clear the annotations of node %s: %s", self.node_name, exc)
 
     # -- pods -------------------------------------------------------------------------
 
@@ -434,7 +457,12 @@ class ClusterAgent:
         )
         if self._annotations is None:
             self._annotations = await asyncio.to_thread(self._read_annotations)
-        patch = publisher.annotation_patch(self._annotations, desired)
+        patch = publisher.with_heartbeat(
+            publisher.annotation_patch(self._annotations, desired),
+            self._annotations,
+            time.time(),
+            self.cluster.publish_heartbeat,
+        )
         if patch is None:
             return False
         await asyncio.to_thread(self._patch_annotations, patch)
@@ -499,20 +527,32 @@ class ClusterAgent:
             node = self._core.read_node(self.node_name, _request_timeout=10)
         return dict((node.metadata.annotations if node.metadata else None) or {})
 
-    def _patch_annotations(self, patch: Mapping[str, str | None]) -> None:
+    def _patch_annotations(self, patch: Mapping[str, str | None], timeout: float = 10) -> None:
         with translated(f"patch node {self.node_name}"):
             self._core.patch_node(
                 self.node_name,
                 {"metadata": {"annotations": dict(patch)}},
                 _content_type=MERGE_PATCH,
-                _request_timeout=10,
+                _request_timeout=timeout,
             )
 
-    async def _clear_annotations(self) -> None:
-        current = await asyncio.to_thread(self._read_annotations)
-        patch = publisher.clearing_patch(current)
-        if patch is not None:
-            await asyncio.to_thread(self._patch_annotations, patch)
+    async def _clear_annotations(self, deadline: float) -> bool:
+        """Remove what this agent published on its Node, retrying until ``deadline``
+        (``time.monotonic()``); True once removed."""
+        patch = publisher.blind_clearing_patch()
+        pause = 0.1
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(
+                    _in_daemon_thread(lambda t=min(left, 3.0): self._patch_annotations(patch, timeout=t)), left
+                )
+                self._annotations = publisher.applied(self._annotations, patch)
+                return True
+            except (asyncio.TimeoutError, DsagentError) as exc:
+                log.info("clearing the annotations of node %s: %s; retrying", self.node_name, exc or "timed out")
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 1.0)
+        return False
 
     async def _load_topology(self) -> None:
         source = self._topology_source
@@ -548,6 +588,31 @@ def _discover(options: dict[str, Any] | None = None) -> Any:
     from gpu_topology import discover
 
     return discover(options=options)
+
+
+async def _in_daemon_thread(call: Callable[[], _T]) -> _T:
+    """``call()`` in a daemon thread of its own: awaiting it can be abandoned (a timeout), and a
+    call that never returns holds up neither the default executor nor the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting side, whatever it is
+            error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(settle, lambda: future.set_exception(error))
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, lambda: future.set_result(result))
+
+    threading.Thread(target=run, name="dsagent-kube-call", daemon=True).start()
+    return await future
 
 
 def _name(pod: Mapping[str, Any]) -> str:

@@ -24,11 +24,14 @@ from typing import Any
 from dsagent.cache import inventory as inventory_contract
 from dsplatform import published
 from dsplatform.gpus import GpuResources, QuantityError, pod_gpus
+from dsplatform.kubetime import format_time, parse_or_none
 
 INVENTORY = inventory_contract.ANNOTATION
 TOPOLOGY = published.TOPOLOGY
 FREE_GPUS = published.FREE_GPUS
-OWNED = (INVENTORY, TOPOLOGY, FREE_GPUS)
+PUBLISHED_AT = published.PUBLISHED_AT
+CONTENT = (INVENTORY, TOPOLOGY, FREE_GPUS)  # what the node reports; PUBLISHED_AT says when
+OWNED = (*CONTENT, PUBLISHED_AT)
 TOPOLOGY_BUDGET = 32 * 1024
 FREE_BYTES_QUANTUM = 64 << 20  # at least; 0.5% of the capacity on large disks
 
@@ -66,13 +69,32 @@ def annotation_patch(current: Mapping[str, str] | None, desired: Mapping[str, st
     """Merge-patch values for ``metadata.annotations``: changed keys, None for stale ones."""
     current = current or {}
     patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
-    patch.update({k: None for k in OWNED if k in current and k not in desired})
+    patch.update({k: None for k in CONTENT if k in current and k not in desired})
     return patch or None
 
 
 def clearing_patch(current: Mapping[str, str] | None) -> dict[str, str | None] | None:
     """The patch removing every annotation the agent owns (graceful shutdown)."""
-    return annotation_patch(current, {})
+    patch: dict[str, str | None] = {k: None for k in OWNED if k in (current or {})}
+    return patch or None
+
+
+def blind_clearing_patch() -> dict[str, str | None]:
+    """The patch removing every annotation the agent owns, whatever the Node carries now: a
+    merge patch's null for an absent key changes nothing, so a stopping agent need not read
+    its Node first (one request, not two, against an API server that may be hanging)."""
+    return {key: None for key in OWNED}
+
+
+def with_heartbeat(
+    patch: dict[str, str | None] | None, current: Mapping[str, str] | None, now: float, heartbeat_s: float
+) -> dict[str, str | None] | None:
+    """``patch`` stamped with :data:`PUBLISHED_AT` when it changes anything or the last stamp is
+    ``heartbeat_s`` old (or missing, or unreadable); None when nothing is due."""
+    stamp = parse_or_none((current or {}).get(PUBLISHED_AT))
+    if patch is None and stamp is not None and now - stamp < heartbeat_s:
+        return None
+    return {**(patch or {}), PUBLISHED_AT: format_time(now)}
 
 
 def free_gpus(gpu_count: int | None, gpu_pods: int) -> list[int] | None:
@@ -108,12 +130,15 @@ __all__ = [
     "FREE_GPUS",
     "INVENTORY",
     "OWNED",
+    "PUBLISHED_AT",
     "TOPOLOGY",
     "annotation_patch",
     "applied",
+    "blind_clearing_patch",
     "clearing_patch",
     "desired_annotations",
     "free_gpus",
     "gpu_request",
     "quantized",
+    "with_heartbeat",
 ]

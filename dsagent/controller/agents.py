@@ -4,8 +4,11 @@ task's datasets, reading their answers, asking them to evict.
 Who calls it: :class:`dsagent.controller.reconcile.DatasetController` (finding the agents,
 cleanup) and its warm-up, replicas and preparation steps (:mod:`dsagent.controller.warmup`,
 :mod:`dsagent.controller.nextjob`). Each agent is called over its TCP port with the admin
-token (:func:`http_call`); tests pass their own :data:`AgentCall`. An agent's answer is
-hostile input: :func:`task_report` keeps its state and byte counts, never more.
+token (:func:`http_call`); tests pass their own :data:`AgentCall`. Every call names the
+Dataset it acts for (``X-Dsagent-For: namespace/name``, :mod:`dsplatform.tenancy`): the
+agent logs and counts it, and scopes a cleanup's eviction to that namespace
+(docs/tenancy.md). An agent's answer is hostile input: :func:`task_report` keeps its state
+and byte counts, never more.
 """
 
 from __future__ import annotations
@@ -16,22 +19,28 @@ from collections.abc import Callable
 from typing import Any
 
 from dsplatform.kubetime import format_micro_time
+from dsplatform.tenancy import ACTING_FOR_HEADER, acting_for
 
 log = logging.getLogger("dsagent.controller")
 
 JSON = dict[str, Any]
-# (node, method, path, body) -> (HTTP status, JSON answer); None when the node has no agent
-AgentCall = Callable[[str, str, str, "JSON | None"], "tuple[int, Any] | None"]
+# (node, method, path, body, acting_for) -> (HTTP status, JSON answer); None when the node has
+# no agent. ``acting_for``: the Dataset the request is for, "namespace/name" (docs/tenancy.md)
+AgentCall = Callable[[str, str, str, "JSON | None", str], "tuple[int, Any] | None"]
 
 
-def raw(call: Callable[..., Any], *args: Any) -> Any:
-    """An API call's answer as plain JSON (the client's models are not built)."""
-    return json.loads(call(*args, _preload_content=False).data)
+def raw(call: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+    """An API call's answer as plain JSON (the client's models are not built); ``timeout``
+    bounds the request (a hanging API server holds a pass no longer than that)."""
+    extra = {"_request_timeout": timeout} if timeout is not None else {}
+    return json.loads(call(*args, _preload_content=False, **extra).data)
 
 
-def find_agents(core: Any, namespace: str, selector: str, port: int) -> dict[str, str]:
+def find_agents(core: Any, namespace: str, selector: str, port: int, timeout: float | None = None) -> dict[str, str]:
     """node -> the agent's base URL, from the agent DaemonSet's running pods."""
-    pods = raw(lambda **kw: core.list_namespaced_pod(namespace, label_selector=selector, **kw))["items"]
+    pods = raw(lambda **kw: core.list_namespaced_pod(namespace, label_selector=selector, **kw), timeout=timeout)[
+        "items"
+    ]
     urls = {}
     for pod in pods:
         node, ip = (pod.get("spec") or {}).get("nodeName"), (pod.get("status") or {}).get("podIP")
@@ -42,14 +51,17 @@ def find_agents(core: Any, namespace: str, selector: str, port: int) -> dict[str
 
 
 def http_call(
-    base: str | None, admin_token: str | None, node: str, method: str, path: str, body: JSON | None
+    base: str | None, admin_token: str | None, node: str, method: str, path: str, body: JSON | None, who: str
 ) -> tuple[int, Any] | None:
-    """One request to the agent at ``base``; None when the node has none or it is unreachable."""
+    """One request to the agent at ``base`` for the Dataset ``who``; None when the node has none
+    or it is unreachable."""
     import httpx
 
     if base is None:
         return None
-    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+    headers = {ACTING_FOR_HEADER: who}
+    if admin_token:
+        headers["Authorization"] = f"Bearer {admin_token}"
     try:
         response = httpx.request(method, base + path, json=body, headers=headers, timeout=10)
     except httpx.HTTPError as exc:
@@ -71,22 +83,25 @@ def task_request(name: str, spec: JSON) -> JSON:
 
 
 def hold_on(
-    agent_call: AgentCall, task: str, name: str, spec: JSON, before: list[str], chosen: list[str]
+    agent_call: AgentCall, task: str, who: str, name: str, spec: JSON, before: list[str], chosen: list[str]
 ) -> list[JSON]:
     """Move the agent task ``task`` (the Dataset's source and store) from the nodes in
     ``before`` to those in ``chosen``: released where it is no longer wanted, asked
-    (idempotently) on every chosen node; their reports, in ``chosen``'s order."""
+    (idempotently) on every chosen node; their reports, in ``chosen``'s order. Every request
+    names the Dataset ``who`` (``namespace/name``) it is for."""
     for node in before:
         if node not in chosen:
-            agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+            agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who)
     request = task_request(name, spec)
-    return [task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]})) for node in chosen]
+    return [
+        task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}, who)) for node in chosen
+    ]
 
 
-def release(agent_call: AgentCall, task: str, nodes: list[str]) -> None:
-    """Release the agent task ``task`` on every node of ``nodes``."""
+def release(agent_call: AgentCall, task: str, nodes: list[str], who: str) -> None:
+    """Release the agent task ``task``, held for the Dataset ``who``, on every node of ``nodes``."""
     for node in nodes:
-        agent_call(node, "DELETE", f"/v1/tasks/{task}", None)
+        agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who)
 
 
 def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
@@ -117,19 +132,22 @@ def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
     return report
 
 
-def cleanup(agent_call: AgentCall, nodes: list[str], name: str, request: str, now: float) -> JSON:
-    """``dsagent.io/cleanup``: ask every agent to evict dataset ``name`` without force; an agent
-    where a task still uses it answers 409 and keeps it. The Dataset's ``status.cleanup``."""
+def cleanup(agent_call: AgentCall, nodes: list[str], namespace: str, name: str, request: str, now: float) -> JSON:
+    """``dsagent.io/cleanup``: ask every agent to evict dataset ``name`` without force, for the
+    Dataset's namespace alone (the agent evicts only the versions that namespace alone asked
+    for, docs/tenancy.md); an agent where a task still uses it answers 409 and keeps it. The
+    Dataset's ``status.cleanup``."""
     evicted: list[str] = []
     kept: list[str] = []
     absent: list[str] = []
+    who = acting_for(namespace, name)
     for node in nodes:
-        answer = agent_call(node, "POST", "/v1/evict", {"mode": "names", "names": [name]})
+        answer = agent_call(node, "POST", "/v1/evict", {"mode": "names", "names": [name]}, who)
         if answer is None:
             continue
         code, _ = answer
         (evicted if code == 200 else kept if code == 409 else absent).append(node)
-    log.info("cleanup of dataset %s: evicted on %s, kept (in use) on %s", name, evicted, kept)
+    log.info("cleanup of Dataset %s: evicted on %s, kept (in use) on %s", who, evicted, kept)
     return {"request": request, "time": format_micro_time(now), "evictedNodes": evicted, "keptInUse": kept}
 
 

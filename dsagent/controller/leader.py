@@ -35,17 +35,21 @@ class LeaseElector:
         identity: str,
         duration_s: int = 15,
         clock: Callable[[], float] = time.time,
+        request_timeout: float | None = None,
     ) -> None:
-        self.leases = Leases(api_client)
+        self.leases = Leases(api_client, request_timeout=request_timeout)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration_s, self.clock = duration_s, clock
+        self.failed = False  # the last try could not reach the Lease (not: another replica leads)
 
     def try_acquire(self) -> bool:
         """Take or renew the Lease; True while this replica leads.
 
         A 409 on create or replace means another replica wrote first: it leads, so this
         one does not (it reads the Lease again at the next resync). Any other failure
-        (RBAC, the API server unreachable) is logged and this replica does not lead."""
+        (RBAC, the API server unreachable) is logged, this replica does not lead, and
+        :attr:`failed` says so (the loop backs off)."""
+        self.failed = False
         now = self.clock()
         spec = {
             "holderIdentity": self.identity,
@@ -77,6 +81,7 @@ class LeaseElector:
             return False
         except DsagentError as exc:
             log.warning("Lease %s/%s: %s", self.namespace, self.name, exc)
+            self.failed = True
             return False
         return True
 

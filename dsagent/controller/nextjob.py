@@ -23,7 +23,9 @@ from dsagent.cache.preparation import Preparation, Thresholds, plan
 from dsagent.controller.agents import JSON, AgentCall, task_report, task_request
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.podfacts import node_states, waiting_pods
+from dsagent.controller.quotas import Ledger
 from dsplatform.kubetime import format_micro_time
+from dsplatform.tenancy import acting_for
 
 
 def prepare_task_id(pod_uid: str) -> str:
@@ -41,19 +43,23 @@ def prepare_pass(
     now: Callable[[], float],
     agent_call: AgentCall,
     metrics: ControllerMetrics,
+    ledger: Ledger | None = None,
 ) -> dict[tuple[str, str], JSON]:
-    """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset."""
+    """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset.
+    A phase-2 ask is charged to its namespace in ``ledger`` and not made (state ``refused``)
+    when it would pass the namespace's bounds (docs/tenancy.md)."""
     by_key = {
         ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
         for d in datasets
     }
     previous = [
-        entry
+        (entry, _dataset_ref(d))
         for d in datasets
         for entry in (((d.get("status") or {}).get("preparation") or {}).get("pods") or [])
         if isinstance(entry, dict) and isinstance(entry.get("uid"), str) and isinstance(entry.get("node"), str)
     ]
-    asked = {(e["uid"], e["node"]) for e in previous if e.get("phase") == 2}
+    asked = {(e["uid"], e["node"]) for e, _ in previous if e.get("phase") == 2}
+    asked_for = {(e["uid"], e["node"]): who for e, who in previous}  # the Dataset each was asked for
     waiting = waiting_pods(pods, by_key)
     pod_of = {w.key: pod for w, pod in waiting}
     preps = plan(
@@ -70,8 +76,12 @@ def prepare_pass(
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
         state = "reserved"
         if prep.phase == 2:
-            state = _ask_to_prepare(agent_call, prep, namespace, by_key)
-            if state != "skipped":
+            size = sum(want.size_bytes for want in prep.datasets)
+            if ledger is None or ledger.admitter(namespace, size)(prep.node):
+                state = _ask_to_prepare(agent_call, prep, namespace, by_key)
+            else:
+                state = "refused"  # the namespace's share of the node (docs/tenancy.md)
+            if state not in ("skipped", "refused"):
                 fetching.add((prep.job, prep.node))
         for want in prep.datasets:
             entry = out.setdefault((namespace, want.name), {"reservedBytes": 0, "fetchingBytes": 0, "pods": []})
@@ -89,7 +99,7 @@ def prepare_pass(
                 }
             )
     for uid, node in sorted(asked - fetching):  # cleanup: at once an eviction candidate
-        agent_call(node, "DELETE", f"/v1/tasks/{prepare_task_id(uid)}", None)
+        agent_call(node, "DELETE", f"/v1/tasks/{prepare_task_id(uid)}", None, asked_for[(uid, node)])
         metrics.preparation_releases.inc()
     metrics.preparations.labels(phase="1").set(sum(1 for p in preps if p.phase == 1))
     metrics.preparations.labels(phase="2").set(len(fetching))
@@ -105,8 +115,14 @@ def _ask_to_prepare(
         if not isinstance(spec.get("source"), str) or spec.get("storageSecretRef"):
             return "skipped"  # a Secret's options reach only the pod's own request (rule 5)
         requests.append(task_request(want.name, spec))
-    answer = agent_call(prep.node, "PUT", f"/v1/tasks/{prepare_task_id(prep.job)}", {"datasets": requests})
+    who = acting_for(namespace, prep.datasets[0].name)  # a pod's datasets are all of its namespace
+    answer = agent_call(prep.node, "PUT", f"/v1/tasks/{prepare_task_id(prep.job)}", {"datasets": requests}, who)
     return str(task_report(prep.node, answer)["state"])
+
+
+def _dataset_ref(ds: Mapping[str, Any]) -> str:
+    meta = ds.get("metadata") or {}
+    return acting_for(str(meta.get("namespace") or "default"), str(meta.get("name", "")))
 
 
 __all__ = ["prepare_pass", "prepare_task_id"]

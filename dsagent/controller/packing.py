@@ -56,8 +56,13 @@ def listing_fingerprint(url: str, storage_options: Mapping[str, Any] | None = No
     return digest.hexdigest()[:32]
 
 
-def job_name(dataset: str, fingerprint: str) -> str:
-    return f"{dataset[:40]}-pack-{fingerprint[:12]}".lower()
+def job_name(namespace: str, dataset: str, fingerprint: str) -> str:
+    """The pack Job of a Dataset's source listing: one per namespace, Dataset and listing, so
+    two namespaces with one Dataset name and source never share a Job (docs/tenancy.md); a
+    short hash of ``namespace/name`` tells apart what the cut names would not."""
+    tag = hashlib.sha256(f"{namespace}/{dataset}".encode()).hexdigest()[:6]
+    readable = f"{dataset[:18].rstrip('.-')}-{namespace[:14].rstrip('-')}".lower()
+    return f"{readable}-{tag}-pack-{fingerprint[:12]}"
 
 
 class PackJobs:
@@ -88,7 +93,7 @@ class PackJobs:
             return {**previous, "state": "SourceUnreadable", "message": f"{type(exc).__name__}: {exc}"[:500]}
         if fingerprint == previous.get("fingerprint") and previous.get("state") in ("Succeeded", "Failed"):
             return previous  # packed (or failed) for this very listing: nothing new to do
-        job = job_name(name, fingerprint)
+        job = job_name(namespace, name, fingerprint)
         try:
             found = raw(self.batch.read_namespaced_job, job, self.namespace)
         except ApiException as exc:

@@ -12,6 +12,13 @@ or not an object is skipped, never trusted), then packing, warm-up, preparation,
 and cleanup; the status patch is written only when it changes anything. Once per pass: the
 copy counts, next-job preparation, store gc and migration, each an optimisation that never
 stops a pass when it fails.
+
+Tenancy (docs/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
+``dsagent.io/published-at``) is used for nothing; each pass keeps one
+:class:`~dsagent.controller.quotas.Ledger` of what each namespace pins; a spec field a bound
+held back is the Dataset's ``Refused`` condition and a Warning Event. Faults: every API
+request is bounded (``api_timeout_s``) and after a failed pass the loop backs off
+(:meth:`DatasetController.step`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 
 from dsagent.cache import replication
 from dsagent.cluster.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
+from dsagent.cluster.events import EventRecorder, ObjectRef
 from dsagent.controller import agents
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
@@ -33,15 +41,21 @@ from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
+from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
 from dsplatform.errors import exit_on_error
+from dsplatform.kubetime import format_time
 
 log = logging.getLogger("dsagent.controller")
 
 INVENTORY_ANNOTATION = published.INVENTORY
 CLEANUP_ANNOTATION = "dsagent.io/cleanup"
+EVENTS_CONTROLLER = "dsagent.io/dataset-controller"  # the reportingController of its Events
+REFUSED = "Refused"  # the Dataset condition a tenancy bound sets (docs/tenancy.md)
+#: the backoff after failed passes stops growing here (or at the resync, when that is longer)
+BACKOFF_MAX_S = 300.0
 
 
 def parse_inventory(raw: Any) -> dict[str, Any] | None:
@@ -89,7 +103,12 @@ class DatasetController:
         self._batch: Any = BatchV1Api(api_client)
         self._custom: Any = CustomObjectsApi(api_client)
         self.elector = LeaseElector(
-            api_client, namespace=settings.namespace, name=settings.lease_name, identity=settings.identity, clock=clock
+            api_client,
+            namespace=settings.namespace,
+            name=settings.lease_name,
+            identity=settings.identity,
+            clock=clock,
+            request_timeout=settings.api_timeout_s,
         )
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
@@ -98,6 +117,17 @@ class DatasetController:
         self._nodes_now: list[JSON] = []
         self._pods_now: list[JSON] | None = None
         self.metrics = ControllerMetrics()
+        self._failures = 0  # failed passes in a row (the backoff)
+        self._timeout = settings.api_timeout_s
+        self.events = EventRecorder(api_client, controller=EVENTS_CONTROLLER, instance=settings.identity, clock=clock)
+        self.limits = Limits(
+            warm_nodes=settings.warm_nodes_max,
+            replicas=settings.replicas_max,
+            node_share=settings.namespace_share,
+            cluster_bytes=settings.namespace_bytes,
+            open_tasks=settings.namespace_tasks,
+        )
+        self._ledger = Ledger(self.limits, {})
         self.packs = PackJobs(
             self._batch,
             namespace=settings.namespace,
@@ -128,28 +158,58 @@ class DatasetController:
     def run_forever(self) -> None:
         while True:
             started = time.monotonic()
-            try:
-                leading = self.elector.try_acquire()
-                self.metrics.leader.set(1 if leading else 0)
-                if leading:
-                    self.reconcile_all()
-                    self.metrics.passes.labels(result="ok").inc()
-            except Exception:  # one bad pass must not end the controller
-                self.metrics.passes.labels(result="error").inc()
-                log.exception("reconcile pass failed; retrying at the next resync")
-            self.metrics.pass_seconds.observe(time.monotonic() - started)
-            time.sleep(max(0.0, self.settings.resync_s - (time.monotonic() - started)))
+            delay = self.step()
+            time.sleep(max(0.0, delay - (time.monotonic() - started)))
 
-    def reconcile_all(self) -> None:
-        nodes = agents.raw(self._core.list_node)["items"]
+    def step(self) -> float:
+        """One pass (when this replica leads); the seconds until the next. After a failed pass
+        (the Lease unreachable counts) the wait doubles (twice the resync, then four times, ...
+        up to :data:`BACKOFF_MAX_S`), so a failing API server is not hammered; the first good
+        pass brings back the resync. Each API request is bounded by ``api_timeout_s``, so a
+        hanging API server holds a pass no longer than that (docs/tenancy.md)."""
+        started = time.monotonic()
+        resync = self.settings.resync_s
+        try:
+            leading = self.elector.try_acquire()
+            self.metrics.leader.set(1 if leading else 0)
+            if leading:
+                self.reconcile_all()
+                self.metrics.passes.labels(result="ok").inc()
+            elif self.elector.failed:
+                raise RuntimeError("the Lease could not be read or written")
+            self._failures = 0
+        except Exception:  # one bad pass must not end the controller
+            self.metrics.passes.labels(result="error").inc()
+            self._failures += 1
+            log.exception("reconcile pass failed (%d in a row); backing off", self._failures)
+        finally:
+            self.metrics.pass_seconds.observe(time.monotonic() - started)
+        if self._failures == 0:
+            return float(resync)
+        return float(min(max(resync, BACKOFF_MAX_S), resync * 2**self._failures))
+
+    def fresh_inventories(self, nodes: list[JSON]) -> dict[str, dict[str, Any]]:
+        """node -> its inventory, for the nodes whose inventory parses and is not stale (its
+        ``dsagent.io/published-at`` within ``inventory_max_age``): nothing is decided on an
+        older one (docs/tenancy.md)."""
         inventories = {}
+        now = self.clock()
         for node in nodes:
             meta = node.get("metadata") or {}
-            inv = parse_inventory((meta.get("annotations") or {}).get(INVENTORY_ANNOTATION))
+            annotations = meta.get("annotations") or {}
+            if published.stale(annotations, now, self.settings.inventory_max_age):
+                continue
+            inv = parse_inventory(annotations.get(INVENTORY_ANNOTATION))
             if inv is not None:
                 inventories[meta.get("name", "")] = inv
+        return inventories
+
+    def reconcile_all(self) -> None:
+        nodes = agents.raw(self._core.list_node, timeout=self._timeout)["items"]
+        inventories = self.fresh_inventories(nodes)
+        self._ledger = Ledger(self.limits, {node: _capacity(inv) for node, inv in inventories.items()})
         s = self.settings
-        self._agent_urls = agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port)
+        self._agent_urls = agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port, self._timeout)
         try:
             publish_copies(
                 self._core,
@@ -161,7 +221,9 @@ class DatasetController:
             )
         except Exception:  # counts are an optimisation: never let them stop a pass
             log.exception("publishing the copy counts failed; agents fall back to LRU once theirs are stale")
-        datasets = agents.raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
+        datasets = agents.raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, timeout=self._timeout)[
+            "items"
+        ]
         self._preparation = {}
         self._nodes_now = nodes
         self._pods_now = None  # listed at most once per pass, when something needs them
@@ -176,6 +238,7 @@ class DatasetController:
                     now=self.clock,
                     agent_call=self.agent_call,
                     metrics=self.metrics,
+                    ledger=self._ledger,
                 )
             except Exception:  # preparation is an optimisation: never let it stop a pass
                 log.exception("next-job preparation failed this pass")
@@ -206,6 +269,8 @@ class DatasetController:
         meta, spec = ds.get("metadata") or {}, ds.get("spec") or {}
         status = ds.get("status") or {}
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+        refusals: list[Refusal] = []
+        size = _size_of(status.get("bytes"))
         ready = ready_nodes(inventories, name, status.get("digest"))
         patch: JSON = {"readyNodes": ready, "readyNodeCount": len(ready)}
         pack: JSON = spec["pack"] if isinstance(spec.get("pack"), dict) else {}
@@ -225,7 +290,12 @@ class DatasetController:
                 agent_call=self.agent_call,
                 agent_nodes=set(self._agent_urls),
                 now=self.clock(),
+                max_nodes=self.limits.warm_nodes,
+                admit=(warm_admit := self._ledger.admitter(namespace, size)),
+                refusals=refusals,
             )
+            if warm_admit.refused is not None:
+                refusals.append(warm_admit.refused)
         prepared = self._preparation.get((namespace, name)) if self._preparation is not None else None
         if prepared is not None or (self._preparation is not None and status.get("preparation")):
             patch["preparation"] = prepared or {"reservedBytes": 0, "fetchingBytes": 0, "pods": []}
@@ -246,26 +316,84 @@ class DatasetController:
                 now=self.clock,
                 window_s=self.settings.replicas_window_s,
                 max_auto=self.settings.replicas_max,
+                admit=(copies_admit := self._ledger.admitter(namespace, size)),
+                refusals=refusals,
             )
+            if copies_admit.refused is not None:
+                refusals.append(copies_admit.refused)
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = agents.cleanup(
-                self.agent_call, sorted(self._agent_urls), name, request[:253], self.clock()
+                self.agent_call, sorted(self._agent_urls), namespace, name, request[:253], self.clock()
             )
+        conditions = self._refused_condition(ds, status, refusals)
+        if conditions is not None:
+            patch["conditions"] = conditions
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
             self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": changed}, _content_type=MERGE_PATCH
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": changed},
+                _content_type=MERGE_PATCH,
+                _request_timeout=self._timeout,
             )
         return patch
 
+    def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:
+        """``status.conditions`` with ``Refused`` as this pass found it (None: no refusal now and
+        none before, nothing to write); each refusal is also a Warning Event (docs/tenancy.md)."""
+        previous = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+        before = next((c for c in previous if c.get("type") == REFUSED), None)
+        if not refusals and before is None:
+            return None
+        regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
+        for refusal in refusals:
+            self.events.record(
+                regarding, type="Warning", reason=refusal.reason, action="Reconcile", note=refusal.message
+            )
+        if refusals:
+            now: JSON = {
+                "type": REFUSED,
+                "status": "True",
+                "reason": refusals[0].reason,
+                "message": "; ".join(r.message for r in refusals)[:4096],
+            }
+        else:
+            now = {"type": REFUSED, "status": "False", "reason": "WithinLimits", "message": "every bound holds"}
+        if before is not None and all(before.get(k) == v for k, v in now.items()):
+            return previous
+        flipped = before is None or before.get("status") != now["status"]
+        now["lastTransitionTime"] = (
+            format_time(self.clock()) if flipped or before is None else str(before.get("lastTransitionTime"))
+        )
+        generation = (ds.get("metadata") or {}).get("generation")
+        if isinstance(generation, int):
+            now["observedGeneration"] = generation
+        return [c for c in previous if c.get("type") != REFUSED] + [now]
+
     def _pods(self) -> list[JSON]:
         if self._pods_now is None:
-            self._pods_now = agents.raw(self._core.list_pod_for_all_namespaces)["items"]
+            self._pods_now = agents.raw(self._core.list_pod_for_all_namespaces, timeout=self._timeout)["items"]
         return self._pods_now
 
-    def _http_agent_call(self, node: str, method: str, path: str, body: JSON | None) -> tuple[int, Any] | None:
-        return agents.http_call(self._agent_urls.get(node), self.settings.admin_token, node, method, path, body)
+    def _http_agent_call(
+        self, node: str, method: str, path: str, body: JSON | None, who: str
+    ) -> tuple[int, Any] | None:
+        return agents.http_call(self._agent_urls.get(node), self.settings.admin_token, node, method, path, body, who)
+
+
+def _size_of(value: Any) -> int:
+    """A Dataset's ``status.bytes`` as a size to charge (0 when not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _capacity(inventory: Mapping[str, Any]) -> int | None:
+    value = inventory.get("capacityBytes")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def main() -> None:  # pragma: no cover - the container's entry point

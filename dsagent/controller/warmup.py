@@ -15,6 +15,12 @@ Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile`, 
   on nodes with room and free GPUs as task ``replica.<namespace>.<name>``
   (:mod:`dsagent.cache.replication` chooses); nodes no longer chosen are released when the
   target falls. ``status.replicas`` shows the demand, target and actual copies.
+
+Both are held to the tenancy bounds (docs/tenancy.md, :mod:`dsagent.controller.quotas`):
+at most ``warm_nodes_max`` nodes and ``replicas_max`` copies whatever the spec says, and
+each node admitted by the namespace's ledger (its share of the node, its bytes and tasks in
+the cluster); each bound that held a field back is added to ``refusals``, which the caller
+reports as the Dataset's ``Refused`` condition and an Event.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from typing import Any
 from dsagent.cache import replication
 from dsagent.controller.agents import JSON, AgentCall, hold_on, release
 from dsagent.controller.podfacts import demand, free_gpus
+from dsagent.controller.quotas import Admit, Refusal, capped
 from dsplatform.kubetime import parse_or_none
+from dsplatform.tenancy import acting_for
 
 
 def warm_task_id(namespace: str, name: str) -> str:
@@ -48,13 +56,17 @@ def warm_status(
     agent_call: AgentCall,
     agent_nodes: Collection[str],
     now: float,
+    max_nodes: int = 8,
+    admit: Admit = lambda node: True,
+    refusals: list[Refusal] | None = None,
 ) -> JSON:
     """The Dataset's ``status.warm``, after asking (or releasing) the agents."""
     task = warm_task_id(namespace, name)
+    who = acting_for(namespace, name)
     before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
     start = parse_or_none(warm.get("startTime")) if warm else None
     if warm is None or (start is not None and start > now):
-        release(agent_call, task, before)
+        release(agent_call, task, before, who)
         return {
             "state": "Waiting" if warm is not None else "Off",
             "nodes": [],
@@ -63,8 +75,10 @@ def warm_status(
             "bytesDone": 0,
             "bytesWanted": 0,
         }
-    chosen = choose_warm_nodes(name, warm, before, nodes, inventories, agent_nodes)
-    reports = hold_on(agent_call, task, name, spec, before, chosen)
+    chosen = choose_warm_nodes(
+        name, warm, before, nodes, inventories, agent_nodes, max_nodes=max_nodes, admit=admit, refusals=refusals
+    )
+    reports = hold_on(agent_call, task, who, name, spec, before, chosen)
     ready = sum(1 for r in reports if r["state"] == "ready")
     desired = len(chosen)
     return {
@@ -84,9 +98,14 @@ def choose_warm_nodes(
     nodes: list[JSON],
     inventories: Mapping[str, Mapping[str, Any]],
     agent_nodes: Collection[str],
+    *,
+    max_nodes: int = 8,
+    admit: Admit = lambda node: True,
+    refusals: list[Refusal] | None = None,
 ) -> list[str]:
     """The nodes to warm: every selected one, or ``nodes: N`` of them, earlier picks first,
-    then those holding the dataset, then the most free cache bytes."""
+    then those holding the dataset, then the most free cache bytes; at most ``max_nodes``,
+    each one ``admit``-ted (the namespace's bounds), a bound that held it back in ``refusals``."""
     selector = warm.get("nodeSelector") if isinstance(warm.get("nodeSelector"), dict) else None
     eligible = [
         (n.get("metadata") or {}).get("name", "")
@@ -94,10 +113,16 @@ def choose_warm_nodes(
         if (selector is None or _label_match(selector, (n.get("metadata") or {}).get("labels") or {}))
         and (n.get("metadata") or {}).get("name") in agent_nodes
     ]
-    if selector is not None and not isinstance(warm.get("nodes"), int):
-        return sorted(eligible)
     wanted = warm.get("nodes")
-    count = max(0, wanted) if isinstance(wanted, int) and not isinstance(wanted, bool) else 1
+    if isinstance(wanted, int) and not isinstance(wanted, bool):
+        count, what = max(0, wanted), "spec.warm.nodes"
+    elif selector is not None:
+        count, what = len(eligible), f"spec.warm.nodeSelector (matching {len(eligible)} nodes)"
+    else:
+        count, what = 1, "spec.warm"
+    count, refusal = capped(count, max_nodes, "WarmNodesOverLimit", what)
+    if refusal is not None and refusals is not None:
+        refusals.append(refusal)
 
     def rank(node: str) -> tuple[int, int, int, str]:
         inv = inventories.get(node) or {}
@@ -106,7 +131,13 @@ def choose_warm_nodes(
         free = given if isinstance(given, int) else 0
         return (0 if node in before else 1, 0 if holds else 1, -free, node)
 
-    return sorted(sorted(eligible, key=rank)[:count])
+    picked: list[str] = []
+    for node in sorted(eligible, key=rank):
+        if len(picked) >= count:
+            break
+        if admit(node):
+            picked.append(node)
+    return sorted(picked)
 
 
 def replicas_status(
@@ -125,18 +156,25 @@ def replicas_status(
     now: Callable[[], float],
     window_s: float,
     max_auto: int,
+    admit: Admit = lambda node: True,
+    refusals: list[Refusal] | None = None,
 ) -> JSON:
     """The Dataset's ``status.replicas``, after asking (or releasing) the agents; ``pods`` lists
-    the cluster's pods (at most once per pass, by the caller)."""
+    the cluster's pods (at most once per pass, by the caller). ``max_auto`` caps the copies
+    of ``auto`` and of a number alike (a number over it is a refusal)."""
     task = f"replica.{namespace}.{name}"
+    who = acting_for(namespace, name)
     previous = status.get("replicas") or {}
     before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
     if mode is None:  # spec.replicas removed: release every copy it held
-        release(agent_call, task, before)
+        release(agent_call, task, before, who)
         return {"mode": "off", "demand": 0, "target": 0, "actual": len(ready), "nodes": []}
     listed = pods()
     wanted = demand(listed, namespace, name, now=now(), window_s=window_s)
     goal = replication.target(mode, wanted, max_auto=max_auto)
+    goal, refusal = capped(goal, max_auto, "ReplicasOverLimit", "spec.replicas")
+    if refusal is not None and refusals is not None:
+        refusals.append(refusal)
     gpus = free_gpus(nodes, listed)
     rooms = []
     for node in sorted(agent_nodes):
@@ -145,8 +183,8 @@ def replicas_status(
         rooms.append(replication.NodeRoom(node, node in ready, free, gpus.get(node, 0)))
     given_size = status.get("bytes")
     size = given_size if isinstance(given_size, int) and not isinstance(given_size, bool) else 0
-    chosen = replication.choose(rooms, goal, size_bytes=size, before=before)
-    reports = hold_on(agent_call, task, name, spec, before, chosen)
+    chosen = replication.choose(rooms, goal, size_bytes=size, before=before, admit=admit)
+    reports = hold_on(agent_call, task, who, name, spec, before, chosen)
     return {
         "mode": mode,
         "demand": wanted,

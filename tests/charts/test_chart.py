@@ -935,6 +935,8 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
         ("", "pods", "list"),  # replication's demand, next-job preparation (issue 25)
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets/status", "patch"),
+        ("events.k8s.io", "events", "create"),  # a refusal told the Dataset's owner (docs/tenancy.md)
+        ("events.k8s.io", "events", "patch"),  # the same refusal again: its Event's count
     }
     role = find(docs, "Role", "-controller")
     deployment = find(docs, "Deployment", "-controller")

@@ -115,7 +115,7 @@ def test_the_inventory_is_published_patched_only_on_change_and_cleared_on_stop(
             assert await agent.publish_once() is False
             [first, *_] = apiserver.requests_matching("PATCH")
             assert first.content_type == "application/merge-patch+json"
-            assert set(first.body["metadata"]["annotations"]) == {"dsagent.io/inventory"}
+            assert set(first.body["metadata"]["annotations"]) == {"dsagent.io/inventory", "dsagent.io/published-at"}
         assert node_annotations(apiserver) == {"unrelated": "kept"}
 
     asyncio.run(scenario())

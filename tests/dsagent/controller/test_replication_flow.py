@@ -43,9 +43,9 @@ def test_auto_replicas_follow_the_demand_on_nodes_with_room_and_free_gpus(
         real = ctl.agent_call
         others: list[tuple[str, str, str]] = []
 
-        def route(node: str, method: str, path: str, body: Any) -> tuple[int, Any] | None:
+        def route(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
             if node == "gpu-1":
-                return real(node, method, path, body)
+                return real(node, method, path, body, acting_for)
             others.append((node, method, path))
             return 200, {"datasets": [{"state": "fetching", "bytesDone": 0, "sizeBytes": 1}]}
 

@@ -1,0 +1,59 @@
+"""The controller's tenancy bounds as pure functions (docs/tenancy.md), and the stale-inventory rule."""
+
+from __future__ import annotations
+
+from dsagent.cache import replication
+from dsagent.controller.quotas import Ledger, Limits, capped
+from dsplatform import published
+from dsplatform.kubetime import format_time
+
+GIB = 1 << 30
+
+
+def test_a_namespaces_pins_stay_within_its_share_bytes_and_tasks() -> None:
+    ledger = Ledger(Limits(node_share=0.5, cluster_bytes=100 * GIB, open_tasks=5), {"n1": 100 * GIB, "n2": 100 * GIB})
+    one = ledger.admitter("evil", 40 * GIB)
+    assert [n for n in ("n1", "n2") if one(n)] == ["n1", "n2"] and one.refused is None
+    two = ledger.admitter("evil", 20 * GIB)
+    assert not two("n1") and two.refused is not None and two.refused.reason == "NamespaceShare"
+    assert "would pin 64.4 GB of node n1's 107 GB cache; at most 50%" in two.refused.message
+    assert ledger.admitter("team-a", 50 * GIB)("n1")  # another namespace: its own share
+    small = ledger.admitter("evil", 5 * GIB)
+    assert small("n1")  # 45 GiB of 100: within the share; 85 GiB in all
+    big = ledger.admitter("evil", 20 * GIB)
+    assert not big("n2") and big.refused is not None and big.refused.reason == "NamespaceBytes"
+    tiny = ledger.admitter("evil", 1)
+    assert tiny("n2") and tiny("n2")  # 5 tasks
+    assert not tiny("n1") and tiny.refused is not None and tiny.refused.reason == "NamespaceTasks"
+
+
+def test_an_unknown_capacity_or_a_whole_share_never_refuses() -> None:
+    assert Ledger(Limits(node_share=0.5), {"n1": None}).admitter("ns", 10**15)("n1")
+    assert Ledger(Limits(node_share=1.0), {"n1": 1}).admitter("ns", 10**15)("n1")
+
+
+def test_capped_says_why() -> None:
+    assert capped(3, 8, "WarmNodesOverLimit", "spec.warm.nodes") == (3, None)
+    count, why = capped(10**9, 8, "WarmNodesOverLimit", "spec.warm.nodes")
+    assert count == 8 and why is not None and why.reason == "WarmNodesOverLimit" and "1000000000" in why.message
+
+
+def test_replication_asks_the_admitter_in_rank_order_and_skips_what_it_refuses() -> None:
+    rooms = [replication.NodeRoom(f"n{i}", False, (10 - i) * GIB, 1) for i in range(5)]
+    asked: list[str] = []
+
+    def admit(node: str) -> bool:
+        asked.append(node)
+        return node != "n0"
+
+    assert replication.choose(rooms, 2, size_bytes=GIB, admit=admit) == ["n1", "n2"]
+    assert asked == ["n0", "n1", "n2"]  # most free first; stops once two are admitted
+
+
+def test_an_inventory_is_stale_past_its_bound_by_its_stamp() -> None:
+    now = 1_800_000_000.0
+    assert not published.stale({published.PUBLISHED_AT: format_time(now - 60)}, now, 300)
+    assert published.stale({published.PUBLISHED_AT: format_time(now - 301)}, now, 300)
+    assert published.stale({published.PUBLISHED_AT: format_time(now + 3600)}, now, 300)  # a clock far ahead
+    assert published.stale({published.PUBLISHED_AT: "yesterday"}, now, 300)
+    assert not published.stale({}, now, 300)  # no stamp: an older agent, nothing to date it by
