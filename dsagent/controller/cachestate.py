@@ -108,9 +108,10 @@ def cache_status(
     if shares:
         cache["stripeMembers"] = len(shares)
     packing = pack_state in ("Pending", "Running")
+    pack_failed = pack_state in ("Failed", "SourceUnreadable")
     if packing and not digest:
         phase = "Packing"
-    elif pack_state == "Failed" and not digest:
+    elif pack_failed and not digest:
         phase = "Failed"
     elif not digest:
         phase = "Pending"
@@ -121,7 +122,7 @@ def cache_status(
     else:
         phase = "NotCached"
     is_ready = phase == "Ready"
-    degraded = bool(failed) or pack_state == "Failed"
+    degraded = bool(failed) or pack_failed
     conditions = [
         _condition(
             previous, "Ready", is_ready, generation, now,
@@ -140,9 +141,9 @@ def cache_status(
         ),
         _condition(
             previous, "Degraded", degraded, generation, now,
-            reason="PackFailed" if pack_state == "Failed" else "CacheFailed" if failed else "AsExpected",
+            reason="PackFailed" if pack_failed else "CacheFailed" if failed else "AsExpected",
             message=(
-                "the last pack Job failed: see status.pack" if pack_state == "Failed"
+                "the last pack failed or its source was unreadable: see status.pack" if pack_failed
                 else f"caching failed on {len(failed)} node(s): {', '.join(failed[:5])}" if failed
                 else "nothing has failed"
             ),
@@ -154,8 +155,8 @@ def cache_status(
 def changes(previous: Mapping[str, Any], status: Mapping[str, Any], digest: str | None) -> list[tuple[str, str, str]]:
     """``(type, reason, note)`` of each Event between the ``previous`` status and this one."""
     events: list[tuple[str, str, str]] = []
-    before = previous.get("cache") if isinstance(previous.get("cache"), Mapping) else {}
-    now = status.get("cache") if isinstance(status.get("cache"), Mapping) else {}
+    before: Mapping[str, Any] = previous["cache"] if isinstance(previous.get("cache"), Mapping) else {}
+    now: Mapping[str, Any] = status["cache"] if isinstance(status.get("cache"), Mapping) else {}
     same_version = previous.get("digest") == digest
     was_ready = set(_names(previous.get("readyNodes"))) if same_version else set()
     is_ready = set(_names(status.get("readyNodes")))
@@ -173,7 +174,9 @@ def changes(previous: Mapping[str, Any], status: Mapping[str, Any], digest: str 
     for node in sorted(was_ready - is_ready):
         events.append(("Normal", "Evicted", f"{_short(digest)} is no longer cached on node {node}"))
     if status.get("phase") == "Ready" and previous.get("phase") != "Ready":
-        events.append(("Normal", "Ready", f"{_short(digest)} is ready on {len(is_ready) or 'its stripe group'} node(s)"))
+        events.append(
+            ("Normal", "Ready", f"{_short(digest)} is ready on {len(is_ready) or 'its stripe group'} node(s)")
+        )
     pack_before = _pack_state(previous)
     pack_now = _pack_state(status)
     if pack_now != pack_before:
@@ -197,9 +200,7 @@ def _condition(
     message: str,
 ) -> JSON:
     status = "True" if true else "False"
-    old = next(
-        (c for c in previous.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == kind), None
-    )
+    old = next((c for c in previous.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == kind), None)
     since = old.get("lastTransitionTime") if old is not None and old.get("status") == status else None
     condition: JSON = {
         "type": kind,
