@@ -67,3 +67,29 @@ def test_the_agent_says_what_it_serves_in_one_start_up_line(agent_factory: objec
     assert f"root {agent.root}" in line and f"socket {agent.socket}" in line
     assert f"tcp 127.0.0.1:{agent.port}" in line and "capacity 2.15 GB" in line and "free of" in line
     assert "cluster mode off" in line
+
+
+def test_every_dsctl_command_that_prints_a_result_takes_output_json() -> None:
+    import click
+
+    from dsagent.cli import cli
+
+    ctx = click.Context(cli)
+    # these print no result: they exec the training command, or serve until stopped
+    no_result = {"wait", "scheduler serve"}
+    seen = []
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        subs = (
+            [(f"{name} {s}", command.get_command(ctx, s)) for s in command.list_commands(ctx)]
+            if isinstance(command, click.Group)
+            else [(name, command)]
+        )
+        for full, sub in subs:
+            if full in no_result:
+                continue
+            seen.append(full)
+            options = {opt for p in sub.params for opt in getattr(p, "opts", [])}  # type: ignore[union-attr]
+            assert {"-o", "--output"} <= options, f"dsctl {full} has no -o/--output"
+    assert {"evict", "release", "operation", "plan", "topo show", "topo best"} <= set(seen)
