@@ -40,6 +40,8 @@ failed flush). Classes defined beside their code are drawn with their module.
     ├── CatalogError                          cache.catalog: the catalog cannot be written
     │   └── CatalogDamaged                    cache.catalog: not a readable SQLite file (rebuilt)
     ├── MountError                            nodeplugins.csi.mounts: a mount or unmount failed
+    ├── StillRunning (202, exit 14)           dsctl stopped waiting (--timeout) for an action the
+    │                                         agent goes on with: not a failure, nothing to retry
     └── TransientError (503, exit 7, UNAVAILABLE)  worth retrying: source or agent unreachable
         ├── SourceUnavailable                 the dataset source or bundle store failed
         ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent
@@ -152,6 +154,16 @@ class CacheDiskError(DsagentError):
     exit_code = 13
     code = "cache_disk"
     grpc_status = "INTERNAL"
+
+
+class StillRunning(DsagentError):
+    """``dsctl`` stopped waiting (its ``--timeout``) for an action that the agent accepted and
+    goes on carrying out, an eviction or a release (:mod:`dsagent.api.operations`): not a
+    failure and nothing to retry; the operation can still be followed."""
+
+    http_status = 202  # never answered by the agent as an error: the client's own conclusion
+    exit_code = 14
+    code = "still_running"
 
 
 def local_write_error(exc: OSError, what: str) -> DsagentError:

@@ -69,6 +69,7 @@ def create_app(
     from dsagent import __version__
     from dsagent.api.audit import OperatorAudit
     from dsagent.api.identity import own_pod_uid
+    from dsagent.api.operations import Operations
     from dsagent.api.routes import router
     from dsagent.api.striperoutes import router as stripe_router
     from dsagent.api.timing import RouteTiming
@@ -90,6 +91,7 @@ def create_app(
                 running.append(part)
             yield
         finally:
+            await app.state.operations.close()
             for part in reversed(running):
                 await part.stop()
             await svc.stop()
@@ -103,6 +105,7 @@ def create_app(
         openapi_url="/v1/openapi.json",
     )
     app.state.service = svc
+    app.state.operations = Operations(clock=clock)
     app.state.settings = settings
     app.state.own_pod_uid = own_pod_uid(settings.proc_root)  # kubectl exec into the agent is an operator
     app.include_router(router)

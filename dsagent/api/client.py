@@ -9,7 +9,8 @@ into :class:`AgentUnreachable` with one line saying how to start it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,8 +18,11 @@ from urllib.parse import quote
 import httpx
 
 from dsagent import errors
-from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput
+from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput, StillRunning
 from dsplatform.names import TASK_ID_HINT, canonical_task_id
+
+#: the longest the client asks the agent to hold one request of an operation open
+OPERATION_POLL = 20.0
 
 _BY_CODE: dict[str, type[DsagentError]] = {
     cls.code: cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, DsagentError)
@@ -56,6 +60,7 @@ class AgentClient:
         timeout: float = 30.0,
     ) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._grace = timeout  # beyond the time the agent was asked to hold a request
         self._socket: Path | None = None
         if url:
             url = agent_url(url)
@@ -92,6 +97,20 @@ class AgentClient:
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> Any:
+        response = self._send(method, path, json=json, params=params, timeout=timeout)
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.text
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if self._socket is not None and not self._socket.exists():
             raise self._unreachable()
@@ -103,18 +122,49 @@ class AgentClient:
             raise errors.TransientError(f"the agent at {self.where} did not answer in time") from exc
         if response.status_code >= 400:
             raise _error_from(response)
-        if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.text
+        return response
+
+    def _operation(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """An action the agent may carry out as an operation (202, :mod:`dsagent.api.operations`):
+        its result once finished, its error raised once failed; :class:`StillRunning` when
+        ``timeout`` (seconds, ``None``: no limit) passes first, the action going on."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def hold() -> float:  # how long the agent may hold one request open
+            left = OPERATION_POLL if deadline is None else max(0.0, min(OPERATION_POLL, deadline - time.monotonic()))
+            return round(left, 3)
+
+        wait = hold()
+        response = self._send(
+            method, path, json=json, params={**(params or {}), "wait": wait}, timeout=wait + self._grace
+        )
+        if response.status_code != 202:
+            return _object(response.json(), self.where, path)
+        op = _object(response.json(), self.where, path)
+        while op.get("state") == "running":
+            if progress is not None:
+                progress(op)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise still_running(op)
+            wait = hold()
+            op = self._json("GET", str(op["href"]), params={"wait": wait}, timeout=wait + self._grace)
+        if op.get("state") == "failed":
+            raise _error_from_body(op.get("error"), fallback=f"operation {op.get('id')} failed")
+        result = op.get("result")
+        return result if isinstance(result, dict) else {}
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """A call whose answer must be a JSON object; anything else is the agent's fault, said so."""
-        body = self._call(method, path, **kwargs)
-        if not isinstance(body, dict):
-            raise errors.DsagentError(
-                f"the agent at {self.where} answered {path} with something other than a JSON object"
-            )
-        return body
+        return _object(self._call(method, path, **kwargs), self.where, path)
 
     def _unreachable(self) -> AgentUnreachable:
         return AgentUnreachable(
@@ -131,8 +181,15 @@ class AgentClient:
     def get_task(self, task_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/tasks/{_task(task_id)}")
 
-    def release_task(self, task_id: str) -> dict[str, Any]:
-        return self._json("DELETE", f"/v1/tasks/{_task(task_id)}")
+    def release_task(
+        self,
+        task_id: str,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Release a task (an operation: see :meth:`_operation` for ``timeout`` and ``progress``)."""
+        return self._operation("DELETE", f"/v1/tasks/{_task(task_id)}", timeout=timeout, progress=progress)
 
     # -- datasets and operator actions -------------------------------------------------
 
@@ -150,9 +207,23 @@ class AgentClient:
     def dataset(self, name: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/datasets/{_segment(name)}")
 
-    def evict_dataset(self, name: str, *, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    def evict_dataset(
+        self,
+        name: str,
+        *,
+        force: bool = False,
+        dry_run: bool = False,
+        timeout: float | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         params = {"force": str(force).lower(), "dryRun": str(dry_run).lower()}
-        return self._json("DELETE", f"/v1/datasets/{_segment(name)}", params=params)
+        return self._operation(
+            "DELETE", f"/v1/datasets/{_segment(name)}", params=params, timeout=timeout, progress=progress
+        )
+
+    def operation(self, op_id: str, *, wait: float = 0.0) -> dict[str, Any]:
+        """An operation's state (``GET /v1/operations/{id}``), held up to ``wait`` seconds."""
+        return self._json("GET", f"/v1/operations/{_segment(op_id)}", params={"wait": wait}, timeout=wait + self._grace)
 
     def evict(
         self,
@@ -162,9 +233,12 @@ class AgentClient:
         bytes: int | None = None,
         force: bool = False,
         dry_run: bool = False,
+        timeout: float | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
+        """Evict (an operation: see :meth:`_operation` for ``timeout`` and ``progress``)."""
         body = {"mode": mode, "names": list(names), "bytes": bytes, "force": force, "dryRun": dry_run}
-        return self._json("POST", "/v1/evict", json=body)
+        return self._operation("POST", "/v1/evict", json=body, timeout=timeout, progress=progress)
 
     def inventory(self) -> dict[str, Any]:
         return self._json("GET", "/v1/inventory")
@@ -191,20 +265,43 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
+def _object(body: Any, where: str, path: str) -> dict[str, Any]:
+    """A call's answer that must be a JSON object; anything else is the agent's fault, said so."""
+    if not isinstance(body, dict):
+        raise errors.DsagentError(f"the agent at {where} answered {path} with something other than a JSON object")
+    return body
+
+
 def _error_from(response: httpx.Response) -> DsagentError:
     try:
         body = response.json()
     except ValueError:
         body = {}
+    return _error_from_body(body, status=response.status_code, fallback=f"the agent answered {response.status_code}")
+
+
+def _error_from_body(body: Any, *, status: int | None = None, fallback: str) -> DsagentError:
+    """The error class of an ``ErrorOut`` body (same ``code`` -> same class)."""
     if not isinstance(body, dict):
         body = {}
     cls = _BY_CODE.get(str(body.get("code")))
     if cls is None:
-        cls = next((c for c in _BY_CODE.values() if c.http_status == response.status_code), DsagentError)
-    message = str(body.get("message") or f"the agent answered {response.status_code}")
+        cls = next((c for c in _BY_CODE.values() if c.http_status == status), DsagentError)
+    message = str(body.get("message") or fallback)
     raw = body.get("details")
     details: dict[str, Any] = raw if isinstance(raw, dict) else {}
     return cls(message, hint=body.get("hint"), **details)
 
 
-__all__ = ["AgentClient", "agent_url"]
+def still_running(op: Mapping[str, Any]) -> StillRunning:
+    """The client stopped waiting for operation ``op`` (``--timeout``); the action goes on."""
+    target = f" {op['target']}" if op.get("target") else ""
+    return StillRunning(
+        f"{op.get('kind', 'the action')}{target} is still running on the agent "
+        f"(operation {op.get('id')}, {float(op.get('elapsedSeconds') or 0):.0f} s so far)",
+        hint=f"it goes on without dsctl; follow it with 'dsctl operation {op.get('id')}'",
+        operation=str(op.get("id")),
+    )
+
+
+__all__ = ["AgentClient", "agent_url", "still_running"]

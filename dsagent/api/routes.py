@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -39,6 +39,7 @@ from dsagent.api.identity import (
     require_operator,
     require_task,
 )
+from dsagent.api.operations import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, Operations, operation_out
 from dsagent.api.schemas import (
     DatasetsOut,
     DatasetVersionsOut,
@@ -46,6 +47,7 @@ from dsagent.api.schemas import (
     EvictIn,
     EvictionOut,
     InventoryOut,
+    OperationOut,
     ReleaseOut,
     StatusOut,
     TaskIn,
@@ -116,6 +118,21 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorOut, "description": ERROR_STATUSES[status]} for status in sorted({*statuses, 500})}
 
 
+#: ``wait`` of an action that may run long: how long the request waits for it to finish
+#: before it answers 202 with the operation (:mod:`dsagent.api.operations`)
+WAIT = Query(DEFAULT_WAIT_SECONDS, ge=0.0, le=MAX_WAIT_SECONDS)
+#: ``wait`` of a poll of an operation
+WAIT_POLL = Query(0.0, ge=0.0, le=MAX_WAIT_SECONDS)
+#: the answer of an action still running
+ACCEPTED: dict[int | str, dict[str, Any]] = {
+    202: {
+        "model": OperationOut,
+        "description": "Still running after `wait` seconds: the operation, to follow at its `href` "
+        "(also the `Location` header) with GET /v1/operations/{id}",
+    }
+}
+
+
 def service(request: Request) -> CacheService:
     svc: CacheService = request.app.state.service
     return svc
@@ -155,13 +172,25 @@ async def get_task(task_id: str, svc: CacheService = Depends(service), who: Call
     return task_out(await svc.get_task(task_id))
 
 
-@router.delete("/v1/tasks/{task_id}", response_model=ReleaseOut, responses=errors(400, 401, 403, 404))
+@router.delete(
+    "/v1/tasks/{task_id}",
+    response_model=ReleaseOut,
+    responses={**errors(400, 401, 403, 404), **ACCEPTED},
+)
 async def release_task(
-    task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)
-) -> dict[str, Any]:
+    task_id: str,
+    request: Request,
+    svc: CacheService = Depends(service),
+    who: Caller = Depends(caller),
+    wait: float = WAIT,
+) -> Any:
     require_task(who, task_id, write=True)
-    await svc.release_task(task_id)
-    return {"task": task_id, "released": True}
+
+    async def release() -> dict[str, Any]:
+        await svc.release_task(task_id)
+        return {"task": task_id, "released": True}
+
+    return await _as_operation(request, "release", _owner(who), f"task={task_id}", release, wait)
 
 
 @router.get("/v1/datasets", response_model=DatasetsOut, responses=errors())
@@ -178,36 +207,85 @@ async def get_dataset(name: str, svc: CacheService = Depends(service)) -> dict[s
     "/v1/datasets/{name}",
     dependencies=[Depends(operator)],
     response_model=EvictionOut,
-    responses=errors(400, 401, 403, 404, 409),
+    responses={**errors(400, 401, 403, 404, 409, 503), **ACCEPTED},
 )
 async def evict_dataset(
     name: str,
+    request: Request,
     svc: CacheService = Depends(service),
     force: bool = False,
     dry_run: bool = Query(False, alias="dryRun"),
     namespace: str | None = Depends(tenant),
-) -> dict[str, Any]:
-    return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run, tenant=namespace))
+    wait: float = WAIT,
+) -> Any:
+    async def evict() -> dict[str, Any]:
+        return eviction_out(await svc.evict(names=[name], force=force, dry_run=dry_run, tenant=namespace))
+
+    return await _as_operation(request, "evict", "operator", f"names={name}", evict, wait)
 
 
 @router.post(
     "/v1/evict",
     dependencies=[Depends(operator)],
     response_model=EvictionOut,
-    responses=errors(400, 401, 403, 404, 409, 413),
+    responses={**errors(400, 401, 403, 404, 409, 413, 503), **ACCEPTED},
 )
 async def evict(
-    body: EvictIn, svc: CacheService = Depends(service), namespace: str | None = Depends(tenant)
-) -> dict[str, Any]:
-    result = await svc.evict(
-        names=body.names,
-        mode=body.mode,
-        force=body.force,
-        dry_run=body.dry_run,
-        free_bytes=body.bytes or 0,
-        tenant=namespace,
-    )
-    return eviction_out(result)
+    body: EvictIn,
+    request: Request,
+    svc: CacheService = Depends(service),
+    namespace: str | None = Depends(tenant),
+    wait: float = WAIT,
+) -> Any:
+    async def evict() -> dict[str, Any]:
+        result = await svc.evict(
+            names=body.names,
+            mode=body.mode,
+            force=body.force,
+            dry_run=body.dry_run,
+            free_bytes=body.bytes or 0,
+            tenant=namespace,
+        )
+        return eviction_out(result)
+
+    target = f"names={','.join(body.names)}" if body.mode == "names" else f"mode={body.mode}"
+    return await _as_operation(request, "evict", "operator", target, evict, wait)
+
+
+@router.get("/v1/operations/{op_id}", response_model=OperationOut, responses=errors(400, 401, 403, 404))
+async def get_operation(op_id: str, request: Request, who: Caller = Depends(caller), wait: float = WAIT_POLL) -> Any:
+    """An operation's state; ``wait`` holds the answer until it finishes (at most
+    :data:`~dsagent.api.operations.MAX_WAIT_SECONDS`)."""
+    ops: Operations = request.app.state.operations
+    op = ops.get(op_id)
+    if not (who.operator or (who.kind == "pod" and op.owner == _owner(who))):
+        require_operator(who)  # 401 without the token, 403 for another pod
+    await ops.wait(op, wait)
+    return operation_out(op)
+
+
+def _owner(who: Caller) -> str:
+    """Who may read an operation besides an operator: the pod that asked for it."""
+    if who.kind == "pod" and who.pod_uid is not None:
+        return f"pod:{who.pod_uid}"
+    return "operator"  # the only other caller an action admits
+
+
+async def _as_operation(
+    request: Request,
+    kind: str,
+    owner: str,
+    target: str,
+    action: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+    wait: float,
+) -> Any:
+    """Run ``action`` as an operation (:mod:`dsagent.api.operations`): its result (or its
+    error) when it finishes within ``wait``, else 202 with the operation to follow."""
+    ops: Operations = request.app.state.operations
+    op = ops.start(kind, owner, target, action)
+    if await ops.wait(op, wait):
+        return op.result()  # raises the action's own error: 409, 404, ... as before
+    return JSONResponse(operation_out(op), status_code=202, headers={"Location": f"/v1/operations/{op.id}"})
 
 
 @router.get("/v1/inventory", response_model=InventoryOut, responses=errors())

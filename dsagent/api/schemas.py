@@ -130,6 +130,21 @@ class EvictionOut(_Out):
     evicted: list[EvictedOut]
 
 
+class OperationOut(_Out):
+    """A long action the agent carries out (:mod:`dsagent.api.operations`)."""
+
+    id: str
+    kind: str = Field(description="evict or release")
+    target: str = Field(description="what it acts on, e.g. names=imagenet, mode=unused, task=<id>")
+    state: str = Field(description="running, succeeded or failed")
+    started_at: str | None = Field(alias="startedAt")
+    finished_at: str | None = Field(alias="finishedAt")
+    elapsed_seconds: float = Field(alias="elapsedSeconds")
+    href: str = Field(description="where to follow it: GET this path (with ?wait=S to long-poll)")
+    result: dict[str, Any] | None = Field(description="the action's answer once succeeded (EvictionOut, ReleaseOut)")
+    error: dict[str, Any] | None = Field(description="the ErrorOut body once failed")
+
+
 class InventoryOut(_Out):
     """The node report the scheduler reads; its full schema is ``dsagent/cache/inventory.schema.json``."""
 
@@ -208,7 +223,7 @@ def eviction_out(result: EvictionResult) -> dict[str, Any]:
 
 __all__ = [
     "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut",
-    "InventoryOut",
+    "InventoryOut", "OperationOut",
     "ReleaseOut", "StatusOut", "StripeIn", "StripeOut",
     "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
 ]  # fmt: skip

@@ -81,7 +81,7 @@ class Space:
                 free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
                 plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
                 if not plan.sufficient:
-                    raise _insufficient(key[0], size, plan)
+                    raise _insufficient(key[0], size, plan, overhead=overhead)
                 for victim in plan.victims:
                     if not await self.evict_one(victim, reason="space"):
                         spared.add((victim.name, victim.digest))
@@ -339,14 +339,21 @@ class Space:
         return victims
 
 
-def _insufficient(name: str, size: int, plan: eviction.Plan) -> InsufficientSpace:
+def _insufficient(name: str, size: int, plan: eviction.Plan, *, overhead: int = 0) -> InsufficientSpace:
+    """The refusal, every figure in one unit: space on the cache disk. The plan compares the
+    eviction rule's target (``ratio`` x the bytes) with free space less the version's own
+    disk overhead (blocks, inodes); said that way, a small dataset of many files read
+    "free -114 MB". Here the overhead is added back to both sides, the comparison unchanged,
+    and free space never goes below zero."""
+    needed = plan.needed_bytes + overhead
+    free = max(0, plan.free_bytes + overhead)
     return InsufficientSpace(
         f"not enough space to cache {name} ({format_size(size)}): "
-        f"needed {format_size(plan.needed_bytes)}, free {format_size(plan.free_bytes)}, "
-        f"evictable {format_size(plan.evictable_bytes)}",
+        f"needs {format_size(needed)} of cache disk, {format_size(free)} is free"
+        f" and {format_size(plan.evictable_bytes)} could be evicted",
         hint="release tasks that no longer need their datasets, or give the cache more space",
-        needed=plan.needed_bytes,
-        free=plan.free_bytes,
+        needed=needed,
+        free=free,
         evictable=plan.evictable_bytes,
     )
 

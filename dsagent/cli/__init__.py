@@ -10,10 +10,34 @@ becomes one clear line on stderr and its exit code.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from dsagent.cli.edge import quick_edge
+
+#: ``DSAGENT_*`` variables an init-container's or an operator's ``dsctl`` usually sees; with
+#: only these set, start-up skips reading the platform's whole list (it costs pydantic's
+#: import). A test holds this a subset of :func:`dsagent.cluster.envnames.known_names`.
+COMMON_VARIABLES = frozenset(
+    {
+        "DSAGENT_DATASETS", "DSAGENT_BUNDLES", "DSAGENT_TASK_ID", "DSAGENT_SOCKET", "DSAGENT_AGENT",
+        "DSAGENT_ADMIN_TOKEN", "DSAGENT_ROOT",
+    }
+)  # fmt: skip
+
+
+def refuse_unknown_environment(environ: Mapping[str, str]) -> None:
+    """A misspelt ``DSAGENT_*`` variable (``DSAGENT_SOKET``) stops ``dsctl`` with one line
+    naming it and its close matches (exit 2), as it stops the agent, instead of being
+    silently ignored; the list is every variable some part of the platform reads."""
+    odd = [n for n in environ if n.startswith("DSAGENT_") and n not in COMMON_VARIABLES]
+    if not odd or all(n.startswith("DSAGENT_STORAGE_OPTIONS_") for n in odd):
+        return
+    from dsagent.cluster.envnames import refuse_unknown
+
+    refuse_unknown(environ)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     from dsagent.cli.digesting import quick_digest
 
     with quick_edge("dsctl"):
+        refuse_unknown_environment(os.environ)
         if quick_digest(sys.argv[1:] if argv is None else argv):
             return
     from dsagent.cli.group import cli, run

@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -380,6 +381,11 @@ async def _run(
             await stopping.stop()
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                logging.getLogger("dsagent").info("%s", startup_line(settings, plugin is not None))
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if not self.should_exit:
                 _watchdog(STOP_DEADLINE)
@@ -414,6 +420,26 @@ async def _run(
         await stop_plugin()
         _cleanup(settings, bound, pointer)
     return None
+
+
+def startup_line(settings: Settings, device_plugin: bool) -> str:
+    """The one line an operator reads first: what runs, where it keeps data, where it
+    answers and how much it may hold."""
+    from dsagent import __version__
+    from dsplatform.units import format_size
+
+    try:
+        disk = shutil.disk_usage(settings.root)
+        room = f"disk {format_size(disk.free)} free of {format_size(disk.total)}"
+    except OSError as exc:
+        room = f"disk unreadable ({exc.strerror or exc})"
+    capacity = format_size(settings.capacity_bytes) if settings.capacity_bytes is not None else "the disk"
+    tcp = f"{settings.listen[0]}:{settings.listen[1]}" if settings.listen else "off"
+    return (
+        f"dsagent {__version__} serving: root {settings.root}, socket {settings.socket}, tcp {tcp}, "
+        f"capacity {capacity} ({room}), cluster mode {'on' if settings.kubernetes else 'off'}, "
+        f"device plugin {'on' if device_plugin else 'off'}"
+    )
 
 
 @dataclass(frozen=True)

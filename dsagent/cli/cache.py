@@ -163,8 +163,9 @@ def describe(record: dict[str, Any]) -> str:
     if record["state"] == "pending" and total:
         width = 24
         filled = int(width * done / total) if total else width
-        etas = [d["etaSeconds"] for d in datasets if d["etaSeconds"] is not None]
-        eta = f" eta {max(etas):.0f}s" if etas else ""
+        etas = [d["etaSeconds"] for d in datasets if d["etaSeconds"] is not None and d["bytesDone"] < d["sizeBytes"]]
+        # every byte is in: what is left is the check by digest and the commit, not a download
+        eta = f" eta {max(etas):.0f}s" if etas else " verifying" if done >= total else ""
         return (
             f"[{'#' * filled}{'.' * (width - filled)}] "
             f"{format_size(done)}/{format_size(total)} {format_size(rate)}/s{eta}  {states}"
@@ -226,15 +227,21 @@ def cache(
         raise InvalidInput("DSAGENT_TASK_ID is not set", hint="set it from the pod UID (downward API: metadata.uid)")
     task_id = task_id or default_task_id(datasets)
     with _client(agent_url, socket_path, token) as client:
-        # With --wait the agent holds the first answer up to one poll interval: a dataset
-        # ready by then (cached already, or small) returns at once, not a poll later.
-        record = client.submit_task(task_id, datasets, wait=POLL_SECONDS if wait else 0.0)
-        if wait and record["state"] == "pending":
-            record = wait_until_done(
-                client, task_id, timeout=timeout, show=ProgressView() if output == "text" else lambda r: None
-            )
-        elif record["state"] == "failed":
-            raise _failure(record)
+        try:
+            # With --wait the agent holds the first answer up to one poll interval: a dataset
+            # ready by then (cached already, or small) returns at once, not a poll later.
+            record = client.submit_task(task_id, datasets, wait=POLL_SECONDS if wait else 0.0)
+            if wait and record["state"] == "pending":
+                record = wait_until_done(
+                    client, task_id, timeout=timeout, show=ProgressView() if output == "text" else lambda r: None
+                )
+            elif record["state"] == "failed":
+                raise _failure(record)
+        except KeyboardInterrupt:
+            raise click.Abort(
+                f"\ndsctl: interrupted: the agent goes on caching for task {task_id} and keeps the data until "
+                f"the task is released or its lease ends; release it now with 'dsctl release {task_id}'"
+            ) from None
     _print_record(record, output)
 
 
@@ -286,11 +293,27 @@ def status(task_id: str, output: str, agent_url: str | None, socket_path: str | 
 
 @click.command()
 @click.argument("task_id")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=None,
+    metavar="DURATION",
+    help="Stop waiting after this long (exit 14; the release goes on), e.g. 90s, 10m. Default: wait until done.",
+)
+@output_option
 @agent_options
-def release(task_id: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+def release(
+    task_id: str, timeout: float | None, output: str, agent_url: str | None, socket_path: str | None,
+    token: str | None,
+) -> None:  # fmt: skip
     """Release a task: its datasets are no longer in use and become evictable."""
     with _client(agent_url, socket_path, token) as client:
-        client.release_task(task_id)
+        result = _follow(
+            output, lambda show: client.release_task(task_id, timeout=timeout, progress=show), f"releasing {task_id}"
+        )
+    if output == "json":
+        click.echo(json.dumps(result, indent=2))
+        return
     click.echo(f"released task {task_id}")
 
 
@@ -332,27 +355,133 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
 @click.option("--all-unused", is_flag=True, help="Evict every dataset no task uses.")
 @click.option("--dry-run", is_flag=True, help="Show what would be evicted.")
 @click.option("--force", is_flag=True, help="Evict named datasets even while tasks use them.")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=None,
+    metavar="DURATION",
+    help="Stop waiting after this long (exit 14; the eviction goes on), e.g. 90s, 10m. Default: wait until done.",
+)
+@output_option
 @agent_options
 def evict(
-    names: tuple[str, ...],
-    idle: bool,
-    all_unused: bool,
-    dry_run: bool,
-    force: bool,
-    agent_url: str | None,
-    socket_path: str | None,
-    token: str | None,
-) -> None:
-    """Evict datasets: by NAME, --idle ones, or --all-unused."""
+    names: tuple[str, ...], idle: bool, all_unused: bool, dry_run: bool, force: bool, timeout: float | None,
+    output: str, agent_url: str | None, socket_path: str | None, token: str | None,
+) -> None:  # fmt: skip
+    """Evict datasets: by NAME, --idle ones, or --all-unused.
+
+    Deleting a large dataset takes a while: the agent carries the eviction out as an
+    operation, and dsctl waits for it with progress (or until --timeout; Ctrl-C stops only
+    the waiting)."""
     if sum((bool(names), idle, all_unused)) != 1:
         raise InvalidInput("give dataset names, --idle or --all-unused (exactly one of them)")
     mode = "idle" if idle else "unused" if all_unused else "names"
+    what = f"evicting {', '.join(names)}" if names else f"evicting {'idle' if idle else 'unused'} datasets"
     with _client(agent_url, socket_path, token) as client:
-        result = client.evict(mode=mode, names=names, force=force, dry_run=dry_run)
+        result = _follow(
+            output,
+            lambda show: client.evict(
+                mode=mode, names=names, force=force, dry_run=dry_run, timeout=timeout, progress=show
+            ),
+            what,
+        )
+    if output == "json":
+        click.echo(json.dumps(result, indent=2))
+        return
     verb = "would evict" if dry_run else "evicted"
     for victim in result["evicted"]:
         click.echo(f"{verb} {victim['name']}@{victim['digest'][:12]} ({format_size(victim['sizeBytes'])})")
     click.echo(f"{verb} {len(result['evicted'])} dataset version(s), {format_size(result['freedBytes'])}")
+
+
+@click.command()
+@click.argument("op_id", metavar="OPERATION")
+@click.option(
+    "--wait/--no-wait", default=False, show_default=True, help="Wait until the operation has finished, with progress."
+)
+@click.option(
+    "--timeout", type=DURATION, default=None, metavar="DURATION", help="With --wait: stop waiting after this long."
+)
+@output_option
+@agent_options
+def operation(
+    op_id: str, wait: bool, timeout: float | None, output: str, agent_url: str | None, socket_path: str | None,
+    token: str | None,
+) -> None:  # fmt: skip
+    """Show an eviction or release the agent carries out (the id dsctl printed)."""
+    from dsagent.api.client import OPERATION_POLL, still_running
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    show = OperationProgress() if output == "text" and wait else None
+    with _client(agent_url, socket_path, token) as client:
+        op = client.operation(op_id)
+        while wait and op["state"] == "running":
+            if show is not None:
+                show(op)
+            left = OPERATION_POLL if deadline is None else min(OPERATION_POLL, deadline - time.monotonic())
+            if left <= 0:
+                raise still_running(op)
+            op = client.operation(op_id, wait=left)
+    if show is not None:
+        show.done()
+    if output == "json":
+        click.echo(json.dumps(op, indent=2))
+        return
+    click.echo(f"operation {op['id']}: {op['kind']} {op['target']}: {op['state']} after {op['elapsedSeconds']:.0f}s")
+    if op["state"] == "failed" and op.get("error"):
+        error = op["error"]
+        hint = f" ({error['hint']})" if error.get("hint") else ""
+        click.echo(f"  {error.get('code')}: {error.get('message')}{hint}")
+
+
+class OperationProgress:
+    """A live line while an operation runs: what, for how long, its id (for ``dsctl operation``)."""
+
+    def __init__(self, what: str = "", stream: Any = None) -> None:
+        self.what = what
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shown = False
+        self.last_op: dict[str, Any] | None = None
+
+    def __call__(self, op: dict[str, Any]) -> None:
+        self.last_op = op
+        what = self.what or f"{op['kind']} {op['target']}"
+        line = f"{what}: running {float(op.get('elapsedSeconds') or 0):.0f}s (operation {op['id']})"
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+        elif not self.shown:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.tty and self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.shown = False
+
+
+Follow = Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]]
+
+
+def _follow(output: str, call: Follow, what: str) -> dict[str, Any]:
+    """Run an operation ``call`` with a progress line (text output), and on Ctrl-C say that
+    the action goes on at the agent and how to follow it."""
+    show = OperationProgress(what)
+    try:
+        return call(show if output == "text" else lambda op: setattr(show, "last_op", op))
+    except KeyboardInterrupt:
+        show.done()
+        op = show.last_op
+        if op is None:  # interrupted before the agent answered: it may or may not have started
+            raise click.Abort(f"dsctl: interrupted: {what} may go on at the agent (check with 'dsctl ls')") from None
+        raise click.Abort(
+            f"dsctl: interrupted: {what} goes on at the agent (operation {op['id']}); "
+            f"follow it with 'dsctl operation {op['id']} --wait'"
+        ) from None
+    finally:
+        show.done()
 
 
 def _print_record(record: dict[str, Any], output: str) -> None:
@@ -370,4 +499,7 @@ def _print_record(record: dict[str, Any], output: str) -> None:
         click.echo(f"  {d['name']:<20} {digest:<12} {d['state']:<9} {format_size(d['sizeBytes']):>9}  {where}")
 
 
-__all__ = ["cache", "datasets_from_env", "default_task_id", "evict", "ls", "parse_specs", "release", "status", "wait"]
+__all__ = [
+    "cache", "datasets_from_env", "default_task_id", "evict", "ls", "operation", "parse_specs", "release", "status",
+    "wait",
+]  # fmt: skip

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "evict": "dsagent.cli.cache:evict",
     "status": "dsagent.cli.cache:status",
     "release": "dsagent.cli.cache:release",
+    "operation": "dsagent.cli.cache:operation",
     "wait": "dsagent.cli.cache:wait",
     "topo": "dsagent.cli.topo:topo",
     "scheduler": "dsagent.cli.scheduler:scheduler",
@@ -91,8 +92,9 @@ def run(command: click.Command, argv: list[str] | None, prog: str) -> None:
     try:
         with exit_on_error(prog):
             command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("Aborted.", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        # a command that knows what goes on after Ctrl-C says so in its Abort's message
+        click.echo(str(exc) if isinstance(exc, click.exceptions.Abort) and str(exc) else "Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else prog

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from dsagent.cli.options import output_option
 from dsagent.errors import InvalidInput, TransientError
 
 
@@ -33,7 +34,8 @@ from dsagent.errors import InvalidInput, TransientError
 @click.option("--steps", required=True, help="Batches on one GPU for the whole run, e.g. 1e5.")
 @click.option("--deadline", default=None, help="RFC 3339 time or a duration from now, e.g. 6h.")
 @click.option("--max-gpus", type=int, required=True, help="Most GPUs the job may use.")
-@click.option("--json", "as_json", is_flag=True, help="Print the extender's JSON answer.")
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")
+@output_option
 def plan(
     extender: str,
     params: str | None,
@@ -44,6 +46,7 @@ def plan(
     deadline: str | None,
     max_gpus: int,
     as_json: bool,
+    output: str,
 ) -> None:
     """Which plan (GPUs per node) meets the job's deadline on the cluster as it is now."""
     import httpx
@@ -74,7 +77,7 @@ def plan(
         if not isinstance(body, dict):
             raise refused(f"the extender answered {response.status_code}: {str(body)[:200]}")
         raise refused(str(body.get("message", body)), hint=body.get("hint") or None)
-    if as_json:
+    if as_json or output == "json":
         click.echo(json.dumps(body, indent=2))
         return
     click.echo(format_answer(body))

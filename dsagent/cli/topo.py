@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from dsagent.cli.options import output_option
 from gpu_topology import Topology, best_gpu_set, discover, nearest_nics, pair_score, roce_classes
 from gpu_topology.contract import topology_to_dict
 from gpu_topology.dumps import FORMATS, load_dump, parse_dump
@@ -88,11 +89,12 @@ def topo() -> None:
     show_default=True,
     help="How RoCE classes are cut: one per NUMA group of the RoCE NICs, per subnet, or one class.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the version-1 JSON contract.")
-def show(source: str | None, fmt: str, prefix: str, mode: str, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")
+@output_option
+def show(source: str | None, fmt: str, prefix: str, mode: str, as_json: bool, output: str) -> None:
     """Print the topology, its RoCE classes and the GPU-pair score matrix."""
     topology = _load(source, fmt)
-    if as_json:
+    if as_json or output == "json":
         click.echo(json.dumps(topology_to_dict(topology, prefix=prefix, mode=mode), indent=2))
         return
     click.echo("\n".join(render(topology, prefix=prefix, mode=mode)))
@@ -103,8 +105,11 @@ def show(source: str | None, fmt: str, prefix: str, mode: str, as_json: bool) ->
 @click.option("--count", "-k", type=click.IntRange(min=1), required=True, help="How many GPUs.")
 @click.option("--must-include", metavar="LIST", help="GPUs the set must contain, e.g. 2,3.")
 @click.option("--free", metavar="LIST", help="GPUs to choose from (default: all).")
-@click.option("--json", "as_json", is_flag=True, help="Print the choice as JSON.")
-def best(source: str | None, fmt: str, count: int, must_include: str | None, free: str | None, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")
+@output_option
+def best(
+    source: str | None, fmt: str, count: int, must_include: str | None, free: str | None, as_json: bool, output: str
+) -> None:
     """Print the best-scoring set of --count GPUs and its score."""
     topology = _load(source, fmt)
     free_list = _indices(free, "--free")
@@ -116,7 +121,7 @@ def best(source: str | None, fmt: str, count: int, must_include: str | None, fre
     )
     if chosen is None:
         raise click.ClickException(f"no set of {count} GPUs holds the must-include GPUs within the free ones")
-    if as_json:
+    if as_json or output == "json":
         body = {
             "gpus": list(chosen.gpus),
             "score": chosen.score,

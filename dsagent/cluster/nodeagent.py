@@ -55,12 +55,14 @@ from dsagent.cluster import publisher
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
+from dsagent.cluster.events import EventRecorder, ObjectRef
 from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound
 from dsplatform import errors as platform_errors
 from dsplatform.gpus import GpuResources
 from dsplatform.names import is_pod_uid
+from dsplatform.units import format_size
 from dsplatform.wire import podannotations
 
 if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
@@ -68,6 +70,10 @@ if TYPE_CHECKING:  # the service is handed in; importing it here would make envn
 
 log = logging.getLogger("dsagent.cluster")
 _T = TypeVar("_T")
+#: how often the pods' datasets are looked at for their Events
+POD_EVENTS_INTERVAL = 2.0
+#: ``reportingController`` of the agents' Events
+EVENTS_CONTROLLER = "dsagent.io/agent"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
@@ -221,6 +227,9 @@ class ClusterAgent:
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
         self.patches = 0
         self.released: list[str] = []  # pod UIDs whose tasks were released, oldest first
+        self._pod_refs: dict[str, ObjectRef] = {}  # pod UID -> the Pod, for its Events
+        self._told: dict[tuple[str, str], str] = {}  # (pod UID, dataset) -> the state its last Event said
+        self.pod_events: EventRecorder | None = None
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -245,6 +254,7 @@ class ClusterAgent:
             self._api_client = await asyncio.to_thread(apiclient.load)
         self._core = client.CoreV1Api(self._api_client)
         self._datasets = DatasetClient(self._api_client)
+        self.pod_events = EventRecorder(self._api_client, controller=EVENTS_CONTROLLER, instance=self.node_name)
         await self._check_node()
         self._watch = PodWatch(
             self._api_client, self.node_name, self._from_thread, timeout_seconds=self.cluster.watch_timeout
@@ -256,6 +266,7 @@ class ClusterAgent:
             asyncio.create_task(self._publish_forever(), name="dsagent-kube-publish"),
             asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
             asyncio.create_task(self._release_stale_tasks(), name="dsagent-kube-stale"),
+            asyncio.create_task(self._tell_pods_forever(), name="dsagent-kube-pod-events"),
         ]
         if self.cluster.copies_configmap is not None:
             self._background.append(asyncio.create_task(self._copies_forever(), name="dsagent-kube-copies"))
@@ -343,6 +354,9 @@ class ClusterAgent:
             log.warning("could not start caching for pod %s: %s", name, exc)
             return
         self._tasks[uid] = list(requests)
+        meta = pod.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        self._pod_refs[uid] = ObjectRef("v1", "Pod", namespace, str(meta.get("name")), uid)
         log.info(
             "pod %s bound to %s: caching %s (%s)",
             name,
@@ -350,6 +364,59 @@ class ClusterAgent:
             ", ".join(r.name for r in requests),
             record.state,
         )
+        await self._tell_pod(uid, record)
+
+    # -- the pods' Events ---------------------------------------------------------------
+
+    async def _tell_pods_forever(self) -> None:
+        """Each pod's datasets as Events on the Pod (``kubectl describe pod``), when they change."""
+        while True:
+            await asyncio.sleep(POD_EVENTS_INTERVAL)
+            for uid in list(self._pod_refs):
+                try:
+                    await self._tell_pod(uid, await self.service.get_task(uid))
+                except NotFound:
+                    self._forget_pod(uid)
+                except Exception:  # Events are best effort: never stop the loop
+                    log.exception("telling pod %s about its datasets failed", uid)
+
+    async def _tell_pod(self, uid: str, record: Any) -> None:
+        """An Event on the pod for each of its datasets whose state changed since the last one:
+        caching started, ready, or failed with the error's code and hint."""
+        regarding, recorder = self._pod_refs.get(uid), self.pod_events
+        if regarding is None or recorder is None:
+            return
+        for ds in record.datasets:
+            state = "ready" if ds.state == "ready" else "failed" if ds.state == "failed" else "caching"
+            if self._told.get((uid, ds.name)) == state:
+                continue
+            if state == "ready":
+                kind, reason = "Normal", "DatasetReady"
+                size = format_size(ds.size_bytes)
+                note = f"dataset {ds.name} ({size}) is cached and verified on node {self.node_name}"
+            elif state == "failed":
+                error = ds.error or {}
+                hint = f" ({error['hint']})" if error.get("hint") else ""
+                kind, reason = "Warning", "DatasetFailed"
+                note = f"dataset {ds.name}: {error.get('code', 'failed')}: {error.get('message', '')}{hint}"
+            else:
+                kind, reason = "Normal", "DatasetCaching"
+                note = f"caching dataset {ds.name} on node {self.node_name}"
+            before = self._told.get((uid, ds.name))
+            self._told[(uid, ds.name)] = state  # first: the loop and a new pod's first look may overlap
+            said = await _in_daemon_thread(  # a hanging API server must not hold the agent's exit
+                functools.partial(recorder.record, regarding, type=kind, reason=reason, action="Cache", note=note)
+            )
+            if not said and self._told.get((uid, ds.name)) == state:  # say it again next time
+                if before is None:
+                    self._told.pop((uid, ds.name), None)
+                else:
+                    self._told[(uid, ds.name)] = before
+
+    def _forget_pod(self, uid: str) -> None:
+        self._pod_refs.pop(uid, None)
+        for key in [k for k in self._told if k[0] == uid]:
+            del self._told[key]
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
@@ -401,6 +468,7 @@ class ClusterAgent:
 
     async def _release(self, uid: str, name: str) -> None:
         self._tasks.pop(uid, None)  # first, so the renewal loop stops renewing it
+        self._forget_pod(uid)
         self._left_to_init.discard(uid)
         self.released.append(uid)
         try:

@@ -32,7 +32,7 @@ from typing import Any
 from dsagent.cache import replication
 from dsagent.cluster.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
 from dsagent.cluster.events import EventRecorder, ObjectRef
-from dsagent.controller import agents
+from dsagent.controller import agents, cachestate
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsagent.controller.controllersettings import ControllerSettings
@@ -332,8 +332,7 @@ class DatasetController:
                 self.agent_call, sorted(self._agent_urls), namespace, name, request[:253], self.clock()
             )
         conditions = self._refused_condition(ds, status, refusals)
-        if conditions is not None:
-            patch["conditions"] = conditions
+        self._cache_state(ds, status, patch, conditions, inventories, size)
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
             self._custom.patch_namespaced_custom_object_status(
@@ -347,6 +346,41 @@ class DatasetController:
                 _request_timeout=self._timeout,
             )
         return patch
+
+    def _cache_state(
+        self,
+        ds: JSON,
+        status: JSON,
+        patch: JSON,
+        conditions: list[JSON] | None,
+        inventories: Mapping[str, Mapping[str, Any]],
+        size: int | None,
+    ) -> None:
+        """``status.phase``, ``status.cache`` and the ``Ready``/``Packing``/``Degraded`` conditions
+        into ``patch``, and an Event for each change since the last pass
+        (:mod:`dsagent.controller.cachestate`)."""
+        meta = ds.get("metadata") or {}
+        digest = status.get("digest") if isinstance(status.get("digest"), str) else None
+        pack = patch.get("pack") or status.get("pack") or {}
+        generation = meta.get("generation")
+        state = cachestate.cache_status(
+            cachestate.holdings(inventories, meta.get("name", ""), digest),
+            digest=digest,
+            size_bytes=size,
+            pack_state=pack.get("state") if isinstance(pack, dict) else None,
+            previous=status,
+            generation=generation if isinstance(generation, int) else None,
+            now=format_time(self.clock()),
+        )
+        kinds = {c["type"] for c in state["conditions"]}
+        others = [
+            c for c in (conditions if conditions is not None else status.get("conditions") or []) if isinstance(c, dict)
+        ]
+        patch["phase"], patch["cache"] = state["phase"], state["cache"]
+        patch["conditions"] = state["conditions"] + [c for c in others if c.get("type") not in kinds]
+        regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
+        for kind, reason, note in cachestate.changes(status, {**status, **patch}, digest):
+            self.events.record(regarding, type=kind, reason=reason, action="Cache", note=note)
 
     def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:
         """``status.conditions`` with ``Refused`` as this pass found it (None: no refusal now and

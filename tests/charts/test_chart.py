@@ -383,11 +383,13 @@ def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str
     }
 
 
-def test_the_agent_may_only_read_and_patch_nodes_watch_pods_and_read_datasets(
+def test_the_agent_may_only_read_and_patch_nodes_watch_pods_read_datasets_and_write_events(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    # no pods/get: the agent only lists and watches, with spec.nodeName
+    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods
     assert rules_of(rendered["default"], "-agent") == {
+        ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
         ("", "pods", "list"),

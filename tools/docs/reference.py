@@ -272,6 +272,8 @@ EXIT_MEANINGS = {
     11: "the store has no credentials from us, or refused them",
     12: "the store accepted the credentials but refused the action",
     13: "the node's cache disk failed a write, rename, fsync or mkdir: the node's fault, not the source's",
+    14: "dsctl stopped waiting (`--timeout`) for an eviction or release the agent goes on with: not a failure, "
+    "nothing to retry; follow it with `dsctl operation ID`",
     130: "interrupted (Ctrl-C)",
 }
 

@@ -15,6 +15,7 @@ from dsagent.cache import inventory as inventory_schema
 from dsagent.errors import Conflict, InsufficientSpace, NotFound
 from dsagent.format.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest, read_manifest
+from dsplatform.units import format_size
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, allocated, wait_ready
 
 
@@ -189,8 +190,13 @@ def test_out_of_space_fails_with_needed_free_and_evictable(
         error = record["datasets"][0]["error"]
         assert record["state"] == "failed"
         assert error["code"] == "insufficient_space"
-        assert error["details"] == {"needed": 240_000, "free": 110_000, "evictable": 0}
-        assert "needed 240 kB, free 110 kB, evictable 0 B" in error["message"]
+        # one unit, disk: "big"'s own blocks are on both sides of the comparison
+        own = allocated(200_000, 20, www) - 200_000
+        assert error["details"] == {"needed": 240_000 + own, "free": 110_000 + own, "evictable": 0}
+        assert (
+            f"needs {format_size(240_000 + own)} of cache disk, {format_size(110_000 + own)} is free"
+            " and 0 B could be evicted"
+        ) in error["message"]
         assert [d["name"] for d in client.datasets()["datasets"]] == ["small"]  # nothing lost
         with pytest.raises(InsufficientSpace):
             raise_failure(client.get_task("t-big"))

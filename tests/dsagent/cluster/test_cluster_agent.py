@@ -610,3 +610,43 @@ def test_every_request_of_the_agent_is_granted_by_the_chart_and_stays_on_its_own
             assert name == NODE, request.path
         seen.add((resource, verb))
     assert {("pods", "list"), ("pods", "watch"), ("nodes", "patch")} <= seen
+
+
+def test_a_pod_s_datasets_are_events_on_the_pod_caching_ready_and_failed_with_code_and_hint(
+    apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kubectl describe pod`` says what the agent did for it: each dataset's caching, its
+    readiness and a failure with the error's code and hint, each said once."""
+    monkeypatch.setattr("dsagent.cluster.nodeagent.POD_EVENTS_INTERVAL", 0.05)
+    apiserver.create(make_node(NODE))
+    datasets = json.dumps(
+        [{"name": "tiny", "source": memory_dataset}, {"name": "gone", "source": memory_dataset + "-missing"}]
+    )
+    pod = apiserver.create(make_pod("train-0", namespace="team-a", annotations={"dsagent.io/datasets": datasets}))
+    uid = pod["metadata"]["uid"]
+
+    def said() -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for event in apiserver.list("events"):
+            if event["regarding"].get("uid") == uid:
+                out.setdefault(event["reason"], []).append(event)
+        return out
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            apiserver.patch("pods", "train-0", {"spec": {"nodeName": NODE}}, namespace="team-a")
+            await until(lambda: {"DatasetReady", "DatasetFailed"} <= set(said()), what="the pod's Events")
+            await asyncio.sleep(0.3)  # more passes of the loop: nothing is said twice
+            assert (await agent.service.get_task(uid)).state == "failed"
+
+    asyncio.run(scenario())
+    events = said()
+    [ready] = events["DatasetReady"]
+    assert ready["type"] == "Normal" and "dataset tiny" in ready["note"] and NODE in ready["note"]
+    assert ready["regarding"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a", "name": "train-0",
+                                  "uid": uid}  # fmt: skip
+    assert ready["metadata"]["namespace"] == "team-a" and ready["reportingController"] == "dsagent.io/agent"
+    [failed] = events["DatasetFailed"]
+    assert failed["type"] == "Warning" and failed["note"].startswith("dataset gone: not_found: ")
+    assert "(" in failed["note"]  # the hint
+    assert len(events.get("DatasetCaching", [])) <= 2

@@ -1,0 +1,239 @@
+"""What ``kubectl get datasets`` and ``kubectl describe dataset`` show: the Dataset's phase,
+its cache across the cluster, its conditions, and the Events a change is worth.
+
+Who calls it: the reconcile loop (:mod:`dsagent.controller.reconcile`), once per Dataset and
+pass, with the nodes' inventories already parsed. What it owns, as pure functions of their
+inputs (no API, no clock):
+
+- :func:`holdings`: per node, how much of the current version it holds and in which state
+  (a ready copy, a copy being fetched with the bytes it has so far, a failed one, a share
+  of a striped version);
+- :func:`cache_status`: ``status.phase``, ``status.cache`` (cached bytes, percentages,
+  nodes ready / fetching / failed) and ``status.conditions`` (``Ready``, ``Packing``,
+  ``Degraded``) following the Kubernetes API conventions: a condition's
+  ``lastTransitionTime`` moves only when its status flips;
+- :func:`changes`: the Events between the last status and the new one (cached on a node,
+  caching started, failed, no longer cached, ready, packed, pack failed).
+
+Phases, in the order they are decided: ``Packing`` (a pack Job runs and no version is
+served yet), ``Failed`` (the pack failed and no version is served), ``Pending`` (no
+version known yet), ``Ready`` (at least one node holds the current version whole, or a
+striped version's group holds every byte), ``Caching`` (nodes are fetching it), and
+``NotCached`` (known, held nowhere: the first pod's node will fetch it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+JSON = dict[str, Any]
+
+#: node names listed in status.cache's lists at most (the counts are always whole)
+NODES_LISTED = 64
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One node's part of the current version."""
+
+    state: str  # "ready", "fetching", "failed" or "share" (a striped version's share)
+    held_bytes: int
+    size_bytes: int
+
+
+def holdings(inventories: Mapping[str, Mapping[str, Any]], name: str, digest: str | None) -> dict[str, Holding]:
+    """Per node, what its inventory says of ``name`` at ``digest`` (nodes holding nothing left out).
+
+    Inventories are another party's JSON: a field of the wrong type counts as absent."""
+    if not digest:
+        return {}
+    out: dict[str, Holding] = {}
+    for node, inv in inventories.items():
+        datasets = inv.get("datasets")
+        entry = datasets.get(name) if isinstance(datasets, Mapping) else None
+        if isinstance(entry, Mapping):
+            versions = [entry, *[v for v in entry.get("versions") or [] if isinstance(v, Mapping)]]
+            mine = [v for v in versions if v.get("digest") == digest]
+            states = {v.get("state") for v in mine}
+            size = _whole(next((v.get("sizeBytes") for v in mine if _whole(v.get("sizeBytes"))), 0))
+            if "ready" in states:
+                out[node] = Holding("ready", size, size)
+                continue
+            if "fetching" in states:
+                held = _whole(next((v.get("heldBytes") for v in mine if v.get("state") == "fetching"), 0))
+                out[node] = Holding("fetching", min(held, size) if size else held, size)
+                continue
+            if "failed" in states:
+                out[node] = Holding("failed", 0, size)
+                continue
+        stripes = inv.get("stripes")
+        share = stripes.get(name) if isinstance(stripes, Mapping) else None
+        if isinstance(share, Mapping) and share.get("digest") == digest:
+            out[node] = Holding("share", _whole(share.get("heldBytes")), _whole(share.get("sizeBytes")))
+    return out
+
+
+def cache_status(
+    held: Mapping[str, Holding],
+    *,
+    digest: str | None,
+    size_bytes: int | None,
+    pack_state: str | None,
+    previous: Mapping[str, Any],
+    generation: int | None,
+    now: str,
+) -> JSON:
+    """``phase``, ``cache`` and ``conditions`` for the status (see the module docstring)."""
+    size = size_bytes or max((h.size_bytes for h in held.values()), default=0)
+    ready = sorted(n for n, h in held.items() if h.state == "ready")
+    fetching = sorted(n for n, h in held.items() if h.state == "fetching")
+    failed = sorted(n for n, h in held.items() if h.state == "failed")
+    shares = [h for h in held.values() if h.state == "share"]
+    cached = sum(h.held_bytes for h in held.values())
+    striped_whole = bool(shares) and size > 0 and sum(h.held_bytes for h in shares) >= size
+    best = max((h.held_bytes for h in held.values()), default=0)
+    cluster_bytes = size if ready else min(size, sum(h.held_bytes for h in shares)) if shares else best
+    cache: JSON = {
+        "cachedBytes": cached,
+        "cachedPercent": _percent(cluster_bytes, size),  # of one whole copy, anywhere in the cluster
+        "bestNodePercent": _percent(best, size),  # the most one node holds
+        "nodesReady": len(ready),
+        "nodesFetching": len(fetching),
+        "nodesFailed": len(failed),
+        "fetchingNodes": fetching[:NODES_LISTED],
+        "failedNodes": failed[:NODES_LISTED],
+    }
+    if shares:
+        cache["stripeMembers"] = len(shares)
+    packing = pack_state in ("Pending", "Running")
+    pack_failed = pack_state in ("Failed", "SourceUnreadable")
+    if packing and not digest:
+        phase = "Packing"
+    elif pack_failed and not digest:
+        phase = "Failed"
+    elif not digest:
+        phase = "Pending"
+    elif ready or striped_whole:
+        phase = "Ready"
+    elif fetching or shares:
+        phase = "Caching"
+    else:
+        phase = "NotCached"
+    is_ready = phase == "Ready"
+    degraded = bool(failed) or pack_failed
+    conditions = [
+        _condition(
+            previous, "Ready", is_ready, generation, now,
+            reason="Cached" if is_ready else phase,
+            message=(
+                f"{len(ready)} node(s) hold {_short(digest)} whole" if ready
+                else "the stripe group holds every byte" if striped_whole
+                else f"{len(fetching)} node(s) fetching" if fetching
+                else "no node holds the current version"
+            ),
+        ),
+        _condition(
+            previous, "Packing", packing, generation, now,
+            reason="PackJobRunning" if packing else "PackJobIdle",
+            message="a pack Job is packing the source" if packing else "no pack Job is running",
+        ),
+        _condition(
+            previous, "Degraded", degraded, generation, now,
+            reason="PackFailed" if pack_failed else "CacheFailed" if failed else "AsExpected",
+            message=(
+                "the last pack failed or its source was unreadable: see status.pack" if pack_failed
+                else f"caching failed on {len(failed)} node(s): {', '.join(failed[:5])}" if failed
+                else "nothing has failed"
+            ),
+        ),
+    ]  # fmt: skip
+    return {"phase": phase, "cache": cache, "conditions": conditions}
+
+
+def changes(previous: Mapping[str, Any], status: Mapping[str, Any], digest: str | None) -> list[tuple[str, str, str]]:
+    """``(type, reason, note)`` of each Event between the ``previous`` status and this one."""
+    events: list[tuple[str, str, str]] = []
+    before: Mapping[str, Any] = previous["cache"] if isinstance(previous.get("cache"), Mapping) else {}
+    now: Mapping[str, Any] = status["cache"] if isinstance(status.get("cache"), Mapping) else {}
+    same_version = previous.get("digest") == digest
+    was_ready = set(_names(previous.get("readyNodes"))) if same_version else set()
+    is_ready = set(_names(status.get("readyNodes")))
+    was_fetching = set(_names(before.get("fetchingNodes"))) if same_version else set()
+    was_failed = set(_names(before.get("failedNodes"))) if same_version else set()
+    for node in sorted(set(_names(now.get("fetchingNodes"))) - was_fetching - was_ready):
+        events.append(("Normal", "Caching", f"caching {_short(digest)} on node {node}"))
+    for node in sorted(is_ready - was_ready):
+        events.append(("Normal", "Cached", f"{_short(digest)} is cached and verified on node {node}"))
+    for node in sorted(set(_names(now.get("failedNodes"))) - was_failed):
+        events.append(
+            ("Warning", "CacheFailed", f"caching {_short(digest)} failed on node {node}: its agent's log and "
+             f"'dsctl status' there say why; the pod's Events carry the error code and hint")
+        )  # fmt: skip
+    for node in sorted(was_ready - is_ready):
+        events.append(("Normal", "Evicted", f"{_short(digest)} is no longer cached on node {node}"))
+    if status.get("phase") == "Ready" and previous.get("phase") != "Ready":
+        events.append(
+            ("Normal", "Ready", f"{_short(digest)} is ready on {len(is_ready) or 'its stripe group'} node(s)")
+        )
+    pack_before = _pack_state(previous)
+    pack_now = _pack_state(status)
+    if pack_now != pack_before:
+        if pack_now == "Running":
+            events.append(("Normal", "Packing", "a pack Job is packing the source into bundles"))
+        elif pack_now == "Succeeded":
+            events.append(("Normal", "Packed", f"packed as {_short(digest)}"))
+        elif pack_now == "Failed":
+            events.append(("Warning", "PackFailed", "the pack Job failed: 'kubectl logs job/...' (see status.pack)"))
+    return events
+
+
+def _condition(
+    previous: Mapping[str, Any],
+    kind: str,
+    true: bool,
+    generation: int | None,
+    now: str,
+    *,
+    reason: str,
+    message: str,
+) -> JSON:
+    status = "True" if true else "False"
+    old = next((c for c in previous.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == kind), None)
+    since = old.get("lastTransitionTime") if old is not None and old.get("status") == status else None
+    condition: JSON = {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or now,
+    }
+    if generation is not None:
+        condition["observedGeneration"] = generation
+    return condition
+
+
+def _pack_state(status: Mapping[str, Any]) -> str | None:
+    pack = status.get("pack")
+    state = pack.get("state") if isinstance(pack, Mapping) else None
+    return state if isinstance(state, str) else None
+
+
+def _names(value: Any) -> Sequence[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _percent(part: int, whole: int) -> int:
+    return 0 if whole <= 0 else min(100, (100 * part) // whole)
+
+
+def _short(digest: str | None) -> str:
+    return (digest or "-")[:12]
+
+
+__all__ = ["NODES_LISTED", "Holding", "cache_status", "changes", "holdings"]

@@ -1,0 +1,229 @@
+"""Evictions and releases are operations: a slow one answers 202 and can be followed to its
+end; a client never reports a retryable failure for an action that went on.
+
+The agent is the real app under uvicorn on loopback with a real :class:`CacheService`;
+where an eviction must be slow for the test, the service's ``evict`` waits on an event the
+test sets (deleting a million files is what that stands for). The end-to-end case runs a
+real ``dsagent serve`` and a real dataset, with the client asking the agent to hold each
+request for no time at all, so that every eviction goes through the operation path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dsagent.api import create_app, operations
+from dsagent.api.client import AgentClient
+from dsagent.cache.service import CacheService, EvictionResult
+from dsagent.cache.settings import Settings
+from dsagent.errors import Conflict, StillRunning
+from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer
+from tests.scheduler_plugin.server import serving
+
+TOKEN = "operations-test-token-0123"
+
+
+class SlowEvictions:
+    """Stands in for ``CacheService.evict``: each call waits until the test lets it end."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.go = threading.Event()
+        self.calls = 0
+        self.error = error
+
+    async def __call__(self, **kwargs: Any) -> EvictionResult:
+        self.calls += 1
+        while not self.go.is_set():
+            await asyncio.sleep(0.01)
+        if self.error is not None:
+            raise self.error
+        return EvictionResult(evicted=(), freed_bytes=0, dry_run=bool(kwargs.get("dry_run")))
+
+
+@pytest.fixture
+def agent_app(tmp_path: Path) -> Iterator[tuple[str, CacheService]]:
+    settings = Settings(root=tmp_path / "root", admin_token=TOKEN)
+    svc = CacheService(settings)
+    with serving(create_app(settings, service=svc)) as url:
+        yield url, svc
+
+
+def operator(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
+
+
+def test_a_slow_eviction_answers_202_and_its_operation_finishes(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions()
+    monkeypatch.setattr(svc, "evict", slow)
+    with operator(url) as http:
+        answer = http.post("/v1/evict", params={"wait": 0.2}, json={"mode": "unused"})
+        assert answer.status_code == 202, answer.text
+        op = answer.json()
+        assert answer.headers["location"] == op["href"] == f"/v1/operations/{op['id']}"
+        assert (op["kind"], op["target"], op["state"], op["result"]) == ("evict", "mode=unused", "running", None)
+        assert http.get(op["href"]).json()["state"] == "running"
+        slow.go.set()
+        done = http.get(op["href"], params={"wait": 10}).json()
+        assert done["state"] == "succeeded"
+        assert done["result"] == {"dryRun": False, "freedBytes": 0, "evicted": []}
+        assert done["finishedAt"] is not None and done["error"] is None
+    assert slow.calls == 1
+
+
+def test_an_eviction_that_ends_within_wait_answers_its_result_as_before(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions()
+    slow.go.set()
+    monkeypatch.setattr(svc, "evict", slow)
+    with operator(url) as http:
+        answer = http.post("/v1/evict", json={"mode": "idle", "dryRun": True})
+        assert answer.status_code == 200
+        assert answer.json() == {"dryRun": True, "freedBytes": 0, "evicted": []}
+
+
+def test_a_failed_operation_carries_its_error_and_the_client_raises_it(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions(Conflict("dataset 'x' is in use by a task", hint="release the task first"))
+    monkeypatch.setattr(svc, "evict", slow)
+    monkeypatch.setattr("dsagent.api.client.OPERATION_POLL", 0.1)
+    threading.Timer(0.5, slow.go.set).start()
+    with AgentClient(url=url, token=TOKEN) as client, pytest.raises(Conflict, match="in use") as raised:
+        client.evict_dataset("x")
+    assert raised.value.hint == "release the task first"
+    with operator(url) as http:
+        # the route answers the error itself when it fails within wait, as before operations
+        answer = http.delete("/v1/datasets/x", params={"wait": 5})
+        assert answer.status_code == 409 and answer.json()["code"] == "conflict"
+
+
+def test_the_client_stops_waiting_with_still_running_not_a_retryable_failure(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions()
+    monkeypatch.setattr(svc, "evict", slow)
+    monkeypatch.setattr("dsagent.api.client.OPERATION_POLL", 0.1)
+    seen: list[dict[str, Any]] = []
+    with AgentClient(url=url, token=TOKEN) as client:
+        with pytest.raises(StillRunning) as raised:
+            client.evict(mode="unused", timeout=0.5, progress=seen.append)
+        op_id = raised.value.details["operation"]
+        assert raised.value.exit_code == 14 and f"dsctl operation {op_id}" in (raised.value.hint or "")
+        assert seen and all(op["state"] == "running" and op["id"] == op_id for op in seen)
+        slow.go.set()
+        assert client.operation(op_id, wait=10)["state"] == "succeeded"  # it went on, and ended
+
+
+def test_operations_need_the_operator_and_are_bounded(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions()
+    monkeypatch.setattr(svc, "evict", slow)
+    with operator(url) as http, httpx.Client(base_url=url, timeout=30) as anonymous:
+        assert anonymous.post("/v1/evict", json={"mode": "unused"}).status_code == 401
+        ids = []
+        for _ in range(operations.MAX_RUNNING):
+            answer = http.post("/v1/evict", params={"wait": 0}, json={"mode": "unused"})
+            assert answer.status_code == 202
+            ids.append(answer.json()["id"])
+        refused = http.post("/v1/evict", params={"wait": 0}, json={"mode": "unused"})
+        assert refused.status_code == 503 and refused.json()["code"] == "unavailable"
+        assert anonymous.get(f"/v1/operations/{ids[0]}").status_code == 401  # nor may it read one
+        assert http.get("/v1/operations/evict-0000000000000000").status_code == 404
+        assert http.post("/v1/evict", params={"wait": 61}, json={"mode": "unused"}).status_code == 400
+        slow.go.set()
+        assert all(http.get(f"/v1/operations/{i}", params={"wait": 10}).json()["state"] == "succeeded" for i in ids)
+
+
+def test_dsctl_evict_follows_a_real_eviction_through_its_operation(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real agent and dataset; the client asks for no hold at all (``wait=0``), so the
+    agent answers 202 and dsctl's client follows the operation to the eviction's result."""
+    from tests.dsagent.cli.test_agent_process import packed
+
+    www, url, _ = loopback
+    request = packed(www, url, "ds1", files=200, size=2_000, seed=5)[1]
+    agent = agent_factory(tcp=True)
+    monkeypatch.setattr("dsagent.api.client.OPERATION_POLL", 0.0)
+    seen: list[dict[str, Any]] = []
+    with AgentClient(url=f"http://127.0.0.1:{agent.port}", token=ADMIN_TOKEN) as client:
+        client.submit_task("t1", [request], wait=30)
+        client.release_task("t1")
+        result = client.evict_dataset("ds1", progress=seen.append)
+        assert [v["name"] for v in result["evicted"]] == ["ds1"]
+        assert result["freedBytes"] > 0
+        assert client.datasets()["datasets"] == []
+    assert all(op["kind"] == "evict" and op["target"] == "names=ds1" for op in seen)
+
+
+def test_dsctl_evict_prints_json_and_exits_0(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    from tests.dsagent.cli.test_agent_process import packed
+
+    www, url, _ = loopback
+    request = packed(www, url, "ds2", files=20, size=1_000, seed=6)[1]
+    agent = agent_factory()
+    with AgentClient(socket_path=agent.socket) as client:
+        client.submit_task("t2", [request], wait=30)
+    env = {"PATH": "/usr/bin:/bin", "DSAGENT_SOCKET": str(agent.socket), "HOME": str(tmp_path)}
+    dsctl = [sys.executable, "-m", "dsagent.cli"]
+    busy = subprocess.run([*dsctl, "evict", "ds2", "-o", "json"], env=env, capture_output=True, text=True, timeout=60)
+    assert busy.returncode == 4 and busy.stderr.count("error:") == 1  # in use: a conflict, one line
+    subprocess.run([*dsctl, "release", "t2"], env=env, check=True, capture_output=True, timeout=60)
+    done = subprocess.run([*dsctl, "evict", "ds2", "-o", "json"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [v["name"] for v in json.loads(done.stdout)["evicted"]] == ["ds2"]
+
+
+def test_ctrl_c_in_dsctl_cache_says_the_caching_goes_on_and_how_to_release(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    import signal
+    import time
+
+    from tests.dsagent.cli.test_agent_process import packed
+
+    www, url, server = loopback
+    request = packed(www, url, "slow", files=8, size=1_000, seed=7)[1]
+    server.slow_down(lambda p: p.startswith("/store/bundles/"), 3.0)
+    agent = agent_factory()
+    env = {"PATH": "/usr/bin:/bin", "DSAGENT_SOCKET": str(agent.socket), "HOME": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsagent.cli", "cache", f"slow={request['source']}", "--bundles", request["bundles"],
+         "--task", "t-ctrl-c"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    with AgentClient(socket_path=agent.socket) as client:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the task exists: the agent took it
+            try:
+                client.get_task("t-ctrl-c")
+                break
+            except Exception:
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        assert "the agent goes on caching for task t-ctrl-c" in err and "dsctl release t-ctrl-c" in err
+        assert "Traceback" not in err
+        assert client.get_task("t-ctrl-c")["state"] in ("pending", "ready")  # it did go on
