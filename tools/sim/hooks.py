@@ -35,7 +35,7 @@ class CopyCounts:
             counts: dict[tuple[str, int], int] = {}
             for n in sim.nodes:
                 for key, e in n.cache.items():
-                    if e.ready:
+                    if e.ready and not e.stripe:  # a stripe share is the group's only copy of its bundles
                         counts[key] = counts.get(key, 0) + 1
             self.counts, self.made_at = counts, sim.now
         return self.counts
