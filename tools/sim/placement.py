@@ -21,7 +21,6 @@ from dataclasses import replace
 
 from gpu_topology import best_gpu_set
 from gpu_topology.classsets import NodeRoom, gpus_in_set, single_set_exists, single_set_placement
-from gpu_topology.scoring import single_numa
 from scheduler_plugin.migration import RunningJob, plan_migrations
 from scheduler_plugin.podspec import DatasetWant, PodRequest
 from scheduler_plugin.timemodel import (
@@ -36,7 +35,7 @@ from scheduler_plugin.timemodel import (
 )
 from tools.sim import baselines, fluid
 from tools.sim import deadline as deadline_variants
-from tools.sim.cluster import Node, Outcome, Worker
+from tools.sim.cluster import Node, Worker
 from tools.sim.state import BASELINES, SimState
 from tools.sim.workload import Job
 

@@ -101,7 +101,9 @@ class Reads(Flows):
 
     # -- ours: a whole copy on the node ---------------------------------------------------
 
-    def _request_ours(self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, first: float, later: float) -> None:
+    def _request_ours(
+        self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, first: float, later: float
+    ) -> None:
         node, out = worker.node, self.outcomes[job.id]
         entry = node.cache.get(key)
         if entry is not None and entry.by_task:  # a controller task's copy a pod now uses
@@ -137,7 +139,8 @@ class Reads(Flows):
         ready is read from it, not from storage (or from a peer still fetching it, bundle by
         bundle, as agents starting together do); its bundle requests are spread over every
         peer that holds it."""
-        source, after, sources = "storage", None, ()
+        source, after = "storage", None
+        sources: tuple[int, ...] = ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
         elif self.params.peers:
@@ -201,7 +204,9 @@ class Reads(Flows):
             for w, one in zip(out.workers, firsts):
                 self.fluid.fill(rt, w.node.index, one.store)
             laters = [self.fluid.split(rt, key[1], d.size, w.node.index, tail * s) for w, s in zip(out.workers, shares)]
-            sources = [tuple(m for m in rt.workers if m != w.node.index and rt.held.get(m, 0.0) > 0) for w in out.workers]
+            sources = [
+                tuple(m for m in rt.workers if m != w.node.index and rt.held.get(m, 0.0) > 0) for w in out.workers
+            ]
         for w, one, rest, src in zip(out.workers, firsts, laters, sources):
             self._plan(w, one, rest, fuse=True, sources=src)
             w.hit = one.remote + one.store + rest.remote + rest.store == 0
@@ -234,9 +239,10 @@ class Reads(Flows):
         out, node = self.outcomes[job.id], worker.node
         group = self._stripe_group(out, key, d.size) if index == 0 else self.stripes.get(key)
         if group is None:  # no group could be formed: the store every epoch, as ours
-            first = min(epochs, 1.0) * d.size * share
+            head_bytes = min(epochs, 1.0) * d.size * share
+            tail_bytes = epochs * d.size * share - head_bytes
             self.uncached_reads += 1
-            self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, epochs * d.size * share - first), kept=False)
+            self._plan(worker, Split(0.0, 0.0, head_bytes), Split(0.0, 0.0, tail_bytes), kept=False)
             self._data_ready(out)
             return
         group.users += 1
@@ -270,12 +276,13 @@ class Reads(Flows):
         share fetched from the store (held while the version is read)."""
         cache = self.params.cache_bytes
         group = self.stripes.get(key)
-        job_nodes = list(dict.fromkeys(w.node for w in out.workers))
+        job_nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers)]
         if group is None:
             need = max(stripe.members_needed(size, cache), len(job_nodes))
             layout = {c.name for c in job_nodes[0].type.classes}
+            taken = {n.index for n in job_nodes}
             others = sorted(
-                (n for n in self.nodes if n not in job_nodes and {c.name for c in n.type.classes} == layout),
+                (n for n in self.nodes if n.index not in taken and {c.name for c in n.type.classes} == layout),
                 key=lambda n: (-self._evictable(n), n.index),
             )
             candidates = job_nodes + others

@@ -237,14 +237,19 @@ def goals(results: Sequence[Mapping[str, Any]]) -> str:
         if mine not in by or not fluids:
             continue
         o = by[mine]
-        best = min(fluids, key=lambda p: by[p]["storage_bytes"])  # the Fluid setting reading the store least
+        best = min(fluids, key=lambda p: by[p]["storage_tb"])  # the Fluid setting reading the store least
         f = by[best]
-        storage = o["storage_bytes"] / f["storage_bytes"] if f["storage_bytes"] else math.inf
-        lines.append(_goal(f"{mine}: store bytes <= 1.0x the best Fluid setting ({best})", f"{storage:.2f}x", storage <= 1.0))
-        top = max(fluids, key=lambda p: by[p]["local_fraction"])
-        local = o["local_fraction"] / by[top]["local_fraction"] if by[top]["local_fraction"] else math.inf
+        storage = o["storage_tb"] / f["storage_tb"] if f["storage_tb"] else math.inf
+        lines.append(
+            _goal(f"{mine}: store bytes <= 1.0x the best Fluid setting ({best})", f"{storage:.2f}x", storage <= 1.0)
+        )
+        top = max(fluids, key=lambda p: by[p].get("local_fraction", 0.0))
+        theirs = by[top].get("local_fraction", 0.0)
+        local = o.get("local_fraction", 0.0) / theirs if theirs else math.inf
         lines.append(_goal(f"{mine}: local-byte fraction >= 1.5x Fluid's best ({top})", f"{local:.2f}x", local >= 1.5))
-        quick = min(fluids, key=lambda p: by[p]["ttfs_mean"])
+        quick = min(fluids, key=lambda p: by[p].get("ttfs_mean", math.inf))
+        if "ttfs_mean" not in o or "ttfs_mean" not in by[quick]:
+            continue
         ttfs = o["ttfs_mean"] / by[quick]["ttfs_mean"] if by[quick]["ttfs_mean"] else math.inf
         lines.append(_goal(f"{mine}: mean time to first step <= Fluid's best ({quick})", f"{ttfs:.2f}x", ttfs <= 1.0))
     if "ours" in by:

@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else (None if args.smoke or args.workload else REPO / "tools/sim/out")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        slim = [{k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log", "input_changes")} for r in results]
+        slim = [
+            {k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log", "input_changes")} for r in results
+        ]
         (out / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
         if not args.no_plots:
             for p in report.plot(results, out):

@@ -59,11 +59,11 @@ def owners(key: tuple[str, int], size: float, members: tuple[int, ...]) -> dict[
         best = max(salts, key=lambda s: _mix(hb ^ s[0]))
         counts[best[1]] += 1
     last = size - (bundles - 1) * BUNDLE_BYTES  # the last bundle is short
-    per = {m: c * BUNDLE_BYTES for m, c in counts.items()}
+    per = {m: float(c * BUNDLE_BYTES) for m, c in counts.items()}
     if bundles:
         top = max(members, key=lambda m: counts[m])
         per[top] -= BUNDLE_BYTES - last
-    return {m: float(v) for m, v in per.items()}
+    return per
 
 
 def members_needed(size: float, cache_bytes: int) -> int:

@@ -102,13 +102,19 @@ def input_changes(p: WorkloadParams, jobs: list[Job], datasets: list[Dataset]) -
             f"(largest drawn {max(d.drawn for d in big):.3g} B)"
         )
     if small:
-        out.append(f"{len(small)} of {len(datasets)} dataset sizes drawn below size_min_bytes ({lo:.3g}) were set to it")
+        out.append(
+            f"{len(small)} of {len(datasets)} dataset sizes drawn below size_min_bytes ({lo:.3g}) were set to it"
+        )
     long = [j for j in jobs if j.drawn_runtime > p.max_runtime_s]
     short = [j for j in jobs if 0 < j.drawn_runtime < p.min_runtime_s]
     if long:
-        out.append(f"{len(long)} of {len(jobs)} run times drawn above max_runtime_s ({p.max_runtime_s:g} s) were set to it")
+        out.append(
+            f"{len(long)} of {len(jobs)} run times drawn above max_runtime_s ({p.max_runtime_s:g} s) were set to it"
+        )
     if short:
-        out.append(f"{len(short)} of {len(jobs)} run times drawn below min_runtime_s ({p.min_runtime_s:g} s) were set to it")
+        out.append(
+            f"{len(short)} of {len(jobs)} run times drawn below min_runtime_s ({p.min_runtime_s:g} s) were set to it"
+        )
     return out
 
 
