@@ -210,6 +210,6 @@ def test_the_results_page_states_only_what_holds_on_every_workload() -> None:
     assert "`ours`: local-byte fraction at least as good as the best baseline's, on all 3 workloads" in holds
     assert not any("`ours`: store bytes" in c for c in holds)
     assert any(c.startswith("`ours`: store bytes") and "w3 (ours 3.0 TB, fluid 2.0 TB)" in c for c in fails)
-    assert "ours+stripe (best on a measure only on w2)" in experimental
+    assert "ours+stripe (alone best on a measure only on w2)" in experimental
     few = claims({"w1": workload(1.0, 3.0), "w2": workload(1.0, 1.0)})[0]
     assert few == []  # nothing is claimed from fewer than three workloads
