@@ -120,7 +120,7 @@ def _sweep_smoke(out: Path, policies: str) -> list[dict[str, Any]]:
         + ["--policies", policies],
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=600,
         cwd=REPO,
     )
     assert done.returncode == 0, done.stderr

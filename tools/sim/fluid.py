@@ -1,25 +1,30 @@
-"""Fluid-style caching as Fluid behaves: one cache runtime per dataset, on the nodes it picked.
+"""Fluid as it is deployed: a Dataset and its cache runtime of ``replicas`` workers x ``quota``.
 
-Who calls it: :mod:`tools.sim.engine` for the ``fluid`` policy (its scores are in
-:mod:`tools.sim.baselines`). It owns the runtimes' state; the engine moves the bytes.
+Who calls it: :mod:`tools.sim.reads` for the ``fluid*`` policies (the webhook's affinity
+is in :mod:`tools.sim.baselines`). It owns the runtimes' state: their workers, each
+worker's blocks of the version it caches, and which runtimes are being read; the engine
+moves the bytes. Every choice below is cited in ``docs/simulator.md`` (section Fluid).
 
-How Fluid works, and what is modelled (decisions of this module):
-
-- A Fluid ``Dataset`` gets its own cache runtime (Alluxio, JuiceFS, ...): cache workers on
-  a few nodes, each with a fixed quota of that node's disk. The quota is the runtime's, not
-  shared: one dataset's cache never evicts another's. Here a runtime is created on the
-  dataset's first read with ``ceil(size / cache_bytes_per_node)`` workers (the fewest that
-  hold it), each with a quota of ``size / workers``: on the reading pod's node first when
-  its uncommitted disk has room, then on the nodes with the most uncommitted room. When no
-  node has room the dataset gets no runtime and every read goes to storage (the quotas of
-  the runtimes already there stay committed; nothing in Fluid takes them back).
-- The nodes with workers are labelled; pods prefer them (label affinity, name only).
-- Pods read through FUSE while they train (no wait before the first step):
-  a pod on the single worker's node of a ready copy reads locally (**a hit**); a pod
-  anywhere else reads from the workers over the network (no storage bytes, not a hit);
-  a version the runtime does not hold yet (first read, or a new version: new files) is read
-  from storage once by the first pod, filling the runtime (it replaces the old version in
-  the same quota); pods that come while it fills read through it.
+- A Dataset gets its own runtime (AlluxioRuntime or JuiceFSRuntime) with the user's
+  ``replicas`` and tiered-store ``quota`` per worker; the policy names the replicas:
+  ``fluid-r1``, ``fluid-r4``, ``fluid`` (enough workers to hold the dataset,
+  ``ceil(size / node cache)``), ``fluid-excl`` (as ``fluid``, ``placement: Exclusive``).
+  The quota is the workload's ``fluid_quota_bytes``, else the dataset's size over the
+  replicas (what a user sizing the runtime for the dataset writes), at most the node's cache.
+- Workers go on the first reader's node when it has room, then on the nodes with the most
+  uncommitted cache. ``Shared`` placement (Fluid's default) lets workers of several
+  runtimes share a node up to its cache; ``Exclusive`` gives a node one runtime's worker.
+- When no nodes have room, idle runtimes (no pod reading them) are scaled in, least
+  recently used first, as a platform team does to make room: their blocks are dropped
+  and their nodes' labels removed (:attr:`FluidRuntimes.scale_ins`).
+- Blocks: Alluxio 2.x's default ``LocalFirstPolicy``: a block read from the store is
+  cached on the reading client's local worker while it has room, else on another worker
+  (by free room). A pod reads its share of an epoch: the blocks on its own node's worker
+  locally, the other cached blocks from their workers over the network, the rest from the
+  store (filling the cache while the runtime has room). Reads are shuffled every epoch,
+  so the cached share of a read is the cached share of the dataset.
+- A new version (new files) is new blocks: the old ones stop counting and the new ones
+  fill the same quota.
 """
 
 from __future__ import annotations
@@ -28,58 +33,124 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+POLICIES = ("fluid", "fluid-r1", "fluid-r4", "fluid-excl")
+REPLICAS: dict[str, int | None] = {"fluid": None, "fluid-r1": 1, "fluid-r4": 4, "fluid-excl": None}
+
 
 @dataclass
 class Runtime:
+    name: str
     workers: tuple[int, ...]  # node indices; empty: no room was found, no cache
     quota: int  # bytes per worker
-    ready: int | None = None  # the version the runtime holds
-    filling: int | None = None  # the version being read in
+    version: int = -1  # the version whose blocks ``held`` counts
+    held: dict[int, float] = field(default_factory=dict)  # worker node -> cached bytes of ``version``
+    readers: int = 0  # pods reading through it now
+    last_used: float = 0.0
+
+    @property
+    def cached(self) -> float:
+        return sum(self.held.values())
+
+
+@dataclass(frozen=True)
+class Split:
+    """One pod's reads: bytes from its own node's worker, other workers, the store."""
+
+    local: float
+    remote: float
+    store: float
+
+    def __add__(self, other: Split) -> Split:
+        return Split(self.local + other.local, self.remote + other.remote, self.store + other.store)
 
 
 @dataclass
 class FluidRuntimes:
     cache_bytes: int  # disk per node
+    replicas: int | None = None  # None: enough to hold the dataset
+    quota_bytes: int = 0  # 0: size / replicas, at most cache_bytes
+    exclusive: bool = False
     runtimes: dict[str, Runtime] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)  # node index -> quota bytes committed
+    hosts: dict[int, int] = field(default_factory=dict)  # node index -> runtimes with a worker there
+    scale_ins: int = 0
+    dropped_bytes: float = 0.0  # cached bytes lost to scale-in
 
-    def read(
-        self, key: tuple[str, int], size: int, node: int, room: Callable[[], list[tuple[int, int]]]
-    ) -> tuple[tuple[int, ...], str]:
-        """A pod on ``node`` reads version ``key``. Returns (nodes given new workers, how it
-        reads): ``local``, ``remote`` (from the workers), ``fill`` (from storage, filling
-        the runtime) or ``storage`` (no runtime)."""
-        name, version = key
-        created: tuple[int, ...] = ()
+    @classmethod
+    def for_policy(cls, policy: str, cache_bytes: int, quota_bytes: int) -> FluidRuntimes:
+        return cls(cache_bytes, REPLICAS[policy], quota_bytes, exclusive=policy == "fluid-excl")
+
+    def runtime(
+        self, name: str, size: int, node: int, room: Callable[[], list[tuple[int, int]]], now: float
+    ) -> tuple[Runtime, tuple[int, ...], tuple[int, ...]]:
+        """The dataset's runtime, created on first use: (runtime, nodes given workers, nodes
+        whose workers were scaled in to make room)."""
         rt = self.runtimes.get(name)
-        if rt is None:
-            rt = self.runtimes[name] = self._create(size, node, room())
-            created = rt.workers
-        if not rt.workers:
-            return created, "storage"
-        if rt.ready == version:
-            return created, "local" if rt.workers == (node,) else "remote"
-        if rt.filling == version:
-            return created, "remote"
-        rt.filling = version
-        return created, "fill"
-
-    def filled(self, key: tuple[str, int]) -> None:
-        rt = self.runtimes.get(key[0])
-        if rt is not None and rt.filling == key[1]:
-            rt.ready, rt.filling = key[1], None
-
-    def _create(self, size: int, node: int, room: list[tuple[int, int]]) -> Runtime:
-        count = max(1, math.ceil(size / self.cache_bytes))
-        quota = math.ceil(size / count)
-        fits = [i for i, free in room if free >= quota]
-        order = sorted(fits, key=lambda i: (i != node, -dict(room)[i], i))
-        if len(order) < count:
-            return Runtime((), quota)
-        workers = tuple(order[:count])
-        for w in workers:
+        if rt is not None and rt.workers:
+            rt.last_used = now
+            return rt, (), ()
+        count = self.replicas or max(1, math.ceil(size / self.cache_bytes))
+        quota = self.quota_bytes or min(self.cache_bytes, math.ceil(size / count))
+        dropped: list[int] = []
+        workers = self._place(count, quota, node, room())
+        while workers is None:
+            idle = [r for r in self.runtimes.values() if r.workers and r.readers == 0 and r.name != name]
+            if not idle:
+                break
+            victim = min(idle, key=lambda r: (r.last_used, r.name))
+            dropped += self._scale_in(victim)
+            workers = self._place(count, quota, node, room())
+        rt = self.runtimes[name] = Runtime(name, workers or (), quota, last_used=now)
+        for w in rt.workers:
             self.committed[w] = self.committed.get(w, 0) + quota
-        return Runtime(workers, quota)
+            self.hosts[w] = self.hosts.get(w, 0) + 1
+        return rt, rt.workers, tuple(dropped)
+
+    def _place(self, count: int, quota: int, node: int, room: list[tuple[int, int]]) -> tuple[int, ...] | None:
+        fits = [(i, free) for i, free in room if free >= quota and not (self.exclusive and self.hosts.get(i, 0))]
+        order = sorted(fits, key=lambda item: (item[0] != node, -item[1], item[0]))
+        return tuple(i for i, _ in order[:count]) if len(order) >= count else None
+
+    def _scale_in(self, rt: Runtime) -> list[int]:
+        self.scale_ins += 1
+        self.dropped_bytes += rt.cached
+        for w in rt.workers:
+            self.committed[w] -= rt.quota
+            self.hosts[w] -= 1
+        gone = list(rt.workers)
+        del self.runtimes[rt.name]
+        return gone
+
+    def split(self, rt: Runtime, version: int, size: float, node: int, amount: float) -> Split:
+        """How ``amount`` bytes a pod on ``node`` reads split over its own node's worker,
+        the other workers and the store, as the runtime holds the version now."""
+        if rt.version != version:  # new files: new blocks
+            rt.version, rt.held = version, {w: 0.0 for w in rt.workers}
+        if not rt.workers or size <= 0:
+            return Split(0.0, 0.0, amount)
+        return self._split(rt, size, node, amount)
+
+    def fill(self, rt: Runtime, node: int, amount: float) -> None:
+        """Blocks a pod on ``node`` read from the store, cached local-first
+        (``LocalFirstPolicy``): its own node's worker while it has room, then the other
+        workers by free room, while the runtime has room."""
+        amount = min(amount, rt.quota * len(rt.workers) - rt.cached)
+        if amount <= 0:
+            return
+        if node in rt.held:
+            put = min(amount, rt.quota - rt.held[node])
+            rt.held[node] += put
+            amount -= put
+        others = {w: rt.quota - h for w, h in rt.held.items() if w != node and rt.quota - h > 0}
+        room = sum(others.values())
+        for w, free in others.items():
+            rt.held[w] += min(free, amount * free / room)
+
+    @staticmethod
+    def _split(rt: Runtime, size: float, node: int, amount: float) -> Split:
+        cached = min(1.0, rt.cached / size)
+        local = min(cached, rt.held.get(node, 0.0) / size)
+        return Split(amount * local, amount * (cached - local), amount * (1.0 - cached))
 
 
-__all__ = ["FluidRuntimes", "Runtime"]
+__all__ = ["POLICIES", "REPLICAS", "FluidRuntimes", "Runtime", "Split"]

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 from dsagent.cache import preparation, replication
 
 if TYPE_CHECKING:
-    from tools.sim.engine import Node, Simulation
+    from tools.sim.cluster import Node
+    from tools.sim.engine import Simulation
+    from tools.sim.state import SimState
 
 RESYNC_S = 30.0  # the Dataset controller's resync: how old counts may be, how often it plans
 
@@ -30,17 +32,17 @@ class CopyCounts:
         self.counts: dict[tuple[str, int], int] = {}
         self.made_at: float | None = None
 
-    def get(self, sim: Simulation) -> dict[tuple[str, int], int]:
+    def get(self, sim: SimState) -> dict[tuple[str, int], int]:
         if self.made_at is None or sim.now - self.made_at >= RESYNC_S:
             counts: dict[tuple[str, int], int] = {}
             for n in sim.nodes:
                 for key, e in n.cache.items():
-                    if e.ready:
+                    if e.ready and not e.stripe:  # a stripe share is the group's only copy of its bundles
                         counts[key] = counts.get(key, 0) + 1
             self.counts, self.made_at = counts, sim.now
         return self.counts
 
-    def others(self, sim: Simulation, key: tuple[str, int], ready_here: bool) -> int:
+    def others(self, sim: SimState, key: tuple[str, int], ready_here: bool) -> int:
         """The agent's rule (:meth:`dsagent.cache.copies.ClusterCopies.others`): the count less itself."""
         return max(0, self.get(sim).get(key, 0) - (1 if ready_here else 0))
 

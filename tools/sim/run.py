@@ -1,9 +1,10 @@
-"""Run the four policies on one simulated cluster and workload; print the table, write JSON and plots.
+"""Run the policies on one simulated cluster and workload; print the table, write JSON and plots.
 
     python tools/sim/run.py                                   # the default preset: 500 nodes, 5,000 jobs
     python tools/sim/run.py --smoke                           # 20 nodes, 150 jobs (seconds)
     python tools/sim/run.py --workload tools/sim/workloads/multi-tb.json --json /tmp/r.json
     python tools/sim/run.py --list-node-types                 # node types for a workload file's "nodes"
+    python tools/sim/run.py --policies all ...                # every policy, the deadline variants too
 
 Every workload parameter is in one JSON file (``--workload``; the schema and its defaults
 are tools/sim/workload_file.py, presets in tools/sim/workloads/); ``--jobs``, ``--load`` and
@@ -27,17 +28,32 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.sim import nodetypes, report  # noqa: E402
+from tools.sim import nodetypes, rates, report  # noqa: E402
 from tools.sim.engine import POLICIES, Simulation  # noqa: E402
-from tools.sim.workload import make_jobs  # noqa: E402
+from tools.sim.workload import input_changes, make_jobs  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load, total_gpus  # noqa: E402
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 DEFAULT = WORKLOADS / "default.json"
 SMOKE = WORKLOADS / "smoke.json"
 
-# the deadline variants not listed run with --policies (tools/sim/deadline.py names them)
-DEFAULT_POLICIES = ("default", "fluid", "ours", "ours+time", "deadline-slack")
+# no cache, Fluid at three replica settings and Exclusive placement, the JuiceFS group, ours
+# and its variants; the other deadline variants run with --policies (or all)
+DEFAULT_POLICIES = (
+    "default",
+    "fluid-r1",
+    "fluid-r4",
+    "fluid",
+    "fluid-excl",
+    "juicefs",
+    "ours",
+    "ours+time",
+    "ours+prepare",
+    "ours+replicas",
+    "ours+stripe",
+    "ours+stripe+early",
+    "deadline-slack",
+)
 
 
 def simulate(policy: str, wf: WorkloadFile) -> dict[str, Any]:
@@ -48,7 +64,26 @@ def simulate(policy: str, wf: WorkloadFile) -> dict[str, Any]:
     sim = Simulation(policy, jobs, datasets, cluster, wf.seed).run()
     result = report.metrics(sim)
     result["seconds"] = time.perf_counter() - started
+    changes = input_changes(wf.workload(), jobs, datasets)
+    if sim.epochs_capped:
+        changes.append(f"{sim.epochs_capped} of {len(jobs)} jobs' derived epochs lowered to max_epochs")
+    result["input_changes"] = changes
     return result
+
+
+def rate_table(wf: WorkloadFile) -> dict[str, Any]:
+    """The rates a run used, each with its source (tools/sim/rates.py), and the NICs."""
+    cluster = wf.cluster()
+    nic = {k: v for k, (v, _) in rates.NIC.items()}
+    nic.update(dict(cluster.nic_bw))
+    return {
+        "rates": rates.table(cluster.rate_values()),
+        "storage_bytes_per_s": {"value": cluster.storage_bw, "source": "workload file (all nodes together)"},
+        "nic_bytes_per_s": [
+            {"type": t, "value": nic[t], "default": nic[t] == rates.NIC[t][0], "source": rates.NIC[t][1]}
+            for t in sorted({g.type for g in wf.nodes})
+        ],
+    }
 
 
 def run_all(wf: WorkloadFile, policies: list[str], procs: int) -> list[dict[str, Any]]:
@@ -69,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated, from: {', '.join(POLICIES)}",
+        help=f"comma-separated, or all; from: {', '.join(POLICIES)}",
     )
     parser.add_argument(
         "--deadlines",
@@ -89,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.smoke and args.workload is not None:
         parser.error("--smoke and --workload: choose one")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         parser.error(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
@@ -126,14 +161,25 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(results))
     print()
     print(report.goals(results))
+    changes = results[0]["input_changes"] if results else []
+    for line in changes:
+        print(f"input changed: {line}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"workload": wf.model_dump(mode="json"), "policies": {r["policy"]: report.fields(r) for r in results}}
+        doc = {
+            "workload": wf.model_dump(mode="json"),
+            **rate_table(wf),
+            "input_changes": changes,
+            "seconds": elapsed,
+            "policies": {r["policy"]: report.fields(r) for r in results},
+        }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     out = args.out if args.out is not None else (None if args.smoke or args.workload else REPO / "tools/sim/out")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        slim = [{k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log")} for r in results]
+        slim = [
+            {k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log", "input_changes")} for r in results
+        ]
         (out / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
         if not args.no_plots:
             for p in report.plot(results, out):

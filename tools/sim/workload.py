@@ -65,6 +65,7 @@ class Dataset:
     name: str
     size: int
     versions: tuple[float, ...]  # times at which a new version appears (first: 0)
+    drawn: int = 0  # the size drawn before ``dataset_bytes`` clipped it (0: not recorded)
 
     def version_at(self, t: float) -> int:
         return bisect.bisect_right(self.versions, t) - 1
@@ -81,10 +82,40 @@ class Job:
     profile: JobProfile  # deadline absolute, in simulated seconds
     alpha: float = 1.0
     extra: dict[str, float] = field(default_factory=dict)
+    drawn_runtime: float = 0.0  # the Philly run time before ``min/max_runtime_s`` clipped it
 
     @property
     def gpus(self) -> int:
         return self.workers * self.gpus_per_worker
+
+
+def input_changes(p: WorkloadParams, jobs: list[Job], datasets: list[Dataset]) -> list[str]:
+    """What the workload's clips changed in the drawn input, one line each (empty: nothing):
+    a cap is a workload field, and a run says when it changed the input."""
+    lo, hi = p.dataset_bytes
+    out = []
+    big = [d for d in datasets if d.drawn > hi]
+    small = [d for d in datasets if 0 < d.drawn < lo]
+    if big:
+        out.append(
+            f"{len(big)} of {len(datasets)} dataset sizes drawn above size_max_bytes ({hi:.3g}) were set to it "
+            f"(largest drawn {max(d.drawn for d in big):.3g} B)"
+        )
+    if small:
+        out.append(
+            f"{len(small)} of {len(datasets)} dataset sizes drawn below size_min_bytes ({lo:.3g}) were set to it"
+        )
+    long = [j for j in jobs if j.drawn_runtime > p.max_runtime_s]
+    short = [j for j in jobs if 0 < j.drawn_runtime < p.min_runtime_s]
+    if long:
+        out.append(
+            f"{len(long)} of {len(jobs)} run times drawn above max_runtime_s ({p.max_runtime_s:g} s) were set to it"
+        )
+    if short:
+        out.append(
+            f"{len(short)} of {len(jobs)} run times drawn below min_runtime_s ({p.min_runtime_s:g} s) were set to it"
+        )
+    return out
 
 
 def load_runtimes(path: Path = RUNTIME_CSV) -> list[float]:
@@ -110,13 +141,14 @@ def make_datasets(p: WorkloadParams, rng: random.Random, horizon: float) -> list
     out = []
     lo, hi = p.dataset_bytes
     for i in range(p.datasets):
-        size = min(hi, max(lo, rng.lognormvariate(math.log(p.dataset_median_bytes), p.dataset_sigma)))
+        drawn = rng.lognormvariate(math.log(p.dataset_median_bytes), p.dataset_sigma)
+        size = min(hi, max(lo, drawn))
         versions = [0.0]
         t = rng.expovariate(1 / p.version_interval_s)
         while t < horizon:
             versions.append(t)
             t += rng.expovariate(1 / p.version_interval_s)
-        out.append(Dataset(f"ds{i:03d}", int(size), tuple(versions)))
+        out.append(Dataset(f"ds{i:03d}", int(size), tuple(versions), int(drawn)))
     return out
 
 
@@ -130,19 +162,20 @@ def make_jobs(
     for _ in range(p.jobs):
         workers = int(_pick(rng, p.workers))
         gpw = int(_pick(rng, p.gpus_multi if workers > 1 else p.gpus_single))
-        runtime = min(p.max_runtime_s, max(p.min_runtime_s, rng.choice(pool)))
-        shapes.append((workers, gpw, runtime))
-    demand = sum(w * g * r for w, g, r in shapes) / len(shapes)  # GPU-seconds per job
+        drawn = rng.choice(pool)
+        runtime = min(p.max_runtime_s, max(p.min_runtime_s, drawn))
+        shapes.append((workers, gpw, runtime, drawn))
+    demand = sum(w * g * r for w, g, r, _ in shapes) / len(shapes)  # GPU-seconds per job
     rate = p.load * total_gpus / demand  # jobs per second
     zipf = [1 / (k + 1) ** p.zipf_s for k in range(p.datasets)]
     t = 0.0
     drafts = []
-    for workers, gpw, runtime in shapes:
+    for workers, gpw, runtime, drawn in shapes:
         t += rng.expovariate(rate)
-        drafts.append((t, workers, gpw, runtime))
+        drafts.append((t, workers, gpw, runtime, drawn))
     datasets = make_datasets(p, rng, horizon=t + p.max_runtime_s)
     jobs = []
-    for i, (arrival, workers, gpw, runtime) in enumerate(drafts):
+    for i, (arrival, workers, gpw, runtime, drawn) in enumerate(drafts):
         gradient = min(40 * GB, max(1e7, rng.lognormvariate(math.log(p.gradient_median_bytes), p.gradient_sigma)))
         step = rng.uniform(*p.step_s)
         n = workers * gpw
@@ -158,7 +191,7 @@ def make_jobs(
             expected = alpha * ideal
         profile = JobProfile(gradient, step, steps, deadline=arrival + expected, workers=workers)
         dataset = datasets[rng.choices(range(p.datasets), zipf)[0]].name
-        jobs.append(Job(i, arrival, workers, gpw, dataset, ideal, profile, alpha))
+        jobs.append(Job(i, arrival, workers, gpw, dataset, ideal, profile, alpha, drawn_runtime=drawn))
     return jobs, datasets
 
 
@@ -168,6 +201,7 @@ __all__ = [
     "RUNTIME_CSV",
     "WorkloadParams",
     "ideal_bandwidth",
+    "input_changes",
     "load_runtimes",
     "make_datasets",
     "make_jobs",

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tools.sim import nodetypes
-from tools.sim.engine import ClusterParams
+from tools.sim.cluster import ClusterParams
 from tools.sim.workload import WorkloadParams
 
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -115,8 +115,13 @@ class Jobs(Strict):
     gradient_median_bytes: Positive = WorkloadParams.gradient_median_bytes
     gradient_sigma: NonNegative = WorkloadParams.gradient_sigma
     step_s: tuple[Positive, Positive] = WorkloadParams.step_s
-    epochs: Positive = Field(
-        ClusterParams.direct_epochs, description="passes over its dataset a no-cache (direct-mode) pod reads"
+    epochs: Positive | None = Field(
+        None,
+        description="every job's passes over its dataset; left out: from its run time, GPUs, dataset size "
+        "and gpu_read_bytes_per_s",
+    )
+    max_epochs: Positive | None = Field(
+        None, description="a cap on derived epochs (none by default); the run reports the jobs it lowered"
     )
 
     @field_validator("workers", "gpus_per_worker", "gpus_per_worker_multi")
@@ -144,11 +149,31 @@ class WorkloadFile(Strict):
     cache_bytes_per_node: int = Field(ge=0, description="NVMe cache per node")
     storage_bytes_per_s: Positive = Field(description="shared storage bandwidth, all nodes together")
     node_fetch_bytes_per_s: Positive = Field(
-        ClusterParams.node_fetch_bw, description="one node's fetch rate (the agent's measured unpack rate)"
+        ClusterParams.node_fetch_bw, description="ours: one node's fetch rate (the agent's measured unpack rate)"
     )
     peers: bool = Field(True, description="ours reads a version another node holds ready from it (P2P)")
     node_serve_bytes_per_s: Positive = Field(
-        ClusterParams.node_serve_bw, description="what one node serves to peers, all its uploads together"
+        ClusterParams.node_serve_bw,
+        description="remote-cache read: what one node serves to other nodes, all its uploads together",
+    )
+    store_read_bytes_per_s_per_node: Positive = Field(
+        ClusterParams.store_node_bw, description="one node's object-store read rate"
+    )
+    fuse_throughput_factor: Annotated[float, Field(gt=0, le=1)] = Field(
+        ClusterParams.fuse_factor, description="share of the rate a read through FUSE keeps"
+    )
+    local_read_bytes_per_s: Positive = Field(ClusterParams.disk_bw, description="one node's local NVMe read rate")
+    gpu_read_bytes_per_s: Positive = Field(
+        ClusterParams.gpu_read_bw, description="what one GPU reads while training (derives epochs)"
+    )
+    nic_bytes_per_s: dict[str, Positive] = Field(
+        default_factory=dict, description="per node type, its data NIC bandwidth (default: tools/sim/rates.py NIC)"
+    )
+    fluid_quota_bytes: int = Field(
+        ClusterParams.fluid_quota_bytes, ge=0, description="Fluid: quota per cache worker (0: size / replicas)"
+    )
+    juicefs_group_nodes: int = Field(
+        ClusterParams.juicefs_group_nodes, ge=0, description="JuiceFS: cache group members (0: every node)"
     )
     cross_subnet_factor: Annotated[float, Field(gt=0, le=1)] = ClusterParams.cross_subnet_factor
     queue_scan: int = Field(ClusterParams.queue_scan, ge=1, le=10_000)
@@ -159,6 +184,9 @@ class WorkloadFile(Strict):
     def _size(self) -> WorkloadFile:
         if sum(g.count for g in self.nodes) > MAX_NODES:
             raise ValueError(f"more than {MAX_NODES} nodes")
+        unknown = [t for t in self.nic_bytes_per_s if t not in nodetypes.NODE_TYPES]
+        if unknown:
+            raise ValueError(f"nic_bytes_per_s: unknown node types {unknown}")
         return self
 
     def cluster(self) -> ClusterParams:
@@ -173,7 +201,15 @@ class WorkloadFile(Strict):
             cross_subnet_factor=self.cross_subnet_factor,
             queue_scan=self.queue_scan,
             peers=self.peers,
-            direct_epochs=self.jobs.epochs,
+            epochs=self.jobs.epochs,
+            max_epochs=self.jobs.max_epochs,
+            store_node_bw=self.store_read_bytes_per_s_per_node,
+            fuse_factor=self.fuse_throughput_factor,
+            disk_bw=self.local_read_bytes_per_s,
+            gpu_read_bw=self.gpu_read_bytes_per_s,
+            nic_bw=tuple(sorted(self.nic_bytes_per_s.items())),
+            fluid_quota_bytes=self.fluid_quota_bytes,
+            juicefs_group_nodes=self.juicefs_group_nodes,
         )
 
     def workload(self) -> WorkloadParams:
@@ -236,7 +272,7 @@ def load(path: Path) -> WorkloadFile:
 
 
 def total_gpus(cluster: ClusterParams) -> int:
-    from tools.sim.engine import build_nodes
+    from tools.sim.cluster import build_nodes
 
     return sum(len(n.type.topology.gpus) for n in build_nodes(cluster, 0))
 

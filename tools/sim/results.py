@@ -1,0 +1,322 @@
+"""The cluster results page: every policy on several workloads, and only the claims that hold on all.
+
+    python tools/sim/results.py                     # run what is missing, then write the page (tens of minutes)
+    python tools/sim/results.py --render-only       # the page from the JSON already in --out
+
+Runs ``run.py``'s simulation of :data:`POLICIES` on each workload of :data:`WORKLOADS`
+(``tools/sim/workloads/results-*.json``, shapes the presets have and ones they do not),
+writing one JSON per workload into ``--out`` (the same document as ``run.py --json``:
+the workload, the rates with their sources, what caps changed in the input, every
+policy's figures). Then writes ``--doc`` (``docs/results-cluster.md``) from those JSON
+files alone: per workload a table of the figures with each baseline's model and rates
+beside it, then the claims, each stated only if it holds on every workload (at least
+three), the workloads where ours loses named, and a policy that is best on one workload
+only labelled experimental. Who calls it: a person, and the simulator's tests
+(:func:`render` on small documents). Exit codes: 0 done, 2 bad arguments or workload file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tools.sim import report  # noqa: E402
+from tools.sim.run import WORKLOADS as WORKLOAD_DIR  # noqa: E402
+from tools.sim.run import rate_table, run_all  # noqa: E402
+from tools.sim.workload_file import WorkloadError, load  # noqa: E402
+
+WORKLOADS = ("results-base", "results-multi-tb", "results-churn", "results-tight")
+POLICIES = (
+    "default",
+    "fluid-r1",
+    "fluid-r4",
+    "fluid",
+    "fluid-excl",
+    "juicefs",
+    "ours",
+    "ours+prepare",
+    "ours+replicas",
+    "ours+stripe",
+    "ours+stripe+early",
+)
+BASELINES = ("default", "fluid-r1", "fluid-r4", "fluid", "fluid-excl", "juicefs")
+OURS = tuple(p for p in POLICIES if p not in BASELINES)
+MODELS = {
+    "default": "no cache: every epoch read from the store as the pod trains (first step at once)",
+    "fluid-r1": "Fluid, AlluxioRuntime replicas 1, quota = size (at most the node's cache), Shared placement; "
+    "local-first blocks, FUSE, first step at once",
+    "fluid-r4": "Fluid, replicas 4, quota = size / 4, Shared placement; local-first blocks, FUSE, first step at once",
+    "fluid": "Fluid, replicas = enough to hold the dataset (ceil(size / node cache)), Shared placement; FUSE",
+    "fluid-excl": "as fluid, placement Exclusive (one runtime's worker per node)",
+    "juicefs": "JuiceFS cache group over every node: 4 MiB blocks on a hash ring, each miss filled once; FUSE; "
+    "kube-scheduler's spreading, no data affinity",
+    "ours": "the agent's whole copy on the node (P2P first, unpack rate), first step when it is ready, every "
+    "epoch from local disk; a version with no room: the store every epoch",
+    "ours+prepare": "ours with next-job preparation",
+    "ours+replicas": "ours with replication (spec.replicas: auto)",
+    "ours+stripe": "ours; a version bigger than a node striped by bundle over a group, rank-affine reads",
+    "ours+stripe+early": "ours+stripe, training starts when the first bundles are local",
+}
+
+# (name, higher is better, figure)
+Metric = tuple[str, bool, Callable[[Mapping[str, Any]], float]]
+METRICS: tuple[Metric, ...] = (
+    ("local-byte fraction", True, lambda f: f["local_fraction"]),
+    ("store bytes", False, lambda f: f["storage_bytes"]),
+    ("mean time to first step", False, lambda f: f["ttfs_mean_s"]),
+    ("GPU-hours idle for data", False, lambda f: f["gpu_hours_idle_for_data"]),
+    ("deadline misses", False, lambda f: f["deadline_misses"]),
+    ("mean job time", False, lambda f: f["jct_mean_s"]),
+)
+
+
+def run_missing(out: Path, names: tuple[str, ...], procs: int) -> None:
+    for name in names:
+        path = out / f"{name}.json"
+        if path.exists():
+            continue
+        wf = load(WORKLOAD_DIR / f"{name}.json")
+        started = time.perf_counter()
+        results = run_all(wf, list(POLICIES), procs)
+        doc = {
+            "workload": wf.model_dump(mode="json"),
+            **rate_table(wf),
+            "input_changes": results[0]["input_changes"] if results else [],
+            "seconds": time.perf_counter() - started,
+            "policies": {r["policy"]: report.fields(r) for r in results},
+        }
+        staged = path.with_suffix(".tmp")
+        staged.write_text(json.dumps(doc, indent=1) + "\n")
+        staged.replace(path)
+
+
+def _best(by: Mapping[str, Mapping[str, Any]], policies: tuple[str, ...], metric: Metric) -> str:
+    _, higher, get = metric
+    present = [p for p in policies if p in by]
+    return (max if higher else min)(present, key=lambda p: get(by[p]))
+
+
+def _strictly_best(by: Mapping[str, Mapping[str, Any]], metric: Metric) -> str | None:
+    """The one policy better than every other on the measure (None on a tie)."""
+    _, higher, get = metric
+    values = sorted(((get(f), p) for p, f in by.items()), reverse=higher)
+    if len(values) > 1 and values[0][0] == values[1][0]:
+        return None
+    return values[0][1] if values else None
+
+
+def _better(a: float, b: float, higher: bool) -> bool:
+    return a >= b if higher else a <= b
+
+
+def claims(docs: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[str], list[str]]:
+    """(claims that hold on every workload, claims that do not -- naming where ours loses --,
+    policies best on exactly one workload: experimental)."""
+    holds, fails = [], []
+    for mine in ("ours", "ours+stripe"):
+        for metric in METRICS:
+            name, higher, get = metric
+            lost = []
+            for wname, doc in docs.items():
+                by = doc["policies"]
+                if mine not in by:
+                    continue
+                best = _best(by, BASELINES, metric)
+                if not _better(get(by[mine]), get(by[best]), higher):
+                    lost.append(f"{wname} ({mine} {_fmt(name, get(by[mine]))}, {best} {_fmt(name, get(by[best]))})")
+            line = f"`{mine}`: {name} at least as good as the best baseline's"
+            if lost:
+                fails.append(f"{line}: **not on** " + "; ".join(lost))
+            elif len(docs) >= 3:
+                holds.append(f"{line}, on all {len(docs)} workloads")
+    experimental = []
+    for policy in OURS:
+        wins = [
+            w
+            for w, doc in docs.items()
+            if policy in doc["policies"] and any(_strictly_best(doc["policies"], m) == policy for m in METRICS)
+        ]
+        if len(wins) == 1:
+            experimental.append(f"{policy} (alone best on a measure only on {wins[0]})")
+    return holds, fails, experimental
+
+
+def _fmt(metric: str, v: float) -> str:
+    if metric == "local-byte fraction":
+        return f"{v:.1%}"
+    if metric == "store bytes":
+        return f"{v / 1e12:.1f} TB"
+    if metric in ("mean time to first step",):
+        return f"{v:.0f} s"
+    if metric == "mean job time":
+        return f"{v / 3600:.2f} h"
+    return f"{v:.0f}"
+
+
+COLS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("local bytes", lambda f: f"{f['local_fraction']:.1%}"),
+    (
+        "local, 1st / later epochs",
+        lambda f: f"{f['local_fraction_first_epoch']:.0%} / {f['local_fraction_later_epochs']:.0%}",
+    ),
+    ("store TB", lambda f: f"{f['storage_bytes'] / 1e12:.1f}"),
+    ("inter-node TB", lambda f: f"{f['inter_node_bytes'] / 1e12:.1f}"),
+    ("TTFS mean s", lambda f: f"{f['ttfs_mean_s']:.0f}"),
+    ("GPU-h idle for data", lambda f: f"{f['gpu_hours_idle_for_data']:.0f}"),
+    ("JCT mean h", lambda f: f"{f['jct_mean_s'] / 3600:.2f}"),
+    ("deadline misses", lambda f: f"{f['deadline_misses']}"),
+)
+
+
+def sensitivity(doc: Mapping[str, Any]) -> list[str]:
+    """The sweep of the two deciding rates (tools/sim/sensitivity.py) as a table: ours and
+    ours+stripe against the best baseline at each point."""
+    keys = doc["keys"]
+    lines = [
+        "## Sensitivity: store read per node x remote-cache read",
+        "",
+        f"`tools/sim/sensitivity.py` on `results-base` at {sum(g['count'] for g in doc['workload']['nodes'])} nodes "
+        f"and {doc['workload']['jobs']['count']} jobs; the baselines are "
+        + ", ".join(p for p in doc["points"][0]["policies"] if p not in OURS)
+        + ". Ratios are ours / the best baseline on that measure (local bytes: higher is better; the others: lower).",
+        "",
+        f"| {keys[0]} | {keys[1]} | policy | local bytes | store bytes | TTFS mean | misses | JCT mean |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for point in doc["points"]:
+        by = point["policies"]
+        base = tuple(p for p in by if p not in OURS)
+        for mine in (p for p in ("ours", "ours+stripe") if p in by):
+            cells = []
+            for name in (
+                "local-byte fraction",
+                "store bytes",
+                "mean time to first step",
+                "deadline misses",
+                "mean job time",
+            ):
+                metric = next(m for m in METRICS if m[0] == name)
+                best = _best(by, base, metric)
+                theirs, ours = metric[2](by[best]), metric[2](by[mine])
+                cells.append(f"{ours / theirs:.2f}x" if theirs else "-")
+            lines.append(
+                f"| {point['rates'][keys[0]] / 1e9:.2f} GB/s | {point['rates'][keys[1]] / 1e9:.2f} GB/s | {mine} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    return [*lines, ""]
+
+
+def render(docs: Mapping[str, Mapping[str, Any]], sweep: Mapping[str, Any] | None = None) -> str:
+    """The page, from the run documents alone (workload name -> run.py --json document)."""
+    holds, fails, experimental = claims(docs)
+    lines = [
+        "# Cluster results: ours against Fluid, JuiceFS and no cache",
+        "",
+        f"Generated by `python tools/sim/results.py --workloads {','.join(docs)}` from the JSON it writes to",
+        "`tools/sim/out/results/`;",
+        "do not edit by hand. The model, every rate's source and what is not modelled: [simulator.md](simulator.md).",
+        "",
+        "Every figure counts bytes by where a pod read them: its own node's disk (local), another node's",
+        "cache (inter-node) or the store, over all the epochs a job makes in its run time (derived from",
+        "its run time, GPUs and a per-GPU read rate). The no-cache baseline's store bytes are therefore",
+        "every epoch of every job. Fluid and JuiceFS start training at once and read through FUSE; ours",
+        "waits for its copy (`+early`: for its first bundles) and then reads local files.",
+        "",
+        "## What holds on every workload",
+        "",
+        *([f"- {c}" for c in holds] or ["- nothing ours claims holds on every workload"]),
+        "",
+        "## Where ours does not win",
+        "",
+        *([f"- {c}" for c in fails] or ["- none"]),
+        "",
+        "## Experimental",
+        "",
+        "A policy of ours that is alone best on some measure on one workload only is experimental, not a",
+        "recommendation:",
+        "",
+        *([f"- {c}" for c in experimental] or ["- none"]),
+        "",
+        "## The baselines as modelled",
+        "",
+        *[f"- `{p}`: {MODELS[p]}" for p in POLICIES],
+        "",
+    ]
+    for name, doc in docs.items():
+        wl = doc["workload"]
+        nodes = sum(g["count"] for g in wl["nodes"])
+        lines += [
+            f"## Workload `{name}`",
+            "",
+            f"{nodes} nodes ({', '.join(str(g['count']) + ' ' + g['type'] for g in wl['nodes'])}), "
+            f"{wl['cache_bytes_per_node'] / 1e12:g} TB cache per node, {wl['jobs']['count']} jobs at load "
+            f"{wl['jobs']['load']}, {wl['datasets']['count']} datasets (median "
+            f"{wl['datasets']['size_median_bytes'] / 1e9:g} GB, sigma {wl['datasets']['size_sigma']:g}, "
+            f"Zipf {wl['datasets']['zipf_s']:g}, a new version every {wl['datasets']['new_version_mean_days']:g} days "
+            f"on average); workload file `tools/sim/workloads/{name}.json`; {doc.get('seconds', 0):.0f} s to run.",
+            "",
+            "Rates: "
+            + "; ".join(
+                f"{r['key']} {r['value']:.3g}{'' if r['default'] else ' (set by the workload)'}" for r in doc["rates"]
+            )
+            + "; NIC "
+            + ", ".join(f"{n['type']} {n['value'] / 1e9:g} GB/s" for n in doc["nic_bytes_per_s"])
+            + f"; store aggregate {doc['storage_bytes_per_s']['value'] / 1e9:g} GB/s.",
+            "",
+        ]
+        if doc.get("input_changes"):
+            lines += ["Input changed by the workload's caps: " + "; ".join(doc["input_changes"]) + ".", ""]
+        lines += [
+            "| policy | " + " | ".join(c for c, _ in COLS) + " |",
+            "|---|" + "---:|" * len(COLS),
+        ]
+        for policy, f in doc["policies"].items():
+            lines.append(f"| {policy} | " + " | ".join(get(f) for _, get in COLS) + " |")
+        lines.append("")
+    if sweep is not None:
+        lines += sensitivity(sweep)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "tools/sim/out/results")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs/results-cluster.md")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="workload names in tools/sim/workloads/")
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    names = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.render_only:
+        try:
+            run_missing(args.out, names, args.procs)
+        except WorkloadError as e:
+            print(f"results.py: {e}", file=sys.stderr)
+            return 2
+    docs = {}
+    for name in names:
+        path = args.out / f"{name}.json"
+        if not path.exists():
+            print(f"results.py: {path} missing (run without --render-only)", file=sys.stderr)
+            return 2
+        docs[name] = json.loads(path.read_text())
+    sweep_path = args.out / "sensitivity.json"
+    sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else None
+    args.doc.write_text(render(docs, sweep) + "\n")
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

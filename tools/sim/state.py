@@ -1,0 +1,201 @@
+"""The state one simulation holds, and the small rules over it every part of the engine uses.
+
+Who calls it: :class:`tools.sim.engine.Simulation`, which is this state with the
+behaviour of :mod:`tools.sim.placement` (where jobs go), :mod:`tools.sim.flows` (bytes
+moving at shared rates) and :mod:`tools.sim.reads` (what each policy reads from where)
+mixed in. It owns the constructor, the node facts the extender reads, the event queue
+and the cluster-wide view of ready copies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Sequence
+
+from scheduler_plugin.framework import Framework
+from scheduler_plugin.jobs import JobClasses
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts
+from scheduler_plugin.settings import Settings, Weights
+from tools.sim import deadline as deadline_variants
+from tools.sim import fluid, hooks, rates
+from tools.sim.cluster import EPOCH, ClusterParams, Fetch, Node, Outcome, Worker, build_nodes
+from tools.sim.fluid import FluidRuntimes
+from tools.sim.juicefs import CacheGroup
+from tools.sim.stripe import Group
+from tools.sim.workload import Dataset, Job
+
+# ours with the Dataset controller's cluster-side policies: next-job preparation,
+# replication, and versions striped over a group (rank-affine reads; +early: training
+# starts when the first bundles are local)
+OURS_VARIANTS = ("ours+prepare", "ours+replicas", "ours+stripe", "ours+stripe+early")
+OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
+BASELINES = ("default", *fluid.POLICIES, "juicefs")
+POLICIES = (*BASELINES, *OURS, *(p for p in deadline_variants.POLICY_NAMES if p not in OURS))
+
+
+class SimState:
+    """One policy over one workload: the state (see :class:`tools.sim.engine.Simulation`)."""
+
+    def __init__(
+        self, policy: str, jobs: Sequence[Job], datasets: Sequence[Dataset], params: ClusterParams, seed: int
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.policy = policy
+        self.variant = deadline_variants.variant(policy)
+        self.seed = seed
+        self.params = params
+        self.rng = random.Random(seed)
+        self.jobs = list(jobs)
+        self.datasets = {d.name: d for d in datasets}
+        self.nodes: list[Node] = build_nodes(params, seed)
+        self.now = 0.0
+        self.events: list[tuple[float, int, str, int]] = []
+        self.seq = 0
+        self.waiting: list[Job] = []
+        self.outcomes = {j.id: Outcome(j, migratable=deadline_variants.migratable(j.id, seed)) for j in self.jobs}
+        self.epochs_capped = 0  # jobs whose derived epochs max_epochs lowered
+        for out in self.outcomes.values():
+            out.epochs = self._epochs(out.job)
+        self.fetches: list[Fetch] = []
+        self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
+        self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.storage_bytes = 0.0
+        self.storage_first_bytes = 0.0  # the first storage read of each version: no policy reads less
+        self.storage_uncached_bytes = 0.0  # storage reads not kept (a miss with no room, direct reads)
+        self.storage_seen: set[tuple[str, int]] = set()
+        self.peer_bytes = 0.0  # bytes between nodes: P2P and stripe fills, reads from other nodes' caches
+        # training reads (what the pods read, all epochs): total, from the node's own disk,
+        # from other nodes, from the store; [0] the first epoch, [1] the epochs after it
+        self.read_bytes = [0.0, 0.0]
+        self.read_local = [0.0, 0.0]
+        self.read_peer = [0.0, 0.0]
+        self.read_store = [0.0, 0.0]
+        self.requests = self.hits = 0
+        self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
+        # ready copies per dataset version: which nodes hold it (P2P sources; how many other
+        # nodes hold a version, for a cluster-aware eviction policy: :meth:`copies_elsewhere`)
+        self.ready_copies: dict[tuple[str, int], set[int]] = {}
+        self.fluid = FluidRuntimes.for_policy(
+            policy if policy in fluid.POLICIES else "fluid", params.cache_bytes, params.fluid_quota_bytes
+        )
+        group = params.juicefs_group_nodes or len(self.nodes)
+        members = frozenset(range(min(group, len(self.nodes))))
+        self.juicefs = CacheGroup(members, float(params.cache_bytes) * len(members))
+        self.stripes: dict[tuple[str, int], Group] = {}
+        self.owner_memo: dict[tuple[tuple[str, int], tuple[int, ...]], dict[int, float]] = {}
+        weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
+        if self.variant is not None:
+            weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
+        self.framework = Framework(
+            Settings(weights=weights),
+            jobs=JobClasses(3600.0, clock=lambda: EPOCH + self.now),
+            clock=lambda: EPOCH + self.now,
+        )
+        self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
+        self.ideal_bw: dict[tuple[int, int], float] = {}
+        self.bw_memo: dict[tuple[int, tuple[int, ...]], float] = {}  # (node type, GPUs) -> intra-node bandwidth
+        self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
+        self.copy_counts = hooks.CopyCounts()  # cluster-aware eviction (tools/sim/hooks.py)
+        self.next_job = hooks.NextJobPreparation()  # opt-in: params.prepare_next or "ours+prepare"
+        self.prepare = policy == "ours+prepare" or (params.prepare_next and policy in ("ours", "ours+time"))
+        self.replication = hooks.Replication() if policy == "ours+replicas" else None
+        self.started_log: list[tuple[float, str, int]] = []  # (start, dataset, workers): demand
+        self.task_fetch_bytes: dict[str, int] = {}  # bytes fetched for controller tasks, per kind
+        self.task_used_bytes: dict[str, int] = {}  # of those, copies a pod then used on that node
+
+    def _epochs(self, job: Job) -> float:
+        """A job's passes over its dataset: the workload's fixed count, else from its run time
+        (:func:`rates.epochs`), lowered to ``max_epochs`` where set (and counted)."""
+        if self.params.epochs is not None:
+            return self.params.epochs
+        size = self.datasets[job.dataset].size
+        e = rates.epochs(job.runtime_ideal, job.gpus, size, self.params.gpu_read_bw)
+        cap = self.params.max_epochs
+        if cap is not None and e > cap:
+            self.epochs_capped += 1
+            return cap
+        return e
+
+    # -- node facts, as the extender would read them from the agents' annotations ---------
+
+    def facts(self, node: Node) -> NodeFacts:
+        if node.facts is None:
+            held: dict[str, Holding] = {}
+            if self.policy in fluid.POLICIES:
+                # Fluid's labels: the datasets whose cache workers run here (name only, no digest)
+                held = {name: Holding(None, None, True, False) for name in node.labels}
+            elif self.policy not in BASELINES:
+                for (name, version), e in node.cache.items():
+                    newest = held.get(name)
+                    if newest is None or version > int(newest.digest or "0", 16):
+                        held[name] = Holding(f"{version:032x}", e.size, e.ready, e.users > 0)
+            node.facts = NodeFacts(
+                name=node.name,
+                inventory=Inventory(self.params.cache_bytes, self._free_bytes(node), held),
+                topology=node.type.topology,
+                topology_id=node.type.id,
+                classes=node.type.classes,
+                allocatable_gpus=len(node.type.topology.gpus),
+                published_free=frozenset(node.free),
+                gpu_facts_known=True,
+            )
+        return node.facts
+
+    def touch(self, node: Node) -> None:
+        node.facts = None
+
+    def _free_bytes(self, node: Node) -> int:
+        if self.policy in fluid.POLICIES:
+            return self.params.cache_bytes - self.fluid.committed.get(node.index, 0)
+        return self.params.cache_bytes - node.used_bytes
+
+    # -- the node caches' cluster-wide view -----------------------------------------------
+
+    def copies_elsewhere(self, node: Node, key: tuple[str, int]) -> int:
+        """How many other nodes hold this dataset version ready (what the controller reads
+        from the node inventories)."""
+        holders = self.ready_copies.get(key, ())
+        return len(holders) - (1 if node.index in holders else 0)
+
+    def _forget(self, node: Node, key: tuple[str, int]) -> None:
+        """Drop a cached version (or a stripe share) from a node (evicted or replaced)."""
+        entry = node.cache.pop(key, None)
+        if entry is not None and entry.stripe:
+            group = self.stripes.get(key)
+            if group is not None:
+                group.holding.discard(node.index)
+        holders = self.ready_copies.get(key)
+        if holders is not None:
+            holders.discard(node.index)
+            if not holders:
+                del self.ready_copies[key]
+
+    # -- events -------------------------------------------------------------------------
+
+    def push(self, t: float, kind: str, ident: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, ident))
+
+    # -- what the mixed-in parts provide each other ----------------------------------------
+
+    def _make_room(self, node: Node, size: int) -> bool:
+        raise NotImplementedError
+
+    def _start(self, job: Job, workers: list[Worker]) -> None:
+        raise NotImplementedError
+
+    def _request_data(self, job: Job, worker: Worker, index: int) -> None:
+        raise NotImplementedError
+
+    def _release_workers(self, out: Outcome) -> None:
+        raise NotImplementedError
+
+    def _fetch_version(
+        self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
+    ) -> None:
+        raise NotImplementedError
+
+
+__all__ = ["BASELINES", "OURS", "OURS_VARIANTS", "POLICIES", "SimState"]
