@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from dsagent.cli.cache import POLL_SECONDS, _client, agent_options
-from dsagent.cli.options import DURATION
+from dsagent.cli.options import DURATION, output_option
 from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsplatform.units import format_size
 
@@ -33,6 +33,7 @@ def stripe() -> None:
 @click.option("--peer", "peers", multiple=True, metavar="NODE=URL", help="A member's agent base URL (repeat).")
 @click.option("--digest", help="The version (default: the store's current one).")
 @click.option("--ready-after", type=click.IntRange(min=0), default=1, show_default=True)
+@output_option
 @agent_options
 def hold(
     name: str,
@@ -41,6 +42,7 @@ def hold(
     peers: tuple[str, ...],
     digest: str | None,
     ready_after: int,
+    output: str,
     agent_url: str | None,
     socket_path: str | None,
     token: str | None,
@@ -56,7 +58,12 @@ def hold(
     if digest:
         body["digest"] = digest
     with _client(agent_url, socket_path, token) as client:
-        click.echo(json.dumps(client.hold_stripe(name, body), indent=2))
+        answer = client.hold_stripe(name, body)
+    if output == "json":
+        click.echo(json.dumps(answer, indent=2))
+        return
+    held = ", ".join(f"{k} {v}" for k, v in answer.items() if isinstance(v, (str, int, float, bool)))
+    click.echo(f"holding the share of {name}: {held}")
 
 
 @stripe.command()
@@ -64,12 +71,14 @@ def hold(
 @click.argument("digest")
 @click.option("--until", type=click.Choice(["ready-enough", "complete"]), default="ready-enough", show_default=True)
 @click.option("--timeout", type=DURATION, default=None, help="Give up after this long (exit 7).")
+@output_option
 @agent_options
 def wait(
     name: str,
     digest: str,
     until: str,
     timeout: float | None,
+    output: str,
     agent_url: str | None,
     socket_path: str | None,
     token: str | None,
@@ -85,12 +94,14 @@ def wait(
                 f"{name}@{digest[:12]}: {status['bundlesHeld']} of {status['bundlesOwned']} bundles held"
                 f" ({format_size(status['bytesHeld'])} of {format_size(status['bytesOwned'])})"
             )
-            if line != shown:
+            if line != shown and output == "text":
                 click.echo(line)
                 shown = line
             if status.get("error"):
                 raise DsagentError(f"the share of {name} stopped: {status['error']}")
             if status[key]:
+                if output == "json":
+                    click.echo(json.dumps(status, indent=2))
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransientError(f"the share of {name} is not {until} after {timeout:g}s")
