@@ -17,6 +17,7 @@ What it owns:
   no credentials, or refused     StorageCredentials              11 / 403
   credentials valid, not allowed StorageForbidden                12 / 403
   bucket, object or path absent  NotFound                        3 / 404
+  changed between pinned reads   IntegrityError (integrity)      5 / 422
   an option the backend rejects  InvalidInput                    2 / 400
   ============================== =============================== ===========
 
@@ -46,6 +47,7 @@ from typing import Any
 
 from dsagent.errors import (
     DsagentError,
+    IntegrityError,
     InvalidInput,
     NotFound,
     SourceUnavailable,
@@ -98,6 +100,10 @@ _NO_CREDENTIALS = {
     "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError",
     "RefreshError", "ClientAuthenticationError", "CredentialUnavailableError", "TransportError",
 }  # fmt: skip
+# The object changed between two reads pinned to its first version (docs/design.md#one-version-per-file):
+# a 412 to If-Match / IfMatch, s3fs's own check, the stores' codes for a failed condition.
+_CHANGED = {"FileExpired"}
+_CHANGED_CODES = {"PreconditionFailed", "ConditionNotMet"}
 # Exception class names meaning "the endpoint could not be reached or did not answer in time".
 _UNREACHABLE = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
@@ -195,6 +201,11 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
         return InvalidInput(
             f"{what}: the store's filesystem cannot do this; HTTP(S) stores, for one, are read-only",
             hint="pack to a directory or an object store such as s3://, gs:// or az://",
+        )
+    if names & _CHANGED or service_code in _CHANGED_CODES or status == 412:
+        return IntegrityError(
+            f"{what}: the source changed while it was read ({detail})",
+            hint="the source changed while caching: request the dataset again once it is quiet",
         )
     if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
         return StorageCredentials(f"{what}: credentials missing or refused ({detail})", hint=CREDENTIALS_HINT[family])
