@@ -49,6 +49,7 @@ from json.decoder import JSONDecodeError
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal, NamedTuple, TypedDict, cast
 
+from dsplatform.boundedjson import DuplicateKey, unique_keys
 from scheduler_plugin.errors import InvalidRequest
 
 MIN_SCORE = 0
@@ -116,9 +117,11 @@ class RawNode(NamedTuple):
     def parse(self) -> Node:
         """The Node object; :class:`InvalidRequest` when its bytes are not that node."""
         try:
-            node = json.loads(bytes(self.raw))
+            node = json.loads(bytes(self.raw), object_pairs_hook=unique_keys)
         except RecursionError:  # the C scanner's own bound on nesting: a clear refusal, not a traceback
             raise InvalidRequest(f"node {self.name}: nested too deeply") from None
+        except DuplicateKey as exc:
+            raise InvalidRequest(f"node {self.name}: {exc}") from None
         except ValueError as exc:
             raise InvalidRequest(f"node {self.name}: not JSON: {exc}") from exc
         if not isinstance(node, dict) or (node.get("metadata") or {}).get("name") != self.name:
@@ -190,9 +193,11 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
     if body[start : start + 1] == b"{" and json.detect_encoding(bytes(body[:4])) == "utf-8":
         return _Walk(body, start).args()
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, object_pairs_hook=unique_keys)
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply") from None
+    except DuplicateKey as exc:
+        raise _duplicate(exc) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _not_json(exc) from exc
     try:
@@ -205,6 +210,12 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
 def _not_json(exc: Exception) -> BodyNotJson:
     reason = " ".join(str(exc).split())[:200]  # one line
     return BodyNotJson(f"request body is not JSON: {reason}", hint="send ExtenderArgs, a JSON object with a Pod")
+
+
+def _duplicate(exc: DuplicateKey) -> BodyNotJson:
+    """A body with a key twice in one object: ``json.loads`` would keep the last silently,
+    Go's decoder too; no kube-scheduler sends one, so it is refused (400) naming the key."""
+    return BodyNotJson(f"request body: {exc}", hint="send each key once per object")
 
 
 def _not_an_object(kind: str) -> BodyNotJson:
@@ -221,9 +232,11 @@ def _without_pod(body: bytes | bytearray) -> InvalidRequest:
         return BodyNotJson("request body is empty", hint="send ExtenderArgs, a JSON object with a Pod")
     if len(body) <= _EXPLAIN_BYTES:
         try:
-            doc = json.loads(body)
+            doc = json.loads(body, object_pairs_hook=unique_keys)
         except RecursionError:
             return InvalidRequest("request body is nested too deeply")
+        except DuplicateKey as exc:
+            return _duplicate(exc)
         except (ValueError, UnicodeDecodeError) as exc:
             return _not_json(exc)
         if not isinstance(doc, dict):
@@ -267,7 +280,7 @@ def _args_of(doc: Any) -> ExtenderArgs:
 _WINDOW = 1 << 20
 _TEXT_SPACE = re.compile(r"[ \t\n\r]*")
 #: the C scanner: (text, index) -> (value, end); StopIteration(index) where no value starts
-_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(object_pairs_hook=unique_keys).scan_once  # type: ignore[attr-defined]
 #: (text, index after the opening quote, strict) -> (string, end)
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
@@ -389,6 +402,8 @@ class _Walk:
             return exc.msg, exc.pos
         except RecursionError:  # the C scanner's own bound on nesting
             raise self._failed(InvalidRequest("request body is nested too deeply")) from None
+        except DuplicateKey as exc:
+            raise self._failed(_duplicate(exc)) from None
         return None
 
     def _object(self, pair: Callable[[str], None]) -> None:
@@ -398,10 +413,15 @@ class _Walk:
         if self._peek() == "}":
             self._advance(self.i + 1)
             return
+        seen: set[str] = set()
+        twice: str | None = None  # refused where the object ends, as json.loads' hook does
         while True:
             if self._peek() != '"':
                 raise self._syntax("Expecting property name enclosed in double quotes", self.i)
             key = self._key()
+            if key in seen and twice is None:
+                twice = key
+            seen.add(key)
             self._skip()
             if self._peek() != ":":
                 raise self._syntax("Expecting ':' delimiter", self.i)
@@ -414,6 +434,8 @@ class _Walk:
                 raise self._syntax("Expecting ',' delimiter", self.i)
             self._advance(self.i + 1)
             if nextchar == "}":
+                if twice is not None:
+                    raise self._failed(_duplicate(DuplicateKey(twice)))
                 return
             self._skip()
 
@@ -591,7 +613,7 @@ def _split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
             return None
         nodes.append(RawNode(head.group(1).decode(), head.group(2).decode(), view[item_start:item_end]))
     try:
-        pod = json.loads(body[len(_POD_HEAD) : pod_end])
+        pod = json.loads(body[len(_POD_HEAD) : pod_end], object_pairs_hook=unique_keys)
     except (ValueError, RecursionError):  # the general path says what is wrong
         return None
     if not isinstance(pod, dict):

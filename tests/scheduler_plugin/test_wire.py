@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dsplatform.boundedjson import DuplicateKey, unique_keys
 from scheduler_plugin import wire
 from scheduler_plugin.errors import InvalidRequest
 from scheduler_plugin.testing import (
@@ -207,9 +208,11 @@ def parsed_whole(body: bytes) -> Any:
     if wire._POD_KEY.search(body) is None:
         return ("refused", str(wire._without_pod(body)), None)
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, object_pairs_hook=unique_keys)
     except RecursionError:
         return ("refused", "request body is nested too deeply", None)
+    except DuplicateKey as exc:
+        return ("refused", str(wire._duplicate(exc)), None)
     except ValueError as exc:
         return ("refused", str(wire._not_json(exc)), None)
     try:
