@@ -102,7 +102,12 @@ class Store:
     def discard_pending(self, name: str, token: str) -> None:
         path = self.pending_dir(name, token)
         if path.exists():
-            self._trash(path)
+            try:
+                self._trash(path)
+            except OSError:
+                # a full disk can refuse the rename into the trash; a pending copy is owned by
+                # no record (a half-removed one is removed at the next start), so it goes in place
+                shutil.rmtree(path, ignore_errors=True)
             self.empty_trash()
 
     def manifest_path(self, name: str, digest: str) -> Path:

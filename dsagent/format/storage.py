@@ -3,8 +3,10 @@
 Who calls it: manifest building, bundle packing and unpacking, and the agent's fetches.
 What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
 translating what the filesystems raise into dsagent's error tree where it enters. Which
-foreign error means what (unreachable, credentials, permission, not found), the URL form
-check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`. What
+foreign error means what (unreachable, credentials, permission, not found) lives in
+:mod:`dsagent.format.storage_errors`; the URL form check in :mod:`dsagent.format.sources`;
+the object stores' time bounds, which the edges pass down inside the storage options, in
+:mod:`dsagent.format.storageconfig`. What
 the *agent* may open is decided before
 this module is reached, from the URL's text: :mod:`dsagent.format.sources`.
 
@@ -28,6 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 from dsagent.errors import IntegrityError, InvalidInput, local_write_error
 from dsagent.format import storage_errors
 from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
+from dsagent.format.storageconfig import split_config, user_options
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -46,14 +49,15 @@ def resolve(
     check_url(text)
     protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
     local = ALIASES.get(protocol, protocol) == "file"
-    values = check_option_values(storage_options)
+    values = check_option_values(user_options(storage_options))
     if local and values:
         key = sorted(values)[0]  # fsspec's local filesystem takes any keyword and ignores it
         raise InvalidInput(
             f"storage option {key!r} does nothing for the local path {text!r}",
             hint="storage options are for object stores and HTTP URLs; a local path takes none",
         )
-    options = storage_errors.bounded_options(protocol, values)
+    # the bounds the edge decided travel in the options (dsagent.format.storageconfig)
+    options = values if local else split_config(storage_options)[0].bounded(protocol, values)
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
             if is_chain(text):
@@ -96,7 +100,7 @@ def local_path(url: str | os.PathLike[str], storage_options: Mapping[str, Any] |
     one that :func:`dsagent.format.storage_errors.check_url` refuses).
     """
     text = os.fspath(url)
-    if storage_options or not text or "\x00" in text or ":" in text or text.startswith("~"):
+    if user_options(storage_options) or not text or "\x00" in text or ":" in text or text.startswith("~"):
         return None
     return os.path.abspath(text)
 
@@ -225,6 +229,19 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
         if not version or whole <= blocks:
             return opened  # type: ignore[no-any-return]  # one request (or nothing to pin to)
         return _OneVersion(opened, fs, path, version)  # type: ignore[return-value]
+
+
+def forget_listings(fs: AbstractFileSystem, root: str) -> None:
+    """Drop what ``fs`` remembers of ``root`` and everything under it. fsspec keeps the
+    listings (sizes, ETags) of a filesystem instance for as long as the instance lives,
+    and instances are shared per storage options: a listing from an earlier request names
+    older versions, and reading by it fails (or, unpinned, mixes versions)."""
+    top = str(fs._strip_protocol(root)).rstrip("/")
+    cache = getattr(fs, "dircache", None)
+    for key in list(cache or ()):
+        if key == top or str(key).startswith(top + "/"):
+            cache.pop(key, None)  # type: ignore[union-attr]
+    fs.invalidate_cache(root)
 
 
 #: ``info`` keys that name an object's version, by backend: S3 (s3fs), GCS (gcsfs),

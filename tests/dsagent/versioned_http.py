@@ -56,7 +56,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         version, data = self.server.current(relative, count=body)
         if data is None:
-            self._send(404, b"")
+            if self.server.index(relative + "/") is not None:  # a directory named without its slash
+                self._send(301, b"", headers={"Location": path + "/"})
+            else:
+                self._send(404, b"")
             return
         tag = f'"{hashlib.sha1(data).hexdigest()[:16]}-{version}"'
         headers = {}
@@ -136,6 +139,8 @@ class _Server(http.server.ThreadingHTTPServer):
 
     def index(self, directory: str) -> bytes | None:
         names = set()
+        if directory and not any(path.startswith(directory) for path in self.files):
+            return None
         for path in self.files:
             if path.startswith(directory):
                 rest = path[len(directory) :]
