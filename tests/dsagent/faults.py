@@ -596,6 +596,8 @@ def run_point(
 
 def _left_by_a_kill(problem: str) -> bool:
     """What a kill may leave until the next start cleans it (checked after the restart)."""
+    if problem.startswith("staging left: ") and "@pending-" in problem:
+        return True  # a per-file copy owned by no record yet: the start removes it
     return problem.startswith(("trash not emptied", "temporary manifest files left"))
 
 
