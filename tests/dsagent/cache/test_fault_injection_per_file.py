@@ -20,6 +20,8 @@ import pytest
 
 from tests.dsagent.faults import KINDS, PerFileSource, run_forked_kill_point, run_point
 
+pytestmark = pytest.mark.slow  # real servers and a dozen agent runs per test
+
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
