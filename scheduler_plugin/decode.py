@@ -18,6 +18,7 @@ from collections.abc import Callable
 from json.decoder import JSONDecodeError
 from typing import Any, cast
 
+from dsplatform.boundedjson import DuplicateKey, unique_keys
 from scheduler_plugin.errors import InvalidRequest
 from scheduler_plugin.wire import (
     BodyNotJson,
@@ -26,6 +27,7 @@ from scheduler_plugin.wire import (
     args_of,
     decode_names,
     decode_node_list,
+    duplicate,
     field_of,
     json_kind,
     not_an_object,
@@ -64,9 +66,11 @@ def decode_args(body: bytes | bytearray) -> ExtenderArgs:
     if body[start : start + 1] == b"{" and json.detect_encoding(bytes(body[:4])) == "utf-8":
         return _Walk(body, start).args()
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, object_pairs_hook=unique_keys)
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply") from None
+    except DuplicateKey as exc:
+        raise duplicate(exc) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise not_json(exc) from exc
     try:
@@ -84,9 +88,11 @@ def _without_pod(body: bytes | bytearray) -> InvalidRequest:
         return BodyNotJson("request body is empty", hint="send ExtenderArgs, a JSON object with a Pod")
     if len(body) <= _EXPLAIN_BYTES:
         try:
-            doc = json.loads(body)
+            doc = json.loads(body, object_pairs_hook=unique_keys)
         except RecursionError:
             return InvalidRequest("request body is nested too deeply")
+        except DuplicateKey as exc:
+            return duplicate(exc)
         except (ValueError, UnicodeDecodeError) as exc:
             return not_json(exc)
         if not isinstance(doc, dict):
@@ -104,7 +110,7 @@ def _without_pod(body: bytes | bytearray) -> InvalidRequest:
 _WINDOW = 1 << 20
 _TEXT_SPACE = re.compile(r"[ \t\n\r]*")
 #: the C scanner: (text, index) -> (value, end); StopIteration(index) where no value starts
-_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(object_pairs_hook=unique_keys).scan_once  # type: ignore[attr-defined]
 #: (text, index after the opening quote, strict) -> (string, end)
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
@@ -226,6 +232,8 @@ class _Walk:
             return exc.msg, exc.pos
         except RecursionError:  # the C scanner's own bound on nesting
             raise self._failed(InvalidRequest("request body is nested too deeply")) from None
+        except DuplicateKey as exc:
+            raise self._failed(duplicate(exc)) from None
         return None
 
     def _object(self, pair: Callable[[str], None]) -> None:
@@ -235,10 +243,15 @@ class _Walk:
         if self._peek() == "}":
             self._advance(self.i + 1)
             return
+        seen: set[str] = set()
+        twice: str | None = None  # refused where the object ends, as json.loads' hook does
         while True:
             if self._peek() != '"':
                 raise self._syntax("Expecting property name enclosed in double quotes", self.i)
             key = self._key()
+            if key in seen and twice is None:
+                twice = key
+            seen.add(key)
             self._skip()
             if self._peek() != ":":
                 raise self._syntax("Expecting ':' delimiter", self.i)
@@ -251,6 +264,8 @@ class _Walk:
                 raise self._syntax("Expecting ',' delimiter", self.i)
             self._advance(self.i + 1)
             if nextchar == "}":
+                if twice is not None:
+                    raise self._failed(duplicate(DuplicateKey(twice)))
                 return
             self._skip()
 
@@ -426,7 +441,7 @@ def split_go_layout(body: bytes | bytearray) -> ExtenderArgs | None:
             return None
         nodes.append(RawNode(head.group(1).decode(), head.group(2).decode(), view[item_start:item_end]))
     try:
-        pod = json.loads(body[len(_POD_HEAD) : pod_end])
+        pod = json.loads(body[len(_POD_HEAD) : pod_end], object_pairs_hook=unique_keys)
     except (ValueError, RecursionError):  # the general path says what is wrong
         return None
     if not isinstance(pod, dict):

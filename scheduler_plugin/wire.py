@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal, NamedTuple, cast
 
+from dsplatform.boundedjson import DuplicateKey, unique_keys
 from scheduler_plugin.errors import InvalidRequest
 from scheduling.kubeobjects import Node, Pod
 
@@ -70,9 +71,11 @@ class RawNode(NamedTuple):
     def parse(self) -> Node:
         """The Node object; :class:`InvalidRequest` when its bytes are not that node."""
         try:
-            node = json.loads(bytes(self.raw))
+            node = json.loads(bytes(self.raw), object_pairs_hook=unique_keys)
         except RecursionError:  # the C scanner's own bound on nesting: a clear refusal, not a traceback
             raise InvalidRequest(f"node {self.name}: nested too deeply") from None
+        except DuplicateKey as exc:
+            raise InvalidRequest(f"node {self.name}: {exc}") from None
         except ValueError as exc:
             raise InvalidRequest(f"node {self.name}: not JSON: {exc}") from exc
         if not isinstance(node, dict) or (node.get("metadata") or {}).get("name") != self.name:
@@ -118,6 +121,12 @@ class BodyNotJson(InvalidRequest):
 def not_json(exc: Exception) -> BodyNotJson:
     reason = " ".join(str(exc).split())[:200]  # one line
     return BodyNotJson(f"request body is not JSON: {reason}", hint="send ExtenderArgs, a JSON object with a Pod")
+
+
+def duplicate(exc: DuplicateKey) -> BodyNotJson:
+    """A body with a key twice in one object: ``json.loads`` would keep the last silently,
+    Go's decoder too; no kube-scheduler sends one, so it is refused (400) naming the key."""
+    return BodyNotJson(f"request body: {exc}", hint="send each key once per object")
 
 
 def not_an_object(kind: str) -> BodyNotJson:

@@ -108,14 +108,6 @@ def _memory_sources_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _storage_timeouts_reset(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process's storage timeouts (set by dsctl and by every CacheService) end with the test."""
-    from dsagent.format import storage_errors
-
-    monkeypatch.setattr(storage_errors, "_configured", storage_errors.StorageTimeouts())
-
-
-@pytest.fixture(autouse=True)
 def _logging_restored() -> Iterator[None]:
     """A process main run in-process (a settings test) calls dsplatform.logs.configure, which
     replaces the root logger's handlers with one on that test's captured stderr and sets its

@@ -43,7 +43,7 @@ from dsagent.format.manifest import (
     Manifest,
     is_safe_path,
 )
-from dsagent.format.storage import open_whole, resolve, translate_errors
+from dsagent.format.storage import forget_listings, open_whole, resolve, translate_errors
 
 if TYPE_CHECKING:
     from dsagent.cache.peers import PeerSwarm
@@ -73,6 +73,7 @@ def listing_matches(source: Source, manifest: Manifest) -> bool:
         return False
     prefix = root.rstrip("/") + "/"
     with translate_errors(f"source {source.url!r}"):
+        forget_listings(fs, root)  # ask the store, not a listing an earlier request left
         listing = fs.find(root, detail=True)
     seen: dict[str, tuple[int, int]] = {}
     for full, info in listing.items():
@@ -166,6 +167,7 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
         return None
     prefix = root.rstrip("/") + "/"
     with translate_errors(f"source {source.url!r}"):
+        forget_listings(fs, root)  # ask the store, not a listing an earlier request left
         if not fs.isdir(root):
             return None
         listing = fs.find(root, withdirs=True, detail=True)

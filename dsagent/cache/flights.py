@@ -24,10 +24,11 @@ class Flights:
     def __init__(self) -> None:
         self._running: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
 
-    async def join(self, key: tuple[Any, ...], start: Callable[[], Awaitable[_T]]) -> _T:
+    async def join(self, key: tuple[Any, ...], start: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """``await start(*args)``, unless a flight under ``key`` is running: then its result."""
         flight = self._running.get(key)
         if flight is None or flight.done():  # a landed flight settled its waiters already
-            flight = asyncio.ensure_future(start())
+            flight = asyncio.ensure_future(start(*args))
             self._running[key] = flight
             flight.add_done_callback(functools.partial(self._landed, key))
         result: _T = await asyncio.shield(flight)

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,16 +95,32 @@ class Store:
     def adopt(self, name: str, token: str, digest: str) -> Path:
         """Give a finished pending copy its version's staging name (then :meth:`publish`)."""
         pending, staging = self.pending_dir(name, token), self.staging_dir(name, digest)
-        if staging.exists():
+        stale = staging.exists()
+        if stale:  # what an earlier adoption of this version left when its publication failed
             self._trash(staging)
         os.rename(pending, staging)
+        if stale:
+            self.empty_trash()
         return staging
 
     def discard_pending(self, name: str, token: str) -> None:
         path = self.pending_dir(name, token)
         if path.exists():
-            self._trash(path)
+            try:
+                self._trash(path)
+            except OSError:
+                # a full disk can refuse the rename into the trash; a pending copy is owned by
+                # no record (a half-removed one is removed at the next start), so it goes in place
+                shutil.rmtree(path, ignore_errors=True)
             self.empty_trash()
+
+    def discard_orphan_pending(self, name: str, live: Collection[str]) -> None:
+        """Remove ``name``'s pending copies whose token is not in ``live``: what a copy
+        could not remove when it failed (a disk failing every write refuses that too)."""
+        for entry in (self.root / "staging").glob(f"{name}@pending-*"):
+            token = entry.name.rpartition("@pending-")[2]
+            if token not in live and re.fullmatch(r"[0-9a-f]{8,32}", token):
+                self.discard_pending(name, token)
 
     def manifest_path(self, name: str, digest: str) -> Path:
         return self._inside(self.root / "manifests" / validate_name(name) / validate_digest(digest))

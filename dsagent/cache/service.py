@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -67,7 +66,8 @@ from dsagent.cache.versions import Versions
 from dsagent.errors import DsagentError, NamespaceShareExceeded, NotFound, local_write_error
 from dsagent.format.manifest import Manifest
 from dsagent.format.storage import add_store_observer, protocol_label
-from dsagent.format.storage_errors import classify, use_timeouts
+from dsagent.format.storage_errors import classify
+from dsagent.format.storageconfig import with_config
 from dsplatform.tenancy import over_share
 
 log = logging.getLogger("dsagent")
@@ -84,9 +84,6 @@ class CacheService:
         self.clock = clock
         # what cluster mode lends: the task check and the peer list (dsagent.cache.servicehooks)
         self.hooks = hooks
-        # every filesystem the agent builds (source, store, bundles) gets these bounds when
-        # it is built, for its own protocol (dsagent.format.storage.resolve)
-        use_timeouts(settings.storage_timeouts)
         self.metrics = Metrics(protocols=sorted({protocol_label(p) for p in settings.protocols}))
         self._stop_observing: Callable[[], None] | None = None
         self.store = Store(settings.root)
@@ -286,24 +283,21 @@ class CacheService:
         self._waiters[(task_id, request.name)] = task
 
     async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
-        """Resolve, bind and fetch one dataset of one task; errors are kept for the record."""
-        source = Source(request.source, request.bundles, self._options.get((task_id, request.name)))
+        """Serve one dataset of one task, in two steps; errors are kept for the record.
+
+        1. :meth:`_version_for`: the version the task means (the one it is bound to, else
+           the source's current one, resolved once per request identity);
+        2. :meth:`_make_ready`: that version fetched and made ready, once per version
+           (:meth:`dsagent.cache.versions.Versions.fetch`), unless resolving it cached it.
+        """
+        # every filesystem built for this dataset (source, bundle store) gets the storage
+        # bounds of the settings: they travel in its options (dsagent.format.storageconfig)
+        options = with_config(self._options.get((task_id, request.name)), self.settings.storage_config)
+        source = Source(request.source, request.bundles, options)
         try:
-            stored = None
-            if bound is not None and await self._db(self.catalog.version, request.name, bound) is not None:
-                stored = await self._versions.stored_manifest(request.name, bound)
-            resolved: tuple[Manifest, bool]
-            if stored is None:
-                flight = ("resolve", *request.identity, request.allow_per_file)
-                resolved = await self._flights.join(flight, functools.partial(self._resolve, request, source))
-                await self._bind(task_id, request, resolved[0].digest)
-            else:
-                resolved = (stored, False)
-                self._claims.drop(task_id, request.name)  # the catalog binding protects it
-            manifest, fetched = resolved
-            if not fetched:  # a per-file copy that digested while copying is ready already
-                key = ("fetch", manifest.name, manifest.digest)
-                await self._flights.join(key, functools.partial(self._versions.fetch, source, manifest))
+            manifest, cached = await self._version_for(task_id, request, source, bound)
+            if not cached:
+                await self._make_ready(source, manifest)
         except asyncio.CancelledError:
             raise
         except DsagentError as exc:
@@ -321,6 +315,41 @@ class CacheService:
             self._failed(task_id, request, DsagentError(f"internal error: {type(exc).__name__}: {exc}"), logged=True)
         else:
             self.metrics.request_settled("ok")
+
+    async def _version_for(
+        self, task_id: str, request: DatasetRequest, source: Source, bound: str | None
+    ) -> tuple[Manifest, bool]:
+        """Step 1: the version ``task_id`` means by ``request``, and whether resolving it
+        cached it already (a per-file copy digests while it copies).
+
+        A task keeps the version it was bound to (docs/design.md#rule-1), unless that
+        version's fetch was abandoned (an integrity failure, a full disk: its staging is
+        gone): then the source is resolved again, so a repeated request after "the source
+        changed while caching" gets the source as it is now, not the stale version again."""
+        stored = await self._bound_manifest(request.name, bound)
+        if stored is not None:
+            self._claims.drop(task_id, request.name)  # the catalog binding protects it
+            return stored, False
+        flight = ("resolve", *request.identity, request.allow_per_file)
+        manifest, cached = await self._flights.join(flight, self._resolve, request, source)
+        await self._bind(task_id, request, manifest.digest)
+        return manifest, cached
+
+    async def _bound_manifest(self, name: str, bound: str | None) -> Manifest | None:
+        """The stored manifest of the version a task is bound to, while it can still be fetched."""
+        if bound is None:
+            return None
+        row = await self._db(self.catalog.version, name, bound)
+        if row is None:
+            return None
+        if row.state == "failed" and not await self._work(self.store.staging_dir(name, bound).is_dir):
+            return None  # abandoned (Versions.fetch removed its staging): resolve the source again
+        return await self._versions.stored_manifest(name, bound)
+
+    async def _make_ready(self, source: Source, manifest: Manifest) -> None:
+        """Step 2: ``manifest``'s version fetched and made ready, one fetch per version
+        however many tasks wait for it (docs/design.md#rule-6)."""
+        await self._flights.join(("fetch", manifest.name, manifest.digest), self._versions.fetch, source, manifest)
 
     def _on_cache_disk(self, exc: OSError) -> bool:
         """Whether ``exc`` is the cache disk's failure (on a path under the root), not the

@@ -32,7 +32,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
-from dsagent.format.storage_errors import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageTimeouts
+from dsagent.format.storageconfig import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageConfig
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
 from dsplatform.paths import cache_home
@@ -161,7 +161,7 @@ class StorageSettings(EnvSettings):
     """How long object stores and HTTP(S) sources may take: read by ``dsctl``'s storage
     commands and, as part of :class:`Settings`, by the agent.
 
-    One rule (:attr:`storage_timeouts`), for every protocol and both programs: a specific
+    One rule (:attr:`storage_config`), for every protocol and both programs: a specific
     timeout that is configured (``DSAGENT_STORAGE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``)
     wins over the general one (``DSAGENT_SOURCE_TIMEOUT``, both), which wins over the
     defaults 10 s to connect, 60 s per read.
@@ -181,15 +181,16 @@ class StorageSettings(EnvSettings):
         return value
 
     @property
-    def storage_timeouts(self) -> StorageTimeouts:
-        """The connect and read timeouts: the specific setting, else the general, else the default."""
+    def storage_config(self) -> StorageConfig:
+        """The connect and read timeouts: the specific setting, else the general, else the
+        default; passed down to every filesystem (:mod:`dsagent.format.storageconfig`)."""
 
         def pick(specific: float | None, default: float) -> float:
             if specific is not None:
                 return specific
             return self.source_timeout if self.source_timeout is not None else default
 
-        return StorageTimeouts(
+        return StorageConfig(
             connect=pick(self.storage_connect_timeout, DEFAULT_CONNECT_TIMEOUT),
             read=pick(self.storage_read_timeout, DEFAULT_READ_TIMEOUT),
         )

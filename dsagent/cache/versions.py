@@ -59,6 +59,7 @@ class Versions:
         self._catalog = node.catalog
         self.metrics, self.claims, self.flights, self.progress = node.metrics, node.claims, node.flights, node.progress
         self._fetch_slots = asyncio.Semaphore(node.settings.max_fetches)
+        self._pending: set[str] = set()  # tokens of the per-file copies in progress
 
     async def stored_manifest(self, name: str, digest: str) -> Manifest | None:
         data = await self.pools.work(self.store.read_manifest_bytes, name, digest)
@@ -147,10 +148,12 @@ class Versions:
         self.metrics.miss()
         async with self._fetch_slots:
             await self.space.reserve(key, total, overhead=self.store.allocated(total, len(files) + len(dirs)) - total)
+            self._pending.add(token)
             staging = self.store.pending_dir(name, token)
             progress = self.progress.start_pending(key, source.url, total, len(files))
             started = time.monotonic()
             try:
+                await self.pools.work(self.store.discard_orphan_pending, name, frozenset(self._pending))
                 await self.pools.work(lambda: staging.mkdir(parents=True))
                 since = await self.pools.work(writeback_mark, staging)
                 entries = await copy_and_digest(
@@ -169,6 +172,7 @@ class Versions:
                 await self.pools.work(self.store.discard_pending, name, token)
                 raise
             finally:
+                self._pending.discard(token)
                 self.space.release(key)
                 self.progress.end(key, source.url)
         self.metrics.fetch_succeeded(time.monotonic() - started, manifest.total_bytes)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from dsagent.cli.digesting import counter, digest_source, open_cache, rate
-from dsagent.cli.options import output_option, source_options, storage_options, store_options
+from dsagent.cli.options import options_for_stores, output_option, source_options, store_options
 from dsagent.errors import InvalidInput
 from dsagent.format.manifest import Progress, read_manifest
 from dsplatform.units import format_size, parse_size
@@ -78,7 +78,7 @@ def digest(
     digest_cache: bool,
 ) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
-    options = storage_options(source_option_pairs, source_options_files)
+    options = options_for_stores(source_option_pairs, source_options_files)
     digest_source(source, name, "json" if as_json else output, options, digest_cache, click.echo)
 
 
@@ -145,8 +145,8 @@ def pack(
     cap = parse_size(max_bytes)
     if cap < 1:
         raise InvalidInput("--max-bytes must be at least 1 byte")
-    src_options = storage_options(source_option_pairs, source_options_files)
-    dst_options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
+    src_options = options_for_stores(source_option_pairs, source_options_files)
+    dst_options = options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
     cache = open_cache(digest_cache)
     try:
@@ -207,7 +207,7 @@ def unpack(
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
     from dsagent.format.extract import unpack as unpack_dataset
 
-    options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
+    options = options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=options)
     with progress_bar("unpacking", manifest.total_bytes) as progress:
@@ -252,7 +252,7 @@ def verify(
 
     start = time.monotonic()
     manifest = read_manifest(
-        store, name, storage_options=storage_options(store_option_pairs, store_options_files, flag="--store-option")
+        store, name, storage_options=options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
     )
     verify_tree(os.fspath(directory), manifest)
     elapsed = time.monotonic() - start

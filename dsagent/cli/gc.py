@@ -12,7 +12,7 @@ import json
 
 import click
 
-from dsagent.cli.options import output_option, storage_options, store_options
+from dsagent.cli.options import options_for_stores, output_option, store_options
 from dsagent.errors import InvalidInput
 from dsplatform.units import UnitError, format_size, parse_duration
 
@@ -44,7 +44,7 @@ def gc(
         grace_seconds = parse_duration(grace)
     except UnitError as exc:
         raise InvalidInput(f"--grace: {exc}", hint="e.g. --grace 24h") from exc
-    options = storage_options(store_option_pairs, store_options_files, flag="--store-option")
+    options = options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
     plan = collect(store, options, grace_seconds=grace_seconds, delete=delete)
     if output == "json":
         data = {

@@ -29,12 +29,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from dsagent.errors import InvalidInput, SettingsError
 from dsplatform.units import UnitError, parse_duration
+
+if TYPE_CHECKING:
+    from dsagent.format.storageconfig import StorageConfig
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -42,9 +45,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def storage_options(
     pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
 ) -> dict[str, Any]:
-    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``;
-    the storage timeouts of the settings are applied to every filesystem built after it."""
-    use_storage_settings()
+    """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``:
+    what the user gave (``dsctl cache`` sends them to the agent; the storage commands
+    add the settings' bounds with :func:`options_for_stores`)."""
     options: dict[str, Any] = {}
     for name in files:
         try:
@@ -96,23 +99,27 @@ def default_socket(environ: Mapping[str, str]) -> Path:
     return default_root(env) / "dsagent.sock"
 
 
-def use_storage_settings(environ: Mapping[str, str] | None = None) -> None:
-    """Make the storage timeouts of the settings (``os.environ`` unless given) this process's
-    bounds (:func:`dsagent.format.storage_errors.use_timeouts`), read when the first remote
-    filesystem is built (a local-only command never imports pydantic); a bad one is a
-    SettingsError then."""
-    from dsagent.format.storage_errors import StorageTimeouts, use_timeouts
+def options_for_stores(
+    pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
+) -> dict[str, Any]:
+    """:func:`storage_options`, carrying the storage bounds of the settings down to every
+    filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
+    from dsagent.format.storageconfig import with_config
 
-    def read() -> StorageTimeouts:
-        from dsagent.cache.settings import StorageSettings
-        from dsplatform.settings import InvalidSettings
+    return with_config(storage_options(pairs, files, flag=flag), settings_storage_config)
 
-        try:
-            return StorageSettings.read(environ).storage_timeouts
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
-    use_timeouts(read)
+def settings_storage_config(environ: Mapping[str, str] | None = None) -> StorageConfig:
+    """The storage bounds the settings (``os.environ`` unless given) make; called when the
+    first remote filesystem is built (a local-only command never imports pydantic); a bad
+    setting is a SettingsError then."""
+    from dsagent.cache.settings import StorageSettings
+    from dsplatform.settings import InvalidSettings
+
+    try:
+        return StorageSettings.read(environ).storage_config
+    except InvalidSettings as exc:
+        raise SettingsError(exc.message) from None
 
 
 def output_option(fn: _F) -> _F:
@@ -190,5 +197,6 @@ __all__ = [
     "source_options",
     "storage_options",
     "store_options",
-    "use_storage_settings",
+    "options_for_stores",
+    "settings_storage_config",
 ]

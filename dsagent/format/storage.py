@@ -3,8 +3,10 @@
 Who calls it: manifest building, bundle packing and unpacking, and the agent's fetches.
 What it owns: turning a URL or local path into an ``(AbstractFileSystem, path)`` pair, and
 translating what the filesystems raise into dsagent's error tree where it enters. Which
-foreign error means what (unreachable, credentials, permission, not found), the URL form
-check and the object stores' time bounds live in :mod:`dsagent.format.storage_errors`. What
+foreign error means what (unreachable, credentials, permission, not found) lives in
+:mod:`dsagent.format.storage_errors`; the URL form check in :mod:`dsagent.format.sources`;
+the object stores' time bounds, which the edges pass down inside the storage options, in
+:mod:`dsagent.format.storageconfig`. What
 the *agent* may open is decided before
 this module is reached, from the URL's text: :mod:`dsagent.format.sources`.
 
@@ -25,9 +27,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
-from dsagent.errors import InvalidInput, local_write_error
+from dsagent.errors import IntegrityError, InvalidInput, local_write_error
 from dsagent.format import storage_errors
 from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
+from dsagent.format.storageconfig import split_config, user_options
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -46,14 +49,15 @@ def resolve(
     check_url(text)
     protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
     local = ALIASES.get(protocol, protocol) == "file"
-    values = check_option_values(storage_options)
+    values = check_option_values(user_options(storage_options))
     if local and values:
         key = sorted(values)[0]  # fsspec's local filesystem takes any keyword and ignores it
         raise InvalidInput(
             f"storage option {key!r} does nothing for the local path {text!r}",
             hint="storage options are for object stores and HTTP URLs; a local path takes none",
         )
-    options = storage_errors.bounded_options(protocol, values)
+    # the bounds the edge decided travel in the options (dsagent.format.storageconfig)
+    options = values if local else split_config(storage_options)[0].bounded(protocol, values)
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
             if is_chain(text):
@@ -96,7 +100,7 @@ def local_path(url: str | os.PathLike[str], storage_options: Mapping[str, Any] |
     one that :func:`dsagent.format.storage_errors.check_url` refuses).
     """
     text = os.fspath(url)
-    if storage_options or not text or "\x00" in text or ":" in text or text.startswith("~"):
+    if user_options(storage_options) or not text or "\x00" in text or ":" in text or text.startswith("~"):
         return None
     return os.path.abspath(text)
 
@@ -177,7 +181,19 @@ def _single(text: str, storage_options: Mapping[str, Any]) -> tuple[AbstractFile
 
 def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) -> IO[bytes]:
     """``path`` opened for one front-to-back read of the whole object (a bundle, a
-    manifest, a file being copied or hashed); ``size``: what a listing said it holds.
+    manifest, a file being copied or hashed), every byte of it from one version of the
+    object; ``size``: what a listing said it holds.
+
+    One version (docs/design.md#one-version-per-file): the object's version is taken when
+    it is opened (:func:`version_of` its ``info``: ETag, Last-Modified, S3 VersionId, GCS
+    generation, Azure ETag) and every request after that is pinned to it where the
+    protocol can say so: HTTP(S) range GETs carry ``If-Match`` (else
+    ``If-Unmodified-Since``), s3fs sends ``IfMatch`` with the ETag on each range GET by
+    itself; a server that answers 412 fails the read as :class:`IntegrityError`
+    (:func:`dsagent.format.storage_errors.classify`). An HTTP(S) object without either
+    header is read in one request. A read that took more than one request is checked
+    once more at its end: the version must not have moved (GCS and Azure, whose fsspec
+    files send no condition, rely on this; so do servers that ignore the condition).
 
     fsspec's HTTP files are built for random access: a HEAD for the size, then a range
     GET per 5 MB block through a cache that copies every block again. Read straight
@@ -191,9 +207,83 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
     """
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     with _observed(fs):
-        if protocols & _STREAMED and (size is None or size >= _STREAM_FROM):
-            return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
-        return fs.open(path, "rb")  # type: ignore[no-any-return]
+        if protocols & _LOCAL:
+            return fs.open(path, "rb")  # type: ignore[no-any-return]
+        info = fs.info(path)
+        version = version_of(info)
+        if protocols & _STREAMED:
+            headers = dict((getattr(fs, "kwargs", None) or {}).get("headers") or {})
+            if version.get("ETag"):
+                headers["If-Match"] = version["ETag"]
+            elif version.get("Last-Modified"):
+                headers["If-Unmodified-Since"] = version["Last-Modified"]
+            known = info.get("size")
+            if not version or known is None or (size if size is not None else known) >= _STREAM_FROM:
+                stream = fs.open(path, "rb", block_size=0, size=known, headers=headers)
+                return stream  # type: ignore[no-any-return]  # one request: one version
+            opened = fs.open(path, "rb", size=known, headers=headers)
+        else:
+            opened = fs.open(path, "rb")
+        blocks = getattr(opened, "blocksize", 0) or 0
+        whole = opened.size if isinstance(getattr(opened, "size", None), int) else info.get("size") or 0
+        if not version or whole <= blocks:
+            return opened  # type: ignore[no-any-return]  # one request (or nothing to pin to)
+        return _OneVersion(opened, fs, path, version)  # type: ignore[return-value]
+
+
+def forget_listings(fs: AbstractFileSystem, root: str) -> None:
+    """Drop what ``fs`` remembers of ``root`` and everything under it. fsspec keeps the
+    listings (sizes, ETags) of a filesystem instance for as long as the instance lives,
+    and instances are shared per storage options: a listing from an earlier request names
+    older versions, and reading by it fails (or, unpinned, mixes versions)."""
+    top = str(fs._strip_protocol(root)).rstrip("/")
+    cache = getattr(fs, "dircache", None)
+    for key in list(cache or ()):
+        if key == top or str(key).startswith(top + "/"):
+            cache.pop(key, None)  # type: ignore[union-attr]
+    fs.invalidate_cache(root)
+
+
+#: ``info`` keys that name an object's version, by backend: S3 (s3fs), GCS (gcsfs),
+#: Azure (adlfs), HTTP(S) (fsspec's response headers).
+_VERSION_KEYS = ("VersionId", "ETag", "generation", "etag", "version_id", "Last-Modified")
+
+
+def version_of(info: Mapping[str, Any]) -> dict[str, str]:
+    """The version an object's ``info`` names (empty when it names none): what must not
+    change while the object is read (docs/design.md#one-version-per-file)."""
+    return {key: str(info[key]) for key in _VERSION_KEYS if info.get(key) not in (None, "", "null")}
+
+
+class _OneVersion:
+    """A file read in several requests, whose object's version is asked again when the
+    read reaches its end: a different one fails the read as :class:`IntegrityError`."""
+
+    def __init__(self, stream: Any, fs: AbstractFileSystem, path: str, version: dict[str, str]) -> None:
+        self._stream, self._fs, self._path, self._version = stream, fs, path, version
+        self._checked = False
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._stream.read(size)
+        if (not data or size < 0) and not self._checked:
+            self._checked = True
+            self._fs.invalidate_cache(self._path)
+            now = version_of(self._fs.info(self._path))
+            if now != self._version:
+                raise IntegrityError(
+                    f"{self._path!r} changed while it was read (version {self._version} -> {now})",
+                    hint="the source changed while caching: request the dataset again once it is quiet",
+                )
+        return data
+
+    def __enter__(self) -> _OneVersion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.close()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._stream, attr)
 
 
 #: Hears of one store request: ``(protocol, seconds, None or the error code it failed with)``.
@@ -244,6 +334,8 @@ def _notify(protocol: str, seconds: float, code: str | None) -> None:
 
 #: Protocols whose whole-object reads are one streamed request (see :func:`open_whole`).
 _STREAMED = frozenset({"http", "https"})
+#: Protocols of the local disk: nothing to pin (a file changed under a copy fails its digest).
+_LOCAL = frozenset({"file", "local"})
 #: Objects from this size up are streamed (see :func:`open_whole`).
 _STREAM_FROM = 8 << 20
 

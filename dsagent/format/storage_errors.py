@@ -1,9 +1,8 @@
-"""How object-store failures reach dsagent: bounded in time, and translated into one line.
+"""How object-store failures reach dsagent: translated into one line.
 
-Who calls it: :mod:`dsagent.format.storage` (``resolve`` checks the URL's form and adds the
-time bounds; ``translate_errors`` maps what its block raises), and the two catch-alls that
-must never show a traceback: the agent's per-dataset task (:mod:`dsagent.cache.service`)
-and the ``dsctl`` edge (:mod:`dsagent.cli`).
+Who calls it: :mod:`dsagent.format.storage` (``translate_errors`` maps what its block
+raises), and the two catch-alls that must never show a traceback: the agent's per-dataset
+task (:mod:`dsagent.cache.service`) and the ``dsctl`` edge (:mod:`dsagent.cli`).
 
 What it owns:
 
@@ -17,35 +16,27 @@ What it owns:
   no credentials, or refused     StorageCredentials              11 / 403
   credentials valid, not allowed StorageForbidden                12 / 403
   bucket, object or path absent  NotFound                        3 / 404
+  changed between pinned reads   IntegrityError (integrity)      5 / 422
   an option the backend rejects  InvalidInput                    2 / 400
   ============================== =============================== ===========
 
   Classification walks the exception and its ``__cause__``/``__context__`` chain and
   looks at class *names and modules*, so this module imports none of the optional
   backends (s3fs, gcsfs, adlfs, aiohttp) and works whichever are installed.
-- :func:`bounded_options`: connect and read timeouts for object stores and HTTP(S), so an
-  unreachable endpoint fails in seconds with one line instead of a minute of retries.
-  The seconds are a :class:`StorageTimeouts` the edges decide from their settings
-  (:attr:`dsagent.cache.settings.StorageSettings.storage_timeouts`: ``DSAGENT_STORAGE_*``,
-  then ``DSAGENT_SOURCE_TIMEOUT``, then 10 s / 60 s) and hand down, once per process with
-  :func:`use_timeouts` or per call; this module never reads the environment. Options the
-  caller gives win.
 
-Decision: retries of a single request stay with the backend (botocore's own retry
-modes), capped here at 3 attempts; whole-dataset retries are the caller's, by type
-(:class:`~dsagent.errors.TransientError`).
+Timeouts and retries are not here: they are a value the edges pass down
+(:mod:`dsagent.format.storageconfig`).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 from dsagent.errors import (
     DsagentError,
+    IntegrityError,
     InvalidInput,
     NotFound,
     SourceUnavailable,
@@ -53,38 +44,6 @@ from dsagent.errors import (
     StorageForbidden,
 )
 from dsagent.format.sources import known_option_keys
-
-DEFAULT_CONNECT_TIMEOUT = 10.0
-DEFAULT_READ_TIMEOUT = 60.0
-
-
-@dataclass(frozen=True)
-class StorageTimeouts:
-    """Seconds an object-store or HTTP(S) client waits to connect, and for each read."""
-
-    connect: float = DEFAULT_CONNECT_TIMEOUT
-    read: float = DEFAULT_READ_TIMEOUT
-
-
-_configured: StorageTimeouts | Callable[[], StorageTimeouts] = StorageTimeouts()
-
-
-def use_timeouts(timeouts: StorageTimeouts | Callable[[], StorageTimeouts]) -> None:
-    """Make ``timeouts`` this process's bounds for every filesystem :func:`bounded_options`
-    builds without its own: called once by the edge that has the settings (the agent's
-    :class:`~dsagent.cache.service.CacheService`), or given as a function that reads them on
-    first use (``dsctl``, whose local-only commands never import pydantic)."""
-    global _configured
-    _configured = timeouts
-
-
-def timeouts() -> StorageTimeouts:
-    """This process's bounds: what the edge passed to :func:`use_timeouts`, else 10 s / 60 s."""
-    global _configured
-    if callable(_configured):
-        _configured = _configured()
-    return _configured
-
 
 # Error codes object stores answer when the credentials themselves are the problem
 # (S3 and compatibles, GCS, Azure); anything else that is a 403 is a permission problem.
@@ -98,6 +57,10 @@ _NO_CREDENTIALS = {
     "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError",
     "RefreshError", "ClientAuthenticationError", "CredentialUnavailableError", "TransportError",
 }  # fmt: skip
+# The object changed between two reads pinned to its first version (docs/design.md#one-version-per-file):
+# a 412 to If-Match / IfMatch, s3fs's own check, the stores' codes for a failed condition.
+_CHANGED = {"FileExpired"}
+_CHANGED_CODES = {"PreconditionFailed", "ConditionNotMet"}
 # Exception class names meaning "the endpoint could not be reached or did not answer in time".
 _UNREACHABLE = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
@@ -196,6 +159,11 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
             f"{what}: the store's filesystem cannot do this; HTTP(S) stores, for one, are read-only",
             hint="pack to a directory or an object store such as s3://, gs:// or az://",
         )
+    if names & _CHANGED or service_code in _CHANGED_CODES or status == 412:
+        return IntegrityError(
+            f"{what}: the source changed while it was read ({detail})",
+            hint="the source changed while caching: request the dataset again once it is quiet",
+        )
     if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
         return StorageCredentials(f"{what}: credentials missing or refused ({detail})", hint=CREDENTIALS_HINT[family])
     if "ParamValidationError" in names or "InvalidEndpoint" in names or "InvalidRegionError" in names:
@@ -250,34 +218,4 @@ def _option_hint(key: str) -> str:
     return "check the option names for this protocol (docs/user-guide/storage.md)"
 
 
-def bounded_options(protocol: str, options: Mapping[str, Any], bounds: StorageTimeouts | None = None) -> dict[str, Any]:
-    """``options`` with connect/read timeouts added for object stores and HTTP(S): ``bounds``,
-    else this process's (:func:`use_timeouts`); a timeout the caller's options set wins."""
-    merged = dict(options)
-    if protocol not in {"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"}:
-        return merged
-    chosen = bounds if bounds is not None else timeouts()
-    connect, read = chosen.connect, chosen.read
-    if protocol in {"s3", "s3a"}:
-        config = dict(merged.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", connect)
-        config.setdefault("read_timeout", read)
-        config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
-        merged["config_kwargs"] = config
-    elif protocol in {"gs", "gcs"}:
-        merged.setdefault("requests_timeout", connect + read)
-    elif protocol in {"abfs", "az", "abfss"}:
-        merged.setdefault("connection_timeout", int(connect))
-        merged.setdefault("read_timeout", int(read))
-    else:  # http(s): aiohttp's timeouts, only when aiohttp (the http extra) is there
-        try:
-            import aiohttp
-        except ImportError:
-            return merged
-        client = dict(merged.get("client_kwargs") or {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read))
-        merged["client_kwargs"] = client
-    return merged
-
-
-__all__ = ["CREDENTIALS_HINT", "StorageTimeouts", "bounded_options", "classify", "timeouts", "use_timeouts"]
+__all__ = ["CREDENTIALS_HINT", "classify"]

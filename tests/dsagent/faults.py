@@ -48,6 +48,8 @@ from typing import Any
 
 KINDS = ("open", "write", "fsync", "rename", "mkdir", "commit")
 ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EDQUOT": errno.EDQUOT}
+#: a source's read failing: the network or the source's disk, never the cache disk's space
+READ_ERRNOS = {"EIO": errno.EIO, "ECONNRESET": errno.ECONNRESET}
 #: the error codes a failed task may carry: clear ones, never ``internal``, and never
 #: ``source_unavailable``: every fault is injected on the cache disk, which is not the
 #: source (a failing disk is ``cache_disk``, never "source unavailable")
@@ -66,8 +68,11 @@ class Injector:
         persist: bool = False,
         kill: bool = False,
         armed: bool = True,
+        kinds: tuple[str, ...] = (),
     ) -> None:
         self.root = os.path.realpath(root) + "/"
+        self.counted = frozenset(kinds or KINDS)  # the kinds numbered (and failed)
+        self.on_fire: Callable[[], None] | None = None  # done at ``at`` instead of failing
         self.at, self.code, self.persist, self.kill = at, code, persist, kill
         self.armed = armed  # counting at all
         self.active = True  # failing at ``at`` (off for the retry)
@@ -93,11 +98,12 @@ class Injector:
             return None
         return name if (name + "/").startswith(self.root) else None
 
-    def hit(self, kind: str, path: Any) -> None:
-        """One operation of ``kind`` on ``path``: counted when under the root; failed when it is the one."""
-        if not self.armed:
+    def hit(self, kind: str, path: Any, *, reading: bool = False) -> None:
+        """One operation of ``kind`` on ``path``: counted when under the root; failed when it
+        is the one (``reading``: an open for reading, which a full disk never refuses)."""
+        if not self.armed or kind not in self.counted:
             return
-        name = "catalog.db" if kind == "commit" else self.under(path)
+        name = "catalog.db" if kind == "commit" else str(path) if kind == "read" else self.under(path)
         if name is None:
             return
         with self._lock:
@@ -111,6 +117,11 @@ class Injector:
                 if self.failed_op is None:
                     self.failed_op = (kind, name)
         if not fail:
+            return
+        if self.on_fire is not None:
+            self.on_fire()
+            return
+        if reading and not self.kill and self.code in (errno.ENOSPC, errno.EDQUOT):
             return
         if self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -128,6 +139,7 @@ class Injector:
 
     def install(self) -> Injector:
         from dsagent.cache import catalog as catalog_module
+        from dsagent.cache import fetch as fetch_module
         from dsagent.format import durable
 
         hit, under = self.hit, self.under
@@ -156,8 +168,8 @@ class Injector:
         def io_open(real: Any) -> Any:
             def wrapper(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
                 name = under(file)
-                if name is not None and not isinstance(file, int):
-                    hit("open", file)  # os.fdopen of a descriptor: opened already
+                if name is not None and not isinstance(file, int):  # os.fdopen of a descriptor: opened already
+                    hit("open", file, reading=not any(c in mode for c in "wax+"))
                 handle = real(file, mode, *args, **kwargs)
                 if name is not None and any(c in mode for c in "wax+"):
                     return _CountingFile(handle, name, hit)
@@ -165,7 +177,15 @@ class Injector:
 
             return wrapper
 
-        self._patch(os, "open", path_op("open"))
+        def os_open(real: Any) -> Any:
+            def wrapper(path: Any, flags: int, *args: Any, **kwargs: Any) -> Any:
+                if kwargs.get("dir_fd") is None:
+                    hit("open", path, reading=not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+                return real(path, flags, *args, **kwargs)
+
+            return wrapper
+
+        self._patch(os, "open", os_open)
         self._patch(os, "mkdir", path_op("mkdir"))
         self._patch(os, "rename", two_path_op("rename"))
         self._patch(os, "replace", two_path_op("rename"))
@@ -177,6 +197,14 @@ class Injector:
         self._patch(builtins, "open", io_open)
         self._patch(durable, "_syncfs_fd", path_op("fsync"))
         self._patch(durable, "WRITEBACK_STEP", lambda real: 0)  # deterministic: no background flush
+
+        def source_reads(real: Any) -> Any:  # each read of a per-file copy's source file
+            def wrapper(fs: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+                return _CountingReads(real(fs, path, *args, **kwargs), path, hit)
+
+            return wrapper
+
+        self._patch(fetch_module, "open_whole", source_reads)
 
         real_tx = catalog_module.Catalog._tx
 
@@ -223,6 +251,26 @@ class _CountingFile:
         return getattr(self._handle, attr)
 
 
+class _CountingReads:
+    """A source file being copied whose reads count as operations (kind ``read``)."""
+
+    def __init__(self, handle: Any, name: str, hit: Callable[[str, Any], None]) -> None:
+        self._handle, self._name, self._hit = handle, name, hit
+
+    def read(self, *args: Any) -> Any:
+        self._hit("read", self._name)
+        return self._handle.read(*args)
+
+    def __enter__(self) -> _CountingReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._handle, attr)
+
+
 # --------------------------------------------------------------------------- the scenario
 
 
@@ -253,6 +301,144 @@ class Dataset:
 
         return read_manifest(str(self.store), self.name)
 
+    def request(self) -> Any:
+        from dsagent.cache.service import DatasetRequest
+
+        return DatasetRequest(self.name, str(self.source), str(self.store))
+
+    @property
+    def allowed(self) -> Path:
+        """The local directory the agent may read (``DSAGENT_LOCAL_SOURCES``)."""
+        return self.source.parent
+
+    def check_copy(self, path: Path) -> str | None:
+        """Why the copy at ``path`` does not verify against the packed manifest, else None."""
+        return _verified(path, self.manifest())
+
+    def change(self) -> None:
+        raise NotImplementedError("a packed dataset's source does not change in the sweep")
+
+    def settle(self) -> None:
+        pass
+
+
+#: The per-file dataset: small files in two directories and one read in two HTTP range GETs
+#: (fsspec's 5 MiB blocks, its first read ahead of a 1 MiB chunk: 6 MiB; this is 6.5 MiB).
+PER_FILE_FILES = {
+    **{f"class{i % 2}/img{i:03d}.bin": bytes([i]) * (3000 + i) for i in range(6)},
+    "big/weights.bin": bytes(range(256)) * (13 << 11),
+}
+
+
+def _changed(data: bytes) -> bytes:
+    """Another version of a file, the same size: what a rewrite in place leaves."""
+    return bytes(b ^ 0x5A for b in data)
+
+
+@dataclass
+class PerFileSource:
+    """A dataset the agent copies file by file (no bundle store), served from ``kind``:
+    ``local`` (a directory), ``http`` (:class:`tests.dsagent.versioned_http.VersionedServer`
+    on 127.0.0.1, with ETags it honours) or ``s3`` (``moto`` in server mode). ``change()``
+    rewrites every file at its source (same sizes, other bytes); ``settle()`` makes the
+    source quiet again at the new version."""
+
+    kind: str
+    base: Path
+    url: str
+    storage_options: dict[str, Any] | None = None
+    name: str = "perfile"
+    server: Any = None
+    changed: bool = False
+
+    @classmethod
+    def make(cls, kind: str, base: Path, *, s3: Any = None) -> PerFileSource:
+        tree = base / "tree" / "perfile"  # the files as they are, for the manifests a copy must match
+        for path, data in PER_FILE_FILES.items():
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_bytes(data)
+        if kind == "local":
+            return cls(kind, base, str(tree))
+        if kind == "http":
+            from tests.dsagent.versioned_http import VersionedServer
+
+            server = VersionedServer({p: [d] for p, d in PER_FILE_FILES.items()}, validators="etag", flip_after=None)
+            return cls(kind, base, server.url, server=server)
+        if kind == "s3":
+            bucket = f"perfile-{base.name.lower()}"[:60].rstrip("-")
+            s3.create_bucket(bucket)
+            source = cls(kind, base, f"s3://{bucket}/perfile", s3.options(), server=s3)
+            source._put(PER_FILE_FILES)
+            return source
+        raise ValueError(kind)
+
+    def _client(self) -> Any:
+        import boto3
+
+        from tests.s3server import KEY, SECRET
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.server.endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        )
+
+    def _put(self, files: dict[str, bytes]) -> None:
+        bucket, _, prefix = self.url.removeprefix("s3://").partition("/")
+        client = self._client()
+        for path, data in files.items():
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{path}", Body=data)
+
+    def request(self) -> Any:
+        from dsagent.cache.service import DatasetRequest
+
+        return DatasetRequest(self.name, self.url, None, self.storage_options)
+
+    @property
+    def allowed(self) -> Path:
+        return self.base / "tree"
+
+    def files(self) -> dict[str, bytes]:
+        if not self.changed:
+            return dict(PER_FILE_FILES)
+        return {p: _changed(d) for p, d in PER_FILE_FILES.items()}
+
+    def check_copy(self, path: Path) -> str | None:
+        """Why the copy at ``path`` is not this source, else None: every file must be
+        exactly one version of its source file (as it was, or as it is after ``change``;
+        one file of each is fine), and nothing else may be there."""
+        found = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+        if found != set(PER_FILE_FILES):
+            return f"files {sorted(found ^ set(PER_FILE_FILES))[:5]} differ from the source's"
+        for relative, data in PER_FILE_FILES.items():
+            copied = (path / relative).read_bytes()
+            if copied != data and copied != _changed(data):
+                return f"{relative} is no version of its source file ({len(copied)} bytes)"
+        return None
+
+    def change(self) -> None:
+        """Every file rewritten in place at the source, the same size."""
+        self.changed = True
+        new = self.files()
+        if self.kind == "local":
+            for path, data in new.items():
+                with open(Path(self.url) / path, "r+b") as out:  # in place: the same inode
+                    out.write(data)
+        elif self.kind == "http":
+            with self.server._server.lock:
+                self.server._server.files = {p: [d] for p, d in new.items()}
+        else:
+            self._put(new)
+
+    def settle(self) -> None:
+        pass  # the source stays at its new version
+
+    def close(self) -> None:
+        if self.kind == "http":
+            self.server.close()
+
 
 @dataclass
 class Outcome:
@@ -282,7 +468,7 @@ def _verified(path: Path, manifest: Any) -> str | None:
     return None
 
 
-def check_root(root: Path, manifest: Any, *, after_retry: bool) -> list[str]:
+def check_root(root: Path, data: Any, *, after_retry: bool) -> list[str]:
     """The on-disk and catalog invariants of a cache root at rest (no agent running on it)."""
     problems: list[str] = []
     db = sqlite3.connect(f"file:{root / 'catalog.db'}?mode=ro", uri=True)  # read as it is, by SQL
@@ -294,7 +480,7 @@ def check_root(root: Path, manifest: Any, *, after_retry: bool) -> list[str]:
     unfinished = {(name, digest) for name, digest, state in rows if state != "ready"}
     for name, digest, state in rows:
         if state == "ready":
-            bad = _verified(root / "datasets" / name / digest, manifest)
+            bad = data.check_copy(root / "datasets" / name / digest)
             if bad:
                 problems.append(f"ready in the catalog but does not verify: {bad}")
     for entry in (root / "staging").iterdir() if (root / "staging").is_dir() else ():
@@ -323,22 +509,22 @@ async def _submit(service: Any, request: Any) -> Any:
         return exc
 
 
-def _judge(record: Any, manifest: Any) -> tuple[str, list[str]]:
+def _judge(record: Any, data: Any, clear: set[str] = CLEAR_CODES) -> tuple[str, list[str]]:
     """``(outcome, problems)`` of one answer (checked with the injector disarmed)."""
     from dsagent.errors import DsagentError
 
     if isinstance(record, DsagentError):
-        problems = [] if record.code in CLEAR_CODES else [f"refused with an unclear error {record.code}: {record}"]
+        problems = [] if record.code in clear else [f"refused with an unclear error {record.code}: {record}"]
         return f"refused:{record.code}", problems
     if isinstance(record, Exception):
         return f"raised:{type(record).__name__}", [f"request raised {type(record).__name__}: {record}"]
     status = record.datasets[0]
     if record.state == "ready":
-        bad = _verified(Path(str(status.path)), manifest)
+        bad = data.check_copy(Path(str(status.path)))
         return "ready", [f"reported ready but does not verify: {bad}"] if bad else []
     if record.state == "failed":
         code = (status.error or {}).get("code", "?")
-        unclear = code not in CLEAR_CODES
+        unclear = code not in clear
         return f"failed:{code}", [f"failed with an unclear code {code}: {status.error}"] if unclear else []
     return f"stuck:{record.state}", [f"task still {record.state} after its wait"]
 
@@ -358,28 +544,42 @@ def _service_leaks(service: Any) -> list[str]:
 
 
 def run_point(
-    base: Path, data: Dataset, at: int | None, *, code: int = errno.ENOSPC, persist: bool = False
+    base: Path,
+    data: Any,
+    at: int | None,
+    *,
+    code: int = errno.ENOSPC,
+    persist: bool = False,
+    kinds: tuple[str, ...] = KINDS,
+    change: bool = False,
 ) -> tuple[Outcome, Injector]:
-    """One injection point in process (``at=None``: count only). ``base`` must be fresh."""
-    from dsagent.cache.service import CacheService, DatasetRequest
+    """One injection point in process (``at=None``: count only). ``base`` must be fresh.
 
-    manifest = data.manifest()
-    request = DatasetRequest(data.name, str(data.source), str(data.store))
+    ``data``: a packed :class:`Dataset` or a :class:`PerFileSource`. ``kinds``: the
+    operations counted (:data:`KINDS` on the cache disk; ``read``: each read of a source
+    file). ``change``: at operation ``at`` the source is rewritten instead of failing
+    (the retry then asks for the source as it is now)."""
+    from dsagent.cache.service import CacheService
+
+    request = data.request()
     root = base / "cache"
     root.mkdir(parents=True)
-    injector = Injector(root, at=at, code=code, persist=persist, armed=False)
+    injector = Injector(root, at=at, code=code, persist=persist, armed=False, kinds=kinds)
+    if change:
+        injector.on_fire = data.change
+    clear = CLEAR_CODES | ({"source_unavailable"} if "read" in kinds and not change else set())
 
     async def scenario() -> Outcome:
-        service = CacheService(_settings(root, data.source.parent))
+        service = CacheService(_settings(root, data.allowed))
         await service.start()
         try:
             injector.armed = True
             answer = await _submit(service, request)
             injector.armed = injector.active = False  # the fault is gone; checks are not counted
-            first, problems = _judge(answer, manifest)
+            first, problems = _judge(answer, data, clear)
             problems += _service_leaks(service)
             outcome = Outcome(at or 0, first, op=injector.failed_op, violations=problems)
-            retry, more = _judge(await _submit(service, request), manifest)
+            retry, more = _judge(await _submit(service, request), data)
             outcome.retry = retry
             if retry != "ready":
                 more.append(f"the retry did not make it ready: {retry}")
@@ -390,26 +590,28 @@ def run_point(
 
     with injector:
         outcome = asyncio.run(scenario())
-    outcome.violations += check_root(root, manifest, after_retry=True)
+    outcome.violations += check_root(root, data, after_retry=True)
     return outcome, injector
 
 
 def _left_by_a_kill(problem: str) -> bool:
     """What a kill may leave until the next start cleans it (checked after the restart)."""
+    if problem.startswith("staging left: ") and "@pending-" in problem:
+        return True  # a per-file copy owned by no record yet: the start removes it
     return problem.startswith(("trash not emptied", "temporary manifest files left"))
 
 
-def _killed_child(root: str, source: str, store: str, at: int) -> None:
+def _killed_child(root: str, data: Any, at: int, kinds: tuple[str, ...]) -> None:
     """In a forked child: the agent's service serving the task, killed at operation ``at``."""
-    from dsagent.cache.service import CacheService, DatasetRequest
+    from dsagent.cache.service import CacheService
 
-    injector = Injector(Path(root), at=at, kill=True, armed=False).install()
+    injector = Injector(Path(root), at=at, kill=True, armed=False, kinds=kinds).install()
 
     async def scenario() -> None:
-        service = CacheService(_settings(Path(root), Path(source).parent))
+        service = CacheService(_settings(Path(root), data.allowed))
         await service.start()
         injector.armed = True
-        await service.submit_task("pod-a", [DatasetRequest("images", source, store)], wait=60)
+        await service.submit_task("pod-a", [data.request()], wait=60)
         await service.stop()
 
     asyncio.run(scenario())
@@ -431,16 +633,15 @@ def _forkserver() -> Any:
     return _FORKSERVER
 
 
-def run_forked_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
+def run_forked_kill_point(base: Path, data: Any, at: int, *, kinds: tuple[str, ...] = KINDS) -> Outcome:
     """``kill -9`` at operation ``at`` of the agent's service in a child process, then a
     restart (recovery) in this process and the same request; ``first`` is ``killed``, or
     ``survived`` when ``at`` lies past the last operation."""
-    from dsagent.cache.service import CacheService, DatasetRequest
+    from dsagent.cache.service import CacheService
 
-    manifest = data.manifest()
     root = base / "cache"
     root.mkdir(parents=True)
-    child = _forkserver().Process(target=_killed_child, args=(str(root), str(data.source), str(data.store), at))
+    child = _forkserver().Process(target=_killed_child, args=(str(root), _portable(data), at, kinds))
     child.start()
     child.join(120)
     if child.exitcode is None:
@@ -452,14 +653,13 @@ def run_forked_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
         outcome.violations.append(f"the child exited with {child.exitcode}")
     if child.exitcode == 0:
         outcome.first = "survived"
-    outcome.violations += [p for p in check_root(root, manifest, after_retry=False) if not _left_by_a_kill(p)]
+    outcome.violations += [p for p in check_root(root, data, after_retry=False) if not _left_by_a_kill(p)]
 
     async def restart() -> None:
-        service = CacheService(_settings(root, data.source.parent))
+        service = CacheService(_settings(root, data.allowed))
         await service.start()  # recovery, and the interrupted fetch resumes
         try:
-            request = DatasetRequest(data.name, str(data.source), str(data.store))
-            outcome.retry, problems = _judge(await _submit(service, request), manifest)
+            outcome.retry, problems = _judge(await _submit(service, data.request()), data)
             if outcome.retry != "ready":
                 problems.append(f"after the restart the task is {outcome.retry}")
             outcome.violations += problems + _service_leaks(service)
@@ -467,8 +667,15 @@ def run_forked_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
             await service.stop()
 
     asyncio.run(restart())
-    outcome.violations += check_root(root, manifest, after_retry=True)
+    outcome.violations += check_root(root, data, after_retry=True)
     return outcome
+
+
+def _portable(data: Any) -> Any:
+    """``data`` without what cannot go to another process (a server's threads)."""
+    if isinstance(data, PerFileSource):
+        return PerFileSource(data.kind, data.base, data.url, data.storage_options, data.name)
+    return data
 
 
 def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
@@ -476,7 +683,6 @@ def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
     the same request; ``first`` is ``killed`` or, past the last operation, the outcome."""
     from tests.dsagent.harness import AgentProcess
 
-    manifest = data.manifest()
     dataset = {"name": data.name, "source": str(data.source), "bundles": str(data.store)}
     env = {"DSAGENT_MAX_FETCHES": "1", "DSAGENT_FETCH_WORKERS": "1"}
     root = base / "cache"
@@ -510,7 +716,7 @@ def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
             outcome.first = "survived"
     finally:
         agent.stop()
-    outcome.violations += [p for p in check_root(root, manifest, after_retry=False) if not _left_by_a_kill(p)]
+    outcome.violations += [p for p in check_root(root, data, after_retry=False) if not _left_by_a_kill(p)]
     agent.args = plain
     agent.start()
     try:
@@ -524,12 +730,12 @@ def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
         if record["state"] != "ready":
             outcome.violations.append(f"after the restart the task is {record['state']}: {record}")
         else:
-            bad = _verified(Path(record["datasets"][0]["path"]), manifest)
+            bad = data.check_copy(Path(record["datasets"][0]["path"]))
             if bad:
                 outcome.violations.append(f"reported ready after the restart but does not verify: {bad}")
     finally:
         agent.stop()
-    outcome.violations += check_root(root, manifest, after_retry=True)
+    outcome.violations += check_root(root, data, after_retry=True)
     return outcome
 
 

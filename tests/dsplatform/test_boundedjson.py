@@ -34,3 +34,20 @@ def test_depth_counts_containers_only() -> None:
     assert boundedjson.depth(5) == 0
     assert boundedjson.depth({"a": [1, [2]], "b": {}}) == 3
     assert boundedjson.depth([[[]], []]) == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [('{"name":"d","name":"e"}', "name"), ('{"a":[{"x":1,"y":2,"x":3}]}', "x"), ('[{}, {"k":1,"k":1}]', "k")],
+)
+def test_an_object_with_a_key_twice_is_refused_naming_the_key(data: str, key: str) -> None:
+    with pytest.raises(JsonRefused, match=f"has the key '{key}' twice"):
+        boundedjson.loads(data, what="the body", max_bytes=1000)
+
+
+def test_the_same_key_in_different_objects_is_fine() -> None:
+    assert boundedjson.loads('[{"k":1},{"k":2},{"o":{"k":3}}]', what="x", max_bytes=100) == [
+        {"k": 1},
+        {"k": 2},
+        {"o": {"k": 3}},
+    ]

@@ -159,3 +159,45 @@ def test_a_json_object_without_a_pod_is_still_the_verbs_200_with_error_set(clien
     result = client.post("/filter", content=b'{"Nodes": null}')
     assert result.status_code == 200 and result.json()["Error"] == "dsplatform extender: ExtenderArgs has no Pod"
     assert client.post("/prioritize", content=b'{"Nodes": null}').json() == []
+
+
+def _twice(text: str, key: str) -> bytes:
+    """``text`` (a JSON object) with ``"key": ...`` repeated in the first object that has it."""
+    doc_start = text.index(f'"{key}":')
+    return (text[:doc_start] + f'"{key}": null, ' + text[doc_start:]).encode()
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [("top", "Pod"), ("pod", "metadata"), ("small", "Nodes")],
+)
+def test_a_key_given_twice_is_a_400_naming_it(client: httpx.Client, where: str, key: str) -> None:
+    good = args_body(pod(datasets=IMAGENET, gpus=4), good_nodes(), node_cache_capable=False).decode()
+    if where == "small":
+        body = b'{"Pod": {}, "Nodes": null, "Nodes": {"items": []}}'
+    elif where == "pod":
+        body = _twice(good, key)
+    else:
+        body = good.replace('{"Pod":', '{"Pod": {}, "Pod":', 1).encode()
+        assert body != good.encode()
+    for path in ("/filter", "/prioritize"):
+        answer = client.post(path, content=body)
+        assert answer.status_code == 400, (where, path, answer.text)
+        error = answer.json()
+        assert error["code"] == "invalid_json" and f"the key {key!r} appears twice" in error["message"], error
+
+
+def test_a_node_with_a_key_twice_in_kube_schedulers_layout_fails_the_verb_naming_the_key(
+    client: httpx.Client,
+) -> None:
+    """Nodes in the layout Go writes are cut, not parsed, until the extender reads them:
+    then the verb answers kube-scheduler's way, 200 with ``Error`` naming the key. (A node
+    the extender already read at the same resourceVersion is not read again.)"""
+    nodes = [node("twice", inventory=inventory_json(), topology=TOPO, free_gpus=[0, 1, 2, 3])]
+    good = args_body(pod(datasets=IMAGENET, gpus=4), nodes, node_cache_capable=False).decode()
+    at = good.index('"labels":', good.index('"Nodes"'))
+    body = (good[:at] + '"labels": {}, ' + good[at:]).encode()
+    result = client.post("/filter", content=body).json()
+    assert "the key 'labels' appears twice" in result["Error"], result
+    assert result["Nodes"]["items"] == []
+    assert all(h["Score"] == 0 for h in client.post("/prioritize", content=body).json())

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dsplatform.boundedjson import DuplicateKey, unique_keys
 from scheduler_plugin import decode, wire
 from scheduler_plugin.decode import decode_args
 from scheduler_plugin.errors import InvalidRequest
@@ -208,9 +209,11 @@ def parsed_whole(body: bytes) -> Any:
     if decode._POD_KEY.search(body) is None:
         return ("refused", str(decode._without_pod(body)), None)
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, object_pairs_hook=unique_keys)
     except RecursionError:
         return ("refused", "request body is nested too deeply", None)
+    except DuplicateKey as exc:
+        return ("refused", str(wire.duplicate(exc)), None)
     except ValueError as exc:
         return ("refused", str(wire.not_json(exc)), None)
     try:

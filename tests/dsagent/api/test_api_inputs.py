@@ -327,3 +327,21 @@ def test_nothing_was_written_outside_the_cache_root(agent: AgentProcess) -> None
     root = agent.root.parent
     assert sorted(p.name for p in root.iterdir()) == sorted(["agent", "agent.log", "agent.sock", "allowed"])
     assert not (Path("/etc") / "passwd").is_relative_to(agent.root)
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        (b'{"datasets":[{"name":"d","name":"e","source":"memory://nowhere/ok"}]}', "name"),
+        (b'{"datasets":[],"datasets":[{"name":"ok","source":"memory://nowhere/ok"}]}', "datasets"),
+    ],
+    ids=["in-a-dataset", "at-the-top"],
+)
+def test_a_key_given_twice_is_a_400_naming_it_not_the_last_one_winning(
+    http: httpx.Client, body: bytes, key: str
+) -> None:
+    response = http.put("/v1/tasks/dup", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["code"] == "invalid_input" and f"the key {key!r} twice" in error["message"], error
+    assert http.get("/v1/tasks/dup").status_code == 404  # nothing was cached under either name

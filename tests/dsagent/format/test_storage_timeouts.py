@@ -1,6 +1,8 @@
 """One timeout rule for object stores. The seconds come from the settings
 (``DSAGENT_STORAGE_CONNECT_TIMEOUT`` / ``..._READ_TIMEOUT`` win over ``DSAGENT_SOURCE_TIMEOUT``,
-which wins over 10 s / 60 s) and are handed down; the format layer reads no environment.
+which wins over 10 s / 60 s) and are handed down as a value inside the storage options
+(``dsagent.format.storageconfig``); the format layer reads no environment and holds no
+process-wide setting.
 
 Before, the agent added ``DSAGENT_SOURCE_TIMEOUT`` (60 s) to a request's options first and
 the format layer's ``DSAGENT_STORAGE_*`` only filled what was unset, so a configured 10 s S3
@@ -17,10 +19,10 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings, StorageSettings
-from dsagent.cli.options import use_storage_settings
-from dsagent.errors import SettingsError
+from dsagent.cli.options import options_for_stores, settings_storage_config
+from dsagent.errors import InvalidInput, SettingsError
 from dsagent.format import storage
-from dsagent.format.storage_errors import StorageTimeouts, bounded_options
+from dsagent.format.storageconfig import CONFIG_KEY, StorageConfig, with_config
 
 
 class Built(Exception):
@@ -28,15 +30,15 @@ class Built(Exception):
 
 
 def test_the_specific_timeout_wins_over_the_general_one_which_wins_over_the_default() -> None:
-    def bounds(env: dict[str, str]) -> StorageTimeouts:
-        return StorageSettings.read(env).storage_timeouts
+    def bounds(env: dict[str, str]) -> StorageConfig:
+        return StorageSettings.read(env).storage_config
 
-    assert bounds({}) == StorageTimeouts(10.0, 60.0)
-    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "5s"}) == StorageTimeouts(5.0, 5.0)
-    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "60s", "DSAGENT_STORAGE_CONNECT_TIMEOUT": "10s"}) == StorageTimeouts(
+    assert bounds({}) == StorageConfig(10.0, 60.0)
+    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "5s"}) == StorageConfig(5.0, 5.0)
+    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "60s", "DSAGENT_STORAGE_CONNECT_TIMEOUT": "10s"}) == StorageConfig(
         10.0, 60.0
     )
-    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "1h", "DSAGENT_STORAGE_READ_TIMEOUT": "30s"}) == StorageTimeouts(
+    assert bounds({"DSAGENT_SOURCE_TIMEOUT": "1h", "DSAGENT_STORAGE_READ_TIMEOUT": "30s"}) == StorageConfig(
         3600.0, 30.0
     )
     with pytest.raises(SettingsError, match="DSAGENT_STORAGE_CONNECT_TIMEOUT='0': a timeout must be positive"):
@@ -86,18 +88,40 @@ def test_a_configured_10s_s3_connect_timeout_stays_10s_in_the_agent(
 def test_dsctl_hands_the_configured_timeouts_to_every_filesystem_it_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     import aiohttp
 
-    use_storage_settings({"DSAGENT_STORAGE_CONNECT_TIMEOUT": "3s", "DSAGENT_SOURCE_TIMEOUT": "20s"})
-    fs, _ = storage.resolve("https://example.invalid/x")
+    def config(env: dict[str, str]) -> Any:
+        return lambda: settings_storage_config(env)
+
+    options = with_config({}, config({"DSAGENT_STORAGE_CONNECT_TIMEOUT": "3s", "DSAGENT_SOURCE_TIMEOUT": "20s"}))
+    fs, _ = storage.resolve("https://example.invalid/x", options)
     timeout = fs.client_kwargs["timeout"]
     assert isinstance(timeout, aiohttp.ClientTimeout)
     assert (timeout.sock_connect, timeout.sock_read) == (3.0, 20.0)
-    use_storage_settings({"DSAGENT_STORAGE_READ_TIMEOUT": "soon"})
     with pytest.raises(SettingsError, match="DSAGENT_STORAGE_READ_TIMEOUT='soon'"):
-        storage.resolve("s3://bucket/x", {"anon": True})
+        storage.resolve("s3://bucket/x", with_config({"anon": True}, config({"DSAGENT_STORAGE_READ_TIMEOUT": "soon"})))
+
+
+def test_dsctl_reads_the_settings_from_its_environment_only_for_a_remote_filesystem(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DSAGENT_STORAGE_READ_TIMEOUT", "7s")
+    options = options_for_stores(["anon=true"])
+    assert options["anon"] is True and callable(options[CONFIG_KEY])
+    fs, _ = storage.resolve("s3://bucket/x", options)
+    assert fs.config_kwargs["read_timeout"] == 7.0
+    monkeypatch.setenv("DSAGENT_STORAGE_READ_TIMEOUT", "never")  # not read for a local path
+    local = options_for_stores([])
+    assert storage.local_path(str(tmp_path), local) == str(tmp_path)
+    assert storage.resolve(str(tmp_path), local)[1] == str(tmp_path)
+
+
+def test_the_config_key_is_not_a_storage_option_anyone_gives() -> None:
+    with pytest.raises(InvalidInput, match="set by dsplatform"):
+        storage.resolve("s3://bucket/x", {"anon": True, CONFIG_KEY: {"read": 1}})
 
 
 def test_a_timeout_in_the_callers_options_wins() -> None:
-    options = bounded_options("s3", {"config_kwargs": {"connect_timeout": 1}}, StorageTimeouts(10.0, 60.0))
+    options = StorageConfig(10.0, 60.0).bounded("s3", {"config_kwargs": {"connect_timeout": 1}})
     assert options["config_kwargs"]["connect_timeout"] == 1
     assert options["config_kwargs"]["read_timeout"] == 60.0
-    assert bounded_options("file", {}, StorageTimeouts(1.0, 1.0)) == {}
+    assert options["config_kwargs"]["retries"] == {"max_attempts": 3, "mode": "standard"}
+    assert StorageConfig(1.0, 1.0).bounded("file", {}) == {}

@@ -487,3 +487,12 @@ def test_json_logs_put_uvicorns_lines_and_the_access_log_in_the_same_format(
     assert {"uvicorn.error", "uvicorn.access", "dsagent.webhook"} <= {d["logger"] for d in docs}, docs
     assert any(d.get("path") == "/mutate" and d.get("status") == 200 for d in docs)
     assert any(d["level"] == "warning" and "admitted without dsplatform" in d["message"] for d in docs)
+
+
+def test_a_review_with_a_key_twice_is_a_400_naming_the_key(webhook_server: dict[str, Any]) -> None:
+    text = json.dumps(review())
+    body = text.replace('"kind": "AdmissionReview"', '"kind": "AdmissionReview", "kind": "AdmissionReview"', 1)
+    assert body != text
+    status, answer = call(webhook_server, "POST", "/mutate", body.encode())
+    assert status == 400 and answer["code"] == "invalid_input"
+    assert "the key 'kind' twice" in answer["message"], answer
