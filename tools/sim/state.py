@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
-from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 from scheduler_plugin.settings import Settings, Weights
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 from tools.sim import deadline as deadline_variants
 from tools.sim import fluid, hooks, rates
 from tools.sim.cluster import EPOCH, ClusterParams, Fetch, Node, Outcome, Worker, build_nodes
