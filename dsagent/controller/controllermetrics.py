@@ -16,7 +16,7 @@ class ControllerMetrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins (issue 23)
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.leader = Gauge("dsplatform_controller_leader", "1 while this replica holds the Lease.", registry=r)
         self.passes = Counter("dsplatform_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
@@ -46,7 +46,7 @@ class ControllerMetrics:
             ["copies"],
             registry=r,
         )
-        for result in ("ok", "error"):  # series exist before the first error (issue 23)
+        for result in ("ok", "error"):  # series exist before the first error
             self.passes.labels(result=result)
             self.datasets.labels(result=result)
 
