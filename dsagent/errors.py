@@ -40,6 +40,8 @@ failed flush). Classes defined beside their code are drawn with their module.
     ├── CatalogError                          cache.catalog: the catalog cannot be written
     │   └── CatalogDamaged                    cache.catalog: not a readable SQLite file (rebuilt)
     ├── MountError                            nodeplugins.csi.mounts: a mount or unmount failed
+    ├── VfSetupFailed (FAILED_PRECONDITION)   nodeplugins.deviceplugin.vfsetup: the kernel refused a
+    │                                         VF's count, address or link state
     ├── StillRunning (202, exit 14)           dsctl stopped waiting (--timeout) for an action the
     │                                         agent goes on with: not a failure, nothing to retry
     └── TransientError (503, exit 7, UNAVAILABLE)  worth retrying: source or agent unreachable

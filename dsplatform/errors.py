@@ -23,6 +23,10 @@ the families below are the kinds more than one package has.
     └── Unavailable (503, exit 7, UNAVAILABLE)  worth retrying
         └── ReaderError                       dsplatform.data: a bundle no endpoint could give
 
+One exception outside the tree: ``dsplatform.boundedjson.DuplicateKey``, a ValueError raised
+inside ``json.loads``' object hook, which every parser turns into its refusal where it
+enters (a :class:`JsonRefused`, the extender's ``BodyNotJson``).
+
 Errors become exit codes in one place: :func:`exit_on_error`, which every process's entry
 point runs under (``dsctl``, ``dsagent``, the webhook, the controller, the extender). Errors
 become HTTP answers in each API's exception handler, and gRPC statuses in the one helper of

@@ -22,6 +22,9 @@ NOT_PLATFORM_ERRORS = {
     # the kernel's write error with its errno: an OSError so that the callers' OSError handling
     # sees it; cache.fetch and format.extract translate it into the tree where it enters
     "dsagent.format.durable.WritebackError",
+    # raised inside json.loads' object_pairs_hook (a ValueError, as json's own errors are) and
+    # turned into the refusal of whoever parses: JsonRefused, the extender's BodyNotJson
+    "dsplatform.boundedjson.DuplicateKey",
 }
 
 #: the only files that turn an error into an exit code: the process edge every entry point

@@ -17,7 +17,7 @@ Bounds: at most :data:`MAX_RUNNING` operations run at once (the next is a 503, w
 retrying); finished ones are kept :data:`KEEP_SECONDS` and at most :data:`KEEP_FINISHED`
 of them, oldest dropped first. Operations live in the process: after an agent restart an
 id is unknown (404), and the action itself was either done or rolled back by the
-service's start-up recovery (docs/design.md#recovery).
+service's start-up recovery (docs/design.md#cache-layout).
 """
 
 from __future__ import annotations

@@ -10,12 +10,16 @@ enter: 404 -> :class:`NotFound`, 409 -> :class:`Conflict`, 400/422 -> :class:`In
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from dsagent.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
+
+_T = TypeVar("_T")
 
 
 class KubeUnavailable(TransientError):
@@ -81,4 +85,30 @@ def translated(what: str) -> Iterator[None]:
         raise KubeUnavailable(f"{what}: the API server is unreachable ({type(exc).__name__})") from exc
 
 
-__all__ = ["KubeForbidden", "KubeUnavailable", "load", "status_of", "translated"]
+async def in_daemon_thread(call: Callable[[], _T]) -> _T:
+    """``call()`` (a blocking API call) in a daemon thread of its own: awaiting it can be
+    abandoned (a timeout), and a call that never returns holds up neither the default
+    executor nor the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting side, whatever it is
+            error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(settle, lambda: future.set_exception(error))
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, lambda: future.set_result(result))
+
+    threading.Thread(target=run, name="dsagent-kube-call", daemon=True).start()
+    return await future
+
+
+__all__ = ["KubeForbidden", "KubeUnavailable", "in_daemon_thread", "load", "status_of", "translated"]

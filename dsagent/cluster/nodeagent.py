@@ -39,41 +39,33 @@ publisher retry in the background.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
 from dsagent.cluster import publisher
-from dsagent.cluster.apiclient import translated
+from dsagent.cluster.apiclient import in_daemon_thread, translated
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
-from dsagent.cluster.events import EventRecorder, ObjectRef
+from dsagent.cluster.events import EventRecorder
 from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cluster.podevents import EVENTS_CONTROLLER, PodEvents
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound
 from dsplatform import errors as platform_errors
 from dsplatform.gpus import GpuResources
 from dsplatform.names import is_pod_uid
-from dsplatform.units import format_size
 from dsplatform.wire import podannotations
 
 if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
     from dsagent.cache.service import CacheService
 
 log = logging.getLogger("dsagent.cluster")
-_T = TypeVar("_T")
-#: how often the pods' datasets are looked at for their Events
-POD_EVENTS_INTERVAL = 2.0
-#: ``reportingController`` of the agents' Events
-EVENTS_CONTROLLER = "dsagent.io/agent"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
@@ -227,9 +219,7 @@ class ClusterAgent:
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
         self.patches = 0
         self.released: list[str] = []  # pod UIDs whose tasks were released, oldest first
-        self._pod_refs: dict[str, ObjectRef] = {}  # pod UID -> the Pod, for its Events
-        self._told: dict[tuple[str, str], str] = {}  # (pod UID, dataset) -> the state its last Event said
-        self.pod_events: EventRecorder | None = None
+        self.pod_events: PodEvents | None = None  # the pods' Events, once the API client is there
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -254,7 +244,9 @@ class ClusterAgent:
             self._api_client = await asyncio.to_thread(apiclient.load)
         self._core = client.CoreV1Api(self._api_client)
         self._datasets = DatasetClient(self._api_client)
-        self.pod_events = EventRecorder(self._api_client, controller=EVENTS_CONTROLLER, instance=self.node_name)
+        self.pod_events = PodEvents(
+            EventRecorder(self._api_client, controller=EVENTS_CONTROLLER, instance=self.node_name), self.node_name
+        )
         await self._check_node()
         self._watch = PodWatch(
             self._api_client, self.node_name, self._from_thread, timeout_seconds=self.cluster.watch_timeout
@@ -266,7 +258,7 @@ class ClusterAgent:
             asyncio.create_task(self._publish_forever(), name="dsagent-kube-publish"),
             asyncio.create_task(self._renew_forever(), name="dsagent-kube-renew"),
             asyncio.create_task(self._release_stale_tasks(), name="dsagent-kube-stale"),
-            asyncio.create_task(self._tell_pods_forever(), name="dsagent-kube-pod-events"),
+            asyncio.create_task(self.pod_events.run_forever(self.service.get_task), name="dsagent-kube-pod-events"),
         ]
         if self.cluster.copies_configmap is not None:
             self._background.append(asyncio.create_task(self._copies_forever(), name="dsagent-kube-copies"))
@@ -301,7 +293,7 @@ class ClusterAgent:
         await asyncio.gather(*self._background, return_exceptions=True)
         watch = self._watch
         stopping = (
-            asyncio.ensure_future(_in_daemon_thread(lambda: watch.stop(timeout=self.cluster.stop_timeout)))
+            asyncio.ensure_future(in_daemon_thread(lambda: watch.stop(timeout=self.cluster.stop_timeout)))
             if watch is not None
             else None
         )
@@ -354,9 +346,8 @@ class ClusterAgent:
             log.warning("could not start caching for pod %s: %s", name, exc)
             return
         self._tasks[uid] = list(requests)
-        meta = pod.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
-        self._pod_refs[uid] = ObjectRef("v1", "Pod", namespace, str(meta.get("name")), uid)
+        if self.pod_events is not None:
+            self.pod_events.watch(uid, pod)
         log.info(
             "pod %s bound to %s: caching %s (%s)",
             name,
@@ -364,59 +355,8 @@ class ClusterAgent:
             ", ".join(r.name for r in requests),
             record.state,
         )
-        await self._tell_pod(uid, record)
-
-    # -- the pods' Events ---------------------------------------------------------------
-
-    async def _tell_pods_forever(self) -> None:
-        """Each pod's datasets as Events on the Pod (``kubectl describe pod``), when they change."""
-        while True:
-            await asyncio.sleep(POD_EVENTS_INTERVAL)
-            for uid in list(self._pod_refs):
-                try:
-                    await self._tell_pod(uid, await self.service.get_task(uid))
-                except NotFound:
-                    self._forget_pod(uid)
-                except Exception:  # Events are best effort: never stop the loop
-                    log.exception("telling pod %s about its datasets failed", uid)
-
-    async def _tell_pod(self, uid: str, record: Any) -> None:
-        """An Event on the pod for each of its datasets whose state changed since the last one:
-        caching started, ready, or failed with the error's code and hint."""
-        regarding, recorder = self._pod_refs.get(uid), self.pod_events
-        if regarding is None or recorder is None:
-            return
-        for ds in record.datasets:
-            state = "ready" if ds.state == "ready" else "failed" if ds.state == "failed" else "caching"
-            if self._told.get((uid, ds.name)) == state:
-                continue
-            if state == "ready":
-                kind, reason = "Normal", "DatasetReady"
-                size = format_size(ds.size_bytes)
-                note = f"dataset {ds.name} ({size}) is cached and verified on node {self.node_name}"
-            elif state == "failed":
-                error = ds.error or {}
-                hint = f" ({error['hint']})" if error.get("hint") else ""
-                kind, reason = "Warning", "DatasetFailed"
-                note = f"dataset {ds.name}: {error.get('code', 'failed')}: {error.get('message', '')}{hint}"
-            else:
-                kind, reason = "Normal", "DatasetCaching"
-                note = f"caching dataset {ds.name} on node {self.node_name}"
-            before = self._told.get((uid, ds.name))
-            self._told[(uid, ds.name)] = state  # first: the loop and a new pod's first look may overlap
-            said = await _in_daemon_thread(  # a hanging API server must not hold the agent's exit
-                functools.partial(recorder.record, regarding, type=kind, reason=reason, action="Cache", note=note)
-            )
-            if not said and self._told.get((uid, ds.name)) == state:  # say it again next time
-                if before is None:
-                    self._told.pop((uid, ds.name), None)
-                else:
-                    self._told[(uid, ds.name)] = before
-
-    def _forget_pod(self, uid: str) -> None:
-        self._pod_refs.pop(uid, None)
-        for key in [k for k in self._told if k[0] == uid]:
-            del self._told[key]
+        if self.pod_events is not None:
+            await self.pod_events.tell(uid, record)
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
@@ -468,7 +408,8 @@ class ClusterAgent:
 
     async def _release(self, uid: str, name: str) -> None:
         self._tasks.pop(uid, None)  # first, so the renewal loop stops renewing it
-        self._forget_pod(uid)
+        if self.pod_events is not None:
+            self.pod_events.forget(uid)
         self._left_to_init.discard(uid)
         self.released.append(uid)
         try:
@@ -613,7 +554,7 @@ class ClusterAgent:
         while (left := deadline - time.monotonic()) > 0:
             try:
                 call = functools.partial(self._patch_annotations, patch, timeout=min(left, 3.0))
-                await asyncio.wait_for(_in_daemon_thread(call), left)
+                await asyncio.wait_for(in_daemon_thread(call), left)
                 self._annotations = publisher.applied(self._annotations, patch)
                 return True
             except (asyncio.TimeoutError, DsagentError) as exc:
@@ -633,21 +574,7 @@ class ClusterAgent:
         except Exception as exc:  # no GPU, no nvidia-smi: publish without topology
             log.info("no GPU topology on node %s (%s); publishing the inventory only", self.node_name, exc)
             return
-        from gpu_topology import to_json, topology_to_dict
-
-        try:
-            self._topology_json = to_json(topology, mode=self.settings.roce_classes)
-        except Exception as exc:  # subnet mode on a node whose NICs have no address yet
-            log.warning(
-                "RoCE classes by %s on node %s: %s; publishing the topology without classes",
-                self.settings.roce_classes,
-                self.node_name,
-                exc,
-            )
-            document = topology_to_dict(topology)
-            document.pop("classMode", None)
-            document["classes"] = []
-            self._topology_json = json.dumps(document, separators=(",", ":"))
+        self._topology_json = publisher.topology_json(topology, self.settings.roce_classes, self.node_name)
         self._topology = topology
         self._gpu_count = len(topology.gpus)
 
@@ -656,31 +583,6 @@ def _discover(options: dict[str, Any] | None = None) -> Any:
     from gpu_topology import discover
 
     return discover(options=options)
-
-
-async def _in_daemon_thread(call: Callable[[], _T]) -> _T:
-    """``call()`` in a daemon thread of its own: awaiting it can be abandoned (a timeout), and a
-    call that never returns holds up neither the default executor nor the process's exit."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[_T] = loop.create_future()
-
-    def settle(outcome: Callable[[], None]) -> None:
-        if not future.done():
-            outcome()
-
-    def run() -> None:
-        try:
-            result = call()
-        except BaseException as exc:  # handed to the awaiting side, whatever it is
-            error = exc
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(settle, lambda: future.set_exception(error))
-        else:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, lambda: future.set_result(result))
-
-    threading.Thread(target=run, name="dsagent-kube-call", daemon=True).start()
-    return await future
 
 
 def _name(pod: Mapping[str, Any]) -> str:

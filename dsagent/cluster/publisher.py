@@ -18,6 +18,8 @@ Who calls it: :class:`dsagent.cluster.nodeagent.ClusterAgent`.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -125,7 +127,26 @@ def applied(current: Mapping[str, str] | None, patch: Mapping[str, str | None]) 
     return result
 
 
+def topology_json(topology: Any, mode: str, node: str) -> str:
+    """The topology annotation's JSON with the RoCE classes cut by ``mode``; a node whose
+    classes cannot be cut that way (subnet mode on NICs without an address yet) publishes
+    its topology without classes."""
+    from gpu_topology import to_json, topology_to_dict
+
+    try:
+        return to_json(topology, mode=mode)
+    except Exception as exc:
+        logging.getLogger("dsagent.cluster").warning(
+            "RoCE classes by %s on node %s: %s; publishing the topology without classes", mode, node, exc
+        )
+        document = topology_to_dict(topology)
+        document.pop("classMode", None)
+        document["classes"] = []
+        return json.dumps(document, separators=(",", ":"))
+
+
 __all__ = [
+    "topology_json",
     "FREE_BYTES_QUANTUM",
     "FREE_GPUS",
     "INVENTORY",

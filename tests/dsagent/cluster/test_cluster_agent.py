@@ -617,7 +617,7 @@ def test_a_pod_s_datasets_are_events_on_the_pod_caching_ready_and_failed_with_co
 ) -> None:
     """``kubectl describe pod`` says what the agent did for it: each dataset's caching, its
     readiness and a failure with the error's code and hint, each said once."""
-    monkeypatch.setattr("dsagent.cluster.nodeagent.POD_EVENTS_INTERVAL", 0.05)
+    monkeypatch.setattr("dsagent.cluster.podevents.INTERVAL", 0.05)
     apiserver.create(make_node(NODE))
     datasets = json.dumps(
         [{"name": "tiny", "source": memory_dataset}, {"name": "gone", "source": memory_dataset + "-missing"}]
