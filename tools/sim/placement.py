@@ -224,7 +224,8 @@ class Placement(SimState):
             if not free:
                 return
             by_name = {n.name: n for n in self.nodes}
-            decisions = {job.id: self._decide(job, free, by_name) for job in window}
+            shared: dict[tuple[str, int, str], tuple[float, frozenset[str]]] = {}  # free GPUs hold in a round
+            decisions = {job.id: self._decide(job, free, by_name, shared) for job in window}
             order = queue_order((str(j), d) for j, d in decisions.items())
             placed = False
             releases: dict[int, list[tuple[float, int]]] | None = None  # nothing runs or ends in a round
@@ -298,7 +299,18 @@ class Placement(SimState):
             bw = self.bw_memo[key] = intra_node_bandwidth(node.type.topology, gpus)
         return bw
 
-    def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]) -> Decision:
+    def _share_of_node(self, node: Node, gpus: tuple[int, ...]) -> tuple[float, frozenset[str]]:
+        """A plan's GPUs on one node: their bandwidth and RoCE classes."""
+        classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
+        return self._node_bandwidth(node, gpus), classes
+
+    def _decide(
+        self,
+        job: Job,
+        free: dict[str, int],
+        by_name: dict[str, Node],
+        shared: dict[tuple[str, int, str], tuple[float, frozenset[str]]] | None = None,
+    ) -> Decision:
         # the GPUs a plan's share of a node would get: nothing changes while one job is decided,
         # so each (node, count) is asked of the product once (the same answers, far fewer calls)
         # and its bandwidth and classes once too
@@ -322,11 +334,17 @@ class Placement(SimState):
                             known_class.append(found)
                     known = known_class[0] if known_class else None
                 if known is not None and len(node.free) >= count:
-                    gpus = self._gpus_in_class(node, count, known) or ()  # the class _gpus_for would read
+                    # a function of the node's free GPUs, the count and the class alone: the
+                    # same for every job of the round that has this class
+                    got = shared.get((name, count, known)) if shared is not None else None
+                    if got is None:
+                        gpus = self._gpus_in_class(node, count, known) or ()  # the class _gpus_for would read
+                        got = self._share_of_node(node, gpus)
+                        if shared is not None:
+                            shared[(name, count, known)] = got
                 else:
-                    gpus = self._gpus_for(job, node, count) or ()
-                classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
-                got = chosen[(name, count)] = (self._node_bandwidth(node, gpus), classes)
+                    got = self._share_of_node(node, self._gpus_for(job, node, count) or ())
+                chosen[(name, count)] = got
             return got
 
         def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
