@@ -263,9 +263,7 @@ class Placement(SimState):
             ends.sort()
         return releases
 
-    def _better_to_wait(
-        self, job: Job, plan: Plan, releases: dict[int, list[tuple[float, int]]] | None = None
-    ) -> bool:
+    def _better_to_wait(self, job: Job, plan: Plan, releases: dict[int, list[tuple[float, int]]] | None = None) -> bool:
         """The time model's wait rule: the earliest time a node will hold the plan's GPUs,
         from the running jobs' expected ends (``releases``: :meth:`_releases`, read once
         per round), and the run time on that node."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
-from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 from scheduler_plugin.settings import Settings, Weights
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 from tools.sim import deadline as deadline_variants
 from tools.sim import fluid, hooks, rates
 from tools.sim.cluster import EPOCH, ClusterParams, Fetch, Node, Outcome, Worker, build_nodes
