@@ -131,6 +131,10 @@ class Fetch:
     unpack: bool = False  # ours' fetch: limited by the node's unpack rate, shared among its fetches
     fuse: bool = False
     on_done: str = ""  # what finishing it means: "" (ours' copy), "stripe"
+    # kept by tools.sim.flows: the fair share before ``after`` is applied, the rate, whether open
+    base: float = field(default=0.0, repr=False, compare=False)
+    rate: float = field(default=0.0, repr=False, compare=False)
+    open: bool = field(default=True, repr=False, compare=False)
 
 
 @dataclass

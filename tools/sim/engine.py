@@ -42,9 +42,9 @@ class Simulation(Placement, Reads):
         by_id = {j.id: j for j in self.jobs}
         while self.events or self.fetches:
             t_event = self.events[0][0] if self.events else math.inf
-            t_fetch, rate = self._next_fetch()
+            t_fetch = self._next_fetch()
             t = min(t_event, t_fetch)
-            self._progress(t - self.now, rate)
+            self._progress(t - self.now)
             self.now = t
             if t_fetch <= t_event:
                 self._finish_fetches()

@@ -59,6 +59,9 @@ class Flows(SimState):
             on_done,
         )
         self.fetches.append(fetch)
+        if after is not None:
+            self.after_fetches.append(fetch)
+        self._count(fetch, 1)
         if stream:
             assert waiter is not None
             self.outcomes[waiter[0].id].streams += 1
@@ -76,60 +79,90 @@ class Flows(SimState):
         self.storage_log.append((self.now, self.storage_bytes))
         return fetch
 
-    def _next_fetch(self) -> tuple[float, dict[int, float]]:
-        if not self.fetches:
-            return math.inf, {}
-        p = self.params
-        net: dict[int, int] = {}
-        store: dict[int, int] = {}
-        disk: dict[int, int] = {}
-        unpack: dict[int, int] = {}
-        uploads: dict[int, int] = {}
-        from_storage = 0
-        for f in self.fetches:
-            i = f.node.index
-            if f.source == "local":
-                disk[i] = disk.get(i, 0) + 1
-            else:
-                net[i] = net.get(i, 0) + 1
-                if f.source == "storage":
-                    store[i] = store.get(i, 0) + 1
-                    from_storage += 1
-                for s in f.sources:
-                    uploads[s] = uploads.get(s, 0) + 1
-            if f.unpack:
-                unpack[i] = unpack.get(i, 0) + 1
-        rates: dict[int, float] = {}
-        for f in self.fetches:
-            i = f.node.index
-            if f.source == "local":
-                r = p.disk_bw / disk[i]
-            else:
-                r = f.node.type.nic_bw / net[i]
-                if f.source == "storage":
-                    r = min(r, p.store_node_bw / store[i], p.storage_bw / from_storage)
-                elif f.sources:
-                    r = min(r, sum(p.node_serve_bw / uploads[s] for s in f.sources))
-            if f.unpack:
-                r = min(r, p.node_fetch_bw / unpack[i])
-            if f.fuse:
-                r *= p.fuse_factor
-            rates[id(f)] = r
-        for f in self.fetches:  # a source passes on bytes it is still fetching no faster than they come
-            if f.after is not None and id(f.after) in rates:
-                rates[id(f)] = min(rates[id(f)], rates[id(f.after)])
-        soonest = min(f.remaining / rates[id(f)] for f in self.fetches)
-        return self.now + soonest, rates
+    def _count(self, f: Fetch, step: int) -> None:
+        """Open (``step`` 1) or close (-1) a transfer in the counts the fair shares divide by,
+        and mark whose share that changes: its node's transfers, the readers of the nodes it
+        reads from, every store read when the store's count changes."""
+        c = self.flow_counts
+        i = f.node.index
+        if f.source == "local":
+            c.disk[i] = c.disk.get(i, 0) + step
+        else:
+            c.net[i] = c.net.get(i, 0) + step
+            if f.source == "storage":
+                c.store[i] = c.store.get(i, 0) + step
+                c.from_storage += step
+                c.storage_changed = True
+            for s in f.sources:
+                c.uploads[s] = c.uploads.get(s, 0) + step
+                c.dirty_uploads.add(s)
+        if f.unpack:
+            c.unpack[i] = c.unpack.get(i, 0) + step
+        c.dirty_nodes.add(i)
 
-    def _progress(self, dt: float, rates: dict[int, float]) -> None:
-        if dt <= 0 or not rates:
+    def _share(self, f: Fetch) -> float:
+        """The transfer's fair share of what it passes through (before ``after``)."""
+        p, c = self.params, self.flow_counts
+        i = f.node.index
+        if f.source == "local":
+            r = p.disk_bw / c.disk[i]
+        else:
+            r = f.node.type.nic_bw / c.net[i]
+            if f.source == "storage":
+                r = min(r, p.store_node_bw / c.store[i], p.storage_bw / c.from_storage)
+            elif f.sources:
+                r = min(r, sum(p.node_serve_bw / c.uploads[s] for s in f.sources))
+        if f.unpack:
+            r = min(r, p.node_fetch_bw / c.unpack[i])
+        if f.fuse:
+            r *= p.fuse_factor
+        return r
+
+    def _update_rates(self) -> None:
+        """Recompute the shares the last opened and closed transfers changed; the rest stand
+        (a share is a function of the open transfers only, so the rates are exactly those a
+        full recount gives)."""
+        c = self.flow_counts
+        if not (c.dirty_nodes or c.dirty_uploads or c.storage_changed):
+            return
+        nodes, uploads, storage = c.dirty_nodes, c.dirty_uploads, c.storage_changed
+        for f in self.fetches:
+            if (
+                f.node.index in nodes
+                or (storage and f.source == "storage")
+                or (uploads and f.sources and not uploads.isdisjoint(f.sources))
+            ):
+                f.base = f.rate = self._share(f)
+        c.dirty_nodes, c.dirty_uploads, c.storage_changed = set(), set(), False
+        for f in self.after_fetches:
+            f.rate = f.base
+        for f in self.after_fetches:  # a source passes on bytes it is still fetching no faster than they come
+            if f.after is not None and f.after.open:
+                f.rate = min(f.rate, f.after.rate)
+
+    def _next_fetch(self) -> float:
+        """When the next transfer finishes at the current rates (inf: none open)."""
+        if not self.fetches:
+            return math.inf
+        self._update_rates()
+        soonest = min([f.remaining / f.rate for f in self.fetches])
+        return self.now + soonest
+
+    def _progress(self, dt: float) -> None:
+        if dt <= 0 or not self.fetches:
             return
         for f in self.fetches:
-            f.remaining -= rates[id(f)] * dt
+            f.remaining -= f.rate * dt
 
     def _finish_fetches(self) -> None:
         done = [f for f in self.fetches if f.remaining <= 1.0]
-        self.fetches = [f for f in self.fetches if f.remaining > 1.0]
+        if done:
+            self.fetches = [f for f in self.fetches if f.remaining > 1.0]
+            for f in done:
+                f.open = False
+                self._count(f, -1)
+            if self.after_fetches:
+                self.after_fetches = [f for f in self.after_fetches if f.open]
         for f in done:
             entry = f.node.cache.get(f.key)
             if f.cached and entry is not None and not f.stream:

@@ -224,17 +224,22 @@ class Placement(SimState):
             if not free:
                 return
             by_name = {n.name: n for n in self.nodes}
-            decisions = {job.id: self._decide(job, free, by_name) for job in window}
+            shared: dict[tuple[str, int, str], tuple[float, frozenset[str]]] = {}  # free GPUs hold in a round
+            decisions = {job.id: self._decide(job, free, by_name, shared) for job in window}
             order = queue_order((str(j), d) for j, d in decisions.items())
             placed = False
+            releases: dict[int, list[tuple[float, int]]] | None = None  # nothing runs or ends in a round
             for ident in order:
                 job = next(j for j in window if str(j.id) == ident)
                 d = decisions[job.id]
                 if d.plan is None:
                     continue
                 as_written = self.variant is not None and self.variant.as_written
-                if d.plan.cross_node and not as_written and self._better_to_wait(job, d.plan):
-                    continue
+                if d.plan.cross_node and not as_written:
+                    if releases is None:
+                        releases = self._releases()
+                    if self._better_to_wait(job, d.plan, releases):
+                        continue
                 if d.plan.cross_node:
                     shape: list[tuple[Node | None, int]] = [(by_name[n], c) for n, c in d.plan.allocation]
                 else:
@@ -248,20 +253,29 @@ class Placement(SimState):
             if not placed:
                 return
 
-    def _better_to_wait(self, job: Job, plan: Plan) -> bool:
-        """The time model's wait rule: the earliest time a node will hold the plan's GPUs,
-        from the running jobs' expected ends, and the run time on that node."""
-        n = plan.n_gpu
-        best_t, best_run = math.inf, math.inf
+    def _releases(self) -> dict[int, list[tuple[float, int]]]:
+        """Per node, (expected end, GPUs) of the running jobs' workers on it, soonest first."""
         releases: dict[int, list[tuple[float, int]]] = {}
         for out in self.running.values():
             for w in out.workers:
                 releases.setdefault(w.node.index, []).append((out.end, len(w.gpus)))
+        for ends in releases.values():
+            ends.sort()
+        return releases
+
+    def _better_to_wait(self, job: Job, plan: Plan, releases: dict[int, list[tuple[float, int]]] | None = None) -> bool:
+        """The time model's wait rule: the earliest time a node will hold the plan's GPUs,
+        from the running jobs' expected ends (``releases``: :meth:`_releases`, read once
+        per round), and the run time on that node."""
+        n = plan.n_gpu
+        best_t, best_run = math.inf, math.inf
+        if releases is None:
+            releases = self._releases()
         for node in self.nodes:
             if len(node.type.topology.gpus) < n:
                 continue
             free, t = len(node.free), self.now
-            for end, count in sorted(releases.get(node.index, ())):
+            for end, count in releases.get(node.index, ()):
                 if free >= n:
                     break
                 free, t = free + count, end
@@ -283,7 +297,18 @@ class Placement(SimState):
             bw = self.bw_memo[key] = intra_node_bandwidth(node.type.topology, gpus)
         return bw
 
-    def _decide(self, job: Job, free: dict[str, int], by_name: dict[str, Node]) -> Decision:
+    def _share_of_node(self, node: Node, gpus: tuple[int, ...]) -> tuple[float, frozenset[str]]:
+        """A plan's GPUs on one node: their bandwidth and RoCE classes."""
+        classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
+        return self._node_bandwidth(node, gpus), classes
+
+    def _decide(
+        self,
+        job: Job,
+        free: dict[str, int],
+        by_name: dict[str, Node],
+        shared: dict[tuple[str, int, str], tuple[float, frozenset[str]]] | None = None,
+    ) -> Decision:
         # the GPUs a plan's share of a node would get: nothing changes while one job is decided,
         # so each (node, count) is asked of the product once (the same answers, far fewer calls)
         # and its bandwidth and classes once too
@@ -291,17 +316,33 @@ class Placement(SimState):
         job_key = f"sim/job-{job.id}"
         single = self.policy not in BASELINES  # _gpus_for's class path for one worker (workers=1)
 
+        # the job's class once known: nothing else sets it while the job is decided, and a
+        # repeated read at the same clock changes nothing in the cache (one read stands for all)
+        known_class: list[str] = []
+
         def node_of(name: str, count: int) -> tuple[float, frozenset[str]]:
             got = chosen.get((name, count))
             if got is None:
                 node = by_name[name]
-                known = self.framework.jobs.get(job_key) if single and chosen else None
+                known = None
+                if single and chosen:
+                    if not known_class:
+                        found = self.framework.jobs.get(job_key)
+                        if found is not None:
+                            known_class.append(found)
+                    known = known_class[0] if known_class else None
                 if known is not None and len(node.free) >= count:
-                    gpus = self._gpus_in_class(node, count, known) or ()  # the class _gpus_for would read
+                    # a function of the node's free GPUs, the count and the class alone: the
+                    # same for every job of the round that has this class
+                    got = shared.get((name, count, known)) if shared is not None else None
+                    if got is None:
+                        gpus = self._gpus_in_class(node, count, known) or ()  # the class _gpus_for would read
+                        got = self._share_of_node(node, gpus)
+                        if shared is not None:
+                            shared[(name, count, known)] = got
                 else:
-                    gpus = self._gpus_for(job, node, count) or ()
-                classes = frozenset(node.type.class_of.get(g, "none") for g in gpus)
-                got = chosen[(name, count)] = (self._node_bandwidth(node, gpus), classes)
+                    got = self._share_of_node(node, self._gpus_for(job, node, count) or ())
+                chosen[(name, count)] = got
             return got
 
         def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:

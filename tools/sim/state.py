@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
@@ -32,6 +33,24 @@ OURS_VARIANTS = ("ours+prepare", "ours+replicas", "ours+stripe", "ours+stripe+ea
 OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
 BASELINES = ("default", *fluid.POLICIES, "juicefs")
 POLICIES = (*BASELINES, *OURS, *(p for p in deadline_variants.POLICY_NAMES if p not in OURS))
+
+
+@dataclass
+class FlowCounts:
+    """The open transfers counted by what they share (tools/sim/flows.py): per node its local
+    reads (``disk``), network transfers (``net``), store reads (``store``), unpacking fetches
+    (``unpack``) and the peer reads it serves (``uploads``); the store reads of the cluster;
+    and which of those changed since the rates were last computed."""
+
+    disk: dict[int, int] = field(default_factory=dict)
+    net: dict[int, int] = field(default_factory=dict)
+    store: dict[int, int] = field(default_factory=dict)
+    unpack: dict[int, int] = field(default_factory=dict)
+    uploads: dict[int, int] = field(default_factory=dict)
+    from_storage: int = 0
+    dirty_nodes: set[int] = field(default_factory=set)
+    dirty_uploads: set[int] = field(default_factory=set)
+    storage_changed: bool = False
 
 
 class SimState:
@@ -58,7 +77,9 @@ class SimState:
         self.epochs_capped = 0  # jobs whose derived epochs max_epochs lowered
         for out in self.outcomes.values():
             out.epochs = self._epochs(out.job)
-        self.fetches: list[Fetch] = []
+        self.fetches: list[Fetch] = []  # the open transfers, in the order they opened
+        self.after_fetches: list[Fetch] = []  # of those, the ones following another (``after``)
+        self.flow_counts = FlowCounts()
         self.inflight: dict[tuple[int, tuple[str, int]], Fetch] = {}
         self.storage_log: list[tuple[float, float]] = [(0.0, 0.0)]
         self.storage_bytes = 0.0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -119,8 +120,14 @@ def input_changes(p: WorkloadParams, jobs: list[Job], datasets: list[Dataset]) -
 
 
 def load_runtimes(path: Path = RUNTIME_CSV) -> list[float]:
+    return list(_read_runtimes(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_runtimes(path: Path) -> tuple[float, ...]:
+    """The trace's run times, parsed once per process (every policy of a run draws from it)."""
     with path.open(newline="") as f:
-        return [float(row["runtime"]) for row in csv.DictReader(f)]
+        return tuple(float(row["runtime"]) for row in csv.DictReader(f))
 
 
 def _pick(rng: random.Random, table: tuple[tuple[int, float], ...] | tuple[tuple[float, float], ...]) -> float:
