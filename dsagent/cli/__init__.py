@@ -17,13 +17,13 @@ from typing import Any
 
 from dsagent.cli.edge import quick_edge
 
-#: ``DSAGENT_*`` variables an init-container's or an operator's ``dsctl`` usually sees; with
-#: only these set, start-up skips reading the platform's whole list (it costs pydantic's
-#: import). A test holds this a subset of :func:`dsagent.cluster.envnames.known_names`.
+#: ``DSAGENT_*`` variables an init-container's or an operator's ``dsctl`` usually sees (dsctl's
+#: own and the pod contract the webhook writes); with only these set, start-up skips reading
+#: the platform's whole list (it costs pydantic's import, which ``dsctl digest`` never pays). A test holds this a subset of :func:`dsagent.cluster.envnames.known_names`.
 COMMON_VARIABLES = frozenset(
     {
         "DSAGENT_DATASETS", "DSAGENT_BUNDLES", "DSAGENT_TASK_ID", "DSAGENT_SOCKET", "DSAGENT_AGENT",
-        "DSAGENT_ADMIN_TOKEN", "DSAGENT_ROOT",
+        "DSAGENT_ADMIN_TOKEN", "DSAGENT_ROOT", "DSAGENT_DIGEST_CACHE", "DSAGENT_STATUS_FILE", "DSAGENT_DATASETS_DIR",
     }
 )  # fmt: skip
 
