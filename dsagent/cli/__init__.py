@@ -29,15 +29,27 @@ COMMON_VARIABLES = frozenset(
 
 
 def refuse_unknown_environment(environ: Mapping[str, str]) -> None:
-    """A misspelt ``DSAGENT_*`` variable (``DSAGENT_SOKET``) stops ``dsctl`` with one line
-    naming it and its close matches (exit 2), as it stops the agent, instead of being
-    silently ignored; the list is every variable some part of the platform reads."""
-    odd = [n for n in environ if n.startswith("DSAGENT_") and n not in COMMON_VARIABLES]
-    if not odd or all(n.startswith("DSAGENT_STORAGE_OPTIONS_") for n in odd):
+    """A misspelling of one of dsctl's own variables (``DSAGENT_SOKET``) stops ``dsctl`` with
+    one line naming it and its close matches (exit 2), as the agent stops on its own, instead
+    of being silently ignored. Other ``DSAGENT_*`` variables are the agent's settings (an
+    operator's shell in the agent's pod has them all) and the agent's to check; a name close
+    to one of dsctl's is checked against every name the platform reads (``DSAGENT_CSI_SOCKET``
+    is the agent's, not a typo), which costs pydantic's import only then."""
+    import difflib
+
+    suspects = [
+        name
+        for name in environ
+        if name.startswith("DSAGENT_")
+        and name not in COMMON_VARIABLES
+        and not name.startswith("DSAGENT_STORAGE_OPTIONS_")
+        and difflib.get_close_matches(name, COMMON_VARIABLES, n=1, cutoff=0.8)
+    ]
+    if not suspects:
         return
     from dsagent.cluster.envnames import refuse_unknown
 
-    refuse_unknown(environ)
+    refuse_unknown({name: environ[name] for name in suspects})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -93,3 +93,16 @@ def test_every_dsctl_command_that_prints_a_result_takes_output_json() -> None:
             options = {opt for p in sub.params for opt in getattr(p, "opts", [])}  # type: ignore[union-attr]
             assert {"-o", "--output"} <= options, f"dsctl {full} has no -o/--output"
     assert {"evict", "release", "operation", "plan", "topo show", "topo best"} <= set(seen)
+
+
+def test_the_agents_own_settings_near_a_dsctl_name_are_not_typos() -> None:
+    """An operator's shell in the agent's pod has every agent setting: ``DSAGENT_CSI_SOCKET``
+    is close to ``DSAGENT_SOCKET`` but the agent's, so it passes; a real typo does not."""
+    from dsagent.cli import refuse_unknown_environment
+    from dsagent.errors import SettingsError
+
+    refuse_unknown_environment({"DSAGENT_CSI_SOCKET": "/x", "DSAGENT_PROTOCOLS": "file", "DSAGENT_SOCKET": "/y"})
+    import pytest
+
+    with pytest.raises(SettingsError, match="DSAGENT_SOKET"):
+        refuse_unknown_environment({"DSAGENT_SOKET": "/y"})
