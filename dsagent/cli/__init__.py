@@ -17,9 +17,9 @@ from typing import Any
 
 from dsagent.cli.edge import quick_edge
 
-#: ``DSAGENT_*`` variables an init-container's or an operator's ``dsctl`` usually sees (dsctl's
-#: own and the pod contract the webhook writes); with only these set, start-up skips reading
-#: the platform's whole list (it costs pydantic's import, which ``dsctl digest`` never pays). A test holds this a subset of :func:`dsagent.cluster.envnames.known_names`.
+#: dsctl's own ``DSAGENT_*`` variables and the pod contract the webhook writes: the names a
+#: misspelling is measured against (:func:`refuse_unknown_environment`). A test holds this a
+#: subset of :func:`dsagent.cluster.envnames.known_names`.
 COMMON_VARIABLES = frozenset(
     {
         "DSAGENT_DATASETS", "DSAGENT_BUNDLES", "DSAGENT_TASK_ID", "DSAGENT_SOCKET", "DSAGENT_AGENT",
