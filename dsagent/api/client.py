@@ -88,16 +88,9 @@ class AgentClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        response = self._send(method, path, json=json, params=params, timeout=timeout)
+    def _call(self, method: str, path: str, **request: Any) -> Any:
+        """:meth:`_send`'s answer as JSON when it is JSON, else as text."""
+        response = self._send(method, path, **request)
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text
