@@ -7,7 +7,7 @@ inputs (no API, no clock):
 
 - :func:`holdings`: per node, how much of the current version it holds and in which state
   (a ready copy, a copy being fetched with the bytes it has so far, a failed one, a share
-  of a striped version);
+  of a striped version); ``status.readyNodes`` are its ready ones;
 - :func:`cache_status`: ``status.phase``, ``status.cache`` (cached bytes, percentages,
   nodes ready / fetching / failed) and ``status.conditions`` (``Ready``, ``Packing``,
   ``Degraded``) following the Kubernetes API conventions: a condition's

@@ -72,21 +72,6 @@ def parse_inventory(raw: Any) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("datasets", {}), dict) else None
 
 
-def ready_nodes(inventories: Mapping[str, Mapping[str, Any]], name: str, digest: str | None) -> list[str]:
-    """Nodes whose inventory holds ``name`` at ``digest`` ready (any listed version counts)."""
-    if not digest:
-        return []
-    out = []
-    for node, inv in inventories.items():
-        entry = inv.get("datasets", {}).get(name)
-        if not isinstance(entry, dict):
-            continue
-        versions = [entry] + [v for v in entry.get("versions") or [] if isinstance(v, dict)]
-        if any(v.get("digest") == digest and v.get("state") == "ready" for v in versions):
-            out.append(node)
-    return sorted(out)
-
-
 class DatasetController:
     """Reconciles Datasets; :meth:`run_forever` for the process, :meth:`reconcile_all` in tests."""
 
@@ -266,7 +251,9 @@ class DatasetController:
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         refusals: list[Refusal] = []
         size = _size_of(status.get("bytes"))
-        ready = ready_nodes(inventories, name, status.get("digest"))
+        digest = status.get("digest") if isinstance(status.get("digest"), str) else None
+        held = cachestate.holdings(inventories, name, digest)  # the one walk of the inventories for it
+        ready = sorted(node for node, holding in held.items() if holding.state == "ready")
         patch: JSON = {"readyNodes": ready, "readyNodeCount": len(ready)}
         pack: JSON = spec["pack"] if isinstance(spec.get("pack"), dict) else {}
         if pack.get("auto") is True and isinstance(spec.get("source"), str) and isinstance(spec.get("bundles"), str):
@@ -332,7 +319,7 @@ class DatasetController:
                 self.agent_call, sorted(self._agent_urls), namespace, name, request[:253], self.clock()
             )
         conditions = self._refused_condition(ds, status, refusals)
-        self._cache_state(ds, status, patch, conditions, inventories, size)
+        self._cache_state(ds, status, patch, conditions, held, size)
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
             self._custom.patch_namespaced_custom_object_status(
@@ -353,7 +340,7 @@ class DatasetController:
         status: JSON,
         patch: JSON,
         conditions: list[JSON] | None,
-        inventories: Mapping[str, Mapping[str, Any]],
+        held: Mapping[str, cachestate.Holding],
         size: int | None,
     ) -> None:
         """``status.phase``, ``status.cache`` and the ``Ready``/``Packing``/``Degraded`` conditions
@@ -364,7 +351,7 @@ class DatasetController:
         pack = patch.get("pack") or status.get("pack") or {}
         generation = meta.get("generation")
         state = cachestate.cache_status(
-            cachestate.holdings(inventories, meta.get("name", ""), digest),
+            held,
             digest=digest,
             size_bytes=size,
             pack_state=pack.get("state") if isinstance(pack, dict) else None,
@@ -466,4 +453,4 @@ def _run_controller() -> None:
     controller.run_forever()
 
 
-__all__ = ["CLEANUP_ANNOTATION", "INVENTORY_ANNOTATION", "DatasetController", "main", "parse_inventory", "ready_nodes"]
+__all__ = ["CLEANUP_ANNOTATION", "INVENTORY_ANNOTATION", "DatasetController", "main", "parse_inventory"]
