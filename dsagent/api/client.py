@@ -131,29 +131,45 @@ class AgentClient:
         its result once finished, its error raised once failed; :class:`StillRunning` when
         ``timeout`` (seconds, ``None``: no limit) passes first, the action going on."""
         deadline = None if timeout is None else time.monotonic() + timeout
-
-        def hold() -> float:  # how long the agent may hold one request open
-            left = OPERATION_POLL if deadline is None else max(0.0, min(OPERATION_POLL, deadline - time.monotonic()))
-            return round(left, 3)
-
-        wait = hold()
+        wait = _hold(deadline)
         response = self._send(
             method, path, json=json, params={**(params or {}), "wait": wait}, timeout=wait + self._grace
         )
         if response.status_code != 202:
             return _object(response.json(), self.where, path)
-        op = _object(response.json(), self.where, path)
+        op = self._until_done(_object(response.json(), self.where, path), deadline, progress)
+        if op.get("state") == "failed":
+            raise _error_from_body(op.get("error"), fallback=f"operation {op.get('id')} failed")
+        result = op.get("result")
+        return result if isinstance(result, dict) else {}
+
+    def follow_operation(
+        self,
+        op_id: str,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Operation ``op_id`` once it has finished (succeeded or failed, as the agent says);
+        :class:`StillRunning` when ``timeout`` passes first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._until_done(self.operation(op_id), deadline, progress)
+
+    def _until_done(
+        self,
+        op: dict[str, Any],
+        deadline: float | None,
+        progress: Callable[[dict[str, Any]], None] | None,
+    ) -> dict[str, Any]:
+        """Long-poll ``op`` until it is no longer running, showing each running state."""
         while op.get("state") == "running":
             if progress is not None:
                 progress(op)
             if deadline is not None and time.monotonic() >= deadline:
                 raise still_running(op)
-            wait = hold()
+            wait = _hold(deadline)
             op = self._json("GET", str(op["href"]), params={"wait": wait}, timeout=wait + self._grace)
-        if op.get("state") == "failed":
-            raise _error_from_body(op.get("error"), fallback=f"operation {op.get('id')} failed")
-        result = op.get("result")
-        return result if isinstance(result, dict) else {}
+        return op
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """A call whose answer must be a JSON object; anything else is the agent's fault, said so."""
@@ -256,6 +272,12 @@ def _segment(value: str) -> str:
     from urllib.parse import quote
 
     return quote(value, safe="")
+
+
+def _hold(deadline: float | None) -> float:
+    """How long the agent may hold one request of an operation open (``deadline``: monotonic)."""
+    left = OPERATION_POLL if deadline is None else max(0.0, min(OPERATION_POLL, deadline - time.monotonic()))
+    return round(left, 3)
 
 
 def _object(body: Any, where: str, path: str) -> dict[str, Any]:

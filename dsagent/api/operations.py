@@ -23,6 +23,7 @@ service's start-up recovery (docs/design.md#cache-layout).
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ from typing import Any
 
 from dsagent.cache.task import iso
 from dsagent.errors import DsagentError, NotFound, TransientError
+
+log = logging.getLogger("dsagent.api")
 
 #: operations running at once on one agent
 MAX_RUNNING = 16
@@ -66,18 +69,20 @@ class Operation:
         return "succeeded"
 
     def result(self) -> dict[str, Any]:
-        """The action's answer; raises its error when it failed."""
+        """The action's answer; raises its error when it failed (a bug's own exception, for the
+        API's edge to log and answer 500)."""
         if self.job.cancelled():
-            raise TransientError(f"operation {self.id} was stopped with the agent", hint="run the action again")
+            raise self.error() or TransientError(f"operation {self.id} was stopped")
         return self.job.result()
 
     def error(self) -> DsagentError | None:
+        """What made the action fail (None while it runs, or when it succeeded)."""
+        if not self.job.done():
+            return None
         if self.job.cancelled():
             return TransientError(f"operation {self.id} was stopped with the agent", hint="run the action again")
-        exc = self.job.exception() if self.job.done() else None
-        if exc is None:
-            return None
-        if isinstance(exc, DsagentError):
+        exc = self.job.exception()
+        if exc is None or isinstance(exc, DsagentError):
             return exc
         return DsagentError(f"operation {self.id} failed: internal error")  # details stay in the log
 
@@ -110,8 +115,9 @@ class Operations:
 
     def _finish(self, op: Operation) -> None:
         op.finished = self._clock()
-        if not op.job.cancelled():
-            op.job.exception()  # retrieved: a failure is the operation's state, not an unhandled-task warning
+        exc = None if op.job.cancelled() else op.job.exception()  # a failure is the operation's state
+        if exc is not None and not isinstance(exc, DsagentError):  # a bug: its traceback in the log
+            log.error("operation %s (%s %s) failed", op.id, op.kind, op.target, exc_info=exc)
 
     def get(self, op_id: str) -> Operation:
         self._forget_old()
@@ -152,7 +158,7 @@ class Operations:
 
 def operation_out(op: Operation, *, clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """The wire form of an operation (``OperationOut``)."""
-    error = op.error() if op.job.done() else None
+    error = op.error()
     result = op.job.result() if op.state == "succeeded" else None
     end = op.finished if op.finished is not None else clock()
     return {

@@ -409,19 +409,9 @@ def operation(
     token: str | None,
 ) -> None:  # fmt: skip
     """Show an eviction or release the agent carries out (the id dsctl printed)."""
-    from dsagent.api.client import OPERATION_POLL, still_running
-
-    deadline = None if timeout is None else time.monotonic() + timeout
     show = OperationProgress() if output == "text" and wait else None
     with _client(agent_url, socket_path, token) as client:
-        op = client.operation(op_id)
-        while wait and op["state"] == "running":
-            if show is not None:
-                show(op)
-            left = OPERATION_POLL if deadline is None else min(OPERATION_POLL, deadline - time.monotonic())
-            if left <= 0:
-                raise still_running(op)
-            op = client.operation(op_id, wait=left)
+        op = client.follow_operation(op_id, timeout=timeout, progress=show) if wait else client.operation(op_id)
     if show is not None:
         show.done()
     if output == "json":
