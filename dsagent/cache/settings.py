@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from dsagent.cache.eviction import EVICT_RATIO
 from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
@@ -217,7 +218,7 @@ class Settings(StorageSettings, AgentLogSettings):
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
     disk use (a version's bytes plus its files' blocks and inodes, not logical bytes);
-    ``evict_ratio`` is the eviction rule's 1.2 (docs/design.md#eviction). Concurrency
+    ``evict_ratio`` is the eviction rule's ratio, :data:`~dsagent.cache.eviction.EVICT_RATIO` (docs/design.md#eviction). Concurrency
     (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
     ``fetch_workers`` threads. Leases: a task's datasets stay in use for ``lease_ttl``
     seconds after its last request (repeat the request to renew).
@@ -236,7 +237,7 @@ class Settings(StorageSettings, AgentLogSettings):
     # threshold (see :meth:`disk_floor`). None: 15% in cluster mode, nothing standalone.
     reserve: Share | None = None
     nodefs_available: Share = Field(0.10, validation_alias=_env("NODEFS_AVAILABLE", "nodefs_available"))
-    evict_ratio: float = 1.2
+    evict_ratio: float = EVICT_RATIO
     # the most of this node's cache one namespace's controller pins (warm-up, replicas,
     # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/operator-guide/tenancy.md)
     namespace_share: float = 1.0
