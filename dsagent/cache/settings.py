@@ -218,8 +218,8 @@ class Settings(StorageSettings, AgentLogSettings):
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
     disk use (a version's bytes plus its files' blocks and inodes, not logical bytes);
-    ``evict_ratio`` is the eviction rule's ratio, :data:`~dsagent.cache.eviction.EVICT_RATIO` (docs/design.md#eviction). Concurrency
-    (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
+    ``evict_ratio`` is the eviction rule's ratio (:data:`dsagent.cache.eviction.EVICT_RATIO`,
+    docs/design.md#eviction). Concurrency (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
     ``fetch_workers`` threads. Leases: a task's datasets stay in use for ``lease_ttl``
     seconds after its last request (repeat the request to renew).
     """
