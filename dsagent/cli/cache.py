@@ -34,6 +34,7 @@ from dsagent.cli.options import (
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsplatform.units import format_size
+from dsplatform.wire.agenttask import TaskStatusBody
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 POLL_SECONDS = 0.5
@@ -107,8 +108,8 @@ def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:
 
 
 def wait_until_done(
-    client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[dict[str, Any]], None]
-) -> dict[str, Any]:
+    client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[TaskStatusBody], None]
+) -> TaskStatusBody:
     """Poll the task until every dataset is ready (returns) or one failed (raises)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -125,7 +126,7 @@ def wait_until_done(
         time.sleep(POLL_SECONDS)
 
 
-def _failure(record: dict[str, Any]) -> DsagentError:
+def _failure(record: TaskStatusBody) -> DsagentError:
     failed = next(d for d in record["datasets"] if d["state"] == "failed")
     error = failed.get("error") or {}
     from dsagent.api.client import _BY_CODE
@@ -142,7 +143,7 @@ class ProgressView:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last: str | None = None
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: TaskStatusBody) -> None:
         line = describe(record)
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
@@ -154,7 +155,7 @@ class ProgressView:
         self._last = line
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: TaskStatusBody) -> str:
     datasets = record["datasets"]
     total = sum(d["sizeBytes"] for d in datasets)
     done = sum(d["bytesDone"] for d in datasets)
@@ -474,7 +475,7 @@ def _follow(output: str, call: Follow, what: str) -> dict[str, Any]:
         show.done()
 
 
-def _print_record(record: dict[str, Any], output: str) -> None:
+def _print_record(record: TaskStatusBody, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(record, indent=2))
         return
