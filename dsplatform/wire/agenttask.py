@@ -5,10 +5,11 @@ Writers of the request: :class:`dsagent.api.client.AgentClient` (``dsctl cache``
 init-container) and the Dataset controller (:mod:`dsagent.controller.agents`), both with
 :func:`task_request`; its reader is the agent's route (:class:`dsagent.api.schemas.TaskIn`,
 which also reads the snake_case spellings ``storage_options`` and ``allow_per_file``).
-Writer of the status: the agent's routes, with :func:`task_status` over the service's task
-record. Its readers: ``dsctl`` (typed as :class:`TaskStatusBody`) and the Dataset
-controller, which reads another party's answer through :func:`read_datasets`: known states
-and whole byte counts only, never more.
+Writer of the status: the agent's routes, with :func:`task_status` over the service's
+:class:`TaskRecord` (the values the status is written from live here with it). Its
+readers: ``dsctl`` (typed as :class:`TaskStatusBody`) and the Dataset controller, which
+reads another party's answer through :func:`read_datasets`: known states and whole byte
+counts only, never more.
 
 Request::
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, TypedDict
 
 from dsplatform.kubetime import format_time
 
@@ -82,50 +83,41 @@ class TaskStatusBody(TypedDict):
     datasets: list[DatasetStatusBody]
 
 
-class DatasetState(Protocol):
-    """What the writer needs of one dataset's state (the agent's ``DatasetStatus``)."""
+@dataclass(frozen=True)
+class DatasetStatus:
+    """Where one dataset of a task stands, as the agent's service tracks it."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def source(self) -> str: ...
-    @property
-    def bundles(self) -> str | None: ...
-    @property
-    def digest(self) -> str | None: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def path(self) -> str | None: ...
-    @property
-    def size_bytes(self) -> int: ...
-    @property
-    def files(self) -> int: ...
-    @property
-    def bytes_done(self) -> int: ...
-    @property
-    def files_done(self) -> int: ...
-    @property
-    def rate(self) -> float: ...
-    @property
-    def eta(self) -> float | None: ...
-    @property
-    def error(self) -> dict[str, Any] | None: ...
+    name: str
+    source: str
+    bundles: str | None
+    digest: str | None
+    state: str  # one of DATASET_STATES
+    path: str | None = None
+    size_bytes: int = 0
+    files: int = 0
+    bytes_done: int = 0
+    files_done: int = 0
+    rate: float = 0.0
+    eta: float | None = None
+    error: dict[str, Any] | None = None
 
 
-class TaskState(Protocol):
-    """What the writer needs of a task (the agent's ``TaskRecord``); times in epoch seconds."""
+@dataclass(frozen=True)
+class TaskRecord:
+    """A task and its datasets; times in seconds since the epoch."""
+
+    task_id: str
+    created_at: float
+    lease_until: float
+    datasets: tuple[DatasetStatus, ...]
 
     @property
-    def task_id(self) -> str: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def created_at(self) -> float | None: ...
-    @property
-    def lease_until(self) -> float | None: ...
-    @property
-    def datasets(self) -> Sequence[DatasetState]: ...
+    def state(self) -> str:
+        """The task's state: failed when one dataset failed, ready when all are, else pending."""
+        states = {d.state for d in self.datasets}
+        if "failed" in states:
+            return "failed"
+        return "ready" if states <= {"ready"} else "pending"
 
 
 def dataset_request(
@@ -153,7 +145,7 @@ def task_request(datasets: Sequence[Mapping[str, Any]]) -> TaskRequestBody:
     return {"datasets": [dict(d) for d in datasets]}  # type: ignore[misc]
 
 
-def dataset_status(status: DatasetState) -> DatasetStatusBody:
+def dataset_status(status: DatasetStatus) -> DatasetStatusBody:
     """How the agent reports one dataset of a task."""
     return {
         "name": status.name,
@@ -172,13 +164,13 @@ def dataset_status(status: DatasetState) -> DatasetStatusBody:
     }
 
 
-def task_status(task: TaskState) -> TaskStatusBody:
+def task_status(task: TaskRecord) -> TaskStatusBody:
     """How the agent reports a task (``GET``/``PUT /v1/tasks/{task}``)."""
     return {
         "task": task.task_id,
         "state": task.state,
-        "createdAt": _time(task.created_at),
-        "leaseUntil": _time(task.lease_until),
+        "createdAt": iso(task.created_at),
+        "leaseUntil": iso(task.lease_until),
         "datasets": [dataset_status(d) for d in task.datasets],
     }
 
@@ -221,7 +213,8 @@ def _whole(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _time(ts: float | None) -> str | None:
+def iso(ts: float | None) -> str | None:
+    """``ts`` as the API and reports print times: RFC 3339, whole seconds, UTC."""
     return None if ts is None else format_time(ts)
 
 
@@ -234,13 +227,14 @@ __all__ = [
     "VERSION",
     "DatasetProgress",
     "DatasetRequestBody",
-    "DatasetState",
+    "DatasetStatus",
     "DatasetStatusBody",
+    "TaskRecord",
     "TaskRequestBody",
-    "TaskState",
     "TaskStatusBody",
     "dataset_request",
     "dataset_status",
+    "iso",
     "read_datasets",
     "task_request",
     "task_status",
