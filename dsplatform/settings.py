@@ -225,9 +225,21 @@ def check_resource_prefix(value: str) -> str:
 #: The prefix of the GPU class resources (``dsagent.io``), one rule for every setting of it.
 ResourcePrefix = Annotated[str, AfterValidator(check_resource_prefix)]
 
+
+def check_share(value: float) -> float:
+    """``value`` if it is a share of a whole within (0, 1] (1: all of it)."""
+    if not 0 < value <= 1:
+        raise ValueError(f"{value!r} is not a share within (0, 1]")
+    return value
+
+
+#: A share of a whole within (0, 1], e.g. the part of a node's cache one namespace may pin.
+UnitShare = Annotated[float, AfterValidator(check_share)]
+
 __all__ = [
     "EnvSettings",
     "Flag",
+    "UnitShare",
     "InvalidSettings",
     "ResourcePrefix",
     "UnknownSettings",

@@ -37,7 +37,7 @@ from dsagent.format.storageconfig import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_T
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
 from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, UnitShare, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
@@ -240,7 +240,7 @@ class Settings(StorageSettings, AgentLogSettings):
     evict_ratio: float = EVICT_RATIO
     # the most of this node's cache one namespace's controller pins (warm-up, replicas,
     # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/operator-guide/tenancy.md)
-    namespace_share: float = 1.0
+    namespace_share: UnitShare = 1.0
     idle_ttl: Duration = 7 * 86400.0
     lease_ttl: Duration = 6 * 3600.0
     sweep_interval: Duration = 60.0
@@ -356,13 +356,6 @@ class Settings(StorageSettings, AgentLogSettings):
     def _no_capacity(cls, value: Any) -> Any:
         return None if value == "" else value
 
-    @field_validator("namespace_share")
-    @classmethod
-    def _share(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(f"{value!r} is not a share within (0, 1]")
-        return value
-
     @field_validator("evict_ratio", mode="before")
     @classmethod
     def _ratio(cls, value: Any) -> float:
@@ -374,16 +367,11 @@ class Settings(StorageSettings, AgentLogSettings):
             raise ValueError(f"the eviction ratio must be a number >= 1.0, got {value!r}")
         return ratio
 
-    @field_validator("max_fetches", "fetch_workers", "max_dataset_files")
+    @field_validator(
+        "max_fetches", "fetch_workers", "max_dataset_files", "peer_max_uploads", "peer_max_uploads_per_peer"
+    )
     @classmethod
     def _at_least_one(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"expected a number >= 1, got {value!r}")
-        return value
-
-    @field_validator("peer_max_uploads", "peer_max_uploads_per_peer")
-    @classmethod
-    def _one_upload(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"expected a number >= 1, got {value!r}")
         return value

@@ -18,7 +18,7 @@ from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
 from dsagent.errors import SettingsError
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, UnitShare, not_from_env, read_secret_file
 from dsplatform.units import Duration, Size
 
 CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
@@ -78,7 +78,7 @@ class ControllerSettings(EnvSettings):
     replicas_max: int = 16  # copies one Dataset may hold: "auto" and a number alike (docs/operator-guide/tenancy.md)
     # tenancy bounds (docs/operator-guide/tenancy.md, the chart's tenancy.*)
     warm_nodes_max: int = Field(8, ge=1)
-    namespace_share: float = 0.5  # of any node's cache, through warm-up, replicas and preparation
+    namespace_share: UnitShare = 0.5  # of any node's cache, through warm-up, replicas and preparation
     namespace_bytes: Size | None = None  # pinned across the cluster; None: no bound beyond the share
     namespace_tasks: int = Field(64, ge=1)
     inventory_max_age: Duration = 300.0  # an older node inventory is used for nothing
@@ -101,13 +101,6 @@ class ControllerSettings(EnvSettings):
     @classmethod
     def _metrics_port(cls, value: int | None) -> int | None:
         return value or None
-
-    @field_validator("namespace_share")
-    @classmethod
-    def _share(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(f"{value!r} is not a share within (0, 1]")
-        return value
 
     @field_validator("prepare_reserve_fraction", "prepare_fill_fraction")
     @classmethod
