@@ -123,18 +123,19 @@ class AgentClient:
         method: str,
         path: str,
         *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
+        params: Mapping[str, Any] | None = None,
+        **request: Any,
     ) -> dict[str, Any]:
         """An action the agent may carry out as an operation (202, :mod:`dsagent.api.operations`):
         its result once finished, its error raised once failed; :class:`StillRunning` when
-        ``timeout`` (seconds, ``None``: no limit) passes first, the action going on."""
+        ``timeout`` (seconds, ``None``: no limit) passes first, the action going on. ``request``:
+        the rest of :meth:`_send`'s arguments (``json``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = _hold(deadline)
         response = self._send(
-            method, path, json=json, params={**(params or {}), "wait": wait}, timeout=wait + self._grace
+            method, path, params={**(params or {}), "wait": wait}, timeout=wait + self._grace, **request
         )
         if response.status_code != 202:
             return _object(response.json(), self.where, path)
