@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -131,6 +131,20 @@ class EnvSettings(BaseSettings):
             raise InvalidSettings([cls._problem(error, env, given) for error in exc.errors()]) from None
         finally:
             _ENVIRON.reset(token)
+
+    #: what :meth:`from_env` raises with the problems' one line: the process's own settings
+    #: error (its exit code, its error tree); None: :class:`InvalidSettings` itself
+    settings_error: ClassVar[type[Exception] | None] = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """:meth:`read`, a refusal raised as :attr:`settings_error`: one error lists every bad value."""
+        try:
+            return cls.read(environ, **overrides)
+        except InvalidSettings as exc:
+            if cls.settings_error is None:
+                raise
+            raise cls.settings_error(exc.message) from None
 
     @classmethod
     def env_name(cls, field: str) -> str:

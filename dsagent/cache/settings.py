@@ -18,7 +18,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     AliasChoices,
@@ -37,7 +37,7 @@ from dsagent.format.storageconfig import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_T
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
 from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, UnitShare, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, ResourcePrefix, UnitShare, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
@@ -203,14 +203,7 @@ class AgentLogSettings(LogSettings):
     webhook on their own), docs/design.md#logs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentLogSettings:
-        """The three variables alone (the controller's and the webhook's start-up); one error lists every bad one."""
-        try:
-            return AgentLogSettings.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
 
 class Settings(StorageSettings, AgentLogSettings):
@@ -417,17 +410,6 @@ class Settings(StorageSettings, AgentLogSettings):
         if len(str(self.socket).encode()) > 107:
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
         return self
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Settings from ``DSAGENT_*`` variables (flags in ``overrides`` win).
-
-        One :class:`SettingsError` lists every bad one.
-        """
-        try:
-            return cls.read(environ, **overrides)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 __all__ = ["ENV_PREFIX", "Settings", "StorageSettings", "default_root", "parse_listen"]

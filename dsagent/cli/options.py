@@ -129,43 +129,34 @@ def output_option(fn: _F) -> _F:
     )(fn)
 
 
-def source_options(fn: _F) -> _F:
-    """``--source-option KEY=VALUE`` (repeatable; hidden alias ``--option``) and ``--source-options-file``."""
-    fn = click.option(
-        "--source-options-file",
-        "source_options_files",
-        multiple=True,
-        metavar="FILE.json",
-        help="JSON object of fsspec storage options for the source.",
-    )(fn)
-    fn = click.option(
-        "--source-option",
-        "--option",
-        "source_option_pairs",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="fsspec storage option for the source (repeatable), e.g. endpoint_url=http://minio:9000.",
-    )(fn)
-    return fn
+def _options_pair(kind: str, what: str, example: str, *aliases: str) -> Callable[[_F], _F]:
+    """``--KIND-option KEY=VALUE`` (repeatable) and ``--KIND-options-file``: the parameters
+    ``KIND_option_pairs`` and ``KIND_options_files``, for :func:`storage_options`."""
+
+    def decorate(fn: _F) -> _F:
+        fn = click.option(
+            f"--{kind}-options-file",
+            f"{kind}_options_files",
+            multiple=True,
+            metavar="FILE.json",
+            help=f"JSON object of fsspec storage options for the {what}.",
+        )(fn)
+        return click.option(
+            f"--{kind}-option",
+            *aliases,
+            f"{kind}_option_pairs",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help=f"fsspec storage option for the {what} (repeatable){example}.",
+        )(fn)
+
+    return decorate
 
 
-def store_options(fn: _F) -> _F:
-    """``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file``."""
-    fn = click.option(
-        "--store-options-file",
-        "store_options_files",
-        multiple=True,
-        metavar="FILE.json",
-        help="JSON object of fsspec storage options for the bundle store.",
-    )(fn)
-    fn = click.option(
-        "--store-option",
-        "store_option_pairs",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="fsspec storage option for the bundle store (repeatable).",
-    )(fn)
-    return fn
+#: ``--source-option KEY=VALUE`` (repeatable; hidden alias ``--option``) and ``--source-options-file``
+source_options = _options_pair("source", "source", ", e.g. endpoint_url=http://minio:9000", "--option")
+#: ``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file``
+store_options = _options_pair("store", "bundle store", "")
 
 
 class DurationType(click.ParamType[float]):

@@ -7,9 +7,8 @@ build it with keywords. Every feature's switch and presets live here, passed dow
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AliasChoices, BeforeValidator, Field, InstanceOf, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -18,7 +17,7 @@ from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
 from dsagent.errors import SettingsError
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, UnitShare, not_from_env, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, UnitShare, not_from_env, read_secret_file
 from dsplatform.units import Duration, Size
 
 CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
@@ -45,6 +44,7 @@ class ControllerSettings(EnvSettings):
     an empty variable means its default."""
 
     model_config = SettingsConfigDict(env_prefix=CONTROLLER_PREFIX, env_ignore_empty=True)
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
     namespace: str = "default"  # where the Lease and the pack Jobs live
     lease_name: str = Field("dsplatform-dataset-controller", validation_alias=_controller_env("LEASE", "lease_name"))
@@ -122,15 +122,6 @@ class ControllerSettings(EnvSettings):
             )
             object.__setattr__(self, "prepare", thresholds)
         return self
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
-        """The settings from the environment (``os.environ`` unless given); one :class:`SettingsError`
-        lists every bad variable."""
-        try:
-            return cls.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 __all__ = ["CONTROLLER_PREFIX", "ControllerSettings"]
