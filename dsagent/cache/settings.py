@@ -24,6 +24,7 @@ from pydantic import (
     AliasChoices,
     BeforeValidator,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -41,6 +42,8 @@ from dsplatform.settings import EnvSettings, Flag, ResourcePrefix, UnitShare, re
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
+#: the shortest admin or peer token the agent accepts
+TOKEN_MIN_CHARS = 16
 
 
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -369,18 +372,14 @@ class Settings(StorageSettings, AgentLogSettings):
             raise ValueError(f"expected a number >= 1, got {value!r}")
         return value
 
-    @field_validator("peer_token")
+    @field_validator("peer_token", "admin_token")
     @classmethod
-    def _peer_token(cls, value: str | None) -> str | None:
-        if value is not None and len(value) < 16:
-            raise ValueError("the peer token must be at least 16 characters (generate one with: openssl rand -hex 16)")
-        return value
-
-    @field_validator("admin_token")
-    @classmethod
-    def _token(cls, value: str | None) -> str | None:
-        if value is not None and len(value) < 16:
-            raise ValueError("the admin token must be at least 16 characters (generate one with: openssl rand -hex 16)")
+    def _token(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and len(value) < TOKEN_MIN_CHARS:
+            what = str(info.field_name).replace("_", " ")  # "peer token", "admin token"
+            raise ValueError(
+                f"the {what} must be at least {TOKEN_MIN_CHARS} characters (generate one with: openssl rand -hex 16)"
+            )
         return value
 
     @field_validator("roce_classes")
