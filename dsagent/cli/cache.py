@@ -28,7 +28,6 @@ from dsagent.cli.options import (
     default_socket,
     output_option,
     source_options,
-    storage_options,
     store_options,
 )
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
@@ -203,18 +202,15 @@ def cache(
     specs: tuple[str, ...], bundles: str | None, allow_per_file: bool, task_id: str | None, from_env: bool, wait: bool,
     timeout: float | None,
     output: str,
-    source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None,
+    source_opts: dict[str, Any], store_opts: dict[str, Any], agent_url: str | None, socket_path: str | None,
+    token: str | None,
 ) -> None:  # fmt: skip
     """Cache datasets on this node for a task (idempotent per task).
 
     The agent reads a dataset's source and its bundle store with one set of storage
     options, so --source-option and --store-option are merged (a key given both ways
     must agree)."""
-    options = merged_options(
-        storage_options(source_option_pairs, source_options_files),
-        storage_options(store_option_pairs, store_options_files, flag="--store-option"),
-    )
+    options = merged_options(source_opts, store_opts)
     if from_env and (specs or bundles or allow_per_file):
         raise InvalidInput(
             "give either NAME=SOURCE arguments (with --bundles, --allow-per-file) or --from-env, not both"

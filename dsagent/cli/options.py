@@ -26,6 +26,7 @@ only, so ``-o KEY=VALUE`` fails with a usage error naming the choices.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -99,14 +100,12 @@ def default_socket(environ: Mapping[str, str]) -> Path:
     return default_root(env) / "dsagent.sock"
 
 
-def options_for_stores(
-    pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
-) -> dict[str, Any]:
-    """:func:`storage_options`, carrying the storage bounds of the settings down to every
-    filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
+def options_for_stores(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (as :func:`storage_options` read them), carrying the storage bounds of the
+    settings down to every filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
     from dsagent.format.storageconfig import with_config
 
-    return with_config(storage_options(pairs, files, flag=flag), settings_storage_config)
+    return with_config(dict(options), settings_storage_config)
 
 
 def settings_storage_config(environ: Mapping[str, str] | None = None) -> StorageConfig:
@@ -130,25 +129,31 @@ def output_option(fn: _F) -> _F:
 
 
 def _options_pair(kind: str, what: str, example: str, *aliases: str) -> Callable[[_F], _F]:
-    """``--KIND-option KEY=VALUE`` (repeatable) and ``--KIND-options-file``: the parameters
-    ``KIND_option_pairs`` and ``KIND_options_files``, for :func:`storage_options`."""
+    """``--KIND-option KEY=VALUE`` (repeatable) and ``--KIND-options-file``, read by
+    :func:`storage_options` into the command's one parameter ``KIND_opts``."""
+    flag = f"--{kind}-option"
 
     def decorate(fn: _F) -> _F:
-        fn = click.option(
+        @functools.wraps(fn)
+        def given(*args: Any, **kwargs: Any) -> Any:
+            pairs, files = kwargs.pop(f"{kind}_option_pairs"), kwargs.pop(f"{kind}_options_files")
+            return fn(*args, **kwargs, **{f"{kind}_opts": storage_options(pairs, files, flag=flag)})
+
+        wrapped = click.option(
             f"--{kind}-options-file",
             f"{kind}_options_files",
             multiple=True,
             metavar="FILE.json",
             help=f"JSON object of fsspec storage options for the {what}.",
-        )(fn)
+        )(given)
         return click.option(
-            f"--{kind}-option",
+            flag,
             *aliases,
             f"{kind}_option_pairs",
             multiple=True,
             metavar="KEY=VALUE",
             help=f"fsspec storage option for the {what} (repeatable){example}.",
-        )(fn)
+        )(wrapped)
 
     return decorate
 
