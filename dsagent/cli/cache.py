@@ -24,11 +24,11 @@ import click
 
 from dsagent.api.client import AgentClient
 from dsagent.cli.options import (
-    DURATION,
     default_socket,
     output_option,
     source_options,
     store_options,
+    timeout_option,
 )
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, InvalidInput, TransientError
@@ -191,9 +191,7 @@ def describe(record: TaskStatusBody) -> str:
 @click.option(
     "--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready."
 )
-@click.option(
-    "--timeout", type=DURATION, default=None, metavar="DURATION", help="Give up waiting after this long, e.g. 90s, 10m."
-)
+@timeout_option("Give up waiting after this long, e.g. 90s, 10m.")
 @output_option
 @source_options
 @store_options
@@ -249,9 +247,7 @@ def cache(
     required=True,
     help="Task id from DSAGENT_TASK_ID (and DSAGENT_DATASETS to submit if needed).",
 )
-@click.option(
-    "--timeout", type=DURATION, default=None, metavar="DURATION", help="Give up after this long, e.g. 90s, 10m."
-)
+@timeout_option("Give up after this long, e.g. 90s, 10m.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @agent_options
 def wait(
@@ -290,13 +286,7 @@ def status(task_id: str, output: str, agent_url: str | None, socket_path: str | 
 
 @click.command()
 @click.argument("task_id")
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default=None,
-    metavar="DURATION",
-    help="Stop waiting after this long (exit 14; the release goes on), e.g. 90s, 10m. Default: wait until done.",
-)
+@timeout_option("Stop waiting after this long (exit 14; the release goes on), e.g. 90s, 10m. Default: wait until done.")
 @output_option
 @agent_options
 def release(
@@ -352,12 +342,8 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
 @click.option("--all-unused", is_flag=True, help="Evict every dataset no task uses.")
 @click.option("--dry-run", is_flag=True, help="Show what would be evicted.")
 @click.option("--force", is_flag=True, help="Evict named datasets even while tasks use them.")
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default=None,
-    metavar="DURATION",
-    help="Stop waiting after this long (exit 14; the eviction goes on), e.g. 90s, 10m. Default: wait until done.",
+@timeout_option(
+    "Stop waiting after this long (exit 14; the eviction goes on), e.g. 90s, 10m. Default: wait until done."
 )
 @output_option
 @agent_options
@@ -396,9 +382,7 @@ def evict(
 @click.option(
     "--wait/--no-wait", default=False, show_default=True, help="Wait until the operation has finished, with progress."
 )
-@click.option(
-    "--timeout", type=DURATION, default=None, metavar="DURATION", help="With --wait: stop waiting after this long."
-)
+@timeout_option("With --wait: stop waiting after this long.")
 @output_option
 @agent_options
 def operation(

@@ -185,6 +185,12 @@ class DurationType(click.ParamType[float]):
 #: ``--timeout`` and every other duration option
 DURATION = DurationType()
 
+
+def timeout_option(help: str) -> Callable[[_F], _F]:  # noqa: A002 - click's name
+    """``--timeout DURATION`` (default: none), in the platform's duration syntax."""
+    return click.option("--timeout", type=DURATION, default=None, metavar="DURATION", help=help)
+
+
 __all__ = [
     "DURATION",
     "DurationType",
@@ -192,6 +198,7 @@ __all__ = [
     "output_option",
     "source_options",
     "storage_options",
+    "timeout_option",
     "store_options",
     "options_for_stores",
     "settings_storage_config",
