@@ -46,6 +46,15 @@ ENV_PREFIX = "DSAGENT_"
 TOKEN_MIN_CHARS = 16
 
 
+def check_token(value: str | None, what: str) -> str | None:
+    """``value`` when it is long enough to be ``what`` (the admin or the peer token), or unset."""
+    if value is not None and len(value) < TOKEN_MIN_CHARS:
+        raise ValueError(
+            f"the {what} must be at least {TOKEN_MIN_CHARS} characters (generate one with: openssl rand -hex 16)"
+        )
+    return value
+
+
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/dsagent`` (or ``~/.cache/dsagent``); the chart sets ``DSAGENT_ROOT``."""
     return cache_home(os.environ if environ is None else environ) / "dsagent"
@@ -375,12 +384,7 @@ class Settings(StorageSettings, AgentLogSettings):
     @field_validator("peer_token", "admin_token")
     @classmethod
     def _token(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None and len(value) < TOKEN_MIN_CHARS:
-            what = str(info.field_name).replace("_", " ")  # "peer token", "admin token"
-            raise ValueError(
-                f"the {what} must be at least {TOKEN_MIN_CHARS} characters (generate one with: openssl rand -hex 16)"
-            )
-        return value
+        return check_token(value, str(info.field_name).replace("_", " "))  # "peer token", "admin token"
 
     @field_validator("roce_classes")
     @classmethod
@@ -396,10 +400,10 @@ class Settings(StorageSettings, AgentLogSettings):
     def _whole_settings(self) -> Settings:
         if self.admin_token is None and self.admin_token_file is not None:
             token = read_secret_file(self.admin_token_file, f"{ENV_PREFIX}ADMIN_TOKEN_FILE")
-            object.__setattr__(self, "admin_token", self._token(token))
+            object.__setattr__(self, "admin_token", check_token(token, "admin token"))
         if self.peer_token is None and self.peer_token_file is not None:
             token = read_secret_file(self.peer_token_file, f"{ENV_PREFIX}PEER_TOKEN_FILE")
-            object.__setattr__(self, "peer_token", self._peer_token(token))
+            object.__setattr__(self, "peer_token", check_token(token, "peer token"))
         unlisted = [p for p in self.protocols if p not in self.storage_option_keys]
         if unlisted:
             raise ValueError(

@@ -30,7 +30,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -139,13 +139,14 @@ def _options_pair(kind: str, what: str, example: str, *aliases: str) -> Callable
             pairs, files = kwargs.pop(f"{kind}_option_pairs"), kwargs.pop(f"{kind}_options_files")
             return fn(*args, **kwargs, **{f"{kind}_opts": storage_options(pairs, files, flag=flag)})
 
+        wrapped: _F = cast(_F, given)
         wrapped = click.option(
             f"--{kind}-options-file",
             f"{kind}_options_files",
             multiple=True,
             metavar="FILE.json",
             help=f"JSON object of fsspec storage options for the {what}.",
-        )(given)
+        )(wrapped)
         return click.option(
             flag,
             *aliases,
