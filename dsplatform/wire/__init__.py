@@ -11,5 +11,6 @@ inventory       the node inventory (the agent writes it, as ``GET /v1/inventory`
                 annotation; the peers, the extender and the controller read it)
 
 Pure values and parsers: no I/O, nothing of the processes; errors are
-:class:`dsplatform.errors.InvalidInput` naming the field.
+:class:`dsplatform.errors.InvalidInput` naming the field, or
+:class:`dsplatform.boundedjson.JsonRefused` for JSON over its bounds.
 """
