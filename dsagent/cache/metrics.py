@@ -7,11 +7,11 @@ Who calls it: :mod:`dsagent.cache.service` (every cache request's outcome, by er
 sets the gauges the service reports (free, used and capacity bytes, dataset versions by
 state, tasks by state).
 
-This module owns one :class:`prometheus_client.CollectorRegistry` per service instance,
-never the process-global one: tests run several agents in one process, and each must
-show only its own counts. The exposition text is ``prometheus_client``'s
-(``generate_latest``); it replaced a hand-written renderer that could only show counters
-it had already seen (so failures by an unseen code were invisible).
+Each service instance has a registry of its own, never the process-global one (tests run
+several agents in one process, and each must show only its own counts): the platform's
+:class:`dsplatform.metrics.MetricSet`, which also names the metrics and writes the
+exposition text (``prometheus_client``'s, which shows a labelled series from the start,
+so failures by a code not yet seen are visible).
 
 The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
 
