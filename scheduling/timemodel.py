@@ -267,7 +267,9 @@ def parse_factor(text: str) -> float:
         alpha = math.nan
     if not 0 < alpha <= MAX_ALPHA:  # also refuses nan and inf
         names = "/".join(PRIORITY_ALPHA)
-        raise AnnotationError(f"{DEADLINE_FACTOR_ANNOTATION}: {text!r} is not {names} or a number in (0, {MAX_ALPHA:g}]")
+        raise AnnotationError(
+            f"{DEADLINE_FACTOR_ANNOTATION}: {text!r} is not {names} or a number in (0, {MAX_ALPHA:g}]"
+        )
     return alpha
 
 

@@ -177,7 +177,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['workload']} | {r['policy']} | {r['hit_rate']:.1%} | {r['jct_mean_h']:.2f} | {r['gpu_util']:.1%} | {r['useful_util']:.1%} |"
+            f"| {r['workload']} | {r['policy']} | {r['hit_rate']:.1%} | {r['jct_mean_h']:.2f} "
+            f"| {r['gpu_util']:.1%} | {r['useful_util']:.1%} |"
         )
     return "\n".join(lines)
 
