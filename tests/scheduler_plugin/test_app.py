@@ -311,6 +311,19 @@ def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
         assert body["branch"] == "cross-expected"
         assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "three", "gpus": 3}]
         assert body["plan"]["meetsDeadline"] and body["candidates"]["single-late"]["gpus"] == 3
+        assert body["formula"] == "efficiency"
+        # the same deadline by eq. (6): t_single = 80 s, factor 0.3125 -> 25 s
+        by_factor = http.get(
+            "/v1/plan",
+            params={
+                "gradient-bytes": "1kB",
+                "step-seconds": "1s",
+                "steps": "80",
+                "deadline-factor": "0.3125",
+                "max-gpus": "4",
+            },
+        ).json()
+        assert by_factor["plan"] == body["plan"] and by_factor["branch"] == "cross-expected"
         for query in (
             {"steps": "80", "max-gpus": "4"},
             {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},

@@ -253,3 +253,19 @@ def test_a_bound_pod_no_free_gpus_and_plans_off_are_warnings(nodes: list[NodeFac
     assert "no node publishes free GPUs" in apply_plan(training_pod(), full, now=NOW, names=NAMES).warnings[0]
     off = webhook_decide(training_pod(), "ml", Injection(image="img:1"), lambda ns, n: pytest.fail("no datasets"))
     assert off.patch == [] and "DSAGENT_WEBHOOK_DEADLINE_PLANS" in off.warnings[0]
+
+
+def test_the_formula_is_a_setting_of_the_webhook_and_the_extender() -> None:
+    from dsagent.errors import SettingsError
+    from dsagent.webhook.server import WebhookSettings
+    from scheduler_plugin.errors import SettingsError as ExtenderSettingsError
+    from scheduler_plugin.settings import Settings as ExtenderSettings
+
+    env = {"DSAGENT_WEBHOOK_INJECTION_FILE": "/nonexistent"}
+    with pytest.raises(SettingsError) as refused:
+        WebhookSettings.from_env({**env, "DSAGENT_WEBHOOK_PLAN_FORMULA": "fastest"})
+    assert "DSAGENT_WEBHOOK_PLAN_FORMULA" in refused.value.message and "efficiency" in refused.value.message
+    assert ExtenderSettings().plan_formula == "efficiency"
+    assert ExtenderSettings.from_env({"DSEXT_PLAN_FORMULA": "slack-per-gpu"}).plan_formula == "slack-per-gpu"
+    with pytest.raises(ExtenderSettingsError):
+        ExtenderSettings.from_env({"DSEXT_PLAN_FORMULA": "fastest"})
