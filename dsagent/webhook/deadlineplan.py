@@ -33,7 +33,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from dsagent.cluster.apiclient import translated
 from dsagent.webhook.jsonpatch import JSONPatch, escape
@@ -181,10 +181,8 @@ def _require_node(pod: dict[str, Any], node: str) -> JSONPatch:
     spec = pod["spec"]
     affinity = spec.get("affinity")
     if not isinstance(affinity, dict):
-        value = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
-        value["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = [
-            {"matchFields": [field_term]}
-        ]
+        terms: list[dict[str, Any]] = [{"matchFields": [field_term]}]
+        value = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
         spec["affinity"] = value
         return [{"op": "add", "path": "/spec/affinity", "value": copy.deepcopy(value)}]
     node_affinity = affinity.get("nodeAffinity")
@@ -193,12 +191,12 @@ def _require_node(pod: dict[str, Any], node: str) -> JSONPatch:
         affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": required}
         return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": copy.deepcopy(affinity["nodeAffinity"])}]
     key = "requiredDuringSchedulingIgnoredDuringExecution"
-    terms = (node_affinity.get(key) or {}).get("nodeSelectorTerms")
-    if not isinstance(terms, list) or not terms:
+    existing = (node_affinity.get(key) or {}).get("nodeSelectorTerms")
+    if not isinstance(existing, list) or not existing:
         node_affinity[key] = required
         return [{"op": "add", "path": f"/spec/affinity/nodeAffinity/{key}", "value": copy.deepcopy(required)}]
     ops: JSONPatch = []
-    for i, term in enumerate(terms):
+    for i, term in enumerate(existing):
         base = f"/spec/affinity/nodeAffinity/{key}/nodeSelectorTerms/{i}/matchFields"
         if isinstance(term.get("matchFields"), list):
             term["matchFields"].append(dict(field_term))
@@ -223,12 +221,9 @@ class KubePlanNodes:
     def __call__(self) -> list[NodeFacts]:
         with translated("list nodes"):
             raw = self._core.list_node(resource_version="0", _preload_content=False, _request_timeout=self._timeout)
-        items: list[Node] = json.loads(raw.data).get("items") or []
-        return [
-            self._reader.read(node)
-            for node in items
-            if isinstance(node, dict) and not (node.get("spec") or {}).get("unschedulable")
-        ]
+        items: list[Any] = json.loads(raw.data).get("items") or []
+        nodes = [n for n in items if isinstance(n, dict) and not (n.get("spec") or {}).get("unschedulable")]
+        return [self._reader.read(cast(Node, node)) for node in nodes]
 
 
 @dataclass(frozen=True)
