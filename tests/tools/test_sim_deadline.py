@@ -123,3 +123,17 @@ def test_the_comparison_reports_each_policy_on_each_workload(capsys: pytest.Capt
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| workload | policy | deadline hit rate") and lines[2].startswith("| smoke | default |")
     assert dl.main(["--workloads", "nowhere"]) == 2
+
+
+def test_the_applied_variant_plans_one_worker_jobs_on_one_node_and_keeps_multi_worker_counts() -> None:
+    applied = dl.variant("deadline-applied")
+    assert applied is not None and applied.one_pod_only and applied.formula == "efficiency" and applied.over_free
+    jobs, datasets = make_jobs(WorkloadParams(jobs=120), 20 * 8, seed=2)
+    sim = Simulation("deadline-applied", jobs, datasets, ClusterParams(nodes=20), seed=2).run()
+    outs = list(sim.outcomes.values())
+    single = [o for o in outs if o.job.workers == 1]
+    multi = [o for o in outs if o.job.workers > 1]
+    assert single and multi
+    assert all(len({w.node.name for w in o.workers}) == 1 for o in single)
+    assert any(o.plan_gpus != o.job.gpus for o in single)  # the plan, not the request
+    assert all(sum(len(w.gpus) for w in o.workers) == o.job.gpus for o in multi)

@@ -13,6 +13,9 @@ Policy names (docs/design.md#deadline-formula)::
     deadline-efficiency     parallel efficiency t_single / (n x t_run)
     deadline-design         the design as written: slack per GPU, plans over the free GPUs,
                             (3.4) without the project's rules, no waiting for one node
+    deadline-applied        what the admission webhook applies to pods that opt in: efficiency,
+                            plans over the free GPUs, single-node plans for one-worker jobs;
+                            a multi-worker job keeps the GPUs it asked for
     <any of them>+migrate   step 5 for the jobs that checkpoint (a share of the jobs)
 
 The comparison (:func:`compare`, ``python -m tools.sim.deadline``) runs the deadline policy
@@ -43,6 +46,9 @@ VARIANTS = {
     "deadline-efficiency": ("efficiency", True, False),
     "deadline-design": ("slack-per-gpu", True, True),
 }
+#: variants that plan only one-worker jobs, on one node (the webhook's applied plans)
+ONE_POD_ONLY = frozenset({"deadline-applied"})
+VARIANTS["deadline-applied"] = ("efficiency", True, False)
 MIGRATE = "+migrate"
 POLICY_NAMES = tuple(VARIANTS) + tuple(f"{v}{MIGRATE}" for v in VARIANTS if v != "ours+time")
 
@@ -59,6 +65,7 @@ class Variant:
     over_free: bool  # plans range over the free GPUs (design) rather than the GPUs asked for
     as_written: bool  # (3.4) exactly as the design says, no project rules
     migrate: bool
+    one_pod_only: bool = False  # plans for one-worker jobs on one node; others keep their count
 
 
 def variant(policy: str) -> Variant | None:
@@ -67,7 +74,7 @@ def variant(policy: str) -> Variant | None:
     if base not in VARIANTS or (migrate and base == "ours+time"):
         return None
     formula, over_free, as_written = VARIANTS[base]
-    return Variant(policy, formula, over_free, as_written, migrate)
+    return Variant(policy, formula, over_free, as_written, migrate, base in ONE_POD_ONLY)
 
 
 def migratable(job_id: int, seed: int) -> bool:
@@ -91,6 +98,7 @@ COMPARED = (
     "ours+time",
     "deadline-efficiency",
     "deadline-design",
+    "deadline-applied",
     "deadline-efficiency+migrate",
 )
 COMPARED_WORKLOADS = ("smoke", "results-base", "results-tight", "results-churn")
