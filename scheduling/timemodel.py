@@ -1,7 +1,8 @@
 """The deadline patent's time model and plan decision, as pure functions.
 
 Who calls it: the extender's ``prioritize/time`` score (:mod:`scheduler_plugin.framework`),
-``GET /v1/plan`` and ``dsctl plan``, and the cluster simulator (``tools/sim``), which uses it
+``GET /v1/plan`` and ``dsctl plan``, the admission webhook's applied plans (through
+:mod:`scheduling.plans`), and the cluster simulator (``tools/sim``), which uses it
 to decide each job's plan under the ``ours+time`` policy and to compute every job's run time
 under every policy. It owns the formulas of docs/design.md#deadline-model (the lost ones as
 reconstructed there), the decision order and best-fit allocation of #deadline-plans, and the
@@ -320,7 +321,7 @@ class Plan:
 
     @property
     def performance(self) -> float:
-        return (self.deadline - self.t_end) / self.n_gpu  # (12) stand-in: slack per GPU
+        return (self.deadline - self.t_end) / self.n_gpu  # slack per GPU, one of (12)'s stand-ins
 
 
 # (12) is lost (docs/design.md#deadline-formula): the stand-ins, each "larger is better",
@@ -329,7 +330,7 @@ Formula = Callable[["Plan", float], float]
 
 
 def slack_per_gpu(plan: Plan, t_single: float) -> float:
-    """The first stand-in: deadline slack per GPU, ``(t_dl - t_end) / n_gpu``; it can only shrink jobs."""
+    """Deadline slack per GPU, ``(t_dl - t_end) / n_gpu``: few GPUs, unless the slack grows faster than them."""
     return plan.performance
 
 
