@@ -269,3 +269,35 @@ def test_the_formula_is_a_setting_of_the_webhook_and_the_extender() -> None:
     assert ExtenderSettings.from_env({"DSEXT_PLAN_FORMULA": "slack-per-gpu"}).plan_formula == "slack-per-gpu"
     with pytest.raises(ExtenderSettingsError):
         ExtenderSettings.from_env({"DSEXT_PLAN_FORMULA": "fastest"})
+
+
+def test_the_gpu_class_step_follows_the_plan_in_one_patch(topology: Topology) -> None:
+    """With GPU classes on, the class rewrite reads the planned pod: the final request is the
+    plan's 4 GPUs as a class resource, and the whole patch applies in one sequence."""
+    from dsagent.webhook.gpurequest import GpuClassSettings
+    from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
+
+    published = to_json(topology, mode="numa")
+    with FakeApiServer() as server:
+        for name, free in FREE.items():
+            server.create(make_node(name, annotations=desired_annotations(None, published, free)))
+        client = server.api_client()
+        try:
+            settings = GpuClassSettings(enabled=True)
+            gpu = GpuClassPolicy(settings, KubeGpuClasses(client, settings))
+            plans = PlanPolicy(KubePlanNodes(client, NodeReader()), lambda: NOW, settings.names)
+            pod = training_pod()
+            decision = webhook_decide(
+                pod, "ml", Injection(image="img:1"), lambda ns, n: pytest.fail("no datasets"), gpu, plans=plans
+            )
+        finally:
+            client.close()
+    assert decision.warnings == () and not decision.failed
+    mutated = json_patch(copy.deepcopy(pod), decision.patch)
+    limits = mutated["spec"]["containers"][0]["resources"]["limits"]
+    (resource,) = limits
+    assert resource.startswith("dsagent.io/gpu-roce") and limits[resource] == "4"
+    assert mutated["spec"]["containers"][0]["resources"]["requests"] == {resource: "4"}
+    assert required_nodes(mutated) == [["n2"]]
+    assert json.loads(mutated["metadata"]["annotations"]["dsagent.io/planned"])["gpus"] == 4
+    assert mutated["metadata"]["annotations"]["dsagent.io/gpu-class"] == resource.split("/", 1)[1]
