@@ -45,10 +45,10 @@ VARIANTS = {
     "deadline-finish": ("earliest-finish", True, False),
     "deadline-efficiency": ("efficiency", True, False),
     "deadline-design": ("slack-per-gpu", True, True),
+    "deadline-applied": ("efficiency", True, False),
 }
 #: variants that plan only one-worker jobs, on one node (the webhook's applied plans)
 ONE_POD_ONLY = frozenset({"deadline-applied"})
-VARIANTS["deadline-applied"] = ("efficiency", True, False)
 MIGRATE = "+migrate"
 POLICY_NAMES = tuple(VARIANTS) + tuple(f"{v}{MIGRATE}" for v in VARIANTS if v != "ours+time")
 
