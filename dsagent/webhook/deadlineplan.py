@@ -92,7 +92,9 @@ def _apply(
     if podannotations.plan_mode(pod) != podannotations.PLAN_APPLY:
         return PlanOutcome(pod)
     meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or not isinstance(meta, dict):
+        raise InvalidInput("the pod's spec or metadata is not an object")
     if spec.get("nodeName"):
         raise InvalidInput(f"the pod is already bound to {spec['nodeName']}")
     annotations = meta.get("annotations") or {}
@@ -138,12 +140,13 @@ def _apply(
 def _gpu_container(spec: Mapping[str, Any], names: GpuResources) -> tuple[int, int]:
     """The index of the one app container asking for GPUs, and how many it asks for."""
     found: list[tuple[int, int]] = []
-    for index, container in enumerate(spec.get("containers") or []):
+    containers = spec.get("containers")
+    for index, container in enumerate(containers if isinstance(containers, list) else []):
         resources = container.get("resources") if isinstance(container, dict) else None
         amounts = [
             _quantity(value)
             for kind in ("limits", "requests")
-            for name, value in ((resources or {}).get(kind) or {}).items()
+            for name, value in _entries(resources, kind).items()
             if isinstance(name, str) and names.is_gpu(name)
         ]
         if amounts:
@@ -151,6 +154,20 @@ def _gpu_container(spec: Mapping[str, Any], names: GpuResources) -> tuple[int, i
     if len(found) != 1:
         raise InvalidInput(f"a plan needs exactly one container asking for GPUs, the pod has {len(found)}")
     return found[0]
+
+
+def _entries(resources: Any, kind: str) -> dict[str, Any]:
+    """A container's ``limits`` or ``requests`` map; InvalidInput when it is not one."""
+    if resources is None:
+        return {}
+    if not isinstance(resources, dict):
+        raise InvalidInput("a container's resources are not an object")
+    entries = resources.get(kind)
+    if entries is None:
+        return {}
+    if not isinstance(entries, dict):
+        raise InvalidInput(f"a container's resources.{kind} is not an object")
+    return entries
 
 
 def _quantity(value: Any) -> int:
@@ -186,15 +203,22 @@ def _require_node(pod: dict[str, Any], node: str) -> JSONPatch:
         spec["affinity"] = value
         return [{"op": "add", "path": "/spec/affinity", "value": copy.deepcopy(value)}]
     node_affinity = affinity.get("nodeAffinity")
+    if node_affinity is not None and not isinstance(node_affinity, dict):
+        raise InvalidInput("the pod's nodeAffinity is not an object")
     required = {"nodeSelectorTerms": [{"matchFields": [field_term]}]}
     if not isinstance(node_affinity, dict):
         affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": required}
         return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": copy.deepcopy(affinity["nodeAffinity"])}]
     key = "requiredDuringSchedulingIgnoredDuringExecution"
-    existing = (node_affinity.get(key) or {}).get("nodeSelectorTerms")
+    selector = node_affinity.get(key)
+    if selector is not None and not isinstance(selector, dict):
+        raise InvalidInput(f"the pod's nodeAffinity.{key} is not an object")
+    existing = (selector or {}).get("nodeSelectorTerms")
     if not isinstance(existing, list) or not existing:
         node_affinity[key] = required
         return [{"op": "add", "path": f"/spec/affinity/nodeAffinity/{key}", "value": copy.deepcopy(required)}]
+    if not all(isinstance(term, dict) for term in existing):
+        raise InvalidInput("the pod's required node affinity has a term that is not an object")
     ops: JSONPatch = []
     for i, term in enumerate(existing):
         base = f"/spec/affinity/nodeAffinity/{key}/nodeSelectorTerms/{i}/matchFields"

@@ -301,3 +301,43 @@ def test_the_gpu_class_step_follows_the_plan_in_one_patch(topology: Topology) ->
     assert required_nodes(mutated) == [["n2"]]
     assert json.loads(mutated["metadata"]["annotations"]["dsagent.io/planned"])["gpus"] == 4
     assert mutated["metadata"]["annotations"]["dsagent.io/gpu-class"] == resource.split("/", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"spec": {"containers": [{"name": "c", "resources": {"limits": ["nvidia.com/gpu"]}}]}},
+        {"spec": {"containers": [{"name": "c", "resources": "lots"}]}},
+        {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "abc"}}}]}},
+        {"spec": {"containers": "train"}},
+        {"spec": {"affinity": {"nodeAffinity": []}}},
+        {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "n1"}}}},
+        {
+            "spec": {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ["n1"]}}
+                }
+            }
+        },
+        {"metadata": {"annotations": {"dsagent.io/deadline-plan": ["apply"]}}},
+        {"metadata": {"annotations": {"dsagent.io/max-gpus": 4}}},
+        {"spec": None},
+    ],
+)
+def test_hostile_pod_shapes_are_warnings_never_errors(nodes: list[NodeFacts], hostile: dict[str, Any]) -> None:
+    pod = training_pod()
+    for part, fields in hostile.items():
+        if fields is None:
+            pod[part] = None
+            continue
+        for key, value in fields.items():
+            if key == "containers":
+                pod[part][key] = value if isinstance(value, str) else [{**pod[part][key][0], **value[0]}]
+            elif key == "annotations":
+                pod[part][key].update(value)
+            else:
+                pod[part][key] = value
+    outcome = apply_plan(pod, nodes, now=NOW, names=NAMES)
+    assert outcome.patch == [] and outcome.plan is None
+    (warning,) = outcome.warnings
+    assert warning.startswith("dsplatform: deadline plan not applied")
