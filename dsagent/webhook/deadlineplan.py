@@ -29,8 +29,10 @@ the Nodes through an unmodified ``kubernetes`` ApiClient.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -251,22 +253,61 @@ class KubePlanNodes:
 
 
 @dataclass(frozen=True)
+class _Promise:
+    gpus: int
+    until: float
+    resource_version: str | None  # of the node when promised: a republished node has counted it
+
+
+@dataclass
 class PlanPolicy:
-    """What the server calls: the nodes' source, the clock, the GPU names and the formula."""
+    """What the server calls: the nodes' source, the clock, the GPU names and the formula.
+
+    It remembers the GPUs it gave planned pods for ``promise_s`` seconds, or until the node
+    publishes its free GPUs again, and plans later pods over what is left: pods admitted in a
+    burst are not all planned onto the same free GPUs (per replica: another replica does not
+    see this one's promises)."""
 
     nodes: Callable[[], Sequence[NodeFacts]]
     clock: Callable[[], float]
     names: GpuResources = field(default_factory=GpuResources)
     formula: str = DEFAULT_FORMULA
+    promise_s: float = 60.0
+    _promises: dict[str, list[_Promise]] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def decide(self, pod: Mapping[str, Any]) -> PlanOutcome:
         if not wants_plan(pod):
             return PlanOutcome(pod)
-        outcome = apply_plan(pod, self.nodes(), now=self.clock(), names=self.names, formula=self.formula)
+        now = self.clock()
+        with self._lock:  # one plan at a time: each sees the promises before it
+            nodes = [self._less_promised(n, now) for n in self.nodes()]
+            outcome = apply_plan(pod, nodes, now=now, names=self.names, formula=self.formula)
+            if outcome.plan is not None:
+                (node, gpus), *_ = outcome.plan.allocation
+                version = next((n.resource_version for n in nodes if n.name == node), None)
+                self._promises.setdefault(node, []).append(_Promise(gpus, now + self.promise_s, version))
         if outcome.plan is not None:
-            (node, gpus), *_ = outcome.plan.allocation
             log.info("pod %s: deadline plan %d GPUs on %s", _name(pod), gpus, node)
         return outcome
+
+    def _less_promised(self, facts: NodeFacts, now: float) -> NodeFacts:
+        """``facts`` with the GPUs still promised on the node taken out of its free ones."""
+        live = [
+            p
+            for p in self._promises.get(facts.name, ())
+            if p.until > now and (p.resource_version is None or p.resource_version == facts.resource_version)
+        ]
+        if live:
+            self._promises[facts.name] = live
+        else:
+            self._promises.pop(facts.name, None)
+            return facts
+        promised = sum(p.gpus for p in live)
+        if facts.published_free is not None:
+            kept = sorted(facts.published_free)[: max(0, len(facts.published_free) - promised)]
+            return dataclasses.replace(facts, published_free=frozenset(kept))
+        return dataclasses.replace(facts, used_gpus=facts.used_gpus + promised)
 
 
 def _name(pod: Mapping[str, Any]) -> str:

@@ -341,3 +341,30 @@ def test_hostile_pod_shapes_are_warnings_never_errors(nodes: list[NodeFacts], ho
     assert outcome.patch == [] and outcome.plan is None
     (warning,) = outcome.warnings
     assert warning.startswith("dsplatform: deadline plan not applied")
+
+
+def test_pods_admitted_in_a_burst_are_not_planned_onto_the_same_gpus(nodes: list[NodeFacts]) -> None:
+    clock = [NOW]
+    policy = PlanPolicy(lambda: nodes, lambda: clock[0], NAMES, promise_s=60.0)
+    first, second, third = (policy.decide(training_pod()).plan for _ in range(3))
+    # n2's 4 free GPUs go to the first pod; the second best-fits on n1 (8 free), the third on
+    # n1's other 4
+    assert first is not None and first.allocation == (("n2", 4),)
+    assert second is not None and second.allocation == (("n1", 4),)
+    assert third is not None and third.allocation == (("n1", 4),)
+    # a minute later the promises are gone: the nodes' published free GPUs count again
+    clock[0] += 61.0
+    again = policy.decide(training_pod()).plan
+    assert again is not None and again.allocation == (("n2", 4),)
+    # a node that republished (a new resourceVersion) has counted what it gave
+    seen = [dataclasses.replace(n, resource_version="1") for n in nodes]
+    listing = [seen]
+    moving = PlanPolicy(lambda: listing[0], lambda: clock[0], NAMES)
+    assert moving.decide(training_pod()).plan.allocation == (("n2", 4),)  # type: ignore[union-attr]
+    assert moving.decide(training_pod()).plan.allocation == (("n1", 4),)  # type: ignore[union-attr]
+    # n2 is full by promise and n1 has 4 GPUs left: of two more pods, one would get n1's 4 and
+    # the other only n3's. Once n2 publishes again (its free list then counts what it gave;
+    # here it shows the same 4 free), both get 4 GPUs
+    listing[0] = [dataclasses.replace(n, resource_version="2") if n.name == "n2" else n for n in seen]
+    after = [moving.decide(training_pod()).plan for _ in range(2)]
+    assert sorted(p.allocation for p in after if p is not None) == [(("n1", 4),), (("n2", 4),)]
