@@ -14,6 +14,8 @@ design chooses for it, not only advice:
    plan's count, adds a required node affinity to the plan's node (``matchFields``
    ``metadata.name``, ANDed into every existing required term), and records the plan in
    ``dsagent.io/planned``. kube-scheduler, with the extender, then places the pod there.
+4. The GPUs given are remembered for a minute, or until the node republishes its free GPUs,
+   and the next plans of this replica are made over what is left (:class:`PlanPolicy`).
 
 A pod is one worker: its plan is a single-node plan. A job of several workers
 (``dsagent.io/workers`` > 1) keeps its request, with a warning: its workers are admitted one
