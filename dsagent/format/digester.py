@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import xxhash
 
 from dsagent.errors import IntegrityError, SourceUnavailable
-from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
+from dsagent.format.hashing import ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.format.storage import open_whole, resolve_local_first, translate_errors
 from dsagent.format.walk import (
@@ -82,7 +82,7 @@ class _Hasher:
         self._lock = threading.Lock()
 
     def batch(self, items: Sequence[Found]) -> list[tuple[FileEntry, Found | None]]:
-        buffer = bytearray(HASH_BUFFER) if self._local else None
+        buffer = read_buffer() if self._local else None
         results: list[tuple[FileEntry, Found | None]] = []
         item = None
         try:
@@ -97,7 +97,7 @@ class _Hasher:
                 self._progress(sum(entry.size for entry, _ in results), len(results))
         return results
 
-    def _one(self, item: Found, buffer: bytearray | None) -> tuple[FileEntry, Found | None]:
+    def _one(self, item: Found, buffer: ReadBuffer | None) -> tuple[FileEntry, Found | None]:
         if buffer is None:
             with open_whole(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
                 digest, size = hash_stream(stream)
@@ -277,7 +277,7 @@ class _Reply(NamedTuple):
     error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
 
 
-def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: bytearray) -> _Reply:
+def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBuffer) -> _Reply:
     """Hash one request's files in a hashing process (opening each relative to its directory)."""
     reply = _Reply([], [], [], [], [])
     name = ""
@@ -305,7 +305,7 @@ def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: bytear
 
 
 def _hash_names(
-    reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: bytearray
+    reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: ReadBuffer
 ) -> tuple[str, str, int, int] | None:
     """Append the columns of files ``names`` in directory ``dfd`` to ``reply`` (no cache).
 
@@ -342,7 +342,7 @@ def _hash_names(
 
 
 def _hash_one(
-    reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: bytearray
+    reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: ReadBuffer
 ) -> tuple[str, str, int, int] | None:
     """Append one file's columns to ``reply`` (the error instead if it changed while read)."""
     if snapshot is not None:
@@ -386,7 +386,7 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
     # replies hold no cycles; the collector would only walk (and so copy, page by page)
     # the objects this process shares with its parent
     gc.disable()
-    buffer = bytearray(HASH_BUFFER)
+    buffer = read_buffer()
     while True:
         try:
             request = conn.recv()
