@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import IO, Union
+from typing import IO
 
 import xxhash
 
@@ -27,7 +27,7 @@ HASH_BUFFER = 256 << 10
 
 #: What local files are read into: :func:`read_buffer`'s page-aligned buffers (a
 #: ``bytearray`` works too, at the cost :func:`read_buffer` explains).
-ReadBuffer = Union[bytearray, mmap.mmap]
+ReadBuffer = bytearray | mmap.mmap
 
 
 def read_buffer(size: int = HASH_BUFFER) -> mmap.mmap:
