@@ -28,7 +28,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threade
 
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every process pool a digest starts (appended as it starts)."""
+    """The size of every process pool a digest starts (appended as it starts); the pure-Python
+    loops run even where the native extension is built (tests/dsagent/format/test_native.py)."""
+    monkeypatch.setattr(digester.native_loops, "AVAILABLE", False)
     started: list[int] = []
     original = digester._ProcessPool.__init__
 
