@@ -44,13 +44,21 @@ static int (*xxh3_reset)(xxh3_state *);
 static int (*xxh3_update)(xxh3_state *, const void *, size_t);
 static xxh128_hash (*xxh3_digest)(const xxh3_state *);
 
+/* The *_dispatch entry points pick the widest vector unit at run time (AVX2, AVX-512), as the
+ * xxhash package's own calls do; the plain ones are the build's baseline (SSE2 on x86-64). */
+static void *either(void *lib, const char *dispatch, const char *plain) {
+    void *f = dlsym(lib, dispatch);
+    return f != NULL ? f : dlsym(lib, plain);
+}
+
 static int bind_xxhash(void *lib) {
     if (lib == NULL) return -1;
-    xxh3_128_oneshot = (xxh128_hash(*)(const void *, size_t))dlsym(lib, "XXH3_128bits");
+    xxh3_128_oneshot = (xxh128_hash(*)(const void *, size_t))either(lib, "XXH3_128bits_dispatch", "XXH3_128bits");
     xxh3_create = (xxh3_state * (*)(void)) dlsym(lib, "XXH3_createState");
     xxh3_free = (int (*)(xxh3_state *))dlsym(lib, "XXH3_freeState");
     xxh3_reset = (int (*)(xxh3_state *))dlsym(lib, "XXH3_128bits_reset");
-    xxh3_update = (int (*)(xxh3_state *, const void *, size_t))dlsym(lib, "XXH3_128bits_update");
+    xxh3_update = (int (*)(xxh3_state *, const void *, size_t))either(lib, "XXH3_128bits_update_dispatch",
+                                                                       "XXH3_128bits_update");
     xxh3_digest = (xxh128_hash(*)(const xxh3_state *))dlsym(lib, "XXH3_128bits_digest");
     return (xxh3_128_oneshot && xxh3_create && xxh3_free && xxh3_reset && xxh3_update && xxh3_digest) ? 0 : -1;
 }
