@@ -112,7 +112,8 @@ class FrameReader:
         self._current = memoryview(b"")
         self._offset = 0
         self.produced = 0
-        self._chunks: Iterator[bytes] = _ReadAhead(self._decompressed(), ahead) if ahead > 0 else self._decompressed()
+        chunks = _joined(self._decompressed())
+        self._chunks: Iterator[bytes] = _ReadAhead(chunks, ahead) if ahead > 0 else chunks
 
     def __enter__(self) -> FrameReader:  # noqa: PYI034 - typing.Self needs Python 3.11; the project supports 3.10
         return self
@@ -210,6 +211,22 @@ class FrameReader:
                     f"{self._what} has data after the end of its tar",
                     hint="the bundle is corrupt or hostile; re-pack it",
                 )
+
+
+def _joined(outputs: Iterator[bytes]) -> Iterator[bytes]:
+    """``outputs`` joined into chunks of at least half :data:`CHUNK_SIZE` (the last may be
+    less): zstd, handed :data:`INPUT_PIECE` bytes at a time, yields pieces of about that
+    size, and each chunk costs its consumer a queue hand-over and a few Python calls."""
+    parts: list[bytes] = []
+    size = 0
+    for out in outputs:
+        parts.append(out)
+        size += len(out)
+        if size >= CHUNK_SIZE // 2:
+            yield parts[0] if len(parts) == 1 else b"".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _ReadAhead:
