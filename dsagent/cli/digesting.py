@@ -54,9 +54,11 @@ def digest_cache_path(environ: Mapping[str, str]) -> Path:
 
 
 def open_cache(enabled: bool) -> DigestCache | None:
+    if not enabled:
+        return None  # and sqlite3 is not imported
     from dsagent.format.digestcache import DigestCache
 
-    return DigestCache(digest_cache_path(os.environ)) if enabled else None
+    return DigestCache(digest_cache_path(os.environ))
 
 
 class Counter:
