@@ -72,7 +72,7 @@ def test_phase_1_reads_the_manifest_and_reserves_without_fetching(tmp_path: Path
     nxt = packed(tmp_path / "data", "next", 1)
 
     async def go() -> None:
-        async with running(tmp_path) as service:
+        async with running(tmp_path, capacity=50_000_000) as service:  # free space: the capacity's side
             free = (await service.space())["freeBytes"]
             view = await service.prepare("pod-b", [nxt], first=1.0, second=0.9)
             assert view["phase"] == 1 and view["state"] == "reserved"
@@ -213,7 +213,7 @@ def test_a_preparation_not_renewed_lapses(tmp_path: Path) -> None:
     clock = Clock()
 
     async def go() -> None:
-        async with running(tmp_path, clock=clock) as service:
+        async with running(tmp_path, capacity=50_000_000, clock=clock) as service:
             free = (await service.space())["freeBytes"]
             await service.prepare("pod-b", [nxt], first=1.0, second=1.0)
             assert (await service.space())["freeBytes"] < free
