@@ -46,7 +46,7 @@ async def prepare(
 
 @router.get("/v1/preparations", response_model=PreparationsOut, responses=errors())
 async def list_preparations(svc: CacheService = Depends(service)) -> dict[str, Any]:
-    return {"preparations": svc.preparation_views()}
+    return {"preparations": await svc.preparation_views()}
 
 
 @router.get("/v1/preparations/{task_id}", response_model=PreparationOut, responses=errors(400, 404))

@@ -252,6 +252,12 @@ class Preparations:
                 if prep.waiting is not None or prep.fetching:
                     await self._advance(prep)
 
+    async def update_states(self) -> None:
+        """Phase 2's task states as they are now (for a report)."""
+        for prep in list(self._items.values()):
+            if prep.fetching:
+                prep.task_state = await self.parts.task_state(prepare_task_id(prep.task_id))
+
     async def release(self, task_id: str) -> None:
         """The preparation is no longer wanted: its reservations and its task go."""
         async with self._lock:

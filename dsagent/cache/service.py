@@ -499,11 +499,13 @@ class CacheService:
 
     async def preparation(self, task_id: str) -> dict[str, Any]:
         prep = self.preparations.get(task_key(task_id))
+        await self.preparations.update_states()
         if prep is None:
             raise NotFound(f"no preparation {task_id!r} on this agent", hint="PUT /v1/preparations/{task} makes one")
         return preparation_view(prep)
 
-    def preparation_views(self) -> list[dict[str, Any]]:
+    async def preparation_views(self) -> list[dict[str, Any]]:
+        await self.preparations.update_states()
         return [preparation_view(p) for p in self.preparations.all()]
 
     async def release_preparation(self, task_id: str) -> None:

@@ -219,7 +219,7 @@ def test_a_preparation_not_renewed_lapses(tmp_path: Path) -> None:
             assert (await service.space())["freeBytes"] < free
             clock.now += service.settings.lease_ttl + 1
             await service.sweep()
-            assert service.preparation_views() == []
+            assert await service.preparation_views() == []
             assert (await service.space())["freeBytes"] == free
 
     asyncio.run(go())
