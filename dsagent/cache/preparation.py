@@ -62,6 +62,9 @@ class Thresholds:
     # the bulk-fetch rate phase 2 plans with (below the agent's measured 669 MB/s unpack,
     # docs/performance.md, since fetches share the store); 0: fetch_lead_s alone
     fetch_bytes_per_s: float = 500e6
+    # the design's preset count: phase 2 once fewer than this many of the current job's
+    # sub-tasks remain (where the job reports them, dsagent.io/progress); 0: the lead alone
+    subtasks_remaining: int = 2
 
     def lead_s(self, size_bytes: int) -> float:
         """How long before a predicted start phase 2 begins for ``size_bytes`` missing bytes."""
@@ -75,6 +78,16 @@ class Thresholds:
             raise ValueError("reserve_fraction and fill_fraction must be within [0, 1]")
         if not (self.fetch_bytes_per_s >= 0 and math.isfinite(self.fetch_bytes_per_s)):
             raise ValueError("fetch_bytes_per_s must be a finite number >= 0")
+        if self.subtasks_remaining < 0:
+            raise ValueError("subtasks_remaining must be >= 0")
+
+    def second_phase(self, releasing: Sequence[Running], lead_reached: bool) -> bool:
+        """The trigger of phase 2 (the design's "preset progress"): when every job whose end
+        frees the GPUs reports its sub-tasks, fewer than ``subtasks_remaining`` of them
+        remain in each; otherwise (or with a count of 0) the start is within the lead."""
+        if self.subtasks_remaining > 0 and releasing and all(r.remaining is not None for r in releasing):
+            return max(r.remaining or 0 for r in releasing) < self.subtasks_remaining
+        return lead_reached
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class Running:
 
     gpus: int
     expected_end: float | None
+    remaining: int | None = None  # sub-tasks not yet run (dsagent.io/progress); None: not reported
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,17 @@ class Waiting:
     gpus: int
     datasets: tuple[Want, ...]
     group: str | None = None  # pods of one gang job: placed together or not at all
+    source: str = "prediction"  # where its queue place comes from: kueue, volcano, prediction
+
+
+@dataclass(frozen=True)
+class Known:
+    """A waiting pod whose node the cluster names: the job a running pod there says follows
+    it (``dsagent.io/next-job``). ``after``: that pod's expected end (None: unknown)."""
+
+    node: str
+    after: float | None
+    current: Running
 
 
 @dataclass(frozen=True)
@@ -127,7 +152,8 @@ class Preparation:
     node: str
     datasets: tuple[Want, ...]
     phase: int
-    start: float  # when the job is predicted to start there
+    start: float  # when the job is predicted to start there (known: the current job's end, or now)
+    source: str = "prediction"  # annotation, kueue, volcano or prediction (the replay alone)
 
     @property
     def bytes(self) -> int:
@@ -203,24 +229,31 @@ def plan(
     now: float,
     thresholds: Thresholds = Thresholds(),
     fetching: Iterable[tuple[str, str]] = (),
+    known: Mapping[str, Known] | None = None,
 ) -> tuple[Preparation, ...]:
     """What to prepare now: one :class:`Preparation` per waiting pod predicted to start on a
     node within the window and not ready to start now, with the datasets that node lacks.
 
     ``fetching``: ``(job, node)`` pairs whose phase 2 already started; they stay in phase 2
-    while still predicted there and count first against both thresholds."""
+    while still predicted there and count first against both thresholds. ``known``: pods
+    whose node the cluster names (:class:`Known`): not predicted, prepared there from the
+    moment they are known (phase 1 needs no window), first."""
+    known = {k: v for k, v in (known or {}).items() if v.node in {n.name for n in nodes}}
     by_name = {n.name: n for n in nodes}
     largest = max((sum(w.size_bytes for w in job.datasets) for job in waiting), default=0)
     horizon = max(thresholds.window_s, thresholds.lead_s(largest))  # a large dataset's lead is longer
-    predicted = predict(nodes, waiting, now=now, window_s=horizon)
+    predicted: dict[str, tuple[str, float]] = {
+        key: (k.node, max(now, k.after) if k.after is not None else math.inf) for key, k in known.items()
+    }
+    predicted.update(predict(nodes, [w for w in waiting if w.key not in known], now=now, window_s=horizon))
     started = set(fetching)
     reserved: dict[str, int] = {}  # node -> bytes reserved for prepared jobs (phases 1 and 2)
     filled: dict[str, int] = {}  # node -> bytes of prepared data fetched or fetching (phase 2)
     claimed: dict[str, set[Key]] = {}  # node -> versions already planned there (counted once)
     jobs = {w.key: w for w in waiting}
     order = sorted(
-        (key for key, (_, start) in predicted.items() if start > now),
-        key=lambda k: (0 if (k, predicted[k][0]) in started else 1, predicted[k][1]),
+        (key for key, (_, start) in predicted.items() if start > now or key in known),
+        key=lambda k: (0 if (k, predicted[k][0]) in started else 1, 0 if k in known else 1, predicted[k][1]),
     )
     out = []
     for key in order:
@@ -236,20 +269,25 @@ def plan(
             continue
         size = sum(w.size_bytes for w in missing)
         lead_s = thresholds.lead_s(size)
-        if start - now > max(thresholds.window_s, lead_s):
+        if key not in known and start - now > max(thresholds.window_s, lead_s):
             continue  # predicted, but neither within the window nor within its own lead
         if reserved.get(node_name, 0) >= thresholds.reserve_fraction * node.capacity_bytes:
             continue  # the first threshold reached: no new reservation this round
         phase = 1
         in_fetch = (key, node_name) in started
-        lead = start - now <= lead_s
+        if key in known:
+            releasing: Sequence[Running] = (known[key].current,)
+        else:
+            releasing = [r for r in node.running if r.expected_end is not None and r.expected_end <= start]
+        trigger = thresholds.second_phase(releasing, start - now <= lead_s)
         fill = node.in_use_bytes + filled.get(node_name, 0) + size
-        if (in_fetch or (lead and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
+        if (in_fetch or (trigger and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
             phase = 2
             filled[node_name] = filled.get(node_name, 0) + size
         reserved[node_name] = reserved.get(node_name, 0) + size
         seen.update(w.key for w in missing)
-        out.append(Preparation(key, node_name, missing, phase, start))
+        source = "annotation" if key in known else jobs[key].source
+        out.append(Preparation(key, node_name, missing, phase, start if math.isfinite(start) else now, source))
     return tuple(out)
 
 
@@ -260,4 +298,15 @@ def by_node(preparations: Iterable[Preparation]) -> Mapping[str, list[Preparatio
     return out
 
 
-__all__ = ["NodeState", "Preparation", "Running", "Thresholds", "Waiting", "Want", "by_node", "plan", "predict"]
+__all__ = [
+    "Known",
+    "NodeState",
+    "Preparation",
+    "Running",
+    "Thresholds",
+    "Waiting",
+    "Want",
+    "by_node",
+    "plan",
+    "predict",
+]

@@ -263,6 +263,10 @@ class Preparations:
         async with self._lock:
             prep = self._items.get(task_id)
             if prep is None:
+                # an agent restart forgot the record, not its task: the task goes all the same
+                if await self.parts.task_state(prepare_task_id(task_id)) is not None:
+                    await self.parts.release_task(prepare_task_id(task_id))
+                    return
                 raise NotFound(f"no preparation {task_id!r} on this agent")
             try:
                 await self._forget(prep)
