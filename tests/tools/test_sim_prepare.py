@@ -67,5 +67,5 @@ def test_a_loss_is_any_figure_worse_than_ours_past_the_tolerance() -> None:
     assert losses(ours, dict(ours)) == []
     assert losses(ours, {**ours, "ttfs_mean_s": 100.4}) == []  # within 0.5%
     assert losses(ours, {**ours, "ttfs_mean_s": 90.0}) == []  # better
-    assert losses(ours, {**ours, "storage_bytes": 1.1e12}) == ["storage TB 1e+12 -> 1.1e+12"]
+    assert losses(ours, {**ours, "storage_bytes": 1.1e12}) == ["storage TB 1 -> 1.1"]
     assert losses(ours, {**ours, "deadline_misses": 1}) == ["deadline misses 0 -> 1"]

@@ -48,9 +48,9 @@ TOLERANCE = 0.005  # a change under 0.5% is no change (same jobs, a different ev
 def losses(ours: dict[str, Any], prepared: dict[str, Any]) -> list[str]:
     """The figures on which preparation is worse than ``ours`` by more than the tolerance."""
     out = []
-    for label, key, _ in FIGURES:
-        a, b = float(ours.get(key) or 0.0), float(prepared.get(key) or 0.0)
-        if b > a * (1 + TOLERANCE) and b - a > 1e-9:
+    for label, key, scale in FIGURES:
+        a, b = float(ours.get(key) or 0.0) * scale, float(prepared.get(key) or 0.0) * scale
+        if b > a * (1 + TOLERANCE) and b - a > 1e-12:
             out.append(f"{label} {a:.4g} -> {b:.4g}")
     return out
 
