@@ -92,7 +92,9 @@ class DatasetStatusOut(_Out):
     source: str
     bundles: str | None
     digest: str | None
-    state: str = Field(description="resolving, fetching, checking (a prepared copy under the start check), ready or failed")
+    state: str = Field(
+        description="resolving, fetching, checking (a prepared copy under the start check), ready or failed"
+    )
     path: str | None
     size_bytes: int = Field(alias="sizeBytes")
     files: int

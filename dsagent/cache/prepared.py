@@ -178,7 +178,9 @@ class Preparations:
                     hint="release it first (DELETE /v1/preparations/{task})",
                 )
             if prep is None:
-                prep = Prepared(task_id, tuple(requests), first, second, tenant, now + self.parts.lease_ttl, created_at=now)
+                prep = Prepared(
+                    task_id, tuple(requests), first, second, tenant, now + self.parts.lease_ttl, created_at=now
+                )
                 self._items[task_id] = prep
             prep.lease_until = now + self.parts.lease_ttl
             prep.first, prep.second = first, second
@@ -217,7 +219,9 @@ class Preparations:
             if key in prep.held or key in prep.reserved or self.parts.is_fetching(key):
                 continue
             if budget <= 0:
-                prep.waiting = f"first threshold: preparations reserve {others} of {capacity} bytes (limit {prep.first:g})"
+                prep.waiting = (
+                    f"first threshold: preparations reserve {others} of {capacity} bytes (limit {prep.first:g})"
+                )
                 return
             amount = min(size, budget)
             try:

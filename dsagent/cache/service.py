@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dsagent.cache import ready, recovery, report
-from dsagent.cache.eviction import Candidate
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
+from dsagent.cache.eviction import Candidate
 from dsagent.cache.fetch import Source
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
@@ -236,7 +236,9 @@ class CacheService:
                 await self._ensure(task_id, request, existing.digests.get(request.name))
             if self.preparations.get(task_id) is not None:  # the prepared task arrived: hand over
                 mine = [t for (tid, _), t in self._waiters.items() if tid == task_id]
-                handover = asyncio.create_task(self.preparations.hand_over(task_id, mine), name=f"dsagent-handover-{task_id}")
+                handover = asyncio.create_task(
+                    self.preparations.hand_over(task_id, mine), name=f"dsagent-handover-{task_id}"
+                )
                 self._handovers.add(handover)
                 handover.add_done_callback(self._handovers.discard)
         if wait:

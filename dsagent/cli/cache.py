@@ -350,7 +350,8 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
     reserved = sum(p["reservedBytes"] for p in preparations)
     click.echo(
         f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} "
-        f"of {format_size(listing['capacityBytes'])}" + (f", {format_size(reserved)} reserved for next tasks" if reserved else "")
+        f"of {format_size(listing['capacityBytes'])}"
+        + (f", {format_size(reserved)} reserved for next tasks" if reserved else "")
     )
     if preparations:
         _prepared_table(preparations)

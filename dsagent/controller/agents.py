@@ -125,7 +125,11 @@ def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
         value = item.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
-    state = item.get("state") if item.get("state") in ("ready", "fetching", "resolving", "checking", "failed") else "unknown"
+    state = (
+        item.get("state")
+        if item.get("state") in ("ready", "fetching", "resolving", "checking", "failed")
+        else "unknown"
+    )
     report = {"node": node, "state": state, "bytesDone": number("bytesDone"), "bytesWanted": number("sizeBytes")}
     if state == "failed" and isinstance(item.get("error"), dict):
         report["message"] = str(item["error"].get("message"))[:300]

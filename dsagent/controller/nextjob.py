@@ -31,7 +31,6 @@ from dsagent.controller.quotas import Ledger
 from dsplatform.kubetime import format_micro_time
 from dsplatform.tenancy import acting_for
 
-
 #: what each source means, in status and Events
 SOURCES = {
     "annotation": "named by the running pod (dsagent.io/next-job)",
@@ -41,7 +40,7 @@ SOURCES = {
 }
 
 #: ``(pod, reason, note)``: tell a pod's owner (an Event on the pod)
-PodEvent = Callable[[JSON, str, str], None]
+PodEvent = Callable[[Mapping[str, Any], str, str], None]
 
 
 def preparation_path(pod_uid: str) -> str:
@@ -102,9 +101,9 @@ def prepare_pass(
         state, agent_phase = _ask_to_prepare(agent_call, prep, phase, namespace, by_key, presets)
         if phase < prep.phase and state != "skipped":
             state = "refused"
-        if state not in ("skipped", "unreachable"):
-            fetching.add((prep.job, prep.node))
-        if pod_event is not None and state not in ("skipped",):
+        if state != "skipped":
+            fetching.add((prep.job, prep.node))  # still planned there: not released
+        if pod_event is not None and state != "skipped":
             names = ",".join(w.name for w in prep.datasets)
             pod_event(
                 pod,

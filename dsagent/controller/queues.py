@@ -78,6 +78,11 @@ def _created(obj: Mapping[str, Any]) -> float:
     return parse_or_none(_meta(obj).get("creationTimestamp")) or 0.0
 
 
+def _part(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 def _priority(value: Any) -> int:
     return value if type(value) is int and abs(value) <= 2**31 else 0
 
@@ -90,18 +95,15 @@ def queue_places(pods: Iterable[Mapping[str, Any]], queues: Queues) -> dict[str,
         owner = _controller(wl)
         if owner is None:
             continue
-        status = wl.get("status") if isinstance(wl.get("status"), Mapping) else {}
-        admitted = isinstance(status.get("admission"), Mapping)
-        spec = wl.get("spec") if isinstance(wl.get("spec"), Mapping) else {}
+        admitted = isinstance(_part(wl, "status").get("admission"), Mapping)
+        spec = _part(wl, "spec")
         by_owner[str(owner["uid"])] = ((0 if admitted else 1, -_priority(spec.get("priority")), _created(wl)), "kueue")
     for job in queues.volcano_jobs or ():
         uid = _meta(job).get("uid")
         if not isinstance(uid, str):
             continue
-        status = job.get("status") if isinstance(job.get("status"), Mapping) else {}
-        state = status.get("state") if isinstance(status.get("state"), Mapping) else {}
-        admitted = state.get("phase") in ("Inqueue", "Running")
-        spec = job.get("spec") if isinstance(job.get("spec"), Mapping) else {}
+        admitted = _part(_part(job, "status"), "state").get("phase") in ("Inqueue", "Running")
+        spec = _part(job, "spec")
         by_owner[uid] = ((0 if admitted else 1, -_priority(spec.get("priority")), _created(job)), "volcano")
     out: dict[str, tuple[tuple[Any, ...], str]] = {}
     for pod in pods:

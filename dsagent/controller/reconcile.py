@@ -41,8 +41,8 @@ from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
-from dsagent.controller.queues import list_queues
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
+from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import parse_stripe, stripe_status
@@ -372,10 +372,14 @@ class DatasetController:
         for kind, reason, note in cachestate.changes(status, {**status, **patch}, digest):
             self.events.record(regarding, type=kind, reason=reason, action="Cache", note=note)
 
-    def _pod_event(self, pod: JSON, reason: str, note: str) -> None:
+    def _pod_event(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
         """A Normal Event on a pod (next-job preparation tells the pod's owner where and why)."""
         self.events.record(
-            ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}), type="Normal", reason=reason, action="Prepare", note=note
+            ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}),
+            type="Normal",
+            reason=reason,
+            action="Prepare",
+            note=note,
         )
 
     def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:

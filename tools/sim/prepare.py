@@ -80,7 +80,9 @@ def compare(workloads: Sequence[tuple[str, WorkloadFile]]) -> tuple[str, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), help="presets in tools/sim/workloads")
+    parser.add_argument(
+        "--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), help="presets in tools/sim/workloads"
+    )
     parser.add_argument("--jobs", type=int, default=1500, help="jobs per workload")
     parser.add_argument("--smoke", action="store_true", help="the smoke preset only, its own job count")
     args = parser.parse_args(argv)

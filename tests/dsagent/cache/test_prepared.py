@@ -37,7 +37,9 @@ def packed(base: Path, name: str, seed: int, files: int = 8) -> DatasetRequest:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path, capacity: int | None = None, clock: Clock | None = None) -> AsyncIterator[CacheService]:
+async def running(
+    tmp_path: Path, capacity: int | None = None, clock: Clock | None = None
+) -> AsyncIterator[CacheService]:
     settings = Settings(
         root=tmp_path / "cache", sweep_interval=3600, local_sources=(tmp_path / "data",), capacity_bytes=capacity
     )

@@ -12,7 +12,7 @@ from kubernetes.client import CustomObjectsApi
 
 from dsagent.cache.preparation import Known, NodeState, Running, Thresholds, Waiting, Want, plan
 from dsagent.controller.controllermetrics import ControllerMetrics
-from dsagent.controller.nextjob import prepare_pass, preparation_report
+from dsagent.controller.nextjob import preparation_report, prepare_pass
 from dsagent.controller.podfacts import running_pods, waiting_pods
 from dsagent.controller.queues import Queues, followers, list_queues, queue_places
 from dsplatform.kubetime import format_time
@@ -22,6 +22,7 @@ from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_po
 GB = 10**9
 DIGEST = "b" * 32
 NOW = 1_900_000_000.0
+TEMPLATE = {"spec": {"containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}]}}
 
 
 def owned(pod: dict[str, Any], kind: str, name: str, uid: str, api_version: str = "batch/v1") -> dict[str, Any]:
@@ -48,7 +49,12 @@ def workload(name: str, job: str, job_uid: str, *, priority: int, admitted: bool
         status["admission"] = {
             "clusterQueue": "cluster-queue",
             "podSetAssignments": [
-                {"name": "main", "flavors": {"nvidia.com/gpu": "a100"}, "resourceUsage": {"nvidia.com/gpu": "4"}, "count": 1}
+                {
+                    "name": "main",
+                    "flavors": {"nvidia.com/gpu": "a100"},
+                    "resourceUsage": {"nvidia.com/gpu": "4"},
+                    "count": 1,
+                }
             ],
         }
     return {
@@ -68,7 +74,7 @@ def workload(name: str, job: str, job_uid: str, *, priority: int, admitted: bool
             "priority": priority,
             "priorityClassName": "p" + str(priority),
             "priorityClassSource": "kueue.x-k8s.io/workloadpriorityclass",
-            "podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}],
+            "podSets": [{"name": "main", "count": 1, "template": TEMPLATE}],
         },
         "status": status,
     }  # fmt: skip
@@ -83,7 +89,7 @@ def volcano_job(name: str, phase: str, created: str) -> dict[str, Any]:
             "schedulerName": "volcano",
             "minAvailable": 1,
             "queue": "default",
-            "tasks": [{"name": "worker", "replicas": 1, "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}],
+            "tasks": [{"name": "worker", "replicas": 1, "template": TEMPLATE}],
         },
         "status": {"state": {"phase": phase}, "minAvailable": 1},
     }  # fmt: skip
@@ -98,9 +104,7 @@ def test_the_annotations_are_read_strictly() -> None:
         assert progress_of({"dsagent.io/progress": hostile}) is None
 
 
-def test_kueue_and_volcano_order_come_through_the_custom_objects_api(
-    apiserver: FakeApiServer, api_client: Any
-) -> None:
+def test_kueue_and_volcano_order_come_through_the_custom_objects_api(apiserver: FakeApiServer, api_client: Any) -> None:
     custom = CustomObjectsApi(api_client)
     assert list_queues(custom) == Queues([], [])  # installed, empty
     # pods of three Kueue jobs and one Volcano job, created in the opposite order of the queue
@@ -210,7 +214,9 @@ def test_the_controller_puts_both_phases_on_the_agent_and_deletes_what_the_plan_
     current["metadata"]["annotations"] = {"dsagent.io/next-job": "train-b", "dsagent.io/progress": "3/4"}
     follower = owned(make_pod("train-b-0", namespace="ml", gpus=8), "Job", "train-b", "u-b")
     follower["metadata"].update(uid="pod-b", annotations={"dsagent.io/datasets": "d"})
-    ds = make_dataset("d", namespace="ml", source="s3://b/d", bundles="s3://b/store", status={"digest": DIGEST, "bytes": GB})
+    ds = make_dataset(
+        "d", namespace="ml", source="s3://b/d", bundles="s3://b/store", status={"digest": DIGEST, "bytes": GB}
+    )
     presets = Thresholds(subtasks_remaining=2)
     out = prepare_pass([gpu], inventories, [ds], presets, pods=[current, follower], now=lambda: NOW,
                        agent_call=agent_call, metrics=ControllerMetrics())  # fmt: skip

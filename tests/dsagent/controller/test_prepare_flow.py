@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dsagent.cache.preparation import Thresholds
-from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.cache.prepared import prepare_task_id
+from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.podfacts import expected_end, waiting_pods
 from dsagent.controller.reconcile import DatasetController
 from dsagent.errors import NotFound
@@ -80,9 +80,7 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
             pack(source, store, name=name, max_files=2)
             manifest = read_manifest(str(store), name)
             status = {"digest": manifest.digest, "bytes": manifest.total_bytes}
-            apiserver.create(
-                make_dataset(name, namespace="ml", source=str(source), bundles=str(store), status=status)
-            )
+            apiserver.create(make_dataset(name, namespace="ml", source=str(source), bundles=str(store), status=status))
         waiting = {}
         for name, dataset in (("w1", "speech"), ("w2", "vision")):
             pod = make_pod(name, namespace="ml", gpus=4, annotations={"dsagent.io/datasets": dataset})
