@@ -225,3 +225,23 @@ def test_a_preparation_not_renewed_lapses(tmp_path: Path) -> None:
             assert (await service.space())["freeBytes"] == free
 
     asyncio.run(go())
+
+
+def test_the_task_is_not_ready_while_its_prepared_copy_is_checked(tmp_path: Path) -> None:
+    from tests.dsagent.cache.test_service_races import Gate
+
+    nxt = packed(tmp_path / "data", "next", 1)
+
+    async def go() -> None:
+        async with running(tmp_path) as service:
+            await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=1.0)
+            await service._wait_for(prepare_task_id("pod-b"), 60)
+            gate = Gate(service, "check_complete", pool="work")  # hold the start check
+            asked = asyncio.create_task(service.submit_task("pod-b", [nxt], wait=60))
+            await asyncio.wait_for(gate.reached.wait(), 30)
+            held = await service.get_task("pod-b")
+            assert held.state == "pending" and held.datasets[0].state == "checking"
+            gate.open()
+            assert (await asked).state == "ready"
+
+    asyncio.run(go())
