@@ -518,11 +518,19 @@ class CacheService:
             options = with_config(request.storage_options, self.settings.storage_config)
             assert request.bundles is not None
             bundles = request.bundles
-            found = await self._work(
-                lambda: read_manifest(
-                    bundles, request.name, storage_options=options, max_files=self.settings.max_dataset_files
+            try:
+                found = await self._work(
+                    lambda: read_manifest(
+                        bundles, request.name, storage_options=options, max_files=self.settings.max_dataset_files
+                    )
                 )
-            )
+            except DsagentError:
+                raise
+            except Exception as exc:  # a foreign storage error: the store's fault, said as such
+                known = classify(exc, f"dataset {request.name!r}")
+                if known is None:
+                    raise
+                raise known from exc
             files = found.file_count + len(found.directories)
             return found.digest, self.store.allocated(found.total_bytes, files)
 

@@ -245,3 +245,19 @@ def test_the_task_is_not_ready_while_its_prepared_copy_is_checked(tmp_path: Path
             assert (await asked).state == "ready"
 
     asyncio.run(go())
+
+
+def test_a_store_without_the_dataset_fails_the_preparation_and_reserves_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    source = write_tree(data / "raw", {"a.bin": b"x" * 100})
+    (data / "empty-store").mkdir()
+    request = DatasetRequest("raw", str(source), str(data / "empty-store"))
+
+    async def go() -> None:
+        async with running(tmp_path, capacity=50_000_000) as service:
+            free = (await service.space())["freeBytes"]
+            view = await service.prepare("pod-b", [request], first=1.0, second=1.0)
+            assert view["state"] == "failed" and view["error"]["code"] == "not_found"
+            assert view["reservedBytes"] == 0 and (await service.space())["freeBytes"] == free
+
+    asyncio.run(go())
