@@ -2,44 +2,38 @@
 functions of their inputs (docs/design.md#next-job-preparation).
 
 Who calls it: the Dataset controller (:mod:`dsagent.controller.nextjob`, which gathers the
-nodes, the running pods' expected ends and the pending pods, and asks each node's agent to
-cache what :func:`plan` says) and the simulator (``tools/sim/engine.py``, the opt-in
-``prepare_next`` variant). Nothing here reads the clock or does I/O; ``now`` is passed in.
+nodes, the running pods' expected ends and progress, the pending pods in their queue's
+order and the pods a running one names as its follow-up, and puts what :func:`plan` says on
+each node's agent, :mod:`dsagent.cache.prepared`) and the simulator (``tools/sim/hooks.py``,
+the opt-in ``prepare_next`` variant). Nothing here reads the clock or does I/O; ``now`` is
+passed in.
 
-The switching design's three steps, mapped to datasets on a node:
+The switching design's steps, mapped to datasets on a node:
 
-1. **Predict** (:func:`predict`): replay the queue against the running jobs' expected
-   ends, as the scheduler runs it (queue order, backfill, gangs together), each pod to the
-   node holding most of its bytes, then best fit. A pod that fits somewhere now is left to
-   the scheduler (nothing to prepare) but takes its GPUs, so the pods behind it are
-   predicted on what is left.
-2. **Phase 1** (manifest, space reservation): a predicted job whose start is within
-   ``window_s`` gets its missing datasets reserved on its node as long as the bytes already
-   reserved for prepared jobs there have not reached ``reserve_fraction`` of the node's
-   cache (the first threshold): the design stops *starting* new set-ups once the total
-   reaches it, so one job may take the total past it, and a dataset larger than the
-   threshold can still be prepared (the second threshold bounds its bulk fetch). Phase 2
-   below the same budget.
-3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
-   start) is within the job's **lead**, ``fetch_lead_s`` plus the time its missing bytes
-   take at ``fetch_bytes_per_s`` (so that a large dataset starts early enough to be ready
-   when the GPUs free, as the switching design asks of the second phase), and the bytes
-   that cannot be evicted afterwards (in use, plus prepared data fetched or fetching) stay
-   within ``fill_fraction`` of the cache
-   (the second threshold), which also means nothing in use is ever evicted for it; not
-   while a job bound to that node still waits for its own data (it would share the node's
-   fetch bandwidth with a prefetch). A preparation already fetching keeps its place first
-   (no flapping), counted first.
-4. **Cleanup**: a job whose pods ended releases its datasets at once (the agent's rule:
-   they become eviction candidates); a preparation whose job is no longer predicted there
-   (bound elsewhere, gone, or overtaken) is dropped by the caller: the plan lists only
-   what should be prepared now.
+1. **The next job** (:func:`predict`, unless ``known``): a pod the cluster names
+   (:class:`Known`: a running pod's follow-up) goes to that pod's node; the rest are
+   placed by replaying the queue (in the order given: a queue system's, else creation)
+   against the running jobs' expected ends, as the scheduler runs it (backfill, gangs
+   together), each pod to the node holding most of its bytes, then best fit. A pod that
+   fits somewhere now is left to the scheduler (nothing to prepare) but takes its GPUs.
+2. **Phase 1** (manifest, space reservation): a job predicted to start within ``window_s``
+   (a known one at once) gets its missing datasets reserved on its node as long as the
+   bytes already reserved for prepared jobs there have not reached ``reserve_fraction`` of
+   the node's cache (the first threshold; the agent reserves at most up to it).
+3. **Phase 2** (the bulk fetch), triggered by the design's "preset progress"
+   (:meth:`Thresholds.second_phase`): fewer than ``subtasks_remaining`` sub-tasks left in
+   each job whose end frees the GPUs, where the jobs report them; else the predicted start
+   within the job's **lead** (``fetch_lead_s`` plus its missing bytes at
+   ``fetch_bytes_per_s``); and the bytes that cannot be evicted afterwards (in use, plus
+   prepared data fetched or fetching) within ``fill_fraction`` of the cache (the second
+   threshold, which the agent checks again on its own figures); not while a job bound to
+   that node still waits for its own data. A preparation already fetching keeps its place
+   first (no flapping), counted first.
+4. **Cleanup**: the plan lists only what should be prepared now; the caller drops the rest.
 
 Decisions: the prediction horizon is ``window_s`` or, for a job whose lead is longer, its
-lead (a 2 TB dataset at 500 MB/s needs more than the 30 min window); predictions follow
-the queue, not a score (the extender's affinity then sends the job to the prepared node,
-since it holds the data); multi-pod jobs are one entry per pod; a node whose running jobs
-have no expected end frees nothing (no prediction there).
+lead; multi-pod jobs are one entry per pod; a node whose running jobs have no expected end
+frees nothing (no prediction there).
 """
 
 from __future__ import annotations
