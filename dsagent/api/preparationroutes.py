@@ -3,7 +3,8 @@ one runs (docs/design.md#next-job-preparation).
 
 Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. The Dataset controller
 (an operator: the admin token) puts a preparation for a pod it expects here next, renews it
-every pass and deletes it when the plan drops it; ``dsctl ls`` reads them. A pod never
+every pass and deletes it when the plan drops it; ``dsctl ls`` on the node reads them. Every
+route is an operator's: a preparation names other tenants' pods and datasets. A pod never
 prepares: its own request (``PUT /v1/tasks/{its UID}``) hands a preparation over.
 """
 
@@ -44,12 +45,19 @@ async def prepare(
     )
 
 
-@router.get("/v1/preparations", response_model=PreparationsOut, responses=errors())
+@router.get(
+    "/v1/preparations", dependencies=[Depends(operator)], response_model=PreparationsOut, responses=errors(401, 403)
+)
 async def list_preparations(svc: CacheService = Depends(service)) -> dict[str, Any]:
     return {"preparations": await svc.preparation_views()}
 
 
-@router.get("/v1/preparations/{task_id}", response_model=PreparationOut, responses=errors(400, 404))
+@router.get(
+    "/v1/preparations/{task_id}",
+    dependencies=[Depends(operator)],
+    response_model=PreparationOut,
+    responses=errors(400, 401, 403, 404),
+)
 async def get_preparation(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     return await svc.preparation(task_id)
 

@@ -32,7 +32,7 @@ from dsagent.cli.options import (
     store_options,
 )
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
-from dsagent.errors import DsagentError, InvalidInput, NotFound, TransientError
+from dsagent.errors import DsagentError, Forbidden, InvalidInput, NotFound, TransientError, Unauthorized
 from dsplatform.units import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -326,7 +326,7 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
         listing = client.datasets()
         try:
             preparations = client.preparations()
-        except NotFound:  # an agent without preparations
+        except (NotFound, Forbidden, Unauthorized):  # an agent without them, or not an operator
             preparations = []
     if output == "json":
         click.echo(json.dumps({**listing, "preparations": preparations}, indent=2))

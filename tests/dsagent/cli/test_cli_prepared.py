@@ -80,4 +80,5 @@ def test_only_an_operator_prepares(agent: tuple[AgentProcess, dict[str, Any]]) -
         assert answer.status_code == 401 and answer.json()["code"] == "unauthorized"
         answer = anonymous.put(f"/v1/preparations/{UID}", json={"datasets": [dataset], "phase": 3})
         assert answer.status_code in (400, 401)
-        assert anonymous.get("/v1/preparations").json() == {"preparations": []}
+        assert anonymous.get("/v1/preparations").status_code == 401  # they name other tenants' pods
+        assert anonymous.get(f"/v1/preparations/{UID}").status_code == 401
