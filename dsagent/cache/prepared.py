@@ -44,13 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.cache.layout import Key
+from dsagent.cache.preparation import Thresholds
 from dsagent.cache.task import DatasetRequest, iso
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, InvalidInput, NotFound
 
 log = logging.getLogger("dsagent")
 
-FIRST_THRESHOLD = 0.3  # default share of the cache reserved for preparations together
-SECOND_THRESHOLD = 0.9  # default share of the cache in use plus a preparation's bulk fetch
+# the presets' defaults are the policy's (one rule per fact): the first threshold, the share of
+# the cache reserved for preparations together; the second, in use plus the bulk fetches
+FIRST_THRESHOLD = Thresholds().reserve_fraction
+SECOND_THRESHOLD = Thresholds().fill_fraction
 
 
 def prepare_task_id(task_id: str) -> str:
