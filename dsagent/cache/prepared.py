@@ -240,8 +240,16 @@ class Preparations:
         """Phase 2 once the second threshold allows (else ``waiting``, rechecked on renewals)."""
         capacity = await self.parts.capacity()
         mine = {(n, d) for n, (d, _) in prep.versions.items()}
-        in_use = await self.parts.in_use_bytes(mine)
-        others = sum(p.missing_bytes for p in self._items.values() if p is not prep and p.fetching)
+        # the other bulk fetches, fetched or fetching, counted once: as prepared, not as in use
+        prepared = {
+            (n, d): size
+            for p in self._items.values()
+            if p is not prep and p.fetching
+            for n, (d, size) in p.versions.items()
+            if (n, d) not in mine
+        }
+        in_use = await self.parts.in_use_bytes(mine | set(prepared))
+        others = sum(prepared.values())
         size = prep.missing_bytes
         if not second_gate(capacity, prep.second, in_use, others, size):
             prep.waiting = (

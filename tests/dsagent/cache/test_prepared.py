@@ -261,3 +261,25 @@ def test_a_store_without_the_dataset_fails_the_preparation_and_reserves_nothing(
             assert view["reservedBytes"] == 0 and (await service.space())["freeBytes"] == free
 
     asyncio.run(go())
+
+
+def test_prepared_data_counts_once_against_the_second_threshold(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    a, b = packed(data, "a", 1), packed(data, "b", 2)
+
+    async def go() -> None:
+        async with running(tmp_path) as probe:
+            one = await size_of(probe, a)
+        shutil.rmtree(tmp_path / "cache")
+        async with running(tmp_path, capacity=4 * one) as service:
+            first = await service.prepare("pod-a", [a], phase=2, first=1.0, second=0.4)
+            assert first["phase"] == 2
+            await service._wait_for(prepare_task_id("pod-a"), 60)
+            # a's copy (prepared, in use by its prepare task) counts once: 1 + 1 > 0.4 x 4
+            second = await service.prepare("pod-b", [b], phase=2, first=1.0, second=0.4)
+            assert second["phase"] == 1 and "prepared " + str(one) in second["waiting"]
+            await service.release_preparation("pod-a")
+            await service.sweep()
+            assert (await service.preparation("pod-b"))["phase"] == 2
+
+    asyncio.run(go())
