@@ -136,6 +136,18 @@ class Metrics:
             ["direction"],
             registry=r,
         )
+        self.link_bytes = Counter(
+            "dsplatform_agent_link_bytes",
+            "Bundle bytes (unpacked) fetched over each link of DSAGENT_FETCH_LINKS, by link address and source.",
+            ["link", "source"],
+            registry=r,
+        )
+        self.link_failures = Counter(
+            "dsplatform_agent_link_failures",
+            "Links set aside for the rest of a version's fetch: one failed where another delivered.",
+            ["link"],
+            registry=r,
+        )
         self.catalog_rebuilds = Counter(
             "dsplatform_agent_catalog_rebuilds",
             "Times the catalog was found damaged, kept aside and rebuilt from the cache directory.",
@@ -235,6 +247,10 @@ class Metrics:
     def peer_transfer(self, direction: str, size_bytes: int) -> None:
         """``direction``: ``served`` (to another agent) or ``fetched`` (from one)."""
         self.peer_bytes.labels(direction=direction).inc(size_bytes)
+
+    def link_transfer(self, link: str, source: str, size_bytes: int) -> None:
+        """A bundle fetched over ``link`` (a local address) from a ``peer`` or the ``store``."""
+        self.link_bytes.labels(link=link, source=source).inc(size_bytes)
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.http_seconds.labels(method=method, route=route, status=str(status)).observe(seconds)

@@ -259,6 +259,10 @@ def test_with_no_gpu_known_every_usable_roce_nic_carries_transfers() -> None:
     from gpu_topology import transfer_nics
 
     topology = Topology(
-        nics=(Nic("ib", link_layer="InfiniBand"), Nic("roce", link_layer="Ethernet"), Nic("roce2", link_layer="Ethernet"))
+        nics=(
+            Nic("ib", link_layer="InfiniBand"),
+            Nic("roce", link_layer="Ethernet"),
+            Nic("roce2", link_layer="Ethernet"),
+        )
     )
     assert [n.name for n in transfer_nics(topology)] == ["roce", "roce2"]
