@@ -138,7 +138,8 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
     """The local addresses fetches spread over: ``DSAGENT_FETCH_LINKS`` as given, or with
     ``auto`` those of :func:`gpu_topology.transfer_nics` (the NICs near the node's GPUs, or
     every RoCE NIC when no GPU is known) from ``topology`` or, when None, the node's own
-    discovered. Fewer than two: () (one link is the default route). Blocking."""
+    discovered; an address no socket here can leave from is left out, with a warning.
+    Fewer than two: () (one link is the default route). Blocking."""
     links = settings.fetch_links
     if links == ("auto",):
         from gpu_topology import TopologyError, discover, transfer_nics
@@ -151,7 +152,26 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
             log.warning("fetch links: the node's topology is unknown (%s); fetching over the default route", exc)
             return ()
         log.info("fetch links from the topology: %s", ", ".join(links) or "none with an address")
-    return links if len(links) > 1 else ()
+    usable = tuple(a for a in links if _bindable(a))
+    if len(usable) < len(links):
+        log.warning(
+            "fetch links: %s not on this node (the agent needs the host's network: hostNetwork)",
+            ", ".join(a for a in links if a not in usable),
+        )
+    return usable if len(usable) > 1 else ()
+
+
+def _bindable(address: str) -> bool:
+    """Whether a socket can leave from ``address`` here (an address of this network namespace)."""
+    import ipaddress
+
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
 
 
 class Links:

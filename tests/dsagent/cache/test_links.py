@@ -30,7 +30,7 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import SourceUnavailable
 from dsagent.format.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest
-from gpu_topology import Gpu, Link, Nic, Topology
+from gpu_topology import Gpu, Link, Nic, Topology, transfer_nics
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, wait_ready
 
@@ -113,23 +113,14 @@ def store(tmp_path: Path) -> Iterator[tuple[Manifest, RecordingStore]]:
     server.server_close()
 
 
-def _cache(agent: AgentProcess, server: RecordingStore, task: str = "t1") -> dict[str, Any]:
+def _cache(agent: AgentProcess, store: tuple[Manifest, RecordingStore], task: str = "t1") -> dict[str, Any]:
+    manifest, server = store
     with agent.client() as client:
         client.submit_task(task, [{"name": "shards", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}])
         record = wait_ready(client, task)
     assert record["state"] == "ready", record
-    verify_tree(Path(record["datasets"][0]["path"]), FILES_MANIFEST[0])
+    verify_tree(Path(record["datasets"][0]["path"]), manifest)  # every bundle verified, all in place
     return record
-
-
-FILES_MANIFEST: list[Manifest] = []
-
-
-@pytest.fixture(autouse=True)
-def _manifest(store: tuple[Manifest, RecordingStore]) -> Iterator[None]:
-    FILES_MANIFEST[:] = [store[0]]
-    yield
-    FILES_MANIFEST.clear()
 
 
 def _metrics(agent: AgentProcess, name: str) -> dict[str, float]:
@@ -151,7 +142,7 @@ def _links_env(**extra: str) -> dict[str, str]:
 def test_a_store_fetch_spreads_its_bundles_over_every_link(store: Any, agent_factory: Any) -> None:
     manifest, server = store
     agent = agent_factory("b", env=_links_env())
-    _cache(agent, server)
+    _cache(agent, store)
     assert set(server.seen) == set(LINKS), f"the store saw connections from {dict(server.seen)}"
     assert sum(server.seen.values()) == len(manifest.bundles), "each bundle read once"
     assert all(n >= 2 for n in server.seen.values()), f"bundles split over the links: {dict(server.seen)}"
@@ -163,7 +154,7 @@ def test_a_link_that_fails_mid_transfer_hands_its_bundles_to_the_others(store: A
     manifest, server = store
     server.cut.add("127.0.0.3")
     agent = agent_factory("b", env=_links_env())
-    _cache(agent, server)  # ready and verified
+    _cache(agent, store)  # ready and verified
     assert server.seen["127.0.0.3"] >= 1 and server.delivered["127.0.0.3"] == 0
     assert server.delivered["127.0.0.2"] + server.delivered["127.0.0.4"] == len(manifest.bundles)
     assert server.seen["127.0.0.3"] <= 3, "set aside after its first failures (one per worker at most)"
@@ -175,7 +166,7 @@ def test_a_link_that_fails_mid_transfer_hands_its_bundles_to_the_others(store: A
 
 def test_without_fetch_links_the_default_route_carries_everything(store: Any, agent_factory: Any) -> None:
     _, server = store
-    _cache(agent_factory("b"), server)
+    _cache(agent_factory("b"), store)
     assert set(server.seen) == {"127.0.0.1"}
 
 
@@ -195,7 +186,7 @@ def seeded(store: Any, agent_factory: Any) -> AgentProcess:
     """Agent ``a`` holds ``shards`` ready, fetched from the store."""
     _, server = store
     a = agent_factory("a", tcp=True, env=_peer_env())
-    _cache(a, server)
+    _cache(a, store)
     server.seen.clear()
     return a
 
@@ -203,7 +194,7 @@ def seeded(store: Any, agent_factory: Any) -> AgentProcess:
 def test_a_peer_fetch_spreads_its_bundles_over_every_link(store: Any, seeded: AgentProcess, agent_factory: Any) -> None:
     manifest, server = store
     b = agent_factory("b", tcp=True, env={**_peer_env(seeded.url), **_links_env()})
-    _cache(b, server)
+    _cache(b, store)
     assert not server.seen, "every bundle came from the peer"
     sent = _sent_to(seeded)
     assert set(sent) == set(LINKS), f"the peer saw connections from {dict(sent)}"
@@ -270,7 +261,7 @@ def test_a_link_that_fails_mid_transfer_from_a_peer_hands_its_bundles_to_the_oth
     relay = CuttingRelay(("127.0.0.1", seeded.port), {"127.0.0.3"}, after=16_384)
     try:
         b = agent_factory("b", tcp=True, env={**_peer_env(relay.url), **_links_env()})
-        _cache(b, server)  # ready and verified
+        _cache(b, store)  # ready and verified
     finally:
         relay.close()
     assert relay.cuts["127.0.0.3"] >= 1
@@ -357,10 +348,20 @@ def test_auto_takes_the_addresses_of_the_nics_near_the_gpus() -> None:
             "GPU1": {"mlx5_0": Link.parse("SYS"), "mlx5_1": Link.parse("PXB"), "mlx5_2": Link.parse("SYS")},
         },
     )
-    settings = Settings(fetch_links=("auto",))
-    assert resolve_addresses(settings, topology) == ("10.0.0.5", "10.0.1.5")
-    assert addresses_of(topology.nics) == ("10.0.0.5", "10.0.1.5", "10.0.2.5")
-    assert resolve_addresses(settings, Topology(nics=topology.nics)) == ("10.0.0.5", "10.0.1.5", "10.0.2.5")
+    assert addresses_of(transfer_nics(topology)) == ("10.0.0.5", "10.0.1.5")
+    assert addresses_of(transfer_nics(Topology(nics=topology.nics))) == ("10.0.0.5", "10.0.1.5", "10.0.2.5")
+    loopback = Topology(
+        gpus=(Gpu(0),),
+        nics=tuple(Nic(f"mlx5_{i}", link_layer="Ethernet", addresses=(f"{a}/8",)) for i, a in enumerate(LINKS)),
+        links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("NODE"), "mlx5_2": Link.parse("SYS")}},
+    )
+    assert resolve_addresses(Settings(fetch_links=("auto",)), loopback) == ("127.0.0.2", "127.0.0.3")
+
+
+def test_addresses_that_are_not_on_this_node_are_left_out() -> None:
+    """192.0.2.0/24 is TEST-NET-1: no node holds it, no socket can leave from it."""
+    assert resolve_addresses(Settings(fetch_links=("127.0.0.2", "192.0.2.7", "127.0.0.3"))) == LINKS[:2]
+    assert resolve_addresses(Settings(fetch_links=("127.0.0.2", "192.0.2.7"))) == (), "one link left: the default route"
 
 
 def test_store_reads_are_bound_to_the_links_address() -> None:
