@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from dsagent.cache.links import DEFAULT_ROUTE, Lease, LinkSet, bound_options, can_bind
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease, LinkSet, bound_options, can_bind
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, local_write_error
 from dsagent.format.bundle import unpack_bundle
@@ -342,7 +342,7 @@ async def fetch_bundles(
     are taken from this agent's own offset on, and those another agent is downloading are
     put off to a second round, which waits for that agent before reading the store.
     With ``links`` each bundle goes over one of the node's links, peers and store alike
-    (:mod:`dsagent.cache.links`, docs/design.md#links): the workers spread the bundles over
+    (:mod:`dsagent.cache.fetchlinks`, docs/design.md#links): the workers spread the bundles over
     them, and a link that fails hands its remaining bundles to the others.
     """
     assert source.bundles is not None

@@ -40,9 +40,9 @@ from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
 from dsagent.cache.fetch import Source
+from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
-from dsagent.cache.links import Links, resolve_addresses
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
 from dsagent.cache.peers import BundleInFlight, PeerFetcher, PeerServer, ServedBundle, find_bundle

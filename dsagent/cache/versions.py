@@ -34,8 +34,8 @@ from dsagent.cache.fetch import (
     listing_matches,
     writeback_mark,
 )
+from dsagent.cache.fetchlinks import Links
 from dsagent.cache.layout import Key
-from dsagent.cache.links import Links
 from dsagent.cache.metrics import error_code
 from dsagent.cache.node import Node
 from dsagent.cache.peers import PeerFetcher, PeerSwarm, bundle_options

@@ -40,9 +40,9 @@ from typing import Literal
 import httpx
 import xxhash
 
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease
 from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES, holds
 from dsagent.cache.layout import Store
-from dsagent.cache.links import DEFAULT_ROUTE, Lease
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers.peererrors import PeerFetchingIt, PeerRefused
 from dsagent.cache.peers.peersession import REFRESH_EVERY, PeerSession
@@ -269,7 +269,7 @@ class PeerFetcher:
     ) -> Outcome:
         """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified;
         while a peer is downloading it, ask again for up to ``wait`` seconds. Over ``lease``'s
-        link (:mod:`dsagent.cache.links`): a peer that fails over it is asked once more over another."""
+        link (:mod:`dsagent.cache.fetchlinks`): a peer that fails over it is asked once more over another."""
         deadline = time.monotonic() + wait
 
         def fetch_one(peer: str) -> None:

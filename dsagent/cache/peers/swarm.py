@@ -25,7 +25,7 @@ from pathlib import Path
 
 import xxhash
 
-from dsagent.cache.links import DEFAULT_ROUTE, Lease
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease
 from dsagent.cache.peers.peerfetch import PeerFetcher
 from dsagent.cache.peers.peersession import PeerSession
 from dsagent.cache.progress import FetchProgress

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.cache.links import LinkSet, addresses_of, bound_options, resolve_addresses
+from dsagent.cache.fetchlinks import LinkSet, addresses_of, bound_options, resolve_addresses
 from dsagent.cache.settings import Settings
 from dsagent.errors import SourceUnavailable
 from dsagent.format.bundle import pack, verify_tree

@@ -37,7 +37,7 @@ from dsagent.cache.metrics import Metrics
 from dsagent.cache.settings import Settings
 from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, TransientError
 
-log = logging.getLogger("dsagent.links")
+log = logging.getLogger("dsagent.fetchlinks")
 
 _T = TypeVar("_T")
 
