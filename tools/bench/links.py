@@ -10,8 +10,8 @@ addresses 127.0.0.2, 127.0.0.3, ... stand for the node's NICs (they all route to
 Linux). Loopback has no per-NIC bandwidth, so each link's is made by the serving agent's
 per-peer upload cap (``DSAGENT_PEER_UPLOAD_RATE``, ``--rate``), which is kept per source
 address: a link is as fast as a NIC of ``--rate`` bytes/s. Each round fetches the version
-into a fresh ``b`` twice, interleaved: over the default route (one link) and over
-``--links`` bound links; the links' bytes come from ``b``'s
+into a fresh agent twice, interleaved: over the default route (one link) and over
+``--links`` bound links; the links' bytes come from the fetching agent's
 ``dsplatform_agent_link_bytes_total``.
 
 Printed: per run, the time to ready and the throughput per link and in total, the median
@@ -62,26 +62,27 @@ def link_bytes(agent: Agent) -> dict[str, float]:
     return found
 
 
-def fetch(work: Path, store: str, holder: Agent, links: list[str], workers: int) -> dict[str, Any]:
-    """A fresh agent ``b`` caches the dataset from ``holder`` over ``links`` (none: the default route)."""
-    shutil.rmtree(work / "agent1", ignore_errors=True)
-    b = Agent(work, 1)
-    env = {
-        "DSAGENT_SWEEP_INTERVAL": "3600",
-        "DSAGENT_FETCH_WORKERS": str(workers),
-        "DSAGENT_NODE_NAME": "b",
-        "DSAGENT_PEER_TOKEN": PEER_TOKEN,
-        "DSAGENT_PEERS": holder.url,
-        "DSAGENT_PEER_MAX_UPLOADS_PER_PEER": str(workers),
-        "DSAGENT_FETCH_LINKS": ",".join(links),
-    }
-    b.start(env)
-    try:
-        wait_up(b)
-        seconds = b.cache(store)
-        return {"seconds": seconds, "links": link_bytes(b) if links else {}}
-    finally:
-        b.stop()
+def fetcher(work: Path, index: int, holder: Agent, links: list[str], workers: int) -> Agent:
+    """A fresh agent that fetches from ``holder`` over ``links`` (none: the default route), started."""
+    agent = Agent(work, index)
+    agent.start(
+        {
+            "DSAGENT_SWEEP_INTERVAL": "3600",
+            "DSAGENT_FETCH_WORKERS": str(workers),
+            "DSAGENT_NODE_NAME": f"b{index}",
+            "DSAGENT_PEER_TOKEN": PEER_TOKEN,
+            "DSAGENT_PEERS": holder.url,
+            "DSAGENT_PEER_MAX_UPLOADS_PER_PEER": str(workers),
+            "DSAGENT_FETCH_LINKS": ",".join(links),
+        }
+    )
+    return agent
+
+
+def fetch(agent: Agent, store: str, links: list[str]) -> dict[str, Any]:
+    """``agent`` caches the dataset: the seconds it took, and what each link carried."""
+    seconds = agent.cache(store)
+    return {"seconds": seconds, "links": link_bytes(agent) if links else {}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(work, ignore_errors=True)
     (work / "www").mkdir(parents=True)
     server = holder = None
+    agents: list[Agent] = []
     try:
         print(f"generating {args.files:,} files (~{args.mean_kb:g} kB) ...", flush=True)
         total = generate(work / "www" / "imgs", args.files, args.mean_kb, classes=20)
@@ -126,12 +128,17 @@ def main(argv: list[str] | None = None) -> None:
                 "DSAGENT_PEER_MAX_UPLOADS_PER_PEER": str(workers),
             }
         )
+        # every fetching agent started at once (starting is slow on a loaded machine), used in turn
+        plan = [([] if i % 2 == 0 else addresses) for i in range(2 * args.rounds)]
+        agents = [fetcher(work, 1 + i, holder, links, workers) for i, links in enumerate(plan)]
         wait_up(holder)
         holder.cache(store)
+        for agent in agents:
+            wait_up(agent)
         runs: list[tuple[str, dict[str, Any]]] = []
-        for _ in range(args.rounds):
-            runs.append(("one link", fetch(work, store, holder, [], workers)))
-            runs.append((f"{args.links} links", fetch(work, store, holder, addresses, workers)))
+        for agent, links in zip(agents, plan):  # interleaved: one link, several, one link, ...
+            runs.append(("one link" if not links else f"{args.links} links", fetch(agent, store, links)))
+            agent.stop()
         load = os.getloadavg()
 
         print(f"\ndataset: {args.files:,} files, {format_size(total)}, {len(manifest.bundles)} bundles; "
@@ -153,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"every link carried bundles: {all(len(s) == args.links and all(s.values()) for s in spread)}")
         print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     finally:
+        for agent in agents:
+            agent.stop()
         if holder is not None:
             holder.stop()
         if server is not None:
