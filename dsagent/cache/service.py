@@ -41,6 +41,7 @@ from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
 from dsagent.cache.eviction import Candidate
 from dsagent.cache.fetch import Source
+from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
@@ -111,7 +112,8 @@ class CacheService:
         self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._versions = Versions(self.node, space=self._space, peers=self.peers)
+        self.links = Links((), self.metrics)  # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
+        self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(settings, self.pools, self.peers)  # docs/design-striping.md
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
@@ -133,6 +135,8 @@ class CacheService:
             self.pools, self.store, self.metrics, workers=self.settings.fetch_workers, now=self.clock()
         )
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
+        if self.settings.fetch_links:
+            self.links.addresses = await self.pools.work(resolve_addresses, self.settings)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
         self._stripes_back = asyncio.create_task(self.stripes.recover(), name="dsagent-stripes")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
