@@ -54,7 +54,7 @@ from dsagent.errors import (
     local_write_error,
 )
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
-from dsagent.format.hashing import HASH_BUFFER, hash_file
+from dsagent.format.hashing import hash_file, read_buffer
 from dsagent.format.manifest import (
     BundleRef,
     EntryTable,
@@ -528,7 +528,7 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
     def check(entry: FileEntry) -> str | None:
         buffer = getattr(buffers, "buffer", None)
         if buffer is None:
-            buffer = buffers.buffer = bytearray(HASH_BUFFER)
+            buffer = buffers.buffer = read_buffer()
         with translate_errors(f"file {entry.path!r}"):
             digest, _ = hash_file(root / entry.path, buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"
