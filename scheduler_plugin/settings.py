@@ -23,6 +23,7 @@ from dsplatform.settings import Flag, InvalidSettings, UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse_unknown
 from dsplatform.units import Duration, Size
 from scheduler_plugin.errors import SettingsError
+from scheduling.timemodel import DEFAULT_FORMULA, check_formula
 
 PREFIX = "DSEXT_"
 
@@ -94,6 +95,13 @@ class Settings(LogSettings):
     # the largest filter/prioritize body read (DSEXT_MAX_BODY); kube-scheduler's 5,000 Nodes
     # with budget-sized annotations stay far below; larger bodies get Error/zero scores
     max_body_bytes: Size = Field(64 << 20, validation_alias=AliasChoices("max_body_bytes", PREFIX + "MAX_BODY"))
+    # the stand-in for the deadline design's lost formula (12) that GET /v1/plan ranks plans by
+    plan_formula: str = DEFAULT_FORMULA
+
+    @field_validator("plan_formula")
+    @classmethod
+    def _plan_formula(cls, value: str) -> str:
+        return check_formula(value)
 
     @field_validator("port")
     @classmethod
