@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dsagent.api.middleware import HttpMiddleware
 from dsagent.errors import DsagentError, InvalidInput
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def create_app(
     from dsagent.api.audit import OperatorAudit
     from dsagent.api.identity import own_pod_uid
     from dsagent.api.operations import Operations
+    from dsagent.api.preparationroutes import router as preparation_router
     from dsagent.api.routes import router
     from dsagent.api.striperoutes import router as stripe_router
     from dsagent.api.timing import RouteTiming
@@ -110,6 +112,7 @@ def create_app(
     app.state.own_pod_uid = own_pod_uid(settings.proc_root)  # kubectl exec into the agent is an operator
     app.include_router(router)
     app.include_router(stripe_router)
+    app.include_router(preparation_router)
     app.openapi = functools.partial(openapi_document, app)  # type: ignore[method-assign]
     _install_error_edge(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
@@ -174,17 +177,14 @@ def _install_error_edge(app: FastAPI) -> None:
         return JSONResponse({"code": "internal", "message": "internal error; see the agent's log"}, status_code=500)
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """Refuse request bodies over ``max_bytes`` (by header, and while streaming)."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers", ())).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._refuse(scope, receive, send)

@@ -5,7 +5,8 @@ works with frozen dataclasses. Every request model forbids unknown fields, so a 
 a field name is a 400, never silently ignored. The answer models (``*Out``) are the routes'
 ``response_model``: they type the OpenAPI document and allow extra fields, so a field the
 service adds is documented late rather than silently dropped. :class:`ErrorOut` is the one
-error body every 4xx/5xx carries.
+error body every 4xx/5xx carries. The task bodies are a wire contract of their own,
+:mod:`dsplatform.wire.agenttask` (its writer for the status, its names for the request).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dsagent.cache.service import DatasetRequest, DatasetStatus, EvictionResult, TaskRecord, iso
+from dsagent.cache.prepared import FIRST_THRESHOLD, SECOND_THRESHOLD
+from dsagent.cache.service import DatasetRequest, EvictionResult, iso
+from dsplatform.wire.agenttask import MAX_DATASETS
 
 
 class _Strict(BaseModel):
@@ -39,7 +42,30 @@ class DatasetIn(_Strict):
 
 
 class TaskIn(_Strict):
-    datasets: list[DatasetIn] = Field(min_length=1, max_length=64)
+    """The task request (:mod:`dsplatform.wire.agenttask`)."""
+
+    datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
+
+
+class PreparationIn(_Strict):
+    """``PUT /v1/preparations/{task}``: prepare the next task (docs/design.md#next-job-preparation)."""
+
+    datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
+    phase: int = Field(default=1, ge=1, le=2, strict=True, description="1: manifests and reservation; 2: bulk fetch")
+    first_threshold: float = Field(
+        default=FIRST_THRESHOLD,
+        ge=0.0,
+        le=1.0,
+        alias="firstThreshold",
+        description="share of the cache every preparation together may reserve (phase 1)",
+    )
+    second_threshold: float = Field(
+        default=SECOND_THRESHOLD,
+        ge=0.0,
+        le=1.0,
+        alias="secondThreshold",
+        description="share of the cache the running tasks' data plus the bulk fetches may take (phase 2)",
+    )
 
 
 class EvictIn(_Strict):
@@ -70,7 +96,9 @@ class DatasetStatusOut(_Out):
     source: str
     bundles: str | None
     digest: str | None
-    state: str = Field(description="pending, ready, failed or gone")
+    state: str = Field(
+        description="resolving, fetching, checking (a prepared copy under the start check), ready or failed"
+    )
     path: str | None
     size_bytes: int = Field(alias="sizeBytes")
     files: int
@@ -82,11 +110,38 @@ class DatasetStatusOut(_Out):
 
 
 class TaskOut(_Out):
+    """The task status (:mod:`dsplatform.wire.agenttask`, :func:`~dsplatform.wire.agenttask.task_status`)."""
+
     task: str
     state: str = Field(description="pending, ready or failed")
     created_at: str | None = Field(alias="createdAt")
     lease_until: str | None = Field(alias="leaseUntil")
     datasets: list[DatasetStatusOut]
+
+
+class PreparedDatasetOut(_Out):
+    name: str
+    digest: str
+    size_bytes: int = Field(alias="sizeBytes", description="what the version takes on this cache's disk")
+    held: bool = Field(description="ready here already: nothing to fetch")
+
+
+class PreparationOut(_Out):
+    task: str = Field(description="the task prepared for (a pod UID): its own request hands the preparation over")
+    phase: int
+    state: str = Field(description="reserved, waiting, fetching, prepared or failed")
+    waiting: str | None = Field(description="which threshold holds it back")
+    reserved_bytes: int = Field(alias="reservedBytes")
+    missing_bytes: int | None = Field(alias="missingBytes")
+    first_threshold: float = Field(alias="firstThreshold")
+    second_threshold: float = Field(alias="secondThreshold")
+    lease_until: str | None = Field(alias="leaseUntil")
+    datasets: list[PreparedDatasetOut]
+    error: dict[str, Any] | None
+
+
+class PreparationsOut(_Out):
+    preparations: list[PreparationOut]
 
 
 class ReleaseOut(_Out):
@@ -185,34 +240,6 @@ class StripeOut(_Out):
     share_dir: str = Field(alias="shareDir")
 
 
-def dataset_status_out(status: DatasetStatus) -> dict[str, Any]:
-    return {
-        "name": status.name,
-        "source": status.source,
-        "bundles": status.bundles,
-        "digest": status.digest,
-        "state": status.state,
-        "path": status.path,
-        "sizeBytes": status.size_bytes,
-        "files": status.files,
-        "bytesDone": status.bytes_done,
-        "filesDone": status.files_done,
-        "rateBytesPerSecond": round(status.rate, 1),
-        "etaSeconds": None if status.eta is None else round(status.eta, 1),
-        "error": status.error,
-    }
-
-
-def task_out(record: TaskRecord) -> dict[str, Any]:
-    return {
-        "task": record.task_id,
-        "state": record.state,
-        "createdAt": iso(record.created_at),
-        "leaseUntil": iso(record.lease_until),
-        "datasets": [dataset_status_out(d) for d in record.datasets],
-    }
-
-
 def eviction_out(result: EvictionResult) -> dict[str, Any]:
     return {
         "dryRun": result.dry_run,
@@ -226,7 +253,7 @@ def eviction_out(result: EvictionResult) -> dict[str, Any]:
 
 __all__ = [
     "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut",
-    "InventoryOut", "OperationOut",
+    "InventoryOut", "OperationOut", "PreparationIn", "PreparationOut", "PreparationsOut", "PreparedDatasetOut",
     "ReleaseOut", "StatusOut", "StripeIn", "StripeOut",
-    "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
+    "TaskIn", "TaskOut", "VersionOut", "eviction_out",
 ]  # fmt: skip

@@ -3,7 +3,7 @@
 Who calls it: :mod:`dsagent.cache.service` for ``GET /v1/tasks/{task}`` (one
 :class:`~dsagent.cache.task.DatasetStatus` per dataset of a task), ``GET /v1/datasets`` (one view
 per cached version), ``GET /v1/inventory`` (the inventory contract, see
-:mod:`dsagent.cache.inventory`) and the task states of ``GET /metrics``. The service passes the
+:mod:`dsplatform.wire.inventory`) and the task states of ``GET /metrics``. The service passes the
 catalog rows, the progress counters and whether work is still running; nothing here
 reads the clock, the disk or the catalog.
 """
@@ -16,6 +16,7 @@ from dsagent.cache.catalog import VersionRow
 from dsagent.cache.progress import FetchProgress
 from dsagent.cache.task import DatasetStatus, iso, redact_url
 from dsagent.errors import DsagentError
+from dsplatform.wire import inventory as wire_inventory
 
 _GONE = {
     "code": "gone",
@@ -35,12 +36,14 @@ def dataset_status(
     pending: FetchProgress | None,
     progress: FetchProgress | None,
     path: str | None,
+    checking: bool = False,
 ) -> DatasetStatus:
     """Where one requested dataset (``item``, as stored) stands for its task.
 
     ``waiting``: the task's own work on it is still running; ``fetching``: a fetch of the
     bound version is in flight (perhaps for another task); ``pending``: a per-file copy
-    of this source whose digest is not known yet."""
+    of this source whose digest is not known yet; ``checking``: a prepared copy under the
+    start check (docs/design.md#next-job-preparation): not ready until it passes."""
     base: dict[str, Any] = {
         "name": item["name"],
         "source": redact_url(item["source"]) or "",
@@ -60,7 +63,7 @@ def dataset_status(
     if row.state == "ready":
         return DatasetStatus(
             **base,
-            state="ready",
+            state="checking" if checking else "ready",
             path=path,
             size_bytes=row.size_bytes,
             files=row.files,
@@ -124,23 +127,13 @@ def inventory(
     by_name: dict[str, list[dict[str, Any]]] = {}
     for view in views:
         by_name.setdefault(view["name"], []).append(view)
-    datasets: dict[str, Any] = {}
-    for name, mine in sorted(by_name.items()):
-        newest = mine[-1]  # versions come in resolution order: the last is current
-        entry = {key: newest[key] for key in ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")}
-        if newest["state"] == "fetching":
-            entry["heldBytes"] = newest["bytesDone"]  # a copy being fetched earns partial credit
-        if len(mine) > 1:
-            entry["versions"] = [{key: v[key] for key in ("digest", "state", "inUse", "sizeBytes")} for v in mine]
-        datasets[name] = entry
-    return {
-        "version": 1,
-        "node": node,
-        "capacityBytes": space["capacityBytes"],
-        "freeBytes": space["freeBytes"],
-        "datasets": datasets,
-        **({"stripes": stripes} if stripes else {}),
-    }
+    return wire_inventory.document(
+        node,
+        capacity_bytes=space["capacityBytes"],
+        free_bytes=space["freeBytes"],
+        datasets={name: wire_inventory.dataset_entry(mine) for name, mine in sorted(by_name.items())},
+        stripes=stripes,
+    )
 
 
 def task_states(task_ids: list[str], *, failed: set[str], working: set[str]) -> dict[str, int]:

@@ -23,7 +23,6 @@ request is bounded (``api_timeout_s``) and after a failed pass the loop backs of
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -42,14 +41,17 @@ from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
+from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
+from dsplatform.boundedjson import JsonRefused
 from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_time
 from dsplatform.tenancy import acting_for
+from dsplatform.wire import inventory as wire_inventory
 
 log = logging.getLogger("dsagent.controller")
 
@@ -62,14 +64,13 @@ BACKOFF_MAX_S = 300.0
 
 
 def parse_inventory(raw: Any) -> dict[str, Any] | None:
-    """A Node's inventory annotation, or None when it is not a JSON object (hostile input)."""
-    if not isinstance(raw, str) or len(raw) > 1 << 20:
+    """A Node's inventory annotation, or None when it cannot be read (hostile input)."""
+    if not isinstance(raw, str):
         return None
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        return wire_inventory.loads(raw)
+    except JsonRefused:
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("datasets", {}), dict) else None
 
 
 class DatasetController:
@@ -219,6 +220,8 @@ class DatasetController:
                     agent_call=self.agent_call,
                     metrics=self.metrics,
                     ledger=self._ledger,
+                    queues=list_queues(self._custom, timeout=self._timeout),
+                    pod_event=self._pod_event,
                 )
             except Exception:  # preparation is an optimisation: never let it stop a pass
                 log.exception("next-job preparation failed this pass")
@@ -368,6 +371,16 @@ class DatasetController:
         regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
         for kind, reason, note in cachestate.changes(status, {**status, **patch}, digest):
             self.events.record(regarding, type=kind, reason=reason, action="Cache", note=note)
+
+    def _pod_event(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
+        """A Normal Event on a pod (next-job preparation tells the pod's owner where and why)."""
+        self.events.record(
+            ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}),
+            type="Normal",
+            reason=reason,
+            action="Prepare",
+            note=note,
+        )
 
     def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:
         """``status.conditions`` with ``Refused`` as this pass found it (None: no refusal now and

@@ -258,16 +258,11 @@ def _peek(groups: Iterator[Dir], files: int) -> tuple[list[Dir], Iterator[Dir] |
 
 def _requests(groups: Iterable[Dir]) -> Iterator[list[Dir]]:
     """The walk's groups packed into requests of about :data:`_REQUEST_FILES` files."""
-    request: list[Dir] = []
-    files = 0
-    for group in groups:
-        request.append(group)
-        files += len(group.names)
-        if files >= _REQUEST_FILES:
+    rest: Iterator[Dir] | None = iter(groups)
+    while rest is not None:
+        request, rest = _peek(rest, _REQUEST_FILES)
+        if request:
             yield request
-            request, files = [], 0
-    if request:
-        yield request
 
 
 #: the digest cache's records under the source root: location -> (size, mtime, inode, ctime, digest)

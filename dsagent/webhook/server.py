@@ -315,9 +315,9 @@ class WebhookSettings(EnvSettings):
         return self
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings:
-        """The webhook's settings and its GPU classes' from ``DSAGENT_WEBHOOK_*``; one
-        :class:`SettingsError` lists every bad variable of both."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WebhookSettings:
+        """The webhook's settings and its GPU classes' from ``DSAGENT_WEBHOOK_*`` (``overrides``:
+        the webhook's, winning); one :class:`SettingsError` lists every bad variable of both."""
         env = os.environ if environ is None else environ
         problems: list[tuple[str, str]] = []
         gpu_classes: GpuClassSettings | None = None
@@ -326,7 +326,7 @@ class WebhookSettings(EnvSettings):
         except InvalidSettings as exc:
             problems += exc.problems
         try:
-            settings = cls.read(env, gpu_classes=gpu_classes)
+            settings = cls.read(env, **{**overrides, "gpu_classes": gpu_classes})
         except InvalidSettings as exc:
             problems += exc.problems
         if problems:
