@@ -292,6 +292,7 @@ class Settings(StorageSettings, AgentLogSettings):
     # keeps for its readers at once (never its own share)
     stripe_window_bytes: Size = Field(2 << 30, validation_alias=_env("STRIPE_WINDOW", "stripe_window_bytes"))
     stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
+    stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
     store_proxies: Proxies = Field(
         default_factory=dict
     )  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)

@@ -138,7 +138,11 @@ class ClusterHooks:
 
     def for_service(self) -> ServiceHooks:
         """The hooks for ``CacheService(settings, hooks=...)``; peers only with a token and a port."""
-        return ServiceHooks(admit_task=self.check_task, peer_holders=self.peer_holders if self.peer_port else None)
+        return ServiceHooks(
+            admit_task=self.check_task,
+            peer_holders=self.peer_holders if self.peer_port else None,
+            pod_datasets=self.pod_datasets,
+        )
 
     def connect(self, watch: PodWatch, core: Any, submitted: Container[str]) -> None:
         """The agent's pod watch, its CoreV1Api and the pod UIDs it submitted itself."""
@@ -163,6 +167,19 @@ class ClusterHooks:
                     hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
                 )
             await asyncio.sleep(0.05)
+
+    async def pod_datasets(self, uid: str) -> frozenset[str] | None:
+        """The dataset names the annotation of pod ``uid`` on this node asks for (None: no
+        such pod seen, or an unreadable annotation): what the pod may read through
+        ``/v1/stripes`` besides its task (docs/design-striping.md#agent)."""
+        watch = self._watch
+        pod = watch.pods().get(uid) if watch is not None else None
+        if pod is None:
+            return None
+        try:
+            return frozenset(ref.name for ref in podannotations.datasets_of(pod))
+        except platform_errors.InvalidInput:
+            return None
 
     async def peer_holders(self, name: str, digest: str) -> list[str]:
         """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
