@@ -27,7 +27,15 @@ from gpu_topology.errors import (
     UnknownDevice,
 )
 from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology
-from gpu_topology.roceclasses import ClassMode, RoceClass, nearest_nic_map, nearest_nics, roce_classes
+from gpu_topology.roceclasses import (
+    ClassMode,
+    RoceClass,
+    nearest_nic_map,
+    nearest_nics,
+    roce_classes,
+    roce_subnets,
+    subnet_key,
+)
 from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
 
 __all__ = [
@@ -52,7 +60,9 @@ __all__ = [
     "nearest_nics",
     "pair_score",
     "roce_classes",
+    "roce_subnets",
     "set_score",
+    "subnet_key",
     "to_json",
     "topology_from_dict",
     "topology_to_dict",
