@@ -45,12 +45,16 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def job_nodes(pods: Iterable[Mapping[str, Any]], namespace: str, name: str) -> list[str]:
     """The nodes of the pods in ``namespace`` that name Dataset ``name`` and are bound and not
     ended, oldest pod first: the job's ranks there read their share from local disk."""
     found = []
     for pod in pods:
-        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        meta = _mapping(pod.get("metadata"))
         node = node_of(pod)
         if node is None or ended(pod) or meta.get("namespace") != namespace or name not in dataset_names(pod):
             continue
@@ -64,8 +68,8 @@ def node_subnets(nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     input: an oversized or unreadable annotation counts as unknown."""
     out = {}
     for node in nodes:
-        meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
-        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+        meta = _mapping(node.get("metadata"))
+        annotations = _mapping(meta.get("annotations"))
         text = annotations.get(published.TOPOLOGY)
         key = _subnet_key(text) if isinstance(text, str) and len(text) <= TOPOLOGY_MAX_BYTES else None
         if key is not None:
