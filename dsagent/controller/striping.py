@@ -22,23 +22,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dsagent.cache.stripegroup import Candidate, choose_group
+from dsagent.cluster.datasets import parse_stripe
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
 from dsplatform import published
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
-
-
-def parse_stripe(value: object) -> int | str | None:
-    """``spec.stripe``: ``"auto"`` (the size rule), ``{"members": N}`` (1..4096), else None (off)."""
-    if value == "auto":
-        return "auto"
-    if isinstance(value, dict):
-        members = value.get("members")
-        if isinstance(members, int) and not isinstance(members, bool) and 1 <= members <= 4096:
-            return members
-    return None
 
 
 def _int(value: Any) -> int:
