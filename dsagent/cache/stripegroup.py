@@ -4,8 +4,8 @@ pure functions (docs/design-striping.md#group, docs/design-striping.md#eviction)
 Who calls it: the Dataset controller, for a Dataset whose version does not fit one node (or
 that asks for striping): it gathers the nodes and their inventories, asks :func:`choose_group`
 for the members, records them in the Dataset status (``status.stripe.nodes``) and holds each
-member's share with a renewed task ``stripe.<namespace>.<name>``, as replicas are held
-(docs/design.md#replication). A node's agent orders its eviction candidates with
+member's share with a leased ``PUT /v1/stripes/<name>`` it renews each pass, as replicas
+are held with renewed tasks (docs/design.md#replication). A node's agent orders its eviction candidates with
 :func:`eviction_class`. Nothing here reads the clock or the cluster.
 
 The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), in this
