@@ -32,7 +32,6 @@ from dsagent.cache.eviction import LAST_COPY, REPLICATED, STRIPE_SHARE
 from dsplatform.stripe import group_size
 
 
-
 @dataclass(frozen=True)
 class Candidate:
     """One node as the group choice sees it."""

@@ -258,4 +258,13 @@ def publish(
     )
 
 
-__all__ = ["Dataset", "DatasetClient", "DatasetObject", "DatasetStatus", "SecretRef", "parse_stripe", "publish", "status_from_manifest"]
+__all__ = [
+    "Dataset",
+    "DatasetClient",
+    "DatasetObject",
+    "DatasetStatus",
+    "SecretRef",
+    "parse_stripe",
+    "publish",
+    "status_from_manifest",
+]

@@ -17,8 +17,8 @@ that cannot be told lets it lapse with its lease.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from dsagent.cache.stripegroup import Candidate, choose_group

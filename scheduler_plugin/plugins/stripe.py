@@ -137,4 +137,14 @@ def normalize(raws: Sequence[float]) -> list[int]:
     return normalize_to_max(raws)
 
 
-__all__ = ["FETCHING_WEIGHT", "Held", "PEER_CREDIT", "helds", "normalize", "raw", "scores", "share_score", "wants_partial"]
+__all__ = [
+    "FETCHING_WEIGHT",
+    "Held",
+    "PEER_CREDIT",
+    "helds",
+    "normalize",
+    "raw",
+    "scores",
+    "share_score",
+    "wants_partial",
+]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from dsagent.cache import inventory as contract
 from dsagent.cache.report import inventory
-import httpx
-
 from scheduler_plugin.app import create_app
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.plugins.stripe import Held, normalize, raw, share_score
@@ -99,7 +98,8 @@ def _other_subnet_topology() -> str:
 
     base = two_class_topology()
     nics = tuple(
-        dataclasses.replace(n, addresses=(f"10.9.{i}.5/24",), subnets=(f"10.9.{i}.0/24",)) for i, n in enumerate(base.nics)
+        dataclasses.replace(n, addresses=(f"10.9.{i}.5/24",), subnets=(f"10.9.{i}.0/24",))
+        for i, n in enumerate(base.nics)
     )
     return topology_json(dataclasses.replace(base, nics=nics))
 

@@ -163,9 +163,7 @@ def test_shares_count_in_the_space_and_go_after_replicated_copies_before_last_co
     manifest = _store(www, count=30)
     _, small, small_manifest = packed(www, url, "small", files=8, size=4000)
     _, large, large_manifest = packed(www, url, "large", files=12, size=9000)
-    on_disk = {
-        m.name: allocated(m.total_bytes, m.file_count, tmp_path) for m in (small_manifest, large_manifest)
-    }
+    on_disk = {m.name: allocated(m.total_bytes, m.file_count, tmp_path) for m in (small_manifest, large_manifest)}
     # room: the share, plus the small copy, plus a bit; the large one needs 1.2x its disk
     capacity = manifest.total_bytes + on_disk["small"] + on_disk["large"] // 2
     agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})  # no pod here

@@ -114,7 +114,10 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     frees = {"n1": 10 * GB, "n2": 95 * GB, "n3": 90 * GB, "n4": 70 * GB, "n5": 65 * GB}
     subnet = {"n1": "10.1.0", "n2": "10.2.0", "n3": "10.2.0", "n4": "10.1.0", "n5": "10.1.0"}
     for node, free in frees.items():
-        annotations = {"dsagent.io/inventory": _inventory(node, free=free), "dsagent.io/topology": _topology(subnet[node])}
+        annotations = {
+            "dsagent.io/inventory": _inventory(node, free=free),
+            "dsagent.io/topology": _topology(subnet[node]),
+        }
         apiserver.create(make_node(node, annotations=annotations))
         apiserver.create(agent_pod(node))
     apiserver.create(make_node("n6", annotations={"dsagent.io/topology": "{not json"}))  # hostile: ignored
