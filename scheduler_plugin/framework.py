@@ -172,7 +172,7 @@ class Framework:
         listing a wanted name are found in C; only those are looked at in Python."""
         inventories = list(map(getattr, nodes, repeat("inventory"), repeat(None)))
         held = list(map(getattr, nodes, repeat("held"), repeat(NOTHING_HELD)))
-        shares = [inv.stripes if inv is not None else NOTHING_HELD for inv in inventories]
+        shares = list(map(getattr, inventories, repeat("stripes"), repeat(NOTHING_HELD)))  # None: its default
         for name in dict.fromkeys(want.name for want in pod.datasets):
             for table in (held, shares):
                 for index in compress(range(len(nodes)), map(operator.contains, table, repeat(name))):
