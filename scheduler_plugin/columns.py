@@ -212,12 +212,9 @@ def _gpu_only(node: NodeFacts) -> NodeFacts:
     return dataclasses.replace(node, inventory=None) if node.inventory is not None else node
 
 
-def _partial(inventory: Inventory | None) -> set[str]:
-    """The names ``inventory`` holds part of: its stripe shares and its copies being fetched."""
-    if inventory is None:
-        return set()
-    fetching = {name for name, h in inventory.datasets.items() if not h.ready and h.held_bytes}
-    return fetching | set(inventory.stripes)
+def _partial(inventory: Inventory | None) -> frozenset[str]:
+    """The names ``inventory`` holds part of (:attr:`Inventory.partial`)."""
+    return inventory.partial if inventory is not None else frozenset()
 
 
 def _holdings(inventory: Inventory | None) -> Mapping[str, Holding]:

@@ -168,17 +168,12 @@ class Framework:
 
     def _partly_held(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> bool:
         """Whether a candidate holds part of a wanted dataset (a share of a striped version,
-        or a copy being fetched): then :meth:`share_scores` scores the datasets. The nodes
-        listing a wanted name are found in C; only those are looked at in Python."""
-        inventories = list(map(getattr, nodes, repeat("inventory"), repeat(None)))
-        held = list(map(getattr, nodes, repeat("held"), repeat(NOTHING_HELD)))
-        shares = list(map(getattr, inventories, repeat("stripes"), repeat(NOTHING_HELD)))  # None: its default
-        for name in dict.fromkeys(want.name for want in pod.datasets):
-            for table in (held, shares):
-                for index in compress(range(len(nodes)), map(operator.contains, table, repeat(name))):
-                    if stripe.wants_partial(pod.datasets, inventories[index]):
-                        return True
-        return False
+        or a copy being fetched: :attr:`Inventory.partial`): then :meth:`share_scores`
+        scores the datasets. One membership pass in C per wanted name."""
+        inventories = map(getattr, nodes, repeat("inventory"), repeat(None))
+        nothing: frozenset[str] = frozenset()
+        partial = list(map(getattr, inventories, repeat("partial"), repeat(nothing)))  # None: its default
+        return any(any(map(operator.contains, partial, repeat(w.name))) for w in pod.datasets)
 
     def share_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         """The dataset score with partial holdings (docs/design-striping.md#scheduler): held

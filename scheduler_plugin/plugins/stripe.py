@@ -3,7 +3,7 @@
 Who calls it: :meth:`scheduler_plugin.framework.Framework.dataset_scores`, in place of the
 all-or-nothing dataset affinity whenever a candidate holds part of a wanted dataset (a copy
 still being fetched, the inventory's ``heldBytes``, or a share of a striped version, its
-``stripes`` section; both parsed by :mod:`scheduling.nodeinfo`). :func:`helds` reads those
+``stripes`` section; both parsed by :mod:`scheduling.nodeinfo`, ``Inventory.partial``). :func:`helds` reads those
 from the candidates. It stays a score, never a filter.
 
 Raw score of a node for one dataset of a pod of an ``N``-worker job (``S`` the version's
@@ -57,21 +57,6 @@ def share_score(
 def raw(helds: Sequence[Held], workers: int) -> float:
     """A node's raw score for a pod: the sum over its wanted datasets."""
     return sum(share_score(h, workers) for h in helds)
-
-
-def wants_partial(wants: Sequence[DatasetWant], inventory: Inventory | None) -> bool:
-    """Whether ``inventory`` holds part of a wanted dataset: a share of it, or a copy of the
-    wanted version still being fetched (the cases the all-or-nothing affinity scores 0)."""
-    if inventory is None:
-        return False
-    for want in wants:
-        share = inventory.stripes.get(want.name)
-        if share is not None and (want.digest is None or want.digest == share.digest):
-            return True
-        holding = inventory.datasets.get(want.name)
-        if holding is not None and not holding.ready and holding.held_bytes:
-            return True
-    return False
 
 
 def helds(
@@ -146,5 +131,4 @@ __all__ = [
     "raw",
     "scores",
     "share_score",
-    "wants_partial",
 ]
