@@ -53,7 +53,13 @@ from dsagent.cluster.apiclient import in_daemon_thread, translated
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.events import EventRecorder
-from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cluster.podenv import (
+    INIT_CONTAINER,
+    OPTIONS_PREFIX,
+    REQUEST_VARIABLES,
+    STRIPE_WAIT_CONTAINER,
+    datasets_from_env,
+)
 from dsagent.cluster.podevents import EVENTS_CONTROLLER, PodEvents
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound
@@ -96,9 +102,9 @@ def wants_datasets(pod: Mapping[str, Any]) -> bool:
     return podannotations.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
 
 
-def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _init_container(pod: Mapping[str, Any], name: str = INIT_CONTAINER) -> Mapping[str, Any] | None:
     for container in (pod.get("spec") or {}).get("initContainers") or []:
-        if isinstance(container, Mapping) and container.get("name") == INIT_CONTAINER:
+        if isinstance(container, Mapping) and container.get("name") == name:
             return container
     return None
 
@@ -377,6 +383,12 @@ class ClusterAgent:
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
+        if init is None and _init_container(pod, STRIPE_WAIT_CONTAINER) is not None:
+            # every dataset it names is striped and read from the node's shares, which the
+            # controller holds (docs/design-striping.md#start): no whole copy, no task
+            log.info("pod %s reads striped versions only: no task", _name(pod))
+            self._left_to_init.add(pod_uid(pod))
+            return None
         if init is not None:
             try:
                 requests = requests_from_init_container(init)

@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dsagent.cluster.datasets import Dataset
-from dsagent.cluster.podenv import INIT_CONTAINER, options_env_name
+from dsagent.cluster.podenv import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
 from dsagent.webhook import csiwiring
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
@@ -83,7 +83,6 @@ WAIT_SCRIPT = (
 DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
 
 
-STRIPE_WAIT_CONTAINER = "dsagent-stripe-wait"
 STRIPES_VOLUME = "dsagent-stripes"
 STRIPES_DIR = "/dsagent-stripes"
 
