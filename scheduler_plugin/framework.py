@@ -170,10 +170,13 @@ class Framework:
         """Whether a candidate holds part of a wanted dataset (a share of a striped version,
         or a copy being fetched: :attr:`Inventory.partial`): then :meth:`share_scores`
         scores the datasets. One membership pass in C per wanted name."""
-        inventories = map(getattr, nodes, repeat("inventory"), repeat(None))
         nothing: frozenset[str] = frozenset()
-        partial = list(map(getattr, inventories, repeat("partial"), repeat(nothing)))  # None: its default
-        return any(any(map(operator.contains, partial, repeat(w.name))) for w in pod.datasets)
+        for name in dict.fromkeys(w.name for w in pod.datasets):
+            inventories = map(getattr, nodes, repeat("inventory"), repeat(None))
+            partial = map(getattr, inventories, repeat("partial"), repeat(nothing))  # None: its default
+            if any(map(operator.contains, partial, repeat(name))):
+                return True
+        return False
 
     def share_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         """The dataset score with partial holdings (docs/design-striping.md#scheduler): held
