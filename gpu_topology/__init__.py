@@ -33,6 +33,8 @@ from gpu_topology.roceclasses import (
     nearest_nic_map,
     nearest_nics,
     roce_classes,
+    roce_subnets,
+    subnet_key,
     transfer_nics,
 )
 from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
@@ -59,7 +61,9 @@ __all__ = [
     "nearest_nics",
     "pair_score",
     "roce_classes",
+    "roce_subnets",
     "set_score",
+    "subnet_key",
     "to_json",
     "topology_from_dict",
     "topology_to_dict",

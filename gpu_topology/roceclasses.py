@@ -123,6 +123,19 @@ def transfer_nics(topology: Topology, gpus: Iterable[int] | None = None) -> tupl
     )
 
 
+def roce_subnets(topology: Topology) -> frozenset[str]:
+    """The subnets of the node's GPU-affine RoCE NICs that are up: two nodes that share one
+    reach each other over RoCE (the stripe group's choice and the extender's peer credit,
+    docs/design-striping.md). Empty when no such NIC has a known subnet."""
+    affine = {name for nics in nearest_nic_map(topology).values() for name in nics}
+    return frozenset(s for nic in topology.nics if nic.name in affine and nic.usable for s in nic.subnets)
+
+
+def subnet_key(subnets: frozenset[str]) -> str | None:
+    """One name for a node's set of RoCE subnets (nodes on the same rails share it); None: unknown."""
+    return ",".join(sorted(subnets)) if subnets else None
+
+
 def nic_numa_node(topology: Topology, nic: Nic) -> int | None:
     """The NIC's NUMA node, or the one shared by every GPU within non-SYS reach."""
     if nic.numa_node is not None:

@@ -31,11 +31,13 @@ so a request that took the old pair reads a consistent one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from itertools import repeat
 from typing import NamedTuple, TypeVar
 
 from scheduling.nodeinfo import Holding, Inventory, NodeFacts
+from scheduling.podspec import DatasetWant
 
 #: GPU-key ids kept before the table is rebuilt from the current nodes (keys no node has
 #: any more are dropped then); each keeps one node's GPU facts, without its inventory.
@@ -86,6 +88,11 @@ class NodeColumns:
         self.ready_at: dict[tuple[str, str], frozenset[str]] = {
             key: frozenset(nodes) for key, nodes in ready_at.items()
         }
+        # dataset name -> how many nodes hold part of it (a stripe share, a copy being
+        # fetched): a request wanting one takes the scoring path that reads every node
+        self.partial: Counter[str] = Counter()
+        for node in self.facts.values():
+            self.partial.update(_partial(node.inventory))
         self._rebuild()
 
     # -- writing (the watch threads, under the cache's lock) --------------------
@@ -112,6 +119,9 @@ class NodeColumns:
         before = old.inventory if old is not None else None
         if before is not node.inventory:
             self._index(name, _holdings(before), _holdings(node.inventory))
+            self.partial.subtract(_partial(before))
+            self.partial.update(_partial(node.inventory))
+            self.partial = +self.partial
 
     def drop(self, name: str) -> None:
         """Forget one node (deleted)."""
@@ -121,6 +131,8 @@ class NodeColumns:
             _uncount(self.gpu.counts, before_id)
         if old is not None:
             self._index(name, _holdings(old.inventory), {})
+            self.partial.subtract(_partial(old.inventory))
+            self.partial = +self.partial
 
     def _rebuild(self) -> None:
         """A new id table from the current nodes. Its keys are fresh copies of the names,
@@ -159,6 +171,11 @@ class NodeColumns:
 
     # -- reading (requests) ----------------------------------------------------
 
+    def partly_held(self, wants: Iterable[DatasetWant]) -> bool:
+        """Whether some node holds part of a wanted dataset (see :attr:`partial`)."""
+        partial = self.partial
+        return bool(partial) and any(want.name in partial for want in wants)
+
     def select(self, names: list[str]) -> Selection:
         """The candidates' GPU-key ids (0 for a node the cache does not know) and one node
         per distinct id: one pass in C over the names."""
@@ -193,6 +210,11 @@ def _gpu_only(node: NodeFacts) -> NodeFacts:
     """The node's GPU facts (all a GPU key's representative is read for), without the
     inventory, which an id kept after its last node changed would otherwise keep alive."""
     return dataclasses.replace(node, inventory=None) if node.inventory is not None else node
+
+
+def _partial(inventory: Inventory | None) -> frozenset[str]:
+    """The names ``inventory`` holds part of (:attr:`Inventory.partial`)."""
+    return inventory.partial if inventory is not None else frozenset()
 
 
 def _holdings(inventory: Inventory | None) -> Mapping[str, Holding]:

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from typing import Any, TypeVar
 
-from gpu_topology import classvote
+from gpu_topology import classvote, roce_subnets
 from gpu_topology.classsets import NodeRoom, choose_class_set, parse_set, serves, set_key
 from scheduler_plugin import filter as node_filter
 from scheduler_plugin.columns import GroupedNodes, Selection
 from scheduler_plugin.jobs import JobClasses
-from scheduler_plugin.plugins import MAX, dataset, deadline, numa, subnet
+from scheduler_plugin.plugins import MAX, dataset, deadline, numa, stripe, subnet
 from scheduler_plugin.settings import Settings, Weights
 from scheduler_plugin.wire import Pod
 from scheduling.nodeinfo import NOTHING_HELD, NodeFacts
@@ -93,6 +93,7 @@ class Framework:
         self.jobs = jobs if jobs is not None else JobClasses(settings.job_ttl_s)
         self.placements = numa.PlacementMemo()
         self._fits: dict[tuple[GpuKey, str | None, int], float] = {}
+        self._subnets: dict[int, frozenset[str]] = {}  # topology id -> its RoCE subnets
 
     def read_pod(self, pod: Pod) -> PodRequest:
         """The pod's request, with a log line when its data cannot be read."""
@@ -145,6 +146,8 @@ class Framework:
         if pod.datasets_error or not pod.datasets:
             return [0] * len(nodes)
         wants = pod.datasets
+        if self._partly_held(pod, nodes):
+            return self.share_scores(pod, nodes)
         sizes = None
         if self.settings.partial_datasets:
             sizes = dataset.requested_sizes(wants, (n.inventory for n in nodes if n is not None))
@@ -162,6 +165,35 @@ class Framework:
                 raws[index] = affinity(wants, nodes[index].inventory)  # type: ignore[union-attr]
             return dataset.normalize(raws)
         return dataset.normalize([affinity(wants, n.inventory, sizes=sizes) if n is not None else 0.0 for n in nodes])
+
+    def _partly_held(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> bool:
+        """Whether a candidate holds part of a wanted dataset (a share of a striped version,
+        or a copy being fetched: :attr:`Inventory.partial`): then :meth:`share_scores`
+        scores the datasets. One membership pass in C per wanted name."""
+        nothing: frozenset[str] = frozenset()
+        for name in dict.fromkeys(w.name for w in pod.datasets):
+            inventories = map(getattr, nodes, repeat("inventory"), repeat(None))
+            partial = map(getattr, inventories, repeat("partial"), repeat(nothing))  # None: its default
+            if any(map(operator.contains, partial, repeat(name))):
+                return True
+        return False
+
+    def share_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
+        """The dataset score with partial holdings (docs/design-striping.md#scheduler): held
+        bytes against ``S / N`` for the pod's ``N``-worker job, copies being fetched at a
+        discount, peer credit for stripe members with a group peer in their RoCE subnet."""
+        inventories = [n.inventory if n is not None else None for n in nodes]
+
+        def subnets(index: int) -> frozenset[str]:
+            node = nodes[index]
+            if node is None or node.topology is None:
+                return frozenset()
+            found = self._subnets.get(node.topology_id)
+            if found is None:
+                found = self._subnets[node.topology_id] = roce_subnets(node.topology)
+            return found
+
+        return stripe.scores(stripe.helds(pod.datasets, inventories, subnets), pod.workers)
 
     def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
         keys, table = self.gpu_table(pod, nodes, cluster, numa_too=False)
@@ -248,7 +280,12 @@ class Framework:
         current (an intersection of the columns' sets) and 0 elsewhere. Partial credit and
         the time score read every node and take :meth:`prioritize`'s path."""
         w = self.settings.weights
-        if which == "time" or self.settings.partial_datasets or (which == "combined" and w.time):
+        if (
+            which == "time"
+            or self.settings.partial_datasets
+            or (which == "combined" and w.time)
+            or (which in ("combined", "dataset") and selection.columns.partly_held(pod.datasets))
+        ):
             return self.prioritize(pod, selection.facts(), cluster, which)
         ids = selection.ids
         if which == "dataset":

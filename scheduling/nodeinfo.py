@@ -79,6 +79,14 @@ class Inventory:
     truncated: bool = False
     stripes: Mapping[str, StripeHolding] = field(default_factory=dict)
 
+    #: the names it holds part of: its stripe shares and its copies being fetched (with held
+    #: bytes); set once, the readers of a parsed inventory share it
+    partial: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fetching = (name for name, h in self.datasets.items() if not h.ready and h.held_bytes)
+        object.__setattr__(self, "partial", frozenset(self.stripes).union(fetching))
+
 
 @dataclass(frozen=True)
 class RoceClassInfo:

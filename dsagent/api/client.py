@@ -239,6 +239,10 @@ class AgentClient:
     def hold_stripe(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._json("PUT", f"/v1/stripes/{quote(name, safe='')}", json=dict(body))
 
+    def release_stripe(self, name: str, digest: str | None = None) -> dict[str, Any]:
+        query = f"?digest={quote(digest, safe='')}" if digest else ""
+        return self._json("DELETE", f"/v1/stripes/{quote(name, safe='')}{query}")
+
     def stripe_status(self, name: str, digest: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/stripes/{quote(name, safe='')}/{quote(digest, safe='')}")
 

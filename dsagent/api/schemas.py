@@ -222,6 +222,17 @@ class StripeIn(_Strict):
     peers: dict[str, str] = Field(default_factory=dict, description="member node -> its agent's base URL")
     storage_options: dict[str, Any] | None = Field(default=None, alias="storageOptions")
     ready_after: int = Field(default=1, ge=0, alias="readyAfter", description="own bundles held before readyEnough")
+    lease_seconds: float | None = Field(
+        default=None, gt=0, le=30 * 86400, alias="leaseSeconds",
+        description="dropped unless held again within this long (default: the agent's DSAGENT_STRIPE_LEASE)",
+    )  # fmt: skip
+
+
+class StripeReleaseOut(_Out):
+    """The versions whose share this node dropped."""
+
+    name: str
+    released: list[str]
 
 
 class StripeOut(_Out):

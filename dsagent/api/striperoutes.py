@@ -4,7 +4,9 @@ Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. An operator 
 controller, or ``dsctl`` on the node) asks the node to hold its share of a version; anyone
 may read a share's status (as the inventory); this node's pods (and operators) read bundles
 through it, as a plain tar, whether the node holds them or fetches them into its window.
-Peers never use these routes: they read held bundles with ``/v1/peer/bundles``.
+A pod reads only the versions of datasets its own task (its UID) or its annotation names;
+an operator releases a share (``DELETE``), which also goes when nobody holds it again within
+its lease. Peers never use these routes: they read held bundles with ``/v1/peer/bundles``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dsagent.api.identity import Caller, require_operator
 from dsagent.api.routes import BoundedJsonRoute, caller, errors, operator, service
-from dsagent.api.schemas import StripeIn, StripeOut
+from dsagent.api.schemas import StripeIn, StripeOut, StripeReleaseOut
 from dsagent.cache.service import CacheService
 from dsagent.cache.stripes import tar_stream
 from dsagent.errors import Forbidden
@@ -46,7 +48,23 @@ async def hold_stripe(name: str, body: StripeIn, svc: CacheService = Depends(ser
         digest=body.digest,
         storage_options=body.storage_options,
         ready_after=body.ready_after,
+        lease=body.lease_seconds,
     )
+
+
+@router.delete(
+    "/v1/stripes/{name}",
+    dependencies=[Depends(operator)],
+    response_model=StripeReleaseOut,
+    responses=errors(400, 401, 403, 404),
+)
+async def release_stripe(name: str, digest: str | None = None, svc: CacheService = Depends(service)) -> dict[str, Any]:
+    """Drop this node's share of ``name`` (of version ``digest`` only, when given): its
+    files and window go now. A share nobody holds again also goes when its lease lapses."""
+    validate_name(name)
+    if digest is not None:
+        validate_digest(digest)
+    return {"name": name, "released": await svc.stripes.release(name, digest)}
 
 
 @router.get("/v1/stripes/{name}/{digest}", response_model=StripeOut, responses=errors(400, 404))
@@ -75,11 +93,14 @@ async def stripe_bundle(
     if not who.operator:
         if who.kind == "anonymous":
             require_operator(who)  # 401: TCP without the token
-        if who.kind != "pod":
+        if who.kind != "pod" or who.pod_uid is None:
             raise Forbidden(f"only this node's pods and operators read stripe bundles ({who.why})")
     validate_name(name)
     validate_digest(digest)
     validate_digest(bundle)
+    if not who.operator and not await svc.pod_names_dataset(who.pod_uid or "", name):
+        # a pod acts only on its own task: it reads the stripes its task (or annotation) names
+        raise Forbidden(f"this pod's task does not name dataset {name!r}", hint="list it in the pod's datasets")
     directory, entries, done = await svc.stripes.open_bundle(name, digest, bundle)
     chunks = tar_stream(directory, entries)
 

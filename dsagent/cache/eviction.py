@@ -10,10 +10,14 @@ not, evict datasets that are neither in use nor being fetched and stop as soon a
 space reaches the target. When even evicting every candidate would not reach it, evict
 nothing and report the numbers.
 
-The order (docs/design.md#cluster-eviction): a version that more *other* nodes hold ready
-goes first (``Candidate.copies``, from the cluster's inventories), then the least
-recently used. So the cluster's last copy of a version (no other holder) is evicted only
-when the replicated ones together cannot free enough. A count that is not known
+The order (docs/design.md#cluster-eviction, docs/design-striping.md#eviction): whole
+versions that other nodes also hold ready go first, most other copies first
+(``Candidate.copies``, from the cluster's inventories), then this node's shares of striped
+versions (``Candidate.striped``: losing one costs the group only its own bundles from the
+store), then the last copies; the least recently used first within each. So the cluster's
+last copy of a version (no other holder) is evicted only when the replicated ones and the
+shares together cannot free enough. Shares are evicted only to make room: they have leases
+of their own (the holder renews them), so the idle sweep and ``--all-unused`` leave them. A count that is not known
 (``copies`` None: a standalone agent, or no fresh count from the cluster) ranks as no
 other copy, the safe side; with no counts at all the order is plain LRU, as before.
 """
@@ -40,6 +44,7 @@ class Candidate:
     in_use: bool = False
     fetching: bool = False
     copies: int | None = None  # other nodes holding this very version ready; None: unknown
+    striped: bool = False  # this node's share of a striped version (docs/design-striping.md)
 
     @property
     def other_copies(self) -> int:
@@ -80,11 +85,24 @@ def lru_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(usable, key=lambda c: (c.last_used, -c.size_bytes, c.name, c.digest))
 
 
+#: eviction classes, evicted first to last
+REPLICATED, STRIPE_SHARE, LAST_COPY = 0, 1, 2
+
+
+def eviction_class(candidate: Candidate) -> int:
+    """Whole copies other nodes also hold, then stripe shares, then last copies (an
+    unknown count is the safe side: a last copy)."""
+    if candidate.striped:
+        return STRIPE_SHARE
+    return REPLICATED if candidate.other_copies else LAST_COPY
+
+
 def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     """Evictable candidates in the order a fetch evicts them (docs/design.md#cluster-eviction):
-    most other ready copies in the cluster first, then least recently used (ties as
-    :func:`lru_order`). Without counts this is :func:`lru_order`."""
-    return sorted(lru_order(candidates), key=lambda c: -c.other_copies)  # stable: LRU within a count
+    by :func:`eviction_class`; among replicated copies, most other ready copies in the
+    cluster first; then least recently used (ties as :func:`lru_order`). Without counts
+    and shares this is :func:`lru_order`."""
+    return sorted(lru_order(candidates), key=lambda c: (eviction_class(c), -c.other_copies))  # stable: LRU
 
 
 def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, ratio: float = EVICT_RATIO) -> Plan:
@@ -114,16 +132,20 @@ def idle_victims(candidates: Iterable[Candidate], *, now: float, idle_ttl: float
     """Evictable datasets unused for longer than ``idle_ttl`` seconds (0 disables), LRU first."""
     if idle_ttl <= 0:
         return ()
-    return tuple(c for c in lru_order(candidates) if now - c.last_used > idle_ttl)
+    return tuple(c for c in lru_order(candidates) if now - c.last_used > idle_ttl and not c.striped)
 
 
 def unused_victims(candidates: Iterable[Candidate]) -> tuple[Candidate, ...]:
-    """Every evictable dataset, LRU first (``dsctl evict --all-unused``)."""
-    return tuple(lru_order(candidates))
+    """Every evictable dataset, LRU first (``dsctl evict --all-unused``); not shares."""
+    return tuple(c for c in lru_order(candidates) if not c.striped)
 
 
 __all__ = [
+    "LAST_COPY",
+    "REPLICATED",
+    "STRIPE_SHARE",
     "Candidate",
+    "eviction_class",
     "Plan",
     "eviction_order",
     "idle_victims",

@@ -114,7 +114,8 @@ class CacheService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.links = Links((), self.metrics)  # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
-        self.stripes = StripeShares(settings, self.pools, self.peers)  # docs/design-striping.md
+        self.stripes = StripeShares(settings, self.pools, self.peers, clock=clock)  # docs/design-striping.md
+        self._space.shares = self.stripes  # shares count in the space and are evicted in order
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
@@ -448,6 +449,17 @@ class CacheService:
         statuses = [await self._dataset_status(task, item) for item in task.request]
         return TaskRecord(task.task_id, task.created_at, task.lease_until, tuple(statuses))
 
+    async def pod_names_dataset(self, pod_uid: str, name: str) -> bool:
+        """Whether the pod ``pod_uid`` asks for dataset ``name``: its own task (the task id is
+        its UID) lists it, or (cluster mode) its annotation does. A pod reads a striped
+        version's bundles only then (docs/design-striping.md#agent)."""
+        task = await self._db(self.catalog.task, task_key(pod_uid))
+        if task is not None and any(item.get("name") == name for item in task.request):
+            return True
+        hook = self.hooks.pod_datasets
+        names = await hook(pod_uid) if hook is not None else None
+        return names is not None and name in names
+
     async def _dataset_status(self, task: TaskRow, item: dict[str, Any]) -> DatasetStatus:
         name = item["name"]
         digest = task.digests.get(name)
@@ -657,6 +669,7 @@ class CacheService:
             log.info("lease of task %s lapsed; releasing it", task_id)
             with contextlib.suppress(NotFound):
                 await self.release_task(task_id)
+        await self.stripes.expire()  # shares no holder renewed
         await self._space.collect_superseded()
         await self.preparations.lapse()
         await self.preparations.refresh()  # a released task may let a waiting preparation go on

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 AdmitTask = Callable[[str], Awaitable[None]]
 PeerHolders = Callable[[str, str], Awaitable[list[str]]]
+PodDatasets = Callable[[str], Awaitable["frozenset[str] | None"]]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ServiceHooks:
 
     admit_task: AdmitTask | None = None
     peer_holders: PeerHolders | None = None
+    pod_datasets: PodDatasets | None = None  # the dataset names a pod's annotation asks for (None: unknown pod)
 
 
-__all__ = ["AdmitTask", "PeerHolders", "ServiceHooks"]
+__all__ = ["AdmitTask", "PeerHolders", "PodDatasets", "ServiceHooks"]

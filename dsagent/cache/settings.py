@@ -322,6 +322,7 @@ class Settings(StorageSettings, AgentLogSettings):
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
+    stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
     store_proxies: Proxies = Field(
         default_factory=dict
     )  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)

@@ -16,6 +16,10 @@ The rules that keep a version safe from eviction:
   same catalog transaction as the delete), because the plan was made on an earlier view;
 - space is counted once: a version committed ready whose reservation is not yet released
   counts as reserved, not also as held;
+- this node's shares of striped versions (:mod:`dsagent.cache.stripes`, set as
+  :attr:`Space.shares`) count against the capacity like versions, and a fetch that needs
+  room evicts them after the replicated copies and before the last copies
+  (docs/design-striping.md#eviction); a share being filled or read is not chosen;
 - space is disk use, on the capacity side as on the disk side: a version counts its bytes
   plus its files' blocks and inodes (:meth:`Store.allocated`), so ``DSAGENT_CAPACITY``,
   ``usedBytes`` and what an eviction frees are all in those units.
@@ -29,6 +33,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from dsagent.cache import eviction
 from dsagent.cache.catalog import VersionRow
@@ -38,6 +43,16 @@ from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
 from dsplatform.units import format_size
 
 log = logging.getLogger("dsagent")
+
+
+class Shares(Protocol):
+    """What the space reads of this node's stripe shares (:class:`dsagent.cache.stripes.StripeShares`)."""
+
+    def usage(self) -> list[tuple[Key, int, float, bool]]: ...
+
+    def total_bytes(self) -> int: ...
+
+    async def drop(self, key: Key, *, reason: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,7 @@ class Space:
         self._pins: Counter[Key] = Counter()  # versions a fetch hard-links bundles from
         self._overheads: dict[Key, int] = {}  # reserved disk beyond the bytes (blocks, inodes)
         self.copies = node.copies  # other nodes' ready copies (docs/design.md#cluster-eviction)
+        self.shares: Shares | None = None  # this node's stripe shares, set by the service
 
     # -- reservations -----------------------------------------------------------------
 
@@ -140,13 +156,15 @@ class Space:
                 for r in rows
                 if (r.name, r.digest) not in self.reservations and (r.name, r.digest) != exclude
             )
-            free = min(free, self.settings.capacity_bytes - held - reserved - overhead)
+            shares = self.shares.total_bytes() if self.shares is not None else 0
+            free = min(free, self.settings.capacity_bytes - held - shares - reserved - overhead)
         return free
 
     async def report(self) -> dict[str, int]:
         rows = await self.pools.db(self._catalog().versions)
         disk = await self.pools.work(self.store.disk_usage)
         used = sum(self.store.allocated(r.size_bytes, r.files) for r in rows if r.state == "ready")
+        used += self.shares.total_bytes() if self.shares is not None else 0
         capacity = (
             self.settings.capacity_bytes
             if self.settings.capacity_bytes is not None
@@ -161,7 +179,11 @@ class Space:
         in_use = await self.pools.db(self._catalog().in_use, self.clock()) | self.claims.held()
         fetching = self.flights.fetching() | set(self._pins)
         now = self.clock()
-        return [
+        shares = [
+            eviction.Candidate(name, digest, size, last_used, fetching=busy, striped=True)
+            for (name, digest), size, last_used, busy in (self.shares.usage() if self.shares is not None else ())
+        ]
+        return shares + [
             eviction.Candidate(
                 r.name,
                 r.digest,
@@ -188,6 +210,12 @@ class Space:
         False). Under :attr:`lock` only, so no two deletions of one version overlap and
         no fetch publishes a version while it is being removed."""
         key = (victim.name, victim.digest)
+        if victim.striped:  # a share: only its own bundles go (readers fetch them again)
+            if self.shares is None or not await self.shares.drop(key, reason=reason):
+                return False
+            log.info("evicted the share of %s@%s (%s, %s)", *key, format_size(victim.size_bytes), reason)
+            self.metrics.evicted(reason, victim.size_bytes)
+            return True
         if self.busy(key) or (not force and self.protected(key)):
             return False  # force overrides a task's use, never a fetch's
         unless = None if force else self.clock()
@@ -226,7 +254,8 @@ class Space:
             for c in await self.candidates():
                 key = (c.name, sources.get((c.name, c.digest), ""))
                 if (
-                    (name is None or c.name == name)
+                    not c.striped
+                    and (name is None or c.name == name)
                     and c.evictable
                     and key in current
                     and current[key].digest != c.digest
@@ -328,7 +357,7 @@ class Space:
             rows = [r for r in rows if (r.name, r.digest) in scope]
         for name in names:
             validate_name(name)
-            mine = [c for c in candidates if c.name == name]
+            mine = [c for c in candidates if c.name == name and not c.striped]  # shares: dsctl stripe release
             if not mine and not any(r.name == name for r in rows):
                 raise NotFound(f"no dataset {name!r} in the cache")
             if any(r.name == name and r.state == "fetching" for r in rows) or any(c.fetching for c in mine):

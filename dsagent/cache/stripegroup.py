@@ -4,8 +4,8 @@ pure functions (docs/design-striping.md#group, docs/design-striping.md#eviction)
 Who calls it: the Dataset controller, for a Dataset whose version does not fit one node (or
 that asks for striping): it gathers the nodes and their inventories, asks :func:`choose_group`
 for the members, records them in the Dataset status (``status.stripe.nodes``) and holds each
-member's share with a renewed task ``stripe.<namespace>.<name>``, as replicas are held
-(docs/design.md#replication). A node's agent orders its eviction candidates with
+member's share with a leased ``PUT /v1/stripes/<name>`` it renews each pass, as replicas
+are held with renewed tasks (docs/design.md#replication). A node's agent orders its eviction candidates with
 :func:`eviction_class`. Nothing here reads the clock or the cluster.
 
 The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), in this
@@ -27,10 +27,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dsagent.cache import eviction
+from dsagent.cache.eviction import LAST_COPY, REPLICATED, STRIPE_SHARE
 from dsplatform.stripe import group_size
-
-#: eviction classes, evicted first to last (docs/design-striping.md#eviction)
-REPLICATED, STRIPE_SHARE, LAST_COPY = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -91,20 +90,22 @@ def choose_group(
 
 
 def eviction_class(*, striped: bool, other_copies: int | None) -> int:
-    """Where a candidate stands in the eviction order: whole copies that other nodes also
-    hold go first (:data:`REPLICATED`), then stripe shares (:data:`STRIPE_SHARE`: a lost
-    share costs its own bundles from the store, never the whole version), then last copies
-    (:data:`LAST_COPY`). An unknown count is the safe side: a last copy."""
-    if striped:
-        return STRIPE_SHARE
-    return REPLICATED if other_copies else LAST_COPY
+    """Where a candidate stands in the eviction order (the rule is
+    :func:`dsagent.cache.eviction.eviction_class`): whole copies that other nodes also hold
+    go first (:data:`REPLICATED`), then stripe shares (:data:`STRIPE_SHARE`), then last
+    copies (:data:`LAST_COPY`)."""
+    return eviction.eviction_class(eviction.Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
 
 
 def eviction_order(candidates: Sequence[tuple[str, bool, int | None, float]]) -> list[str]:
-    """Names of ``(name, striped, other_copies, last_used)`` candidates in eviction order:
-    by class, then least recently used first, then by name."""
+    """Names of ``(name, striped, other_copies, last_used)`` candidates in eviction order
+    (:func:`dsagent.cache.eviction.eviction_order`)."""
     return [
-        c[0] for c in sorted(candidates, key=lambda c: (eviction_class(striped=c[1], other_copies=c[2]), c[3], c[0]))
+        c.name
+        for c in eviction.eviction_order(
+            eviction.Candidate(name, "", 0, last_used, copies=copies, striped=striped)
+            for name, striped, copies, last_used in candidates
+        )
     ]
 
 

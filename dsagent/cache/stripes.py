@@ -31,10 +31,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
+import time
 from collections import OrderedDict
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,10 +74,16 @@ class _Share:
     handover: set[str] = field(default_factory=set)  # held under an earlier group: served until dropped
     error: str | None = None
     task: asyncio.Task[None] | None = None
+    expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
+    last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
+    readers: int = 0  # streams of its bundles to this node's readers now
 
     @property
     def key(self) -> Key:
         return (self.layout.name, self.layout.digest)
+
+    def held_bytes(self) -> int:
+        return sum(b.size for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover)
 
 
 @dataclass
@@ -90,10 +98,13 @@ class _Visit:
 class StripeShares:
     """The striped versions of this node: shares held, peers served, readers fed."""
 
-    def __init__(self, settings: Settings, pools: Pools, peers: PeerFetcher) -> None:
+    def __init__(
+        self, settings: Settings, pools: Pools, peers: PeerFetcher, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.settings = settings
         self.pools = pools
         self.peers = peers
+        self.clock = clock
         self.root = settings.root / STRIPES_DIR
         self._shares: dict[Key, _Share] = {}
         self._window: OrderedDict[tuple[Key, str], _Visit] = OrderedDict()
@@ -120,12 +131,18 @@ class StripeShares:
         digest: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         ready_after: int = 1,
+        lease: float | None = None,
     ) -> dict[str, Any]:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
-        answer its status. Repeating it is harmless; a changed group re-plans the share
+        answer its status. Repeating it is harmless, and is the renewal: a share not held
+        again within ``lease`` seconds (``stripe_lease`` by default) is dropped by
+        :meth:`expire`, as a task's lease lapses. A changed group re-plans the share
         (bundles this node no longer owns are still served to their new owners for
         ``stripe_handover`` seconds after this node's new share is held, then dropped)."""
+        lease = self.settings.stripe_lease if lease is None else lease
+        if not 0 < lease <= 30 * 86400:
+            raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
         node = self.settings.node_name
         if node not in members:
             raise InvalidInput(f"this node ({node}) is not a member of the stripe group", hint="list it in members")
@@ -150,8 +167,11 @@ class StripeShares:
         )
         key = (name, manifest.digest)
         share = self._shares.get(key)
+        now = self.clock()
         if share is not None and share.layout.members == layout.members and share.error is None:
             share.peers.update(peers)
+            share.expires, share.last_used = now + lease, now
+            await self.pools.work(self._remember, share)
             return self.status(key)
         if share is not None and share.task is not None:
             share.task.cancel()
@@ -162,6 +182,7 @@ class StripeShares:
                 hint="choose a larger stripe group",
             )
         share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after))
+        share.expires, share.last_used = now + lease, now
         self._shares[key] = share
         await self.pools.work(self._prepare, share)
         await self.pools.work(self._remember, share)
@@ -177,7 +198,7 @@ class StripeShares:
             path.unlink(missing_ok=True)
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
-                  "readyAfter": share.ready_after}  # fmt: skip
+                  "readyAfter": share.ready_after, "expiresAt": share.expires}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
@@ -190,8 +211,14 @@ class StripeShares:
             name, digest = path.parent.parent.name, path.parent.name
             try:
                 record = json.loads(await self.pools.work(path.read_text))
+                left = float(record.get("expiresAt", math.inf)) - self.clock()
+                if left <= 0:  # its lease lapsed while the agent was down
+                    log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
+                    await self.pools.work(shutil.rmtree, path.parent, True)
+                    continue
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
-                                ready_after=int(record.get("readyAfter", 1)))  # fmt: skip
+                                ready_after=int(record.get("readyAfter", 1)),
+                                lease=min(left, self.settings.stripe_lease))  # fmt: skip
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 
@@ -297,6 +324,68 @@ class StripeShares:
             for key, share in self._shares.items()
         }
 
+    # -- leases, release, space ---------------------------------------------------------------
+
+    def usage(self) -> list[tuple[Key, int, float, bool]]:
+        """Per share: its key, the bytes it takes (held and handed-over bundles, and its
+        window), when it was last used, and whether it is busy (being filled, or streamed
+        to a reader now): what :class:`dsagent.cache.space.Space` counts and evicts."""
+        window: dict[Key, int] = {}
+        for (key, _bundle), visit in self._window.items():
+            window[key] = window.get(key, 0) + visit.size
+        return [
+            (
+                key,
+                share.held_bytes() + window.get(key, 0),
+                share.last_used,
+                share.readers > 0 or (share.task is not None and not share.task.done()),
+            )
+            for key, share in self._shares.items()
+        ]
+
+    def total_bytes(self) -> int:
+        """Disk the shares and the window take (counted against the cache's capacity)."""
+        return sum(share.held_bytes() for share in self._shares.values()) + self._window_bytes
+
+    async def drop(self, key: Key, *, reason: str) -> bool:
+        """Stop holding one share: its fill stops, its window bundles and files go (the
+        markers with them, so nothing is promised that is not there). A hole costs the
+        group only this node's bundles: readers and the new owners fetch them again."""
+        share = self._shares.get(key)
+        if share is None:
+            return False
+        if share.task is not None:
+            share.task.cancel()
+            await asyncio.gather(share.task, return_exceptions=True)
+        share.held.clear()  # promised no more, to peers and readers, before the files go
+        share.handover.clear()
+        for slot in [slot for slot in self._window if slot[0] == key]:
+            self._window_bytes -= self._window.pop(slot).size
+        log.info("dropping the share of %s@%s (%s)", key[0], key[1][:12], reason)
+        await self.pools.work(_remove_version, self.version_dir(key))
+        if self._shares.get(key) is share:
+            del self._shares[key]
+        await self._notify()
+        return True
+
+    async def release(self, name: str, digest: str | None = None) -> list[str]:
+        """``DELETE /v1/stripes/<name>``: drop this node's shares of ``name`` (of one
+        version with ``digest``); the digests dropped. :class:`NotFound` when none is held."""
+        keys = [k for k in self._shares if k[0] == name and (digest is None or k[1] == digest)]
+        if not keys:
+            raise NotFound(f"this node holds no share of {name}" + (f"@{digest[:12]}" if digest else ""))
+        for key in keys:
+            await self.drop(key, reason="released")
+        return [k[1] for k in keys]
+
+    async def expire(self) -> list[Key]:
+        """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again."""
+        now = self.clock()
+        gone = [key for key, share in self._shares.items() if share.expires <= now]
+        for key in gone:
+            await self.drop(key, reason="its lease lapsed")
+        return gone
+
     def inventory(self) -> dict[str, Any]:
         """The inventory's ``stripes`` section: per name, the newest version this node takes part in."""
         out: dict[str, Any] = {}
@@ -341,9 +430,11 @@ class StripeShares:
         entries = _entries_of(share.manifest, bundle)
         if entries is None:
             raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")
+        share.last_used = self.clock()
         if bundle in share.held:
             self.counts["served_local"] += 1
-            return self.share_dir(key), entries, lambda: None
+            share.readers += 1
+            return self.share_dir(key), entries, lambda: _done_reading(share)
         slot = (key, bundle)
         visit = self._window.get(slot)
         if visit is not None:
@@ -461,6 +552,16 @@ def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 
         yield b"\0" * (2 * _BLOCK)
     finally:
         os.close(root)
+
+
+def _done_reading(share: _Share) -> None:
+    share.readers = max(0, share.readers - 1)
+
+
+def _remove_version(directory: Path) -> None:
+    """A share's directory, its hold record first (a restart must not hold it again)."""
+    (directory / HOLD_FILE).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _entries_of(manifest: Manifest, digest: str) -> list[FileEntry] | None:

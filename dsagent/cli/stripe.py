@@ -1,7 +1,7 @@
-"""``dsctl stripe hold / wait``: a node's part in a striped version (docs/design-striping.md).
+"""``dsctl stripe hold / wait / release``: a node's part in a striped version (docs/design-striping.md).
 
 Who calls it: an operator (or the controller's task, later) asks a node to hold its share
-with ``hold``; a pod's init container runs ``wait`` to report the share's progress and to
+with ``hold`` and drops it with ``release``; a pod's init container runs ``wait`` to report the share's progress and to
 return once enough of it is local (``--until ready-enough``, the default: the reader fetches
 the rest through the agent) or all of it (``--until complete``). Everything goes through
 :class:`dsagent.api.client.AgentClient`; errors surface as one line and their exit code.
@@ -33,6 +33,7 @@ def stripe() -> None:
 @click.option("--peer", "peers", multiple=True, metavar="NODE=URL", help="A member's agent base URL (repeat).")
 @click.option("--digest", help="The version (default: the store's current one).")
 @click.option("--ready-after", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--lease", type=DURATION, default=None, help="Dropped unless held again within this long.")
 @output_option
 @agent_options
 def hold(
@@ -42,6 +43,7 @@ def hold(
     peers: tuple[str, ...],
     digest: str | None,
     ready_after: int,
+    lease: float | None,
     output: str,
     agent_url: str | None,
     socket_path: str | None,
@@ -57,6 +59,8 @@ def hold(
     body: dict[str, Any] = {"store": store, "members": list(members), "peers": urls, "readyAfter": ready_after}
     if digest:
         body["digest"] = digest
+    if lease is not None:
+        body["leaseSeconds"] = lease
     with _client(agent_url, socket_path, token) as client:
         answer = client.hold_stripe(name, body)
     if output == "json":
@@ -106,3 +110,20 @@ def wait(
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransientError(f"the share of {name} is not {until} after {timeout:g}s")
             time.sleep(POLL_SECONDS)
+
+
+@stripe.command()
+@click.argument("name")
+@click.option("--digest", help="Only this version (default: every version of NAME held here).")
+@output_option
+@agent_options
+def release(
+    name: str, digest: str | None, output: str, agent_url: str | None, socket_path: str | None, token: str | None
+) -> None:
+    """Drop this node's share of NAME now (operators only; exit 3 when none is held)."""
+    with _client(agent_url, socket_path, token) as client:
+        answer = client.release_stripe(name, digest)
+    if output == "json":
+        click.echo(json.dumps(answer, indent=2))
+        return
+    click.echo(f"released the share of {name}: " + ", ".join(d[:12] for d in answer.get("released", [])))

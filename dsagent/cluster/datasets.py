@@ -96,6 +96,8 @@ class Dataset:
     storage_secret: SecretRef | None = None
     status: DatasetStatus | None = None
     generation: int | None = None
+    stripe: int | str | None = None  # spec.stripe (:func:`parse_stripe`); None: not striped
+    start_before_whole: bool = False  # spec.startBeforeWhole (only with stripe)
 
     @property
     def digest(self) -> str | None:
@@ -123,7 +125,21 @@ class Dataset:
             storage_secret=ref,
             status=DatasetStatus.from_json(obj.get("status") or {}),
             generation=meta.get("generation"),
+            stripe=parse_stripe(spec.get("stripe")),
+            start_before_whole=spec.get("startBeforeWhole") is True,
         )
+
+
+def parse_stripe(value: object) -> int | str | None:
+    """``spec.stripe``: ``"auto"`` (the size rule), ``{"members": N}`` (1..4096), else None
+    (off; docs/design-striping.md#group)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, dict):
+        members = value.get("members")
+        if isinstance(members, int) and not isinstance(members, bool) and 1 <= members <= 4096:
+            return members
+    return None
 
 
 class DatasetClient:
@@ -242,4 +258,13 @@ def publish(
     )
 
 
-__all__ = ["Dataset", "DatasetClient", "DatasetObject", "DatasetStatus", "SecretRef", "publish", "status_from_manifest"]
+__all__ = [
+    "Dataset",
+    "DatasetClient",
+    "DatasetObject",
+    "DatasetStatus",
+    "SecretRef",
+    "parse_stripe",
+    "publish",
+    "status_from_manifest",
+]

@@ -53,7 +53,13 @@ from dsagent.cluster.apiclient import in_daemon_thread, translated
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.events import EventRecorder
-from dsagent.cluster.podenv import INIT_CONTAINER, OPTIONS_PREFIX, REQUEST_VARIABLES, datasets_from_env
+from dsagent.cluster.podenv import (
+    INIT_CONTAINER,
+    OPTIONS_PREFIX,
+    REQUEST_VARIABLES,
+    STRIPE_WAIT_CONTAINER,
+    datasets_from_env,
+)
 from dsagent.cluster.podevents import EVENTS_CONTROLLER, PodEvents
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError, InvalidInput, NotFound
@@ -96,9 +102,9 @@ def wants_datasets(pod: Mapping[str, Any]) -> bool:
     return podannotations.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
 
 
-def _init_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _init_container(pod: Mapping[str, Any], name: str = INIT_CONTAINER) -> Mapping[str, Any] | None:
     for container in (pod.get("spec") or {}).get("initContainers") or []:
-        if isinstance(container, Mapping) and container.get("name") == INIT_CONTAINER:
+        if isinstance(container, Mapping) and container.get("name") == name:
             return container
     return None
 
@@ -138,7 +144,11 @@ class ClusterHooks:
 
     def for_service(self) -> ServiceHooks:
         """The hooks for ``CacheService(settings, hooks=...)``; peers only with a token and a port."""
-        return ServiceHooks(admit_task=self.check_task, peer_holders=self.peer_holders if self.peer_port else None)
+        return ServiceHooks(
+            admit_task=self.check_task,
+            peer_holders=self.peer_holders if self.peer_port else None,
+            pod_datasets=self.pod_datasets,
+        )
 
     def connect(self, watch: PodWatch, core: Any, submitted: Container[str]) -> None:
         """The agent's pod watch, its CoreV1Api and the pod UIDs it submitted itself."""
@@ -163,6 +173,19 @@ class ClusterHooks:
                     hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
                 )
             await asyncio.sleep(0.05)
+
+    async def pod_datasets(self, uid: str) -> frozenset[str] | None:
+        """The dataset names the annotation of pod ``uid`` on this node asks for (None: no
+        such pod seen, or an unreadable annotation): what the pod may read through
+        ``/v1/stripes`` besides its task (docs/design-striping.md#agent)."""
+        watch = self._watch
+        pod = watch.pods().get(uid) if watch is not None else None
+        if pod is None:
+            return None
+        try:
+            return frozenset(ref.name for ref in podannotations.datasets_of(pod))
+        except platform_errors.InvalidInput:
+            return None
 
     async def peer_holders(self, name: str, digest: str) -> list[str]:
         """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
@@ -360,6 +383,12 @@ class ClusterAgent:
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
+        if init is None and _init_container(pod, STRIPE_WAIT_CONTAINER) is not None:
+            # every dataset it names is striped and read from the node's shares, which the
+            # controller holds (docs/design-striping.md#start): no whole copy, no task
+            log.info("pod %s reads striped versions only: no task", _name(pod))
+            self._left_to_init.add(pod_uid(pod))
+            return None
         if init is not None:
             try:
                 requests = requests_from_init_container(init)

@@ -29,6 +29,9 @@ from dsagent.errors import InvalidInput
 #: The container that runs ``dsctl cache --from-env`` with these variables (the webhook
 #: adds it; the cluster agent finds a pod's request in it).
 INIT_CONTAINER = "dsagent-cache"
+#: The init-container that waits for the node's stripe shares (``dsctl stripe wait``): a pod
+#: with it and without :data:`INIT_CONTAINER` reads only striped versions, and gets no task
+STRIPE_WAIT_CONTAINER = "dsagent-stripe-wait"
 #: The variables whose values shape the request (the storage options ones by prefix).
 REQUEST_VARIABLES = ("DSAGENT_DATASETS", "DSAGENT_BUNDLES")
 OPTIONS_PREFIX = "DSAGENT_STORAGE_OPTIONS"
@@ -83,4 +86,11 @@ def _options_from_env(environ: Mapping[str, str], var: str) -> dict[str, Any]:
     return value
 
 
-__all__ = ["INIT_CONTAINER", "OPTIONS_PREFIX", "REQUEST_VARIABLES", "datasets_from_env", "options_env_name"]
+__all__ = [
+    "INIT_CONTAINER",
+    "OPTIONS_PREFIX",
+    "STRIPE_WAIT_CONTAINER",
+    "REQUEST_VARIABLES",
+    "datasets_from_env",
+    "options_env_name",
+]

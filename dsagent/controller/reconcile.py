@@ -44,7 +44,7 @@ from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprin
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
-from dsagent.controller.striping import parse_stripe, stripe_status
+from dsagent.controller.striping import job_nodes, node_subnets, parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
 from dsplatform.boundedjson import JsonRefused
@@ -315,6 +315,8 @@ class DatasetController:
                 agent_call=self.agent_call,
                 agent_urls=self._agent_urls,
                 who=acting_for(namespace, name),
+                job=job_nodes(self._pods(), namespace, name),
+                subnets=node_subnets(self._nodes_now),
             )
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):

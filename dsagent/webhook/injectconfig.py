@@ -99,6 +99,7 @@ class ResolvedDataset:
     digest: str | None = None
     secret: SecretRef | None = None
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    stripe_digest: str | None = None  # a striped version the pod may start before it is whole
 
     def request(self, *, with_options: bool) -> dict[str, Any]:
         """The entry of ``DSAGENT_DATASETS``."""

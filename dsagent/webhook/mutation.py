@@ -21,6 +21,15 @@ operations that
 - add the agent's group to the pod's supplementalGroups (the socket is group-writable);
 - set the dsplatform scheduler's name when the pod uses the default scheduler.
 
+A **striped** Dataset (``spec.stripe``) with ``spec.startBeforeWhole: true`` and a packed
+version is read with the rank-aware reader from the node's share, never as a whole copy
+(docs/design-striping.md#start): it is left out of the caching task, and an ordinary
+init-container ``dsagent-stripe-wait`` runs ``dsctl stripe wait NAME DIGEST`` for each such
+dataset (it prints the share's progress and returns once its first bundles are held); app
+containers get ``DSAGENT_STRIPES`` (``[{name, digest, shareDir}]``) and the node's shares
+read-only at ``/dsagent-stripes/<name>``. hostPath mode only: CSI mode mounts no socket, so
+there such a Dataset is cached and waited for as any other.
+
 Two ways to wait (docs/design.md#rule-3: caching overlaps image pulls). The kubelet pulls a
 container's image only when it starts that container, and starts app containers only
 after every ordinary init-container has finished, so a blocking init-container would
@@ -51,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dsagent.cluster.datasets import Dataset
-from dsagent.cluster.podenv import INIT_CONTAINER, options_env_name
+from dsagent.cluster.podenv import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
 from dsagent.webhook import csiwiring
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
@@ -74,6 +83,10 @@ WAIT_SCRIPT = (
 DEFAULT_SCHEDULERS = (None, "", "default-scheduler")
 
 
+STRIPES_VOLUME = "dsagent-stripes"
+STRIPES_DIR = "/dsagent-stripes"
+
+
 def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tuple[ResolvedDataset, ...]:
     """Fill in what the pod left out from its Datasets (``lookup(name)``; raises NotFound)."""
     resolved = []
@@ -90,9 +103,19 @@ def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tup
                 digest=ref.digest,
                 secret=dataset.storage_secret,
                 storage_options=ref.storage_options,
+                stripe_digest=_start_before_whole(ref, dataset),
             )
         )
     return tuple(resolved)
+
+
+def _start_before_whole(ref: DatasetRef, dataset: Dataset) -> str | None:
+    """The version a pod reads from the stripe share, starting before it is whole: a striped
+    Dataset that opts in, with a packed version the pod does not pin otherwise."""
+    digest = dataset.digest
+    if dataset.stripe is None or not dataset.start_before_whole or digest is None or not dataset.bundles:
+        return None
+    return digest if ref.digest in (None, digest) else None
 
 
 def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection) -> JSONPatch:
@@ -107,15 +130,22 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
         return []
     overlap = wait_mode(pod) == "overlap"
     csi = injection.volume_mode == "csi"
+    striped = [] if csi else [d for d in datasets if d.stripe_digest is not None]
+    whole = [d for d in datasets if d not in striped]
+    overlap = overlap and bool(whole)  # nothing to mark ready without a caching container
     if csi:  # the agent caches at NodePublishVolume: an init-container only to wait in init mode
         first = None if overlap else csiwiring.wait_container(injection, csiwiring.WAIT_CONTAINER)
         pod_volumes = [csiwiring.volume(datasets, injection)]
     else:
-        first = init_container(datasets, injection, sidecar=overlap)
-        pod_volumes = volumes(injection)
+        first = init_container(whole, injection, sidecar=overlap) if whole else None
+        pod_volumes = volumes(injection) + ([stripes_volume(injection)] if striped else [])
     ops: JSONPatch = []
+    inits = spec.get("initContainers")
     if first is not None:
-        ops += prepend("/spec/initContainers", spec.get("initContainers"), first)
+        ops += prepend("/spec/initContainers", inits, first)
+        inits = [first, *(inits or [])]
+    if striped:  # after the caching container and the pod's own: the last step before the app
+        ops += append_all("/spec/initContainers", inits, [stripe_wait_container(striped, injection)])
     ops += append_all("/spec/volumes", spec.get("volumes"), pod_volumes)
     for index, container in enumerate(spec.get("containers") or []):
         path = f"/spec/containers/{index}"
@@ -123,6 +153,9 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
             mounts, env = csiwiring.container_wiring(container, datasets)
         else:
             mounts, env = _container_wiring(container, datasets, injection)
+            if striped:
+                mounts += _stripe_mounts(container, striped)
+                env += [{"name": "DSAGENT_STRIPES", "value": _stripes_json(striped)}]
         ops += append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts)
         ops += append_all(f"{path}/env", container.get("env"), env)
         if overlap:
@@ -208,6 +241,53 @@ def init_container(
     return container
 
 
+def stripe_wait_container(striped: Sequence[ResolvedDataset], injection: Injection) -> dict[str, Any]:
+    """``dsagent-stripe-wait``: ``dsctl stripe wait NAME DIGEST`` for each striped dataset the
+    pod starts before it is whole (progress in its log; exit 0 once enough is local)."""
+    script = " && ".join(
+        f"dsctl stripe wait {shlex.quote(d.name)} {shlex.quote(d.stripe_digest or '')}" for d in striped
+    )
+    container: dict[str, Any] = {
+        "name": STRIPE_WAIT_CONTAINER,
+        "image": injection.image,
+        "imagePullPolicy": injection.image_pull_policy,
+        "command": ["/bin/sh", "-c", script],
+        "env": [{"name": "DSAGENT_SOCKET", "value": injection.socket_path}],
+        "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": injection.socket_mount_path}],
+        "securityContext": injection.security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if injection.resources:
+        container["resources"] = dict(injection.resources)
+    return container
+
+
+def stripes_volume(injection: Injection) -> dict[str, Any]:
+    """The node's stripe shares (``<cacheDir>/stripes``), mounted read-only per dataset."""
+    path = injection.cache_dir.rstrip("/") + "/stripes"
+    return {"name": STRIPES_VOLUME, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+
+
+def _stripe_mounts(container: Mapping[str, Any], striped: Sequence[ResolvedDataset]) -> list[dict[str, Any]]:
+    taken = {m.get("mountPath") for m in container.get("volumeMounts") or []}
+    mounts = [
+        {"name": STRIPES_VOLUME, "mountPath": f"{STRIPES_DIR}/{d.name}", "subPath": d.name, "readOnly": True}
+        for d in striped
+    ]
+    return [m for m in mounts if m["mountPath"] not in taken]
+
+
+def _stripes_json(striped: Sequence[ResolvedDataset]) -> str:
+    """``DSAGENT_STRIPES``: where the reader finds each share (``StripedDataset(shareDir, ...)``)."""
+    return json.dumps(
+        [
+            {"name": d.name, "digest": d.stripe_digest, "shareDir": f"{STRIPES_DIR}/{d.name}/{d.stripe_digest}/share"}
+            for d in striped
+        ],
+        separators=(",", ":"),
+    )
+
+
 def volumes(injection: Injection) -> list[dict[str, Any]]:
     return [
         {"name": SOCKET_VOLUME, "hostPath": {"path": injection.socket_dir, "type": "DirectoryOrCreate"}},
@@ -272,9 +352,9 @@ def _annotate(meta: Mapping[str, Any]) -> JSONPatch:
 
 
 def _already_injected(spec: Mapping[str, Any]) -> bool:
-    return any(c.get("name") == INIT_CONTAINER for c in spec.get("initContainers") or []) or any(
-        v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME, RUN_VOLUME) for v in spec.get("volumes") or []
-    )
+    return any(
+        c.get("name") in (INIT_CONTAINER, STRIPE_WAIT_CONTAINER) for c in spec.get("initContainers") or []
+    ) or any(v.get("name") in (SOCKET_VOLUME, DATASETS_VOLUME, RUN_VOLUME) for v in spec.get("volumes") or [])
 
 
 def _datasets_json(datasets: Sequence[ResolvedDataset], *, with_options: bool) -> str:
@@ -284,6 +364,7 @@ def _datasets_json(datasets: Sequence[ResolvedDataset], *, with_options: bool) -
 __all__ = [
     "INIT_CONTAINER",
     "READY_MARK",
+    "STRIPE_WAIT_CONTAINER",
     "Injection",
     "JSONPatch",
     "ResolvedDataset",
@@ -291,5 +372,6 @@ __all__ = [
     "mutate",
     "options_env_name",
     "resolve",
+    "stripe_wait_container",
     "wait_mode",
 ]

@@ -1,9 +1,10 @@
 """Partial holdings and striped versions: how much of a pod's share a node holds.
 
-Who calls it: nothing in :mod:`scheduler_plugin.framework` yet (it is a pure score with its
-inputs parsed by :mod:`scheduling.nodeinfo`: the inventory's ``heldBytes`` of a copy
-being fetched and its ``stripes`` section); docs/design-striping.md#scheduler says how it is
-meant to join the combined score. It stays a score, never a filter.
+Who calls it: :meth:`scheduler_plugin.framework.Framework.dataset_scores`, in place of the
+all-or-nothing dataset affinity whenever a candidate holds part of a wanted dataset (a copy
+still being fetched, the inventory's ``heldBytes``, or a share of a striped version, its
+``stripes`` section; both parsed by :mod:`scheduling.nodeinfo`, ``Inventory.partial``). :func:`helds` reads those
+from the candidates. It stays a score, never a filter.
 
 Raw score of a node for one dataset of a pod of an ``N``-worker job (``S`` the version's
 bytes, so each worker reads about ``S / N``):
@@ -18,10 +19,12 @@ bytes, so each worker reads about ``S / N``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scheduler_plugin.plugins import normalize_to_max
+from scheduling.nodeinfo import Inventory
+from scheduling.podspec import DatasetWant
 
 FETCHING_WEIGHT = 0.5
 PEER_CREDIT = 0.5
@@ -56,9 +59,76 @@ def raw(helds: Sequence[Held], workers: int) -> float:
     return sum(share_score(h, workers) for h in helds)
 
 
+def helds(
+    wants: Sequence[DatasetWant],
+    inventories: Sequence[Inventory | None],
+    subnets: Callable[[int], frozenset[str]],
+) -> list[list[Held] | None]:
+    """Per candidate, what it holds of each wanted dataset (None: it would replace a version
+    that running tasks use, which the dataset score never rewards). ``subnets(i)``: the RoCE
+    subnets of candidate ``i``; a stripe member earns peer credit when another candidate in
+    the same group shares one (members outside the candidates are not seen)."""
+    sizes: dict[str, int] = {}
+    members: dict[str, list[int]] = {}
+    for i, inventory in enumerate(inventories):
+        if inventory is None:
+            continue
+        for want in wants:
+            share = inventory.stripes.get(want.name)
+            if share is not None and (want.digest is None or want.digest == share.digest):
+                members.setdefault(want.name, []).append(i)
+                sizes[want.name] = max(sizes.get(want.name, 0), share.size_bytes)
+            holding = inventory.datasets.get(want.name)
+            if holding is not None and holding.size_bytes and (want.digest is None or want.digest == holding.digest):
+                sizes[want.name] = max(sizes.get(want.name, 0), holding.size_bytes)
+    sizes.update({w.name: w.size_bytes for w in wants if w.size_bytes})
+    out: list[list[Held] | None] = []
+    for i, inventory in enumerate(inventories):
+        if inventory is None:
+            out.append([])
+            continue
+        row: list[Held] = []
+        replaces_in_use = False
+        for want in wants:
+            size = sizes.get(want.name, 0)
+            held = fetching = 0
+            holding = inventory.datasets.get(want.name)
+            if holding is not None:
+                current = want.digest is None or want.digest == holding.digest
+                if not current and holding.in_use:
+                    replaces_in_use = True
+                    break
+                if current and holding.ready:
+                    held = size
+                elif current:
+                    fetching = holding.held_bytes or 0
+            group = members.get(want.name, ())
+            member = i in group
+            if member:
+                held = max(held, inventory.stripes[want.name].held_bytes)
+            near = member and any(j != i and subnets(i) & subnets(j) for j in group)
+            row.append(Held(size, held, fetching, group_member=member, peers_in_subnet=near))
+        out.append(None if replaces_in_use else row)
+    return out
+
+
+def scores(helds_: Sequence[list[Held] | None], workers: int) -> list[int]:
+    """0..10 per candidate: :func:`raw` over its helds, normalized."""
+    return normalize([raw(h, workers) if h is not None else 0.0 for h in helds_])
+
+
 def normalize(raws: Sequence[float]) -> list[int]:
     """0..10 over the candidates, best first (the dataset score's rule)."""
     return normalize_to_max(raws)
 
 
-__all__ = ["FETCHING_WEIGHT", "Held", "PEER_CREDIT", "normalize", "raw", "share_score"]
+__all__ = [
+    "FETCHING_WEIGHT",
+    "Held",
+    "PEER_CREDIT",
+    "helds",
+    "normalize",
+    "raw",
+    "scores",
+    "share_score",
+]

@@ -266,3 +266,17 @@ def test_with_no_gpu_known_every_usable_roce_nic_carries_transfers() -> None:
         )
     )
     assert [n.name for n in transfer_nics(topology)] == ["roce", "roce2"]
+
+
+def test_roce_subnets_are_those_of_the_gpu_affine_nics_that_are_up() -> None:
+    import dataclasses
+
+    from gpu_topology import roce_subnets, subnet_key
+    from scheduler_plugin.testing import two_class_topology
+
+    topology = two_class_topology()
+    assert roce_subnets(topology) == {"10.1.0.0/24", "10.2.0.0/24"}
+    assert subnet_key(roce_subnets(topology)) == "10.1.0.0/24,10.2.0.0/24"
+    down = dataclasses.replace(topology.nics[1], state="DOWN")
+    assert roce_subnets(dataclasses.replace(topology, nics=(topology.nics[0], down))) == {"10.1.0.0/24"}
+    assert subnet_key(frozenset()) is None

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from dsagent.cache import inventory as contract
 from dsagent.cache.report import inventory
+from scheduler_plugin.app import create_app
+from scheduler_plugin.framework import Framework
 from scheduler_plugin.plugins.stripe import Held, normalize, raw, share_score
-from scheduling.nodeinfo import parse_inventory
+from scheduler_plugin.settings import Settings
+from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json, two_class_topology
+from scheduling.nodeinfo import NodeReader, parse_inventory
+from tests.scheduler_plugin.server import serving
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 GB = 10**9
@@ -71,3 +77,98 @@ def test_it_stays_a_score_nodes_holding_nothing_are_ranked_not_dropped() -> None
     scores = normalize([raw(n, 4) for n in nodes])
     assert scores[0] == 10 and scores[1] == 0 and 0 < scores[2] < 10
     assert len(scores) == len(nodes)
+
+
+# -- wired into the extender's prioritize path ---------------------------------------------
+
+
+def _stripe_inventory(node_name: str, held: int, size: int = 40 * GB) -> str:
+    doc = json.loads(inventory_json(node_name))
+    doc["stripes"] = {"big": {"digest": DIGEST, "sizeBytes": size, "heldBytes": held, "members": 4}}
+    return json.dumps(doc)
+
+
+def _fetching_inventory(node_name: str, held: int) -> str:
+    entry = {**holding(DIGEST, state="fetching", size=40 * GB), "heldBytes": held}
+    return inventory_json(node_name, {"big": entry})
+
+
+def _other_subnet_topology() -> str:
+    import dataclasses
+
+    base = two_class_topology()
+    nics = tuple(
+        dataclasses.replace(n, addresses=(f"10.9.{i}.5/24",), subnets=(f"10.9.{i}.0/24",))
+        for i, n in enumerate(base.nics)
+    )
+    return topology_json(dataclasses.replace(base, nics=nics))
+
+
+def _nodes() -> list[dict[str, object]]:
+    topo = topology_json()
+    return [
+        node("member-full", inventory=_stripe_inventory("member-full", 10 * GB), topology=topo, free_gpus=range(8)),
+        node("member-half", inventory=_stripe_inventory("member-half", 5 * GB), topology=topo, free_gpus=range(8)),
+        node(
+            "member-alone",  # as much as member-half, but no group peer on its RoCE subnets
+            inventory=_stripe_inventory("member-alone", 5 * GB),
+            topology=_other_subnet_topology(),
+            free_gpus=range(8),
+        ),
+        node("fetching", inventory=_fetching_inventory("fetching", 4 * GB), topology=topo, free_gpus=range(8)),
+        node("nothing", inventory=inventory_json("nothing"), topology=topo, free_gpus=range(8)),
+    ]
+
+
+def _worker(workers: int) -> dict[str, object]:
+    obj = pod(datasets=[{"name": "big", "digest": DIGEST}], gpus=8, job="llm")
+    obj["metadata"]["annotations"]["dsagent.io/workers"] = str(workers)  # type: ignore[index]
+    return obj
+
+
+def test_the_extender_scores_partial_holdings_and_peer_credit_never_filtering() -> None:
+    with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
+        body = args_body(_worker(4), _nodes(), node_cache_capable=False)
+        answer = http.post("/prioritize/dataset", content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 200, answer.text
+        scores = {h["Host"]: h["Score"] for h in answer.json()}
+        filtered = http.post("/filter", content=args_body(_worker(4), _nodes(), node_cache_capable=False),
+                             headers={"Content-Type": "application/json"}).json()  # fmt: skip
+    # held / (S / N): 10 of 10 GB, then 5 of 10 GB plus peer credit over the shared subnet,
+    # then 5 of 10 GB alone, then a copy being fetched (4 GB at half weight), then nothing
+    assert scores["member-full"] == 10 and scores["nothing"] == 0
+    assert scores["member-full"] > scores["member-half"] > scores["member-alone"] > scores["fetching"] > 0
+    assert len(scores) == 5 and len(filtered["Nodes"]["items"]) == 5  # a score, never a filter
+
+
+def test_a_smaller_job_needs_more_of_the_version_on_each_node() -> None:
+    framework = Framework(Settings())
+    reader = NodeReader()
+    facts = [reader.read(n) for n in _nodes()]
+    four = framework.dataset_scores(framework.read_pod(_worker(4)), facts)
+    one = framework.dataset_scores(framework.read_pod(_worker(1)), facts)
+    # four workers: each reads 10 GB, so 10 GB held is all of it (raws 1, 0.75, 0.5, 0.2, 0)
+    assert four == [10, 7, 5, 2, 0]
+    # one worker reads all 40 GB: what is held counts for a quarter as much, and the members
+    # with a group peer on their subnet keep most of their score through peer credit
+    # (raws 0.625, 0.5625, 0.125, 0.05, 0)
+    assert one == [10, 9, 2, 0, 0]
+
+
+def test_the_names_only_path_takes_partial_holdings_too() -> None:
+    from scheduler_plugin.columns import NodeColumns
+
+    reader = NodeReader()
+    facts = {n["metadata"]["name"]: reader.read(n) for n in _nodes()}  # type: ignore[index]
+    columns = NodeColumns(facts)
+    framework = Framework(Settings())
+    request = framework.read_pod(_worker(4))
+    names = list(facts)
+    via_columns = framework.prioritize_selection(request, columns.select(names), lambda: facts.values(), "dataset")
+    assert via_columns == framework.dataset_scores(request, list(facts.values()))
+    assert via_columns[0] == 10 and 0 < via_columns[3] < 10  # not the all-or-nothing 10/0
+    columns.drop("member-full")
+    columns.drop("member-half")
+    columns.drop("member-alone")
+    columns.drop("fetching")
+    assert not columns.partly_held(request.datasets)

@@ -122,3 +122,18 @@ def test_without_counts_the_plan_is_the_lru_plan(candidates: list[Candidate], si
     plan = plan_for_fetch(blind, size=size, free=free)
     lru = lru_order(blind)
     assert list(plan.victims) == lru[: len(plan.victims)]
+
+
+def test_stripe_shares_go_after_replicated_copies_and_before_last_copies() -> None:
+    """docs/design-striping.md#eviction: a share costs the group only its own bundles."""
+    from dsagent.cache.eviction import idle_victims, unused_victims
+
+    share = Candidate("big", D, 30, 9.0, striped=True)
+    busy_share = Candidate("busier", D, 30, 0.0, striped=True, fetching=True)  # being filled or read
+    candidates = [c("last", 30, 0, 0), share, c("shared", 30, 5, 1), busy_share]
+    assert [v.name for v in eviction_order(candidates)] == ["shared", "big", "last"]
+    assert [v.name for v in plan_for_fetch(candidates, size=40, free=0).victims] == ["shared", "big"]
+    assert [v.name for v in plan_for_fetch(candidates, size=20, free=0).victims] == ["shared"]
+    # shares have leases of their own: neither the idle sweep nor --all-unused takes them
+    assert share not in idle_victims(candidates, now=1e9, idle_ttl=1)
+    assert share not in unused_victims(candidates)

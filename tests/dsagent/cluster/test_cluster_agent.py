@@ -650,3 +650,34 @@ def test_a_pod_s_datasets_are_events_on_the_pod_caching_ready_and_failed_with_co
     assert failed["type"] == "Warning" and failed["note"].startswith("dataset gone: not_found: ")
     assert "(" in failed["note"]  # the hint
     assert len(events.get("DatasetCaching", [])) <= 2
+
+
+def test_a_pod_reading_only_striped_versions_gets_no_task_and_may_read_its_stripes(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """docs/design-striping.md#start: its datasets come from the node's shares, which the
+    controller holds; a whole copy would not fit. Its annotation still names them, which
+    lets it read them through the agent (``pod_datasets``); another pod's does not."""
+    from dsagent.webhook.mutation import STRIPE_WAIT_CONTAINER
+
+    apiserver.create(make_node(NODE))
+    apiserver.create(make_dataset("web", source="memory://nowhere/web"))  # resolvable: a task could be made
+    pod = make_pod("p", annotations={"dsagent.io/datasets": "web"})
+    striped = ResolvedDataset("web", "s3://ml/web", "s3://ml/packs", stripe_digest="c" * 32)
+    pod = json_patch(pod, mutate(pod, (striped,), Injection(image="img:1")))
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == [STRIPE_WAIT_CONTAINER]
+    pod["spec"]["nodeName"] = NODE
+    uid = apiserver.create(pod)["metadata"]["uid"]
+    other = apiserver.create(make_pod("q", node_name=NODE, annotations={"dsagent.io/datasets": "coco"}))
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            assert agent._watch is not None
+            watch = agent._watch
+            await until(lambda: watch.has_pod(uid) and watch.has_pod(other["metadata"]["uid"]), what="the pods")
+            await asyncio.sleep(0.3)
+            assert uid not in agent._tasks and await task_or_none(agent.service, uid) is None
+            assert await agent.service.pod_names_dataset(uid, "web")
+            assert not await agent.service.pod_names_dataset(other["metadata"]["uid"], "web")
+
+    asyncio.run(scenario())

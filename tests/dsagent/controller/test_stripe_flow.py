@@ -91,3 +91,66 @@ def test_an_unreachable_member_is_reported_never_ready() -> None:
         agent_urls={"n1": "http://n1"},
     )
     assert answer["state"] == "Filling" and answer["nodes"][0]["state"] == "unreachable"
+
+
+def _topology(subnet: str) -> str:
+    return json.dumps(
+        {
+            "version": 1,
+            "gpus": [{"index": 0, "uuid": "GPU-a", "numaNode": 0, "cpuAffinity": "0-7"}],
+            "nics": [{"name": "mlx5_0", "numaNode": 0, "addresses": [f"{subnet}.2/24"], "subnets": [f"{subnet}.0/24"]}],
+            "links": {"GPU0": {"mlx5_0": "PIX"}},
+        }
+    )
+
+
+def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dropped_members(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    from tests.fake_apiserver import make_pod
+
+    # n1 runs the job; n2 and n3 have the most room but sit on another RoCE subnet than n1;
+    # n4 and n5 share n1's subnet
+    frees = {"n1": 10 * GB, "n2": 95 * GB, "n3": 90 * GB, "n4": 70 * GB, "n5": 65 * GB}
+    subnet = {"n1": "10.1.0", "n2": "10.2.0", "n3": "10.2.0", "n4": "10.1.0", "n5": "10.1.0"}
+    for node, free in frees.items():
+        annotations = {
+            "dsagent.io/inventory": _inventory(node, free=free),
+            "dsagent.io/topology": _topology(subnet[node]),
+        }
+        apiserver.create(make_node(node, annotations=annotations))
+        apiserver.create(agent_pod(node))
+    apiserver.create(make_node("n6", annotations={"dsagent.io/topology": "{not json"}))  # hostile: ignored
+    ds = make_dataset("big", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 150 * GB})
+    ds["spec"]["stripe"] = {"members": 3}
+    apiserver.create(ds)
+    apiserver.create(make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "big"}))
+    apiserver.create(make_pod("other-ns", namespace="x", node_name="n2", annotations={"dsagent.io/datasets": "big"}))
+    asked: list[tuple[str, str, str]] = []
+
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
+        asked.append((node, method, path))
+        if method == "DELETE":
+            return 200, {"name": "big", "released": [DIGEST]}
+        return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 50 * GB}
+
+    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
+    ctl = DatasetController(api_client, settings, clock=Clock())
+    ctl.agent_call = agent
+    ctl.reconcile_all()
+    members = [n["node"] for n in apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"]]
+    # the job's node although nearly full, then room in its subnet (not the roomier n2, n3)
+    assert members == ["n1", "n4", "n5"]
+    # fewer members: the dropped one is told to release its share
+    apiserver.patch("datasets", "big", {"spec": {"stripe": {"members": 2}}}, "ml")
+    asked.clear()
+    ctl.reconcile_all()
+    stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
+    assert [n["node"] for n in stripe["nodes"]] == ["n1", "n4"]
+    assert [a for a in asked if a[1] == "DELETE"] == [("n5", "DELETE", f"/v1/stripes/big?digest={DIGEST}")]
+    # striping switched off: every member releases its share
+    apiserver.patch("datasets", "big", {"spec": {"stripe": None}}, "ml")
+    asked.clear()
+    ctl.reconcile_all()
+    assert sorted(node for node, method, _ in asked if method == "DELETE") == ["n1", "n4"]
+    assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["state"] == "Off"

@@ -1,0 +1,185 @@
+"""A share's life on one real agent: leased like a task, released on request, counted in the
+cache's space and evicted in the design's order, and read only by the pods that ask for it.
+
+A real ``dsagent serve`` on its unix socket and a bundle store served over loopback HTTP; the
+test process is also a pod of the node (its cgroup names a kubepods pod UID, as in
+``tests/dsagent/api/test_pod_rights.py``), so the agent identifies it with ``SO_PEERCRED``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dsagent.format.bundle import pack
+from dsagent.format.manifest import Manifest
+from tests.dsagent.api.test_pod_rights import POD, fake_proc, unix_client
+from tests.dsagent.cli.test_agent_process import packed
+from tests.dsagent.conftest import write_tree
+from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer, allocated, wait_ready
+
+NODE = "node-a"
+
+
+def _store(www: Path, name: str = "imgs", count: int = 24) -> Manifest:
+    files = {f"d{i % 3}/f{i:03d}.bin": os.urandom(3000 + 97 * i) for i in range(count)}
+    write_tree(www / f"src-{name}", files)
+    return pack(www / f"src-{name}", www / "store", name=name, max_files=4)
+
+
+def _hold(client: httpx.Client, url: str, **extra: Any) -> httpx.Response:
+    return client.put("/v1/stripes/imgs", json={"store": f"{url}/store", "members": [NODE], **extra})
+
+
+def _wait_complete(client: httpx.Client, digest: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        status = client.get(f"/v1/stripes/imgs/{digest}").json()
+        if status.get("complete") or time.monotonic() > deadline:
+            return dict(status)
+        time.sleep(0.05)
+
+
+def _pod_agent(agent_factory: Any, tmp_path: Path, **env: str) -> Any:
+    cgroup = f"0::/kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
+    proc = fake_proc(tmp_path / "proc", os.getpid(), cgroup)
+    return agent_factory(env={"DSAGENT_PROC_ROOT": str(proc), "DSAGENT_NODE_NAME": NODE, **env})
+
+
+def test_a_pod_reads_only_the_stripes_its_own_task_names(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    www, url, _ = loopback
+    manifest = _store(www)
+    agent = _pod_agent(agent_factory, tmp_path)
+    bundle = manifest.bundles[0]
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}"
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        assert _hold(operator, url).status_code == 200
+        _wait_complete(operator, manifest.digest)
+        # a pod without a task, then with a task naming another dataset: refused
+        refused = pod.get(route)
+        assert refused.status_code == 403 and refused.json()["code"] == "forbidden", refused.text
+        other = {"name": "other", "source": "memory://stripe-lease/none"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [other]}).status_code == 200
+        assert pod.get(route).status_code == 403
+        assert pod.delete(f"/v1/tasks/{POD}").status_code == 200
+        # its own task names the dataset: the bundle's files, as a plain tar
+        mine = {"name": "imgs", "source": "memory://stripe-lease/none"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        answer = pod.get(route)
+        assert answer.status_code == 200, answer.text
+        with tarfile.open(fileobj=BytesIO(answer.content)) as tar:
+            names = tar.getnames()
+        assert names == [e.path for e in manifest.bundle_entries(bundle)]
+        # a pod neither holds nor releases a share: operators do
+        assert _hold(pod, url).status_code == 403
+        assert pod.delete("/v1/stripes/imgs").status_code == 403
+        assert operator.get(route).status_code == 200  # operators read any
+
+
+def test_a_share_not_held_again_within_its_lease_is_dropped(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    www, url, _ = loopback
+    manifest = _store(www)
+    agent = _pod_agent(agent_factory, tmp_path, DSAGENT_SWEEP_INTERVAL="0.2")
+    share = agent.root / "stripes" / "imgs" / manifest.digest
+    with unix_client(agent, ADMIN_TOKEN) as operator:
+        assert _hold(operator, url, leaseSeconds=1.5).status_code == 200
+        assert _wait_complete(operator, manifest.digest)["complete"]
+        # renewed (asked again) every 0.3 s for 3 s: twice its lease, still held
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            assert _hold(operator, url, leaseSeconds=1.5).status_code == 200
+            time.sleep(0.3)
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 200
+        # no longer renewed: gone within the lease and a sweep, files and all
+        deadline = time.monotonic() + 10
+        while operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 200:
+            assert time.monotonic() < deadline, "the share outlived its lease"
+            time.sleep(0.1)
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404
+        assert not share.exists()
+        assert "imgs" not in operator.get("/v1/inventory").json().get("stripes", {})
+        bad = _hold(operator, url, leaseSeconds=0)
+        assert bad.status_code == 400, bad.text
+
+
+def _dsctl(agent: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN}
+    return subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", *args, "--socket", str(agent.socket)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_dsctl_stripe_release_drops_the_share_now(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    import json
+
+    www, url, _ = loopback
+    manifest = _store(www)
+    agent = _pod_agent(agent_factory, tmp_path)
+    share = agent.root / "stripes" / "imgs" / manifest.digest
+    with unix_client(agent, ADMIN_TOKEN) as operator:
+        assert _hold(operator, url).status_code == 200
+        assert _wait_complete(operator, manifest.digest)["complete"]
+        assert share.is_dir()
+        done = _dsctl(agent, "stripe", "release", "imgs", "-o", "json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"name": "imgs", "released": [manifest.digest]}
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404
+        assert not share.exists()
+        again = _dsctl(agent, "stripe", "release", "imgs")
+        assert again.returncode == 3 and "no share" in again.stderr, (again.returncode, again.stderr)
+        assert operator.delete("/v1/stripes/imgs", params={"digest": "nothex"}).status_code == 400
+    # released means released: a restarted agent does not hold it again
+    agent.stop()
+    agent.start()
+    with unix_client(agent, ADMIN_TOKEN) as operator:
+        time.sleep(0.5)
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404
+
+
+def test_shares_count_in_the_space_and_go_after_replicated_copies_before_last_copies(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    """Capacity for the share and one small whole version (a last copy: no other node holds
+    it); a larger fetch needs room: the share goes, the last copy stays."""
+    www, url, _ = loopback
+    manifest = _store(www, count=30)
+    _, small, small_manifest = packed(www, url, "small", files=8, size=4000)
+    _, large, large_manifest = packed(www, url, "large", files=12, size=9000)
+    on_disk = {m.name: allocated(m.total_bytes, m.file_count, tmp_path) for m in (small_manifest, large_manifest)}
+    # room: the share, plus the small copy, plus a bit; the large one needs 1.2x its disk
+    capacity = manifest.total_bytes + on_disk["small"] + on_disk["large"] // 2
+    agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})  # no pod here
+    with unix_client(agent, ADMIN_TOKEN) as operator, agent.client() as client:
+        assert _hold(operator, url).status_code == 200
+        assert _wait_complete(operator, manifest.digest)["complete"]
+        space = operator.get("/v1/datasets").json()
+        assert space["usedBytes"] >= manifest.total_bytes  # the share counts as used
+        assert space["freeBytes"] <= capacity - manifest.total_bytes
+        assert operator.get("/v1/inventory").json()["stripes"]["imgs"]["heldBytes"] == manifest.total_bytes
+        client.submit_task("t-small", [small])
+        assert wait_ready(client, "t-small")["state"] == "ready"
+        client.release_task("t-small")  # unused now: a last copy, evictable
+        client.submit_task("t-large", [large])
+        record = wait_ready(client, "t-large")
+        assert record["state"] == "ready", record
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404  # the share went
+        held = {d["name"] for d in operator.get("/v1/datasets").json()["datasets"]}
+        assert {"small", "large"} <= held, held  # the last copy stayed
