@@ -24,6 +24,7 @@ and worker, running beside the compute); the order of epochs inside a job is not
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from dsagent.cache.eviction import Candidate, plan_for_fetch
 from gpu_topology.scoring import single_numa
@@ -70,7 +71,13 @@ class Reads(Flows):
             if index == 0:  # the job's pods together: first epochs (filling the cache), then the rest
                 self._request_shared_cache(out, key, d)
             self._data_ready(out)
-        elif self.policy in STRIPE and stripe.needs_group(d.size, self.params.cache_bytes):
+        elif self.policy in STRIPE and (
+            stripe.needs_group(d.size, self.params.cache_bytes) or getattr(worker.node.cache.get(key), "stripe", False)
+        ):  # bigger than a node, or this node holds a share of the version's group
+            self._request_stripe(job, worker, index, key, d, epochs, share)
+        elif self.policy in STRIPE and epochs < 1.0 and key not in worker.node.cache and key not in self.ready_copies:
+            # admission: a job reading part of an epoch does not fetch a whole copy from the
+            # store; it reads through a group, whose owners keep the bundles it reads
             self._request_stripe(job, worker, index, key, d, epochs, share)
         else:
             self._request_ours(job, worker, index, key, d, first, later)
@@ -113,23 +120,39 @@ class Reads(Flows):
             entry.users += 1
             entry.last_used = self.now
             self.touch(node)
-            self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
-            if entry.ready:
-                self.hits += 1
-                worker.hit = True
-                self._data_ready(out)
-            else:
-                self.inflight[(node.index, key)].waiters.append((job, index))
+            fill = None if entry.ready else self.inflight[(node.index, key)]
+            self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill if self.early else None)
+            if fill is not None and not self.early:
+                fill.waiters.append((job, index))
+                return
+            worker.hit = fill is None
+            self.hits += worker.hit
+            self._data_ready(out)
             return
-        if not self._make_room(node, d.size):  # no room: read from the store every epoch
-            self.uncached_reads += 1
+        if not self._make_room(node, d.size):  # no room on this node
+            if self.policy in STRIPE:  # the cluster's cache, not the store: a ready copy, else a group
+                self._read_elsewhere(job, worker, index, key, d, first, later)
+                return
+            self.uncached_reads += 1  # ours: read from the store every epoch
             self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, later), kept=False)
             self._data_ready(out)
             return
         node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
         self.touch(node)
-        self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
-        self._fetch_version(node, key, d.size, cached=True, waiter=(job, index))
+        if not self.early:
+            self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
+            self._fetch_version(node, key, d.size, cached=True, waiter=(job, index))
+            return
+        self._fetch_version(node, key, d.size, cached=True, waiter=None)  # +early: train as bundles land
+        fill = self.inflight[(node.index, key)]
+        self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill)
+        self._data_ready(out)
+
+    @property
+    def early(self) -> bool:
+        """``+early``: training starts when the first bundles are local, its local reads
+        following the copy's fetch."""
+        return self.policy == "ours+stripe+early"
 
     def _fetch_version(
         self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
@@ -143,6 +166,8 @@ class Reads(Flows):
         sources: tuple[int, ...] = ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
+        elif self.params.peers and self._whole_group(key, node):
+            source, sources = "peer", tuple(m for m in self.stripes[key].members if m != node.index)
         elif self.params.peers:
             after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
             if after is not None:
@@ -153,7 +178,19 @@ class Reads(Flows):
         if cached:
             self.inflight[(node.index, key)] = fetch
 
-    def _make_room(self, node: Node, size: int) -> bool:
+    def _whole_group(self, key: tuple[str, int], node: Node) -> bool:
+        """Whether a group holds every bundle of the version ready (a whole copy comes from
+        its members by bundle, as from a peer holding it)."""
+        group = self.stripes.get(key)
+        if group is None or len(group.holding) < len(group.members):
+            return False
+        return all(group.fill.get(m, 0.0) >= 1.0 for m in group.members if group.owned.get(m, 0.0) > 0)
+
+    def _make_room(self, node: Node, size: int, *, dry_run: bool = False) -> bool:
+        """Room for ``size`` bytes by the agent's eviction policy (``plan_for_fetch``); with a
+        group policy (``ours+stripe``) in tiers: versions other nodes hold ready and idle
+        stripe shares first, a last copy only when those cannot free enough (within a tier
+        the product's order: most other copies, then least recently used)."""
         aware = self.policy in OURS
         candidates = [
             Candidate(
@@ -167,11 +204,21 @@ class Reads(Flows):
             )
             for (name, version), e in node.cache.items()
         ]
-        plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
+        free = self.params.cache_bytes - node.used_bytes
+        plan = None
+        if self.policy in STRIPE:
+            last = {
+                k for k, e in node.cache.items() if not e.stripe and self.copy_counts.others(self, k, e.ready) == 0
+            }
+            spare = [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in last else c for c in candidates]
+            plan = plan_for_fetch(spare, size=size, free=free)
+        if plan is None or not plan.sufficient:
+            plan = plan_for_fetch(candidates, size=size, free=free)
         if not plan.sufficient:
             return False
-        for victim in plan.victims:
-            self._forget(node, (victim.name, int(victim.digest, 16)))
+        if not dry_run:
+            for victim in plan.victims:
+                self._forget(node, (victim.name, int(victim.digest, 16)))
         return True
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
@@ -233,11 +280,35 @@ class Reads(Flows):
 
     # -- ours+stripe ----------------------------------------------------------------------
 
+    def _read_elsewhere(
+        self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, first: float, later: float
+    ) -> None:
+        """A version that fits one node but not this one now (its cache is held by pods):
+        read from the nodes holding it ready (the peer protocol, every epoch), else from a
+        group of nodes with room (formed as for a version bigger than a node), the store
+        only when neither exists."""
+        holders = tuple(sorted(self.ready_copies.get(key, set()) - {worker.node.index}))
+        if holders:
+            self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders)
+            self._data_ready(self.outcomes[job.id])
+            return
+        total = first + later
+        share = total / (self.outcomes[job.id].epochs * self.outcomes[job.id].remaining * d.size or 1.0)
+        self._request_stripe(job, worker, index, key, d, total / (d.size * share or 1.0), share)
+
     def _request_stripe(
         self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, epochs: float, share: float
     ) -> None:
+        """Rank-affine reads through the version's group, from the first step on: each rank
+        reads the bundles its own node owns, and its share of the bundles owned by members
+        outside the job; a bundle its owner holds is read from that disk, one it does not
+        hold yet is read from the store once, through its owner, which keeps it (each miss
+        filled once, only what the job reads: a job reading part of an epoch fills part of
+        the group); a lost share (a hole) is read from the store."""
         out, node = self.outcomes[job.id], worker.node
-        group = self._stripe_group(out, key, d.size) if index == 0 else self.stripes.get(key)
+        group = self.stripes.get(key)
+        if group is None or (job.id, out.start) not in group.jobs:  # formed or repaired once per start
+            group = self._stripe_group(out, key, d.size)
         if group is None:  # no group could be formed: the store every epoch, as ours
             head_bytes = min(epochs, 1.0) * d.size * share
             tail_bytes = epochs * d.size * share - head_bytes
@@ -246,83 +317,129 @@ class Reads(Flows):
             self._data_ready(out)
             return
         group.users += 1
+        group.readers[job.id] = group.readers.get(job.id, 0) + 1
         job_nodes = {w.node.index for w in out.workers}
-        owned_here = sum(group.owned.get(m, 0.0) for m in job_nodes)
-        mine = group.owned.get(node.index, 0.0) if node.index in group.holding else 0.0
-        hole = sum(v for m, v in group.owned.items() if m not in group.holding)  # lost shares: the store
-        per_epoch = Split(mine, max(0.0, d.size - owned_here - hole) * share, hole * share)
-        head = min(epochs, 1.0)
-        first = Split(per_epoch.local * head, per_epoch.remote * head, per_epoch.store * head)
-        rest = max(0.0, epochs - head)
-        later = Split(per_epoch.local * rest, per_epoch.remote * rest, per_epoch.store * rest)
+        head, rest = min(epochs, 1.0), max(0.0, epochs - min(epochs, 1.0))
+        first, later, hole = Split(0.0, 0.0, 0.0), Split(0.0, 0.0, 0.0), 0.0
+        for m, owned in group.owned.items():
+            if m in job_nodes and m != node.index:
+                continue  # another rank's bundles
+            part = owned if m == node.index else owned * share
+            if m not in group.holding:
+                hole += part
+                first += Split(0.0, 0.0, part * head)
+                later += Split(0.0, 0.0, part * rest)
+                continue
+            was = group.fill.get(m, 0.0)
+            now = was + head * (1.0 - was)  # the bundles of this part the first epoch reads, kept by m
+            cached = Split(part, 0.0, 0.0) if m == node.index else Split(0.0, part, 0.0)
+            first += Split(cached.local * was * head, cached.remote * was * head, part * (1.0 - was) * head)
+            later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
+            if m == node.index or m not in job_nodes:
+                group.fill[m] = was + head * (part / owned if owned else 0.0) * (1.0 - was)
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
-        fill = self.inflight.get((node.index, key))
         entry = node.cache.get(key)
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
-        early = self.policy == "ours+stripe+early"
-        self._plan(worker, first, later, sources=sources, kept=False, after=fill if early else None)
-        if fill is not None and not early:
-            fill.waiters.append((job, index))
-            return
-        worker.hit = fill is None and entry is not None
+        self._plan(worker, first, later, sources=sources, kept=hole == 0)
+        worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
 
     def _stripe_group(self, out: Outcome, key: tuple[str, int], size: int) -> stripe.Group | None:
-        """The version's group, formed or repaired for this job: its nodes first, then nodes
-        holding bundles, then nodes with room in the job's subnet; each member's missing
-        share fetched from the store (held while the version is read)."""
-        cache = self.params.cache_bytes
+        """The version's group, formed or repaired for this job; each member's missing share
+        fetched from the store (held while the version is read). Owners are drawn over the
+        group's slots (:func:`stripe.owners`); a slot's node is recorded with the group, so a
+        member that lost its share and cannot make room again hands its slot, and only its
+        slot's bundles, to a node that can (a hole only when none can)."""
         group = self.stripes.get(key)
-        job_nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers)]
         if group is None:
-            need = max(stripe.members_needed(size, cache), len(job_nodes))
-            layout = {c.name for c in job_nodes[0].type.classes}
-            taken = {n.index for n in job_nodes}
-            others = sorted(
-                (n for n in self.nodes if n.index not in taken and {c.name for c in n.type.classes} == layout),
-                key=lambda n: (-self._evictable(n), n.index),
-            )
-            candidates = job_nodes + others
-            members: list[Node] = []
-            for n in candidates:
-                if len(members) >= need:
-                    break
-                if self._evictable(n) >= stripe.HEADROOM * size / need:
-                    members.append(n)
-            if len(members) < stripe.members_needed(size, cache):
+            members = self._choose_members(out, key, size)
+            if members is None:
                 return None
-            ids = tuple(sorted(n.index for n in members))
-            group = self.stripes[key] = stripe.Group(key, ids, self._owners(key, size, ids))
-        for m in group.members:
-            node = self.nodes[m]
-            entry = node.cache.get(key)
+            group = self.stripes[key] = stripe.Group(key, members, self._slot_owners(key, size, members))
+        group.jobs.add((out.job.id, out.start))
+        for slot, m in enumerate(group.members):
+            node = self.nodes[m] if m >= 0 else None  # m < 0: a slot no node could hold yet
+            entry = node.cache.get(key) if node is not None else None
             if entry is not None:
                 entry.replica = True  # held by the controller's task while the version is read
+                entry.last_used = self.now
+                group.holding.add(m)
                 continue
             owned = int(group.owned[m])
             if owned <= 0:
                 group.holding.add(m)
                 continue
-            if not self._make_room(node, owned):  # a hole: its bundles come from the store
-                continue
-            node.cache[key] = CacheEntry(key[0], key[1], owned, self.now, replica=True, stripe=True)
+            if node is None or not self._make_room(node, owned):
+                taker = self._taker(out, group, owned)
+                if taker is None:  # a hole: its bundles come from the store
+                    continue
+                node = taker
+                group.holding.discard(m)
+                group.members = (*group.members[:slot], node.index, *group.members[slot + 1 :])
+                group.owned = {node.index if k == m else k: v for k, v in group.owned.items()}
+            # room for the whole share is made now; its bundles arrive as the readers read them
+            node.cache[key] = CacheEntry(key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True)
             self.touch(node)
-            fetch = self._new_fetch(node, key, owned, cached=True, waiter=None, unpack=True, on_done="stripe")
-            self.inflight[(m, key)] = fetch
-            group.holding.add(m)
+            group.fill[node.index] = 0.0
+            group.holding.add(node.index)
         return group
 
-    def _evictable(self, node: Node) -> int:
-        return self.params.cache_bytes - sum(e.size for e in node.cache.values() if e.in_use)
+    def _candidates(self, out: Outcome, exclude: set[int]) -> list[Node]:
+        """Nodes for a group's slots: the job's own nodes, then its subnet's (the same class
+        layout), then any other; the emptiest caches first."""
+        job_nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers) if i not in exclude]
+        layout = {c.name for c in out.workers[0].node.type.classes}
+        taken = {n.index for n in job_nodes} | exclude
+        others = sorted(
+            (n for n in self.nodes if n.index not in taken),
+            key=lambda n: ({c.name for c in n.type.classes} != layout, n.used_bytes, n.index),
+        )
+        return job_nodes + others
 
-    def _owners(self, key: tuple[str, int], size: int, members: tuple[int, ...]) -> dict[int, float]:
-        memo = self.owner_memo.get((key, members))
+    def _taker(self, out: Outcome, group: stripe.Group, owned: int) -> Node | None:
+        return next(
+            (n for n in self._candidates(out, set(group.members)) if self._make_room(n, owned, dry_run=True)), None
+        )
+
+    def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
+        """As few slots as hold the version with the agent's headroom (more when the job has
+        more nodes: every rank's node a member if it can), each slot given the first
+        candidate that can make room for that slot's share."""
+        candidates = self._candidates(out, set())
+        jobs = len({w.node.index for w in out.workers})
+        want = stripe.members_needed(size, self.params.cache_bytes)
+        for k in range(max(want, jobs), want - 1, -1):
+            shares = self._shares(key, size, k)
+            slots: dict[int, int] = {}
+            for slot in sorted(range(k), key=lambda s: -shares[s]):
+                n = next(
+                    (
+                        n
+                        for n in candidates
+                        if n.index not in slots.values() and self._make_room(n, int(shares[slot]), dry_run=True)
+                    ),
+                    None,
+                )
+                if n is not None:
+                    slots[slot] = n.index
+            if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
+                return tuple(slots.get(slot, -1 - slot) for slot in range(k))
+        return None
+
+    def _shares(self, key: tuple[str, int], size: int, slots: int) -> dict[int, float]:
+        """Bytes each of ``slots`` slots owns under rendezvous hashing of the version's bundles."""
+        memo = self.owner_memo.get((key, (slots,)))
         if memo is None:
-            memo = self.owner_memo[(key, members)] = stripe.owners(key, size, members)
+            memo = self.owner_memo[(key, (slots,))] = stripe.owners(key, size, tuple(range(slots)))
         return memo
+
+    def _slot_owners(self, key: tuple[str, int], size: int, members: tuple[int, ...]) -> dict[int, float]:
+        """Bytes each member owns: the rendezvous share of its slot."""
+        shares = self._shares(key, size, len(members))
+        return {m: shares[slot] for slot, m in enumerate(members)}
 
     # -- the first step and the end ----------------------------------------------------------
 
@@ -394,11 +511,11 @@ class Reads(Flows):
                     if e.users == 0 and newer:
                         self._forget(w.node, key)  # an old version goes when no task holds it
             self.touch(w.node)
-        if group is not None and self.policy in STRIPE and stripe.needs_group(d.size, self.params.cache_bytes):
-            group.users = max(0, group.users - len(out.workers))
+        if group is not None and out.job.id in group.readers:
+            group.users = max(0, group.users - group.readers.pop(out.job.id))
             if group.users == 0:  # nobody reads it: the controller's hold on each share ends
                 for m in group.members:
-                    entry = self.nodes[m].cache.get((d.name, version))
+                    entry = self.nodes[m].cache.get((d.name, version)) if m >= 0 else None
                     if entry is not None and entry.stripe:
                         entry.replica = False
                         entry.last_used = self.now

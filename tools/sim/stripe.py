@@ -33,7 +33,10 @@ class Group:
     members: tuple[int, ...]
     owned: dict[int, float]  # member -> bytes it owns
     holding: set[int] = field(default_factory=set)  # members whose share is on disk (or being fetched)
+    fill: dict[int, float] = field(default_factory=dict)  # member -> part of its share on its disk (0..1)
     users: int = 0  # pods reading the version now
+    readers: dict[int, int] = field(default_factory=dict)  # job id -> its pods reading through the group
+    jobs: set[tuple[int, float]] = field(default_factory=set)  # (job id, start) the group was repaired for
 
 
 def needs_group(size: float, cache_bytes: int) -> bool:
