@@ -243,7 +243,9 @@ class Reads(Flows):
             for one in firsts:
                 self.juicefs.fill(key, d.size, one.store, self.now)
             laters = [self.juicefs.split(key, d.size, w.node.index, tail * s) for w, s in zip(out.workers, shares)]
-            sources: list[tuple[int, ...]] = [() for _ in out.workers]  # spread over the ring
+            # spread over the ring: every other member serves its blocks, each member's upload
+            # shared among the reads it serves, as Fluid's workers and ours' peers are
+            sources: list[tuple[int, ...]] = [self.juicefs.serving(w.node.index) for w in out.workers]
         else:
             rt = self._fluid_runtime(d, out.workers[0].node)
             rt.readers += len(out.workers)
