@@ -129,7 +129,8 @@ class Reads(Flows):
             self.hits += worker.hit
             self._data_ready(out)
             return
-        if not self._make_room(node, d.size):  # no room on this node
+        held = self.policy in STRIPE and (key in self.ready_copies or key in self.stripes)
+        if not self._make_room(node, d.size, replica=held):  # no room on this node
             if self.policy in STRIPE:  # the cluster's cache, not the store: a ready copy, else a group
                 self._read_elsewhere(job, worker, index, key, d, first, later)
                 return
@@ -166,31 +167,43 @@ class Reads(Flows):
         sources: tuple[int, ...] = ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
-        elif self.params.peers and self._whole_group(key, node):
-            source, sources = "peer", tuple(m for m in self.stripes[key].members if m != node.index)
-        elif self.params.peers:
-            after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
-            if after is not None:
-                source, sources = "peer", (after.node.index,)
+        elif self.params.peers and (
+            after := next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
+        ):
+            source, sources = "peer", (after.node.index,)
+        elif self.params.peers and (grouped := self._group_bytes(key, node))[0] > 1.0:
+            # a group holds bundles of it: those come from their owners, the rest from the store
+            have, owners = grouped
+            if size - have <= 1.0:
+                source, sources = "peer", owners
+            else:
+                if waiter is not None:
+                    self.outcomes[waiter[0].id].pending += 1  # ready when both parts are in
+                self._new_fetch(
+                    node, key, have, cached=False, waiter=waiter, source="peer", sources=owners, unpack=True
+                )
+                size = math.ceil(size - have)
         fetch = self._new_fetch(
             node, key, size, cached=cached, waiter=waiter, source=source, sources=sources, unpack=True, after=after
         )
         if cached:
             self.inflight[(node.index, key)] = fetch
 
-    def _whole_group(self, key: tuple[str, int], node: Node) -> bool:
-        """Whether a group holds every bundle of the version ready (a whole copy comes from
-        its members by bundle, as from a peer holding it)."""
+    def _group_bytes(self, key: tuple[str, int], node: Node) -> tuple[float, tuple[int, ...]]:
+        """Bytes of the version its group's other members hold on disk, and those members."""
         group = self.stripes.get(key)
-        if group is None or len(group.holding) < len(group.members):
-            return False
-        return all(group.fill.get(m, 0.0) >= 1.0 for m in group.members if group.owned.get(m, 0.0) > 0)
+        if group is None:
+            return 0.0, ()
+        owners = tuple(m for m in group.members if m in group.holding and m != node.index and group.fill.get(m, 0.0) > 0)
+        return sum(group.owned[m] * group.fill[m] for m in owners), owners
 
-    def _make_room(self, node: Node, size: int, *, dry_run: bool = False) -> bool:
+    def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
         """Room for ``size`` bytes by the agent's eviction policy (``plan_for_fetch``); with a
-        group policy (``ours+stripe``) in tiers: versions other nodes hold ready and idle
-        stripe shares first, a last copy only when those cannot free enough (within a tier
-        the product's order: most other copies, then least recently used)."""
+        group policy (``ours+stripe``) in tiers: versions other nodes also hold ready first,
+        then idle stripe shares, a last copy only when those cannot free enough (within a
+        tier the product's order: most other copies, then least recently used). A
+        ``replica`` (a version the cluster already holds) is made only from the first tier:
+        a second copy never costs the cluster the last copy of something else."""
         aware = self.policy in OURS
         candidates = [
             Candidate(
@@ -204,17 +217,21 @@ class Reads(Flows):
             )
             for (name, version), e in node.cache.items()
         ]
-        free = self.params.cache_bytes - node.used_bytes
-        plan = None
+        tiers = [candidates]
         if self.policy in STRIPE:
-            last = {
-                k for k, e in node.cache.items() if not e.stripe and self.copy_counts.others(self, k, e.ready) == 0
-            }
-            spare = [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in last else c for c in candidates]
-            plan = plan_for_fetch(spare, size=size, free=free)
-        if plan is None or not plan.sufficient:
-            plan = plan_for_fetch(candidates, size=size, free=free)
-        if not plan.sufficient:
+            shares = {k for k, e in node.cache.items() if e.stripe}
+            last = shares | {k for k, e in node.cache.items() if self.copy_counts.others(self, k, e.ready) == 0}
+
+            def keeping(kept: set[tuple[str, int]]) -> list[Candidate]:
+                return [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in kept else c for c in candidates]
+
+            tiers = [keeping(last)] if replica else [keeping(last), keeping(last - shares), candidates]
+        free = self.params.cache_bytes - node.used_bytes
+        for tier in tiers:
+            plan = plan_for_fetch(tier, size=size, free=free)
+            if plan.sufficient:
+                break
+        else:
             return False
         if not dry_run:
             for victim in plan.victims:
@@ -340,6 +357,11 @@ class Reads(Flows):
             if m == node.index or m not in job_nodes:
                 group.fill[m] = was + head * (part / owned if owned else 0.0) * (1.0 - was)
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
+        holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
+        if holders:  # whole copies elsewhere: what the group lacks comes from them, not the store
+            first = Split(first.local, first.remote + first.store, 0.0)
+            later = Split(later.local, later.remote + later.store, 0.0)
+            sources = tuple(sorted({*sources, *holders}))
         entry = node.cache.get(key)
         if entry is not None:
             entry.users += 1
