@@ -429,13 +429,19 @@ class Reads(Flows):
         )
 
     def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
-        """As few slots as hold the version with the agent's headroom (more when the job has
-        more nodes: every rank's node a member if it can), each slot given the first
-        candidate that can make room for that slot's share."""
+        """The group's slots, each given the first candidate that can make room for that
+        slot's share. As many slots as the job's subnet has nodes (at most one per bundle,
+        at least as many as hold the version with the agent's headroom, and every rank's
+        node among them if it can): spread as a JuiceFS group or an Alluxio runtime spreads
+        its blocks, so that many members serve a version's readers at once and each share
+        is small; fewer when not that many nodes can make room."""
         candidates = self._candidates(out, set())
+        layout = {c.name for c in out.workers[0].node.type.classes}
+        subnet = sum(1 for n in candidates if {c.name for c in n.type.classes} == layout)
         jobs = len({w.node.index for w in out.workers})
         want = stripe.members_needed(size, self.params.cache_bytes)
-        for k in range(max(want, jobs), want - 1, -1):
+        k = max(want, jobs, min(subnet, stripe.bundles(size)))
+        while True:
             shares = self._shares(key, size, k)
             slots: dict[int, int] = {}
             for slot in sorted(range(k), key=lambda s: -shares[s]):
@@ -451,7 +457,9 @@ class Reads(Flows):
                     slots[slot] = n.index
             if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
                 return tuple(slots.get(slot, -1 - slot) for slot in range(k))
-        return None
+            if k == want:
+                return None
+            k = max(want, min(k - 1, len(slots)))
 
     def _shares(self, key: tuple[str, int], size: int, slots: int) -> dict[int, float]:
         """Bytes each of ``slots`` slots owns under rendezvous hashing of the version's bundles."""

@@ -51,19 +51,24 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def bundles(size: float) -> int:
+    """How many bundles a version of ``size`` bytes packs into."""
+    return max(1, math.ceil(size / BUNDLE_BYTES))
+
+
 def owners(key: tuple[str, int], size: float, members: tuple[int, ...]) -> dict[int, float]:
     """Bytes each member owns under rendezvous hashing of the version's bundles."""
-    bundles = max(1, math.ceil(size / BUNDLE_BYTES))
+    count = bundles(size)
     seed = _mix(sum(ord(c) * 131**i for i, c in enumerate(key[0])) ^ (key[1] << 32))
     salts = [(_mix(seed ^ (m + 1) * 0x632BE59BD9B4E019), m) for m in members]
     counts = dict.fromkeys(members, 0)
-    for b in range(bundles):
+    for b in range(count):
         hb = _mix(seed + b)
         best = max(salts, key=lambda s: _mix(hb ^ s[0]))
         counts[best[1]] += 1
-    last = size - (bundles - 1) * BUNDLE_BYTES  # the last bundle is short
+    last = size - (count - 1) * BUNDLE_BYTES  # the last bundle is short
     per = {m: float(c * BUNDLE_BYTES) for m, c in counts.items()}
-    if bundles:
+    if count:
         top = max(members, key=lambda m: counts[m])
         per[top] -= BUNDLE_BYTES - last
     return per
@@ -73,4 +78,4 @@ def members_needed(size: float, cache_bytes: int) -> int:
     return max(1, math.ceil(size * HEADROOM / cache_bytes)) if cache_bytes > 0 else 0
 
 
-__all__ = ["BUNDLE_BYTES", "HEADROOM", "Group", "members_needed", "needs_group", "owners"]
+__all__ = ["BUNDLE_BYTES", "HEADROOM", "Group", "bundles", "members_needed", "needs_group", "owners"]
