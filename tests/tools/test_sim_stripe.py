@@ -102,23 +102,34 @@ def test_a_version_another_node_holds_ready_is_read_from_it_when_this_node_has_n
 
 
 def test_a_member_that_cannot_hold_its_share_again_hands_its_slot_to_a_node_that_can() -> None:
+    # six nodes; two are full of a running job's data when the group forms, so it forms on
+    # the other four. Later one member loses its share and its cache is taken; the two
+    # nodes are free again by then: one takes over the slot, and only the slot's bundles
+    # come from the store again
     data = [Dataset("ds000", 3 * TB, (0.0,))]
-    sim = run("ours+stripe", [job(0, 0.0)], data, cluster(nodes=6))
+    sim = Simulation("ours+stripe", [job(0, 0.0)], data, cluster(nodes=6), seed=3)
+    busy = [sim.nodes[4], sim.nodes[5]]
+    for n in busy:
+        n.cache[("other", 0)] = CacheEntry("other", 0, int(0.9 * TB), 0.0, users=1, ready=True)
+    sim.run()
     key = ("ds000", 0)
     group = sim.stripes[key]
-    lost = next(m for m in group.members if group.owned[m] > 0 and m != sim.outcomes[0].workers[0].node.index)
+    original = set(group.members)
+    assert original == {0, 1, 2, 3}
+    for n in busy:
+        n.cache[("other", 0)].users = 0  # that job is gone: evictable
+    lost = next(m for m in group.members if m != sim.outcomes[0].workers[0].node.index)
     share = group.owned[lost]
     node = sim.nodes[lost]
-    original = set(group.members)
     sim._forget(node, key)  # evicted while idle, then its cache taken by a running job's copy
-    node.cache[("other", 0)] = CacheEntry("other", 0, int(0.9 * TB), sim.now, users=1, ready=True)
+    node.cache[("held", 0)] = CacheEntry("held", 0, int(0.9 * TB), sim.now, users=1, ready=True)
     before = sim.storage_bytes
     sim.jobs = [job(1, sim.now + 10.0)]
     sim.outcomes[1] = type(sim.outcomes[0])(sim.jobs[0], epochs=3.0)
     sim.run()
-    assert lost not in group.members and len(group.members) == 4
+    assert lost not in group.members and len(group.members) == len(original)
     (taker,) = set(group.members) - original
-    assert group.owned[taker] == share and taker in group.holding
+    assert group.owned[taker] == share and taker in group.holding and taker in {4, 5}
     # only the slot's bundles come from the store again, once over three epochs
     assert sim.storage_bytes - before == pytest.approx(share)
 
