@@ -159,3 +159,21 @@ def test_juicefs_remote_reads_are_limited_by_the_serving_members_uploads() -> No
     assert slow.storage_bytes == fast.storage_bytes == pytest.approx(TB)
     # job 1 reads three quarters of every epoch from the three other members
     assert slow.outcomes[1].end - slow.outcomes[1].first_step > 2 * (fast.outcomes[1].end - fast.outcomes[1].first_step)
+
+
+def test_the_results_page_sets_the_striped_policies_against_fluids_best_setting() -> None:
+    from tools.sim.results import goals
+
+    def figures(local: float, store: float, ttfs: float) -> dict[str, float]:
+        return {"local_fraction": local, "storage_bytes": store, "ttfs_mean_s": ttfs}
+
+    doc = {
+        "policies": {
+            "fluid-r1": figures(0.2, 3 * TB, 50.0),
+            "fluid-r4": figures(0.1, 2 * TB, 100.0),
+            "juicefs": figures(0.01, 1 * TB, 10.0),  # not Fluid: not the reference
+            "ours+stripe": figures(0.4, 2 * TB, 60.0),
+        }
+    }
+    (row,) = [line for line in goals({"w": doc}) if line.startswith("| w |")]
+    assert row == "| w | ours+stripe | 1.00x (fluid-r4) | 2.00x (fluid-r1) | **1.20x (fluid-r1)** |"
