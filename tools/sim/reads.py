@@ -13,9 +13,11 @@ first step waits only for what the policy waits for. The models (docs/simulator.
   at the unpack rate), the first step when it is ready, every epoch from local disk; a
   version the node cannot make room for is read from the store every epoch, as a
   direct-mode pod does.
-- ``ours+stripe``: a version bigger than a node, striped over a group
-  (:mod:`tools.sim.stripe`), read rank-affine; the first step when the node's own share
-  is on disk (``+early``: at once, its local reads following the share's fetch).
+- ``ours+stripe``: a version bigger than a node, one the pod's node cannot make room for,
+  or one read for less than an epoch, striped over a group spanning the job's subnet
+  (:mod:`tools.sim.stripe`), filled as it is read, read rank-affine from the first step;
+  eviction in tiers (other nodes' copies, idle shares, last copies). ``+early``: whole
+  copies too start at once, their local reads following the copy's fetch.
 
 Training reads are aggregated per source over the job's epochs (one transfer per source
 and worker, running beside the compute); the order of epochs inside a job is not modelled.
