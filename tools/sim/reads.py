@@ -196,7 +196,9 @@ class Reads(Flows):
         group = self.stripes.get(key)
         if group is None:
             return 0.0, ()
-        owners = tuple(m for m in group.members if m in group.holding and m != node.index and group.fill.get(m, 0.0) > 0)
+        owners = tuple(
+            m for m in group.members if m in group.holding and m != node.index and group.fill.get(m, 0.0) > 0
+        )
         return sum(group.owned[m] * group.fill[m] for m in owners), owners
 
     def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
