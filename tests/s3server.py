@@ -101,3 +101,26 @@ class S3Server:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._log.close()
+
+
+def strict_s3_server(log: Path) -> tuple[S3Server, dict[str, str]]:
+    """An S3 server enforcing IAM after three set-up calls: a bucket ``datasets``, and a
+    user without policies whose keys are valid but may do nothing (``key``, ``secret``)."""
+    import boto3
+
+    server = S3Server(log, auth_actions=3)
+    try:
+        server.create_bucket("datasets")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.endpoint,
+            aws_access_key_id="x",
+            aws_secret_access_key="y",
+            region_name="us-east-1",
+        )
+        iam.create_user(UserName="reader")
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+    except BaseException:
+        server.close()
+        raise
+    return server, {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}

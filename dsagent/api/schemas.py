@@ -120,7 +120,10 @@ class DatasetVersionsOut(_Out):
 class EvictedOut(_Out):
     name: str
     digest: str
-    size_bytes: int = Field(alias="sizeBytes")
+    size_bytes: int = Field(
+        alias="sizeBytes",
+        description="the cache space deleting it frees (blocks and per-file overhead), not its data size",
+    )
     last_used: str | None = Field(alias="lastUsed")
 
 

@@ -72,7 +72,7 @@ def listing_matches(source: Source, manifest: Manifest) -> bool:
     if is_local(fs) or not manifest.entries:
         return False
     prefix = root.rstrip("/") + "/"
-    with translate_errors(f"source {source.url!r}"):
+    with translate_errors(f"source {source.url!r}", fs=fs, path=root):
         forget_listings(fs, root)  # ask the store, not a listing an earlier request left
         listing = fs.find(root, detail=True)
     seen: dict[str, tuple[int, int]] = {}
@@ -166,7 +166,7 @@ def list_remote(source: Source) -> tuple[list[Listed], list[str]] | None:
     if is_local(fs):
         return None
     prefix = root.rstrip("/") + "/"
-    with translate_errors(f"source {source.url!r}"):
+    with translate_errors(f"source {source.url!r}", fs=fs, path=root):
         forget_listings(fs, root)  # ask the store, not a listing an earlier request left
         if not fs.isdir(root):
             return None

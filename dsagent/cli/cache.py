@@ -344,8 +344,8 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     click.echo(
-        f"used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} "
-        f"of {format_size(listing['capacityBytes'])}"
+        f"cache space: used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} "
+        f"of {format_size(listing['capacityBytes'])} (SIZE is the data; space counts blocks and per-file overhead)"
     )
 
 
@@ -389,9 +389,17 @@ def evict(
         click.echo(json.dumps(result, indent=2))
         return
     verb = "would evict" if dry_run else "evicted"
+    # sizes here are cache space (blocks and per-file overhead), as in ls's last line, not
+    # the data size of ls's SIZE column: a dataset of many small files takes several times it
     for victim in result["evicted"]:
-        click.echo(f"{verb} {victim['name']}@{victim['digest'][:12]} ({format_size(victim['sizeBytes'])})")
-    click.echo(f"{verb} {len(result['evicted'])} dataset version(s), {format_size(result['freedBytes'])}")
+        click.echo(
+            f"{verb} {victim['name']}@{victim['digest'][:12]} ({format_size(victim['sizeBytes'])} of cache space)"
+        )
+    freed = "would free" if dry_run else "freed"
+    click.echo(
+        f"{verb} {len(result['evicted'])} dataset version(s), "
+        f"{freed} {format_size(result['freedBytes'])} of cache space"
+    )
 
 
 @click.command()

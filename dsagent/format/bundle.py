@@ -179,7 +179,7 @@ def write_bundles(
     groups = [manifest.entries[first : first + count] for first, count in plan]
     expect_total(progress, manifest.total_bytes, manifest.file_count)
     digests = [bundle_digest(group) for group in groups]
-    with translate_errors(f"bundle store {os.fspath(store)!r}"):
+    with translate_errors(f"bundle store {os.fspath(store)!r}", fs=dst_fs, path=dst_root):
         _prepare_directory(dst_fs, f"{dst_root.rstrip('/')}/{BUNDLES_DIR}")
         existing = {
             digest: size
@@ -384,7 +384,7 @@ def pack_dataset(
     for first, count in plan:
         cached = known[first : first + count]
         digests.append(None if None in cached else bundle_digest(named(listed[first : first + count], cached)))  # type: ignore[arg-type]
-    with translate_errors(f"bundle store {os.fspath(store)!r}"):
+    with translate_errors(f"bundle store {os.fspath(store)!r}", fs=dst_fs, path=dst_root):
         _prepare_directory(dst_fs, f"{dst_root.rstrip('/')}/{BUNDLES_DIR}")
         sizes = {
             digest: size

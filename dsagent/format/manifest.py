@@ -476,13 +476,12 @@ def read_manifest(
     from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
 
     local = local_path(store, storage_options)
+    # a local store is read without fsspec (see local_path)
+    fs, root = (None, local) if local is not None else resolve(store, storage_options)
+    path = manifest_path(root, name)
     try:
-        with translate_errors(f"manifest of {name!r} in {store}"):
-            if local is not None:  # without fsspec (see local_path)
-                stream: IO[bytes] = open(manifest_path(local, name), "rb")  # noqa: SIM115 - closed below
-            else:
-                fs, root = resolve(store, storage_options)
-                stream = open_whole(fs, manifest_path(root, name))
+        with translate_errors(f"manifest of {name!r} in {store}", fs=fs, path=path):
+            stream: IO[bytes] = open(path, "rb") if fs is None else open_whole(fs, path)  # noqa: SIM115 - closed below
             with stream:
                 return read_manifest_stream(stream, max_files=max_files)
     except NotFound as exc:
@@ -498,7 +497,7 @@ def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str,
 
     fs, root = resolve(store, storage_options)
     path = manifest_path(root, name)
-    with translate_errors(f"manifest of {name!r} in {store}"), fs.open(path, "rb") as stream:
+    with translate_errors(f"manifest of {name!r} in {store}", fs=fs, path=path), fs.open(path, "rb") as stream:
         line, _ = _header_line(stream)
     return _parse_header(line)
 

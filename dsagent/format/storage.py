@@ -27,7 +27,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
-from dsagent.errors import IntegrityError, InvalidInput, local_write_error
+from dsagent.errors import (
+    DsagentError,
+    IntegrityError,
+    InvalidInput,
+    StorageCredentials,
+    StorageForbidden,
+    local_write_error,
+)
 from dsagent.format import storage_errors
 from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
 from dsagent.format.storageconfig import split_config, user_options
@@ -351,9 +358,14 @@ def resolves_within(path: str | os.PathLike[str], roots: Iterable[str | os.PathL
 
 
 @contextmanager
-def translate_errors(what: str) -> Iterator[None]:
+def translate_errors(what: str, *, fs: AbstractFileSystem | None = None, path: str | None = None) -> Iterator[None]:
     """Map storage errors raised inside the block to dsagent errors naming ``what``
-    (:func:`dsagent.format.storage_errors.classify`); anything it does not know passes."""
+    (:func:`dsagent.format.storage_errors.classify`); anything it does not know passes.
+
+    With the block's ``fs`` and ``path`` (the first request of a command), a 403 without a
+    body is settled by a second question (:func:`_settle_forbidden`): S3 answers HEAD
+    requests without one, so refused credentials and a denied permission look alike there.
+    """
     try:
         yield
     except OSError as exc:
@@ -364,12 +376,32 @@ def translate_errors(what: str) -> Iterator[None]:
                 f"{what}: a part of {exc.filename or 'the path'} is a file, not a directory",
                 hint="give a directory or a URL there",
             ) from exc
-        error = storage_errors.classify(exc, what)
+        error = _settle_forbidden(storage_errors.classify(exc, what), exc, what, fs, path)
         if error is None or id(error) == id(exc):
             raise
         raise error from exc
     except Exception as exc:
-        error = storage_errors.classify(exc, what)
+        error = _settle_forbidden(storage_errors.classify(exc, what), exc, what, fs, path)
         if error is None or error is exc:
             raise
         raise error from exc
+
+
+def _settle_forbidden(
+    error: DsagentError | None, exc: BaseException, what: str, fs: AbstractFileSystem | None, path: str | None
+) -> DsagentError | None:
+    """A bodiless 403 read as "permission denied" becomes "credentials refused" when a listing
+    of ``path``'s folder, whose answer carries the store's own code, says the credentials are
+    the problem. The listing is asked only on this failure path; if it is allowed (or fails
+    otherwise) the first reading stands."""
+    if fs is None or path is None or not isinstance(error, StorageForbidden) or not storage_errors.bodiless(exc):
+        return error
+    folder = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.rstrip("/") else path
+    try:
+        forget_listings(fs, folder)
+        fs.ls(folder, detail=False)
+    except Exception as second:  # the probe's own failure is only evidence, never raised
+        settled = storage_errors.classify(second, what)
+        if isinstance(settled, StorageCredentials):
+            return settled
+    return error

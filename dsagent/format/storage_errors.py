@@ -206,6 +206,13 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
     return None
 
 
+def bodiless(exc: BaseException) -> bool:
+    """Whether the store's answer carried no error code of its own (a HEAD request's 403 from
+    S3: botocore then gives the status, ``"403"``, as the code)."""
+    code = _service_code(exc)
+    return code is None or code.isdigit()
+
+
 _UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
 
 
@@ -218,4 +225,4 @@ def _option_hint(key: str) -> str:
     return "check the option names for this protocol (docs/user-guide/storage.md)"
 
 
-__all__ = ["CREDENTIALS_HINT", "classify"]
+__all__ = ["CREDENTIALS_HINT", "bodiless", "classify"]

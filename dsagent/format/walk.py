@@ -184,7 +184,7 @@ def walk_source(
     Local trees are walked lazily, so hashing starts while the walk goes on; ``confine``
     (local only) refuses symlinks resolving outside those directories.
     """
-    with translate_errors(f"source {root!r}"):
+    with translate_errors(f"source {root!r}", fs=fs, path=root):
         if not fs.exists(root):
             raise NotFound(f"dataset source {root!r} does not exist", hint="check the path or URL")
         if not fs.isdir(root):

@@ -60,7 +60,11 @@ def test_cache_waits_until_ready_and_ls_lists_it(
     code, out, _ = dsctl(capsys, "evict", "--all-unused", "--dry-run", "--socket", sock)
     assert "would evict mnist@" in out
     code, out, _ = dsctl(capsys, "evict", "mnist", "--socket", sock)
-    assert code == 0 and "evicted 1 dataset version(s)" in out
+    assert code == 0 and "evicted 1 dataset version(s), freed" in out
+    # one unit per figure, said: ls's SIZE is the data, every other figure is cache space
+    assert out.count("of cache space") == 2
+    code, out, _ = dsctl(capsys, "ls", "--socket", sock)
+    assert out.splitlines()[-1].startswith("cache space: used ")
 
 
 def test_cache_no_wait_returns_at_once_and_status_fails_for_unknown_tasks(
