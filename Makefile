@@ -14,7 +14,7 @@ UV_VERSION := 0.13.9
 UV         := $(PY) -m uv
 LOCK_ARGS  ?=
 
-.PHONY: demo test check lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve
+.PHONY: demo test check lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve native native-clean
 
 $(VENV)/.uv-$(UV_VERSION):
 	$(PYTHON) -m venv $(VENV)
@@ -92,3 +92,11 @@ resolve-check:
 
 clean:
 	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache site
+
+# The optional native digest loop (C, docs/design-native.md) into dsagent/format/; needs a C
+# compiler and Python's headers. Without it the pure-Python loops run; native-clean removes it.
+native: $(VENV)/.test-installed
+	$(PY) native/build.py
+
+native-clean:
+	rm -f dsagent/format/_native*.so

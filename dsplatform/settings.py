@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -132,6 +132,20 @@ class EnvSettings(BaseSettings):
         finally:
             _ENVIRON.reset(token)
 
+    #: what :meth:`from_env` raises with the problems' one line: the process's own settings
+    #: error (its exit code, its error tree); None: :class:`InvalidSettings` itself
+    settings_error: ClassVar[type[Exception] | None] = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """:meth:`read`, a refusal raised as :attr:`settings_error`: one error lists every bad value."""
+        try:
+            return cls.read(environ, **overrides)
+        except InvalidSettings as exc:
+            if cls.settings_error is None:
+                raise
+            raise cls.settings_error(exc.message) from None
+
     @classmethod
     def env_name(cls, field: str) -> str:
         """The environment variable that sets ``field``."""
@@ -225,9 +239,21 @@ def check_resource_prefix(value: str) -> str:
 #: The prefix of the GPU class resources (``dsagent.io``), one rule for every setting of it.
 ResourcePrefix = Annotated[str, AfterValidator(check_resource_prefix)]
 
+
+def check_share(value: float) -> float:
+    """``value`` if it is a share of a whole within (0, 1] (1: all of it)."""
+    if not 0 < value <= 1:
+        raise ValueError(f"{value!r} is not a share within (0, 1]")
+    return value
+
+
+#: A share of a whole within (0, 1], e.g. the part of a node's cache one namespace may pin.
+UnitShare = Annotated[float, AfterValidator(check_share)]
+
 __all__ = [
     "EnvSettings",
     "Flag",
+    "UnitShare",
     "InvalidSettings",
     "ResourcePrefix",
     "UnknownSettings",

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import MISSING, fields, replace
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 
@@ -51,8 +51,8 @@ def topology_to_dict(
     mode = ClassMode.parse(mode)
     return {
         "version": VERSION,
-        "gpus": [_gpu_to_dict(g) for g in topology.gpus],
-        "nics": [_nic_to_dict(n) for n in topology.nics],
+        "gpus": [_device_to_dict(g) for g in topology.gpus],
+        "nics": [_device_to_dict(n) for n in topology.nics],
         "links": {a: {b: str(link) for b, link in row.items()} for a, row in _ordered_links(topology)},
         "nvlinkPcie": _nvlink_pcie(topology),
         "nearestNics": {str(i): list(nics) for i, nics in nearest_nic_map(topology).items()},
@@ -64,8 +64,8 @@ def topology_to_dict(
 def topology_from_dict(data: Mapping[str, Any]) -> Topology:
     """Read a contract document; raises :class:`ParseError` on anything malformed."""
     validate(data)
-    gpus = tuple(_gpu_from_dict(g) for g in data["gpus"])
-    nics = tuple(_nic_from_dict(n) for n in data["nics"])
+    gpus = tuple(_device_from_dict(Gpu, g) for g in data["gpus"])
+    nics = tuple(_device_from_dict(Nic, n) for n in data["nics"])
     links = {a: {b: Link.parse(text) for b, text in row.items()} for a, row in data["links"].items()}
     for a, row in (data.get("nvlinkPcie") or {}).items():
         for b, text in row.items():
@@ -146,51 +146,33 @@ def _ordered_links(topology: Topology) -> list[tuple[str, dict[str, Link]]]:
     return rows
 
 
-def _gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "index": gpu.index,
-        "uuid": gpu.uuid,
-        "pciBusId": gpu.pci_bus_id,
-        "numaNode": gpu.numa_node,
-        "cpuAffinity": gpu.cpu_affinity,
-    }
-    if gpu.numa_affinity:
-        body["numaAffinity"] = list(gpu.numa_affinity)
+_Device = TypeVar("_Device", Gpu, Nic)
+
+
+def _key(field: str) -> str:
+    """A device field's JSON key: its name in camelCase (``pci_bus_id`` -> ``pciBusId``)."""
+    head, *rest = field.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _device_to_dict(device: Gpu | Nic) -> dict[str, Any]:
+    """A GPU's or a NIC's fields under their keys, in field order, tuples as lists; a GPU
+    without a NUMA affinity list leaves the key out."""
+    body: dict[str, Any] = {}
+    for f in fields(device):
+        value = getattr(device, f.name)
+        if f.name != "numa_affinity" or value:
+            body[_key(f.name)] = list(value) if isinstance(value, tuple) else value
     return body
 
 
-def _gpu_from_dict(data: Mapping[str, Any]) -> Gpu:
-    return Gpu(
-        index=data["index"],
-        uuid=data.get("uuid"),
-        pci_bus_id=data.get("pciBusId"),
-        numa_node=data.get("numaNode"),
-        cpu_affinity=data.get("cpuAffinity"),
-        numa_affinity=tuple(data.get("numaAffinity", ())),
-    )
-
-
-def _nic_to_dict(nic: Nic) -> dict[str, Any]:
-    return {
-        "name": nic.name,
-        "netdev": nic.netdev,
-        "numaNode": nic.numa_node,
-        "linkLayer": nic.link_layer,
-        "state": nic.state,
-        "addresses": list(nic.addresses),
-        "subnets": list(nic.subnets),
-        "pciBusId": nic.pci_bus_id,
-    }
-
-
-def _nic_from_dict(data: Mapping[str, Any]) -> Nic:
-    return Nic(
-        name=data["name"],
-        netdev=data.get("netdev"),
-        numa_node=data.get("numaNode"),
-        link_layer=data.get("linkLayer"),
-        state=data.get("state"),
-        addresses=tuple(data.get("addresses", ())),
-        subnets=tuple(data.get("subnets", ())),
-        pci_bus_id=data.get("pciBusId"),
-    )
+def _device_from_dict(cls: type[_Device], data: Mapping[str, Any]) -> _Device:
+    """The device of ``data``: a field without a default (a GPU's index, a NIC's name) is
+    required, the others take their defaults when absent."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        key = _key(f.name)
+        if f.default is MISSING or key in data:
+            value = data[key]
+            values[f.name] = tuple(value) if isinstance(f.default, tuple) else value
+    return cls(**values)

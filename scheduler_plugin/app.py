@@ -288,10 +288,13 @@ class ExtenderApp:
                     error or "no job described",
                     hint="e.g. /v1/plan?params=350M&step-seconds=250ms&steps=100000&deadline=6h&max-gpus=8",
                 )
-            decision = deadline.plan(job, self.view.known(), now=now, max_gpus=int(raw_max))
+            decision = deadline.plan(
+                job, self.view.known(), now=now, max_gpus=int(raw_max), formula=self.settings.plan_formula
+            )
         except SchedulerPluginError as exc:
             return exc.http_status, json.dumps(exc.to_dict()).encode()
         body = deadline.describe(decision, now=now)
+        body["formula"] = self.settings.plan_formula
         body["source"] = self.view.source
         return 200, json.dumps(body).encode()
 

@@ -22,13 +22,7 @@ platform's (``dsplatform_``) then the component's (docs/design.md#metrics).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-# 100 us .. 10 s: a tiny request to a 5,000-node body on a loaded scheduler
-# no ``*_created`` twins (Prometheus' naming guide)
-disable_created_metrics()  # type: ignore[no-untyped-call]
+from dsplatform.metrics import CONTENT_TYPE, MetricSet
 
 #: kube-scheduler's verbs, as :class:`scheduler_plugin.app.ExtenderApp` names them
 VERBS = (
@@ -39,43 +33,26 @@ VERBS = (
     "prioritize/numa",
     "prioritize/time",
 )
+# 100 us .. 10 s: a tiny request to a 5,000-node body on a loaded scheduler
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-class ExtenderMetrics:
+class ExtenderMetrics(MetricSet):
     def __init__(self, version: str = "0.1.0") -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        self.latency = Histogram(
-            "dsplatform_extender_request_duration_seconds",
-            "Seconds a scheduler verb took, by verb.",
-            ["verb"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        super().__init__("extender", version)
+        self.latency = self.histogram(
+            "request_duration_seconds", "Seconds a scheduler verb took, by verb.", "verb", buckets=LATENCY_BUCKETS
         )
-        self.requests = Counter(
-            "dsplatform_extender_requests",
-            "Scheduler verbs served, by verb and outcome (ok, error, unsynced).",
-            ["verb", "outcome"],
-            registry=r,
+        self.requests = self.counter(
+            "requests", "Scheduler verbs served, by verb and outcome (ok, error, unsynced).", "verb", "outcome"
         )
-        self.parse_failures = Counter(
-            "dsplatform_extender_parse_failures",
-            "Request bodies that were not valid ExtenderArgs, by verb.",
-            ["verb"],
-            registry=r,
+        self.parse_failures = self.counter(
+            "parse_failures", "Request bodies that were not valid ExtenderArgs, by verb.", "verb"
         )
-        self.nodes_scored = Counter(
-            "dsplatform_extender_nodes_scored", "Nodes given a score, by verb.", ["verb"], registry=r
+        self.nodes_scored = self.counter("nodes_scored", "Nodes given a score, by verb.", "verb")
+        self.nodes_filtered = self.counter(
+            "nodes_filtered", "Nodes judged by filter, by result (passed, failed).", "result"
         )
-        self.nodes_filtered = Counter(
-            "dsplatform_extender_nodes_filtered",
-            "Nodes judged by filter, by result (passed, failed).",
-            ["result"],
-            registry=r,
-        )
-        Gauge("dsplatform_extender_build_info", "The extender's version; always 1.", ["version"], registry=r).labels(
-            version=version
-        ).set(1)
         for result in ("passed", "failed"):
             self.nodes_filtered.labels(result=result)
         # an error-ratio alert and a latency panel need the series before the first request
@@ -90,9 +67,6 @@ class ExtenderMetrics:
     def observe(self, verb: str, seconds: float, outcome: str) -> None:
         self.latency.labels(verb=verb).observe(seconds)
         self.requests.labels(verb=verb, outcome=outcome).inc()
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 __all__ = ["CONTENT_TYPE", "ExtenderMetrics"]

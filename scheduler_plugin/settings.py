@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -19,10 +19,11 @@ from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 from dsplatform.logs import LogSettings
 from dsplatform.names import is_resource_name
-from dsplatform.settings import Flag, InvalidSettings, UnknownSettings
+from dsplatform.settings import Flag, UnknownSettings
 from dsplatform.settings import refuse_unknown as _refuse_unknown
 from dsplatform.units import Duration, Size
 from scheduler_plugin.errors import SettingsError
+from scheduling.timemodel import DEFAULT_FORMULA, check_formula
 
 PREFIX = "DSEXT_"
 
@@ -77,6 +78,7 @@ class Settings(LogSettings):
     """Everything the extender can be told; validated on construction (building one reads no environment)."""
 
     model_config = SettingsConfigDict(env_prefix=PREFIX)
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
     host: str = "127.0.0.1"
     port: int = 8888
@@ -94,6 +96,13 @@ class Settings(LogSettings):
     # the largest filter/prioritize body read (DSEXT_MAX_BODY); kube-scheduler's 5,000 Nodes
     # with budget-sized annotations stay far below; larger bodies get Error/zero scores
     max_body_bytes: Size = Field(64 << 20, validation_alias=AliasChoices("max_body_bytes", PREFIX + "MAX_BODY"))
+    # the stand-in for the deadline design's lost formula (12) that GET /v1/plan ranks plans by
+    plan_formula: str = DEFAULT_FORMULA
+
+    @field_validator("plan_formula")
+    @classmethod
+    def _plan_formula(cls, value: str) -> str:
+        return check_formula(value)
 
     @field_validator("port")
     @classmethod
@@ -133,14 +142,6 @@ class Settings(LogSettings):
         if not is_resource_name(name):
             raise ValueError("resource names must be qualified, e.g. nvidia.com/gpu")
         return value
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read ``DSEXT_*`` (docs/reference/settings.md); flags win; one error lists every bad value."""
-        try:
-            return cls.read(environ, **overrides)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 def refuse_unknown(environ: Mapping[str, str] | None = None) -> None:

@@ -26,23 +26,16 @@ def two_class_topology() -> Topology:
     NIC sits under its quad's PCIe switches (PXB) and is SYS from the other quad.
     """
     gpus = tuple(Gpu(index=i, numa_node=0 if i < 4 else 1, cpu_affinity="0-31" if i < 4 else "32-63") for i in range(8))
-    nics = (
+    nics = tuple(  # mlx5_0 on 10.1.0.0/24 beside quad 0, mlx5_1 on 10.2.0.0/24 beside quad 1
         Nic(
-            name="mlx5_0",
-            numa_node=0,
+            name=f"mlx5_{quad}",
+            numa_node=quad,
             link_layer="Ethernet",
             state="ACTIVE",
-            addresses=("10.1.0.5/24",),
-            subnets=("10.1.0.0/24",),
-        ),
-        Nic(
-            name="mlx5_1",
-            numa_node=1,
-            link_layer="Ethernet",
-            state="ACTIVE",
-            addresses=("10.2.0.5/24",),
-            subnets=("10.2.0.0/24",),
-        ),
+            addresses=(f"10.{quad + 1}.0.5/24",),
+            subnets=(f"10.{quad + 1}.0.0/24",),
+        )
+        for quad in (0, 1)
     )
     links: dict[str, dict[str, Link]] = {}
     for a in range(8):

@@ -212,19 +212,14 @@ def salvage_from(doc: Any) -> list[str]:
         return []
 
 
-def encode_filter_result(
-    args: ExtenderArgs | None,
-    passed: Iterable[str] = (),
-    failed: Mapping[str, str] | None = None,
-    unresolvable: Mapping[str, str] | None = None,
-    error: str = "",
-) -> bytes:
-    """An ``ExtenderFilterResult`` that sets the node field the request used.
+def encode_filter_result(*args: Any, **kwargs: Any) -> bytes:
+    """An ``ExtenderFilterResult`` that sets the node field the request used: the parts of
+    :func:`filter_result_parts` (the same arguments) joined.
 
     ``passed`` are node names; in ``Nodes`` mode the request's own Node objects are
     echoed back, because older kube-schedulers use the returned objects themselves.
     """
-    return b"".join(filter_result_parts(args, passed, failed, unresolvable, error))
+    return b"".join(filter_result_parts(*args, **kwargs))
 
 
 def filter_result_parts(

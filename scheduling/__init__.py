@@ -1,10 +1,12 @@
 """The scheduling model shared by the two processes that reason about jobs and nodes: the
 scheduler extender (:mod:`scheduler_plugin`) scores with it, the Dataset controller
-(:mod:`dsagent.controller`) predicts and migrates with it. Pure: no I/O, no clock, no
+(:mod:`dsagent.controller`) predicts and migrates with it, the admission webhook
+(:mod:`dsagent.webhook`) applies deadline plans with it. Pure: no I/O, no clock, no
 Kubernetes client, no web stack; it imports only :mod:`gpu_topology` and :mod:`dsplatform`.
 
 timemodel    the deadline design's time model: a job's run time, plans, the annotations that
              describe a job
+plans        the plan decision over the nodes as their agents publish them (advice and applied)
 podspec      what a pod asks for: GPUs, datasets, RoCE classes, its job profile
 nodeinfo     what a node offers, read from the agents' annotations: topology, free GPUs,
              held datasets, RoCE classes; the bandwidth a placement gets

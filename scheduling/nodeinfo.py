@@ -26,7 +26,9 @@ from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from dsplatform import published
+from dsplatform.boundedjson import JsonRefused
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, node_gpus
+from dsplatform.wire import inventory as wire_inventory
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.classvote import parse_free_gpus
 from scheduling.kubeobjects import Node
@@ -331,14 +333,12 @@ def _best_subset(topology: Topology, count: int) -> frozenset[int]:
 def parse_inventory(text: str) -> tuple[Inventory | None, str | None]:
     """The inventory annotation -> (inventory, error); malformed entries are skipped."""
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
-        return None, f"{INVENTORY_ANNOTATION} is not JSON: {str(exc)[:200]}"
-    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
-        return None, f"{INVENTORY_ANNOTATION} has no 'datasets' object"
+        doc = wire_inventory.loads(text)
+    except JsonRefused as exc:  # too large, too deep, not JSON, no datasets
+        return None, exc.message[:300]
     datasets = {}
-    for name, entry in doc["datasets"].items():
-        holding = _holding(entry)
+    for name in doc["datasets"]:
+        holding = _holding(wire_inventory.versions_of(doc, name))
         if holding is not None:
             datasets[name] = holding
     return Inventory(
@@ -362,17 +362,17 @@ def _stripes(section: Any) -> dict[str, StripeHolding]:
     return out
 
 
-def _holding(entry: Any) -> Holding | None:
-    if not isinstance(entry, dict) or not isinstance(entry.get("state"), str):
+def _holding(versions: list[Mapping[str, Any]]) -> Holding | None:
+    """The current entry (first of ``versions``); in use when any cached version is."""
+    entry = versions[0] if versions else None
+    if entry is None or not isinstance(entry.get("state"), str):
         return None
     digest = entry.get("digest")
-    versions = entry.get("versions")
-    older_in_use = isinstance(versions, list) and any(isinstance(v, dict) and v.get("inUse") is True for v in versions)
     return Holding(
         digest=digest.lower() if isinstance(digest, str) else None,
         size_bytes=_int_or_none(entry.get("sizeBytes")),
         ready=entry["state"] == "ready",
-        in_use=entry.get("inUse") is True or older_in_use,
+        in_use=any(v.get("inUse") is True for v in versions),
         held_bytes=_int_or_none(entry.get("heldBytes")),
     )
 

@@ -1,7 +1,8 @@
 """The deadline patent's time model and plan decision, as pure functions.
 
 Who calls it: the extender's ``prioritize/time`` score (:mod:`scheduler_plugin.framework`),
-``GET /v1/plan`` and ``dsctl plan``, and the cluster simulator (``tools/sim``), which uses it
+``GET /v1/plan`` and ``dsctl plan``, the admission webhook's applied plans (through
+:mod:`scheduling.plans`), and the cluster simulator (``tools/sim``), which uses it
 to decide each job's plan under the ``ours+time`` policy and to compute every job's run time
 under every policy. It owns the formulas of docs/design.md#deadline-model (the lost ones as
 reconstructed there), the decision order and best-fit allocation of #deadline-plans, and the
@@ -15,8 +16,8 @@ Time model (seconds, bytes, bytes/s)::
     t_run(n)    = (t_cal + t_comm(n)) x n_step(n)              (1)+(2)
     pays off    : t_comm(n) < (n - 1) x t_cal                  (11)
     t_end       = t_start + t_run ; met iff t_end < t_dl       (8), (9)
-    performance = FORMULAS[name](plan, t_single)               (12) lost: pluggable
-    t_exp       = alpha x t_single ; t_dl = t_arr + t_exp      (6), (7)
+    performance = FORMULAS[name](plan, t_single)               (12) lost: pluggable, efficiency by default
+    t_exp       = alpha x t_single ; t_dl = t_arr + t_exp      (6), (7) (dsagent.io/deadline-factor)
 
 ``bw`` is the weakest GPU pair of the plan inside a node (NVLink per bonded link, PCIe by
 path) and the network bandwidth as soon as a plan spans nodes.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from dsplatform import kubetime
@@ -42,6 +43,7 @@ STEP_SECONDS_ANNOTATION = "dsagent.io/step-seconds"
 PROFILE_ANNOTATION = "dsagent.io/profiled-steps"
 STEPS_ANNOTATION = "dsagent.io/steps"
 DEADLINE_ANNOTATION = "dsagent.io/deadline"
+DEADLINE_FACTOR_ANNOTATION = "dsagent.io/deadline-factor"
 WORKERS_ANNOTATION = "dsagent.io/workers"
 TIME_ANNOTATIONS = (
     PARAMS_ANNOTATION,
@@ -50,8 +52,13 @@ TIME_ANNOTATIONS = (
     PROFILE_ANNOTATION,
     STEPS_ANNOTATION,
     DEADLINE_ANNOTATION,
+    DEADLINE_FACTOR_ANNOTATION,
     WORKERS_ANNOTATION,
 )
+#: eq. (6)'s ``alpha`` per named priority (``dsagent.io/deadline-factor: high``): the values
+#: the simulator draws its deadlines with; a number gives ``alpha`` directly
+PRIORITY_ALPHA = {"high": 1.0, "normal": 2.0, "low": 4.0}
+MAX_ALPHA = 1000.0
 
 BYTES_PER_PARAM = 4  # fp32 gradients unless dsagent.io/gradient-bytes says otherwise
 MAX_VALUE_CHARS = 64
@@ -240,8 +247,40 @@ def _profile(a: Mapping[str, str], created: float | None) -> JobProfile:
         raise AnnotationError(f"{STEPS_ANNOTATION} is required")
     steps = int(_count(STEPS_ANNOTATION, a[STEPS_ANNOTATION], MAX_STEPS))
     workers = int(_count(WORKERS_ANNOTATION, a.get(WORKERS_ANNOTATION, "1"), MAX_WORKERS))
-    deadline = parse_deadline(a[DEADLINE_ANNOTATION], created) if DEADLINE_ANNOTATION in a else None
-    return JobProfile(gradient, step, max(1, steps), deadline, workers)
+    job = JobProfile(gradient, step, max(1, steps), None, workers)
+    if DEADLINE_ANNOTATION in a and DEADLINE_FACTOR_ANNOTATION in a:
+        raise AnnotationError(f"give {DEADLINE_ANNOTATION} or {DEADLINE_FACTOR_ANNOTATION}, not both")
+    if DEADLINE_ANNOTATION in a:
+        return replace(job, deadline=parse_deadline(a[DEADLINE_ANNOTATION], created))
+    if DEADLINE_FACTOR_ANNOTATION in a:
+        return replace(job, deadline=factor_deadline(job, parse_factor(a[DEADLINE_FACTOR_ANNOTATION]), created))
+    return job
+
+
+def parse_factor(text: str) -> float:
+    """Eq. (6)'s ``alpha``: a named priority (:data:`PRIORITY_ALPHA`) or a number in (0, 1000]."""
+    key = text.strip().lower()
+    if key in PRIORITY_ALPHA:
+        return PRIORITY_ALPHA[key]
+    try:
+        alpha = float(key)
+    except ValueError:
+        alpha = math.nan
+    if not 0 < alpha <= MAX_ALPHA:  # also refuses nan and inf
+        names = "/".join(PRIORITY_ALPHA)
+        raise AnnotationError(
+            f"{DEADLINE_FACTOR_ANNOTATION}: {text!r} is not {names} or a number in (0, {MAX_ALPHA:g}]"
+        )
+    return alpha
+
+
+def factor_deadline(job: JobProfile, alpha: float, arrival: float | None) -> float:
+    """Eqs. (6) and (7): ``t_dl = t_arr + alpha x t_single``, the arrival being the pod's
+    ``creationTimestamp`` (the admission webhook, which sees the pod before it has one, passes
+    the time of admission)."""
+    if arrival is None:
+        raise AnnotationError(f"{DEADLINE_FACTOR_ANNOTATION}: a factor needs the pod's creationTimestamp")
+    return arrival + expected_run_time(alpha, job)
 
 
 def _profiled(text: str) -> float:
@@ -282,7 +321,7 @@ class Plan:
 
     @property
     def performance(self) -> float:
-        return (self.deadline - self.t_end) / self.n_gpu  # (12) stand-in: slack per GPU
+        return (self.deadline - self.t_end) / self.n_gpu  # slack per GPU, one of (12)'s stand-ins
 
 
 # (12) is lost (docs/design.md#deadline-formula): the stand-ins, each "larger is better",
@@ -291,7 +330,7 @@ Formula = Callable[["Plan", float], float]
 
 
 def slack_per_gpu(plan: Plan, t_single: float) -> float:
-    """The first stand-in: deadline slack per GPU, ``(t_dl - t_end) / n_gpu``; it can only shrink jobs."""
+    """Deadline slack per GPU, ``(t_dl - t_end) / n_gpu``: few GPUs, unless the slack grows faster than them."""
     return plan.performance
 
 
@@ -313,7 +352,16 @@ FORMULAS: dict[str, Formula] = {
     "earliest-finish": earliest_finish,
     "efficiency": parallel_efficiency,
 }
-DEFAULT_FORMULA = "slack-per-gpu"
+#: the surviving text of (12): among the plans that meet the deadline, the one that runs most
+#: efficiently (运行效率最高); the other stand-ins stay selectable by name
+DEFAULT_FORMULA = "efficiency"
+
+
+def check_formula(name: str) -> str:
+    """``name`` if it names a stand-in for (12) in :data:`FORMULAS`; else ValueError listing them."""
+    if name not in FORMULAS:
+        raise ValueError(f"unknown plan formula {name!r}; choose from {', '.join(FORMULAS)}")
+    return name
 
 
 def single_gpu_time(job: JobProfile) -> float:
@@ -379,6 +427,7 @@ def decide(
     start_of: StartOf | None = None,
     formula: str = DEFAULT_FORMULA,
     as_written: bool = False,
+    cross_node: bool = True,
 ) -> Decision:
     """Steps 3-4 for one job: plans of 1..``max_gpus`` GPUs on the free GPUs, candidates, the
     decision order, and the best-fit allocation of the chosen plan.
@@ -393,7 +442,8 @@ def decide(
 
     ``formula`` names the stand-in for (12) in :data:`FORMULAS`. ``as_written`` runs (3.4)
     exactly as the design says, without the project rule that a cross-node plan must end no
-    later than the single-node plan of its kind.
+    later than the single-node plan of its kind. ``cross_node=False`` tries single-node plans
+    only (a job of one pod cannot span nodes).
     """
     rank_by = FORMULAS[formula]
     t_single = single_gpu_time(job)
@@ -408,7 +458,7 @@ def decide(
     for n in tried:
         if 1 <= n <= min(max_gpus, most):
             single.extend(_plan(job, allocate_single(order, n), bandwidth_of, now, deadline, start_of))
-    if len(order) > 1:
+    if cross_node and len(order) > 1:
         for n in tried:
             if not 2 <= n <= min(max_gpus, total):
                 continue
@@ -509,6 +559,7 @@ __all__ = [
     "AnnotationError",
     "Bandwidths",
     "DEFAULT_BANDWIDTHS",
+    "DEADLINE_FACTOR_ANNOTATION",
     "DEFAULT_FORMULA",
     "Decision",
     "FORMULAS",
@@ -518,12 +569,16 @@ __all__ = [
     "allocate_cross",
     "allocate_single",
     "best_fit_order",
+    "check_formula",
     "decide",
     "earliest_finish",
     "expected_run_time",
+    "factor_deadline",
     "intra_node_bandwidth",
     "node_score",
+    "PRIORITY_ALPHA",
     "parse_deadline",
+    "parse_factor",
     "parallel_efficiency",
     "parse_profile",
     "pays_off",

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dsagent.api.middleware import HttpMiddleware
 from dsagent.errors import DsagentError, InvalidInput
 
 if TYPE_CHECKING:
@@ -174,17 +175,14 @@ def _install_error_edge(app: FastAPI) -> None:
         return JSONResponse({"code": "internal", "message": "internal error; see the agent's log"}, status_code=500)
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """Refuse request bodies over ``max_bytes`` (by header, and while streaming)."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers", ())).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._refuse(scope, receive, send)

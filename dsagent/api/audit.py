@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from dsagent.api.middleware import HttpMiddleware
 from dsplatform.tenancy import ACTING_FOR_HEADER, NO_DATASET, parse_acting_for
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from starlette.types import ASGIApp, Scope
 
     from dsagent.cache.metrics import Metrics
 
@@ -38,29 +39,18 @@ ACTIONS = {
 }
 
 
-class OperatorAudit:
+class OperatorAudit(HttpMiddleware):
     """Log and count each operator request that pins, releases or evicts (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("PUT", "DELETE", "POST"):
-            await self.app(scope, receive, send)
-            return
-        status = 500
+    def wants(self, scope: Scope) -> bool:
+        return scope["method"] in ("PUT", "DELETE", "POST")
 
-        async def seen_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, seen_send)
-        finally:
-            self._record(scope, status)
+    def answered(self, scope: Scope, status: int, seconds: float) -> None:
+        self._record(scope, status)
 
     def _record(self, scope: Scope, status: int) -> None:
         route = getattr(scope.get("route"), "path", None)

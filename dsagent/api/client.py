@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -20,6 +20,7 @@ import httpx
 from dsagent import errors
 from dsagent.errors import AgentUnreachable, DsagentError, InvalidInput, StillRunning
 from dsplatform.names import TASK_ID_HINT, canonical_task_id
+from dsplatform.wire.agenttask import TaskStatusBody, task_request
 
 #: the longest the client asks the agent to hold one request of an operation open
 OPERATION_POLL = 20.0
@@ -122,18 +123,19 @@ class AgentClient:
         method: str,
         path: str,
         *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
+        params: Mapping[str, Any] | None = None,
+        **request: Any,
     ) -> dict[str, Any]:
         """An action the agent may carry out as an operation (202, :mod:`dsagent.api.operations`):
         its result once finished, its error raised once failed; :class:`StillRunning` when
-        ``timeout`` (seconds, ``None``: no limit) passes first, the action going on."""
+        ``timeout`` (seconds, ``None``: no limit) passes first, the action going on. ``request``:
+        the rest of :meth:`_send`'s arguments (``json``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = _hold(deadline)
         response = self._send(
-            method, path, json=json, params={**(params or {}), "wait": wait}, timeout=wait + self._grace
+            method, path, params={**(params or {}), "wait": wait}, timeout=wait + self._grace, **request
         )
         if response.status_code != 202:
             return _object(response.json(), self.where, path)
@@ -183,12 +185,14 @@ class AgentClient:
 
     # -- tasks ------------------------------------------------------------------------
 
-    def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> dict[str, Any]:
-        body = {"datasets": [dict(d) for d in datasets]}
-        return self._json("PUT", f"/v1/tasks/{_task(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
+    def submit_task(self, task_id: str, datasets: Sequence[Mapping[str, Any]], *, wait: float = 0.0) -> TaskStatusBody:
+        """Ask the agent to hold ``datasets`` for the task (:mod:`dsplatform.wire.agenttask`)."""
+        body = task_request(datasets)
+        answer = self._json("PUT", f"/v1/tasks/{_task(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
+        return cast(TaskStatusBody, answer)
 
-    def get_task(self, task_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/tasks/{_task(task_id)}")
+    def get_task(self, task_id: str) -> TaskStatusBody:
+        return cast(TaskStatusBody, self._json("GET", f"/v1/tasks/{_task(task_id)}"))
 
     def release_task(
         self,

@@ -53,13 +53,13 @@ from dsagent.api.schemas import (
     TaskIn,
     TaskOut,
     eviction_out,
-    task_out,
 )
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.cache.service import CacheService
 from dsagent.errors import DsagentError, InvalidInput, Unauthorized
 from dsagent.format.names import validate_digest
 from dsplatform import boundedjson, probes
+from dsplatform.wire.agenttask import task_status
 
 
 class _BoundedJsonRequest(Request):
@@ -163,13 +163,13 @@ async def submit_task(
 ) -> dict[str, Any]:
     require_task(who, task_id, write=True)
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait, tenant=namespace)
-    return task_out(record)
+    return dict(task_status(record))
 
 
 @router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 403, 404))
 async def get_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
     require_task(who, task_id, write=False)
-    return task_out(await svc.get_task(task_id))
+    return dict(task_status(await svc.get_task(task_id)))
 
 
 @router.delete(

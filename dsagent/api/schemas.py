@@ -5,7 +5,8 @@ works with frozen dataclasses. Every request model forbids unknown fields, so a 
 a field name is a 400, never silently ignored. The answer models (``*Out``) are the routes'
 ``response_model``: they type the OpenAPI document and allow extra fields, so a field the
 service adds is documented late rather than silently dropped. :class:`ErrorOut` is the one
-error body every 4xx/5xx carries.
+error body every 4xx/5xx carries. The task bodies are a wire contract of their own,
+:mod:`dsplatform.wire.agenttask` (its writer for the status, its names for the request).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dsagent.cache.service import DatasetRequest, DatasetStatus, EvictionResult, TaskRecord, iso
+from dsagent.cache.service import DatasetRequest, EvictionResult, iso
+from dsplatform.wire.agenttask import MAX_DATASETS
 
 
 class _Strict(BaseModel):
@@ -39,7 +41,9 @@ class DatasetIn(_Strict):
 
 
 class TaskIn(_Strict):
-    datasets: list[DatasetIn] = Field(min_length=1, max_length=64)
+    """The task request (:mod:`dsplatform.wire.agenttask`)."""
+
+    datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
 
 
 class EvictIn(_Strict):
@@ -82,6 +86,8 @@ class DatasetStatusOut(_Out):
 
 
 class TaskOut(_Out):
+    """The task status (:mod:`dsplatform.wire.agenttask`, :func:`~dsplatform.wire.agenttask.task_status`)."""
+
     task: str
     state: str = Field(description="pending, ready or failed")
     created_at: str | None = Field(alias="createdAt")
@@ -185,34 +191,6 @@ class StripeOut(_Out):
     share_dir: str = Field(alias="shareDir")
 
 
-def dataset_status_out(status: DatasetStatus) -> dict[str, Any]:
-    return {
-        "name": status.name,
-        "source": status.source,
-        "bundles": status.bundles,
-        "digest": status.digest,
-        "state": status.state,
-        "path": status.path,
-        "sizeBytes": status.size_bytes,
-        "files": status.files,
-        "bytesDone": status.bytes_done,
-        "filesDone": status.files_done,
-        "rateBytesPerSecond": round(status.rate, 1),
-        "etaSeconds": None if status.eta is None else round(status.eta, 1),
-        "error": status.error,
-    }
-
-
-def task_out(record: TaskRecord) -> dict[str, Any]:
-    return {
-        "task": record.task_id,
-        "state": record.state,
-        "createdAt": iso(record.created_at),
-        "leaseUntil": iso(record.lease_until),
-        "datasets": [dataset_status_out(d) for d in record.datasets],
-    }
-
-
 def eviction_out(result: EvictionResult) -> dict[str, Any]:
     return {
         "dryRun": result.dry_run,
@@ -228,5 +206,5 @@ __all__ = [
     "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut",
     "InventoryOut", "OperationOut",
     "ReleaseOut", "StatusOut", "StripeIn", "StripeOut",
-    "TaskIn", "TaskOut", "VersionOut", "dataset_status_out", "eviction_out", "task_out",
+    "TaskIn", "TaskOut", "VersionOut", "eviction_out",
 ]  # fmt: skip

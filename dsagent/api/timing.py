@@ -12,40 +12,26 @@ to a peer counts whole); the metric is :class:`dsagent.cache.metrics.Metrics`'s
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
+from dsagent.api.middleware import HttpMiddleware
+
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from starlette.types import ASGIApp, Scope
 
     from dsagent.cache.metrics import Metrics
 
 
-class RouteTiming:
+class RouteTiming(HttpMiddleware):
     """Observe each HTTP request's seconds by method, route template and status."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500  # what the server answers when the app raises before starting a response
-
-        async def timed_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, timed_send)
-        finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.http_request(scope["method"], route, status, time.perf_counter() - started)
+    def answered(self, scope: Scope, status: int, seconds: float) -> None:
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        self.metrics.http_request(scope["method"], route, status, seconds)
 
 
 __all__ = ["RouteTiming"]

@@ -5,7 +5,7 @@ Who calls it: :mod:`dsagent.cache.service` (before every fetch, in the idle swee
 result. Nothing here touches the disk or reads the clock; ``now`` is passed in.
 
 The rule: to cache a dataset of ``size`` bytes, free space must reach ``ratio x size``
-(1.2 by default), counting the space other fetches in flight have reserved. When it does
+(:data:`EVICT_RATIO`, 1.2, by default), counting the space other fetches in flight have reserved. When it does
 not, evict datasets that are neither in use nor being fetched and stop as soon as free
 space reaches the target. When even evicting every candidate would not reach it, evict
 nothing and report the numbers.
@@ -23,6 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+#: the eviction rule's ratio: free space must reach this many times the size being cached.
+#: The agent's default (``DSAGENT_EVICT_RATIO``) and the controller's room check for replicas
+EVICT_RATIO = 1.2
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(lru_order(candidates), key=lambda c: -c.other_copies)  # stable: LRU within a count
 
 
-def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, ratio: float = 1.2) -> Plan:
+def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, ratio: float = EVICT_RATIO) -> Plan:
     """Victims that make room for a dataset of ``size`` bytes, given ``free`` bytes now.
 
     ``free`` must already subtract the reservations of other fetches in flight. Returns

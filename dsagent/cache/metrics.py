@@ -7,11 +7,11 @@ Who calls it: :mod:`dsagent.cache.service` (every cache request's outcome, by er
 sets the gauges the service reports (free, used and capacity bytes, dataset versions by
 state, tasks by state).
 
-This module owns one :class:`prometheus_client.CollectorRegistry` per service instance,
-never the process-global one: tests run several agents in one process, and each must
-show only its own counts. The exposition text is ``prometheus_client``'s
-(``generate_latest``); it replaced a hand-written renderer that could only show counters
-it had already seen (so failures by an unseen code were invisible).
+Each service instance has a registry of its own, never the process-global one (tests run
+several agents in one process, and each must show only its own counts): the platform's
+:class:`dsplatform.metrics.MetricSet`, which also names the metrics and writes the
+exposition text (``prometheus_client``'s, which shows a labelled series from the start,
+so failures by a code not yet seen are visible).
 
 The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
 
@@ -56,12 +56,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-
 from dsagent import __version__
 from dsagent.errors import DsagentError
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from dsplatform.metrics import CONTENT_TYPE, MetricSet
 
 # 1 ms .. ~4.5 h: a small file from a local disk to a multi-terabyte bundle set
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600)
@@ -76,10 +73,6 @@ _GAUGE_STATES = ("ready", "fetching", "failed")
 #: Reasons :mod:`dsagent.cache.space` evicts for (``operator``: ``dsctl evict`` by name).
 EVICTION_REASONS = ("space", "superseded", "idle", "operator")
 
-# No ``*_created`` twin per counter and histogram (Prometheus' naming guide):
-# process-wide in prometheus_client, so every registry of this process loses them.
-disable_created_metrics()  # type: ignore[no-untyped-call]
-
 
 def error_code(exc: BaseException) -> str:
     """The label an exception is counted under: the API's error code, ``cancelled`` for a
@@ -91,110 +84,76 @@ def error_code(exc: BaseException) -> str:
     return "internal"
 
 
-class Metrics:
+class Metrics(MetricSet):
     """The metrics of one agent, in a registry of their own."""
 
     def __init__(self, *, version: str = __version__, protocols: Iterable[str] = ()) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            "dsplatform_agent_dataset_requests",
-            "Dataset requests settled, by outcome: ok or the error code.",
-            ["code"],
-            registry=r,
+        super().__init__("agent", version)
+        self.requests = self.counter(
+            "dataset_requests", "Dataset requests settled, by outcome: ok or the error code.", "code"
         )
-        self.hits = Counter(
-            "dsplatform_agent_cache_hits",
-            "Dataset requests served by a ready, digest-matching cached copy.",
-            registry=r,
+        self.hits = self.counter("cache_hits", "Dataset requests served by a ready, digest-matching cached copy.")
+        self.misses = self.counter("cache_misses", "Dataset requests that needed a fetch.")
+        self.fetches = self.counter("fetches", "Finished fetches, by result: ok or the error code.", "result")
+        self.fetch_seconds = self.histogram(
+            "fetch_duration_seconds", "Seconds a successful fetch took.", buckets=DURATION_BUCKETS
         )
-        self.misses = Counter("dsplatform_agent_cache_misses", "Dataset requests that needed a fetch.", registry=r)
-        self.fetches = Counter(
-            "dsplatform_agent_fetches", "Finished fetches, by result: ok or the error code.", ["result"], registry=r
+        self.fetch_size = self.histogram("fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS)
+        self.fetched_bytes = self.counter("fetched_bytes", "Bytes written into the cache by fetches.")
+        self.evictions = self.counter("evictions", "Dataset versions evicted, by reason.", "reason")
+        self.evicted_bytes = self.counter("evicted_bytes", "Bytes freed by evictions, by reason.", "reason")
+        self.peer_bytes = self.counter(
+            "peer_bytes", "Bundle bytes (compressed) served to and fetched from peer agents, by direction.", "direction"
         )
-        self.fetch_seconds = Histogram(
-            "dsplatform_agent_fetch_duration_seconds",
-            "Seconds a successful fetch took.",
-            buckets=DURATION_BUCKETS,
-            registry=r,
+        self.catalog_rebuilds = self.counter(
+            "catalog_rebuilds", "Times the catalog was found damaged, kept aside and rebuilt from the cache directory."
         )
-        self.fetch_size = Histogram(
-            "dsplatform_agent_fetch_size_bytes", "Bytes of each successful fetch.", buckets=SIZE_BUCKETS, registry=r
-        )
-        self.fetched_bytes = Counter(
-            "dsplatform_agent_fetched_bytes", "Bytes written into the cache by fetches.", registry=r
-        )
-        self.evictions = Counter(
-            "dsplatform_agent_evictions", "Dataset versions evicted, by reason.", ["reason"], registry=r
-        )
-        self.evicted_bytes = Counter(
-            "dsplatform_agent_evicted_bytes", "Bytes freed by evictions, by reason.", ["reason"], registry=r
-        )
-        self.peer_bytes = Counter(
-            "dsplatform_agent_peer_bytes",
-            "Bundle bytes (compressed) served to and fetched from peer agents, by direction.",
-            ["direction"],
-            registry=r,
-        )
-        self.catalog_rebuilds = Counter(
-            "dsplatform_agent_catalog_rebuilds",
-            "Times the catalog was found damaged, kept aside and rebuilt from the cache directory.",
-            registry=r,
-        )
-        self.rebuilt_versions = Counter(
-            "dsplatform_agent_catalog_rebuild_versions",
+        self.rebuilt_versions = self.counter(
+            "catalog_rebuild_versions",
             "Ready versions found on disk by a catalog rebuild, by result: kept (verified) or discarded.",
-            ["result"],
-            registry=r,
+            "result",
         )
-        self.free_bytes = Gauge(
-            "dsplatform_agent_free_bytes",
-            "Bytes free for the cache (after reservations and the capacity limit).",
-            registry=r,
+        self.free_bytes = self.gauge(
+            "free_bytes", "Bytes free for the cache (after reservations and the capacity limit)."
         )
-        self.used_bytes = Gauge("dsplatform_agent_used_bytes", "Bytes held by cached dataset versions.", registry=r)
-        self.capacity_bytes = Gauge("dsplatform_agent_capacity_bytes", "Bytes the cache may use.", registry=r)
-        self.datasets = Gauge("dsplatform_agent_datasets", "Cached dataset versions, by state.", ["state"], registry=r)
-        self.tasks = Gauge(
-            "dsplatform_agent_tasks",
-            "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).",
-            ["state"],
-            registry=r,
+        self.used_bytes = self.gauge("used_bytes", "Bytes held by cached dataset versions.")
+        self.capacity_bytes = self.gauge("capacity_bytes", "Bytes the cache may use.")
+        self.datasets = self.gauge("datasets", "Cached dataset versions, by state.", "state")
+        self.tasks = self.gauge(
+            "tasks", "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).", "state"
         )
-        self.http_seconds = Histogram(
-            "dsplatform_agent_http_request_duration_seconds",
+        self.http_seconds = self.histogram(
+            "http_request_duration_seconds",
             "Seconds an API request took, by method, route template and status.",
-            ["method", "route", "status"],
+            "method",
+            "route",
+            "status",
             buckets=HTTP_BUCKETS,
-            registry=r,
         )
-        self.store_seconds = Histogram(
-            "dsplatform_agent_store_request_duration_seconds",
+        self.store_seconds = self.histogram(
+            "store_request_duration_seconds",
             "Seconds opening one object in a source or bundle store took, by protocol.",
-            ["protocol"],
+            "protocol",
             buckets=STORE_BUCKETS,
-            registry=r,
         )
-        self.store_errors = Counter(
-            "dsplatform_agent_store_errors",
+        self.store_errors = self.counter(
+            "store_errors",
             "Objects a source or bundle store failed to open, by protocol and error code.",
-            ["protocol", "code"],
-            registry=r,
+            "protocol",
+            "code",
         )
-        self.operator_requests = Counter(
-            "dsplatform_agent_operator_requests",
+        self.operator_requests = self.counter(
+            "operator_requests",
             "Admin-token requests that pin, release or evict, by action, the Dataset's namespace and status.",
-            ["action", "namespace", "status"],
-            registry=r,
+            "action",
+            "namespace",
+            "status",
         )
-        self.namespace_refusals = Counter(
-            "dsplatform_agent_namespace_refusals",
+        self.namespace_refusals = self.counter(
+            "namespace_refusals",
             "Pins refused because the namespace holds its share of this node's cache.",
-            ["namespace"],
-            registry=r,
+            "namespace",
         )
-        build = Gauge("dsplatform_agent_build_info", "The agent's version; always 1.", ["version"], registry=r)
-        build.labels(version=version).set(1)
         for state in _GAUGE_STATES:
             self.datasets.labels(state=state)
         for state in ("active", "failed"):
@@ -272,8 +231,8 @@ class Metrics:
         for state, count in tasks_by_state.items():
             self.tasks.labels(state=state).set(count)
 
-    def render(self) -> str:
-        return generate_latest(self.registry).decode()
+    def render(self) -> str:  # type: ignore[override]  # the API answers text
+        return super().render().decode()
 
 
 __all__ = ["CONTENT_TYPE", "Metrics", "error_code"]

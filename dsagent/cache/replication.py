@@ -23,9 +23,10 @@ Decisions:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from dsagent.cache.eviction import EVICT_RATIO, needed_bytes
 
 AUTO = "auto"
 
@@ -62,13 +63,13 @@ def choose(
     *,
     size_bytes: int,
     before: Sequence[str] = (),
-    ratio: float = 1.2,
+    ratio: float = EVICT_RATIO,
     admit: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """The ``wanted`` nodes to hold a copy (fewer when fewer qualify), sorted by name.
     ``admit``: asked in rank order for each eligible node until ``wanted`` are admitted (the
     controller's tenancy bounds, docs/operator-guide/tenancy.md); a node it refuses is skipped."""
-    need = math.ceil(max(0, size_bytes) * ratio)
+    need = needed_bytes(max(0, size_bytes), ratio)
     kept = set(before)
 
     def eligible(n: NodeRoom) -> bool:  # a node chosen before stays eligible while its copy arrives

@@ -3,7 +3,7 @@
 Who calls it: :mod:`dsagent.cache.service` for ``GET /v1/tasks/{task}`` (one
 :class:`~dsagent.cache.task.DatasetStatus` per dataset of a task), ``GET /v1/datasets`` (one view
 per cached version), ``GET /v1/inventory`` (the inventory contract, see
-:mod:`dsagent.cache.inventory`) and the task states of ``GET /metrics``. The service passes the
+:mod:`dsplatform.wire.inventory`) and the task states of ``GET /metrics``. The service passes the
 catalog rows, the progress counters and whether work is still running; nothing here
 reads the clock, the disk or the catalog.
 """
@@ -16,6 +16,7 @@ from dsagent.cache.catalog import VersionRow
 from dsagent.cache.progress import FetchProgress
 from dsagent.cache.task import DatasetStatus, iso, redact_url
 from dsagent.errors import DsagentError
+from dsplatform.wire import inventory as wire_inventory
 
 _GONE = {
     "code": "gone",
@@ -124,23 +125,13 @@ def inventory(
     by_name: dict[str, list[dict[str, Any]]] = {}
     for view in views:
         by_name.setdefault(view["name"], []).append(view)
-    datasets: dict[str, Any] = {}
-    for name, mine in sorted(by_name.items()):
-        newest = mine[-1]  # versions come in resolution order: the last is current
-        entry = {key: newest[key] for key in ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")}
-        if newest["state"] == "fetching":
-            entry["heldBytes"] = newest["bytesDone"]  # a copy being fetched earns partial credit
-        if len(mine) > 1:
-            entry["versions"] = [{key: v[key] for key in ("digest", "state", "inUse", "sizeBytes")} for v in mine]
-        datasets[name] = entry
-    return {
-        "version": 1,
-        "node": node,
-        "capacityBytes": space["capacityBytes"],
-        "freeBytes": space["freeBytes"],
-        "datasets": datasets,
-        **({"stripes": stripes} if stripes else {}),
-    }
+    return wire_inventory.document(
+        node,
+        capacity_bytes=space["capacityBytes"],
+        free_bytes=space["freeBytes"],
+        datasets={name: wire_inventory.dataset_entry(mine) for name, mine in sorted(by_name.items())},
+        stripes=stripes,
+    )
 
 
 def task_states(task_ids: list[str], *, failed: set[str], working: set[str]) -> dict[str, int]:

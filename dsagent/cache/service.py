@@ -496,21 +496,11 @@ class CacheService:
 
     # -- eviction and the idle sweep ----------------------------------------------------
 
-    async def evict(
-        self,
-        *,
-        names: Sequence[str] = (),
-        mode: str = "names",
-        force: bool = False,
-        dry_run: bool = False,
-        free_bytes: int = 0,
-        tenant: str | None = None,
-    ) -> EvictionResult:
-        """Operator eviction: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``.
-        With ``tenant`` (named datasets only), only for that namespace (docs/operator-guide/tenancy.md)."""
-        result = await self._space.evict(
-            names=names, mode=mode, force=force, dry_run=dry_run, free_bytes=free_bytes, tenant=tenant
-        )
+    async def evict(self, **request: Any) -> EvictionResult:
+        """Operator eviction, as :meth:`dsagent.cache.space.Space.evict` (the same keyword
+        arguments: named datasets, ``idle`` ones, ``unused`` ones, or enough for ``space``;
+        ``tenant`` for one namespace); the catalog's ballast is kept up once something went."""
+        result = await self._space.evict(**request)
         if result.evicted:
             await self._db(self.catalog.keep_ballast)
         return result

@@ -18,17 +18,19 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     AliasChoices,
     BeforeValidator,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from dsagent.cache.eviction import EVICT_RATIO
 from dsagent.errors import SettingsError
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
@@ -36,10 +38,21 @@ from dsagent.format.storageconfig import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_T
 from dsplatform.gpus import RESOURCE_PREFIX
 from dsplatform.logs import LogSettings
 from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, ResourcePrefix, UnitShare, read_secret_file
 from dsplatform.units import Duration, Size, UnitError, parse_size
 
 ENV_PREFIX = "DSAGENT_"
+#: the shortest admin or peer token the agent accepts
+TOKEN_MIN_CHARS = 16
+
+
+def check_token(value: str | None, what: str) -> str | None:
+    """``value`` when it is long enough to be ``what`` (the admin or the peer token), or unset."""
+    if value is not None and len(value) < TOKEN_MIN_CHARS:
+        raise ValueError(
+            f"the {what} must be at least {TOKEN_MIN_CHARS} characters (generate one with: openssl rand -hex 16)"
+        )
+    return value
 
 
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -202,14 +215,7 @@ class AgentLogSettings(LogSettings):
     webhook on their own), docs/design.md#logs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentLogSettings:
-        """The three variables alone (the controller's and the webhook's start-up); one error lists every bad one."""
-        try:
-            return AgentLogSettings.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
 
 class Settings(StorageSettings, AgentLogSettings):
@@ -217,8 +223,8 @@ class Settings(StorageSettings, AgentLogSettings):
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
     disk use (a version's bytes plus its files' blocks and inodes, not logical bytes);
-    ``evict_ratio`` is the eviction rule's 1.2 (docs/design.md#eviction). Concurrency
-    (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
+    ``evict_ratio`` is the eviction rule's ratio (:data:`dsagent.cache.eviction.EVICT_RATIO`,
+    docs/design.md#eviction). Concurrency (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
     ``fetch_workers`` threads. Leases: a task's datasets stay in use for ``lease_ttl``
     seconds after its last request (repeat the request to renew).
     """
@@ -236,10 +242,10 @@ class Settings(StorageSettings, AgentLogSettings):
     # threshold (see :meth:`disk_floor`). None: 15% in cluster mode, nothing standalone.
     reserve: Share | None = None
     nodefs_available: Share = Field(0.10, validation_alias=_env("NODEFS_AVAILABLE", "nodefs_available"))
-    evict_ratio: float = 1.2
+    evict_ratio: float = EVICT_RATIO
     # the most of this node's cache one namespace's controller pins (warm-up, replicas,
     # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/operator-guide/tenancy.md)
-    namespace_share: float = 1.0
+    namespace_share: UnitShare = 1.0
     idle_ttl: Duration = 7 * 86400.0
     lease_ttl: Duration = 6 * 3600.0
     sweep_interval: Duration = 60.0
@@ -355,13 +361,6 @@ class Settings(StorageSettings, AgentLogSettings):
     def _no_capacity(cls, value: Any) -> Any:
         return None if value == "" else value
 
-    @field_validator("namespace_share")
-    @classmethod
-    def _share(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(f"{value!r} is not a share within (0, 1]")
-        return value
-
     @field_validator("evict_ratio", mode="before")
     @classmethod
     def _ratio(cls, value: Any) -> float:
@@ -373,33 +372,19 @@ class Settings(StorageSettings, AgentLogSettings):
             raise ValueError(f"the eviction ratio must be a number >= 1.0, got {value!r}")
         return ratio
 
-    @field_validator("max_fetches", "fetch_workers", "max_dataset_files")
+    @field_validator(
+        "max_fetches", "fetch_workers", "max_dataset_files", "peer_max_uploads", "peer_max_uploads_per_peer"
+    )
     @classmethod
     def _at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"expected a number >= 1, got {value!r}")
         return value
 
-    @field_validator("peer_max_uploads", "peer_max_uploads_per_peer")
+    @field_validator("peer_token", "admin_token")
     @classmethod
-    def _one_upload(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"expected a number >= 1, got {value!r}")
-        return value
-
-    @field_validator("peer_token")
-    @classmethod
-    def _peer_token(cls, value: str | None) -> str | None:
-        if value is not None and len(value) < 16:
-            raise ValueError("the peer token must be at least 16 characters (generate one with: openssl rand -hex 16)")
-        return value
-
-    @field_validator("admin_token")
-    @classmethod
-    def _token(cls, value: str | None) -> str | None:
-        if value is not None and len(value) < 16:
-            raise ValueError("the admin token must be at least 16 characters (generate one with: openssl rand -hex 16)")
-        return value
+    def _token(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return check_token(value, str(info.field_name).replace("_", " "))  # "peer token", "admin token"
 
     @field_validator("roce_classes")
     @classmethod
@@ -415,10 +400,10 @@ class Settings(StorageSettings, AgentLogSettings):
     def _whole_settings(self) -> Settings:
         if self.admin_token is None and self.admin_token_file is not None:
             token = read_secret_file(self.admin_token_file, f"{ENV_PREFIX}ADMIN_TOKEN_FILE")
-            object.__setattr__(self, "admin_token", self._token(token))
+            object.__setattr__(self, "admin_token", check_token(token, "admin token"))
         if self.peer_token is None and self.peer_token_file is not None:
             token = read_secret_file(self.peer_token_file, f"{ENV_PREFIX}PEER_TOKEN_FILE")
-            object.__setattr__(self, "peer_token", self._peer_token(token))
+            object.__setattr__(self, "peer_token", check_token(token, "peer token"))
         unlisted = [p for p in self.protocols if p not in self.storage_option_keys]
         if unlisted:
             raise ValueError(
@@ -428,17 +413,6 @@ class Settings(StorageSettings, AgentLogSettings):
         if len(str(self.socket).encode()) > 107:
             raise ValueError(f"socket path {str(self.socket)!r} is too long for a unix socket (max 107 bytes)")
         return self
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Settings from ``DSAGENT_*`` variables (flags in ``overrides`` win).
-
-        One :class:`SettingsError` lists every bad one.
-        """
-        try:
-            return cls.read(environ, **overrides)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 __all__ = ["ENV_PREFIX", "Settings", "StorageSettings", "default_root", "parse_listen"]

@@ -3,8 +3,10 @@
 Who calls it: :mod:`dsagent.cache.service` builds them, :mod:`dsagent.api.schemas` and the
 cluster integration read them (both import them from :mod:`dsagent.cache.service`, which
 re-exports them). A task (a pod UID, a job id) asks for datasets; its record says where
-each one stands. ``storage_options`` may hold credentials: they are never logged, stored
-or returned, so only :meth:`DatasetRequest.redacted` reaches the catalog.
+each one stands (:class:`DatasetStatus` and :class:`TaskRecord`, defined with the status
+body they are written as, :mod:`dsplatform.wire.agenttask`). ``storage_options`` may hold
+credentials: they are never logged, stored or returned, so only
+:meth:`DatasetRequest.redacted` reaches the catalog.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from dsagent.cache.catalog import TaskRow
 from dsagent.cache.layout import validate_name
 from dsagent.errors import Conflict, InvalidInput
 from dsagent.format.sources import SourcePolicy
-from dsplatform.kubetime import format_time
 from dsplatform.names import TASK_ID_HINT, canonical_task_id
+from dsplatform.wire.agenttask import DatasetStatus, TaskRecord, iso  # the status the API writes
 
 
 @dataclass(frozen=True)
@@ -48,40 +50,6 @@ class DatasetRequest:
             "hasStorageOptions": bool(self.storage_options),
             **({"allowPerFile": True} if self.allow_per_file else {}),
         }
-
-
-@dataclass(frozen=True)
-class DatasetStatus:
-    """Where one dataset of a task stands."""
-
-    name: str
-    source: str
-    bundles: str | None
-    digest: str | None
-    state: str  # resolving | fetching | ready | failed
-    path: str | None = None
-    size_bytes: int = 0
-    files: int = 0
-    bytes_done: int = 0
-    files_done: int = 0
-    rate: float = 0.0
-    eta: float | None = None
-    error: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    task_id: str
-    created_at: float
-    lease_until: float
-    datasets: tuple[DatasetStatus, ...]
-
-    @property
-    def state(self) -> str:
-        states = {d.state for d in self.datasets}
-        if "failed" in states:
-            return "failed"
-        return "ready" if states <= {"ready"} else "pending"
 
 
 def task_key(task_id: str) -> str:
@@ -132,11 +100,6 @@ def redact_url(url: str | None) -> str | None:
         return url
     netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
-
-
-def iso(ts: float | None) -> str | None:
-    """``ts`` as the API and reports print times: RFC 3339, whole seconds, UTC."""
-    return None if ts is None else format_time(ts)
 
 
 __all__ = [

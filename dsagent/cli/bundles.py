@@ -73,12 +73,11 @@ def digest(
     name: str | None,
     output: str,
     as_json: bool,
-    source_option_pairs: tuple[str, ...],
-    source_options_files: tuple[str, ...],
+    source_opts: dict[str, Any],
     digest_cache: bool,
 ) -> None:
     """Digest SOURCE (a local path or fsspec URL) and print its dataset digest (-o json: the manifest)."""
-    options = options_for_stores(source_option_pairs, source_options_files)
+    options = options_for_stores(source_opts)
     digest_source(source, name, "json" if as_json else output, options, digest_cache, click.echo)
 
 
@@ -132,8 +131,7 @@ def digest(
 )
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
-    processes: int, source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...],
-    store_option_pairs: tuple[str, ...], store_options_files: tuple[str, ...], output: str, digest_cache: bool,
+    processes: int, source_opts: dict[str, Any], store_opts: dict[str, Any], output: str, digest_cache: bool,
     publish_namespace: str | None,
 ) -> None:  # fmt: skip
     """Digest SOURCE and pack it into tar+zstd bundles in STORE as dataset NAME.
@@ -145,8 +143,8 @@ def pack(
     cap = parse_size(max_bytes)
     if cap < 1:
         raise InvalidInput("--max-bytes must be at least 1 byte")
-    src_options = options_for_stores(source_option_pairs, source_options_files)
-    dst_options = options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
+    src_options = options_for_stores(source_opts)
+    dst_options = options_for_stores(store_opts)
     start = time.monotonic()
     cache = open_cache(digest_cache)
     try:
@@ -200,14 +198,13 @@ def unpack(
     dest: str,
     name: str,
     workers: int | None,
-    store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...],
+    store_opts: dict[str, Any],
     output: str,
 ) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
     from dsagent.format.extract import unpack as unpack_dataset
 
-    options = options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
+    options = options_for_stores(store_opts)
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=options)
     with progress_bar("unpacking", manifest.total_bytes) as progress:
@@ -243,17 +240,14 @@ def verify(
     directory: str,
     store: str,
     name: str,
-    store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...],
+    store_opts: dict[str, Any],
     output: str,
 ) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
     from dsagent.format.extract import verify_tree
 
     start = time.monotonic()
-    manifest = read_manifest(
-        store, name, storage_options=options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
-    )
+    manifest = read_manifest(store, name, storage_options=options_for_stores(store_opts))
     verify_tree(os.fspath(directory), manifest)
     elapsed = time.monotonic() - start
     data = {

@@ -24,16 +24,16 @@ import click
 
 from dsagent.api.client import AgentClient
 from dsagent.cli.options import (
-    DURATION,
     default_socket,
     output_option,
     source_options,
-    storage_options,
     store_options,
+    timeout_option,
 )
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, InvalidInput, TransientError
 from dsplatform.units import format_size
+from dsplatform.wire.agenttask import TaskStatusBody
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 POLL_SECONDS = 0.5
@@ -107,8 +107,8 @@ def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:
 
 
 def wait_until_done(
-    client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[dict[str, Any]], None]
-) -> dict[str, Any]:
+    client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[TaskStatusBody], None]
+) -> TaskStatusBody:
     """Poll the task until every dataset is ready (returns) or one failed (raises)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -125,7 +125,7 @@ def wait_until_done(
         time.sleep(POLL_SECONDS)
 
 
-def _failure(record: dict[str, Any]) -> DsagentError:
+def _failure(record: TaskStatusBody) -> DsagentError:
     failed = next(d for d in record["datasets"] if d["state"] == "failed")
     error = failed.get("error") or {}
     from dsagent.api.client import _BY_CODE
@@ -142,7 +142,7 @@ class ProgressView:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last: str | None = None
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: TaskStatusBody) -> None:
         line = describe(record)
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
@@ -154,7 +154,7 @@ class ProgressView:
         self._last = line
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: TaskStatusBody) -> str:
     datasets = record["datasets"]
     total = sum(d["sizeBytes"] for d in datasets)
     done = sum(d["bytesDone"] for d in datasets)
@@ -191,9 +191,7 @@ def describe(record: dict[str, Any]) -> str:
 @click.option(
     "--wait/--no-wait", default=True, show_default=True, help="Wait with progress until the datasets are ready."
 )
-@click.option(
-    "--timeout", type=DURATION, default=None, metavar="DURATION", help="Give up waiting after this long, e.g. 90s, 10m."
-)
+@timeout_option("Give up waiting after this long, e.g. 90s, 10m.")
 @output_option
 @source_options
 @store_options
@@ -202,18 +200,15 @@ def cache(
     specs: tuple[str, ...], bundles: str | None, allow_per_file: bool, task_id: str | None, from_env: bool, wait: bool,
     timeout: float | None,
     output: str,
-    source_option_pairs: tuple[str, ...], source_options_files: tuple[str, ...], store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...], agent_url: str | None, socket_path: str | None, token: str | None,
+    source_opts: dict[str, Any], store_opts: dict[str, Any], agent_url: str | None, socket_path: str | None,
+    token: str | None,
 ) -> None:  # fmt: skip
     """Cache datasets on this node for a task (idempotent per task).
 
     The agent reads a dataset's source and its bundle store with one set of storage
     options, so --source-option and --store-option are merged (a key given both ways
     must agree)."""
-    options = merged_options(
-        storage_options(source_option_pairs, source_options_files),
-        storage_options(store_option_pairs, store_options_files, flag="--store-option"),
-    )
+    options = merged_options(source_opts, store_opts)
     if from_env and (specs or bundles or allow_per_file):
         raise InvalidInput(
             "give either NAME=SOURCE arguments (with --bundles, --allow-per-file) or --from-env, not both"
@@ -252,9 +247,7 @@ def cache(
     required=True,
     help="Task id from DSAGENT_TASK_ID (and DSAGENT_DATASETS to submit if needed).",
 )
-@click.option(
-    "--timeout", type=DURATION, default=None, metavar="DURATION", help="Give up after this long, e.g. 90s, 10m."
-)
+@timeout_option("Give up after this long, e.g. 90s, 10m.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @agent_options
 def wait(
@@ -293,13 +286,7 @@ def status(task_id: str, output: str, agent_url: str | None, socket_path: str | 
 
 @click.command()
 @click.argument("task_id")
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default=None,
-    metavar="DURATION",
-    help="Stop waiting after this long (exit 14; the release goes on), e.g. 90s, 10m. Default: wait until done.",
-)
+@timeout_option("Stop waiting after this long (exit 14; the release goes on), e.g. 90s, 10m. Default: wait until done.")
 @output_option
 @agent_options
 def release(
@@ -355,12 +342,8 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
 @click.option("--all-unused", is_flag=True, help="Evict every dataset no task uses.")
 @click.option("--dry-run", is_flag=True, help="Show what would be evicted.")
 @click.option("--force", is_flag=True, help="Evict named datasets even while tasks use them.")
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default=None,
-    metavar="DURATION",
-    help="Stop waiting after this long (exit 14; the eviction goes on), e.g. 90s, 10m. Default: wait until done.",
+@timeout_option(
+    "Stop waiting after this long (exit 14; the eviction goes on), e.g. 90s, 10m. Default: wait until done."
 )
 @output_option
 @agent_options
@@ -407,9 +390,7 @@ def evict(
 @click.option(
     "--wait/--no-wait", default=False, show_default=True, help="Wait until the operation has finished, with progress."
 )
-@click.option(
-    "--timeout", type=DURATION, default=None, metavar="DURATION", help="With --wait: stop waiting after this long."
-)
+@timeout_option("With --wait: stop waiting after this long.")
 @output_option
 @agent_options
 def operation(
@@ -482,7 +463,7 @@ def _follow(output: str, call: Follow, what: str) -> dict[str, Any]:
         show.done()
 
 
-def _print_record(record: dict[str, Any], output: str) -> None:
+def _print_record(record: TaskStatusBody, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(record, indent=2))
         return

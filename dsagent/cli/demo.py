@@ -157,10 +157,8 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
             if record["state"] != "ready":
                 raise RuntimeError(f"caching failed: {record['datasets'][0]['error']}")
             entry = record["datasets"][0]
-            say(
-                verb,
-                f"{DATASET}@{entry['digest'][:12]} for {task} in {time.monotonic() - start:.2f} s -> {entry['path']}",
-            )
+            digest = (entry["digest"] or "-")[:12]
+            say(verb, f"{DATASET}@{digest} for {task} in {time.monotonic() - start:.2f} s -> {entry['path']}")
         for row in client.datasets()["datasets"]:
             say(
                 "listed",

@@ -16,6 +16,7 @@ Nothing here imports click.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -53,9 +54,11 @@ def digest_cache_path(environ: Mapping[str, str]) -> Path:
 
 
 def open_cache(enabled: bool) -> DigestCache | None:
+    if not enabled:
+        return None  # and sqlite3 is not imported
     from dsagent.format.digestcache import DigestCache
 
-    return DigestCache(digest_cache_path(os.environ)) if enabled else None
+    return DigestCache(digest_cache_path(os.environ))
 
 
 class Counter:
@@ -205,6 +208,10 @@ def quick_digest(args: Sequence[str]) -> bool:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
+    # The walk makes a few objects per file and no cycles, yet the collector would walk every
+    # live object again and again as they pile up (~5% of the CPU of a 20,000-file digest);
+    # this process ends with the digest.
+    gc.disable()
     digest_source(parsed["source"], parsed["name"], parsed["output"], None, parsed["use_cache"], echo)
     return True
 

@@ -9,6 +9,7 @@ one line per orphan and a summary; ``-o json`` for machines.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -33,8 +34,7 @@ def gc(
     store: str,
     delete: bool,
     grace: str,
-    store_option_pairs: tuple[str, ...],
-    store_options_files: tuple[str, ...],
+    store_opts: dict[str, Any],
     output: str,
 ) -> None:
     """List (or with --delete remove) the bundles in STORE that no manifest references."""
@@ -44,7 +44,7 @@ def gc(
         grace_seconds = parse_duration(grace)
     except UnitError as exc:
         raise InvalidInput(f"--grace: {exc}", hint="e.g. --grace 24h") from exc
-    options = options_for_stores(store_option_pairs, store_options_files, flag="--store-option")
+    options = options_for_stores(store_opts)
     plan = collect(store, options, grace_seconds=grace_seconds, delete=delete)
     if output == "json":
         data = {

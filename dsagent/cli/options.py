@@ -26,10 +26,11 @@ only, so ``-o KEY=VALUE`` fails with a usage error naming the choices.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -99,14 +100,12 @@ def default_socket(environ: Mapping[str, str]) -> Path:
     return default_root(env) / "dsagent.sock"
 
 
-def options_for_stores(
-    pairs: Sequence[str], files: Sequence[str] = (), *, flag: str = "--source-option"
-) -> dict[str, Any]:
-    """:func:`storage_options`, carrying the storage bounds of the settings down to every
-    filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
+def options_for_stores(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (as :func:`storage_options` read them), carrying the storage bounds of the
+    settings down to every filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
     from dsagent.format.storageconfig import with_config
 
-    return with_config(storage_options(pairs, files, flag=flag), settings_storage_config)
+    return with_config(dict(options), settings_storage_config)
 
 
 def settings_storage_config(environ: Mapping[str, str] | None = None) -> StorageConfig:
@@ -129,43 +128,41 @@ def output_option(fn: _F) -> _F:
     )(fn)
 
 
-def source_options(fn: _F) -> _F:
-    """``--source-option KEY=VALUE`` (repeatable; hidden alias ``--option``) and ``--source-options-file``."""
-    fn = click.option(
-        "--source-options-file",
-        "source_options_files",
-        multiple=True,
-        metavar="FILE.json",
-        help="JSON object of fsspec storage options for the source.",
-    )(fn)
-    fn = click.option(
-        "--source-option",
-        "--option",
-        "source_option_pairs",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="fsspec storage option for the source (repeatable), e.g. endpoint_url=http://minio:9000.",
-    )(fn)
-    return fn
+def _options_pair(kind: str, what: str, example: str, *aliases: str) -> Callable[[_F], _F]:
+    """``--KIND-option KEY=VALUE`` (repeatable) and ``--KIND-options-file``, read by
+    :func:`storage_options` into the command's one parameter ``KIND_opts``."""
+    flag = f"--{kind}-option"
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def given(*args: Any, **kwargs: Any) -> Any:
+            pairs, files = kwargs.pop(f"{kind}_option_pairs"), kwargs.pop(f"{kind}_options_files")
+            return fn(*args, **kwargs, **{f"{kind}_opts": storage_options(pairs, files, flag=flag)})
+
+        wrapped: _F = cast(_F, given)
+        wrapped = click.option(
+            f"--{kind}-options-file",
+            f"{kind}_options_files",
+            multiple=True,
+            metavar="FILE.json",
+            help=f"JSON object of fsspec storage options for the {what}.",
+        )(wrapped)
+        return click.option(
+            flag,
+            *aliases,
+            f"{kind}_option_pairs",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help=f"fsspec storage option for the {what} (repeatable){example}.",
+        )(wrapped)
+
+    return decorate
 
 
-def store_options(fn: _F) -> _F:
-    """``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file``."""
-    fn = click.option(
-        "--store-options-file",
-        "store_options_files",
-        multiple=True,
-        metavar="FILE.json",
-        help="JSON object of fsspec storage options for the bundle store.",
-    )(fn)
-    fn = click.option(
-        "--store-option",
-        "store_option_pairs",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="fsspec storage option for the bundle store (repeatable).",
-    )(fn)
-    return fn
+#: ``--source-option KEY=VALUE`` (repeatable; hidden alias ``--option``) and ``--source-options-file``
+source_options = _options_pair("source", "source", ", e.g. endpoint_url=http://minio:9000", "--option")
+#: ``--store-option KEY=VALUE`` (repeatable) and ``--store-options-file``
+store_options = _options_pair("store", "bundle store", "")
 
 
 class DurationType(click.ParamType[float]):
@@ -189,6 +186,12 @@ class DurationType(click.ParamType[float]):
 #: ``--timeout`` and every other duration option
 DURATION = DurationType()
 
+
+def timeout_option(help: str) -> Callable[[_F], _F]:  # noqa: A002 - click's name
+    """``--timeout DURATION`` (default: none), in the platform's duration syntax."""
+    return click.option("--timeout", type=DURATION, default=None, metavar="DURATION", help=help)
+
+
 __all__ = [
     "DURATION",
     "DurationType",
@@ -196,6 +199,7 @@ __all__ = [
     "output_option",
     "source_options",
     "storage_options",
+    "timeout_option",
     "store_options",
     "options_for_stores",
     "settings_storage_config",

@@ -33,6 +33,11 @@ from dsagent.errors import InvalidInput, TransientError
 )
 @click.option("--steps", required=True, help="Batches on one GPU for the whole run, e.g. 1e5.")
 @click.option("--deadline", default=None, help="RFC 3339 time or a duration from now, e.g. 6h.")
+@click.option(
+    "--deadline-factor",
+    default=None,
+    help="Instead of --deadline: high, normal, low or a number; deadline = now + factor x run time on one GPU.",
+)
 @click.option("--max-gpus", type=int, required=True, help="Most GPUs the job may use.")
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")
 @output_option
@@ -44,6 +49,7 @@ def plan(
     profiled_steps: str | None,
     steps: str,
     deadline: str | None,
+    deadline_factor: str | None,
     max_gpus: int,
     as_json: bool,
     output: str,
@@ -60,6 +66,7 @@ def plan(
             "profiled-steps": profiled_steps,
             "steps": steps,
             "deadline": deadline,
+            "deadline-factor": deadline_factor,
             "max-gpus": str(max_gpus),
         }.items()
         if v is not None
@@ -93,7 +100,8 @@ def format_answer(body: dict[str, Any]) -> str:
 
     lines = []
     chosen = body.get("plan")
-    lines.append(f"plan ({body.get('branch')}): {one(chosen)}" if chosen else "no plan: no free GPUs known")
+    ranked = f", ranked by {body['formula']}" if body.get("formula") else ""
+    lines.append(f"plan ({body.get('branch')}{ranked}): {one(chosen)}" if chosen else "no plan: no free GPUs known")
     for name, p in sorted((body.get("candidates") or {}).items()):
         lines.append(f"  {name}: {one(p)}")
     return "\n".join(lines)

@@ -8,14 +8,14 @@ names loads no agent code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from dsagent.errors import SettingsError
 from dsplatform.names import is_dns_label, is_dns_subdomain
-from dsplatform.settings import EnvSettings, InvalidSettings
+from dsplatform.settings import EnvSettings
 from dsplatform.units import Duration
 
 
@@ -23,6 +23,7 @@ class ClusterSettings(EnvSettings):
     """Cluster-mode settings, from ``DSAGENT_*`` (validated once at start-up)."""
 
     model_config = SettingsConfigDict(env_prefix="DSAGENT_", extra="ignore")
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
     publish_interval: Duration = 10.0
     watch_timeout: int = Field(300, exclude=True)  # not configurable: the watch's server-side timeout
@@ -53,13 +54,6 @@ class ClusterSettings(EnvSettings):
         if value <= 0:
             raise ValueError("must be positive")
         return value
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> ClusterSettings:
-        try:
-            return cls.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 __all__ = ["ClusterSettings"]

@@ -42,6 +42,7 @@ WEBHOOK_NAMES = frozenset(
     for name in (
         "LISTEN", "CERT_FILE", "KEY_FILE", "INJECTION_FILE", "KUBECONFIG",
         "GPU_CLASSES", "JOB_LABELS", "JOB_TTL", "GPU_RESOURCE", "CLASS_PREFIX", "NETWORKS",
+        "DEADLINE_PLANS", "PLAN_FORMULA",
     )
 )  # fmt: skip
 #: the ``DSAGENT_CONTROLLER_*`` fields of :class:`dsagent.controller.controllersettings.ControllerSettings`

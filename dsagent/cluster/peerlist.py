@@ -13,8 +13,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from dsagent.cache.inventory import ANNOTATION, ANNOTATION_MAX_BYTES, holds
 from dsplatform import boundedjson
+from dsplatform.wire.inventory import ANNOTATION, holds, loads
 
 log = logging.getLogger("dsagent.cluster")
 
@@ -41,12 +41,12 @@ def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: s
         if not text:
             continue
         try:
-            inventory = boundedjson.loads(text, what="node inventory", max_bytes=ANNOTATION_MAX_BYTES)
+            inventory = loads(text, what="node inventory")
         except boundedjson.JsonRefused as exc:
             log.debug("node %s has an unreadable inventory: %s", metadata.name, exc)
             continue
         address = _address(node)
-        state = holds(inventory, name, digest) if isinstance(inventory, dict) and address is not None else None
+        state = holds(inventory, name, digest) if address is not None else None
         if state is not None and address is not None:
             host = f"[{address}]" if ":" in address else address
             (urls if state == "ready" else fetching).append(f"http://{host}:{port}")

@@ -3,7 +3,7 @@
 Three annotations, read by the scheduler extender (contract: docs/design.md#annotations):
 
 - ``dsagent.io/inventory``: the compact inventory JSON (budget 64 KiB, trimmed by
-  :func:`dsagent.cache.inventory.compact`);
+  :func:`dsplatform.wire.inventory.compact`);
 - ``dsagent.io/topology``: the compact topology JSON (budget 32 KiB; left out when larger);
 - ``dsagent.io/free-gpus``: the indices of free GPUs, published whenever they are known:
   from the kubelet's pod-resources API (``dsagent.nodeplugins.deviceplugin.podresources``, wired in by the
@@ -23,10 +23,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dsagent.cache import inventory as inventory_contract
 from dsplatform import published
 from dsplatform.gpus import GpuResources, QuantityError, pod_gpus
 from dsplatform.kubetime import format_time, parse_or_none
+from dsplatform.wire import inventory as inventory_contract
 
 INVENTORY = inventory_contract.ANNOTATION
 TOPOLOGY = published.TOPOLOGY

@@ -20,6 +20,8 @@ from typing import Any
 
 from dsplatform.kubetime import format_micro_time
 from dsplatform.tenancy import ACTING_FOR_HEADER, acting_for
+from dsplatform.wire.agenttask import MESSAGE_MAX, DatasetRequestBody, dataset_request, read_datasets
+from dsplatform.wire.agenttask import task_request as wire_task_request
 
 log = logging.getLogger("dsagent.controller")
 
@@ -73,13 +75,12 @@ def http_call(
         return response.status_code, None
 
 
-def task_request(name: str, spec: JSON) -> JSON:
+def task_request(name: str, spec: JSON) -> DatasetRequestBody:
     """One dataset of an agent task, from a Dataset's spec (its source and bundle store)."""
-    request = {"name": name, "source": spec.get("source")}
-    if isinstance(spec.get("bundles"), str):
-        request["bundles"] = spec["bundles"]
-        request["allowPerFile"] = True  # the cluster path: see dsagent.cluster.podenv
-    return request
+    bundles = spec.get("bundles") if isinstance(spec.get("bundles"), str) else None
+    source: Any = spec.get("source")  # as the Dataset has it: the agent refuses a missing one
+    # with a bundle store, the cluster path: see dsagent.cluster.podenv
+    return dataset_request(name, source, bundles=bundles, allow_per_file=bundles is not None)
 
 
 def hold_on(
@@ -94,7 +95,8 @@ def hold_on(
             agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who)
     request = task_request(name, spec)
     return [
-        task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", {"datasets": [request]}, who)) for node in chosen
+        task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", dict(wire_task_request([request])), who))
+        for node in chosen
     ]
 
 
@@ -109,26 +111,20 @@ def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
     if answer is None:
         return {"node": node, "state": "unreachable", "bytesDone": 0, "bytesWanted": 0}
     code, body = answer
-    datasets = body.get("datasets") if isinstance(body, dict) else None
-    item = datasets[0] if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict) else {}
-    if code != 200 or not item:
+    datasets = read_datasets(body)
+    if code != 200 or not datasets:
         message = body.get("message") if isinstance(body, dict) else None
         return {
             "node": node,
             "state": "failed",
             "bytesDone": 0,
             "bytesWanted": 0,
-            "message": str(message or code)[:300],
+            "message": str(message or code)[:MESSAGE_MAX],
         }
-
-    def number(key: str) -> int:
-        value = item.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-    state = item.get("state") if item.get("state") in ("ready", "fetching", "resolving", "failed") else "unknown"
-    report = {"node": node, "state": state, "bytesDone": number("bytesDone"), "bytesWanted": number("sizeBytes")}
-    if state == "failed" and isinstance(item.get("error"), dict):
-        report["message"] = str(item["error"].get("message"))[:300]
+    first = datasets[0]
+    report = {"node": node, "state": first.state, "bytesDone": first.bytes_done, "bytesWanted": first.size_bytes}
+    if first.message is not None:
+        report["message"] = first.message
     return report
 
 

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsplatform.wire.inventory import versions_of
+
 JSON = dict[str, Any]
 
 #: node names listed in status.cache's lists at most (the counts are always whole)
@@ -51,11 +53,8 @@ def holdings(inventories: Mapping[str, Mapping[str, Any]], name: str, digest: st
         return {}
     out: dict[str, Holding] = {}
     for node, inv in inventories.items():
-        datasets = inv.get("datasets")
-        entry = datasets.get(name) if isinstance(datasets, Mapping) else None
-        if isinstance(entry, Mapping):
-            versions = [entry, *[v for v in entry.get("versions") or [] if isinstance(v, Mapping)]]
-            mine = [v for v in versions if v.get("digest") == digest]
+        mine = [v for v in versions_of(inv, name) if v.get("digest") == digest]
+        if mine:
             states = {v.get("state") for v in mine}
             size = _whole(next((v.get("sizeBytes") for v in mine if _whole(v.get("sizeBytes"))), 0))
             if "ready" in states:

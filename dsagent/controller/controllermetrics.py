@@ -9,42 +9,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsplatform.metrics import MetricSet
 
-class ControllerMetrics:
+
+class ControllerMetrics(MetricSet):
     """The controller's own registry (``GET /metrics`` on ``DSAGENT_CONTROLLER_METRICS_PORT``)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        self.leader = Gauge("dsplatform_controller_leader", "1 while this replica holds the Lease.", registry=r)
-        self.passes = Counter("dsplatform_controller_passes", "Reconcile passes, by result.", ["result"], registry=r)
-        self.pass_seconds = Histogram(
-            "dsplatform_controller_pass_seconds", "Seconds one pass over every Dataset took.", registry=r
-        )
-        self.datasets = Counter(
-            "dsplatform_controller_reconciles", "Datasets reconciled, by result.", ["result"], registry=r
-        )
-        self.pack_jobs = Counter(
-            "dsplatform_controller_pack_jobs", "Pack Jobs created for new source listings.", registry=r
-        )
-        self.preparations = Gauge(
-            "dsplatform_controller_preparations",
+        super().__init__("controller")
+        self.leader = self.gauge("leader", "1 while this replica holds the Lease.")
+        self.passes = self.counter("passes", "Reconcile passes, by result.", "result")
+        self.pass_seconds = self.histogram("pass_seconds", "Seconds one pass over every Dataset took.")
+        self.datasets = self.counter("reconciles", "Datasets reconciled, by result.", "result")
+        self.pack_jobs = self.counter("pack_jobs", "Pack Jobs created for new source listings.")
+        self.preparations = self.gauge(
+            "preparations",
             "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
-            ["phase"],
-            registry=r,
+            "phase",
         )
-        self.preparation_releases = Counter(
-            "dsplatform_controller_preparation_releases",
+        self.preparation_releases = self.counter(
+            "preparation_releases",
             "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
-            registry=r,
         )
-        self.versions_by_copies = Gauge(
-            "dsplatform_controller_dataset_versions",
-            "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).",
-            ["copies"],
-            registry=r,
+        self.versions_by_copies = self.gauge(
+            "dataset_versions", "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).", "copies"
         )
         for result in ("ok", "error"):  # series exist before the first error
             self.passes.labels(result=result)

@@ -7,9 +7,8 @@ build it with keywords. Every feature's switch and presets live here, passed dow
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AliasChoices, BeforeValidator, Field, InstanceOf, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -18,7 +17,7 @@ from dsagent.cache import copies
 from dsagent.cache.preparation import Thresholds
 from dsagent.errors import SettingsError
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, UnitShare, not_from_env, read_secret_file
 from dsplatform.units import Duration, Size
 
 CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
@@ -45,6 +44,7 @@ class ControllerSettings(EnvSettings):
     an empty variable means its default."""
 
     model_config = SettingsConfigDict(env_prefix=CONTROLLER_PREFIX, env_ignore_empty=True)
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
     namespace: str = "default"  # where the Lease and the pack Jobs live
     lease_name: str = Field("dsplatform-dataset-controller", validation_alias=_controller_env("LEASE", "lease_name"))
@@ -78,7 +78,7 @@ class ControllerSettings(EnvSettings):
     replicas_max: int = 16  # copies one Dataset may hold: "auto" and a number alike (docs/operator-guide/tenancy.md)
     # tenancy bounds (docs/operator-guide/tenancy.md, the chart's tenancy.*)
     warm_nodes_max: int = Field(8, ge=1)
-    namespace_share: float = 0.5  # of any node's cache, through warm-up, replicas and preparation
+    namespace_share: UnitShare = 0.5  # of any node's cache, through warm-up, replicas and preparation
     namespace_bytes: Size | None = None  # pinned across the cluster; None: no bound beyond the share
     namespace_tasks: int = Field(64, ge=1)
     inventory_max_age: Duration = 300.0  # an older node inventory is used for nothing
@@ -102,13 +102,6 @@ class ControllerSettings(EnvSettings):
     def _metrics_port(cls, value: int | None) -> int | None:
         return value or None
 
-    @field_validator("namespace_share")
-    @classmethod
-    def _share(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(f"{value!r} is not a share within (0, 1]")
-        return value
-
     @field_validator("prepare_reserve_fraction", "prepare_fill_fraction")
     @classmethod
     def _fraction(cls, value: float) -> float:
@@ -129,15 +122,6 @@ class ControllerSettings(EnvSettings):
             )
             object.__setattr__(self, "prepare", thresholds)
         return self
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
-        """The settings from the environment (``os.environ`` unless given); one :class:`SettingsError`
-        lists every bad variable."""
-        try:
-            return cls.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 __all__ = ["CONTROLLER_PREFIX", "ControllerSettings"]

@@ -23,7 +23,6 @@ request is bounded (``api_timeout_s``) and after a failed pass the loop backs of
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -47,9 +46,11 @@ from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
+from dsplatform.boundedjson import JsonRefused
 from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_time
 from dsplatform.tenancy import acting_for
+from dsplatform.wire import inventory as wire_inventory
 
 log = logging.getLogger("dsagent.controller")
 
@@ -62,14 +63,13 @@ BACKOFF_MAX_S = 300.0
 
 
 def parse_inventory(raw: Any) -> dict[str, Any] | None:
-    """A Node's inventory annotation, or None when it is not a JSON object (hostile input)."""
-    if not isinstance(raw, str) or len(raw) > 1 << 20:
+    """A Node's inventory annotation, or None when it cannot be read (hostile input)."""
+    if not isinstance(raw, str):
         return None
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        return wire_inventory.loads(raw)
+    except JsonRefused:
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("datasets", {}), dict) else None
 
 
 class DatasetController:

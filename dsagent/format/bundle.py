@@ -288,32 +288,12 @@ def _prepare_directory(fs: Any, directory: str) -> None:
         ) from exc
 
 
-def pack(
-    source: str | os.PathLike[str],
-    store: str | os.PathLike[str],
-    *,
-    name: str,
-    max_files: int = DEFAULT_MAX_FILES,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    level: int = DEFAULT_LEVEL,
-    threads: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    store_options: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-    digest_cache: DigestCache | None = None,
-    workers: int | None = None,
-    processes: int = 1,
-) -> Manifest:
+def pack(source: str | os.PathLike[str], store: str | os.PathLike[str], *, name: str, **options: Any) -> Manifest:
     """Digest ``source`` and pack it into ``store`` as dataset ``name``; returns the manifest.
 
-    :func:`pack_dataset` without the count of reused bundles.
+    :func:`pack_dataset`, with the same options, without the count of reused bundles.
     """
-    packed, _ = pack_dataset(
-        source, store, name=name, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
-        storage_options=storage_options, store_options=store_options, progress=progress, digest_cache=digest_cache,
-        workers=workers, processes=processes,
-    )  # fmt: skip
-    return packed
+    return pack_dataset(source, store, name=name, **options)[0]
 
 
 def pack_dataset(

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import xxhash
 
 from dsagent.errors import IntegrityError, SourceUnavailable
-from dsagent.format.hashing import HASH_BUFFER, hash_fd, hash_file, hash_stream
+from dsagent.format import native as native_loops
+from dsagent.format.hashing import HASH_BUFFER, ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.format.storage import open_whole, resolve_local_first, translate_errors
 from dsagent.format.walk import (
@@ -82,7 +83,7 @@ class _Hasher:
         self._lock = threading.Lock()
 
     def batch(self, items: Sequence[Found]) -> list[tuple[FileEntry, Found | None]]:
-        buffer = bytearray(HASH_BUFFER) if self._local else None
+        buffer = read_buffer() if self._local else None
         results: list[tuple[FileEntry, Found | None]] = []
         item = None
         try:
@@ -97,7 +98,7 @@ class _Hasher:
                 self._progress(sum(entry.size for entry, _ in results), len(results))
         return results
 
-    def _one(self, item: Found, buffer: bytearray | None) -> tuple[FileEntry, Found | None]:
+    def _one(self, item: Found, buffer: ReadBuffer | None) -> tuple[FileEntry, Found | None]:
         if buffer is None:
             with open_whole(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
                 digest, size = hash_stream(stream)
@@ -182,17 +183,24 @@ def digest_files(
     workers: int | None = None,
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,
+    native: bool | None = None,
 ) -> Sequence[FileEntry]:
     """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
 
     Hashing runs while ``found`` is still being walked: on ``workers`` threads, or, for a
     big local tree in a single-threaded process, on one forked process per core (see
-    :class:`_ProcessPool`).
+    :class:`_ProcessPool`). A local tree without a digest cache is hashed by the native
+    extension on threads (:mod:`dsagent.format.native`) when it is built and ``native``
+    is not False (None: when it is built; True: it must be).
     """
     cache = digest_cache if is_local(fs) else None
     snapshot = cache.snapshot(root) if cache is not None else {}
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
+    if native and not native_loops.AVAILABLE:
+        raise RuntimeError("the native extension is not built (make native)")
+    if isinstance(found, LocalWalk) and cache is None and native is not False and native_loops.AVAILABLE:
+        return _native_digest(found.groups, count, progress)
     if isinstance(found, LocalWalk) and count > 1 and can_fork():
         head, rest = _peek(found.groups, PROCESS_MIN_FILES)
         if rest is not None:
@@ -250,16 +258,11 @@ def _peek(groups: Iterator[Dir], files: int) -> tuple[list[Dir], Iterator[Dir] |
 
 def _requests(groups: Iterable[Dir]) -> Iterator[list[Dir]]:
     """The walk's groups packed into requests of about :data:`_REQUEST_FILES` files."""
-    request: list[Dir] = []
-    files = 0
-    for group in groups:
-        request.append(group)
-        files += len(group.names)
-        if files >= _REQUEST_FILES:
+    rest: Iterator[Dir] | None = iter(groups)
+    while rest is not None:
+        request, rest = _peek(rest, _REQUEST_FILES)
+        if request:
             yield request
-            request, files = [], 0
-    if request:
-        yield request
 
 
 #: the digest cache's records under the source root: location -> (size, mtime, inode, ctime, digest)
@@ -277,7 +280,7 @@ class _Reply(NamedTuple):
     error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
 
 
-def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: bytearray) -> _Reply:
+def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBuffer) -> _Reply:
     """Hash one request's files in a hashing process (opening each relative to its directory)."""
     reply = _Reply([], [], [], [], [])
     name = ""
@@ -305,7 +308,7 @@ def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: bytear
 
 
 def _hash_names(
-    reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: bytearray
+    reply: _Reply, prefix: str, names: list[str], dfd: int, buffer: ReadBuffer
 ) -> tuple[str, str, int, int] | None:
     """Append the columns of files ``names`` in directory ``dfd`` to ``reply`` (no cache).
 
@@ -342,7 +345,7 @@ def _hash_names(
 
 
 def _hash_one(
-    reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: bytearray
+    reply: _Reply, path: str, name: str, directory: str, dfd: int, snapshot: _Snapshot | None, buffer: ReadBuffer
 ) -> tuple[str, str, int, int] | None:
     """Append one file's columns to ``reply`` (the error instead if it changed while read)."""
     if snapshot is not None:
@@ -386,7 +389,7 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
     # replies hold no cycles; the collector would only walk (and so copy, page by page)
     # the objects this process shares with its parent
     gc.disable()
-    buffer = bytearray(HASH_BUFFER)
+    buffer = read_buffer()
     while True:
         try:
             request = conn.recv()
@@ -491,6 +494,53 @@ class _ProcessPool:
         return table.build(), fresh
 
 
+def _native_request(request: list[Dir]) -> tuple[list[str], native_loops.Columns]:
+    """One request's paths and columns, hashed by the native extension (on a pool thread)."""
+    paths: list[str] = []
+    sizes: list[int] = []
+    mtimes: list[int] = []
+    digests: list[bytes] = []
+    for rel, directory, names in request:
+        prefix = f"{rel}/" if rel else ""
+        columns = native_loops.hash_names(directory, names, HASH_BUFFER, prefix=prefix)
+        paths.extend([prefix + name for name in names] if prefix else names)
+        sizes.extend(columns.sizes)
+        mtimes.extend(columns.mtimes)
+        digests.append(columns.digests)
+    return paths, native_loops.Columns(sizes, mtimes, b"".join(digests))
+
+
+def _native_digest(groups: Iterable[Dir], threads: int, progress: Progress | None) -> EntryTable:
+    """A local tree hashed by the native extension on ``threads`` threads while this one walks.
+
+    The C loop holds no GIL while it opens, reads and hashes, so threads use every core
+    without the process pool's forks, pickling and pipes; requests join the table in order.
+    """
+    from concurrent.futures import ThreadPoolExecutor  # here: the quick digest path imports no pool
+
+    table = EntryTableBuilder()
+    pending: deque[Future[tuple[list[str], native_loops.Columns]]] = deque()
+
+    def join(future: Future[tuple[list[str], native_loops.Columns]]) -> None:
+        paths, columns = future.result()
+        table.add_raw(paths, columns.sizes, columns.mtimes, columns.digests)
+        if progress is not None:
+            progress(sum(columns.sizes), len(paths))
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="dsagent-digest") as pool:
+        try:
+            for request in _requests(groups):
+                pending.append(pool.submit(_native_request, request))
+                while len(pending) > 2 * threads or (pending and pending[0].done()):
+                    join(pending.popleft())
+            while pending:
+                join(pending.popleft())
+        finally:
+            for future in pending:
+                future.cancel()
+    return table.build()
+
+
 def _died() -> SourceUnavailable:
     return SourceUnavailable("a digest process died", hint="see the system log (out of memory?) and retry")
 
@@ -534,12 +584,14 @@ def build_manifest(
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,
     confine: Sequence[str | os.PathLike[str]] | None = None,
+    native: bool | None = None,
 ) -> Manifest:
     """Walk and digest the dataset at ``source`` (a local path or any fsspec URL).
 
     ``digest_cache`` (local sources only) skips re-reading files whose path, size, mtime,
     ctime and inode are unchanged. ``progress(bytes, files)`` is called as files are done.
     ``confine`` (local sources only) refuses symlinks that resolve outside those directories.
+    ``native``: see :func:`digest_files`.
     Raises :class:`NotFound` if ``source`` does not exist, :class:`InvalidInput` for
     special files, broken or escaping links in it, :class:`SourceUnavailable` when reading fails.
     """
@@ -548,7 +600,9 @@ def build_manifest(
     empty_dirs: list[str] = []
     found = walk_source(fs, root, empty_dirs, confine=None if confine is None else [os.fspath(c) for c in confine])
     with translate_errors(f"source {os.fspath(source)!r}"):
-        entries = digest_files(fs, found, root=root, workers=workers, digest_cache=digest_cache, progress=progress)
+        entries = digest_files(
+            fs, found, root=root, workers=workers, digest_cache=digest_cache, progress=progress, native=native
+        )
     return Manifest.create(name, entries, directories=empty_dirs)
 
 

@@ -181,6 +181,15 @@ class EntryTableBuilder:
         self._digests += raw
         self.paths.extend(paths)
 
+    def add_raw(self, paths: list[str], sizes: list[int], mtimes: list[int], digests: bytes) -> None:
+        """:meth:`add` with the digests as 16 raw bytes each (the native digest's form)."""
+        if len(digests) != 16 * len(paths):
+            raise ValueError("not 16 digest bytes per file")
+        self.sizes.extend(sizes)
+        self.mtimes.extend(mtimes)
+        self._digests += digests
+        self.paths.extend(paths)
+
     def build(self) -> EntryTable:
         return EntryTable(self.paths, self.sizes, self.mtimes, bytes(self._digests))
 

@@ -54,7 +54,7 @@ from dsagent.errors import (
     local_write_error,
 )
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
-from dsagent.format.hashing import HASH_BUFFER, hash_file
+from dsagent.format.hashing import hash_file, read_buffer
 from dsagent.format.manifest import (
     BundleRef,
     EntryTable,
@@ -331,9 +331,11 @@ def _locked(progress: Progress | None) -> Progress | None:
     return report
 
 
-#: What the forked unpacking processes share with their parent (:func:`_in_processes`):
+#: What an unpacking job reads: the store, the manifest, the stage and the storage options.
+_Job = tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None]
+#: The job the forked unpacking processes share with their parent (:func:`_in_processes`):
 #: set just before they are forked, so that a task is only a bundle's index.
-_FORKED: tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None] | None = None
+_FORKED: _Job | None = None
 
 
 def _unpack_forked(index: int) -> None:
@@ -346,14 +348,7 @@ def _unpack_forked(index: int) -> None:
         writeback.check(since)
 
 
-def _in_processes(
-    store: str | os.PathLike[str],
-    manifest: Manifest,
-    stage: Path,
-    storage_options: Mapping[str, Any] | None,
-    progress: Progress | None,
-    count: int,
-) -> None:
+def _in_processes(job: _Job, progress: Progress | None, count: int) -> None:
     """Bundles unpacked by ``count`` forked processes: the per-file work (parsing, hashing,
     creating and renaming files) holds the GIL, so threads would take turns on it.
     Progress is counted a bundle at a time, as each one is published."""
@@ -362,7 +357,8 @@ def _in_processes(
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    _FORKED = (store, manifest, stage, storage_options)
+    _FORKED = job
+    manifest = job[1]
     try:
         with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = {pool.submit(_unpack_forked, i): bundle for i, bundle in enumerate(manifest.bundles)}
@@ -405,7 +401,7 @@ def _unpack_bundles(
             )
         return
     if can_fork():
-        _in_processes(store, manifest, stage, storage_options, progress, min(count, len(manifest.bundles)))
+        _in_processes((store, manifest, stage, storage_options), progress, min(count, len(manifest.bundles)))
         return
     shared = _locked(progress)
     with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
@@ -528,7 +524,7 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
     def check(entry: FileEntry) -> str | None:
         buffer = getattr(buffers, "buffer", None)
         if buffer is None:
-            buffer = buffers.buffer = bytearray(HASH_BUFFER)
+            buffer = buffers.buffer = read_buffer()
         with translate_errors(f"file {entry.path!r}"):
             digest, _ = hash_file(root / entry.path, buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"

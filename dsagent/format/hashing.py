@@ -9,6 +9,7 @@ buffer of :data:`HASH_BUFFER` bytes, a stream read :data:`CHUNK_SIZE` bytes at a
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import IO
 
@@ -23,6 +24,22 @@ CHUNK_SIZE = 1 << 20
 #: files on tmpfs 25% slower than 256 KiB (median of 9 runs, 0.70 against 0.55 s, more
 #: system time in the reads), although each read used only the buffer's first ~128 KB.
 HASH_BUFFER = 256 << 10
+
+#: What local files are read into: :func:`read_buffer`'s page-aligned buffers (a
+#: ``bytearray`` works too, at the cost :func:`read_buffer` explains).
+ReadBuffer = bytearray | mmap.mmap
+
+
+def read_buffer(size: int = HASH_BUFFER) -> mmap.mmap:
+    """A writable buffer of ``size`` bytes to read files into, page-aligned (anonymous memory).
+
+    The kernel copies file data into user memory about twice as slowly when the buffer's
+    address is not 64-byte aligned, and a large ``bytearray`` never is (malloc puts its
+    bytes 16 past a page): reading 20,000 files (610 MB) from tmpfs into a 256 KiB buffer
+    cost 0.55-0.69 s of system time 16 bytes past a page and 0.29-0.33 s on the page (the
+    same at 64 bytes past it). Writes from a misaligned buffer cost the same as aligned ones.
+    """
+    return mmap.mmap(-1, size)
 
 
 class FileHasher:
@@ -54,9 +71,9 @@ def hash_stream(stream: IO[bytes], chunk_size: int = CHUNK_SIZE) -> tuple[str, i
     return hasher.hexdigest(), hasher.size
 
 
-def hash_file(path: str | os.PathLike[str], buffer: bytearray | None = None) -> tuple[str, int]:
+def hash_file(path: str | os.PathLike[str], buffer: ReadBuffer | None = None) -> tuple[str, int]:
     """``(digest, size)`` of a local file, read with one reusable buffer (no per-chunk allocation)."""
-    buf = buffer if buffer is not None else bytearray(HASH_BUFFER)
+    buf = buffer if buffer is not None else read_buffer()
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         return hash_fd(fd, os.fstat(fd).st_size, buf)
@@ -64,7 +81,7 @@ def hash_file(path: str | os.PathLike[str], buffer: bytearray | None = None) -> 
         os.close(fd)
 
 
-def hash_fd(fd: int, expected: int, buffer: bytearray) -> tuple[str, int]:
+def hash_fd(fd: int, expected: int, buffer: ReadBuffer) -> tuple[str, int]:
     """``(digest, size)`` of what is left to read in the open file ``fd``, through ``buffer``.
 
     ``expected`` is the size the file was stat'ed with: a file smaller than ``buffer`` is
@@ -89,4 +106,6 @@ def hash_fd(fd: int, expected: int, buffer: bytearray) -> tuple[str, int]:
     return state.hexdigest(), size
 
 
-__all__ = ["CHUNK_SIZE", "HASH_BUFFER", "FileHasher", "hash_fd", "hash_file", "hash_stream"]
+__all__ = [
+    "CHUNK_SIZE", "HASH_BUFFER", "FileHasher", "ReadBuffer", "hash_fd", "hash_file", "hash_stream", "read_buffer",
+]  # fmt: skip

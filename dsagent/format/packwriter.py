@@ -34,6 +34,7 @@ import xxhash
 
 from dsagent.errors import InsufficientSpace, IntegrityError
 from dsagent.format.durable import fsync_dir
+from dsagent.format.hashing import ReadBuffer, read_buffer
 from dsagent.format.manifest import BUNDLES_DIR, CHUNK_SIZE, FileEntry, Progress, bundle_digest, bundle_path
 from dsagent.format.storage import open_whole, translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
@@ -110,14 +111,14 @@ class _TarBuffers:
     :data:`PIPELINE_BUFFERS` buffers exist, so the reader runs at most that far ahead.
     """
 
-    def __init__(self, free: queue.SimpleQueue[bytearray | None], full: queue.SimpleQueue[Any]) -> None:
+    def __init__(self, free: queue.SimpleQueue[ReadBuffer | None], full: queue.SimpleQueue[Any]) -> None:
         self._free = free
         self._full = full
         self.buf = self._take()
         self.view = memoryview(self.buf)
         self.pos = 0
 
-    def _take(self) -> bytearray:
+    def _take(self) -> ReadBuffer:
         buf = self._free.get()
         if buf is None:
             raise _Stopped
@@ -191,10 +192,10 @@ class BundleWriter:
         (the one-pass pack) is hashed as it is read, and must not change while it is.
         """
         digests: list[str] = []
-        free: queue.SimpleQueue[bytearray | None] = queue.SimpleQueue()
+        free: queue.SimpleQueue[ReadBuffer | None] = queue.SimpleQueue()
         full: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(PIPELINE_BUFFERS):
-            free.put(bytearray(CHUNK_SIZE))
+            free.put(read_buffer(CHUNK_SIZE))  # page-aligned: files are read straight into it
         failure: list[BaseException] = []
 
         def read() -> None:

@@ -74,6 +74,12 @@ _ZERO_BLOCK = bytes(BLOCK)
 MAX_TAIL = 2 * tarfile.RECORDSIZE
 #: The largest pax or GNU long-name header accepted (a path is at most a few KB).
 MAX_EXTENDED_HEADER = 1 << 20
+#: zstd is handed what is read from an object this much at a time: at the end of a frame
+#: it copies the input it did not use (``unused_data``), and a bundle of mixed data is a
+#: frame every few blocks, so handing it whole 1 MiB reads copied each read several times
+#: (decompressing a 623 MB bundle of 20,000 files cost 1.3-1.4 CPU-s against 0.5 for
+#: ``zstd -dc``).
+INPUT_PIECE = 64 << 10
 
 
 def tar_bound(members: Iterable[tuple[int, int]]) -> int:
@@ -106,7 +112,8 @@ class FrameReader:
         self._current = memoryview(b"")
         self._offset = 0
         self.produced = 0
-        self._chunks: Iterator[bytes] = _ReadAhead(self._decompressed(), ahead) if ahead > 0 else self._decompressed()
+        chunks = _joined(self._decompressed())
+        self._chunks: Iterator[bytes] = _ReadAhead(chunks, ahead) if ahead > 0 else chunks
 
     def __enter__(self) -> FrameReader:  # noqa: PYI034 - typing.Self needs Python 3.11; the project supports 3.10
         return self
@@ -123,22 +130,29 @@ class FrameReader:
         """The frame's decompressed bytes, at most :data:`CHUNK_SIZE` per step and ``limit`` in
         all, checking its end and its checksum: the one place decompression is bounded."""
         decompressor = self._decompressor
-        carried = b""  # bytes read past the end of the frame before: the next frame's start
+        pending = memoryview(b"")  # read from the object, not yet handed to zstd
+        carried: bytes | memoryview = b""  # input zstd had not used when its frame ended
         while True:
             if decompressor.eof:
-                carried = decompressor.unused_data or self._raw.read(CHUNK_SIZE if self._frames else 1)
+                carried = decompressor.unused_data
+                if not carried:
+                    if not pending:
+                        pending = memoryview(self._raw.read(CHUNK_SIZE if self._frames else 1))
+                    carried, pending = pending[:INPUT_PIECE], pending[INPUT_PIECE:]
                 if not carried:
                     return
                 if not self._frames:
                     raise IntegrityError(f"{self._what} has data after its end", hint="re-fetch or re-pack it")
                 decompressor = self._decompressor = _zstd.ZstdDecompressor()
-            compressed = b""
+            compressed: bytes | memoryview = b""
             if carried:
                 compressed, carried = carried, b""
             elif decompressor.needs_input:
-                compressed = self._raw.read(CHUNK_SIZE)
-                if not compressed:
-                    raise IntegrityError(f"{self._what} is truncated", hint="re-fetch or re-pack it")
+                if not pending:
+                    pending = memoryview(self._raw.read(CHUNK_SIZE))
+                    if not pending:
+                        raise IntegrityError(f"{self._what} is truncated", hint="re-fetch or re-pack it")
+                compressed, pending = pending[:INPUT_PIECE], pending[INPUT_PIECE:]
             try:
                 out = decompressor.decompress(compressed, max_length=CHUNK_SIZE)
             except _zstd.ZstdError as exc:
@@ -197,6 +211,22 @@ class FrameReader:
                     f"{self._what} has data after the end of its tar",
                     hint="the bundle is corrupt or hostile; re-pack it",
                 )
+
+
+def _joined(outputs: Iterator[bytes]) -> Iterator[bytes]:
+    """``outputs`` joined into chunks of at least half :data:`CHUNK_SIZE` (the last may be
+    less): zstd, handed :data:`INPUT_PIECE` bytes at a time, yields pieces of about that
+    size, and each chunk costs its consumer a queue hand-over and a few Python calls."""
+    parts: list[bytes] = []
+    size = 0
+    for out in outputs:
+        parts.append(out)
+        size += len(out)
+        if size >= CHUNK_SIZE // 2:
+            yield parts[0] if len(parts) == 1 else b"".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _ReadAhead:

@@ -22,37 +22,23 @@ webhook that did not answer). These metrics count them where they happen
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-
 from dsagent import __version__
+from dsplatform.metrics import CONTENT_TYPE, MetricSet
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OUTCOMES = ("patched", "unpatched", "failed_open", "invalid")
 # 1 ms .. 10 s: the API server's webhook timeout is 10 s at most (the chart sets 5 s)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
-disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created twins
 
-
-class WebhookMetrics:
+class WebhookMetrics(MetricSet):
     def __init__(self, version: str = __version__) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        self.admissions = Counter(
-            "dsplatform_webhook_admissions",
-            "AdmissionReviews answered, by outcome (patched, unpatched, failed_open, invalid).",
-            ["outcome"],
-            registry=r,
+        super().__init__("webhook", version)
+        self.admissions = self.counter(
+            "admissions", "AdmissionReviews answered, by outcome (patched, unpatched, failed_open, invalid).", "outcome"
         )
-        self.latency = Histogram(
-            "dsplatform_webhook_request_duration_seconds",
-            "Seconds an admission request took, by route.",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.latency = self.histogram(
+            "request_duration_seconds", "Seconds an admission request took, by route.", "route", buckets=LATENCY_BUCKETS
         )
-        Gauge("dsplatform_webhook_build_info", "The webhook's version; always 1.", ["version"], registry=r).labels(
-            version=version
-        ).set(1)
         for outcome in OUTCOMES:
             self.admissions.labels(outcome=outcome)
         self.latency.labels(route="/mutate")
@@ -60,9 +46,6 @@ class WebhookMetrics:
     def admitted(self, outcome: str, seconds: float) -> None:
         self.admissions.labels(outcome=outcome).inc()
         self.latency.labels(route="/mutate").observe(seconds)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 __all__ = ["CONTENT_TYPE", "OUTCOMES", "WebhookMetrics"]

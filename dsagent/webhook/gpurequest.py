@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -22,7 +22,7 @@ from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS
 from dsplatform.names import is_dns_label, is_resource_name
-from dsplatform.settings import EnvSettings, Flag, InvalidSettings, ResourcePrefix, not_from_env
+from dsplatform.settings import EnvSettings, Flag, ResourcePrefix, not_from_env
 from dsplatform.units import parse_duration
 
 CLASS_ANNOTATION = "dsagent.io/gpu-class"
@@ -47,6 +47,7 @@ class GpuClassSettings(EnvSettings):
     """``DSAGENT_WEBHOOK_*`` settings of the GPU class policy (the chart's ``gpuClasses`` values)."""
 
     model_config = SettingsConfigDict(env_prefix=WEBHOOK_PREFIX, env_ignore_empty=True)
+    settings_error: ClassVar[type[Exception] | None] = SettingsError
 
     enabled: Flag = Field(False, validation_alias=AliasChoices("enabled", WEBHOOK_PREFIX + "GPU_CLASSES"))
     gpu_resource: str = GPU_RESOURCE
@@ -99,14 +100,6 @@ class GpuClassSettings(EnvSettings):
     def names(self) -> GpuResources:
         """The GPU resource names these settings configure (what counts as a GPU)."""
         return GpuResources(gpu=self.gpu_resource, prefix=self.prefix)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> GpuClassSettings:
-        """The settings from ``DSAGENT_WEBHOOK_*``; one :class:`SettingsError` lists every bad one."""
-        try:
-            return cls.read(environ)
-        except InvalidSettings as exc:
-            raise SettingsError(exc.message) from None
 
 
 def _is_network(value: str) -> bool:

@@ -8,13 +8,18 @@ server, a bug), the answer is ``allowed: true`` without a patch and with a warni
 user sees in ``kubectl``: this webhook never blocks a pod (and the chart registers it
 with ``failurePolicy: Ignore`` for when it is down).
 
+With ``DSAGENT_WEBHOOK_DEADLINE_PLANS=true`` it applies the deadline design's plan (GPU count
+and node) to a pod that says ``dsagent.io/deadline-plan: apply``
+(:mod:`dsagent.webhook.deadlineplan`), before the GPU class step.
+
 With ``DSAGENT_WEBHOOK_GPU_CLASSES=true`` it also rewrites a GPU pod's ``nvidia.com/gpu``
 request into its job's RoCE class resource (:mod:`dsagent.webhook.roceclass`), the job's
 class kept in a Lease per job.
 
 Serve it with ``python -m dsagent.webhook`` (settings from ``DSAGENT_WEBHOOK_*``:
-``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``; for GPU
-classes ``GPU_CLASSES``, ``GPU_RESOURCE``, ``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
+``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``,
+``DEADLINE_PLANS``, ``PLAN_FORMULA``; for GPU classes ``GPU_CLASSES``, ``GPU_RESOURCE``,
+``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, InstanceOf, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    InstanceOf,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.cache.settings import AgentLogSettings, parse_listen
@@ -40,14 +53,18 @@ from dsagent.cluster.datasets import Dataset
 from dsagent.errors import DsagentError, NotFound, SettingsError
 from dsagent.webhook.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.webhook.admissionmetrics import WebhookMetrics
+from dsagent.webhook.deadlineplan import WARNING as PLAN_WARNING
+from dsagent.webhook.deadlineplan import KubePlanNodes, PlanOutcome, PlanPolicy, wants_plan
 from dsagent.webhook.gpurequest import WEBHOOK_PREFIX, GpuClassSettings
 from dsagent.webhook.mutation import Injection, JSONPatch, mutate, resolve
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from dsplatform import boundedjson, logs, probes
 from dsplatform.errors import PlatformError, exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket
-from dsplatform.settings import EnvSettings, InvalidSettings, not_from_env
+from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env
 from dsplatform.wire import podannotations
+from scheduling.nodeinfo import NodeReader
+from scheduling.timemodel import DEFAULT_FORMULA, check_formula
 
 log = logging.getLogger("dsagent.webhook")
 ENV_PREFIX = WEBHOOK_PREFIX
@@ -97,14 +114,21 @@ def decide(
     gpu: GpuClassPolicy | None = None,
     *,
     dry_run: bool = False,
+    plans: PlanPolicy | None = None,
 ) -> Decision:
-    """What to do with one pod: wire its datasets and (with ``gpu``) give its GPU request
-    its job's class; never raises (an error becomes a warning and no patch for that part)."""
+    """What to do with one pod: wire its datasets, (with ``plans``) apply its deadline plan
+    when it opts in, and (with ``gpu``) give its GPU request its job's class; never raises (an
+    error becomes a warning and no patch for that part)."""
     shape = _shape_problem(pod)
     if shape:  # no JSONPatch could apply to it: admit it unchanged, the API server judges it
         log.warning("pod in %s admitted without dsplatform: %s", namespace, shape)
         return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {shape}",), True)
     datasets = _decide_datasets(pod, namespace, injection, lookup)
+    planned = _decide_plan(pod, namespace, plans)
+    if planned.patch or planned.warnings:
+        # the class policy reads the planned pod: its patch follows the plan's in one sequence
+        datasets = Decision(datasets.patch + planned.patch, datasets.warnings + planned.warnings, datasets.failed)
+        pod = planned.pod
     if gpu is None:
         return datasets
     annotated = (pod.get("metadata") or {}).get("annotations") is not None or any(
@@ -126,6 +150,23 @@ def decide(
         datasets.warnings + (f"dsplatform: GPU class not assigned, the pod keeps its GPU request: {reason}",),
         True,
     )
+
+
+def _decide_plan(pod: Mapping[str, Any], namespace: str, plans: PlanPolicy | None) -> PlanOutcome:
+    if not wants_plan(pod):
+        return PlanOutcome(pod)
+    if plans is None:
+        reason = f"deadline plans are off in this webhook ({ENV_PREFIX}DEADLINE_PLANS)"
+        return PlanOutcome(pod, warnings=(PLAN_WARNING + reason,))
+    try:
+        return plans.decide(pod)
+    except PlatformError as exc:  # the API server unreachable, a node listing refused
+        reason = str(exc)
+    except Exception as exc:  # never block a pod on a bug; keep it visible
+        name = (pod.get("metadata") or {}).get("name") or "pod"
+        log.exception("planning %s/%s failed", namespace, name)
+        reason = f"internal error ({type(exc).__name__})"
+    return PlanOutcome(pod, warnings=(PLAN_WARNING + reason,))
 
 
 def _decide_datasets(pod: Mapping[str, Any], namespace: str, injection: Injection, lookup: Lookup) -> Decision:
@@ -158,9 +199,11 @@ def response(uid: str, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": body}
 
 
-def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None = None) -> FastAPI:
-    """The webhook's ASGI app; ``lookup`` reads Datasets and ``gpu`` assigns GPU classes
-    (both blocking: run in a thread)."""
+def create_app(
+    injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None = None, plans: PlanPolicy | None = None
+) -> FastAPI:
+    """The webhook's ASGI app; ``lookup`` reads Datasets, ``gpu`` assigns GPU classes and
+    ``plans`` applies deadline plans (all blocking: run in a thread)."""
     app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = WebhookMetrics()
     app.state.metrics = metrics
@@ -189,7 +232,9 @@ def create_app(injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None 
             return JSONResponse(response(req.uid, Decision([]))), "unpatched"
         metadata = pod.get("metadata")
         namespace = req.namespace or (metadata.get("namespace") if isinstance(metadata, dict) else None) or "default"
-        decision = await asyncio.to_thread(decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun))
+        decision = await asyncio.to_thread(
+            decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun), plans=plans
+        )
         return JSONResponse(response(req.uid, decision)), decision.outcome
 
     @app.get("/healthz")  # the one probe shape of every process (docs/design.md#probes)
@@ -244,6 +289,14 @@ class WebhookSettings(EnvSettings):
     # read from the file at start-up (:meth:`from_env`), or given directly
     injection: InstanceOf[Injection] | None = not_from_env(None)
     gpu_classes: InstanceOf[GpuClassSettings] = not_from_env(default_factory=GpuClassSettings)
+    # deadline plans applied to pods that opt in (dsagent.io/deadline-plan: apply); off: advice only
+    deadline_plans: Flag = False
+    plan_formula: str = DEFAULT_FORMULA  # (12)'s stand-in the plans are ranked by
+
+    @field_validator("plan_formula")
+    @classmethod
+    def _plan_formula(cls, value: str) -> str:
+        return check_formula(value)
 
     @property
     def host(self) -> str:
@@ -262,9 +315,9 @@ class WebhookSettings(EnvSettings):
         return self
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookSettings:
-        """The webhook's settings and its GPU classes' from ``DSAGENT_WEBHOOK_*``; one
-        :class:`SettingsError` lists every bad variable of both."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WebhookSettings:
+        """The webhook's settings and its GPU classes' from ``DSAGENT_WEBHOOK_*`` (``overrides``:
+        the webhook's, winning); one :class:`SettingsError` lists every bad variable of both."""
         env = os.environ if environ is None else environ
         problems: list[tuple[str, str]] = []
         gpu_classes: GpuClassSettings | None = None
@@ -273,7 +326,7 @@ class WebhookSettings(EnvSettings):
         except InvalidSettings as exc:
             problems += exc.problems
         try:
-            settings = cls.read(env, gpu_classes=gpu_classes)
+            settings = cls.read(env, **{**overrides, "gpu_classes": gpu_classes})
         except InvalidSettings as exc:
             problems += exc.problems
         if problems:
@@ -309,10 +362,15 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
     gpu = None
     if settings.gpu_classes.enabled:
         gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
+    plans = None
+    if settings.deadline_plans:
+        names = settings.gpu_classes.names
+        reader = NodeReader(gpu_resource=names.gpu)
+        plans = PlanPolicy(KubePlanNodes(api_client, reader), time.time, names, settings.plan_formula)
     assert settings.injection is not None  # the settings read or were given it
     # bound first: a busy address is one line and exit 2, not uvicorn's log and exit 3
     sock = listening_socket(settings.host, settings.port, hint=f"choose another {ENV_PREFIX}LISTEN")
-    app = StartupWatch(create_app(settings.injection, client.get, gpu))
+    app = StartupWatch(create_app(settings.injection, client.get, gpu, plans))
     config = uvicorn.Config(
         app,
         **logs.uvicorn_options(log_settings if log_settings is not None else AgentLogSettings()),

@@ -5,7 +5,12 @@ podannotations  the pod annotation ``dsagent.io/datasets`` (the pod's author wri
                 webhook, the node agent, the extender and the controller read it)
 csivolume       the CSI volume attributes (the webhook writes them into the pod's inline
                 ``csi`` volume; the agent's CSI node plugin reads them from ``NodePublishVolume``)
+agenttask       the agent API's task bodies (dsctl, the init-container and the controller write
+                the request and read the status; the agent reads the one, writes the other)
+inventory       the node inventory (the agent writes it, as ``GET /v1/inventory`` and the Node
+                annotation; the peers, the extender and the controller read it)
 
 Pure values and parsers: no I/O, nothing of the processes; errors are
-:class:`dsplatform.errors.InvalidInput` naming the field.
+:class:`dsplatform.errors.InvalidInput` naming the field, or
+:class:`dsplatform.boundedjson.JsonRefused` for JSON over its bounds.
 """

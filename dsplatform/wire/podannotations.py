@@ -1,4 +1,5 @@
 """The pod annotation ``dsagent.io/datasets``: what a pod asks to have cached. Version 1.
+Also the deadline plan's opt-in (``dsagent.io/deadline-plan``, below).
 
 The one reading of it: the admission webhook (to wire the pod), the node agent's cluster
 mode (to start caching at bind time), the scheduler extender and the Dataset controller
@@ -134,4 +135,66 @@ def _name(name: Any) -> str:
     return str(name)
 
 
-__all__ = ["DATASETS_ANNOTATION", "VERSION", "DatasetRef", "datasets_of", "encode", "parse"]
+# -- deadline plans ---------------------------------------------------------------------------
+# The pod's author writes ``dsagent.io/deadline-plan: apply``; the admission webhook reads it
+# and applies the deadline time model's plan (GPU count and node) to the pod, recording what
+# it applied in ``dsagent.io/planned`` (docs/design.md#deadline-plans). Without it a plan is
+# advice (``GET /v1/plan``). ``dsagent.io/max-gpus`` caps the GPUs a plan may give the pod.
+
+PLAN_ANNOTATION = "dsagent.io/deadline-plan"
+PLAN_APPLY = "apply"
+PLAN_ADVISE = "advise"
+PLANNED_ANNOTATION = "dsagent.io/planned"
+MAX_GPUS_ANNOTATION = "dsagent.io/max-gpus"
+MAX_PLAN_GPUS = 4096
+
+
+def plan_mode(pod: Mapping[str, Any]) -> str | None:
+    """``apply``, ``advise`` or None (not asked); raises :class:`InvalidInput` for another value."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(PLAN_ANNOTATION)
+    if value is None:
+        return None
+    mode = value.strip().lower() if isinstance(value, str) else value
+    if mode not in (PLAN_APPLY, PLAN_ADVISE):
+        raise InvalidInput(f"{PLAN_ANNOTATION} must be {PLAN_APPLY!r} or {PLAN_ADVISE!r}, not {str(value)[:64]!r}")
+    return str(mode)
+
+
+def max_gpus_of(pod: Mapping[str, Any]) -> int | None:
+    """The pod's ``dsagent.io/max-gpus`` (1..4096), None when absent; InvalidInput otherwise."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(MAX_GPUS_ANNOTATION)
+    if value is None:
+        return None
+    text = value.strip() if isinstance(value, str) else ""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PLAN_GPUS:
+        raise InvalidInput(f"{MAX_GPUS_ANNOTATION} must be a whole number 1..{MAX_PLAN_GPUS}, not {str(value)[:64]!r}")
+    return int(text)
+
+
+def encode_planned(gpus: int, nodes: Mapping[str, int], branch: str, formula: str, deadline: str | None) -> str:
+    """``dsagent.io/planned``: what the webhook applied (GPUs, GPUs per node, the decision's
+    branch, the formula that ranked the plans, the deadline in RFC 3339)."""
+    body: dict[str, Any] = {"gpus": gpus, "nodes": dict(nodes), "branch": branch, "formula": formula}
+    if deadline is not None:
+        body["deadline"] = deadline
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+__all__ = [
+    "DATASETS_ANNOTATION",
+    "MAX_GPUS_ANNOTATION",
+    "PLANNED_ANNOTATION",
+    "PLAN_ADVISE",
+    "PLAN_ANNOTATION",
+    "PLAN_APPLY",
+    "VERSION",
+    "DatasetRef",
+    "datasets_of",
+    "encode",
+    "encode_planned",
+    "max_gpus_of",
+    "parse",
+    "plan_mode",
+]

@@ -18,15 +18,15 @@ from typing import Any
 
 from gpu_topology import Topology
 from scheduling.nodeinfo import NodeFacts, pod_bandwidth
+from scheduling.plans import plan_on_nodes
 from scheduling.timemodel import (
     DEFAULT_BANDWIDTHS,
+    DEFAULT_FORMULA,
     Bandwidths,
     Decision,
     JobProfile,
     Plan,
-    decide,
     node_score,
-    plan_bandwidth,
 )
 
 log = logging.getLogger(__name__)
@@ -58,21 +58,11 @@ def plan(
     now: float,
     max_gpus: int,
     bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
+    formula: str = DEFAULT_FORMULA,
 ) -> Decision:
-    """The design's plan decision (steps 3-4) over the nodes the extender knows: each
-    node's share of a plan gets its best free GPU set, whose weakest link is its ``bw``."""
-    by_name = {n.name: n for n in nodes if n.free_gpus}
-    free = {name: len(n.free_gpus or ()) for name, n in by_name.items()}
-
-    def bandwidth_of(allocation: tuple[tuple[str, int], ...]) -> float:
-        per_node = []
-        for name, count in allocation:
-            node = by_name[name]
-            found = pod_bandwidth(node.topology, node.free_gpus, count, 1, bandwidths)
-            per_node.append(found[0] if found is not None else bandwidths.sys)
-        return plan_bandwidth(per_node, bandwidths)
-
-    return decide(job, free, bandwidth_of, now=now, max_gpus=max_gpus)
+    """The design's plan decision (steps 3-4) over the nodes the extender knows
+    (:func:`scheduling.plans.plan_on_nodes`, the rule the webhook applies)."""
+    return plan_on_nodes(job, nodes, now=now, max_gpus=max_gpus, bandwidths=bandwidths, formula=formula)
 
 
 def describe(decision: Decision, *, now: float) -> dict[str, Any]:

@@ -311,6 +311,19 @@ def test_plan_answers_over_the_nodes_seen_and_refuses_bad_queries() -> None:
         assert body["branch"] == "cross-expected"
         assert body["plan"]["nodes"] == [{"node": "one", "gpus": 1}, {"node": "three", "gpus": 3}]
         assert body["plan"]["meetsDeadline"] and body["candidates"]["single-late"]["gpus"] == 3
+        assert body["formula"] == "efficiency"
+        # the same deadline by eq. (6): t_single = 80 s, factor 0.3125 -> 25 s
+        by_factor = http.get(
+            "/v1/plan",
+            params={
+                "gradient-bytes": "1kB",
+                "step-seconds": "1s",
+                "steps": "80",
+                "deadline-factor": "0.3125",
+                "max-gpus": "4",
+            },
+        ).json()
+        assert by_factor["plan"] == body["plan"] and by_factor["branch"] == "cross-expected"
         for query in (
             {"steps": "80", "max-gpus": "4"},
             {"gradient-bytes": "1kB", "step-seconds": "1s", "steps": "80"},
@@ -352,8 +365,13 @@ def test_dsctl_plan_prints_the_extenders_plan_for_a_person(capsys: pytest.Captur
         )
         assert done.exit_code == 0, done.output
         assert done.output.splitlines()[0] == (
-            "plan (single-expected): 4 GPUs on eightx4: runs 20 s, ends in 20 s, meets the deadline"
+            "plan (single-expected, ranked by efficiency): 4 GPUs on eightx4: runs 20 s, ends in 20 s, "
+            "meets the deadline"
         )
+        # eq. (6): 80 s on one GPU x 0.3125 = the same 25 s
+        args = ["--extender", url, "--gradient-bytes", "1kB", "--step-seconds", "1s", "--steps", "80"]
+        by_factor = runner.invoke(plan_command, [*args, "--deadline-factor", "0.3125", "--max-gpus", "4"])
+        assert by_factor.exit_code == 0 and by_factor.output.splitlines()[0] == done.output.splitlines()[0]
         # a refused query is the tree's InvalidInput: dsctl's edge prints one line, exit 2
         with pytest.raises(SystemExit) as refused:
             dsctl(["plan", "--extender", url, "--steps", "80", "--max-gpus", "4"])

@@ -266,3 +266,56 @@ def test_equation_6_scales_the_single_gpu_time() -> None:
     assert tm.expected_run_time(2.0, j) == pytest.approx(1000.0)
     with pytest.raises(ValueError):
         tm.expected_run_time(0.0, j)
+
+
+# --- eq. (6) from a pod's factor, and (12)'s default ----------------------------------------
+
+FACTOR_JOB = {"dsagent.io/params": "1M", "dsagent.io/step-seconds": "500ms", "dsagent.io/steps": "1000"}
+
+
+@pytest.mark.parametrize(
+    ("factor", "t_exp"),
+    [("2", 1000.0), ("0.5", 250.0), ("high", 500.0), ("normal", 1000.0), ("LOW", 2000.0), ("1e1", 5000.0)],
+)
+def test_a_deadline_factor_gives_the_deadline_by_equations_6_and_7(factor: str, t_exp: float) -> None:
+    # t_single = 1000 one-GPU steps x 0.5 s = 500 s; t_dl = t_arr + alpha x t_single
+    profile, error = tm.parse_profile({**FACTOR_JOB, "dsagent.io/deadline-factor": factor}, created=7200.0)
+    assert error is None and profile is not None
+    assert profile.deadline == pytest.approx(7200.0 + t_exp)
+
+
+@pytest.mark.parametrize("factor", ["0", "-1", "nan", "inf", "1001", "soon", "1e400"])
+def test_a_factor_outside_its_range_is_refused_naming_the_key(factor: str) -> None:
+    profile, error = tm.parse_profile({**FACTOR_JOB, "dsagent.io/deadline-factor": factor}, created=0.0)
+    assert profile is None and error is not None and error.startswith("dsagent.io/deadline-factor")
+
+
+def test_a_factor_and_a_deadline_together_or_a_factor_without_arrival_are_refused() -> None:
+    both = {**FACTOR_JOB, "dsagent.io/deadline-factor": "2", "dsagent.io/deadline": "1h"}
+    profile, error = tm.parse_profile(both, created=0.0)
+    assert profile is None and error is not None and "not both" in error
+    profile, error = tm.parse_profile({**FACTOR_JOB, "dsagent.io/deadline-factor": "2"}, created=None)
+    assert profile is None and error is not None and "creationTimestamp" in error
+
+
+def test_the_default_formula_is_the_highest_running_efficiency() -> None:
+    # the scenario of test_formulas_rank_...: efficiency takes 1 GPU, slack per GPU 2
+    assert tm.DEFAULT_FORMULA == "efficiency"
+    default = tm.decide(job(deadline=100.0), {"a": 8}, bw_of, now=0.0, max_gpus=8).plan
+    efficient = tm.decide(job(deadline=100.0), {"a": 8}, bw_of, now=0.0, max_gpus=8, formula="efficiency").plan
+    slack = tm.decide(job(deadline=100.0), {"a": 8}, bw_of, now=0.0, max_gpus=8, formula="slack-per-gpu").plan
+    assert default == efficient and default is not None and default.n_gpu == 1
+    assert slack is not None and slack.n_gpu == 2
+    assert tm.check_formula("earliest-finish") == "earliest-finish"
+    with pytest.raises(ValueError, match="efficiency"):
+        tm.check_formula("fastest")
+
+
+def test_single_node_plans_only_when_a_job_cannot_span_nodes() -> None:
+    # 8 GPUs are needed for the deadline and no node has 8 free: only a cross-node plan meets it
+    tight = job(deadline=12.0)
+    spread = tm.decide(tight, {"a": 4, "b": 4}, bw_of, now=0.0, max_gpus=8)
+    assert spread.plan is not None and spread.plan.cross_node
+    alone = tm.decide(tight, {"a": 4, "b": 4}, bw_of, now=0.0, max_gpus=8, cross_node=False)
+    assert alone.plan is not None and not alone.plan.cross_node and alone.branch == "single-late"
+    assert not any(p.cross_node for p in alone.candidates.values())

@@ -77,3 +77,63 @@ def test_the_deadline_goal_compares_the_best_variant_with_the_best_other_policy(
     assert "deadline-slack: 21 vs 30 (0.70x), JCT 1.04x** (met)" in met
     missed = goals([r("ours", 40, 2.0), r("fluid", 30, 2.2), r("deadline-slack", 21, 2.2)])
     assert "(missed)" in missed.splitlines()[-1]
+
+
+# --- the deadline policy against the faithful baselines (dl.compare) -------------------------
+
+
+def _outcome(arrival: float, first: float, end: float, gpus: int, steps: int, deadline: float | None) -> object:
+    from types import SimpleNamespace
+
+    from scheduling.timemodel import JobProfile
+
+    profile = JobProfile(gradient_bytes=1.0, step_seconds=1.0, steps=steps, deadline=deadline)
+    job = SimpleNamespace(arrival=arrival, profile=profile)
+    workers = [SimpleNamespace(gpus=tuple(range(gpus)))]
+    return SimpleNamespace(job=job, first_step=first, compute_end=end, end=end, workers=workers)
+
+
+def test_deadline_figures_by_hand() -> None:
+    from types import SimpleNamespace
+
+    # arrivals at 0 and 100 (the window); 10 GPUs. Job a: 4 GPUs from 0 to 50 (200 GPU-s in
+    # the window), 100 one-GPU steps of 1 s (100 s of work, all inside), meets 60. Job b:
+    # 2 GPUs from 100 to 300 (nothing inside the window), misses 200. Job c never finished.
+    a = _outcome(0.0, 0.0, 50.0, 4, 100, 60.0)
+    b = _outcome(100.0, 100.0, 300.0, 2, 400, 200.0)
+    c = _outcome(50.0, math.nan, math.nan, 1, 10, 1e9)
+    sim = SimpleNamespace(policy="p", outcomes={1: a, 2: b, 3: c})
+    got = dl.deadline_figures(sim, total_gpus=10)
+    assert got["finished"] == 2 and got["deadline_jobs"] == 2 and got["hit_rate"] == 0.5
+    assert got["jct_mean_h"] == pytest.approx((50.0 + 200.0) / 2 / 3600)
+    assert got["gpu_util"] == pytest.approx(200.0 / (10 * 100.0))
+    assert got["useful_util"] == pytest.approx(100.0 / (10 * 100.0))
+
+
+def test_the_comparison_reports_each_policy_on_each_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = dl.compare(["smoke"], ["default", "deadline-efficiency"], jobs=40, procs=1)
+    assert [(r["workload"], r["policy"]) for r in rows] == [("smoke", "default"), ("smoke", "deadline-efficiency")]
+    for r in rows:
+        assert r["finished"] == 40 and r["deadline_jobs"] == 40
+        assert 0.0 <= r["hit_rate"] <= 1.0 and r["jct_mean_h"] > 0
+        assert 0.0 < r["useful_util"] <= r["gpu_util"] <= 1.0
+    # the same jobs: the same work, spread over different GPUs and times
+    assert rows[0]["hit_rate"] != rows[1]["hit_rate"] or rows[0]["jct_mean_h"] != rows[1]["jct_mean_h"]
+    assert dl.main(["--workloads", "smoke", "--policies", "default", "--jobs", "20", "--procs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| workload | policy | deadline hit rate") and lines[2].startswith("| smoke | default |")
+    assert dl.main(["--workloads", "nowhere"]) == 2
+
+
+def test_the_applied_variant_plans_one_worker_jobs_on_one_node_and_keeps_multi_worker_counts() -> None:
+    applied = dl.variant("deadline-applied")
+    assert applied is not None and applied.one_pod_only and applied.formula == "efficiency" and applied.over_free
+    jobs, datasets = make_jobs(WorkloadParams(jobs=120), 20 * 8, seed=2)
+    sim = Simulation("deadline-applied", jobs, datasets, ClusterParams(nodes=20), seed=2).run()
+    outs = list(sim.outcomes.values())
+    single = [o for o in outs if o.job.workers == 1]
+    multi = [o for o in outs if o.job.workers > 1]
+    assert single and multi
+    assert all(len({w.node.name for w in o.workers}) == 1 for o in single)
+    assert any(o.plan_gpus != o.job.gpus for o in single)  # the plan, not the request
+    assert all(sum(len(w.gpus) for w in o.workers) == o.job.gpus for o in multi)

@@ -375,7 +375,11 @@ class Placement(SimState):
         # plans over the free GPUs (design, step 3.2) or capped at the GPUs asked for (ours+time)
         most = min(deadline_variants.MAX_PLAN_GPUS, sum(free.values())) if over_free else job.gpus
         sizes = [job.gpus]
-        if self.params.plan_sizes == "pow2" or over_free:
+        # the webhook's applied plans: a one-worker job on one node; a multi-worker job as asked
+        one_pod = variant is not None and variant.one_pod_only
+        if one_pod and job.workers > 1:
+            most = job.gpus
+        elif self.params.plan_sizes == "pow2" or over_free:
             sizes += [2**k for k in range(10) if 2**k <= most]
         return decide(
             job.profile,
@@ -388,6 +392,7 @@ class Placement(SimState):
             prefer=prefer,
             formula=variant.formula if variant is not None else "slack-per-gpu",
             as_written=variant is not None and variant.as_written,
+            cross_node=not (one_pod and job.workers == 1),
         )
 
     def _migrate(self) -> None:

@@ -74,10 +74,11 @@ def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Pa
     )
     try:
         deadline = time.monotonic() + 60
-        while not unix_socket_listening(root / "dsagent.sock"):
+        pointer = tmp_path / "run" / "dsagent" / "socket"
+        # the agent binds its socket, then records it: both, or a fast dsctl finds no pointer
+        while not (unix_socket_listening(root / "dsagent.sock") and pointer.exists()):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        pointer = tmp_path / "run" / "dsagent" / "socket"
         assert pointer.read_text().strip() == str(root / "dsagent.sock")
         listed = run("-m", "dsagent.cli", "ls", "-o", "json", env=env)
         assert listed.returncode == 0, listed.stderr

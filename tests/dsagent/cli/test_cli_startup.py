@@ -95,6 +95,7 @@ def test_dsctl_digest_of_a_local_path_starts_without_click_zstd_or_multiprocessi
         code, modules = _loaded(args, tmp_path)
         assert code == 0, args
         assert not {m for m in modules if m.split(".")[0] in ("click", "zstandard", "multiprocessing", "fsspec")}, args
+        assert ("sqlite3" in modules) == ("--no-digest-cache" not in args), args  # the cache's, only when used
     # the quick way and click's agree, line for line (click takes any form it does not parse)
     for way, args in (
         ("quick", ["digest", str(src), "--name", "d", "-o", "json"]),

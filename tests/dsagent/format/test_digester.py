@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import multiprocessing
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from dsagent.format import digester
 from dsagent.format import walk as walk_module
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
-from dsagent.format.hashing import CHUNK_SIZE, hash_fd
+from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER, ReadBuffer, hash_fd, read_buffer
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 # Tests that force the process path fork beside the daemon threads other tests leave (fsspec's
@@ -26,7 +28,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threade
 
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every process pool a digest starts (appended as it starts)."""
+    """The size of every process pool a digest starts (appended as it starts); the pure-Python
+    loops run even where the native extension is built (tests/dsagent/format/test_native.py)."""
+    monkeypatch.setattr(digester.native_loops, "AVAILABLE", False)
     started: list[int] = []
     original = digester._ProcessPool.__init__
 
@@ -175,15 +179,26 @@ def test_a_broken_link_found_while_processes_hash_is_refused_and_they_are_reaped
 
 @pytest.mark.parametrize("size", [0, 1, 4095, CHUNK_SIZE - 1, CHUNK_SIZE, CHUNK_SIZE + 1, 3 * CHUNK_SIZE + 5])
 @pytest.mark.parametrize("stated", ["right", "smaller", "larger"])
-def test_hash_fd_returns_what_it_read_whatever_size_it_was_told(tmp_path: Path, size: int, stated: str) -> None:
+@pytest.mark.parametrize("buffer", [bytearray, read_buffer], ids=["bytearray", "read_buffer"])
+def test_hash_fd_returns_what_it_read_whatever_size_it_was_told(
+    tmp_path: Path, size: int, stated: str, buffer: Callable[[int], ReadBuffer]
+) -> None:
     data = os.urandom(size)
     (tmp_path / "f").write_bytes(data)
     expected = {"right": size, "smaller": max(0, size - 1), "larger": size + 1}[stated]
     fd = os.open(tmp_path / "f", os.O_RDONLY)
     try:
-        assert hash_fd(fd, expected, bytearray(CHUNK_SIZE)) == (xxhash.xxh3_128_hexdigest(data), size)
+        assert hash_fd(fd, expected, buffer(CHUNK_SIZE)) == (xxhash.xxh3_128_hexdigest(data), size)
     finally:
         os.close(fd)
+
+
+def test_read_buffers_start_on_a_page() -> None:
+    """The kernel copies file data twice as slowly into a misaligned buffer (see read_buffer)."""
+    for size in (1, HASH_BUFFER, CHUNK_SIZE):
+        buffer = read_buffer(size)
+        assert len(buffer) == size
+        assert ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % mmap.PAGESIZE == 0
 
 
 class TestConfinedWalks:

@@ -104,12 +104,12 @@ def test_dsctl_reads_the_settings_from_its_environment_only_for_a_remote_filesys
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("DSAGENT_STORAGE_READ_TIMEOUT", "7s")
-    options = options_for_stores(["anon=true"])
+    options = options_for_stores({"anon": True})
     assert options["anon"] is True and callable(options[CONFIG_KEY])
     fs, _ = storage.resolve("s3://bucket/x", options)
     assert fs.config_kwargs["read_timeout"] == 7.0
     monkeypatch.setenv("DSAGENT_STORAGE_READ_TIMEOUT", "never")  # not read for a local path
-    local = options_for_stores([])
+    local = options_for_stores({})
     assert storage.local_path(str(tmp_path), local) == str(tmp_path)
     assert storage.resolve(str(tmp_path), local)[1] == str(tmp_path)
 

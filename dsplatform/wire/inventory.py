@@ -1,0 +1,142 @@
+"""The node inventory: what a node's agent says it holds. Version 1.
+
+Writer: the agent. :func:`document` and :func:`dataset_entry` build it (called by
+:func:`dsagent.cache.report.inventory`); ``GET /v1/inventory`` answers it whole, and the
+cluster mode's publisher (:mod:`dsagent.cluster.publisher`) writes it as the Node annotation
+``dsagent.io/inventory``, cut to :data:`ANNOTATION_BUDGET` by :func:`compact`. Readers, each
+through :func:`loads` and :func:`versions_of`: the peers (:mod:`dsagent.cluster.peerlist`,
+:mod:`dsagent.cache.peers.peerfetch`, with :func:`holds`), the scheduler extender
+(:mod:`scheduling.nodeinfo`) and the Dataset controller (:mod:`dsagent.controller.reconcile`,
+:mod:`dsagent.controller.cachestate`). Its JSON schema, checked in the agent's tests, is
+``dsagent/cache/inventory.schema.json`` (:mod:`dsagent.cache.inventory`).
+
+The document::
+
+    version        1
+    node           the node's name (null: a standalone agent)
+    capacityBytes  the cache's capacity; freeBytes: its free bytes
+    datasets       name -> the current version: digest, sizeBytes, files, state (ready,
+                   fetching, failed), inUse, lastUsed; heldBytes while fetching; versions
+                   (digest, state, inUse, sizeBytes of each) when more than one is cached
+    stripes        name -> this node's share of a striped version (docs/design-striping.md)
+    truncated      true when the annotation's budget dropped datasets
+
+A reader treats it as another party's JSON: bounded (:data:`ANNOTATION_MAX_BYTES`, or
+:data:`PEER_INVENTORY_MAX_BYTES` for a peer's whole answer), and a field of the wrong type
+counts as absent. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dsplatform import boundedjson, published
+
+#: the version of this document (its ``version`` field)
+VERSION = 1
+ANNOTATION = published.INVENTORY
+#: the annotation's size: the least recently used entries are dropped beyond it
+ANNOTATION_BUDGET = 64 * 1024
+#: the API server's limit on all the annotations of one object together
+ANNOTATION_MAX_BYTES = 256 << 10
+#: a peer's whole ``GET /v1/inventory`` (not budgeted like the annotation): ~20,000 versions
+PEER_INVENTORY_MAX_BYTES = 4 << 20
+#: what the inventory says of the current version, copied from the agent's version view
+ENTRY_KEYS = ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")
+#: what it says of each version when more than one is cached
+VERSION_KEYS = ("digest", "state", "inUse", "sizeBytes")
+
+
+def dataset_entry(versions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One dataset's entry from its cached versions' views (``GET /v1/datasets`` rows), in
+    resolution order: the last is the current one."""
+    newest = versions[-1]
+    entry = {key: newest[key] for key in ENTRY_KEYS}
+    if newest["state"] == "fetching":
+        entry["heldBytes"] = newest["bytesDone"]  # a copy being fetched earns partial credit
+    if len(versions) > 1:
+        entry["versions"] = [{key: v[key] for key in VERSION_KEYS} for v in versions]
+    return entry
+
+
+def document(
+    node: str | None,
+    *,
+    capacity_bytes: int | None,
+    free_bytes: int,
+    datasets: Mapping[str, Mapping[str, Any]],
+    stripes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The inventory document (``datasets``: name -> :func:`dataset_entry`)."""
+    return {
+        "version": VERSION,
+        "node": node,
+        "capacityBytes": capacity_bytes,
+        "freeBytes": free_bytes,
+        "datasets": dict(datasets),
+        **({"stripes": dict(stripes)} if stripes else {}),
+    }
+
+
+def compact(inventory: Mapping[str, Any], budget: int = ANNOTATION_BUDGET) -> str:
+    """Compact JSON within ``budget`` bytes: drops the least recently used non-ready
+    entries first, then the least recently used others, and sets ``"truncated": true``."""
+    text = json.dumps(inventory, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) <= budget:
+        return text
+    datasets = dict(inventory["datasets"])
+    order = sorted(datasets, key=lambda n: (datasets[n]["state"] == "ready", datasets[n].get("lastUsed") or "", n))
+    trimmed = {**inventory, "datasets": datasets, "truncated": True}
+    for name in order:
+        del datasets[name]
+        text = json.dumps(trimmed, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) <= budget:
+            return text
+    return json.dumps(trimmed, separators=(",", ":"), sort_keys=True)
+
+
+def loads(text: str | bytes, *, max_bytes: int = ANNOTATION_MAX_BYTES, what: str = ANNOTATION) -> dict[str, Any]:
+    """An inventory another agent wrote; :class:`~dsplatform.boundedjson.JsonRefused` when it
+    is too large, too deep, not JSON or not an object with a ``datasets`` object."""
+    doc = boundedjson.loads(text, what=what, max_bytes=max_bytes)
+    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
+        raise boundedjson.JsonRefused(f"{what} has no 'datasets' object")
+    return doc
+
+
+def versions_of(inventory: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
+    """The versions of ``name`` an inventory lists (its current entry first), objects only."""
+    datasets = inventory.get("datasets")
+    entry = datasets.get(name) if isinstance(datasets, Mapping) else None
+    if not isinstance(entry, Mapping):
+        return []
+    versions = entry.get("versions")
+    more = [v for v in versions if isinstance(v, Mapping)] if isinstance(versions, list) else []
+    return [entry, *more]
+
+
+def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
+    """``"ready"`` or ``"fetching"``: how an inventory lists ``name@digest``; None when it does not."""
+    if not isinstance(inventory, Mapping):
+        return None
+    states = {v.get("state") for v in versions_of(inventory, name) if v.get("digest") == digest}
+    return "ready" if "ready" in states else "fetching" if "fetching" in states else None
+
+
+__all__ = [
+    "ANNOTATION",
+    "ANNOTATION_BUDGET",
+    "ANNOTATION_MAX_BYTES",
+    "ENTRY_KEYS",
+    "PEER_INVENTORY_MAX_BYTES",
+    "VERSION",
+    "VERSION_KEYS",
+    "compact",
+    "dataset_entry",
+    "document",
+    "holds",
+    "loads",
+    "versions_of",
+]

@@ -1,0 +1,241 @@
+/* dsagent.format._native: the digest's per-file loop in C, without the GIL.
+ *
+ * Optional: built by `make native` (native/build.py) into dsagent/format/; when it is
+ * absent, dsagent.format.native says so and the pure-Python loops run. Both give the
+ * same sizes, mtimes and digests (tests/dsagent/format/test_native.py holds them equal).
+ *
+ * hash_names(dir_fd, names, buffer_size) opens each name relative to dir_fd, fstat's it,
+ * reads it into one page-aligned buffer (a file smaller than the buffer with one read of
+ * its size + 1 bytes) and hashes it with xxh3-128, all with the GIL released, so threads
+ * hash on every core. It returns (sizes, mtimes_ns, digests, failure): digests holds 16
+ * bytes per file (xxh3-128's canonical big-endian form, what hexdigest() spells), and
+ * failure is None or (index, errno, expected, got): errno != 0 when an open, stat or read
+ * failed, else the file's size changed from `expected` to `got` while it was read. The
+ * columns hold the files before `index`.
+ *
+ * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
+ * package's own extension (which exports them), so both paths hash with the very same
+ * library; else from the system's libxxhash.so.0. Neither found: ImportError, and the
+ * pure path runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* xxHash 0.8's stable ABI: the few declarations used (xxhash.h is not needed). */
+typedef struct {
+    uint64_t low64;
+    uint64_t high64;
+} xxh128_hash;
+typedef struct xxh3_state xxh3_state;
+
+static xxh128_hash (*xxh3_128_oneshot)(const void *, size_t);
+static xxh3_state *(*xxh3_create)(void);
+static int (*xxh3_free)(xxh3_state *);
+static int (*xxh3_reset)(xxh3_state *);
+static int (*xxh3_update)(xxh3_state *, const void *, size_t);
+static xxh128_hash (*xxh3_digest)(const xxh3_state *);
+
+/* The *_dispatch entry points pick the widest vector unit at run time (AVX2, AVX-512), as the
+ * xxhash package's own calls do; the plain ones are the build's baseline (SSE2 on x86-64). */
+static void *either(void *lib, const char *dispatch, const char *plain) {
+    void *f = dlsym(lib, dispatch);
+    return f != NULL ? f : dlsym(lib, plain);
+}
+
+static int bind_xxhash(void *lib) {
+    if (lib == NULL) return -1;
+    xxh3_128_oneshot = (xxh128_hash(*)(const void *, size_t))either(lib, "XXH3_128bits_dispatch", "XXH3_128bits");
+    xxh3_create = (xxh3_state * (*)(void)) dlsym(lib, "XXH3_createState");
+    xxh3_free = (int (*)(xxh3_state *))dlsym(lib, "XXH3_freeState");
+    xxh3_reset = (int (*)(xxh3_state *))dlsym(lib, "XXH3_128bits_reset");
+    xxh3_update = (int (*)(xxh3_state *, const void *, size_t))either(lib, "XXH3_128bits_update_dispatch",
+                                                                       "XXH3_128bits_update");
+    xxh3_digest = (xxh128_hash(*)(const xxh3_state *))dlsym(lib, "XXH3_128bits_digest");
+    return (xxh3_128_oneshot && xxh3_create && xxh3_free && xxh3_reset && xxh3_update && xxh3_digest) ? 0 : -1;
+}
+
+static void canonical(xxh128_hash h, unsigned char *out) {
+    for (int i = 0; i < 8; i++) {
+        out[i] = (unsigned char)(h.high64 >> (56 - 8 * i));
+        out[8 + i] = (unsigned char)(h.low64 >> (56 - 8 * i));
+    }
+}
+
+static ssize_t read_full(int fd, unsigned char *buf, size_t want) {
+    ssize_t n;
+    do {
+        n = read(fd, buf, want);
+    } while (n < 0 && errno == EINTR);
+    return n;
+}
+
+typedef struct {
+    long long size;
+    long long mtime_ns;
+    unsigned char digest[16];
+} result_row;
+
+/* One file: 0, or an errno (>0), or -1 when its size changed (row->size is what was read). */
+static int hash_one(int dir_fd, const char *name, unsigned char *buf, size_t cap, xxh3_state *state,
+                    result_row *row, long long *expected) {
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return e;
+    }
+    *expected = (long long)st.st_size;
+    row->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    size_t first = (size_t)st.st_size < cap ? (size_t)st.st_size + 1 : cap;
+    ssize_t n = read_full(fd, buf, first);
+    if (n < 0) {
+        int e = errno;
+        close(fd);
+        return e;
+    }
+    long long total = n;
+    if ((size_t)st.st_size < cap && n == st.st_size) {
+        canonical(xxh3_128_oneshot(buf, (size_t)n), row->digest);
+    } else { /* big, or not the stat'ed size any more: stream to the end */
+        xxh3_reset(state);
+        xxh3_update(state, buf, (size_t)n);
+        while (n > 0) {
+            n = read_full(fd, buf, cap);
+            if (n < 0) {
+                int e = errno;
+                close(fd);
+                return e;
+            }
+            xxh3_update(state, buf, (size_t)n);
+            total += n;
+        }
+        canonical(xxh3_digest(state), row->digest);
+    }
+    close(fd);
+    row->size = total;
+    return total == *expected ? 0 : -1;
+}
+
+static PyObject *hash_names(PyObject *self, PyObject *args) {
+    (void)self;
+    int dir_fd;
+    PyObject *names;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "iO!n", &dir_fd, &PyList_Type, &names, &cap)) return NULL;
+    if (cap < 4096) {
+        PyErr_SetString(PyExc_ValueError, "buffer_size must be at least 4096");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(names);
+    PyObject *encoded = PyList_New(count); /* keeps the encoded names alive */
+    const char **paths = PyMem_Calloc(count ? count : 1, sizeof(char *));
+    result_row *rows = PyMem_Calloc(count ? count : 1, sizeof(result_row));
+    unsigned char *buf = NULL;
+    xxh3_state *state = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t done_count = 0;
+    int failure = 0;
+    long long expected = 0;
+    if (encoded == NULL || paths == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        PyObject *raw = NULL;
+        if (!PyUnicode_FSConverter(name, &raw)) goto done; /* surrogateescape, NUL refused */
+        PyList_SET_ITEM(encoded, i, raw);
+        paths[i] = PyBytes_AS_STRING(raw);
+    }
+    if (posix_memalign((void **)&buf, 4096, (size_t)cap) != 0 || (state = xxh3_create()) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS for (; done_count < count; done_count++) {
+        failure = hash_one(dir_fd, paths[done_count], buf, (size_t)cap, state, &rows[done_count], &expected);
+        if (failure != 0) break;
+    }
+    Py_END_ALLOW_THREADS
+
+    PyObject *sizes = PyList_New(done_count);
+    PyObject *mtimes = PyList_New(done_count);
+    PyObject *digests = PyBytes_FromStringAndSize(NULL, 16 * done_count);
+    if (sizes == NULL || mtimes == NULL || digests == NULL) {
+        Py_XDECREF(sizes);
+        Py_XDECREF(mtimes);
+        Py_XDECREF(digests);
+        goto done;
+    }
+    char *out = PyBytes_AS_STRING(digests);
+    for (Py_ssize_t i = 0; i < done_count; i++) {
+        PyList_SET_ITEM(sizes, i, PyLong_FromLongLong(rows[i].size));
+        PyList_SET_ITEM(mtimes, i, PyLong_FromLongLong(rows[i].mtime_ns));
+        memcpy(out + 16 * i, rows[i].digest, 16);
+    }
+    PyObject *failed;
+    if (failure == 0) {
+        failed = Py_NewRef(Py_None);
+    } else if (failure > 0) {
+        failed = Py_BuildValue("(niLL)", done_count, failure, 0LL, 0LL);
+    } else {
+        failed = Py_BuildValue("(niLL)", done_count, 0, expected, rows[done_count].size);
+    }
+    result = failed ? Py_BuildValue("(NNNN)", sizes, mtimes, digests, failed) : NULL;
+    if (result == NULL && failed == NULL) {
+        Py_DECREF(sizes);
+        Py_DECREF(mtimes);
+        Py_DECREF(digests);
+    }
+done:
+    if (state) xxh3_free(state);
+    free(buf);
+    PyMem_Free(rows);
+    PyMem_Free(paths);
+    Py_XDECREF(encoded);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"hash_names", hash_names, METH_VARARGS,
+     "hash_names(dir_fd, names, buffer_size) -> (sizes, mtimes_ns, digests, failure): see the module source."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The digest's per-file loop in C.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    /* the xxhash package's extension first (the pure path's own library), then the system's */
+    void *lib = NULL;
+    PyObject *xx = PyImport_ImportModule("xxhash._xxhash");
+    if (xx != NULL) {
+        PyObject *file = PyObject_GetAttrString(xx, "__file__");
+        if (file != NULL && PyUnicode_Check(file)) {
+            const char *path = PyUnicode_AsUTF8(file);
+            if (path != NULL) lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+        }
+        Py_XDECREF(file);
+        Py_DECREF(xx);
+    }
+    PyErr_Clear();
+    if (bind_xxhash(lib) != 0) {
+        lib = dlopen("libxxhash.so.0", RTLD_NOW);
+        if (bind_xxhash(lib) != 0) {
+            PyErr_SetString(PyExc_ImportError, "no xxh3 functions found (xxhash package or libxxhash.so.0)");
+            return NULL;
+        }
+    }
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,50 @@
+"""The chart's switch for applied deadline plans (docs/user-guide/gpu-placement.md#deadline-plans)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dsagent.webhook.mutation import Injection
+from dsagent.webhook.server import WebhookSettings
+from tests.charts.test_chart import render
+
+pytestmark = pytest.mark.slow
+
+
+def webhook_parts(values: dict[str, Any] | None = None) -> tuple[dict[str, str], list[dict[str, Any]], str]:
+    """The webhook's env, its ClusterRole's rules and its match condition's expression."""
+    docs = render(values or {})
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("webhook"))
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("webhook"))
+    admission = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    (condition,) = admission["webhooks"][0]["matchConditions"]
+    return env, role["rules"], condition["expression"]
+
+
+def lists_nodes(rules: list[dict[str, Any]]) -> bool:
+    return any("nodes" in r.get("resources", []) and "list" in r.get("verbs", []) for r in rules)
+
+
+def test_off_by_default_the_webhook_neither_plans_nor_lists_nodes() -> None:
+    env, rules, expression = webhook_parts()
+    assert env["DSAGENT_WEBHOOK_DEADLINE_PLANS"] == "false" and env["DSAGENT_WEBHOOK_PLAN_FORMULA"] == "efficiency"
+    assert not lists_nodes(rules) and "dsagent.io/deadline-plan" not in expression
+
+
+def test_enabled_the_webhook_plans_lists_nodes_and_sees_pods_that_opt_in() -> None:
+    env, rules, expression = webhook_parts(
+        {"webhook": {"deadlinePlans": {"enabled": True, "formula": "slack-per-gpu"}}}
+    )
+    # the webhook accepts what the chart sets (its files are mounted in the cluster, not here)
+    own = {k: v for k, v in env.items() if k.startswith("DSAGENT_WEBHOOK_") and not k.endswith("_FILE")}
+    settings = WebhookSettings.read(own, injection=Injection(image="img:1"))
+    assert settings.deadline_plans and settings.plan_formula == "slack-per-gpu"
+    assert lists_nodes(rules) and "'dsagent.io/deadline-plan' in object.metadata.annotations" in expression
+
+
+def test_the_schema_refuses_an_unknown_formula() -> None:
+    with pytest.raises(Exception, match="deadlinePlans"):
+        render({"webhook": {"deadlinePlans": {"formula": "fastest"}}})
