@@ -177,3 +177,12 @@ def test_the_results_page_sets_the_striped_policies_against_fluids_best_setting(
     }
     (row,) = [line for line in goals({"w": doc}) if line.startswith("| w |")]
     assert row == "| w | ours+stripe | 1.00x (fluid-r4) | 2.00x (fluid-r1) | **1.20x (fluid-r1)** |"
+
+
+def test_a_transfer_too_small_to_move_the_clock_finishes_instead_of_stalling_the_run() -> None:
+    # late in a run a few bytes at a disk's rate take less time than the clock can count
+    sim = Simulation("default", [], [], cluster(nodes=1), seed=3)
+    sim.now = 2.0**40
+    fetch = sim._new_fetch(sim.nodes[0], ("ds000", 0), 2.0, cached=False, waiter=None, source="local")
+    sim.run()
+    assert not sim.fetches and not fetch.open and sim.now == 2.0**40
