@@ -8,7 +8,7 @@ with ``topology_from_dict`` and calls :func:`best_gpu_set` and :func:`roce_class
 
     model        Gpu, Nic, Link, Topology            the frozen values
     scoring      pair_score, set_score, best_gpu_set  go-gpuallocator scores
-    roceclasses  nearest_nics, roce_classes, ClassMode GPU-NIC affinity, RoCE classes
+    roceclasses  nearest_nics, roce_classes, ...      GPU-NIC affinity, RoCE classes, transfer NICs
     classvote    choose_class, ...                    the cluster-wide RoCE class vote
     classsets    choose_class_set, gpus_in_set, ...   one class set per multi-worker job
     contract     to/from the version-1 JSON           schema: topology.schema.json
@@ -27,7 +27,14 @@ from gpu_topology.errors import (
     UnknownDevice,
 )
 from gpu_topology.model import Gpu, Link, LinkKind, Nic, Topology
-from gpu_topology.roceclasses import ClassMode, RoceClass, nearest_nic_map, nearest_nics, roce_classes
+from gpu_topology.roceclasses import (
+    ClassMode,
+    RoceClass,
+    nearest_nic_map,
+    nearest_nics,
+    roce_classes,
+    transfer_nics,
+)
 from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
 
 __all__ = [
@@ -56,4 +63,5 @@ __all__ = [
     "to_json",
     "topology_from_dict",
     "topology_to_dict",
+    "transfer_nics",
 ]

@@ -104,6 +104,25 @@ def nearest_nic_map(topology: Topology) -> dict[int, tuple[str, ...]]:
     return {gpu.index: nearest_nics(topology, gpu.index) for gpu in topology.gpus}
 
 
+def transfer_nics(topology: Topology, gpus: Iterable[int] | None = None) -> tuple[Nic, ...]:
+    """The NICs a node's own transfers may spread over, in topology order: the usable NICs
+    with a non-SYS link (PIX, PXB, PHB, NODE) to any of ``gpus`` (every GPU of the node when
+    None), or every usable Ethernet (RoCE) NIC when no GPU is known."""
+    wanted = topology.gpu_indices if gpus is None else tuple(gpus)
+    for index in wanted:
+        topology.gpu(index)
+    if not wanted:
+        return tuple(n for n in topology.nics if n.usable and (n.link_layer or "").lower() == "ethernet")
+    return tuple(
+        nic
+        for nic in topology.nics
+        if nic.usable
+        and any(
+            (link := topology.link(gpu_name(i), nic.name)) is not None and link.kind in AFFINE_LEVELS for i in wanted
+        )
+    )
+
+
 def nic_numa_node(topology: Topology, nic: Nic) -> int | None:
     """The NIC's NUMA node, or the one shared by every GPU within non-SYS reach."""
     if nic.numa_node is not None:

@@ -56,6 +56,7 @@ from scheduler_plugin.settings import Settings
 from scheduler_plugin.view import View
 from scheduler_plugin.wire import BodyNotJson, encode_priorities, filter_result_parts
 from scheduling.nodeinfo import NodeReader
+from scheduling.plans import plan_on_nodes
 from scheduling.timemodel import parse_profile
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ class ExtenderApp:
                     error or "no job described",
                     hint="e.g. /v1/plan?params=350M&step-seconds=250ms&steps=100000&deadline=6h&max-gpus=8",
                 )
-            decision = deadline.plan(
+            decision = plan_on_nodes(  # the rule the webhook applies
                 job, self.view.known(), now=now, max_gpus=int(raw_max), formula=self.settings.plan_formula
             )
         except SchedulerPluginError as exc:

@@ -135,6 +135,8 @@ class NodeCache:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
+        # set before the responses are read: a watch opening now sees the flag once its
+        # response is recorded (``_watch``), so none is left blocked reading its stream
         self._stop.set()
         for response in list(self._responses.values()):
             try:
@@ -326,6 +328,8 @@ class NodeCache:
                 raise
             self._responses[kind] = response
             try:
+                if self._stop.is_set():  # stop() came while this watch opened: it did not see the response
+                    return
                 for line in iter_resp_lines(response):
                     if not line:
                         continue

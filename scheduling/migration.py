@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduling.timemodel import JobProfile, allocate_single, best_fit_order, t_run
+from scheduling.timemodel import Allocated, JobProfile, allocate_single, best_fit_order, t_run
 
 MIGRATABLE_KEY = "dsagent.io/migratable"
 DEFAULT_MIN_GAIN = 0.1
@@ -43,7 +43,7 @@ def is_migratable(labels: Mapping[str, str] | None, annotations: Mapping[str, st
 
 
 @dataclass(frozen=True)
-class RunningJob:
+class RunningJob(Allocated):
     """A running job as the policy sees it. ``remaining`` is the part of its work left (0..1]."""
 
     name: str
@@ -52,14 +52,6 @@ class RunningJob:
     end: float  # expected end where it runs now
     remaining: float
     migratable: bool
-
-    @property
-    def n_gpu(self) -> int:
-        return sum(c for _, c in self.allocation)
-
-    @property
-    def cross_node(self) -> bool:
-        return len(self.allocation) > 1
 
 
 @dataclass(frozen=True)

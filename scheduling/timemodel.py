@@ -298,14 +298,10 @@ def _profiled(text: str) -> float:
 # --- plans ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A resource plan: GPUs per node, and what the time model says of it."""
+class Allocated:
+    """What GPUs per node say of themselves, for a plan and for a running job alike."""
 
     allocation: tuple[tuple[str, int], ...]  # (node, GPUs) in allocation order
-    t_run: float
-    t_end: float
-    deadline: float
 
     @property
     def n_gpu(self) -> int:
@@ -314,6 +310,16 @@ class Plan:
     @property
     def cross_node(self) -> bool:
         return len(self.allocation) > 1
+
+
+@dataclass(frozen=True)
+class Plan(Allocated):
+    """A resource plan: GPUs per node, and what the time model says of it."""
+
+    allocation: tuple[tuple[str, int], ...]  # (node, GPUs) in allocation order
+    t_run: float
+    t_end: float
+    deadline: float
 
     @property
     def meets_deadline(self) -> bool:
@@ -556,6 +562,7 @@ def node_score(job: JobProfile, n_gpu: int, bw: float, ideal_bw: float, free: in
 
 
 __all__ = [
+    "Allocated",
     "AnnotationError",
     "Bandwidths",
     "DEFAULT_BANDWIDTHS",

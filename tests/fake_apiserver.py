@@ -4,7 +4,8 @@ It speaks the JSON the unmodified official ``kubernetes`` client sends and accep
 core ``Nodes`` and ``Pods``, ``coordination.k8s.io/v1`` ``Leases`` (namespaced, no status
 subresource; spec fields type-checked, ``acquireTime``/``renewTime`` stored as the
 server's RFC 3339 MicroTime in UTC) and the ``Dataset`` custom resource
-(``dsagent.io/v1alpha1``, namespaced, with the status subresource):
+(``dsagent.io/v1alpha1``, namespaced, with the status subresource), and the queue systems' Kueue
+``Workloads`` (``kueue.x-k8s.io/v1beta1``) and Volcano ``Jobs`` (``batch.volcano.sh/v1alpha1``):
 
 - list (``resourceVersion`` in the list metadata, ``fieldSelector`` such as
   ``spec.nodeName=n1``, ``labelSelector`` with ``=``, ``==``, ``!=``, ``in``, ``notin``,
@@ -72,6 +73,7 @@ class ResourceType:
     status_subresource: bool = True
     generation: bool = False  # metadata.generation counts spec changes (custom resources)
     validate: Callable[[JSON], JSON] | None = None  # the server's checks and defaults on write
+    url_plural: str = ""  # the plural in URLs, where it differs from the key (two groups' "jobs")
 
     @property
     def api_version(self) -> str:
@@ -153,6 +155,11 @@ RESOURCES: dict[str, ResourceType] = {
     "configmaps": ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, status_subresource=False),
     # what the controller tells a Dataset's owner (a refusal, a bound held)
     "events": ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True, status_subresource=False),
+    # the queue systems next-job preparation reads its order from
+    "workloads": ResourceType("kueue.x-k8s.io", "v1beta1", "workloads", "Workload", namespaced=True, generation=True),
+    "vcjobs": ResourceType(
+        "batch.volcano.sh", "v1alpha1", "vcjobs", "Job", namespaced=True, generation=True, url_plural="jobs"
+    ),
 }
 
 
@@ -535,11 +542,14 @@ class _Target:
 
 def _parse_path(path: str) -> _Target:
     match = _PATH.match(path)
-    rt = RESOURCES.get(match.group("plural")) if match else None
+    rt = None
+    if match is not None:
+        group = match.group("group") or ""
+        version = match.group("core") or match.group("version")
+        found = [r for r in RESOURCES.values() if (r.url_plural or r.plural) == match.group("plural")]
+        rt = next((r for r in found if (r.group, r.version) == (group, version)), found[0] if found else None)
     if match is None or rt is None:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
-    group = match.group("group") or ""
-    version = match.group("core") or match.group("version")
     if match.group("sub") == "eviction" and (rt.plural != "pods" or not match.group("name")):
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     if match.group("sub") == "status" and not rt.status_subresource:
@@ -1052,7 +1062,7 @@ class FakeApiServer:
 
 def _plural_of(obj: JSON) -> str:
     for plural, rt in RESOURCES.items():
-        if rt.kind == obj.get("kind"):
+        if rt.kind == obj.get("kind") and obj.get("apiVersion") in (None, rt.api_version):
             return plural
     raise ValueError(f"unknown kind {obj.get('kind')!r}; known: {sorted(RESOURCES)}")
 

@@ -71,6 +71,7 @@ def create_app(
     from dsagent.api.audit import OperatorAudit
     from dsagent.api.identity import own_pod_uid
     from dsagent.api.operations import Operations
+    from dsagent.api.preparationroutes import router as preparation_router
     from dsagent.api.routes import router
     from dsagent.api.striperoutes import router as stripe_router
     from dsagent.api.timing import RouteTiming
@@ -111,6 +112,7 @@ def create_app(
     app.state.own_pod_uid = own_pod_uid(settings.proc_root)  # kubectl exec into the agent is an operator
     app.include_router(router)
     app.include_router(stripe_router)
+    app.include_router(preparation_router)
     app.openapi = functools.partial(openapi_document, app)  # type: ignore[method-assign]
     _install_error_edge(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -204,6 +204,34 @@ class AgentClient:
         """Release a task (an operation: see :meth:`_operation` for ``timeout`` and ``progress``)."""
         return self._operation("DELETE", f"/v1/tasks/{_task(task_id)}", timeout=timeout, progress=progress)
 
+    # -- next-task preparations (docs/design.md#next-job-preparation) --------------------
+
+    def prepare(
+        self,
+        task_id: str,
+        datasets: Sequence[Mapping[str, Any]],
+        *,
+        phase: int = 1,
+        first_threshold: float | None = None,
+        second_threshold: float | None = None,
+    ) -> dict[str, Any]:
+        """Prepare (or renew) task ``task_id``'s datasets on the agent's node (operator)."""
+        body: dict[str, Any] = {"datasets": [dict(d) for d in datasets], "phase": phase}
+        if first_threshold is not None:
+            body["firstThreshold"] = first_threshold
+        if second_threshold is not None:
+            body["secondThreshold"] = second_threshold
+        return self._json("PUT", f"/v1/preparations/{_task(task_id)}", json=body)
+
+    def preparation(self, task_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/preparations/{_task(task_id)}")
+
+    def preparations(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/preparations").get("preparations") or [])
+
+    def release_preparation(self, task_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/v1/preparations/{_task(task_id)}")
+
     # -- datasets and operator actions -------------------------------------------------
 
     # -- striped versions (docs/design-striping.md) -------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsagent.cache.prepared import FIRST_THRESHOLD, SECOND_THRESHOLD
 from dsagent.cache.service import DatasetRequest, EvictionResult, iso
 from dsplatform.wire.agenttask import MAX_DATASETS
 
@@ -46,6 +47,27 @@ class TaskIn(_Strict):
     datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
 
 
+class PreparationIn(_Strict):
+    """``PUT /v1/preparations/{task}``: prepare the next task (docs/design.md#next-job-preparation)."""
+
+    datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
+    phase: int = Field(default=1, ge=1, le=2, strict=True, description="1: manifests and reservation; 2: bulk fetch")
+    first_threshold: float = Field(
+        default=FIRST_THRESHOLD,
+        ge=0.0,
+        le=1.0,
+        alias="firstThreshold",
+        description="share of the cache every preparation together may reserve (phase 1)",
+    )
+    second_threshold: float = Field(
+        default=SECOND_THRESHOLD,
+        ge=0.0,
+        le=1.0,
+        alias="secondThreshold",
+        description="share of the cache the running tasks' data plus the bulk fetches may take (phase 2)",
+    )
+
+
 class EvictIn(_Strict):
     mode: Literal["idle", "unused", "space", "names"] = "idle"
     names: list[str] = Field(default_factory=list, max_length=256)
@@ -74,7 +96,9 @@ class DatasetStatusOut(_Out):
     source: str
     bundles: str | None
     digest: str | None
-    state: str = Field(description="pending, ready, failed or gone")
+    state: str = Field(
+        description="resolving, fetching, checking (a prepared copy under the start check), ready or failed"
+    )
     path: str | None
     size_bytes: int = Field(alias="sizeBytes")
     files: int
@@ -93,6 +117,31 @@ class TaskOut(_Out):
     created_at: str | None = Field(alias="createdAt")
     lease_until: str | None = Field(alias="leaseUntil")
     datasets: list[DatasetStatusOut]
+
+
+class PreparedDatasetOut(_Out):
+    name: str
+    digest: str
+    size_bytes: int = Field(alias="sizeBytes", description="what the version takes on this cache's disk")
+    held: bool = Field(description="ready here already: nothing to fetch")
+
+
+class PreparationOut(_Out):
+    task: str = Field(description="the task prepared for (a pod UID): its own request hands the preparation over")
+    phase: int
+    state: str = Field(description="reserved, waiting, fetching, prepared or failed")
+    waiting: str | None = Field(description="which threshold holds it back")
+    reserved_bytes: int = Field(alias="reservedBytes")
+    missing_bytes: int | None = Field(alias="missingBytes")
+    first_threshold: float = Field(alias="firstThreshold")
+    second_threshold: float = Field(alias="secondThreshold")
+    lease_until: str | None = Field(alias="leaseUntil")
+    datasets: list[PreparedDatasetOut]
+    error: dict[str, Any] | None
+
+
+class PreparationsOut(_Out):
+    preparations: list[PreparationOut]
 
 
 class ReleaseOut(_Out):
@@ -204,7 +253,7 @@ def eviction_out(result: EvictionResult) -> dict[str, Any]:
 
 __all__ = [
     "DatasetIn", "DatasetStatusOut", "DatasetVersionsOut", "DatasetsOut", "ErrorOut", "EvictIn", "EvictionOut",
-    "InventoryOut", "OperationOut",
+    "InventoryOut", "OperationOut", "PreparationIn", "PreparationOut", "PreparationsOut", "PreparedDatasetOut",
     "ReleaseOut", "StatusOut", "StripeIn", "StripeOut",
     "TaskIn", "TaskOut", "VersionOut", "eviction_out",
 ]  # fmt: skip

@@ -18,6 +18,7 @@ Blocking work (fsspec, zstd, tar, hashing, fsync) runs in the executor, never on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease, LinkSet, bound_options, can_bind
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, local_write_error
 from dsagent.format.bundle import unpack_bundle
@@ -329,6 +331,7 @@ async def fetch_bundles(
     executor: Executor,
     workers: int,
     swarm: PeerSwarm | None = None,
+    links: LinkSet | None = None,
 ) -> None:
     """Unpack every bundle not in ``done`` into ``staging``; ``on_bundle_done`` records each.
 
@@ -338,6 +341,9 @@ async def fetch_bundles(
     With ``swarm`` each bundle is asked of peers first (docs/design.md#peers): the bundles
     are taken from this agent's own offset on, and those another agent is downloading are
     put off to a second round, which waits for that agent before reading the store.
+    With ``links`` each bundle goes over one of the node's links, peers and store alike
+    (:mod:`dsagent.cache.fetchlinks`, docs/design.md#links): the workers spread the bundles over
+    them, and a link that fails hands its remaining bundles to the others.
     """
     assert source.bundles is not None
     todo = [b for b in manifest.bundles if b.digest not in done]
@@ -351,26 +357,45 @@ async def fetch_bundles(
     clear_interrupted(staging)
     later: list[int] = []
 
-    def from_store(bundle: BundleRef) -> None:
-        assert source.bundles is not None  # fetch_bundles is called for a source with bundles only
-        unpack_bundle(
-            source.bundles,
-            manifest,
-            bundle,
-            staging,
-            storage_options=source.storage_options,
-            progress=progress.add,
-        )
+    store = source.bundles
+    bindable = can_bind(store)
+
+    def from_store(bundle: BundleRef, lease: Lease) -> None:
+        def read(address: str | None) -> None:
+            counted = [0, 0]
+
+            def count(nbytes: int, nfiles: int = 0) -> None:
+                counted[0] += nbytes
+                counted[1] += nfiles
+                progress.add(nbytes, nfiles)
+
+            try:
+                unpack_bundle(
+                    store,
+                    manifest,
+                    bundle,
+                    staging,
+                    storage_options=bound_options(store, source.storage_options, address),
+                    progress=count,
+                )
+            except BaseException:
+                progress.add(-counted[0], -counted[1])  # tried again over another link, or the fetch fails
+                raise
+
+        (lease if bindable else DEFAULT_ROUTE).attempt(read, source="store", size=bundle.size)
 
     def unpack(index: int, second: bool = False) -> bool:
         bundle = todo[index]
         if local and bundle.digest in local:
             link_bundle(local[bundle.digest], staging, manifest.bundle_entries(bundle), progress)
             return True
-        if swarm is None:
-            from_store(bundle)
-            return True
-        return swarm.unpack(bundle, index, second=second, from_store=functools.partial(from_store, bundle))
+        with links.lease() if links is not None else contextlib.nullcontext(DEFAULT_ROUTE) as lease:
+            if swarm is None:
+                from_store(bundle, lease)
+                return True
+            return swarm.unpack(
+                bundle, index, second=second, from_store=functools.partial(from_store, bundle, lease), lease=lease
+            )
 
     async def after(index: int, finished: bool) -> None:
         if not finished:

@@ -23,6 +23,9 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
 - ``fetch_duration_seconds`` and ``fetch_size_bytes``: histograms of successful fetches;
   ``fetched_bytes_total``: every byte written into the cache.
 - ``evictions_total{reason}`` and ``evicted_bytes_total{reason}``.
+- ``link_bytes_total{link,source}`` and ``link_failures_total{link}``: what each link of
+  ``DSAGENT_FETCH_LINKS`` carried (from a ``peer`` or the ``store``), and the links set aside
+  mid-fetch (docs/design.md#links).
 - ``catalog_rebuilds_total`` and ``catalog_rebuild_versions_total{result}`` (``kept`` /
   ``discarded``): a damaged catalog kept aside and rebuilt from the cache directory
   (docs/design.md#catalog-rebuild).
@@ -104,6 +107,17 @@ class Metrics(MetricSet):
         self.evicted_bytes = self.counter("evicted_bytes", "Bytes freed by evictions, by reason.", "reason")
         self.peer_bytes = self.counter(
             "peer_bytes", "Bundle bytes (compressed) served to and fetched from peer agents, by direction.", "direction"
+        )
+        self.link_bytes = self.counter(
+            "link_bytes",
+            "Bundle bytes (unpacked) fetched over each link of DSAGENT_FETCH_LINKS, by link address and source.",
+            "link",
+            "source",
+        )
+        self.link_failures = self.counter(
+            "link_failures",
+            "Links set aside for the rest of a version's fetch: one failed where another delivered.",
+            "link",
         )
         self.catalog_rebuilds = self.counter(
             "catalog_rebuilds", "Times the catalog was found damaged, kept aside and rebuilt from the cache directory."
@@ -194,6 +208,10 @@ class Metrics(MetricSet):
     def peer_transfer(self, direction: str, size_bytes: int) -> None:
         """``direction``: ``served`` (to another agent) or ``fetched`` (from one)."""
         self.peer_bytes.labels(direction=direction).inc(size_bytes)
+
+    def link_transfer(self, link: str, source: str, size_bytes: int) -> None:
+        """A bundle fetched over ``link`` (a local address) from a ``peer`` or the ``store``."""
+        self.link_bytes.labels(link=link, source=source).inc(size_bytes)
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.http_seconds.labels(method=method, route=route, status=str(status)).observe(seconds)

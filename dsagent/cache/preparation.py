@@ -2,44 +2,38 @@
 functions of their inputs (docs/design.md#next-job-preparation).
 
 Who calls it: the Dataset controller (:mod:`dsagent.controller.nextjob`, which gathers the
-nodes, the running pods' expected ends and the pending pods, and asks each node's agent to
-cache what :func:`plan` says) and the simulator (``tools/sim/engine.py``, the opt-in
-``prepare_next`` variant). Nothing here reads the clock or does I/O; ``now`` is passed in.
+nodes, the running pods' expected ends and progress, the pending pods in their queue's
+order and the pods a running one names as its follow-up, and puts what :func:`plan` says on
+each node's agent, :mod:`dsagent.cache.prepared`) and the simulator (``tools/sim/hooks.py``,
+the opt-in ``prepare_next`` variant). Nothing here reads the clock or does I/O; ``now`` is
+passed in.
 
-The switching design's three steps, mapped to datasets on a node:
+The switching design's steps, mapped to datasets on a node:
 
-1. **Predict** (:func:`predict`): replay the queue against the running jobs' expected
-   ends, as the scheduler runs it (queue order, backfill, gangs together), each pod to the
-   node holding most of its bytes, then best fit. A pod that fits somewhere now is left to
-   the scheduler (nothing to prepare) but takes its GPUs, so the pods behind it are
-   predicted on what is left.
-2. **Phase 1** (manifest, space reservation): a predicted job whose start is within
-   ``window_s`` gets its missing datasets reserved on its node as long as the bytes already
-   reserved for prepared jobs there have not reached ``reserve_fraction`` of the node's
-   cache (the first threshold): the design stops *starting* new set-ups once the total
-   reaches it, so one job may take the total past it, and a dataset larger than the
-   threshold can still be prepared (the second threshold bounds its bulk fetch). Phase 2
-   below the same budget.
-3. **Phase 2** (the bulk fetch): once the current job's remaining time (the predicted
-   start) is within the job's **lead**, ``fetch_lead_s`` plus the time its missing bytes
-   take at ``fetch_bytes_per_s`` (so that a large dataset starts early enough to be ready
-   when the GPUs free, as the switching design asks of the second phase), and the bytes
-   that cannot be evicted afterwards (in use, plus prepared data fetched or fetching) stay
-   within ``fill_fraction`` of the cache
-   (the second threshold), which also means nothing in use is ever evicted for it; not
-   while a job bound to that node still waits for its own data (it would share the node's
-   fetch bandwidth with a prefetch). A preparation already fetching keeps its place first
-   (no flapping), counted first.
-4. **Cleanup**: a job whose pods ended releases its datasets at once (the agent's rule:
-   they become eviction candidates); a preparation whose job is no longer predicted there
-   (bound elsewhere, gone, or overtaken) is dropped by the caller: the plan lists only
-   what should be prepared now.
+1. **The next job** (:func:`predict`, unless ``known``): a pod the cluster names
+   (:class:`Known`: a running pod's follow-up) goes to that pod's node; the rest are
+   placed by replaying the queue (in the order given: a queue system's, else creation)
+   against the running jobs' expected ends, as the scheduler runs it (backfill, gangs
+   together), each pod to the node holding most of its bytes, then best fit. A pod that
+   fits somewhere now is left to the scheduler (nothing to prepare) but takes its GPUs.
+2. **Phase 1** (manifest, space reservation): a job predicted to start within ``window_s``
+   (a known one at once) gets its missing datasets reserved on its node as long as the
+   bytes already reserved for prepared jobs there have not reached ``reserve_fraction`` of
+   the node's cache (the first threshold; the agent reserves at most up to it).
+3. **Phase 2** (the bulk fetch), triggered by the design's "preset progress"
+   (:meth:`Thresholds.second_phase`): fewer than ``subtasks_remaining`` sub-tasks left in
+   each job whose end frees the GPUs, where the jobs report them; else the predicted start
+   within the job's **lead** (``fetch_lead_s`` plus its missing bytes at
+   ``fetch_bytes_per_s``); and the bytes that cannot be evicted afterwards (in use, plus
+   prepared data fetched or fetching) within ``fill_fraction`` of the cache (the second
+   threshold, which the agent checks again on its own figures); not while a job bound to
+   that node still waits for its own data. A preparation already fetching keeps its place
+   first (no flapping), counted first.
+4. **Cleanup**: the plan lists only what should be prepared now; the caller drops the rest.
 
 Decisions: the prediction horizon is ``window_s`` or, for a job whose lead is longer, its
-lead (a 2 TB dataset at 500 MB/s needs more than the 30 min window); predictions follow
-the queue, not a score (the extender's affinity then sends the job to the prepared node,
-since it holds the data); multi-pod jobs are one entry per pod; a node whose running jobs
-have no expected end frees nothing (no prediction there).
+lead; multi-pod jobs are one entry per pod; a node whose running jobs have no expected end
+frees nothing (no prediction there).
 """
 
 from __future__ import annotations
@@ -62,6 +56,9 @@ class Thresholds:
     # the bulk-fetch rate phase 2 plans with (below the agent's measured 669 MB/s unpack,
     # docs/performance.md, since fetches share the store); 0: fetch_lead_s alone
     fetch_bytes_per_s: float = 500e6
+    # the design's preset count: phase 2 once fewer than this many of the current job's
+    # sub-tasks remain (where the job reports them, dsagent.io/progress); 0: the lead alone
+    subtasks_remaining: int = 2
 
     def lead_s(self, size_bytes: int) -> float:
         """How long before a predicted start phase 2 begins for ``size_bytes`` missing bytes."""
@@ -75,6 +72,16 @@ class Thresholds:
             raise ValueError("reserve_fraction and fill_fraction must be within [0, 1]")
         if not (self.fetch_bytes_per_s >= 0 and math.isfinite(self.fetch_bytes_per_s)):
             raise ValueError("fetch_bytes_per_s must be a finite number >= 0")
+        if self.subtasks_remaining < 0:
+            raise ValueError("subtasks_remaining must be >= 0")
+
+    def second_phase(self, releasing: Sequence[Running], lead_reached: bool) -> bool:
+        """The trigger of phase 2 (the design's "preset progress"): when every job whose end
+        frees the GPUs reports its sub-tasks, fewer than ``subtasks_remaining`` of them
+        remain in each; otherwise (or with a count of 0) the start is within the lead."""
+        if self.subtasks_remaining > 0 and releasing and all(r.remaining is not None for r in releasing):
+            return max(r.remaining or 0 for r in releasing) < self.subtasks_remaining
+        return lead_reached
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class Running:
 
     gpus: int
     expected_end: float | None
+    remaining: int | None = None  # sub-tasks not yet run (dsagent.io/progress); None: not reported
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,17 @@ class Waiting:
     gpus: int
     datasets: tuple[Want, ...]
     group: str | None = None  # pods of one gang job: placed together or not at all
+    source: str = "prediction"  # where its queue place comes from: kueue, volcano, prediction
+
+
+@dataclass(frozen=True)
+class Known:
+    """A waiting pod whose node the cluster names: the job a running pod there says follows
+    it (``dsagent.io/next-job``). ``after``: that pod's expected end (None: unknown)."""
+
+    node: str
+    after: float | None
+    current: Running
 
 
 @dataclass(frozen=True)
@@ -127,7 +146,8 @@ class Preparation:
     node: str
     datasets: tuple[Want, ...]
     phase: int
-    start: float  # when the job is predicted to start there
+    start: float  # when the job is predicted to start there (known: the current job's end, or now)
+    source: str = "prediction"  # annotation, kueue, volcano or prediction (the replay alone)
 
     @property
     def bytes(self) -> int:
@@ -203,24 +223,31 @@ def plan(
     now: float,
     thresholds: Thresholds = Thresholds(),
     fetching: Iterable[tuple[str, str]] = (),
+    known: Mapping[str, Known] | None = None,
 ) -> tuple[Preparation, ...]:
     """What to prepare now: one :class:`Preparation` per waiting pod predicted to start on a
     node within the window and not ready to start now, with the datasets that node lacks.
 
     ``fetching``: ``(job, node)`` pairs whose phase 2 already started; they stay in phase 2
-    while still predicted there and count first against both thresholds."""
+    while still predicted there and count first against both thresholds. ``known``: pods
+    whose node the cluster names (:class:`Known`): not predicted, prepared there from the
+    moment they are known (phase 1 needs no window), first."""
+    known = {k: v for k, v in (known or {}).items() if v.node in {n.name for n in nodes}}
     by_name = {n.name: n for n in nodes}
     largest = max((sum(w.size_bytes for w in job.datasets) for job in waiting), default=0)
     horizon = max(thresholds.window_s, thresholds.lead_s(largest))  # a large dataset's lead is longer
-    predicted = predict(nodes, waiting, now=now, window_s=horizon)
+    predicted: dict[str, tuple[str, float]] = {
+        key: (k.node, max(now, k.after) if k.after is not None else math.inf) for key, k in known.items()
+    }
+    predicted.update(predict(nodes, [w for w in waiting if w.key not in known], now=now, window_s=horizon))
     started = set(fetching)
     reserved: dict[str, int] = {}  # node -> bytes reserved for prepared jobs (phases 1 and 2)
     filled: dict[str, int] = {}  # node -> bytes of prepared data fetched or fetching (phase 2)
     claimed: dict[str, set[Key]] = {}  # node -> versions already planned there (counted once)
     jobs = {w.key: w for w in waiting}
     order = sorted(
-        (key for key, (_, start) in predicted.items() if start > now),
-        key=lambda k: (0 if (k, predicted[k][0]) in started else 1, predicted[k][1]),
+        (key for key, (_, start) in predicted.items() if start > now or key in known),
+        key=lambda k: (0 if (k, predicted[k][0]) in started else 1, 0 if k in known else 1, predicted[k][1]),
     )
     out = []
     for key in order:
@@ -236,20 +263,25 @@ def plan(
             continue
         size = sum(w.size_bytes for w in missing)
         lead_s = thresholds.lead_s(size)
-        if start - now > max(thresholds.window_s, lead_s):
+        if key not in known and start - now > max(thresholds.window_s, lead_s):
             continue  # predicted, but neither within the window nor within its own lead
         if reserved.get(node_name, 0) >= thresholds.reserve_fraction * node.capacity_bytes:
             continue  # the first threshold reached: no new reservation this round
         phase = 1
         in_fetch = (key, node_name) in started
-        lead = start - now <= lead_s
+        if key in known:
+            releasing: Sequence[Running] = (known[key].current,)
+        else:
+            releasing = [r for r in node.running if r.expected_end is not None and r.expected_end <= start]
+        trigger = thresholds.second_phase(releasing, start - now <= lead_s)
         fill = node.in_use_bytes + filled.get(node_name, 0) + size
-        if (in_fetch or (lead and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
+        if (in_fetch or (trigger and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
             phase = 2
             filled[node_name] = filled.get(node_name, 0) + size
         reserved[node_name] = reserved.get(node_name, 0) + size
         seen.update(w.key for w in missing)
-        out.append(Preparation(key, node_name, missing, phase, start))
+        source = "annotation" if key in known else jobs[key].source
+        out.append(Preparation(key, node_name, missing, phase, start if math.isfinite(start) else now, source))
     return tuple(out)
 
 
@@ -260,4 +292,15 @@ def by_node(preparations: Iterable[Preparation]) -> Mapping[str, list[Preparatio
     return out
 
 
-__all__ = ["NodeState", "Preparation", "Running", "Thresholds", "Waiting", "Want", "by_node", "plan", "predict"]
+__all__ = [
+    "Known",
+    "NodeState",
+    "Preparation",
+    "Running",
+    "Thresholds",
+    "Waiting",
+    "Want",
+    "by_node",
+    "plan",
+    "predict",
+]

@@ -36,12 +36,14 @@ def dataset_status(
     pending: FetchProgress | None,
     progress: FetchProgress | None,
     path: str | None,
+    checking: bool = False,
 ) -> DatasetStatus:
     """Where one requested dataset (``item``, as stored) stands for its task.
 
     ``waiting``: the task's own work on it is still running; ``fetching``: a fetch of the
     bound version is in flight (perhaps for another task); ``pending``: a per-file copy
-    of this source whose digest is not known yet."""
+    of this source whose digest is not known yet; ``checking``: a prepared copy under the
+    start check (docs/design.md#next-job-preparation): not ready until it passes."""
     base: dict[str, Any] = {
         "name": item["name"],
         "source": redact_url(item["source"]) or "",
@@ -61,7 +63,7 @@ def dataset_status(
     if row.state == "ready":
         return DatasetStatus(
             **base,
-            state="ready",
+            state="checking" if checking else "ready",
             path=path,
             size_bytes=row.size_bytes,
             files=row.files,

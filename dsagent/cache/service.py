@@ -36,16 +36,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from dsagent.cache import recovery, report
+from dsagent.cache import ready, recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
+from dsagent.cache.eviction import Candidate
 from dsagent.cache.fetch import Source
+from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
 from dsagent.cache.peers import BundleInFlight, PeerFetcher, PeerServer, ServedBundle, find_bundle
 from dsagent.cache.pools import Pools
+from dsagent.cache.prepared import Preparations, ServiceParts, preparation_view
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
@@ -63,8 +66,8 @@ from dsagent.cache.task import (
     validate_request,
 )
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, NamespaceShareExceeded, NotFound, local_write_error
-from dsagent.format.manifest import Manifest
+from dsagent.errors import DsagentError, IntegrityError, NamespaceShareExceeded, NotFound, local_write_error
+from dsagent.format.manifest import Manifest, read_manifest
 from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify
 from dsagent.format.storageconfig import with_config
@@ -109,13 +112,17 @@ class CacheService:
         self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
         self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._versions = Versions(self.node, space=self._space, peers=self.peers)
+        self.links = Links((), self.metrics)  # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
+        self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(settings, self.pools, self.peers)  # docs/design-striping.md
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._stripes_back: asyncio.Task[None] | None = None
+        self._checking: set[tuple[str, str]] = set()  # (task, dataset) under the start check
+        self._handovers: set[asyncio.Task[None]] = set()
+        self.preparations = Preparations(self._preparation_parts())  # docs/design.md#next-job-preparation
         self.started = False
 
     # -- life cycle -------------------------------------------------------------------
@@ -128,6 +135,8 @@ class CacheService:
             self.pools, self.store, self.metrics, workers=self.settings.fetch_workers, now=self.clock()
         )
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
+        if self.settings.fetch_links:
+            self.links.addresses = await self.pools.work(resolve_addresses, self.settings)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
         self._stripes_back = asyncio.create_task(self.stripes.recover(), name="dsagent-stripes")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):
@@ -146,7 +155,13 @@ class CacheService:
             self._stop_observing()
         tasks = [
             t
-            for t in (self._sweeper, self._stripes_back, *self._waiters.values(), *self._flights.futures())
+            for t in (
+                self._sweeper,
+                self._stripes_back,
+                *self._waiters.values(),
+                *self._handovers,
+                *self._flights.futures(),
+            )
             if t is not None
         ]
         for task in tasks:
@@ -223,6 +238,13 @@ class CacheService:
             for request in requests:
                 self._options[(task_id, request.name)] = request.storage_options
                 await self._ensure(task_id, request, existing.digests.get(request.name))
+            if self.preparations.get(task_id) is not None:  # the prepared task arrived: hand over
+                mine = [t for (tid, _), t in self._waiters.items() if tid == task_id]
+                handover = asyncio.create_task(
+                    self.preparations.hand_over(task_id, mine), name=f"dsagent-handover-{task_id}"
+                )
+                self._handovers.add(handover)
+                handover.add_done_callback(self._handovers.discard)
         if wait:
             await self._wait_for(task_id, wait)
         return await self.get_task(task_id)
@@ -298,6 +320,8 @@ class CacheService:
             manifest, cached = await self._version_for(task_id, request, source, bound)
             if not cached:
                 await self._make_ready(source, manifest)
+            if (manifest.name, manifest.digest) in self.preparations.prepared_keys(task_id):
+                await self._start_check(task_id, request.name, source, manifest)
         except asyncio.CancelledError:
             raise
         except DsagentError as exc:
@@ -350,6 +374,25 @@ class CacheService:
         """Step 2: ``manifest``'s version fetched and made ready, one fetch per version
         however many tasks wait for it (docs/design.md#rule-6)."""
         await self._flights.join(("fetch", manifest.name, manifest.digest), self._versions.fetch, source, manifest)
+
+    async def _start_check(self, task_id: str, name: str, source: Source, manifest: Manifest) -> None:
+        """The start check (docs/design.md#next-job-preparation): a version prepared for
+        ``task_id`` is checked on disk against its manifest before the task is told it is
+        ready; a copy that fails is evicted and fetched again."""
+        key = (manifest.name, manifest.digest)
+        self._checking.add((task_id, name))
+        try:
+            try:
+                await self._work(ready.check_complete, self.store.ready_dir(*key), manifest)
+                return
+            except IntegrityError as exc:
+                log.warning("prepared copy of %s failed the start check; fetching it again: %s", name, exc)
+            async with self._space.lock:
+                victim = Candidate(*key, self.store.allocated(manifest.total_bytes, manifest.file_count), 0.0)
+                await self._space.evict_one(victim, reason="start-check", force=True)
+            await self._make_ready(source, manifest)
+        finally:
+            self._checking.discard((task_id, name))
 
     def _on_cache_disk(self, exc: OSError) -> bool:
         """Whether ``exc`` is the cache disk's failure (on a path under the root), not the
@@ -420,6 +463,7 @@ class CacheService:
             pending=self._progress.pending(name, item["source"]),
             progress=self._progress.get((name, row.digest)) if row else None,
             path=str(self.store.ready_dir(name, row.digest)) if row else None,
+            checking=(task.task_id, name) in self._checking,
         )
 
     async def task_ids(self) -> list[str]:
@@ -440,6 +484,100 @@ class CacheService:
         if not await self._db(self.catalog.delete_task, task_id):
             raise NotFound(f"no task {task_id!r} on this agent")
         await self._space.collect_superseded()
+
+    # -- preparations (docs/design.md#next-job-preparation) -------------------------------
+
+    async def prepare(
+        self,
+        task_id: str,
+        datasets: Sequence[DatasetRequest],
+        *,
+        phase: int = 1,
+        first: float,
+        second: float,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """Prepare the next task ``task_id`` here (idempotent; each call renews its lease)."""
+        task_id = task_key(task_id)
+        requests = await self._validate(task_id, datasets)
+        prep = await self.preparations.put(task_id, requests, phase=phase, first=first, second=second, tenant=tenant)
+        return preparation_view(prep)
+
+    async def preparation(self, task_id: str) -> dict[str, Any]:
+        prep = self.preparations.get(task_key(task_id))
+        await self.preparations.update_states()
+        if prep is None:
+            raise NotFound(f"no preparation {task_id!r} on this agent", hint="PUT /v1/preparations/{task} makes one")
+        return preparation_view(prep)
+
+    async def preparation_views(self) -> list[dict[str, Any]]:
+        await self.preparations.update_states()
+        return [preparation_view(p) for p in self.preparations.all()]
+
+    async def release_preparation(self, task_id: str) -> None:
+        await self.preparations.release(task_key(task_id))
+
+    def _preparation_parts(self) -> ServiceParts:
+        async def manifest_of(request: DatasetRequest) -> tuple[str, int]:
+            options = with_config(request.storage_options, self.settings.storage_config)
+            assert request.bundles is not None
+            bundles = request.bundles
+            try:
+                found = await self._work(
+                    lambda: read_manifest(
+                        bundles, request.name, storage_options=options, max_files=self.settings.max_dataset_files
+                    )
+                )
+            except DsagentError:
+                raise
+            except Exception as exc:  # a foreign storage error: the store's fault, said as such
+                known = classify(exc, f"dataset {request.name!r}")
+                if known is None:
+                    raise
+                raise known from exc
+            files = found.file_count + len(found.directories)
+            return found.digest, self.store.allocated(found.total_bytes, files)
+
+        async def is_ready(key: tuple[str, str]) -> bool:
+            row = await self._db(self.catalog.version, *key)
+            return row is not None and row.state == "ready"
+
+        async def capacity() -> int:
+            return int((await self.space()).get("capacityBytes") or 0)
+
+        async def in_use_bytes(exclude: set[tuple[str, str]]) -> int:
+            in_use = await self._db(self.catalog.in_use, self.clock())
+            rows = await self._db(self.catalog.versions)
+            return sum(
+                self.store.allocated(r.size_bytes, r.files)
+                for r in rows
+                if (r.name, r.digest) in in_use and (r.name, r.digest) not in exclude
+            )
+
+        async def submit(tid: str, requests: Sequence[DatasetRequest], tenant: str | None) -> str:
+            return (await self.submit_task(tid, requests, tenant=tenant)).state
+
+        async def task_state(tid: str) -> str | None:
+            try:
+                return (await self.get_task(tid)).state
+            except NotFound:
+                return None
+
+        return ServiceParts(
+            now=self.clock,
+            lease_ttl=self.settings.lease_ttl,
+            read_manifest=manifest_of,
+            is_ready=is_ready,
+            is_fetching=self._flights.is_fetching,
+            capacity=capacity,
+            in_use_bytes=in_use_bytes,
+            reserve=self._space.reserve,
+            reservation=self._space.reservations.get,
+            release_reservation=self._space.release,
+            submit=submit,
+            task_state=task_state,
+            release_task=self.release_task,
+        )
 
     # -- peers (docs/design.md#peers) ----------------------------------------------------
 
@@ -520,6 +658,8 @@ class CacheService:
             with contextlib.suppress(NotFound):
                 await self.release_task(task_id)
         await self._space.collect_superseded()
+        await self.preparations.lapse()
+        await self.preparations.refresh()  # a released task may let a waiting preparation go on
         await self.evict(mode="idle")
         await self._db(self.catalog.keep_ballast)  # given back to a full disk earlier: take it again
 

@@ -12,6 +12,7 @@ looks like, so a misconfigured DaemonSet fails at start-up with one clear line, 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -166,7 +167,27 @@ def _proxies(text: str | dict[str, str]) -> dict[str, str]:
     return {store.rstrip("/"): proxy.rstrip("/") for store, proxy in pairs}
 
 
+def _links(text: str | tuple[str, ...] | list[Any]) -> tuple[str, ...]:
+    """``auto``, or local IP addresses, comma-separated: the links a fetch spreads over
+    (docs/design.md#links); empty: the default route only."""
+    items = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p).strip() for p in text]
+    links = tuple(dict.fromkeys(i for i in items if i))
+    if "auto" in links:
+        if len(links) > 1:
+            raise ValueError("fetch links are either auto or a list of addresses, not both")
+        return links
+    for link in links:
+        try:
+            ipaddress.ip_address(link)
+        except ValueError:
+            raise ValueError(
+                f"invalid fetch link {link!r} (use auto, or this node's NIC addresses, comma-separated)"
+            ) from None
+    return links
+
+
 Peers = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)]
+FetchLinks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_links)]
 Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
 
 
@@ -298,6 +319,9 @@ class Settings(StorageSettings, AgentLogSettings):
     # keeps for its readers at once (never its own share)
     stripe_window_bytes: Size = Field(2 << 30, validation_alias=_env("STRIPE_WINDOW", "stripe_window_bytes"))
     stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
+    # the links peer and store fetches spread over, each connection bound to one NIC's address
+    # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
+    fetch_links: FetchLinks = ()
     store_proxies: Proxies = Field(
         default_factory=dict
     )  # bundle store URL prefix -> HTTP proxy (e.g. Dragonfly's dfdaemon)

@@ -34,6 +34,7 @@ from dsagent.cache.fetch import (
     listing_matches,
     writeback_mark,
 )
+from dsagent.cache.fetchlinks import Links
 from dsagent.cache.layout import Key
 from dsagent.cache.metrics import error_code
 from dsagent.cache.node import Node
@@ -53,8 +54,11 @@ log = logging.getLogger("dsagent")
 class Versions:
     """Resolves and fetches versions; shares the node's state and its space with the service."""
 
-    def __init__(self, node: Node, *, space: Space, peers: PeerFetcher | None = None) -> None:
+    def __init__(
+        self, node: Node, *, space: Space, peers: PeerFetcher | None = None, links: Links | None = None
+    ) -> None:
         self.peers, self.space = peers, space
+        self.links = links  # the node's links bundles spread over (docs/design.md#links)
         self.settings, self.pools, self.store, self.clock = node.settings, node.pools, node.store, node.clock
         self._catalog = node.catalog
         self.metrics, self.claims, self.flights, self.progress = node.metrics, node.claims, node.flights, node.progress
@@ -365,6 +369,7 @@ class Versions:
             )
 
         options = bundle_options(self.settings, source.bundles, source.storage_options)
+        links = self.links.for_fetch(f"{manifest.name}@{manifest.digest[:12]}") if self.links is not None else None
         try:
             await fetch_bundles(
                 Source(source.url, source.bundles, options),
@@ -377,9 +382,17 @@ class Versions:
                 executor=self.pools.executor,
                 workers=self.settings.fetch_workers,
                 swarm=swarm,
+                links=links,
             )
         finally:
             self.space.unpin(origins)
+        if links is not None:
+            log.info(
+                "fetched %s@%s over links %s",
+                manifest.name,
+                manifest.digest[:12],
+                ", ".join(f"{a} ({links.bundles[a]} bundles)" for a in links.addresses),
+            )
 
     async def _local_bundles(self, manifest: Manifest) -> dict[str, Path]:
         """Bundles of ``manifest`` that another ready version of the dataset already holds."""

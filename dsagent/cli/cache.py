@@ -31,7 +31,7 @@ from dsagent.cli.options import (
     timeout_option,
 )
 from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
-from dsagent.errors import DsagentError, InvalidInput, TransientError
+from dsagent.errors import DsagentError, Forbidden, InvalidInput, NotFound, TransientError, Unauthorized
 from dsplatform.units import format_size
 from dsplatform.wire.agenttask import TaskStatusBody
 
@@ -308,11 +308,15 @@ def release(
 @output_option
 @agent_options
 def ls(output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
-    """List the cached datasets."""
+    """List the cached datasets, and the next tasks being prepared here (reserved, fetching)."""
     with _client(agent_url, socket_path, token) as client:
         listing = client.datasets()
+        try:
+            preparations = client.preparations()
+        except (NotFound, Forbidden, Unauthorized):  # an agent without them, or not an operator
+            preparations = []
     if output == "json":
-        click.echo(json.dumps(listing, indent=2))
+        click.echo(json.dumps({**listing, "preparations": preparations}, indent=2))
         return
     rows = [("NAME", "DIGEST", "STATE", "SIZE", "FILES", "IN USE", "LAST USED")]
     for d in listing["datasets"]:
@@ -330,10 +334,37 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    reserved = sum(p["reservedBytes"] for p in preparations)
     click.echo(
         f"cache space: used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} "
-        f"of {format_size(listing['capacityBytes'])} (SIZE is the data; space counts blocks and per-file overhead)"
+        f"of {format_size(listing['capacityBytes'])}"
+        + (f", {format_size(reserved)} reserved for next tasks" if reserved else "")
+        + " (SIZE is the data; space counts blocks and per-file overhead)"
     )
+    if preparations:
+        _prepared_table(preparations)
+
+
+def _prepared_table(preparations: list[dict[str, Any]]) -> None:
+    """The next tasks prepared on this node (docs/design.md#next-job-preparation)."""
+    rows = [("PREPARED FOR", "PHASE", "STATE", "RESERVED", "MISSING", "DATASETS", "WAITING")]
+    for p in preparations:
+        missing = p.get("missingBytes")
+        rows.append(
+            (
+                p["task"],
+                str(p["phase"]),
+                p["state"],
+                format_size(p["reservedBytes"]),
+                "-" if missing is None else format_size(missing),
+                ",".join(d["name"] for d in p["datasets"]) or "-",
+                p.get("waiting") or "",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    click.echo("")
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 @click.command()

@@ -15,7 +15,8 @@ leader       one leader among the replicas, by a ``coordination.k8s.io/v1`` Leas
 agents       calls to the node agents: find them, hold a task on chosen nodes, read answers
 packing      ``spec.pack.auto``: a pack Job per new source listing, ``status.pack``
 warmup       ``spec.warm`` and ``spec.replicas``: copies held by agent tasks on chosen nodes
-nextjob      next-job preparation: plan, ask the agents, release what the plan dropped
+nextjob      next-job preparation: plan, put it on the agents, release what the plan dropped
+queues       the next job from what the cluster knows: Kueue, Volcano, dsagent.io/next-job
 podfacts     what pods, Nodes and Datasets say (pure): waiting pods, expected ends, free
              GPUs, demand; inputs of preparation and replicas
 quotas       the tenancy bounds (pure): what each namespace pins this pass, what is refused

@@ -70,6 +70,7 @@ class ControllerSettings(EnvSettings):
     prepare_fetch_lead: Duration = _PRESETS.fetch_lead_s
     prepare_reserve_fraction: float = _PRESETS.reserve_fraction
     prepare_fill_fraction: float = _PRESETS.fill_fraction
+    prepare_subtasks_remaining: int = Field(_PRESETS.subtasks_remaining, ge=0)
     prepare: InstanceOf[Thresholds] | None = not_from_env(None)
     # replication: pods started this recently count as demand; "auto" asks for at most this many copies
     replicas_window_s: Duration = Field(
@@ -119,6 +120,7 @@ class ControllerSettings(EnvSettings):
                 fetch_lead_s=self.prepare_fetch_lead,
                 reserve_fraction=self.prepare_reserve_fraction,
                 fill_fraction=self.prepare_fill_fraction,
+                subtasks_remaining=self.prepare_subtasks_remaining,
             )
             object.__setattr__(self, "prepare", thresholds)
         return self

@@ -1,17 +1,20 @@
 """Next-job preparation by the Dataset controller (``DSAGENT_CONTROLLER_PREPARE=on``,
-docs/design.md#next-job-preparation): each pass, plan, ask the agents, release what the
-plan dropped.
+docs/design.md#next-job-preparation): each pass, find the next jobs, plan, ask the agents,
+release what the plan dropped.
 
 Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile_all`, once per
-pass. The pending pods that name Datasets are predicted onto the nodes whose running pods end
-soonest (the policy: :func:`dsagent.cache.preparation.plan`; its inputs read from the pods,
-Nodes and Datasets: :mod:`dsagent.controller.podfacts`). Phase 1 is a reservation in
-``status.preparation`` (no node work); phase 2 asks the node's agent to cache the datasets
-as task ``prepare.<pod UID>`` (renewed each pass, so the copy is protected while the pod
-waits); a preparation the plan drops (the pod was bound, deleted, or is now predicted
-elsewhere) has its task released at once, so its data is an eviction candidate. The pod's
-own task takes over when it is bound there. The ledger lives in the Datasets' status, so a
-new leader releases what the old one asked.
+pass. The next jobs come from what the cluster knows first (:mod:`dsagent.controller.queues`:
+a running pod's ``dsagent.io/next-job`` names the job that follows it on its node; Kueue
+Workloads or Volcano Jobs give the queue's order), the replay of the queue
+(:func:`dsagent.cache.preparation.plan`) places the rest, labelled ``prediction``; inputs
+read from the pods, Nodes and Datasets by :mod:`dsagent.controller.podfacts`. Each
+preparation is put on its node's agent as ``PUT /v1/preparations/<pod UID>`` (phase 1: the
+agent reads the manifests and reserves space; phase 2: the bulk fetch, which the agent
+holds back above the second threshold), renewed each pass; one the plan drops (the pod was
+bound, deleted, or is now placed elsewhere) is deleted at once, so its data is an eviction
+candidate. The pod's own request hands the preparation over (the agent's start check).
+The ledger lives in the Datasets' status (each entry with its source), so a new leader
+releases what the old one asked; each preparation is also an Event on its pod.
 """
 
 from __future__ import annotations
@@ -20,17 +23,29 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsagent.cache.preparation import Preparation, Thresholds, plan
-from dsagent.controller.agents import JSON, AgentCall, task_report, task_request
+from dsagent.controller.agents import JSON, AgentCall, task_request
 from dsagent.controller.controllermetrics import ControllerMetrics
-from dsagent.controller.podfacts import node_states, waiting_pods
+from dsagent.controller.podfacts import node_states, running_pods, waiting_pods
+from dsagent.controller.queues import Queues, followers, queue_places
 from dsagent.controller.quotas import Ledger
 from dsplatform.kubetime import format_micro_time
 from dsplatform.tenancy import acting_for
 
+#: what each source means, in status and Events
+SOURCES = {
+    "annotation": "named by the running pod (dsagent.io/next-job)",
+    "kueue": "Kueue's queue, placed by replaying it",
+    "volcano": "Volcano's queue, placed by replaying it",
+    "prediction": "predicted by replaying the pending pods in creation order",
+}
 
-def prepare_task_id(pod_uid: str) -> str:
-    """The agent task that holds a waiting pod's prepared datasets (docs/design.md#next-job-preparation)."""
-    return f"prepare.{pod_uid}"
+#: ``(pod, reason, note)``: tell a pod's owner (an Event on the pod)
+PodEvent = Callable[[Mapping[str, Any], str, str], None]
+
+
+def preparation_path(pod_uid: str) -> str:
+    """The agent's preparation of a waiting pod (docs/design.md#next-job-preparation)."""
+    return f"/v1/preparations/{pod_uid}"
 
 
 def prepare_pass(
@@ -44,10 +59,12 @@ def prepare_pass(
     agent_call: AgentCall,
     metrics: ControllerMetrics,
     ledger: Ledger | None = None,
+    queues: Queues | None = None,
+    pod_event: PodEvent | None = None,
 ) -> dict[tuple[str, str], JSON]:
-    """Plan, ask the agents for phase 2, release what the plan dropped; the status per Dataset.
-    A phase-2 ask is charged to its namespace in ``ledger`` and not made (state ``refused``)
-    when it would pass the namespace's bounds (docs/operator-guide/tenancy.md)."""
+    """Find the next jobs, plan, ask the agents, release what the plan dropped; the status
+    per Dataset. A phase-2 ask is charged to its namespace in ``ledger``; past the
+    namespace's bounds (docs/operator-guide/tenancy.md) it stays in phase 1 (state ``refused``)."""
     by_key = {
         ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
         for d in datasets
@@ -58,66 +75,106 @@ def prepare_pass(
         for entry in (((d.get("status") or {}).get("preparation") or {}).get("pods") or [])
         if isinstance(entry, dict) and isinstance(entry.get("uid"), str) and isinstance(entry.get("node"), str)
     ]
-    asked = {(e["uid"], e["node"]) for e, _ in previous if e.get("phase") == 2}
+    asked = {(e["uid"], e["node"]) for e, _ in previous if e.get("state") not in ("skipped", None)}
+    fetched = {(e["uid"], e["node"]) for e, _ in previous if e.get("phase") == 2}
     asked_for = {(e["uid"], e["node"]): who for e, who in previous}  # the Dataset each was asked for
-    waiting = waiting_pods(pods, by_key)
+    waiting = waiting_pods(pods, by_key, queue_places(pods, queues or Queues()))
     pod_of = {w.key: pod for w, pod in waiting}
     preps = plan(
         node_states(nodes, pods, inventories),
         [w for w, _ in waiting],
         now=now(),
         thresholds=presets,
-        fetching=asked,
+        fetching=fetched,
+        known=followers(running_pods(pods), pod_of.values()),
     )
     out: dict[tuple[str, str], JSON] = {}
     fetching: set[tuple[str, str]] = set()
     for prep in preps:
         pod = pod_of[prep.job]
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
-        state = "reserved"
-        if prep.phase == 2:
+        phase = prep.phase
+        if phase == 2:
             size = sum(want.size_bytes for want in prep.datasets)
-            if ledger is None or ledger.admitter(namespace, size)(prep.node):
-                state = _ask_to_prepare(agent_call, prep, namespace, by_key)
-            else:
-                state = "refused"  # the namespace's share of the node (docs/operator-guide/tenancy.md)
-            if state not in ("skipped", "refused"):
-                fetching.add((prep.job, prep.node))
+            if ledger is not None and not ledger.admitter(namespace, size)(prep.node):
+                phase = 1  # the namespace's share of the node (docs/operator-guide/tenancy.md)
+        state, agent_phase = _ask_to_prepare(agent_call, prep, phase, namespace, by_key, presets)
+        if phase < prep.phase and state != "skipped":
+            state = "refused"
+        if state != "skipped":
+            fetching.add((prep.job, prep.node))  # still planned there: not released
+        if pod_event is not None and state != "skipped":
+            names = ",".join(w.name for w in prep.datasets)
+            pod_event(
+                pod,
+                "Preparing",
+                f"{names} prepared on node {prep.node}: phase {agent_phase}, {state}; next job {SOURCES[prep.source]}",
+            )
         for want in prep.datasets:
             entry = out.setdefault((namespace, want.name), {"reservedBytes": 0, "fetchingBytes": 0, "pods": []})
             entry["reservedBytes"] += want.size_bytes
-            if prep.phase == 2:
+            if agent_phase == 2:
                 entry["fetchingBytes"] += want.size_bytes
             entry["pods"].append(
                 {
                     "pod": f"{namespace}/{(pod.get('metadata') or {}).get('name', '')}",
                     "uid": prep.job,
                     "node": prep.node,
-                    "phase": prep.phase,
+                    "phase": agent_phase,
                     "state": state,
+                    "source": prep.source,
                     "expectedStart": format_micro_time(prep.start),
                 }
             )
     for uid, node in sorted(asked - fetching):  # cleanup: at once an eviction candidate
-        agent_call(node, "DELETE", f"/v1/tasks/{prepare_task_id(uid)}", None, asked_for[(uid, node)])
+        agent_call(node, "DELETE", preparation_path(uid), None, asked_for[(uid, node)])
         metrics.preparation_releases.inc()
-    metrics.preparations.labels(phase="1").set(sum(1 for p in preps if p.phase == 1))
-    metrics.preparations.labels(phase="2").set(len(fetching))
+    phases = [p["phase"] for entry in out.values() for p in entry["pods"]]
+    metrics.preparations.labels(phase="1").set(phases.count(1))
+    metrics.preparations.labels(phase="2").set(phases.count(2))
     return out
 
 
 def _ask_to_prepare(
-    agent_call: AgentCall, prep: Preparation, namespace: str, by_key: Mapping[tuple[str, str], JSON]
-) -> str:
+    agent_call: AgentCall,
+    prep: Preparation,
+    phase: int,
+    namespace: str,
+    by_key: Mapping[tuple[str, str], JSON],
+    presets: Thresholds,
+) -> tuple[str, int]:
+    """Put the preparation on its node's agent: its state there and the phase it is in
+    (the agent holds phase 2 back while the second threshold marks it)."""
     requests = []
     for want in prep.datasets:
         spec = (by_key.get((namespace, want.name)) or {}).get("spec") or {}
-        if not isinstance(spec.get("source"), str) or spec.get("storageSecretRef"):
-            return "skipped"  # a Secret's options reach only the pod's own request (rule 5)
+        if not isinstance(spec.get("source"), str) or not isinstance(spec.get("bundles"), str):
+            return "skipped", 1  # only packed datasets are prepared (the agent reads their manifests)
+        if spec.get("storageSecretRef"):
+            return "skipped", 1  # a Secret's options reach only the pod's own request (rule 5)
         requests.append(task_request(want.name, spec))
     who = acting_for(namespace, prep.datasets[0].name)  # a pod's datasets are all of its namespace
-    answer = agent_call(prep.node, "PUT", f"/v1/tasks/{prepare_task_id(prep.job)}", {"datasets": requests}, who)
-    return str(task_report(prep.node, answer)["state"])
+    body = {
+        "datasets": requests,
+        "phase": phase,
+        "firstThreshold": presets.reserve_fraction,
+        "secondThreshold": presets.fill_fraction,
+    }
+    answer = agent_call(prep.node, "PUT", preparation_path(prep.job), body, who)
+    return preparation_report(answer)
+
+
+def preparation_report(answer: tuple[int, Any] | None) -> tuple[str, int]:
+    """An agent's answer about a preparation (hostile input): its state and phase, never more."""
+    if answer is None:
+        return "unreachable", 1
+    code, body = answer
+    if code != 200 or not isinstance(body, dict):
+        return "failed", 1
+    state = body.get("state")
+    phase = body.get("phase")
+    known = ("reserved", "waiting", "fetching", "prepared", "failed")
+    return (state if state in known else "unknown"), (phase if phase in (1, 2) else 1)
 
 
 def _dataset_ref(ds: Mapping[str, Any]) -> str:
@@ -125,4 +182,4 @@ def _dataset_ref(ds: Mapping[str, Any]) -> str:
     return acting_for(str(meta.get("namespace") or "default"), str(meta.get("name", "")))
 
 
-__all__ = ["prepare_pass", "prepare_task_id"]
+__all__ = ["SOURCES", "PodEvent", "preparation_path", "preparation_report", "prepare_pass"]

@@ -34,6 +34,7 @@ from dsplatform.gpus import QuantityError, node_gpus
 from dsplatform.gpus import pod_gpus as requested_gpus
 from dsplatform.kubetime import parse_or_none
 from dsplatform.names import is_digest, is_name
+from dsplatform.wire.podannotations import progress_of
 
 DURATION_ANNOTATION = "dsagent.io/duration"
 MAX_DURATION_S = 90 * 86400.0
@@ -134,11 +135,16 @@ def _group(pod: Mapping[str, Any]) -> str | None:
 
 
 def waiting_pods(
-    pods: Iterable[Mapping[str, Any]], datasets: Mapping[tuple[str, str], Mapping[str, Any]]
+    pods: Iterable[Mapping[str, Any]],
+    datasets: Mapping[tuple[str, str], Mapping[str, Any]],
+    places: Mapping[str, tuple[tuple[Any, ...], str]] | None = None,
 ) -> list[tuple[Waiting, Mapping[str, Any]]]:
     """The waiting pods worth preparing, in queue order, each with its pod object.
 
-    ``datasets``: ``(namespace, name) -> Dataset``. ``Waiting.key`` is the pod's UID."""
+    ``datasets``: ``(namespace, name) -> Dataset``. ``Waiting.key`` is the pod's UID.
+    ``places``: each pod's place in its queue and its source
+    (:func:`dsagent.controller.queues.queue_places`); without one, creation order."""
+    places = places or {}
     out = []
     for pod in pods:
         meta = _meta(pod)
@@ -153,13 +159,24 @@ def waiting_pods(
                 wants.append(version)
         gpus = pod_gpus(pod)
         if wants and gpus > 0:
-            out.append((Waiting(uid, gpus, tuple(wants), _group(pod)), pod))
-    out.sort(
-        key=lambda item: (
-            parse_or_none(_meta(item[1]).get("creationTimestamp")) or 0.0,
-            str(_meta(item[1]).get("name")),
-        )
-    )
+            source = places[uid][1] if uid in places else "prediction"
+            out.append((Waiting(uid, gpus, tuple(wants), _group(pod), source), pod))
+
+    def created(item: tuple[Waiting, Mapping[str, Any]]) -> tuple[Any, ...]:
+        pod = item[1]
+        return (1, 0, parse_or_none(_meta(pod).get("creationTimestamp")) or 0.0, str(_meta(pod).get("name")))
+
+    out.sort(key=lambda item: places[item[0].key][0] if item[0].key in places else created(item))
+    return out
+
+
+def running_pods(pods: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str, float | None, int]]:
+    """``(pod, node, expected end, GPUs)`` of every bound pod that has not ended."""
+    out = []
+    for pod in pods:
+        bound = node_of(pod)
+        if bound is not None and not ended(pod):
+            out.append((pod, bound, expected_end(pod), pod_gpus(pod)))
     return out
 
 
@@ -176,7 +193,9 @@ def node_states(
         gpus = pod_gpus(pod)
         requested[bound] = requested.get(bound, 0) + gpus
         if gpus > 0:
-            running.setdefault(bound, []).append(Running(gpus, expected_end(pod)))
+            progress = progress_of(_annotations(pod))
+            remaining = None if progress is None else progress[1] - progress[0]
+            running.setdefault(bound, []).append(Running(gpus, expected_end(pod), remaining))
     out = []
     for node in nodes:
         name = _meta(node).get("name")
@@ -258,6 +277,7 @@ __all__ = [
     "demand",
     "expected_end",
     "free_gpus",
+    "running_pods",
     "node_states",
     "waiting_pods",
 ]

@@ -41,6 +41,7 @@ from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
+from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import parse_stripe, stripe_status
@@ -219,6 +220,8 @@ class DatasetController:
                     agent_call=self.agent_call,
                     metrics=self.metrics,
                     ledger=self._ledger,
+                    queues=list_queues(self._custom, timeout=self._timeout),
+                    pod_event=self._pod_event,
                 )
             except Exception:  # preparation is an optimisation: never let it stop a pass
                 log.exception("next-job preparation failed this pass")
@@ -368,6 +371,16 @@ class DatasetController:
         regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
         for kind, reason, note in cachestate.changes(status, {**status, **patch}, digest):
             self.events.record(regarding, type=kind, reason=reason, action="Cache", note=note)
+
+    def _pod_event(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
+        """A Normal Event on a pod (next-job preparation tells the pod's owner where and why)."""
+        self.events.record(
+            ObjectRef.of({**pod, "apiVersion": "v1", "kind": "Pod"}),
+            type="Normal",
+            reason=reason,
+            action="Prepare",
+            note=note,
+        )
 
     def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:
         """``status.conditions`` with ``Refused`` as this pass found it (None: no refusal now and

@@ -18,7 +18,7 @@ Request::
 Status::
 
     task, state (pending, ready, failed), createdAt, leaseUntil (RFC 3339, UTC)
-    datasets   [{name, source, bundles, digest, state (resolving, fetching, ready, failed),
+    datasets   [{name, source, bundles, digest, state (resolving, fetching, checking, ready, failed),
                  path, sizeBytes, files, bytesDone, filesDone, rateBytesPerSecond,
                  etaSeconds, error (the API's error body: code, message, hint, details)}]
 
@@ -39,7 +39,7 @@ MAX_DATASETS = 64
 STORAGE_OPTIONS = "storageOptions"
 ALLOW_PER_FILE = "allowPerFile"
 TASK_STATES = ("pending", "ready", "failed")
-DATASET_STATES = ("resolving", "fetching", "ready", "failed")
+DATASET_STATES = ("resolving", "fetching", "checking", "ready", "failed")
 #: the longest error message a reader keeps of another party's answer
 MESSAGE_MAX = 300
 

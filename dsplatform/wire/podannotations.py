@@ -21,6 +21,7 @@ platform's, each process's tree derives from it) with the reason.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,36 @@ def _name(name: Any) -> str:
     return str(name)
 
 
+#: on a running pod: the job that follows it on its GPUs (a batch/v1 Job, a Volcano Job, or
+#: any owner of the next pods, by name, in the pod's namespace). The Dataset controller
+#: prepares that job's datasets on the pod's node (docs/design.md#next-job-preparation).
+NEXT_JOB_ANNOTATION = "dsagent.io/next-job"
+#: on a running pod: its progress in sub-tasks (steps, epochs), ``"<done>/<total>"``, written
+#: by the job (or a sidecar). The next job's bulk fetch starts once fewer than the preset
+#: count remain (docs/design.md#next-job-preparation).
+PROGRESS_ANNOTATION = "dsagent.io/progress"
+_OWNER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_PROGRESS = re.compile(r"^\s*(\d{1,12})\s*/\s*(\d{1,12})\s*$")
+
+
+def next_job_of(annotations: Mapping[str, Any]) -> str | None:
+    """The follow-up job a pod names (a DNS-1123 subdomain), or None (absent or not a name)."""
+    value = annotations.get(NEXT_JOB_ANNOTATION)
+    if not isinstance(value, str) or not _OWNER_NAME.match(value.strip()):
+        return None
+    return value.strip()
+
+
+def progress_of(annotations: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(done, total)`` sub-tasks a pod reports, or None (absent, unreadable, done > total)."""
+    value = annotations.get(PROGRESS_ANNOTATION)
+    match = _PROGRESS.match(value) if isinstance(value, str) and len(value) <= 64 else None
+    if match is None:
+        return None
+    done, total = int(match.group(1)), int(match.group(2))
+    return (done, total) if 0 <= done <= total and total > 0 else None
+
+
 # -- deadline plans ---------------------------------------------------------------------------
 # The pod's author writes ``dsagent.io/deadline-plan: apply``; the admission webhook reads it
 # and applies the deadline time model's plan (GPU count and node) to the pod, recording what
@@ -185,16 +216,20 @@ def encode_planned(gpus: int, nodes: Mapping[str, int], branch: str, formula: st
 __all__ = [
     "DATASETS_ANNOTATION",
     "MAX_GPUS_ANNOTATION",
+    "NEXT_JOB_ANNOTATION",
     "PLANNED_ANNOTATION",
     "PLAN_ADVISE",
     "PLAN_ANNOTATION",
     "PLAN_APPLY",
+    "PROGRESS_ANNOTATION",
     "VERSION",
     "DatasetRef",
     "datasets_of",
     "encode",
     "encode_planned",
     "max_gpus_of",
+    "next_job_of",
     "parse",
     "plan_mode",
+    "progress_of",
 ]

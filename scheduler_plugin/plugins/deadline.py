@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from gpu_topology import Topology
-from scheduling.nodeinfo import NodeFacts, pod_bandwidth
-from scheduling.plans import plan_on_nodes
+from scheduling.nodeinfo import pod_bandwidth
 from scheduling.timemodel import (
     DEFAULT_BANDWIDTHS,
-    DEFAULT_FORMULA,
     Bandwidths,
     Decision,
     JobProfile,
@@ -51,20 +49,6 @@ def score(
     return node_score(job, need * job.workers, bw, ideal_bw, len(free), now=now)
 
 
-def plan(
-    job: JobProfile,
-    nodes: Sequence[NodeFacts],
-    *,
-    now: float,
-    max_gpus: int,
-    bandwidths: Bandwidths = DEFAULT_BANDWIDTHS,
-    formula: str = DEFAULT_FORMULA,
-) -> Decision:
-    """The design's plan decision (steps 3-4) over the nodes the extender knows
-    (:func:`scheduling.plans.plan_on_nodes`, the rule the webhook applies)."""
-    return plan_on_nodes(job, nodes, now=now, max_gpus=max_gpus, bandwidths=bandwidths, formula=formula)
-
-
 def describe(decision: Decision, *, now: float) -> dict[str, Any]:
     """The JSON answer of ``GET /v1/plan`` (times in seconds from ``now``)."""
 
@@ -87,4 +71,4 @@ def describe(decision: Decision, *, now: float) -> dict[str, Any]:
     }
 
 
-__all__ = ["describe", "plan", "score"]
+__all__ = ["describe", "score"]

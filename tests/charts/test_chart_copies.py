@@ -11,7 +11,7 @@ import pytest
 
 from dsagent.cache import copies
 from dsagent.cluster.clustersettings import ClusterSettings
-from tests.charts.test_chart import NAMESPACE, agent_container, find, render
+from tests.charts.test_chart import NAMESPACE, agent_container, find, render, rules_of
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +74,11 @@ def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_prese
     docs = render({"controller": {"prepare": {"enabled": True, "window": "1h", "fillFraction": "0.8"}}})
     presets = ControllerSettings.from_env(settings_env(docs)).prepare
     assert presets is not None and (presets.window_s, presets.fetch_lead_s, presets.fill_fraction) == (3600, 600, 0.8)
+    assert presets.subtasks_remaining == 2
+    # the queue systems' order (Kueue Workloads, Volcano Jobs): listed only with preparation on
+    queue_rules = {("kueue.x-k8s.io", "workloads", "list"), ("batch.volcano.sh", "jobs", "list")}
+    assert queue_rules <= rules_of(docs, "-controller")
+    assert not queue_rules & rules_of(off, "-controller")
     crd = find(docs, "CustomResourceDefinition")
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["preparation"]["x-kubernetes-preserve-unknown-fields"] is True

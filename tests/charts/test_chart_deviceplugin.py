@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dsagent.cache import settings as agent_settings
-from tests.charts.test_chart import CHART, DEVICE_PLUGIN, agent_pod, helm, render
+from tests.charts.test_chart import CHART, DEVICE_PLUGIN, agent_pod, find, helm, render
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +96,56 @@ def test_the_webhook_the_extender_and_the_device_plugin_name_the_same_class_reso
     # the agent publishes and the plugin cuts classes from the same variable
     assert agent["DSAGENT_ROCE_CLASSES"] == "numa"
     assert list(agent).count("DSAGENT_ROCE_CLASSES") == 1
+
+
+def _vf_values(**device_plugin: Any) -> dict[str, Any]:
+    plugin = {**DEVICE_PLUGIN["agent"]["devicePlugin"], **device_plugin}
+    return {
+        **DEVICE_PLUGIN,
+        "agent": {**DEVICE_PLUGIN["agent"], "devicePlugin": plugin},
+        "csi": {"enabled": False},  # CSI makes the agent privileged: look at what the VF set-up adds alone
+        "topologyDiscovery": {"hostNetwork": True},
+    }
+
+
+def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> None:
+    """sriov_numvfs writes need the host's /sys writable (the agent is root, the files' owner);
+    netlink address set-up needs NET_ADMIN in the host's network namespace and the file."""
+    from kubernetes_validate import utils as kv
+
+    def parts(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], list[str], dict[str, Any]]:
+        pod = agent_pod(docs)
+        [container] = [c for c in pod["containers"] if c["name"] == "agent"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return pod, mounts, container["securityContext"]["capabilities"].get("add", []), env
+
+    pod, mounts, added, env = parts(render(_vf_values()))
+    assert mounts["host-sys"]["readOnly"] is True and "vf-addresses" not in mounts and added == []
+    assert not {"DSAGENT_VF_SETUP", "DSAGENT_VF_ADDRESSES"} & set(env)
+
+    docs = render(_vf_values(vfSetup=True))
+    pod, mounts, added, env = parts(docs)
+    assert mounts["host-sys"]["readOnly"] is False and added == [], "sriov_numvfs: a writable /sys, no capability"
+    assert env["DSAGENT_VF_SETUP"] == "true" and "DSAGENT_VF_ADDRESSES" not in env
+    kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
+
+    docs = render(_vf_values(vfAddresses="/etc/dsagent/vf-addresses.json"))
+    pod, mounts, added, env = parts(docs)
+    assert added == ["NET_ADMIN"] and pod["hostNetwork"] is True and mounts["host-sys"]["readOnly"] is True
+    assert mounts["vf-addresses"] == {
+        "name": "vf-addresses",
+        "mountPath": "/etc/dsagent-vf/addresses.json",
+        "readOnly": True,
+    }
+    volume = next(v for v in pod["volumes"] if v["name"] == "vf-addresses")
+    assert volume["hostPath"] == {"path": "/etc/dsagent/vf-addresses.json", "type": "File"}
+    assert env["DSAGENT_VF_ADDRESSES"] == mounts["vf-addresses"]["mountPath"]
+    settings = agent_settings.Settings.from_env({k: v for k, v in env.items() if k.startswith("DSAGENT_VF")})
+    assert settings.vf_addresses is not None and not settings.vf_setup
+    kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
+
+    with pytest.raises(Exception, match="hostNetwork"):
+        render({**_vf_values(vfAddresses="/etc/vf.json"), "topologyDiscovery": {"hostNetwork": False}})
+    with pytest.raises(Exception, match="devicePlugin.enabled"):
+        render({"agent": {"devicePlugin": {"enabled": False, "nodeLabel": "x", "vfSetup": True}}})

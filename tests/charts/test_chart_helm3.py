@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes_validate import utils as kv
 
 from tests.charts.test_chart import (  # noqa: F401 - cached_schemas is a fixture
@@ -31,6 +30,7 @@ from tests.charts.test_chart import (  # noqa: F401 - cached_schemas is a fixtur
     RELEASE,
     VALUE_SETS,
     cached_schemas,
+    load_all,
     render,
 )
 
@@ -63,7 +63,7 @@ def helm(*args: str, values: dict[str, Any] | None = None, tmp: Path | None = No
 
 def template(tmp: Path, values: dict[str, Any] | None = None, *extra: str) -> list[dict[str, Any]]:
     out = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *extra, values=values, tmp=tmp)
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return [doc for doc in load_all(out) if doc]
 
 
 @functools.lru_cache(maxsize=1)

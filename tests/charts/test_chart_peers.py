@@ -314,3 +314,22 @@ def test_the_admin_token_is_readable_by_the_agent_whatever_user_it_runs_as(rende
         volume = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "admin-token")
         root = agent_container(docs)["securityContext"].get("runAsUser", 0) == 0
         assert volume["secret"]["defaultMode"] == (0o400 if root else 0o444), name
+
+
+def test_fetch_links_reach_the_agent_only_when_set_and_with_the_hosts_network() -> None:
+    """agent.fetchLinks (docs/design.md#links): the agent binds to the NICs' addresses, which
+    only the host's network namespace has."""
+    from kubernetes_validate import utils as kv
+
+    assert "DSAGENT_FETCH_LINKS" not in env_of(render())
+    docs = render({"agent": {"fetchLinks": "auto"}, "topologyDiscovery": {"hostNetwork": True}})
+    assert env_of(docs)["DSAGENT_FETCH_LINKS"]["value"] == "auto"
+    assert agent_pod(docs)["hostNetwork"] is True
+    kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
+    listed = render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}, "topologyDiscovery": {"hostNetwork": True}})
+    value = env_of(listed)["DSAGENT_FETCH_LINKS"]["value"]
+    assert agent_settings.Settings.from_env({"DSAGENT_FETCH_LINKS": value}).fetch_links == ("10.0.0.5", "10.0.1.5")
+    with pytest.raises(Exception, match="hostNetwork"):
+        render({"agent": {"fetchLinks": "auto"}})
+    with pytest.raises(Exception, match="fetchLinks"):
+        render({"agent": {"fetchLinks": "eth0"}, "topologyDiscovery": {"hostNetwork": True}})

@@ -59,6 +59,7 @@ def _build(config: Path, site: Path, *, strict: bool) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.slow  # builds the site with mkdocs in a subprocess
 def test_a_new_page_under_docs_joins_the_navigation_without_editing_mkdocs_yml(tmp_path: Path) -> None:
     """The site's own navigation files, on a copy of docs/ with pages the nav does not name."""
     docs = tmp_path / "docs"
@@ -80,6 +81,7 @@ def test_a_new_page_under_docs_joins_the_navigation_without_editing_mkdocs_yml(t
     assert nav.index("performance/") < nav.index("results-newbench/")
 
 
+@pytest.mark.slow  # builds the site and runs Chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (/usr/bin/chromium): apt-get install chromium")
 def test_a_built_page_renders_in_headless_chromium_to_a_visible_page(tmp_path: Path) -> None:
     from PIL import Image, ImageStat

@@ -228,3 +228,41 @@ def test_modes_are_read_in_any_case(mode: str) -> None:
 def test_an_unknown_mode_is_refused(mode: str) -> None:
     with pytest.raises(InvalidTopology, match="unknown RoCE class mode"):
         roce_classes(eight_rails(), mode=mode)
+
+
+def test_transfer_nics_are_those_with_a_non_sys_link_to_the_given_gpus() -> None:
+    from gpu_topology import transfer_nics
+
+    topology = Topology(
+        gpus=(Gpu(0), Gpu(1)),
+        nics=(
+            Nic("pix", link_layer="Ethernet"),
+            Nic("node", link_layer="Ethernet"),
+            Nic("far", link_layer="Ethernet"),
+            Nic("down", link_layer="Ethernet", state="DOWN"),
+        ),
+        links={
+            "GPU0": {"pix": Link.parse("PIX"), "node": Link.parse("NODE"), "far": Link.parse("SYS")},
+            "GPU1": {"pix": Link.parse("SYS"), "node": Link.parse("SYS"), "far": Link.parse("PXB")},
+            "down": {"GPU0": Link.parse("PIX")},
+        },
+    )
+    names = lambda nics: [n.name for n in nics]  # noqa: E731
+    assert names(transfer_nics(topology, [0])) == ["pix", "node"], "SYS and a port that is down are not near"
+    assert names(transfer_nics(topology, [1])) == ["far"]
+    assert names(transfer_nics(topology)) == ["pix", "node", "far"], "no GPUs named: near any of the node's"
+    with pytest.raises(Exception, match="no GPU 7"):
+        transfer_nics(topology, [7])
+
+
+def test_with_no_gpu_known_every_usable_roce_nic_carries_transfers() -> None:
+    from gpu_topology import transfer_nics
+
+    topology = Topology(
+        nics=(
+            Nic("ib", link_layer="InfiniBand"),
+            Nic("roce", link_layer="Ethernet"),
+            Nic("roce2", link_layer="Ethernet"),
+        )
+    )
+    assert [n.name for n in transfer_nics(topology)] == ["roce", "roce2"]

@@ -31,6 +31,7 @@ TABLES = {
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
     "stripe_serve": ["served", "peak RSS before serving"],
     "reader": ["plain", "reader", "ratio of medians (reader / plain open)"],
+    "links": ["one link", "3 links", "throughput ratio", "every link carried bundles: True", "load average"],
     "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
     "ready": ["first-byte latency", "dsctl", "results written to"],
     "loader": ["images/s", "cache", "local", "s3", "ratio cache / local images/s", "results written to"],

@@ -9,7 +9,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # each test starts the server as a process
 
 
 def _free_port() -> int:

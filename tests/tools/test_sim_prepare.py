@@ -48,3 +48,24 @@ def test_a_preparation_the_plan_drops_becomes_evictable() -> None:
     sim = Simulation("ours", [job(0, 0.0, "ds000", 2000.0), job(1, 10.0, "ds001", 500.0)], data, params, 3).run()
     # after both ran, nothing is held for a waiting job any more
     assert not any(e.prepared for n in sim.nodes for e in n.cache.values())
+
+
+def test_the_comparison_runs_the_baselines_and_judges_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.sim import prepare
+
+    assert prepare.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| smoke |")]
+    assert rows == list(prepare.POLICIES)
+    assert "on by default: " in out
+
+
+def test_a_loss_is_any_figure_worse_than_ours_past_the_tolerance() -> None:
+    from tools.sim.prepare import losses
+
+    ours = {"ttfs_mean_s": 100.0, "storage_bytes": 1e12, "deadline_misses": 0}
+    assert losses(ours, dict(ours)) == []
+    assert losses(ours, {**ours, "ttfs_mean_s": 100.4}) == []  # within 0.5%
+    assert losses(ours, {**ours, "ttfs_mean_s": 90.0}) == []  # better
+    assert losses(ours, {**ours, "storage_bytes": 1.1e12}) == ["storage TB 1 -> 1.1"]
+    assert losses(ours, {**ours, "deadline_misses": 1}) == ["deadline misses 0 -> 1"]

@@ -40,6 +40,7 @@ from typing import Literal
 import httpx
 import xxhash
 
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease
 from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES, holds
 from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
@@ -109,10 +110,10 @@ class PeerFetcher:
         self.metrics = metrics
         #: cluster mode: more holders of ``(name, digest)`` (base URLs), from the node inventories
         self.cluster_holders = cluster_holders
-        timeout = httpx.Timeout(settings.peer_timeout)
-        self._client = httpx.Client(
-            timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
-        )
+        self._client = self._new_client(None)
+        # one client per local address of the fetch links (docs/design.md#links), made when first used
+        self._bound: dict[str, httpx.Client] = {}
+        self._bound_lock = threading.Lock()
         self._headers = {"Authorization": f"Bearer {settings.peer_token}", PEER_HEADER: settings.node_name}
         # bundle digest -> "asking" | "yielded" | "downloading" | "finishing" (see claim, in_flight)
         self._working: dict[str, str] = {}
@@ -122,8 +123,28 @@ class PeerFetcher:
     def enabled(self) -> bool:
         return self.settings.peer_token is not None and (bool(self.settings.peers) or self.cluster_holders is not None)
 
+    def _new_client(self, address: str | None) -> httpx.Client:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+        timeout = httpx.Timeout(self.settings.peer_timeout)
+        if address is None:
+            return httpx.Client(timeout=timeout, limits=limits)
+        return httpx.Client(timeout=timeout, transport=httpx.HTTPTransport(local_address=address, limits=limits))
+
+    def _client_for(self, address: str | None) -> httpx.Client:
+        """The client whose connections leave from ``address`` (None: the default route)."""
+        if address is None:
+            return self._client
+        with self._bound_lock:
+            client = self._bound.get(address)
+            if client is None:
+                client = self._bound[address] = self._new_client(address)
+            return client
+
     def close(self) -> None:
         self._client.close()
+        with self._bound_lock:
+            for client in self._bound.values():
+                client.close()
 
     async def holders(self, name: str, digest: str) -> list[str]:
         """The peers to ask for the bundles of ``name@digest`` (base URLs), best first: those
@@ -244,13 +265,20 @@ class PeerFetcher:
         progress: FetchProgress,
         *,
         wait: float = 0.0,
+        lease: Lease = DEFAULT_ROUTE,
     ) -> Outcome:
         """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified;
-        while a peer is downloading it, ask again for up to ``wait`` seconds."""
+        while a peer is downloading it, ask again for up to ``wait`` seconds. Over ``lease``'s
+        link (:mod:`dsagent.cache.fetchlinks`): a peer that fails over it is asked once more over another."""
         deadline = time.monotonic() + wait
 
         def fetch_one(peer: str) -> None:
-            self._fetch_one(peer, manifest, bundle, staging, progress)
+            lease.attempt(
+                lambda address: self._fetch_one(peer, manifest, bundle, staging, progress, address),
+                source="peer",
+                size=bundle.size,
+                answers=(PeerRefused,),
+            )
 
         while True:
             outcome = self._ask(session, index, bundle.digest[:12], fetch_one)
@@ -289,7 +317,13 @@ class PeerFetcher:
         self._fetch_one(peer, manifest, bundle, dest, FetchProgress(bundle.size, bundle.count))
 
     def _fetch_one(
-        self, peer: str, manifest: Manifest, bundle: BundleRef, staging: Path, progress: FetchProgress
+        self,
+        peer: str,
+        manifest: Manifest,
+        bundle: BundleRef,
+        staging: Path,
+        progress: FetchProgress,
+        address: str | None = None,
     ) -> None:
         counted = [0, 0]
 
@@ -303,7 +337,7 @@ class PeerFetcher:
         deadline = time.monotonic() + self.settings.peer_timeout + limit / max(self.settings.peer_min_rate, 1)
         url = f"{peer}/v1/peer/bundles/{bundle.digest}"
         try:
-            with self._client.stream("GET", url, headers=self._headers) as response:
+            with self._client_for(address).stream("GET", url, headers=self._headers) as response:
                 if response.status_code in (425, 429, 503):
                     raise PeerFetchingIt(f"peer answered {response.status_code}")
                 if response.status_code == 404:

@@ -113,11 +113,14 @@ class PeerServer:
             self.limits.release(peer)
 
         def stream() -> Iterator[bytes]:
+            sent = 0
             try:
                 for chunk in repack_at(root, found.members):
                     bucket.take(len(chunk))
                     self.metrics.peer_transfer("served", len(chunk))
+                    sent += len(chunk)
                     yield chunk
+                log.info("sent bundle %s to %s (%d bytes)", digest[:12], peer, sent)
             except Exception as exc:  # the status is sent: cutting the stream is the only signal left
                 log.warning("stream of bundle %s to %s cut: %s", digest, peer, exc)
                 raise

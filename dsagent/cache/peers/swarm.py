@@ -25,6 +25,7 @@ from pathlib import Path
 
 import xxhash
 
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease
 from dsagent.cache.peers.peerfetch import PeerFetcher
 from dsagent.cache.peers.peersession import PeerSession
 from dsagent.cache.progress import FetchProgress
@@ -48,14 +49,24 @@ class PeerSwarm:
         """Where this agent starts in the version's bundle list (agents starting together spread)."""
         return xxhash.xxh3_64_intdigest(self.fetcher.settings.node_name.encode())
 
-    def unpack(self, bundle: BundleRef, index: int, *, second: bool, from_store: Callable[[], None]) -> bool:
+    def unpack(
+        self,
+        bundle: BundleRef,
+        index: int,
+        *,
+        second: bool,
+        from_store: Callable[[], None],
+        lease: Lease = DEFAULT_ROUTE,
+    ) -> bool:
         """Bring ``bundle`` in from a peer or the store; False: put off (another agent downloads it).
-        A bundle brought in stays claimed until :meth:`recorded`."""
+        A bundle brought in stays claimed until :meth:`recorded`. Peers are asked over ``lease``'s link."""
         fetcher = self.fetcher
         if not second:
             self.session.maybe_refresh()
             with fetcher.claim(bundle.digest, "asking") as claim:
-                outcome = fetcher.fetch(self.session, self.manifest, bundle, index, self.staging, self.progress)
+                outcome = fetcher.fetch(
+                    self.session, self.manifest, bundle, index, self.staging, self.progress, lease=lease
+                )
                 if outcome == "fetching" or (outcome == "none" and not claim.downloading()):
                     return False  # another agent downloads it: the second round waits for it
                 if outcome == "none":
@@ -63,7 +74,14 @@ class PeerSwarm:
                 claim.finished()
             return True
         outcome = fetcher.fetch(
-            self.session, self.manifest, bundle, index, self.staging, self.progress, wait=fetcher.settings.peer_wait
+            self.session,
+            self.manifest,
+            bundle,
+            index,
+            self.staging,
+            self.progress,
+            wait=fetcher.settings.peer_wait,
+            lease=lease,
         )
         with fetcher.claim(bundle.digest, "downloading") as claim:
             if outcome != "delivered":

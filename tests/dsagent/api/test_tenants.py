@@ -16,6 +16,8 @@ import pytest
 
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 
+pytestmark = pytest.mark.slow  # each test starts an agent process
+
 FOR = "X-Dsagent-For"
 
 

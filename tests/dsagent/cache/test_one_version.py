@@ -11,7 +11,6 @@ reads.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +92,7 @@ def test_version_of_names_each_backends_version_fields() -> None:
 
 
 # -- S3 (moto server mode) ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.s3server import S3Server
-
-    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
-    try:
-        yield server
-    finally:
-        server.close()
+# ``s3`` is the session's server (tests/conftest.py), emptied for each test.
 
 
 def _client(s3: Any) -> Any:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dsagent.cli import COMMON_VARIABLES
 from dsagent.cli.cache import describe
 from dsagent.cluster.envnames import known_names
@@ -18,6 +20,7 @@ def dsctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # runs dsctl as a process
 def test_a_misspelt_variable_stops_dsctl_with_one_line_naming_the_right_one(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DSAGENT_SOKET": str(tmp_path / "x.sock")}
     answer = dsctl("ls", env=env)
@@ -27,6 +30,7 @@ def test_a_misspelt_variable_stops_dsctl_with_one_line_naming_the_right_one(tmp_
     assert "DSAGENT_SOKET" in lines[0] and "DSAGENT_SOCKET" in lines[0]
 
 
+@pytest.mark.slow  # runs dsctl as a process
 def test_the_variables_the_platform_gives_dsctl_are_accepted(tmp_path: Path) -> None:
     """The init-container's environment as the webhook writes it, and per-dataset options."""
     env = {

@@ -55,6 +55,7 @@ def test_the_controller_reads_every_variable_and_an_empty_one_means_its_default(
         "DSAGENT_CONTROLLER_PREPARE": "on",
         "DSAGENT_CONTROLLER_PREPARE_WINDOW": "1h",
         "DSAGENT_CONTROLLER_PREPARE_FILL_FRACTION": "0.8",
+        "DSAGENT_CONTROLLER_PREPARE_SUBTASKS_REMAINING": "3",
         "DSAGENT_CONTROLLER_REPLICAS_WINDOW": "2h",
         "DSAGENT_CONTROLLER_REPLICAS_MAX": "4",
         "DSAGENT_ADMIN_TOKEN_FILE": str(tmp_path / "token"),
@@ -68,7 +69,9 @@ def test_the_controller_reads_every_variable_and_an_empty_one_means_its_default(
         "ghcr.io/dsplatform/dsplatform:0.1.0",
     )
     assert (s.agent_port, s.metrics_port, s.copies_configmap, s.admin_token) == (7421, None, None, "0123456789abcdef")
-    assert s.prepare == Thresholds(window_s=3600, fetch_lead_s=600, reserve_fraction=0.3, fill_fraction=0.8)
+    assert s.prepare == Thresholds(
+        window_s=3600, fetch_lead_s=600, reserve_fraction=0.3, fill_fraction=0.8, subtasks_remaining=3
+    )
     assert (s.replicas_window_s, s.replicas_max) == (7200.0, 4)
     # code (tests, the simulator) may still hand the presets over directly
     presets = Thresholds(window_s=5, fetch_lead_s=1, reserve_fraction=0.5, fill_fraction=0.9)

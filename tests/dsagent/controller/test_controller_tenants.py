@@ -150,6 +150,7 @@ def test_every_request_the_controller_makes_names_the_dataset_it_acts_for(
         assert status(apiserver, namespace)["warm"]["state"] == "Off"
 
 
+@pytest.mark.slow  # starts an agent process
 def test_a_cleanup_evicts_nothing_another_namespace_cached_under_the_same_name(
     apiserver: FakeApiServer, api_client: Any, tmp_path: Path
 ) -> None:

@@ -1,8 +1,8 @@
 """Next-job preparation end to end (docs/design.md#next-job-preparation): the Dataset controller
 on the fake API server predicts where waiting pods start from the running pods' declared
-durations, asks a real agent (``dsagent serve`` over TCP, admin token) to cache phase-2
-datasets as ``prepare.<uid>``, reserves phase-1 ones in the Dataset status only, keeps the
-task across an agent restart, and releases it once the pod is bound."""
+durations, puts each on a real agent (``dsagent serve`` over TCP, admin token) as
+``/v1/preparations/<uid>``: phase 1 reserves space there, phase 2 fetches; the fetched copy
+survives an agent restart, and the pod's own request takes the preparation over."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 from dsagent.cache.preparation import Thresholds
+from dsagent.cache.prepared import prepare_task_id
 from dsagent.controller.controllersettings import ControllerSettings
-from dsagent.controller.nextjob import prepare_task_id
 from dsagent.controller.podfacts import expected_end, waiting_pods
 from dsagent.controller.reconcile import DatasetController
 from dsagent.errors import NotFound
+from dsagent.format.bundle import pack
+from dsagent.format.manifest import read_manifest
 from dsplatform.kubetime import format_time
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
@@ -73,11 +75,12 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
         # two running pods of 4 GPUs: one ends in 500 s, the other in 1,500 s
         apiserver.create(running_pod("ending-soon", now - 1000, "1500s"))
         apiserver.create(running_pod("ending-later", now - 100, "1600s"))
+        store = tmp_path / "nfs" / "store"
         for name, source in (("speech", speech), ("vision", vision)):
-            size = sum(p.stat().st_size for p in source.iterdir())
-            apiserver.create(
-                make_dataset(name, namespace="ml", source=str(source), status={"digest": DIGEST, "bytes": size})
-            )
+            pack(source, store, name=name, max_files=2)
+            manifest = read_manifest(str(store), name)
+            status = {"digest": manifest.digest, "bytes": manifest.total_bytes}
+            apiserver.create(make_dataset(name, namespace="ml", source=str(source), bundles=str(store), status=status))
         waiting = {}
         for name, dataset in (("w1", "speech"), ("w2", "vision")):
             pod = make_pod(name, namespace="ml", gpus=4, annotations={"dsagent.io/datasets": dataset})
@@ -87,7 +90,7 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
         while True:
             ctl.reconcile_all()
             speech_status = apiserver.get("datasets", "speech", "ml")["status"]["preparation"]
-            if speech_status["pods"][0]["state"] == "ready" or time.monotonic() > deadline:
+            if speech_status["pods"][0]["state"] == "prepared" or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         [entry] = speech_status["pods"]
@@ -96,29 +99,36 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
             waiting["w1"],
             "gpu-1",
             2,
-            "ready",
+            "prepared",
         )
-        # w2 starts in 1,500 s: beyond the 600 s lead, so reserved (phase 1) and nothing asked
+        assert entry["source"] == "prediction"  # no queue system, no annotation: the replay
+        # w2 starts in 1,500 s: beyond the 600 s lead, so phase 1: space reserved on the node, no data
         [reserved] = apiserver.get("datasets", "vision", "ml")["status"]["preparation"]["pods"]
         assert (reserved["uid"], reserved["phase"], reserved["state"]) == (waiting["w2"], 1, "reserved")
         with agent.client() as client:
             assert client.get_task(prepare_task_id(waiting["w1"]))["state"] == "ready"
             assert [d["name"] for d in client.datasets()["datasets"]] == ["speech"]
+            on_node = {p["task"]: p for p in client.preparations()}
+            assert on_node[waiting["w2"]]["reservedBytes"] > 0 and on_node[waiting["w2"]]["phase"] == 1
+        notes = [e.get("note", "") for e in apiserver.list("events") if e.get("reason") == "Preparing"]
+        assert any("speech prepared on node gpu-1: phase 2" in n and "predicted" in n for n in notes)
         # the agent restarts: the task and its data survive, the next pass finds them ready
         agent.stop()
         agent = AgentProcess(root, tcp=True, port=agent.port, local_sources=(tmp_path / "nfs",)).start()
         ctl.reconcile_all()
-        assert apiserver.get("datasets", "speech", "ml")["status"]["preparation"]["pods"][0]["state"] == "ready"
+        assert apiserver.get("datasets", "speech", "ml")["status"]["preparation"]["pods"][0]["state"] == "prepared"
         # w1 is bound to the node; its own request (sidecar, init-container or CSI publish
         # send the same) finds the prepared copy: a hit, no second fetch
         apiserver.patch("pods", "w1", {"spec": {"nodeName": "gpu-1"}}, namespace="ml")
         with agent.client() as client:
             hits_before = _counter(client.metrics(), "dsplatform_agent_cache_hits_total")
-            own = client.submit_task(waiting["w1"], [{"name": "speech", "source": str(speech)}], wait=30)
+            own = client.submit_task(
+                waiting["w1"], [{"name": "speech", "source": str(speech), "bundles": str(store)}], wait=30
+            )
             assert own["datasets"][0]["state"] == "ready"
             assert _counter(client.metrics(), "dsplatform_agent_cache_hits_total") == hits_before + 1
             assert _counter(client.metrics(), "dsplatform_agent_cache_misses_total") == 0  # no fetch since the restart
-        # ... and the prepare task is released at once
+        # ... and the preparation is handed over (the agent) and dropped from the plan (the controller)
         ctl.reconcile_all()
         assert apiserver.get("datasets", "speech", "ml")["status"]["preparation"] == {
             "reservedBytes": 0,

@@ -24,6 +24,8 @@ from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 ROOT = Path(__file__).resolve().parents[3]
 
+pytestmark = pytest.mark.slow  # builds the extension with the C compiler where it is not built
+
 
 def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("dsagent.format._native", path)

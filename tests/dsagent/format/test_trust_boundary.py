@@ -19,6 +19,8 @@ from dsagent.errors import InvalidInput
 from dsagent.format.bundle import pack, verify_tree
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
 
+pytestmark = pytest.mark.slow  # the tests ask one agent process, started per module
+
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,0 +1,310 @@
+"""The node's links for its own transfers: a version's bundles fetched over every RDMA NIC
+near the node's GPUs, each connection bound to one NIC's address (docs/design.md#links).
+
+Who calls it: :class:`dsagent.cache.service.CacheService` builds one :class:`Links` from
+``DSAGENT_FETCH_LINKS`` (``auto``: :func:`resolve_addresses` asks the node's topology);
+:mod:`dsagent.cache.versions` opens a :class:`LinkSet` per version fetched; and
+:func:`dsagent.cache.fetch.fetch_bundles` leases one link per bundle
+(:meth:`LinkSet.lease`), over which :class:`~dsagent.cache.peers.PeerFetcher` (an httpx
+client per local address) and the store read (:func:`bound_options`: aiohttp's socket
+factory for ``http(s)://`` and ``s3://``) make their connections.
+
+What it owns: which link a bundle goes over (the least busy one, so that the fetch workers
+spread the version's bundles over the links and the parts meet in the version's staging
+directory, each bundle verified by digest as always), and what a failure means. A transfer
+that fails over one link is tried once more, from the same source, over another
+(:meth:`Lease.attempt`): when that one delivers, the first link is set aside for the rest of
+the version's fetch and its remaining bundles go over the others; when it fails too, the
+source is at fault and the caller's own handling (the next peer, the store) goes on. The last
+link is never set aside. One link, or none configured: the default route, nothing bound.
+
+The scatter of data inside a node's GPUs and the all-gather between them stay NCCL's: the
+platform moves datasets onto the node's disk, not tensors into GPU memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from dsagent.cache.metrics import Metrics
+from dsagent.cache.settings import Settings
+from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, TransientError
+
+log = logging.getLogger("dsagent.fetchlinks")
+
+_T = TypeVar("_T")
+
+#: Errors that a transfer over another link may not have: the network's and the stream's.
+#: A full or failing cache disk, a refusal or a missing object is the same over every link.
+LINK_ERRORS: tuple[type[BaseException], ...] = (TransientError, IntegrityError, OSError, httpx.TransportError)
+NOT_LINK_ERRORS: tuple[type[BaseException], ...] = (InsufficientSpace, CacheDiskError)
+
+
+class SourceAddress:
+    """A socket factory (aiohttp's ``socket_factory``) that binds each connection to one
+    local address; its ``repr`` names the address, so fsspec keeps a filesystem per link."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def __call__(self, addr_info: Sequence[Any]) -> socket.socket:
+        family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.bind((self.address, 0))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def __repr__(self) -> str:
+        return f"SourceAddress({self.address!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SourceAddress) and other.address == self.address
+
+    def __hash__(self) -> int:
+        return hash(("SourceAddress", self.address))
+
+
+class BoundClient:
+    """fsspec's HTTP filesystem ``get_client``: an aiohttp session whose connections leave
+    from one local address."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        import aiohttp
+
+        kwargs.pop("loop", None)  # the running loop; aiohttp takes it from there
+        connector = aiohttp.TCPConnector(socket_factory=SourceAddress(self.address))
+        return aiohttp.ClientSession(connector=connector, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"BoundClient({self.address!r})"
+
+
+def can_bind(store: str) -> bool:
+    """Whether reads from ``store`` can be bound to a local address (:func:`bound_options`)."""
+    return store.startswith(("http://", "https://", "s3://", "s3a://"))
+
+
+def bound_options(store: str, options: Mapping[str, Any] | None, address: str | None) -> Mapping[str, Any] | None:
+    """``options`` for reading bundles from ``store`` with every connection leaving from
+    ``address`` (None: unchanged). ``http(s)://``: an aiohttp session of our own
+    (``get_client``); ``s3://``: aiobotocore's connector ``socket_factory``. Other stores
+    (gcs, azure, local paths) use the default route."""
+    if address is None or not can_bind(store):
+        return options
+    merged = dict(options or {})
+    if store.startswith(("http://", "https://")):
+        merged["get_client"] = BoundClient(address)
+    else:
+        config = dict(merged.get("config_kwargs") or {})
+        connector = dict(config.get("connector_args") or {})
+        connector["socket_factory"] = SourceAddress(address)
+        config["connector_args"] = connector
+        merged["config_kwargs"] = config
+    return merged
+
+
+def addresses_of(nics: Sequence[Any]) -> tuple[str, ...]:
+    """The first routable address of each NIC (``Nic.addresses`` are CIDR strings)."""
+    import ipaddress
+
+    found: list[str] = []
+    for nic in nics:
+        for text in nic.addresses:
+            try:
+                iface = ipaddress.ip_interface(text)
+            except ValueError:
+                continue
+            if not iface.is_link_local:
+                found.append(str(iface.ip))
+                break
+    return tuple(dict.fromkeys(found))
+
+
+def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ...]:
+    """The local addresses fetches spread over: ``DSAGENT_FETCH_LINKS`` as given, or with
+    ``auto`` those of :func:`gpu_topology.transfer_nics` (the NICs near the node's GPUs, or
+    every RoCE NIC when no GPU is known) from ``topology`` or, when None, the node's own
+    discovered; an address no socket here can leave from is left out, with a warning.
+    Fewer than two: () (one link is the default route). Blocking."""
+    links = settings.fetch_links
+    if links == ("auto",):
+        from gpu_topology import TopologyError, discover, transfer_nics
+
+        try:
+            if topology is None:
+                topology = discover(options=settings.discovery_options)
+            links = addresses_of(transfer_nics(topology))
+        except TopologyError as exc:
+            log.warning("fetch links: the node's topology is unknown (%s); fetching over the default route", exc)
+            return ()
+        log.info("fetch links from the topology: %s", ", ".join(links) or "none with an address")
+    usable = tuple(a for a in links if _bindable(a))
+    if len(usable) < len(links):
+        log.warning(
+            "fetch links: %s not on this node (the agent needs the host's network: hostNetwork)",
+            ", ".join(a for a in links if a not in usable),
+        )
+    return usable if len(usable) > 1 else ()
+
+
+def _bindable(address: str) -> bool:
+    """Whether a socket can leave from ``address`` here (an address of this network namespace)."""
+    import ipaddress
+
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
+class Links:
+    """The agent's links (local addresses) and their metrics; :meth:`for_fetch` per version."""
+
+    def __init__(self, addresses: Sequence[str], metrics: Metrics) -> None:
+        self.addresses = tuple(addresses)
+        self.metrics = metrics
+
+    def __bool__(self) -> bool:
+        return len(self.addresses) > 1
+
+    def for_fetch(self, what: str) -> LinkSet | None:
+        """A version's fetch over the links; None with fewer than two."""
+        return LinkSet(self.addresses, self.metrics, what=what) if self else None
+
+
+class LinkSet:
+    """One version's fetch over the links: which link each bundle goes over, which links
+    were set aside, and what each carried (bytes and bundles, by link)."""
+
+    def __init__(self, addresses: Sequence[str], metrics: Metrics | None = None, *, what: str = "") -> None:
+        self.addresses = tuple(addresses)
+        self.metrics = metrics
+        self.what = what
+        self.bytes: dict[str, int] = dict.fromkeys(self.addresses, 0)
+        self.bundles: dict[str, int] = dict.fromkeys(self.addresses, 0)
+        self.set_aside: dict[str, str] = {}  # address -> why
+        self._active: dict[str, int] = dict.fromkeys(self.addresses, 0)
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def _take(self, exclude: str | None = None) -> str | None:
+        """The least busy link still in use (ties: in turn), counted busy until :meth:`_give`."""
+        with self._lock:
+            alive = [a for a in self.addresses if a not in self.set_aside and a != exclude]
+            if not alive:
+                return None
+            n = len(self.addresses)
+            best = min(alive, key=lambda a: (self._active[a], (self.addresses.index(a) - self._turn) % n))
+            self._active[best] += 1
+            self._turn += 1
+            return best
+
+    def _give(self, address: str) -> None:
+        with self._lock:
+            self._active[address] -= 1
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[Lease]:
+        """A link for one bundle's transfers (peer and store alike)."""
+        address = self._take()
+        try:
+            yield Lease(self, address)
+        finally:
+            if address is not None:
+                self._give(address)
+
+    def _delivered(self, address: str, source: str, size: int) -> None:
+        with self._lock:
+            self.bytes[address] += size
+            self.bundles[address] += 1
+        if self.metrics is not None:
+            self.metrics.link_transfer(address, source, size)
+
+    def _set_aside(self, address: str, why: BaseException) -> None:
+        with self._lock:
+            if address in self.set_aside or len(self.set_aside) + 1 >= len(self.addresses):
+                return  # the last link stays
+            self.set_aside[address] = str(why)
+        log.warning(
+            "%s: link %s failed (%s) where another delivered; its remaining bundles go over the others",
+            self.what,
+            address,
+            why,
+        )
+        if self.metrics is not None:
+            self.metrics.link_failures.labels(link=address).inc()
+
+
+class Lease:
+    """One bundle's link (``address``; None: the default route, no :class:`LinkSet`)."""
+
+    def __init__(self, links: LinkSet | None, address: str | None) -> None:
+        self.links, self.address = links, address
+
+    def attempt(
+        self,
+        call: Callable[[str | None], _T],
+        *,
+        source: str,
+        size: int,
+        answers: tuple[type[BaseException], ...] = (),
+    ) -> _T:
+        """``call(address)``; after a network or stream error, once more over another link:
+        if that one delivers, this lease's link is set aside (see the module docstring); if
+        it fails too, its error is raised (the source is at fault). ``answers``: errors that
+        are the source's answer (a peer's refusal), raised as they come."""
+        links, first = self.links, self.address
+        if links is None or first is None:
+            return call(None)
+        try:
+            result = call(first)
+        except NOT_LINK_ERRORS + answers:
+            raise
+        except LINK_ERRORS as exc:
+            other = links._take(exclude=first)
+            if other is None:
+                raise
+            try:
+                result = call(other)
+            finally:
+                links._give(other)
+            links._set_aside(first, exc)
+            links._delivered(other, source, size)
+            return result
+        links._delivered(first, source, size)
+        return result
+
+
+#: The lease of a fetch without links.
+DEFAULT_ROUTE = Lease(None, None)
+
+__all__ = [
+    "DEFAULT_ROUTE",
+    "LINK_ERRORS",
+    "BoundClient",
+    "Lease",
+    "LinkSet",
+    "Links",
+    "SourceAddress",
+    "addresses_of",
+    "bound_options",
+    "can_bind",
+    "resolve_addresses",
+]
