@@ -155,9 +155,16 @@ class Flows(SimState):
             f.remaining -= f.rate * dt
 
     def _finish_fetches(self) -> None:
-        done = [f for f in self.fetches if f.remaining <= 1.0]
+        # done: the last byte, or so little left that finishing it would not move the clock
+        # (a few bytes at a fast rate late in a run: ``now + dt == now`` in floating point)
+        done = [
+            f
+            for f in self.fetches
+            if f.remaining <= 1.0 or (f.rate > 0 and self.now + f.remaining / f.rate == self.now)
+        ]
         if done:
-            self.fetches = [f for f in self.fetches if f.remaining > 1.0]
+            finished = {id(f) for f in done}
+            self.fetches = [f for f in self.fetches if id(f) not in finished]
             for f in done:
                 f.open = False
                 self._count(f, -1)

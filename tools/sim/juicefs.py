@@ -38,6 +38,10 @@ class CacheGroup:
     def used(self) -> float:
         return sum(self.cached.values())
 
+    def serving(self, node: int) -> tuple[int, ...]:
+        """The members a pod on ``node`` reads remote blocks from: every member but itself."""
+        return tuple(sorted(self.members - {node}))
+
     def split(self, key: tuple[str, int], size: float, node: int, amount: float) -> Split:
         """How ``amount`` bytes a pod on ``node`` reads split over its own disk, the other
         members and the store, as the group holds the version now."""

@@ -13,9 +13,11 @@ first step waits only for what the policy waits for. The models (docs/simulator.
   at the unpack rate), the first step when it is ready, every epoch from local disk; a
   version the node cannot make room for is read from the store every epoch, as a
   direct-mode pod does.
-- ``ours+stripe``: a version bigger than a node, striped over a group
-  (:mod:`tools.sim.stripe`), read rank-affine; the first step when the node's own share
-  is on disk (``+early``: at once, its local reads following the share's fetch).
+- ``ours+stripe``: a version bigger than a node, one the pod's node cannot make room for,
+  or one read for less than an epoch, striped over a group spanning the job's subnet
+  (:mod:`tools.sim.stripe`), filled as it is read, read rank-affine from the first step;
+  eviction in tiers (other nodes' copies, idle shares, last copies). ``+early``: whole
+  copies too start at once, their local reads following the copy's fetch.
 
 Training reads are aggregated per source over the job's epochs (one transfer per source
 and worker, running beside the compute); the order of epochs inside a job is not modelled.
@@ -24,6 +26,7 @@ and worker, running beside the compute); the order of epochs inside a job is not
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from dsagent.cache.eviction import Candidate, plan_for_fetch
 from gpu_topology.scoring import single_numa
@@ -70,7 +73,13 @@ class Reads(Flows):
             if index == 0:  # the job's pods together: first epochs (filling the cache), then the rest
                 self._request_shared_cache(out, key, d)
             self._data_ready(out)
-        elif self.policy in STRIPE and stripe.needs_group(d.size, self.params.cache_bytes):
+        elif self.policy in STRIPE and (
+            stripe.needs_group(d.size, self.params.cache_bytes) or getattr(worker.node.cache.get(key), "stripe", False)
+        ):  # bigger than a node, or this node holds a share of the version's group
+            self._request_stripe(job, worker, index, key, d, epochs, share)
+        elif self.policy in STRIPE and epochs < 1.0 and key not in worker.node.cache and key not in self.ready_copies:
+            # admission: a job reading part of an epoch does not fetch a whole copy from the
+            # store; it reads through a group, whose owners keep the bundles it reads
             self._request_stripe(job, worker, index, key, d, epochs, share)
         else:
             self._request_ours(job, worker, index, key, d, first, later)
@@ -113,23 +122,40 @@ class Reads(Flows):
             entry.users += 1
             entry.last_used = self.now
             self.touch(node)
-            self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
-            if entry.ready:
-                self.hits += 1
-                worker.hit = True
-                self._data_ready(out)
-            else:
-                self.inflight[(node.index, key)].waiters.append((job, index))
+            fill = None if entry.ready else self.inflight[(node.index, key)]
+            self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill if self.early else None)
+            if fill is not None and not self.early:
+                fill.waiters.append((job, index))
+                return
+            worker.hit = fill is None
+            self.hits += worker.hit
+            self._data_ready(out)
             return
-        if not self._make_room(node, d.size):  # no room: read from the store every epoch
-            self.uncached_reads += 1
+        held = self.policy in STRIPE and (key in self.ready_copies or key in self.stripes)
+        if not self._make_room(node, d.size, replica=held):  # no room on this node
+            if self.policy in STRIPE:  # the cluster's cache, not the store: a ready copy, else a group
+                self._read_elsewhere(job, worker, index, key, d, first, later)
+                return
+            self.uncached_reads += 1  # ours: read from the store every epoch
             self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, later), kept=False)
             self._data_ready(out)
             return
         node.cache[key] = CacheEntry(d.name, key[1], d.size, self.now, users=1)
         self.touch(node)
-        self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
-        self._fetch_version(node, key, d.size, cached=True, waiter=(job, index))
+        if not self.early:
+            self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
+            self._fetch_version(node, key, d.size, cached=True, waiter=(job, index))
+            return
+        self._fetch_version(node, key, d.size, cached=True, waiter=None)  # +early: train as bundles land
+        fill = self.inflight[(node.index, key)]
+        self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill)
+        self._data_ready(out)
+
+    @property
+    def early(self) -> bool:
+        """``+early``: training starts when the first bundles are local, its local reads
+        following the copy's fetch."""
+        return self.policy == "ours+stripe+early"
 
     def _fetch_version(
         self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
@@ -143,17 +169,45 @@ class Reads(Flows):
         sources: tuple[int, ...] = ()
         if self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
-        elif self.params.peers:
-            after = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
-            if after is not None:
-                source, sources = "peer", (after.node.index,)
+        elif self.params.peers and (
+            after := next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
+        ):
+            source, sources = "peer", (after.node.index,)
+        elif self.params.peers and (grouped := self._group_bytes(key, node))[0] > 1.0:
+            # a group holds bundles of it: those come from their owners, the rest from the store
+            have, owners = grouped
+            if size - have <= 1.0:
+                source, sources = "peer", owners
+            else:
+                if waiter is not None:
+                    self.outcomes[waiter[0].id].pending += 1  # ready when both parts are in
+                self._new_fetch(
+                    node, key, have, cached=False, waiter=waiter, source="peer", sources=owners, unpack=True
+                )
+                size = math.ceil(size - have)
         fetch = self._new_fetch(
             node, key, size, cached=cached, waiter=waiter, source=source, sources=sources, unpack=True, after=after
         )
         if cached:
             self.inflight[(node.index, key)] = fetch
 
-    def _make_room(self, node: Node, size: int) -> bool:
+    def _group_bytes(self, key: tuple[str, int], node: Node) -> tuple[float, tuple[int, ...]]:
+        """Bytes of the version its group's other members hold on disk, and those members."""
+        group = self.stripes.get(key)
+        if group is None:
+            return 0.0, ()
+        owners = tuple(
+            m for m in group.members if m in group.holding and m != node.index and group.fill.get(m, 0.0) > 0
+        )
+        return sum(group.owned[m] * group.fill[m] for m in owners), owners
+
+    def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
+        """Room for ``size`` bytes by the agent's eviction policy (``plan_for_fetch``); with a
+        group policy (``ours+stripe``) in tiers: versions other nodes also hold ready first,
+        then idle stripe shares, a last copy only when those cannot free enough (within a
+        tier the product's order: most other copies, then least recently used). A
+        ``replica`` (a version the cluster already holds) is made only from the first tier:
+        a second copy never costs the cluster the last copy of something else."""
         aware = self.policy in OURS
         candidates = [
             Candidate(
@@ -167,11 +221,25 @@ class Reads(Flows):
             )
             for (name, version), e in node.cache.items()
         ]
-        plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
-        if not plan.sufficient:
+        tiers = [candidates]
+        if self.policy in STRIPE:
+            shares = {k for k, e in node.cache.items() if e.stripe}
+            last = shares | {k for k, e in node.cache.items() if self.copy_counts.others(self, k, e.ready) == 0}
+
+            def keeping(kept: set[tuple[str, int]]) -> list[Candidate]:
+                return [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in kept else c for c in candidates]
+
+            tiers = [keeping(last)] if replica else [keeping(last), keeping(last - shares), candidates]
+        free = self.params.cache_bytes - node.used_bytes
+        for tier in tiers:
+            plan = plan_for_fetch(tier, size=size, free=free)
+            if plan.sufficient:
+                break
+        else:
             return False
-        for victim in plan.victims:
-            self._forget(node, (victim.name, int(victim.digest, 16)))
+        if not dry_run:
+            for victim in plan.victims:
+                self._forget(node, (victim.name, int(victim.digest, 16)))
         return True
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
@@ -196,7 +264,9 @@ class Reads(Flows):
             for one in firsts:
                 self.juicefs.fill(key, d.size, one.store, self.now)
             laters = [self.juicefs.split(key, d.size, w.node.index, tail * s) for w, s in zip(out.workers, shares)]
-            sources: list[tuple[int, ...]] = [() for _ in out.workers]  # spread over the ring
+            # spread over the ring: every other member serves its blocks, each member's upload
+            # shared among the reads it serves, as Fluid's workers and ours' peers are
+            sources: list[tuple[int, ...]] = [self.juicefs.serving(w.node.index) for w in out.workers]
         else:
             rt = self._fluid_runtime(d, out.workers[0].node)
             rt.readers += len(out.workers)
@@ -233,11 +303,35 @@ class Reads(Flows):
 
     # -- ours+stripe ----------------------------------------------------------------------
 
+    def _read_elsewhere(
+        self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, first: float, later: float
+    ) -> None:
+        """A version that fits one node but not this one now (its cache is held by pods):
+        read from the nodes holding it ready (the peer protocol, every epoch), else from a
+        group of nodes with room (formed as for a version bigger than a node), the store
+        only when neither exists."""
+        holders = tuple(sorted(self.ready_copies.get(key, set()) - {worker.node.index}))
+        if holders:
+            self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders)
+            self._data_ready(self.outcomes[job.id])
+            return
+        total = first + later
+        share = total / (self.outcomes[job.id].epochs * self.outcomes[job.id].remaining * d.size or 1.0)
+        self._request_stripe(job, worker, index, key, d, total / (d.size * share or 1.0), share)
+
     def _request_stripe(
         self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, epochs: float, share: float
     ) -> None:
+        """Rank-affine reads through the version's group, from the first step on: each rank
+        reads the bundles its own node owns, and its share of the bundles owned by members
+        outside the job; a bundle its owner holds is read from that disk, one it does not
+        hold yet is read from the store once, through its owner, which keeps it (each miss
+        filled once, only what the job reads: a job reading part of an epoch fills part of
+        the group); a lost share (a hole) is read from the store."""
         out, node = self.outcomes[job.id], worker.node
-        group = self._stripe_group(out, key, d.size) if index == 0 else self.stripes.get(key)
+        group = self.stripes.get(key)
+        if group is None or (job.id, out.start) not in group.jobs:  # formed or repaired once per start
+            group = self._stripe_group(out, key, d.size)
         if group is None:  # no group could be formed: the store every epoch, as ours
             head_bytes = min(epochs, 1.0) * d.size * share
             tail_bytes = epochs * d.size * share - head_bytes
@@ -246,83 +340,142 @@ class Reads(Flows):
             self._data_ready(out)
             return
         group.users += 1
+        group.readers[job.id] = group.readers.get(job.id, 0) + 1
         job_nodes = {w.node.index for w in out.workers}
-        owned_here = sum(group.owned.get(m, 0.0) for m in job_nodes)
-        mine = group.owned.get(node.index, 0.0) if node.index in group.holding else 0.0
-        hole = sum(v for m, v in group.owned.items() if m not in group.holding)  # lost shares: the store
-        per_epoch = Split(mine, max(0.0, d.size - owned_here - hole) * share, hole * share)
-        head = min(epochs, 1.0)
-        first = Split(per_epoch.local * head, per_epoch.remote * head, per_epoch.store * head)
-        rest = max(0.0, epochs - head)
-        later = Split(per_epoch.local * rest, per_epoch.remote * rest, per_epoch.store * rest)
+        head, rest = min(epochs, 1.0), max(0.0, epochs - min(epochs, 1.0))
+        first, later, hole = Split(0.0, 0.0, 0.0), Split(0.0, 0.0, 0.0), 0.0
+        for m, owned in group.owned.items():
+            if m in job_nodes and m != node.index:
+                continue  # another rank's bundles
+            part = owned if m == node.index else owned * share
+            if m not in group.holding:
+                hole += part
+                first += Split(0.0, 0.0, part * head)
+                later += Split(0.0, 0.0, part * rest)
+                continue
+            was = group.fill.get(m, 0.0)
+            now = was + head * (1.0 - was)  # the bundles of this part the first epoch reads, kept by m
+            cached = Split(part, 0.0, 0.0) if m == node.index else Split(0.0, part, 0.0)
+            first += Split(cached.local * was * head, cached.remote * was * head, part * (1.0 - was) * head)
+            later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
+            if m == node.index or m not in job_nodes:
+                group.fill[m] = was + head * (part / owned if owned else 0.0) * (1.0 - was)
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
-        fill = self.inflight.get((node.index, key))
+        holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
+        if holders:  # whole copies elsewhere: what the group lacks comes from them, not the store
+            first = Split(first.local, first.remote + first.store, 0.0)
+            later = Split(later.local, later.remote + later.store, 0.0)
+            sources = tuple(sorted({*sources, *holders}))
         entry = node.cache.get(key)
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
-        early = self.policy == "ours+stripe+early"
-        self._plan(worker, first, later, sources=sources, kept=False, after=fill if early else None)
-        if fill is not None and not early:
-            fill.waiters.append((job, index))
-            return
-        worker.hit = fill is None and entry is not None
+        self._plan(worker, first, later, sources=sources, kept=hole == 0)
+        worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
 
     def _stripe_group(self, out: Outcome, key: tuple[str, int], size: int) -> stripe.Group | None:
-        """The version's group, formed or repaired for this job: its nodes first, then nodes
-        holding bundles, then nodes with room in the job's subnet; each member's missing
-        share fetched from the store (held while the version is read)."""
-        cache = self.params.cache_bytes
+        """The version's group, formed or repaired for this job; each member's missing share
+        fetched from the store (held while the version is read). Owners are drawn over the
+        group's slots (:func:`stripe.owners`); a slot's node is recorded with the group, so a
+        member that lost its share and cannot make room again hands its slot, and only its
+        slot's bundles, to a node that can (a hole only when none can)."""
         group = self.stripes.get(key)
-        job_nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers)]
         if group is None:
-            need = max(stripe.members_needed(size, cache), len(job_nodes))
-            layout = {c.name for c in job_nodes[0].type.classes}
-            taken = {n.index for n in job_nodes}
-            others = sorted(
-                (n for n in self.nodes if n.index not in taken and {c.name for c in n.type.classes} == layout),
-                key=lambda n: (-self._evictable(n), n.index),
-            )
-            candidates = job_nodes + others
-            members: list[Node] = []
-            for n in candidates:
-                if len(members) >= need:
-                    break
-                if self._evictable(n) >= stripe.HEADROOM * size / need:
-                    members.append(n)
-            if len(members) < stripe.members_needed(size, cache):
+            members = self._choose_members(out, key, size)
+            if members is None:
                 return None
-            ids = tuple(sorted(n.index for n in members))
-            group = self.stripes[key] = stripe.Group(key, ids, self._owners(key, size, ids))
-        for m in group.members:
-            node = self.nodes[m]
-            entry = node.cache.get(key)
+            group = self.stripes[key] = stripe.Group(key, members, self._slot_owners(key, size, members))
+        group.jobs.add((out.job.id, out.start))
+        for slot, m in enumerate(group.members):
+            node = self.nodes[m] if m >= 0 else None  # m < 0: a slot no node could hold yet
+            entry = node.cache.get(key) if node is not None else None
             if entry is not None:
                 entry.replica = True  # held by the controller's task while the version is read
+                entry.last_used = self.now
+                group.holding.add(m)
                 continue
             owned = int(group.owned[m])
             if owned <= 0:
                 group.holding.add(m)
                 continue
-            if not self._make_room(node, owned):  # a hole: its bundles come from the store
-                continue
-            node.cache[key] = CacheEntry(key[0], key[1], owned, self.now, replica=True, stripe=True)
+            if node is None or not self._make_room(node, owned):
+                taker = self._taker(out, group, owned)
+                if taker is None:  # a hole: its bundles come from the store
+                    continue
+                node = taker
+                group.holding.discard(m)
+                group.members = (*group.members[:slot], node.index, *group.members[slot + 1 :])
+                group.owned = {node.index if k == m else k: v for k, v in group.owned.items()}
+            # room for the whole share is made now; its bundles arrive as the readers read them
+            node.cache[key] = CacheEntry(key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True)
             self.touch(node)
-            fetch = self._new_fetch(node, key, owned, cached=True, waiter=None, unpack=True, on_done="stripe")
-            self.inflight[(m, key)] = fetch
-            group.holding.add(m)
+            group.fill[node.index] = 0.0
+            group.holding.add(node.index)
         return group
 
-    def _evictable(self, node: Node) -> int:
-        return self.params.cache_bytes - sum(e.size for e in node.cache.values() if e.in_use)
+    def _candidates(self, out: Outcome, exclude: set[int]) -> list[Node]:
+        """Nodes for a group's slots: the job's own nodes, then its subnet's (the same class
+        layout), then any other; the emptiest caches first."""
+        job_nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers) if i not in exclude]
+        layout = {c.name for c in out.workers[0].node.type.classes}
+        taken = {n.index for n in job_nodes} | exclude
+        others = sorted(
+            (n for n in self.nodes if n.index not in taken),
+            key=lambda n: ({c.name for c in n.type.classes} != layout, n.used_bytes, n.index),
+        )
+        return job_nodes + others
 
-    def _owners(self, key: tuple[str, int], size: int, members: tuple[int, ...]) -> dict[int, float]:
-        memo = self.owner_memo.get((key, members))
+    def _taker(self, out: Outcome, group: stripe.Group, owned: int) -> Node | None:
+        return next(
+            (n for n in self._candidates(out, set(group.members)) if self._make_room(n, owned, dry_run=True)), None
+        )
+
+    def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
+        """The group's slots, each given the first candidate that can make room for that
+        slot's share. As many slots as the job's subnet has nodes (at most one per bundle,
+        at least as many as hold the version with the agent's headroom, and every rank's
+        node among them if it can): spread as a JuiceFS group or an Alluxio runtime spreads
+        its blocks, so that many members serve a version's readers at once and each share
+        is small; fewer when not that many nodes can make room."""
+        candidates = self._candidates(out, set())
+        layout = {c.name for c in out.workers[0].node.type.classes}
+        subnet = sum(1 for n in candidates if {c.name for c in n.type.classes} == layout)
+        jobs = len({w.node.index for w in out.workers})
+        want = stripe.members_needed(size, self.params.cache_bytes)
+        k = max(want, jobs, min(subnet, stripe.bundles(size)))
+        while True:
+            shares = self._shares(key, size, k)
+            slots: dict[int, int] = {}
+            for slot in sorted(range(k), key=lambda s: -shares[s]):
+                n = next(
+                    (
+                        n
+                        for n in candidates
+                        if n.index not in slots.values() and self._make_room(n, int(shares[slot]), dry_run=True)
+                    ),
+                    None,
+                )
+                if n is not None:
+                    slots[slot] = n.index
+            if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
+                return tuple(slots.get(slot, -1 - slot) for slot in range(k))
+            if k == want:
+                return None
+            k = max(want, min(k - 1, len(slots)))
+
+    def _shares(self, key: tuple[str, int], size: int, slots: int) -> dict[int, float]:
+        """Bytes each of ``slots`` slots owns under rendezvous hashing of the version's bundles."""
+        memo = self.owner_memo.get((key, (slots,)))
         if memo is None:
-            memo = self.owner_memo[(key, members)] = stripe.owners(key, size, members)
+            memo = self.owner_memo[(key, (slots,))] = stripe.owners(key, size, tuple(range(slots)))
         return memo
+
+    def _slot_owners(self, key: tuple[str, int], size: int, members: tuple[int, ...]) -> dict[int, float]:
+        """Bytes each member owns: the rendezvous share of its slot."""
+        shares = self._shares(key, size, len(members))
+        return {m: shares[slot] for slot, m in enumerate(members)}
 
     # -- the first step and the end ----------------------------------------------------------
 
@@ -394,11 +547,11 @@ class Reads(Flows):
                     if e.users == 0 and newer:
                         self._forget(w.node, key)  # an old version goes when no task holds it
             self.touch(w.node)
-        if group is not None and self.policy in STRIPE and stripe.needs_group(d.size, self.params.cache_bytes):
-            group.users = max(0, group.users - len(out.workers))
+        if group is not None and out.job.id in group.readers:
+            group.users = max(0, group.users - group.readers.pop(out.job.id))
             if group.users == 0:  # nobody reads it: the controller's hold on each share ends
                 for m in group.members:
-                    entry = self.nodes[m].cache.get((d.name, version))
+                    entry = self.nodes[m].cache.get((d.name, version)) if m >= 0 else None
                     if entry is not None and entry.stripe:
                         entry.replica = False
                         entry.last_used = self.now

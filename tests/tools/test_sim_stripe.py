@@ -1,0 +1,188 @@
+"""``ours+stripe`` as a policy: versions a node cannot hold read from the cluster's cache,
+groups filled by what is read, slots re-homed, eviction in tiers; and the JuiceFS group's
+serving members limited as every other node is.
+
+Small clusters of identical nodes (8 GPUs, one worker per job unless said), fixed epochs,
+asserting bytes by where they were read from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduling.timemodel import JobProfile
+from tools.sim.engine import CacheEntry, ClusterParams, Simulation
+from tools.sim.workload import Dataset, Job
+
+A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
+TB = 10**12
+GB = 10**9
+
+
+def job(ident: int, arrival: float, dataset: str = "ds000", *, gpus: int = 8, runtime: float = 1000.0) -> Job:
+    return Job(ident, arrival, 1, gpus, dataset, runtime, JobProfile(1.0, 1.0, int(runtime) * gpus, deadline=1e9))
+
+
+def cluster(nodes: int = 4, cache: int = TB, **kw: object) -> ClusterParams:
+    base = ClusterParams(
+        nodes=nodes, node_types=A100, cache_bytes=cache, storage_bw=1e10, node_fetch_bw=1e9, epochs=3.0
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def run(policy: str, jobs: list[Job], data: list[Dataset], params: ClusterParams) -> Simulation:
+    return Simulation(policy, jobs, data, params, seed=3).run()
+
+
+def test_a_version_bigger_than_a_node_is_read_from_the_store_once_over_many_epochs_and_jobs() -> None:
+    # 3 TB on nodes of 1 TB (a group of 4): three epochs of two jobs read every bundle from
+    # the store once; the first step comes at once (bundles fill as they are read)
+    data = [Dataset("ds000", 3 * TB, (0.0,))]
+    for policy in ("ours+stripe", "ours+stripe+early"):
+        sim = run(policy, [job(0, 0.0), job(1, 50_000.0)], data, cluster())
+        group = sim.stripes[("ds000", 0)]
+        assert len(group.members) == 4 and group.fill == {m: pytest.approx(1.0) for m in group.members}
+        assert sim.storage_bytes == pytest.approx(3 * TB)
+        assert sum(sim.read_store) == pytest.approx(3 * TB)  # job 0's first epoch, through the owners
+        node = sim.outcomes[0].workers[0].node.index
+        assert sim.read_local[1] == pytest.approx(2 * 2 * group.owned[node])  # rank-affine: its own share
+        assert sim.outcomes[0].first_step == 0.0 and sim.uncached_reads == 0
+
+
+def test_a_job_reading_part_of_an_epoch_fills_only_what_it_reads() -> None:
+    # half an epoch of a 3 TB version: 1.5 TB from the store, not the whole version; the
+    # next job reads that half from the group and fills the rest
+    data = [Dataset("ds000", 3 * TB, (0.0,))]
+    params = cluster(epochs=0.5)
+    sim = run("ours+stripe", [job(0, 0.0), job(1, 50_000.0)], data, params)
+    assert sim.storage_bytes == pytest.approx(1.5 * TB + 0.5 * 1.5 * TB)
+    ours = run("ours", [job(0, 0.0)], [Dataset("ds000", 0.5 * TB, (0.0,))], params)
+    partial = run("ours+stripe", [job(0, 0.0)], [Dataset("ds000", 0.5 * TB, (0.0,))], params)
+    assert ours.storage_bytes == pytest.approx(0.5 * TB)  # ours fetches the whole copy first
+    assert partial.storage_bytes == pytest.approx(0.25 * TB)  # admission: only what is read
+
+
+def _held_node_jobs(dataset: str) -> list[Job]:
+    # node A: job 0 (4 GPUs, ds000, long) holds most of its cache; node B: job 1 (8 GPUs,
+    # a tiny dataset); job 2 (4 GPUs) can only go next to job 0, where its version has no room
+    return [
+        job(0, 0.0, "ds000", gpus=4, runtime=100_000.0),
+        job(1, 0.0, "tiny", gpus=8, runtime=100_000.0),
+        job(2, 100.0, dataset, gpus=4, runtime=1000.0),
+    ]
+
+
+def test_a_version_that_fits_a_node_but_not_this_one_now_is_read_from_a_group_not_the_store() -> None:
+    data = [Dataset("ds000", 700 * GB, (0.0,)), Dataset("ds001", 700 * GB, (0.0,)), Dataset("tiny", GB, (0.0,))]
+    params = cluster(nodes=2)
+    ours = run("ours", _held_node_jobs("ds001"), data, params)
+    striped = run("ours+stripe", _held_node_jobs("ds001"), data, params)
+    held = ours.outcomes[0].workers[0].node.index
+    assert ours.outcomes[2].workers[0].node.index == held == striped.outcomes[2].workers[0].node.index
+    assert ours.uncached_reads == 1 and striped.uncached_reads == 0
+    # ours reads ds001 from the store every epoch; the group (the other node) fills it once
+    assert ours.storage_bytes - striped.storage_bytes == pytest.approx(2 * 700 * GB, rel=1e-6)
+    group = striped.stripes[("ds001", 0)]
+    assert held not in group.members and group.fill == {m: pytest.approx(1.0) for m in group.members}
+    assert striped.read_peer[1] == pytest.approx(2 * 700 * GB)  # the later epochs from the group
+
+
+def test_a_version_another_node_holds_ready_is_read_from_it_when_this_node_has_no_room() -> None:
+    data = [Dataset("ds000", 700 * GB, (0.0,)), Dataset("tiny", GB, (0.0,))]
+    jobs = [
+        job(0, 0.0, "ds000", gpus=4, runtime=100_000.0),
+        job(1, 0.0, "tiny", gpus=8, runtime=100_000.0),
+        job(2, 100.0, "ds000", gpus=4, runtime=1000.0),
+    ]
+    sim = run("ours+stripe", jobs, data, cluster(nodes=2))
+    # job 2 shares job 0's node and its copy: no store read, no group
+    assert sim.storage_bytes == pytest.approx(700 * GB + GB) and not sim.stripes
+
+
+def test_a_member_that_cannot_hold_its_share_again_hands_its_slot_to_a_node_that_can() -> None:
+    # six nodes; two are full of a running job's data when the group forms, so it forms on
+    # the other four. Later one member loses its share and its cache is taken; the two
+    # nodes are free again by then: one takes over the slot, and only the slot's bundles
+    # come from the store again
+    data = [Dataset("ds000", 3 * TB, (0.0,))]
+    sim = Simulation("ours+stripe", [job(0, 0.0)], data, cluster(nodes=6), seed=3)
+    busy = [sim.nodes[4], sim.nodes[5]]
+    for n in busy:
+        n.cache[("other", 0)] = CacheEntry("other", 0, int(0.9 * TB), 0.0, users=1, ready=True)
+    sim.run()
+    key = ("ds000", 0)
+    group = sim.stripes[key]
+    original = set(group.members)
+    assert original == {0, 1, 2, 3}
+    for n in busy:
+        n.cache[("other", 0)].users = 0  # that job is gone: evictable
+    lost = next(m for m in group.members if m != sim.outcomes[0].workers[0].node.index)
+    share = group.owned[lost]
+    node = sim.nodes[lost]
+    sim._forget(node, key)  # evicted while idle, then its cache taken by a running job's copy
+    node.cache[("held", 0)] = CacheEntry("held", 0, int(0.9 * TB), sim.now, users=1, ready=True)
+    before = sim.storage_bytes
+    sim.jobs = [job(1, sim.now + 10.0)]
+    sim.outcomes[1] = type(sim.outcomes[0])(sim.jobs[0], epochs=3.0)
+    sim.run()
+    assert lost not in group.members and len(group.members) == len(original)
+    (taker,) = set(group.members) - original
+    assert group.owned[taker] == share and taker in group.holding and taker in {4, 5}
+    # only the slot's bundles come from the store again, once over three epochs
+    assert sim.storage_bytes - before == pytest.approx(share)
+
+
+def test_eviction_takes_replicated_copies_and_idle_shares_before_a_last_copy() -> None:
+    sim = Simulation("ours+stripe", [], [], cluster(nodes=2), seed=3)
+    node, other = sim.nodes
+    old = 10.0
+    for name, stripe_share in (("last", False), ("share", True)):
+        node.cache[(name, 0)] = CacheEntry(name, 0, 400 * GB, old, ready=True, stripe=stripe_share)
+        old += 1.0  # the last copy is the least recently used
+    assert sim._make_room(node, 300 * GB)
+    assert set(node.cache) == {("last", 0)}  # the idle share went, the last copy stayed
+    plain = Simulation("ours", [], [], cluster(nodes=2), seed=3)
+    n = plain.nodes[0]
+    for name, when in (("last", 10.0), ("share", 11.0)):
+        n.cache[(name, 0)] = CacheEntry(name, 0, 400 * GB, when, ready=True, stripe=name == "share")
+    assert plain._make_room(n, 300 * GB) and set(n.cache) == {("share", 0)}  # ours: plain LRU among last copies
+    del other
+
+
+def test_juicefs_remote_reads_are_limited_by_the_serving_members_uploads() -> None:
+    data = [Dataset("ds000", TB, (0.0,))]
+    jobs = [job(0, 0.0), job(1, 20_000.0)]
+    fast = run("juicefs", jobs, data, cluster(node_serve_bw=1e11))
+    slow = run("juicefs", jobs, data, cluster(node_serve_bw=1e8))
+    assert slow.storage_bytes == fast.storage_bytes == pytest.approx(TB)
+    # job 1 reads three quarters of every epoch from the three other members
+    assert slow.outcomes[1].end - slow.outcomes[1].first_step > 2 * (fast.outcomes[1].end - fast.outcomes[1].first_step)
+
+
+def test_the_results_page_sets_the_striped_policies_against_fluids_best_setting() -> None:
+    from tools.sim.results import goals
+
+    def figures(local: float, store: float, ttfs: float) -> dict[str, float]:
+        return {"local_fraction": local, "storage_bytes": store, "ttfs_mean_s": ttfs}
+
+    doc = {
+        "policies": {
+            "fluid-r1": figures(0.2, 3 * TB, 50.0),
+            "fluid-r4": figures(0.1, 2 * TB, 100.0),
+            "juicefs": figures(0.01, 1 * TB, 10.0),  # not Fluid: not the reference
+            "ours+stripe": figures(0.4, 2 * TB, 60.0),
+        }
+    }
+    (row,) = [line for line in goals({"w": doc}) if line.startswith("| w |")]
+    assert row == "| w | ours+stripe | 1.00x (fluid-r4) | 2.00x (fluid-r1) | **1.20x (fluid-r1)** |"
+
+
+def test_a_transfer_too_small_to_move_the_clock_finishes_instead_of_stalling_the_run() -> None:
+    # late in a run a few bytes at a disk's rate take less time than the clock can count
+    sim = Simulation("default", [], [], cluster(nodes=1), seed=3)
+    sim.now = 2.0**40
+    fetch = sim._new_fetch(sim.nodes[0], ("ds000", 0), 2.0, cached=False, waiter=None, source="local")
+    sim.run()
+    assert not sim.fetches and not fetch.open and sim.now == 2.0**40
