@@ -12,7 +12,8 @@ from scheduler_plugin.testing import two_class_topology
 from scheduling import migration as mig
 from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 from scheduling.timemodel import JobProfile
-from tests.fake_apiserver import FakeApiServer, make_pod
+from tests.dsagent.controller.test_controller_migration import worker
+from tests.fake_apiserver import FakeApiServer
 
 STARTED = datetime.fromisoformat("2026-11-23T08:00:00+00:00").timestamp()
 PROFILE = JobProfile(gradient_bytes=1e9, step_seconds=1.0, steps=36_000)  # 10 GPU-hours
@@ -82,24 +83,6 @@ def test_design_order_single_node_first_then_larger_first_and_gpus_are_consumed(
 def apiserver() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
         yield server
-
-
-def worker(name: str, node: str, *, job: str, migratable: bool = True) -> dict[str, object]:
-    annotations = {
-        "dsagent.io/gradient-bytes": "10GB",
-        "dsagent.io/step-seconds": "1s",
-        "dsagent.io/steps": "36000",
-        "dsagent.io/workers": "2",
-        "dsagent.io/datasets": "imagenet",
-    }
-    labels = {"training.kubeflow.org/job-name": job}
-    if migratable:
-        labels["dsagent.io/migratable"] = "true"
-    pod = make_pod(
-        name, namespace="ml", node_name=node, annotations=annotations, labels=labels, gpus=2, phase="Running"
-    )
-    pod["status"]["startTime"] = "2026-11-23T08:00:00Z"
-    return pod
 
 
 def facts(name: str, free: frozenset[int], *, holds: bool) -> NodeFacts:
