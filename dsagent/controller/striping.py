@@ -150,7 +150,8 @@ def stripe_status(
     leaving_now = set(leaving)
     drain = _mapping((status.get("stripe") or {}).get("drain"))
     moving = drain.get("state") == "Moving"
-    old_members = [str(m) for m in drain.get("members") or []] if moving else before
+    recorded = drain.get("members")
+    old_members = [str(m) for m in recorded] if moving and isinstance(recorded, list) else before
     # leaving: earlier members on a draining node whose agent still answers with a fresh
     # inventory; a member gone or stale has crashed and is simply left out
     departing = [
@@ -174,8 +175,6 @@ def stripe_status(
         before=[n for n in before if n not in leaving_now],
         members=None if mode == "auto" else int(mode),
     )
-    if not members:  # nobody to move to: keep what there is rather than drop every share
-        departing = []
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
     _release(agent_call, dropped, name, status.get("digest"), who)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
@@ -225,8 +224,9 @@ def _drain(
     complete or ``timeout`` has passed since the move began; then they are told to release it."""
     if not departing:
         if drain:  # the leaving nodes crashed, or came back: nothing to wait for, nothing kept
-            _release(agent_call, [n for n in drain.get("nodes") or [] if n in agent_urls], name, status.get("digest"), who)
-            return {**drain, "state": "Ended", "message": f"{', '.join(drain.get('nodes') or [])} no longer leaving"}
+            nodes = [str(n) for n in drain.get("nodes") or [] if isinstance(n, str)]
+            _release(agent_call, [n for n in nodes if n in agent_urls], name, status.get("digest"), who)
+            return {**drain, "state": "Ended", "message": f"{', '.join(nodes)} no longer leaving"}
         return {}
     off = ", ".join(departing)
     since = parse_or_none(drain.get("since")) if drain else None
