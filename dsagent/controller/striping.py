@@ -241,7 +241,8 @@ def _drain(
         else:
             message, state = f"timed out moving share off {off} after {timeout:g} s, fell back to the store", "TimedOut"
             events.append(("Warning", "StripeShareMoveTimedOut", message))
-        return {"state": state, "nodes": departing, "since": format_time(since), "message": message}
+        ended: JSON = {"state": state, "nodes": departing, "since": format_time(since), "message": message}
+        return {**ended, "members": None, "deadlineSeconds": None}  # None: merge-patched away
     body = {"store": store, "members": old_members, "peers": {m: agent_urls[m] for m in old_members if m in agent_urls}}
     if isinstance(status.get("digest"), str):
         body["digest"] = status["digest"]
