@@ -99,7 +99,8 @@ def draining(nodes: Iterable[Mapping[str, Any]]) -> set[str]:
     out = set()
     for node in nodes:
         meta, spec = _mapping(node.get("metadata")), _mapping(node.get("spec"))
-        taints = spec.get("taints") if isinstance(spec.get("taints"), list) else []
+        raw = spec.get("taints")
+        taints: list[Any] = raw if isinstance(raw, list) else []
         if spec.get("unschedulable") is True or any(
             isinstance(t, Mapping) and t.get("key") in DRAIN_TAINTS and t.get("effect") in ("NoSchedule", "NoExecute")
             for t in taints
@@ -246,7 +247,9 @@ def _drain(
     body = {"store": store, "members": old_members, "peers": {m: agent_urls[m] for m in old_members if m in agent_urls}}
     if isinstance(status.get("digest"), str):
         body["digest"] = status["digest"]
-    for node in (n for n in departing if n in old_members):  # renews the old share's lease: it is served to the new owners meanwhile
+    for node in (
+        n for n in departing if n in old_members
+    ):  # renews the old share's lease: it is served to the new owners meanwhile
         agent_call(node, "PUT", f"/v1/stripes/{name}", body, who)
     return {
         "state": "Moving",

@@ -290,7 +290,10 @@ def test_draining_reads_cordons_and_drain_taints() -> None:
 
     nodes = [
         {"metadata": {"name": "a"}, "spec": {"unschedulable": True}},
-        {"metadata": {"name": "b"}, "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}},
+        {
+            "metadata": {"name": "b"},
+            "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+        },
         {"metadata": {"name": "c"}, "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]}},
         {"metadata": {"name": "d"}, "spec": {"taints": "hostile"}},
         {"metadata": {"name": "e"}},
