@@ -1,11 +1,15 @@
 """Turns the benchmarks' JSON (``--json`` of bundle.py, ready.py, loader.py) into the
-performance page, docs/results-performance.md.
+performance page, docs/results-performance.md, and the README's figures (the block between
+``<!-- figures:begin -->`` and ``<!-- figures:end -->``: each ratio that has a goal).
 
-    python tools/bench/bundle.py --json .bench/results/bundle-random.json --workdir /dev/shm/b
-    python tools/bench/ready.py --json .bench/results/ready.json
-    python tools/bench/loader.py --json .bench/results/loader.json
-    python tools/bench/results.py .bench/results/*.json                 # writes docs/results-performance.md
+    python tools/bench/bundle.py --json docs/results/performance/bundle-mixed.json --workdir /dev/shm/b
+    python tools/bench/ready.py --json docs/results/performance/ready.json
+    python tools/bench/loader.py --json docs/results/performance/loader.json
+    python tools/bench/results.py              # docs/results/performance/*.json -> the page and the README
     python tools/bench/results.py --smoke --workdir DIR                 # renders the JSON under DIR (the suite)
+
+The JSON behind the published figures is committed (docs/results/performance/), and a test
+checks that the page and the README block are what this script makes of it.
 
 Every ratio is printed beside its goal and the load average of the machine while it was
 measured (at the start and the end of its run): figures taken on a loaded machine say
@@ -23,6 +27,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "results-performance.md"
+README = ROOT / "README.md"
+DATA = ROOT / "docs" / "results" / "performance"
+BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 
 _TITLES = {
     "bundle": "Digest, pack and unpack against the C pipelines",
@@ -67,7 +74,7 @@ def render(runs: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|---|",
         ]
         for run in mine:
-            load = f"{run['load_start'][0]:.1f} / {run.get('load_end', [float('nan')])[0]:.1f}"
+            load = _load(run)
             params = ", ".join(f"{k}={v}" for k, v in run.get("params", {}).items())
             host = run.get("host", {})
             where = f"{run.get('started', '?')}, {host.get('cpus', '?')} CPUs"
@@ -91,6 +98,55 @@ def render(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _load(run: dict[str, Any]) -> str:
+    return f"{run['load_start'][0]:.1f} / {run.get('load_end', [float('nan')])[0]:.1f}"
+
+
+def figures(runs: list[dict[str, Any]]) -> str:
+    """The README's block: every ratio with a goal, beside it and the load it was taken at."""
+    lines = [
+        BEGIN,
+        "| what users feel | measured | goal | load avg (start / end) |",
+        "|---|---|---|---|",
+    ]
+    for run in runs:
+        for ratio in run.get("ratios", []):
+            goal = ratio.get("goal")
+            if goal is None:
+                continue
+            value = ratio.get("value")
+            verdict = _verdict(value, goal)
+            lines.append(f"| {_cell(ratio['name'])} | {_fmt(value)}x | {_fmt(goal)}x ({verdict}) | {_load(run)} |")
+    if len(lines) == 3:
+        lines.append("| no results yet | | | |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def with_figures(readme: str, runs: list[dict[str, Any]]) -> str:
+    """``readme`` with its block between the markers replaced (unchanged if it has none)."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        return readme
+    return readme[:start] + figures(runs) + readme[end + len(END) :]
+
+
+def read_runs(files: list[Path]) -> list[dict[str, Any]]:
+    runs = []
+    for path in files:
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            sys.exit(f"results.py: cannot read {path}: {exc}")
+    runs.sort(
+        key=lambda run: (
+            ["bundle", "ready", "loader"].index(run["bench"]) if run.get("bench") in _TITLES else 3,
+            run.get("started", ""),
+        )
+    )
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="*", type=Path, help="the benchmarks' JSON files")
@@ -98,22 +154,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="render WORKDIR's JSON files to WORKDIR/results.md")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
-    files = list(args.files)
+    files = list(args.files) or sorted(DATA.glob("*.json"))
     out = args.out
     if args.smoke:
         workdir = args.workdir or Path(".")
-        files += sorted(workdir.glob("*.json"))
+        files = list(args.files) + sorted(workdir.glob("*.json"))
         out = workdir / "results.md"
-    runs = []
-    for path in files:
-        try:
-            runs.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            sys.exit(f"results.py: cannot read {path}: {exc}")
+    runs = read_runs(files)
     page = render(runs)
     out.write_text(page)
     print(page)
     print(f"written to {out}")
+    if not args.smoke and out == PAGE:
+        README.write_text(with_figures(README.read_text(), runs))
+        print(f"figures written to {README}")
 
 
 if __name__ == "__main__":

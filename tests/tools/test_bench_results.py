@@ -1,0 +1,49 @@
+"""The published performance figures are what ``tools/bench/results.py`` makes of the
+committed benchmark JSON: the results page and the README's figures block, never edited by
+hand (and a README figure always has its goal and its load beside it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tools.bench import results
+
+
+def _committed_runs() -> list[dict]:
+    return results.read_runs(sorted(results.DATA.glob("*.json")))
+
+
+def test_the_results_page_is_the_rendering_of_the_committed_json() -> None:
+    runs = _committed_runs()
+    assert runs, f"no benchmark JSON under {results.DATA}"
+    assert results.PAGE.read_text() == results.render(runs)
+
+
+def test_the_readme_figures_are_the_committed_json_with_goal_and_load() -> None:
+    runs = _committed_runs()
+    readme = results.README.read_text()
+    assert results.with_figures(readme, runs) == readme
+    block = readme[readme.index(results.BEGIN) : readme.index(results.END)]
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    with_goals = [r for run in runs for r in run.get("ratios", []) if r.get("goal") is not None]
+    assert len(rows) == len(with_goals) > 0
+    for row in rows:
+        assert re.search(r"\| [0-9.]+x \| [0-9.]+x \((met|not met)\) \| [0-9.]+ / [0-9.]+ \|$", row), row
+
+
+def test_a_new_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
+    run = {
+        "bench": "bundle",
+        "started": "2026-01-01T00:00:00Z",
+        "load_start": [0.4, 0.3, 0.2],
+        "load_end": [0.6, 0.3, 0.2],
+        "ratios": [{"name": "pack vs tar | zstd", "value": 1.6, "goal": 1.5}, {"name": "untargeted", "value": 2.0}],
+    }
+    readme = f"# x\n\nbefore\n\n{results.BEGIN}\nold\n{results.END}\n\nafter\n"
+    new = results.with_figures(readme, [run])
+    assert new.startswith("# x\n\nbefore\n\n") and new.endswith("\n\nafter\n") and "old" not in new
+    assert "| pack vs tar \\| zstd | 1.60x | 1.50x (met) | 0.4 / 0.6 |" in new and "untargeted" not in new
+    (tmp_path / "r.json").write_text(json.dumps(run))
+    assert results.read_runs([tmp_path / "r.json"]) == [run]
