@@ -262,12 +262,16 @@ class StripeShares:
 
     def _fetch_owned(self, share: _Share, bundle: BundleRef) -> None:
         """An owned bundle, verified, then its marker (the files first, so a marker always
-        means the files are there). Asked first of the members ranked next by rendezvous
-        hashing: after a member joins, the one ranked second owned the bundle before, so a
-        group change moves shares over P2P; then the store, the durable copy."""
+        means the files are there). Asked first of the nodes ranked highest by rendezvous
+        hashing over the members and the other peers listed (a draining node the controller
+        lists as a peer but not a member owned the bundle before, so it ranks first): after a
+        member joins, the one ranked second owned the bundle before, and after a drain the
+        leaving node did, so a group change moves shares over P2P; then the store, the
+        durable copy."""
         directory = self.share_dir(share.key)
         if self.settings.peer_token is not None:
-            for member in owners(bundle.digest, share.layout.members, replicas=1 + PREVIOUS_OWNERS)[1:]:
+            ranked = sorted({*share.layout.members, *share.peers})
+            for member in owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS):
                 url = share.peers.get(member)
                 if url is None or member == self.settings.node_name:
                     continue

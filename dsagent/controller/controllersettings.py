@@ -83,6 +83,10 @@ class ControllerSettings(EnvSettings):
     namespace_bytes: Size | None = None  # pinned across the cluster; None: no bound beyond the share
     namespace_tasks: int = Field(64, ge=1)
     inventory_max_age: Duration = 300.0  # an older node inventory is used for nothing
+    # a draining stripe member's share is held for its new owners at most this long (docs/design-striping.md#churn)
+    stripe_drain_timeout_s: Duration = Field(
+        600.0, validation_alias=_controller_env("STRIPE_DRAIN_TIMEOUT", "stripe_drain_timeout_s")
+    )
     api_timeout_s: Duration = Field(30.0, validation_alias=_controller_env("API_TIMEOUT", "api_timeout_s"))
     # store gc Jobs (dsagent/controller/storegc.py) this often; None ("off", "none", "0"): not run
     store_gc_s: Annotated[Duration | None, BeforeValidator(_off_is_none)] = Field(

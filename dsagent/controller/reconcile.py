@@ -44,7 +44,7 @@ from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprin
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
-from dsagent.controller.striping import job_nodes, node_subnets, parse_stripe, stripe_status
+from dsagent.controller.striping import draining, job_nodes, node_subnets, parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
 from dsplatform import published
 from dsplatform.boundedjson import JsonRefused
@@ -307,6 +307,7 @@ class DatasetController:
             if copies_admit.refused is not None:
                 refusals.append(copies_admit.refused)
         if parse_stripe(spec.get("stripe")) is not None or (status.get("stripe") or {}).get("nodes"):
+            stripe_events: list[tuple[str, str, str]] = []
             patch["stripe"] = stripe_status(
                 name,
                 spec,
@@ -317,7 +318,14 @@ class DatasetController:
                 who=acting_for(namespace, name),
                 job=job_nodes(self._pods(), namespace, name),
                 subnets=node_subnets(self._nodes_now),
+                leaving=draining(self._nodes_now),
+                now=self.clock(),
+                drain_timeout=self.settings.stripe_drain_timeout_s,
+                events=stripe_events,
             )
+            regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
+            for kind, reason, note in stripe_events:
+                self.events.record(regarding, type=kind, reason=reason, action="Stripe", note=note)
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = agents.cleanup(

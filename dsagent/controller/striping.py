@@ -12,6 +12,17 @@ the Dataset's pods run) and prefers the RoCE subnets of the first member (:func:
 from the topology each agent publishes). A member dropped from the group, or every member
 once ``spec.stripe`` goes, is told to release its share (``DELETE /v1/stripes/<name>``); one
 that cannot be told lets it lapse with its lease.
+
+Churn (docs/design-striping.md#churn): a member whose node is **draining** (:func:`draining`:
+cordoned, or tainted ``node.kubernetes.io/unschedulable`` or with a drain taint) is leaving.
+The group is chosen without it, the new members are asked to hold their shares with the
+leaving node listed as a peer (their agents ask it first for the bundles it owned, then the
+other members, then the store), the leaving node keeps its old share held meanwhile, and its
+share is released only once every new member reports its share complete, or when
+``drain_timeout`` has passed (the new owners then finish from the store). ``status.stripe.drain``
+and a Dataset Event say which. A **crashed** member (its agent gone, or its inventory older
+than the controller's ``inventory_max_age``) is left out of the group at once: nothing waits
+for it, the new owners fetch from the other members, then the store.
 """
 
 from __future__ import annotations
@@ -26,9 +37,14 @@ from dsagent.cluster.datasets import parse_stripe
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
 from dsplatform import published
+from dsplatform.kubetime import format_time, parse_or_none
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"  # what kubectl cordon/drain implies
+DRAIN_TAINTS = frozenset({UNSCHEDULABLE_TAINT, "ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted",
+                          "karpenter.sh/disruption"})  # fmt: skip
+Event = tuple[str, str, str]  # (type, reason, note) of a Dataset Event
 
 
 def _int(value: Any) -> int:
@@ -76,6 +92,23 @@ def _subnet_key(text: str) -> str | None:
         return None
 
 
+def draining(nodes: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The nodes that are being drained or are about to go: cordoned (``spec.unschedulable``),
+    or tainted ``NoSchedule``/``NoExecute`` with a key of :data:`DRAIN_TAINTS` (kubectl's
+    cordon, the cluster autoscaler's and Karpenter's scale-down)."""
+    out = set()
+    for node in nodes:
+        meta, spec = _mapping(node.get("metadata")), _mapping(node.get("spec"))
+        raw = spec.get("taints")
+        taints: list[Any] = raw if isinstance(raw, list) else []
+        if spec.get("unschedulable") is True or any(
+            isinstance(t, Mapping) and t.get("key") in DRAIN_TAINTS and t.get("effect") in ("NoSchedule", "NoExecute")
+            for t in taints
+        ):
+            out.add(str(meta.get("name")))
+    return out
+
+
 def _release(agent_call: AgentCall, nodes: Iterable[str], name: str, digest: Any, who: str) -> None:
     query = f"?digest={digest}" if isinstance(digest, str) else ""
     for node in nodes:
@@ -93,11 +126,18 @@ def stripe_status(
     who: str = "-",
     job: Sequence[str] = (),
     subnets: Mapping[str, str] | None = None,
+    leaving: Iterable[str] = (),
+    now: float = 0.0,
+    drain_timeout: float = 600.0,
+    events: list[Event] | None = None,
 ) -> JSON:
     """The Dataset's ``status.stripe``, after asking the chosen members' agents (each request
     names the Dataset ``who``, ``namespace/name``, it is for: docs/operator-guide/tenancy.md).
     ``job``: the nodes of the Dataset's pods (:func:`job_nodes`), members first;
-    ``subnets``: node -> its RoCE subnets' key (:func:`node_subnets`)."""
+    ``subnets``: node -> its RoCE subnets' key (:func:`node_subnets`); ``leaving``: the
+    draining nodes (:func:`draining`); ``now``: wall-clock seconds; ``drain_timeout``: how
+    long a leaving member's share is held for the new owners at most; ``events``: the Dataset
+    Events to record are appended there."""
     mode = parse_stripe(spec.get("stripe"))
     size = _int(status.get("bytes"))
     store = spec.get("bundles")
@@ -107,9 +147,22 @@ def stripe_status(
     if mode is None or not size or not isinstance(store, str):
         return {"state": "Off" if mode is None else "Waiting", "nodes": [], "members": 0}
     subnets = subnets or {}
+    events = events if events is not None else []
+    leaving_now = set(leaving)
+    drain = _mapping((status.get("stripe") or {}).get("drain"))
+    moving = drain.get("state") == "Moving"
+    recorded = drain.get("members")
+    old_members = [str(m) for m in recorded] if moving and isinstance(recorded, list) else before
+    # leaving: earlier members on a draining node whose agent still answers with a fresh
+    # inventory; a member gone or stale has crashed and is simply left out
+    departing = [
+        n for n in dict.fromkeys([*old_members, *before]) if n in leaving_now and n in agent_urls and n in inventories
+    ]
     candidates = []
     for node in sorted(agent_urls):
-        inv = inventories.get(node) or {}
+        inv = inventories.get(node)
+        if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
+            continue
         held = ((inv.get("stripes") or {}).get(name) or {}).get("heldBytes")
         whole = (inv.get("datasets") or {}).get(name) or {}
         held_bytes = _int(held) or (_int(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
@@ -117,10 +170,16 @@ def stripe_status(
             Candidate(node, _int(inv.get("freeBytes")), held_bytes, subnets.get(node), _int(inv.get("capacityBytes")))
         )
     members = choose_group(
-        candidates, size_bytes=size, job_nodes=job, before=before, members=None if mode == "auto" else int(mode)
+        candidates,
+        size_bytes=size,
+        job_nodes=job,
+        before=[n for n in before if n not in leaving_now],
+        members=None if mode == "auto" else int(mode),
     )
-    _release(agent_call, [n for n in before if n not in members and n in agent_urls], name, status.get("digest"), who)
-    body = {"store": store, "members": members, "peers": {m: agent_urls[m] for m in members}}
+    dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
+    _release(agent_call, dropped, name, status.get("digest"), who)
+    peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
+    body = {"store": store, "members": members, "peers": peers}
     if isinstance(status.get("digest"), str):
         body["digest"] = status["digest"]
     reports = []
@@ -135,7 +194,71 @@ def stripe_status(
         held, owned = _int(share.get("bytesHeld")), _int(share.get("bytesOwned"))
         reports.append({"node": node, "state": state, "bytesHeld": held, "bytesOwned": owned})
     complete = bool(reports) and all(r["state"] == "ready" for r in reports)
-    return {"state": "Ready" if complete else "Filling", "members": len(members), "nodes": reports}
+    out: JSON = {"state": "Ready" if complete else "Filling", "members": len(members), "nodes": reports}
+    drained = _drain(
+        name, status, store, old_members, departing, drain if moving else {}, complete, now, drain_timeout,
+        agent_call=agent_call, agent_urls=agent_urls, who=who, events=events,
+    )  # fmt: skip
+    if drained or drain:
+        out["drain"] = drained or dict(drain)
+    return out
 
 
-__all__ = ["job_nodes", "node_subnets", "parse_stripe", "stripe_status"]
+def _drain(
+    name: str,
+    status: JSON,
+    store: str,
+    old_members: list[str],
+    departing: list[str],
+    drain: Mapping[str, Any],
+    complete: bool,
+    now: float,
+    timeout: float,
+    *,
+    agent_call: AgentCall,
+    agent_urls: Mapping[str, str],
+    who: str,
+    events: list[Event],
+) -> JSON:
+    """``status.stripe.drain`` for this pass ({} when nothing is leaving and nothing was): the
+    leaving members keep their old share (renewed with the old group) until the new members are
+    complete or ``timeout`` has passed since the move began; then they are told to release it."""
+    if not departing:
+        if drain:  # the leaving nodes crashed, or came back: nothing to wait for, nothing kept
+            nodes = [str(n) for n in drain.get("nodes") or [] if isinstance(n, str)]
+            _release(agent_call, [n for n in nodes if n in agent_urls], name, status.get("digest"), who)
+            return {**drain, "state": "Ended", "message": f"{', '.join(nodes)} no longer leaving"}
+        return {}
+    off = ", ".join(departing)
+    since = parse_or_none(drain.get("since")) if drain else None
+    if since is None:
+        since = now
+        events.append(("Normal", "StripeShareMoving", f"moving share off {off} to the new owners over P2P"))
+    if complete or now - since >= timeout:
+        _release(agent_call, departing, name, status.get("digest"), who)
+        if complete:
+            message, state = f"moved share off {off}", "Moved"
+            events.append(("Normal", "StripeShareMoved", message))
+        else:
+            message, state = f"timed out moving share off {off} after {timeout:g} s, fell back to the store", "TimedOut"
+            events.append(("Warning", "StripeShareMoveTimedOut", message))
+        ended: JSON = {"state": state, "nodes": departing, "since": format_time(since), "message": message}
+        return {**ended, "members": None, "deadlineSeconds": None}  # None: merge-patched away
+    body = {"store": store, "members": old_members, "peers": {m: agent_urls[m] for m in old_members if m in agent_urls}}
+    if isinstance(status.get("digest"), str):
+        body["digest"] = status["digest"]
+    for node in (
+        n for n in departing if n in old_members
+    ):  # renews the old share's lease: it is served to the new owners meanwhile
+        agent_call(node, "PUT", f"/v1/stripes/{name}", body, who)
+    return {
+        "state": "Moving",
+        "nodes": departing,
+        "members": old_members,
+        "since": format_time(since),
+        "deadlineSeconds": timeout,
+        "message": f"moving share off {off} to the new owners over P2P",
+    }
+
+
+__all__ = ["draining", "job_nodes", "node_subnets", "parse_stripe", "stripe_status"]

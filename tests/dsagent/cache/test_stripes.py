@@ -294,3 +294,56 @@ def test_a_joining_member_takes_its_share_from_the_previous_owners_not_the_store
             seen[sample.path] += 1
     assert set(seen) == set(striped["files"]) and set(seen.values()) == {1}
     assert _bundle_gets(server) == before
+
+
+def _served(agent: AgentProcess) -> float:
+    with agent.client() as client:
+        text = client.metrics()
+    for line in text.splitlines():
+        if line.startswith('dsplatform_agent_peer_bytes_total{direction="served"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_member_serves_peers_only_the_bundles_it_holds(striped: dict[str, Any]) -> None:
+    manifest: Manifest = striped["manifest"]
+    agent: AgentProcess = striped["agents"][0]
+    held = set(_held_bundles(agent, manifest))
+    others = [b.digest for b in manifest.bundles if b.digest not in held]
+    assert held and others
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{agent.url}/v1/peer/bundles/{others[0]}", headers=headers).status_code == 404
+    assert httpx.get(f"{agent.url}/v1/peer/bundles/{sorted(held)[0]}", headers=headers).status_code == 200
+
+
+def _held_bundles(agent: AgentProcess, manifest: Manifest) -> list[str]:
+    return [p.name for p in (_share(agent, manifest) / ".stripe" / "done").iterdir()]
+
+
+def test_a_draining_members_share_moves_to_the_new_owners_from_it_not_the_store(striped: dict[str, Any]) -> None:
+    """The controller lists a leaving member as a peer but not a member: the new owners ask
+    it first for the bundles it owned, and the store is not read."""
+    server: LoopbackServer = striped["server"]
+    manifest: Manifest = striped["manifest"]
+    agents: list[AgentProcess] = striped["agents"]
+    members_now: list[str] = _status(agents[0], manifest)["members"]
+    by_node = {node: agents[i] for i, node in enumerate([*NODES, "node-4"][: len(agents)])}
+    leaving = members_now[0]  # a member whose bundles no other member held before
+    staying = [m for m in members_now if m != leaving]
+    assert _held_bundles(by_node[leaving], manifest)
+    peers = {node: by_node[node].url for node in members_now}
+    gets, served = _bundle_gets(server), _served(by_node[leaving])
+    for node in staying:
+        with _admin(by_node[node]) as client:
+            answer = client.put(
+                "/v1/stripes/imgs", json={"store": f"{server.url}/store", "members": staying, "peers": peers}
+            )
+        assert answer.status_code == 200, answer.text
+    deadline = time.monotonic() + 120
+    while not all(_status(by_node[n], manifest)["complete"] for n in staying):
+        assert time.monotonic() < deadline, [_status(by_node[n], manifest) for n in staying]
+        time.sleep(0.1)
+    assert _bundle_gets(server) == gets  # nothing from the store
+    assert _served(by_node[leaving]) > served  # the leaving member's bundles came from it
+    held = set().union(*(_held_bundles(by_node[n], manifest) for n in staying))
+    assert {b.digest for b in manifest.bundles} <= held

@@ -154,3 +154,148 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     ctl.reconcile_all()
     assert sorted(node for node, method, _ in asked if method == "DELETE") == ["n1", "n4"]
     assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["state"] == "Off"
+
+
+class _Agents:
+    """Agents as the controller sees them: each member's share completes ``passes`` passes
+    after it is first asked to hold a new group; released shares are recorded."""
+
+    def __init__(self, passes: int = 1) -> None:
+        self.passes = passes
+        self.groups: dict[str, tuple[list[str], int]] = {}  # node -> (members, passes since asked)
+        self.asked: list[tuple[str, str, str, Any]] = []
+
+    def __call__(self, node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
+        self.asked.append((node, method, path, body))
+        if method == "DELETE":
+            self.groups.pop(node, None)
+            return 200, {"name": "big", "released": [DIGEST]}
+        members, seen = self.groups.get(node, ([], 0))
+        seen = seen + 1 if members == body["members"] else 0
+        self.groups[node] = (list(body["members"]), seen)
+        done = seen >= self.passes
+        return 200, {"complete": done, "bytesHeld": 50 * GB if done else 0, "bytesOwned": 50 * GB}
+
+    def calls(self, method: str) -> list[tuple[str, Any]]:
+        return [(node, body) for node, m, _, body in self.asked if m == method]
+
+
+def _three_node_group(apiserver: FakeApiServer, api_client: Any, agents: _Agents, clock: Clock) -> DatasetController:
+    for node in ("n1", "n2", "n3", "n4"):
+        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": _inventory(node, free=90 * GB)}))
+        apiserver.create(agent_pod(node))
+    ds = make_dataset("big", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 150 * GB})
+    ds["spec"]["stripe"] = {"members": 3}
+    apiserver.create(ds)
+    settings = ControllerSettings(
+        namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420, stripe_drain_timeout_s=600
+    )
+    ctl = DatasetController(api_client, settings, clock=clock)
+    ctl.agent_call = agents
+    for _ in range(agents.passes + 1):
+        ctl.reconcile_all()
+    assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["state"] == "Ready"
+    return ctl
+
+
+def _stripe(apiserver: FakeApiServer) -> dict[str, Any]:
+    return dict(apiserver.get("datasets", "big", "ml")["status"]["stripe"])
+
+
+def test_a_draining_member_keeps_its_share_until_the_new_owners_are_complete(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    agents, clock = _Agents(passes=2), Clock()
+    ctl = _three_node_group(apiserver, api_client, agents, clock)
+    old = [n["node"] for n in _stripe(apiserver)["nodes"]]
+    leaving = old[0]
+    apiserver.patch("nodes", leaving, {"spec": {"unschedulable": True}})  # kubectl cordon
+    agents.asked.clear()
+    ctl.reconcile_all()
+    stripe = _stripe(apiserver)
+    new = [n["node"] for n in stripe["nodes"]]
+    assert leaving not in new and len(new) == 3 and stripe["state"] == "Filling"
+    assert stripe["drain"]["state"] == "Moving" and stripe["drain"]["nodes"] == [leaving]
+    assert stripe["drain"]["deadlineSeconds"] == 600 and stripe["drain"]["members"] == old
+    puts = dict(agents.calls("PUT"))
+    # the new owners are told the new group and may ask the leaving node (its agent's URL)
+    assert all(puts[n]["members"] == new and leaving in puts[n]["peers"] for n in new)
+    assert puts[leaving]["members"] == old  # its old share renewed: it serves it meanwhile
+    assert agents.calls("DELETE") == []  # nothing released before the new owners are complete
+    reasons = [e["reason"] for e in apiserver.list("events")]
+    assert "StripeShareMoving" in reasons
+    note = next(e["note"] for e in apiserver.list("events") if e["reason"] == "StripeShareMoving")
+    assert f"moving share off {leaving}" in note
+    clock.now += 30
+    ctl.reconcile_all()  # one pass on: the new owners still fetching
+    assert agents.calls("DELETE") == [] and _stripe(apiserver)["drain"]["state"] == "Moving"
+    clock.now += 30
+    ctl.reconcile_all()  # complete now: only then the leaving share is released
+    stripe = _stripe(apiserver)
+    assert stripe["state"] == "Ready" and stripe["drain"]["state"] == "Moved"
+    assert [node for node, _ in agents.calls("DELETE")] == [leaving]
+    assert any(e["reason"] == "StripeShareMoved" for e in apiserver.list("events"))
+    agents.asked.clear()
+    ctl.reconcile_all()  # settled: the leaving node is asked for nothing more
+    assert leaving not in {node for node, _, _, _ in agents.asked}
+
+
+def test_a_drain_that_outlasts_its_bound_releases_and_falls_back_to_the_store(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    agents, clock = _Agents(passes=2), Clock()
+    ctl = _three_node_group(apiserver, api_client, agents, clock)
+    agents.passes = 10**6  # the new owners never complete
+    leaving = [n["node"] for n in _stripe(apiserver)["nodes"]][1]
+    taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+    apiserver.patch("nodes", leaving, {"spec": {"taints": [taint]}})
+    ctl.reconcile_all()
+    assert _stripe(apiserver)["drain"]["state"] == "Moving" and agents.calls("DELETE") == []
+    clock.now += 599
+    ctl.reconcile_all()
+    assert agents.calls("DELETE") == []
+    clock.now += 2
+    ctl.reconcile_all()
+    drain = _stripe(apiserver)["drain"]
+    assert drain["state"] == "TimedOut" and "fell back to the store" in drain["message"]
+    assert [node for node, _ in agents.calls("DELETE")] == [leaving]
+    warning = next(e for e in apiserver.list("events") if e["reason"] == "StripeShareMoveTimedOut")
+    assert warning["type"] == "Warning"
+
+
+def test_a_crashed_member_is_replaced_at_once_without_waiting(apiserver: FakeApiServer, api_client: Any) -> None:
+    agents, clock = _Agents(passes=1), Clock()
+    ctl = _three_node_group(apiserver, api_client, agents, clock)
+    old = [n["node"] for n in _stripe(apiserver)["nodes"]]
+    crashed = old[2]
+    apiserver.delete("pods", f"agent-{crashed}", NS)  # its agent is gone
+    agents.asked.clear()
+    ctl.reconcile_all()
+    stripe = _stripe(apiserver)
+    new = [n["node"] for n in stripe["nodes"]]
+    assert crashed not in new and len(new) == 3 and old[:2] == new[:2]
+    assert "drain" not in stripe  # nothing to wait for
+    assert crashed not in {node for node, _, _, _ in agents.asked}
+    # a stale inventory (the agent not answering for longer than its max age) counts the same
+    stale = new[1]
+    annotations = {"dsagent.io/published-at": "2020-01-01T00:00:00Z"}
+    apiserver.patch("nodes", stale, {"metadata": {"annotations": annotations}})
+    ctl.reconcile_all()
+    assert stale not in [n["node"] for n in _stripe(apiserver)["nodes"]]
+    assert "drain" not in _stripe(apiserver)
+
+
+def test_draining_reads_cordons_and_drain_taints() -> None:
+    from dsagent.controller.striping import draining
+
+    nodes = [
+        {"metadata": {"name": "a"}, "spec": {"unschedulable": True}},
+        {
+            "metadata": {"name": "b"},
+            "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
+        },
+        {"metadata": {"name": "c"}, "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]}},
+        {"metadata": {"name": "d"}, "spec": {"taints": "hostile"}},
+        {"metadata": {"name": "e"}},
+    ]
+    assert draining(nodes) == {"a", "b"}
