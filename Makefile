@@ -65,9 +65,10 @@ HELM := $(VENV)/bin/helm
 $(HELM): tools/helm/install.py tools/helm/requirements.txt | $(VENV)/.uv-$(UV_VERSION)
 	$(PY) tools/helm/install.py $(HELM)
 
-# -n auto: one worker per core (pytest-xdist); PYTEST_ARGS="-n 0 -k name" runs one test in-process
+# -n auto: one worker per core (pytest-xdist); --dist loadgroup keeps a module marked
+# xdist_group on one worker, in order; PYTEST_ARGS="-n 0 -k name" runs one test in-process
 pytest: $(VENV)/.test-installed $(HELM)
-	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadgroup $(PYTEST_ARGS)
 
 test: lint lint-imports typecheck docs pytest
 
@@ -78,7 +79,7 @@ test: lint lint-imports typecheck docs pytest
 check: $(VENV)/.test-installed $(HELM)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # Re-resolve the lock from pyproject.toml: every Python the project supports, every platform.
 lock: | $(VENV)/.uv-$(UV_VERSION)

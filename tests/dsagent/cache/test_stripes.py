@@ -29,7 +29,10 @@ from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port
 
 pytest.importorskip("aiohttp")
-pytestmark = pytest.mark.slow  # four agent processes, one killed; a process's peak memory
+pytestmark = [
+    pytest.mark.slow,  # four agent processes, one killed; a process's peak memory
+    pytest.mark.xdist_group("four-agents"),  # one worker runs them in order: they share the agents and their state
+]
 
 TOKEN = "peer-token-0123456789abcdef"
 NODES = [f"node-{i}" for i in range(4)]
