@@ -57,6 +57,7 @@ CONTROLLER_NAMES = frozenset(
         "STORE_GC", "STORE_GC_GRACE",
         "MIGRATE", "GPU_RESOURCE", "CLASS_PREFIX",
         "WARM_NODES_MAX", "NAMESPACE_SHARE", "NAMESPACE_BYTES", "NAMESPACE_TASKS", "INVENTORY_MAX_AGE", "API_TIMEOUT",
+        "STRIPE_DRAIN_TIMEOUT",
     )
 )  # fmt: skip
 #: the pod contract the webhook writes (read by dsctl in the init-container and by the
