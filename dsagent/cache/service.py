@@ -46,10 +46,12 @@ from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
-from dsagent.cache.peers import BundleInFlight, PeerFetcher, PeerServer, ServedBundle, find_bundle
+from dsagent.cache.peers import PeerFetcher, PeerServer
 from dsagent.cache.pools import Pools
-from dsagent.cache.prepared import Preparations, ServiceParts, preparation_view
+from dsagent.cache.prepared import Preparations, preparation_view
+from dsagent.cache.preparedparts import service_parts
 from dsagent.cache.progress import ProgressBoard
+from dsagent.cache.servedbundles import BundleLocator
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
@@ -66,12 +68,11 @@ from dsagent.cache.task import (
     validate_request,
 )
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, IntegrityError, NamespaceShareExceeded, NotFound, local_write_error
-from dsagent.format.manifest import Manifest, read_manifest
+from dsagent.errors import DsagentError, IntegrityError, NotFound, local_write_error
+from dsagent.format.manifest import Manifest
 from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify
 from dsagent.format.storageconfig import with_config
-from dsplatform.tenancy import over_share
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")
@@ -109,13 +110,14 @@ class CacheService:
         )
         self._space = Space(self.node)
         self.peers = PeerFetcher(settings, self.store, self.metrics, cluster_holders=hooks.peer_holders)
-        self.peer_server = PeerServer(settings, self.metrics, self._locate_bundle, self._unpin_served)
-        self._manifests: dict[tuple[str, str], Manifest] = {}  # ready versions' manifests, for peers
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.links = Links((), self.metrics)  # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(settings, self.pools, self.peers, clock=clock)  # docs/design-striping.md
         self._space.shares = self.stripes  # shares count in the space and are evicted in order
+        self._served = BundleLocator(
+            self.node, space=self._space, versions=self._versions, stripes=self.stripes, peers=self.peers
+        )
+        self.peer_server = PeerServer(settings, self.metrics, self._served.locate, self._served.unpin)
         self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._errors: dict[tuple[str, str], DsagentError] = {}
         self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
@@ -123,13 +125,21 @@ class CacheService:
         self._stripes_back: asyncio.Task[None] | None = None
         self._checking: set[tuple[str, str]] = set()  # (task, dataset) under the start check
         self._handovers: set[asyncio.Task[None]] = set()
-        self.preparations = Preparations(self._preparation_parts())  # docs/design.md#next-job-preparation
+        self.preparations = Preparations(  # docs/design.md#next-job-preparation
+            service_parts(
+                self.node,
+                self._space,
+                submit_task=self.submit_task,
+                get_task=self.get_task,
+                release_task=self.release_task,
+            )
+        )
         self.started = False
 
     # -- life cycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._served.loop = asyncio.get_running_loop()
         # every object opened in a store, timed and its errors counted by protocol (docs/design.md#metrics)
         self._stop_observing = add_store_observer(self.metrics.store_request)
         self._catalog = await recovery.open_catalog(
@@ -219,7 +229,7 @@ class CacheService:
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
             if existing is None and tenant is not None:
-                await self._check_share(tenant, requests, now)
+                await self._space.check_share(tenant, [(r.name, r.source) for r in requests], now)
             if existing is None:
                 await self._db(
                     self.catalog.create_task,
@@ -249,34 +259,6 @@ class CacheService:
         if wait:
             await self._wait_for(task_id, wait)
         return await self.get_task(task_id)
-
-    async def _check_share(self, tenant: str, requests: Sequence[DatasetRequest], now: float) -> None:
-        """Refuse a new pin past ``tenant``'s share of this node's cache (docs/operator-guide/tenancy.md).
-
-        What the namespace already pins is exact (the versions its live tasks hold); what the
-        new task adds is the size of the version of each dataset already known here from the
-        same source (0 when none is: then the namespace passes its share by one dataset at
-        most, and its next pin is refused)."""
-        share = self.settings.namespace_share
-        if share >= 1:
-            return
-        pinned = await self._db(self.catalog.tenant_pinned, tenant, now)
-        rows = await self._db(self.catalog.versions)
-        adding = sum(
-            max((v.size_bytes for v in rows if v.name == r.name and v.source == r.source), default=0) for r in requests
-        )
-        capacity = (await self.space()).get("capacityBytes")
-        if over_share(pinned, adding, capacity, share):
-            self.metrics.namespace_refusal(tenant)
-            raise NamespaceShareExceeded(
-                f"namespace {tenant!r} pins {pinned} bytes of this node's cache and asks for {adding} more:"
-                f" over its share ({share:.0%} of {capacity} bytes)",
-                hint="release other warm-up, replica or preparation pins of the namespace, or raise the chart's"
-                " tenancy.nodeShare",
-                pinned=pinned,
-                adding=adding,
-                capacity=capacity,
-            )
 
     async def tenant_pinned(self, tenant: str) -> int:
         """Bytes the live tasks acting for ``tenant`` hold on this node."""
@@ -528,121 +510,6 @@ class CacheService:
 
     async def release_preparation(self, task_id: str) -> None:
         await self.preparations.release(task_key(task_id))
-
-    def _preparation_parts(self) -> ServiceParts:
-        async def manifest_of(request: DatasetRequest) -> tuple[str, int]:
-            options = with_config(request.storage_options, self.settings.storage_config)
-            assert request.bundles is not None
-            bundles = request.bundles
-            try:
-                found = await self._work(
-                    lambda: read_manifest(
-                        bundles, request.name, storage_options=options, max_files=self.settings.max_dataset_files
-                    )
-                )
-            except DsagentError:
-                raise
-            except Exception as exc:  # a foreign storage error: the store's fault, said as such
-                known = classify(exc, f"dataset {request.name!r}")
-                if known is None:
-                    raise
-                raise known from exc
-            files = found.file_count + len(found.directories)
-            return found.digest, self.store.allocated(found.total_bytes, files)
-
-        async def is_ready(key: tuple[str, str]) -> bool:
-            row = await self._db(self.catalog.version, *key)
-            return row is not None and row.state == "ready"
-
-        async def capacity() -> int:
-            return int((await self.space()).get("capacityBytes") or 0)
-
-        async def in_use_bytes(exclude: set[tuple[str, str]]) -> int:
-            in_use = await self._db(self.catalog.in_use, self.clock())
-            rows = await self._db(self.catalog.versions)
-            return sum(
-                self.store.allocated(r.size_bytes, r.files)
-                for r in rows
-                if (r.name, r.digest) in in_use and (r.name, r.digest) not in exclude
-            )
-
-        async def submit(tid: str, requests: Sequence[DatasetRequest], tenant: str | None) -> str:
-            return (await self.submit_task(tid, requests, tenant=tenant)).state
-
-        async def task_state(tid: str) -> str | None:
-            try:
-                return (await self.get_task(tid)).state
-            except NotFound:
-                return None
-
-        return ServiceParts(
-            now=self.clock,
-            lease_ttl=self.settings.lease_ttl,
-            read_manifest=manifest_of,
-            is_ready=is_ready,
-            is_fetching=self._flights.is_fetching,
-            capacity=capacity,
-            in_use_bytes=in_use_bytes,
-            reserve=self._space.reserve,
-            reservation=self._space.reservations.get,
-            release_reservation=self._space.release,
-            submit=submit,
-            task_state=task_state,
-            release_task=self.release_task,
-        )
-
-    # -- peers (docs/design.md#peers) ----------------------------------------------------
-
-    async def _locate_bundle(self, digest: str, peer: str) -> ServedBundle | None:
-        """Where bundle ``digest`` can be served from, pinned against eviction: a ready version
-        holding it, else a version being fetched that finished it (its files are in place in
-        the staging directory, verified and synced); :class:`BundleInFlight` when this agent
-        is downloading it for ``peer`` to wait for (docs/design.md#peers)."""
-        async with self._space.lock:
-            keys = [((r.name, r.digest), r.state == "ready") for r in await self._db(self.catalog.versions)]
-            ready = [key for key, is_ready in keys if is_ready]
-            fetching = [key for key, is_ready in keys if not is_ready and self._flights.is_fetching(key)]
-            live = {*ready, *fetching}
-            for key in [k for k in self._manifests if k not in live]:
-                del self._manifests[key]
-            found = find_bundle(await self._manifests_of(ready), digest)
-            if found is not None:
-                key, members = found
-                ready_dir = self.store.ready_dir(*key)
-                if await self._work(ready_dir.is_dir):
-                    self._space.pin([key])
-                    return ServedBundle(key, ready_dir, members)
-            for key, manifest in await self._manifests_of(fetching):
-                in_fetch = find_bundle([(key, manifest)], digest)
-                if in_fetch is None or digest not in await self._db(self.catalog.bundles_done, *key):
-                    continue
-                self._space.pin([key])  # published mid-stream: then it is a ready version like the others
-                return ServedBundle(key, self.store.staging_dir(*key), in_fetch[1], self.store.ready_dir(*key))
-        striped = await self.stripes.locate(digest)
-        if striped is not None:
-            return striped
-        if self.peers.in_flight(digest, peer):
-            raise BundleInFlight(
-                f"this agent is downloading bundle {digest} now", hint="ask again shortly, or read the store"
-            )
-        return None
-
-    async def _manifests_of(self, keys: list[tuple[str, str]]) -> list[tuple[tuple[str, str], Manifest]]:
-        """The stored manifests of versions ``keys`` (kept in memory while they are served)."""
-        found: list[tuple[tuple[str, str], Manifest]] = []
-        for key in keys:
-            if key not in self._manifests:
-                manifest = await self._versions.stored_manifest(*key)
-                if manifest is None:
-                    continue
-                self._manifests[key] = manifest
-            found.append((key, self._manifests[key]))
-        return found
-
-    def _unpin_served(self, key: tuple[str, str]) -> None:
-        """Called from the thread that streamed the bundle: unpin on the loop."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._space.unpin, [key])
 
     # -- eviction and the idle sweep ----------------------------------------------------
 
