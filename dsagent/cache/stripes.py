@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from dsagent.cache.layout import Key
-from dsagent.cache.peers import PeerFetcher, ServedBundle
+from dsagent.cache.peers import PeerFetcher, PeerFetchingIt, ServedBundle
+from dsagent.cache.peers.peerfetch import POLL_EVERY
 from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound, TransientError
@@ -269,23 +270,48 @@ class StripeShares:
         leaving node did, so a group change moves shares over P2P; then the store, the
         durable copy."""
         directory = self.share_dir(share.key)
-        if self.settings.peer_token is not None:
-            ranked = sorted({*share.layout.members, *share.peers})
-            for member in owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS):
-                url = share.peers.get(member)
-                if url is None or member == self.settings.node_name:
-                    continue
-                try:
-                    self.peers.fetch_from(url, share.manifest, bundle, directory)
-                except Exception as exc:  # not held there, or a failure: the next, then the store
-                    log.debug("own bundle %s not from %s: %s", bundle.digest[:12], member, exc)
-                    continue
-                self.counts["peer_bundles"] += 1
-                _write_marker(directory / DONE_DIR / bundle.digest)
-                return
+        ranked = sorted({*share.layout.members, *share.peers})
+        if self._from_peers(share, bundle, directory, owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)):
+            _write_marker(directory / DONE_DIR / bundle.digest)
+            return
         unpack_bundle(share.store, share.manifest, bundle, directory, storage_options=share.storage_options)
         self.counts["store_bundles"] += 1
         _write_marker(directory / DONE_DIR / bundle.digest)
+
+    def _from_peers(
+        self, share: _Share, ref: BundleRef, directory: Path, order: Sequence[str], *, fresh: bool = False
+    ) -> bool:
+        """Bundle ``ref`` into ``directory`` from the first of ``order`` (members and peers,
+        best first) that delivers it verified; False when none did, and the store is next.
+        A peer that answers "later" (busy with other streams, or downloading it) is asked
+        again every ``POLL_EVERY`` for up to ``peer_wait``: it holds the bundle, and a group
+        change or a busy epoch must not turn its upload limit into store reads. A peer that
+        fails otherwise (not held there, a lie, a dead link) is not asked again for it.
+        ``fresh``: empty ``directory`` after a failed attempt (a window slot)."""
+        if self.settings.peer_token is None:
+            return False
+        asking = [m for m in order if m != self.settings.node_name and share.peers.get(m) is not None]
+        deadline = time.monotonic() + self.settings.peer_wait
+        while asking:
+            later: list[str] = []
+            for member in asking:
+                try:
+                    self.peers.fetch_from(share.peers[member], share.manifest, ref, directory)
+                except PeerFetchingIt:
+                    later.append(member)
+                except Exception as exc:  # any other failure of one peer: ask the next (a lie costs time only)
+                    log.info("bundle %s not from %s: %s; asking on", ref.digest[:12], member, exc)
+                else:
+                    self.counts["peer_bundles"] += 1
+                    return True
+                if fresh:
+                    shutil.rmtree(directory, ignore_errors=True)
+                    directory.mkdir(parents=True)
+            if not later or time.monotonic() + POLL_EVERY >= deadline:
+                return False
+            time.sleep(POLL_EVERY)
+            asking = later
+        return False
 
     def _drop_unowned(self, share: _Share) -> None:
         """Markers (then files) of bundles this node held under an earlier group."""
@@ -516,18 +542,8 @@ class StripeShares:
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
-        for member in order:
-            url = share.peers.get(member)
-            if member == self.settings.node_name or url is None or self.settings.peer_token is None:
-                continue
-            try:
-                self.peers.fetch_from(url, share.manifest, ref, directory)
-                self.counts["peer_bundles"] += 1
-                return
-            except Exception as exc:  # any failure of one peer: ask the next (a lie costs time only)
-                log.info("bundle %s from %s (%s): %s; asking on", ref.digest[:12], member, url, exc)
-                shutil.rmtree(directory, ignore_errors=True)
-                directory.mkdir(parents=True)
+        if self._from_peers(share, ref, directory, order, fresh=True):
+            return
         unpack_bundle(share.store, share.manifest, ref, directory, storage_options=share.storage_options)
         self.counts["store_bundles"] += 1
 
