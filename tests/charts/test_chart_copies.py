@@ -116,3 +116,12 @@ def test_migration_is_off_by_default_and_on_may_evict_pods() -> None:
     settings = ControllerSettings.from_env(settings_env(on))
     assert settings.migrate is True and settings.class_prefix == "example.com"  # as the webhook writes them
     assert evictions(on) == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]
+
+
+def test_the_stripe_drain_timeout_reaches_the_controllers_settings() -> None:
+    """A leaving member serves its share for ``controller.stripeDrainTimeout`` (10m by default)."""
+    from dsagent.controller.controllersettings import ControllerSettings
+
+    assert ControllerSettings.from_env(settings_env(render())).stripe_drain_timeout_s == 600
+    docs = render({"controller": {"stripeDrainTimeout": "45m"}})
+    assert ControllerSettings.from_env(settings_env(docs)).stripe_drain_timeout_s == 45 * 60
