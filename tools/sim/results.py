@@ -255,6 +255,32 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+CAUSES = (
+    ("first_fill", "first fill"),
+    ("refetch", "fetched again"),
+    ("lost_member", "lost member"),
+    ("uncached", "not kept"),
+)
+
+
+def causes(doc: Mapping[str, Any]) -> list[str]:
+    """The store bytes of each policy by cause (``storage_bytes_by_cause``), in TB; none for
+    a document written before the simulator counted them."""
+    by = {p: f["storage_bytes_by_cause"] for p, f in doc["policies"].items() if "storage_bytes_by_cause" in f}
+    if not by:
+        return []
+    return [
+        "Store bytes by cause (TB): the first read of a version's bytes kept in a cache; bytes the cluster "
+        "had read and kept before, read again (evicted, or another copy from the store); a lost stripe "
+        "member's bundles no node could take; reads nobody keeps (no cache, no room).",
+        "",
+        "| policy | " + " | ".join(label for _, label in CAUSES) + " |",
+        "|---|" + "---:|" * len(CAUSES),
+        *(f"| {p} | " + " | ".join(f"{c.get(k, 0.0) / 1e12:.2f}" for k, _ in CAUSES) + " |" for p, c in by.items()),
+        "",
+    ]
+
+
 def render(docs: Mapping[str, Mapping[str, Any]], sweep: Mapping[str, Any] | None = None) -> str:
     """The page, from the run documents alone (workload name -> run.py --json document)."""
     holds, fails, experimental = claims(docs)
@@ -322,7 +348,7 @@ def render(docs: Mapping[str, Mapping[str, Any]], sweep: Mapping[str, Any] | Non
         ]
         for policy, f in doc["policies"].items():
             lines.append(f"| {policy} | " + " | ".join(get(f) for _, get in COLS) + " |")
-        lines.append("")
+        lines += ["", *causes(doc)]
     if sweep is not None:
         lines += sensitivity(sweep)
     return "\n".join(lines)
