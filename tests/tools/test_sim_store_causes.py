@@ -1,0 +1,74 @@
+"""Store bytes by cause: every byte the simulator reads from the store is a first fill, a
+fetch again of bytes the cluster had kept, a lost stripe member's, or a read nobody keeps;
+and a job's ranks reading disjoint parts of a group member's bundles each read their own
+misses from the store.
+
+Small clusters of identical nodes (8 GPUs), fixed epochs, asserting bytes by cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduling.timemodel import JobProfile
+from tools.sim import results
+from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.state import STORE_CAUSES
+from tools.sim.workload import Dataset, Job
+
+A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
+TB = 10**12
+
+
+def job(ident: int, arrival: float, dataset: str = "ds000", *, workers: int = 1, runtime: float = 1000.0) -> Job:
+    return Job(ident, arrival, workers, 8, dataset, runtime, JobProfile(1.0, 1.0, int(runtime) * 8, deadline=1e9))
+
+
+def cluster(nodes: int = 4, cache: int = TB, **kw: object) -> ClusterParams:
+    base = ClusterParams(
+        nodes=nodes, node_types=A100, cache_bytes=cache, storage_bw=1e10, node_fetch_bw=1e9, epochs=1.0
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def run(policy: str, jobs: list[Job], data: list[Dataset], params: ClusterParams) -> Simulation:
+    return Simulation(policy, jobs, data, params, seed=3).run()
+
+
+def test_two_ranks_reading_a_members_bundles_read_every_bundle_from_the_store_once() -> None:
+    # 3 TB on four 1 TB nodes: a group of four, two of them outside the two-worker job; its
+    # ranks read disjoint halves of those members' bundles, so one epoch reads all 3 TB
+    sim = run("ours+stripe+early", [job(0, 0.0, workers=2)], [Dataset("ds000", 3 * TB, (0.0,))], cluster())
+    group = sim.stripes[("ds000", 0)]
+    outside = set(group.members) - {w.node.index for w in sim.outcomes[0].workers}
+    assert len(outside) == 2
+    assert sim.storage_bytes == pytest.approx(3 * TB)
+    assert sim.storage_by_cause["first_fill"] == pytest.approx(3 * TB)
+    assert group.fill == {m: pytest.approx(1.0) for m in group.members}
+
+
+def test_a_copy_evicted_and_fetched_again_is_counted_apart_from_its_first_fill() -> None:
+    # one 1 TB node: 0.5 TB versions of two datasets in turn; the third job's copy of ds000
+    # was evicted for ds001's, so it is read from the store again
+    data = [Dataset("ds000", TB // 2, (0.0,)), Dataset("ds001", TB // 2, (0.0,))]
+    jobs = [job(0, 0.0, "ds000"), job(1, 10_000.0, "ds001"), job(2, 20_000.0, "ds000")]
+    sim = run("ours", jobs, data, cluster(nodes=1))
+    assert sim.storage_by_cause["first_fill"] == pytest.approx(TB)
+    assert sim.storage_by_cause["refetch"] == pytest.approx(TB / 2)
+    assert sum(sim.storage_by_cause.values()) == pytest.approx(sim.storage_bytes)
+
+
+def test_reads_without_a_cache_are_counted_as_not_kept() -> None:
+    sim = run("default", [job(0, 0.0), job(1, 10_000.0)], [Dataset("ds000", TB // 2, (0.0,))], cluster(nodes=1))
+    assert sim.storage_by_cause["uncached"] == pytest.approx(TB)
+    assert sim.storage_by_cause["first_fill"] == 0.0 and sim.storage_bytes == pytest.approx(TB)
+
+
+def test_the_results_page_lists_store_bytes_by_cause() -> None:
+    figures = {"ours+stripe": {"storage_bytes_by_cause": {c: float(i) * TB for i, c in enumerate(STORE_CAUSES)}}}
+    lines = results.causes({"policies": figures})
+    assert "| policy | first fill | fetched again | lost member | not kept |" in lines
+    assert "| ours+stripe | 0.00 | 1.00 | 2.00 | 3.00 |" in lines
+    assert results.causes({"policies": {"fluid": {"storage_bytes": 1.0}}}) == []
