@@ -72,3 +72,12 @@ def test_the_results_page_lists_store_bytes_by_cause() -> None:
     assert "| policy | first fill | fetched again | lost member | not kept |" in lines
     assert "| ours+stripe | 0.00 | 1.00 | 2.00 | 3.00 |" in lines
     assert results.causes({"policies": {"fluid": {"storage_bytes": 1.0}}}) == []
+
+
+def test_a_ratio_that_rounds_to_its_target_shows_which_side_it_falls() -> None:
+    def figures(store: float, local: float) -> dict[str, float]:
+        return {"local_fraction": local, "storage_bytes": store, "ttfs_mean_s": 10.0}
+
+    doc = {"policies": {"fluid-r1": figures(10 * TB, 0.2), "ours+stripe+early": figures(10.008 * TB, 0.6)}}
+    (row,) = [line for line in results.goals({"w": doc}) if line.startswith("| w |")]
+    assert row == "| w | ours+stripe+early | **1.0008x (fluid-r1)** | 3.00x (fluid-r1) | 1.00x (fluid-r1) |"
