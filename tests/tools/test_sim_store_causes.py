@@ -81,3 +81,12 @@ def test_a_ratio_that_rounds_to_its_target_shows_which_side_it_falls() -> None:
     doc = {"policies": {"fluid-r1": figures(10 * TB, 0.2), "ours+stripe+early": figures(10.008 * TB, 0.6)}}
     (row,) = [line for line in results.goals({"w": doc}) if line.startswith("| w |")]
     assert row == "| w | ours+stripe+early | **1.0008x (fluid-r1)** | 3.00x (fluid-r1) | 1.00x (fluid-r1) |"
+
+
+def test_fluid_reads_its_cache_could_not_keep_are_counted_as_not_kept() -> None:
+    # one replica with a 1 TB quota and a 1.5 TB dataset over three epochs: the first epoch
+    # fills the quota, the later epochs read the rest from the store again, kept by nobody
+    sim = run("fluid-r1", [job(0, 0.0)], [Dataset("ds000", 3 * TB // 2, (0.0,))], cluster(nodes=1, epochs=3.0))
+    assert sim.storage_by_cause["first_fill"] == pytest.approx(1.5 * TB)
+    assert sim.storage_by_cause["uncached"] == pytest.approx(sim.storage_bytes - 1.5 * TB)
+    assert sim.storage_by_cause["uncached"] > 0.5 * TB and sim.storage_by_cause["refetch"] == 0.0

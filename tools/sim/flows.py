@@ -44,6 +44,7 @@ class Flows(SimState):
         after: Fetch | None = None,
         on_done: str = "",
         lost: float = 0.0,
+        unkept: float = 0.0,
     ) -> Fetch:
         fetch = Fetch(
             node,
@@ -72,23 +73,26 @@ class Flows(SimState):
             self.peer_bytes += size
             return fetch
         self.storage_bytes += size
-        self._count_cause(key, float(size), cached, lost)
+        self._count_cause(key, float(size), cached, lost, unkept)
         if key not in self.storage_seen:
             self.storage_seen.add(key)
             self.storage_first_bytes += size
-        self.storage_uncached_bytes += size if not cached else min(size, lost)
+        self.storage_uncached_bytes += size if not cached else min(size, lost + unkept)
         self.storage_log.append((self.now, self.storage_bytes))
         return fetch
 
-    def _count_cause(self, key: tuple[str, int], size: float, cached: bool, lost: float) -> None:
+    def _count_cause(self, key: tuple[str, int], size: float, cached: bool, lost: float, unkept: float) -> None:
         """Store bytes by cause (``STORE_CAUSES``): of a read kept in a cache, the bytes up to
         the version's size the cluster had not kept before are its first fill, the rest a
         fetch again; ``lost`` of the bytes are a lost stripe member's (a hole); a read not
-        kept is uncached."""
+        kept, and ``unkept`` of a kept one, is uncached."""
         by = self.storage_by_cause
         lost = min(size, lost)
         by["lost_member"] += lost
         size -= lost
+        unkept = min(size, unkept)
+        by["uncached"] += unkept
+        size -= unkept
         if not cached:
             by["uncached"] += size
             return

@@ -95,9 +95,11 @@ class Reads(Flows):
         kept: bool = True,
         after: Fetch | None = None,
         lost: float = 0.0,
+        unkept: float = 0.0,
     ) -> None:
         """The worker's training reads, counted now and started at the first step; ``lost``
-        of the store's bytes are a lost stripe member's (kept by nobody)."""
+        of the store's bytes are a lost stripe member's and ``unkept`` others no cache keeps
+        (both kept by nobody)."""
         for i, s in enumerate((first, later)):
             self.read_bytes[i] += s.local + s.remote + s.store
             self.read_local[i] += s.local
@@ -105,9 +107,9 @@ class Reads(Flows):
             self.read_store[i] += s.store
         total = first + later
         worker.reads = [
-            ("local", total.local, (), fuse, after, True, 0.0),
-            ("peer", total.remote, sources, fuse, None, True, 0.0),
-            ("storage", total.store, (), fuse, None, kept, lost),
+            ("local", total.local, (), fuse, after, True, (0.0, 0.0)),
+            ("peer", total.remote, sources, fuse, None, True, (0.0, 0.0)),
+            ("storage", total.store, (), fuse, None, kept, (lost, unkept)),
         ]
 
     # -- ours: a whole copy on the node ---------------------------------------------------
@@ -280,7 +282,9 @@ class Reads(Flows):
                 tuple(m for m in rt.workers if m != w.node.index and rt.held.get(m, 0.0) > 0) for w in out.workers
             ]
         for w, one, rest, src in zip(out.workers, firsts, laters, sources):
-            self._plan(w, one, rest, fuse=True, sources=src)
+            # the first epoch's store reads fill the cache; what the later epochs still read
+            # from the store is what it could not keep
+            self._plan(w, one, rest, fuse=True, sources=src, unkept=rest.store)
             w.hit = one.remote + one.store + rest.remote + rest.store == 0
             self.hits += w.hit
 
@@ -493,7 +497,7 @@ class Reads(Flows):
         job = out.job
         key = (job.dataset, self.datasets[job.dataset].version_at(out.start))
         for index, w in enumerate(out.workers):
-            for source, size, sources, fuse, after, kept, lost in w.reads:
+            for source, size, sources, fuse, after, kept, (lost, unkept) in w.reads:
                 if size > 1.0:
                     live = after if after is not None and after.remaining > 1.0 else None
                     self._new_fetch(
@@ -508,6 +512,7 @@ class Reads(Flows):
                         fuse=fuse,
                         after=live,
                         lost=lost,
+                        unkept=unkept,
                     )
             w.reads = []
         n = sum(len(w.gpus) for w in out.workers)

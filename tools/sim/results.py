@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -186,6 +187,8 @@ def goals(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 best = _best(by, FLUIDS, metric)
                 theirs, ours = metric[2](by[best]), metric[2](by[mine])
                 ratio = ours / theirs if theirs else float("inf")
+                # equal up to the order floating-point sums were taken in: equal
+                ratio = 1.0 if math.isclose(ratio, 1.0, rel_tol=1e-9) else ratio
                 # near 1.0x, enough digits to show which side of the target it falls
                 digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2
                 cell = f"{ratio:.{digits}f}x ({best})"
