@@ -90,3 +90,14 @@ def test_fluid_reads_its_cache_could_not_keep_are_counted_as_not_kept() -> None:
     assert sim.storage_by_cause["first_fill"] == pytest.approx(1.5 * TB)
     assert sim.storage_by_cause["uncached"] == pytest.approx(sim.storage_bytes - 1.5 * TB)
     assert sim.storage_by_cause["uncached"] > 0.5 * TB and sim.storage_by_cause["refetch"] == 0.0
+
+
+def test_a_start_before_whole_pod_reads_the_version_it_was_admitted_with() -> None:
+    # a job arriving at 50 s that gets its GPUs at 200 s, after a new version at 100 s: a
+    # pod that waits for its copy resolves the version when it starts; one that starts
+    # before the copy is whole reads the digest the webhook wrote into it at admission
+    data = [Dataset("ds000", TB // 2, (0.0, 100.0))]
+    late = job(0, 50.0)
+    assert Simulation("ours+stripe", [late], data, cluster(), seed=3).version_of(late, 200.0) == 1
+    assert Simulation("ours+stripe+early", [late], data, cluster(), seed=3).version_of(late, 200.0) == 0
+    assert Simulation("fluid", [late], data, cluster(), seed=3).version_of(late, 200.0) == 1

@@ -59,7 +59,7 @@ class Reads(Flows):
     def _request_data(self, job: Job, worker: Worker, index: int) -> None:
         d = self.datasets[job.dataset]
         out = self.outcomes[job.id]
-        key = (d.name, d.version_at(out.start))  # a moved job keeps its version
+        key = (d.name, self.version_of(job, out.start))  # a moved job keeps its version
         self.requests += 1
         gpus = sum(len(w.gpus) for w in out.workers) or 1
         share = len(worker.gpus) / gpus
@@ -495,7 +495,7 @@ class Reads(Flows):
         if math.isnan(out.first_step):
             out.first_step = self.now
         job = out.job
-        key = (job.dataset, self.datasets[job.dataset].version_at(out.start))
+        key = (job.dataset, self.version_of(job, out.start))
         for index, w in enumerate(out.workers):
             for source, size, sources, fuse, after, kept, (lost, unkept) in w.reads:
                 if size > 1.0:
@@ -543,7 +543,7 @@ class Reads(Flows):
 
     def _release_workers(self, out: Outcome) -> None:
         d = self.datasets[out.job.dataset]
-        version = d.version_at(out.start)
+        version = self.version_of(out.job, out.start)
         rt = self.fluid.runtimes.get(d.name) if self.policy in fluid.POLICIES else None
         group = self.stripes.get((d.name, version))
         for w in out.workers:

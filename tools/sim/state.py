@@ -174,6 +174,14 @@ class SimState:
             )
         return node.facts
 
+    def version_of(self, job: Job, start: float) -> int:
+        """The version a job's pods read: the one current at ``start``, as the agent resolves
+        a version when the pod's task asks; a pod that starts before its copy is whole
+        (``ours+stripe+early``) reads the Dataset's digest at admission, which the webhook
+        writes into the pod (``dsctl stripe wait NAME DIGEST``), so at the job's arrival."""
+        d = self.datasets[job.dataset]
+        return d.version_at(job.arrival if self.policy == "ours+stripe+early" else start)
+
     def touch(self, node: Node) -> None:
         node.facts = None
 
