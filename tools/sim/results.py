@@ -225,8 +225,8 @@ COLS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
 
 
 def sensitivity(doc: Mapping[str, Any]) -> list[str]:
-    """The sweep of the two deciding rates (tools/sim/sensitivity.py) as a table: ours and
-    ours+stripe against the best baseline at each point."""
+    """The sweep of the two deciding rates (tools/sim/sensitivity.py) as a table: ours,
+    ours+stripe and ours+stripe+early against the best baseline at each point."""
     keys = doc["keys"]
     lines = [
         "## Sensitivity: store read per node x remote-cache read",
@@ -242,7 +242,7 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
     for point in doc["points"]:
         by = point["policies"]
         base = tuple(p for p in by if p not in OURS)
-        for mine in (p for p in ("ours", "ours+stripe") if p in by):
+        for mine in (p for p in ("ours", "ours+stripe", "ours+stripe+early") if p in by):
             cells = []
             for name in (
                 "local-byte fraction",
