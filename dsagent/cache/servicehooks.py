@@ -3,7 +3,7 @@
 Who calls it: :class:`dsagent.cache.service.CacheService` takes a :class:`ServiceHooks`
 (``CacheService(settings, hooks=...)``) and hands ``peer_holders`` to its
 :class:`~dsagent.cache.peers.PeerFetcher`; cluster mode builds them
-(``dsagent.cluster.nodeagent.ClusterHooks``, wired by ``dsagent serve --kubernetes``), tests
+(``dsagent.cluster.clusterhooks.ClusterHooks``, wired by ``dsagent serve --kubernetes``), tests
 build their own. What it owns: the two questions the service asks the cluster, as plain
 async callables, so that the cache layer never imports cluster code:
 

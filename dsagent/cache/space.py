@@ -88,25 +88,40 @@ class Space:
         ``staged``: disk the version's own staging already takes (a resumed fetch); it is
         part of the version, so it counts once (it counted as held
         *and* was reserved again)."""
-        spared: set[Key] = set()  # victims found protected since their plan: never chosen again
         async with self.lock:
-            while True:
-                candidates = [
-                    dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c
-                    for c in await self.candidates()
-                ]
-                free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
-                plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
-                if not plan.sufficient:
-                    raise _insufficient(key[0], size, plan, overhead=overhead)
-                for victim in plan.victims:
-                    if not await self.evict_one(victim, reason="space"):
-                        spared.add((victim.name, victim.digest))
-                if not spared.intersection((v.name, v.digest) for v in plan.victims):
-                    self.reservations[key] = size
-                    self._overheads[key] = overhead
-                    return
-                # plan again on the new view; it ends, since each round spares one more version
+            await self._evict_for(key, size, overhead=overhead, staged=staged)
+            self.reservations[key] = size
+            self._overheads[key] = overhead
+
+    async def make_room(self, key: Key, size: int) -> None:
+        """Evict LRU unused data until ``size`` more bytes fit at the ratio, for this
+        node's share ``key`` of a striped version about to be filled (never that share
+        itself); nothing is reserved: the share counts as it fills
+        (:attr:`shares`' ``total_bytes``)."""
+        async with self.lock:
+            await self._evict_for(key, size, keep=key)
+
+    async def _evict_for(
+        self, key: Key, size: int, *, overhead: int = 0, staged: int = 0, keep: Key | None = None
+    ) -> None:
+        """Under :attr:`lock`: evict by :func:`eviction.plan_for_fetch` until ``size`` fits
+        (:class:`InsufficientSpace` when it cannot); ``keep`` is never chosen."""
+        spared: set[Key] = {keep} if keep is not None else set()  # never chosen (again)
+        while True:
+            candidates = [
+                dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c
+                for c in await self.candidates()
+            ]
+            free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
+            plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
+            if not plan.sufficient:
+                raise _insufficient(key[0], size, plan, overhead=overhead)
+            for victim in plan.victims:
+                if not await self.evict_one(victim, reason="space"):
+                    spared.add((victim.name, victim.digest))
+            if not spared.intersection((v.name, v.digest) for v in plan.victims):
+                return
+            # plan again on the new view; it ends, since each round spares one more version
 
     def release(self, key: Key) -> None:
         self.reservations.pop(key, None)

@@ -9,10 +9,12 @@ through it. Design: docs/design-striping.md.
 What it owns, under ``<root>/stripes/<name>/<digest>/``:
 
 - ``share/``: the bundles this node owns by rendezvous hashing over the group
-  (:func:`dsplatform.stripe.owner`), each fetched from the store with the bundle fetch path
-  (:func:`dsagent.format.extract.unpack_bundle`: every file verified by digest, published
-  whole), then marked done by an empty file ``share/.stripe/done/<bundle>`` written and
-  synced after the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
+  (:func:`dsplatform.stripe.owner`), each fetched from a peer that held it before, else
+  the store (:mod:`dsagent.cache.stripefetch`: every file verified by digest, published
+  whole), after the cache made room for them as for a fetch
+  (:meth:`dsagent.cache.space.Space.make_room`: 1.2x, LRU, never the share itself), then
+  marked done by an empty file ``share/.stripe/done/<bundle>`` written and synced after
+  the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
   a striped CSI volume shows: the share as files, and where the rest lives;
 - ``window/<bundle>/``: bundles owned elsewhere, fetched for this node's readers from the
   owner over the peer protocol (then the other members, then the store), verified the same
@@ -36,19 +38,18 @@ import os
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsagent.cache.layout import Key
-from dsagent.cache.peers import PeerFetcher, PeerFetchingIt, ServedBundle
-from dsagent.cache.peers.peerfetch import POLL_EVERY
+from dsagent.cache.peers import PeerFetcher, ServedBundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
+from dsagent.cache.stripefetch import BundleSources
 from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound, TransientError
 from dsagent.format.bundle import tar_header
-from dsagent.format.extract import unpack_bundle
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout, owners
@@ -83,13 +84,16 @@ class _Share:
     def key(self) -> Key:
         return (self.layout.name, self.layout.digest)
 
-    def held_bytes(self) -> int:
-        return sum(b.size for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover)
+    def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
+        """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
+        return sum(
+            disk(b.size, b.count) for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover
+        )
 
 
 @dataclass
 class _Visit:
-    """A bundle in the window: its directory, its bytes, how many streams read it now."""
+    """A bundle in the window: its directory, the disk it takes, how many streams read it now."""
 
     directory: Path
     size: int
@@ -100,12 +104,21 @@ class StripeShares:
     """The striped versions of this node: shares held, peers served, readers fed."""
 
     def __init__(
-        self, settings: Settings, pools: Pools, peers: PeerFetcher, *, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        pools: Pools,
+        peers: PeerFetcher,
+        *,
+        clock: Callable[[], float] = time.time,
+        make_room: Callable[[Key, int], Awaitable[None]] | None = None,
+        disk: Callable[[int, int], int] = lambda size, _files: size,
     ) -> None:
         self.settings = settings
         self.pools = pools
         self.peers = peers
         self.clock = clock
+        self.make_room = make_room  # evicts for a share about to be filled (the cache's Space)
+        self.disk = disk  # the disk (bytes, files) take: the unit of the capacity (Store.allocated)
         self.root = settings.root / STRIPES_DIR
         self._shares: dict[Key, _Share] = {}
         self._window: OrderedDict[tuple[Key, str], _Visit] = OrderedDict()
@@ -113,6 +126,7 @@ class StripeShares:
         self._room = asyncio.Condition()
         self._flights: dict[tuple[Key, str], asyncio.Future[_Visit]] = {}
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
+        self.sources = BundleSources(settings, peers, self.counts)
 
     # -- holding a share --------------------------------------------------------------------
 
@@ -176,12 +190,16 @@ class StripeShares:
             return self.status(key)
         if share is not None and share.task is not None:
             share.task.cancel()
-        mine = sum(b.size for b in layout.held_by(node))
+        mine = sum(self.disk(b.size, b.count) for b in layout.held_by(node))
         if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:
             raise InsufficientSpace(
                 f"this node's share of {name!r} is {mine} bytes, over the cache's {self.settings.capacity_bytes}",
                 hint="choose a larger stripe group",
             )
+        if self.make_room is not None:  # the cache makes room, as for a fetch (1.2x, LRU)
+            done = await self.pools.work(self._done_markers, key)
+            missing = [b for b in layout.held_by(node) if b.digest not in done]
+            await self.make_room(key, sum(self.disk(b.size, b.count) for b in missing))
         share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after))
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
@@ -189,6 +207,13 @@ class StripeShares:
         await self.pools.work(self._remember, share)
         share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
         return self.status(key)
+
+    def _done_markers(self, key: Key) -> set[str]:
+        """The bundles this node already holds of version ``key`` (their markers)."""
+        try:
+            return {marker.name for marker in (self.share_dir(key) / DONE_DIR).iterdir()}
+        except FileNotFoundError:
+            return set()
 
     def _remember(self, share: _Share) -> None:
         """What a restarted agent needs to hold the share again (:meth:`recover`): never the
@@ -271,47 +296,8 @@ class StripeShares:
         durable copy."""
         directory = self.share_dir(share.key)
         ranked = sorted({*share.layout.members, *share.peers})
-        if self._from_peers(share, bundle, directory, owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)):
-            _write_marker(directory / DONE_DIR / bundle.digest)
-            return
-        unpack_bundle(share.store, share.manifest, bundle, directory, storage_options=share.storage_options)
-        self.counts["store_bundles"] += 1
+        self.sources.fetch(share, bundle, directory, owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS))
         _write_marker(directory / DONE_DIR / bundle.digest)
-
-    def _from_peers(
-        self, share: _Share, ref: BundleRef, directory: Path, order: Sequence[str], *, fresh: bool = False
-    ) -> bool:
-        """Bundle ``ref`` into ``directory`` from the first of ``order`` (members and peers,
-        best first) that delivers it verified; False when none did, and the store is next.
-        A peer that answers "later" (busy with other streams, or downloading it) is asked
-        again every ``POLL_EVERY`` for up to ``peer_wait``: it holds the bundle, and a group
-        change or a busy epoch must not turn its upload limit into store reads. A peer that
-        fails otherwise (not held there, a lie, a dead link) is not asked again for it.
-        ``fresh``: empty ``directory`` after a failed attempt (a window slot)."""
-        if self.settings.peer_token is None:
-            return False
-        asking = [m for m in order if m != self.settings.node_name and share.peers.get(m) is not None]
-        deadline = time.monotonic() + self.settings.peer_wait
-        while asking:
-            later: list[str] = []
-            for member in asking:
-                try:
-                    self.peers.fetch_from(share.peers[member], share.manifest, ref, directory)
-                except PeerFetchingIt:
-                    later.append(member)
-                except Exception as exc:  # any other failure of one peer: ask the next (a lie costs time only)
-                    log.info("bundle %s not from %s: %s; asking on", ref.digest[:12], member, exc)
-                else:
-                    self.counts["peer_bundles"] += 1
-                    return True
-                if fresh:
-                    shutil.rmtree(directory, ignore_errors=True)
-                    directory.mkdir(parents=True)
-            if not later or time.monotonic() + POLL_EVERY >= deadline:
-                return False
-            time.sleep(POLL_EVERY)
-            asking = later
-        return False
 
     def _drop_unowned(self, share: _Share) -> None:
         """Markers (then files) of bundles this node held under an earlier group."""
@@ -366,7 +352,7 @@ class StripeShares:
         return [
             (
                 key,
-                share.held_bytes() + window.get(key, 0),
+                share.disk_bytes(self.disk) + window.get(key, 0),
                 share.last_used,
                 share.readers > 0 or (share.task is not None and not share.task.done()),
             )
@@ -375,7 +361,7 @@ class StripeShares:
 
     def total_bytes(self) -> int:
         """Disk the shares and the window take (counted against the cache's capacity)."""
-        return sum(share.held_bytes() for share in self._shares.values()) + self._window_bytes
+        return sum(share.disk_bytes(self.disk) for share in self._shares.values()) + self._window_bytes
 
     async def drop(self, key: Key, *, reason: str) -> bool:
         """Stop holding one share: its fill stops, its window bundles and files go (the
@@ -503,16 +489,17 @@ class StripeShares:
         """Fetch a bundle owned elsewhere into the window: room first, then the owner, the
         other members, the store."""
         ref = next(b for b in share.manifest.bundles if b.digest == digest)
-        await self._make_room(ref.size)
+        size = self.disk(ref.size, ref.count)
+        await self._make_room(size)
         directory = self.version_dir(share.key) / "window" / digest
-        self._window_bytes += ref.size  # reserved while it arrives
+        self._window_bytes += size  # reserved while it arrives
         try:
             await self.pools.work(self._fetch_visiting, share, ref, directory)
         except BaseException:
-            self._window_bytes -= ref.size
+            self._window_bytes -= size
             await self.pools.work(shutil.rmtree, directory, True)
             raise
-        visit = _Visit(directory, ref.size)
+        visit = _Visit(directory, size)
         self._window[(share.key, digest)] = visit
         return visit
 
@@ -542,10 +529,7 @@ class StripeShares:
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
-        if self._from_peers(share, ref, directory, order, fresh=True):
-            return
-        unpack_bundle(share.store, share.manifest, ref, directory, storage_options=share.storage_options)
-        self.counts["store_bundles"] += 1
+        self.sources.fetch(share, ref, directory, order, fresh=True)
 
 
 def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 20) -> Generator[bytes, None, None]:

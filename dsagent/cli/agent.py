@@ -86,8 +86,9 @@ def load_cluster_agent(settings: Settings) -> tuple[ServiceHooks, CompanionFacto
     """Cluster mode's hooks for the service and ``dsagent.cluster.nodeagent.ClusterAgent``'s
     factory (sharing one ``ClusterHooks``), imported only in cluster mode."""
     try:
+        from dsagent.cluster.clusterhooks import ClusterHooks
         from dsagent.cluster.clustersettings import ClusterSettings
-        from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks
+        from dsagent.cluster.nodeagent import ClusterAgent
     except ImportError as exc:
         name = getattr(exc, "name", None) or ""
         if name and not name.startswith("dsagent"):

@@ -20,10 +20,9 @@ hooks=hooks)``, and awaits
 3. keeps a running pod's datasets in use by renewing the task's lease, and releases the
    task when the pod ends or is deleted (also when that happened while the watch was
    broken: a relist after ``410 Gone`` reports it);
-4. checks that a task id shaped like a pod UID belongs to a pod on this node before the
-   service accepts it (other ids, e.g. an operator's ``dsctl cache``, pass), and lists the
-   agents whose nodes hold a bundle for the peer fetch: :class:`ClusterHooks`, built before
-   the service and given to its constructor (``dsagent serve`` wires both);
+4. connects the :class:`~dsagent.cluster.clusterhooks.ClusterHooks` the service was built
+   with (the task guard: a task id shaped like a pod UID must be a pod on this node; the
+   peer list) to its pod watch and API client (``dsagent serve`` wires both);
 5. with ``DSAGENT_COPIES_CONFIGMAP`` (``namespace/name``, set by the chart), reads the
    Dataset controller's per-version copy counts every ``DSAGENT_COPIES_INTERVAL`` into the
    service's :class:`~dsagent.cache.copies.ClusterCopies`, so eviction keeps the cluster's
@@ -42,14 +41,14 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
 from dsagent.cluster import publisher
 from dsagent.cluster.apiclient import in_daemon_thread, translated
+from dsagent.cluster.clusterhooks import ClusterHooks
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.datasets import MERGE_PATCH, DatasetClient
 from dsagent.cluster.events import EventRecorder
@@ -76,15 +75,6 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
 FreeGpuSource = Callable[[Any], Awaitable[Sequence[int] | None]]
-
-
-class TaskNotOnNode(DsagentError):
-    """A pod-UID task id that is no pod on this node (403 over the API, exit 2 in dsctl)."""
-
-    http_status = 403
-    exit_code = 2
-    code = "task_not_on_node"
-    grpc_status = "PERMISSION_DENIED"  # the CSI node plugin's answer for a pod not on this node
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -122,84 +112,6 @@ def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRe
     if not literal.get("DSAGENT_DATASETS"):
         return None
     return [DatasetRequest(**item) for item in datasets_from_env(literal)]
-
-
-class ClusterHooks:
-    """What cluster mode lends the cache service (:class:`~dsagent.cache.servicehooks.ServiceHooks`):
-    the task guard (item 4 of the module docstring) and the peer list from the node
-    inventories. Built before the service, which takes :meth:`for_service` in its
-    constructor; they need the agent's pod watch and API client, not the service, and get
-    them when the agent starts (:meth:`connect`) until it stops (:meth:`disconnect`).
-    Unconnected, every task id is admitted and no cluster peer is listed, as without
-    cluster mode (the agent cannot tell which pods are on its node yet)."""
-
-    def __init__(self, settings: Settings, cluster: ClusterSettings) -> None:
-        self.node_name = settings.node_name
-        self.guard_wait = cluster.guard_wait
-        port = settings.peer_port or (settings.listen[1] if settings.listen else 0)
-        self.peer_port = port if settings.peer_token is not None else 0  # 0: peers off
-        self._watch: PodWatch | None = None
-        self._core: Any = None
-        self._submitted: Container[str] = frozenset()
-
-    def for_service(self) -> ServiceHooks:
-        """The hooks for ``CacheService(settings, hooks=...)``; peers only with a token and a port."""
-        return ServiceHooks(
-            admit_task=self.check_task,
-            peer_holders=self.peer_holders if self.peer_port else None,
-            pod_datasets=self.pod_datasets,
-        )
-
-    def connect(self, watch: PodWatch, core: Any, submitted: Container[str]) -> None:
-        """The agent's pod watch, its CoreV1Api and the pod UIDs it submitted itself."""
-        self._watch, self._core, self._submitted = watch, core, submitted
-
-    def disconnect(self) -> None:
-        self._watch, self._core, self._submitted = None, None, frozenset()
-
-    async def check_task(self, task_id: str) -> None:
-        """Accept a pod-UID task id only for a pod bound to this node (other ids pass)."""
-        watch = self._watch
-        if not is_pod_uid(task_id) or watch is None or task_id in self._submitted:
-            return
-        if not watch.synced.is_set():
-            log.warning("accepting task %s unchecked: the pod watch has not synced yet", task_id)
-            return
-        deadline = time.monotonic() + self.guard_wait
-        while not watch.has_pod(task_id):  # the init-container may be faster than the watch
-            if time.monotonic() >= deadline:
-                raise TaskNotOnNode(
-                    f"task {task_id} is not a pod on node {self.node_name}",
-                    hint="init-containers send their own pod's UID (DSAGENT_TASK_ID from metadata.uid)",
-                )
-            await asyncio.sleep(0.05)
-
-    async def pod_datasets(self, uid: str) -> frozenset[str] | None:
-        """The dataset names the annotation of pod ``uid`` on this node asks for (None: no
-        such pod seen, or an unreadable annotation): what the pod may read through
-        ``/v1/stripes`` besides its task (docs/design-striping.md#agent)."""
-        watch = self._watch
-        pod = watch.pods().get(uid) if watch is not None else None
-        if pod is None:
-            return None
-        try:
-            return frozenset(ref.name for ref in podannotations.datasets_of(pod))
-        except platform_errors.InvalidInput:
-            return None
-
-    async def peer_holders(self, name: str, digest: str) -> list[str]:
-        """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
-        from dsagent.cluster.peerlist import holders_from_nodes
-
-        core = self._core
-        if core is None:
-            return []
-
-        def nodes() -> list[Any]:
-            with translated("list nodes"):
-                return list(core.list_node(_request_timeout=10).items or [])
-
-        return holders_from_nodes(await asyncio.to_thread(nodes), self.node_name, name, digest, self.peer_port)
 
 
 class ClusterAgent:
@@ -619,4 +531,4 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-__all__ = ["ClusterAgent", "ClusterHooks", "ClusterSettings", "TaskNotOnNode"]
+__all__ = ["ClusterAgent", "ClusterSettings"]

@@ -1,6 +1,6 @@
 """Cluster mode's peer list: the agents whose node inventories hold a version ready.
 
-Who calls it: :meth:`dsagent.cluster.nodeagent.ClusterHooks.peer_holders`, the peer list
+Who calls it: :meth:`dsagent.cluster.clusterhooks.ClusterHooks.peer_holders`, the peer list
 the cache service is built with when the agent has a peer token: :func:`holders_from_nodes`
 over a fresh node list (docs/design.md#peers). Each node's ``dsagent.io/inventory``
 annotation says what it holds; its agent is reached at the node's InternalIP on the peer

@@ -164,8 +164,9 @@ def test_shares_count_in_the_space_and_go_after_replicated_copies_before_last_co
     _, small, small_manifest = packed(www, url, "small", files=8, size=4000)
     _, large, large_manifest = packed(www, url, "large", files=12, size=9000)
     on_disk = {m.name: allocated(m.total_bytes, m.file_count, tmp_path) for m in (small_manifest, large_manifest)}
-    # room: the share, plus the small copy, plus a bit; the large one needs 1.2x its disk
-    capacity = manifest.total_bytes + on_disk["small"] + on_disk["large"] // 2
+    share = allocated(manifest.total_bytes, manifest.file_count, tmp_path)
+    # room: the share (and its fill's 1.2x), plus the small copy, plus a bit; the large one needs 1.2x its disk
+    capacity = int(share * 1.2) + on_disk["small"] + on_disk["large"] // 2
     agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})  # no pod here
     with unix_client(agent, ADMIN_TOKEN) as operator, agent.client() as client:
         assert _hold(operator, url).status_code == 200
@@ -183,3 +184,31 @@ def test_shares_count_in_the_space_and_go_after_replicated_copies_before_last_co
         assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404  # the share went
         held = {d["name"] for d in operator.get("/v1/datasets").json()["datasets"]}
         assert {"small", "large"} <= held, held  # the last copy stayed
+
+
+def test_filling_a_share_evicts_an_unused_version_and_never_one_in_use(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    """Room for a share is made as for a fetch (1.2x, LRU): an unused version goes; a
+    version a task holds stays, and the share is refused with 507 rather than filled past
+    the capacity."""
+    www, url, _ = loopback
+    manifest = _store(www, count=30)
+    _, small, small_manifest = packed(www, url, "small", files=8, size=4000)
+    on_disk = allocated(small_manifest.total_bytes, small_manifest.file_count, tmp_path)
+    share = allocated(manifest.total_bytes, manifest.file_count, tmp_path)  # blocks and inodes count
+    # the share with its 1.2x headroom, but not beside the small copy
+    capacity = int(share * 1.2) + on_disk // 2
+    agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})  # no pod here
+    with unix_client(agent, ADMIN_TOKEN) as operator, agent.client() as client:
+        client.submit_task("t-small", [small])
+        assert wait_ready(client, "t-small")["state"] == "ready"
+        refused = _hold(operator, url)  # the small copy is in use: nothing to evict
+        assert refused.status_code == 507 and refused.json()["code"] == "insufficient_space", refused.text
+        assert {d["name"] for d in operator.get("/v1/datasets").json()["datasets"]} == {"small"}
+        client.release_task("t-small")  # unused now: evictable
+        assert _hold(operator, url).status_code == 200
+        assert _wait_complete(operator, manifest.digest)["complete"]
+        assert "small" not in {d["name"] for d in operator.get("/v1/datasets").json()["datasets"]}
+        space = operator.get("/v1/datasets").json()
+        assert space["usedBytes"] <= capacity

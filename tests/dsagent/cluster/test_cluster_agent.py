@@ -14,8 +14,9 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from dsagent.cluster.clusterhooks import ClusterHooks, TaskNotOnNode
 from dsagent.cluster.clustersettings import ClusterSettings
-from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks, TaskNotOnNode
+from dsagent.cluster.nodeagent import ClusterAgent
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 from gpu_topology.dumps import load_dump

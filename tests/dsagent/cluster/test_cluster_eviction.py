@@ -19,8 +19,9 @@ from dsagent.cache import copies
 from dsagent.cache.layout import Store
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from dsagent.cluster.clusterhooks import ClusterHooks
 from dsagent.cluster.clustersettings import ClusterSettings
-from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks
+from dsagent.cluster.nodeagent import ClusterAgent
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from tests.dsagent.cluster.test_cluster_agent import NO_FLOOR, until

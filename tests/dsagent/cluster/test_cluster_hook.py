@@ -58,9 +58,11 @@ class RecordingClusterAgent:
 def test_the_cluster_agent_starts_and_stops_with_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("dsagent.cluster.nodeagent")
     module.ClusterAgent = RecordingClusterAgent  # type: ignore[attr-defined]
-    module.ClusterHooks = RecordingHooks  # type: ignore[attr-defined]
     module.ClusterSettings = ClusterSettings  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dsagent.cluster.nodeagent", module)
+    hooks = types.ModuleType("dsagent.cluster.clusterhooks")
+    hooks.ClusterHooks = RecordingHooks  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dsagent.cluster.clusterhooks", hooks)
     RecordingClusterAgent.events = []
     settings = Settings(root=tmp_path, kubernetes=True, node_name="gpu-node-7", sweep_interval=3600)
     parts = node_parts(settings)
@@ -115,7 +117,8 @@ def test_bad_settings_stop_the_agent_at_start_up_with_one_line(tmp_path: Path) -
 def test_a_cluster_agent_refuses_a_service_built_without_its_hooks(tmp_path: Path) -> None:
     """The task guard is the service's constructor argument: an agent on a service built
     without it would leave pod task ids unchecked, so it does not start."""
-    from dsagent.cluster.nodeagent import ClusterAgent, ClusterHooks
+    from dsagent.cluster.clusterhooks import ClusterHooks
+    from dsagent.cluster.nodeagent import ClusterAgent
     from dsagent.errors import InvalidInput
 
     settings = Settings(root=tmp_path, node_name="gpu-node-7", kubernetes=True, sweep_interval=3600)
@@ -129,7 +132,7 @@ def test_a_cluster_agent_refuses_a_service_built_without_its_hooks(tmp_path: Pat
 
 
 def test_cluster_peers_are_listed_only_with_a_token_and_a_port(tmp_path: Path) -> None:
-    from dsagent.cluster.nodeagent import ClusterHooks
+    from dsagent.cluster.clusterhooks import ClusterHooks
 
     cluster = ClusterSettings()
     plain = Settings(root=tmp_path, node_name="n", kubernetes=True, listen=("0.0.0.0", 7420))
