@@ -101,3 +101,20 @@ def test_a_start_before_whole_pod_reads_the_version_it_was_admitted_with() -> No
     assert Simulation("ours+stripe", [late], data, cluster(), seed=3).version_of(late, 200.0) == 1
     assert Simulation("ours+stripe+early", [late], data, cluster(), seed=3).version_of(late, 200.0) == 0
     assert Simulation("fluid", [late], data, cluster(), seed=3).version_of(late, 200.0) == 1
+
+
+def test_a_version_another_node_is_still_fetching_is_read_from_it_not_again_from_the_store() -> None:
+    # node A: job 0 holds 700 GB of its 1 TB cache; node B: job 1 fetches ds001 (700 s at
+    # 1 GB/s); job 2 reads ds001 on node A at 100 s, where it has no room: from node B's
+    # copy as its bundles land, so ds001 comes from the store once
+    data = [Dataset("ds000", 700 * 10**9, (0.0,)), Dataset("ds001", 700 * 10**9, (0.0,))]
+    jobs = [
+        Job(0, 0.0, 1, 4, "ds000", 100_000.0, JobProfile(1.0, 1.0, 400_000, deadline=1e9)),
+        job(1, 0.0, "ds001", runtime=100_000.0),
+        Job(2, 100.0, 1, 4, "ds001", 1000.0, JobProfile(1.0, 1.0, 4000, deadline=1e9)),
+    ]
+    sim = run("ours+stripe", jobs, data, cluster(nodes=2, epochs=3.0))
+    assert sim.outcomes[2].workers[0].node.index == sim.outcomes[0].workers[0].node.index
+    assert sim.storage_bytes == pytest.approx(1400 * 10**9) and not sim.stripes
+    assert sim.storage_by_cause["refetch"] == 0.0
+    assert sim.read_peer[0] + sim.read_peer[1] == pytest.approx(3 * 700 * 10**9)

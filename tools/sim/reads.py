@@ -96,6 +96,7 @@ class Reads(Flows):
         after: Fetch | None = None,
         lost: float = 0.0,
         unkept: float = 0.0,
+        peer_after: Fetch | None = None,
     ) -> None:
         """The worker's training reads, counted now and started at the first step; ``lost``
         of the store's bytes are a lost stripe member's and ``unkept`` others no cache keeps
@@ -108,7 +109,7 @@ class Reads(Flows):
         total = first + later
         worker.reads = [
             ("local", total.local, (), fuse, after, True, (0.0, 0.0)),
-            ("peer", total.remote, sources, fuse, None, True, (0.0, 0.0)),
+            ("peer", total.remote, sources, fuse, peer_after, True, (0.0, 0.0)),
             ("storage", total.store, (), fuse, None, kept, (lost, unkept)),
         ]
 
@@ -314,11 +315,23 @@ class Reads(Flows):
     ) -> None:
         """A version that fits one node but not this one now (its cache is held by pods):
         read from the nodes holding it ready (the peer protocol, every epoch), else from a
-        group of nodes with room (formed as for a version bigger than a node), the store
+        node still fetching it (its finished bundles, no faster than they arrive, as the
+        agent serves a version still being fetched), else from a group of nodes with room (formed as for a version bigger than a node), the store
         only when neither exists."""
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {worker.node.index}))
         if holders:
             self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders)
+            self._data_ready(self.outcomes[job.id])
+            return
+        filling = next((f for (i, k), f in self.inflight.items() if k == key and i != worker.node.index), None)
+        if self.params.peers and filling is not None:  # a copy still being fetched serves what it has
+            self._plan(
+                worker,
+                Split(0.0, first, 0.0),
+                Split(0.0, later, 0.0),
+                sources=(filling.node.index,),
+                peer_after=filling,
+            )
             self._data_ready(self.outcomes[job.id])
             return
         total = first + later
