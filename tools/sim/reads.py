@@ -316,8 +316,8 @@ class Reads(Flows):
         """A version that fits one node but not this one now (its cache is held by pods):
         read from the nodes holding it ready (the peer protocol, every epoch), else from a
         node still fetching it (its finished bundles, no faster than they arrive, as the
-        agent serves a version still being fetched), else from a group of nodes with room (formed as for a version bigger than a node), the store
-        only when neither exists."""
+        agent serves a version still being fetched), else from a group of nodes with room
+        (formed as for a version bigger than a node), the store only when none exists."""
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {worker.node.index}))
         if holders:
             self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders)
