@@ -53,6 +53,7 @@ from dsagent.errors import (
     UnsafeArchive,
     local_write_error,
 )
+from dsagent.format import native as native_loops
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
 from dsagent.format.hashing import hash_file, read_buffer
 from dsagent.format.manifest import (
@@ -147,45 +148,79 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 
 def _extract_stream(
-    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None
-) -> None:
+    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
+    native: bool | None,
+) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
     # from the columns: an entry is built as a FileEntry only when its member arrives
     expected = {path: i for i, path in enumerate(members.paths)}
     seen: set[str] = set()
     bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
     with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
-        _extract_members(reader, members, bundle, staging, progress, expected, seen)
+        loop = _Members(reader, members, bundle, staging, progress, expected, seen)
+        if native is not False and native_loops.AVAILABLE:
+            loop.native()
+        else:
+            loop.rest()
+        reader.drain()
     if len(seen) != len(expected):
         missing = sorted(expected.keys() - seen)
         raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")
 
 
-def _extract_members(
-    reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
-    expected: dict[str, int], seen: set[str],
-) -> None:  # fmt: skip
-    what = f"bundle {bundle.digest}"
-    writeback = writeback_for(staging.root)
-    for member in iter_members(reader, what):
-        _reject_unsafe(member, bundle)
-        index = expected.get(member.name)
+class _Members:
+    """One bundle's member loop: the pure-Python one (:meth:`rest`), or the native one
+    (:meth:`native`), which leaves every member it cannot take whole to :meth:`one`."""
+
+    def __init__(
+        self, reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: _Staging,
+        progress: Progress | None, expected: dict[str, int], seen: set[str],
+    ) -> None:  # fmt: skip
+        self.reader, self.members, self.bundle, self.staging = reader, members, bundle, staging
+        self.progress, self.expected, self.seen = progress, expected, seen
+        self.what = f"bundle {bundle.digest}"
+        self.writeback = writeback_for(staging.root)
+
+    def one(self) -> int | None:
+        """The next member parsed, checked and written; its index, or None at the archive's end."""
+        what, reader = self.what, self.reader
+        member = next(iter_members(reader, what), None)
+        if member is None:
+            return None
+        _reject_unsafe(member, self.bundle)
+        index = self.expected.get(member.name)
         if index is None:
             raise UnsafeArchive(f"{what}: member {member.name!r} is not listed in the manifest for this bundle")
-        if member.name in seen:
+        if member.name in self.seen:
             raise UnsafeArchive(f"{what}: member {member.name!r} appears twice")
-        entry = members[index]
+        entry = self.members[index]
         if member.size != entry.size:
             raise IntegrityError(f"{what}: {member.name!r} has {member.size} bytes, the manifest says {entry.size}")
-        seen.add(member.name)
-        fd = staging.create(index)
+        self.seen.add(member.name)
+        fd = self.staging.create(index)
         try:
-            _write_member(read_data(reader, member.size, what), fd, entry, what, writeback)
+            _write_member(read_data(reader, member.size, what), fd, entry, what, self.writeback)
         finally:
             os.close(fd)
-        if progress is not None:
-            progress(entry.size, 1)
-    reader.drain()
+        if self.progress is not None:
+            self.progress(entry.size, 1)
+        return index
+
+    def rest(self) -> None:
+        """The pure-Python loop, to the end of the archive."""
+        while self.one() is not None:
+            pass
+
+    def native(self) -> None:
+        """The C loop (:func:`dsagent.format.native.extract_members`), to the end of the archive."""
+        dir_fd = os.open(self.staging.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            native_loops.extract_members(
+                self.reader, dir_fd, self.members, self.what, seen=self.seen, one_member=self.one, rest=self.rest,
+                written=lambda nbytes: self.writeback.written(dir_fd, nbytes), progress=self.progress,
+            )  # fmt: skip
+        finally:
+            os.close(dir_fd)
 
 
 def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
@@ -257,6 +292,7 @@ def unpack_bundle(
     storage_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     durable: bool = True,
+    native: bool | None = None,
 ) -> None:
     """Extract one bundle's files into the existing directory ``dest_dir``, verified.
 
@@ -277,7 +313,7 @@ def unpack_bundle(
             fs, root = resolve(store, storage_options)
             raw = open_whole(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
         with raw:
-            unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable)
+            unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native)
 
 
 def unpack_bundle_stream(
@@ -288,10 +324,18 @@ def unpack_bundle_stream(
     *,
     progress: Progress | None = None,
     durable: bool = True,
+    native: bool | None = None,
 ) -> None:
     """:func:`unpack_bundle` from an already open stream of the bundle's bytes (a peer's
     response, read as it arrives): the same checks, the same all-or-nothing result.
-    What ``raw.read`` raises passes through unchanged."""
+    What ``raw.read`` raises passes through unchanged.
+
+    ``native`` picks the member loop: ``None`` the C one when the extension is built
+    (:mod:`dsagent.format.native`), ``False`` the pure-Python one, ``True`` the C one or
+    :class:`RuntimeError` when it is not built. Both write the same files and raise the
+    same errors."""
+    if native and not native_loops.AVAILABLE:
+        raise RuntimeError("the native extension is not built (make native)")
     dest = Path(dest_dir)
     if not dest.is_dir():
         raise InvalidInput(f"unpack target {dest} is not a directory")
@@ -302,7 +346,7 @@ def unpack_bundle_stream(
         since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
-            _extract_stream(raw, members, bundle, staging, progress)
+            _extract_stream(raw, members, bundle, staging, progress, native)
             _publish(staging, dest, members, durable)
             if durable:
                 writeback.check(since)  # a background flush's error is not the last syncfs's
@@ -331,8 +375,9 @@ def _locked(progress: Progress | None) -> Progress | None:
     return report
 
 
-#: What an unpacking job reads: the store, the manifest, the stage and the storage options.
-_Job = tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None]
+#: What an unpacking job reads: the store, the manifest, the stage, the storage options and
+#: the choice of member loop.
+_Job = tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None, bool | None]
 #: The job the forked unpacking processes share with their parent (:func:`_in_processes`):
 #: set just before they are forked, so that a task is only a bundle's index.
 _FORKED: _Job | None = None
@@ -340,10 +385,12 @@ _FORKED: _Job | None = None
 
 def _unpack_forked(index: int) -> None:
     assert _FORKED is not None
-    store, manifest, stage, storage_options = _FORKED
+    store, manifest, stage, storage_options, native = _FORKED
     writeback = writeback_for(stage)  # this process's own background flushes: their errors are checked here
     since = writeback.mark()
-    unpack_bundle(store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False)
+    unpack_bundle(
+        store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False, native=native
+    )
     with _local_writes(stage):
         writeback.check(since)
 
@@ -389,6 +436,7 @@ def _unpack_bundles(
     storage_options: Mapping[str, Any] | None,
     progress: Progress | None,
     count: int,
+    native: bool | None = None,
 ) -> None:
     """Every bundle of ``manifest`` into ``stage``: one after another, in forked processes
     where this process may fork (Linux, no other thread), else on threads."""
@@ -397,18 +445,19 @@ def _unpack_bundles(
     if count <= 1 or len(manifest.bundles) <= 1:
         for bundle in manifest.bundles:
             unpack_bundle(
-                store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False
-            )
+                store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False,
+                native=native,
+            )  # fmt: skip
         return
     if can_fork():
-        _in_processes((store, manifest, stage, storage_options), progress, min(count, len(manifest.bundles)))
+        _in_processes((store, manifest, stage, storage_options, native), progress, min(count, len(manifest.bundles)))
         return
     shared = _locked(progress)
     with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
         futures = [
             pool.submit(
                 unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared,
-                durable=False,
+                durable=False, native=native,
             )
             for b in manifest.bundles
         ]  # fmt: skip
@@ -430,6 +479,7 @@ def unpack(
     workers: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    native: bool | None = None,
 ) -> Manifest:
     """Unpack dataset ``name`` from ``store`` into the new directory ``dest``, verifying everything.
 
@@ -437,6 +487,7 @@ def unpack(
     bundle verified; ``dest`` must not exist or be empty (:class:`Conflict` otherwise).
     Bundles are extracted ``workers`` at a time (default: one per core, at most 4), each
     in its own forked process where this process may fork (:func:`_unpack_bundles`).
+    ``native``: see :func:`unpack_bundle_stream`.
     """
     manifest = manifest or read_manifest(os.fspath(store), name, storage_options=storage_options)
     if manifest.entries and not manifest.bundles:
@@ -450,7 +501,7 @@ def unpack(
     since = writeback_for(stage).mark()
     try:
         count = workers or min(4, os.cpu_count() or 1)
-        _unpack_bundles(store, manifest, stage, storage_options, progress, count)
+        _unpack_bundles(store, manifest, stage, storage_options, progress, count, native)
         create_empty_directories(manifest, stage)
         with _local_writes(stage):
             syncfs(stage)
