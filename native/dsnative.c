@@ -211,7 +211,7 @@ done:
 
 /* ------------------------------------------------------------------ the unpack member loop
  *
- * Unpacker(dir_fd, names, sizes, mtimes, digests, template) takes one bundle's manifest
+ * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False) takes one bundle's manifest
  * entries in order (names: list of bytes, the member names; sizes: array('Q') bytes;
  * mtimes: array('q') bytes; digests: 16 raw bytes an entry) and the plain header bundles
  * are written with (template: 512 bytes, name, size, mtime and checksum blank).
@@ -220,7 +220,8 @@ done:
  * released. It takes only what it can check completely: a plain header (every fixed field
  * as the template, 11 octal digits for the size and the mtime, an ASCII name, the checksum
  * right) naming exactly the next entry. Each such member is created in dir_fd under its
- * index (O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC), written, hashed with xxh3-128 while it is
+ * index, or with by_name at its name (its directories made beforehand by the caller), with
+ * O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC, written, hashed with xxh3-128 while it is
  * written and dated with the manifest's mtime. status:
  *   0 all of buffer consumed (a member or a header may continue in the next buffer);
  *   1 FOREIGN: the next header is anything else (a pax or GNU header, another type, another
@@ -260,6 +261,7 @@ typedef struct {
     size_t pad;              /* padding bytes left */
     xxh3_state *state;
     int spent;
+    int by_name; /* create each file at its name (directories made beforehand), not at its index */
 } Unpacker;
 
 static int octal11(const unsigned char *f, unsigned long long *out) {
@@ -409,9 +411,10 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
         }
         char fname[32];
         snprintf(fname, sizeof fname, "%zd", u->next);
+        const char *target = u->by_name ? u->name_ptr[u->next] : fname;
         int fd;
         do {
-            fd = openat(u->dir_fd, fname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+            fd = openat(u->dir_fd, target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         } while (fd < 0 && errno == EINTR);
         if (fd < 0) {
             *a = u->next;
@@ -513,7 +516,9 @@ static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     int dir_fd;
     PyObject *names, *sizes, *mtimes, *digests;
     Py_buffer tmpl;
-    if (!PyArg_ParseTuple(args, "iO!OOOy*", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl))
+    int by_name = 0;
+    if (!PyArg_ParseTuple(args, "iO!OOOy*|p", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl,
+                          &by_name))
         return NULL;
     if (tmpl.len != 512) {
         PyBuffer_Release(&tmpl);
@@ -529,6 +534,7 @@ static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     PyBuffer_Release(&tmpl);
     u->fd = -1;
     u->dir_fd = dir_fd;
+    u->by_name = by_name;
     u->count = PyList_GET_SIZE(names);
     u->names = Py_NewRef(names);
     Py_ssize_t c = u->count ? u->count : 1;

@@ -99,8 +99,10 @@ def extract_members(
     rest: Callable[[], None],
     written: Callable[[int], None],
     progress: Callable[[int, int], None] | None,
+    by_name: bool = False,
 ) -> None:
-    """A bundle's members from ``reader`` into ``dir_fd`` (each entry under its index), by the C loop.
+    """A bundle's members from ``reader`` into ``dir_fd`` (each entry under its index, or with
+    ``by_name`` at its path, its directories made beforehand), by the C loop.
 
     ``one_member`` is the Python loop's step: it parses, checks and writes the next member
     (or raises its error) and returns its index, or None at the end of the archive; ``rest``
@@ -112,7 +114,7 @@ def extract_members(
     paths = members.paths
     loop = _native.Unpacker(
         dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
-        members.digests, plain_template(),
+        members.digests, plain_template(), by_name,
     )  # fmt: skip
     while True:
         view = reader.read(CHUNK_SIZE)

@@ -24,7 +24,10 @@ from dsagent.format.bundle import pack, unpack, unpack_bundle
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.format.test_native import extension, with_native  # noqa: F401 - fixtures
+from tests.dsagent.format import test_native
+
+extension = test_native.extension  # the fixtures that build or find the extension
+with_native = test_native.with_native
 
 pytestmark = pytest.mark.slow  # builds the extension with the C compiler where it is not built
 
@@ -146,7 +149,9 @@ HOSTILE: dict[str, Callable[[], bytes]] = {
     "character device": lambda: b"".join([*_legit()[:1], _member("train/b.jpg", kind=tarfile.CHRTYPE), _END]),
     "fifo": lambda: b"".join([*_legit()[:3], _member("val/d.jpg", kind=tarfile.FIFOTYPE), _END]),
     "directory member": lambda: b"".join([*_legit()[:1], _member("train", kind=tarfile.DIRTYPE), *_legit()[1:], _END]),
-    "renamed member": lambda: b"".join([*_legit()[:1], _member("train/x.jpg", SMALL["train/b.jpg"]), *_legit()[2:], _END]),
+    "renamed member": lambda: b"".join(
+        [*_legit()[:1], _member("train/x.jpg", SMALL["train/b.jpg"]), *_legit()[2:], _END]
+    ),
     "unlisted extra member": lambda: b"".join([*_legit(), _member("val/zzz.jpg", b"z"), _END]),
     "duplicate member": lambda: b"".join([*_legit()[:2], _member("train/a.jpg", SMALL["train/a.jpg"]), _END]),
     "duplicate after out of order": lambda: b"".join([*_legit()[1:3], *_legit(), _END]),
@@ -200,6 +205,28 @@ def _outcome(store: Path, manifest: Manifest, target: Path, use: bool) -> tuple[
     return "ok", repr({k: v for k, v in _files(target).items() if k != "kept"})
 
 
+def _dataset_outcome(store: Path, where: Path, use: bool) -> tuple[str, str]:
+    """:func:`unpack` of the whole dataset (files written in place in its private stage)."""
+    where.mkdir()
+    try:
+        unpack(store, name="d", dest=where / "out", native=use, workers=1)
+    except DsagentError as exc:
+        assert os.listdir(where) == []  # no target, no stage left
+        return type(exc).__name__, str(exc).replace(str(where), "WHERE")
+    return "ok", repr(_files(where / "out"))
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_both_loops_refuse_a_hostile_dataset_alike(
+    kind: str, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    store, manifest = small
+    _replace_bundle(store, manifest, HOSTILE[kind]())
+    pure = _dataset_outcome(store, tmp_path / "pure", False)
+    assert pure[0] in ("UnsafeArchive", "IntegrityError"), pure
+    assert _dataset_outcome(store, tmp_path / "native", True) == pure
+
+
 @pytest.mark.parametrize("piece", [CHUNK_SIZE, 100])
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_both_loops_refuse_a_hostile_bundle_alike(
@@ -225,6 +252,7 @@ def test_both_loops_accept_what_the_pure_loop_accepts(
     pure = _outcome(store, manifest, tmp_path / "pure", False)
     assert pure[0] == "ok", pure
     assert _outcome(store, manifest, tmp_path / "native", True) == pure
+    assert _dataset_outcome(store, tmp_path / "dataset-native", True)[0] == "ok"
 
 
 @pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, 0.99])
@@ -249,4 +277,3 @@ def test_the_unpacker_refuses_columns_that_do_not_match(with_native: ModuleType)
         with_native.Unpacker(0, [b"a"], bytes(8), bytes(8), bytes(16), b"x")
     with pytest.raises(TypeError, match="bytes"):
         with_native.Unpacker(0, ["a"], bytes(8), bytes(8), bytes(16), plain_template())
-
