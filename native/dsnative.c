@@ -262,6 +262,7 @@ typedef struct {
     xxh3_state *state;
     int spent;
     int by_name; /* create each file at its name (directories made beforehand), not at its index */
+    int busy;    /* a feed is running (without the GIL): a second caller is refused */
 } Unpacker;
 
 static int octal11(const unsigned char *f, unsigned long long *out) {
@@ -434,17 +435,19 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
 }
 
 static PyObject *Unpacker_feed(Unpacker *u, PyObject *arg) {
-    if (u->spent) {
-        PyErr_SetString(PyExc_ValueError, "this unpacker stopped at a failure");
+    if (u->spent || u->busy) {
+        PyErr_SetString(PyExc_ValueError, u->spent ? "this unpacker stopped at a failure" : "feed is already running");
         return NULL;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
+    u->busy = 1;
     size_t used = 0;
     long long a = 0, b = 0;
     int st;
     Py_BEGIN_ALLOW_THREADS st = run(u, (const unsigned char *)view.buf, (size_t)view.len, &used, &a, &b);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+    Py_END_ALLOW_THREADS u->busy = 0;
+    PyBuffer_Release(&view);
     if (st == ST_FOREIGN) return Py_BuildValue("(niy#i)", (Py_ssize_t)used, st, (const char *)u->hbuf, (Py_ssize_t)512, 0);
     if (st >= ST_SIZE) {
         u->spent = 1;
@@ -459,7 +462,7 @@ static PyObject *Unpacker_feed(Unpacker *u, PyObject *arg) {
 static PyObject *Unpacker_skip_to(Unpacker *u, PyObject *arg) {
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if (i == -1 && PyErr_Occurred()) return NULL;
-    if (i < u->next || i > u->count || u->phase != PH_HEADER || u->hlen != 0) {
+    if (u->busy || i < u->next || i > u->count || u->phase != PH_HEADER || u->hlen != 0) {
         PyErr_SetString(PyExc_ValueError, "skip_to: not between members, or backwards");
         return NULL;
     }
