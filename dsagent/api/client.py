@@ -191,6 +191,10 @@ class AgentClient:
         answer = self._json("PUT", f"/v1/tasks/{_task(task_id)}", json=body, params={"wait": wait}, timeout=wait + 30.0)
         return cast(TaskStatusBody, answer)
 
+    def tasks(self) -> list[TaskStatusBody]:
+        """The tasks this caller may read (``GET /v1/tasks``), oldest first."""
+        return [cast(TaskStatusBody, t) for t in self._json("GET", "/v1/tasks").get("tasks") or []]
+
     def get_task(self, task_id: str) -> TaskStatusBody:
         return cast(TaskStatusBody, self._json("GET", f"/v1/tasks/{_task(task_id)}"))
 

@@ -52,11 +52,12 @@ from dsagent.api.schemas import (
     StatusOut,
     TaskIn,
     TaskOut,
+    TasksOut,
     eviction_out,
 )
 from dsagent.cache.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.cache.service import CacheService
-from dsagent.errors import DsagentError, InvalidInput, Unauthorized
+from dsagent.errors import DsagentError, Forbidden, InvalidInput, NotFound, Unauthorized
 from dsagent.format.names import validate_digest
 from dsplatform import boundedjson, probes
 from dsplatform.wire.agenttask import task_status
@@ -164,6 +165,19 @@ async def submit_task(
     require_task(who, task_id, write=True)
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait, tenant=namespace)
     return dict(task_status(record))
+
+
+@router.get("/v1/tasks", response_model=TasksOut, responses=errors())
+async def list_tasks(svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+    """Every task the caller may read (what ``dsctl tasks`` shows: the ids ``dsctl release`` takes)."""
+    tasks = []
+    for task_id in await svc.task_ids():
+        try:
+            require_task(who, task_id, write=False)
+            tasks.append(dict(task_status(await svc.get_task(task_id))))
+        except (Forbidden, Unauthorized, NotFound):  # another pod's, or released meanwhile
+            continue
+    return {"tasks": tasks}
 
 
 @router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 403, 404))

@@ -119,6 +119,13 @@ class TaskOut(_Out):
     datasets: list[DatasetStatusOut]
 
 
+class TasksOut(_Out):
+    """The tasks this agent holds that the caller may read (every task for an operator or a
+    host process; a pod sees only its own), oldest first."""
+
+    tasks: list[TaskOut]
+
+
 class PreparedDatasetOut(_Out):
     name: str
     digest: str

@@ -112,7 +112,14 @@ class CacheService:
         self.peers = PeerFetcher(settings, self.store, self.metrics, cluster_holders=hooks.peer_holders)
         self.links = Links((), self.metrics)  # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
-        self.stripes = StripeShares(settings, self.pools, self.peers, clock=clock, make_room=self._space.make_room)
+        self.stripes = StripeShares(
+            settings,
+            self.pools,
+            self.peers,
+            clock=clock,
+            make_room=self._space.make_room,
+            disk=self.node.store.allocated,
+        )
         self._space.shares = self.stripes  # shares count in the space and are evicted in order
         self._served = BundleLocator(
             self.node, space=self._space, versions=self._versions, stripes=self.stripes, peers=self.peers

@@ -315,8 +315,8 @@ class Settings(StorageSettings, AgentLogSettings):
     peer_upload_rate: Size = Field(
         0, validation_alias=_env("PEER_UPLOAD_RATE", "peer_upload_rate")
     )  # bytes/s per peer, 0: no cap
-    # striped versions (docs/design-striping.md): the bytes of bundles owned elsewhere this node
-    # keeps for its readers at once (never its own share)
+    # striped versions (docs/design-striping.md): the disk (bytes, blocks and inodes) of bundles
+    # owned elsewhere this node keeps for its readers at once (never its own share)
     stripe_window_bytes: Size = Field(2 << 30, validation_alias=_env("STRIPE_WINDOW", "stripe_window_bytes"))
     stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
     # the links peer and store fetches spread over, each connection bound to one NIC's address

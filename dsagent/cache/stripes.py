@@ -84,13 +84,16 @@ class _Share:
     def key(self) -> Key:
         return (self.layout.name, self.layout.digest)
 
-    def held_bytes(self) -> int:
-        return sum(b.size for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover)
+    def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
+        """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
+        return sum(
+            disk(b.size, b.count) for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover
+        )
 
 
 @dataclass
 class _Visit:
-    """A bundle in the window: its directory, its bytes, how many streams read it now."""
+    """A bundle in the window: its directory, the disk it takes, how many streams read it now."""
 
     directory: Path
     size: int
@@ -108,12 +111,14 @@ class StripeShares:
         *,
         clock: Callable[[], float] = time.time,
         make_room: Callable[[Key, int], Awaitable[None]] | None = None,
+        disk: Callable[[int, int], int] = lambda size, _files: size,
     ) -> None:
         self.settings = settings
         self.pools = pools
         self.peers = peers
         self.clock = clock
         self.make_room = make_room  # evicts for a share about to be filled (the cache's Space)
+        self.disk = disk  # the disk (bytes, files) take: the unit of the capacity (Store.allocated)
         self.root = settings.root / STRIPES_DIR
         self._shares: dict[Key, _Share] = {}
         self._window: OrderedDict[tuple[Key, str], _Visit] = OrderedDict()
@@ -185,7 +190,7 @@ class StripeShares:
             return self.status(key)
         if share is not None and share.task is not None:
             share.task.cancel()
-        mine = sum(b.size for b in layout.held_by(node))
+        mine = sum(self.disk(b.size, b.count) for b in layout.held_by(node))
         if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:
             raise InsufficientSpace(
                 f"this node's share of {name!r} is {mine} bytes, over the cache's {self.settings.capacity_bytes}",
@@ -193,7 +198,8 @@ class StripeShares:
             )
         if self.make_room is not None:  # the cache makes room, as for a fetch (1.2x, LRU)
             done = await self.pools.work(self._done_markers, key)
-            await self.make_room(key, sum(b.size for b in layout.held_by(node) if b.digest not in done))
+            missing = [b for b in layout.held_by(node) if b.digest not in done]
+            await self.make_room(key, sum(self.disk(b.size, b.count) for b in missing))
         share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after))
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
@@ -346,7 +352,7 @@ class StripeShares:
         return [
             (
                 key,
-                share.held_bytes() + window.get(key, 0),
+                share.disk_bytes(self.disk) + window.get(key, 0),
                 share.last_used,
                 share.readers > 0 or (share.task is not None and not share.task.done()),
             )
@@ -355,7 +361,7 @@ class StripeShares:
 
     def total_bytes(self) -> int:
         """Disk the shares and the window take (counted against the cache's capacity)."""
-        return sum(share.held_bytes() for share in self._shares.values()) + self._window_bytes
+        return sum(share.disk_bytes(self.disk) for share in self._shares.values()) + self._window_bytes
 
     async def drop(self, key: Key, *, reason: str) -> bool:
         """Stop holding one share: its fill stops, its window bundles and files go (the
@@ -483,16 +489,17 @@ class StripeShares:
         """Fetch a bundle owned elsewhere into the window: room first, then the owner, the
         other members, the store."""
         ref = next(b for b in share.manifest.bundles if b.digest == digest)
-        await self._make_room(ref.size)
+        size = self.disk(ref.size, ref.count)
+        await self._make_room(size)
         directory = self.version_dir(share.key) / "window" / digest
-        self._window_bytes += ref.size  # reserved while it arrives
+        self._window_bytes += size  # reserved while it arrives
         try:
             await self.pools.work(self._fetch_visiting, share, ref, directory)
         except BaseException:
-            self._window_bytes -= ref.size
+            self._window_bytes -= size
             await self.pools.work(shutil.rmtree, directory, True)
             raise
-        visit = _Visit(directory, ref.size)
+        visit = _Visit(directory, size)
         self._window[(share.key, digest)] = visit
         return visit
 

@@ -285,6 +285,23 @@ def status(task_id: str, output: str, agent_url: str | None, socket_path: str | 
 
 
 @click.command()
+@output_option
+@agent_options
+def tasks(output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
+    """List the tasks holding datasets here (a pod sees only its own): the ids 'dsctl release' takes."""
+    with _client(agent_url, socket_path, token) as client:
+        records = client.tasks()
+    if output == "json":
+        click.echo(json.dumps({"tasks": records}, indent=2))
+        return
+    rows = [("TASK", "STATE", "DATASETS", "LEASE UNTIL")]
+    for record in records:
+        names = ",".join(d["name"] for d in record["datasets"])
+        rows.append((record["task"], record["state"], names or "-", record["leaseUntil"] or "-"))
+    _echo_table(rows)
+
+
+@click.command()
 @click.argument("task_id")
 @timeout_option("Stop waiting after this long (exit 14; the release goes on), e.g. 90s, 10m. Default: wait until done.")
 @output_option
@@ -331,9 +348,7 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
                 d["lastUsed"] or "-",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    _echo_table(rows)
     reserved = sum(p["reservedBytes"] for p in preparations)
     click.echo(
         f"cache space: used {format_size(listing['usedBytes'])}, free {format_size(listing['freeBytes'])} "
@@ -361,10 +376,8 @@ def _prepared_table(preparations: list[dict[str, Any]]) -> None:
                 p.get("waiting") or "",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     click.echo("")
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    _echo_table(rows)
 
 
 @click.command()
@@ -494,6 +507,13 @@ def _follow(output: str, call: Follow, what: str) -> dict[str, Any]:
         show.done()
 
 
+def _echo_table(rows: Sequence[Sequence[str]]) -> None:
+    """``rows`` (the header first) in left-aligned columns two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
 def _print_record(record: TaskStatusBody, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(record, indent=2))
@@ -511,5 +531,5 @@ def _print_record(record: TaskStatusBody, output: str) -> None:
 
 __all__ = [
     "cache", "datasets_from_env", "default_task_id", "evict", "ls", "operation", "parse_specs", "release", "status",
-    "wait",
+    "tasks", "wait",
 ]  # fmt: skip

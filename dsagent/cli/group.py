@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "ls": "dsagent.cli.cache:ls",
     "evict": "dsagent.cli.cache:evict",
     "status": "dsagent.cli.cache:status",
+    "tasks": "dsagent.cli.cache:tasks",
     "release": "dsagent.cli.cache:release",
     "operation": "dsagent.cli.cache:operation",
     "wait": "dsagent.cli.cache:wait",

@@ -31,7 +31,8 @@ import xxhash
 
 from dsagent.errors import InvalidInput
 from dsagent.format.digestcache import DigestCache
-from dsagent.format.digester import build_manifest, can_fork, is_local, list_files
+from dsagent.format.digester import build_manifest, is_local, list_files
+from dsagent.format.digestpool import can_fork
 from dsagent.format.entries import check_layout
 from dsagent.format.extract import (
     create_empty_directories,

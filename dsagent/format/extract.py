@@ -472,7 +472,7 @@ def _unpack_bundles(
 ) -> None:
     """Every bundle of ``manifest`` into ``stage``: one after another, in forked processes
     where this process may fork (Linux, no other thread), else on threads."""
-    from dsagent.format.digester import can_fork
+    from dsagent.format.digestpool import can_fork
 
     if count <= 1 or len(manifest.bundles) <= 1:
         for bundle in manifest.bundles:

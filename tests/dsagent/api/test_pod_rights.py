@@ -64,7 +64,11 @@ def test_a_pod_acts_only_on_its_own_task(pod_agent: Any, tmp_path: Path) -> None
         assert pod.post("/v1/evict", json={"mode": "unused"}).status_code == 403
         assert pod.post("/v1/evict", json={"mode": "names", "names": ["mine"], "force": True}).status_code == 403
         assert operator.get(f"/v1/tasks/{OTHER}").status_code == 200  # untouched
+        # the task list: a pod sees its own task only, an operator every task
+        assert [t["task"] for t in pod.get("/v1/tasks").json()["tasks"]] == [POD]
+        assert {t["task"] for t in operator.get("/v1/tasks").json()["tasks"]} == {OTHER, POD}
         assert pod.delete(f"/v1/tasks/{POD}").status_code == 200
+        assert pod.get("/v1/tasks").json()["tasks"] == []
         assert pod.get("/v1/inventory").status_code == 200  # reads stay open
 
 

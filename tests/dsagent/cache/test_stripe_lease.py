@@ -164,8 +164,9 @@ def test_shares_count_in_the_space_and_go_after_replicated_copies_before_last_co
     _, small, small_manifest = packed(www, url, "small", files=8, size=4000)
     _, large, large_manifest = packed(www, url, "large", files=12, size=9000)
     on_disk = {m.name: allocated(m.total_bytes, m.file_count, tmp_path) for m in (small_manifest, large_manifest)}
-    # room: the share, plus the small copy, plus a bit; the large one needs 1.2x its disk
-    capacity = manifest.total_bytes + on_disk["small"] + on_disk["large"] // 2
+    share = allocated(manifest.total_bytes, manifest.file_count, tmp_path)
+    # room: the share (and its fill's 1.2x), plus the small copy, plus a bit; the large one needs 1.2x its disk
+    capacity = int(share * 1.2) + on_disk["small"] + on_disk["large"] // 2
     agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})  # no pod here
     with unix_client(agent, ADMIN_TOKEN) as operator, agent.client() as client:
         assert _hold(operator, url).status_code == 200
@@ -195,8 +196,9 @@ def test_filling_a_share_evicts_an_unused_version_and_never_one_in_use(
     manifest = _store(www, count=30)
     _, small, small_manifest = packed(www, url, "small", files=8, size=4000)
     on_disk = allocated(small_manifest.total_bytes, small_manifest.file_count, tmp_path)
+    share = allocated(manifest.total_bytes, manifest.file_count, tmp_path)  # blocks and inodes count
     # the share with its 1.2x headroom, but not beside the small copy
-    capacity = int(manifest.total_bytes * 1.2) + on_disk // 2
+    capacity = int(share * 1.2) + on_disk // 2
     agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})  # no pod here
     with unix_client(agent, ADMIN_TOKEN) as operator, agent.client() as client:
         client.submit_task("t-small", [small])

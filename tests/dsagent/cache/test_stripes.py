@@ -26,7 +26,7 @@ from dsagent.format.bundle import pack
 from dsagent.format.manifest import Manifest
 from dsplatform.data import StripedDataset
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port
+from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, free_port
 
 pytest.importorskip("aiohttp")
 pytestmark = [
@@ -53,8 +53,9 @@ def striped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     manifest = pack(tmp / "www" / "src", tmp / "www" / "store", name="imgs", max_files=2)
     server = LoopbackServer(tmp / "www")
     ports = [free_port() for _ in NODES]
-    # the version is 2.5 times one agent's capacity; a share fits it with the fill's 1.2x headroom
-    capacity = manifest.total_bytes * 2 // 5
+    # the version takes 2.5 times one agent's capacity on disk (the capacity's unit: bytes,
+    # blocks and inodes); a share fits it with the fill's 1.2x headroom
+    capacity = allocated(manifest.total_bytes, manifest.file_count, tmp) * 2 // 5
     agents = [
         AgentProcess(
             tmp / node,
@@ -149,6 +150,9 @@ def test_each_agent_holds_only_its_share_within_its_capacity(striped: dict[str, 
         share = _share(agent, manifest)
         held = sum(p.stat().st_size for p in share.rglob("*.jpg"))
         assert held == _status(agent, manifest)["bytesHeld"] <= striped["capacity"]
+        with _admin(agent) as client:
+            space = client.get("/v1/datasets").json()
+        assert held < space["usedBytes"] <= striped["capacity"]  # the share counts its blocks too
         assert (share / "stripe-layout.jsonl").is_file()
 
 

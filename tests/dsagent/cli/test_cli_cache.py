@@ -251,3 +251,24 @@ def test_a_task_id_the_agent_would_refuse_is_refused_before_any_request(
     agent, _ = local_agent
     code, _, err = dsctl(capsys, *args, "--socket", str(agent.socket))
     assert code == 2 and "invalid task id" in err and "Not Found" not in err and err.count("\n") == 1
+
+
+def test_tasks_lists_the_id_dsctl_cache_chose_so_it_can_be_released(
+    local_agent: tuple[AgentProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``dsctl cache`` without ``--task`` picks an id; ``dsctl tasks`` shows it to the
+    operator who later wants to release the data."""
+    agent, nfs = local_agent
+    sock = str(agent.socket)
+    assert dsctl(capsys, "cache", f"mnist={nfs / 'mnist'}", "--socket", sock)[0] == 0
+    assert dsctl(capsys, "cache", f"cifar={nfs / 'cifar'}", "--task", "job-2", "--socket", sock)[0] == 0
+    code, out, err = dsctl(capsys, "tasks", "--socket", sock)
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == ["TASK", "STATE", "DATASETS", "LEASE", "UNTIL"]
+    listed = {row.split()[0]: row.split()[1:3] for row in rows}
+    chosen = default_task_id(parse_specs([f"mnist={nfs / 'mnist'}"], None))
+    assert listed == {chosen: ["ready", "mnist"], "job-2": ["ready", "cifar"]}
+    assert dsctl(capsys, "release", chosen, "--socket", sock)[0] == 0
+    code, out, _ = dsctl(capsys, "tasks", "--socket", sock, "-o", "json")
+    assert [t["task"] for t in json.loads(out)["tasks"]] == ["job-2"]

@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound, SourceUnavailable
-from dsagent.format import digester
+from dsagent.format import digester, digestpool
 from dsagent.format import walk as walk_module
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
@@ -32,15 +32,15 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     loops run even where the native extension is built (tests/dsagent/format/test_native.py)."""
     monkeypatch.setattr(digester.native_loops, "AVAILABLE", False)
     started: list[int] = []
-    original = digester._ProcessPool.__init__
+    original = digestpool.ProcessPool.__init__
 
     def recording(
-        self: digester._ProcessPool, processes: int, snapshot: dict[str, tuple[int, int, int, int, str]] | None
+        self: digestpool.ProcessPool, processes: int, snapshot: dict[str, tuple[int, int, int, int, str]] | None
     ) -> None:
         started.append(processes)
         original(self, processes, snapshot)
 
-    monkeypatch.setattr(digester._ProcessPool, "__init__", recording)
+    monkeypatch.setattr(digestpool.ProcessPool, "__init__", recording)
     return started
 
 
@@ -48,7 +48,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def on_processes(monkeypatch: pytest.MonkeyPatch, pools: list[int]) -> list[int]:
     """Small trees digest on processes too, in requests of three files (many round trips)."""
     monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
-    monkeypatch.setattr(digester, "_REQUEST_FILES", 3)
+    monkeypatch.setattr(digestpool, "REQUEST_FILES", 3)
     monkeypatch.setattr(digester, "can_fork", lambda: True)  # even beside other tests' threads
     return pools
 
@@ -159,7 +159,7 @@ def test_a_hashing_process_that_dies_fails_the_digest_cleanly(
     def dying(*args: object) -> None:
         os._exit(9)  # as the OOM killer would leave it: no reply, the pipe closes
 
-    monkeypatch.setattr(digester, "_hash_request", dying)  # inherited by the fork
+    monkeypatch.setattr(digestpool, "_hash_request", dying)  # inherited by the fork
     with pytest.raises(SourceUnavailable, match="a digest process died"):
         build_manifest(big_tree, name="d", workers=2)
     assert on_processes == [2]

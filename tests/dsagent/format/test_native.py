@@ -97,7 +97,7 @@ def test_the_native_digest_runs_on_threads_and_forks_nothing(
 ) -> None:
     monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
     monkeypatch.setattr(digester, "can_fork", lambda: True)
-    monkeypatch.setattr(digester, "_ProcessPool", None)  # called: a TypeError
+    monkeypatch.setattr(digester, "ProcessPool", None)  # called: a TypeError
     done: list[int] = []
     manifest = build_manifest(tree, name="d", progress=lambda size, files: done.append(files))
     assert sum(done) == manifest.file_count

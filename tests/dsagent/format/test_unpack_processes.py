@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.errors import IntegrityError
-from dsagent.format import digester, extract
+from dsagent.format import digestpool, extract
 from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import bundle_path
 from tests.dsagent.conftest import write_tree
@@ -25,7 +25,7 @@ def forking(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         sizes.append(args[-1])  # type: ignore[arg-type]
         original(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(digester, "can_fork", lambda: True)
+    monkeypatch.setattr(digestpool, "can_fork", lambda: True)
     monkeypatch.setattr(extract, "_in_processes", recording)
     return sizes
 
