@@ -277,3 +277,30 @@ def test_the_unpacker_refuses_columns_that_do_not_match(with_native: ModuleType)
         with_native.Unpacker(0, [b"a"], bytes(8), bytes(8), bytes(16), b"x")
     with pytest.raises(TypeError, match="bytes"):
         with_native.Unpacker(0, ["a"], bytes(8), bytes(8), bytes(16), plain_template())
+
+
+def test_a_write_the_disk_refuses_fails_alike_and_leaves_nothing(
+    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    import resource
+    import signal
+
+    store, manifest = small
+    outcomes = []
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        for use in (False, True):
+            target = tmp_path / str(use)
+            target.mkdir()
+            resource.setrlimit(resource.RLIMIT_FSIZE, (2000, old_limit[1]))  # train/a.jpg has 3000 bytes
+            try:
+                with pytest.raises(DsagentError) as caught:
+                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+            assert os.listdir(target) == []
+            outcomes.append((type(caught.value).__name__, "File too large" in str(caught.value)))
+    finally:
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert outcomes[0] == outcomes[1] == (outcomes[0][0], True)
