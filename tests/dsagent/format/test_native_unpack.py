@@ -90,7 +90,12 @@ def test_plain_members_never_reach_the_python_loop(
     pack(write_tree(tmp_path / "src", files), store, name="d")
     steps: list[int | None] = []
     one = extract._Members.one
-    monkeypatch.setattr(extract._Members, "one", lambda self: steps.append(one(self)) or steps[-1])
+
+    def counted(self: extract._Members) -> int | None:
+        steps.append(one(self))
+        return steps[-1]
+
+    monkeypatch.setattr(extract._Members, "one", counted)
     unpack(store, name="d", dest=tmp_path / "native", native=True)
     assert steps == []
     unpack(store, name="d", dest=tmp_path / "pure", native=False)
