@@ -88,7 +88,7 @@ def generate(root: Path, files: int, classes: int, median_kb: float, seed: int, 
     """The dataset under ``root`` (reused when it matches); returns its total bytes."""
     stamp = root.parent / f".{root.name}.complete"
     wanted = f"{files} {classes} {median_kb} {seed} {data}"
-    if stamp.exists() and stamp.read_text() == wanted:
+    if stamp.exists() and stamp.read_text() == wanted and root.is_dir():  # a removed dataset is made again
         return sum(p.stat().st_size for p in root.rglob("*.JPEG"))
     shutil.rmtree(root, ignore_errors=True)
     rng = random.Random(seed)
