@@ -1,4 +1,4 @@
-"""Verified, safe extraction of bundles into a local directory, and tree verification.
+"""Verified, safe extraction of bundles into a local directory (and :func:`verify_tree`, re-exported).
 
 Who calls it: :func:`dsagent.format.bundle.unpack` users (``dsctl unpack``) and the agent, which
 calls :func:`unpack_bundle` once per bundle so that after a crash the bundles already
@@ -17,6 +17,11 @@ the durability of what it leaves behind:
 - only when the whole bundle verified are its files synced, renamed into place (with the
   manifest's mtimes) and synced again; on any error the staging directory is removed and
   nothing of that bundle is left in the target.
+- :func:`unpack` writes into a private stage of the whole dataset (renamed to the target
+  once, removed whole on any error), so there each file is written at its path directly
+  (``in_place``): no per-bundle staging directory and no rename per file, as ``tar -x``.
+- the member loop runs in C when the optional extension is built
+  (:mod:`dsagent.format.native`; the same files, the same refusals and messages).
 
 Durability uses ``syncfs`` on the target's filesystem: one call instead of an ``fsync``
 per small file, at the price of also flushing other writers' dirty pages on that
@@ -49,12 +54,11 @@ from dsagent.errors import (
     Conflict,
     IntegrityError,
     InvalidInput,
-    NotFound,
     UnsafeArchive,
     local_write_error,
 )
+from dsagent.format import native as native_loops
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
-from dsagent.format.hashing import hash_file, read_buffer
 from dsagent.format.manifest import (
     BundleRef,
     EntryTable,
@@ -67,6 +71,7 @@ from dsagent.format.manifest import (
 )
 from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
+from dsagent.format.verify import verify_tree
 
 STAGING_DIR = ".dsagent-staging"
 #: Unpack pipeline: decompressed chunks (of about ``CHUNK_SIZE``) a bundle's reader thread may
@@ -76,6 +81,8 @@ _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) 
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 #: errors of a rename into the target that mean something is in the way there (a conflict)
 _IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
+
+__all__ = ["STAGING_DIR", "create_empty_directories", "unpack", "unpack_bundle", "unpack_bundle_stream", "verify_tree"]
 
 
 # --------------------------------------------------------------------------- member checks
@@ -97,13 +104,26 @@ def _reject_unsafe(member: tarfile.TarInfo, bundle: BundleRef) -> None:
 
 
 class _Staging:
-    """A private flat directory inside the target where one bundle's files are written first.
+    """Where one bundle's files are written first: a private flat directory inside the target.
 
     Files are staged under their index in the bundle (no subdirectories to create and
-    remove), then renamed to their paths once the whole bundle verified.
+    remove), then renamed to their paths once the whole bundle verified. ``in_place``
+    (:func:`unpack`, whose target is itself a private stage renamed once and removed on
+    any error) writes each file at its path instead: its directories are made first, and
+    there is nothing to rename or remove per bundle.
     """
 
-    def __init__(self, dest_dir: Path, bundle: BundleRef) -> None:
+    def __init__(self, dest_dir: Path, bundle: BundleRef, in_place: EntryTable | None = None) -> None:
+        self.in_place = in_place is not None
+        if in_place is not None:
+            self.root = dest_dir
+            made: set[str] = {""}
+            for path in in_place.paths:
+                _ensure_real_dir(dest_dir, path.rpartition("/")[0], made)
+            self._names: list[str] | None = in_place.paths
+            self._prefix = f"{self.root}/"
+            return
+        self._names = None
         self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{uuid.uuid4().hex[:8]}"
         for _ in range(100):  # a bundle finishing beside us may remove the shared parent
             try:
@@ -117,12 +137,14 @@ class _Staging:
         self._prefix = f"{self.root}/"
 
     def path(self, index: int) -> str:
-        return f"{self._prefix}{index}"
+        return f"{self._prefix}{index if self._names is None else self._names[index]}"
 
     def create(self, index: int) -> int:
         return os.open(self.path(index), _OPEN_NEW, 0o644)
 
     def remove(self) -> None:
+        if self.in_place:
+            return  # the caller removes its whole stage on an error
         shutil.rmtree(self.root, ignore_errors=True)
         try:
             self.root.parent.rmdir()
@@ -147,45 +169,80 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 
 def _extract_stream(
-    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None
-) -> None:
+    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
+    native: bool | None,
+) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
     # from the columns: an entry is built as a FileEntry only when its member arrives
     expected = {path: i for i, path in enumerate(members.paths)}
     seen: set[str] = set()
     bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
     with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
-        _extract_members(reader, members, bundle, staging, progress, expected, seen)
+        loop = _Members(reader, members, bundle, staging, progress, expected, seen)
+        if native is not False and native_loops.AVAILABLE:
+            loop.native()
+        else:
+            loop.rest()
+        reader.drain()
     if len(seen) != len(expected):
         missing = sorted(expected.keys() - seen)
         raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")
 
 
-def _extract_members(
-    reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
-    expected: dict[str, int], seen: set[str],
-) -> None:  # fmt: skip
-    what = f"bundle {bundle.digest}"
-    writeback = writeback_for(staging.root)
-    for member in iter_members(reader, what):
-        _reject_unsafe(member, bundle)
-        index = expected.get(member.name)
+class _Members:
+    """One bundle's member loop: the pure-Python one (:meth:`rest`), or the native one
+    (:meth:`native`), which leaves every member it cannot take whole to :meth:`one`."""
+
+    def __init__(
+        self, reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: _Staging,
+        progress: Progress | None, expected: dict[str, int], seen: set[str],
+    ) -> None:  # fmt: skip
+        self.reader, self.members, self.bundle, self.staging = reader, members, bundle, staging
+        self.progress, self.expected, self.seen = progress, expected, seen
+        self.what = f"bundle {bundle.digest}"
+        self.writeback = writeback_for(staging.root)
+
+    def one(self) -> int | None:
+        """The next member parsed, checked and written; its index, or None at the archive's end."""
+        what, reader = self.what, self.reader
+        member = next(iter_members(reader, what), None)
+        if member is None:
+            return None
+        _reject_unsafe(member, self.bundle)
+        index = self.expected.get(member.name)
         if index is None:
             raise UnsafeArchive(f"{what}: member {member.name!r} is not listed in the manifest for this bundle")
-        if member.name in seen:
+        if member.name in self.seen:
             raise UnsafeArchive(f"{what}: member {member.name!r} appears twice")
-        entry = members[index]
+        entry = self.members[index]
         if member.size != entry.size:
             raise IntegrityError(f"{what}: {member.name!r} has {member.size} bytes, the manifest says {entry.size}")
-        seen.add(member.name)
-        fd = staging.create(index)
+        self.seen.add(member.name)
+        fd = self.staging.create(index)
         try:
-            _write_member(read_data(reader, member.size, what), fd, entry, what, writeback)
+            _write_member(read_data(reader, member.size, what), fd, entry, what, self.writeback)
         finally:
             os.close(fd)
-        if progress is not None:
-            progress(entry.size, 1)
-    reader.drain()
+        if self.progress is not None:
+            self.progress(entry.size, 1)
+        return index
+
+    def rest(self) -> None:
+        """The pure-Python loop, to the end of the archive."""
+        while self.one() is not None:
+            pass
+
+    def native(self) -> None:
+        """The C loop (:func:`dsagent.format.native.extract_members`), to the end of the archive."""
+        dir_fd = os.open(self.staging.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            native_loops.extract_members(
+                self.reader, dir_fd, self.members, self.what, seen=self.seen, one_member=self.one, rest=self.rest,
+                written=lambda nbytes: self.writeback.written(dir_fd, nbytes), progress=self.progress,
+                by_name=self.staging.in_place,
+            )  # fmt: skip
+        finally:
+            os.close(dir_fd)
 
 
 def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
@@ -257,6 +314,8 @@ def unpack_bundle(
     storage_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     durable: bool = True,
+    native: bool | None = None,
+    in_place: bool = False,
 ) -> None:
     """Extract one bundle's files into the existing directory ``dest_dir``, verified.
 
@@ -277,7 +336,9 @@ def unpack_bundle(
             fs, root = resolve(store, storage_options)
             raw = open_whole(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
         with raw:
-            unpack_bundle_stream(raw, manifest, bundle, dest_dir, progress=progress, durable=durable)
+            unpack_bundle_stream(
+                raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place
+            )
 
 
 def unpack_bundle_stream(
@@ -288,22 +349,36 @@ def unpack_bundle_stream(
     *,
     progress: Progress | None = None,
     durable: bool = True,
+    native: bool | None = None,
+    in_place: bool = False,
 ) -> None:
     """:func:`unpack_bundle` from an already open stream of the bundle's bytes (a peer's
     response, read as it arrives): the same checks, the same all-or-nothing result.
-    What ``raw.read`` raises passes through unchanged."""
+    What ``raw.read`` raises passes through unchanged.
+
+    ``native`` picks the member loop: ``None`` the C one when the extension is built
+    (:mod:`dsagent.format.native`), ``False`` the pure-Python one, ``True`` the C one or
+    :class:`RuntimeError` when it is not built. Both write the same files and raise the
+    same errors. ``in_place`` writes each file at its path in ``dest_dir`` (no staging, no
+    renames), for a caller whose ``dest_dir`` is a private stage it removes whole on any
+    error (:func:`unpack`): then an error leaves part of the bundle there."""
+    if native and not native_loops.AVAILABLE:
+        raise RuntimeError("the native extension is not built (make native)")
     dest = Path(dest_dir)
     if not dest.is_dir():
         raise InvalidInput(f"unpack target {dest} is not a directory")
     members = EntryTable.of(manifest.bundle_entries(bundle))
     with _local_writes(dest):
-        staging = _Staging(dest, bundle)
+        staging = _Staging(dest, bundle, members if in_place else None)
         writeback = writeback_for(staging.root)
         since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
-            _extract_stream(raw, members, bundle, staging, progress)
-            _publish(staging, dest, members, durable)
+            _extract_stream(raw, members, bundle, staging, progress, native)
+            if not in_place:
+                _publish(staging, dest, members, durable)
+            elif durable:
+                syncfs(dest)
             if durable:
                 writeback.check(since)  # a background flush's error is not the last syncfs's
     finally:
@@ -331,8 +406,9 @@ def _locked(progress: Progress | None) -> Progress | None:
     return report
 
 
-#: What an unpacking job reads: the store, the manifest, the stage and the storage options.
-_Job = tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None]
+#: What an unpacking job reads: the store, the manifest, the stage, the storage options and
+#: the choice of member loop.
+_Job = tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None, bool | None]
 #: The job the forked unpacking processes share with their parent (:func:`_in_processes`):
 #: set just before they are forked, so that a task is only a bundle's index.
 _FORKED: _Job | None = None
@@ -340,10 +416,13 @@ _FORKED: _Job | None = None
 
 def _unpack_forked(index: int) -> None:
     assert _FORKED is not None
-    store, manifest, stage, storage_options = _FORKED
+    store, manifest, stage, storage_options, native = _FORKED
     writeback = writeback_for(stage)  # this process's own background flushes: their errors are checked here
     since = writeback.mark()
-    unpack_bundle(store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False)
+    unpack_bundle(
+        store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False, native=native,
+        in_place=True,
+    )  # fmt: skip
     with _local_writes(stage):
         writeback.check(since)
 
@@ -389,6 +468,7 @@ def _unpack_bundles(
     storage_options: Mapping[str, Any] | None,
     progress: Progress | None,
     count: int,
+    native: bool | None = None,
 ) -> None:
     """Every bundle of ``manifest`` into ``stage``: one after another, in forked processes
     where this process may fork (Linux, no other thread), else on threads."""
@@ -397,18 +477,19 @@ def _unpack_bundles(
     if count <= 1 or len(manifest.bundles) <= 1:
         for bundle in manifest.bundles:
             unpack_bundle(
-                store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False
-            )
+                store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False,
+                native=native, in_place=True,
+            )  # fmt: skip
         return
     if can_fork():
-        _in_processes((store, manifest, stage, storage_options), progress, min(count, len(manifest.bundles)))
+        _in_processes((store, manifest, stage, storage_options, native), progress, min(count, len(manifest.bundles)))
         return
     shared = _locked(progress)
     with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
         futures = [
             pool.submit(
                 unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared,
-                durable=False,
+                durable=False, native=native, in_place=True,
             )
             for b in manifest.bundles
         ]  # fmt: skip
@@ -430,6 +511,7 @@ def unpack(
     workers: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    native: bool | None = None,
 ) -> Manifest:
     """Unpack dataset ``name`` from ``store`` into the new directory ``dest``, verifying everything.
 
@@ -437,6 +519,7 @@ def unpack(
     bundle verified; ``dest`` must not exist or be empty (:class:`Conflict` otherwise).
     Bundles are extracted ``workers`` at a time (default: one per core, at most 4), each
     in its own forked process where this process may fork (:func:`_unpack_bundles`).
+    ``native``: see :func:`unpack_bundle_stream`.
     """
     manifest = manifest or read_manifest(os.fspath(store), name, storage_options=storage_options)
     if manifest.entries and not manifest.bundles:
@@ -450,7 +533,7 @@ def unpack(
     since = writeback_for(stage).mark()
     try:
         count = workers or min(4, os.cpu_count() or 1)
-        _unpack_bundles(store, manifest, stage, storage_options, progress, count)
+        _unpack_bundles(store, manifest, stage, storage_options, progress, count, native)
         create_empty_directories(manifest, stage)
         with _local_writes(stage):
             syncfs(stage)
@@ -463,74 +546,3 @@ def unpack(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return manifest
-
-
-# --------------------------------------------------------------------------- verification
-
-
-def _tree(directory: Path) -> tuple[dict[str, os.stat_result], set[str], list[str]]:
-    files: dict[str, os.stat_result] = {}
-    empty: set[str] = set()
-    odd: list[str] = []
-    stack = [("", directory)]
-    while stack:
-        rel, path = stack.pop()
-        has_child = False
-        with os.scandir(path) as it:
-            for item in it:
-                has_child = True
-                child = f"{rel}/{item.name}" if rel else item.name
-                st = item.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append((child, Path(item.path)))
-                elif stat.S_ISREG(st.st_mode):
-                    files[child] = st
-                else:
-                    odd.append(child)
-        if not has_child and rel:
-            empty.add(rel)
-    return files, empty, odd
-
-
-def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, workers: int | None = None) -> None:
-    """Check that ``directory`` holds exactly ``manifest``'s files and empty directories.
-
-    Reads and hashes every file. Raises :class:`IntegrityError` listing what differs
-    (missing, unexpected, wrong size, wrong content, not a regular file).
-    """
-    root = Path(directory)
-    if not root.is_dir():
-        if not root.exists():  # as digest and unpack answer a missing path: not found, not bad input
-            raise NotFound(f"{root} does not exist", hint="give the directory the dataset was unpacked or cached into")
-        raise InvalidInput(f"{root} is not a directory")
-    with translate_errors(f"directory {root}"):
-        files, empty, odd = _tree(root)
-    problems = [f"not a regular file: {p}" for p in sorted(odd)]
-    listed = {entry.path for entry in manifest.entries}
-    problems += [f"unexpected file: {p}" for p in sorted(files.keys() - listed)]
-    problems += [f"missing directory: {d}" for d in manifest.directories if d not in empty]
-    present = []
-    for entry in manifest.entries:
-        st = files.get(entry.path)
-        if st is None:
-            problems.append(f"missing file: {entry.path}")
-        elif st.st_size != entry.size:
-            problems.append(f"wrong size: {entry.path} ({st.st_size} bytes, expected {entry.size})")
-        else:
-            present.append(entry)
-
-    buffers = threading.local()  # one read buffer per thread, not one per file
-
-    def check(entry: FileEntry) -> str | None:
-        buffer = getattr(buffers, "buffer", None)
-        if buffer is None:
-            buffer = buffers.buffer = read_buffer()
-        with translate_errors(f"file {entry.path!r}"):
-            digest, _ = hash_file(root / entry.path, buffer)
-        return None if digest == entry.digest else f"wrong content: {entry.path}"
-
-    with ThreadPoolExecutor(workers or min(8, 2 * (os.cpu_count() or 1))) as pool:
-        problems += [p for p in pool.map(check, present) if p]
-    if problems:
-        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
-        raise IntegrityError(f"{root} does not match dataset {manifest.name!r}: {shown}", problems=problems)

@@ -3,8 +3,18 @@
 Who calls it: the digest (:func:`dsagent.format.digester.digest_files`), which hashes a
 local tree with :func:`hash_names` on threads when the extension is here, and with its
 pure-Python loops on forked processes otherwise (same manifest either way; the tests hold
-the two paths equal). What it owns: whether the extension is importable (:data:`AVAILABLE`)
-and the call that turns one directory's names into the digest's columns.
+the two paths equal); and verified extraction (:mod:`dsagent.format.extract`), whose
+member loop :func:`extract_members` runs in C when the extension is here. What it owns:
+whether the extension is importable (:data:`AVAILABLE`), the call that turns one
+directory's names into the digest's columns, and the hand-over between the C member loop
+and the Python one.
+
+The C member loop takes only members it can check completely: a header exactly as bundles
+write it (:data:`~dsagent.format.tarstream.USTAR`, checksum right) naming the *next*
+entry of the bundle, with its size. Anything else (a pax or GNU header, a link, a device,
+another name, a bad checksum) is handed back, header and all, to the Python parser, whose
+rules decide it as they do without the extension (so every refusal is the pure path's own,
+with its message); a member out of order sends the rest of the bundle to the Python loop.
 
 Why C at all, and why optional: the pure-Python digest spends ~15 us of interpreter work per
 file under the GIL, so it needs one process per core, pickled replies and a serial merge; the
@@ -16,10 +26,14 @@ never compiles anything, so a machine without a compiler installs and runs the p
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 from dsagent.errors import IntegrityError
+from dsagent.format.entries import EntryTable
+from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.storage import translate_errors
+from dsagent.format.tarstream import FrameReader, plain_template
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -69,4 +83,75 @@ def hash_names(directory: str, names: list[str], buffer_size: int, *, prefix: st
     return Columns(sizes, mtimes, digests)
 
 
-__all__ = ["AVAILABLE", "Columns", "hash_names"]
+# what Unpacker.feed reports (native/dsnative.c)
+_MORE, _FOREIGN, _END, _SIZE, _DIGEST, _ERRNO = range(6)
+_IN_DATA = 2
+
+
+def extract_members(
+    reader: FrameReader,
+    dir_fd: int,
+    members: EntryTable,
+    what: str,
+    *,
+    seen: set[str],
+    one_member: Callable[[], int | None],
+    rest: Callable[[], None],
+    written: Callable[[int], None],
+    progress: Callable[[int, int], None] | None,
+    by_name: bool = False,
+) -> None:
+    """A bundle's members from ``reader`` into ``dir_fd`` (each entry under its index, or with
+    ``by_name`` at its path, its directories made beforehand), by the C loop.
+
+    ``one_member`` is the Python loop's step: it parses, checks and writes the next member
+    (or raises its error) and returns its index, or None at the end of the archive; ``rest``
+    is the Python loop for whatever follows. Each path written is added to ``seen``;
+    ``written`` is told the bytes written, ``progress`` the bytes and files. Stops after the
+    end-of-archive block (the caller drains the stream); raises what the pure loop raises.
+    """
+    assert _native is not None, "the native extension is not built"
+    paths = members.paths
+    loop = _native.Unpacker(
+        dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
+        members.digests, plain_template(), by_name,
+    )  # fmt: skip
+    while True:
+        view = reader.read(CHUNK_SIZE)
+        if not view:
+            if loop.phase == _IN_DATA:
+                raise IntegrityError(f"{what} is truncated inside a member", hint="re-fetch or re-pack it")
+            raise IntegrityError(f"{what} ends in the middle of a tar record", hint="re-fetch or re-pack it")
+        first, before = loop.next, loop.written
+        used, status, a, b = loop.feed(view)
+        if loop.next != first:
+            seen.update(paths[first : loop.next])
+            written(loop.written - before)
+            if progress is not None:
+                progress(loop.written - before, loop.next - first)
+        if status == _MORE:
+            continue
+        if status == _END:
+            reader.unread(view[used:])
+            return
+        if status == _FOREIGN:
+            reader.unread(a + bytes(view[used:]))
+            index = one_member()
+            if index is None:
+                return
+            if index != loop.next:  # out of order: the Python loop's rules for the rest
+                rest()
+                return
+            loop.skip_to(index + 1)
+            continue
+        if status == _SIZE:
+            raise IntegrityError(f"{what}: {paths[a]!r} has {b} bytes, the manifest says {members.sizes[a]}")
+        if status == _DIGEST:
+            raise IntegrityError(
+                f"{what}: {paths[a]!r} does not match its digest",
+                hint="the bundle is corrupt or was tampered with; re-pack the dataset",
+            )
+        raise OSError(b, os.strerror(b), f"{paths[a]!r} of {what}")
+
+
+__all__ = ["AVAILABLE", "Columns", "extract_members", "hash_names"]

@@ -82,6 +82,12 @@ MAX_EXTENDED_HEADER = 1 << 20
 INPUT_PIECE = 64 << 10
 
 
+def plain_template() -> bytes:
+    """The 512-byte plain header with its name, size, mtime and checksum blank (the native
+    member loop takes exactly the headers :func:`_plain_header` takes)."""
+    return _PLAIN
+
+
 def tar_bound(members: Iterable[tuple[int, int]]) -> int:
     """The most bytes a tar of ``(size, name bytes)`` members may hold: each member's data
     padded, its header and a pax header carrying its name, then the end blocks."""
@@ -181,6 +187,14 @@ class FrameReader:
         view = self._current[self._offset : end]
         self._offset = end
         return view
+
+    def unread(self, data: bytes | memoryview) -> None:
+        """Put ``data`` back in front of what is left unread (the native member loop hands
+        back a header it leaves to the Python parser, or the bytes after the tar's end)."""
+        if not data:
+            return
+        rest = self._current[self._offset :]
+        self._current, self._offset = memoryview(bytes(data) + bytes(rest) if rest else bytes(data)), 0
 
     def read_exact(self, size: int) -> bytes:
         parts = []

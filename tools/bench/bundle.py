@@ -24,7 +24,9 @@ install has them (``PYTHONDONTWRITEBYTECODE`` is dropped for the children; one u
 warm-up round writes them). dsctl's writes are durable (fsync/syncfs before publishing),
 so the C pipelines are followed by a ``sync`` of what they wrote; the unpack without that
 sync is printed too. dsctl also hashes every file while packing and unpacking; the C
-pipelines do not. A baseline tool that is missing (``xxh128sum``: Debian's ``xxhash``,
+pipelines do not. dsctl runs the optional native loops where ``make native`` built them
+(docs/design-native.md); each row's label and the JSON's params say which (``pure`` or
+``native``). A baseline tool that is missing (``xxh128sum``: Debian's ``xxhash``,
 ``zstd``) drops its column, not the benchmark.
 
     python tools/bench/bundle.py                 # the full run (50,000 files, ~5.5 GB)
@@ -55,8 +57,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from dsagent.format import native  # noqa: E402
 from dsagent.format.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
+
+#: which loops dsctl runs here: the optional C extension's when ``make native`` built it
+LOOPS = "native" if native.AVAILABLE else "pure"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.record import Record  # noqa: E402
@@ -82,7 +88,7 @@ def generate(root: Path, files: int, classes: int, median_kb: float, seed: int, 
     """The dataset under ``root`` (reused when it matches); returns its total bytes."""
     stamp = root.parent / f".{root.name}.complete"
     wanted = f"{files} {classes} {median_kb} {seed} {data}"
-    if stamp.exists() and stamp.read_text() == wanted:
+    if stamp.exists() and stamp.read_text() == wanted and root.is_dir():  # a removed dataset is made again
         return sum(p.stat().st_size for p in root.rglob("*.JPEG"))
     shutil.rmtree(root, ignore_errors=True)
     rng = random.Random(seed)
@@ -211,7 +217,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
             )
         )
     interleave(sides, args.repeat)
-    report(f"digest ({args.data}, {work.name})", sides, total, args.files, record, 1.0)
+    report(f"digest ({args.data}, {LOOPS} loops, {work.name})", sides, total, args.files, record, 1.0)
 
     store, store2, c_archive = work / "store", work / "store-inproc", work / "c.tar.zst"
     cap = str(args.max_bytes)
@@ -236,7 +242,14 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
             )
         )
     interleave(sides, args.repeat)
-    report(f"pack ({args.data}, {work.name})", sides, total, args.files, record, 1.5 if args.data == "random" else 1.0)
+    report(
+        f"pack ({args.data}, {LOOPS} loops, {work.name})",
+        sides,
+        total,
+        args.files,
+        record,
+        1.5 if args.data == "random" else 1.0,
+    )
     shutil.rmtree(store2, ignore_errors=True)
 
     ours_out, inproc_out, c_out = work / "out-dsctl", work / "out-inproc", work / "out-c"
@@ -275,7 +288,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     interleave(sides, args.repeat)
     several = f"{len(bundles)} bundles" if len(bundles) > 1 else "one bundle"
     report(
-        f"unpack ({args.data}, {several}, {work.name})",
+        f"unpack ({args.data}, {several}, {LOOPS} loops, {work.name})",
         sides,
         total,
         args.files,
@@ -330,7 +343,13 @@ def main() -> None:
     cpus = os.cpu_count() or 1
     record = Record(
         "bundle",
-        {"files": args.files, "median_kb": args.median_kb, "max_bytes": args.max_bytes, "data": args.data},
+        {
+            "files": args.files,
+            "median_kb": args.median_kb,
+            "max_bytes": args.max_bytes,
+            "data": args.data,
+            "loops": LOOPS,
+        },
     )
     workdirs = args.workdirs or [ROOT / ".bench" / "bundle"]
     for workdir in workdirs:

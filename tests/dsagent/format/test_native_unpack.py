@@ -1,0 +1,339 @@
+"""The optional native unpack loop writes what the pure-Python loop writes, and refuses what it refuses.
+
+Every hostile bundle here is unpacked by both loops into fresh targets: the same error
+class and message, and nothing of the bundle left behind; every good bundle gives the
+same files, bytes and mtimes. The extension is built as for ``test_native.py`` (skipped,
+saying why, without a C compiler).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import zstandard
+
+from dsagent.errors import DsagentError
+from dsagent.format import extract, native
+from dsagent.format.bundle import pack, unpack, unpack_bundle
+from dsagent.format.hashing import CHUNK_SIZE
+from dsagent.format.manifest import Manifest, bundle_path
+from tests.dsagent.conftest import write_tree
+from tests.dsagent.format import test_native
+
+extension = test_native.extension  # the fixtures that build or find the extension
+with_native = test_native.with_native
+
+pytestmark = pytest.mark.slow  # builds the extension with the C compiler where it is not built
+
+FILES = {
+    "a/empty.bin": b"",
+    "a/one.bin": b"1",
+    "a/block.bin": bytes(range(256)) * 2,
+    "a/block-plus.bin": os.urandom(513),
+    "b/chunks.bin": os.urandom(3 * CHUNK_SIZE + 5),
+    "b/text.txt": b"hello world\n" * 5000,
+    "c/" + "long-" * 30 + ".bin": b"a name over 100 bytes: a pax header",
+    "c/caf\u00e9.bin": b"a non-ASCII name: a pax header",
+    "c/empty-too.bin": b"",
+}
+FILES.update({f"d/{i:04d}.bin": random.Random(i).randbytes(random.Random(i).randint(0, 3000)) for i in range(300)})
+
+
+def _files(root: Path) -> dict[str, tuple[bytes, int]]:
+    found = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            found[str(path.relative_to(root))] = (path.read_bytes(), path.stat().st_mtime_ns)
+    return found
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Manifest]:
+    base = tmp_path_factory.mktemp("packed")
+    src = write_tree(base / "src", FILES)
+    store = base / "store"
+    return src, store, pack(src, store, name="d")
+
+
+@pytest.mark.parametrize("piece", [CHUNK_SIZE, 333, 512, 7])
+def test_both_loops_unpack_the_same_tree(
+    packed: tuple[Path, Path, Manifest], tmp_path: Path, with_native: ModuleType, piece: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    src, store, manifest = packed
+    monkeypatch.setattr(native, "CHUNK_SIZE", piece)  # headers and data cut across the buffers fed
+    counted: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
+    for use in (False, True):
+
+        def progress(nbytes: int, files: int, use: bool = use) -> None:
+            counted[use][0] += nbytes
+            counted[use][1] += files
+
+        unpack(store, name="d", dest=tmp_path / str(use), native=use, progress=progress, workers=1)
+    assert _files(tmp_path / "True") == _files(tmp_path / "False")
+    assert {k: v[0] for k, v in _files(tmp_path / "True").items()} == {k: v[0] for k, v in _files(src).items()}
+    assert counted[True] == counted[False] == [sum(e.size for e in manifest.entries), manifest.file_count]
+
+
+def test_plain_members_never_reach_the_python_loop(
+    tmp_path: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = {k: v for k, v in FILES.items() if not k.startswith("c/")}  # short ASCII names: plain headers
+    store = tmp_path / "store"
+    pack(write_tree(tmp_path / "src", files), store, name="d")
+    steps: list[int | None] = []
+    one = extract._Members.one
+
+    def counted(self: extract._Members) -> int | None:
+        steps.append(one(self))
+        return steps[-1]
+
+    monkeypatch.setattr(extract._Members, "one", counted)
+    unpack(store, name="d", dest=tmp_path / "native", native=True)
+    assert steps == []
+    unpack(store, name="d", dest=tmp_path / "pure", native=False)
+    assert len(steps) == len(files) + 1  # each member, then the end of the archive
+
+
+def test_asking_for_the_native_loop_without_it_fails(
+    packed: tuple[Path, Path, Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, store, _ = packed
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    with pytest.raises(RuntimeError, match="make native"):
+        unpack(store, name="d", dest=tmp_path / "out", native=True)
+
+
+# --------------------------------------------------------------------------- hostile bundles
+
+SMALL = {"train/a.jpg": b"A" * 3000, "train/b.jpg": b"B" * 700, "train/c.jpg": b"", "val/d.jpg": b"D" * 1500}
+
+
+def _member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, linkname: str = "") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = len(data) if kind in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
+    info.linkname = linkname
+    block = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    return block + data + bytes(-len(data) % 512)
+
+
+def _legit(files: dict[str, bytes] = SMALL) -> list[bytes]:
+    return [_member(path, data) for path, data in sorted(files.items())]
+
+
+_END = bytes(1024)
+
+
+def _corrupt_checksum(members: list[bytes]) -> list[bytes]:
+    bad = bytearray(members[1])
+    bad[5] ^= 0x01  # the name changes, the checksum does not
+    return [members[0], bytes(bad), *members[2:]]
+
+
+def _gnu(name: str, data: bytes) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape") + data + bytes(-len(data) % 512)
+
+
+#: tar streams (before zstd) for the bundle of SMALL
+HOSTILE: dict[str, Callable[[], bytes]] = {
+    "absolute path": lambda: b"".join([_member("/tmp/dsagent-evil-abs", b"x"), *_legit(), _END]),
+    "dot-dot path": lambda: b"".join([_member("../evil", b"x"), *_legit(), _END]),
+    "dot-dot inside": lambda: b"".join([*_legit()[:1], _member("train/../../evil", b"x"), *_legit()[1:], _END]),
+    "symlink": lambda: b"".join([_member("train/a.jpg", kind=tarfile.SYMTYPE, linkname="/etc"), *_legit()[1:], _END]),
+    "hard link": lambda: b"".join([*_legit()[:2], _member("train/c.jpg", kind=tarfile.LNKTYPE, linkname="x"), _END]),
+    "character device": lambda: b"".join([*_legit()[:1], _member("train/b.jpg", kind=tarfile.CHRTYPE), _END]),
+    "fifo": lambda: b"".join([*_legit()[:3], _member("val/d.jpg", kind=tarfile.FIFOTYPE), _END]),
+    "directory member": lambda: b"".join([*_legit()[:1], _member("train", kind=tarfile.DIRTYPE), *_legit()[1:], _END]),
+    "renamed member": lambda: b"".join(
+        [*_legit()[:1], _member("train/x.jpg", SMALL["train/b.jpg"]), *_legit()[2:], _END]
+    ),
+    "unlisted extra member": lambda: b"".join([*_legit(), _member("val/zzz.jpg", b"z"), _END]),
+    "duplicate member": lambda: b"".join([*_legit()[:2], _member("train/a.jpg", SMALL["train/a.jpg"]), _END]),
+    "duplicate after out of order": lambda: b"".join([*_legit()[1:3], *_legit(), _END]),
+    "missing member": lambda: b"".join([*_legit()[:-1], _END]),
+    "size mismatch": lambda: b"".join([*_legit()[:1], _member("train/b.jpg", b"B" * 701), *_legit()[2:], _END]),
+    "size mismatch, empty": lambda: b"".join([*_legit()[:2], _member("train/c.jpg", b"c"), *_legit()[3:], _END]),
+    "digest mismatch": lambda: b"".join([*_legit()[:1], _member("train/b.jpg", b"b" * 700), *_legit()[2:], _END]),
+    "digest mismatch, last": lambda: b"".join([*_legit()[:3], _member("val/d.jpg", b"d" * 1500), _END]),
+    "header checksum": lambda: b"".join([*_corrupt_checksum(_legit()), _END]),
+    "truncated inside data": lambda: b"".join(_legit())[: 512 + 1000],
+    "truncated inside a header": lambda: b"".join(_legit())[: 512 + 3072 + 100],
+    "truncated inside padding": lambda: b"".join(_legit())[: 512 + 3000 + 20],
+    "truncated at a member's end": lambda: b"".join(_legit()),
+    "data after the end": lambda: b"".join([*_legit(), _END, b"x" * 10]),
+    "global pax header": lambda: b"".join(
+        [tarfile.TarInfo().create_pax_global_header({"comment": "x"}), *_legit(), _END]
+    ),
+}
+#: streams both loops accept: members out of order, pax and GNU headers for plain names
+GOOD: dict[str, Callable[[], bytes]] = {
+    "in order": lambda: b"".join([*_legit(), _END]),
+    "out of order": lambda: b"".join([*reversed(_legit()), _END]),
+    "one pair swapped": lambda: b"".join([*_legit()[:1], _legit()[2], _legit()[1], *_legit()[3:], _END]),
+    "gnu format header": lambda: b"".join([*_legit()[:1], _gnu(*sorted(SMALL.items())[1]), *_legit()[2:], _END]),
+    "end padding": lambda: b"".join([*_legit(), _END, bytes(8192)]),
+}
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> tuple[Path, Manifest]:
+    store = tmp_path / "store"
+    manifest = pack(write_tree(tmp_path / "src", SMALL), store, name="d")
+    assert len(manifest.bundles) == 1
+    return store, manifest
+
+
+def _replace_bundle(store: Path, manifest: Manifest, tar: bytes) -> None:
+    Path(bundle_path(str(store), manifest.bundles[0].digest)).write_bytes(
+        zstandard.ZstdCompressor(write_checksum=True).compress(tar)
+    )
+
+
+def _outcome(store: Path, manifest: Manifest, target: Path, use: bool) -> tuple[str, str]:
+    target.mkdir()
+    (target / "kept").write_bytes(b"k")
+    try:
+        unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+    except DsagentError as exc:
+        assert sorted(os.listdir(target)) == ["kept"]  # nothing of the bundle, no staging left
+        return type(exc).__name__, str(exc)
+    return "ok", repr({k: v for k, v in _files(target).items() if k != "kept"})
+
+
+def _dataset_outcome(store: Path, where: Path, use: bool) -> tuple[str, str]:
+    """:func:`unpack` of the whole dataset (files written in place in its private stage)."""
+    where.mkdir()
+    try:
+        unpack(store, name="d", dest=where / "out", native=use, workers=1)
+    except DsagentError as exc:
+        assert os.listdir(where) == []  # no target, no stage left
+        return type(exc).__name__, str(exc).replace(str(where), "WHERE")
+    return "ok", repr(_files(where / "out"))
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_both_loops_refuse_a_hostile_dataset_alike(
+    kind: str, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    store, manifest = small
+    _replace_bundle(store, manifest, HOSTILE[kind]())
+    pure = _dataset_outcome(store, tmp_path / "pure", False)
+    assert pure[0] in ("UnsafeArchive", "IntegrityError"), pure
+    assert _dataset_outcome(store, tmp_path / "native", True) == pure
+
+
+@pytest.mark.parametrize("piece", [CHUNK_SIZE, 100])
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_both_loops_refuse_a_hostile_bundle_alike(
+    kind: str, piece: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    store, manifest = small
+    monkeypatch.setattr(native, "CHUNK_SIZE", piece)
+    _replace_bundle(store, manifest, HOSTILE[kind]())
+    pure = _outcome(store, manifest, tmp_path / "pure", False)
+    assert pure[0] in ("UnsafeArchive", "IntegrityError"), pure
+    assert _outcome(store, manifest, tmp_path / "native", True) == pure
+    assert not Path("/tmp/dsagent-evil-abs").exists()
+    assert not (tmp_path / "evil").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_both_loops_accept_what_the_pure_loop_accepts(
+    kind: str, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    store, manifest = small
+    _replace_bundle(store, manifest, GOOD[kind]())
+    pure = _outcome(store, manifest, tmp_path / "pure", False)
+    assert pure[0] == "ok", pure
+    assert _outcome(store, manifest, tmp_path / "native", True) == pure
+    assert _dataset_outcome(store, tmp_path / "dataset-native", True)[0] == "ok"
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, 0.99])
+def test_a_cut_bundle_object_is_refused_alike(
+    keep: float, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    store, manifest = small
+    path = Path(bundle_path(str(store), manifest.bundles[0].digest))
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    pure = _outcome(store, manifest, tmp_path / "pure", False)
+    assert pure[0] == "IntegrityError", pure
+    assert _outcome(store, manifest, tmp_path / "native", True) == pure
+
+
+def test_the_unpacker_refuses_columns_that_do_not_match(with_native: ModuleType) -> None:
+    from dsagent.format.tarstream import plain_template
+
+    with pytest.raises(ValueError, match="one item per name"):
+        with_native.Unpacker(0, [b"a", b"b"], bytes(8), bytes(16), bytes(32), plain_template())
+    with pytest.raises(ValueError, match="512-byte"):
+        with_native.Unpacker(0, [b"a"], bytes(8), bytes(8), bytes(16), b"x")
+    with pytest.raises(TypeError, match="bytes"):
+        with_native.Unpacker(0, ["a"], bytes(8), bytes(8), bytes(16), plain_template())
+
+
+def test_a_write_the_disk_refuses_fails_alike_and_leaves_nothing(
+    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    import resource
+    import signal
+
+    store, manifest = small
+    outcomes = []
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        for use in (False, True):
+            target = tmp_path / str(use)
+            target.mkdir()
+            resource.setrlimit(resource.RLIMIT_FSIZE, (2000, old_limit[1]))  # train/a.jpg has 3000 bytes
+            try:
+                with pytest.raises(DsagentError) as caught:
+                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+            assert os.listdir(target) == []
+            outcomes.append((type(caught.value).__name__, "File too large" in str(caught.value)))
+    finally:
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert outcomes[0] == outcomes[1] == (outcomes[0][0], True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_both_loops_agree_on_randomly_damaged_streams(
+    seed: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    """A small differential fuzz: bytes of a good tar stream changed, cut, dropped or repeated
+    (headers first: that is where the C parser decides), both loops give the same outcome."""
+    store, manifest = small
+    good = b"".join([*_legit(), _END])
+    rng = random.Random(seed)
+    for case in range(25):
+        data = bytearray(good)
+        how = rng.choice(["flip", "flip", "cut", "drop", "repeat"])
+        at = rng.randrange(len(data)) if rng.random() < 0.3 else rng.randrange(512) + 512 * rng.randrange(len(SMALL))
+        if how == "flip":
+            data[at] ^= 1 << rng.randrange(8)
+        elif how == "cut":
+            del data[at:]
+        elif how == "drop":
+            del data[at : at + rng.randrange(1, 600)]
+        else:
+            data[at:at] = data[at : at + rng.randrange(1, 600)]
+        _replace_bundle(store, manifest, bytes(data))
+        where = tmp_path / f"{case}"
+        where.mkdir()
+        pure = _outcome(store, manifest, where / "pure", False)
+        assert _outcome(store, manifest, where / "native", True) == pure, (how, at)
