@@ -143,9 +143,12 @@ class Worker:
     gpus: tuple[int, ...]
     classes: frozenset[str]
     hit: bool = False
-    reads: list[tuple[str, float, tuple[int, ...], bool, Fetch | None, bool]] = field(default_factory=list)
+    reads: list[tuple[str, float, tuple[int, ...], bool, Fetch | None, bool, tuple[float, float]]] = field(
+        default_factory=list
+    )
     # the training reads to start at the first step: (source, bytes, serving nodes, fuse,
-    # the fetch they follow, whether the store's bytes are kept in a cache)
+    # the fetch they follow, whether the store's bytes are kept in a cache, of them the
+    # bytes of a lost stripe member and other bytes no cache keeps)
 
 
 @dataclass

@@ -43,6 +43,8 @@ class Flows(SimState):
         fuse: bool = False,
         after: Fetch | None = None,
         on_done: str = "",
+        lost: float = 0.0,
+        unkept: float = 0.0,
     ) -> Fetch:
         fetch = Fetch(
             node,
@@ -71,13 +73,34 @@ class Flows(SimState):
             self.peer_bytes += size
             return fetch
         self.storage_bytes += size
+        self._count_cause(key, float(size), cached, lost, unkept)
         if key not in self.storage_seen:
             self.storage_seen.add(key)
             self.storage_first_bytes += size
-        if not cached:
-            self.storage_uncached_bytes += size
+        self.storage_uncached_bytes += size if not cached else min(size, lost + unkept)
         self.storage_log.append((self.now, self.storage_bytes))
         return fetch
+
+    def _count_cause(self, key: tuple[str, int], size: float, cached: bool, lost: float, unkept: float) -> None:
+        """Store bytes by cause (``STORE_CAUSES``): of a read kept in a cache, the bytes up to
+        the version's size the cluster had not kept before are its first fill, the rest a
+        fetch again; ``lost`` of the bytes are a lost stripe member's (a hole); a read not
+        kept, and ``unkept`` of a kept one, is uncached."""
+        by = self.storage_by_cause
+        lost = min(size, lost)
+        by["lost_member"] += lost
+        size -= lost
+        unkept = min(size, unkept)
+        by["uncached"] += unkept
+        size -= unkept
+        if not cached:
+            by["uncached"] += size
+            return
+        before = self.storage_kept.get(key, 0.0)
+        self.storage_kept[key] = before + size
+        first = min(size, max(0.0, self.datasets[key[0]].size - before))
+        by["first_fill"] += first
+        by["refetch"] += size - first
 
     def _count(self, f: Fetch, step: int) -> None:
         """Open (``step`` 1) or close (-1) a transfer in the counts the fair shares divide by,

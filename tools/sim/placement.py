@@ -64,9 +64,8 @@ class Placement(SimState):
 
     def _pod(self, job: Job, gpus: int, workers: int | None = None) -> PodRequest:
         """The pod the extender sees: ``workers`` is the job's worker count (its shape's)."""
-        d = self.datasets[job.dataset]
         profile = job.profile if workers is None else replace(job.profile, workers=workers)
-        digest = None if self.policy in fluid.POLICIES else f"{d.version_at(self.now):032x}"
+        digest = None if self.policy in fluid.POLICIES else f"{self.version_of(job, self.now):032x}"
         return PodRequest(
             key=f"sim/job-{job.id}",
             namespace="sim",

@@ -59,7 +59,7 @@ class Reads(Flows):
     def _request_data(self, job: Job, worker: Worker, index: int) -> None:
         d = self.datasets[job.dataset]
         out = self.outcomes[job.id]
-        key = (d.name, d.version_at(out.start))  # a moved job keeps its version
+        key = (d.name, self.version_of(job, out.start))  # a moved job keeps its version
         self.requests += 1
         gpus = sum(len(w.gpus) for w in out.workers) or 1
         share = len(worker.gpus) / gpus
@@ -94,8 +94,13 @@ class Reads(Flows):
         sources: tuple[int, ...] = (),
         kept: bool = True,
         after: Fetch | None = None,
+        lost: float = 0.0,
+        unkept: float = 0.0,
+        peer_after: Fetch | None = None,
     ) -> None:
-        """The worker's training reads, counted now and started at the first step."""
+        """The worker's training reads, counted now and started at the first step; ``lost``
+        of the store's bytes are a lost stripe member's and ``unkept`` others no cache keeps
+        (both kept by nobody)."""
         for i, s in enumerate((first, later)):
             self.read_bytes[i] += s.local + s.remote + s.store
             self.read_local[i] += s.local
@@ -103,9 +108,9 @@ class Reads(Flows):
             self.read_store[i] += s.store
         total = first + later
         worker.reads = [
-            ("local", total.local, (), fuse, after, True),
-            ("peer", total.remote, sources, fuse, None, True),
-            ("storage", total.store, (), fuse, None, kept),
+            ("local", total.local, (), fuse, after, True, (0.0, 0.0)),
+            ("peer", total.remote, sources, fuse, peer_after, True, (0.0, 0.0)),
+            ("storage", total.store, (), fuse, None, kept, (lost, unkept)),
         ]
 
     # -- ours: a whole copy on the node ---------------------------------------------------
@@ -131,7 +136,7 @@ class Reads(Flows):
             self.hits += worker.hit
             self._data_ready(out)
             return
-        held = self.policy in STRIPE and (key in self.ready_copies or key in self.stripes)
+        held = self.policy in STRIPE
         if not self._make_room(node, d.size, replica=held):  # no room on this node
             if self.policy in STRIPE:  # the cluster's cache, not the store: a ready copy, else a group
                 self._read_elsewhere(job, worker, index, key, d, first, later)
@@ -278,7 +283,9 @@ class Reads(Flows):
                 tuple(m for m in rt.workers if m != w.node.index and rt.held.get(m, 0.0) > 0) for w in out.workers
             ]
         for w, one, rest, src in zip(out.workers, firsts, laters, sources):
-            self._plan(w, one, rest, fuse=True, sources=src)
+            # the first epoch's store reads fill the cache; what the later epochs still read
+            # from the store is what it could not keep
+            self._plan(w, one, rest, fuse=True, sources=src, unkept=rest.store)
             w.hit = one.remote + one.store + rest.remote + rest.store == 0
             self.hits += w.hit
 
@@ -308,11 +315,23 @@ class Reads(Flows):
     ) -> None:
         """A version that fits one node but not this one now (its cache is held by pods):
         read from the nodes holding it ready (the peer protocol, every epoch), else from a
-        group of nodes with room (formed as for a version bigger than a node), the store
-        only when neither exists."""
+        node still fetching it (its finished bundles, no faster than they arrive, as the
+        agent serves a version still being fetched), else from a group of nodes with room
+        (formed as for a version bigger than a node), the store only when none exists."""
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {worker.node.index}))
         if holders:
             self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders)
+            self._data_ready(self.outcomes[job.id])
+            return
+        filling = next((f for (i, k), f in self.inflight.items() if k == key and i != worker.node.index), None)
+        if self.params.peers and filling is not None:  # a copy still being fetched serves what it has
+            self._plan(
+                worker,
+                Split(0.0, first, 0.0),
+                Split(0.0, later, 0.0),
+                sources=(filling.node.index,),
+                peer_after=filling,
+            )
             self._data_ready(self.outcomes[job.id])
             return
         total = first + later
@@ -353,24 +372,26 @@ class Reads(Flows):
                 first += Split(0.0, 0.0, part * head)
                 later += Split(0.0, 0.0, part * rest)
                 continue
-            was = group.fill.get(m, 0.0)
+            was = group.seen.setdefault((job.id, m), group.fill.get(m, 0.0))  # before this job's reads
             now = was + head * (1.0 - was)  # the bundles of this part the first epoch reads, kept by m
             cached = Split(part, 0.0, 0.0) if m == node.index else Split(0.0, part, 0.0)
             first += Split(cached.local * was * head, cached.remote * was * head, part * (1.0 - was) * head)
             later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
             if m == node.index or m not in job_nodes:
-                group.fill[m] = was + head * (part / owned if owned else 0.0) * (1.0 - was)
+                group.fill[m] = min(1.0, group.fill.get(m, 0.0) + head * (part / owned if owned else 0.0) * (1.0 - was))
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
+        lost = hole * (head + rest)  # a hole's bundles: read from the store, kept by nobody
         if holders:  # whole copies elsewhere: what the group lacks comes from them, not the store
             first = Split(first.local, first.remote + first.store, 0.0)
             later = Split(later.local, later.remote + later.store, 0.0)
             sources = tuple(sorted({*sources, *holders}))
+            lost = 0.0
         entry = node.cache.get(key)
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
-        self._plan(worker, first, later, sources=sources, kept=hole == 0)
+        self._plan(worker, first, later, sources=sources, lost=lost)
         worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
@@ -428,8 +449,15 @@ class Reads(Flows):
         return job_nodes + others
 
     def _taker(self, out: Outcome, group: stripe.Group, owned: int) -> Node | None:
-        return next(
-            (n for n in self._candidates(out, set(group.members)) if self._make_room(n, owned, dry_run=True)), None
+        return self._first_room(self._candidates(out, set(group.members)), owned)
+
+    def _first_room(self, candidates: list[Node], size: int) -> Node | None:
+        """The first candidate that can make room for ``size`` bytes without evicting the
+        cluster's only copy of anything (versions other nodes hold ready), else the first
+        that can make room at all: a share placed where it evicts a last copy or another
+        group's share costs the store those bytes again when they are next read."""
+        return next((n for n in candidates if self._make_room(n, size, dry_run=True, replica=True)), None) or next(
+            (n for n in candidates if self._make_room(n, size, dry_run=True)), None
         )
 
     def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
@@ -449,14 +477,8 @@ class Reads(Flows):
             shares = self._shares(key, size, k)
             slots: dict[int, int] = {}
             for slot in sorted(range(k), key=lambda s: -shares[s]):
-                n = next(
-                    (
-                        n
-                        for n in candidates
-                        if n.index not in slots.values() and self._make_room(n, int(shares[slot]), dry_run=True)
-                    ),
-                    None,
-                )
+                free = [n for n in candidates if n.index not in slots.values()]
+                n = self._first_room(free, int(shares[slot]))
                 if n is not None:
                     slots[slot] = n.index
             if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
@@ -486,9 +508,9 @@ class Reads(Flows):
         if math.isnan(out.first_step):
             out.first_step = self.now
         job = out.job
-        key = (job.dataset, self.datasets[job.dataset].version_at(out.start))
+        key = (job.dataset, self.version_of(job, out.start))
         for index, w in enumerate(out.workers):
-            for source, size, sources, fuse, after, kept in w.reads:
+            for source, size, sources, fuse, after, kept, (lost, unkept) in w.reads:
                 if size > 1.0:
                     live = after if after is not None and after.remaining > 1.0 else None
                     self._new_fetch(
@@ -502,6 +524,8 @@ class Reads(Flows):
                         sources=sources,
                         fuse=fuse,
                         after=live,
+                        lost=lost,
+                        unkept=unkept,
                     )
             w.reads = []
         n = sum(len(w.gpus) for w in out.workers)
@@ -532,7 +556,7 @@ class Reads(Flows):
 
     def _release_workers(self, out: Outcome) -> None:
         d = self.datasets[out.job.dataset]
-        version = d.version_at(out.start)
+        version = self.version_of(out.job, out.start)
         rt = self.fluid.runtimes.get(d.name) if self.policy in fluid.POLICIES else None
         group = self.stripes.get((d.name, version))
         for w in out.workers:
@@ -549,6 +573,8 @@ class Reads(Flows):
             self.touch(w.node)
         if group is not None and out.job.id in group.readers:
             group.users = max(0, group.users - group.readers.pop(out.job.id))
+            for seen in [k for k in group.seen if k[0] == out.job.id]:
+                del group.seen[seen]
             if group.users == 0:  # nobody reads it: the controller's hold on each share ends
                 for m in group.members:
                     entry = self.nodes[m].cache.get((d.name, version)) if m >= 0 else None

@@ -62,6 +62,10 @@ FIELDS: dict[str, str] = {
     "(for this run's versions)",
     "storage_uncached_bytes": "of storage_bytes, reads not kept in a cache (ours: a miss the node had no room "
     "for; direct mode: every read)",
+    "storage_bytes_by_cause": "storage_bytes by cause: first_fill (the first read of a version's bytes, kept in a "
+    "cache), refetch (bytes of a version the cluster had read and kept before, read again: the copy or share was "
+    "evicted, or another copy came from the store), lost_member (a lost stripe member's bundles no node could take), "
+    "uncached (reads nobody keeps: no cache, no room)",
     "peer_bytes": "bytes read from other nodes' caches: P2P for ours, the cache workers for Fluid-style",
     "ttfs_mean_s": "mean time to first step: arrival to the moment every worker can train (queue + data wait)",
     "ttfs_p50_s": "median time to first step",
@@ -140,6 +144,7 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         "storage_bytes": sim.storage_bytes,
         "storage_first_bytes": sim.storage_first_bytes,
         "storage_uncached_bytes": sim.storage_uncached_bytes,
+        "storage_bytes_by_cause": dict(sim.storage_by_cause),
         "peer_bytes": sim.peer_bytes,
         "ttfs_p50": statistics.median(ttfs) if ttfs else math.nan,
         "ttfs_mean": statistics.fmean(ttfs) if ttfs else math.nan,
@@ -198,6 +203,7 @@ def fields(m: Mapping[str, Any]) -> dict[str, Any]:
         "storage_bytes": m["storage_bytes"],
         "storage_first_bytes": m["storage_first_bytes"],
         "storage_uncached_bytes": m["storage_uncached_bytes"],
+        "storage_bytes_by_cause": m["storage_bytes_by_cause"],
         "peer_bytes": m["peer_bytes"],
         "ttfs_mean_s": m["ttfs_mean"],
         "ttfs_p50_s": m["ttfs_p50"],

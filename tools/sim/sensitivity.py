@@ -29,7 +29,7 @@ from tools.sim.run import WORKLOADS, simulate  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load  # noqa: E402
 
 FACTORS = (0.5, 1.0, 2.0)
-POLICIES = ("fluid-r4", "fluid", "juicefs", "ours", "ours+stripe")
+POLICIES = ("fluid-r4", "fluid", "juicefs", "ours", "ours+stripe", "ours+stripe+early")
 KEYS = (rates.STORE_PER_NODE.key, rates.REMOTE_CACHE.key)
 
 

@@ -33,6 +33,12 @@ OURS_VARIANTS = ("ours+prepare", "ours+replicas", "ours+stripe", "ours+stripe+ea
 OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
 BASELINES = ("default", *fluid.POLICIES, "juicefs")
 POLICIES = (*BASELINES, *OURS, *(p for p in deadline_variants.POLICY_NAMES if p not in OURS))
+# why bytes were read from the store: the first read of a version's bytes kept in a cache
+# (a whole copy, a group's bundles, Fluid's or JuiceFS's blocks); a read, kept again, of
+# bytes the cluster had read and kept before (the copy or share was evicted, or another
+# copy came from the store); a lost stripe member's bundles no node could take (a hole);
+# a read nobody keeps (no cache, no room)
+STORE_CAUSES = ("first_fill", "refetch", "lost_member", "uncached")
 
 
 @dataclass
@@ -86,6 +92,10 @@ class SimState:
         self.storage_first_bytes = 0.0  # the first storage read of each version: no policy reads less
         self.storage_uncached_bytes = 0.0  # storage reads not kept (a miss with no room, direct reads)
         self.storage_seen: set[tuple[str, int]] = set()
+        # store reads by cause (:data:`STORE_CAUSES`), and per version the bytes read from
+        # the store and kept in a cache, which tells a first fill from a fetch again
+        self.storage_by_cause: dict[str, float] = dict.fromkeys(STORE_CAUSES, 0.0)
+        self.storage_kept: dict[tuple[str, int], float] = {}
         self.peer_bytes = 0.0  # bytes between nodes: P2P and stripe fills, reads from other nodes' caches
         # training reads (what the pods read, all epochs): total, from the node's own disk,
         # from other nodes, from the store; [0] the first epoch, [1] the epochs after it
@@ -164,6 +174,14 @@ class SimState:
             )
         return node.facts
 
+    def version_of(self, job: Job, start: float) -> int:
+        """The version a job's pods read: the one current at ``start``, as the agent resolves
+        a version when the pod's task asks; a pod that starts before its copy is whole
+        (``ours+stripe+early``) reads the Dataset's digest at admission, which the webhook
+        writes into the pod (``dsctl stripe wait NAME DIGEST``), so at the job's arrival."""
+        d = self.datasets[job.dataset]
+        return d.version_at(job.arrival if self.policy == "ours+stripe+early" else start)
+
     def touch(self, node: Node) -> None:
         node.facts = None
 
@@ -219,4 +237,4 @@ class SimState:
         raise NotImplementedError
 
 
-__all__ = ["BASELINES", "OURS", "OURS_VARIANTS", "POLICIES", "SimState"]
+__all__ = ["BASELINES", "OURS", "OURS_VARIANTS", "POLICIES", "STORE_CAUSES", "SimState"]

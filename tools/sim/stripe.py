@@ -34,6 +34,10 @@ class Group:
     users: int = 0  # pods reading the version now
     readers: dict[int, int] = field(default_factory=dict)  # job id -> its pods reading through the group
     jobs: set[tuple[int, float]] = field(default_factory=set)  # (job id, start) the group was repaired for
+    # (job id, member) -> the part of the member's share on its disk when the job's first
+    # rank asked: the job's ranks read disjoint parts of a member's bundles, so each rank's
+    # misses are counted against what was there before the job, not what another rank filled
+    seen: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 def needs_group(size: float, cache_bytes: int) -> bool:
