@@ -205,13 +205,16 @@ def test_ctrl_c_in_dsctl_cache_says_the_caching_goes_on_and_how_to_release(
 
     www, url, server = loopback
     request = packed(www, url, "slow", files=8, size=1_000, seed=7)[1]
-    server.slow_down(lambda p: p.startswith("/store/bundles/"), 3.0)
+    server.slow_down(lambda p: p.startswith("/store/bundles/"), 5.0)  # still fetching when Ctrl-C comes
     agent = agent_factory()
     env = {"PATH": "/usr/bin:/bin", "DSAGENT_SOCKET": str(agent.socket), "HOME": str(tmp_path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsagent.cli", "cache", f"slow={request['source']}", "--bundles", request["bundles"],
          "--task", "t-ctrl-c"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a terminal's Ctrl-C, whatever this test process inherited (a child started with
+        # SIGINT ignored keeps it ignored: Python installs its handler only over the default)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     with AgentClient(socket_path=agent.socket) as client:
         deadline = time.monotonic() + 30
@@ -221,9 +224,11 @@ def test_ctrl_c_in_dsctl_cache_says_the_caching_goes_on_and_how_to_release(
                 break
             except Exception:
                 time.sleep(0.1)
+        time.sleep(0.5)  # dsctl is waiting on the answer, not starting up
+        assert client.get_task("t-ctrl-c")["state"] == "pending"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 130
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, (out, err, signal.getsignal(signal.SIGINT))
         assert "the agent goes on caching for task t-ctrl-c" in err and "dsctl release t-ctrl-c" in err
         assert "Traceback" not in err
         assert client.get_task("t-ctrl-c")["state"] in ("pending", "ready")  # it did go on
