@@ -7,7 +7,8 @@ Runs ``run.py``'s simulation of :data:`POLICIES` on each workload of :data:`WORK
 (``tools/sim/workloads/results-*.json``, shapes the presets have and ones they do not),
 writing one JSON per workload into ``--out`` (the same document as ``run.py --json``:
 the workload, the rates with their sources, what caps changed in the input, every
-policy's figures). Then writes ``--doc`` (``docs/results-cluster.md``) from those JSON
+policy's figures). Then writes ``--doc`` (``docs/results-cluster.md``) and the table
+against Fluid into ``--readme``'s block between :data:`BEGIN` and :data:`END` from those JSON
 files alone: per workload a table of the figures with each baseline's model and rates
 beside it, then the claims, each stated only if it holds on every workload (at least
 three), the workloads where ours loses named, and a policy that is best on one workload
@@ -51,6 +52,8 @@ POLICIES = (
 )
 BASELINES = ("default", "fluid-r1", "fluid-r4", "fluid", "fluid-excl", "juicefs")
 FLUIDS = ("fluid-r1", "fluid-r4", "fluid", "fluid-excl")
+#: the README's block of the simulator's figures against Fluid (:func:`with_goals`)
+BEGIN, END = "<!-- cluster:begin -->", "<!-- cluster:end -->"
 OURS = tuple(p for p in POLICIES if p not in BASELINES)
 MODELS = {
     "default": "no cache: every epoch read from the store as the pod trains (first step at once)",
@@ -159,7 +162,7 @@ def goals(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     store bytes (at most 1.0x the Fluid setting reading the store least), the local-byte
     fraction (at least 1.5x the best Fluid setting's) and mean time to first step (no worse
     than the quickest Fluid setting's)."""
-    lines = [
+    return [
         "## Against Fluid's best setting",
         "",
         "Each ratio is ours over the Fluid setting (" + ", ".join(f"`{p}`" for p in FLUIDS) + ") best on that "
@@ -168,6 +171,14 @@ def goals(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         "the product runs (a Dataset with `spec.stripe` and `spec.startBeforeWhole`: the pod starts when its first "
         "bundles are local); `ours+stripe` waits for a whole copy of a version that fits its node.",
         "",
+        *goals_table(docs),
+        "",
+    ]
+
+
+def goals_table(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The table of :func:`goals` (also the README's block between :data:`BEGIN` and :data:`END`)."""
+    lines = [
         "| workload | policy | store bytes | local-byte fraction | mean time to first step |",
         "|---|---|---:|---:|---:|",
     ]
@@ -194,7 +205,16 @@ def goals(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 cell = f"{ratio:.{digits}f}x ({best})"
                 cells.append(cell if met(ratio) else f"**{cell}**")
             lines.append(f"| {wname} | {mine} | " + " | ".join(cells) + " |")
-    return [*lines, ""]
+    return lines
+
+
+def with_goals(readme: str, docs: Mapping[str, Mapping[str, Any]]) -> str:
+    """``readme`` with its block between the markers replaced by :func:`goals_table`
+    (unchanged if it has none)."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        return readme
+    return readme[:start] + "\n".join([BEGIN, *goals_table(docs), END]) + readme[end + len(END) :]
 
 
 def _fmt(metric: str, v: float) -> str:
@@ -369,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="workload names in tools/sim/workloads/")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument(
+        "--readme", type=Path, default=REPO / "README.md", help="whose block between the markers to rewrite"
+    )
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -389,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else None
     args.doc.write_text(render(docs, sweep) + "\n")
     print(f"wrote {args.doc}")
+    if args.readme is not None and args.readme.exists():
+        args.readme.write_text(with_goals(args.readme.read_text(), docs))
+        print(f"wrote the simulator's block of {args.readme}")
     return 0
 
 
