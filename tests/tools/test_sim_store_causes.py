@@ -8,18 +8,15 @@ Small clusters of identical nodes (8 GPUs), fixed epochs, asserting bytes by cau
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from scheduling.timemodel import JobProfile
+from tests.tools.test_sim_stripe import TB, run
+from tests.tools.test_sim_stripe import cluster as stripe_cluster
 from tools.sim import results
 from tools.sim.engine import ClusterParams, Simulation
 from tools.sim.state import STORE_CAUSES
 from tools.sim.workload import Dataset, Job
-
-A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
-TB = 10**12
 
 
 def job(ident: int, arrival: float, dataset: str = "ds000", *, workers: int = 1, runtime: float = 1000.0) -> Job:
@@ -27,14 +24,8 @@ def job(ident: int, arrival: float, dataset: str = "ds000", *, workers: int = 1,
 
 
 def cluster(nodes: int = 4, cache: int = TB, **kw: object) -> ClusterParams:
-    base = ClusterParams(
-        nodes=nodes, node_types=A100, cache_bytes=cache, storage_bw=1e10, node_fetch_bw=1e9, epochs=1.0
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
-
-
-def run(policy: str, jobs: list[Job], data: list[Dataset], params: ClusterParams) -> Simulation:
-    return Simulation(policy, jobs, data, params, seed=3).run()
+    """``test_sim_stripe``'s cluster, one epoch unless said otherwise."""
+    return stripe_cluster(nodes, cache, **{"epochs": 1.0, **kw})
 
 
 def test_two_ranks_reading_a_members_bundles_read_every_bundle_from_the_store_once() -> None:
