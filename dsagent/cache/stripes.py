@@ -110,8 +110,8 @@ class StripeShares:
         peers: PeerFetcher,
         *,
         clock: Callable[[], float] = time.time,
-        make_room: Callable[[Key, int], Awaitable[None]] | None = None,
-        disk: Callable[[int, int], int] = lambda size, _files: size,
+        make_room: Callable[[Key, int], Awaitable[None]],
+        disk: Callable[[int, int], int],
     ) -> None:
         self.settings = settings
         self.pools = pools
@@ -190,20 +190,20 @@ class StripeShares:
             return self.status(key)
         if share is not None and share.task is not None:
             share.task.cancel()
-        mine = sum(self.disk(b.size, b.count) for b in layout.held_by(node))
+        owned = layout.held_by(node)
+        mine = sum(self.disk(b.size, b.count) for b in owned)
         if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:
             raise InsufficientSpace(
                 f"this node's share of {name!r} is {mine} bytes, over the cache's {self.settings.capacity_bytes}",
                 hint="choose a larger stripe group",
             )
-        if self.make_room is not None:  # the cache makes room, as for a fetch (1.2x, LRU)
-            done = await self.pools.work(self._done_markers, key)
-            missing = [b for b in layout.held_by(node) if b.digest not in done]
-            await self.make_room(key, sum(self.disk(b.size, b.count) for b in missing))
+        done = await self.pools.work(self._done_markers, key)
+        # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
+        await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
         share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after))
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
-        await self.pools.work(self._prepare, share)
+        await self.pools.work(self._prepare, share, done)
         await self.pools.work(self._remember, share)
         share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
         return self.status(key)
@@ -248,7 +248,9 @@ class StripeShares:
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 
-    def _prepare(self, share: _Share) -> None:
+    def _prepare(self, share: _Share, done: set[str]) -> None:
+        """The share's directories and layout file; of the bundles ``done`` (marked held on
+        disk), those it owns are held, the others handed over."""
         directory = self.share_dir(share.key)
         (directory / DONE_DIR).mkdir(parents=True, exist_ok=True)
         (self.version_dir(share.key) / "window").mkdir(exist_ok=True)
@@ -260,8 +262,8 @@ class StripeShares:
             os.fsync(out.fileno())
         os.replace(tmp, directory / LAYOUT_FILE)
         mine = {b.digest for b in share.layout.held_by(self.settings.node_name)}
-        for marker in (directory / DONE_DIR).iterdir():
-            (share.held if marker.name in mine else share.handover).add(marker.name)
+        for digest in done:
+            (share.held if digest in mine else share.handover).add(digest)
 
     async def _fill(self, share: _Share) -> None:
         """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
