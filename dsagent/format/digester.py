@@ -189,9 +189,7 @@ def digest_files(
     snapshot = cache.snapshot(root) if cache is not None else {}
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
-    if native and not native_loops.AVAILABLE:
-        raise RuntimeError("the native extension is not built (make native)")
-    if isinstance(found, LocalWalk) and cache is None and native is not False and native_loops.AVAILABLE:
+    if native_loops.chosen(native) and isinstance(found, LocalWalk) and cache is None:
         return _native_digest(found.groups, count, progress)
     if isinstance(found, LocalWalk) and count > 1 and can_fork():
         head, rest = peek(found.groups, PROCESS_MIN_FILES)

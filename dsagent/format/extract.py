@@ -170,7 +170,7 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 def _extract_stream(
     raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
-    native: bool | None,
+    native: bool,
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
     # from the columns: an entry is built as a FileEntry only when its member arrives
@@ -179,7 +179,7 @@ def _extract_stream(
     bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
     with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
         loop = _Members(reader, members, bundle, staging, progress, expected, seen)
-        if native is not False and native_loops.AVAILABLE:
+        if native:
             loop.native()
         else:
             loop.rest()
@@ -362,8 +362,7 @@ def unpack_bundle_stream(
     same errors. ``in_place`` writes each file at its path in ``dest_dir`` (no staging, no
     renames), for a caller whose ``dest_dir`` is a private stage it removes whole on any
     error (:func:`unpack`): then an error leaves part of the bundle there."""
-    if native and not native_loops.AVAILABLE:
-        raise RuntimeError("the native extension is not built (make native)")
+    native = native_loops.chosen(native)
     dest = Path(dest_dir)
     if not dest.is_dir():
         raise InvalidInput(f"unpack target {dest} is not a directory")

@@ -43,6 +43,16 @@ except ImportError:  # not built (make native), or no xxh3 library to bind
 #: True when the extension is built and loaded.
 AVAILABLE = _native is not None
 
+
+def chosen(native: bool | None) -> bool:
+    """Whether a caller's ``native`` choice runs the native loops: ``None`` when the
+    extension is built, ``False`` never, ``True`` always (:class:`RuntimeError` when it is
+    not built)."""
+    if native and not AVAILABLE:
+        raise RuntimeError("the native extension is not built (make native)")
+    return AVAILABLE if native is None else native
+
+
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -154,4 +164,4 @@ def extract_members(
         raise OSError(b, os.strerror(b), f"{paths[a]!r} of {what}")
 
 
-__all__ = ["AVAILABLE", "Columns", "extract_members", "hash_names"]
+__all__ = ["AVAILABLE", "Columns", "chosen", "extract_members", "hash_names"]
