@@ -13,31 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.timemodel import JobProfile
+from tests.tools.test_sim_stripe import GB, TB, job, run
+from tests.tools.test_sim_stripe import cluster as stripe_cluster
 from tools.sim import rates, stripe
-from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.engine import ClusterParams
 from tools.sim.fluid import FluidRuntimes
 from tools.sim.run import main as run_main
-from tools.sim.workload import Dataset, Job, WorkloadParams, input_changes, make_jobs
-
-A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
-TB = 10**12
-GB = 10**9
-
-
-def job(ident: int, arrival: float, dataset: str = "ds000", *, gpus: int = 8, runtime: float = 1000.0) -> Job:
-    return Job(ident, arrival, 1, gpus, dataset, runtime, JobProfile(1.0, 1.0, int(runtime) * gpus, deadline=1e9))
+from tools.sim.workload import Dataset, WorkloadParams, input_changes, make_jobs
 
 
 def cluster(nodes: int = 4, cache: int = 4 * TB, **kw: object) -> ClusterParams:
-    base = ClusterParams(
-        nodes=nodes, node_types=A100, cache_bytes=cache, storage_bw=1e10, node_fetch_bw=1e9, epochs=3.0
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
-
-
-def run(policy: str, jobs: list[Job], data: list[Dataset], params: ClusterParams) -> Simulation:
-    return Simulation(policy, jobs, data, params, seed=3).run()
+    """``test_sim_stripe``'s cluster, with caches of 4 TB unless said otherwise."""
+    return stripe_cluster(nodes, cache, **kw)
 
 
 def test_a_pod_on_a_multi_worker_fluid_runtime_reads_its_workers_blocks_locally() -> None:
