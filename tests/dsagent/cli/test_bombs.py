@@ -152,6 +152,11 @@ def _vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+#: The million-entry manifest takes seconds to build: its two tests share one worker, so it is built once.
+MILLION = pytest.mark.xdist_group("million-entries")
+
+
+@MILLION
 def test_the_agent_refuses_both_bombs_and_reads_a_million_entries_in_bounded_memory(
     agent_factory: Any, bundle_bomb: tuple[Path, str], manifest_bomb: Path, many_entries: Path, tmp_path: Path
 ) -> None:
@@ -181,6 +186,7 @@ def test_the_agent_refuses_both_bombs_and_reads_a_million_entries_in_bounded_mem
         server.close()
 
 
+@MILLION
 def test_the_agent_refuses_a_manifest_of_more_files_than_it_accepts(
     agent_factory: Any, many_entries: Path, tmp_path: Path
 ) -> None:
