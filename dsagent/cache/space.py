@@ -53,6 +53,8 @@ class Shares(Protocol):
 
     def total_bytes(self) -> int: ...
 
+    def pending_bytes(self, exclude: Key | None = None) -> int: ...
+
     async def drop(self, key: Key, *, reason: str) -> bool: ...
 
 
@@ -96,8 +98,9 @@ class Space:
     async def make_room(self, key: Key, size: int) -> None:
         """Evict LRU unused data until ``size`` more bytes fit at the ratio, for this
         node's share ``key`` of a striped version about to be filled (never that share
-        itself); nothing is reserved: the share counts as it fills
-        (:attr:`shares`' ``total_bytes``)."""
+        itself). The room stays taken while the share fills: what it still misses counts
+        as reserved (:attr:`shares`' ``pending_bytes``), what it holds as used
+        (``total_bytes``)."""
         async with self.lock:
             await self._evict_for(key, size, keep=key)
 
@@ -155,6 +158,10 @@ class Space:
             for key, size in self.reservations.items()
             if key != exclude
         )
+        # a share being filled has its missing bundles' room taken, as a reservation: on
+        # the disk side its bundles in flight count twice (partly written, and still
+        # missing) for as long as they download, the safe side of a full disk
+        pending += self.shares.pending_bytes(exclude) if self.shares is not None else 0
         free = (
             disk.free - pending + staged - overhead - self.settings.disk_floor(disk.total)
         )  # never into the kubelet's eviction zone
@@ -172,7 +179,7 @@ class Space:
                 for r in rows
                 if (r.name, r.digest) not in self.reservations and (r.name, r.digest) != exclude
             )
-            shares = self.shares.total_bytes() if self.shares is not None else 0
+            shares = self.shares.total_bytes() + self.shares.pending_bytes(exclude) if self.shares is not None else 0
             free = min(free, self.settings.capacity_bytes - held - shares - reserved - overhead)
         return free
 

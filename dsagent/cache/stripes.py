@@ -12,7 +12,8 @@ What it owns, under ``<root>/stripes/<name>/<digest>/``:
   (:func:`dsplatform.stripe.owner`), each fetched from a peer that held it before, else
   the store (:mod:`dsagent.cache.stripefetch`: every file verified by digest, published
   whole), after the cache made room for them as for a fetch
-  (:meth:`dsagent.cache.space.Space.make_room`: 1.2x, LRU, never the share itself), then
+  (:meth:`dsagent.cache.space.Space.make_room`: 1.2x, LRU, never the share itself; the
+  bundles still missing stay reserved while it fills, :meth:`StripeShares.pending_bytes`), then
   marked done by an empty file ``share/.stripe/done/<bundle>`` written and synced after
   the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
   a striped CSI volume shows: the share as files, and where the rest lives;
@@ -52,7 +53,7 @@ from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFou
 from dsagent.format.bundle import tar_header
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsplatform.data import DONE_DIR
-from dsplatform.stripe import LAYOUT_FILE, StripeLayout, owners
+from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
 
 log = logging.getLogger("dsagent.stripes")
 
@@ -79,10 +80,15 @@ class _Share:
     expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
     last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
     readers: int = 0  # streams of its bundles to this node's readers now
+    owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
 
     @property
     def key(self) -> Key:
         return (self.layout.name, self.layout.digest)
+
+    @property
+    def filling(self) -> bool:
+        return self.task is not None and not self.task.done() and self.error is None
 
     def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
         """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
@@ -200,7 +206,7 @@ class StripeShares:
         done = await self.pools.work(self._done_markers, key)
         # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
         await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
-        share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after))
+        share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after), owned=tuple(owned))
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
         await self.pools.work(self._prepare, share, done)
@@ -261,13 +267,13 @@ class StripeShares:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, directory / LAYOUT_FILE)
-        mine = {b.digest for b in share.layout.held_by(self.settings.node_name)}
+        mine = {b.digest for b in share.owned}
         for digest in done:
             (share.held if digest in mine else share.handover).add(digest)
 
     async def _fill(self, share: _Share) -> None:
         """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
-        todo = [b for b in share.layout.held_by(self.settings.node_name) if b.digest not in share.held]
+        todo = [b for b in share.owned if b.digest not in share.held]
         gate = asyncio.Semaphore(self.settings.fetch_workers)
         refs = {b.digest: b for b in share.manifest.bundles}
 
@@ -304,7 +310,7 @@ class StripeShares:
     def _drop_unowned(self, share: _Share) -> None:
         """Markers (then files) of bundles this node held under an earlier group."""
         directory = self.share_dir(share.key)
-        mine = {b.digest for b in share.layout.held_by(self.settings.node_name)}
+        mine = {b.digest for b in share.owned}
         for marker in list((directory / DONE_DIR).iterdir()):
             if marker.name not in mine:
                 marker.unlink()  # the marker first: the files are no longer promised
@@ -317,8 +323,7 @@ class StripeShares:
         share = self._shares.get(key)
         if share is None:
             raise NotFound(f"this node holds no share of {key[0]}@{key[1][:12]}")
-        node = self.settings.node_name
-        mine = share.layout.held_by(node)
+        mine = share.owned
         held = [b for b in mine if b.digest in share.held]
         first = mine[: share.ready_after]
         return {
@@ -356,7 +361,7 @@ class StripeShares:
                 key,
                 share.disk_bytes(self.disk) + window.get(key, 0),
                 share.last_used,
-                share.readers > 0 or (share.task is not None and not share.task.done()),
+                share.readers > 0 or share.filling,
             )
             for key, share in self._shares.items()
         ]
@@ -364,6 +369,18 @@ class StripeShares:
     def total_bytes(self) -> int:
         """Disk the shares and the window take (counted against the cache's capacity)."""
         return sum(share.disk_bytes(self.disk) for share in self._shares.values()) + self._window_bytes
+
+    def pending_bytes(self, exclude: Key | None = None) -> int:
+        """Disk the shares being filled still miss, their room made when they were held
+        (:meth:`hold`): reserved for them, so that a fetch starting meanwhile cannot take it.
+        ``exclude``: a share whose room is being made again."""
+        return sum(
+            self.disk(b.size, b.count)
+            for key, share in self._shares.items()
+            if key != exclude and share.filling
+            for b in share.owned
+            if b.digest not in share.held
+        )
 
     async def drop(self, key: Key, *, reason: str) -> bool:
         """Stop holding one share: its fill stops, its window bundles and files go (the

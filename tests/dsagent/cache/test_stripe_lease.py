@@ -212,3 +212,33 @@ def test_filling_a_share_evicts_an_unused_version_and_never_one_in_use(
         assert "small" not in {d["name"] for d in operator.get("/v1/datasets").json()["datasets"]}
         space = operator.get("/v1/datasets").json()
         assert space["usedBytes"] <= capacity
+
+
+def test_a_filling_shares_room_stays_taken_while_it_fills(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    """The room made for a share is reserved until the share is whole: a fetch that starts
+    while the share still downloads cannot take it (507, nothing evictable), and the share
+    fills within the capacity, where without the reservation the fetch would take the room
+    and the share would fill past it."""
+    www, url, server = loopback
+    manifest = _store(www, count=30)
+    _, small, small_manifest = packed(www, url, "small", files=20, size=8000)
+    on_disk = allocated(small_manifest.total_bytes, small_manifest.file_count, tmp_path)
+    share = allocated(manifest.total_bytes, manifest.file_count, tmp_path)
+    assert share < 3 * on_disk  # so that the share's 1.2x headroom cannot take the small copy
+    capacity = int(share * 1.2) + on_disk // 2  # room for the share, and for the small copy only beside part of it
+    share_bundles = {b.digest for b in manifest.bundles}
+    server.slow_down(lambda path: any(digest in path for digest in share_bundles), 2.0)
+    agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_CAPACITY": str(capacity)})
+    with unix_client(agent, ADMIN_TOKEN) as operator, agent.client() as client:
+        assert _hold(operator, url).status_code == 200
+        status = operator.get(f"/v1/stripes/imgs/{manifest.digest}").json()
+        assert status["bundlesHeld"] == 0, status  # still downloading: its room is all that is taken
+        client.submit_task("t-small", [small])
+        record = wait_ready(client, "t-small")
+        assert record["state"] == "failed" and "space" in str(record).lower(), record
+        assert _wait_complete(operator, manifest.digest)["complete"]
+        space = operator.get("/v1/datasets").json()
+        assert {d["name"] for d in space["datasets"]} == set(), space
+        assert space["usedBytes"] <= capacity, space
