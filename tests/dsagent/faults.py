@@ -8,8 +8,9 @@ and ``tools/faults/sweep.py`` (every point). What it owns:
   catalog's commits, and makes the Nth fail with an ``OSError`` (ENOSPC, EIO, EDQUOT; a
   commit fails as SQLite reports it), once or from N on (a full disk stays full), or
   kills the process there (``SIGKILL``). It wraps the ``os`` / ``io`` functions the agent
-  calls, so the agent's code is the real one; operations outside the root (the bundle
-  store, pytest's own files) are not counted.
+  calls, so the agent's code is the real one (its pure-Python loops: the optional C loops
+  are off while it is installed); operations outside the root (the bundle store, pytest's
+  own files) are not counted.
 - :func:`run_point`: one in-process agent (a real :class:`CacheService`, a real tar+zstd
   multi-bundle store in a local directory) serving one task with the fault armed, then
   the same request with the fault gone, checking after each: the task failed with a
@@ -140,9 +141,13 @@ class Injector:
     def install(self) -> Injector:
         from dsagent.cache import catalog as catalog_module
         from dsagent.cache import fetch as fetch_module
-        from dsagent.format import durable
+        from dsagent.format import durable, native
 
         hit, under = self.hit, self.under
+        # it sees only what Python calls: the optional C loops (make native) write files
+        # without passing through os, so they are off while it is installed (their own
+        # write errors are tested in tests/dsagent/format/test_native_unpack.py)
+        self._patch(native, "AVAILABLE", lambda real: False)
 
         def path_op(kind: str) -> Callable[[Any], Any]:
             def make(real: Any) -> Any:
