@@ -17,6 +17,12 @@ default). Pure: no I/O. What it decides
   and gets ``DSAGENT_TASK_ID``, ``DSAGENT_DATASETS``, ``DSAGENT_DATASETS_DIR`` and
   ``DSAGENT_STATUS_FILE``; the agent's socket is not mounted: ``status.json`` in the
   volume is the pod's own task status;
+- a striped Dataset the pod starts before it is whole (``spec.stripe`` and
+  ``spec.startBeforeWhole``) is carried with its version as ``stripe``: the volume shows
+  this node's share (``datasets/<name>``: its files and layout file) and the agent's
+  socket (``agent.sock``, the reader asks it for the bundles other members hold), and
+  app containers get ``DSAGENT_STRIPES`` (``[{name, digest, shareDir}]``) and
+  ``DSAGENT_SOCKET``; the ready mark waits for the share's first bundles;
 - waiting, as in :mod:`dsagent.webhook.mutation`: ``overlap`` wraps each app command to wait
   for ``/dsagent-run/ready`` (the kubelet pulls app images while the agent caches: it
   caches from ``NodePublishVolume``, before any container starts); ``init`` adds a
@@ -43,6 +49,7 @@ DRIVER = "datasets.dsagent.io"
 WAIT_CONTAINER = "dsagent-wait"
 MOUNT_PATH = "/dsagent-run"
 STATUS_FILE = MOUNT_PATH + "/status.json"
+AGENT_SOCKET = MOUNT_PATH + "/agent.sock"  # in a volume that shows a striped share
 INIT_WAIT_SCRIPT = (
     f"while [ ! -e {MOUNT_PATH}/ready ]; do "
     f"if [ -e {MOUNT_PATH}/failed ]; then cat {STATUS_FILE} >&2; exit 1; fi; sleep 0.2; done"
@@ -65,7 +72,11 @@ def volume(datasets: Sequence[ResolvedDataset], injection: Injection) -> dict[st
                 hint="name a storage Secret in its Dataset instead",
             )
         secret_key = (dataset.secret.key or injection.storage_options_key) if dataset.secret is not None else None
-        entries.append(csivolume.VolumeDataset(dataset.name, dataset.source, dataset.bundles or None, secret_key))
+        entries.append(
+            csivolume.VolumeDataset(
+                dataset.name, dataset.source, dataset.bundles or None, secret_key, stripe=dataset.stripe_digest
+            )
+        )
     csi: dict[str, Any] = {
         "driver": injection.csi_driver,
         "readOnly": True,
@@ -87,12 +98,22 @@ def mount() -> dict[str, Any]:
 
 def app_env(datasets: Sequence[ResolvedDataset]) -> list[dict[str, Any]]:
     listed = json.dumps([d.request(with_options=False) for d in datasets], separators=(",", ":"))
-    return [
+    env: list[dict[str, Any]] = [
         {"name": "DSAGENT_TASK_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": "DSAGENT_DATASETS", "value": listed},
         {"name": "DSAGENT_DATASETS_DIR", "value": MOUNT_PATH + "/datasets"},
         {"name": "DSAGENT_STATUS_FILE", "value": STATUS_FILE},
     ]
+    striped = [d for d in datasets if d.stripe_digest is not None]
+    if striped:  # the reader's share directories, and the socket it asks for the rest on
+        shares = [
+            {"name": d.name, "digest": d.stripe_digest, "shareDir": f"{MOUNT_PATH}/datasets/{d.name}"} for d in striped
+        ]
+        env += [
+            {"name": "DSAGENT_STRIPES", "value": json.dumps(shares, separators=(",", ":"))},
+            {"name": "DSAGENT_SOCKET", "value": AGENT_SOCKET},
+        ]
+    return env
 
 
 def wait_container(injection: Injection, name: str) -> dict[str, Any]:
@@ -123,6 +144,7 @@ def container_wiring(
 
 
 __all__ = [
+    "AGENT_SOCKET",
     "DRIVER",
     "WAIT_CONTAINER",
     "MOUNT_PATH",

@@ -27,8 +27,8 @@ version is read with the rank-aware reader from the node's share, never as a who
 init-container ``dsagent-stripe-wait`` runs ``dsctl stripe wait NAME DIGEST`` for each such
 dataset (it prints the share's progress and returns once its first bundles are held); app
 containers get ``DSAGENT_STRIPES`` (``[{name, digest, shareDir}]``) and the node's shares
-read-only at ``/dsagent-stripes/<name>``. hostPath mode only: CSI mode mounts no socket, so
-there such a Dataset is cached and waited for as any other.
+read-only at ``/dsagent-stripes/<name>``. In CSI mode the volume carries the share instead
+(:mod:`~dsagent.webhook.csiwiring`): the volume's ready mark waits for its first bundles.
 
 Two ways to wait (docs/design.md#rule-3: caching overlaps image pulls). The kubelet pulls a
 container's image only when it starts that container, and starts app containers only

@@ -1,5 +1,6 @@
 """The CSI volume attributes: how the webhook tells the agent's CSI node plugin which datasets
-a pod's inline ``csi`` volume carries. Version 1.
+a pod's inline ``csi`` volume carries. Version 2 (a volume without a ``stripe`` entry is
+written as version 1, which every agent reads).
 
 Writer: the admission webhook (:mod:`dsagent.webhook.csiwiring`, ``volumeAttributes`` of the
 pod's volume). Reader: the CSI node plugin (:mod:`dsagent.nodeplugins.csi.volumes`), from the
@@ -9,13 +10,16 @@ bounded JSON, known keys only, names by the platform's rule.
 
 ``volumeAttributes``::
 
-    datasets   JSON list of {name, source, bundles?, digest?, secretKey?}: 1-64 datasets
-    version    "1" (absent: 1, as written before the key existed)
+    datasets   JSON list of {name, source, bundles?, digest?, secretKey?, stripe?}: 1-64 datasets
+    version    "2" when an entry has ``stripe``, else "1" (absent: 1)
 
 ``secretKey`` names the key of the volume's ``nodePublishSecretRef`` Secret holding the
 dataset's storage options (the kubelet reads the Secret and passes it; the pod spec never
 holds credentials). A pinned ``digest`` is accepted and not passed on: the agent resolves
-the version itself, as for ``DSAGENT_DATASETS``.
+the version itself, as for ``DSAGENT_DATASETS``. ``stripe`` (version 2) is the digest of a
+striped version the pod reads before it is whole (a Dataset with ``spec.stripe`` and
+``spec.startBeforeWhole``): the volume then shows this node's share of it, its files and
+its layout file, instead of a whole copy (docs/design-striping.md#csi).
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ from dataclasses import dataclass
 
 from dsplatform import boundedjson
 from dsplatform.errors import InvalidInput
-from dsplatform.names import NAME_HINT, is_name
+from dsplatform.names import NAME_HINT, is_digest, is_name
 
-VERSION = 1
+VERSION = 2
+#: the versions this reader accepts: 1 has no ``stripe`` entries
+READS = frozenset({"1", "2"})
 DATASETS_KEY = "datasets"
 VERSION_KEY = "version"
 #: the attributes of ours; the kubelet adds its pod-info keys beside them
 ATTRIBUTES = frozenset({DATASETS_KEY, VERSION_KEY})
-DATASET_KEYS = frozenset({"name", "source", "bundles", "digest", "secretKey"})
+DATASET_KEYS = frozenset({"name", "source", "bundles", "digest", "secretKey", "stripe"})
 #: the datasets attribute: at most 64 entries of a few short strings each
 ATTRIBUTE_MAX_BYTES = 256 * 1024
 MAX_DATASETS = 64
@@ -51,6 +57,7 @@ class VolumeDataset:
     source: str
     bundles: str | None = None
     secret_key: str | None = None
+    stripe: str | None = None  # a striped version's digest: the volume shows this node's share of it
 
 
 def encode(datasets: Sequence[VolumeDataset]) -> dict[str, str]:
@@ -62,16 +69,19 @@ def encode(datasets: Sequence[VolumeDataset]) -> dict[str, str]:
             entry["bundles"] = dataset.bundles
         if dataset.secret_key:
             entry["secretKey"] = dataset.secret_key
+        if dataset.stripe:
+            entry["stripe"] = dataset.stripe
         entries.append(entry)
-    return {DATASETS_KEY: json.dumps(entries, separators=(",", ":")), VERSION_KEY: str(VERSION)}
+    version = VERSION if any(d.stripe for d in datasets) else 1  # what an agent of version 1 reads too
+    return {DATASETS_KEY: json.dumps(entries, separators=(",", ":")), VERSION_KEY: str(version)}
 
 
 def decode(attributes: Mapping[str, str]) -> tuple[VolumeDataset, ...]:
     """The datasets of a volume's attributes; :class:`InvalidInput` naming what is wrong."""
-    version = attributes.get(VERSION_KEY, str(VERSION))
-    if version != str(VERSION):
+    version = attributes.get(VERSION_KEY, "1")
+    if version not in READS:
         raise InvalidInput(
-            f"volume attribute {VERSION_KEY!r} is {version[:20]!r}; this agent reads version {VERSION}",
+            f"volume attribute {VERSION_KEY!r} is {version[:20]!r}; this agent reads versions {sorted(READS)}",
             hint="upgrade the agent, or let the webhook of this release write the volume",
         )
     raw = attributes.get(DATASETS_KEY)
@@ -87,6 +97,8 @@ def decode(attributes: Mapping[str, str]) -> tuple[VolumeDataset, ...]:
     if not isinstance(items, list) or not items or len(items) > MAX_DATASETS:
         raise InvalidInput(f"volume attribute {DATASETS_KEY!r} must be a list of 1-{MAX_DATASETS} datasets")
     datasets = tuple(_dataset(item) for item in items)
+    if version == "1" and any(d.stripe for d in datasets):
+        raise InvalidInput(f"'stripe' needs volume attribute {VERSION_KEY!r} 2")
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise InvalidInput(f"dataset names repeat in volume attribute {DATASETS_KEY!r}")
@@ -104,18 +116,23 @@ def _dataset(item: object) -> VolumeDataset:
         )
     if not is_name(name):
         raise InvalidInput(f"invalid dataset name {name!r}", hint=NAME_HINT)
-    for key in ("bundles", "secretKey", "digest"):
+    for key in ("bundles", "secretKey", "digest", "stripe"):
         if key in item and not isinstance(item[key], str):
             raise InvalidInput(f"dataset {name!r}: {key} must be a string")
     if "secretKey" in item and not _SECRET_KEY.fullmatch(item["secretKey"]):
         raise InvalidInput(f"dataset {name!r}: invalid secretKey")
-    return VolumeDataset(name, item["source"], item.get("bundles") or None, item.get("secretKey") or None)
+    if "stripe" in item and not is_digest(item["stripe"]):
+        raise InvalidInput(f"dataset {name!r}: stripe must be a version digest", hint="32 lowercase hex digits")
+    return VolumeDataset(
+        name, item["source"], item.get("bundles") or None, item.get("secretKey") or None, item.get("stripe") or None
+    )
 
 
 __all__ = [
     "ATTRIBUTES",
     "ATTRIBUTE_MAX_BYTES",
     "DATASETS_KEY",
+    "READS",
     "VERSION",
     "VERSION_KEY",
     "VolumeDataset",

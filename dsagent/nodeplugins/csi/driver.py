@@ -40,7 +40,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ from dsplatform.names import is_dns_subdomain
 log = logging.getLogger("dsagent.csi")
 POLL_SECONDS = 0.2  # how often a watcher looks at its task while datasets are pending
 RETRY_SECONDS = 10.0  # how long a failed task waits before it is submitted again
+AGENT_SOCKET = "agent.sock"  # in a volume that shows a share: the agent's socket, for the reader
 CSI_DRIVER_NAME_MAX_LENGTH = 63  # the CSI spec and the CSIDriver object agree on this one
 
 
@@ -118,6 +119,8 @@ class NodeDriver:
         datasets = datasets_from_context(context)
         record = VolumeRecord(volume_id, str(target), pod.uid, pod.namespace, pod.name, datasets)
         requests = record.requests(secrets)  # options checked now, so a bad Secret fails the publish
+        if record.stripes() and not self.settings.socket.is_socket():
+            raise TransientError("the agent's socket is not there yet; the kubelet retries")
         if not self.service.started:
             raise TransientError("the agent is starting; the kubelet retries")
         async with self._lock:
@@ -129,7 +132,8 @@ class NodeDriver:
                 raise Conflict(f"volume {volume_id} is already published at another target path")
             if existing is not None and existing.datasets != record.datasets:
                 raise Conflict(f"volume {volume_id} is already published with other datasets")
-            await self.service.submit_task(pod.uid, requests)
+            if requests:  # a volume of striped shares only has no task: it shows what the node holds
+                await self.service.submit_task(pod.uid, requests)
             self.volumes.save(record)  # before the mount: a crash after it is recovered from here
             self._mount_view(record)
             self._track(record, secrets)
@@ -139,26 +143,40 @@ class NodeDriver:
         view = self.volumes.view(record.volume_id)
         for dataset in record.datasets:
             (view / "datasets" / dataset["name"]).mkdir(parents=True, exist_ok=True)
+        if record.stripes():
+            (view / AGENT_SOCKET).touch()  # the mount point of the agent's socket, for the reader
         if not (view / "status.json").exists():
             _write_status(view, {"task": record.pod_uid, "state": "pending", "datasets": []})
         target = Path(record.target_path)
         target.mkdir(mode=0o750, exist_ok=True)  # the plugin creates the target (CSI v1); the kubelet its parent
         if not mounts.is_mount_point(target):
             self._bind_readonly(view, target, f"{record.volume_id}-view")
+        if record.stripes() and not mounts.is_mount_point(target / AGENT_SOCKET):
+            # the reader asks the agent for the bundles other members own; the agent tells
+            # this pod apart by its socket peer, as on the hostPath socket
+            self._bind_readonly(self.settings.socket, target / AGENT_SOCKET, f"{record.volume_id}-sock")
 
     def _bind_readonly(self, source: Path, target: Path, scratch_name: str) -> None:
         """Bind ``source`` read-only on ``target`` through a private scratch mount: the
         bind that reaches ``target`` (and propagates to the host and the container) is
-        read-only from its first moment, since a remount does not propagate."""
+        read-only from its first moment, since a remount does not propagate. A file (the
+        agent's socket) is bound through a scratch file, a directory through a scratch
+        directory."""
         scratch = self.volumes.scratch / scratch_name
-        scratch.mkdir(exist_ok=True)
+        if source.is_dir():
+            scratch.mkdir(exist_ok=True)
+        else:
+            scratch.touch()
         mounts.unmount(scratch)
         mounts.bind_readonly(source, scratch)
         try:
             mounts.bind(scratch, target)
         finally:
             mounts.unmount(scratch)
-            scratch.rmdir()
+            if scratch.is_dir():
+                scratch.rmdir()
+            else:
+                scratch.unlink()
 
     def _track(self, record: VolumeRecord, secrets: Mapping[str, str]) -> None:
         current = self._published.get(record.volume_id)
@@ -170,34 +188,38 @@ class NodeDriver:
         self._published[record.volume_id] = published
 
     async def _watch(self, published: _Published) -> None:
-        """Bind each dataset once ready, keep status.json current, renew the lease, retry failures."""
+        """Bind each dataset once ready (each share once ready enough), keep status.json
+        current, renew the lease, retry failures."""
         record = published.record
         view, target = self.volumes.view(record.volume_id), Path(record.target_path)
         last: dict[str, Any] | None = None
         retry_at: float | None = None
         renew_every = max(self.settings.lease_ttl / 3, POLL_SECONDS)
         renew_at = self._clock() + renew_every
+        has_task = any(not d.get("stripe") for d in record.datasets)
         while True:
             try:
-                task = await self.service.get_task(record.pod_uid)
-                for dataset in task.datasets:
+                task = await self.service.get_task(record.pod_uid) if has_task else None
+                for dataset in task.datasets if task is not None else ():
                     if dataset.state == "ready" and dataset.digest:
                         await asyncio.to_thread(self._bind_dataset, target, dataset.name, dataset.digest)
-                status = pod_status(task)
+                shares = [await asyncio.to_thread(self._share, target, *key) for key in record.stripes()]
+                status = pod_status(task, shares, record.pod_uid)
                 if status != last:
                     await asyncio.to_thread(_write_status, view, status)
                     last = status
                 now = self._clock()
-                if task.state == "failed":
+                if task is not None and task.state == "failed":
                     if retry_at is None:
                         retry_at = now + RETRY_SECONDS
                     elif now >= retry_at:
                         retry_at = None
                         await self.service.submit_task(record.pod_uid, record.requests(published.secrets))
-                elif task.state == "ready" and now >= renew_at:
+                elif task is not None and task.state == "ready" and now >= renew_at:
                     renew_at = now + renew_every
                     await self.service.submit_task(record.pod_uid, record.requests(published.secrets))
-                await asyncio.sleep(POLL_SECONDS if task.state != "ready" else min(renew_every, 5.0))
+                settled = status["state"] == "ready" and all(s["state"] == "complete" for s in shares)
+                await asyncio.sleep(POLL_SECONDS if not settled else min(renew_every, 5.0))
             except asyncio.CancelledError:
                 raise
             except NotFound:  # released under us (an operator, the pod watch): say so, keep the mounts
@@ -211,6 +233,43 @@ class NodeDriver:
             except Exception:
                 log.exception("volume %s: watcher failed; retrying", record.volume_id)
                 await asyncio.sleep(1.0)
+
+    def _share(self, target: Path, name: str, digest: str) -> dict[str, Any]:
+        """This node's share of ``name@digest`` as the pod may see it, bound read-only on
+        ``datasets/<name>`` once ready enough (its first bundles held: the reader may start;
+        its files, its done markers and its layout file, which says who holds the rest). A
+        share is never a whole tree: the layout says so, and the reader fetches the rest
+        through the agent. Until the node holds a share (the controller holds it on the
+        group's members) the pod waits."""
+        try:
+            share = self.service.stripes.status((name, digest))
+        except NotFound:
+            why = "this node holds no share of it yet (the Dataset's controller holds it on the group's members)"
+            return {"name": name, "digest": digest, "state": "waiting", "message": why}
+        state = (
+            "failed"
+            if share["error"]
+            else "complete"
+            if share["complete"]
+            else "ready"
+            if share["ready_enough"]
+            else "filling"
+        )
+        if state in ("ready", "complete"):
+            point = target / "datasets" / name
+            if not mounts.is_mount_point(point):
+                self._bind_readonly(Path(share["share_dir"]), point, f"{target.parent.name}-{name}")
+                log.info("bound the share of %s@%s into %s", name, digest[:12], target)
+        return {
+            "name": name,
+            "digest": digest,
+            "state": state,
+            "bundles": share["bundles_owned"],
+            "bundlesDone": share["bundles_held"],
+            "bytes": share["bytes_owned"],
+            "bytesDone": share["bytes_held"],
+            **({"error": share["error"]} if share["error"] else {}),
+        }
 
     def _bind_dataset(self, target: Path, name: str, digest: str) -> None:
         point = target / "datasets" / name
@@ -290,11 +349,19 @@ class NodeDriver:
         self._published.clear()
 
 
-def pod_status(task: TaskRecord) -> dict[str, Any]:
-    """What the pod may see of its task (``status.json``): its own datasets, no paths, no options."""
+def pod_status(task: TaskRecord | None, shares: Sequence[Mapping[str, Any]] = (), uid: str = "") -> dict[str, Any]:
+    """What the pod may see of its task (``status.json``): its own datasets, no paths, no
+    options; and of each striped version its volume shows, this node's share. Ready when the
+    task is (or there is none) and every share is ready enough."""
+    states = {s["state"] for s in shares}
+    if task is not None and task.state != "ready":
+        state = task.state
+    else:
+        state = "failed" if "failed" in states else "pending" if states - {"ready", "complete"} else "ready"
     return {
-        "task": task.task_id,
-        "state": task.state,
+        "task": task.task_id if task is not None else uid,
+        "state": state,
+        **({"stripes": [dict(s) for s in shares]} if shares else {}),
         "datasets": [
             {
                 "name": d.name,
@@ -307,7 +374,7 @@ def pod_status(task: TaskRecord) -> dict[str, Any]:
                 "eta": d.eta,
                 **({"error": {k: d.error[k] for k in ("code", "message", "hint") if k in d.error}} if d.error else {}),
             }
-            for d in task.datasets
+            for d in (task.datasets if task is not None else ())
         ],
     }
 

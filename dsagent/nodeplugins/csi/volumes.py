@@ -14,7 +14,9 @@ On-disk layout (``docs/design.md#csi``)::
 
     <root>/csi/volumes/<volume_id>.json      publish record (no secrets, no options)
     <root>/csi/views/<volume_id>/            bound read-only at the kubelet's target path
-        datasets/<name>/                     mount point: the version the pod's task is bound to
+        datasets/<name>/                     mount point: the version the pod's task is bound to,
+                                             or this node's share of a striped version
+        agent.sock                           mount point of the agent's socket (volumes with a share)
         status.json                          the pod's own task status (rewritten atomically)
         ready | failed                       marks the app containers wait for
     <root>/csi/scratch/                      private mount points for read-only binds
@@ -69,13 +71,19 @@ class VolumeRecord:
     pod_uid: str
     pod_namespace: str
     pod_name: str
-    datasets: tuple[dict[str, Any], ...]  # {name, source, bundles?, secretKey?}
+    datasets: tuple[dict[str, Any], ...]  # {name, source, bundles?, secretKey?, stripe?}
 
     def requests(self, secrets: Mapping[str, str] | None = None) -> list[DatasetRequest]:
+        """The pod's task: every dataset but the striped ones, whose shares the volume shows."""
         return [
             DatasetRequest(d["name"], d["source"], d.get("bundles"), storage_options(d, secrets), allow_per_file=True)
             for d in self.datasets
+            if not d.get("stripe")
         ]
+
+    def stripes(self) -> list[tuple[str, str]]:
+        """``(name, digest)`` of each striped version whose share on this node the volume shows."""
+        return [(d["name"], d["stripe"]) for d in self.datasets if d.get("stripe")]
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -125,12 +133,18 @@ def pod_info(context: Mapping[str, str]) -> PodInfo:
 
 def datasets_from_context(context: Mapping[str, str]) -> tuple[dict[str, Any], ...]:
     """The datasets of the volume attributes (the contract: :mod:`dsplatform.wire.csivolume`), as
-    the publish record keeps them: ``{name, source, bundles?, secretKey?}``."""
+    the publish record keeps them: ``{name, source, bundles?, secretKey?, stripe?}``."""
     try:
         found = csivolume.decode(context)
     except PlatformInvalidInput as exc:  # into the agent's tree: the CSI edge answers INVALID_ARGUMENT
         raise InvalidInput(exc.message, hint=exc.hint) from None
-    fields = (("name", "name"), ("source", "source"), ("bundles", "bundles"), ("secretKey", "secret_key"))
+    fields = (
+        ("name", "name"),
+        ("source", "source"),
+        ("bundles", "bundles"),
+        ("secretKey", "secret_key"),
+        ("stripe", "stripe"),
+    )
     return tuple({key: getattr(d, attr) for key, attr in fields if getattr(d, attr)} for d in found)
 
 

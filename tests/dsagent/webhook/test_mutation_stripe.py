@@ -93,3 +93,30 @@ def test_the_mutated_pod_is_a_valid_pod(kube_version: str) -> None:
     pod = _mutated(["web", "coco"])
     pod.pop("status", None)
     kv.validate(pod, kube_version, strict=True)
+
+
+def test_in_csi_mode_the_volume_carries_the_share_and_the_app_gets_the_readers_env() -> None:
+    """CSI mode: no hostPath and no wait container; the volume names the striped version
+    (``stripe``: its share is shown, never a whole copy), the app gets ``DSAGENT_STRIPES``
+    pointing into the volume and ``DSAGENT_SOCKET`` at the socket the volume shows, and its
+    command waits for the volume's ready mark (which waits for the share's first bundles)."""
+    from dsplatform.wire import csivolume
+    from tests.dsagent.webhook.test_mutation_csi import CSI
+
+    datasets = resolve([DatasetRef("web"), DatasetRef("coco")], FOUND.__getitem__)
+    pod = real_pod()
+    mutated = dict(json_patch(pod, mutate(pod, datasets, CSI)))
+    assert STRIPE_WAIT_CONTAINER not in [c["name"] for c in mutated["spec"].get("initContainers", [])]
+    assert not [v for v in mutated["spec"]["volumes"] if "hostPath" in v]
+    volume = next(v for v in mutated["spec"]["volumes"] if "csi" in v)
+    carried = csivolume.decode(volume["csi"]["volumeAttributes"])
+    assert [(d.name, d.stripe) for d in carried] == [("web", DIGEST), ("coco", None)]
+    app = mutated["spec"]["containers"][0]
+    env = env_of(app)
+    assert json.loads(env["DSAGENT_STRIPES"]["value"]) == [
+        {"name": "web", "digest": DIGEST, "shareDir": "/dsagent-run/datasets/web"}
+    ]
+    assert env["DSAGENT_SOCKET"]["value"] == "/dsagent-run/agent.sock"
+    assert "/dsagent-run/ready" in " ".join(app["command"])  # overlap: it waits for the mark
+    mutated.pop("status", None)
+    kv.validate(mutated, "1.37.0", strict=True)

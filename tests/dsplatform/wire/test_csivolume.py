@@ -18,11 +18,14 @@ from dsplatform.wire.csivolume import DATASETS_KEY, VERSION, VERSION_KEY, Volume
             VolumeDataset("a", "s3://b/a", bundles="s3://b/bundles", secret_key="a.json"),
             VolumeDataset("coco", "/nfs/coco"),
         ),
+        (VolumeDataset("big", "s3://b/big", bundles="s3://b/store", stripe="cd" * 16), VolumeDataset("c", "/nfs/c")),
     ],
 )
 def test_what_encode_writes_decode_reads_back(datasets: tuple[VolumeDataset, ...]) -> None:
     attributes = encode(datasets)
-    assert attributes[VERSION_KEY] == str(VERSION) and all(isinstance(v, str) for v in attributes.values())
+    # version 1 where no entry needs 2: what an agent that reads only version 1 reads too
+    assert attributes[VERSION_KEY] == (str(VERSION) if any(d.stripe for d in datasets) else "1")
+    assert all(isinstance(v, str) for v in attributes.values())
     assert decode(attributes) == datasets
 
 
@@ -34,7 +37,9 @@ def test_attributes_written_before_the_version_key_read_as_version_one() -> None
 @pytest.mark.parametrize(
     ("attributes", "complaint"),
     [
-        ({VERSION_KEY: "2", DATASETS_KEY: '[{"name":"a","source":"s3://x"}]'}, "reads version 1"),
+        ({VERSION_KEY: "3", DATASETS_KEY: '[{"name":"a","source":"s3://x"}]'}, "reads versions ['1', '2']"),
+        ({VERSION_KEY: "1", DATASETS_KEY: f'[{{"name":"a","source":"s","stripe":"{"ab" * 16}"}}]'}, "needs"),
+        ({VERSION_KEY: "2", DATASETS_KEY: '[{"name":"a","source":"s","stripe":"../x"}]'}, "version digest"),
         ({}, "is missing"),
         ({DATASETS_KEY: "[]"}, "list of 1-64"),
         ({DATASETS_KEY: '[{"name":"a"}]'}, "'name' and 'source'"),
@@ -44,7 +49,19 @@ def test_attributes_written_before_the_version_key_read_as_version_one() -> None
         ({DATASETS_KEY: '[{"name":"a","source":"s"},{"name":"a","source":"t"}]'}, "repeat"),
         ({DATASETS_KEY: "[" * 100_000}, DATASETS_KEY),
     ],
-    ids=["version", "missing", "empty", "no-source", "unknown-key", "bad-name", "bad-secret-key", "repeat", "deep"],
+    ids=[
+        "version",
+        "stripe-in-v1",
+        "bad-stripe",
+        "missing",
+        "empty",
+        "no-source",
+        "unknown-key",
+        "bad-name",
+        "bad-secret-key",
+        "repeat",
+        "deep",
+    ],
 )
 def test_hostile_attributes_are_refused_naming_the_field(attributes: dict[str, str], complaint: str) -> None:
     with pytest.raises(InvalidInput) as excinfo:
