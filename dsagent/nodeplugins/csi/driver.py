@@ -19,6 +19,10 @@ volume:
   container through its ``HostToContainer`` mount. The view also holds ``status.json``
   (the pod's own task only) and the ``ready``/``failed`` marks. While published, the
   watcher renews the task's lease and re-submits a failed task (retry with back-off).
+- a striped version the volume names (``stripe``: docs/design-striping.md#csi) is not
+  in the task: the watcher binds this node's share of it read-only on
+  ``<target>/datasets/<name>`` once its first bundles are held, and the agent's own socket
+  on ``<target>/agent.sock``, for the rank-aware reader.
 - ``NodeUnpublishVolume`` stops the watcher, removes every mount under and at the target,
   removes the view, releases the pod's task (unless another published volume of the pod
   still holds it) and deletes the record; it is idempotent.
@@ -203,7 +207,10 @@ class NodeDriver:
                 for dataset in task.datasets if task is not None else ():
                     if dataset.state == "ready" and dataset.digest:
                         await asyncio.to_thread(self._bind_dataset, target, dataset.name, dataset.digest)
-                shares = [await asyncio.to_thread(self._share, target, *key) for key in record.stripes()]
+                shares = [self._share(*key) for key in record.stripes()]  # on the loop: the service's state
+                for share in shares:
+                    if share["state"] in ("ready", "complete"):
+                        await asyncio.to_thread(self._bind_share, target, share["name"], share["digest"])
                 status = pod_status(task, shares, record.pod_uid)
                 if status != last:
                     await asyncio.to_thread(_write_status, view, status)
@@ -234,13 +241,11 @@ class NodeDriver:
                 log.exception("volume %s: watcher failed; retrying", record.volume_id)
                 await asyncio.sleep(1.0)
 
-    def _share(self, target: Path, name: str, digest: str) -> dict[str, Any]:
-        """This node's share of ``name@digest`` as the pod may see it, bound read-only on
-        ``datasets/<name>`` once ready enough (its first bundles held: the reader may start;
-        its files, its done markers and its layout file, which says who holds the rest). A
-        share is never a whole tree: the layout says so, and the reader fetches the rest
-        through the agent. Until the node holds a share (the controller holds it on the
-        group's members) the pod waits."""
+    def _share(self, name: str, digest: str) -> dict[str, Any]:
+        """This node's share of ``name@digest`` as the pod may see it in ``status.json``:
+        ``waiting`` until the node holds a share (the controller holds it on the group's
+        members), ``filling``, ``ready`` once its first bundles are held (the reader may
+        start), ``complete``, or ``failed``."""
         try:
             share = self.service.stripes.status((name, digest))
         except NotFound:
@@ -255,11 +260,6 @@ class NodeDriver:
             if share["ready_enough"]
             else "filling"
         )
-        if state in ("ready", "complete"):
-            point = target / "datasets" / name
-            if not mounts.is_mount_point(point):
-                self._bind_readonly(Path(share["share_dir"]), point, f"{target.parent.name}-{name}")
-                log.info("bound the share of %s@%s into %s", name, digest[:12], target)
         return {
             "name": name,
             "digest": digest,
@@ -270,6 +270,16 @@ class NodeDriver:
             "bytesDone": share["bytes_held"],
             **({"error": share["error"]} if share["error"] else {}),
         }
+
+    def _bind_share(self, target: Path, name: str, digest: str) -> None:
+        """The share read-only on ``datasets/<name>``: its files, its done markers and its
+        layout file, which says who holds the rest. Never a whole tree: the reader fetches
+        the other bundles through the agent."""
+        point = target / "datasets" / name
+        if mounts.is_mount_point(point):
+            return
+        self._bind_readonly(self.service.stripes.share_dir((name, digest)), point, f"{target.parent.name}-{name}")
+        log.info("bound the share of %s@%s into %s", name, digest[:12], target)
 
     def _bind_dataset(self, target: Path, name: str, digest: str) -> None:
         point = target / "datasets" / name
