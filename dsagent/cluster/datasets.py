@@ -103,6 +103,17 @@ class Dataset:
     def digest(self) -> str | None:
         return self.status.digest if self.status else None
 
+    def share_read(self, pinned: str | None) -> str | None:
+        """The version a pod reads from this node's stripe share, starting before it is
+        whole (docs/design-striping.md#start), or None when the pod gets a whole copy: a
+        striped Dataset that opts in, with a packed version that the pod does not pin
+        otherwise (``pinned``: the digest its annotation names). The webhook wires such a
+        dataset to the share and the cluster agent leaves it out of the pod's task."""
+        digest = self.digest
+        if self.stripe is None or not self.start_before_whole or digest is None or not self.bundles:
+            return None
+        return digest if pinned in (None, digest) else None
+
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Dataset:
         meta = obj.get("metadata") or {}

@@ -323,6 +323,7 @@ class ClusterAgent:
             return None
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
         requests = []
+        shares = []
         for ref in refs:
             if ref.source is not None:
                 requests.append(
@@ -334,6 +335,11 @@ class ClusterAgent:
             except DsagentError as exc:
                 log.warning("pod %s: cannot resolve dataset %s: %s", _name(pod), ref.name, exc)
                 return None
+            if dataset.share_read(ref.digest) is not None:
+                # read from the node's stripe share, which the controller holds (a CSI
+                # volume shows it): never a whole copy (docs/design-striping.md#csi)
+                shares.append(ref.name)
+                continue
             if dataset.storage_secret is not None:
                 log.info(
                     "pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name
@@ -345,6 +351,9 @@ class ClusterAgent:
                     ref.name, dataset.source, ref.bundles or dataset.bundles, ref.storage_options, allow_per_file=True
                 )
             )
+        if shares and not requests:
+            log.info("pod %s reads striped versions only (%s): no task", _name(pod), ", ".join(shares))
+            self._left_to_init.add(pod_uid(pod))
         return requests or None
 
     async def _release(self, uid: str, name: str) -> None:

@@ -103,19 +103,10 @@ def resolve(refs: Sequence[DatasetRef], lookup: Callable[[str], Dataset]) -> tup
                 digest=ref.digest,
                 secret=dataset.storage_secret,
                 storage_options=ref.storage_options,
-                stripe_digest=_start_before_whole(ref, dataset),
+                stripe_digest=dataset.share_read(ref.digest),
             )
         )
     return tuple(resolved)
-
-
-def _start_before_whole(ref: DatasetRef, dataset: Dataset) -> str | None:
-    """The version a pod reads from the stripe share, starting before it is whole: a striped
-    Dataset that opts in, with a packed version the pod does not pin otherwise."""
-    digest = dataset.digest
-    if dataset.stripe is None or not dataset.start_before_whole or digest is None or not dataset.bundles:
-        return None
-    return digest if ref.digest in (None, digest) else None
 
 
 def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injection: Injection) -> JSONPatch:

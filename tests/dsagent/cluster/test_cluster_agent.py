@@ -682,3 +682,33 @@ def test_a_pod_reading_only_striped_versions_gets_no_task_and_may_read_its_strip
             assert not await agent.service.pod_names_dataset(other["metadata"]["uid"], "web")
 
     asyncio.run(scenario())
+
+
+def test_in_csi_mode_a_striped_start_before_whole_dataset_stays_out_of_the_pods_task(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """A CSI pod has no caching container: the cluster agent makes its task from its
+    annotation at bind. A striped Dataset that starts before whole is read from the node's
+    share (the CSI volume shows it), so it stays out of the task, as the CSI publish leaves
+    it out (one request, no conflict, no whole copy); a pod of such datasets only gets no
+    task, and its annotation still lets it read them through the agent."""
+    apiserver.create(make_node(NODE))
+    striped = {"stripe": "auto", "startBeforeWhole": True}
+    web = make_dataset("web", source="memory://nowhere/web", bundles="memory://nowhere/packs",
+                       status={"digest": "c" * 32, "bundles": 4, "files": 8, "bytes": 1 << 40})  # fmt: skip
+    web["spec"].update(striped)
+    apiserver.create(web)
+    apiserver.create(make_dataset("tiny", source="memory://nowhere/tiny"))
+    both = apiserver.create(make_pod("p", node_name=NODE, annotations={"dsagent.io/datasets": "web,tiny"}))
+    only = apiserver.create(make_pod("q", node_name=NODE, annotations={"dsagent.io/datasets": "web"}))
+    both_uid, only_uid = both["metadata"]["uid"], only["metadata"]["uid"]
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            await until(lambda: both_uid in agent._tasks, what="the task of the pod with a whole dataset")
+            assert [r.name for r in agent._tasks[both_uid]] == ["tiny"]
+            await asyncio.sleep(0.3)
+            assert only_uid not in agent._tasks and await task_or_none(agent.service, only_uid) is None
+            assert await agent.service.pod_names_dataset(only_uid, "web")
+
+    asyncio.run(scenario())
