@@ -17,7 +17,7 @@ import click
 
 from dsagent.cli.cache import POLL_SECONDS, _client, agent_options
 from dsagent.cli.options import DURATION, output_option
-from dsagent.errors import DsagentError, InvalidInput, TransientError
+from dsagent.errors import DsagentError, InvalidInput, NotFound, TransientError
 from dsplatform.units import format_size
 
 
@@ -87,17 +87,24 @@ def wait(
     socket_path: str | None,
     token: str | None,
 ) -> None:
-    """Report the share's progress until enough of it (or all of it) is held here."""
+    """Report the share's progress until enough of it (or all of it) is held here. While
+    this node holds no share of the version yet (the Dataset's controller holds it on the
+    group's members), it waits for one, saying so."""
     key = "readyEnough" if until == "ready-enough" else "complete"
     deadline = None if timeout is None else time.monotonic() + timeout
     shown = None
     with _client(agent_url, socket_path, token) as client:
         while True:
-            status = client.stripe_status(name, digest)
-            line = (
-                f"{name}@{digest[:12]}: {status['bundlesHeld']} of {status['bundlesOwned']} bundles held"
-                f" ({format_size(status['bytesHeld'])} of {format_size(status['bytesOwned'])})"
-            )
+            try:
+                status = client.stripe_status(name, digest)
+            except NotFound:
+                status = {key: False, "error": None}
+                line = f"{name}@{digest[:12]}: this node holds no share of it yet"
+            else:
+                line = (
+                    f"{name}@{digest[:12]}: {status['bundlesHeld']} of {status['bundlesOwned']} bundles held"
+                    f" ({format_size(status['bytesHeld'])} of {format_size(status['bytesOwned'])})"
+                )
             if line != shown and output == "text":
                 click.echo(line)
                 shown = line
@@ -108,7 +115,7 @@ def wait(
                     click.echo(json.dumps(status, indent=2))
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise TransientError(f"the share of {name} is not {until} after {timeout:g}s")
+                raise TransientError(f"the share of {name} is not {until} after {timeout:g}s: {line}")
             time.sleep(POLL_SECONDS)
 
 
