@@ -26,3 +26,27 @@ def test_the_block_is_rewritten_between_its_markers_only() -> None:
     assert written.startswith("before\n" + results.BEGIN) and written.endswith(results.END + "\nafter\n")
     assert "old table" not in written and "| results-churn | ours+stripe+early |" in written
     assert results.with_goals("no markers\n", docs) == "no markers\n"
+
+
+def _seeded(store: float, local: float, ttfs: float) -> dict[str, object]:
+    """A run document of the Fluid settings and ours, ours at these ratios to the best Fluid."""
+    fluid = {"storage_bytes": 100.0, "local_fraction": 0.2, "ttfs_mean_s": 50.0}
+    ours = {"storage_bytes": 100.0 * store, "local_fraction": 0.2 * local, "ttfs_mean_s": 50.0 * ttfs}
+    return {"policies": {**{p: dict(fluid) for p in results.FLUIDS}, "ours+stripe+early": ours}}
+
+
+def test_other_seeds_are_counted_per_goal_and_their_misses_are_bold() -> None:
+    seeded = {
+        "w seed 2": _seeded(1.0, 2.0, 0.5),
+        "w seed 3": _seeded(1.004, 2.0, 0.5),  # a miss that would round to 1.00x
+        "w seed 4": _seeded(0.9, 1.2, 1.1),
+    }
+    section = "\n".join(results.seeds_section(seeded))
+    assert "(3 runs)" in section
+    assert "meets the store goal on 2, the local-byte goal on 2 and the time goal on 2 of them" in section
+    assert "| w seed 3 | ours+stripe+early | **1.0040x (fluid-r1)** |" in section
+    missed = "| w seed 4 | ours+stripe+early | 0.90x (fluid-r1) | **1.20x (fluid-r1)** | **1.10x (fluid-r1)** |"
+    assert missed in section
+    page = results.render(_docs(), None, seeded)
+    assert page.index("## Other seeds") < page.index("## The baselines as modelled")
+    assert "## Other seeds" not in results.render(_docs())
