@@ -22,9 +22,9 @@ from dsagent.api.identity import Caller, require_operator
 from dsagent.api.routes import BoundedJsonRoute, caller, errors, operator, service
 from dsagent.api.schemas import StripeIn, StripeOut, StripeReleaseOut
 from dsagent.cache.service import CacheService
-from dsagent.cache.stripes import tar_stream
 from dsagent.errors import Forbidden
 from dsagent.format.names import validate_digest, validate_name
+from dsagent.format.packwriter import tar_stream
 
 router = APIRouter(route_class=BoundedJsonRoute)
 

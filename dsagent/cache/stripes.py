@@ -39,7 +39,7 @@ import os
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,6 @@ from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
 from dsagent.cache.stripefetch import BundleSources
 from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound, TransientError
-from dsagent.format.bundle import tar_header
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
@@ -60,7 +59,6 @@ log = logging.getLogger("dsagent.stripes")
 STRIPES_DIR = "stripes"
 HOLD_FILE = "hold.json"
 PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
-_BLOCK = 512
 
 
 @dataclass
@@ -551,32 +549,6 @@ class StripeShares:
         self.sources.fetch(share, ref, directory, order, fresh=True)
 
 
-def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 20) -> Generator[bytes, None, None]:
-    """A plain tar of ``entries`` read from ``directory`` (for this node's readers: no zstd,
-    the bytes were verified when they arrived). Sizes are the manifest's: a file that changed
-    length cuts the stream."""
-    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for entry in entries:
-            yield tar_header(entry)
-            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=root)
-            try:
-                left = entry.size
-                while left:
-                    data = os.read(fd, min(chunk, left))
-                    if not data:
-                        raise DsagentError(f"{entry.path} is shorter than its manifest says")
-                    left -= len(data)
-                    yield data
-            finally:
-                os.close(fd)
-            if entry.size % _BLOCK:
-                yield b"\0" * (_BLOCK - entry.size % _BLOCK)
-        yield b"\0" * (2 * _BLOCK)
-    finally:
-        os.close(root)
-
-
 def _done_reading(share: _Share) -> None:
     share.readers = max(0, share.readers - 1)
 
@@ -607,4 +579,4 @@ def _write_marker(path: Path) -> None:
         os.close(dir_fd)
 
 
-__all__ = ["STRIPES_DIR", "StripeShares", "tar_stream"]
+__all__ = ["STRIPES_DIR", "StripeShares"]

@@ -4,6 +4,8 @@ as zstd frames and stored atomically.
 Who calls it: :mod:`dsagent.format.bundle` (``pack`` and ``write_bundles``, which decide
 which bundles to write and in what order). What it owns:
 
+- **plain tar streams** of files already verified (:func:`tar_stream`: what the agent
+  sends a node's readers of a striped version);
 - **tar headers** for plain members (:func:`tar_header`), packed by hand because
   ``tarfile`` spends ~36 us per header, a sixth of a pack on tmpfs; others go through
   ``tarfile``, and a test checks both give the same bytes;
@@ -26,8 +28,9 @@ import tarfile
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import xxhash
@@ -68,6 +71,33 @@ class CountingWriter:
 
     def flush(self) -> None:
         self.raw.flush()
+
+
+def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 20) -> Generator[bytes, None, None]:
+    """A plain tar of ``entries`` read from ``directory``, headers as bundles have them (what
+    the agent streams to a node's readers of a striped version: no zstd, the bytes were
+    verified when they arrived). Sizes are the manifest's: a file that changed length cuts
+    the stream."""
+    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for entry in entries:
+            yield tar_header(entry)
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=root)
+            try:
+                left = entry.size
+                while left:
+                    data = os.read(fd, min(chunk, left))
+                    if not data:
+                        raise IntegrityError(f"{entry.path} is shorter than its manifest says")
+                    left -= len(data)
+                    yield data
+            finally:
+                os.close(fd)
+            if entry.size % _BLOCK:
+                yield b"\0" * (_BLOCK - entry.size % _BLOCK)
+        yield b"\0" * (2 * _BLOCK)
+    finally:
+        os.close(root)
 
 
 def _tar_header_slow(entry: FileEntry) -> bytes:
