@@ -72,6 +72,8 @@ if TYPE_CHECKING:  # the service is handed in; importing it here would make envn
 
 log = logging.getLogger("dsagent.cluster")
 TERMINAL_PHASES = ("Succeeded", "Failed")
+#: How long a stopping agent waits for its pod watch once the annotations are handled (seconds).
+WATCH_STOP_GRACE = 2.0
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
 FreeGpuSource = Callable[[Any], Awaitable[Sequence[int] | None]]
@@ -240,8 +242,13 @@ class ClusterAgent:
                 self.cluster.stop_timeout,
             )
         if stopping is not None:
+            # The annotations are what must not outlive the agent; the watch only reads, on a
+            # daemon thread. A watch stuck in a request that has no response yet (a hung list
+            # or reconnect) cannot be interrupted, so it gets a short grace, not the rest of
+            # the bound: a stop must not take the whole bound when only reads hang.
+            grace = min(WATCH_STOP_GRACE, max(0.0, deadline - time.monotonic()))
             try:
-                await asyncio.wait_for(stopping, max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(stopping, grace)
             except asyncio.TimeoutError:
                 log.warning("the pod watch of node %s did not stop in time; leaving it behind", self.node_name)
         self.hooks.disconnect()

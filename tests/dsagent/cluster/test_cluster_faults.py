@@ -23,9 +23,10 @@ def reads(request: RecordedRequest) -> bool:
 
 def test_a_stopping_agent_clears_its_annotations_while_reads_hang(apiserver: FakeApiServer, tmp_path: Path) -> None:
     """The API server answers writes but no reads (an overloaded watch cache): the agent
-    removes its annotations without reading its Node first, well within its bound."""
+    removes its annotations without reading its Node first, and stops well within its bound
+    though its pod watch hangs in a reconnect it cannot interrupt (it is left behind)."""
     apiserver.create(make_node(NODE, annotations={"unrelated": "kept"}))
-    cluster = ClusterSettings(publish_interval=3600, watch_timeout=5, stop_timeout=8)
+    cluster = ClusterSettings(publish_interval=3600, watch_timeout=1, stop_timeout=8)
     took: list[float] = []
 
     async def scenario() -> None:
@@ -33,7 +34,10 @@ def test_a_stopping_agent_clears_its_annotations_while_reads_hang(apiserver: Fak
             await until(lambda: agent.patches == 1, what="the first publish")
             assert set(node_annotations(apiserver)) == {"unrelated", *PUBLISHED}
             agent._annotations = None  # as after a failed publish: what the Node carries is unknown
+            hung = len(apiserver.requests_matching("GET", "/api/v1/pods"))
             apiserver.hang(reads)
+            # the watch ends its 1 s stream and reconnects into the hang
+            await until(lambda: len(apiserver.requests_matching("GET", "/api/v1/pods")) > hung, what="a hung read")
             started = time.monotonic()
         took.append(time.monotonic() - started)
 
@@ -42,7 +46,7 @@ def test_a_stopping_agent_clears_its_annotations_while_reads_hang(apiserver: Fak
     finally:
         apiserver.heal()
     assert node_annotations(apiserver) == {"unrelated": "kept"}
-    assert took[0] < 8, took
+    assert took[0] < 5, took
 
 
 def test_a_stopping_agent_retries_a_failing_api_server_until_it_answers(
