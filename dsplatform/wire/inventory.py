@@ -118,11 +118,21 @@ def versions_of(inventory: Mapping[str, Any], name: str) -> list[Mapping[str, An
 
 
 def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
-    """``"ready"`` or ``"fetching"``: how an inventory lists ``name@digest``; None when it does not."""
+    """How an inventory lists ``name@digest``: ``"ready"`` or ``"fetching"`` (a copy),
+    ``"share"`` (a share of the striped version with bundles held: it serves those); None
+    when it does not."""
     if not isinstance(inventory, Mapping):
         return None
     states = {v.get("state") for v in versions_of(inventory, name) if v.get("digest") == digest}
-    return "ready" if "ready" in states else "fetching" if "fetching" in states else None
+    if "ready" in states or "fetching" in states:
+        return "ready" if "ready" in states else "fetching"
+    stripes = inventory.get("stripes")
+    share = stripes.get(name) if isinstance(stripes, Mapping) else None
+    if isinstance(share, Mapping) and share.get("digest") == digest:
+        held = share.get("heldBytes")
+        if isinstance(held, int) and not isinstance(held, bool) and held > 0:
+            return "share"
+    return None
 
 
 __all__ = [

@@ -148,24 +148,28 @@ class PeerFetcher:
 
     async def holders(self, name: str, digest: str) -> list[str]:
         """The peers to ask for the bundles of ``name@digest`` (base URLs), best first: those
-        holding it ready, those fetching it, then the other configured peers (a short list,
+        holding it ready, those fetching it, those holding a share of it (the striped
+        version's members: each serves its own bundles), then the other configured peers (a short list,
         and one that starts the same version a moment later is then asked all the same; a
         peer that does not answer is dropped for the fetch). In cluster mode, the agents
         whose node inventories list it ready or fetching."""
         ready: list[str] = []
         fetching: list[str] = []
+        shares: list[str] = []
         others: list[str] = []
         if self.settings.peers:
             async with httpx.AsyncClient(timeout=httpx.Timeout(min(self.settings.peer_timeout, 5.0))) as client:
                 answers = await asyncio.gather(
                     *(self._holds(client, peer, name, digest) for peer in self.settings.peers)
                 )
+            by_state = {"ready": ready, "fetching": fetching, "share": shares}
             for peer, state in zip(self.settings.peers, answers, strict=True):
-                (ready if state == "ready" else fetching if state == "fetching" else others).append(peer)
+                by_state.get(state or "", others).append(peer)
         if self.cluster_holders is not None:
             with contextlib.suppress(Exception):
-                ready += [p for p in await self.cluster_holders(name, digest) if p not in ready + fetching + others]
-        return ready + fetching + others
+                known = ready + fetching + shares + others
+                ready += [p for p in await self.cluster_holders(name, digest) if p not in known]
+        return ready + fetching + shares + others
 
     async def session(self, name: str, digest: str) -> PeerSession | None:
         """The fetch of ``name@digest`` from peers (None when peers are off): the holders found

@@ -78,6 +78,23 @@ def test_holds_reads_current_and_older_versions() -> None:
 
 
 @pytest.mark.parametrize(
+    ("share", "expected"),
+    [
+        ({"digest": "a" * 32, "heldBytes": 5}, "share"),
+        ({"digest": "a" * 32, "heldBytes": 0}, None),  # nothing held yet: nothing to serve
+        ({"digest": "b" * 32, "heldBytes": 5}, None),  # another version's share
+        ({"digest": "a" * 32, "heldBytes": True}, None),  # a field of the wrong type is absent
+        ({"digest": "a" * 32}, None),
+        ("a" * 32, None),
+    ],
+)
+def test_holds_reads_a_share_of_the_striped_version_after_any_copy(share: object, expected: str | None) -> None:
+    assert holds({"datasets": {}, "stripes": {"d": share}}, "d", "a" * 32) == expected
+    copy = {"datasets": {"d": {"digest": "a" * 32, "state": "fetching"}}, "stripes": {"d": share}}
+    assert holds(copy, "d", "a" * 32) == "fetching"  # a copy says more than a share
+
+
+@pytest.mark.parametrize(
     "name",
     [
         "x",

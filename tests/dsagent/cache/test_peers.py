@@ -436,7 +436,8 @@ def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
 
 def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
     """Agents holding the version ready come first, then those fetching it (they serve what
-    they finished); itself, nodes without an inventory and failed versions are left out."""
+    they finished), then its stripe group's members with bundles held; itself, nodes without
+    an inventory and failed versions are left out."""
     from types import SimpleNamespace as NS
 
     from dsagent.cache.inventory import ANNOTATION
@@ -462,6 +463,18 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
         "http://10.0.0.1:7420",
         "http://[fd00::4]:7420",
         "http://10.0.0.2:7420",
+    ]
+    # members of the version's stripe group that hold bundles come last (each serves its
+    # own); a share of another version, or one with nothing held yet, is no source
+    share = {"datasets": {}, "stripes": {"imgs": {"digest": "a" * 32, "sizeBytes": 9, "heldBytes": 3, "members": 2}}}
+    empty = {"datasets": {}, "stripes": {"imgs": {"digest": "a" * 32, "sizeBytes": 9, "heldBytes": 0, "members": 2}}}
+    other = {"datasets": {}, "stripes": {"imgs": {"digest": "b" * 32, "sizeBytes": 9, "heldBytes": 3, "members": 2}}}
+    striped = [node("s1", share, "10.0.1.1"), node("s2", empty, "10.0.1.2"), node("s3", other, "10.0.1.3")]
+    assert holders_from_nodes([*striped, *nodes], "me", "imgs", "a" * 32, 7420) == [
+        "http://10.0.0.1:7420",
+        "http://[fd00::4]:7420",
+        "http://10.0.0.2:7420",
+        "http://10.0.1.1:7420",
     ]
     # another node's annotation is another party's JSON: nested past the stack, or shaped
     # otherwise, that node is left out and the rest still count
