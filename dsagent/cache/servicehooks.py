@@ -9,8 +9,10 @@ async callables, so that the cache layer never imports cluster code:
 
 - ``admit_task(task_id)``: raises a :class:`~dsagent.errors.DsagentError` to refuse a new
   task id (in cluster mode: a pod UID that is no pod on this node);
-- ``peer_holders(name, digest)``: base URLs of other agents holding ``name@digest``, ready
-  ones first (in cluster mode: from the node inventories, docs/design.md#peers).
+- ``peer_holders(name, digest, shares=True)``: base URLs of other agents holding
+  ``name@digest``, ready ones first, then fetching, then (unless ``shares=False``) those
+  holding a share of its stripe group (in cluster mode: from the node inventories,
+  docs/design.md#peers).
 
 Why a constructor argument: set on the service by attribute after both were built (the
 agent needs the service; the service needs the agent's checks), what a service did would
@@ -24,9 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 AdmitTask = Callable[[str], Awaitable[None]]
-PeerHolders = Callable[[str, str], Awaitable[list[str]]]
+
+
+class PeerHolders(Protocol):
+    def __call__(self, name: str, digest: str, *, shares: bool = True) -> Awaitable[list[str]]: ...
+
+
 PodDatasets = Callable[[str], Awaitable["frozenset[str] | None"]]
 
 

@@ -9,8 +9,9 @@ through it. Design: docs/design-striping.md.
 What it owns, under ``<root>/stripes/<name>/<digest>/``:
 
 - ``share/``: the bundles this node owns by rendezvous hashing over the group
-  (:func:`dsplatform.stripe.owner`), each fetched from a peer that held it before, else
-  the store (:mod:`dsagent.cache.stripefetch`: every file verified by digest, published
+  (:func:`dsplatform.stripe.owner`), each fetched from a peer that held it before, or one
+  holding or fetching a whole copy, else the store (:mod:`dsagent.cache.stripefetch`:
+  every file verified by digest, published
   whole), after the cache made room for them as for a fetch
   (:meth:`dsagent.cache.space.Space.make_room`: 1.2x, LRU, never the share itself; the
   bundles still missing stay reserved while it fills, :meth:`StripeShares.pending_bytes`), then
@@ -18,7 +19,8 @@ What it owns, under ``<root>/stripes/<name>/<digest>/``:
   the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
   a striped CSI volume shows: the share as files, and where the rest lives;
 - ``window/<bundle>/``: bundles owned elsewhere, fetched for this node's readers from the
-  owner over the peer protocol (then the other members, then the store), verified the same
+  owner over the peer protocol (then the other members, the agents holding or fetching a
+  whole copy, then the store), verified the same
   way, and dropped least recently used once the window's ``stripe_window_bytes`` are full.
   The window never takes a share's bundle and a share never waits for the window: a reader
   that finds no room waits for a pin to go (bounded by ``peer_wait``), then gets a 503.
@@ -277,8 +279,12 @@ class StripeShares:
 
         async def one(digest: str) -> None:
             async with gate:
-                await self.pools.work(self._fetch_owned, share, refs[digest])
-                share.held.add(digest)
+                copies = await self.sources.copies(*share.key)
+                try:
+                    await self.pools.work(self._fetch_owned, share, refs[digest], copies)
+                    share.held.add(digest)
+                finally:
+                    self.peers.release(digest)  # held (served from the share) or not at all
 
         try:
             await asyncio.gather(*(one(b.digest) for b in todo))
@@ -292,17 +298,20 @@ class StripeShares:
             share.error = str(exc)
             log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
 
-    def _fetch_owned(self, share: _Share, bundle: BundleRef) -> None:
+    def _fetch_owned(self, share: _Share, bundle: BundleRef, copies: Sequence[str]) -> None:
         """An owned bundle, verified, then its marker (the files first, so a marker always
         means the files are there). Asked first of the nodes ranked highest by rendezvous
         hashing over the members and the other peers listed (a draining node the controller
         lists as a peer but not a member owned the bundle before, so it ranks first): after a
         member joins, the one ranked second owned the bundle before, and after a drain the
-        leaving node did, so a group change moves shares over P2P; then the store, the
-        durable copy."""
+        leaving node did, so a group change moves shares over P2P; then the agents holding or
+        fetching a whole copy (``copies``); then the store, the durable copy. Claimed
+        meanwhile, so that a whole copy arriving elsewhere waits for it rather than read it
+        from the store too."""
         directory = self.share_dir(share.key)
         ranked = sorted({*share.layout.members, *share.peers})
-        self.sources.fetch(share, bundle, directory, owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS))
+        order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
+        self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
         _write_marker(directory / DONE_DIR / bundle.digest)
 
     def _drop_unowned(self, share: _Share) -> None:
@@ -398,6 +407,7 @@ class StripeShares:
         await self.pools.work(_remove_version, self.version_dir(key))
         if self._shares.get(key) is share:
             del self._shares[key]
+            self.sources.forget(*key)
         await self._notify()
         return True
 
@@ -511,7 +521,7 @@ class StripeShares:
         directory = self.version_dir(share.key) / "window" / digest
         self._window_bytes += size  # reserved while it arrives
         try:
-            await self.pools.work(self._fetch_visiting, share, ref, directory)
+            await self.pools.work(self._fetch_visiting, share, ref, directory, await self.sources.copies(*share.key))
         except BaseException:
             self._window_bytes -= size
             await self.pools.work(shutil.rmtree, directory, True)
@@ -541,12 +551,12 @@ class StripeShares:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._room.wait(), left)
 
-    def _fetch_visiting(self, share: _Share, ref: BundleRef, directory: Path) -> None:
+    def _fetch_visiting(self, share: _Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
-        self.sources.fetch(share, ref, directory, order, fresh=True)
+        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True)
 
 
 def _done_reading(share: _Share) -> None:

@@ -103,8 +103,9 @@ class ClusterHooks:
         except platform_errors.InvalidInput:
             return None
 
-    async def peer_holders(self, name: str, digest: str) -> list[str]:
-        """Agents whose node inventory lists ``name@digest`` ready, then fetching (docs/design.md#peers)."""
+    async def peer_holders(self, name: str, digest: str, *, shares: bool = True) -> list[str]:
+        """Agents whose node inventory lists ``name@digest`` ready, then fetching, then (unless
+        ``shares=False``) holding a share of its stripe group (docs/design.md#peers)."""
         from dsagent.cluster.peerlist import holders_from_nodes
 
         core = self._core
@@ -115,4 +116,6 @@ class ClusterHooks:
             with translated("list nodes"):
                 return list(core.list_node(_request_timeout=10).items or [])
 
-        return holders_from_nodes(await asyncio.to_thread(nodes), self.node_name, name, digest, self.peer_port)
+        return holders_from_nodes(
+            await asyncio.to_thread(nodes), self.node_name, name, digest, self.peer_port, shares=shares
+        )

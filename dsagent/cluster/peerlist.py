@@ -28,14 +28,16 @@ def _address(node: Any) -> str | None:
     return None
 
 
-def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int) -> list[str]:
+def holders_from_nodes(
+    nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int, *, shares: bool = True
+) -> list[str]:
     """Base URLs of the agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest``:
     those holding it ready first, then those fetching it (they serve the bundles they finished),
-    then the members of its stripe group that hold bundles (each serves its own; the others
-    answer 404 and the next source is asked)."""
+    then, unless ``shares=False``, the members of its stripe group that hold bundles (each
+    serves its own; the others answer 404 and the next source is asked)."""
     urls: list[str] = []
     fetching: list[str] = []
-    shares: list[str] = []
+    held: list[str] = []
     for node in nodes:
         metadata = getattr(node, "metadata", None)
         if metadata is None or metadata.name == own_node:
@@ -52,8 +54,8 @@ def holders_from_nodes(nodes: Iterable[Any], own_node: str, name: str, digest: s
         state = holds(inventory, name, digest) if address is not None else None
         if state is not None and address is not None:
             host = f"[{address}]" if ":" in address else address
-            (urls if state == "ready" else fetching if state == "fetching" else shares).append(f"http://{host}:{port}")
-    return urls + fetching + shares
+            (urls if state == "ready" else fetching if state == "fetching" else held).append(f"http://{host}:{port}")
+    return urls + fetching + held if shares else urls + fetching
 
 
 __all__ = ["holders_from_nodes"]

@@ -146,30 +146,32 @@ class PeerFetcher:
             for client in self._bound.values():
                 client.close()
 
-    async def holders(self, name: str, digest: str) -> list[str]:
+    async def holders(self, name: str, digest: str, *, shares: bool = True) -> list[str]:
         """The peers to ask for the bundles of ``name@digest`` (base URLs), best first: those
         holding it ready, those fetching it, those holding a share of it (the striped
         version's members: each serves its own bundles), then the other configured peers (a short list,
         and one that starts the same version a moment later is then asked all the same; a
         peer that does not answer is dropped for the fetch). In cluster mode, the agents
-        whose node inventories list it ready or fetching."""
+        whose node inventories list it. ``shares=False``: only the whole copies, ready or
+        fetching (what a member of the version's stripe group asks beyond the group)."""
         ready: list[str] = []
         fetching: list[str] = []
-        shares: list[str] = []
+        held_shares: list[str] = []
         others: list[str] = []
         if self.settings.peers:
             async with httpx.AsyncClient(timeout=httpx.Timeout(min(self.settings.peer_timeout, 5.0))) as client:
                 answers = await asyncio.gather(
                     *(self._holds(client, peer, name, digest) for peer in self.settings.peers)
                 )
-            by_state = {"ready": ready, "fetching": fetching, "share": shares}
+            by_state = {"ready": ready, "fetching": fetching, "share": held_shares}
             for peer, state in zip(self.settings.peers, answers, strict=True):
                 by_state.get(state or "", others).append(peer)
         if self.cluster_holders is not None:
             with contextlib.suppress(Exception):
-                known = ready + fetching + shares + others
-                ready += [p for p in await self.cluster_holders(name, digest) if p not in known]
-        return ready + fetching + shares + others
+                known = ready + fetching + held_shares + others
+                found = await self.cluster_holders(name, digest, shares=shares)
+                ready += [p for p in found if p not in known]
+        return ready + fetching + held_shares + others if shares else ready + fetching
 
     async def session(self, name: str, digest: str) -> PeerSession | None:
         """The fetch of ``name@digest`` from peers (None when peers are off): the holders found

@@ -476,6 +476,12 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
         "http://10.0.0.2:7420",
         "http://10.0.1.1:7420",
     ]
+    # a member of the group asks beyond it only for whole copies
+    assert holders_from_nodes([*striped, *nodes], "me", "imgs", "a" * 32, 7420, shares=False) == [
+        "http://10.0.0.1:7420",
+        "http://[fd00::4]:7420",
+        "http://10.0.0.2:7420",
+    ]
     # another node's annotation is another party's JSON: nested past the stack, or shaped
     # otherwise, that node is left out and the rest still count
     deep = node("n6", None, "10.0.0.6")

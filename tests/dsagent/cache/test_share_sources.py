@@ -1,9 +1,14 @@
-"""A whole copy takes the bundles a stripe group's member holds from that member, not the store.
+"""A whole copy and a stripe group's share take each other's bundles, not the store's.
 
-Two real agents on loopback TCP and a bundle store over HTTP. ``node-a`` holds a share of
-the version (its inventory lists it under ``stripes``); ``node-b`` then caches the same
-version whole with ``node-a`` as its peer. Each bundle ``node-a`` holds comes from it; the
-others (owned by a member that is not there) come from the store, once each.
+Two real agents on loopback TCP and a bundle store over HTTP.
+
+- ``node-a`` holds a share of the version (its inventory lists it under ``stripes``);
+  ``node-b`` then caches the same version whole with ``node-a`` as its peer. Each bundle
+  ``node-a`` holds comes from it; the others (owned by a member that is not there) come
+  from the store, once each.
+- The other way: ``node-b`` holds the version whole (ready, or still fetching it) and
+  ``node-a`` then holds a share of it. The share's bundles come from the whole copy; while
+  both fetch at once, every bundle is read from the store once in all.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import pytest
 from dsagent.format.bundle import pack
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, wait_ready
+from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
 
 pytestmark = pytest.mark.slow  # two agent processes
 
@@ -36,6 +41,93 @@ def _share_status(agent: AgentProcess, digest: str) -> dict[str, Any]:
             return status
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
+
+
+def _hold(agent: AgentProcess, store: str, members: list[str]) -> None:
+    transport = httpx.HTTPTransport(uds=str(agent.socket))
+    with httpx.Client(transport=transport, base_url="http://agent", timeout=60) as client:
+        held = client.put("/v1/stripes/imgs", json={"store": store, "members": members, "peers": {}})
+    assert held.status_code == 200, held.text
+
+
+def _bundle_gets(server: LoopbackServer) -> dict[str, int]:
+    return {p.rsplit("/", 1)[1].split(".")[0]: n for p, n in server.gets(lambda p: "/store/bundles/" in p).items()}
+
+
+def _two_agents(tmp_path: Path) -> tuple[dict[str, bytes], Any, LoopbackServer, AgentProcess, AgentProcess]:
+    """``node-b`` (a whole copy) and ``node-a`` (a share), each listing the other as its peer."""
+    rng = random.Random(7)
+    files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
+    write_tree(tmp_path / "www" / "src", files)
+    manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
+    server = LoopbackServer(tmp_path / "www")
+    port_a, port_b = free_port(), free_port()
+    common = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_FETCH_WORKERS": "4"}
+    copy = AgentProcess(
+        tmp_path / "node-b",
+        tcp=True,
+        port=port_b,
+        env={**common, "DSAGENT_NODE_NAME": "node-b", "DSAGENT_PEERS": f"http://127.0.0.1:{port_a}"},
+    )
+    member = AgentProcess(
+        tmp_path / "node-a",
+        tcp=True,
+        port=port_a,
+        env={**common, "DSAGENT_NODE_NAME": "node-a", "DSAGENT_PEERS": f"http://127.0.0.1:{port_b}"},
+    )
+    return files, manifest, server, copy, member
+
+
+def test_a_share_takes_its_bundles_from_a_whole_copy_not_the_store(tmp_path: Path) -> None:
+    files, manifest, server, copy, member = _two_agents(tmp_path)
+    store = f"{server.url}/store"
+    try:
+        copy.start()
+        member.start()
+        with copy.client(token=None) as client:
+            client.submit_task("t", [{"name": "imgs", "source": f"{server.url}/nowhere", "bundles": store}])
+            assert wait_ready(client, "t")["state"] == "ready"
+        before = _bundle_gets(server)
+        assert set(before) == {b.digest for b in manifest.bundles}
+
+        _hold(member, store, ["node-a"])  # a group of one: node-a owns every bundle
+        status = _share_status(member, manifest.digest)
+        assert status["error"] is None and status["complete"], status
+        assert _bundle_gets(server) == before, "a bundle of the share was read from the store again"
+        share = member.root / "stripes" / "imgs" / manifest.digest / "share"
+        assert {p.relative_to(share).as_posix(): p.read_bytes() for p in share.rglob("*.bin")} == files
+    finally:
+        member.stop()
+        copy.stop()
+        server.close()
+
+
+def test_a_share_and_a_whole_copy_fetched_at_once_read_each_bundle_from_the_store_once(tmp_path: Path) -> None:
+    files, manifest, server, copy, member = _two_agents(tmp_path)
+    store = f"{server.url}/store"
+    server.slow_down(lambda p: "/store/bundles/" in p, 0.4)  # both fetches overlap
+    try:
+        copy.start()
+        member.start()
+        with copy.client(token=None) as client:
+            client.submit_task("t", [{"name": "imgs", "source": f"{server.url}/nowhere", "bundles": store}])
+            time.sleep(0.2)  # the copy is under way
+            _hold(member, store, ["node-a"])
+            assert wait_ready(client, "t")["state"] == "ready"
+        status = _share_status(member, manifest.digest)
+        assert status["error"] is None and status["complete"], status
+        gets = _bundle_gets(server)
+        assert set(gets) <= {b.digest for b in manifest.bundles}
+        assert all(n == 1 for n in gets.values()), gets
+        assert len(gets) == len(manifest.bundles)
+        share = member.root / "stripes" / "imgs" / manifest.digest / "share"
+        assert {p.relative_to(share).as_posix(): p.read_bytes() for p in share.rglob("*.bin")} == files
+        version = copy.root / "datasets" / "imgs" / manifest.digest
+        assert {p.relative_to(version).as_posix(): p.read_bytes() for p in version.rglob("*.bin")} == files
+    finally:
+        member.stop()
+        copy.stop()
+        server.close()
 
 
 def test_a_whole_copy_reads_a_members_bundles_from_it_and_only_the_rest_from_the_store(tmp_path: Path) -> None:
