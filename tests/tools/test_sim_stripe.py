@@ -186,3 +186,20 @@ def test_a_transfer_too_small_to_move_the_clock_finishes_instead_of_stalling_the
     fetch = sim._new_fetch(sim.nodes[0], ("ds000", 0), 2.0, cached=False, waiter=None, source="local")
     sim.run()
     assert not sim.fetches and not fetch.open and sim.now == 2.0**40
+
+
+def test_a_group_reads_what_it_lacks_from_a_whole_copy_still_arriving_not_the_store() -> None:
+    # job 0 fills node A and fetches ds000 whole (700 s at 1 GB/s); job 1 on node B reads
+    # half an epoch of it meanwhile, through a group (admission): what the group lacks comes
+    # from A's copy as its bundles land, so the store is read once, by the copy
+    data = [Dataset("ds000", 700 * GB, (0.0,))]
+    jobs = [job(0, 0.0, runtime=100_000.0), job(1, 10.0)]
+    for policy in ("ours+stripe", "ours+stripe+early"):
+        sim = Simulation(policy, jobs, data, cluster(nodes=2), seed=3)
+        sim.outcomes[1].epochs = 0.5
+        sim.run()
+        a, b = (sim.outcomes[i].workers[0].node.index for i in (0, 1))
+        assert a != b and ("ds000", 0) in sim.stripes
+        assert sim.storage_bytes == pytest.approx(700 * GB)
+        assert sum(sim.read_store) == pytest.approx(0.0)
+        assert sum(sim.read_peer) == pytest.approx(350 * GB)

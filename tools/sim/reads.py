@@ -382,6 +382,10 @@ class Reads(Flows):
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
         lost = hole * (head + rest)  # a hole's bundles: read from the store, kept by nobody
+        filling = None  # else a whole copy still arriving: its bundles no faster than they land
+        if not holders and self.params.peers:
+            filling = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
+            holders = (filling.node.index,) if filling is not None else ()
         if holders:  # whole copies elsewhere: what the group lacks comes from them, not the store
             first = Split(first.local, first.remote + first.store, 0.0)
             later = Split(later.local, later.remote + later.store, 0.0)
@@ -391,7 +395,7 @@ class Reads(Flows):
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
-        self._plan(worker, first, later, sources=sources, lost=lost)
+        self._plan(worker, first, later, sources=sources, lost=lost, peer_after=filling)
         worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
