@@ -8,7 +8,10 @@ member's share with a leased ``PUT /v1/stripes/<name>`` it renews each pass, as 
 are held with renewed tasks (docs/design.md#replication). A node's agent orders its eviction candidates with
 :func:`eviction_class`. Nothing here reads the clock or the cluster.
 
-The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), in this
+The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), or the
+``members`` a Dataset asks for, and at least every node of the job: a pod reads a striped
+version through its own node's share (its agent serves it the others' bundles through the
+window), so a job's node left out of the group would have nothing to read through. In this
 order:
 
 1. the job's own nodes (its ranks then read their share from local disk);
@@ -55,7 +58,8 @@ def choose_group(
 ) -> list[str]:
     """The group's members, in the order chosen (fewer when fewer qualify; empty for no nodes).
 
-    ``members`` defaults to ``group_size(size, smallest cache)`` with ``budget``. A node of the
+    ``members`` defaults to ``group_size(size, smallest cache)`` with ``budget``; a group has
+    at least as many members as ``job_nodes`` among ``nodes`` (each is one). A node of the
     job or of ``before`` is taken without a room check (its share is the point of the group,
     or is there already); any other needs ``ratio x size / k`` free bytes."""
     if not nodes:
@@ -64,7 +68,7 @@ def choose_group(
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
-    k = max(1, min(members, len(nodes)))
+    k = max(1, min(max(members, len({n for n in job_nodes if n in by_name})), len(nodes)))
     need = math.ceil(ratio * max(0, size_bytes) / k)
     chosen: list[str] = []
 

@@ -33,6 +33,17 @@ def test_the_jobs_nodes_then_holders_then_room_in_the_same_subnet() -> None:
     assert chosen[:3] == ["e", "b", "c"] and chosen[3] in ("a", "f") and len(chosen) == 4
 
 
+def test_every_node_of_the_job_is_a_member_even_past_the_size_rule() -> None:
+    # the size rule asks for 2 members; the job runs on 5 nodes: each needs a share to read
+    # through (its agent serves it the rest), so the group has all 5, the job's first
+    job = ["e", "a", "f", "d", "c"]
+    chosen = choose_group(_nodes(), size_bytes=6 * TB, job_nodes=job, members=2)
+    assert chosen == job
+    assert choose_group(_nodes(), size_bytes=6 * TB, job_nodes=["a", "gone"], members=1) == ["a"]  # only nodes seen
+    # the members it asks for still count when the job has fewer nodes
+    assert len(choose_group(_nodes(), size_bytes=6 * TB, job_nodes=["e"], members=4)) == 4
+
+
 def test_the_size_comes_from_the_budget_and_the_smallest_cache() -> None:
     chosen = choose_group(_nodes(), size_bytes=6 * TB)  # ceil(1.2 * 6 / (0.5 * 4)) = 4
     assert len(chosen) == 4
