@@ -168,6 +168,12 @@ class StillRunning(DsagentError):
     code = "still_running"
 
 
+class Superseded(platform.Superseded, DsagentError):
+    """The striped version asked for is gone for good: the store holds another version of
+    the name (it keeps one), and nothing here holds the one asked for. A pod pinned to it at
+    admission must be created again to read the current version (docs/design-striping.md#superseded)."""
+
+
 def local_write_error(exc: OSError, what: str) -> DsagentError:
     """The error for ``exc``, raised by the cache disk while doing ``what``: a full disk or
     quota is :class:`InsufficientSpace`, anything else :class:`CacheDiskError`."""
@@ -206,6 +212,7 @@ __all__ = [
     "SourceUnavailable",
     "StorageCredentials",
     "StorageForbidden",
+    "Superseded",
     "TransientError",
     "UnsafeArchive",
     "Unauthorized",

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
-from dsplatform.errors import Unavailable
+from dsplatform.errors import Superseded, Unavailable
 from dsplatform.stripe import LAYOUT_FILE, Assignment, StripeLayout, assign, epoch_order
 
 DONE_DIR = ".stripe/done"  # relative to the share directory; one empty file per held bundle
@@ -96,7 +96,8 @@ class AgentEndpoint:
         return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
 
     def open_bundle(self, name: str, digest: str, bundle: str) -> tuple[IO[bytes], Callable[[], None]]:
-        """The plain tar of ``bundle`` and the call that closes it; ``Unavailable`` on a refusal."""
+        """The plain tar of ``bundle`` and the call that closes it; ``Unavailable`` on a refusal,
+        ``Superseded`` when the version is gone for good (410)."""
         conn = self._connection()
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         path = f"/v1/stripes/{quote(name, safe='')}/{digest}/bundles/{bundle}"
@@ -114,6 +115,8 @@ class AgentEndpoint:
         if response.status != 200:
             body = response.read(4096).decode("utf-8", "replace")
             close()
+            if response.status == Superseded.http_status:  # gone for good: no retry brings it back
+                raise Superseded(f"{name}@{digest[:12]}: the agent at {self.address} says: {body}")
             raise Unavailable(f"agent {self.address} answered {response.status} for bundle {bundle}: {body}")
         return response, close
 

@@ -87,6 +87,16 @@ class Unavailable(PlatformError):
     grpc_status = "UNAVAILABLE"
 
 
+class Superseded(PlatformError):
+    """The version asked for is gone for good: another version of the name replaced it in
+    the store. Not worth retrying; whoever pinned it must ask for the current one."""
+
+    code = "superseded"
+    http_status = 410
+    exit_code = 15
+    grpc_status = "NOT_FOUND"
+
+
 class VocabularyError(InvalidInput, ValueError):
     """Input that breaks one of the shared rules (a name, a size, a duration)."""
 
@@ -112,4 +122,12 @@ def exit_on_error(prog: str) -> Iterator[None]:
         exit_with(exc, prog)
 
 
-__all__ = ["InvalidInput", "PlatformError", "Unavailable", "VocabularyError", "exit_on_error", "exit_with"]
+__all__ = [
+    "InvalidInput",
+    "PlatformError",
+    "Superseded",
+    "Unavailable",
+    "VocabularyError",
+    "exit_on_error",
+    "exit_with",
+]

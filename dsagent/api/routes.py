@@ -106,6 +106,8 @@ ERROR_STATUSES: dict[int, str] = {
     "a pin for a namespace that holds its share of the cache (namespace_share)",
     404: "No such task or dataset (not_found); a source or bundle store that does not exist",
     409: "In use, being fetched, or a task repeated with other datasets (conflict)",
+    410: "A striped version the store no longer holds, another version of the name having replaced it "
+    "(superseded): create the pod again",
     413: "Request body over DSAGENT_MAX_BODY (body_too_large)",
     425: "This agent is downloading that bundle right now (peer_fetching): ask again shortly",
     429: "Too many bundles being served to this peer at once (peer_busy): retry later",

@@ -67,10 +67,13 @@ async def release_stripe(name: str, digest: str | None = None, svc: CacheService
     return {"name": name, "released": await svc.stripes.release(name, digest)}
 
 
-@router.get("/v1/stripes/{name}/{digest}", response_model=StripeOut, responses=errors(400, 404))
+@router.get("/v1/stripes/{name}/{digest}", response_model=StripeOut, responses=errors(400, 404, 410))
 async def stripe_status(name: str, digest: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
+    """This node's share of ``name@digest``: 404 while it holds none (yet), 410 when the
+    version is gone for good (superseded in the store: docs/design-striping.md#superseded)."""
     validate_name(name)
     validate_digest(digest)
+    await svc.stripes.held((name, digest))
     return svc.stripes.status((name, digest))
 
 
@@ -82,7 +85,7 @@ async def stripe_status(name: str, digest: str, svc: CacheService = Depends(serv
             "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
             "description": "The bundle's files as a plain tar, verified when they reached this node",
         },
-        **errors(400, 401, 403, 404, 503),
+        **errors(400, 401, 403, 404, 410, 503),
     },
 )
 async def stripe_bundle(

@@ -50,6 +50,7 @@ from dsagent.cache.layout import Key
 from dsagent.cache.peers import PeerFetcher, ServedBundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
+from dsagent.cache.stripecurrent import CurrentVersions
 from dsagent.cache.stripefetch import BundleSources
 from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound, TransientError
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
@@ -133,6 +134,7 @@ class StripeShares:
         self._flights: dict[tuple[Key, str], asyncio.Future[_Visit]] = {}
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
         self.sources = BundleSources(settings, peers, self.counts)
+        self.current = CurrentVersions(pools)
 
     # -- holding a share --------------------------------------------------------------------
 
@@ -326,6 +328,14 @@ class StripeShares:
                     with contextlib.suppress(FileNotFoundError):
                         (directory / entry.path).unlink()
 
+    async def held(self, key: Key) -> _Share:
+        """The share of ``key`` held here; else Superseded (:mod:`.stripecurrent`) or NotFound."""
+        share = self._shares.get(key)
+        if share is None:
+            await self.current.check(key[0], key[1], (s for k, s in self._shares.items() if k[0] == key[0]))
+            raise NotFound(f"this node holds no share of {key[0]}@{key[1][:12]}")
+        return share
+
     def status(self, key: Key) -> dict[str, Any]:
         share = self._shares.get(key)
         if share is None:
@@ -467,9 +477,7 @@ class StripeShares:
         """Where this node's reader finds ``bundle`` (held, or fetched into the window) and the
         call that lets it go. :class:`NotFound` unless a share of the version is held here."""
         key = (name, digest)
-        share = self._shares.get(key)
-        if share is None:
-            raise NotFound(f"this node takes no part in a stripe of {name}@{digest[:12]}")
+        share = await self.held(key)
         entries = _entries_of(share.manifest, bundle)
         if entries is None:
             raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")

@@ -89,7 +89,9 @@ def wait(
 ) -> None:
     """Report the share's progress until enough of it (or all of it) is held here. While
     this node holds no share of the version yet (the Dataset's controller holds it on the
-    group's members), it waits for one, saying so."""
+    group's members), it waits for one, saying so. A version another one replaced in the
+    store since the pod was admitted is never held again: that stops the wait at once
+    (exit 15)."""
     key = "readyEnough" if until == "ready-enough" else "complete"
     deadline = None if timeout is None else time.monotonic() + timeout
     shown = None

@@ -274,6 +274,8 @@ EXIT_MEANINGS = {
     13: "the node's cache disk failed a write, rename, fsync or mkdir: the node's fault, not the source's",
     14: "dsctl stopped waiting (`--timeout`) for an eviction or release the agent goes on with: not a failure, "
     "nothing to retry; follow it with `dsctl operation ID`",
+    15: "the version asked for is gone for good: the store holds another version of the name now "
+    "(a pod pinned to it at admission must be created again)",
     130: "interrupted (Ctrl-C)",
 }
 
