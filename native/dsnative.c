@@ -1,4 +1,4 @@
-/* dsagent.format._native: the digest's and the unpack's per-file loops in C, without the GIL.
+/* dsagent.format._native: the digest's, the unpack's and the pack's per-file loops in C, without the GIL.
  *
  * Optional: built by `make native` (native/build.py) into dsagent/format/; when it is
  * absent, dsagent.format.native says so and the pure-Python loops run. Both give the
@@ -589,6 +589,8 @@ static PyTypeObject UnpackerType = {
     .tp_getset = Unpacker_getset,
 };
 
+#include "packloop.c" /* the pack's reader loop: TarReader */
+
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
      "hash_names(dir_fd, names, buffer_size) -> (sizes, mtimes_ns, digests, failure): see the module source."},
@@ -596,7 +598,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "The digest's and the unpack's per-file loops in C.", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_native", "The digest's, the unpack's and the pack's per-file loops in C.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -620,11 +622,16 @@ PyMODINIT_FUNC PyInit__native(void) {
             return NULL;
         }
     }
-    if (PyType_Ready(&UnpackerType) < 0) return NULL;
+    if (PyType_Ready(&UnpackerType) < 0 || PyType_Ready(&TarReaderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObject(m, "Unpacker", Py_NewRef((PyObject *)&UnpackerType)) < 0) {
         Py_DECREF(&UnpackerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "TarReader", Py_NewRef((PyObject *)&TarReaderType)) < 0) {
+        Py_DECREF(&TarReaderType);
         Py_DECREF(m);
         return NULL;
     }

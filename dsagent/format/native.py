@@ -3,8 +3,10 @@
 Who calls it: the digest (:func:`dsagent.format.digester.digest_files`), which hashes a
 local tree with :func:`hash_names` on threads when the extension is here, and with its
 pure-Python loops on forked processes otherwise (same manifest either way; the tests hold
-the two paths equal); and verified extraction (:mod:`dsagent.format.extract`), whose
-member loop :func:`extract_members` runs in C when the extension is here. What it owns:
+the two paths equal); verified extraction (:mod:`dsagent.format.extract`), whose
+member loop :func:`extract_members` runs in C when the extension is here; and the pack's
+reader (:class:`dsagent.format.packwriter.BundleWriter`), which lays out a local bundle's
+tar stream with :func:`tar_reader` (the same bytes and digests as its Python loop). What it owns:
 whether the extension is importable (:data:`AVAILABLE`), the call that turns one
 directory's names into the digest's columns, and the hand-over between the C member loop
 and the Python one.
@@ -26,14 +28,18 @@ never compiles anything, so a machine without a compiler installs and runs the p
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import NamedTuple
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dsagent.errors import IntegrityError
 from dsagent.format.entries import EntryTable
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.storage import translate_errors
 from dsagent.format.tarstream import FrameReader, plain_template
+
+if TYPE_CHECKING:
+    from dsagent.format.manifest import FileEntry
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -165,3 +171,22 @@ def extract_members(
 
 
 __all__ = ["AVAILABLE", "Columns", "chosen", "extract_members", "hash_names"]
+
+
+# what TarReader.fill reports (native/packloop.c)
+FILL_MORE, FILL_DONE, FILL_ERRNO, FILL_CHANGED, FILL_DIGEST = range(5)
+
+
+def tar_reader(dir_fd: int, members: Sequence[FileEntry], special: Mapping[int, bytes]) -> Any:
+    """The C reader of one bundle's tar stream (``native/packloop.c``): ``members`` opened
+    relative to ``dir_fd``; ``special``: index -> the header bytes of each member whose
+    header is not a plain ustar block (Python's tarfile writes those). Its ``fill(buffer)``
+    writes the stream on into ``buffer`` and says how far it got; ``digests`` holds the
+    16-byte digests of the members finished. Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    names = [os.fsencode(e.path) for e in members]
+    sizes = array("Q", [e.size for e in members])
+    mtimes = array("q", [e.mtime_ns for e in members])
+    zero = bytes(16)
+    digests = b"".join(bytes.fromhex(e.digest) if e.digest else zero for e in members)
+    return _native.TarReader(dir_fd, names, sizes, mtimes, digests, plain_template(), dict(special))

@@ -36,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 import xxhash
 
 from dsagent.errors import InsufficientSpace, IntegrityError
+from dsagent.format import native as native_loops
 from dsagent.format.durable import fsync_dir
 from dsagent.format.hashing import ReadBuffer, read_buffer
 from dsagent.format.manifest import BUNDLES_DIR, CHUNK_SIZE, FileEntry, Progress, bundle_digest, bundle_path
@@ -108,6 +109,14 @@ def _tar_header_slow(entry: FileEntry) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def plain_header(entry: FileEntry) -> bool:
+    """Whether ``entry``'s header is one plain ustar block: an ASCII path of at most 100
+    bytes, a size and an mtime that fit 11 octal digits (else a pax header carries them)."""
+    mtime = entry.mtime_ns // 1_000_000_000
+    path = entry.path
+    return len(path) <= 100 and path.isascii() and 0 <= entry.size < USTAR_LIMIT and 0 <= mtime < USTAR_LIMIT
+
+
 def tar_header(entry: FileEntry) -> bytes:
     """The tar header(s) of one member, byte for byte what ``tarfile`` writes in PAX_FORMAT.
 
@@ -117,11 +126,10 @@ def tar_header(entry: FileEntry) -> bytes:
     else (long or non-ASCII paths, huge sizes) goes through ``tarfile`` and gets its pax
     header. ``tests/dsagent/test_bundle.py`` checks both give the same bytes.
     """
-    path = entry.path
-    mtime = entry.mtime_ns // 1_000_000_000
-    if len(path) > 100 or not path.isascii() or not 0 <= entry.size < USTAR_LIMIT or not 0 <= mtime < USTAR_LIMIT:
+    if not plain_header(entry):
         return _tar_header_slow(entry)
-    name = path.encode("ascii")
+    mtime = entry.mtime_ns // 1_000_000_000
+    name = entry.path.encode("ascii")
     size = b"%011o\0" % entry.size
     stamp = b"%011o\0" % mtime
     checksum = b"%06o\0 " % (USTAR_BASE + sum(name) + sum(size) + sum(stamp))
@@ -253,6 +261,12 @@ class BundleWriter:
         return digests
 
     def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str], end: bool) -> None:
+        if self._local and not self._single_file and native_loops.AVAILABLE:
+            self._fill_native(members, tar, digests)
+            if end:
+                tar.zeros(len(_ZEROS))
+            tar.flush()
+            return
         fetched = iter(()) if self._local else self._prefetch(members)
         for entry in members:
             tar.put(tar_header(entry))
@@ -268,9 +282,7 @@ class BundleWriter:
                 size = self._read_remote(entry, tar, state)
             digest = state.hexdigest()
             if entry.digest and (size != entry.size or digest != entry.digest):
-                raise IntegrityError(
-                    f"{entry.path!r} changed after it was digested", hint="pack again once the source is quiet"
-                )
+                raise _changed_after_digest(entry)
             if size != entry.size:
                 raise _changed_while_packed(entry)
             digests.append(digest)
@@ -282,6 +294,32 @@ class BundleWriter:
         if end:  # a segment packed by another process (dsagent.format.packparallel) leaves the end to the last
             tar.zeros(len(_ZEROS))
         tar.flush()
+
+    def _fill_native(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
+        """:meth:`_fill` by the C reader (``native/packloop.c``, without the GIL): the same
+        bytes, digests and errors as the Python loop, a buffer at a time."""
+        with translate_errors(f"source directory {self._root!r}"):
+            root = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            special = {i: tar_header(e) for i, e in enumerate(members) if not plain_header(e)}
+            reader = native_loops.tar_reader(root, members, special)
+            reported = 0
+            while True:
+                written, status, index, detail = reader.fill(tar.space())
+                tar.pos += written
+                finished = reader.next
+                if self._progress is not None and finished > reported:
+                    with self._lock:
+                        self._progress(sum(e.size for e in members[reported:finished]), finished - reported)
+                reported = finished
+                if status == native_loops.FILL_DONE:
+                    break
+                if status != native_loops.FILL_MORE:
+                    raise _native_failure(members[index], status, detail, self._location(members[index]))
+        finally:
+            os.close(root)
+        text = reader.digests.hex()
+        digests.extend(text[i : i + 32] for i in range(0, len(text), 32))
 
     def _location(self, entry: FileEntry) -> str:
         return self._root if self._single_file else f"{self._root}/{entry.path}"
@@ -379,6 +417,23 @@ def _remove_temporary(tmp: str) -> None:
     with translate_errors(f"temporary {tmp!r}"):
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _native_failure(entry: FileEntry, status: int, detail: int, location: str) -> Exception:
+    """The error the Python loop raises where the C reader stopped on ``entry``."""
+    if status == native_loops.FILL_ERRNO:
+        try:
+            with translate_errors(f"source file {location!r}"):
+                raise OSError(detail, os.strerror(detail), location)
+        except Exception as exc:  # noqa: BLE001 - the translated error, raised by the caller
+            return exc
+    if status == native_loops.FILL_DIGEST:
+        return _changed_after_digest(entry)
+    return _changed_while_packed(entry)
+
+
+def _changed_after_digest(entry: FileEntry) -> IntegrityError:
+    return IntegrityError(f"{entry.path!r} changed after it was digested", hint="pack again once the source is quiet")
 
 
 def _changed_while_packed(entry: FileEntry) -> IntegrityError:

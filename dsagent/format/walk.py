@@ -214,15 +214,40 @@ def list_files(
     each file only while packing it.
     """
     files: list[Found] = []
-    for item in walk_source(fs, root, empty, confine=confine):
-        if item.inode == UNSTATED:
-            with translate_errors(f"source file {item.location!r}"):
-                item = stated(item, os.stat(item.location))
-        elif item.size < 0:
-            return None
-        files.append(item)
+    found = walk_source(fs, root, empty, confine=confine)
+    if isinstance(found, LocalWalk):
+        for group in found.groups:
+            files += _stat_group(group)
+    else:
+        for item in found:
+            if item.size < 0:
+                return None
+            files.append(item)
     files.sort(key=_found_path)
     return files
+
+
+def _stat_group(group: Dir) -> list[Found]:
+    """The files of one walk group, stat'ed relative to their directory (one open of it, no
+    per-file path lookup of its ancestors): ~40% of the one-pass pack's listing otherwise."""
+    rel, directory, names = group
+    prefix = f"{rel}/" if rel else ""
+    base = directory if directory.endswith("/") else f"{directory}/"
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            stats = [os.stat(name, dir_fd=fd) for name in names]
+        finally:
+            os.close(fd)
+    except OSError:  # which file: said as the per-file stat says it
+        for name in names:
+            with translate_errors(f"source file {base + name!r}"):
+                os.stat(base + name)
+        raise
+    return [
+        Found(prefix + name, base + name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        for name, st in zip(names, stats, strict=True)
+    ]
 
 
 _found_path = operator.attrgetter("path")

@@ -9,6 +9,8 @@ from pathlib import Path
 import fsspec
 import pytest
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.digester import build_manifest
@@ -218,3 +220,18 @@ def test_the_dataset_and_bundle_digests_follow_the_documented_encoding() -> None
         bundle_digest(members)
         == xxhash.xxh3_128(b"dsplatform/bundle/v1\n" + b"".join(map(record, members))).hexdigest()
     )
+
+
+@given(
+    path=st.text(alphabet=st.characters(codec="utf-8", exclude_categories=()) | st.sampled_from("\udce9\udcff")),
+    size=st.integers(min_value=0, max_value=2**63),
+    mtime=st.integers(min_value=-(2**63), max_value=2**63),
+    digest=st.text(alphabet="0123456789abcdef", min_size=32, max_size=32),
+)
+def test_an_entry_line_is_what_json_writes(path: str, size: int, mtime: int, digest: str) -> None:
+    import json
+
+    from dsagent.format.manifest import _entry_line
+
+    want = json.dumps([path, size, mtime, digest], ensure_ascii=False, separators=(",", ":"))
+    assert _entry_line(path, size, mtime, digest) == want

@@ -20,7 +20,13 @@ from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Counter[str]:
-    """How many times each file under ``tmp_path / "source"`` was opened (any module, any thread)."""
+    """How many times each file under ``tmp_path / "source"`` was opened (any module, any thread).
+
+    Python's opens only: the pure loops run (the optional C reader opens files where Python
+    cannot count them; ``test_native_pack.py`` holds its output equal to this loop's)."""
+    from dsagent.format import native
+
+    monkeypatch.setattr(native, "AVAILABLE", False)
     counts: Counter[str] = Counter()
     real_open = os.open
     prefix = f"{tmp_path / 'source'}/"
@@ -88,7 +94,17 @@ def test_repack_with_the_digest_cache_reads_only_the_changed_bundle(tmp_path: Pa
 
 
 def _pack_changing(src: Path, store: Path, change: str, how: str) -> None:
-    """Pack ``src`` while rewriting ``change`` as soon as the first file is packed."""
+    """Pack ``src`` while rewriting ``change`` as soon as the first file is packed (the
+    Python loop, which reports each file: the C reader reports a buffer at a time, and
+    ``test_native_pack.py`` changes files under it its own way)."""
+    from dsagent.format import native
+
+    if native.AVAILABLE:
+        native.AVAILABLE = False
+        try:
+            return _pack_changing(src, store, change, how)
+        finally:
+            native.AVAILABLE = True
     done = []
 
     def progress(_bytes: int, _files: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import IntegrityError
-from dsagent.format import bundle, packparallel, packwriter
+from dsagent.format import bundle, native, packparallel, packwriter
 from dsagent.format.bundle import pack_dataset, unpack, verify_tree
 from dsagent.format.manifest import FileEntry, bundle_path
 from tests.dsagent.conftest import write_tree
@@ -78,6 +78,7 @@ def test_a_file_changed_inside_a_segment_fails_the_pack_and_leaves_no_object(
         return real(self, entry, tar, state)  # type: ignore[arg-type]
 
     monkeypatch.setattr(packwriter.BundleWriter, "_read_local", rewritten)
+    monkeypatch.setattr(native, "AVAILABLE", False)  # the Python reader, hooked above
     with pytest.raises(IntegrityError, match="changed while it was packed"):
         pack_dataset(src, tmp_path / "store", name="d", processes=2)
     assert list((tmp_path / "store" / "bundles").iterdir()) == []

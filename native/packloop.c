@@ -1,0 +1,367 @@
+/* The pack's reader loop: a bundle's tar stream laid out from the source files, without the GIL.
+ *
+ * Included by dsnative.c (one translation unit: it uses its xxh3 binding and helpers).
+ *
+ * TarReader(dir_fd, names, sizes, mtimes, digests, template, special) takes one bundle's
+ * members in order (names: list of bytes, each opened relative to dir_fd, symlinks followed
+ * as the walk followed them; sizes: array('Q') bytes; mtimes: array('q') bytes, ns;
+ * digests: 16 raw bytes an entry, all zero for an entry not digested yet), the plain
+ * header bundles are written with (template: 512 bytes, name, size, mtime and checksum
+ * blank) and special: a dict {index: header bytes} for the members whose header is not
+ * plain (a long or non-ASCII name: the pax headers Python's tarfile writes).
+ *
+ * fill(buffer) -> (written, status, a, b) writes the tar stream on into the writable
+ * buffer with the GIL released, for as many members as fit, carrying a header, a file or
+ * its padding over to the next call: each plain header is built from the template (the
+ * name, 11 octal digits of size and of mtime in seconds, the checksum), each file is read
+ * straight into the buffer and hashed with xxh3-128 while it is read. The end-of-archive
+ * blocks are the caller's. status:
+ *   0 MORE: the buffer is full (written == len(buffer));
+ *   1 DONE: every member is written (written <= len(buffer));
+ *   2 ERRNO: opening or reading entry `a` failed with errno `b`;
+ *   3 CHANGED: entry `a`, not digested yet, is not the size it was listed with (b: the
+ *     bytes read, or -1 when it was longer), or its size or mtime changed while it was read;
+ *   4 DIGEST: entry `a`, digested before, now reads another size or digest.
+ * After 2-4 the object is spent. `next` is the index of the next member not finished, and
+ * `digests` the 16-byte digests of the members finished so far.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    int dir_fd;
+    Py_ssize_t count;
+    PyObject *names;   /* list of bytes */
+    PyObject *special; /* list: the special headers' bytes objects, kept alive */
+    const unsigned char **spec_ptr; /* entry -> its special header, NULL: plain */
+    size_t *spec_len;
+    const char **name_ptr;
+    Py_ssize_t *name_len;
+    unsigned long long *sizes;
+    long long *mtimes;
+    unsigned char *expected; /* 16 bytes an entry; all zero: not digested yet */
+    unsigned char *found;    /* 16 bytes an entry: what was read */
+    unsigned char tmpl[512];
+    Py_ssize_t next;
+    int phase; /* 0 header, 1 data, 2 padding */
+    unsigned char hbuf[512];
+    const unsigned char *hptr; /* the header being copied: hbuf, or a special header's bytes */
+    size_t hlen, hoff;
+    int fd;
+    unsigned long long done; /* data bytes of the current member read */
+    int proven;              /* the current member's end was seen (a read returned less than asked) */
+    size_t pad;              /* padding bytes left */
+    xxh3_state *state;
+    int spent;
+    int busy;
+} TarReader;
+
+enum { TR_MORE = 0, TR_DONE = 1, TR_ERRNO = 2, TR_CHANGED = 3, TR_DIGEST = 4 };
+enum { TP_HEADER = 0, TP_DATA = 1, TP_PAD = 2 };
+
+static int is_zero16(const unsigned char *p) {
+    for (int i = 0; i < 16; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
+/* The plain header of entry i into r->hbuf (the Python writer's fast path, byte for byte). */
+static void plain_header(TarReader *r, Py_ssize_t i) {
+    unsigned char *h = r->hbuf;
+    memcpy(h, r->tmpl, 512);
+    memset(h, 0, 100);
+    memcpy(h, r->name_ptr[i], (size_t)r->name_len[i]);
+    char field[16];
+    snprintf(field, sizeof field, "%011llo", r->sizes[i]);
+    memcpy(h + 124, field, 11);
+    h[135] = 0;
+    snprintf(field, sizeof field, "%011llo", (unsigned long long)(r->mtimes[i] / 1000000000LL));
+    memcpy(h + 136, field, 11);
+    h[147] = 0;
+    memset(h + 148, ' ', 8);
+    unsigned long sum = 0;
+    for (int k = 0; k < 512; k++) sum += h[k];
+    snprintf(field, sizeof field, "%06lo", sum);
+    memcpy(h + 148, field, 6);
+    h[154] = 0;
+    h[155] = ' ';
+}
+
+/* Finish the current member: its digest and checks; 0, or a status. */
+static int finish_file(TarReader *r, long long *a, long long *b) {
+    Py_ssize_t i = r->next;
+    unsigned char *digest = r->found + 16 * i;
+    canonical(xxh3_digest(r->state), digest);
+    int status = 0;
+    if (!is_zero16(r->expected + 16 * i)) {
+        if (r->done != r->sizes[i] || memcmp(digest, r->expected + 16 * i, 16) != 0) status = TR_DIGEST;
+    } else if (r->done != r->sizes[i]) {
+        status = TR_CHANGED;
+    } else {
+        struct stat st;
+        if (fstat(r->fd, &st) != 0) {
+            *b = errno;
+            status = TR_ERRNO;
+        } else if ((unsigned long long)st.st_size != r->sizes[i] ||
+                   (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != r->mtimes[i]) {
+            status = TR_CHANGED;
+        }
+    }
+    close(r->fd);
+    r->fd = -1;
+    if (status) {
+        *a = i;
+        if (status == TR_CHANGED && *b == 0) *b = (long long)r->done;
+    }
+    return status;
+}
+
+static int tr_run(TarReader *r, unsigned char *out, size_t room, size_t *used, long long *a, long long *b) {
+    size_t pos = 0;
+    for (;;) {
+        if (r->phase == TP_HEADER) {
+            if (r->hlen == 0) { /* the next member's header */
+                if (r->next >= r->count) {
+                    *used = pos;
+                    return TR_DONE;
+                }
+                if (r->spec_ptr[r->next] != NULL) {
+                    r->hptr = r->spec_ptr[r->next];
+                    r->hlen = r->spec_len[r->next];
+                } else {
+                    plain_header(r, r->next);
+                    r->hptr = r->hbuf;
+                    r->hlen = 512;
+                }
+                r->hoff = 0;
+            }
+            size_t n = r->hlen - r->hoff;
+            if (n > room - pos) n = room - pos;
+            memcpy(out + pos, r->hptr + r->hoff, n);
+            pos += n;
+            r->hoff += n;
+            if (r->hoff < r->hlen) {
+                *used = pos;
+                return TR_MORE;
+            }
+            r->hoff = r->hlen = 0;
+            r->fd = openat(r->dir_fd, r->name_ptr[r->next], O_RDONLY | O_CLOEXEC | O_NOCTTY);
+            if (r->fd < 0) {
+                *a = r->next;
+                *b = errno;
+                *used = pos;
+                return TR_ERRNO;
+            }
+            xxh3_reset(r->state);
+            r->done = 0;
+            r->proven = 0;
+            r->phase = TP_DATA;
+        }
+        if (r->phase == TP_DATA) {
+            unsigned long long size = r->sizes[r->next];
+            while (!r->proven) {
+                unsigned long long left = size > r->done ? size - r->done : 0;
+                size_t space = room - pos;
+                ssize_t got;
+                if (left < space) { /* one byte more than it should hold: a short answer proves the end */
+                    size_t asked = (size_t)left + 1;
+                    got = read_full(r->fd, out + pos, asked);
+                    if (got >= 0 && (size_t)got < asked) r->proven = 1;
+                } else if (space > 0) {
+                    got = read_full(r->fd, out + pos, space);
+                    if (got == 0) r->proven = 1;
+                } else {
+                    *used = pos;
+                    return TR_MORE;
+                }
+                if (got < 0) {
+                    *a = r->next;
+                    *b = errno;
+                    close(r->fd);
+                    r->fd = -1;
+                    *used = pos;
+                    return TR_ERRNO;
+                }
+                if (r->done + (unsigned long long)got > size) { /* longer than listed */
+                    *a = r->next;
+                    *b = -1;
+                    r->done += (unsigned long long)got;
+                    close(r->fd);
+                    r->fd = -1;
+                    *used = pos;
+                    return is_zero16(r->expected + 16 * r->next) ? TR_CHANGED : TR_DIGEST;
+                }
+                xxh3_update(r->state, out + pos, (size_t)got);
+                pos += (size_t)got;
+                r->done += (unsigned long long)got;
+            }
+            int status = finish_file(r, a, b);
+            if (status) {
+                *used = pos;
+                return status;
+            }
+            r->pad = (size_t)((512 - size % 512) % 512);
+            r->phase = TP_PAD;
+        }
+        if (r->phase == TP_PAD) {
+            size_t n = r->pad < room - pos ? r->pad : room - pos;
+            memset(out + pos, 0, n);
+            pos += n;
+            r->pad -= n;
+            if (r->pad) {
+                *used = pos;
+                return TR_MORE;
+            }
+            r->next++;
+            r->phase = TP_HEADER;
+            if (pos == room) {
+                *used = pos;
+                return r->next >= r->count ? TR_DONE : TR_MORE;
+            }
+        }
+    }
+}
+
+static PyObject *TarReader_fill(TarReader *r, PyObject *arg) {
+    if (r->spent) {
+        PyErr_SetString(PyExc_RuntimeError, "the reader stopped on an error");
+        return NULL;
+    }
+    if (r->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "fill is running in another thread");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE) != 0) return NULL;
+    size_t used = 0;
+    long long a = 0, b = 0;
+    int status;
+    r->busy = 1;
+    Py_BEGIN_ALLOW_THREADS status = tr_run(r, view.buf, (size_t)view.len, &used, &a, &b);
+    Py_END_ALLOW_THREADS
+    r->busy = 0;
+    PyBuffer_Release(&view);
+    if (status >= TR_ERRNO) r->spent = 1;
+    return Py_BuildValue("(niLL)", (Py_ssize_t)used, status, a, b);
+}
+
+static PyObject *TarReader_get_next(TarReader *r, void *c) {
+    (void)c;
+    return PyLong_FromSsize_t(r->next);
+}
+
+static PyObject *TarReader_get_digests(TarReader *r, void *c) {
+    (void)c;
+    return PyBytes_FromStringAndSize((const char *)r->found, 16 * r->next);
+}
+
+static void TarReader_dealloc(TarReader *r) {
+    if (r->fd >= 0) close(r->fd);
+    if (r->state) xxh3_free(r->state);
+    PyMem_Free(r->name_ptr);
+    PyMem_Free(r->name_len);
+    PyMem_Free(r->spec_ptr);
+    PyMem_Free(r->spec_len);
+    PyMem_Free(r->sizes);
+    PyMem_Free(r->mtimes);
+    PyMem_Free(r->expected);
+    PyMem_Free(r->found);
+    Py_XDECREF(r->names);
+    Py_XDECREF(r->special);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    (void)kw;
+    int dir_fd;
+    PyObject *names, *sizes, *mtimes, *digests, *special;
+    Py_buffer tmpl;
+    if (!PyArg_ParseTuple(args, "iO!OOOy*O!", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl,
+                          &PyDict_Type, &special))
+        return NULL;
+    if (tmpl.len != 512) {
+        PyBuffer_Release(&tmpl);
+        PyErr_SetString(PyExc_ValueError, "the template is one 512-byte header");
+        return NULL;
+    }
+    TarReader *r = (TarReader *)type->tp_alloc(type, 0);
+    if (r == NULL) {
+        PyBuffer_Release(&tmpl);
+        return NULL;
+    }
+    memcpy(r->tmpl, tmpl.buf, 512);
+    PyBuffer_Release(&tmpl);
+    r->fd = -1;
+    r->dir_fd = dir_fd;
+    r->count = PyList_GET_SIZE(names);
+    r->names = Py_NewRef(names);
+    Py_ssize_t c = r->count ? r->count : 1;
+    r->name_ptr = PyMem_Calloc(c, sizeof(char *));
+    r->name_len = PyMem_Calloc(c, sizeof(Py_ssize_t));
+    r->spec_ptr = PyMem_Calloc(c, sizeof(unsigned char *));
+    r->spec_len = PyMem_Calloc(c, sizeof(size_t));
+    r->found = PyMem_Calloc(c, 16);
+    r->special = PyList_New(0);
+    if (r->name_ptr == NULL || r->name_len == NULL || r->spec_ptr == NULL || r->spec_len == NULL ||
+        r->found == NULL || r->special == NULL)
+        goto nomem;
+    for (Py_ssize_t i = 0; i < r->count; i++) {
+        PyObject *item = PyList_GET_ITEM(names, i);
+        if (!PyBytes_Check(item) || (size_t)PyBytes_GET_SIZE(item) != strlen(PyBytes_AS_STRING(item))) {
+            PyErr_SetString(PyExc_TypeError, "names are bytes without NUL");
+            goto fail;
+        }
+        r->name_ptr[i] = PyBytes_AS_STRING(item);
+        r->name_len[i] = PyBytes_GET_SIZE(item);
+    }
+    if (copy_column(sizes, r->count, 8, (void **)&r->sizes) != 0) goto fail;
+    if (copy_column(mtimes, r->count, 8, (void **)&r->mtimes) != 0) goto fail;
+    if (copy_column(digests, r->count, 16, (void **)&r->expected) != 0) goto fail;
+    for (Py_ssize_t i = 0; i < r->count; i++) {
+        PyObject *key = PyLong_FromSsize_t(i);
+        if (key == NULL) goto fail;
+        PyObject *header = PyDict_GetItemWithError(special, key);
+        Py_DECREF(key);
+        if (header == NULL && PyErr_Occurred()) goto fail;
+        if (header != NULL) {
+            if (!PyBytes_Check(header) || PyBytes_GET_SIZE(header) == 0 || PyBytes_GET_SIZE(header) % 512 != 0) {
+                PyErr_SetString(PyExc_ValueError, "a special header is whole 512-byte blocks of bytes");
+                goto fail;
+            }
+            if (PyList_Append(r->special, header) != 0) goto fail;
+            r->spec_ptr[i] = (const unsigned char *)PyBytes_AS_STRING(header);
+            r->spec_len[i] = (size_t)PyBytes_GET_SIZE(header);
+        } else if (r->name_len[i] > 100 || r->mtimes[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "a member without a special header needs a plain one");
+            goto fail;
+        }
+    }
+    if ((r->state = xxh3_create()) == NULL) goto nomem;
+    return (PyObject *)r;
+nomem:
+    PyErr_NoMemory();
+fail:
+    Py_DECREF(r);
+    return NULL;
+}
+
+static PyMethodDef TarReader_methods[] = {
+    {"fill", (PyCFunction)TarReader_fill, METH_O, "fill(buffer) -> (written, status, a, b): see the module source."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef TarReader_getset[] = {
+    {"next", (getter)TarReader_get_next, NULL, "the index of the next member not finished", NULL},
+    {"digests", (getter)TarReader_get_digests, NULL, "16-byte digests of the members finished", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TarReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dsagent.format._native.TarReader",
+    .tp_basicsize = sizeof(TarReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One bundle's tar stream read from its source files: see native/packloop.c.",
+    .tp_new = TarReader_new,
+    .tp_dealloc = (destructor)TarReader_dealloc,
+    .tp_methods = TarReader_methods,
+    .tp_getset = TarReader_getset,
+};

@@ -1,0 +1,150 @@
+"""The optional native pack reader writes what the pure-Python reader writes, and refuses what it refuses.
+
+The same trees are packed by both readers: the same manifests and the same bundle bytes
+(one pass, digest then pack, one process or segments on forked ones). The C reader's
+stream, taken a few bytes at a time, is the tar stream Python lays out. Files that changed,
+grew or went are refused with the pure loop's error class and message. The extension is
+built as for ``test_native.py`` (skipped, saying why, without a C compiler).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from dsagent.errors import DsagentError
+from dsagent.format import bundle, native, packparallel
+from dsagent.format.bundle import pack_dataset, write_bundles
+from dsagent.format.digester import build_manifest
+from dsagent.format.hashing import CHUNK_SIZE
+from dsagent.format.manifest import Manifest
+from dsagent.format.packwriter import plain_header, tar_header, tar_stream
+from tests.dsagent.conftest import write_tree
+from tests.dsagent.format import test_native
+
+extension = test_native.extension  # the fixtures that build or find the extension
+with_native = test_native.with_native
+tree = test_native.tree
+
+pytestmark = pytest.mark.slow  # builds the extension with the C compiler where it is not built
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, run: Callable[[], object]) -> tuple[object, object]:
+    """``run()`` with the pure reader, then with the native one (the fixture made it available)."""
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    pure = run()
+    monkeypatch.setattr(native, "AVAILABLE", True)
+    return pure, run()
+
+
+def _bundles(store: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (store / "bundles").iterdir()}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_the_native_pack_writes_the_pure_packs_bytes(
+    tree: Path, with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    runs = iter(range(10))
+    readers = []
+    real = native.tar_reader
+    monkeypatch.setattr(native, "tar_reader", lambda *args: readers.append(1) or real(*args))
+    if processes > 1:  # segments on forked processes even for this small tree
+        monkeypatch.setattr(bundle, "SEGMENT_MIN_BYTES", 1)
+        monkeypatch.setattr(packparallel, "SEGMENT_MIN_BYTES", 1)
+        monkeypatch.setattr(packparallel, "SEGMENT_MIN_FILES", 4)
+        monkeypatch.setattr(bundle, "can_fork", lambda: True)
+
+    def one_pass() -> tuple[Manifest, dict[str, bytes]]:
+        store = tmp_path / f"one-{next(runs)}"
+        manifest, _ = pack_dataset(tree, store, name="d", max_bytes=3 * CHUNK_SIZE, processes=processes)
+        return manifest, _bundles(store)
+
+    pure, fast = _both(monkeypatch, one_pass)
+    assert pure == fast and readers, "the native reader did not run"
+    manifest = build_manifest(tree, name="d")
+
+    def digested() -> dict[str, bytes]:
+        store = tmp_path / f"two-{next(runs)}"
+        write_bundles(manifest, tree, store, max_bytes=3 * CHUNK_SIZE)
+        return _bundles(store)
+
+    pure_bundles, fast_bundles = _both(monkeypatch, digested)
+    assert pure_bundles == fast_bundles and len(fast_bundles) > 2
+
+
+@pytest.mark.parametrize("size", [1, 7, 511, 512, 513, 4096, 1 << 20])
+def test_the_c_stream_is_the_tar_stream_whatever_the_buffer(tree: Path, with_native: ModuleType, size: int) -> None:
+    manifest = build_manifest(tree, name="d")
+    entries = list(manifest.entries)
+    if size < 512:
+        entries = entries[:40]  # byte by byte: a few members are enough
+    special = {i: tar_header(e) for i, e in enumerate(entries) if not plain_header(e)}
+    assert special, "the tree needs members with pax headers"
+    root = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        reader = native.tar_reader(root, entries, special)
+        out, buffer = bytearray(), bytearray(size)
+        while True:
+            written, status, _, _ = reader.fill(memoryview(buffer))
+            out += buffer[:written]
+            if status == native.FILL_DONE:
+                break
+            assert status == native.FILL_MORE and written == size
+    finally:
+        os.close(root)
+    assert bytes(out) + bytes(1024) == b"".join(tar_stream(tree, entries))
+    raw = reader.digests
+    assert [raw[i : i + 16].hex() for i in range(0, len(raw), 16)] == [e.digest for e in entries]
+
+
+def _error(run: Callable[[], object]) -> tuple[type, str]:
+    with pytest.raises(DsagentError) as caught:
+        run()
+    return type(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("change", ["rewritten", "grown", "shrunk", "removed"])
+def test_a_changed_file_is_refused_as_the_pure_reader_refuses_it(
+    with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    files = {f"c{i % 3}/{i:03d}.jpg": os.urandom(100 + 997 * i) for i in range(30)}
+    src = write_tree(tmp_path / "src", files)
+    manifest = build_manifest(src, name="d")
+    victim = src / "c1/013.jpg"
+    if change == "rewritten":
+        victim.write_bytes(bytes(255 - b for b in victim.read_bytes()))
+    elif change == "grown":
+        victim.write_bytes(victim.read_bytes() + b"more")
+    elif change == "shrunk":
+        victim.write_bytes(victim.read_bytes()[:-5])
+    else:
+        victim.unlink()
+    runs = iter(range(10))
+    pure, fast = _both(monkeypatch, lambda: _error(lambda: write_bundles(manifest, src, tmp_path / f"s{next(runs)}")))
+    assert pure == fast
+    assert "c1/013.jpg" in fast[1]
+
+
+def test_a_file_rewritten_while_a_one_pass_pack_reads_it_is_refused(
+    with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 5000, "c.jpg": b"c" * 10})
+    real = native.tar_reader
+
+    def rewriting(dir_fd: int, members: object, special: object) -> object:
+        path = src / "b.jpg"  # listed with its size and mtime; rewritten before it is read
+        st = path.stat()
+        path.write_bytes(b"B" * 5000)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        return real(dir_fd, members, special)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "tar_reader", rewriting)
+    with pytest.raises(DsagentError, match="'b.jpg' changed while it was packed"):
+        pack_dataset(src, tmp_path / "store", name="d")
+    assert list((tmp_path / "store" / "bundles").iterdir()) == []
