@@ -128,3 +128,67 @@ def test_a_share_volume_needs_the_agents_socket_and_a_version_digest(env: dict[s
         client.publish(volume, target, bad)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert mounts_under(target) == [] and not os.path.exists(target)
+
+
+@pytest.mark.slow
+def test_the_reader_reads_every_sample_through_a_real_agent_process_in_the_volume(
+    env: dict[str, Any], kubelet: Kubelet, sockets: Path
+) -> None:
+    """End to end: ``dsagent serve`` with its CSI plugin (a process of its own), the share
+    volume published over gRPC, the share held as the controller holds it, then the reader
+    in the pod's view: its node's bundles from the volume, the other member's through the
+    agent's socket bound in it (that member is not there: its bundles come through this
+    agent's window, from the store). Every sample once, each with its file's bytes."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    from dsplatform.data import StripedDataset
+    from tests.dsagent.nodeplugins.csi.harness import DRIVER, CsiClient
+
+    source, web, manifest = packed(env["www"], env["server"].url, "web", files=24, max_files=2)
+    api = sockets / "api.sock"
+    csi = sockets / DRIVER / "csi.sock"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dsagent", "serve", "--root", str(env["tmp"] / "root"), "--socket", str(api)],
+        env={
+            **os.environ,
+            "DSAGENT_CSI_SOCKET": str(csi),
+            "DSAGENT_CSI_KUBELET_PODS_DIR": str(kubelet.pods),
+            "DSAGENT_NODE_NAME": NODE,
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    client = None
+    try:
+        wait_for(lambda: csi.exists() and api.exists(), timeout=60)
+        client = CsiClient(csi)
+        uid, volume, target = kubelet.pod()
+        client.publish(volume, target, _stripe_context(uid, web, manifest.digest))
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(api)), base_url="http://agent", timeout=60) as http:
+            held = http.put("/v1/stripes/web", json={"store": web["bundles"], "members": [NODE, OTHER], "peers": {}})
+        assert held.status_code == 200, held.text
+        container = kubelet.container_view(target)
+        wait_for(lambda: (container / "ready").exists(), timeout=60)
+        view = sockets / "pod"  # a pod's path is short (/dsagent-run/agent.sock); pytest's is not
+        view.symlink_to(container)
+        shown = view / "datasets" / "web"
+        with open(shown / LAYOUT_FILE, "rb") as stream:
+            layout = StripeLayout.load(stream)
+        assert 0 < len(layout.held_by(NODE)) < len(manifest.bundles), "the test needs bundles on both sides"
+
+        reader = StripedDataset(shown, rank=0, world_size=1, agent=f"unix://{view / 'agent.sock'}")
+        got = {sample.path: sample.data for sample in reader}
+        assert got == {p.relative_to(source).as_posix(): p.read_bytes() for p in source.rglob("*") if p.is_file()}
+        assert reader.stats["local_bytes"] > 0 and reader.stats["agent_bytes"] > 0, reader.stats
+        client.unpublish(volume, target)
+        assert mounts_under(target) == []
+    finally:
+        if client is not None:
+            client.close()
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    assert "Traceback" not in err.decode(), err.decode()[-3000:]
