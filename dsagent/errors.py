@@ -44,6 +44,8 @@ failed flush). Classes defined beside their code are drawn with their module.
     │                                         VF's count, address or link state
     ├── StillRunning (202, exit 14)           dsctl stopped waiting (--timeout) for an action the
     │                                         agent goes on with: not a failure, nothing to retry
+    ├── Superseded (410, exit 15, NOT_FOUND)  a striped version another one replaced in the store:
+    │                                         never held again (also a dsplatform.errors.Superseded)
     └── TransientError (503, exit 7, UNAVAILABLE)  worth retrying: source or agent unreachable
         ├── SourceUnavailable                 the dataset source or bundle store failed
         ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent

@@ -20,6 +20,8 @@ the families below are the kinds more than one package has.
     │       ├── QuantityError                 dsplatform.gpus: a resource quantity that is not one
     │       ├── KubeTimeError                 dsplatform.kubetime: not an RFC 3339 time
     │       └── LayoutError                   dsplatform.stripe: a stripe layout or group that breaks its format
+    ├── Superseded (410, exit 15, NOT_FOUND)  a version another one replaced in the store: not worth
+    │                                         retrying (dsplatform.data's reader raises it)
     └── Unavailable (503, exit 7, UNAVAILABLE)  worth retrying
         └── ReaderError                       dsplatform.data: a bundle no endpoint could give
 

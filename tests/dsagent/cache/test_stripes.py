@@ -171,9 +171,10 @@ def test_dsctl_reports_a_shares_progress_and_refuses_a_malformed_peer(striped: d
         "stripe", "hold", "imgs", "--store", "x", "--member", "node-1", "--peer", "nourl", "--socket", str(agent.socket)
     )
     assert bad.returncode == 2 and "NODE=URL" in bad.stderr
-    # a version this node holds no share of (yet): it waits, saying so, up to its timeout (exit 7)
-    other = _dsctl("stripe", "wait", "imgs", "0" * 32, "--timeout", "1s", "--socket", str(agent.socket))
-    assert other.returncode == 7 and "holds no share of it yet" in other.stdout + other.stderr, other
+    # a version that is neither held here nor the store's: gone for good, said at once (exit
+    # 15; a version not held *yet* is waited for: test_stripe_superseded.py)
+    other = _dsctl("stripe", "wait", "imgs", "0" * 32, "--timeout", "60s", "--socket", str(agent.socket))
+    assert other.returncode == 15 and "superseded" in other.stderr, other
 
 
 def test_every_sample_exactly_once_per_epoch_and_later_epochs_skip_the_store(striped: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ def opened(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Counter[str]:
 
     def counting_open(path: str | os.PathLike[str], flags: int, *args: object, **kwargs: object) -> int:
         text = os.fspath(path)
-        if text.startswith(prefix):
+        if text.startswith(prefix) and not flags & os.O_DIRECTORY:  # files read, not directories listed
             counts[text[len(prefix) :]] += 1
         return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
