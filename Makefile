@@ -101,7 +101,7 @@ resolve-check:
 clean:
 	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache site
 
-# The optional native digest and unpack loops (C, docs/design-native.md) into dsagent/format/; needs a C
+# The optional native digest, unpack and pack loops (C, docs/design-native.md) into dsagent/format/; needs a C
 # compiler and Python's headers. Without it the pure-Python loops run; native-clean removes it.
 native: $(VENV)/.test-installed
 	$(PY) native/build.py

@@ -196,3 +196,25 @@ def test_the_torch_adapter_splits_bundles_over_dataloader_workers(setup) -> None
     dataset.set_epoch(1)
     assert reader.epoch == 1
     agent.close()
+
+
+def test_dataloader_workers_take_whole_bundles_with_even_sample_counts(setup) -> None:  # type: ignore[no-untyped-def]
+    from dsplatform.data import worker_part
+
+    layout, files, share = setup
+    agent = _Agent(layout, files)
+    reader = StripedDataset(share, rank=0, world_size=1, node="a", agent=agent.url)
+    for workers in (2, 3):
+        parts = [list(reader.samples(w, workers)) for w in range(workers)]
+        seen = Counter(sample.path for part in parts for sample in part)
+        assert set(seen) == set(files) and set(seen.values()) == {1}
+        assert all(sample.data == files[sample.path] for part in parts for sample in part)
+    agent.close()
+    # uneven bundles: largest first, each to the least loaded worker, in the epoch's order
+    order = [(0, range(9)), (1, range(1)), (2, range(5)), (3, range(4)), (4, range(6)), (5, range(2))]
+    parts = [worker_part(order, w, 2) for w in range(2)]
+    assert [[b for b, _ in part] for part in parts] == [[0, 1, 3], [2, 4, 5]]
+    assert [sum(len(f) for _, f in part) for part in parts] == [14, 13]
+    assert worker_part(order, 0, 1) == order
+    with pytest.raises(ValueError):
+        list(reader.samples(2, 2))

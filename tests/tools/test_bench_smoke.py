@@ -34,7 +34,16 @@ TABLES = {
     "links": ["one link", "3 links", "throughput ratio", "every link carried bundles: True", "load average"],
     "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
     "ready": ["first-byte latency", "dsctl", "results written to"],
-    "loader": ["images/s", "cache", "local", "s3", "ratio cache / local images/s", "results written to"],
+    "loader": [
+        "images/s",
+        "cache",
+        "local",
+        "striped",
+        "s3",
+        "ratio cache / local images/s",
+        "ratio striped / local images/s",
+        "results written to",
+    ],
     "results": ["# Performance results", "written to"],
 }
 

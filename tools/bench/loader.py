@@ -14,13 +14,19 @@ loader of ``--workers`` processes (each image opened, decoded to RGB and resized
 - ``local``: the same files on this disk without the platform (the source directory);
 - ``s3``: the store, each file read through s3fs from a real S3 server on loopback (moto)
   behind a proxy that adds ``--latency-ms`` of first-byte latency (as ``ready.py``);
-- ``reader``: with ``--reader MODULE:CALLABLE``, a reader of the whole dataset (a striped
-  reader over bundles, say): ``CALLABLE(root, paths)`` returns an iterator of bytes in
-  ``paths``' order, read in each worker for its share of the paths.
+- ``striped``: the node cache read by the package's rank-aware reader
+  (:class:`dsplatform.data.StripedDataset` over the version's layout, every bundle local as
+  in a whole cached version), each loader process taking its part of the epoch
+  (``samples(worker, workers)``, as a PyTorch DataLoader worker does), in the reader's
+  shuffled order;
+- ``reader``: with ``--reader MODULE:CALLABLE``, another reader of the whole dataset:
+  ``CALLABLE(root, paths)`` returns an iterator of bytes in ``paths``' order, read in each
+  worker for its share of the paths.
 
 Each way runs over the same images, interleaved, ``--repeat`` rounds (best kept); the page
-cache is warm for ``cache`` and ``local`` (a training epoch after the first). Ratios:
-``cache`` over ``local`` images/s (goal: within 5%, >= 0.95) and ``s3`` over ``local``.
+cache is warm for ``cache``, ``local`` and ``striped`` (a training epoch after the first).
+Ratios: ``cache`` over ``local`` images/s (goal: within 5%, >= 0.95), ``striped`` over
+``local`` (the reader's goal: within 10%, >= 0.90) and ``s3`` over ``local``.
 A GPU run (utilisation with a small torchvision model) needs a GPU machine; this one
 measures what the CPU side delivers.
 """
@@ -105,6 +111,40 @@ def _load_share(job: tuple[str, str, Sequence[str]]) -> int:
     return sum(_decode(data) for data in reader(root, paths))
 
 
+def _load_striped(job: tuple[str, str, int, int]) -> int:
+    from dsplatform.data import StripedDataset
+
+    root, layout, worker, workers = job
+    data = StripedDataset(root, layout=layout, whole=True)
+    return sum(_decode(sample.data) for sample in data.samples(worker, workers))
+
+
+def run_striped(count: int, workers: int, root: str, layout: str) -> float:
+    """Seconds for ``workers`` processes to decode one epoch through the striped reader."""
+    started = time.perf_counter()
+    with get_context("fork").Pool(workers) as pool:
+        decoded = sum(pool.map(_load_striped, [(root, layout, i, workers) for i in range(workers)]))
+    assert decoded == 224 * count, (decoded, count)
+    return time.perf_counter() - started
+
+
+def write_layout(manifest: Any, path: Path) -> None:
+    """The version's stripe layout as one node holding all of it (a whole cached version)."""
+    from dsplatform.stripe import StripeLayout
+
+    layout = StripeLayout.create(
+        manifest.name,
+        manifest.digest,
+        ["this-node"],
+        [(b.digest, b.first, b.count, b.size) for b in manifest.bundles],
+        manifest.entries.paths,
+        [e.size for e in manifest.entries],
+    )
+    with open(path, "wb") as out:
+        for line in layout.dump():
+            out.write(line)
+
+
 def run_loader(paths: list[str], workers: int, init: Callable[..., None], initargs: tuple[Any, ...]) -> float:
     """Seconds to load and decode every image with ``workers`` processes (pool start included)."""
     started = time.perf_counter()
@@ -129,7 +169,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="pixels, square (256: ~40 KB JPEGs)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="loader processes")
     parser.add_argument("--latency-ms", type=float, default=10.0)
-    parser.add_argument("--ways", default="cache,local,s3", help="comma-separated: cache, local, s3 (and reader)")
+    parser.add_argument(
+        "--ways", default="cache,local,striped,s3", help="comma-separated: cache, local, striped, s3 (and reader)"
+    )
     parser.add_argument("--reader", help="MODULE:CALLABLE reading (root, paths) -> bytes iterator (the 'reader' way)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=ROOT / ".bench" / "loader")
@@ -164,8 +206,10 @@ def main() -> None:
     cached = work / "cache"
     shutil.rmtree(cached, ignore_errors=True)
     shutil.rmtree(work / "store", ignore_errors=True)
-    pack(src, work / "store", name="jpeg")
+    manifest = pack(src, work / "store", name="jpeg", max_files=max(1, args.images // 8))  # several bundles
     unpack(work / "store", name="jpeg", dest=cached)
+    layout = work / "layout.jsonl"
+    write_layout(manifest, layout)
 
     moto = proxy = None
     endpoint = ""
@@ -193,6 +237,7 @@ def main() -> None:
         "local": lambda: run_loader(paths, args.workers, _init_files, (str(src),)),
         "s3": lambda: run_loader(paths, args.workers, _init_s3, (endpoint, "images/jpeg")),
         "reader": lambda: run_reader(paths, args.workers, args.reader, str(cached)),
+        "striped": lambda: run_striped(len(paths), args.workers, str(cached), str(layout)),
     }
     best: dict[str, float] = {}
     try:
@@ -216,6 +261,10 @@ def main() -> None:
         share = best["local"] / best["cache"]
         record.ratio(f"images/s from the node cache / local disk, {args.images} images", share, 0.95)
         print(f"  ratio cache / local images/s {share:8.3f}", flush=True)
+    if "striped" in best and "local" in best:
+        share = best["local"] / best["striped"]
+        record.ratio(f"images/s through the striped reader / local disk, {args.images} images", share, 0.90)
+        print(f"  ratio striped / local images/s {share:6.3f}", flush=True)
     if "s3" in best and "local" in best:
         share = best["local"] / best["s3"]
         record.ratio(f"images/s from s3fs at {args.latency_ms:g} ms / local disk", share, None)
@@ -224,6 +273,7 @@ def main() -> None:
     if not args.keep:
         for path in (src, cached, work / "store"):
             shutil.rmtree(path, ignore_errors=True)
+        layout.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
