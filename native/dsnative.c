@@ -514,6 +514,21 @@ static int copy_column(PyObject *obj, Py_ssize_t count, size_t item, void **out)
     return 0;
 }
 
+/* Pointers to and lengths of a list of bytes names (kept alive by the list); with no_nul,
+ * a name holding a NUL byte is refused (it is opened as a C string). -1 with an error set. */
+static int name_columns(PyObject *names, const char **ptr, Py_ssize_t *len, int no_nul) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
+        PyObject *item = PyList_GET_ITEM(names, i);
+        if (!PyBytes_Check(item) || (no_nul && (size_t)PyBytes_GET_SIZE(item) != strlen(PyBytes_AS_STRING(item)))) {
+            PyErr_SetString(PyExc_TypeError, no_nul ? "names are bytes without NUL" : "names are bytes");
+            return -1;
+        }
+        ptr[i] = PyBytes_AS_STRING(item);
+        len[i] = PyBytes_GET_SIZE(item);
+    }
+    return 0;
+}
+
 static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     (void)kw;
     int dir_fd;
@@ -544,15 +559,7 @@ static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     u->name_ptr = PyMem_Calloc(c, sizeof(char *));
     u->name_len = PyMem_Calloc(c, sizeof(Py_ssize_t));
     if (u->name_ptr == NULL || u->name_len == NULL) goto nomem;
-    for (Py_ssize_t i = 0; i < u->count; i++) {
-        PyObject *item = PyList_GET_ITEM(names, i);
-        if (!PyBytes_Check(item)) {
-            PyErr_SetString(PyExc_TypeError, "names are bytes");
-            goto fail;
-        }
-        u->name_ptr[i] = PyBytes_AS_STRING(item);
-        u->name_len[i] = PyBytes_GET_SIZE(item);
-    }
+    if (name_columns(names, u->name_ptr, u->name_len, 0) != 0) goto fail;
     if (copy_column(sizes, u->count, 8, (void **)&u->sizes) != 0) goto fail;
     if (copy_column(mtimes, u->count, 8, (void **)&u->mtimes) != 0) goto fail;
     if (copy_column(digests, u->count, 16, (void **)&u->digests) != 0) goto fail;

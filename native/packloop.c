@@ -304,15 +304,7 @@ static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (r->name_ptr == NULL || r->name_len == NULL || r->spec_ptr == NULL || r->spec_len == NULL ||
         r->found == NULL || r->special == NULL)
         goto nomem;
-    for (Py_ssize_t i = 0; i < r->count; i++) {
-        PyObject *item = PyList_GET_ITEM(names, i);
-        if (!PyBytes_Check(item) || (size_t)PyBytes_GET_SIZE(item) != strlen(PyBytes_AS_STRING(item))) {
-            PyErr_SetString(PyExc_TypeError, "names are bytes without NUL");
-            goto fail;
-        }
-        r->name_ptr[i] = PyBytes_AS_STRING(item);
-        r->name_len[i] = PyBytes_GET_SIZE(item);
-    }
+    if (name_columns(names, r->name_ptr, r->name_len, 1) != 0) goto fail;
     if (copy_column(sizes, r->count, 8, (void **)&r->sizes) != 0) goto fail;
     if (copy_column(mtimes, r->count, 8, (void **)&r->mtimes) != 0) goto fail;
     if (copy_column(digests, r->count, 16, (void **)&r->expected) != 0) goto fail;

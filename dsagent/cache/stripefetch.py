@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from dsagent.cache.peers import PeerFetcher, PeerFetchingIt
 from dsagent.cache.peers.peerfetch import CLUSTER_REFRESH_EVERY, POLL_EVERY
+from dsagent.cache.peers.peersession import REFRESH_EVERY
 from dsagent.cache.settings import Settings
 from dsagent.format.extract import unpack_bundle
 from dsagent.format.manifest import BundleRef, Manifest
@@ -86,13 +87,15 @@ class BundleSources:
 
     async def copies(self, name: str, digest: str) -> Sequence[str]:
         """The agents holding or fetching ``name@digest`` whole (base URLs, ready ones
-        first), looked up at most every ``CLUSTER_REFRESH_EVERY`` seconds per version: a
-        lookup asks every configured peer, or lists the cluster's nodes."""
+        first), looked up again as often as a whole copy's fetch looks for its peers: every
+        ``REFRESH_EVERY`` seconds among configured peers (a lookup asks each of them), every
+        ``CLUSTER_REFRESH_EVERY`` in cluster mode (a lookup lists the cluster's nodes)."""
         if not self.peers.enabled:
             return ()
         now = time.monotonic()
         found = self._copies.get((name, digest))
-        if found is None or now - found[0] >= CLUSTER_REFRESH_EVERY:
+        every = REFRESH_EVERY if self.peers.cluster_holders is None else CLUSTER_REFRESH_EVERY
+        if found is None or now - found[0] >= every:
             urls: list[str] = []
             with contextlib.suppress(Exception):  # no lookup: the group and the store still serve
                 urls = await self.peers.holders(name, digest, shares=False)

@@ -63,8 +63,8 @@ def generate(root: Path, images: int, size: int, seed: int = 1) -> list[str]:
     stamp = root.parent / f".{root.name}.complete"
     wanted = f"{images} {size} {seed}"
     paths = [f"c{i % 100:03d}/{i:07d}.jpg" for i in range(images)]
-    if stamp.exists() and stamp.read_text() == wanted:
-        return paths
+    if stamp.exists() and stamp.read_text() == wanted and all((root / rel).is_file() for rel in paths[:1] + paths[-1:]):
+        return paths  # kept (--keep) by an earlier run
     shutil.rmtree(root, ignore_errors=True)
     rng = random.Random(seed)
     base = Image.linear_gradient("L").resize((size, size)).convert("RGB")

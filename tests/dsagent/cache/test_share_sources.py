@@ -13,16 +13,20 @@ Two real agents on loopback TCP and a bundle store over HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
 
 from dsagent.format.bundle import pack
+from dsagent.format.manifest import Manifest
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
+from dsplatform.wire.inventory import holds
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
 
@@ -54,13 +58,25 @@ def _bundle_gets(server: LoopbackServer) -> dict[str, int]:
     return {p.rsplit("/", 1)[1].split(".")[0]: n for p, n in server.gets(lambda p: "/store/bundles/" in p).items()}
 
 
-def _two_agents(tmp_path: Path) -> tuple[dict[str, bytes], Any, LoopbackServer, AgentProcess, AgentProcess]:
-    """``node-b`` (a whole copy) and ``node-a`` (a share), each listing the other as its peer."""
+class _Pair(NamedTuple):
+    files: dict[str, bytes]
+    manifest: Manifest
+    server: LoopbackServer
+    store: str
+    copy: AgentProcess  # node-b: the whole copy
+    member: AgentProcess  # node-a: the share
+
+
+@contextlib.contextmanager
+def _two_agents(tmp_path: Path, *, slow_store: float = 0.0) -> Iterator[_Pair]:
+    """``node-b`` (a whole copy) and ``node-a`` (a share), started, each listing the other as its peer."""
     rng = random.Random(7)
     files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
     write_tree(tmp_path / "www" / "src", files)
     manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
     server = LoopbackServer(tmp_path / "www")
+    if slow_store:
+        server.slow_down(lambda p: "/store/bundles/" in p, slow_store)
     port_a, port_b = free_port(), free_port()
     common = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_FETCH_WORKERS": "4"}
     copy = AgentProcess(
@@ -75,59 +91,59 @@ def _two_agents(tmp_path: Path) -> tuple[dict[str, bytes], Any, LoopbackServer, 
         port=port_a,
         env={**common, "DSAGENT_NODE_NAME": "node-a", "DSAGENT_PEERS": f"http://127.0.0.1:{port_b}"},
     )
-    return files, manifest, server, copy, member
+    try:
+        copy.start()
+        member.start()
+        yield _Pair(files, manifest, server, f"{server.url}/store", copy, member)
+    finally:
+        member.stop()
+        copy.stop()
+        server.close()
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*.bin")}
+
+
+def _cache_whole(pair: _Pair, *, then: Callable[[], None] = lambda: None) -> None:
+    with pair.copy.client(token=None) as client:
+        client.submit_task("t", [{"name": "imgs", "source": f"{pair.server.url}/nowhere", "bundles": pair.store}])
+        then()
+        assert wait_ready(client, "t")["state"] == "ready"
+
+
+def _share_complete(pair: _Pair) -> None:
+    status = _share_status(pair.member, pair.manifest.digest)
+    assert status["error"] is None and status["complete"], status
+    assert _tree(pair.member.root / "stripes" / "imgs" / pair.manifest.digest / "share") == pair.files
 
 
 def test_a_share_takes_its_bundles_from_a_whole_copy_not_the_store(tmp_path: Path) -> None:
-    files, manifest, server, copy, member = _two_agents(tmp_path)
-    store = f"{server.url}/store"
-    try:
-        copy.start()
-        member.start()
-        with copy.client(token=None) as client:
-            client.submit_task("t", [{"name": "imgs", "source": f"{server.url}/nowhere", "bundles": store}])
-            assert wait_ready(client, "t")["state"] == "ready"
-        before = _bundle_gets(server)
-        assert set(before) == {b.digest for b in manifest.bundles}
-
-        _hold(member, store, ["node-a"])  # a group of one: node-a owns every bundle
-        status = _share_status(member, manifest.digest)
-        assert status["error"] is None and status["complete"], status
-        assert _bundle_gets(server) == before, "a bundle of the share was read from the store again"
-        share = member.root / "stripes" / "imgs" / manifest.digest / "share"
-        assert {p.relative_to(share).as_posix(): p.read_bytes() for p in share.rglob("*.bin")} == files
-    finally:
-        member.stop()
-        copy.stop()
-        server.close()
+    with _two_agents(tmp_path) as pair:
+        _cache_whole(pair)
+        before = _bundle_gets(pair.server)
+        assert set(before) == {b.digest for b in pair.manifest.bundles}
+        _hold(pair.member, pair.store, ["node-a"])  # a group of one: node-a owns every bundle
+        _share_complete(pair)
+        assert _bundle_gets(pair.server) == before, "a bundle of the share was read from the store again"
 
 
 def test_a_share_and_a_whole_copy_fetched_at_once_read_each_bundle_from_the_store_once(tmp_path: Path) -> None:
-    files, manifest, server, copy, member = _two_agents(tmp_path)
-    store = f"{server.url}/store"
-    server.slow_down(lambda p: "/store/bundles/" in p, 0.4)  # both fetches overlap
-    try:
-        copy.start()
-        member.start()
-        with copy.client(token=None) as client:
-            client.submit_task("t", [{"name": "imgs", "source": f"{server.url}/nowhere", "bundles": store}])
-            time.sleep(0.2)  # the copy is under way
-            _hold(member, store, ["node-a"])
-            assert wait_ready(client, "t")["state"] == "ready"
-        status = _share_status(member, manifest.digest)
-        assert status["error"] is None and status["complete"], status
-        gets = _bundle_gets(server)
-        assert set(gets) <= {b.digest for b in manifest.bundles}
+    with _two_agents(tmp_path, slow_store=0.4) as pair:  # both fetches overlap
+
+        def hold_meanwhile() -> None:  # once the copy is under way, as its inventory says
+            deadline = time.monotonic() + 30
+            while holds(httpx.get(f"{pair.copy.url}/v1/inventory").json(), "imgs", pair.manifest.digest) != "fetching":
+                assert time.monotonic() < deadline, "the whole copy never showed as fetching"
+                time.sleep(0.02)
+            _hold(pair.member, pair.store, ["node-a"])
+
+        _cache_whole(pair, then=hold_meanwhile)
+        _share_complete(pair)
+        gets = _bundle_gets(pair.server)
+        assert set(gets) == {b.digest for b in pair.manifest.bundles}
         assert all(n == 1 for n in gets.values()), gets
-        assert len(gets) == len(manifest.bundles)
-        share = member.root / "stripes" / "imgs" / manifest.digest / "share"
-        assert {p.relative_to(share).as_posix(): p.read_bytes() for p in share.rglob("*.bin")} == files
-        version = copy.root / "datasets" / "imgs" / manifest.digest
-        assert {p.relative_to(version).as_posix(): p.read_bytes() for p in version.rglob("*.bin")} == files
-    finally:
-        member.stop()
-        copy.stop()
-        server.close()
+        assert _tree(pair.copy.root / "datasets" / "imgs" / pair.manifest.digest) == pair.files
 
 
 def test_a_whole_copy_reads_a_members_bundles_from_it_and_only_the_rest_from_the_store(tmp_path: Path) -> None:
