@@ -48,9 +48,16 @@ async def cluster_agent(
     cluster: ClusterSettings = FAST,
     lease_ttl: float = 3600,
     roce_classes: str = "numa",
+    capacity_bytes: int | None = None,
 ) -> AsyncIterator[ClusterAgent]:
     settings = Settings(
-        root=root, node_name=NODE, kubernetes=True, **NO_FLOOR, lease_ttl=lease_ttl, roce_classes=roce_classes
+        root=root,
+        node_name=NODE,
+        kubernetes=True,
+        **NO_FLOOR,
+        lease_ttl=lease_ttl,
+        roce_classes=roce_classes,
+        capacity_bytes=capacity_bytes,
     )
     hooks = ClusterHooks(settings, cluster)
     service = CacheService(settings, hooks=hooks.for_service())
