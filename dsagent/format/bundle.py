@@ -33,7 +33,7 @@ from dsagent.errors import InvalidInput
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.digestpool import can_fork
-from dsagent.format.entries import check_layout
+from dsagent.format.entries import EntryTableBuilder, check_layout
 from dsagent.format.extract import (
     create_empty_directories,
     unpack,
@@ -409,7 +409,9 @@ def pack_dataset(
     else:
         with ThreadPoolExecutor(parallel, thread_name_prefix="dsagent-pack") as pool:
             list(pool.map(write_one, todo))
-    entries = [FileEntry(e.path, e.size, e.mtime_ns, d) for e, d in zip(listed, known)]  # type: ignore[arg-type]
+    table = EntryTableBuilder()  # columns, not an object a file: ~1 us each at 200,000 files
+    table.add([e.path for e in listed], [e.size for e in listed], [e.mtime_ns for e in listed], known)  # type: ignore[arg-type]
+    entries = table.build()
     refs = []
     for (first, count), digest in zip(plan, digests):
         assert digest is not None
