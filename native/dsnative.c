@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -529,6 +530,18 @@ static int name_columns(PyObject *names, const char **ptr, Py_ssize_t *len, int 
     return 0;
 }
 
+/* A new object of `type` with the 512-byte header template `tmpl` copied in at `offset`
+ * (released either way); NULL with an error set when it is not one block. */
+static PyObject *new_with_template(PyTypeObject *type, Py_buffer *tmpl, size_t offset) {
+    PyObject *obj = NULL;
+    if (tmpl->len != 512)
+        PyErr_SetString(PyExc_ValueError, "the template is one 512-byte header");
+    else if ((obj = type->tp_alloc(type, 0)) != NULL)
+        memcpy((char *)obj + offset, tmpl->buf, 512);
+    PyBuffer_Release(tmpl);
+    return obj;
+}
+
 static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     (void)kw;
     int dir_fd;
@@ -538,18 +551,8 @@ static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     if (!PyArg_ParseTuple(args, "iO!OOOy*|p", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl,
                           &by_name))
         return NULL;
-    if (tmpl.len != 512) {
-        PyBuffer_Release(&tmpl);
-        PyErr_SetString(PyExc_ValueError, "the template is one 512-byte header");
-        return NULL;
-    }
-    Unpacker *u = (Unpacker *)type->tp_alloc(type, 0);
-    if (u == NULL) {
-        PyBuffer_Release(&tmpl);
-        return NULL;
-    }
-    memcpy(u->tmpl, tmpl.buf, 512);
-    PyBuffer_Release(&tmpl);
+    Unpacker *u = (Unpacker *)new_with_template(type, &tmpl, offsetof(Unpacker, tmpl));
+    if (u == NULL) return NULL;
     u->fd = -1;
     u->dir_fd = dir_fd;
     u->by_name = by_name;

@@ -278,18 +278,8 @@ static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTuple(args, "iO!OOOy*O!", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl,
                           &PyDict_Type, &special))
         return NULL;
-    if (tmpl.len != 512) {
-        PyBuffer_Release(&tmpl);
-        PyErr_SetString(PyExc_ValueError, "the template is one 512-byte header");
-        return NULL;
-    }
-    TarReader *r = (TarReader *)type->tp_alloc(type, 0);
-    if (r == NULL) {
-        PyBuffer_Release(&tmpl);
-        return NULL;
-    }
-    memcpy(r->tmpl, tmpl.buf, 512);
-    PyBuffer_Release(&tmpl);
+    TarReader *r = (TarReader *)new_with_template(type, &tmpl, offsetof(TarReader, tmpl));
+    if (r == NULL) return NULL;
     r->fd = -1;
     r->dir_fd = dir_fd;
     r->count = PyList_GET_SIZE(names);

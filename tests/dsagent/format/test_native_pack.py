@@ -148,3 +148,21 @@ def test_a_file_rewritten_while_a_one_pass_pack_reads_it_is_refused(
     with pytest.raises(DsagentError, match="'b.jpg' changed while it was packed"):
         pack_dataset(src, tmp_path / "store", name="d")
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
+
+
+def test_the_c_reader_refuses_malformed_columns(with_native: ModuleType) -> None:
+    from array import array
+
+    from dsagent.format.tarstream import plain_template
+
+    one = (array("Q", [1]), array("q", [0]), bytes(16))
+    with pytest.raises(ValueError, match="512-byte"):
+        with_native.TarReader(0, [b"a"], *one, b"x" * 100, {})
+    with pytest.raises(TypeError, match="NUL"):
+        with_native.TarReader(0, [b"a\0b"], *one, plain_template(), {})
+    with pytest.raises(ValueError, match="one item per name"):
+        with_native.TarReader(0, [b"a", b"b"], *one, plain_template(), {})
+    with pytest.raises(ValueError, match="plain one"):
+        with_native.TarReader(0, [b"x" * 101], *one, plain_template(), {})
+    with pytest.raises(ValueError, match="512-byte blocks"):
+        with_native.TarReader(0, [b"a"], *one, plain_template(), {0: b"short"})
