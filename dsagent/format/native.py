@@ -170,9 +170,6 @@ def extract_members(
         raise OSError(b, os.strerror(b), f"{paths[a]!r} of {what}")
 
 
-__all__ = ["AVAILABLE", "Columns", "chosen", "extract_members", "hash_names"]
-
-
 # what TarReader.fill reports (native/packloop.c)
 FILL_MORE, FILL_DONE, FILL_ERRNO, FILL_CHANGED, FILL_DIGEST = range(5)
 
@@ -190,3 +187,18 @@ def tar_reader(dir_fd: int, members: Sequence[FileEntry], special: Mapping[int, 
     zero = bytes(16)
     digests = b"".join(bytes.fromhex(e.digest) if e.digest else zero for e in members)
     return _native.TarReader(dir_fd, names, sizes, mtimes, digests, plain_template(), dict(special))
+
+
+__all__ = [
+    "AVAILABLE",
+    "FILL_CHANGED",
+    "FILL_DIGEST",
+    "FILL_DONE",
+    "FILL_ERRNO",
+    "FILL_MORE",
+    "Columns",
+    "chosen",
+    "extract_members",
+    "hash_names",
+    "tar_reader",
+]

@@ -263,10 +263,13 @@ class BundleWriter:
     def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str], end: bool) -> None:
         if self._local and not self._single_file and native_loops.AVAILABLE:
             self._fill_native(members, tar, digests)
-            if end:
-                tar.zeros(len(_ZEROS))
-            tar.flush()
-            return
+        else:
+            self._fill_python(members, tar, digests)
+        if end:  # a segment packed by another process (dsagent.format.packparallel) leaves the end to the last
+            tar.zeros(len(_ZEROS))
+        tar.flush()
+
+    def _fill_python(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
         fetched = iter(()) if self._local else self._prefetch(members)
         for entry in members:
             tar.put(tar_header(entry))
@@ -291,9 +294,6 @@ class BundleWriter:
             if self._progress is not None:
                 with self._lock:
                     self._progress(size, 1)
-        if end:  # a segment packed by another process (dsagent.format.packparallel) leaves the end to the last
-            tar.zeros(len(_ZEROS))
-        tar.flush()
 
     def _fill_native(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
         """:meth:`_fill` by the C reader (``native/packloop.c``, without the GIL): the same

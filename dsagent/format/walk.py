@@ -239,20 +239,23 @@ def _stat_group(group: Dir) -> list[Found]:
             stats = [os.stat(name, dir_fd=fd) for name in names]
         finally:
             os.close(fd)
-    except OSError:  # which file: said as the per-file stat says it
+    except OSError as exc:  # which file: said as the per-file stat says it
         for name in names:
             with translate_errors(f"source file {base + name!r}"):
                 os.stat(base + name)
-        raise
-    return [
-        Found(prefix + name, base + name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-        for name, st in zip(names, stats, strict=True)
-    ]
+        with translate_errors(f"source directory {directory!r}"):  # the directory itself, or gone since
+            raise exc
+    return [found_stat(prefix + name, base + name, st) for name, st in zip(names, stats, strict=True)]
 
 
 _found_path = operator.attrgetter("path")
 
 
+def found_stat(path: str, location: str, st: os.stat_result) -> Found:
+    """The file at ``location`` (``path`` in the dataset) with the size, mtime, inode and ctime of ``st``."""
+    return Found(path, location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
 def stated(item: Found, st: os.stat_result) -> Found:
     """``item`` with the size, mtime, inode and ctime of ``st``."""
-    return Found(item.path, item.location, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    return found_stat(item.path, item.location, st)
