@@ -62,7 +62,7 @@ FUSE = Rate(
     0.75,
     "x",
     "Vangoor et al., To FUSE or Not to FUSE, USENIX FAST 2017 "
-    "(https://www.usenix.org/conference/fast17/technical-sessions/presentation/vangoor): "
+    "(https://www.usenix.org/system/files/conference/fast17/fast17-vangoor.pdf): "
     "sequential reads of large files through an optimised FUSE lose up to about a quarter",
 )
 # A node's local NVMe read (ours: the unpacked files; the baselines: their local blocks).
