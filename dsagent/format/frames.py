@@ -23,6 +23,12 @@ one-frame case.
 
 With ``threads`` > 1, buffers are encoded on a small thread pool (zstd releases the GIL)
 and written in order, so compressible data uses every core.
+
+A caller that lends its buffer (``write(data, release)``) gets it back through
+``release`` once the frames are written: raw blocks are then handed to the sink as views
+of that buffer (``gather``, e.g. :meth:`dsagent.format.packwriter.WriteBehind.gather`,
+which writes them with one ``writev``), so incompressible data is copied once on its way
+out (into the kernel) instead of three times (for the pool, a join, the write).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import zstandard
@@ -119,16 +125,26 @@ class FrameWriter:
     """A file-like ``write`` target that encodes what it is given into ``sink`` as frames.
 
     ``write`` takes whole buffers (the pack pipeline hands over 1 MiB at a time); the
-    caller may reuse a buffer once ``write`` returns. :meth:`close` writes what is still
-    being encoded; nothing is written after an error.
+    caller may reuse a buffer once ``write`` returns, or, when it passes ``release``, once
+    ``release`` is called: then, with a ``gather`` sink, nothing is copied on the way (see
+    the module docstring). :meth:`close` writes what is still being encoded; nothing is
+    written after an error.
     """
 
-    def __init__(self, sink: Callable[[bytes], object], *, level: int, threads: int = 0) -> None:
+    def __init__(
+        self,
+        sink: Callable[[bytes], object],
+        *,
+        level: int,
+        threads: int = 0,
+        gather: Callable[[Sequence[bytes | memoryview], Callable[[], object] | None], object] | None = None,
+    ) -> None:
         self._sink = sink
+        self._gather = gather
         self._level = level
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dsagent-zstd") if threads > 1 else None
-        self._pending: deque[Future[list[bytes | memoryview]]] = deque()
+        self._pending: deque[tuple[Future[list[bytes | memoryview]], Callable[[], object] | None]] = deque()
         self._encoders: list[FrameEncoder] = []
         self._lock = threading.Lock()
 
@@ -143,31 +159,50 @@ class FrameWriter:
     def _encode(self, data: memoryview | bytes) -> list[bytes | memoryview]:
         return self._encoder().encode(data)
 
-    def _put(self, pieces: list[bytes | memoryview]) -> None:
+    def _put(self, pieces: list[bytes | memoryview], release: Callable[[], object] | None) -> None:
+        if self._gather is not None:
+            self._gather(pieces, release)  # views of a lent buffer, written before it is released
+            return
         # one copy out of the caller's buffer, one object for the write-behind queue
         self._sink(pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces))
+        if release is not None:
+            release()
 
-    def write(self, data: memoryview | bytes) -> int:
+    def write(self, data: memoryview | bytes, release: Callable[[], object] | None = None) -> int:
+        """Encode ``data``; with ``release``, ``data`` stays the caller's buffer until it is called."""
         size = len(data)
         if self._pool is None:
-            self._put(self._encode(data))
+            self._put(self._encode(data), release)
             return size
-        self._pending.append(self._pool.submit(self._encode, bytes(data)))
+        lent = data if release is not None else bytes(data)
+        self._pending.append((self._pool.submit(self._encode, lent), release))
         while len(self._pending) > _AHEAD:
-            self._put(self._pending.popleft().result())
+            future, done = self._pending.popleft()
+            self._put(future.result(), done)
         return size
+
+    def settle(self) -> bool:
+        """Hand the oldest buffer still being encoded on to the sink (waiting for it);
+        False when none is. A lender waiting for a buffer of its own back calls it, since
+        a lent buffer is otherwise only handed on by a later ``write``."""
+        if not self._pending:
+            return False
+        future, done = self._pending.popleft()
+        self._put(future.result(), done)
+        return True
 
     def close(self) -> None:
         """Write every buffer still being encoded, in order; then stop the pool."""
         try:
             while self._pending:
-                self._put(self._pending.popleft().result())
+                future, done = self._pending.popleft()
+                self._put(future.result(), done)
         finally:
             self.abort()
 
     def abort(self) -> None:
         """Stop without writing what is pending (after a failure elsewhere)."""
-        for future in self._pending:
+        for future, _ in self._pending:
             future.cancel()
         self._pending.clear()
         if self._pool is not None:

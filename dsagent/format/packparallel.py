@@ -149,7 +149,7 @@ def compress_into(
                         segment.close()
                     raise
         behind = WriteBehind(raw)
-        frames = FrameWriter(behind.write, level=level, threads=threads if not segments else 0)
+        frames = FrameWriter(behind.write, level=level, threads=threads if not segments else 0, gather=behind.gather)
         try:
             digests = writer.write(head, frames, end=not segments)
             frames.close()

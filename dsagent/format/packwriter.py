@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import copy
 import errno
+import functools
 import os
 import queue
 import tarfile
 import threading
 import uuid
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -39,7 +40,16 @@ from dsagent.errors import InsufficientSpace, IntegrityError
 from dsagent.format import native as native_loops
 from dsagent.format.durable import fsync_dir
 from dsagent.format.hashing import ReadBuffer, read_buffer
-from dsagent.format.manifest import BUNDLES_DIR, CHUNK_SIZE, FileEntry, Progress, bundle_digest, bundle_path
+from dsagent.format.manifest import (
+    BUNDLES_DIR,
+    CHUNK_SIZE,
+    EntryTable,
+    EntryTableBuilder,
+    FileEntry,
+    Progress,
+    bundle_digest,
+    bundle_path,
+)
 from dsagent.format.storage import open_whole, translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
 from dsagent.format.walk import is_local
@@ -54,6 +64,8 @@ PREFETCH_THREADS = 16
 #: Pack pipeline: buffers of ``CHUNK_SIZE`` bytes between a bundle's reader thread and the
 #: frame encoder (so at most 8 MiB read ahead per bundle being written).
 PIPELINE_BUFFERS = 8
+#: pieces one ``writev`` takes (POSIX guarantees at least 16; Linux takes 1,024)
+_IOV_MAX = 1024
 _BLOCK = tarfile.BLOCKSIZE
 _ZEROS = bytes(2 * tarfile.RECORDSIZE)
 
@@ -70,8 +82,33 @@ class CountingWriter:
         self.written += len(data)
         return len(data)
 
+    def writev(self, pieces: Sequence[bytes | memoryview]) -> None:
+        """Write ``pieces`` in order: one ``writev`` into a local file, else joined first."""
+        size = sum(len(piece) for piece in pieces)
+        try:
+            fd = self.raw.fileno()
+        except (AttributeError, OSError, ValueError):  # an object store's file, or a Python buffer
+            self.raw.write(b"".join(pieces))
+        else:
+            self.raw.flush()  # anything buffered goes first (writes through write() are)
+            _writev_all(fd, pieces, size)
+        self.written += size
+
     def flush(self) -> None:
         self.raw.flush()
+
+
+def _writev_all(fd: int, pieces: Sequence[bytes | memoryview], size: int) -> None:
+    """``os.writev`` until every byte of ``pieces`` is written (a short write goes on)."""
+    views = [memoryview(piece) for piece in pieces]
+    while size:
+        done = os.writev(fd, views[:_IOV_MAX])
+        size -= done
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
 
 
 def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 20) -> Generator[bytes, None, None]:
@@ -249,10 +286,9 @@ class BundleWriter:
         reader = threading.Thread(target=read, name="dsagent-pack-read", daemon=True)
         reader.start()
         try:
-            while (item := full.get()) is not None:
+            while (item := _next_full(full, out)) is not None:
                 buf, n = item
-                out.write(memoryview(buf)[:n])
-                free.put(buf)
+                out.write(memoryview(buf)[:n], functools.partial(free.put, buf))  # lent: back once written
         finally:
             free.put(None)  # a reader waiting for a buffer stops
             reader.join()
@@ -395,6 +431,19 @@ class BundleWriter:
         return size
 
 
+def _next_full(full: queue.SimpleQueue[Any], out: Any) -> Any:
+    """The reader's next full buffer. While none is ready, the buffers lent to ``out`` and
+    still being encoded are handed on (``settle``): the reader may be waiting for one."""
+    settle = getattr(out, "settle", None)
+    while settle is not None:
+        try:
+            return full.get_nowait()
+        except queue.Empty:
+            if not settle():
+                break
+    return full.get()
+
+
 def _write_synced(tmp: str, fill: Any, what: str) -> int:
     """Write the new local file ``tmp`` with ``fill(stream)`` and fsync it; removed again on failure."""
     try:
@@ -470,24 +519,36 @@ class WriteBehind:
 
     def __init__(self, raw: CountingWriter) -> None:
         self._raw = raw
-        self._blocks: queue.Queue[bytes | None] = queue.Queue(PIPELINE_BUFFERS)
+        self._blocks: queue.Queue[Any] = queue.Queue(PIPELINE_BUFFERS)
         self._failure: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name="dsagent-pack-write", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while (block := self._blocks.get()) is not None:
+        while (item := self._blocks.get()) is not None:
+            pieces, release = item
             if not self._failure:
                 try:
-                    self._raw.write(block)
+                    if isinstance(pieces, bytes):
+                        self._raw.write(pieces)
+                    else:
+                        self._raw.writev(pieces)
                 except BaseException as exc:  # noqa: BLE001 - raised by the next write or by close()
                     self._failure.append(exc)
+            if release is not None:
+                release()  # the lender's buffer is free again once its views are written (or dropped)
 
     def write(self, data: bytes) -> int:
         if self._failure:
             raise self._failure[0]
-        self._blocks.put(data)
+        self._blocks.put((data, None))
         return len(data)
+
+    def gather(self, pieces: Sequence[bytes | memoryview], release: Callable[[], object] | None) -> None:
+        """Write ``pieces`` (views of a lent buffer among them) in order, then call ``release``."""
+        if self._failure:
+            raise self._failure[0]
+        self._blocks.put((pieces, release))
 
     def flush(self) -> None:
         pass  # the store object is flushed and synced by store_object once this stage ended
@@ -563,9 +624,14 @@ def store_new_bundle(
     return digest, size, digests, new
 
 
-def named(members: Sequence[FileEntry], digests: Sequence[str]) -> list[FileEntry]:
-    """``members`` with the digests read while packing them."""
-    return [FileEntry(e.path, e.size, e.mtime_ns, d) for e, d in zip(members, digests, strict=True)]
+def named(members: Sequence[FileEntry], digests: Sequence[str]) -> EntryTable:
+    """``members`` with the digests read while packing them (a table: built column-wise,
+    with no object a file, for the bundle digest of a one-pass pack)."""
+    if len(digests) != len(members):
+        raise ValueError(f"{len(digests)} digests for {len(members)} members")
+    table = EntryTableBuilder()
+    table.add([e.path for e in members], [e.size for e in members], [e.mtime_ns for e in members], list(digests))
+    return table.build()
 
 
 def stored_size(fs: AbstractFileSystem, path: str) -> int | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fsspec
@@ -88,3 +89,28 @@ def agent_factory(tmp_path: Path) -> Iterator[Any]:
     yield start
     for agent in started:
         agent.stop()
+
+
+# --------------------------------------------------------------------------- full disks
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``mount(size)``: a new tmpfs of ``size`` (``mount -o size=``, e.g. ``"24m"``) in the
+    test's directory, unmounted afterwards; the test is skipped (saying why) without root."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small filesystem needs root")
+        disk = tmp_path / f"disk{len(mounted)}"
+        disk.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+        mounted.append(disk)
+        return disk
+
+    yield mount
+    for disk in mounted:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

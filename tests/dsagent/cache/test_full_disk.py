@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +21,9 @@ from tests.dsagent.harness import ADMIN_TOKEN
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
+def small_disk(small_tmpfs: Callable[[str], Path]) -> Path:
     """A 24 MiB tmpfs (4 KiB blocks), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True).returncode
-        != 0
-    ):
-        pytest.skip("cannot mount a tmpfs here")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
+    return small_tmpfs("24m")
 
 
 def many_small_files(root: Path, count: int, size: int) -> Path:

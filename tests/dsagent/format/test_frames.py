@@ -89,6 +89,46 @@ def test_the_frame_writer_keeps_buffers_in_order_on_any_thread_count(threads: in
     assert stream.read() == data
 
 
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_lent_buffer_is_written_from_itself_and_given_back_only_once_written(threads: int) -> None:
+    data = b"".join(os.urandom(300_000) + _text(200_000, i) for i in range(4))
+    size = 1 << 18
+    buffers = [bytearray(size) for _ in range(3)]
+    free = list(range(len(buffers)))
+    events: list[tuple[str, int]] = []
+    out: list[bytes] = []
+
+    def gather(pieces: list[bytes | memoryview], release: object) -> None:
+        lent = {id(p.obj) for p in pieces if isinstance(p, memoryview)}
+        assert lent <= {id(b) for b in buffers}  # raw blocks: views of the lent buffer, not copies
+        out.append(b"".join(pieces))
+        events.append(("written", len(out)))
+        release()  # type: ignore[operator]
+
+    writer = FrameWriter(lambda b: pytest.fail("a lent buffer went through the copying sink"), level=3,
+                         threads=threads, gather=gather)  # fmt: skip
+    written = 0
+    for start in range(0, len(data), size):
+        if not free:  # the lender waits for a buffer of its own: what is pending is handed on
+            assert writer.settle()
+        index = free.pop(0)
+        piece = data[start : start + size]
+        buffers[index][: len(piece)] = piece
+        written += 1
+
+        def release(index: int = index, turn: int = written) -> None:
+            assert ("written", turn) in events  # never before its frames are out
+            free.append(index)
+
+        writer.write(memoryview(buffers[index])[: len(piece)], release)
+    writer.close()
+    assert not writer.settle()
+    assert sorted(free) == [0, 1, 2]  # every buffer given back
+    assert writer.raw_bytes and writer.compressed_bytes
+    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
+    assert stream.read() == data
+
+
 @_TOOLS
 def test_a_packed_bundle_is_read_by_the_zstd_and_gnu_tar_binaries(tmp_path: Path) -> None:
     files = _mixed()

@@ -156,6 +156,9 @@ def test_a_full_store_during_a_one_pass_pack_leaves_no_object(tmp_path: Path, mo
         def write(self, data: bytes) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
+        def writev(self, pieces: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
         def flush(self) -> None:
             pass
 

@@ -8,6 +8,7 @@ import os
 import random
 import tarfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -149,11 +150,29 @@ def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, mon
             raise OSError(errno.ENOSPC, "No space left on device")
         return len(data)
 
+    def full_vector(self: object, pieces: list[bytes]) -> None:
+        full(self, b"".join(pieces))
+
     monkeypatch.setattr(packwriter.CountingWriter, "write", full)
+    monkeypatch.setattr(packwriter.CountingWriter, "writev", full_vector)
     with pytest.raises(InsufficientSpace):
         write_bundles(manifest, src, tmp_path / "store")
     assert _pipeline_threads() == []  # every stage ended
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_store_on_a_really_full_disk_stops_every_stage_and_leaves_no_object(
+    tmp_path: Path, small_tmpfs: Callable[[str], Path], threads: int
+) -> None:
+    files = {f"d{i % 4}/f{i:03d}.bin": os.urandom(40_000) for i in range(100)}  # 4 MB of noise: stored raw
+    src = write_tree(tmp_path / "src", files)
+    store = small_tmpfs("1m")
+    with pytest.raises(InsufficientSpace):
+        pack(src, store, name="p", threads=threads)
+    assert _pipeline_threads() == []  # every stage ended
+    assert list((store / "bundles").iterdir()) == []
+    assert not (store / "p").exists()  # no manifest either
 
 
 @pytest.mark.usefixtures("small_buffers")
@@ -205,3 +224,36 @@ PIPELINE_THREADS = ("dsagent-pack-read", "dsagent-pack-write", "dsagent-unpack-r
 def _pipeline_threads() -> list[threading.Thread]:
     """The pipelines' threads still alive (other tests on this worker may run threads of their own)."""
     return [t for t in threading.enumerate() if t.name in PIPELINE_THREADS and t.is_alive()]
+
+
+def test_a_vector_write_cut_short_goes_on_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.writev
+    calls = []
+
+    def short(fd: int, pieces: list[memoryview]) -> int:  # a real write of at most 1,000 bytes
+        calls.append(len(pieces))
+        room, cut = 1000, []
+        for piece in pieces:
+            cut.append(piece[:room])
+            room -= len(cut[-1])
+            if not room:
+                break
+        return real(fd, cut)
+
+    monkeypatch.setattr(packwriter.os, "writev", short)
+    pieces = [os.urandom(n) for n in (0, 1, 999, 1000, 1001, 5000, 3)]
+    with open(tmp_path / "out", "wb") as raw:
+        raw.write(b"head")  # buffered by the file object: written before the vector
+        counter = packwriter.CountingWriter(raw)
+        counter.writev([memoryview(p) for p in pieces])
+    assert (tmp_path / "out").read_bytes() == b"head" + b"".join(pieces)
+    assert counter.written == sum(map(len, pieces))
+    assert len(calls) > 8
+
+
+def test_a_vector_write_into_a_buffer_without_a_file_is_joined() -> None:
+    raw = io.BytesIO()
+    counter = packwriter.CountingWriter(raw)
+    counter.writev([b"ab", memoryview(b"cd"), b""])
+    assert raw.getvalue() == b"abcd"
+    assert counter.written == 4
