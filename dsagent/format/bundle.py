@@ -117,6 +117,8 @@ def plan_bundles(
     n = len(entries)
     if n == 0:
         return []
+    if n <= max_files and sum(e.size for e in entries) <= max_bytes:
+        return [(0, n)]  # no gap's domain (at most the whole) is over a cap: the tree is not needed
     prefix = [0] * (n + 1)
     for i, entry in enumerate(entries):
         prefix[i + 1] = prefix[i] + entry.size

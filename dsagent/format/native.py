@@ -99,6 +99,15 @@ def hash_names(directory: str, names: list[str], buffer_size: int, *, prefix: st
     return Columns(sizes, mtimes, digests)
 
 
+def stat_names(dir_fd: int, names: list[str]) -> tuple[list[int], int, int]:
+    """The listing's stat of ``names`` relative to ``dir_fd`` (symlinks followed), without
+    the GIL: 4 numbers a name (size, mtime ns, inode, ctime ns) for the names before the
+    first that failed, that index (``len(names)`` when none did) and its errno."""
+    assert _native is not None, "the native extension is not built"
+    stats, failed, errno = _native.stat_names(dir_fd, names)
+    return memoryview(stats).cast("q").tolist(), failed, errno
+
+
 # what Unpacker.feed reports (native/dsnative.c)
 _MORE, _FOREIGN, _END, _SIZE, _DIGEST, _ERRNO = range(6)
 _IN_DATA = 2
@@ -200,5 +209,6 @@ __all__ = [
     "chosen",
     "extract_members",
     "hash_names",
+    "stat_names",
     "tar_reader",
 ]

@@ -9,6 +9,7 @@ count as local.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from dsagent.errors import InvalidInput, NotFound
+from dsagent.format import native
 from dsagent.format.storage import LocalFiles, resolves_within, translate_errors
 
 if TYPE_CHECKING:
@@ -236,6 +238,15 @@ def _stat_group(group: Dir) -> list[Found]:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            if native.AVAILABLE:  # one call a group, without the GIL: half the listing's time
+                numbers, failed, errno = native.stat_names(fd, names)
+                if failed < len(names):
+                    raise OSError(errno, os.strerror(errno), base + names[failed])
+                rows = zip(
+                    [prefix + name for name in names], [base + name for name in names],
+                    numbers[0::4], numbers[1::4], numbers[2::4], numbers[3::4],
+                )  # fmt: skip
+                return list(map(_new_found, rows))
             stats = [os.stat(name, dir_fd=fd) for name in names]
         finally:
             os.close(fd)
@@ -249,6 +260,8 @@ def _stat_group(group: Dir) -> list[Found]:
 
 
 _found_path = operator.attrgetter("path")
+#: a Found from a tuple of its fields, in C (the NamedTuple's own ``__new__`` is Python)
+_new_found = functools.partial(tuple.__new__, Found)
 
 
 def found_stat(path: str, location: str, st: os.stat_result) -> Found:

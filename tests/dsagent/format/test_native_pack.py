@@ -166,3 +166,34 @@ def test_the_c_reader_refuses_malformed_columns(with_native: ModuleType) -> None
         with_native.TarReader(0, [b"x" * 101], *one, plain_template(), {})
     with pytest.raises(ValueError, match="512-byte blocks"):
         with_native.TarReader(0, [b"a"], *one, plain_template(), {0: b"short"})
+
+
+def test_the_native_listing_stats_each_file_as_os_stat_does(
+    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsagent.format.storage import LocalFiles
+    from dsagent.format.walk import list_files
+
+    calls = []
+    real = native.stat_names
+    monkeypatch.setattr(native, "stat_names", lambda *args: calls.append(1) or real(*args))
+    pure, fast = _both(monkeypatch, lambda: list_files(LocalFiles(), str(tree), []))
+    assert calls  # the native stat ran for the second listing
+    assert fast == pure  # size, mtime, inode and ctime, through a symlink too
+    assert type(fast[0]) is type(pure[0])  # noqa: E721 - the walk's named tuple, not a plain one
+
+
+def test_a_file_gone_before_the_native_stat_is_named(tmp_path: Path, with_native: ModuleType) -> None:
+    from dsagent.errors import NotFound
+    from dsagent.format.walk import Dir, _stat_group
+
+    root = write_tree(tmp_path / "src", {"d/a.bin": b"a", "d/c.bin": b"cc"})
+    fd = os.open(root / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        numbers, failed, errno = native.stat_names(fd, ["a.bin", "b.bin", "c.bin"])
+    finally:
+        os.close(fd)
+    assert (failed, errno, numbers[0]) == (1, 2, 1)  # stopped at b.bin: ENOENT; a.bin's size was taken
+    assert len(numbers) == 4
+    with pytest.raises(NotFound, match="b.bin"):
+        _stat_group(Dir("d", str(root / "d"), ["a.bin", "b.bin", "c.bin"]))
