@@ -36,10 +36,10 @@ from dsagent.errors import IntegrityError
 from dsagent.format.entries import EntryTable
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.storage import translate_errors
-from dsagent.format.tarstream import FrameReader, plain_template
 
 if TYPE_CHECKING:
     from dsagent.format.manifest import FileEntry
+    from dsagent.format.tarstream import FrameReader
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -136,6 +136,8 @@ def extract_members(
     end-of-archive block (the caller drains the stream); raises what the pure loop raises.
     """
     assert _native is not None, "the native extension is not built"
+    from dsagent.format.tarstream import plain_template  # here: the digest, which imports this module, needs no tar
+
     paths = members.paths
     loop = _native.Unpacker(
         dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
@@ -195,6 +197,8 @@ def tar_reader(dir_fd: int, members: Sequence[FileEntry], special: Mapping[int, 
     mtimes = array("q", [e.mtime_ns for e in members])
     zero = bytes(16)
     digests = b"".join(bytes.fromhex(e.digest) if e.digest else zero for e in members)
+    from dsagent.format.tarstream import plain_template
+
     return _native.TarReader(dir_fd, names, sizes, mtimes, digests, plain_template(), dict(special))
 
 
