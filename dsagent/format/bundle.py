@@ -124,8 +124,7 @@ def plan_bundles(
         prefix[i + 1] = prefix[i] + entry.size
     priority = _gap_priorities(entries)
     gaps = n - 1
-    left = _nearest_smaller(priority, range(gaps), strict=False, none=-1)
-    right = _nearest_smaller(priority, range(gaps - 1, -1, -1), strict=True, none=n - 1)
+    left, right = _nearest_smaller(priority, n)
     cuts = [
         g for g in range(gaps)
         if right[g] - left[g] > max_files or prefix[right[g] + 1] - prefix[left[g] + 1] > max_bytes
@@ -134,25 +133,25 @@ def plan_bundles(
     return [(bounds[i] + 1, bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
 
 
-def _nearest_smaller(priority: Sequence[int], order: range, *, strict: bool, none: int) -> list[int]:
-    """For each gap, the nearest gap in the direction already walked with a smaller priority.
+def _nearest_smaller(priority: Sequence[int], n: int) -> tuple[list[int], list[int]]:
+    """For each gap, the nearest gap with a smaller priority on its left (-1: none) and on
+    its right (``n - 1``: none), both from one pass with a stack.
 
-    Ties are broken by position (strict on one side, non-strict on the other) so the tree
-    is well defined even if two paths share a 64-bit hash.
+    Ties are broken by position (a gap of equal priority on the left counts as smaller, one
+    on the right does not) so the tree is well defined even if two paths share a 64-bit
+    hash. A gap is popped by the first gap to its right of strictly smaller priority, which
+    is its right neighbour in the tree; what stays below it is its left one.
     """
-    result = [none] * len(priority)
+    left = [-1] * len(priority)
+    right = [n - 1] * len(priority)
     stack: list[int] = []
-    for g in order:
-        p = priority[g]
-        if strict:
-            while stack and priority[stack[-1]] >= p:
-                stack.pop()
-        else:
-            while stack and priority[stack[-1]] > p:
-                stack.pop()
-        result[g] = stack[-1] if stack else none
+    for g, p in enumerate(priority):
+        while stack and priority[stack[-1]] > p:
+            right[stack.pop()] = g
+        if stack:
+            left[g] = stack[-1]
         stack.append(g)
-    return result
+    return left, right
 
 
 # --------------------------------------------------------------------------- writing

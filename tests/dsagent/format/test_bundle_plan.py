@@ -141,3 +141,32 @@ def test_at_realistic_scale_random_edits_of_every_kind_rewrite_at_most_two_bundl
 def test_caps_below_one_are_invalid(max_files: int, max_bytes: int) -> None:
     with pytest.raises(InvalidInput):
         plan_bundles([FileEntry("a", 1, 0, "0" * 32)], max_files, max_bytes)
+
+
+def _by_definition(priority: list[int], sizes: list[int], max_files: int, max_bytes: int) -> list[tuple[int, int]]:
+    """The boundaries of ``plan_bundles``' docstring, gap by gap (quadratic): a gap's domain
+    runs between the nearest gaps of smaller priority (an equal one on the left counts)."""
+    n = len(sizes)
+    cuts = []
+    for g, p in enumerate(priority):
+        left = max((j for j in range(g) if priority[j] <= p), default=-1)
+        right = min((j for j in range(g + 1, n - 1) if priority[j] < p), default=n - 1)
+        if right - left > max_files or sum(sizes[left + 1 : right + 1]) > max_bytes:
+            cuts.append(g)
+    bounds = [-1, *cuts, n - 1]
+    return [(bounds[i] + 1, bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)] if n else []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_plan_is_the_trees_rule_even_when_priorities_tie(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent.format import bundle
+
+    rng = random.Random(seed)
+    for _ in range(300):
+        n = rng.randint(0, 60)
+        priority = [rng.randrange(rng.choice([2, 5, 1 << 64])) for _ in range(max(n - 1, 0))]  # many ties
+        entries = [FileEntry(f"f{i:03d}", rng.randint(0, 50), 0, "0" * 32) for i in range(n)]
+        monkeypatch.setattr(bundle, "_gap_priorities", lambda _entries, priority=priority: priority)
+        max_files, max_bytes = rng.randint(1, 20), rng.randint(1, 400)
+        want = _by_definition(priority, [e.size for e in entries], max_files, max_bytes)
+        assert plan_bundles(entries, max_files, max_bytes) == want
