@@ -355,7 +355,8 @@ def pack_dataset(
         )  # fmt: skip
     listed = [FileEntry(f.path, f.size, f.mtime_ns, "") for f in files]
     expect_total(progress, sum(e.size for e in listed), len(listed))
-    check_layout([e.path for e in listed], sorted(set(empty)))  # before any bundle is written
+    directories = sorted(set(empty))
+    check_layout([e.path for e in listed], directories)  # before any bundle is written
     snapshot = digest_cache.snapshot(src_root) if digest_cache is not None else {}
     known: list[str | None] = (
         [digest_cache.match(snapshot, f) for f in files] if digest_cache is not None else [None] * len(files)
@@ -417,7 +418,7 @@ def pack_dataset(
     for (first, count), digest in zip(plan, digests):
         assert digest is not None
         refs.append(BundleRef(digest, first, count, sum(e.size for e in listed[first : first + count]), sizes[digest]))
-    packed = Manifest.create(name, entries, directories=empty, bundles=refs)
+    packed = Manifest.of_checked_layout(name, entries, directories=directories, bundles=refs)
     write_manifest(packed, store, store_options=store_options)
     kept = {digests[i] for i in range(len(plan)) if i not in set(written)}
     packed = _keep_reused(packed, kept, src_fs, src_root, dst_fs, dst_root, store, level, store_options)  # type: ignore[arg-type]

@@ -165,6 +165,18 @@ class Manifest:
         return cls._assemble(name, ordered, dirs, tuple(bundles))
 
     @classmethod
+    def of_checked_layout(
+        cls, name: str, entries: EntryTable, *, directories: Sequence[str], bundles: Sequence[BundleRef]
+    ) -> Manifest:
+        """:meth:`create` for ``entries`` in path order and sorted, unique ``directories``
+        that the caller has just passed through :func:`check_layout` itself (the one-pass
+        pack checks before it writes a bundle): the check is not run a second time."""
+        check_dataset_name(name)
+        if entries.in_path_order() is not entries or list(directories) != sorted(set(directories)):
+            raise ValueError("entries must be in path order and directories sorted and unique")
+        return cls._assemble(name, entries, tuple(directories), tuple(bundles))
+
+    @classmethod
     def _assemble(
         cls, name: str, entries: EntryTable, dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]
     ) -> Manifest:

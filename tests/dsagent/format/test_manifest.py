@@ -235,3 +235,16 @@ def test_an_entry_line_is_what_json_writes(path: str, size: int, mtime: int, dig
 
     want = json.dumps([path, size, mtime, digest], ensure_ascii=False, separators=(",", ":"))
     assert _entry_line(path, size, mtime, digest) == want
+
+
+def test_a_manifest_of_a_checked_layout_is_the_one_create_makes_and_refuses_what_is_out_of_order() -> None:
+    from dsagent.format.manifest import EntryTable
+
+    entries = [FileEntry("a/x", 1, 0, "1" * 32), FileEntry("b", 2, 0, "2" * 32)]
+    table = EntryTable.of(entries)
+    made = Manifest.of_checked_layout("d", table, directories=["c", "e"], bundles=())
+    assert made == Manifest.create("d", entries, directories=["e", "c"])
+    with pytest.raises(ValueError, match="path order"):
+        Manifest.of_checked_layout("d", EntryTable.of(entries[::-1]), directories=[], bundles=())
+    with pytest.raises(ValueError, match="sorted"):
+        Manifest.of_checked_layout("d", table, directories=["e", "c"], bundles=())
