@@ -54,7 +54,12 @@ NON_DEFAULT: dict[str, Any] = {
         },
     },
     "extender": {"replicas": 3, "weights": "dataset=1,roce=0,numa=0", "partialDatasets": True},
-    "scheduler": {"name": "data-aware", "replicas": 2, "extender": {"weight": 5, "httpTimeout": "2s"}},
+    "scheduler": {
+        "name": "data-aware",
+        "replicas": 2,
+        "extender": {"weight": 5, "httpTimeout": "2s"},
+        "resourceScoring": {"type": "LeastAllocated", "gpuWeight": 1},
+    },
     "webhook": {
         "certManager": {"enabled": True},
         "excludeNamespaces": ["kube-system", "monitoring"],
@@ -231,6 +236,8 @@ def test_the_chart_declares_the_kubernetes_versions_it_is_validated_for() -> Non
         ({"gpuClasses": {"gpuResource": "gpu"}}, "gpuResource"),
         ({"gpuClasses": {"jobTTL": "forever"}}, "jobTTL"),
         ({"agent": {"roceClasses": "per-nic"}}, "roceClasses"),
+        ({"scheduler": {"resourceScoring": {"type": "RequestedToCapacityRatio", "gpuWeight": 1}}}, "resourceScoring"),
+        ({"scheduler": {"resourceScoring": {"type": "MostAllocated", "gpuWeight": 0}}}, "gpuWeight"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(values: dict[str, Any], complaint: str) -> None:
@@ -379,6 +386,23 @@ def test_scheduler_configuration_has_one_profile_and_an_ignorable_extender(
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["DSEXT_PORT"] == str(port)
     assert env["DSEXT_WATCH"] == str(extender["nodeCacheCapable"]).lower()
+
+
+@pytest.mark.parametrize(
+    ("label", "strategy", "gpu_weight"), [("default", "MostAllocated", 3), ("non-default", "LeastAllocated", 1)]
+)
+def test_the_scheduler_scores_resources_as_configured_gpus_first(
+    label: str, strategy: str, gpu_weight: int, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    # packing (MostAllocated) keeps whole nodes free for multi-GPU workers; the simulator
+    # models our scheduler with the default (tools/sim/baselines.py most_allocated)
+    [profile] = scheduler_config(rendered[label])["profiles"]
+    [plugin] = profile["pluginConfig"]
+    assert plugin["name"] == "NodeResourcesFit"
+    scoring = plugin["args"]["scoringStrategy"]
+    assert scoring["type"] == strategy
+    weights = {r["name"]: r["weight"] for r in scoring["resources"]}
+    assert weights == {"nvidia.com/gpu": gpu_weight, "cpu": 1, "memory": 1}
 
 
 def test_the_leader_election_lease_role_names_the_configured_lease(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -12,14 +12,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
+from scheduling.nodeinfo import NodeFacts
+from scheduling.podspec import PodRequest
 from tests.tools.test_sim_stripe import GB, TB, job, run
 from tests.tools.test_sim_stripe import cluster as stripe_cluster
-from tools.sim import rates, stripe
+from tools.sim import baselines, rates, stripe
 from tools.sim.engine import ClusterParams
 from tools.sim.fluid import FluidRuntimes
 from tools.sim.run import main as run_main
 from tools.sim.workload import Dataset, WorkloadParams, input_changes, make_jobs
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cluster(nodes: int = 4, cache: int = 4 * TB, **kw: object) -> ClusterParams:
@@ -201,3 +206,50 @@ def test_the_results_page_states_only_what_holds_on_every_workload() -> None:
     assert "ours+stripe (alone best on a measure only on w2)" in experimental
     few = claims({"w1": workload(1.0, 3.0), "w2": workload(1.0, 1.0)})[0]
     assert few == []  # nothing is claimed from fewer than three workloads
+
+
+def test_our_scheduler_packs_small_jobs_and_keeps_a_whole_node_for_an_eight_gpu_worker() -> None:
+    # kube-scheduler adds the chart's NodeResourcesFit (MostAllocated) to the extender's
+    # score: seven 1-GPU jobs on data nobody holds share one node, and the 8-GPU job that
+    # comes next starts at once. Fluid's scheduler spreads them (LeastAllocated), and the
+    # 8-GPU job waits for the first of them to end.
+    data = [Dataset(f"ds{i:03d}", 100 * GB, (0.0,)) for i in range(8)]
+    small = [job(i, float(i), f"ds{i:03d}", gpus=1, runtime=10_000.0) for i in range(7)]
+    large = job(7, 100.0, "ds007", gpus=8)
+    ours = run("ours", [*small, large], data, cluster(nodes=2))
+    assert len({ours.outcomes[i].workers[0].node.index for i in range(7)}) == 1
+    assert ours.outcomes[7].start == pytest.approx(100.0)
+    fluid = run("fluid", [*small, large], data, cluster(nodes=2))
+    assert len({fluid.outcomes[i].workers[0].node.index for i in range(7)}) == 2
+    assert fluid.outcomes[7].start > 10_000.0
+
+
+def test_most_allocated_counts_the_pods_own_request_as_kube_scheduler_does() -> None:
+    nodes = [NodeFacts("a", allocatable_gpus=8, used_gpus=0), NodeFacts("b", allocatable_gpus=8, used_gpus=6)]
+    nodes.append(NodeFacts("none"))
+    assert baselines.most_allocated(nodes, 2) == [25, 100, 0]
+    assert baselines.with_extender([10, 0, 3], [25, 100, 0], weight=1) == [125, 100, 30]
+    # at the chart's weight 2, an extender score 6 points higher outranks any packing
+    # difference; 4 points higher does not
+    assert baselines.with_extender([6, 0], [0, 100]) == [120, 100]
+    assert baselines.with_extender([4, 0], [0, 100]) == [80, 100]
+
+
+def test_the_simulator_scores_our_nodes_as_the_chart_configures_the_scheduler() -> None:
+    values = yaml.safe_load((REPO / "charts/dsplatform/values.yaml").read_text())["scheduler"]
+    assert values["extender"]["weight"] == baselines.EXTENDER_WEIGHT
+    assert values["resourceScoring"]["type"] == baselines.OUR_RESOURCE_SCORING == "MostAllocated"
+
+
+def test_fluid_under_a_packing_scheduler_packs_as_ours_does() -> None:
+    # fluid-r4+pack: the same label affinity, but MostAllocated in place of spreading
+    data = [Dataset(f"ds{i:03d}", 100 * GB, (0.0,)) for i in range(8)]
+    small = [job(i, float(i), f"ds{i:03d}", gpus=1, runtime=10_000.0) for i in range(7)]
+    large = job(7, 100.0, "ds007", gpus=8)
+    packed = run("fluid-r4+pack", [*small, large], data, cluster(nodes=2))
+    assert len({packed.outcomes[i].workers[0].node.index for i in range(7)}) == 1
+    assert packed.outcomes[7].start == pytest.approx(100.0)
+    node = NodeFacts("a", allocatable_gpus=8, used_gpus=4)
+    pod = PodRequest(key="ns/p", namespace="ns", datasets=(), gpus=2)
+    assert baselines.fluid(pod, [node], packed=True) == [75]  # no label held: packing alone
+    assert baselines.fluid(pod, [node]) == [5]  # spreading: 10 x 4 free / 8

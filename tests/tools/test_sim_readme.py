@@ -64,3 +64,17 @@ def test_other_seeds_are_counted_per_goal_and_their_misses_are_bold() -> None:
     page = results.render(_docs(), None, seeded)
     assert page.index("## Other seeds") < page.index("## The baselines as modelled")
     assert "## Other seeds" not in results.render(_docs())
+
+
+def test_two_runs_that_both_start_at_once_are_equal_on_time_to_first_step() -> None:
+    both_zero = _seeded(1.0, 2.0, 0.0)
+    for fluid in results.FLUIDS:
+        both_zero["policies"][fluid]["ttfs_mean_s"] = 0.0  # type: ignore[index]
+    late = _seeded(1.0, 2.0, 0.0)
+    late["policies"]["ours+stripe+early"]["ttfs_mean_s"] = 3.0  # type: ignore[index]
+    for fluid in results.FLUIDS:
+        late["policies"][fluid]["ttfs_mean_s"] = 0.0  # type: ignore[index]
+    [(_, _, cells)] = results.goal_ratios({"w": both_zero})
+    assert cells[2] == (1.0, "fluid-r1", True)
+    [(_, _, cells)] = results.goal_ratios({"w": late})
+    assert cells[2][0] == float("inf") and not cells[2][2]

@@ -8,7 +8,9 @@ moves the bytes. Every choice below is cited in ``docs/simulator.md`` (section F
 - A Dataset gets its own runtime (AlluxioRuntime or JuiceFSRuntime) with the user's
   ``replicas`` and tiered-store ``quota`` per worker; the policy names the replicas:
   ``fluid-r1``, ``fluid-r4``, ``fluid`` (enough workers to hold the dataset,
-  ``ceil(size / node cache)``), ``fluid-excl`` (as ``fluid``, ``placement: Exclusive``).
+  ``ceil(size / node cache)``), ``fluid-excl`` (as ``fluid``, ``placement: Exclusive``),
+  ``fluid-r4+pack`` (as ``fluid-r4``, under a kube-scheduler that packs GPU pods as ours
+  does: :data:`PACKED`, scored in :mod:`tools.sim.baselines`).
   The quota is the workload's ``fluid_quota_bytes``, else the dataset's size over the
   replicas (what a user sizing the runtime for the dataset writes), at most the node's cache.
 - Workers go on the first reader's node when it has room, then on the nodes with the most
@@ -33,8 +35,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-POLICIES = ("fluid", "fluid-r1", "fluid-r4", "fluid-excl")
-REPLICAS: dict[str, int | None] = {"fluid": None, "fluid-r1": 1, "fluid-r4": 4, "fluid-excl": None}
+POLICIES = ("fluid", "fluid-r1", "fluid-r4", "fluid-excl", "fluid-r4+pack")
+REPLICAS: dict[str, int | None] = {
+    "fluid": None,
+    "fluid-r1": 1,
+    "fluid-r4": 4,
+    "fluid-excl": None,
+    "fluid-r4+pack": 4,
+}
+#: the Fluid settings placed by a kube-scheduler configured as the chart configures ours
+#: (``NodeResourcesFit`` MostAllocated) instead of the default spreading
+PACKED = ("fluid-r4+pack",)
 
 
 @dataclass
@@ -153,4 +164,4 @@ class FluidRuntimes:
         return Split(amount * local, amount * (cached - local), amount * (1.0 - cached))
 
 
-__all__ = ["POLICIES", "REPLICAS", "FluidRuntimes", "Runtime", "Split"]
+__all__ = ["PACKED", "POLICIES", "REPLICAS", "FluidRuntimes", "Runtime", "Split"]

@@ -85,7 +85,7 @@ class Placement(SimState):
         if self.policy in ("default", "juicefs"):  # no data affinity: kube-scheduler's spreading
             scores = baselines.least_allocated(facts)
         elif self.policy in fluid.POLICIES:
-            scores = baselines.fluid(self._pod(job, gpus), facts)
+            scores = baselines.fluid(self._pod(job, gpus), facts, packed=self.policy in fluid.PACKED)
         else:
             pod = self._pod(job, gpus, workers)
             outcome = self.framework.filter(
@@ -97,7 +97,10 @@ class Placement(SimState):
             facts = [facts[i] for i in keep]
             if not candidates:
                 return None
-            scores = self.framework.prioritize(pod, facts, lambda: (self.facts(n) for n in self.nodes))
+            extender = self.framework.prioritize(pod, facts, lambda: (self.facts(n) for n in self.nodes))
+            # our scheduler adds its NodeResourcesFit (MostAllocated on GPUs, the chart's
+            # scheduler.resourceScoring) to the extender's score, as kube-scheduler does
+            scores = baselines.with_extender(extender, baselines.most_allocated(facts, gpus))
         best = max(scores)
         top = [n for n, s in zip(candidates, scores) if s == best]
         return top[self.rng.randrange(len(top))]

@@ -150,6 +150,18 @@ leaderElection:
   resourceName: {{ .Values.scheduler.name }}
 profiles:
   - schedulerName: {{ .Values.scheduler.name }}
+    pluginConfig:
+      - name: NodeResourcesFit
+        args:
+          scoringStrategy:
+            type: {{ .Values.scheduler.resourceScoring.type }}
+            resources:
+              - name: {{ .Values.gpuClasses.gpuResource }}
+                weight: {{ .Values.scheduler.resourceScoring.gpuWeight }}
+              - name: cpu
+                weight: 1
+              - name: memory
+                weight: 1
 extenders:
   - urlPrefix: {{ include "dsplatform.extenderURL" . }}
     filterVerb: filter
