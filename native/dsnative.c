@@ -311,7 +311,9 @@ static int write_all(int fd, const unsigned char *p, size_t n) {
     return 0;
 }
 
-/* Ends the current member: digest, mtime, close. 0 or a status (a = index, b = errno). */
+/* Ends the current member once its padding is read too (the Python loop reads the padding
+ * before it compares the digest, so a stream cut in the padding is refused as cut by both):
+ * digest, mtime, close. 0 or a status (a = index, b = errno). */
 static int finish_member(Unpacker *u, long long *a, long long *b) {
     unsigned char got[16];
     canonical(xxh3_digest(u->state), got);
@@ -345,7 +347,7 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
     }
     u->written += (long long)u->sizes[i];
     u->next = i + 1;
-    u->phase = PH_PAD;
+    u->phase = PH_HEADER;
     return 0;
 }
 
@@ -357,7 +359,7 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
             size_t take = u->pad < n - pos ? u->pad : n - pos;
             pos += take;
             u->pad -= take;
-            if (u->pad == 0) u->phase = PH_HEADER;
+            if (u->pad == 0 && (st = finish_member(u, a, b)) != 0) break;
             continue;
         }
         if (u->phase == PH_DATA) {
@@ -372,7 +374,12 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
             }
             pos += take;
             u->left -= take;
-            if (u->left == 0 && (st = finish_member(u, a, b)) != 0) break;
+            if (u->left == 0) {
+                if (u->pad > 0)
+                    u->phase = PH_PAD;
+                else if ((st = finish_member(u, a, b)) != 0)
+                    break;
+            }
             continue;
         }
         /* a header, whole in this buffer or gathered across buffers */
