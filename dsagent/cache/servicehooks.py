@@ -9,10 +9,10 @@ async callables, so that the cache layer never imports cluster code:
 
 - ``admit_task(task_id)``: raises a :class:`~dsagent.errors.DsagentError` to refuse a new
   task id (in cluster mode: a pod UID that is no pod on this node);
-- ``peer_holders(name, digest, shares=True)``: base URLs of other agents holding
-  ``name@digest``, ready ones first, then fetching, then (unless ``shares=False``) those
-  holding a share of its stripe group (in cluster mode: from the node inventories,
-  docs/design.md#peers).
+- ``peer_holders(name, digest, shares=True)``: the other agents holding ``name@digest``
+  (:class:`PeerHolder`: base URL, node, and for a share its stripe group), ready ones
+  first, then fetching, then (unless ``shares=False``) those holding a share of its stripe
+  group (in cluster mode: from the node inventories, docs/design.md#peers).
 
 Why a constructor argument: set on the service by attribute after both were built (the
 agent needs the service; the service needs the agent's checks), what a service did would
@@ -31,8 +31,20 @@ from typing import Protocol
 AdmitTask = Callable[[str], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class PeerHolder:
+    """One other agent holding a version: its base URL, how (``ready``, ``fetching`` or
+    ``share``), its node's name, and for a share the version's stripe group as that node's
+    inventory lists it (empty when it does not: an older agent, or a budget-cut annotation)."""
+
+    url: str
+    state: str
+    node: str | None = None
+    group: tuple[str, ...] = ()
+
+
 class PeerHolders(Protocol):
-    def __call__(self, name: str, digest: str, *, shares: bool = True) -> Awaitable[list[str]]: ...
+    def __call__(self, name: str, digest: str, *, shares: bool = True) -> Awaitable[list[PeerHolder]]: ...
 
 
 PodDatasets = Callable[[str], Awaitable["frozenset[str] | None"]]
@@ -47,4 +59,4 @@ class ServiceHooks:
     pod_datasets: PodDatasets | None = None  # the dataset names a pod's annotation asks for (None: unknown pod)
 
 
-__all__ = ["AdmitTask", "PeerHolders", "PodDatasets", "ServiceHooks"]
+__all__ = ["AdmitTask", "PeerHolder", "PeerHolders", "PodDatasets", "ServiceHooks"]

@@ -448,6 +448,7 @@ class StripeShares:
                 "sizeBytes": share.layout.total_bytes,
                 "heldBytes": sum(b.size for b in share.layout.bundles if b.digest in share.held),
                 "members": len(share.layout.members),
+                "group": list(share.layout.members),
             }
         return out
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Container
 from typing import Any
 
-from dsagent.cache.servicehooks import ServiceHooks
+from dsagent.cache.servicehooks import PeerHolder, ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cluster.apiclient import translated
 from dsagent.cluster.clustersettings import ClusterSettings
@@ -103,7 +103,7 @@ class ClusterHooks:
         except platform_errors.InvalidInput:
             return None
 
-    async def peer_holders(self, name: str, digest: str, *, shares: bool = True) -> list[str]:
+    async def peer_holders(self, name: str, digest: str, *, shares: bool = True) -> list[PeerHolder]:
         """Agents whose node inventory lists ``name@digest`` ready, then fetching, then (unless
         ``shares=False``) holding a share of its stripe group (docs/design.md#peers)."""
         from dsagent.cluster.peerlist import holders_from_nodes

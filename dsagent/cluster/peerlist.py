@@ -13,8 +13,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from dsagent.cache.servicehooks import PeerHolder
 from dsplatform import boundedjson
-from dsplatform.wire.inventory import ANNOTATION, holds, loads
+from dsplatform.wire.inventory import ANNOTATION, holds, loads, stripe_group
 
 log = logging.getLogger("dsagent.cluster")
 
@@ -30,14 +31,14 @@ def _address(node: Any) -> str | None:
 
 def holders_from_nodes(
     nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int, *, shares: bool = True
-) -> list[str]:
-    """Base URLs of the agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest``:
+) -> list[PeerHolder]:
+    """The agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest``:
     those holding it ready first, then those fetching it (they serve the bundles they finished),
     then, unless ``shares=False``, the members of its stripe group that hold bundles (each
-    serves its own; the others answer 404 and the next source is asked)."""
-    urls: list[str] = []
-    fetching: list[str] = []
-    held: list[str] = []
+    serves its own, and the group its inventory lists says which are whose)."""
+    urls: list[PeerHolder] = []
+    fetching: list[PeerHolder] = []
+    held: list[PeerHolder] = []
     for node in nodes:
         metadata = getattr(node, "metadata", None)
         if metadata is None or metadata.name == own_node:
@@ -54,7 +55,9 @@ def holders_from_nodes(
         state = holds(inventory, name, digest) if address is not None else None
         if state is not None and address is not None:
             host = f"[{address}]" if ":" in address else address
-            (urls if state == "ready" else fetching if state == "fetching" else held).append(f"http://{host}:{port}")
+            group = stripe_group(inventory, name, digest) if state == "share" else ()
+            holder = PeerHolder(f"http://{host}:{port}", state, metadata.name, group)
+            (urls if state == "ready" else fetching if state == "fetching" else held).append(holder)
     return urls + fetching + held if shares else urls + fetching
 
 

@@ -18,7 +18,10 @@ The document::
     datasets       name -> the current version: digest, sizeBytes, files, state (ready,
                    fetching, failed), inUse, lastUsed; heldBytes while fetching; versions
                    (digest, state, inUse, sizeBytes of each) when more than one is cached
-    stripes        name -> this node's share of a striped version (docs/design-striping.md)
+    stripes        name -> this node's share of a striped version (docs/design-striping.md):
+                   digest, sizeBytes, heldBytes, members (the group's size) and group (the
+                   members' node names, from which any reader computes each bundle's owner;
+                   the annotation's budget drops it first)
     truncated      true when the annotation's budget dropped datasets
 
 A reader treats it as another party's JSON: bounded (:data:`ANNOTATION_MAX_BYTES`, or
@@ -47,6 +50,8 @@ PEER_INVENTORY_MAX_BYTES = 4 << 20
 ENTRY_KEYS = ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")
 #: what it says of each version when more than one is cached
 VERSION_KEYS = ("digest", "state", "inUse", "sizeBytes")
+#: the most member names a ``stripes`` entry's ``group`` lists (a reader takes none past it)
+MAX_GROUP = 4096
 
 
 def dataset_entry(versions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -81,11 +86,19 @@ def document(
 
 
 def compact(inventory: Mapping[str, Any], budget: int = ANNOTATION_BUDGET) -> str:
-    """Compact JSON within ``budget`` bytes: drops the least recently used non-ready
-    entries first, then the least recently used others, and sets ``"truncated": true``."""
+    """Compact JSON within ``budget`` bytes: drops the stripe groups' member lists first
+    (readers then ask the members in turn), then the least recently used non-ready
+    entries, then the least recently used others, and sets ``"truncated": true``."""
     text = json.dumps(inventory, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) <= budget:
         return text
+    stripes = inventory.get("stripes")
+    if isinstance(stripes, Mapping) and any("group" in s for s in stripes.values()):
+        ungrouped = {n: {k: v for k, v in s.items() if k != "group"} for n, s in stripes.items()}
+        inventory = {**inventory, "stripes": ungrouped}
+        text = json.dumps(inventory, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) <= budget:
+            return text
     datasets = dict(inventory["datasets"])
     order = sorted(datasets, key=lambda n: (datasets[n]["state"] == "ready", datasets[n].get("lastUsed") or "", n))
     trimmed = {**inventory, "datasets": datasets, "truncated": True}
@@ -135,11 +148,27 @@ def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
     return None
 
 
+def stripe_group(inventory: Mapping[str, Any], name: str, digest: str) -> tuple[str, ...]:
+    """The node names of ``name@digest``'s stripe group as an inventory lists them; empty
+    when it lists none, another version, or a malformed or oversized list."""
+    stripes = inventory.get("stripes") if isinstance(inventory, Mapping) else None
+    share = stripes.get(name) if isinstance(stripes, Mapping) else None
+    if not isinstance(share, Mapping) or share.get("digest") != digest:
+        return ()
+    group = share.get("group")
+    if not isinstance(group, list) or not 0 < len(group) <= MAX_GROUP:
+        return ()
+    if not all(isinstance(m, str) and 0 < len(m) <= 253 for m in group):
+        return ()
+    return tuple(group)
+
+
 __all__ = [
     "ANNOTATION",
     "ANNOTATION_BUDGET",
     "ANNOTATION_MAX_BYTES",
     "ENTRY_KEYS",
+    "MAX_GROUP",
     "PEER_INVENTORY_MAX_BYTES",
     "VERSION",
     "VERSION_KEYS",
@@ -148,5 +177,6 @@ __all__ = [
     "document",
     "holds",
     "loads",
+    "stripe_group",
     "versions_of",
 ]

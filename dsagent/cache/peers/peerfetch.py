@@ -47,12 +47,13 @@ from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers.peererrors import PeerFetchingIt, PeerRefused
 from dsagent.cache.peers.peersession import REFRESH_EVERY, PeerSession
 from dsagent.cache.progress import FetchProgress
-from dsagent.cache.servicehooks import PeerHolders
+from dsagent.cache.servicehooks import PeerHolder, PeerHolders
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, IntegrityError, TransientError
 from dsagent.format.extract import unpack_bundle_stream
 from dsagent.format.manifest import BundleRef, Manifest
 from dsplatform import boundedjson
+from dsplatform.wire.inventory import stripe_group
 
 log = logging.getLogger("dsagent.peers")
 
@@ -154,23 +155,28 @@ class PeerFetcher:
         peer that does not answer is dropped for the fetch). In cluster mode, the agents
         whose node inventories list it. ``shares=False``: only the whole copies, ready or
         fetching (what a member of the version's stripe group asks beyond the group)."""
-        ready: list[str] = []
-        fetching: list[str] = []
-        held_shares: list[str] = []
-        others: list[str] = []
+        return [h.url for h in await self.lookup(name, digest, shares=shares)]
+
+    async def lookup(self, name: str, digest: str, *, shares: bool = True) -> list[PeerHolder]:
+        """:meth:`holders` with what each peer said of itself: its node and, for a share,
+        the version's stripe group (what :class:`PeerSession` asks a bundle's owner first by)."""
+        ready: list[PeerHolder] = []
+        fetching: list[PeerHolder] = []
+        held_shares: list[PeerHolder] = []
+        others: list[PeerHolder] = []
         if self.settings.peers:
             async with httpx.AsyncClient(timeout=httpx.Timeout(min(self.settings.peer_timeout, 5.0))) as client:
                 answers = await asyncio.gather(
                     *(self._holds(client, peer, name, digest) for peer in self.settings.peers)
                 )
             by_state = {"ready": ready, "fetching": fetching, "share": held_shares}
-            for peer, state in zip(self.settings.peers, answers, strict=True):
-                by_state.get(state or "", others).append(peer)
+            for holder in answers:
+                by_state.get(holder.state, others).append(holder)
         if self.cluster_holders is not None:
             with contextlib.suppress(Exception):
-                known = ready + fetching + held_shares + others
+                known = {h.url for h in ready + fetching + held_shares + others}
                 found = await self.cluster_holders(name, digest, shares=shares)
-                ready += [p for p in found if p not in known]
+                ready += [h for h in found if h.url not in known]
         return ready + fetching + held_shares + others if shares else ready + fetching
 
     async def session(self, name: str, digest: str) -> PeerSession | None:
@@ -180,19 +186,20 @@ class PeerFetcher:
             return None
         loop = asyncio.get_running_loop()
 
-        def refresh() -> list[str]:  # from a fetch worker: the lookup runs on this loop
-            return asyncio.run_coroutine_threadsafe(self.holders(name, digest), loop).result(timeout=30)
+        def refresh() -> list[PeerHolder]:  # from a fetch worker: the lookup runs on this loop
+            return asyncio.run_coroutine_threadsafe(self.lookup(name, digest), loop).result(timeout=30)
 
-        return PeerSession(
-            await self.holders(name, digest),
+        return PeerSession.of(
+            await self.lookup(name, digest),
             per_peer=self.settings.peer_max_uploads_per_peer,
             refresh=refresh,
             refresh_every=REFRESH_EVERY if self.cluster_holders is None else CLUSTER_REFRESH_EVERY,
         )
 
-    async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> str | None:
-        """How ``peer``'s inventory lists ``name@digest``; None for a peer that does not answer
-        or answers anything but a bounded, well-formed inventory (the fetch goes on without it)."""
+    async def _holds(self, client: httpx.AsyncClient, peer: str, name: str, digest: str) -> PeerHolder:
+        """How ``peer``'s inventory lists ``name@digest`` (state ``""`` for a peer that does not
+        list it, does not answer, or answers anything but a bounded, well-formed inventory:
+        the fetch goes on without it)."""
         try:
             async with client.stream("GET", f"{peer}/v1/inventory") as response:
                 response.raise_for_status()
@@ -202,10 +209,13 @@ class PeerFetcher:
                     if len(body) > PEER_INVENTORY_MAX_BYTES:
                         break  # refused by loads below, without reading the rest
             inventory = boundedjson.loads(bytes(body), what="peer inventory", max_bytes=PEER_INVENTORY_MAX_BYTES)
-            return holds(inventory, name, digest)
+            state = holds(inventory, name, digest) or ""
+            node = inventory.get("node") if isinstance(inventory, dict) else None
+            group = stripe_group(inventory, name, digest) if state == "share" else ()
+            return PeerHolder(peer, state, node if isinstance(node, str) and node else None, group)
         except Exception as exc:  # noqa: BLE001 - whatever a peer sends, it is only unusable for this fetch
             log.debug("peer %s did not answer its inventory: %s", peer, exc)
-            return None
+            return PeerHolder(peer, "")
 
     # -- what this agent works on ------------------------------------------------------
 
@@ -287,15 +297,16 @@ class PeerFetcher:
             )
 
         while True:
-            outcome = self._ask(session, index, bundle.digest[:12], fetch_one)
+            outcome = self._ask(session, index, bundle.digest, fetch_one)
             if outcome != "fetching" or time.monotonic() >= deadline:
                 return outcome
             time.sleep(POLL_EVERY)
 
-    def _ask(self, session: PeerSession, index: int, what: str, fetch_one: Callable[[str], None]) -> Outcome:
-        """One pass over the peers for bundle ``what`` (``fetch_one(peer)`` raises unless that peer delivered)."""
+    def _ask(self, session: PeerSession, index: int, digest: str, fetch_one: Callable[[str], None]) -> Outcome:
+        """One pass over the peers for bundle ``digest`` (``fetch_one(peer)`` raises unless that peer delivered)."""
         outcome: Outcome = "none"
-        with session.slot(index) as peers:
+        what = digest[:12]
+        with session.slot(index, digest) as peers:
             for peer in peers:
                 try:
                     fetch_one(peer)

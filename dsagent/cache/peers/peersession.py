@@ -3,7 +3,10 @@
 Who calls it: :meth:`dsagent.cache.peers.peerfetch.PeerFetcher.session` opens one per version
 fetched, with the holders found before it starts; the fetch asks it, bundle by bundle, which
 peers to ask (:meth:`PeerSession.slot`). What it owns: bundle *i* goes first to holder
-*i mod n* (so requests spread), at most ``per_peer`` bundles are asked of one peer at once,
+*i mod n* (so requests spread), except that a striped version's bundle goes first to its
+owner when the members' inventories list the group (the owner computed from the bundle's
+digest, ``dsplatform.stripe.owner``; the other members would answer 404), at most
+``per_peer`` bundles are asked of one peer at once,
 a peer that failed is dropped for the rest of the version (:meth:`PeerSession.drop`), and
 holders are looked for again every few seconds while the fetch runs
 (:meth:`PeerSession.maybe_refresh`: agents that started the same version later).
@@ -15,8 +18,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+from dsagent.cache.servicehooks import PeerHolder
+from dsplatform.stripe import owner
 
 log = logging.getLogger("dsagent.peers")
 
@@ -39,27 +45,69 @@ class PeerSession:
     failed: set[str] = field(default_factory=set)
     bundles: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    refresh: Callable[[], list[str]] | None = None
+    refresh: Callable[[], Sequence[PeerHolder | str]] | None = None
     refresh_every: float = REFRESH_EVERY
+    #: a striped version's members (node names), and the base URL of each one found
+    group: tuple[str, ...] = ()
+    member_urls: dict[str, str] = field(default_factory=dict)
     _slots: dict[str, threading.Semaphore] = field(default_factory=dict)
     _refreshed: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self._slots = {peer: threading.Semaphore(self.per_peer) for peer in self.holders}
+        self.member_urls = dict(self.member_urls)
 
-    def order(self, index: int) -> list[str]:
+    @classmethod
+    def of(
+        cls,
+        found: Sequence[PeerHolder],
+        *,
+        per_peer: int = 4,
+        refresh: Callable[[], Sequence[PeerHolder | str]] | None = None,
+        refresh_every: float = REFRESH_EVERY,
+    ) -> PeerSession:
+        """A session over the holders a lookup found (:meth:`PeerFetcher.lookup`)."""
+        session = cls([h.url for h in found], per_peer=per_peer, refresh=refresh, refresh_every=refresh_every)
+        session._learn(found)
+        return session
+
+    def _learn(self, found: Sequence[PeerHolder | str]) -> None:
+        """The group of the shares found (the first listed wins) and each member's URL."""
+        with self.lock:
+            for h in found:
+                if isinstance(h, str) or h.state != "share":
+                    continue
+                if h.group and not self.group:
+                    self.group = h.group
+                if h.node is not None:
+                    self.member_urls.setdefault(h.node, h.url)
+
+    def owner_of(self, key: str) -> str | None:
+        """The base URL of bundle ``key``'s owner in the group, when both are known."""
+        with self.lock:
+            group, urls = self.group, self.member_urls
+            member = owner(key, group) if group else None
+            return urls.get(member) if member is not None else None
+
+    def order(self, index: int, key: str | None = None) -> list[str]:
+        first = self.owner_of(key) if key is not None else None
         with self.lock:
             alive = [p for p in self.holders if p not in self.failed]
         if not alive:
             return []
         start = index % len(alive)
-        return alive[start:] + alive[:start]
+        order = alive[start:] + alive[:start]
+        if first is not None and first in order:
+            order.remove(first)
+            order.insert(0, first)
+        return order
 
     @contextlib.contextmanager
-    def slot(self, index: int) -> Iterator[list[str]]:
+    def slot(self, index: int, key: str | None = None) -> Iterator[list[str]]:
         """Peers to ask in order, the first holding one of its slots for this call:
-        a free one if any, else the bundle's own peer (waiting for it)."""
-        order = self.order(index)
+        a free one if any, else the bundle's own peer (waiting for it). ``key``: the
+        bundle's digest, by which a striped version's owner is asked first."""
+        order = self.order(index, key)
         chosen = next((p for p in order if self._slots[p].acquire(blocking=False)), None)
         if chosen is None and order:
             chosen = order[0]
@@ -88,8 +136,9 @@ class PeerSession:
         except Exception as exc:  # noqa: BLE001 - no new holders this time; the fetch goes on
             log.debug("looking for more holders failed: %s", exc)
             return
+        self._learn(found)
         with self.lock:
-            for peer in found:
+            for peer in (h if isinstance(h, str) else h.url for h in found):
                 if peer not in self._slots:
                     self._slots[peer] = threading.Semaphore(self.per_peer)
                     self.holders.append(peer)

@@ -119,3 +119,33 @@ def test_the_schema_names_a_dataset_by_the_one_name_rule(name: str) -> None:
     else:
         with pytest.raises(InvalidInput):
             validate(published)
+
+
+def _striped(members: list[str]) -> dict[str, Any]:
+    share = {"digest": "a" * 32, "sizeBytes": 9, "heldBytes": 3, "members": len(members), "group": members}
+    return {**inventory({"x": entry()}), "stripes": {"imgs": share}}
+
+
+def test_a_shares_group_is_read_back_and_a_bad_one_is_none() -> None:
+    from dsplatform.wire.inventory import MAX_GROUP, stripe_group
+
+    doc = _striped(["node-a", "node-b"])
+    validate(doc)
+    assert stripe_group(doc, "imgs", "a" * 32) == ("node-a", "node-b")
+    assert stripe_group(doc, "imgs", "b" * 32) == ()  # another version's group
+    assert stripe_group(doc, "other", "a" * 32) == ()
+    for bad in ([], ["node-a", 7], ["node-a", ""], ["n" * 254], ["n"] * (MAX_GROUP + 1), "node-a"):
+        broken = _striped(["node-a"])
+        broken["stripes"]["imgs"]["group"] = bad
+        assert stripe_group(broken, "imgs", "a" * 32) == (), bad
+        with pytest.raises(InvalidInput):
+            validate(broken)
+
+
+def test_over_budget_the_stripe_groups_go_before_any_dataset() -> None:
+    doc = _striped([f"gpu-node-{i:04d}" for i in range(400)])
+    text = compact(doc, budget=1_000)
+    kept = json.loads(text)
+    validate(kept)
+    assert "group" not in kept["stripes"]["imgs"] and kept["stripes"]["imgs"]["members"] == 400
+    assert "x" in kept["datasets"] and "truncated" not in kept  # no dataset was dropped

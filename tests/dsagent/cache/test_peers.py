@@ -441,7 +441,10 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
     from types import SimpleNamespace as NS
 
     from dsagent.cache.inventory import ANNOTATION
-    from dsagent.cluster.peerlist import holders_from_nodes
+    from dsagent.cluster import peerlist
+
+    def holders_from_nodes(*args: Any, **kw: Any) -> list[str]:
+        return [h.url for h in peerlist.holders_from_nodes(*args, **kw)]
 
     def node(name: str, inventory: Any, ip: str = "10.0.0.1") -> Any:
         annotations = {ANNOTATION: json.dumps(inventory)} if inventory is not None else {}
@@ -491,6 +494,13 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
     assert (
         holders_from_nodes([deep, listy, versions, *nodes], "me", "imgs", "a" * 32, 7420)[0] == "http://10.0.0.1:7420"
     )
+    # each holder names its node; a share also its version's group, when its inventory lists it
+    grouped = {"datasets": {}, "stripes": {"imgs": {**share["stripes"]["imgs"], "group": ["s1", "s9"]}}}  # type: ignore[index]
+    records = peerlist.holders_from_nodes([node("s1", grouped, "10.0.1.1"), *nodes[:2]], "me", "imgs", "a" * 32, 7420)
+    assert [(h.state, h.node, h.group) for h in records] == [("ready", "n1", ()), ("share", "s1", ("s1", "s9"))]
+    lying = {"datasets": {}, "stripes": {"imgs": {**share["stripes"]["imgs"], "group": ["s1", 7]}}}  # type: ignore[index]
+    [record] = peerlist.holders_from_nodes([node("s1", lying, "10.0.1.1")], "me", "imgs", "a" * 32, 7420)
+    assert record.group == ()  # a malformed group is no group: the members are asked in turn
 
 
 def test_the_per_peer_upload_limit_keys_on_the_address_not_the_self_named_header() -> None:
@@ -509,3 +519,35 @@ def test_the_per_peer_upload_limit_keys_on_the_address_not_the_self_named_header
     with pytest.raises(PeerBusy):  # another name, the same address: the same peer
         limits.acquire(peer_identity(request("c", "10.0.0.7")))
     limits.acquire(peer_identity(request("b", "10.0.0.8")))  # the same name elsewhere: another peer
+
+
+def test_a_session_asks_a_striped_bundles_owner_first_and_the_rest_in_turn() -> None:
+    from dsagent.cache.peers.peersession import PeerSession
+    from dsagent.cache.servicehooks import PeerHolder
+    from dsplatform.stripe import owner
+
+    group = ("node-a", "node-b", "node-c")
+    found = [
+        PeerHolder("http://ready:1", "ready", "node-r"),
+        *(PeerHolder(f"http://{n}:1", "share", n, group) for n in group),
+    ]
+    session = PeerSession.of(found)
+    keys = [f"{i:032x}" for i in range(60)]
+    assert {owner(k, group) for k in keys} == set(group)  # every member owns some
+    for i, key in enumerate(keys):
+        order = session.order(i, key)
+        assert order[0] == f"http://{owner(key, group)}:1"
+        assert sorted(order) == sorted(h.url for h in found)  # everyone still asked after it
+    assert session.order(1) == [h.url for h in found[1:]] + [found[0].url]  # no key: in turn
+    with session.slot(0, keys[0]) as peers:
+        assert peers[0] == f"http://{owner(keys[0], group)}:1"
+    # an owner that failed is not asked; a group whose owner is not found: in turn
+    session.drop(f"http://{owner(keys[0], group)}:1")
+    assert f"http://{owner(keys[0], group)}:1" not in session.order(0, keys[0])
+    unknown = PeerSession.of([PeerHolder("http://node-a:1", "share", "node-a", ("node-a", "node-z"))])
+    lost = next(k for k in keys if owner(k, ("node-a", "node-z")) == "node-z")
+    assert unknown.order(0, lost) == ["http://node-a:1"]
+    # a session that learns the group only on a refresh asks the owner from then on
+    later = PeerSession.of([PeerHolder("http://ready:1", "ready", "node-r")], refresh=lambda: found)
+    later.maybe_refresh(force=True)
+    assert later.order(0, keys[5])[0] == f"http://{owner(keys[5], group)}:1"

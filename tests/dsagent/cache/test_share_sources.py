@@ -191,3 +191,55 @@ def test_a_whole_copy_reads_a_members_bundles_from_it_and_only_the_rest_from_the
         reader.stop()
         member.stop()
         server.close()
+
+
+def _peer_404s(agent: AgentProcess) -> float:
+    """The peer bundle requests ``agent`` answered 404 (a bundle it does not hold)."""
+    text = httpx.get(f"{agent.url}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("dsplatform_agent_http_request_duration_seconds_count")
+        and 'route="/v1/peer/bundles/{digest}"' in line
+        and 'status="404"' in line
+    )
+
+
+def test_a_whole_copy_asks_each_bundle_of_its_owner_in_the_group_first(tmp_path: Path) -> None:
+    """Two members hold their shares; a third agent caches the version whole with both as
+    its peers. Their inventories list the group, so it asks each bundle's owner first: no
+    member answers 404, and the store is not read."""
+    rng = random.Random(11)
+    files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
+    write_tree(tmp_path / "www" / "src", files)
+    manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
+    server = LoopbackServer(tmp_path / "www")
+    store = f"{server.url}/store"
+    env = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_FETCH_WORKERS": "4"}
+    members = [AgentProcess(tmp_path / n, tcp=True, env={**env, "DSAGENT_NODE_NAME": n}) for n in ("node-a", "node-c")]
+    agents = list(members)
+    try:
+        for member in members:
+            member.start()
+        for member in members:
+            _hold(member, store, ["node-a", "node-c"])
+        for member in members:
+            assert _share_status(member, manifest.digest)["error"] is None
+        before = dict(server.gets(lambda p: "/store/bundles/" in p))
+        peers = ",".join(m.url for m in reversed(members))  # the wrong member first for some bundles
+        copy = AgentProcess(
+            tmp_path / "node-b", tcp=True, env={**env, "DSAGENT_NODE_NAME": "node-b", "DSAGENT_PEERS": peers}
+        )
+        agents.append(copy)
+        copy.start()
+        with copy.client(token=None) as client:
+            client.submit_task("t", [{"name": "imgs", "source": f"{server.url}/nowhere", "bundles": store}])
+            assert wait_ready(client, "t")["state"] == "ready"
+        assert dict(server.gets(lambda p: "/store/bundles/" in p)) == before, "the store was read"
+        assert [_peer_404s(m) for m in members] == [0, 0]
+        version = copy.root / "datasets" / "imgs" / manifest.digest
+        assert {p.relative_to(version).as_posix(): p.read_bytes() for p in version.rglob("*.bin")} == files
+    finally:
+        for agent in reversed(agents):
+            agent.stop()
+        server.close()
