@@ -405,7 +405,8 @@ def create_app(
             roce_prefix=settings.roce_resource_prefix,
             on_listed=heap.settle,
         )
-    return ExtenderApp(settings, view=View(reader, cache), framework=Framework(settings, jobs=jobs), heap=heap)
+    view = View(reader, cache)
+    return ExtenderApp(settings, view=view, framework=Framework(settings, jobs=jobs, node=view.node), heap=heap)
 
 
 __all__ = ["ExtenderApp", "MAX_BODY_BYTES", "create_app"]

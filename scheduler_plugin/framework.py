@@ -86,9 +86,17 @@ class Framework:
     """
 
     def __init__(
-        self, settings: Settings, *, jobs: JobClasses | None = None, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        *,
+        jobs: JobClasses | None = None,
+        clock: Callable[[], float] = time.time,
+        node: Callable[[str], NodeFacts | None] | None = None,
     ) -> None:
         self.settings = settings
+        #: any known node's facts by name (the watch cache's), for stripe group members
+        #: that are no candidates of a request; None: only the candidates are known
+        self.node = node
         self.clock = clock  # wall-clock seconds, the clock of pod deadlines
         self.jobs = jobs if jobs is not None else JobClasses(settings.job_ttl_s)
         self.placements = numa.PlacementMemo()
@@ -181,7 +189,8 @@ class Framework:
     def share_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None]) -> list[int]:
         """The dataset score with partial holdings (docs/design-striping.md#scheduler): held
         bytes against ``S / N`` for the pod's ``N``-worker job, copies being fetched at a
-        discount, peer credit for stripe members with a group peer in their RoCE subnet."""
+        discount, peer credit for stripe members with a group peer in their RoCE subnet
+        (a candidate, or a member the inventory's group lists, found by :attr:`node`)."""
         inventories = [n.inventory if n is not None else None for n in nodes]
 
         def subnets(index: int) -> frozenset[str]:
@@ -193,7 +202,19 @@ class Framework:
                 found = self._subnets[node.topology_id] = roce_subnets(node.topology)
             return found
 
-        return stripe.scores(stripe.helds(pod.datasets, inventories, subnets), pod.workers)
+        def subnets_of(name: str) -> frozenset[str]:  # a listed group member, perhaps no candidate
+            node = self.node(name) if self.node is not None else None
+            if node is None or node.topology is None:
+                return frozenset()
+            found = self._subnets.get(node.topology_id)
+            if found is None:
+                found = self._subnets[node.topology_id] = roce_subnets(node.topology)
+            return found
+
+        names = [n.name if n is not None else "" for n in nodes]
+        return stripe.scores(
+            stripe.helds(pod.datasets, inventories, subnets, names=names, subnets_of=subnets_of), pod.workers
+        )
 
     def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
         keys, table = self.gpu_table(pod, nodes, cluster, numa_too=False)

@@ -89,6 +89,13 @@ class View:
             return pod
         return catalog.resolve(pod, self.cache.current_datasets())
 
+    def node(self, name: str) -> NodeFacts | None:
+        """A node's facts by name from the watch cache (None without one, before its first
+        list, or for a node it has not seen)."""
+        if self.cache is None or not self.cache.synced:
+            return None
+        return self.cache.snapshot().get(name)
+
     def cluster(self, candidates: Sequence[NodeFacts | None]) -> list[NodeFacts]:
         """Every node the cluster-wide class choice should count (from the watch cache: one
         node per distinct GPU key with its count, :class:`GroupedNodes`)."""

@@ -67,6 +67,7 @@ class StripeHolding:
     size_bytes: int
     held_bytes: int
     members: int
+    group: tuple[str, ...] = ()  # the members' node names, when the inventory lists them
 
 
 @dataclass(frozen=True)
@@ -366,7 +367,9 @@ def _stripes(section: Any) -> dict[str, StripeHolding]:
             continue
         size, held, members = (_int_or_none(entry.get(k)) for k in ("sizeBytes", "heldBytes", "members"))
         if size is not None and held is not None and members:
-            out[name] = StripeHolding(entry["digest"].lower(), size, min(held, size), members)
+            digest = entry["digest"].lower()
+            group = wire_inventory.stripe_group({"stripes": {name: {**entry, "digest": digest}}}, name, digest)
+            out[name] = StripeHolding(digest, size, min(held, size), members, group)
     return out
 
 

@@ -13,7 +13,9 @@ bytes, so each worker reads about ``S / N``):
   disk (a whole copy, or its stripe share), and a copy still arriving at a discount;
 - a member of the version's stripe group whose other members share its RoCE subnet earns
   ``peer_credit * (1 - local)`` on top: the rest of its share comes from a peer over the
-  subnet, not from the store; a non-member earns nothing for peers;
+  subnet, not from the store; a non-member earns nothing for peers. The other members are
+  the candidates holding a share, and the group the member's inventory lists (members that
+  are no candidates: no free GPUs, or filtered out, still serve their bundles);
 - summed over the pod's datasets, each counting at most 1.
 """
 
@@ -63,11 +65,16 @@ def helds(
     wants: Sequence[DatasetWant],
     inventories: Sequence[Inventory | None],
     subnets: Callable[[int], frozenset[str]],
+    *,
+    names: Sequence[str] | None = None,
+    subnets_of: Callable[[str], frozenset[str]] | None = None,
 ) -> list[list[Held] | None]:
     """Per candidate, what it holds of each wanted dataset (None: it would replace a version
     that running tasks use, which the dataset score never rewards). ``subnets(i)``: the RoCE
     subnets of candidate ``i``; a stripe member earns peer credit when another candidate in
-    the same group shares one (members outside the candidates are not seen)."""
+    the same group shares one, or, with ``names`` (the candidates' node names) and
+    ``subnets_of`` (any node's subnets by name, empty when unknown), another member of the
+    group its inventory lists."""
     sizes: dict[str, int] = {}
     members: dict[str, list[int]] = {}
     for i, inventory in enumerate(inventories):
@@ -104,9 +111,13 @@ def helds(
                     fetching = holding.held_bytes or 0
             group = members.get(want.name, ())
             member = i in group
+            near = False
             if member:
                 held = max(held, inventory.stripes[want.name].held_bytes)
-            near = member and any(j != i and subnets(i) & subnets(j) for j in group)
+                near = any(j != i and subnets(i) & subnets(j) for j in group)
+                if not near and names is not None and subnets_of is not None:
+                    listed = inventory.stripes[want.name].group
+                    near = any(subnets(i) & subnets_of(m) for m in listed if m != names[i])
             row.append(Held(size, held, fetching, group_member=member, peers_in_subnet=near))
         out.append(None if replaces_in_use else row)
     return out

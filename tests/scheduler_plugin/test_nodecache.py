@@ -236,3 +236,14 @@ def test_each_full_list_of_nodes_and_of_pods_is_reported(apiserver: FakeApiServe
     finally:
         cache.stop()
         api_client.close()
+
+
+def test_the_view_finds_any_cached_node_by_name_for_the_stripe_peer_credit(
+    extender: tuple[httpx.Client, NodeCache],
+) -> None:
+    _, cache = extender
+    view = View(NodeReader(), cache)
+    found = view.node("holds")
+    assert found is not None and found.name == "holds"
+    assert view.node("nobody-knows") is None
+    assert View(NodeReader(), None).node("holds") is None  # no watch cache: only the candidates are known

@@ -172,3 +172,36 @@ def test_the_names_only_path_takes_partial_holdings_too() -> None:
     columns.drop("member-alone")
     columns.drop("fetching")
     assert not columns.partly_held(request.datasets)
+
+
+def test_a_member_earns_peer_credit_from_a_group_member_that_is_no_candidate() -> None:
+    """``member-half`` is the only candidate holding a share; its group peer ``busy`` (same
+    subnet, no free GPUs) is no candidate. Listed in the inventory's group, it still counts;
+    a member whose listed peers are all on other subnets, or one whose inventory lists no
+    group, earns no peer credit."""
+
+    def grouped(node_name: str, group: list[str] | None) -> str:
+        doc = json.loads(_stripe_inventory(node_name, 5 * GB))
+        if group is not None:
+            doc["stripes"]["big"]["group"] = group
+        return json.dumps(doc)
+
+    topo = topology_json()
+    reader = NodeReader()
+    busy = reader.read(node("busy", inventory=grouped("busy", ["member-half", "busy"]), topology=topo))
+    far = reader.read(node("far", inventory=grouped("far", ["member-half", "far"]), topology=_other_subnet_topology()))
+    known = {f.name: f for f in (busy, far)}  # the watch cache's nodes
+
+    def scores(group: list[str] | None, *, cluster: bool = True) -> list[int]:
+        framework = Framework(Settings(), node=known.get if cluster else None)
+        request = framework.read_pod(_worker(1))
+        half = node("member-half", inventory=grouped("member-half", group), topology=topo, free_gpus=range(8))
+        # a copy of all 40 GB still arriving: raw 0.5, between the member with peer credit
+        # (0.125 held of the one worker's 40 GB, plus half the rest: 0.5625) and without (0.125)
+        copy = node("fetching", inventory=_fetching_inventory("fetching", 40 * GB), topology=topo, free_gpus=range(8))
+        facts = [reader.read(half), reader.read(copy)]
+        return framework.dataset_scores(request, facts)
+
+    assert scores(["member-half", "busy"]) == [10, 8]  # busy serves it over the subnet
+    for no_credit in (scores(["member-half", "far"]), scores(None), scores(["member-half", "busy"], cluster=False)):
+        assert no_credit == [2, 10]
