@@ -192,29 +192,25 @@ class Framework:
         discount, peer credit for stripe members with a group peer in their RoCE subnet
         (a candidate, or a member the inventory's group lists, found by :attr:`node`)."""
         inventories = [n.inventory if n is not None else None for n in nodes]
-
-        def subnets(index: int) -> frozenset[str]:
-            node = nodes[index]
-            if node is None or node.topology is None:
-                return frozenset()
-            found = self._subnets.get(node.topology_id)
-            if found is None:
-                found = self._subnets[node.topology_id] = roce_subnets(node.topology)
-            return found
+        names = [n.name if n is not None else "" for n in nodes]
+        lookup = self.node
 
         def subnets_of(name: str) -> frozenset[str]:  # a listed group member, perhaps no candidate
-            node = self.node(name) if self.node is not None else None
-            if node is None or node.topology is None:
-                return frozenset()
-            found = self._subnets.get(node.topology_id)
-            if found is None:
-                found = self._subnets[node.topology_id] = roce_subnets(node.topology)
-            return found
+            return self._roce_subnets(lookup(name) if lookup is not None else None)
 
-        names = [n.name if n is not None else "" for n in nodes]
-        return stripe.scores(
-            stripe.helds(pod.datasets, inventories, subnets, names=names, subnets_of=subnets_of), pod.workers
+        helds = stripe.helds(
+            pod.datasets, inventories, lambda i: self._roce_subnets(nodes[i]), names=names, subnets_of=subnets_of
         )
+        return stripe.scores(helds, pod.workers)
+
+    def _roce_subnets(self, node: NodeFacts | None) -> frozenset[str]:
+        """A node's RoCE subnets (its GPU-affine NICs that are up), memoized per topology."""
+        if node is None or node.topology is None:
+            return frozenset()
+        found = self._subnets.get(node.topology_id)
+        if found is None:
+            found = self._subnets[node.topology_id] = roce_subnets(node.topology)
+        return found
 
     def roce_scores(self, pod: PodRequest, nodes: Sequence[NodeFacts | None], cluster: Cluster) -> list[int]:
         keys, table = self.gpu_table(pod, nodes, cluster, numa_too=False)

@@ -208,20 +208,18 @@ def test_the_results_page_states_only_what_holds_on_every_workload() -> None:
     assert few == []  # nothing is claimed from fewer than three workloads
 
 
-def test_our_scheduler_packs_small_jobs_and_keeps_a_whole_node_for_an_eight_gpu_worker() -> None:
+@pytest.mark.parametrize(("policy", "packs"), [("ours", True), ("fluid-r4+pack", True), ("fluid", False)])
+def test_a_packing_scheduler_keeps_a_whole_node_for_an_eight_gpu_worker(policy: str, packs: bool) -> None:
     # kube-scheduler adds the chart's NodeResourcesFit (MostAllocated) to the extender's
     # score: seven 1-GPU jobs on data nobody holds share one node, and the 8-GPU job that
-    # comes next starts at once. Fluid's scheduler spreads them (LeastAllocated), and the
-    # 8-GPU job waits for the first of them to end.
+    # comes next starts at once; fluid-r4+pack is Fluid under the same packing. Fluid's
+    # default scheduler spreads them (LeastAllocated): the 8-GPU job waits for the first
+    # of them to end.
     data = [Dataset(f"ds{i:03d}", 100 * GB, (0.0,)) for i in range(8)]
     small = [job(i, float(i), f"ds{i:03d}", gpus=1, runtime=10_000.0) for i in range(7)]
-    large = job(7, 100.0, "ds007", gpus=8)
-    ours = run("ours", [*small, large], data, cluster(nodes=2))
-    assert len({ours.outcomes[i].workers[0].node.index for i in range(7)}) == 1
-    assert ours.outcomes[7].start == pytest.approx(100.0)
-    fluid = run("fluid", [*small, large], data, cluster(nodes=2))
-    assert len({fluid.outcomes[i].workers[0].node.index for i in range(7)}) == 2
-    assert fluid.outcomes[7].start > 10_000.0
+    sim = run(policy, [*small, job(7, 100.0, "ds007", gpus=8)], data, cluster(nodes=2))
+    assert len({sim.outcomes[i].workers[0].node.index for i in range(7)}) == (1 if packs else 2)
+    assert (sim.outcomes[7].start == pytest.approx(100.0)) if packs else (sim.outcomes[7].start > 10_000.0)
 
 
 def test_most_allocated_counts_the_pods_own_request_as_kube_scheduler_does() -> None:
@@ -241,14 +239,7 @@ def test_the_simulator_scores_our_nodes_as_the_chart_configures_the_scheduler() 
     assert values["resourceScoring"]["type"] == baselines.OUR_RESOURCE_SCORING == "MostAllocated"
 
 
-def test_fluid_under_a_packing_scheduler_packs_as_ours_does() -> None:
-    # fluid-r4+pack: the same label affinity, but MostAllocated in place of spreading
-    data = [Dataset(f"ds{i:03d}", 100 * GB, (0.0,)) for i in range(8)]
-    small = [job(i, float(i), f"ds{i:03d}", gpus=1, runtime=10_000.0) for i in range(7)]
-    large = job(7, 100.0, "ds007", gpus=8)
-    packed = run("fluid-r4+pack", [*small, large], data, cluster(nodes=2))
-    assert len({packed.outcomes[i].workers[0].node.index for i in range(7)}) == 1
-    assert packed.outcomes[7].start == pytest.approx(100.0)
+def test_fluid_under_a_packing_scheduler_scores_its_labels_over_packing() -> None:
     node = NodeFacts("a", allocatable_gpus=8, used_gpus=4)
     pod = PodRequest(key="ns/p", namespace="ns", datasets=(), gpus=2)
     assert baselines.fluid(pod, [node], packed=True) == [75]  # no label held: packing alone

@@ -58,6 +58,15 @@ def _bundle_gets(server: LoopbackServer) -> dict[str, int]:
     return {p.rsplit("/", 1)[1].split(".")[0]: n for p, n in server.gets(lambda p: "/store/bundles/" in p).items()}
 
 
+def _served(tmp_path: Path, *, seed: int) -> tuple[dict[str, bytes], Manifest, LoopbackServer]:
+    """48 files of 8-16 KB packed 3 to a bundle under ``www/store``, served over HTTP."""
+    rng = random.Random(seed)
+    files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
+    write_tree(tmp_path / "www" / "src", files)
+    manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
+    return files, manifest, LoopbackServer(tmp_path / "www")
+
+
 class _Pair(NamedTuple):
     files: dict[str, bytes]
     manifest: Manifest
@@ -70,11 +79,7 @@ class _Pair(NamedTuple):
 @contextlib.contextmanager
 def _two_agents(tmp_path: Path, *, slow_store: float = 0.0) -> Iterator[_Pair]:
     """``node-b`` (a whole copy) and ``node-a`` (a share), started, each listing the other as its peer."""
-    rng = random.Random(7)
-    files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
-    write_tree(tmp_path / "www" / "src", files)
-    manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
-    server = LoopbackServer(tmp_path / "www")
+    files, manifest, server = _served(tmp_path, seed=7)
     if slow_store:
         server.slow_down(lambda p: "/store/bundles/" in p, slow_store)
     port_a, port_b = free_port(), free_port()
@@ -147,11 +152,7 @@ def test_a_share_and_a_whole_copy_fetched_at_once_read_each_bundle_from_the_stor
 
 
 def test_a_whole_copy_reads_a_members_bundles_from_it_and_only_the_rest_from_the_store(tmp_path: Path) -> None:
-    rng = random.Random(5)
-    files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
-    write_tree(tmp_path / "www" / "src", files)
-    manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
-    server = LoopbackServer(tmp_path / "www")
+    files, manifest, server = _served(tmp_path, seed=5)
     store = f"{server.url}/store"
     member = AgentProcess(
         tmp_path / "node-a", tcp=True, env={"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_NODE_NAME": "node-a"}
@@ -209,11 +210,7 @@ def test_a_whole_copy_asks_each_bundle_of_its_owner_in_the_group_first(tmp_path:
     """Two members hold their shares; a third agent caches the version whole with both as
     its peers. Their inventories list the group, so it asks each bundle's owner first: no
     member answers 404, and the store is not read."""
-    rng = random.Random(11)
-    files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
-    write_tree(tmp_path / "www" / "src", files)
-    manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=3)
-    server = LoopbackServer(tmp_path / "www")
+    files, manifest, server = _served(tmp_path, seed=11)
     store = f"{server.url}/store"
     env = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_FETCH_WORKERS": "4"}
     members = [AgentProcess(tmp_path / n, tcp=True, env={**env, "DSAGENT_NODE_NAME": n}) for n in ("node-a", "node-c")]
