@@ -79,7 +79,8 @@ MODELS = {
     "ours+stripe": "ours; a version bigger than a node, or one a node cannot make room for, or read for less than "
     "an epoch, striped by bundle over a group spanning the job's subnet, filled as it is read, read rank-affine",
     "ours+stripe+early": "ours+stripe, training starts when the first bundles are local (whole copies too): what "
-    "the product runs for a Dataset with spec.stripe and spec.startBeforeWhole, and the policy reported as ours",
+    "the product runs for a Dataset with spec.stripe and spec.startBeforeWhole, but for versions that fit a node "
+    "(the product stripes those too: docs/simulator.md, known limits), and the policy reported as ours",
 }
 
 # (name, higher is better, figure)
