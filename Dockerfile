@@ -24,7 +24,20 @@ ARG EXTRAS=agent
 ARG UV_VERSION=0.13.9
 RUN pip install "uv==${UV_VERSION}" \
     && uv pip install --python /opt/dsplatform/bin/python --constraint requirements-test.txt \
-       --build-constraint requirements-test.txt ".[${EXTRAS}]" \
+       --build-constraint requirements-test.txt ".[${EXTRAS}]"
+# The native digest, pack and unpack loops (C, docs/design-native.md), compiled here against
+# this Python's headers into the installed dsagent/format/; the runtime stage carries no
+# compiler. The build fails if they do not load. --build-arg NATIVE=0: the pure-Python loops.
+ARG NATIVE=1
+COPY native ./native
+RUN if [ "${NATIVE}" = 1 ]; then \
+        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/* \
+        && /opt/dsplatform/bin/python native/build.py --out "$(/opt/dsplatform/bin/python -I -c \
+           'import dsagent.format, os; print(os.path.dirname(dsagent.format.__file__))')" \
+        && /opt/dsplatform/bin/python -I -c \
+           'from dsagent.format import native; assert native.AVAILABLE, "the native loops did not load"'; \
+    fi \
     && python -m compileall -q /opt/dsplatform
 
 # -- runtime: slim, no compilers, no pip cache, a fixed non-root user

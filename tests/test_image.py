@@ -36,3 +36,17 @@ def test_the_image_installs_the_locked_versions_with_the_makefiles_uv() -> None:
 def test_the_dockerignore_lets_the_lock_in() -> None:
     ignored = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
     assert "requirements-test.txt" not in ignored and "*.txt" not in ignored
+
+
+def test_the_image_builds_the_native_loops_into_the_installed_package_and_checks_they_load() -> None:
+    build_stage = DOCKERFILE.split("\nFROM ", 2)[1]  # the first FROM opens the build stage
+    assert "COPY native ./native" in build_stage and "ARG NATIVE=1" in build_stage
+    assert "native/build.py --out" in build_stage and "os.path.dirname(dsagent.format.__file__)" in build_stage
+    # -I: not the source tree in the working directory, the installed package
+    assert build_stage.count("/opt/dsplatform/bin/python -I -c") == 2
+    assert "assert native.AVAILABLE" in build_stage
+    assert re.search(r"apt-get install[^\n]* gcc", build_stage)
+    runtime = DOCKERFILE.rsplit("\nFROM ", 1)[1]
+    assert "gcc" not in runtime and "COPY --from=build /opt/dsplatform /opt/dsplatform" in runtime
+    ignored = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    assert "native" not in ignored and "dsagent/format/_native*.so" in ignored

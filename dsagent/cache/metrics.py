@@ -46,6 +46,8 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
   same request is the agent's ``audit`` log line. ``namespace_refusals_total{namespace}``:
   pins refused because the namespace holds its share of the cache. The namespace label is
   bounded by the cluster's namespaces, and only the controller (the admin token) sets it.
+- ``native_loops``: 1 when the native digest, pack and unpack loops are loaded (the image
+  builds them; docs/design-native.md), 0 when the pure-Python loops run.
 - ``build_info{version}`` = 1.
 
 Series an alert or a ratio reads exist (at 0) before their first event: the ``ok`` codes,
@@ -61,6 +63,7 @@ from collections.abc import Iterable
 
 from dsagent import __version__
 from dsagent.errors import DsagentError
+from dsagent.format import native as native_loops
 from dsplatform.metrics import CONTENT_TYPE, MetricSet
 
 # 1 ms .. ~4.5 h: a small file from a local disk to a multi-terabyte bundle set
@@ -132,6 +135,10 @@ class Metrics(MetricSet):
         )
         self.used_bytes = self.gauge("used_bytes", "Bytes held by cached dataset versions.")
         self.capacity_bytes = self.gauge("capacity_bytes", "Bytes the cache may use.")
+        self.native_loops = self.gauge(
+            "native_loops", "1 when the native digest, pack and unpack loops are loaded, 0 for the pure-Python ones."
+        )
+        self.native_loops.set(1 if native_loops.AVAILABLE else 0)
         self.datasets = self.gauge("datasets", "Cached dataset versions, by state.", "state")
         self.tasks = self.gauge(
             "tasks", "Tasks held, by state (active: working or ready; failed: no work left, a dataset failed).", "state"

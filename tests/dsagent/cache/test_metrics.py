@@ -152,3 +152,13 @@ def test_no_created_twins_and_peer_bytes_visible_before_any_transfer() -> None:
     assert got[("dsplatform_agent_peer_bytes_total", (("direction", "fetched"),))] == 0
     assert ("dsplatform_extender_requests_total", (("outcome", "error"), ("verb", "filter"))) in samples(extender)
     assert ("dsplatform_controller_passes_total", (("result", "error"),)) in samples(controller)
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_the_agent_says_whether_its_native_loops_are_loaded(loaded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent.cache.metrics import Metrics
+    from dsagent.format import native
+
+    monkeypatch.setattr(native, "AVAILABLE", loaded)
+    got = samples(Metrics().render())
+    assert got[("dsplatform_agent_native_loops", ())] == (1 if loaded else 0)
