@@ -77,6 +77,20 @@ def helds(
     group its inventory lists."""
     sizes: dict[str, int] = {}
     members: dict[str, list[int]] = {}
+    by_subnet: dict[tuple[str, ...], dict[str, set[str]]] = {}  # a listed group's members per subnet
+
+    def listed_near(i: int, group: tuple[str, ...]) -> bool:
+        """Another member of the listed ``group`` shares a subnet with candidate ``i``."""
+        if names is None or subnets_of is None or not group:
+            return False
+        index = by_subnet.get(group)
+        if index is None:  # once per group, not per candidate: a group may list thousands
+            index = by_subnet[group] = {}
+            for m in group:
+                for s in subnets_of(m):
+                    index.setdefault(s, set()).add(m)
+        return any(index.get(s, set()) - {names[i]} for s in subnets(i))
+
     for i, inventory in enumerate(inventories):
         if inventory is None:
             continue
@@ -115,9 +129,7 @@ def helds(
             if member:
                 held = max(held, inventory.stripes[want.name].held_bytes)
                 near = any(j != i and subnets(i) & subnets(j) for j in group)
-                if not near and names is not None and subnets_of is not None:
-                    listed = inventory.stripes[want.name].group
-                    near = any(subnets(i) & subnets_of(m) for m in listed if m != names[i])
+                near = near or listed_near(i, inventory.stripes[want.name].group)
             row.append(Held(size, held, fetching, group_member=member, peers_in_subnet=near))
         out.append(None if replaces_in_use else row)
     return out
