@@ -203,3 +203,21 @@ def test_a_group_reads_what_it_lacks_from_a_whole_copy_still_arriving_not_the_st
         assert sim.storage_bytes == pytest.approx(700 * GB)
         assert sum(sim.read_store) == pytest.approx(0.0)
         assert sum(sim.read_peer) == pytest.approx(350 * GB)
+
+
+def test_a_share_is_published_as_the_agents_inventory_shows_it_not_as_a_whole_copy() -> None:
+    # the extender scores a share as part of a version (held bytes, the group's members on
+    # the subnet), as it reads the agent's inventory: the simulator's node facts say the same
+    data = [Dataset("ds000", 3 * TB, (0.0,))]
+    sim = run("ours+stripe", [job(0, 0.0)], data, cluster())
+    group = sim.stripes[("ds000", 0)]
+    names = tuple(sim.nodes[m].name for m in group.members)
+    for m in group.members:
+        node = sim.nodes[m]
+        sim.touch(node)
+        inventory = sim.facts(node).inventory
+        assert "ds000" not in inventory.datasets  # no whole copy is claimed
+        share = inventory.stripes["ds000"]
+        assert share.group == names and share.members == 4 and share.size_bytes == 3 * TB
+        assert share.held_bytes == pytest.approx(node.cache[("ds000", 0)].size, rel=1e-9)
+        assert "ds000" in inventory.partial

@@ -379,6 +379,7 @@ class Reads(Flows):
             later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
             if m == node.index or m not in job_nodes:
                 group.fill[m] = min(1.0, group.fill.get(m, 0.0) + head * (part / owned if owned else 0.0) * (1.0 - was))
+                self.touch(self.nodes[m])  # its inventory's held bytes changed
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
         lost = hole * (head + rest)  # a hole's bundles: read from the store, kept by nobody

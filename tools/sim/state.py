@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.settings import Settings, Weights
-from scheduling.nodeinfo import Holding, Inventory, NodeFacts
+from scheduling.nodeinfo import Holding, Inventory, NodeFacts, StripeHolding
 from tools.sim import deadline as deadline_variants
 from tools.sim import fluid, hooks, rates
 from tools.sim.cluster import EPOCH, ClusterParams, Fetch, Node, Outcome, Worker, build_nodes
@@ -119,10 +119,12 @@ class SimState:
         weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
         if self.variant is not None:
             weights = Weights(dataset=0.4, roce=0.2, numa=0.2, time=0.2)
+        by_name = {n.name: n for n in self.nodes}
         self.framework = Framework(
             Settings(weights=weights),
             jobs=JobClasses(3600.0, clock=lambda: EPOCH + self.now),
             clock=lambda: EPOCH + self.now,
+            node=lambda name: self.facts(by_name[name]) if name in by_name else None,  # the watch cache
         )
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
@@ -157,14 +159,23 @@ class SimState:
             if self.policy in fluid.POLICIES:
                 # Fluid's labels: the datasets whose cache workers run here (name only, no digest)
                 held = {name: Holding(None, None, True, False) for name in node.labels}
-            elif self.policy not in BASELINES:
+            stripes: dict[str, StripeHolding] = {}
+            if self.policy not in BASELINES:
                 for (name, version), e in node.cache.items():
+                    group = self.stripes.get((name, version)) if e.stripe else None
+                    if group is not None:  # a share: the inventory's stripes section, as the agent writes it
+                        shown = stripes.get(name)
+                        if shown is None or version > int(shown.digest, 16):
+                            names = tuple(self.nodes[m].name for m in group.members if m >= 0)
+                            size, on_disk = int(self.datasets[name].size), int(e.size * group.fill.get(node.index, 0.0))
+                            stripes[name] = StripeHolding(f"{version:032x}", size, on_disk, len(names), names)
+                        continue
                     newest = held.get(name)
                     if newest is None or version > int(newest.digest or "0", 16):
                         held[name] = Holding(f"{version:032x}", e.size, e.ready, e.users > 0)
             node.facts = NodeFacts(
                 name=node.name,
-                inventory=Inventory(self.params.cache_bytes, self._free_bytes(node), held),
+                inventory=Inventory(self.params.cache_bytes, self._free_bytes(node), held, stripes=stripes),
                 topology=node.type.topology,
                 topology_id=node.type.id,
                 classes=node.type.classes,
