@@ -161,6 +161,7 @@ class AgentProcess:
         root: Path,
         *,
         tcp: bool = False,
+        host: str = "127.0.0.1",
         port: int | None = None,
         env: dict[str, str] | None = None,
         local_sources: tuple[Path, ...] = (),
@@ -168,6 +169,7 @@ class AgentProcess:
     ) -> None:
         self.root = root
         self.fresh = fresh
+        self.host = host  # another loopback address (127.0.0.2, ...): agents that share one port, as pods do
         self.socket = root.parent / f"{root.name}.sock"
         self.port = (port or free_port()) if tcp else None  # a port chosen beforehand: peers that list each other
         self.log = root.parent / f"{root.name}.log"
@@ -186,7 +188,7 @@ class AgentProcess:
         ]
         self.args += [arg for path in local_sources for arg in ("--local-source", str(path))]
         if self.port is not None:
-            self.args += ["--listen", f"127.0.0.1:{self.port}"]
+            self.args += ["--listen", f"{host}:{self.port}"]
         self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
@@ -215,12 +217,12 @@ class AgentProcess:
     def client(self, *, tcp: bool = False, token: str | None = None, timeout: float = 60.0) -> AgentClient:
         if tcp:
             assert self.port is not None, "start the agent with tcp=True"
-            return AgentClient(url=f"http://127.0.0.1:{self.port}", token=token, timeout=timeout)
+            return AgentClient(url=self.url, token=token, timeout=timeout)
         return AgentClient(socket_path=self.socket, timeout=timeout)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def kill9(self) -> None:
         assert self.proc is not None
