@@ -214,15 +214,22 @@ def digest_files(
     return [entry for entry, _ in results]
 
 
+#: each pool thread's read buffer, kept for the thread's life (freed with it)
+_thread_buffers = threading.local()
+
+
 def _native_request(request: list[Dir]) -> tuple[list[str], native_loops.Columns]:
     """One request's paths and columns, hashed by the native extension (on a pool thread)."""
+    buffer = getattr(_thread_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _thread_buffers.buffer = read_buffer(HASH_BUFFER)
     paths: list[str] = []
     sizes: list[int] = []
     mtimes: list[int] = []
     digests: list[bytes] = []
     for rel, directory, names in request:
         prefix = f"{rel}/" if rel else ""
-        columns = native_loops.hash_names(directory, names, HASH_BUFFER, prefix=prefix)
+        columns = native_loops.hash_names(directory, names, buffer, prefix=prefix)
         paths.extend([prefix + name for name in names] if prefix else names)
         sizes.extend(columns.sizes)
         mtimes.extend(columns.mtimes)

@@ -27,6 +27,7 @@ never compiles anything, so a machine without a compiler installs and runs the p
 
 from __future__ import annotations
 
+import mmap
 import os
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -70,10 +71,14 @@ class Columns(NamedTuple):
     digests: bytes
 
 
-def hash_names(directory: str, names: list[str], buffer_size: int, *, prefix: str = "") -> Columns:
+def hash_names(directory: str, names: list[str], buffer: int | mmap.mmap, *, prefix: str = "") -> Columns:
     """Size, mtime and xxh3-128 of each file ``names`` in ``directory``, hashed without the GIL.
 
-    ``prefix`` is the directory's path in the dataset, for messages.
+    ``buffer``: what files are read into, a caller's buffer that only this thread uses
+    (:func:`~dsagent.format.hashing.read_buffer`, kept across calls: one allocated a call
+    is faulted into memory afresh each time, 12% of a first 50,000-file digest's time),
+    or the size of one to allocate for this call. ``prefix`` is the directory's path in
+    the dataset, for messages.
 
     Raises what the pure loop raises: :class:`~dsagent.errors.SourceUnavailable` (or
     NotFound, ...) naming the file that could not be read, :class:`IntegrityError` for one
@@ -83,7 +88,7 @@ def hash_names(directory: str, names: list[str], buffer_size: int, *, prefix: st
     with translate_errors(f"source directory {directory!r}"):
         dfd = os.open(directory, _O_DIR)
     try:
-        sizes, mtimes, digests, failure = _native.hash_names(dfd, names, buffer_size)
+        sizes, mtimes, digests, failure = _native.hash_names(dfd, names, buffer)
     finally:
         os.close(dfd)
     if failure is not None:

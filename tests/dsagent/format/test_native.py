@@ -19,7 +19,7 @@ import xxhash
 from dsagent.errors import IntegrityError, NotFound
 from dsagent.format import digester, native
 from dsagent.format.digester import build_manifest
-from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER
+from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER, read_buffer
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -134,6 +134,28 @@ def test_columns_stop_at_the_first_failure(tmp_path: Path, with_native: ModuleTy
         os.close(dfd)
     assert sizes == [1] and len(mtimes) == 1 and digests == bytes.fromhex(xxhash.xxh3_128_hexdigest(b"a"))
     assert failure[:2] == (1, 2)  # index, ENOENT
+
+
+def test_a_lent_buffer_hashes_as_an_allocated_one_and_is_checked(tmp_path: Path, with_native: ModuleType) -> None:
+    # files smaller, equal to and larger than the lent buffer, read through it again and again
+    sizes = {"small": 10, "page": 4096, "big": 3 * 4096 + 7, "empty": 0}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(os.urandom(size))
+    names = sorted(sizes)
+    lent = read_buffer(4096)
+    first = native.hash_names(str(tmp_path), names, lent)
+    again = native.hash_names(str(tmp_path), names, lent)
+    assert first == again == native.hash_names(str(tmp_path), names, HASH_BUFFER)
+    expected = (bytes.fromhex(xxhash.xxh3_128_hexdigest((tmp_path / n).read_bytes())) for n in names)
+    assert first.digests == b"".join(expected)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(ValueError, match="at least 4096"):
+            with_native.hash_names(dfd, names, read_buffer(4095))
+        with pytest.raises(BufferError):  # not writable
+            with_native.hash_names(dfd, names, bytes(8192))
+    finally:
+        os.close(dfd)
 
 
 def test_asking_for_the_native_loop_without_it_fails_and_the_default_is_the_pure_loop(
