@@ -49,6 +49,7 @@ failed flush). Classes defined beside their code are drawn with their module.
     └── TransientError (503, exit 7, UNAVAILABLE)  worth retrying: source or agent unreachable
         ├── SourceUnavailable                 the dataset source or bundle store failed
         ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent
+        ├── AgentStopping                     the agent is stopping: it takes no new task
         ├── KubeUnavailable                   cluster.apiclient: the API server failed or is unreachable
         ├── PodResourcesUnavailable           nodeplugins.deviceplugin.podresources: the kubelet's
         │                                     pod-resources socket did not answer
@@ -199,7 +200,15 @@ class AgentUnreachable(TransientError):
     code = "agent_unreachable"
 
 
+class AgentStopping(TransientError):
+    """The agent was told to stop and is handing its stripe shares to their new owners
+    (docs/design-striping.md#churn): it takes no new task; ask the agent that replaces it."""
+
+    code = "agent_stopping"
+
+
 __all__ = [
+    "AgentStopping",
     "AgentUnreachable",
     "CacheDiskError",
     "Conflict",

@@ -9,8 +9,9 @@ there is something to say, and which statuses are healthy, so that a script or a
 
 - ``/healthz`` (liveness): ``200 {"status": "ok"}`` while the process serves.
 - ``/readyz`` (readiness): ``200 {"status": "ready"}``, or ``503`` with ``starting``,
-  ``syncing`` (the extender's node watch has not listed yet) or ``stalled`` (the agent's
-  blocking work waits for a thread) and a ``detail`` line.
+  ``syncing`` (the extender's node watch has not listed yet), ``stalled`` (the agent's
+  blocking work waits for a thread) or ``stopping`` (the agent, told to stop, hands its
+  stripe shares off) and a ``detail`` line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 OK = "ok"
 READY = "ready"
 #: statuses answered with 503: the process is alive but must not get traffic yet
-NOT_READY = frozenset({"starting", "syncing", "stalled"})
+NOT_READY = frozenset({"starting", "syncing", "stalled", "stopping"})
 
 
 def body(status: str, detail: str | None = None) -> dict[str, str]:

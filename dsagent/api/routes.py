@@ -112,7 +112,8 @@ ERROR_STATUSES: dict[int, str] = {
     425: "This agent is downloading that bundle right now (peer_fetching): ask again shortly",
     429: "Too many bundles being served to this peer at once (peer_busy): retry later",
     500: "A bug in the agent (internal); details only in the agent's log",
-    503: "The source or bundle store is unreachable (source_unavailable): worth retrying",
+    503: "The source or bundle store is unreachable (source_unavailable): worth retrying; "
+    "a new task while the agent stops (agent_stopping): ask the agent that replaces it",
 }
 
 
@@ -365,11 +366,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get(
-    "/readyz", response_model=StatusOut, responses={503: {"model": StatusOut, "description": "The agent is starting"}}
+    "/readyz",
+    response_model=StatusOut,
+    responses={503: {"model": StatusOut, "description": "The agent is starting, stalled or stopping"}},
 )
 async def readyz(response: Response, svc: CacheService = Depends(service)) -> dict[str, str]:
     if not svc.started:
         answer = probes.body("starting", "the cache service is recovering its catalog")
+    elif svc.stopping:
+        answer = probes.body("stopping", "told to stop: serving its stripe shares to their new owners, no new task")
     elif waited := svc.pools.stalled(svc.settings.stall_timeout):
         answer = probes.body("stalled", f"blocking work has waited {waited:.0f} s for a worker thread")
     else:

@@ -43,6 +43,7 @@ from dsagent.cache.eviction import Candidate
 from dsagent.cache.fetch import Source
 from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
+from dsagent.cache.handoff import HandoffEnd, HandoffWindows, handoff_verdict
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
@@ -68,7 +69,7 @@ from dsagent.cache.task import (
     validate_request,
 )
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, IntegrityError, NotFound, local_write_error
+from dsagent.errors import AgentStopping, DsagentError, IntegrityError, NotFound, local_write_error
 from dsagent.format.manifest import Manifest
 from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify
@@ -142,6 +143,7 @@ class CacheService:
             )
         )
         self.started = False
+        self.stopping = False  # told to stop, handing its stripe shares off (:meth:`hand_off`)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -166,6 +168,48 @@ class CacheService:
                 continue
             self._start_waiter(task_id, request, digest)
         self.started = True
+
+    def handoff_windows(self) -> HandoffWindows:
+        s = self.settings
+        return HandoffWindows.of(s.stripe_handoff_grace, s.stripe_handoff_idle, s.stripe_handoff_first_contact)
+
+    def wants_hand_off(self) -> bool:
+        """Whether a stop now would keep serving share bundles first (:meth:`hand_off`): the
+        service runs, the hand-off is on, and this node serves share bundles to peers."""
+        since = self.clock()
+        verdict = handoff_verdict(
+            now=since, since=since, last_fetch=None, bundles_held=self.stripes.bundles_served(),
+            windows=self.handoff_windows(),
+        )  # fmt: skip
+        return self.started and verdict is None
+
+    async def hand_off(self, interrupted: Callable[[], bool], *, poll: float = 0.2) -> HandoffEnd:
+        """Told to stop: take no new task (:class:`AgentStopping`, readiness fails) but keep
+        serving this node's share bundles to the peers moving them, until the hand-off rule
+        (:func:`dsagent.cache.handoff.handoff_verdict`) says to stop, or ``interrupted()``
+        (a second signal). Logs one line as it starts and one as it ends."""
+        self.stopping = True
+        windows, fetches = self.handoff_windows(), self.stripes.peer_fetches
+        since, sent_before = self.clock(), fetches.sent
+        log.info(
+            "stopping: serving %d stripe share bundles to their new owners first (at most %.0f s; "
+            "stops once they are released, or no peer asked for %.0f s after the first %.0f s)",
+            self.stripes.bundles_served(), windows.grace, windows.idle, windows.first_contact,
+        )  # fmt: skip
+        while True:
+            now = self.clock()
+            verdict = HandoffEnd.SIGNALLED if interrupted() else None
+            verdict = verdict or handoff_verdict(
+                now=now, since=since, last_fetch=fetches.last(now), bundles_held=self.stripes.bundles_served(),
+                windows=windows,
+            )  # fmt: skip
+            if verdict is not None:
+                log.info(
+                    "stripe hand-off ended after %.1f s: %s; %d bundles sent to peers, %d still held",
+                    now - since, verdict.value, fetches.sent - sent_before, self.stripes.bundles_served(),
+                )  # fmt: skip
+                return verdict
+            await asyncio.sleep(poll)
 
     async def stop(self) -> None:
         self.started = False
@@ -235,6 +279,13 @@ class CacheService:
             await admit_task(task_id)
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
+            if existing is None and self.stopping:
+                for _ in requests:
+                    self.metrics.request_settled(AgentStopping.code)
+                raise AgentStopping(
+                    "this agent is stopping: it takes no new task",
+                    hint="ask again once the agent that replaces it serves (or on another node)",
+                )
             if existing is None and tenant is not None:
                 await self._space.check_share(tenant, [(r.name, r.source) for r in requests], now)
             if existing is None:

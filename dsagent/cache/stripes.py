@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsagent.cache.handoff import PeerFetches
 from dsagent.cache.layout import Key
 from dsagent.cache.peers import PeerFetcher, ServedBundle
 from dsagent.cache.pools import Pools
@@ -135,6 +136,7 @@ class StripeShares:
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
         self.sources = BundleSources(settings, peers, self.counts)
         self.current = CurrentVersions(pools)
+        self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
 
     # -- holding a share --------------------------------------------------------------------
 
@@ -464,13 +466,23 @@ class StripeShares:
         """A held share bundle with ``digest``, for a peer (window bundles are not held: a
         member serves only what it owns and holds). Shares are outside the eviction of
         versions, so nothing is pinned; its key is ``("stripe/<name>", digest)``, which names
-        no version."""
+        no version. Each one found counts in :attr:`peer_fetches` until its stream ends."""
         for key, share in self._shares.items():
             if digest in share.held or digest in share.handover:
                 entries = _entries_of(share.manifest, digest)
                 if entries is not None:
-                    return ServedBundle((f"stripe/{key[0]}", key[1]), self.share_dir(key), entries)
+                    self.peer_fetches.asked(self.clock())
+                    return ServedBundle(
+                        (f"stripe/{key[0]}", key[1]),
+                        self.share_dir(key),
+                        entries,
+                        ended=lambda whole: self.peer_fetches.ended(self.clock(), whole),
+                    )
         return None
+
+    def bundles_served(self) -> int:
+        """The share bundles this node serves to peers now (held, or handed over and not yet dropped)."""
+        return sum(len(share.held | share.handover) for share in self._shares.values())
 
     # -- feeding this node's readers ----------------------------------------------------------
 

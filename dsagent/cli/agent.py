@@ -384,13 +384,37 @@ async def _run(
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
+            self.loop = asyncio.get_running_loop()
             if self.started:
                 logging.getLogger("dsagent").info("%s", startup_line(settings, plugin is not None))
 
+        handing_off = False
+        loop: asyncio.AbstractEventLoop | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit and not self.handing_off and self.loop is not None and svc.wants_hand_off():
+                # keep serving the peers moving this node's stripe shares (docs/design-striping.md#churn);
+                # the watchdog's STOP_DEADLINE counts from the hand-off's end, and this one
+                # holds the total even if the loop never runs the hand-off's end
+                self.handing_off = True
+                self._captured_signals.append(sig)  # re-raised once served: the exit status of a stop
+                _watchdog(settings.stripe_handoff_grace + STOP_DEADLINE)
+                self.loop.call_soon_threadsafe(self._start_hand_off)
+                return
             if not self.should_exit:
                 _watchdog(STOP_DEADLINE)
             super().handle_exit(sig, frame)
+
+        def _start_hand_off(self) -> None:
+            task = asyncio.create_task(svc.hand_off(lambda: self.should_exit), name="dsagent-handoff")
+            task.add_done_callback(self._handed_off)
+
+        def _handed_off(self, task: asyncio.Task[Any]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                logging.getLogger("dsagent").error("the stripe hand-off failed", exc_info=task.exception())
+            if not self.should_exit:
+                _watchdog(STOP_DEADLINE)
+                self.should_exit = True
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             try:
@@ -402,6 +426,7 @@ async def _run(
     bound = list(sockets)
     parts = node_parts(settings)
     app = create_app(settings, hooks=parts.hooks, companions=parts.companions)
+    svc: CacheService = app.state.service
 
     watched = StartupWatch(app)
     config = uvicorn.Config(

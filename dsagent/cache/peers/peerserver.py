@@ -47,6 +47,9 @@ class ServedBundle:
     ready_dir: Path
     members: Sequence[FileEntry]
     fallback: Path | None = None
+    # told once when its stream ends, with whether it was sent whole (also when it never
+    # started: the peer over its limits); how a stripe share counts its hand-off
+    ended: Callable[[bool], None] | None = None
 
     def open_dir(self) -> int:
         """A descriptor of the directory holding the files (:class:`NotFound` if neither is there)."""
@@ -89,19 +92,26 @@ class PeerServer:
         found = await self._locate(digest, peer)
         if found is None:
             raise NotFound(f"no version here holds bundle {digest} finished", hint="ask another peer or the store")
+
+        def let_go(whole: bool) -> None:
+            self._unpin(found.key)
+            if found.ended is not None:
+                found.ended(whole)
+
         try:
             bucket = self.limits.acquire(peer)
         except BaseException:
-            self._unpin(found.key)
+            let_go(False)
             raise
         try:
             root = found.open_dir()
         except BaseException:
-            self._unpin(found.key)
+            let_go(False)
             self.limits.release(peer)
             raise
         ended = threading.Event()
         end_lock = threading.Lock()
+        whole = False
 
         def end() -> None:
             with end_lock:
@@ -109,10 +119,11 @@ class PeerServer:
                     return
                 ended.set()
             os.close(root)
-            self._unpin(found.key)
+            let_go(whole)
             self.limits.release(peer)
 
         def stream() -> Iterator[bytes]:
+            nonlocal whole
             sent = 0
             try:
                 for chunk in repack_at(root, found.members):
@@ -120,6 +131,7 @@ class PeerServer:
                     self.metrics.peer_transfer("served", len(chunk))
                     sent += len(chunk)
                     yield chunk
+                whole = True
                 log.info("sent bundle %s to %s (%d bytes)", digest[:12], peer, sent)
             except Exception as exc:  # the status is sent: cutting the stream is the only signal left
                 log.warning("stream of bundle %s to %s cut: %s", digest, peer, exc)
