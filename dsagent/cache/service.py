@@ -193,7 +193,8 @@ class CacheService:
         since, sent_before = self.clock(), fetches.sent
         log.info(
             "stopping: serving %d stripe share bundles to their new owners first (at most %.0f s; "
-            "stops once they are released, or no peer asked for %.0f s after the first %.0f s)",
+            "stops once they are released, or no peer asked for %.0f s after the first %.0f s; a second signal "
+            "stops it now)",
             self.stripes.bundles_served(), windows.grace, windows.idle, windows.first_contact,
         )  # fmt: skip
         while True:
