@@ -17,7 +17,12 @@ signal it caught once ``serve`` ends, and a re-raised SIGTERM kills the process 
 its path in :func:`dsagent.cache.settings.socket_pointer`, so that ``dsctl`` finds an
 agent started with ``--root X`` without ``DSAGENT_SOCKET``; it removes the record on exit.
 On SIGTERM the process is gone within :data:`STOP_DEADLINE` seconds whatever its threads are
-doing: a watchdog ends it if the orderly shutdown has not by then.
+doing: a watchdog ends it if the orderly shutdown has not by then. An agent serving stripe
+share bundles to peers first hands them off (:meth:`dsagent.cache.service.CacheService.hand_off`,
+docs/design-striping.md#churn): it takes no new task, fails readiness and keeps serving the
+peers for at most ``DSAGENT_STRIPE_HANDOFF_GRACE``; the deadline counts from the hand-off's
+end, so the process is gone within that bound plus :data:`STOP_DEADLINE`. A second signal
+ends the hand-off at once.
 """
 
 from __future__ import annotations
@@ -382,24 +387,24 @@ async def _run(
             await stopping.stop()
 
     class Server(uvicorn.Server):
+        handing_off = False
+        serving_loop: asyncio.AbstractEventLoop | None = None  # where a signal starts the hand-off
+
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
-            self.loop = asyncio.get_running_loop()
+            self.serving_loop = asyncio.get_running_loop()
             if self.started:
                 logging.getLogger("dsagent").info("%s", startup_line(settings, plugin is not None))
 
-        handing_off = False
-        loop: asyncio.AbstractEventLoop | None = None
-
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if not self.should_exit and not self.handing_off and self.loop is not None and svc.wants_hand_off():
+            if not self.should_exit and not self.handing_off and self.serving_loop is not None and svc.wants_hand_off():
                 # keep serving the peers moving this node's stripe shares (docs/design-striping.md#churn);
                 # the watchdog's STOP_DEADLINE counts from the hand-off's end, and this one
                 # holds the total even if the loop never runs the hand-off's end
                 self.handing_off = True
                 self._captured_signals.append(sig)  # re-raised once served: the exit status of a stop
                 _watchdog(settings.stripe_handoff_grace + STOP_DEADLINE)
-                self.loop.call_soon_threadsafe(self._start_hand_off)
+                self.serving_loop.call_soon_threadsafe(self._start_hand_off)
                 return
             if not self.should_exit:
                 _watchdog(STOP_DEADLINE)
