@@ -236,6 +236,7 @@ def test_the_chart_declares_the_kubernetes_versions_it_is_validated_for() -> Non
         ({"gpuClasses": {"gpuResource": "gpu"}}, "gpuResource"),
         ({"gpuClasses": {"jobTTL": "forever"}}, "jobTTL"),
         ({"agent": {"roceClasses": "per-nic"}}, "roceClasses"),
+        ({"agent": {"stripeHandoffSeconds": -1}}, "stripeHandoffSeconds"),
         ({"scheduler": {"resourceScoring": {"type": "RequestedToCapacityRatio", "gpuWeight": 1}}}, "resourceScoring"),
         ({"scheduler": {"resourceScoring": {"type": "MostAllocated", "gpuWeight": 0}}}, "gpuWeight"),
     ],
@@ -589,6 +590,27 @@ def test_the_extender_reads_the_class_resources_the_webhook_writes(rendered: dic
         assert (settings.roce_resource_prefix, settings.gpu_resource) == (prefix, "nvidia.com/gpu")
     agent = agent_pod(rendered["gpu-classes"])["containers"][0]
     assert {e["name"]: e.get("value") for e in agent["env"]}["DSAGENT_ROCE_CLASSES"] == "subnet"
+
+
+def test_the_agents_grace_period_covers_its_stripe_hand_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from dsagent.cache.settings import Settings
+    from dsagent.cli.agent import STOP_DEADLINE
+
+    for values, grace in (({}, 570), ({"agent": {"stripeHandoffSeconds": 120}}, 120)):
+        pod = agent_pod(render(values) if values else rendered["default"])
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
+        settings = Settings.model_validate(
+            {
+                "stripe_handoff_grace": env["DSAGENT_STRIPE_HANDOFF_GRACE"],
+                "stripe_handoff_idle": env["DSAGENT_STRIPE_HANDOFF_IDLE"],
+            }
+        )
+        assert (settings.stripe_handoff_grace, settings.stripe_handoff_idle) == (
+            grace,
+            30,
+        )  # idle: the controller's resync
+        assert pod["terminationGracePeriodSeconds"] == grace + 30 > grace + STOP_DEADLINE
+    assert agent_pod(render({"agent": {"stripeHandoffSeconds": 0}}))["terminationGracePeriodSeconds"] == 30
 
 
 def test_the_webhook_ca_bundle_is_the_ca_of_its_serving_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:
