@@ -323,19 +323,18 @@ class Settings(StorageSettings, AgentLogSettings):
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
     stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
-    # On SIGTERM an agent holding stripe share bundles keeps serving them to their new owners
-    # (docs/design-striping.md#churn) for at most this long (0: it stops at once, as without
-    # shares): 570 s plus the 30 s the stop itself may take fills the cluster autoscaler's
-    # default --max-graceful-termination-sec (600 s). The chart's agent.stripeHandoffSeconds.
+    # On SIGTERM, the longest an agent serving stripe share bundles keeps serving them to their
+    # new owners before it stops (docs/design-striping.md#churn); 0: it stops at once, as one
+    # without shares does. 570 s plus the 30 s the stop itself may take fill the cluster
+    # autoscaler's default --max-graceful-termination-sec (600 s). The chart's agent.stripeHandoffSeconds.
     stripe_handoff_grace: Duration = 570.0
-    # ... and stops sooner once no peer asked for a bundle for this long, after the
-    # first-contact window. The Dataset controller's pass interval (30 s, its resync): the new
-    # owners of a leaving node's share are asked at a pass, and one whose fill failed is asked
-    # again at the next one.
+    # The hand-off ends sooner once no peer asked for a bundle this long, after the first-contact
+    # window: the Dataset controller's pass interval (30 s, its resync), because the new owners
+    # of a leaving node's share are asked at a pass, and one whose fill failed at the next one.
     stripe_handoff_idle: Duration = 30.0
-    # No idle stop before this long since the signal (None: twice the idle window). Peers start
-    # asking only once the controller's next pass has seen the drain: up to one whole pass
-    # after the node is cordoned, plus the pass itself.
+    # No idle end of the hand-off before this long since the signal (unset: twice the idle
+    # window): peers start asking only once the controller's next pass has seen the drain, up
+    # to one whole pass after the node is cordoned, plus the pass itself.
     stripe_handoff_first_contact: Duration | None = None
     store_proxies: Proxies = Field(
         default_factory=dict
