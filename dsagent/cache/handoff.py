@@ -11,7 +11,9 @@ controller releases it (``DELETE``) once they are complete. Until then the agent
 serving. It stops waiting when it holds no share bundle any more (released, or none to
 begin with), when no peer has asked for one for the idle window after the first-contact
 window has passed since the signal (peers start asking only at the controller's next pass),
-or when the bound has passed, whatever the peers do.
+or when the bound has passed, whatever the peers do. Before all that, the service asks
+whether its node is leaving at all (``ServiceHooks.node_leaving``): one that stays ends the
+hand-off as :data:`HandoffEnd.STAYING`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class HandoffEnd(enum.Enum):
     """Why the hand-off ends (its value: the log's words)."""
 
     OFF = "the hand-off is off (DSAGENT_STRIPE_HANDOFF_GRACE=0)"
+    STAYING = "its node is not leaving: the shares stay on its disk for the agent that replaces it"
     NOTHING_HELD = "it holds no stripe share bundle"
     NO_PEER = "no peer asked for a bundle within the first-contact window"
     IDLE = "no peer asked for a bundle for the idle window"

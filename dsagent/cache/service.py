@@ -191,6 +191,10 @@ class CacheService:
         self.stopping = True
         windows, fetches = self.handoff_windows(), self.stripes.peer_fetches
         since, sent_before = self.clock(), fetches.sent
+        leaving = self.hooks.node_leaving
+        if leaving is not None and await leaving() is False:  # a restart on a node that stays
+            log.info("stopping: %s", HandoffEnd.STAYING.value)
+            return HandoffEnd.STAYING
         log.info(
             "stopping: serving %d stripe share bundles to their new owners first (at most %.0f s; "
             "stops once they are released, or no peer asked for %.0f s after the first %.0f s; a second signal "

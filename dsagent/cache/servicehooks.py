@@ -9,6 +9,9 @@ async callables, so that the cache layer never imports cluster code:
 
 - ``admit_task(task_id)``: raises a :class:`~dsagent.errors.DsagentError` to refuse a new
   task id (in cluster mode: a pod UID that is no pod on this node);
+- ``node_leaving()``: whether this node is leaving (cordoned or drain-tainted,
+  :func:`dsagent.cluster.leaving.node_leaving`), None when that cannot be read: asked on
+  SIGTERM before the stripe hand-off, which a node that stays skips;
 - ``peer_holders(name, digest, shares=True)``: the other agents holding ``name@digest``
   (:class:`PeerHolder`: base URL, node, and for a share its stripe group), ready ones
   first, then fetching, then (unless ``shares=False``) those holding a share of its stripe
@@ -48,6 +51,7 @@ class PeerHolders(Protocol):
 
 
 PodDatasets = Callable[[str], Awaitable["frozenset[str] | None"]]
+NodeLeaving = Callable[[], Awaitable["bool | None"]]
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class ServiceHooks:
     admit_task: AdmitTask | None = None
     peer_holders: PeerHolders | None = None
     pod_datasets: PodDatasets | None = None  # the dataset names a pod's annotation asks for (None: unknown pod)
+    node_leaving: NodeLeaving | None = None  # whether this node is cordoned or drain-tainted (None: unknown)
 
 
 __all__ = ["AdmitTask", "PeerHolder", "PeerHolders", "PodDatasets", "ServiceHooks"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from dsagent.cache.servicehooks import PeerHolder, ServiceHooks
 from dsagent.cache.settings import Settings
-from dsagent.cluster.apiclient import translated
+from dsagent.cluster.apiclient import in_daemon_thread, translated
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.cluster.podwatch import PodWatch
 from dsagent.errors import DsagentError
@@ -64,6 +64,7 @@ class ClusterHooks:
             admit_task=self.check_task,
             peer_holders=self.peer_holders if self.peer_port else None,
             pod_datasets=self.pod_datasets,
+            node_leaving=self.node_leaving,
         )
 
     def connect(self, watch: PodWatch, core: Any, submitted: Container[str]) -> None:
@@ -101,6 +102,26 @@ class ClusterHooks:
         try:
             return frozenset(ref.name for ref in podannotations.datasets_of(pod))
         except platform_errors.InvalidInput:
+            return None
+
+    async def node_leaving(self) -> bool | None:
+        """Whether this node is cordoned or tainted for a drain (:func:`dsagent.cluster.leaving.node_leaving`),
+        read from the API now; None when it cannot be read within its timeout."""
+        from dsagent.cluster.leaving import node_leaving
+
+        core = self._core
+        if core is None:
+            return None
+
+        def read() -> Any:
+            with translated(f"read node {self.node_name}"):
+                node = core.read_node(self.node_name, _request_timeout=5)
+            return core.api_client.sanitize_for_serialization(node)
+
+        try:
+            return node_leaving(await asyncio.wait_for(in_daemon_thread(read), 10))
+        except (DsagentError, asyncio.TimeoutError) as exc:  # unknown: the hand-off goes on (bounded)
+            log.warning("cannot read node %s to see whether it is leaving: %s", self.node_name, exc or "timed out")
             return None
 
     async def peer_holders(self, name: str, digest: str, *, shares: bool = True) -> list[PeerHolder]:

@@ -13,8 +13,8 @@ from the topology each agent publishes). A member dropped from the group, or eve
 once ``spec.stripe`` goes, is told to release its share (``DELETE /v1/stripes/<name>``); one
 that cannot be told lets it lapse with its lease.
 
-Churn (docs/design-striping.md#churn): a member whose node is **draining** (:func:`draining`:
-cordoned, or tainted ``node.kubernetes.io/unschedulable`` or with a drain taint) is leaving.
+Churn (docs/design-striping.md#churn): a member whose node is **draining**
+(:func:`dsagent.cluster.leaving.draining`: cordoned, or drain-tainted) is leaving.
 The group is chosen without it, the new members are asked to hold their shares with the
 leaving node listed as a peer (their agents ask it first for the bundles it owned, then the
 other members, then the store), the leaving node keeps its old share held meanwhile, and its
@@ -34,6 +34,7 @@ from typing import Any
 
 from dsagent.cache.stripegroup import Candidate, choose_group
 from dsagent.cluster.datasets import parse_stripe
+from dsagent.cluster.leaving import draining
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
 from dsplatform import published
@@ -41,9 +42,6 @@ from dsplatform.kubetime import format_time, parse_or_none
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
-UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"  # what kubectl cordon/drain implies
-DRAIN_TAINTS = frozenset({UNSCHEDULABLE_TAINT, "ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted",
-                          "karpenter.sh/disruption"})  # fmt: skip
 Event = tuple[str, str, str]  # (type, reason, note) of a Dataset Event
 
 
@@ -90,23 +88,6 @@ def _subnet_key(text: str) -> str | None:
         return subnet_key(roce_subnets(topology_from_dict(json.loads(text))))
     except (TopologyError, ValueError, TypeError, AttributeError, KeyError):
         return None
-
-
-def draining(nodes: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The nodes that are being drained or are about to go: cordoned (``spec.unschedulable``),
-    or tainted ``NoSchedule``/``NoExecute`` with a key of :data:`DRAIN_TAINTS` (kubectl's
-    cordon, the cluster autoscaler's and Karpenter's scale-down)."""
-    out = set()
-    for node in nodes:
-        meta, spec = _mapping(node.get("metadata")), _mapping(node.get("spec"))
-        raw = spec.get("taints")
-        taints: list[Any] = raw if isinstance(raw, list) else []
-        if spec.get("unschedulable") is True or any(
-            isinstance(t, Mapping) and t.get("key") in DRAIN_TAINTS and t.get("effect") in ("NoSchedule", "NoExecute")
-            for t in taints
-        ):
-            out.add(str(meta.get("name")))
-    return out
 
 
 def _release(agent_call: AgentCall, nodes: Iterable[str], name: str, digest: Any, who: str) -> None:

@@ -719,3 +719,29 @@ def test_in_csi_mode_a_striped_start_before_whole_dataset_stays_out_of_the_pods_
             assert await agent.service.pod_names_dataset(only_uid, "web")
 
     asyncio.run(scenario())
+
+
+def test_the_agent_hands_off_on_sigterm_only_when_its_node_is_leaving(apiserver: FakeApiServer, tmp_path: Path) -> None:
+    # a rolling update restarts the agent on a node that stays: its shares stay on disk for
+    # the agent that replaces it, so the hand-off ends at once; a drain cordons or taints first
+    from dsagent.cache.handoff import HandoffEnd
+
+    apiserver.create(make_node(NODE))
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            leaving = agent.service.hooks.node_leaving
+            assert leaving is not None
+            assert await leaving() is False
+            assert await agent.service.hand_off(lambda: False) is HandoffEnd.STAYING
+            autoscaler = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
+            apiserver.patch("nodes", NODE, {"spec": {"taints": [autoscaler]}})
+            assert await leaving() is True
+            assert await agent.service.hand_off(lambda: False) is HandoffEnd.NOTHING_HELD  # on to the rule
+            apiserver.patch("nodes", NODE, {"spec": {"taints": [], "unschedulable": True}})  # kubectl cordon
+            assert await leaving() is True
+            await asyncio.to_thread(apiserver.stop)
+            assert await leaving() is None  # unknown: the hand-off goes on, bounded
+            await asyncio.to_thread(apiserver.start)  # the agent clears its annotations as it stops
+
+    asyncio.run(scenario())

@@ -286,7 +286,7 @@ def test_a_crashed_member_is_replaced_at_once_without_waiting(apiserver: FakeApi
 
 
 def test_draining_reads_cordons_and_drain_taints() -> None:
-    from dsagent.controller.striping import draining
+    from dsagent.cluster.leaving import draining
 
     nodes = [
         {"metadata": {"name": "a"}, "spec": {"unschedulable": True}},
