@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -28,6 +27,7 @@ from dsagent.format.bundle import pack
 from dsagent.format.manifest import Manifest
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
+from tests.dsagent.stripeadmin import admin, hold, share_status, until_complete
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # agent processes
@@ -35,31 +35,6 @@ pytestmark = pytest.mark.slow  # agent processes
 TOKEN = "peer-token-0123456789abcdef"
 PEER = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEER_MIN_RATE": "1000"}  # slow peers are waited for
 STOP_DEADLINE = 9.0  # dsagent.cli.agent.STOP_DEADLINE
-
-
-def _admin(agent: AgentProcess) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent", timeout=60)
-
-
-def _hold(agent: AgentProcess, store: str, members: list[str], peers: dict[str, str]) -> None:
-    with _admin(agent) as client:
-        answer = client.put("/v1/stripes/imgs", json={"store": store, "members": members, "peers": peers})
-    assert answer.status_code == 200, answer.text
-
-
-def _status(agent: AgentProcess, digest: str) -> dict[str, Any]:
-    with _admin(agent) as client:
-        return dict(client.get(f"/v1/stripes/imgs/{digest}").json())
-
-
-def _complete(agent: AgentProcess, digest: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
-        status = _status(agent, digest)
-        if status["complete"] or status["error"]:
-            return status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.05)
 
 
 def _store_reads(server: LoopbackServer) -> int:
@@ -98,8 +73,8 @@ def _holder(tmp_path: Path, manifest: Manifest, store: str, **env: str) -> Agent
     """``node-a``, started and holding the whole version (read from the store)."""
     agent = AgentProcess(tmp_path / "node-a", tcp=True, env={**PEER, "DSAGENT_NODE_NAME": "node-a", **env})
     agent.start()
-    _hold(agent, store, ["node-a"], {"node-a": agent.url})
-    assert _complete(agent, manifest.digest)["bundlesHeld"] == len(manifest.bundles)
+    hold(agent, "imgs", store, ["node-a"], {"node-a": agent.url})
+    assert until_complete(agent, "imgs", manifest.digest)["bundlesHeld"] == len(manifest.bundles)
     return agent
 
 
@@ -120,7 +95,7 @@ def test_a_stopping_agent_serves_its_share_to_the_new_owner_then_exits(
     try:
         new.start()
         from_store = _store_reads(server)
-        _hold(new, store, ["node-b"], {"node-a": old.url, "node-b": new.url})  # node-a drains
+        hold(new, "imgs", store, ["node-b"], {"node-a": old.url, "node-b": new.url})  # node-a drains
         deadline = time.monotonic() + 30
         while "sent bundle" not in old.log.read_text():  # the move has begun
             assert time.monotonic() < deadline
@@ -138,9 +113,11 @@ def test_a_stopping_agent_serves_its_share_to_the_new_owner_then_exits(
             dataset = {"name": "other", "source": f"{server.url}/src", "bundles": store}
             refused = http.put("/v1/tasks/t1", json={"datasets": [dataset]})
             assert refused.status_code == 503 and refused.json()["code"] == "agent_stopping", refused.text
-        assert _status(new, manifest.digest)["complete"] is False, "the move ended before the signal: nothing tested"
+        assert share_status(new, "imgs", manifest.digest)["complete"] is False, (
+            "the move ended before the signal: nothing tested"
+        )
 
-        status = _complete(new, manifest.digest)
+        status = until_complete(new, "imgs", manifest.digest)
         assert status["error"] is None and status["bundlesHeld"] == len(manifest.bundles)
         assert _store_reads(server) == from_store, "the new owner read the store: the hand-off was cut short"
 
@@ -178,7 +155,7 @@ def test_a_release_ends_the_hand_off_at_once(tmp_path: Path, version: tuple[Mani
         assert time.monotonic() < deadline
         time.sleep(0.02)
     released = time.monotonic()
-    with _admin(agent) as client:  # what the controller does once the new owners are complete
+    with admin(agent) as client:  # what the controller does once the new owners are complete
         assert client.delete("/v1/stripes/imgs").status_code == 200
     code = _exit(agent, 10)
     assert code in (0, -signal.SIGTERM), code

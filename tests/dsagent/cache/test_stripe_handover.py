@@ -11,42 +11,19 @@ store.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from dsagent.format.bundle import pack
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, LoopbackServer
+from tests.dsagent.stripeadmin import hold, until_complete
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # two agent processes
 
 TOKEN = "peer-token-0123456789abcdef"
-
-
-def _admin(agent: AgentProcess) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent", timeout=60)
-
-
-def _hold(agent: AgentProcess, store: str, members: list[str], peers: dict[str, str]) -> None:
-    with _admin(agent) as client:
-        answer = client.put("/v1/stripes/imgs", json={"store": store, "members": members, "peers": peers})
-    assert answer.status_code == 200, answer.text
-
-
-def _complete(agent: AgentProcess, digest: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
-        with _admin(agent) as client:
-            status = dict(client.get(f"/v1/stripes/imgs/{digest}").json())
-        if status["complete"] or status["error"]:
-            return status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.05)
 
 
 def test_a_busy_previous_owner_is_asked_again_not_the_store(tmp_path: Path) -> None:
@@ -66,13 +43,13 @@ def test_a_busy_previous_owner_is_asked_again_not_the_store(tmp_path: Path) -> N
     try:
         old.start(), new.start()
         peers = {"node-a": old.url, "node-b": new.url}
-        _hold(old, store, ["node-a"], peers)
-        assert _complete(old, manifest.digest)["bundlesHeld"] == len(manifest.bundles)
+        hold(old, "imgs", store, ["node-a"], peers)
+        assert until_complete(old, "imgs", manifest.digest)["bundlesHeld"] == len(manifest.bundles)
         from_store = sum(server.gets(lambda p: "/store/bundles/" in p).values())
         assert from_store == len(manifest.bundles)
 
-        _hold(new, store, ["node-b"], peers)  # node-a drains: a peer, no longer a member
-        status = _complete(new, manifest.digest)
+        hold(new, "imgs", store, ["node-b"], peers)  # node-a drains: a peer, no longer a member
+        status = until_complete(new, "imgs", manifest.digest)
         assert status["error"] is None and status["bundlesHeld"] == len(manifest.bundles)
         assert sum(server.gets(lambda p: "/store/bundles/" in p).values()) == from_store  # none from the store
         share = new.root / "stripes" / "imgs" / manifest.digest / "share"
