@@ -127,6 +127,7 @@ class SimState:
             node=lambda name: self.facts(by_name[name]) if name in by_name else None,  # the watch cache
         )
         self.gpu_memo: dict[tuple[int, frozenset[int], int], tuple[int, ...] | None] = {}
+        self.names_memo: dict[tuple[int, ...], tuple[str, ...]] = {}
         self.ideal_bw: dict[tuple[int, int], float] = {}
         self.bw_memo: dict[tuple[int, tuple[int, ...]], float] = {}  # (node type, GPUs) -> intra-node bandwidth
         self.running: dict[int, Outcome] = {}  # jobs whose data is ready, by id
@@ -166,7 +167,7 @@ class SimState:
                     if group is not None:  # a share: the inventory's stripes section, as the agent writes it
                         shown = stripes.get(name)
                         if shown is None or version > int(shown.digest, 16):
-                            names = tuple(self.nodes[m].name for m in group.members if m >= 0)
+                            names = self._member_names(group.members)
                             size, on_disk = int(self.datasets[name].size), int(e.size * group.fill.get(node.index, 0.0))
                             stripes[name] = StripeHolding(f"{version:032x}", size, on_disk, len(names), names)
                         continue
@@ -184,6 +185,14 @@ class SimState:
                 gpu_facts_known=True,
             )
         return node.facts
+
+    def _member_names(self, members: tuple[int, ...]) -> tuple[str, ...]:
+        """A group's node names, kept per member list: every member's facts list the whole
+        group, and groups of hundreds of members are rebuilt often."""
+        names = self.names_memo.get(members)
+        if names is None:
+            names = self.names_memo[members] = tuple(self.nodes[m].name for m in members if m >= 0)
+        return names
 
     def version_of(self, job: Job, start: float) -> int:
         """The version a job's pods read: the one current at ``start``, as the agent resolves
