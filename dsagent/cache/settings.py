@@ -324,10 +324,11 @@ class Settings(StorageSettings, AgentLogSettings):
     fetch_links: FetchLinks = ()
     stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
     # On SIGTERM, the longest an agent serving stripe share bundles keeps serving them to their
-    # new owners before it stops (docs/design-striping.md#churn); 0: it stops at once, as one
-    # without shares does. 570 s plus the 30 s the stop itself may take fill the cluster
-    # autoscaler's default --max-graceful-termination-sec (600 s). The chart's agent.stripeHandoffSeconds.
-    stripe_handoff_grace: Duration = 570.0
+    # new owners before it stops (docs/design-striping.md#churn); 0 (the default): it stops at
+    # once, as one without shares does. Only the Dataset controller moves shares, so the chart
+    # turns it on (agent.stripeHandoffSeconds, 570 s: plus the 30 s the stop itself may take,
+    # the cluster autoscaler's default --max-graceful-termination-sec of 600 s).
+    stripe_handoff_grace: Duration = 0.0
     # The hand-off ends sooner once no peer asked for a bundle this long, after the first-contact
     # window: the Dataset controller's pass interval (30 s, its resync), because the new owners
     # of a leaving node's share are asked at a pass, and one whose fill failed at the next one.

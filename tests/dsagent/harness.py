@@ -173,15 +173,7 @@ class AgentProcess:
         self.socket = root.parent / f"{root.name}.sock"
         self.port = (port or free_port()) if tcp else None  # a port chosen beforehand: peers that list each other
         self.log = root.parent / f"{root.name}.log"
-        # no stripe hand-off on SIGTERM unless a test asks for one (DSAGENT_STRIPE_HANDOFF_GRACE):
-        # an agent holding a share would otherwise wait for peers that never come before it stops
-        self.env = {
-            **os.environ,
-            "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN,
-            "DSAGENT_SWEEP_INTERVAL": "3600",
-            "DSAGENT_STRIPE_HANDOFF_GRACE": "0",
-            **(env or {}),
-        }
+        self.env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN, "DSAGENT_SWEEP_INTERVAL": "3600", **(env or {})}
         self.args = [
             sys.executable,
             "-m",

@@ -20,7 +20,7 @@ def test_the_first_contact_window_is_twice_the_idle_window_unless_set() -> None:
     assert HandoffWindows.of(570, 30, 90).first_contact == 90
     assert HandoffWindows.of(570, 30, 10).first_contact == 30  # never shorter than the idle window
     settings = Settings()
-    assert (settings.stripe_handoff_grace, settings.stripe_handoff_idle) == (570, 30)
+    assert (settings.stripe_handoff_grace, settings.stripe_handoff_idle) == (0, 30)  # the chart turns it on
 
 
 def test_off_stops_at_once() -> None:
