@@ -78,6 +78,7 @@ def render(runs: list[dict[str, Any]]) -> str:
             params = ", ".join(f"{k}={v}" for k, v in run.get("params", {}).items())
             host = run.get("host", {})
             where = f"{run.get('started', '?')}, {host.get('cpus', '?')} CPUs"
+            where += f", {host['cpu']}" if host.get("cpu") else ""
             for ratio in run.get("ratios", []):
                 value, goal = ratio.get("value"), ratio.get("goal")
                 lines.append(
