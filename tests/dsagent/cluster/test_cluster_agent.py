@@ -737,7 +737,7 @@ def test_the_agent_hands_off_on_sigterm_only_when_its_node_is_leaving(apiserver:
             autoscaler = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
             apiserver.patch("nodes", NODE, {"spec": {"taints": [autoscaler]}})
             assert await leaving() is True
-            assert await agent.service.hand_off(lambda: False) is HandoffEnd.OFF  # on to the rule (the chart sets it on)
+            assert await agent.service.hand_off(lambda: False) is HandoffEnd.OFF  # on to the rule (off: not set here)
             apiserver.patch("nodes", NODE, {"spec": {"taints": [], "unschedulable": True}})  # kubectl cordon
             assert await leaving() is True
             await asyncio.to_thread(apiserver.stop)
