@@ -15,8 +15,9 @@ pipeline's; goals: pack >= 1.5x on incompressible data and >= 1.0x on text, unpa
 for one bundle and >= 1.2x for several against the C tools on the same bundles one after
 another, digest >= 1.0x) are computed
 from; the in-process row shows what start-up costs (``dsctl unpack`` within 10%
-of it). Runs are interleaved (dsctl, C, in-process, dsctl, C, ...) so that all sides see
-the same load on a shared machine, each after a ``sync``, page cache warm; each side's
+of it). Runs are interleaved (dsctl, C, in-process, then C, in-process, dsctl, ...: each
+round starts one side further on) so that all sides see the same load on a shared machine
+and none always runs after the same one, each after a ``sync``, page cache warm; each side's
 best of ``--repeat`` is printed with its CPU time (user + sys, all threads and children).
 dsctl runs with the digest cache off (a cold pack), as ``dsctl`` from this interpreter's
 ``bin/`` (``python -m dsagent.cli`` without it), with bytecode caches written as a user's
@@ -132,11 +133,14 @@ class Side:
 
 
 def interleave(sides: list[Side], repeat: int) -> None:
-    """One untimed warm-up round, then ``repeat`` rounds running each side in turn."""
+    """One untimed warm-up round, then ``repeat`` rounds running each side in turn, each round
+    starting one side further on: on a disk, what a run leaves to the device (writeback,
+    freed blocks) slows the run after it, so no side always follows the same one."""
     for side in sides:
         side.once(record=False)
-    for _ in range(repeat):
-        for side in sides:
+    for turn in range(repeat):
+        shift = turn % len(sides) if sides else 0
+        for side in sides[shift:] + sides[:shift]:
             side.once()
 
 
