@@ -21,10 +21,12 @@ What it owns:
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -33,7 +35,7 @@ from dsagent.errors import InvalidInput
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.digestpool import can_fork
-from dsagent.format.entries import EntryTableBuilder, check_layout
+from dsagent.format.entries import EntryTableBuilder, check_layout, new_entries, path_key
 from dsagent.format.extract import (
     create_empty_directories,
     unpack,
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
 
 DEFAULT_MAX_FILES = 50_000
+_found_size = operator.attrgetter("size")  # a listed file's (dsagent.format.walk.Found), at C speed
+_found_mtime = operator.attrgetter("mtime_ns")
 DEFAULT_MAX_BYTES = 800_000_000
 #: zstd level 1: JPEG-like payloads do not compress, so the fastest level loses nothing.
 DEFAULT_LEVEL = 1
@@ -353,8 +357,9 @@ def pack_dataset(
             manifest, source, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
             storage_options=storage_options, store_options=store_options, progress=progress,
         )  # fmt: skip
-    listed = [FileEntry(f.path, f.size, f.mtime_ns, "") for f in files]
-    expect_total(progress, sum(e.size for e in listed), len(listed))
+    sizes_listed = list(map(_found_size, files))
+    listed = list(new_entries(map(path_key, files), sizes_listed, map(_found_mtime, files), repeat("")))
+    expect_total(progress, sum(sizes_listed), len(listed))
     directories = sorted(set(empty))
     check_layout([e.path for e in listed], directories)  # before any bundle is written
     snapshot = digest_cache.snapshot(src_root) if digest_cache is not None else {}

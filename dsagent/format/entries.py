@@ -12,13 +12,13 @@ are in :mod:`dsagent.format.manifest`'s docstring.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import overload
+from typing import NamedTuple, overload
 
 import xxhash
 
@@ -36,14 +36,28 @@ _BLOCK = 4096
 path_key = operator.attrgetter("path")  # the sort key of entries, at C speed
 
 
-@dataclass(frozen=True, slots=True)
-class FileEntry:
-    """One file of a dataset."""
+class FileEntry(NamedTuple):
+    """One file of a dataset.
+
+    A named tuple, not a frozen dataclass: packing and listing make one an entry, and a
+    frozen dataclass's ``__init__`` (four ``object.__setattr__``) cost 1 us each, 0.2 s of a
+    200,000-file pack; a tuple is built in C (``tuple.__new__``)."""
 
     path: str  # relative POSIX path, never absolute, never '..'
     size: int
     mtime_ns: int
     digest: str  # xxh3-128 of the content, 32 lowercase hex chars
+
+
+#: a FileEntry from a tuple of its fields, in C (the named tuple's own ``__new__`` is Python)
+_new_entry = functools.partial(tuple.__new__, FileEntry)
+
+
+def new_entries(
+    paths: Iterable[str], sizes: Iterable[int], mtimes: Iterable[int], digests: Iterable[str]
+) -> Iterator[FileEntry]:
+    """Entries from columns, built in C: a pack lists hundreds of thousands."""
+    return map(_new_entry, zip(paths, sizes, mtimes, digests))
 
 
 class EntryTable(Sequence[FileEntry]):
@@ -116,7 +130,7 @@ class EntryTable(Sequence[FileEntry]):
         )
 
     def __iter__(self) -> Iterator[FileEntry]:
-        return map(FileEntry, self.paths, self.sizes, self.mtimes, self.hex_digests())
+        return new_entries(self.paths, self.sizes, self.mtimes, self.hex_digests())
 
     def hex_digests(self) -> Iterator[str]:
         """The file digests as :class:`FileEntry` holds them (32 lowercase hex characters)."""
