@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from dsagent.cli.digesting import counter, digest_source, open_cache, rate
+from dsagent.cli.digesting import counter, digest_source, open_cache, rate, without_cycle_collection
 from dsagent.cli.options import options_for_stores, output_option, source_options, store_options
 from dsagent.errors import InvalidInput
 from dsagent.format.manifest import Progress, read_manifest
@@ -129,6 +129,7 @@ def digest(
     help="Record the packed digest in the status of Dataset NAME in NAMESPACE"
     " (created if missing; needs a kubeconfig or a service account).",
 )
+@without_cycle_collection()
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
     processes: int, source_opts: dict[str, Any], store_opts: dict[str, Any], output: str, digest_cache: bool,
@@ -193,6 +194,7 @@ def pack(
 )
 @store_options
 @output_option
+@without_cycle_collection()
 def unpack(
     store: str,
     dest: str,

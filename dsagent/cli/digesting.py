@@ -166,6 +166,22 @@ def digest_source(
     )
 
 
+@contextmanager
+def without_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused while a command runs (and as it was after):
+    digest, pack and unpack make a few objects per file and no cycles, yet the collector
+    walks every live object again and again as they pile up: ~5% of the CPU of a
+    20,000-file digest, 0.2 s of a 2.1 s pack and 0.07 s of a 1.7 s unpack of 200,000
+    files. Reference counting still frees everything they drop."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _parse(args: Sequence[str]) -> dict[str, Any] | None:
     """``digest``'s plain form, or None for anything click should see."""
     if not args or args[0] != "digest":
@@ -208,12 +224,17 @@ def quick_digest(args: Sequence[str]) -> bool:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
-    # The walk makes a few objects per file and no cycles, yet the collector would walk every
-    # live object again and again as they pile up (~5% of the CPU of a 20,000-file digest);
-    # this process ends with the digest.
-    gc.disable()
-    digest_source(parsed["source"], parsed["name"], parsed["output"], None, parsed["use_cache"], echo)
+    with without_cycle_collection():
+        digest_source(parsed["source"], parsed["name"], parsed["output"], None, parsed["use_cache"], echo)
     return True
 
 
-__all__ = ["default_name", "digest_cache_path", "digest_source", "manifest_json", "quick_digest", "rate"]
+__all__ = [
+    "default_name",
+    "digest_cache_path",
+    "digest_source",
+    "manifest_json",
+    "quick_digest",
+    "rate",
+    "without_cycle_collection",
+]
