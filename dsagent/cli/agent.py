@@ -388,6 +388,7 @@ async def _run(
 
     class Server(uvicorn.Server):
         handing_off = False
+        handed_signal: int | None = None  # the stop signal, passed on to uvicorn once the hand-off ends
         serving_loop: asyncio.AbstractEventLoop | None = None  # where a signal starts the hand-off
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -401,8 +402,7 @@ async def _run(
                 # keep serving the peers moving this node's stripe shares (docs/design-striping.md#churn);
                 # the watchdog's STOP_DEADLINE counts from the hand-off's end, and this one
                 # holds the total even if the loop never runs the hand-off's end
-                self.handing_off = True
-                self._captured_signals.append(sig)  # re-raised once served: the exit status of a stop
+                self.handing_off, self.handed_signal = True, sig
                 _watchdog(settings.stripe_handoff_grace + STOP_DEADLINE)
                 self.serving_loop.call_soon_threadsafe(self._start_hand_off)
                 return
@@ -417,9 +417,9 @@ async def _run(
         def _handed_off(self, task: asyncio.Task[Any]) -> None:
             if not task.cancelled() and task.exception() is not None:
                 logging.getLogger("dsagent").error("the stripe hand-off failed", exc_info=task.exception())
-            if not self.should_exit:
+            if not self.should_exit and self.handed_signal is not None:
                 _watchdog(STOP_DEADLINE)
-                self.should_exit = True
+                super().handle_exit(self.handed_signal, None)  # uvicorn's own stop: it re-raises the signal
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             try:
