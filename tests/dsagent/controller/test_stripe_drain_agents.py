@@ -291,3 +291,41 @@ def test_a_leaving_agent_killed_mid_move_ends_the_drain_and_the_store_fills_in(
         assert group.calls.released == []  # nothing left to release: the leaving node is gone
         reasons = [e["reason"] for e in apiserver.list("events")]
         assert "StripeShareMoving" in reasons and "StripeShareMoved" not in reasons
+
+
+def test_a_move_past_its_bound_releases_the_leaving_share_and_the_store_fills_in(
+    tmp_path: Path, apiserver: FakeApiServer, api_client: Any
+) -> None:
+    # peers served at 16 KB/s: the move is still under way when the controller's clock passes
+    # stripe_drain_timeout_s (600 s); the leaving share is released anyway, and the new
+    # owners read from the store what they still miss, once each
+    slow = {"DSAGENT_PEER_UPLOAD_RATE": "16000", "DSAGENT_PEER_MIN_RATE": "1000"}
+    with _group(tmp_path, apiserver, api_client, env=slow) as group:
+        old = _ready_group(group, apiserver)
+        bundles = [b.digest for b in group.manifest.bundles]
+        leaving = max(old, key=lambda m: sum(owner(b, old) == m for b in bundles))
+        theirs = [b for b in bundles if owner(b, old) == leaving]
+        reads_before = _store_reads(group.store)
+        apiserver.patch("nodes", leaving, {"spec": {"unschedulable": True}})
+        _reconcile_until(group, apiserver, lambda s: (s.get("drain") or {}).get("state") == "Moving")
+        assert group.calls.released == []
+        group.clock.now += 601  # the bound passes with the move under way
+        stripe = _reconcile_until(group, apiserver, lambda s: (s.get("drain") or {}).get("state") in SETTLED)
+        assert stripe["drain"]["state"] == "TimedOut", stripe
+        assert "fell back to the store" in stripe["drain"]["message"]
+        [(released, shares)] = group.calls.released
+        assert released == leaving
+        new = [n["node"] for n in stripe["nodes"]]
+        assert not all((shares[n] or {}).get("complete") for n in new), "the move finished in time: nothing tested"
+        warning = next(e for e in apiserver.list("events") if e["reason"] == "StripeShareMoveTimedOut")
+        assert warning["type"] == "Warning"
+
+        stripe = _reconcile_until(group, apiserver, lambda s: s.get("state") == "Ready")
+        for node in new:
+            share = _share(group.agents[node], group.manifest.digest)
+            assert share is not None and share["complete"] and share["error"] is None
+        assert _share(group.agents[leaving], group.manifest.digest) is None
+        # what did not come over P2P came from the store, each bundle once, and only its bundles
+        reads = _store_reads(group.store)
+        added = {b: n - reads_before.get(b, 0) for b, n in reads.items() if n > reads_before.get(b, 0)}
+        assert added and set(added) <= set(theirs) and all(n == 1 for n in added.values()), (added, theirs)
