@@ -49,7 +49,7 @@ async def prepare(
     "/v1/preparations", dependencies=[Depends(operator)], response_model=PreparationsOut, responses=errors(401, 403)
 )
 async def list_preparations(svc: CacheService = Depends(service)) -> dict[str, Any]:
-    return {"preparations": await svc.preparation_views()}
+    return {"preparations": await svc.preparations.views()}
 
 
 @router.get(
@@ -59,7 +59,7 @@ async def list_preparations(svc: CacheService = Depends(service)) -> dict[str, A
     responses=errors(400, 401, 403, 404),
 )
 async def get_preparation(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
-    return await svc.preparation(task_id)
+    return await svc.preparations.view(task_id)
 
 
 @router.delete(

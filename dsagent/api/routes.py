@@ -373,7 +373,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(response: Response, svc: CacheService = Depends(service)) -> dict[str, str]:
     if not svc.started:
         answer = probes.body("starting", "the cache service is recovering its catalog")
-    elif svc.stopping:
+    elif svc.handoff.stopping:
         answer = probes.body("stopping", "told to stop: serving its stripe shares to their new owners, no new task")
     elif waited := svc.pools.stalled(svc.settings.stall_timeout):
         answer = probes.body("stalled", f"blocking work has waited {waited:.0f} s for a worker thread")

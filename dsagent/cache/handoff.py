@@ -1,7 +1,7 @@
 """When an agent told to stop may go: the stripe hand-off rule, a pure function of its inputs
 (docs/design-striping.md#churn).
 
-Who calls it: :meth:`dsagent.cache.service.CacheService.hand_off`, which ``dsagent serve``
+Who calls it: :meth:`dsagent.cache.stophandoff.StripeHandoff.run`, which ``dsagent serve``
 runs on SIGTERM when this node holds stripe share bundles, and which gathers the inputs
 (the clock, the bundles held, the peers' fetches counted by :class:`PeerFetches`) and
 applies the answer. Nothing here touches the disk or reads the clock; ``now`` is passed in.

@@ -45,7 +45,7 @@ from typing import Any
 
 from dsagent.cache.layout import Key
 from dsagent.cache.preparation import Thresholds
-from dsagent.cache.task import DatasetRequest, iso
+from dsagent.cache.task import DatasetRequest, iso, task_key
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, InvalidInput, NotFound
 
 log = logging.getLogger("dsagent")
@@ -272,6 +272,19 @@ class Preparations:
         for prep in list(self._items.values()):
             if prep.fetching:
                 prep.task_state = await self.parts.task_state(prepare_task_id(prep.task_id))
+
+    async def view(self, task_id: str) -> dict[str, Any]:
+        """Preparation ``task_id`` as ``GET /v1/preparations/{task}`` answers it."""
+        prep = self.get(task_key(task_id))
+        await self.update_states()
+        if prep is None:
+            raise NotFound(f"no preparation {task_id!r} on this agent", hint="PUT /v1/preparations/{task} makes one")
+        return preparation_view(prep)
+
+    async def views(self) -> list[dict[str, Any]]:
+        """Every preparation, as ``GET /v1/preparations`` lists them."""
+        await self.update_states()
+        return [preparation_view(p) for p in self.all()]
 
     async def release(self, task_id: str) -> None:
         """The preparation is no longer wanted: its reservations and its task go."""

@@ -22,7 +22,8 @@ coordinates, so every node-cache rule (docs/design.md#rules) is enforced from he
 The parts: :mod:`dsagent.cache.pools` (threads), :mod:`dsagent.cache.space`, :mod:`dsagent.cache.versions`
 (both take the :class:`dsagent.cache.node.Node` it builds once: the node's shared state),
 :mod:`dsagent.cache.progress`, :mod:`dsagent.cache.recovery` (after a crash :meth:`start` reconciles
-catalog and disk and resumes interrupted fetches) and :mod:`dsagent.cache.report` (answers).
+catalog and disk and resumes interrupted fetches), :mod:`dsagent.cache.report` (answers) and
+:mod:`dsagent.cache.stophandoff` (told to stop, its stripe shares handed off first).
 Everything runs on one event loop; blocking work goes to the pools.
 """
 
@@ -43,7 +44,6 @@ from dsagent.cache.eviction import Candidate
 from dsagent.cache.fetch import Source
 from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
-from dsagent.cache.handoff import HandoffEnd, HandoffWindows, handoff_verdict
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.node import Node
@@ -56,6 +56,7 @@ from dsagent.cache.servedbundles import BundleLocator
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
+from dsagent.cache.stophandoff import StripeHandoff
 from dsagent.cache.stripes import StripeShares
 from dsagent.cache.task import (
     DatasetRequest,
@@ -143,7 +144,8 @@ class CacheService:
             )
         )
         self.started = False
-        self.stopping = False  # told to stop, handing its stripe shares off (:meth:`hand_off`)
+        # told to stop: its stripe shares handed to their new owners first (docs/design-striping.md#churn)
+        self.handoff = StripeHandoff(settings, self.stripes, clock, hooks.node_leaving)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -168,53 +170,6 @@ class CacheService:
                 continue
             self._start_waiter(task_id, request, digest)
         self.started = True
-
-    def handoff_windows(self) -> HandoffWindows:
-        s = self.settings
-        return HandoffWindows.of(s.stripe_handoff_grace, s.stripe_handoff_idle, s.stripe_handoff_first_contact)
-
-    def wants_hand_off(self) -> bool:
-        """Whether a stop now would keep serving share bundles first (:meth:`hand_off`): the
-        service runs, the hand-off is on, and this node serves share bundles to peers."""
-        since = self.clock()
-        verdict = handoff_verdict(
-            now=since, since=since, last_fetch=None, bundles_held=self.stripes.bundles_served(),
-            windows=self.handoff_windows(),
-        )  # fmt: skip
-        return self.started and verdict is None
-
-    async def hand_off(self, interrupted: Callable[[], bool], *, poll: float = 0.2) -> HandoffEnd:
-        """Told to stop: take no new task (:class:`AgentStopping`, readiness fails) but keep
-        serving this node's share bundles to the peers moving them, until the hand-off rule
-        (:func:`dsagent.cache.handoff.handoff_verdict`) says to stop, or ``interrupted()``
-        (a second signal). Logs one line as it starts and one as it ends."""
-        self.stopping = True
-        windows, fetches = self.handoff_windows(), self.stripes.peer_fetches
-        since, sent_before = self.clock(), fetches.sent
-        leaving = self.hooks.node_leaving
-        if leaving is not None and await leaving() is False:  # a restart on a node that stays
-            log.info("stopping: %s", HandoffEnd.STAYING.value)
-            return HandoffEnd.STAYING
-        log.info(
-            "stopping: serving %d stripe share bundles to their new owners first (at most %.0f s; "
-            "stops once they are released, or no peer asked for %.0f s after the first %.0f s; a second signal "
-            "stops it now)",
-            self.stripes.bundles_served(), windows.grace, windows.idle, windows.first_contact,
-        )  # fmt: skip
-        while True:
-            now = self.clock()
-            verdict = HandoffEnd.SIGNALLED if interrupted() else None
-            verdict = verdict or handoff_verdict(
-                now=now, since=since, last_fetch=fetches.last(now), bundles_held=self.stripes.bundles_served(),
-                windows=windows,
-            )  # fmt: skip
-            if verdict is not None:
-                log.info(
-                    "stripe hand-off ended after %.1f s: %s; %d bundles sent to peers, %d still held",
-                    now - since, verdict.value, fetches.sent - sent_before, self.stripes.bundles_served(),
-                )  # fmt: skip
-                return verdict
-            await asyncio.sleep(poll)
 
     async def stop(self) -> None:
         self.started = False
@@ -284,7 +239,7 @@ class CacheService:
             await admit_task(task_id)
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
-            if existing is None and self.stopping:
+            if existing is None and self.handoff.stopping:
                 for _ in requests:
                     self.metrics.request_settled(AgentStopping.code)
                 raise AgentStopping(
@@ -559,17 +514,6 @@ class CacheService:
         requests = await self._validate(task_id, datasets)
         prep = await self.preparations.put(task_id, requests, phase=phase, first=first, second=second, tenant=tenant)
         return preparation_view(prep)
-
-    async def preparation(self, task_id: str) -> dict[str, Any]:
-        prep = self.preparations.get(task_key(task_id))
-        await self.preparations.update_states()
-        if prep is None:
-            raise NotFound(f"no preparation {task_id!r} on this agent", hint="PUT /v1/preparations/{task} makes one")
-        return preparation_view(prep)
-
-    async def preparation_views(self) -> list[dict[str, Any]]:
-        await self.preparations.update_states()
-        return [preparation_view(p) for p in self.preparations.all()]
 
     async def release_preparation(self, task_id: str) -> None:
         await self.preparations.release(task_key(task_id))

@@ -18,7 +18,7 @@ its path in :func:`dsagent.cache.settings.socket_pointer`, so that ``dsctl`` fin
 agent started with ``--root X`` without ``DSAGENT_SOCKET``; it removes the record on exit.
 On SIGTERM the process is gone within :data:`STOP_DEADLINE` seconds whatever its threads are
 doing: a watchdog ends it if the orderly shutdown has not by then. An agent serving stripe
-share bundles to peers first hands them off (:meth:`dsagent.cache.service.CacheService.hand_off`,
+share bundles to peers first hands them off (:meth:`dsagent.cache.stophandoff.StripeHandoff.run`,
 docs/design-striping.md#churn): it takes no new task, fails readiness and keeps serving the
 peers for at most ``DSAGENT_STRIPE_HANDOFF_GRACE``; the deadline counts from the hand-off's
 end, so the process is gone within that bound plus :data:`STOP_DEADLINE`. A second signal
@@ -398,20 +398,21 @@ async def _run(
                 logging.getLogger("dsagent").info("%s", startup_line(settings, plugin is not None))
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if not self.should_exit and not self.handing_off and self.serving_loop is not None and svc.wants_hand_off():
+            loop, first = self.serving_loop, not self.should_exit and not self.handing_off
+            if loop is not None and first and svc.started and svc.handoff.wanted():
                 # keep serving the peers moving this node's stripe shares (docs/design-striping.md#churn);
                 # the watchdog's STOP_DEADLINE counts from the hand-off's end, and this one
                 # holds the total even if the loop never runs the hand-off's end
                 self.handing_off, self.handed_signal = True, sig
                 _watchdog(settings.stripe_handoff_grace + STOP_DEADLINE)
-                self.serving_loop.call_soon_threadsafe(self._start_hand_off)
+                loop.call_soon_threadsafe(self._start_hand_off)
                 return
             if not self.should_exit:
                 _watchdog(STOP_DEADLINE)
             super().handle_exit(sig, frame)
 
         def _start_hand_off(self) -> None:
-            task = asyncio.create_task(svc.hand_off(lambda: self.should_exit), name="dsagent-handoff")
+            task = asyncio.create_task(svc.handoff.run(lambda: self.should_exit), name="dsagent-handoff")
             task.add_done_callback(self._handed_off)
 
         def _handed_off(self, task: asyncio.Task[Any]) -> None:

@@ -88,7 +88,7 @@ def test_phase_1_reads_the_manifest_and_reserves_without_fetching(tmp_path: Path
             await service.release_preparation("pod-b")
             assert (await service.space())["freeBytes"] == free  # given back
             with pytest.raises(NotFound):
-                await service.preparation("pod-b")
+                await service.preparations.view("pod-b")
 
     asyncio.run(go())
 
@@ -171,7 +171,7 @@ def test_phase_2_waits_for_the_running_tasks_data_above_the_second_threshold(tmp
             assert {d["name"] for d in await service.datasets()} == {"current"}
             await service.release_task("pod-a")  # the current task ended
             await service.sweep()  # rechecked: the fetch starts
-            view = await service.preparation("pod-b")
+            view = await service.preparations.view("pod-b")
             assert view["phase"] == 2 and view["state"] in ("fetching", "prepared")
             await service._wait_for(prepare_task_id("pod-b"), 60)
             view = await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=0.4)  # the renewal
@@ -221,7 +221,7 @@ def test_a_preparation_not_renewed_lapses(tmp_path: Path) -> None:
             assert (await service.space())["freeBytes"] < free
             clock.now += service.settings.lease_ttl + 1
             await service.sweep()
-            assert await service.preparation_views() == []
+            assert await service.preparations.views() == []
             assert (await service.space())["freeBytes"] == free
 
     asyncio.run(go())
@@ -280,6 +280,6 @@ def test_prepared_data_counts_once_against_the_second_threshold(tmp_path: Path) 
             assert second["phase"] == 1 and "prepared " + str(one) in second["waiting"]
             await service.release_preparation("pod-a")
             await service.sweep()
-            assert (await service.preparation("pod-b"))["phase"] == 2
+            assert (await service.preparations.view("pod-b"))["phase"] == 2
 
     asyncio.run(go())

@@ -733,11 +733,11 @@ def test_the_agent_hands_off_on_sigterm_only_when_its_node_is_leaving(apiserver:
             leaving = agent.service.hooks.node_leaving
             assert leaving is not None
             assert await leaving() is False
-            assert await agent.service.hand_off(lambda: False) is HandoffEnd.STAYING
+            assert await agent.service.handoff.run(lambda: False) is HandoffEnd.STAYING
             autoscaler = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
             apiserver.patch("nodes", NODE, {"spec": {"taints": [autoscaler]}})
             assert await leaving() is True
-            assert await agent.service.hand_off(lambda: False) is HandoffEnd.OFF  # on to the rule (off: not set here)
+            assert await agent.service.handoff.run(lambda: False) is HandoffEnd.OFF  # the rule's turn (off here)
             apiserver.patch("nodes", NODE, {"spec": {"taints": [], "unschedulable": True}})  # kubectl cordon
             assert await leaving() is True
             await asyncio.to_thread(apiserver.stop)
