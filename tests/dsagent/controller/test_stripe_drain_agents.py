@@ -53,6 +53,9 @@ pytestmark = pytest.mark.slow  # four agent processes
 TOKEN = "peer-token-0123456789abcdef"
 NODES = ("n1", "n2", "n3", "n4")
 GB = 1 << 30
+#: every agent serves peers at 16 KB/s (a bundle of two files takes about a second) and waits
+#: for slow peers: a move takes long enough to be cut short
+SLOW_PEERS = {"DSAGENT_PEER_UPLOAD_RATE": "16000", "DSAGENT_PEER_MIN_RATE": "1000"}
 SETTLED = ("Moved", "TimedOut", "Ended")  # the drain states that end a move
 
 
@@ -97,6 +100,12 @@ def _share(agent: AgentProcess, digest: str) -> dict[str, Any] | None:
 def _store_reads(server: LoopbackServer) -> dict[str, int]:
     """Bundle digest -> GETs of it from the store."""
     return {p.rsplit("/", 1)[1].split(".")[0]: n for p, n in server.gets(lambda p: "/store/bundles/" in p).items()}
+
+
+def _reads_since(server: LoopbackServer, before: dict[str, int]) -> dict[str, int]:
+    """Bundle digest -> GETs of it from the store since ``before`` (:func:`_store_reads`), where any."""
+    now = _store_reads(server)
+    return {b: n - before.get(b, 0) for b, n in now.items() if n > before.get(b, 0)}
 
 
 def _sent(agent: AgentProcess) -> set[str]:
@@ -184,6 +193,17 @@ def _group(
         store.close()
 
 
+def _cordon_busiest(group: _Group, apiserver: FakeApiServer) -> tuple[list[str], str, list[str]]:
+    """Once the group is Ready (:func:`_ready_group`), the member owning the most bundles (the
+    most that could come from the store instead of over P2P) is cordoned, as ``kubectl
+    cordon`` does: the members, the leaving one and its bundles' digests."""
+    members = _ready_group(group, apiserver)
+    bundles = [b.digest for b in group.manifest.bundles]
+    leaving = max(members, key=lambda m: sum(owner(b, members) == m for b in bundles))
+    apiserver.patch("nodes", leaving, {"spec": {"unschedulable": True}})
+    return members, leaving, [b for b in bundles if owner(b, members) == leaving]
+
+
 def _ready_group(group: _Group, apiserver: FakeApiServer) -> list[str]:
     """Passes until the group is Ready; its members, each holding its share whole (asked of
     the agents themselves), every bundle read from the store once."""
@@ -203,13 +223,8 @@ def test_a_cordoned_members_share_moves_to_its_new_owners_over_p2p(
     # peers served at 150 KB/s: the move takes about a second, so a share released before the
     # new owners are whole is seen so
     with _group(tmp_path, apiserver, api_client, env={"DSAGENT_PEER_UPLOAD_RATE": "150000"}) as group:
-        old = _ready_group(group, apiserver)
-        bundles = [b.digest for b in group.manifest.bundles]
-        # the member owning the most bundles leaves: the most that can come from the store instead
-        leaving = max(old, key=lambda m: sum(owner(b, old) == m for b in bundles))
-        theirs = [b for b in bundles if owner(b, old) == leaving]
-        reads_before = _store_reads(group.store)
-        apiserver.patch("nodes", leaving, {"spec": {"unschedulable": True}})  # kubectl cordon
+        old, leaving, theirs = _cordon_busiest(group, apiserver)
+        reads_before = _store_reads(group.store)  # nothing read since: no pass has seen the cordon
 
         stripe = _reconcile_until(group, apiserver, lambda s: (s.get("drain") or {}).get("state") in SETTLED)
         assert stripe["drain"]["state"] == "Moved", stripe
@@ -242,16 +257,10 @@ def test_a_cordoned_members_share_moves_to_its_new_owners_over_p2p(
 def test_a_leaving_agent_killed_mid_move_ends_the_drain_and_the_store_fills_in(
     tmp_path: Path, apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    # every agent serves peers at 16 KB/s (a bundle of two files takes about a second) and
-    # waits for slow peers: the move is still under way when the leaving agent is killed
-    slow = {"DSAGENT_PEER_UPLOAD_RATE": "16000", "DSAGENT_PEER_MIN_RATE": "1000"}
-    with _group(tmp_path, apiserver, api_client, env=slow) as group:
-        old = _ready_group(group, apiserver)
-        bundles = [b.digest for b in group.manifest.bundles]
-        leaving = max(old, key=lambda m: sum(owner(b, old) == m for b in bundles))
-        theirs = [b for b in bundles if owner(b, old) == leaving]
+    # the move is still under way when the leaving agent is killed
+    with _group(tmp_path, apiserver, api_client, env=SLOW_PEERS) as group:
+        _, leaving, theirs = _cordon_busiest(group, apiserver)
         agent = group.agents[leaving]
-        apiserver.patch("nodes", leaving, {"spec": {"unschedulable": True}})
         stripe = _reconcile_until(group, apiserver, lambda s: (s.get("drain") or {}).get("state") == "Moving")
         new = [n["node"] for n in stripe["nodes"]]
         deadline = time.monotonic() + 30
@@ -283,8 +292,7 @@ def test_a_leaving_agent_killed_mid_move_ends_the_drain_and_the_store_fills_in(
             assert share is not None and share["complete"] and share["error"] is None
         # the bundles it had not sent came from the store, once each; nothing else did (a bundle
         # it logged as sent may still have been cut in the kernel's buffers: read at most once)
-        reads = _store_reads(group.store)
-        added = {b: n - reads_before.get(b, 0) for b, n in reads.items() if n > reads_before.get(b, 0)}
+        added = _reads_since(group.store, reads_before)
         unsent = [b for b in theirs if b[:12] not in sent]
         assert set(added) <= set(theirs) and all(n == 1 for n in added.values()), (added, theirs)
         assert set(unsent) <= set(added), (unsent, added)
@@ -296,17 +304,12 @@ def test_a_leaving_agent_killed_mid_move_ends_the_drain_and_the_store_fills_in(
 def test_a_move_past_its_bound_releases_the_leaving_share_and_the_store_fills_in(
     tmp_path: Path, apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    # peers served at 16 KB/s: the move is still under way when the controller's clock passes
-    # stripe_drain_timeout_s (600 s); the leaving share is released anyway, and the new
-    # owners read from the store what they still miss, once each
-    slow = {"DSAGENT_PEER_UPLOAD_RATE": "16000", "DSAGENT_PEER_MIN_RATE": "1000"}
-    with _group(tmp_path, apiserver, api_client, env=slow) as group:
-        old = _ready_group(group, apiserver)
-        bundles = [b.digest for b in group.manifest.bundles]
-        leaving = max(old, key=lambda m: sum(owner(b, old) == m for b in bundles))
-        theirs = [b for b in bundles if owner(b, old) == leaving]
+    # the move is still under way when the controller's clock passes stripe_drain_timeout_s
+    # (600 s); the leaving share is released anyway, and the new owners read from the store
+    # what they still miss, once each
+    with _group(tmp_path, apiserver, api_client, env=SLOW_PEERS) as group:
+        _, leaving, theirs = _cordon_busiest(group, apiserver)
         reads_before = _store_reads(group.store)
-        apiserver.patch("nodes", leaving, {"spec": {"unschedulable": True}})
         _reconcile_until(group, apiserver, lambda s: (s.get("drain") or {}).get("state") == "Moving")
         assert group.calls.released == []
         group.clock.now += 601  # the bound passes with the move under way
@@ -326,6 +329,5 @@ def test_a_move_past_its_bound_releases_the_leaving_share_and_the_store_fills_in
             assert share is not None and share["complete"] and share["error"] is None
         assert _share(group.agents[leaving], group.manifest.digest) is None
         # what did not come over P2P came from the store, each bundle once, and only its bundles
-        reads = _store_reads(group.store)
-        added = {b: n - reads_before.get(b, 0) for b, n in reads.items() if n > reads_before.get(b, 0)}
+        added = _reads_since(group.store, reads_before)
         assert added and set(added) <= set(theirs) and all(n == 1 for n in added.values()), (added, theirs)
