@@ -45,7 +45,7 @@ class PeerSession:
     failed: set[str] = field(default_factory=set)
     bundles: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    refresh: Callable[[], Sequence[PeerHolder | str]] | None = None
+    refresh: Callable[[], Sequence[PeerHolder]] | None = None
     refresh_every: float = REFRESH_EVERY
     #: a striped version's members (node names), and the base URL of each one found
     group: tuple[str, ...] = ()
@@ -63,7 +63,7 @@ class PeerSession:
         found: Sequence[PeerHolder],
         *,
         per_peer: int = 4,
-        refresh: Callable[[], Sequence[PeerHolder | str]] | None = None,
+        refresh: Callable[[], Sequence[PeerHolder]] | None = None,
         refresh_every: float = REFRESH_EVERY,
     ) -> PeerSession:
         """A session over the holders a lookup found (:meth:`PeerFetcher.lookup`)."""
@@ -71,11 +71,11 @@ class PeerSession:
         session._learn(found)
         return session
 
-    def _learn(self, found: Sequence[PeerHolder | str]) -> None:
+    def _learn(self, found: Sequence[PeerHolder]) -> None:
         """The group of the shares found (the first listed wins) and each member's URL."""
         with self.lock:
             for h in found:
-                if isinstance(h, str) or h.state != "share":
+                if h.state != "share":
                     continue
                 if h.group and not self.group:
                     self.group = h.group
@@ -138,7 +138,7 @@ class PeerSession:
             return
         self._learn(found)
         with self.lock:
-            for peer in (h if isinstance(h, str) else h.url for h in found):
+            for peer in (h.url for h in found):
                 if peer not in self._slots:
                     self._slots[peer] = threading.Semaphore(self.per_peer)
                     self.holders.append(peer)
