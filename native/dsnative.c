@@ -5,10 +5,9 @@
  * same sizes, mtimes and digests (tests/dsagent/format/test_native.py holds them equal).
  *
  * hash_names(dir_fd, names, buffer) opens each name relative to dir_fd, fstat's it,
- * reads it into one buffer (the caller's writable buffer, kept across calls, or a
- * page-aligned one of that many bytes allocated for the call; a file smaller than the
- * buffer with one read of its size + 1 bytes) and hashes it with xxh3-128, all with the GIL released, so threads
- * hash on every core. It returns (sizes, mtimes_ns, digests, failure): digests holds 16
+ * reads it into the caller's writable buffer (page-aligned, kept across calls; a file
+ * smaller than the buffer with one read of its size + 1 bytes) and hashes it with
+ * xxh3-128, all with the GIL released, so threads hash on every core. It returns (sizes, mtimes_ns, digests, failure): digests holds 16
  * bytes per file (xxh3-128's canonical big-endian form, what hexdigest() spells), and
  * failure is None or (index, errno, expected, got): errno != 0 when an open, stat or read
  * failed, else the file's size changed from `expected` to `got` while it was read. The
@@ -138,25 +137,20 @@ static PyObject *hash_names(PyObject *self, PyObject *args) {
     Py_ssize_t cap;
     Py_buffer lent = {0};
     if (!PyArg_ParseTuple(args, "iO!O", &dir_fd, &PyList_Type, &names, &space)) return NULL;
-    if (PyLong_Check(space)) {
-        cap = PyLong_AsSsize_t(space);
-        if (cap == -1 && PyErr_Occurred()) return NULL;
-    } else {
-        /* the caller's buffer, kept across calls: a buffer allocated a call is mapped and
-         * faulted in afresh each time (about 15 faults a directory of small files) */
-        if (PyObject_GetBuffer(space, &lent, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return NULL;
-        cap = lent.len;
-    }
+    /* the caller's buffer, kept across calls: one allocated a call is mapped and faulted in
+     * afresh each time (about 15 faults a directory of small files) */
+    if (PyObject_GetBuffer(space, &lent, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    cap = lent.len;
     if (cap < 4096) {
-        if (lent.obj != NULL) PyBuffer_Release(&lent);
-        PyErr_SetString(PyExc_ValueError, "buffer_size must be at least 4096");
+        PyBuffer_Release(&lent);
+        PyErr_SetString(PyExc_ValueError, "the buffer must hold at least 4096 bytes");
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(names);
     PyObject *encoded = PyList_New(count); /* keeps the encoded names alive */
     const char **paths = PyMem_Calloc(count ? count : 1, sizeof(char *));
     result_row *rows = PyMem_Calloc(count ? count : 1, sizeof(result_row));
-    unsigned char *buf = NULL;
+    unsigned char *buf = lent.buf;
     xxh3_state *state = NULL;
     PyObject *result = NULL;
     Py_ssize_t done_count = 0;
@@ -173,8 +167,7 @@ static PyObject *hash_names(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(encoded, i, raw);
         paths[i] = PyBytes_AS_STRING(raw);
     }
-    if (lent.obj != NULL) buf = lent.buf;
-    if ((buf == NULL && posix_memalign((void **)&buf, 4096, (size_t)cap) != 0) || (state = xxh3_create()) == NULL) {
+    if ((state = xxh3_create()) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -215,8 +208,7 @@ static PyObject *hash_names(PyObject *self, PyObject *args) {
     }
 done:
     if (state) xxh3_free(state);
-    if (lent.obj != NULL) PyBuffer_Release(&lent);
-    else free(buf);
+    PyBuffer_Release(&lent);
     PyMem_Free(rows);
     PyMem_Free(paths);
     Py_XDECREF(encoded);
@@ -675,7 +667,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
-     "hash_names(dir_fd, names, buffer_size_or_buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
+     "hash_names(dir_fd, names, buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
     {"stat_names", stat_names, METH_VARARGS, "stat_names(dir_fd, names) -> (stats, failed, errno): see the module source."},
     {NULL, NULL, 0, NULL},
 };

@@ -71,14 +71,13 @@ class Columns(NamedTuple):
     digests: bytes
 
 
-def hash_names(directory: str, names: list[str], buffer: int | mmap.mmap, *, prefix: str = "") -> Columns:
+def hash_names(directory: str, names: list[str], buffer: mmap.mmap, *, prefix: str = "") -> Columns:
     """Size, mtime and xxh3-128 of each file ``names`` in ``directory``, hashed without the GIL.
 
-    ``buffer``: what files are read into, a caller's buffer that only this thread uses
+    ``buffer``: what files are read into, a buffer that only this thread uses
     (:func:`~dsagent.format.hashing.read_buffer`, kept across calls: one allocated a call
-    is faulted into memory afresh each time, 12% of a first 50,000-file digest's time),
-    or the size of one to allocate for this call. ``prefix`` is the directory's path in
-    the dataset, for messages.
+    is faulted into memory afresh each time, 12% of a first 50,000-file digest's time).
+    ``prefix`` is the directory's path in the dataset, for messages.
 
     Raises what the pure loop raises: :class:`~dsagent.errors.SourceUnavailable` (or
     NotFound, ...) naming the file that could not be read, :class:`IntegrityError` for one

@@ -115,13 +115,13 @@ def test_a_digest_cache_keeps_the_pure_loop(tree: Path, with_native: ModuleType,
 def test_a_missing_file_is_not_found_by_name(tmp_path: Path, with_native: ModuleType) -> None:
     (tmp_path / "here").write_bytes(b"1")
     with pytest.raises(NotFound, match="gone"):
-        native.hash_names(str(tmp_path), ["here", "gone"], HASH_BUFFER)
+        native.hash_names(str(tmp_path), ["here", "gone"], read_buffer())
 
 
 def test_a_file_read_longer_than_its_stat_is_an_integrity_error(with_native: ModuleType) -> None:
     # /proc files stat as empty and read as text: a file that grew between stat and read
     with pytest.raises(IntegrityError, match="'proc/status' changed while it was digested"):
-        native.hash_names("/proc/self", ["status"], HASH_BUFFER, prefix="proc/")
+        native.hash_names("/proc/self", ["status"], read_buffer(), prefix="proc/")
 
 
 def test_columns_stop_at_the_first_failure(tmp_path: Path, with_native: ModuleType) -> None:
@@ -129,14 +129,14 @@ def test_columns_stop_at_the_first_failure(tmp_path: Path, with_native: ModuleTy
         (tmp_path / name).write_bytes(name.encode())
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        sizes, mtimes, digests, failure = with_native.hash_names(dfd, ["a", "missing", "b"], HASH_BUFFER)
+        sizes, mtimes, digests, failure = with_native.hash_names(dfd, ["a", "missing", "b"], read_buffer())
     finally:
         os.close(dfd)
     assert sizes == [1] and len(mtimes) == 1 and digests == bytes.fromhex(xxhash.xxh3_128_hexdigest(b"a"))
     assert failure[:2] == (1, 2)  # index, ENOENT
 
 
-def test_a_lent_buffer_hashes_as_an_allocated_one_and_is_checked(tmp_path: Path, with_native: ModuleType) -> None:
+def test_a_kept_buffer_hashes_as_a_fresh_one_and_is_checked(tmp_path: Path, with_native: ModuleType) -> None:
     # files smaller, equal to and larger than the lent buffer, read through it again and again
     sizes = {"small": 10, "page": 4096, "big": 3 * 4096 + 7, "empty": 0}
     for name, size in sizes.items():
@@ -145,12 +145,12 @@ def test_a_lent_buffer_hashes_as_an_allocated_one_and_is_checked(tmp_path: Path,
     lent = read_buffer(4096)
     first = native.hash_names(str(tmp_path), names, lent)
     again = native.hash_names(str(tmp_path), names, lent)
-    assert first == again == native.hash_names(str(tmp_path), names, HASH_BUFFER)
+    assert first == again == native.hash_names(str(tmp_path), names, read_buffer(HASH_BUFFER))
     expected = (bytes.fromhex(xxhash.xxh3_128_hexdigest((tmp_path / n).read_bytes())) for n in names)
     assert first.digests == b"".join(expected)
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with pytest.raises(ValueError, match="at least 4096"):
+        with pytest.raises(ValueError, match="at least 4096 bytes"):
             with_native.hash_names(dfd, names, read_buffer(4095))
         with pytest.raises(BufferError):  # not writable
             with_native.hash_names(dfd, names, bytes(8192))
