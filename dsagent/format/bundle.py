@@ -69,11 +69,11 @@ if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
 
 DEFAULT_MAX_FILES = 50_000
-_found_size = operator.attrgetter("size")  # a listed file's (dsagent.format.walk.Found), at C speed
-_found_mtime = operator.attrgetter("mtime_ns")
 DEFAULT_MAX_BYTES = 800_000_000
 #: zstd level 1: JPEG-like payloads do not compress, so the fastest level loses nothing.
 DEFAULT_LEVEL = 1
+_found_size = operator.attrgetter("size")  # a listed file's (dsagent.format.walk.Found), at C speed
+_found_mtime = operator.attrgetter("mtime_ns")
 
 
 # --------------------------------------------------------------------------- boundaries
