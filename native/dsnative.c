@@ -612,63 +612,13 @@ static PyTypeObject UnpackerType = {
     .tp_getset = Unpacker_getset,
 };
 
-/* stat_names(dir_fd, names) -> (stats, failed, errno): the listing's stat of one
- * directory's files, without the GIL. names: list of str (encoded as os.fsencode does,
- * NUL refused); each is stat'ed relative to dir_fd, symlinks followed (os.stat(name,
- * dir_fd=...)). stats: 4 int64 a name (size, mtime ns, inode, ctime ns) for the names
- * before `failed`; failed: the index of the first name whose stat failed (errno: why),
- * or len(names) and 0. */
-static PyObject *stat_names(PyObject *self, PyObject *args) {
-    (void)self;
-    int dir_fd;
-    PyObject *names;
-    if (!PyArg_ParseTuple(args, "iO!", &dir_fd, &PyList_Type, &names)) return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(names);
-    PyObject *encoded = PyList_New(count); /* keeps the encoded names alive */
-    const char **paths = PyMem_Calloc(count ? count : 1, sizeof(char *));
-    PyObject *stats = PyBytes_FromStringAndSize(NULL, 32 * (count ? count : 1));
-    PyObject *result = NULL;
-    if (encoded == NULL || paths == NULL || stats == NULL) {
-        if (paths == NULL) PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *raw = NULL;
-        if (!PyUnicode_FSConverter(PyList_GET_ITEM(names, i), &raw)) goto done;
-        PyList_SET_ITEM(encoded, i, raw);
-        paths[i] = PyBytes_AS_STRING(raw);
-    }
-    long long *out = (long long *)PyBytes_AS_STRING(stats);
-    Py_ssize_t done_count = 0;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS for (; done_count < count; done_count++) {
-        struct stat st;
-        if (fstatat(dir_fd, paths[done_count], &st, 0) != 0) {
-            err = errno;
-            break;
-        }
-        long long *row = out + 4 * done_count;
-        row[0] = (long long)st.st_size;
-        row[1] = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-        row[2] = (long long)st.st_ino;
-        row[3] = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
-    }
-    Py_END_ALLOW_THREADS
-    if (_PyBytes_Resize(&stats, 32 * done_count) != 0) goto done; /* stats is NULL on failure */
-    result = Py_BuildValue("(Oni)", stats, done_count, err);
-done:
-    Py_XDECREF(stats);
-    Py_XDECREF(encoded);
-    PyMem_Free(paths);
-    return result;
-}
-
 #include "packloop.c" /* the pack's reader loop: TarReader */
+#include "listdir.c" /* the pack's listing: list_dir */
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
      "hash_names(dir_fd, names, buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
-    {"stat_names", stat_names, METH_VARARGS, "stat_names(dir_fd, names) -> (stats, failed, errno): see the module source."},
+    {"list_dir", list_dir, METH_VARARGS, "list_dir(path, prefix, base, found) -> (files, others, entries): see native/listdir.c."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,7 +31,7 @@ import mmap
 import os
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from dsagent.errors import IntegrityError
 from dsagent.format.entries import EntryTable
@@ -46,6 +46,8 @@ try:
     from dsagent.format import _native  # type: ignore[attr-defined]
 except ImportError:  # not built (make native), or no xxh3 library to bind
     _native = None
+
+T = TypeVar("T", bound=tuple)  # type: ignore[type-arg]
 
 #: True when the extension is built and loaded.
 AVAILABLE = _native is not None
@@ -103,13 +105,16 @@ def hash_names(directory: str, names: list[str], buffer: mmap.mmap, *, prefix: s
     return Columns(sizes, mtimes, digests)
 
 
-def stat_names(dir_fd: int, names: list[str]) -> tuple[list[int], int, int]:
-    """The listing's stat of ``names`` relative to ``dir_fd`` (symlinks followed), without
-    the GIL: 4 numbers a name (size, mtime ns, inode, ctime ns) for the names before the
-    first that failed, that index (``len(names)`` when none did) and its errno."""
+def list_dir(directory: str, prefix: str, base: str, found: type[T]) -> tuple[list[T], list[str], int]:
+    """One directory of the pack's listing, read and its regular files stat'ed without the
+    GIL (native/listdir.c): a ``found`` tuple a regular file (``prefix + name``,
+    ``base + name``, size, mtime ns, inode, ctime ns; in byte order of the names), the
+    names of every other entry (directories, symlinks, anything else, for the caller's
+    rules) and the count of entries. Opening or reading the directory fails as
+    :class:`OSError` with its path."""
     assert _native is not None, "the native extension is not built"
-    stats, failed, errno = _native.stat_names(dir_fd, names)
-    return memoryview(stats).cast("q").tolist(), failed, errno
+    files, others, entries = _native.list_dir(directory, prefix, base, found)
+    return files, others, entries
 
 
 # what Unpacker.feed reports (native/dsnative.c)
@@ -217,6 +222,6 @@ __all__ = [
     "chosen",
     "extract_members",
     "hash_names",
-    "stat_names",
+    "list_dir",
     "tar_reader",
 ]

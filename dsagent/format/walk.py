@@ -9,11 +9,12 @@ count as local.
 
 from __future__ import annotations
 
-import functools
 import operator
 import os
 import sys
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
@@ -45,6 +46,9 @@ def is_local(fs: AbstractFileSystem) -> bool:
 
 #: inode of a local file the walk listed but did not stat yet
 UNSTATED = -1
+
+#: Directories the native listing reads at once, at most (one a core).
+LIST_THREADS = 8
 
 #: The walk hands out a directory's files in groups of at most this many names.
 _GROUP = 256
@@ -83,10 +87,7 @@ def iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None =
     stack = [("", root)]
     while stack:
         rel, directory = stack.pop()
-        st = os.stat(directory)
-        if (st.st_dev, st.st_ino) in seen:
-            raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
-        seen.add((st.st_dev, st.st_ino))
+        _enter(directory, seen)
         has_child = False
         names: list[str] = []
         subdirs: list[tuple[str, str]] = []
@@ -95,20 +96,9 @@ def iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None =
                 has_child = True
                 # d_type answers without a syscall (except through symlinks), and a plain file
                 # in one call; the stat that sizes and dates a file happens where it is hashed
-                if not item.is_file(follow_symlinks=False):
-                    if item.is_symlink():
-                        _check_link(item.path, confine)
-                    if item.is_dir():
-                        subdirs.append((f"{rel}/{item.name}" if rel else item.name, item.path))
-                        continue
-                    if not item.is_file():
-                        if item.is_symlink() and not os.path.exists(item.path):
-                            raise InvalidInput(
-                                f"broken symlink in source: {item.path!r}", hint="fix or remove the link"
-                            )
-                        raise InvalidInput(
-                            f"not a regular file: {item.path!r}", hint="datasets hold regular files only"
-                        )
+                if not item.is_file(follow_symlinks=False) and _is_directory(item.path, confine):
+                    subdirs.append((f"{rel}/{item.name}" if rel else item.name, item.path))
+                    continue
                 names.append(item.name)
                 if len(names) >= _GROUP:
                     names.sort()
@@ -122,6 +112,62 @@ def iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None =
             empty.append(rel)
 
 
+def _enter(directory: str, seen: set[tuple[int, int]]) -> None:
+    """Note ``directory`` as walked, refusing it when a symlink led back to one walked before."""
+    st = os.stat(directory)
+    if (st.st_dev, st.st_ino) in seen:
+        raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
+    seen.add((st.st_dev, st.st_ino))
+
+
+def _is_directory(path: str, confine: Sequence[str] | None) -> bool:
+    """An entry that is not a plain regular file: True for a directory (a linked one too),
+    False for a regular file reached through a symlink; anything else is refused."""
+    if os.path.islink(path):
+        _check_link(path, confine)
+    if os.path.isdir(path):
+        return True
+    if os.path.isfile(path):
+        return False
+    if os.path.islink(path) and not os.path.exists(path):
+        raise InvalidInput(f"broken symlink in source: {path!r}", hint="fix or remove the link")
+    raise InvalidInput(f"not a regular file: {path!r}", hint="datasets hold regular files only")
+
+
+def list_local(root: str, empty: list[str], confine: Sequence[str] | None = None) -> list[Found]:
+    """The files under a local ``root``, stat'ed, as :func:`iter_local_dirs` walks them
+    (the same rules: links followed and confined, loops refused), each directory read and
+    its files stat'ed by the native :func:`~dsagent.format.native.list_dir` in one call
+    without the GIL, several directories at once (the kernel's lookups and stats are most
+    of a listing's time, and they run on every core). Not in path order (the caller sorts)."""
+    seen: set[tuple[int, int]] = set()
+    files: list[Found] = []
+    pending: deque[tuple[str, str, Future[tuple[list[Found], list[str], int]]]] = deque()
+    with ThreadPoolExecutor(min(LIST_THREADS, os.cpu_count() or 1), thread_name_prefix="dsagent-list") as pool:
+
+        def read(rel: str, directory: str) -> None:
+            _enter(directory, seen)
+            prefix = f"{rel}/" if rel else ""
+            base = directory if directory.endswith("/") else f"{directory}/"
+            pending.append((rel, base, pool.submit(native.list_dir, directory, prefix, base, Found)))
+
+        read("", root)
+        while pending:
+            rel, base, future = pending.popleft()
+            listed, others, entries = future.result()
+            files += listed
+            for name in sorted(others):
+                prefix = f"{rel}/" if rel else ""
+                with translate_errors(f"source file {base + name!r}"):
+                    if _is_directory(base + name, confine):
+                        read(prefix + name, base + name)
+                    else:
+                        files.append(found_stat(prefix + name, base + name, os.stat(base + name)))
+            if not entries and rel:
+                empty.append(rel)
+    return files
+
+
 def found_in(groups: Iterable[Dir]) -> Iterator[Found]:
     """The files of ``groups`` one by one, for the thread path."""
     join = os.path.join
@@ -132,10 +178,15 @@ def found_in(groups: Iterable[Dir]) -> Iterator[Found]:
 
 
 class LocalWalk:
-    """The lazy walk of a local tree: taken file by file (threads) or by groups (processes)."""
+    """The lazy walk of a local tree: taken file by file (threads) or by groups (processes);
+    ``root``, ``empty`` and ``confine`` are the walk's own (for :func:`list_files`)."""
 
-    def __init__(self, groups: Iterator[Dir]) -> None:
+    def __init__(
+        self, groups: Iterator[Dir], root: str = "", empty: list[str] | None = None,
+        confine: Sequence[str] | None = None,
+    ) -> None:  # fmt: skip
         self.groups = groups
+        self.root, self.empty, self.confine = root, empty if empty is not None else [], confine
 
     def __iter__(self) -> Iterator[Found]:
         return found_in(self.groups)
@@ -198,7 +249,7 @@ def walk_source(
             size = info.get("size")
             return [Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
         if is_local(fs):
-            return LocalWalk(iter_local_dirs(root, empty, confine))
+            return LocalWalk(iter_local_dirs(root, empty, confine), root, empty, confine)
         found, dirs = walk_remote(fs, root)
         empty.extend(dirs)
         return found
@@ -217,7 +268,9 @@ def list_files(
     """
     files: list[Found] = []
     found = walk_source(fs, root, empty, confine=confine)
-    if isinstance(found, LocalWalk):
+    if isinstance(found, LocalWalk) and native.AVAILABLE:
+        files = list_local(found.root, found.empty, found.confine)
+    elif isinstance(found, LocalWalk):
         for group in found.groups:
             files += _stat_group(group)
     else:
@@ -238,15 +291,6 @@ def _stat_group(group: Dir) -> list[Found]:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            if native.AVAILABLE:  # one call a group, without the GIL: half the listing's time
-                numbers, failed, errno = native.stat_names(fd, names)
-                if failed < len(names):
-                    raise OSError(errno, os.strerror(errno), base + names[failed])
-                rows = zip(
-                    [prefix + name for name in names], [base + name for name in names],
-                    numbers[0::4], numbers[1::4], numbers[2::4], numbers[3::4],
-                )  # fmt: skip
-                return list(map(_new_found, rows))
             stats = [os.stat(name, dir_fd=fd) for name in names]
         finally:
             os.close(fd)
@@ -260,8 +304,6 @@ def _stat_group(group: Dir) -> list[Found]:
 
 
 _found_path = operator.attrgetter("path")
-#: a Found from a tuple of its fields, in C (the NamedTuple's own ``__new__`` is Python)
-_new_found = functools.partial(tuple.__new__, Found)
 
 
 def found_stat(path: str, location: str, st: os.stat_result) -> Found:

@@ -168,32 +168,74 @@ def test_the_c_reader_refuses_malformed_columns(with_native: ModuleType) -> None
         with_native.TarReader(0, [b"a"], *one, plain_template(), {0: b"short"})
 
 
-def test_the_native_listing_stats_each_file_as_os_stat_does(
+def test_the_native_listing_is_the_pure_listing(
     tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dsagent.format.storage import LocalFiles
     from dsagent.format.walk import list_files
 
+    elsewhere = write_tree(tree.parent / "elsewhere", {"er/est/x.bin": b"x"})
+    os.symlink(elsewhere, tree / "linked-dir")  # a linked directory is walked as one
     calls = []
-    real = native.stat_names
-    monkeypatch.setattr(native, "stat_names", lambda *args: calls.append(1) or real(*args))
-    pure, fast = _both(monkeypatch, lambda: list_files(LocalFiles(), str(tree), []))
-    assert calls  # the native stat ran for the second listing
-    assert fast == pure  # size, mtime, inode and ctime, through a symlink too
+    real = native.list_dir
+    monkeypatch.setattr(native, "list_dir", lambda *args: calls.append(args[0]) or real(*args))
+    empty: list[list[str]] = []
+    pure, fast = _both(monkeypatch, lambda: list_files(LocalFiles(), str(tree), empty.append([]) or empty[-1]))
+    assert len(calls) > 3  # one call a directory, read natively
+    assert fast == pure  # path, location, size, mtime, inode and ctime, through symlinks too
+    assert "linked-dir/er/est/x.bin" in [f.path for f in fast]
     assert type(fast[0]) is type(pure[0])  # noqa: E721 - the walk's named tuple, not a plain one
+    assert empty[0] and sorted(empty[1]) == sorted(empty[0])
 
 
-def test_a_file_gone_before_the_native_stat_is_named(tmp_path: Path, with_native: ModuleType) -> None:
-    from dsagent.errors import NotFound
-    from dsagent.format.walk import Dir, _stat_group
+@pytest.mark.parametrize(
+    ("plant", "refusal"),
+    [
+        (lambda root: os.symlink(root, root / "d" / "loop"), "directory loop"),
+        (lambda root: os.symlink(root / "nowhere", root / "d" / "dangling"), "broken symlink"),
+        (lambda root: os.mkfifo(root / "d" / "pipe"), "not a regular file"),
+    ],
+)
+def test_the_native_listing_refuses_what_the_walk_refuses(
+    tmp_path: Path, with_native: ModuleType, plant: Callable[[Path], None], refusal: str
+) -> None:
+    from dsagent.errors import InvalidInput
+    from dsagent.format.storage import LocalFiles
+    from dsagent.format.walk import list_files
 
-    root = write_tree(tmp_path / "src", {"d/a.bin": b"a", "d/c.bin": b"cc"})
-    fd = os.open(root / "d", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        numbers, failed, errno = native.stat_names(fd, ["a.bin", "b.bin", "c.bin"])
-    finally:
-        os.close(fd)
-    assert (failed, errno, numbers[0]) == (1, 2, 1)  # stopped at b.bin: ENOENT; a.bin's size was taken
-    assert len(numbers) == 4
-    with pytest.raises(NotFound, match="b.bin"):
-        _stat_group(Dir("d", str(root / "d"), ["a.bin", "b.bin", "c.bin"]))
+    root = write_tree(tmp_path / "src", {"d/a.bin": b"a"})
+    plant(root)
+    with pytest.raises(InvalidInput, match=refusal):
+        list_files(LocalFiles(), str(root), [])
+
+
+def test_the_native_listing_confines_symlinks(tmp_path: Path, with_native: ModuleType) -> None:
+    from dsagent.errors import InvalidInput
+    from dsagent.format.walk import list_local
+
+    outside = write_tree(tmp_path / "outside", {"secret": b"s"})
+    root = write_tree(tmp_path / "src", {"d/a.bin": b"a"})
+    os.symlink(outside / "secret", root / "d" / "secret")
+    with pytest.raises(InvalidInput, match="outside the allowed"):
+        list_local(str(root), [], confine=[str(root)])
+    listed = list_local(str(root), [], confine=[str(root), str(outside)])
+    assert sorted(f.path for f in listed) == ["d/a.bin", "d/secret"]
+
+
+def test_list_dir_hands_back_what_is_not_a_regular_file(tmp_path: Path, with_native: ModuleType) -> None:
+    from dsagent.format.walk import Found
+
+    root = write_tree(tmp_path / "src", {"b.bin": b"bb", "a.bin": b"a", "sub/c": b"c"})
+    os.symlink(root / "a.bin", root / "link")
+    latin = os.fsdecode(b"caf\xe9.bin")  # not UTF-8: decoded as os.fsdecode does
+    (root / latin).write_bytes(b"x")
+    files, others, entries = native.list_dir(str(root), "p/", f"{root}/", Found)
+    assert [f.path for f in files] == ["p/a.bin", "p/b.bin", f"p/{latin}"]  # in byte order of the names
+    st = os.stat(root / "b.bin")
+    assert files[1] == Found("p/b.bin", f"{root}/b.bin", 2, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    assert type(files[1]) is Found
+    assert sorted(others) == ["link", "sub"] and entries == 5
+    with pytest.raises(FileNotFoundError, match="gone"):
+        native.list_dir(str(root / "gone"), "", f"{root}/gone/", Found)
+    with pytest.raises(TypeError, match="tuple type"):
+        native.list_dir(str(root), "", f"{root}/", dict)
