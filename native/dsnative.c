@@ -650,6 +650,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&UnpackerType) < 0 || PyType_Ready(&TarReaderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    /* what dsagent.format.native checks before it uses the module: raised with every change
+     * of a function's arguments or results, or a function added or removed */
+    if (PyModule_AddIntConstant(m, "INTERFACE", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObject(m, "Unpacker", Py_NewRef((PyObject *)&UnpackerType)) < 0) {
         Py_DECREF(&UnpackerType);
         Py_DECREF(m);

@@ -27,6 +27,7 @@ never compiles anything, so a machine without a compiler installs and runs the p
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 from array import array
@@ -42,9 +43,19 @@ if TYPE_CHECKING:
     from dsagent.format.manifest import FileEntry
     from dsagent.format.tarstream import FrameReader
 
+#: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
+#: built from other sources (an install upgraded over an earlier ``make native``) is not used.
+INTERFACE = 2
+
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
 except ImportError:  # not built (make native), or no xxh3 library to bind
+    _native = None
+if _native is not None and getattr(_native, "INTERFACE", None) != INTERFACE:
+    logging.getLogger(__name__).warning(
+        "the native extension %s was built from other sources: the pure-Python loops run (make native)",
+        _native.__file__,
+    )
     _native = None
 
 T = TypeVar("T", bound=tuple)  # type: ignore[type-arg]

@@ -165,3 +165,21 @@ def test_asking_for_the_native_loop_without_it_fails_and_the_default_is_the_pure
     with pytest.raises(RuntimeError, match="make native"):
         build_manifest(tree, name="d", native=True)
     assert build_manifest(tree, name="d").file_count == len(AWKWARD_FILES) + 707
+
+
+def test_an_extension_built_from_other_sources_is_not_used(
+    extension: ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert extension.INTERFACE == native.INTERFACE  # the sources here build what this module speaks
+    stale = ModuleType("dsagent.format._native")
+    stale.__file__ = "/old/_native.so"
+    stale.INTERFACE = native.INTERFACE - 1  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dsagent.format._native", stale)
+    monkeypatch.setattr(sys.modules["dsagent.format"], "_native", stale, raising=False)
+    spec = importlib.util.find_spec("dsagent.format.native")
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)  # a second copy: the imported module stays as it is
+    with caplog.at_level("WARNING"):
+        spec.loader.exec_module(fresh)
+    assert fresh.AVAILABLE is False
+    assert "/old/_native.so was built from other sources" in caplog.text
