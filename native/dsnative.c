@@ -614,10 +614,12 @@ static PyTypeObject UnpackerType = {
 
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dir */
+#include "manifestlines.c" /* the manifest's lines: entry_lines */
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
      "hash_names(dir_fd, names, buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
+    {"entry_lines", entry_lines, METH_VARARGS, "entry_lines(paths, sizes, mtimes, digests) -> bytes | None: see native/manifestlines.c."},
     {"list_dir", list_dir, METH_VARARGS, "list_dir(path, prefix, base, found) -> (files, others, entries): see native/listdir.c."},
     {NULL, NULL, 0, NULL},
 };
@@ -652,7 +654,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 2) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 3) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 2
+INTERFACE = 3
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -126,6 +126,15 @@ def list_dir(directory: str, prefix: str, base: str, found: type[T]) -> tuple[li
     assert _native is not None, "the native extension is not built"
     files, others, entries = _native.list_dir(directory, prefix, base, found)
     return files, others, entries
+
+
+def entry_lines(table: EntryTable) -> bytes | None:
+    """The manifest's lines of ``table``'s entries, encoded, formatted in C (native/manifestlines.c):
+    byte for byte what :func:`dsagent.format.manifest.encode_manifest`'s Python loop writes,
+    at a tenth of its cost. None when a path holds surrogates (that loop encodes them)."""
+    assert _native is not None, "the native extension is not built"
+    lines: bytes | None = _native.entry_lines(table.paths, table.sizes, table.mtimes, table.digests)
+    return lines
 
 
 # what Unpacker.feed reports (native/dsnative.c)
@@ -233,6 +242,7 @@ __all__ = [
     "chosen",
     "extract_members",
     "hash_names",
+    "entry_lines",
     "list_dir",
     "tar_reader",
 ]

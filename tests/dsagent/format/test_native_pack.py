@@ -10,11 +10,14 @@ built as for ``test_native.py`` (skipped, saying why, without a C compiler).
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsagent.errors import DsagentError
 from dsagent.format import bundle, native, packparallel
@@ -239,3 +242,54 @@ def test_list_dir_hands_back_what_is_not_a_regular_file(tmp_path: Path, with_nat
         native.list_dir(str(root / "gone"), "", f"{root}/gone/", Found)
     with pytest.raises(TypeError, match="tuple type"):
         native.list_dir(str(root), "", f"{root}/", dict)
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=()) | st.sampled_from('"\\\n\x00\x1f\x7f'))
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            _TEXT | st.sampled_from(["caf\udce9.jpg", "\udcff"]),  # surrogates: handed back to Python
+            st.integers(min_value=0, max_value=2**64 - 1),
+            st.integers(min_value=-(2**63), max_value=2**63 - 1),
+            st.binary(min_size=16, max_size=16),
+        ),
+        max_size=20,
+    )
+)
+def test_the_native_manifest_lines_are_the_python_lines(
+    extension: ModuleType, rows: list[tuple[str, int, int, bytes]]
+) -> None:
+    from dsagent.format.manifest import EntryTable, _entry_line
+
+    table = EntryTable(
+        [r[0] for r in rows], array("Q", [r[1] for r in rows]), array("q", [r[2] for r in rows]),
+        b"".join(r[3] for r in rows),
+    )  # fmt: skip
+    lines = extension.entry_lines(table.paths, table.sizes, table.mtimes, table.digests)
+    if any("\udc80" <= c <= "\udcff" for r in rows for c in r[0]):
+        assert lines is None
+        return
+    want = "".join(_entry_line(p, s, m, d.hex()) + "\n" for p, s, m, d in rows).encode()
+    assert lines == want
+
+
+def test_a_manifest_encodes_to_the_same_bytes_either_way(
+    tree: Path, tmp_path: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tree / os.fsdecode(b"caf\xe9.bin")).write_bytes(b"x")  # not UTF-8: that block is Python's
+    awkward = build_manifest(tree, name="t")
+    plain = Manifest.create("t", [e for e in awkward.entries if e.path.isprintable()], directories=awkward.directories)
+    made: list[bool] = []
+    real = native.entry_lines
+    monkeypatch.setattr(native, "entry_lines", lambda table: made.append(real(table) is not None) or real(table))
+    for manifest in (awkward, plain):
+        pure, fast = _both(monkeypatch, manifest.to_bytes)
+        assert fast == pure
+    assert made == [False, True]
+    assert Manifest.from_bytes(plain.to_bytes()) == plain
+    with pytest.raises(ValueError, match="16 of digest"):
+        with_native.entry_lines(["a"], array("Q", [1]), array("q", [1]), b"short")
+    with pytest.raises(TypeError, match="must be str"):
+        with_native.entry_lines([b"a"], array("Q", [1]), array("q", [1]), bytes(16))

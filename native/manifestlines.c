@@ -1,0 +1,101 @@
+/* The manifest's entry lines (included by dsnative.c).
+ *
+ * entry_lines(paths, sizes, mtimes, digests) -> bytes | None
+ *
+ * Each entry as one line, byte for byte what dsagent.format.manifest._entry_line writes
+ * and encodes (json.dumps([path, size, mtime, hexdigest], ensure_ascii=False,
+ * separators=(",", ":")) + "\n", in UTF-8): the path JSON-escaped (quote, backslash and the
+ * control characters below 0x20, as json's C escaper does), the numbers in decimal, the
+ * digest in lowercase hex. `sizes` and `mtimes` are buffers of 8-byte integers (unsigned
+ * and signed: the entry table's arrays), `digests` 16 bytes an entry. None when a path is
+ * not plain UTF-8 (it holds surrogates: the caller's Python loop encodes it).
+ */
+
+static char *escaped_into(char *out, const char *path, Py_ssize_t length) {
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < length; i++) {
+        unsigned char c = (unsigned char)path[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *out++ = (char)c;
+            continue;
+        }
+        *out++ = '\\';
+        switch (c) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case '\n': *out++ = 'n'; break;
+        case '\r': *out++ = 'r'; break;
+        case '\t': *out++ = 't'; break;
+        case '\b': *out++ = 'b'; break;
+        case '\f': *out++ = 'f'; break;
+        default:
+            *out++ = 'u';
+            *out++ = '0';
+            *out++ = '0';
+            *out++ = hex[c >> 4];
+            *out++ = hex[c & 15];
+        }
+    }
+    return out;
+}
+
+static PyObject *entry_lines(PyObject *self, PyObject *args) {
+    (void)self;
+    static const char hex[] = "0123456789abcdef";
+    PyObject *paths;
+    Py_buffer sizes = {0}, mtimes = {0}, digests = {0};
+    PyObject *result = NULL;
+    char *buffer = NULL;
+    if (!PyArg_ParseTuple(args, "O!y*y*y*", &PyList_Type, &paths, &sizes, &mtimes, &digests)) return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(paths);
+    if (sizes.len != 8 * count || mtimes.len != 8 * count || digests.len != 16 * count) {
+        PyErr_SetString(PyExc_ValueError, "entry_lines: 8 bytes of size and of mtime, 16 of digest, an entry");
+        goto done;
+    }
+    size_t cap = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyUnicode_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "entry_lines: paths must be str");
+            goto done;
+        }
+        Py_ssize_t length;
+        if (PyUnicode_AsUTF8AndSize(path, &length) == NULL) { /* surrogates: the Python loop's */
+            PyErr_Clear();
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        cap += 6 * (size_t)length + 96; /* escapes at most 6x; brackets, quotes, numbers, digest */
+    }
+    buffer = PyMem_Malloc(cap ? cap : 1);
+    if (buffer == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char *out = buffer;
+    const unsigned long long *size = sizes.buf;
+    const long long *mtime = mtimes.buf;
+    const unsigned char *digest = digests.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t length;
+        const char *path = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(paths, i), &length);
+        *out++ = '[';
+        *out++ = '"';
+        out = escaped_into(out, path, length);
+        out += sprintf(out, "\",%llu,%lld,\"", size[i], mtime[i]);
+        for (int b = 0; b < 16; b++) {
+            *out++ = hex[digest[16 * i + b] >> 4];
+            *out++ = hex[digest[16 * i + b] & 15];
+        }
+        *out++ = '"';
+        *out++ = ']';
+        *out++ = '\n';
+    }
+    result = PyBytes_FromStringAndSize(buffer, out - buffer);
+done:
+    PyMem_Free(buffer);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&mtimes);
+    PyBuffer_Release(&digests);
+    return result;
+}
