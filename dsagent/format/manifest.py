@@ -362,8 +362,10 @@ _Columns = tuple[list[Any], list[Any], list[Any], list[Any]]
 
 def _parse_batch(lines: list[bytes]) -> _Columns:
     """One ``json.loads`` per batch (per line it is twice as slow); a line holding more or
-    less than one array shows as a count that does not match."""
-    rows = json.loads(b"[" + b",".join(lines) + b"]")
+    less than one array shows as a count that does not match. Bytes that are not UTF-8
+    come back as the surrogates they were written from (a file name that is not UTF-8,
+    as ``os.fsdecode`` gives it)."""
+    rows = json.loads((b"[" + b",".join(lines) + b"]").decode("utf-8", "surrogateescape"))
     if len(rows) != len(lines):
         raise ValueError("an entry line does not hold exactly one entry")
     if not all(type(row) is list and len(row) == 4 for row in rows):

@@ -34,6 +34,17 @@ def test_awkward_dataset_round_trips_with_contents_mtimes_and_empty_dirs(awkward
     assert not any(p.name.startswith(".") for p in (tmp_path).iterdir())
 
 
+def test_a_file_name_that_is_not_utf8_round_trips(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"plain.bin": b"p"})
+    (src / os.fsdecode(b"caf\xe9.bin")).write_bytes(b"latin-1 named")  # a name from an old archive
+    manifest = pack(src, tmp_path / "store", name="latin")
+    assert read_manifest(str(tmp_path / "store"), "latin") == manifest  # the stored manifest reads back
+    unpack(tmp_path / "store", name="latin", dest=tmp_path / "out")
+    assert (tmp_path / "out" / os.fsdecode(b"caf\xe9.bin")).read_bytes() == b"latin-1 named"
+    assert b"caf\xe9.bin" in os.listdir(os.fsencode(tmp_path / "out"))  # the very bytes, not re-encoded
+    verify_tree(tmp_path / "out", manifest)
+
+
 def test_memory_source_and_memory_store_round_trip(memory_root: str, tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     for rel, data in AWKWARD_FILES.items():
