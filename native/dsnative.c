@@ -46,6 +46,7 @@ static int (*xxh3_free)(xxh3_state *);
 static int (*xxh3_reset)(xxh3_state *);
 static int (*xxh3_update)(xxh3_state *, const void *, size_t);
 static xxh128_hash (*xxh3_digest)(const xxh3_state *);
+static uint64_t (*xxh3_64_oneshot)(const void *, size_t);
 
 /* The *_dispatch entry points pick the widest vector unit at run time (AVX2, AVX-512), as the
  * xxhash package's own calls do; the plain ones are the build's baseline (SSE2 on x86-64). */
@@ -63,7 +64,11 @@ static int bind_xxhash(void *lib) {
     xxh3_update = (int (*)(xxh3_state *, const void *, size_t))either(lib, "XXH3_128bits_update_dispatch",
                                                                        "XXH3_128bits_update");
     xxh3_digest = (xxh128_hash(*)(const xxh3_state *))dlsym(lib, "XXH3_128bits_digest");
-    return (xxh3_128_oneshot && xxh3_create && xxh3_free && xxh3_reset && xxh3_update && xxh3_digest) ? 0 : -1;
+    xxh3_64_oneshot = (uint64_t(*)(const void *, size_t))either(lib, "XXH3_64bits_dispatch", "XXH3_64bits");
+    return (xxh3_128_oneshot && xxh3_create && xxh3_free && xxh3_reset && xxh3_update && xxh3_digest &&
+            xxh3_64_oneshot)
+               ? 0
+               : -1;
 }
 
 static void canonical(xxh128_hash h, unsigned char *out) {
@@ -615,11 +620,13 @@ static PyTypeObject UnpackerType = {
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dir */
 #include "manifestlines.c" /* the manifest's lines: entry_lines */
+#include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
      "hash_names(dir_fd, names, buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
     {"entry_lines", entry_lines, METH_VARARGS, "entry_lines(paths, sizes, mtimes, digests) -> bytes | None: see native/manifestlines.c."},
+    {"plan_cuts", plan_cuts, METH_VARARGS, "plan_cuts(paths, upto, max_files, max_bytes) -> list | None: see native/plan.c."},
     {"list_dir", list_dir, METH_VARARGS, "list_dir(path, prefix, base, found) -> (files, others, entries): see native/listdir.c."},
     {NULL, NULL, 0, NULL},
 };
@@ -654,7 +661,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 3) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 4) < 0) {
         Py_DECREF(m);
         return NULL;
     }

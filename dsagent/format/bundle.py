@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from dsagent.errors import InvalidInput
+from dsagent.format import native
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.digestpool import can_fork
-from dsagent.format.entries import EntryTableBuilder, check_layout, new_entries
+from dsagent.format.entries import EntryTableBuilder, check_layout, new_entries, path_key
 from dsagent.format.extract import (
     create_empty_directories,
     unpack,
@@ -129,13 +130,18 @@ def plan_bundles(
     prefix = upto if upto is not None else [0, *accumulate(e.size for e in entries)]
     if n <= max_files and prefix[n] <= max_bytes:
         return [(0, n)]  # no gap's domain (at most the whole) is over a cap: the tree is not needed
-    priority = _gap_priorities(entries)
-    gaps = n - 1
-    left, right = _nearest_smaller(priority, n)
-    cuts = [
-        g for g in range(gaps)
-        if right[g] - left[g] > max_files or prefix[right[g] + 1] - prefix[left[g] + 1] > max_bytes
-    ]  # fmt: skip
+    cuts = None
+    if native.AVAILABLE:  # the same rule in C: 0.1 s of a 200,000-file pack's serial time otherwise
+        cuts = native.plan_cuts(
+            list(map(path_key, entries)), list(prefix), min(max_files, n), min(max_bytes, prefix[n])
+        )
+    if cuts is None:
+        priority = _gap_priorities(entries)
+        left, right = _nearest_smaller(priority, n)
+        cuts = [
+            g for g in range(n - 1)
+            if right[g] - left[g] > max_files or prefix[right[g] + 1] - prefix[left[g] + 1] > max_bytes
+        ]  # fmt: skip
     bounds = [-1, *cuts, n - 1]
     return [(bounds[i] + 1, bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
 

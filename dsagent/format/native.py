@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 3
+INTERFACE = 4
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -135,6 +135,15 @@ def entry_lines(table: EntryTable) -> bytes | None:
     assert _native is not None, "the native extension is not built"
     lines: bytes | None = _native.entry_lines(table.paths, table.sizes, table.mtimes, table.digests)
     return lines
+
+
+def plan_cuts(paths: list[str], upto: list[int], max_files: int, max_bytes: int) -> list[int] | None:
+    """The gaps where :func:`dsagent.format.bundle.plan_bundles` cuts, computed in C
+    (native/plan.c: the same priorities, domains and caps). None when a path holds
+    surrogates (the Python loop hashes the bytes they stand for)."""
+    assert _native is not None, "the native extension is not built"
+    cuts: list[int] | None = _native.plan_cuts(paths, upto, max_files, max_bytes)
+    return cuts
 
 
 # what Unpacker.feed reports (native/dsnative.c)
@@ -244,5 +253,6 @@ __all__ = [
     "hash_names",
     "entry_lines",
     "list_dir",
+    "plan_cuts",
     "tar_reader",
 ]

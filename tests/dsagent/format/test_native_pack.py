@@ -9,6 +9,7 @@ built as for ``test_native.py`` (skipped, saying why, without a C compiler).
 
 from __future__ import annotations
 
+import functools
 import os
 from array import array
 from collections.abc import Callable
@@ -293,3 +294,29 @@ def test_a_manifest_encodes_to_the_same_bytes_either_way(
         with_native.entry_lines(["a"], array("Q", [1]), array("q", [1]), b"short")
     with pytest.raises(TypeError, match="must be str"):
         with_native.entry_lines([b"a"], array("Q", [1]), array("q", [1]), bytes(16))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_native_plan_is_the_python_plan(
+    seed: int, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from dsagent.format.bundle import plan_bundles
+    from dsagent.format.manifest import FileEntry
+
+    rng = random.Random(seed)
+    calls = []
+    real = native.plan_cuts
+    monkeypatch.setattr(native, "plan_cuts", lambda *args: calls.append(1) or real(*args))
+    for _ in range(200):
+        n = rng.randint(0, 400)
+        names = sorted({f"d{rng.randrange(9)}/{rng.randrange(10**6):06d}.jpg" for _ in range(n)})
+        if rng.random() < 0.1:  # a name that is not UTF-8: the Python loop hashes it
+            names = sorted([*names, os.fsdecode(b"d0/caf\xe9.jpg")])
+        entries = [FileEntry(p, rng.choice([0, 1, rng.randrange(10**6)]), 0, "0" * 32) for p in names]
+        max_files, max_bytes = rng.randint(1, 80), rng.choice([1, rng.randrange(1, 10**7), 2**70])
+        plan = functools.partial(plan_bundles, entries, max_files, max_bytes)
+        pure, fast = _both(monkeypatch, plan)
+        assert fast == pure
+    assert calls  # the C rule ran where a plan needed cuts
