@@ -13,6 +13,9 @@
  * failed, else the file's size changed from `expected` to `got` while it was read. The
  * columns hold the files before `index`.
  *
+ * The one-pass pack's serial steps are here too: list_dir (listdir.c), plan_cuts (plan.c)
+ * and entry_lines (manifestlines.c), each giving exactly what its Python rule gives.
+ *
  * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
  * package's own extension (which exports them), so both paths hash with the very same
  * library; else from the system's libxxhash.so.0. Neither found: ImportError, and the

@@ -6,7 +6,10 @@ pure-Python loops on forked processes otherwise (same manifest either way; the t
 the two paths equal); verified extraction (:mod:`dsagent.format.extract`), whose
 member loop :func:`extract_members` runs in C when the extension is here; and the pack's
 reader (:class:`dsagent.format.packwriter.BundleWriter`), which lays out a local bundle's
-tar stream with :func:`tar_reader` (the same bytes and digests as its Python loop). What it owns:
+tar stream with :func:`tar_reader` (the same bytes and digests as its Python loop); and the
+one-pass pack's serial steps around it: the listing (:func:`list_dir`, one call a
+directory), the bundle plan's boundaries (:func:`plan_cuts`) and the manifest's lines
+(:func:`entry_lines`), each the Python rule's result exactly. What it owns:
 whether the extension is importable (:data:`AVAILABLE`), the call that turns one
 directory's names into the digest's columns, and the hand-over between the C member loop
 and the Python one.
