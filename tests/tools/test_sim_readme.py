@@ -78,3 +78,16 @@ def test_two_runs_that_both_start_at_once_are_equal_on_time_to_first_step() -> N
     assert cells[2] == (1.0, "fluid-r1", True)
     [(_, _, cells)] = results.goal_ratios({"w": late})
     assert cells[2][0] == float("inf") and not cells[2][2]
+
+
+def test_a_ratio_against_zero_is_shown_as_the_two_figures() -> None:
+    late = _seeded(1.0, 2.0, 0.0)
+    late["policies"]["ours+stripe+early"]["ttfs_mean_s"] = 42.0  # type: ignore[index]
+    for fluid in results.FLUIDS:
+        late["policies"][fluid]["ttfs_mean_s"] = 0.0  # type: ignore[index]
+    [row] = [line for line in results.goals_table({"w": late}) if line.startswith("| w |")]
+    assert "**42 s against 0 s (fluid-r1)**" in row and "inf" not in row
+    early = _seeded(1.0, 2.0, 0.0)
+    early["policies"]["ours+stripe+early"]["ttfs_mean_s"] = 0.0  # type: ignore[index]
+    [row] = [line for line in results.goals_table({"w": early}) if line.startswith("| w |")]
+    assert "0 s against " in row and "0.00x" not in row

@@ -275,10 +275,14 @@ def goals_table(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     ]
     for wname, mine, cells in goal_ratios(docs):
         shown = []
-        for ratio, best, met in cells:
-            # near 1.0x, enough digits to show which side of the target it falls
-            digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2
-            cell = f"{ratio:.{digits}f}x ({best})"
+        for (name, _), (ratio, best, met) in zip(GOALS, cells, strict=True):
+            if ratio == 0 or math.isinf(ratio):  # one side is zero: a ratio says nothing, the figures do
+                get = next(m for m in METRICS if m[0] == name)[2]
+                by = docs[wname]["policies"]
+                cell = f"{_fmt(name, get(by[mine]))} against {_fmt(name, get(by[best]))} ({best})"
+            else:  # near 1.0x, enough digits to show which side of the target it falls
+                digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2
+                cell = f"{ratio:.{digits}f}x ({best})"
             shown.append(cell if met else f"**{cell}**")
         lines.append(f"| {wname} | {mine} | " + " | ".join(shown) + " |")
     return lines
