@@ -21,7 +21,9 @@ order:
    nodes with room anywhere.
 
 Members chosen before stay while they qualify (no flapping): a group change moves ~1/k of the
-bundles (rendezvous hashing), but every change moves some.
+bundles (rendezvous hashing), but every change moves some. They also keep their order: the
+list's order is part of the group (readers home their buckets by position), so the members
+chosen before come first, as they were, and the new ones after them.
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ def choose_group(
             take(node.name)
     for node in roomy:
         take(node.name)
-    return chosen
+    # the earlier members first, in their earlier order: the order is part of the group (a
+    # rank's buckets are homed by position, dsplatform.stripe.bucket_of), and an agent takes a
+    # reordered list for a new group; shares filling must not reorder it
+    return [n for n in before if n in chosen] + [n for n in chosen if n not in before]
 
 
 def eviction_class(*, striped: bool, other_copies: int | None) -> int:

@@ -57,6 +57,24 @@ def test_members_chosen_before_stay_and_nodes_without_room_are_left_out() -> Non
     assert choose_group([], size_bytes=1) == []
 
 
+def test_members_keep_their_order_while_their_shares_fill() -> None:
+    # a pass saw the group [a, d, c] with nothing held; now d and c hold more than a: the list
+    # stays as it was (a reordered list is a new group to the agents, and moves the readers'
+    # buckets), and a new member comes after the earlier ones
+    filling = [
+        Candidate("a", free_bytes=3 * TB, held_bytes=1, subnet="s1", cache_bytes=4 * TB),
+        Candidate("c", free_bytes=2 * TB, held_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("d", free_bytes=2 * TB, held_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("f", free_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+    ]
+    assert choose_group(filling, size_bytes=6 * TB, before=["a", "d", "c"], members=3) == ["a", "d", "c"]
+    assert choose_group(filling, size_bytes=6 * TB, before=["a", "d", "c"], job_nodes=["f"], members=4) == [
+        "a", "d", "c", "f",
+    ]  # fmt: skip
+    # shrinking keeps the members holding most, still in their earlier order
+    assert choose_group(filling, size_bytes=6 * TB, before=["a", "d", "c"], members=2) == ["d", "c"]
+
+
 def test_another_subnet_fills_in_only_when_the_first_has_too_few() -> None:
     nodes = [
         Candidate("a", 4 * TB, subnet="s1"),
