@@ -18,8 +18,10 @@ And the crash path: the leaving agent, serving slowly, is killed (SIGKILL) while
 moves and its pod goes; the drain ends (``Ended``), the new owners finish from the store,
 and no member is reported ready before its agent holds its share whole.
 
-The node inventories are written by the test (room on each node; no agent here publishes to
-the API server): the controller reads them only to choose the group.
+The agents run in cluster mode against the fake API server: each publishes its own node's
+inventory (its room, and its share of the version once it holds one), and the controller
+chooses and keeps the group from those, as it does in a cluster; the leaving agent reads
+its own Node to learn that it is cordoned.
 """
 
 from __future__ import annotations
@@ -152,23 +154,32 @@ def _group(
     manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=2)
     store = LoopbackServer(tmp_path / "www")
     port = free_port()
+    kubeconfig = _kubeconfig(tmp_path, apiserver)
+    in_cluster = {
+        "DSAGENT_KUBERNETES": "1",
+        "KUBECONFIG": str(kubeconfig),
+        "DSAGENT_PUBLISH_INTERVAL": "200ms",
+        # the machine's own disk fullness must not decide the group (tests/dsagent/cache/test_disk_floor.py)
+        "DSAGENT_RESERVE": "0",
+        "DSAGENT_NODEFS_AVAILABLE": "0",
+    }
     agents = {
         node: AgentProcess(
             tmp_path / node,
             tcp=True,
             host=f"127.0.0.{i + 2}",
             port=port,
-            env={"DSAGENT_NODE_NAME": node, "DSAGENT_PEER_TOKEN": TOKEN, **(env or {})},
+            env={"DSAGENT_NODE_NAME": node, "DSAGENT_PEER_TOKEN": TOKEN, **in_cluster, **(env or {})},
         )
         for i, node in enumerate(NODES)
     }
     try:
+        for node, agent in agents.items():
+            apiserver.create(make_node(node))
+            apiserver.create(agent_pod(node, ip=agent.host))
         for agent in agents.values():
             agent.start()
-        for node, agent in agents.items():
-            inventory = {"version": 1, "node": node, "capacityBytes": 10 * GB, "freeBytes": 10 * GB, "datasets": {}}
-            apiserver.create(make_node(node, annotations={"dsagent.io/inventory": json.dumps(inventory)}))
-            apiserver.create(agent_pod(node, ip=agent.host))
+        _eventually(lambda: all(_inventory(apiserver, node) for node in NODES), "every agent's inventory")
         status = {"digest": manifest.digest, "bytes": manifest.total_bytes, "files": len(files)}
         ds = make_dataset("imgs", namespace="ml", bundles=f"{store.url}/store", status=status)
         ds["spec"]["stripe"] = {"members": 3}
@@ -180,9 +191,13 @@ def _group(
                 "admin_token": ADMIN_TOKEN,
                 "agent_port": port,
                 "stripe_drain_timeout_s": 600,
+                # the controller's clock is moved past the drain bound by hand; the agents date
+                # their inventories by the wall clock: they must not look stale for that
+                "inventory_max_age": 3600,
             }
         )
         clock = Clock()
+        clock.now = time.time()  # the agents date their inventories by the wall clock
         ctl = DatasetController(api_client, settings, clock=clock)
         calls = _Observed(ctl.agent_call, agents, manifest.digest)  # the real one: HTTP to the agents
         ctl.agent_call = calls
@@ -191,6 +206,30 @@ def _group(
         for agent in agents.values():
             agent.stop()
         store.close()
+
+
+def _kubeconfig(tmp_path: Path, apiserver: FakeApiServer) -> Path:
+    path = tmp_path / "kubeconfig"
+    cluster = {"name": "fake", "cluster": {"server": apiserver.url}}
+    context = {"name": "fake", "context": {"cluster": "fake", "user": "agent"}}
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "fake", "clusters": [cluster],
+              "users": [{"name": "agent", "user": {"token": "t"}}], "contexts": [context]}  # fmt: skip
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def _inventory(apiserver: FakeApiServer, node: str) -> dict[str, Any] | None:
+    """What the node's agent last published (``dsagent.io/inventory``), None before it has."""
+    found = apiserver.get("nodes", node)
+    text = ((found or {}).get("metadata", {}).get("annotations") or {}).get("dsagent.io/inventory")
+    return json.loads(text) if text else None
+
+
+def _eventually(predicate: Callable[[], Any], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def _cordon_busiest(group: _Group, apiserver: FakeApiServer) -> tuple[list[str], str, list[str]]:
@@ -286,7 +325,7 @@ def test_a_leaving_agent_killed_mid_move_ends_the_drain_and_the_store_fills_in(
             after=nothing_ready_that_is_not_whole,
         )
         assert stripe["drain"]["state"] == "Ended" and stripe["drain"]["nodes"] == [leaving]
-        assert [n["node"] for n in stripe["nodes"]] == new
+        assert sorted(n["node"] for n in stripe["nodes"]) == sorted(new)  # the same group, in any order
         for node in new:
             share = _share(group.agents[node], group.manifest.digest)
             assert share is not None and share["complete"] and share["error"] is None
