@@ -43,7 +43,7 @@ from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.storage import translate_errors
 
 if TYPE_CHECKING:
-    from dsagent.format.manifest import FileEntry
+    from dsagent.format.entries import FileEntry
     from dsagent.format.tarstream import FrameReader
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
