@@ -49,6 +49,7 @@ import json
 import re
 import select
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -667,6 +668,13 @@ class _HTTPServer(ThreadingHTTPServer):
         with self.connections_lock:
             self.connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away before its answer (a watch closed, a process stopped)
+        is not an error of the server's: only anything else is printed."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
     def drop_connections(self) -> None:
         with self.connections_lock:

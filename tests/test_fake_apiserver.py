@@ -478,3 +478,34 @@ def test_leases_have_no_status_subresource(apiserver: FakeApiServer) -> None:
     apiserver.create(make_lease("job-a", namespace="ml", holder="gpu-roce1"))
     code, _ = send(apiserver, "GET", "/apis/coordination.k8s.io/v1/namespaces/ml/leases/job-a/status")
     assert code == 404
+
+
+@pytest.mark.parametrize(
+    ("error", "printed"), [(BrokenPipeError, False), (ConnectionResetError, False), (KeyError, True)]
+)
+def test_a_client_gone_before_its_answer_is_not_printed_as_a_server_error(
+    apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+    error: type[Exception], printed: bool,
+) -> None:  # fmt: skip
+    import urllib.error
+    import urllib.request
+
+    def fails(*args: Any) -> Any:
+        raise error("the test's")
+
+    monkeypatch.setattr(apiserver, "_handle", fails)
+    server = apiserver._httpd
+    assert server is not None
+    done = threading.Event()
+    real_shutdown = server.shutdown_request
+
+    def shutdown_request(request: Any) -> None:  # after handle_error, in the request's thread
+        real_shutdown(request)
+        done.set()
+
+    monkeypatch.setattr(server, "shutdown_request", shutdown_request)
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(f"{apiserver.url}/api/v1/nodes", timeout=5)
+    assert done.wait(5)
+    err = capfd.readouterr().err
+    assert ("Traceback" in err) is printed, err
