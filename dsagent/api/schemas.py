@@ -227,6 +227,10 @@ class StripeIn(_Strict):
     digest: str | None = Field(default=None, min_length=32, max_length=32, description="the version (default: current)")
     members: list[str] = Field(min_length=1, max_length=4096, description="the stripe group's node names")
     peers: dict[str, str] = Field(default_factory=dict, description="member node -> its agent's base URL")
+    no_share: list[str] = Field(
+        default_factory=list, max_length=4096, alias="noShare",
+        description="members that own no bundles: they read the others' through their window",
+    )  # fmt: skip
     storage_options: dict[str, Any] | None = Field(default=None, alias="storageOptions")
     ready_after: int = Field(default=1, ge=0, alias="readyAfter", description="own bundles held before readyEnough")
     lease_seconds: float | None = Field(

@@ -45,6 +45,7 @@ async def hold_stripe(name: str, body: StripeIn, svc: CacheService = Depends(ser
         body.store,
         body.members,
         body.peers,
+        no_share=body.no_share,
         digest=body.digest,
         storage_options=body.storage_options,
         ready_after=body.ready_after,

@@ -83,6 +83,7 @@ class _Share:
     last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
     readers: int = 0  # streams of its bundles to this node's readers now
     owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
+    no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
 
     @property
     def key(self) -> Key:
@@ -153,6 +154,7 @@ class StripeShares:
         members: Sequence[str],
         peers: Mapping[str, str],
         *,
+        no_share: Sequence[str] = (),
         digest: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         ready_after: int = 1,
@@ -164,13 +166,20 @@ class StripeShares:
         again within ``lease`` seconds (``stripe_lease`` by default) is dropped by
         :meth:`expire`, as a task's lease lapses. A changed group re-plans the share
         (bundles this node no longer owns are still served to their new owners for
-        ``stripe_handover`` seconds after this node's new share is held, then dropped)."""
+        ``stripe_handover`` seconds after this node's new share is held, then dropped).
+        ``no_share``: members that own no bundle (weight 0 in the owner rule): a job's node
+        with no room for a share but by evicting another version's last copy takes part so
+        that its pods read through its window (docs/design-striping.md#group); this node,
+        when listed, holds nothing and is complete at once."""
         lease = self.settings.stripe_lease if lease is None else lease
         if not 0 < lease <= 30 * 86400:
             raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
         node = self.settings.node_name
         if node not in members:
             raise InvalidInput(f"this node ({node}) is not a member of the stripe group", hint="list it in members")
+        shareless = frozenset(no_share)
+        if not shareless <= set(members) or shareless >= set(members):
+            raise InvalidInput("noShare lists members only, and not all of them", hint="some member must own bundles")
         self.settings.source_policy.check(store, storage_options)
         for member, url in peers.items():
             if not url.startswith(("http://", "https://")):
@@ -189,11 +198,13 @@ class StripeShares:
             [(b.digest, b.first, b.count, b.size) for b in manifest.bundles],
             manifest.entries.paths,
             [e.size for e in manifest.entries],
+            weights=dict.fromkeys(shareless, 0.0) or None,
         )
         key = (name, manifest.digest)
         share = self._shares.get(key)
         now = self.clock()
-        if share is not None and share.layout.members == layout.members and share.error is None:
+        same = share is not None and share.layout.members == layout.members and share.no_share == shareless
+        if share is not None and same and share.error is None:
             share.peers.update(peers)
             share.expires, share.last_used = now + lease, now
             await self.pools.work(self._remember, share)
@@ -210,7 +221,10 @@ class StripeShares:
         done = await self.pools.work(self._done_markers, key)
         # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
         await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
-        share = _Share(layout, manifest, store, storage_options, dict(peers), max(0, ready_after), owned=tuple(owned))
+        share = _Share(
+            layout, manifest, store, storage_options, dict(peers), max(0, ready_after), owned=tuple(owned),
+            no_share=shareless,
+        )  # fmt: skip
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
         await self.pools.work(self._prepare, share, done)
@@ -234,7 +248,8 @@ class StripeShares:
             path.unlink(missing_ok=True)
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
-                  "readyAfter": share.ready_after, "expiresAt": share.expires}  # fmt: skip
+                  "noShare": sorted(share.no_share), "readyAfter": share.ready_after,
+                  "expiresAt": share.expires}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
@@ -253,7 +268,7 @@ class StripeShares:
                     await self.pools.work(shutil.rmtree, path.parent, True)
                     continue
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
-                                ready_after=int(record.get("readyAfter", 1)),
+                                no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
                                 lease=min(left, self.settings.stripe_lease))  # fmt: skip
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
@@ -450,7 +465,9 @@ class StripeShares:
                 "sizeBytes": share.layout.total_bytes,
                 "heldBytes": sum(b.size for b in share.layout.bundles if b.digest in share.held),
                 "members": len(share.layout.members),
-                "group": list(share.layout.members),
+                # the owners only: a reader computes each bundle's owner over this list, and a
+                # member without a share owns nothing (weight 0 is the same as not listed)
+                "group": [m for m in share.layout.members if m not in share.no_share],
             }
         return out
 

@@ -20,8 +20,8 @@ The document::
                    (digest, state, inUse, sizeBytes of each) when more than one is cached
     stripes        name -> this node's share of a striped version (docs/design-striping.md):
                    digest, sizeBytes, heldBytes, members (the group's size) and group (the
-                   members' node names, from which any reader computes each bundle's owner;
-                   the annotation's budget drops it first)
+                   node names of the members that own bundles, from which any reader
+                   computes each bundle's owner; the annotation's budget drops it first)
     truncated      true when the annotation's budget dropped datasets
 
 A reader treats it as another party's JSON: bounded (:data:`ANNOTATION_MAX_BYTES`, or

@@ -242,3 +242,44 @@ def test_a_filling_shares_room_stays_taken_while_it_fills(
         space = operator.get("/v1/datasets").json()
         assert {d["name"] for d in space["datasets"]} == set(), space
         assert space["usedBytes"] <= capacity, space
+
+
+def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
+) -> None:
+    www, url, server = loopback
+    manifest = _store(www)
+    agent = _pod_agent(agent_factory, tmp_path)
+    pair = {"members": [NODE, "node-b"]}
+
+    def bundle_reads() -> int:
+        return sum(server.gets(lambda p: "/store/bundles/" in p).values())
+
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        # node-b owns every bundle; this node, without a share, holds nothing and is complete
+        answer = _hold(operator, url, **pair, noShare=[NODE])
+        assert answer.status_code == 200, answer.text
+        status = answer.json()
+        assert (status["bundlesOwned"], status["bytesHeld"], status["complete"]) == (0, 0, True)
+        time.sleep(0.5)
+        assert bundle_reads() == 0  # nothing fetched for a share it does not have
+        stripes = operator.get("/v1/inventory").json()["stripes"]
+        assert stripes["imgs"]["group"] == ["node-b"] and stripes["imgs"]["members"] == 2
+        # its pod still reads the version: through the window (node-b unreachable: the store)
+        mine = {"name": "imgs", "source": "memory://stripe-lease/none"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        bundle = manifest.bundles[0]
+        read = pod.get(f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}")
+        assert read.status_code == 200, read.text
+        with tarfile.open(fileobj=BytesIO(read.content)) as tar:
+            assert tar.getnames() == [e.path for e in manifest.bundle_entries(bundle)]
+        # the other way round: this node owns every bundle (a changed group re-plans the share)
+        assert _hold(operator, url, **pair, noShare=["node-b"]).status_code == 200
+        whole = _wait_complete(operator, manifest.digest)
+        assert whole["complete"] and whole["bundlesOwned"] == len(manifest.bundles)
+        assert operator.get("/v1/inventory").json()["stripes"]["imgs"]["group"] == [NODE]
+        # a member list that noShare does not fit is refused, and changes nothing
+        for wrong in (["node-c"], [NODE, "node-b"]):
+            refused = _hold(operator, url, **pair, noShare=wrong)
+            assert refused.status_code == 400 and "noShare" in refused.json()["message"], refused.text
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").json()["complete"]
