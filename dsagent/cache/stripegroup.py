@@ -16,9 +16,15 @@ order:
 
 1. the job's own nodes (its ranks then read their share from local disk);
 2. nodes that hold bundles of the version already (their share moves least), most bytes first;
-3. nodes with room for a share (free bytes at least ``ratio x S / k``) in the RoCE subnet of
-   the first member chosen, most free bytes first; then, only if the subnet has too few,
-   nodes with room anywhere.
+3. nodes with room for a share (at least ``ratio x S / k`` of free bytes and idle whole
+   copies that other nodes hold too) in the RoCE subnet of the first member chosen, most
+   room first; then, only if the subnet has too few, nodes with room anywhere.
+
+A node of the job joins **without a share** (it owns no bundle: weight 0 in the owner rule)
+when it holds nothing of the version and has no room for its share but by evicting the last
+copy of another version: that copy would be read from the store again the next time it is
+used, while its pods lose only local reads of their share. Another node with room owns in
+its place. A member keeps its part, share or none, while it stays.
 
 Members chosen before stay while they qualify (no flapping): a group change moves ~1/k of the
 bundles (rendezvous hashing), but every change moves some. They also keep their order: the
@@ -31,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dsagent.cache import eviction
 from dsagent.cache.eviction import LAST_COPY, REPLICATED, STRIPE_SHARE
@@ -46,6 +53,16 @@ class Candidate:
     held_bytes: int = 0  # bytes of the version's bundles it holds now
     subnet: str | None = None  # its RoCE subnet (class set), None: unknown
     cache_bytes: int = 0  # its whole cache
+    # what it can free without evicting the last copy of another version: free bytes and
+    # idle whole copies other nodes hold ready too (None: not known, taken as enough)
+    spare_bytes: int | None = None
+
+
+class Group(NamedTuple):
+    """The members in order, and those of them that own no bundle (weight 0)."""
+
+    members: list[str]
+    no_share: list[str]
 
 
 def choose_group(
@@ -54,48 +71,81 @@ def choose_group(
     size_bytes: int,
     job_nodes: Sequence[str] = (),
     before: Sequence[str] = (),
+    no_share_before: Sequence[str] = (),
     members: int | None = None,
     budget: float = 0.5,
     ratio: float = 1.2,
-) -> list[str]:
-    """The group's members, in the order chosen (fewer when fewer qualify; empty for no nodes).
+) -> Group:
+    """The group's members, in order (fewer when fewer qualify; none for no nodes), and
+    which of them own no bundle.
 
     ``members`` defaults to ``group_size(size, smallest cache)`` with ``budget``; a group has
     at least as many members as ``job_nodes`` among ``nodes`` (each is one). A node of the
     job or of ``before`` is taken without a room check (its share is the point of the group,
-    or is there already); any other needs ``ratio x size / k`` free bytes."""
+    or is there already); any other needs ``ratio x size / k`` bytes of room (``spare_bytes``
+    where known, else free bytes). A node of the job
+    that joins holding nothing of the version, and whose ``spare_bytes`` are short of its
+    share, joins without one: taking a share there would evict the last copy of another
+    version, which the store would then serve again. Its pods read through its window; a
+    node with room takes the share instead, so that ``members`` still own the version. A
+    member keeps its part (share or none) while it stays (``no_share_before``); at least one
+    member always owns."""
     if not nodes:
-        return []
+        return Group([], [])
     by_name = {n.name: n for n in nodes}
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
-    k = max(1, min(max(members, len({n for n in job_nodes if n in by_name})), len(nodes)))
+    job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
+    k = max(1, min(max(members, len(job)), len(nodes)))
     need = math.ceil(ratio * max(0, size_bytes) / k)
-    chosen: list[str] = []
+    kept = set(before) - set(no_share_before)
+    shareless = [
+        n for n in job
+        if n in no_share_before or (n not in kept and by_name[n].held_bytes == 0 and _short(by_name[n], need))
+    ]  # fmt: skip
+    # the owners: every other node of the job, and others up to the size rule's count
+    owners = max(1, min(max(members, len(job) - len(shareless)), len(nodes) - len(shareless)))
+    if len(job) == len(shareless) and len(nodes) == len(shareless):
+        shareless = []  # nobody else can own: the job's nodes take their shares after all
+        owners = len(nodes)
+    need = math.ceil(ratio * max(0, size_bytes) / owners)
+    chosen: list[str] = list(job)
 
     def take(name: str) -> None:
-        if name in by_name and name not in chosen and len(chosen) < k:
+        if name in by_name and name not in chosen and len(chosen) - len(shareless) < owners:
             chosen.append(name)
 
-    for name in job_nodes:
-        take(name)
     for name in sorted(before, key=lambda n: (-by_name[n].held_bytes if n in by_name else 0, n)):
-        take(name)
+        if name not in no_share_before:  # one that owned nothing leaves with its job
+            take(name)
     for node in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)):
         if node.held_bytes > 0:
             take(node.name)
     subnet = by_name[chosen[0]].subnet if chosen else None
-    roomy = sorted((n for n in nodes if n.free_bytes >= need), key=lambda n: (-n.free_bytes, n.name))
+    roomy = sorted((n for n in nodes if _room(n) >= need), key=lambda n: (-_room(n), n.name))
     for node in roomy:
         if subnet is None or node.subnet == subnet:
             take(node.name)
     for node in roomy:
         take(node.name)
+    if len(chosen) == len(shareless):
+        shareless = []  # no node could own: the job's nodes take their shares after all
     # the earlier members first, in their earlier order: the order is part of the group (a
     # rank's buckets are homed by position, dsplatform.stripe.bucket_of), and an agent takes a
     # reordered list for a new group; shares filling must not reorder it
-    return [n for n in before if n in chosen] + [n for n in chosen if n not in before]
+    ordered = [n for n in before if n in chosen] + [n for n in chosen if n not in before]
+    return Group(ordered, [n for n in ordered if n in shareless])
+
+
+def _room(node: Candidate) -> int:
+    """What a node can give a share without evicting a last copy (its free bytes where that
+    is not known)."""
+    return node.free_bytes if node.spare_bytes is None else node.spare_bytes
+
+
+def _short(node: Candidate, need: int) -> bool:
+    return node.spare_bytes is not None and node.spare_bytes < need
 
 
 def eviction_class(*, striped: bool, other_copies: int | None) -> int:
@@ -118,4 +168,6 @@ def eviction_order(candidates: Sequence[tuple[str, bool, int | None, float]]) ->
     ]
 
 
-__all__ = ["Candidate", "LAST_COPY", "REPLICATED", "STRIPE_SHARE", "choose_group", "eviction_class", "eviction_order"]
+__all__ = [
+    "Candidate", "Group", "LAST_COPY", "REPLICATED", "STRIPE_SHARE", "choose_group", "eviction_class", "eviction_order",
+]  # fmt: skip

@@ -39,6 +39,7 @@ from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
 from dsplatform import published
 from dsplatform.kubetime import format_time, parse_or_none
+from dsplatform.wire import inventory as wire_inventory
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
@@ -140,6 +141,7 @@ def stripe_status(
         n for n in dict.fromkeys([*old_members, *before]) if n in leaving_now and n in agent_urls and n in inventories
     ]
     candidates = []
+    copies = _ready_copies(inventories)
     for node in sorted(agent_urls):
         inv = inventories.get(node)
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
@@ -147,33 +149,45 @@ def stripe_status(
         held = ((inv.get("stripes") or {}).get(name) or {}).get("heldBytes")
         whole = (inv.get("datasets") or {}).get(name) or {}
         held_bytes = _int(held) or (_int(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
+        free = _int(inv.get("freeBytes"))
         candidates.append(
-            Candidate(node, _int(inv.get("freeBytes")), held_bytes, subnets.get(node), _int(inv.get("capacityBytes")))
-        )
-    members = choose_group(
+            Candidate(
+                node, free, held_bytes, subnets.get(node), _int(inv.get("capacityBytes")),
+                spare_bytes=free + _replicated_bytes(inv, copies),
+            )
+        )  # fmt: skip
+    shareless_before = [
+        str(r.get("node")) for r in (status.get("stripe") or {}).get("nodes") or []
+        if isinstance(r, dict) and r.get("share") is False
+    ]  # fmt: skip
+    members, no_share = choose_group(
         candidates,
         size_bytes=size,
         job_nodes=job,
         before=[n for n in before if n not in leaving_now],
+        no_share_before=shareless_before,
         members=None if mode == "auto" else int(mode),
     )
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
     _release(agent_call, dropped, name, status.get("digest"), who)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
-    body = {"store": store, "members": members, "peers": peers}
+    body: JSON = {"store": store, "members": members, "peers": peers}
+    if no_share:  # only then: an agent from before members without a share refuses the field
+        body["noShare"] = no_share
     if isinstance(status.get("digest"), str):
         body["digest"] = status["digest"]
     reports = []
     for node in members:
         answer = agent_call(node, "PUT", f"/v1/stripes/{name}", body, who)
+        part = {"share": False} if node in no_share else {}  # a member owning nothing says so
         if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
             reports.append({"node": node, "state": "unreachable" if answer is None else "failed",
-                            "bytesHeld": 0, "bytesOwned": 0})  # fmt: skip
+                            "bytesHeld": 0, "bytesOwned": 0, **part})  # fmt: skip
             continue
         share = answer[1]
         state = "ready" if share.get("complete") else "fetching"
         held, owned = _int(share.get("bytesHeld")), _int(share.get("bytesOwned"))
-        reports.append({"node": node, "state": state, "bytesHeld": held, "bytesOwned": owned})
+        reports.append({"node": node, "state": state, "bytesHeld": held, "bytesOwned": owned, **part})
     complete = bool(reports) and all(r["state"] == "ready" for r in reports)
     out: JSON = {"state": "Ready" if complete else "Filling", "members": len(members), "nodes": reports}
     drained = _drain(
@@ -183,6 +197,33 @@ def stripe_status(
     if drained or drain:
         out["drain"] = drained or dict(drain)
     return out
+
+
+def _ready_copies(inventories: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], int]:
+    """How many nodes hold each version (``name, digest``) whole and ready."""
+    counts: dict[tuple[str, str], int] = {}
+    for inv in inventories.values():
+        for key in _ready_versions(inv):
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _ready_versions(inv: Mapping[str, Any]) -> dict[tuple[str, str], tuple[int, bool]]:
+    """The versions a node holds whole and ready: ``(name, digest) -> (bytes, in use)``."""
+    found: dict[tuple[str, str], tuple[int, bool]] = {}
+    datasets = inv.get("datasets")
+    for name in datasets if isinstance(datasets, Mapping) else ():
+        for v in wire_inventory.versions_of(inv, name):
+            if v.get("state") == "ready" and isinstance(v.get("digest"), str):
+                found[(name, v["digest"])] = (_int(v.get("sizeBytes")), v.get("inUse") is True)
+    return found
+
+
+def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[tuple[str, str], int]) -> int:
+    """What a node could free without evicting the last copy of anything: its idle whole
+    copies that another node holds ready too (the first tier of the eviction order,
+    docs/design-striping.md#eviction)."""
+    return sum(size for key, (size, in_use) in _ready_versions(inv).items() if not in_use and copies.get(key, 0) > 1)
 
 
 def _drain(

@@ -126,10 +126,10 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     apiserver.create(ds)
     apiserver.create(make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "big"}))
     apiserver.create(make_pod("other-ns", namespace="x", node_name="n2", annotations={"dsagent.io/datasets": "big"}))
-    asked: list[tuple[str, str, str]] = []
+    asked: list[tuple[str, str, str, Any]] = []
 
     def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
-        asked.append((node, method, path))
+        asked.append((node, method, path, body))
         if method == "DELETE":
             return 200, {"name": "big", "released": [DIGEST]}
         return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 50 * GB}
@@ -138,21 +138,28 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     ctl = DatasetController(api_client, settings, clock=Clock())
     ctl.agent_call = agent
     ctl.reconcile_all()
-    members = [n["node"] for n in apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"]]
-    # the job's node although nearly full, then room in its subnet (not the roomier n2, n3)
-    assert members == ["n1", "n4", "n5"]
-    # fewer members: the dropped one is told to release its share
+    nodes = apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"]
+    members = [n["node"] for n in nodes]
+    # the job's node first although nearly full: a member, but without a share (10 GB free and
+    # nothing it could evict for a 60 GB share); then room in its subnet (not the roomier n2,
+    # n3), then, for the third owner, room anywhere
+    assert members == ["n1", "n4", "n5", "n2"]
+    assert [n["node"] for n in nodes if n.get("share") is False] == ["n1"]
+    puts = {node: body for node, method, path, body in asked if method == "PUT"}
+    assert all(body["noShare"] == ["n1"] and body["members"] == members for body in puts.values())
+    # fewer members: the dropped one is told to release its share; n1 stays without one
     apiserver.patch("datasets", "big", {"spec": {"stripe": {"members": 2}}}, "ml")
     asked.clear()
     ctl.reconcile_all()
     stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
-    assert [n["node"] for n in stripe["nodes"]] == ["n1", "n4"]
-    assert [a for a in asked if a[1] == "DELETE"] == [("n5", "DELETE", f"/v1/stripes/big?digest={DIGEST}")]
+    assert [n["node"] for n in stripe["nodes"]] == ["n1", "n4", "n2"]
+    assert [n["node"] for n in stripe["nodes"] if n.get("share") is False] == ["n1"]
+    assert [a[:3] for a in asked if a[1] == "DELETE"] == [("n5", "DELETE", f"/v1/stripes/big?digest={DIGEST}")]
     # striping switched off: every member releases its share
     apiserver.patch("datasets", "big", {"spec": {"stripe": None}}, "ml")
     asked.clear()
     ctl.reconcile_all()
-    assert sorted(node for node, method, _ in asked if method == "DELETE") == ["n1", "n4"]
+    assert sorted(node for node, method, *_ in asked if method == "DELETE") == ["n1", "n2", "n4"]
     assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["state"] == "Off"
 
 
