@@ -18,6 +18,10 @@ And the crash path: the leaving agent, serving slowly, is killed (SIGKILL) while
 moves and its pod goes; the drain ends (``Ended``), the new owners finish from the store,
 and no member is reported ready before its agent holds its share whole.
 
+And the choice of the group from what the agents publish: a job's node whose small cache
+holds another dataset's only copy joins without a share (docs/design-striping.md#group),
+keeps that copy, and reads the version through its window from the owners.
+
 The agents run in cluster mode against the fake API server: each publishes its own node's
 inventory (its room, and its share of the version once it holds one), and the controller
 chooses and keeps the group from those, as it does in a cluster; the leaving agent reads
@@ -143,7 +147,13 @@ def _reconcile_until(
 
 @contextlib.contextmanager
 def _group(
-    tmp_path: Path, apiserver: FakeApiServer, api_client: Any, *, env: dict[str, str] | None = None
+    tmp_path: Path,
+    apiserver: FakeApiServer,
+    api_client: Any,
+    *,
+    env: dict[str, str] | None = None,
+    node_env: dict[str, dict[str, str]] | None = None,
+    local_sources: tuple[Path, ...] = (),
 ) -> Iterator[_Group]:
     """48 files of 8-16 KB packed 2 to a bundle (24 bundles) in a store over HTTP, four agents,
     the Dataset with ``spec.stripe: {members: 3}``, and the controller; ``env`` is added to
@@ -169,8 +179,15 @@ def _group(
             tcp=True,
             host=f"127.0.0.{i + 2}",
             port=port,
-            env={"DSAGENT_NODE_NAME": node, "DSAGENT_PEER_TOKEN": TOKEN, **in_cluster, **(env or {})},
-        )
+            env={
+                "DSAGENT_NODE_NAME": node,
+                "DSAGENT_PEER_TOKEN": TOKEN,
+                **in_cluster,
+                **(env or {}),
+                **(node_env or {}).get(node, {}),
+            },
+            local_sources=local_sources,
+        )  # fmt: skip
         for i, node in enumerate(NODES)
     }
     try:
@@ -370,3 +387,46 @@ def test_a_move_past_its_bound_releases_the_leaving_share_and_the_store_fills_in
         # what did not come over P2P came from the store, each bundle once, and only its bundles
         added = _reads_since(group.store, reads_before)
         assert added and set(added) <= set(theirs) and all(n == 1 for n in added.values()), (added, theirs)
+
+
+def test_a_job_node_full_of_last_copies_joins_without_a_share_and_keeps_them(
+    tmp_path: Path, apiserver: FakeApiServer, api_client: Any
+) -> None:
+    from tests.fake_apiserver import make_pod
+
+    # n1 runs the job, and its small cache (400 KB) holds the only copy of another dataset
+    # (256 KB): it has less room than a share of imgs asks (1.2 x 576 KB / 3, the agent's
+    # headroom) but by evicting that copy
+    other = write_tree(tmp_path / "nfs" / "other", {f"o{i}.bin": random.Random(i).randbytes(64_000) for i in range(4)})
+    small = {"n1": {"DSAGENT_CAPACITY": "400KB"}}
+    with _group(tmp_path, apiserver, api_client, node_env=small, local_sources=(tmp_path / "nfs",)) as group:
+        n1 = group.agents["n1"]
+        with httpx.Client(base_url=n1.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60) as op:
+            body = {"datasets": [{"name": "other", "source": str(other)}]}
+            assert op.put("/v1/tasks/warm.other", params={"wait": 30}, json=body).status_code == 200
+            assert op.delete("/v1/tasks/warm.other").status_code == 200  # idle: evictable, and the last copy
+        _eventually(
+            lambda: ((_inventory(apiserver, "n1") or {}).get("datasets") or {}).get("other"), "n1's copy published"
+        )
+        apiserver.create(
+            make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "imgs"})
+        )
+
+        stripe = _reconcile_until(group, apiserver, lambda s: s.get("state") == "Ready")
+        nodes = {n["node"]: n for n in stripe["nodes"]}
+        assert nodes["n1"].get("share") is False and nodes["n1"]["bytesOwned"] == 0
+        owners = [n for n in nodes if n != "n1"]
+        assert len(owners) == 3  # the Dataset's three owners, none of them n1
+        assert sum(nodes[n]["bytesOwned"] for n in owners) == group.manifest.total_bytes
+        share = _share(n1, group.manifest.digest)
+        assert share is not None and share["complete"] and share["bundlesOwned"] == 0
+        # n1 kept the other dataset's only copy
+        with httpx.Client(base_url=n1.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60) as op:
+            assert [v["state"] for v in op.get("/v1/datasets/other").json()["versions"]] == ["ready"]
+            # and reads the version through its window, from the owners over P2P
+            before = _store_reads(group.store)
+            bundle = group.manifest.bundles[0]
+            read = op.get(f"/v1/stripes/imgs/{group.manifest.digest}/bundles/{bundle.digest}")
+            assert read.status_code == 200, read.text
+        assert _store_reads(group.store) == before  # not from the store
+        assert _store_reads(group.store) == {b.digest: 1 for b in group.manifest.bundles}
