@@ -31,6 +31,10 @@ def stripe() -> None:
 @click.option("--store", required=True, help="The bundle store holding the packed version.")
 @click.option("--member", "members", multiple=True, required=True, help="A node of the stripe group (repeat).")
 @click.option("--peer", "peers", multiple=True, metavar="NODE=URL", help="A member's agent base URL (repeat).")
+@click.option(
+    "--no-share", "no_share", multiple=True, metavar="NODE",
+    help="A member that owns no bundle: it reads through its window (repeat).",
+)  # fmt: skip
 @click.option("--digest", help="The version (default: the store's current one).")
 @click.option("--ready-after", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--lease", type=DURATION, default=None, help="Dropped unless held again within this long.")
@@ -41,6 +45,7 @@ def hold(
     store: str,
     members: tuple[str, ...],
     peers: tuple[str, ...],
+    no_share: tuple[str, ...],
     digest: str | None,
     ready_after: int,
     lease: float | None,
@@ -57,6 +62,8 @@ def hold(
             raise InvalidInput(f"--peer {spec!r} is not NODE=URL")
         urls[node] = url
     body: dict[str, Any] = {"store": store, "members": list(members), "peers": urls, "readyAfter": ready_after}
+    if no_share:
+        body["noShare"] = list(no_share)
     if digest:
         body["digest"] = digest
     if lease is not None:

@@ -8,6 +8,7 @@ test process is also a pod of the node (its cgroup names a kubepods pod UID, as 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -283,3 +284,16 @@ def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(
             refused = _hold(operator, url, **pair, noShare=wrong)
             assert refused.status_code == 400 and "noShare" in refused.json()["message"], refused.text
         assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").json()["complete"]
+    # from dsctl, and kept across a restart (the share's record names the members without one)
+    held = _dsctl(agent, "stripe", "hold", "imgs", "--store", f"{url}/store", "--member", NODE, "--member", "node-b",
+                  "--no-share", NODE, "-o", "json")  # fmt: skip
+    assert held.returncode == 0, held.stderr
+    assert json.loads(held.stdout)["bundlesOwned"] == 0
+    agent.stop()
+    agent.start()
+    with unix_client(agent, ADMIN_TOKEN) as operator:
+        deadline = time.monotonic() + 30
+        while (again := operator.get(f"/v1/stripes/imgs/{manifest.digest}")).status_code != 200:
+            assert time.monotonic() < deadline, again.text
+            time.sleep(0.1)
+        assert (again.json()["bundlesOwned"], again.json()["complete"]) == (0, True)
