@@ -8,8 +8,10 @@ member's share with a leased ``PUT /v1/stripes/<name>`` it renews each pass, as 
 are held with renewed tasks (docs/design.md#replication). A node's agent orders its eviction candidates with
 :func:`eviction_class`. Nothing here reads the clock or the cluster.
 
-The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), or the
-``members`` a Dataset asks for, and at least every node of the job: a pod reads a striped
+The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), or as
+many as the first member's RoCE subnet has nodes where that is more (at most one per
+bundle: ``spec.stripe: auto``), or the ``members`` a Dataset asks for, and at least every
+node of the job: a pod reads a striped
 version through its own node's share (its agent serves it the others' bundles through the
 window), so a job's node left out of the group would have nothing to read through. In this
 order:
@@ -75,12 +77,17 @@ def choose_group(
     members: int | None = None,
     budget: float = 0.5,
     ratio: float = 1.2,
+    bundle_bytes: int | None = None,
 ) -> Group:
     """The group's members, in order (fewer when fewer qualify; none for no nodes), and
     which of them own no bundle.
 
-    ``members`` defaults to ``group_size(size, smallest cache)`` with ``budget``; a group has
-    at least as many members as ``job_nodes`` among ``nodes`` (each is one). A node of the
+    ``members`` defaults (``spec.stripe: auto``) to ``group_size(size, smallest cache)`` with
+    ``budget``, or, where it is more, to as many members as the first member's RoCE subnet
+    has nodes, at most one per bundle (``bundle_bytes``: the pack's bundle cap): the group is
+    spread as a JuiceFS cache group or an Alluxio runtime spreads its blocks, so that many
+    members serve the readers at once and each share is small. A group has at least as
+    many members as ``job_nodes`` among ``nodes`` (each is one). A node of the
     job or of ``before`` is taken without a room check (its share is the point of the group,
     or is there already); any other needs ``ratio x size / k`` bytes of room (``spare_bytes``
     where known, else free bytes). A node of the job
@@ -93,10 +100,16 @@ def choose_group(
     if not nodes:
         return Group([], [])
     by_name = {n.name: n for n in nodes}
+    job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
-    job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
+        holders = [n.name for n in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)) if n.held_bytes > 0]
+        anchor = next(iter([*job, *(n for n in before if n in by_name), *holders]), None)
+        subnet = by_name[anchor].subnet if anchor is not None else None
+        if subnet is not None and bundle_bytes:
+            spread = min(sum(1 for n in nodes if n.subnet == subnet), math.ceil(size_bytes / bundle_bytes))
+            members = max(members, spread)
     k = max(1, min(max(members, len(job)), len(nodes)))
     need = math.ceil(ratio * max(0, size_bytes) / k)
     kept = set(before) - set(no_share_before)

@@ -37,6 +37,7 @@ from dsagent.cluster.datasets import parse_stripe
 from dsagent.cluster.leaving import draining
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
+from dsagent.format.bundle import DEFAULT_MAX_BYTES
 from dsplatform import published
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
@@ -167,6 +168,7 @@ def stripe_status(
         before=[n for n in before if n not in leaving_now],
         no_share_before=shareless_before,
         members=None if mode == "auto" else int(mode),
+        bundle_bytes=DEFAULT_MAX_BYTES,  # the bundles' count is not in the status: the pack's cap bounds it
     )
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
     _release(agent_call, dropped, name, status.get("digest"), who)
