@@ -142,7 +142,7 @@ class Dataset:
 
 
 def parse_stripe(value: object) -> int | str | None:
-    """``spec.stripe``: ``"auto"`` (the size rule), ``{"members": N}`` (1..4096), else None
+    """``spec.stripe``: ``"auto"`` (the size rule, spread over a subnet), ``{"members": N}`` (1..4096), else None
     (off; docs/design-striping.md#group)."""
     if value == "auto":
         return "auto"
