@@ -22,6 +22,7 @@ import yaml
 from dsagent.api.client import AgentClient
 from dsagent.cli.agent import STOP_DEADLINE
 from dsagent.errors import AgentUnreachable, NotFound
+from tests.dsagent.harness import unix_socket_listening
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 
 pytestmark = pytest.mark.slow
@@ -86,6 +87,8 @@ def running_agent(apiserver: FakeApiServer, tmp_path: Path, extra: dict[str, str
 
     def healthy() -> bool:
         assert process.poll() is None, (tmp_path / "agent.log").read_text()
+        if not unix_socket_listening(sockets / "dsagent.sock"):  # httpcore leaks a refused socket
+            return False
         try:
             return bool(client.health())
         except AgentUnreachable:
