@@ -95,8 +95,9 @@ def choose_group(
     share, joins without one: taking a share there would evict the last copy of another
     version, which the store would then serve again. Its pods read through its window; a
     node with room takes the share instead, so that ``members`` still own the version. A
-    member keeps its part (share or none) while it stays (``no_share_before``); at least one
-    member always owns."""
+    member keeps its part (share or none) while it stays (``no_share_before``). Where too
+    few other nodes have room to own in their place, the job's nodes take their shares
+    after all (a share larger than its owner's room checked would be refused)."""
     if not nodes:
         return Group([], [])
     by_name = {n.name: n for n in nodes}
@@ -110,18 +111,39 @@ def choose_group(
         if subnet is not None and bundle_bytes:
             spread = min(sum(1 for n in nodes if n.subnet == subnet), math.ceil(size_bytes / bundle_bytes))
             members = max(members, spread)
+    group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
+    if group is None:  # too few other nodes have room to own in their place
+        group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=False)
+    assert group is not None
+    return group
+
+
+def _choose(
+    by_name: dict[str, Candidate],
+    nodes: Sequence[Candidate],
+    job: list[str],
+    before: Sequence[str],
+    no_share_before: Sequence[str],
+    members: int,
+    size_bytes: int,
+    ratio: float,
+    *,
+    without_share: bool,
+) -> Group | None:
+    """:func:`choose_group`'s choice for ``members`` wanted; None when some of the job's nodes
+    would join without a share (``without_share``) but too few others can own instead."""
     k = max(1, min(max(members, len(job)), len(nodes)))
     need = math.ceil(ratio * max(0, size_bytes) / k)
     kept = set(before) - set(no_share_before)
     shareless = [
         n for n in job
-        if n in no_share_before or (n not in kept and by_name[n].held_bytes == 0 and _short(by_name[n], need))
+        if without_share
+        and (n in no_share_before or (n not in kept and by_name[n].held_bytes == 0 and _short(by_name[n], need)))
     ]  # fmt: skip
     # the owners: every other node of the job, and others up to the size rule's count
     owners = max(1, min(max(members, len(job) - len(shareless)), len(nodes) - len(shareless)))
-    if len(job) == len(shareless) and len(nodes) == len(shareless):
-        shareless = []  # nobody else can own: the job's nodes take their shares after all
-        owners = len(nodes)
+    if shareless and len(nodes) == len(shareless):
+        return None
     need = math.ceil(ratio * max(0, size_bytes) / owners)
     chosen: list[str] = list(job)
 
@@ -142,8 +164,8 @@ def choose_group(
             take(node.name)
     for node in roomy:
         take(node.name)
-    if len(chosen) == len(shareless):
-        shareless = []  # no node could own: the job's nodes take their shares after all
+    if shareless and len(chosen) - len(shareless) < owners:
+        return None
     # the earlier members first, in their earlier order: the order is part of the group (a
     # rank's buckets are homed by position, dsplatform.stripe.bucket_of), and an agent takes a
     # reordered list for a new group; shares filling must not reorder it

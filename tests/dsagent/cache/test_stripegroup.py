@@ -165,3 +165,11 @@ def test_auto_spreads_over_the_first_members_subnet_at_most_one_member_a_bundle(
     unknown = [replace(n, subnet=None) for n in nodes]
     assert len(_members(unknown, size_bytes=3 * TB, job_nodes=["a"], bundle_bytes=800 * 10**6)) == 2
     assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], members=2, bundle_bytes=800 * 10**6)) == 2
+
+
+def test_a_job_node_owns_after_all_when_too_few_others_have_room() -> None:
+    # e is short of room; in its place two owners would hold 3.6 TB each, which only c has
+    # room for: the group is chosen as before, e with a share, a third of the version each
+    nodes = [n for n in _job_node_without_room() if n.name in ("a", "c", "e")]
+    group = choose_group(nodes, size_bytes=6 * TB, job_nodes=["e"], members=3)
+    assert group == (["e", "c", "a"], [])
