@@ -163,6 +163,45 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["state"] == "Off"
 
 
+def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, api_client: Any) -> None:
+    from tests.fake_apiserver import make_pod
+
+    # 3.2 GB: four bundles at the pack's 800 MB cap; the size rule asks for one member. The
+    # job's node n1 shares its RoCE subnet with n2 and n3; n4 and n5 sit on another.
+    subnet = {"n1": "10.1.0", "n2": "10.1.0", "n3": "10.1.0", "n4": "10.2.0", "n5": "10.2.0"}
+    for node in subnet:
+        annotations = {
+            "dsagent.io/inventory": _inventory(node, free=90 * GB),
+            "dsagent.io/topology": _topology(subnet[node]),
+        }
+        apiserver.create(make_node(node, annotations=annotations))
+        apiserver.create(agent_pod(node))
+    ds = make_dataset(
+        "big", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 3_200_000_000}
+    )
+    ds["spec"]["stripe"] = "auto"
+    apiserver.create(ds)
+    apiserver.create(make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "big"}))
+    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
+    ctl = DatasetController(api_client, settings, clock=Clock())
+    ctl.agent_call = lambda *args: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": GB})
+    ctl.reconcile_all()
+    stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
+    # every node of the subnet (three, fewer than the four bundles), the job's first
+    assert [n["node"] for n in stripe["nodes"]] == ["n1", "n2", "n3"] and stripe["members"] == 3
+    # a version of two bundles: at most a member a bundle
+    ds2 = make_dataset(
+        "small", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 1_600_000_000}
+    )
+    ds2["spec"]["stripe"] = "auto"
+    apiserver.create(ds2)
+    apiserver.create(make_pod("train-1", namespace="ml", node_name="n4", annotations={"dsagent.io/datasets": "small"}))
+    ctl.reconcile_all()
+    small = apiserver.get("datasets", "small", "ml")["status"]["stripe"]
+    assert len(small["nodes"]) == 2 and small["nodes"][0]["node"] == "n4"
+    assert {n["node"] for n in small["nodes"]} <= {"n4", "n5"}  # in n4's subnet
+
+
 class _Agents:
     """Agents as the controller sees them: each member's share completes ``passes`` passes
     after it is first asked to hold a new group; released shares are recorded."""
