@@ -56,15 +56,9 @@ from dsagent.format.manifest import (
     manifest_path,
 )
 from dsagent.format.packparallel import SEGMENT_MIN_BYTES, compress_into
-from dsagent.format.packwriter import (
-    BundleWriter,
-    named,
-    store_new_bundle,
-    store_object,
-    stored_size,
-    tar_header,
-)
+from dsagent.format.packwriter import BundleWriter, tar_header
 from dsagent.format.storage import resolve_local_first, translate_errors
+from dsagent.format.storeobjects import named, store_new_bundle, store_object, stored_size
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem

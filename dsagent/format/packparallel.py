@@ -2,7 +2,7 @@
 on several processes when the bundle is large.
 
 Who calls it: :mod:`dsagent.format.bundle` (:func:`compress_into` gives the ``fill`` that
-:func:`dsagent.format.packwriter.store_object` writes an object with). What it owns: the
+:func:`dsagent.format.storeobjects.store_object` writes an object with). What it owns: the
 stages after the reader (:class:`~dsagent.format.packwriter.BundleWriter`): the frame
 encoder (:mod:`dsagent.format.frames`), the write-behind thread, and cutting a large
 bundle of a local source into segments packed by forked processes (:class:`_Segment`).
@@ -17,7 +17,8 @@ from typing import Any
 from dsagent.errors import SourceUnavailable
 from dsagent.format.frames import FrameWriter
 from dsagent.format.manifest import CHUNK_SIZE, FileEntry
-from dsagent.format.packwriter import BundleWriter, CountingWriter, WriteBehind
+from dsagent.format.packwriter import BundleWriter, WriteBehind
+from dsagent.format.storeobjects import CountingWriter
 
 #: A bundle this large (and with this many files) is packed in segments by forked processes.
 SEGMENT_MIN_BYTES = 64 << 20

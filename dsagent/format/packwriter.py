@@ -13,44 +13,36 @@ which bundles to write and in what order). What it owns:
   thread opens, reads and hashes the files into pooled buffers, the calling thread hands
   each full buffer to the frame encoder (:mod:`dsagent.format.frames`: raw blocks where
   zstd would not shrink them, libzstd elsewhere, on several threads when asked), and a
-  write-behind thread writes the frames to the store;
-- **atomic objects** (:func:`store_object`, :func:`store_new_bundle`): temp, fsync, rename
-  on local disks; one PUT on object stores.
+  write-behind thread writes the frames to the store object
+  (:mod:`dsagent.format.storeobjects`, which makes it appear whole or not at all).
 """
 
 from __future__ import annotations
 
 import copy
-import errno
 import functools
 import os
 import queue
 import tarfile
 import threading
-import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from dsagent.errors import InsufficientSpace, IntegrityError
+from dsagent.errors import IntegrityError
 from dsagent.format import native as native_loops
-from dsagent.format.durable import fsync_dir
 from dsagent.format.hashing import ReadBuffer, read_buffer
 from dsagent.format.manifest import (
-    BUNDLES_DIR,
     CHUNK_SIZE,
-    EntryTable,
-    EntryTableBuilder,
     FileEntry,
     Progress,
-    bundle_digest,
-    bundle_path,
 )
 from dsagent.format.storage import open_whole, translate_errors
+from dsagent.format.storeobjects import CountingWriter
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
 from dsagent.format.walk import is_local
 
@@ -64,51 +56,8 @@ PREFETCH_THREADS = 16
 #: Pack pipeline: buffers of ``CHUNK_SIZE`` bytes between a bundle's reader thread and the
 #: frame encoder (so at most 8 MiB read ahead per bundle being written).
 PIPELINE_BUFFERS = 8
-#: pieces one ``writev`` takes (POSIX guarantees at least 16; Linux takes 1,024)
-_IOV_MAX = 1024
 _BLOCK = tarfile.BLOCKSIZE
 _ZEROS = bytes(2 * tarfile.RECORDSIZE)
-
-
-class CountingWriter:
-    """Counts the compressed bytes zstd writes into the store object."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.written = 0
-
-    def write(self, data: bytes) -> int:
-        self.raw.write(data)
-        self.written += len(data)
-        return len(data)
-
-    def writev(self, pieces: Sequence[bytes | memoryview]) -> None:
-        """Write ``pieces`` in order: one ``writev`` into a local file, else joined first."""
-        size = sum(len(piece) for piece in pieces)
-        try:
-            fd = self.raw.fileno()
-        except (AttributeError, OSError, ValueError):  # an object store's file, or a Python buffer
-            self.raw.write(b"".join(pieces))
-        else:
-            self.raw.flush()  # anything buffered goes first (writes through write() are)
-            _writev_all(fd, pieces, size)
-        self.written += size
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-
-def _writev_all(fd: int, pieces: Sequence[bytes | memoryview], size: int) -> None:
-    """``os.writev`` until every byte of ``pieces`` is written (a short write goes on)."""
-    views = [memoryview(piece) for piece in pieces]
-    while size:
-        done = os.writev(fd, views[:_IOV_MAX])
-        size -= done
-        while views and done >= len(views[0]):
-            done -= len(views[0])
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]
 
 
 def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 20) -> Generator[bytes, None, None]:
@@ -444,30 +393,6 @@ def _next_full(full: queue.SimpleQueue[Any], out: Any) -> Any:
     return full.get()
 
 
-def _write_synced(tmp: str, fill: Any, what: str) -> int:
-    """Write the new local file ``tmp`` with ``fill(stream)`` and fsync it; removed again on failure."""
-    try:
-        with open(tmp, "xb") as raw:
-            counter = CountingWriter(raw)
-            fill(counter)
-            raw.flush()
-            os.fsync(raw.fileno())
-    except BaseException as exc:
-        _remove_temporary(tmp)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientSpace(
-                f"no space left in the bundle store for {what}: {exc}", hint="free space in the store"
-            ) from exc
-        raise
-    return counter.written
-
-
-def _remove_temporary(tmp: str) -> None:
-    with translate_errors(f"temporary {tmp!r}"):
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _native_failure(entry: FileEntry, status: int, detail: int, location: str) -> Exception:
     """The error the Python loop raises where the C reader stopped on ``entry``."""
     if status == native_loops.FILL_ERRNO:
@@ -487,25 +412,6 @@ def _changed_after_digest(entry: FileEntry) -> IntegrityError:
 
 def _changed_while_packed(entry: FileEntry) -> IntegrityError:
     return IntegrityError(f"{entry.path!r} changed while it was packed", hint="pack again once the source is quiet")
-
-
-def store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
-    """Write one object atomically with ``fill(stream)``; the number of bytes written."""
-    if is_local(fs):
-        directory, _, base = path.rpartition("/")
-        tmp = f"{directory}/.{base}.{uuid.uuid4().hex}.tmp"
-        written = _write_synced(tmp, fill, base)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            _remove_temporary(tmp)
-            raise
-        fsync_dir(directory)
-        return written
-    with fs.open(path, "wb") as raw:  # object stores publish an object only on a completed close
-        counter = CountingWriter(raw)
-        fill(counter)
-    return counter.written
 
 
 class WriteBehind:
@@ -568,75 +474,3 @@ class WriteBehind:
             self._thread.join()
         if self._failure:
             raise self._failure[0]
-
-
-def store_new_bundle(
-    fs: AbstractFileSystem, root: str, members: Sequence[FileEntry], fill: Any
-) -> tuple[str, int, list[str], bool]:
-    """Write a bundle whose name is known only once it is written (the one-pass pack).
-
-    ``fill`` writes into a temporary object in ``bundles/`` and returns the members'
-    digests; the object is then renamed to ``bundles/<bundle digest>.tar.zst``, or dropped
-    when the store already holds that bundle (same members, same bytes: the one there is
-    kept, as :func:`write_bundles` keeps it). Local stores: fsync, rename, fsync of the
-    directory, as :func:`store_object`; object stores: one PUT of the temporary object and
-    a server-side move. Returns ``(bundle digest, stored size, member digests, whether it
-    was new to the store)``.
-    """
-    directory = f"{root.rstrip('/')}/{BUNDLES_DIR}"
-    tmp = f"{directory}/.pack-{uuid.uuid4().hex}.tmp"
-    digests: list[str] = []
-
-    def record(raw: CountingWriter) -> None:
-        digests.extend(fill(raw))
-
-    if is_local(fs):
-        size = _write_synced(tmp, record, "a new bundle")
-        try:
-            digest = bundle_digest(named(members, digests))
-            path = bundle_path(root, digest)
-            new = not os.path.exists(path)
-            if new:
-                os.replace(tmp, path)
-                fsync_dir(directory)
-            else:
-                os.unlink(tmp)
-        except BaseException:
-            _remove_temporary(tmp)
-            raise
-        return digest, size, digests, new
-    try:
-        size = store_object(fs, tmp, record)
-        digest = bundle_digest(named(members, digests))
-        path = bundle_path(root, digest)
-        new = stored_size(fs, path) is None
-        if new:
-            fs.mv(tmp, path)
-        else:
-            fs.rm(tmp)
-    except BaseException:
-        try:
-            if fs.exists(tmp):
-                fs.rm(tmp)
-        except Exception:  # noqa: BLE001 - the first failure is the one to report
-            pass
-        raise
-    return digest, size, digests, new
-
-
-def named(members: Sequence[FileEntry], digests: Sequence[str]) -> EntryTable:
-    """``members`` with the digests read while packing them (a table: built column-wise,
-    with no object a file, for the bundle digest of a one-pass pack)."""
-    if len(digests) != len(members):
-        raise ValueError(f"{len(digests)} digests for {len(members)} members")
-    table = EntryTableBuilder()
-    table.add([e.path for e in members], [e.size for e in members], [e.mtime_ns for e in members], list(digests))
-    return table.build()
-
-
-def stored_size(fs: AbstractFileSystem, path: str) -> int | None:
-    """The size of a stored object, or None when it is absent (one round trip)."""
-    try:
-        return int(fs.size(path))
-    except FileNotFoundError:
-        return None

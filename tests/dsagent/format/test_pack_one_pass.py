@@ -10,7 +10,7 @@ import pytest
 
 from dsagent.cli import main
 from dsagent.errors import IntegrityError
-from dsagent.format import packwriter
+from dsagent.format import storeobjects
 from dsagent.format.bundle import pack_dataset, unpack, verify_tree, write_bundles
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
@@ -162,7 +162,7 @@ def test_a_full_store_during_a_one_pass_pack_leaves_no_object(tmp_path: Path, mo
         def flush(self) -> None:
             pass
 
-    monkeypatch.setattr(packwriter, "CountingWriter", Full)
+    monkeypatch.setattr(storeobjects, "CountingWriter", Full)
     with pytest.raises(InsufficientSpace):
         pack_dataset(src, tmp_path / "store", name="d")
     assert list((tmp_path / "store" / "bundles").iterdir()) == []

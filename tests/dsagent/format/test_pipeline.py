@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import InsufficientSpace, IntegrityError
-from dsagent.format import packwriter
+from dsagent.format import packwriter, storeobjects
 from dsagent.format.bundle import pack, unpack, write_bundles
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import FileEntry, bundle_path
@@ -153,8 +153,8 @@ def test_a_full_store_stops_every_stage_and_leaves_no_object(tmp_path: Path, mon
     def full_vector(self: object, pieces: list[bytes]) -> None:
         full(self, b"".join(pieces))
 
-    monkeypatch.setattr(packwriter.CountingWriter, "write", full)
-    monkeypatch.setattr(packwriter.CountingWriter, "writev", full_vector)
+    monkeypatch.setattr(storeobjects.CountingWriter, "write", full)
+    monkeypatch.setattr(storeobjects.CountingWriter, "writev", full_vector)
     with pytest.raises(InsufficientSpace):
         write_bundles(manifest, src, tmp_path / "store")
     assert _pipeline_threads() == []  # every stage ended
@@ -240,11 +240,11 @@ def test_a_vector_write_cut_short_goes_on_where_it_stopped(tmp_path: Path, monke
                 break
         return real(fd, cut)
 
-    monkeypatch.setattr(packwriter.os, "writev", short)
+    monkeypatch.setattr(storeobjects.os, "writev", short)
     pieces = [os.urandom(n) for n in (0, 1, 999, 1000, 1001, 5000, 3)]
     with open(tmp_path / "out", "wb") as raw:
         raw.write(b"head")  # buffered by the file object: written before the vector
-        counter = packwriter.CountingWriter(raw)
+        counter = storeobjects.CountingWriter(raw)
         counter.writev([memoryview(p) for p in pieces])
     assert (tmp_path / "out").read_bytes() == b"head" + b"".join(pieces)
     assert counter.written == sum(map(len, pieces))
@@ -253,7 +253,7 @@ def test_a_vector_write_cut_short_goes_on_where_it_stopped(tmp_path: Path, monke
 
 def test_a_vector_write_into_a_buffer_without_a_file_is_joined() -> None:
     raw = io.BytesIO()
-    counter = packwriter.CountingWriter(raw)
+    counter = storeobjects.CountingWriter(raw)
     counter.writev([b"ab", memoryview(b"cd"), b""])
     assert raw.getvalue() == b"abcd"
     assert counter.written == 4
