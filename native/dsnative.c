@@ -81,6 +81,11 @@ static void canonical(xxh128_hash h, unsigned char *out) {
     }
 }
 
+/* A stat time in nanoseconds, as os.stat_result's st_*_ns give it. */
+static long long ns_of(struct timespec t) {
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
 static ssize_t read_full(int fd, unsigned char *buf, size_t want) {
     ssize_t n;
     do {
@@ -107,7 +112,7 @@ static int hash_one(int dir_fd, const char *name, unsigned char *buf, size_t cap
         return e;
     }
     *expected = (long long)st.st_size;
-    row->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    row->mtime_ns = ns_of(st.st_mtim);
     size_t first = (size_t)st.st_size < cap ? (size_t)st.st_size + 1 : cap;
     ssize_t n = read_full(fd, buf, first);
     if (n < 0) {

@@ -83,9 +83,9 @@ static int read_listing(const char *path, listing *l) {
         if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
         row->regular = 1;
         row->size = (long long)st.st_size;
-        row->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        row->mtime_ns = ns_of(st.st_mtim);
         row->inode = (long long)st.st_ino;
-        row->ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+        row->ctime_ns = ns_of(st.st_ctim);
     }
     closedir(dir);
     if (err == 0 && l->count > 1) {

@@ -11,8 +11,9 @@
  * not plain UTF-8 (it holds surrogates: the caller's Python loop encodes it).
  */
 
+static const char hex_digits[] = "0123456789abcdef";
+
 static char *escaped_into(char *out, const char *path, Py_ssize_t length) {
-    static const char hex[] = "0123456789abcdef";
     for (Py_ssize_t i = 0; i < length; i++) {
         unsigned char c = (unsigned char)path[i];
         if (c >= 0x20 && c != '"' && c != '\\') {
@@ -32,8 +33,8 @@ static char *escaped_into(char *out, const char *path, Py_ssize_t length) {
             *out++ = 'u';
             *out++ = '0';
             *out++ = '0';
-            *out++ = hex[c >> 4];
-            *out++ = hex[c & 15];
+            *out++ = hex_digits[c >> 4];
+            *out++ = hex_digits[c & 15];
         }
     }
     return out;
@@ -41,7 +42,6 @@ static char *escaped_into(char *out, const char *path, Py_ssize_t length) {
 
 static PyObject *entry_lines(PyObject *self, PyObject *args) {
     (void)self;
-    static const char hex[] = "0123456789abcdef";
     PyObject *paths;
     Py_buffer sizes = {0}, mtimes = {0}, digests = {0};
     PyObject *result = NULL;
@@ -84,8 +84,8 @@ static PyObject *entry_lines(PyObject *self, PyObject *args) {
         out = escaped_into(out, path, length);
         out += sprintf(out, "\",%llu,%lld,\"", size[i], mtime[i]);
         for (int b = 0; b < 16; b++) {
-            *out++ = hex[digest[16 * i + b] >> 4];
-            *out++ = hex[digest[16 * i + b] & 15];
+            *out++ = hex_digits[digest[16 * i + b] >> 4];
+            *out++ = hex_digits[digest[16 * i + b] & 15];
         }
         *out++ = '"';
         *out++ = ']';

@@ -102,7 +102,7 @@ static int finish_file(TarReader *r, long long *a, long long *b) {
             *b = errno;
             status = TR_ERRNO;
         } else if ((unsigned long long)st.st_size != r->sizes[i] ||
-                   (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != r->mtimes[i]) {
+                   ns_of(st.st_mtim) != r->mtimes[i]) {
             status = TR_CHANGED;
         }
     }
