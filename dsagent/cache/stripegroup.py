@@ -105,8 +105,7 @@ def choose_group(
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
-        holders = [n.name for n in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)) if n.held_bytes > 0]
-        anchor = next(iter([*job, *(n for n in before if n in by_name), *holders]), None)
+        anchor = next(iter([*job, *(n for n in before if n in by_name), *_holders(nodes)]), None)
         subnet = by_name[anchor].subnet if anchor is not None else None
         if subnet is not None and bundle_bytes:
             spread = min(sum(1 for n in nodes if n.subnet == subnet), math.ceil(size_bytes / bundle_bytes))
@@ -154,9 +153,8 @@ def _choose(
     for name in sorted(before, key=lambda n: (-by_name[n].held_bytes if n in by_name else 0, n)):
         if name not in no_share_before:  # one that owned nothing leaves with its job
             take(name)
-    for node in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)):
-        if node.held_bytes > 0:
-            take(node.name)
+    for name in _holders(nodes):
+        take(name)
     subnet = by_name[chosen[0]].subnet if chosen else None
     roomy = sorted((n for n in nodes if _room(n) >= need), key=lambda n: (-_room(n), n.name))
     for node in roomy:
@@ -171,6 +169,11 @@ def _choose(
     # reordered list for a new group; shares filling must not reorder it
     ordered = [n for n in before if n in chosen] + [n for n in chosen if n not in before]
     return Group(ordered, [n for n in ordered if n in shareless])
+
+
+def _holders(nodes: Sequence[Candidate]) -> list[str]:
+    """The nodes holding bytes of the version, most first."""
+    return [n.name for n in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)) if n.held_bytes > 0]
 
 
 def _room(node: Candidate) -> int:

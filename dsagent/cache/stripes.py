@@ -203,8 +203,8 @@ class StripeShares:
         key = (name, manifest.digest)
         share = self._shares.get(key)
         now = self.clock()
-        same = share is not None and share.layout.members == layout.members and share.no_share == shareless
-        if share is not None and same and share.error is None:
+        same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
+        if share is not None and same_group and share.error is None:
             share.peers.update(peers)
             share.expires, share.last_used = now + lease, now
             await self.pools.work(self._remember, share)
