@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from dsagent.cache.copies import count_copies
 from dsagent.cache.stripegroup import Candidate, choose_group
 from dsagent.cluster.datasets import parse_stripe
 from dsagent.cluster.leaving import draining
@@ -142,7 +143,7 @@ def stripe_status(
         n for n in dict.fromkeys([*old_members, *before]) if n in leaving_now and n in agent_urls and n in inventories
     ]
     candidates = []
-    copies = _ready_copies(inventories)
+    copies = count_copies(inventories.values())  # ready copies a version, as the eviction's ConfigMap counts them
     for node in sorted(agent_urls):
         inv = inventories.get(node)
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
@@ -199,15 +200,6 @@ def stripe_status(
     if drained or drain:
         out["drain"] = drained or dict(drain)
     return out
-
-
-def _ready_copies(inventories: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], int]:
-    """How many nodes hold each version (``name, digest``) whole and ready."""
-    counts: dict[tuple[str, str], int] = {}
-    for inv in inventories.values():
-        for key in _ready_versions(inv):
-            counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 def _ready_versions(inv: Mapping[str, Any]) -> dict[tuple[str, str], tuple[int, bool]]:

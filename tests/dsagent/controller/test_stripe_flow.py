@@ -345,3 +345,36 @@ def test_draining_reads_cordons_and_drain_taints() -> None:
         {"metadata": {"name": "e"}},
     ]
     assert draining(nodes) == {"a", "b"}
+
+
+def test_a_job_nodes_room_counts_the_idle_copies_other_nodes_hold_too() -> None:
+    # n1 runs the job with 10 GB free and an idle 100 GB copy of "other"; the share needs
+    # 1.2 x 150 GB / 3 = 60 GB. When n2 holds "other" too, n1 can evict its copy: it owns.
+    # When n1's copy is the last one (or in use), it joins without a share.
+    other = "c" * 32
+
+    def inventories(n1_other: dict[str, Any], n2_holds: bool) -> dict[str, dict[str, Any]]:
+        def inv(datasets: dict[str, Any]) -> dict[str, Any]:
+            return {"version": 1, "freeBytes": 10 * GB, "capacityBytes": 200 * GB, "datasets": datasets}
+
+        copy = {"digest": other, "sizeBytes": 100 * GB, "state": "ready", "inUse": False}
+        roomy = {"version": 1, "freeBytes": 150 * GB, "capacityBytes": 200 * GB, "datasets": {}}
+        return {
+            "n1": inv({"other": {**copy, **n1_other}}),
+            "n2": inv({"other": copy} if n2_holds else {}),
+            "n3": roomy, "n4": roomy, "n5": roomy,
+        }  # fmt: skip
+
+    def choose(invs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return stripe_status(
+            "big", {"stripe": {"members": 3}, "bundles": "s3://s/p"}, {"bytes": 150 * GB, "digest": DIGEST}, invs,
+            agent_call=lambda *a: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": 0}),
+            agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
+        )  # fmt: skip
+
+    def shareless(answer: dict[str, Any]) -> list[str]:
+        return [n["node"] for n in answer["nodes"] if n.get("share") is False]
+
+    assert shareless(choose(inventories({}, n2_holds=True))) == []
+    assert shareless(choose(inventories({}, n2_holds=False))) == ["n1"]
+    assert shareless(choose(inventories({"inUse": True}, n2_holds=True))) == ["n1"]
