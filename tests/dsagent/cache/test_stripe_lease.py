@@ -49,6 +49,14 @@ def _wait_complete(client: httpx.Client, digest: str) -> dict[str, Any]:
         time.sleep(0.05)
 
 
+def _bundle_names(client: httpx.Client, manifest: Manifest, bundle: Any) -> list[str]:
+    """The files of ``bundle`` as the stripe route answers them (a plain tar), in order."""
+    answer = client.get(f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}")
+    assert answer.status_code == 200, answer.text
+    with tarfile.open(fileobj=BytesIO(answer.content)) as tar:
+        return tar.getnames()
+
+
 def _pod_agent(agent_factory: Any, tmp_path: Path, **env: str) -> Any:
     cgroup = f"0::/kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
     proc = fake_proc(tmp_path / "proc", os.getpid(), cgroup)
@@ -76,11 +84,7 @@ def test_a_pod_reads_only_the_stripes_its_own_task_names(
         # its own task names the dataset: the bundle's files, as a plain tar
         mine = {"name": "imgs", "source": "memory://stripe-lease/none"}
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
-        answer = pod.get(route)
-        assert answer.status_code == 200, answer.text
-        with tarfile.open(fileobj=BytesIO(answer.content)) as tar:
-            names = tar.getnames()
-        assert names == [e.path for e in manifest.bundle_entries(bundle)]
+        assert _bundle_names(pod, manifest, bundle) == [e.path for e in manifest.bundle_entries(bundle)]
         # a pod neither holds nor releases a share: operators do
         assert _hold(pod, url).status_code == 403
         assert pod.delete("/v1/stripes/imgs").status_code == 403
@@ -270,10 +274,7 @@ def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(
         mine = {"name": "imgs", "source": "memory://stripe-lease/none"}
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
         bundle = manifest.bundles[0]
-        read = pod.get(f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}")
-        assert read.status_code == 200, read.text
-        with tarfile.open(fileobj=BytesIO(read.content)) as tar:
-            assert tar.getnames() == [e.path for e in manifest.bundle_entries(bundle)]
+        assert _bundle_names(pod, manifest, bundle) == [e.path for e in manifest.bundle_entries(bundle)]
         # the other way round: this node owns every bundle (a changed group re-plans the share)
         assert _hold(operator, url, **pair, noShare=["node-b"]).status_code == 200
         whole = _wait_complete(operator, manifest.digest)
