@@ -93,6 +93,7 @@ METRICS: tuple[Metric, ...] = (
     ("deadline misses", False, lambda f: f["deadline_misses"]),
     ("mean job time", False, lambda f: f["jct_mean_s"]),
 )
+_METRIC = {m[0]: m for m in METRICS}  # by name
 
 
 def run_missing(out: Path, names: tuple[str, ...], procs: int) -> None:
@@ -259,7 +260,7 @@ def goal_ratios(docs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, l
                 continue
             cells = []
             for name, met in GOALS:
-                metric = next(m for m in METRICS if m[0] == name)
+                metric = _METRIC[name]
                 best = _best(by, FLUIDS, metric)
                 ratio = _ratio(metric[2](by[mine]), metric[2](by[best]))
                 cells.append((ratio, best, met(ratio)))
@@ -277,7 +278,7 @@ def goals_table(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         shown = []
         for (name, _), (ratio, best, met) in zip(GOALS, cells, strict=True):
             if ratio == 0 or math.isinf(ratio):  # one side is zero: a ratio says nothing, the figures do
-                get = next(m for m in METRICS if m[0] == name)[2]
+                get = _METRIC[name][2]
                 by = docs[wname]["policies"]
                 cell = f"{_fmt(name, get(by[mine]))} against {_fmt(name, get(by[best]))} ({best})"
             else:  # near 1.0x, enough digits to show which side of the target it falls
@@ -355,7 +356,7 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
                 "deadline misses",
                 "mean job time",
             ):
-                metric = next(m for m in METRICS if m[0] == name)
+                metric = _METRIC[name]
                 best = _best(by, base, metric)
                 theirs, ours = metric[2](by[best]), metric[2](by[mine])
                 cells.append(f"{ours / theirs:.2f}x" if theirs else "-")
