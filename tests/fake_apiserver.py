@@ -56,6 +56,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -781,6 +782,18 @@ class FakeApiServer:
         from kubernetes import client
 
         return client.ApiClient(self.configuration())
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig at ``path`` whose current context is this server (with a token it
+        does not check): what a process under test is given as ``KUBECONFIG``."""
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "t"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }  # fmt: skip
+        path.write_text(json.dumps(config))  # JSON is YAML
+        return path
 
     # -- objects (test side; these send watch events like API writes do)
 

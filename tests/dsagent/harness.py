@@ -132,6 +132,14 @@ class LoopbackServer:
         self._server.server_close()
 
 
+def eventually(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> None:
+    """Poll ``predicate`` every 50 ms until it is true; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

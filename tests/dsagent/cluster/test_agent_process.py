@@ -12,29 +12,21 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dsagent.api.client import AgentClient
 from dsagent.cli.agent import STOP_DEADLINE
 from dsagent.errors import AgentUnreachable, NotFound
-from tests.dsagent.harness import unix_socket_listening
+from tests.dsagent.harness import eventually, unix_socket_listening
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 
 pytestmark = pytest.mark.slow
 
 NODE = "gpu-7"
-
-
-def eventually(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -45,19 +37,7 @@ def cluster_agent(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[dict[str
 def running_agent(apiserver: FakeApiServer, tmp_path: Path, extra: dict[str, str]) -> Iterator[dict[str, Any]]:
     """``dsagent serve --kubernetes`` against ``apiserver``, healthy, with ``extra`` variables."""
     apiserver.create(make_node(NODE, annotations={"keep": "me"}))
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "fake",
-                "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
-                "users": [{"name": "agent", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "agent"}}],
-            }
-        )
-    )
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     source = tmp_path / "coco"
     source.mkdir()
     for i in range(5):

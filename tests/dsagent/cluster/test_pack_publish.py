@@ -5,22 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dsagent.cli import main
 from dsagent.format.manifest import read_manifest
 from tests.fake_apiserver import FakeApiServer
-
-
-def _kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "fake", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-    }  # fmt: skip
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def test_pack_with_publish_creates_the_dataset_and_records_its_digest(
@@ -31,7 +19,7 @@ def test_pack_with_publish_creates_the_dataset_and_records_its_digest(
     (source / "cats" / "1.jpg").write_bytes(b"\xff\xd8 a cat")
     (source / "dogs.txt").write_text("woof\n")
     store = tmp_path / "store"
-    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "kubeconfig", apiserver.url)))
+    monkeypatch.setenv("KUBECONFIG", str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
     main(["pack", str(source), "--name", "pets", "--to", str(store), "--publish", "ml-team", "--no-digest-cache"])

@@ -50,7 +50,7 @@ from dsagent.format.manifest import Manifest
 from dsplatform.stripe import owner
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, free_port
+from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually, free_port
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node
 
 pytest.importorskip("aiohttp")
@@ -164,7 +164,7 @@ def _group(
     manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=2)
     store = LoopbackServer(tmp_path / "www")
     port = free_port()
-    kubeconfig = _kubeconfig(tmp_path, apiserver)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     in_cluster = {
         "DSAGENT_KUBERNETES": "1",
         "KUBECONFIG": str(kubeconfig),
@@ -196,7 +196,7 @@ def _group(
             apiserver.create(agent_pod(node, ip=agent.host))
         for agent in agents.values():
             agent.start()
-        _eventually(lambda: all(_inventory(apiserver, node) for node in NODES), "every agent's inventory")
+        eventually(lambda: all(_inventory(apiserver, node) for node in NODES), what="every agent's inventory")
         status = {"digest": manifest.digest, "bytes": manifest.total_bytes, "files": len(files)}
         ds = make_dataset("imgs", namespace="ml", bundles=f"{store.url}/store", status=status)
         ds["spec"]["stripe"] = {"members": 3}
@@ -225,28 +225,11 @@ def _group(
         store.close()
 
 
-def _kubeconfig(tmp_path: Path, apiserver: FakeApiServer) -> Path:
-    path = tmp_path / "kubeconfig"
-    cluster = {"name": "fake", "cluster": {"server": apiserver.url}}
-    context = {"name": "fake", "context": {"cluster": "fake", "user": "agent"}}
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": "fake", "clusters": [cluster],
-              "users": [{"name": "agent", "user": {"token": "t"}}], "contexts": [context]}  # fmt: skip
-    path.write_text(json.dumps(config))  # JSON is YAML
-    return path
-
-
 def _inventory(apiserver: FakeApiServer, node: str) -> dict[str, Any] | None:
     """What the node's agent last published (``dsagent.io/inventory``), None before it has."""
     found = apiserver.get("nodes", node)
     text = ((found or {}).get("metadata", {}).get("annotations") or {}).get("dsagent.io/inventory")
     return json.loads(text) if text else None
-
-
-def _eventually(predicate: Callable[[], Any], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _cordon_busiest(group: _Group, apiserver: FakeApiServer) -> tuple[list[str], str, list[str]]:
@@ -405,8 +388,8 @@ def test_a_job_node_full_of_last_copies_joins_without_a_share_and_keeps_them(
             body = {"datasets": [{"name": "other", "source": str(other)}]}
             assert op.put("/v1/tasks/warm.other", params={"wait": 30}, json=body).status_code == 200
             assert op.delete("/v1/tasks/warm.other").status_code == 200  # idle: evictable, and the last copy
-        _eventually(
-            lambda: ((_inventory(apiserver, "n1") or {}).get("datasets") or {}).get("other"), "n1's copy published"
+        eventually(
+            lambda: ((_inventory(apiserver, "n1") or {}).get("datasets") or {}).get("other"), what="n1's copy published"
         )
         apiserver.create(
             make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "imgs"})

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dsagent.cluster.datasets import DatasetClient
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection
@@ -167,19 +166,7 @@ def webhook_process(
 ) -> Iterator[dict[str, Any]]:
     """``python -m dsagent.webhook`` with the chart's TLS, reading Datasets
     from ``apiserver``; yields ``{"port", "context", "host", "process"}``."""
-    kubeconfig = folder / "config"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "fake",
-                "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
-                "users": [{"name": "webhook", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "webhook"}}],
-            }
-        )
-    )
+    kubeconfig = apiserver.write_kubeconfig(folder / "config")
     port = free_port()
     files = chart_tls["files"]
     env = {
@@ -355,19 +342,7 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
         "DSAGENT_WEBHOOK_INJECTION_FILE": str(files["injection"]),
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "fake",
-                "clusters": [{"name": "fake", "cluster": {"server": module_apiserver.url}}],
-                "users": [{"name": "w", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "w"}}],
-            }
-        )
-    )
+    kubeconfig = module_apiserver.write_kubeconfig(tmp_path / "config")
     env["DSAGENT_WEBHOOK_KUBECONFIG"] = str(kubeconfig)
     process = subprocess.Popen(
         [sys.executable, "-m", "dsagent.webhook"],
