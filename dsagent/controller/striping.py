@@ -38,7 +38,7 @@ from dsagent.cluster.datasets import parse_stripe
 from dsagent.cluster.leaving import draining
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
-from dsagent.format.bundle import DEFAULT_MAX_BYTES
+from dsagent.format.bundlecaps import DEFAULT_MAX_BYTES
 from dsplatform import published
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory

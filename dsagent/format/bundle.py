@@ -33,6 +33,7 @@ import xxhash
 
 from dsagent.errors import InvalidInput
 from dsagent.format import native
+from dsagent.format.bundlecaps import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.digestpool import can_fork
@@ -63,8 +64,6 @@ from dsagent.format.storeobjects import named, store_new_bundle, store_object, s
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
 
-DEFAULT_MAX_FILES = 50_000
-DEFAULT_MAX_BYTES = 800_000_000
 #: zstd level 1: JPEG-like payloads do not compress, so the fastest level loses nothing.
 DEFAULT_LEVEL = 1
 _found_size = operator.attrgetter("size")  # a listed file's (dsagent.format.walk.Found), at C speed
