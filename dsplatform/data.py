@@ -9,7 +9,9 @@ What it owns: one rank's pass over a version's samples (a sample is one file: it
 its bytes). Which samples a rank reads, and in which order, is :mod:`dsplatform.stripe`'s
 (:func:`~dsplatform.stripe.assign`, :func:`~dsplatform.stripe.epoch_order`): every sample
 exactly once per epoch over all ranks, each rank's own node's buckets first, a seeded
-shuffle per epoch (docs/design-striping.md#reader). How the bytes are read is this module's:
+shuffle per epoch (docs/design-striping.md#reader). That every rank assigns from the same
+inputs is this module's (:func:`agree`: one all-gather of the ranks' nodes and placements),
+and so is how the bytes are read:
 
 - a bundle this node holds (its marker ``.stripe/done/<bundle digest>`` is in the share
   directory, or the whole version is local) is read with ``open()`` from the share
@@ -33,15 +35,17 @@ import http.client
 import os
 import random
 import socket
+import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from dsplatform.errors import Superseded, Unavailable
-from dsplatform.stripe import LAYOUT_FILE, Assignment, StripeLayout, assign, epoch_order
+from dsplatform.stripe import LAYOUT_FILE, Assignment, Placement, StripeLayout, assign, epoch_order
+from dsplatform.wire import readerenv
 
 DONE_DIR = ".stripe/done"  # relative to the share directory; one empty file per held bundle
 DEFAULT_BUFFER_BYTES = 256 << 20
@@ -144,14 +148,70 @@ def worker_part(
     return [pair for i, pair in enumerate(order) if i in mine]
 
 
+#: an all-gather over a job's ranks: each passes one object and gets every rank's, by rank
+Gather = Callable[[Any], list[Any]]
+
+
+def agree(
+    layout: StripeLayout, node: str | None, rank: int, world_size: int, gather: Gather
+) -> tuple[StripeLayout, list[str | None]]:
+    """The layout every rank uses and each rank's node, from one all-gather (two when the
+    ranks' layouts differ). Every rank must call it, as any collective.
+
+    Each rank loaded its layout file from its own node, and a group that changed (a member
+    drained, a crash) can leave two nodes' files with different owners for a while. Ranks
+    that assigned samples from different placements would read some samples twice and
+    others never. So the ranks compare placement digests, and where they differ all take
+    rank 0's. Where a bundle actually is does not change what a rank reads, only whether it
+    comes from disk or through the agent (:meth:`StripedDataset.is_local`)."""
+    placement = layout.placement
+    got = gather((node, layout.name, layout.digest, placement.key()))
+    if not isinstance(got, list) or len(got) != world_size:
+        raise ReaderError(f"the gather gave {type(got).__name__} of {len(got) if isinstance(got, list) else '?'}")
+    versions = sorted({(g[1], g[2]) for g in got})
+    if len(versions) > 1:
+        raise ReaderError(f"the ranks read different versions: {', '.join(f'{n} {d}' for n, d in versions)}")
+    if len({g[3] for g in got}) > 1:
+        chosen = gather(placement if rank == 0 else None)[0]
+        if not isinstance(chosen, Placement):
+            raise ReaderError("rank 0 sent no placement")
+        layout = layout.placed(chosen)
+    return layout, [g[0] for g in got]
+
+
+def _process_group() -> Any:
+    """``torch.distributed`` when the program imported it and initialised a process group
+    (torch is never imported here)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def _all_gather(dist: Any) -> Gather:
+    def gather(value: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, value)
+        return out
+
+    return gather
+
+
 class StripedDataset:
     """Rank ``rank`` of ``world_size``'s samples of one version, an epoch at a time.
 
     ``layout`` is the version's :class:`~dsplatform.stripe.StripeLayout` (or the path of its
     layout file; by default ``<share_dir>/stripe-layout.jsonl``). ``share_dir`` holds this
     node's bundles as files; ``whole=True`` says every bundle is there (a whole cached
-    version). ``agent`` (and ``fallback``) are asked for the others. ``rank_nodes[r]`` names
-    the node of rank ``r`` (by default: this node for this rank, no preference elsewhere)."""
+    version). ``agent`` (and ``fallback``) are asked for the others.
+
+    Every rank must compute the same assignment, from the same placement and the same
+    ``rank_nodes`` (``rank_nodes[r]`` names the node of rank ``r``). ``gather`` is an
+    all-gather over the job's ranks (each rank passes an object and gets the list of all,
+    by rank, as ``torch.distributed.all_gather_object`` gives): with it the ranks exchange
+    their ``node`` and agree on one layout (:func:`agree`). Without it, and without
+    ``rank_nodes``, no rank prefers its own node's bundles. :meth:`from_env` does all this
+    from a pod's environment."""
 
     def __init__(
         self,
@@ -162,6 +222,7 @@ class StripedDataset:
         layout: StripeLayout | str | os.PathLike[str] | None = None,
         node: str | None = None,
         rank_nodes: Sequence[str | None] | None = None,
+        gather: Gather | None = None,
         agent: AgentEndpoint | str | None = None,
         fallback: Sequence[AgentEndpoint | str] = (),
         seed: int = 0,
@@ -176,11 +237,15 @@ class StripedDataset:
         if not isinstance(layout, StripeLayout):
             with open(layout or self.share_dir / LAYOUT_FILE, "rb") as stream:
                 layout = StripeLayout.load(stream)
+        if gather is not None and world_size > 1:
+            layout, gathered = agree(layout, node, rank, world_size, gather)
+            if rank_nodes is None:
+                rank_nodes = gathered
+        if rank_nodes is None:  # a rank knows only its own node: no preference, the same for all
+            rank_nodes = [node] if world_size == 1 else [None] * world_size
         self.layout = layout
         self.rank = rank
         self.world_size = world_size
-        if rank_nodes is None:
-            rank_nodes = [node if r == rank else None for r in range(world_size)]
         self.assignment: Assignment = assign(layout, world_size, rank_nodes)
         endpoints = [agent] if agent is not None else []
         endpoints.extend(fallback)
@@ -191,6 +256,47 @@ class StripedDataset:
         self.buffer_bytes = buffer_bytes
         self.retries = retries
         self.stats = {"local_bytes": 0, "agent_bytes": 0, "retries": 0}
+
+    @classmethod
+    def from_env(
+        cls,
+        name: str | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        gather: Gather | None = None,
+        environ: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> StripedDataset:
+        """The reader of striped dataset ``name`` (by default the only one) in a pod the
+        admission webhook wired (:mod:`dsplatform.wire.readerenv`: the share, the agent's
+        socket, the node's name).
+
+        ``rank`` and ``world_size`` default to ``torch.distributed``'s when the program has
+        initialised a process group, then to ``RANK`` and ``WORLD_SIZE`` (as ``torchrun``
+        sets them), then to 0 of 1. With a process group, the ranks exchange their nodes
+        and agree on one layout through ``all_gather_object``; without one, pass ``gather``
+        for locality. Other keyword arguments go to the constructor."""
+        env = os.environ if environ is None else environ
+        shares, socket_path, node = readerenv.from_environ(env)
+        share = readerenv.share_named(shares, name)
+        dist = _process_group()
+        if dist is not None:
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+            gather = gather or _all_gather(dist)
+        rank = int(env.get("RANK", "0")) if rank is None else rank
+        world_size = int(env.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        if socket_path is not None:
+            options.setdefault("agent", f"unix://{socket_path}")
+        options.setdefault("node", node)
+        reader = cls(share.share_dir, rank=rank, world_size=world_size, gather=gather, **options)
+        if (reader.layout.name, reader.layout.digest) != (share.name, share.digest):
+            raise ReaderError(
+                f"the layout in {share.share_dir} is of {reader.layout.name} {reader.layout.digest},"
+                f" not of {share.name} {share.digest}"
+            )
+        return reader
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -326,4 +432,4 @@ class _Broken(Exception):
     """An answer that broke the bundle's contract (asked again, never passed on)."""
 
 
-__all__ = ["AgentEndpoint", "DONE_DIR", "ReaderError", "Sample", "StripedDataset"]
+__all__ = ["AgentEndpoint", "DONE_DIR", "Gather", "ReaderError", "Sample", "StripedDataset", "agree"]

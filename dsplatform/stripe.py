@@ -28,7 +28,7 @@ import json
 import math
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO
 
 import xxhash
@@ -118,6 +118,20 @@ class StripeBundle:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a version's bundles live: the group's members, the bucket count and the owner of
+    each bundle, in bundle order. Small (a name per bundle), so ranks can exchange it."""
+
+    members: tuple[str, ...]
+    buckets: int
+    owners: tuple[str, ...]
+
+    def key(self) -> str:
+        """A short digest of the placement, for ranks to compare theirs."""
+        return xxhash.xxh3_128_hexdigest(json.dumps([self.members, self.buckets, self.owners]).encode())
+
+
+@dataclass(frozen=True)
 class StripeLayout:
     """Where each bundle of a striped version lives: the group, the owner of each bundle, the
     files in path order (``paths``/``sizes``, tiled by the bundles) and the bucket count."""
@@ -177,6 +191,20 @@ class StripeLayout:
         striped = tuple(StripeBundle(d, f, c, s, owner(d, group, weights) or "") for d, f, c, s in bundles)
         count = buckets if buckets is not None else DEFAULT_BUCKETS_PER_MEMBER * len(group)
         return cls(name, digest, group, striped, tuple(paths), tuple(sizes), count)
+
+    @property
+    def placement(self) -> Placement:
+        """What :func:`assign` reads of the layout besides its files: the members, the bucket
+        count and each bundle's owner. Two layouts of one version with the same placement
+        give every rank the same samples."""
+        return Placement(self.members, self.buckets, tuple(b.owner for b in self.bundles))
+
+    def placed(self, placement: Placement) -> StripeLayout:
+        """This version's layout with ``placement`` (checked as any layout)."""
+        if len(placement.owners) != len(self.bundles):
+            raise LayoutError(f"a placement of {len(placement.owners)} bundles for a version of {len(self.bundles)}")
+        bundles = tuple(replace(b, owner=o) for b, o in zip(self.bundles, placement.owners))
+        return replace(self, members=tuple(placement.members), buckets=placement.buckets, bundles=bundles)
 
     @property
     def total_bytes(self) -> int:
@@ -387,6 +415,7 @@ __all__ = [
     "LAYOUT_FORMAT",
     "LAYOUT_VERSION",
     "LayoutError",
+    "Placement",
     "StripeBundle",
     "StripeLayout",
     "assign",

@@ -26,6 +26,7 @@ MAY_READ_ENVIRONMENT: dict[str, str] = {
     "dsagent/cluster/envnames.py": "start-up's check for unknown DSAGENT_* variables",
     "scheduler_plugin/settings.py": "the extender's settings and its check for unknown DSEXT_* variables",
     "dsplatform/settings.py": "EnvSettings.read: the one place settings objects read the environment",
+    "dsplatform/data.py": "StripedDataset.from_env: the reader's edge in a training pod (the webhook's env, RANK)",
     "gpu_topology/discovery/nccl_xml.py": "NCCL_TOPO_FILE is NCCL's own variable: the file NCCL in this process reads",
 }
 

@@ -21,8 +21,8 @@ default). Pure: no I/O. What it decides
   ``spec.startBeforeWhole``) is carried with its version as ``stripe``: the volume shows
   this node's share (``datasets/<name>``: its files and layout file) and the agent's
   socket (``agent.sock``, the reader asks it for the bundles other members hold), and
-  app containers get ``DSAGENT_STRIPES`` (``[{name, digest, shareDir}]``) and
-  ``DSAGENT_SOCKET``; the ready mark waits for the share's first bundles;
+  app containers get the reader's environment (:mod:`dsplatform.wire.readerenv`: the
+  shares, ``DSAGENT_SOCKET`` and the node's name); the ready mark waits for the share's first bundles;
 - waiting, as in :mod:`dsagent.webhook.mutation`: ``overlap`` wraps each app command to wait
   for ``/dsagent-run/ready`` (the kubelet pulls app images while the agent caches: it
   caches from ``NodePublishVolume``, before any container starts); ``init`` adds a
@@ -41,7 +41,7 @@ from typing import Any
 
 from dsagent.errors import InvalidInput
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
-from dsplatform.wire import csivolume
+from dsplatform.wire import csivolume, readerenv
 
 DRIVER = "datasets.dsagent.io"
 #: Not ``dsagent-cache``: this one caches nothing; the cluster agent then submits the pod's
@@ -106,13 +106,8 @@ def app_env(datasets: Sequence[ResolvedDataset]) -> list[dict[str, Any]]:
     ]
     striped = [d for d in datasets if d.stripe_digest is not None]
     if striped:  # the reader's share directories, and the socket it asks for the rest on
-        shares = [
-            {"name": d.name, "digest": d.stripe_digest, "shareDir": f"{MOUNT_PATH}/datasets/{d.name}"} for d in striped
-        ]
-        env += [
-            {"name": "DSAGENT_STRIPES", "value": json.dumps(shares, separators=(",", ":"))},
-            {"name": "DSAGENT_SOCKET", "value": AGENT_SOCKET},
-        ]
+        shares = [readerenv.Share(d.name, d.stripe_digest or "", f"{MOUNT_PATH}/datasets/{d.name}") for d in striped]
+        env += readerenv.env(shares, AGENT_SOCKET)
     return env
 
 

@@ -26,9 +26,10 @@ version is read with the rank-aware reader from the node's share, never as a who
 (docs/design-striping.md#start): it is left out of the caching task, and an ordinary
 init-container ``dsagent-stripe-wait`` runs ``dsctl stripe wait NAME DIGEST`` for each such
 dataset (it prints the share's progress and returns once its first bundles are held); app
-containers get ``DSAGENT_STRIPES`` (``[{name, digest, shareDir}]``) and the node's shares
-read-only at ``/dsagent-stripes/<name>``. In CSI mode the volume carries the share instead
-(:mod:`~dsagent.webhook.csiwiring`): the volume's ready mark waits for its first bundles.
+containers get the reader's environment (:mod:`dsplatform.wire.readerenv`: the shares, the
+node's name) and the node's shares read-only at ``/dsagent-stripes/<name>``. In CSI mode
+the volume carries the share instead (:mod:`~dsagent.webhook.csiwiring`): the volume's
+ready mark waits for its first bundles.
 
 Two ways to wait (docs/design.md#rule-3: caching overlaps image pulls). The kubelet pulls a
 container's image only when it starts that container, and starts app containers only
@@ -65,6 +66,7 @@ from dsagent.errors import InvalidInput
 from dsagent.webhook import csiwiring
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
 from dsagent.webhook.jsonpatch import JSONPatch, append_all, escape, prepend
+from dsplatform.wire import readerenv
 from dsplatform.wire.podannotations import DatasetRef
 
 SOCKET_VOLUME = "dsagent-socket"
@@ -146,7 +148,8 @@ def mutate(pod: Mapping[str, Any], datasets: Sequence[ResolvedDataset], injectio
             mounts, env = _container_wiring(container, datasets, injection)
             if striped:
                 mounts += _stripe_mounts(container, striped)
-                env += [{"name": "DSAGENT_STRIPES", "value": _stripes_json(striped)}]
+                defined = {e.get("name") for e in container.get("env") or []}
+                env += [e for e in readerenv.env(_shares(striped)) if e["name"] not in defined]
         ops += append_all(f"{path}/volumeMounts", container.get("volumeMounts"), mounts)
         ops += append_all(f"{path}/env", container.get("env"), env)
         if overlap:
@@ -268,15 +271,12 @@ def _stripe_mounts(container: Mapping[str, Any], striped: Sequence[ResolvedDatas
     return [m for m in mounts if m["mountPath"] not in taken]
 
 
-def _stripes_json(striped: Sequence[ResolvedDataset]) -> str:
-    """``DSAGENT_STRIPES``: where the reader finds each share (``StripedDataset(shareDir, ...)``)."""
-    return json.dumps(
-        [
-            {"name": d.name, "digest": d.stripe_digest, "shareDir": f"{STRIPES_DIR}/{d.name}/{d.stripe_digest}/share"}
-            for d in striped
-        ],
-        separators=(",", ":"),
-    )
+def _shares(striped: Sequence[ResolvedDataset]) -> list[readerenv.Share]:
+    """Where the reader finds each share (``DSAGENT_STRIPES``)."""
+    return [
+        readerenv.Share(d.name, d.stripe_digest or "", f"{STRIPES_DIR}/{d.name}/{d.stripe_digest}/share")
+        for d in striped
+    ]
 
 
 def volumes(injection: Injection) -> list[dict[str, Any]]:

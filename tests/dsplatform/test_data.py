@@ -144,6 +144,140 @@ def test_two_ranks_share_the_epoch_exactly_once(setup) -> None:  # type: ignore[
     agent.close()
 
 
+def test_ranks_that_each_know_only_their_own_node_still_read_every_sample_once(setup) -> None:  # type: ignore[no-untyped-def]
+    """Without ``rank_nodes`` or a gather, a rank cannot know where the others run: all ranks
+    assign with no preference, so they agree. (Had each preferred its own node, these four
+    ranks on two nodes would each have read half the samples twice and the rest never.)"""
+    layout, files, share = setup
+    agent = _Agent(layout, files)
+    readers = [StripedDataset(share, rank=r, world_size=4, node=NODES[r % 2], agent=agent.url) for r in range(4)]
+    seen = _all(readers, files)
+    assert set(seen) == set(files) and set(seen.values()) == {1}
+    agent.close()
+
+
+class _Gather:
+    """A real all-gather among threads, one per rank, as ``all_gather_object`` behaves."""
+
+    def __init__(self, world_size: int) -> None:
+        self.slots: list[Any] = [None] * world_size
+        self.barrier = threading.Barrier(world_size, timeout=10)
+        self.calls = 0
+
+    def of(self, rank: int) -> Any:
+        def gather(value: Any) -> list[Any]:
+            self.slots[rank] = value
+            self.barrier.wait()
+            out = list(self.slots)
+            self.calls += rank == 0
+            self.barrier.wait()
+            return out
+
+        return gather
+
+
+def _in_threads(make: Any, world_size: int) -> list[Any]:
+    """``make(rank, gather)`` on one thread per rank; what each returned or raised."""
+    gather = _Gather(world_size)
+    out: list[Any] = [None] * world_size
+
+    def run(rank: int) -> None:
+        try:
+            out[rank] = make(rank, gather.of(rank))
+        except Exception as exc:  # noqa: BLE001 - handed back to the test
+            out[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    out.append(gather.calls)
+    return out
+
+
+def test_ranks_exchange_their_nodes_and_read_their_own_nodes_bundles(setup) -> None:  # type: ignore[no-untyped-def]
+    from dsplatform.stripe import assign
+
+    layout, files, share = setup
+    agent = _Agent(layout, files)
+    *readers, calls = _in_threads(
+        lambda r, g: StripedDataset(share, rank=r, world_size=2, node=NODES[r], gather=g, agent=agent.url), 2
+    )
+    assert calls == 1  # one exchange: the layouts agreed
+    assert all(r.assignment == assign(layout, 2, NODES) for r in readers)
+    for rank, reader in enumerate(readers):
+        owners = {layout.bundles[bi].owner for bi, _ in reader.assignment.ranks[rank]}
+        assert owners == {NODES[rank]}  # even bundle counts per node: all local
+    seen = _all(readers, files)
+    assert set(seen) == set(files) and set(seen.values()) == {1}
+    agent.close()
+
+
+def test_ranks_whose_layout_files_differ_agree_on_rank_0s(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A group change reached one node's layout file before the other's: rank 1 sees member
+    ``c`` where rank 0 still sees ``b``. Both take rank 0's placement, so the epoch still
+    gives every sample exactly once; where a bundle actually is only decides disk or agent."""
+    layout, files, share = setup
+    index = [(b.digest, b.first, b.count, b.size) for b in layout.bundles]
+    changed = StripeLayout.create(layout.name, layout.digest, ["a", "c"], index, layout.paths, layout.sizes)
+    assert changed.placement.key() != layout.placement.key()
+    agent = _Agent(layout, files)
+    own = [layout, changed]
+    *readers, calls = _in_threads(
+        lambda r, g: StripedDataset(
+            share, rank=r, world_size=2, layout=own[r], node=["a", "c"][r], gather=g, agent=agent.url
+        ),
+        2,
+    )
+    assert calls == 2  # the second round carried rank 0's placement
+    assert readers[0].layout.placement == readers[1].layout.placement == layout.placement
+    seen = _all(readers, files)
+    assert set(seen) == set(files) and set(seen.values()) == {1}
+    agent.close()
+
+
+def test_ranks_reading_different_versions_all_stop_with_a_clear_error(setup) -> None:  # type: ignore[no-untyped-def]
+    layout, files, share = setup
+    index = [(b.digest, b.first, b.count, b.size) for b in layout.bundles]
+    other = StripeLayout.create(layout.name, xxhash.xxh3_128_hexdigest(b"w"), NODES, index, layout.paths, layout.sizes)
+    own = [layout, other]
+    *errors, _ = _in_threads(lambda r, g: StripedDataset(share, rank=r, world_size=2, layout=own[r], gather=g), 2)
+    assert all(isinstance(e, ReaderError) and "different versions" in str(e) for e in errors)
+
+
+def test_the_reader_is_built_from_the_pods_environment(setup) -> None:  # type: ignore[no-untyped-def]
+    from dsplatform.errors import InvalidInput
+    from dsplatform.wire import readerenv
+
+    layout, files, share = setup
+    mine = readerenv.Share(layout.name, layout.digest, str(share))
+    environ = {
+        "DSAGENT_STRIPES": readerenv.encode([mine]),
+        "DSAGENT_SOCKET": "/dsagent-run/agent.sock",
+        "DSAGENT_NODE_NAME": "b",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+    }
+    reader = StripedDataset.from_env(environ=environ, seed=5)
+    assert (reader.rank, reader.world_size, reader.seed) == (1, 2, 5)
+    assert reader.endpoints[0].address == "unix:///dsagent-run/agent.sock"
+    assert reader.share_dir == share
+    solo = StripedDataset.from_env(environ={"DSAGENT_STRIPES": environ["DSAGENT_STRIPES"]}, agent="http://x")
+    assert (solo.rank, solo.world_size) == (0, 1)
+    assert solo.assignment.ranks[0]  # one rank: every sample, its node's bundles first
+    two = readerenv.encode([mine, readerenv.Share("other", layout.digest, "/elsewhere")])
+    with pytest.raises(InvalidInput, match="name the one"):
+        StripedDataset.from_env(environ={"DSAGENT_STRIPES": two})
+    assert StripedDataset.from_env(layout.name, environ={"DSAGENT_STRIPES": two}).share_dir == share
+    stale = readerenv.encode([readerenv.Share(layout.name, xxhash.xxh3_128_hexdigest(b"w"), str(share))])
+    with pytest.raises(ReaderError, match="not of ds"):
+        StripedDataset.from_env(environ={"DSAGENT_STRIPES": stale})
+    for hostile in ('{"name": "ds"}', '[{"name": "../x", "digest": "0", "shareDir": "/s"}]', "[" * 100, "x"):
+        with pytest.raises(InvalidInput):
+            StripedDataset.from_env(environ={"DSAGENT_STRIPES": hostile})
+
+
 def test_a_stream_broken_off_is_asked_again_without_repeating_a_sample(setup) -> None:  # type: ignore[no-untyped-def]
     layout, files, share = setup
     agent = _Agent(layout, files, break_after=3)

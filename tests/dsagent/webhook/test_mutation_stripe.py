@@ -13,6 +13,7 @@ from kubernetes_validate import utils as kv
 
 from dsagent.cluster.datasets import Dataset
 from dsagent.webhook.mutation import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, mutate, resolve
+from dsplatform.wire import readerenv
 from dsplatform.wire.podannotations import DatasetRef
 from tests.dsagent.webhook.test_mutation import INJECTION, env_of, real_pod
 from tests.fake_apiserver import json_patch
@@ -59,10 +60,26 @@ def test_a_striped_dataset_that_starts_before_whole_gets_dsctl_stripe_wait_not_a
     app = pod["spec"]["containers"][0]
     stripes = json.loads(env_of(app)["DSAGENT_STRIPES"]["value"])
     assert stripes == [{"name": "web", "digest": DIGEST, "shareDir": f"/dsagent-stripes/web/{DIGEST}/share"}]
+    assert readerenv.decode(env_of(app)["DSAGENT_STRIPES"]["value"]) == [
+        readerenv.Share("web", DIGEST, f"/dsagent-stripes/web/{DIGEST}/share")
+    ]
+    # the reader's ranks exchange their nodes: the downward API gives each its own
+    assert env_of(app)["DSAGENT_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     mount = next(m for m in app["volumeMounts"] if m["mountPath"] == "/dsagent-stripes/web")
     assert mount["readOnly"] is True and mount["subPath"] == "web"
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
     assert volume["hostPath"]["path"] == "/var/lib/dsagent/stripes"
+
+
+def test_the_readers_variables_the_app_sets_itself_are_left_as_they_are() -> None:
+    datasets = resolve([DatasetRef("web")], FOUND.__getitem__)
+    pod = real_pod()
+    own = [{"name": "DSAGENT_NODE_NAME", "value": "gpu-7"}, {"name": "DSAGENT_STRIPES", "value": "[]"}]
+    pod["spec"]["containers"][0]["env"] = own
+    app = dict(json_patch(pod, mutate(pod, datasets, INJECTION)))["spec"]["containers"][0]
+    names = [e["name"] for e in app["env"]]
+    assert names.count("DSAGENT_NODE_NAME") == 1 and names.count("DSAGENT_STRIPES") == 1
+    assert app["env"][:2] == own
 
 
 def test_without_the_opt_in_or_a_packed_version_the_dataset_is_cached_as_before() -> None:
@@ -117,6 +134,7 @@ def test_in_csi_mode_the_volume_carries_the_share_and_the_app_gets_the_readers_e
         {"name": "web", "digest": DIGEST, "shareDir": "/dsagent-run/datasets/web"}
     ]
     assert env["DSAGENT_SOCKET"]["value"] == "/dsagent-run/agent.sock"
+    assert env["DSAGENT_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "/dsagent-run/ready" in " ".join(app["command"])  # overlap: it waits for the mark
     mutated.pop("status", None)
     kv.validate(mutated, "1.37.0", strict=True)
