@@ -176,7 +176,7 @@ class _Gather:
         return gather
 
 
-def _in_threads(make: Any, world_size: int) -> list[Any]:
+def ranks_in_threads(make: Any, world_size: int) -> list[Any]:
     """``make(rank, gather)`` on one thread per rank; what each returned or raised."""
     gather = _Gather(world_size)
     out: list[Any] = [None] * world_size
@@ -201,7 +201,7 @@ def test_ranks_exchange_their_nodes_and_read_their_own_nodes_bundles(setup) -> N
 
     layout, files, share = setup
     agent = _Agent(layout, files)
-    *readers, calls = _in_threads(
+    *readers, calls = ranks_in_threads(
         lambda r, g: StripedDataset(share, rank=r, world_size=2, node=NODES[r], gather=g, agent=agent.url), 2
     )
     assert calls == 1  # one exchange: the layouts agreed
@@ -224,7 +224,7 @@ def test_ranks_whose_layout_files_differ_agree_on_rank_0s(setup, tmp_path: Path)
     assert changed.placement.key() != layout.placement.key()
     agent = _Agent(layout, files)
     own = [layout, changed]
-    *readers, calls = _in_threads(
+    *readers, calls = ranks_in_threads(
         lambda r, g: StripedDataset(
             share, rank=r, world_size=2, layout=own[r], node=["a", "c"][r], gather=g, agent=agent.url
         ),
@@ -242,7 +242,7 @@ def test_ranks_reading_different_versions_all_stop_with_a_clear_error(setup) -> 
     index = [(b.digest, b.first, b.count, b.size) for b in layout.bundles]
     other = StripeLayout.create(layout.name, xxhash.xxh3_128_hexdigest(b"w"), NODES, index, layout.paths, layout.sizes)
     own = [layout, other]
-    *errors, _ = _in_threads(lambda r, g: StripedDataset(share, rank=r, world_size=2, layout=own[r], gather=g), 2)
+    *errors, _ = ranks_in_threads(lambda r, g: StripedDataset(share, rank=r, world_size=2, layout=own[r], gather=g), 2)
     assert all(isinstance(e, ReaderError) and "different versions" in str(e) for e in errors)
 
 

@@ -25,8 +25,10 @@ import pytest
 from dsagent.format.bundle import pack
 from dsagent.format.manifest import Manifest
 from dsplatform.data import StripedDataset
+from dsplatform.wire import readerenv
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, free_port
+from tests.dsplatform.test_data import ranks_in_threads
 
 pytest.importorskip("aiohttp")
 pytestmark = [
@@ -130,11 +132,33 @@ def _bundle_gets(server: LoopbackServer) -> int:
     return sum(server.gets(lambda p: "/store/bundles/" in p).values())
 
 
+def _ranks_from_env(setup: dict[str, Any], epoch: int) -> list[StripedDataset]:
+    """The four ranks as a training job builds them: each from its pod's environment, the
+    ranks exchanging their nodes through an all-gather (here among threads)."""
+    agents: list[AgentProcess] = setup["agents"]
+    manifest: Manifest = setup["manifest"]
+
+    def make(rank: int, gather: Any) -> StripedDataset:
+        own = agents[rank]
+        environ = {
+            "DSAGENT_STRIPES": readerenv.encode([readerenv.Share("imgs", manifest.digest, str(_share(own, manifest)))]),
+            "DSAGENT_SOCKET": str(own.socket),
+            "DSAGENT_NODE_NAME": NODES[rank],
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+        }
+        fallback = [f"unix://{a.socket}" for a in agents if a is not own]
+        return StripedDataset.from_env(environ=environ, gather=gather, fallback=fallback, seed=11, epoch=epoch)
+
+    *readers, _ = ranks_in_threads(make, 4)
+    assert all(r.assignment == _reader(setup, 0, epoch).assignment for r in readers)  # as with rank_nodes
+    return readers
+
+
 def _epoch(setup: dict[str, Any], epoch: int) -> tuple[Counter[str], dict[str, int]]:
     seen: Counter[str] = Counter()
     stats = Counter()
-    for rank in range(4):
-        reader = _reader(setup, rank, epoch)
+    for reader in _ranks_from_env(setup, epoch):
         for sample in reader:
             assert sample.data == setup["files"][sample.path]
             seen[sample.path] += 1
