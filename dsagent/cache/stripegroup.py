@@ -58,6 +58,8 @@ class Candidate:
     # what it can free without evicting the last copy of another version: free bytes and
     # idle whole copies other nodes hold ready too (None: not known, taken as enough)
     spare_bytes: int | None = None
+    # its agent takes members that own no bundle (an agent of an earlier release refuses them)
+    takes_no_share: bool = True
 
 
 class Group(NamedTuple):
@@ -96,8 +98,10 @@ def choose_group(
     version, which the store would then serve again. Its pods read through its window; a
     node with room takes the share instead, so that ``members`` still own the version. A
     member keeps its part (share or none) while it stays (``no_share_before``). Where too
-    few other nodes have room to own in their place, the job's nodes take their shares
-    after all (a share larger than its owner's room checked would be refused)."""
+    few other nodes have room to own in their place, or where a member's agent does not
+    take members without a share (``takes_no_share``: a release from before them, while an
+    upgrade rolls), the job's nodes take their shares after all (a share larger than its
+    owner's room checked would be refused)."""
     if not nodes:
         return Group([], [])
     by_name = {n.name: n for n in nodes}
@@ -111,6 +115,8 @@ def choose_group(
             spread = min(sum(1 for n in nodes if n.subnet == subnet), math.ceil(size_bytes / bundle_bytes))
             members = max(members, spread)
     group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
+    if group is not None and group.no_share and not all(by_name[m].takes_no_share for m in group.members):
+        group = None  # a member's agent is of an earlier release (an upgrade rolling): all own
     if group is None:  # too few other nodes have room to own in their place
         group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=False)
     assert group is not None

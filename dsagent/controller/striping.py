@@ -156,6 +156,7 @@ def stripe_status(
             Candidate(
                 node, free, held_bytes, subnets.get(node), _int(inv.get("capacityBytes")),
                 spare_bytes=free + _replicated_bytes(inv, copies),
+                takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
             )
         )  # fmt: skip
     shareless_before = [
@@ -175,7 +176,7 @@ def stripe_status(
     _release(agent_call, dropped, name, status.get("digest"), who)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
     body: JSON = {"store": store, "members": members, "peers": peers}
-    if no_share:  # only then: an agent from before members without a share refuses the field
+    if no_share:  # only then: every member's agent says it takes the field (has_feature)
         body["noShare"] = no_share
     if isinstance(status.get("digest"), str):
         body["digest"] = status["digest"]

@@ -23,6 +23,10 @@ The document::
                    node names of the members that own bundles, from which any reader
                    computes each bundle's owner; the annotation's budget drops it first)
     truncated      true when the annotation's budget dropped datasets
+    features       what this agent understands beyond version 1's first form (absent: none),
+                   so that a cluster with agents of two releases (a rolling upgrade) asks
+                   each only for what it can do: ``stripeNoShare``, a stripe group member
+                   that owns no bundle (``noShare`` in ``PUT /v1/stripes/<name>``)
 
 A reader treats it as another party's JSON: bounded (:data:`ANNOTATION_MAX_BYTES`, or
 :data:`PEER_INVENTORY_MAX_BYTES` for a peer's whole answer), and a field of the wrong type
@@ -52,6 +56,10 @@ ENTRY_KEYS = ("digest", "sizeBytes", "files", "state", "inUse", "lastUsed")
 VERSION_KEYS = ("digest", "state", "inUse", "sizeBytes")
 #: the most member names a ``stripes`` entry's ``group`` lists (a reader takes none past it)
 MAX_GROUP = 4096
+#: a feature: the agent takes stripe group members that own no bundle (``noShare``)
+STRIPE_NO_SHARE = "stripeNoShare"
+#: what this release's agents understand (its ``features`` field)
+FEATURES = (STRIPE_NO_SHARE,)
 
 
 def dataset_entry(versions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -82,7 +90,15 @@ def document(
         "freeBytes": free_bytes,
         "datasets": dict(datasets),
         **({"stripes": dict(stripes)} if stripes else {}),
+        "features": list(FEATURES),
     }
+
+
+def has_feature(inventory: Mapping[str, Any], feature: str) -> bool:
+    """Whether the inventory's agent says it understands ``feature`` (an agent from before
+    the field says nothing, and is taken to understand none)."""
+    features = inventory.get("features")
+    return isinstance(features, list) and feature in features
 
 
 def compact(inventory: Mapping[str, Any], budget: int = ANNOTATION_BUDGET) -> str:

@@ -132,6 +132,14 @@ def test_a_job_node_that_would_evict_a_last_copy_joins_without_a_share() -> None
     # unknown room (an older agent's inventory): taken as enough, as before
     unknown = [replace(n, spare_bytes=None) for n in _job_node_without_room()]
     assert choose_group(unknown, size_bytes=6 * TB, job_nodes=["e"], members=3).no_share == []
+    # a member whose agent would refuse shareless members (an earlier release): all own
+    for earlier in group.members:
+        mixed = [replace(n, takes_no_share=n.name != earlier) for n in _job_node_without_room()]
+        again = choose_group(mixed, size_bytes=6 * TB, job_nodes=["e"], members=3)
+        assert again.no_share == [] and again.members[0] == "e"
+    # one outside the group (no room) may be of any release
+    outside = [*_job_node_without_room(), Candidate("g", free_bytes=0, spare_bytes=0, takes_no_share=False)]
+    assert choose_group(outside, size_bytes=6 * TB, job_nodes=["e"], members=3) == group
 
 
 def test_a_member_keeps_its_part_while_it_stays_and_someone_always_owns() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.striping import parse_stripe, stripe_status
+from dsplatform.wire.inventory import FEATURES
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
 from tests.dsagent.harness import ADMIN_TOKEN
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node
@@ -19,8 +20,12 @@ DIGEST = "b" * 32
 GB = 1 << 30
 
 
-def _inventory(node: str, *, free: int, held: int = 0) -> str:
+def _inventory(node: str, *, free: int, held: int = 0, features: tuple[str, ...] = FEATURES) -> str:
+    """A node's inventory as an agent of this release publishes it (``features=()``: as one
+    of an earlier release, which says nothing of what it understands)."""
     doc: dict[str, Any] = {"version": 1, "node": node, "capacityBytes": 100 * GB, "freeBytes": free, "datasets": {}}
+    if features:
+        doc["features"] = list(features)
     if held:
         doc["stripes"] = {"big": {"digest": DIGEST, "sizeBytes": 150 * GB, "heldBytes": held, "members": 4}}
     return json.dumps(doc)
@@ -161,6 +166,49 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     ctl.reconcile_all()
     assert sorted(node for node, method, *_ in asked if method == "DELETE") == ["n1", "n2", "n4"]
     assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["state"] == "Off"
+
+
+def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless_members(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """The job's nearly full node would join without a share, but n4's agent is of a release
+    from before such members (its inventory names no features) and would refuse the field:
+    every member owns, as before, until n4 is upgraded."""
+    from tests.fake_apiserver import make_pod
+
+    frees = {"n1": 10 * GB, "n4": 70 * GB, "n5": 65 * GB}
+    for node, free in frees.items():
+        inventory = _inventory(node, free=free, features=() if node == "n4" else FEATURES)
+        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": inventory}))
+        apiserver.create(agent_pod(node))
+    ds = make_dataset("big", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 150 * GB})
+    ds["spec"]["stripe"] = {"members": 3}
+    apiserver.create(ds)
+    apiserver.create(make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "big"}))
+    puts: dict[str, Any] = {}
+
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
+        if method == "PUT":
+            if "noShare" in body and node == "n4":
+                return 422, {"detail": "noShare: extra fields not permitted"}  # what that release answers
+            puts[node] = body
+        return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 50 * GB}
+
+    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
+    ctl = DatasetController(api_client, settings, clock=Clock())
+    ctl.agent_call = agent
+    ctl.reconcile_all()
+    nodes = apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"]
+    assert sorted(n["node"] for n in nodes) == ["n1", "n4", "n5"]
+    assert all("share" not in n and n["state"] == "fetching" for n in nodes)
+    assert sorted(puts) == ["n1", "n4", "n5"] and not any("noShare" in body for body in puts.values())
+    # n4 upgraded: n1 keeps the share it has started on (a member keeps its part while it
+    # stays: no flapping), so the group and the requests stay as they are
+    annotations = {"dsagent.io/inventory": _inventory("n4", free=70 * GB)}
+    apiserver.patch("nodes", "n4", {"metadata": {"annotations": annotations}})
+    before, puts_before = nodes, dict(puts)
+    ctl.reconcile_all()
+    assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"] == before and puts == puts_before
 
 
 def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, api_client: Any) -> None:
@@ -355,10 +403,12 @@ def test_a_job_nodes_room_counts_the_idle_copies_other_nodes_hold_too() -> None:
 
     def inventories(n1_other: dict[str, Any], n2_holds: bool) -> dict[str, dict[str, Any]]:
         def inv(datasets: dict[str, Any]) -> dict[str, Any]:
-            return {"version": 1, "freeBytes": 10 * GB, "capacityBytes": 200 * GB, "datasets": datasets}
+            return {"version": 1, "freeBytes": 10 * GB, "capacityBytes": 200 * GB, "datasets": datasets,
+                    "features": list(FEATURES)}  # fmt: skip
 
         copy = {"digest": other, "sizeBytes": 100 * GB, "state": "ready", "inUse": False}
-        roomy = {"version": 1, "freeBytes": 150 * GB, "capacityBytes": 200 * GB, "datasets": {}}
+        roomy = {"version": 1, "freeBytes": 150 * GB, "capacityBytes": 200 * GB, "datasets": {},
+                 "features": list(FEATURES)}  # fmt: skip
         return {
             "n1": inv({"other": {**copy, **n1_other}}),
             "n2": inv({"other": copy} if n2_holds else {}),

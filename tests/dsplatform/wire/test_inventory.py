@@ -17,10 +17,12 @@ from dsplatform.boundedjson import JsonRefused
 from dsplatform.wire.inventory import (
     ANNOTATION,
     ANNOTATION_MAX_BYTES,
+    STRIPE_NO_SHARE,
     VERSION,
     compact,
     dataset_entry,
     document,
+    has_feature,
     holds,
     loads,
     versions_of,
@@ -96,7 +98,15 @@ def test_document_and_entry_build_the_documented_shape() -> None:
         "heldBytes": 4,
     }
     doc = document(None, capacity_bytes=None, free_bytes=0, datasets={"d": entry})
-    assert doc == {"version": VERSION, "node": None, "capacityBytes": None, "freeBytes": 0, "datasets": {"d": entry}}
+    assert doc == {
+        "version": VERSION, "node": None, "capacityBytes": None, "freeBytes": 0, "datasets": {"d": entry},
+        "features": ["stripeNoShare"],
+    }  # fmt: skip
+    assert has_feature(doc, STRIPE_NO_SHARE)
+    # an agent of an earlier release says nothing of what it understands; junk counts as nothing
+    for earlier in ({}, {"features": "stripeNoShare"}, {"features": [{"x": 1}]}):
+        assert not has_feature({**doc, **earlier} if earlier else {"version": 1}, STRIPE_NO_SHARE)
+    assert has_feature(loads(compact(doc)) or {}, STRIPE_NO_SHARE)  # the annotation keeps it
     assert "stripes" in document("n", capacity_bytes=1, free_bytes=0, datasets={}, stripes={"s": {}})
 
 
