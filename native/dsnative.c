@@ -14,7 +14,8 @@
  * columns hold the files before `index`.
  *
  * The one-pass pack's serial steps are here too: list_dir (listdir.c), plan_cuts (plan.c)
- * and entry_lines (manifestlines.c), each giving exactly what its Python rule gives.
+ * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
+ * rule gives.
  *
  * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
  * package's own extension (which exports them), so both paths hash with the very same
@@ -627,13 +628,14 @@ static PyTypeObject UnpackerType = {
 
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dir */
-#include "manifestlines.c" /* the manifest's lines: entry_lines */
+#include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records */
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
      "hash_names(dir_fd, names, buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
     {"entry_lines", entry_lines, METH_VARARGS, "entry_lines(paths, sizes, mtimes, digests) -> bytes | None: see native/manifestlines.c."},
+    {"digest_records", digest_records, METH_VARARGS, "digest_records(paths, sizes, digests) -> bytes | None: see native/manifestlines.c."},
     {"plan_cuts", plan_cuts, METH_VARARGS, "plan_cuts(paths, upto, max_files, max_bytes) -> list | None: see native/plan.c."},
     {"list_dir", list_dir, METH_VARARGS, "list_dir(path, prefix, base, found) -> (files, others, entries): see native/listdir.c."},
     {NULL, NULL, 0, NULL},
@@ -669,7 +671,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 4) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 5) < 0) {
         Py_DECREF(m);
         return NULL;
     }

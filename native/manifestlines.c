@@ -1,4 +1,4 @@
-/* The manifest's entry lines (included by dsnative.c).
+/* The manifest's entry lines, and the entries' digest records (included by dsnative.c).
  *
  * entry_lines(paths, sizes, mtimes, digests) -> bytes | None
  *
@@ -96,6 +96,66 @@ done:
     PyMem_Free(buffer);
     PyBuffer_Release(&sizes);
     PyBuffer_Release(&mtimes);
+    PyBuffer_Release(&digests);
+    return result;
+}
+
+/* digest_records(paths, sizes, digests) -> bytes | None
+ *
+ * The entries' canonical digest records, byte for byte what
+ * dsagent.format.entries.EntryTable.record_blocks joins in Python: per entry b"F", the
+ * UTF-8 path's length as a u32 little-endian, the path, the size as a u64 little-endian and
+ * the 16 digest bytes. `sizes` is a buffer of 8-byte unsigned integers, `digests` 16 bytes
+ * an entry. None when a path is not plain UTF-8 (the Python loop encodes its surrogates).
+ */
+static PyObject *digest_records(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *paths;
+    Py_buffer sizes = {0}, digests = {0};
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "O!y*y*", &PyList_Type, &paths, &sizes, &digests)) return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(paths);
+    if (sizes.len != 8 * count || digests.len != 16 * count) {
+        PyErr_SetString(PyExc_ValueError, "digest_records: 8 bytes of size and 16 of digest, an entry");
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyUnicode_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "digest_records: paths must be str");
+            goto done;
+        }
+        Py_ssize_t length;
+        if (PyUnicode_AsUTF8AndSize(path, &length) == NULL) { /* surrogates: the Python loop's */
+            PyErr_Clear();
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if ((unsigned long long)length > 0xffffffffULL) {
+            PyErr_SetString(PyExc_ValueError, "digest_records: a path longer than 4 GiB");
+            goto done;
+        }
+        total += 1 + 4 + length + 8 + 16;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    const unsigned long long *size = sizes.buf;
+    const unsigned char *digest = digests.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t length;
+        const char *path = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(paths, i), &length);
+        *out++ = 'F';
+        for (int b = 0; b < 4; b++) *out++ = (unsigned char)((unsigned long long)length >> (8 * b));
+        memcpy(out, path, (size_t)length);
+        out += length;
+        for (int b = 0; b < 8; b++) *out++ = (unsigned char)(size[i] >> (8 * b));
+        memcpy(out, digest + 16 * i, 16);
+        out += 16;
+    }
+done:
+    PyBuffer_Release(&sizes);
     PyBuffer_Release(&digests);
     return result;
 }

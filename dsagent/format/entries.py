@@ -23,6 +23,7 @@ from typing import NamedTuple, overload
 import xxhash
 
 from dsagent.errors import InvalidInput
+from dsagent.format import native
 from dsplatform.names import DIGEST_LENGTH
 
 _DATASET_DOMAIN = b"dsplatform/dataset/v1\n"
@@ -159,21 +160,30 @@ class EntryTable(Sequence[FileEntry]):
     def total_bytes(self) -> int:
         return sum(self.sizes)
 
-    def record_blocks(self) -> Iterator[bytes]:
-        """The canonical digest records of the entries (see :func:`dataset_digest`), in
-        order, :data:`_BLOCK` records joined per item. Built column-wise with slice
-        assignment: twice as fast as one concatenation per record, and it is the serial
-        tail of every digest (~15 ms for 20,000 entries)."""
-        for start in range(0, len(self.paths), _BLOCK):
-            names = [path.encode("utf-8", "surrogateescape") for path in self.paths[start : start + _BLOCK]]
-            count = len(names)
-            digests = self.digests[16 * start : 16 * (start + count)]
-            parts: list[bytes] = [b"F"] * (5 * count)
-            parts[1::5] = map(_LEN.pack, map(len, names))
-            parts[2::5] = names
-            parts[3::5] = map(_SIZE.pack, self.sizes[start : start + count])
-            parts[4::5] = [digests[offset : offset + 16] for offset in range(0, 16 * count, 16)]
-            yield b"".join(parts)
+    def record_blocks(self, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+        """The canonical digest records of entries ``start`` to ``stop`` (see
+        :func:`dataset_digest`), in order, :data:`_BLOCK` records joined per item: encoded
+        in C when the native extension is built (a tenth of the cost), else column-wise in
+        Python. They are the serial tail of every digest and of every manifest check."""
+        stop = len(self.paths) if stop is None else stop
+        for first in range(start, stop, _BLOCK):
+            end = min(first + _BLOCK, stop)
+            paths, sizes, digests = self.paths[first:end], self.sizes[first:end], self.digests[16 * first : 16 * end]
+            block = native.digest_records(paths, sizes, digests) if native.AVAILABLE else None
+            yield _records(paths, sizes, digests) if block is None else block
+
+
+def _records(paths: Sequence[str], sizes: Sequence[int], digests: bytes) -> bytes:
+    """The digest records of some entries, joined (the pure rule; built column-wise with
+    slice assignment: twice as fast as one concatenation per record)."""
+    names = [path.encode("utf-8", "surrogateescape") for path in paths]
+    count = len(names)
+    parts: list[bytes] = [b"F"] * (5 * count)
+    parts[1::5] = map(_LEN.pack, map(len, names))
+    parts[2::5] = names
+    parts[3::5] = map(_SIZE.pack, sizes)
+    parts[4::5] = [digests[offset : offset + 16] for offset in range(0, 16 * count, 16)]
+    return b"".join(parts)
 
 
 class EntryTableBuilder:
@@ -319,6 +329,31 @@ def dataset_digest(entries: Iterable[FileEntry], directories: Iterable[str] = ()
 def table_digest(table: EntryTable, directories: Iterable[str]) -> str:
     """The dataset digest of ``table`` (in path order) and its empty ``directories``."""
     return _digest_of(_DATASET_DOMAIN, itertools.chain(table.record_blocks(), _dir_records(directories)))
+
+
+def digests_of(
+    table: EntryTable, directories: Iterable[str], spans: Iterable[tuple[int, int]]
+) -> tuple[str, list[str]]:
+    """The dataset digest of ``table`` (in path order) and its empty ``directories``, and the
+    bundle digest of each ``(first, count)`` span of it, with each entry's records encoded
+    once for both. The spans follow each other from the first entry (a bundle index that
+    tiles the table, checked by the caller); entries after the last span count only in the
+    dataset digest."""
+    whole = xxhash.xxh3_128(_DATASET_DOMAIN)
+    parts: list[str] = []
+    position = 0
+    for first, count in spans:
+        if first != position or count < 0 or first + count > len(table):
+            raise ValueError("the spans do not tile the entries in order")
+        part = xxhash.xxh3_128(_BUNDLE_DOMAIN)
+        for block in table.record_blocks(first, first + count):
+            whole.update(block)
+            part.update(block)
+        parts.append(part.hexdigest())
+        position = first + count
+    for block in itertools.chain(table.record_blocks(position), _dir_records(directories)):
+        whole.update(block)
+    return whole.hexdigest(), parts
 
 
 def bundle_digest(members: Iterable[FileEntry]) -> str:

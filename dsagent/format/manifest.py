@@ -65,9 +65,9 @@ from dsagent.format.entries import (
     bundle_digest,
     check_layout,
     dataset_digest,
+    digests_of,
     is_safe_path,
     path_key,
-    table_digest,
 )
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
@@ -184,13 +184,14 @@ class Manifest:
     def _assemble(
         cls, name: str, entries: EntryTable, dirs: tuple[str, ...], bundles: tuple[BundleRef, ...]
     ) -> Manifest:
-        """Digest and bundle index of the (sorted, checked) entries, encoded a block at a time."""
+        """Digest and bundle index of the (sorted, checked) entries, encoded a block at a time:
+        each entry's records once, for the dataset digest and its bundle's."""
+        _check_tiling(entries, bundles)
         try:
-            digest = table_digest(entries, dirs)
+            digest, bundle_digests = digests_of(entries, dirs, [(b.first, b.count) for b in bundles])
         except (ValueError, TypeError, AttributeError, struct.error) as exc:
             raise InvalidInput(f"malformed file entry in dataset {name!r}: {exc}") from exc
-        if bundles:
-            _check_bundle_index(entries, bundles)
+        _check_bundles(entries, bundles, bundle_digests)
         return cls(name, entries, bundles, digest, dirs)
 
     @property
@@ -212,7 +213,8 @@ class Manifest:
     def with_bundles(self, bundles: Sequence[BundleRef]) -> Manifest:
         """This manifest with its bundle index set; checks the index tiles the entries."""
         refs = tuple(bundles)
-        _check_bundle_index(self.entries, refs)
+        _check_tiling(self.entries, refs)
+        _check_bundles(self.entries, refs, [bundle_digest(self.bundle_entries(ref)) for ref in refs])
         return replace(self, bundles=refs)
 
     def to_bytes(self) -> bytes:
@@ -233,20 +235,27 @@ def check_dataset_name(name: str) -> str:
     return validate_name(name)
 
 
-def _check_bundle_index(entries: EntryTable, bundles: Sequence[BundleRef]) -> None:
+def _check_tiling(entries: EntryTable, bundles: Sequence[BundleRef]) -> None:
+    """:class:`IntegrityError` unless the bundle index tiles the entries in order."""
     position = 0
     for ref in bundles:
         if ref.first != position or ref.count <= 0 or not is_digest(ref.digest):
             raise IntegrityError(f"bundle index does not tile the entries at bundle {ref.digest!r}")
-        end = ref.first + ref.count
-        members = entries[ref.first : end]  # columns: ~40 bytes an entry while it is checked
-        if end > len(entries) or bundle_digest(members) != ref.digest:
+        if ref.first + ref.count > len(entries):
             raise IntegrityError(f"bundle {ref.digest} does not match the entries it claims")
-        if ref.size != members.total_bytes:
-            raise IntegrityError(f"bundle {ref.digest} records the wrong payload size")
-        position = end
+        position = ref.first + ref.count
     if bundles and position != len(entries):
         raise IntegrityError(f"bundle index covers {position} of {len(entries)} entries")
+
+
+def _check_bundles(entries: EntryTable, bundles: Sequence[BundleRef], digests: Sequence[str]) -> None:
+    """:class:`IntegrityError` unless each bundle's digest (``digests``, computed from its
+    entries) and payload size are those its entries give."""
+    for ref, digest in zip(bundles, digests, strict=True):
+        if digest != ref.digest:
+            raise IntegrityError(f"bundle {ref.digest} does not match the entries it claims")
+        if ref.size != sum(entries.sizes[ref.first : ref.first + ref.count]):
+            raise IntegrityError(f"bundle {ref.digest} records the wrong payload size")
 
 
 # --------------------------------------------------------------------------- stored form
@@ -549,6 +558,7 @@ __all__ = [
     "bundle_path",
     "check_dataset_name",
     "dataset_digest",
+    "digests_of",
     "hash_file",
     "hash_stream",
     "is_safe_path",

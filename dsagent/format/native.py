@@ -8,8 +8,9 @@ member loop :func:`extract_members` runs in C when the extension is here; and th
 reader (:class:`dsagent.format.packwriter.BundleWriter`), which lays out a local bundle's
 tar stream with :func:`tar_reader` (the same bytes and digests as its Python loop); and the
 one-pass pack's serial steps around it: the listing (:func:`list_dir`, one call a
-directory), the bundle plan's boundaries (:func:`plan_cuts`) and the manifest's lines
-(:func:`entry_lines`), each the Python rule's result exactly. What it owns:
+directory), the bundle plan's boundaries (:func:`plan_cuts`), the manifest's lines
+(:func:`entry_lines`) and the digest records of the entries (:func:`digest_records`, for
+every dataset and bundle digest), each the Python rule's result exactly. What it owns:
 whether the extension is importable (:data:`AVAILABLE`), the call that turns one
 directory's names into the digest's columns, and the hand-over between the C member loop
 and the Python one.
@@ -35,20 +36,18 @@ import mmap
 import os
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from dsagent.errors import IntegrityError
-from dsagent.format.entries import EntryTable
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.storage import translate_errors
 
 if TYPE_CHECKING:
-    from dsagent.format.entries import FileEntry
     from dsagent.format.tarstream import FrameReader
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 4
+INTERFACE = 5
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -62,6 +61,30 @@ if _native is not None and getattr(_native, "INTERFACE", None) != INTERFACE:
     _native = None
 
 T = TypeVar("T", bound=tuple)  # type: ignore[type-arg]
+
+
+class Table(Protocol):
+    """What the loops read of an entry table (:class:`dsagent.format.entries.EntryTable`,
+    which imports this module to encode its digest records, so it is not imported here)."""
+
+    paths: list[str]
+    sizes: array[int]
+    mtimes: array[int]
+    digests: bytes
+
+
+class Member(Protocol):
+    """What the pack's reader reads of an entry (:class:`dsagent.format.entries.FileEntry`)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def mtime_ns(self) -> int: ...
+    @property
+    def digest(self) -> str: ...
+
 
 #: True when the extension is built and loaded.
 AVAILABLE = _native is not None
@@ -131,13 +154,22 @@ def list_dir(directory: str, prefix: str, base: str, found: type[T]) -> tuple[li
     return files, others, entries
 
 
-def entry_lines(table: EntryTable) -> bytes | None:
+def entry_lines(table: Table) -> bytes | None:
     """The manifest's lines of ``table``'s entries, encoded, formatted in C (native/manifestlines.c):
     byte for byte what :func:`dsagent.format.manifest.encode_manifest`'s Python loop writes,
     at a tenth of its cost. None when a path holds surrogates (that loop encodes them)."""
     assert _native is not None, "the native extension is not built"
     lines: bytes | None = _native.entry_lines(table.paths, table.sizes, table.mtimes, table.digests)
     return lines
+
+
+def digest_records(paths: list[str], sizes: array[int], digests: bytes) -> bytes | None:
+    """The entries' digest records (:meth:`dsagent.format.entries.EntryTable.record_blocks`),
+    encoded in C (native/manifestlines.c), byte for byte what the Python loop joins. None
+    when a path holds surrogates (that loop encodes them)."""
+    assert _native is not None, "the native extension is not built"
+    records: bytes | None = _native.digest_records(paths, sizes, digests)
+    return records
 
 
 def plan_cuts(paths: list[str], upto: list[int], max_files: int, max_bytes: int) -> list[int] | None:
@@ -157,7 +189,7 @@ _IN_DATA = 2
 def extract_members(
     reader: FrameReader,
     dir_fd: int,
-    members: EntryTable,
+    members: Table,
     what: str,
     *,
     seen: set[str],
@@ -226,7 +258,7 @@ def extract_members(
 FILL_MORE, FILL_DONE, FILL_ERRNO, FILL_CHANGED, FILL_DIGEST = range(5)
 
 
-def tar_reader(dir_fd: int, members: Sequence[FileEntry], special: Mapping[int, bytes]) -> Any:
+def tar_reader(dir_fd: int, members: Sequence[Member], special: Mapping[int, bytes]) -> Any:
     """The C reader of one bundle's tar stream (``native/packloop.c``): ``members`` opened
     relative to ``dir_fd``; ``special``: index -> the header bytes of each member whose
     header is not a plain ustar block (Python's tarfile writes those). Its ``fill(buffer)``

@@ -9,6 +9,7 @@ built as for ``test_native.py`` (skipped, saying why, without a C compiler).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from array import array
@@ -274,6 +275,61 @@ def test_the_native_manifest_lines_are_the_python_lines(
         return
     want = "".join(_entry_line(p, s, m, d.hex()) + "\n" for p, s, m, d in rows).encode()
     assert lines == want
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            _TEXT | st.sampled_from(["caf\udce9.jpg", "\udcff"]),  # surrogates: handed back to Python
+            st.integers(min_value=0, max_value=2**64 - 1),
+            st.binary(min_size=16, max_size=16),
+        ),
+        max_size=20,
+    )
+)
+def test_the_native_digest_records_are_the_python_records(
+    extension: ModuleType, rows: list[tuple[str, int, bytes]]
+) -> None:
+    from dsagent.format.entries import _records
+
+    paths, sizes, digests = [r[0] for r in rows], array("Q", [r[1] for r in rows]), b"".join(r[2] for r in rows)
+    records = extension.digest_records(paths, sizes, digests)
+    if any("\udc80" <= c <= "\udcff" for r in rows for c in r[0]):
+        assert records is None
+        return
+    assert records == _records(paths, sizes, digests)
+
+
+def test_digests_and_bundle_checks_are_the_same_either_way(
+    tree: Path, tmp_path: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dataset and bundle digests, and a lying bundle index refused, with C records
+    and with Python's; a block with a name that is not UTF-8 is Python's either way."""
+    from dsagent.errors import IntegrityError
+    from dsagent.format.manifest import BundleRef
+
+    (tree / os.fsdecode(b"caf\xe9.bin")).write_bytes(b"x")
+    store = tmp_path / "store"
+    pack_dataset(tree, store, name="t", max_files=3)
+    raw = (store / "t" / "manifest").read_bytes()
+    pure, fast = _both(monkeypatch, lambda: Manifest.from_bytes(raw))
+    assert fast == pure and len(fast.bundles) > 2  # type: ignore[attr-defined]
+    manifest: Manifest = fast  # type: ignore[assignment]
+    swapped = [manifest.bundles[1], manifest.bundles[0], *manifest.bundles[2:]]
+    wrong = [BundleRef(b.digest if i != 1 else manifest.bundles[0].digest, b.first, b.count, b.size,
+                       b.compressed_size) for i, b in enumerate(manifest.bundles)]  # fmt: skip
+    resized = [dataclasses.replace(manifest.bundles[0], size=manifest.bundles[0].size + 1), *manifest.bundles[1:]]
+    for bad, message in ((swapped, "tile"), (wrong, "does not match"), (resized, "wrong payload size")):
+        for available in (False, True):
+            monkeypatch.setattr(native, "AVAILABLE", available)
+            with pytest.raises(IntegrityError, match=message):
+                manifest.with_bundles(bad)
+            with pytest.raises(IntegrityError, match=message):
+                Manifest.of_checked_layout("t", manifest.entries, directories=manifest.directories, bundles=bad)
+    with pytest.raises(ValueError, match="16 of digest"):
+        with_native.digest_records(["a"], array("Q", [1]), b"short")
+    with pytest.raises(TypeError, match="must be str"):
+        with_native.digest_records([b"a"], array("Q", [1]), bytes(16))
 
 
 def test_a_manifest_encodes_to_the_same_bytes_either_way(
