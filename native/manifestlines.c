@@ -40,6 +40,32 @@ static char *escaped_into(char *out, const char *path, Py_ssize_t length) {
     return out;
 }
 
+/* Into *total: the sum over `paths` (a list) of `scale` times each path's UTF-8 length, plus
+ * `extra`. 1; 0 when a path holds surrogates (the caller answers None: its Python loop
+ * encodes them); -1 with an exception set (`what`, the caller, names it) for a path that is
+ * not a str or is 4 GiB long. */
+static int utf8_sizes(PyObject *paths, const char *what, size_t scale, size_t extra, size_t *total) {
+    *total = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths); i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyUnicode_Check(path)) {
+            PyErr_Format(PyExc_TypeError, "%s: paths must be str", what);
+            return -1;
+        }
+        Py_ssize_t length;
+        if (PyUnicode_AsUTF8AndSize(path, &length) == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if ((unsigned long long)length > 0xffffffffULL) {
+            PyErr_Format(PyExc_ValueError, "%s: a path of 4 GiB or more", what);
+            return -1;
+        }
+        *total += scale * (size_t)length + extra;
+    }
+    return 1;
+}
+
 static PyObject *entry_lines(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *paths;
@@ -52,20 +78,11 @@ static PyObject *entry_lines(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "entry_lines: 8 bytes of size and of mtime, 16 of digest, an entry");
         goto done;
     }
-    size_t cap = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i);
-        if (!PyUnicode_Check(path)) {
-            PyErr_SetString(PyExc_TypeError, "entry_lines: paths must be str");
-            goto done;
-        }
-        Py_ssize_t length;
-        if (PyUnicode_AsUTF8AndSize(path, &length) == NULL) { /* surrogates: the Python loop's */
-            PyErr_Clear();
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-        cap += 6 * (size_t)length + 96; /* escapes at most 6x; brackets, quotes, numbers, digest */
+    size_t cap; /* escapes at most 6x; brackets, quotes, numbers, digest */
+    int sized = utf8_sizes(paths, "entry_lines", 6, 96, &cap);
+    if (sized <= 0) {
+        if (sized == 0) result = Py_NewRef(Py_None);
+        goto done;
     }
     buffer = PyMem_Malloc(cap ? cap : 1);
     if (buffer == NULL) {
@@ -119,26 +136,13 @@ static PyObject *digest_records(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "digest_records: 8 bytes of size and 16 of digest, an entry");
         goto done;
     }
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i);
-        if (!PyUnicode_Check(path)) {
-            PyErr_SetString(PyExc_TypeError, "digest_records: paths must be str");
-            goto done;
-        }
-        Py_ssize_t length;
-        if (PyUnicode_AsUTF8AndSize(path, &length) == NULL) { /* surrogates: the Python loop's */
-            PyErr_Clear();
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-        if ((unsigned long long)length > 0xffffffffULL) {
-            PyErr_SetString(PyExc_ValueError, "digest_records: a path longer than 4 GiB");
-            goto done;
-        }
-        total += 1 + 4 + length + 8 + 16;
+    size_t total; /* b"F", the length, the path, the size, the digest */
+    int sized = utf8_sizes(paths, "digest_records", 1, 1 + 4 + 8 + 16, &total);
+    if (sized <= 0) {
+        if (sized == 0) result = Py_NewRef(Py_None);
+        goto done;
     }
-    result = PyBytes_FromStringAndSize(NULL, total);
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL) goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
     const unsigned long long *size = sizes.buf;

@@ -31,6 +31,14 @@ def _inventory(node: str, *, free: int, held: int = 0, features: tuple[str, ...]
     return json.dumps(doc)
 
 
+def _controller(api_client: Any, agent: Any) -> DatasetController:
+    """A controller whose calls to agents go to ``agent(node, method, path, body, acting_for)``."""
+    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
+    ctl = DatasetController(api_client, settings, clock=Clock())
+    ctl.agent_call = agent
+    return ctl
+
+
 def test_spec_stripe_is_auto_or_a_member_count() -> None:
     assert parse_stripe("auto") == "auto" and parse_stripe({"members": 3}) == 3
     assert parse_stripe({"members": 0}) is None and parse_stripe(True) is None and parse_stripe(None) is None
@@ -55,9 +63,7 @@ def test_the_controller_chooses_a_group_and_holds_every_members_share(
         done = node == "n3"
         return 200, {"complete": done, "bytesHeld": 30 * GB if done else 0, "bytesOwned": 30 * GB}
 
-    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
-    ctl = DatasetController(api_client, settings, clock=Clock())
-    ctl.agent_call = agent
+    ctl = _controller(api_client, agent)
     ctl.reconcile_all()
     stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
     # ceil(1.2 x 150 GB / (0.5 x 100 GB)) = 4 members: the holder first, then the most room
@@ -139,9 +145,7 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
             return 200, {"name": "big", "released": [DIGEST]}
         return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 50 * GB}
 
-    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
-    ctl = DatasetController(api_client, settings, clock=Clock())
-    ctl.agent_call = agent
+    ctl = _controller(api_client, agent)
     ctl.reconcile_all()
     nodes = apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"]
     members = [n["node"] for n in nodes]
@@ -194,9 +198,7 @@ def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless
             puts[node] = body
         return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 50 * GB}
 
-    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
-    ctl = DatasetController(api_client, settings, clock=Clock())
-    ctl.agent_call = agent
+    ctl = _controller(api_client, agent)
     ctl.reconcile_all()
     nodes = apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"]
     assert sorted(n["node"] for n in nodes) == ["n1", "n4", "n5"]
@@ -230,9 +232,7 @@ def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, a
     ds["spec"]["stripe"] = "auto"
     apiserver.create(ds)
     apiserver.create(make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "big"}))
-    settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=7420)
-    ctl = DatasetController(api_client, settings, clock=Clock())
-    ctl.agent_call = lambda *args: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": GB})
+    ctl = _controller(api_client, lambda *args: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": GB}))
     ctl.reconcile_all()
     stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
     # every node of the subnet (three, fewer than the four bundles), the job's first
