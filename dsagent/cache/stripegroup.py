@@ -79,14 +79,14 @@ def choose_group(
     members: int | None = None,
     budget: float = 0.5,
     ratio: float = 1.2,
-    bundle_bytes: int | None = None,
+    bundles: int | None = None,
 ) -> Group:
     """The group's members, in order (fewer when fewer qualify; none for no nodes), and
     which of them own no bundle.
 
     ``members`` defaults (``spec.stripe: auto``) to ``group_size(size, smallest cache)`` with
     ``budget``, or, where it is more, to as many members as the first member's RoCE subnet
-    has nodes, at most one per bundle (``bundle_bytes``: the pack's bundle cap): the group is
+    has nodes, at most one per bundle (``bundles``: the version's count): the group is
     spread as a JuiceFS cache group or an Alluxio runtime spreads its blocks, so that many
     members serve the readers at once and each share is small. A group has at least as
     many members as ``job_nodes`` among ``nodes`` (each is one). A node of the
@@ -111,8 +111,8 @@ def choose_group(
         members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
         anchor = next(iter([*job, *(n for n in before if n in by_name), *_holders(nodes)]), None)
         subnet = by_name[anchor].subnet if anchor is not None else None
-        if subnet is not None and bundle_bytes:
-            spread = min(sum(1 for n in nodes if n.subnet == subnet), math.ceil(size_bytes / bundle_bytes))
+        if subnet is not None and bundles:
+            spread = min(sum(1 for n in nodes if n.subnet == subnet), bundles)
             members = max(members, spread)
     group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
     if group is not None and group.no_share and not all(by_name[m].takes_no_share for m in group.members):

@@ -28,6 +28,7 @@ for it, the new owners fetch from the other members, then the store.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -170,7 +171,8 @@ def stripe_status(
         before=[n for n in before if n not in leaving_now],
         no_share_before=shareless_before,
         members=None if mode == "auto" else int(mode),
-        bundle_bytes=DEFAULT_MAX_BYTES,  # the bundles' count is not in the status: the pack's cap bounds it
+        # the count the pack published; a status without one: as many as the pack's cap gives
+        bundles=_int(status.get("bundles")) or math.ceil(size / DEFAULT_MAX_BYTES),
     )
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
     _release(agent_call, dropped, name, status.get("digest"), who)

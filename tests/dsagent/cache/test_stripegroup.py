@@ -163,16 +163,16 @@ def test_a_member_keeps_its_part_while_it_stays_and_someone_always_owns() -> Non
 def test_auto_spreads_over_the_first_members_subnet_at_most_one_member_a_bundle() -> None:
     # the size rule asks for 2 (1.2 x 3 TB / (0.5 x 4 TB)); the job's subnet s1 has a, c, e, f
     nodes = _nodes()
-    spread = _members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundle_bytes=800 * 10**6)
+    spread = _members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundles=3750)
     # four members, s1's count: b holds bundles already, then room in s1 (c, f; e has none)
     assert spread[0] == "a" and set(spread) == {"a", "b", "c", "f"}
-    # at most one member a bundle: a 1.6 GB version has two
-    assert len(_members(nodes, size_bytes=1_600_000_000, job_nodes=["a"], bundle_bytes=800 * 10**6)) == 2
-    # without the bundle cap, or a subnet, or when the Dataset names its count: the size rule
+    # at most one member a bundle: a version of three bundles
+    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundles=3)) == 3
+    # without the bundle count, or a subnet, or when the Dataset names its count: the size rule
     assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"])) == 2
     unknown = [replace(n, subnet=None) for n in nodes]
-    assert len(_members(unknown, size_bytes=3 * TB, job_nodes=["a"], bundle_bytes=800 * 10**6)) == 2
-    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], members=2, bundle_bytes=800 * 10**6)) == 2
+    assert len(_members(unknown, size_bytes=3 * TB, job_nodes=["a"], bundles=3750)) == 2
+    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], members=2, bundles=3750)) == 2
 
 
 def test_a_job_node_owns_after_all_when_too_few_others_have_room() -> None:

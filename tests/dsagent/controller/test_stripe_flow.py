@@ -216,8 +216,9 @@ def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless
 def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, api_client: Any) -> None:
     from tests.fake_apiserver import make_pod
 
-    # 3.2 GB: four bundles at the pack's 800 MB cap; the size rule asks for one member. The
-    # job's node n1 shares its RoCE subnet with n2 and n3; n4 and n5 sit on another.
+    # 3.2 GB and no bundle count in the status (an earlier dsctl pack): four bundles at the
+    # pack's 800 MB cap; the size rule asks for one member. The job's node n1 shares its RoCE
+    # subnet with n2 and n3; n4 and n5 sit on another.
     subnet = {"n1": "10.1.0", "n2": "10.1.0", "n3": "10.1.0", "n4": "10.2.0", "n5": "10.2.0"}
     for node in subnet:
         annotations = {
@@ -237,10 +238,9 @@ def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, a
     stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
     # every node of the subnet (three, fewer than the four bundles), the job's first
     assert [n["node"] for n in stripe["nodes"]] == ["n1", "n2", "n3"] and stripe["members"] == 3
-    # a version of two bundles: at most a member a bundle
-    ds2 = make_dataset(
-        "small", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 1_600_000_000}
-    )
+    # as large, but packed into two bundles (a larger cap), as its status says: a member a bundle
+    status = {"digest": DIGEST, "bytes": 3_200_000_000, "bundles": 2}
+    ds2 = make_dataset("small", namespace="ml", bundles="s3://store/packs", status=status)
     ds2["spec"]["stripe"] = "auto"
     apiserver.create(ds2)
     apiserver.create(make_pod("train-1", namespace="ml", node_name="n4", annotations={"dsagent.io/datasets": "small"}))
