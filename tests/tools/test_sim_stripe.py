@@ -130,6 +130,7 @@ def test_a_member_that_cannot_hold_its_share_again_hands_its_slot_to_a_node_that
     assert lost not in group.members and len(group.members) == len(original)
     (taker,) = set(group.members) - original
     assert group.owned[taker] == share and taker in group.holding and taker in {4, 5}
+    assert sim.nodes[taker].used_bytes <= TB  # the taker made room for the share it took
     # only the slot's bundles come from the store again, once over three epochs
     assert sim.storage_bytes - before == pytest.approx(share)
 
@@ -221,3 +222,25 @@ def test_a_share_is_published_as_the_agents_inventory_shows_it_not_as_a_whole_co
         assert share.group == names and share.members == 4 and share.size_bytes == 3 * TB
         assert share.held_bytes == pytest.approx(node.cache[("ds000", 0)].size, rel=1e-9)
         assert "ds000" in inventory.partial
+
+
+def test_a_group_does_not_take_both_holders_of_a_versions_two_copies_as_room() -> None:
+    # nodes 1 and 2 (the job's) each hold an idle copy of "v", the cluster's only two, with
+    # too little free room for a share; nodes 0 and 3 are empty. Each copy alone is room
+    # (another node holds v), but not both: of the group's two slots node 1 takes one, an
+    # empty node the other, and v keeps a copy (the published counts are those of before
+    # the group's pass, which still show two)
+    from tools.sim.cluster import Outcome, Worker
+
+    data = [Dataset("big", int(2.4 * GB), (0.0,)), Dataset("v", int(1.5 * GB), (0.0,))]
+    sim = Simulation("ours+stripe", [job(0, 0.0, "big", gpus=16)], data, cluster(nodes=4, cache=2 * GB), seed=3)
+    for n in (sim.nodes[1], sim.nodes[2]):
+        n.cache[("v", 0)] = CacheEntry("v", 0, int(1.5 * GB), 0.0, ready=True)
+        sim.ready_copies.setdefault(("v", 0), set()).add(n.index)
+    out = Outcome(sim.jobs[0], start=0.0)
+    out.workers = [Worker(n, (0, 1, 2, 3, 4, 5, 6, 7), frozenset()) for n in (sim.nodes[1], sim.nodes[2])]
+    group = sim._stripe_group(out, ("big", 0), data[0].size)
+    assert group is not None and sorted(group.members) == [0, 1]
+    assert sim.ready_copies[("v", 0)] == {2}
+    assert all(n.used_bytes <= 2 * GB for n in sim.nodes)
+    assert sim.group_evicted is None  # the pass is over: later evictions count as published

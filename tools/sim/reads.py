@@ -42,6 +42,10 @@ STRIPE = ("ours+stripe", "ours+stripe+early")
 
 
 class Reads(Flows):
+    # while a group is chosen and its members make room (:meth:`_stripe_group`): per version,
+    # the ready copies the members chosen so far evict, which the published counts do not show
+    group_evicted: dict[tuple[str, int], int] | None = None
+
     def _start(self, job: Job, workers: list[Worker]) -> None:
         out = self.outcomes[job.id]
         out.start = self.now
@@ -206,13 +210,17 @@ class Reads(Flows):
         )
         return sum(group.owned[m] * group.fill[m] for m in owners), owners
 
-    def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
+    def _make_room(
+        self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False, chosen: bool = False
+    ) -> bool:
         """Room for ``size`` bytes by the agent's eviction policy (``plan_for_fetch``); with a
         group policy (``ours+stripe``) in tiers: versions other nodes also hold ready first,
         then idle stripe shares, a last copy only when those cannot free enough (within a
         tier the product's order: most other copies, then least recently used). A
         ``replica`` (a version the cluster already holds) is made only from the first tier:
-        a second copy never costs the cluster the last copy of something else."""
+        a second copy never costs the cluster the last copy of something else. In a group's
+        pass the copies it evicts (``chosen``: would evict, the node taking a slot) are
+        counted gone (:attr:`group_evicted`)."""
         aware = self.policy in OURS
         candidates = [
             Candidate(
@@ -222,14 +230,14 @@ class Reads(Flows):
                 e.last_used,
                 in_use=e.in_use,
                 fetching=not e.ready,
-                copies=self.copy_counts.others(self, (name, version), e.ready) if aware else None,
+                copies=self._others((name, version), e.ready) if aware else None,
             )
             for (name, version), e in node.cache.items()
         ]
         tiers = [candidates]
         if self.policy in STRIPE:
             shares = {k for k, e in node.cache.items() if e.stripe}
-            last = shares | {k for k, e in node.cache.items() if self.copy_counts.others(self, k, e.ready) == 0}
+            last = shares | {k for k, e in node.cache.items() if self._others(k, e.ready) == 0}
 
             def keeping(kept: set[tuple[str, int]]) -> list[Candidate]:
                 return [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in kept else c for c in candidates]
@@ -242,10 +250,21 @@ class Reads(Flows):
                 break
         else:
             return False
-        if not dry_run:
-            for victim in plan.victims:
-                self._forget(node, (victim.name, int(victim.digest, 16)))
+        for victim in plan.victims if not dry_run or chosen else ():
+            key = (victim.name, int(victim.digest, 16))
+            if self.group_evicted is not None and node.cache[key].ready and not node.cache[key].stripe:
+                self.group_evicted[key] = self.group_evicted.get(key, 0) + 1
+            if not dry_run:
+                self._forget(node, key)
         return True
+
+    def _others(self, key: tuple[str, int], ready: bool) -> int:
+        """Other nodes' ready copies of a version as the eviction counts them (the published
+        counts, up to ``RESYNC_S`` old), less those a group's pass has already taken: its
+        members are chosen and make room together, so no two count on each other's copy
+        and between them evict the cluster's last."""
+        gone = self.group_evicted.get(key, 0) if self.group_evicted else 0
+        return max(0, self.copy_counts.others(self, key, ready) - gone)
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
         for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and not e.in_use]:
@@ -414,6 +433,7 @@ class Reads(Flows):
                 return None
             group = self.stripes[key] = stripe.Group(key, members, self._slot_owners(key, size, members))
         group.jobs.add((out.job.id, out.start))
+        self.group_evicted = {}
         for slot, m in enumerate(group.members):
             node = self.nodes[m] if m >= 0 else None  # m < 0: a slot no node could hold yet
             entry = node.cache.get(key) if node is not None else None
@@ -430,6 +450,7 @@ class Reads(Flows):
                 taker = self._taker(out, group, owned)
                 if taker is None:  # a hole: its bundles come from the store
                     continue
+                self._make_room(taker, owned)  # chosen by a dry run: its room is made now
                 node = taker
                 group.holding.discard(m)
                 group.members = (*group.members[:slot], node.index, *group.members[slot + 1 :])
@@ -439,6 +460,7 @@ class Reads(Flows):
             self.touch(node)
             group.fill[node.index] = 0.0
             group.holding.add(node.index)
+        self.group_evicted = None
         return group
 
     def _candidates(self, out: Outcome, exclude: set[int]) -> list[Node]:
@@ -471,26 +493,33 @@ class Reads(Flows):
         at least as many as hold the version with the agent's headroom, and every rank's
         node among them if it can): spread as a JuiceFS group or an Alluxio runtime spreads
         its blocks, so that many members serve a version's readers at once and each share
-        is small; fewer when not that many nodes can make room."""
+        is small; fewer when not that many nodes can make room. The copies a chosen node
+        would evict count as gone for the slots after it (:meth:`_others`): two holders of a
+        version's only two copies are not both taken as room, which would evict the last."""
         candidates = self._candidates(out, set())
         layout = {c.name for c in out.workers[0].node.type.classes}
         subnet = sum(1 for n in candidates if {c.name for c in n.type.classes} == layout)
         jobs = len({w.node.index for w in out.workers})
         want = stripe.members_needed(size, self.params.cache_bytes)
         k = max(want, jobs, min(subnet, stripe.bundles(size)))
-        while True:
-            shares = self._shares(key, size, k)
-            slots: dict[int, int] = {}
-            for slot in sorted(range(k), key=lambda s: -shares[s]):
-                free = [n for n in candidates if n.index not in slots.values()]
-                n = self._first_room(free, int(shares[slot]))
-                if n is not None:
-                    slots[slot] = n.index
-            if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
-                return tuple(slots.get(slot, -1 - slot) for slot in range(k))
-            if k == want:
-                return None
-            k = max(want, min(k - 1, len(slots)))
+        try:
+            while True:
+                shares = self._shares(key, size, k)
+                slots: dict[int, int] = {}
+                self.group_evicted = {}  # a copy one slot's node evicts is no other slot's room
+                for slot in sorted(range(k), key=lambda s: -shares[s]):
+                    free = [n for n in candidates if n.index not in slots.values()]
+                    n = self._first_room(free, int(shares[slot]))
+                    if n is not None:
+                        slots[slot] = n.index
+                        self._make_room(n, int(shares[slot]), dry_run=True, chosen=True)
+                if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
+                    return tuple(slots.get(slot, -1 - slot) for slot in range(k))
+                if k == want:
+                    return None
+                k = max(want, min(k - 1, len(slots)))
+        finally:
+            self.group_evicted = None
 
     def _shares(self, key: tuple[str, int], size: int, slots: int) -> dict[int, float]:
         """Bytes each of ``slots`` slots owns under rendezvous hashing of the version's bundles."""
