@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Any
 
 from dsagent.cache.copies import count_copies
-from dsagent.cache.stripegroup import Candidate, choose_group
+from dsagent.cache.stripegroup import Candidate, Version, choose_group
 from dsagent.cluster.datasets import parse_stripe
 from dsagent.cluster.leaving import draining
 from dsagent.controller.agents import JSON, AgentCall
@@ -153,10 +153,11 @@ def stripe_status(
         whole = (inv.get("datasets") or {}).get(name) or {}
         held_bytes = _int(held) or (_int(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
         free = _int(inv.get("freeBytes"))
+        replicated = _replicated(inv, copies)
         candidates.append(
             Candidate(
                 node, free, held_bytes, subnets.get(node), _int(inv.get("capacityBytes")),
-                spare_bytes=free + _replicated_bytes(inv, copies),
+                spare_bytes=free + sum(size for _, size in replicated), replicated=replicated,
                 takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
             )
         )  # fmt: skip
@@ -171,6 +172,7 @@ def stripe_status(
         before=[n for n in before if n not in leaving_now],
         no_share_before=shareless_before,
         members=None if mode == "auto" else int(mode),
+        copies=copies,
         # the count the pack published; a status without one: as many as the pack's cap gives
         bundles=_int(status.get("bundles")) or math.ceil(size / DEFAULT_MAX_BYTES),
     )
@@ -216,11 +218,12 @@ def _ready_versions(inv: Mapping[str, Any]) -> dict[tuple[str, str], tuple[int, 
     return found
 
 
-def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[tuple[str, str], int]) -> int:
+def _replicated(inv: Mapping[str, Any], copies: Mapping[Version, int]) -> tuple[tuple[Version, int], ...]:
     """What a node could free without evicting the last copy of anything: its idle whole
     copies that another node holds ready too (the first tier of the eviction order,
-    docs/design-striping.md#eviction)."""
-    return sum(size for key, (size, in_use) in _ready_versions(inv).items() if not in_use and copies.get(key, 0) > 1)
+    docs/design-striping.md#eviction), ``(version, bytes)`` each."""
+    held = _ready_versions(inv).items()
+    return tuple((key, size) for key, (size, in_use) in held if not in_use and copies.get(key, 0) > 1)
 
 
 def _drain(

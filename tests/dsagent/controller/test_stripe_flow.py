@@ -395,6 +395,27 @@ def test_draining_reads_cordons_and_drain_taints() -> None:
     assert draining(nodes) == {"a", "b"}
 
 
+def test_the_two_holders_of_a_versions_last_two_copies_do_not_both_count_it_as_room() -> None:
+    # n1 and n2 hold idle copies of "other", the only two, with 10 GB free: each copy is room
+    # for a 60 GB share while the other stays. n3 has room; n4 has 70 GB. Of three owners,
+    # n1 takes one share; n2's copy is then the last, so n4 owns instead.
+    other = "c" * 32
+    copy = {"digest": other, "sizeBytes": 100 * GB, "state": "ready", "inUse": False}
+
+    def inv(free: int, datasets: dict[str, Any]) -> dict[str, Any]:
+        return {"version": 1, "freeBytes": free, "capacityBytes": 200 * GB, "datasets": datasets,
+                "features": list(FEATURES)}  # fmt: skip
+
+    invs = {"n1": inv(10 * GB, {"other": copy}), "n2": inv(10 * GB, {"other": copy}),
+            "n3": inv(150 * GB, {}), "n4": inv(70 * GB, {})}  # fmt: skip
+    answer = stripe_status(
+        "big", {"stripe": {"members": 3}, "bundles": "s3://s/p"}, {"bytes": 150 * GB, "digest": DIGEST}, invs,
+        agent_call=lambda *a: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": 0}),
+        agent_urls={n: f"http://{n}" for n in invs},
+    )  # fmt: skip
+    assert [n["node"] for n in answer["nodes"]] == ["n3", "n1", "n4"]
+
+
 def test_a_job_nodes_room_counts_the_idle_copies_other_nodes_hold_too() -> None:
     # n1 runs the job with 10 GB free and an idle 100 GB copy of "other"; the share needs
     # 1.2 x 150 GB / 3 = 60 GB. When n2 holds "other" too, n1 can evict its copy: it owns.
