@@ -17,6 +17,13 @@ Decisions:
   An agent subtracts itself when it holds the version ready: when the controller has not
   yet seen that copy, the agent's figure is one low, which keeps a version rather than
   evicting it.
+- **One keeper per version with several copies**: the controller names one holder, by
+  rendezvous hashing over the holders (:func:`keepers`). To its keeper a copy reads as the
+  last one, to the other holders as replicated. Counts are up to a resync old, so two
+  holders of a version's only two copies, short of room at once, would each have counted
+  the other's copy and evicted both; now only the one that is not the keeper may, and
+  however many agents evict at once, the keeper's copy stays. The store would otherwise
+  serve that version again.
 - **Stale or missing counts read as unknown** (``None``), which the policy ranks as a last
   copy: a controller that stopped publishing makes eviction plain LRU again, never more
   eager. Entries past the size budget are dropped fewest copies first; a dropped entry
@@ -31,9 +38,10 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsplatform.names import is_digest, is_name
+from dsplatform.stripe import hrw_score
 
 #: The ConfigMap the controller writes and agents read (in the chart's namespace).
 CONFIGMAP = "dsplatform-dataset-copies"
@@ -42,6 +50,7 @@ DATA_KEY = "copies.json"
 #: A ConfigMap holds at most 1 MiB; stay well inside it.
 BUDGET_BYTES = 900 * 1024
 _MAX_COUNT = 1_000_000
+_MAX_NODE_NAME = 253  # a Kubernetes object name
 
 Key = tuple[str, str]
 
@@ -53,44 +62,78 @@ def _versions(entry: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
         yield from (v for v in listed if isinstance(v, Mapping))
 
 
+def _ready(inventory: Mapping[str, Any]) -> set[Key]:
+    """The versions one node's inventory (hostile) lists ready, each once."""
+    datasets = inventory.get("datasets")
+    seen: set[Key] = set()
+    for name, entry in datasets.items() if isinstance(datasets, Mapping) else ():
+        if not is_name(name) or not isinstance(entry, Mapping):
+            continue
+        for version in _versions(entry):
+            digest = version.get("digest")
+            if version.get("state") == "ready" and is_digest(digest):
+                seen.add((name, str(digest)))
+    return seen
+
+
 def count_copies(inventories: Iterable[Mapping[str, Any]]) -> dict[Key, int]:
     """Ready copies per ``(name, digest)`` over node inventories (one per node, hostile)."""
     counts: dict[Key, int] = {}
     for inventory in inventories:
-        datasets = inventory.get("datasets")
-        if not isinstance(datasets, Mapping):
-            continue
-        seen: set[Key] = set()  # a node counts once per version, however often it lists it
-        for name, entry in datasets.items():
-            if not is_name(name) or not isinstance(entry, Mapping):
-                continue
-            for version in _versions(entry):
-                digest = version.get("digest")
-                if version.get("state") == "ready" and is_digest(digest):
-                    seen.add((name, str(digest)))
-        for key in seen:
+        for key in _ready(inventory):
             counts[key] = counts.get(key, 0) + 1
     return counts
 
 
-def copies_document(counts: Mapping[Key, int], *, at: float, budget: int = BUDGET_BYTES) -> str:
-    """The ConfigMap's JSON: ``{"version": 1, "at": seconds, "copies": {"name@digest": n}}``
-    within ``budget`` bytes, dropping the versions with the fewest copies first when it
-    would not fit. ``at``: when the counts were made (epoch seconds)."""
+def keepers(inventories: Mapping[str, Mapping[str, Any]]) -> dict[Key, str]:
+    """The keeper of each version that more than one node holds ready: the holder first by
+    rendezvous hashing of its node name with the version (``inventories``: node name ->
+    its inventory), so that a holder joining or leaving moves few keepers."""
+    holders: dict[Key, list[str]] = {}
+    for node, inventory in inventories.items():
+        for key in _ready(inventory):
+            holders.setdefault(key, []).append(node)
+    return {
+        key: max(nodes, key=lambda n: hrw_score(n, f"{key[0]}@{key[1]}"))
+        for key, nodes in holders.items()
+        if len(nodes) > 1
+    }
+
+
+def copies_document(
+    counts: Mapping[Key, int], *, at: float, keepers: Mapping[Key, str] | None = None, budget: int = BUDGET_BYTES
+) -> str:
+    """The ConfigMap's JSON: ``{"version": 1, "at": seconds, "copies": {"name@digest": n},
+    "keepers": {"name@digest": node}}`` within ``budget`` bytes, dropping the versions with
+    the fewest copies first when it would not fit. ``at``: when the counts were made (epoch
+    seconds). An agent from before ``keepers`` reads the counts alone."""
     entries = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    keepers = keepers or {}
     while True:
-        text = json.dumps(
-            {"version": 1, "at": round(at, 3), "copies": {f"{n}@{d}": c for (n, d), c in sorted(entries)}},
-            separators=(",", ":"),
-        )
+        kept = sorted(entries)
+        doc = {
+            "version": 1,
+            "at": round(at, 3),
+            "copies": {f"{n}@{d}": c for (n, d), c in kept},
+            "keepers": {f"{n}@{d}": keepers[(n, d)] for (n, d), _ in kept if (n, d) in keepers},
+        }
+        text = json.dumps(doc, separators=(",", ":"))
         if len(text) <= budget or not entries:
             return text
         entries = entries[: max(0, len(entries) - max(1, len(entries) // 10))]
 
 
-def parse_copies(text: Any, *, limit: int = 1 << 20) -> tuple[dict[Key, int], float] | None:
-    """The counts in a ConfigMap document and when they were made, or None when it is not
-    one (hostile input)."""
+class Published(NamedTuple):
+    """What a ConfigMap document says: the counts, when they were made, the keepers."""
+
+    counts: dict[Key, int]
+    at: float
+    keepers: dict[Key, str]
+
+
+def parse_copies(text: Any, *, limit: int = 1 << 20) -> Published | None:
+    """The counts and keepers in a ConfigMap document and when they were made, or None when
+    it is not one (hostile input; a keeper that is not a node name is skipped)."""
     if not isinstance(text, str) or len(text) > limit:
         return None
     try:
@@ -111,7 +154,13 @@ def parse_copies(text: Any, *, limit: int = 1 << 20) -> tuple[dict[Key, int], fl
         name, _, digest = str(key).rpartition("@")
         if is_name(name) and is_digest(digest) and type(count) is int and 0 <= count <= _MAX_COUNT:
             out[(name, digest)] = count
-    return out, float(at)
+    named = doc.get("keepers")
+    keeping: dict[Key, str] = {}
+    for key, node in named.items() if isinstance(named, dict) else ():
+        name, _, digest = str(key).rpartition("@")
+        if (name, digest) in out and isinstance(node, str) and 0 < len(node) <= _MAX_NODE_NAME:
+            keeping[(name, digest)] = node
+    return Published(out, float(at), keeping)
 
 
 @dataclass
@@ -122,20 +171,44 @@ class ClusterCopies:
     counts: dict[Key, int] = field(default_factory=dict)
     made_at: float | None = None  # the document's ``at``; None: never read
     max_age: float = 300.0  # older counts are not trusted: the controller stopped publishing
+    keepers: dict[Key, str] = field(default_factory=dict)
+    node: str | None = None  # this agent's node: to whom its keepers' copies are last copies
 
-    def update(self, counts: Mapping[Key, int], made_at: float) -> None:
+    def update(
+        self,
+        counts: Mapping[Key, int],
+        made_at: float,
+        kept_by: Mapping[Key, str] | None = None,
+        node: str | None = None,
+    ) -> None:
+        """The counts made at ``made_at``, each version's keeper (``kept_by``) and this
+        agent's ``node``."""
         self.counts, self.made_at = dict(counts), made_at
+        self.keepers, self.node = dict(kept_by or {}), node
 
     def fresh(self, now: float) -> bool:
         """Made within ``max_age`` of ``now`` (either way: clocks of two machines differ a little)."""
         return self.made_at is not None and abs(now - self.made_at) <= self.max_age
 
     def others(self, name: str, digest: str, *, ready_here: bool, now: float) -> int | None:
-        """Other nodes holding ``name@digest`` ready; None when no fresh count is known."""
+        """Other nodes holding ``name@digest`` ready; None when no fresh count is known; 0
+        when this node is the version's keeper and holds it ready (to it, the last copy)."""
         if not self.fresh(now):
             return None
+        if ready_here and self.node is not None and self.keepers.get((name, digest)) == self.node:
+            return 0
         total = self.counts.get((name, digest), 0)
         return max(0, total - (1 if ready_here else 0))
 
 
-__all__ = ["BUDGET_BYTES", "CONFIGMAP", "DATA_KEY", "ClusterCopies", "copies_document", "count_copies", "parse_copies"]
+__all__ = [
+    "BUDGET_BYTES",
+    "CONFIGMAP",
+    "DATA_KEY",
+    "ClusterCopies",
+    "Published",
+    "copies_document",
+    "count_copies",
+    "keepers",
+    "parse_copies",
+]

@@ -37,17 +37,13 @@ chosen before come first, as they were, and the new ones after them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import NamedTuple
 
 from dsagent.cache import eviction
 from dsagent.cache.eviction import LAST_COPY, REPLICATED, STRIPE_SHARE
 from dsplatform.stripe import group_size
-
-#: a version, as the copy counts name it: (dataset name, digest)
-Version = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -64,9 +60,6 @@ class Candidate:
     spare_bytes: int | None = None
     # its agent takes members that own no bundle (an agent of an earlier release refuses them)
     takes_no_share: bool = True
-    # the idle whole copies counted in spare_bytes, (version, bytes) each: the choice spends
-    # them as it takes nodes (choose_group's copies), so no two count on each other's copy
-    replicated: tuple[tuple[Version, int], ...] = ()
 
 
 class Group(NamedTuple):
@@ -87,7 +80,6 @@ def choose_group(
     budget: float = 0.5,
     ratio: float = 1.2,
     bundles: int | None = None,
-    copies: Mapping[Version, int] | None = None,
 ) -> Group:
     """The group's members, in order (fewer when fewer qualify; none for no nodes), and
     which of them own no bundle.
@@ -109,14 +101,7 @@ def choose_group(
     few other nodes have room to own in their place, or where a member's agent does not
     take members without a share (``takes_no_share``: a release from before them, while an
     upgrade rolls), the job's nodes take their shares after all (a share larger than its
-    owner's room checked would be refused).
-
-    ``copies`` (version -> ready copies in the cluster) makes the room of a node's
-    ``replicated`` copies a shared thing: a node that owns with less free room than its
-    share is taken to evict its replicated copies (those with the most copies left first)
-    until the share fits, and a copy counts as room on another node only while a second
-    one is left. Two nodes holding a version's only two copies are then never both taken
-    as room, where each alone was: between them they would evict the last."""
+    owner's room checked would be refused)."""
     if not nodes:
         return Group([], [])
     by_name = {n.name: n for n in nodes}
@@ -129,12 +114,11 @@ def choose_group(
         if subnet is not None and bundles:
             spread = min(sum(1 for n in nodes if n.subnet == subnet), bundles)
             members = max(members, spread)
-    choose = partial(_choose, by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, copies or {})
-    group = choose(without_share=True)
+    group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
     if group is not None and group.no_share and not all(by_name[m].takes_no_share for m in group.members):
         group = None  # a member's agent is of an earlier release (an upgrade rolling): all own
     if group is None:  # too few other nodes have room to own in their place
-        group = choose(without_share=False)
+        group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=False)
     assert group is not None
     return group
 
@@ -148,7 +132,6 @@ def _choose(
     members: int,
     size_bytes: int,
     ratio: float,
-    copies: Mapping[Version, int],
     *,
     without_share: bool,
 ) -> Group | None:
@@ -167,30 +150,11 @@ def _choose(
     if shareless and len(nodes) == len(shareless):
         return None
     need = math.ceil(ratio * max(0, size_bytes) / owners)
-    left = dict(copies)  # ready copies a version, less those the nodes taken may evict
-
-    def room(node: Candidate) -> int:
-        return _room(node) - sum(size for key, size in node.replicated if key in left and left[key] < 2)
-
-    def spend(node: Candidate) -> None:
-        short = need - node.free_bytes
-        for key, size in sorted(node.replicated, key=lambda r: -left.get(r[0], 0)):
-            if short <= 0:
-                return
-            if left.get(key, 0) >= 2:
-                left[key] -= 1
-                short -= size
+    chosen: list[str] = list(job)
 
     def take(name: str) -> None:
         if name in by_name and name not in chosen and len(chosen) - len(shareless) < owners:
             chosen.append(name)
-            spend(by_name[name])
-
-    chosen: list[str] = []
-    for name in job:
-        chosen.append(name)
-        if name not in shareless:
-            spend(by_name[name])
 
     for name in sorted(before, key=lambda n: (-by_name[n].held_bytes if n in by_name else 0, n)):
         if name not in no_share_before:  # one that owned nothing leaves with its job
@@ -200,11 +164,10 @@ def _choose(
     subnet = by_name[chosen[0]].subnet if chosen else None
     roomy = sorted((n for n in nodes if _room(n) >= need), key=lambda n: (-_room(n), n.name))
     for node in roomy:
-        if (subnet is None or node.subnet == subnet) and room(node) >= need:
+        if subnet is None or node.subnet == subnet:
             take(node.name)
     for node in roomy:
-        if room(node) >= need:
-            take(node.name)
+        take(node.name)
     if shareless and len(chosen) - len(shareless) < owners:
         return None
     # the earlier members first, in their earlier order: the order is part of the group (a

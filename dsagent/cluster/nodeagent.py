@@ -485,8 +485,7 @@ class ClusterAgent:
         if parsed is None:
             log.warning("ConfigMap %s/%s holds no copy counts this agent can read", namespace, name)
             return False
-        counts, made_at = parsed
-        self.service.node.copies.update(counts, made_at)
+        self.service.node.copies.update(parsed.counts, parsed.at, parsed.keepers, self.node_name)
         return True
 
     def _read_annotations(self) -> dict[str, str]:

@@ -38,7 +38,7 @@ def publish_copies(
         return counts
     from kubernetes.client.exceptions import ApiException
 
-    data = {copies.DATA_KEY: copies.copies_document(counts, at=now)}
+    data = {copies.DATA_KEY: copies.copies_document(counts, at=now, keepers=copies.keepers(inventories))}
     try:
         core.patch_namespaced_config_map(configmap, namespace, {"data": data}, _content_type=MERGE_PATCH)
     except ApiException as exc:

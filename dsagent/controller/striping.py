@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from dsagent.cache.copies import count_copies
-from dsagent.cache.stripegroup import Candidate, Version, choose_group
+from dsagent.cache.copies import Key, count_copies, keepers
+from dsagent.cache.stripegroup import Candidate, choose_group
 from dsagent.cluster.datasets import parse_stripe
 from dsagent.cluster.leaving import draining
 from dsagent.controller.agents import JSON, AgentCall
@@ -145,6 +145,7 @@ def stripe_status(
     ]
     candidates = []
     copies = count_copies(inventories.values())  # ready copies a version, as the eviction's ConfigMap counts them
+    kept = keepers(inventories)  # and each one's keeper, to whom its copy is the last
     for node in sorted(agent_urls):
         inv = inventories.get(node)
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
@@ -153,11 +154,11 @@ def stripe_status(
         whole = (inv.get("datasets") or {}).get(name) or {}
         held_bytes = _int(held) or (_int(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
         free = _int(inv.get("freeBytes"))
-        replicated = _replicated(inv, copies)
+        keeping = {key for key, keeper in kept.items() if keeper == node}
         candidates.append(
             Candidate(
                 node, free, held_bytes, subnets.get(node), _int(inv.get("capacityBytes")),
-                spare_bytes=free + sum(size for _, size in replicated), replicated=replicated,
+                spare_bytes=free + _replicated_bytes(inv, copies, keeping),
                 takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
             )
         )  # fmt: skip
@@ -172,7 +173,6 @@ def stripe_status(
         before=[n for n in before if n not in leaving_now],
         no_share_before=shareless_before,
         members=None if mode == "auto" else int(mode),
-        copies=copies,
         # the count the pack published; a status without one: as many as the pack's cap gives
         bundles=_int(status.get("bundles")) or math.ceil(size / DEFAULT_MAX_BYTES),
     )
@@ -218,12 +218,14 @@ def _ready_versions(inv: Mapping[str, Any]) -> dict[tuple[str, str], tuple[int, 
     return found
 
 
-def _replicated(inv: Mapping[str, Any], copies: Mapping[Version, int]) -> tuple[tuple[Version, int], ...]:
+def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[Key, int], keeping: set[Key]) -> int:
     """What a node could free without evicting the last copy of anything: its idle whole
-    copies that another node holds ready too (the first tier of the eviction order,
-    docs/design-striping.md#eviction), ``(version, bytes)`` each."""
+    copies that another node holds ready too, but for those it keeps (``keeping``: to their
+    keeper they are last copies, docs/design.md#cluster-eviction); the first tier of the
+    eviction order (docs/design-striping.md#eviction). Two holders of a version's only two
+    copies never both count it: one of them is its keeper."""
     held = _ready_versions(inv).items()
-    return tuple((key, size) for key, (size, in_use) in held if not in_use and copies.get(key, 0) > 1)
+    return sum(size for key, (size, in_use) in held if not in_use and copies.get(key, 0) > 1 and key not in keeping)
 
 
 def _drain(

@@ -14,6 +14,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dsagent.cache import preparation, replication
+from dsplatform.stripe import hrw_score
 
 if TYPE_CHECKING:
     from tools.sim.cluster import Node
@@ -30,21 +31,33 @@ class CopyCounts:
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, int], int] = {}
+        self.keepers: dict[tuple[str, int], str] = {}
         self.made_at: float | None = None
 
     def get(self, sim: SimState) -> dict[tuple[str, int], int]:
         if self.made_at is None or sim.now - self.made_at >= RESYNC_S:
-            counts: dict[tuple[str, int], int] = {}
+            holders: dict[tuple[str, int], list[str]] = {}
             for n in sim.nodes:
                 for key, e in n.cache.items():
                     if e.ready and not e.stripe:  # a stripe share is the group's only copy of its bundles
-                        counts[key] = counts.get(key, 0) + 1
-            self.counts, self.made_at = counts, sim.now
+                        holders.setdefault(key, []).append(n.name)
+            self.counts = {key: len(names) for key, names in holders.items()}
+            # the controller's keepers (dsagent.cache.copies.keepers): rendezvous hashing
+            self.keepers = {
+                key: max(names, key=lambda n, k=key: hrw_score(n, f"{k[0]}@{k[1]}"))  # type: ignore[misc]
+                for key, names in holders.items()
+                if len(names) > 1
+            }
+            self.made_at = sim.now
         return self.counts
 
-    def others(self, sim: SimState, key: tuple[str, int], ready_here: bool) -> int:
-        """The agent's rule (:meth:`dsagent.cache.copies.ClusterCopies.others`): the count less itself."""
-        return max(0, self.get(sim).get(key, 0) - (1 if ready_here else 0))
+    def others(self, sim: SimState, key: tuple[str, int], ready_here: bool, node: str | None = None) -> int:
+        """The agent's rule (:meth:`dsagent.cache.copies.ClusterCopies.others`): the count less
+        itself, and none to the version's keeper (``node`` asking, holding it ready)."""
+        counts = self.get(sim)
+        if ready_here and node is not None and self.keepers.get(key) == node:
+            return 0
+        return max(0, counts.get(key, 0) - (1 if ready_here else 0))
 
 
 class NextJobPreparation:

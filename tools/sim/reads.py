@@ -230,14 +230,14 @@ class Reads(Flows):
                 e.last_used,
                 in_use=e.in_use,
                 fetching=not e.ready,
-                copies=self._others((name, version), e.ready) if aware else None,
+                copies=self._others((name, version), e.ready, node) if aware else None,
             )
             for (name, version), e in node.cache.items()
         ]
         tiers = [candidates]
         if self.policy in STRIPE:
             shares = {k for k, e in node.cache.items() if e.stripe}
-            last = shares | {k for k, e in node.cache.items() if self._others(k, e.ready) == 0}
+            last = shares | {k for k, e in node.cache.items() if self._others(k, e.ready, node) == 0}
 
             def keeping(kept: set[tuple[str, int]]) -> list[Candidate]:
                 return [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in kept else c for c in candidates]
@@ -258,13 +258,14 @@ class Reads(Flows):
                 self._forget(node, key)
         return True
 
-    def _others(self, key: tuple[str, int], ready: bool) -> int:
-        """Other nodes' ready copies of a version as the eviction counts them (the published
-        counts, up to ``RESYNC_S`` old), less those a group's pass has already taken: its
-        members are chosen and make room together, so no two count on each other's copy
-        and between them evict the cluster's last."""
+    def _others(self, key: tuple[str, int], ready: bool, node: Node) -> int:
+        """Other nodes' ready copies of a version as ``node``'s eviction counts them (the
+        published counts, up to ``RESYNC_S`` old; none when it is the version's keeper), less
+        those a group's pass has already taken: its members are chosen and make room
+        together, so no two count on each other's copy and between them evict the
+        cluster's last."""
         gone = self.group_evicted.get(key, 0) if self.group_evicted else 0
-        return max(0, self.copy_counts.others(self, key, ready) - gone)
+        return max(0, self.copy_counts.others(self, key, ready, node.name) - gone)
 
     def _drop_old_versions(self, node: Node, key: tuple[str, int]) -> None:
         for other in [k for k, e in node.cache.items() if k[0] == key[0] and k[1] < key[1] and not e.in_use]:

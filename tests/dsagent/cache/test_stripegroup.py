@@ -181,24 +181,3 @@ def test_a_job_node_owns_after_all_when_too_few_others_have_room() -> None:
     nodes = [n for n in _job_node_without_room() if n.name in ("a", "c", "e")]
     group = choose_group(nodes, size_bytes=6 * TB, job_nodes=["e"], members=3)
     assert group == (["e", "c", "a"], [])
-
-
-def test_two_holders_of_a_versions_only_two_copies_are_not_both_taken_as_room() -> None:
-    # a and b each hold an idle 1 TB copy of v, the cluster's only two, with 0.1 TB free:
-    # each copy alone is room for a 0.4 TB share (the other stays), but not both. c has
-    # room to spare, d just enough.
-    v = ("v", "1" * 32)
-    holders = [
-        Candidate(n, free_bytes=TB // 10, spare_bytes=TB // 10 + TB, replicated=((v, TB),), cache_bytes=4 * TB)
-        for n in ("a", "b")
-    ]
-    nodes = [Candidate("c", free_bytes=3 * TB, cache_bytes=4 * TB), *holders,
-             Candidate("d", free_bytes=TB // 2, cache_bytes=4 * TB)]  # fmt: skip
-    group = choose_group(nodes, size_bytes=TB, members=3, copies={v: 2})
-    assert group.members == ["c", "a", "d"]  # b's copy is v's last once a owns
-    # published counts alone (no copies given): both as room, as before
-    assert choose_group(nodes, size_bytes=TB, members=3).members == ["c", "a", "b"]
-    # a third copy elsewhere: each holder may give one up
-    assert choose_group(nodes, size_bytes=TB, members=3, copies={v: 3}).members == ["c", "a", "b"]
-    # a job node spends its copy too, before any other is taken
-    assert choose_group(nodes, size_bytes=TB, members=3, copies={v: 2}, job_nodes=["b"]).members == ["b", "c", "d"]

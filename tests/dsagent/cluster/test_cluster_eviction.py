@@ -105,6 +105,8 @@ def test_a_fetch_evicts_the_replicated_version_and_keeps_the_last_copy(
                 f"last@{digests['last']}": 1,
                 f"shared@{digests['shared']}": 3,
             }
+            # another holder keeps "shared": to this node it is a replicated copy
+            assert json.loads(document)["keepers"][f"shared@{digests['shared']}"] in ("gpu-2", "gpu-3")
             if counts:
                 assert await agent.read_copies() is True
             await service.submit_task("t-new", [DatasetRequest("new", new)], wait=30)
@@ -148,11 +150,15 @@ def test_the_controller_rewrites_the_counts_and_skips_hostile_inventories(
     controller = DatasetController(api_client, ControllerSettings(namespace=NS, identity="c-1"), clock=lambda: 1000.0)
     controller.reconcile_all()
     text = (apiserver.get("configmaps", copies.CONFIGMAP, NS) or {})["data"][copies.DATA_KEY]
-    assert json.loads(text) == {"version": 1, "at": 1000.0, "copies": {f"data@{digest}": 1, f"data@{'c' * 32}": 1}}
+    assert json.loads(text) == {
+        "version": 1, "at": 1000.0, "copies": {f"data@{digest}": 1, f"data@{'c' * 32}": 1}, "keepers": {},
+    }  # fmt: skip
     apiserver.patch("nodes", "n3", {"metadata": {"annotations": {"dsagent.io/inventory": good}}})
     controller.reconcile_all()
     parsed = copies.parse_copies((apiserver.get("configmaps", copies.CONFIGMAP, NS) or {})["data"][copies.DATA_KEY])
-    assert parsed is not None and parsed[0] == {("data", digest): 2, ("data", "c" * 32): 2}
+    assert parsed is not None and parsed.counts == {("data", digest): 2, ("data", "c" * 32): 2}
+    # a keeper for each version two nodes hold: one of the holders, named by the Node's name
+    assert set(parsed.keepers) == set(parsed.counts) and set(parsed.keepers.values()) <= {"n1", "n3"}
 
 
 def test_the_agent_ignores_a_hostile_or_stale_document(apiserver: FakeApiServer, tmp_path: Path) -> None:
@@ -236,3 +242,36 @@ def test_bad_copy_settings_are_refused() -> None:
     off = ControllerSettings.from_env({"DSAGENT_CONTROLLER_COPIES_CONFIGMAP": "off"})
     assert off.copies_configmap is None
     assert ControllerSettings.from_env({}).copies_configmap == copies.CONFIGMAP
+
+
+def test_a_versions_keeper_holds_its_copy_as_the_last_and_the_others_as_replicated() -> None:
+    """Counts can be a resync old: two nodes holding a version's only two copies, short of
+    room at once, would each count the other's and evict both. The keeper never does."""
+    v, w = ("data", "a" * 32), ("data", "b" * 32)
+    holding = {"version": 1, "datasets": {"data": {"digest": v[1], "state": "ready", "versions": [
+        {"digest": v[1], "state": "ready"}, {"digest": w[1], "state": "ready"}]}}}  # fmt: skip
+    inventories = {f"gpu-{i}": holding for i in range(1, 5)}
+    inventories["gpu-5"] = {"version": 1, "datasets": {"data": {"digest": w[1], "state": "fetching"}}}
+    kept = copies.keepers(inventories)
+    assert set(kept) == {v, w} and {kept[v], kept[w]} <= {"gpu-1", "gpu-2", "gpu-3", "gpu-4"}
+    assert copies.keepers({"gpu-1": holding}) == {}  # one copy: nobody to agree with
+    # the keeper stays the same when another holder leaves (rendezvous hashing)
+    others = {n: inv for n, inv in inventories.items() if n not in (kept[v], "gpu-5")}
+    assert copies.keepers({**dict(list(others.items())[:2]), kept[v]: holding})[v] == kept[v]
+    published = copies.parse_copies(copies.copies_document({v: 4, w: 4}, at=100.0, keepers=kept))
+    assert published is not None and published.keepers == kept
+    for node in inventories:
+        view = copies.ClusterCopies()
+        view.update(published.counts, published.at, published.keepers, node)
+        expected = 0 if node == kept[v] else 3
+        assert view.others(*v, ready_here=True, now=100.0) == expected
+        assert view.others(*v, ready_here=False, now=100.0) == 4  # a node that does not hold it
+    # hostile keepers are skipped: not a string, too long, for a version without a count
+    text = json.dumps({"version": 1, "at": 1.0, "copies": {f"data@{v[1]}": 2},
+                       "keepers": {f"data@{v[1]}": 7, f"data@{w[1]}": "gpu-1"}})  # fmt: skip
+    assert copies.parse_copies(text) == copies.Published({v: 2}, 1.0, {})
+    text = json.dumps({"version": 1, "at": 1.0, "copies": {f"data@{v[1]}": 2}, "keepers": {f"data@{v[1]}": "x" * 300}})
+    assert copies.parse_copies(text) == copies.Published({v: 2}, 1.0, {})
+    # an agent of an earlier release reads the counts and ignores the keepers (the same
+    # version-1 document): nothing it did changes
+    assert json.loads(copies.copies_document({v: 2}, at=1.0, keepers={v: "gpu-1"}))["copies"] == {f"data@{v[1]}": 2}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dsagent.cache import copies
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.striping import parse_stripe, stripe_status
@@ -396,9 +397,10 @@ def test_draining_reads_cordons_and_drain_taints() -> None:
 
 
 def test_the_two_holders_of_a_versions_last_two_copies_do_not_both_count_it_as_room() -> None:
-    # n1 and n2 hold idle copies of "other", the only two, with 10 GB free: each copy is room
-    # for a 60 GB share while the other stays. n3 has room; n4 has 70 GB. Of three owners,
-    # n1 takes one share; n2's copy is then the last, so n4 owns instead.
+    # n1 and n2 hold idle copies of "other", the only two, with 10 GB free. n1 is its keeper
+    # (rendezvous hashing of the two names with the version): to n1 its copy is the last, to
+    # n2 a replicated one, room for a 60 GB share. n3 has room; n4 has 70 GB. The three
+    # owners are n3, n2 and n4: taking n1 as well would have evicted the last copy.
     other = "c" * 32
     copy = {"digest": other, "sizeBytes": 100 * GB, "state": "ready", "inUse": False}
 
@@ -413,14 +415,16 @@ def test_the_two_holders_of_a_versions_last_two_copies_do_not_both_count_it_as_r
         agent_call=lambda *a: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": 0}),
         agent_urls={n: f"http://{n}" for n in invs},
     )  # fmt: skip
-    assert [n["node"] for n in answer["nodes"]] == ["n3", "n1", "n4"]
+    assert copies.keepers(invs)[("other", other)] == "n1"
+    assert [n["node"] for n in answer["nodes"]] == ["n3", "n2", "n4"]
 
 
 def test_a_job_nodes_room_counts_the_idle_copies_other_nodes_hold_too() -> None:
     # n1 runs the job with 10 GB free and an idle 100 GB copy of "other"; the share needs
-    # 1.2 x 150 GB / 3 = 60 GB. When n2 holds "other" too, n1 can evict its copy: it owns.
-    # When n1's copy is the last one (or in use), it joins without a share.
-    other = "c" * 32
+    # 1.2 x 150 GB / 3 = 60 GB. When n2 holds "other" too (and keeps it: n2 is its keeper),
+    # n1 can evict its copy: it owns. When n1's copy is the last one (or in use), it joins
+    # without a share.
+    other = "9" * 32
 
     def inventories(n1_other: dict[str, Any], n2_holds: bool) -> dict[str, dict[str, Any]]:
         def inv(datasets: dict[str, Any]) -> dict[str, Any]:
