@@ -101,6 +101,32 @@ def test_a_version_another_node_holds_ready_is_read_from_it_when_this_node_has_n
     assert sim.storage_bytes == pytest.approx(700 * GB + GB) and not sim.stripes
 
 
+def test_a_version_held_whole_elsewhere_is_read_through_a_group_when_this_node_has_no_room() -> None:
+    # four nodes: job 0 holds ds000 whole on node A (all its GPUs, long); job 1 holds ds001
+    # on node B (4 GPUs, long), which leaves B no room for a copy of ds000; job 2 (4 GPUs,
+    # ds000) is packed next to job 1 on B. It reads ds000 through a group spanning the
+    # nodes, B's own share from B's disk, not every epoch from A's copy (pods never read a
+    # peer's copy, and A alone would serve every such reader); A's copy feeds what the
+    # group lacks, so the store reads each version once
+    data = [Dataset("ds000", 700 * GB, (0.0,)), Dataset("ds001", 700 * GB, (0.0,))]
+    jobs = [
+        job(0, 0.0, "ds000", gpus=8, runtime=100_000.0),
+        job(1, 0.0, "ds001", gpus=4, runtime=100_000.0),
+        job(2, 5_000.0, "ds000", gpus=4, runtime=1000.0),
+    ]
+    for policy in ("ours+stripe", "ours+stripe+early"):
+        sim = run(policy, jobs, data, cluster())
+        a, b, c = (sim.outcomes[i].workers[0].node.index for i in range(3))
+        assert c == b != a and sim.ready_copies[("ds000", 0)] == {a}
+        group = sim.stripes[("ds000", 0)]
+        assert b in group.members and len(group.members) == 4
+        assert sim.storage_bytes == pytest.approx(2 * 700 * GB)  # each version once: A's copy fed the group
+        assert sum(sim.read_store) == pytest.approx(0.0)
+        # later epochs: jobs 0 and 1 from their whole copies, job 2 its node's share (rank-affine)
+        assert sim.read_local[1] == pytest.approx(2 * 2 * 700 * GB + 2 * group.owned[b])
+        assert sim.outcomes[2].end - sim.outcomes[2].compute_end < 1.0  # its reads kept up with its GPUs
+
+
 def test_a_member_that_cannot_hold_its_share_again_hands_its_slot_to_a_node_that_can() -> None:
     # six nodes; two are full of a running job's data when the group forms, so it forms on
     # the other four. Later one member loses its share and its cache is taken; the two

@@ -142,7 +142,7 @@ class Reads(Flows):
             return
         held = self.policy in STRIPE
         if not self._make_room(node, d.size, replica=held):  # no room on this node
-            if self.policy in STRIPE:  # the cluster's cache, not the store: a ready copy, else a group
+            if self.policy in STRIPE:  # the cluster's cache, not the store: through a group
                 self._read_elsewhere(job, worker, index, key, d, first, later)
                 return
             self.uncached_reads += 1  # ours: read from the store every epoch
@@ -333,30 +333,38 @@ class Reads(Flows):
     def _read_elsewhere(
         self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, first: float, later: float
     ) -> None:
-        """A version that fits one node but not this one now (its cache is held by pods):
-        read from the nodes holding it ready (the peer protocol, every epoch), else from a
-        node still fetching it (its finished bundles, no faster than they arrive, as the
-        agent serves a version still being fetched), else from a group of nodes with room
-        (formed as for a version bigger than a node), the store only when none exists."""
+        """A version that fits one node but not this one now (its room is held by running
+        pods' data, or by last copies the first tier may not evict): read through the
+        version's group (formed as for a version bigger than a node), as the product reads
+        every version of a Dataset with ``spec.stripe``: the job's node joins with a share
+        where it has room for one, and reads the rest from the members. Nodes holding the
+        version whole, or still fetching it, feed what the group lacks instead of the store
+        (:meth:`_request_stripe`); they serve the pod's every epoch only where no group can
+        be formed (no node has room for a share). A group first, because a pod never reads
+        another node's copy itself in the product (peers serve agents' fetches, and pods
+        hold no peer token: docs/design.md#peers), and the few nodes holding a hot version
+        whole, each serving every such reader every epoch at one node's upload, held those
+        readers' GPUs idle for hours past their compute (``results-tight``, seed 6)."""
+        out = self.outcomes[job.id]
+        group = self.stripes.get(key)
+        if group is None or (job.id, out.start) not in group.jobs:  # formed or repaired once per start
+            group = self._stripe_group(out, key, d.size)
+        if group is not None:
+            total = first + later
+            share = total / (out.epochs * out.remaining * d.size or 1.0)
+            self._request_stripe(job, worker, index, key, d, total / (d.size * share or 1.0), share)
+            return
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {worker.node.index}))
+        filling = None
+        if not holders and self.params.peers:  # a copy still being fetched serves what it has
+            filling = next((f for (i, k), f in self.inflight.items() if k == key and i != worker.node.index), None)
+            holders = (filling.node.index,) if filling is not None else ()
         if holders:
-            self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders)
-            self._data_ready(self.outcomes[job.id])
-            return
-        filling = next((f for (i, k), f in self.inflight.items() if k == key and i != worker.node.index), None)
-        if self.params.peers and filling is not None:  # a copy still being fetched serves what it has
-            self._plan(
-                worker,
-                Split(0.0, first, 0.0),
-                Split(0.0, later, 0.0),
-                sources=(filling.node.index,),
-                peer_after=filling,
-            )
-            self._data_ready(self.outcomes[job.id])
-            return
-        total = first + later
-        share = total / (self.outcomes[job.id].epochs * self.outcomes[job.id].remaining * d.size or 1.0)
-        self._request_stripe(job, worker, index, key, d, total / (d.size * share or 1.0), share)
+            self._plan(worker, Split(0.0, first, 0.0), Split(0.0, later, 0.0), sources=holders, peer_after=filling)
+        else:  # nothing in the cluster's caches: the store every epoch, as ours
+            self.uncached_reads += 1
+            self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, later), kept=False)
+        self._data_ready(out)
 
     def _request_stripe(
         self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, epochs: float, share: float
