@@ -20,10 +20,9 @@ What it owns, under ``<root>/stripes/<name>/<digest>/``:
   a striped CSI volume shows: the share as files, and where the rest lives;
 - ``window/<bundle>/``: bundles owned elsewhere, fetched for this node's readers from the
   owner over the peer protocol (then the other members, the agents holding or fetching a
-  whole copy, then the store), verified the same
-  way, and dropped least recently used once the window's ``stripe_window_bytes`` are full.
-  The window never takes a share's bundle and a share never waits for the window: a reader
-  that finds no room waits for a pin to go (bounded by ``peer_wait``), then gets a 503.
+  whole copy, then the store), verified the same way. Which of them stay, within
+  ``stripe_window_bytes``, is :class:`~dsagent.cache.stripewindow.StripeWindow`'s. The
+  window never takes a share's bundle and a share never waits for the window.
 
 A share never counts as a ready version: :meth:`status` reports how many of its bundles are
 held, and ``ready_enough`` says whether the first ``ready_after`` of them are (a reader may
@@ -40,7 +39,6 @@ import math
 import os
 import shutil
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +51,8 @@ from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
 from dsagent.cache.stripecurrent import CurrentVersions
 from dsagent.cache.stripefetch import BundleSources
-from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound, TransientError
+from dsagent.cache.stripewindow import StripeWindow
+from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
@@ -100,15 +99,6 @@ class _Share:
         )
 
 
-@dataclass
-class _Visit:
-    """A bundle in the window: its directory, the disk it takes, how many streams read it now."""
-
-    directory: Path
-    size: int
-    pins: int = 0
-
-
 class StripeShares:
     """The striped versions of this node: shares held, peers served, readers fed."""
 
@@ -130,11 +120,8 @@ class StripeShares:
         self.disk = disk  # the disk (bytes, files) take: the unit of the capacity (Store.allocated)
         self.root = settings.root / STRIPES_DIR
         self._shares: dict[Key, _Share] = {}
-        self._window: OrderedDict[tuple[Key, str], _Visit] = OrderedDict()
-        self._window_bytes = 0
-        self._room = asyncio.Condition()
-        self._flights: dict[tuple[Key, str], asyncio.Future[_Visit]] = {}
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
+        self.window = StripeWindow(settings, pools, self.counts)
         self.sources = BundleSources(settings, peers, self.counts)
         self.current = CurrentVersions(pools)
         self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
@@ -340,8 +327,8 @@ class StripeShares:
         for marker in list((directory / DONE_DIR).iterdir()):
             if marker.name not in mine:
                 marker.unlink()  # the marker first: the files are no longer promised
-                entries = _entries_of(share.manifest, marker.name)
-                for entry in entries or ():
+                ref = _bundle_of(share.manifest, marker.name)
+                for entry in share.manifest.bundle_entries(ref) if ref is not None else ():
                     with contextlib.suppress(FileNotFoundError):
                         (directory / entry.path).unlink()
 
@@ -387,9 +374,7 @@ class StripeShares:
         """Per share: its key, the bytes it takes (held and handed-over bundles, and its
         window), when it was last used, and whether it is busy (being filled, or streamed
         to a reader now): what :class:`dsagent.cache.space.Space` counts and evicts."""
-        window: dict[Key, int] = {}
-        for (key, _bundle), visit in self._window.items():
-            window[key] = window.get(key, 0) + visit.size
+        window = self.window.bytes_by_version()
         return [
             (
                 key,
@@ -402,7 +387,7 @@ class StripeShares:
 
     def total_bytes(self) -> int:
         """Disk the shares and the window take (counted against the cache's capacity)."""
-        return sum(share.disk_bytes(self.disk) for share in self._shares.values()) + self._window_bytes
+        return sum(share.disk_bytes(self.disk) for share in self._shares.values()) + self.window.bytes
 
     def pending_bytes(self, exclude: Key | None = None) -> int:
         """Disk the shares being filled still miss, their room made when they were held
@@ -428,14 +413,12 @@ class StripeShares:
             await asyncio.gather(share.task, return_exceptions=True)
         share.held.clear()  # promised no more, to peers and readers, before the files go
         share.handover.clear()
-        for slot in [slot for slot in self._window if slot[0] == key]:
-            self._window_bytes -= self._window.pop(slot).size
+        await self.window.forget(key)
         log.info("dropping the share of %s@%s (%s)", key[0], key[1][:12], reason)
         await self.pools.work(_remove_version, self.version_dir(key))
         if self._shares.get(key) is share:
             del self._shares[key]
             self.sources.forget(*key)
-        await self._notify()
         return True
 
     async def release(self, name: str, digest: str | None = None) -> list[str]:
@@ -486,13 +469,13 @@ class StripeShares:
         no version. Each one found counts in :attr:`peer_fetches` until its stream ends."""
         for key, share in self._shares.items():
             if digest in share.held or digest in share.handover:
-                entries = _entries_of(share.manifest, digest)
-                if entries is not None:
+                ref = _bundle_of(share.manifest, digest)
+                if ref is not None:
                     self.peer_fetches.asked(self.clock())
                     return ServedBundle(
                         (f"stripe/{key[0]}", key[1]),
                         self.share_dir(key),
-                        entries,
+                        list(share.manifest.bundle_entries(ref)),
                         ended=lambda whole: self.peer_fetches.ended(self.clock(), whole),
                     )
         return None
@@ -508,88 +491,26 @@ class StripeShares:
         call that lets it go. :class:`NotFound` unless a share of the version is held here."""
         key = (name, digest)
         share = await self.held(key)
-        entries = _entries_of(share.manifest, bundle)
-        if entries is None:
+        ref = _bundle_of(share.manifest, bundle)
+        if ref is None:
             raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")
+        entries = list(share.manifest.bundle_entries(ref))
         share.last_used = self.clock()
         if bundle in share.held:
             self.counts["served_local"] += 1
             share.readers += 1
             return self.share_dir(key), entries, lambda: _done_reading(share)
-        slot = (key, bundle)
-        visit = self._window.get(slot)
-        if visit is not None:
-            self.counts["window_hits"] += 1
-            self._window.move_to_end(slot)
-        else:
-            flight = self._flights.get(slot)
-            if flight is None:
-                flight = asyncio.get_running_loop().create_future()
-                self._flights[slot] = flight
-                try:
-                    visit = await self._visit(share, bundle)
-                    flight.set_result(visit)
-                except BaseException as exc:
-                    flight.set_exception(exc)
-                    flight.exception()  # retrieved: the waiters get it too
-                    raise
-                finally:
-                    del self._flights[slot]
-            else:
-                visit = await asyncio.shield(flight)
-        visit.pins += 1
-        return visit.directory, entries, lambda: self._unpin(key, bundle)
 
-    def _unpin(self, key: Key, bundle: str) -> None:
-        visit = self._window.get((key, bundle))
-        if visit is not None and visit.pins > 0:
-            visit.pins -= 1
-            asyncio.ensure_future(self._notify())
+        async def fetch(directory: Path) -> None:
+            copies = await self.sources.copies(*key)
+            await self.pools.work(self._fetch_visiting, share, ref, directory, copies)
 
-    async def _notify(self) -> None:
-        async with self._room:
-            self._room.notify_all()
-
-    async def _visit(self, share: _Share, digest: str) -> _Visit:
-        """Fetch a bundle owned elsewhere into the window: room first, then the owner, the
-        other members, the store."""
-        ref = next(b for b in share.manifest.bundles if b.digest == digest)
-        size = self.disk(ref.size, ref.count)
-        await self._make_room(size)
-        directory = self.version_dir(share.key) / "window" / digest
-        self._window_bytes += size  # reserved while it arrives
-        try:
-            await self.pools.work(self._fetch_visiting, share, ref, directory, await self.sources.copies(*share.key))
-        except BaseException:
-            self._window_bytes -= size
-            await self.pools.work(shutil.rmtree, directory, True)
-            raise
-        visit = _Visit(directory, size)
-        self._window[(share.key, digest)] = visit
-        return visit
-
-    async def _make_room(self, size: int) -> None:
-        limit = self.settings.stripe_window_bytes
-        if size > limit:
-            raise InsufficientSpace(f"a bundle of {size} bytes does not fit the stripe window ({limit})")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.peer_wait
-        async with self._room:
-            while self._window_bytes + size > limit:
-                gone = next(((slot, v) for slot, v in self._window.items() if v.pins == 0), None)
-                if gone is not None:
-                    slot, visit = gone
-                    del self._window[slot]
-                    self._window_bytes -= visit.size
-                    await self.pools.work(shutil.rmtree, visit.directory, True)
-                    continue
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise TransientError("the stripe window is full of bundles being read", hint="retry shortly")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), left)
+        directory = self.version_dir(key) / "window" / bundle
+        where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
+        return where, entries, release
 
     def _fetch_visiting(self, share: _Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
+        """A bundle owned elsewhere into the window: the owner, the other members, the store."""
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
@@ -607,11 +528,8 @@ def _remove_version(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _entries_of(manifest: Manifest, digest: str) -> list[FileEntry] | None:
-    for bundle in manifest.bundles:
-        if bundle.digest == digest:
-            return list(manifest.bundle_entries(bundle))
-    return None
+def _bundle_of(manifest: Manifest, digest: str) -> BundleRef | None:
+    return next((b for b in manifest.bundles if b.digest == digest), None)
 
 
 def _write_marker(path: Path) -> None:
