@@ -16,9 +16,10 @@ import tarfile
 import time
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
+import pytest
 
 from dsagent.format.bundle import pack
 from dsagent.format.manifest import Manifest
@@ -63,12 +64,23 @@ def _pod_agent(agent_factory: Any, tmp_path: Path, **env: str) -> Any:
     return agent_factory(env={"DSAGENT_PROC_ROOT": str(proc), "DSAGENT_NODE_NAME": NODE, **env})
 
 
-def test_a_pod_reads_only_the_stripes_its_own_task_names(
-    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
-) -> None:
-    www, url, _ = loopback
-    manifest = _store(www)
-    agent = _pod_agent(agent_factory, tmp_path)
+class _Imgs(NamedTuple):
+    """The version ``imgs`` in a loopback store, and a pod agent of the node to hold it."""
+
+    manifest: Manifest
+    url: str
+    server: LoopbackServer
+    agent: Any
+
+
+@pytest.fixture
+def imgs(agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path) -> _Imgs:
+    www, url, server = loopback
+    return _Imgs(_store(www), url, server, _pod_agent(agent_factory, tmp_path))
+
+
+def test_a_pod_reads_only_the_stripes_its_own_task_names(imgs: _Imgs) -> None:
+    manifest, url, _, agent = imgs
     bundle = manifest.bundles[0]
     route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}"
     with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
@@ -130,14 +142,8 @@ def _dsctl(agent: Any, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_dsctl_stripe_release_drops_the_share_now(
-    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
-) -> None:
-    import json
-
-    www, url, _ = loopback
-    manifest = _store(www)
-    agent = _pod_agent(agent_factory, tmp_path)
+def test_dsctl_stripe_release_drops_the_share_now(imgs: _Imgs) -> None:
+    manifest, url, _, agent = imgs
     share = agent.root / "stripes" / "imgs" / manifest.digest
     with unix_client(agent, ADMIN_TOKEN) as operator:
         assert _hold(operator, url).status_code == 200
@@ -249,12 +255,8 @@ def test_a_filling_shares_room_stays_taken_while_it_fills(
         assert space["usedBytes"] <= capacity, space
 
 
-def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(
-    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path
-) -> None:
-    www, url, server = loopback
-    manifest = _store(www)
-    agent = _pod_agent(agent_factory, tmp_path)
+def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(imgs: _Imgs) -> None:
+    manifest, url, server, agent = imgs
     pair = {"members": [NODE, "node-b"]}
 
     def bundle_reads() -> int:
