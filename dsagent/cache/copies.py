@@ -18,7 +18,7 @@ Decisions:
   yet seen that copy, the agent's figure is one low, which keeps a version rather than
   evicting it.
 - **One keeper per version with several copies**: the controller names one holder, by
-  rendezvous hashing over the holders (:func:`keepers`). To its keeper a copy reads as the
+  rendezvous hashing over the holders (:func:`tally`). To its keeper a copy reads as the
   last one, to the other holders as replicated. Counts are up to a resync old, so two
   holders of a version's only two copies, short of room at once, would each have counted
   the other's copy and evicted both; now only the one that is not the keeper may, and
@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from dsplatform.names import is_digest, is_name
 from dsplatform.stripe import hrw_score
+from dsplatform.wire.inventory import versions_of
 
 #: The ConfigMap the controller writes and agents read (in the chart's namespace).
 CONFIGMAP = "dsplatform-dataset-copies"
@@ -55,49 +56,61 @@ _MAX_NODE_NAME = 253  # a Kubernetes object name
 Key = tuple[str, str]
 
 
-def _versions(entry: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
-    yield entry
-    listed = entry.get("versions")
-    if isinstance(listed, list):
-        yield from (v for v in listed if isinstance(v, Mapping))
-
-
-def _ready(inventory: Mapping[str, Any]) -> set[Key]:
-    """The versions one node's inventory (hostile) lists ready, each once."""
+def ready_versions(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
+    """The versions one node's inventory (hostile) lists ready, each once with its entry
+    (:func:`dsplatform.wire.inventory.versions_of`): names and digests checked."""
     datasets = inventory.get("datasets")
-    seen: set[Key] = set()
-    for name, entry in datasets.items() if isinstance(datasets, Mapping) else ():
-        if not is_name(name) or not isinstance(entry, Mapping):
+    found: dict[Key, Mapping[str, Any]] = {}
+    for name in datasets if isinstance(datasets, Mapping) else ():
+        if not is_name(name):
             continue
-        for version in _versions(entry):
+        for version in versions_of(inventory, name):
             digest = version.get("digest")
             if version.get("state") == "ready" and is_digest(digest):
-                seen.add((name, str(digest)))
-    return seen
+                found.setdefault((name, str(digest)), version)
+    return found
 
 
 def count_copies(inventories: Iterable[Mapping[str, Any]]) -> dict[Key, int]:
     """Ready copies per ``(name, digest)`` over node inventories (one per node, hostile)."""
     counts: dict[Key, int] = {}
     for inventory in inventories:
-        for key in _ready(inventory):
+        for key in ready_versions(inventory):
             counts[key] = counts.get(key, 0) + 1
     return counts
 
 
-def keepers(inventories: Mapping[str, Mapping[str, Any]]) -> dict[Key, str]:
-    """The keeper of each version that more than one node holds ready: the holder first by
-    rendezvous hashing of its node name with the version (``inventories``: node name ->
-    its inventory), so that a holder joining or leaving moves few keepers."""
+class Tally(NamedTuple):
+    """Over a pass's node inventories: ready copies per version, and the keeper of each
+    version that more than one node holds ready."""
+
+    counts: dict[Key, int]
+    keepers: dict[Key, str]
+
+
+def tally(inventories: Mapping[str, Mapping[str, Any]]) -> Tally:
+    """:class:`Tally` of ``inventories`` (node name -> its inventory), in one walk. A keeper
+    (:func:`keeper`) is the holder first by rendezvous hashing of its node name with the
+    version, so that a holder joining or leaving moves few keepers."""
     holders: dict[Key, list[str]] = {}
     for node, inventory in inventories.items():
-        for key in _ready(inventory):
+        for key in ready_versions(inventory):
             holders.setdefault(key, []).append(node)
-    return {
-        key: max(nodes, key=lambda n: hrw_score(n, f"{key[0]}@{key[1]}"))
-        for key, nodes in holders.items()
-        if len(nodes) > 1
-    }
+    return Tally(
+        {key: len(nodes) for key, nodes in holders.items()},
+        {key: keeper(f"{key[0]}@{key[1]}", nodes) for key, nodes in holders.items() if len(nodes) > 1},
+    )
+
+
+def keeper(version: str, holders: Iterable[str]) -> str:
+    """The keeper of ``version`` (``name@digest``) among the node names ``holders``: the
+    first by rendezvous hashing."""
+    return max(holders, key=lambda node: hrw_score(node, version))
+
+
+def keepers(inventories: Mapping[str, Mapping[str, Any]]) -> dict[Key, str]:
+    """The keeper of each version that more than one node holds ready (:func:`tally`)."""
+    return tally(inventories).keepers
 
 
 def copies_document(
@@ -207,8 +220,12 @@ __all__ = [
     "DATA_KEY",
     "ClusterCopies",
     "Published",
+    "Tally",
     "copies_document",
     "count_copies",
+    "keeper",
     "keepers",
     "parse_copies",
+    "ready_versions",
+    "tally",
 ]

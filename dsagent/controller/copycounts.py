@@ -11,7 +11,6 @@ ignored: plain LRU again).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from dsagent.cache import copies
@@ -21,24 +20,25 @@ from dsagent.controller.controllermetrics import ControllerMetrics
 
 def publish_copies(
     core: Any,
-    inventories: Mapping[str, Mapping[str, Any]],
+    tallied: copies.Tally,
     *,
     configmap: str | None,
     namespace: str,
     now: float,
     metrics: ControllerMetrics,
-) -> dict[copies.Key, int]:
-    """Count each version's ready copies and write them to ``configmap`` (None: not published)."""
-    counts = copies.count_copies(inventories.values())
+) -> None:
+    """Write each version's ready copies and keeper (``tallied`` from the pass's
+    inventories, :func:`dsagent.cache.copies.tally`) to ``configmap`` (None: not published)."""
+    counts = tallied.counts
     for label, low, high in (("1", 1, 1), ("2", 2, 2), ("3+", 3, None)):
         metrics.versions_by_copies.labels(copies=label).set(
             sum(1 for c in counts.values() if c >= low and (high is None or c <= high))
         )
     if configmap is None:
-        return counts
+        return
     from kubernetes.client.exceptions import ApiException
 
-    data = {copies.DATA_KEY: copies.copies_document(counts, at=now, keepers=copies.keepers(inventories))}
+    data = {copies.DATA_KEY: copies.copies_document(counts, at=now, keepers=tallied.keepers)}
     try:
         core.patch_namespaced_config_map(configmap, namespace, {"data": data}, _content_type=MERGE_PATCH)
     except ApiException as exc:
@@ -55,7 +55,6 @@ def publish_copies(
             "data": data,
         }
         core.create_namespaced_config_map(namespace, body)
-    return counts
 
 
 __all__ = ["publish_copies"]

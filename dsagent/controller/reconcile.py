@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dsagent.cache import replication
+from dsagent.cache import copies, replication
 from dsagent.cluster.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
 from dsagent.cluster.events import EventRecorder, ObjectRef
 from dsagent.controller import agents, cachestate
@@ -101,6 +101,7 @@ class DatasetController:
         )
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
+        self._copies: copies.Tally | None = None  # the copy counts and keepers of the pass
         # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
@@ -191,10 +192,12 @@ class DatasetController:
         self._ledger = Ledger(self.limits, {node: _capacity(inv) for node, inv in inventories.items()})
         s = self.settings
         self._agent_urls = agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port, self._timeout)
+        self._copies = None
         try:
+            self._copies = copies.tally(inventories)  # the copy counts and keepers, once a pass
             publish_copies(
                 self._core,
-                inventories,
+                self._copies,
                 configmap=s.copies_configmap,
                 namespace=s.namespace,
                 now=self.clock(),
@@ -322,6 +325,7 @@ class DatasetController:
                 now=self.clock(),
                 drain_timeout=self.settings.stripe_drain_timeout_s,
                 events=stripe_events,
+                tallied=self._copies,
             )
             regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
             for kind, reason, note in stripe_events:

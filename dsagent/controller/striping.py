@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from dsagent.cache.copies import Key, count_copies, keepers
+from dsagent.cache.copies import Key, Tally, ready_versions, tally
 from dsagent.cache.stripegroup import Candidate, choose_group
 from dsagent.cluster.datasets import parse_stripe
 from dsagent.cluster.leaving import draining
@@ -115,6 +115,7 @@ def stripe_status(
     now: float = 0.0,
     drain_timeout: float = 600.0,
     events: list[Event] | None = None,
+    tallied: Tally | None = None,
 ) -> JSON:
     """The Dataset's ``status.stripe``, after asking the chosen members' agents (each request
     names the Dataset ``who``, ``namespace/name``, it is for: docs/operator-guide/tenancy.md).
@@ -122,7 +123,8 @@ def stripe_status(
     ``subnets``: node -> its RoCE subnets' key (:func:`node_subnets`); ``leaving``: the
     draining nodes (:func:`draining`); ``now``: wall-clock seconds; ``drain_timeout``: how
     long a leaving member's share is held for the new owners at most; ``events``: the Dataset
-    Events to record are appended there."""
+    Events to record are appended there; ``tallied``: the pass's copy counts and keepers
+    (:func:`dsagent.cache.copies.tally` of ``inventories``, made here when not given)."""
     mode = parse_stripe(spec.get("stripe"))
     size = _int(status.get("bytes"))
     store = spec.get("bundles")
@@ -144,8 +146,8 @@ def stripe_status(
         n for n in dict.fromkeys([*old_members, *before]) if n in leaving_now and n in agent_urls and n in inventories
     ]
     candidates = []
-    copies = count_copies(inventories.values())  # ready copies a version, as the eviction's ConfigMap counts them
-    kept = keepers(inventories)  # and each one's keeper, to whom its copy is the last
+    # ready copies a version, as the eviction's ConfigMap counts them, and each one's keeper
+    copies, kept = tallied or tally(inventories)
     for node in sorted(agent_urls):
         inv = inventories.get(node)
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
@@ -207,25 +209,17 @@ def stripe_status(
     return out
 
 
-def _ready_versions(inv: Mapping[str, Any]) -> dict[tuple[str, str], tuple[int, bool]]:
-    """The versions a node holds whole and ready: ``(name, digest) -> (bytes, in use)``."""
-    found: dict[tuple[str, str], tuple[int, bool]] = {}
-    datasets = inv.get("datasets")
-    for name in datasets if isinstance(datasets, Mapping) else ():
-        for v in wire_inventory.versions_of(inv, name):
-            if v.get("state") == "ready" and isinstance(v.get("digest"), str):
-                found[(name, v["digest"])] = (_int(v.get("sizeBytes")), v.get("inUse") is True)
-    return found
-
-
 def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[Key, int], keeping: set[Key]) -> int:
     """What a node could free without evicting the last copy of anything: its idle whole
     copies that another node holds ready too, but for those it keeps (``keeping``: to their
     keeper they are last copies, docs/design.md#cluster-eviction); the first tier of the
     eviction order (docs/design-striping.md#eviction). Two holders of a version's only two
     copies never both count it: one of them is its keeper."""
-    held = _ready_versions(inv).items()
-    return sum(size for key, (size, in_use) in held if not in_use and copies.get(key, 0) > 1 and key not in keeping)
+    return sum(
+        _int(version.get("sizeBytes"))
+        for key, version in ready_versions(inv).items()
+        if version.get("inUse") is not True and copies.get(key, 0) > 1 and key not in keeping
+    )
 
 
 def _drain(

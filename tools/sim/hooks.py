@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dsagent.cache import preparation, replication
-from dsplatform.stripe import hrw_score
+from dsagent.cache import copies, preparation, replication
 
 if TYPE_CHECKING:
     from tools.sim.cluster import Node
@@ -42,11 +41,8 @@ class CopyCounts:
                     if e.ready and not e.stripe:  # a stripe share is the group's only copy of its bundles
                         holders.setdefault(key, []).append(n.name)
             self.counts = {key: len(names) for key, names in holders.items()}
-            # the controller's keepers (dsagent.cache.copies.keepers): rendezvous hashing
-            self.keepers = {
-                key: max(names, key=lambda n, k=key: hrw_score(n, f"{k[0]}@{k[1]}"))  # type: ignore[misc]
-                for key, names in holders.items()
-                if len(names) > 1
+            self.keepers = {  # the controller's keepers
+                key: copies.keeper(f"{key[0]}@{key[1]}", names) for key, names in holders.items() if len(names) > 1
             }
             self.made_at = sim.now
         return self.counts
