@@ -2,13 +2,17 @@
  *
  * Included by dsnative.c (one translation unit: it uses its xxh3 binding and helpers).
  *
- * TarReader(dir_fd, names, sizes, mtimes, digests, template, special) takes one bundle's
- * members in order (names: list of bytes, each opened relative to dir_fd, symlinks followed
- * as the walk followed them; sizes: array('Q') bytes; mtimes: array('q') bytes, ns;
- * digests: 16 raw bytes an entry, all zero for an entry not digested yet), the plain
- * header bundles are written with (template: 512 bytes, name, size, mtime and checksum
- * blank) and special: a dict {index: header bytes} for the members whose header is not
- * plain (a long or non-ASCII name: the pax headers Python's tarfile writes).
+ * TarReader(dir_fd, members, template, header) takes one bundle's members in order: a list
+ * of tuples (path: str, size: int, mtime_ns: int, digest: str), dsagent's FileEntry, read
+ * field by field here (no column is built in Python: at 50,000 members that cost the
+ * pack 24 ms before its first byte). Each path is opened relative to dir_fd, symlinks
+ * followed as the walk followed them (an ASCII path straight from the str, any other
+ * encoded as os.fsencode does); a digest is '' for an entry not digested yet, else 32 hex
+ * digits. template: the 512 bytes plain headers are made from (name, size, mtime and
+ * checksum blank). A member whose header is not plain (a path that is not ASCII or is
+ * longer than 100 bytes, a size or an mtime that does not fit 11 octal digits) gets
+ * header(member): the bytes of its headers (the pax headers Python's tarfile writes),
+ * asked once, here.
  *
  * fill(buffer) -> (written, status, a, b) writes the tar stream on into the writable
  * buffer with the GIL released, for as many members as fit, carrying a header, a file or
@@ -30,8 +34,8 @@ typedef struct {
     PyObject_HEAD
     int dir_fd;
     Py_ssize_t count;
-    PyObject *names;   /* list of bytes */
-    PyObject *special; /* list: the special headers' bytes objects, kept alive */
+    PyObject *members; /* the list of entries: an ASCII path's bytes are its str's */
+    PyObject *special; /* list: the special headers and non-ASCII paths' bytes, kept alive */
     const unsigned char **spec_ptr; /* entry -> its special header, NULL: plain */
     size_t *spec_len;
     const char **name_ptr;
@@ -265,58 +269,122 @@ static void TarReader_dealloc(TarReader *r) {
     PyMem_Free(r->mtimes);
     PyMem_Free(r->expected);
     PyMem_Free(r->found);
-    Py_XDECREF(r->names);
+    Py_XDECREF(r->members);
     Py_XDECREF(r->special);
     Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* Bytes of 11 octal digits hold numbers below this (tarfile's limit for a plain header). */
+#define USTAR_LIMIT (1ULL << 33)
+
+static int hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* Member i's fields into r (its header asked of `header` when it is not plain); -1 with an
+ * error set. */
+static int tr_member(TarReader *r, Py_ssize_t i, PyObject *member, PyObject *header) {
+    if (!PyTuple_Check(member) || PyTuple_GET_SIZE(member) < 4) {
+        PyErr_SetString(PyExc_TypeError, "a member is a (path, size, mtime_ns, digest) tuple");
+        return -1;
+    }
+    PyObject *path = PyTuple_GET_ITEM(member, 0), *digest = PyTuple_GET_ITEM(member, 3);
+    if (!PyUnicode_Check(path) || !PyUnicode_Check(digest)) {
+        PyErr_SetString(PyExc_TypeError, "a member's path and digest are str");
+        return -1;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(path) < 0 || PyUnicode_READY(digest) < 0) return -1;
+#endif
+    int ascii = PyUnicode_IS_ASCII(path);
+    if (ascii) {
+        r->name_ptr[i] = (const char *)PyUnicode_DATA(path);
+        r->name_len[i] = PyUnicode_GET_LENGTH(path);
+    } else {
+        PyObject *encoded = PyUnicode_EncodeFSDefault(path);
+        if (encoded == NULL || PyList_Append(r->special, encoded) != 0) {
+            Py_XDECREF(encoded);
+            return -1;
+        }
+        Py_DECREF(encoded);
+        r->name_ptr[i] = PyBytes_AS_STRING(encoded);
+        r->name_len[i] = PyBytes_GET_SIZE(encoded);
+    }
+    if ((size_t)r->name_len[i] != strlen(r->name_ptr[i])) {
+        PyErr_SetString(PyExc_ValueError, "a member's path holds a NUL");
+        return -1;
+    }
+    r->sizes[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(member, 1));
+    if (r->sizes[i] == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    r->mtimes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(member, 2));
+    if (r->mtimes[i] == -1 && PyErr_Occurred()) return -1;
+    Py_ssize_t hex = PyUnicode_GET_LENGTH(digest);
+    if (hex == 32 && PyUnicode_IS_ASCII(digest)) {
+        const unsigned char *text = PyUnicode_DATA(digest);
+        for (int k = 0; k < 16; k++) {
+            int hi = hex_digit(text[2 * k]), lo = hex_digit(text[2 * k + 1]);
+            if (hi < 0 || lo < 0) goto bad_digest;
+            r->expected[16 * i + k] = (unsigned char)(hi << 4 | lo);
+        }
+    } else if (hex != 0) {
+        goto bad_digest;
+    }
+    int plain = ascii && r->name_len[i] <= 100 && r->sizes[i] < USTAR_LIMIT && r->mtimes[i] >= 0 &&
+                (unsigned long long)(r->mtimes[i] / 1000000000LL) < USTAR_LIMIT;
+    if (plain) return 0;
+    PyObject *bytes = PyObject_CallOneArg(header, member);
+    if (bytes == NULL) return -1;
+    if (!PyBytes_Check(bytes) || PyBytes_GET_SIZE(bytes) == 0 || PyBytes_GET_SIZE(bytes) % 512 != 0) {
+        Py_DECREF(bytes);
+        PyErr_SetString(PyExc_ValueError, "a special header is whole 512-byte blocks of bytes");
+        return -1;
+    }
+    int failed = PyList_Append(r->special, bytes);
+    Py_DECREF(bytes);
+    if (failed) return -1;
+    r->spec_ptr[i] = (const unsigned char *)PyBytes_AS_STRING(bytes);
+    r->spec_len[i] = (size_t)PyBytes_GET_SIZE(bytes);
+    return 0;
+bad_digest:
+    PyErr_SetString(PyExc_ValueError, "a member's digest is '' or 32 lowercase hex digits");
+    return -1;
 }
 
 static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     (void)kw;
     int dir_fd;
-    PyObject *names, *sizes, *mtimes, *digests, *special;
+    PyObject *members, *header;
     Py_buffer tmpl;
-    if (!PyArg_ParseTuple(args, "iO!OOOy*O!", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl,
-                          &PyDict_Type, &special))
+    if (!PyArg_ParseTuple(args, "iO!y*O", &dir_fd, &PyList_Type, &members, &tmpl, &header)) return NULL;
+    if (!PyCallable_Check(header)) {
+        PyBuffer_Release(&tmpl);
+        PyErr_SetString(PyExc_TypeError, "header is a callable");
         return NULL;
+    }
     TarReader *r = (TarReader *)new_with_template(type, &tmpl, offsetof(TarReader, tmpl));
     if (r == NULL) return NULL;
     r->fd = -1;
     r->dir_fd = dir_fd;
-    r->count = PyList_GET_SIZE(names);
-    r->names = Py_NewRef(names);
+    r->count = PyList_GET_SIZE(members);
+    r->members = PySequence_List(members); /* a list of our own: nothing can drop a path in use */
+    if (r->members == NULL) goto fail;
     Py_ssize_t c = r->count ? r->count : 1;
     r->name_ptr = PyMem_Calloc(c, sizeof(char *));
     r->name_len = PyMem_Calloc(c, sizeof(Py_ssize_t));
     r->spec_ptr = PyMem_Calloc(c, sizeof(unsigned char *));
     r->spec_len = PyMem_Calloc(c, sizeof(size_t));
+    r->sizes = PyMem_Calloc(c, sizeof(unsigned long long));
+    r->mtimes = PyMem_Calloc(c, sizeof(long long));
+    r->expected = PyMem_Calloc(c, 16);
     r->found = PyMem_Calloc(c, 16);
     r->special = PyList_New(0);
     if (r->name_ptr == NULL || r->name_len == NULL || r->spec_ptr == NULL || r->spec_len == NULL ||
-        r->found == NULL || r->special == NULL)
+        r->sizes == NULL || r->mtimes == NULL || r->expected == NULL || r->found == NULL || r->special == NULL)
         goto nomem;
-    if (name_columns(names, r->name_ptr, r->name_len, 1) != 0) goto fail;
-    if (copy_column(sizes, r->count, 8, (void **)&r->sizes) != 0) goto fail;
-    if (copy_column(mtimes, r->count, 8, (void **)&r->mtimes) != 0) goto fail;
-    if (copy_column(digests, r->count, 16, (void **)&r->expected) != 0) goto fail;
-    for (Py_ssize_t i = 0; i < r->count; i++) {
-        PyObject *key = PyLong_FromSsize_t(i);
-        if (key == NULL) goto fail;
-        PyObject *header = PyDict_GetItemWithError(special, key);
-        Py_DECREF(key);
-        if (header == NULL && PyErr_Occurred()) goto fail;
-        if (header != NULL) {
-            if (!PyBytes_Check(header) || PyBytes_GET_SIZE(header) == 0 || PyBytes_GET_SIZE(header) % 512 != 0) {
-                PyErr_SetString(PyExc_ValueError, "a special header is whole 512-byte blocks of bytes");
-                goto fail;
-            }
-            if (PyList_Append(r->special, header) != 0) goto fail;
-            r->spec_ptr[i] = (const unsigned char *)PyBytes_AS_STRING(header);
-            r->spec_len[i] = (size_t)PyBytes_GET_SIZE(header);
-        } else if (r->name_len[i] > 100 || r->mtimes[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "a member without a special header needs a plain one");
-            goto fail;
-        }
-    }
+    for (Py_ssize_t i = 0; i < r->count; i++)
+        if (tr_member(r, i, PyList_GET_ITEM(r->members, i), header) != 0) goto fail;
     if ((r->state = xxh3_create()) == NULL) goto nomem;
     return (PyObject *)r;
 nomem:

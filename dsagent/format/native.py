@@ -35,7 +35,7 @@ import logging
 import mmap
 import os
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from dsagent.errors import IntegrityError
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 5
+INTERFACE = 6
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -85,6 +85,8 @@ class Member(Protocol):
     @property
     def digest(self) -> str: ...
 
+
+_M = TypeVar("_M", bound=Member)
 
 #: True when the extension is built and loaded.
 AVAILABLE = _native is not None
@@ -258,21 +260,17 @@ def extract_members(
 FILL_MORE, FILL_DONE, FILL_ERRNO, FILL_CHANGED, FILL_DIGEST = range(5)
 
 
-def tar_reader(dir_fd: int, members: Sequence[Member], special: Mapping[int, bytes]) -> Any:
-    """The C reader of one bundle's tar stream (``native/packloop.c``): ``members`` opened
-    relative to ``dir_fd``; ``special``: index -> the header bytes of each member whose
-    header is not a plain ustar block (Python's tarfile writes those). Its ``fill(buffer)``
-    writes the stream on into ``buffer`` and says how far it got; ``digests`` holds the
-    16-byte digests of the members finished. Only call it when :data:`AVAILABLE`."""
+def tar_reader(dir_fd: int, members: Sequence[_M], header: Callable[[_M], bytes]) -> Any:
+    """The C reader of one bundle's tar stream (``native/packloop.c``): ``members`` (entries:
+    path, size, mtime_ns, digest) opened relative to ``dir_fd``; ``header(member)``: the
+    header bytes of a member whose header is not a plain ustar block (Python's tarfile
+    writes those), asked once each. Its ``fill(buffer)`` writes the stream on into
+    ``buffer`` and says how far it got; ``digests`` holds the 16-byte digests of the
+    members finished. Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
-    names = [os.fsencode(e.path) for e in members]
-    sizes = array("Q", [e.size for e in members])
-    mtimes = array("q", [e.mtime_ns for e in members])
-    zero = bytes(16)
-    digests = b"".join(bytes.fromhex(e.digest) if e.digest else zero for e in members)
     from dsagent.format.tarstream import plain_template
 
-    return _native.TarReader(dir_fd, names, sizes, mtimes, digests, plain_template(), dict(special))
+    return _native.TarReader(dir_fd, members if isinstance(members, list) else list(members), plain_template(), header)
 
 
 __all__ = [

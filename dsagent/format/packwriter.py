@@ -286,8 +286,7 @@ class BundleWriter:
         with translate_errors(f"source directory {self._root!r}"):
             root = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            special = {i: tar_header(e) for i, e in enumerate(members) if not plain_header(e)}
-            reader = native_loops.tar_reader(root, members, special)
+            reader = native_loops.tar_reader(root, members, tar_header)
             reported = 0
             while True:
                 written, status, index, detail = reader.fill(tar.space())

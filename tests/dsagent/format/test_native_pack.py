@@ -26,7 +26,7 @@ from dsagent.format import bundle, native, packparallel
 from dsagent.format.bundle import pack_dataset, write_bundles
 from dsagent.format.digester import build_manifest
 from dsagent.format.hashing import CHUNK_SIZE
-from dsagent.format.manifest import Manifest
+from dsagent.format.manifest import FileEntry, Manifest
 from dsagent.format.packwriter import plain_header, tar_header, tar_stream
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.format import test_native
@@ -89,11 +89,10 @@ def test_the_c_stream_is_the_tar_stream_whatever_the_buffer(tree: Path, with_nat
     entries = list(manifest.entries)
     if size < 512:
         entries = entries[:40]  # byte by byte: a few members are enough
-    special = {i: tar_header(e) for i, e in enumerate(entries) if not plain_header(e)}
-    assert special, "the tree needs members with pax headers"
+    assert not all(map(plain_header, entries)), "the tree needs members with pax headers"
     root = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        reader = native.tar_reader(root, entries, special)
+        reader = native.tar_reader(root, entries, tar_header)
         out, buffer = bytearray(), bytearray(size)
         while True:
             written, status, _, _ = reader.fill(memoryview(buffer))
@@ -142,12 +141,12 @@ def test_a_file_rewritten_while_a_one_pass_pack_reads_it_is_refused(
     src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 5000, "c.jpg": b"c" * 10})
     real = native.tar_reader
 
-    def rewriting(dir_fd: int, members: object, special: object) -> object:
+    def rewriting(dir_fd: int, members: object, header: object) -> object:
         path = src / "b.jpg"  # listed with its size and mtime; rewritten before it is read
         st = path.stat()
         path.write_bytes(b"B" * 5000)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        return real(dir_fd, members, special)  # type: ignore[arg-type]
+        return real(dir_fd, members, header)  # type: ignore[arg-type]
 
     monkeypatch.setattr(native, "tar_reader", rewriting)
     with pytest.raises(DsagentError, match="'b.jpg' changed while it was packed"):
@@ -155,22 +154,55 @@ def test_a_file_rewritten_while_a_one_pass_pack_reads_it_is_refused(
     assert list((tmp_path / "store" / "bundles").iterdir()) == []
 
 
-def test_the_c_reader_refuses_malformed_columns(with_native: ModuleType) -> None:
-    from array import array
-
+def test_the_c_reader_refuses_malformed_members(with_native: ModuleType) -> None:
     from dsagent.format.tarstream import plain_template
 
-    one = (array("Q", [1]), array("q", [0]), bytes(16))
+    def header(member: object) -> bytes:
+        return tar_header(member)  # type: ignore[arg-type]
+
+    one = FileEntry("a", 1, 0, "")
     with pytest.raises(ValueError, match="512-byte"):
-        with_native.TarReader(0, [b"a"], *one, b"x" * 100, {})
-    with pytest.raises(TypeError, match="NUL"):
-        with_native.TarReader(0, [b"a\0b"], *one, plain_template(), {})
-    with pytest.raises(ValueError, match="one item per name"):
-        with_native.TarReader(0, [b"a", b"b"], *one, plain_template(), {})
-    with pytest.raises(ValueError, match="plain one"):
-        with_native.TarReader(0, [b"x" * 101], *one, plain_template(), {})
+        with_native.TarReader(0, [one], b"x" * 100, header)
+    with pytest.raises(TypeError, match="callable"):
+        with_native.TarReader(0, [one], plain_template(), None)
+    with pytest.raises(TypeError, match="tuple"):
+        with_native.TarReader(0, [("a", 1, 0)], plain_template(), header)
+    with pytest.raises(TypeError, match="str"):
+        with_native.TarReader(0, [(b"a", 1, 0, "")], plain_template(), header)
+    with pytest.raises(ValueError, match="NUL"):
+        with_native.TarReader(0, [FileEntry("a\0b", 1, 0, "")], plain_template(), header)
+    with pytest.raises(OverflowError):
+        with_native.TarReader(0, [FileEntry("a", -1, 0, "")], plain_template(), header)
+    for digest in ("0" * 31, "g" * 32, "0" * 33, "\u00e9" * 32):
+        with pytest.raises(ValueError, match="32 lowercase hex"):
+            with_native.TarReader(0, [FileEntry("a", 1, 0, digest)], plain_template(), header)
     with pytest.raises(ValueError, match="512-byte blocks"):
-        with_native.TarReader(0, [b"a"], *one, plain_template(), {0: b"short"})
+        with_native.TarReader(0, [FileEntry("x" * 101, 1, 0, "")], plain_template(), lambda m: b"short")
+    with pytest.raises(ZeroDivisionError):  # the header's own error, as raised
+        with_native.TarReader(0, [FileEntry("\u00e9", 1, 0, "")], plain_template(), lambda m: 1 // 0)
+
+
+def test_the_c_reader_asks_for_the_headers_python_writes_and_no_others(with_native: ModuleType) -> None:
+    from dsagent.format.tarstream import plain_template
+
+    members = [
+        FileEntry("plain/a.jpg", 1, 10**18, "0" * 32),
+        FileEntry("x" * 100, 1, 0, ""),
+        FileEntry("x" * 101, 1, 0, ""),
+        FileEntry("caf\u00e9.jpg", 1, 0, ""),
+        FileEntry("big", 8**11, 0, ""),
+        FileEntry("old", 1, -1, ""),
+        FileEntry("late", 1, 8**11 * 10**9, ""),
+    ]
+    asked: list[str] = []
+
+    def header(member: FileEntry) -> bytes:
+        asked.append(member.path)
+        return tar_header(member)
+
+    with_native.TarReader(0, members, plain_template(), header)
+    expected = ["x" * 101, "caf\u00e9.jpg", "big", "old", "late"]
+    assert asked == [m.path for m in members if not plain_header(m)] == expected
 
 
 def test_the_native_listing_is_the_pure_listing(
