@@ -1,16 +1,22 @@
-/* The pack's listing of one directory (included by dsnative.c).
+/* The pack's listing of directories (included by dsnative.c).
  *
- * list_dir(path, prefix, base, found) -> (files, others, entries)
+ * list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode), ...]
  *
- * Reads the directory `path` and stats its regular files (by d_type, or by the stat where
- * the filesystem gives none), all with the GIL released, then builds one `found` tuple (a
- * tuple subclass of six fields: dsagent.format.walk.Found) a file: prefix + name, base +
- * name, size, mtime ns, inode, ctime ns; in byte order of the names, so that the caller's
- * sort by path is a merge of sorted runs. Every other entry (a directory, a symlink, a
- * FIFO, a file gone or changed into something else between the read and the stat) is
- * returned by name in `others`, for the caller's own rules; `entries` counts every entry
- * but "." and "..". An error opening or reading the directory is raised as OSError with
- * its errno and the path. Names are decoded as os.fsdecode does.
+ * Reads each directory of `paths` and stats its regular files (by d_type, or by the stat
+ * where the filesystem gives none), all of them with the GIL released once (a call a
+ * directory handed the GIL back and forth a thousand times for a tree of a thousand
+ * class folders), then hands each back as columns, in byte order of the names (so that
+ * the caller's sort by path is a merge of sorted runs): `paths`, its prefix + name a file
+ * (the one object built a file: a tuple, a location and four ints a file held the GIL
+ * as long as the kernel took to list them); `stats`, bytes of four native int64 a file:
+ * size, mtime ns, inode, ctime ns. `dirs` names the entries the directory says are
+ * directories (d_type: no symlink among them), `others` every other entry that is not a
+ * regular file (a symlink, a FIFO, an entry without d_type that is not a regular file, a
+ * file gone or changed into something else between the read and the stat), for the
+ * caller's own rules; `entries` counts every entry but "." and ".."; `device` and
+ * `inode` are the directory's own (for the caller's loop check). An error opening or
+ * reading a directory is raised as OSError with its errno and path, the first in order.
+ * Names are decoded as os.fsdecode does.
  */
 #include <dirent.h>
 
@@ -20,10 +26,11 @@ typedef struct {
     struct listed {
         size_t name; /* offset into names */
         size_t length;
-        int regular;
+        int regular; /* 1 a regular file, 2 a directory by d_type, 0 anything else */
         long long size, mtime_ns, inode, ctime_ns;
     } *rows;
     size_t count, rows_cap;
+    long long device, inode; /* the directory's */
 } listing;
 
 static int by_name(const void *a, const void *b, void *names) {
@@ -60,6 +67,14 @@ static int listing_add(listing *l, const char *name, size_t length) {
 static int read_listing(const char *path, listing *l) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return errno;
+    struct stat self;
+    if (fstat(fd, &self) != 0) {
+        int e = errno;
+        close(fd);
+        return e;
+    }
+    l->device = (long long)self.st_dev;
+    l->inode = (long long)self.st_ino;
     DIR *dir = fdopendir(fd);
     if (dir == NULL) {
         int e = errno;
@@ -77,9 +92,10 @@ static int read_listing(const char *path, listing *l) {
         const char *name = item->d_name;
         if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'))) continue;
         if ((err = listing_add(l, name, strlen(name))) != 0) break;
+        struct listed *row = &l->rows[l->count - 1];
+        if (item->d_type == DT_DIR) row->regular = 2;
         if (item->d_type != DT_REG && item->d_type != DT_UNKNOWN) continue;
         struct stat st;
-        struct listed *row = &l->rows[l->count - 1];
         if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
         row->regular = 1;
         row->size = (long long)st.st_size;
@@ -109,93 +125,106 @@ static PyObject *joined(const char *head, size_t head_length, const char *name, 
     return PyUnicode_DecodeFSDefaultAndSize(*scratch, (Py_ssize_t)(head_length + length));
 }
 
-static PyObject *found_row(PyTypeObject *found, PyObject *path, PyObject *location, const struct listed *row) {
-    PyObject *item = found->tp_alloc(found, 6);
-    if (item == NULL) {
-        Py_DECREF(path);
-        Py_DECREF(location);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(item, 0, path);
-    PyTuple_SET_ITEM(item, 1, location);
-    PyObject *numbers[4] = {PyLong_FromLongLong(row->size), PyLong_FromLongLong(row->mtime_ns),
-                            PyLong_FromLongLong(row->inode), PyLong_FromLongLong(row->ctime_ns)};
-    for (int i = 0; i < 4; i++) {
-        if (numbers[i] == NULL) { /* the tuple's dealloc drops what was set */
-            for (int j = i + 1; j < 4; j++) Py_XDECREF(numbers[j]);
-            Py_DECREF(item);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(item, 2 + i, numbers[i]);
-    }
-    return item;
-}
-
-static PyObject *list_dir(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *path_arg, *prefix_arg, *base_arg, *found_arg;
-    if (!PyArg_ParseTuple(args, "OOOO", &path_arg, &prefix_arg, &base_arg, &found_arg)) return NULL;
-    if (!PyType_Check(found_arg) || !PyType_IsSubtype((PyTypeObject *)found_arg, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "found must be a tuple type");
-        return NULL;
-    }
-    PyTypeObject *found = (PyTypeObject *)found_arg;
-    PyObject *path = NULL, *prefix = NULL, *base = NULL, *files = NULL, *others = NULL, *result = NULL;
-    listing l = {0};
-    char *scratch = NULL;
-    size_t scratch_cap = 0;
-    if (!PyUnicode_FSConverter(path_arg, &path) || !PyUnicode_FSConverter(prefix_arg, &prefix) ||
-        !PyUnicode_FSConverter(base_arg, &base))
-        goto done;
-    const char *where = PyBytes_AS_STRING(path);
-    int err;
-    Py_BEGIN_ALLOW_THREADS err = read_listing(where, &l);
-    Py_END_ALLOW_THREADS
-    if (err != 0) {
-        errno = err;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_arg);
-        goto done;
-    }
-    files = PyList_New(0);
+/* One directory's result tuple (see the top of this file); NULL with an error set. */
+static PyObject *listing_result(const listing *l, PyObject *prefix, char **scratch, size_t *scratch_cap) {
+    PyObject *paths = NULL, *stats = NULL, *dirs = NULL, *others = NULL, *result = NULL;
+    size_t files = 0;
+    for (size_t i = 0; i < l->count; i++) files += l->rows[i].regular == 1;
+    paths = PyList_New((Py_ssize_t)files);
+    stats = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(files * 4 * sizeof(long long)));
+    dirs = PyList_New(0);
     others = PyList_New(0);
-    if (files == NULL || others == NULL) goto done;
-    const char *head = PyBytes_AS_STRING(prefix), *at = PyBytes_AS_STRING(base);
-    size_t head_length = (size_t)PyBytes_GET_SIZE(prefix), at_length = (size_t)PyBytes_GET_SIZE(base);
-    for (size_t i = 0; i < l.count; i++) {
-        const struct listed *row = &l.rows[i];
-        const char *name = l.names + row->name;
-        if (!row->regular) {
+    if (paths == NULL || stats == NULL || dirs == NULL || others == NULL) goto done;
+    long long *numbers = (long long *)PyBytes_AS_STRING(stats);
+    const char *head = PyBytes_AS_STRING(prefix);
+    size_t head_length = (size_t)PyBytes_GET_SIZE(prefix), k = 0;
+    for (size_t i = 0; i < l->count; i++) {
+        const struct listed *row = &l->rows[i];
+        const char *name = l->names + row->name;
+        if (row->regular != 1) {
             PyObject *decoded = PyUnicode_DecodeFSDefaultAndSize(name, (Py_ssize_t)row->length);
-            if (decoded == NULL || PyList_Append(others, decoded) != 0) {
+            if (decoded == NULL || PyList_Append(row->regular == 2 ? dirs : others, decoded) != 0) {
                 Py_XDECREF(decoded);
                 goto done;
             }
             Py_DECREF(decoded);
             continue;
         }
-        PyObject *relative = joined(head, head_length, name, row->length, &scratch, &scratch_cap);
+        PyObject *relative = joined(head, head_length, name, row->length, scratch, scratch_cap);
         if (relative == NULL) goto done;
-        PyObject *location = joined(at, at_length, name, row->length, &scratch, &scratch_cap);
-        if (location == NULL) {
-            Py_DECREF(relative);
-            goto done;
-        }
-        PyObject *item = found_row(found, relative, location, row);
-        if (item == NULL || PyList_Append(files, item) != 0) {
-            Py_XDECREF(item);
-            goto done;
-        }
-        Py_DECREF(item);
+        PyList_SET_ITEM(paths, (Py_ssize_t)k, relative);
+        numbers[4 * k] = row->size;
+        numbers[4 * k + 1] = row->mtime_ns;
+        numbers[4 * k + 2] = row->inode;
+        numbers[4 * k + 3] = row->ctime_ns;
+        k++;
     }
-    result = Py_BuildValue("(OOn)", files, others, (Py_ssize_t)l.count);
+    result = Py_BuildValue("(OOOOnLL)", paths, stats, dirs, others, (Py_ssize_t)l->count, l->device, l->inode);
 done:
-    Py_XDECREF(path);
-    Py_XDECREF(prefix);
-    Py_XDECREF(base);
-    Py_XDECREF(files);
+    Py_XDECREF(paths);
+    Py_XDECREF(stats);
+    Py_XDECREF(dirs);
     Py_XDECREF(others);
-    PyMem_Free(scratch);
-    free(l.names);
-    free(l.rows);
     return result;
+}
+
+static PyObject *list_dirs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *paths_arg, *prefixes_arg;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &paths_arg, &PyList_Type, &prefixes_arg)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(paths_arg);
+    if (PyList_GET_SIZE(prefixes_arg) != n) {
+        PyErr_SetString(PyExc_ValueError, "one prefix a directory");
+        return NULL;
+    }
+    PyObject **encoded = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *) * 2);
+    listing *ls = PyMem_Calloc(n ? (size_t)n : 1, sizeof(listing));
+    const char **where = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
+    PyObject *results = NULL;
+    char *scratch = NULL;
+    size_t scratch_cap = 0;
+    if (encoded == NULL || ls == NULL || where == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PyList_GET_ITEM(paths_arg, i), &encoded[2 * i]) ||
+            !PyUnicode_FSConverter(PyList_GET_ITEM(prefixes_arg, i), &encoded[2 * i + 1]))
+            goto done;
+        where[i] = PyBytes_AS_STRING(encoded[2 * i]);
+    }
+    int err = 0;
+    Py_ssize_t failed = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && err == 0; i++) {
+        err = read_listing(where[i], &ls[i]);
+        if (err) failed = i;
+    }
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyList_GET_ITEM(paths_arg, failed));
+        goto done;
+    }
+    results = PyList_New(n);
+    if (results == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *one = listing_result(&ls[i], encoded[2 * i + 1], &scratch, &scratch_cap);
+        if (one == NULL) {
+            Py_CLEAR(results);
+            goto done;
+        }
+        PyList_SET_ITEM(results, i, one);
+    }
+done:
+    for (Py_ssize_t i = 0; encoded != NULL && i < 2 * n; i++) Py_XDECREF(encoded[i]);
+    for (Py_ssize_t i = 0; ls != NULL && i < n; i++) {
+        free(ls[i].names);
+        free(ls[i].rows);
+    }
+    PyMem_Free(encoded);
+    PyMem_Free(ls);
+    PyMem_Free(where);
+    PyMem_Free(scratch);
+    return results;
 }

@@ -21,7 +21,6 @@ What it owns:
 
 from __future__ import annotations
 
-import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -66,8 +65,6 @@ if TYPE_CHECKING:
 
 #: zstd level 1: JPEG-like payloads do not compress, so the fastest level loses nothing.
 DEFAULT_LEVEL = 1
-_found_size = operator.attrgetter("size")  # a listed file's (dsagent.format.walk.Found), at C speed
-_found_mtime = operator.attrgetter("mtime_ns")
 
 
 # --------------------------------------------------------------------------- boundaries
@@ -303,6 +300,12 @@ def pack(source: str | os.PathLike[str], store: str | os.PathLike[str], *, name:
     return pack_dataset(source, store, name=name, **options)[0]
 
 
+def _span(bundle: tuple[int, int]) -> slice:
+    """The entries of a planned ``(first, count)`` bundle."""
+    first, count = bundle
+    return slice(first, first + count)
+
+
 def pack_dataset(
     source: str | os.PathLike[str],
     store: str | os.PathLike[str],
@@ -358,9 +361,7 @@ def pack_dataset(
             manifest, source, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
             storage_options=storage_options, store_options=store_options, progress=progress,
         )  # fmt: skip
-    paths = list(map(path_key, files))  # columns once: each pass over 200,000 objects costs ~10 ms
-    sizes_listed = list(map(_found_size, files))
-    mtimes = list(map(_found_mtime, files))
+    paths, sizes_listed, mtimes = files.paths, files.sizes, files.mtimes  # the listing's columns: no object a file
     listed = list(new_entries(paths, sizes_listed, mtimes, repeat("")))
     upto = [0, *accumulate(sizes_listed)]  # bytes before each entry: any range's size at once
     expect_total(progress, upto[-1], len(listed))
@@ -430,7 +431,7 @@ def pack_dataset(
     kept = {digests[i] for i in range(len(plan)) if i not in set(written)}
     packed = _keep_reused(packed, kept, src_fs, src_root, dst_fs, dst_root, store, level, store_options)  # type: ignore[arg-type]
     if digest_cache is not None:
-        fresh = [(files[k], known[k]) for i in todo for k in range(plan[i][0], plan[i][0] + plan[i][1])]
+        fresh = [pair for i in todo for pair in zip(files[_span(plan[i])], known[_span(plan[i])])]
         digest_cache.record(hits=len(files) - len(fresh), misses=len(fresh))
         digest_cache.store(fresh)  # type: ignore[arg-type]
     return packed, len(plan) - len(written)

@@ -7,8 +7,8 @@ the two paths equal); verified extraction (:mod:`dsagent.format.extract`), whose
 member loop :func:`extract_members` runs in C when the extension is here; and the pack's
 reader (:class:`dsagent.format.packwriter.BundleWriter`), which lays out a local bundle's
 tar stream with :func:`tar_reader` (the same bytes and digests as its Python loop); and the
-one-pass pack's serial steps around it: the listing (:func:`list_dir`, one call a
-directory), the bundle plan's boundaries (:func:`plan_cuts`), the manifest's lines
+one-pass pack's serial steps around it: the listing (:func:`list_dirs`, a batch of
+directories a call), the bundle plan's boundaries (:func:`plan_cuts`), the manifest's lines
 (:func:`entry_lines`) and the digest records of the entries (:func:`digest_records`, for
 every dataset and bundle digest), each the Python rule's result exactly. What it owns:
 whether the extension is importable (:data:`AVAILABLE`), the call that turns one
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 6
+INTERFACE = 9
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -59,8 +59,6 @@ if _native is not None and getattr(_native, "INTERFACE", None) != INTERFACE:
         _native.__file__,
     )
     _native = None
-
-T = TypeVar("T", bound=tuple)  # type: ignore[type-arg]
 
 
 class Table(Protocol):
@@ -144,16 +142,31 @@ def hash_names(directory: str, names: list[str], buffer: mmap.mmap, *, prefix: s
     return Columns(sizes, mtimes, digests)
 
 
-def list_dir(directory: str, prefix: str, base: str, found: type[T]) -> tuple[list[T], list[str], int]:
-    """One directory of the pack's listing, read and its regular files stat'ed without the
-    GIL (native/listdir.c): a ``found`` tuple a regular file (``prefix + name``,
-    ``base + name``, size, mtime ns, inode, ctime ns; in byte order of the names), the
-    names of every other entry (directories, symlinks, anything else, for the caller's
-    rules) and the count of entries. Opening or reading the directory fails as
-    :class:`OSError` with its path."""
+#: What :func:`list_dirs` hands back a directory.
+Listed = tuple[list[str], bytes, list[str], list[str], int, int, int]
+
+
+def list_dirs(directories: list[str], prefixes: list[str]) -> list[Listed]:
+    """Directories of the pack's listing, read and their regular files stat'ed without the
+    GIL (native/listdir.c, all of them in one release), as columns a directory: the
+    regular files' paths (its prefix + name, in byte order of the names); their size,
+    mtime ns, inode and ctime ns, four native int64 a file (``array("q", stats)``); the
+    names of the entries that are directories by ``d_type``; the names of every other
+    entry (symlinks, anything else, for the caller's rules); the count of entries; the
+    directory's own device and inode. Opening or reading one fails as :class:`OSError`
+    with its path."""
     assert _native is not None, "the native extension is not built"
-    files, others, entries = _native.list_dir(directory, prefix, base, found)
-    return files, others, entries
+    return _native.list_dirs(directories, prefixes)  # type: ignore[no-any-return]
+
+
+def compressible_blocks(
+    view: memoryview, block: int, pieces: int, piece: int, nlogn: array[int], num: int, den: int
+) -> bytes:
+    """One byte a ``block`` of ``view``, 1 where it is worth compressing: the verdict of
+    :func:`dsagent.format.frames.compressible`, counted in C for a whole buffer at once
+    without the GIL (native/probe.c). Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    return _native.compressible_blocks(view, block, pieces, piece, nlogn, num, den)  # type: ignore[no-any-return]
 
 
 def entry_lines(table: Table) -> bytes | None:
@@ -282,10 +295,11 @@ __all__ = [
     "FILL_MORE",
     "Columns",
     "chosen",
+    "compressible_blocks",
     "extract_members",
     "hash_names",
     "entry_lines",
-    "list_dir",
+    "list_dirs",
     "plan_cuts",
     "tar_reader",
 ]

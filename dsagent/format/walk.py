@@ -9,13 +9,14 @@ count as local.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import sys
-from collections import deque
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 from urllib.parse import unquote
 
 from dsagent.errors import InvalidInput, NotFound
@@ -37,6 +38,72 @@ class Found(NamedTuple):
     ctime_ns: int = 0
 
 
+#: a Found from a tuple of its fields, in C (the named tuple's own ``__new__`` is Python)
+_new_found = functools.partial(tuple.__new__, Found)
+
+
+class Listing(Sequence[Found]):
+    """The files of a listing held as columns; a :class:`Found` is made only when one is asked for.
+
+    What :func:`list_files` returns: the one-pass pack reads the columns (``paths``,
+    ``sizes``, ``mtimes``) and makes no object a file; a caller that iterates gets the
+    same ``Found`` tuples a list would hold. A file's location is ``base + path`` (a local
+    walk) or its own (``locations``, another filesystem's listing).
+    """
+
+    def __init__(
+        self, paths: list[str], sizes: list[int], mtimes: list[int], inodes: list[int], ctimes: list[int],
+        *, base: str = "", locations: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        self.paths, self.sizes, self.mtimes, self.inodes, self.ctimes = paths, sizes, mtimes, inodes, ctimes
+        self._base, self._locations = base, locations
+
+    @classmethod
+    def of(cls, found: Sequence[Found]) -> Listing:
+        """The columns of ``found``."""
+        columns = [list(map(operator.itemgetter(k), found)) for k in range(6)]
+        return cls(columns[0], *columns[2:], locations=columns[1])
+
+    def locations(self) -> Iterable[str]:
+        return self._locations if self._locations is not None else map(self._base.__add__, self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self) -> Iterator[Found]:
+        columns = zip(self.paths, self.locations(), self.sizes, self.mtimes, self.inodes, self.ctimes)
+        return map(_new_found, columns)
+
+    @overload
+    def __getitem__(self, index: int) -> Found: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Found]: ...
+    def __getitem__(self, index: int | slice) -> Found | list[Found]:
+        if isinstance(index, slice):
+            paths = self.paths[index]
+            locations = self._locations[index] if self._locations is not None else map(self._base.__add__, paths)
+            columns = (self.sizes[index], self.mtimes[index], self.inodes[index], self.ctimes[index])
+            return list(map(_new_found, zip(paths, locations, *columns)))
+        location = self._locations[index] if self._locations is not None else self._base + self.paths[index]
+        return Found(self.paths[index], location, self.sizes[index], self.mtimes[index], self.inodes[index],
+                     self.ctimes[index])  # fmt: skip
+
+    def in_path_order(self) -> Listing:
+        """This listing sorted by path (itself when it already is)."""
+        order = sorted(range(len(self.paths)), key=self.paths.__getitem__)
+        if all(map(operator.eq, order, range(len(order)))):
+            return self
+
+        def permuted(column: list[Any]) -> list[Any]:
+            return list(map(column.__getitem__, order))
+
+        locations = None if self._locations is None else permuted(self._locations)
+        return Listing(
+            permuted(self.paths), permuted(self.sizes), permuted(self.mtimes), permuted(self.inodes),
+            permuted(self.ctimes), base=self._base, locations=locations,
+        )  # fmt: skip
+
+
 def is_local(fs: AbstractFileSystem) -> bool:
     if isinstance(fs, LocalFiles):
         return True
@@ -49,6 +116,9 @@ UNSTATED = -1
 
 #: Directories the native listing reads at once, at most (one a core).
 LIST_THREADS = 8
+#: Batches a listing thread takes of each level of the tree (more balance the threads'
+#: work; fewer hand the GIL back and forth less).
+LIST_BATCHES = 4
 
 #: The walk hands out a directory's files in groups of at most this many names.
 _GROUP = 256
@@ -134,38 +204,57 @@ def _is_directory(path: str, confine: Sequence[str] | None) -> bool:
     raise InvalidInput(f"not a regular file: {path!r}", hint="datasets hold regular files only")
 
 
-def list_local(root: str, empty: list[str], confine: Sequence[str] | None = None) -> list[Found]:
+def list_local(root: str, empty: list[str], confine: Sequence[str] | None = None) -> Listing:
     """The files under a local ``root``, stat'ed, as :func:`iter_local_dirs` walks them
-    (the same rules: links followed and confined, loops refused), each directory read and
-    its files stat'ed by the native :func:`~dsagent.format.native.list_dir` in one call
-    without the GIL, several directories at once (the kernel's lookups and stats are most
-    of a listing's time, and they run on every core). Not in path order (the caller sorts)."""
+    (the same rules: links followed and confined, loops refused), read a level of the tree
+    at a time by the native :func:`~dsagent.format.native.list_dirs`: each level's
+    directories cut into a few batches (:data:`LIST_BATCHES` a thread), each batch read
+    and stat'ed in one call without the GIL, on every core (the kernel's lookups and stats
+    are most of a listing's time). Columns come back, a path the only object made a file.
+    Not in path order (the caller sorts)."""
     seen: set[tuple[int, int]] = set()
-    files: list[Found] = []
-    pending: deque[tuple[str, str, Future[tuple[list[Found], list[str], int]]]] = deque()
-    with ThreadPoolExecutor(min(LIST_THREADS, os.cpu_count() or 1), thread_name_prefix="dsagent-list") as pool:
+    paths: list[str] = []
+    stats = array("q")  # size, mtime, inode, ctime a file
+    threads = min(LIST_THREADS, os.cpu_count() or 1)
+    level = [("", root)]  # (prefix in the dataset, where to read it)
+    with ThreadPoolExecutor(threads, thread_name_prefix="dsagent-list") as pool:
+        while level:
+            step = -(-len(level) // (threads * LIST_BATCHES))
+            batches = [level[i : i + step] for i in range(0, len(level), step)]
+            futures = [pool.submit(native.list_dirs, [d for _, d in b], [p for p, _ in b]) for b in batches]
+            below: list[tuple[str, str]] = []
+            for batch, future in zip(batches, futures):
+                for (prefix, directory), listed in zip(batch, future.result()):
+                    below += _take(prefix, directory, listed, paths, stats, seen, empty, confine)
+            level = below
+    base = root if root.endswith("/") else f"{root}/"  # where the root's files are: base + path, nested too
+    sizes, mtimes, inodes, ctimes = (stats[k::4].tolist() for k in range(4))
+    return Listing(paths, sizes, mtimes, inodes, ctimes, base=base)
 
-        def read(rel: str, directory: str) -> None:
-            _enter(directory, seen)
-            prefix = f"{rel}/" if rel else ""
-            base = directory if directory.endswith("/") else f"{directory}/"
-            pending.append((rel, base, pool.submit(native.list_dir, directory, prefix, base, Found)))
 
-        read("", root)
-        while pending:
-            rel, base, future = pending.popleft()
-            listed, others, entries = future.result()
-            files += listed
-            for name in sorted(others):
-                prefix = f"{rel}/" if rel else ""
-                with translate_errors(f"source file {base + name!r}"):
-                    if _is_directory(base + name, confine):
-                        read(prefix + name, base + name)
-                    else:
-                        files.append(found_stat(prefix + name, base + name, os.stat(base + name)))
-            if not entries and rel:
-                empty.append(rel)
-    return files
+def _take(
+    prefix: str, directory: str, listed: native.Listed, paths: list[str], stats: array[int],
+    seen: set[tuple[int, int]], empty: list[str], confine: Sequence[str] | None,
+) -> list[tuple[str, str]]:  # fmt: skip
+    """One directory's listing into the columns; the directories below it, to read next."""
+    found, numbers, dirs, others, entries, device, inode = listed
+    if (device, inode) in seen:
+        raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
+    seen.add((device, inode))
+    paths += found
+    stats.frombytes(numbers)
+    at = directory if directory.endswith("/") else f"{directory}/"
+    for name in sorted(others):
+        with translate_errors(f"source file {at + name!r}"):
+            if _is_directory(at + name, confine):
+                dirs.append(name)
+                continue
+            st = os.stat(at + name)
+        paths.append(prefix + name)
+        stats.extend((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+    if not entries and prefix:
+        empty.append(prefix[:-1])
+    return [(f"{prefix}{name}/", at + name) for name in sorted(dirs)]
 
 
 def found_in(groups: Iterable[Dir]) -> Iterator[Found]:
@@ -257,7 +346,7 @@ def walk_source(
 
 def list_files(
     fs: AbstractFileSystem, root: str, empty: list[str], *, confine: Sequence[str] | None = None
-) -> list[Found] | None:
+) -> Listing | None:
     """Every file of the dataset at ``root`` with its size and mtime, in path order, none of them read.
 
     Local files are stat'ed (each once, following links as the walk does); the listing of
@@ -266,11 +355,11 @@ def list_files(
     Used by the one-pass pack (:func:`dsagent.format.bundle.pack_dataset`), which reads
     each file only while packing it.
     """
-    files: list[Found] = []
     found = walk_source(fs, root, empty, confine=confine)
     if isinstance(found, LocalWalk) and native.AVAILABLE:
-        files = list_local(found.root, found.empty, found.confine)
-    elif isinstance(found, LocalWalk):
+        return list_local(found.root, found.empty, found.confine).in_path_order()
+    files: list[Found] = []
+    if isinstance(found, LocalWalk):
         for group in found.groups:
             files += _stat_group(group)
     else:
@@ -279,7 +368,7 @@ def list_files(
                 return None
             files.append(item)
     files.sort(key=_found_path)
-    return files
+    return Listing.of(files)
 
 
 def _stat_group(group: Dir) -> list[Found]:

@@ -8,14 +8,16 @@ import os
 import random
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
 from dsagent.errors import IntegrityError
+from dsagent.format import native
 from dsagent.format.bundle import pack, unpack
-from dsagent.format.frames import BLOCK, RAW_FRAME_HEADER, FrameEncoder, FrameWriter
+from dsagent.format.frames import BLOCK, RAW_FRAME_HEADER, FrameEncoder, FrameWriter, compressible
 from dsagent.format.manifest import bundle_path
 from dsagent.format.repack import repack
 from tests.dsagent.conftest import write_tree
@@ -70,6 +72,49 @@ def test_incompressible_blocks_are_stored_raw_and_text_is_compressed() -> None:
     assert len(encoded) < len(noise) + 64 + len(text)  # the raw half cost a few header bytes
     decoded = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(encoded), read_across_frames=True).read()
     assert decoded == noise + text
+
+
+def _tar_of(sizes: list[int], content: bytes | None = None) -> bytes:
+    """A tar stream of files of these sizes: random bytes (like JPEGs) unless ``content``."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"n{i // 50:04d}/{i:06d}.jpg")
+            info.size = size
+            tar.addfile(info, io.BytesIO(content[:size] if content is not None else os.urandom(size)))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("loops", ["pure", "native"])
+def test_tar_headers_between_incompressible_files_are_not_worth_compressing(
+    loops: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if loops == "native" and not native.AVAILABLE:
+        pytest.skip("the native extension is not built (make native)")
+    monkeypatch.setattr(native, "AVAILABLE", loops == "native")
+    rng = random.Random(7)
+    jpegs = _tar_of([int(rng.lognormvariate(9.4, 0.6)) for _ in range(400)])  # ~12 KB median: a header each
+    encoder = FrameEncoder(level=1)
+    encoder.encode(jpegs)
+    # zstd would save ~5% of these blocks (the headers' zeros) for a full block's work
+    assert encoder.compressed_bytes <= BLOCK and encoder.raw_bytes >= len(jpegs) - BLOCK
+    thumbnails = _tar_of([rng.randrange(200, 700) for _ in range(400)])  # headers and padding: most bytes
+    small = FrameEncoder(level=1)
+    small.encode(thumbnails)
+    assert small.compressed_bytes == len(thumbnails)
+    assert len(zstandard.ZstdCompressor(level=1).compress(thumbnails)) < 0.8 * len(thumbnails)  # rightly so
+
+
+def test_the_verdict_follows_what_zstd_would_save() -> None:
+    rng = random.Random(3)
+    for share in (0.0, 0.05, 0.5, 0.9):
+        block = bytearray(os.urandom(BLOCK))
+        for start in range(0, BLOCK, 4096):  # runs of zeros, a share of every 4 KiB
+            block[start : start + int(4096 * share)] = bytes(int(4096 * share))
+        saved = 1 - len(zstandard.ZstdCompressor(level=1).compress(bytes(block))) / BLOCK
+        assert compressible(bytes(block)) == (saved >= 0.1), (share, saved)
+    assert compressible(_text(BLOCK, rng.randrange(100)))
+    assert compressible(bytes(100)) and not compressible(os.urandom(100_000))
 
 
 @pytest.mark.parametrize("threads", [0, 2])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import random
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -214,12 +215,13 @@ def test_the_native_listing_is_the_pure_listing(
     elsewhere = write_tree(tree.parent / "elsewhere", {"er/est/x.bin": b"x"})
     os.symlink(elsewhere, tree / "linked-dir")  # a linked directory is walked as one
     calls = []
-    real = native.list_dir
-    monkeypatch.setattr(native, "list_dir", lambda *args: calls.append(args[0]) or real(*args))
+    real = native.list_dirs
+    monkeypatch.setattr(native, "list_dirs", lambda *args: calls.extend(args[0]) or real(*args))
     empty: list[list[str]] = []
     pure, fast = _both(monkeypatch, lambda: list_files(LocalFiles(), str(tree), empty.append([]) or empty[-1]))
-    assert len(calls) > 3  # one call a directory, read natively
-    assert fast == pure  # path, location, size, mtime, inode and ctime, through symlinks too
+    assert len(calls) > 3  # every directory read natively
+    assert list(fast) == list(pure)  # path, location, size, mtime, inode and ctime, through symlinks too
+    assert (fast.paths, fast.sizes, fast.mtimes) == (pure.paths, pure.sizes, pure.mtimes)  # the pack's columns
     assert "linked-dir/er/est/x.bin" in [f.path for f in fast]
     assert type(fast[0]) is type(pure[0])  # noqa: E721 - the walk's named tuple, not a plain one
     assert empty[0] and sorted(empty[1]) == sorted(empty[0])
@@ -259,23 +261,76 @@ def test_the_native_listing_confines_symlinks(tmp_path: Path, with_native: Modul
     assert sorted(f.path for f in listed) == ["d/a.bin", "d/secret"]
 
 
-def test_list_dir_hands_back_what_is_not_a_regular_file(tmp_path: Path, with_native: ModuleType) -> None:
-    from dsagent.format.walk import Found
-
+def test_list_dirs_hands_back_what_is_not_a_regular_file(tmp_path: Path, with_native: ModuleType) -> None:
     root = write_tree(tmp_path / "src", {"b.bin": b"bb", "a.bin": b"a", "sub/c": b"c"})
     os.symlink(root / "a.bin", root / "link")
+    os.symlink(root / "sub", root / "linked-sub")
     latin = os.fsdecode(b"caf\xe9.bin")  # not UTF-8: decoded as os.fsdecode does
     (root / latin).write_bytes(b"x")
-    files, others, entries = native.list_dir(str(root), "p/", f"{root}/", Found)
-    assert [f.path for f in files] == ["p/a.bin", "p/b.bin", f"p/{latin}"]  # in byte order of the names
+    [top, sub] = native.list_dirs([str(root), str(root / "sub")], ["p/", "p/sub/"])
+    paths, stats, dirs, others, entries, device, inode = top
+    assert paths == ["p/a.bin", "p/b.bin", f"p/{latin}"]  # in byte order of the names
+    numbers = array("q", stats)
+    assert len(numbers) == 4 * len(paths)
     st = os.stat(root / "b.bin")
-    assert files[1] == Found("p/b.bin", f"{root}/b.bin", 2, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-    assert type(files[1]) is Found
-    assert sorted(others) == ["link", "sub"] and entries == 5
+    assert list(numbers[4:8]) == [2, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+    assert dirs == ["sub"]  # a directory by d_type; a link to one is the caller's to judge
+    assert sorted(others) == ["link", "linked-sub"] and entries == 6
+    assert (device, inode) == (os.stat(root).st_dev, os.stat(root).st_ino)
+    assert sub[0] == ["p/sub/c"] and sub[4] == 1 and sub[6] == os.stat(root / "sub").st_ino
     with pytest.raises(FileNotFoundError, match="gone"):
-        native.list_dir(str(root / "gone"), "", f"{root}/gone/", Found)
-    with pytest.raises(TypeError, match="tuple type"):
-        native.list_dir(str(root), "", f"{root}/", dict)
+        native.list_dirs([str(root), str(root / "gone")], ["", "gone/"])
+    with pytest.raises(ValueError, match="one prefix"):
+        native.list_dirs([str(root)], [])
+
+
+@given(
+    parts=st.lists(
+        st.tuples(st.sampled_from(["random", "zeros", "text", "bytes"]), st.integers(min_value=1, max_value=90_000)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_the_c_verdicts_are_the_python_verdicts(extension: ModuleType, parts: list[tuple[str, int]]) -> None:
+    from dsagent.format import frames
+
+    rng = random.Random(len(parts))
+    make = {
+        "random": lambda n: rng.randbytes(n),
+        "zeros": bytes,
+        "text": lambda n: (b"label image class 0.5 cat dog\n" * (n // 30 + 1))[:n],
+        "bytes": lambda n: bytes(rng.choice(b"abcdefgh") for _ in range(n)),
+    }
+    view = memoryview(b"".join(make[kind](n) for kind, n in parts))
+    python = [int(frames.compressible(view[s : s + frames.BLOCK])) for s in range(0, len(view), frames.BLOCK)]
+    counted = extension.compressible_blocks(
+        view, frames.BLOCK, frames._PIECES, frames._PIECE, frames._NLOGN, frames.RAW_NUM, frames.RAW_DEN
+    )
+    assert list(counted) == python
+
+
+def test_the_c_verdicts_refuse_a_table_that_does_not_fit(extension: ModuleType) -> None:
+    from dsagent.format import frames
+
+    args = (frames.BLOCK, frames._PIECES, frames._PIECE)
+    with pytest.raises(ValueError, match="one table entry a count"):
+        extension.compressible_blocks(b"x" * 10, *args, frames._NLOGN[:-1], 9, 10)
+    with pytest.raises(ValueError, match="two pieces or more"):
+        extension.compressible_blocks(b"x" * 10, frames.BLOCK, 1, 32, array("q", [0] * 33), 9, 10)
+    assert extension.compressible_blocks(b"", *args, frames._NLOGN, 9, 10) == b""
+
+
+def test_a_listing_is_its_found_tuples_in_path_order(tmp_path: Path) -> None:
+    from dsagent.format.walk import Found, Listing
+
+    found = [Found("b", "/s/b", 2, 20, 200, 2000), Found("a/c", "/s/a/c", 1, 10, 100, 1000)]
+    listing = Listing.of(found)
+    assert list(listing) == found and listing[1] == found[1] and listing[:1] == found[:1]
+    ordered = listing.in_path_order()
+    assert list(ordered) == sorted(found) and ordered.paths == ["a/c", "b"] and ordered.sizes == [1, 2]
+    local = Listing(["a/c", "b"], [1, 2], [10, 20], [100, 200], [1000, 2000], base="/s/")
+    assert local.in_path_order() is local  # already sorted: no copy
+    assert list(local) == sorted(found) and type(local[0]) is Found
 
 
 _TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=()) | st.sampled_from('"\\\n\x00\x1f\x7f'))
