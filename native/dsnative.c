@@ -15,8 +15,8 @@
  *
  * The one-pass pack's serial steps are here too: list_dirs (listdir.c), plan_cuts (plan.c)
  * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
- * rule gives; and, in its pipeline, the raw-or-compressed verdict on each block
- * (compressible_blocks, probe.c), the very verdicts of dsagent.format.frames' Python rule.
+ * rule gives; and, in its pipeline, the samples its blocks are judged by (block_samples,
+ * probe.c), the very bytes dsagent.format.frames cuts in Python.
  *
  * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
  * package's own extension (which exports them), so both paths hash with the very same
@@ -629,7 +629,7 @@ static PyTypeObject UnpackerType = {
 
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dirs */
-#include "probe.c"   /* the pack's raw-or-compressed verdicts: compressible_blocks */
+#include "probe.c"   /* the samples of the pack's raw-or-compressed verdicts: block_samples */
 #include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records */
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 
@@ -639,8 +639,8 @@ static PyMethodDef methods[] = {
     {"entry_lines", entry_lines, METH_VARARGS, "entry_lines(paths, sizes, mtimes, digests) -> bytes | None: see native/manifestlines.c."},
     {"digest_records", digest_records, METH_VARARGS, "digest_records(paths, sizes, digests) -> bytes | None: see native/manifestlines.c."},
     {"plan_cuts", plan_cuts, METH_VARARGS, "plan_cuts(paths, upto, max_files, max_bytes) -> list | None: see native/plan.c."},
-    {"compressible_blocks", compressible_blocks, METH_VARARGS,
-     "compressible_blocks(buffer, block, pieces, piece, nlogn, num, den) -> bytes: see native/probe.c."},
+    {"block_samples", block_samples, METH_VARARGS,
+     "block_samples(buffer, block, pieces, piece) -> bytes: see native/probe.c."},
     {"list_dirs", list_dirs, METH_VARARGS,
      "list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
     {NULL, NULL, 0, NULL},
@@ -676,7 +676,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 9) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 10) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -7,23 +7,20 @@ tar stream, whether zstd is worth its CPU, and writing the frames.
 
 Training data is mostly JPEG, PNG, video and compressed arrays: zstd cannot shrink them,
 yet at level 1 it still spends most of a pack's CPU looking for matches. So each block is
-judged first, by the order-0 size of a sample (:func:`coded_bits`: what its bytes would
-cost coded by their own frequencies, the floor of any entropy coder that ignores
-repeats): 64 pieces of 32 bytes spread evenly over the block. When that does not come
-below :data:`RAW_RATIO` of the sample's size, the block is stored raw. The pieces are
-small and many so that the sample holds as much of the tar headers and padding as the
-block does: four 1 KiB pieces, each landing on a header with fair odds, judged a fifth of
-the blocks of a tree of JPEG-like files worth zstd's time, which then saved 1% of their
-bytes for 60 ms of a 0.5 s pack; the spread sample judges one block in 5,600 so, and zstd
-at level 1 on every tenth block agrees with each verdict on that tree and on text. The
-verdict is integer arithmetic on a table of ``c * log2(c)``, counted in C over a whole
-buffer at once where the native extension is built (:func:`dsagent.format.native.compressible_blocks`)
-and in Python otherwise, with the same verdicts. A run of raw blocks becomes one zstd
-frame of *raw blocks* (block type 0: a 3-byte header, then the bytes as they are), built
-here without calling zstd at all; a run of compressible blocks becomes one ordinary frame
-from libzstd at the pack's level, with its content checksum. Raw frames carry no
-checksum: every member's bytes are checked against their xxh3-128 digest by whoever
-unpacks them, and tar headers carry their own checksum.
+probed first: a 2 KiB sample of it (64 pieces of 32 bytes spread evenly over the block)
+is compressed at level 1, and when it does not shrink below :data:`RAW_RATIO` of its
+size, the block is stored raw. The pieces are small and many so that the sample holds as
+much of the tar headers and padding as the block does: a sample of four 1 KiB pieces, one
+of them landing on a header with fair odds, judged a fifth of the blocks of a tree of
+JPEG-like files worth zstd's time, which then saved 1% of their bytes for a tenth of the
+pack's time; the spread sample judges 10 blocks in 5,600 so. Where the native extension is
+built, the samples of a whole buffer are cut in C in one call
+(:func:`dsagent.format.native.block_samples`, byte for byte the Python cut). A run of raw
+blocks becomes one zstd frame of *raw blocks* (block type 0: a 3-byte header, then the
+bytes as they are), built here without calling zstd at all; a run of compressible blocks
+becomes one ordinary frame from libzstd at the pack's level, with its content checksum.
+Raw frames carry no checksum: every member's bytes are checked against their xxh3-128
+digest by whoever unpacks them, and tar headers carry their own checksum.
 
 The result is still a tar stream compressed by zstd: ``zstd -d`` decodes concatenated
 frames, so ``zstd -dc bundle.tar.zst | tar -x`` reads it (tested with the real binaries).
@@ -43,11 +40,9 @@ out (into the kernel) instead of three times (for the pool, a join, the write).
 
 from __future__ import annotations
 
-import math
 import struct
 import threading
-from array import array
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -57,16 +52,11 @@ from dsagent.format import native
 
 #: Block size of the decision and of a raw block (zstd's largest block).
 BLOCK = 128 << 10
-#: A block whose sample would not code below this share of its size is stored raw (as a
-#: fraction: the verdict is integer arithmetic).
-RAW_NUM, RAW_DEN = 9, 10
-RAW_RATIO = RAW_NUM / RAW_DEN
+#: A block whose sample compresses to more than this share of its size is stored raw.
+RAW_RATIO = 0.9
 #: The sample a block is judged by: this many pieces of this many bytes, spread evenly.
 _PIECES = 64
 _PIECE = 32
-#: ``c * log2(c)`` in 1/65536 bits for every count a sample can hold, rounded: the same
-#: integers for the C and the Python verdicts.
-_NLOGN = array("q", [0, 0] + [round(c * math.log2(c) * 65536) for c in range(2, _PIECES * _PIECE + 1)])
 #: zstd frame magic, then a frame header descriptor with no content size, no checksum,
 #: no dictionary, not single-segment, then a window descriptor of 128 KiB (2**(10+7)).
 RAW_FRAME_HEADER = struct.pack("<IBB", 0xFD2FB528, 0x00, 7 << 3)
@@ -94,48 +84,44 @@ def raw_frame(data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
     return pieces
 
 
-def _sample(block: memoryview) -> bytes:
-    if len(block) <= _PIECE * _PIECES:
+def _cut(block: memoryview, pieces: int = _PIECES, piece: int = _PIECE) -> bytes:
+    """The sample of ``block``: ``pieces`` pieces of ``piece`` bytes spread evenly, the first
+    at its start and the last at its end (the whole block when it is no longer)."""
+    if len(block) <= piece * pieces:
         return bytes(block)
-    step = (len(block) - _PIECE) // (_PIECES - 1)
-    return b"".join(block[i * step : i * step + _PIECE] for i in range(_PIECES))
+    step = (len(block) - piece) // (pieces - 1)
+    return b"".join(block[i * step : i * step + piece] for i in range(pieces))
 
 
-def coded_bits(sample: bytes) -> int:
-    """The order-0 size of ``sample`` in 1/65536 bits: ``sum(c * log2(n / c))`` over its byte
-    values' counts ``c``, ``n`` its length, from the integer table (so exactly what the C
-    count gives)."""
-    return _NLOGN[len(sample)] - sum(_NLOGN[c] for c in Counter(sample).values())
-
-
-def compressible(block: memoryview | bytes) -> bool:
-    """Whether ``block`` is worth zstd's time: its sample codes below :data:`RAW_RATIO`."""
-    sample = _sample(memoryview(block))
-    return coded_bits(sample) * RAW_DEN < RAW_NUM * 8 * len(sample) << 16
-
-
-def verdicts(view: memoryview) -> Sequence[bool | int]:
-    """:func:`compressible` of each :data:`BLOCK` of ``view``: one C call for all of them
-    where the native extension is built."""
-    if native.AVAILABLE:
-        return native.compressible_blocks(view, BLOCK, _PIECES, _PIECE, _NLOGN, RAW_NUM, RAW_DEN)
-    return [compressible(view[start : start + BLOCK]) for start in range(0, len(view), BLOCK)]
+def samples(view: memoryview) -> list[memoryview | bytes]:
+    """The sample of each :data:`BLOCK` of ``view`` (cut in C where the extension is built)."""
+    if not native.AVAILABLE:
+        return [_cut(view[start : start + BLOCK]) for start in range(0, len(view), BLOCK)]
+    cut = memoryview(native.block_samples(view, BLOCK, _PIECES, _PIECE))
+    most = _PIECES * _PIECE
+    return [cut[start : start + most] for start in range(0, len(cut), most)]
 
 
 class FrameEncoder:
     """Turns buffers of a tar stream into frames (see the module docstring); one per thread."""
 
     def __init__(self, level: int) -> None:
+        self._probe = zstandard.ZstdCompressor(level=1)
         self._compressor = zstandard.ZstdCompressor(level=level, write_checksum=True)
         self.raw_bytes = 0
         self.compressed_bytes = 0
+
+    def compressible(self, sample: memoryview | bytes) -> bool:
+        """Whether the block of ``sample`` is worth zstd's time (see the module docstring)."""
+        return len(self._probe.compress(sample)) < RAW_RATIO * len(sample)
 
     def encode(self, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
         """The frames of ``data``: consecutive blocks with the same verdict share a frame."""
         view = memoryview(data)
         out: list[bytes | memoryview] = []
         run_start, run_packed = 0, None
-        for index, packed in enumerate(map(bool, verdicts(view))):
+        for index, sample in enumerate(samples(view)):
+            packed = self.compressible(sample)
             start = index * BLOCK
             if run_packed is not None and packed != run_packed:
                 self._emit(view[run_start:start], run_packed, out)
@@ -253,7 +239,4 @@ class FrameWriter:
         return sum(e.compressed_bytes for e in self._encoders)
 
 
-__all__ = [
-    "BLOCK", "RAW_FRAME_HEADER", "RAW_RATIO", "FrameEncoder", "FrameWriter", "coded_bits", "compressible", "raw_frame",
-    "verdicts",
-]  # fmt: skip
+__all__ = ["BLOCK", "RAW_FRAME_HEADER", "RAW_RATIO", "FrameEncoder", "FrameWriter", "raw_frame", "samples"]

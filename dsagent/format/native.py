@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 9
+INTERFACE = 10
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -159,14 +159,12 @@ def list_dirs(directories: list[str], prefixes: list[str]) -> list[Listed]:
     return _native.list_dirs(directories, prefixes)  # type: ignore[no-any-return]
 
 
-def compressible_blocks(
-    view: memoryview, block: int, pieces: int, piece: int, nlogn: array[int], num: int, den: int
-) -> bytes:
-    """One byte a ``block`` of ``view``, 1 where it is worth compressing: the verdict of
-    :func:`dsagent.format.frames.compressible`, counted in C for a whole buffer at once
-    without the GIL (native/probe.c). Only call it when :data:`AVAILABLE`."""
+def block_samples(view: memoryview, block: int, pieces: int, piece: int) -> bytes:
+    """The sample of each ``block`` of ``view``, one after the other: byte for byte what
+    :mod:`dsagent.format.frames` cuts in Python, for a whole buffer in one call
+    (native/probe.c). Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
-    return _native.compressible_blocks(view, block, pieces, piece, nlogn, num, den)  # type: ignore[no-any-return]
+    return _native.block_samples(view, block, pieces, piece)  # type: ignore[no-any-return]
 
 
 def entry_lines(table: Table) -> bytes | None:
@@ -295,7 +293,7 @@ __all__ = [
     "FILL_MORE",
     "Columns",
     "chosen",
-    "compressible_blocks",
+    "block_samples",
     "extract_members",
     "hash_names",
     "entry_lines",

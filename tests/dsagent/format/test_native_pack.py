@@ -285,39 +285,27 @@ def test_list_dirs_hands_back_what_is_not_a_regular_file(tmp_path: Path, with_na
 
 
 @given(
-    parts=st.lists(
-        st.tuples(st.sampled_from(["random", "zeros", "text", "bytes"]), st.integers(min_value=1, max_value=90_000)),
-        min_size=1,
-        max_size=8,
-    )
+    sizes=st.lists(st.integers(min_value=1, max_value=300_000), min_size=1, max_size=4),
+    block=st.sampled_from([4096, 128 << 10]),
+    shape=st.sampled_from([(64, 32), (4, 1024), (2, 1)]),
 )
-def test_the_c_verdicts_are_the_python_verdicts(extension: ModuleType, parts: list[tuple[str, int]]) -> None:
+def test_the_c_samples_are_the_python_samples(
+    extension: ModuleType, sizes: list[int], block: int, shape: tuple[int, int]
+) -> None:
     from dsagent.format import frames
 
-    rng = random.Random(len(parts))
-    make = {
-        "random": lambda n: rng.randbytes(n),
-        "zeros": bytes,
-        "text": lambda n: (b"label image class 0.5 cat dog\n" * (n // 30 + 1))[:n],
-        "bytes": lambda n: bytes(rng.choice(b"abcdefgh") for _ in range(n)),
-    }
-    view = memoryview(b"".join(make[kind](n) for kind, n in parts))
-    python = [int(frames.compressible(view[s : s + frames.BLOCK])) for s in range(0, len(view), frames.BLOCK)]
-    counted = extension.compressible_blocks(
-        view, frames.BLOCK, frames._PIECES, frames._PIECE, frames._NLOGN, frames.RAW_NUM, frames.RAW_DEN
-    )
-    assert list(counted) == python
+    view = memoryview(random.Random(sum(sizes)).randbytes(sum(sizes)))
+    pieces, piece = shape
+    python = [frames._cut(view[s : s + block], pieces, piece) for s in range(0, len(view), block)]
+    assert extension.block_samples(view, block, pieces, piece) == b"".join(python)
 
 
-def test_the_c_verdicts_refuse_a_table_that_does_not_fit(extension: ModuleType) -> None:
-    from dsagent.format import frames
-
-    args = (frames.BLOCK, frames._PIECES, frames._PIECE)
-    with pytest.raises(ValueError, match="one table entry a count"):
-        extension.compressible_blocks(b"x" * 10, *args, frames._NLOGN[:-1], 9, 10)
+def test_the_c_samples_refuse_pieces_that_do_not_fit(extension: ModuleType) -> None:
     with pytest.raises(ValueError, match="two pieces or more"):
-        extension.compressible_blocks(b"x" * 10, frames.BLOCK, 1, 32, array("q", [0] * 33), 9, 10)
-    assert extension.compressible_blocks(b"", *args, frames._NLOGN, 9, 10) == b""
+        extension.block_samples(b"x" * 10, 4096, 1, 32)
+    with pytest.raises(ValueError, match="two pieces or more"):
+        extension.block_samples(b"x" * 10, 64, 4, 32)
+    assert extension.block_samples(b"", 4096, 64, 32) == b""
 
 
 def test_a_listing_is_its_found_tuples_in_path_order(tmp_path: Path) -> None:
