@@ -66,6 +66,7 @@ class Listing(Sequence[Found]):
         return cls(columns[0], *columns[2:], locations=columns[1])
 
     def locations(self) -> Iterable[str]:
+        """Where each file is read from, in order."""
         return self._locations if self._locations is not None else map(self._base.__add__, self.paths)
 
     def __len__(self) -> int:
