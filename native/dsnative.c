@@ -15,8 +15,9 @@
  *
  * The one-pass pack's serial steps are here too: list_dirs (listdir.c), plan_cuts (plan.c)
  * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
- * rule gives; and, in its pipeline, the samples its blocks are judged by (block_samples,
- * probe.c), the very bytes dsagent.format.frames cuts in Python.
+ * rule gives; and, in its pipeline, the samples its blocks are judged by, the zero runs
+ * of the tar framing and the raw frames that store them as RLE blocks (probe.c), each
+ * byte for byte what dsagent.format.frames makes in Python.
  *
  * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
  * package's own extension (which exports them), so both paths hash with the very same
@@ -629,7 +630,7 @@ static PyTypeObject UnpackerType = {
 
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dirs */
-#include "probe.c"   /* the samples of the pack's raw-or-compressed verdicts: block_samples */
+#include "probe.c"   /* the pack's frame helpers: block_samples, zero_tails, rle_frame */
 #include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records */
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 
@@ -641,6 +642,8 @@ static PyMethodDef methods[] = {
     {"plan_cuts", plan_cuts, METH_VARARGS, "plan_cuts(paths, upto, max_files, max_bytes) -> list | None: see native/plan.c."},
     {"block_samples", block_samples, METH_VARARGS,
      "block_samples(buffer, block, pieces, piece) -> bytes: see native/probe.c."},
+    {"zero_tails", zero_tails, METH_VARARGS, "zero_tails(buffer, block, least) -> bytes: see native/probe.c."},
+    {"rle_frame", rle_frame, METH_VARARGS, "rle_frame(buffer, least) -> bytes: see native/probe.c."},
     {"list_dirs", list_dirs, METH_VARARGS,
      "list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
     {NULL, NULL, 0, NULL},
@@ -676,7 +679,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 10) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 11) < 0) {
         Py_DECREF(m);
         return NULL;
     }

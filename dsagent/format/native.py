@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 10
+INTERFACE = 11
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -165,6 +165,19 @@ def block_samples(view: memoryview, block: int, pieces: int, piece: int) -> byte
     (native/probe.c). Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
     return _native.block_samples(view, block, pieces, piece)  # type: ignore[no-any-return]
+
+
+def zero_tails(view: memoryview, block: int, least: int) -> array[int]:
+    """The bytes of :func:`dsagent.format.frames.zero_runs` in each ``block`` of ``view``,
+    counted in C (native/probe.c). Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    return array("q", _native.zero_tails(view, block, least))
+
+
+def rle_frame(view: memoryview, least: int) -> bytes:
+    """:func:`dsagent.format.frames.rle_frame`, built in C (native/probe.c). Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    return _native.rle_frame(view, least)  # type: ignore[no-any-return]
 
 
 def entry_lines(table: Table) -> bytes | None:
@@ -294,6 +307,8 @@ __all__ = [
     "Columns",
     "chosen",
     "block_samples",
+    "rle_frame",
+    "zero_tails",
     "extract_members",
     "hash_names",
     "entry_lines",

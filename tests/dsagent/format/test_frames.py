@@ -17,7 +17,16 @@ import zstandard
 from dsagent.errors import IntegrityError
 from dsagent.format import native
 from dsagent.format.bundle import pack, unpack
-from dsagent.format.frames import BLOCK, RAW_FRAME_HEADER, FrameEncoder, FrameWriter
+from dsagent.format.frames import (
+    BLOCK,
+    RAW_FRAME_HEADER,
+    FrameEncoder,
+    FrameWriter,
+    raw_frame,
+    rle_frame,
+    zero_runs,
+    zero_tails,
+)
 from dsagent.format.manifest import bundle_path
 from dsagent.format.repack import repack
 from tests.dsagent.conftest import write_tree
@@ -85,24 +94,55 @@ def _tar_of(sizes: list[int], content: bytes | None = None) -> bytes:
     return out.getvalue()
 
 
+def _encoded(data: bytes) -> tuple[bytes, FrameEncoder]:
+    """``data`` through one encoder, checked to decode to itself with zstd."""
+    encoder = FrameEncoder(level=1)
+    out = b"".join(bytes(frame) for frame in encoder.encode(data))
+    assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(out), read_across_frames=True).read() == data
+    return out, encoder
+
+
 @pytest.mark.parametrize("loops", ["pure", "native"])
-def test_tar_headers_between_incompressible_files_are_not_worth_compressing(
-    loops: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_tar_framing_of_incompressible_files_costs_no_zstd(loops: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if loops == "native" and not native.AVAILABLE:
         pytest.skip("the native extension is not built (make native)")
     monkeypatch.setattr(native, "AVAILABLE", loops == "native")
     rng = random.Random(7)
     jpegs = _tar_of([int(rng.lognormvariate(9.4, 0.6)) for _ in range(400)])  # ~12 KB median: a header each
-    encoder = FrameEncoder(level=1)
-    encoder.encode(jpegs)
+    out, encoder = _encoded(jpegs)
     # zstd would save ~5% of these blocks (the headers' zeros) for a full block's work
-    assert encoder.compressed_bytes <= BLOCK and encoder.raw_bytes >= len(jpegs) - BLOCK
-    thumbnails = _tar_of([rng.randrange(200, 700) for _ in range(400)])  # headers and padding: most bytes
-    small = FrameEncoder(level=1)
-    small.encode(thumbnails)
-    assert small.compressed_bytes == len(thumbnails)
-    assert len(zstandard.ZstdCompressor(level=1).compress(thumbnails)) < 0.8 * len(thumbnails)  # rightly so
+    assert encoder.compressed_bytes <= BLOCK and len(out) < len(jpegs) + 1024
+    small = _tar_of([int(rng.lognormvariate(8.3, 0.5)) for _ in range(1500)])  # ~4 KB: headers are 14%
+    out, encoder = _encoded(small)
+    assert encoder.compressed_bytes == 0  # no zstd, yet the headers' and paddings' zeros are gone:
+    assert len(out) < 0.92 * len(small)  # RLE blocks (zstd at level 1 on the whole: 0.86)
+    thumbnails = _tar_of([rng.randrange(200, 700) for _ in range(400)])  # headers: most of the bytes
+    out, encoder = _encoded(thumbnails)
+    assert encoder.compressed_bytes >= len(thumbnails) // 2  # zstd rightly does the work here
+    assert len(out) < 1.05 * len(zstandard.ZstdCompressor(level=1).compress(thumbnails))
+
+
+@pytest.mark.parametrize("loops", ["pure", "native"])
+def test_zero_runs_end_tar_records_and_become_rle_blocks(loops: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if loops == "native" and not native.AVAILABLE:
+        pytest.skip("the native extension is not built (make native)")
+    monkeypatch.setattr(native, "AVAILABLE", loops == "native")
+    x = b"x"
+    data = (
+        x * 448 + bytes(64)  # a tail just long enough
+        + x * 449 + bytes(63)  # one byte short
+        + bytes(512) * 2  # whole records of zeros: one run with the tail before them
+        + x * 500 + bytes(12)  # too short
+        + bytes(100) + x * 412  # zeros not at a record's end
+    )  # fmt: skip
+    assert zero_runs(memoryview(data)) == [(448, 512), (512 + 449, 4 * 512)]
+    assert list(zero_tails(memoryview(data))) == [64 + 63 + 1024]
+    frame = rle_frame(memoryview(data))
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(frame) == data
+    assert len(frame) == 6 + 3 * 3 + (len(data) - 64 - 1087) + 2 * 4  # 3 raw blocks and 2 RLE blocks
+    long = bytes(3 * BLOCK)  # an RLE block holds a block at most
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(rle_frame(memoryview(long))) == long
+    assert rle_frame(memoryview(b"")) == raw_frame(b"")[0] + raw_frame(b"")[1]
 
 
 def _compressed(block: bytes) -> bool:
@@ -112,14 +152,18 @@ def _compressed(block: bytes) -> bool:
     return encoder.compressed_bytes == len(block)
 
 
-def test_the_verdict_follows_what_zstd_would_save() -> None:
+def test_the_verdict_follows_what_zstd_would_save_beyond_the_zero_runs() -> None:
     rng = random.Random(3)
     for share in (0.0, 0.05, 0.5, 0.9):
         block = bytearray(os.urandom(BLOCK))
-        for start in range(0, BLOCK, 4096):  # runs of zeros, a share of every 4 KiB
-            block[start : start + int(4096 * share)] = bytes(int(4096 * share))
+        for start in range(0, BLOCK, 512):  # zeros at the start of every tar record: no RLE run
+            block[start : start + int(512 * share)] = bytes(int(512 * share))
         saved = 1 - len(zstandard.ZstdCompressor(level=1).compress(bytes(block))) / BLOCK
         assert _compressed(bytes(block)) == (saved >= 0.1), (share, saved)
+        moved = b"".join(
+            block[start + int(512 * share) : start + 512] + bytes(int(512 * share)) for start in range(0, BLOCK, 512)
+        )
+        assert share == 0 or not _compressed(moved)  # the same zeros ending each record: RLE blocks take them
     assert _compressed(_text(BLOCK, rng.randrange(100)))
     assert _compressed(bytes(100)) and not _compressed(os.urandom(100_000))
 

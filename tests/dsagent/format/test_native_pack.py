@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -300,12 +301,42 @@ def test_the_c_samples_are_the_python_samples(
     assert extension.block_samples(view, block, pieces, piece) == b"".join(python)
 
 
+@given(
+    records=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=512), st.sampled_from([b"x", b"\0"])), min_size=0, max_size=80
+    ),
+    tail=st.integers(min_value=0, max_value=511),
+)
+def test_the_c_zero_runs_and_rle_frames_are_the_python_ones(
+    extension: ModuleType, records: list[tuple[int, bytes]], tail: int
+) -> None:
+    from dsagent.format import frames
+
+    # records of some filled bytes then zeros (a tail), whole records of zeros among them
+    data = b"".join(fill * (512 - zeros) + bytes(zeros) for zeros, fill in records) + b"y" * tail
+    view = memoryview(data)
+    python_tails = [0] * -(-len(data) // 4096)
+    for start, end in frames.zero_runs(view):
+        for at in range(start, end):
+            python_tails[at // 4096] += 1
+    assert list(array("q", extension.zero_tails(view, 4096, frames.RLE_MIN))) == python_tails
+    native_frame = extension.rle_frame(view, frames.RLE_MIN)
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(native_frame) == data
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "AVAILABLE", False)
+        assert frames.rle_frame(view) == native_frame
+
+
 def test_the_c_samples_refuse_pieces_that_do_not_fit(extension: ModuleType) -> None:
     with pytest.raises(ValueError, match="two pieces or more"):
         extension.block_samples(b"x" * 10, 4096, 1, 32)
     with pytest.raises(ValueError, match="two pieces or more"):
         extension.block_samples(b"x" * 10, 64, 4, 32)
     assert extension.block_samples(b"", 4096, 64, 32) == b""
+    with pytest.raises(ValueError, match="whole 512-byte records"):
+        extension.zero_tails(b"x" * 10, 1000, 64)
+    with pytest.raises(ValueError, match="positive least run"):
+        extension.rle_frame(b"x" * 10, 0)
 
 
 def test_a_listing_is_its_found_tuples_in_path_order(tmp_path: Path) -> None:
