@@ -242,6 +242,25 @@ def test_a_packed_bundle_is_read_by_the_zstd_and_gnu_tar_binaries(tmp_path: Path
     assert subprocess.run(["zstd", "-t", "-q", path], check=False).returncode == 0
 
 
+@_TOOLS
+def test_a_bundle_of_small_files_with_rle_blocks_is_read_by_the_binaries_and_unpacked(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    files = {f"n{i // 100:02d}/{i:04d}.jpg": os.urandom(int(rng.lognormvariate(8.3, 0.5))) for i in range(600)}
+    src = write_tree(tmp_path / "src", files)
+    manifest = pack(src, tmp_path / "store", name="s")
+    (ref,) = manifest.bundles
+    path = bundle_path(str(tmp_path / "store"), ref.digest)
+    tar_size = sum(512 + -(-len(data) // 512) * 512 for data in files.values()) + 1024
+    assert ref.compressed_size < 0.93 * tar_size  # the framing's zeros went to RLE blocks
+    out = tmp_path / "c"
+    out.mkdir()
+    subprocess.run(f"zstd -dc {path} | tar -x -C {out}", shell=True, check=True)
+    assert _tree(out) == files
+    assert subprocess.run(["zstd", "-t", "-q", path], check=False).returncode == 0
+    unpack(tmp_path / "store", name="s", dest=tmp_path / "ours")
+    assert _tree(tmp_path / "ours") == files
+
+
 def test_a_bundle_written_as_one_frame_still_unpacks(tmp_path: Path) -> None:
     files = _mixed()
     src = write_tree(tmp_path / "src", files)
