@@ -327,6 +327,13 @@ def test_the_c_zero_runs_and_rle_frames_are_the_python_ones(
         assert frames.rle_frame(view) == native_frame
 
 
+def test_the_frame_rules_hold_with_the_c_loops(with_native: ModuleType) -> None:
+    from tests.dsagent.format.test_frames import check_the_framing_costs_no_zstd, check_zero_runs_and_rle_blocks
+
+    check_the_framing_costs_no_zstd()  # the samples, zero runs and RLE frames made in C
+    check_zero_runs_and_rle_blocks()
+
+
 def test_the_c_samples_refuse_pieces_that_do_not_fit(extension: ModuleType) -> None:
     with pytest.raises(ValueError, match="two pieces or more"):
         extension.block_samples(b"x" * 10, 4096, 1, 32)
