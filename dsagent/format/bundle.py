@@ -37,12 +37,6 @@ from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.digestpool import can_fork
 from dsagent.format.entries import EntryTableBuilder, check_layout, new_entries, path_key
-from dsagent.format.extract import (
-    create_empty_directories,
-    unpack,
-    unpack_bundle,
-    verify_tree,
-)
 from dsagent.format.manifest import (
     BUNDLES_DIR,
     BundleRef,
@@ -62,6 +56,21 @@ from dsagent.format.storeobjects import named, store_new_bundle, store_object, s
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
+
+    from dsagent.format.extract import create_empty_directories, unpack, unpack_bundle, verify_tree
+
+#: The unpacking side, re-exported from :mod:`dsagent.format.extract` and imported on first
+#: use (PEP 562): ``dsctl pack`` never loads the extractor.
+_EXTRACT = frozenset({"create_empty_directories", "unpack", "unpack_bundle", "verify_tree"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXTRACT:
+        from dsagent.format import extract
+
+        return getattr(extract, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: zstd level 1: JPEG-like payloads do not compress, so the fastest level loses nothing.
 DEFAULT_LEVEL = 1
