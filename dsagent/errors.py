@@ -15,7 +15,7 @@ failed flush). Classes defined beside their code are drawn with their module.
     DsagentError (500, exit 1, INTERNAL)
     ├── InvalidInput (400, exit 2, INVALID_ARGUMENT)  bad names, URLs, sizes, settings, flags
     │   ├── SettingsError                     a DSAGENT_* value or flag is invalid
-    │   │   └── KubernetesUnavailable         cli.agent: cluster mode is not in this build
+    │   │   └── KubernetesUnavailable         cli.nodeparts: cluster mode is not in this build
     │   └── BodyTooLarge (413)                api: a request body over its limit
     ├── Unauthorized (401, exit 9, UNAUTHENTICATED)   operator action without a valid admin token
     ├── StorageCredentials (403, exit 11, PERMISSION_DENIED)  the dataset source or bundle store

@@ -1,6 +1,6 @@
 """What cluster mode lends the cache service: the task guard and the peer list.
 
-Who calls it: ``dsagent serve --kubernetes`` (:mod:`dsagent.cli.agent`) builds
+Who calls it: ``dsagent serve --kubernetes`` (:mod:`dsagent.cli.nodeparts`) builds
 :class:`ClusterHooks` before the :class:`~dsagent.cache.service.CacheService`, which takes
 :meth:`ClusterHooks.for_service` in its constructor; the node agent
 (:class:`dsagent.cluster.nodeagent.ClusterAgent`) connects it to its pod watch and API

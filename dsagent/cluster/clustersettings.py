@@ -1,6 +1,6 @@
 """The node agent's cluster-mode settings (``dsagent serve --kubernetes``), from ``DSAGENT_*``.
 
-Who reads it: :func:`dsagent.cli.agent` builds it at start-up and hands it to
+Who reads it: :func:`dsagent.cli.nodeparts.load_cluster_agent` builds it at start-up and hands it to
 :class:`dsagent.cluster.nodeagent.ClusterAgent`; :mod:`dsagent.cluster.envnames` lists its
 fields among the names every process accepts. Apart from the agent so that reading the
 names loads no agent code.

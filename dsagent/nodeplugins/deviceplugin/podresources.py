@@ -1,6 +1,6 @@
 """A client of the kubelet's pod-resources API (v1) and the free GPUs it implies.
 
-Who calls it: ``dsagent serve`` (``dsagent.cli.agent``) builds a :class:`PodResourcesClient`
+Who calls it: ``dsagent serve`` (``dsagent.cli.nodeparts``) builds a :class:`PodResourcesClient`
 on ``DSAGENT_POD_RESOURCES_SOCKET``; its :meth:`~PodResourcesClient.free_gpus` feeds the
 ``dsagent.io/free-gpus`` annotation that ``dsagent.cluster.nodeagent.ClusterAgent`` publishes
 (docs/design.md#annotations), and its :meth:`~PodResourcesClient.listed` tells the device

@@ -17,7 +17,7 @@ from dsagent.api import create_app
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
-from dsagent.cli.agent import KubernetesUnavailable, load_cluster_agent, node_parts
+from dsagent.cli.nodeparts import KubernetesUnavailable, load_cluster_agent, node_parts
 from dsagent.cluster.clustersettings import ClusterSettings
 from dsagent.errors import NotFound
 

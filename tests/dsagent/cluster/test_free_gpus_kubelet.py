@@ -75,7 +75,7 @@ def test_the_device_plugin_serves_only_labelled_nodes(
     apiserver: FakeApiServer, tmp_path: Path, monkeypatch: Any
 ) -> None:
     from dsagent.cache.settings import Settings
-    from dsagent.cli.agent import _device_plugin_wanted
+    from dsagent.cli.nodeparts import device_plugin_wanted
     from dsagent.cluster import apiclient
 
     monkeypatch.setattr(apiclient, "load", lambda kubeconfig=None: apiserver.api_client())
@@ -87,7 +87,7 @@ def test_the_device_plugin_serves_only_labelled_nodes(
         settings = Settings(
             root=tmp_path, node_name=node, kubernetes=True, device_plugin=True, device_plugin_node_label=label
         )
-        return bool(asyncio.run(_device_plugin_wanted(settings)))
+        return bool(asyncio.run(device_plugin_wanted(settings)))
 
     assert [wanted(n) for n in ("plain", "ours", "off")] == [False, True, False]
     assert wanted("plain", label="")  # no label configured: every node

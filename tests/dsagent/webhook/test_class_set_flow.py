@@ -37,7 +37,7 @@ import httpx
 import pytest
 
 from dsagent.cache.settings import Settings as AgentSettings
-from dsagent.cli.agent import start_device_plugin
+from dsagent.cli.nodeparts import start_device_plugin
 from dsagent.cluster.publisher import desired_annotations
 from dsagent.webhook.gpurequest import GpuClassSettings, lease_name
 from dsagent.webhook.mutation import Injection

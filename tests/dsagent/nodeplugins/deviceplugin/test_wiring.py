@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.cache.settings import Settings
-from dsagent.cli.agent import start_device_plugin
+from dsagent.cli.nodeparts import start_device_plugin
 from dsagent.errors import InvalidInput, SettingsError
 from gpu_topology import Topology
 from tests.fake_kubelet import FakeKubelet
