@@ -2,9 +2,9 @@
  *
  * Included by dsnative.c (one translation unit: it uses its xxh3 binding and helpers).
  *
- * TarReader(dir_fd, members, template, header) takes one bundle's members in order: a list
- * of tuples (path: str, size: int, mtime_ns: int, digest: str), dsagent's FileEntry, read
- * field by field here (no column is built in Python: at 50,000 members that cost the
+ * TarReader(dir_fd, members, template, header) takes one bundle's members in order: a
+ * sequence of tuples (path: str, size: int, mtime_ns: int, digest: str), dsagent's
+ * FileEntry, copied into a list of its own and read field by field here (no column is built in Python: at 50,000 members that cost the
  * pack 24 ms before its first byte). Each path is opened relative to dir_fd, symlinks
  * followed as the walk followed them (an ASCII path straight from the str, any other
  * encoded as os.fsencode does); a digest is '' for an entry not digested yet, else 32 hex
@@ -357,7 +357,7 @@ static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     int dir_fd;
     PyObject *members, *header;
     Py_buffer tmpl;
-    if (!PyArg_ParseTuple(args, "iO!y*O", &dir_fd, &PyList_Type, &members, &tmpl, &header)) return NULL;
+    if (!PyArg_ParseTuple(args, "iOy*O", &dir_fd, &members, &tmpl, &header)) return NULL;
     if (!PyCallable_Check(header)) {
         PyBuffer_Release(&tmpl);
         PyErr_SetString(PyExc_TypeError, "header is a callable");
@@ -367,9 +367,9 @@ static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (r == NULL) return NULL;
     r->fd = -1;
     r->dir_fd = dir_fd;
-    r->count = PyList_GET_SIZE(members);
     r->members = PySequence_List(members); /* a list of our own: nothing can drop a path in use */
     if (r->members == NULL) goto fail;
+    r->count = PyList_GET_SIZE(r->members);
     Py_ssize_t c = r->count ? r->count : 1;
     r->name_ptr = PyMem_Calloc(c, sizeof(char *));
     r->name_len = PyMem_Calloc(c, sizeof(Py_ssize_t));

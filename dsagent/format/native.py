@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 11
+INTERFACE = 12
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -294,7 +294,7 @@ def tar_reader(dir_fd: int, members: Sequence[_M], header: Callable[[_M], bytes]
     assert _native is not None, "the native extension is not built"
     from dsagent.format.tarstream import plain_template
 
-    return _native.TarReader(dir_fd, members if isinstance(members, list) else list(members), plain_template(), header)
+    return _native.TarReader(dir_fd, members, plain_template(), header)
 
 
 __all__ = [
