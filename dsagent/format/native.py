@@ -207,7 +207,7 @@ def plan_cuts(paths: list[str], upto: list[int], max_files: int, max_bytes: int)
     return cuts
 
 
-# what Unpacker.feed reports (native/dsnative.c)
+# what Unpacker.feed reports (native/unpackloop.c)
 _MORE, _FOREIGN, _END, _SIZE, _DIGEST, _ERRNO = range(6)
 _IN_DATA = 2
 

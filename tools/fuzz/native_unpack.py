@@ -1,6 +1,6 @@
 """Coverage-guided differential fuzzing of the native unpack loop against the pure-Python one.
 
-The C member loop (``native/dsnative.c``) reads bundles that come from stores and peers a
+The C member loop (``native/unpackloop.c``) reads bundles that come from stores and peers a
 pod may name: it sits on the trust boundary. This fuzzer gives both loops the same tar
 stream, mutated by libFuzzer (through atheris) under coverage of the C code and of the
 Python parser, and fails on the first input where they differ: another error class or
