@@ -15,7 +15,8 @@ first step waits only for what the policy waits for. The models (docs/simulator.
   direct-mode pod does.
 - ``ours+stripe``: a version bigger than a node, one the pod's node cannot make room for,
   or one read for less than an epoch, striped over a group spanning the job's subnet
-  (:mod:`tools.sim.stripe`), filled as it is read, read rank-affine from the first step;
+  (:mod:`tools.sim.stripe`; the group's choice and reads: :mod:`tools.sim.stripereads`),
+  filled as it is read, read rank-affine from the first step;
   eviction in tiers (other nodes' copies, idle shares, last copies). ``+early``: whole
   copies too start at once, their local reads following the copy's fetch.
 
@@ -33,19 +34,15 @@ from gpu_topology.scoring import single_numa
 from scheduling.timemodel import DEFAULT_BANDWIDTHS, intra_node_bandwidth, t_run
 from tools.sim import fluid, stripe
 from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
-from tools.sim.flows import Flows
 from tools.sim.fluid import Split
 from tools.sim.state import OURS
+from tools.sim.stripereads import StripeReads
 from tools.sim.workload import Dataset, Job
 
 STRIPE = ("ours+stripe", "ours+stripe+early")
 
 
-class Reads(Flows):
-    # while a group is chosen and its members make room (:meth:`_stripe_group`): per version,
-    # the ready copies the members chosen so far evict, which the published counts do not show
-    group_evicted: dict[tuple[str, int], int] | None = None
-
+class Reads(StripeReads):
     def _start(self, job: Job, workers: list[Worker]) -> None:
         out = self.outcomes[job.id]
         out.start = self.now
@@ -365,182 +362,6 @@ class Reads(Flows):
             self.uncached_reads += 1
             self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, later), kept=False)
         self._data_ready(out)
-
-    def _request_stripe(
-        self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, epochs: float, share: float
-    ) -> None:
-        """Rank-affine reads through the version's group, from the first step on: each rank
-        reads the bundles its own node owns, and its share of the bundles owned by members
-        outside the job; a bundle its owner holds is read from that disk, one it does not
-        hold yet is read from the store once, through its owner, which keeps it (each miss
-        filled once, only what the job reads: a job reading part of an epoch fills part of
-        the group); a lost share (a hole) is read from the store."""
-        out, node = self.outcomes[job.id], worker.node
-        group = self.stripes.get(key)
-        if group is None or (job.id, out.start) not in group.jobs:  # formed or repaired once per start
-            group = self._stripe_group(out, key, d.size)
-        if group is None:  # no group could be formed: the store every epoch, as ours
-            head_bytes = min(epochs, 1.0) * d.size * share
-            tail_bytes = epochs * d.size * share - head_bytes
-            self.uncached_reads += 1
-            self._plan(worker, Split(0.0, 0.0, head_bytes), Split(0.0, 0.0, tail_bytes), kept=False)
-            self._data_ready(out)
-            return
-        group.users += 1
-        group.readers[job.id] = group.readers.get(job.id, 0) + 1
-        job_nodes = {w.node.index for w in out.workers}
-        head, rest = min(epochs, 1.0), max(0.0, epochs - min(epochs, 1.0))
-        first, later, hole = Split(0.0, 0.0, 0.0), Split(0.0, 0.0, 0.0), 0.0
-        for m, owned in group.owned.items():
-            if m in job_nodes and m != node.index:
-                continue  # another rank's bundles
-            part = owned if m == node.index else owned * share
-            if m not in group.holding:
-                hole += part
-                first += Split(0.0, 0.0, part * head)
-                later += Split(0.0, 0.0, part * rest)
-                continue
-            was = group.seen.setdefault((job.id, m), group.fill.get(m, 0.0))  # before this job's reads
-            now = was + head * (1.0 - was)  # the bundles of this part the first epoch reads, kept by m
-            cached = Split(part, 0.0, 0.0) if m == node.index else Split(0.0, part, 0.0)
-            first += Split(cached.local * was * head, cached.remote * was * head, part * (1.0 - was) * head)
-            later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
-            if m == node.index or m not in job_nodes:
-                group.fill[m] = min(1.0, group.fill.get(m, 0.0) + head * (part / owned if owned else 0.0) * (1.0 - was))
-                self.touch(self.nodes[m])  # its inventory's held bytes changed
-        sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
-        holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
-        lost = hole * (head + rest)  # a hole's bundles: read from the store, kept by nobody
-        filling = None  # else a whole copy still arriving: its bundles no faster than they land
-        if not holders and self.params.peers:
-            filling = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
-            holders = (filling.node.index,) if filling is not None else ()
-        if holders:  # whole copies elsewhere: what the group lacks comes from them, not the store
-            first = Split(first.local, first.remote + first.store, 0.0)
-            later = Split(later.local, later.remote + later.store, 0.0)
-            sources = tuple(sorted({*sources, *holders}))
-            lost = 0.0
-        entry = node.cache.get(key)
-        if entry is not None:
-            entry.users += 1
-            entry.last_used = self.now
-        self._plan(worker, first, later, sources=sources, lost=lost, peer_after=filling)
-        worker.hit = entry is not None and first.store + later.store == 0
-        self.hits += worker.hit
-        self._data_ready(out)
-
-    def _stripe_group(self, out: Outcome, key: tuple[str, int], size: int) -> stripe.Group | None:
-        """The version's group, formed or repaired for this job; each member's missing share
-        fetched from the store (held while the version is read). Owners are drawn over the
-        group's slots (:func:`stripe.owners`); a slot's node is recorded with the group, so a
-        member that lost its share and cannot make room again hands its slot, and only its
-        slot's bundles, to a node that can (a hole only when none can)."""
-        group = self.stripes.get(key)
-        if group is None:
-            members = self._choose_members(out, key, size)
-            if members is None:
-                return None
-            group = self.stripes[key] = stripe.Group(key, members, self._slot_owners(key, size, members))
-        group.jobs.add((out.job.id, out.start))
-        self.group_evicted = {}
-        for slot, m in enumerate(group.members):
-            node = self.nodes[m] if m >= 0 else None  # m < 0: a slot no node could hold yet
-            entry = node.cache.get(key) if node is not None else None
-            if entry is not None:
-                entry.replica = True  # held by the controller's task while the version is read
-                entry.last_used = self.now
-                group.holding.add(m)
-                continue
-            owned = int(group.owned[m])
-            if owned <= 0:
-                group.holding.add(m)
-                continue
-            if node is None or not self._make_room(node, owned):
-                taker = self._taker(out, group, owned)
-                if taker is None:  # a hole: its bundles come from the store
-                    continue
-                self._make_room(taker, owned)  # chosen by a dry run: its room is made now
-                node = taker
-                group.holding.discard(m)
-                group.members = (*group.members[:slot], node.index, *group.members[slot + 1 :])
-                group.owned = {node.index if k == m else k: v for k, v in group.owned.items()}
-            # room for the whole share is made now; its bundles arrive as the readers read them
-            node.cache[key] = CacheEntry(key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True)
-            self.touch(node)
-            group.fill[node.index] = 0.0
-            group.holding.add(node.index)
-        self.group_evicted = None
-        return group
-
-    def _candidates(self, out: Outcome, exclude: set[int]) -> list[Node]:
-        """Nodes for a group's slots: the job's own nodes, then its subnet's (the same class
-        layout), then any other; the emptiest caches first."""
-        job_nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers) if i not in exclude]
-        layout = {c.name for c in out.workers[0].node.type.classes}
-        taken = {n.index for n in job_nodes} | exclude
-        others = sorted(
-            (n for n in self.nodes if n.index not in taken),
-            key=lambda n: ({c.name for c in n.type.classes} != layout, n.used_bytes, n.index),
-        )
-        return job_nodes + others
-
-    def _taker(self, out: Outcome, group: stripe.Group, owned: int) -> Node | None:
-        return self._first_room(self._candidates(out, set(group.members)), owned)
-
-    def _first_room(self, candidates: list[Node], size: int) -> Node | None:
-        """The first candidate that can make room for ``size`` bytes without evicting the
-        cluster's only copy of anything (versions other nodes hold ready), else the first
-        that can make room at all: a share placed where it evicts a last copy or another
-        group's share costs the store those bytes again when they are next read."""
-        return next((n for n in candidates if self._make_room(n, size, dry_run=True, replica=True)), None) or next(
-            (n for n in candidates if self._make_room(n, size, dry_run=True)), None
-        )
-
-    def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
-        """The group's slots, each given the first candidate that can make room for that
-        slot's share. As many slots as the job's subnet has nodes (at most one per bundle,
-        at least as many as hold the version with the agent's headroom, and every rank's
-        node among them if it can): spread as a JuiceFS group or an Alluxio runtime spreads
-        its blocks, so that many members serve a version's readers at once and each share
-        is small; fewer when not that many nodes can make room. The copies a chosen node
-        would evict count as gone for the slots after it (:meth:`_others`): two holders of a
-        version's only two copies are not both taken as room, which would evict the last."""
-        candidates = self._candidates(out, set())
-        layout = {c.name for c in out.workers[0].node.type.classes}
-        subnet = sum(1 for n in candidates if {c.name for c in n.type.classes} == layout)
-        jobs = len({w.node.index for w in out.workers})
-        want = stripe.members_needed(size, self.params.cache_bytes)
-        k = max(want, jobs, min(subnet, stripe.bundles(size)))
-        try:
-            while True:
-                shares = self._shares(key, size, k)
-                slots: dict[int, int] = {}
-                self.group_evicted = {}  # a copy one slot's node evicts is no other slot's room
-                for slot in sorted(range(k), key=lambda s: -shares[s]):
-                    free = [n for n in candidates if n.index not in slots.values()]
-                    n = self._first_room(free, int(shares[slot]))
-                    if n is not None:
-                        slots[slot] = n.index
-                        self._make_room(n, int(shares[slot]), dry_run=True, chosen=True)
-                if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
-                    return tuple(slots.get(slot, -1 - slot) for slot in range(k))
-                if k == want:
-                    return None
-                k = max(want, min(k - 1, len(slots)))
-        finally:
-            self.group_evicted = None
-
-    def _shares(self, key: tuple[str, int], size: int, slots: int) -> dict[int, float]:
-        """Bytes each of ``slots`` slots owns under rendezvous hashing of the version's bundles."""
-        memo = self.owner_memo.get((key, (slots,)))
-        if memo is None:
-            memo = self.owner_memo[(key, (slots,))] = stripe.owners(key, size, tuple(range(slots)))
-        return memo
-
-    def _slot_owners(self, key: tuple[str, int], size: int, members: tuple[int, ...]) -> dict[int, float]:
-        """Bytes each member owns: the rendezvous share of its slot."""
-        shares = self._shares(key, size, len(members))
-        return {m: shares[slot] for slot, m in enumerate(members)}
 
     # -- the first step and the end ----------------------------------------------------------
 

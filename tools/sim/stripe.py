@@ -1,8 +1,8 @@
 """``ours+stripe``: a version the cluster's caches hold together, striped by bundle over a group.
 
-Who calls it: :mod:`tools.sim.reads` for ``ours+stripe`` and ``ours+stripe+early``, which
-decides when a group is used and who its members are (the model: ``docs/simulator.md``,
-section ``ours+stripe``). This module owns the group's record (its slots' nodes, the bytes
+Who calls it: :mod:`tools.sim.reads` and :mod:`tools.sim.stripereads` for ``ours+stripe``
+and ``ours+stripe+early``, which decide when a group is used and who its members are (the
+model: ``docs/simulator.md``, section ``ours+stripe``). This module owns the group's record (its slots' nodes, the bytes
 each owns, which hold their share and how much of it is on disk) and the owner rule:
 
 - A version is split into bundles (about 800 MB, the agent's packing); each bundle has one
