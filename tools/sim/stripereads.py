@@ -11,7 +11,7 @@ making room in tiers) and each rank's reads through it, rank-affine, filled as r
 from __future__ import annotations
 
 from tools.sim import stripe
-from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
+from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
 from tools.sim.flows import Flows
 from tools.sim.fluid import Split
 from tools.sim.workload import Dataset, Job
@@ -197,26 +197,3 @@ class StripeReads(Flows):
         """Bytes each member owns: the rendezvous share of its slot."""
         shares = self._shares(key, size, len(members))
         return {m: shares[slot] for slot, m in enumerate(members)}
-
-    # -- provided by tools.sim.reads ----------------------------------------------------
-
-    def _plan(
-        self,
-        worker: Worker,
-        first: Split,
-        later: Split,
-        *,
-        fuse: bool = False,
-        sources: tuple[int, ...] = (),
-        kept: bool = True,
-        after: Fetch | None = None,
-        lost: float = 0.0,
-        unkept: float = 0.0,
-        peer_after: Fetch | None = None,
-    ) -> None:
-        raise NotImplementedError
-
-    def _make_room(
-        self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False, chosen: bool = False
-    ) -> bool:
-        raise NotImplementedError
