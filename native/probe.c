@@ -55,6 +55,20 @@ typedef struct {
     Py_ssize_t start, end;
 } zero_run;
 
+/* Where the zero bytes that end the record ending at `end` start (at[end - 1] is zero): read
+ * eight bytes at a time, as the tails are a few hundred bytes, one or two a member. */
+static Py_ssize_t zero_tail_start(const unsigned char *at, Py_ssize_t end) {
+    Py_ssize_t start = end - 1, floor = end - RECORD;
+    uint64_t word;
+    while (start - 8 >= floor) {
+        memcpy(&word, at + start - 8, 8);
+        if (word != 0) break;
+        start -= 8;
+    }
+    while (start > floor && at[start - 1] == 0) start--;
+    return start;
+}
+
 /* Calls `take(run, context)` for each zero run of `at[0:length]` in order; -1 when take fails. */
 static int each_zero_run(const unsigned char *at, Py_ssize_t length, Py_ssize_t least,
                          int (*take)(zero_run, void *), void *context) {
@@ -62,8 +76,7 @@ static int each_zero_run(const unsigned char *at, Py_ssize_t length, Py_ssize_t 
     int open = 0;
     for (Py_ssize_t end = RECORD; end <= length; end += RECORD) {
         if (at[end - 1] != 0) continue;
-        Py_ssize_t start = end - 1;
-        while (start > end - RECORD && at[start - 1] == 0) start--;
+        Py_ssize_t start = zero_tail_start(at, end);
         if (open && run.end == start && start == end - RECORD) {
             run.end = end; /* a whole record of zeros goes on from the run before it */
             continue;
@@ -109,7 +122,9 @@ static PyObject *zero_tails(PyObject *self, PyObject *args) {
     if (out == NULL) goto done;
     tail_context c = {(long long *)PyBytes_AS_STRING(out), block};
     memset(c.totals, 0, (size_t)blocks * sizeof(long long));
+    Py_BEGIN_ALLOW_THREADS
     each_zero_run(data.buf, data.len, least, add_tail, &c);
+    Py_END_ALLOW_THREADS
 done:
     PyBuffer_Release(&data);
     return out;
@@ -171,9 +186,11 @@ static PyObject *rle_frame(PyObject *self, PyObject *args) {
     static const unsigned char header[6] = {0x28, 0xB5, 0x2F, 0xFD, 0x00, 7 << 3};
     memcpy(start, header, 6);
     frame_context c = {start + 6, NULL, data.buf, 0};
-    each_zero_run(data.buf, data.len, least, frame_to, &c);
     zero_run rest = {data.len, data.len};
+    Py_BEGIN_ALLOW_THREADS
+    each_zero_run(data.buf, data.len, least, frame_to, &c);
     frame_to(rest, &c);
+    Py_END_ALLOW_THREADS
     if (c.last == NULL) block_header(&c, 0, 0); /* empty: one empty raw block */
     c.last[0] |= 1;                             /* Last_Block */
     if (_PyBytes_Resize(&out, (Py_ssize_t)(c.to - start)) != 0) out = NULL;
