@@ -37,16 +37,17 @@ def refuse_unknown_environment(environ: Mapping[str, str]) -> None:
     operator's shell in the agent's pod has them all) and the agent's to check; a name close
     to one of dsctl's is checked against every name the platform reads (``DSAGENT_CSI_SOCKET``
     is the agent's, not a typo), which costs pydantic's import only then."""
-    import difflib
-
-    suspects = [
+    others = [
         name
         for name in environ
-        if name.startswith("DSAGENT_")
-        and name not in COMMON_VARIABLES
+        if name.startswith("DSAGENT_") and name not in COMMON_VARIABLES
         and not name.startswith("DSAGENT_STORAGE_OPTIONS_")
-        and difflib.get_close_matches(name, COMMON_VARIABLES, n=1, cutoff=0.8)
-    ]
+    ]  # fmt: skip
+    if not others:
+        return
+    import difflib  # only where there is a name to measure
+
+    suspects = [name for name in others if difflib.get_close_matches(name, COMMON_VARIABLES, n=1, cutoff=0.8)]
     if not suspects:
         return
     from dsagent.cluster.envnames import refuse_unknown

@@ -33,7 +33,6 @@ import xxhash
 from dsagent.errors import InvalidInput
 from dsagent.format import native
 from dsagent.format.bundlecaps import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
-from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest, is_local, list_files
 from dsagent.format.digestpool import can_fork
 from dsagent.format.entries import EntryTableBuilder, check_layout, new_entries, path_key
@@ -57,6 +56,7 @@ from dsagent.format.storeobjects import named, store_new_bundle, store_object, s
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
 
+    from dsagent.format.digestcache import DigestCache
     from dsagent.format.extract import create_empty_directories, unpack, unpack_bundle, verify_tree
 
 #: The unpacking side, re-exported from :mod:`dsagent.format.extract` and imported on first

@@ -13,8 +13,8 @@ and the paced background writeback of unpacked files (:class:`Writeback`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
+import functools
 import os
 import threading
 import uuid
@@ -66,14 +66,16 @@ def syncfs(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _load_libc() -> Any:
+@functools.cache
+def _libc() -> Any:
+    """The C library through ctypes, loaded on the first ``syncfs`` (commands that never
+    call it do not import ctypes)."""
+    import ctypes
+
     try:
         return ctypes.CDLL(None, use_errno=True)
     except OSError:  # pragma: no cover - no libc (not Linux)
         return None
-
-
-_LIBC = _load_libc()
 
 #: Bytes written into one filesystem between two background flushes (:class:`Writeback`);
 #: 0 turns them off (then Linux starts writeback on its own thresholds).
@@ -183,11 +185,14 @@ def _syncfs_fd(fd: int) -> bool:
     """``syncfs`` of the filesystem holding ``fd``; False where there is none, and
     :class:`WritebackError` where it failed (a write error of the filesystem since this
     descriptor was opened: never taken for success)."""
-    fn = getattr(_LIBC, "syncfs", None) if _LIBC is not None else None
+    libc = _libc()
+    fn = getattr(libc, "syncfs", None) if libc is not None else None
     if fn is None:
         return False
     if fn(fd) == 0:
         return True
+    import ctypes  # loaded by _libc
+
     code = ctypes.get_errno()
     if code == errno.ENOSYS:  # pragma: no cover - a kernel without syncfs
         return False

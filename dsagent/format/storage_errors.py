@@ -30,7 +30,6 @@ Timeouts and retries are not here: they are a value the edges pass down
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterator, Mapping
 
@@ -219,6 +218,8 @@ _UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
 def _option_hint(key: str) -> str:
     """A misspelt storage-option key's likely meaning (the backends' own error names an
     internal class, e.g. aiobotocore's AioSession, that users never wrote)."""
+    import difflib  # only for this error's hint
+
     close = difflib.get_close_matches(key, sorted(known_option_keys()), n=2, cutoff=0.75)
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"

@@ -48,7 +48,7 @@ class _FailingBackgroundFlush:
 @pytest.fixture
 def libc(monkeypatch: pytest.MonkeyPatch) -> _FailingBackgroundFlush:
     fake = _FailingBackgroundFlush()
-    monkeypatch.setattr(durable, "_LIBC", SimpleNamespace(syncfs=fake.syncfs))
+    monkeypatch.setattr(durable, "_libc", lambda: SimpleNamespace(syncfs=fake.syncfs))
     monkeypatch.setattr(durable, "WRITEBACK_STEP", 4096)  # a background flush every 4 kB written
     return fake
 
