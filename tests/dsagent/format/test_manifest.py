@@ -16,6 +16,7 @@ from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import (
     CHUNK_SIZE,
+    EntryTableBuilder,
     FileEntry,
     FileHasher,
     Manifest,
@@ -248,3 +249,21 @@ def test_a_manifest_of_a_checked_layout_is_the_one_create_makes_and_refuses_what
         Manifest.of_checked_layout("d", EntryTable.of(entries[::-1]), directories=[], bundles=())
     with pytest.raises(ValueError, match="sorted"):
         Manifest.of_checked_layout("d", table, directories=["e", "c"], bundles=())
+
+
+@pytest.mark.parametrize(
+    "digests",
+    [
+        ["a" * 30, "b" * 34],  # the right total length, cut in the wrong places
+        ["a" * 32, "b" * 31],
+        ["a" * 16 + " " + "b" * 15, "c" * 32],  # fromhex would skip the space
+        ["a" * 32, "g" * 32],
+        ["a" * 32, "b" * 33],
+    ],
+)
+def test_a_table_takes_only_digests_of_32_hex_characters(digests: list[str]) -> None:
+    with pytest.raises(ValueError):
+        EntryTableBuilder().add(["a", "b"], [1, 2], [0, 0], digests)
+    built = EntryTableBuilder()
+    built.add(["a", "b"], [1, 2], [0, 0], ["0f" * 16, "e1" * 16])
+    assert list(built.build().hex_digests()) == ["0f" * 16, "e1" * 16]
