@@ -250,6 +250,7 @@ static PyObject *new_with_template(PyTypeObject *type, Py_buffer *tmpl, size_t o
 #include "probe.c"   /* the pack's frame helpers: block_samples, zero_tails, rle_frame */
 #include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records */
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
+#include "layout.c" /* the layout checks: first_unsafe, parents */
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
@@ -261,6 +262,8 @@ static PyMethodDef methods[] = {
      "block_samples(buffer, block, pieces, piece) -> bytes: see native/probe.c."},
     {"zero_tails", zero_tails, METH_VARARGS, "zero_tails(buffer, block, least) -> bytes: see native/probe.c."},
     {"rle_frame", rle_frame, METH_VARARGS, "rle_frame(buffer, least) -> bytes: see native/probe.c."},
+    {"first_unsafe", first_unsafe, METH_O, "first_unsafe(paths) -> int: see native/layout.c."},
+    {"parents", parents, METH_O, "parents(paths) -> set[str]: see native/layout.c."},
     {"list_dirs", list_dirs, METH_VARARGS,
      "list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
     {NULL, NULL, 0, NULL},
@@ -296,7 +299,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 12) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 13) < 0) {
         Py_DECREF(m);
         return NULL;
     }

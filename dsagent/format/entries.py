@@ -253,8 +253,13 @@ def _first_unsafe(paths: Sequence[str]) -> str | None:
     )
 
 
-def _first_unsafe_of(paths: Iterable[str]) -> str | None:
-    """:func:`_first_unsafe` a block at a time: no joined copy of a whole manifest's paths."""
+def _first_unsafe_of(paths: Sequence[str]) -> str | None:
+    """:func:`_first_unsafe` of every path: in one C pass when the native extension is built
+    (native/layout.c, the same rule: an eighth of the cost), else a block at a time, with no
+    joined copy of a whole manifest's paths."""
+    if native.AVAILABLE:
+        at = native.first_unsafe(paths)
+        return paths[at] if at >= 0 else None
     remaining = iter(paths)
     while block := list(itertools.islice(remaining, _BLOCK)):
         bad = _first_unsafe(block)
@@ -279,7 +284,7 @@ def check_layout(paths: Sequence[str], directories: Sequence[str]) -> None:
     bad = _first_unsafe(list(directories))
     if bad is not None:
         raise InvalidInput(f"unsafe directory in dataset: {bad!r}")
-    parents = {path.rpartition("/")[0] for path in paths}
+    parents = native.parents(paths) if native.AVAILABLE else {path.rpartition("/")[0] for path in paths}
     parents.update(path.rpartition("/")[0] for path in directories)
     expanded = set()
     for parent in parents:

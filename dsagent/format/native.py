@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 12
+INTERFACE = 13
 
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
@@ -198,6 +198,20 @@ def digest_records(paths: list[str], sizes: array[int], digests: bytes) -> bytes
     return records
 
 
+def first_unsafe(paths: Sequence[str]) -> int:
+    """The index of the first path that :func:`dsagent.format.entries.is_safe_path` refuses,
+    or -1; checked in C (native/layout.c). Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    return _native.first_unsafe(paths)  # type: ignore[no-any-return]
+
+
+def parents(paths: Sequence[str]) -> set[str]:
+    """``{p.rpartition("/")[0] for p in paths}``, built in C (native/layout.c): a string only
+    where a path's parent differs from its neighbour's. Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    return _native.parents(paths)  # type: ignore[no-any-return]
+
+
 def plan_cuts(paths: list[str], upto: list[int], max_files: int, max_bytes: int) -> list[int] | None:
     """The gaps where :func:`dsagent.format.bundle.plan_bundles` cuts, computed in C
     (native/plan.c: the same priorities, domains and caps). None when a path holds
@@ -314,5 +328,7 @@ __all__ = [
     "entry_lines",
     "list_dirs",
     "plan_cuts",
+    "first_unsafe",
+    "parents",
     "tar_reader",
 ]
