@@ -6,13 +6,16 @@ thousands of seeded random datasets and edits with caps small enough that they b
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsagent.errors import InvalidInput
-from dsagent.format.bundle import plan_bundles
+from dsagent.format.bundle import largest_first, plan_bundles
 from dsagent.format.manifest import FileEntry, bundle_digest
 
 pytestmark = pytest.mark.slow
@@ -171,3 +174,23 @@ def test_the_plan_is_the_trees_rule_even_when_priorities_tie(seed: int, monkeypa
         max_files, max_bytes = rng.randint(1, 20), rng.randint(1, 400)
         want = _by_definition(priority, [e.size for e in entries], max_files, max_bytes)
         assert plan_bundles(entries, max_files, max_bytes) == want
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), max_size=12), st.integers(min_value=2, max_value=4))
+def test_bundles_written_on_threads_start_largest_first(sizes: list[int], threads: int) -> None:
+    todo = list(range(len(sizes)))[::2]  # some bundles are already in the store
+    order = largest_first(todo, sizes)
+    assert sorted(order) == todo
+    assert [sizes[i] for i in order] == sorted((sizes[i] for i in todo), reverse=True)
+    for a, b in zip(order, order[1:]):  # equals keep the plan's order
+        assert sizes[a] > sizes[b] or a < b
+    # each next bundle to the first free thread: within Graham's bound for largest-first
+    loads = [0] * threads
+    for i in order:
+        loads[loads.index(min(loads))] += sizes[i]
+    best = min(  # the best split of the bundles over the threads, tried every way
+        (max(sum(sizes[i] for i, t in zip(todo, threads_of) if t == k) for k in range(threads))
+         for threads_of in itertools.product(range(threads), repeat=len(todo))),
+        default=0,
+    )  # fmt: skip
+    assert max(loads) <= (4 / 3 - 1 / (3 * threads)) * best
