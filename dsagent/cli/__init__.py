@@ -11,10 +11,10 @@ becomes one clear line on stderr and its exit code.
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import sys
 from collections.abc import Mapping
+from gc import freeze  # not `import gc`: the package's gc command module would shadow it
 from typing import Any
 
 from dsagent.cli.edge import quick_edge
@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     # free what nothing points to any more: 10 ms of a one-file pack, for a process whose
     # files are already written and closed. Frozen objects are left out of it; the
     # unregister keeps one registration however often main runs in one process.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
+    atexit.unregister(freeze)
+    atexit.register(freeze)
     with quick_edge("dsctl"):
         refuse_unknown_environment(os.environ)
         if quick_digest(sys.argv[1:] if argv is None else argv):

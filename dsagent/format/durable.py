@@ -77,6 +77,7 @@ def _libc() -> Any:
     except OSError:  # pragma: no cover - no libc (not Linux)
         return None
 
+
 #: Bytes written into one filesystem between two background flushes (:class:`Writeback`);
 #: 0 turns them off (then Linux starts writeback on its own thresholds).
 WRITEBACK_STEP = 32 << 20
