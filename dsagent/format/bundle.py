@@ -417,6 +417,7 @@ def pack_dataset(
     zstd_threads = threads if threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
     writer = BundleWriter(src_fs, src_root, progress, threading.Lock())
     written: list[int] = []  # bundles the store did not hold (one packed again but found there is reused)
+    read_digests: dict[int, bytes] = {}  # a packed bundle's member digests as read, 16 raw bytes each
     scratch = f"{dst_root.rstrip('/')}/{BUNDLES_DIR}" if is_local(dst_fs) else None
 
     def write_one(i: int) -> None:
@@ -427,7 +428,7 @@ def pack_dataset(
             digest, size, read, new = store_new_bundle(dst_fs, dst_root, members, fill)
         digests[i] = digest
         sizes[digest] = size
-        known[first : first + count] = read
+        read_digests[i] = read
         if new:
             written.append(i)
 
@@ -438,7 +439,12 @@ def pack_dataset(
         with ThreadPoolExecutor(parallel, thread_name_prefix="dsagent-pack") as pool:
             list(pool.map(write_one, largest_first(todo, [upto[first + count] - upto[first] for first, count in plan])))
     table = EntryTableBuilder()  # columns, not an object a file: ~1 us each at 200,000 files
-    table.add(paths, sizes_listed, mtimes, known)  # type: ignore[arg-type]
+    for i, bundle in enumerate(plan):
+        span = _span(bundle)
+        if i in read_digests:
+            table.add_raw(paths[span], sizes_listed[span], mtimes[span], read_digests[i])
+        else:  # a bundle the store held, named by the digest cache's digests
+            table.add(paths[span], sizes_listed[span], mtimes[span], known[span])  # type: ignore[arg-type]
     entries = table.build()
     refs = []
     for (first, count), digest in zip(plan, digests):
@@ -449,7 +455,7 @@ def pack_dataset(
     kept = {digests[i] for i in range(len(plan)) if i not in set(written)}
     packed = _keep_reused(packed, kept, src_fs, src_root, dst_fs, dst_root, store, level, store_options)  # type: ignore[arg-type]
     if digest_cache is not None:
-        fresh = [pair for i in todo for pair in zip(files[_span(plan[i])], known[_span(plan[i])])]
+        fresh = [pair for i in todo for pair in zip(files[_span(plan[i])], entries[_span(plan[i])].hex_digests())]
         digest_cache.record(hits=len(files) - len(fresh), misses=len(fresh))
         digest_cache.store(fresh)  # type: ignore[arg-type]
     return packed, len(plan) - len(written)

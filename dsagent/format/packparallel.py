@@ -89,7 +89,7 @@ class _Segment:
         except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
             conn.send(("error", exc))
 
-    def append(self, out: Any) -> list[str]:
+    def append(self, out: Any) -> bytes:
         """Wait for the segment, write its frames into ``out``; its members' digests."""
         try:
             try:
@@ -101,7 +101,7 @@ class _Segment:
             if kind == "error":
                 raise value
             _append_file(self.file, out)
-            return list(value)
+            return bytes(value)
         finally:
             self.close()
 
@@ -124,7 +124,7 @@ def compress_into(
 ) -> Any:
     """``fill(raw)``: the bundle of ``members`` encoded as zstd frames into ``raw``
     (:class:`~dsagent.format.frames.FrameWriter`: raw where compressing would not pay);
-    returns their digests. ``threads`` > 1 encodes buffers on that many threads.
+    returns their digests (16 raw bytes each). ``threads`` > 1 encodes buffers on that many threads.
 
     With ``processes`` > 1, a large bundle of a local source is cut into that many runs
     of members: this process packs the first while forked processes pack the others into
@@ -133,7 +133,7 @@ def compress_into(
     per-file work, which holds the GIL, then uses every core. Progress of a segment is
     counted when it is appended."""
 
-    def fill(raw: CountingWriter) -> list[str]:
+    def fill(raw: CountingWriter) -> bytes:
         segments: list[_Segment] = []
         head: Sequence[FileEntry] = members
         if processes > 1 and writer.local and len(members) >= SEGMENT_MIN_FILES:

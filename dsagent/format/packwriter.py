@@ -209,13 +209,14 @@ class BundleWriter:
             with self._lock:
                 self._progress(sum(e.size for e in members), len(members))
 
-    def write(self, members: Sequence[FileEntry], out: Any, *, end: bool = True) -> list[str]:
-        """Write ``members``' tar stream into ``out``; returns their digests as read.
+    def write(self, members: Sequence[FileEntry], out: Any, *, end: bool = True) -> bytes:
+        """Write ``members``' tar stream into ``out``; returns their digests as read, 16 raw
+        bytes each (the native reader's form: the entry table takes them as they are).
 
         A member with a digest must still have it (it was digested before); one without
         (the one-pass pack) is hashed as it is read, and must not change while it is.
         """
-        digests: list[str] = []
+        digests = bytearray()
         free: queue.SimpleQueue[ReadBuffer | None] = queue.SimpleQueue()
         full: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(PIPELINE_BUFFERS):
@@ -243,9 +244,9 @@ class BundleWriter:
             reader.join()
         if failure:
             raise failure[0]
-        return digests
+        return bytes(digests)
 
-    def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str], end: bool) -> None:
+    def _fill(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: bytearray, end: bool) -> None:
         if self._local and not self._single_file and native_loops.AVAILABLE:
             self._fill_native(members, tar, digests)
         else:
@@ -254,7 +255,7 @@ class BundleWriter:
             tar.zeros(len(_ZEROS))
         tar.flush()
 
-    def _fill_python(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
+    def _fill_python(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: bytearray) -> None:
         fetched = iter(()) if self._local else self._prefetch(members)
         for entry in members:
             tar.put(tar_header(entry))
@@ -268,19 +269,19 @@ class BundleWriter:
                 size = self._read_local(entry, tar, state)
             else:
                 size = self._read_remote(entry, tar, state)
-            digest = state.hexdigest()
-            if entry.digest and (size != entry.size or digest != entry.digest):
+            digest = state.digest()
+            if entry.digest and (size != entry.size or digest.hex() != entry.digest):
                 raise _changed_after_digest(entry)
             if size != entry.size:
                 raise _changed_while_packed(entry)
-            digests.append(digest)
+            digests += digest
             if size % _BLOCK:
                 tar.zeros(_BLOCK - size % _BLOCK)
             if self._progress is not None:
                 with self._lock:
                     self._progress(size, 1)
 
-    def _fill_native(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: list[str]) -> None:
+    def _fill_native(self, members: Sequence[FileEntry], tar: _TarBuffers, digests: bytearray) -> None:
         """:meth:`_fill` by the C reader (``native/packloop.c``, without the GIL): the same
         bytes, digests and errors as the Python loop, a buffer at a time."""
         with translate_errors(f"source directory {self._root!r}"):
@@ -302,8 +303,7 @@ class BundleWriter:
                     raise _native_failure(members[index], status, detail, self._location(members[index]))
         finally:
             os.close(root)
-        text = reader.digests.hex()
-        digests.extend(text[i : i + 32] for i in range(0, len(text), 32))
+        digests += reader.digests
 
     def _location(self, entry: FileEntry) -> str:
         return self._root if self._single_file else f"{self._root}/{entry.path}"

@@ -117,11 +117,11 @@ def store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
 
 def store_new_bundle(
     fs: AbstractFileSystem, root: str, members: Sequence[FileEntry], fill: Any
-) -> tuple[str, int, list[str], bool]:
+) -> tuple[str, int, bytes, bool]:
     """Write a bundle whose name is known only once it is written (the one-pass pack).
 
     ``fill`` writes into a temporary object in ``bundles/`` and returns the members'
-    digests; the object is then renamed to ``bundles/<bundle digest>.tar.zst``, or dropped
+    digests (16 raw bytes each); the object is then renamed to ``bundles/<bundle digest>.tar.zst``, or dropped
     when the store already holds that bundle (same members, same bytes: the one there is
     kept, as :func:`write_bundles` keeps it). Local stores: fsync, rename, fsync of the
     directory, as :func:`store_object`; object stores: one PUT of the temporary object and
@@ -130,15 +130,15 @@ def store_new_bundle(
     """
     directory = f"{root.rstrip('/')}/{BUNDLES_DIR}"
     tmp = f"{directory}/.pack-{uuid.uuid4().hex}.tmp"
-    digests: list[str] = []
+    read: list[bytes] = []  # the members' digests, once fill has returned them
 
     def record(raw: CountingWriter) -> None:
-        digests.extend(fill(raw))
+        read.append(fill(raw))
 
     if is_local(fs):
         size = _write_synced(tmp, record, "a new bundle")
         try:
-            digest = bundle_digest(named(members, digests))
+            digest = bundle_digest(named(members, read[0]))
             path = bundle_path(root, digest)
             new = not os.path.exists(path)
             if new:
@@ -149,10 +149,10 @@ def store_new_bundle(
         except BaseException:
             _remove_temporary(tmp)
             raise
-        return digest, size, digests, new
+        return digest, size, read[0], new
     try:
         size = store_object(fs, tmp, record)
-        digest = bundle_digest(named(members, digests))
+        digest = bundle_digest(named(members, read[0]))
         path = bundle_path(root, digest)
         new = stored_size(fs, path) is None
         if new:
@@ -166,16 +166,21 @@ def store_new_bundle(
         except Exception:  # noqa: BLE001 - the first failure is the one to report
             pass
         raise
-    return digest, size, digests, new
+    return digest, size, read[0], new
 
 
-def named(members: Sequence[FileEntry], digests: Sequence[str]) -> EntryTable:
-    """``members`` with the digests read while packing them (a table: built column-wise,
-    with no object a file, for the bundle digest of a one-pass pack)."""
-    if len(digests) != len(members):
-        raise ValueError(f"{len(digests)} digests for {len(members)} members")
+def named(members: Sequence[FileEntry], digests: Sequence[str] | bytes) -> EntryTable:
+    """``members`` with their digests: hex, or 16 raw bytes each as read while packing them
+    (a table: built column-wise, with no object a file, for a bundle's digest)."""
+    count = len(digests) // 16 if isinstance(digests, bytes) else len(digests)
+    if count != len(members) or (isinstance(digests, bytes) and len(digests) % 16):
+        raise ValueError(f"{count} digests for {len(members)} members")
     table = EntryTableBuilder()
-    table.add([e.path for e in members], [e.size for e in members], [e.mtime_ns for e in members], list(digests))
+    columns = [e.path for e in members], [e.size for e in members], [e.mtime_ns for e in members]
+    if isinstance(digests, bytes):
+        table.add_raw(*columns, digests)
+    else:
+        table.add(*columns, list(digests))
     return table.build()
 
 
