@@ -47,3 +47,14 @@ def test_a_new_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
     assert "| pack vs tar \\| zstd | 1.60x | 1.50x (met) | 0.4 / 0.6 |" in new and "untargeted" not in new
     (tmp_path / "r.json").write_text(json.dumps(run))
     assert results.read_runs([tmp_path / "r.json"]) == [run]
+
+
+def test_a_ratio_just_under_its_goal_does_not_print_as_the_goal() -> None:
+    run = {
+        "bench": "bundle",
+        "load_start": [0.4, 0.3, 0.2],
+        "ratios": [{"name": "short", "value": 0.9966, "goal": 1.0}, {"name": "over", "value": 1.0012, "goal": 1.0}],
+    }
+    block = results.figures([run])
+    assert "| short | 0.997x | 1.00x (not met) |" in block
+    assert "| over | 1.00x | 1.00x (met) |" in block

@@ -25,10 +25,12 @@ dsctl runs with the digest cache off (a cold pack), as ``dsctl`` from this inter
 install has them (``PYTHONDONTWRITEBYTECODE`` is dropped for the children; one untimed
 warm-up round writes them). dsctl's writes are durable (fsync/syncfs before publishing),
 so the C pipelines are followed by a ``sync`` of what they wrote; the unpack without that
-sync is printed too. dsctl also hashes every file while packing and unpacking; the C
-pipelines do not. dsctl runs the optional native loops where ``make native`` built them
-(docs/design-native.md); each row's label and the JSON's params say which (``pure`` or
-``native``). A baseline tool that is missing (``xxh128sum``: Debian's ``xxhash``,
+sync is printed too. On a disk, every unpack run writes a new directory and all are removed
+after the step (:class:`Outputs` says why: a filesystem without a journal is slow to create
+files just after many were deleted). dsctl also hashes every file while packing and
+unpacking; the C pipelines do not. dsctl runs the optional native loops where ``make
+native`` built them (docs/design-native.md); each row's label and the JSON's params say
+which (``pure`` or ``native``). A baseline tool that is missing (``xxh128sum``: Debian's ``xxhash``,
 ``zstd``) drops its column, not the benchmark.
 
     python tools/bench/bundle.py                 # the full run (50,000 files, ~5.5 GB)

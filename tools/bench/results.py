@@ -52,6 +52,14 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _measured(value: float | None, goal: float | None) -> str:
+    """A ratio to two decimals, or three where two would print it equal to a goal it misses
+    (0.996x against 1.00x)."""
+    if value is not None and goal is not None and value < goal and _fmt(value) == _fmt(goal):
+        return _fmt(value, 3)
+    return _fmt(value)
+
+
 def _cell(text: object) -> str:
     return str(text).replace("|", "\\|")
 
@@ -81,8 +89,9 @@ def render(runs: list[dict[str, Any]]) -> str:
             where += f", {host['cpu']}" if host.get("cpu") else ""
             for ratio in run.get("ratios", []):
                 value, goal = ratio.get("value"), ratio.get("goal")
+                wanted = _fmt(goal) + "x" if goal is not None else ""
                 lines.append(
-                    f"| {_cell(ratio['name'])} | {_fmt(value)}x | {_fmt(goal) + 'x' if goal is not None else ''} "
+                    f"| {_cell(ratio['name'])} | {_measured(value, goal)}x | {wanted} "
                     f"| {_verdict(value, goal)} | {_cell(ratio.get('note', ''))} | {load} | {where} | {_cell(params)} |"
                 )
         lines.append("")
@@ -117,7 +126,9 @@ def figures(runs: list[dict[str, Any]]) -> str:
                 continue
             value = ratio.get("value")
             verdict = _verdict(value, goal)
-            lines.append(f"| {_cell(ratio['name'])} | {_fmt(value)}x | {_fmt(goal)}x ({verdict}) | {_load(run)} |")
+            lines.append(
+                f"| {_cell(ratio['name'])} | {_measured(value, goal)}x | {_fmt(goal)}x ({verdict}) | {_load(run)} |"
+            )
     if len(lines) == 3:
         lines.append("| no results yet | | | |")
     lines.append(END)
