@@ -150,7 +150,7 @@ def test_a_full_store_during_a_one_pass_pack_leaves_no_object(tmp_path: Path, mo
     src = write_tree(tmp_path / "source", _files(10))
 
     class Full:
-        def __init__(self, raw: object) -> None:
+        def __init__(self, raw: object, writeback: object = None) -> None:
             pass
 
         def write(self, data: bytes) -> int:

@@ -1,5 +1,5 @@
-"""A background ``syncfs`` that fails (a writeback error) must fail
-the fetch, never let it publish.
+"""A background ``syncfs`` that fails (a writeback error) must fail the fetch, or the pack
+writing a bundle, never let it publish.
 
 The kernel reports a writeback error once per open file: the background flush
 (:class:`dsagent.format.durable.Writeback`) saw it on its descriptor, and the fetch's
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import random
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +23,7 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsagent.errors import IntegrityError
+from dsagent.errors import DsagentError, IntegrityError
 from dsagent.format import durable
 from dsagent.format.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
@@ -53,18 +54,20 @@ def libc(monkeypatch: pytest.MonkeyPatch) -> _FailingBackgroundFlush:
     return fake
 
 
-def _dataset(tmp_path: Path) -> tuple[Path, Path]:
+def _dataset(tmp_path: Path, libc: _FailingBackgroundFlush) -> tuple[Path, Path]:
     files = {f"class{i % 3}/img{i:03d}.bin": bytes([i]) * 9000 for i in range(24)}
     source = write_tree(tmp_path / "src" / "images", files)
     store = tmp_path / "src" / "store"
+    libc.failing = False  # the pack's own background flushes succeed; the failure is the reader's
     pack(source, store, name="images", max_files=4)
+    libc.failing = True
     return source, store
 
 
 def test_a_failed_background_flush_fails_the_fetch_and_the_retry_publishes_a_whole_copy(
     tmp_path: Path, libc: _FailingBackgroundFlush
 ) -> None:
-    source, store = _dataset(tmp_path)
+    source, store = _dataset(tmp_path, libc)
     manifest = read_manifest(str(store), "images")
     request = DatasetRequest("images", str(source), str(store))
 
@@ -90,7 +93,22 @@ def test_a_failed_background_flush_fails_the_fetch_and_the_retry_publishes_a_who
 
 
 def test_dsctl_unpack_fails_on_a_failed_background_flush(tmp_path: Path, libc: _FailingBackgroundFlush) -> None:
-    _, store = _dataset(tmp_path)
+    _, store = _dataset(tmp_path, libc)
     with pytest.raises(IntegrityError, match="flushing"):
         unpack(store=store, name="images", dest=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pack_fails_on_a_failed_background_flush_of_its_bundle_and_publishes_nothing(
+    tmp_path: Path, libc: _FailingBackgroundFlush
+) -> None:
+    files = {f"d/f{i}.bin": random.Random(i).randbytes(9000) for i in range(12)}  # stored raw: 108 kB
+    source = write_tree(tmp_path / "src", files)
+    store = tmp_path / "store"
+    with pytest.raises(DsagentError, match="background flush"):
+        pack(source, store, name="images")
+    assert libc.failed >= 1
+    assert not [p for p in store.rglob("*") if p.is_file()], "a bundle, a manifest or a temporary was kept"
+    libc.failing = False  # the disk is healthy again: the same pack publishes
+    pack(source, store, name="images")
+    verify_tree(str(source), read_manifest(str(store), "images"))
