@@ -457,7 +457,7 @@ def pack_dataset(
     if digest_cache is not None:
         fresh = [pair for i in todo for pair in zip(files[_span(plan[i])], entries[_span(plan[i])].hex_digests())]
         digest_cache.record(hits=len(files) - len(fresh), misses=len(fresh))
-        digest_cache.store(fresh)  # type: ignore[arg-type]
+        digest_cache.store(fresh)
     return packed, len(plan) - len(written)
 
 

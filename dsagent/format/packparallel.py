@@ -124,7 +124,8 @@ def compress_into(
 ) -> Any:
     """``fill(raw)``: the bundle of ``members`` encoded as zstd frames into ``raw``
     (:class:`~dsagent.format.frames.FrameWriter`: raw where compressing would not pay);
-    returns their digests (16 raw bytes each). ``threads`` > 1 encodes buffers on that many threads.
+    returns their digests (16 raw bytes each). ``threads`` > 1 encodes buffers on that many
+    threads.
 
     With ``processes`` > 1, a large bundle of a local source is cut into that many runs
     of members: this process packs the first while forked processes pack the others into

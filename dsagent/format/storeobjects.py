@@ -5,8 +5,7 @@ manifest) and the pack pipeline (:mod:`dsagent.format.packwriter` and
 :mod:`dsagent.format.packparallel`, which write through :class:`CountingWriter`). What it
 owns: how one object reaches the store whole or not at all (:func:`store_object`: a
 temporary file written out as it grows, fsync, rename and an fsync of the directory on
-local disks; one PUT,
-published on its completed close, on object stores), the bundle named only once written
+local disks; one PUT, published on its completed close, on object stores), the bundle named only once written
 (:func:`store_new_bundle`), a full disk said as :class:`~dsagent.errors.InsufficientSpace`,
 and the vectored write of a pipeline's pieces into a local file (:meth:`CountingWriter.writev`).
 """
@@ -136,9 +135,10 @@ def store_new_bundle(
     """Write a bundle whose name is known only once it is written (the one-pass pack).
 
     ``fill`` writes into a temporary object in ``bundles/`` and returns the members'
-    digests (16 raw bytes each); the object is then renamed to ``bundles/<bundle digest>.tar.zst``, or dropped
-    when the store already holds that bundle (same members, same bytes: the one there is
-    kept, as :func:`write_bundles` keeps it). Local stores: fsync, rename, fsync of the
+    digests (16 raw bytes each); the object is then renamed to
+    ``bundles/<bundle digest>.tar.zst``, or dropped when the store already holds that
+    bundle (same members, same bytes: the one there is kept, as :func:`write_bundles`
+    keeps it). Local stores: fsync, rename, fsync of the
     directory, as :func:`store_object`; object stores: one PUT of the temporary object and
     a server-side move. Returns ``(bundle digest, stored size, member digests, whether it
     was new to the store)``.
