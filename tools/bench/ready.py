@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support.record import Record  # noqa: E402
 
+from dsagent.format import native  # noqa: E402
+
 BUCKET = "bench"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -228,7 +230,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     ways = [w for w in args.ways.split(",") if w]
     latencies = [float(x) for x in args.latency_ms.split(",") if x]
-    record = Record("ready", {"files": args.files, "median_kb": args.median_kb, "latencies_ms": latencies})
+    # the agent's unpack runs the native loops where `make native` built them, as in the image
+    loops = "native" if native.AVAILABLE else "pure"
+    record = Record(
+        "ready", {"files": args.files, "median_kb": args.median_kb, "latencies_ms": latencies, "loops": loops}
+    )
     src = work / "src"
     total = generate(src, args.files, args.median_kb)
     print(f"dataset: {args.files} files, {total / 1e6:.1f} MB; load average {os.getloadavg()[0]:.2f}", flush=True)
