@@ -38,6 +38,7 @@ from dsagent.format.digestpool import can_fork
 from dsagent.format.entries import EntryTableBuilder, check_layout, new_entries, path_key
 from dsagent.format.manifest import (
     BUNDLES_DIR,
+    MANIFEST_THREADS,
     BundleRef,
     FileEntry,
     Manifest,
@@ -283,7 +284,7 @@ def write_manifest(
     """Store ``manifest`` as ``<store>/<name>/manifest``, atomically; call it after its bundles."""
     fs, root = resolve_local_first(store, store_options)
     path = manifest_path(root, manifest.name)
-    data = manifest.to_bytes()
+    data = manifest.to_bytes(threads=MANIFEST_THREADS)
     with translate_errors(f"manifest of {manifest.name!r} in {os.fspath(store)!r}"):
         _prepare_directory(fs, path.rpartition("/")[0])
         store_object(fs, path, lambda raw: raw.write(data))

@@ -105,8 +105,11 @@ _BLOCK = 4096
 #: zstd level of a manifest's body: paths and hex digests came out smaller at level 1 than at
 #: level 3 (200,000 entries: 5.9 MB against 6.7 MB), in half the time (0.029 s against 0.064 s).
 MANIFEST_LEVEL = 1
-#: zstd's workers for a manifest's body: they compress while this thread formats the next
-#: lines (200,000 entries: 33 ms against 53 ms with none; three or four did no better)
+#: zstd's workers for a manifest's body when a pack writes it to the store: they compress
+#: while this thread formats the next lines (200,000 entries: 33 ms against 53 ms with none;
+#: three or four did no better). The agent stores the manifests it fetched with none: the
+#: workers' buffers raised its peak by 25-35 MiB for a million entries, and it is a
+#: long-lived process held to a memory bound, where those 20 ms do not show.
 MANIFEST_THREADS = 2
 
 
@@ -220,9 +223,10 @@ class Manifest:
         _check_bundles(self.entries, refs, [bundle_digest(self.bundle_entries(ref)) for ref in refs])
         return replace(self, bundles=refs)
 
-    def to_bytes(self) -> bytes:
-        """The stored form: a JSON header line, then a zstd frame of JSON lines."""
-        return encode_manifest(self)
+    def to_bytes(self, *, threads: int = 0) -> bytes:
+        """The stored form: a JSON header line, then a zstd frame of JSON lines (compressed
+        on ``threads`` zstd workers beside this thread; 0: on this thread alone)."""
+        return encode_manifest(self, threads=threads)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
@@ -264,7 +268,8 @@ def _check_bundles(entries: EntryTable, bundles: Sequence[BundleRef], digests: S
 # --------------------------------------------------------------------------- stored form
 
 
-def encode_manifest(manifest: Manifest) -> bytes:
+def encode_manifest(manifest: Manifest, *, threads: int = 0) -> bytes:
+    """:meth:`Manifest.to_bytes`: the same bytes decoded whatever ``threads`` is."""
     header = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -278,9 +283,7 @@ def encode_manifest(manifest: Manifest) -> bytes:
     dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
     import zstandard  # here: building a manifest (dsctl digest) needs no zstd
 
-    compressor = zstandard.ZstdCompressor(
-        level=MANIFEST_LEVEL, write_checksum=True, threads=MANIFEST_THREADS
-    ).compressobj()
+    compressor = zstandard.ZstdCompressor(level=MANIFEST_LEVEL, write_checksum=True, threads=threads).compressobj()
     parts = [dumps(header).encode() + b"\n"]
     table = manifest.entries
     for start in range(0, len(table), _BLOCK):  # a block at a time: the body is never held uncompressed

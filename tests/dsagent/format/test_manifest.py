@@ -267,3 +267,22 @@ def test_a_table_takes_only_digests_of_32_hex_characters(digests: list[str]) -> 
     built = EntryTableBuilder()
     built.add(["a", "b"], [1, 2], [0, 0], ["0f" * 16, "e1" * 16])
     assert list(built.build().hex_digests()) == ["0f" * 16, "e1" * 16]
+
+
+def test_a_manifest_compressed_by_zstd_workers_reads_back_the_same() -> None:
+    """The pack writes a manifest's body on zstd's worker threads, the agent on its own
+    thread: both stored forms are the same manifest, across many zstd jobs."""
+    rng = random.Random(7)
+    entries = [
+        FileEntry(
+            f"c{i % 97:02d}/img_{i:07d}.JPEG",
+            rng.randrange(1 << 20),
+            rng.randrange(1 << 31),
+            f"{rng.getrandbits(128):032x}",
+        )
+        for i in range(60_000)  # a body of several MB: more than one job of each worker
+    ]
+    manifest = Manifest.create("d", entries, directories=["empty"])
+    alone, workers = manifest.to_bytes(), manifest.to_bytes(threads=2)
+    assert Manifest.from_bytes(alone) == manifest == Manifest.from_bytes(workers)
+    assert len(workers) > 1 << 20
