@@ -197,6 +197,8 @@ class EntryTableBuilder:
         self._digests = bytearray()
 
     def add(self, paths: list[str], sizes: list[int], mtimes: list[int], hex_digests: list[str]) -> None:
+        if len(hex_digests) != len(paths):
+            raise ValueError(f"{len(hex_digests)} digests for {len(paths)} files")
         raw = bytes.fromhex("".join(hex_digests))
         if len(raw) != 16 * len(hex_digests) or any(len(d) != DIGEST_LENGTH for d in hex_digests):
             raise ValueError("a file digest is not 32 hex characters")

@@ -187,10 +187,7 @@ def store_new_bundle(
 def named(members: Sequence[FileEntry], digests: Sequence[str] | bytes) -> EntryTable:
     """``members`` with their digests: hex, or 16 raw bytes each as read while packing them
     (a table: built column-wise, with no object a file, for a bundle's digest)."""
-    count = len(digests) // 16 if isinstance(digests, bytes) else len(digests)
-    if count != len(members) or (isinstance(digests, bytes) and len(digests) % 16):
-        raise ValueError(f"{count} digests for {len(members)} members")
-    table = EntryTableBuilder()
+    table = EntryTableBuilder()  # it refuses any count of digests but one a member
     columns = [e.path for e in members], [e.size for e in members], [e.mtime_ns for e in members]
     if isinstance(digests, bytes):
         table.add_raw(*columns, digests)

@@ -286,3 +286,15 @@ def test_a_manifest_compressed_by_zstd_workers_reads_back_the_same() -> None:
     alone, workers = manifest.to_bytes(), manifest.to_bytes(threads=2)
     assert Manifest.from_bytes(alone) == manifest == Manifest.from_bytes(workers)
     assert len(workers) > 1 << 20
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_table_takes_one_digest_a_file_hex_or_raw(count: int) -> None:
+    from dsagent.format.storeobjects import named
+
+    members = [FileEntry("a", 1, 0, ""), FileEntry("b", 2, 0, "")]
+    with pytest.raises(ValueError, match="digests for 2 files"):
+        named(members, ["0f" * 16] * count)
+    with pytest.raises(ValueError, match="16 digest bytes"):
+        named(members, b"\x0f" * 16 * count)
+    assert list(named(members, b"\x0f" * 32).hex_digests()) == ["0f" * 16] * 2
