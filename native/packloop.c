@@ -4,8 +4,9 @@
  *
  * TarReader(dir_fd, members, template, header) takes one bundle's members in order: a
  * sequence of tuples (path: str, size: int, mtime_ns: int, digest: str), dsagent's
- * FileEntry, copied into a list of its own and read field by field here (no column is built in Python: at 50,000 members that cost the
- * pack 24 ms before its first byte). Each path is opened relative to dir_fd, symlinks
+ * FileEntry, copied into a list of its own and read field by field here (no column is
+ * built in Python: at 50,000 members that cost the pack 24 ms before its first byte).
+ * Each path is opened relative to dir_fd, symlinks
  * followed as the walk followed them (an ASCII path straight from the str, any other
  * encoded as os.fsencode does); a digest is '' for an entry not digested yet, else 32 hex
  * digits. template: the 512 bytes plain headers are made from (name, size, mtime and

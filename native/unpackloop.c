@@ -40,7 +40,6 @@ typedef struct {
     long long *mtimes;
     unsigned char *digests;
     unsigned char tmpl[512];
-    unsigned long tmpl_sum; /* the template's byte sum over everything but name, size, mtime, checksum */
     Py_ssize_t next;
     long long written;
     int phase;
