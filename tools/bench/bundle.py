@@ -221,17 +221,17 @@ def dsctl(*args: str) -> Callable[[], object]:
 
 
 def digest_goal(files: int) -> tuple[float | None, str]:
-    """The digest's goal for a dataset of ``files`` files, and why there is none."""
+    """The digest's goal for a dataset of ``files`` files, and where there is none, why."""
     if files >= DIGEST_GOAL_FILES:
         return 1.0, ""
     return None, f"no goal under {DIGEST_GOAL_FILES:,} files"
 
 
 def report(
-    what: str, sides: list[Side], total: int, files: int, record: Record, goal: float | None, why_none: str = ""
+    what: str, sides: list[Side], total: int, files: int, record: Record, goal: float | None, aside: str = ""
 ) -> None:
     """Print each side and record the ratio of dsctl's throughput to the first baseline's
-    against ``goal`` (None: no goal at this size, ``why_none`` says why in the note)."""
+    against ``goal`` (None: none at this size), ``aside`` added to its note."""
     print(what)
     for side in sides:
         record.row(what, side.label, side.wall, side.cpu)
@@ -241,7 +241,7 @@ def report(
         )
     ours, inproc, baselines = sides[0], sides[1], sides[2:]
     for c in baselines[:1]:
-        note = f"CPU time C / dsctl {c.cpu / ours.cpu:.2f}x" + (f"; {why_none}" if goal is None and why_none else "")
+        note = f"CPU time C / dsctl {c.cpu / ours.cpu:.2f}x" + (f"; {aside}" if aside else "")
         record.ratio(f"{what} vs {c.label}", c.wall / ours.wall, goal, note)
         print(
             f"  {'ratio (dsagent / C throughput)':<44} {c.wall / ours.wall:8.2f}x"
