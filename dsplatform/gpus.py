@@ -1,7 +1,7 @@
 """How many GPUs a pod requests, and what the GPU resources are called.
 
 Who calls it: the admission webhook's GPU class policy (``dsagent.webhook.roceclass``),
-the agent's annotation publisher (``dsagent.cluster.publisher``: is any GPU pod on the node),
+the agent's annotation publisher (``dsagent.nodeagent.publisher``: is any GPU pod on the node),
 the controller's preparation (``dsagent.controller.podfacts``: free GPUs per node), the device
 plugin and the agent's settings (the names), the scheduler extender (``scheduling.podspec``,
 ``.nodecache``, ``.migrator``, ``.nodeinfo`` for quantities) and the simulator (through the

@@ -1,6 +1,6 @@
 """Striped versions: who owns which bundle, which rank reads which sample, and the layout file.
 
-Who calls it: the agent (:mod:`dsagent.cache.stripes`: which bundles this node holds, which
+Who calls it: the agent (:mod:`dsagent.cache.striped.stripes`: which bundles this node holds, which
 member to ask for the others), the rank-aware reader (:mod:`dsplatform.data`: which samples
 a rank reads, in which order), the controller (the group it records) and the extender (the
 share a member is expected to hold). Each computes the same answer from the same plain

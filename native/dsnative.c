@@ -17,7 +17,7 @@
  * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
  * rule gives; and, in its pipeline, the samples its blocks are judged by, the zero runs
  * of the tar framing and the raw frames that store them as RLE blocks (probe.c), each
- * byte for byte what dsagent.format.frames makes in Python.
+ * byte for byte what dsagent.format.bundles.frames makes in Python.
  *
  * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
  * package's own extension (which exports them), so both paths hash with the very same

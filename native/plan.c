@@ -2,7 +2,7 @@
  *
  * plan_cuts(paths, upto, max_files, max_bytes) -> list[int] | None
  *
- * dsagent.format.bundle.plan_bundles's scheme, in C: each gap between neighbouring paths
+ * dsagent.format.bundles.bundle.plan_bundles's scheme, in C: each gap between neighbouring paths
  * gets the priority xxh3-64 of the UTF-8 path before it; a gap's domain is the run of
  * entries between the nearest gaps of smaller priority on either side (ties: the one on
  * the left counts as smaller); a gap is a cut when its domain holds more than max_files

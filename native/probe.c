@@ -7,7 +7,7 @@
  * the other: `pieces` pieces of `piece` bytes spread evenly over the block (the first at
  * its start, the last at its end, `(length - piece) // (pieces - 1)` bytes apart), or the
  * whole block when it is no longer than pieces * piece bytes. Byte for byte the samples
- * dsagent.format.frames cuts in Python, for a whole buffer in one call: there, 64 slices
+ * dsagent.format.bundles.frames cuts in Python, for a whole buffer in one call: there, 64 slices
  * and a join a block cost more than zstd's verdict on the sample.
  */
 
@@ -47,7 +47,7 @@ done:
 /* Zero runs: runs of zero bytes that end where a 512-byte tar record ends (a header's
  * unused tail, a member's padding, the end of the archive), records counted from the
  * buffer's start, merged where they touch, kept when at least `least` bytes long. The
- * rule of dsagent.format.frames.zero_runs, which these follow byte for byte. */
+ * rule of dsagent.format.bundles.frames.zero_runs, which these follow byte for byte. */
 
 #define RECORD 512
 
@@ -165,7 +165,7 @@ static int frame_to(zero_run run, void *context) {
 }
 
 /* rle_frame(buffer, least) -> bytes: the buffer as one zstd frame (the raw frame header of
- * dsagent.format.frames), its zero runs as RLE blocks and the rest as raw blocks, each at
+ * dsagent.format.bundles.frames), its zero runs as RLE blocks and the rest as raw blocks, each at
  * most 128 KiB, the last one marked last. */
 static PyObject *rle_frame(PyObject *self, PyObject *args) {
     (void)self;

@@ -53,6 +53,10 @@ def test_every_process_folder_has_a_contract_forbidding_the_other_processes() ->
     }
     assert {"scheduler_plugin", "dsagent.webhook"} <= forbidden[("dsagent.controller",)]
     assert {"scheduler_plugin", "dsagent.controller"} <= forbidden[("dsagent.webhook",)]
-    assert {"scheduler_plugin", "dsagent.controller", "dsagent.webhook"} <= forbidden[("dsagent.cluster",)]
+    assert {"dsagent.nodeagent", "dsagent.cache"} <= forbidden[("dsagent.controller",)]
+    assert {"dsagent.nodeagent", "dsagent.cache"} <= forbidden[("dsagent.webhook",)]
+    agent = ("dsagent.nodeagent", "dsagent.api", "dsagent.nodeplugins", "dsagent.cache")
+    assert {"scheduler_plugin", "dsagent.controller", "dsagent.webhook"} <= forbidden[agent]
+    assert {"dsagent.controller", "dsagent.webhook", "dsagent.nodeagent"} <= forbidden[("dsagent.kube",)]
     assert "dsagent" in forbidden[("scheduler_plugin",)]
     assert {"dsagent", "scheduler_plugin"} <= forbidden[("scheduling",)]

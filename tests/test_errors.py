@@ -55,7 +55,7 @@ def test_the_walk_finds_the_errors_beside_their_code() -> None:
     names = {f"{c.__module__}.{c.__qualname__}" for c in public_exception_classes()}
     assert {
         "dsagent.errors.Conflict",
-        "dsagent.cluster.apiclient.KubeForbidden",
+        "dsagent.kube.apiclient.KubeForbidden",
         "dsagent.nodeplugins.deviceplugin.allocation.NoFreeVf",
         "gpu_topology.errors.ParseError",
         "scheduling.timemodel.AnnotationError",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster import publisher
 from dsagent.controller import podfacts
+from dsagent.nodeagent import publisher
 from dsagent.webhook import gpurequest
 from dsplatform.gpus import GpuResources
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS

@@ -67,7 +67,7 @@ def _csi_driver_name(value: str, tmp_path: Path) -> None:
 
 
 def _copies_configmap(value: str) -> None:
-    from dsagent.cluster.clustersettings import ClusterSettings
+    from dsagent.nodeagent.clustersettings import ClusterSettings
 
     ClusterSettings.from_env({"DSAGENT_COPIES_CONFIGMAP": f"dsplatform/{value}"})
 

@@ -18,12 +18,13 @@ PACKAGES = ("dsagent", "scheduler_plugin", "scheduling", "gpu_topology", "dsplat
 #: module -> why it may read the environment
 MAY_READ_ENVIRONMENT: dict[str, str] = {
     "dsagent/cli": "the dsctl / dsagent command line: the CLI edge (flags with envvars, DSCTL_DEBUG, the pod's env)",
-    "dsagent/cache/settings.py": "the agent's settings (pydantic-settings) and their XDG defaults",
-    "dsagent/cluster/nodeagent.py": "the cluster agent's settings, read where serve --kubernetes starts it",
+    "dsagent/envsettings.py": "the local agent's XDG defaults: its root and its socket record",
+    "dsagent/nodeagent/nodeparts.py": "the cluster agent's settings, read where serve --kubernetes starts it",
+    "dsagent/nodeagent/clusteragent.py": "the cluster agent's settings when it is built without them (tests)",
     "dsagent/webhook/server.py": "the webhook's entry point and settings",
-    "dsagent/cluster/apiclient.py": "the Kubernetes client's own variables (KUBERNETES_SERVICE_HOST, KUBECONFIG)",
-    "dsagent/cluster/testing.py": "test support: the environment of agent processes it starts",
-    "dsagent/cluster/envnames.py": "start-up's check for unknown DSAGENT_* variables",
+    "dsagent/kube/apiclient.py": "the Kubernetes client's own variables (KUBERNETES_SERVICE_HOST, KUBECONFIG)",
+    "dsagent/kube/testing.py": "test support: the environment of agent processes it starts",
+    "dsagent/kube/envnames.py": "start-up's check for unknown DSAGENT_* variables",
     "scheduler_plugin/settings.py": "the extender's settings and its check for unknown DSEXT_* variables",
     "dsplatform/settings.py": "EnvSettings.read: the one place settings objects read the environment",
     "dsplatform/data.py": "StripedDataset.from_env: the reader's edge in a training pod (the webhook's env, RANK)",

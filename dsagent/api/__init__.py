@@ -5,7 +5,7 @@ and tests. :func:`create_app` injects the service, the clock and the *companions
 node-side parts that run beside the service (the cluster agent in Kubernetes mode, the
 kubelet plugins), which the composition root (``dsagent serve``) chooses. The app starts
 the service, then the companions, on start-up and stops them in reverse on shutdown; this
-layer never imports the edges beside it (``dsagent.cluster``, ``dsagent.nodeplugins``). Every error
+layer never imports the edges beside it (``dsagent.nodeagent``, ``dsagent.nodeplugins``). Every error
 leaves as JSON ``{"code", "message", "hint"?, "details"?}``:
 deliberate errors with their ``http_status``, bad requests as 400/404/405/413, anything
 unexpected as a logged 500 that leaks no internals.

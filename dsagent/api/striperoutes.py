@@ -23,8 +23,8 @@ from dsagent.api.routes import BoundedJsonRoute, caller, errors, operator, servi
 from dsagent.api.schemas import StripeIn, StripeOut, StripeReleaseOut
 from dsagent.cache.service import CacheService
 from dsagent.errors import Forbidden
+from dsagent.format.bundles.packwriter import tar_stream
 from dsagent.format.names import validate_digest, validate_name
-from dsagent.format.packwriter import tar_stream
 
 router = APIRouter(route_class=BoundedJsonRoute)
 

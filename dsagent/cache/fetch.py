@@ -5,7 +5,7 @@ the concurrency limits, and passes in an executor and a worker count (docs/desig
 What it owns: the two fetch paths and their progress counters.
 
 - **Packed** (the source has a manifest in a bundle store): each bundle is downloaded and
-  unpacked by :func:`dsagent.format.bundle.unpack_bundle`, which verifies every file while
+  unpacked by :func:`dsagent.format.bundles.bundle.unpack_bundle`, which verifies every file while
   writing; bundles already verified before a crash are skipped (the service tells us
   which), and a bundle interrupted by a crash is cleared before it is fetched again.
 - **Per-file** (no bundle store): every file is copied from the source while its xxh3-128
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease, LinkSet, bound_options, can_bind
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, local_write_error
-from dsagent.format.bundle import unpack_bundle
+from dsagent.format.bundles.bundle import unpack_bundle
+from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
 from dsagent.format.durable import WritebackError, syncfs, writeback_for
-from dsagent.format.extract import STAGING_DIR, create_empty_directories
 from dsagent.format.manifest import (
     CHUNK_SIZE,
     BundleRef,

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from dsagent.cache.catalog import Catalog
 from dsagent.cache.claims import Claims
-from dsagent.cache.copies import ClusterCopies
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.progress import ProgressBoard
 from dsagent.cache.settings import Settings
+from dsagent.policy.copies import ClusterCopies
 
 
 @dataclass(frozen=True)

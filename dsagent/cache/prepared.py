@@ -17,12 +17,12 @@ The switching design's phases, on a node's cache:
    the node together): no new reservation starts once the total reaches it; one that
    starts below it reserves what is left below it. A reservation is what every fetch
    takes: free space for others excludes it, and making room for it evicts only versions
-   no task uses (never the running task's data: :func:`dsagent.cache.eviction.plan_for_fetch`).
+   no task uses (never the running task's data: :func:`dsagent.policy.eviction.plan_for_fetch`).
    The manifests say exactly what the task needs on this disk (bytes, files, blocks):
    the design's memory-matching model, without a model.
 2. **Phase 2** (the design's memory allocation and data transfer): the controller asks
    once the current task's remaining sub-tasks are below its preset count
-   (:mod:`dsagent.cache.preparation`). Here the **second threshold** marks: the data the
+   (:mod:`dsagent.policy.preparation`). Here the **second threshold** marks: the data the
    running tasks hold (every remaining sub-task of theirs reads it) plus this task's
    bytes must stay within ``second`` x the capacity; when they do not, the preparation
    waits (state ``waiting``) until the running tasks release their data, rechecked on
@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsagent.cache.layout import Key
-from dsagent.cache.preparation import Thresholds
 from dsagent.cache.task import DatasetRequest, iso, task_key
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, InvalidInput, NotFound
+from dsagent.policy.preparation import Thresholds
 
 log = logging.getLogger("dsagent")
 

@@ -36,7 +36,7 @@ from dsagent.cache.metrics import Metrics
 from dsagent.cache.pools import Pools
 from dsagent.cache.task import DatasetRequest
 from dsagent.errors import DsagentError, IntegrityError
-from dsagent.format.extract import verify_tree
+from dsagent.format.bundles.extract import verify_tree
 from dsagent.format.manifest import Manifest
 
 log = logging.getLogger("dsagent")

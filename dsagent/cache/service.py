@@ -2,7 +2,7 @@
 space and the idle sweep.
 
 Who calls it: the HTTP API (:mod:`dsagent.api`) and, in cluster mode, the Kubernetes
-integration (``dsagent.cluster.nodeagent.ClusterAgent``); nothing else calls the parts it
+integration (``dsagent.nodeagent.clusteragent.ClusterAgent``); nothing else calls the parts it
 coordinates, so every node-cache rule (docs/design.md#rules) is enforced from here:
 
 1. One request per task: :meth:`CacheService.submit_task` is idempotent per task id;
@@ -13,7 +13,7 @@ coordinates, so every node-cache rule (docs/design.md#rules) is enforced from he
    task holds it.
 4. Space: a fetch reserves its size first; below ``evict_ratio x size`` free, datasets
    neither in use nor fetching are evicted least recently used first (:mod:`dsagent.cache.space`
-   applies :mod:`dsagent.cache.eviction`), else the request fails with the numbers. A version is
+   applies :mod:`dsagent.policy.eviction`), else the request fails with the numbers. A version is
    protected from the moment a task asks for it (:mod:`dsagent.cache.claims`) until the task is
    released.
 6. Concurrency: ``max_fetches`` datasets at once, ``fetch_workers`` threads each;
@@ -23,7 +23,7 @@ The parts: :mod:`dsagent.cache.pools` (threads), :mod:`dsagent.cache.space`, :mo
 (both take the :class:`dsagent.cache.node.Node` it builds once: the node's shared state),
 :mod:`dsagent.cache.progress`, :mod:`dsagent.cache.recovery` (after a crash :meth:`start` reconciles
 catalog and disk and resumes interrupted fetches), :mod:`dsagent.cache.report` (answers) and
-:mod:`dsagent.cache.stophandoff` (told to stop, its stripe shares handed off first).
+:mod:`dsagent.cache.striped.stophandoff` (told to stop, its stripe shares handed off first).
 Everything runs on one event loop; blocking work goes to the pools.
 """
 
@@ -40,7 +40,6 @@ from typing import Any, TypeVar
 from dsagent.cache import ready, recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
-from dsagent.cache.eviction import Candidate
 from dsagent.cache.fetch import Source
 from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
@@ -52,12 +51,12 @@ from dsagent.cache.pools import Pools
 from dsagent.cache.prepared import Preparations, preparation_view
 from dsagent.cache.preparedparts import service_parts
 from dsagent.cache.progress import ProgressBoard
-from dsagent.cache.servedbundles import BundleLocator
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.cache.space import EvictionResult, Space
-from dsagent.cache.stophandoff import StripeHandoff
-from dsagent.cache.stripes import StripeShares
+from dsagent.cache.striped.servedbundles import BundleLocator
+from dsagent.cache.striped.stophandoff import StripeHandoff
+from dsagent.cache.striped.stripes import StripeShares
 from dsagent.cache.task import (
     DatasetRequest,
     DatasetStatus,
@@ -75,6 +74,7 @@ from dsagent.format.manifest import Manifest
 from dsagent.format.storage import add_store_observer, protocol_label
 from dsagent.format.storage_errors import classify
 from dsagent.format.storageconfig import with_config
+from dsagent.policy.eviction import Candidate
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")

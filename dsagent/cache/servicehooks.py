@@ -3,14 +3,14 @@
 Who calls it: :class:`dsagent.cache.service.CacheService` takes a :class:`ServiceHooks`
 (``CacheService(settings, hooks=...)``) and hands ``peer_holders`` to its
 :class:`~dsagent.cache.peers.PeerFetcher`; cluster mode builds them
-(``dsagent.cluster.clusterhooks.ClusterHooks``, wired by ``dsagent serve --kubernetes``), tests
+(``dsagent.nodeagent.clusterhooks.ClusterHooks``, wired by ``dsagent serve --kubernetes``), tests
 build their own. What it owns: the two questions the service asks the cluster, as plain
 async callables, so that the cache layer never imports cluster code:
 
 - ``admit_task(task_id)``: raises a :class:`~dsagent.errors.DsagentError` to refuse a new
   task id (in cluster mode: a pod UID that is no pod on this node);
 - ``node_leaving()``: whether this node is leaving (cordoned or drain-tainted,
-  :func:`dsagent.cluster.leaving.node_leaving`), None when that cannot be read: asked on
+  :func:`dsagent.kube.leaving.node_leaving`), None when that cannot be read: asked on
   SIGTERM before the stripe hand-off, which a node that stays skips;
 - ``peer_holders(name, digest, shares=True)``: the other agents holding ``name@digest``
   (:class:`PeerHolder`: base URL, node, and for a share its stripe group), ready ones

@@ -19,7 +19,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 from pydantic import (
     AliasChoices,
@@ -31,55 +31,14 @@ from pydantic import (
 )
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from dsagent.cache.eviction import EVICT_RATIO
-from dsagent.errors import SettingsError
+from dsagent.envsettings import ENV_PREFIX, AgentLogSettings, check_token, default_root, parse_listen
 from dsagent.format import sources
 from dsagent.format.sources import ALIASES, SourcePolicy
-from dsagent.format.storageconfig import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, StorageConfig
+from dsagent.format.storagesettings import StorageSettings
+from dsagent.policy.eviction import EVICT_RATIO
 from dsplatform.gpus import RESOURCE_PREFIX
-from dsplatform.logs import LogSettings
-from dsplatform.paths import cache_home
-from dsplatform.settings import EnvSettings, Flag, ResourcePrefix, UnitShare, read_secret_file
-from dsplatform.units import Duration, Size, UnitError, parse_size
-
-ENV_PREFIX = "DSAGENT_"
-#: the shortest admin or peer token the agent accepts
-TOKEN_MIN_CHARS = 16
-
-
-def check_token(value: str | None, what: str) -> str | None:
-    """``value`` when it is long enough to be ``what`` (the admin or the peer token), or unset."""
-    if value is not None and len(value) < TOKEN_MIN_CHARS:
-        raise ValueError(
-            f"the {what} must be at least {TOKEN_MIN_CHARS} characters (generate one with: openssl rand -hex 16)"
-        )
-    return value
-
-
-def default_root(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/dsagent`` (or ``~/.cache/dsagent``); the chart sets ``DSAGENT_ROOT``."""
-    return cache_home(os.environ if environ is None else environ) / "dsagent"
-
-
-def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
-    """The per-user file where ``dsagent serve`` records the socket of its root's default
-    (``$XDG_RUNTIME_DIR/dsagent/socket``, else ``~/.cache/dsagent.socket``); ``dsctl``
-    reads it when neither ``DSAGENT_SOCKET`` nor ``DSAGENT_ROOT`` is set."""
-    env = os.environ if environ is None else environ
-    if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "socket"
-    return cache_home(env) / "dsagent.socket"
-
-
-def parse_listen(text: str | tuple[str, int]) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 hosts in brackets) for the optional TCP listener."""
-    if isinstance(text, tuple):
-        text = f"[{text[0]}]:{text[1]}" if ":" in str(text[0]) else f"{text[0]}:{text[1]}"
-    host, sep, port = str(text).rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UnitError(f"invalid listen address {text!r}", hint="use HOST:PORT, e.g. 127.0.0.1:7420 or [::1]:7420")
-    return host, int(port)
+from dsplatform.settings import Flag, ResourcePrefix, UnitShare, read_secret_file
+from dsplatform.units import Duration, Size, parse_size
 
 
 def _paths(text: str | tuple[Path, ...] | list[Any]) -> tuple[Path, ...]:
@@ -191,60 +150,12 @@ FetchLinks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_links)]
 Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
 
 
-class StorageSettings(EnvSettings):
-    """How long object stores and HTTP(S) sources may take: read by ``dsctl``'s storage
-    commands and, as part of :class:`Settings`, by the agent.
-
-    One rule (:attr:`storage_config`), for every protocol and both programs: a specific
-    timeout that is configured (``DSAGENT_STORAGE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``)
-    wins over the general one (``DSAGENT_SOURCE_TIMEOUT``, both), which wins over the
-    defaults 10 s to connect, 60 s per read.
-    """
-
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
-
-    source_timeout: Duration | None = None  # connect and read timeout of every remote source operation
-    storage_connect_timeout: Duration | None = None
-    storage_read_timeout: Duration | None = None
-
-    @field_validator("source_timeout", "storage_connect_timeout", "storage_read_timeout")
-    @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise ValueError(f"a timeout must be positive, got {value!r}")
-        return value
-
-    @property
-    def storage_config(self) -> StorageConfig:
-        """The connect and read timeouts: the specific setting, else the general, else the
-        default; passed down to every filesystem (:mod:`dsagent.format.storageconfig`)."""
-
-        def pick(specific: float | None, default: float) -> float:
-            if specific is not None:
-                return specific
-            return self.source_timeout if self.source_timeout is not None else default
-
-        return StorageConfig(
-            connect=pick(self.storage_connect_timeout, DEFAULT_CONNECT_TIMEOUT),
-            read=pick(self.storage_read_timeout, DEFAULT_READ_TIMEOUT),
-        )
-
-
-class AgentLogSettings(LogSettings):
-    """``DSAGENT_LOG_LEVEL``, ``DSAGENT_LOG_FORMAT`` and ``DSAGENT_ACCESS_LOG``: read by every
-    ``DSAGENT_*`` process (the agent as part of :class:`Settings`; the controller and the
-    webhook on their own), docs/design.md#logs."""
-
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
-    settings_error: ClassVar[type[Exception] | None] = SettingsError
-
-
 class Settings(StorageSettings, AgentLogSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
     Space: ``capacity_bytes`` caps the cache below the disk's own size (None: the disk), in
     disk use (a version's bytes plus its files' blocks and inodes, not logical bytes);
-    ``evict_ratio`` is the eviction rule's ratio (:data:`dsagent.cache.eviction.EVICT_RATIO`,
+    ``evict_ratio`` is the eviction rule's ratio (:data:`dsagent.policy.eviction.EVICT_RATIO`,
     docs/design.md#eviction). Concurrency (docs/design.md#rule-6): ``max_fetches`` datasets cache at once, each with
     ``fetch_workers`` threads. Leases: a task's datasets stay in use for ``lease_ttl``
     seconds after its last request (repeat the request to renew).
@@ -288,7 +199,7 @@ class Settings(StorageSettings, AgentLogSettings):
     device_plugin: Flag = False
     resource_prefix: ResourcePrefix = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
-    # field read by both the published topology (dsagent.cluster) and the device plugin (dsagent.nodeplugins)
+    # field read by both the published topology (dsagent.nodeagent) and the device plugin (dsagent.nodeplugins)
     roce_classes: str = "numa"
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -461,4 +372,4 @@ class Settings(StorageSettings, AgentLogSettings):
         return self
 
 
-__all__ = ["ENV_PREFIX", "Settings", "StorageSettings", "default_root", "parse_listen"]
+__all__ = ["Settings"]

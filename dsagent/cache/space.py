@@ -3,7 +3,7 @@
 Who calls it: :mod:`dsagent.cache.versions` reserves before every fetch and takes the lock
 around making a copy ready; :mod:`dsagent.cache.service` runs operator evictions, the sweep's
 idle evictions, superseded-version collection and the space report through it. The
-choice of victims is :mod:`dsagent.cache.eviction` (pure); this module gathers its inputs and
+choice of victims is :mod:`dsagent.policy.eviction` (pure); this module gathers its inputs and
 applies its answer.
 
 The rules that keep a version safe from eviction:
@@ -16,7 +16,7 @@ The rules that keep a version safe from eviction:
   same catalog transaction as the delete), because the plan was made on an earlier view;
 - space is counted once: a version committed ready whose reservation is not yet released
   counts as reserved, not also as held;
-- this node's shares of striped versions (:mod:`dsagent.cache.stripes`, set as
+- this node's shares of striped versions (:mod:`dsagent.cache.striped.stripes`, set as
   :attr:`Space.shares`) count against the capacity like versions, and a fetch that needs
   room evicts them after the replicated copies and before the last copies
   (docs/design-striping.md#eviction); a share being filled or read is not chosen;
@@ -35,11 +35,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dsagent.cache import eviction
 from dsagent.cache.catalog import VersionRow
 from dsagent.cache.layout import Key, validate_name
 from dsagent.cache.node import Node
 from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NamespaceShareExceeded, NotFound
+from dsagent.policy import eviction
 from dsplatform.tenancy import over_share
 from dsplatform.units import format_size
 
@@ -47,7 +47,7 @@ log = logging.getLogger("dsagent")
 
 
 class Shares(Protocol):
-    """What the space reads of this node's stripe shares (:class:`dsagent.cache.stripes.StripeShares`)."""
+    """What the space reads of this node's stripe shares (:class:`dsagent.cache.striped.stripes.StripeShares`)."""
 
     def usage(self) -> list[tuple[Key, int, float, bool]]: ...
 

@@ -21,7 +21,7 @@ from dsagent.cli.edge import quick_edge
 
 #: dsctl's own ``DSAGENT_*`` variables and the pod contract the webhook writes: the names a
 #: misspelling is measured against (:func:`refuse_unknown_environment`). A test holds this a
-#: subset of :func:`dsagent.cluster.envnames.known_names`.
+#: subset of the names every process reads (:func:`platform_settings`).
 COMMON_VARIABLES = frozenset(
     {
         "DSAGENT_DATASETS", "DSAGENT_BUNDLES", "DSAGENT_TASK_ID", "DSAGENT_SOCKET", "DSAGENT_AGENT",
@@ -50,9 +50,19 @@ def refuse_unknown_environment(environ: Mapping[str, str]) -> None:
     suspects = [name for name in others if difflib.get_close_matches(name, COMMON_VARIABLES, n=1, cutoff=0.8)]
     if not suspects:
         return
-    from dsagent.cluster.envnames import refuse_unknown
+    from dsagent.kube.envnames import refuse_unknown
 
-    refuse_unknown({name: environ[name] for name in suspects})
+    refuse_unknown(platform_settings(), {name: environ[name] for name in suspects})
+
+
+def platform_settings() -> tuple[Any, ...]:
+    """Every ``DSAGENT_*`` process's settings classes: the names an operator's shell in any
+    of their pods may hold (each process declares its own as ``SETTINGS``)."""
+    from dsagent.controller.controllersettings import SETTINGS as CONTROLLER
+    from dsagent.nodeagent.nodeparts import SETTINGS as AGENT
+    from dsagent.webhook.server import SETTINGS as WEBHOOK
+
+    return (*AGENT, *CONTROLLER, *WEBHOOK)
 
 
 def main(argv: list[str] | None = None) -> None:

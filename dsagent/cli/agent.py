@@ -2,25 +2,25 @@
 
 Reads settings once (``DSAGENT_*``, overridden by flags), binds the unix socket (and the
 TCP listener when asked), takes the companions that run beside the cache service (the
-cluster agent in Kubernetes mode; :func:`dsagent.cli.nodeparts.node_parts`, which owns
+cluster agent in Kubernetes mode; :func:`dsagent.nodeagent.nodeparts.node_parts`, which owns
 that choice) and the hooks the service is built with (cluster mode's task guard and peer
 list, :mod:`dsagent.cache.servicehooks`: built first, so the service takes them in its
 constructor), and runs the FastAPI app under
 uvicorn on one event loop. With ``DSAGENT_CSI_SOCKET`` set, the CSI node plugin
 (:mod:`dsagent.nodeplugins.csi.driver`) is a companion too: it serves on that socket, on the
 same loop and the same service, once the service has started. This module and
-:mod:`dsagent.cli.nodeparts` are the one place that wires the edges together: the API
-layer never imports ``dsagent.cluster`` or ``dsagent.nodeplugins``.
+:mod:`dsagent.nodeagent.nodeparts` are the one place that wires the edges together: the API
+layer never imports ``dsagent.nodeagent`` or ``dsagent.nodeplugins``.
 
 On the way out (SIGTERM, Ctrl-C or a failed start-up) it removes its socket file. That
 happens in the server's ``shutdown``, not after ``serve`` returns: uvicorn re-raises the
 signal it caught once ``serve`` ends, and a re-raised SIGTERM kills the process before any
 ``finally`` of ours runs. When the socket is its root's default, the agent also records
-its path in :func:`dsagent.cache.settings.socket_pointer`, so that ``dsctl`` finds an
+its path in :func:`dsagent.envsettings.socket_pointer`, so that ``dsctl`` finds an
 agent started with ``--root X`` without ``DSAGENT_SOCKET``; it removes the record on exit.
 On SIGTERM the process is gone within :data:`STOP_DEADLINE` seconds whatever its threads are
 doing: a watchdog ends it if the orderly shutdown has not by then. An agent serving stripe
-share bundles to peers first hands them off (:meth:`dsagent.cache.stophandoff.StripeHandoff.run`,
+share bundles to peers first hands them off (:meth:`dsagent.cache.striped.stophandoff.StripeHandoff.run`,
 docs/design-striping.md#churn): it takes no new task, fails readiness and keeps serving the
 peers for at most ``DSAGENT_STRIPE_HANDOFF_GRACE``; the deadline counts from the hand-off's
 end, so the process is gone within that bound plus :data:`STOP_DEADLINE`. A second signal
@@ -45,14 +45,16 @@ from typing import Any
 import click
 
 from dsagent.cache.service import CacheService
-from dsagent.cache.settings import Settings, socket_pointer
-from dsagent.cli.nodeparts import (
+from dsagent.cache.settings import Settings
+from dsagent.envsettings import socket_pointer
+from dsagent.errors import DsagentError, SettingsError
+from dsagent.nodeagent.nodeparts import (
+    SETTINGS,
     device_plugin_wanted,
     node_parts,
     require_kubelet_extra,
     start_device_plugin,
 )
-from dsagent.errors import DsagentError, SettingsError
 from dsplatform import logs
 from dsplatform.errors import PlatformError, exit_with
 from dsplatform.logs import LOG_FORMATS, LOG_LEVELS
@@ -141,9 +143,9 @@ def serve(
         log_format=log_format,
         access_log=access_log,
     )
-    if settings.kubernetes and importlib.util.find_spec("dsagent.cluster") is None:
+    if settings.kubernetes and importlib.util.find_spec("dsagent.nodeagent.clusteragent") is None:
         raise SettingsError(
-            "cluster mode (--kubernetes) needs dsagent.cluster, which this build lacks",
+            "cluster mode (--kubernetes) needs dsagent.nodeagent.clusteragent, which this build lacks",
             hint="run without --kubernetes",
         )
     require_kubelet_extra(settings)
@@ -190,12 +192,10 @@ def _watchdog(seconds: float) -> None:
 
 
 def _refuse_unknown_settings() -> None:
-    """Refuse ``DSAGENT_*`` variables no part of the platform reads (a typo is not ignored);
-    the list of known names lives with cluster mode, which a build may lack (then no check)."""
-    if importlib.util.find_spec("dsagent.cluster") is not None:
-        from dsagent.cluster.envnames import refuse_unknown
+    """Refuse ``DSAGENT_*`` variables the node agent does not read (a typo is not ignored)."""
+    from dsagent.kube.envnames import refuse_unknown
 
-        refuse_unknown()
+    refuse_unknown(SETTINGS)
 
 
 def _make_dir(path: Path, what: str, setting: str) -> None:

@@ -139,7 +139,7 @@ def pack(
 
     A local SOURCE is read once: each file is hashed while it is packed.
     """
-    from dsagent.format.bundle import pack_dataset
+    from dsagent.format.bundles.bundle import pack_dataset
 
     cap = parse_size(max_bytes)
     if cap < 1:
@@ -162,7 +162,7 @@ def pack(
     compressed = sum(b.compressed_size for b in packed.bundles)
     published = None
     if publish_namespace:
-        from dsagent.cluster.datasets import publish
+        from dsagent.kube.datasets import publish
 
         published = publish(packed, namespace=publish_namespace, source=source, bundles=store)
     data = {
@@ -204,7 +204,7 @@ def unpack(
     output: str,
 ) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
-    from dsagent.format.extract import unpack as unpack_dataset
+    from dsagent.format.bundles.extract import unpack as unpack_dataset
 
     options = options_for_stores(store_opts)
     start = time.monotonic()
@@ -246,7 +246,7 @@ def verify(
     output: str,
 ) -> None:
     """Check that DIRECTORY holds exactly dataset NAME's files (reads and hashes every file)."""
-    from dsagent.format.extract import verify_tree
+    from dsagent.format.bundles.extract import verify_tree
 
     start = time.monotonic()
     manifest = read_manifest(store, name, storage_options=options_for_stores(store_opts))

@@ -30,8 +30,8 @@ from dsagent.cli.options import (
     store_options,
     timeout_option,
 )
-from dsagent.cluster.podenv import datasets_from_env  # the init-container environment contract
 from dsagent.errors import DsagentError, Forbidden, InvalidInput, NotFound, TransientError, Unauthorized
+from dsagent.kube.podenv import datasets_from_env  # the init-container environment contract
 from dsplatform.units import format_size
 from dsplatform.wire.agenttask import TaskStatusBody
 

@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from dsagent.format.bundle import unpack, verify_tree, write_bundles
+from dsagent.format.bundles.bundle import unpack, verify_tree, write_bundles
 from dsagent.format.digester import build_manifest
 from dsplatform.units import format_size
 
@@ -106,7 +106,7 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
     import sys
 
     from dsagent.api.client import AgentClient
-    from dsagent.format.bundle import pack
+    from dsagent.format.bundles.bundle import pack
     from dsagent.format.manifest import read_manifest
 
     lines: list[str] = []

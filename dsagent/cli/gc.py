@@ -2,7 +2,7 @@
 
 Who calls it: operators and scheduled jobs cleaning a bundle store after re-packs (issue
 23: re-packing with other caps left 48 of 49 bundles orphaned). The policy and the I/O are
-:mod:`dsagent.format.bundlegc`'s; this module parses options and prints. A dry run by default:
+:mod:`dsagent.format.bundles.bundlegc`'s; this module parses options and prints. A dry run by default:
 one line per orphan and a summary; ``-o json`` for machines.
 """
 
@@ -38,7 +38,7 @@ def gc(
     output: str,
 ) -> None:
     """List (or with --delete remove) the bundles in STORE that no manifest references."""
-    from dsagent.format.bundlegc import collect
+    from dsagent.format.bundles.bundlegc import collect
 
     try:
         grace_seconds = parse_duration(grace)

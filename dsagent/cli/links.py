@@ -3,7 +3,7 @@
 Who calls it: the cache container (init-container or sidecar) that the webhook injects
 (:mod:`dsagent.webhook.mutation`). It asks the local agent for the pod's task over its socket
 (``DSAGENT_TASK_ID``, ``DSAGENT_SOCKET``) and writes the stable links that
-:mod:`dsagent.cluster.stablelinks` computes. Exit codes are the error tree's.
+:mod:`dsagent.kube.stablelinks` computes. Exit codes are the error tree's.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from dsagent.api.client import AgentClient
 from dsagent.cli.options import default_socket
-from dsagent.cluster.stablelinks import link_targets, write_links
 from dsagent.errors import DsagentError, InvalidInput
+from dsagent.kube.stablelinks import link_targets, write_links
 from dsplatform.errors import exit_on_error
 
 

@@ -14,7 +14,7 @@ dataset source or a bundle store (``digest``, ``pack``, ``unpack``, ``verify``, 
 
 Reading storage options is also where ``dsctl`` reads the storage timeouts
 (``DSAGENT_STORAGE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``, ``DSAGENT_SOURCE_TIMEOUT``:
-:class:`dsagent.cache.settings.StorageSettings`) and hands them to the format layer, which
+:class:`dsagent.format.storagesettings.StorageSettings`) and hands them to the format layer, which
 reads no environment: every command that opens a store goes through :func:`storage_options`.
 
 Values of ``KEY=VALUE`` are parsed as JSON when they are JSON (``anon=true``,
@@ -80,7 +80,7 @@ def storage_options(
 def default_socket(environ: Mapping[str, str]) -> Path:
     """Where the local agent listens (``dsctl``'s default for ``--socket``): ``DSAGENT_SOCKET``,
     else ``DSAGENT_ROOT/dsagent.sock``, else the socket a running ``dsagent serve`` recorded
-    in :func:`~dsagent.cache.settings.socket_pointer` (so ``dsagent serve --root X`` is found
+    in :func:`~dsagent.envsettings.socket_pointer` (so ``dsagent serve --root X`` is found
     without settings), else the default root's."""
     env = environ
     if env.get("DSAGENT_SOCKET"):
@@ -89,7 +89,7 @@ def default_socket(environ: Mapping[str, str]) -> Path:
         return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
     # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
     # init-container's dsctl cache, which finds its socket above
-    from dsagent.cache.settings import default_root, socket_pointer
+    from dsagent.envsettings import default_root, socket_pointer
 
     try:
         recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
@@ -112,7 +112,7 @@ def settings_storage_config(environ: Mapping[str, str] | None = None) -> Storage
     """The storage bounds the settings (``os.environ`` unless given) make; called when the
     first remote filesystem is built (a local-only command never imports pydantic); a bad
     setting is a SettingsError then."""
-    from dsagent.cache.settings import StorageSettings
+    from dsagent.format.storagesettings import StorageSettings
     from dsplatform.settings import InvalidSettings
 
     try:

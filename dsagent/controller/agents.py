@@ -79,7 +79,7 @@ def task_request(name: str, spec: JSON) -> DatasetRequestBody:
     """One dataset of an agent task, from a Dataset's spec (its source and bundle store)."""
     bundles = spec.get("bundles") if isinstance(spec.get("bundles"), str) else None
     source: Any = spec.get("source")  # as the Dataset has it: the agent refuses a missing one
-    # with a bundle store, the cluster path: see dsagent.cluster.podenv
+    # with a bundle store, the cluster path: see dsagent.kube.podenv
     return dataset_request(name, source, bundles=bundles, allow_per_file=bundles is not None)
 
 

@@ -13,12 +13,13 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AliasChoices, BeforeValidator, Field, InstanceOf, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from dsagent.cache import copies
-from dsagent.cache.preparation import Thresholds
+from dsagent.envsettings import AgentLogSettings
 from dsagent.errors import SettingsError
+from dsagent.policy.preparation import Thresholds
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
 from dsplatform.settings import EnvSettings, Flag, UnitShare, not_from_env, read_secret_file
 from dsplatform.units import Duration, Size
+from dsplatform.wire import copycounts
 
 CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
 _PRESETS = Thresholds()  # next-job preparation's default presets
@@ -62,7 +63,7 @@ class ControllerSettings(EnvSettings):
     )
     metrics_port: int | None = None  # serve /metrics (and /healthz) here; 0 or unset: not served
     # where agents read copy counts; None ("off"): not published
-    copies_configmap: Annotated[str | None, BeforeValidator(_copies_configmap)] = copies.CONFIGMAP
+    copies_configmap: Annotated[str | None, BeforeValidator(_copies_configmap)] = copycounts.CONFIGMAP
     # next-job preparation (docs/design.md#next-job-preparation): on with DSAGENT_CONTROLLER_PREPARE,
     # with these presets; ``prepare`` is what the controller uses (None: off), built from them
     prepare_enabled: Flag = Field(False, validation_alias=_controller_env("PREPARE", "prepare_enabled"))
@@ -130,4 +131,8 @@ class ControllerSettings(EnvSettings):
         return self
 
 
-__all__ = ["CONTROLLER_PREFIX", "ControllerSettings"]
+#: every settings class the controller reads: what its start-up check accepts (dsagent.kube.envnames)
+SETTINGS = (ControllerSettings, AgentLogSettings)
+
+
+__all__ = ["CONTROLLER_PREFIX", "SETTINGS", "ControllerSettings"]

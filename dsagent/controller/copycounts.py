@@ -1,6 +1,6 @@
 """Copy counts (docs/design.md#cluster-eviction): how many nodes hold each dataset version
 ready, counted from the agents' inventories and written to the ConfigMap
-``dsplatform-dataset-copies`` in the controller's namespace (:mod:`dsagent.cache.copies`).
+``dsplatform-dataset-copies`` in the controller's namespace (:mod:`dsagent.policy.copies`).
 
 Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile_all`, each pass.
 Agents read the ConfigMap to keep the cluster's last copy of a version when they evict: one
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsagent.cache import copies
-from dsagent.cluster.datasets import MERGE_PATCH
 from dsagent.controller.controllermetrics import ControllerMetrics
+from dsagent.kube.datasets import MERGE_PATCH
+from dsagent.policy import copies
+from dsplatform.wire import copycounts as wire
 
 
 def publish_copies(
@@ -28,7 +29,7 @@ def publish_copies(
     metrics: ControllerMetrics,
 ) -> None:
     """Write each version's ready copies and keeper (``tallied`` from the pass's
-    inventories, :func:`dsagent.cache.copies.tally`) to ``configmap`` (None: not published)."""
+    inventories, :func:`dsagent.policy.copies.tally`) to ``configmap`` (None: not published)."""
     counts = tallied.counts
     for label, low, high in (("1", 1, 1), ("2", 2, 2), ("3+", 3, None)):
         metrics.versions_by_copies.labels(copies=label).set(
@@ -38,7 +39,7 @@ def publish_copies(
         return
     from kubernetes.client.exceptions import ApiException
 
-    data = {copies.DATA_KEY: copies.copies_document(counts, at=now, keepers=tallied.keepers)}
+    data = {wire.DATA_KEY: wire.copies_document(counts, at=now, keepers=tallied.keepers)}
     try:
         core.patch_namespaced_config_map(configmap, namespace, {"data": data}, _content_type=MERGE_PATCH)
     except ApiException as exc:

@@ -6,7 +6,7 @@ its ``LeaseLock`` builds its API object from the process-global configuration (n
 injectable ``ApiClient``, so no fake API server), reads the wall clock in naive local time,
 and its loop blocks and sleeps; the rule here is the same (take the Lease when it is free,
 ours, or not renewed within its duration; write with the resourceVersion read, so two
-candidates never both win). The Lease's reading and writing are :mod:`dsagent.cluster.lease`'s.
+candidates never both win). The Lease's reading and writing are :mod:`dsagent.kube.lease`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError
+from dsagent.kube.lease import Leases, expiry, new_lease, next_transitions
 from dsplatform.kubetime import format_micro_time
 
 log = logging.getLogger("dsagent.controller")

@@ -6,7 +6,7 @@ Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile_al
 pass. The next jobs come from what the cluster knows first (:mod:`dsagent.controller.queues`:
 a running pod's ``dsagent.io/next-job`` names the job that follows it on its node; Kueue
 Workloads or Volcano Jobs give the queue's order), the replay of the queue
-(:func:`dsagent.cache.preparation.plan`) places the rest, labelled ``prediction``; inputs
+(:func:`dsagent.policy.preparation.plan`) places the rest, labelled ``prediction``; inputs
 read from the pods, Nodes and Datasets by :mod:`dsagent.controller.podfacts`. Each
 preparation is put on its node's agent as ``PUT /v1/preparations/<pod UID>`` (phase 1: the
 agent reads the manifests and reserves space; phase 2: the bulk fetch, which the agent
@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dsagent.cache.preparation import Preparation, Thresholds, plan
 from dsagent.controller.agents import JSON, AgentCall, task_request
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.podfacts import node_states, running_pods, waiting_pods
 from dsagent.controller.queues import Queues, followers, queue_places
 from dsagent.controller.quotas import Ledger
+from dsagent.policy.preparation import Preparation, Thresholds, plan
 from dsplatform.kubetime import format_micro_time
 from dsplatform.tenancy import acting_for
 

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dsagent.cache.preparation import NodeState, Running, Waiting, Want
+from dsagent.policy.preparation import NodeState, Running, Waiting, Want
 from dsplatform import published
 from dsplatform.gpus import QuantityError, node_gpus
 from dsplatform.gpus import pod_gpus as requested_gpus

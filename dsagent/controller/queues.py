@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsagent.cache.preparation import Known, Running
+from dsagent.policy.preparation import Known, Running
 from dsplatform.kubetime import parse_or_none
 from dsplatform.wire.podannotations import next_job_of, progress_of
 

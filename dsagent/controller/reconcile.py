@@ -28,9 +28,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dsagent.cache import copies, replication
-from dsagent.cluster.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
-from dsagent.cluster.events import EventRecorder, ObjectRef
 from dsagent.controller import agents, cachestate
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
@@ -46,6 +43,9 @@ from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import draining, job_nodes, node_subnets, parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
+from dsagent.kube.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
+from dsagent.kube.events import EventRecorder, ObjectRef
+from dsagent.policy import copies, replication
 from dsplatform import published
 from dsplatform.boundedjson import JsonRefused
 from dsplatform.errors import exit_on_error
@@ -450,13 +450,14 @@ def _capacity(inventory: Mapping[str, Any]) -> int | None:
 
 
 def main() -> None:  # pragma: no cover - the container's entry point
-    from dsagent.cache.settings import AgentLogSettings
+    from dsagent.envsettings import AgentLogSettings
     from dsplatform import logs
 
     with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
-        from dsagent.cluster.envnames import refuse_unknown
+        from dsagent.controller.controllersettings import SETTINGS
+        from dsagent.kube.envnames import refuse_unknown
 
-        refuse_unknown()
+        refuse_unknown(SETTINGS)
         log_settings = AgentLogSettings.from_env()  # DSAGENT_LOG_LEVEL, _LOG_FORMAT (docs/design.md#logs)
         # only once the settings are good: configure() replaces the root logger's handlers
         logs.configure(log_settings.log_level, log_settings.log_format)
@@ -464,7 +465,7 @@ def main() -> None:  # pragma: no cover - the container's entry point
 
 
 def _run_controller() -> None:
-    from dsagent.cluster import apiclient
+    from dsagent.kube import apiclient
 
     settings = ControllerSettings.from_env()
     log.info(

@@ -12,14 +12,14 @@ What it owns:
   service account can write. A store is skipped while any of its Datasets' pack Job runs
   (the controller's own packs never race its gc) and while the previous interval's gc Job
   for it still runs (two collections of one store never overlap, see
-  :mod:`dsagent.format.bundlegc` on why that matters);
+  :mod:`dsagent.format.bundles.bundlegc` on why that matters);
 - **one Kubernetes Job per store and interval** (:func:`gc_job`): ``dsctl gc --delete
   --grace G -- STORE``, named ``store-gc-<store hash>-<interval number>`` so a new leader,
   or the next pass, never starts a second one for the same interval (409 is success). It
   runs as the pack Jobs do (their image, their service account: the one with the store's
   credentials) and is stopped after 90% of the interval (``activeDeadlineSeconds``), so it
   has ended before the next interval's Job may start. Credentials and the deletion itself
-  are ``dsctl gc``'s (:mod:`dsagent.format.bundlegc`): grace period, manifests read again
+  are ``dsctl gc``'s (:mod:`dsagent.format.bundles.bundlegc`): grace period, manifests read again
   before anything is deleted, deletions moved aside first and restored when a manifest
   referenced them meanwhile.
 

@@ -3,7 +3,7 @@
 Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile`, per Dataset,
 each pass. For a Dataset with ``spec.stripe`` (``auto``, or ``{members: N}``) and a packed
 version (``status.bytes``, ``spec.bundles``), it chooses the group with the pure
-:func:`dsagent.cache.stripegroup.choose_group` (earlier members first, then nodes holding
+:func:`dsagent.policy.stripegroup.choose_group` (earlier members first, then nodes holding
 bundles, then room), asks every member's agent to hold its share (``PUT /v1/stripes/<name>``,
 idempotent: asking again each pass is the renewal of the share's lease) and reports
 ``status.stripe``: the members, and each one's held and owned bytes, never "complete" before
@@ -14,7 +14,7 @@ once ``spec.stripe`` goes, is told to release its share (``DELETE /v1/stripes/<n
 that cannot be told lets it lapse with its lease.
 
 Churn (docs/design-striping.md#churn): a member whose node is **draining**
-(:func:`dsagent.cluster.leaving.draining`: cordoned, or drain-tainted) is leaving.
+(:func:`dsagent.kube.leaving.draining`: cordoned, or drain-tainted) is leaving.
 The group is chosen without it, the new members are asked to hold their shares with the
 leaving node listed as a peer (their agents ask it first for the bundles it owned, then the
 other members, then the store), the leaving node keeps its old share held meanwhile, and its
@@ -33,13 +33,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from dsagent.cache.copies import Key, Tally, ready_versions, tally
-from dsagent.cache.stripegroup import Candidate, choose_group
-from dsagent.cluster.datasets import parse_stripe
-from dsagent.cluster.leaving import draining
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
-from dsagent.format.bundlecaps import DEFAULT_MAX_BYTES
+from dsagent.format.bundles.bundlecaps import DEFAULT_MAX_BYTES
+from dsagent.kube.datasets import parse_stripe
+from dsagent.kube.leaving import draining
+from dsagent.policy.copies import Key, Tally, ready_versions, tally
+from dsagent.policy.stripegroup import Candidate, choose_group
 from dsplatform import published
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
@@ -124,7 +124,7 @@ def stripe_status(
     draining nodes (:func:`draining`); ``now``: wall-clock seconds; ``drain_timeout``: how
     long a leaving member's share is held for the new owners at most; ``events``: the Dataset
     Events to record are appended there; ``tallied``: the pass's copy counts and keepers
-    (:func:`dsagent.cache.copies.tally` of ``inventories``, made here when not given)."""
+    (:func:`dsagent.policy.copies.tally` of ``inventories``, made here when not given)."""
     mode = parse_stripe(spec.get("stripe"))
     size = _int(status.get("bytes"))
     store = spec.get("bundles")

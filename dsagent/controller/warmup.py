@@ -13,7 +13,7 @@ Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile`, 
 - replicas (``auto`` or a number): a target of ready copies from the demand (pending pods
   naming the Dataset plus those started within ``DSAGENT_CONTROLLER_REPLICAS_WINDOW``), held
   on nodes with room and free GPUs as task ``replica.<namespace>.<name>``
-  (:mod:`dsagent.cache.replication` chooses); nodes no longer chosen are released when the
+  (:mod:`dsagent.policy.replication` chooses); nodes no longer chosen are released when the
   target falls. ``status.replicas`` shows the demand, target and actual copies.
 
 Both are held to the tenancy bounds (docs/operator-guide/tenancy.md, :mod:`dsagent.controller.quotas`):
@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from dsagent.cache import replication
 from dsagent.controller.agents import JSON, AgentCall, hold_on, release
 from dsagent.controller.podfacts import demand, free_gpus
 from dsagent.controller.quotas import Admit, Refusal, capped
+from dsagent.policy import replication
 from dsplatform.kubetime import parse_or_none
 from dsplatform.tenancy import acting_for
 

@@ -1,7 +1,7 @@
 """Durability primitives: what makes a staged write survive a power cut before it is renamed in.
 
-Who calls it: bundle packing and verified extraction (:mod:`dsagent.format.bundle`,
-:mod:`dsagent.format.extract`), the agent's fetches and its cache layout (publishing a
+Who calls it: bundle packing and verified extraction (:mod:`dsagent.format.bundles.bundle`,
+:mod:`dsagent.format.bundles.extract`), the agent's fetches and its cache layout (publishing a
 version is stage, sync, rename, sync the parent). What it owns: the one ``fsync`` of a
 directory's entries and the one ``syncfs`` of a whole filesystem (one call instead of an
 ``fsync`` per small file; it also flushes other writers on that filesystem, which is the

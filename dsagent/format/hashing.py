@@ -1,7 +1,7 @@
 """Streaming xxh3-128 of file contents: the one hashing primitive of the platform.
 
 Who calls it: manifest building (:mod:`dsagent.format.digester`), tree verification
-(:mod:`dsagent.format.extract`), and the agent's per-file copy path, which feeds
+(:mod:`dsagent.format.bundles.extract`), and the agent's per-file copy path, which feeds
 :class:`FileHasher` the chunks it copies so that a file is hashed while it is written.
 Nothing here reads a whole file into memory: a local file is hashed through one reusable
 buffer of :data:`HASH_BUFFER` bytes, a stream read :data:`CHUNK_SIZE` bytes at a time.

@@ -1,6 +1,6 @@
 """Dataset manifests and digests: what a dataset *is*, independent of where it lives.
 
-Who calls it: ``dsctl digest / pack / verify`` (through :mod:`dsagent.format.bundle`), and the
+Who calls it: ``dsctl digest / pack / verify`` (through :mod:`dsagent.format.bundles.bundle`), and the
 agent's consistency check and per-file copy path (``FileHasher``, :data:`CHUNK_SIZE`).
 
 What it owns:

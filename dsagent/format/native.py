@@ -3,9 +3,9 @@
 Who calls it: the digest (:func:`dsagent.format.digester.digest_files`), which hashes a
 local tree with :func:`hash_names` on threads when the extension is here, and with its
 pure-Python loops on forked processes otherwise (same manifest either way; the tests hold
-the two paths equal); verified extraction (:mod:`dsagent.format.extract`), whose
+the two paths equal); verified extraction (:mod:`dsagent.format.bundles.extract`), whose
 member loop :func:`extract_members` runs in C when the extension is here; and the pack's
-reader (:class:`dsagent.format.packwriter.BundleWriter`), which lays out a local bundle's
+reader (:class:`dsagent.format.bundles.packwriter.BundleWriter`), which lays out a local bundle's
 tar stream with :func:`tar_reader` (the same bytes and digests as its Python loop); and the
 one-pass pack's serial steps around it: the listing (:func:`list_dirs`, a batch of
 directories a call), the bundle plan's boundaries (:func:`plan_cuts`), the manifest's lines
@@ -161,21 +161,23 @@ def list_dirs(directories: list[str], prefixes: list[str]) -> list[Listed]:
 
 def block_samples(view: memoryview, block: int, pieces: int, piece: int) -> bytes:
     """The sample of each ``block`` of ``view``, one after the other: byte for byte what
-    :mod:`dsagent.format.frames` cuts in Python, for a whole buffer in one call
+    :mod:`dsagent.format.bundles.frames` cuts in Python, for a whole buffer in one call
     (native/probe.c). Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
     return _native.block_samples(view, block, pieces, piece)  # type: ignore[no-any-return]
 
 
 def zero_tails(view: memoryview, block: int, least: int) -> array[int]:
-    """The bytes of :func:`dsagent.format.frames.zero_runs` in each ``block`` of ``view``,
+    """The bytes of :func:`dsagent.format.bundles.frames.zero_runs` in each ``block`` of ``view``,
     counted in C (native/probe.c). Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
     return array("q", _native.zero_tails(view, block, least))
 
 
 def rle_frame(view: memoryview, least: int) -> bytes:
-    """:func:`dsagent.format.frames.rle_frame`, built in C (native/probe.c). Only call it when :data:`AVAILABLE`."""
+    """:func:`dsagent.format.bundles.frames.rle_frame`, built in C (native/probe.c).
+
+    Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
     return _native.rle_frame(view, least)  # type: ignore[no-any-return]
 
@@ -213,7 +215,7 @@ def parents(paths: Sequence[str]) -> set[str]:
 
 
 def plan_cuts(paths: list[str], upto: list[int], max_files: int, max_bytes: int) -> list[int] | None:
-    """The gaps where :func:`dsagent.format.bundle.plan_bundles` cuts, computed in C
+    """The gaps where :func:`dsagent.format.bundles.bundle.plan_bundles` cuts, computed in C
     (native/plan.c: the same priorities, domains and caps). None when a path holds
     surrogates (the Python loop hashes the bytes they stand for)."""
     assert _native is not None, "the native extension is not built"

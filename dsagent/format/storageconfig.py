@@ -1,7 +1,7 @@
 """How long a store may take and how often one request is tried: a value, passed down.
 
 Who calls it: the edges that read the settings build a :class:`StorageConfig`
-(:attr:`dsagent.cache.settings.StorageSettings.storage_config`: ``DSAGENT_STORAGE_*``, then
+(:attr:`dsagent.format.storagesettings.StorageSettings.storage_config`: ``DSAGENT_STORAGE_*``, then
 ``DSAGENT_SOURCE_TIMEOUT``, then 10 s / 60 s) and put it into the storage options they pass
 down (:func:`with_config`): the agent into every dataset's source options
 (:meth:`dsagent.cache.service.CacheService._serve`), ``dsctl`` into the options of its

@@ -1,12 +1,12 @@
 """Reading a bundle's byte stream: one zstd frame, then tar headers and member data.
 
-Who calls it: :mod:`dsagent.format.extract`, and :mod:`dsagent.format.bundle` for the
+Who calls it: :mod:`dsagent.format.bundles.extract`, and :mod:`dsagent.format.bundles.bundle` for the
 header layout it writes (:data:`USTAR`). What it owns: turning the compressed object
 into ``(header, data chunks)`` with as few copies as possible, and reporting every
 malformation as :class:`IntegrityError`:
 
 - :class:`FrameReader` decompresses exactly one zstd frame (a manifest's body) or, with
-  ``frames=True``, a run of frames (a bundle: :mod:`dsagent.format.frames` stores
+  ``frames=True``, a run of frames (a bundle: :mod:`dsagent.format.bundles.frames` stores
   incompressible blocks as frames of raw blocks), and fails when the input ends inside a
   frame or, in one-frame mode, has bytes after it (zstandard's stream reader ends cleanly
   inside a cut frame, so a bundle cut at its checksum would otherwise pass). A bundle cut
@@ -53,7 +53,7 @@ from dsagent.errors import IntegrityError, UnsafeArchive
 from dsagent.format.hashing import CHUNK_SIZE
 
 BLOCK = tarfile.BLOCKSIZE
-#: The plain ustar header bundles are written with (:func:`dsagent.format.bundle.tar_header`)
+#: The plain ustar header bundles are written with (:func:`dsagent.format.bundles.bundle.tar_header`)
 #: and read back fast (:func:`_plain_header`): ``tarfile``'s layout and zero padding, mode
 #: 0644, uid/gid 0, a regular file, ``ustar\0`` ``00``, no link, owner names, device
 #: numbers or prefix; only the name, the size and the mtime vary.
@@ -111,7 +111,7 @@ class FrameReader:
         self, raw: IO[bytes], what: str, *, limit: int | None = None, ahead: int = 0, frames: bool = False
     ) -> None:
         self._raw = raw
-        self._frames = frames  # several frames, one after the other (bundles: dsagent.format.frames)
+        self._frames = frames  # several frames, one after the other (bundles: dsagent.format.bundles.frames)
         self._what = what
         self._limit = limit  # the most decompressed bytes this frame may yield
         self._decompressor = _zstd.ZstdDecompressor()

@@ -2,7 +2,7 @@
 
 Who calls it: ``dsctl verify`` (:mod:`dsagent.cli.bundles`), the agent's recovery of its
 cache after a restart (:mod:`dsagent.cache.recovery`) and the demo; re-exported by
-:mod:`dsagent.format.extract` and :mod:`dsagent.format.bundle`. What it owns: walking the
+:mod:`dsagent.format.bundles.extract` and :mod:`dsagent.format.bundles.bundle`. What it owns: walking the
 tree without following links and hashing every listed file on a thread pool.
 """
 

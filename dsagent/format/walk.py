@@ -357,7 +357,7 @@ def list_files(
     Local files are stat'ed (each once, following links as the walk does); the listing of
     another filesystem already carries sizes. None when a size is unknown (an http
     listing gives none): a caller that plans bundles from sizes must digest first.
-    Used by the one-pass pack (:func:`dsagent.format.bundle.pack_dataset`), which reads
+    Used by the one-pass pack (:func:`dsagent.format.bundles.bundle.pack_dataset`), which reads
     each file only while packing it.
     """
     found = walk_source(fs, root, empty, confine=confine)

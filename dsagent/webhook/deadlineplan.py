@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from dsagent.cluster.apiclient import translated
+from dsagent.kube.apiclient import translated
 from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform import kubetime
 from dsplatform.errors import InvalidInput

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsagent.cluster.datasets import SecretRef
 from dsagent.errors import InvalidInput
+from dsagent.kube.datasets import SecretRef
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ operations that
   ``DSAGENT_SOCKET`` and one ``DSAGENT_STORAGE_OPTIONS_<NAME>`` per dataset whose Dataset
   names a storage Secret (a ``secretKeyRef``: credentials never appear in the pod spec);
   then links ``/dsagent-run/datasets/<name>`` to the version the task is bound to
-  (:mod:`dsagent.cluster.stablelinks`);
+  (:mod:`dsagent.kube.stablelinks`);
 - mount the agent's socket directory into it and into every app container;
 - mount the node's cached datasets read-only into every app container (``/datasets``,
   where a version is ``/datasets/<name>/<digest>``) and the links read-only at
@@ -60,9 +60,9 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dsagent.cluster.datasets import Dataset
-from dsagent.cluster.podenv import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, options_env_name
 from dsagent.errors import InvalidInput
+from dsagent.kube.datasets import Dataset
+from dsagent.kube.podenv import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, options_env_name
 from dsagent.webhook import csiwiring
 from dsagent.webhook.injectconfig import Injection, ResolvedDataset
 from dsagent.webhook.jsonpatch import JSONPatch, append_all, escape, prepend

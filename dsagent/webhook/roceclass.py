@@ -50,9 +50,9 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from dsagent.cluster.apiclient import translated
-from dsagent.cluster.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.errors import Conflict, DsagentError
+from dsagent.kube.apiclient import translated
+from dsagent.kube.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.webhook.gpurequest import (
     NETWORKS_ANNOTATION,
     GpuClassSettings,

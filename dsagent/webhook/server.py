@@ -48,9 +48,9 @@ from pydantic import (
 )
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from dsagent.cache.settings import AgentLogSettings, parse_listen
-from dsagent.cluster.datasets import Dataset
+from dsagent.envsettings import AgentLogSettings, parse_listen
 from dsagent.errors import DsagentError, NotFound, SettingsError
+from dsagent.kube.datasets import Dataset
 from dsagent.webhook.admissionmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dsagent.webhook.admissionmetrics import WebhookMetrics
 from dsagent.webhook.deadlineplan import WARNING as PLAN_WARNING
@@ -349,12 +349,16 @@ def _injection(path: Path | None) -> Injection:
         raise ValueError(f"{ENV_PREFIX}INJECTION_FILE: {exc}") from None
 
 
+#: every settings class the webhook reads: what its start-up check accepts (dsagent.kube.envnames)
+SETTINGS = (WebhookSettings, GpuClassSettings, AgentLogSettings)
+
+
 def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = None) -> None:
     """Run the webhook under uvicorn (HTTPS when a certificate is configured)."""
     import uvicorn
 
-    from dsagent.cluster import apiclient
-    from dsagent.cluster.datasets import DatasetClient
+    from dsagent.kube import apiclient
+    from dsagent.kube.datasets import DatasetClient
 
     _check_certificate(settings)
     api_client = apiclient.load(settings.kubeconfig)
@@ -404,9 +408,9 @@ def _check_certificate(settings: WebhookSettings) -> None:
 def main() -> None:
     """The webhook process; a deliberate error (bad settings, no API server) is one line and its exit code."""
     with exit_on_error("dsagent-webhook"):  # a bad setting is one line on stderr, logging or not
-        from dsagent.cluster.envnames import refuse_unknown
+        from dsagent.kube.envnames import refuse_unknown
 
-        refuse_unknown()
+        refuse_unknown(SETTINGS)
         log_settings = AgentLogSettings.from_env()
         # only once the settings are good: configure() replaces the root logger's handlers
         logs.configure(log_settings.log_level, log_settings.log_format)
@@ -417,4 +421,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["Decision", "WebhookSettings", "create_app", "decide", "main", "response", "serve"]
+__all__ = ["SETTINGS", "Decision", "WebhookSettings", "create_app", "decide", "main", "response", "serve"]

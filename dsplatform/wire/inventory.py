@@ -2,9 +2,9 @@
 
 Writer: the agent. :func:`document` and :func:`dataset_entry` build it (called by
 :func:`dsagent.cache.report.inventory`); ``GET /v1/inventory`` answers it whole, and the
-cluster mode's publisher (:mod:`dsagent.cluster.publisher`) writes it as the Node annotation
+cluster mode's publisher (:mod:`dsagent.nodeagent.publisher`) writes it as the Node annotation
 ``dsagent.io/inventory``, cut to :data:`ANNOTATION_BUDGET` by :func:`compact`. Readers, each
-through :func:`loads` and :func:`versions_of`: the peers (:mod:`dsagent.cluster.peerlist`,
+through :func:`loads` and :func:`versions_of`: the peers (:mod:`dsagent.nodeagent.peerlist`,
 :mod:`dsagent.cache.peers.peerfetch`, with :func:`holds`), the scheduler extender
 (:mod:`scheduling.nodeinfo`) and the Dataset controller (:mod:`dsagent.controller.reconcile`,
 :mod:`dsagent.controller.cachestate`). Its JSON schema, checked in the agent's tests, is

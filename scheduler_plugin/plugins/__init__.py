@@ -1,4 +1,4 @@
-"""One pure module per score: :mod:`.dataset`, :mod:`.roce`, :mod:`.numa`.
+"""One pure module per score: :mod:`.dataset`, :mod:`.deadline`, :mod:`.numa`, :mod:`.stripe`, :mod:`.subnet`.
 
 Each module has a raw score function of plain inputs and a way to bring the raw scores
 of all candidate nodes to kube-scheduler's 0..10; :mod:`scheduler_plugin.framework`

@@ -26,7 +26,7 @@ from kubernetes_validate import utils as kv
 from packaging.version import Version
 
 from dsagent.cache import settings
-from dsagent.cluster.clustersettings import ClusterSettings
+from dsagent.nodeagent.clustersettings import ClusterSettings
 from tests.fake_apiserver import make_dataset
 
 pytestmark = pytest.mark.slow

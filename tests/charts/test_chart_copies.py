@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dsagent.cache import copies
-from dsagent.cluster.clustersettings import ClusterSettings
+from dsagent.nodeagent.clustersettings import ClusterSettings
+from dsplatform.wire import copycounts
 from tests.charts.test_chart import NAMESPACE, agent_container, find, render, rules_of
 
 pytestmark = pytest.mark.slow
@@ -40,20 +40,20 @@ def namespaced_rules(docs: Docs, suffix: str) -> list[dict[str, Any]]:
 def test_the_agent_reads_only_the_controllers_configmap_and_the_controller_writes_it() -> None:
     docs = render()
     env = env_of(agent_container(docs))
-    assert env["DSAGENT_COPIES_CONFIGMAP"] == f"{NAMESPACE}/{copies.CONFIGMAP}"
+    assert env["DSAGENT_COPIES_CONFIGMAP"] == f"{NAMESPACE}/{copycounts.CONFIGMAP}"
     cluster = ClusterSettings.from_env(env)
-    assert cluster.copies_configmap == f"{NAMESPACE}/{copies.CONFIGMAP}" and cluster.copies_interval == 30
+    assert cluster.copies_configmap == f"{NAMESPACE}/{copycounts.CONFIGMAP}" and cluster.copies_interval == 30
     assert namespaced_rules(docs, "-agent") == [
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [copies.CONFIGMAP], "verbs": ["get"]}
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [copycounts.CONFIGMAP], "verbs": ["get"]}
     ]
     assert find(docs, "RoleBinding", "-agent")["roleRef"]["name"] == find(docs, "Role", "-agent")["metadata"]["name"]
-    assert controller_env(docs)["DSAGENT_CONTROLLER_COPIES_CONFIGMAP"] == copies.CONFIGMAP
+    assert controller_env(docs)["DSAGENT_CONTROLLER_COPIES_CONFIGMAP"] == copycounts.CONFIGMAP
     writes = namespaced_rules(docs, "-controller")
     assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]} in writes
     assert {
         "apiGroups": [""],
         "resources": ["configmaps"],
-        "resourceNames": [copies.CONFIGMAP],
+        "resourceNames": [copycounts.CONFIGMAP],
         "verbs": ["get", "patch"],
     } in writes
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dsagent.cache import settings as agent_settings
-from dsagent.cluster.clustersettings import ClusterSettings
+from dsagent.nodeagent.clustersettings import ClusterSettings
 from tests.charts.test_chart import (
     CHART,
     NAMESPACE,

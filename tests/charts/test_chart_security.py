@@ -5,7 +5,7 @@ No CEL library is in the lock, so the policy's expressions are checked for their
 (what they compare, with balanced brackets and quotes), and kubernetes-validate checks the
 objects for every version >= 1.30 in test_chart.py. That the agent itself only ever writes
 its own Node and lists pods by its node is tested against the fake API server
-(tests/dsagent/cluster/test_cluster_agent.py, "granted_by_the_chart").
+(tests/dsagent/nodeagent/test_cluster_agent.py, "granted_by_the_chart").
 """
 
 from __future__ import annotations

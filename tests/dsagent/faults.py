@@ -289,7 +289,7 @@ class Dataset:
 
     @classmethod
     def make(cls, base: Path, *, files: int = 12, size: int = 3000, per_bundle: int = 3) -> Dataset:
-        from dsagent.format.bundle import pack
+        from dsagent.format.bundles.bundle import pack
 
         source = base / "src" / "images"
         for i in range(files):
@@ -464,7 +464,7 @@ def _settings(root: Path, data: Path) -> Any:
 
 def _verified(path: Path, manifest: Any) -> str | None:
     from dsagent.errors import DsagentError
-    from dsagent.format.bundle import verify_tree
+    from dsagent.format.bundles.bundle import verify_tree
 
     try:
         verify_tree(path, manifest, workers=1)

@@ -61,7 +61,7 @@ def test_configuring_twice_leaves_one_handler_and_text_is_the_default_shape() ->
 
 @pytest.mark.parametrize("bad", ["xml", "JSONL", ""])
 def test_an_unknown_format_is_refused_in_one_line(bad: str) -> None:
-    from dsagent.cache.settings import AgentLogSettings
+    from dsagent.envsettings import AgentLogSettings
     from dsagent.errors import SettingsError
     from scheduler_plugin.errors import SettingsError as ExtenderSettingsError
     from scheduler_plugin.settings import Settings as ExtenderSettings
@@ -73,7 +73,8 @@ def test_an_unknown_format_is_refused_in_one_line(bad: str) -> None:
 
 
 def test_the_settings_read_format_and_access_log_for_every_process_family() -> None:
-    from dsagent.cache.settings import AgentLogSettings, Settings
+    from dsagent.cache.settings import Settings
+    from dsagent.envsettings import AgentLogSettings
     from scheduler_plugin.settings import Settings as ExtenderSettings
 
     env = {"DSAGENT_LOG_FORMAT": "JSON", "DSAGENT_ACCESS_LOG": "yes", "DSAGENT_LOG_LEVEL": "DEBUG"}

@@ -50,7 +50,7 @@ def test_a_real_dgx_topology_fits_its_budget_and_scores(read_fixture_text: str) 
 
 
 def test_what_the_cluster_agent_publishes_is_read_back() -> None:
-    from dsagent.cluster.publisher import desired_annotations
+    from dsagent.nodeagent.publisher import desired_annotations
     from scheduler_plugin.testing import topology_json
 
     inventory = json.loads(inventory_json("gpu-1", datasets={"imagenet": holding()}))

@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from dsagent.cli.digesting import without_cycle_collection  # noqa: E402
 from dsagent.format import native  # noqa: E402
-from dsagent.format.bundle import pack_dataset, unpack  # noqa: E402
+from dsagent.format.bundles.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
 
 #: which loops dsctl runs here: the optional C extension's when ``make native`` built it

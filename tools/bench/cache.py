@@ -61,7 +61,7 @@ import fsspec
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsplatform.units import format_size
 
 ROOT = Path(__file__).resolve().parents[2]

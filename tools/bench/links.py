@@ -37,7 +37,7 @@ from p2p import PEER_TOKEN, Agent, start_store
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import TransientError
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsplatform.units import format_size, parse_size
 
 

@@ -201,7 +201,7 @@ def main() -> None:
     )
     print(f"dataset: {args.images} JPEGs, {total / 1e6:.1f} MB; {args.workers} loader processes", flush=True)
 
-    from dsagent.format.bundle import pack, unpack
+    from dsagent.format.bundles.bundle import pack, unpack
 
     cached = work / "cache"
     shutil.rmtree(cached, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Benchmark docs/design.md#rule-3: with dsplatform a pod starts training no later than without it.
 
-A simulated kubelet (``dsagent.cluster.testing.SimulatedKubelet``) starts one training pod
+A simulated kubelet (``dsagent.kube.testing.SimulatedKubelet``) starts one training pod
 three ways, each against a fresh real agent process caching a local dataset of
 ``--files`` files:
 
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from dsagent.api.client import AgentClient
-from dsagent.cluster.testing import SimulatedKubelet
 from dsagent.errors import AgentUnreachable
+from dsagent.kube.testing import SimulatedKubelet
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 
 TRAINING = [sys.executable, "-c", "import time; print(time.monotonic())"]

@@ -46,7 +46,7 @@ from cache import generate  # the same image-like dataset as the cache benchmark
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsplatform.units import format_size, parse_size
 
 PEER_TOKEN = "bench-peer-token-0123456789abcdef"

@@ -1,7 +1,7 @@
 """Benchmark: one reader epoch (``dsplatform.data``) beside plain ``open()`` of the same files.
 
 The dataset is ``bundle.py``'s ImageNet-like generator, packed into bundles and unpacked as
-a cached local version (``dsagent.format.extract.unpack``, what the agent's ready directory
+a cached local version (``dsagent.format.bundles.extract.unpack``, what the agent's ready directory
 holds). Its stripe layout has one member, this node, so every bundle is local. Then, in
 turn, ``--runs`` times on a warm page cache:
 
@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from bundle import generate  # noqa: E402
 
-from dsagent.format.bundle import pack  # noqa: E402
-from dsagent.format.extract import unpack  # noqa: E402
+from dsagent.format.bundles.bundle import pack  # noqa: E402
+from dsagent.format.bundles.extract import unpack  # noqa: E402
 from dsplatform.data import StripedDataset  # noqa: E402
 from dsplatform.stripe import StripeLayout  # noqa: E402
 

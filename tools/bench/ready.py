@@ -271,7 +271,7 @@ def main() -> None:
             import s3fs
 
             s3fs.S3FileSystem(endpoint_url=direct).put(f"{src}/", f"{BUCKET}/ds-raw", recursive=True)
-        from dsagent.format.bundle import pack
+        from dsagent.format.bundles.bundle import pack
 
         pack(src, f"s3://{BUCKET}/store", name="ds", store_options={"endpoint_url": direct})
         warm = work / "warm"

@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1].parent
 sys.path.insert(0, str(ROOT))
 
-from dsagent.format.bundle import pack  # noqa: E402
+from dsagent.format.bundles.bundle import pack  # noqa: E402
 
 TOKEN = "bench-peer-token-0123456789abcdef"
 ADMIN = "bench-admin-token-0123456789abcdef"

@@ -94,7 +94,7 @@ SETTINGS = (
         "dsagent.cache.settings:Settings",
         "the agent; `dsctl` reads the storage timeouts",
     ),
-    ("Cluster mode of the agent", "dsagent.cluster.clustersettings:ClusterSettings", "the agent with `--kubernetes`"),
+    ("Cluster mode of the agent", "dsagent.nodeagent.clustersettings:ClusterSettings", "the agent with `--kubernetes`"),
     ("The webhook", "dsagent.webhook.server:WebhookSettings", "`dsagent webhook serve`"),
     ("GPU classes in the webhook", "dsagent.webhook.gpurequest:GpuClassSettings", "the webhook"),
     (

@@ -107,7 +107,7 @@ class Harness:
     both loops and raises :class:`Mismatch` when they differ."""
 
     def __init__(self, scratch: Path) -> None:
-        from dsagent.format.bundle import pack
+        from dsagent.format.bundles.bundle import pack
 
         self.scratch = scratch
         src = scratch / "src"
@@ -121,7 +121,7 @@ class Harness:
 
     def _outcome(self, stream: bytes, native: bool) -> tuple[str, Any]:
         from dsagent.errors import DsagentError
-        from dsagent.format.extract import unpack_bundle_stream
+        from dsagent.format.bundles.extract import unpack_bundle_stream
 
         target = self.scratch / f"t{self.runs}-{int(native)}"
         target.mkdir()
@@ -230,7 +230,7 @@ def _fuzz(args: argparse.Namespace, scratch: Path, fuzzer: list[str]) -> int:
     import atheris  # type: ignore[import-not-found]
 
     with atheris.instrument_imports(include=["dsagent.format"]):
-        from dsagent.format import extract, native, tarstream  # noqa: F401
+        from dsagent.format import native  # noqa: F401
 
     if args.extension is None:
         print("native_unpack.py: --extension DIR (an instrumented build) is needed to fuzz", file=sys.stderr)

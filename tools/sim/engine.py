@@ -11,7 +11,7 @@ owns the event loop; the rest of one simulation is split by concern:
 - :mod:`tools.sim.reads`: what each policy's pods read from where, and when they start --
   no cache, Fluid (:mod:`tools.sim.fluid`), a JuiceFS cache group
   (:mod:`tools.sim.juicefs`), ours with the agent's eviction
-  (``dsagent.cache.eviction.plan_for_fetch``) and, striped over a group,
+  (``dsagent.policy.eviction.plan_for_fetch``) and, striped over a group,
   :mod:`tools.sim.stripe`; the Dataset controller's preparation and replication through
   :mod:`tools.sim.hooks`;
 - :mod:`tools.sim.flows`: bytes moving at the fair shares of the rates they pass through

@@ -3,8 +3,8 @@
 
 Who calls it: :class:`tools.sim.engine.Simulation` (its eviction call site and, opt-in, its
 event loop). It owns no policy: the decisions are the product's
-(:mod:`dsagent.cache.eviction` with the copy counts of :mod:`dsagent.cache.copies`,
-:mod:`dsagent.cache.preparation`); this module turns the simulated cluster into their
+(:mod:`dsagent.policy.eviction` with the copy counts of :mod:`dsagent.policy.copies`,
+:mod:`dsagent.policy.preparation`); this module turns the simulated cluster into their
 inputs, as the Dataset controller does from Nodes and pods, at the controller's resync.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dsagent.cache import copies, preparation, replication
+from dsagent.policy import copies, preparation, replication
 
 if TYPE_CHECKING:
     from tools.sim.cluster import Node
@@ -48,7 +48,7 @@ class CopyCounts:
         return self.counts
 
     def others(self, sim: SimState, key: tuple[str, int], ready_here: bool, node: str | None = None) -> int:
-        """The agent's rule (:meth:`dsagent.cache.copies.ClusterCopies.others`): the count less
+        """The agent's rule (:meth:`dsagent.policy.copies.ClusterCopies.others`): the count less
         itself, and none to the version's keeper (``node`` asking, holding it ready)."""
         counts = self.get(sim)
         if ready_here and node is not None and self.keepers.get(key) == node:

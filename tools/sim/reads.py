@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from dsagent.cache.eviction import Candidate, plan_for_fetch
+from dsagent.policy.eviction import Candidate, plan_for_fetch
 from gpu_topology.scoring import single_numa
 from scheduling.timemodel import DEFAULT_BANDWIDTHS, intra_node_bandwidth, t_run
 from tools.sim import fluid, stripe

@@ -16,7 +16,7 @@ They import from here; the names below are re-exported from the modules that own
   rounds (:class:`PeerSwarm`).
 - :mod:`~dsagent.cache.peers.peerserver`: the serving side, a bundle of a cached version
   re-packed and streamed to a peer (:class:`PeerServer`, :class:`ServedBundle`,
-  :func:`find_bundle`); the re-packing itself is :mod:`dsagent.format.repack`.
+  :func:`find_bundle`); the re-packing itself is :mod:`dsagent.format.bundles.repack`.
 - :mod:`~dsagent.cache.peers.uploads`: the server's upload limits and per-peer bandwidth
   (:class:`UploadLimits`).
 - :mod:`~dsagent.cache.peers.peererrors`: the five refusals of the peer protocol (425, 429,

@@ -1,7 +1,7 @@
 """The peer fetch: each bundle of a version asked of the agents that hold it, before the store.
 
 Who calls it: :class:`dsagent.cache.service.CacheService`, which owns one :class:`PeerFetcher`
-(:mod:`dsagent.cluster.nodeagent` plugs in the holders found in the node inventories);
+(:mod:`dsagent.nodeagent.clusteragent` plugs in the holders found in the node inventories);
 :mod:`dsagent.cache.versions`, which opens a :class:`~dsagent.cache.peers.peersession.PeerSession`
 per version with it and fetches the bundles through a
 :class:`~dsagent.cache.peers.swarm.PeerSwarm`; and the peer server's lookup in the service,
@@ -12,7 +12,7 @@ Fetching. Before a version's bundles are fetched, the agents that hold it are fo
 (:meth:`PeerFetcher.holders`: the configured peers' inventories, and in cluster mode the node
 inventories), each bundle is asked of them in turn (:class:`PeerSession`: rotated by bundle
 index, so requests spread) and unpacked as it arrives
-(:func:`dsagent.format.extract.unpack_bundle_stream`: no temporary copy on disk, and
+(:func:`dsagent.format.bundles.extract.unpack_bundle_stream`: no temporary copy on disk, and
 decompression, hashing and writing overlap the transfer), verified like any bundle and
 published only whole. Any error, timeout (``peer_timeout`` per read, and a deadline from
 ``peer_min_rate``), oversize or mismatch drops that peer for the rest of the fetch and moves
@@ -50,7 +50,7 @@ from dsagent.cache.progress import FetchProgress
 from dsagent.cache.servicehooks import PeerHolder, PeerHolders
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, IntegrityError, TransientError
-from dsagent.format.extract import unpack_bundle_stream
+from dsagent.format.bundles.extract import unpack_bundle_stream
 from dsagent.format.manifest import BundleRef, Manifest
 from dsplatform import boundedjson
 from dsplatform.wire.inventory import stripe_group

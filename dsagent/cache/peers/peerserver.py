@@ -10,7 +10,7 @@ What it owns: the directory the files are read from (:class:`ServedBundle`: open
 a staging directory renamed into place mid-stream is still read whole), the upload limits
 around each stream (:mod:`dsagent.cache.peers.uploads`), and the stream itself. A cached
 version keeps no ``.tar.zst`` objects, so the bundle is re-packed from its files
-(:mod:`dsagent.format.repack`: the pack's member order, headers and zstd level, each file
+(:mod:`dsagent.format.bundles.repack`: the pack's member order, headers and zstd level, each file
 hashed again as it is read, so that a damaged cache copy cuts the stream instead of being
 passed on as good). A bundle this agent is downloading right now is answered 425
 (:class:`BundleInFlight`), so that agents starting together share the work
@@ -32,8 +32,8 @@ from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers.uploads import UploadLimits
 from dsagent.cache.settings import Settings
 from dsagent.errors import NotFound
+from dsagent.format.bundles.repack import repack_at
 from dsagent.format.manifest import FileEntry, Manifest
-from dsagent.format.repack import repack_at
 
 log = logging.getLogger("dsagent.peers")
 

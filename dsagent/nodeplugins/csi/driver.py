@@ -1,6 +1,6 @@
 """The CSI node plugin: datasets mounted into pods as ephemeral inline ``csi`` volumes.
 
-Who calls it: ``dsagent serve`` (:mod:`dsagent.cli.nodeparts`) when ``DSAGENT_CSI_SOCKET`` is
+Who calls it: ``dsagent serve`` (:mod:`dsagent.nodeagent.nodeparts`) when ``DSAGENT_CSI_SOCKET`` is
 set: it builds :class:`NodeDriver` on the running :class:`~dsagent.cache.service.CacheService`
 and serves it with :func:`serve` on that unix socket (the DaemonSet's kubelet plugin dir,
 found by the kubelet through the node-driver-registrar sidecar). Tests drive it with a

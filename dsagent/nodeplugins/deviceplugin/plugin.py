@@ -1,6 +1,6 @@
 """The kubelet device plugin (API v1beta1) for GPU+VF allocation per RoCE class.
 
-Who calls it: ``dsagent serve`` when ``DSAGENT_DEVICE_PLUGIN`` is on (``dsagent.cli.nodeparts``),
+Who calls it: ``dsagent serve`` when ``DSAGENT_DEVICE_PLUGIN`` is on (``dsagent.nodeagent.nodeparts``),
 and the tests with a fake kubelet. What it owns: the gRPC servers, one unix socket per
 resource in the kubelet's device-plugins directory, their registration with the kubelet,
 the allocation record under ``<root>/kubelet/`` and the ``nccl.conf`` files it mounts.

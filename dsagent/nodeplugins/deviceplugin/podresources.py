@@ -1,8 +1,8 @@
 """A client of the kubelet's pod-resources API (v1) and the free GPUs it implies.
 
-Who calls it: ``dsagent serve`` (``dsagent.cli.nodeparts``) builds a :class:`PodResourcesClient`
+Who calls it: ``dsagent serve`` (``dsagent.nodeagent.nodeparts``) builds a :class:`PodResourcesClient`
 on ``DSAGENT_POD_RESOURCES_SOCKET``; its :meth:`~PodResourcesClient.free_gpus` feeds the
-``dsagent.io/free-gpus`` annotation that ``dsagent.cluster.nodeagent.ClusterAgent`` publishes
+``dsagent.io/free-gpus`` annotation that ``dsagent.nodeagent.clusteragent.ClusterAgent`` publishes
 (docs/design.md#annotations), and its :meth:`~PodResourcesClient.listed` tells the device
 plugin which allocations still exist. What it owns: the gRPC calls (``List``,
 ``GetAllocatableResources``) over the unix socket, and the rule turning their answers

@@ -19,7 +19,7 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsagent.format.bundle import pack, verify_tree
+from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import write_tree
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.format.bundle import verify_tree
+from dsagent.format.bundles.bundle import verify_tree
 from dsagent.format.manifest import Manifest
 from tests.dsagent.cli.test_agent_process import packed
 from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, wait_ready

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsagent.cache.eviction import Candidate, eviction_order, lru_order, needed_bytes, plan_for_fetch
+from dsagent.policy.eviction import Candidate, eviction_order, lru_order, needed_bytes, plan_for_fetch
 
 D = "0" * 32
 
@@ -126,7 +126,7 @@ def test_without_counts_the_plan_is_the_lru_plan(candidates: list[Candidate], si
 
 def test_stripe_shares_go_after_replicated_copies_and_before_last_copies() -> None:
     """docs/design-striping.md#eviction: a share costs the group only its own bundles."""
-    from dsagent.cache.eviction import idle_victims, unused_victims
+    from dsagent.policy.eviction import idle_victims, unused_victims
 
     share = Candidate("big", D, 30, 9.0, striped=True)
     busy_share = Candidate("busier", D, 30, 0.0, striped=True, fetching=True)  # being filled or read

@@ -28,7 +28,7 @@ import pytest
 from dsagent.cache.fetchlinks import LinkSet, addresses_of, bound_options, resolve_addresses
 from dsagent.cache.settings import Settings
 from dsagent.errors import SourceUnavailable
-from dsagent.format.bundle import pack, verify_tree
+from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest
 from gpu_topology import Gpu, Link, Nic, Topology, transfer_nics
 from tests.dsagent.conftest import write_tree

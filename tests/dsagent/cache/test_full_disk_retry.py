@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsagent.format.bundle import verify_tree
+from dsagent.format.bundles.bundle import verify_tree
 from tests.dsagent.cache.test_full_disk import fill, small_disk  # noqa: F401 - the fixture
 from tests.dsagent.cli.test_agent_process import packed
 from tests.dsagent.harness import AgentProcess, LoopbackServer

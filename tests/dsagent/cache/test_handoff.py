@@ -1,12 +1,12 @@
-"""The stripe hand-off rule (:func:`dsagent.cache.handoff.handoff_verdict`): each reason to stop,
+"""The stripe hand-off rule (:func:`dsagent.cache.striped.handoff.handoff_verdict`): each reason to stop,
 and when a stopping agent keeps serving. Pure: times are passed in."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsagent.cache.handoff import HandoffEnd, HandoffWindows, PeerFetches, handoff_verdict
 from dsagent.cache.settings import Settings
+from dsagent.cache.striped.handoff import HandoffEnd, HandoffWindows, PeerFetches, handoff_verdict
 
 WINDOWS = HandoffWindows.of(grace=570, idle=30)  # first contact: 60 s
 

@@ -25,8 +25,8 @@ from dsagent.cache.peers import (
     PeerOverloaded,
     UploadLimits,
 )
-from dsagent.format.bundle import pack, verify_tree
-from dsagent.format.extract import unpack_bundle_stream
+from dsagent.format.bundles.bundle import pack, verify_tree
+from dsagent.format.bundles.extract import unpack_bundle_stream
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
@@ -441,7 +441,7 @@ def test_cluster_mode_finds_holders_in_the_node_inventories() -> None:
     from types import SimpleNamespace as NS
 
     from dsagent.cache.inventory import ANNOTATION
-    from dsagent.cluster import peerlist
+    from dsagent.nodeagent import peerlist
 
     def holders_from_nodes(*args: Any, **kw: Any) -> list[str]:
         return [h.url for h in peerlist.holders_from_nodes(*args, **kw)]

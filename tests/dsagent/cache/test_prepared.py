@@ -17,7 +17,7 @@ from dsagent.cache.prepared import first_budget, prepare_task_id, second_gate
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import InvalidInput, NotFound
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from tests.dsagent.conftest import write_tree
 
 

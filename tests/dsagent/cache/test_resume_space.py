@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsagent.format.bundle import verify_tree
+from dsagent.format.bundles.bundle import verify_tree
 from tests.dsagent.cli.test_agent_process import packed
 from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, wait_ready
 

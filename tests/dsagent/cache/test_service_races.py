@@ -197,7 +197,7 @@ def test_a_version_just_committed_ready_counts_once_against_the_capacity(tmp_pat
 def test_a_version_whose_bundles_a_fetch_links_from_is_not_evicted_under_it(tmp_path: Path) -> None:
     # a changed dataset hard-links its unchanged bundles from the cached older version,
     # which no task uses: another fetch needing space must not delete it mid-link
-    from dsagent.format.bundle import pack
+    from dsagent.format.bundles.bundle import pack
 
     src = tmp_path / "src"
     data, store = write_local_dataset(src / "d", 4, b"d"), src / "bundles"

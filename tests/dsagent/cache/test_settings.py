@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.cache.settings import Settings, parse_listen
+from dsagent.cache.settings import Settings
+from dsagent.envsettings import parse_listen
 from dsagent.errors import SettingsError
 from dsplatform.units import parse_duration
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
 from dsplatform.wire.inventory import holds

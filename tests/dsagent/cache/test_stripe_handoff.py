@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer

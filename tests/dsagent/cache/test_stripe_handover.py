@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.harness import AgentProcess, LoopbackServer
 from tests.dsagent.stripeadmin import hold, until_complete

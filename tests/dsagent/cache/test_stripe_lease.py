@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from tests.dsagent.api.test_pod_rights import POD, fake_proc, unix_client
 from tests.dsagent.cli.test_agent_process import packed

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsplatform.data import AgentEndpoint
 from dsplatform.errors import Superseded
 from tests.dsagent.conftest import write_tree

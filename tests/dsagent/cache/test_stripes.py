@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from dsplatform.data import StripedDataset
 from dsplatform.wire import readerenv

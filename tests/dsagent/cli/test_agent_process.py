@@ -13,7 +13,7 @@ import pytest
 
 from dsagent.cache import inventory as inventory_schema
 from dsagent.errors import Conflict, InsufficientSpace, NotFound
-from dsagent.format.bundle import pack, verify_tree
+from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest, read_manifest
 from dsplatform.units import format_size
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, allocated, wait_ready

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dsagent.cli import main
-from dsagent.format.bundle import pack, verify_tree
+from dsagent.format.bundles.bundle import pack, verify_tree
 from tests.conftest import isolate_aws
 from tests.dsagent.conftest import AWKWARD_FILES
 from tests.dsagent.harness import wait_ready

@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import IntegrityError
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import (
     FORMAT,
     FORMAT_VERSION,

@@ -14,7 +14,7 @@ import pytest
 from dsagent.cli import main
 from dsagent.cli.cache import datasets_from_env, default_task_id, parse_specs
 from dsagent.errors import InvalidInput
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from tests.dsagent.cli.test_agent_process import make_dataset
 from tests.dsagent.harness import AgentProcess
 
@@ -143,7 +143,7 @@ def test_storage_options_come_from_the_environment_per_dataset() -> None:
         "name": "imagenet",
         "source": "s3://b/imagenet",
         "bundles": "s3://b/packed",
-        "allow_per_file": True,  # the cluster path keeps the per-file fallback (dsagent.cluster.podenv)
+        "allow_per_file": True,  # the cluster path keeps the per-file fallback (dsagent.kube.podenv)
         "storage_options": {"anon": False},
     }
     assert second["storage_options"] == {"anon": False, "key": "k", "secret": "s"}

@@ -13,7 +13,7 @@ import pytest
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import InvalidInput, NotFound
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from tests.dsagent.cli.test_agent_process import make_dataset
 from tests.dsagent.cli.test_cli_cache import dsctl
 from tests.dsagent.harness import AgentProcess

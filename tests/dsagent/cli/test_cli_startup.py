@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.storage import local_path
 from tests.conftest import REPO_ROOT
 from tests.dsagent.conftest import write_tree

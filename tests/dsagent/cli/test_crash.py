@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import NotFound
-from dsagent.format.bundle import pack, unpack, verify_tree
+from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import write_tree
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.cli import demo
-from dsagent.format.bundle import verify_tree
+from dsagent.format.bundles.bundle import verify_tree
 from dsagent.format.manifest import read_manifest
 
 pytestmark = pytest.mark.slow

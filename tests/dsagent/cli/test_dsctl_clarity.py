@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.cli import COMMON_VARIABLES
+from dsagent.cli import COMMON_VARIABLES, platform_settings
 from dsagent.cli.cache import describe
-from dsagent.cluster.envnames import known_names
+from dsagent.kube.envnames import known_names
 
 
 def dsctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,7 @@ def test_the_variables_the_platform_gives_dsctl_are_accepted(tmp_path: Path) -> 
 
 
 def test_the_common_variables_are_known_to_the_platform() -> None:
-    assert COMMON_VARIABLES <= known_names()
+    assert COMMON_VARIABLES <= known_names(platform_settings())
 
 
 def test_the_progress_line_says_verifying_once_every_byte_is_in() -> None:

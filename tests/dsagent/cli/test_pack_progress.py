@@ -10,7 +10,7 @@ import fsspec
 import pytest
 
 from dsagent.cli.digesting import Counter
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 
 
 def tree(root: Path, files: int) -> Path:

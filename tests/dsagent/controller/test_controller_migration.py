@@ -12,10 +12,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from dsagent.cluster.envnames import CONTROLLER_NAMES
-from dsagent.cluster.publisher import desired_annotations
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
+from dsagent.nodeagent.publisher import desired_annotations
 from scheduler_plugin.testing import topology_json
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 
@@ -85,7 +84,7 @@ def cluster_with_a_job_that_should_move(apiserver: FakeApiServer) -> None:
 
 
 def test_the_setting_is_read_from_the_environment_and_known() -> None:
-    assert "DSAGENT_CONTROLLER_MIGRATE" in CONTROLLER_NAMES
+    assert "DSAGENT_CONTROLLER_MIGRATE" in ControllerSettings.env_names()
     assert ControllerSettings.from_env({}).migrate is False
     assert ControllerSettings.from_env({"DSAGENT_CONTROLLER_MIGRATE": "on"}).migrate is True
     assert ControllerSettings.from_env({"DSAGENT_CONTROLLER_MIGRATE": "off"}).migrate is False

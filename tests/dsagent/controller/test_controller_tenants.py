@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dsagent.cache import copies
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
+from dsagent.policy import copies
 from dsplatform.kubetime import format_time
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from kubernetes.client import CustomObjectsApi
 
-from dsagent.cache.preparation import Known, NodeState, Running, Thresholds, Waiting, Want, plan
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.nextjob import preparation_report, prepare_pass
 from dsagent.controller.podfacts import running_pods, waiting_pods
 from dsagent.controller.queues import Queues, followers, list_queues, queue_places
+from dsagent.policy.preparation import Known, NodeState, Running, Thresholds, Waiting, Want, plan
 from dsplatform.kubetime import format_time
 from dsplatform.wire.podannotations import next_job_of, progress_of
 from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from dsagent.cache.preparation import Thresholds
 from dsagent.cache.prepared import prepare_task_id
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.podfacts import expected_end, waiting_pods
 from dsagent.controller.reconcile import DatasetController
 from dsagent.errors import NotFound
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import read_manifest
+from dsagent.policy.preparation import Thresholds
 from dsplatform.kubetime import format_time
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dsagent.cache import replication
 from dsagent.controller.quotas import Ledger, Limits, capped
+from dsagent.policy import replication
 from dsplatform import published
 from dsplatform.kubetime import format_time
 

@@ -126,7 +126,7 @@ def test_the_jobs_command_collects_a_real_store(apiserver: FakeApiServer, api_cl
     """The Job's args, given to dsctl as the container does: the old orphan goes, the live
     bundle and the young orphan stay."""
     from dsagent.cli import main
-    from dsagent.format.bundle import pack
+    from dsagent.format.bundles.bundle import pack
 
     source = tmp_path / "src"
     source.mkdir()

@@ -45,7 +45,7 @@ import pytest
 from dsagent.controller.agents import AgentCall
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
-from dsagent.format.bundle import pack
+from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from dsplatform.stripe import owner
 from tests.dsagent.conftest import write_tree

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dsagent.cache import copies
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.striping import parse_stripe, stripe_status
+from dsagent.policy import copies
 from dsplatform.wire.inventory import FEATURES
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
 from tests.dsagent.harness import ADMIN_TOKEN
@@ -381,7 +381,7 @@ def test_a_crashed_member_is_replaced_at_once_without_waiting(apiserver: FakeApi
 
 
 def test_draining_reads_cordons_and_drain_taints() -> None:
-    from dsagent.cluster.leaving import draining
+    from dsagent.kube.leaving import draining
 
     nodes = [
         {"metadata": {"name": "a"}, "spec": {"unschedulable": True}},

@@ -9,7 +9,7 @@ import fsspec
 import pytest
 
 from dsagent.errors import Conflict, IntegrityError
-from dsagent.format.bundle import pack, unpack, verify_tree
+from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
@@ -130,7 +130,7 @@ def test_bundles_are_standard_pax_tar_in_one_zstd_frame(awkward_dataset: Path, t
 
 
 def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp_path: Path) -> None:
-    from dsagent.format.bundle import write_bundles
+    from dsagent.format.bundles.bundle import write_bundles
     from dsagent.format.digester import build_manifest
 
     src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 100})
@@ -145,7 +145,7 @@ def test_a_file_changed_after_digesting_fails_the_pack_and_publishes_nothing(tmp
 def test_remote_sources_stream_large_files_and_prefetch_small_ones(
     memory_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dsagent.format import packwriter as bundle
+    from dsagent.format.bundles import packwriter as bundle
 
     monkeypatch.setattr(bundle, "PREFETCH_MAX_FILE", 1000)
     monkeypatch.setattr(bundle, "PREFETCH_FILES", 2)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.errors import IntegrityError, NotFound
-from dsagent.format.bundle import pack, unpack, unpack_bundle, verify_tree
+from dsagent.format.bundles.bundle import pack, unpack, unpack_bundle, verify_tree
 from dsagent.format.manifest import bundle_path, read_manifest, read_manifest_header
 from tests.dsagent.conftest import AWKWARD_FILES
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsagent.errors import InvalidInput
-from dsagent.format.bundle import largest_first, plan_bundles
+from dsagent.format.bundles.bundle import largest_first, plan_bundles
 from dsagent.format.manifest import FileEntry, bundle_digest
 
 pytestmark = pytest.mark.slow
@@ -162,7 +162,8 @@ def _by_definition(priority: list[int], sizes: list[int], max_files: int, max_by
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_plan_is_the_trees_rule_even_when_priorities_tie(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsagent.format import bundle, native
+    from dsagent.format import native
+    from dsagent.format.bundles import bundle
 
     monkeypatch.setattr(native, "AVAILABLE", False)  # the Python rule: the C one is held equal to it elsewhere
     rng = random.Random(seed)

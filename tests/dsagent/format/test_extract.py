@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import IntegrityError, UnsafeArchive
-from dsagent.format.bundle import pack, unpack, unpack_bundle
+from dsagent.format.bundles.bundle import pack, unpack, unpack_bundle
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
 

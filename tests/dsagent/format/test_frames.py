@@ -16,8 +16,8 @@ import zstandard
 
 from dsagent.errors import IntegrityError
 from dsagent.format import native
-from dsagent.format.bundle import pack, unpack
-from dsagent.format.frames import (
+from dsagent.format.bundles.bundle import pack, unpack
+from dsagent.format.bundles.frames import (
     BLOCK,
     RAW_FRAME_HEADER,
     FrameEncoder,
@@ -27,8 +27,8 @@ from dsagent.format.frames import (
     zero_runs,
     zero_tails,
 )
+from dsagent.format.bundles.repack import repack
 from dsagent.format.manifest import bundle_path
-from dsagent.format.repack import repack
 from tests.dsagent.conftest import write_tree
 
 _TOOLS = pytest.mark.skipif(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.cli import main
-from dsagent.format.bundlegc import StoredBundle, plan_collection
+from dsagent.format.bundles.bundlegc import StoredBundle, plan_collection
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_FILES
 from tests.s3server import S3Server

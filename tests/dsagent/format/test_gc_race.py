@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dsagent.format import bundle as bundle_module
-from dsagent.format import bundlegc
-from dsagent.format.bundle import pack_dataset, unpack, write_manifest
+from dsagent.format.bundles import bundle as bundle_module
+from dsagent.format.bundles import bundlegc
+from dsagent.format.bundles.bundle import pack_dataset, unpack, write_manifest
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_FILES
 from tests.s3server import S3Server

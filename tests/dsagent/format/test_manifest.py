@@ -290,7 +290,7 @@ def test_a_manifest_compressed_by_zstd_workers_reads_back_the_same() -> None:
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_a_table_takes_one_digest_a_file_hex_or_raw(count: int) -> None:
-    from dsagent.format.storeobjects import named
+    from dsagent.format.bundles.storeobjects import named
 
     members = [FileEntry("a", 1, 0, ""), FileEntry("b", 2, 0, "")]
     with pytest.raises(ValueError, match="digests for 2 files"):

@@ -24,12 +24,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsagent.errors import DsagentError
-from dsagent.format import bundle, native, packparallel
-from dsagent.format.bundle import pack_dataset, write_bundles
+from dsagent.format import native
+from dsagent.format.bundles import bundle, packparallel
+from dsagent.format.bundles.bundle import pack_dataset, write_bundles
+from dsagent.format.bundles.packwriter import plain_header, tar_header, tar_stream
 from dsagent.format.digester import build_manifest
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.manifest import FileEntry, Manifest
-from dsagent.format.packwriter import plain_header, tar_header, tar_stream
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.format import test_native
 
@@ -293,7 +294,7 @@ def test_list_dirs_hands_back_what_is_not_a_regular_file(tmp_path: Path, with_na
 def test_the_c_samples_are_the_python_samples(
     extension: ModuleType, sizes: list[int], block: int, shape: tuple[int, int]
 ) -> None:
-    from dsagent.format import frames
+    from dsagent.format.bundles import frames
 
     view = memoryview(random.Random(sum(sizes)).randbytes(sum(sizes)))
     pieces, piece = shape
@@ -310,7 +311,7 @@ def test_the_c_samples_are_the_python_samples(
 def test_the_c_zero_runs_and_rle_frames_are_the_python_ones(
     extension: ModuleType, records: list[tuple[int, bytes]], tail: int
 ) -> None:
-    from dsagent.format import frames
+    from dsagent.format.bundles import frames
 
     # records of some filled bytes then zeros (a tail), whole records of zeros among them
     data = b"".join(fill * (512 - zeros) + bytes(zeros) for zeros, fill in records) + b"y" * tail
@@ -471,7 +472,7 @@ def test_the_native_plan_is_the_python_plan(
 ) -> None:
     import random
 
-    from dsagent.format.bundle import plan_bundles
+    from dsagent.format.bundles.bundle import plan_bundles
     from dsagent.format.manifest import FileEntry
 
     rng = random.Random(seed)

@@ -19,8 +19,9 @@ import pytest
 import zstandard
 
 from dsagent.errors import DsagentError
-from dsagent.format import extract, native
-from dsagent.format.bundle import pack, unpack, unpack_bundle
+from dsagent.format import native
+from dsagent.format.bundles import extract
+from dsagent.format.bundles.bundle import pack, unpack, unpack_bundle
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree

@@ -10,8 +10,8 @@ import pytest
 
 from dsagent.cli import main
 from dsagent.errors import IntegrityError
-from dsagent.format import storeobjects
-from dsagent.format.bundle import pack_dataset, unpack, verify_tree, write_bundles
+from dsagent.format.bundles import storeobjects
+from dsagent.format.bundles.bundle import pack_dataset, unpack, verify_tree, write_bundles
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import read_manifest
@@ -175,8 +175,8 @@ def test_dsctl_pack_and_unpack_pause_the_cycle_collector_and_restore_it(
     # 200,000-file pack; a process that goes on (a test, a caller of main) gets it back
     import gc
 
-    import dsagent.format.bundle as bundle_module
-    import dsagent.format.extract as extract_module
+    import dsagent.format.bundles.bundle as bundle_module
+    import dsagent.format.bundles.extract as extract_module
 
     write_tree(tmp_path / "src", _files(8))
     seen: list[bool] = []

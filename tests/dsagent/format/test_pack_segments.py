@@ -14,8 +14,9 @@ import pytest
 import zstandard
 
 from dsagent.errors import IntegrityError
-from dsagent.format import bundle, native, packparallel, packwriter
-from dsagent.format.bundle import pack_dataset, unpack, verify_tree
+from dsagent.format import native
+from dsagent.format.bundles import bundle, packparallel, packwriter
+from dsagent.format.bundles.bundle import pack_dataset, unpack, verify_tree
 from dsagent.format.manifest import FileEntry, bundle_path
 from tests.dsagent.conftest import write_tree
 

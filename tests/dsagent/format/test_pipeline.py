@@ -15,8 +15,8 @@ import pytest
 import zstandard
 
 from dsagent.errors import InsufficientSpace, IntegrityError
-from dsagent.format import packwriter, storeobjects
-from dsagent.format.bundle import pack, unpack, write_bundles
+from dsagent.format.bundles import packwriter, storeobjects
+from dsagent.format.bundles.bundle import pack, unpack, write_bundles
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import FileEntry, bundle_path
 from tests.dsagent.conftest import write_tree
@@ -180,7 +180,8 @@ def test_a_store_on_a_really_full_disk_stops_every_stage_and_leaves_no_object(
 def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
 ) -> None:
-    from dsagent.format import extract, tarstream
+    from dsagent.format import tarstream
+    from dsagent.format.bundles import extract
 
     monkeypatch.setattr(extract, "UNPACK_AHEAD", ahead)
     monkeypatch.setattr(tarstream, "CHUNK_SIZE", 1000)  # many small compressed reads

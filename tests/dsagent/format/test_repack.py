@@ -1,4 +1,4 @@
-"""Re-packing (:mod:`dsagent.format.repack`): a bundle made again from its unpacked files
+"""Re-packing (:mod:`dsagent.format.bundles.repack`): a bundle made again from its unpacked files
 unpacks verified, is read whole from a directory renamed mid-stream, and is cut when a
 cached file changed (docs/design.md#peers)."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from dsagent.errors import IntegrityError
-from dsagent.format.bundle import pack, unpack_bundle
-from dsagent.format.extract import unpack_bundle_stream
+from dsagent.format.bundles.bundle import pack, unpack_bundle
+from dsagent.format.bundles.extract import unpack_bundle_stream
+from dsagent.format.bundles.repack import repack, repack_at
 from dsagent.format.manifest import bundle_path
-from dsagent.format.repack import repack, repack_at
 from tests.dsagent.conftest import write_tree
 
 FILES = {f"class{i % 3}/img{i:03d}.jpg": bytes([i % 251]) * (3000 + 97 * i) for i in range(24)}

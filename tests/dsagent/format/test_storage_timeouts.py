@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
-from dsagent.cache.settings import Settings, StorageSettings
+from dsagent.cache.settings import Settings
 from dsagent.cli.options import options_for_stores, settings_storage_config
 from dsagent.errors import InvalidInput, SettingsError
 from dsagent.format import storage
 from dsagent.format.storageconfig import CONFIG_KEY, StorageConfig, with_config
+from dsagent.format.storagesettings import StorageSettings
 
 
 class Built(Exception):

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from dsagent.errors import InvalidInput
-from dsagent.format.bundle import pack, verify_tree
+from dsagent.format.bundles.bundle import pack, verify_tree
 from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
 
 pytestmark = pytest.mark.slow  # the tests ask one agent process, started per module

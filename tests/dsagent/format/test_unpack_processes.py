@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from dsagent.errors import IntegrityError
-from dsagent.format import digestpool, extract
-from dsagent.format.bundle import pack, unpack, verify_tree
+from dsagent.format import digestpool
+from dsagent.format.bundles import extract
+from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import bundle_path
 from tests.dsagent.conftest import write_tree
 

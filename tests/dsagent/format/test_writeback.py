@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.format import durable
-from dsagent.format.bundle import pack, unpack
+from dsagent.format.bundles.bundle import pack, unpack
 from dsagent.format.durable import Writeback, writeback_for
 from tests.dsagent.conftest import write_tree
 

@@ -25,7 +25,7 @@ from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError, IntegrityError
 from dsagent.format import durable
-from dsagent.format.bundle import pack, unpack, verify_tree
+from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import write_tree
 

@@ -10,8 +10,8 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from dsagent import errors  # noqa: E402
-from dsagent.cluster.apiclient import KubeForbidden, KubeUnavailable  # noqa: E402
-from dsagent.cluster.clusterhooks import TaskNotOnNode  # noqa: E402
+from dsagent.kube.apiclient import KubeForbidden, KubeUnavailable  # noqa: E402
+from dsagent.nodeagent.clusterhooks import TaskNotOnNode  # noqa: E402
 from dsagent.nodeplugins.csi.driver import NodeServicer  # noqa: E402
 from dsagent.nodeplugins.deviceplugin.allocation import DeviceInUse, NoFreeVf  # noqa: E402
 from dsagent.nodeplugins.deviceplugin.plugin import _Servicer  # noqa: E402

@@ -37,8 +37,8 @@ import httpx
 import pytest
 
 from dsagent.cache.settings import Settings as AgentSettings
-from dsagent.cli.nodeparts import start_device_plugin
-from dsagent.cluster.publisher import desired_annotations
+from dsagent.nodeagent.nodeparts import start_device_plugin
+from dsagent.nodeagent.publisher import desired_annotations
 from dsagent.webhook.gpurequest import GpuClassSettings, lease_name
 from dsagent.webhook.mutation import Injection
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses

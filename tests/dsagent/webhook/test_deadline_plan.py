@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dsagent.cluster.publisher import desired_annotations
+from dsagent.nodeagent.publisher import desired_annotations
 from dsagent.webhook.deadlineplan import KubePlanNodes, PlanPolicy, apply_plan
 from dsagent.webhook.mutation import Injection
 from dsagent.webhook.server import create_app

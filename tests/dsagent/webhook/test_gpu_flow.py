@@ -11,7 +11,7 @@ with its topology and free GPUs as the agent publishes them (``desired_annotatio
    prioritizes the nodes; the worker goes to the best-scored node (ties: by name, where
    kube-scheduler would pick one at random);
 3. on that node, the agent's device plugin, started as ``dsagent serve`` starts it
-   (:func:`dsagent.cli.nodeparts.start_device_plugin`, from the same :class:`Settings` whose
+   (:func:`dsagent.nodeagent.nodeparts.start_device_plugin`, from the same :class:`Settings` whose
    ``roce_classes`` the agent publishes with), registers with a fake kubelet (real gRPC over
    unix sockets); the kubelet lists the class's devices, asks GetPreferredAllocation and
    Allocates. Each node has its own sysfs tree with two VFs per IB NIC (tests/sysfs_vf.py).
@@ -40,8 +40,8 @@ import httpx
 import pytest
 
 from dsagent.cache.settings import Settings as AgentSettings
-from dsagent.cli.nodeparts import start_device_plugin
-from dsagent.cluster.publisher import desired_annotations
+from dsagent.nodeagent.nodeparts import start_device_plugin
+from dsagent.nodeagent.publisher import desired_annotations
 from dsagent.webhook.gpurequest import GpuClassSettings, lease_name
 from dsagent.webhook.mutation import Injection
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses

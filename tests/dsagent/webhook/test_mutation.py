@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
-from dsagent.cluster.datasets import Dataset, SecretRef
 from dsagent.errors import InvalidInput, NotFound
+from dsagent.kube.datasets import Dataset, SecretRef
 from dsagent.webhook.mutation import (
     INIT_CONTAINER,
     READY_MARK,

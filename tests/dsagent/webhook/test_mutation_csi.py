@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
-from dsagent.cluster.datasets import SecretRef
 from dsagent.errors import InvalidInput
+from dsagent.kube.datasets import SecretRef
 from dsagent.nodeplugins.csi.volumes import datasets_from_context, storage_options
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection, ResolvedDataset, mutate
 from tests.dsagent.webhook.test_mutation import COCO, IMAGENET, real_pod

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
-from dsagent.cluster.datasets import Dataset
+from dsagent.kube.datasets import Dataset
 from dsagent.webhook.mutation import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, mutate, resolve
 from dsplatform.wire import readerenv
 from dsplatform.wire.podannotations import DatasetRef

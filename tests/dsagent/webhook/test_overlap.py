@@ -1,6 +1,6 @@
 """docs/design.md#rule-3: caching overlaps the image pull, so the pod starts no later than without us.
 
-A simulated kubelet (:mod:`dsagent.cluster.testing`) runs the webhook's mutated pod against
+A simulated kubelet (:mod:`dsagent.kube.testing`) runs the webhook's mutated pod against
 a real agent process, with the real ``dsctl`` in the cache container and the real
 wrapped command in the app container. Image pulls are gates the test controls, so the
 assertions are about order, never about time.
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from dsagent.api.client import AgentClient
-from dsagent.cluster.testing import SimulatedKubelet
 from dsagent.errors import AgentUnreachable
+from dsagent.kube.testing import SimulatedKubelet
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 from tests.dsagent.harness import unix_socket_listening
 from tests.fake_apiserver import json_patch, make_pod

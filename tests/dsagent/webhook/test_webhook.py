@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.cluster.datasets import DatasetClient
+from dsagent.kube.datasets import DatasetClient
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection
 from dsagent.webhook.server import decide, response
 from tests.charts.test_chart import NAMESPACE, find, render
@@ -31,6 +31,12 @@ REVIEW = json.loads(
     (Path(__file__).resolve().parents[2] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()
 )
 INJECTION = Injection(image="img:1", scheduler_name="dsplatform-scheduler")
+
+
+def webhook_environment() -> dict[str, str]:
+    """The suite's environment less the agents' DSAGENT_PROTOCOLS (tests/conftest.py), which
+    the webhook, reading only its own settings, would refuse as unknown."""
+    return {k: v for k, v in os.environ.items() if k != "DSAGENT_PROTOCOLS"}
 
 
 def review(annotation: str | None = "imagenet,coco", **spec: Any) -> dict[str, Any]:
@@ -170,7 +176,7 @@ def webhook_process(
     port = free_port()
     files = chart_tls["files"]
     env = {
-        **os.environ,
+        **webhook_environment(),
         "DSAGENT_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
         "DSAGENT_WEBHOOK_CERT_FILE": str(files["tls.crt"]),
         "DSAGENT_WEBHOOK_KEY_FILE": str(files["tls.key"]),
@@ -267,7 +273,7 @@ def test_malformed_reviews_get_a_400(webhook_server: dict[str, Any], body: Any) 
 
 
 def test_bad_settings_stop_the_webhook_with_one_clear_line(tmp_path: Path) -> None:
-    env = {**os.environ, "DSAGENT_WEBHOOK_INJECTION_FILE": str(tmp_path / "missing.json")}
+    env = {**webhook_environment(), "DSAGENT_WEBHOOK_INJECTION_FILE": str(tmp_path / "missing.json")}
     result = subprocess.run(
         [sys.executable, "-m", "dsagent.webhook"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -335,7 +341,7 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
     port = free_port()
     files = chart_tls["files"]
     env = {
-        **os.environ,
+        **webhook_environment(),
         "DSAGENT_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
         "DSAGENT_WEBHOOK_CERT_FILE": str(files["tls.crt"]),
         "DSAGENT_WEBHOOK_KEY_FILE": str(files["tls.key"]),
@@ -392,6 +398,7 @@ def test_a_missing_or_unreadable_certificate_is_one_line_and_exit_2(
     cert = tmp_path / "tls.crt"
     if certificate == "not-pem":
         cert.write_text("not a certificate\n")
+    monkeypatch.delenv("DSAGENT_PROTOCOLS", raising=False)  # webhook_environment()
     monkeypatch.setenv("DSAGENT_WEBHOOK_INJECTION_FILE", str(injection))
     monkeypatch.setenv("DSAGENT_WEBHOOK_CERT_FILE", str(cert))
     monkeypatch.setenv("DSAGENT_WEBHOOK_KEY_FILE", str(cert))

@@ -9,10 +9,10 @@ import pytest
 
 from dsagent.cache.inventory import validate
 from dsagent.cache.report import inventory as agent_inventory
-from dsagent.cluster.publisher import INVENTORY, desired_annotations
 from dsagent.controller.cachestate import Holding as ControllerHolding
 from dsagent.controller.cachestate import holdings
 from dsagent.controller.reconcile import parse_inventory as controller_reads
+from dsagent.nodeagent.publisher import INVENTORY, desired_annotations
 from dsplatform.boundedjson import JsonRefused
 from dsplatform.wire.inventory import (
     ANNOTATION,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dsagent.cache.settings import Settings
-from dsagent.cli.nodeparts import start_device_plugin
 from dsagent.errors import InvalidInput, SettingsError
+from dsagent.nodeagent.nodeparts import start_device_plugin
 from gpu_topology import Topology
 from tests.fake_kubelet import FakeKubelet
 from tests.sysfs_vf import build_dgx_a100_vfs

@@ -1,0 +1,1 @@
+"""This node's part in striped versions: its shares, the window, hand-offs."""

@@ -1,0 +1,146 @@
+"""Where a bundle of a striped version comes from: the peers that hold it, else the store.
+
+Who calls it: :class:`dsagent.cache.striped.stripes.StripeShares`, for the bundles this node owns
+(its share's fill, asked of the previous owners first) and for those it fetches into its
+window for this node's readers (asked of the owner first). What it owns: the order in
+which sources are asked (the group's members in the order given, then the agents holding
+or fetching a whole copy of the version, then the store), waiting for a busy peer, and the
+store as the last, durable source. Every bundle is verified by digest on the way in, whichever source sent it
+(:meth:`dsagent.cache.peers.PeerFetcher.fetch_from`, :func:`dsagent.format.bundles.extract.unpack_bundle`).
+Design: docs/design-striping.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from dsagent.cache.peers import PeerFetcher, PeerFetchingIt
+from dsagent.cache.peers.peerfetch import CLUSTER_REFRESH_EVERY, POLL_EVERY
+from dsagent.cache.peers.peersession import REFRESH_EVERY
+from dsagent.cache.settings import Settings
+from dsagent.format.bundles.extract import unpack_bundle
+from dsagent.format.manifest import BundleRef, Manifest
+
+log = logging.getLogger("dsagent.stripes")
+
+
+class Version(Protocol):
+    """What a fetch needs of a striped version: its manifest, its store and the agents of
+    its group and other listed peers (node name -> base URL)."""
+
+    manifest: Manifest
+    store: str
+    storage_options: Mapping[str, Any] | None
+    peers: dict[str, str]
+
+
+class BundleSources:
+    """Fetches one bundle of a striped version into a directory, counting where it came
+    from in ``counts`` (``peer_bundles``, ``store_bundles``)."""
+
+    def __init__(self, settings: Settings, peers: PeerFetcher, counts: MutableMapping[str, int]) -> None:
+        self.settings, self.peers, self.counts = settings, peers, counts
+        self._copies: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}  # -> (looked up at, URLs)
+
+    def fetch(
+        self,
+        version: Version,
+        ref: BundleRef,
+        directory: Path,
+        order: Sequence[str],
+        *,
+        copies: Sequence[str] = (),
+        fresh: bool = False,
+        before_store: Callable[[], object] | None = None,
+    ) -> None:
+        """Bundle ``ref`` into ``directory`` from the first of ``order`` (node names, best
+        first), then of ``copies`` (base URLs of agents holding or fetching the version
+        whole), that delivers it verified, else from the store, after calling
+        ``before_store``. ``fresh``: ``directory`` is the bundle's own and is emptied after
+        a failed attempt (a window slot)."""
+        if self._from_peers(version, ref, directory, order, copies, fresh=fresh):
+            self.counts["peer_bundles"] += 1
+            return
+        if before_store is not None:
+            before_store()
+        unpack_bundle(version.store, version.manifest, ref, directory, storage_options=version.storage_options)
+        self.counts["store_bundles"] += 1
+
+    def fetch_claimed(
+        self, version: Version, ref: BundleRef, directory: Path, order: Sequence[str], *, copies: Sequence[str] = ()
+    ) -> None:
+        """:meth:`fetch` for a bundle this node will serve (its share), claimed meanwhile
+        (:meth:`dsagent.cache.peers.PeerFetcher.claim`): an agent fetching the version whole
+        that asks for it waits for this one (425) instead of reading the store too, and two
+        agents asking each other settle who reads it, as agents starting a version together
+        do. The claim stays until the caller has recorded the bundle held and calls
+        ``PeerFetcher.release``."""
+        with self.peers.claim(ref.digest, "asking") as claim:
+            self.fetch(version, ref, directory, order, copies=copies, before_store=claim.downloading)
+            claim.finished()
+
+    async def copies(self, name: str, digest: str) -> Sequence[str]:
+        """The agents holding or fetching ``name@digest`` whole (base URLs, ready ones
+        first), looked up again as often as a whole copy's fetch looks for its peers: every
+        ``REFRESH_EVERY`` seconds among configured peers (a lookup asks each of them), every
+        ``CLUSTER_REFRESH_EVERY`` in cluster mode (a lookup lists the cluster's nodes)."""
+        if not self.peers.enabled:
+            return ()
+        now = time.monotonic()
+        found = self._copies.get((name, digest))
+        every = REFRESH_EVERY if self.peers.cluster_holders is None else CLUSTER_REFRESH_EVERY
+        if found is None or now - found[0] >= every:
+            urls: list[str] = []
+            with contextlib.suppress(Exception):  # no lookup: the group and the store still serve
+                urls = await self.peers.holders(name, digest, shares=False)
+            found = self._copies[(name, digest)] = (now, tuple(urls))
+        return found[1]
+
+    def forget(self, name: str, digest: str) -> None:
+        self._copies.pop((name, digest), None)
+
+    def _from_peers(
+        self,
+        version: Version,
+        ref: BundleRef,
+        directory: Path,
+        order: Sequence[str],
+        copies: Sequence[str],
+        *,
+        fresh: bool,
+    ) -> bool:
+        """Whether a peer delivered. A peer that answers "later" (busy with other streams,
+        or downloading the bundle: a whole copy still arriving) holds it, and is asked again
+        every ``POLL_EVERY`` for up to ``peer_wait``: a group change or a busy epoch must not
+        turn its upload limit into store reads. A peer that fails otherwise (not held there,
+        a lie, a dead link) is not asked again for this bundle."""
+        if self.settings.peer_token is None:
+            return False
+        urls = [version.peers[m] for m in order if m != self.settings.node_name and version.peers.get(m) is not None]
+        asking = list(dict.fromkeys([*urls, *copies]))
+        deadline = time.monotonic() + self.settings.peer_wait
+        while asking:
+            later: list[str] = []
+            for url in asking:
+                try:
+                    self.peers.fetch_from(url, version.manifest, ref, directory)
+                except PeerFetchingIt:
+                    later.append(url)
+                except Exception as exc:  # any other failure of one peer: ask the next (a lie costs time only)
+                    log.info("bundle %s not from %s: %s; asking on", ref.digest[:12], url, exc)
+                else:
+                    return True
+                if fresh:
+                    shutil.rmtree(directory, ignore_errors=True)
+                    directory.mkdir(parents=True)
+            if not later or time.monotonic() + POLL_EVERY >= deadline:
+                return False
+            time.sleep(POLL_EVERY)
+            asking = later
+        return False

@@ -1,0 +1,548 @@
+"""This node's shares of striped versions, and the bounded window it reads the rest through.
+
+Who calls it: :class:`dsagent.cache.service.CacheService` owns one :class:`StripeShares`,
+asks it for bundles it serves to peers (:meth:`StripeShares.locate`, after the ready
+versions), and :mod:`dsagent.api.striperoutes` drives it: an operator (the controller, or
+``dsctl``) asks this node to hold its share of a version, the node's pods read bundles
+through it. Design: docs/design-striping.md.
+
+What it owns, under ``<root>/stripes/<name>/<digest>/``:
+
+- ``share/``: the bundles this node owns by rendezvous hashing over the group
+  (:func:`dsplatform.stripe.owner`), each fetched from a peer that held it before, or one
+  holding or fetching a whole copy, else the store (:mod:`dsagent.cache.striped.stripefetch`:
+  every file verified by digest, published
+  whole), after the cache made room for them as for a fetch
+  (:meth:`dsagent.cache.space.Space.make_room`: 1.2x, LRU, never the share itself; the
+  bundles still missing stay reserved while it fills, :meth:`StripeShares.pending_bytes`), then
+  marked done by an empty file ``share/.stripe/done/<bundle>`` written and synced after
+  the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
+  a striped CSI volume shows: the share as files, and where the rest lives;
+- ``window/<bundle>/``: bundles owned elsewhere, fetched for this node's readers from the
+  owner over the peer protocol (then the other members, the agents holding or fetching a
+  whole copy, then the store), verified the same way. Which of them stay, within
+  ``stripe_window_bytes``, is :class:`~dsagent.cache.striped.stripewindow.StripeWindow`'s. The
+  window never takes a share's bundle and a share never waits for the window.
+
+A share never counts as a ready version: :meth:`status` reports how many of its bundles are
+held, and ``ready_enough`` says whether the first ``ready_after`` of them are (a reader may
+start there; a whole-tree volume of a striped version is never offered, see the design).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsagent.cache.layout import Key
+from dsagent.cache.peers import PeerFetcher, ServedBundle
+from dsagent.cache.pools import Pools
+from dsagent.cache.settings import Settings
+from dsagent.cache.striped.handoff import PeerFetches
+from dsagent.cache.striped.stripecurrent import CurrentVersions
+from dsagent.cache.striped.stripefetch import BundleSources
+from dsagent.cache.striped.stripewindow import StripeWindow
+from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound
+from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
+from dsplatform.data import DONE_DIR
+from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
+
+log = logging.getLogger("dsagent.stripes")
+
+STRIPES_DIR = "stripes"
+HOLD_FILE = "hold.json"
+PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
+
+
+@dataclass
+class _Share:
+    """One striped version this node takes part in."""
+
+    layout: StripeLayout
+    manifest: Manifest
+    store: str
+    storage_options: Mapping[str, Any] | None
+    peers: dict[str, str]  # member -> base URL of its agent
+    ready_after: int
+    held: set[str] = field(default_factory=set)
+    handover: set[str] = field(default_factory=set)  # held under an earlier group: served until dropped
+    error: str | None = None
+    task: asyncio.Task[None] | None = None
+    expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
+    last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
+    readers: int = 0  # streams of its bundles to this node's readers now
+    owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
+    no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
+
+    @property
+    def key(self) -> Key:
+        return (self.layout.name, self.layout.digest)
+
+    @property
+    def filling(self) -> bool:
+        return self.task is not None and not self.task.done() and self.error is None
+
+    def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
+        """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
+        return sum(
+            disk(b.size, b.count) for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover
+        )
+
+
+class StripeShares:
+    """The striped versions of this node: shares held, peers served, readers fed."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pools: Pools,
+        peers: PeerFetcher,
+        *,
+        clock: Callable[[], float] = time.time,
+        make_room: Callable[[Key, int], Awaitable[None]],
+        disk: Callable[[int, int], int],
+    ) -> None:
+        self.settings = settings
+        self.pools = pools
+        self.peers = peers
+        self.clock = clock
+        self.make_room = make_room  # evicts for a share about to be filled (the cache's Space)
+        self.disk = disk  # the disk (bytes, files) take: the unit of the capacity (Store.allocated)
+        self.root = settings.root / STRIPES_DIR
+        self._shares: dict[Key, _Share] = {}
+        self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
+        self.window = StripeWindow(settings, pools, self.counts)
+        self.sources = BundleSources(settings, peers, self.counts)
+        self.current = CurrentVersions(pools)
+        self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
+
+    # -- holding a share --------------------------------------------------------------------
+
+    def version_dir(self, key: Key) -> Path:
+        return self.root / key[0] / key[1]
+
+    def share_dir(self, key: Key) -> Path:
+        return self.version_dir(key) / "share"
+
+    async def hold(
+        self,
+        name: str,
+        store: str,
+        members: Sequence[str],
+        peers: Mapping[str, str],
+        *,
+        no_share: Sequence[str] = (),
+        digest: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        ready_after: int = 1,
+        lease: float | None = None,
+    ) -> dict[str, Any]:
+        """Take part in the stripe group ``members`` of ``name`` (its current manifest in
+        ``store``, or version ``digest``): write the layout, start fetching this node's share,
+        answer its status. Repeating it is harmless, and is the renewal: a share not held
+        again within ``lease`` seconds (``stripe_lease`` by default) is dropped by
+        :meth:`expire`, as a task's lease lapses. A changed group re-plans the share
+        (bundles this node no longer owns are still served to their new owners for
+        ``stripe_handover`` seconds after this node's new share is held, then dropped).
+        ``no_share``: members that own no bundle (weight 0 in the owner rule): a job's node
+        with no room for a share but by evicting another version's last copy takes part so
+        that its pods read through its window (docs/design-striping.md#group); this node,
+        when listed, holds nothing and is complete at once."""
+        lease = self.settings.stripe_lease if lease is None else lease
+        if not 0 < lease <= 30 * 86400:
+            raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
+        node = self.settings.node_name
+        if node not in members:
+            raise InvalidInput(f"this node ({node}) is not a member of the stripe group", hint="list it in members")
+        shareless = frozenset(no_share)
+        if not shareless <= set(members) or shareless >= set(members):
+            raise InvalidInput("noShare lists members only, and not all of them", hint="some member must own bundles")
+        self.settings.source_policy.check(store, storage_options)
+        for member, url in peers.items():
+            if not url.startswith(("http://", "https://")):
+                raise InvalidInput(f"peer {member!r} needs an http(s) base URL, not {url!r}")
+        manifest = await self.pools.work(
+            read_manifest, store, name, storage_options=storage_options, max_files=self.settings.max_dataset_files
+        )
+        if digest is not None and manifest.digest != digest:
+            raise NotFound(f"the store's {name!r} is version {manifest.digest}, not {digest}")
+        if not manifest.bundles:
+            raise InvalidInput(f"{name!r} is not packed: only a packed version can be striped")
+        layout = StripeLayout.create(
+            name,
+            manifest.digest,
+            members,
+            [(b.digest, b.first, b.count, b.size) for b in manifest.bundles],
+            manifest.entries.paths,
+            [e.size for e in manifest.entries],
+            weights=dict.fromkeys(shareless, 0.0) or None,
+        )
+        key = (name, manifest.digest)
+        share = self._shares.get(key)
+        now = self.clock()
+        same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
+        if share is not None and same_group and share.error is None:
+            share.peers.update(peers)
+            share.expires, share.last_used = now + lease, now
+            await self.pools.work(self._remember, share)
+            return self.status(key)
+        if share is not None and share.task is not None:
+            share.task.cancel()
+        owned = layout.held_by(node)
+        mine = sum(self.disk(b.size, b.count) for b in owned)
+        if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:
+            raise InsufficientSpace(
+                f"this node's share of {name!r} is {mine} bytes, over the cache's {self.settings.capacity_bytes}",
+                hint="choose a larger stripe group",
+            )
+        done = await self.pools.work(self._done_markers, key)
+        # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
+        await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
+        share = _Share(
+            layout, manifest, store, storage_options, dict(peers), max(0, ready_after), owned=tuple(owned),
+            no_share=shareless,
+        )  # fmt: skip
+        share.expires, share.last_used = now + lease, now
+        self._shares[key] = share
+        await self.pools.work(self._prepare, share, done)
+        await self.pools.work(self._remember, share)
+        share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
+        return self.status(key)
+
+    def _done_markers(self, key: Key) -> set[str]:
+        """The bundles this node already holds of version ``key`` (their markers)."""
+        try:
+            return {marker.name for marker in (self.share_dir(key) / DONE_DIR).iterdir()}
+        except FileNotFoundError:
+            return set()
+
+    def _remember(self, share: _Share) -> None:
+        """What a restarted agent needs to hold the share again (:meth:`recover`): never the
+        storage options, which may hold credentials; a share that needed them waits for its
+        holder (the controller's renewed task) to ask again."""
+        path = self.version_dir(share.key) / HOLD_FILE
+        if share.storage_options is not None:
+            path.unlink(missing_ok=True)
+            return
+        record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
+                  "noShare": sorted(share.no_share), "readyAfter": share.ready_after,
+                  "expiresAt": share.expires}  # fmt: skip
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    async def recover(self) -> None:
+        """Hold again the shares this node held before a restart (their bundles on disk are
+        kept: a marker means a verified bundle), so that peers and readers find them."""
+        found = await self.pools.work(lambda: sorted(self.root.glob(f"*/*/{HOLD_FILE}")))
+        for path in found:
+            name, digest = path.parent.parent.name, path.parent.name
+            try:
+                record = json.loads(await self.pools.work(path.read_text))
+                left = float(record.get("expiresAt", math.inf)) - self.clock()
+                if left <= 0:  # its lease lapsed while the agent was down
+                    log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
+                    await self.pools.work(shutil.rmtree, path.parent, True)
+                    continue
+                await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
+                                no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
+                                lease=min(left, self.settings.stripe_lease))  # fmt: skip
+            except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
+
+    def _prepare(self, share: _Share, done: set[str]) -> None:
+        """The share's directories and layout file; of the bundles ``done`` (marked held on
+        disk), those it owns are held, the others handed over."""
+        directory = self.share_dir(share.key)
+        (directory / DONE_DIR).mkdir(parents=True, exist_ok=True)
+        (self.version_dir(share.key) / "window").mkdir(exist_ok=True)
+        tmp = directory / f".{LAYOUT_FILE}.tmp"
+        with open(tmp, "wb") as out:
+            for line in share.layout.dump():
+                out.write(line)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, directory / LAYOUT_FILE)
+        mine = {b.digest for b in share.owned}
+        for digest in done:
+            (share.held if digest in mine else share.handover).add(digest)
+
+    async def _fill(self, share: _Share) -> None:
+        """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
+        todo = [b for b in share.owned if b.digest not in share.held]
+        gate = asyncio.Semaphore(self.settings.fetch_workers)
+        refs = {b.digest: b for b in share.manifest.bundles}
+
+        async def one(digest: str) -> None:
+            async with gate:
+                copies = await self.sources.copies(*share.key)
+                try:
+                    await self.pools.work(self._fetch_owned, share, refs[digest], copies)
+                    share.held.add(digest)
+                finally:
+                    self.peers.release(digest)  # held (served from the share) or not at all
+
+        try:
+            await asyncio.gather(*(one(b.digest) for b in todo))
+            if share.handover:  # the new owners fetch them from here meanwhile (bounded in time)
+                await asyncio.sleep(self.settings.stripe_handover)
+                share.handover.clear()
+                await self.pools.work(self._drop_unowned, share)
+        except asyncio.CancelledError:
+            raise
+        except DsagentError as exc:
+            share.error = str(exc)
+            log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
+
+    def _fetch_owned(self, share: _Share, bundle: BundleRef, copies: Sequence[str]) -> None:
+        """An owned bundle, verified, then its marker (the files first, so a marker always
+        means the files are there). Asked first of the nodes ranked highest by rendezvous
+        hashing over the members and the other peers listed (a draining node the controller
+        lists as a peer but not a member owned the bundle before, so it ranks first): after a
+        member joins, the one ranked second owned the bundle before, and after a drain the
+        leaving node did, so a group change moves shares over P2P; then the agents holding or
+        fetching a whole copy (``copies``); then the store, the durable copy. Claimed
+        meanwhile, so that a whole copy arriving elsewhere waits for it rather than read it
+        from the store too."""
+        directory = self.share_dir(share.key)
+        ranked = sorted({*share.layout.members, *share.peers})
+        order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
+        self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
+        _write_marker(directory / DONE_DIR / bundle.digest)
+
+    def _drop_unowned(self, share: _Share) -> None:
+        """Markers (then files) of bundles this node held under an earlier group."""
+        directory = self.share_dir(share.key)
+        mine = {b.digest for b in share.owned}
+        for marker in list((directory / DONE_DIR).iterdir()):
+            if marker.name not in mine:
+                marker.unlink()  # the marker first: the files are no longer promised
+                ref = _bundle_of(share.manifest, marker.name)
+                for entry in share.manifest.bundle_entries(ref) if ref is not None else ():
+                    with contextlib.suppress(FileNotFoundError):
+                        (directory / entry.path).unlink()
+
+    async def held(self, key: Key) -> _Share:
+        """The share of ``key`` held here; else Superseded (:mod:`.stripecurrent`) or NotFound."""
+        share = self._shares.get(key)
+        if share is None:
+            await self.current.check(key[0], key[1], (s for k, s in self._shares.items() if k[0] == key[0]))
+            raise NotFound(f"this node holds no share of {key[0]}@{key[1][:12]}")
+        return share
+
+    def status(self, key: Key) -> dict[str, Any]:
+        share = self._shares.get(key)
+        if share is None:
+            raise NotFound(f"this node holds no share of {key[0]}@{key[1][:12]}")
+        mine = share.owned
+        held = [b for b in mine if b.digest in share.held]
+        first = mine[: share.ready_after]
+        return {
+            "name": key[0],
+            "digest": key[1],
+            "members": list(share.layout.members),
+            "bundles_owned": len(mine),
+            "bundles_held": len(held),
+            "bytes_owned": sum(b.size for b in mine),
+            "bytes_held": sum(b.size for b in held),
+            "complete": len(held) == len(mine),
+            "ready_enough": all(b.digest in share.held for b in first),
+            "error": share.error,
+            "share_dir": str(self.share_dir(key)),
+        }
+
+    def held_bytes(self) -> dict[Key, int]:
+        """Bytes of each striped version this node holds (for the inventory)."""
+        return {
+            key: sum(b.size for b in share.layout.bundles if b.digest in share.held)
+            for key, share in self._shares.items()
+        }
+
+    # -- leases, release, space ---------------------------------------------------------------
+
+    def usage(self) -> list[tuple[Key, int, float, bool]]:
+        """Per share: its key, the bytes it takes (held and handed-over bundles, and its
+        window), when it was last used, and whether it is busy (being filled, or streamed
+        to a reader now): what :class:`dsagent.cache.space.Space` counts and evicts."""
+        window = self.window.bytes_by_version()
+        return [
+            (
+                key,
+                share.disk_bytes(self.disk) + window.get(key, 0),
+                share.last_used,
+                share.readers > 0 or share.filling,
+            )
+            for key, share in self._shares.items()
+        ]
+
+    def total_bytes(self) -> int:
+        """Disk the shares and the window take (counted against the cache's capacity)."""
+        return sum(share.disk_bytes(self.disk) for share in self._shares.values()) + self.window.bytes
+
+    def pending_bytes(self, exclude: Key | None = None) -> int:
+        """Disk the shares being filled still miss, their room made when they were held
+        (:meth:`hold`): reserved for them, so that a fetch starting meanwhile cannot take it.
+        ``exclude``: a share whose room is being made again."""
+        return sum(
+            self.disk(b.size, b.count)
+            for key, share in self._shares.items()
+            if key != exclude and share.filling
+            for b in share.owned
+            if b.digest not in share.held
+        )
+
+    async def drop(self, key: Key, *, reason: str) -> bool:
+        """Stop holding one share: its fill stops, its window bundles and files go (the
+        markers with them, so nothing is promised that is not there). A hole costs the
+        group only this node's bundles: readers and the new owners fetch them again."""
+        share = self._shares.get(key)
+        if share is None:
+            return False
+        if share.task is not None:
+            share.task.cancel()
+            await asyncio.gather(share.task, return_exceptions=True)
+        share.held.clear()  # promised no more, to peers and readers, before the files go
+        share.handover.clear()
+        await self.window.forget(key)
+        log.info("dropping the share of %s@%s (%s)", key[0], key[1][:12], reason)
+        await self.pools.work(_remove_version, self.version_dir(key))
+        if self._shares.get(key) is share:
+            del self._shares[key]
+            self.sources.forget(*key)
+        return True
+
+    async def release(self, name: str, digest: str | None = None) -> list[str]:
+        """``DELETE /v1/stripes/<name>``: drop this node's shares of ``name`` (of one
+        version with ``digest``); the digests dropped. :class:`NotFound` when none is held."""
+        keys = [k for k in self._shares if k[0] == name and (digest is None or k[1] == digest)]
+        if not keys:
+            raise NotFound(f"this node holds no share of {name}" + (f"@{digest[:12]}" if digest else ""))
+        for key in keys:
+            await self.drop(key, reason="released")
+        return [k[1] for k in keys]
+
+    async def expire(self) -> list[Key]:
+        """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again."""
+        now = self.clock()
+        gone = [key for key, share in self._shares.items() if share.expires <= now]
+        for key in gone:
+            await self.drop(key, reason="its lease lapsed")
+        return gone
+
+    def inventory(self) -> dict[str, Any]:
+        """The inventory's ``stripes`` section: per name, the newest version this node takes part in."""
+        out: dict[str, Any] = {}
+        for key, share in self._shares.items():
+            out[key[0]] = {
+                "digest": key[1],
+                "sizeBytes": share.layout.total_bytes,
+                "heldBytes": sum(b.size for b in share.layout.bundles if b.digest in share.held),
+                "members": len(share.layout.members),
+                # the owners only: a reader computes each bundle's owner over this list, and a
+                # member without a share owns nothing (weight 0 is the same as not listed)
+                "group": [m for m in share.layout.members if m not in share.no_share],
+            }
+        return out
+
+    async def stop(self) -> None:
+        tasks = [s.task for s in self._shares.values() if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- serving peers ----------------------------------------------------------------------
+
+    async def locate(self, digest: str) -> ServedBundle | None:
+        """A held share bundle with ``digest``, for a peer (window bundles are not held: a
+        member serves only what it owns and holds). Shares are outside the eviction of
+        versions, so nothing is pinned; its key is ``("stripe/<name>", digest)``, which names
+        no version. Each one found counts in :attr:`peer_fetches` until its stream ends."""
+        for key, share in self._shares.items():
+            if digest in share.held or digest in share.handover:
+                ref = _bundle_of(share.manifest, digest)
+                if ref is not None:
+                    self.peer_fetches.asked(self.clock())
+                    return ServedBundle(
+                        (f"stripe/{key[0]}", key[1]),
+                        self.share_dir(key),
+                        list(share.manifest.bundle_entries(ref)),
+                        ended=lambda whole: self.peer_fetches.ended(self.clock(), whole),
+                    )
+        return None
+
+    def bundles_served(self) -> int:
+        """The share bundles this node serves to peers now (held, or handed over and not yet dropped)."""
+        return sum(len(share.held | share.handover) for share in self._shares.values())
+
+    # -- feeding this node's readers ----------------------------------------------------------
+
+    async def open_bundle(self, name: str, digest: str, bundle: str) -> tuple[Path, list[FileEntry], Any]:
+        """Where this node's reader finds ``bundle`` (held, or fetched into the window) and the
+        call that lets it go. :class:`NotFound` unless a share of the version is held here."""
+        key = (name, digest)
+        share = await self.held(key)
+        ref = _bundle_of(share.manifest, bundle)
+        if ref is None:
+            raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")
+        entries = list(share.manifest.bundle_entries(ref))
+        share.last_used = self.clock()
+        if bundle in share.held:
+            self.counts["served_local"] += 1
+            share.readers += 1
+            return self.share_dir(key), entries, lambda: _done_reading(share)
+
+        async def fetch(directory: Path) -> None:
+            copies = await self.sources.copies(*key)
+            await self.pools.work(self._fetch_visiting, share, ref, directory, copies)
+
+        directory = self.version_dir(key) / "window" / bundle
+        where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
+        return where, entries, release
+
+    def _fetch_visiting(self, share: _Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
+        """A bundle owned elsewhere into the window: the owner, the other members, the store."""
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
+        order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
+        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True)
+
+
+def _done_reading(share: _Share) -> None:
+    share.readers = max(0, share.readers - 1)
+
+
+def _remove_version(directory: Path) -> None:
+    """A share's directory, its hold record first (a restart must not hold it again)."""
+    (directory / HOLD_FILE).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _bundle_of(manifest: Manifest, digest: str) -> BundleRef | None:
+    return next((b for b in manifest.bundles if b.digest == digest), None)
+
+
+def _write_marker(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+__all__ = ["STRIPES_DIR", "StripeShares"]

@@ -1,0 +1,1 @@
+"""The bundle format: packing, encoding, reading and extracting tar+zstd bundles."""

@@ -1,0 +1,219 @@
+"""What ``dsagent serve`` runs beside the cache service on this node, chosen by its settings.
+
+Who calls it: the agent's entry point (:mod:`dsagent.cli.agent`), once at start-up. What it
+owns: the hooks the service is built with and the companions that run on its loop
+(:func:`node_parts`: cluster mode's :class:`~dsagent.nodeagent.clusteragent.ClusterAgent` and its
+hooks, the CSI node plugin), the device plugin (:func:`device_plugin_wanted`,
+:func:`start_device_plugin`), the kubelet's free GPUs for cluster mode, and the one-line
+refusal where a chosen part is missing from the install (:func:`require_kubelet_extra`,
+:class:`KubernetesUnavailable`). Each part is imported only when the settings choose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from dsagent.api import CompanionFactory
+from dsagent.cache.service import CacheService
+from dsagent.cache.servicehooks import ServiceHooks
+from dsagent.cache.settings import Settings
+from dsagent.errors import SettingsError
+from dsagent.nodeagent.clustersettings import ClusterSettings
+
+#: every settings class the node agent reads: what its start-up check accepts (dsagent.kube.envnames)
+SETTINGS = (Settings, ClusterSettings)
+
+
+class KubernetesUnavailable(SettingsError):
+    """Cluster mode was asked for, but this build or install lacks it (like a missing extra)."""
+
+
+def require_kubelet_extra(settings: Settings) -> None:
+    """Stop at start-up, in one line, where a chosen kubelet plugin lacks the ``kubelet`` extra.
+
+    grpcio and protobuf are an extra so that ``pip install dsplatform`` for dsctl in a training
+    image does not force their newest releases beside TensorFlow or Ray; the agent's image
+    installs them. The CSI node plugin, the device plugin and cluster mode (free GPUs from the
+    kubelet's pod-resources API) need them.
+    """
+    wanted = [
+        feature
+        for feature, on in (
+            ("the CSI node plugin (DSAGENT_CSI_SOCKET)", settings.csi_socket is not None),
+            ("the device plugin (--device-plugin)", settings.device_plugin),
+            ("cluster mode (--kubernetes: free GPUs from the kubelet's pod-resources API)", settings.kubernetes),
+        )
+        if on
+    ]
+    if not wanted:
+        return
+    try:
+        import google.protobuf  # noqa: F401
+        import grpc  # noqa: F401
+    except ImportError as exc:
+        raise SettingsError(
+            f"{wanted[0]} needs {exc.name!r}, which is not installed",
+            hint="pip install 'dsplatform[kubelet]' (the agent's image has it)",
+        ) from exc
+
+
+def load_cluster_agent(settings: Settings) -> tuple[ServiceHooks, CompanionFactory]:
+    """Cluster mode's hooks for the service and ``dsagent.nodeagent.clusteragent.ClusterAgent``'s
+    factory (sharing one ``ClusterHooks``), imported only in cluster mode."""
+    try:
+        from dsagent.nodeagent.clusteragent import ClusterAgent
+        from dsagent.nodeagent.clusterhooks import ClusterHooks
+    except ImportError as exc:
+        name = getattr(exc, "name", None) or ""
+        if name and not name.startswith("dsagent"):
+            raise KubernetesUnavailable(
+                f"cluster mode needs {name!r}, which is not installed", hint="pip install dsplatform"
+            ) from exc
+        raise KubernetesUnavailable(
+            "cluster mode (--kubernetes) is not available in this build: dsagent.nodeagent.clusteragent is missing",
+            hint="run without --kubernetes / DSAGENT_KUBERNETES, or install a build with the Kubernetes integration",
+        ) from exc
+    free_gpus = free_gpu_source(settings)
+    cluster = ClusterSettings.from_env(os.environ)
+    hooks = ClusterHooks(settings, cluster)
+    return hooks.for_service(), lambda svc: ClusterAgent(
+        svc, settings, cluster=cluster, free_gpus=free_gpus, hooks=hooks
+    )
+
+
+class CsiCompanion:
+    """The CSI node plugin beside the service (docs/design.md#csi): recover, then serve the socket."""
+
+    def __init__(self, service: CacheService, settings: Settings) -> None:
+        self.service, self.settings = service, settings
+        self._server: Any = None
+        self._driver: Any = None
+
+    async def start(self) -> None:
+        from dsagent.nodeplugins.csi.driver import NodeDriver, serve
+
+        assert self.settings.csi_socket is not None
+        self._driver = NodeDriver(self.service, self.settings)
+        await self._driver.recover()
+        self._server = await serve(self._driver, self.settings.csi_socket)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(5)
+        if self._driver is not None:
+            await self._driver.stop()
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """What ``dsagent serve`` builds around the cache service: the hooks it is built with,
+    and the companions that run beside it."""
+
+    hooks: ServiceHooks = ServiceHooks()
+    companions: tuple[CompanionFactory, ...] = ()
+
+
+def node_parts(settings: Settings) -> NodeParts:
+    """The service's hooks and the companions on this node, by the settings."""
+    hooks = ServiceHooks()
+    chosen: list[CompanionFactory] = []
+    if settings.kubernetes:
+        hooks, cluster_agent = load_cluster_agent(settings)
+        chosen.append(cluster_agent)
+    if settings.csi_socket is not None:
+        chosen.append(lambda svc: CsiCompanion(svc, settings))
+    return NodeParts(hooks, tuple(chosen))
+
+
+async def device_plugin_wanted(settings: Settings) -> bool:
+    """False on a node without ``<DSAGENT_DEVICE_PLUGIN_NODE_LABEL>=true`` (cluster mode only).
+
+    The label is how the plugin and NVIDIA's never serve one node: NVIDIA's DaemonSet
+    excludes labelled nodes, ours serves only them (docs/user-guide/gpu-allocation.md).
+    """
+    label = settings.device_plugin_node_label
+    if not label or not settings.kubernetes:
+        return True
+    from dsagent.kube import apiclient
+
+    def labels() -> dict[str, str]:
+        from kubernetes import client
+
+        api = apiclient.load()
+        try:
+            with apiclient.translated(f"read node {settings.node_name}"):
+                node = client.CoreV1Api(api).read_node(settings.node_name, _request_timeout=10)
+        finally:
+            api.close()
+        return dict((node.metadata.labels if node.metadata else None) or {})
+
+    value = (await asyncio.to_thread(labels)).get(label)
+    if value != "true":
+        logging.getLogger("dsagent").info(
+            "node %s is not labelled %s=true: no device plugin here", settings.node_name, label
+        )
+    return value == "true"
+
+
+def free_gpu_source(settings: Settings) -> Any:
+    """Free GPUs from the kubelet's pod-resources API, for the ClusterAgent's annotation."""
+    from dsagent.nodeplugins.deviceplugin.podresources import GPU_RESOURCE_PREFIXES, PodResourcesClient
+
+    client = PodResourcesClient(settings.pod_resources_socket)
+    prefixes = GPU_RESOURCE_PREFIXES + (f"{settings.resource_prefix}/gpu-",)
+
+    async def free_gpus(topology: Any) -> list[int] | None:
+        return await client.free_gpus(topology, prefixes)
+
+    return free_gpus
+
+
+async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs_root: Path = Path("/")) -> Any:
+    """Discover GPUs and VFs, then serve and register the device plugin (docs/design.md#roce-allocation)."""
+    from dsagent.nodeplugins.deviceplugin.allocation import NodeDevices
+    from dsagent.nodeplugins.deviceplugin.plugin import DevicePlugin
+    from dsagent.nodeplugins.deviceplugin.podresources import PodResourcesClient
+    from gpu_topology import TopologyError, discover
+    from gpu_topology.discovery.sriov import discover_vfs
+
+    try:
+        if topology is None:
+            topology = await asyncio.to_thread(partial(discover, options=settings.discovery_options))
+        vfs = await asyncio.to_thread(discover_vfs, sysfs_root)
+        if settings.vf_setup or settings.vf_addresses is not None:
+            from dsagent.nodeplugins.deviceplugin.vfsetup import set_up_vfs
+
+            setup = partial(set_up_vfs, topology, vfs, sysfs_root, settings.vf_setup, settings.vf_addresses)
+            vfs = await asyncio.to_thread(setup)
+    except TopologyError as exc:
+        raise SettingsError(
+            f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
+        ) from exc
+    try:
+        node = NodeDevices(topology, vfs, settings.resource_prefix, settings.roce_classes)
+    except TopologyError as exc:  # subnet mode and a GPU-affine NIC without an address
+        raise SettingsError(
+            f"RoCE classes by DSAGENT_ROCE_CLASSES={settings.roce_classes}: {exc}",
+            hint="the agent publishes this node without classes too; give the NICs their addresses or use numa",
+        ) from exc
+    if not node.resources:
+        raise SettingsError(
+            "this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node"
+        )
+    client = PodResourcesClient(settings.pod_resources_socket)
+    host_root = settings.host_root if settings.host_root is not None else settings.root
+    plugin = DevicePlugin(
+        node,
+        state_dir=settings.root / "kubelet",
+        host_state_dir=host_root / "kubelet",
+        plugin_dir=settings.device_plugin_dir,
+        listed=client.listed,
+    )
+    await plugin.start()
+    return plugin

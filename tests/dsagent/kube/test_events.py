@@ -1,0 +1,64 @@
+"""The Events recorder against the fake API server (``events.k8s.io/v1``, the real wire format)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsagent.kube.events import EventRecorder, ObjectRef
+from tests.fake_apiserver import FakeApiServer, make_dataset
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_repeated_event_is_one_event_with_a_count_and_a_new_note_is_another(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
+    clock = Clock()
+    events = EventRecorder(api_client, controller="dsagent.io/dataset-controller", instance="c-1", clock=clock)
+    ref = ObjectRef.of(ds)
+    note = "spec.warm.nodes asks for 40 nodes; at most 8 are warmed"
+    assert events.record(ref, type="Warning", reason="WarmNodesOverLimit", action="Warm", note=note)
+    clock.now += 30
+    assert events.record(ref, type="Warning", reason="WarmNodesOverLimit", action="Warm", note=note)
+    [event] = apiserver.list("events")
+    assert event["metadata"]["namespace"] == "team-a" and event["metadata"]["name"].startswith("imagenet.")
+    assert event["regarding"] == {
+        "apiVersion": "dsagent.io/v1alpha1",
+        "kind": "Dataset",
+        "namespace": "team-a",
+        "name": "imagenet",
+        **({"uid": ds["metadata"]["uid"]} if ds["metadata"].get("uid") else {}),
+    }
+    assert (event["type"], event["reason"], event["action"], event["note"]) == (
+        "Warning",
+        "WarmNodesOverLimit",
+        "Warm",
+        note,
+    )
+    assert event["reportingController"] == "dsagent.io/dataset-controller" and event["reportingInstance"] == "c-1"
+    assert event["series"]["count"] == 2
+    assert events.record(ref, type="Warning", reason="WarmNodesOverLimit", action="Warm", note="another " + "x" * 2000)
+    assert len(apiserver.list("events")) == 2
+    assert max(len(e["note"]) for e in apiserver.list("events")) == 1024
+    clock.now += 3600  # past the series window: a new Event
+    assert events.record(ref, type="Warning", reason="WarmNodesOverLimit", action="Warm", note=note)
+    assert len(apiserver.list("events")) == 3
+
+
+def test_an_event_the_api_server_refuses_is_false_never_an_error(apiserver: FakeApiServer, api_client: Any) -> None:
+    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
+    events = EventRecorder(api_client, controller="dsagent.io/dataset-controller", instance="c-1")
+    apiserver.fail(lambda r: "/events" in r.path, code=403)
+    try:
+        assert not events.record(ObjectRef.of(ds), type="Warning", reason="Refused", action="Warm", note="n")
+    finally:
+        apiserver.heal()
+    assert apiserver.list("events") == []
+    assert events.record(ObjectRef.of(ds), type="Warning", reason="Refused", action="Warm", note="n")

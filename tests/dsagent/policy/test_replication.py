@@ -1,0 +1,70 @@
+"""Replication of hot data, the pure part (docs/design.md#replication): the target from the
+demand, and where the copies go."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsagent.policy.replication import AUTO, NodeRoom, choose, parse_mode, target
+
+GB = 10**9
+
+
+def test_modes_are_auto_or_a_bounded_number() -> None:
+    assert parse_mode("auto") == AUTO and parse_mode(3) == 3 and parse_mode(0) == 0
+    for hostile in ("AUTO", "3", -1, 10_001, True, None, 2.5, {"n": 1}):
+        assert parse_mode(hostile) is None
+
+
+def test_auto_follows_the_demand_up_and_down_within_its_cap() -> None:
+    assert [target(AUTO, d, max_auto=4) for d in (0, 1, 3, 9, 2, 0)] == [0, 1, 3, 4, 2, 0]
+    assert target(5, 0, max_auto=1) == 5  # a number is taken as given
+
+
+def test_holders_first_then_room_and_free_gpus() -> None:
+    nodes = [
+        NodeRoom("full", holds_ready=False, free_bytes=1 * GB, free_gpus=8),  # no room for 10 GB x 1.2
+        NodeRoom("busy", holds_ready=False, free_bytes=100 * GB, free_gpus=0),  # no GPU for a pod
+        NodeRoom("roomy", holds_ready=False, free_bytes=50 * GB, free_gpus=2),
+        NodeRoom("idle", holds_ready=False, free_bytes=20 * GB, free_gpus=8),
+        NodeRoom("holder", holds_ready=True, free_bytes=0, free_gpus=0),
+    ]
+    assert choose(nodes, 1, size_bytes=10 * GB) == ["holder"]
+    assert choose(nodes, 2, size_bytes=10 * GB) == ["holder", "idle"]
+    assert choose(nodes, 5, size_bytes=10 * GB) == ["holder", "idle", "roomy"]  # the others never qualify
+    # a node chosen before keeps its place while its copy arrives (no room left meanwhile)
+    assert choose(nodes, 2, size_bytes=10 * GB, before=["full"]) == ["full", "holder"]
+
+
+rooms = st.lists(
+    st.builds(
+        NodeRoom,
+        name=st.sampled_from([f"n{i}" for i in range(8)]),
+        holds_ready=st.booleans(),
+        free_bytes=st.integers(0, 100),
+        free_gpus=st.integers(0, 8),
+    ),
+    max_size=8,
+    unique_by=lambda n: n.name,
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(nodes=rooms, wanted=st.integers(0, 10), size=st.integers(0, 80), before=st.lists(st.sampled_from(["n0", "n3"])))
+def test_choice_properties(nodes: list[NodeRoom], wanted: int, size: int, before: list[str]) -> None:
+    chosen = choose(nodes, wanted, size_bytes=size, before=before)
+    by_name = {n.name: n for n in nodes}
+    assert chosen == sorted(set(chosen)) and len(chosen) <= wanted
+    for name in chosen:
+        n = by_name[name]
+        assert n.holds_ready or name in before or (n.free_bytes >= math.ceil(size * 1.2) and n.free_gpus > 0)
+    holders = [n.name for n in nodes if n.holds_ready]
+    if len(holders) >= wanted:
+        assert set(chosen) <= set(holders)  # no transfer while holders suffice
+    else:
+        assert set(holders) <= set(chosen)

@@ -1,0 +1,183 @@
+"""The stripe group's members and the eviction order of striped shares: pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dsagent.policy.stripegroup import (
+    LAST_COPY,
+    REPLICATED,
+    STRIPE_SHARE,
+    Candidate,
+    choose_group,
+    eviction_class,
+    eviction_order,
+)
+
+TB = 10**12
+
+
+def _members(*args: Any, **kwargs: Any) -> list[str]:
+    """The members :func:`choose_group` picks, in order (every node here owns a share)."""
+    group = choose_group(*args, **kwargs)
+    assert group.no_share == []
+    return group.members
+
+
+def _nodes() -> list[Candidate]:
+    return [
+        Candidate("a", free_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("b", free_bytes=1 * TB, held_bytes=2 * TB, subnet="s2", cache_bytes=4 * TB),
+        Candidate("c", free_bytes=4 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("d", free_bytes=4 * TB, subnet="s2", cache_bytes=4 * TB),
+        Candidate("e", free_bytes=10, subnet="s1", cache_bytes=4 * TB),
+        Candidate("f", free_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+    ]
+
+
+def test_the_jobs_nodes_then_holders_then_room_in_the_same_subnet() -> None:
+    group = _nodes()
+    chosen = _members(group, size_bytes=6 * TB, job_nodes=["e"], members=4)
+    # e (the job's, even without room), b (holds bundles), then room in e's subnet s1: c, then a/f
+    assert chosen[:3] == ["e", "b", "c"] and chosen[3] in ("a", "f") and len(chosen) == 4
+
+
+def test_every_node_of_the_job_is_a_member_even_past_the_size_rule() -> None:
+    # the size rule asks for 2 members; the job runs on 5 nodes: each needs a share to read
+    # through (its agent serves it the rest), so the group has all 5, the job's first
+    job = ["e", "a", "f", "d", "c"]
+    chosen = _members(_nodes(), size_bytes=6 * TB, job_nodes=job, members=2)
+    assert chosen == job
+    assert _members(_nodes(), size_bytes=6 * TB, job_nodes=["a", "gone"], members=1) == ["a"]  # only nodes seen
+    # the members it asks for still count when the job has fewer nodes
+    assert len(_members(_nodes(), size_bytes=6 * TB, job_nodes=["e"], members=4)) == 4
+
+
+def test_the_size_comes_from_the_budget_and_the_smallest_cache() -> None:
+    chosen = _members(_nodes(), size_bytes=6 * TB)  # ceil(1.2 * 6 / (0.5 * 4)) = 4
+    assert len(chosen) == 4
+    assert _members(_nodes(), size_bytes=1 * TB, members=1) == ["b"]  # the holder moves nothing
+
+
+def test_members_chosen_before_stay_and_nodes_without_room_are_left_out() -> None:
+    chosen = _members(_nodes(), size_bytes=6 * TB, before=["d", "a"], members=3)
+    assert chosen[:2] == ["a", "d"] or chosen[:2] == ["d", "a"]
+    assert "e" not in _members(_nodes(), size_bytes=6 * TB, members=6)  # 10 bytes free, not the job's
+    assert _members([], size_bytes=1) == []
+
+
+def test_members_keep_their_order_while_their_shares_fill() -> None:
+    # a pass saw the group [a, d, c] with nothing held; now d and c hold more than a: the list
+    # stays as it was (a reordered list is a new group to the agents, and moves the readers'
+    # buckets), and a new member comes after the earlier ones
+    filling = [
+        Candidate("a", free_bytes=3 * TB, held_bytes=1, subnet="s1", cache_bytes=4 * TB),
+        Candidate("c", free_bytes=2 * TB, held_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("d", free_bytes=2 * TB, held_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("f", free_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+    ]
+    assert _members(filling, size_bytes=6 * TB, before=["a", "d", "c"], members=3) == ["a", "d", "c"]
+    assert _members(filling, size_bytes=6 * TB, before=["a", "d", "c"], job_nodes=["f"], members=4) == [
+        "a", "d", "c", "f",
+    ]  # fmt: skip
+    # shrinking keeps the members holding most, still in their earlier order
+    assert _members(filling, size_bytes=6 * TB, before=["a", "d", "c"], members=2) == ["d", "c"]
+
+
+def test_another_subnet_fills_in_only_when_the_first_has_too_few() -> None:
+    nodes = [
+        Candidate("a", 4 * TB, subnet="s1"),
+        Candidate("b", 4 * TB, subnet="s2"),
+        Candidate("c", 3 * TB, subnet="s1"),
+    ]
+    assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=2) == ["a", "c"]
+    assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=3) == ["a", "c", "b"]
+
+
+def test_eviction_gives_back_replicated_copies_then_stripe_shares_then_last_copies() -> None:
+    assert eviction_class(striped=False, other_copies=2) == REPLICATED
+    assert eviction_class(striped=True, other_copies=None) == STRIPE_SHARE
+    assert eviction_class(striped=False, other_copies=0) == LAST_COPY
+    assert eviction_class(striped=False, other_copies=None) == LAST_COPY  # unknown: the safe side
+    order = eviction_order(
+        [("last", False, 0, 1.0), ("share-c", True, None, 5.0), ("rep", False, 3, 9.0), ("share-b", True, 1, 2.0)]
+    )
+    assert order == ["rep", "share-b", "share-c", "last"]
+
+
+def _job_node_without_room() -> list[Candidate]:
+    """e is the job's: 10 bytes free and all the rest last copies (spare 10); a, c, f have room."""
+    return [
+        Candidate("a", free_bytes=3 * TB, spare_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("c", free_bytes=4 * TB, spare_bytes=4 * TB, subnet="s1", cache_bytes=4 * TB),
+        Candidate("e", free_bytes=10, spare_bytes=10, subnet="s1", cache_bytes=4 * TB),
+        Candidate("f", free_bytes=1 * TB, spare_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+    ]
+
+
+def test_a_job_node_that_would_evict_a_last_copy_joins_without_a_share() -> None:
+    group = choose_group(_job_node_without_room(), size_bytes=6 * TB, job_nodes=["e"], members=3)
+    # e is a member (its pods read through its window) but owns nothing; three others own
+    assert group.no_share == ["e"] and group.members[0] == "e"
+    assert len(group.members) == 4 and {"a", "c", "f"} <= set(group.members)
+    # f counts its replicated copies as room (spare 3 TB against a 2.4 TB share): it owns
+    # with room to make, a job node with spare room owns too
+    roomy = [Candidate("e", free_bytes=10, spare_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+             *_job_node_without_room()[:2]]  # fmt: skip
+    assert choose_group(roomy, size_bytes=6 * TB, job_nodes=["e"], members=3).no_share == []
+    # a node of the job that holds bytes of the version already keeps owning them
+    holder = [replace(n, held_bytes=TB) if n.name == "e" else n for n in _job_node_without_room()]
+    assert choose_group(holder, size_bytes=6 * TB, job_nodes=["e"], members=3).no_share == []
+    # unknown room (an older agent's inventory): taken as enough, as before
+    unknown = [replace(n, spare_bytes=None) for n in _job_node_without_room()]
+    assert choose_group(unknown, size_bytes=6 * TB, job_nodes=["e"], members=3).no_share == []
+    # a member whose agent would refuse shareless members (an earlier release): all own
+    for earlier in group.members:
+        mixed = [replace(n, takes_no_share=n.name != earlier) for n in _job_node_without_room()]
+        again = choose_group(mixed, size_bytes=6 * TB, job_nodes=["e"], members=3)
+        assert again.no_share == [] and again.members[0] == "e"
+    # one outside the group (no room) may be of any release
+    outside = [*_job_node_without_room(), Candidate("g", free_bytes=0, spare_bytes=0, takes_no_share=False)]
+    assert choose_group(outside, size_bytes=6 * TB, job_nodes=["e"], members=3) == group
+
+
+def test_a_member_keeps_its_part_while_it_stays_and_someone_always_owns() -> None:
+    nodes = _job_node_without_room()
+    first = choose_group(nodes, size_bytes=6 * TB, job_nodes=["e"], members=3)
+    # room freed on e later: it stays without a share (a change would move bundles for nothing)
+    freed = [replace(n, spare_bytes=4 * TB) if n.name == "e" else n for n in nodes]
+    again = choose_group(freed, size_bytes=6 * TB, job_nodes=["e"], before=first.members,
+                         no_share_before=first.no_share, members=3)  # fmt: skip
+    assert again == first
+    # and an owner stays an owner though its room is gone
+    owner = first.members[1]
+    full = [replace(n, spare_bytes=0) if n.name == owner else n for n in nodes]
+    assert owner not in choose_group(full, size_bytes=6 * TB, job_nodes=["e"], before=first.members,
+                                     no_share_before=first.no_share, members=3).no_share  # fmt: skip
+    # only the job's node exists: it owns, whatever its room
+    alone = choose_group(nodes[2:3], size_bytes=6 * TB, job_nodes=["e"], members=3)
+    assert alone == (["e"], [])
+
+
+def test_auto_spreads_over_the_first_members_subnet_at_most_one_member_a_bundle() -> None:
+    # the size rule asks for 2 (1.2 x 3 TB / (0.5 x 4 TB)); the job's subnet s1 has a, c, e, f
+    nodes = _nodes()
+    spread = _members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundles=3750)
+    # four members, s1's count: b holds bundles already, then room in s1 (c, f; e has none)
+    assert spread[0] == "a" and set(spread) == {"a", "b", "c", "f"}
+    # at most one member a bundle: a version of three bundles
+    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundles=3)) == 3
+    # without the bundle count, or a subnet, or when the Dataset names its count: the size rule
+    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"])) == 2
+    unknown = [replace(n, subnet=None) for n in nodes]
+    assert len(_members(unknown, size_bytes=3 * TB, job_nodes=["a"], bundles=3750)) == 2
+    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], members=2, bundles=3750)) == 2
+
+
+def test_a_job_node_owns_after_all_when_too_few_others_have_room() -> None:
+    # e is short of room; in its place two owners would hold 3.6 TB each, which only c has
+    # room for: the group is chosen as before, e with a share, a third of the version each
+    nodes = [n for n in _job_node_without_room() if n.name in ("a", "c", "e")]
+    group = choose_group(nodes, size_bytes=6 * TB, job_nodes=["e"], members=3)
+    assert group == (["e", "c", "a"], [])
