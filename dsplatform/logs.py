@@ -1,7 +1,7 @@
 """How every dsplatform process writes its log: one handler, one format, text or JSON.
 
 Who calls it: the main of each long-running process, once, before anything logs:
-``dsagent serve`` (:mod:`dsagent.cli.agent`), the Dataset controller
+``dsagent serve`` (:mod:`dsagent.nodeagent.serve`), the Dataset controller
 (:mod:`dsagent.controller.reconcile`), the admission webhook
 (:mod:`dsagent.webhook.server`) and the extender (:mod:`scheduler_plugin.__main__`);
 their settings classes take the fields from :class:`LogSettings` (``<PREFIX>LOG_LEVEL``,

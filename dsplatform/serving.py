@@ -1,6 +1,6 @@
 """What every HTTP process does around its server: bind first, and a failed start is an error.
 
-Who calls it: ``dsagent serve`` (``dsagent.cli.agent``, its TCP listener), the extender
+Who calls it: ``dsagent serve`` (``dsagent.nodeagent.serve``, its TCP listener), the extender
 (``scheduler_plugin.__main__``) and the webhook (``dsagent.webhook.server``). What
 it owns, once for all three (this package imports no web server, so the server itself is
 each caller's):

@@ -1,6 +1,6 @@
 """What ``dsagent serve`` runs beside the cache service on this node, chosen by its settings.
 
-Who calls it: the agent's entry point (:mod:`dsagent.cli.agent`), once at start-up. What it
+Who calls it: the node agent's process (:mod:`dsagent.nodeagent.serve`), once at start-up. What it
 owns: the hooks the service is built with and the companions that run on its loop
 (:func:`node_parts`: cluster mode's :class:`~dsagent.nodeagent.clusteragent.ClusterAgent` and its
 hooks, the CSI node plugin), the device plugin (:func:`device_plugin_wanted`,

@@ -1,7 +1,7 @@
 """dsagent.nodeplugins: the agent's kubelet-facing gRPC plugins, over unix sockets.
 
 A peer of ``api`` and ``cluster``: it may import ``cache``, ``format`` and ``gpu_topology``,
-never ``api``, ``cli`` or ``cluster``. ``dsagent serve`` (``dsagent.cli.agent``) wires it.
+never ``api``, ``cli`` or ``nodeagent``. ``dsagent serve`` (``dsagent.nodeagent.serve``) wires it.
 
     csi/           the CSI node plugin: a pod's datasets as an inline volume (docs/design.md#csi)
     deviceplugin/  the device plugin and pod-resources client: GPUs and RoCE NICs per class

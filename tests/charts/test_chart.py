@@ -594,7 +594,7 @@ def test_the_extender_reads_the_class_resources_the_webhook_writes(rendered: dic
 
 def test_the_agents_grace_period_covers_its_stripe_hand_off(rendered: dict[str, list[dict[str, Any]]]) -> None:
     from dsagent.cache.settings import Settings
-    from dsagent.cli.agent import STOP_DEADLINE
+    from dsagent.nodeagent.serve import STOP_DEADLINE
 
     for values, grace in (({}, 570), ({"agent": {"stripeHandoffSeconds": 120}}, 120)):
         pod = agent_pod(render(values) if values else rendered["default"])

@@ -1,7 +1,7 @@
 """What an agent told to stop does first: hand its stripe shares to their new owners
 (docs/design-striping.md#churn).
 
-Who calls it: ``dsagent serve`` (:mod:`dsagent.cli.agent`) on SIGTERM, through the service's
+Who calls it: ``dsagent serve`` (:mod:`dsagent.nodeagent.serve`) on SIGTERM, through the service's
 :attr:`dsagent.cache.service.CacheService.handoff`; the service refuses new tasks and the API
 fails readiness while :attr:`StripeHandoff.stopping`. What it owns: the hand-off's loop and
 its two log lines. The rule it applies each turn is the pure

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow  # agent processes
 
 TOKEN = "peer-token-0123456789abcdef"
 PEER = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEER_MIN_RATE": "1000"}  # slow peers are waited for
-STOP_DEADLINE = 9.0  # dsagent.cli.agent.STOP_DEADLINE
+STOP_DEADLINE = 9.0  # dsagent.nodeagent.serve.STOP_DEADLINE
 
 
 def _store_reads(server: LoopbackServer) -> int:

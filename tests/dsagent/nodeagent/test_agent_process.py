@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from dsagent.api.client import AgentClient
-from dsagent.cli.agent import STOP_DEADLINE
 from dsagent.errors import AgentUnreachable, NotFound
+from dsagent.nodeagent.serve import STOP_DEADLINE
 from tests.dsagent.harness import eventually, unix_socket_listening
 from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 
