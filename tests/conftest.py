@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.fake_apiserver import FakeApiServer
-from tests.s3server import S3Server
+from tools.support.fake_apiserver import FakeApiServer
+from tools.support.s3server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"

@@ -25,8 +25,8 @@ from dsagent.webhook.server import create_app as webhook_app
 from scheduler_plugin.app import create_app as extender_app
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.testing import args_body, node, topology_json
-from tests.fake_apiserver import FakeApiServer, json_patch, make_pod
 from tests.scheduler_plugin.server import serving
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_pod
 
 SETTINGS = GpuClassSettings(enabled=True)
 OWNER = {

@@ -20,7 +20,7 @@ from dsagent.webhook import gpurequest
 from dsplatform.gpus import GpuResources
 from scheduler_plugin.settings import DEFAULT_JOB_LABELS
 from scheduling.podspec import read_pod
-from tests.fake_apiserver import make_pod
+from tools.support.fake_apiserver import make_pod
 
 GPU = "nvidia.com/gpu"
 CLASS_SET = "dsagent.io/gpu-roce1-2"

@@ -27,7 +27,7 @@ from packaging.version import Version
 
 from dsagent.cache import settings
 from dsagent.nodeagent.clustersettings import ClusterSettings
-from tests.fake_apiserver import make_dataset
+from tools.support.fake_apiserver import make_dataset
 
 pytestmark = pytest.mark.slow
 

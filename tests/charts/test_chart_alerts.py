@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.webhook.admissionmetrics import WebhookMetrics
 from tests.charts.test_chart import PRODUCTION, render
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
+from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 pytestmark = pytest.mark.slow
 

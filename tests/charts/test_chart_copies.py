@@ -89,7 +89,7 @@ def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
     import pytest
 
     from tests.charts.test_chart import dataset_schema
-    from tests.fake_apiserver import make_dataset
+    from tools.support.fake_apiserver import make_dataset
 
     schema = dataset_schema(render())
     for good in ("auto", 0, 3):

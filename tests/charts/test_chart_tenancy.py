@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from tests.charts.test_chart import agent_container, dataset_schema, render
-from tests.fake_apiserver import make_dataset
+from tools.support.fake_apiserver import make_dataset
 
 JSON = dict[str, Any]
 

@@ -65,7 +65,7 @@ from typing import Any  # noqa: E402 - this file is append-only
 @pytest.fixture
 def loopback(tmp_path: Path) -> Iterator[tuple[Path, str, Any]]:
     """``(directory, url, server)``: a real HTTP server on 127.0.0.1 serving a fresh directory."""
-    from tests.dsagent.harness import LoopbackServer
+    from tools.support.harness import LoopbackServer
 
     directory = tmp_path / "www"
     directory.mkdir()
@@ -77,7 +77,7 @@ def loopback(tmp_path: Path) -> Iterator[tuple[Path, str, Any]]:
 @pytest.fixture
 def agent_factory(tmp_path: Path) -> Iterator[Any]:
     """Start real ``dsagent serve`` processes; every one is stopped after the test."""
-    from tests.dsagent.harness import AgentProcess
+    from tools.support.harness import AgentProcess
 
     started: list[AgentProcess] = []
 

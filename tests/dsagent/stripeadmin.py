@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tests.dsagent.harness import AgentProcess
+from tools.support.harness import AgentProcess
 
 
 def admin(agent: AgentProcess) -> httpx.Client:

@@ -25,8 +25,8 @@ from scheduler_plugin.testing import (
 )
 from scheduler_plugin.view import View
 from scheduling.nodeinfo import NodeReader
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_pod
 from tests.scheduler_plugin.server import serving
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_pod
 
 TOPO = topology_json()
 IMAGENET = [{"name": "imagenet", "source": "s3://datasets/imagenet", "digest": "a" * 32}]

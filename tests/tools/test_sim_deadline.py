@@ -1,4 +1,5 @@
-"""The deadline variants in the simulator (tools/sim/deadline.py) and its migration model."""
+"""The deadline variants in the simulator and its migration model (tools/sim/policies.py), and the comparison of the
+deadline policy against the faithful baselines (tools/sim/deadline.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 import pytest
 
 from tools.sim import deadline as dl
-from tools.sim.engine import POLICIES, ClusterParams, Simulation
+from tools.sim import policies
+from tools.sim.engine import ClusterParams, Simulation
 from tools.sim.report import metrics
 from tools.sim.workload import WorkloadParams, make_jobs
 
@@ -15,21 +17,21 @@ pytestmark = pytest.mark.slow
 
 
 def test_policy_names_map_to_variants() -> None:
-    assert set(dl.POLICY_NAMES) <= set(POLICIES)
-    design = dl.variant("deadline-design")
+    assert set(policies.POLICY_NAMES) <= set(policies.POLICIES)
+    design = policies.variant("deadline-design")
     assert design is not None and design.as_written and design.over_free and not design.migrate
-    moving = dl.variant("deadline-efficiency+migrate")
+    moving = policies.variant("deadline-efficiency+migrate")
     assert moving is not None and moving.formula == "efficiency" and moving.migrate
-    today = dl.variant("ours+time")
+    today = policies.variant("ours+time")
     assert today is not None and not today.over_free and today.formula == "slack-per-gpu"
-    assert dl.variant("ours") is None and dl.variant("ours+time+migrate") is None
+    assert policies.variant("ours") is None and policies.variant("ours+time+migrate") is None
     with pytest.raises(ValueError):
         Simulation("deadline-nope", [], [], ClusterParams(nodes=1), seed=1)
 
 
 def test_move_cost_is_checkpoint_restart_and_refetch() -> None:
-    assert dl.move_cost(0, 1e9) == dl.CHECKPOINT_S + dl.RESTART_S
-    assert dl.move_cost(10**12, 1e9) == pytest.approx(dl.CHECKPOINT_S + dl.RESTART_S + 1000.0)
+    assert policies.move_cost(0, 1e9) == policies.CHECKPOINT_S + policies.RESTART_S
+    assert policies.move_cost(10**12, 1e9) == pytest.approx(policies.CHECKPOINT_S + policies.RESTART_S + 1000.0)
 
 
 def test_eq6_deadlines_scale_the_single_gpu_time() -> None:
@@ -56,7 +58,7 @@ def test_plans_over_free_gpus_and_migration_cost_in_a_small_cluster() -> None:
     moved = [o for o in outs if o.migrations]
     assert moved and all(o.migratable for o in moved)
     for o in moved:  # the move's checkpoint + restart is paid before the job runs again
-        assert o.delay == dl.CHECKPOINT_S + dl.RESTART_S and len(o.workers) == 1
+        assert o.delay == policies.CHECKPOINT_S + policies.RESTART_S and len(o.workers) == 1
     assert metrics(sim)["finished"] == len(jobs)
 
 
@@ -126,7 +128,7 @@ def test_the_comparison_reports_each_policy_on_each_workload(capsys: pytest.Capt
 
 
 def test_the_applied_variant_plans_one_worker_jobs_on_one_node_and_keeps_multi_worker_counts() -> None:
-    applied = dl.variant("deadline-applied")
+    applied = policies.variant("deadline-applied")
     assert applied is not None and applied.one_pod_only and applied.formula == "efficiency" and applied.over_free
     jobs, datasets = make_jobs(WorkloadParams(jobs=120), 20 * 8, seed=2)
     sim = Simulation("deadline-applied", jobs, datasets, ClusterParams(nodes=20), seed=2).run()

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json  # noqa: E402
-from tests.fake_apiserver import FakeApiServer  # noqa: E402
+from tools.support.fake_apiserver import FakeApiServer  # noqa: E402
 
 KUBECONFIG = """apiVersion: v1
 kind: Config

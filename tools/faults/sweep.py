@@ -6,7 +6,7 @@ each of ENOSPC, EIO and EDQUOT, failed once and failed from there on (a full dis
 full): an in-process agent serves the task with that fault, then the same request with
 the fault gone; then the same with ``kill -9`` at each point (a forked child of the
 agent's service; ``--serve-points`` of them also against a real ``dsagent serve``), a
-restart and the same request. After each it checks what ``tests/dsagent/faults.py`` describes:
+restart and the same request. After each it checks what ``tools/support/faults.py`` describes:
 failed with a clear code or ready with a copy that verifies, never anything in between
 reported ready, no staging, reservation, record or trash left. The suite runs a sample
 (tests/dsagent/cache/test_fault_injection.py).
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.dsagent.faults import (  # noqa: E402
+from tools.support.faults import (  # noqa: E402
     ERRNOS,
     KINDS,
     READ_ERRNOS,
@@ -150,7 +150,7 @@ def per_file(base: Path, kinds: list[str], *, smoke: bool, as_json: bool) -> int
     read_codes = {"EIO": READ_ERRNOS["EIO"]} if smoke else READ_ERRNOS
     s3 = None
     if "s3" in kinds:
-        from tests.s3server import S3Server
+        from tools.support.s3server import S3Server
 
         base.mkdir(parents=True, exist_ok=True)
         s3 = S3Server(base / "moto.log")

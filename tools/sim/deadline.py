@@ -1,29 +1,17 @@
-"""The deadline scheduler's variants in the simulator, and the cost model of migration.
+"""The deadline policy against the faithful baselines: the comparison and its figures.
 
-Who calls it: :mod:`tools.sim.engine` (which variant a policy name means, what a move
-costs) and ``tools/sim/run.py`` (the policy names). It owns no scheduling rule: the rules
-are :func:`scheduling.timemodel.decide` and
-:func:`scheduling.migration.plan_migrations`; this module only names their settings.
+Who calls it: a person (``python -m tools.sim.deadline``) and the simulator's tests. It
+owns the comparison's figures (:func:`deadline_figures`: the deadline hit rate, the mean
+JCT and the GPU utilisation of one finished simulation) and their table; the deadline
+variants themselves, what their names mean and what a move costs, are
+:mod:`tools.sim.policies`, and the runs are :class:`tools.sim.engine.Simulation`'s.
 
-Policy names (docs/design.md#deadline-formula)::
-
-    ours+time               (12) = slack per GPU, plans capped at the GPUs asked for (as before)
-    deadline-slack          slack per GPU, plans over the free GPUs
-    deadline-finish         earliest finish among the plans that meet the deadline
-    deadline-efficiency     parallel efficiency t_single / (n x t_run)
-    deadline-design         the design as written: slack per GPU, plans over the free GPUs,
-                            (3.4) without the project's rules, no waiting for one node
-    deadline-applied        what the admission webhook applies to pods that opt in: efficiency,
-                            plans over the free GPUs, single-node plans for one-worker jobs;
-                            a multi-worker job keeps the GPUs it asked for
-    <any of them>+migrate   step 5 for the jobs that checkpoint (a share of the jobs)
-
-The comparison (:func:`compare`, ``python -m tools.sim.deadline``) runs the deadline policy
-(``deadline-efficiency``: plans over the free GPUs, (12) = highest running efficiency, as the
-product applies them) beside the faithful baselines (``default``: kube-scheduler's spreading,
-no cache; ``fluid``: Fluid's label affinity; ``juicefs``) and ``ours`` (dataset affinity, no
-time model) on several workload files, and reports per workload and policy the deadline hit
-rate, the mean JCT and the GPU utilisation (docs/simulation.md#deadline-policy)::
+The comparison (:func:`compare`) runs the deadline policy (``deadline-efficiency``: plans
+over the free GPUs, (12) = highest running efficiency, as the product applies them) beside
+the faithful baselines (``default``: kube-scheduler's spreading, no cache; ``fluid``:
+Fluid's label affinity; ``juicefs``) and ``ours`` (dataset affinity, no time model) on
+several workload files, and reports per workload and policy the deadline hit rate, the
+mean JCT and the GPU utilisation (docs/simulation.md#deadline-policy)::
 
     python -m tools.sim.deadline --workloads smoke,results-base,results-tight,results-churn --jobs 300
 """
@@ -32,61 +20,22 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-VARIANTS = {
-    "ours+time": ("slack-per-gpu", False, False),
-    "deadline-slack": ("slack-per-gpu", True, False),
-    "deadline-finish": ("earliest-finish", True, False),
-    "deadline-efficiency": ("efficiency", True, False),
-    "deadline-design": ("slack-per-gpu", True, True),
-    "deadline-applied": ("efficiency", True, False),
-}
-#: variants that plan only one-worker jobs, on one node (the webhook's applied plans)
-ONE_POD_ONLY = frozenset({"deadline-applied"})
-MIGRATE = "+migrate"
-POLICY_NAMES = tuple(VARIANTS) + tuple(f"{v}{MIGRATE}" for v in VARIANTS if v != "ours+time")
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-MIGRATABLE_SHARE = 0.5  # jobs that checkpoint
-CHECKPOINT_S = 120.0  # write the checkpoint (seconds)
-RESTART_S = 180.0  # pods terminate, are re-created and scheduled, the framework restarts
-MAX_PLAN_GPUS = 512  # largest plan tried (powers of two up to it, and the count asked for)
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    formula: str
-    over_free: bool  # plans range over the free GPUs (design) rather than the GPUs asked for
-    as_written: bool  # (3.4) exactly as the design says, no project rules
-    migrate: bool
-    one_pod_only: bool = False  # plans for one-worker jobs on one node; others keep their count
-
-
-def variant(policy: str) -> Variant | None:
-    """The variant a policy name means; None for a policy that is not a deadline scheduler."""
-    base, migrate = (policy[: -len(MIGRATE)], True) if policy.endswith(MIGRATE) else (policy, False)
-    if base not in VARIANTS or (migrate and base == "ours+time"):
-        return None
-    formula, over_free, as_written = VARIANTS[base]
-    return Variant(policy, formula, over_free, as_written, migrate, base in ONE_POD_ONLY)
-
-
-def migratable(job_id: int, seed: int) -> bool:
-    """Whether a job checkpoints: a fixed share, drawn per job from the seed."""
-    return random.Random(seed * 1_000_003 + job_id).random() < MIGRATABLE_SHARE
-
-
-def move_cost(refetch_bytes: int, fetch_bps: float) -> float:
-    """Seconds a move costs: checkpoint, restart, and the data re-fetch on a node without it."""
-    refetch = refetch_bytes / fetch_bps if refetch_bytes > 0 and fetch_bps > 0 else 0.0
-    return CHECKPOINT_S + RESTART_S + refetch
-
+from scheduling.timemodel import single_gpu_time  # noqa: E402
+from tools.sim.engine import Simulation  # noqa: E402
+from tools.sim.policies import POLICIES  # noqa: E402
+from tools.sim.run import WORKLOADS  # noqa: E402
+from tools.sim.workload import make_jobs  # noqa: E402
+from tools.sim.workload_file import WorkloadFile, load, total_gpus  # noqa: E402
 
 #: the faithful baselines (what users run instead), ours without the time model, and the
 #: deadline variants the comparison reports
@@ -113,8 +62,6 @@ def deadline_figures(sim: Any, total_gpus: int) -> dict[str, Any]:
     ``useful_util``, the same with each job's GPU-time counted as its run time on one GPU
     (eq. (6)'s ``t_single``: the work, spread evenly over the job's compute; the difference is
     communication)."""
-    from scheduling.timemodel import single_gpu_time
-
     outs = [o for o in sim.outcomes.values() if not math.isnan(o.end)]
     timed = [o for o in outs if o.job.profile.deadline is not None]
     hits = sum(1 for o in timed if o.end < o.job.profile.deadline)
@@ -140,11 +87,6 @@ def deadline_figures(sim: Any, total_gpus: int) -> dict[str, Any]:
 
 
 def _one(policy: str, workload: str, jobs: int | None, seed: int | None) -> dict[str, Any]:
-    from tools.sim.engine import Simulation
-    from tools.sim.run import WORKLOADS
-    from tools.sim.workload import make_jobs
-    from tools.sim.workload_file import WorkloadFile, load, total_gpus
-
     wf = load(WORKLOADS / f"{workload}.json")
     overrides: dict[str, Any] = {} if seed is None else {"seed": seed}
     if jobs is not None:
@@ -170,8 +112,6 @@ def compare(
     overriding its count): :func:`deadline_figures` per run, in workload then policy order."""
     runs = [(p, w) for w in workloads for p in policies]
     if procs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
         with ProcessPoolExecutor(max_workers=procs) as pool:
             return list(pool.map(_one, *zip(*runs), [jobs] * len(runs), [seed] * len(runs)))
     return [_one(p, w, jobs, seed) for p, w in runs]
@@ -199,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--procs", type=int, default=2)
     args = parser.parse_args(argv)
-    from tools.sim.engine import POLICIES
-    from tools.sim.run import WORKLOADS
-
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     missing = [w for w in workloads if not (WORKLOADS / f"{w}.json").is_file()]
@@ -214,19 +151,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     raise SystemExit(main())
 
 
 __all__ = [
     "COMPARED",
     "COMPARED_WORKLOADS",
-    "POLICY_NAMES",
-    "Variant",
     "compare",
     "deadline_figures",
-    "migratable",
-    "move_cost",
     "table",
-    "variant",
 ]

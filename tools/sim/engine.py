@@ -1,8 +1,10 @@
 """A discrete-event simulator of a GPU cluster that runs the project's real scheduling code.
 
-Who calls it: ``tools/sim/run.py``, ``tools/sim/sweep.py`` and the simulator's tests. It
-owns the event loop; the rest of one simulation is split by concern:
+Who calls it: ``tools/sim/run.py``, ``tools/sim/sweep.py``, ``python -m tools.sim.deadline``
+and the simulator's tests. It owns the event loop; the rest of one simulation is split by
+concern, in layers below it (none of them imports the engine, nor a layer above it):
 
+- :mod:`tools.sim.policies`: the policy names and what the deadline variants mean;
 - :mod:`tools.sim.cluster`: the parameters and records (nodes, caches, transfers, outcomes);
 - :mod:`tools.sim.state`: the state, the node facts the extender reads, the event queue;
 - :mod:`tools.sim.placement`: where jobs go -- the product's filter and scores
@@ -29,8 +31,8 @@ import math
 
 from tools.sim.cluster import EPOCH, MEASURED_FETCH_BPS, CacheEntry, ClusterParams, build_nodes, load_node_types
 from tools.sim.placement import Placement
+from tools.sim.policies import BASELINES, OURS, OURS_VARIANTS, POLICIES
 from tools.sim.reads import Reads
-from tools.sim.state import BASELINES, OURS, OURS_VARIANTS, POLICIES
 
 
 class Simulation(Placement, Reads):

@@ -1,26 +1,56 @@
 """The simulator's hooks into the cluster-side cache policies (preparation, replication), kept out of
 :mod:`tools.sim.engine` so that the engine only calls them.
 
-Who calls it: :class:`tools.sim.engine.Simulation` (its eviction call site and, opt-in, its
-event loop). It owns no policy: the decisions are the product's
-(:mod:`dsagent.policy.eviction` with the copy counts of :mod:`dsagent.policy.copies`,
-:mod:`dsagent.policy.preparation`); this module turns the simulated cluster into their
-inputs, as the Dataset controller does from Nodes and pods, at the controller's resync.
+Who calls it: the simulation. :class:`tools.sim.state.SimState` holds one of each hook,
+:mod:`tools.sim.reads` asks the copy counts at its eviction call site and, opt-in, the event
+loop of :class:`tools.sim.engine.Simulation` runs preparation and replication. It owns no
+policy: the decisions are the product's (:mod:`dsagent.policy.eviction` with the copy
+counts of :mod:`dsagent.policy.copies`, :mod:`dsagent.policy.preparation`); this module
+turns the simulated cluster into their inputs, as the Dataset controller does from Nodes
+and pods, at the controller's resync.
+
+Decision: the hooks sit below the state and the engine. They are handed the simulation
+each time they are called and read it through :class:`Cluster`, the part of it they use,
+so that they import neither the state nor the engine.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dsagent.policy import copies, preparation, replication
-
-if TYPE_CHECKING:
-    from tools.sim.cluster import Node
-    from tools.sim.engine import Simulation
-    from tools.sim.state import SimState
+from tools.sim.cluster import CacheEntry, ClusterParams, Fetch, Node, Outcome
+from tools.sim.workload import Dataset, Job
 
 RESYNC_S = 30.0  # the Dataset controller's resync: how old counts may be, how often it plans
+
+
+class Cluster(Protocol):
+    """What the hooks read of a simulation and ask of it (:class:`tools.sim.state.SimState`
+    is one): the clock, the nodes and their caches, the jobs waiting and running, the open
+    transfers, and the agent's actions a controller task sets off on a node."""
+
+    now: float
+    params: ClusterParams
+    nodes: list[Node]
+    datasets: dict[str, Dataset]
+    waiting: list[Job]
+    running: dict[int, Outcome]
+    fetches: list[Fetch]
+    ready_copies: dict[tuple[str, int], set[int]]
+    started_log: list[tuple[float, str, int]]
+    task_fetch_bytes: dict[str, int]
+
+    def push(self, t: float, kind: str, ident: int) -> None: ...
+
+    def touch(self, node: Node) -> None: ...
+
+    def _make_room(self, node: Node, size: int) -> bool: ...
+
+    def _fetch_version(
+        self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
+    ) -> None: ...
 
 
 class CopyCounts:
@@ -33,7 +63,7 @@ class CopyCounts:
         self.keepers: dict[tuple[str, int], str] = {}
         self.made_at: float | None = None
 
-    def get(self, sim: SimState) -> dict[tuple[str, int], int]:
+    def get(self, sim: Cluster) -> dict[tuple[str, int], int]:
         if self.made_at is None or sim.now - self.made_at >= RESYNC_S:
             holders: dict[tuple[str, int], list[str]] = {}
             for n in sim.nodes:
@@ -47,7 +77,7 @@ class CopyCounts:
             self.made_at = sim.now
         return self.counts
 
-    def others(self, sim: SimState, key: tuple[str, int], ready_here: bool, node: str | None = None) -> int:
+    def others(self, sim: Cluster, key: tuple[str, int], ready_here: bool, node: str | None = None) -> int:
         """The agent's rule (:meth:`dsagent.policy.copies.ClusterCopies.others`): the count less
         itself, and none to the version's keeper (``node`` asking, holding it ready)."""
         counts = self.get(sim)
@@ -67,9 +97,7 @@ class NextJobPreparation:
         self.planned_at = -math.inf
         self.started: set[tuple[str, str]] = set()  # (pod, node) pairs in phase 2
 
-    def __call__(self, sim: Simulation) -> None:
-        from tools.sim.engine import CacheEntry
-
+    def __call__(self, sim: Cluster) -> None:
         if sim.now - self.planned_at < RESYNC_S:
             return
         self.planned_at = sim.now
@@ -103,7 +131,7 @@ class NextJobPreparation:
                     e.prepared = False
 
     @staticmethod
-    def nodes(sim: Simulation) -> list[preparation.NodeState]:
+    def nodes(sim: Cluster) -> list[preparation.NodeState]:
         ends: dict[int, list[preparation.Running]] = {}
         for out in sim.running.values():
             for w in out.workers:
@@ -124,7 +152,7 @@ class NextJobPreparation:
         return [state(n) for n in sim.nodes if n.free or n.index in ends]
 
     @staticmethod
-    def waiting(sim: Simulation) -> list[preparation.Waiting]:
+    def waiting(sim: Cluster) -> list[preparation.Waiting]:
         out = []
         for job in sim.waiting[: sim.params.queue_scan]:
             d = sim.datasets[job.dataset]
@@ -151,9 +179,7 @@ class Replication:
         self.planned_at = -math.inf
         self.held: dict[str, tuple[tuple[str, int], list[str]]] = {}  # dataset -> (version, chosen nodes)
 
-    def __call__(self, sim: Simulation) -> None:
-        from tools.sim.engine import CacheEntry
-
+    def __call__(self, sim: Cluster) -> None:
         if sim.now - self.planned_at < RESYNC_S:
             return
         self.planned_at = sim.now
@@ -208,7 +234,7 @@ class Replication:
                 self.held.pop(name, None)
 
     @staticmethod
-    def _release(sim: Simulation, nodes: list[Node], key: tuple[str, int]) -> None:
+    def _release(sim: Cluster, nodes: list[Node], key: tuple[str, int]) -> None:
         for node in nodes:
             entry = node.cache.get(key)
             if entry is not None and entry.replica:
@@ -216,4 +242,4 @@ class Replication:
                 sim.touch(node)
 
 
-__all__ = ["RESYNC_S", "CopyCounts", "NextJobPreparation", "Replication"]
+__all__ = ["RESYNC_S", "Cluster", "CopyCounts", "NextJobPreparation", "Replication"]

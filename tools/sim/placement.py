@@ -33,10 +33,10 @@ from scheduling.timemodel import (
     t_run,
     wait_for_one_node,
 )
-from tools.sim import baselines, fluid
-from tools.sim import deadline as deadline_variants
+from tools.sim import baselines, fluid, policies
 from tools.sim.cluster import Node, Worker
-from tools.sim.state import BASELINES, SimState
+from tools.sim.policies import BASELINES
+from tools.sim.state import SimState
 from tools.sim.workload import Job
 
 
@@ -375,7 +375,7 @@ class Placement(SimState):
         variant = self.variant
         over_free = variant is not None and variant.over_free
         # plans over the free GPUs (design, step 3.2) or capped at the GPUs asked for (ours+time)
-        most = min(deadline_variants.MAX_PLAN_GPUS, sum(free.values())) if over_free else job.gpus
+        most = min(policies.MAX_PLAN_GPUS, sum(free.values())) if over_free else job.gpus
         sizes = [job.gpus]
         # the webhook's applied plans: a one-worker job on one node; a multi-worker job as asked
         one_pod = variant is not None and variant.one_pod_only
@@ -430,7 +430,7 @@ class Placement(SimState):
             entry = by_name[target[0][0]].cache.get(key)
             refetch = 0 if entry is not None and entry.ready else d.size
             rate = min(self.params.node_fetch_bw, self.params.storage_bw / (len(self.fetches) + 1))
-            return deadline_variants.move_cost(refetch, rate)
+            return policies.move_cost(refetch, rate)
 
         for move in plan_migrations(running, free, bandwidth_of, cost_of, now=self.now):
             out = by_id[move.job]
@@ -447,7 +447,7 @@ class Placement(SimState):
             out.workers = [Worker(node, gpus, classes)]
             out.pending = 1
             out.remaining = left
-            out.delay = deadline_variants.CHECKPOINT_S + deadline_variants.RESTART_S
+            out.delay = policies.CHECKPOINT_S + policies.RESTART_S
             out.migrations += 1
             out.spans_subnets = False
             out.end = out.compute_end = math.nan  # the old end event is stale

@@ -35,7 +35,7 @@ from scheduling.timemodel import DEFAULT_BANDWIDTHS, intra_node_bandwidth, t_run
 from tools.sim import fluid, stripe
 from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
 from tools.sim.fluid import Split
-from tools.sim.state import OURS
+from tools.sim.policies import OURS
 from tools.sim.stripereads import StripeReads
 from tools.sim.workload import Dataset, Job
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.sim.deadline import POLICY_NAMES as DEADLINE_POLICIES
 from tools.sim.engine import Simulation
+from tools.sim.policies import POLICY_NAMES as DEADLINE_POLICIES
 
 COLUMNS = (
     ("local bytes", "local_fraction", "{:.1%}"),

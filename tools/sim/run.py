@@ -29,7 +29,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import nodetypes, rates, report  # noqa: E402
-from tools.sim.engine import POLICIES, Simulation  # noqa: E402
+from tools.sim.engine import Simulation  # noqa: E402
+from tools.sim.policies import POLICIES  # noqa: E402
 from tools.sim.workload import input_changes, make_jobs  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load, total_gpus  # noqa: E402
 

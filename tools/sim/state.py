@@ -18,21 +18,14 @@ from scheduler_plugin.framework import Framework
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.settings import Settings, Weights
 from scheduling.nodeinfo import Holding, Inventory, NodeFacts, StripeHolding
-from tools.sim import deadline as deadline_variants
-from tools.sim import fluid, hooks, rates
+from tools.sim import fluid, hooks, policies, rates
 from tools.sim.cluster import EPOCH, ClusterParams, Fetch, Node, Outcome, Worker, build_nodes
 from tools.sim.fluid import FluidRuntimes
 from tools.sim.juicefs import CacheGroup
+from tools.sim.policies import BASELINES, POLICIES
 from tools.sim.stripe import Group
 from tools.sim.workload import Dataset, Job
 
-# ours with the Dataset controller's cluster-side policies: next-job preparation,
-# replication, and versions striped over a group (rank-affine reads; +early: training
-# starts when the first bundles are local)
-OURS_VARIANTS = ("ours+prepare", "ours+replicas", "ours+stripe", "ours+stripe+early")
-OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
-BASELINES = ("default", *fluid.POLICIES, "juicefs")
-POLICIES = (*BASELINES, *OURS, *(p for p in deadline_variants.POLICY_NAMES if p not in OURS))
 # why bytes were read from the store: the first read of a version's bytes kept in a cache
 # (a whole copy, a group's bundles, Fluid's or JuiceFS's blocks); a read, kept again, of
 # bytes the cluster had read and kept before (the copy or share was evicted, or another
@@ -68,7 +61,7 @@ class SimState:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.policy = policy
-        self.variant = deadline_variants.variant(policy)
+        self.variant = policies.variant(policy)
         self.seed = seed
         self.params = params
         self.rng = random.Random(seed)
@@ -79,7 +72,7 @@ class SimState:
         self.events: list[tuple[float, int, str, int]] = []
         self.seq = 0
         self.waiting: list[Job] = []
-        self.outcomes = {j.id: Outcome(j, migratable=deadline_variants.migratable(j.id, seed)) for j in self.jobs}
+        self.outcomes = {j.id: Outcome(j, migratable=policies.migratable(j.id, seed)) for j in self.jobs}
         self.epochs_capped = 0  # jobs whose derived epochs max_epochs lowered
         for out in self.outcomes.values():
             out.epochs = self._epochs(out.job)
@@ -257,4 +250,4 @@ class SimState:
         raise NotImplementedError
 
 
-__all__ = ["BASELINES", "OURS", "OURS_VARIANTS", "POLICIES", "STORE_CAUSES", "SimState"]
+__all__ = ["STORE_CAUSES", "SimState"]

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import report  # noqa: E402
-from tools.sim.engine import POLICIES  # noqa: E402
+from tools.sim.policies import POLICIES  # noqa: E402
 from tools.sim.run import WORKLOADS, simulate  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_bytes, load  # noqa: E402
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
+from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 pytestmark = pytest.mark.slow
 

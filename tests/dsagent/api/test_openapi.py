@@ -11,7 +11,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from dsagent.api.routes import router
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
+from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 pytestmark = pytest.mark.slow
 

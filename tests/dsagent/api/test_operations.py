@@ -27,8 +27,8 @@ from dsagent.api.client import AgentClient
 from dsagent.cache.service import CacheService, EvictionResult
 from dsagent.cache.settings import Settings
 from dsagent.errors import Conflict, StillRunning
-from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer
 from tests.scheduler_plugin.server import serving
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer
 
 TOKEN = "operations-test-token-0123"
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dsagent.harness import ADMIN_TOKEN
+from tools.support.harness import ADMIN_TOKEN
 
 POD = "6f1c2a4e-9b7d-4c3e-8a21-0d5e7f9a1b2c"
 OTHER = "11111111-2222-3333-4444-555555555555"

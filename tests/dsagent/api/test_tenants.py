@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
+from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 pytestmark = pytest.mark.slow  # each test starts an agent process
 

@@ -17,7 +17,7 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from tests.dsagent.harness import allocated
+from tools.support.harness import allocated
 
 FILES, SIZE = 200, 100
 LOGICAL = FILES * SIZE

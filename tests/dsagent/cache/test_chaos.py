@@ -17,7 +17,7 @@ import pytest
 from dsagent.format.bundles.bundle import verify_tree
 from dsagent.format.manifest import Manifest
 from tests.dsagent.cli.test_agent_process import packed
-from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, wait_ready
+from tools.support.harness import AgentProcess, LoopbackServer, allocated, wait_ready
 
 SEEDS = range(8)
 

@@ -1,6 +1,6 @@
 """Fault injection over a multi-bundle fetch, a sample in the suite.
 
-``tests/dsagent/faults.py`` makes the Nth filesystem operation (open, write, fsync and
+``tools/support/faults.py`` makes the Nth filesystem operation (open, write, fsync and
 syncfs, rename, mkdir) or catalog commit of a fetch fail with ENOSPC, EIO or EDQUOT, or
 kills the agent there, then repeats the same request with the fault gone, and checks after
 each: failed with a clear code or ready with a copy that verifies; nothing in between
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.dsagent.faults import Dataset, run_forked_kill_point, run_point
+from tools.support.faults import Dataset, run_forked_kill_point, run_point
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def test_a_cache_disk_error_in_a_per_file_copy_is_cache_disk_not_the_source(
     import asyncio
 
     from dsagent.cache.service import CacheService, DatasetRequest
-    from tests.dsagent.faults import Injector, _settings
+    from tools.support.faults import Injector, _settings
 
     data, _ = dataset
     request = DatasetRequest(data.name, str(data.source))  # no bundle store: the per-file copy

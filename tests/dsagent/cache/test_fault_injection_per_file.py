@@ -1,6 +1,6 @@
 """Fault injection over a per-file copy (no bundle store), a sample in the suite.
 
-The same harness as the packed fetch (``tests/dsagent/faults.py``), over a dataset the agent
+The same harness as the packed fetch (``tools/support/faults.py``), over a dataset the agent
 copies file by file from a local directory, a real HTTP server and a real S3 server (moto)
 on 127.0.0.1: the Nth operation on the cache disk (open, write, fsync and syncfs, rename,
 mkdir, catalog commit) or the Nth read of a source file fails, or the agent is killed
@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.dsagent.faults import KINDS, PerFileSource, run_forked_kill_point, run_point
+from tools.support.faults import KINDS, PerFileSource, run_forked_kill_point, run_point
 
 pytestmark = pytest.mark.slow  # real servers and a dozen agent runs per test
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.s3server import S3Server
+    from tools.support.s3server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
     with pytest.MonkeyPatch.context() as patch:

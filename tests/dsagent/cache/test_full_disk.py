@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dsagent.harness import ADMIN_TOKEN
+from tools.support.harness import ADMIN_TOKEN
 
 
 @pytest.fixture

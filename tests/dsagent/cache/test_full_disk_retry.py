@@ -15,7 +15,7 @@ from typing import Any
 from dsagent.format.bundles.bundle import verify_tree
 from tests.dsagent.cache.test_full_disk import fill, small_disk  # noqa: F401 - the fixture
 from tests.dsagent.cli.test_agent_process import packed
-from tests.dsagent.harness import AgentProcess, LoopbackServer
+from tools.support.harness import AgentProcess, LoopbackServer
 
 
 def test_a_full_disk_mid_fetch_then_a_retry_never_publishes_a_partial_dataset(

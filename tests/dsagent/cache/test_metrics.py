@@ -17,7 +17,7 @@ from dsagent import __version__
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError
-from tests.dsagent.harness import allocated
+from tools.support.harness import allocated
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

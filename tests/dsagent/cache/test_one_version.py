@@ -20,7 +20,7 @@ from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import IntegrityError
 from dsagent.format.storage import open_whole, resolve, version_of
-from tests.dsagent.versioned_http import VersionedServer
+from tools.support.versioned_http import VersionedServer
 
 MIB = 1 << 20
 A = bytes(range(256)) * (7 * MIB // 256)
@@ -98,7 +98,7 @@ def test_version_of_names_each_backends_version_fields() -> None:
 def _client(s3: Any) -> Any:
     import boto3
 
-    from tests.s3server import KEY, SECRET
+    from tools.support.s3server import KEY, SECRET
 
     return boto3.client(
         "s3", endpoint_url=s3.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1"

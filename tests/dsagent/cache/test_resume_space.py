@@ -12,7 +12,7 @@ from typing import Any
 
 from dsagent.format.bundles.bundle import verify_tree
 from tests.dsagent.cli.test_agent_process import packed
-from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, wait_ready
+from tools.support.harness import AgentProcess, LoopbackServer, allocated, wait_ready
 
 
 def test_a_resumed_fetch_counts_its_own_staged_bytes_once(

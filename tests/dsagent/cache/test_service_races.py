@@ -13,7 +13,7 @@ import fsspec
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from tests.dsagent.harness import allocated
+from tools.support.harness import allocated
 
 
 class Clock:

@@ -28,7 +28,7 @@ from dsagent.format.manifest import Manifest
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
 from dsplatform.wire.inventory import holds
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
+from tools.support.harness import AgentProcess, LoopbackServer, free_port, wait_ready
 
 pytestmark = pytest.mark.slow  # two agent processes
 

@@ -26,8 +26,8 @@ import pytest
 from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
 from tests.dsagent.stripeadmin import admin, hold, share_status, until_complete
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # agent processes

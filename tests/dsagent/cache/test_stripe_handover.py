@@ -17,8 +17,8 @@ import pytest
 
 from dsagent.format.bundles.bundle import pack
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer
 from tests.dsagent.stripeadmin import hold, until_complete
+from tools.support.harness import AgentProcess, LoopbackServer
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # two agent processes

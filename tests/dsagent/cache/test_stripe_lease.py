@@ -26,7 +26,7 @@ from dsagent.format.manifest import Manifest
 from tests.dsagent.api.test_pod_rights import POD, fake_proc, unix_client
 from tests.dsagent.cli.test_agent_process import packed
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer, allocated, wait_ready
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer, allocated, wait_ready
 
 NODE = "node-a"
 

@@ -24,7 +24,7 @@ from dsagent.format.bundles.bundle import pack
 from dsplatform.data import AgentEndpoint
 from dsplatform.errors import Superseded
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer
+from tools.support.harness import AgentProcess, LoopbackServer
 
 pytestmark = pytest.mark.slow  # an agent process
 

@@ -27,8 +27,8 @@ from dsagent.format.manifest import Manifest
 from dsplatform.data import StripedDataset
 from dsplatform.wire import readerenv
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, allocated, free_port
 from tests.dsplatform.test_data import ranks_in_threads
+from tools.support.harness import AgentProcess, LoopbackServer, allocated, free_port
 
 pytest.importorskip("aiohttp")
 pytestmark = [

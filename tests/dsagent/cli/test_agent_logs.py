@@ -49,7 +49,7 @@ def test_the_default_is_text_in_one_format_and_no_access_log(agent_factory: Any,
 
 
 def test_the_flags_win_over_the_environment(agent_factory: Any, tmp_path: Path) -> None:
-    from tests.dsagent.harness import AgentProcess
+    from tools.support.harness import AgentProcess
 
     agent = AgentProcess(tmp_path / "flags", env={"DSAGENT_LOG_FORMAT": "text", "DSAGENT_ACCESS_LOG": "1"})
     agent.args += ["--log-format", "json", "--no-access-log"]

@@ -10,7 +10,7 @@ import httpx
 
 from tests.dsagent.cache.test_metrics import samples
 from tests.dsagent.cli.test_agent_process import make_dataset, packed
-from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

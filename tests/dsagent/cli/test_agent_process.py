@@ -16,7 +16,7 @@ from dsagent.errors import Conflict, InsufficientSpace, NotFound
 from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest, read_manifest
 from dsplatform.units import format_size
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, allocated, wait_ready
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, allocated, wait_ready
 
 
 def make_dataset(root: Path, files: int, size: int, seed: int = 0) -> Path:

@@ -12,8 +12,8 @@ from dsagent.cli import main
 from dsagent.format.bundles.bundle import pack, verify_tree
 from tests.conftest import isolate_aws
 from tests.dsagent.conftest import AWKWARD_FILES
-from tests.dsagent.harness import wait_ready
-from tests.s3server import S3Server
+from tools.support.harness import wait_ready
+from tools.support.s3server import S3Server
 
 
 def upload(s3: S3Server, local: Path, url: str) -> None:
@@ -112,7 +112,7 @@ def test_a_store_without_the_dataset_is_bundle_missing_unless_the_request_allows
     """A dataset missing from the ``bundles`` store is not copied file by file and
     reported ready: it fails (bundle_missing, 404's family) with nothing ready, and
     only ``allowPerFile`` takes the per-file path; an unreachable store keeps its own code."""
-    from tests.dsagent.harness import free_port
+    from tools.support.harness import free_port
 
     s3.create_bucket("datasets")
     upload(s3, awkward_dataset, "s3://datasets/raw/awk")

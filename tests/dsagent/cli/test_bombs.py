@@ -31,7 +31,7 @@ from dsagent.format.manifest import (
     dataset_digest,
     read_manifest,
 )
-from tests.dsagent.harness import ADMIN_TOKEN, LoopbackServer, run_measured
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer, run_measured
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from dsagent.cli.cache import datasets_from_env, default_task_id, parse_specs
 from dsagent.errors import InvalidInput
 from dsagent.format.bundles.bundle import pack
 from tests.dsagent.cli.test_agent_process import make_dataset
-from tests.dsagent.harness import AgentProcess
+from tools.support.harness import AgentProcess
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 
 from dsagent.cli import main
 from tests.conftest import isolate_aws
-from tests.dsagent.harness import wait_ready
-from tests.s3server import S3Server, strict_s3_server
+from tools.support.harness import wait_ready
+from tools.support.s3server import S3Server, strict_s3_server
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from dsagent import __version__
 from dsagent.api.client import agent_url
 from dsagent.errors import InvalidInput
-from tests.dsagent.harness import ADMIN_TOKEN, unix_socket_listening
+from tools.support.harness import ADMIN_TOKEN, unix_socket_listening
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from dsagent.errors import InvalidInput, NotFound
 from dsagent.format.bundles.bundle import pack
 from tests.dsagent.cli.test_agent_process import make_dataset
 from tests.dsagent.cli.test_cli_cache import dsctl
-from tests.dsagent.harness import AgentProcess
+from tools.support.harness import AgentProcess
 
 pytestmark = pytest.mark.slow
 

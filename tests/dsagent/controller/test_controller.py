@@ -16,8 +16,8 @@ from dsagent.controller.leader import LeaseElector
 from dsagent.controller.packing import listing_fingerprint
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.warmup import warm_task_id
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 NS = "dsplatform"
 DIGEST = "a" * 32

@@ -15,7 +15,7 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsplatform.kubetime import format_time
 from tests.charts.test_chart import dataset_schema, render
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_node
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 
 NS = "dsplatform"
 DIGEST = "d" * 32

@@ -16,7 +16,7 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.nodeagent.publisher import desired_annotations
 from scheduler_plugin.testing import topology_json
-from tests.fake_apiserver import FakeApiServer, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, make_node, make_pod
 
 NS = "dsplatform"
 STARTED = datetime.fromisoformat("2026-11-23T08:00:00+00:00").timestamp()

@@ -24,8 +24,8 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.policy import copies
 from dsplatform.kubetime import format_time
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 NS = "dsplatform"
 NODES = [f"gpu-{i:02d}" for i in range(40)]

@@ -13,7 +13,7 @@ from scheduling import migration as mig
 from scheduling.nodeinfo import Holding, Inventory, NodeFacts
 from scheduling.timemodel import JobProfile
 from tests.dsagent.controller.test_controller_migration import worker
-from tests.fake_apiserver import FakeApiServer
+from tools.support.fake_apiserver import FakeApiServer
 
 STARTED = datetime.fromisoformat("2026-11-23T08:00:00+00:00").timestamp()
 PROFILE = JobProfile(gradient_bytes=1e9, step_seconds=1.0, steps=36_000)  # 10 GPU-hours

@@ -17,7 +17,7 @@ from dsagent.controller.queues import Queues, followers, list_queues, queue_plac
 from dsagent.policy.preparation import Known, NodeState, Running, Thresholds, Waiting, Want, plan
 from dsplatform.kubetime import format_time
 from dsplatform.wire.podannotations import next_job_of, progress_of
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 
 GB = 10**9
 DIGEST = "b" * 32
@@ -144,7 +144,7 @@ def test_kueue_and_volcano_order_come_through_the_custom_objects_api(apiserver: 
 
 
 def test_without_the_crds_the_queue_is_the_creation_order(api_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests import fake_apiserver
+    from tools.support import fake_apiserver
 
     monkeypatch.delitem(fake_apiserver.RESOURCES, "workloads")
     monkeypatch.delitem(fake_apiserver.RESOURCES, "vcjobs")

@@ -11,7 +11,7 @@ from typing import Any
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.storegc import due, gc_job_name
-from tests.fake_apiserver import FakeApiServer, make_dataset
+from tools.support.fake_apiserver import FakeApiServer, make_dataset
 
 NS = "dsplatform"
 DAY = 86400.0

@@ -50,8 +50,8 @@ from dsagent.format.manifest import Manifest
 from dsplatform.stripe import owner
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually, free_port
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_node
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually, free_port
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # four agent processes
@@ -375,7 +375,7 @@ def test_a_move_past_its_bound_releases_the_leaving_share_and_the_store_fills_in
 def test_a_job_node_full_of_last_copies_joins_without_a_share_and_keeps_them(
     tmp_path: Path, apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    from tests.fake_apiserver import make_pod
+    from tools.support.fake_apiserver import make_pod
 
     # n1 runs the job, and its small cache (400 KB) holds the only copy of another dataset
     # (256 KB): it has less room than a share of imgs asks (1.2 x 576 KB / 3, the agent's

@@ -14,8 +14,8 @@ from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.policy import copies
 from dsplatform.wire.inventory import FEATURES
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
-from tests.dsagent.harness import ADMIN_TOKEN
-from tests.fake_apiserver import FakeApiServer, make_dataset, make_node
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
+from tools.support.harness import ADMIN_TOKEN
 
 DIGEST = "b" * 32
 GB = 1 << 30
@@ -119,7 +119,7 @@ def _topology(subnet: str) -> str:
 def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dropped_members(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    from tests.fake_apiserver import make_pod
+    from tools.support.fake_apiserver import make_pod
 
     # n1 runs the job; n2 and n3 have the most room but sit on another RoCE subnet than n1;
     # n4 and n5 share n1's subnet
@@ -179,7 +179,7 @@ def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless
     """The job's nearly full node would join without a share, but n4's agent is of a release
     from before such members (its inventory names no features) and would refuse the field:
     every member owns, as before, until n4 is upgraded."""
-    from tests.fake_apiserver import make_pod
+    from tools.support.fake_apiserver import make_pod
 
     frees = {"n1": 10 * GB, "n4": 70 * GB, "n5": 65 * GB}
     for node, free in frees.items():
@@ -215,7 +215,7 @@ def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless
 
 
 def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, api_client: Any) -> None:
-    from tests.fake_apiserver import make_pod
+    from tools.support.fake_apiserver import make_pod
 
     # 3.2 GB and no bundle count in the status (an earlier dsctl pack): four bundles at the
     # pack's 800 MB cap; the size rule asks for one member. The job's node n1 shares its RoCE

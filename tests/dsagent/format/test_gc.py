@@ -15,7 +15,7 @@ from dsagent.cli import main
 from dsagent.format.bundles.bundlegc import StoredBundle, plan_collection
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_FILES
-from tests.s3server import S3Server
+from tools.support.s3server import S3Server
 
 
 @pytest.fixture(autouse=True)

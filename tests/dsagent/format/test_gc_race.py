@@ -17,7 +17,7 @@ from dsagent.format.bundles import bundlegc
 from dsagent.format.bundles.bundle import pack_dataset, unpack, write_manifest
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_FILES
-from tests.s3server import S3Server
+from tools.support.s3server import S3Server
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsagent.format.manifest import FileEntry, Manifest, read_manifest
-from tests.dsagent.harness import run_measured
+from tools.support.harness import run_measured
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from dsagent.format.manifest import read_manifest
 from dsagent.format.storage import resolve, translate_errors
 from tests.conftest import isolate_aws
 from tests.dsagent.conftest import AWKWARD_FILES
-from tests.s3server import S3Server, strict_s3_server
+from tools.support.s3server import S3Server, strict_s3_server
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +128,7 @@ def test_pack_never_creates_a_bucket(s3: S3Server, awkward_dataset: Path, capsys
 def test_unreachable_endpoint_fails_fast_with_one_line(
     awkward_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.dsagent.harness import free_port
+    from tools.support.harness import free_port
 
     isolate_aws(monkeypatch)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")

@@ -17,7 +17,7 @@ import pytest
 
 from dsagent.errors import InvalidInput
 from dsagent.format.bundles.bundle import pack, verify_tree
-from tests.dsagent.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer
 
 pytestmark = pytest.mark.slow  # the tests ask one agent process, started per module
 

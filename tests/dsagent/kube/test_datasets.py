@@ -13,7 +13,7 @@ from dsagent.format.bundles.bundle import pack
 from dsagent.kube.apiclient import KubeForbidden, KubeUnavailable, translated
 from dsagent.kube.datasets import Dataset, DatasetClient, DatasetStatus, SecretRef, publish
 from tests.charts.test_chart import dataset_schema, render
-from tests.fake_apiserver import FakeApiServer, make_dataset
+from tools.support.fake_apiserver import FakeApiServer, make_dataset
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 

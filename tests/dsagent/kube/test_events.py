@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.kube.events import EventRecorder, ObjectRef
-from tests.fake_apiserver import FakeApiServer, make_dataset
+from tools.support.fake_apiserver import FakeApiServer, make_dataset
 
 
 class Clock:

@@ -12,7 +12,7 @@ from dsagent.errors import Conflict, InvalidInput
 from dsagent.kube.apiclient import KubeUnavailable
 from dsagent.kube.lease import Leases, expiry, new_lease, next_transitions
 from dsplatform.kubetime import format_micro_time, parse
-from tests.fake_apiserver import FakeApiServer, make_lease
+from tools.support.fake_apiserver import FakeApiServer, make_lease
 
 NS = "dsplatform"
 T0 = 1_800_000_000.0

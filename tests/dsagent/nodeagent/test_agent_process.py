@@ -21,8 +21,8 @@ import pytest
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable, NotFound
 from dsagent.nodeagent.serve import STOP_DEADLINE
-from tests.dsagent.harness import eventually, unix_socket_listening
-from tests.fake_apiserver import FakeApiServer, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, make_node, make_pod
+from tools.support.harness import eventually, unix_socket_listening
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from dsagent.nodeagent.clusterhooks import ClusterHooks, TaskNotOnNode
 from dsagent.nodeagent.clustersettings import ClusterSettings
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
 from gpu_topology.dumps import load_dump
-from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
 
 #: Cluster mode keeps 25% of the disk free by default (the reserve and the kubelet's
 #: threshold): here the test machine's own disk fullness must not decide a test. The floor

@@ -26,7 +26,7 @@ from dsagent.nodeagent.clustersettings import ClusterSettings
 from dsagent.policy import copies
 from dsplatform.wire import copycounts
 from tests.dsagent.nodeagent.test_cluster_agent import NO_FLOOR, until
-from tests.fake_apiserver import FakeApiServer, make_node
+from tools.support.fake_apiserver import FakeApiServer, make_node
 
 NS = "dsplatform"
 NODE = "gpu-1"

@@ -13,7 +13,7 @@ from typing import Any
 from dsagent.nodeagent.clusteragent import ClusterSettings
 from dsplatform.kubetime import parse
 from tests.dsagent.nodeagent.test_cluster_agent import NODE, cluster_agent, node_annotations, until
-from tests.fake_apiserver import FakeApiServer, RecordedRequest, make_node
+from tools.support.fake_apiserver import FakeApiServer, RecordedRequest, make_node
 
 PUBLISHED = ("dsagent.io/inventory", "dsagent.io/published-at")
 

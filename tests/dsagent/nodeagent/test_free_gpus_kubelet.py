@@ -12,8 +12,8 @@ from typing import Any
 from dsagent.nodeplugins.deviceplugin.podresources import PodResourcesClient
 from gpu_topology.dumps import load_dump
 from tests.dsagent.nodeagent.test_cluster_agent import NODE, cluster_agent, node_annotations, until
-from tests.fake_apiserver import FakeApiServer, make_node, make_pod
 from tests.fake_kubelet import FakePodResources
+from tools.support.fake_apiserver import FakeApiServer, make_node, make_pod
 
 
 def test_free_gpus_come_from_pod_resources_and_fall_back_when_it_is_gone(

@@ -8,7 +8,7 @@ import pytest
 
 from dsagent.cli import main
 from dsagent.format.manifest import read_manifest
-from tests.fake_apiserver import FakeApiServer
+from tools.support.fake_apiserver import FakeApiServer
 
 
 def test_pack_with_publish_creates_the_dataset_and_records_its_digest(

@@ -19,7 +19,7 @@ from dsagent.nodeagent.publisher import (
     gpu_request,
     quantized,
 )
-from tests.fake_apiserver import make_pod
+from tools.support.fake_apiserver import make_pod
 
 GiB = 1 << 30
 

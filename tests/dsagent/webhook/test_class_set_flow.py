@@ -48,10 +48,10 @@ from gpu_topology.discovery.nvidia_smi import parse_topo_matrix
 from scheduler_plugin.app import create_app as extender_app
 from scheduler_plugin.settings import Settings as ExtenderSettings
 from scheduler_plugin.testing import args_body
-from tests.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
 from tests.fake_kubelet import FakeKubelet
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_dgx_a100_vfs, vf_rdma
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
 
 pytestmark = pytest.mark.slow
 

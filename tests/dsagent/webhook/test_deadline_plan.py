@@ -33,8 +33,8 @@ from dsplatform.gpus import GpuResources
 from gpu_topology import Topology, to_json
 from gpu_topology.dumps import load_dump
 from scheduling.nodeinfo import NodeFacts, NodeReader
-from tests.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
 from tests.scheduler_plugin.server import serving
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
 
 DGX1 = "dgx1-v100-4ib-nvidia-smi-topo-m.txt"
 FREE = {"n1": [0, 1, 2, 3, 4, 5, 6, 7], "n2": [0, 1, 2, 3], "n3": [0, 1, 2]}

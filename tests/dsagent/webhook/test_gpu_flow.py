@@ -52,10 +52,10 @@ from gpu_topology.dumps import load_dump
 from scheduler_plugin.app import create_app as extender_app
 from scheduler_plugin.settings import Settings as ExtenderSettings
 from scheduler_plugin.testing import args_body
-from tests.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
 from tests.fake_kubelet import FakeKubelet
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_vfs
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
 
 DGX1 = "dgx1-v100-4ib-nvidia-smi-topo-m.txt"
 PREFIX = "example.com"  # the chart's gpuClasses.resourcePrefix, given to all three

@@ -23,7 +23,7 @@ from dsagent.webhook.mutation import (
     wait_mode,
 )
 from dsplatform.wire.podannotations import DatasetRef
-from tests.fake_apiserver import json_patch, make_pod
+from tools.support.fake_apiserver import json_patch, make_pod
 
 REVIEW = json.loads(
     (Path(__file__).resolve().parents[2] / "fixtures" / "admission" / "admission-review-pytorchjob.json").read_text()

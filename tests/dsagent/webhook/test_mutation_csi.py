@@ -17,8 +17,8 @@ from dsagent.kube.datasets import SecretRef
 from dsagent.nodeplugins.csi.volumes import datasets_from_context, storage_options
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection, ResolvedDataset, mutate
 from tests.dsagent.webhook.test_mutation import COCO, IMAGENET, real_pod
-from tests.fake_apiserver import json_patch
 from tests.podsecurity import violations
+from tools.support.fake_apiserver import json_patch
 
 CSI = Injection(image="ghcr.io/dsplatform/dsplatform:0.1.0", scheduler_name="dsplatform-scheduler", volume_mode="csi")
 RESTRICTED_CONTEXT = {

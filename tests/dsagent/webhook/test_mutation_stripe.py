@@ -16,7 +16,7 @@ from dsagent.webhook.mutation import INIT_CONTAINER, STRIPE_WAIT_CONTAINER, muta
 from dsplatform.wire import readerenv
 from dsplatform.wire.podannotations import DatasetRef
 from tests.dsagent.webhook.test_mutation import INJECTION, env_of, real_pod
-from tests.fake_apiserver import json_patch
+from tools.support.fake_apiserver import json_patch
 
 DIGEST = "c" * 32
 

@@ -24,8 +24,8 @@ from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from dsagent.kube.testing import SimulatedKubelet
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
-from tests.dsagent.harness import unix_socket_listening
-from tests.fake_apiserver import json_patch, make_pod
+from tools.support.fake_apiserver import json_patch, make_pod
+from tools.support.harness import unix_socket_listening
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from dsagent.webhook.server import decide
 from dsplatform.kubetime import format_micro_time
 from scheduler_plugin.testing import node as extender_node
 from scheduler_plugin.testing import topology_json
-from tests.fake_apiserver import FakeApiServer, json_patch, make_lease, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_lease, make_pod
 
 SETTINGS = GpuClassSettings(enabled=True)
 OWNER = {

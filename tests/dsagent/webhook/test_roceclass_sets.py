@@ -20,7 +20,7 @@ from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from gpu_topology.dumps import load_dump
 from scheduler_plugin.testing import topology_json
 from tests.dsagent.webhook.test_roceclass import OWNER, gpu_node, resources, worker
-from tests.fake_apiserver import FakeApiServer, json_patch
+from tools.support.fake_apiserver import FakeApiServer, json_patch
 
 SETTINGS = GpuClassSettings(enabled=True)
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "topology"

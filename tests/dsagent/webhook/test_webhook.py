@@ -23,7 +23,7 @@ from dsagent.kube.datasets import DatasetClient
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection
 from dsagent.webhook.server import decide, response
 from tests.charts.test_chart import NAMESPACE, find, render
-from tests.fake_apiserver import FakeApiServer, json_patch, make_dataset
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset
 
 pytestmark = pytest.mark.slow
 

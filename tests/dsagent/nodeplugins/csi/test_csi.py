@@ -25,8 +25,8 @@ from dsagent.errors import NotFound
 from dsagent.nodeplugins.csi import mounts
 from dsagent.nodeplugins.proto.csi import csi_pb2
 from tests.dsagent.cli.test_agent_process import packed, verify_tree
-from tests.dsagent.harness import LoopbackServer
 from tests.dsagent.nodeplugins.csi.harness import DRIVER, CsiAgent, CsiClient, Kubelet, context, mount_rights
+from tools.support.harness import LoopbackServer
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.fake_apiserver import (
+from tools.support.fake_apiserver import (
     FakeApiServer,
     field_selector_matches,
     json_patch,
@@ -196,7 +196,7 @@ def test_a_json_patch_applies_and_a_map_body_goes_as_strategic_merge(apiserver: 
 
 
 def test_a_json_patch_must_be_a_list_of_operations() -> None:
-    from tests.fake_apiserver import ApiError
+    from tools.support.fake_apiserver import ApiError
 
     with pytest.raises(ApiError) as info:
         json_patch({}, {"op": "add"})

@@ -2,7 +2,7 @@
 rewritten during a copy looks to the agent.
 
 Who uses it: the one-version-per-file tests (``tests/dsagent/cache/test_one_version.py``)
-and the per-file fault sweep (``tests/dsagent/faults.py``). It serves an in-memory tree
+and the per-file fault sweep (``tools/support/faults.py``). It serves an in-memory tree
 ``{relative path: [version 0, version 1, ...]}`` under ``/data/`` with an HTML index per
 directory (what fsspec's HTTP listing reads), HEAD, and single-range GETs answered 206.
 Each file moves to its next version after ``flip_after`` GETs of it. ``validators`` picks

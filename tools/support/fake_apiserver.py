@@ -1,4 +1,4 @@
-"""A small fake Kubernetes API server over real HTTP on 127.0.0.1, for tests.
+"""A small fake Kubernetes API server over real HTTP on 127.0.0.1, for the tests and the benchmarks.
 
 It speaks the JSON the unmodified official ``kubernetes`` client sends and accepts, for
 core ``Nodes`` and ``Pods``, ``coordination.k8s.io/v1`` ``Leases`` (namespaced, no status
@@ -38,7 +38,8 @@ a status (:meth:`fail`) until :meth:`heal`, and inspect what clients sent
 (:attr:`requests`, :meth:`wait_for`). Builders :func:`make_node`, :func:`make_pod` and
 :func:`make_dataset` give realistic objects.
 
-Shared by the kube tests and the scheduler extender's watch-cache tests.
+Who uses it: the kube tests, the scheduler extender's watch-cache tests and its benchmark
+(``tools/bench/extender.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A real S3 server on loopback for the tests: moto in server mode, in its own process.
 
-Who uses it: the S3 tests of the bundle CLI, the storage error translation and the agent.
+Who uses it: the S3 tests of the bundle CLI, the storage error translation and the agent, and
+the per-file fault sweep (``tools/faults/sweep.py --per-file``, through :mod:`tools.support.faults`).
 A separate process (``python -m moto.server``) rather than moto's in-process mocks: the
 code under test speaks the real wire protocol through s3fs/aiobotocore, and a second
 server can enforce authentication (``INITIAL_NO_AUTH_ACTION_COUNT``), which moto reads

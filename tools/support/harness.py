@@ -4,9 +4,12 @@
 fsspec's http filesystem needs), counts requests per path, and can delay chosen paths to
 make a source slow. ``AgentProcess`` runs ``dsagent serve`` in a process of its own on a
 unix socket (and TCP when asked), and can stop it politely or with SIGKILL: forked from
-this worker's agent fork server (``tests/dsagent/agentfork.py``: the agent imported once,
+this worker's agent fork server (``tools/support/agentfork.py``: the agent imported once,
 not once per start), or, with ``fresh=True``, as ``python -m dsagent serve`` from scratch
 (for tests that measure the process's own memory).
+
+Who uses it: the agent's tests and the fault injection's kill points
+(:func:`tools.support.faults.run_kill_point`, which ``tools/faults/sweep.py`` runs).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
-from tests.dsagent.agentfork import ForkedProcess, ForkServer
+from tools.support.agentfork import ForkedProcess, ForkServer
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 

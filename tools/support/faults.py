@@ -1,6 +1,7 @@
 """Fault injection for the agent's data path, the way SQLite tests I/O errors.
 
-Who uses it: ``tests/dsagent/cache/test_fault_injection.py`` (a sample of points, in the suite)
+Who uses it: ``tests/dsagent/cache/test_fault_injection.py`` and
+``tests/dsagent/cache/test_fault_injection_per_file.py`` (a sample of points, in the suite)
 and ``tools/faults/sweep.py`` (every point). What it owns:
 
 - :class:`Injector`: counts the filesystem operations under one cache root (``open``,
@@ -20,7 +21,7 @@ and ``tools/faults/sweep.py`` (every point). What it owns:
   version that owns it, nothing left in the trash; after the retry, ready and verified.
 - :func:`run_kill_point`: the same with ``kill -9`` at operation N of a real
   ``dsagent serve`` process, then a plain restart and the same request.
-- ``python -m tests.dsagent.faults --kill-at N -- <dsagent args>``: runs ``dsagent`` with
+- ``python -m tools.support.faults --kill-at N -- <dsagent args>``: runs ``dsagent`` with
   the killer armed from the first task's creation on (used by :func:`run_kill_point`).
 
 Determinism: one fetch at a time, one worker, background writeback off: the Nth
@@ -343,7 +344,7 @@ def _changed(data: bytes) -> bytes:
 @dataclass
 class PerFileSource:
     """A dataset the agent copies file by file (no bundle store), served from ``kind``:
-    ``local`` (a directory), ``http`` (:class:`tests.dsagent.versioned_http.VersionedServer`
+    ``local`` (a directory), ``http`` (:class:`tools.support.versioned_http.VersionedServer`
     on 127.0.0.1, with ETags it honours) or ``s3`` (``moto`` in server mode). ``change()``
     rewrites every file at its source (same sizes, other bytes); ``settle()`` makes the
     source quiet again at the new version."""
@@ -365,7 +366,7 @@ class PerFileSource:
         if kind == "local":
             return cls(kind, base, str(tree))
         if kind == "http":
-            from tests.dsagent.versioned_http import VersionedServer
+            from tools.support.versioned_http import VersionedServer
 
             server = VersionedServer({p: [d] for p, d in PER_FILE_FILES.items()}, validators="etag", flip_after=None)
             return cls(kind, base, server.url, server=server)
@@ -380,7 +381,7 @@ class PerFileSource:
     def _client(self) -> Any:
         import boto3
 
-        from tests.s3server import KEY, SECRET
+        from tools.support.s3server import KEY, SECRET
 
         return boto3.client(
             "s3",
@@ -634,7 +635,7 @@ def _forkserver() -> Any:
         import multiprocessing
 
         _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["dsagent.cache.service", "tests.dsagent.faults"])
+        _FORKSERVER.set_forkserver_preload(["dsagent.cache.service", "tools.support.faults"])
     return _FORKSERVER
 
 
@@ -686,18 +687,19 @@ def _portable(data: Any) -> Any:
 def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
     """``kill -9`` at operation ``at`` of a real ``dsagent serve``, then a plain restart and
     the same request; ``first`` is ``killed`` or, past the last operation, the outcome."""
-    from tests.dsagent.harness import AgentProcess
+    from tools.support.harness import AgentProcess
 
     dataset = {"name": data.name, "source": str(data.source), "bundles": str(data.store)}
     env = {"DSAGENT_MAX_FETCHES": "1", "DSAGENT_FETCH_WORKERS": "1"}
     root = base / "cache"
     base.mkdir(parents=True, exist_ok=True)
-    agent = AgentProcess(root, env=env, local_sources=(data.source.parent,))
+    # fresh: its own command line (the fault injector's), not a fork of the preloaded agent
+    agent = AgentProcess(root, env=env, local_sources=(data.source.parent,), fresh=True)
     plain = list(agent.args)
     agent.args = [
         sys.executable,
         "-m",
-        "tests.dsagent.faults",
+        "tools.support.faults",
         "--kill-at",
         str(at),
         "--root",

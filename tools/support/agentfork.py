@@ -1,8 +1,8 @@
 """A fork server for the agent tests: ``dsagent serve`` processes without an interpreter start each.
 
-Who uses it: :class:`tests.dsagent.harness.AgentProcess`. A fresh ``python -m dsagent serve``
+Who uses it: :class:`tools.support.harness.AgentProcess`. A fresh ``python -m dsagent serve``
 spends about two CPU-seconds importing the agent before it serves; the suite starts well
-over a hundred. This module, run as ``python -m tests.dsagent.agentfork`` (one per pytest
+over a hundred. This module, run as ``python -m tools.support.agentfork`` (one per pytest
 worker, started on first use), imports the agent once and then forks one child per request.
 Each child is a real process of its own (its pid, its memory, its signals; ``kill -9`` kills
 it) that sets its environment and working directory, sends its output to its log file and
@@ -187,7 +187,7 @@ class ForkServer:
             path = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
             cls._server = subprocess.Popen(
-                [sys.executable, "-m", "tests.dsagent.agentfork"],
+                [sys.executable, "-m", "tools.support.agentfork"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
