@@ -46,6 +46,7 @@ from dsagent.format.manifest import (
     is_safe_path,
 )
 from dsagent.format.storage import forget_listings, open_whole, resolve, translate_errors
+from dsagent.format.storageconfig import Options
 
 if TYPE_CHECKING:
     from dsagent.cache.peers import PeerSwarm
@@ -59,7 +60,7 @@ class Source:
 
     url: str
     bundles: str | None = None
-    storage_options: Mapping[str, Any] | None = None
+    storage_options: Options = None
 
 
 def listing_matches(source: Source, manifest: Manifest) -> bool:

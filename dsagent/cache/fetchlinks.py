@@ -28,7 +28,7 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -36,6 +36,7 @@ import httpx
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.settings import Settings
 from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, TransientError
+from dsagent.format.storageconfig import Options, store_options
 
 log = logging.getLogger("dsagent.fetchlinks")
 
@@ -98,14 +99,15 @@ def can_bind(store: str) -> bool:
     return store.startswith(("http://", "https://", "s3://", "s3a://"))
 
 
-def bound_options(store: str, options: Mapping[str, Any] | None, address: str | None) -> Mapping[str, Any] | None:
+def bound_options(store: str, options: Options, address: str | None) -> Options:
     """``options`` for reading bundles from ``store`` with every connection leaving from
     ``address`` (None: unchanged). ``http(s)://``: an aiohttp session of our own
     (``get_client``); ``s3://``: aiobotocore's connector ``socket_factory``. Other stores
     (gcs, azure, local paths) use the default route."""
     if address is None or not can_bind(store):
         return options
-    merged = dict(options or {})
+    given = store_options(options)
+    merged = dict(given.values)
     if store.startswith(("http://", "https://")):
         merged["get_client"] = BoundClient(address)
     else:
@@ -114,7 +116,7 @@ def bound_options(store: str, options: Mapping[str, Any] | None, address: str | 
         connector["socket_factory"] = SourceAddress(address)
         config["connector_args"] = connector
         merged["config_kwargs"] = config
-    return merged
+    return given.with_values(merged)
 
 
 def addresses_of(nics: Sequence[Any]) -> tuple[str, ...]:

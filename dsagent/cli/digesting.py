@@ -32,6 +32,7 @@ from dsplatform.units import format_size
 if TYPE_CHECKING:
     from dsagent.format.digestcache import DigestCache
     from dsagent.format.manifest import Manifest, Progress
+    from dsagent.format.storageconfig import Options
 
 
 def default_name(source: str) -> str:
@@ -135,7 +136,7 @@ def digest_source(
     source: str,
     name: str | None,
     output: str,
-    storage_options: Mapping[str, Any] | None,
+    storage_options: Options,
     use_cache: bool,
     echo: Callable[[str], None],
 ) -> None:

@@ -38,7 +38,7 @@ from dsagent.errors import InvalidInput, SettingsError
 from dsplatform.units import UnitError, parse_duration
 
 if TYPE_CHECKING:
-    from dsagent.format.storageconfig import StorageConfig
+    from dsagent.format.storageconfig import StorageConfig, StoreOptions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -100,12 +100,12 @@ def default_socket(environ: Mapping[str, str]) -> Path:
     return default_root(env) / "dsagent.sock"
 
 
-def options_for_stores(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` (as :func:`storage_options` read them), carrying the storage bounds of the
-    settings down to every filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
+def options_for_stores(options: Mapping[str, Any]) -> StoreOptions:
+    """``options`` (as :func:`storage_options` read them) with the storage bounds of the
+    settings beside them, for every filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
     from dsagent.format.storageconfig import with_config
 
-    return with_config(dict(options), settings_storage_config)
+    return with_config(options, settings_storage_config)
 
 
 def settings_storage_config(environ: Mapping[str, str] | None = None) -> StorageConfig:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from dsagent.format.digestpool import (
 from dsagent.format.hashing import HASH_BUFFER, ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.format.storage import open_whole, resolve_local_first, translate_errors
+from dsagent.format.storageconfig import Options
 from dsagent.format.walk import (
     UNSTATED,
     Dir,
@@ -272,7 +273,7 @@ def build_manifest(
     source: str | os.PathLike[str],
     *,
     name: str,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Options = None,
     workers: int | None = None,
     digest_cache: DigestCache | None = None,
     progress: Progress | None = None,

@@ -51,7 +51,7 @@ import json
 import operator
 import re
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
@@ -71,6 +71,7 @@ from dsagent.format.entries import (
 )
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
+from dsagent.format.storageconfig import Options
 from dsplatform.names import DIGEST_LENGTH
 
 if TYPE_CHECKING:
@@ -516,9 +517,7 @@ def bundle_path(store_root: str, digest: str) -> str:
     return f"{store_root.rstrip('/')}/{BUNDLES_DIR}/{digest}{BUNDLE_SUFFIX}"
 
 
-def read_manifest(
-    store: str, name: str, *, storage_options: Mapping[str, Any] | None = None, max_files: int | None = None
-) -> Manifest:
+def read_manifest(store: str, name: str, *, storage_options: Options = None, max_files: int | None = None) -> Manifest:
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent;
     ``max_files`` as in :func:`read_manifest_stream`."""
     from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
@@ -539,7 +538,7 @@ def read_manifest(
         ) from exc
 
 
-def read_manifest_header(store: str, name: str, *, storage_options: Mapping[str, Any] | None = None) -> ManifestHeader:
+def read_manifest_header(store: str, name: str, *, storage_options: Options = None) -> ManifestHeader:
     """Only the header line (digest, counts, bundle index): a cheap consistency check."""
     from dsagent.format.storage import resolve, translate_errors
 

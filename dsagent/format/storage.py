@@ -37,15 +37,13 @@ from dsagent.errors import (
 )
 from dsagent.format import storage_errors
 from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
-from dsagent.format.storageconfig import split_config, user_options
+from dsagent.format.storageconfig import Options, store_options
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
 
 
-def resolve(
-    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
-) -> tuple[AbstractFileSystem, str]:
+def resolve(url: str | os.PathLike[str], storage_options: Options = None) -> tuple[AbstractFileSystem, str]:
     """The filesystem and the path inside it for ``url`` (a local path or any fsspec URL)."""
     import fsspec
     from fsspec.core import url_to_fs
@@ -56,15 +54,16 @@ def resolve(
     check_url(text)
     protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
     local = ALIASES.get(protocol, protocol) == "file"
-    values = check_option_values(user_options(storage_options))
+    given = store_options(storage_options)
+    values = check_option_values(dict(given.values))
     if local and values:
         key = sorted(values)[0]  # fsspec's local filesystem takes any keyword and ignores it
         raise InvalidInput(
             f"storage option {key!r} does nothing for the local path {text!r}",
             hint="storage options are for object stores and HTTP URLs; a local path takes none",
         )
-    # the bounds the edge decided travel in the options (dsagent.format.storageconfig)
-    options = values if local else split_config(storage_options)[0].bounded(protocol, values)
+    # the bounds the edge decided travel beside the options (dsagent.format.storageconfig)
+    options = values if local else given.resolved_config().bounded(protocol, values)
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
             if is_chain(text):
@@ -97,7 +96,7 @@ def resolve(
     return fs, path
 
 
-def local_path(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> str | None:
+def local_path(url: str | os.PathLike[str], storage_options: Options = None) -> str | None:
     """``url`` as an absolute local path when it is a plain one (no scheme, no chain, no ``~``,
     no storage options), else None: such a location can be opened with ``open``.
 
@@ -107,7 +106,7 @@ def local_path(url: str | os.PathLike[str], storage_options: Mapping[str, Any] |
     one that :func:`dsagent.format.storage_errors.check_url` refuses).
     """
     text = os.fspath(url)
-    if user_options(storage_options) or not text or "\x00" in text or ":" in text or text.startswith("~"):
+    if store_options(storage_options).values or not text or "\x00" in text or ":" in text or text.startswith("~"):
         return None
     return os.path.abspath(text)
 
@@ -163,9 +162,7 @@ class LocalFiles:
 LOCAL_FILES = LocalFiles()
 
 
-def resolve_local_first(
-    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
-) -> tuple[AbstractFileSystem, str]:
+def resolve_local_first(url: str | os.PathLike[str], storage_options: Options = None) -> tuple[AbstractFileSystem, str]:
     """:func:`resolve`, except that a plain local path (:func:`local_path`) is answered with
     :data:`LOCAL_FILES` and never imports fsspec. For the callers whose local branches read
     and write with ``os`` (digesting and packing)."""

@@ -2,13 +2,13 @@
 
 Who calls it: the edges that read the settings build a :class:`StorageConfig`
 (:attr:`dsagent.format.storagesettings.StorageSettings.storage_config`: ``DSAGENT_STORAGE_*``, then
-``DSAGENT_SOURCE_TIMEOUT``, then 10 s / 60 s) and put it into the storage options they pass
-down (:func:`with_config`): the agent into every dataset's source options
-(:meth:`dsagent.cache.service.CacheService._serve`), ``dsctl`` into the options of its
-storage commands (:func:`dsagent.cli.options.options_for_stores`). It travels with the
-options through every function that takes them (manifest reads, digests, packing,
-unpacking, per-file copies) to :func:`dsagent.format.storage.resolve`, which takes it out
-(:func:`split_config`) and gives the filesystem its bounds (:meth:`StorageConfig.bounded`):
+``DSAGENT_SOURCE_TIMEOUT``, then 10 s / 60 s) and pass it down beside the fsspec options, as
+one typed value, :class:`StoreOptions` (:func:`with_config`): the agent for every dataset
+(:meth:`dsagent.cache.taskwork.TaskWork.serve`), ``dsctl`` for its storage commands
+(:func:`dsagent.cli.options.options_for_stores`). It travels through every function that
+takes storage options (manifest reads, digests, packing, unpacking, per-file copies) to
+:func:`dsagent.format.storage.resolve`, which gives the filesystem its bounds
+(:meth:`StorageConfig.bounded`):
 for S3 botocore's ``connect_timeout``, ``read_timeout`` and ``retries``; for GCS
 ``requests_timeout``; for Azure ``connection_timeout`` and ``read_timeout``; for HTTP(S)
 aiohttp's ``ClientTimeout``. Options the caller gives win. Nothing here reads the
@@ -23,19 +23,12 @@ by type (:class:`~dsagent.errors.TransientError`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-from dsagent.errors import InvalidInput
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
 DEFAULT_ATTEMPTS = 3
-
-#: The storage-options key that carries the :class:`StorageConfig` (never a user's key:
-#: the agent's key allowlist refuses it from a pod, and :func:`split_config` refuses any
-#: value that is not a config).
-CONFIG_KEY = "storage_config"
 
 _BOUNDED = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"})
 
@@ -87,35 +80,53 @@ DEFAULT = StorageConfig()
 ConfigSource = StorageConfig | Callable[[], StorageConfig]
 
 
-def with_config(options: Mapping[str, Any] | None, config: ConfigSource) -> dict[str, Any]:
-    """``options`` carrying ``config`` down to :func:`dsagent.format.storage.resolve`."""
-    return {**dict(options or {}), CONFIG_KEY: config}
+@dataclass(frozen=True)
+class StoreOptions:
+    """What a filesystem is built from: the fsspec options a user or a pod gave (``values``)
+    and, beside them, the bounds the edge decided (``config``: a :class:`StorageConfig`, or a
+    function that builds it when the first remote filesystem is built)."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    config: ConfigSource = DEFAULT
+
+    def with_values(self, values: Mapping[str, Any]) -> StoreOptions:
+        """The same bounds with other fsspec options."""
+        return StoreOptions(dict(values), self.config)
+
+    def resolved_config(self) -> StorageConfig:
+        """The bounds, built now if they were given as a function."""
+        return self.config if isinstance(self.config, StorageConfig) else self.config()
 
 
-def user_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``options`` without the config: what the user or the pod gave."""
-    return {k: v for k, v in (options or {}).items() if k != CONFIG_KEY}
+#: What a function of the format layer takes as storage options: the typed value, or plain
+#: fsspec options (a library caller's; they get :data:`DEFAULT`).
+Options = StoreOptions | Mapping[str, Any] | None
 
 
-def split_config(options: Mapping[str, Any] | None) -> tuple[StorageConfig, dict[str, Any]]:
-    """The config ``options`` carry (:data:`DEFAULT` if none) and the rest of them."""
-    carried = (options or {}).get(CONFIG_KEY, DEFAULT)
-    if callable(carried) and not isinstance(carried, StorageConfig):
-        carried = carried()
-    if not isinstance(carried, StorageConfig):
-        raise InvalidInput(
-            f"storage option {CONFIG_KEY!r} is set by dsplatform, not given",
-            hint="set timeouts with DSAGENT_STORAGE_CONNECT_TIMEOUT / DSAGENT_STORAGE_READ_TIMEOUT",
-        )
-    return carried, user_options(options)
+def store_options(options: Options) -> StoreOptions:
+    """``options`` as the typed value: plain fsspec options get the :data:`DEFAULT` bounds."""
+    if isinstance(options, StoreOptions):
+        return options
+    return StoreOptions(dict(options or {}))
+
+
+def with_config(options: Options, config: ConfigSource) -> StoreOptions:
+    """``options`` with ``config`` beside them, carried down to :func:`dsagent.format.storage.resolve`."""
+    return StoreOptions(dict(store_options(options).values), config)
+
+
+def user_options(options: Options) -> dict[str, Any]:
+    """The fsspec options alone: what the user or the pod gave."""
+    return dict(store_options(options).values)
 
 
 __all__ = [
-    "CONFIG_KEY",
     "DEFAULT",
     "ConfigSource",
+    "Options",
     "StorageConfig",
-    "split_config",
+    "StoreOptions",
+    "store_options",
     "user_options",
     "with_config",
 ]

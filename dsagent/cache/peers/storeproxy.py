@@ -9,15 +9,14 @@ What it owns: which store a proxy applies to and how each kind of store is told 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from dsagent.cache.settings import Settings
+from dsagent.format.storageconfig import Options, store_options
 
 log = logging.getLogger("dsagent.peers")
 
 
-def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def bundle_options(settings: Settings, store: str, options: Options) -> Options:
     """``options`` for reading bundles from ``store``, through its configured proxy if any.
 
     Only bundle downloads use the proxy: bundles are immutable and named by digest, what
@@ -34,7 +33,8 @@ def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | 
     )
     if proxy is None:
         return options
-    merged = dict(options or {})
+    given = store_options(options)
+    merged = dict(given.values)
     if store.startswith(("http://", "https://")):
         merged["proxy"] = proxy  # fsspec's HTTP filesystem passes it to every aiohttp request
     elif store.startswith(("s3://", "s3a://")):
@@ -43,7 +43,7 @@ def bundle_options(settings: Settings, store: str, options: Mapping[str, Any] | 
         merged["config_kwargs"] = config
     else:
         log.warning("a proxy is configured for %s, but only http(s):// and s3:// stores can use one", store)
-    return merged
+    return given.with_values(merged)
 
 
 __all__ = ["bundle_options"]

@@ -19,12 +19,13 @@ caller waits, bounded by its own timeout.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from dsagent.cache.pools import Pools
 from dsagent.errors import DsagentError, Superseded
 from dsagent.format.manifest import read_manifest_header
+from dsagent.format.storageconfig import Options
 
 #: Seconds the store's current version of a name is trusted before it is read again.
 CURRENT_FOR = 10.0
@@ -34,7 +35,7 @@ class HeldVersion(Protocol):
     """What the check needs of a share held here: its store and storage options."""
 
     store: str
-    storage_options: Mapping[str, Any] | None
+    storage_options: Options
 
 
 class CurrentVersions:

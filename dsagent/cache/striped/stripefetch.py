@@ -16,9 +16,9 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from dsagent.cache.peers import PeerFetcher, PeerFetchingIt
 from dsagent.cache.peers.peerfetch import CLUSTER_REFRESH_EVERY, POLL_EVERY
@@ -26,6 +26,7 @@ from dsagent.cache.peers.peersession import REFRESH_EVERY
 from dsagent.cache.settings import Settings
 from dsagent.format.bundles.extract import unpack_bundle
 from dsagent.format.manifest import BundleRef, Manifest
+from dsagent.format.storageconfig import Options
 
 log = logging.getLogger("dsagent.stripes")
 
@@ -36,7 +37,7 @@ class Version(Protocol):
 
     manifest: Manifest
     store: str
-    storage_options: Mapping[str, Any] | None
+    storage_options: Options
     peers: dict[str, str]
 
 

@@ -54,6 +54,7 @@ from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripewindow import StripeWindow
 from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
+from dsagent.format.storageconfig import Options, user_options, with_config
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
 
@@ -71,7 +72,7 @@ class _Share:
     layout: StripeLayout
     manifest: Manifest
     store: str
-    storage_options: Mapping[str, Any] | None
+    storage_options: Options
     peers: dict[str, str]  # member -> base URL of its agent
     ready_after: int
     held: set[str] = field(default_factory=set)
@@ -168,11 +169,12 @@ class StripeShares:
         if not shareless <= set(members) or shareless >= set(members):
             raise InvalidInput("noShare lists members only, and not all of them", hint="some member must own bundles")
         self.settings.source_policy.check(store, storage_options)
+        options = with_config(storage_options, self.settings.storage_config)  # the settings' storage bounds
         for member, url in peers.items():
             if not url.startswith(("http://", "https://")):
                 raise InvalidInput(f"peer {member!r} needs an http(s) base URL, not {url!r}")
         manifest = await self.pools.work(
-            read_manifest, store, name, storage_options=storage_options, max_files=self.settings.max_dataset_files
+            read_manifest, store, name, storage_options=options, max_files=self.settings.max_dataset_files
         )
         if digest is not None and manifest.digest != digest:
             raise NotFound(f"the store's {name!r} is version {manifest.digest}, not {digest}")
@@ -209,7 +211,7 @@ class StripeShares:
         # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
         await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
         share = _Share(
-            layout, manifest, store, storage_options, dict(peers), max(0, ready_after), owned=tuple(owned),
+            layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(owned),
             no_share=shareless,
         )  # fmt: skip
         share.expires, share.last_used = now + lease, now
@@ -231,7 +233,7 @@ class StripeShares:
         storage options, which may hold credentials; a share that needed them waits for its
         holder (the controller's renewed task) to ask again."""
         path = self.version_dir(share.key) / HOLD_FILE
-        if share.storage_options is not None:
+        if user_options(share.storage_options):
             path.unlink(missing_ok=True)
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,

@@ -43,6 +43,7 @@ from dsagent.format.digester import is_local
 from dsagent.format.manifest import BUNDLE_SUFFIX, BUNDLES_DIR, MANIFEST_FILE, bundle_path, read_manifest
 from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storage import resolve, translate_errors
+from dsagent.format.storageconfig import Options
 
 DEFAULT_GRACE_SECONDS = 24 * 3600.0
 #: where a collection moves the bundles it is about to delete (under ``bundles/``)
@@ -143,7 +144,7 @@ def _dataset_names(fs: Any, root: str, store: str) -> list[str]:
     return sorted(names)
 
 
-def referenced_digests(store: str, storage_options: Mapping[str, Any] | None = None) -> tuple[set[str], int]:
+def referenced_digests(store: str, storage_options: Options = None) -> tuple[set[str], int]:
     """Every bundle digest any manifest in ``store`` lists, and the number of manifests.
 
     A manifest that cannot be read raises (:class:`IntegrityError` for a damaged one):
@@ -165,7 +166,7 @@ def referenced_digests(store: str, storage_options: Mapping[str, Any] | None = N
 
 def scan(
     store: str,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Options = None,
     *,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     now: float | None = None,
@@ -222,7 +223,7 @@ def _move_aside(fs: Any, root: str, store: str, bundles: list[StoredBundle]) -> 
 
 def collect(
     store: str,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Options = None,
     *,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     delete: bool = False,

@@ -42,11 +42,11 @@ import stat
 import tarfile
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import xxhash
 
@@ -70,6 +70,7 @@ from dsagent.format.manifest import (
     read_manifest,
 )
 from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
+from dsagent.format.storageconfig import Options
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 from dsagent.format.verify import verify_tree
 
@@ -311,7 +312,7 @@ def unpack_bundle(
     bundle: BundleRef,
     dest_dir: str | os.PathLike[str],
     *,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Options = None,
     progress: Progress | None = None,
     durable: bool = True,
     native: bool | None = None,
@@ -407,7 +408,7 @@ def _locked(progress: Progress | None) -> Progress | None:
 
 #: What an unpacking job reads: the store, the manifest, the stage, the storage options and
 #: the choice of member loop.
-_Job = tuple[str | os.PathLike[str], Manifest, Path, Mapping[str, Any] | None, bool | None]
+_Job = tuple[str | os.PathLike[str], Manifest, Path, Options, bool | None]
 #: The job the forked unpacking processes share with their parent (:func:`_in_processes`):
 #: set just before they are forked, so that a task is only a bundle's index.
 _FORKED: _Job | None = None
@@ -464,7 +465,7 @@ def _unpack_bundles(
     store: str | os.PathLike[str],
     manifest: Manifest,
     stage: Path,
-    storage_options: Mapping[str, Any] | None,
+    storage_options: Options,
     progress: Progress | None,
     count: int,
     native: bool | None = None,
@@ -508,7 +509,7 @@ def unpack(
     dest: str | os.PathLike[str],
     manifest: Manifest | None = None,
     workers: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Options = None,
     progress: Progress | None = None,
     native: bool | None = None,
 ) -> Manifest:

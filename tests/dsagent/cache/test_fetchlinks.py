@@ -30,9 +30,10 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import SourceUnavailable
 from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.manifest import Manifest
+from dsagent.format.storageconfig import StorageConfig, store_options, user_options, with_config
 from gpu_topology import Gpu, Link, Nic, Topology, transfer_nics
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, wait_ready
+from tools.support.harness import AgentProcess, wait_ready
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="127.0.0.0/8 routes to lo on Linux only")
@@ -365,11 +366,13 @@ def test_addresses_that_are_not_on_this_node_are_left_out() -> None:
 
 
 def test_store_reads_are_bound_to_the_links_address() -> None:
-    http = bound_options("http://store/b", {"client_kwargs": {"trust_env": False}}, "10.0.0.5")
+    http = user_options(bound_options("http://store/b", {"client_kwargs": {"trust_env": False}}, "10.0.0.5"))
     assert repr(http["get_client"]) == "BoundClient('10.0.0.5')" and http["client_kwargs"] == {"trust_env": False}
-    s3 = bound_options("s3://bucket/b", {"config_kwargs": {"connect_timeout": 3}}, "10.0.0.5")
+    s3 = user_options(bound_options("s3://bucket/b", {"config_kwargs": {"connect_timeout": 3}}, "10.0.0.5"))
     assert s3["config_kwargs"]["connect_timeout"] == 3
     assert repr(s3["config_kwargs"]["connector_args"]["socket_factory"]) == "SourceAddress('10.0.0.5')"
+    bounds = StorageConfig(2.0, 3.0)  # the storage bounds stay beside the options the address is added to
+    assert store_options(bound_options("http://store/b", with_config({}, bounds), "10.0.0.5")).config == bounds
     assert bound_options("gs://bucket/b", {"token": "anon"}, "10.0.0.5") == {"token": "anon"}
     assert bound_options("http://store/b", None, None) is None
 

@@ -29,7 +29,7 @@ from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.bundles.extract import unpack_bundle_stream
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.harness import AgentProcess, LoopbackServer, free_port, wait_ready
+from tools.support.harness import AgentProcess, LoopbackServer, free_port, wait_ready
 
 pytest.importorskip("aiohttp")
 
@@ -420,14 +420,20 @@ def test_bundle_downloads_go_through_the_stores_proxy_and_manifests_do_not(store
 def test_bundle_options_add_the_proxy_of_the_matching_store_only() -> None:
     from dsagent.cache.peers import bundle_options
     from dsagent.cache.settings import Settings
+    from dsagent.format.storageconfig import StorageConfig, store_options, user_options, with_config
 
     settings = Settings.from_env(
         {"DSAGENT_STORE_PROXIES": "http://store:80/ds=http://127.0.0.1:65001, s3://bucket=http://127.0.0.1:65001"}
     )
-    assert bundle_options(settings, "http://store:80/ds", None) == {"proxy": "http://127.0.0.1:65001"}
-    assert bundle_options(settings, "http://store:80/ds/sub", {"a": 1}) == {"a": 1, "proxy": "http://127.0.0.1:65001"}
+    assert user_options(bundle_options(settings, "http://store:80/ds", None)) == {"proxy": "http://127.0.0.1:65001"}
+    assert user_options(bundle_options(settings, "http://store:80/ds/sub", {"a": 1})) == {
+        "a": 1,
+        "proxy": "http://127.0.0.1:65001",
+    }
     assert bundle_options(settings, "http://store:80/dsx", None) is None
-    s3 = bundle_options(settings, "s3://bucket/packs", {"anon": True})
+    bounds = StorageConfig(2.0, 3.0)  # the storage bounds stay beside the options the proxy is added to
+    assert store_options(bundle_options(settings, "http://store:80/ds", with_config({}, bounds))).config == bounds
+    s3 = user_options(bundle_options(settings, "s3://bucket/packs", {"anon": True}))
     assert s3 == {
         "anon": True,
         "config_kwargs": {"proxies": {"http": "http://127.0.0.1:65001", "https": "http://127.0.0.1:65001"}},

@@ -20,9 +20,9 @@ import pytest
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.cli.options import options_for_stores, settings_storage_config
-from dsagent.errors import InvalidInput, SettingsError
+from dsagent.errors import SettingsError
 from dsagent.format import storage
-from dsagent.format.storageconfig import CONFIG_KEY, StorageConfig, with_config
+from dsagent.format.storageconfig import DEFAULT, StorageConfig, StoreOptions, store_options, user_options, with_config
 from dsagent.format.storagesettings import StorageSettings
 
 
@@ -106,7 +106,7 @@ def test_dsctl_reads_the_settings_from_its_environment_only_for_a_remote_filesys
 ) -> None:
     monkeypatch.setenv("DSAGENT_STORAGE_READ_TIMEOUT", "7s")
     options = options_for_stores({"anon": True})
-    assert options["anon"] is True and callable(options[CONFIG_KEY])
+    assert options.values == {"anon": True} and callable(options.config)
     fs, _ = storage.resolve("s3://bucket/x", options)
     assert fs.config_kwargs["read_timeout"] == 7.0
     monkeypatch.setenv("DSAGENT_STORAGE_READ_TIMEOUT", "never")  # not read for a local path
@@ -115,9 +115,17 @@ def test_dsctl_reads_the_settings_from_its_environment_only_for_a_remote_filesys
     assert storage.resolve(str(tmp_path), local)[1] == str(tmp_path)
 
 
-def test_the_config_key_is_not_a_storage_option_anyone_gives() -> None:
-    with pytest.raises(InvalidInput, match="set by dsplatform"):
-        storage.resolve("s3://bucket/x", {"anon": True, CONFIG_KEY: {"read": 1}})
+def test_the_bounds_travel_beside_the_options_never_inside_them() -> None:
+    bounded = with_config({"anon": True}, StorageConfig(2.0, 3.0))
+    assert isinstance(bounded, StoreOptions) and bounded.values == {"anon": True}
+    assert user_options(bounded) == {"anon": True}
+    assert bounded.with_values({"anon": False}).config == StorageConfig(2.0, 3.0)
+    assert store_options({"anon": True}).config is DEFAULT  # a library caller's plain options
+    # a key in the options sets no bound: only the typed value does
+    fs, _ = storage.resolve("s3://bucket/x", {"anon": True, "storage_config": StorageConfig(1.0, 1.0)})
+    assert fs.config_kwargs["read_timeout"] == DEFAULT.read
+    fs, _ = storage.resolve("s3://bucket/x", bounded)
+    assert (fs.config_kwargs["connect_timeout"], fs.config_kwargs["read_timeout"]) == (2.0, 3.0)
 
 
 def test_a_timeout_in_the_callers_options_wins() -> None:
