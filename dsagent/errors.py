@@ -23,9 +23,9 @@ failed flush). Classes defined beside their code are drawn with their module.
     ├── StorageForbidden (403, exit 12, PERMISSION_DENIED)  the store knows the credentials but
     │                                         refuses the action
     ├── Forbidden (403, exit 9, PERMISSION_DENIED)  a pod acting on another pod's task, or evicting
-    │   ├── KubeForbidden                     cluster.apiclient: the API server refused the service account
+    │   ├── KubeForbidden                     kube.apiclient: the API server refused the service account
     │   └── NamespaceShareExceeded            a namespace's pins would pass its share of the node's cache
-    ├── TaskNotOnNode (403, exit 2, PERMISSION_DENIED)  cluster.nodeagent: a pod-UID task id that
+    ├── TaskNotOnNode (403, exit 2, PERMISSION_DENIED)  nodeagent.clusterhooks: a pod-UID task id that
     │                                         is no pod on this node
     ├── NotFound (404, exit 3, NOT_FOUND)     unknown dataset, task, manifest or bundle
     │   └── BundleMissing                     --bundles store has no manifest for the dataset
@@ -50,7 +50,7 @@ failed flush). Classes defined beside their code are drawn with their module.
         ├── SourceUnavailable                 the dataset source or bundle store failed
         ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent
         ├── AgentStopping                     the agent is stopping: it takes no new task
-        ├── KubeUnavailable                   cluster.apiclient: the API server failed or is unreachable
+        ├── KubeUnavailable                   kube.apiclient: the API server failed or is unreachable
         ├── PodResourcesUnavailable           nodeplugins.deviceplugin.podresources: the kubelet's
         │                                     pod-resources socket did not answer
         └── PeerBusy (429), BundleInFlight (425), PeerOverloaded, PeerRefused

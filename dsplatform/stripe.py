@@ -94,9 +94,11 @@ def owned(
     return [b for b in bundles if owner(b, members, weights) == member]
 
 
-def group_size(version_bytes: int, cache_bytes: int, *, budget: float = 0.5, headroom: float = 1.2) -> int:
+def group_size(version_bytes: int, cache_bytes: int, *, headroom: float, budget: float = 0.5) -> int:
     """How many members a version needs: ``ceil(headroom * S / (budget * C))``, at least 1,
-    so that no member gives one version more than ``budget`` of its cache."""
+    so that no member gives one version more than ``budget`` of its cache. ``headroom`` is
+    the eviction rule's ratio (the agent's, :data:`dsagent.policy.eviction.EVICT_RATIO` by
+    default): the room a member needs for its share."""
     if cache_bytes <= 0 or budget <= 0:
         raise LayoutError("a stripe group needs a positive cache size and budget")
     return max(1, math.ceil(headroom * version_bytes / (budget * cache_bytes)))

@@ -1,8 +1,11 @@
 """docs/design.md#layers is drawn from the import contracts: the picture names the layers and
-packages the contracts in pyproject.toml enforce, in their order."""
+packages the contracts in pyproject.toml enforce, in their order. docs/design.md#code-map
+states the version each wire contract writes."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 import sys
 
@@ -60,3 +63,25 @@ def test_every_process_folder_has_a_contract_forbidding_the_other_processes() ->
     assert {"dsagent.controller", "dsagent.webhook", "dsagent.nodeagent"} <= forbidden[("dsagent.kube",)]
     assert "dsagent" in forbidden[("scheduler_plugin",)]
     assert {"dsagent", "scheduler_plugin"} <= forbidden[("scheduling",)]
+
+
+def _wire_versions() -> dict[str, int]:
+    """Each wire contract's module (as docs/design.md cites it) and the ``VERSION`` it writes."""
+    import dsplatform.wire
+
+    versions = {}
+    for info in pkgutil.iter_modules(dsplatform.wire.__path__):
+        version = getattr(importlib.import_module(f"dsplatform.wire.{info.name}"), "VERSION", None)
+        if isinstance(version, int):
+            versions[f"dsplatform/wire/{info.name}.py"] = version
+    return versions
+
+
+def test_the_code_map_states_the_version_each_wire_contract_writes() -> None:
+    lines = (REPO_ROOT / "docs" / "design.md").read_text(encoding="utf-8").splitlines()
+    versions = _wire_versions()
+    assert "dsplatform/wire/csivolume.py" in versions
+    for path, version in versions.items():
+        stated = {int(n) for line in lines if f"`{path}`" in line for n in re.findall(r"\(version (\d+)", line)}
+        assert stated, f"docs/design.md#code-map names {path} with no '(version N)'"
+        assert stated == {version}, f"docs/design.md calls {path} version {sorted(stated)}; its VERSION is {version}"

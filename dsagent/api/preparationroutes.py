@@ -18,14 +18,12 @@ from dsagent.api.routes import BoundedJsonRoute, errors, operator, service, tena
 from dsagent.api.schemas import PreparationIn, PreparationOut, PreparationsOut, ReleaseOut
 from dsagent.cache.service import CacheService
 
-router = APIRouter(route_class=BoundedJsonRoute)
+#: every route is an operator's (the admin token), so the router asks it of each
+router = APIRouter(route_class=BoundedJsonRoute, dependencies=[Depends(operator)])
 
 
 @router.put(
-    "/v1/preparations/{task_id}",
-    dependencies=[Depends(operator)],
-    response_model=PreparationOut,
-    responses=errors(400, 401, 403, 404, 409, 413, 503),
+    "/v1/preparations/{task_id}", response_model=PreparationOut, responses=errors(400, 401, 403, 404, 409, 413, 503)
 )
 async def prepare(
     task_id: str,
@@ -45,29 +43,17 @@ async def prepare(
     )
 
 
-@router.get(
-    "/v1/preparations", dependencies=[Depends(operator)], response_model=PreparationsOut, responses=errors(401, 403)
-)
+@router.get("/v1/preparations", response_model=PreparationsOut, responses=errors(401, 403))
 async def list_preparations(svc: CacheService = Depends(service)) -> dict[str, Any]:
     return {"preparations": await svc.preparations.views()}
 
 
-@router.get(
-    "/v1/preparations/{task_id}",
-    dependencies=[Depends(operator)],
-    response_model=PreparationOut,
-    responses=errors(400, 401, 403, 404),
-)
+@router.get("/v1/preparations/{task_id}", response_model=PreparationOut, responses=errors(400, 401, 403, 404))
 async def get_preparation(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     return await svc.preparations.view(task_id)
 
 
-@router.delete(
-    "/v1/preparations/{task_id}",
-    dependencies=[Depends(operator)],
-    response_model=ReleaseOut,
-    responses=errors(400, 401, 403, 404),
-)
+@router.delete("/v1/preparations/{task_id}", response_model=ReleaseOut, responses=errors(400, 401, 403, 404))
 async def release_preparation(task_id: str, svc: CacheService = Depends(service)) -> dict[str, Any]:
     """Its reservations and its fetched data's task go: the data becomes evictable."""
     await svc.release_preparation(task_id)

@@ -47,24 +47,23 @@ class TaskIn(_Strict):
     datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
 
 
+def _cache_share(default: float, alias: str, description: str) -> Any:
+    """A field holding a share of the cache: a fraction from 0 to 1."""
+    return Field(default=default, ge=0.0, le=1.0, alias=alias, description=description)
+
+
 class PreparationIn(_Strict):
     """``PUT /v1/preparations/{task}``: prepare the next task (docs/design.md#next-job-preparation)."""
 
     datasets: list[DatasetIn] = Field(min_length=1, max_length=MAX_DATASETS)
     phase: int = Field(default=1, ge=1, le=2, strict=True, description="1: manifests and reservation; 2: bulk fetch")
-    first_threshold: float = Field(
-        default=FIRST_THRESHOLD,
-        ge=0.0,
-        le=1.0,
-        alias="firstThreshold",
-        description="share of the cache every preparation together may reserve (phase 1)",
+    first_threshold: float = _cache_share(
+        FIRST_THRESHOLD, "firstThreshold", "share of the cache every preparation together may reserve (phase 1)"
     )
-    second_threshold: float = Field(
-        default=SECOND_THRESHOLD,
-        ge=0.0,
-        le=1.0,
-        alias="secondThreshold",
-        description="share of the cache the running tasks' data plus the bulk fetches may take (phase 2)",
+    second_threshold: float = _cache_share(
+        SECOND_THRESHOLD,
+        "secondThreshold",
+        "share of the cache the running tasks' data plus the bulk fetches may take (phase 2)",
     )
 
 

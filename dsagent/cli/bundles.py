@@ -13,9 +13,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -27,6 +27,8 @@ from dsplatform.units import format_size, parse_size
 
 if TYPE_CHECKING:
     pass
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @contextmanager
@@ -55,6 +57,12 @@ _cache_flag = click.option(
     show_default=True,
     help="Reuse digests of unchanged local files (SQLite under ~/.cache/dsplatform).",
 )
+
+
+def _count_option(flag: str, default: int | None, text: str) -> Callable[[_F], _F]:
+    """An option taking a count: a whole number of at least 1, its default shown when it has one."""
+    shown: dict[str, Any] = {"show_default": True} if default is not None else {}
+    return click.option(flag, type=click.IntRange(min=1), default=default, help=text, **shown)
 
 
 def _emit(output: str, data: dict[str, Any], line: str) -> None:
@@ -91,13 +99,7 @@ def digest(
     metavar="STORE",
     help="Bundle store: a directory or fsspec URL (its bucket must exist).",
 )
-@click.option(
-    "--max-files",
-    type=click.IntRange(min=1),
-    default=50_000,
-    show_default=True,
-    help="At most this many files per bundle.",
-)
+@_count_option("--max-files", 50_000, "At most this many files per bundle.")
 @click.option(
     "--max-bytes",
     default="800MB",
@@ -110,12 +112,8 @@ def digest(
 @click.option(
     "--threads", type=click.IntRange(min=0), default=None, help="zstd threads per bundle (default: automatic)."
 )
-@click.option(
-    "--processes",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Pack each large bundle of a local source in this many segments, one forked process each.",
+@_count_option(
+    "--processes", 1, "Pack each large bundle of a local source in this many segments, one forked process each."
 )
 @source_options
 @store_options
@@ -139,7 +137,7 @@ def pack(
 
     A local SOURCE is read once: each file is hashed while it is packed.
     """
-    from dsagent.format.bundles.bundle import pack_dataset
+    from dsagent.format.bundles.bundle import PackOptions, pack_dataset
 
     cap = parse_size(max_bytes)
     if cap < 1:
@@ -150,11 +148,11 @@ def pack(
     cache = open_cache(digest_cache)
     try:
         with progress_bar("packing", None) as progress:
-            packed, reused = pack_dataset(
-                source, store, name=name, max_files=max_files, max_bytes=cap, level=level, threads=threads,
-                storage_options=src_options, store_options=dst_options, progress=progress, digest_cache=cache,
-                processes=processes,
+            options = PackOptions(
+                max_files=max_files, max_bytes=cap, level=level, threads=threads, storage_options=src_options,
+                store_options=dst_options, progress=progress, digest_cache=cache, processes=processes,
             )  # fmt: skip
+            packed, reused = pack_dataset(source, store, options, name=name)
     finally:
         if cache is not None:
             cache.close()
@@ -186,12 +184,7 @@ def pack(
 @click.argument("store")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--name", required=True, help="Dataset name in the store.")
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Bundles unpacked at once (default: one per core, at most 4).",
-)
+@_count_option("--workers", None, "Bundles unpacked at once (default: one per core, at most 4).")
 @store_options
 @output_option
 @without_cycle_collection()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dsagent.format.bundles.bundle import unpack, verify_tree, write_bundles
 from dsagent.format.digester import build_manifest
+from dsagent.policy.eviction import EVICT_RATIO
 from dsplatform.units import format_size
 
 DEMO_ROOT = Path("demo-cache")
@@ -171,7 +172,7 @@ def run_agent(root: Path = DEMO_ROOT) -> list[str]:
         say(
             "released",
             f"both tasks; free {format_size(space['freeBytes'])}, "
-            f"{AGENT_DATASET} needs 1.2 x {format_size(second.total_bytes)}",
+            f"{AGENT_DATASET} needs {EVICT_RATIO} x {format_size(second.total_bytes)}",
         )
         record = client.submit_task(
             "train-job-3",

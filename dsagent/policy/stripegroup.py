@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dsagent.policy import eviction
-from dsagent.policy.eviction import LAST_COPY, REPLICATED, STRIPE_SHARE
+from dsagent.policy.eviction import EVICT_RATIO, LAST_COPY, REPLICATED, STRIPE_SHARE
 from dsplatform.stripe import group_size
 
 
@@ -78,7 +78,7 @@ def choose_group(
     no_share_before: Sequence[str] = (),
     members: int | None = None,
     budget: float = 0.5,
-    ratio: float = 1.2,
+    ratio: float = EVICT_RATIO,
     bundles: int | None = None,
 ) -> Group:
     """The group's members, in order (fewer when fewer qualify; none for no nodes), and

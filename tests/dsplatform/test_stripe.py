@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import xxhash
 
+from dsagent.policy.eviction import EVICT_RATIO
 from dsplatform.stripe import (
     LayoutError,
     StripeLayout,
@@ -85,10 +86,10 @@ def test_owned_partitions_the_bundles() -> None:
 
 
 def test_group_size_keeps_each_member_under_its_budget() -> None:
-    assert group_size(30 * 10**12, 4 * 10**12) == 18  # 30 TB on 4 TB nodes at half a disk each
-    assert group_size(1, 4 * 10**12) == 1
+    assert group_size(30 * 10**12, 4 * 10**12, headroom=EVICT_RATIO) == 18  # 30 TB on 4 TB nodes at half a disk each
+    assert group_size(1, 4 * 10**12, headroom=EVICT_RATIO) == 1
     with pytest.raises(LayoutError):
-        group_size(10, 0)
+        group_size(10, 0, headroom=EVICT_RATIO)
 
 
 def test_layout_round_trips_and_checks_its_version() -> None:

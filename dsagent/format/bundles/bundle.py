@@ -16,7 +16,9 @@ What it owns:
   written in parallel, one per core;
 - **the store's write order**: bundles first, the manifest last, each atomically (temp,
   fsync, rename on local disks; one PUT on object stores), so a reader never sees a
-  manifest whose bundles are missing.
+  manifest whose bundles are missing;
+- **the pack's options** (:class:`BundleOptions`, :class:`PackOptions`): each default and
+  its meaning, written once. Every writer takes them as one object or as keywords.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import xxhash
 
@@ -53,6 +56,7 @@ from dsagent.format.manifest import (
     manifest_path,
 )
 from dsagent.format.storage import resolve_local_first, translate_errors
+from dsagent.format.storageconfig import Options
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -75,6 +79,57 @@ def __getattr__(name: str) -> Any:
 
 #: zstd level 1: JPEG-like payloads do not compress, so the fastest level loses nothing.
 DEFAULT_LEVEL = 1
+
+
+@dataclass(frozen=True)
+class BundleOptions:
+    """How bundles are cut and written: what :func:`write_bundles` takes, as this object or
+    as keywords of the same names."""
+
+    max_files: int = DEFAULT_MAX_FILES
+    """At most this many files per bundle (:func:`plan_bundles`)."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    """At most this many uncompressed bytes per bundle, unless the bundle is one larger file."""
+    level: int = DEFAULT_LEVEL
+    """The zstd compression level."""
+    threads: int | None = None
+    """zstd's worker count per bundle; None: all cores when one bundle is written at a time,
+    else none (bundles are then written in parallel, one per core)."""
+    storage_options: Options = None
+    """Storage options of the source (fsspec's, or :class:`~dsagent.format.storageconfig.StoreOptions`)."""
+    store_options: Options = None
+    """Storage options of the bundle store."""
+    progress: Progress | None = None
+    """Called with ``(bytes, files)`` as files are packed; bundles the store already holds
+    count at once."""
+
+
+@dataclass(frozen=True)
+class PackOptions(BundleOptions):
+    """How a dataset is packed: what :func:`pack` and :func:`pack_dataset` take, as this
+    object or as keywords of the same names. Those of :class:`BundleOptions`, and:"""
+
+    digest_cache: DigestCache | None = None
+    """Digests of unchanged local files, reused instead of reading the files again; files
+    hashed while packing are added to it."""
+    workers: int | None = None
+    """Threads hashing the files of a source that is not local, which is digested before it
+    is packed (None: :data:`~dsagent.format.digester.REMOTE_WORKERS`)."""
+    processes: int = 1
+    """More than 1: a local source's bundles (averaging at least
+    :data:`~dsagent.format.bundles.packparallel.SEGMENT_MIN_BYTES`) are written one at a
+    time, each cut into this many segments packed by forked processes
+    (:func:`~dsagent.format.bundles.packparallel.compress_into`): docs/design.md#bundles says
+    when that pays."""
+
+
+_Options = TypeVar("_Options", bound=BundleOptions)
+
+
+def _options(kind: type[_Options], options: _Options | None, keywords: Mapping[str, Any]) -> _Options:
+    """``options`` (default: ``kind()``, every default) with ``keywords`` set; an unknown
+    keyword is a :class:`TypeError`, as for any function."""
+    return replace(options if options is not None else kind(), **keywords)
 
 
 # --------------------------------------------------------------------------- boundaries
@@ -182,23 +237,19 @@ def write_bundles(
     manifest: Manifest,
     source: str | os.PathLike[str],
     store: str | os.PathLike[str],
-    *,
-    max_files: int = DEFAULT_MAX_FILES,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    level: int = DEFAULT_LEVEL,
-    threads: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    store_options: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
+    options: BundleOptions | None = None,
+    **keywords: Any,
 ) -> tuple[Manifest, int]:
     """Write ``manifest``'s bundles (those the store lacks) and then the manifest.
 
     Returns the manifest with its bundle index and the number of bundles reused.
-    ``progress(bytes, files)`` counts the files packed (reused bundles count at once).
+    ``options`` (:class:`BundleOptions`), or its fields as ``keywords``, say how.
     """
-    src_fs, src_root = resolve_local_first(source, storage_options)
+    opts = _options(BundleOptions, options, keywords)
+    progress, level, store_options = opts.progress, opts.level, opts.store_options
+    src_fs, src_root = resolve_local_first(source, opts.storage_options)
     dst_fs, dst_root = resolve_local_first(store, store_options)
-    plan = plan_bundles(manifest.entries, max_files, max_bytes)
+    plan = plan_bundles(manifest.entries, opts.max_files, opts.max_bytes)
     groups = [manifest.entries[first : first + count] for first, count in plan]
     expect_total(progress, manifest.total_bytes, manifest.file_count)
     digests = [bundle_digest(group) for group in groups]
@@ -216,7 +267,7 @@ def write_bundles(
             progress(sum(e.size for g in reused for e in g), sum(len(g) for g in reused))
     cpus = os.cpu_count() or 1
     parallel = max(1, min(len(todo), cpus))
-    zstd_threads = threads if threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
+    zstd_threads = opts.threads if opts.threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
     writer = BundleWriter(src_fs, src_root, progress, threading.Lock())
     sizes = dict(existing)
 
@@ -250,7 +301,7 @@ def _keep_reused(
     dst_root: str,
     store: str | os.PathLike[str],
     level: int,
-    store_options: Mapping[str, Any] | None,
+    store_options: Options,
 ) -> Manifest:
     """After the manifest, check once more that the bundles this pack reused (rather than
     wrote) are still in the store: a concurrent ``dsctl gc`` may have moved an old orphan
@@ -278,9 +329,7 @@ def _keep_reused(
     return packed
 
 
-def write_manifest(
-    manifest: Manifest, store: str | os.PathLike[str], *, store_options: Mapping[str, Any] | None = None
-) -> None:
+def write_manifest(manifest: Manifest, store: str | os.PathLike[str], *, store_options: Options = None) -> None:
     """Store ``manifest`` as ``<store>/<name>/manifest``, atomically; call it after its bundles."""
     fs, root = resolve_local_first(store, store_options)
     path = manifest_path(root, manifest.name)
@@ -311,12 +360,19 @@ def _prepare_directory(fs: Any, directory: str) -> None:
         ) from exc
 
 
-def pack(source: str | os.PathLike[str], store: str | os.PathLike[str], *, name: str, **options: Any) -> Manifest:
+def pack(
+    source: str | os.PathLike[str],
+    store: str | os.PathLike[str],
+    options: PackOptions | None = None,
+    *,
+    name: str,
+    **keywords: Any,
+) -> Manifest:
     """Digest ``source`` and pack it into ``store`` as dataset ``name``; returns the manifest.
 
     :func:`pack_dataset`, with the same options, without the count of reused bundles.
     """
-    return pack_dataset(source, store, name=name, **options)[0]
+    return pack_dataset(source, store, options, name=name, **keywords)[0]
 
 
 def _span(bundle: tuple[int, int]) -> slice:
@@ -328,20 +384,14 @@ def _span(bundle: tuple[int, int]) -> slice:
 def pack_dataset(
     source: str | os.PathLike[str],
     store: str | os.PathLike[str],
+    options: PackOptions | None = None,
     *,
     name: str,
-    max_files: int = DEFAULT_MAX_FILES,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    level: int = DEFAULT_LEVEL,
-    threads: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    store_options: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-    digest_cache: DigestCache | None = None,
-    workers: int | None = None,
-    processes: int = 1,
+    **keywords: Any,
 ) -> tuple[Manifest, int]:
     """Pack ``source`` into ``store`` as dataset ``name``: the manifest and the number of bundles reused.
+
+    ``options`` (:class:`PackOptions`), or its fields as ``keywords``, say how.
 
     A local source is packed in one pass (docs/design.md#bundles): the tree is listed and
     stat'ed, bundles are planned from paths and sizes (:func:`plan_bundles` needs no
@@ -357,16 +407,11 @@ def pack_dataset(
     Other sources are digested first and then packed (:func:`write_bundles`): re-packing
     an unchanged remote source in one pass would upload every bundle again only to find
     that the store holds it, and remote sources have no digest cache to avoid that.
-    ``threads`` is zstd's worker count per bundle (default: all cores when one bundle is
-    written at a time, else bundles are written in parallel, one per core). With
-    ``processes`` > 1 (a local source whose bundles average at least
-    :data:`~dsagent.format.bundles.packparallel.SEGMENT_MIN_BYTES`), bundles are written one at a
-    time, each cut into that many segments packed by forked processes
-    (:func:`~dsagent.format.bundles.packparallel.compress_into`): docs/design.md#bundles says when
-    that pays.
     """
+    opts = _options(PackOptions, options, keywords)
+    progress, digest_cache, level, store_options = opts.progress, opts.digest_cache, opts.level, opts.store_options
     check_dataset_name(name)
-    src_fs, src_root = resolve_local_first(source, storage_options)
+    src_fs, src_root = resolve_local_first(source, opts.storage_options)
     empty: list[str] = []
     files = None
     if is_local(src_fs):
@@ -374,12 +419,9 @@ def pack_dataset(
             files = list_files(src_fs, src_root, empty)
     if files is None:
         manifest = build_manifest(
-            source, name=name, storage_options=storage_options, workers=workers, digest_cache=digest_cache
+            source, name=name, storage_options=opts.storage_options, workers=opts.workers, digest_cache=digest_cache
         )
-        return write_bundles(
-            manifest, source, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
-            storage_options=storage_options, store_options=store_options, progress=progress,
-        )  # fmt: skip
+        return write_bundles(manifest, source, store, opts)
     paths, sizes_listed, mtimes = files.paths, files.sizes, files.mtimes  # the listing's columns: no object a file
     listed = list(new_entries(paths, sizes_listed, mtimes, repeat("")))
     upto = [0, *accumulate(sizes_listed)]  # bytes before each entry: any range's size at once
@@ -390,7 +432,7 @@ def pack_dataset(
     known: list[str | None] = (
         [digest_cache.match(snapshot, f) for f in files] if digest_cache is not None else [None] * len(files)
     )
-    plan = plan_bundles(listed, max_files, max_bytes, upto)
+    plan = plan_bundles(listed, opts.max_files, opts.max_bytes, upto)
     dst_fs, dst_root = resolve_local_first(store, store_options)
     digests: list[str | None] = []
     for first, count in plan:
@@ -411,11 +453,12 @@ def pack_dataset(
     cpus = os.cpu_count() or 1
     parallel = max(1, min(len(todo), cpus))
     writing_bytes = sum(upto[plan[i][0] + plan[i][1]] - upto[plan[i][0]] for i in todo)
+    processes = opts.processes
     if processes > 1 and todo and writing_bytes >= len(todo) * SEGMENT_MIN_BYTES and can_fork():
         parallel = 1  # large bundles: one at a time, each cut into segments packed by forked processes
     else:
         processes = 1
-    zstd_threads = threads if threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
+    zstd_threads = opts.threads if opts.threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
     writer = BundleWriter(src_fs, src_root, progress, threading.Lock())
     written: list[int] = []  # bundles the store did not hold (one packed again but found there is reused)
     read_digests: dict[int, bytes] = {}  # a packed bundle's member digests as read, 16 raw bytes each
@@ -466,6 +509,8 @@ __all__ = [
     "DEFAULT_LEVEL",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_FILES",
+    "BundleOptions",
+    "PackOptions",
     "create_empty_directories",
     "pack",
     "pack_dataset",

@@ -110,7 +110,7 @@ def tar_header(entry: FileEntry) -> bytes:
     that fit 11 octal digits: one plain ustar block) because ``TarInfo.tobuf`` costs ~36 us
     per file, 0.22 s of a 1.2 s pack of 6,000 files on tmpfs; this costs ~2 us. Anything
     else (long or non-ASCII paths, huge sizes) goes through ``tarfile`` and gets its pax
-    header. ``tests/dsagent/test_bundle.py`` checks both give the same bytes.
+    header. ``tests/dsagent/format/test_pipeline.py`` checks both give the same bytes.
     """
     if not plain_header(entry):
         return _tar_header_slow(entry)

@@ -11,7 +11,7 @@ import pytest
 from dsagent.cli import main
 from dsagent.errors import IntegrityError
 from dsagent.format.bundles import storeobjects
-from dsagent.format.bundles.bundle import pack_dataset, unpack, verify_tree, write_bundles
+from dsagent.format.bundles.bundle import PackOptions, pack, pack_dataset, unpack, verify_tree, write_bundles
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import read_manifest
@@ -62,8 +62,9 @@ def test_dsctl_pack_reads_each_file_once(
 
 def test_one_pass_writes_what_digest_then_pack_writes(tmp_path: Path) -> None:
     src = write_tree(tmp_path / "source", _files())
-    one, reused = pack_dataset(src, tmp_path / "one", name="d", max_files=7)
-    two, _ = write_bundles(build_manifest(src, name="d"), src, tmp_path / "two", max_files=7)
+    options = PackOptions(max_files=7)
+    one, reused = pack_dataset(src, tmp_path / "one", options, name="d")
+    two, _ = write_bundles(build_manifest(src, name="d"), src, tmp_path / "two", options)
     assert one == two and reused == 0 and len(one.bundles) > 3
     for ref in one.bundles:
         name = f"{ref.digest}.tar.zst"
@@ -71,6 +72,19 @@ def test_one_pass_writes_what_digest_then_pack_writes(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "one" / "bundles").iterdir()) == sorted(
         p.name for p in (tmp_path / "two" / "bundles").iterdir()
     )  # no temporary object left behind
+
+
+def test_options_are_taken_as_one_object_or_as_keywords(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "source", _files(20))
+    by_keywords = pack(src, tmp_path / "a", name="d", max_files=3, level=3)
+    by_object = pack(src, tmp_path / "b", PackOptions(max_files=3, level=3), name="d")
+    overridden = pack(src, tmp_path / "c", PackOptions(max_files=50, level=3), name="d", max_files=3)
+    assert by_keywords == by_object == overridden
+    assert len(by_keywords.bundles) > 1 and max(b.count for b in by_keywords.bundles) <= 3
+    with pytest.raises(TypeError, match="max_file"):
+        pack(src, tmp_path / "d", name="d", max_file=3)
+    with pytest.raises(TypeError, match="processes"):  # a pack's option, not a writer's
+        write_bundles(by_keywords, src, tmp_path / "e", processes=2)
 
 
 def test_repack_with_the_digest_cache_reads_only_the_changed_bundle(tmp_path: Path, opened: Counter[str]) -> None:

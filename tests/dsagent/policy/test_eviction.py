@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from dsagent.policy.eviction import Candidate, idle_victims, lru_order, needed_bytes, plan_for_fetch, unused_victims
+from dsagent.policy import eviction
+from dsagent.policy.eviction import (
+    EVICT_RATIO,
+    Candidate,
+    idle_victims,
+    lru_order,
+    needed_bytes,
+    plan_for_fetch,
+    unused_victims,
+)
+from tests.conftest import REPO_ROOT
+
+PRODUCT_PACKAGES = ("dsplatform", "dsagent", "scheduler_plugin", "scheduling", "gpu_topology")
 
 D = "0" * 32
 
@@ -83,3 +98,20 @@ def test_all_unused_lists_every_evictable_dataset_oldest_first() -> None:
     victims = unused_victims([c("b", 1, 2), c("a", 1, 1), c("busy", 1, 0, in_use=True), c("f", 1, 0, fetching=True)])
     assert [v.name for v in victims] == ["a", "b"]
     assert lru_order([]) == []
+
+
+def test_the_ratio_is_written_once_in_the_product() -> None:
+    # every rule that needs the factor refers to EVICT_RATIO: a second literal would drift from it
+    found = []
+    for package in PRODUCT_PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+            found += [
+                f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and type(node.value) is float and node.value == EVICT_RATIO
+            ]
+    assert eviction.__file__ is not None
+    defined = str(Path(eviction.__file__).resolve().relative_to(REPO_ROOT))
+    assert [place for place in found if not place.startswith(f"{defined}:")] == []
+    assert len(found) == 1, found
