@@ -1,6 +1,6 @@
 """The one way a dataset version becomes ready (docs/design.md#ready-invariant).
 
-Who calls it: :meth:`dsagent.cache.versions.Versions._make_ready` (every fetch and every
+Who calls it: :meth:`dsagent.cache.versions.Versions._stage_and_commit` (every fetch and every
 adopted per-file copy) and :func:`dsagent.cache.recovery.reconcile` (a version whose
 directory was renamed into place before a stop lost its ready commit). Nothing else
 writes ``state = 'ready'``.

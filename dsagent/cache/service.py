@@ -32,15 +32,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from dsagent.cache import ready, recovery, report
+from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
-from dsagent.cache.fetch import Source
 from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
@@ -68,13 +66,10 @@ from dsagent.cache.task import (
     task_key,
     validate_request,
 )
+from dsagent.cache.taskwork import TaskWork
 from dsagent.cache.versions import Versions
-from dsagent.errors import AgentStopping, DsagentError, IntegrityError, NotFound, local_write_error
-from dsagent.format.manifest import Manifest
+from dsagent.errors import AgentStopping, DsagentError, NotFound
 from dsagent.format.storage import add_store_observer, protocol_label
-from dsagent.format.storage_errors import classify
-from dsagent.format.storageconfig import with_config
-from dsagent.policy.eviction import Candidate
 
 log = logging.getLogger("dsagent")
 _T = TypeVar("_T")
@@ -127,13 +122,9 @@ class CacheService:
             self.node, space=self._space, versions=self._versions, stripes=self.stripes, peers=self.peers
         )
         self.peer_server = PeerServer(settings, self.metrics, self._served.locate, self._served.unpin)
-        self._waiters: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._errors: dict[tuple[str, str], DsagentError] = {}
-        self._options: dict[tuple[str, str], Mapping[str, Any] | None] = {}
+        self._taskwork = TaskWork(self.node, self._versions, self._space)  # each dataset's route to ready
         self._sweeper: asyncio.Task[None] | None = None
         self._stripes_back: asyncio.Task[None] | None = None
-        self._checking: set[tuple[str, str]] = set()  # (task, dataset) under the start check
-        self._handovers: set[asyncio.Task[None]] = set()
         self.preparations = Preparations(  # docs/design.md#next-job-preparation
             service_parts(
                 self.node,
@@ -143,6 +134,7 @@ class CacheService:
                 release_task=self.release_task,
             )
         )
+        self._taskwork.preparations = self.preparations
         self.started = False
         # told to stop: its stripe shares handed to their new owners first (docs/design-striping.md#churn)
         self.handoff = StripeHandoff(settings, self.stripes, clock, hooks.node_leaving)
@@ -166,9 +158,9 @@ class CacheService:
                 await self.pools.check(check_locations, request, policy=self.settings.source_policy)
             except DsagentError as exc:
                 log.warning("not resuming %s for task %s: %s", request.name, task_id, exc)
-                self._errors[(task_id, request.name)] = exc
+                self._taskwork.errors[(task_id, request.name)] = exc
                 continue
-            self._start_waiter(task_id, request, digest)
+            self._taskwork.resume(task_id, request, digest)
         self.started = True
 
     async def stop(self) -> None:
@@ -180,8 +172,7 @@ class CacheService:
             for t in (
                 self._sweeper,
                 self._stripes_back,
-                *self._waiters.values(),
-                *self._handovers,
+                *self._taskwork.all_running(),
                 *self._flights.futures(),
             )
             if t is not None
@@ -222,16 +213,20 @@ class CacheService:
         ``task_id`` in any case names one task (:func:`task_key`). ``tenant``: the namespace
         the task acts for (docs/operator-guide/tenancy.md): a new task of a namespace that already pins its
         share of the cache is refused (:class:`NamespaceShareExceeded`) before any work, and
-        the namespace is recorded as one that asked for each dataset's source."""
+        the namespace is recorded as one that asked for each dataset's source.
+
+        The route, step by step: the request checked (:meth:`_checked`); admitted (cluster
+        mode's task guard, not while stopping, within the namespace's share); recorded (a new
+        task, or the same request renewed); each dataset's work started
+        (:meth:`dsagent.cache.taskwork.TaskWork.start_task`, which carries it to ready); the
+        task's record answered (:meth:`_record`)."""
         try:
-            task_id = task_key(task_id)
-            requests = await self._validate(task_id, datasets)
+            task_id, requests = await self._checked(task_id, datasets)
         except DsagentError as exc:  # refused before any work: still a failed request
             for _ in datasets or (None,):
                 self.metrics.request_settled(exc.code)
             raise
         now = self.clock()
-        lease_until = now + self.settings.lease_ttl
         admit_task = self.hooks.admit_task
         if admit_task is not None and await self._db(self.catalog.task, task_id) is None:
             # Admission may wait (e.g. for the pod watch to see the pod): do it before the
@@ -239,208 +234,85 @@ class CacheService:
             await admit_task(task_id)
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
-            if existing is None and self.handoff.stopping:
-                for _ in requests:
-                    self.metrics.request_settled(AgentStopping.code)
-                raise AgentStopping(
-                    "this agent is stopping: it takes no new task",
-                    hint="ask again once the agent that replaces it serves (or on another node)",
-                )
-            if existing is None and tenant is not None:
-                await self._space.check_share(tenant, [(r.name, r.source) for r in requests], now)
             if existing is None:
+                self._admit(requests)
+                if tenant is not None:
+                    await self._space.check_share(tenant, [(r.name, r.source) for r in requests], now)
                 await self._db(
                     self.catalog.create_task,
                     task_id,
                     [r.redacted() for r in requests],
                     now=now,
-                    lease_until=lease_until,
+                    lease_until=now + self.settings.lease_ttl,
                 )
-                existing = await self._db(self.catalog.task, task_id)
-                assert existing is not None
+                bound: Mapping[str, str | None] = {}
             else:
                 check_same_request(existing, requests)
-                await self._db(self.catalog.renew_task, task_id, lease_until)
+                await self._db(self.catalog.renew_task, task_id, now + self.settings.lease_ttl)
                 await self._db(self.catalog.touch_task, task_id, now)
+                bound = existing.digests
             if tenant is not None:
                 await self._db(self.catalog.record_tenant, task_id, tenant, [(r.name, r.source) for r in requests])
-            for request in requests:
-                self._options[(task_id, request.name)] = request.storage_options
-                await self._ensure(task_id, request, existing.digests.get(request.name))
-            if self.preparations.get(task_id) is not None:  # the prepared task arrived: hand over
-                mine = [t for (tid, _), t in self._waiters.items() if tid == task_id]
-                handover = asyncio.create_task(
-                    self.preparations.hand_over(task_id, mine), name=f"dsagent-handover-{task_id}"
-                )
-                self._handovers.add(handover)
-                handover.add_done_callback(self._handovers.discard)
+            await self._taskwork.start_task(task_id, requests, bound)
         if wait:
-            await self._wait_for(task_id, wait)
-        return await self.get_task(task_id)
+            await self._taskwork.wait(task_id, wait)
+        return await self._record(task_id)
+
+    async def renew_task(self, task_id: str) -> None:
+        """Extend the task's lease by ``lease_ttl`` from now, as a repeated request would,
+        without checking or starting anything (NotFound once it is released)."""
+        task_id = task_key(task_id)
+        now = self.clock()
+        if await self._db(self.catalog.task, task_id) is None:
+            raise NotFound(f"no task {task_id!r} on this agent")
+        await self._db(self.catalog.renew_task, task_id, now + self.settings.lease_ttl)
+        await self._db(self.catalog.touch_task, task_id, now)
+
+    async def retry_failed(self, task_id: str, datasets: Sequence[DatasetRequest]) -> None:
+        """Start again the datasets of the task that failed, with ``datasets`` (the task's
+        own request: the same names, sources and stores; its storage options, which the
+        agent keeps in memory only, given again). The others are left as they are."""
+        task_id, requests = await self._checked(task_id, datasets)
+        async with self._submit_lock:
+            existing = await self._db(self.catalog.task, task_id)
+            if existing is None:
+                raise NotFound(f"no task {task_id!r} on this agent")
+            check_same_request(existing, requests)
+            failed = [r for r in requests if (task_id, r.name) in self._taskwork.errors]
+            await self._taskwork.start_task(task_id, failed, existing.digests)
+
+    async def task_settled(self, timeout: float) -> None:
+        """Until some dataset of some task settles (ready or failed), at most ``timeout``
+        seconds: a caller that follows a task's state (the CSI node plugin) waits here
+        instead of polling."""
+        await self._taskwork.changed(timeout)
+
+    def _admit(self, requests: Sequence[DatasetRequest]) -> None:
+        """A new task is refused while this agent stops (its stripe hand-off runs)."""
+        if self.handoff.stopping:
+            for _ in requests:
+                self.metrics.request_settled(AgentStopping.code)
+            raise AgentStopping(
+                "this agent is stopping: it takes no new task",
+                hint="ask again once the agent that replaces it serves (or on another node)",
+            )
 
     async def tenant_pinned(self, tenant: str) -> int:
         """Bytes the live tasks acting for ``tenant`` hold on this node."""
         return int(await self._db(self.catalog.tenant_pinned, tenant, self.clock()))
 
-    async def _validate(self, task_id: str, datasets: Sequence[DatasetRequest]) -> list[DatasetRequest]:
-        validate_request(task_id, datasets)
+    async def _checked(self, task_id: str, datasets: Sequence[DatasetRequest]) -> tuple[str, list[DatasetRequest]]:
+        """The task's one form and its requests, each location on the operator's allowlist."""
+        key = validate_request(task_id, datasets)
         for request in datasets:  # resolving a location may touch the network: off the loop
             await self.pools.check(check_locations, request, policy=self.settings.source_policy)
-        return list(datasets)
-
-    async def _ensure(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
-        """Start the work a task's dataset still needs, unless it is running or done."""
-        waiter = self._waiters.get((task_id, request.name))
-        if waiter is not None and not waiter.done():
-            return
-        if bound is not None:
-            row = await self._db(self.catalog.version, request.name, bound)
-            if row is not None and row.state == "ready":
-                return  # docs/design.md#rule-1: a repeated request starts no new work
-        self._errors.pop((task_id, request.name), None)
-        self._start_waiter(task_id, request, bound)
-
-    def _start_waiter(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
-        self._claims.ask(task_id, request.identity)  # protected from now on, once its digest is known
-        task = asyncio.create_task(self._serve(task_id, request, bound), name=f"dsagent-task-{task_id}-{request.name}")
-        self._waiters[(task_id, request.name)] = task
-
-    async def _serve(self, task_id: str, request: DatasetRequest, bound: str | None) -> None:
-        """Serve one dataset of one task, in two steps; errors are kept for the record.
-
-        1. :meth:`_version_for`: the version the task means (the one it is bound to, else
-           the source's current one, resolved once per request identity);
-        2. :meth:`_make_ready`: that version fetched and made ready, once per version
-           (:meth:`dsagent.cache.versions.Versions.fetch`), unless resolving it cached it.
-        """
-        # every filesystem built for this dataset (source, bundle store) gets the storage
-        # bounds of the settings: they travel in its options (dsagent.format.storageconfig)
-        options = with_config(self._options.get((task_id, request.name)), self.settings.storage_config)
-        source = Source(request.source, request.bundles, options)
-        try:
-            manifest, cached = await self._version_for(task_id, request, source, bound)
-            if not cached:
-                await self._make_ready(source, manifest)
-            if (manifest.name, manifest.digest) in self.preparations.prepared_keys(task_id):
-                await self._start_check(task_id, request.name, source, manifest)
-        except asyncio.CancelledError:
-            raise
-        except DsagentError as exc:
-            self._failed(task_id, request, exc)
-        except Exception as exc:  # a foreign storage error, or a bug: keep it visible, never crash the loop
-            what = f"dataset {request.name!r}"
-            if isinstance(exc, OSError) and self._on_cache_disk(exc):
-                known: DsagentError | None = local_write_error(exc, what)  # the node's disk, not the source
-            else:
-                known = classify(exc, what)
-            if known is not None:
-                self._failed(task_id, request, known)
-                return
-            log.exception("caching %s for task %s failed", request.name, task_id)
-            self._failed(task_id, request, DsagentError(f"internal error: {type(exc).__name__}: {exc}"), logged=True)
-        else:
-            self.metrics.request_settled("ok")
-
-    async def _version_for(
-        self, task_id: str, request: DatasetRequest, source: Source, bound: str | None
-    ) -> tuple[Manifest, bool]:
-        """Step 1: the version ``task_id`` means by ``request``, and whether resolving it
-        cached it already (a per-file copy digests while it copies).
-
-        A task keeps the version it was bound to (docs/design.md#rule-1), unless that
-        version's fetch was abandoned (an integrity failure, a full disk: its staging is
-        gone): then the source is resolved again, so a repeated request after "the source
-        changed while caching" gets the source as it is now, not the stale version again."""
-        stored = await self._bound_manifest(request.name, bound)
-        if stored is not None:
-            self._claims.drop(task_id, request.name)  # the catalog binding protects it
-            return stored, False
-        flight = ("resolve", *request.identity, request.allow_per_file)
-        manifest, cached = await self._flights.join(flight, self._resolve, request, source)
-        await self._bind(task_id, request, manifest.digest)
-        return manifest, cached
-
-    async def _bound_manifest(self, name: str, bound: str | None) -> Manifest | None:
-        """The stored manifest of the version a task is bound to, while it can still be fetched."""
-        if bound is None:
-            return None
-        row = await self._db(self.catalog.version, name, bound)
-        if row is None:
-            return None
-        if row.state == "failed" and not await self._work(self.store.staging_dir(name, bound).is_dir):
-            return None  # abandoned (Versions.fetch removed its staging): resolve the source again
-        return await self._versions.stored_manifest(name, bound)
-
-    async def _make_ready(self, source: Source, manifest: Manifest) -> None:
-        """Step 2: ``manifest``'s version fetched and made ready, one fetch per version
-        however many tasks wait for it (docs/design.md#rule-6)."""
-        await self._flights.join(("fetch", manifest.name, manifest.digest), self._versions.fetch, source, manifest)
-
-    async def _start_check(self, task_id: str, name: str, source: Source, manifest: Manifest) -> None:
-        """The start check (docs/design.md#next-job-preparation): a version prepared for
-        ``task_id`` is checked on disk against its manifest before the task is told it is
-        ready; a copy that fails is evicted and fetched again."""
-        key = (manifest.name, manifest.digest)
-        self._checking.add((task_id, name))
-        try:
-            try:
-                await self._work(ready.check_complete, self.store.ready_dir(*key), manifest)
-                return
-            except IntegrityError as exc:
-                log.warning("prepared copy of %s failed the start check; fetching it again: %s", name, exc)
-            async with self._space.lock:
-                victim = Candidate(*key, self.store.allocated(manifest.total_bytes, manifest.file_count), 0.0)
-                await self._space.evict_one(victim, reason="start-check", force=True)
-            await self._make_ready(source, manifest)
-        finally:
-            self._checking.discard((task_id, name))
-
-    def _on_cache_disk(self, exc: OSError) -> bool:
-        """Whether ``exc`` is the cache disk's failure (on a path under the root), not the
-        source's: staging, publishing and finishing a version touch only the root."""
-        if not exc.filename:
-            return False
-        root = os.path.realpath(self.settings.root)
-        return os.path.realpath(os.fsdecode(exc.filename)).startswith(root + os.sep)
-
-    def _failed(self, task_id: str, request: DatasetRequest, exc: DsagentError, *, logged: bool = False) -> None:
-        """Keep a dataset's failure for its task, count it by code, and log it once at
-        WARNING with code, task, dataset and source (passwords in URLs redacted; storage
-        options never logged), so that no failed task goes without a warning line."""
-        self._errors[(task_id, request.name)] = exc
-        self.metrics.request_settled(exc.code)
-        if not logged:
-            source, bundles = redact_url(request.source), redact_url(request.bundles)
-            log.warning(
-                "dataset failed: code=%s task=%s dataset=%s source=%s bundles=%s: %s",
-                exc.code,
-                task_id,
-                request.name,
-                source,
-                bundles,
-                exc,
-                # the same facts as fields of a JSON log line (DSAGENT_LOG_FORMAT=json)
-                extra={"code": exc.code, "task": task_id, "dataset": request.name, "source": source}
-                | {"bundles": bundles},
-            )
-
-    async def _resolve(self, request: DatasetRequest, source: Source) -> tuple[Manifest, bool]:
-        resolved = await self._versions.resolve(request.name, source, allow_per_file=request.allow_per_file)
-        self._claims.settle(request.identity, resolved[0].digest)  # every task waiting on this flight
-        return resolved
-
-    async def _bind(self, task_id: str, request: DatasetRequest, digest: str) -> None:
-        self._claims.hold(task_id, request.identity, digest)
-        await self._db(self.catalog.bind, task_id, request.name, digest)
-        self._claims.drop(task_id, request.name)  # from here the catalog's binding protects it
-
-    async def _wait_for(self, task_id: str, timeout: float) -> None:
-        waiters = [t for (tid, _), t in self._waiters.items() if tid == task_id and not t.done()]
-        if waiters:
-            await asyncio.wait(waiters, timeout=timeout)
+        return key, list(datasets)
 
     async def get_task(self, task_id: str) -> TaskRecord:
-        task_id = task_key(task_id)
+        """Where the task stands, dataset by dataset; NotFound when there is no such task."""
+        return await self._record(task_key(task_id))
+
+    async def _record(self, task_id: str) -> TaskRecord:
         task = await self._db(self.catalog.task, task_id)
         if task is None:
             raise NotFound(
@@ -464,18 +336,17 @@ class CacheService:
         name = item["name"]
         digest = task.digests.get(name)
         row = await self._db(self.catalog.version, name, digest) if digest else None
-        waiter = self._waiters.get((task.task_id, name))
         return report.dataset_status(
             item,
             digest,
             row,
-            error=self._errors.get((task.task_id, name)),
-            waiting=waiter is not None and not waiter.done(),
+            error=self._taskwork.errors.get((task.task_id, name)),
+            waiting=self._taskwork.working(task.task_id, name),
             fetching=row is not None and self._flights.is_fetching((name, row.digest)),
             pending=self._progress.pending(name, item["source"]),
             progress=self._progress.get((name, row.digest)) if row else None,
             path=str(self.store.ready_dir(name, row.digest)) if row else None,
-            checking=(task.task_id, name) in self._checking,
+            checking=(task.task_id, name) in self._taskwork.checking,
         )
 
     async def task_ids(self) -> list[str]:
@@ -485,12 +356,7 @@ class CacheService:
     async def release_task(self, task_id: str) -> None:
         """The task no longer needs its datasets (the pod ended); they become evictable."""
         task_id = task_key(task_id)
-        for (tid, name), waiter in list(self._waiters.items()):
-            if tid == task_id:
-                waiter.cancel()
-                self._waiters.pop((tid, name), None)
-                self._errors.pop((tid, name), None)
-                self._options.pop((tid, name), None)
+        self._taskwork.cancel(task_id)
         self._claims.release(task_id)
         await self._db(self.catalog.touch_task, task_id, self.clock())  # idle time counts from here
         if not await self._db(self.catalog.delete_task, task_id):
@@ -510,8 +376,7 @@ class CacheService:
         tenant: str | None = None,
     ) -> dict[str, Any]:
         """Prepare the next task ``task_id`` here (idempotent; each call renews its lease)."""
-        task_id = task_key(task_id)
-        requests = await self._validate(task_id, datasets)
+        task_id, requests = await self._checked(task_id, datasets)
         prep = await self.preparations.put(task_id, requests, phase=phase, first=first, second=second, tenant=tenant)
         return preparation_view(prep)
 
@@ -556,7 +421,7 @@ class CacheService:
         """Every cached version with its state, use and progress (``GET /v1/datasets``)."""
         rows = await self._db(self.catalog.versions)
         in_use = await self._db(self.catalog.in_use, self.clock())
-        working = {name for (_, name), waiter in self._waiters.items() if not waiter.done()}
+        working = self._taskwork.busy_datasets()
         return [
             report.version_view(
                 r,
@@ -586,10 +451,8 @@ class CacheService:
 
     async def metrics_text(self) -> str:
         """``GET /metrics``: the counters and the gauges of this moment (see :mod:`dsagent.cache.metrics`)."""
-        failed = {tid for (tid, _name) in self._errors}
         tasks = await self._db(self.catalog.task_ids)
-        working = {tid for (tid, _), waiter in self._waiters.items() if not waiter.done()}
-        states = report.task_states(tasks, failed=failed, working=working)
+        states = report.task_states(tasks, failed=self._taskwork.failed_tasks(), working=self._taskwork.busy_tasks())
         self.metrics.set_gauges(await self.space(), (v["state"] for v in await self.datasets()), states)
         return self.metrics.render()
 

@@ -60,14 +60,16 @@ def task_key(task_id: str) -> str:
     return key
 
 
-def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> None:
-    """A task id and its dataset list, before anything is recorded."""
-    task_key(task_id)
+def validate_request(task_id: str, datasets: Sequence[DatasetRequest]) -> str:
+    """A task id and its dataset list, before anything is recorded: the task's one form
+    (:func:`task_key`), or InvalidInput."""
+    key = task_key(task_id)
     if not datasets:
         raise InvalidInput("a task must ask for at least one dataset")
     names = [validate_name(d.name) for d in datasets]
     if len(set(names)) != len(names):
         raise InvalidInput(f"dataset names repeat in one task: {sorted(names)}")
+    return key
 
 
 def check_locations(request: DatasetRequest, *, policy: SourcePolicy) -> None:

@@ -6,7 +6,7 @@ What it owns: the consistency check (docs/design.md#rule-2) (:meth:`Versions.res
 else a listing that matches the cached copy, else a digest, else a per-file copy that
 digests while it copies) and the fetch of a resolved version into staging, its atomic
 publication and its catalog commit (:meth:`Versions.fetch`); both ways in make a version
-ready through one sequence (:meth:`Versions._make_ready`). Space comes from
+ready through one sequence (:meth:`Versions._stage_and_commit`). Space comes from
 :mod:`dsagent.cache.space` (reserved before any byte is written); progress goes to
 :mod:`dsagent.cache.progress`; the fetch paths themselves are :mod:`dsagent.cache.fetch`.
 """
@@ -208,7 +208,7 @@ class Versions:
             self.space.move(pending, key, manifest.total_bytes)
             self.progress.rename(pending, key)
             try:
-                await self._make_ready(
+                await self._stage_and_commit(
                     manifest,
                     source,
                     bundles=None,
@@ -305,9 +305,11 @@ class Versions:
             await self.pools.work(functools.partial(finish, staging, manifest, writeback_since=since))
             self.metrics.bytes_fetched(progress.bytes_done)
 
-        await self._make_ready(manifest, source, bundles=source.bundles if manifest.bundles else None, stage=stage)
+        await self._stage_and_commit(
+            manifest, source, bundles=source.bundles if manifest.bundles else None, stage=stage
+        )
 
-    async def _make_ready(
+    async def _stage_and_commit(
         self, manifest: Manifest, source: Source, *, bundles: str | None, stage: Callable[[], Awaitable[object]]
     ) -> None:
         """Mark a version ready, the one sequence both ways in (a fetch, an adopted per-file copy) use.

@@ -44,10 +44,11 @@ OTHERS = """charts/dsplatform/                the Helm chart
 docs/                             this site: design.md (the design rules, with anchors, and the layers), threat-model.md
 native/                           the optional C extension dsagent.format._native (make native; design-native.md)
 tests/                            mirrors the packages (tests/dsagent/webhook/test_webhook.py, ...), charts/ for
-                                  the chart; fixtures/ with provenance; fakes of the API server and kubelet
+                                  the chart; fixtures/ with provenance; the fake kubelet
 tools/                            bench/ (benchmarks, each with --smoke), sim/ (the cluster simulator), faults/,
                                   mistakes/, grafana/, docs/ (this page and the reference pages), proto/ (the
-                                  gRPC stubs)
+                                  gRPC stubs), support/ (what tests and tools share: the fake API server, a
+                                  local S3 server, agent processes, fault injection)
 ```
 """
 

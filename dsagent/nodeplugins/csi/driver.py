@@ -78,8 +78,8 @@ from dsagent.nodeplugins.proto.csi import csi_pb2, csi_pb2_grpc
 from dsplatform.names import is_dns_subdomain
 
 log = logging.getLogger("dsagent.csi")
-POLL_SECONDS = 0.2  # how often a watcher looks at its task while datasets are pending
-RETRY_SECONDS = 10.0  # how long a failed task waits before it is submitted again
+PROGRESS_SECONDS = 1.0  # how often a watcher refreshes the pod's progress while datasets are pending
+RETRY_SECONDS = 10.0  # how long a failed dataset waits before it is started again
 AGENT_SOCKET = "agent.sock"  # in a volume that shows a share: the agent's socket, for the reader
 CSI_DRIVER_NAME_MAX_LENGTH = 63  # the CSI spec and the CSIDriver object agree on this one
 
@@ -192,13 +192,14 @@ class NodeDriver:
         self._published[record.volume_id] = published
 
     async def _watch(self, published: _Published) -> None:
-        """Bind each dataset once ready (each share once ready enough), keep status.json
-        current, renew the lease, retry failures."""
+        """Bind each dataset once ready (each share once ready enough) and keep status.json
+        current, waking when the service says a dataset settled (or to refresh the progress);
+        renew the task's lease and start failed datasets again through the service."""
         record = published.record
         view, target = self.volumes.view(record.volume_id), Path(record.target_path)
         last: dict[str, Any] | None = None
         retry_at: float | None = None
-        renew_every = max(self.settings.lease_ttl / 3, POLL_SECONDS)
+        renew_every = max(self.settings.lease_ttl / 3, PROGRESS_SECONDS)
         renew_at = self._clock() + renew_every
         has_task = any(not d.get("stripe") for d in record.datasets)
         while True:
@@ -221,12 +222,13 @@ class NodeDriver:
                         retry_at = now + RETRY_SECONDS
                     elif now >= retry_at:
                         retry_at = None
-                        await self.service.submit_task(record.pod_uid, record.requests(published.secrets))
-                elif task is not None and task.state == "ready" and now >= renew_at:
+                        await self.service.retry_failed(record.pod_uid, record.requests(published.secrets))
+                if task is not None and now >= renew_at:
                     renew_at = now + renew_every
-                    await self.service.submit_task(record.pod_uid, record.requests(published.secrets))
+                    await self.service.renew_task(record.pod_uid)
                 settled = status["state"] == "ready" and all(s["state"] == "complete" for s in shares)
-                await asyncio.sleep(POLL_SECONDS if not settled else min(renew_every, 5.0))
+                wake = min(renew_at - now, RETRY_SECONDS if retry_at is not None else renew_every)
+                await self.service.task_settled(max(0.0, wake) if settled else min(PROGRESS_SECONDS, wake))
             except asyncio.CancelledError:
                 raise
             except NotFound:  # released under us (an operator, the pod watch): say so, keep the mounts

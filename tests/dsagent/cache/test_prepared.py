@@ -173,7 +173,7 @@ def test_phase_2_waits_for_the_running_tasks_data_above_the_second_threshold(tmp
             await service.sweep()  # rechecked: the fetch starts
             view = await service.preparations.view("pod-b")
             assert view["phase"] == 2 and view["state"] in ("fetching", "prepared")
-            await service._wait_for(prepare_task_id("pod-b"), 60)
+            await service._taskwork.wait(prepare_task_id("pod-b"), 60)
             view = await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=0.4)  # the renewal
             assert view["state"] == "prepared" and view["reservedBytes"] == 0
             assert {d["name"]: d["state"] for d in await service.datasets()}["next"] == "ready"
@@ -187,7 +187,7 @@ def test_the_task_arriving_is_checked_on_disk_then_takes_the_preparation_over(tm
     async def go() -> None:
         async with running(tmp_path) as service:
             await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=1.0)
-            await service._wait_for(prepare_task_id("pod-b"), 60)
+            await service._taskwork.wait(prepare_task_id("pod-b"), 60)
             assert (await service.get_task(prepare_task_id("pod-b"))).state == "ready"
             # the prepared copy is damaged while it waits: a file gone
             path = Path((await service.get_task(prepare_task_id("pod-b"))).datasets[0].path or "")
@@ -235,7 +235,7 @@ def test_the_task_is_not_ready_while_its_prepared_copy_is_checked(tmp_path: Path
     async def go() -> None:
         async with running(tmp_path) as service:
             await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=1.0)
-            await service._wait_for(prepare_task_id("pod-b"), 60)
+            await service._taskwork.wait(prepare_task_id("pod-b"), 60)
             gate = Gate(service, "check_complete", pool="work")  # hold the start check
             asked = asyncio.create_task(service.submit_task("pod-b", [nxt], wait=60))
             await asyncio.wait_for(gate.reached.wait(), 30)
@@ -274,7 +274,7 @@ def test_prepared_data_counts_once_against_the_second_threshold(tmp_path: Path) 
         async with running(tmp_path, capacity=4 * one) as service:
             first = await service.prepare("pod-a", [a], phase=2, first=1.0, second=0.4)
             assert first["phase"] == 2
-            await service._wait_for(prepare_task_id("pod-a"), 60)
+            await service._taskwork.wait(prepare_task_id("pod-a"), 60)
             # a's copy (prepared, in use by its prepare task) counts once: 1 + 1 > 0.4 x 4
             second = await service.prepare("pod-b", [b], phase=2, first=1.0, second=0.4)
             assert second["phase"] == 1 and "prepared " + str(one) in second["waiting"]

@@ -79,10 +79,8 @@ async def running(settings: Settings, clock: Clock | None = None) -> AsyncIterat
 
 
 async def settled(service: CacheService, task_id: str) -> Any:
-    """The task's record once its work has finished (its waiters are private to the service)."""
-    waiters = [t for (tid, _), t in service._waiters.items() if tid == task_id]
-    if waiters:
-        await asyncio.wait(waiters, timeout=30)
+    """The task's record once its work has finished (its work is private to the service)."""
+    await service._taskwork.wait(task_id, 30)
     return await service.get_task(task_id)
 
 

@@ -403,3 +403,41 @@ def test_dsagent_serve_serves_the_csi_plugin_when_its_socket_is_set(tmp_path: Pa
     # uvicorn re-raises the SIGTERM it handled once shutdown is complete
     assert process.returncode in (0, -signal.SIGTERM), err.decode()[-2000:]
     assert "Application shutdown complete" in err.decode() and "Traceback" not in err.decode()
+
+
+def test_the_watcher_renews_and_retries_through_the_service_never_submitting_again(
+    env: dict[str, Any], kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The volume's watcher follows its task by waiting on the service: the lease is
+    renewed by ``renew_task`` and a failed dataset is started again by ``retry_failed``;
+    the whole task is never submitted a second time."""
+    from dsagent.nodeplugins.csi import driver as csi_driver
+
+    monkeypatch.setattr(csi_driver, "RETRY_SECONDS", 0.5)
+    env["settings"] = env["settings"].model_copy(update={"lease_ttl": 3.0})
+    agent, client = start(env)
+    www: Path = env["www"]
+    _, mine, manifest = packed(www, env["server"].url, "imagenet", files=6, max_files=3)
+    bundles = sorted((www / "store" / "bundles").iterdir())
+    hidden = bundles[0].with_name("hidden")
+    bundles[0].rename(hidden)  # the store lacks a bundle: the dataset fails at first
+    submitted: list[str] = []
+    real_submit = agent.service.submit_task
+
+    async def counting_submit(task_id: str, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(task_id)
+        return await real_submit(task_id, *args, **kwargs)
+
+    agent.service.submit_task = counting_submit  # type: ignore[method-assign]
+    uid, volume, target = kubelet.pod()
+    client.publish(volume, target, context(uid, [mine]))
+    assert submitted == [uid]  # the publish itself
+    wait_for(lambda: agent.call(agent.service.get_task(uid)).state == "failed")
+    hidden.rename(bundles[0])  # the store is whole again: the watcher's retry caches it
+    container = kubelet.container_view(target)
+    wait_for(lambda: (container / "ready").exists())
+    verify_tree(container / "datasets" / "imagenet", manifest)
+    lease = agent.call(agent.service.get_task(uid)).lease_until
+    wait_for(lambda: agent.call(agent.service.get_task(uid)).lease_until > lease, timeout=10)
+    assert submitted == [uid], "the watcher submitted the task again"
+    client.unpublish(volume, target)
