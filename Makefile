@@ -42,9 +42,10 @@ $(VENV)/.s3-installed: pyproject.toml $(LOCK) | $(VENV)/.runtime-installed
 s3-local: $(VENV)/.s3-installed
 	$(PY) tools/s3local/serve.py $(S3_LOCAL_ARGS)
 
-# The documentation site (mkdocs.yml) into site/; strict: a broken link or anchor fails.
+# The documentation site (mkdocs.yml) into site/; strict: any warning (a broken link or
+# anchor) fails, and nothing hides the warnings (no --quiet).
 docs: $(VENV)/.test-installed
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 docs-serve: $(VENV)/.test-installed
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve

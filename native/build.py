@@ -25,8 +25,16 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dsagent" / "format"
 
 
 def compiler() -> list[str] | None:
-    """The C compiler command (``$CC``, else Python's own, else ``cc``), or None if there is none."""
-    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    """The C compiler command: ``$CC`` when set (RuntimeError naming it when it is not
+    installed: a compiler asked for is never silently replaced), else Python's own, else
+    ``cc``; None if there is none."""
+    asked = os.environ.get("CC")
+    if asked:
+        command = shlex.split(asked)
+        if not command or shutil.which(command[0]) is None:
+            raise RuntimeError(f"CC={asked} is not installed (or not on PATH): install it, or unset CC")
+        return command
+    command = shlex.split(sysconfig.get_config_var("CC") or "cc")
     if not command or shutil.which(command[0]) is None:
         command = ["cc"]
     return command if shutil.which(command[0]) else None

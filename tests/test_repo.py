@@ -72,3 +72,15 @@ def test_tests_mirror_the_package_tree() -> None:
     checked = [m for m in mirrored if m.parts[0] in packages]
     assert len(checked) >= 8, checked
     assert [str(m) for m in checked if not (REPO / m / "__init__.py").is_file()] == []
+
+
+def test_no_text_cites_the_history_of_its_own_making() -> None:
+    """A reader cannot open the project's tracker: code, docs and tests say the reason itself."""
+    cited = []
+    for path in _tracked("*.py", "*.md", "*.yaml", "*.tpl", "*.toml", "Makefile"):
+        if path.name == "CHANGELOG.md":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if re.search(r"\bissues? #?[0-9]+\b|\bthe issue's\b", line, re.I):
+                cited.append(f"{path.relative_to(REPO)}:{number}")
+    assert cited == []

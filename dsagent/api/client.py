@@ -141,7 +141,7 @@ class AgentClient:
             return _object(response.json(), self.where, path)
         op = self._until_done(_object(response.json(), self.where, path), deadline, progress)
         if op.get("state") == "failed":
-            raise _error_from_body(op.get("error"), fallback=f"operation {op.get('id')} failed")
+            raise operation_error(op)
         result = op.get("result")
         return result if isinstance(result, dict) else {}
 
@@ -348,6 +348,11 @@ def _error_from_body(body: Any, *, status: int | None = None, fallback: str) -> 
     return cls(message, hint=body.get("hint"), **details)
 
 
+def operation_error(op: Mapping[str, Any]) -> DsagentError:
+    """The error a failed operation ``op`` carries, as the class its code names."""
+    return _error_from_body(op.get("error"), fallback=f"operation {op.get('id')} failed")
+
+
 def still_running(op: Mapping[str, Any]) -> StillRunning:
     """The client stopped waiting for operation ``op`` (``--timeout``); the action goes on."""
     target = f" {op['target']}" if op.get("target") else ""
@@ -359,4 +364,4 @@ def still_running(op: Mapping[str, Any]) -> StillRunning:
     )
 
 
-__all__ = ["AgentClient", "agent_url", "still_running"]
+__all__ = ["AgentClient", "agent_url", "operation_error", "still_running"]

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
-from dsagent.api.client import AgentClient
+from dsagent.api.client import AgentClient, operation_error
 from dsagent.cli.options import (
     default_socket,
     output_option,
@@ -449,12 +449,12 @@ def operation(
         show.done()
     if output == "json":
         click.echo(json.dumps(op, indent=2))
-        return
-    click.echo(f"operation {op['id']}: {op['kind']} {op['target']}: {op['state']} after {op['elapsedSeconds']:.0f}s")
-    if op["state"] == "failed" and op.get("error"):
-        error = op["error"]
-        hint = f" ({error['hint']})" if error.get("hint") else ""
-        click.echo(f"  {error.get('code')}: {error.get('message')}{hint}")
+    else:
+        click.echo(
+            f"operation {op['id']}: {op['kind']} {op['target']}: {op['state']} after {op['elapsedSeconds']:.0f}s"
+        )
+    if op["state"] == "failed":  # its own error's line and exit code: a failed operation never exits 0
+        raise operation_error(op)
 
 
 class OperationProgress:

@@ -1,7 +1,7 @@
 """``dsctl gc STORE``: list, and with ``--delete`` remove, bundles no manifest references.
 
-Who calls it: operators and scheduled jobs cleaning a bundle store after re-packs (issue
-23: re-packing with other caps left 48 of 49 bundles orphaned). The policy and the I/O are
+Who calls it: operators and scheduled jobs cleaning a bundle store after re-packs (re-packing
+with other caps can leave nearly every old bundle orphaned). The policy and the I/O are
 :mod:`dsagent.format.bundles.bundlegc`'s; this module parses options and prints. A dry run by default:
 one line per orphan and a summary; ``-o json`` for machines.
 """

@@ -188,8 +188,20 @@ DURATION = DurationType()
 
 
 def timeout_option(help: str) -> Callable[[_F], _F]:  # noqa: A002 - click's name
-    """``--timeout DURATION`` (default: none), in the platform's duration syntax."""
-    return click.option("--timeout", type=DURATION, default=None, metavar="DURATION", help=help)
+    """``--timeout DURATION`` (default: none), in the platform's duration syntax; ``0``, as
+    most tools read it, means no limit (and the help says so)."""
+
+    def no_limit_at_zero(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+        return None if value == 0 else value
+
+    return click.option(
+        "--timeout",
+        type=DURATION,
+        default=None,
+        metavar="DURATION",
+        callback=no_limit_at_zero,
+        help=f"{help} 0: no limit.",
+    )
 
 
 __all__ = [

@@ -74,6 +74,8 @@ def run(settings: Settings) -> None:
             hint="run without --kubernetes",
         )
     require_kubelet_extra(settings)
+    if settings.kubernetes:
+        _check_cluster_mode(settings)
     _check_local_sources(settings)
     sockets = _bind(settings)
     pointer = _record_socket(settings)
@@ -114,6 +116,24 @@ def _watchdog(seconds: float) -> None:
     timer = threading.Timer(seconds, _exit_now, (f"shutdown took over {seconds:.0f} s",))
     timer.daemon = True
     timer.start()
+
+
+def _check_cluster_mode(settings: Settings) -> None:
+    """Cluster mode without the node's name, or outside a cluster with no kubeconfig either,
+    is a configuration error: one line and exit 2 before anything is bound, not a failed
+    start-up worth retrying."""
+    from dsagent.errors import InvalidInput
+    from dsagent.kube import apiclient
+
+    if not settings.node_name:
+        raise InvalidInput(
+            "cluster mode needs the node's name", hint="set DSAGENT_NODE_NAME (downward API: spec.nodeName)"
+        )
+
+    try:
+        apiclient.load()
+    except apiclient.KubeUnavailable as exc:
+        raise SettingsError(exc.message, hint=exc.hint) from None
 
 
 def _make_dir(path: Path, what: str, setting: str) -> None:

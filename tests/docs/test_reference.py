@@ -115,3 +115,11 @@ def test_values_yaml_comments_become_descriptions() -> None:
 
 def test_table_cells_escape_pipes_and_html_outside_code_only() -> None:
     assert reference._cell("a | b <root> `<x>`") == "a \\| b &lt;root&gt; `<x>`"
+
+
+def test_the_committed_reference_pages_are_what_the_code_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pages are committed, so that their links work where people read them (in the
+    repository as in the site); a change to the code they describe needs them written again."""
+    monkeypatch.undo()  # the defaults as shipped, not the suite's allowances (tests/conftest.py)
+    stale = [path for path, write in reference.PAGES.items() if (REPO_ROOT / "docs" / path).read_text() != write()]
+    assert stale == [], f"stale: {stale}; run python tools/docs/reference.py"

@@ -82,7 +82,11 @@ def test_a_new_page_under_docs_joins_the_navigation_without_editing_mkdocs_yml(t
 
 
 @pytest.mark.slow  # builds the site and runs Chromium
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (/usr/bin/chromium): apt-get install chromium")
+# skipped on a developer's machine without Chromium; never in CI, which installs it (.ci/run)
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("CI"),
+    reason="Chromium is not installed (/usr/bin/chromium): apt-get install chromium",
+)
 def test_a_built_page_renders_in_headless_chromium_to_a_visible_page(tmp_path: Path) -> None:
     from PIL import Image, ImageStat
 
@@ -106,3 +110,19 @@ def test_a_built_page_renders_in_headless_chromium_to_a_visible_page(tmp_path: P
     assert stat.stddev[0] > 20, f"the page looks blank: pixel stddev {stat.stddev[0]:.1f}"
     dark = sum(image.histogram()[:128]) / (1280 * 900)
     assert 0.005 < dark < 0.6, f"text and header should cover part of the page, not none or all: {dark:.3f}"
+
+
+def test_every_relative_link_of_every_page_reaches_a_file_in_the_repository() -> None:
+    """Most people first read the docs in the repository: no link there may point at a file
+    that exists only in the built site."""
+    pages = [README, *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            target = link.split("#")[0]
+            if target and not re.match(r"^[a-z]+:", target) and not target.startswith("/"):
+                if not (page.parent / target).exists():
+                    broken.append(f"{page.relative_to(REPO_ROOT)} -> {link}")
+    assert len(pages) > 20
+    assert broken == []

@@ -52,7 +52,7 @@ from tools.bench.extender import Connection, churn, free_port, make_nodes  # noq
 MIB = 1 << 20
 LAYOUTS = ("go", "spaced", "reordered")
 VERBS = ("filter", "prioritize")
-TARGET_BYTES = 256 * 1000 * 1000  # the 256 MB
+TARGET_BYTES = 256 * 1000 * 1000  # the goal: 256 MB
 
 
 def body_in(layout: str, pod_obj: dict[str, Any], nodes: list[dict[str, Any]]) -> bytes:

@@ -1,10 +1,12 @@
-"""The reference pages of the documentation site, written from the code at build time.
+"""The reference pages of the documentation, written from the code.
 
-``tools/docs/hooks.py`` (an mkdocs hook named in ``mkdocs.yml``) calls :data:`PAGES` while
-``mkdocs build`` collects the files, so the pages under ``reference/`` cannot drift from what
-they describe: the commands from click, the environment variables from the pydantic-settings
-classes, the metrics from each component's Prometheus registry, the exit codes from the error
-trees under :class:`dsplatform.errors.PlatformError`, and the Helm values from the chart's
+``python tools/docs/reference.py`` writes :data:`PAGES` under ``docs/reference/``, where they
+are committed so that their links work where most people read them, in the repository as in
+the site; ``tests/docs/test_reference.py`` fails while a committed page differs from what the
+code writes, so the pages cannot drift from what they describe: the commands from click, the
+environment variables from the pydantic-settings classes, the metrics from each component's
+Prometheus registry, the exit codes from the error trees under
+:class:`dsplatform.errors.PlatformError`, and the Helm values from the chart's
 ``values.schema.json`` (defaults from ``values.yaml``, descriptions from its comments).
 ``tests/docs/test_reference.py`` checks what each page must contain.
 
@@ -33,10 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("dsplatform", "dsagent", "scheduler_plugin", "gpu_topology")
 CHART = REPO / "charts" / "dsplatform"
 
-GENERATED = (
-    "<!-- Generated from the code by tools/docs/reference.py when the site is built; "
-    "edit the code, not this page. -->\n\n"
-)
+GENERATED = "<!-- Written from the code by python tools/docs/reference.py; edit the code, not this page. -->\n\n"
 
 
 def _cell(text: str) -> str:
@@ -456,3 +455,33 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/exit-codes.md": exit_codes_page,
     "reference/helm-values.md": helm_values_page,
 }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write every page under ``docs/`` (``--check``: exit 1 naming the stale ones, write nothing)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="the reference pages, written from the code")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a committed page is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, write in PAGES.items():
+        target = REPO / "docs" / path
+        text = write()
+        if args.check:
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                stale.append(path)
+        else:
+            target.write_text(text, encoding="utf-8")
+    for path in stale:
+        print(f"docs/{path} is stale: run python tools/docs/reference.py", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    raise SystemExit(main())

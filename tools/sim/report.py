@@ -235,7 +235,7 @@ def table(results: Sequence[Mapping[str, Any]]) -> str:
 
 
 def goals(results: Sequence[Mapping[str, Any]]) -> str:
-    """The issue's goals, each with its measured figure and whether it is met."""
+    """The cluster goals, each with its measured figure and whether it is met."""
     by = {r["policy"]: r for r in results}
     lines = []
     fluids = [p for p in by if p.startswith("fluid")]

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+#: where the published run's plots go: the documentation shows them from there
+PLOTS = REPO / "docs" / "assets" / "sim"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -182,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             {k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log", "input_changes")} for r in results
         ]
         (out / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
-        if not args.no_plots:
-            for p in report.plot(results, out):
+        if not args.no_plots:  # the published run's plots go where docs/simulation.md shows them
+            plots = PLOTS if args.out is None else out
+            plots.mkdir(parents=True, exist_ok=True)
+            for p in report.plot(results, plots):
                 print(f"wrote {p}")
     return 0
 

@@ -1,6 +1,6 @@
 """The cache-pressure sweep: cache per node against the datasets' total size, and a multi-TB mix.
 
-    python tools/sim/sweep.py --out tools/sim/out/sweep        # the published sweep (tens of minutes)
+    python tools/sim/sweep.py --out tools/sim/out/sweep --plot docs/assets/sim/sweep/sweep.png  # the published sweep
     python tools/sim/sweep.py --smoke --out /tmp/sweep         # 3 regimes, 20 nodes, 150 jobs (the tests)
 
 Each regime is a workload file (tools/sim/workloads/) with ``cache_bytes_per_node`` set to
@@ -273,6 +273,9 @@ def _load_part(parts: Path, wf: WorkloadFile, policy: str) -> dict[str, Any] | N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for sweep.json, sweep.md, sweep.png")
+    parser.add_argument(
+        "--plot", type=Path, help="where sweep.png goes instead (the published one: docs/assets/sim/sweep/sweep.png)"
+    )
     parser.add_argument("--base", type=Path, default=WORKLOADS / "sweep-base.json")
     parser.add_argument("--multi-tb", type=Path, default=WORKLOADS / "sweep-multi-tb.json")
     parser.add_argument("--policies", default=",".join(SWEEP_POLICIES))
@@ -335,8 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"{len(todo)} regimes x {len(policies)} policies in {time.perf_counter() - started:.0f} s")
     if not args.no_plot:
-        plot(rows, args.out / "sweep.png")
-        print(f"wrote {args.out / 'sweep.png'}")
+        picture = args.plot if args.plot is not None else args.out / "sweep.png"
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        plot(rows, picture)
+        print(f"wrote {picture}")
     return 0
 
 

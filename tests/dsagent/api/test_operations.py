@@ -232,3 +232,42 @@ def test_ctrl_c_in_dsctl_cache_says_the_caching_goes_on_and_how_to_release(
         assert "the agent goes on caching for task t-ctrl-c" in err and "dsctl release t-ctrl-c" in err
         assert "Traceback" not in err
         assert client.get_task("t-ctrl-c")["state"] in ("pending", "ready")  # it did go on
+
+
+def _dsctl(url: str, *args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "DSAGENT_AGENT": url, "DSAGENT_ADMIN_TOKEN": TOKEN, "HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_dsctl_operation_wait_exits_with_the_failed_operations_own_code(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions(Conflict("dataset 'x' is in use by a task", hint="release the task first"))
+    monkeypatch.setattr(svc, "evict", slow)
+    with operator(url) as http:
+        op_id = http.delete("/v1/datasets/x", params={"wait": 0}).json()["id"]
+    threading.Timer(0.3, slow.go.set).start()
+    for args in (["operation", op_id, "--wait"], ["operation", op_id, "--wait", "-o", "json"]):
+        done = _dsctl(url, *args, home=tmp_path)
+        assert done.returncode == 4, (args, done.stdout, done.stderr)  # a conflict's code, never 0
+        assert done.stderr.count("error:") == 1 and "in use by a task" in done.stderr
+    shown = _dsctl(url, "operation", op_id, home=tmp_path)  # looked at later: still its failure's code
+    assert shown.returncode == 4 and "failed" in shown.stdout
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["succeeds", "refused"])
+def test_dsctl_evict_timeout_0_means_no_limit_and_a_refusal_keeps_its_code(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, refused: bool
+) -> None:
+    url, svc = agent_app
+    slow = SlowEvictions(Conflict("dataset 'x' is in use by a task") if refused else None)
+    monkeypatch.setattr(svc, "evict", slow)
+    threading.Timer(1.0, slow.go.set).start()
+    done = _dsctl(url, "evict", "--all-unused", "--timeout", "0", home=tmp_path)
+    assert done.returncode == (4 if refused else 0), done.stderr  # waited for the end: never 14
+    assert "still running" not in done.stderr
+    help_text = _dsctl(url, "evict", "--help", home=tmp_path).stdout
+    assert "0: no limit" in " ".join(help_text.split())

@@ -183,3 +183,16 @@ def test_an_extension_built_from_other_sources_is_not_used(
         spec.loader.exec_module(fresh)
     assert fresh.AVAILABLE is False
     assert "/old/_native.so was built from other sources" in caplog.text
+
+
+def test_the_build_takes_the_compiler_asked_for_or_says_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(ROOT / "native"))
+    try:
+        import build as native_build  # native/build.py, not a package
+    finally:
+        sys.path.remove(str(ROOT / "native"))
+    monkeypatch.setenv("CC", "clang-no-such-version")
+    with pytest.raises(RuntimeError, match="CC=clang-no-such-version is not installed"):
+        native_build.compiler()  # never silently another compiler
+    monkeypatch.setenv("CC", f"{sys.executable} -c pass")  # any installed command, with its arguments
+    assert native_build.compiler() == [sys.executable, "-c", "pass"]

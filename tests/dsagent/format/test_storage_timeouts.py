@@ -49,7 +49,7 @@ def test_the_specific_timeout_wins_over_the_general_one_which_wins_over_the_defa
 def test_a_configured_10s_s3_connect_timeout_stays_10s_in_the_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The issue's case, through the agent's own path: a task's S3 source is opened by
+    """A hung store, through the agent's own path: a task's S3 source is opened by
     :func:`dsagent.format.storage.resolve` with the options s3fs is built from."""
     import s3fs
 

@@ -5,6 +5,7 @@ without ``dsagent.nodeagent`` the agent says so in one line."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import types
@@ -144,3 +145,20 @@ def test_cluster_peers_are_listed_only_with_a_token_and_a_port(tmp_path: Path) -
     assert service.peers.enabled
     # not connected yet (the agent has not started): no cluster peer, the store it is
     assert asyncio.run(hooks.peer_holders("imgs", "a" * 32)) == []
+
+
+@pytest.mark.slow
+def test_cluster_mode_outside_a_cluster_is_one_line_and_the_configuration_exit_code(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config either
+    result = subprocess.run(
+        [sys.executable, "-m", "dsagent", "serve", "--root", str(tmp_path / "r"), "--kubernetes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr  # a configuration error, not "worth retrying" (7)
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line, no traceback
+    assert "no Kubernetes configuration" in result.stderr and "KUBECONFIG" in result.stderr
+    assert not (tmp_path / "r").exists()  # nothing bound or made
