@@ -100,11 +100,18 @@ def isolate_aws(monkeypatch: pytest.MonkeyPatch) -> None:
 TEST_PROTOCOLS = ("s3", "gs", "az", "http", "https", "file", "memory")
 
 
+#: The suite's servers listen on loopback, which no agent fetches from for a request by
+#: default (dsagent.format.egress): the suite allows it as an operator would
+#: (DSAGENT_EGRESS_ALLOW), for agents built in-process and for agent processes alike.
+TEST_EGRESS_ALLOW = ("127.0.0.0/8", "::1")
+
+
 @pytest.fixture(autouse=True)
 def _memory_sources_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsagent.format import sources
+    from dsagent.format import egress, sources
 
     monkeypatch.setattr(sources, "DEFAULT_PROTOCOLS", TEST_PROTOCOLS)
+    monkeypatch.setattr(egress, "DEFAULT_ALLOWED", TEST_EGRESS_ALLOW)
 
 
 @pytest.fixture(autouse=True)
@@ -130,6 +137,7 @@ def _logging_restored() -> Iterator[None]:
 
 
 os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes
+os.environ.setdefault("DSAGENT_EGRESS_ALLOW", ",".join(TEST_EGRESS_ALLOW))
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ import httpx
 from dsagent.cache.metrics import Metrics
 from dsagent.cache.settings import Settings
 from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, TransientError
+from dsagent.format.egress import CheckedClient, Guard
 from dsagent.format.storageconfig import Options, store_options
 
 log = logging.getLogger("dsagent.fetchlinks")
@@ -46,52 +47,6 @@ _T = TypeVar("_T")
 #: A full or failing cache disk, a refusal or a missing object is the same over every link.
 LINK_ERRORS: tuple[type[BaseException], ...] = (TransientError, IntegrityError, OSError, httpx.TransportError)
 NOT_LINK_ERRORS: tuple[type[BaseException], ...] = (InsufficientSpace, CacheDiskError)
-
-
-class SourceAddress:
-    """A socket factory (aiohttp's ``socket_factory``) that binds each connection to one
-    local address; its ``repr`` names the address, so fsspec keeps a filesystem per link."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    def __call__(self, addr_info: Sequence[Any]) -> socket.socket:
-        family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setblocking(False)
-            sock.bind((self.address, 0))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    def __repr__(self) -> str:
-        return f"SourceAddress({self.address!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SourceAddress) and other.address == self.address
-
-    def __hash__(self) -> int:
-        return hash(("SourceAddress", self.address))
-
-
-class BoundClient:
-    """fsspec's HTTP filesystem ``get_client``: an aiohttp session whose connections leave
-    from one local address."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    async def __call__(self, **kwargs: Any) -> Any:
-        import aiohttp
-
-        kwargs.pop("loop", None)  # the running loop; aiohttp takes it from there
-        connector = aiohttp.TCPConnector(socket_factory=SourceAddress(self.address))
-        return aiohttp.ClientSession(connector=connector, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"BoundClient({self.address!r})"
 
 
 def can_bind(store: str) -> bool:
@@ -109,11 +64,11 @@ def bound_options(store: str, options: Options, address: str | None) -> Options:
     given = store_options(options)
     merged = dict(given.values)
     if store.startswith(("http://", "https://")):
-        merged["get_client"] = BoundClient(address)
+        merged["get_client"] = CheckedClient(None, address)  # the agent's egress rule joins it in resolve()
     else:
         config = dict(merged.get("config_kwargs") or {})
         connector = dict(config.get("connector_args") or {})
-        connector["socket_factory"] = SourceAddress(address)
+        connector["socket_factory"] = Guard(None, address)
         config["connector_args"] = connector
         merged["config_kwargs"] = config
     return given.with_values(merged)
@@ -300,11 +255,9 @@ DEFAULT_ROUTE = Lease(None, None)
 __all__ = [
     "DEFAULT_ROUTE",
     "LINK_ERRORS",
-    "BoundClient",
     "Lease",
     "LinkSet",
     "Links",
-    "SourceAddress",
     "addresses_of",
     "bound_options",
     "can_bind",

@@ -33,7 +33,7 @@ def service_parts(
     settings, store = node.settings, node.store
 
     async def manifest_of(request: DatasetRequest) -> tuple[str, int]:
-        options = with_config(request.storage_options, settings.storage_config)
+        options = with_config(request.storage_options, settings.storage_config, settings.egress_policy)
         assert request.bundles is not None
         bundles = request.bundles
         try:

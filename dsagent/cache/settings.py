@@ -32,7 +32,9 @@ from pydantic import (
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from dsagent.envsettings import ENV_PREFIX, AgentLogSettings, check_token, default_root, parse_listen
-from dsagent.format import sources
+from dsagent.errors import InvalidInput
+from dsagent.format import egress, sources
+from dsagent.format.egress import EgressPolicy, check_headers
 from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storagesettings import StorageSettings
 from dsagent.policy.eviction import EVICT_RATIO
@@ -71,6 +73,12 @@ Protocols = Annotated[
     ),
 ]
 Whole = Annotated[int, BeforeValidator(_whole)]
+#: comma-separated words (ranges, addresses, host names), kept as given
+Words = Annotated[
+    tuple[str, ...],
+    NoDecode,
+    BeforeValidator(lambda v: tuple(w.strip() for w in v.split(",") if w.strip()) if isinstance(v, str) else tuple(v)),
+]
 
 
 def parse_share(text: str | int | float) -> float | int:
@@ -196,6 +204,11 @@ class Settings(StorageSettings, AgentLogSettings):
     stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
     kubernetes: Flag = False
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
+    # where the agent may connect for a request (dsagent.format.egress): besides loopback,
+    # link-local and the metadata servers, never these ranges (the cluster's pods and
+    # services) unless allowed here (CIDRs, addresses or host names)
+    egress_deny: Words = Field(default_factory=lambda: egress.DEFAULT_DENIED)
+    egress_allow: Words = Field(default_factory=lambda: egress.DEFAULT_ALLOWED)
     device_plugin: Flag = False
     resource_prefix: ResourcePrefix = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
@@ -269,7 +282,28 @@ class Settings(StorageSettings, AgentLogSettings):
 
     @property
     def source_policy(self) -> SourcePolicy:
-        return SourcePolicy(self.protocols, self.storage_option_keys, self.local_sources)
+        return SourcePolicy(self.protocols, self.storage_option_keys, self.local_sources, self.egress_policy)
+
+    @property
+    def egress_policy(self) -> EgressPolicy:
+        """Where the agent may connect for a request (:mod:`dsagent.format.egress`)."""
+        return EgressPolicy.of(self.egress_deny, self.egress_allow)
+
+    @field_validator("egress_deny")
+    @classmethod
+    def _egress_deny(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        egress.parse_networks(value)  # a range that is not one is an error at start-up
+        return value
+
+    @field_validator("storage_option_keys")
+    @classmethod
+    def _no_metadata_headers(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for keys in value.values():
+            try:
+                check_headers([k.split(".", 1)[1] for k in keys if k.startswith("headers.") and k != "headers.*"])
+            except InvalidInput as exc:
+                raise ValueError(exc.message) from None
+        return value
 
     @field_validator("protocols")
     @classmethod

@@ -110,7 +110,9 @@ class TaskWork:
         :meth:`check`; an error is kept for the task's record (:meth:`fail`)."""
         # every filesystem built for this dataset (source, bundle store) gets the storage
         # bounds of the settings, beside its options (dsagent.format.storageconfig)
-        options = with_config(request.storage_options, self.node.settings.storage_config)
+        options = with_config(
+            request.storage_options, self.node.settings.storage_config, self.node.settings.egress_policy
+        )
         source = Source(request.source, request.bundles, options)
         try:
             manifest, cached = await self.version(task_id, request, source, bound)

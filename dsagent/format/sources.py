@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dsagent.errors import InvalidInput
+from dsagent.format.egress import EgressPolicy, check_headers
 
 #: The protocols an agent reads by default: object stores, HTTP(S), local paths.
 DEFAULT_PROTOCOLS: tuple[str, ...] = ("s3", "gs", "az", "http", "https", "file")
@@ -92,8 +93,10 @@ DEFAULT_OPTION_KEYS: Mapping[str, tuple[str, ...]] = {
         "client_secret",
         "account_host",
     ),
-    "http": ("headers.*",),
-    "https": ("headers.*",),
+    # no request headers by default: the operator names the ones a source needs
+    # (``{"https": ["headers.Authorization"]}``); those metadata services require never pass
+    "http": (),
+    "https": (),
     "file": (),
     "memory": (),  # fsspec's process-local filesystem: allowed only by naming it (tests do)
 }
@@ -173,6 +176,8 @@ class SourcePolicy:
     protocols: tuple[str, ...] = DEFAULT_PROTOCOLS
     option_keys: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_OPTION_KEYS))
     local_sources: tuple[Path, ...] = ()
+    #: where a request may make the agent connect (None: anywhere; the agent always has one)
+    egress: EgressPolicy | None = None
 
     def check(self, url: str, storage_options: Mapping[str, Any] | None) -> Location:
         """Refuse ``url`` with ``storage_options`` unless the allowlist admits it. Only a
@@ -226,8 +231,35 @@ def check_location(url: str, storage_options: Mapping[str, Any] | None, policy: 
     if protocol != "file":
         if protocol in ("http", "https") and not urlsplit(url).hostname:
             raise InvalidInput(f"{url!r} names no host")
+        if policy.egress is not None:
+            _check_egress(protocol, url, storage_options or {}, policy.egress)
         return Location(url, protocol)
     return Location(url, protocol, _check_local(url, policy.local_sources))
+
+
+#: The storage options that name a host the client connects to, per protocol.
+_HOST_KEYS: Mapping[str, tuple[str, ...]] = {
+    "s3": ("endpoint_url", "client_kwargs.endpoint_url"),
+    "gs": ("endpoint_url",),
+    "az": ("account_host",),
+}
+
+
+def _check_egress(protocol: str, url: str, options: Mapping[str, Any], egress: EgressPolicy) -> None:
+    """The hosts ``url`` and its options make the agent connect to, each resolved and
+    checked (:mod:`dsagent.format.egress`); the headers it would send, against the names
+    metadata services require."""
+    if protocol in ("http", "https"):
+        egress.check_url(url, what=f"source {url!r}")
+    for key, value in _flat(options):
+        if key in _HOST_KEYS.get(protocol, ()) and isinstance(value, str) and value:
+            if "://" in value:
+                egress.check_url(value, what=f"storage option {key!r}")
+            else:
+                egress.check_host(value, None, what=f"storage option {key!r}")
+    headers = options.get("headers")
+    if isinstance(headers, Mapping):
+        check_headers(list(headers))
 
 
 def _check_options(protocol: str, options: Mapping[str, Any] | None, allowed: Sequence[str]) -> None:

@@ -64,6 +64,8 @@ def resolve(url: str | os.PathLike[str], storage_options: Options = None) -> tup
         )
     # the bounds the edge decided travel beside the options (dsagent.format.storageconfig)
     options = values if local else given.resolved_config().bounded(protocol, values)
+    if given.egress is not None and not local:  # a request's store: every connection checked where it is made
+        options = given.egress.bounded(protocol, options)
     try:
         with translate_errors(f"cannot open {text!r}"):  # some filesystems open files or connect here
             if is_chain(text):

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsagent.format.egress import EgressPolicy
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
@@ -88,10 +91,13 @@ class StoreOptions:
 
     values: Mapping[str, Any] = field(default_factory=dict)
     config: ConfigSource = DEFAULT
+    #: where the filesystem may connect (the agent's rule for a request's stores:
+    #: :mod:`dsagent.format.egress`); None: anywhere (dsctl, the user's own rights)
+    egress: EgressPolicy | None = None
 
     def with_values(self, values: Mapping[str, Any]) -> StoreOptions:
         """The same bounds with other fsspec options."""
-        return StoreOptions(dict(values), self.config)
+        return StoreOptions(dict(values), self.config, self.egress)
 
     def resolved_config(self) -> StorageConfig:
         """The bounds, built now if they were given as a function."""
@@ -110,9 +116,10 @@ def store_options(options: Options) -> StoreOptions:
     return StoreOptions(dict(options or {}))
 
 
-def with_config(options: Options, config: ConfigSource) -> StoreOptions:
-    """``options`` with ``config`` beside them, carried down to :func:`dsagent.format.storage.resolve`."""
-    return StoreOptions(dict(store_options(options).values), config)
+def with_config(options: Options, config: ConfigSource, egress: EgressPolicy | None = None) -> StoreOptions:
+    """``options`` with ``config`` (and the agent's ``egress`` rule) beside them, carried down
+    to :func:`dsagent.format.storage.resolve`."""
+    return StoreOptions(dict(store_options(options).values), config, egress)
 
 
 def user_options(options: Options) -> dict[str, Any]:

@@ -39,10 +39,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: tools.support is the repository's
+
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from dsagent.kube.testing import SimulatedKubelet
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
+from tools.support.harness import LOOPBACK
 
 TRAINING = [sys.executable, "-c", "import time; print(time.monotonic())"]
 APP_IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
@@ -64,7 +67,7 @@ class Agent:
         self.pods = work / f"kubelet-{time.monotonic_ns()}" / "pods"
         self.csi_socket = self.sockets / "csi.sock"
         self.log = open(work / "agent.log", "ab")
-        env = dict(os.environ)
+        env = {**os.environ, "DSAGENT_EGRESS_ALLOW": ",".join(LOOPBACK)}  # its store is on loopback
         if csi:
             self.pods.mkdir(parents=True)
             env.update(DSAGENT_CSI_SOCKET=str(self.csi_socket), DSAGENT_CSI_KUBELET_PODS_DIR=str(self.pods))

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cache import generate  # the same image-like dataset as the cache benchmark (this directory)
+from cache import LOOPBACK, generate  # the same image-like dataset as the cache benchmark (this directory)
 
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
@@ -171,7 +171,12 @@ class Agent:
         args = [sys.executable, "-m", "dsagent", "serve", "--root", str(self.root), "--socket", str(self.socket),
                 "--listen", f"127.0.0.1:{self.port}", "--log-level", "warning"]  # fmt: skip
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                args,
+                env={**os.environ, "DSAGENT_EGRESS_ALLOW": ",".join(LOOPBACK), **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_up(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.record import Record  # noqa: E402
 
 from dsagent.format import native  # noqa: E402
+from tools.support.harness import LOOPBACK  # noqa: E402
 
 BUCKET = "bench"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -148,6 +149,7 @@ def find_tool(name: str, package: str, venv: Path, *, install: bool = True) -> s
 def env() -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE" and not k.startswith("AWS_")}
     out.update(CREDENTIALS)
+    out["DSAGENT_EGRESS_ALLOW"] = ",".join(LOOPBACK)  # the benchmark's S3 server is on loopback
     out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return out
 

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1].parent
 sys.path.insert(0, str(ROOT))
 
 from dsagent.format.bundles.bundle import pack  # noqa: E402
+from tools.support.harness import LOOPBACK  # noqa: E402
 
 TOKEN = "bench-peer-token-0123456789abcdef"
 ADMIN = "bench-admin-token-0123456789abcdef"
@@ -77,8 +78,8 @@ def main() -> None:
     port = _free_port()
     root = work / "agent"
     sock = work / "agent.sock"
-    env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN, "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_NODE_NAME": "n0",
-           "DSAGENT_SWEEP_INTERVAL": "3600"}  # fmt: skip
+    env = {**os.environ, "DSAGENT_EGRESS_ALLOW": ",".join(LOOPBACK), "DSAGENT_ADMIN_TOKEN": ADMIN,
+           "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_NODE_NAME": "n0", "DSAGENT_SWEEP_INTERVAL": "3600"}  # fmt: skip
     log = open(work / "agent.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsagent", "serve", "--root", str(root), "--socket", str(sock),

@@ -460,7 +460,15 @@ class Outcome:
 def _settings(root: Path, data: Path) -> Any:
     from dsagent.cache.settings import Settings
 
-    return Settings(root=root, sweep_interval=3600, max_fetches=1, fetch_workers=1, local_sources=(data,))
+    # the sweep's HTTP and S3 servers listen on loopback: allowed as an operator would (DSAGENT_EGRESS_ALLOW)
+    return Settings(
+        root=root,
+        sweep_interval=3600,
+        max_fetches=1,
+        fetch_workers=1,
+        local_sources=(data,),
+        egress_allow=("127.0.0.0/8", "::1"),
+    )
 
 
 def _verified(path: Path, manifest: Any) -> str | None:
@@ -690,7 +698,7 @@ def run_kill_point(base: Path, data: Dataset, at: int) -> Outcome:
     from tools.support.harness import AgentProcess
 
     dataset = {"name": data.name, "source": str(data.source), "bundles": str(data.store)}
-    env = {"DSAGENT_MAX_FETCHES": "1", "DSAGENT_FETCH_WORKERS": "1"}
+    env = {"DSAGENT_MAX_FETCHES": "1", "DSAGENT_FETCH_WORKERS": "1", "DSAGENT_EGRESS_ALLOW": "127.0.0.0/8,::1"}
     root = base / "cache"
     base.mkdir(parents=True, exist_ok=True)
     # fresh: its own command line (the fault injector's), not a fork of the preloaded agent

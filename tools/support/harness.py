@@ -33,6 +33,10 @@ from dsagent.errors import AgentUnreachable
 from tools.support.agentfork import ForkedProcess, ForkServer
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+#: The test and benchmark servers listen on loopback, which an agent fetches from for a
+#: request only where the operator allows it (dsagent.format.egress): the allowance they give
+#: the agents they start (DSAGENT_EGRESS_ALLOW) and build (Settings.egress_allow).
+LOOPBACK = ("127.0.0.0/8", "::1")
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -184,7 +188,13 @@ class AgentProcess:
         self.socket = root.parent / f"{root.name}.sock"
         self.port = (port or free_port()) if tcp else None  # a port chosen beforehand: peers that list each other
         self.log = root.parent / f"{root.name}.log"
-        self.env = {**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN, "DSAGENT_SWEEP_INTERVAL": "3600", **(env or {})}
+        self.env = {
+            **os.environ,
+            "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN,
+            "DSAGENT_SWEEP_INTERVAL": "3600",
+            "DSAGENT_EGRESS_ALLOW": ",".join(LOOPBACK),
+            **(env or {}),
+        }
         self.args = [
             sys.executable,
             "-m",

@@ -169,7 +169,7 @@ class StripeShares:
         if not shareless <= set(members) or shareless >= set(members):
             raise InvalidInput("noShare lists members only, and not all of them", hint="some member must own bundles")
         self.settings.source_policy.check(store, storage_options)
-        options = with_config(storage_options, self.settings.storage_config)  # the settings' storage bounds
+        options = with_config(storage_options, self.settings.storage_config, self.settings.egress_policy)
         for member, url in peers.items():
             if not url.startswith(("http://", "https://")):
                 raise InvalidInput(f"peer {member!r} needs an http(s) base URL, not {url!r}")

@@ -367,10 +367,11 @@ def test_addresses_that_are_not_on_this_node_are_left_out() -> None:
 
 def test_store_reads_are_bound_to_the_links_address() -> None:
     http = user_options(bound_options("http://store/b", {"client_kwargs": {"trust_env": False}}, "10.0.0.5"))
-    assert repr(http["get_client"]) == "BoundClient('10.0.0.5')" and http["client_kwargs"] == {"trust_env": False}
+    assert repr(http["get_client"]) == "CheckedClient(unchecked, '10.0.0.5')"
+    assert http["client_kwargs"] == {"trust_env": False}
     s3 = user_options(bound_options("s3://bucket/b", {"config_kwargs": {"connect_timeout": 3}}, "10.0.0.5"))
     assert s3["config_kwargs"]["connect_timeout"] == 3
-    assert repr(s3["config_kwargs"]["connector_args"]["socket_factory"]) == "SourceAddress('10.0.0.5')"
+    assert repr(s3["config_kwargs"]["connector_args"]["socket_factory"]) == "Guard(unchecked, '10.0.0.5')"
     bounds = StorageConfig(2.0, 3.0)  # the storage bounds stay beside the options the address is added to
     assert store_options(bound_options("http://store/b", with_config({}, bounds), "10.0.0.5")).config == bounds
     assert bound_options("gs://bucket/b", {"token": "anon"}, "10.0.0.5") == {"token": "anon"}

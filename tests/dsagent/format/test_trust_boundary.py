@@ -196,7 +196,10 @@ def test_the_policy_decides_from_text_and_folds_aliases() -> None:
     assert is_chain("http://[::1]:8080/x::file:///etc")
     policy = SourcePolicy(protocols=("s3", "http"))
     policy.check("s3a://bucket/x", {"key": "k", "secret": "s", "client_kwargs": {"region_name": "eu"}})
-    policy.check("http://[::1]:8080/x", {"headers": {"Authorization": "Bearer x"}})
+    with pytest.raises(InvalidInput, match="storage option 'headers' is not accepted"):
+        policy.check("http://[::1]:8080/x", {"headers": {"Authorization": "Bearer x"}})  # no header by default
+    allowing = SourcePolicy(protocols=("http",), option_keys={"http": ("headers.Authorization",)})
+    allowing.check("http://[::1]:8080/x", {"headers": {"Authorization": "Bearer x"}})
     with pytest.raises(InvalidInput):
         policy.check("gs://bucket/x", None)  # not listed by this operator
     with pytest.raises(InvalidInput):

@@ -130,7 +130,8 @@ def test_dsagent_serve_refuses_an_unknown_variable(tmp_path: Path) -> None:
 def test_the_webhook_and_the_controller_refuse_an_unknown_variable(
     main: object, typo: str, meant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("DSAGENT_PROTOCOLS", raising=False)  # the suite's agents' setting, not this process's
+    monkeypatch.delenv("DSAGENT_PROTOCOLS", raising=False)  # the suite's agents' settings, not this process's
+    monkeypatch.delenv("DSAGENT_EGRESS_ALLOW", raising=False)
     monkeypatch.setenv(typo, "0.0.0.0:1")
     with pytest.raises(SystemExit) as caught:
         main()  # type: ignore[operator]

@@ -115,7 +115,8 @@ def test_a_configured_admin_token_file_that_cannot_be_read_is_an_error(tmp_path:
 def test_the_controller_process_names_a_bad_variable_in_one_line_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("DSAGENT_PROTOCOLS", raising=False)  # the suite's agents' setting, not this process's
+    monkeypatch.delenv("DSAGENT_PROTOCOLS", raising=False)  # the suite's agents' settings, not this process's
+    monkeypatch.delenv("DSAGENT_EGRESS_ALLOW", raising=False)
     monkeypatch.setenv("DSAGENT_CONTROLLER_AGENT_PORT", "http")
     with pytest.raises(SystemExit) as caught:
         reconcile.main()

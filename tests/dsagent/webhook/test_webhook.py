@@ -34,9 +34,9 @@ INJECTION = Injection(image="img:1", scheduler_name="dsplatform-scheduler")
 
 
 def webhook_environment() -> dict[str, str]:
-    """The suite's environment less the agents' DSAGENT_PROTOCOLS (tests/conftest.py), which
+    """The suite's environment less the agents' settings it sets (tests/conftest.py), which
     the webhook, reading only its own settings, would refuse as unknown."""
-    return {k: v for k, v in os.environ.items() if k != "DSAGENT_PROTOCOLS"}
+    return {k: v for k, v in os.environ.items() if k not in ("DSAGENT_PROTOCOLS", "DSAGENT_EGRESS_ALLOW")}
 
 
 def review(annotation: str | None = "imagenet,coco", **spec: Any) -> dict[str, Any]:
@@ -399,6 +399,7 @@ def test_a_missing_or_unreadable_certificate_is_one_line_and_exit_2(
     if certificate == "not-pem":
         cert.write_text("not a certificate\n")
     monkeypatch.delenv("DSAGENT_PROTOCOLS", raising=False)  # webhook_environment()
+    monkeypatch.delenv("DSAGENT_EGRESS_ALLOW", raising=False)
     monkeypatch.setenv("DSAGENT_WEBHOOK_INJECTION_FILE", str(injection))
     monkeypatch.setenv("DSAGENT_WEBHOOK_CERT_FILE", str(cert))
     monkeypatch.setenv("DSAGENT_WEBHOOK_KEY_FILE", str(cert))
