@@ -53,8 +53,10 @@ failed flush). Classes defined beside their code are drawn with their module.
         ├── KubeUnavailable                   kube.apiclient: the API server failed or is unreachable
         ├── PodResourcesUnavailable           nodeplugins.deviceplugin.podresources: the kubelet's
         │                                     pod-resources socket did not answer
-        └── PeerBusy (429), BundleInFlight (425), PeerOverloaded, PeerRefused
-            └── PeerFetchingIt                cache.peers: a peer agent cannot serve the bundle now
+        ├── PeerBusy (429), BundleInFlight (425), PeerOverloaded, PeerRefused
+        │   └── PeerFetchingIt                cache.peers: a peer agent cannot serve the bundle now
+        └── ReaderBusy (429)                  cache.striped.readerstreams: a caller's bundle streams
+                                              already hold its share of the node's
 
 "Transient vs permanent" is a type: retry only :class:`TransientError`.
 

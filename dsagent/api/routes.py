@@ -101,7 +101,8 @@ ERROR_STATUSES: dict[int, str] = {
     400: "Invalid input: names, URLs (a malformed URL), fields, query values (invalid_input, ...)",
     401: "An operator action over TCP without a valid admin token (unauthorized)",
     403: "The store refused the agent's credentials (credentials) or the action (storage_forbidden); "
-    "a pod acting on another pod's task, or evicting (forbidden); "
+    "a pod acting on another pod's task, or evicting, or reading a striped version of another namespace "
+    "or one its task and annotation do not name (forbidden); "
     "in cluster mode, a pod-UID task for a pod not on this node (task_not_on_node); "
     "a pin for a namespace that holds its share of the cache (namespace_share)",
     404: "No such task or dataset (not_found); a source or bundle store that does not exist",
@@ -110,7 +111,8 @@ ERROR_STATUSES: dict[int, str] = {
     "(superseded): create the pod again",
     413: "Request body over DSAGENT_MAX_BODY (body_too_large)",
     425: "This agent is downloading that bundle right now (peer_fetching): ask again shortly",
-    429: "Too many bundles being served to this peer at once (peer_busy): retry later",
+    429: "Too many bundles being served to this peer at once (peer_busy), or this caller's bundle streams "
+    "already hold its share of the node's (reader_busy): retry later",
     500: "A bug in the agent (internal); details only in the agent's log",
     503: "The source or bundle store is unreachable (source_unavailable): worth retrying; "
     "a new task while the agent stops (agent_stopping): ask the agent that replaces it",

@@ -1,12 +1,15 @@
 """The ``/v1/stripes`` routes: this node's part in striped versions (docs/design-striping.md).
 
 Who calls it: :func:`dsagent.api.create_app` mounts :data:`router`. An operator (the
-controller, or ``dsctl`` on the node) asks the node to hold its share of a version; anyone
-may read a share's status (as the inventory); this node's pods (and operators) read bundles
-through it, as a plain tar, whether the node holds them or fetches them into its window.
-A pod reads only the versions of datasets its own task (its UID) or its annotation names;
-an operator releases a share (``DELETE``), which also goes when nobody holds it again within
-its lease. Peers never use these routes: they read held bundles with ``/v1/peer/bundles``.
+controller, or ``dsctl`` on the node) asks the node to hold its share of a version, for the
+Dataset its ``X-Dsagent-For`` names; anyone may read a share's status (as the inventory);
+this node's pods (and operators) read bundles through it, as a plain tar, whether the node
+holds them or fetches them into its window. A pod reads only the versions of its own
+namespace that its own task (its UID) or its annotation names
+(:mod:`dsagent.cache.striped.stripereaders`); each caller's streams are bounded and a stream
+left unread is cut (:mod:`dsagent.cache.striped.readerstreams`). An operator releases a
+share (``DELETE``), which also goes when nobody holds it again within its lease. Peers never
+use these routes: they read held bundles with ``/v1/peer/bundles``.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from dsagent.api.identity import Caller, require_operator
+from dsagent.api.identity import CUT_KEY, Caller, acting_for, require_operator
 from dsagent.api.routes import BoundedJsonRoute, caller, errors, operator, service
 from dsagent.api.schemas import StripeIn, StripeOut, StripeReleaseOut
 from dsagent.cache.service import CacheService
+from dsagent.cache.striped.readerstreams import OPERATORS
+from dsagent.cache.striped.stripereaders import pod_reader
 from dsagent.errors import Forbidden
 from dsagent.format.bundles.packwriter import tar_stream
 from dsagent.format.names import validate_digest, validate_name
@@ -35,11 +40,15 @@ router = APIRouter(route_class=BoundedJsonRoute)
     response_model=StripeOut,
     responses=errors(400, 401, 403, 404, 413, 503),
 )
-async def hold_stripe(name: str, body: StripeIn, svc: CacheService = Depends(service)) -> dict[str, Any]:
-    """Hold this node's share of ``name`` in the group ``members`` (fetching starts at once)."""
+async def hold_stripe(
+    name: str, body: StripeIn, request: Request, svc: CacheService = Depends(service), who: Caller = Depends(caller)
+) -> dict[str, Any]:
+    """Hold this node's share of ``name`` in the group ``members`` (fetching starts at once),
+    for the Dataset ``X-Dsagent-For`` names: only pods of its namespace read the share."""
     validate_name(name)
     if body.digest is not None:
         validate_digest(body.digest)
+    held_for = acting_for(request, who)
     return await svc.stripes.hold(
         name,
         body.store,
@@ -50,6 +59,7 @@ async def hold_stripe(name: str, body: StripeIn, svc: CacheService = Depends(ser
         storage_options=body.storage_options,
         ready_after=body.ready_after,
         lease=body.lease_seconds,
+        holders=[held_for] if held_for is not None else (),
     )
 
 
@@ -86,14 +96,21 @@ async def stripe_status(name: str, digest: str, svc: CacheService = Depends(serv
             "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
             "description": "The bundle's files as a plain tar, verified when they reached this node",
         },
-        **errors(400, 401, 403, 404, 410, 503),
+        **errors(400, 401, 403, 404, 410, 429, 503),
     },
 )
 async def stripe_bundle(
-    name: str, digest: str, bundle: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)
+    name: str,
+    digest: str,
+    bundle: str,
+    request: Request,
+    svc: CacheService = Depends(service),
+    who: Caller = Depends(caller),
 ) -> StreamingResponse:
     """A bundle of a striped version for this node's reader: from the share, or fetched into
-    the window from its owner (then the other members, then the store)."""
+    the window from its owner (then the other members, then the store). A pod reads only a
+    version of its own namespace that its task or annotation names (403 otherwise); 429 when
+    its streams already hold its share of the node's; a stream left unread is cut."""
     if not who.operator:
         if who.kind == "anonymous":
             require_operator(who)  # 401: TCP without the token
@@ -102,18 +119,22 @@ async def stripe_bundle(
     validate_name(name)
     validate_digest(digest)
     validate_digest(bundle)
-    if not who.operator and not await svc.pod_names_dataset(who.pod_uid or "", name):
-        # a pod acts only on its own task: it reads the stripes its task (or annotation) names
-        raise Forbidden(f"this pod's task does not name dataset {name!r}", hint="list it in the pod's datasets")
-    directory, entries, done = await svc.stripes.open_bundle(name, digest, bundle)
+    if not who.operator and who.pod_uid is not None:
+        # a pod acts only on its own task: it reads its own namespace's stripes that its task or annotation names
+        await svc.stripes.check_reader((name, digest), await pod_reader(svc, who.pod_uid))
+    reader = OPERATORS if who.operator else str(who.pod_uid)
+    directory, entries, stream = await svc.stripes.open_bundle(name, digest, bundle, caller=reader)
     chunks = tar_stream(directory, entries)
+    stream.start(cut=(request.scope.get("state") or {}).get(CUT_KEY))
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
-                yield chunk
+            while not stream.closed and (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                stream.read()
+                yield chunk  # back once the reader took it
+                stream.read()
         finally:
             chunks.close()
-            done()
+            stream.close()
 
     return StreamingResponse(body(), media_type="application/x-tar", headers={"Cache-Control": "no-store"})

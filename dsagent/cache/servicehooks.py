@@ -4,7 +4,7 @@ Who calls it: :class:`dsagent.cache.service.CacheService` takes a :class:`Servic
 (``CacheService(settings, hooks=...)``) and hands ``peer_holders`` to its
 :class:`~dsagent.cache.peers.PeerFetcher`; cluster mode builds them
 (``dsagent.nodeagent.clusterhooks.ClusterHooks``, wired by ``dsagent serve --kubernetes``), tests
-build their own. What it owns: the two questions the service asks the cluster, as plain
+build their own. What it owns: the questions the service asks the cluster, as plain
 async callables, so that the cache layer never imports cluster code:
 
 - ``admit_task(task_id)``: raises a :class:`~dsagent.errors.DsagentError` to refuse a new
@@ -15,7 +15,11 @@ async callables, so that the cache layer never imports cluster code:
 - ``peer_holders(name, digest, shares=True)``: the other agents holding ``name@digest``
   (:class:`PeerHolder`: base URL, node, and for a share its stripe group), ready ones
   first, then fetching, then (unless ``shares=False``) those holding a share of its stripe
-  group (in cluster mode: from the node inventories, docs/design.md#peers).
+  group (in cluster mode: from the node inventories, docs/design.md#peers);
+- ``pod_wiring(pod_uid)``: the namespace of a pod on this node and the datasets its
+  annotation names (:class:`PodWiring`), None for a pod the cluster does not show: what a
+  pod may read of a striped version besides what its task names
+  (:mod:`dsagent.cache.striped.stripereaders`).
 
 Why a constructor argument: set on the service by attribute after both were built (the
 agent needs the service; the service needs the agent's checks), what a service did would
@@ -50,7 +54,27 @@ class PeerHolders(Protocol):
     def __call__(self, name: str, digest: str, *, shares: bool = True) -> Awaitable[list[PeerHolder]]: ...
 
 
+@dataclass(frozen=True)
+class NamedDataset:
+    """A dataset a pod names (its task or its annotation): the bundle store it names (None:
+    the Dataset of that name in the pod's namespace) and the version it pins (None: any)."""
+
+    name: str
+    store: str | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class PodWiring:
+    """What the cluster says of a pod on this node: its namespace and the datasets its
+    ``dsagent.io/datasets`` annotation names."""
+
+    namespace: str
+    datasets: tuple[NamedDataset, ...] = ()
+
+
 PodDatasets = Callable[[str], Awaitable["frozenset[str] | None"]]
+PodWiringOf = Callable[[str], Awaitable["PodWiring | None"]]
 NodeLeaving = Callable[[], Awaitable["bool | None"]]
 
 
@@ -61,7 +85,17 @@ class ServiceHooks:
     admit_task: AdmitTask | None = None
     peer_holders: PeerHolders | None = None
     pod_datasets: PodDatasets | None = None  # the dataset names a pod's annotation asks for (None: unknown pod)
+    pod_wiring: PodWiringOf | None = None  # a pod's namespace and the datasets its annotation names (None: unknown)
     node_leaving: NodeLeaving | None = None  # whether this node is cordoned or drain-tainted (None: unknown)
 
 
-__all__ = ["AdmitTask", "PeerHolder", "PeerHolders", "PodDatasets", "ServiceHooks"]
+__all__ = [
+    "AdmitTask",
+    "NamedDataset",
+    "PeerHolder",
+    "PeerHolders",
+    "PodDatasets",
+    "PodWiring",
+    "PodWiringOf",
+    "ServiceHooks",
+]

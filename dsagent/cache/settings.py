@@ -246,6 +246,13 @@ class Settings(StorageSettings, AgentLogSettings):
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
+    # what one caller (a pod; the operators together) may hold of the striped bundle streams
+    # to this node's readers (dsagent.cache.striped.readerstreams): streams open at once
+    stripe_caller_streams: Whole = 16
+    # the share of DSAGENT_STRIPE_WINDOW one caller's streams may pin (one bundle always may be)
+    stripe_caller_window: UnitShare = 0.5
+    # a bundle stream whose reader took nothing for this long is closed and its bundle let go
+    stripe_stream_idle: Duration = 60.0
     stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
     # On SIGTERM, the longest an agent serving stripe share bundles keeps serving them to their
     # new owners before it stops (docs/design-striping.md#churn); 0 (the default): it stops at
@@ -357,15 +364,16 @@ class Settings(StorageSettings, AgentLogSettings):
         return ratio
 
     @field_validator(
-        "max_fetches", "fetch_workers", "max_dataset_files", "peer_max_uploads", "peer_max_uploads_per_peer"
-    )
+        "max_fetches", "fetch_workers", "max_dataset_files", "peer_max_uploads", "peer_max_uploads_per_peer",
+        "stripe_caller_streams",
+    )  # fmt: skip
     @classmethod
     def _at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"expected a number >= 1, got {value!r}")
         return value
 
-    @field_validator("stripe_handoff_idle")
+    @field_validator("stripe_handoff_idle", "stripe_stream_idle")
     @classmethod
     def _idle_window(cls, value: float) -> float:
         if value <= 0:

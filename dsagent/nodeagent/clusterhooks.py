@@ -5,9 +5,9 @@ Who calls it: ``dsagent serve --kubernetes`` (:mod:`dsagent.nodeagent.nodeparts`
 :meth:`ClusterHooks.for_service` in its constructor; the node agent
 (:class:`dsagent.nodeagent.clusteragent.ClusterAgent`) connects it to its pod watch and API
 client when it starts. What it owns: which task ids a pod may use (a pod UID only for a
-pod bound to this node, :class:`TaskNotOnNode` otherwise), which datasets a pod's
-annotation names (what it may read of a striped version), and which agents hold a
-version (from the Node inventories) for the peer fetch.
+pod bound to this node, :class:`TaskNotOnNode` otherwise), a pod's namespace and the
+datasets its annotation names (what it may read of a striped version), and which agents
+hold a version (from the Node inventories) for the peer fetch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Container
 from typing import Any
 
-from dsagent.cache.servicehooks import PeerHolder, ServiceHooks
+from dsagent.cache.servicehooks import NamedDataset, PeerHolder, PodWiring, ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.errors import DsagentError
 from dsagent.kube.apiclient import in_daemon_thread, translated
@@ -64,6 +64,7 @@ class ClusterHooks:
             admit_task=self.check_task,
             peer_holders=self.peer_holders if self.peer_port else None,
             pod_datasets=self.pod_datasets,
+            pod_wiring=self.pod_wiring,
             node_leaving=self.node_leaving,
         )
 
@@ -103,6 +104,22 @@ class ClusterHooks:
             return frozenset(ref.name for ref in podannotations.datasets_of(pod))
         except platform_errors.InvalidInput:
             return None
+
+    async def pod_wiring(self, uid: str) -> PodWiring | None:
+        """The namespace of pod ``uid`` on this node and the datasets its annotation names,
+        each with the bundle store it names (None: its namespace's Dataset) and the version it
+        pins; None when no such pod was seen. An unreadable annotation names nothing. Whom a
+        striped version's bundles are served to (:mod:`dsagent.cache.striped.stripereaders`)."""
+        watch = self._watch
+        pod = watch.pods().get(uid) if watch is not None else None
+        if pod is None:
+            return None
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        try:
+            refs = podannotations.datasets_of(pod)
+        except platform_errors.InvalidInput:
+            refs = ()
+        return PodWiring(namespace, tuple(NamedDataset(r.name, r.bundles or r.source, r.digest) for r in refs))
 
     async def node_leaving(self) -> bool | None:
         """Whether this node is cordoned or tainted for a drain (:func:`dsagent.kube.leaving.node_leaving`),

@@ -278,7 +278,7 @@ async def _run(
     watched = StartupWatch(app)
     config = uvicorn.Config(
         watched,
-        http=peer_credentials_protocol(),
+        http=peer_credentials_protocol(settings.proc_root),
         **logs.uvicorn_options(settings),
         lifespan="on",
         timeout_graceful_shutdown=5,

@@ -24,6 +24,11 @@ What it owns, under ``<root>/stripes/<name>/<digest>/``:
   ``stripe_window_bytes``, is :class:`~dsagent.cache.striped.stripewindow.StripeWindow`'s. The
   window never takes a share's bundle and a share never waits for the window.
 
+Each share records the Datasets it is held for (:meth:`StripeShares.hold`'s ``holders``):
+which pods read its bundles is :mod:`~dsagent.cache.striped.stripereaders`' rule
+(:meth:`StripeShares.check_reader`), and every stream to a reader is admitted, bounded per
+caller and ended when left unread by :mod:`~dsagent.cache.striped.readerstreams`.
+
 A share never counts as a ready version: :meth:`status` reports how many of its bundles are
 held, and ``ready_enough`` says whether the first ``ready_after`` of them are (a reader may
 start there; a whole-tree volume of a striped version is never offered, see the design).
@@ -39,7 +44,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +54,12 @@ from dsagent.cache.peers import PeerFetcher, ServedBundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
 from dsagent.cache.striped.handoff import PeerFetches
+from dsagent.cache.striped.readerstreams import OPERATORS, ReaderStream, ReaderStreams
 from dsagent.cache.striped.stripecurrent import CurrentVersions
 from dsagent.cache.striped.stripefetch import BundleSources
+from dsagent.cache.striped.stripereaders import Holder, PodReader, refusal
 from dsagent.cache.striped.stripewindow import StripeWindow
-from dsagent.errors import DsagentError, InsufficientSpace, InvalidInput, NotFound
+from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsagent.format.storageconfig import Options, user_options, with_config
 from dsplatform.data import DONE_DIR
@@ -84,6 +91,7 @@ class _Share:
     readers: int = 0  # streams of its bundles to this node's readers now
     owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
     no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
+    holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
 
     @property
     def key(self) -> Key:
@@ -123,6 +131,7 @@ class StripeShares:
         self._shares: dict[Key, _Share] = {}
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
         self.window = StripeWindow(settings, pools, self.counts)
+        self.readers = ReaderStreams(settings)  # each caller's streams: bounded, ended when idle
         self.sources = BundleSources(settings, peers, self.counts)
         self.current = CurrentVersions(pools)
         self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
@@ -147,6 +156,7 @@ class StripeShares:
         storage_options: Mapping[str, Any] | None = None,
         ready_after: int = 1,
         lease: float | None = None,
+        holders: Iterable[Holder] = (),
     ) -> dict[str, Any]:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
@@ -158,7 +168,9 @@ class StripeShares:
         ``no_share``: members that own no bundle (weight 0 in the owner rule): a job's node
         with no room for a share but by evicting another version's last copy takes part so
         that its pods read through its window (docs/design-striping.md#group); this node,
-        when listed, holds nothing and is complete at once."""
+        when listed, holds nothing and is complete at once. ``holders``: the Datasets
+        (namespace, name) it is held for, added to those it was held for before: only pods
+        of their namespaces read its bundles (:mod:`.stripereaders`)."""
         lease = self.settings.stripe_lease if lease is None else lease
         if not 0 < lease <= 30 * 86400:
             raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
@@ -195,6 +207,7 @@ class StripeShares:
         same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
         if share is not None and same_group and share.error is None:
             share.peers.update(peers)
+            share.holders.update(holders)
             share.expires, share.last_used = now + lease, now
             await self.pools.work(self._remember, share)
             return self.status(key)
@@ -212,7 +225,7 @@ class StripeShares:
         await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
         share = _Share(
             layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(owned),
-            no_share=shareless,
+            no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
         )  # fmt: skip
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
@@ -238,7 +251,7 @@ class StripeShares:
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
                   "noShare": sorted(share.no_share), "readyAfter": share.ready_after,
-                  "expiresAt": share.expires}  # fmt: skip
+                  "expiresAt": share.expires, "heldFor": sorted(share.holders)}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
@@ -258,7 +271,8 @@ class StripeShares:
                     continue
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
                                 no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
-                                lease=min(left, self.settings.stripe_lease))  # fmt: skip
+                                lease=min(left, self.settings.stripe_lease),
+                                holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 
@@ -341,6 +355,15 @@ class StripeShares:
             await self.current.check(key[0], key[1], (s for k, s in self._shares.items() if k[0] == key[0]))
             raise NotFound(f"this node holds no share of {key[0]}@{key[1][:12]}")
         return share
+
+    async def check_reader(self, key: Key, reader: PodReader) -> None:
+        """Refuse (:class:`Forbidden`, 403) a pod that may not read the share of ``key``
+        (:func:`.stripereaders.refusal`: another namespace's, or a version it does not name);
+        404 or 410 first when no share of it is held here."""
+        share = await self.held(key)
+        refused = refusal(reader, key[0], key[1], share.store, share.holders)
+        if refused is not None:
+            raise Forbidden(refused[0], hint=refused[1])
 
     def status(self, key: Key) -> dict[str, Any]:
         share = self._shares.get(key)
@@ -488,28 +511,42 @@ class StripeShares:
 
     # -- feeding this node's readers ----------------------------------------------------------
 
-    async def open_bundle(self, name: str, digest: str, bundle: str) -> tuple[Path, list[FileEntry], Any]:
-        """Where this node's reader finds ``bundle`` (held, or fetched into the window) and the
-        call that lets it go. :class:`NotFound` unless a share of the version is held here."""
+    async def open_bundle(
+        self, name: str, digest: str, bundle: str, *, caller: str = OPERATORS
+    ) -> tuple[Path, list[FileEntry], ReaderStream]:
+        """Where this node's reader ``caller`` (a pod UID, or the operators) finds ``bundle``
+        (held, or fetched into the window) and its stream, which holds the bundle until it is
+        closed (:mod:`.readerstreams`: bounded per caller, closed when left unread).
+        :class:`NotFound` unless a share of the version is held here."""
         key = (name, digest)
         share = await self.held(key)
         ref = _bundle_of(share.manifest, bundle)
         if ref is None:
             raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")
         entries = list(share.manifest.bundle_entries(ref))
-        share.last_used = self.clock()
-        if bundle in share.held:
-            self.counts["served_local"] += 1
-            share.readers += 1
-            return self.share_dir(key), entries, lambda: _done_reading(share)
+        local = bundle in share.held
+        stream = await self.readers.admit(caller, 0 if local else self.disk(ref.size, ref.count))
+        try:
+            if self._shares.get(key) is not share:  # dropped while the caller waited for its turn
+                raise NotFound(f"this node holds no share of {name}@{digest[:12]}")
+            share.last_used = self.clock()
+            if local and bundle in share.held:
+                self.counts["served_local"] += 1
+                share.readers += 1
+                stream.holding(lambda: _done_reading(share))
+                return self.share_dir(key), entries, stream
 
-        async def fetch(directory: Path) -> None:
-            copies = await self.sources.copies(*key)
-            await self.pools.work(self._fetch_visiting, share, ref, directory, copies)
+            async def fetch(directory: Path) -> None:
+                copies = await self.sources.copies(*key)
+                await self.pools.work(self._fetch_visiting, share, ref, directory, copies)
 
-        directory = self.version_dir(key) / "window" / bundle
-        where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
-        return where, entries, release
+            directory = self.version_dir(key) / "window" / bundle
+            where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
+            stream.holding(release)
+            return where, entries, stream
+        except BaseException:
+            stream.close()
+            raise
 
     def _fetch_visiting(self, share: _Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
         """A bundle owned elsewhere into the window: the owner, the other members, the store."""

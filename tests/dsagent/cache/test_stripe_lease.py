@@ -23,9 +23,10 @@ import pytest
 
 from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
-from tests.dsagent.api.test_pod_rights import POD, fake_proc, unix_client
+from tests.dsagent.api.test_pod_rights import POD, fake_proc, pod_cgroup, unix_client
 from tests.dsagent.cli.test_agent_process import packed
 from tests.dsagent.conftest import write_tree
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 from tools.support.harness import ADMIN_TOKEN, LoopbackServer, allocated, wait_ready
 
 NODE = "node-a"
@@ -93,14 +94,100 @@ def test_a_pod_reads_only_the_stripes_its_own_task_names(imgs: _Imgs) -> None:
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [other]}).status_code == 200
         assert pod.get(route).status_code == 403
         assert pod.delete(f"/v1/tasks/{POD}").status_code == 200
-        # its own task names the dataset: the bundle's files, as a plain tar
-        mine = {"name": "imgs", "source": "memory://stripe-lease/none"}
+        # the name alone, with a source that never answers (any pod may name any dataset): refused
+        named = {"name": "imgs", "source": "memory://stripe-lease/none"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [named]}).status_code == 200
+        refused = pod.get(route)
+        assert refused.status_code == 403 and "another bundle store" in refused.json()["message"], refused.text
+        assert pod.delete(f"/v1/tasks/{POD}").status_code == 200
+        # its own task names the version's bundle store: the bundle's files, as a plain tar
+        mine = {"name": "imgs", "source": "memory://stripe-lease/none", "bundles": f"{url}/store/"}
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
         assert _bundle_names(pod, manifest, bundle) == [e.path for e in manifest.bundle_entries(bundle)]
         # a pod neither holds nor releases a share: operators do
         assert _hold(pod, url).status_code == 403
         assert pod.delete("/v1/stripes/imgs").status_code == 403
         assert operator.get(route).status_code == 200  # operators read any
+
+
+def test_a_share_held_for_a_dataset_is_read_by_no_pod_whose_namespace_is_unknown(imgs: _Imgs) -> None:
+    """The controller holds a share for its Dataset (``X-Dsagent-For``): only pods of that
+    namespace read it. Outside cluster mode the agent cannot tell a pod's namespace, so even
+    a pod naming the version's own bundle store reads nothing of it; operators still do."""
+    manifest, url, _, agent = imgs
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{manifest.bundles[0].digest}"
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        held = operator.put(
+            "/v1/stripes/imgs",
+            json={"store": f"{url}/store", "members": [NODE]},
+            headers={"X-Dsagent-For": "team-a/imgs"},
+        )
+        assert held.status_code == 200, held.text
+        _wait_complete(operator, manifest.digest)
+        mine = {"name": "imgs", "source": "memory://stripe-lease/none", "bundles": f"{url}/store"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        refused = pod.get(route)
+        assert refused.status_code == 403, refused.text
+        assert "belongs to a namespace" in refused.json()["message"], refused.text
+        assert operator.get(route).status_code == 200
+
+
+def test_a_pod_reads_the_striped_versions_of_its_own_namespace_only(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """Two namespaces, one dataset name: team-a's Dataset ``imgs`` is striped on the node. A
+    pod of team-b whose annotation (so its task) names ``imgs``, even with team-a's bundle
+    store, reads none of its bundles (403 with the reason); team-a's pod, wired for the
+    Dataset by its name alone, reads them."""
+    www, url, _ = loopback
+    manifest = _store(www)
+    store = f"{url}/store"
+    apiserver.create(make_node(NODE))
+    status = {"digest": manifest.digest, "bundles": len(manifest.bundles), "files": 24, "bytes": manifest.total_bytes}
+    dataset = make_dataset("imgs", namespace="team-a", source="memory://stripe-lease/src", bundles=store, status=status)
+    dataset["spec"].update({"stripe": "auto", "startBeforeWhole": True})
+    apiserver.create(dataset)
+    reader = apiserver.create(
+        make_pod("reader", namespace="team-a", node_name=NODE, annotations={"dsagent.io/datasets": "imgs"})
+    )["metadata"]["uid"]
+    theirs = json.dumps([{"name": "imgs", "source": "memory://stripe-lease/none", "bundles": store}])
+    thief = apiserver.create(
+        make_pod("thief", namespace="team-b", node_name=NODE, annotations={"dsagent.io/datasets": theirs})
+    )["metadata"]["uid"]
+    proc = fake_proc(tmp_path / "proc", os.getpid(), pod_cgroup(reader))
+    agent = agent_factory(
+        env={
+            "DSAGENT_PROC_ROOT": str(proc),
+            "DSAGENT_NODE_NAME": NODE,
+            "DSAGENT_KUBERNETES": "1",
+            "KUBECONFIG": str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")),
+            "DSAGENT_RESERVE": "0",
+            "DSAGENT_NODEFS_AVAILABLE": "0",
+        }
+    )
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{manifest.bundles[0].digest}"
+    with unix_client(agent, ADMIN_TOKEN) as operator:
+        held = operator.put(
+            "/v1/stripes/imgs", json={"store": store, "members": [NODE]}, headers={"X-Dsagent-For": "team-a/imgs"}
+        )
+        assert held.status_code == 200, held.text
+        _wait_complete(operator, manifest.digest)
+    with unix_client(agent) as pod:  # team-a's pod, once the agent's pod watch has it
+        deadline = time.monotonic() + 30
+        while (answer := pod.get(route)).status_code != 200:
+            assert answer.status_code == 403 and time.monotonic() < deadline, answer.text
+            time.sleep(0.1)
+    fake_proc(proc, os.getpid(), pod_cgroup(thief))  # the next connection is team-b's pod
+    with unix_client(agent) as pod:
+        deadline = time.monotonic() + 30
+        while pod.get(f"/v1/tasks/{thief}").status_code != 200:  # the agent made its task from its annotation
+            assert time.monotonic() < deadline, "the team-b pod got no task"
+            time.sleep(0.1)
+        refused = pod.get(route)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["message"] == (
+            f"the share of imgs@{manifest.digest[:12]} belongs to another namespace than this pod's (team-b)"
+        )
 
 
 def test_a_share_not_held_again_within_its_lease_is_dropped(
@@ -273,7 +360,7 @@ def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(img
         stripes = operator.get("/v1/inventory").json()["stripes"]
         assert stripes["imgs"]["group"] == ["node-b"] and stripes["imgs"]["members"] == 2
         # its pod still reads the version: through the window (node-b unreachable: the store)
-        mine = {"name": "imgs", "source": "memory://stripe-lease/none"}
+        mine = {"name": "imgs", "source": "memory://stripe-lease/none", "bundles": f"{url}/store"}
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
         bundle = manifest.bundles[0]
         assert _bundle_names(pod, manifest, bundle) == [e.path for e in manifest.bundle_entries(bundle)]
