@@ -115,6 +115,10 @@ class TaskOut(_Out):
     state: str = Field(description="pending, ready or failed")
     created_at: str | None = Field(alias="createdAt")
     lease_until: str | None = Field(alias="leaseUntil")
+    namespace: str | None = Field(
+        default=None,
+        description="the namespace whose Dataset the task acts for (a pin the Dataset controller asked for), else null",
+    )
     datasets: list[DatasetStatusOut]
 
 
@@ -142,6 +146,10 @@ class PreparationOut(_Out):
     first_threshold: float = Field(alias="firstThreshold")
     second_threshold: float = Field(alias="secondThreshold")
     lease_until: str | None = Field(alias="leaseUntil")
+    namespace: str | None = Field(
+        default=None, description="the namespace whose Dataset the preparation acts for, else null"
+    )
+    requested: list[str] = Field(default_factory=list, description="the names of the datasets it prepares")
     datasets: list[PreparedDatasetOut]
     error: dict[str, Any] | None
 

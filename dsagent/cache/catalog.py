@@ -407,6 +407,17 @@ class Catalog:
         )
         return int(rows[0]["pinned"])
 
+    def tenant_holdings(self, namespace: str, now: float) -> list[tuple[str, str, str, int]]:
+        """``(task, name, digest, bytes)`` of each version a live task acting for ``namespace``
+        is bound to (a version held by two of its tasks is listed twice: the caller counts it once)."""
+        rows = self._query(
+            "SELECT d.task_id, d.name, d.digest, v.size_bytes FROM task_datasets d JOIN tasks t USING (task_id)"
+            " JOIN task_tenants n USING (task_id) JOIN versions v ON v.name = d.name AND v.digest = d.digest"
+            " WHERE n.namespace = ? AND d.digest IS NOT NULL AND t.lease_until > ?",
+            (namespace, now),
+        )
+        return [(str(r["task_id"]), str(r["name"]), str(r["digest"]), int(r["size_bytes"])) for r in rows]
+
     def tenants_of(self, name: str, source: str) -> set[str]:
         """The namespaces that asked for ``name`` from ``source``."""
         rows = self._query("SELECT namespace FROM tenant_sources WHERE name = ? AND source = ?", (name, source))

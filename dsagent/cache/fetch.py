@@ -45,7 +45,8 @@ from dsagent.format.manifest import (
     Manifest,
     is_safe_path,
 )
-from dsagent.format.storage import forget_listings, open_whole, resolve, translate_errors
+from dsagent.format.oneversion import open_one_version
+from dsagent.format.storage import forget_listings, resolve, translate_errors
 from dsagent.format.storageconfig import Options
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def copy_hashing(
     try:
         with (
             translate_errors(f"source file {relative!r}"),
-            open_whole(fs, source_path, size=size) as src,
+            open_one_version(fs, source_path, size=size) as src,
             _create(dest, relative) as out,
         ):
             while chunk := src.read(CHUNK_SIZE):

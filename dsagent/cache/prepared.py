@@ -353,6 +353,8 @@ def preparation_view(prep: Prepared) -> dict[str, Any]:
         "firstThreshold": prep.first,
         "secondThreshold": prep.second,
         "leaseUntil": iso(prep.lease_until),
+        "namespace": prep.tenant,
+        "requested": [request.name for request in prep.requests],
         "datasets": [
             {"name": name, "digest": digest, "sizeBytes": size, "held": (name, digest) in prep.held}
             for name, (digest, size) in sorted(prep.versions.items())

@@ -43,6 +43,7 @@ from dsagent.cache.fetchlinks import Links, resolve_addresses
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
+from dsagent.cache.namespacepins import NamespacePins
 from dsagent.cache.node import Node
 from dsagent.cache.peers import PeerFetcher, PeerServer
 from dsagent.cache.pools import Pools
@@ -123,6 +124,9 @@ class CacheService:
         )
         self.peer_server = PeerServer(settings, self.metrics, self._served.locate, self._served.unpin)
         self._taskwork = TaskWork(self.node, self._versions, self._space)  # each dataset's route to ready
+        # the namespaces' shares of this cache, reserved at admission (docs/operator-guide/tenancy.md)
+        self._pins = NamespacePins(self.node, self._space)
+        self._taskwork.pins = self._pins
         self._sweeper: asyncio.Task[None] | None = None
         self._stripes_back: asyncio.Task[None] | None = None
         self.preparations = Preparations(  # docs/design.md#next-job-preparation
@@ -211,9 +215,10 @@ class CacheService:
     ) -> TaskRecord:
         """Ask for a task's datasets (idempotent); with ``wait``, wait up to that many seconds.
         ``task_id`` in any case names one task (:func:`task_key`). ``tenant``: the namespace
-        the task acts for (docs/operator-guide/tenancy.md): a new task of a namespace that already pins its
-        share of the cache is refused (:class:`NamespaceShareExceeded`) before any work, and
-        the namespace is recorded as one that asked for each dataset's source.
+        the task acts for (docs/operator-guide/tenancy.md): a new task is admitted only when
+        its datasets fit in what is left of the namespace's share of the cache, and reserves
+        it (:mod:`dsagent.cache.namespacepins`; else :class:`NamespaceShareExceeded`, before
+        any work), and the namespace is recorded as one that asked for each dataset's source.
 
         The route, step by step: the request checked (:meth:`_checked`); admitted (cluster
         mode's task guard, not while stopping, within the namespace's share); recorded (a new
@@ -228,23 +233,31 @@ class CacheService:
             raise
         now = self.clock()
         admit_task = self.hooks.admit_task
-        if admit_task is not None and await self._db(self.catalog.task, task_id) is None:
+        pinning = tenant is not None and self._pins.enforced
+        new = (admit_task is not None or pinning) and await self._db(self.catalog.task, task_id) is None
+        if admit_task is not None and new:
             # Admission may wait (e.g. for the pod watch to see the pod): do it before the
             # lock so it never holds up other tasks' requests.
             await admit_task(task_id)
+        # the sizes the bundle stores declare: read before the lock, as the checks above
+        declared = await self._pins.declared_sizes(requests) if pinning and new else {}
         async with self._submit_lock:  # the same task id sent twice at once is still one task
             existing = await self._db(self.catalog.task, task_id)
             if existing is None:
                 self._admit(requests)
-                if tenant is not None:
-                    await self._space.check_share(tenant, [(r.name, r.source) for r in requests], now)
-                await self._db(
-                    self.catalog.create_task,
-                    task_id,
-                    [r.redacted() for r in requests],
-                    now=now,
-                    lease_until=now + self.settings.lease_ttl,
-                )
+                if tenant is not None:  # checked and reserved at once: tasks sent together count together
+                    await self._pins.admit(task_id, tenant, requests, declared, now)
+                try:
+                    await self._db(
+                        self.catalog.create_task,
+                        task_id,
+                        [r.redacted() for r in requests],
+                        now=now,
+                        lease_until=now + self.settings.lease_ttl,
+                    )
+                except BaseException:
+                    self._pins.drop(task_id)
+                    raise
                 bound: Mapping[str, str | None] = {}
             else:
                 check_same_request(existing, requests)
@@ -319,7 +332,8 @@ class CacheService:
                 f"no task {task_id!r} on this agent", hint="submit it with PUT /v1/tasks/{task} or dsctl cache"
             )
         statuses = [await self._dataset_status(task, item) for item in task.request]
-        return TaskRecord(task.task_id, task.created_at, task.lease_until, tuple(statuses))
+        namespace = await self._db(self.catalog.tenant_of, task_id)
+        return TaskRecord(task.task_id, task.created_at, task.lease_until, tuple(statuses), namespace)
 
     async def pod_names_dataset(self, pod_uid: str, name: str) -> bool:
         """Whether the pod ``pod_uid`` asks for dataset ``name``: its own task (the task id is
@@ -358,6 +372,7 @@ class CacheService:
         task_id = task_key(task_id)
         self._taskwork.cancel(task_id)
         self._claims.release(task_id)
+        self._pins.drop(task_id)
         await self._db(self.catalog.touch_task, task_id, self.clock())  # idle time counts from here
         if not await self._db(self.catalog.delete_task, task_id):
             raise NotFound(f"no task {task_id!r} on this agent")

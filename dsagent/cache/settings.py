@@ -186,6 +186,10 @@ class Settings(StorageSettings, AgentLogSettings):
     # the most of this node's cache one namespace's controller pins (warm-up, replicas,
     # preparation: tasks whose request names their Dataset) may hold; 1: no limit (docs/operator-guide/tenancy.md)
     namespace_share: UnitShare = 1.0
+    # what a namespace's new pin reserves of that share while its size is unknown (no version
+    # from its source here, no manifest in its bundle store), at most the whole share, until
+    # its version resolves and its real size takes the reservation's place
+    namespace_unknown_bytes: Size = 10 << 30
     idle_ttl: Duration = 7 * 86400.0
     lease_ttl: Duration = 6 * 3600.0
     sweep_interval: Duration = 60.0
@@ -200,15 +204,15 @@ class Settings(StorageSettings, AgentLogSettings):
     # each the storage-option keys it accepts; decided before any filesystem is built
     protocols: Protocols = Field(default_factory=lambda: sources.DEFAULT_PROTOCOLS)
     storage_option_keys: dict[str, tuple[str, ...]] = Field(default_factory=lambda: dict(sources.DEFAULT_OPTION_KEYS))
-    proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
-    stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
-    kubernetes: Flag = False
-    # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     # where the agent may connect for a request (dsagent.format.egress): besides loopback,
     # link-local and the metadata servers, never these ranges (the cluster's pods and
     # services) unless allowed here (CIDRs, addresses or host names)
     egress_deny: Words = Field(default_factory=lambda: egress.DEFAULT_DENIED)
     egress_allow: Words = Field(default_factory=lambda: egress.DEFAULT_ALLOWED)
+    proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
+    stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
+    kubernetes: Flag = False
+    # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False
     resource_prefix: ResourcePrefix = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
@@ -242,10 +246,6 @@ class Settings(StorageSettings, AgentLogSettings):
     # striped versions (docs/design-striping.md): the disk (bytes, blocks and inodes) of bundles
     # owned elsewhere this node keeps for its readers at once (never its own share)
     stripe_window_bytes: Size = Field(2 << 30, validation_alias=_env("STRIPE_WINDOW", "stripe_window_bytes"))
-    stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
-    # the links peer and store fetches spread over, each connection bound to one NIC's address
-    # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
-    fetch_links: FetchLinks = ()
     # what one caller (a pod; the operators together) may hold of the striped bundle streams
     # to this node's readers (dsagent.cache.striped.readerstreams): streams open at once
     stripe_caller_streams: Whole = 16
@@ -253,6 +253,10 @@ class Settings(StorageSettings, AgentLogSettings):
     stripe_caller_window: UnitShare = 0.5
     # a bundle stream whose reader took nothing for this long is closed and its bundle let go
     stripe_stream_idle: Duration = 60.0
+    stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
+    # the links peer and store fetches spread over, each connection bound to one NIC's address
+    # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
+    fetch_links: FetchLinks = ()
     stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
     # On SIGTERM, the longest an agent serving stripe share bundles keeps serving them to their
     # new owners before it stops (docs/design-striping.md#churn); 0 (the default): it stops at

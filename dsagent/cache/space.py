@@ -38,9 +38,8 @@ from typing import Protocol
 from dsagent.cache.catalog import VersionRow
 from dsagent.cache.layout import Key, validate_name
 from dsagent.cache.node import Node
-from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NamespaceShareExceeded, NotFound
+from dsagent.errors import Conflict, InsufficientSpace, InvalidInput, NotFound
 from dsagent.policy import eviction
-from dsplatform.tenancy import over_share
 from dsplatform.units import format_size
 
 log = logging.getLogger("dsagent")
@@ -182,35 +181,6 @@ class Space:
             shares = self.shares.total_bytes() + self.shares.pending_bytes(exclude) if self.shares is not None else 0
             free = min(free, self.settings.capacity_bytes - held - shares - reserved - overhead)
         return free
-
-    async def check_share(self, tenant: str, requests: Sequence[tuple[str, str]], now: float) -> None:
-        """Refuse a new pin past ``tenant``'s share of this node's cache (docs/operator-guide/tenancy.md).
-
-        What the namespace already pins is exact (the versions its live tasks hold); what the
-        new task adds, for each requested ``(name, source)``, is the size of the version
-        already known here from that source (0 when none is: then the namespace passes its
-        share by one dataset at most, and its next pin is refused)."""
-        share = self.settings.namespace_share
-        if share >= 1:
-            return
-        pinned = await self.pools.db(self._catalog().tenant_pinned, tenant, now)
-        rows = await self.pools.db(self._catalog().versions)
-        adding = sum(
-            max((v.size_bytes for v in rows if v.name == name and v.source == source), default=0)
-            for name, source in requests
-        )
-        capacity = (await self.report()).get("capacityBytes")
-        if over_share(pinned, adding, capacity, share):
-            self.metrics.namespace_refusal(tenant)
-            raise NamespaceShareExceeded(
-                f"namespace {tenant!r} pins {pinned} bytes of this node's cache and asks for {adding} more:"
-                f" over its share ({share:.0%} of {capacity} bytes)",
-                hint="release other warm-up, replica or preparation pins of the namespace, or raise the chart's"
-                " tenancy.nodeShare",
-                pinned=pinned,
-                adding=adding,
-                capacity=capacity,
-            )
 
     async def report(self) -> dict[str, int]:
         rows = await self.pools.db(self._catalog().versions)

@@ -14,7 +14,8 @@ handed its preparation's work):
 1. :meth:`TaskWork.start`: the work begins unless it runs or its version is ready (rule 1);
 2. :meth:`TaskWork.serve`: the steps below in order, a failure kept for the record;
 3. :meth:`TaskWork.version`: the version the task means (the one it is bound to, else the
-   source's current one, resolved once per request identity);
+   source's current one, resolved once per request identity), whose real size then takes
+   the place of what the task reserved of its namespace's share (:meth:`TaskWork.settle_share`);
 4. :meth:`TaskWork.bind`: the task held to that version (claims, then the catalog);
 5. :meth:`TaskWork.fetch`: that version fetched and made ready, once per version however
    many tasks wait for it (rule 6; :meth:`dsagent.cache.versions.Versions.fetch`);
@@ -37,13 +38,14 @@ from dsagent.cache.node import Node
 from dsagent.cache.space import Space
 from dsagent.cache.task import DatasetRequest, redact_url
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, IntegrityError, local_write_error
+from dsagent.errors import DsagentError, IntegrityError, NamespaceShareExceeded, local_write_error
 from dsagent.format.manifest import Manifest
 from dsagent.format.storage_errors import classify
 from dsagent.format.storageconfig import with_config
 from dsagent.policy.eviction import Candidate
 
 if TYPE_CHECKING:
+    from dsagent.cache.namespacepins import NamespacePins
     from dsagent.cache.prepared import Preparations
 
 log = logging.getLogger("dsagent")
@@ -60,6 +62,7 @@ class TaskWork:
         self.versions = versions
         self.space = space
         self.preparations: Preparations | None = None  # set by the service once built
+        self.pins: NamespacePins | None = None  # the namespaces' shares, set by the service
         self.running: dict[Key, asyncio.Task[None]] = {}
         self.errors: dict[Key, DsagentError] = {}
         self.handovers: set[asyncio.Task[None]] = set()  # prepared tasks taking over their preparation
@@ -156,8 +159,22 @@ class TaskWork:
             return stored, False
         flight = ("resolve", *request.identity, request.allow_per_file)
         manifest, cached = await self.node.flights.join(flight, self._resolve, request, source)
+        await self.settle_share(task_id, request, manifest)
         await self.bind(task_id, request, manifest.digest)
         return manifest, cached
+
+    async def settle_share(self, task_id: str, request: DatasetRequest, manifest: Manifest) -> None:
+        """Step 3b: the version's real size takes the place of what the task reserved of its
+        namespace's share at admission (docs/operator-guide/tenancy.md); past the share the
+        dataset fails with ``namespace_share`` here, before it is bound or fetched, and
+        claims nothing any more."""
+        if self.pins is None:
+            return
+        try:
+            await self.pins.settle(task_id, request, manifest.digest, manifest.total_bytes, self.node.clock())
+        except NamespaceShareExceeded:
+            self.node.claims.drop(task_id, request.name)
+            raise
 
     async def bind(self, task_id: str, request: DatasetRequest, digest: str) -> None:
         """Step 4: ``task_id`` held to version ``digest`` of ``request``'s dataset."""
@@ -196,6 +213,8 @@ class TaskWork:
         options never logged), so that no failed task goes without a warning line."""
         self.errors[(task_id, request.name)] = exc
         self.node.metrics.request_settled(exc.code)
+        if self.pins is not None:  # a failed dataset holds nothing of its namespace's share
+            self.pins.drop(task_id, request.name)
         if not logged:
             source, bundles = redact_url(request.source), redact_url(request.bundles)
             log.warning(

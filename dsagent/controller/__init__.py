@@ -16,6 +16,8 @@ agents       calls to the node agents: find them, hold a task on chosen nodes, r
 packing      ``spec.pack.auto``: a pack Job per new source listing, ``status.pack``
 warmup       ``spec.warm`` and ``spec.replicas``: copies held by agent tasks on chosen nodes
 nextjob      next-job preparation: plan, put it on the agents, release what the plan dropped
+orphans      what agents still hold for a deleted Dataset (warm-up, replicas, preparation),
+             released within one pass
 queues       the next job from what the cluster knows: Kueue, Volcano, dsagent.io/next-job
 podfacts     what pods, Nodes and Datasets say (pure): waiting pods, expected ends, free
              GPUs, demand; inputs of preparation and replicas

@@ -27,7 +27,8 @@ log = logging.getLogger("dsagent.controller")
 
 JSON = dict[str, Any]
 # (node, method, path, body, acting_for) -> (HTTP status, JSON answer); None when the node has
-# no agent. ``acting_for``: the Dataset the request is for, "namespace/name" (docs/operator-guide/tenancy.md)
+# no agent. ``acting_for``: the Dataset the request is for, "namespace/name" (docs/operator-guide/tenancy.md);
+# "" for a read that acts for none (the task list the sweep of gone Datasets reads)
 AgentCall = Callable[[str, str, str, "JSON | None", str], "tuple[int, Any] | None"]
 
 
@@ -55,13 +56,13 @@ def find_agents(core: Any, namespace: str, selector: str, port: int, timeout: fl
 def http_call(
     base: str | None, admin_token: str | None, node: str, method: str, path: str, body: JSON | None, who: str
 ) -> tuple[int, Any] | None:
-    """One request to the agent at ``base`` for the Dataset ``who``; None when the node has none
-    or it is unreachable."""
+    """One request to the agent at ``base`` for the Dataset ``who`` (none: ""); None when the
+    node has none or it is unreachable."""
     import httpx
 
     if base is None:
         return None
-    headers = {ACTING_FOR_HEADER: who}
+    headers = {ACTING_FOR_HEADER: who} if who else {}
     if admin_token:
         headers["Authorization"] = f"Bearer {admin_token}"
     try:

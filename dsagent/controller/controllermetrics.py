@@ -31,12 +31,19 @@ class ControllerMetrics(MetricSet):
             "preparation_releases",
             "Prepare tasks released because the plan dropped them (bound, gone, predicted elsewhere).",
         )
+        self.gone_releases = self.counter(
+            "gone_dataset_releases",
+            "Agent tasks and preparations released because their Dataset is gone, by kind (warm, replica, prepare).",
+            "kind",
+        )
         self.versions_by_copies = self.gauge(
             "dataset_versions", "Dataset versions held ready somewhere in the cluster, by copies (1, 2, 3+).", "copies"
         )
         for result in ("ok", "error"):  # series exist before the first error
             self.passes.labels(result=result)
             self.datasets.labels(result=result)
+        for kind in ("warm", "replica", "prepare"):
+            self.gone_releases.labels(kind=kind)
 
 
 def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:

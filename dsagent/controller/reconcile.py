@@ -11,7 +11,8 @@ current digest ``status.digest`` ready; inventories are hostile input: one that 
 or not an object is skipped, never trusted), then packing, warm-up, preparation, replicas
 and cleanup; the status patch is written only when it changes anything. Once per pass: the
 copy counts, next-job preparation, store gc and migration, each an optimisation that never
-stops a pass when it fails.
+stops a pass when it fails; then what the agents still hold for a Dataset deleted since
+(:mod:`dsagent.controller.orphans`) is released.
 
 Tenancy (docs/operator-guide/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
 ``dsagent.io/published-at``) is used for nothing; each pass keeps one
@@ -37,6 +38,7 @@ from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
+from dsagent.controller.orphans import release_gone
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
@@ -239,6 +241,10 @@ class DatasetController:
                 self.metrics.datasets.labels(result="error").inc()
                 meta = ds.get("metadata") or {}
                 log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
+        try:  # what agents still hold for Datasets deleted since: released now, not at their lease's end
+            release_gone(self.agent_call, self._agent_urls, _keys(datasets), metrics=self.metrics)
+        except Exception:  # housekeeping: never let it stop a pass
+            log.exception("releasing what agents hold for deleted Datasets failed this pass")
         if self.store_gc is not None and len(reconciled) == len(datasets):  # a failed one may be packing
             try:
                 self.store_gc.run(reconciled, self.clock())
@@ -442,6 +448,14 @@ class DatasetController:
 def _size_of(value: Any) -> int:
     """A Dataset's ``status.bytes`` as a size to charge (0 when not a count)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _keys(datasets: list[JSON]) -> set[tuple[str, str]]:
+    """``(namespace, name)`` of each Dataset."""
+    return {
+        (str((d.get("metadata") or {}).get("namespace", "default")), str((d.get("metadata") or {}).get("name", "")))
+        for d in datasets
+    }
 
 
 def _capacity(inventory: Mapping[str, Any]) -> int | None:

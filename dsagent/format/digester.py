@@ -34,7 +34,8 @@ from dsagent.format.digestpool import (
 )
 from dsagent.format.hashing import HASH_BUFFER, ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
-from dsagent.format.storage import open_whole, resolve_local_first, translate_errors
+from dsagent.format.oneversion import open_one_version
+from dsagent.format.storage import resolve_local_first, translate_errors
 from dsagent.format.storageconfig import Options
 from dsagent.format.walk import (
     UNSTATED,
@@ -102,7 +103,7 @@ class _Hasher:
 
     def _one(self, item: Found, buffer: ReadBuffer | None) -> tuple[FileEntry, Found | None]:
         if buffer is None:
-            with open_whole(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
+            with open_one_version(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
                 digest, size = hash_stream(stream)
         elif self._cache is not None:
             if item.inode == UNSTATED:  # a path stat: a cache hit must not open the file

@@ -520,7 +520,8 @@ def bundle_path(store_root: str, digest: str) -> str:
 def read_manifest(store: str, name: str, *, storage_options: Options = None, max_files: int | None = None) -> Manifest:
     """The manifest of dataset ``name`` in bundle store ``store``; :class:`NotFound` if absent;
     ``max_files`` as in :func:`read_manifest_stream`."""
-    from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
+    from dsagent.format.oneversion import open_one_version
+    from dsagent.format.storage import local_path, resolve, translate_errors
 
     local = local_path(store, storage_options)
     # a local store is read without fsspec (see local_path)
@@ -528,7 +529,7 @@ def read_manifest(store: str, name: str, *, storage_options: Options = None, max
     path = manifest_path(root, name)
     try:
         with translate_errors(f"manifest of {name!r} in {store}", fs=fs, path=path):
-            stream: IO[bytes] = open(path, "rb") if fs is None else open_whole(fs, path)  # noqa: SIM115 - closed below
+            stream: IO[bytes] = open(path, "rb") if fs is None else open_one_version(fs, path)  # noqa: SIM115 - closed below
             with stream:
                 return read_manifest_stream(stream, max_files=max_files)
     except NotFound as exc:

@@ -17,10 +17,20 @@ Request::
 
 Status::
 
-    task, state (pending, ready, failed), createdAt, leaseUntil (RFC 3339, UTC)
+    task, state (pending, ready, failed), createdAt, leaseUntil (RFC 3339, UTC),
+    namespace  the namespace whose Dataset the task acts for (a pin the Dataset controller
+               asked for with ``X-Dsagent-For``), else null
     datasets   [{name, source, bundles, digest, state (resolving, fetching, checking, ready, failed),
                  path, sizeBytes, files, bytesDone, filesDone, rateBytesPerSecond,
                  etaSeconds, error (the API's error body: code, message, hint, details)}]
+
+List (``GET /v1/tasks``)::
+
+    tasks      [status, ...], every task the caller may read (all of them for an operator)
+
+The Dataset controller reads the list through :func:`read_task_list`: each task's id, the
+namespace it acts for and its datasets' names, no more (docs/operator-guide/tenancy.md: what
+it holds for a Dataset that is gone is released).
 
 Pure: no I/O, nothing of the processes.
 """
@@ -80,6 +90,7 @@ class TaskStatusBody(TypedDict):
     state: str
     createdAt: str | None
     leaseUntil: str | None
+    namespace: str | None
     datasets: list[DatasetStatusBody]
 
 
@@ -110,6 +121,7 @@ class TaskRecord:
     created_at: float
     lease_until: float
     datasets: tuple[DatasetStatus, ...]
+    namespace: str | None = None  # the namespace whose Dataset it acts for (docs/operator-guide/tenancy.md)
 
     @property
     def state(self) -> str:
@@ -171,6 +183,7 @@ def task_status(task: TaskRecord) -> TaskStatusBody:
         "state": task.state,
         "createdAt": iso(task.created_at),
         "leaseUntil": iso(task.lease_until),
+        "namespace": task.namespace,
         "datasets": [dataset_status(d) for d in task.datasets],
     }
 
@@ -209,6 +222,44 @@ def _progress(item: Mapping[str, Any]) -> DatasetProgress:
     )
 
 
+@dataclass(frozen=True)
+class TaskHeld:
+    """What a reader keeps of one task in another party's task list."""
+
+    task: str
+    namespace: str | None  # the namespace whose Dataset it acts for, when the agent says so
+    names: tuple[str, ...]  # its datasets' names
+
+
+#: the longest task id and dataset name a reader keeps (a task id is a pod UID or a
+#: ``<kind>.<namespace>.<name>``: a DNS label and a DNS subdomain)
+_NAME_MAX = 320
+
+
+def read_task_list(body: Any) -> tuple[TaskHeld, ...]:
+    """The tasks of a list an agent answered, as far as they can be read: an entry that is
+    not an object or has no task id is skipped, a namespace or a name that is not a string
+    (or is longer than any Kubernetes name) reads as absent."""
+    items = body.get("tasks") if isinstance(body, Mapping) else None
+    if not isinstance(items, list):
+        return ()
+    held = []
+    for item in items:
+        task = item.get("task") if isinstance(item, Mapping) else None
+        if not isinstance(task, str) or not task or len(task) > _NAME_MAX:
+            continue
+        namespace = item.get("namespace")
+        datasets = item.get("datasets") if isinstance(item.get("datasets"), list) else []
+        names = tuple(
+            d["name"]
+            for d in datasets[:MAX_DATASETS]
+            if isinstance(d, Mapping) and isinstance(d.get("name"), str) and 0 < len(d["name"]) <= _NAME_MAX
+        )
+        ok = isinstance(namespace, str) and 0 < len(namespace) <= _NAME_MAX
+        held.append(TaskHeld(task, namespace if ok else None, names))
+    return tuple(held)
+
+
 def _whole(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
@@ -229,6 +280,7 @@ __all__ = [
     "DatasetRequestBody",
     "DatasetStatus",
     "DatasetStatusBody",
+    "TaskHeld",
     "TaskRecord",
     "TaskRequestBody",
     "TaskStatusBody",
@@ -236,6 +288,7 @@ __all__ = [
     "dataset_status",
     "iso",
     "read_datasets",
+    "read_task_list",
     "task_request",
     "task_status",
 ]

@@ -210,7 +210,7 @@ class Injector:
 
             return wrapper
 
-        self._patch(fetch_module, "open_whole", source_reads)
+        self._patch(fetch_module, "open_one_version", source_reads)
 
         real_tx = catalog_module.Catalog._tx
 

@@ -12,7 +12,18 @@ what the server says about versions:
   honoured with 412 (what nginx, S3 and most servers do);
 - ``"ignored"``: an ``ETag`` per version, conditions ignored (a server that does not
   implement them);
-- ``"none"``: no ``ETag`` and no ``Last-Modified``.
+- ``"none"``: no ``ETag`` and no ``Last-Modified``;
+- ``"last-modified"``: only a ``Last-Modified``, one second later for each version, and
+  ``If-Unmodified-Since`` honoured.
+
+And validators that stay the same while the bytes change (every version of a file has
+one size and is written within one second), conditions honoured as the RFC says:
+
+- ``"same-second"``: only a ``Last-Modified``;
+- ``"nginx"``: nginx's ``ETag``, ``"<mtime hex>-<size hex>"``, and its ``Last-Modified``;
+- ``"apache"``: Apache's, ``"<inode hex>-<size hex>-<mtime in microseconds, hex>"``;
+- ``"weak"``: a weak ``ETag`` (``W/"..."``): ``If-Match`` compares strongly, so a weak ETag
+  never matches and every request carrying it is answered 412.
 """
 
 from __future__ import annotations
@@ -61,20 +72,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 self._send(404, b"")
             return
-        tag = f'"{hashlib.sha1(data).hexdigest()[:16]}-{version}"'
-        headers = {}
-        if self.server.validators in ("etag", "ignored"):
-            headers["ETag"] = tag
-            headers["Last-Modified"] = formatdate(1_700_000_000 + version, usegmt=True)
-        if self.server.validators == "etag":
+        headers = _validators(self.server.validators, data, version)
+        if self.server.validators not in ("ignored", "none"):
+            tag = headers.get("ETag")
             wanted = self.headers.get("If-Match")
             since = self.headers.get("If-Unmodified-Since")
-            if (wanted is not None and wanted != tag) or (since is not None and since != headers["Last-Modified"]):
+            # If-Match compares strongly: a weak ETag matches nothing
+            mismatch = wanted is not None and (tag is None or tag.startswith("W/") or wanted != tag)
+            if mismatch or (since is not None and since != headers.get("Last-Modified")):
                 with self.server.lock:
                     self.server.refused += 1
                 self._send(412, b"", headers=headers)
                 return
         match = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        if match is not None and body:
+            with self.server.lock:
+                self.server.ranged += 1
         if match is None:
             self._send(200, data if body else b"", length=len(data), headers=headers)
             return
@@ -109,6 +122,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 pass  # the client went away (a killed agent)
 
 
+#: the second every version of a file is written in, where the validators do not move
+_MTIME = 1_700_000_000
+
+
+def _validators(mode: str, data: bytes, version: int) -> dict[str, str]:
+    """The headers a server in ``mode`` names version ``version`` (``data``) of a file with."""
+    same_second = formatdate(_MTIME, usegmt=True)
+    if mode in ("etag", "ignored"):
+        tag = f'"{hashlib.sha1(data).hexdigest()[:16]}-{version}"'
+        return {"ETag": tag, "Last-Modified": formatdate(_MTIME + version, usegmt=True)}
+    if mode == "same-second":
+        return {"Last-Modified": same_second}
+    if mode == "last-modified":
+        return {"Last-Modified": formatdate(_MTIME + version, usegmt=True)}
+    if mode == "nginx":
+        return {"ETag": f'"{_MTIME:x}-{len(data):x}"', "Last-Modified": same_second}
+    if mode == "apache":
+        return {"ETag": f'"{0x2A1B7:x}-{len(data):x}-{_MTIME * 10**6:x}"', "Last-Modified": same_second}
+    if mode == "weak":
+        return {"ETag": f'W/"{_MTIME:x}-{len(data):x}"', "Last-Modified": same_second}
+    return {}
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -120,6 +156,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.gets: Counter[str] = Counter()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.refused = 0
+        self.ranged = 0
         super().__init__(("127.0.0.1", 0), _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -174,6 +211,11 @@ class VersionedServer:
     def refused(self) -> int:
         """How many requests were answered 412 (a condition on a version that had moved)."""
         return self._server.refused
+
+    @property
+    def ranged(self) -> int:
+        """How many GETs asked for a range of a file (not the whole of it)."""
+        return self._server.ranged
 
     def requests(self, method: str) -> int:
         with self._server.lock:

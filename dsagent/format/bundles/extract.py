@@ -69,7 +69,8 @@ from dsagent.format.manifest import (
     is_safe_path,
     read_manifest,
 )
-from dsagent.format.storage import local_path, open_whole, resolve, translate_errors
+from dsagent.format.oneversion import open_one_version
+from dsagent.format.storage import local_path, resolve, translate_errors
 from dsagent.format.storageconfig import Options
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 from dsagent.format.verify import verify_tree
@@ -335,7 +336,7 @@ def unpack_bundle(
             raw: IO[bytes] = open(bundle_path(local, bundle.digest), "rb")  # noqa: SIM115 - closed below
         else:
             fs, root = resolve(store, storage_options)
-            raw = open_whole(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
+            raw = open_one_version(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
         with raw:
             unpack_bundle_stream(
                 raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place

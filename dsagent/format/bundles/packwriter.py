@@ -42,7 +42,8 @@ from dsagent.format.manifest import (
     FileEntry,
     Progress,
 )
-from dsagent.format.storage import open_whole, translate_errors
+from dsagent.format.oneversion import open_one_version
+from dsagent.format.storage import translate_errors
 from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
 from dsagent.format.walk import is_local
 
@@ -369,7 +370,10 @@ class BundleWriter:
     def _read_remote(self, entry: FileEntry, tar: _TarBuffers, state: Any) -> int:
         location = self._location(entry)
         size = 0
-        with translate_errors(f"source file {location!r}"), open_whole(self._fs, location, size=entry.size) as stream:
+        with (
+            translate_errors(f"source file {location!r}"),
+            open_one_version(self._fs, location, size=entry.size) as stream,
+        ):
             while chunk := stream.read(CHUNK_SIZE):
                 state.update(chunk)
                 tar.put(chunk)

@@ -19,6 +19,7 @@ import pytest
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import IntegrityError
+from dsagent.format.oneversion import identifies_content
 from dsagent.format.storage import open_whole, resolve, version_of
 from tools.support.versioned_http import VersionedServer
 
@@ -68,6 +69,56 @@ def test_a_file_rewritten_between_range_gets_is_never_cached_as_a_mix_of_version
         assert _cached(again) == B
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("validators", ["same-second", "nginx", "apache", "weak"])
+def test_validators_that_stay_while_the_bytes_change_never_make_a_torn_copy_ready(
+    tmp_path: Path, validators: str
+) -> None:
+    """A 7 MiB file rewritten between two reads, its size and second unchanged: the
+    server's ``Last-Modified``, its ETag made of mtime and size, or its weak ETag, stay
+    the same. Such validators pin nothing: the file is read in one GET, without ranges and
+    without ``If-Match`` (a weak ETag there is a 412 from a server that honours it), so the
+    copy is one whole version."""
+    server = VersionedServer(_files(), validators=validators)
+    try:
+        first = asyncio.run(_cache(tmp_path / "cache", server.url))
+        assert first.state == "ready", first  # cacheable at all: no 412 on a weak ETag
+        assert _cached(first) == A, "not one whole version of the file"
+        assert server.ranged == 0 and server.refused == 0, (server.ranged, server.refused)
+        server.settle()
+        again = asyncio.run(_cache(tmp_path / "cache2", server.url))
+        assert again.state == "ready" and _cached(again) == B, again
+    finally:
+        server.close()
+
+
+def test_a_file_read_in_one_request_is_checked_against_its_validators_at_the_end(tmp_path: Path) -> None:
+    """A server whose only validator is ``Last-Modified`` (read in one GET): a version that
+    moved on by the end of the read fails the copy as ``integrity``, never ready."""
+    server = VersionedServer(_files(), validators="last-modified")
+    try:
+        first = asyncio.run(_cache(tmp_path / "cache", server.url))
+        assert first.state == "failed", first
+        error = first.datasets[0].error
+        assert error["code"] == "integrity" and "changed while it was read" in error["message"], error
+        assert "again" in error["hint"] and server.ranged == 0
+        assert not any((tmp_path / "cache" / "datasets").rglob("big.bin")), "a copy was left published"
+    finally:
+        server.close()
+
+
+def test_which_validators_identify_an_objects_content() -> None:
+    size = 7 * MIB
+    assert identifies_content({"ETag": '"9b2cf535f27731c974343645a3985328"', "size": size})  # S3 (MD5)
+    assert identifies_content({"ETag": '"9b2cf535f27731c974343645a3985328-3"', "size": size})  # S3 multipart
+    assert identifies_content({"ETag": '"a3f1e2-0"', "size": size})  # opaque, not the size
+    assert not identifies_content({"ETag": f'"6553f100-{size:x}"', "size": size})  # nginx
+    assert not identifies_content({"ETag": f'"2a1b7-{size:x}-5e8d1a0c9e3c0"', "size": size})  # Apache
+    assert not identifies_content({"ETag": '"6553f100-700000"'})  # nginx's form, size unknown
+    assert not identifies_content({"ETag": 'W/"9b2cf535f27731c974343645a3985328"', "size": size})  # weak
+    assert not identifies_content({"Last-Modified": "Tue, 14 Nov 2023 22:13:20 GMT", "size": size})
+    assert not identifies_content({"size": size})
 
 
 def test_a_server_without_validators_is_read_in_one_request(tmp_path: Path) -> None:

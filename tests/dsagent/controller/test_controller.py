@@ -286,7 +286,8 @@ def test_warm_up_chooses_holders_first_then_free_space_and_waits_for_its_start_t
     calls: list[tuple[str, str, str]] = []
 
     def fake_agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
-        calls.append((node, method, path))
+        if method != "GET":  # what the controller asks of the agents, not what it reads
+            calls.append((node, method, path))
         return 200, {"datasets": [{"state": "fetching", "bytesDone": 10, "sizeBytes": 100}]}
 
     for name, inv in (

@@ -3,12 +3,13 @@ the clients read back, and what a reader keeps of a hostile answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from dsagent.api.schemas import DatasetIn, TaskIn, TaskOut
+from dsagent.api.schemas import DatasetIn, TaskIn, TaskOut, TasksOut
 from dsagent.cache.task import DatasetRequest, DatasetStatus, TaskRecord
 from dsagent.cli.cache import describe
 from dsagent.controller.agents import task_report, task_request
@@ -18,8 +19,10 @@ from dsplatform.wire.agenttask import (
     MAX_DATASETS,
     STORAGE_OPTIONS,
     DatasetProgress,
+    TaskHeld,
     dataset_request,
     read_datasets,
+    read_task_list,
     task_status,
 )
 from dsplatform.wire.agenttask import task_request as wire_task_request
@@ -121,3 +124,32 @@ def test_an_answer_without_datasets_is_a_failed_report_naming_the_agents_message
     report = task_report("n1", (404, {"code": "not_found", "message": "no such task"}))
     assert report == {"node": "n1", "state": "failed", "bytesDone": 0, "bytesWanted": 0, "message": "no such task"}
     assert task_report("n1", None)["state"] == "unreachable"
+
+
+def test_the_task_list_the_agent_writes_is_what_the_controller_reads_back() -> None:
+    pinned = dataclasses.replace(RECORD, task_id="warm.team-a.imagenet", namespace="team-a")
+    body = json.loads(json.dumps({"tasks": [task_status(pinned), task_status(RECORD)]}))
+    TasksOut.model_validate(body)  # the documented response model
+    assert body["tasks"][0]["namespace"] == "team-a" and body["tasks"][1]["namespace"] is None
+    assert read_task_list(body) == (
+        TaskHeld("warm.team-a.imagenet", "team-a", ("imagenet", "coco", "broken")),
+        TaskHeld("pod-1", None, ("imagenet", "coco", "broken")),
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "read"),
+    [
+        (None, ()),
+        ({"tasks": {"task": "x"}}, ()),
+        ({"tasks": [7, {"task": 3}, {"task": ""}, {"task": "x" * 1000}]}, ()),
+        (
+            {"tasks": [{"task": "t", "namespace": ["team-a"], "datasets": [{"name": 5}, "d", {"name": "ok"}]}]},
+            (TaskHeld("t", None, ("ok",)),),
+        ),
+        ({"tasks": [{"task": "t", "namespace": "team-a", "datasets": "all"}]}, (TaskHeld("t", "team-a", ()),)),
+    ],
+    ids=["none", "not-a-list", "no-task-id", "wrong-types", "datasets-not-a-list"],
+)
+def test_a_reader_of_the_task_list_keeps_ids_namespaces_and_names_only(body: Any, read: tuple[TaskHeld, ...]) -> None:
+    assert read_task_list(body) == read

@@ -1,0 +1,137 @@
+"""What agents still hold for Datasets that are gone, released within one pass
+(docs/operator-guide/tenancy.md).
+
+Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile_all`, once per
+pass, after every listed Dataset was reconciled. The warm-up, replica and preparation steps
+release what a Dataset's spec no longer asks for, but they walk only the Datasets that exist:
+a deleted Dataset's ``warm.<namespace>.<name>`` and ``replica.<namespace>.<name>`` tasks and
+its next-job preparations (``prepare.<pod UID>``) would stay pinned, held against eviction
+and outside any namespace's ledger, until the agents' leases lapse (6 h). So each pass asks
+every agent (the admin token, a read that acts for no Dataset) for its tasks and its
+preparations and releases, with the Dataset they were asked for named in ``X-Dsagent-For``,
+those the controller asked for a Dataset no longer listed.
+
+Which are the controller's: a task ``warm.<namespace>.<name>`` or
+``replica.<namespace>.<name>`` (the Dataset is in the id), a ``prepare.<pod UID>`` task and a
+preparation that the agent says act for a namespace (the Datasets are that namespace's,
+by their dataset names). A task or a preparation is released when none of its Datasets
+exists. A pod's own task, and anything an operator asked by hand without naming a
+Dataset, is never touched. The answers are another party's JSON, read through
+:func:`dsplatform.wire.agenttask.read_task_list` and :func:`read_preparations`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dsagent.controller.agents import AgentCall
+from dsagent.controller.controllermetrics import ControllerMetrics
+from dsagent.controller.nextjob import preparation_path
+from dsplatform.tenancy import acting_for, parse_acting_for
+from dsplatform.wire.agenttask import MAX_DATASETS, TaskHeld, read_task_list
+
+log = logging.getLogger("dsagent.controller")
+
+#: the task kinds whose id names their Dataset: ``<kind>.<namespace>.<name>``
+NAMED_KINDS = ("warm", "replica")
+PREPARE = "prepare"
+#: the longest preparation id (a pod UID) and dataset name a reader keeps
+_NAME_MAX = 320
+
+
+@dataclass(frozen=True)
+class Held:
+    """Something an agent holds for the controller: where to release it, and for whom."""
+
+    kind: str  # warm, replica or prepare
+    path: str  # the agent route that releases it
+    namespace: str
+    names: tuple[str, ...]  # the Datasets (of ``namespace``) it was asked for
+
+
+def held_for(task: TaskHeld) -> Held | None:
+    """What the controller holds in agent task ``task``; None when it is not one of its own."""
+    kind, dot, rest = task.task.partition(".")
+    if not dot:
+        return None
+    if kind in NAMED_KINDS:
+        dataset = parse_acting_for(rest.replace(".", "/", 1))  # <namespace>.<name>: no dot in a namespace
+        if dataset is None:
+            return None
+        return Held(kind, f"/v1/tasks/{task.task}", dataset[0], (dataset[1],))
+    if kind == PREPARE and rest and task.namespace is not None and task.names:
+        return Held(PREPARE, preparation_path(rest), task.namespace, task.names)  # its preparation holds it
+    return None
+
+
+def read_preparations(body: Any) -> list[Held]:
+    """The preparations of an agent's ``GET /v1/preparations`` answer that act for a
+    namespace, as far as they can be read (entries of another shape are skipped)."""
+    items = body.get("preparations") if isinstance(body, Mapping) else None
+    held = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        uid, namespace, requested = item.get("task"), item.get("namespace"), item.get("requested")
+        if not isinstance(uid, str) or not uid or len(uid) > _NAME_MAX or not isinstance(namespace, str):
+            continue
+        names = tuple(
+            n for n in (requested if isinstance(requested, list) else [])[:MAX_DATASETS] if isinstance(n, str) and n
+        )
+        if names:
+            held.append(Held(PREPARE, preparation_path(uid), namespace, names))
+    return held
+
+
+def release_gone(
+    agent_call: AgentCall,
+    nodes: Iterable[str],
+    datasets: Collection[tuple[str, str]],
+    *,
+    metrics: ControllerMetrics | None = None,
+) -> list[tuple[str, str]]:
+    """Release, on each of ``nodes``, what its agent holds for the controller for a Dataset
+    not among ``datasets`` (``(namespace, name)`` of every Dataset listed this pass); the
+    ``(node, path)`` of each release asked for."""
+    released = []
+    for node in sorted(nodes):
+        gone: dict[str, Held] = {}
+        for held in _held_on(agent_call, node):
+            if any((held.namespace, name) in datasets for name in held.names):
+                continue
+            who = acting_for(held.namespace, held.names[0])
+            if parse_acting_for(who) is None:  # not a Dataset's name: nothing the agent would take
+                continue
+            gone.setdefault(held.path, held)
+        for path, held in sorted(gone.items()):
+            who = acting_for(held.namespace, held.names[0])
+            answer = agent_call(node, "DELETE", path, None, who)
+            log.info(
+                "released %s on node %s: its Dataset %s is gone (agent answered %s)",
+                path,
+                node,
+                who,
+                answer[0] if answer is not None else "nothing",
+            )
+            if metrics is not None:
+                metrics.gone_releases.labels(kind=held.kind).inc()
+            released.append((node, path))
+    return released
+
+
+def _held_on(agent_call: AgentCall, node: str) -> list[Held]:
+    """What the agent on ``node`` holds for the controller: its tasks, then its preparations."""
+    held: list[Held] = []
+    tasks = agent_call(node, "GET", "/v1/tasks", None, "")
+    if tasks is not None and tasks[0] == 200:
+        held += [h for h in map(held_for, read_task_list(tasks[1])) if h is not None]
+    preparations = agent_call(node, "GET", "/v1/preparations", None, "")
+    if preparations is not None and preparations[0] == 200:
+        held += read_preparations(preparations[1])
+    return held
+
+
+__all__ = ["Held", "held_for", "read_preparations", "release_gone"]
