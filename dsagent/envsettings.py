@@ -10,6 +10,7 @@ the environment at import; the functions take it as an argument (default: the pr
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,14 +42,19 @@ def default_root(environ: Mapping[str, str] | None = None) -> Path:
     return cache_home(os.environ if environ is None else environ) / "dsagent"
 
 
-def socket_pointer(environ: Mapping[str, str] | None = None) -> Path:
-    """The per-user file where ``dsagent serve`` records the socket of its root's default
-    (``$XDG_RUNTIME_DIR/dsagent/socket``, else ``~/.cache/dsagent.socket``); ``dsctl``
-    reads it when neither ``DSAGENT_SOCKET`` nor ``DSAGENT_ROOT`` is set."""
+def agent_records(environ: Mapping[str, str] | None = None) -> Path:
+    """The per-user folder where each running ``dsagent serve`` records its root and socket,
+    one file per root (``$XDG_RUNTIME_DIR/dsagent/agents``, else ``~/.cache/dsagent-agents``);
+    ``dsctl`` reads it when neither ``DSAGENT_SOCKET`` nor ``DSAGENT_ROOT`` is set."""
     env = os.environ if environ is None else environ
     if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "socket"
-    return cache_home(env) / "dsagent.socket"
+        return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "agents"
+    return cache_home(env) / "dsagent-agents"
+
+
+def agent_record_name(root: Path) -> str:
+    """The file name of the record of the agent serving ``root``: one per root."""
+    return hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:16] + ".json"
 
 
 def parse_listen(text: str | tuple[str, int]) -> tuple[str, int]:
@@ -78,5 +84,6 @@ __all__ = [
     "check_token",
     "default_root",
     "parse_listen",
-    "socket_pointer",
+    "agent_record_name",
+    "agent_records",
 ]

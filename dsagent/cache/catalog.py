@@ -429,6 +429,15 @@ class Catalog:
                 "DELETE FROM tenant_sources WHERE name = ? AND source = ? AND namespace = ?", (name, source, namespace)
             )
 
+    def holders(self, name: str, now: float) -> list[str]:
+        """The tasks, oldest first, whose live lease holds a version of dataset ``name``."""
+        rows = self._query(
+            "SELECT DISTINCT d.task_id, t.created_at FROM task_datasets d JOIN tasks t USING (task_id)"
+            " WHERE d.name = ? AND d.digest IS NOT NULL AND t.lease_until > ? ORDER BY t.created_at, d.task_id",
+            (name, now),
+        )
+        return [str(row["task_id"]) for row in rows]
+
     def in_use(self, now: float) -> set[tuple[str, str]]:
         """``(name, digest)`` of every version bound to a task whose lease has not lapsed."""
         rows = self._query(

@@ -385,9 +385,20 @@ class Space:
             if any(r.name == name and r.state == "fetching" for r in rows) or any(c.fetching for c in mine):
                 raise Conflict(f"dataset {name!r} is being fetched", hint="wait for the fetch to finish, then evict")
             if any(c.in_use for c in mine) and not force:
-                raise Conflict(f"dataset {name!r} is in use by a task", hint="release the task first, or pass --force")
+                raise await self._held(name)
             victims += mine
         return victims
+
+    async def _held(self, name: str) -> Conflict:
+        """The refusal to evict ``name`` while tasks hold it: which tasks, and how to release them."""
+        holders = await self.pools.db(self._catalog().holders, name, self.clock())
+        if not holders:
+            return Conflict(f"dataset {name!r} is in use by a task", hint="release the task first, or pass --force")
+        shown = ", ".join(holders[:3]) + (f" and {len(holders) - 3} more" if len(holders) > 3 else "")
+        return Conflict(
+            f"dataset {name!r} is in use by task {shown}",
+            hint=f"release it: dsctl release {holders[0]} (or evict anyway: --force)",
+        )
 
 
 def _insufficient(name: str, size: int, plan: eviction.Plan, *, overhead: int = 0) -> InsufficientSpace:

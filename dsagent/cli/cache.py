@@ -24,7 +24,9 @@ import click
 
 from dsagent.api.client import AgentClient, operation_error
 from dsagent.cli.options import (
+    agent_named,
     default_socket,
+    describe_agent,
     output_option,
     source_options,
     store_options,
@@ -237,7 +239,14 @@ def cache(
                 f"\ndsctl: interrupted: the agent goes on caching for task {task_id} and keeps the data until "
                 f"the task is released or its lease ends; release it now with 'dsctl release {task_id}'"
             ) from None
+    agent = agent_named(socket_path, agent_url, os.environ)
+    if output == "json":
+        click.echo(json.dumps({**record, "agent": agent}, indent=2))
+        return
     _print_record(record, output)
+    click.echo(
+        f"{describe_agent(agent)}; task {task_id} holds its datasets until 'dsctl release {task_id}' or its lease ends"
+    )
 
 
 @click.command()
@@ -332,8 +341,9 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
             preparations = client.preparations()
         except (NotFound, Forbidden, Unauthorized):  # an agent without them, or not an operator
             preparations = []
+    agent = agent_named(socket_path, agent_url, os.environ)
     if output == "json":
-        click.echo(json.dumps({**listing, "preparations": preparations}, indent=2))
+        click.echo(json.dumps({**listing, "preparations": preparations, "agent": agent}, indent=2))
         return
     rows = [("NAME", "DIGEST", "STATE", "SIZE", "FILES", "IN USE", "LAST USED")]
     for d in listing["datasets"]:
@@ -358,6 +368,7 @@ def ls(output: str, agent_url: str | None, socket_path: str | None, token: str |
     )
     if preparations:
         _prepared_table(preparations)
+    click.echo(describe_agent(agent))
 
 
 def _prepared_table(preparations: list[dict[str, Any]]) -> None:
@@ -412,8 +423,9 @@ def evict(
             ),
             what,
         )
+    agent = agent_named(socket_path, agent_url, os.environ)
     if output == "json":
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps({**result, "agent": agent}, indent=2))
         return
     verb = "would evict" if dry_run else "evicted"
     # sizes here are cache space (blocks and per-file overhead), as in ls's last line, not
@@ -425,7 +437,7 @@ def evict(
     freed = "would free" if dry_run else "freed"
     click.echo(
         f"{verb} {len(result['evicted'])} dataset version(s), "
-        f"{freed} {format_size(result['freedBytes'])} of cache space"
+        f"{freed} {format_size(result['freedBytes'])} of cache space ({describe_agent(agent)})"
     )
 
 

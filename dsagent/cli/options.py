@@ -79,9 +79,10 @@ def storage_options(
 
 def default_socket(environ: Mapping[str, str]) -> Path:
     """Where the local agent listens (``dsctl``'s default for ``--socket``): ``DSAGENT_SOCKET``,
-    else ``DSAGENT_ROOT/dsagent.sock``, else the socket a running ``dsagent serve`` recorded
-    in :func:`~dsagent.envsettings.socket_pointer` (so ``dsagent serve --root X`` is found
-    without settings), else the default root's."""
+    else ``DSAGENT_ROOT/dsagent.sock``, else the one running agent the user's records name
+    (:func:`~dsagent.envsettings.agent_records`: ``dsagent serve --root X`` is found without
+    settings), else the default root's. With several agents running and none named, dsctl
+    does not guess: InvalidInput lists them, each with the setting that picks it."""
     env = environ
     if env.get("DSAGENT_SOCKET"):
         return Path(env["DSAGENT_SOCKET"])
@@ -89,15 +90,72 @@ def default_socket(environ: Mapping[str, str]) -> Path:
         return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
     # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
     # init-container's dsctl cache, which finds its socket above
-    from dsagent.envsettings import default_root, socket_pointer
+    from dsagent.envsettings import default_root
 
-    try:
-        recorded = Path(socket_pointer(env).read_text(encoding="utf-8").strip())
-    except OSError:
-        recorded = None
-    if recorded is not None and recorded.is_absolute() and recorded.exists():
-        return recorded
+    running = running_agents(env)
+    if len(running) > 1:
+        choices = "; ".join(f"root {a['root']} (DSAGENT_ROOT={a['root']})" for a in running)
+        raise InvalidInput(
+            f"{len(running)} agents are running for this user and none is named: {choices}",
+            hint="pick one: DSAGENT_ROOT=ROOT or --socket PATH (dsctl answers for one agent at a time)",
+        )
+    if running:
+        return Path(running[0]["socket"])
     return default_root(env) / "dsagent.sock"
+
+
+def running_agents(environ: Mapping[str, str]) -> list[dict[str, str]]:
+    """The user's recorded agents whose socket answers, by root (stale records are skipped)."""
+    from dsagent.envsettings import agent_records
+
+    found = []
+    try:
+        records = sorted(agent_records(environ).glob("*.json"))
+    except OSError:
+        return []
+    for path in records:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        sock = record.get("socket") if isinstance(record, dict) else None
+        if isinstance(sock, str) and isinstance(record.get("root"), str) and _answers(Path(sock)):
+            found.append({"root": record["root"], "socket": sock})
+    return found
+
+
+def agent_named(socket_path: str | None, agent_url: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent dsctl talks to, as its output names it: its socket (or URL) and its root
+    (from the user's records, else the socket's folder when it is a root's default)."""
+    if agent_url:
+        return {"url": agent_url}
+    sock = str(Path(socket_path).absolute()) if socket_path else str(default_socket(environ))
+    root = next((a["root"] for a in running_agents(environ) if a["socket"] == sock), None)
+    if root is None and Path(sock).name == "dsagent.sock":
+        root = str(Path(sock).parent)
+    return {"socket": sock, **({"root": root} if root else {})}
+
+
+def describe_agent(agent: Mapping[str, str]) -> str:
+    """``agent`` (:func:`agent_named`) in one phrase for the human output."""
+    if "url" in agent:
+        return f"agent at {agent['url']}"
+    root = f" (root {agent['root']})" if "root" in agent else ""
+    return f"agent at {agent['socket']}{root}"
+
+
+def _answers(path: Path) -> bool:
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def options_for_stores(options: Mapping[str, Any]) -> StoreOptions:
@@ -207,7 +265,10 @@ def timeout_option(help: str) -> Callable[[_F], _F]:  # noqa: A002 - click's nam
 __all__ = [
     "DURATION",
     "DurationType",
+    "agent_named",
     "default_socket",
+    "describe_agent",
+    "running_agents",
     "output_option",
     "source_options",
     "storage_options",

@@ -253,8 +253,9 @@ def _check_egress(protocol: str, url: str, options: Mapping[str, Any], egress: E
         egress.check_url(url, what=f"source {url!r}")
     for key, value in _flat(options):
         if key in _HOST_KEYS.get(protocol, ()) and isinstance(value, str) and value:
-            if "://" in value:
-                egress.check_url(value, what=f"storage option {key!r}")
+            if key in _ENDPOINT_KEYS:  # a URL (one without a scheme is refused by check_option_values)
+                if "://" in value:
+                    egress.check_url(value, what=f"storage option {key!r}")
             else:
                 egress.check_host(value, None, what=f"storage option {key!r}")
     headers = options.get("headers")

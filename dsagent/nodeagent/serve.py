@@ -15,9 +15,10 @@ layer never imports ``dsagent.nodeagent`` or ``dsagent.nodeplugins``.
 On the way out (SIGTERM, Ctrl-C or a failed start-up) it removes its socket file. That
 happens in the server's ``shutdown``, not after ``serve`` returns: uvicorn re-raises the
 signal it caught once ``serve`` ends, and a re-raised SIGTERM kills the process before any
-``finally`` of ours runs. When the socket is its root's default, the agent also records
-its path in :func:`dsagent.envsettings.socket_pointer`, so that ``dsctl`` finds an
-agent started with ``--root X`` without ``DSAGENT_SOCKET``; it removes the record on exit.
+``finally`` of ours runs. The agent also records
+its root and socket among the user's running agents (:func:`dsagent.envsettings.agent_records`,
+one record per root), so that ``dsctl`` finds an agent started with ``--root X`` without
+``DSAGENT_SOCKET`` and refuses to guess between several; it removes its record on exit.
 On SIGTERM the process is gone within :data:`STOP_DEADLINE` seconds whatever its threads are
 doing: a watchdog ends it if the orderly shutdown has not by then. An agent serving stripe
 share bundles to peers first hands them off (:meth:`dsagent.cache.striped.stophandoff.StripeHandoff.run`,
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -44,7 +46,7 @@ from typing import Any
 
 from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
-from dsagent.envsettings import socket_pointer
+from dsagent.envsettings import agent_record_name, agent_records
 from dsagent.errors import DsagentError, SettingsError
 from dsagent.nodeagent.nodeparts import (
     SETTINGS,
@@ -204,7 +206,7 @@ def _listening(path: Path) -> bool:
 
 
 async def _run(
-    settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None
+    settings: Settings, sockets: list[socket.socket], pointer: AgentRecord | None = None
 ) -> PlatformError | None:
     """Serve until stopped; None, or the error that kept the server from starting."""
     import uvicorn
@@ -316,49 +318,38 @@ def startup_line(settings: Settings, device_plugin: bool) -> str:
 
 
 @dataclass(frozen=True)
-class SocketPointer:
-    """The per-user pointer file this agent wrote, and the socket it named before (another
-    agent's, still running then), to hand back to when this agent stops."""
+class AgentRecord:
+    """This agent's record among the user's running agents (one file per root), and what it says."""
 
     path: Path
-    previous: str | None
+    text: str
 
 
-def _record_socket(settings: Settings) -> SocketPointer | None:
-    """Write the socket's path to the per-user pointer file when it is the root's default."""
-    if settings.socket_path is not None and settings.socket_path != settings.root / "dsagent.sock":
-        return None
-    pointer = socket_pointer()
+def _record_socket(settings: Settings) -> AgentRecord | None:
+    """Record this agent's root and socket for ``dsctl`` (:func:`dsagent.envsettings.agent_records`)."""
+    folder = agent_records()
+    path = folder / agent_record_name(settings.root)
+    text = json.dumps({"root": str(settings.root.absolute()), "socket": str(settings.socket.absolute())})
     try:
-        previous = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        _write_pointer(pointer, str(settings.socket.absolute()))
-    except OSError as exc:  # a convenience only: dsctl can still be told DSAGENT_SOCKET
-        logging.getLogger("dsagent").warning("cannot record the socket path in %s: %s", pointer, exc)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:  # a convenience only: dsctl can still be told DSAGENT_SOCKET or DSAGENT_ROOT
+        logging.getLogger("dsagent").warning("cannot record this agent in %s: %s", folder, exc)
         return None
-    return SocketPointer(pointer, previous if previous != str(settings.socket.absolute()) else None)
+    return AgentRecord(path, text)
 
 
-def _write_pointer(pointer: Path, socket_path: str) -> None:
-    tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}")
-    tmp.write_text(socket_path + "\n", encoding="utf-8")
-    tmp.replace(pointer)
-
-
-def _cleanup(settings: Settings, sockets: list[socket.socket], pointer: SocketPointer | None = None) -> None:
-    """Close the listeners, remove the socket file and, if the pointer still names ours, hand
-    it back to the agent it named before when that one still serves, else remove it (a second
-    agent stopping must not hide the first one from dsctl)."""
+def _cleanup(settings: Settings, sockets: list[socket.socket], record: AgentRecord | None = None) -> None:
+    """Close the listeners, remove the socket file, and remove this agent's record unless a
+    later agent of the same root replaced it."""
     for sock in sockets:
         sock.close()
     with contextlib.suppress(FileNotFoundError):
         settings.socket.unlink()
-    if pointer is None:
+    if record is None:
         return
     with contextlib.suppress(OSError):
-        if pointer.path.read_text(encoding="utf-8").strip() != str(settings.socket.absolute()):
-            return  # a later agent took it over: its own to clean up
-        if pointer.previous is not None and _listening(Path(pointer.previous)):
-            _write_pointer(pointer.path, pointer.previous)
-        else:
-            pointer.path.unlink()
+        if record.path.read_text(encoding="utf-8").strip() == record.text:
+            record.path.unlink()

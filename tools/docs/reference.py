@@ -76,7 +76,9 @@ def cli_page() -> str:
     for prog, target in PROGRAMS:
         root = _load(target)
         out += ["", f"## `{prog}`", ""]
-        for ctx, command in _commands(root, click.Context(root, info_name=prog, max_content_width=100)):
+        # the root's context settings (-h besides --help), as the command line builds them
+        top = click.Context(root, info_name=prog, max_content_width=100, **root.context_settings)
+        for ctx, command in _commands(root, top):
             path = ctx.command_path
             if path != prog:
                 out += [f"### `{path}`", ""]

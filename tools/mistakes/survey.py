@@ -248,6 +248,15 @@ def _cases() -> list[Mistake]:
         ("release an unknown task", "dsctl release no-such-task @agent", 3, "no-such-task", {}),
         ("evict a dataset that is not cached", "dsctl evict nosuch @agent", 3, "nosuch", {}),
         ("evict a dataset a task uses", "dsctl evict held @agent", 4, "held", {}),
+        ("evict a dataset a task uses: the fix named", "dsctl evict held @agent", 4, "dsctl release", {}),
+        ("evict with --timeout 0 read as no limit", "dsctl evict held --timeout 0 @agent", 4, "held", {}),
+        (
+            "a source on the node's metadata server",
+            "dsctl cache md=http://169.254.169.254/computeMetadata/v1/ --task t-md @agent",
+            2,
+            "169.254.169.254",
+            {},
+        ),
         ("evict with nothing named", "dsctl evict @agent", 2, "--idle", {}),
         ("ls with an unknown output format", "dsctl ls -o yaml @agent", 2, "yaml", {}),
         ("ls with no agent running", "dsctl ls --socket {nosock}", 8, "agent", {}),
@@ -312,6 +321,13 @@ def _cases() -> list[Mistake]:
             2,
             "DSAGENT_CAPCITY",
             {"env": {"DSAGENT_CAPCITY": "1GB"}, "limit_s": 30},
+        ),
+        (
+            "serve in cluster mode outside a cluster",
+            "dsagent serve --root {tmp}/rk --kubernetes",
+            2,
+            "KUBECONFIG",
+            {"env": {"KUBECONFIG": "{tmp}/no-kubeconfig", "KUBERNETES_SERVICE_HOST": ""}, "limit_s": 30},
         ),
         (
             "serve with an unknown log level",
@@ -456,8 +472,10 @@ def world() -> Iterator[World]:
     sock = tmp / "root" / "dsagent.sock"
     extender_port = _free_port()
     with contextlib.ExitStack() as stack:
+        # the survey's stores and unreachable endpoints are on loopback: allowed as an operator would
+        agent_env = {**env, "DSAGENT_EGRESS_ALLOW": "127.0.0.0/8,::1"}
         agent = stack.enter_context(
-            _process([*DSAGENT, "serve", "--root", str(tmp / "root"), *_sources(data, store)], env)
+            _process([*DSAGENT, "serve", "--root", str(tmp / "root"), *_sources(data, store)], agent_env)
         )
         stack.enter_context(_process([*DSCTL, "scheduler", "serve", "--port", str(extender_port)], env))
         busy = stack.enter_context(socket.socket())

@@ -189,6 +189,7 @@ def test_dsctl_evict_prints_json_and_exits_0(
     dsctl = [sys.executable, "-m", "dsagent.cli"]
     busy = subprocess.run([*dsctl, "evict", "ds2", "-o", "json"], env=env, capture_output=True, text=True, timeout=60)
     assert busy.returncode == 4 and busy.stderr.count("error:") == 1  # in use: a conflict, one line
+    assert "in use by task t2" in busy.stderr and "dsctl release t2" in busy.stderr  # which task, and the fix
     subprocess.run([*dsctl, "release", "t2"], env=env, check=True, capture_output=True, timeout=60)
     done = subprocess.run([*dsctl, "evict", "ds2", "-o", "json"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -64,7 +64,8 @@ def test_cache_waits_until_ready_and_ls_lists_it(
     # one unit per figure, said: ls's SIZE is the data, every other figure is cache space
     assert out.count("of cache space") == 2
     code, out, _ = dsctl(capsys, "ls", "--socket", sock)
-    assert out.splitlines()[-1].startswith("cache space: used ")
+    assert out.splitlines()[-2].startswith("cache space: used ")
+    assert out.splitlines()[-1].startswith(f"agent at {sock}")  # which agent answered
 
 
 def test_cache_no_wait_returns_at_once_and_status_fails_for_unknown_tasks(

@@ -62,7 +62,12 @@ def test_the_socket_file_is_removed_on_exit(agent_factory: Any, sig: signal.Sign
     assert not agent.socket.exists()
 
 
-def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Path) -> None:
+def _records(run_dir: Path) -> list[dict[str, str]]:
+    folder = run_dir / "dsagent" / "agents"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+def test_dsctl_finds_the_agent_started_with_root_alone_and_names_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSAGENT_")}
     env.update(XDG_RUNTIME_DIR=str(tmp_path / "run"), DSAGENT_SWEEP_INTERVAL="3600", DSAGENT_ADMIN_TOKEN=ADMIN_TOKEN)
     root = tmp_path / "cache"
@@ -74,26 +79,27 @@ def test_dsctl_finds_the_socket_of_an_agent_started_with_root_alone(tmp_path: Pa
     )
     try:
         deadline = time.monotonic() + 60
-        pointer = tmp_path / "run" / "dsagent" / "socket"
-        # the agent binds its socket, then records it: both, or a fast dsctl finds no pointer
-        while not (unix_socket_listening(root / "dsagent.sock") and pointer.exists()):
+        # the agent binds its socket, then records it: both, or a fast dsctl finds no record
+        while not (unix_socket_listening(root / "dsagent.sock") and _records(tmp_path / "run")):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        assert pointer.read_text().strip() == str(root / "dsagent.sock")
+        assert _records(tmp_path / "run") == [{"root": str(root), "socket": str(root / "dsagent.sock")}]
         listed = run("-m", "dsagent.cli", "ls", "-o", "json", env=env)
         assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout)["agent"] == {"socket": str(root / "dsagent.sock"), "root": str(root)}
+        text = run("-m", "dsagent.cli", "ls", env=env)
+        assert text.stdout.strip().splitlines()[-1] == f"agent at {root / 'dsagent.sock'} (root {root})"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    assert not pointer.exists() and not (root / "dsagent.sock").exists()
+    assert _records(tmp_path / "run") == [] and not (root / "dsagent.sock").exists()
 
 
-def test_a_second_agent_stopping_hands_the_pointer_back_to_the_first(tmp_path: Path) -> None:
-    """Stopping a second agent deleted the first one's discovery file, and dsctl ls
-    then said no agent was running."""
+def test_with_two_agents_running_dsctl_refuses_to_guess_and_says_how_to_pick(tmp_path: Path) -> None:
+    """The last agent to start took the one per-user record, and dsctl talked to it without
+    saying so: an empty ls and "no dataset" for the other agent's data."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSAGENT_")}
     env.update(XDG_RUNTIME_DIR=str(tmp_path / "run"), DSAGENT_SWEEP_INTERVAL="3600", DSAGENT_ADMIN_TOKEN=ADMIN_TOKEN)
-    pointer = tmp_path / "run" / "dsagent" / "socket"
     agents: list[subprocess.Popen[bytes]] = []
 
     def start(root: Path) -> subprocess.Popen[bytes]:
@@ -105,7 +111,7 @@ def test_a_second_agent_stopping_hands_the_pointer_back_to_the_first(tmp_path: P
         )
         agents.append(proc)
         deadline = time.monotonic() + 60
-        while not serving(root / "dsagent.sock"):  # its SIGTERM handler is in place from here
+        while not (serving(root / "dsagent.sock") and str(root) in {r["root"] for r in _records(tmp_path / "run")}):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         return proc
@@ -122,19 +128,25 @@ def test_a_second_agent_stopping_hands_the_pointer_back_to_the_first(tmp_path: P
             except OSError:
                 return False
 
+    first, second_root = tmp_path / "first", tmp_path / "second"
     try:
-        start(tmp_path / "first")
-        second = start(tmp_path / "second")
-        assert pointer.read_text().strip() == str(tmp_path / "second" / "dsagent.sock")
+        start(first)
+        second = start(second_root)
+        guessed = run("-m", "dsagent.cli", "ls", env=env)
+        assert guessed.returncode == 2 and guessed.stderr.count("\n") == 1, guessed.stderr
+        assert "2 agents are running" in guessed.stderr
+        assert f"DSAGENT_ROOT={first}" in guessed.stderr and f"DSAGENT_ROOT={second_root}" in guessed.stderr
+        picked = run("-m", "dsagent.cli", "ls", "-o", "json", env={**env, "DSAGENT_ROOT": str(first)})
+        assert picked.returncode == 0 and json.loads(picked.stdout)["agent"]["root"] == str(first)
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=30)
-        assert pointer.read_text().strip() == str(tmp_path / "first" / "dsagent.sock")
-        assert run("-m", "dsagent.cli", "ls", "-o", "json", env=env).returncode == 0
+        alone = run("-m", "dsagent.cli", "ls", "-o", "json", env=env)  # one left: found, and named
+        assert alone.returncode == 0 and json.loads(alone.stdout)["agent"]["root"] == str(first)
     finally:
         for proc in agents:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    assert not pointer.exists(), "the last agent to stop removes it"
+    assert _records(tmp_path / "run") == [], "each agent removes its own record"
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], prefix: str) -> str:

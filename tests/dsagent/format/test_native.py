@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -194,5 +195,5 @@ def test_the_build_takes_the_compiler_asked_for_or_says_it_is_missing(monkeypatc
     monkeypatch.setenv("CC", "clang-no-such-version")
     with pytest.raises(RuntimeError, match="CC=clang-no-such-version is not installed"):
         native_build.compiler()  # never silently another compiler
-    monkeypatch.setenv("CC", f"{sys.executable} -c pass")  # any installed command, with its arguments
+    monkeypatch.setenv("CC", f"{shlex.quote(sys.executable)} -c pass")  # any installed command, with its arguments
     assert native_build.compiler() == [sys.executable, "-c", "pass"]
