@@ -86,9 +86,19 @@ def env(shares: Iterable[Share], socket: str | None = None) -> list[dict[str, An
 
 def share_named(shares: list[Share], name: str | None) -> Share:
     """The share of dataset ``name`` (``None``: the only one)."""
+    if not shares:
+        raise InvalidInput(
+            f"{STRIPES_ENV} is not set: this pod was not wired to read a striped dataset",
+            hint="the admission webhook wires pods that name a Dataset with spec.stripe in their"
+            " dsagent.io/datasets annotation (docs/user-guide/striping.md); for a whole copy, read its files directly",
+        )
     if name is None:
         if len(shares) != 1:
-            raise InvalidInput(f"{STRIPES_ENV} lists {len(shares)} datasets: name the one to read")
+            names = [s.name for s in shares]
+            raise InvalidInput(
+                f"{STRIPES_ENV} lists {len(shares)} datasets {names}: name the one to read",
+                hint=f"StripedDataset.from_env({names[0]!r})",
+            )
         return shares[0]
     for share in shares:
         if share.name == name:

@@ -149,3 +149,29 @@ def test_the_controller_gets_the_limits_and_may_write_events() -> None:
     }
     rules = find(docs, "ClusterRole", "-controller")["rules"]
     assert {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]} in rules
+
+
+STRIPE_MESSAGE = (
+    'spec.stripe is "auto" or {members: N} with N from 1 to 4096 (for example {members: 4});'
+    " anything else would leave striping off"
+)
+
+
+@pytest.mark.parametrize("stripe", ["auto", {"members": 1}, {"members": 4}, {"members": 4096}])
+def test_a_stripe_spec_the_controller_acts_on_passes(schema: JSON, stripe: Any) -> None:
+    from dsagent.kube.datasets import parse_stripe
+
+    assert parse_stripe(stripe) is not None  # the controller reads it as striping
+    assert refused(schema, {"stripe": stripe}) == (False, [])
+
+
+@pytest.mark.parametrize(
+    "stripe",
+    ["Auto", "on", {"member": 3}, {"members": 0}, {"members": 5000}, {"members": "3"}, {"members": True}, {}],
+)
+def test_a_stripe_spec_that_would_mean_off_is_refused_at_admission(schema: JSON, stripe: Any) -> None:
+    """``{member: 3}`` or ``Auto`` was accepted and silently meant "off"."""
+    from dsagent.kube.datasets import parse_stripe
+
+    assert parse_stripe(stripe) is None  # what the controller would have made of it
+    assert STRIPE_MESSAGE in refused(schema, {"stripe": stripe})[1]

@@ -50,3 +50,18 @@ def _entry(**fields: object) -> dict[str, object]:
 def test_anything_else_is_refused_with_the_reason(text: str) -> None:
     with pytest.raises(InvalidInput):
         readerenv.decode(text)
+
+
+def test_a_pod_not_wired_for_a_striped_dataset_is_told_why_and_what_to_do() -> None:
+    import pytest
+
+    from dsplatform.errors import PlatformError
+    from dsplatform.wire import readerenv
+
+    with pytest.raises(PlatformError) as unset:
+        readerenv.share_named(readerenv.from_environ({})[0], None)
+    assert "DSAGENT_STRIPES is not set" in str(unset.value) and "spec.stripe" in (unset.value.hint or "")
+    two = [readerenv.Share("a", "d" * 32, "/s/a"), readerenv.Share("b", "e" * 32, "/s/b")]
+    with pytest.raises(PlatformError) as several:
+        readerenv.share_named(two, None)
+    assert "['a', 'b']" in str(several.value) and "from_env('a')" in (several.value.hint or "")
