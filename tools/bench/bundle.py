@@ -52,6 +52,7 @@ import math
 import os
 import random
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,11 @@ TOOLS = {"zstd": "zstd", "xxh128sum": "xxhash", "tar": "tar"}
 
 
 _WORDS = [w.encode() for w in "the of and label image class train valid cat dog 0.25 1.5 n0142 box".split()]
+
+
+def q(path: object) -> str:
+    """``path`` as one shell word (a work directory may hold spaces)."""
+    return shlex.quote(str(path))
 
 
 def _content(rng: random.Random, size: int, data: str, index: int) -> bytes:
@@ -258,7 +264,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     total = generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed, args.data)
     load = os.getloadavg()[0]
     print(f"dataset: {args.files} files, {total / 1e6:.1f} MB, {cpus} CPUs, load average {load:.2f} at start\n")
-    subprocess.run(["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)
+    subprocess.run(["bash", "-c", f"find {q(src)} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)
     have = {tool for tool in TOOLS if shutil.which(tool) is not None}
     missing = sorted(set(TOOLS) - have)
     if missing:
@@ -274,7 +280,8 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
             Side(
                 f"find | xargs -P{cpus} xxh128sum",
                 shell(
-                    f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum >/dev/null 2>&1"
+                    f"cd {q(src)} && find . -name '*.JPEG' -print0"
+                    f" | xargs -0 -n 500 -P {cpus} xxh128sum >/dev/null 2>&1"
                 ),
             )
         )
@@ -301,7 +308,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         sides.append(
             Side(
                 "tar -cf - | zstd -1 -T0 && sync",
-                shell(f"tar -C {src} -cf - . | zstd -q -1 -T0 -o {c_archive} && sync {c_archive}"),
+                shell(f"tar -C {q(src)} -cf - . | zstd -q -1 -T0 -o {q(c_archive)} && sync {q(c_archive)}"),
                 clear(c_archive),
             )
         )
@@ -335,14 +342,16 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         sides.append(
             Side(
                 "zstd -dc | tar -x && sync -f",
-                lambda: shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out.current} && sync -f {c_out.current}")(),
+                lambda: shell(
+                    f"zstd -q -dc {q(c_archive)} | tar -x -C {q(c_out.current)} && sync -f {q(c_out.current)}"
+                )(),
                 c_out.reset,
             )
         )
         sides.append(
             Side(
                 "zstd -dc | tar -x (no sync)",
-                lambda: shell(f"zstd -q -dc {c_archive} | tar -x -C {c_out.current}")(),
+                lambda: shell(f"zstd -q -dc {q(c_archive)} | tar -x -C {q(c_out.current)}")(),
                 c_out.reset,
             )
         )
@@ -351,8 +360,8 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         # -i: read past the end-of-archive blocks to the end of the stream, so that tar does not
         # stop inside the bundle's trailing zeros and leave zstd to die of SIGPIPE (pipefail)
         def in_turn() -> object:
-            each = " && ".join(f"zstd -q -dc {b} | tar -x -i -C {c_out.current}" for b in bundles)
-            return shell(f"{each} && sync -f {c_out.current}")()
+            each = " && ".join(f"zstd -q -dc {q(b)} | tar -x -i -C {q(c_out.current)}" for b in bundles)
+            return shell(f"{each} && sync -f {q(c_out.current)}")()
 
         sides.insert(2, Side(f"zstd -dc | tar -x, {len(bundles)} bundles in turn && sync -f", in_turn, c_out.reset))
     interleave(sides, args.repeat)

@@ -269,14 +269,17 @@ def c_tools_copy(base: str, store: Path, dest: Path) -> float | str:
     if not all(shutil.which(tool) for tool in ("curl", "zstd", "tar", "xargs")):
         return "skipped: needs curl, zstd, tar"
     names = sorted(path.name for path in (store / "bundles").iterdir())
+    # paths and names go in as arguments and variables, never into the script's text: a work
+    # directory with a space (or any shell character) is one argument
     script = (
-        f"printf '%s\\n' {' '.join(names)} | xargs -P {os.cpu_count() or 1} -I{{}} sh -c "
-        f"'mkdir -p {dest}/{{}} && curl -sf {base}/store/bundles/{{}} | zstd -dc | tar -x -C {dest}/{{}}'"
-        f" && sync -f {dest}"
+        f'printf "%s\\n" "$@" | xargs -P {os.cpu_count() or 1} -I{{}} sh -c '
+        """'mkdir -p "$0/$1" && curl -sf "$2/store/bundles/$1" | zstd -dc | tar -x -C "$0/$1"'"""
+        ' "$DEST" {} "$BASE" && sync -f "$DEST"'
     )
     dest.mkdir(parents=True)
     started = time.perf_counter()
-    subprocess.run(["bash", "-o", "pipefail", "-c", script], check=True)
+    env = {**os.environ, "DEST": str(dest), "BASE": base}
+    subprocess.run(["bash", "-o", "pipefail", "-c", script, "bash", *names], check=True, env=env)
     return time.perf_counter() - started
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -40,6 +41,11 @@ start = time.perf_counter()
 manifest = build_manifest(sys.argv[2], name="bench")
 print(time.perf_counter() - start, manifest.file_count, manifest.total_bytes)
 """
+
+
+def q(path: object) -> str:
+    """``path`` as one shell word (a work directory may hold spaces)."""
+    return shlex.quote(str(path))
 
 
 def _children_cpu() -> float:
@@ -64,9 +70,9 @@ def main() -> None:
     src = args.dir / "src"
     print(f"generating (or reusing) {args.files} files under {src} ...", flush=True)
     generate(src, args.files, min(args.classes, args.files), args.median_kb, args.seed)
-    subprocess.run(["bash", "-c", f"find {src} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)
+    subprocess.run(["bash", "-c", f"find {q(src)} -name '*.JPEG' -print0 | xargs -0 cat > /dev/null"], check=True)
     c_pipeline = (
-        f"cd {src} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"
+        f"cd {q(src)} && find . -name '*.JPEG' -print0 | xargs -0 -n 500 -P {cpus} xxh128sum 2>/dev/null > /dev/null"
     )
     walls: dict[str, list[float]] = {"dsagent": [], "xxh128sum": []}
     cpu: dict[str, list[float]] = {"dsagent": [], "xxh128sum": []}
