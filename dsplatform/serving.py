@@ -22,6 +22,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from dsplatform.errors import InvalidInput, PlatformError
@@ -105,4 +106,18 @@ class StartupWatch:
         return PlatformError(f"{what} could not start (the server's log says why)")
 
 
-__all__ = ["BACKLOG", "CannotListen", "StartupWatch", "listening_socket"]
+def unix_socket_answers(path: str | Path, timeout: float = 1.0) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` (a socket file left
+    by a stopped process does not)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+__all__ = ["BACKLOG", "CannotListen", "StartupWatch", "listening_socket", "unix_socket_answers"]

@@ -107,6 +107,7 @@ def default_socket(environ: Mapping[str, str]) -> Path:
 def running_agents(environ: Mapping[str, str]) -> list[dict[str, str]]:
     """The user's recorded agents whose socket answers, by root (stale records are skipped)."""
     from dsagent.envsettings import agent_records
+    from dsplatform.serving import unix_socket_answers
 
     found = []
     try:
@@ -119,7 +120,7 @@ def running_agents(environ: Mapping[str, str]) -> list[dict[str, str]]:
         except (OSError, ValueError):
             continue
         sock = record.get("socket") if isinstance(record, dict) else None
-        if isinstance(sock, str) and isinstance(record.get("root"), str) and _answers(Path(sock)):
+        if isinstance(sock, str) and isinstance(record.get("root"), str) and unix_socket_answers(sock):
             found.append({"root": record["root"], "socket": sock})
     return found
 
@@ -142,20 +143,6 @@ def describe_agent(agent: Mapping[str, str]) -> str:
         return f"agent at {agent['url']}"
     root = f" (root {agent['root']})" if "root" in agent else ""
     return f"agent at {agent['socket']}{root}"
-
-
-def _answers(path: Path) -> bool:
-    import socket
-
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def options_for_stores(options: Mapping[str, Any]) -> StoreOptions:

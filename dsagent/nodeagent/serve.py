@@ -57,7 +57,7 @@ from dsagent.nodeagent.nodeparts import (
 )
 from dsplatform import logs
 from dsplatform.errors import PlatformError, exit_with
-from dsplatform.serving import BACKLOG, CannotListen, StartupWatch, listening_socket
+from dsplatform.serving import BACKLOG, CannotListen, StartupWatch, listening_socket, unix_socket_answers
 
 
 def refuse_unknown_settings() -> None:
@@ -167,7 +167,7 @@ def _bind(settings: Settings) -> list[socket.socket]:
     path = settings.socket
     _make_dir(path.parent, "socket's directory", "--socket or DSAGENT_SOCKET")
     if path.exists() or path.is_symlink():
-        if _listening(path):
+        if unix_socket_answers(path):
             raise SettingsError(f"another agent is already serving {path}", hint="stop it first, or use --socket")
         path.unlink()
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -192,17 +192,6 @@ def _bind(settings: Settings) -> list[socket.socket]:
             unix.close()
             raise
     return sockets
-
-
-def _listening(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 async def _run(
