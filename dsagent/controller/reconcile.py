@@ -61,6 +61,7 @@ INVENTORY_ANNOTATION = published.INVENTORY
 CLEANUP_ANNOTATION = "dsagent.io/cleanup"
 EVENTS_CONTROLLER = "dsagent.io/dataset-controller"  # the reportingController of its Events
 REFUSED = "Refused"  # the Dataset condition a tenancy bound sets (docs/operator-guide/tenancy.md)
+STRIPE_INVALID = "StripeInvalid"  # the Refused reason of a spec.stripe the controller cannot act on
 #: the backoff after failed passes stops growing here (or at the resync, when that is longer)
 BACKOFF_MAX_S = 300.0
 
@@ -315,6 +316,15 @@ class DatasetController:
             )
             if copies_admit.refused is not None:
                 refusals.append(copies_admit.refused)
+        if spec.get("stripe") is not None and parse_stripe(spec.get("stripe")) is None:
+            # a spec from before the CRD typed it (the API server refuses it now): said, not ignored
+            refusals.append(
+                Refusal(
+                    STRIPE_INVALID,
+                    f"spec.stripe {str(spec.get('stripe'))[:100]!r} is neither \"auto\" nor {{members: N}} with N"
+                    " from 1 to 4096: the version is not striped (docs/user-guide/striping.md)",
+                )
+            )
         if parse_stripe(spec.get("stripe")) is not None or (status.get("stripe") or {}).get("nodes"):
             stripe_events: list[tuple[str, str, str]] = []
             patch["stripe"] = stripe_status(

@@ -225,6 +225,22 @@ def test_an_unbounded_warm_up_is_held_to_the_limit_with_a_condition_and_an_event
     assert condition is not None and condition["status"] == "False"
 
 
+@pytest.mark.parametrize("stripe", [{"member": 3}, "Auto", {"members": 0}])
+def test_a_stripe_spec_the_controller_cannot_act_on_is_said_not_ignored(
+    apiserver: FakeApiServer, api_client: Any, stripe: Any
+) -> None:
+    """A Dataset from before the CRD typed spec.stripe: striping stays off, and the Dataset says why."""
+    cluster(apiserver)
+    apiserver.create(dataset("team-a", stripe=stripe))
+    controller(api_client, RecordingAgent()).reconcile_all()
+    condition = refused(apiserver, "team-a")
+    assert condition is not None and condition["status"] == "True" and condition["reason"] == "StripeInvalid"
+    assert "auto" in condition["message"] and "members" in condition["message"]
+    [event] = events(apiserver, "team-a", "StripeInvalid")
+    assert event["type"] == "Warning" and event["regarding"]["name"] == "imagenet"
+    assert "stripe" not in status(apiserver, "team-a")  # nothing striped
+
+
 def test_a_selector_matching_every_node_is_held_to_the_limit(apiserver: FakeApiServer, api_client: Any) -> None:
     cluster(apiserver)
     apiserver.create(dataset("tenant-evil", warm={"nodeSelector": {"kubernetes.io/os": "linux"}}))
