@@ -321,7 +321,7 @@ class DatasetController:
             refusals.append(
                 Refusal(
                     STRIPE_INVALID,
-                    f"spec.stripe {str(spec.get('stripe'))[:100]!r} is neither \"auto\" nor {{members: N}} with N"
+                    f'spec.stripe {str(spec.get("stripe"))[:100]!r} is neither "auto" nor {{members: N}} with N'
                     " from 1 to 4096: the version is not striped (docs/user-guide/striping.md)",
                 )
             )
