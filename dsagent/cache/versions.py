@@ -22,6 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from dsagent.cache import ready
 from dsagent.cache.fetch import (
@@ -64,6 +65,10 @@ class Versions:
         self.metrics, self.claims, self.flights, self.progress = node.metrics, node.claims, node.flights, node.progress
         self._fetch_slots = asyncio.Semaphore(node.settings.max_fetches)
         self._pending: set[str] = set()  # tokens of the per-file copies in progress
+
+    def _file_copies(self) -> dict[str, Any]:
+        """How per-file copies run, digesting or not: the fetch workers' threads, this many at once."""
+        return {"executor": self.pools.executor, "workers": self.settings.fetch_workers}
 
     async def stored_manifest(self, name: str, digest: str) -> Manifest | None:
         data = await self.pools.work(self.store.read_manifest_bytes, name, digest)
@@ -160,14 +165,7 @@ class Versions:
                 await self.pools.work(self.store.discard_orphan_pending, name, frozenset(self._pending))
                 await self.pools.work(lambda: staging.mkdir(parents=True))
                 since = await self.pools.work(writeback_mark, staging)
-                entries = await copy_and_digest(
-                    source,
-                    files,
-                    staging,
-                    progress=progress,
-                    executor=self.pools.executor,
-                    workers=self.settings.fetch_workers,
-                )
+                entries = await copy_and_digest(source, files, staging, progress=progress, **self._file_copies())
                 manifest = Manifest.create(name, entries, directories=dirs)
                 await self.pools.work(functools.partial(finish, staging, manifest, writeback_since=since))
                 adopted = await self._adopt(key, manifest, source)
@@ -294,14 +292,7 @@ class Versions:
             if manifest.bundles and source.bundles:
                 await self._fetch_bundles(source, manifest, staging)
             else:
-                await fetch_files(
-                    source,
-                    manifest,
-                    staging,
-                    progress=progress,
-                    executor=self.pools.executor,
-                    workers=self.settings.fetch_workers,
-                )
+                await fetch_files(source, manifest, staging, progress=progress, **self._file_copies())
             await self.pools.work(functools.partial(finish, staging, manifest, writeback_since=since))
             self.metrics.bytes_fetched(progress.bytes_done)
 

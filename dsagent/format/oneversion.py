@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from dsagent.errors import IntegrityError
-from dsagent.format.storage import open_whole, version_of
+from dsagent.format.storage import CheckedAtEnd, open_whole, version_of
 
 #: Protocols whose validators are HTTP's: ``ETag`` and ``Last-Modified``.
 _HTTP = frozenset({"http", "https"})
@@ -79,7 +79,7 @@ def open_one_version(fs: Any, path: str, *, size: int | None = None) -> IO[bytes
     stream = open_whole(view, path, size=size)
     if view.seen is None or identifies_content(view.seen):
         return stream  # pinned to an ETag that names the content (ranges with If-Match, and an end check)
-    return _CheckedAtEnd(stream, fs, path, view.seen)  # type: ignore[return-value]
+    return _WholeGet(stream, fs, path, view.seen)  # type: ignore[return-value]
 
 
 class _ContentValidatorsOnly:
@@ -107,28 +107,22 @@ class _ContentValidatorsOnly:
         return getattr(self._fs, attr)
 
 
-class _CheckedAtEnd:
+class _WholeGet(CheckedAtEnd):
     """An object read in one GET under validators that do not identify its content: at the
     end of the read, every byte its size promised arrived, and its validators and size are
     those seen when it was opened (the GET's own answer, then the object asked again)."""
 
     def __init__(self, stream: Any, fs: Any, path: str, seen: Mapping[str, Any]) -> None:
-        self._stream, self._fs, self._path = stream, fs, path
+        super().__init__(stream, fs, path)
         self._version = version_of(seen)
         given = seen.get("size")
         self._size = given if isinstance(given, int) and not isinstance(given, bool) else None
         self._read = 0
-        self._checked = False
 
-    def read(self, size: int = -1) -> bytes:
-        data: bytes = self._stream.read(size)
+    def saw(self, data: bytes) -> None:
         self._read += len(data)
-        if (not data or size < 0) and not self._checked:
-            self._checked = True
-            self._check()
-        return data
 
-    def _check(self) -> None:
+    def check(self) -> None:
         if self._size is not None and self._read != self._size:
             raise self._changed(f"{self._size} bytes announced, {self._read} read")
         answered = _answer_validators(self._stream)
@@ -142,15 +136,6 @@ class _CheckedAtEnd:
 
     def _changed(self, how: str) -> IntegrityError:
         return IntegrityError(f"{self._path!r} changed while it was read ({how})", hint=_CHANGED_HINT)
-
-    def __enter__(self) -> _CheckedAtEnd:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stream.close()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._stream, attr)
 
 
 def _answer_validators(stream: Any) -> dict[str, str]:

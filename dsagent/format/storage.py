@@ -219,7 +219,7 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
         version = version_of(info)
         if protocols & _STREAMED:
             headers = dict((getattr(fs, "kwargs", None) or {}).get("headers") or {})
-            if version.get("ETag"):
+            if version.get("ETag") and not version["ETag"].startswith("W/"):  # a weak tag never in If-Match
                 headers["If-Match"] = version["ETag"]
             elif version.get("Last-Modified"):
                 headers["If-Unmodified-Since"] = version["Last-Modified"]
@@ -261,28 +261,29 @@ def version_of(info: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(info[key]) for key in _VERSION_KEYS if info.get(key) not in (None, "", "null")}
 
 
-class _OneVersion:
-    """A file read in several requests, whose object's version is asked again when the
-    read reaches its end: a different one fails the read as :class:`IntegrityError`."""
+class CheckedAtEnd:
+    """A file read front to back whose object is checked once when the read reaches its end
+    (:meth:`check`, a subclass's); :meth:`saw` hears every chunk read before that."""
 
-    def __init__(self, stream: Any, fs: AbstractFileSystem, path: str, version: dict[str, str]) -> None:
-        self._stream, self._fs, self._path, self._version = stream, fs, path, version
+    def __init__(self, stream: Any, fs: Any, path: str) -> None:
+        self._stream, self._fs, self._path = stream, fs, path
         self._checked = False
 
     def read(self, size: int = -1) -> bytes:
         data: bytes = self._stream.read(size)
+        self.saw(data)
         if (not data or size < 0) and not self._checked:
             self._checked = True
-            self._fs.invalidate_cache(self._path)
-            now = version_of(self._fs.info(self._path))
-            if now != self._version:
-                raise IntegrityError(
-                    f"{self._path!r} changed while it was read (version {self._version} -> {now})",
-                    hint="the source changed while caching: request the dataset again once it is quiet",
-                )
+            self.check()
         return data
 
-    def __enter__(self) -> _OneVersion:
+    def saw(self, data: bytes) -> None:
+        """A chunk read (nothing to do, unless a subclass counts)."""
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> CheckedAtEnd:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -290,6 +291,24 @@ class _OneVersion:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._stream, attr)
+
+
+class _OneVersion(CheckedAtEnd):
+    """A file read in several requests, whose object's version is asked again when the
+    read reaches its end: a different one fails the read as :class:`IntegrityError`."""
+
+    def __init__(self, stream: Any, fs: AbstractFileSystem, path: str, version: dict[str, str]) -> None:
+        super().__init__(stream, fs, path)
+        self._version = version
+
+    def check(self) -> None:
+        self._fs.invalidate_cache(self._path)
+        now = version_of(self._fs.info(self._path))
+        if now != self._version:
+            raise IntegrityError(
+                f"{self._path!r} changed while it was read (version {self._version} -> {now})",
+                hint="the source changed while caching: request the dataset again once it is quiet",
+            )
 
 
 #: Hears of one store request: ``(protocol, seconds, None or the error code it failed with)``.
