@@ -274,7 +274,8 @@ EXIT_MEANINGS = {
     12: "the store accepted the credentials but refused the action",
     13: "the node's cache disk failed a write, rename, fsync or mkdir: the node's fault, not the source's",
     14: "dsctl stopped waiting (`--timeout`) for an eviction or release the agent goes on with: not a failure, "
-    "nothing to retry; follow it with `dsctl operation ID`",
+    "nothing to retry; follow it with `dsctl operation ID`. Only a running operation gives 14: a refused or "
+    "failed one exits with its own error's code (`dsctl operation ID` too), and `--timeout 0` means no limit",
     15: "the version asked for is gone for good: the store holds another version of the name now "
     "(a pod pinned to it at admission must be created again)",
     130: "interrupted (Ctrl-C)",
