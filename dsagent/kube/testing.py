@@ -21,6 +21,8 @@ Who calls it: ``tests/dsagent/webhook/test_overlap.py`` and ``tools/bench/overla
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import tempfile
 import time
@@ -101,7 +103,10 @@ class SimulatedKubelet:
             for m in container.get("volumeMounts") or []
             if m["name"] in volumes
         }
-        argv = [self._map(a, mounts) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        # a shell's script gets each host path as one quoted word (a path may hold a space)
+        script = len(words) >= 3 and os.path.basename(words[0]).endswith("sh") and words[1] == "-c"
+        argv = [self._map(a, mounts, quote=script and i == 2) for i, a in enumerate(words)]
         env = {
             **os.environ,
             **self.extra_env,
@@ -141,10 +146,19 @@ class SimulatedKubelet:
         return found
 
     @staticmethod
-    def _map(text: str, mounts: Mapping[str, str]) -> str:
-        for mount_path in sorted(mounts, key=len, reverse=True):  # longest first: /a/b before /a
-            text = text.replace(mount_path, mounts[mount_path])
-        return text
+    def _map(text: str, mounts: Mapping[str, str], *, quote: bool = False) -> str:
+        """``text`` with each container path a mount gives replaced by its host path, in one
+        pass (a host path put in is never mapped again), as one shell word where ``quote``
+        (the text is a shell's script and a host path may hold a space)."""
+        if not mounts:
+            return text
+        paths = "|".join(re.escape(m) for m in sorted(mounts, key=len, reverse=True))  # longest first
+
+        def host(match: re.Match[str]) -> str:
+            path = mounts[match.group(1)] + (match.group(2) or "")
+            return shlex.quote(path) if quote else path
+
+        return re.sub(rf"({paths})(/[^\s'\"&|;<>]*)?", host, text)
 
 
 __all__ = ["ContainerRun", "SimulatedKubelet"]
