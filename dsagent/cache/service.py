@@ -291,8 +291,9 @@ class CacheService:
             if existing is None:
                 raise NotFound(f"no task {task_id!r} on this agent")
             check_same_request(existing, requests)
-            failed = [r for r in requests if (task_id, r.name) in self._taskwork.errors]
-            await self._taskwork.start_task(task_id, failed, existing.digests)
+            for request in requests:  # the failed ones only: no hand-over, that was the first submit's
+                if (task_id, request.name) in self._taskwork.errors:
+                    await self._taskwork.start(task_id, request, existing.digests.get(request.name))
 
     async def task_settled(self, timeout: float) -> None:
         """Until some dataset of some task settles (ready or failed), at most ``timeout``
