@@ -59,9 +59,14 @@ def agent_options(fn: _F) -> _F:
 
 
 def _client(agent_url: str | None, socket_path: str | None, token: str | None, timeout: float = 30.0) -> AgentClient:
+    return AgentClient(url=agent_url, socket_path=_socket(agent_url, socket_path), token=token, timeout=timeout)
+
+
+def _socket(agent_url: str | None, socket_path: str | None) -> str | None:
+    """The socket dsctl talks to: the one given, else (no URL either) the local agent's."""
     if not agent_url and not socket_path:
-        socket_path = str(default_socket(os.environ))
-    return AgentClient(url=agent_url, socket_path=socket_path, token=token, timeout=timeout)
+        return str(default_socket(os.environ))
+    return socket_path
 
 
 # -- requests ------------------------------------------------------------------------
@@ -223,6 +228,7 @@ def cache(
     if from_env and not task_id:
         raise InvalidInput("DSAGENT_TASK_ID is not set", hint="set it from the pod UID (downward API: metadata.uid)")
     task_id = task_id or default_task_id(datasets)
+    socket_path = _socket(agent_url, socket_path)  # resolved once: the client and the output name it
     with _client(agent_url, socket_path, token) as client:
         try:
             # With --wait the agent holds the first answer up to one poll interval: a dataset
@@ -335,6 +341,7 @@ def release(
 @agent_options
 def ls(output: str, agent_url: str | None, socket_path: str | None, token: str | None) -> None:
     """List the cached datasets, and the next tasks being prepared here (reserved, fetching)."""
+    socket_path = _socket(agent_url, socket_path)  # resolved once: the client and the output name it
     with _client(agent_url, socket_path, token) as client:
         listing = client.datasets()
         try:
@@ -415,6 +422,7 @@ def evict(
         raise InvalidInput("give dataset names, --idle or --all-unused (exactly one of them)")
     mode = "idle" if idle else "unused" if all_unused else "names"
     what = f"evicting {', '.join(names)}" if names else f"evicting {'idle' if idle else 'unused'} datasets"
+    socket_path = _socket(agent_url, socket_path)  # resolved once: the client and the output name it
     with _client(agent_url, socket_path, token) as client:
         result = _follow(
             output,
