@@ -240,6 +240,10 @@ class StripeIn(_Strict):
     )  # fmt: skip
     storage_options: dict[str, Any] | None = Field(default=None, alias="storageOptions")
     ready_after: int = Field(default=1, ge=0, alias="readyAfter", description="own bundles held before readyEnough")
+    whole: bool = Field(
+        default=False,
+        description="hold every bundle (own first) where the version fits this node and its room; else the share",
+    )
     lease_seconds: float | None = Field(
         default=None, gt=0, le=30 * 86400, alias="leaseSeconds",
         description="dropped unless held again within this long (default: the agent's DSAGENT_STRIPE_LEASE)",
@@ -267,6 +271,7 @@ class StripeOut(_Out):
     ready_enough: bool = Field(alias="readyEnough", description="the first readyAfter owned bundles are held")
     error: str | None
     share_dir: str = Field(alias="shareDir")
+    holding: str = Field(description="whole: every bundle is held here; share: the bundles this node owns")
 
 
 def eviction_out(result: EvictionResult) -> dict[str, Any]:

@@ -60,6 +60,7 @@ async def hold_stripe(
         ready_after=body.ready_after,
         lease=body.lease_seconds,
         holders=[held_for] if held_for is not None else (),
+        whole=body.whole,
     )
 
 

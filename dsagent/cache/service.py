@@ -117,6 +117,7 @@ class CacheService:
             clock=clock,
             make_room=self._space.make_room,
             disk=self.node.store.allocated,
+            capacity=self._capacity,
         )
         self._space.shares = self.stripes  # shares count in the space and are evicted in order
         self._served = BundleLocator(
@@ -142,6 +143,10 @@ class CacheService:
         self.started = False
         # told to stop: its stripe shares handed to their new owners first (docs/design-striping.md#churn)
         self.handoff = StripeHandoff(settings, self.stripes, clock, hooks.node_leaving)
+
+    async def _capacity(self) -> int:
+        """The cache's capacity in bytes (``DSAGENT_CAPACITY``, else the disk's less its floor)."""
+        return int((await self._space.report())["capacityBytes"])
 
     # -- life cycle -------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 Who calls it: :meth:`dsagent.controller.reconcile.DatasetController.reconcile`, per Dataset,
 each pass. For a Dataset with ``spec.stripe`` (``auto``, or ``{members: N}``) and a packed
 version (``status.bytes``, ``spec.bundles``), it chooses the group with the pure
-:func:`dsagent.policy.stripegroup.choose_group` (earlier members first, then nodes holding
-bundles, then room), asks every member's agent to hold its share (``PUT /v1/stripes/<name>``,
+:func:`dsagent.policy.holding.choose_placement` (the job's nodes first, earlier members,
+then nodes holding bundles, then room; the job's nodes the version fits hold it whole),
+asks every member's agent to hold its share (or, ``whole``, every bundle) (``PUT /v1/stripes/<name>``,
 idempotent: asking again each pass is the renewal of the share's lease) and reports
 ``status.stripe``: the members, and each one's held and owned bytes, never "complete" before
 every member says so. The group starts with the job's own nodes (:func:`job_nodes`: where
@@ -28,18 +29,17 @@ for it, the new owners fetch from the other members, then the store.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.podfacts import dataset_names, ended, node_of
-from dsagent.format.bundles.bundlecaps import DEFAULT_MAX_BYTES
 from dsagent.kube.datasets import parse_stripe
 from dsagent.kube.leaving import draining
 from dsagent.policy.copies import Key, Tally, ready_versions, tally
-from dsagent.policy.stripegroup import Candidate, choose_group
+from dsagent.policy.holding import choose_placement
+from dsagent.policy.stripegroup import Candidate
 from dsplatform import published
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
@@ -168,15 +168,13 @@ def stripe_status(
         str(r.get("node")) for r in (status.get("stripe") or {}).get("nodes") or []
         if isinstance(r, dict) and r.get("share") is False
     ]  # fmt: skip
-    members, no_share = choose_group(
+    members, no_share, whole = choose_placement(
         candidates,
         size_bytes=size,
         job_nodes=job,
         before=[n for n in before if n not in leaving_now],
         no_share_before=shareless_before,
         members=None if mode == "auto" else int(mode),
-        # the count the pack published; a status without one: as many as the pack's cap gives
-        bundles=_int(status.get("bundles")) or math.ceil(size / DEFAULT_MAX_BYTES),
     )
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
     _release(agent_call, dropped, name, status.get("digest"), who)
@@ -188,8 +186,9 @@ def stripe_status(
         body["digest"] = status["digest"]
     reports = []
     for node in members:
-        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", body, who)
-        part = {"share": False} if node in no_share else {}  # a member owning nothing says so
+        # a job's node the version fits holds it whole (docs/design-striping.md#holding)
+        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", {**body, "whole": True} if node in whole else body, who)
+        part: JSON = {"share": False} if node in no_share else {}  # a member owning nothing says so
         if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
             reports.append({"node": node, "state": "unreachable" if answer is None else "failed",
                             "bytesHeld": 0, "bytesOwned": 0, **part})  # fmt: skip
@@ -197,6 +196,8 @@ def stripe_status(
         share = answer[1]
         state = "ready" if share.get("complete") else "fetching"
         held, owned = _int(share.get("bytesHeld")), _int(share.get("bytesOwned"))
+        if share.get("holding") == "whole":  # the agent holds every bundle (it checked it can)
+            part["holding"] = "whole"
         reports.append({"node": node, "state": state, "bytesHeld": held, "bytesOwned": owned, **part})
     complete = bool(reports) and all(r["state"] == "ready" for r in reports)
     out: JSON = {"state": "Ready" if complete else "Filling", "members": len(members), "nodes": reports}

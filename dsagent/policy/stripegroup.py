@@ -8,13 +8,12 @@ member's share with a leased ``PUT /v1/stripes/<name>`` it renews each pass, as 
 are held with renewed tasks (docs/design.md#replication). A node's agent orders its eviction candidates with
 :func:`eviction_class`. Nothing here reads the clock or the cluster.
 
-The group: ``k = group_size(S, C)`` members (:func:`dsplatform.stripe.group_size`), or as
-many as the first member's RoCE subnet has nodes where that is more (at most one per
-bundle: ``spec.stripe: auto``), or the ``members`` a Dataset asks for, and at least every
-node of the job: a pod reads a striped
-version through its own node's share (its agent serves it the others' bundles through the
-window), so a job's node left out of the group would have nothing to read through. In this
-order:
+The group: ``members`` nodes, as many as :func:`dsagent.policy.holding.members_wanted`
+gives (the job's nodes, or as many as the version needs with the headroom and the
+per-member budget), or the ``members`` a Dataset asks for, and at least every node of the
+job: a pod reads a striped version through its own node's share (its agent serves it the
+others' bundles through the window), so a job's node left out of the group would have
+nothing to read through. In this order:
 
 1. the job's own nodes (its ranks then read their share from local disk);
 2. nodes that hold bundles of the version already (their share moves least), most bytes first;
@@ -43,7 +42,6 @@ from typing import NamedTuple
 
 from dsagent.policy import eviction
 from dsagent.policy.eviction import EVICT_RATIO, LAST_COPY, REPLICATED, STRIPE_SHARE
-from dsplatform.stripe import group_size
 
 
 @dataclass(frozen=True)
@@ -76,20 +74,15 @@ def choose_group(
     job_nodes: Sequence[str] = (),
     before: Sequence[str] = (),
     no_share_before: Sequence[str] = (),
-    members: int | None = None,
-    budget: float = 0.5,
+    members: int,
     ratio: float = EVICT_RATIO,
-    bundles: int | None = None,
 ) -> Group:
     """The group's members, in order (fewer when fewer qualify; none for no nodes), and
     which of them own no bundle.
 
-    ``members`` defaults (``spec.stripe: auto``) to ``group_size(size, smallest cache)`` with
-    ``budget``, or, where it is more, to as many members as the first member's RoCE subnet
-    has nodes, at most one per bundle (``bundles``: the version's count): the group is
-    spread as a JuiceFS cache group or an Alluxio runtime spreads its blocks, so that many
-    members serve the readers at once and each share is small. A group has at least as
-    many members as ``job_nodes`` among ``nodes`` (each is one). A node of the
+    ``members``: how many (:func:`dsagent.policy.holding.members_wanted`, or a Dataset's
+    fixed count); a group has at least as many members as ``job_nodes`` among ``nodes``
+    (each is one). A node of the
     job or of ``before`` is taken without a room check (its share is the point of the group,
     or is there already); any other needs ``ratio x size / k`` bytes of room (``spare_bytes``
     where known, else free bytes). A node of the job
@@ -106,14 +99,6 @@ def choose_group(
         return Group([], [])
     by_name = {n.name: n for n in nodes}
     job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
-    if members is None:
-        caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
-        members = group_size(size_bytes, min(caches), budget=budget, headroom=ratio) if caches else len(nodes)
-        anchor = next(iter([*job, *(n for n in before if n in by_name), *_holders(nodes)]), None)
-        subnet = by_name[anchor].subnet if anchor is not None else None
-        if subnet is not None and bundles:
-            spread = min(sum(1 for n in nodes if n.subnet == subnet), bundles)
-            members = max(members, spread)
     group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
     if group is not None and group.no_share and not all(by_name[m].takes_no_share for m in group.members):
         group = None  # a member's agent is of an earlier release (an upgrade rolling): all own

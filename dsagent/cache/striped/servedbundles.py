@@ -32,7 +32,8 @@ class BundleLocator:
         """Where bundle ``digest`` can be served from, pinned against eviction: a ready version
         holding it, else a version being fetched that finished it (its files are in place in
         the staging directory, verified and synced), else this node's stripe share;
-        :class:`BundleInFlight` when this agent is downloading it for ``peer`` to wait for."""
+        :class:`BundleInFlight` when this agent is downloading it for ``peer`` to wait for, or
+        owns it in a stripe share still filling (:meth:`StripeShares.pending`)."""
         node, db = self.node, self.node.pools.db
         async with self._space.lock:
             keys = [((r.name, r.digest), r.state == "ready") for r in await db(node.catalog().versions)]
@@ -60,6 +61,10 @@ class BundleLocator:
         if self._peers.in_flight(digest, peer):
             raise BundleInFlight(
                 f"this agent is downloading bundle {digest} now", hint="ask again shortly, or read the store"
+            )
+        if self._stripes.pending(digest):
+            raise BundleInFlight(
+                f"this agent's stripe share owns bundle {digest} and is fetching it", hint="ask again shortly"
             )
         return None
 

@@ -62,6 +62,7 @@ from dsagent.cache.striped.stripewindow import StripeWindow
 from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsagent.format.storageconfig import Options, user_options, with_config
+from dsagent.policy.holding import WHOLE, holding
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
 
@@ -92,6 +93,8 @@ class _Share:
     owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
     no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
     holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
+    whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
 
     @property
     def key(self) -> Key:
@@ -120,6 +123,7 @@ class StripeShares:
         clock: Callable[[], float] = time.time,
         make_room: Callable[[Key, int], Awaitable[None]],
         disk: Callable[[int, int], int],
+        capacity: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.settings = settings
         self.pools = pools
@@ -127,6 +131,7 @@ class StripeShares:
         self.clock = clock
         self.make_room = make_room  # evicts for a share about to be filled (the cache's Space)
         self.disk = disk  # the disk (bytes, files) take: the unit of the capacity (Store.allocated)
+        self.capacity = capacity  # the cache's capacity in bytes (None: not known, no whole copies)
         self.root = settings.root / STRIPES_DIR
         self._shares: dict[Key, _Share] = {}
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
@@ -157,6 +162,7 @@ class StripeShares:
         ready_after: int = 1,
         lease: float | None = None,
         holders: Iterable[Holder] = (),
+        whole: bool = False,
     ) -> dict[str, Any]:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
@@ -170,7 +176,11 @@ class StripeShares:
         that its pods read through its window (docs/design-striping.md#group); this node,
         when listed, holds nothing and is complete at once. ``holders``: the Datasets
         (namespace, name) it is held for, added to those it was held for before: only pods
-        of their namespaces read its bundles (:mod:`.stripereaders`)."""
+        of their namespaces read its bundles (:mod:`.stripereaders`). ``whole``: hold every
+        bundle, this node's own first, the others from their owners (then the other members,
+        the copies, the store), where :func:`dsagent.policy.holding.holding` says the version
+        fits this node and the cache can make the room; else this node's share, and the
+        status says which (``holding``: docs/design-striping.md#holding)."""
         lease = self.settings.stripe_lease if lease is None else lease
         if not 0 < lease <= 30 * 86400:
             raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
@@ -205,7 +215,7 @@ class StripeShares:
         share = self._shares.get(key)
         now = self.clock()
         same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
-        if share is not None and same_group and share.error is None:
+        if share is not None and same_group and share.error is None and (share.whole or not whole):
             share.peers.update(peers)
             share.holders.update(holders)
             share.expires, share.last_used = now + lease, now
@@ -221,11 +231,13 @@ class StripeShares:
                 hint="choose a larger stripe group",
             )
         done = await self.pools.work(self._done_markers, key)
-        # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
-        await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
+        everything = await self._whole(layout, owned, done) if whole else None
+        if everything is None:  # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
+            await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
         share = _Share(
-            layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(owned),
+            layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
             no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
+            whole=everything is not None,
         )  # fmt: skip
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
@@ -233,6 +245,29 @@ class StripeShares:
         await self.pools.work(self._remember, share)
         share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
         return self.status(key)
+
+    async def _whole(
+        self, layout: StripeLayout, owned: Sequence[StripeBundle], done: set[str]
+    ) -> list[StripeBundle] | None:
+        """Every bundle of ``layout``, this node's own first, when the version fits this node
+        (:func:`dsagent.policy.holding.holding` on the cache's capacity) and the cache made
+        the room for those not on disk yet; None where it does not fit or the room cannot be
+        made (this node then holds its share)."""
+        size = sum(self.disk(b.size, b.count) for b in layout.bundles)
+        capacity = await self.capacity() if self.capacity is not None else 0
+        if holding(size, cache_bytes=capacity) is not WHOLE:
+            return None
+        mine = {b.digest for b in owned}
+        everything = [*owned, *(b for b in layout.bundles if b.digest not in mine)]
+        try:
+            await self.make_room(
+                (layout.name, layout.digest),
+                sum(self.disk(b.size, b.count) for b in everything if b.digest not in done),
+            )
+        except InsufficientSpace as exc:
+            log.info("%s@%s held as a share, not whole: %s", layout.name, layout.digest[:12], exc)
+            return None
+        return everything
 
     def _done_markers(self, key: Key) -> set[str]:
         """The bundles this node already holds of version ``key`` (their markers)."""
@@ -250,7 +285,7 @@ class StripeShares:
             path.unlink(missing_ok=True)
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
-                  "noShare": sorted(share.no_share), "readyAfter": share.ready_after,
+                  "noShare": sorted(share.no_share), "readyAfter": share.ready_after, "whole": share.whole,
                   "expiresAt": share.expires, "heldFor": sorted(share.holders)}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
@@ -271,7 +306,7 @@ class StripeShares:
                     continue
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
                                 no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
-                                lease=min(left, self.settings.stripe_lease),
+                                lease=min(left, self.settings.stripe_lease), whole=record.get("whole") is True,
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
@@ -297,16 +332,10 @@ class StripeShares:
         """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
         todo = [b for b in share.owned if b.digest not in share.held]
         gate = asyncio.Semaphore(self.settings.fetch_workers)
-        refs = {b.digest: b for b in share.manifest.bundles}
 
         async def one(digest: str) -> None:
             async with gate:
-                copies = await self.sources.copies(*share.key)
-                try:
-                    await self.pools.work(self._fetch_owned, share, refs[digest], copies)
-                    share.held.add(digest)
-                finally:
-                    self.peers.release(digest)  # held (served from the share) or not at all
+                await self._bring(share, digest)
 
         try:
             await asyncio.gather(*(one(b.digest) for b in todo))
@@ -319,6 +348,29 @@ class StripeShares:
         except DsagentError as exc:
             share.error = str(exc)
             log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
+
+    async def _bring(self, share: _Share, digest: str) -> None:
+        """Bundle ``digest`` of the share held on disk: at once when it is, else its fetch,
+        started now unless it is under way (the fill's turn, or a reader that asked for it
+        first: a reader of a bundle this node is to hold waits for that one fetch rather than
+        fetch it into the window as well)."""
+        if digest in share.held:
+            return
+        task = share.inflight.get(digest)
+        if task is None:
+            ref = next(b for b in share.manifest.bundles if b.digest == digest)
+
+            async def take() -> None:
+                copies = await self.sources.copies(*share.key)
+                try:
+                    await self.pools.work(self._fetch_owned, share, ref, copies)
+                    share.held.add(digest)
+                finally:
+                    self.peers.release(digest)  # held (served from the share) or not at all
+                    share.inflight.pop(digest, None)
+
+            task = share.inflight[digest] = asyncio.ensure_future(take())
+        await asyncio.shield(task)
 
     def _fetch_owned(self, share: _Share, bundle: BundleRef, copies: Sequence[str]) -> None:
         """An owned bundle, verified, then its marker (the files first, so a marker always
@@ -333,7 +385,13 @@ class StripeShares:
         directory = self.share_dir(share.key)
         ranked = sorted({*share.layout.members, *share.peers})
         order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
-        self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
+        placed = next((b for b in share.layout.bundles if b.digest == bundle.digest), None)
+        if placed is None or placed.owner == self.settings.node_name:
+            self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
+        else:  # a whole copy's bundle owned elsewhere: its owner first, and never a claim (the
+            # owner asking this node back would wait on it while it waits on the owner)
+            order = [placed.owner, *(m for m in order if m != placed.owner)]
+            self.sources.fetch(share, bundle, directory, order, copies=copies)
         _write_marker(directory / DONE_DIR / bundle.digest)
 
     def _drop_unowned(self, share: _Share) -> None:
@@ -384,6 +442,7 @@ class StripeShares:
             "ready_enough": all(b.digest in share.held for b in first),
             "error": share.error,
             "share_dir": str(self.share_dir(key)),
+            "holding": "whole" if share.whole else "share",
         }
 
     def held_bytes(self) -> dict[Key, int]:
@@ -505,6 +564,22 @@ class StripeShares:
                     )
         return None
 
+    def pending(self, digest: str) -> bool:
+        """Whether a share filling here owns bundle ``digest`` (this node is its owner in the
+        layout) without holding it yet. A peer asking for it then waits for this fill (425)
+        rather than read the store as well, and its ask brings the bundle's fetch forward. Only
+        the owner says so, never a node copying the version whole: two copies waiting on each
+        other would wait out the peer bound."""
+        node = self.settings.node_name
+        for share in self._shares.values():
+            if not share.filling or digest in share.held:
+                continue
+            if any(b.digest == digest and b.owner == node for b in share.owned):
+                task = asyncio.ensure_future(self._bring(share, digest))
+                task.add_done_callback(_quiet)
+                return True
+        return False
+
     def bundles_served(self) -> int:
         """The share bundles this node serves to peers now (held, or handed over and not yet dropped)."""
         return sum(len(share.held | share.handover) for share in self._shares.values())
@@ -524,6 +599,9 @@ class StripeShares:
         if ref is None:
             raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")
         entries = list(share.manifest.bundle_entries(ref))
+        if bundle not in share.held and share.filling and any(b.digest == bundle for b in share.owned):
+            with contextlib.suppress(DsagentError):  # not fetched: the window asks the others, then the store
+                await self._bring(share, bundle)
         local = bundle in share.held
         stream = await self.readers.admit(caller, 0 if local else self.disk(ref.size, ref.count))
         try:
@@ -555,6 +633,12 @@ class StripeShares:
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
         self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True)
+
+
+def _quiet(task: asyncio.Future[None]) -> None:
+    """A fetch brought forward for a peer: its failure is the fill's to report."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _done_reading(share: _Share) -> None:

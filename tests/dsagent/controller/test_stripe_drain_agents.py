@@ -154,9 +154,10 @@ def _group(
     env: dict[str, str] | None = None,
     node_env: dict[str, dict[str, str]] | None = None,
     local_sources: tuple[Path, ...] = (),
+    stripe: Any = None,
 ) -> Iterator[_Group]:
     """48 files of 8-16 KB packed 2 to a bundle (24 bundles) in a store over HTTP, four agents,
-    the Dataset with ``spec.stripe: {members: 3}``, and the controller; ``env`` is added to
+    the Dataset with ``spec.stripe`` (``{members: 3}`` unless ``stripe`` says), and the controller; ``env`` is added to
     every agent's settings (the leaving one is only known once the group is chosen)."""
     rng = random.Random(11)
     files = {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(8_000 + rng.randrange(8_000)) for i in range(48)}
@@ -199,7 +200,7 @@ def _group(
         eventually(lambda: all(_inventory(apiserver, node) for node in NODES), what="every agent's inventory")
         status = {"digest": manifest.digest, "bytes": manifest.total_bytes, "files": len(files)}
         ds = make_dataset("imgs", namespace="ml", bundles=f"{store.url}/store", status=status)
-        ds["spec"]["stripe"] = {"members": 3}
+        ds["spec"]["stripe"] = stripe if stripe is not None else {"members": 3}
         apiserver.create(ds)
         settings = ControllerSettings.model_validate(
             {

@@ -214,12 +214,14 @@ def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless
     assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"] == before and puts == puts_before
 
 
-def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, api_client: Any) -> None:
+def test_a_version_that_fits_is_held_whole_on_the_jobs_nodes_and_not_spread(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
     from tools.support.fake_apiserver import make_pod
 
-    # 3.2 GB and no bundle count in the status (an earlier dsctl pack): four bundles at the
-    # pack's 800 MB cap; the size rule asks for one member. The job's node n1 shares its RoCE
-    # subnet with n2 and n3; n4 and n5 sit on another.
+    # 3.2 GB on nodes of 100 GB caches: it fits every node. The job's nodes n1 and n2 share
+    # their RoCE subnet with n3; n4 and n5 sit on another. The group is the job's two nodes,
+    # each asked to hold the version whole; no other node of the subnet takes a share.
     subnet = {"n1": "10.1.0", "n2": "10.1.0", "n3": "10.1.0", "n4": "10.2.0", "n5": "10.2.0"}
     for node in subnet:
         annotations = {
@@ -233,22 +235,40 @@ def test_auto_spreads_the_group_over_the_jobs_subnet(apiserver: FakeApiServer, a
     )
     ds["spec"]["stripe"] = "auto"
     apiserver.create(ds)
-    apiserver.create(make_pod("train-0", namespace="ml", node_name="n1", annotations={"dsagent.io/datasets": "big"}))
-    ctl = _controller(api_client, lambda *args: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": GB}))
+    for i, node in enumerate(("n1", "n2")):
+        pod = make_pod(f"train-{i}", namespace="ml", node_name=node, annotations={"dsagent.io/datasets": "big"})
+        apiserver.create(pod)
+    puts: dict[str, Any] = {}
+
+    def agent(node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
+        if method != "PUT":
+            return 200, {"tasks": []}
+        puts[node] = body
+        holding = "whole" if body.get("whole") else "share"
+        return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 3_200_000_000, "holding": holding}
+
+    ctl = _controller(api_client, agent)
     ctl.reconcile_all()
     stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
-    # every node of the subnet (three, fewer than the four bundles), the job's first
-    assert [n["node"] for n in stripe["nodes"]] == ["n1", "n2", "n3"] and stripe["members"] == 3
-    # as large, but packed into two bundles (a larger cap), as its status says: a member a bundle
-    status = {"digest": DIGEST, "bytes": 3_200_000_000, "bundles": 2}
-    ds2 = make_dataset("small", namespace="ml", bundles="s3://store/packs", status=status)
+    assert [n["node"] for n in stripe["nodes"]] == ["n1", "n2"] and stripe["members"] == 2
+    assert all(n.get("holding") == "whole" for n in stripe["nodes"])
+    assert sorted(puts) == ["n1", "n2"] and all(body["whole"] is True for body in puts.values())
+    assert all(body["members"] == ["n1", "n2"] for body in puts.values())
+    # a version larger than a node (150 GB, 1.2 x 150 > 100): shares over the job's nodes
+    # and, as the job's two are too few for the budget (ceil(1.2 x 150 / 50) = 4), the
+    # subnet's room; nobody is asked for a whole copy
+    puts.clear()
+    status = {"digest": DIGEST, "bytes": 150 * GB}
+    ds2 = make_dataset("huge", namespace="ml", bundles="s3://store/packs", status=status)
     ds2["spec"]["stripe"] = "auto"
     apiserver.create(ds2)
-    apiserver.create(make_pod("train-1", namespace="ml", node_name="n4", annotations={"dsagent.io/datasets": "small"}))
+    for i, node in enumerate(("n4", "n5")):
+        pod = make_pod(f"big-{i}", namespace="ml", node_name=node, annotations={"dsagent.io/datasets": "huge"})
+        apiserver.create(pod)
     ctl.reconcile_all()
-    small = apiserver.get("datasets", "small", "ml")["status"]["stripe"]
-    assert len(small["nodes"]) == 2 and small["nodes"][0]["node"] == "n4"
-    assert {n["node"] for n in small["nodes"]} <= {"n4", "n5"}  # in n4's subnet
+    huge = apiserver.get("datasets", "huge", "ml")["status"]["stripe"]
+    assert [n["node"] for n in huge["nodes"]][:2] == ["n4", "n5"] and huge["members"] == 4
+    assert not any(body.get("whole") for node, body in puts.items() if node in {n["node"] for n in huge["nodes"]})
 
 
 class _Agents:

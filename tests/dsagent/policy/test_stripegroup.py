@@ -54,9 +54,7 @@ def test_every_node_of_the_job_is_a_member_even_past_the_size_rule() -> None:
     assert len(_members(_nodes(), size_bytes=6 * TB, job_nodes=["e"], members=4)) == 4
 
 
-def test_the_size_comes_from_the_budget_and_the_smallest_cache() -> None:
-    chosen = _members(_nodes(), size_bytes=6 * TB)  # ceil(1.2 * 6 / (0.5 * 4)) = 4
-    assert len(chosen) == 4
+def test_a_holder_is_taken_first_where_no_job_runs() -> None:
     assert _members(_nodes(), size_bytes=1 * TB, members=1) == ["b"]  # the holder moves nothing
 
 
@@ -64,7 +62,7 @@ def test_members_chosen_before_stay_and_nodes_without_room_are_left_out() -> Non
     chosen = _members(_nodes(), size_bytes=6 * TB, before=["d", "a"], members=3)
     assert chosen[:2] == ["a", "d"] or chosen[:2] == ["d", "a"]
     assert "e" not in _members(_nodes(), size_bytes=6 * TB, members=6)  # 10 bytes free, not the job's
-    assert _members([], size_bytes=1) == []
+    assert _members([], size_bytes=1, members=1) == []
 
 
 def test_members_keep_their_order_while_their_shares_fill() -> None:
@@ -158,21 +156,6 @@ def test_a_member_keeps_its_part_while_it_stays_and_someone_always_owns() -> Non
     # only the job's node exists: it owns, whatever its room
     alone = choose_group(nodes[2:3], size_bytes=6 * TB, job_nodes=["e"], members=3)
     assert alone == (["e"], [])
-
-
-def test_auto_spreads_over_the_first_members_subnet_at_most_one_member_a_bundle() -> None:
-    # the size rule asks for 2 (1.2 x 3 TB / (0.5 x 4 TB)); the job's subnet s1 has a, c, e, f
-    nodes = _nodes()
-    spread = _members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundles=3750)
-    # four members, s1's count: b holds bundles already, then room in s1 (c, f; e has none)
-    assert spread[0] == "a" and set(spread) == {"a", "b", "c", "f"}
-    # at most one member a bundle: a version of three bundles
-    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], bundles=3)) == 3
-    # without the bundle count, or a subnet, or when the Dataset names its count: the size rule
-    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"])) == 2
-    unknown = [replace(n, subnet=None) for n in nodes]
-    assert len(_members(unknown, size_bytes=3 * TB, job_nodes=["a"], bundles=3750)) == 2
-    assert len(_members(nodes, size_bytes=3 * TB, job_nodes=["a"], members=2, bundles=3750)) == 2
 
 
 def test_a_job_node_owns_after_all_when_too_few_others_have_room() -> None:

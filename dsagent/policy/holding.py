@@ -1,0 +1,133 @@
+"""How a version is held on a node, and how many nodes hold a version that no node can: the
+one decision the agent, the Dataset controller and the cluster simulator all call
+(docs/design-striping.md#holding). Pure: no clock, no disk, no cluster.
+
+The rule:
+
+- **A version that fits a node is copied whole onto each node that trains on it**
+  (:data:`WHOLE`): its ``ratio`` times its size fits the node's cache, and the node can make
+  that room. Its pods start at once and read through the node's window until the local
+  copy is whole; the copy is filled from the group's members and the peers holding the
+  version before the store, so every epoch after the first reads local disk.
+- **Only a version larger than a node's cache is held as shares** (:data:`SHARE`), or one
+  the node cannot make room for: its bundles are spread over a group, and the group is the
+  job's own nodes wherever they can hold it (:func:`members_wanted`), so that each rank reads
+  its own node's share from local disk. More members join only where the job's nodes are
+  too few to hold the version with the rule's headroom and per-member budget.
+
+Who calls it: :meth:`dsagent.cache.striped.stripes.StripeShares.hold` (a node asked to hold a
+version whole checks that it can, else it holds its share), :func:`choose_placement` from
+:mod:`dsagent.controller.striping` (which members, and which of them hold the version whole),
+and ``tools/sim/reads.py`` / ``tools/sim/stripereads.py`` (the simulator's ``ours+stripe``
+policies call :func:`holding` and :func:`members_wanted`, never a rule of their own;
+``tests/tools/test_sim_product_decision.py`` holds them to it).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from dsagent.policy.eviction import EVICT_RATIO
+from dsagent.policy.stripegroup import Candidate, choose_group
+from dsplatform.stripe import group_size
+
+#: the most of its cache a member gives one version's share (:func:`dsplatform.stripe.group_size`)
+SHARE_BUDGET = 0.5
+
+
+class Holding(str, enum.Enum):
+    """How a node holds a version."""
+
+    WHOLE = "whole"  # every bundle on its disk: a whole local copy
+    SHARE = "share"  # the bundles it owns in the group; the others read through its window
+
+
+WHOLE = Holding.WHOLE
+SHARE = Holding.SHARE
+
+
+def holding(size_bytes: int, *, cache_bytes: int, room_bytes: int | None = None, ratio: float = EVICT_RATIO) -> Holding:
+    """:data:`WHOLE` where ``ratio x size_bytes`` fits a cache of ``cache_bytes`` and the
+    node can make that room (``room_bytes``: what it can free without evicting the last copy
+    of another version, and its free bytes; None: not known, taken as enough); else
+    :data:`SHARE`. A cache of unknown size (0) is not taken as fitting."""
+    need = ratio * max(0, size_bytes)
+    if cache_bytes <= 0 or need > cache_bytes:
+        return SHARE
+    if room_bytes is not None and room_bytes < need:
+        return SHARE
+    return WHOLE
+
+
+def members_wanted(size_bytes: int, cache_bytes: int, job_nodes: int, *, ratio: float = EVICT_RATIO) -> int:
+    """How many members a version held as shares has: the job's nodes, or, where they are too
+    few to hold it with the headroom and :data:`SHARE_BUDGET`, as many as that needs
+    (:func:`dsplatform.stripe.group_size` over ``cache_bytes``, the smallest member cache)."""
+    need = group_size(size_bytes, cache_bytes, headroom=ratio, budget=SHARE_BUDGET) if cache_bytes > 0 else 1
+    return max(need, job_nodes, 1)
+
+
+def members_least(size_bytes: int, cache_bytes: int, *, ratio: float = EVICT_RATIO) -> int:
+    """The fewest members that can hold a version at all (each share within a whole cache
+    with the headroom): where fewer nodes than :func:`members_wanted` have room, the group
+    is smaller, its shares larger, down to this many."""
+    return group_size(size_bytes, cache_bytes, headroom=ratio, budget=1.0) if cache_bytes > 0 else 1
+
+
+class Placement(NamedTuple):
+    """The group's members in order, those that own no bundle, and those that hold every
+    bundle (a whole local copy: the job's nodes the version fits)."""
+
+    members: list[str]
+    no_share: list[str]
+    whole: list[str]
+
+
+def choose_placement(
+    nodes: Sequence[Candidate],
+    *,
+    size_bytes: int,
+    job_nodes: Sequence[str] = (),
+    before: Sequence[str] = (),
+    no_share_before: Sequence[str] = (),
+    members: int | None = None,
+    ratio: float = EVICT_RATIO,
+) -> Placement:
+    """Where a version lives: the group (``members``: a Dataset's fixed count, or None for
+    :func:`members_wanted` over the smallest cache among ``nodes``) chosen by
+    :func:`dsagent.policy.stripegroup.choose_group`, the job's nodes first, and which of the
+    job's nodes hold it whole (:func:`holding` on each one's cache and room)."""
+    if not nodes:
+        return Placement([], [], [])
+    by_name = {n.name: n for n in nodes}
+    job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
+    if members is None:
+        caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
+        members = members_wanted(size_bytes, min(caches), len(job), ratio=ratio) if caches else len(nodes)
+    group = choose_group(
+        nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
+        members=members, ratio=ratio,
+    )  # fmt: skip
+    whole = [
+        name
+        for name in group.members
+        if name in job
+        and name not in group.no_share
+        and holding(size_bytes, cache_bytes=by_name[name].cache_bytes, room_bytes=_room(by_name[name]), ratio=ratio)
+        is WHOLE
+    ]
+    return Placement(group.members, group.no_share, whole)
+
+
+def _room(node: Candidate) -> int | None:
+    """What a node can free for a version without evicting another's last copy, plus the
+    bytes of the version it holds already (None: not known)."""
+    return None if node.spare_bytes is None else node.spare_bytes + node.held_bytes
+
+
+__all__ = [
+    "Holding", "Placement", "SHARE", "SHARE_BUDGET", "WHOLE", "choose_placement", "holding", "members_least",
+    "members_wanted",
+]  # fmt: skip

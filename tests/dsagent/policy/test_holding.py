@@ -1,0 +1,63 @@
+"""How a version is held: whole where it fits a node, shares over the job's nodes where not."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsagent.policy.holding import SHARE, WHOLE, choose_placement, holding, members_wanted
+from dsagent.policy.stripegroup import Candidate
+
+TB = 10**12
+
+
+def test_a_version_that_fits_a_node_with_room_is_held_whole() -> None:
+    assert holding(3 * TB, cache_bytes=4 * TB) is WHOLE  # 1.2 x 3 = 3.6 <= 4
+    assert holding(4 * TB, cache_bytes=4 * TB) is SHARE  # 4.8 > 4: the headroom counts
+    assert holding(3 * TB, cache_bytes=4 * TB, room_bytes=3 * TB) is SHARE  # no room without a last copy
+    assert holding(3 * TB, cache_bytes=4 * TB, room_bytes=int(3.6 * TB)) is WHOLE
+    assert holding(1, cache_bytes=0) is SHARE  # a cache of unknown size is not taken as fitting
+
+
+@pytest.mark.parametrize(
+    ("size", "cache", "job", "want"),
+    [
+        (3 * TB, 4 * TB, 4, 4),  # the job's nodes: each rank reads its own node's share
+        (6 * TB, 4 * TB, 2, 4),  # ceil(1.2 x 6 / (0.5 x 4)) = 4: the job's 2 are too few
+        (6 * TB, 4 * TB, 8, 8),
+        (1, 4 * TB, 0, 1),
+        (1, 0, 0, 1),
+    ],
+)
+def test_the_group_is_the_jobs_nodes_unless_they_are_too_few(size: int, cache: int, job: int, want: int) -> None:
+    assert members_wanted(size, cache, job) == want
+
+
+def _subnet(n: int, *, free: int = 4 * TB, cache: int = 4 * TB) -> list[Candidate]:
+    return [Candidate(f"n{i}", free_bytes=free, subnet="s1", cache_bytes=cache) for i in range(n)]
+
+
+def test_a_fitting_version_is_whole_on_each_job_node_and_the_group_is_the_job() -> None:
+    placement = choose_placement(_subnet(16), size_bytes=TB, job_nodes=["n3", "n7"])
+    assert placement.members == ["n3", "n7"]  # not spread over the subnet's 16 nodes
+    assert placement.whole == ["n3", "n7"] and placement.no_share == []
+
+
+def test_a_larger_version_is_shares_over_the_jobs_nodes_first() -> None:
+    nodes = _subnet(16)
+    job = ["n1", "n2", "n5", "n9"]
+    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=job)  # 4 members wanted: the job's 4
+    assert placement.members == job and placement.whole == []
+    more = choose_placement(nodes, size_bytes=12 * TB, job_nodes=job)  # ceil(14.4 / 2) = 8
+    assert more.members[:4] == job and len(more.members) == 8 and more.whole == []
+
+
+def test_a_job_node_without_room_holds_a_share_not_a_whole_copy() -> None:
+    nodes = [*_subnet(3), Candidate("busy", free_bytes=10, spare_bytes=10, subnet="s1", cache_bytes=4 * TB)]
+    placement = choose_placement(nodes, size_bytes=TB, job_nodes=["n0", "busy"])
+    assert placement.whole == ["n0"]
+    assert "busy" in placement.members
+
+
+def test_a_fixed_member_count_is_kept() -> None:
+    placement = choose_placement(_subnet(8), size_bytes=TB, job_nodes=["n0"], members=3)
+    assert len(placement.members) == 3 and placement.members[0] == "n0" and placement.whole == ["n0"]
