@@ -11,33 +11,33 @@ RUN python -m venv /opt/dsplatform
 ENV PATH=/opt/dsplatform/bin:$PATH
 WORKDIR /src
 # The versions the project tests with: requirements-test.txt (the lock) constrains the install.
-COPY pyproject.toml README.md requirements-test.txt ./
+COPY pyproject.toml setup.py MANIFEST.in README.md requirements-test.txt ./
 COPY dsplatform ./dsplatform
 COPY dsagent ./dsagent
 COPY scheduler_plugin ./scheduler_plugin
 COPY scheduling ./scheduling
 COPY gpu_topology ./gpu_topology
+# The native digest, pack and unpack loops (C, docs/design-native.md): the package's own build
+# (setup.py) compiles them against this Python's headers, required here (a failed compile
+# fails the image); the runtime stage carries no compiler. The build fails if they do not
+# load. --build-arg NATIVE=0: the pure-Python loops.
+ARG NATIVE=1
+COPY native ./native
+RUN if [ "${NATIVE}" = 1 ]; then \
+        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 # [agent]: every storage backend (s3://, gs://, az:// and abfs://, http://), so the chart's
 # s3:// examples work in the default image, and the kubelet plugins (grpcio, protobuf);
 # --build-arg EXTRAS=http,kubelet for a slimmer one. uv installs, outside the venv it fills.
 ARG EXTRAS=agent
 ARG UV_VERSION=0.13.9
 RUN pip install "uv==${UV_VERSION}" \
-    && uv pip install --python /opt/dsplatform/bin/python --constraint requirements-test.txt \
-       --build-constraint requirements-test.txt ".[${EXTRAS}]"
-# The native digest, pack and unpack loops (C, docs/design-native.md), compiled here against
-# this Python's headers into the installed dsagent/format/; the runtime stage carries no
-# compiler. The build fails if they do not load. --build-arg NATIVE=0: the pure-Python loops.
-ARG NATIVE=1
-COPY native ./native
-RUN if [ "${NATIVE}" = 1 ]; then \
-        apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-        && rm -rf /var/lib/apt/lists/* \
-        && /opt/dsplatform/bin/python native/build.py --out "$(/opt/dsplatform/bin/python -I -c \
-           'import dsagent.format, os; print(os.path.dirname(dsagent.format.__file__))')" \
-        && /opt/dsplatform/bin/python -I -c \
-           'from dsagent.format import native; assert native.AVAILABLE, "the native loops did not load"'; \
-    fi \
+    && if [ "${NATIVE}" = 1 ]; then build_native=require; else build_native=0; fi \
+    && DSPLATFORM_BUILD_NATIVE="${build_native}" uv pip install --python /opt/dsplatform/bin/python \
+       --constraint requirements-test.txt --build-constraint requirements-test.txt ".[${EXTRAS}]" \
+    && if [ "${NATIVE}" = 1 ]; then /opt/dsplatform/bin/python -I -c \
+       'from dsagent.format import native; assert native.AVAILABLE, "the native loops did not load"'; fi \
     && python -m compileall -q /opt/dsplatform
 
 # -- runtime: slim, no compilers, no pip cache, a fixed non-root user

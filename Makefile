@@ -14,18 +14,19 @@ UV_VERSION := 0.13.9
 UV         := $(PY) -m uv
 LOCK_ARGS  ?=
 
-.PHONY: demo test check lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve native native-clean
+.PHONY: demo test check lint typecheck lint-imports pytest lock resolve-check clean s3-local docs docs-serve native native-clean native-asan wheel
 
 $(VENV)/.uv-$(UV_VERSION):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --quiet "uv==$(UV_VERSION)"
 	@touch "$@"
 
-$(VENV)/.runtime-installed: pyproject.toml $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
+# Both installs build the optional native loops in place (setup.py) where a C compiler is.
+$(VENV)/.runtime-installed: pyproject.toml setup.py $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
 	$(UV) pip install --quiet --python $(PY) --constraint $(LOCK) --build-constraint $(LOCK) --editable .
 	@touch "$@"
 
-$(VENV)/.test-installed: pyproject.toml $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
+$(VENV)/.test-installed: pyproject.toml setup.py $(LOCK) | $(VENV)/.uv-$(UV_VERSION)
 	$(UV) pip install --quiet --python $(PY) --require-hashes --requirement $(LOCK)
 	$(UV) pip install --quiet --python $(PY) --no-deps --build-constraint $(LOCK) --editable .
 	@touch "$@" $(VENV)/.runtime-installed
@@ -100,12 +101,25 @@ resolve-check:
 	bash tools/ci/resolve-unlocked.sh
 
 clean:
-	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache site
+	rm -rf $(VENV) demo-cache .pytest_cache .mypy_cache site build dist
 
-# The optional native digest, unpack and pack loops (C, docs/design-native.md) into dsagent/format/; needs a C
-# compiler and Python's headers. Without it the pure-Python loops run; native-clean removes it.
-native: $(VENV)/.test-installed
-	$(PY) native/build.py
+# The optional native digest, unpack and pack loops (C, docs/design-native.md), rebuilt in
+# place by the package's own build (setup.py; the installs above build them too where a C
+# compiler is). Here they are required: no compiler, or a CC that is not installed, is one
+# line and a failure, never another compiler. native-clean removes them (the pure loops run).
+native: $(VENV)/.runtime-installed
+	@$(PY) -c 'import setuptools' 2>/dev/null || $(UV) pip install --quiet --python $(PY) --constraint $(LOCK) setuptools
+	DSPLATFORM_BUILD_NATIVE=require $(PY) setup.py -q build_ext --inplace
+	@$(PY) -c 'from dsagent.format import native; assert native.LOADED, native.OFF_REASON; print("native loops:", native.describe())'
 
 native-clean:
 	rm -f dsagent/format/_native*.so
+
+# The native loops built with AddressSanitizer and UBSan into a temporary directory, and the
+# native tests and the differential fuzz run against them (CI runs it: .ci/run).
+native-asan: $(VENV)/.test-installed
+	bash tools/ci/native-asan.sh
+
+# A binary wheel with the native loops, repaired by auditwheel to a manylinux tag, into dist/.
+wheel: $(VENV)/.test-installed
+	bash tools/ci/wheel.sh dist

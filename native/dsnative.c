@@ -1,7 +1,8 @@
 /* dsagent.format._native: the digest's, the unpack's and the pack's per-file loops in C, without the GIL.
  *
- * Optional: built by `make native` (native/build.py) into dsagent/format/; when it is
- * absent, dsagent.format.native says so and the pure-Python loops run. Both give the
+ * Optional: built by the package's build (setup.py: `pip install .`, `make native` in a
+ * checkout) when a C compiler is there; when it is absent, dsagent.format.native says so
+ * and the pure-Python loops run. Both give the
  * same sizes, mtimes and digests (tests/dsagent/format/test_native.py holds them equal).
  *
  * hash_names(dir_fd, names, buffer) opens each name relative to dir_fd, fstat's it,
@@ -19,15 +20,12 @@
  * of the tar framing and the raw frames that store them as RLE blocks (probe.c), each
  * byte for byte what dsagent.format.bundles.frames makes in Python.
  *
- * xxh3 itself is not vendored: its functions are taken at import from the xxhash Python
- * package's own extension (which exports them), so both paths hash with the very same
- * library; else from the system's libxxhash.so.0. Neither found: ImportError, and the
- * pure path runs.
+ * xxh3 is compiled in from the vendored xxHash (native/vendor/xxhash/: the release the
+ * xxhash Python package of the lock is built from, so both paths hash with the same code).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -39,43 +37,29 @@
 #include <time.h>
 #include <unistd.h>
 
-/* xxHash 0.8's stable ABI: the few declarations used (xxhash.h is not needed). */
-typedef struct {
-    uint64_t low64;
-    uint64_t high64;
-} xxh128_hash;
-typedef struct xxh3_state xxh3_state;
-
-static xxh128_hash (*xxh3_128_oneshot)(const void *, size_t);
-static xxh3_state *(*xxh3_create)(void);
-static int (*xxh3_free)(xxh3_state *);
-static int (*xxh3_reset)(xxh3_state *);
-static int (*xxh3_update)(xxh3_state *, const void *, size_t);
-static xxh128_hash (*xxh3_digest)(const xxh3_state *);
-static uint64_t (*xxh3_64_oneshot)(const void *, size_t);
-
-/* The *_dispatch entry points pick the widest vector unit at run time (AVX2, AVX-512), as the
- * xxhash package's own calls do; the plain ones are the build's baseline (SSE2 on x86-64). */
-static void *either(void *lib, const char *dispatch, const char *plain) {
-    void *f = dlsym(lib, dispatch);
-    return f != NULL ? f : dlsym(lib, plain);
-}
-
-static int bind_xxhash(void *lib) {
-    if (lib == NULL) return -1;
-    xxh3_128_oneshot = (xxh128_hash(*)(const void *, size_t))either(lib, "XXH3_128bits_dispatch", "XXH3_128bits");
-    xxh3_create = (xxh3_state * (*)(void)) dlsym(lib, "XXH3_createState");
-    xxh3_free = (int (*)(xxh3_state *))dlsym(lib, "XXH3_freeState");
-    xxh3_reset = (int (*)(xxh3_state *))dlsym(lib, "XXH3_128bits_reset");
-    xxh3_update = (int (*)(xxh3_state *, const void *, size_t))either(lib, "XXH3_128bits_update_dispatch",
-                                                                       "XXH3_128bits_update");
-    xxh3_digest = (xxh128_hash(*)(const xxh3_state *))dlsym(lib, "XXH3_128bits_digest");
-    xxh3_64_oneshot = (uint64_t(*)(const void *, size_t))either(lib, "XXH3_64bits_dispatch", "XXH3_64bits");
-    return (xxh3_128_oneshot && xxh3_create && xxh3_free && xxh3_reset && xxh3_update && xxh3_digest &&
-            xxh3_64_oneshot)
-               ? 0
-               : -1;
-}
+/* XXH3, compiled in from the vendored single-header xxHash (native/vendor/xxhash/, its
+ * README says which release). On x86 xxHash's own dispatcher picks SSE2, AVX2 or AVX-512 at
+ * run time, as the xxhash package does; it defines XXH_INLINE_ALL and includes xxhash.h
+ * itself. Elsewhere the header alone, for the build's baseline. Either way every function is
+ * private to this module (-fvisibility=hidden): nothing is looked up or exported. */
+#if defined(__x86_64__) || defined(__i386__)
+#include "xxh_x86dispatch.c"
+#define xxh3_128_oneshot XXH3_128bits_dispatch
+#define xxh3_update XXH3_128bits_update_dispatch
+#define xxh3_64_oneshot XXH3_64bits_dispatch
+#else
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+#define xxh3_128_oneshot XXH3_128bits
+#define xxh3_update XXH3_128bits_update
+#define xxh3_64_oneshot XXH3_64bits
+#endif
+#define xxh3_create XXH3_createState
+#define xxh3_free XXH3_freeState
+#define xxh3_reset XXH3_128bits_reset
+#define xxh3_digest XXH3_128bits_digest
+typedef XXH128_hash_t xxh128_hash;
+typedef XXH3_state_t xxh3_state;
 
 static void canonical(xxh128_hash h, unsigned char *out) {
     for (int i = 0; i < 8; i++) {
@@ -244,6 +228,52 @@ static PyObject *new_with_template(PyTypeObject *type, Py_buffer *tmpl, size_t o
     return obj;
 }
 
+/* The I/O hook (None but in fault injection, tools/support/faults.py): a callable the
+ * unpack loop calls, with the GIL, before each create ("open", dir_fd, name) and each write
+ * ("write", fd, None) of a file; an OSError it raises is that call's failure (its errno),
+ * and it may end the process there (kill -9). A feed takes its own reference to the hook
+ * when it starts. */
+static PyObject *io_hook = NULL;
+
+static PyObject *set_io_hook(PyObject *self, PyObject *hook) {
+    (void)self;
+    if (hook != Py_None && !PyCallable_Check(hook)) {
+        PyErr_SetString(PyExc_TypeError, "the I/O hook is a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(io_hook, hook == Py_None ? NULL : Py_NewRef(hook));
+    Py_RETURN_NONE;
+}
+
+/* 0, or the errno the hook's OSError carries (EIO for any other exception); with the GIL
+ * taken for the call, from a loop that released it. */
+static int hook_says(PyObject *hook, const char *kind, int fd, const char *name) {
+    if (hook == NULL) return 0;
+    int failure = 0;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *result = name != NULL ? PyObject_CallFunction(hook, "siy", kind, fd, name)
+                                    : PyObject_CallFunction(hook, "siO", kind, fd, Py_None);
+    if (result == NULL) {
+        failure = EIO;
+        if (PyErr_ExceptionMatches(PyExc_OSError)) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            PyObject *code = value != NULL ? PyObject_GetAttrString(value, "errno") : NULL;
+            if (code != NULL && PyLong_Check(code) && PyLong_AsLong(code) > 0) failure = (int)PyLong_AsLong(code);
+            Py_XDECREF(code);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+        }
+        PyErr_Clear();
+    } else {
+        Py_DECREF(result);
+    }
+    PyGILState_Release(gil);
+    return failure;
+}
+
 #include "unpackloop.c" /* the unpack's member loop: Unpacker */
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dirs */
@@ -264,6 +294,7 @@ static PyMethodDef methods[] = {
     {"rle_frame", rle_frame, METH_VARARGS, "rle_frame(buffer, least) -> bytes: see native/probe.c."},
     {"first_unsafe", first_unsafe, METH_O, "first_unsafe(paths) -> int: see native/layout.c."},
     {"parents", parents, METH_O, "parents(paths) -> set[str]: see native/layout.c."},
+    {"set_io_hook", set_io_hook, METH_O, "set_io_hook(callable or None): fault injection's hook, see dsnative.c."},
     {"list_dirs", list_dirs, METH_VARARGS,
      "list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
     {NULL, NULL, 0, NULL},
@@ -274,32 +305,12 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    /* the xxhash package's extension first (the pure path's own library), then the system's */
-    void *lib = NULL;
-    PyObject *xx = PyImport_ImportModule("xxhash._xxhash");
-    if (xx != NULL) {
-        PyObject *file = PyObject_GetAttrString(xx, "__file__");
-        if (file != NULL && PyUnicode_Check(file)) {
-            const char *path = PyUnicode_AsUTF8(file);
-            if (path != NULL) lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-        }
-        Py_XDECREF(file);
-        Py_DECREF(xx);
-    }
-    PyErr_Clear();
-    if (bind_xxhash(lib) != 0) {
-        lib = dlopen("libxxhash.so.0", RTLD_NOW);
-        if (bind_xxhash(lib) != 0) {
-            PyErr_SetString(PyExc_ImportError, "no xxh3 functions found (xxhash package or libxxhash.so.0)");
-            return NULL;
-        }
-    }
     if (PyType_Ready(&UnpackerType) < 0 || PyType_Ready(&TarReaderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 13) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 14) < 0) {
         Py_DECREF(m);
         return NULL;
     }

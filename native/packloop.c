@@ -354,11 +354,11 @@ bad_digest:
 }
 
 static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    (void)kw;
+    static char *keywords[] = {"dir_fd", "members", "template", "header", NULL};
     int dir_fd;
     PyObject *members, *header;
     Py_buffer tmpl;
-    if (!PyArg_ParseTuple(args, "iOy*O", &dir_fd, &members, &tmpl, &header)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOy*O", keywords, &dir_fd, &members, &tmpl, &header)) return NULL;
     if (!PyCallable_Check(header)) {
         PyBuffer_Release(&tmpl);
         PyErr_SetString(PyExc_TypeError, "header is a callable");

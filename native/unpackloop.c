@@ -2,7 +2,8 @@
  * binding and helpers).
  *
  * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False) takes one bundle's manifest
- * entries in order (names: list of bytes, the member names; sizes: array('Q') bytes;
+ * entries in order (names: a sequence of bytes, the member names, copied into a tuple the
+ * object owns; sizes: array('Q') bytes;
  * mtimes: array('q') bytes; digests: 16 raw bytes an entry) and the plain header bundles
  * are written with (template: 512 bytes, name, size, mtime and checksum blank).
  *
@@ -20,20 +21,23 @@
  *   2 END: an all-zero block was consumed (buffer[consumed:] is what follows it);
  *   3 SIZE: the next entry's header says `b` bytes, the manifest another size (entry `a`);
  *   4 DIGEST: entry `a` was written but does not match its digest;
- *   5 ERRNO: creating or writing entry `a` failed with errno `b`.
- * After 3-5 the object is spent. `next` is the index of the next entry, `written` the bytes
+ *   5 ERRNO: creating or writing entry `a` failed with errno `b` (`failed_op` says which
+ *     call: 1 the create, 2 a write, 3 setting its mtime, 4 closing it).
+ * After 3-5 the object is spent. Every argument may be given by keyword; an unknown keyword
+ * is a TypeError. `next` is the index of the next entry, `written` the bytes
  * of the entries done, `phase` 0 between members, 1 inside a header, 2 inside member data,
  * 3 inside the padding after it (what a stream ending here lacks).
  */
 
 enum { PH_HEADER = 0, PH_DATA = 2, PH_PAD = 3 };
 enum { ST_MORE = 0, ST_FOREIGN = 1, ST_END = 2, ST_SIZE = 3, ST_DIGEST = 4, ST_ERRNO = 5 };
+enum { OP_NONE = 0, OP_OPEN = 1, OP_WRITE = 2, OP_UTIME = 3, OP_CLOSE = 4 };
 
 typedef struct {
     PyObject_HEAD
     int dir_fd;
     Py_ssize_t count;
-    PyObject *names; /* list of bytes */
+    PyObject *names; /* tuple of bytes, this object's own: name_ptr points into it */
     const char **name_ptr;
     Py_ssize_t *name_len;
     unsigned long long *sizes;
@@ -52,6 +56,8 @@ typedef struct {
     int spent;
     int by_name; /* create each file at its name (directories made beforehand), not at its index */
     int busy;    /* a feed is running (without the GIL): a second caller is refused */
+    int failed_op; /* after ST_ERRNO: which call failed (OP_*) */
+    PyObject *hook; /* the I/O hook of the running feed (a reference of its own), or NULL */
 } Unpacker;
 
 static int octal11(const unsigned char *f, unsigned long long *out) {
@@ -86,8 +92,10 @@ static int plain_next(Unpacker *u, const unsigned char *b, unsigned long long *s
     return 1;
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n) {
+static int write_all(int fd, const unsigned char *p, size_t n, PyObject *hook) {
     while (n > 0) {
+        int e = hook_says(hook, "write", fd, NULL);
+        if (e != 0) return e;
         ssize_t w = write(fd, p, n);
         if (w < 0) {
             if (errno == EINTR) continue;
@@ -125,12 +133,14 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
     if (futimens(fd, ts) != 0) {
         *a = i;
         *b = errno;
+        u->failed_op = OP_UTIME;
         close(fd);
         return ST_ERRNO;
     }
     if (close(fd) != 0 && errno != EINTR) {
         *a = i;
         *b = errno;
+        u->failed_op = OP_CLOSE;
         return ST_ERRNO;
     }
     u->written += (long long)u->sizes[i];
@@ -153,10 +163,11 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
         if (u->phase == PH_DATA) {
             size_t take = u->left < (unsigned long long)(n - pos) ? (size_t)u->left : n - pos;
             xxh3_update(u->state, p + pos, take);
-            int e = write_all(u->fd, p + pos, take);
+            int e = write_all(u->fd, p + pos, take, u->hook);
             if (e != 0) {
                 *a = u->next;
                 *b = e;
+                u->failed_op = OP_WRITE;
                 st = ST_ERRNO;
                 break;
             }
@@ -209,13 +220,19 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
         char fname[32];
         snprintf(fname, sizeof fname, "%zd", u->next);
         const char *target = u->by_name ? u->name_ptr[u->next] : fname;
-        int fd;
-        do {
-            fd = openat(u->dir_fd, target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-        } while (fd < 0 && errno == EINTR);
+        int fd, e = hook_says(u->hook, "open", u->dir_fd, target);
+        if (e != 0) {
+            fd = -1;
+            errno = e;
+        } else {
+            do {
+                fd = openat(u->dir_fd, target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+            } while (fd < 0 && errno == EINTR);
+        }
         if (fd < 0) {
             *a = u->next;
             *b = errno;
+            u->failed_op = OP_OPEN;
             st = ST_ERRNO;
             break;
         }
@@ -238,11 +255,13 @@ static PyObject *Unpacker_feed(Unpacker *u, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
     u->busy = 1;
+    u->hook = Py_XNewRef(io_hook); /* this feed's own, whatever set_io_hook does meanwhile */
     size_t used = 0;
     long long a = 0, b = 0;
     int st;
     Py_BEGIN_ALLOW_THREADS st = run(u, (const unsigned char *)view.buf, (size_t)view.len, &used, &a, &b);
     Py_END_ALLOW_THREADS u->busy = 0;
+    Py_CLEAR(u->hook);
     PyBuffer_Release(&view);
     if (st == ST_FOREIGN) return Py_BuildValue("(niy#i)", (Py_ssize_t)used, st, (const char *)u->hbuf, (Py_ssize_t)512, 0);
     if (st >= ST_SIZE) {
@@ -273,6 +292,10 @@ static PyObject *Unpacker_get_next(Unpacker *u, void *c) {
 static PyObject *Unpacker_get_written(Unpacker *u, void *c) {
     (void)c;
     return PyLong_FromLongLong(u->written);
+}
+static PyObject *Unpacker_get_failed_op(Unpacker *u, void *c) {
+    (void)c;
+    return PyLong_FromLong(u->failed_op);
 }
 static PyObject *Unpacker_get_phase(Unpacker *u, void *c) {
     (void)c;
@@ -310,11 +333,12 @@ static int copy_column(PyObject *obj, Py_ssize_t count, size_t item, void **out)
     return 0;
 }
 
-/* Pointers to and lengths of a list of bytes names (kept alive by the list); with no_nul,
- * a name holding a NUL byte is refused (it is opened as a C string). -1 with an error set. */
+/* Pointers to and lengths of a tuple of bytes names (kept alive by the tuple, which nothing
+ * else can change); with no_nul, a name holding a NUL byte is refused (it is opened as a C
+ * string). -1 with an error set. */
 static int name_columns(PyObject *names, const char **ptr, Py_ssize_t *len, int no_nul) {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
-        PyObject *item = PyList_GET_ITEM(names, i);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        PyObject *item = PyTuple_GET_ITEM(names, i);
         if (!PyBytes_Check(item) || (no_nul && (size_t)PyBytes_GET_SIZE(item) != strlen(PyBytes_AS_STRING(item)))) {
             PyErr_SetString(PyExc_TypeError, no_nul ? "names are bytes without NUL" : "names are bytes");
             return -1;
@@ -326,26 +350,35 @@ static int name_columns(PyObject *names, const char **ptr, Py_ssize_t *len, int 
 }
 
 static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    (void)kw;
+    static char *keywords[] = {"dir_fd", "names", "sizes", "mtimes", "digests", "template", "by_name", NULL};
     int dir_fd;
     PyObject *names, *sizes, *mtimes, *digests;
     Py_buffer tmpl;
     int by_name = 0;
-    if (!PyArg_ParseTuple(args, "iO!OOOy*|p", &dir_fd, &PyList_Type, &names, &sizes, &mtimes, &digests, &tmpl,
-                          &by_name))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOOOy*|p", keywords, &dir_fd, &names, &sizes, &mtimes, &digests,
+                                     &tmpl, &by_name))
         return NULL;
+    /* a tuple of our own: a caller changing its list cannot free a name in use */
+    PyObject *owned = PySequence_Tuple(names);
+    if (owned == NULL) {
+        PyBuffer_Release(&tmpl);
+        return NULL;
+    }
     Unpacker *u = (Unpacker *)new_with_template(type, &tmpl, offsetof(Unpacker, tmpl));
-    if (u == NULL) return NULL;
+    if (u == NULL) {
+        Py_DECREF(owned);
+        return NULL;
+    }
     u->fd = -1;
     u->dir_fd = dir_fd;
     u->by_name = by_name;
-    u->count = PyList_GET_SIZE(names);
-    u->names = Py_NewRef(names);
+    u->count = PyTuple_GET_SIZE(owned);
+    u->names = owned;
     Py_ssize_t c = u->count ? u->count : 1;
     u->name_ptr = PyMem_Calloc(c, sizeof(char *));
     u->name_len = PyMem_Calloc(c, sizeof(Py_ssize_t));
     if (u->name_ptr == NULL || u->name_len == NULL) goto nomem;
-    if (name_columns(names, u->name_ptr, u->name_len, 0) != 0) goto fail;
+    if (name_columns(u->names, u->name_ptr, u->name_len, 0) != 0) goto fail;
     if (copy_column(sizes, u->count, 8, (void **)&u->sizes) != 0) goto fail;
     if (copy_column(mtimes, u->count, 8, (void **)&u->mtimes) != 0) goto fail;
     if (copy_column(digests, u->count, 16, (void **)&u->digests) != 0) goto fail;
@@ -368,6 +401,7 @@ static PyGetSetDef Unpacker_getset[] = {
     {"next", (getter)Unpacker_get_next, NULL, "the index of the next entry", NULL},
     {"written", (getter)Unpacker_get_written, NULL, "bytes of the entries written", NULL},
     {"phase", (getter)Unpacker_get_phase, NULL, "0 between members, 1 header, 2 data, 3 padding", NULL},
+    {"failed_op", (getter)Unpacker_get_failed_op, NULL, "after an errno status: 1 create, 2 write, 3 mtime, 4 close", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

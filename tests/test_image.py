@@ -41,9 +41,13 @@ def test_the_dockerignore_lets_the_lock_in() -> None:
 def test_the_image_builds_the_native_loops_into_the_installed_package_and_checks_they_load() -> None:
     build_stage = DOCKERFILE.split("\nFROM ", 2)[1]  # the first FROM opens the build stage
     assert "COPY native ./native" in build_stage and "ARG NATIVE=1" in build_stage
-    assert "native/build.py --out" in build_stage and "os.path.dirname(dsagent.format.__file__)" in build_stage
+    assert "COPY pyproject.toml setup.py MANIFEST.in" in build_stage
+    # the package's own build compiles them, required (a failed compile fails the image)
+    assert build_stage.index("COPY native ./native") < build_stage.index("uv pip install --python")
+    assert 'DSPLATFORM_BUILD_NATIVE="${build_native}" uv pip install' in build_stage
+    assert "build_native=require" in build_stage
     # -I: not the source tree in the working directory, the installed package
-    assert build_stage.count("/opt/dsplatform/bin/python -I -c") == 2
+    assert build_stage.count("/opt/dsplatform/bin/python -I -c") == 1
     assert "assert native.AVAILABLE" in build_stage
     assert re.search(r"apt-get install[^\n]* gcc", build_stage)
     runtime = DOCKERFILE.rsplit("\nFROM ", 1)[1]

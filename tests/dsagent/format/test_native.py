@@ -1,15 +1,16 @@
 """The optional native digest loop gives what the pure-Python loops give, file for file and error for error.
 
-The extension is built by ``make native``; where it is not, these tests build a private copy
-with ``native/build.py`` (and skip, saying why, on a machine without a C compiler or Python
-headers: the pure path is then the only one, and the rest of the suite covers it).
+The extension is built by the package's build (``pip install``, ``make native``: setup.py);
+where it is not (no C compiler at install time), these tests skip, saying why: the pure
+path is then the only one, and the rest of the suite covers it. Also here: the build's own
+behaviour (optional, or required and failing in one line) and the run-time switch.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import shlex
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -25,30 +26,15 @@ from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 ROOT = Path(__file__).resolve().parents[3]
 
-pytestmark = pytest.mark.slow  # builds the extension with the C compiler where it is not built
-
-
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dsagent.format._native", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.slow  # runs the build (setup.py) in subprocesses
 
 
 @pytest.fixture(scope="module")
-def extension(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """The built extension, else a private build of it (skipped without a compiler)."""
-    if native._native is not None:
-        return native._native
-    sys.path.insert(0, str(ROOT / "native"))
-    try:
-        import build as native_build  # native/build.py, not a package
-    finally:
-        sys.path.remove(str(ROOT / "native"))
-    if native_build.compiler() is None or native_build.headers() is None:
-        pytest.skip("no C compiler or Python headers here: only the pure-Python digest can run")
-    return _load(native_build.build(tmp_path_factory.mktemp("native")))
+def extension() -> ModuleType:
+    """The built extension (skipped, saying why, where it is not built)."""
+    if native._native is None:
+        pytest.skip(f"the native extension is not here ({native.OFF_REASON}): only the pure-Python loops run")
+    return native._native
 
 
 @pytest.fixture
@@ -163,7 +149,8 @@ def test_asking_for_the_native_loop_without_it_fails_and_the_default_is_the_pure
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(native, "AVAILABLE", False)
-    with pytest.raises(RuntimeError, match="make native"):
+    monkeypatch.setattr(native, "OFF_REASON", native.NOT_BUILT)
+    with pytest.raises(RuntimeError, match="the native loops are off: not built.*make native"):
         build_manifest(tree, name="d", native=True)
     assert build_manifest(tree, name="d").file_count == len(AWKWARD_FILES) + 707
 
@@ -186,14 +173,107 @@ def test_an_extension_built_from_other_sources_is_not_used(
     assert "/old/_native.so was built from other sources" in caplog.text
 
 
-def test_the_build_takes_the_compiler_asked_for_or_says_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(ROOT / "native"))
-    try:
-        import build as native_build  # native/build.py, not a package
-    finally:
-        sys.path.remove(str(ROOT / "native"))
-    monkeypatch.setenv("CC", "clang-no-such-version")
-    with pytest.raises(RuntimeError, match="CC=clang-no-such-version is not installed"):
-        native_build.compiler()  # never silently another compiler
-    monkeypatch.setenv("CC", f"{shlex.quote(sys.executable)} -c pass")  # any installed command, with its arguments
-    assert native_build.compiler() == [sys.executable, "-c", "pass"]
+def _build(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``setup.py build_ext`` into ``tmp_path`` (never the checkout's own build)."""
+    return subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib"),
+         "--build-temp", str(tmp_path / "tmp")],
+        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_a_compiler_asked_for_but_missing_fails_a_required_build_in_one_line(tmp_path: Path) -> None:
+    built = _build(tmp_path, {"CC": "clang-no-such-version", "DSPLATFORM_BUILD_NATIVE": "require"})
+    assert built.returncode != 0
+    assert built.stderr.strip() == (
+        "native: CC=clang-no-such-version is not installed (or not on PATH): install it, or unset CC"
+    )  # never silently another compiler
+    assert not list(tmp_path.rglob("_native*.so"))
+
+
+def test_without_a_compiler_the_install_goes_on_and_says_so_once(tmp_path: Path) -> None:
+    built = _build(tmp_path, {"CC": "clang-no-such-version", "DSPLATFORM_BUILD_NATIVE": "auto"})
+    assert built.returncode == 0, built.stderr
+    assert built.stderr.count("native: ") == 1 and "the pure-Python loops will run" in built.stderr
+    assert not list(tmp_path.rglob("_native*.so"))
+
+
+def test_the_build_compiles_the_extension_with_xxh3_inside(tmp_path: Path) -> None:
+    if native._native is None:
+        pytest.skip(f"no extension here ({native.OFF_REASON}): the build may not have a compiler")
+    built = _build(tmp_path, {"DSPLATFORM_BUILD_NATIVE": "require"})
+    assert built.returncode == 0, built.stderr
+    (so,) = tmp_path.rglob("_native*.so")
+    symbols = subprocess.run(["nm", "-D", str(so)], capture_output=True, text=True, check=False).stdout
+    if symbols:  # binutils present: xxh3 is compiled in, nothing is looked up or exported
+        assert "dlopen" not in symbols and "dlsym" not in symbols and "XXH" not in symbols
+    spec = importlib.util.spec_from_file_location("dsagent.format._native", so)
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    assert fresh.INTERFACE == native.INTERFACE
+    assert b"dlopen" not in (ROOT / "native" / "dsnative.c").read_bytes()
+
+
+def test_the_switch_turns_the_native_loops_off_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "LOADED", True)
+    assert native.use_native(False, why_off="DSAGENT_NATIVE=0") is False
+    assert native.AVAILABLE is False and native.describe() == "off (DSAGENT_NATIVE=0)"
+    with pytest.raises(RuntimeError, match="the native loops are off: DSAGENT_NATIVE=0"):
+        native.chosen(True)
+    assert native.chosen(None) is False
+    assert native.use_native(True) is True and native.describe() == "on"
+    monkeypatch.setattr(native, "LOADED", False)
+    monkeypatch.setattr(native, "_load_problem", native.NOT_BUILT)
+    assert native.use_native(True) is False  # on asks for what is not there
+    assert native.describe() == f"off ({native.NOT_BUILT})"
+
+
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("off", False), ("false", False), ("1", True), ("yes", True)])
+def test_dsctl_and_dsagent_honour_dsagent_native_in_their_version(value: str, on: bool) -> None:
+    for module, prog in (("dsagent.cli", "dsctl"), ("dsagent", "dsagent")):
+        shown = subprocess.run(
+            [sys.executable, "-m", module, "--version"], env={**os.environ, "DSAGENT_NATIVE": value},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        first, second = shown.stdout.strip().splitlines()
+        assert first.startswith(f"{prog}, version ")
+        if not on:
+            assert second == f"native loops: off (DSAGENT_NATIVE={value})"
+        else:
+            assert second == f"native loops: {native.describe()}"  # this suite's: on where built
+
+
+def test_a_bad_dsagent_native_is_one_line_and_exit_2() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", "--version"], env={**os.environ, "DSAGENT_NATIVE": "maybe"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "DSAGENT_NATIVE='maybe'" in shown.stderr
+
+
+def test_dsctl_digest_runs_the_pure_loop_with_dsagent_native_0(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick digest (no click) too: its edge switches the loops off before it digests."""
+    from dsagent import cli
+
+    ran: list[bool] = []
+    real = digester.digest_files
+
+    def spy(*args: object, **kwargs: object) -> object:
+        ran.append(native.AVAILABLE)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(digester, "digest_files", spy)
+    monkeypatch.setenv("DSAGENT_NATIVE", "0")
+    monkeypatch.setenv("DSAGENT_DIGEST_CACHE", os.devnull + "-unused")
+    cli.main(["digest", str(tree), "--no-digest-cache", "-o", "json"])
+    assert ran == [False] and native.describe() == "off (DSAGENT_NATIVE=0)"
+
+
+def test_the_extension_in_use_is_the_one_asked_for(extension: ModuleType) -> None:
+    """Under ``tools/ci/native-asan.sh`` the sanitized build runs, not the installed one."""
+    asked = os.environ.get("DSPLATFORM_TEST_NATIVE")
+    assert extension is native._native
+    if asked:
+        assert extension.__file__ == asked

@@ -333,3 +333,176 @@ def test_both_loops_agree_on_randomly_damaged_streams(
         where.mkdir()
         pure = _outcome(store, manifest, where / "pure", False)
         assert _outcome(store, manifest, where / "native", True) == pure, data
+
+
+# --------------------------------------------------------------------------- the C object's contract
+
+
+def _columns(manifest: Manifest) -> tuple[list[str], dict[str, object]]:
+    """The bundle's paths, and the Unpacker's other arguments, by keyword."""
+    from dsagent.format.entries import EntryTable
+    from dsagent.format.tarstream import plain_template
+
+    members = EntryTable.of(manifest.bundle_entries(manifest.bundles[0]))
+    return list(members.paths), {
+        "sizes": members.sizes, "mtimes": members.mtimes, "digests": members.digests, "template": plain_template(),
+    }  # fmt: skip
+
+
+def _feed_all(loop: object, tar: bytes) -> tuple[int, int]:
+    used, status, _, _ = loop.feed(tar)  # type: ignore[attr-defined]
+    return used, status
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_the_unpacker_takes_every_argument_by_keyword(
+    by_name: bool, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    _, manifest = small
+    paths, columns = _columns(manifest)
+    target = tmp_path / "t"
+    for path in paths:
+        (target / path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        loop = with_native.Unpacker(dir_fd=fd, names=[p.encode() for p in paths], by_name=by_name, **columns)
+        _, status = _feed_all(loop, b"".join([*_legit(), _END]))
+    finally:
+        os.close(fd)
+    assert status == 2 and loop.next == len(paths)  # END, every member written
+    written = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert written == (sorted(paths) if by_name else [str(i) for i in range(len(paths))])
+
+
+def test_the_unpacker_and_the_reader_refuse_an_unknown_keyword(
+    small: tuple[Path, Manifest], with_native: ModuleType
+) -> None:
+    from dsagent.format.tarstream import plain_template
+
+    _, manifest = small
+    paths, columns = _columns(manifest)
+    names = [p.encode() for p in paths]
+    with pytest.raises(TypeError, match="by_nmae"):
+        with_native.Unpacker(0, names, **columns, by_nmae=True)
+    with pytest.raises(TypeError):  # by_name twice: positionally and by keyword
+        with_native.Unpacker(0, names, *columns.values(), True, by_name=True)
+    reader = with_native.TarReader(dir_fd=0, members=[], template=plain_template(), header=lambda m: b"")
+    assert reader.next == 0
+    with pytest.raises(TypeError):  # an unknown keyword
+        with_native.TarReader(0, [], plain_template(), lambda m: b"", headers=lambda m: b"")
+
+
+def test_the_unpacker_owns_its_names(small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType) -> None:
+    """The names are copied into a tuple the loop holds: a caller emptying (or refilling)
+    its list cannot free a name the loop compares or creates files by."""
+    _, manifest = small
+    paths, columns = _columns(manifest)
+    names = [p.encode() for p in paths]
+    target = tmp_path / "t"
+    target.mkdir()
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        loop = with_native.Unpacker(fd, names, **columns)
+        names.clear()
+        names.extend([b"x" * 100] * len(paths))  # what a freed name's memory might now hold
+        _, status = _feed_all(loop, b"".join([*_legit(), _END]))
+        tupled = with_native.Unpacker(fd, tuple(p.encode() for p in paths), **columns)  # any sequence
+    finally:
+        os.close(fd)
+    assert status == 2 and loop.next == len(paths) and tupled.next == 0
+    assert sorted(os.listdir(target)) == sorted(str(i) for i in range(len(paths)))
+
+
+def _errors_alike(outcomes: list[tuple[str, str]], *where: Path) -> list[tuple[str, str]]:
+    """The outcomes with each target's path (and a staging directory's random suffix) made
+    the same, so two targets' messages can be compared."""
+    import re
+
+    same = []
+    for kind, message in outcomes:
+        for path in where:
+            message = message.replace(str(path), "TARGET")
+        same.append((kind, re.sub(r"(\.dsagent-staging/[0-9a-f]+)-[0-9a-f]{8}", r"\1-X", message)))
+    return same
+
+
+def test_a_file_too_large_fails_alike_in_type_and_message(
+    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    import resource
+    import signal
+
+    store, manifest = small
+    outcomes: list[tuple[str, str]] = []
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        for use in (False, True):
+            target = tmp_path / str(use)
+            target.mkdir()
+            resource.setrlimit(resource.RLIMIT_FSIZE, (2000, old_limit[1]))  # train/a.jpg has 3000 bytes
+            try:
+                with pytest.raises(DsagentError) as caught:
+                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+            outcomes.append((type(caught.value).__name__, str(caught.value).replace(str(target), "TARGET")))
+    finally:
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert outcomes[0] == outcomes[1], outcomes
+    assert outcomes[0][0] == "CacheDiskError" and "[Errno 27] File too large)" in outcomes[0][1]
+
+
+def test_a_file_in_the_way_fails_alike_in_type_and_message(
+    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    """Written in place (no staging), a file already at a member's path: EEXIST from the
+    create (O_EXCL), naming the path, on both paths."""
+    store, manifest = small
+    outcomes: list[tuple[str, str]] = []
+    for use in (False, True):
+        target = tmp_path / str(use)
+        (target / "train").mkdir(parents=True)
+        (target / "train" / "b.jpg").write_bytes(b"already here")
+        with pytest.raises(DsagentError) as caught:
+            unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, in_place=True)
+        outcomes.append((type(caught.value).__name__, str(caught.value).replace(str(target), "TARGET")))
+    assert outcomes[0] == outcomes[1], outcomes
+    assert "[Errno 17] File exists: 'TARGET/train/b.jpg'" in outcomes[0][1]
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT", "EIO"])
+@pytest.mark.parametrize("kind", ["open", "write"])
+@pytest.mark.parametrize("at", [1, 3])
+def test_a_full_disk_or_quota_fails_alike_in_type_and_message(
+    code: str, kind: str, at: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    """The fault injector's errors (tools/support/faults.py) at the Nth create or write of
+    a file: the pure loop's through ``os``, the C loop's through its I/O hook."""
+    from tools.support.faults import ERRNOS, Injector
+
+    store, manifest = small
+    outcomes: list[tuple[str, str]] = []
+    hits: list[int] = []
+    for use in (False, True):
+        # the loops open other things in another order (the C loop's directory first): the
+        # point is the Nth create or write of a member's file, wherever that falls
+        dry = Injector(tmp_path / f"dry-{use}", kinds=(kind,))
+        dry.root = os.path.realpath(tmp_path / f"dry-{use}") + "/"
+        (tmp_path / f"dry-{use}").mkdir()
+        with dry:
+            unpack_bundle(store, manifest, manifest.bundles[0], tmp_path / f"dry-{use}", native=use, durable=False)
+        files = [n for n, (_, path) in enumerate(dry.ops, 1) if path.rsplit("/", 1)[-1].isdigit()]
+        target = tmp_path / str(use)
+        target.mkdir()
+        injector = Injector(target, at=files[at - 1], code=ERRNOS[code], kinds=(kind,))
+        with injector, pytest.raises(DsagentError) as caught:
+            unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, durable=False)
+        hits.append(injector.native_ops)
+        assert os.listdir(target) == []  # nothing of the bundle, no staging left
+        outcomes.append((type(caught.value).__name__, str(caught.value)))
+    assert hits[0] == 0 and hits[1] >= at  # the C loop's own calls were the ones failed
+    pure, c = _errors_alike(outcomes, tmp_path / "False", tmp_path / "True")
+    assert pure == c, outcomes
+    expected = "InsufficientSpace" if code in ("ENOSPC", "EDQUOT") else "CacheDiskError"
+    assert outcomes[0][0] == expected
