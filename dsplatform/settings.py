@@ -38,6 +38,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from typing_extensions import Self
 
 from dsplatform.errors import VocabularyError
+from dsplatform.flags import parse_flag
 from dsplatform.names import resource_prefix_problem
 
 # (the class being read, its environment): only that class reads it, so a settings object
@@ -206,22 +207,6 @@ def refuse_unknown(
     ]
     if unknown:
         raise UnknownSettings(unknown)
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
-
-
-def parse_flag(value: Any) -> bool:
-    """The one boolean syntax of every setting: 1/0, true/false, yes/no, on/off (empty: false)."""
-    if isinstance(value, bool):
-        return value
-    lowered = str(value).strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"{value!r} is not a boolean (expected 1/0, true/false, yes/no or on/off)")
 
 
 #: A boolean setting, in :func:`parse_flag`'s syntax.

@@ -136,6 +136,62 @@ def _logging_restored() -> Iterator[None]:
         logger.setLevel(uvicorn_level)
 
 
+def _sanitized_native_loops() -> None:
+    """``DSPLATFORM_TEST_NATIVE=<path of a _native*.so>``: the native loops of that build run
+    instead of the installed ones (``tools/ci/native-asan.sh``'s, built with the sanitizers);
+    a build that does not load, or speaks another interface, fails the session."""
+    path = os.environ.get("DSPLATFORM_TEST_NATIVE")
+    if not path:
+        return
+    import importlib.util
+
+    from dsagent.format import native
+
+    spec = importlib.util.spec_from_file_location("dsagent.format._native", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.INTERFACE == native.INTERFACE, f"{path} speaks interface {module.INTERFACE}"
+    native._native = module  # type: ignore[attr-defined]
+    native.LOADED = native.AVAILABLE = True
+    native.OFF_REASON = None
+
+
+_sanitized_native_loops()
+
+
+def pytest_report_header() -> str:
+    from dsagent.format import native
+
+    where = f" ({native._native.__file__})" if native.LOADED else ""  # type: ignore[attr-defined]
+    return f"native loops: {native.describe()}{where}"
+
+
+@pytest.fixture(autouse=True)
+def _native_switch_restored() -> Iterator[None]:
+    """A process edge run in-process (``dsctl``'s main, the agent's ``run``) switches the
+    native loops for the process (:func:`dsagent.format.native.use_native`): later tests get
+    them back as they were."""
+    from dsagent.format import native
+
+    before = native.AVAILABLE, native.OFF_REASON
+    yield
+    native.AVAILABLE, native.OFF_REASON = before
+
+
+@pytest.fixture(params=["native", "pure"])
+def native_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test of a module that uses it runs twice: with the native loops (skipped, saying
+    why, where the extension is not built) and with the pure-Python ones. The format,
+    extraction and fault-injection modules use it (``pytestmark``)."""
+    from dsagent.format import native
+
+    if request.param == "native" and not native.LOADED:
+        pytest.skip(f"the native loops are not here: {native.OFF_REASON}")
+    monkeypatch.setattr(native, "AVAILABLE", request.param == "native")
+    return str(request.param)
+
+
 os.environ.setdefault("DSAGENT_PROTOCOLS", ",".join(TEST_PROTOCOLS))  # agents the tests start as processes
 os.environ.setdefault("DSAGENT_EGRESS_ALLOW", ",".join(TEST_EGRESS_ALLOW))
 

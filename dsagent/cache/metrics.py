@@ -46,8 +46,8 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
   same request is the agent's ``audit`` log line. ``namespace_refusals_total{namespace}``:
   pins refused because the namespace holds its share of the cache. The namespace label is
   bounded by the cluster's namespaces, and only the controller (the admin token) sets it.
-- ``native_loops``: 1 when the native digest, pack and unpack loops are loaded (the image
-  builds them; docs/design-native.md), 0 when the pure-Python loops run.
+- ``native_loops``: 1 when the native digest, pack and unpack loops run (built, and not
+  switched off by ``DSAGENT_NATIVE``; docs/design-native.md), 0 when the pure-Python loops run.
 - ``build_info{version}`` = 1.
 
 Series an alert or a ratio reads exist (at 0) before their first event: the ``ok`` codes,

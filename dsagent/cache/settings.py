@@ -211,6 +211,9 @@ class Settings(StorageSettings, AgentLogSettings):
     egress_allow: Words = Field(default_factory=lambda: egress.DEFAULT_ALLOWED)
     proc_root: Path = Path("/proc")  # where callers' cgroups are read (pod identity); tests point it elsewhere
     stall_timeout: Duration = 120.0  # readiness fails when queued blocking work waits longer than this
+    # the native digest, pack and unpack loops where they are built (docs/design-native.md#switch);
+    # off: the pure-Python ones
+    native: Flag = True
     kubernetes: Flag = False
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation)
     device_plugin: Flag = False

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from gc import freeze  # not `import gc`: the package's gc command module would shadow it
 from typing import Any
 
-from dsagent.cli.edge import quick_edge
+from dsagent.cli.edge import native_switch, quick_edge
 
 #: dsctl's own ``DSAGENT_*`` variables and the pod contract the webhook writes: the names a
 #: misspelling is measured against (:func:`refuse_unknown_environment`). A test holds this a
@@ -26,6 +26,7 @@ COMMON_VARIABLES = frozenset(
     {
         "DSAGENT_DATASETS", "DSAGENT_BUNDLES", "DSAGENT_TASK_ID", "DSAGENT_SOCKET", "DSAGENT_AGENT",
         "DSAGENT_ADMIN_TOKEN", "DSAGENT_ROOT", "DSAGENT_DIGEST_CACHE", "DSAGENT_STATUS_FILE", "DSAGENT_DATASETS_DIR",
+        "DSAGENT_NATIVE",
     }
 )  # fmt: skip
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(freeze)
     with quick_edge("dsctl"):
         refuse_unknown_environment(os.environ)
+        native_switch(os.environ)
         if quick_digest(sys.argv[1:] if argv is None else argv):
             return
     from dsagent.cli.group import cli, run

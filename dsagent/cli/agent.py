@@ -12,12 +12,13 @@ from pathlib import Path
 import click
 
 from dsagent.cache.settings import Settings
+from dsagent.cli.group import version_option
 from dsagent.nodeagent.serve import refuse_unknown_settings, run
 from dsplatform.logs import LOG_FORMATS, LOG_LEVELS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dsplatform", prog_name="dsagent")
+@version_option("dsagent")
 def agent() -> None:
     """dsagent: the dsplatform node agent (a DaemonSet on every GPU node)."""
 

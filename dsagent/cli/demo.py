@@ -58,7 +58,9 @@ def run(root: Path = DEMO_ROOT) -> list[str]:
     source, store, cache = root / "source", root / "store", root / "datasets"
     for path in (source, store, cache):
         shutil.rmtree(path, ignore_errors=True)
-    print("dsplatform demo, stage 1: digest, pack, unpack and verify a dataset")
+    from dsagent.format import native
+
+    print(f"dsplatform demo, stage 1: digest, pack, unpack and verify a dataset (native loops {native.describe()})")
     total = generate(source)
     say("generated", f"{source}: {FILES} image-like files, {format_size(total)} in {CLASSES} classes (+1 empty class)")
 
@@ -220,6 +222,11 @@ def _metric(text: str, name: str) -> str:
 
 
 def main() -> None:
+    import os
+
+    from dsagent.cli.edge import native_switch
+
+    native_switch(os.environ)  # DSAGENT_NATIVE=0: the pure-Python loops
     run()
     run_agent()
 

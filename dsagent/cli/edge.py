@@ -1,21 +1,48 @@
-"""The error edge both ways into ``dsctl`` share, without click.
+"""The error edge both ways into ``dsctl`` share, without click, and the native loops' switch.
 
 Who calls it: :func:`dsagent.cli.group.run` (click's way in) and :func:`dsagent.cli.main`
-around the quick way in (:mod:`dsagent.cli.digesting`). What it owns: what becomes of an
-error that is not a deliberate one (:func:`unexpected`), and the quick way's edge
-(:func:`quick_edge`): a deliberate error is one line and its exit code
-(:func:`dsplatform.errors.exit_on_error`), Ctrl-C is 130.
+around the quick way in (:mod:`dsagent.cli.digesting`); ``dsctl``, ``dsagent`` and the demo
+for :func:`native_switch`. What it owns: what becomes of an error that is not a deliberate
+one (:func:`unexpected`), the quick way's edge (:func:`quick_edge`): a deliberate error is
+one line and its exit code (:func:`dsplatform.errors.exit_on_error`), Ctrl-C is 130; and
+``DSAGENT_NATIVE`` read at the command line's edge (:func:`native_switch`), so that no
+module below reads it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import NoReturn
 
 from dsplatform.errors import exit_on_error, exit_with
+from dsplatform.flags import parse_flag
+
+#: the switch of the native loops (docs/design-native.md#switch): unset, they run where they
+#: are built; a false value (0, false, no, off) runs the pure-Python loops. The node agent's
+#: settings declare it too (:attr:`dsagent.cache.settings.Settings.native`).
+NATIVE_VARIABLE = "DSAGENT_NATIVE"
+
+
+def native_switch(environ: Mapping[str, str]) -> None:
+    """Switch the native loops off for this process when ``DSAGENT_NATIVE`` says so
+    (:func:`dsagent.format.native.use_native`); a value that is not a boolean is a
+    :class:`~dsagent.errors.SettingsError` (one line, exit 2). Unset: nothing is imported."""
+    value = environ.get(NATIVE_VARIABLE)
+    if value is None:
+        return
+    try:
+        enabled = parse_flag(value)
+    except ValueError as exc:
+        from dsagent.errors import SettingsError
+
+        raise SettingsError(f"{NATIVE_VARIABLE}={value!r}: {exc}") from None
+    if not enabled:
+        from dsagent.format import native
+
+        native.use_native(False, why_off=f"{NATIVE_VARIABLE}={value}")
 
 
 def unexpected(exc: Exception, prog: str) -> NoReturn:
@@ -49,4 +76,4 @@ def quick_edge(prog: str) -> Iterator[None]:
         unexpected(exc, prog)
 
 
-__all__ = ["quick_edge", "unexpected"]
+__all__ = ["NATIVE_VARIABLE", "native_switch", "quick_edge", "unexpected"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -75,8 +76,38 @@ class LazyGroup(click.Group):
         return command if isinstance(command, click.Command) else None
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def version_option(prog: str) -> Callable[[_F], _F]:
+    """``--version``: the version, and whether the native loops run (``on``, or ``off`` and
+    why: not built, or ``DSAGENT_NATIVE``), on a second line."""
+
+    def show(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if not value or ctx.resilient_parsing:
+            return
+        import os
+
+        from dsagent import __version__
+        from dsagent.cli.edge import native_switch
+        from dsagent.format import native
+
+        native_switch(os.environ)  # dsagent's too (dsctl's edge has applied it already)
+        click.echo(f"{prog}, version {__version__}\nnative loops: {native.describe()}")
+        ctx.exit()
+
+    return click.option(
+        "--version",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=show,
+        help="Show the version and whether the native loops run, and exit.",
+    )
+
+
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dsplatform", prog_name="dsctl")
+@version_option("dsctl")
 def cli() -> None:
     """dsctl: digest, pack and cache datasets; inspect GPU topology; run the extender."""
 

@@ -1,4 +1,4 @@
-"""The optional native loops: ``dsagent.format._native``, a C extension built only by ``make native``.
+"""The optional native loops: ``dsagent.format._native``, a C extension built by the package's build.
 
 Who calls it: the digest (:func:`dsagent.format.digester.digest_files`), which hashes a
 local tree with :func:`hash_names` on threads when the extension is here, and with its
@@ -11,7 +11,9 @@ one-pass pack's serial steps around it: the listing (:func:`list_dirs`, a batch 
 directories a call), the bundle plan's boundaries (:func:`plan_cuts`), the manifest's lines
 (:func:`entry_lines`) and the digest records of the entries (:func:`digest_records`, for
 every dataset and bundle digest), each the Python rule's result exactly. What it owns:
-whether the extension is importable (:data:`AVAILABLE`), the call that turns one
+whether the extension is loaded (:data:`LOADED`) and whether its loops run
+(:data:`AVAILABLE`: loaded and not switched off by the process's edge, :func:`use_native`;
+:func:`describe` says which and why), the call that turns one
 directory's names into the digest's columns, and the hand-over between the C member loop
 and the Python one.
 
@@ -26,7 +28,8 @@ Why C at all, and why optional: the pure-Python digest spends ~15 us of interpre
 file under the GIL, so it needs one process per core, pickled replies and a serial merge; the
 C loop opens, stats, reads and hashes a whole group of files with the GIL released, so plain
 threads use every core (figures and the decision: docs/design-native.md). ``pip install``
-never compiles anything, so a machine without a compiler installs and runs the pure path.
+builds it where a C compiler is (``setup.py``: an optional extension), so a machine without
+one installs and runs the pure path.
 """
 
 from __future__ import annotations
@@ -47,18 +50,23 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 13
+INTERFACE = 14
 
+#: why the extension is not loaded, when it is not
+NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
+_load_problem: str | None = None
 try:
     from dsagent.format import _native  # type: ignore[attr-defined]
-except ImportError:  # not built (make native), or no xxh3 library to bind
+except ImportError as exc:  # not built (no compiler at install time), or unloadable
     _native = None
+    _load_problem = NOT_BUILT if exc.name == "dsagent.format._native" else f"cannot load: {exc}"
 if _native is not None and getattr(_native, "INTERFACE", None) != INTERFACE:
     logging.getLogger(__name__).warning(
         "the native extension %s was built from other sources: the pure-Python loops run (make native)",
         _native.__file__,
     )
     _native = None
+    _load_problem = "built from other sources (make native)"
 
 
 class Table(Protocol):
@@ -86,16 +94,43 @@ class Member(Protocol):
 
 _M = TypeVar("_M", bound=Member)
 
-#: True when the extension is built and loaded.
-AVAILABLE = _native is not None
+#: True when the extension is built and loaded, whether or not it is switched on.
+LOADED = _native is not None
+
+#: True when the native loops run: loaded, and not switched off by :func:`use_native`.
+#: Every caller reads it at call time (``native.AVAILABLE``), never copies it.
+AVAILABLE = LOADED
+
+#: Why the native loops do not run (None while they do): the extension's load problem, or
+#: what :func:`use_native` was told.
+OFF_REASON: str | None = _load_problem
+
+
+def use_native(enabled: bool, *, why_off: str = "switched off") -> bool:
+    """Switch the native loops on (when :data:`LOADED`) or off for this process and the
+    processes it forks; returns :data:`AVAILABLE`.
+
+    Called once by each process's edge with its setting (``DSAGENT_NATIVE``: the node
+    agent from its settings, ``dsctl``, ``dsagent`` and the demo from their command line's
+    edge); this module reads no environment. ``why_off`` is what :func:`describe` says
+    when ``enabled`` is false."""
+    global AVAILABLE, OFF_REASON
+    AVAILABLE = LOADED and enabled
+    OFF_REASON = None if AVAILABLE else (_load_problem if enabled else why_off)
+    return AVAILABLE
+
+
+def describe() -> str:
+    """``on``, or ``off (why)``: what the start-up line and ``--version`` say."""
+    return "on" if AVAILABLE else f"off ({OFF_REASON or 'switched off'})"
 
 
 def chosen(native: bool | None) -> bool:
-    """Whether a caller's ``native`` choice runs the native loops: ``None`` when the
-    extension is built, ``False`` never, ``True`` always (:class:`RuntimeError` when it is
-    not built)."""
+    """Whether a caller's ``native`` choice runs the native loops: ``None`` when they are
+    on (:data:`AVAILABLE`), ``False`` never, ``True`` always (:class:`RuntimeError` saying
+    why when they are off)."""
     if native and not AVAILABLE:
-        raise RuntimeError("the native extension is not built (make native)")
+        raise RuntimeError(f"the native loops are off: {OFF_REASON or NOT_BUILT}")
     return AVAILABLE if native is None else native
 
 
@@ -226,6 +261,7 @@ def plan_cuts(paths: list[str], upto: list[int], max_files: int, max_bytes: int)
 # what Unpacker.feed reports (native/unpackloop.c)
 _MORE, _FOREIGN, _END, _SIZE, _DIGEST, _ERRNO = range(6)
 _IN_DATA = 2
+_FAILED_CREATE = 1  # Unpacker.failed_op: the file's create; else a write, its mtime or its close
 
 
 def extract_members(
@@ -239,6 +275,7 @@ def extract_members(
     rest: Callable[[], None],
     written: Callable[[int], None],
     progress: Callable[[int, int], None] | None,
+    path: Callable[[int], str],
     by_name: bool = False,
 ) -> None:
     """A bundle's members from ``reader`` into ``dir_fd`` (each entry under its index, or with
@@ -246,9 +283,14 @@ def extract_members(
 
     ``one_member`` is the Python loop's step: it parses, checks and writes the next member
     (or raises its error) and returns its index, or None at the end of the archive; ``rest``
-    is the Python loop for whatever follows. Each path written is added to ``seen``;
+    is the Python loop for whatever follows; ``path(index)`` is where the Python loop creates
+    entry ``index`` (what its error names). Each path written is added to ``seen``;
     ``written`` is told the bytes written, ``progress`` the bytes and files. Stops after the
-    end-of-archive block (the caller drains the stream); raises what the pure loop raises.
+    end-of-archive block (the caller drains the stream); raises what the pure loop raises:
+    a file that cannot be created is an :class:`OSError` naming ``path(index)``, as
+    ``os.open`` raises it; a failed write, mtime or close one naming no file, as ``os.write``
+    and ``os.utime`` of a descriptor raise it (so ENOSPC, EDQUOT, EFBIG and EEXIST read alike
+    on both paths).
     """
     assert _native is not None, "the native extension is not built"
     from dsagent.format.tarstream import plain_template  # here: the digest, which imports this module, needs no tar
@@ -256,7 +298,7 @@ def extract_members(
     paths = members.paths
     loop = _native.Unpacker(
         dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
-        members.digests, plain_template(), by_name,
+        members.digests, plain_template(), by_name=by_name,
     )  # fmt: skip
     while True:
         view = reader.read(CHUNK_SIZE)
@@ -293,7 +335,19 @@ def extract_members(
                 f"{what}: {paths[a]!r} does not match its digest",
                 hint="the bundle is corrupt or was tampered with; re-pack the dataset",
             )
-        raise OSError(b, os.strerror(b), f"{paths[a]!r} of {what}")
+        if loop.failed_op == _FAILED_CREATE:
+            raise OSError(b, os.strerror(b), path(a))
+        raise OSError(b, os.strerror(b))
+
+
+def set_io_hook(hook: Callable[[str, int, bytes | None], object] | None) -> None:
+    """Fault injection's view of the C unpack loop's writes (``tools/support/faults.py``):
+    ``hook(kind, fd, name)`` is called before each file's create (``"open"``, the directory's
+    descriptor and the name) and each write (``"write"``, the file's descriptor, None); an
+    :class:`OSError` it raises is that call's failure. None removes it. Only call it when
+    :data:`LOADED`."""
+    assert _native is not None, "the native extension is not built"
+    _native.set_io_hook(hook)
 
 
 # what TarReader.fill reports (native/packloop.c)
@@ -315,6 +369,9 @@ def tar_reader(dir_fd: int, members: Sequence[_M], header: Callable[[_M], bytes]
 
 __all__ = [
     "AVAILABLE",
+    "LOADED",
+    "NOT_BUILT",
+    "OFF_REASON",
     "FILL_CHANGED",
     "FILL_DIGEST",
     "FILL_DONE",
@@ -322,6 +379,8 @@ __all__ = [
     "FILL_MORE",
     "Columns",
     "chosen",
+    "describe",
+    "use_native",
     "block_samples",
     "rle_frame",
     "zero_tails",
@@ -333,4 +392,5 @@ __all__ = [
     "first_unsafe",
     "parents",
     "tar_reader",
+    "set_io_hook",
 ]

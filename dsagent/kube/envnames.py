@@ -36,6 +36,7 @@ POD_AND_DSCTL_NAMES = frozenset(
         "DSAGENT_STATUS_FILE",
         "DSAGENT_AGENT",
         "DSAGENT_DIGEST_CACHE",
+        "DSAGENT_NATIVE",  # the native loops' switch: dsctl's edge reads it, and the agent's settings
     }
 )
 

@@ -48,6 +48,7 @@ from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
 from dsagent.envsettings import agent_record_name, agent_records
 from dsagent.errors import DsagentError, SettingsError
+from dsagent.format import native
 from dsagent.nodeagent.nodeparts import (
     SETTINGS,
     device_plugin_wanted,
@@ -76,6 +77,7 @@ def run(settings: Settings) -> None:
             hint="run without --kubernetes",
         )
     require_kubelet_extra(settings)
+    native.use_native(settings.native, why_off=f"{Settings.env_name('native')}=0")  # this process and its forks
     if settings.kubernetes:
         _check_cluster_mode(settings)
     _check_local_sources(settings)
@@ -288,7 +290,7 @@ async def _run(
 
 def startup_line(settings: Settings, device_plugin: bool) -> str:
     """The one line an operator reads first: what runs, where it keeps data, where it
-    answers and how much it may hold."""
+    answers, how much it may hold, and whether the native loops run (and why not)."""
     from dsagent import __version__
     from dsplatform.units import format_size
 
@@ -302,7 +304,7 @@ def startup_line(settings: Settings, device_plugin: bool) -> str:
     return (
         f"dsagent {__version__} serving: root {settings.root}, socket {settings.socket}, tcp {tcp}, "
         f"capacity {capacity} ({room}), cluster mode {'on' if settings.kubernetes else 'off'}, "
-        f"device plugin {'on' if device_plugin else 'off'}"
+        f"device plugin {'on' if device_plugin else 'off'}, native loops {native.describe()}"
     )
 
 

@@ -42,7 +42,8 @@ page and the code differ).
 
 OTHERS = """charts/dsplatform/                the Helm chart
 docs/                             this site: design.md (the design rules, with anchors, and the layers), threat-model.md
-native/                           the optional C extension dsagent.format._native (make native; design-native.md)
+native/                           the optional C extension dsagent.format._native, built by setup.py (pip install,
+                                  make native) with XXH3 from vendor/xxhash/; design-native.md
 tests/                            mirrors the packages (tests/dsagent/webhook/test_webhook.py, ...), charts/ for
                                   the chart; fixtures/ with provenance; the fake kubelet
 tools/                            bench/ (benchmarks, each with --smoke), sim/ (the cluster simulator), faults/,

@@ -6,7 +6,9 @@ each of ENOSPC, EIO and EDQUOT, failed once and failed from there on (a full dis
 full): an in-process agent serves the task with that fault, then the same request with
 the fault gone; then the same with ``kill -9`` at each point (a forked child of the
 agent's service; ``--serve-points`` of them also against a real ``dsagent serve``), a
-restart and the same request. After each it checks what ``tools/support/faults.py`` describes:
+restart and the same request. The loops are the ones that run in production: where the
+native extension is built, the C unpack loop's creates and writes are injection points too
+(its I/O hook; the output says how many). After each it checks what ``tools/support/faults.py`` describes:
 failed with a clear code or ready with a copy that verifies, never anything in between
 reported ready, no staging, reservation, record or trash left. The suite runs a sample
 (tests/dsagent/cache/test_fault_injection.py).
@@ -82,6 +84,11 @@ def main() -> int:
     if counted.violations:
         print("the fault-free run broke an invariant:", counted.violations)
         return 1
+    from dsagent.format import native
+
+    if native.AVAILABLE and not injector.native_ops:
+        print("the native loops are on but the C unpack loop reached no injection point")
+        return 1
     points = injector.count
     step = 10 if args.smoke else 1
     codes = {"ENOSPC": ERRNOS["ENOSPC"]} if args.smoke else ERRNOS
@@ -115,6 +122,8 @@ def main() -> int:
         "files": data.manifest().file_count,
         "injection_points": points,
         "operations": dict(injector.kinds),
+        "native_loops": native.describe(),
+        "native_operations": injector.native_ops,
         "errnos": list(codes),
         "runs": runs,
         "kill_points": len(kill_points),
@@ -127,6 +136,7 @@ def main() -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(f"dataset: {summary['files']} files in {summary['bundles']} bundles (tar+zstd)")
+        print(f"native loops: {summary['native_loops']} ({injector.native_ops} of the points in the C unpack loop)")
         print(f"injection points: {points} ({', '.join(f'{k} {v}' for k, v in sorted(injector.kinds.items()))})")
         print(
             f"runs: {runs} ({len(codes)} errnos x once/persist x {len(range(1, points + 1, step))} points"

@@ -9,7 +9,8 @@ it also fails on any out-of-bounds read or write in C.
 
     python -m pip install atheris==3.0.0      # not in the lock: a person runs this
     apt-get install clang                     # coverage and ASan instrumentation
-    CC="clang -fsanitize=fuzzer-no-link,address" python native/build.py --out /tmp/fuzz-native
+    CC=clang CFLAGS="-fsanitize=fuzzer-no-link,address" LDFLAGS="-fsanitize=fuzzer-no-link,address" \\
+        DSPLATFORM_BUILD_NATIVE=require python setup.py -q build_ext --build-lib /tmp/fuzz-native
     LD_PRELOAD="$(python -c 'import atheris; print(atheris.path())')/asan_with_fuzzer.so" \\
         ASAN_OPTIONS=detect_leaks=0 python tools/fuzz/native_unpack.py --extension /tmp/fuzz-native \\
         -- -max_total_time=600 /tmp/fuzz-corpus
@@ -60,10 +61,10 @@ class Mismatch(AssertionError):
 
 
 def load_extension(directory: Path) -> ModuleType:
-    """The ``_native*.so`` built into ``directory`` (``native/build.py --out``)."""
-    found = sorted(directory.glob("_native*.so"))
+    """The ``_native*.so`` built under ``directory`` (``setup.py build_ext --build-lib``)."""
+    found = sorted(directory.rglob("_native*.so"))
     if not found:
-        raise FileNotFoundError(f"no _native*.so in {directory} (native/build.py --out {directory})")
+        raise FileNotFoundError(f"no _native*.so under {directory} (setup.py build_ext --build-lib {directory})")
     spec = importlib.util.spec_from_file_location("dsagent.format._native", found[0])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -75,7 +76,8 @@ def use_extension(module: ModuleType) -> None:
     from dsagent.format import native
 
     native._native = module  # type: ignore[attr-defined]
-    native.AVAILABLE = True
+    native.LOADED = native.AVAILABLE = True
+    native.OFF_REASON = None
 
 
 def _member(name: str, data: bytes, kind: bytes = tarfile.REGTYPE) -> bytes:

@@ -9,9 +9,11 @@ and ``tools/faults/sweep.py`` (every point). What it owns:
   catalog's commits, and makes the Nth fail with an ``OSError`` (ENOSPC, EIO, EDQUOT; a
   commit fails as SQLite reports it), once or from N on (a full disk stays full), or
   kills the process there (``SIGKILL``). It wraps the ``os`` / ``io`` functions the agent
-  calls, so the agent's code is the real one (its pure-Python loops: the optional C loops
-  are off while it is installed); operations outside the root (the bundle store, pytest's
-  own files) are not counted.
+  calls, so the agent's code is the real one; where the native loops run, the C unpack
+  loop's creates and writes are counted and failed too, through its I/O hook
+  (:func:`dsagent.format.native.set_io_hook`), so a sweep covers the loops that run in
+  production. Operations outside the root (the bundle store, pytest's own files) are not
+  counted.
 - :func:`run_point`: one in-process agent (a real :class:`CacheService`, a real tar+zstd
   multi-bundle store in a local directory) serving one task with the fault armed, then
   the same request with the fault gone, checking after each: the task failed with a
@@ -83,6 +85,7 @@ class Injector:
         self.kinds: Counter[str] = Counter()
         self.ops: list[tuple[str, str]] = []  # (kind, path) of each counted operation, in order
         self.failed_op: tuple[str, str] | None = None
+        self.native_ops = 0  # of the operations counted, those of the C unpack loop (its I/O hook)
         self._lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
 
@@ -130,6 +133,8 @@ class Injector:
         if kind == "commit":
             message = "database or disk is full" if self.code in (errno.ENOSPC, errno.EDQUOT) else "disk I/O error"
             raise sqlite3.OperationalError(message)
+        if kind == "write" and isinstance(path, int):  # os.write's own error names no file (nor does the C loop's)
+            raise OSError(self.code, os.strerror(self.code))
         raise OSError(self.code, os.strerror(self.code), name)
 
     # -- installing -----------------------------------------------------------------
@@ -145,10 +150,16 @@ class Injector:
         from dsagent.format import durable, native
 
         hit, under = self.hit, self.under
-        # it sees only what Python calls: the optional C loops (make native) write files
-        # without passing through os, so they are off while it is installed (their own
-        # write errors are tested in tests/dsagent/format/test_native_unpack.py)
-        self._patch(native, "AVAILABLE", lambda real: False)
+        if native.AVAILABLE:
+            # the C unpack loop writes files without passing through os: its hook counts
+            # (and fails, or kills at) each create and write as the wrappers below do
+            def c_io(kind: str, fd: int, name: bytes | None) -> None:
+                if self.armed and kind in self.counted:
+                    self.native_ops += 1
+                hit(kind, fd if name is None else os.path.join(os.readlink(f"/proc/self/fd/{fd}"), os.fsdecode(name)))
+
+            native.set_io_hook(c_io)
+            self._undo.append(lambda: native.set_io_hook(None))
 
         def path_op(kind: str) -> Callable[[Any], Any]:
             def make(real: Any) -> Any:

@@ -241,7 +241,7 @@ class _Members:
             native_loops.extract_members(
                 self.reader, dir_fd, self.members, self.what, seen=self.seen, one_member=self.one, rest=self.rest,
                 written=lambda nbytes: self.writeback.written(dir_fd, nbytes), progress=self.progress,
-                by_name=self.staging.in_place,
+                path=self.staging.path, by_name=self.staging.in_place,
             )  # fmt: skip
         finally:
             os.close(dir_fd)

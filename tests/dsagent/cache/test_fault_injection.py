@@ -21,12 +21,18 @@ import pytest
 
 from tools.support.faults import Dataset, run_forked_kill_point, run_point
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("native_mode")]  # faults in the native loops and the pure ones
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Dataset, int]:
-    data = Dataset.make(tmp_path_factory.mktemp("faults"))
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    return Dataset.make(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture
+def dataset(packed: Dataset, tmp_path_factory: pytest.TempPathFactory) -> tuple[Dataset, int]:
+    """The dataset and its count of points, counted with the loops of this test's mode."""
+    data = packed
     outcome, injector = run_point(tmp_path_factory.mktemp("count"), data, None)
     assert outcome.violations == [] and outcome.first == "ready", outcome
     assert len(data.manifest().bundles) >= 3

@@ -30,8 +30,11 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def test_both_commands_print_their_version() -> None:
     dsctl = run("-m", "dsagent.cli", "--version")
     dsagent = run("-m", "dsagent", "--version")
-    assert dsctl.returncode == 0 and dsctl.stdout.strip() == f"dsctl, version {__version__}"
-    assert dsagent.returncode == 0 and dsagent.stdout.strip() == f"dsagent, version {__version__}"
+    from dsagent.format import native
+
+    native_line = f"native loops: {native.describe()}"  # on where built, else off and why
+    assert dsctl.returncode == 0 and dsctl.stdout.splitlines() == [f"dsctl, version {__version__}", native_line]
+    assert dsagent.returncode == 0 and dsagent.stdout.splitlines() == [f"dsagent, version {__version__}", native_line]
 
 
 def test_agent_urls_without_a_scheme_mean_http() -> None:

@@ -71,6 +71,20 @@ def test_the_agent_says_what_it_serves_in_one_start_up_line(agent_factory: objec
     assert f"root {agent.root}" in line and f"socket {agent.socket}" in line
     assert f"tcp 127.0.0.1:{agent.port}" in line and "capacity 2.15 GB" in line and "free of" in line
     assert "cluster mode off" in line
+    from dsagent.format import native
+
+    assert line.endswith(f"native loops {native.describe()}")  # on where built, else off and why
+
+
+def test_the_start_up_line_says_when_dsagent_native_turns_the_native_loops_off(agent_factory: object) -> None:
+    import time
+
+    agent = agent_factory(env={"DSAGENT_NATIVE": "0"})  # type: ignore[operator]
+    deadline = time.monotonic() + 10
+    while "serving:" not in agent.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = next(line for line in agent.log.read_text().splitlines() if "dsagent" in line and "serving:" in line)
+    assert line.endswith("native loops off (DSAGENT_NATIVE=0)")
 
 
 def test_every_dsctl_command_that_prints_a_result_takes_output_json() -> None:

@@ -13,6 +13,8 @@ from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
+pytestmark = pytest.mark.usefixtures("native_mode")  # each test with the native loops and the pure ones
+
 
 def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}

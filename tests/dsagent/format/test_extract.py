@@ -16,6 +16,8 @@ from dsagent.format.bundles.bundle import pack, unpack, unpack_bundle
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
 
+pytestmark = pytest.mark.usefixtures("native_mode")  # each test with the native loops and the pure ones
+
 FILES = {"train/a.jpg": b"A" * 3000, "train/b.jpg": b"B" * 700, "val/c.jpg": b"C" * 1500}
 
 

@@ -27,6 +27,8 @@ from dsagent.format.manifest import (
 )
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES
 
+pytestmark = pytest.mark.usefixtures("native_mode")  # each test with the native loops and the pure ones
+
 
 def _entry(path: str, data: bytes, mtime_ns: int = 0) -> FileEntry:
     return FileEntry(path, len(data), mtime_ns, xxhash.xxh3_128_hexdigest(data))

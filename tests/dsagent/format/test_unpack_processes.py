@@ -15,6 +15,8 @@ from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import bundle_path
 from tests.dsagent.conftest import write_tree
 
+pytestmark = pytest.mark.usefixtures("native_mode")  # each test with the native loops and the pure ones
+
 
 @pytest.fixture
 def forking(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -29,6 +29,8 @@ from dsagent.format.bundles.bundle import pack, unpack, verify_tree
 from dsagent.format.manifest import read_manifest
 from tests.dsagent.conftest import write_tree
 
+pytestmark = pytest.mark.usefixtures("native_mode")  # each test with the native loops and the pure ones
+
 
 class _FailingBackgroundFlush:
     """libc whose ``syncfs`` fails with EIO on the background writeback thread while ``failing``."""
