@@ -67,11 +67,12 @@ def test_the_results_page_lists_store_bytes_by_cause() -> None:
 
 def test_a_ratio_that_rounds_to_its_target_shows_which_side_it_falls() -> None:
     def figures(store: float, local: float) -> dict[str, float]:
-        return {"local_fraction": local, "storage_bytes": store, "ttfs_mean_s": 10.0}
+        return {"local_fraction": local, "storage_bytes": store, "ttfs_mean_s": 10.0, "gpu_hours_idle_for_data": 1.0,
+                "jct_mean_s": 100.0, "jobs_across_subnets_avoidable": 0}  # fmt: skip
 
     doc = {"policies": {"fluid-r1": figures(10 * TB, 0.2), "ours+stripe+early": figures(10.008 * TB, 0.6)}}
     (row,) = [line for line in results.goals({"w": doc}) if line.startswith("| w |")]
-    assert row == "| w | ours+stripe+early | **1.0008x (fluid-r1)** | 3.00x (fluid-r1) | 1.00x (fluid-r1) |"
+    assert row.startswith("| w | 3.00x (fluid-r1) | **1.0008x (fluid-r1)** | 1.00x (fluid-r1) |")
 
 
 def test_fluid_reads_its_cache_could_not_keep_are_counted_as_not_kept() -> None:

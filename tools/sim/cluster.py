@@ -51,6 +51,9 @@ class ClusterParams:
     fuse_factor: float = rates.FUSE.value  # share of the rate a FUSE read keeps
     disk_bw: float = rates.LOCAL_DISK.value  # one node's local NVMe read
     gpu_read_bw: float = rates.GPU_READ.value  # what one GPU reads while training
+    # (name, share, bytes/s) per kind of job, drawn per job (rates.read_rate); empty: every
+    # job reads at gpu_read_bw
+    gpu_read_mix: tuple[tuple[str, float, float], ...] = ()
     nic_bw: tuple[tuple[str, float], ...] = ()  # (node type name, bytes/s) overriding rates.NIC
     fluid_quota_bytes: int = 0  # per cache worker; 0: the dataset's size / replicas, at most the node's cache
     juicefs_group_nodes: int = 0  # members of the JuiceFS cache group (the first N nodes); 0: every node

@@ -84,6 +84,8 @@ class Placement(SimState):
         facts = [self.facts(n) for n in candidates]
         if self.policy in ("default", "juicefs"):  # no data affinity: kube-scheduler's spreading
             scores = baselines.least_allocated(facts)
+        elif self.policy == "juicefs+pack":  # no data affinity, GPU pods packed as ours are
+            scores = baselines.most_allocated(facts, gpus)
         elif self.policy in fluid.POLICIES:
             scores = baselines.fluid(self._pod(job, gpus), facts, packed=self.policy in fluid.PACKED)
         else:

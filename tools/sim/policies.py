@@ -51,9 +51,18 @@ POLICY_NAMES = tuple(VARIANTS) + tuple(f"{v}{MIGRATE}" for v in VARIANTS if v !=
 # starts when the first bundles are local)
 OURS_VARIANTS = ("ours+prepare", "ours+replicas", "ours+stripe", "ours+stripe+early")
 OURS = ("ours", "ours+time", *OURS_VARIANTS)  # cluster-aware eviction, class sets
-BASELINES = ("default", *fluid.POLICIES, "juicefs")
+#: the JuiceFS cache group under kube-scheduler's spreading, and under packing as ours is
+JUICEFS = ("juicefs", "juicefs+pack")
+BASELINES = ("default", *fluid.POLICIES, *JUICEFS)
 #: every policy a simulation accepts
 POLICIES = (*BASELINES, *OURS, *(p for p in POLICY_NAMES if p not in OURS))
+
+#: the policy the product runs, which the README and the results pages report: a Dataset with
+#: ``spec.stripe: auto`` and ``spec.startBeforeWhole: true`` (docs/user-guide/striping.md),
+#: held as :mod:`dsagent.policy.holding` decides (whole on each job node it fits, shares over
+#: the job's nodes where it does not), the pods starting at once and reading through the
+#: window until the local copy is whole. A Dataset without those fields runs ``ours``.
+PRODUCT_POLICY = "ours+stripe+early"
 
 MIGRATABLE_SHARE = 0.5  # jobs that checkpoint
 CHECKPOINT_S = 120.0  # write the checkpoint (seconds)
@@ -94,12 +103,14 @@ def move_cost(refetch_bytes: int, fetch_bps: float) -> float:
 __all__ = [
     "BASELINES",
     "CHECKPOINT_S",
+    "JUICEFS",
     "MAX_PLAN_GPUS",
     "MIGRATE",
     "OURS",
     "OURS_VARIANTS",
     "POLICIES",
     "POLICY_NAMES",
+    "PRODUCT_POLICY",
     "RESTART_S",
     "Variant",
     "migratable",

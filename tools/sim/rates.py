@@ -12,6 +12,8 @@ page says which two decide the outcome and sweeps them (``tools/sim/sensitivity.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MB = 1e6
@@ -83,6 +85,46 @@ GPU_READ = Rate(
     "x 110 KB per ImageNet JPEG",
 )
 
+
+@dataclass(frozen=True)
+class ReadClass:
+    """One kind of training job in the mix: its share of the jobs and what one GPU reads."""
+
+    name: str
+    share: float
+    bytes_per_s: float
+    source: str
+
+
+# A language model reads far less per GPU than an image model: Llama 2 7B was trained on
+# 2.0 T tokens in 184,320 A100 GPU-hours (Touvron et al. 2023, Tables 1 and 2), about 3,000
+# tokens/s per GPU, each token id 2 bytes (uint16, the pre-tokenised form Megatron-LM reads).
+LANGUAGE_READ = ReadClass(
+    "language",
+    0.5,
+    6_000.0,
+    "Touvron et al., Llama 2 (2023), Tables 1-2: 2.0 T tokens in 184,320 A100 GPU-hours for 7B, "
+    "about 3,000 tokens/s per GPU, x 2 bytes per token id (uint16, pre-tokenised)",
+)
+VISION_READ = ReadClass("vision", 0.5, GPU_READ.value, GPU_READ.source)
+#: the default mix: half the jobs of each kind (a modelling choice: the Philly trace the run
+#: times come from does not say what its jobs trained; ``tools/sim/sensitivity.py`` sweeps it)
+READ_MIX = (VISION_READ, LANGUAGE_READ)
+
+
+def read_rate(mix: Sequence[tuple[str, float, float]], job_id: int, seed: int) -> float:
+    """What one GPU of job ``job_id`` reads, drawn from ``mix`` ((name, share, bytes/s), the
+    shares summing to at most 1, the last taking the rest) per job and seed, independent of
+    the policy run."""
+    draw = random.Random(f"read-rate/{seed}/{job_id}").random()
+    total = 0.0
+    for _, share, bps in mix:
+        total += share
+        if draw < total:
+            return bps
+    return mix[-1][2]
+
+
 # NIC bandwidth per node type for data (storage and peer traffic), bytes/s.
 NIC: dict[str, tuple[float, str]] = {
     "dgx-a100": (50 * GB, "DGX A100 User Guide: 2 x 200 Gb/s ConnectX-6 storage/in-band ports"),
@@ -112,4 +154,7 @@ def table(values: dict[str, float]) -> list[dict[str, object]]:
     return out
 
 
-__all__ = ["GPU_READ", "LOCAL_DISK", "NIC", "NIC_DEFAULT", "RATES", "Rate", "epochs", "table"]
+__all__ = [
+    "GPU_READ", "LANGUAGE_READ", "LOCAL_DISK", "NIC", "NIC_DEFAULT", "RATES", "READ_MIX", "VISION_READ", "Rate",
+    "ReadClass", "epochs", "read_rate", "table",
+]  # fmt: skip

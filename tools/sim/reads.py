@@ -30,12 +30,13 @@ import math
 from dataclasses import replace
 
 from dsagent.policy.eviction import Candidate, plan_for_fetch
+from dsagent.policy.holding import SHARE, Holding, holding
 from gpu_topology.scoring import single_numa
 from scheduling.timemodel import DEFAULT_BANDWIDTHS, intra_node_bandwidth, t_run
-from tools.sim import fluid, stripe
+from tools.sim import fluid
 from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
 from tools.sim.fluid import Split
-from tools.sim.policies import OURS
+from tools.sim.policies import JUICEFS, OURS
 from tools.sim.stripereads import StripeReads
 from tools.sim.workload import Dataset, Job
 
@@ -70,17 +71,13 @@ class Reads(StripeReads):
         if self.policy == "default":
             self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, later), kept=False)
             self._data_ready(out)
-        elif self.policy in fluid.POLICIES or self.policy == "juicefs":
+        elif self.policy in fluid.POLICIES or self.policy in JUICEFS:
             if index == 0:  # the job's pods together: first epochs (filling the cache), then the rest
                 self._request_shared_cache(out, key, d)
             self._data_ready(out)
-        elif self.policy in STRIPE and (
-            stripe.needs_group(d.size, self.params.cache_bytes) or getattr(worker.node.cache.get(key), "stripe", False)
-        ):  # bigger than a node, or this node holds a share of the version's group
-            self._request_stripe(job, worker, index, key, d, epochs, share)
-        elif self.policy in STRIPE and epochs < 1.0 and key not in worker.node.cache and key not in self.ready_copies:
-            # admission: a job reading part of an epoch does not fetch a whole copy from the
-            # store; it reads through a group, whose owners keep the bundles it reads
+        elif self.policy in STRIPE and self._held_as(worker.node, key, d.size, room=False) is SHARE:
+            # the product's decision (dsagent.policy.holding): bigger than a node, or this
+            # node holds a share of the version's group (no room on it: _request_ours)
             self._request_stripe(job, worker, index, key, d, epochs, share)
         else:
             self._request_ours(job, worker, index, key, d, first, later)
@@ -114,6 +111,30 @@ class Reads(StripeReads):
             ("storage", total.store, (), fuse, None, kept, (lost, unkept)),
         ]
 
+    def _held_as(self, node: Node, key: tuple[str, int], size: int, *, room: bool = True) -> Holding:
+        """How ``node`` holds version ``key``, as the product decides it
+        (:func:`dsagent.policy.holding.holding`): a share where it holds one already, else
+        whole where the version fits its cache and (``room``) its room (free bytes, the
+        version's bytes it holds, and idle copies other nodes hold ready too: the first
+        eviction tier, the controller's ``spare_bytes``), else a share."""
+        entry = node.cache.get(key)
+        if entry is not None and entry.stripe:
+            return SHARE
+        spare = self._room_bytes(node, key) if room else None
+        return holding(size, cache_bytes=self.params.cache_bytes, room_bytes=spare)
+
+    def _room_bytes(self, node: Node, key: tuple[str, int]) -> int:
+        """What ``node`` can give version ``key`` without evicting the last copy of another
+        version or a share: its free bytes, what it holds of ``key``, and its idle whole
+        copies that other nodes hold ready too."""
+        free = self.params.cache_bytes - node.used_bytes
+        spare = sum(
+            e.size
+            for k, e in node.cache.items()
+            if k == key or (e.ready and not e.stripe and not e.in_use and self._others(k, e.ready, node) > 0)
+        )
+        return int(free + spare)
+
     # -- ours: a whole copy on the node ---------------------------------------------------
 
     def _request_ours(
@@ -138,7 +159,8 @@ class Reads(StripeReads):
             self._data_ready(out)
             return
         held = self.policy in STRIPE
-        if not self._make_room(node, d.size, replica=held):  # no room on this node
+        # no room on this node: for a group policy, as the product decides it (a share here)
+        if (held and self._held_as(node, key, d.size) is SHARE) or not self._make_room(node, d.size, replica=held):
             if self.policy in STRIPE:  # the cluster's cache, not the store: through a group
                 self._read_elsewhere(job, worker, index, key, d, first, later)
                 return
@@ -281,7 +303,7 @@ class Reads(StripeReads):
         head, tail = min(epochs, 1.0), max(0.0, epochs - 1.0)
         # ranks read disjoint shares of an epoch: the first epoch's split is the cache as the
         # job found it, its store reads then fill the cache, the later epochs read that
-        if self.policy == "juicefs":
+        if self.policy in JUICEFS:
             firsts = [self.juicefs.split(key, d.size, w.node.index, head * s) for w, s in zip(out.workers, shares)]
             for one in firsts:
                 self.juicefs.fill(key, d.size, one.store, self.now)
@@ -290,11 +312,12 @@ class Reads(StripeReads):
             # shared among the reads it serves, as Fluid's workers and ours' peers are
             sources: list[tuple[int, ...]] = [self.juicefs.serving(w.node.index) for w in out.workers]
         else:
-            rt = self._fluid_runtime(d, out.workers[0].node)
+            rt = self._fluid_runtime(d, out.workers[0].node, [w.node.index for w in out.workers])
             rt.readers += len(out.workers)
             firsts = [self.fluid.split(rt, key[1], d.size, w.node.index, head * s) for w, s in zip(out.workers, shares)]
             for w, one in zip(out.workers, firsts):
                 self.fluid.fill(rt, w.node.index, one.store)
+                self.fluid.passive_fill(rt, w.node.index, one.remote)
             laters = [self.fluid.split(rt, key[1], d.size, w.node.index, tail * s) for w, s in zip(out.workers, shares)]
             sources = [
                 tuple(m for m in rt.workers if m != w.node.index and rt.held.get(m, 0.0) > 0) for w in out.workers
@@ -306,11 +329,11 @@ class Reads(StripeReads):
             w.hit = one.remote + one.store + rest.remote + rest.store == 0
             self.hits += w.hit
 
-    def _fluid_runtime(self, d: Dataset, node: Node) -> fluid.Runtime:
+    def _fluid_runtime(self, d: Dataset, node: Node, job_nodes: list[int]) -> fluid.Runtime:
         """The dataset's runtime (created on first use, idle ones scaled in for room); the
         nodes' labels follow its workers (what the webhook's affinity reads)."""
         before = set(self.fluid.runtimes)
-        rt, created, _ = self.fluid.runtime(d.name, d.size, node.index, self._fluid_room, self.now)
+        rt, created, _ = self.fluid.runtime(d.name, d.size, node.index, self._fluid_room, self.now, job_nodes)
         for name in before - set(self.fluid.runtimes):  # scaled in: labels go with the workers
             for n in self.nodes:
                 if name in n.labels:

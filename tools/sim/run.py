@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 from tools.sim import nodetypes, rates, report  # noqa: E402
 from tools.sim.engine import Simulation  # noqa: E402
-from tools.sim.policies import POLICIES  # noqa: E402
+from tools.sim.policies import POLICIES, PRODUCT_POLICY  # noqa: E402
 from tools.sim.workload import input_changes, make_jobs  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load, total_gpus  # noqa: E402
 
@@ -48,7 +48,10 @@ DEFAULT_POLICIES = (
     "fluid-r4",
     "fluid",
     "fluid-excl",
+    "fluid-r4+passive",
+    "fluid-job",
     "juicefs",
+    "juicefs+pack",
     "ours",
     "ours+time",
     "ours+prepare",
@@ -79,8 +82,13 @@ def rate_table(wf: WorkloadFile) -> dict[str, Any]:
     cluster = wf.cluster()
     nic = {k: v for k, (v, _) in rates.NIC.items()}
     nic.update(dict(cluster.nic_bw))
+    sources = {c.name: c.source for c in rates.READ_MIX}
     return {
         "rates": rates.table(cluster.rate_values()),
+        "gpu_read_mix": [
+            {"name": name, "share": share, "bytes_per_s": bps, "source": sources.get(name, "workload file")}
+            for name, share, bps in cluster.gpu_read_mix
+        ],
         "storage_bytes_per_s": {"value": cluster.storage_bw, "source": "workload file (all nodes together)"},
         "nic_bytes_per_s": [
             {"type": t, "value": nic[t], "default": nic[t] == rates.NIC[t][0], "source": rates.NIC[t][1]}
@@ -170,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
+            "product_policy": PRODUCT_POLICY,
             "workload": wf.model_dump(mode="json"),
             **rate_table(wf),
             "input_changes": changes,

@@ -1,11 +1,12 @@
-"""The two rates that decide ours against the baselines, swept: store read per node x remote-cache read.
+"""The rates that decide ours against the rivals, swept: store read per node x remote-cache read x the job mix.
 
     python tools/sim/sensitivity.py                  # writes tools/sim/out/results/sensitivity.json
     python tools/sim/sensitivity.py --smoke --out /tmp/s
 
 On one workload (``--workload``, default ``results-base`` at 30 nodes and 300 jobs), every
 combination of ``store_read_bytes_per_s_per_node`` and ``node_serve_bytes_per_s`` at
-:data:`FACTORS` times their defaults (``tools/sim/rates.py``) runs :data:`POLICIES`; the
+:data:`FACTORS` times their defaults (``tools/sim/rates.py``) and of the language jobs' share
+of the read-rate mix at :data:`LANGUAGE_SHARES` (``rates.READ_MIX``) runs :data:`POLICIES`; the
 JSON holds each point's rates and every policy's ``run.py --json`` figures, and
 ``results.py`` renders it on the results page. Who calls it: a person, and the simulator's
 tests (``--smoke``). Exit codes: 0 done, 2 bad arguments or workload file.
@@ -25,21 +26,33 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import rates, report  # noqa: E402
+from tools.sim.policies import PRODUCT_POLICY  # noqa: E402
 from tools.sim.run import WORKLOADS, simulate  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load  # noqa: E402
 
 FACTORS = (0.5, 1.0, 2.0)
-POLICIES = ("fluid-r4", "fluid", "juicefs", "ours", "ours+stripe", "ours+stripe+early")
-KEYS = (rates.STORE_PER_NODE.key, rates.REMOTE_CACHE.key)
+LANGUAGE_SHARES = (0.0, 0.5, 0.9)
+POLICIES = ("fluid-r4", "fluid", "fluid-r4+passive", "juicefs", "juicefs+pack", "ours", "ours+stripe", PRODUCT_POLICY)
+KEYS = (rates.STORE_PER_NODE.key, rates.REMOTE_CACHE.key, "language_share")
 
 
-def points(wf: WorkloadFile, factors: tuple[float, ...]) -> list[tuple[dict[str, float], WorkloadFile]]:
+def points(
+    wf: WorkloadFile, factors: tuple[float, ...], shares: tuple[float, ...] = LANGUAGE_SHARES
+) -> list[tuple[dict[str, float], WorkloadFile]]:
     out = []
-    base = {k: float(getattr(wf, k)) for k in KEYS}
+    base = {k: float(getattr(wf, k)) for k in KEYS[:2]}
+    vision, language = rates.VISION_READ, rates.LANGUAGE_READ
     for a in factors:
         for b in factors:
-            values = {KEYS[0]: base[KEYS[0]] * a, KEYS[1]: base[KEYS[1]] * b}
-            out.append((values, wf.model_copy(update=values)))
+            for share in shares:
+                values = {KEYS[0]: base[KEYS[0]] * a, KEYS[1]: base[KEYS[1]] * b, KEYS[2]: share}
+                mix = [
+                    {"name": c.name, "share": part, "bytes_per_s": c.bytes_per_s}
+                    for c, part in ((vision, 1.0 - share), (language, share))
+                    if part > 0
+                ]
+                update = {KEYS[0]: values[KEYS[0]], KEYS[1]: values[KEYS[1]], "gpu_read_mix": mix}
+                out.append((values, WorkloadFile.model_validate({**wf.model_dump(), **update})))
     return out
 
 
@@ -65,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     nodes, jobs = (10, 40) if args.smoke else (args.nodes, args.jobs)
     wf = shrink(wf, nodes, jobs)
-    grid = points(wf, (0.5, 2.0) if args.smoke else FACTORS)
+    grid = points(wf, (0.5, 2.0), (0.0, 0.9)) if args.smoke else points(wf, FACTORS)
     tasks = [(i, p) for i in range(len(grid)) for p in POLICIES]
     if args.procs > 1:
         with ProcessPoolExecutor(max_workers=args.procs) as pool:

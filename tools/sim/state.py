@@ -138,7 +138,9 @@ class SimState:
         if self.params.epochs is not None:
             return self.params.epochs
         size = self.datasets[job.dataset].size
-        e = rates.epochs(job.runtime_ideal, job.gpus, size, self.params.gpu_read_bw)
+        mix = self.params.gpu_read_mix
+        bps = rates.read_rate(mix, job.id, self.seed) if mix else self.params.gpu_read_bw
+        e = rates.epochs(job.runtime_ideal, job.gpus, size, bps)
         cap = self.params.max_epochs
         if cap is not None and e > cap:
             self.epochs_capped += 1

@@ -1,8 +1,9 @@
 """``ours+stripe``: a version the cluster's caches hold together, striped by bundle over a group.
 
 Who calls it: :mod:`tools.sim.reads` and :mod:`tools.sim.stripereads` for ``ours+stripe``
-and ``ours+stripe+early``, which decide when a group is used and who its members are (the
-model: ``docs/simulator.md``, section ``ours+stripe``). This module owns the group's record (its slots' nodes, the bytes
+and ``ours+stripe+early``, which ask the product when a group is used and how many members
+it has (:mod:`dsagent.policy.holding`) and choose who they are (the model:
+``docs/simulator.md``, section ``ours+stripe``). This module owns the group's record (its slots' nodes, the bytes
 each owns, which hold their share and how much of it is on disk) and the owner rule:
 
 - A version is split into bundles (about 800 MB, the agent's packing); each bundle has one
@@ -20,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 
 BUNDLE_BYTES = 800 * 10**6
-HEADROOM = 1.2  # the agent's free-space ratio for a fetch
 _MASK = (1 << 64) - 1
 
 
@@ -38,10 +38,6 @@ class Group:
     # rank asked: the job's ranks read disjoint parts of a member's bundles, so each rank's
     # misses are counted against what was there before the job, not what another rank filled
     seen: dict[tuple[int, int], float] = field(default_factory=dict)
-
-
-def needs_group(size: float, cache_bytes: int) -> bool:
-    return size * HEADROOM > cache_bytes
 
 
 def _mix(x: int) -> int:
@@ -75,8 +71,4 @@ def owners(key: tuple[str, int], size: float, members: tuple[int, ...]) -> dict[
     return per
 
 
-def members_needed(size: float, cache_bytes: int) -> int:
-    return max(1, math.ceil(size * HEADROOM / cache_bytes)) if cache_bytes > 0 else 0
-
-
-__all__ = ["BUNDLE_BYTES", "HEADROOM", "Group", "bundles", "members_needed", "needs_group", "owners"]
+__all__ = ["BUNDLE_BYTES", "Group", "bundles", "owners"]

@@ -1,15 +1,18 @@
 """How ``ours+stripe`` pods read a version through a stripe group, and how the group is chosen.
 
 Who calls it: :class:`tools.sim.reads.Reads`, the mix-in over it (its ``_plan``,
-``_make_room`` and ``_data_ready`` are the ones these methods call), for a version bigger
-than a node, one the pod's node cannot make room for, or one read for less than an epoch
-(docs/simulator.md). It owns the group of a version (:meth:`StripeReads._stripe_group`:
-its members spanning the job's subnet, chosen by room as the controller chooses them,
-making room in tiers) and each rank's reads through it, rank-affine, filled as read.
+``_make_room`` and ``_data_ready`` are the ones these methods call), for a version the
+product holds as shares (:func:`dsagent.policy.holding.holding`: bigger than a node, or one
+the pod's node cannot make room for; docs/simulator.md). It owns the group of a version
+(:meth:`StripeReads._stripe_group`: the job's nodes first, as many members as
+:func:`dsagent.policy.holding.members_wanted` gives, chosen by room as the controller
+chooses them, making room in tiers) and each rank's reads through it, rank-affine, filled
+as read.
 """
 
 from __future__ import annotations
 
+from dsagent.policy.holding import members_least, members_wanted
 from tools.sim import stripe
 from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
 from tools.sim.flows import Flows
@@ -154,19 +157,18 @@ class StripeReads(Flows):
 
     def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
         """The group's slots, each given the first candidate that can make room for that
-        slot's share. As many slots as the job's subnet has nodes (at most one per bundle,
-        at least as many as hold the version with the agent's headroom, and every rank's
-        node among them if it can): spread as a JuiceFS group or an Alluxio runtime spreads
-        its blocks, so that many members serve a version's readers at once and each share
-        is small; fewer when not that many nodes can make room. The copies a chosen node
-        would evict count as gone for the slots after it (:meth:`_others`): two holders of a
-        version's only two copies are not both taken as room, which would evict the last."""
+        slot's share. As many slots as the product's rule gives
+        (:func:`dsagent.policy.holding.members_wanted`: the job's nodes, or as many as hold
+        the version with the agent's headroom and per-member budget): the job's own nodes
+        first, so each rank reads its own node's share; a slot no node can hold is a hole.
+        The copies a chosen node would evict count as gone for the slots after it
+        (:meth:`_others`): two holders of a version's only two copies are not both taken as
+        room, which would evict the last."""
         candidates = self._candidates(out, set())
-        layout = {c.name for c in out.workers[0].node.type.classes}
-        subnet = sum(1 for n in candidates if {c.name for c in n.type.classes} == layout)
         jobs = len({w.node.index for w in out.workers})
-        want = stripe.members_needed(size, self.params.cache_bytes)
-        k = max(want, jobs, min(subnet, stripe.bundles(size)))
+        # the product's count, at most one member a node (dsagent.policy.stripegroup.choose_group)
+        k = min(members_wanted(size, self.params.cache_bytes, jobs), len(self.nodes))
+        least = members_least(size, self.params.cache_bytes)
         try:
             while True:
                 shares = self._shares(key, size, k)
@@ -178,11 +180,13 @@ class StripeReads(Flows):
                     if n is not None:
                         slots[slot] = n.index
                         self._make_room(n, int(shares[slot]), dry_run=True, chosen=True)
-                if len(slots) == k or (k == want and slots):  # a slot no node can hold is a hole
+                if len(slots) == k or (k <= least and slots):  # a slot no node can hold is a hole
                     return tuple(slots.get(slot, -1 - slot) for slot in range(k))
-                if k == want:
+                if k <= least:
                     return None
-                k = max(want, min(k - 1, len(slots)))
+                # fewer nodes have room than wanted: fewer members with larger shares, as the
+                # controller's choice shrinks to the nodes it finds room on
+                k = max(least, min(k - 1, len(slots)))
         finally:
             self.group_evicted = None
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tools.sim import nodetypes
+from tools.sim import nodetypes, rates
 from tools.sim.cluster import ClusterParams
 from tools.sim.workload import WorkloadParams
 
@@ -141,6 +141,14 @@ class Jobs(Strict):
         return self
 
 
+class ReadMixEntry(Strict):
+    """One kind of job in ``gpu_read_mix``."""
+
+    name: str = Field(min_length=1, max_length=40)
+    share: Annotated[float, Field(gt=0, le=1)]
+    bytes_per_s: Annotated[float, Field(gt=0)]
+
+
 class WorkloadFile(Strict):
     """Every parameter of one simulated cluster and workload."""
 
@@ -166,6 +174,11 @@ class WorkloadFile(Strict):
     gpu_read_bytes_per_s: Positive = Field(
         ClusterParams.gpu_read_bw, description="what one GPU reads while training (derives epochs)"
     )
+    gpu_read_mix: list[ReadMixEntry] | None = Field(
+        None,
+        description="kinds of job, each with its share and per-GPU read rate, drawn per job; default: the"
+        " vision/language mix of tools/sim/rates.py, or every job at gpu_read_bytes_per_s where the file sets it",
+    )
     nic_bytes_per_s: dict[str, Positive] = Field(
         default_factory=dict, description="per node type, its data NIC bandwidth (default: tools/sim/rates.py NIC)"
     )
@@ -184,10 +197,21 @@ class WorkloadFile(Strict):
     def _size(self) -> WorkloadFile:
         if sum(g.count for g in self.nodes) > MAX_NODES:
             raise ValueError(f"more than {MAX_NODES} nodes")
+        if self.gpu_read_mix is not None and not 0.999 <= sum(m.share for m in self.gpu_read_mix) <= 1.001:
+            raise ValueError("gpu_read_mix: the shares must add up to 1")
         unknown = [t for t in self.nic_bytes_per_s if t not in nodetypes.NODE_TYPES]
         if unknown:
             raise ValueError(f"nic_bytes_per_s: unknown node types {unknown}")
         return self
+
+    def read_mix(self) -> tuple[tuple[str, float, float], ...]:
+        """The per-GPU read rates jobs draw from: the file's ``gpu_read_mix``; none (every job
+        at ``gpu_read_bytes_per_s``) where the file sets that rate alone; else the default mix."""
+        if self.gpu_read_mix is not None:
+            return tuple((m.name, m.share, m.bytes_per_s) for m in self.gpu_read_mix)
+        if "gpu_read_bytes_per_s" in self.model_fields_set:
+            return ()
+        return tuple((c.name, c.share, c.bytes_per_s) for c in rates.READ_MIX)
 
     def cluster(self) -> ClusterParams:
         counts = tuple((nodetypes.fixture(g.type), g.count) for g in self.nodes)
@@ -207,6 +231,7 @@ class WorkloadFile(Strict):
             fuse_factor=self.fuse_throughput_factor,
             disk_bw=self.local_read_bytes_per_s,
             gpu_read_bw=self.gpu_read_bytes_per_s,
+            gpu_read_mix=self.read_mix(),
             nic_bw=tuple(sorted(self.nic_bytes_per_s.items())),
             fluid_quota_bytes=self.fluid_quota_bytes,
             juicefs_group_nodes=self.juicefs_group_nodes,

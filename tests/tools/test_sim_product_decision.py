@@ -1,0 +1,77 @@
+"""The simulator holds a version as the product decides it, never by a rule of its own.
+
+How a version is held on a node (whole, or shares of a group) and how many nodes a group
+has are :mod:`dsagent.policy.holding`'s, which the agent and the controller call too
+(docs/design-striping.md#holding). These tests fail if the simulator decides it any other
+way: a rule of its own, a copy of the constants, or a path around the call.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dsagent.policy import holding as product
+from scheduling.timemodel import JobProfile
+from tools.sim import reads, stripereads
+from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.workload import Dataset, Job
+
+SIM = Path(__file__).resolve().parents[2] / "tools" / "sim"
+A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
+TB = 10**12
+
+
+def test_the_simulator_calls_the_products_functions() -> None:
+    assert reads.holding is product.holding
+    assert stripereads.members_wanted is product.members_wanted
+    assert stripereads.members_least is product.members_least
+
+
+def test_no_module_of_the_simulator_has_a_holding_rule_of_its_own() -> None:
+    for path in SIM.glob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                assert node.name not in {"holding", "needs_group", "members_needed", "members_wanted"}, path
+            if isinstance(node, ast.Constant) and node.value in (1.2, 0.5) and path.name in ("reads.py", "stripe.py"):
+                pytest.fail(f"{path.name}:{node.lineno}: a copy of the headroom or the share budget")
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, decide: object) -> Simulation:
+    monkeypatch.setattr(reads, "holding", decide)
+    data = [Dataset(f"ds{i}", size, (0.0,)) for i, size in enumerate((TB // 4, TB // 2, 3 * TB))]
+    jobs = [Job(i, 100.0 * i, 1, 8, f"ds{i % 3}", 2000.0, JobProfile(1.0, 1.0, 16_000, deadline=1e9)) for i in range(6)]
+    params = replace(
+        ClusterParams(nodes=6, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e9),
+        epochs=2.0,
+    )
+    return Simulation("ours+stripe", jobs, data, params, seed=3).run()
+
+
+def test_every_version_is_held_as_the_product_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, object, product.Holding]] = []
+
+    def recording(size: int, **kw: object) -> product.Holding:
+        answer = product.holding(size, **kw)  # type: ignore[arg-type]
+        asked.append((size, kw.get("room_bytes"), answer))
+        return answer
+
+    sim = _run(monkeypatch, recording)
+    names = {TB // 4: "ds0", TB // 2: "ds1", 3 * TB: "ds2"}
+    assert {size for size, _, _ in asked} == set(names)  # asked for every version
+    # by size alone only the 3 TB version is held as shares (1.2 x 3 TB > 1 TB)
+    assert {size for size, room, answer in asked if room is None and answer is product.SHARE} == {3 * TB}
+    # a version is read through a group only where the product answered "share" for it
+    grouped = {name for name, _ in sim.stripes}
+    shared = {names[size] for size, _, answer in asked if answer is product.SHARE}
+    assert "ds2" in grouped and grouped <= shared and "ds0" not in grouped
+
+
+def test_a_different_answer_changes_what_the_simulator_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the product answering "share" for everything: every version is read through a group
+    sim = _run(monkeypatch, lambda size, **kw: product.SHARE)
+    assert {name for name, _ in sim.stripes} == {"ds0", "ds1", "ds2"}
