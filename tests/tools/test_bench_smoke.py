@@ -44,6 +44,7 @@ TABLES = {
         "ratio striped / local images/s",
         "results written to",
     ],
+    "gpu_train": ["direct", "cached", "ratio cached / direct images/s", "results written to"],
     "results": ["# Performance results", "written to"],
 }
 

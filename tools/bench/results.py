@@ -35,10 +35,20 @@ _TITLES = {
     "bundle": "Digest, pack and unpack against the C pipelines",
     "ready": "Time to ready from S3 against per-file tools",
     "loader": "Training read throughput (images decoded per second)",
+    "gpu_train": "Training on a GPU: images per second and GPU utilisation, from the store and from the node cache",
 }
 
 #: what a section's reader needs before its figures: where they come from
 _NOTES = {
+    "gpu_train": """`tools/bench/gpu_train.py` on a GPU machine: ResNet-50 (torchvision, bf16 autocast,
+channels-last, SGD) trained by a PyTorch DataLoader over a generated JPEG set, the same job
+reading each image as a GET of its own object from an S3-compatible store on loopback
+(`direct`, first-byte latency in the parameters, one keep-alive connection per loader
+process) and from the node cache, the set as `dsctl cache` leaves it (`cached`), and the
+model alone on batches already on the GPU (`synthetic`). The timed rows give each way's
+images per second, the GPU's mean utilisation (NVML, every 0.2 s) and the seconds the
+training loop waited for its next batch, over the epochs after the first.
+""",
     "ready": """The store is `tools/support/faststore.py` in runs whose parameters say `store=faststore`:
 an S3-compatible server on loopback serving the objects from memory from one process per
 core (`store_workers`), with the first-byte latency of each row and S3's documented limit of
@@ -91,7 +101,7 @@ def _verdict(value: float | None, goal: float | None) -> str:
 
 def render(runs: list[dict[str, Any]]) -> str:
     lines = [_INTRO]
-    for bench in ("bundle", "ready", "loader"):
+    for bench in ("bundle", "ready", "loader", "gpu_train"):
         mine = [r for r in runs if r.get("bench") == bench]
         if not mine:
             continue
@@ -124,6 +134,11 @@ def render(runs: list[dict[str, Any]]) -> str:
                     served = (
                         f" ({row['requests']:.0f} requests, {row.get('sustained_rps', 0):.0f}/s sustained, "
                         f"{row.get('throttled', 0):.0f} refused)"
+                    )
+                if row.get("images_per_s") is not None and row.get("gpu_util_mean") is not None:
+                    served = (
+                        f" ({row['images_per_s']:.0f} images/s, GPU {row['gpu_util_mean']:.0f}% busy, "
+                        f"{row.get('waited_s') or 0:.1f} s waiting for data)"
                     )
                 lines.append(
                     f"| {_cell(row['step'])} | {_cell(row['side'] + served)} | {_fmt(row['wall_s'], 3)} "
@@ -179,7 +194,7 @@ def read_runs(files: list[Path]) -> list[dict[str, Any]]:
             sys.exit(f"results.py: cannot read {path}: {exc}")
     runs.sort(
         key=lambda run: (
-            ["bundle", "ready", "loader"].index(run["bench"]) if run.get("bench") in _TITLES else 3,
+            ["bundle", "ready", "loader", "gpu_train"].index(run["bench"]) if run.get("bench") in _TITLES else 4,
             run.get("started", ""),
         )
     )
