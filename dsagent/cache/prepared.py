@@ -4,8 +4,10 @@ Who calls it: :class:`dsagent.cache.service.CacheService` owns one :class:`Prepa
 and calls it for ``PUT/GET/DELETE /v1/preparations/{task}`` (the Dataset controller asks;
 an operator may too), from its idle sweep (lapsed leases) and when a task with a
 preparation's id arrives (the hand-over). The pure decisions are the functions
-:func:`first_budget` and :func:`second_gate`; the class applies them with the service's
-parts. What it owns: the preparations' records (in memory; the controller renews each of
+:func:`~dsagent.policy.preparation.first_budget` and
+:func:`~dsagent.policy.preparation.second_gate`; the class applies them with the service's
+parts (the rules themselves are :mod:`dsagent.policy.preparation`'s, which the controller
+plans with too). What it owns: the preparations' records (in memory; the controller renews each of
 them every pass, so an agent restart loses at most one pass of them).
 
 The switching design's phases, on a node's cache:
@@ -46,7 +48,7 @@ from typing import Any
 from dsagent.cache.layout import Key
 from dsagent.cache.task import DatasetRequest, iso, task_key
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, InvalidInput, NotFound
-from dsagent.policy.preparation import Thresholds
+from dsagent.policy.preparation import Thresholds, first_budget, second_gate
 
 log = logging.getLogger("dsagent")
 
@@ -59,18 +61,6 @@ SECOND_THRESHOLD = Thresholds().fill_fraction
 def prepare_task_id(task_id: str) -> str:
     """The agent task that holds a preparation's fetched data (phase 2)."""
     return f"prepare.{task_id}"
-
-
-def first_budget(capacity: int, first: float, reserved_by_others: int) -> int:
-    """Bytes a new phase-1 reservation may take: what is left below the first threshold
-    (``first`` x ``capacity``) after the other preparations' reservations; 0 once reached."""
-    return max(0, int(first * capacity) - reserved_by_others)
-
-
-def second_gate(capacity: int, second: float, in_use: int, fetching_by_others: int, size: int) -> bool:
-    """Whether a bulk fetch of ``size`` bytes may start: the running tasks' data, the other
-    preparations' bulk fetches and this one within ``second`` x ``capacity``."""
-    return in_use + fetching_by_others + size <= second * capacity
 
 
 @dataclass
@@ -214,7 +204,10 @@ class Preparations:
     async def _reserve(self, prep: Prepared) -> None:
         """Phase 1: reserve the missing bytes up to the first threshold."""
         capacity = await self.parts.capacity()
-        others = sum(size for p in self._items.values() if p is not prep for size in p.reserved.values())
+        # the preparations still in phase 1: one in phase 2 counts against the second threshold
+        others = sum(
+            size for p in self._items.values() if p is not prep and not p.fetching for size in p.reserved.values()
+        )
         budget = first_budget(capacity, prep.first, others)
         prep.waiting = None
         for name, (digest, size) in prep.versions.items():
@@ -369,8 +362,6 @@ __all__ = [
     "Prepared",
     "Preparations",
     "ServiceParts",
-    "first_budget",
     "prepare_task_id",
     "preparation_view",
-    "second_gate",
 ]

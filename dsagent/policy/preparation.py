@@ -20,15 +20,17 @@ The switching design's steps, mapped to datasets on a node:
    (a known one at once) gets its missing datasets reserved on its node as long as the
    bytes already reserved for prepared jobs there have not reached ``reserve_fraction`` of
    the node's cache (the first threshold; the agent reserves at most up to it).
-3. **Phase 2** (the bulk fetch), triggered by the design's "preset progress"
-   (:meth:`Thresholds.second_phase`): fewer than ``subtasks_remaining`` sub-tasks left in
-   each job whose end frees the GPUs, where the jobs report them; else the predicted start
-   within the job's **lead** (``fetch_lead_s`` plus its missing bytes at
-   ``fetch_bytes_per_s``); and the bytes that cannot be evicted afterwards (in use, plus
-   prepared data fetched or fetching) within ``fill_fraction`` of the cache (the second
-   threshold, which the agent checks again on its own figures); not while a job bound to
-   that node still waits for its own data. A preparation already fetching keeps its place
-   first (no flapping), counted first.
+3. **Phase 2** (the bulk fetch), when either trigger holds
+   (:meth:`Thresholds.second_phase`): the design's "preset progress", fewer than
+   ``subtasks_remaining`` sub-tasks left in each job whose end frees the GPUs, where the
+   jobs report them; or the predicted start within the job's **lead** (``fetch_lead_s``
+   plus its missing bytes at ``fetch_bytes_per_s``). And the bytes that cannot be evicted
+   afterwards (in use, plus prepared data fetched or fetching) within ``fill_fraction`` of
+   the cache (the second threshold, :func:`second_gate`, which the agent checks again on its
+   own figures); not while a job bound to that node still waits for its own data. A
+   preparation already fetching keeps its place first (no flapping), counted first. The
+   first threshold counts the preparations in phase 1 only (:func:`first_budget`), in the
+   agent and here alike.
 4. **Cleanup**: the plan lists only what should be prepared now; the caller drops the rest.
 
 Decisions: the prediction horizon is ``window_s`` or, for a job whose lead is longer, its
@@ -76,12 +78,34 @@ class Thresholds:
             raise ValueError("subtasks_remaining must be >= 0")
 
     def second_phase(self, releasing: Sequence[Running], lead_reached: bool) -> bool:
-        """The trigger of phase 2 (the design's "preset progress"): when every job whose end
-        frees the GPUs reports its sub-tasks, fewer than ``subtasks_remaining`` of them
-        remain in each; otherwise (or with a count of 0) the start is within the lead."""
-        if self.subtasks_remaining > 0 and releasing and all(r.remaining is not None for r in releasing):
-            return max(r.remaining or 0 for r in releasing) < self.subtasks_remaining
-        return lead_reached
+        """The trigger of phase 2: either condition starts it. The design's "preset
+        progress": every job whose end frees the GPUs reports its sub-tasks and fewer than
+        ``subtasks_remaining`` of them remain in each; or the predicted start is within the
+        job's lead (``lead_reached``), whatever the reports say: a job that needs 500 GB
+        and whose GPUs free in 300 s fetches now, not after the current job's last steps."""
+        progressed = (
+            self.subtasks_remaining > 0
+            and bool(releasing)
+            and all(r.remaining is not None for r in releasing)
+            and max(r.remaining or 0 for r in releasing) < self.subtasks_remaining
+        )
+        return lead_reached or progressed
+
+
+def first_budget(capacity: int, first: float, reserved_in_phase_one: int) -> int:
+    """Bytes a new phase-1 reservation may take on a node: what is left below the first
+    threshold (``first`` x ``capacity``) after the reservations of the other preparations
+    still in phase 1; 0 once reached. As the design counts the tasks in environment
+    initialisation only, a preparation in phase 2 counts against the second threshold, not
+    this one (:func:`second_gate`). The agent and the controller both count this way."""
+    return max(0, int(first * capacity) - reserved_in_phase_one)
+
+
+def second_gate(capacity: int, second: float, in_use: int, fetching_by_others: int, size: int) -> bool:
+    """Whether a bulk fetch of ``size`` bytes may start on a node: the running tasks' data
+    (``in_use``), the other preparations' bulk fetches (fetched or fetching) and this one
+    within ``second`` x ``capacity``."""
+    return in_use + fetching_by_others + size <= second * capacity
 
 
 @dataclass(frozen=True)
@@ -241,8 +265,8 @@ def plan(
     }
     predicted.update(predict(nodes, [w for w in waiting if w.key not in known], now=now, window_s=horizon))
     started = set(fetching)
-    reserved: dict[str, int] = {}  # node -> bytes reserved for prepared jobs (phases 1 and 2)
-    filled: dict[str, int] = {}  # node -> bytes of prepared data fetched or fetching (phase 2)
+    reserved: dict[str, int] = {}  # node -> bytes reserved by prepared jobs in phase 1 (first threshold)
+    filled: dict[str, int] = {}  # node -> bytes of prepared data fetched or fetching (phase 2, second)
     claimed: dict[str, set[Key]] = {}  # node -> versions already planned there (counted once)
     jobs = {w.key: w for w in waiting}
     order = sorted(
@@ -265,20 +289,23 @@ def plan(
         lead_s = thresholds.lead_s(size)
         if key not in known and start - now > max(thresholds.window_s, lead_s):
             continue  # predicted, but neither within the window nor within its own lead
-        if reserved.get(node_name, 0) >= thresholds.reserve_fraction * node.capacity_bytes:
-            continue  # the first threshold reached: no new reservation this round
-        phase = 1
         in_fetch = (key, node_name) in started
         if key in known:
             releasing: Sequence[Running] = (known[key].current,)
         else:
             releasing = [r for r in node.running if r.expected_end is not None and r.expected_end <= start]
         trigger = thresholds.second_phase(releasing, start - now <= lead_s)
-        fill = node.in_use_bytes + filled.get(node_name, 0) + size
-        if (in_fetch or (trigger and not node.data_wait)) and fill <= thresholds.fill_fraction * node.capacity_bytes:
+        bulk = second_gate(
+            node.capacity_bytes, thresholds.fill_fraction, node.in_use_bytes, filled.get(node_name, 0), size
+        )
+        if (in_fetch or (trigger and not node.data_wait)) and bulk:
             phase = 2
             filled[node_name] = filled.get(node_name, 0) + size
-        reserved[node_name] = reserved.get(node_name, 0) + size
+        elif first_budget(node.capacity_bytes, thresholds.reserve_fraction, reserved.get(node_name, 0)) <= 0:
+            continue  # the first threshold reached: no new phase-1 reservation this round
+        else:
+            phase = 1
+            reserved[node_name] = reserved.get(node_name, 0) + size
         seen.update(w.key for w in missing)
         source = "annotation" if key in known else jobs[key].source
         out.append(Preparation(key, node_name, missing, phase, start if math.isfinite(start) else now, source))
@@ -301,6 +328,8 @@ __all__ = [
     "Waiting",
     "Want",
     "by_node",
+    "first_budget",
     "plan",
     "predict",
+    "second_gate",
 ]

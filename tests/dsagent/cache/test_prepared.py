@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.cache.prepared import first_budget, prepare_task_id, second_gate
+from dsagent.cache.prepared import prepare_task_id
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.format.bundles.bundle import pack
+from dsagent.policy.preparation import first_budget, second_gate
 from tests.dsagent.conftest import write_tree
 
 
@@ -151,6 +152,32 @@ def test_the_first_threshold_stops_new_reservations_once_reached(tmp_path: Path)
             await service.release_preparation("pod-a")  # cleanup brings it under: it resumes
             pc = await service.prepare("pod-c", [c], first=first, second=0.9)
             assert pc["state"] == "reserved" and pc["reservedBytes"] > 0
+
+    asyncio.run(go())
+
+
+def test_a_preparation_fetching_its_data_no_longer_counts_against_the_first_threshold(tmp_path: Path) -> None:
+    # the design stops new set-ups while those in set-up (phase 1) reach the first threshold;
+    # one moved to its bulk fetch (phase 2) counts against the second: the controller plans
+    # the same way (dsagent.policy.preparation.first_budget)
+    data = tmp_path / "data"
+    a, c = packed(data, "a", 1), packed(data, "c", 3)
+
+    async def go() -> None:
+        async with running(tmp_path) as probe:
+            one = await size_of(probe, a)
+        shutil.rmtree(tmp_path / "cache")
+        capacity = 10 * one
+        async with running(tmp_path, capacity=capacity) as service:
+            first = 0.1  # one copy
+            pa = await service.prepare("pod-a", [a], first=first, second=0.9)
+            assert pa["reservedBytes"] == one
+            pc = await service.prepare("pod-c", [c], first=first, second=0.9)
+            assert pc["state"] == "waiting" and "first threshold" in pc["waiting"]
+            pa = await service.prepare("pod-a", [a], first=first, second=0.9, phase=2)  # its bulk fetch starts
+            assert pa["phase"] == 2
+            pc = await service.prepare("pod-c", [c], first=first, second=0.9)
+            assert pc["state"] == "reserved" and pc["reservedBytes"] == one
 
     asyncio.run(go())
 

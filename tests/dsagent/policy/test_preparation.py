@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsagent.policy.preparation import NodeState, Running, Thresholds, Waiting, Want, plan, predict
+from dsagent.policy.preparation import Known, NodeState, Running, Thresholds, Waiting, Want, plan, predict
 
 GB = 10**9
 D = "d" * 32
@@ -79,11 +79,39 @@ def test_data_the_node_holds_is_not_prepared_and_ties_go_to_the_holder() -> None
 
 
 def test_the_first_threshold_bounds_what_is_reserved_per_node() -> None:
-    nodes = [node("a", ends=((1, 100.0), (1, 200.0), (1, 300.0), (1, 400.0)))]
+    # four jobs starting in 1,000-1,300 s: within the window, not yet within their 624 s lead
+    nodes = [node("a", ends=((1, 1000.0), (1, 1100.0), (1, 1200.0), (1, 1300.0)))]
     jobs = [Waiting(f"j{i}", 1, (want(f"ds{i}", 12 * GB),)) for i in range(4)]
     # 30 GB of 100 GB: new set-ups start while the total is below it (0, 12, 24 GB); once it
     # reaches 36 GB the fourth waits for a later round (the design's "stop starting")
-    assert [p.job for p in plan(nodes, jobs, now=0, thresholds=T)] == ["j0", "j1", "j2"]
+    assert [(p.job, p.phase) for p in plan(nodes, jobs, now=0, thresholds=T)] == [("j0", 1), ("j1", 1), ("j2", 1)]
+
+
+def test_the_first_threshold_counts_phase_1_only_as_the_agent_does() -> None:
+    # the design stops new environment set-ups while those *in set-up* reach the first
+    # threshold; a preparation fetching its data (phase 2) counts against the second one:
+    # all four start within their lead, their 48 GB within the 90 GB second threshold
+    nodes = [node("a", ends=((1, 100.0), (1, 200.0), (1, 300.0), (1, 400.0)))]
+    jobs = [Waiting(f"j{i}", 1, (want(f"ds{i}", 12 * GB),)) for i in range(4)]
+    assert [(p.job, p.phase) for p in plan(nodes, jobs, now=0, thresholds=T)] == [(f"j{i}", 2) for i in range(4)]
+
+
+def test_phase_2_starts_when_either_trigger_holds() -> None:
+    # a next job needing 500 GB whose GPUs free in 300 s: within its lead (600 s + 1,000 s
+    # of fetch), so phase 2 starts now, however many steps the current job reports left
+    big = Thresholds(subtasks_remaining=2)
+    for remaining in (None, 5000, 1):
+        nodes = [NodeState("a", 10_000 * GB, 0, 0, (Running(8, 300.0, remaining),))]
+        job = Waiting("next", 8, (want("corpus", 500 * GB),))
+        assert plan(nodes, [job], now=0, thresholds=big)[0].phase == 2, remaining
+    # far from the start (5 h): the progress report alone starts it
+    far = [NodeState("a", 10_000 * GB, 0, 0, (Running(8, 5 * 3600.0, 1),))]
+    known = {"next": Known("a", 5 * 3600.0, far[0].running[0])}
+    job = Waiting("next", 8, (want("corpus", 500 * GB),))
+    assert plan(far, [job], now=0, thresholds=big, known=known)[0].phase == 2
+    slow = [NodeState("a", 10_000 * GB, 0, 0, (Running(8, 5 * 3600.0, 5000),))]
+    known = {"next": Known("a", 5 * 3600.0, slow[0].running[0])}
+    assert plan(slow, [job], now=0, thresholds=big, known=known)[0].phase == 1
 
 
 def test_a_dataset_larger_than_the_first_threshold_is_still_prepared() -> None:
@@ -111,7 +139,11 @@ def test_a_started_fetch_keeps_phase_2_and_its_budget_first() -> None:
     sooner = Waiting("sooner", 1, (want("y", 35 * GB),))
     # "later" ends up behind "sooner" in time, but its fetch already started: it keeps it
     preps = plan(nodes, [sooner, later], now=0, thresholds=T, fetching=[("later", "a")])
-    assert [(p.job, p.phase) for p in preps] == [("later", 2)]
+    assert [(p.job, p.phase) for p in preps][0] == ("later", 2)
+    # with less room under the second threshold, only the started one fetches
+    tight = [node("a", ends=((1, 100.0), (1, 1000.0)), in_use_bytes=30 * GB)]
+    preps = plan(tight, [sooner, later], now=0, thresholds=T, fetching=[("later", "a")])
+    assert [(p.job, p.phase) for p in preps] == [("later", 2), ("sooner", 1)]
 
 
 def test_no_expected_end_means_no_prediction() -> None:
