@@ -20,7 +20,7 @@ from pydantic_settings import SettingsConfigDict
 
 from dsagent.errors import SettingsError
 from dsplatform.logs import LogSettings
-from dsplatform.paths import cache_home
+from dsplatform.paths import agent_default_root, agent_records_dir
 from dsplatform.units import UnitError
 
 ENV_PREFIX = "DSAGENT_"
@@ -39,17 +39,15 @@ def check_token(value: str | None, what: str) -> str | None:
 
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/dsagent`` (or ``~/.cache/dsagent``); the chart sets ``DSAGENT_ROOT``."""
-    return cache_home(os.environ if environ is None else environ) / "dsagent"
+    return agent_default_root(os.environ if environ is None else environ)
 
 
 def agent_records(environ: Mapping[str, str] | None = None) -> Path:
     """The per-user folder where each running ``dsagent serve`` records its root and socket,
     one file per root (``$XDG_RUNTIME_DIR/dsagent/agents``, else ``~/.cache/dsagent-agents``);
-    ``dsctl`` reads it when neither ``DSAGENT_SOCKET`` nor ``DSAGENT_ROOT`` is set."""
-    env = os.environ if environ is None else environ
-    if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "dsagent" / "agents"
-    return cache_home(env) / "dsagent-agents"
+    ``dsctl`` reads it when neither ``DSAGENT_SOCKET`` nor ``DSAGENT_ROOT`` is set (through
+    :func:`dsplatform.paths.agent_records_dir`, without this module's imports)."""
+    return agent_records_dir(os.environ if environ is None else environ)
 
 
 def agent_record_name(root: Path) -> str:

@@ -195,8 +195,14 @@ class AgentClient:
         """The tasks this caller may read (``GET /v1/tasks``), oldest first."""
         return [cast(TaskStatusBody, t) for t in self._json("GET", "/v1/tasks").get("tasks") or []]
 
-    def get_task(self, task_id: str) -> TaskStatusBody:
-        return cast(TaskStatusBody, self._json("GET", f"/v1/tasks/{_task(task_id)}"))
+    def get_task(self, task_id: str, *, wait: float = 0.0) -> TaskStatusBody:
+        """Where the task stands; ``wait``: the agent holds the answer until the task's
+        running work ends, at most that many seconds (an agent that predates ``wait``
+        answers at once)."""
+        path = f"/v1/tasks/{_task(task_id)}"
+        if not wait:
+            return cast(TaskStatusBody, self._json("GET", path))
+        return cast(TaskStatusBody, self._json("GET", path, params={"wait": wait}, timeout=wait + self._grace))
 
     def release_task(
         self,

@@ -186,9 +186,16 @@ async def list_tasks(svc: CacheService = Depends(service), who: Caller = Depends
 
 
 @router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 403, 404))
-async def get_task(task_id: str, svc: CacheService = Depends(service), who: Caller = Depends(caller)) -> dict[str, Any]:
+async def get_task(
+    task_id: str,
+    svc: CacheService = Depends(service),
+    wait: float = Query(0.0, ge=0.0, le=3600.0),
+    who: Caller = Depends(caller),
+) -> dict[str, Any]:
+    """Where the task stands; ``wait`` holds the answer until its running work ends (at
+    most that many seconds): a client following it long-polls instead of sleeping."""
     require_task(who, task_id, write=False)
-    return dict(task_status(await svc.get_task(task_id)))
+    return dict(task_status(await svc.get_task(task_id, wait=wait)))
 
 
 @router.delete(

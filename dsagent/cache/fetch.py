@@ -8,6 +8,16 @@ What it owns: the two fetch paths and their progress counters.
   unpacked by :func:`dsagent.format.bundles.bundle.unpack_bundle`, which verifies every file while
   writing; bundles already verified before a crash are skipped (the service tells us
   which), and a bundle interrupted by a crash is cleared before it is fetched again.
+  A bundle from the store is written in place: each file straight at its path in the
+  version's staging directory (``in_place``, as ``tar -x``), not into a per-bundle stage
+  whose files are then renamed one by one. The version's staging directory is itself the
+  private stage (renamed into place whole once every bundle verified), and a bundle is
+  recorded done only after its files verified and a ``syncfs`` made them durable, so the
+  per-bundle stage bought nothing the record does not: what it cost was a ``rename`` per
+  file and a second ``syncfs`` per bundle, 0.34 s of 5.1 s for 20,000 files (17 us a
+  file) on the development disk. What an interrupted or failed attempt leaves is
+  unrecorded: the bundle's files are removed before it is tried again (over another
+  link, or by a resumed fetch), so a retry never meets its own half-written files.
 - **Per-file** (no bundle store): every file is copied from the source while its xxh3-128
   is computed, then checked against the manifest the service resolved, so the digest
   recorded for the copy is the digest of what was written.
@@ -283,12 +293,19 @@ def link_bundle(origin: Path, staging: Path, entries: Sequence[FileEntry], progr
 
 
 def clear_interrupted(staging: Path) -> None:
-    """Remove what a crash left of bundles being unpacked (their private staging area).
-
-    A bundle's files reach ``staging`` only after the whole bundle verified, each by an
-    atomic rename, so files already in place are whole; re-unpacking replaces them.
-    """
+    """Remove what a crash left of bundles being unpacked into their private staging area
+    (a peer's delivery, :mod:`dsagent.cache.peers`). A bundle unpacked in place leaves its
+    files at their paths instead: :func:`clear_bundle` removes those."""
     shutil.rmtree(staging / STAGING_DIR, ignore_errors=True)
+
+
+def clear_bundle(staging: Path, manifest: Manifest, bundle: BundleRef) -> None:
+    """Remove whatever of ``bundle``'s files is in ``staging`` (an unrecorded attempt's
+    leftovers: written in place, some may be partial), so that it can be unpacked again."""
+    prefix = f"{staging}/"
+    for entry in manifest.bundle_entries(bundle):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(prefix + entry.path)
 
 
 def finish(staging: Path, manifest: Manifest, *, writeback_since: int | None = None) -> None:
@@ -357,13 +374,24 @@ async def fetch_bundles(
         todo = todo[start:] + todo[:start]
 
     clear_interrupted(staging)
+    # a resumed fetch may hold an unrecorded bundle's leftovers: each one is cleared first
+    try:
+        with os.scandir(staging) as listing:
+            resumed = next(listing, None) is not None
+    except FileNotFoundError:  # the unpack says what is wrong with it
+        resumed = False
     later: list[int] = []
 
     store = source.bundles
     bindable = can_bind(store)
 
     def from_store(bundle: BundleRef, lease: Lease) -> None:
+        tries = [0]
+
         def read(address: str | None) -> None:
+            if resumed or tries[0]:
+                clear_bundle(staging, manifest, bundle)
+            tries[0] += 1
             counted = [0, 0]
 
             def count(nbytes: int, nfiles: int = 0) -> None:
@@ -379,6 +407,7 @@ async def fetch_bundles(
                     staging,
                     storage_options=bound_options(store, source.storage_options, address),
                     progress=count,
+                    in_place=True,
                 )
             except BaseException:
                 progress.add(-counted[0], -counted[1])  # tried again over another link, or the fetch fails
@@ -435,6 +464,7 @@ __all__ = [
     "copy_and_digest",
     "copy_hashing",
     "list_remote",
+    "clear_bundle",
     "clear_interrupted",
     "copy_file",
     "finish",

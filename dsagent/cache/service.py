@@ -327,9 +327,15 @@ class CacheService:
             await self.pools.check(check_locations, request, policy=self.settings.source_policy)
         return key, list(datasets)
 
-    async def get_task(self, task_id: str) -> TaskRecord:
-        """Where the task stands, dataset by dataset; NotFound when there is no such task."""
-        return await self._record(task_key(task_id))
+    async def get_task(self, task_id: str, *, wait: float = 0.0) -> TaskRecord:
+        """Where the task stands, dataset by dataset; NotFound when there is no such task.
+        With ``wait``, first wait up to that many seconds for the task's running work to
+        end (as :meth:`submit_task` does): a client following a task learns that it is
+        ready when it is, not at its next poll."""
+        task_id = task_key(task_id)
+        if wait:  # an unknown task has no work: NotFound at once
+            await self._taskwork.wait(task_id, wait)
+        return await self._record(task_id)
 
     async def _record(self, task_id: str) -> TaskRecord:
         task = await self._db(self.catalog.task, task_id)

@@ -116,20 +116,30 @@ def default_task_id(datasets: Sequence[Mapping[str, Any]]) -> str:
 def wait_until_done(
     client: AgentClient, task_id: str, *, timeout: float | None, show: Callable[[TaskStatusBody], None]
 ) -> TaskStatusBody:
-    """Poll the task until every dataset is ready (returns) or one failed (raises)."""
+    """Follow the task until every dataset is ready (returns) or one failed (raises).
+
+    Each request is a long poll: the agent holds it until the task's work ends, at most
+    :data:`POLL_SECONDS` (the progress shown is that old at most), so the answer that
+    says ready comes when the task is, not up to a poll interval later. An answer still
+    pending that came back sooner (an agent that predates the long poll answers at once)
+    is followed by a sleep for the rest of the interval, never by a busy loop."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        record = client.get_task(task_id)
+        asked = time.monotonic()
+        hold = POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - asked))
+        record = client.get_task(task_id, wait=hold)
         show(record)
         if record["state"] == "ready":
             return record
         if record["state"] == "failed":
             raise _failure(record)
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             raise TransientError(
                 f"task {task_id!r} not ready after {timeout:g}s", hint=f"check it with 'dsctl status {task_id}'"
             )
-        time.sleep(POLL_SECONDS)
+        if now - asked < hold:
+            time.sleep(hold - (now - asked))
 
 
 def _failure(record: TaskStatusBody) -> DsagentError:

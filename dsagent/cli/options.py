@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import click
 
 from dsagent.errors import InvalidInput, SettingsError
+from dsplatform.paths import agent_default_root, agent_records_dir
 from dsplatform.units import UnitError, parse_duration
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def storage_options(
 def default_socket(environ: Mapping[str, str]) -> Path:
     """Where the local agent listens (``dsctl``'s default for ``--socket``): ``DSAGENT_SOCKET``,
     else ``DSAGENT_ROOT/dsagent.sock``, else the one running agent the user's records name
-    (:func:`~dsagent.envsettings.agent_records`: ``dsagent serve --root X`` is found without
+    (:func:`~dsplatform.paths.agent_records_dir`: ``dsagent serve --root X`` is found without
     settings), else the default root's. With several agents running and none named, dsctl
     does not guess: InvalidInput lists them, each with the setting that picks it."""
     env = environ
@@ -88,10 +89,6 @@ def default_socket(environ: Mapping[str, str]) -> Path:
         return Path(env["DSAGENT_SOCKET"])
     if env.get("DSAGENT_ROOT"):
         return Path(env["DSAGENT_ROOT"]) / "dsagent.sock"
-    # here, not at the top: the settings module imports pydantic-settings, ~0.2 s of every
-    # init-container's dsctl cache, which finds its socket above
-    from dsagent.envsettings import default_root
-
     running = running_agents(env)
     if len(running) > 1:
         choices = "; ".join(f"root {a['root']} (DSAGENT_ROOT={a['root']})" for a in running)
@@ -101,17 +98,16 @@ def default_socket(environ: Mapping[str, str]) -> Path:
         )
     if running:
         return Path(running[0]["socket"])
-    return default_root(env) / "dsagent.sock"
+    return agent_default_root(env) / "dsagent.sock"
 
 
 def running_agents(environ: Mapping[str, str]) -> list[dict[str, str]]:
     """The user's recorded agents whose socket answers, by root (stale records are skipped)."""
-    from dsagent.envsettings import agent_records
     from dsplatform.serving import unix_socket_answers
 
     found = []
     try:
-        records = sorted(agent_records(environ).glob("*.json"))
+        records = sorted(agent_records_dir(environ).glob("*.json"))
     except OSError:
         return []
     for path in records:

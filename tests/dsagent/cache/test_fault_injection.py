@@ -101,8 +101,9 @@ def test_a_cache_disk_error_anywhere_in_a_fetch_is_cache_disk_not_the_source(
     # finishing staging, a bundle's unpack, publishing
     first: dict[tuple[str, str], int] = {}
     for number, (kind, path) in enumerate(counted.ops, start=1):
-        top = path.split("/cache/", 1)[-1].split("/", 1)[0]
-        place = "unpack" if "/.dsagent-staging/" in path else top
+        parts = path.split("/cache/", 1)[-1].split("/")
+        # below a version's staging directory: a bundle's files, written by the unpack
+        place = "unpack" if parts[0] == "staging" and len(parts) > 2 else parts[0]
         if kind != "commit" and (kind, place) not in first:
             first[(kind, place)] = number
     assert {("mkdir", "staging"), ("rename", "datasets"), ("write", "unpack"), ("fsync", "manifests")} <= set(first)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +274,33 @@ def test_tasks_lists_the_id_dsctl_cache_chose_so_it_can_be_released(
     assert dsctl(capsys, "release", chosen, "--socket", sock)[0] == 0
     code, out, _ = dsctl(capsys, "tasks", "--socket", sock, "-o", "json")
     assert [t["task"] for t in json.loads(out)["tasks"]] == ["job-2"]
+
+
+class _Agent:
+    """A client whose task is pending ``pending`` answers, then ready; ``holds``: whether it
+    long-polls (else it answers at once, as an agent that predates ``wait``)."""
+
+    def __init__(self, pending: int, holds: bool) -> None:
+        self.pending, self.holds, self.waits = pending, holds, []  # type: ignore[var-annotated]
+
+    def get_task(self, task_id: str, *, wait: float = 0.0) -> dict[str, Any]:
+        self.waits.append(wait)
+        if self.pending:
+            self.pending -= 1
+            if self.holds:
+                time.sleep(wait)
+            return {"task": task_id, "state": "pending", "datasets": []}
+        return {"task": task_id, "state": "ready", "datasets": []}
+
+
+@pytest.mark.parametrize("holds", [True, False], ids=["long-poll", "answers-at-once"])
+def test_waiting_long_polls_and_never_busy_loops(monkeypatch: pytest.MonkeyPatch, holds: bool) -> None:
+    from dsagent.cli import cache as cache_cli
+
+    monkeypatch.setattr(cache_cli, "POLL_SECONDS", 0.05)
+    agent = _Agent(pending=3, holds=holds)
+    started = time.monotonic()
+    record = cache_cli.wait_until_done(agent, "t", timeout=None, show=lambda r: None)  # type: ignore[arg-type]
+    assert record["state"] == "ready"
+    assert agent.waits == [0.05] * 4  # every look asks the agent to hold it
+    assert time.monotonic() - started >= 3 * 0.05  # held by the agent, or slept by dsctl: never a busy loop
