@@ -20,6 +20,10 @@ def test_policy_names_map_to_variants() -> None:
     assert set(policies.POLICY_NAMES) <= set(policies.POLICIES)
     design = policies.variant("deadline-design")
     assert design is not None and design.as_written and design.over_free and not design.migrate
+    # the design as written ranks plans by the same (12) the product applies
+    from scheduling.timemodel import DEFAULT_FORMULA
+
+    assert design.formula == DEFAULT_FORMULA == policies.variant("deadline-applied").formula  # type: ignore[union-attr]
     moving = policies.variant("deadline-efficiency+migrate")
     assert moving is not None and moving.formula == "efficiency" and moving.migrate
     today = policies.variant("ours+time")

@@ -17,8 +17,9 @@ Deadline variants (docs/design.md#deadline-formula)::
     deadline-slack          slack per GPU, plans over the free GPUs
     deadline-finish         earliest finish among the plans that meet the deadline
     deadline-efficiency     parallel efficiency t_single / (n x t_run)
-    deadline-design         the design as written: slack per GPU, plans over the free GPUs,
-                            (3.4) without the project's rules, no waiting for one node
+    deadline-design         the design as written: (12) as the product reads it (its default
+                            formula: the highest running efficiency), plans over the free
+                            GPUs, (3.4) without the project's rules, no waiting for one node
     deadline-applied        what the admission webhook applies to pods that opt in: efficiency,
                             plans over the free GPUs, single-node plans for one-worker jobs;
                             a multi-worker job keeps the GPUs it asked for
@@ -30,6 +31,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from scheduling.timemodel import DEFAULT_FORMULA
 from tools.sim import fluid
 
 VARIANTS = {
@@ -37,7 +39,7 @@ VARIANTS = {
     "deadline-slack": ("slack-per-gpu", True, False),
     "deadline-finish": ("earliest-finish", True, False),
     "deadline-efficiency": ("efficiency", True, False),
-    "deadline-design": ("slack-per-gpu", True, True),
+    "deadline-design": (DEFAULT_FORMULA, True, True),  # the product's reading of (12)
     "deadline-applied": ("efficiency", True, False),
 }
 #: variants that plan only one-worker jobs, on one node (the webhook's applied plans)
