@@ -1,14 +1,17 @@
 """A watch-backed cache of Nodes and Pods, for ``nodeCacheCapable`` (names-only) requests.
 
-Daemon threads list then watch ``/api/v1/nodes``, ``/api/v1/pods`` and the ``Dataset``
-custom resources (optional: the CRD may be absent) with the official ``kubernetes`` client
+Daemon threads list then watch ``/api/v1/nodes``, ``/api/v1/pods``, the ``NodeCache`` and the
+``Dataset`` custom resources (each optional: its CRD may be absent) with the official ``kubernetes`` client
 (raw JSON, no model deserialization: thousands of Nodes
 must stay cheap), resuming from the last ``resourceVersion`` (bookmarks included) and
-re-listing on ``410 Gone``. Node objects become :class:`NodeFacts` through the shared
-:class:`NodeReader`; active pods bound to a node count against its free GPUs when the
-node publishes no free-GPU list. Readers get consistent snapshots: each update replaces
-one dict entry (atomic under the GIL). Owned by :class:`scheduler_plugin.view.View`.
-Failed watches are retried by tenacity (fixed waits; see ``_supervise``), not a hand-written loop.
+re-listing on ``410 Gone``. Node objects, with what their ``NodeCache`` publishes in place of
+the annotations it replaces (:func:`dsplatform.wire.nodecache.overlay`; a node without one
+keeps its own: an agent of the release before, docs/operator-guide/upgrade.md#nodecache),
+become :class:`NodeFacts` through the shared :class:`NodeReader`; active pods bound to a
+node count against its free GPUs when the node publishes no free-GPU list. Readers get
+consistent snapshots: each update replaces one dict entry (atomic under the GIL). Owned by
+:class:`scheduler_plugin.view.View`. Failed watches are retried by tenacity (fixed waits;
+see ``_supervise``), not a hand-written loop.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from dsplatform.gpus import GpuResources, pod_gpus
+from dsplatform.wire import nodecache as nodecache_contract
 from scheduler_plugin.catalog import (
     GROUP,
     PLURAL,
@@ -79,6 +83,10 @@ class NodeCache:
         # Base facts (no pod usage) per node: the raw Node objects are not kept, since
         # 5,000 parsed Nodes would cost hundreds of MiB.
         self._nodes: dict[str, NodeFacts] = {}
+        # What facts are rebuilt from when a node's NodeCache changes: its Node less the
+        # annotations a NodeCache replaces (small), and each NodeCache's published state.
+        self._slim: dict[str, Any] = {}
+        self._states: dict[str, nodecache_contract.NodeState] = {}
         # The same with pod usage applied, and the columns names-only requests read
         # (scheduler_plugin/columns.py), updated together on every event.
         self._columns = NodeColumns()
@@ -88,7 +96,7 @@ class NodeCache:
         self._absent_retry_s = 60.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self._synced = {"nodes": threading.Event(), "pods": threading.Event(), "nodecaches": threading.Event()}
         self._responses: dict[str, Any] = {}
         self._threads: list[threading.Thread] = []
 
@@ -118,6 +126,10 @@ class NodeCache:
     def all(self) -> list[NodeFacts]:
         return list(self._columns.facts.values())
 
+    def state(self, node: str) -> nodecache_contract.NodeState | None:
+        """What a node's ``NodeCache`` publishes (None: it has none, or none seen yet)."""
+        return self._states.get(node)
+
     def used_gpus(self, node: str) -> int:
         return self._used.get(node, 0)
 
@@ -128,7 +140,12 @@ class NodeCache:
     # -- life cycle ------------------------------------------------------------
 
     def start(self) -> None:
-        loops = (("nodes", self._nodes_loop), ("pods", self._pods_loop), ("datasets", self._datasets_loop))
+        loops = (
+            ("nodes", self._nodes_loop),
+            ("pods", self._pods_loop),
+            ("nodecaches", self._nodecaches_loop),
+            ("datasets", self._datasets_loop),
+        )
         for kind, run in loops:
             thread = threading.Thread(target=self._supervise, args=(kind, run), name=f"dsext-watch-{kind}", daemon=True)
             thread.start()
@@ -189,8 +206,10 @@ class NodeCache:
 
     def _nodes_loop(self) -> None:
         items, version = self._list(self._api.list_node)
-        nodes = {n["metadata"]["name"]: self._reader.read(n) for n in items if _name(n)}
         with self._lock:
+            slim = {name: _slim(n) for n in items if (name := _name(n))}
+            nodes = {name: self._read(name, n) for n in items if (name := _name(n))}
+            self._slim = slim
             self._nodes = nodes
             self._columns = NodeColumns({name: self._with_usage(base) for name, base in nodes.items()})
         self._synced["nodes"].set()
@@ -204,10 +223,58 @@ class NodeCache:
             with self._lock:
                 if kind == "DELETED":
                     self._nodes.pop(name, None)
+                    self._slim.pop(name, None)
                     self._columns.drop(name)
                 else:
-                    base = self._nodes[name] = self._reader.read(node)
+                    self._slim[name] = _slim(node)
+                    base = self._nodes[name] = self._read(name, node)
                     self._columns.put(name, self._with_usage(base))
+
+    def _read(self, name: str, node: Any) -> NodeFacts:
+        """The facts of ``node`` with its NodeCache overlaid (called under the lock)."""
+        return self._reader.read(nodecache_contract.overlay(node, self._states.get(name)))  # type: ignore[arg-type]
+
+    # -- nodecaches ----------------------------------------------------------------
+
+    def _nodecaches_loop(self) -> None:
+        group, version_, plural = nodecache_contract.GROUP, nodecache_contract.API_VERSION, nodecache_contract.PLURAL
+        list_fn = functools.partial(self._custom.list_cluster_custom_object, group, version_, plural)
+        try:
+            items, version = self._list(list_fn)
+        except ApiException as exc:
+            if exc.status == 404:
+                self._synced["nodecaches"].set()  # nothing to wait for: the Node annotations alone
+                raise _Absent(
+                    f"no {plural}.{group}/{version_} resource (CRD not installed): reading the Node annotations only"
+                ) from exc
+            raise
+        states = nodecache_contract.by_node(items)
+        with self._lock:
+            changed = set(states) | set(self._states)
+            self._states = states
+            for name in changed:
+                self._refresh(name)
+        self._synced["nodecaches"].set()
+        if self._on_listed is not None:
+            self._on_listed()
+        for kind, obj in self._watch("nodecaches", list_fn, version):
+            owner = nodecache_contract.node_name(obj)
+            if owner is None:
+                continue
+            with self._lock:
+                if kind == "DELETED":
+                    self._states.pop(owner, None)
+                else:
+                    self._states[owner] = nodecache_contract.state_of(obj)
+                self._refresh(owner)
+
+    def _refresh(self, name: str) -> None:
+        """Read a known node again after its NodeCache changed (called under the lock)."""
+        slim = self._slim.get(name)
+        if slim is None:
+            return
+        base = self._nodes[name] = self._read(name, slim)
+        self._columns.put(name, self._with_usage(base))
 
     # -- datasets ----------------------------------------------------------------
 
@@ -345,6 +412,23 @@ class NodeCache:
             finally:
                 self._responses.pop(kind, None)
                 response.release_conn()
+
+
+def _slim(node: Any) -> dict[str, Any]:
+    """What the facts of a node are read from, less the annotations a NodeCache replaces
+    (up to 96 KiB a node: kept for none)."""
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations")
+    kept = {
+        k: v
+        for k, v in (annotations if isinstance(annotations, dict) else {}).items()
+        if k not in nodecache_contract.REPLACED_ANNOTATIONS
+    }
+    status = node.get("status") if isinstance(node.get("status"), dict) else {}
+    return {
+        "metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"), "annotations": kept},
+        "status": {"allocatable": status.get("allocatable")},
+    }
 
 
 def _name(node: Any) -> str | None:

@@ -3,7 +3,10 @@
 - ``Nodes`` requests (``nodeCacheCapable: false``) are stateless: each Node object is
   read through the shared :class:`NodeReader` (cached by resourceVersion; a node cut
   from a Go-marshaled body is not even parsed when its resourceVersion is known); when
-  a watch cache runs too, its pod GPU usage is added.
+  a watch cache runs too, its pod GPU usage is added, and its ``NodeCache`` objects are
+  overlaid on the Nodes (the scheduler's Node objects do not carry what a ``NodeCache``
+  publishes: without the watch, only the annotations of agents of the release before are
+  read; docs/operator-guide/upgrade.md#nodecache).
 - ``NodeNames`` requests (``nodeCacheCapable: true``) are served from the
   :class:`NodeCache`; a name it does not know is None (scored 0, never filtered).
 
@@ -15,12 +18,14 @@ Called by the app.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from dsplatform.wire import nodecache as nodecache_contract
 from scheduler_plugin import catalog
 from scheduler_plugin.columns import Selection
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
 from scheduler_plugin.wire import ExtenderArgs, RawNode
+from scheduling.kubeobjects import Node
 from scheduling.nodeinfo import NodeFacts, NodeReader
 from scheduling.podspec import PodRequest
 
@@ -53,7 +58,7 @@ class View:
             return facts
         if args.nodes is not None:
             cache = self.cache
-            facts = [self.reader.read(n, cache.used_gpus(n["metadata"]["name"]) if cache else 0) for n in args.nodes]
+            facts = [self.reader.read(*self._overlaid(n)) if cache else self.reader.read(n, 0) for n in args.nodes]
             if cache is None:
                 self._recent = facts
             return facts
@@ -76,11 +81,25 @@ class View:
             raise ViewUnavailable("the node cache has not finished its first list yet")
         return self.cache.columns().select(args.node_names)
 
+    def _overlaid(self, node: Node) -> tuple[Node, int]:
+        """A request's Node with the watch cache's NodeCache overlaid, and its pods' GPUs."""
+        assert self.cache is not None
+        name = node["metadata"]["name"]
+        state = self.cache.state(name)
+        return cast(Node, nodecache_contract.overlay(node, state)), self.cache.used_gpus(name)
+
     def _read_raw(self, raw: RawNode) -> NodeFacts:
-        # A node seen at this resourceVersion is not parsed again.
-        used = self.cache.used_gpus(raw.name) if self.cache is not None else 0
-        facts = self.reader.cached(raw.name, raw.resource_version, used)
-        return facts if facts is not None else self.reader.read(raw.parse(), used)
+        # A node seen at this resourceVersion (and its NodeCache's) is not parsed again.
+        if self.cache is None:
+            facts = self.reader.cached(raw.name, raw.resource_version, 0)
+            return facts if facts is not None else self.reader.read(raw.parse(), 0)
+        used = self.cache.used_gpus(raw.name)
+        state = self.cache.state(raw.name)
+        version = raw.resource_version if state is None else f"{raw.resource_version}+{state.resource_version}"
+        facts = self.reader.cached(raw.name, version, used)
+        if facts is not None:
+            return facts
+        return self.reader.read(cast(Node, nodecache_contract.overlay(raw.parse(), state)), used)
 
     def resolve(self, pod: PodRequest) -> PodRequest:
         """Pin the pod's unpinned datasets to their Dataset resources' current versions

@@ -6,16 +6,18 @@ Who runs it: ``python -m dsagent.controller`` (:func:`main`); tests build
 :class:`DatasetController` over the fake API server and call :meth:`~DatasetController.reconcile_all`.
 
 Per Dataset, each pass: ``status.readyNodes`` / ``status.readyNodeCount`` (the nodes whose
-inventory, the Node annotation ``dsagent.io/inventory`` each agent publishes, holds the
-current digest ``status.digest`` ready; inventories are hostile input: one that is not JSON
-or not an object is skipped, never trusted), then packing, warm-up, preparation, replicas
+inventory, in the ``NodeCache`` each agent publishes, holds the current digest
+``status.digest`` ready; a node without a ``NodeCache`` is read from its Node annotation
+``dsagent.io/inventory``, which an agent of the release before writes:
+:meth:`DatasetController.list_nodes`; inventories are hostile input: one that is not JSON or
+not an object is skipped, never trusted), then packing, warm-up, preparation, replicas
 and cleanup; the status patch is written only when it changes anything. Once per pass: the
 copy counts, next-job preparation, store gc and migration, each an optimisation that never
 stops a pass when it fails; then what the agents still hold for a Dataset deleted since
 (:mod:`dsagent.controller.orphans`) is released.
 
 Tenancy (docs/operator-guide/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
-``dsagent.io/published-at``) is used for nothing; each pass keeps one
+``publishedAt``) is used for nothing; each pass keeps one
 :class:`~dsagent.controller.quotas.Ledger` of what each namespace pins; a spec field a bound
 held back is the Dataset's ``Refused`` condition and a Warning Event. Faults: every API
 request is bounded (``api_timeout_s``) and after a failed pass the loop backs off
@@ -45,6 +47,7 @@ from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import draining, job_nodes, node_subnets, parse_stripe, stripe_status
 from dsagent.controller.warmup import replicas_status, warm_status
+from dsagent.kube import nodestate
 from dsagent.kube.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.policy import copies, replication
@@ -189,8 +192,14 @@ class DatasetController:
                 inventories[meta.get("name", "")] = inv
         return inventories
 
+    def list_nodes(self) -> list[JSON]:
+        """The Nodes, each with what its ``NodeCache`` publishes in place of the annotations
+        it replaces; a Node without one keeps its own (an agent of the release before: the
+        rolling upgrade) (:func:`dsagent.kube.nodestate.list_nodes`)."""
+        return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout)
+
     def reconcile_all(self) -> None:
-        nodes = agents.raw(self._core.list_node, timeout=self._timeout)["items"]
+        nodes = self.list_nodes()
         inventories = self.fresh_inventories(nodes)
         self._ledger = Ledger(self.limits, {node: _capacity(inv) for node, inv in inventories.items()})
         s = self.settings

@@ -6,13 +6,19 @@ the :class:`~dsagent.cache.service.CacheService`.
 hooks=hooks)``, and awaits
 :meth:`ClusterAgent.start` at start-up and :meth:`ClusterAgent.stop` at shutdown. It
 
-1. publishes the node's inventory, topology and free GPUs as annotations of its Node
-   (free GPUs from the kubelet's pod-resources API when ``free_gpus`` is given and answers,
-   else only while no pod requests GPUs) (``DSAGENT_NODE_NAME``, from the downward API), patching only on change and
-   at most once per ``DSAGENT_PUBLISH_INTERVAL``, with the time it published
-   (``dsagent.io/published-at``, rewritten at least every ``DSAGENT_PUBLISH_HEARTBEAT`` so a
-   stale inventory can be told); a graceful stop removes them within ``DSAGENT_STOP_TIMEOUT``,
-   even while the API server hangs (docs/operator-guide/tenancy.md);
+1. publishes the node's inventory and topology in its ``NodeCache`` (named after the node,
+   owned by its Node; created when missing, then merge-patched) and its free GPUs as the
+   Node annotation ``dsagent.io/free-gpus`` (from the kubelet's pod-resources API when
+   ``free_gpus`` is given and answers, else only while no pod requests GPUs)
+   (``DSAGENT_NODE_NAME``, from the downward API), each written only on change and at most
+   once per ``DSAGENT_PUBLISH_INTERVAL`` (:class:`~dsagent.nodeagent.statewrites.Coalescer`,
+   counted in ``dsplatform_agent_state_writes_total``), the ``NodeCache`` with the time it
+   was written (``status.publishedAt``, rewritten at least every ``DSAGENT_PUBLISH_HEARTBEAT``
+   so a stale inventory can be told); the inventory, topology and published-at annotations
+   an agent of the release before left on the Node are removed with the first Node write
+   (docs/operator-guide/upgrade.md#nodecache); a graceful stop empties the ``NodeCache`` and
+   removes the annotation within ``DSAGENT_STOP_TIMEOUT``, even while the API server hangs
+   (docs/operator-guide/tenancy.md);
 2. watches the pods bound to its node (:class:`~dsagent.nodeagent.podwatch.PodWatch`) and, as
    soon as one that names datasets is bound, submits its task (the pod UID) to the
    service, so caching runs while the kubelet pulls the images (docs/design.md#rule-3); the
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -62,10 +69,12 @@ from dsagent.nodeagent.clusterhooks import ClusterHooks
 from dsagent.nodeagent.clustersettings import ClusterSettings
 from dsagent.nodeagent.podevents import EVENTS_CONTROLLER, PodEvents
 from dsagent.nodeagent.podwatch import PodWatch
+from dsagent.nodeagent.statewrites import Coalescer, StateWriteMetrics
 from dsplatform import errors as platform_errors
 from dsplatform.gpus import GpuResources
+from dsplatform.kubetime import format_time
 from dsplatform.names import is_pod_uid
-from dsplatform.wire import podannotations
+from dsplatform.wire import nodecache, podannotations
 
 if TYPE_CHECKING:  # the service is handed in; importing it here would make envnames (start-up of every process) heavy
     from dsagent.cache.service import CacheService
@@ -154,7 +163,14 @@ class ClusterAgent:
         self._background: list[asyncio.Task[Any]] = []
         self._watch: PodWatch | None = None
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
-        self.patches = 0
+        self._node_uid: str | None = None  # the NodeCache's owner
+        interval = self.cluster.publish_interval
+        self._cache_writes: Coalescer[dict[str, str]] = Coalescer(interval, self.cluster.publish_heartbeat)
+        self._node_writes: Coalescer[dict[str, str]] = Coalescer(interval)
+        self._cache_status: dict[str, Any] | None = None  # the NodeCache's status as last written
+        self.write_metrics = StateWriteMetrics(getattr(service, "metrics", None))
+        self.clock = time.monotonic  # the coalescers' clock (tests move it)
+        self.patches = 0  # writes of the NodeCache and the Node together
         self.released: list[str] = []  # pod UIDs whose tasks were released, oldest first
         self.pod_events: PodEvents | None = None  # the pods' Events, once the API client is there
 
@@ -180,6 +196,7 @@ class ClusterAgent:
         if self._api_client is None:
             self._api_client = await asyncio.to_thread(apiclient.load)
         self._core = client.CoreV1Api(self._api_client)
+        self._custom = client.CustomObjectsApi(self._api_client)
         self._datasets = DatasetClient(self._api_client)
         self.pod_events = PodEvents(
             EventRecorder(self._api_client, controller=EVENTS_CONTROLLER, instance=self.node_name), self.node_name
@@ -219,8 +236,8 @@ class ClusterAgent:
             log.warning("cannot read node %s yet (%s); retrying in the background", self.node_name, exc)
 
     async def stop(self) -> None:
-        """Stop publishing and watching, and remove the Node annotations, all within
-        ``stop_timeout``: the removal is one merge patch that needs no read of the Node,
+        """Stop publishing and watching, and empty the ``NodeCache`` and remove the Node
+        annotation, all within ``stop_timeout``: each is one merge patch that needs no read,
         retried while the API server hangs or fails, and never waited on past the bound;
         the blocking calls run in daemon threads, so a hung request cannot hold up the
         process's exit either."""
@@ -411,31 +428,48 @@ class ClusterAgent:
                 await self.publish_once()
             except DsagentError as exc:
                 log.warning("publishing to node %s failed: %s", self.node_name, exc)
-                self._annotations = None  # read the Node again next time
+                self._forget_published()
             except Exception:
                 log.exception("publishing to node %s failed", self.node_name)
-                self._annotations = None
-            await asyncio.sleep(self.cluster.publish_interval)
+                self._forget_published()
+            await asyncio.sleep(self._next_publish_s())
+
+    def _forget_published(self) -> None:
+        self._annotations = None  # read the Node again next time
+        self._cache_writes.forget()
+        self._node_writes.forget()
+
+    def _next_publish_s(self) -> float:
+        """The poll interval, or sooner when a state held back by its interval is due."""
+        now = self.clock()
+        waits = [w for w in (self._cache_writes.wait_s(now), self._node_writes.wait_s(now)) if w is not None]
+        return min([self.cluster.publish_interval, *waits]) if waits else self.cluster.publish_interval
 
     async def publish_once(self) -> bool:
-        """Patch the Node if what it should carry changed; True when it patched."""
-        desired = publisher.desired_annotations(
-            await self.service.inventory(), self._topology_json, await self._current_free_gpus()
-        )
+        """Write what changed (the ``NodeCache``, the Node's free-GPU annotation), each at most
+        once per publish interval (docs/design.md#node-state); True when it wrote."""
+        state = publisher.node_state(await self.service.inventory(), self._topology_json)
+        desired = publisher.node_annotations(await self._current_free_gpus())
         if self._annotations is None:
             self._annotations = await asyncio.to_thread(self._read_annotations)
-        patch = publisher.with_heartbeat(
-            publisher.annotation_patch(self._annotations, desired),
-            self._annotations,
-            time.time(),
-            self.cluster.publish_heartbeat,
-        )
-        if patch is None:
-            return False
-        await asyncio.to_thread(self._patch_annotations, patch)
-        self._annotations = publisher.applied(self._annotations, patch)
-        self.patches += 1
-        return True
+        wrote = False
+        now = self.clock()
+        if self._cache_writes.due(state, now):
+            status = nodecache.status(state.get("inventory"), state.get("topology"), format_time(time.time()))
+            size = await asyncio.to_thread(self._write_nodecache, status)
+            self._cache_writes.wrote(state, now)
+            self._cache_status = status
+            self.write_metrics.wrote("nodecache", size)
+            wrote = True
+        patch = publisher.annotation_patch(self._annotations, desired)
+        if patch is not None and self._node_writes.due(desired, now):
+            await asyncio.to_thread(self._patch_annotations, patch)
+            self._node_writes.wrote(desired, now)
+            self._annotations = publisher.applied(self._annotations, patch)
+            self.write_metrics.wrote("node", len(json.dumps({"metadata": {"annotations": patch}})))
+            wrote = True
+        self.patches += wrote
+        return wrote
 
     async def _current_free_gpus(self) -> list[int] | None:
         """The kubelet's answer (pod-resources) when there is one, else the estimate."""
@@ -491,7 +525,46 @@ class ClusterAgent:
     def _read_annotations(self) -> dict[str, str]:
         with translated(f"read node {self.node_name}"):
             node = self._core.read_node(self.node_name, _request_timeout=10)
+        if node.metadata is not None and node.metadata.uid:
+            self._node_uid = str(node.metadata.uid)
         return dict((node.metadata.annotations if node.metadata else None) or {})
+
+    def _write_nodecache(self, status: Mapping[str, Any], timeout: float = 10) -> int:
+        """Merge-patch the node's ``NodeCache`` to ``status``, creating it (owned by the Node)
+        when it is missing; the bytes of the request body."""
+        custom = self._custom
+        group, version, plural = nodecache.GROUP, nodecache.API_VERSION, nodecache.PLURAL
+        body = nodecache.merge_patch(status, self._cache_status)
+        try:
+            with translated(f"patch nodecache {self.node_name}"):
+                custom.patch_cluster_custom_object(
+                    group, version, plural, self.node_name, body, _content_type=MERGE_PATCH, _request_timeout=timeout
+                )
+            return len(json.dumps(body))
+        except NotFound:
+            pass
+        document = nodecache.document(self.node_name, self._node_uid, status)
+        with translated(f"create nodecache {self.node_name}"):
+            custom.create_cluster_custom_object(group, version, plural, document, _request_timeout=timeout)
+        return len(json.dumps(document))
+
+    def _clear_nodecache(self, timeout: float) -> None:
+        """Empty the ``NodeCache`` (a blind merge patch: none to empty is fine)."""
+        stamp = format_time(time.time())
+        body = {"status": {"inventory": None, "topology": None, "publishedAt": stamp}}
+        try:
+            with translated(f"patch nodecache {self.node_name}"):
+                self._custom.patch_cluster_custom_object(
+                    nodecache.GROUP,
+                    nodecache.API_VERSION,
+                    nodecache.PLURAL,
+                    self.node_name,
+                    body,
+                    _content_type=MERGE_PATCH,
+                    _request_timeout=timeout,
+                )
+        except NotFound:
+            return
 
     def _patch_annotations(self, patch: Mapping[str, str | None], timeout: float = 10) -> None:
         with translated(f"patch node {self.node_name}"):
@@ -503,14 +576,20 @@ class ClusterAgent:
             )
 
     async def _clear_annotations(self, deadline: float) -> bool:
-        """Remove what this agent published on its Node, retrying until ``deadline``
-        (``time.monotonic()``); True once removed."""
+        """Empty this agent's ``NodeCache`` and remove what it published on its Node, retrying
+        until ``deadline`` (``time.monotonic()``); True once both are done."""
         patch = publisher.blind_clearing_patch()
         pause = 0.1
+        cache_cleared = False
         while (left := deadline - time.monotonic()) > 0:
             try:
-                call = functools.partial(self._patch_annotations, patch, timeout=min(left, 3.0))
-                await asyncio.wait_for(in_daemon_thread(call), left)
+                if not cache_cleared:
+                    clear = functools.partial(self._clear_nodecache, timeout=min(left, 3.0))
+                    await asyncio.wait_for(in_daemon_thread(clear), left)
+                    cache_cleared = True
+                    left = deadline - time.monotonic()
+                call = functools.partial(self._patch_annotations, patch, timeout=min(max(left, 0.1), 3.0))
+                await asyncio.wait_for(in_daemon_thread(call), max(left, 0.1))
                 self._annotations = publisher.applied(self._annotations, patch)
                 return True
             except (asyncio.TimeoutError, DsagentError) as exc:

@@ -7,7 +7,7 @@ Who calls it: ``dsagent serve --kubernetes`` (:mod:`dsagent.nodeagent.nodeparts`
 client when it starts. What it owns: which task ids a pod may use (a pod UID only for a
 pod bound to this node, :class:`TaskNotOnNode` otherwise), a pod's namespace and the
 datasets its annotation names (what it may read of a striped version), and which agents
-hold a version (from the Node inventories) for the peer fetch.
+hold a version (from the nodes' inventories) for the peer fetch.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dsagent.nodeagent.clustersettings import ClusterSettings
 from dsagent.nodeagent.podwatch import PodWatch
 from dsplatform import errors as platform_errors
 from dsplatform.names import is_pod_uid
-from dsplatform.wire import podannotations
+from dsplatform.wire import nodecache, podannotations
 
 log = logging.getLogger("dsagent.nodeagent")
 
@@ -154,6 +154,20 @@ class ClusterHooks:
             with translated("list nodes"):
                 return list(core.list_node(_request_timeout=10).items or [])
 
+        def caches() -> dict[str, nodecache.NodeState] | None:
+            from kubernetes.client import CustomObjectsApi
+
+            try:
+                with translated("list nodecaches"):
+                    listed = CustomObjectsApi(core.api_client).list_cluster_custom_object(
+                        nodecache.GROUP, nodecache.API_VERSION, nodecache.PLURAL, _request_timeout=10
+                    )
+            except DsagentError as exc:  # no CRD yet (an upgrade under way): the Nodes' annotations alone
+                log.debug("cannot list the NodeCaches (%s); reading the Node annotations only", exc)
+                return None
+            return nodecache.by_node(listed.get("items") or ()) if isinstance(listed, dict) else None
+
+        listed_nodes, published = await asyncio.gather(asyncio.to_thread(nodes), asyncio.to_thread(caches))
         return holders_from_nodes(
-            await asyncio.to_thread(nodes), self.node_name, name, digest, self.peer_port, shares=shares
+            listed_nodes, self.node_name, name, digest, self.peer_port, shares=shares, published=published
         )

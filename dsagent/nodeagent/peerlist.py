@@ -2,20 +2,23 @@
 
 Who calls it: :meth:`dsagent.nodeagent.clusterhooks.ClusterHooks.peer_holders`, the peer list
 the cache service is built with when the agent has a peer token: :func:`holders_from_nodes`
-over a fresh node list (docs/design.md#peers). Each node's ``dsagent.io/inventory``
-annotation says what it holds; its agent is reached at the node's InternalIP on the peer
-port (the agent's TCP port, published on the node: hostPort or host network).
+over a fresh node list and ``NodeCache`` list (docs/design.md#peers). Each node's
+``NodeCache`` says what it holds (else, an agent of the release before, its
+``dsagent.io/inventory`` annotation: :func:`dsplatform.wire.nodecache.published_annotations`);
+its agent is reached at the node's InternalIP on the peer port (the agent's TCP port,
+published on the node: hostPort or host network).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dsagent.cache.servicehooks import PeerHolder
 from dsplatform import boundedjson
 from dsplatform.wire.inventory import ANNOTATION, holds, loads, stripe_group
+from dsplatform.wire.nodecache import NodeState, published_annotations
 
 log = logging.getLogger("dsagent.nodeagent")
 
@@ -30,12 +33,20 @@ def _address(node: Any) -> str | None:
 
 
 def holders_from_nodes(
-    nodes: Iterable[Any], own_node: str, name: str, digest: str, port: int, *, shares: bool = True
+    nodes: Iterable[Any],
+    own_node: str,
+    name: str,
+    digest: str,
+    port: int,
+    *,
+    shares: bool = True,
+    published: Mapping[str, NodeState] | None = None,
 ) -> list[PeerHolder]:
     """The agents on ``nodes`` (not ``own_node``) whose inventory lists ``name@digest``:
     those holding it ready first, then those fetching it (they serve the bundles they finished),
     then, unless ``shares=False``, the members of its stripe group that hold bundles (each
-    serves its own, and the group its inventory lists says which are whose)."""
+    serves its own, and the group its inventory lists says which are whose). ``published``:
+    node name -> what its ``NodeCache`` publishes (:func:`dsplatform.wire.nodecache.by_node`)."""
     urls: list[PeerHolder] = []
     fetching: list[PeerHolder] = []
     held: list[PeerHolder] = []
@@ -43,7 +54,8 @@ def holders_from_nodes(
         metadata = getattr(node, "metadata", None)
         if metadata is None or metadata.name == own_node:
             continue
-        text = (metadata.annotations or {}).get(ANNOTATION)
+        cache = published.get(metadata.name) if published is not None else None
+        text = published_annotations(metadata.annotations, cache.published if cache else None).get(ANNOTATION)
         if not text:
             continue
         try:

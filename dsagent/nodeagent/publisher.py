@@ -1,19 +1,23 @@
-"""What the agent publishes on its Node, as pure functions over annotation maps.
+"""What the agent publishes about its node, as pure functions over plain values.
 
-Three annotations, read by the scheduler extender (contract: docs/design.md#annotations):
+Two objects (contract: docs/design.md#node-state):
 
-- ``dsagent.io/inventory``: the compact inventory JSON (budget 64 KiB, trimmed by
-  :func:`dsplatform.wire.inventory.compact`);
-- ``dsagent.io/topology``: the compact topology JSON (budget 32 KiB; left out when larger);
-- ``dsagent.io/free-gpus``: the indices of free GPUs, published whenever they are known:
-  from the kubelet's pod-resources API (``dsagent.nodeplugins.deviceplugin.podresources``, wired in by the
-  CLI) when it answers, else only while no pod on the node requests GPUs (every GPU is
-  free); otherwise the annotation is removed and the extender falls back to allocatable
-  minus requests.
+- its ``NodeCache`` (:mod:`dsplatform.wire.nodecache`): the compact inventory JSON (budget
+  64 KiB, trimmed by :func:`dsplatform.wire.inventory.compact`), the compact topology JSON
+  (budget 32 KiB; left out when larger) and when it was written (:func:`node_state`);
+- its Node, one small annotation, ``dsagent.io/free-gpus``: the indices of free GPUs,
+  published whenever they are known: from the kubelet's pod-resources API
+  (``dsagent.nodeplugins.deviceplugin.podresources``, wired in by the CLI) when it answers,
+  else only while no pod on the node requests GPUs (every GPU is free); otherwise the
+  annotation is removed and the extender falls back to allocatable minus requests
+  (:func:`node_annotations`).
 
-:func:`annotation_patch` turns the current and desired maps into the smallest merge
-patch (None when nothing changed), so the agent patches its Node only on change.
-Who calls it: :class:`dsagent.nodeagent.clusteragent.ClusterAgent`.
+:func:`annotation_patch` turns the Node's current and desired annotations into the smallest
+merge patch (None when nothing changed); it also removes the inventory, topology and
+published-at annotations an agent of the release before wrote on the Node (the rolling
+upgrade: docs/operator-guide/upgrade.md#nodecache). :func:`desired_annotations` is that
+release's annotation form, which readers still accept for one release. Who calls it:
+:class:`dsagent.nodeagent.clusteragent.ClusterAgent`.
 """
 
 from __future__ import annotations
@@ -25,23 +29,43 @@ from typing import Any
 
 from dsplatform import published
 from dsplatform.gpus import GpuResources, QuantityError, pod_gpus
-from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as inventory_contract
+from dsplatform.wire import nodecache
 
 INVENTORY = inventory_contract.ANNOTATION
 TOPOLOGY = published.TOPOLOGY
 FREE_GPUS = published.FREE_GPUS
 PUBLISHED_AT = published.PUBLISHED_AT
 CONTENT = (INVENTORY, TOPOLOGY, FREE_GPUS)  # what the node reports; PUBLISHED_AT says when
-OWNED = (*CONTENT, PUBLISHED_AT)
-TOPOLOGY_BUDGET = 32 * 1024
+OWNED = (*CONTENT, PUBLISHED_AT)  # every annotation an agent of this release or the one before wrote
+TOPOLOGY_BUDGET = nodecache.TOPOLOGY_MAX_BYTES
+
+
+def node_state(inventory: Mapping[str, Any] | None, topology_json: str | None) -> dict[str, str]:
+    """What the node's ``NodeCache`` should say now (its ``status`` less ``publishedAt`` and
+    ``version``, which are stamped when it is written): compared with what was last written,
+    so that a write happens only on change."""
+    state: dict[str, str] = {}
+    if inventory is not None:
+        state["inventory"] = inventory_contract.compact(quantized(inventory))
+    if topology_json is not None and len(topology_json.encode()) <= TOPOLOGY_BUDGET:
+        state["topology"] = topology_json
+    return state
+
+
+def node_annotations(free_gpus: Sequence[int] | None) -> dict[str, str]:
+    """The annotations this agent keeps on its Node now: the free GPUs, when known."""
+    return {FREE_GPUS: ",".join(str(i) for i in sorted(free_gpus))} if free_gpus is not None else {}
+
+
 FREE_BYTES_QUANTUM = 64 << 20  # at least; 0.5% of the capacity on large disks
 
 
 def desired_annotations(
     inventory: Mapping[str, Any] | None, topology_json: str | None, free_gpus: Sequence[int] | None
 ) -> dict[str, str]:
-    """The annotations this node should carry now."""
+    """The annotations an agent of the release before wrote on its Node (readers of this
+    release still accept them: the rolling upgrade; tests build Nodes of that form with it)."""
     desired: dict[str, str] = {}
     if inventory is not None:
         desired[INVENTORY] = inventory_contract.compact(quantized(inventory))
@@ -68,10 +92,12 @@ def quantized(inventory: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def annotation_patch(current: Mapping[str, str] | None, desired: Mapping[str, str]) -> dict[str, str | None] | None:
-    """Merge-patch values for ``metadata.annotations``: changed keys, None for stale ones."""
+    """Merge-patch values for ``metadata.annotations``: changed keys, None for stale ones
+    (every annotation an agent wrote that ``desired`` leaves out, those of the release before
+    included)."""
     current = current or {}
     patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
-    patch.update({k: None for k in CONTENT if k in current and k not in desired})
+    patch.update({k: None for k in OWNED if k in current and k not in desired})
     return patch or None
 
 
@@ -86,17 +112,6 @@ def blind_clearing_patch() -> dict[str, str | None]:
     merge patch's null for an absent key changes nothing, so a stopping agent need not read
     its Node first (one request, not two, against an API server that may be hanging)."""
     return {key: None for key in OWNED}
-
-
-def with_heartbeat(
-    patch: dict[str, str | None] | None, current: Mapping[str, str] | None, now: float, heartbeat_s: float
-) -> dict[str, str | None] | None:
-    """``patch`` stamped with :data:`PUBLISHED_AT` when it changes anything or the last stamp is
-    ``heartbeat_s`` old (or missing, or unreadable); None when nothing is due."""
-    stamp = parse_or_none((current or {}).get(PUBLISHED_AT))
-    if patch is None and stamp is not None and now - stamp < heartbeat_s:
-        return None
-    return {**(patch or {}), PUBLISHED_AT: format_time(now)}
 
 
 def free_gpus(gpu_count: int | None, gpu_pods: int) -> list[int] | None:
@@ -154,6 +169,8 @@ __all__ = [
     "PUBLISHED_AT",
     "TOPOLOGY",
     "annotation_patch",
+    "node_annotations",
+    "node_state",
     "applied",
     "blind_clearing_patch",
     "clearing_patch",
@@ -161,5 +178,4 @@ __all__ = [
     "free_gpus",
     "gpu_request",
     "quantized",
-    "with_heartbeat",
 ]

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from dsagent.kube.apiclient import translated
+from dsagent.kube import nodestate
 from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform import kubetime
 from dsplatform.errors import InvalidInput
@@ -243,14 +242,13 @@ class KubePlanNodes:
         from kubernetes import client
 
         self._core: Any = client.CoreV1Api(api_client)
+        self._custom: Any = client.CustomObjectsApi(api_client)
         self._reader = reader
         self._timeout = request_timeout
 
     def __call__(self) -> list[NodeFacts]:
-        with translated("list nodes"):
-            raw = self._core.list_node(resource_version="0", _preload_content=False, _request_timeout=self._timeout)
-        items: list[Any] = json.loads(raw.data).get("items") or []
-        nodes = [n for n in items if isinstance(n, dict) and not (n.get("spec") or {}).get("unschedulable")]
+        items = nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0")
+        nodes = [n for n in items if not (n.get("spec") or {}).get("unschedulable")]
         return [self._reader.read(cast(Node, node)) for node in nodes]
 
 

@@ -51,7 +51,7 @@ from typing import Any
 from cachetools import TTLCache
 
 from dsagent.errors import Conflict, DsagentError
-from dsagent.kube.apiclient import translated
+from dsagent.kube import nodestate
 from dsagent.kube.lease import Leases, expiry, new_lease, next_transitions
 from dsagent.webhook.gpurequest import (
     NETWORKS_ANNOTATION,
@@ -162,6 +162,7 @@ class KubeGpuClasses:
         self.settings = settings
         # Raw JSON both ways (_preload_content=False, dict bodies): the wire format as is.
         self._core: Any = client.CoreV1Api(api_client)
+        self._custom: Any = client.CustomObjectsApi(api_client)
         self.leases = Leases(api_client, request_timeout=request_timeout)
         self._timeout = request_timeout
         self._clock = clock
@@ -175,9 +176,7 @@ class KubeGpuClasses:
             view = self._views.get("nodes")
         if view is not None:
             return view
-        with translated("list nodes"):
-            raw = self._core.list_node(resource_version="0", _preload_content=False, _request_timeout=self._timeout)
-        view = read_cluster(json.loads(raw.data).get("items") or [])
+        view = read_cluster(nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0"))
         with self._lock:
             self._views["nodes"] = view
         return view

@@ -7,8 +7,11 @@ csivolume       the CSI volume attributes (the webhook writes them into the pod'
                 ``csi`` volume; the agent's CSI node plugin reads them from ``NodePublishVolume``)
 agenttask       the agent API's task bodies (dsctl, the init-container and the controller write
                 the request and read the status; the agent reads the one, writes the other)
-inventory       the node inventory (the agent writes it, as ``GET /v1/inventory`` and the Node
-                annotation; the peers, the extender and the controller read it)
+inventory       the node inventory (the agent writes it, as ``GET /v1/inventory`` and in its
+                ``NodeCache``; the peers, the extender and the controller read it)
+nodecache       the ``NodeCache`` custom resource: where a node's inventory and topology live
+                (the agent writes it; the extender, the controller, the webhook and the peers
+                read it, or an older agent's Node annotations)
 
 Pure values and parsers: no I/O, nothing of the processes; errors are
 :class:`dsplatform.errors.InvalidInput` naming the field, or

@@ -440,13 +440,16 @@ def test_the_agent_may_only_read_and_patch_nodes_watch_pods_read_datasets_and_wr
         ("dsagent.io", "datasets", "get"),
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets", "watch"),
+        ("dsagent.io", "nodecaches", "get"),
+        ("dsagent.io", "nodecaches", "create"),
+        ("dsagent.io", "nodecaches", "patch"),
     }
 
 
 def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert rules_of(rendered["default"], "-extender") == {
         (group, resource, verb)
-        for group, resource in (("", "nodes"), ("", "pods"), ("dsagent.io", "datasets"))
+        for group, resource in (("", "nodes"), ("", "pods"), ("dsagent.io", "datasets"), ("dsagent.io", "nodecaches"))
         for verb in ("list", "watch")
     }
 
@@ -461,6 +464,7 @@ def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(
     assert rules_of(rendered["gpu-classes"], "-webhook") == {
         ("dsagent.io", "datasets", "get"),
         ("", "nodes", "list"),
+        ("dsagent.io", "nodecaches", "list"),
         ("coordination.k8s.io", "leases", "get"),
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),
@@ -690,7 +694,7 @@ def test_only_the_probes_and_named_scrapers_reach_the_agents_tcp_port(
 
 
 def dataset_schema(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    crd = find(docs, "CustomResourceDefinition")
+    crd = find(docs, "CustomResourceDefinition", "datasets.dsagent.io")
     [version] = crd["spec"]["versions"]
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return schema
@@ -699,11 +703,12 @@ def dataset_schema(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_the_dataset_crd_has_a_status_subresource_and_is_kept_on_uninstall(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    crd = find(rendered["default"], "CustomResourceDefinition")
+    crd = find(rendered["default"], "CustomResourceDefinition", "datasets.dsagent.io")
     assert crd["metadata"]["name"] == "datasets.dsagent.io"
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert "annotations" not in find(rendered["non-default"], "CustomResourceDefinition")["metadata"]
+    other = find(rendered["non-default"], "CustomResourceDefinition", "datasets.dsagent.io")
+    assert "annotations" not in other["metadata"]
 
 
 def test_datasets_validate_against_the_crd_schema(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -730,6 +735,32 @@ def test_datasets_validate_against_the_crd_schema(rendered: dict[str, list[dict[
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**make_dataset("x"), **bad}, schema)
+
+
+def test_nodecaches_are_cluster_scoped_bounded_and_validate_against_the_crd_schema(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """What the agent writes fits the NodeCache CRD; a field over its budget does not
+    (dsplatform/wire/nodecache.py)."""
+    from dsplatform.wire import nodecache
+    from tools.support.fake_apiserver import make_nodecache
+
+    crd = find(rendered["default"], "CustomResourceDefinition", "nodecaches.dsagent.io")
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["group"] == nodecache.GROUP
+    assert crd["spec"]["names"]["kind"] == nodecache.KIND and crd["spec"]["names"]["plural"] == nodecache.PLURAL
+    [version] = crd["spec"]["versions"]
+    assert version["name"] == nodecache.API_VERSION and "subresources" not in version
+    schema = version["schema"]["openAPIV3Schema"]
+    status = schema["properties"]["status"]["properties"]
+    assert status["inventory"]["maxLength"] == nodecache.INVENTORY_MAX_BYTES
+    assert status["topology"]["maxLength"] == nodecache.TOPOLOGY_MAX_BYTES
+    good = make_nodecache("gpu-1", inventory='{"datasets":{}}', topology='{"version":1}', node_uid="u-1")
+    jsonschema.validate(good, schema)
+    too_big = make_nodecache("gpu-1")
+    too_big["status"]["inventory"] = "x" * (nodecache.INVENTORY_MAX_BYTES + 1)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(too_big, schema)
+    assert "CustomResourceDefinition" not in kinds(render({"crds": {"install": False}}))
 
 
 @pytest.mark.usefixtures("cached_schemas")
@@ -1000,6 +1031,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
     docs = rendered["default"]
     assert rules_of(docs, "-controller") == {
         ("", "nodes", "list"),
+        ("dsagent.io", "nodecaches", "list"),  # the nodes' inventories (docs/design.md#node-state)
         ("", "pods", "list"),  # replication's demand, next-job preparation
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets/status", "patch"),
@@ -1032,7 +1064,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
 def test_kubectl_get_datasets_shows_ready_nodes_and_the_packed_digest(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    crd = find(rendered["default"], "CustomResourceDefinition")
+    crd = find(rendered["default"], "CustomResourceDefinition", "datasets.dsagent.io")
     columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert columns["Ready"] == ".status.readyNodeCount" and columns["Digest"] == ".status.digest"
     schema = dataset_schema(rendered["default"])

@@ -79,7 +79,7 @@ def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_prese
     queue_rules = {("kueue.x-k8s.io", "workloads", "list"), ("batch.volcano.sh", "jobs", "list")}
     assert queue_rules <= rules_of(docs, "-controller")
     assert not queue_rules & rules_of(off, "-controller")
-    crd = find(docs, "CustomResourceDefinition")
+    crd = find(docs, "CustomResourceDefinition", "datasets.dsagent.io")
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["preparation"]["x-kubernetes-preserve-unknown-fields"] is True
 

@@ -44,8 +44,8 @@ def balanced(expression: str) -> bool:
 def test_the_node_restriction_policy_judges_only_the_agents_requests_and_binds_deny(
     default: list[dict[str, Any]],
 ) -> None:
-    policy = find(default, "ValidatingAdmissionPolicy")
-    binding = find(default, "ValidatingAdmissionPolicyBinding")
+    policy = find(default, "ValidatingAdmissionPolicy", "-agent-node-restriction")
+    binding = find(default, "ValidatingAdmissionPolicyBinding", "-agent-node-restriction")
     account = find(default, "ServiceAccount", "-agent")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     spec = policy["spec"]
@@ -61,7 +61,7 @@ def test_the_node_restriction_policy_judges_only_the_agents_requests_and_binds_d
 def test_the_policy_compares_the_written_node_with_the_node_name_in_the_agents_token(
     default: list[dict[str, Any]],
 ) -> None:
-    spec = find(default, "ValidatingAdmissionPolicy")["spec"]
+    spec = find(default, "ValidatingAdmissionPolicy", "-agent-node-restriction")["spec"]
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     expressions = [v["expression"] for v in spec["validations"]]
     for expression in [*variables.values(), *expressions, *(c["expression"] for c in spec["matchConditions"])]:
@@ -75,6 +75,34 @@ def test_the_policy_compares_the_written_node_with_the_node_name_in_the_agents_t
     assert "object.metadata.labels" in fields and "request.subResource == ''" in fields
     [annotations] = [e for e in expressions if "startsWith('dsagent.io/')" in e]
     assert "variables.newAnnotations.all(" in annotations and "variables.oldAnnotations.all(" in annotations
+    for validation in spec["validations"]:
+        assert validation["message"] and validation["reason"] == "Forbidden"
+
+
+def test_the_nodecache_policy_lets_an_agent_write_only_its_own_nodecache_and_delete_none(
+    default: list[dict[str, Any]],
+) -> None:
+    """RBAC cannot narrow create to one name: the policy does (docs/design.md#node-state)."""
+    policy = find(default, "ValidatingAdmissionPolicy", "-agent-nodecache-restriction")
+    binding = find(default, "ValidatingAdmissionPolicyBinding", "-agent-nodecache-restriction")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["dsagent.io"] and rule["resources"] == ["nodecaches"]
+    assert set(rule["operations"]) == {"UPDATE", "CREATE", "DELETE"}
+    assert (
+        spec["matchConditions"]
+        == find(default, "ValidatingAdmissionPolicy", "-agent-node-restriction")["spec"]["matchConditions"]
+    )
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    expressions = [v["expression"] for v in spec["validations"]]
+    for expression in [*variables.values(), *expressions]:
+        assert balanced(expression), expression
+    assert f"request.userInfo.extra['{NODE_NAME_EXTRA}']" in variables["nodeNames"]
+    assert "size(variables.nodeNames) > 0" in expressions
+    assert "request.name in variables.nodeNames" in expressions  # only its own node's
+    assert "request.operation != 'DELETE'" in expressions
     for validation in spec["validations"]:
         assert validation["message"] and validation["reason"] == "Forbidden"
 

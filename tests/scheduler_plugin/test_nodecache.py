@@ -214,7 +214,7 @@ def test_unpinned_datasets_are_current_only_at_their_dataset_resources_digest(
     )
 
 
-def test_each_full_list_of_nodes_and_of_pods_is_reported(apiserver: FakeApiServer) -> None:
+def test_each_full_list_of_nodes_pods_and_nodecaches_is_reported(apiserver: FakeApiServer) -> None:
     listed: list[int] = []
     api_client = apiserver.api_client()
     cache = NodeCache(
@@ -230,9 +230,9 @@ def test_each_full_list_of_nodes_and_of_pods_is_reported(apiserver: FakeApiServe
     try:
         assert cache.wait_synced(10)
         deadline = time.monotonic() + 10  # reported just after the synced flags are set
-        while len(listed) < 2 and time.monotonic() < deadline:
+        while len(listed) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(listed) == 2 and 3 in listed  # nodes and pods, in either order
+        assert len(listed) == 3 and 3 in listed  # nodes, pods and NodeCaches, in any order
     finally:
         cache.stop()
         api_client.close()
@@ -247,3 +247,32 @@ def test_the_view_finds_any_cached_node_by_name_for_the_stripe_peer_credit(
     assert found is not None and found.name == "holds"
     assert view.node("nobody-knows") is None
     assert View(NodeReader(), None).node("holds") is None  # no watch cache: only the candidates are known
+
+
+def test_a_nodecache_replaces_its_node_s_annotations_and_its_changes_arrive_through_the_watch(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
+    """The rolling upgrade (docs/operator-guide/upgrade.md#nodecache): "holds" is an older
+    agent's node (its annotation is read); once "empty" has a NodeCache, that is read instead
+    of its annotation; a change of it alone (the Node unchanged) reaches the scores."""
+    from tools.support.fake_apiserver import make_nodecache
+
+    http, cache = extender
+    uid = (apiserver.get("nodes", "empty") or {})["metadata"]["uid"]
+    apiserver.create(make_nodecache("empty", inventory=inventory_json(datasets={"imagenet": holding()}), node_uid=uid))
+
+    def empty_holds(expected: bool) -> bool:
+        facts = cache.facts("empty")
+        return (
+            facts is not None and facts.inventory is not None and ("imagenet" in facts.inventory.datasets) is expected
+        )
+
+    apiserver.wait_for(lambda: empty_holds(True), what="the NodeCache in the cache")
+    body = names_body(["holds", "empty"], datasets=IMAGENET)
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "empty": 10}
+    apiserver.patch("nodecaches", "empty", {"status": {"inventory": inventory_json()}})
+    apiserver.wait_for(lambda: empty_holds(False), what="the changed NodeCache in the cache")
+    assert scores(http, body, "prioritize/dataset") == {"holds": 10, "empty": 0}
+    assert cache.state("empty") is not None and cache.state("holds") is None
+    apiserver.delete("nodes", "empty")  # the NodeCache goes with its Node
+    apiserver.wait_for(lambda: cache.facts("empty") is None and cache.state("empty") is None, what="both gone")

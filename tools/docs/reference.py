@@ -218,11 +218,25 @@ def settings_page() -> str:
 # -- metrics ------------------------------------------------------------------------------------
 
 REGISTRIES: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
-    ("The node agent", "dsagent.cache.metrics:Metrics", lambda cls: cls(protocols=("file", "http", "s3"))),
+    (
+        "The node agent",
+        "dsagent.cache.metrics:Metrics",
+        lambda cls: _agent_metrics(cls(protocols=("file", "http", "s3"))),
+    ),
     ("The Dataset controller", "dsagent.controller.controllermetrics:ControllerMetrics", lambda cls: cls()),
     ("The webhook", "dsagent.webhook.admissionmetrics:WebhookMetrics", lambda cls: cls()),
     ("The scheduler extender", "scheduler_plugin.metrics:ExtenderMetrics", lambda cls: cls()),
 )
+
+
+def _agent_metrics(metrics: Any) -> Any:
+    """The agent's metrics with those cluster mode adds to its registry (its writes of its state)."""
+    from dsagent.nodeagent.statewrites import StateWriteMetrics
+
+    StateWriteMetrics(metrics)
+    return metrics
+
+
 SUFFIX = {"counter": "_total", "histogram": "", "gauge": "", "summary": "", "info": "_info"}
 
 

@@ -4,7 +4,8 @@ It speaks the JSON the unmodified official ``kubernetes`` client sends and accep
 core ``Nodes`` and ``Pods``, ``coordination.k8s.io/v1`` ``Leases`` (namespaced, no status
 subresource; spec fields type-checked, ``acquireTime``/``renewTime`` stored as the
 server's RFC 3339 MicroTime in UTC) and the ``Dataset`` custom resource
-(``dsagent.io/v1alpha1``, namespaced, with the status subresource), and the queue systems' Kueue
+(``dsagent.io/v1alpha1``, namespaced, with the status subresource), the ``NodeCache`` custom
+resource (``dsagent.io/v1alpha1``, cluster-scoped, no status subresource), and the queue systems' Kueue
 ``Workloads`` (``kueue.x-k8s.io/v1beta1``) and Volcano ``Jobs`` (``batch.volcano.sh/v1alpha1``):
 
 - list (``resourceVersion`` in the list metadata, ``fieldSelector`` such as
@@ -24,7 +25,9 @@ server's RFC 3339 MicroTime in UTC) and the ``Dataset`` custom resource
   merge key; annotations, labels and status are maps) and ``application/json-patch+json``
   (RFC 6902). ``/status`` writes change only ``.status``; writes to the main resource
   leave ``.status`` alone. A write that changes nothing keeps the resourceVersion and
-  sends no event, like the real server.
+  sends no event, like the real server. Deleting an object deletes the objects whose
+  ``ownerReferences`` name its uid (the garbage collector's background cascade, done at
+  once: a Node's ``NodeCache`` goes with it).
 
 Errors are ``Status`` objects with the real ``reason`` and ``code``.
 
@@ -143,6 +146,11 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType("", "v1", "nodes", "Node", namespaced=False),
     "pods": ResourceType("", "v1", "pods", "Pod", namespaced=True),
     "datasets": ResourceType("dsagent.io", "v1alpha1", "datasets", "Dataset", namespaced=True, generation=True),
+    # each node's published cache state (dsplatform/wire/nodecache.py): cluster-scoped, owned by
+    # its Node, no status subresource (the agent writes its status with the object)
+    "nodecaches": ResourceType(
+        "dsagent.io", "v1alpha1", "nodecaches", "NodeCache", namespaced=False, status_subresource=False
+    ),
     # the job's RoCE class, the Dataset controller's leader Lease and pack Jobs
     "leases": ResourceType(
         "coordination.k8s.io",
@@ -523,6 +531,15 @@ class Store:
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self._emit(plural, "DELETED", obj)
+        uid = obj["metadata"].get("uid")
+        owned = [
+            key
+            for key, other in self.objects.items()
+            if uid and any(ref.get("uid") == uid for ref in other["metadata"].get("ownerReferences") or ())
+        ]
+        for key in owned:  # the garbage collector's cascade, at once
+            if key in self.objects:
+                self.delete(*key)
         return obj
 
 
@@ -1260,6 +1277,21 @@ def make_dataset(
     return obj
 
 
+def make_nodecache(
+    node: str,
+    *,
+    inventory: str | None = None,
+    topology: str | None = None,
+    published_at: str | None = None,
+    node_uid: str | None = None,
+) -> JSON:
+    """A ``NodeCache`` as a node's agent writes it (``node_uid``: owned by that Node)."""
+    from dsplatform.wire import nodecache
+
+    state = nodecache.status(inventory, topology, published_at or _now())
+    return nodecache.document(node, node_uid, state)
+
+
 __all__ = [
     "ApiError",
     "FakeApiServer",
@@ -1268,6 +1300,7 @@ __all__ = [
     "ResourceType",
     "field_selector_matches",
     "json_patch",
+    "make_nodecache",
     "label_selector_matches",
     "make_dataset",
     "make_lease",

@@ -16,7 +16,7 @@ from dsagent.controller.leader import LeaseElector
 from dsagent.controller.packing import listing_fingerprint
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.warmup import warm_task_id
-from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_nodecache, make_pod
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 NS = "dsplatform"
@@ -109,6 +109,28 @@ def test_ready_nodes_come_from_inventories_and_hostile_ones_are_skipped(
     assert len(
         apiserver.requests_matching("PATCH", "/apis/dsagent.io/v1alpha1/namespaces/ml/datasets/imagenet/status")
     ) == len(patches)  # nothing changed: no write
+
+
+def test_inventories_come_from_nodecaches_else_from_the_node_annotations_of_older_agents(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """The rolling upgrade (docs/operator-guide/upgrade.md#nodecache): a node with a NodeCache is
+    read from it (a leftover annotation is ignored); a node of an older agent from its annotation."""
+    ready = {"imagenet": {"digest": DIGEST, "state": "ready"}}
+    clock = Clock()
+    stamp = "2027-01-15T08:00:00Z"  # the clock's time, near enough for the staleness bound
+    new = apiserver.create(make_node("new", annotations={"dsagent.io/inventory": inventory("new", {})}))
+    apiserver.create(
+        make_nodecache("new", inventory=inventory("new", ready), published_at=stamp, node_uid=new["metadata"]["uid"])
+    )
+    apiserver.create(make_node("old", annotations={"dsagent.io/inventory": inventory("old", ready)}))
+    apiserver.create(make_node("emptied", annotations={"dsagent.io/inventory": inventory("emptied", ready)}))
+    apiserver.create(make_nodecache("emptied", published_at=stamp))  # a stopped agent's: no inventory
+    apiserver.create(make_dataset("imagenet", namespace="ml", status={"digest": DIGEST, "files": 1, "bytes": 1}))
+    controller(api_client, clock).reconcile_all()
+    assert apiserver.get("datasets", "imagenet", "ml")["status"]["readyNodes"] == ["new", "old"]
+    apiserver.delete("nodes", "new")  # its NodeCache goes with it (the owner reference)
+    assert apiserver.get("nodecaches", "new") is None
 
 
 def test_auto_pack_creates_one_job_per_source_listing(

@@ -123,7 +123,7 @@ def test_status_and_events_follow_the_nodes_caching_failing_and_evicting(
 def test_the_printer_columns_read_fields_the_controller_writes(schema: dict[str, Any]) -> None:
     from tests.charts.test_chart import find
 
-    crd = find(render(), "CustomResourceDefinition")
+    crd = find(render(), "CustomResourceDefinition", "datasets.dsagent.io")
     columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     status = cachestate.cache_status(
         {"n1": cachestate.Holding("ready", 10, 10)}, digest=DIGEST, size_bytes=10, pack_state=None, previous={},

@@ -227,9 +227,9 @@ def _group(
 
 
 def _inventory(apiserver: FakeApiServer, node: str) -> dict[str, Any] | None:
-    """What the node's agent last published (``dsagent.io/inventory``), None before it has."""
-    found = apiserver.get("nodes", node)
-    text = ((found or {}).get("metadata", {}).get("annotations") or {}).get("dsagent.io/inventory")
+    """What the node's agent last published (its NodeCache's inventory), None before it has."""
+    found = apiserver.get("nodecaches", node)
+    text = ((found or {}).get("status") or {}).get("inventory")
     return json.loads(text) if text else None
 
 

@@ -93,10 +93,10 @@ def running_agent(apiserver: FakeApiServer, tmp_path: Path, extra: dict[str, str
         shutil.rmtree(sockets, ignore_errors=True)
 
 
-def annotations(apiserver: FakeApiServer) -> dict[str, str]:
-    node = apiserver.get("nodes", NODE)
-    assert node is not None
-    return dict(node["metadata"].get("annotations") or {})
+def published(apiserver: FakeApiServer) -> dict[str, str]:
+    """The status of the agent's NodeCache ({} before it wrote one)."""
+    cache = apiserver.get("nodecaches", NODE)
+    return dict((cache or {}).get("status") or {})
 
 
 def task(client: AgentClient, uid: str) -> dict[str, Any] | None:
@@ -108,14 +108,14 @@ def task(client: AgentClient, uid: str) -> dict[str, Any] | None:
 
 def test_the_daemonset_agent_end_to_end(apiserver: FakeApiServer, cluster_agent: dict[str, Any]) -> None:
     client: AgentClient = cluster_agent["client"]
-    eventually(lambda: "dsagent.io/inventory" in annotations(apiserver), what="the inventory annotation")
-    assert json.loads(annotations(apiserver)["dsagent.io/inventory"])["node"] == NODE
+    eventually(lambda: "inventory" in published(apiserver), what="the inventory in its NodeCache")
+    assert json.loads(published(apiserver)["inventory"])["node"] == NODE
 
     datasets = json.dumps([{"name": "coco", "source": cluster_agent["source"]}])
     pod = apiserver.create(make_pod("train", node_name=NODE, annotations={"dsagent.io/datasets": datasets}))
     uid = pod["metadata"]["uid"]
     eventually(lambda: (task(client, uid) or {}).get("state") == "ready", what="caching at bind time")
-    eventually(lambda: '"coco"' in annotations(apiserver)["dsagent.io/inventory"], what="the dataset published")
+    eventually(lambda: '"coco"' in published(apiserver)["inventory"], what="the dataset published")
 
     # an init-container of this pod repeats the request: accepted, same task
     env = {**cluster_agent["env"], "DSAGENT_DATASETS": datasets, "DSAGENT_TASK_ID": uid}
@@ -146,7 +146,9 @@ def test_the_daemonset_agent_end_to_end(apiserver: FakeApiServer, cluster_agent:
     process.send_signal(signal.SIGTERM)
     # uvicorn shuts down gracefully, then re-raises the signal it caught
     assert process.wait(30) in (0, -signal.SIGTERM)
-    assert annotations(apiserver) == {"keep": "me"}  # the graceful stop took its annotations away
+    node = apiserver.get("nodes", NODE) or {}
+    assert node["metadata"].get("annotations") == {"keep": "me"}  # the graceful stop took its annotation away
+    assert "inventory" not in published(apiserver)  # and emptied its NodeCache
 
 
 def test_sigterm_ends_the_agent_with_its_csi_plugin_while_the_api_server_hangs(

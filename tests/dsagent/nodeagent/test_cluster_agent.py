@@ -100,31 +100,53 @@ def node_annotations(apiserver: FakeApiServer) -> dict[str, str]:
     return dict(node["metadata"].get("annotations") or {})
 
 
-# -- publishing on the Node
+def node_cache(apiserver: FakeApiServer) -> dict[str, Any]:
+    """The status of the node's NodeCache ({} when there is none)."""
+    obj = apiserver.get("nodecaches", NODE)
+    return dict(obj.get("status") or {}) if obj is not None else {}
 
 
-def test_the_inventory_is_published_patched_only_on_change_and_cleared_on_stop(
+# -- publishing: the NodeCache and the Node's free GPUs
+
+
+def test_the_inventory_is_published_in_the_nodecache_only_on_change_and_emptied_on_stop(
     apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
 ) -> None:
-    apiserver.create(make_node(NODE, annotations={"unrelated": "kept"}))
+    # the Node as an agent of the release before left it: its inventory annotations go
+    legacy = {"dsagent.io/inventory": '{"datasets":{}}', "dsagent.io/published-at": "2020-01-01T00:00:00Z"}
+    node = apiserver.create(make_node(NODE, annotations={"unrelated": "kept", **legacy}))
     manual = ClusterSettings(publish_interval=3600, watch_timeout=5)
 
     async def scenario() -> None:
         async with cluster_agent(apiserver, tmp_path, cluster=manual) as agent:
             await until(lambda: agent.patches == 1, what="the first publish")
-            inventory = json.loads(node_annotations(apiserver)["dsagent.io/inventory"])
+            cache = apiserver.get("nodecaches", NODE)
+            assert cache is not None
+            assert cache["metadata"]["ownerReferences"] == [
+                {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}
+            ]
+            inventory = json.loads(node_cache(apiserver)["inventory"])
             assert inventory["node"] == NODE and inventory["datasets"] == {}
+            assert node_annotations(apiserver) == {"unrelated": "kept"}  # the old annotations removed
             assert await agent.publish_once() is False  # nothing changed: no request at all
-            assert len(apiserver.requests_matching("PATCH", f"/api/v1/nodes/{NODE}")) == 1
+            writes = len(apiserver.requests_matching("PATCH")) + len(apiserver.requests_matching("POST"))
             await agent.service.submit_task("cli-op", [DatasetRequest("tiny", memory_dataset)], wait=10)
+            assert await agent.publish_once() is False  # changed, but within the interval
+            later = time.monotonic() + 7200
+            agent.clock = lambda: later
             assert await agent.publish_once() is True
-            published = json.loads(node_annotations(apiserver)["dsagent.io/inventory"])
+            published = json.loads(node_cache(apiserver)["inventory"])
             assert published["datasets"]["tiny"]["state"] == "ready"
             assert await agent.publish_once() is False
-            [first, *_] = apiserver.requests_matching("PATCH")
-            assert first.content_type == "application/merge-patch+json"
-            assert set(first.body["metadata"]["annotations"]) == {"dsagent.io/inventory", "dsagent.io/published-at"}
+            assert len(apiserver.requests_matching("PATCH")) + len(apiserver.requests_matching("POST")) == writes + 1
+            [patch] = apiserver.requests_matching("PATCH", f"/apis/dsagent.io/v1alpha1/nodecaches/{NODE}")[-1:]
+            assert patch.content_type == "application/merge-patch+json"
+            assert "inventory" in patch.body["status"] and set(patch.body["status"]) <= {"inventory", "publishedAt"}
+            metrics = agent.service.metrics.render()
+            assert 'dsplatform_agent_state_writes_total{object="nodecache"} 2.0' in metrics
+            assert 'dsplatform_agent_state_writes_total{object="node"} 1.0' in metrics
         assert node_annotations(apiserver) == {"unrelated": "kept"}
+        assert "inventory" not in node_cache(apiserver)  # emptied as the agent stopped
 
     asyncio.run(scenario())
 
@@ -143,7 +165,30 @@ def test_patches_are_rate_limited_to_the_publish_interval(apiserver: FakeApiServ
     asyncio.run(scenario())
 
 
-def test_topology_and_free_gpus_are_published_and_free_gpus_withdrawn_when_pods_use_gpus(
+@pytest.mark.slow  # waits out two publish intervals
+def test_a_burst_of_changes_is_written_once_at_the_end_of_the_interval(
+    apiserver: FakeApiServer, tmp_path: Path, memory_dataset: str
+) -> None:
+    apiserver.create(make_node(NODE))
+    interval = ClusterSettings(publish_interval=4.0, watch_timeout=5)
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path, cluster=interval) as agent:
+            await until(lambda: agent.patches == 1, what="the first publish")
+            started = time.monotonic()
+            for i in range(100):  # 100 changes of the cache within the interval
+                await agent.service.submit_task(f"cli-{i}", [DatasetRequest(f"d{i}", memory_dataset)], wait=10)
+            assert time.monotonic() - started < 4.0, "the burst took longer than the interval: nothing proved"
+            await until(lambda: agent.patches == 2, what="the write at the end of the interval")
+            await asyncio.sleep(1.0)
+            assert agent.patches == 2  # one write for the whole burst, none since
+            names = json.loads(node_cache(apiserver)["inventory"])["datasets"]
+            assert {f"d{i}" for i in range(100)} <= set(names)  # the latest state, all of it
+
+    asyncio.run(scenario())
+
+
+def test_topology_in_the_nodecache_and_free_gpus_on_the_node_withdrawn_when_pods_use_gpus(
     apiserver: FakeApiServer, tmp_path: Path, fixtures_dir: Path
 ) -> None:
     apiserver.create(make_node(NODE))
@@ -153,12 +198,12 @@ def test_topology_and_free_gpus_are_published_and_free_gpus_withdrawn_when_pods_
         async with cluster_agent(apiserver, tmp_path, topology=topology):
             await until(lambda: "dsagent.io/free-gpus" in node_annotations(apiserver), what="free GPUs")
             annotations = node_annotations(apiserver)
-            assert annotations["dsagent.io/free-gpus"] == ",".join(str(i) for i in range(len(topology.gpus)))
-            published = json.loads(annotations["dsagent.io/topology"])
+            assert annotations == {"dsagent.io/free-gpus": ",".join(str(i) for i in range(len(topology.gpus)))}
+            published = json.loads(node_cache(apiserver)["topology"])
             assert published["version"] == 1 and len(published["gpus"]) == len(topology.gpus)
             apiserver.create(make_pod("trainer", node_name=NODE, gpus=4, phase="Running"))
             await until(lambda: "dsagent.io/free-gpus" not in node_annotations(apiserver), what="withdrawal")
-            assert "dsagent.io/topology" in node_annotations(apiserver)
+            assert "topology" in node_cache(apiserver)
 
     asyncio.run(scenario())
 
@@ -176,8 +221,8 @@ def test_the_published_classes_follow_the_operator_s_class_mode(
 
     async def scenario() -> None:
         async with cluster_agent(apiserver, tmp_path, topology=topology, roce_classes=roce_classes):
-            await until(lambda: "dsagent.io/topology" in node_annotations(apiserver), what="topology")
-            published = json.loads(node_annotations(apiserver)["dsagent.io/topology"])
+            await until(lambda: "topology" in node_cache(apiserver), what="topology")
+            published = json.loads(node_cache(apiserver)["topology"])
             assert [c["gpus"] for c in published["classes"]] == classes
             assert published.get("classMode") == (None if mode == "subnet" else mode)
 
@@ -595,7 +640,8 @@ def test_every_request_of_the_agent_is_granted_by_the_chart_and_stays_on_its_own
 
     docs = render({})
     granted = rules_of(docs, "-agent")
-    assert find(docs, "ValidatingAdmissionPolicy")  # the node-restriction policy renders by default
+    assert find(docs, "ValidatingAdmissionPolicy", "-agent-node-restriction")  # renders by default
+    assert find(docs, "ValidatingAdmissionPolicy", "-agent-nodecache-restriction")
     apiserver.create(make_node(NODE))
     apiserver.create(make_node("gpu-2"))
     apiserver.create(make_dataset("tiny", namespace="ml", source=memory_dataset))
@@ -614,10 +660,12 @@ def test_every_request_of_the_agent_is_granted_by_the_chart_and_stays_on_its_own
         assert (group, resource, verb) in granted, (request.method, request.path)
         if resource == "pods":
             assert request.query.get("fieldSelector") == f"spec.nodeName={NODE}", request.path
-        if resource == "nodes":
+        if resource in ("nodes", "nodecaches") and verb != "create":
             assert name == NODE, request.path
+        if resource == "nodecaches" and verb == "create":
+            assert request.body["metadata"]["name"] == NODE, request.body
         seen.add((resource, verb))
-    assert {("pods", "list"), ("pods", "watch"), ("nodes", "patch")} <= seen
+    assert {("pods", "list"), ("pods", "watch"), ("nodes", "patch"), ("nodecaches", "create")} <= seen
 
 
 def test_a_pod_s_datasets_are_events_on_the_pod_caching_ready_and_failed_with_code_and_hint(

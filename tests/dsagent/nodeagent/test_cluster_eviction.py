@@ -89,9 +89,9 @@ def test_a_fetch_evicts_the_replicated_version_and_keeps_the_last_copy(
                     "nodes", other, {"metadata": {"annotations": {"dsagent.io/inventory": inventory(other, held)}}}
                 )
 
-            def own_inventory() -> dict[str, Any]:
-                node = apiserver.get("nodes", NODE) or {}
-                text = (node.get("metadata", {}).get("annotations") or {}).get("dsagent.io/inventory")
+            def own_inventory() -> dict[str, Any]:  # from its NodeCache (the other nodes: older agents' annotations)
+                cache = apiserver.get("nodecaches", NODE) or {}
+                text = (cache.get("status") or {}).get("inventory")
                 return json.loads(text)["datasets"] if text else {}
 
             def both_ready() -> bool:

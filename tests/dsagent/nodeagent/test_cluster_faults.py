@@ -12,10 +12,12 @@ from typing import Any
 
 from dsagent.nodeagent.clusteragent import ClusterSettings
 from dsplatform.kubetime import parse
-from tests.dsagent.nodeagent.test_cluster_agent import NODE, cluster_agent, node_annotations, until
+from tests.dsagent.nodeagent.test_cluster_agent import NODE, cluster_agent, node_annotations, node_cache, until
 from tools.support.fake_apiserver import FakeApiServer, RecordedRequest, make_node
 
-PUBLISHED = ("dsagent.io/inventory", "dsagent.io/published-at")
+#: what an agent of the release before published on its Node: a stopping agent removes it too
+LEGACY = {"dsagent.io/inventory": '{"datasets":{}}', "dsagent.io/published-at": "2020-01-01T00:00:00Z"}
+NODECACHE = f"/apis/dsagent.io/v1alpha1/nodecaches/{NODE}"
 
 
 def reads(request: RecordedRequest) -> bool:
@@ -33,7 +35,8 @@ def test_a_stopping_agent_clears_its_annotations_while_reads_hang(apiserver: Fak
     async def scenario() -> None:
         async with cluster_agent(apiserver, tmp_path, cluster=cluster) as agent:
             await until(lambda: agent.patches == 1, what="the first publish")
-            assert set(node_annotations(apiserver)) == {"unrelated", *PUBLISHED}
+            assert "inventory" in node_cache(apiserver)
+            apiserver.patch("nodes", NODE, {"metadata": {"annotations": LEGACY}})  # as an older agent left it
             agent._annotations = None  # as after a failed publish: what the Node carries is unknown
             hung = len(apiserver.requests_matching("GET", "/api/v1/pods"))
             apiserver.hang(reads)
@@ -47,6 +50,7 @@ def test_a_stopping_agent_clears_its_annotations_while_reads_hang(apiserver: Fak
     finally:
         apiserver.heal()
     assert node_annotations(apiserver) == {"unrelated": "kept"}
+    assert "inventory" not in node_cache(apiserver)
     assert took[0] < 5, took
 
 
@@ -63,9 +67,10 @@ def test_a_stopping_agent_retries_a_failing_api_server_until_it_answers(
             threading.Timer(1.0, apiserver.heal).start()  # the API server comes back a second later
 
     asyncio.run(scenario())
-    assert node_annotations(apiserver) == {}
-    failed = [r for r in apiserver.requests_matching("PATCH", f"/api/v1/nodes/{NODE}")]
-    assert len(failed) >= 3  # the first publish, at least one refused removal, the removal
+    assert node_annotations(apiserver) == {} and "inventory" not in node_cache(apiserver)
+    failed = [r for r in apiserver.requests_matching("PATCH", NODECACHE)]
+    assert len(failed) >= 3  # the first publish (404: then created), at least one refused emptying, the emptying
+    assert apiserver.requests_matching("PATCH", f"/api/v1/nodes/{NODE}")  # and the Node's annotations
 
 
 def test_a_stopping_agent_gives_up_at_its_bound_when_the_api_server_hangs(
@@ -100,17 +105,17 @@ def test_the_published_time_is_refreshed_at_the_heartbeat_without_a_change(
         # while other tests write to the same disk (a changed inventory is no heartbeat)
         async with cluster_agent(apiserver, tmp_path, cluster=cluster, capacity_bytes=1 << 30) as agent:
             await until(lambda: agent.patches >= 1, what="the first publish")
-            first = parse(node_annotations(apiserver)["dsagent.io/published-at"])
+            first = parse(node_cache(apiserver)["publishedAt"])
 
             def beats() -> list[Any]:  # patches of the time alone: the inventory did not change
                 return [
                     r
-                    for r in apiserver.requests_matching("PATCH", f"/api/v1/nodes/{NODE}")
-                    if set(r.body["metadata"]["annotations"]) == {"dsagent.io/published-at"}
+                    for r in apiserver.requests_matching("PATCH", NODECACHE)
+                    if set(r.body["status"]) == {"publishedAt"}
                 ]
 
             await until(lambda: len(beats()) >= 2, timeout=10, what="two heartbeats")
-            later = parse(node_annotations(apiserver)["dsagent.io/published-at"])
+            later = parse(node_cache(apiserver)["publishedAt"])
             assert later >= first + 1
             assert agent.patches <= 12  # not every interval: at the heartbeat
 
