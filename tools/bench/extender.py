@@ -98,12 +98,24 @@ def churn(nodes: list[dict[str, Any]], fraction: float, rng: random.Random, vers
 
 
 def request_pod(i: int, names: list[str]) -> dict[str, Any]:
-    # Jobs of four workers, each asking for 4 GPUs and two datasets.
-    wanted = [{"name": n, "source": f"s3://datasets/{n}"} for n in (names[i % len(names)], names[(i * 7) % len(names)])]
+    # Jobs of four workers, each asking for 4 GPUs and two different datasets (a request
+    # naming one dataset twice is invalid, and the extender would not score it).
+    first = i % len(names)
+    second = (first + 1 + (i * 7) % (len(names) - 1)) % len(names)
+    wanted = [{"name": n, "source": f"s3://datasets/{n}"} for n in (names[first], names[second])]
     return pod(f"job-{i // 4}-worker-{i % 4}", datasets=wanted, gpus=4, job=f"job-{i // 4}")
 
 
-def start_extender(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
+#: what the extender logs for a request it could not score (scheduler_plugin.app, .framework)
+UNSCORED = ("scoring it as unparseable", "prioritize:", "filter:", "failed")
+
+
+def unscored(log_text: str) -> list[str]:
+    """The extender's log lines that say a request was not scored as asked."""
+    return [line for line in log_text.splitlines() if any(mark in line for mark in UNSCORED)]
+
+
+def start_extender(kubeconfig: Path, port: int, log: Any = None) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "DSEXT_HOST": "127.0.0.1",
@@ -113,7 +125,7 @@ def start_extender(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
         "DSEXT_LOG_LEVEL": "warning",
         "PYTHONPATH": str(ROOT),
     }
-    return subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env, cwd=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env, cwd=ROOT, stderr=log, stdout=log)
 
 
 def wait_ready(http: httpx.Client, timeout: float = 300) -> None:
@@ -264,7 +276,9 @@ def main() -> None:
             api.create(created)
         kubeconfig = Path(tmp) / "kubeconfig"
         kubeconfig.write_text(KUBECONFIG.format(url=api.url))
-        server = start_extender(kubeconfig, opts.port)
+        log_path = Path(tmp) / "extender.log"
+        log_file = log_path.open("wb")
+        server = start_extender(kubeconfig, opts.port, log_file)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{opts.port}", timeout=120) as http:
                 wait_ready(http)
@@ -303,7 +317,13 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(10)
+            log_file.close()
+            log_text = log_path.read_text(errors="replace")
+        sys.stderr.write(log_text)
+        refused = unscored(log_text)
     print(f"# load average at the end: {os.getloadavg()[0]:.2f}")
+    if refused:
+        raise SystemExit(f"the extender could not score {len(refused)} request(s): {refused[:3]}")
 
 
 if __name__ == "__main__":
