@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -46,7 +47,7 @@ def require_kubelet_extra(settings: Settings) -> None:
         feature
         for feature, on in (
             ("the CSI node plugin (DSAGENT_CSI_SOCKET)", settings.csi_socket is not None),
-            ("the device plugin (--device-plugin)", settings.device_plugin),
+            ("the device plugin (--device-plugin)", settings.device_plugin != "off"),
             ("cluster mode (--kubernetes: free GPUs from the kubelet's pod-resources API)", settings.kubernetes),
         )
         if on
@@ -159,6 +160,76 @@ async def device_plugin_wanted(settings: Settings) -> bool:
             "node %s is not labelled %s=true: no device plugin here", settings.node_name, label
         )
     return value == "true"
+
+
+async def decide_device_plugin(settings: Settings) -> tuple[bool, Any]:
+    """Whether this node runs the device plugin, and the topology discovered to decide it
+    (None where none was): ``off``, no; ``on``, where the node carries the label
+    (:func:`device_plugin_wanted`); ``auto``, where its hardware carries the RoCE-class path
+    (:func:`dsagent.nodeagent.hardware.roce_path`), which in cluster mode the agent writes on
+    its Node (labels, the ``DsplatformRoceClasses`` condition, an Event) before it starts."""
+    if settings.device_plugin == "off":
+        return False, None
+    if settings.device_plugin == "on":
+        return await device_plugin_wanted(settings), None
+    from dsagent.nodeagent.hardware import Decision, roce_path
+    from gpu_topology import TopologyError, discover
+
+    topology = None
+    try:
+        topology = await asyncio.to_thread(partial(discover, options=settings.discovery_options))
+        decision = roce_path(topology, mode=settings.roce_classes)
+    except TopologyError as exc:
+        decision = Decision(False, "NoTopology", f"GPU discovery found no topology ({exc}): no device plugin here")
+    logging.getLogger("dsagent").info(
+        "device plugin auto: %s on node %s (%s: %s)",
+        "on" if decision.on else "off", settings.node_name, decision.reason, decision.message,
+    )  # fmt: skip
+    if settings.kubernetes:
+        await asyncio.to_thread(publish_hardware_decision, settings, decision)
+    return decision.on, topology
+
+
+def publish_hardware_decision(settings: Settings, decision: Any) -> None:
+    """Say on the agent's Node which device plugin serves its GPUs and why: the labels
+    (:func:`dsagent.nodeagent.hardware.node_patch`), the condition and a Node Event. Best
+    effort: a refusal (RBAC, the admission policy) is logged, the agent goes on."""
+    from kubernetes import client
+
+    from dsagent.errors import DsagentError
+    from dsagent.kube import apiclient
+    from dsagent.kube.events import EventRecorder, ObjectRef
+    from dsagent.nodeagent.hardware import PLUGIN_LABEL, node_patch, status_patch
+    from dsplatform.kubetime import format_time
+
+    log = logging.getLogger("dsagent")
+    api = apiclient.load()
+    try:
+        core = client.CoreV1Api(api)
+        with apiclient.translated(f"read node {settings.node_name}"):
+            node = core.read_node(settings.node_name, _request_timeout=10)
+        labels = dict((node.metadata.labels if node.metadata else None) or {})
+        patch = node_patch(decision, labels, settings.device_plugin_node_label or PLUGIN_LABEL)
+        if patch:
+            with apiclient.translated(f"label node {settings.node_name}"):
+                core.patch_node(settings.node_name, patch, _request_timeout=10)
+        with apiclient.translated(f"set the condition of node {settings.node_name}"):
+            # strategic merge: the conditions merge by type (a merge patch would replace the kubelet's)
+            core.patch_node_status(
+                settings.node_name, status_patch(decision, format_time(time.time())),
+                _content_type="application/strategic-merge-patch+json", _request_timeout=10,
+            )  # fmt: skip
+        uid = str(node.metadata.uid or "") if node.metadata else ""
+        events = EventRecorder(api, controller="dsagent.io/agent", instance=settings.node_name)
+        events.record(
+            ObjectRef("v1", "Node", "default", settings.node_name, uid),
+            type="Normal", reason="DevicePluginOn" if decision.on else "DevicePluginOff",
+            action="Decide", note=decision.message,
+        )  # fmt: skip
+    except DsagentError as exc:
+        log.warning("could not say on node %s which device plugin serves its GPUs: %s", settings.node_name, exc)
+    finally:
+        api.close()
 
 
 def free_gpu_source(settings: Settings) -> Any:

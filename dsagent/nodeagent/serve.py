@@ -51,7 +51,7 @@ from dsagent.errors import DsagentError, SettingsError
 from dsagent.format import native
 from dsagent.nodeagent.nodeparts import (
     SETTINGS,
-    device_plugin_wanted,
+    decide_device_plugin,
     node_parts,
     require_kubelet_extra,
     start_device_plugin,
@@ -207,8 +207,9 @@ async def _run(
 
     plugin = None
     try:
-        if settings.device_plugin and await device_plugin_wanted(settings):
-            plugin = await start_device_plugin(settings, sysfs_root=settings.sysfs_root)
+        wanted, topology = await decide_device_plugin(settings)
+        if wanted:
+            plugin = await start_device_plugin(settings, topology=topology, sysfs_root=settings.sysfs_root)
     except DsagentError as exc:
         _cleanup(settings, list(sockets), pointer)
         exc.message = f"the device plugin cannot start: {exc.message}"  # main's edge says it, with its exit code

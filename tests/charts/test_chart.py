@@ -47,6 +47,7 @@ NON_DEFAULT: dict[str, Any] = {
         "maxFetches": 2,
         "runAsUser": 1001,
         "runAsGroup": 1001,
+        "devicePlugin": {"enabled": False},  # non-root: the kubelet's sockets are root's
         "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
         "tolerations": [{"operator": "Exists"}],
         "networkPolicy": {
@@ -132,7 +133,10 @@ PEERS: dict[str, Any] = {
     }
 }
 PEERS_EXISTING_SECRET: dict[str, Any] = {
-    "agent": {"peers": {"enabled": True, "existingSecret": "platform-peer-token", "existingSecretKey": "p2p"}},
+    "agent": {
+        "peers": {"enabled": True, "existingSecret": "platform-peer-token", "existingSecretKey": "p2p"},
+        "devicePlugin": {"enabled": False},  # non-root: no kubelet sockets
+    },
     "topologyDiscovery": {"hostNetwork": True},
     "csi": {"enabled": False},
 }
@@ -142,7 +146,7 @@ VALUE_SETS = {
     "agent-only": MINIMAL,
     "production": PRODUCTION,
     "device-plugin": DEVICE_PLUGIN,
-    "no-csi": {"csi": {"enabled": False}},
+    "no-csi": {"csi": {"enabled": False}, "agent": {"devicePlugin": {"enabled": False}}},
     "gpu-classes": GPU_CLASSES,
     "peers": PEERS,
     "peers-existing-secret": PEERS_EXISTING_SECRET,
@@ -429,12 +433,14 @@ def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str
 def test_the_agent_may_only_read_and_patch_nodes_watch_pods_read_datasets_and_write_events(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods
+    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods;
+    # its Node's status for the device plugin's DsplatformRoceClasses condition (auto)
     assert rules_of(rendered["default"], "-agent") == {
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("dsagent.io", "datasets", "get"),

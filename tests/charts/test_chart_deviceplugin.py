@@ -16,15 +16,35 @@ pytestmark = pytest.mark.slow
 def rendered() -> dict[str, list[dict[str, Any]]]:
     # CSI (on by default) makes the agent privileged; these tests look at the device plugin alone
     no_csi = {"csi": {"enabled": False}}
-    return {"default": render(no_csi), "device-plugin": render({**DEVICE_PLUGIN, **no_csi})}
+    off = {**no_csi, "agent": {"devicePlugin": {"enabled": False}}}
+    return {
+        "default": render(no_csi),
+        "off": render(off),
+        "device-plugin": render({**DEVICE_PLUGIN, **no_csi}),
+    }
 
 
-def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    pod = agent_pod(rendered["default"])
+def test_off_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["off"])
     [container] = pod["containers"]
     assert not any(e["name"].startswith(("DSAGENT_DEVICE_PLUGIN", "DSAGENT_POD_RESOURCES")) for e in container["env"])
     assert not any("/var/lib/kubelet" in m["mountPath"] for m in container["volumeMounts"])
     assert container["securityContext"]["runAsNonRoot"] is True
+
+
+def test_auto_by_default_the_agent_decides_per_node_as_root_without_capabilities(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    pod = agent_pod(rendered["default"])
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSAGENT_DEVICE_PLUGIN"] == "auto"  # on where the RoCE NICs sit in 2+ NUMA groups
+    mounts = {m["name"] for m in container["volumeMounts"]}
+    assert {"device-plugins", "pod-resources"} <= mounts
+    security = container["securityContext"]
+    assert security["runAsUser"] == 0 and security["capabilities"]["drop"] == ["ALL"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert "add" not in security["capabilities"]
 
 
 def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(

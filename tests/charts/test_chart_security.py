@@ -72,7 +72,15 @@ def test_the_policy_compares_the_written_node_with_the_node_name_in_the_agents_t
     assert "request.name in variables.nodeNames" in expressions  # only its own Node
     assert "request.operation == 'UPDATE'" in expressions  # never create or delete a Node
     [fields] = [e for e in expressions if "object.spec == oldObject.spec" in e]
-    assert "object.metadata.labels" in fields and "request.subResource == ''" in fields
+    assert "request.subResource in ['', 'status']" in fields  # no other subresource, no spec change
+    # labels: only the two that say which device plugin serves the node
+    [labels] = [e for e in expressions if "variables.ownLabels" in e]
+    assert "variables.newLabels.all(" in labels and "variables.oldLabels.all(" in labels
+    own = {v["name"]: v["expression"] for v in spec["variables"]}["ownLabels"]
+    assert own == "['dsagent.io/device-plugin', 'nvidia.com/gpu.deploy.device-plugin']"
+    # status: its own condition only; the kubelet's conditions, capacity and addresses as they were
+    [status] = [e for e in expressions if "request.subResource != 'status'" in e]
+    assert "c.type != 'DsplatformRoceClasses'" in status and "object.status.capacity" in status
     [annotations] = [e for e in expressions if "startsWith('dsagent.io/')" in e]
     assert "variables.newAnnotations.all(" in annotations and "variables.oldAnnotations.all(" in annotations
     for validation in spec["validations"]:

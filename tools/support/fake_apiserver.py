@@ -22,7 +22,8 @@ resource (``dsagent.io/v1alpha1``, cluster-scoped, no status subresource), and t
   conflicts), delete, and patch with ``application/merge-patch+json``,
   ``application/strategic-merge-patch+json`` (merged like a merge patch: maps merge,
   lists are replaced, which is what strategic merge does for every list without a patch
-  merge key; annotations, labels and status are maps) and ``application/json-patch+json``
+  merge key; annotations, labels and status are maps; a Node's ``status.conditions`` merge
+  by ``type``, their merge key) and ``application/json-patch+json``
   (RFC 6902). ``/status`` writes change only ``.status``; writes to the main resource
   leave ``.status`` alone. A write that changes nothing keeps the resourceVersion and
   sends no event, like the real server. Deleting an object deletes the objects whose
@@ -388,6 +389,33 @@ def json_patch(doc: Any, operations: Any) -> Any:
     return doc
 
 
+#: the lists a strategic merge patch merges by a key instead of replacing (the API's
+#: ``patchMergeKey``): a Node's conditions, by type
+MERGE_KEYS = {("nodes", "conditions"): "type"}
+
+
+def _merge_by_key(rt: ResourceType, obj: JSON, body: JSON) -> JSON:
+    """``body`` with each list of :data:`MERGE_KEYS` under ``status`` merged into the
+    object's by its key, as the real server's strategic merge does."""
+    status = body.get("status")
+    if not isinstance(status, dict):
+        return body
+    merged = dict(status)
+    for (plural, field), key in MERGE_KEYS.items():
+        items = status.get(field)
+        if plural != rt.plural or not isinstance(items, list):
+            continue
+        current = list((obj.get("status") or {}).get(field) or [])
+        for item in items:
+            at = next((i for i, c in enumerate(current) if c.get(key) == item.get(key)), None)
+            if at is None:
+                current.append(item)
+            else:
+                current[at] = {**current[at], **item}
+        merged[field] = current
+    return {**body, "status": merged}
+
+
 def apply_patch(rt: ResourceType, obj: JSON, content_type: str, body: Any) -> JSON:
     if content_type == "application/strategic-merge-patch+json" and rt.group:
         raise ApiError(415, "UnsupportedMediaType", "strategic merge patch is not supported for custom resources")
@@ -396,6 +424,8 @@ def apply_patch(rt: ResourceType, obj: JSON, content_type: str, body: Any) -> JS
     if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
+        if content_type == "application/strategic-merge-patch+json":
+            body = _merge_by_key(rt, obj, body)
         return merge_patch(obj, body)
     raise ApiError(
         415,

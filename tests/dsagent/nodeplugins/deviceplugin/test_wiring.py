@@ -25,10 +25,15 @@ def test_device_plugin_settings() -> None:
             "DSAGENT_POD_RESOURCES_SOCKET": "/k/pr.sock",
         }
     )
-    assert (settings.device_plugin, settings.resource_prefix) == (True, "example.com")
+    assert (settings.device_plugin, settings.resource_prefix) == ("on", "example.com")
     assert (settings.device_plugin_dir, settings.pod_resources_socket) == (Path("/k/dp"), Path("/k/pr.sock"))
     defaults = Settings()
-    assert (defaults.device_plugin, defaults.resource_prefix) == (False, "dsagent.io")
+    assert (defaults.device_plugin, defaults.resource_prefix) == ("off", "dsagent.io")
+    # auto: where the node's hardware carries it (dsagent.nodeagent.hardware); booleans still read
+    assert Settings.from_env({"DSAGENT_DEVICE_PLUGIN": "auto"}).device_plugin == "auto"
+    assert Settings.from_env({"DSAGENT_DEVICE_PLUGIN": "true"}).device_plugin == "on"
+    with pytest.raises(SettingsError, match="DSAGENT_DEVICE_PLUGIN"):
+        Settings.from_env({"DSAGENT_DEVICE_PLUGIN": "sometimes"})
     assert defaults.device_plugin_dir == Path("/var/lib/kubelet/device-plugins")
     for bad in ("Example.com", "dsagent.io/x", "-a.io", ""):
         with pytest.raises(SettingsError, match="DSAGENT_RESOURCE_PREFIX"):
