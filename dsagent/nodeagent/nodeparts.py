@@ -279,12 +279,19 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         )
     client = PodResourcesClient(settings.pod_resources_socket)
     host_root = settings.host_root if settings.host_root is not None else settings.root
+    addresses = None
+    if settings.vf_addresses is not None:
+        from dsagent.nodeplugins.deviceplugin.vfsetup import AddressAtAllocation
+
+        netdevs = [vf.netdev for pf in vfs.values() for vf in pf.vfs if vf.netdev]
+        addresses = AddressAtAllocation(settings.vf_addresses, netdevs)
     plugin = DevicePlugin(
         node,
         state_dir=settings.root / "kubelet",
         host_state_dir=host_root / "kubelet",
         plugin_dir=settings.device_plugin_dir,
         listed=client.listed,
+        vf_addresses=addresses,
     )
     await plugin.start()
     return plugin

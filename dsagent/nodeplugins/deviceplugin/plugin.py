@@ -53,6 +53,7 @@ from dsagent.nodeplugins.deviceplugin.allocation import (
     nccl_conf,
     nccl_settings,
 )
+from dsagent.nodeplugins.deviceplugin.vfsetup import VfSetupFailed
 from dsagent.nodeplugins.proto import deviceplugin_v1beta1_pb2 as pb
 from dsagent.nodeplugins.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpu_topology import best_gpu_set
@@ -63,6 +64,7 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+VF_ADDRESS_TIMEOUT = 10.0  # seconds a container's VF addresses may take over netlink
 ListedDevices = Callable[[], Awaitable[list[tuple[str, list[str]]]]]
 
 
@@ -81,8 +83,11 @@ class DevicePlugin:
         reconcile_interval: float = 10.0,
         grace: float = 30.0,
         clock: Callable[[], float] = time.time,
+        vf_addresses: Callable[[list[str]], dict[str, str]] | None = None,
     ) -> None:
         self.node = node
+        # sets the address of the VFs a container is given as it is created (vfsetup.AddressAtAllocation)
+        self.vf_addresses = vf_addresses
         self.state_dir = Path(state_dir)
         # the kubelet mounts files by their path on the host, which differs when the agent
         # sees its root through a hostPath volume mounted elsewhere
@@ -252,6 +257,14 @@ class DevicePlugin:
         async with self._lock:
             allocation = self.ledger.allocate(resource, list(request.devices_ids), self.clock())
             vfs = [vf for vf in (self.ledger.vf(v) for v in allocation.vfs) if vf is not None]
+            if self.vf_addresses is not None and vfs:  # the VF's address as its container starts
+                netdevs = [vf.netdev for vf in vfs if vf.netdev]
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(self.vf_addresses, netdevs), VF_ADDRESS_TIMEOUT)
+                except asyncio.TimeoutError:
+                    raise VfSetupFailed(
+                        f"setting the addresses of {', '.join(netdevs)} took over {VF_ADDRESS_TIMEOUT:g} s"
+                    ) from None
             nccl = nccl_settings(vfs)
             response = pb.ContainerAllocateResponse(envs={NVIDIA_VISIBLE_DEVICES: ",".join(allocation.gpus), **nccl})
             for vf in vfs:

@@ -12,7 +12,9 @@ when ``DSAGENT_VF_SETUP`` is on or ``DSAGENT_VF_ADDRESSES`` names a file
   (``pyroute2``, the ``netlink`` extra), idempotent: the address given is the only IPv4
   address left on the link, and the link is up. The address itself comes from the operator
   (the design names no source); an SR-IOV CNI with an IPAM is the other way
-  (docs/design.md#vf-networks).
+  (docs/design.md#vf-networks). :class:`AddressAtAllocation` sets it when a container is
+  given the VF (the device plugin's ``Allocate``, as the kubelet creates the container), as
+  the design sets it when the training container starts.
 
 pyroute2 is imported on first use, so nodes without the extra run everything else.
 """
@@ -128,7 +130,10 @@ def set_up_vfs(
     create: bool,
     addresses: Path | None,
 ) -> dict[str, PhysicalFunction]:
-    """The agent's start-up step: VFs created (``create``), addresses set; the VFs read again."""
+    """The agent's start-up step: VFs created (``create``), the address file checked (every
+    name a VF netdev of this node); the VFs read again. The addresses themselves are set when
+    a container is given its VF (:class:`AddressAtAllocation`), as the design sets a VF's
+    address when the training container starts."""
     if create:
         counts = {nic: n for nic, n in vf_counts(topology, pfs).items() if n > 0}
         written = create_vfs(root, counts)
@@ -137,10 +142,42 @@ def set_up_vfs(
             pfs = discover_vfs(root)
     if addresses is not None:
         netdevs = [vf.netdev for pf in pfs.values() for vf in pf.vfs if vf.netdev]
-        for netdev, address in read_addresses(addresses, netdevs).items():
-            set_address(netdev, address)
-            log.info("VF %s has address %s", netdev, address)
+        read_addresses(addresses, netdevs)  # a bad file stops the start, not a container later
     return dict(pfs)
 
 
-__all__ = ["VfSetupFailed", "create_vfs", "read_addresses", "set_address", "set_up_vfs", "vf_counts"]
+class AddressAtAllocation:
+    """Sets the address of each VF a container is given, when it is given it: the device
+    plugin calls it from ``Allocate``, which the kubelet calls as it creates the container.
+    The address file is read again at each call (an operator's change needs no agent
+    restart); a VF the file does not name keeps what it has (an SR-IOV CNI's IPAM may own
+    it). ``setter`` is :func:`set_address` (a test's stand-in records instead)."""
+
+    def __init__(self, path: Path, known: Iterable[str], setter: Any = None, *, netns: str | None = None) -> None:
+        self.path, self.known, self.netns = path, sorted(set(known)), netns  # known: the node's VF netdevs
+        self.setter = setter if setter is not None else set_address
+
+    def __call__(self, netdevs: Iterable[str]) -> dict[str, str]:
+        """Set the file's address of each of ``netdevs``; the addresses set, by netdev.
+        Raises :class:`VfSetupFailed` (the container is refused) or :class:`InvalidInput`."""
+        wanted = [n for n in netdevs if n]
+        if not wanted:
+            return {}
+        addresses = read_addresses(self.path, self.known)
+        done = {}
+        for netdev in wanted:
+            address = addresses.get(netdev)
+            if address is None:
+                continue
+            if self.netns is None:
+                self.setter(netdev, address)
+            else:
+                self.setter(netdev, address, netns=self.netns)
+            done[netdev] = address
+            log.info("VF %s has address %s (its container starts)", netdev, address)
+        return done
+
+
+__all__ = [
+    "AddressAtAllocation", "VfSetupFailed", "create_vfs", "read_addresses", "set_address", "set_up_vfs", "vf_counts",
+]  # fmt: skip

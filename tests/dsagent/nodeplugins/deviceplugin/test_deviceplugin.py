@@ -7,6 +7,7 @@ Real gRPC over unix sockets with the committed stubs; the DGX A100 fixture topol
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -194,5 +195,47 @@ def test_reregisters_after_kubelet_restart_and_keeps_allocations(
         async with Node(short_dir / "again", dgx_a100, dgx_vfs, state=short_dir / "state") as node:
             other = await node.kubelet.allocate(ROCE1, [gpu_uuid(1)])
             assert other.envs["NCCL_IB_HCA"] != before.envs["NCCL_IB_HCA"]
+
+    run(scenario())
+
+
+def test_a_vfs_address_is_set_as_its_container_is_created(
+    short_dir: Path, dgx_a100: Topology, dgx_vfs: Any, tmp_path: Path
+) -> None:
+    # the design sets a VF's address when the training container starts: Allocate, which the
+    # kubelet calls as it creates the container, sets the address the operator's file gives
+    # the VF chosen (read again at each call), and refuses the container when it cannot
+    from dsagent.nodeplugins.deviceplugin.vfsetup import AddressAtAllocation, VfSetupFailed
+
+    netdevs = [vf.netdev for pf in dgx_vfs.values() for vf in pf.vfs if vf.netdev]
+    addresses = tmp_path / "addresses.json"
+    addresses.write_text(json.dumps({"ens0v0": "10.1.0.11/24"}))
+    set_now: list[tuple[str, str]] = []
+    failing = {"on": False}
+
+    def setter(netdev: str, address: str) -> None:
+        if failing["on"]:
+            raise VfSetupFailed(f"setting {address} on {netdev}: Operation not permitted")
+        set_now.append((netdev, address))
+
+    async def scenario() -> None:
+        async with Node(short_dir, dgx_a100, dgx_vfs) as node:
+            node.plugin.vf_addresses = AddressAtAllocation(addresses, netdevs, setter)
+            assert set_now == []  # nothing at start
+            first = await node.kubelet.allocate(ROCE1, [gpu_uuid(0)])
+            assert first.envs["NCCL_IB_HCA"] == f"={vf_rdma(0, 0)}"
+            assert set_now == [("ens0v0", "10.1.0.11/24")]  # the VF given, as its container is created
+            # a VF the file does not name keeps what it has (an IPAM may own it)
+            await node.kubelet.allocate(ROCE1, [gpu_uuid(1)])
+            assert set_now == [("ens0v0", "10.1.0.11/24")]
+            # the kernel refuses: the container is refused with the reason, not started without an address
+            node.pods.pods = [("ns", "w1", [(ROCE1, [gpu_uuid(1)])])]
+            node.now += 60
+            await node.plugin.reconcile()
+            failing["on"] = True
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await node.kubelet.allocate(ROCE1, [gpu_uuid(0)])
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "Operation not permitted" in (err.value.details() or "")
 
     run(scenario())
