@@ -35,6 +35,7 @@ from gpu_topology.roceclasses import (
     roce_classes,
     roce_subnets,
     subnet_key,
+    transfer_level,
     transfer_nics,
 )
 from gpu_topology.scoring import GpuSet, best_gpu_set, pair_score, set_score
@@ -67,5 +68,6 @@ __all__ = [
     "to_json",
     "topology_from_dict",
     "topology_to_dict",
+    "transfer_level",
     "transfer_nics",
 ]

@@ -105,22 +105,35 @@ def nearest_nic_map(topology: Topology) -> dict[int, tuple[str, ...]]:
 
 
 def transfer_nics(topology: Topology, gpus: Iterable[int] | None = None) -> tuple[Nic, ...]:
-    """The NICs a node's own transfers may spread over, in topology order: the usable NICs
-    with a non-SYS link (PIX, PXB, PHB, NODE) to any of ``gpus`` (every GPU of the node when
-    None), or every usable Ethernet (RoCE) NIC when no GPU is known."""
+    """The NICs a node's own transfers may spread over, nearest first: the usable NICs with a
+    non-SYS link (PIX, PXB, PHB, NODE) to any of ``gpus`` (every GPU of the node when None),
+    ordered by their closest link to one of those GPUs (:func:`transfer_level`): the same
+    PCIe switch (PIX, then PXB: several switches, no host bridge) first, then the same host
+    bridge (PHB), then the same NUMA node (NODE), topology order among equals. With no GPU
+    known: every usable Ethernet (RoCE) NIC, in topology order."""
     wanted = topology.gpu_indices if gpus is None else tuple(gpus)
     for index in wanted:
         topology.gpu(index)
     if not wanted:
         return tuple(n for n in topology.nics if n.usable and (n.link_layer or "").lower() == "ethernet")
-    return tuple(
-        nic
-        for nic in topology.nics
-        if nic.usable
-        and any(
-            (link := topology.link(gpu_name(i), nic.name)) is not None and link.kind in AFFINE_LEVELS for i in wanted
-        )
-    )
+    ranked = [
+        (AFFINE_LEVELS.index(level), position, nic)
+        for position, nic in enumerate(topology.nics)
+        if nic.usable and (level := transfer_level(topology, nic, wanted)) is not None
+    ]
+    return tuple(nic for _, _, nic in sorted(ranked, key=lambda r: r[:2]))
+
+
+def transfer_level(topology: Topology, nic: Nic, gpus: Iterable[int] | None = None) -> LinkKind | None:
+    """The closest PCIe level (PIX, PXB, PHB, NODE) between ``nic`` and any of ``gpus``
+    (every GPU of the node when None); None where every path is SYS or unknown."""
+    wanted = topology.gpu_indices if gpus is None else tuple(gpus)
+    found = [
+        link.kind
+        for i in wanted
+        if (link := topology.link(gpu_name(i), nic.name)) is not None and link.kind in AFFINE_LEVELS
+    ]
+    return min(found, key=AFFINE_LEVELS.index) if found else None
 
 
 def roce_subnets(topology: Topology) -> frozenset[str]:

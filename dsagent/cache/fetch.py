@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,7 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease, LinkSet, bound_options, can_bind
+from dsagent.cache.fetchlinks import (
+    DEFAULT_ROUTE,
+    LINK_ERRORS,
+    NOT_LINK_ERRORS,
+    Lease,
+    LinkSet,
+    bound_options,
+    can_bind,
+)
+from dsagent.cache.fetchranges import RangesUnsupported, range_plan, unpack_ranged
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, local_write_error
 from dsagent.format.bundles.bundle import unpack_bundle
@@ -63,6 +73,7 @@ if TYPE_CHECKING:
     from dsagent.cache.peers import PeerSwarm
 
 _T = TypeVar("_T")
+log = logging.getLogger("dsagent.fetch")
 
 
 @dataclass(frozen=True)
@@ -362,7 +373,10 @@ async def fetch_bundles(
     put off to a second round, which waits for that agent before reading the store.
     With ``links`` each bundle goes over one of the node's links, peers and store alike
     (:mod:`dsagent.cache.fetchlinks`, docs/design.md#links): the workers spread the bundles over
-    them, and a link that fails hands its remaining bundles to the others.
+    them, and a link that fails hands its remaining bundles to the others. When the version
+    has fewer bundles than links, a large bundle from the store is read as byte ranges, one
+    link each (:mod:`dsagent.cache.fetchranges`); a store that answers no ranges, or ranges
+    that fail, fall back to one stream.
     """
     assert source.bundles is not None
     todo = [b for b in manifest.bundles if b.digest not in done]
@@ -388,7 +402,7 @@ async def fetch_bundles(
     def from_store(bundle: BundleRef, lease: Lease) -> None:
         tries = [0]
 
-        def read(address: str | None) -> None:
+        def attempt(unpack_one: Callable[[Callable[[int, int], None]], object]) -> None:
             if resumed or tries[0]:
                 clear_bundle(staging, manifest, bundle)
             tries[0] += 1
@@ -400,7 +414,14 @@ async def fetch_bundles(
                 progress.add(nbytes, nfiles)
 
             try:
-                unpack_bundle(
+                unpack_one(count)
+            except BaseException:
+                progress.add(-counted[0], -counted[1])  # tried again over another link, or the fetch fails
+                raise
+
+        def read(address: str | None) -> None:
+            attempt(
+                lambda count: unpack_bundle(
                     store,
                     manifest,
                     bundle,
@@ -409,11 +430,32 @@ async def fetch_bundles(
                     progress=count,
                     in_place=True,
                 )
-            except BaseException:
-                progress.add(-counted[0], -counted[1])  # tried again over another link, or the fetch fails
-                raise
+            )
 
+        plan = ranged(bundle, lease)
+        if plan and lease.links is not None and lease.address is not None:
+            links_, address = lease.links, lease.address
+            try:  # one bundle over several links, one byte range each (docs/design.md#links)
+                attempt(
+                    lambda count: unpack_ranged(
+                        store, source.storage_options, manifest, bundle, staging, plan, links_, address, progress=count
+                    )
+                )
+                return
+            except RangesUnsupported as exc:
+                log.info("%s: %s; reading it in one stream", links_.what, exc)
+            except NOT_LINK_ERRORS:
+                raise
+            except LINK_ERRORS as exc:
+                log.warning("%s: the byte ranges of bundle %s failed (%s); reading it in one stream",
+                            links_.what, bundle.digest, exc)  # fmt: skip
         (lease if bindable else DEFAULT_ROUTE).attempt(read, source="store", size=bundle.size)
+
+    def ranged(bundle: BundleRef, lease: Lease) -> tuple[tuple[int, int], ...]:
+        """The byte ranges ``bundle`` is read as over the links; () for one stream."""
+        if links is None or not bindable or lease.links is None:
+            return ()
+        return range_plan(bundle.compressed_size, len(manifest.bundles), len(links.addresses), links.range_min)
 
     def unpack(index: int, second: bool = False) -> bool:
         bundle = todo[index]

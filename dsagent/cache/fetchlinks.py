@@ -7,11 +7,17 @@ Who calls it: :class:`dsagent.cache.service.CacheService` builds one :class:`Lin
 :func:`dsagent.cache.fetch.fetch_bundles` leases one link per bundle
 (:meth:`LinkSet.lease`), over which :class:`~dsagent.cache.peers.PeerFetcher` (an httpx
 client per local address) and the store read (:func:`bound_options`: aiohttp's socket
-factory for ``http(s)://`` and ``s3://``) make their connections.
+factory for ``http(s)://`` and ``s3://``) make their connections. A version with fewer
+bundles than links reads a large bundle from the store as byte ranges, one per link
+(:mod:`dsagent.cache.fetchranges`), leasing the extra links here too.
 
-What it owns: which link a bundle goes over (the least busy one, so that the fetch workers
-spread the version's bundles over the links and the parts meet in the version's staging
-directory, each bundle verified by digest as always), and what a failure means. A transfer
+What it owns: which link a bundle goes over (the least busy one, ties to the link listed
+first, so that the fetch workers spread the version's bundles over the links and the parts
+meet in the version's staging directory, each bundle verified by digest as always), and
+what a failure means. The order of the links is a priority: ``auto`` lists the NICs nearest
+the node's GPUs first (:func:`gpu_topology.transfer_nics`: the same PCIe switch, then the
+same host bridge, then the same NUMA node), so with fewer transfers at once than links the
+nearest carry them; a list given in ``DSAGENT_FETCH_LINKS`` is taken in its order. A transfer
 that fails over one link is tried once more, from the same source, over another
 (:meth:`Lease.attempt`): when that one delivers, the first link is set aside for the rest of
 the version's fetch and its remaining bundles go over the others; when it fails too, the
@@ -28,7 +34,7 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -40,6 +46,11 @@ from dsagent.format.egress import CheckedClient, Guard
 from dsagent.format.storageconfig import Options, store_options
 
 log = logging.getLogger("dsagent.fetchlinks")
+
+#: The smallest byte range one bundle is split into over several links (the default of
+#: ``DSAGENT_FETCH_RANGE_MIN``; docs/design.md#links and :mod:`dsagent.cache.fetchranges`
+#: say why 64 MiB).
+RANGE_MIN = 64 << 20
 
 _T = TypeVar("_T")
 
@@ -92,23 +103,27 @@ def addresses_of(nics: Sequence[Any]) -> tuple[str, ...]:
 
 
 def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ...]:
-    """The local addresses fetches spread over: ``DSAGENT_FETCH_LINKS`` as given, or with
-    ``auto`` those of :func:`gpu_topology.transfer_nics` (the NICs near the node's GPUs, or
-    every RoCE NIC when no GPU is known) from ``topology`` or, when None, the node's own
-    discovered; an address no socket here can leave from is left out, with a warning.
-    Fewer than two: () (one link is the default route). Blocking."""
+    """The local addresses fetches spread over, in priority order: ``DSAGENT_FETCH_LINKS``
+    as given, or with ``auto`` those of :func:`gpu_topology.transfer_nics` (the NICs near
+    the node's GPUs, nearest first: the same PCIe switch, then the same host bridge, then the
+    same NUMA node; or every RoCE NIC when no GPU is known) from ``topology`` or, when None,
+    the node's own discovered; an address no socket here can leave from is left out, with a
+    warning. Fewer than two: () (one link is the default route). Blocking."""
     links = settings.fetch_links
     if links == ("auto",):
-        from gpu_topology import TopologyError, discover, transfer_nics
+        from gpu_topology import TopologyError, discover, transfer_level, transfer_nics
 
         try:
             if topology is None:
                 topology = discover(options=settings.discovery_options)
-            links = addresses_of(transfer_nics(topology))
+            nics = transfer_nics(topology)
+            links = addresses_of(nics)
+            levels = {a: transfer_level(topology, nic) for nic in nics for a in addresses_of([nic])}
         except TopologyError as exc:
             log.warning("fetch links: the node's topology is unknown (%s); fetching over the default route", exc)
             return ()
-        log.info("fetch links from the topology: %s", ", ".join(links) or "none with an address")
+        described = [f"{a} ({level.value if (level := levels.get(a)) else 'RoCE'})" for a in links]
+        log.info("fetch links from the topology, nearest first: %s", ", ".join(described) or "none with an address")
     usable = tuple(a for a in links if _bindable(a))
     if len(usable) < len(links):
         log.warning(
@@ -132,45 +147,52 @@ def _bindable(address: str) -> bool:
 
 
 class Links:
-    """The agent's links (local addresses) and their metrics; :meth:`for_fetch` per version."""
+    """The agent's links (local addresses, in priority order) and their metrics;
+    :meth:`for_fetch` per version. ``range_min``: the smallest byte range a bundle is split
+    into over the links (``DSAGENT_FETCH_RANGE_MIN``, :mod:`dsagent.cache.fetchranges`)."""
 
-    def __init__(self, addresses: Sequence[str], metrics: Metrics) -> None:
+    def __init__(self, addresses: Sequence[str], metrics: Metrics, *, range_min: int = RANGE_MIN) -> None:
         self.addresses = tuple(addresses)
         self.metrics = metrics
+        self.range_min = range_min
 
     def __bool__(self) -> bool:
         return len(self.addresses) > 1
 
     def for_fetch(self, what: str) -> LinkSet | None:
         """A version's fetch over the links; None with fewer than two."""
-        return LinkSet(self.addresses, self.metrics, what=what) if self else None
+        return LinkSet(self.addresses, self.metrics, what=what, range_min=self.range_min) if self else None
 
 
 class LinkSet:
-    """One version's fetch over the links: which link each bundle goes over, which links
-    were set aside, and what each carried (bytes and bundles, by link)."""
+    """One version's fetch over the links: which link each bundle (or byte range of one)
+    goes over, which links were set aside, and what each carried (bytes, bundles and
+    ranges, by link)."""
 
-    def __init__(self, addresses: Sequence[str], metrics: Metrics | None = None, *, what: str = "") -> None:
+    def __init__(
+        self, addresses: Sequence[str], metrics: Metrics | None = None, *, what: str = "", range_min: int = RANGE_MIN
+    ) -> None:
         self.addresses = tuple(addresses)
         self.metrics = metrics
         self.what = what
+        self.range_min = range_min
         self.bytes: dict[str, int] = dict.fromkeys(self.addresses, 0)
         self.bundles: dict[str, int] = dict.fromkeys(self.addresses, 0)
+        self.ranges: dict[str, int] = dict.fromkeys(self.addresses, 0)
+        self.range_bytes: dict[str, int] = dict.fromkeys(self.addresses, 0)
         self.set_aside: dict[str, str] = {}  # address -> why
         self._active: dict[str, int] = dict.fromkeys(self.addresses, 0)
-        self._turn = 0
         self._lock = threading.Lock()
 
-    def _take(self, exclude: str | None = None) -> str | None:
-        """The least busy link still in use (ties: in turn), counted busy until :meth:`_give`."""
+    def _take(self, exclude: Collection[str] = ()) -> str | None:
+        """The least busy link still in use and not in ``exclude`` (ties: the one listed
+        first, the nearest), counted busy until :meth:`_give`."""
         with self._lock:
-            alive = [a for a in self.addresses if a not in self.set_aside and a != exclude]
+            alive = [a for a in self.addresses if a not in self.set_aside and a not in exclude]
             if not alive:
                 return None
-            n = len(self.addresses)
-            best = min(alive, key=lambda a: (self._active[a], (self.addresses.index(a) - self._turn) % n))
+            best = min(alive, key=lambda a: (self._active[a], self.addresses.index(a)))
             self._active[best] += 1
-            self._turn += 1
             return best
 
     def _give(self, address: str) -> None:
@@ -187,12 +209,21 @@ class LinkSet:
             if address is not None:
                 self._give(address)
 
-    def _delivered(self, address: str, source: str, size: int) -> None:
+    def _delivered(self, address: str, source: str, size: int, *, bundles: int = 1) -> None:
         with self._lock:
             self.bytes[address] += size
-            self.bundles[address] += 1
+            self.bundles[address] += bundles
         if self.metrics is not None:
             self.metrics.link_transfer(address, source, size)
+
+    def _ranged(self, address: str, compressed: int, *, ranges: int) -> None:
+        """``compressed`` bytes of a bundle's byte ranges carried over ``address``, and
+        ``ranges`` of them finished there."""
+        with self._lock:
+            self.range_bytes[address] += compressed
+            self.ranges[address] += ranges
+        if self.metrics is not None:
+            self.metrics.link_range(address, compressed, ranges)
 
     def _set_aside(self, address: str, why: BaseException) -> None:
         with self._lock:
@@ -235,7 +266,7 @@ class Lease:
         except NOT_LINK_ERRORS + answers:
             raise
         except LINK_ERRORS as exc:
-            other = links._take(exclude=first)
+            other = links._take(exclude=(first,))
             if other is None:
                 raise
             try:
@@ -255,6 +286,8 @@ DEFAULT_ROUTE = Lease(None, None)
 __all__ = [
     "DEFAULT_ROUTE",
     "LINK_ERRORS",
+    "NOT_LINK_ERRORS",
+    "RANGE_MIN",
     "Lease",
     "LinkSet",
     "Links",

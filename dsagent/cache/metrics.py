@@ -25,7 +25,9 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
 - ``evictions_total{reason}`` and ``evicted_bytes_total{reason}``.
 - ``link_bytes_total{link,source}`` and ``link_failures_total{link}``: what each link of
   ``DSAGENT_FETCH_LINKS`` carried (from a ``peer`` or the ``store``), and the links set aside
-  mid-fetch (docs/design.md#links).
+  mid-fetch (docs/design.md#links); ``link_ranges_total{link}`` and
+  ``link_range_bytes_total{link}``: the byte ranges of one bundle fetched from the store over
+  several links (:mod:`dsagent.cache.fetchranges`) each link finished, and their compressed bytes.
 - ``catalog_rebuilds_total`` and ``catalog_rebuild_versions_total{result}`` (``kept`` /
   ``discarded``): a damaged catalog kept aside and rebuilt from the cache directory
   (docs/design.md#catalog-rebuild).
@@ -116,6 +118,16 @@ class Metrics(MetricSet):
             "Bundle bytes (unpacked) fetched over each link of DSAGENT_FETCH_LINKS, by link address and source.",
             "link",
             "source",
+        )
+        self.link_ranges = self.counter(
+            "link_ranges",
+            "Byte ranges of one bundle read from the store over each link of DSAGENT_FETCH_LINKS, by link address.",
+            "link",
+        )
+        self.link_range_bytes = self.counter(
+            "link_range_bytes",
+            "Bundle bytes (compressed) of byte ranges read from the store over each link, by link address.",
+            "link",
         )
         self.link_failures = self.counter(
             "link_failures",
@@ -219,6 +231,12 @@ class Metrics(MetricSet):
     def link_transfer(self, link: str, source: str, size_bytes: int) -> None:
         """A bundle fetched over ``link`` (a local address) from a ``peer`` or the ``store``."""
         self.link_bytes.labels(link=link, source=source).inc(size_bytes)
+
+    def link_range(self, link: str, compressed_bytes: int, ranges: int) -> None:
+        """Byte ranges of a bundle read over ``link``: ``compressed_bytes`` carried, ``ranges`` finished."""
+        self.link_range_bytes.labels(link=link).inc(compressed_bytes)
+        if ranges:
+            self.link_ranges.labels(link=link).inc(ranges)
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.http_seconds.labels(method=method, route=route, status=str(status)).observe(seconds)

@@ -108,7 +108,8 @@ class CacheService:
         )
         self._space = Space(self.node)
         self.peers = PeerFetcher(settings, self.store, self.metrics, cluster_holders=hooks.peer_holders)
-        self.links = Links((), self.metrics)  # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
+        # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
+        self.links = Links((), self.metrics, range_min=self.settings.fetch_range_min)
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(
             settings,

@@ -273,6 +273,10 @@ class Settings(StorageSettings, AgentLogSettings):
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
+    # the smallest byte range a bundle from the store is split into over the fetch links when
+    # its version has fewer bundles than links (docs/design.md#links); a bundle under twice this
+    # is read in one stream
+    fetch_range_min: Size = 64 << 20
     stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
     # On SIGTERM, the longest an agent serving stripe share bundles keeps serving them to their
     # new owners before it stops (docs/design-striping.md#churn); 0 (the default): it stops at
@@ -391,6 +395,13 @@ class Settings(StorageSettings, AgentLogSettings):
     def _at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"expected a number >= 1, got {value!r}")
+        return value
+
+    @field_validator("fetch_range_min")
+    @classmethod
+    def _range_min(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"the smallest byte range must be positive, got {value!r}")
         return value
 
     @field_validator("stripe_handoff_idle", "stripe_stream_idle")

@@ -35,7 +35,8 @@ from dsagent.cache.fetch import (
     listing_matches,
     writeback_mark,
 )
-from dsagent.cache.fetchlinks import Links
+from dsagent.cache.fetchlinks import Links, can_bind
+from dsagent.cache.fetchranges import spool_bound
 from dsagent.cache.layout import Key
 from dsagent.cache.metrics import error_code
 from dsagent.cache.node import Node
@@ -236,7 +237,9 @@ class Versions:
             staged = await self.pools.work(self.store.staged_bytes, *key)  # a resumed fetch's own bytes count once
             size = manifest.total_bytes
             overhead = self.store.allocated(size, manifest.file_count + len(manifest.directories)) - size
-            await self.space.reserve(key, size, overhead=overhead, staged=min(staged, size + overhead))
+            staged = min(staged, size + overhead)
+            overhead += self._spool_bound(source, manifest)  # byte ranges spooled while a bundle unpacks
+            await self.space.reserve(key, size, overhead=overhead, staged=staged)
             started = time.monotonic()
             try:
                 await self._fetch_reserved(source, manifest)
@@ -384,8 +387,17 @@ class Versions:
                 "fetched %s@%s over links %s",
                 manifest.name,
                 manifest.digest[:12],
-                ", ".join(f"{a} ({links.bundles[a]} bundles)" for a in links.addresses),
+                ", ".join(
+                    f"{a} ({links.bundles[a]} bundles{f', {links.ranges[a]} ranges' if links.ranges[a] else ''})"
+                    for a in links.addresses
+                ),
             )
+
+    def _spool_bound(self, source: Source, manifest: Manifest) -> int:
+        """The disk a fetch of ``manifest`` over the links may spool (docs/design.md#links)."""
+        if self.links is None or not self.links or not source.bundles or not can_bind(source.bundles):
+            return 0
+        return spool_bound(manifest, len(self.links.addresses), self.links.range_min)
 
     async def _local_bundles(self, manifest: Manifest) -> dict[str, Path]:
         """Bundles of ``manifest`` that another ready version of the dataset already holds."""

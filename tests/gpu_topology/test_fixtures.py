@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_topology import InvalidTopology, Topology, nearest_nic_map, roce_classes
+from gpu_topology import InvalidTopology, Topology, nearest_nic_map, roce_classes, transfer_nics
 from gpu_topology.dumps import parse_dump
 
 DGX_A100 = "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend"
@@ -277,3 +277,26 @@ def test_the_nccl_dump_keeps_pci_bus_ids(read_fixture: Callable[[str], str]) -> 
     assert topology.gpu(0).pci_bus_id == "0000:a4:00.0"
     assert topology.gpu(7).pci_bus_id == "0000:ea:00.0"
     assert topology.nic("mlx5_7").pci_bus_id == "0000:a3:00.0"
+
+
+def _transfer_order(read_fixture: Callable[[str], str], name: str, gpus: list[int] | None = None) -> tuple[str, ...]:
+    return tuple(n.name for n in transfer_nics(parse_dump(read_fixture(name)), gpus))
+
+
+def test_transfer_nics_put_the_nics_sharing_a_pcie_switch_with_a_gpu_first(
+    read_fixture: Callable[[str], str],
+) -> None:
+    """The node's own fetches (docs/design.md#links) take the NICs nearest a GPU first:
+    read from the dumps, PIX before PXB before PHB before NODE, never SYS."""
+    # seven NICs share a PCIe switch (PIX) with a GPU; mlx5_4/5/10/11 (the legend has no
+    # mlx5_9) reach one through their NUMA node's host bridges only (NODE)
+    assert _transfer_order(read_fixture, MYSTOUS) == mlx(0, 1, 2, 3, 6, 7, 8, 4, 5, 10, 11)
+    # GPU2's own switch holds mlx5_1 (PIX); mlx5_0 sits behind its host bridge (PHB);
+    # mlx5_2 and mlx5_3 are on the other socket (SYS)
+    assert _transfer_order(read_fixture, DGX1, [2]) == mlx(1, 0)
+    assert _transfer_order(read_fixture, DGX1, [2, 4]) == mlx(2, 1, 0, 3)  # PIX in the dump's column order
+    # every compute NIC shares several switches with two GPUs (PXB); the storage pair is SYS
+    assert _transfer_order(read_fixture, DGX_A100) == mlx(*range(8))
+    # NODE only: each NIC hangs off one GPU's NUMA node, not its switch; SYS to the other
+    assert _transfer_order(read_fixture, DELLA) == mlx(0, 1)
+    assert _transfer_order(read_fixture, DELLA, [1]) == mlx(1)

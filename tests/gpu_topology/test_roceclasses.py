@@ -230,7 +230,7 @@ def test_an_unknown_mode_is_refused(mode: str) -> None:
         roce_classes(eight_rails(), mode=mode)
 
 
-def test_transfer_nics_are_those_with_a_non_sys_link_to_the_given_gpus() -> None:
+def test_transfer_nics_are_those_with_a_non_sys_link_to_the_given_gpus_nearest_first() -> None:
     from gpu_topology import transfer_nics
 
     topology = Topology(
@@ -250,9 +250,31 @@ def test_transfer_nics_are_those_with_a_non_sys_link_to_the_given_gpus() -> None
     names = lambda nics: [n.name for n in nics]  # noqa: E731
     assert names(transfer_nics(topology, [0])) == ["pix", "node"], "SYS and a port that is down are not near"
     assert names(transfer_nics(topology, [1])) == ["far"]
-    assert names(transfer_nics(topology)) == ["pix", "node", "far"], "no GPUs named: near any of the node's"
+    assert names(transfer_nics(topology)) == ["pix", "far", "node"], (
+        "no GPUs named: near any of the node's, nearest first"
+    )
     with pytest.raises(Exception, match="no GPU 7"):
         transfer_nics(topology, [7])
+
+
+def test_transfer_nics_go_by_pcie_level_then_topology_order() -> None:
+    from gpu_topology import LinkKind, transfer_level, transfer_nics
+
+    topology = Topology(
+        gpus=(Gpu(0), Gpu(1)),
+        nics=tuple(Nic(name, link_layer="Ethernet") for name in ("node", "phb", "pxb", "pix", "pix2", "sys")),
+        links={
+            "GPU0": {"node": Link.parse("NODE"), "phb": Link.parse("PHB"), "pxb": Link.parse("SYS"),
+                     "pix": Link.parse("NODE"), "pix2": Link.parse("PIX"), "sys": Link.parse("SYS")},
+            "GPU1": {"node": Link.parse("SYS"), "phb": Link.parse("SYS"), "pxb": Link.parse("PXB"),
+                     "pix": Link.parse("PIX"), "pix2": Link.parse("SYS"), "sys": Link.parse("SYS")},
+        },
+    )  # fmt: skip
+    assert [n.name for n in transfer_nics(topology)] == ["pix", "pix2", "pxb", "phb", "node"]
+    assert [n.name for n in transfer_nics(topology, [0])] == ["pix2", "phb", "node", "pix"]
+    assert transfer_level(topology, topology.nics[3]) is LinkKind.PIX, "its closest link to any GPU"
+    assert transfer_level(topology, topology.nics[3], [0]) is LinkKind.NODE
+    assert transfer_level(topology, topology.nics[5]) is None
 
 
 def test_with_no_gpu_known_every_usable_roce_nic_carries_transfers() -> None:

@@ -32,6 +32,7 @@ TABLES = {
     "stripe_serve": ["served", "peak RSS before serving"],
     "reader": ["plain", "reader", "ratio of medians (reader / plain open)"],
     "links": ["one link", "3 links", "throughput ratio", "every link carried bundles: True", "load average"],
+    "ranges": ["one link", "3 links", "throughput ratio", "every link carried a range: True", "load average"],
     "p2p": ["without peers", "with peers", "peers, at once", "target: the store serves <= 1.5x"],
     "ready": ["first-byte latency", "dsctl", "results written to"],
     "loader": [

@@ -276,13 +276,16 @@ def test_a_link_that_fails_mid_transfer_from_a_peer_hands_its_bundles_to_the_oth
 # --------------------------------------------------------------------------- the parts
 
 
-def test_leases_go_to_the_least_busy_link_in_turn() -> None:
+def test_leases_go_to_the_least_busy_link_nearest_first() -> None:
+    """Ties go to the link listed first: ``auto`` lists the NICs nearest the GPUs first."""
     links = LinkSet(LINKS)
     with links.lease() as a, links.lease() as b, links.lease() as c, links.lease() as d:
-        assert [a.address, b.address, c.address] == list(LINKS)
-        assert d.address in LINKS
-    with links.lease() as e:
-        assert e.address in LINKS
+        assert [a.address, b.address, c.address, d.address] == [*LINKS, LINKS[0]]
+    for _ in range(3):
+        with links.lease() as e:
+            assert e.address == LINKS[0], "one transfer at a time: the nearest link carries it"
+    with links.lease() as f, links.lease() as g:
+        assert [f.address, g.address] == list(LINKS[:2])
 
 
 def test_a_link_is_set_aside_only_when_another_delivers_what_it_failed() -> None:
@@ -357,6 +360,12 @@ def test_auto_takes_the_addresses_of_the_nics_near_the_gpus() -> None:
         links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("NODE"), "mlx5_2": Link.parse("SYS")}},
     )
     assert resolve_addresses(Settings(fetch_links=("auto",)), loopback) == ("127.0.0.2", "127.0.0.3")
+    nearest_last = Topology(
+        gpus=(Gpu(0),),
+        nics=loopback.nics,
+        links={"GPU0": {"mlx5_0": Link.parse("NODE"), "mlx5_1": Link.parse("PHB"), "mlx5_2": Link.parse("PIX")}},
+    )
+    assert resolve_addresses(Settings(fetch_links=("auto",)), nearest_last) == ("127.0.0.4", "127.0.0.3", "127.0.0.2")
 
 
 def test_addresses_that_are_not_on_this_node_are_left_out() -> None:
