@@ -48,6 +48,8 @@ failed flush). Classes defined beside their code are drawn with their module.
     │                                         never held again (also a dsplatform.errors.Superseded)
     └── TransientError (503, exit 7, UNAVAILABLE)  worth retrying: source or agent unreachable
         ├── SourceUnavailable                 the dataset source or bundle store failed
+        │   └── RangesUnsupported             cache.fetchranges: no byte ranges from the store
+        │                                     (the bundle is then read in one stream)
         ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent
         ├── AgentStopping                     the agent is stopping: it takes no new task
         ├── KubeUnavailable                   kube.apiclient: the API server failed or is unreachable

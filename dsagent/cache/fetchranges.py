@@ -76,7 +76,7 @@ CHUNK = 1 << 20
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-class RangesUnsupported(Exception):
+class RangesUnsupported(SourceUnavailable):
     """The store answered a range request with something other than that range (a server
     without ``Range`` sends the whole object): the bundle is read in one stream instead."""
 
@@ -297,7 +297,7 @@ class _Range:
                     if self._body is None:
                         self._body = self.job.open(self.address, self.pos, self.stop)
                     return call()
-            except NOT_LINK_ERRORS:
+            except (RangesUnsupported, *NOT_LINK_ERRORS):  # the store's answer, the same over every link
                 raise
             except LINK_ERRORS as exc:
                 self._drop()

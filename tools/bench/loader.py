@@ -12,8 +12,9 @@ loader of ``--workers`` processes (each image opened, decoded to RGB and resized
 - ``cache``: the node cache, the dataset as the agent leaves it (packed into bundles and
   unpacked, verified, by the same code ``dsctl cache`` runs) on this disk;
 - ``local``: the same files on this disk without the platform (the source directory);
-- ``s3``: the store, each file read through s3fs from a real S3 server on loopback (moto)
-  behind a proxy that adds ``--latency-ms`` of first-byte latency (as ``ready.py``);
+- ``s3``: the store, each file read through s3fs from an S3-compatible store on loopback
+  (:mod:`tools.support.faststore`, with ``--latency-ms`` of first-byte latency, as
+  ``ready.py``);
 - ``striped``: the node cache read by the package's rank-aware reader
   (:class:`dsplatform.data.StripedDataset` over the version's layout, every bundle local as
   in a whole cached version), each loader process taking its part of the epoch
@@ -39,7 +40,6 @@ import io
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -211,26 +211,18 @@ def main() -> None:
     layout = work / "layout.jsonl"
     write_layout(manifest, layout)
 
-    moto = proxy = None
+    store = None
     endpoint = ""
     if "s3" in ways:
         import ready
 
-        port = ready.free_port()
-        log = open(work / "moto.log", "ab")  # noqa: SIM115 - the server's output, for the process's life
-        moto = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            env=ready.env(), stdout=log, stderr=log,
-        )  # fmt: skip
-        ready.wait_port(port, moto, "moto.server")
-        os.environ.update(ready.CREDENTIALS)
-        import s3fs
+        from tools.support.faststore import FastStore
 
-        direct = s3fs.S3FileSystem(endpoint_url=f"http://127.0.0.1:{port}", skip_instance_cache=True)
-        direct.mkdir("images")
-        direct.put(f"{src}/", "images/jpeg", recursive=True)
-        proxy_port, proxy = ready.start_proxy(port, args.latency_ms)
-        endpoint = f"http://127.0.0.1:{proxy_port}"
+        os.environ.update(ready.CREDENTIALS)
+        store = FastStore(workers=2, latency_ms=args.latency_ms)
+        store.add_tree("images", src, "jpeg/")
+        store.start()
+        endpoint = store.endpoint
 
     runs: dict[str, Callable[[], float]] = {
         "cache": lambda: run_loader(paths, args.workers, _init_files, (str(cached),)),
@@ -250,10 +242,8 @@ def main() -> None:
                 record.row("load", way, took, images_per_s=len(paths) / took)
                 best[way] = min(best.get(way, took), took)
     finally:
-        for proc in (proxy, moto):
-            if proc is not None:
-                proc.terminate()
-                proc.wait(30)
+        if store is not None:
+            store.close()
     print(f"images/s (best of {args.repeat}; load average {os.getloadavg()[0]:.2f}):")
     for way in ways:
         print(f"  {way:<8} {len(paths) / best[way]:10.0f} images/s  {total / best[way] / 1e6:8.1f} MB/s", flush=True)
