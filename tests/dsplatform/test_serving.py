@@ -78,3 +78,30 @@ def test_a_server_that_started_is_no_failure_even_when_its_shutdown_raises() -> 
     assert serve(app).started and app.error is None
     app = StartupWatch(Lifespan(RuntimeError("on the way out"), on="shutdown"))
     assert serve(app).started and app.error is None
+
+
+def test_accepted_connections_send_without_nagles_delay() -> None:
+    """asyncio sets TCP_NODELAY only on sockets whose proto is TCP: without it a keep-alive
+    reply written as headers then body waited ~40 ms for the client's delayed ACK."""
+    import asyncio
+
+    seen: list[int] = []
+
+    async def main() -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        with listening_socket("127.0.0.1", 0, hint="-") as sock:
+            assert sock.proto == socket.IPPROTO_TCP
+            server = await asyncio.start_server(handle, sock=sock)
+            async with server:
+                _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+                for _ in range(100):
+                    if seen:
+                        break
+                    await asyncio.sleep(0.01)
+                writer.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0
