@@ -15,6 +15,7 @@ import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import compress, repeat
 from typing import Any, TypeVar
@@ -26,7 +27,7 @@ from scheduler_plugin.columns import GroupedNodes, Selection
 from scheduler_plugin.jobs import JobClasses
 from scheduler_plugin.plugins import MAX, dataset, deadline, numa, stripe, subnet
 from scheduler_plugin.settings import Settings, Weights
-from scheduler_plugin.wire import Pod
+from scheduler_plugin.wire import Clamped, Pod
 from scheduling.nodeinfo import NOTHING_HELD, NodeFacts
 from scheduling.podspec import PodRequest, read_pod
 
@@ -306,10 +307,7 @@ class Framework:
             return self.prioritize(pod, selection.facts(), cluster, which)
         ids = selection.ids
         if which == "dataset":
-            scores = [0] * len(ids)
-            for index in self._dataset_holders(pod, selection):
-                scores[index] = MAX
-            return scores
+            return self._with_holders(pod, selection, [0] * len(ids), {0: 0}, {0: MAX})
         if which == "numa":
             table = self.key_scores(pod, selection.reps, lambda: (), roce_too=False)
         elif which == "roce":
@@ -320,40 +318,63 @@ class Framework:
             table = dict.fromkeys(selection.reps, (0, 0))
         table[0] = (0, 0)  # unknown nodes
         if which == "roce":
-            return list(map({i: r for i, (r, _) in table.items()}.__getitem__, ids))
+            return Clamped(map({i: r for i, (r, _) in table.items()}.__getitem__, ids))
         if which == "numa":
-            return list(map({i: n for i, (_, n) in table.items()}.__getitem__, ids))
+            return Clamped(map({i: n for i, (_, n) in table.items()}.__getitem__, ids))
         # combined: the GPU part per id, looked up in C; then the dataset holders. combine's
         # rule, inlined: it runs once per distinct id, a few hundred times per request.
         wd, wr, wn = w.dataset, w.roce, w.numa
-        base = {}
+        base, with_data = {}, {}
         for i, (roce_score, numa_score) in table.items():
             total = int(wr * roce_score + wn * numa_score + 0.5)
             base[i] = MAX if total > MAX else 0 if total < 0 else total
-        scores = list(map(base.__getitem__, ids))
+            total = int(wd * MAX + wr * roce_score + wn * numa_score + 0.5)
+            with_data[i] = MAX if total > MAX else 0 if total < 0 else total
         if not wd:
-            return scores
-        with_data: dict[int, int] = {}
-        for index in self._dataset_holders(pod, selection):
-            i = ids[index]
-            found = with_data.get(i)
-            if found is None:
-                roce_score, numa_score = table[i]
-                total = int(wd * MAX + wr * roce_score + wn * numa_score + 0.5)
-                found = with_data[i] = MAX if total > MAX else 0 if total < 0 else total
-            scores[index] = found
+            return Clamped(map(base.__getitem__, ids))
+        return self._with_holders(pod, selection, ids, base, with_data)
+
+    def _with_holders(
+        self,
+        pod: PodRequest,
+        selection: Selection,
+        ids: list[int],
+        base: dict[int, int],
+        with_data: dict[int, int],
+    ) -> Clamped:
+        """Each candidate's score: ``with_data`` of its id on the nodes whose dataset score
+        is 10 (without partial credit the raw scores are ``len(wants)`` or 0, so the best
+        nodes are exactly those holding every wanted dataset ready and current), ``base``
+        of its id elsewhere. ``ids`` maps each candidate to a key of both tables (all 0:
+        one score for every node).
+
+        One pass in C over the candidates: a holder's score is looked up by name, its
+        default the id's. When the holders outnumber the candidates (a request naming a
+        few of many holders), their positions are found by a pass over the names instead."""
+        holders = self._holders(pod, selection)
+        if not holders:
+            return Clamped(map(base.__getitem__, ids))
+        names = selection.names
+        if len(holders) <= 2 * len(names):
+            # Each holder's id as the columns give it now, all in C: a node whose GPU key
+            # changed since the selection was read (a watch event in between) may have an
+            # id this request did not score, and scores as a node of unknown GPUs then.
+            order = list(holders)
+            ids_now = map(selection.columns.gpu.ids.get, order, repeat(0))
+            held = dict(zip(order, map(with_data.get, ids_now, repeat(with_data[0]))))
+            return Clamped(map(held.get, names, map(base.__getitem__, ids)))
+        scores = Clamped(map(base.__getitem__, ids))
+        for index in compress(range(len(names)), map(holders.__contains__, names)):
+            scores[index] = with_data[ids[index]]
         return scores
 
-    def _dataset_holders(self, pod: PodRequest, selection: Selection) -> list[int]:
-        """Positions of the candidates whose dataset score is 10 (without partial credit:
-        the raw scores are ``len(wants)`` or 0, so the best nodes are exactly these)."""
+    def _holders(self, pod: PodRequest, selection: Selection) -> AbstractSet[str]:
+        """The nodes whose dataset score is 10, from the columns' sets (may name nodes
+        outside the request)."""
         if pod.datasets_error or not pod.datasets:
-            return []
+            return frozenset()
         columns = selection.columns
-        holders = dataset.holding_all(pod.datasets, columns.ready, columns.ready_at)
-        if not holders:
-            return []
-        return list(compress(range(len(selection.names)), map(holders.__contains__, selection.names)))
+        return dataset.holding_all(pod.datasets, columns.ready, columns.ready_at)
 
     def _fit(self, key: GpuKey, node: NodeFacts, gpu_class: str | None, need: int) -> float:
         """:func:`_node_fit`, memoized: it reads only the node's classes (equal topology ids

@@ -41,9 +41,9 @@ This module owns the format and its encoding; decoding a body is :mod:`scheduler
 from __future__ import annotations
 
 import json
-import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal, NamedTuple, cast
 
@@ -179,8 +179,15 @@ def field_of(doc: Mapping[str, Any], name: str) -> Any:
 
 
 def decode_names(raw: Any) -> list[str]:
-    # set(map(type, ...)) runs in C: this check costs microseconds at 5,000 names.
-    if not isinstance(raw, list) or not set(map(type, raw)) <= {str} or "" in raw:
+    # Both checks run in C: join refuses an item that is not a str, and all() then finds
+    # an empty name (~0.1 ms at 15,000 names, against ~0.25 ms for a set of the types).
+    if not isinstance(raw, list):
+        raise InvalidRequest("ExtenderArgs.NodeNames must be a list of node names")
+    try:
+        "".join(raw)
+    except TypeError:
+        raise InvalidRequest("ExtenderArgs.NodeNames must be a list of node names") from None
+    if not all(raw):
         raise InvalidRequest("ExtenderArgs.NodeNames must be a list of node names")
     return raw
 
@@ -269,23 +276,35 @@ def _compact(raw: memoryview) -> bytes:
     return json.dumps(json.loads(bytes(raw)), separators=(",", ":")).encode()
 
 
+class Clamped(list[int]):
+    """Scores known to be ints within kube-scheduler's 0..10 (the names-only path builds
+    them from a table of such values): :func:`encode_priorities` then skips its checks,
+    three passes over the scores (~0.4 ms at 15,000 nodes)."""
+
+
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """A ``HostPriorityList``: integer scores clamped to kube-scheduler's 0..10."""
     # Formatted directly from a table of the eleven possible score tails and each host's
     # escaped ``{"Host":"name"`` head, all in C: 3x faster than json.dumps of a list of
     # dicts, which matters at 5,000 nodes. The heads are kept between requests (the same
     # nodes are scored again and again: escaping 5,000 names was ~1.5 ms of a ~3.4 ms
-    # encode); the table is bounded and starts afresh when full.
-    if not set(map(type, scores)) <= {int} or (scores and (min(scores) < MIN_SCORE or max(scores) > MAX_SCORE)):
+    # encode); the table is bounded and starts afresh when full. Each tail carries the
+    # comma after it, and head and tail are joined as they come (no string per host):
+    # the last comma is cut from the bytes.
+    if not isinstance(scores, Clamped) and (
+        not set(map(type, scores)) <= {int} or (scores and (min(scores) < MIN_SCORE or max(scores) > MAX_SCORE))
+    ):
         scores = [MAX_SCORE if s > MAX_SCORE else MIN_SCORE if s < MIN_SCORE else int(s) for s in scores]
+    if not hosts:
+        return b"[]"
     try:
         heads = list(map(_HEADS.__getitem__, hosts))
     except KeyError:
         if len(_HEADS) + len(hosts) > _MAX_HEADS:
             _HEADS.clear()
         heads = list(map(_head, hosts))
-    items = map(operator.add, heads, map(_SCORE_TAILS.__getitem__, scores))
-    return ("[" + ",".join(items) + "]").encode()
+    text = "".join(chain.from_iterable(zip(heads, map(_SCORE_TAILS.__getitem__, scores))))
+    return b"[" + text.encode()[:-1] + b"]"
 
 
 def _head(host: str) -> str:
@@ -296,7 +315,7 @@ def _head(host: str) -> str:
 
 
 _HOST = '{"Host":'
-_SCORE_TAILS = [f',"Score":{score}}}' for score in range(MAX_SCORE + 1)]
+_SCORE_TAILS = [f',"Score":{score}}},' for score in range(MAX_SCORE + 1)]
 _HEADS: dict[str, str] = {}  # host name -> '{"Host":"<name escaped>"', shared by every request
 _MAX_HEADS = 65_536
 
@@ -319,6 +338,7 @@ __all__ = [
     "not_json",
     "pod_of",
     "encode_filter_result",
+    "Clamped",
     "encode_priorities",
     "filter_result_parts",
 ]

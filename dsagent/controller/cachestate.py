@@ -45,8 +45,28 @@ class Holding:
     size_bytes: int
 
 
+def by_dataset(inventories: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Mapping[str, Any]]]:
+    """Dataset name -> the inventories (by node, in ``inventories``' order) that list it, as a
+    copy or as a stripe share: built once a pass, so that :func:`holdings` of one Dataset
+    reads the few nodes that hold it, not every node (a pass over 5,000 nodes and 1,000
+    Datasets walked five million inventories)."""
+    out: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for node, inv in inventories.items():
+        datasets = inv.get("datasets")
+        stripes = inv.get("stripes")
+        names = list(datasets) if isinstance(datasets, Mapping) else []
+        if isinstance(stripes, Mapping):
+            names += [n for n in stripes if n not in datasets] if isinstance(datasets, Mapping) else list(stripes)
+        for name in names:
+            if isinstance(name, str):
+                out.setdefault(name, {})[node] = inv
+    return out
+
+
 def holdings(inventories: Mapping[str, Mapping[str, Any]], name: str, digest: str | None) -> dict[str, Holding]:
     """Per node, what its inventory says of ``name`` at ``digest`` (nodes holding nothing left out).
+    ``inventories`` may be every node's or only those listing ``name`` (:func:`by_dataset`):
+    the answer is the same.
 
     Inventories are another party's JSON: a field of the wrong type counts as absent."""
     if not digest:
@@ -235,4 +255,4 @@ def _short(digest: str | None) -> str:
     return (digest or "-")[:12]
 
 
-__all__ = ["NODES_LISTED", "Holding", "cache_status", "changes", "holdings"]
+__all__ = ["by_dataset", "NODES_LISTED", "Holding", "cache_status", "changes", "holdings"]

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dsagent.controller import agents, cachestate
+from dsagent.controller import agents, cachestate, podfacts
 from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsagent.controller.controllersettings import ControllerSettings
@@ -112,6 +112,10 @@ class DatasetController:
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
         self._pods_now: list[JSON] | None = None
+        # built once a pass, not per Dataset: the inventories by the datasets they list (and
+        # the inventories they were built from), and the nodes' free GPUs
+        self._by_dataset: tuple[Mapping[str, Mapping[str, Any]], dict[str, dict[str, Mapping[str, Any]]]] | None = None
+        self._gpus_now: dict[str, int] | None = None
         self.metrics = ControllerMetrics()
         self._failures = 0  # failed passes in a row (the backoff)
         self._timeout = settings.api_timeout_s
@@ -223,6 +227,8 @@ class DatasetController:
         self._preparation = {}
         self._nodes_now = nodes
         self._pods_now = None  # listed at most once per pass, when something needs them
+        self._gpus_now = None  # likewise
+        self._by_dataset = (inventories, cachestate.by_dataset(inventories))
         if s.prepare is not None:
             try:
                 self._preparation = prepare_pass(
@@ -274,7 +280,11 @@ class DatasetController:
         refusals: list[Refusal] = []
         size = _size_of(status.get("bytes"))
         digest = status.get("digest") if isinstance(status.get("digest"), str) else None
-        held = cachestate.holdings(inventories, name, digest)  # the one walk of the inventories for it
+        indexed = self._by_dataset
+        if indexed is None or indexed[0] is not inventories:  # called on its own (tests), not by a pass
+            indexed = self._by_dataset = (inventories, cachestate.by_dataset(inventories))
+        # the one walk of the inventories for it: those that list it
+        held = cachestate.holdings(indexed[1].get(name, {}), name, digest)
         ready = sorted(node for node, holding in held.items() if holding.state == "ready")
         patch: JSON = {"readyNodes": ready, "readyNodeCount": len(ready)}
         pack: JSON = spec["pack"] if isinstance(spec.get("pack"), dict) else {}
@@ -317,6 +327,7 @@ class DatasetController:
                 agent_nodes=set(self._agent_urls),
                 nodes=self._nodes_now,
                 pods=self._pods,
+                gpus=self._free_gpus,
                 now=self.clock,
                 window_s=self.settings.replicas_window_s,
                 max_auto=self.settings.replicas_max,
@@ -452,6 +463,12 @@ class DatasetController:
         if isinstance(generation, int):
             now["observedGeneration"] = generation
         return [c for c in previous if c.get("type") != REFUSED] + [now]
+
+    def _free_gpus(self) -> dict[str, int]:
+        """The nodes' free GPUs, worked out at most once a pass (:func:`podfacts.free_gpus`)."""
+        if self._gpus_now is None:
+            self._gpus_now = podfacts.free_gpus(self._nodes_now, self._pods())
+        return self._gpus_now
 
     def _pods(self) -> list[JSON]:
         if self._pods_now is None:

@@ -155,12 +155,14 @@ def replicas_status(
     pods: Callable[[], list[JSON]],
     now: Callable[[], float],
     window_s: float,
+    gpus: Callable[[], Mapping[str, int]] | None = None,
     max_auto: int,
     admit: Admit = lambda node: True,
     refusals: list[Refusal] | None = None,
 ) -> JSON:
     """The Dataset's ``status.replicas``, after asking (or releasing) the agents; ``pods`` lists
-    the cluster's pods (at most once per pass, by the caller). ``max_auto`` caps the copies
+    the cluster's pods (at most once per pass, by the caller), ``gpus`` gives the nodes' free
+    GPUs (likewise; by default worked out here from ``nodes`` and the pods). ``max_auto`` caps the copies
     of ``auto`` and of a number alike (a number over it is a refusal)."""
     task = f"replica.{namespace}.{name}"
     who = acting_for(namespace, name)
@@ -175,12 +177,13 @@ def replicas_status(
     goal, refusal = capped(goal, max_auto, "ReplicasOverLimit", "spec.replicas")
     if refusal is not None and refusals is not None:
         refusals.append(refusal)
-    gpus = free_gpus(nodes, listed)
+    free_now = gpus() if gpus is not None else free_gpus(nodes, listed)
+    holding = set(ready)
     rooms = []
     for node in sorted(agent_nodes):
         given = (inventories.get(node) or {}).get("freeBytes")
         free = given if isinstance(given, int) and not isinstance(given, bool) else 0
-        rooms.append(replication.NodeRoom(node, node in ready, free, gpus.get(node, 0)))
+        rooms.append(replication.NodeRoom(node, node in holding, free, free_now.get(node, 0)))
     given_size = status.get("bytes")
     size = given_size if isinstance(given_size, int) and not isinstance(given_size, bool) else 0
     chosen = replication.choose(rooms, goal, size_bytes=size, before=before, admit=admit)

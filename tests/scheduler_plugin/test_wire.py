@@ -301,3 +301,12 @@ def test_a_walked_body_never_becomes_one_parsed_tree() -> None:
     # a whole parse allocates ~4x the body; the walk a 1 MiB window and ~400 bytes a node
     assert peak < len(body) // 2, f"decoding a {len(body)}-byte body allocated {peak} bytes at its peak"
     assert args.raw_nodes is not None and len(args.raw_nodes) == 1500
+
+
+def test_scores_already_clamped_are_written_alike_without_the_checks() -> None:
+    from scheduler_plugin.wire import Clamped
+
+    hosts = [f"n{i}" for i in range(23)]
+    scores = [i % 11 for i in range(23)]
+    assert encode_priorities(hosts, Clamped(scores)) == encode_priorities(hosts, scores)
+    assert encode_priorities([], Clamped()) == b"[]"

@@ -27,6 +27,8 @@ TABLES = {
     "cache": ["baseline per-file copy:", "dsagent without bundles:", "dsagent with bundles:"],
     "digest": ["dsagent build_manifest", "ratio of medians (dsagent / C)"],
     "extender": ["p50 ms", "p99 ms", "names     100"],
+    "controller": ["node object bytes added max:", "pass s", "peak RSS MiB", "goal: <= 1024 B added per Node"],
+    "agent_writes": ["writes/node-h mean", "nodecache", "goal: <= 360 writes per node-hour"],
     "extender_memory": ["peak MiB", "json.loads MiB", "go         filter", "reordered  prioritize"],
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],
     "stripe_serve": ["served", "peak RSS before serving"],

@@ -509,3 +509,20 @@ def test_a_client_gone_before_its_answer_is_not_printed_as_a_server_error(
     assert done.wait(5)
     err = capfd.readouterr().err
     assert ("Traceback" in err) is printed, err
+
+
+def test_cached_lists_follow_every_change_of_their_type() -> None:
+    """``list_cache`` (the benchmarks): a list is served from bytes made once, until an
+    object of its type changes; selectors still apply."""
+    with FakeApiServer(list_cache=True) as server:
+        core = client.CoreV1Api(server.api_client())
+        server.create(make_node("n1"))
+        assert [n.metadata.name for n in core.list_node().items] == ["n1"]
+        server.create(make_node("n2", labels={"pool": "a"}))
+        assert [n.metadata.name for n in core.list_node().items] == ["n1", "n2"]
+        assert [n.metadata.name for n in core.list_node(label_selector="pool=a").items] == ["n2"]
+        server.patch("nodes", "n1", {"metadata": {"labels": {"pool": "a"}}})
+        assert [n.metadata.name for n in core.list_node(label_selector="pool=a").items] == ["n1", "n2"]
+        server.create(make_pod("p1"))  # another type: the node lists stay as they were
+        server.delete("nodes", "n2")
+        assert [n.metadata.name for n in core.list_node().items] == ["n1"]

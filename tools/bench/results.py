@@ -1,10 +1,15 @@
-"""Turns the benchmarks' JSON (``--json`` of bundle.py, ready.py, loader.py) into the
+"""Turns the benchmarks' JSON (``--json`` of bundle.py, ready.py, loader.py, gpu_train.py,
+extender.py, controller.py, agent_writes.py) into the
 performance page, docs/results-performance.md, and the README's figures (the block between
 ``<!-- figures:begin -->`` and ``<!-- figures:end -->``: each ratio that has a goal).
 
     python tools/bench/bundle.py --json docs/results/performance/bundle-mixed.json --workdir /dev/shm/b
     python tools/bench/ready.py --json docs/results/performance/ready.json
     python tools/bench/loader.py --json docs/results/performance/loader.json
+    python tools/bench/extender.py --nodes 100,1000,5000,15000 --modes names \
+        --json docs/results/performance/extender-names.json
+    python tools/bench/controller.py --json docs/results/performance/controller.json
+    python tools/bench/agent_writes.py --json docs/results/performance/agent-writes.json
     python tools/bench/results.py              # docs/results/performance/*.json -> the page and the README
     python tools/bench/results.py --smoke --workdir DIR                 # renders the JSON under DIR (the suite)
 
@@ -36,10 +41,41 @@ _TITLES = {
     "ready": "Time to ready from S3 against per-file tools",
     "loader": "Training read throughput (images decoded per second)",
     "gpu_train": "Training on a GPU: images per second and GPU utilisation, from the store and from the node cache",
+    "extender": "Scheduler extender: prioritize latency by cluster size",
+    "controller": "Dataset controller: one pass by cluster size, and what a Node carries",
+    "agent_writes": "Node agents' writes of their state under churn",
 }
+#: the order of the sections (and of the README's figures)
+_ORDER = ("bundle", "ready", "loader", "gpu_train", "extender", "controller", "agent_writes")
 
 #: what a section's reader needs before its figures: where they come from
 _NOTES = {
+    "extender": """`tools/bench/extender.py`: the extender as its own process (`python -m scheduler_plugin`),
+its watch cache listing a fake API server's Nodes and their `NodeCache` objects (inventory
+of 20 datasets, two-class 8-GPU topology), sent sequential prioritize requests over one
+keep-alive connection as kube-scheduler sends them; `names` is `nodeCacheCapable: true`
+(node names only). Latency is measured by the client, on the same loaded machine; the
+ratios are the target over the measured figure (>= 1 meets it). kube-scheduler's default
+`percentageOfNodesToScore` sends about 5% of the names at 15,000 nodes; these runs send
+them all.
+""",
+    "controller": """`tools/bench/controller.py`: one `DatasetController.reconcile_all` in a process of its
+own against a fake API server serving its lists from memory, over N Nodes, N `NodeCache`
+inventories (12 datasets each), N agent pods and 1,000 Datasets in four namespaces (one in
+20 with warm-up, one in 20 with replicas), agents answering at once (every agent call
+counted would be an HTTP request in a cluster). The pass time is the median of the timed
+passes (1% of inventories changed before each); the peak RSS is the controller process's
+`VmHWM` over them (interpreter and imports included). The bytes added to a Node are what
+this release's agent writes on it (free-GPU annotation, device-plugin labels, RoCE-class
+condition, class resources). Ratios: the goal over the measured figure.
+""",
+    "agent_writes": """`tools/bench/agent_writes.py`: simulated nodes on a simulated clock, each running the
+agent's real publishing rule (`Coalescer`, the state builders and the merge patches it
+sends) through an hour of pod starts and ends, cache hits, fetches and evictions at the
+rates its docstring gives and justifies. Writes per node-hour count the `NodeCache` and
+the Node's free-GPU annotation together; the ratio is the goal (360, one write per node
+per 10 s) over the mean.
+""",
     "gpu_train": """`tools/bench/gpu_train.py` on a GPU machine: ResNet-50 (torchvision, bf16 autocast,
 channels-last, SGD) trained by a PyTorch DataLoader over a generated JPEG set, the same job
 reading each image as a GET of its own object from an S3-compatible store on loopback
@@ -101,7 +137,7 @@ def _verdict(value: float | None, goal: float | None) -> str:
 
 def render(runs: list[dict[str, Any]]) -> str:
     lines = [_INTRO]
-    for bench in ("bundle", "ready", "loader", "gpu_train"):
+    for bench in _ORDER:
         mine = [r for r in runs if r.get("bench") == bench]
         if not mine:
             continue
@@ -135,6 +171,7 @@ def render(runs: list[dict[str, Any]]) -> str:
                         f" ({row['requests']:.0f} requests, {row.get('sustained_rps', 0):.0f}/s sustained, "
                         f"{row.get('throttled', 0):.0f} refused)"
                     )
+                served += _scale_detail(row)
                 if row.get("images_per_s") is not None and row.get("gpu_util_mean") is not None:
                     served = (
                         f" ({row['images_per_s']:.0f} images/s, GPU {row['gpu_util_mean']:.0f}% busy, "
@@ -148,6 +185,28 @@ def render(runs: list[dict[str, Any]]) -> str:
     if len(lines) == 1:
         lines.append("No results yet: run the benchmarks with `--json` and this script.\n")
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _scale_detail(row: dict[str, Any]) -> str:
+    """What a row of the scale benchmarks (extender, controller, agent writes) adds to its side."""
+    parts = []
+    if row.get("requests_per_s") is not None:
+        parts.append(f"{row['wall_s'] * 1e3:.2f} ms, {row['requests_per_s']:.0f} requests/s")
+        if row.get("load") is not None:
+            parts.append(f"load {row['load']:.2f}")
+    if row.get("pass_s_median") is not None:
+        parts.append(f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB, {row.get('agent_calls', 0)} agent calls")
+    if row.get("bytes") is not None and row.get("annotations_bytes") is not None:
+        parts.append(
+            f"{row['bytes']} B: annotations {row['annotations_bytes']}, labels {row['labels_bytes']}, "
+            f"condition {row['condition_bytes']}, class resources {row['resources_bytes']}"
+        )
+    if row.get("writes_per_node_hour_mean") is not None:
+        parts.append(
+            f"{row['writes_per_node_hour_mean']:.1f} writes/node-hour (max {row['writes_per_node_hour_max']:.0f}), "
+            f"{row['bytes_per_write_mean']:.0f} B/write (max {row['bytes_per_write_max']:.0f})"
+        )
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _load(run: dict[str, Any]) -> str:
@@ -194,7 +253,7 @@ def read_runs(files: list[Path]) -> list[dict[str, Any]]:
             sys.exit(f"results.py: cannot read {path}: {exc}")
     runs.sort(
         key=lambda run: (
-            ["bundle", "ready", "loader", "gpu_train"].index(run["bench"]) if run.get("bench") in _TITLES else 4,
+            _ORDER.index(run["bench"]) if run.get("bench") in _TITLES else len(_ORDER),
             run.get("started", ""),
         )
     )
