@@ -297,7 +297,9 @@ class _Range:
                     if self._body is None:
                         self._body = self.job.open(self.address, self.pos, self.stop)
                     return call()
-            except (RangesUnsupported, *NOT_LINK_ERRORS):  # the store's answer, the same over every link
+            except RangesUnsupported:  # the store's answer, the same over every link
+                raise
+            except NOT_LINK_ERRORS:
                 raise
             except LINK_ERRORS as exc:
                 self._drop()
