@@ -8,7 +8,8 @@ through it. Design: docs/design-striping.md.
 
 What it owns, under ``<root>/stripes/<name>/<digest>/``:
 
-- ``share/``: the bundles this node owns by rendezvous hashing over the group
+- ``share/``: the bundles this node owns by rendezvous hashing over the group (every bundle
+  for a whole copy; how it is filled, in which order and from whom: :mod:`.sharefill`)
   (:func:`dsplatform.stripe.owner`), each fetched from a peer that held it before, or one
   holding or fetching a whole copy, else the store (:mod:`dsagent.cache.striped.stripefetch`:
   every file verified by digest, published
@@ -45,7 +46,6 @@ import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,63 +55,24 @@ from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
 from dsagent.cache.striped.handoff import PeerFetches
 from dsagent.cache.striped.readerstreams import OPERATORS, ReaderStream, ReaderStreams
+from dsagent.cache.striped.sharefill import Share, ShareFill, bundle_of
 from dsagent.cache.striped.stripecurrent import CurrentVersions
 from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripereaders import Holder, PodReader, refusal
 from dsagent.cache.striped.stripewindow import StripeWindow
 from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
-from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
-from dsagent.format.storageconfig import Options, user_options, with_config
-from dsagent.policy.holding import WHOLE, holding
+from dsagent.format.manifest import BundleRef, FileEntry, read_manifest
+from dsagent.format.storageconfig import user_options, with_config
 from dsplatform.data import DONE_DIR
-from dsplatform.stripe import LAYOUT_FILE, StripeBundle, StripeLayout, owners
+from dsplatform.stripe import LAYOUT_FILE, StripeLayout
 
 log = logging.getLogger("dsagent.stripes")
 
 STRIPES_DIR = "stripes"
 HOLD_FILE = "hold.json"
-PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
 
 
-@dataclass
-class _Share:
-    """One striped version this node takes part in."""
-
-    layout: StripeLayout
-    manifest: Manifest
-    store: str
-    storage_options: Options
-    peers: dict[str, str]  # member -> base URL of its agent
-    ready_after: int
-    held: set[str] = field(default_factory=set)
-    handover: set[str] = field(default_factory=set)  # held under an earlier group: served until dropped
-    error: str | None = None
-    task: asyncio.Task[None] | None = None
-    expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
-    last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
-    readers: int = 0  # streams of its bundles to this node's readers now
-    owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
-    no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
-    holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
-    whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
-    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
-
-    @property
-    def key(self) -> Key:
-        return (self.layout.name, self.layout.digest)
-
-    @property
-    def filling(self) -> bool:
-        return self.task is not None and not self.task.done() and self.error is None
-
-    def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
-        """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
-        return sum(
-            disk(b.size, b.count) for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover
-        )
-
-
-class StripeShares:
+class StripeShares(ShareFill):
     """The striped versions of this node: shares held, peers served, readers fed."""
 
     def __init__(
@@ -133,7 +94,7 @@ class StripeShares:
         self.disk = disk  # the disk (bytes, files) take: the unit of the capacity (Store.allocated)
         self.capacity = capacity  # the cache's capacity in bytes (None: not known, no whole copies)
         self.root = settings.root / STRIPES_DIR
-        self._shares: dict[Key, _Share] = {}
+        self._shares: dict[Key, Share] = {}
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
         self.window = StripeWindow(settings, pools, self.counts)
         self.readers = ReaderStreams(settings)  # each caller's streams: bounded, ended when idle
@@ -234,7 +195,7 @@ class StripeShares:
         everything = await self._whole(layout, owned, done) if whole else None
         if everything is None:  # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
             await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
-        share = _Share(
+        share = Share(
             layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
             no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
             whole=everything is not None,
@@ -246,29 +207,6 @@ class StripeShares:
         share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
         return self.status(key)
 
-    async def _whole(
-        self, layout: StripeLayout, owned: Sequence[StripeBundle], done: set[str]
-    ) -> list[StripeBundle] | None:
-        """Every bundle of ``layout``, this node's own first, when the version fits this node
-        (:func:`dsagent.policy.holding.holding` on the cache's capacity) and the cache made
-        the room for those not on disk yet; None where it does not fit or the room cannot be
-        made (this node then holds its share)."""
-        size = sum(self.disk(b.size, b.count) for b in layout.bundles)
-        capacity = await self.capacity() if self.capacity is not None else 0
-        if holding(size, cache_bytes=capacity) is not WHOLE:
-            return None
-        mine = {b.digest for b in owned}
-        everything = [*owned, *(b for b in layout.bundles if b.digest not in mine)]
-        try:
-            await self.make_room(
-                (layout.name, layout.digest),
-                sum(self.disk(b.size, b.count) for b in everything if b.digest not in done),
-            )
-        except InsufficientSpace as exc:
-            log.info("%s@%s held as a share, not whole: %s", layout.name, layout.digest[:12], exc)
-            return None
-        return everything
-
     def _done_markers(self, key: Key) -> set[str]:
         """The bundles this node already holds of version ``key`` (their markers)."""
         try:
@@ -276,7 +214,7 @@ class StripeShares:
         except FileNotFoundError:
             return set()
 
-    def _remember(self, share: _Share) -> None:
+    def _remember(self, share: Share) -> None:
         """What a restarted agent needs to hold the share again (:meth:`recover`): never the
         storage options, which may hold credentials; a share that needed them waits for its
         holder (the controller's renewed task) to ask again."""
@@ -311,7 +249,7 @@ class StripeShares:
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 
-    def _prepare(self, share: _Share, done: set[str]) -> None:
+    def _prepare(self, share: Share, done: set[str]) -> None:
         """The share's directories and layout file; of the bundles ``done`` (marked held on
         disk), those it owns are held, the others handed over."""
         directory = self.share_dir(share.key)
@@ -328,85 +266,7 @@ class StripeShares:
         for digest in done:
             (share.held if digest in mine else share.handover).add(digest)
 
-    async def _fill(self, share: _Share) -> None:
-        """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
-        todo = [b for b in share.owned if b.digest not in share.held]
-        gate = asyncio.Semaphore(self.settings.fetch_workers)
-
-        async def one(digest: str) -> None:
-            async with gate:
-                await self._bring(share, digest)
-
-        try:
-            await asyncio.gather(*(one(b.digest) for b in todo))
-            if share.handover:  # the new owners fetch them from here meanwhile (bounded in time)
-                await asyncio.sleep(self.settings.stripe_handover)
-                share.handover.clear()
-                await self.pools.work(self._drop_unowned, share)
-        except asyncio.CancelledError:
-            raise
-        except DsagentError as exc:
-            share.error = str(exc)
-            log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
-
-    async def _bring(self, share: _Share, digest: str) -> None:
-        """Bundle ``digest`` of the share held on disk: at once when it is, else its fetch,
-        started now unless it is under way (the fill's turn, or a reader that asked for it
-        first: a reader of a bundle this node is to hold waits for that one fetch rather than
-        fetch it into the window as well)."""
-        if digest in share.held:
-            return
-        task = share.inflight.get(digest)
-        if task is None:
-            ref = next(b for b in share.manifest.bundles if b.digest == digest)
-
-            async def take() -> None:
-                copies = await self.sources.copies(*share.key)
-                try:
-                    await self.pools.work(self._fetch_owned, share, ref, copies)
-                    share.held.add(digest)
-                finally:
-                    self.peers.release(digest)  # held (served from the share) or not at all
-                    share.inflight.pop(digest, None)
-
-            task = share.inflight[digest] = asyncio.ensure_future(take())
-        await asyncio.shield(task)
-
-    def _fetch_owned(self, share: _Share, bundle: BundleRef, copies: Sequence[str]) -> None:
-        """An owned bundle, verified, then its marker (the files first, so a marker always
-        means the files are there). Asked first of the nodes ranked highest by rendezvous
-        hashing over the members and the other peers listed (a draining node the controller
-        lists as a peer but not a member owned the bundle before, so it ranks first): after a
-        member joins, the one ranked second owned the bundle before, and after a drain the
-        leaving node did, so a group change moves shares over P2P; then the agents holding or
-        fetching a whole copy (``copies``); then the store, the durable copy. Claimed
-        meanwhile, so that a whole copy arriving elsewhere waits for it rather than read it
-        from the store too."""
-        directory = self.share_dir(share.key)
-        ranked = sorted({*share.layout.members, *share.peers})
-        order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
-        placed = next((b for b in share.layout.bundles if b.digest == bundle.digest), None)
-        if placed is None or placed.owner == self.settings.node_name:
-            self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
-        else:  # a whole copy's bundle owned elsewhere: its owner first, and never a claim (the
-            # owner asking this node back would wait on it while it waits on the owner)
-            order = [placed.owner, *(m for m in order if m != placed.owner)]
-            self.sources.fetch(share, bundle, directory, order, copies=copies)
-        _write_marker(directory / DONE_DIR / bundle.digest)
-
-    def _drop_unowned(self, share: _Share) -> None:
-        """Markers (then files) of bundles this node held under an earlier group."""
-        directory = self.share_dir(share.key)
-        mine = {b.digest for b in share.owned}
-        for marker in list((directory / DONE_DIR).iterdir()):
-            if marker.name not in mine:
-                marker.unlink()  # the marker first: the files are no longer promised
-                ref = _bundle_of(share.manifest, marker.name)
-                for entry in share.manifest.bundle_entries(ref) if ref is not None else ():
-                    with contextlib.suppress(FileNotFoundError):
-                        (directory / entry.path).unlink()
-
-    async def held(self, key: Key) -> _Share:
+    async def held(self, key: Key) -> Share:
         """The share of ``key`` held here; else Superseded (:mod:`.stripecurrent`) or NotFound."""
         share = self._shares.get(key)
         if share is None:
@@ -553,7 +413,7 @@ class StripeShares:
         no version. Each one found counts in :attr:`peer_fetches` until its stream ends."""
         for key, share in self._shares.items():
             if digest in share.held or digest in share.handover:
-                ref = _bundle_of(share.manifest, digest)
+                ref = bundle_of(share.manifest, digest)
                 if ref is not None:
                     self.peer_fetches.asked(self.clock())
                     return ServedBundle(
@@ -563,22 +423,6 @@ class StripeShares:
                         ended=lambda whole: self.peer_fetches.ended(self.clock(), whole),
                     )
         return None
-
-    def pending(self, digest: str) -> bool:
-        """Whether a share filling here owns bundle ``digest`` (this node is its owner in the
-        layout) without holding it yet. A peer asking for it then waits for this fill (425)
-        rather than read the store as well, and its ask brings the bundle's fetch forward. Only
-        the owner says so, never a node copying the version whole: two copies waiting on each
-        other would wait out the peer bound."""
-        node = self.settings.node_name
-        for share in self._shares.values():
-            if not share.filling or digest in share.held:
-                continue
-            if any(b.digest == digest and b.owner == node for b in share.owned):
-                task = asyncio.ensure_future(self._bring(share, digest))
-                task.add_done_callback(_quiet)
-                return True
-        return False
 
     def bundles_served(self) -> int:
         """The share bundles this node serves to peers now (held, or handed over and not yet dropped)."""
@@ -595,7 +439,7 @@ class StripeShares:
         :class:`NotFound` unless a share of the version is held here."""
         key = (name, digest)
         share = await self.held(key)
-        ref = _bundle_of(share.manifest, bundle)
+        ref = bundle_of(share.manifest, bundle)
         if ref is None:
             raise NotFound(f"version {name}@{digest[:12]} has no bundle {bundle}")
         entries = list(share.manifest.bundle_entries(ref))
@@ -626,7 +470,7 @@ class StripeShares:
             stream.close()
             raise
 
-    def _fetch_visiting(self, share: _Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
+    def _fetch_visiting(self, share: Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
         """A bundle owned elsewhere into the window: the owner, the other members, the store."""
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
@@ -635,13 +479,7 @@ class StripeShares:
         self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True)
 
 
-def _quiet(task: asyncio.Future[None]) -> None:
-    """A fetch brought forward for a peer: its failure is the fill's to report."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _done_reading(share: _Share) -> None:
+def _done_reading(share: Share) -> None:
     share.readers = max(0, share.readers - 1)
 
 
@@ -649,23 +487,6 @@ def _remove_version(directory: Path) -> None:
     """A share's directory, its hold record first (a restart must not hold it again)."""
     (directory / HOLD_FILE).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def _bundle_of(manifest: Manifest, digest: str) -> BundleRef | None:
-    return next((b for b in manifest.bundles if b.digest == digest), None)
-
-
-def _write_marker(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 __all__ = ["STRIPES_DIR", "StripeShares"]

@@ -1,0 +1,246 @@
+"""Filling this node's stripe shares: which bundles a share holds, in which order they are
+fetched, and who waits for whom (docs/design-striping.md#agent, #holding).
+
+Who calls it: :class:`dsagent.cache.striped.stripes.StripeShares`, which mixes in
+:class:`ShareFill` and owns the shares' records (:class:`Share`). What it owns:
+
+- a whole copy's bundles (:meth:`ShareFill._whole`): every bundle, this node's own first,
+  where :func:`dsagent.policy.holding.holding` says the version fits and the cache made the
+  room, else the node's share;
+- the fill (:meth:`ShareFill._fill`): ``fetch_workers`` bundles at once in order, each one
+  fetched once whoever asks first (:meth:`ShareFill._bring`: the fill, a reader of this
+  node, or a peer through :meth:`ShareFill.pending`);
+- where a bundle comes from (:meth:`ShareFill._fetch_owned`): an owned bundle from the
+  members ranked next by HRW, the copies, the store, claimed meanwhile; a whole copy's
+  bundle owned elsewhere from its owner first, never claimed (an owner and a whole copy
+  would wait on each other);
+- a verified bundle's done marker (:func:`write_marker`), written and synced after its files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsagent.cache.layout import Key
+from dsagent.cache.peers import PeerFetcher
+from dsagent.cache.pools import Pools
+from dsagent.cache.settings import Settings
+from dsagent.cache.striped.stripefetch import BundleSources
+from dsagent.cache.striped.stripereaders import Holder
+from dsagent.errors import DsagentError, InsufficientSpace
+from dsagent.format.manifest import BundleRef, Manifest
+from dsagent.format.storageconfig import Options
+from dsagent.policy.holding import WHOLE, holding
+from dsplatform.data import DONE_DIR
+from dsplatform.stripe import StripeBundle, StripeLayout, owners
+
+log = logging.getLogger("dsagent.stripes")
+
+PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
+
+
+@dataclass
+class Share:
+    """One striped version this node takes part in."""
+
+    layout: StripeLayout
+    manifest: Manifest
+    store: str
+    storage_options: Options
+    peers: dict[str, str]  # member -> base URL of its agent
+    ready_after: int
+    held: set[str] = field(default_factory=set)
+    handover: set[str] = field(default_factory=set)  # held under an earlier group: served until dropped
+    error: str | None = None
+    task: asyncio.Task[None] | None = None
+    expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
+    last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
+    readers: int = 0  # streams of its bundles to this node's readers now
+    owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
+    no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
+    holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
+    whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
+
+    @property
+    def key(self) -> Key:
+        return (self.layout.name, self.layout.digest)
+
+    @property
+    def filling(self) -> bool:
+        return self.task is not None and not self.task.done() and self.error is None
+
+    def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
+        """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
+        return sum(
+            disk(b.size, b.count) for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover
+        )
+
+
+class ShareFill:
+    """Filling a node's shares (mixed into :class:`~dsagent.cache.striped.stripes.StripeShares`,
+    whose attributes it uses): which bundles a share holds (its own, or every bundle for a
+    whole copy), fetching them in order or when a reader or a peer asks first, and telling
+    a peer to wait for a bundle this node owns and is about to have."""
+
+    settings: Settings
+    pools: Pools
+    sources: BundleSources
+    peers: PeerFetcher
+    disk: Callable[[int, int], int]
+    capacity: Callable[[], Awaitable[int]] | None
+    make_room: Callable[[Key, int], Awaitable[None]]
+    _shares: dict[Key, Share]
+
+    def share_dir(self, key: Key) -> Path:
+        raise NotImplementedError
+
+    async def _whole(
+        self, layout: StripeLayout, owned: Sequence[StripeBundle], done: set[str]
+    ) -> list[StripeBundle] | None:
+        """Every bundle of ``layout``, this node's own first, when the version fits this node
+        (:func:`dsagent.policy.holding.holding` on the cache's capacity) and the cache made
+        the room for those not on disk yet; None where it does not fit or the room cannot be
+        made (this node then holds its share)."""
+        size = sum(self.disk(b.size, b.count) for b in layout.bundles)
+        capacity = await self.capacity() if self.capacity is not None else 0
+        if holding(size, cache_bytes=capacity) is not WHOLE:
+            return None
+        mine = {b.digest for b in owned}
+        everything = [*owned, *(b for b in layout.bundles if b.digest not in mine)]
+        try:
+            await self.make_room(
+                (layout.name, layout.digest),
+                sum(self.disk(b.size, b.count) for b in everything if b.digest not in done),
+            )
+        except InsufficientSpace as exc:
+            log.info("%s@%s held as a share, not whole: %s", layout.name, layout.digest[:12], exc)
+            return None
+        return everything
+
+    async def _fill(self, share: Share) -> None:
+        """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
+        todo = [b for b in share.owned if b.digest not in share.held]
+        gate = asyncio.Semaphore(self.settings.fetch_workers)
+
+        async def one(digest: str) -> None:
+            async with gate:
+                await self._bring(share, digest)
+
+        try:
+            await asyncio.gather(*(one(b.digest) for b in todo))
+            if share.handover:  # the new owners fetch them from here meanwhile (bounded in time)
+                await asyncio.sleep(self.settings.stripe_handover)
+                share.handover.clear()
+                await self.pools.work(self._drop_unowned, share)
+        except asyncio.CancelledError:
+            raise
+        except DsagentError as exc:
+            share.error = str(exc)
+            log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
+
+    async def _bring(self, share: Share, digest: str) -> None:
+        """Bundle ``digest`` of the share held on disk: at once when it is, else its fetch,
+        started now unless it is under way (the fill's turn, or a reader that asked for it
+        first: a reader of a bundle this node is to hold waits for that one fetch rather than
+        fetch it into the window as well)."""
+        if digest in share.held:
+            return
+        task = share.inflight.get(digest)
+        if task is None:
+            ref = next(b for b in share.manifest.bundles if b.digest == digest)
+
+            async def take() -> None:
+                copies = await self.sources.copies(*share.key)
+                try:
+                    await self.pools.work(self._fetch_owned, share, ref, copies)
+                    share.held.add(digest)
+                finally:
+                    self.peers.release(digest)  # held (served from the share) or not at all
+                    share.inflight.pop(digest, None)
+
+            task = share.inflight[digest] = asyncio.ensure_future(take())
+        await asyncio.shield(task)
+
+    def _fetch_owned(self, share: Share, bundle: BundleRef, copies: Sequence[str]) -> None:
+        """An owned bundle, verified, then its marker (the files first, so a marker always
+        means the files are there). Asked first of the nodes ranked highest by rendezvous
+        hashing over the members and the other peers listed (a draining node the controller
+        lists as a peer but not a member owned the bundle before, so it ranks first): after a
+        member joins, the one ranked second owned the bundle before, and after a drain the
+        leaving node did, so a group change moves shares over P2P; then the agents holding or
+        fetching a whole copy (``copies``); then the store, the durable copy. Claimed
+        meanwhile, so that a whole copy arriving elsewhere waits for it rather than read it
+        from the store too."""
+        directory = self.share_dir(share.key)
+        ranked = sorted({*share.layout.members, *share.peers})
+        order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
+        placed = next((b for b in share.layout.bundles if b.digest == bundle.digest), None)
+        if placed is None or placed.owner == self.settings.node_name:
+            self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
+        else:  # a whole copy's bundle owned elsewhere: its owner first, and never a claim (the
+            # owner asking this node back would wait on it while it waits on the owner)
+            order = [placed.owner, *(m for m in order if m != placed.owner)]
+            self.sources.fetch(share, bundle, directory, order, copies=copies)
+        write_marker(directory / DONE_DIR / bundle.digest)
+
+    def _drop_unowned(self, share: Share) -> None:
+        """Markers (then files) of bundles this node held under an earlier group."""
+        directory = self.share_dir(share.key)
+        mine = {b.digest for b in share.owned}
+        for marker in list((directory / DONE_DIR).iterdir()):
+            if marker.name not in mine:
+                marker.unlink()  # the marker first: the files are no longer promised
+                ref = bundle_of(share.manifest, marker.name)
+                for entry in share.manifest.bundle_entries(ref) if ref is not None else ():
+                    with contextlib.suppress(FileNotFoundError):
+                        (directory / entry.path).unlink()
+
+    def pending(self, digest: str) -> bool:
+        """Whether a share filling here owns bundle ``digest`` (this node is its owner in the
+        layout) without holding it yet. A peer asking for it then waits for this fill (425)
+        rather than read the store as well, and its ask brings the bundle's fetch forward. Only
+        the owner says so, never a node copying the version whole: two copies waiting on each
+        other would wait out the peer bound."""
+        node = self.settings.node_name
+        for share in self._shares.values():
+            if not share.filling or digest in share.held:
+                continue
+            if any(b.digest == digest and b.owner == node for b in share.owned):
+                task = asyncio.ensure_future(self._bring(share, digest))
+                task.add_done_callback(_quiet)
+                return True
+        return False
+
+
+def _quiet(task: asyncio.Future[None]) -> None:
+    """A fetch brought forward for a peer: its failure is the fill's to report."""
+    if not task.cancelled():
+        task.exception()
+
+
+def bundle_of(manifest: Manifest, digest: str) -> BundleRef | None:
+    return next((b for b in manifest.bundles if b.digest == digest), None)
+
+
+def write_marker(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+__all__ = ["PREVIOUS_OWNERS", "Share", "ShareFill", "bundle_of", "write_marker"]
