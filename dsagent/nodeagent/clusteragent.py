@@ -55,7 +55,7 @@ from dsagent.cache.settings import Settings
 from dsagent.cache.task import DatasetRequest
 from dsagent.errors import DsagentError, InvalidInput, NotFound
 from dsagent.kube.apiclient import in_daemon_thread, translated
-from dsagent.kube.datasets import MERGE_PATCH, DatasetClient
+from dsagent.kube.datasets import DatasetClient
 from dsagent.kube.events import EventRecorder
 from dsagent.kube.podenv import (
     INIT_CONTAINER,
@@ -67,6 +67,7 @@ from dsagent.kube.podenv import (
 from dsagent.nodeagent import publisher
 from dsagent.nodeagent.clusterhooks import ClusterHooks
 from dsagent.nodeagent.clustersettings import ClusterSettings
+from dsagent.nodeagent.nodestateapi import NodeStateApi
 from dsagent.nodeagent.podevents import EVENTS_CONTROLLER, PodEvents
 from dsagent.nodeagent.podwatch import PodWatch
 from dsagent.nodeagent.statewrites import Coalescer, StateWriteMetrics
@@ -163,7 +164,6 @@ class ClusterAgent:
         self._background: list[asyncio.Task[Any]] = []
         self._watch: PodWatch | None = None
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
-        self._node_uid: str | None = None  # the NodeCache's owner
         interval = self.cluster.publish_interval
         self._cache_writes: Coalescer[dict[str, str]] = Coalescer(interval, self.cluster.publish_heartbeat)
         self._node_writes: Coalescer[dict[str, str]] = Coalescer(interval)
@@ -197,6 +197,7 @@ class ClusterAgent:
             self._api_client = await asyncio.to_thread(apiclient.load)
         self._core = client.CoreV1Api(self._api_client)
         self._custom = client.CustomObjectsApi(self._api_client)
+        self._state = NodeStateApi(self._core, self._custom, self.node_name)
         self._datasets = DatasetClient(self._api_client)
         self.pod_events = PodEvents(
             EventRecorder(self._api_client, controller=EVENTS_CONTROLLER, instance=self.node_name), self.node_name
@@ -225,7 +226,7 @@ class ClusterAgent:
     async def _check_node(self) -> None:
         """Fail fast on a wrong node name; an unreachable API server is retried later."""
         try:
-            self._annotations = await asyncio.to_thread(self._read_annotations)
+            self._annotations = await asyncio.to_thread(self._state.read_annotations)
         except NotFound:
             raise InvalidInput(
                 f"cluster mode: there is no node {self.node_name!r}",
@@ -451,19 +452,19 @@ class ClusterAgent:
         state = publisher.node_state(await self.service.inventory(), self._topology_json)
         desired = publisher.node_annotations(await self._current_free_gpus())
         if self._annotations is None:
-            self._annotations = await asyncio.to_thread(self._read_annotations)
+            self._annotations = await asyncio.to_thread(self._state.read_annotations)
         wrote = False
         now = self.clock()
         if self._cache_writes.due(state, now):
             status = nodecache.status(state.get("inventory"), state.get("topology"), format_time(time.time()))
-            size = await asyncio.to_thread(self._write_nodecache, status)
+            size = await asyncio.to_thread(self._state.write_nodecache, status, self._cache_status)
             self._cache_writes.wrote(state, now)
             self._cache_status = status
             self.write_metrics.wrote("nodecache", size)
             wrote = True
         patch = publisher.annotation_patch(self._annotations, desired)
         if patch is not None and self._node_writes.due(desired, now):
-            await asyncio.to_thread(self._patch_annotations, patch)
+            await asyncio.to_thread(self._state.patch_annotations, patch)
             self._node_writes.wrote(desired, now)
             self._annotations = publisher.applied(self._annotations, patch)
             self.write_metrics.wrote("node", len(json.dumps({"metadata": {"annotations": patch}})))
@@ -522,59 +523,6 @@ class ClusterAgent:
         self.service.node.copies.update(parsed.counts, parsed.at, parsed.keepers, self.node_name)
         return True
 
-    def _read_annotations(self) -> dict[str, str]:
-        with translated(f"read node {self.node_name}"):
-            node = self._core.read_node(self.node_name, _request_timeout=10)
-        if node.metadata is not None and node.metadata.uid:
-            self._node_uid = str(node.metadata.uid)
-        return dict((node.metadata.annotations if node.metadata else None) or {})
-
-    def _write_nodecache(self, status: Mapping[str, Any], timeout: float = 10) -> int:
-        """Merge-patch the node's ``NodeCache`` to ``status``, creating it (owned by the Node)
-        when it is missing; the bytes of the request body."""
-        custom = self._custom
-        group, version, plural = nodecache.GROUP, nodecache.API_VERSION, nodecache.PLURAL
-        body = nodecache.merge_patch(status, self._cache_status)
-        try:
-            with translated(f"patch nodecache {self.node_name}"):
-                custom.patch_cluster_custom_object(
-                    group, version, plural, self.node_name, body, _content_type=MERGE_PATCH, _request_timeout=timeout
-                )
-            return len(json.dumps(body))
-        except NotFound:
-            pass
-        document = nodecache.document(self.node_name, self._node_uid, status)
-        with translated(f"create nodecache {self.node_name}"):
-            custom.create_cluster_custom_object(group, version, plural, document, _request_timeout=timeout)
-        return len(json.dumps(document))
-
-    def _clear_nodecache(self, timeout: float) -> None:
-        """Empty the ``NodeCache`` (a blind merge patch: none to empty is fine)."""
-        stamp = format_time(time.time())
-        body = {"status": {"inventory": None, "topology": None, "publishedAt": stamp}}
-        try:
-            with translated(f"patch nodecache {self.node_name}"):
-                self._custom.patch_cluster_custom_object(
-                    nodecache.GROUP,
-                    nodecache.API_VERSION,
-                    nodecache.PLURAL,
-                    self.node_name,
-                    body,
-                    _content_type=MERGE_PATCH,
-                    _request_timeout=timeout,
-                )
-        except NotFound:
-            return
-
-    def _patch_annotations(self, patch: Mapping[str, str | None], timeout: float = 10) -> None:
-        with translated(f"patch node {self.node_name}"):
-            self._core.patch_node(
-                self.node_name,
-                {"metadata": {"annotations": dict(patch)}},
-                _content_type=MERGE_PATCH,
-                _request_timeout=timeout,
-            )
-
     async def _clear_annotations(self, deadline: float) -> bool:
         """Empty this agent's ``NodeCache`` and remove what it published on its Node, retrying
         until ``deadline`` (``time.monotonic()``); True once both are done."""
@@ -584,11 +532,11 @@ class ClusterAgent:
         while (left := deadline - time.monotonic()) > 0:
             try:
                 if not cache_cleared:
-                    clear = functools.partial(self._clear_nodecache, timeout=min(left, 3.0))
+                    clear = functools.partial(self._state.clear_nodecache, timeout=min(left, 3.0))
                     await asyncio.wait_for(in_daemon_thread(clear), left)
                     cache_cleared = True
                     left = deadline - time.monotonic()
-                call = functools.partial(self._patch_annotations, patch, timeout=min(max(left, 0.1), 3.0))
+                call = functools.partial(self._state.patch_annotations, patch, timeout=min(max(left, 0.1), 3.0))
                 await asyncio.wait_for(in_daemon_thread(call), max(left, 0.1))
                 self._annotations = publisher.applied(self._annotations, patch)
                 return True
