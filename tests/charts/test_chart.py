@@ -433,14 +433,12 @@ def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str
 def test_the_agent_may_only_read_and_patch_nodes_watch_pods_read_datasets_and_write_events(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods;
-    # its Node's status for the device plugin's DsplatformRoceClasses condition (auto)
+    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods
     assert rules_of(rendered["default"], "-agent") == {
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
-        ("", "nodes/status", "patch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("dsagent.io", "datasets", "get"),

@@ -17,25 +17,28 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     # CSI (on by default) makes the agent privileged; these tests look at the device plugin alone
     no_csi = {"csi": {"enabled": False}}
     off = {**no_csi, "agent": {"devicePlugin": {"enabled": False}}}
+    auto = {**no_csi, "agent": {"devicePlugin": {"enabled": "auto"}}, "gpuClasses": {"enabled": True}}
     return {
         "default": render(no_csi),
         "off": render(off),
+        "auto": render(auto),
         "device-plugin": render({**DEVICE_PLUGIN, **no_csi}),
     }
 
 
-def test_off_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    pod = agent_pod(rendered["off"])
+@pytest.mark.parametrize("values", ["default", "off"])
+def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]], values: str) -> None:
+    pod = agent_pod(rendered[values])
     [container] = pod["containers"]
     assert not any(e["name"].startswith(("DSAGENT_DEVICE_PLUGIN", "DSAGENT_POD_RESOURCES")) for e in container["env"])
     assert not any("/var/lib/kubelet" in m["mountPath"] for m in container["volumeMounts"])
     assert container["securityContext"]["runAsNonRoot"] is True
 
 
-def test_auto_by_default_the_agent_decides_per_node_as_root_without_capabilities(
+def test_auto_the_agent_decides_per_node_as_root_without_capabilities(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    pod = agent_pod(rendered["default"])
+    pod = agent_pod(rendered["auto"])
     [container] = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DSAGENT_DEVICE_PLUGIN"] == "auto"  # on where the RoCE NICs sit in 2+ NUMA groups
@@ -45,6 +48,11 @@ def test_auto_by_default_the_agent_decides_per_node_as_root_without_capabilities
     assert security["runAsUser"] == 0 and security["capabilities"]["drop"] == ["ALL"]
     assert security["allowPrivilegeEscalation"] is False
     assert "add" not in security["capabilities"]
+    # and may write its Node's DsplatformRoceClasses condition (the admission policy: that one only)
+    [role] = [
+        d for d in rendered["auto"] if d.get("kind") == "ClusterRole" and d["metadata"]["name"].endswith("-agent")
+    ]
+    assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]} in role["rules"]
 
 
 def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
@@ -169,3 +177,10 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
         render({**_vf_values(vfAddresses="/etc/vf.json"), "topologyDiscovery": {"hostNetwork": False}})
     with pytest.raises(Exception, match="devicePlugin.enabled"):
         render({"agent": {"devicePlugin": {"enabled": False, "nodeLabel": "x", "vfSetup": True}}})
+
+
+def test_auto_without_the_class_rewrite_is_refused_in_one_line() -> None:
+    # the nodes auto serves advertise class resources, not nvidia.com/gpu: pods asking for
+    # nvidia.com/gpu would lose those nodes without the webhook's rewrite
+    with pytest.raises(Exception, match="needs gpuClasses.enabled"):
+        render({"agent": {"devicePlugin": {"enabled": "auto"}}})
