@@ -13,11 +13,11 @@ and byte counts, never more.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from dsagent.kube.apiclient import loads_list
 from dsplatform.kubetime import format_micro_time
 from dsplatform.tenancy import ACTING_FOR_HEADER, acting_for
 from dsplatform.wire.agenttask import MESSAGE_MAX, DatasetRequestBody, dataset_request, read_datasets
@@ -36,7 +36,7 @@ def raw(call: Callable[..., Any], *args: Any, timeout: float | None = None) -> A
     """An API call's answer as plain JSON (the client's models are not built); ``timeout``
     bounds the request (a hanging API server holds a pass no longer than that)."""
     extra = {"_request_timeout": timeout} if timeout is not None else {}
-    return json.loads(call(*args, _preload_content=False, **extra).data)
+    return loads_list(call(*args, _preload_content=False, **extra).data)
 
 
 def find_agents(core: Any, namespace: str, selector: str, port: int, timeout: float | None = None) -> dict[str, str]:

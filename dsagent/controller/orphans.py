@@ -6,10 +6,20 @@ pass, after every listed Dataset was reconciled. The warm-up, replica and prepar
 release what a Dataset's spec no longer asks for, but they walk only the Datasets that exist:
 a deleted Dataset's ``warm.<namespace>.<name>`` and ``replica.<namespace>.<name>`` tasks and
 its next-job preparations (``prepare.<pod UID>``) would stay pinned, held against eviction
-and outside any namespace's ledger, until the agents' leases lapse (6 h). So each pass asks
-every agent (the admin token, a read that acts for no Dataset) for its tasks and its
+and outside any namespace's ledger, until the agents' leases lapse (6 h). So the pass asks
+agents (the admin token, a read that acts for no Dataset) for their tasks and their
 preparations and releases, with the Dataset they were asked for named in ``X-Dsagent-For``,
 those the controller asked for a Dataset no longer listed.
+
+Which agents a pass asks (:class:`GoneSweep`): every one when a Dataset listed since the last
+sweep is no longer listed, on the first pass (of this process, or since it last led: what
+went meanwhile is unknown to it) and after the agents could not be read; otherwise only
+the agents new since the last pass, those whose answer or release failed, and one
+:data:`RESYNC_PASSES`-th of the others in turn (each agent at least every
+:data:`RESYNC_PASSES` passes: a backstop for what no deletion explains, such as a task an
+operator made by hand under a gone Dataset's id). A Dataset's deletion is seen by the next
+pass, which asks every agent: its pins go within one pass, as when every agent was asked
+each pass, without two reads of each of thousands of agents in every pass.
 
 Which are the controller's: a task ``warm.<namespace>.<name>`` or
 ``replica.<namespace>.<name>`` (the Dataset is in the id), a ``prepare.<pod UID>`` task and a
@@ -23,6 +33,7 @@ Dataset, is never touched. The answers are another party's JSON, read through
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +51,8 @@ NAMED_KINDS = ("warm", "replica")
 PREPARE = "prepare"
 #: the longest preparation id (a pod UID) and dataset name a reader keeps
 _NAME_MAX = 320
+#: every agent is asked at least once in this many passes, even when no Dataset went
+RESYNC_PASSES = 20
 
 
 @dataclass(frozen=True)
@@ -92,14 +105,21 @@ def release_gone(
     datasets: Collection[tuple[str, str]],
     *,
     metrics: ControllerMetrics | None = None,
+    unfinished: set[str] | None = None,
 ) -> list[tuple[str, str]]:
     """Release, on each of ``nodes``, what its agent holds for the controller for a Dataset
     not among ``datasets`` (``(namespace, name)`` of every Dataset listed this pass); the
-    ``(node, path)`` of each release asked for."""
+    ``(node, path)`` of each release asked for. ``unfinished`` gets the nodes whose agent
+    could not be read or did not take a release (to be asked again)."""
     released = []
     for node in sorted(nodes):
         gone: dict[str, Held] = {}
-        for held in _held_on(agent_call, node):
+        found = _held_on(agent_call, node)
+        if found is None:
+            if unfinished is not None:
+                unfinished.add(node)
+            continue
+        for held in found:
             if any((held.namespace, name) in datasets for name in held.names):
                 continue
             who = acting_for(held.namespace, held.names[0])
@@ -119,19 +139,82 @@ def release_gone(
             if metrics is not None:
                 metrics.gone_releases.labels(kind=held.kind).inc()
             released.append((node, path))
+            if unfinished is not None and not (answer is not None and (200 <= answer[0] < 300 or answer[0] == 404)):
+                unfinished.add(node)
     return released
 
 
-def _held_on(agent_call: AgentCall, node: str) -> list[Held]:
-    """What the agent on ``node`` holds for the controller: its tasks, then its preparations."""
+def _held_on(agent_call: AgentCall, node: str) -> list[Held] | None:
+    """What the agent on ``node`` holds for the controller: its tasks, then its preparations
+    (None: one of the two could not be read; what the other listed is still released)."""
     held: list[Held] = []
+    read = True
     tasks = agent_call(node, "GET", "/v1/tasks", None, "")
     if tasks is not None and tasks[0] == 200:
         held += [h for h in map(held_for, read_task_list(tasks[1])) if h is not None]
+    else:
+        read = False
     preparations = agent_call(node, "GET", "/v1/preparations", None, "")
     if preparations is not None and preparations[0] == 200:
         held += read_preparations(preparations[1])
-    return held
+    else:
+        read = False
+    return held if read else None
 
 
-__all__ = ["Held", "held_for", "read_preparations", "release_gone"]
+class GoneSweep:
+    """Which agents each pass asks (the module docstring): one per controller, across its
+    passes. :meth:`listed` with the Datasets a pass lists, before it acts on any; then
+    :meth:`run`; :meth:`forget` when the controller stops leading."""
+
+    def __init__(self, resync_passes: int = RESYNC_PASSES) -> None:
+        self.resync_passes = max(1, resync_passes)
+        self._seen: set[tuple[str, str]] | None = None  # listed since the last sweep; None: ask every agent
+        self._agents: set[str] = set()  # the agents of the last sweep
+        self._retry: set[str] = set()  # agents whose answer or release failed
+        self._turn = 0
+
+    def forget(self) -> None:
+        """What went since is unknown: the next pass asks every agent."""
+        self._seen = None
+
+    def listed(self, datasets: Iterable[tuple[str, str]]) -> None:
+        """The Datasets a pass listed (each one the agents may be asked to hold for from now)."""
+        if self._seen is not None:
+            self._seen.update(datasets)
+
+    def due(self, nodes: Collection[str], datasets: Collection[tuple[str, str]]) -> set[str]:
+        """The agents to ask this pass, of ``nodes``, with ``datasets`` listed."""
+        if self._seen is None or not self._seen <= set(datasets):
+            return set(nodes)
+        turn, every = self._turn % self.resync_passes, self.resync_passes
+        return {
+            node
+            for node in nodes
+            if node not in self._agents or node in self._retry or zlib.crc32(node.encode()) % every == turn
+        }
+
+    def run(
+        self,
+        agent_call: AgentCall,
+        nodes: Collection[str],
+        datasets: Collection[tuple[str, str]],
+        *,
+        metrics: ControllerMetrics | None = None,
+    ) -> list[tuple[str, str]]:
+        """:func:`release_gone` on the agents due this pass (:meth:`due`)."""
+        asked = self.due(nodes, datasets)
+        failed: set[str] = set()
+        try:
+            released = release_gone(agent_call, asked, datasets, metrics=metrics, unfinished=failed)
+        except BaseException:
+            self._seen = None  # cut short: ask every agent next pass
+            raise
+        self._retry = (self._retry - asked) | failed
+        self._agents = set(nodes)
+        self._seen = set(datasets)
+        self._turn += 1
+        return released
+
+
+__all__ = ["RESYNC_PASSES", "GoneSweep", "Held", "held_for", "read_preparations", "release_gone"]

@@ -260,6 +260,22 @@ def demand(pods: Iterable[Mapping[str, Any]], namespace: str, name: str, *, now:
     return count
 
 
+def pods_by_dataset(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """``(namespace, Dataset name) -> the pods naming it``, each pod once per name: built once
+    a pass, so that :func:`demand` of one Dataset reads its own pods, not every pod in the
+    cluster (the same count: :func:`demand` reads only the pods naming it)."""
+    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        names = dataset_names(pod)
+        if names:
+            namespace = _meta(pod).get("namespace") or "default"
+            if not isinstance(namespace, str):  # never a Dataset's namespace
+                continue
+            for name in dict.fromkeys(names):
+                out.setdefault((namespace, name), []).append(pod)
+    return out
+
+
 def _free_gpus(node: Mapping[str, Any], requested: int) -> int:
     published_free = _annotations(node).get(published.FREE_GPUS)
     if published_free is not None:
@@ -279,5 +295,6 @@ __all__ = [
     "free_gpus",
     "running_pods",
     "node_states",
+    "pods_by_dataset",
     "waiting_pods",
 ]

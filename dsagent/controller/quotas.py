@@ -4,7 +4,8 @@ Who calls it: the Dataset controller (:mod:`dsagent.controller.reconcile`), once
 it builds a :class:`Ledger` with the chart's limits (:class:`Limits`,
 ``DSAGENT_CONTROLLER_*``) and each node's cache capacity; preparation
 (:mod:`dsagent.controller.nextjob`), warm-up and replicas (:mod:`dsagent.controller.warmup`)
-ask an :class:`Admitter` before each pin. No I/O and no clock: the same inputs give the same decisions, so a
+ask an :class:`Admitter` before each pin (warm-up and replicas in their rank order, stopping
+once it is :meth:`~Admitter.closed`). No I/O and no clock: the same inputs give the same decisions, so a
 new leader decides as the old one did (docs/operator-guide/tenancy.md).
 
 Decisions:
@@ -72,6 +73,23 @@ class Ledger:
 
     def refusal(self, namespace: str, node: str, size: int) -> Refusal | None:
         """Why a pin of ``size`` bytes on ``node`` is not admitted, or None."""
+        why = self.blocked(namespace, size)
+        if why is not None:
+            return why
+        limits = self.limits
+        pinned = self._node_bytes.get((namespace, node), 0)
+        if over_share(pinned, size, self.capacities.get(node), limits.node_share):
+            capacity = self.capacities.get(node) or 0
+            return Refusal(
+                "NamespaceShare",
+                f"namespace {namespace} would pin {format_size(pinned + size)} of node {node}'s"
+                f" {format_size(capacity)} cache; at most {limits.node_share:.0%} is allowed",
+            )
+        return None
+
+    def blocked(self, namespace: str, size: int) -> Refusal | None:
+        """Why no pin of ``size`` bytes is admitted on any node now (the namespace's open tasks
+        or its bytes in the cluster), or None: the bounds :meth:`refusal` checks first."""
         limits = self.limits
         tasks = self._tasks.get(namespace, 0)
         if tasks + 1 > limits.open_tasks:
@@ -86,14 +104,6 @@ class Ledger:
                 "NamespaceBytes",
                 f"namespace {namespace} pins {format_size(total)} in the cluster; {format_size(size)} more would pass"
                 f" its {format_size(limits.cluster_bytes)}",
-            )
-        pinned = self._node_bytes.get((namespace, node), 0)
-        if over_share(pinned, size, self.capacities.get(node), limits.node_share):
-            capacity = self.capacities.get(node) or 0
-            return Refusal(
-                "NamespaceShare",
-                f"namespace {namespace} would pin {format_size(pinned + size)} of node {node}'s"
-                f" {format_size(capacity)} cache; at most {limits.node_share:.0%} is allowed",
             )
         return None
 
@@ -117,6 +127,12 @@ class Admitter:
             return True
         self.refused = self.refused or why
         return False
+
+    def closed(self) -> bool:
+        """Whether every node would be refused now (:meth:`Ledger.blocked`): a walk of the
+        nodes in rank order may stop at its first refusal then, with the same picks and the
+        same first reason, instead of asking each of thousands of nodes in turn."""
+        return self.ledger.blocked(self.namespace, self.size) is not None
 
 
 #: A node filter that charges what it admits.

@@ -14,7 +14,8 @@ not an object is skipped, never trusted), then packing, warm-up, preparation, re
 and cleanup; the status patch is written only when it changes anything. Once per pass: the
 copy counts, next-job preparation, store gc and migration, each an optimisation that never
 stops a pass when it fails; then what the agents still hold for a Dataset deleted since
-(:mod:`dsagent.controller.orphans`) is released.
+(:mod:`dsagent.controller.orphans`) is released (every agent is asked after a Dataset went,
+a few in turn otherwise).
 
 Tenancy (docs/operator-guide/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
 ``publishedAt``) is used for nothing; each pass keeps one
@@ -40,13 +41,13 @@ from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
-from dsagent.controller.orphans import release_gone
+from dsagent.controller.orphans import GoneSweep
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import draining, job_nodes, node_subnets, parse_stripe, stripe_status
-from dsagent.controller.warmup import replicas_status, warm_status
+from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
 from dsagent.kube import nodestate
 from dsagent.kube.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
@@ -111,13 +112,25 @@ class DatasetController:
         # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
+        self._parsed: dict[str, tuple[str, dict[str, Any]]] = {}  # node -> its inventory's text, parsed
+        # what was read from an inventory (the same object while its text is the same), kept
+        # from the last pass to this one: its ready versions (by the inventory's id), and each
+        # (dataset, digest)'s holdings with the inventories that list it
+        self._ready_seen: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
+        self._held_seen: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
         self._pods_now: list[JSON] | None = None
         # built once a pass, not per Dataset: the inventories by the datasets they list (and
         # the inventories they were built from), and the nodes' free GPUs
         self._by_dataset: tuple[Mapping[str, Mapping[str, Any]], dict[str, dict[str, Mapping[str, Any]]]] | None = None
         self._gpus_now: dict[str, int] | None = None
+        # likewise, at most once a pass and only when a Dataset asks for copies: the agent
+        # nodes ranked for warm-up and for replicas, and the pods by the Datasets they name
+        self._warm_ranking: WarmRanking | None = None
+        self._replica_rooms: replication.Ranked | None = None
+        self._pods_by_dataset: dict[tuple[str, str], list[Mapping[str, Any]]] | None = None
         self.metrics = ControllerMetrics()
         self._failures = 0  # failed passes in a row (the backoff)
+        self.gone_sweep = GoneSweep()  # which agents a pass asks what they hold for gone Datasets
         self._timeout = settings.api_timeout_s
         self.events = EventRecorder(api_client, controller=EVENTS_CONTROLLER, instance=settings.identity, clock=clock)
         self.limits = Limits(
@@ -164,6 +177,8 @@ class DatasetController:
         try:
             leading = self.elector.try_acquire()
             self.metrics.leader.set(1 if leading else 0)
+            if not leading:  # what goes while another replica leads is not seen here: its next pass asks every agent
+                self.gone_sweep.forget()
             if leading:
                 self.reconcile_all()
                 self.metrics.passes.labels(result="ok").inc()
@@ -173,6 +188,7 @@ class DatasetController:
         except Exception:  # one bad pass must not end the controller
             self.metrics.passes.labels(result="error").inc()
             self._failures += 1
+            self.gone_sweep.forget()  # the Lease may have gone to another replica meanwhile
             log.exception("reconcile pass failed (%d in a row); backing off", self._failures)
         finally:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
@@ -186,14 +202,20 @@ class DatasetController:
         older one (docs/operator-guide/tenancy.md)."""
         inventories = {}
         now = self.clock()
+        parsed, self._parsed = self._parsed, {}
         for node in nodes:
             meta = node.get("metadata") or {}
             annotations = meta.get("annotations") or {}
             if published.stale(annotations, now, self.settings.inventory_max_age):
                 continue
-            inv = parse_inventory(annotations.get(INVENTORY_ANNOTATION))
+            name, raw = meta.get("name", ""), annotations.get(INVENTORY_ANNOTATION)
+            known = parsed.get(name) if isinstance(raw, str) else None
+            # the same text as last pass: the same inventory (read-only), not parsed again
+            inv = known[1] if known is not None and known[0] == raw else parse_inventory(raw)
             if inv is not None:
-                inventories[meta.get("name", "")] = inv
+                inventories[name] = inv
+                if isinstance(raw, str):
+                    self._parsed[name] = (raw, inv)
         return inventories
 
     def list_nodes(self) -> list[JSON]:
@@ -203,6 +225,11 @@ class DatasetController:
         return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout)
 
     def reconcile_all(self) -> None:
+        # the last pass's lists go before this pass's are read: never both held at once (the
+        # process's peak, and what each of the interpreter's full collections walks)
+        self._nodes_now, self._pods_now, self._gpus_now, self._by_dataset, self._copies = [], None, None, None, None
+        self._forget_rankings()
+        self._ready_seen, self._held_seen = (self._ready_seen[1], {}), (self._held_seen[1], {})
         nodes = self.list_nodes()
         inventories = self.fresh_inventories(nodes)
         self._ledger = Ledger(self.limits, {node: _capacity(inv) for node, inv in inventories.items()})
@@ -210,7 +237,7 @@ class DatasetController:
         self._agent_urls = agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port, self._timeout)
         self._copies = None
         try:
-            self._copies = copies.tally(inventories)  # the copy counts and keepers, once a pass
+            self._copies = copies.tally(inventories, ready=self._ready_versions)  # the copy counts, once a pass
             publish_copies(
                 self._core,
                 self._copies,
@@ -224,11 +251,14 @@ class DatasetController:
         datasets = agents.raw(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, timeout=self._timeout)[
             "items"
         ]
+        keys = _keys(datasets)
+        self.gone_sweep.listed(keys)  # before any agent is asked to hold anything for them
         self._preparation = {}
         self._nodes_now = nodes
         self._pods_now = None  # listed at most once per pass, when something needs them
         self._gpus_now = None  # likewise
         self._by_dataset = (inventories, cachestate.by_dataset(inventories))
+        self._forget_rankings()
         if s.prepare is not None:
             try:
                 self._preparation = prepare_pass(
@@ -258,7 +288,7 @@ class DatasetController:
                 meta = ds.get("metadata") or {}
                 log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
         try:  # what agents still hold for Datasets deleted since: released now, not at their lease's end
-            release_gone(self.agent_call, self._agent_urls, _keys(datasets), metrics=self.metrics)
+            self.gone_sweep.run(self.agent_call, set(self._agent_urls), keys, metrics=self.metrics)
         except Exception:  # housekeeping: never let it stop a pass
             log.exception("releasing what agents hold for deleted Datasets failed this pass")
         if self.store_gc is not None and len(reconciled) == len(datasets):  # a failed one may be packing
@@ -283,8 +313,9 @@ class DatasetController:
         indexed = self._by_dataset
         if indexed is None or indexed[0] is not inventories:  # called on its own (tests), not by a pass
             indexed = self._by_dataset = (inventories, cachestate.by_dataset(inventories))
+            self._forget_rankings()
         # the one walk of the inventories for it: those that list it
-        held = cachestate.holdings(indexed[1].get(name, {}), name, digest)
+        held = self._holdings(indexed[1].get(name, {}), name, digest)
         ready = sorted(node for node, holding in held.items() if holding.state == "ready")
         patch: JSON = {"readyNodes": ready, "readyNodeCount": len(ready)}
         pack: JSON = spec["pack"] if isinstance(spec.get("pack"), dict) else {}
@@ -307,6 +338,8 @@ class DatasetController:
                 max_nodes=self.limits.warm_nodes,
                 admit=(warm_admit := self._ledger.admitter(namespace, size)),
                 refusals=refusals,
+                ranking=lambda: self._warm_nodes(nodes, inventories),
+                listing=indexed[1].get(name, {}),
             )
             if warm_admit.refused is not None:
                 refusals.append(warm_admit.refused)
@@ -333,6 +366,8 @@ class DatasetController:
                 max_auto=self.settings.replicas_max,
                 admit=(copies_admit := self._ledger.admitter(namespace, size)),
                 refusals=refusals,
+                ranked=lambda: self._rooms(inventories),
+                pods_by_dataset=self._pods_named,
             )
             if copies_admit.refused is not None:
                 refusals.append(copies_admit.refused)
@@ -470,6 +505,49 @@ class DatasetController:
             self._gpus_now = podfacts.free_gpus(self._nodes_now, self._pods())
         return self._gpus_now
 
+    def _ready_versions(self, inventory: Mapping[str, Any]) -> Mapping[copies.Key, Mapping[str, Any]]:
+        """:func:`copies.ready_versions`, read again only from an inventory not read last pass."""
+        before, now = self._ready_seen
+        known = before.get(id(inventory))
+        found = known[1] if known is not None and known[0] is inventory else copies.ready_versions(inventory)
+        now[id(inventory)] = (inventory, found)  # the inventory kept with it: its id is not reused
+        return found
+
+    def _holdings(
+        self, listing: Mapping[str, Mapping[str, Any]], name: str, digest: str | None
+    ) -> dict[str, cachestate.Holding]:
+        """:func:`cachestate.holdings`, worked out again only when an inventory listing
+        ``name`` changed since the last pass (or another lists it now)."""
+        before, now = self._held_seen
+        known = before.get((name, digest)) or now.get((name, digest))
+        if known is not None and _same_inventories(known[0], listing):
+            held: dict[str, cachestate.Holding] = known[1]
+        else:
+            held = cachestate.holdings(listing, name, digest)
+        now[(name, digest)] = (listing, held)
+        return held
+
+    def _forget_rankings(self) -> None:
+        self._warm_ranking = self._replica_rooms = self._pods_by_dataset = None
+
+    def _warm_nodes(self, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> WarmRanking:
+        """The agent nodes in warm-up's order, ranked at most once a pass (:class:`WarmRanking`)."""
+        if self._warm_ranking is None:
+            self._warm_ranking = WarmRanking(nodes, inventories, set(self._agent_urls))
+        return self._warm_ranking
+
+    def _rooms(self, inventories: Mapping[str, Mapping[str, Any]]) -> replication.Ranked:
+        """The agent nodes' rooms for copies, ranked at most once a pass (:func:`replica_rooms`)."""
+        if self._replica_rooms is None:
+            self._replica_rooms = replica_rooms(set(self._agent_urls), inventories, self._free_gpus())
+        return self._replica_rooms
+
+    def _pods_named(self) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+        """The pods by the Datasets they name, at most once a pass (:func:`podfacts.pods_by_dataset`)."""
+        if self._pods_by_dataset is None:
+            self._pods_by_dataset = podfacts.pods_by_dataset(self._pods())
+        return self._pods_by_dataset
+
     def _pods(self) -> list[JSON]:
         if self._pods_now is None:
             self._pods_now = agents.raw(self._core.list_pod_for_all_namespaces, timeout=self._timeout)["items"]
@@ -479,6 +557,14 @@ class DatasetController:
         self, node: str, method: str, path: str, body: JSON | None, who: str
     ) -> tuple[int, Any] | None:
         return agents.http_call(self._agent_urls.get(node), self.settings.admin_token, node, method, path, body, who)
+
+
+def _same_inventories(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether ``a`` and ``b`` are the same inventories (the same objects) of the same nodes,
+    in the same order."""
+    return len(a) == len(b) and all(
+        node_a == node_b and inv_a is inv_b for (node_a, inv_a), (node_b, inv_b) in zip(a.items(), b.items())
+    )
 
 
 def _size_of(value: Any) -> int:

@@ -25,7 +25,8 @@ reports as the Dataset's ``Refused`` condition and an Event.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from dsagent.controller.agents import JSON, AgentCall, hold_on, release
@@ -59,8 +60,12 @@ def warm_status(
     max_nodes: int = 8,
     admit: Admit = lambda node: True,
     refusals: list[Refusal] | None = None,
+    ranking: Callable[[], WarmRanking] | None = None,
+    listing: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> JSON:
-    """The Dataset's ``status.warm``, after asking (or releasing) the agents."""
+    """The Dataset's ``status.warm``, after asking (or releasing) the agents; ``ranking`` and
+    ``listing`` as :func:`choose_warm_nodes` takes them (``ranking`` asked only when nodes are
+    chosen)."""
     task = warm_task_id(namespace, name)
     who = acting_for(namespace, name)
     before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
@@ -76,7 +81,17 @@ def warm_status(
             "bytesWanted": 0,
         }
     chosen = choose_warm_nodes(
-        name, warm, before, nodes, inventories, agent_nodes, max_nodes=max_nodes, admit=admit, refusals=refusals
+        name,
+        warm,
+        before,
+        nodes,
+        inventories,
+        agent_nodes,
+        max_nodes=max_nodes,
+        admit=admit,
+        refusals=refusals,
+        ranking=ranking() if ranking is not None else None,
+        listing=listing,
     )
     reports = hold_on(agent_call, task, who, name, spec, before, chosen)
     ready = sum(1 for r in reports if r["state"] == "ready")
@@ -91,6 +106,51 @@ def warm_status(
     }
 
 
+class WarmRanking:
+    """The agent nodes (of ``nodes``, with their labels) in warm-up's order of the rest: most
+    free cache bytes first, then by name; built once a pass, so each warm Dataset walks it
+    only as far as it picks instead of sorting every node (:func:`choose_warm_nodes`)."""
+
+    def __init__(
+        self, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]], agent_nodes: Collection[str]
+    ) -> None:
+        self.labels: dict[str, Mapping[str, Any]] = {}
+        for n in nodes:
+            meta = n.get("metadata") or {}
+            if meta.get("name") in agent_nodes:
+                self.labels.setdefault(meta.get("name", ""), meta.get("labels") or {})
+        self.free = {node: _free_bytes(inventories, node) for node in self.labels}
+        self.order = sorted(self.labels, key=lambda node: (-self.free[node], node))
+        self._everyone = (self.order, set(self.order))
+        self._selected: dict[Any, tuple[list[str], set[str]]] = {}
+
+    def eligible(self, selector: Mapping[str, Any] | None) -> tuple[list[str], set[str]]:
+        """The nodes ``selector`` matches (every one for None), in this order and as a set."""
+        if selector is None:
+            return self._everyone
+        try:
+            key: Any = tuple(sorted(selector.items()))
+            hash(key)
+        except TypeError:  # a value that is not hashable (no label has it): not remembered
+            key = None
+        found = self._selected.get(key) if key is not None else None
+        if found is None:
+            names = [node for node in self.order if _label_match(selector, self.labels[node])]
+            found = (names, set(names))
+            if key is not None:
+                self._selected[key] = found
+        return found
+
+
+def _free_bytes(inventories: Mapping[str, Mapping[str, Any]], node: str) -> int:
+    given = (inventories.get(node) or {}).get("freeBytes")
+    return given if isinstance(given, int) else 0
+
+
+def _holds(inventory: Mapping[str, Any] | None, name: str) -> bool:
+    return name in ((inventory or {}).get("datasets") or {})
+
+
 def choose_warm_nodes(
     name: str,
     warm: JSON,
@@ -102,41 +162,49 @@ def choose_warm_nodes(
     max_nodes: int = 8,
     admit: Admit = lambda node: True,
     refusals: list[Refusal] | None = None,
+    ranking: WarmRanking | None = None,
+    listing: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """The nodes to warm: every selected one, or ``nodes: N`` of them, earlier picks first,
     then those holding the dataset, then the most free cache bytes; at most ``max_nodes``,
-    each one ``admit``-ted (the namespace's bounds), a bound that held it back in ``refusals``."""
+    each one ``admit``-ted (the namespace's bounds), a bound that held it back in ``refusals``.
+
+    ``ranking``: :class:`WarmRanking` of these ``nodes``, ``inventories`` and ``agent_nodes``
+    when the caller keeps one for the pass; ``listing``: the inventories that list ``name``
+    (:func:`dsagent.controller.cachestate.by_dataset`), else every inventory is read. The
+    nodes are asked in that order until enough are admitted, or until ``admit`` is
+    :meth:`~dsagent.controller.quotas.Admitter.closed` (no node can be admitted any more)."""
     selector = warm.get("nodeSelector") if isinstance(warm.get("nodeSelector"), dict) else None
-    eligible = [
-        (n.get("metadata") or {}).get("name", "")
-        for n in nodes
-        if (selector is None or _label_match(selector, (n.get("metadata") or {}).get("labels") or {}))
-        and (n.get("metadata") or {}).get("name") in agent_nodes
-    ]
+    ranking = ranking if ranking is not None else WarmRanking(nodes, inventories, agent_nodes)
+    order, eligible = ranking.eligible(selector)
     wanted = warm.get("nodes")
     if isinstance(wanted, int) and not isinstance(wanted, bool):
         count, what = max(0, wanted), "spec.warm.nodes"
     elif selector is not None:
-        count, what = len(eligible), f"spec.warm.nodeSelector (matching {len(eligible)} nodes)"
+        count, what = len(order), f"spec.warm.nodeSelector (matching {len(order)} nodes)"
     else:
         count, what = 1, "spec.warm"
     count, refusal = capped(count, max_nodes, "WarmNodesOverLimit", what)
     if refusal is not None and refusals is not None:
         refusals.append(refusal)
-
-    def rank(node: str) -> tuple[int, int, int, str]:
-        inv = inventories.get(node) or {}
-        holds = name in (inv.get("datasets") or {})
-        given = inv.get("freeBytes")
-        free = given if isinstance(given, int) else 0
-        return (0 if node in before else 1, 0 if holds else 1, -free, node)
-
+    if count <= 0:
+        return []
+    free = ranking.free
+    earlier = {node for node in before if node in eligible}
+    listed = listing if listing is not None else inventories
+    holders = {node for node, inv in listed.items() if node in eligible and node not in earlier and _holds(inv, name)}
+    firsts = sorted(earlier, key=lambda node: (0 if _holds(inventories.get(node), name) else 1, -free[node], node))
+    seconds = sorted(holders, key=lambda node: (-free[node], node))
+    rest = (node for node in order if node not in earlier and node not in holders)
+    closed = getattr(admit, "closed", None)  # an Admitter's: no node can be admitted any more
     picked: list[str] = []
-    for node in sorted(eligible, key=rank):
-        if len(picked) >= count:
-            break
+    for node in chain(firsts, seconds, rest):
         if admit(node):
             picked.append(node)
+            if len(picked) >= count:
+                break
+        elif closed is not None and closed():
+            break
     return sorted(picked)
 
 
@@ -159,11 +227,16 @@ def replicas_status(
     max_auto: int,
     admit: Admit = lambda node: True,
     refusals: list[Refusal] | None = None,
+    ranked: Callable[[], replication.Ranked] | None = None,
+    pods_by_dataset: Callable[[], Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]] | None = None,
 ) -> JSON:
     """The Dataset's ``status.replicas``, after asking (or releasing) the agents; ``pods`` lists
     the cluster's pods (at most once per pass, by the caller), ``gpus`` gives the nodes' free
     GPUs (likewise; by default worked out here from ``nodes`` and the pods). ``max_auto`` caps the copies
-    of ``auto`` and of a number alike (a number over it is a refusal)."""
+    of ``auto`` and of a number alike (a number over it is a refusal). ``ranked`` and
+    ``pods_by_dataset``, when the caller keeps them for the pass: the agent nodes' rooms
+    (:func:`replica_rooms`) and the pods by the Datasets they name
+    (:func:`~dsagent.controller.podfacts.pods_by_dataset`), else worked out here."""
     task = f"replica.{namespace}.{name}"
     who = acting_for(namespace, name)
     previous = status.get("replicas") or {}
@@ -171,22 +244,23 @@ def replicas_status(
     if mode is None:  # spec.replicas removed: release every copy it held
         release(agent_call, task, before, who)
         return {"mode": "off", "demand": 0, "target": 0, "actual": len(ready), "nodes": []}
-    listed = pods()
-    wanted = demand(listed, namespace, name, now=now(), window_s=window_s)
+    if pods_by_dataset is not None:
+        wanted = demand(pods_by_dataset().get((namespace, name), ()), namespace, name, now=now(), window_s=window_s)
+    else:
+        wanted = demand(pods(), namespace, name, now=now(), window_s=window_s)
     goal = replication.target(mode, wanted, max_auto=max_auto)
     goal, refusal = capped(goal, max_auto, "ReplicasOverLimit", "spec.replicas")
     if refusal is not None and refusals is not None:
         refusals.append(refusal)
-    free_now = gpus() if gpus is not None else free_gpus(nodes, listed)
-    holding = set(ready)
-    rooms = []
-    for node in sorted(agent_nodes):
-        given = (inventories.get(node) or {}).get("freeBytes")
-        free = given if isinstance(given, int) and not isinstance(given, bool) else 0
-        rooms.append(replication.NodeRoom(node, node in holding, free, free_now.get(node, 0)))
+    if ranked is not None:
+        rooms = ranked()
+    else:
+        rooms = replica_rooms(agent_nodes, inventories, gpus() if gpus is not None else free_gpus(nodes, pods()))
     given_size = status.get("bytes")
     size = given_size if isinstance(given_size, int) and not isinstance(given_size, bool) else 0
-    chosen = replication.choose(rooms, goal, size_bytes=size, before=before, admit=admit)
+    chosen = replication.choose_ranked(
+        rooms, ready, goal, size_bytes=size, before=before, admit=admit, closed=getattr(admit, "closed", None)
+    )
     reports = hold_on(agent_call, task, who, name, spec, before, chosen)
     return {
         "mode": mode,
@@ -198,4 +272,17 @@ def replicas_status(
     }
 
 
-__all__ = ["choose_warm_nodes", "replicas_status", "warm_status", "warm_task_id"]
+def replica_rooms(
+    agent_nodes: Collection[str], inventories: Mapping[str, Mapping[str, Any]], free_now: Mapping[str, int]
+) -> replication.Ranked:
+    """Each agent node's room for a copy (its free cache bytes and free GPUs), ranked once for
+    every Dataset with replicas (:class:`dsagent.policy.replication.Ranked`)."""
+    rooms = []
+    for node in agent_nodes:
+        given = (inventories.get(node) or {}).get("freeBytes")
+        free = given if isinstance(given, int) and not isinstance(given, bool) else 0
+        rooms.append(replication.NodeRoom(node, False, free, free_now.get(node, 0)))
+    return replication.Ranked(rooms)
+
+
+__all__ = ["WarmRanking", "choose_warm_nodes", "replica_rooms", "replicas_status", "warm_status", "warm_task_id"]

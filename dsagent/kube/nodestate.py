@@ -13,11 +13,10 @@ release before: the rolling upgrade, docs/operator-guide/upgrade.md#nodecache). 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from dsagent.errors import NotFound
-from dsagent.kube.apiclient import translated
+from dsagent.kube.apiclient import loads_list, translated
 from dsplatform.wire import nodecache
 
 JSON = dict[str, Any]
@@ -35,7 +34,7 @@ def list_caches(custom: Any, *, timeout: float | None, resource_version: str | N
             )
     except NotFound:
         return []
-    items = json.loads(raw.data).get("items")
+    items = loads_list(raw.data).get("items")
     return items if isinstance(items, list) else []
 
 
@@ -52,7 +51,7 @@ def list_nodes(core: Any, custom: Any, *, timeout: float | None, resource_versio
         extra["resource_version"] = resource_version
     with translated("list nodes"):
         raw = core.list_node(_preload_content=False, **extra)
-    items = json.loads(raw.data).get("items")
+    items = loads_list(raw.data).get("items")
     nodes = [n for n in items if isinstance(n, dict)] if isinstance(items, list) else []
     return overlaid(nodes, list_caches(custom, timeout=timeout, resource_version=resource_version))
 

@@ -33,7 +33,7 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -75,13 +75,18 @@ class Tally(NamedTuple):
     keepers: dict[Key, str]
 
 
-def tally(inventories: Mapping[str, Mapping[str, Any]]) -> Tally:
+def tally(
+    inventories: Mapping[str, Mapping[str, Any]],
+    *,
+    ready: Callable[[Mapping[str, Any]], Mapping[Key, Mapping[str, Any]]] = ready_versions,
+) -> Tally:
     """:class:`Tally` of ``inventories`` (node name -> its inventory), in one walk. A keeper
     (:func:`keeper`) is the holder first by rendezvous hashing of its node name with the
-    version, so that a holder joining or leaving moves few keepers."""
+    version, so that a holder joining or leaving moves few keepers. ``ready``: what
+    :func:`ready_versions` answers (a caller may remember it for an inventory it read before)."""
     holders: dict[Key, list[str]] = {}
     for node, inventory in inventories.items():
-        for key in ready_versions(inventory):
+        for key in ready(inventory):
             holders.setdefault(key, []).append(node)
     return Tally(
         {key: len(nodes) for key, nodes in holders.items()},

@@ -473,11 +473,17 @@ class Store:
         return str(self.rv)
 
     def list(self, plural: str, namespace: str | None) -> list[JSON]:
-        return [
-            copy.deepcopy(obj)
-            for (p, ns, _), obj in sorted(self.objects.items())
-            if p == plural and (namespace is None or ns == namespace)
+        return [copy.deepcopy(obj) for obj in self.view(plural, namespace)]
+
+    def view(self, plural: str, namespace: str | None) -> list[JSON]:
+        """The objects of a type, in :meth:`list`'s order, not copied: to be read under the
+        lock and let go (a cached list's JSON is made from them)."""
+        found = [
+            (key, obj)
+            for key, obj in self.objects.items()
+            if key[0] == plural and (namespace is None or key[1] == namespace)
         ]
+        return [obj for _, obj in sorted(found, key=lambda item: item[0])]
 
     def get(self, plural: str, namespace: str, name: str) -> JSON:
         obj = self.objects.get((plural, namespace, name))
@@ -1034,12 +1040,14 @@ class FakeApiServer:
             cached = self._lists.get(key)
             if cached is not None and cached[0] == stamp:
                 return cached[1]
-            data = json.dumps(self._list(target, query)).encode()
+            # serialised at once under the lock: the stored objects need no copy
+            data = json.dumps(self._list(target, query, copied=False)).encode()
             self._lists[key] = (stamp, data)
             return data
 
-    def _list(self, target: _Target, query: dict[str, str]) -> JSON:
-        items = [obj for obj in self.store.list(target.rt.plural, target.namespace) if self._matches(obj, query)]
+    def _list(self, target: _Target, query: dict[str, str], *, copied: bool = True) -> JSON:
+        objects = (self.store.list if copied else self.store.view)(target.rt.plural, target.namespace)
+        items = [obj for obj in objects if self._matches(obj, query)]
         return {
             "kind": f"{target.rt.kind}List",
             "apiVersion": target.rt.api_version,

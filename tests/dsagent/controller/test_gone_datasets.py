@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from dsagent.controller.controllersettings import ControllerSettings
+from dsagent.controller.orphans import RESYNC_PASSES
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.warmup import warm_task_id
 from dsagent.format.bundles.bundle import pack
@@ -146,3 +147,65 @@ def test_a_deleted_datasets_warm_up_and_preparation_stop_pinning_on_a_real_agent
         agent.stop()
     audit = [line for line in agent.log.read_text().splitlines() if "audit action=release" in line]
     assert any("for=ml/speech task=warm.ml.speech" in line for line in audit), audit
+
+
+def test_agents_are_asked_again_only_when_a_dataset_went_or_in_turn(apiserver: FakeApiServer, api_client: Any) -> None:
+    """Every agent is asked on the first pass and on the pass after a Dataset went; between,
+    only new agents, those whose answer failed, and one in RESYNC_PASSES in turn."""
+    nodes = [f"gpu-{i:02d}" for i in range(40)]
+    cluster(apiserver, nodes)
+    for namespace in ("team-a", "team-b"):
+        apiserver.create(dataset(namespace))
+    agent = HoldingAgent()
+    settings = ControllerSettings(namespace=NS, identity="c-1", pack_image="registry.example/dsp:1")
+    ctl = DatasetController(api_client, settings, clock=Clock(), agent_call=agent)
+
+    def asked() -> set[str]:
+        found = {node for node, method, path, _ in agent.calls if (method, path) == ("GET", "/v1/tasks")}
+        agent.calls.clear()
+        return found
+
+    ctl.reconcile_all()
+    assert asked() == set(nodes)  # the first pass: what went before is unknown
+    turns = []
+    for _ in range(RESYNC_PASSES):
+        ctl.reconcile_all()
+        turns.append(asked())
+    assert all(len(t) < len(nodes) / 4 for t in turns)  # nothing went: a few in turn
+    assert set().union(*turns) == set(nodes)  # each agent within RESYNC_PASSES passes
+    apiserver.create(agent_pod("gpu-40"))  # a new agent: asked on its first pass
+    apiserver.create(make_node("gpu-40"))
+    ctl.reconcile_all()
+    assert "gpu-40" in asked()
+    apiserver.delete("datasets", "imagenet", "team-a")  # a Dataset went: every agent, at once
+    ctl.reconcile_all()
+    released = {node for node, path, who in agent.deleted() if path == "/v1/tasks/warm.team-a.imagenet"}
+    assert asked() == set(nodes) | {"gpu-40"} == released
+
+
+def test_an_agent_that_could_not_be_read_is_asked_again_and_a_new_leader_asks_all(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    nodes = ["gpu-00", "gpu-01", "gpu-02"]
+    cluster(apiserver, nodes)
+    apiserver.create(dataset("team-b"))
+    down = {"gpu-01"}
+    holding = HoldingAgent()
+    seen: list[tuple[str, str, str]] = []
+
+    def agent(node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any] | None:
+        seen.append((node, method, path))
+        return None if node in down else holding(node, method, path, body, who)
+
+    settings = ControllerSettings(namespace=NS, identity="c-1", pack_image="registry.example/dsp:1")
+    ctl = DatasetController(api_client, settings, clock=Clock(), agent_call=agent)
+    ctl.reconcile_all()
+    assert {n for n, _, p in holding.deleted()} == {"gpu-00", "gpu-02"}  # team-a's pins: released where read
+    down.clear()
+    holding.calls.clear()
+    ctl.reconcile_all()  # no Dataset went since: the agent that did not answer is asked again
+    assert {n for n, _, _ in holding.deleted()} == {"gpu-01"}
+    sweep = ctl.gone_sweep
+    assert sweep.due(nodes, {("team-b", "imagenet")}) <= set(nodes) and len(sweep.due(nodes, set())) == 3
+    sweep.forget()  # as when another replica led meanwhile
+    assert sweep.due(nodes, {("team-b", "imagenet")}) == set(nodes)

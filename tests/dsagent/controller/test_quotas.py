@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dsagent.controller.quotas import Ledger, Limits, capped
 from dsagent.policy import replication
 from dsplatform import published
@@ -57,3 +59,38 @@ def test_an_inventory_is_stale_past_its_bound_by_its_stamp() -> None:
     assert published.stale({published.PUBLISHED_AT: format_time(now + 3600)}, now, 300)  # a clock far ahead
     assert published.stale({published.PUBLISHED_AT: "yesterday"}, now, 300)
     assert not published.stale({}, now, 300)  # no stamp: an older agent, nothing to date it by
+
+
+def test_an_admitter_is_closed_once_no_node_can_pass() -> None:
+    ledger = Ledger(Limits(node_share=0.5, cluster_bytes=10 * GIB, open_tasks=2), {"n1": 100 * GIB, "n2": 10 * GIB})
+    big = ledger.admitter("ns", 8 * GIB)
+    assert not big("n2") and not big.closed()  # n2's share only: another node may still fit
+    assert big("n1") and big.closed()  # 8 of 10 GiB in the cluster: no other 8 GiB fits anywhere
+    small = ledger.admitter("ns", GIB)
+    assert small("n1") and small.closed()  # two open tasks: the bound
+    assert not small("n2") and small.refused is not None and small.refused.reason == "NamespaceTasks"
+
+
+def test_pods_indexed_by_dataset_give_each_datasets_demand() -> None:
+    from dsagent.controller.podfacts import demand, pods_by_dataset
+    from tools.support.fake_apiserver import make_pod
+
+    pods = [
+        make_pod("a", namespace="ml", annotations={"dsagent.io/datasets": "imagenet,coco"}),
+        make_pod(
+            "b",
+            namespace="ml",
+            annotations={"dsagent.io/datasets": json.dumps([{"name": "coco"}])},
+            node_name="n1",
+            phase="Running",
+        ),
+        make_pod("c", namespace="vision", annotations={"dsagent.io/datasets": "imagenet"}),
+        make_pod("d", namespace="ml"),
+    ]
+    pods[1]["status"]["startTime"] = format_time(1000.0)
+    index = pods_by_dataset(pods)
+    for key in [("ml", "imagenet"), ("ml", "coco"), ("vision", "imagenet"), ("vision", "coco")]:
+        want = demand(pods, *key, now=1100.0, window_s=3600)
+        assert demand(index.get(key, []), *key, now=1100.0, window_s=3600) == want
+        assert want == {("ml", "imagenet"): 1, ("ml", "coco"): 2, ("vision", "imagenet"): 1}.get(key, 0)
+    assert [p["metadata"]["name"] for p in index[("ml", "coco")]] == ["a", "b"]  # each Dataset's own pods
