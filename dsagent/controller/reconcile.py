@@ -45,6 +45,7 @@ from dsagent.controller.orphans import GoneSweep
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
+from dsagent.controller.refusals import refused_condition
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import draining, job_nodes, node_subnets, parse_stripe, stripe_status
 from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
@@ -64,7 +65,6 @@ log = logging.getLogger("dsagent.controller")
 INVENTORY_ANNOTATION = published.INVENTORY
 CLEANUP_ANNOTATION = "dsagent.io/cleanup"
 EVENTS_CONTROLLER = "dsagent.io/dataset-controller"  # the reportingController of its Events
-REFUSED = "Refused"  # the Dataset condition a tenancy bound sets (docs/operator-guide/tenancy.md)
 STRIPE_INVALID = "StripeInvalid"  # the Refused reason of a spec.stripe the controller cannot act on
 #: the backoff after failed passes stops growing here (or at the resync, when that is longer)
 BACKOFF_MAX_S = 300.0
@@ -406,7 +406,7 @@ class DatasetController:
             patch["cleanup"] = agents.cleanup(
                 self.agent_call, sorted(self._agent_urls), namespace, name, request[:253], self.clock()
             )
-        conditions = self._refused_condition(ds, status, refusals)
+        conditions = refused_condition(ds, status, refusals, format_time(self.clock()), self.events)
         self._cache_state(ds, status, patch, conditions, held, size)
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
@@ -466,38 +466,6 @@ class DatasetController:
             action="Prepare",
             note=note,
         )
-
-    def _refused_condition(self, ds: JSON, status: JSON, refusals: list[Refusal]) -> list[JSON] | None:
-        """``status.conditions`` with ``Refused`` as this pass found it (None: no refusal now and
-        none before, nothing to write); each refusal is also a Warning Event (docs/operator-guide/tenancy.md)."""
-        previous = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
-        before = next((c for c in previous if c.get("type") == REFUSED), None)
-        if not refusals and before is None:
-            return None
-        regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
-        for refusal in refusals:
-            self.events.record(
-                regarding, type="Warning", reason=refusal.reason, action="Reconcile", note=refusal.message
-            )
-        if refusals:
-            now: JSON = {
-                "type": REFUSED,
-                "status": "True",
-                "reason": refusals[0].reason,
-                "message": "; ".join(r.message for r in refusals)[:4096],
-            }
-        else:
-            now = {"type": REFUSED, "status": "False", "reason": "WithinLimits", "message": "every bound holds"}
-        if before is not None and all(before.get(k) == v for k, v in now.items()):
-            return previous
-        flipped = before is None or before.get("status") != now["status"]
-        now["lastTransitionTime"] = (
-            format_time(self.clock()) if flipped or before is None else str(before.get("lastTransitionTime"))
-        )
-        generation = (ds.get("metadata") or {}).get("generation")
-        if isinstance(generation, int):
-            now["observedGeneration"] = generation
-        return [c for c in previous if c.get("type") != REFUSED] + [now]
 
     def _free_gpus(self) -> dict[str, int]:
         """The nodes' free GPUs, worked out at most once a pass (:func:`podfacts.free_gpus`)."""
