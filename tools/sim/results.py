@@ -137,14 +137,19 @@ def run_missing(out: Path, names: tuple[str, ...], procs: int) -> None:
 SEED_POLICIES = (*RIVALS, PRODUCT_POLICY)
 
 
-def run_seeds(out: Path, names: tuple[str, ...], seeds: tuple[int, ...], procs: int) -> dict[str, Any]:
+def run_seeds(
+    out: Path, names: tuple[str, ...], seeds: tuple[int, ...], procs: int, *, run: bool = True
+) -> dict[str, Any]:
     """Each workload at each of ``seeds`` (:data:`SEED_POLICIES`; runs already in ``out`` are
-    kept); the documents by ``<workload> seed <n>``."""
+    kept, and with ``run`` False the missing ones are left out, not run); the documents by
+    ``<workload> seed <n>``."""
     docs = {}
     for name in names:
         wf = load(WORKLOAD_DIR / f"{name}.json")
         for seed in seeds:
             path = out / f"{name}-seed{seed}.json"
+            if not path.exists() and not run:
+                continue
             if not path.exists():
                 seeded = WorkloadFile.model_validate({**wf.model_dump(), "seed": seed})
                 results = run_all(seeded, list(SEED_POLICIES), procs)
@@ -547,10 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     seeded_dir = args.out / "seeds"
     seeded_dir.mkdir(exist_ok=True)
     claimed = tuple(n for n in names if n in CLAIM_WORKLOADS)
-    seeded = run_seeds(seeded_dir, claimed, seeds, args.procs) if seeds and not args.render_only else None
-    if args.render_only and seeded_dir.is_dir():
-        found = [n for n in claimed for seed in seeds if (seeded_dir / f"{n}-seed{seed}.json").exists()]
-        seeded = run_seeds(seeded_dir, claimed, seeds, args.procs) if found else None
+    seeded = run_seeds(seeded_dir, claimed, seeds, args.procs, run=not args.render_only) or None
     args.doc.write_text(render(docs, sweep, seeded) + "\n")
     print(f"wrote {args.doc}")
     if args.readme is not None and args.readme.exists() and seeded:
