@@ -155,7 +155,8 @@ class ShareFill:
             return
         task = share.inflight.get(digest)
         if task is None:
-            ref = next(b for b in share.manifest.bundles if b.digest == digest)
+            ref = bundle_of(share.manifest, digest)
+            assert ref is not None  # a bundle of the share's layout: its manifest's
 
             async def take() -> None:
                 copies = await self.sources.copies(*share.key)
