@@ -45,6 +45,7 @@ class Flows(SimState):
         on_done: str = "",
         lost: float = 0.0,
         unkept: float = 0.0,
+        part: bool = False,
     ) -> Fetch:
         fetch = Fetch(
             node,
@@ -59,6 +60,7 @@ class Flows(SimState):
             unpack,
             fuse,
             on_done,
+            part,
         )
         self.fetches.append(fetch)
         if after is not None:
@@ -195,7 +197,7 @@ class Flows(SimState):
                 self.after_fetches = [f for f in self.after_fetches if f.open]
         for f in done:
             entry = f.node.cache.get(f.key)
-            if f.cached and entry is not None and not f.stream:
+            if f.cached and entry is not None and not f.stream and not f.part:
                 entry.ready = True
                 if not entry.stripe:
                     f.node.labels.add(f.key[0])

@@ -68,6 +68,8 @@ class Reads(StripeReads):
         epochs = out.epochs * out.remaining  # a moved job reads what is left
         first = min(epochs, 1.0) * d.size * share
         later = epochs * d.size * share - first
+        if index == 0 and self.policy in STRIPE:
+            self._copy_team(out, key, d.size)
         if self.policy == "default":
             self._plan(worker, Split(0.0, 0.0, first), Split(0.0, 0.0, later), kept=False)
             self._data_ready(out)
@@ -195,7 +197,14 @@ class Reads(StripeReads):
         peer that holds it."""
         source, after = "storage", None
         sources: tuple[int, ...] = ()
-        if self.params.peers and self.copies_elsewhere(node, key) > 0:
+        team = self.copy_team.pop((node.index, key), ())
+        if self.params.peers and len(team) > 1 and not self.copies_elsewhere(node, key):
+            # copied whole together with the job's other nodes: this node's part from the
+            # store, the others' parts from them, no faster than their parts arrive
+            own = math.ceil(size / len(team))
+            after = self._new_fetch(node, key, own, cached=cached, waiter=None, unpack=True, part=True)
+            source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
+        elif self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
         elif self.params.peers and (
             after := next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
@@ -218,6 +227,18 @@ class Reads(StripeReads):
         )
         if cached:
             self.inflight[(node.index, key)] = fetch
+
+    def _copy_team(self, out: Outcome, key: tuple[str, int], size: int) -> None:
+        """The job's nodes that will copy the version whole together, none holding it yet and
+        no other node holding it ready: as the controller places them
+        (:func:`dsagent.policy.holding.choose_placement`: the job's nodes a version fits are
+        members holding it whole), each owns a part of its bundles, reads that part from the
+        store and the rest from the other members (docs/design-striping.md#holding)."""
+        nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers)]
+        team = tuple(n.index for n in nodes if key not in n.cache and self._held_as(n, key, size) is not SHARE)
+        if len(team) > 1 and not self.copies_elsewhere(self.nodes[team[0]], key):
+            for i in team:
+                self.copy_team[(i, key)] = team
 
     def _group_bytes(self, key: tuple[str, int], node: Node) -> tuple[float, tuple[int, ...]]:
         """Bytes of the version its group's other members hold on disk, and those members."""

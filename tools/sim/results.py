@@ -372,8 +372,10 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
     ours, ours+stripe and the product policy against the best rival at each point."""
     keys = doc["keys"]
     mixed = len(keys) > 2
+    cores = len(keys) > 3
     lines = [
-        "## Sensitivity: store read per node x remote-cache read x language jobs' share",
+        "## Sensitivity: store read per node x remote-cache read x language jobs' share"
+        + (" x our fetch rate" if cores else ""),
         "",
         f"`tools/sim/sensitivity.py` on `results-base` at {sum(g['count'] for g in doc['workload']['nodes'])} nodes "
         f"and {doc['workload']['jobs']['count']} jobs; the rivals are "
@@ -382,8 +384,9 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
         "",
         f"| {keys[0]} | {keys[1]} | "
         + (f"{keys[2]} | " if mixed else "")
+        + (f"{keys[3]} | " if cores else "")
         + "policy | local bytes | store bytes | TTFS mean | GPU-h idle | JCT mean |",
-        "|---:|---:|" + ("---:|" if mixed else "") + "---|---:|---:|---:|---:|---:|",
+        "|---:|---:|" + ("---:|" if mixed else "") + ("---:|" if cores else "") + "---|---:|---:|---:|---:|---:|",
     ]
     for point in doc["points"]:
         by = point["policies"]
@@ -402,6 +405,7 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
                 theirs, ours = metric[2](by[best]), metric[2](by[mine])
                 cells.append(f"{ours / theirs:.2f}x" if theirs else "-")
             share = f"{point['rates'][keys[2]]:.0%} | " if mixed else ""
+            share += f"{point['rates'][keys[3]] / 1e9:.2f} GB/s | " if cores else ""
             store, serve = point["rates"][keys[0]] / 1e9, point["rates"][keys[1]] / 1e9
             lines.append(f"| {store:.2f} GB/s | {serve:.2f} GB/s | {share}{mine} | " + " | ".join(cells) + " |")
     return [*lines, ""]

@@ -1,12 +1,15 @@
-"""The rates that decide ours against the rivals, swept: store read per node x remote-cache read x the job mix.
+"""The rates that decide ours against the rivals, swept: store read per node x remote-cache read x
+the job mix x the cores the agent's fetch finds.
 
     python tools/sim/sensitivity.py                  # writes tools/sim/out/results/sensitivity.json
     python tools/sim/sensitivity.py --smoke --out /tmp/s
 
 On one workload (``--workload``, default ``results-base`` at 30 nodes and 300 jobs), every
 combination of ``store_read_bytes_per_s_per_node`` and ``node_serve_bytes_per_s`` at
-:data:`FACTORS` times their defaults (``tools/sim/rates.py``) and of the language jobs' share
-of the read-rate mix at :data:`LANGUAGE_SHARES` (``rates.READ_MIX``) runs :data:`POLICIES`; the
+:data:`FACTORS` times their defaults (``tools/sim/rates.py``), of the language jobs' share
+of the read-rate mix at :data:`LANGUAGE_SHARES` (``rates.READ_MIX``) and of our agent's fetch
+rate at :data:`FETCH_CORES` cores' worth of unpacking (``rates.UNPACK_PER_CORE``: the default
+takes a core for each of the agent's fetch workers, a busy node may give it fewer) runs :data:`POLICIES`; the
 JSON holds each point's rates and every policy's ``run.py --json`` figures, and
 ``results.py`` renders it on the results page. Who calls it: a person, and the simulator's
 tests (``--smoke``). Exit codes: 0 done, 2 bad arguments or workload file.
@@ -32,12 +35,16 @@ from tools.sim.workload_file import WorkloadError, WorkloadFile, load  # noqa: E
 
 FACTORS = (0.5, 1.0, 2.0)
 LANGUAGE_SHARES = (0.0, 0.5, 0.9)
+FETCH_CORES = (2, rates.FETCH_WORKERS)
 POLICIES = ("fluid-r4", "fluid", "fluid-r4+passive", "juicefs", "juicefs+pack", "ours", "ours+stripe", PRODUCT_POLICY)
-KEYS = (rates.STORE_PER_NODE.key, rates.REMOTE_CACHE.key, "language_share")
+KEYS = (rates.STORE_PER_NODE.key, rates.REMOTE_CACHE.key, "language_share", rates.UNPACK.key)
 
 
 def points(
-    wf: WorkloadFile, factors: tuple[float, ...], shares: tuple[float, ...] = LANGUAGE_SHARES
+    wf: WorkloadFile,
+    factors: tuple[float, ...],
+    shares: tuple[float, ...] = LANGUAGE_SHARES,
+    cores: tuple[int, ...] = FETCH_CORES,
 ) -> list[tuple[dict[str, float], WorkloadFile]]:
     out = []
     base = {k: float(getattr(wf, k)) for k in KEYS[:2]}
@@ -45,14 +52,21 @@ def points(
     for a in factors:
         for b in factors:
             for share in shares:
-                values = {KEYS[0]: base[KEYS[0]] * a, KEYS[1]: base[KEYS[1]] * b, KEYS[2]: share}
-                mix = [
-                    {"name": c.name, "share": part, "bytes_per_s": c.bytes_per_s}
-                    for c, part in ((vision, 1.0 - share), (language, share))
-                    if part > 0
-                ]
-                update = {KEYS[0]: values[KEYS[0]], KEYS[1]: values[KEYS[1]], "gpu_read_mix": mix}
-                out.append((values, WorkloadFile.model_validate({**wf.model_dump(), **update})))
+                for n in cores:
+                    values = {
+                        KEYS[0]: base[KEYS[0]] * a,
+                        KEYS[1]: base[KEYS[1]] * b,
+                        KEYS[2]: share,
+                        KEYS[3]: rates.UNPACK_PER_CORE * n,
+                    }
+                    mix = [
+                        {"name": c.name, "share": part, "bytes_per_s": c.bytes_per_s}
+                        for c, part in ((vision, 1.0 - share), (language, share))
+                        if part > 0
+                    ]
+                    update = {k: values[k] for k in (KEYS[0], KEYS[1], KEYS[3])}
+                    update["gpu_read_mix"] = mix  # type: ignore[assignment]
+                    out.append((values, WorkloadFile.model_validate({**wf.model_dump(), **update})))
     return out
 
 
@@ -78,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     nodes, jobs = (10, 40) if args.smoke else (args.nodes, args.jobs)
     wf = shrink(wf, nodes, jobs)
-    grid = points(wf, (0.5, 2.0), (0.0, 0.9)) if args.smoke else points(wf, FACTORS)
+    grid = points(wf, (0.5, 2.0), (0.0, 0.9), (2,)) if args.smoke else points(wf, FACTORS)
     tasks = [(i, p) for i in range(len(grid)) for p in POLICIES]
     if args.procs > 1:
         with ProcessPoolExecutor(max_workers=args.procs) as pool:

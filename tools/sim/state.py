@@ -108,6 +108,9 @@ class SimState:
         members = frozenset(range(min(group, len(self.nodes))))
         self.juicefs = CacheGroup(members, float(params.cache_bytes) * len(members))
         self.stripes: dict[tuple[str, int], Group] = {}
+        # (node, version) -> the job's nodes copying that version whole together (ours+stripe):
+        # each reads its own part from the store and the rest from the others
+        self.copy_team: dict[tuple[int, tuple[str, int]], tuple[int, ...]] = {}
         self.owner_memo: dict[tuple[tuple[str, int], tuple[int, ...]], dict[int, float]] = {}
         weights = Weights(dataset=0.5, roce=0.3, numa=0.2, time=0.0)
         if self.variant is not None:

@@ -31,6 +31,9 @@ class Group:
     owned: dict[int, float]  # member -> bytes its slot owns
     holding: set[int] = field(default_factory=set)  # members whose share is on disk (or being fetched)
     fill: dict[int, float] = field(default_factory=dict)  # member -> part of its share on its disk (0..1)
+    # member -> part of its share that joined with it from the old owners' disks: read from
+    # them in its first job's first epoch, on its own disk after that
+    arriving: dict[int, float] = field(default_factory=dict)
     users: int = 0  # pods reading the version now
     readers: dict[int, int] = field(default_factory=dict)  # job id -> its pods reading through the group
     jobs: set[tuple[int, float]] = field(default_factory=set)  # (job id, start) the group was repaired for

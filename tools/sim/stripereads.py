@@ -13,6 +13,7 @@ as read.
 from __future__ import annotations
 
 from dsagent.policy.holding import members_least, members_wanted
+from dsagent.policy.stripegroup import Candidate, choose_group
 from tools.sim import stripe
 from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
 from tools.sim.flows import Flows
@@ -62,12 +63,19 @@ class StripeReads(Flows):
             was = group.seen.setdefault((job.id, m), group.fill.get(m, 0.0))  # before this job's reads
             now = was + head * (1.0 - was)  # the bundles of this part the first epoch reads, kept by m
             cached = Split(part, 0.0, 0.0) if m == node.index else Split(0.0, part, 0.0)
-            first += Split(cached.local * was * head, cached.remote * was * head, part * (1.0 - was) * head)
+            moving = group.arriving.pop(m, 0.0) if m == node.index else 0.0  # still on the old owners' disks
+            first += Split(
+                cached.local * (was - moving) * head,
+                (cached.remote * was + part * moving) * head,
+                part * (1.0 - was) * head,
+            )
             later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
             if m == node.index or m not in job_nodes:
                 group.fill[m] = min(1.0, group.fill.get(m, 0.0) + head * (part / owned if owned else 0.0) * (1.0 - was))
                 self.touch(self.nodes[m])  # its inventory's held bytes changed
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
+        if moving_from := tuple(m for m in group.members if m in group.holding and m != node.index and m in job_nodes):
+            sources = tuple(sorted({*sources, *moving_from}))  # the old owners among the job's nodes
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
         lost = hole * (head + rest)  # a hole's bundles: read from the store, kept by nobody
         filling = None  # else a whole copy still arriving: its bundles no faster than they land
@@ -100,6 +108,8 @@ class StripeReads(Flows):
             if members is None:
                 return None
             group = self.stripes[key] = stripe.Group(key, members, self._slot_owners(key, size, members))
+        else:
+            self._join(out, group, key, size)
         group.jobs.add((out.job.id, out.start))
         self.group_evicted = {}
         for slot, m in enumerate(group.members):
@@ -130,6 +140,68 @@ class StripeReads(Flows):
             group.holding.add(node.index)
         self.group_evicted = None
         return group
+
+    def _join(self, out: Outcome, group: stripe.Group, key: tuple[str, int], size: int) -> None:
+        """A job starts on nodes outside the version's group: they join it, as the controller's
+        pass re-plans a group with the nodes of the Dataset's pods
+        (:func:`dsagent.policy.stripegroup.choose_group`, called here over the members and the
+        job's nodes: the earlier members first and kept, each job node a member, owning a share
+        where it has room for one without evicting a last copy, else none). Rendezvous
+        hashing gives each new owner about 1/k of the bundles; those the old owners held move
+        over the peers (read from there in the new owner's first epoch, not the store)."""
+        job = [i for i in dict.fromkeys(w.node.index for w in out.workers) if i not in group.members]
+        if not job:
+            return
+        before = [m for m in group.members if m >= 0]
+        names = {m: str(m) for m in (*before, *job)}
+        nodes = [self._candidate(self.nodes[m], key) for m in names]
+        chosen = choose_group(
+            nodes, size_bytes=size, job_nodes=[names[m] for m in job], before=[names[m] for m in before],
+            members=len(names),
+        )  # fmt: skip
+        shareless = {int(n) for n in chosen.no_share}
+        joining = [int(n) for n in chosen.members if int(n) not in group.members]
+        owners_new = [m for m in joining if m not in shareless]
+        old_owned, old_fill = dict(group.owned), dict(group.fill)
+        slots = [*group.members, *owners_new]  # the old slots keep their places: HRW moves ~1/k
+        owned = self._slot_owners(key, size, tuple(slots))
+        kept = [m for m in before if m in group.holding and old_owned.get(m, 0.0) > 0]
+        moved = sum(old_owned[m] * old_fill.get(m, 0.0) for m in kept) / (sum(old_owned[m] for m in kept) or 1.0)
+        for m in owners_new:
+            node = self.nodes[m]
+            if not self._make_room(node, int(owned[m]), replica=True):
+                shareless.add(m)  # no room after all: it reads through its window
+                continue
+            node.cache[key] = CacheEntry(key[0], key[1], int(owned[m]), self.now, ready=True, replica=True, stripe=True)
+            self.touch(node)
+            group.holding.add(m)
+            group.fill[m] = moved  # what the old owners held of its bundles: on their disks for now
+            group.arriving[m] = moved
+        if shareless & set(owners_new):  # a planned owner could not make room: the others own its part
+            slots = [m for m in slots if m not in shareless]
+            owned = self._slot_owners(key, size, tuple(slots))
+        for m in before:  # the old owners keep the rest of their shares
+            entry = self.nodes[m].cache.get(key)
+            if entry is not None and entry.stripe:
+                entry.size = int(owned.get(m, 0.0))
+                self.touch(self.nodes[m])
+        group.members = (*slots, *(m for m in joining if m in shareless))
+        group.owned = {**owned, **dict.fromkeys((m for m in joining if m in shareless), 0.0)}
+
+    def _candidate(self, node: Node, key: tuple[str, int]) -> Candidate:
+        """``node`` as the controller's group choice sees it (its published inventory)."""
+        entry = node.cache.get(key)
+        return Candidate(
+            str(node.index),
+            free_bytes=int(self.params.cache_bytes - node.used_bytes),
+            held_bytes=int(entry.size) if entry is not None else 0,
+            subnet=",".join(sorted(c.name for c in node.type.classes)),
+            cache_bytes=int(self.params.cache_bytes),
+            spare_bytes=self._room_bytes(node, key),
+        )
+
+    def _room_bytes(self, node: Node, key: tuple[str, int]) -> int:
+        raise NotImplementedError  # tools.sim.reads.Reads: what the node can give without a last copy
 
     def _candidates(self, out: Outcome, exclude: set[int]) -> list[Node]:
         """Nodes for a group's slots: the job's own nodes, then its subnet's (the same class

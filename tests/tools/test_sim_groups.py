@@ -1,0 +1,94 @@
+"""The simulator's groups as the controller forms them: a job's nodes join the group of the
+version it reads (``dsagent.policy.stripegroup.choose_group``), and the job's nodes that copy
+a version whole fill it together, each reading its own part from the store."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dsagent.policy import stripegroup
+from scheduling.timemodel import JobProfile
+from tools.sim import stripereads
+from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.workload import Dataset, Job
+
+A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
+TB = 10**12
+
+
+def _params(nodes: int) -> ClusterParams:
+    return replace(
+        ClusterParams(nodes=nodes, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e10),
+        epochs=2.0,
+    )
+
+
+def _job(i: int, arrival: float, workers: int, dataset: str, runtime: float = 2000.0) -> Job:
+    return Job(i, arrival, workers, 8, dataset, runtime, JobProfile(1.0, 1.0, 16_000, deadline=1e9))
+
+
+def test_the_simulator_calls_the_controllers_group_choice() -> None:
+    assert stripereads.choose_group is stripegroup.choose_group
+
+
+def _two_jobs(monkeypatch: pytest.MonkeyPatch, choose: object) -> tuple[Simulation, list[set[int]]]:
+    """A 2 TB version (shares: 1.2 x 2 TB > one 1 TB cache; a group of five) read by a one-node
+    job, then by an eight-node job that starts while the first still runs: at least three of
+    its nodes are outside the group it finds."""
+    monkeypatch.setattr(stripereads, "choose_group", choose)
+    data = [Dataset("big", 2 * TB, (0.0,))]
+    jobs = [_job(0, 0.0, 1, "big", 20_000.0), _job(1, 100.0, 8, "big")]
+    sim = Simulation("ours+stripe", jobs, data, _params(16), seed=3)
+    seen: list[set[int]] = []
+    start = sim._start
+
+    def recording(job: Job, workers: list) -> None:  # type: ignore[type-arg]
+        group = sim.stripes.get(("big", 0))
+        if group is not None:
+            assert {w.node.index for w in workers} - set(group.members), "a node of the job is outside the group"
+        start(job, workers)
+        seen.append({w.node.index for w in workers})
+
+    monkeypatch.setattr(sim, "_start", recording)
+    return sim.run(), seen
+
+
+def test_a_jobs_nodes_join_the_group_of_the_version_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: list[stripegroup.Group] = []
+
+    def recording(nodes: object, **kw: object) -> stripegroup.Group:
+        answer = stripegroup.choose_group(nodes, **kw)  # type: ignore[arg-type]
+        answers.append(answer)
+        return answer
+
+    sim, started = _two_jobs(monkeypatch, recording)
+    group = sim.stripes[("big", 0)]
+    assert len(started) == 2 and answers, "the second job re-planned the group with the product's choice"
+    second = started[1]
+    assert second <= set(group.members), "every node of the second job is a member"
+    owning = {m for m, owned in group.owned.items() if owned > 0}
+    assert owning & second, "the job's nodes own shares: their ranks read them from local disk"
+    assert abs(sum(group.owned.values()) - 2 * TB) < 1e6, "the shares still add up to the version"
+    assert {int(n) for n in answers[-1].members} == set(group.members), "the members are the product's answer"
+
+
+def test_a_different_group_choice_changes_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    def only_before(nodes: object, **kw: object) -> stripegroup.Group:  # the earlier members alone
+        return stripegroup.Group(list(kw["before"]), [])  # type: ignore[call-overload]
+
+    sim, started = _two_jobs(monkeypatch, only_before)
+    group = sim.stripes[("big", 0)]
+    assert not started[1] <= set(group.members)
+
+
+def test_the_nodes_of_a_job_copy_a_fitting_version_together() -> None:
+    # 0.25 TB fits every 1 TB cache: each of the four nodes copies it whole; together they
+    # read it from the store once, each its own quarter, and the rest from one another
+    data = [Dataset("small", TB // 4, (0.0,))]
+    sim = Simulation("ours+stripe+early", [_job(0, 0.0, 4, "small")], data, _params(4), seed=3).run()
+    assert sim.storage_bytes == pytest.approx(TB // 4, rel=1e-6)
+    assert sim.peer_bytes == pytest.approx(4 * (TB // 4) * 3 / 4, rel=1e-6)  # each node: the three others' parts
+    holders = [n for n in sim.nodes if ("small", 0) in n.cache]
+    assert len(holders) == 4 and all(n.cache[("small", 0)].ready for n in holders)
