@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "plan": "dsagent.cli.plan:plan",
     "gc": "dsagent.cli.gc:gc",
     "stripe": "dsagent.cli.stripe:stripe",
+    "version": "dsagent.cli.group:version",
 }
 
 
@@ -79,6 +80,25 @@ class LazyGroup(click.Group):
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def describe(prog: str) -> str:
+    """The version, and whether the native loops run (``on``, or ``off`` and why: not built,
+    or ``DSAGENT_NATIVE``), on a second line."""
+    import os
+
+    from dsagent import __version__
+    from dsagent.cli.edge import native_switch
+    from dsagent.format import native
+
+    native_switch(os.environ)  # dsagent's too (dsctl's edge has applied it already)
+    return f"{prog}, version {__version__}\nnative loops: {native.describe()}"
+
+
+@click.command("version")
+def version() -> None:
+    """Show the version and whether the native loops run (as --version does)."""
+    click.echo(describe("dsctl"))
+
+
 def version_option(prog: str) -> Callable[[_F], _F]:
     """``--version``: the version, and whether the native loops run (``on``, or ``off`` and
     why: not built, or ``DSAGENT_NATIVE``), on a second line."""
@@ -86,14 +106,7 @@ def version_option(prog: str) -> Callable[[_F], _F]:
     def show(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         if not value or ctx.resilient_parsing:
             return
-        import os
-
-        from dsagent import __version__
-        from dsagent.cli.edge import native_switch
-        from dsagent.format import native
-
-        native_switch(os.environ)  # dsagent's too (dsctl's edge has applied it already)
-        click.echo(f"{prog}, version {__version__}\nnative loops: {native.describe()}")
+        click.echo(describe(prog))
         ctx.exit()
 
     return click.option(

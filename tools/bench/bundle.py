@@ -39,6 +39,8 @@ which (``pure`` or ``native``). A baseline tool that is missing (``xxh128sum``: 
     python tools/bench/bundle.py --workdir /dev/shm/bench --workdir .bench/bundle \\
         --files 6000 --median-kb 65 --max-bytes 10GB --repeat 5
                                                  # one ~450 MB bundle, tmpfs then disk
+    python tools/bench/bundle.py --dsctl /tmp/wheel-venv/bin/dsctl ...
+                                                 # time the dsctl a wheel installed (make wheel)
 
 ``--workdir`` picks the filesystem (the default, ``.bench/bundle``, is this checkout's
 disk; a tmpfs removes the disk from the comparison) and may be given more than once (a
@@ -219,11 +221,18 @@ def dsctl_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "dsagent.cli"]
 
 
-def dsctl(*args: str) -> Callable[[], object]:
+def dsctl(installed: Path | None, *args: str) -> Callable[[], object]:
+    """``dsctl args`` as a process: this checkout's (on its path), or ``installed``, a dsctl
+    as a user's install has it (a wheel in a virtualenv: nothing of the checkout on its path)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as a user's install has them
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    command = [*dsctl_command(), *args]
-    return lambda: subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    if installed is None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    else:
+        env.pop("PYTHONPATH", None)
+    command = [str(installed), *args] if installed is not None else [*dsctl_command(), *args]
+    return lambda: subprocess.run(
+        command, check=True, env=env, stdout=subprocess.DEVNULL, cwd="/" if installed is not None else None
+    )
 
 
 def digest_goal(files: int) -> tuple[float | None, str]:
@@ -272,7 +281,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     manifest_holder: list[object] = []
 
     sides = [
-        Side("dsctl digest (process)", dsctl("digest", str(src), "--name", "bench", "--no-digest-cache")),
+        Side("dsctl digest (process)", dsctl(args.dsctl, "digest", str(src), "--name", "bench", "--no-digest-cache")),
         Side("dsagent build_manifest (in process)", lambda: manifest_holder.append(build_manifest(src, name="bench"))),
     ]
     if "xxh128sum" in have:
@@ -295,7 +304,18 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     sides = [
         Side(
             "dsctl pack (process)",
-            dsctl("pack", str(src), "--name", "bench", "--to", str(store), "--max-bytes", cap, "--no-digest-cache"),
+            dsctl(
+                args.dsctl,
+                "pack",
+                str(src),
+                "--name",
+                "bench",
+                "--to",
+                str(store),
+                "--max-bytes",
+                cap,
+                "--no-digest-cache",
+            ),
             clear(store),
         ),
         Side(
@@ -329,7 +349,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     sides = [
         Side(
             "dsctl unpack (process)",
-            lambda: dsctl("unpack", str(store), str(ours_out.current), "--name", "bench")(),
+            lambda: dsctl(args.dsctl, "unpack", str(store), str(ours_out.current), "--name", "bench")(),
             ours_out.reset,
         ),
         Side(
@@ -416,6 +436,13 @@ def main() -> None:
         "--json", type=Path, help="write the results here as JSON (tools/bench/results.py renders them)"
     )
     parser.add_argument("--repeat", type=int, default=3, help="report each side's best of this many interleaved runs")
+    parser.add_argument(
+        "--dsctl",
+        type=Path,
+        default=None,
+        help="the dsctl to time: one installed from the wheel (tools/ci/wheel.sh) in a virtualenv of its own;"
+        " default: this checkout's",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.files, args.classes, args.median_kb, args.repeat = 300, 10, 20, 1
@@ -429,6 +456,7 @@ def main() -> None:
             "max_bytes": args.max_bytes,
             "data": args.data,
             "loops": LOOPS,
+            "dsctl": str(args.dsctl) if args.dsctl else "checkout",
         },
     )
     workdirs = args.workdirs or [ROOT / ".bench" / "bundle"]

@@ -35,6 +35,10 @@ def test_both_commands_print_their_version() -> None:
     native_line = f"native loops: {native.describe()}"  # on where built, else off and why
     assert dsctl.returncode == 0 and dsctl.stdout.splitlines() == [f"dsctl, version {__version__}", native_line]
     assert dsagent.returncode == 0 and dsagent.stdout.splitlines() == [f"dsagent, version {__version__}", native_line]
+    command = run("-m", "dsagent.cli", "version")  # the same, as a command
+    assert command.returncode == 0 and command.stdout == dsctl.stdout
+    off = run("-m", "dsagent.cli", "version", env={**os.environ, "DSAGENT_NATIVE": "0"})
+    assert off.returncode == 0 and off.stdout.splitlines()[1].startswith("native loops: off")
 
 
 def test_agent_urls_without_a_scheme_mean_http() -> None:
