@@ -60,6 +60,7 @@ from dsagent.cache.service import CacheService
 from dsagent.errors import DsagentError, Forbidden, InvalidInput, NotFound, Unauthorized
 from dsagent.format.names import validate_digest
 from dsplatform import boundedjson, probes
+from dsplatform.wire import peerbundle
 from dsplatform.wire.agenttask import task_status
 
 
@@ -346,10 +347,13 @@ def require_peer(request: Request) -> None:
     },
 )
 async def peer_bundle(digest: str, request: Request, svc: CacheService = Depends(service)) -> StreamingResponse:
-    """A finished bundle, re-packed and streamed to another agent (docs/design.md#peers)."""
+    """A finished bundle, re-packed and streamed to another agent (docs/design.md#peers).
+    The peer says when a reader waits for it (:mod:`dsplatform.wire.peerbundle`): only then
+    does a share holding it ``storeOnDemand`` read it from the store (docs/design-striping.md#agent)."""
     validate_digest(digest)
     peer = peer_identity(request)
-    chunks, end = await svc.peer_server.open(digest, peer)
+    reader = peerbundle.reader_waits(request.headers.get(peerbundle.READER_HEADER))
+    chunks, end = await svc.peer_server.open(digest, peer, reader=reader)
 
     async def body() -> AsyncIterator[bytes]:
         try:

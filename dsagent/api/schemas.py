@@ -244,6 +244,10 @@ class StripeIn(_Strict):
         default=False,
         description="hold every bundle (own first) where the version fits this node and its room; else the share",
     )
+    store_on_demand: bool = Field(
+        default=False, alias="storeOnDemand",
+        description="fill from the peers only; read the store only for bundles a reader waits for",
+    )  # fmt: skip
     lease_seconds: float | None = Field(
         default=None, gt=0, le=30 * 86400, alias="leaseSeconds",
         description="dropped unless held again within this long (default: the agent's DSAGENT_STRIPE_LEASE)",
@@ -272,6 +276,9 @@ class StripeOut(_Out):
     error: str | None
     share_dir: str = Field(alias="shareDir")
     holding: str = Field(description="whole: every bundle is held here; share: the bundles this node owns")
+    store_on_demand: bool = Field(
+        False, alias="storeOnDemand", description="the store is read only for bundles a reader waits for"
+    )
 
 
 def eviction_out(result: EvictionResult) -> dict[str, Any]:

@@ -61,6 +61,7 @@ async def hold_stripe(
         lease=body.lease_seconds,
         holders=[held_for] if held_for is not None else (),
         whole=body.whole,
+        store_on_demand=body.store_on_demand,
     )
 
 

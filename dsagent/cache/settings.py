@@ -270,6 +270,9 @@ class Settings(StorageSettings, AgentLogSettings):
     # a bundle stream whose reader took nothing for this long is closed and its bundle let go
     stripe_stream_idle: Duration = 60.0
     stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
+    # a share held storeOnDemand asks the peers again this often for the bundles it misses
+    # (never the store: that waits for a reader; docs/design-striping.md#agent)
+    stripe_on_demand_retry: Duration = 30.0
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
@@ -404,11 +407,12 @@ class Settings(StorageSettings, AgentLogSettings):
             raise ValueError(f"the smallest byte range must be positive, got {value!r}")
         return value
 
-    @field_validator("stripe_handoff_idle", "stripe_stream_idle")
+    @field_validator("stripe_handoff_idle", "stripe_stream_idle", "stripe_on_demand_retry")
     @classmethod
-    def _idle_window(cls, value: float) -> float:
+    def _idle_window(cls, value: float, info: ValidationInfo) -> float:
         if value <= 0:
-            raise ValueError(f"the idle window must be positive, got {value!r}")
+            what = "the retry interval" if info.field_name == "stripe_on_demand_retry" else "the idle window"
+            raise ValueError(f"{what} must be positive, got {value!r}")
         return value
 
     @field_validator("peer_token", "admin_token")

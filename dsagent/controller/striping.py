@@ -6,7 +6,9 @@ version (``status.bytes``, ``spec.bundles``), it chooses the group with the pure
 :func:`dsagent.policy.holding.choose_placement` (the job's nodes first, earlier members,
 then nodes holding bundles, then room; the job's nodes the version fits hold it whole),
 asks every member's agent to hold its share (or, ``whole``, every bundle) (``PUT /v1/stripes/<name>``,
-idempotent: asking again each pass is the renewal of the share's lease) and reports
+idempotent: asking again each pass is the renewal of the share's lease; for a Dataset whose
+pods start before the copy is whole, ``spec.startBeforeWhole``, with ``storeOnDemand``: the
+store is read for what readers read, the peers fill the rest) and reports
 ``status.stripe``: the members, and each one's held and owned bytes, never "complete" before
 every member says so. The group starts with the job's own nodes (:func:`job_nodes`: where
 the Dataset's pods run) and prefers the RoCE subnets of the first member (:func:`node_subnets`,
@@ -46,6 +48,10 @@ from dsplatform.wire import inventory as wire_inventory
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
+#: what a member holding for pods that start before the copy is whole is asked besides
+#: (docs/design-striping.md#agent): the store read only for bundles a reader waits for, and
+#: its pods started at once (no bundle held first: its fill reads no store for them)
+ON_DEMAND: Mapping[str, Any] = {"storeOnDemand": True, "readyAfter": 0}
 Event = tuple[str, str, str]  # (type, reason, note) of a Dataset Event
 
 
@@ -187,7 +193,12 @@ def stripe_status(
     reports = []
     for node in members:
         # a job's node the version fits holds it whole (docs/design-striping.md#holding)
-        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", {**body, "whole": True} if node in whole else body, who)
+        asked = {**body, "whole": True} if node in whole else dict(body)
+        if spec.get("startBeforeWhole") is True and wire_inventory.has_feature(
+            inventories.get(node) or {}, wire_inventory.STRIPE_ON_DEMAND
+        ):  # its pods read through the agent at once: the store is read for what they read
+            asked.update(ON_DEMAND)
+        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", asked, who)
         part: JSON = {"share": False} if node in no_share else {}  # a member owning nothing says so
         if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
             reports.append({"node": node, "state": "unreachable" if answer is None else "failed",

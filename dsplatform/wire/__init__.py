@@ -12,6 +12,8 @@ inventory       the node inventory (the agent writes it, as ``GET /v1/inventory`
 nodecache       the ``NodeCache`` custom resource: where a node's inventory and topology live
                 (the agent writes it; the extender, the controller, the webhook and the peers
                 read it, or an older agent's Node annotations)
+peerbundle      the peer bundle request's marker that a reader waits for the bundle (the
+                asking agent writes it; the serving agent's peer route reads it)
 
 Pure values and parsers: no I/O, nothing of the processes; errors are
 :class:`dsplatform.errors.InvalidInput` naming the field, or

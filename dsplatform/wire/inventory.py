@@ -26,7 +26,9 @@ The document::
     features       what this agent understands beyond version 1's first form (absent: none),
                    so that a cluster with agents of two releases (a rolling upgrade) asks
                    each only for what it can do: ``stripeNoShare``, a stripe group member
-                   that owns no bundle (``noShare`` in ``PUT /v1/stripes/<name>``)
+                   that owns no bundle (``noShare`` in ``PUT /v1/stripes/<name>``);
+                   ``stripeOnDemand``, a share whose store reads wait for readers
+                   (``storeOnDemand`` in the same body)
 
 A reader treats it as another party's JSON: bounded (:data:`ANNOTATION_MAX_BYTES`, or
 :data:`PEER_INVENTORY_MAX_BYTES` for a peer's whole answer), and a field of the wrong type
@@ -58,8 +60,10 @@ VERSION_KEYS = ("digest", "state", "inUse", "sizeBytes")
 MAX_GROUP = 4096
 #: a feature: the agent takes stripe group members that own no bundle (``noShare``)
 STRIPE_NO_SHARE = "stripeNoShare"
+#: a feature: the agent holds a share whose store reads wait for readers (``storeOnDemand``)
+STRIPE_ON_DEMAND = "stripeOnDemand"
 #: what this release's agents understand (its ``features`` field)
-FEATURES = (STRIPE_NO_SHARE,)
+FEATURES = (STRIPE_NO_SHARE, STRIPE_ON_DEMAND)
 
 
 def dataset_entry(versions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -91,6 +91,9 @@ class CacheEntry:
     replica: bool = False  # held by the controller's replica task: in use, not evicted
     by_task: str = ""  # fetched for a controller task ("prepare", "replica"), until a pod first uses it
     stripe: bool = False  # this node's share of a version striped over a group (tools/sim/stripe.py)
+    # of the version, the part on its disk: a copy whose store reads wait for readers
+    # (``ours+stripe+early``, the agent's storeOnDemand) holds what its jobs have read
+    part: float = 1.0
 
     @property
     def in_use(self) -> bool:

@@ -199,7 +199,7 @@ class Flows(SimState):
             entry = f.node.cache.get(f.key)
             if f.cached and entry is not None and not f.stream and not f.part:
                 entry.ready = True
-                if not entry.stripe:
+                if not entry.stripe and entry.part >= 1.0:  # a part of a version serves no peer's whole copy
                     f.node.labels.add(f.key[0])
                     self.ready_copies.setdefault(f.key, set()).add(f.node.index)
                     self._drop_old_versions(f.node, f.key)

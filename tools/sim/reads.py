@@ -147,10 +147,13 @@ class Reads(StripeReads):
         if entry is not None and entry.by_task:  # a controller task's copy a pod now uses
             self.task_used_bytes[entry.by_task] = self.task_used_bytes.get(entry.by_task, 0) + entry.size
             entry.by_task = ""
+        head = min(1.0, out.epochs * out.remaining)  # of the version, what the job's first epoch reads
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
             self.touch(node)
+            if self.early and entry.ready and entry.part < 1.0:  # the bundles it lacks, as read
+                self._top_up(node, key, entry, head)
             fill = None if entry.ready else self.inflight[(node.index, key)]
             self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill if self.early else None)
             if fill is not None and not self.early:
@@ -176,10 +179,44 @@ class Reads(StripeReads):
             self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0))
             self._fetch_version(node, key, d.size, cached=True, waiter=(job, index))
             return
-        self._fetch_version(node, key, d.size, cached=True, waiter=None)  # +early: train as bundles land
+        self._fetch_version(node, key, d.size, cached=True, waiter=None, demand=head)  # +early: train as bundles land
         fill = self.inflight[(node.index, key)]
         self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill)
         self._data_ready(out)
+
+    def _top_up(self, node: Node, key: tuple[str, int], entry: CacheEntry, head: float) -> None:
+        """A copy holding part of the version (its earlier jobs stopped before their first
+        epoch ended): what this job's first epoch reads of the rest is read from the store
+        (or a peer holding the version whole) now, and kept."""
+        more = head * (1.0 - entry.part)
+        if more * entry.size <= 1.0:
+            return
+        entry.ready = False
+        size = self._from_parts(node, key, math.ceil(more * entry.size), None)
+        self._fetch_version(node, key, size, cached=True, waiter=None, top_up=True)
+        entry.part = min(1.0, entry.part + more)
+
+    def _from_parts(self, node: Node, key: tuple[str, int], size: int, waiter: tuple[Job, int] | None) -> int:
+        """Of ``size`` bytes a copy reads as its job reads them, those that other nodes' partial
+        copies hold (as many of them as the largest part, the bundles read being any) come
+        from those nodes, as the agent asks its peers before the store; returns what is left
+        for the store."""
+        parts = {
+            n.index: e.part
+            for n in self.nodes
+            if n.index != node.index and (e := n.cache.get(key)) is not None and e.ready and not e.stripe
+        }
+        if not parts or not self.params.peers:
+            return size
+        held = math.floor(size * max(parts.values()))
+        if held <= 1:
+            return size
+        if waiter is not None:
+            self.outcomes[waiter[0].id].pending += 1  # ready when both parts are in
+        self._new_fetch(
+            node, key, held, cached=False, waiter=waiter, source="peer", sources=tuple(sorted(parts)), unpack=True
+        )
+        return size - held
 
     @property
     def early(self) -> bool:
@@ -188,20 +225,40 @@ class Reads(StripeReads):
         return self.policy == "ours+stripe+early"
 
     def _fetch_version(
-        self, node: Node, key: tuple[str, int], size: int, *, cached: bool, waiter: tuple[Job, int] | None
+        self,
+        node: Node,
+        key: tuple[str, int],
+        size: int,
+        *,
+        cached: bool,
+        waiter: tuple[Job, int] | None,
+        demand: float = 1.0,
+        top_up: bool = False,
     ) -> None:
         """A fetch by ours' agent, for a pod or a controller task (preparation, replica):
         peer-to-peer first, as the agent does for every fetch: a version another agent holds
         ready is read from it, not from storage (or from a peer still fetching it, bundle by
         bundle, as agents starting together do); its bundle requests are spread over every
-        peer that holds it."""
+        peer that holds it. ``demand`` (``+early``: the product's storeOnDemand): where the
+        version comes from the store, only that part of it, what the job's first epoch reads,
+        is read and kept (the copy holds that part); peers fill what they hold."""
         source, after = "storage", None
         sources: tuple[int, ...] = ()
+        entry = node.cache.get(key)
         team = self.copy_team.pop((node.index, key), ())
-        if self.params.peers and len(team) > 1 and not self.copies_elsewhere(node, key):
+        if not top_up and demand < 1.0 and entry is not None and not self.copies_elsewhere(node, key):
+            if not any(k == key and i != node.index for (i, k) in self.inflight):
+                size = math.ceil(size * demand)  # from the store or the job's other nodes: as read
+                entry.part = demand
+                size = self._from_parts(node, key, size, waiter)
+        alone = not self.copies_elsewhere(node, key) and not any(
+            k == key and i not in team for (i, k) in self.inflight
+        )  # nothing of it elsewhere: neither a copy nor a fetch under way outside the team
+        if self.params.peers and len(team) > 1 and alone and self._group_bytes(key, node)[0] <= 1.0:
             # copied whole together with the job's other nodes: this node's part from the
             # store, the others' parts from them, no faster than their parts arrive
             own = math.ceil(size / len(team))
+            own = self._from_parts(node, key, own, None)  # other nodes' partial copies first
             after = self._new_fetch(node, key, own, cached=cached, waiter=None, unpack=True, part=True)
             source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
         elif self.params.peers and self.copies_elsewhere(node, key) > 0:
@@ -210,6 +267,9 @@ class Reads(StripeReads):
             after := next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
         ):
             source, sources = "peer", (after.node.index,)
+            held = after.node.cache.get(key)
+            if not top_up and entry is not None and held is not None and held.part < 1.0:
+                size, entry.part = math.ceil(size * held.part), held.part  # what that copy is filling
         elif self.params.peers and (grouped := self._group_bytes(key, node))[0] > 1.0:
             # a group holds bundles of it: those come from their owners, the rest from the store
             have, owners = grouped

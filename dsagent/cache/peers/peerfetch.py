@@ -53,6 +53,7 @@ from dsagent.errors import DsagentError, IntegrityError, TransientError
 from dsagent.format.bundles.extract import unpack_bundle_stream
 from dsagent.format.manifest import BundleRef, Manifest
 from dsplatform import boundedjson
+from dsplatform.wire import peerbundle
 from dsplatform.wire.inventory import stripe_group
 
 log = logging.getLogger("dsagent.peers")
@@ -327,11 +328,13 @@ class PeerFetcher:
                 return "delivered"
         return outcome
 
-    def fetch_from(self, peer: str, manifest: Manifest, bundle: BundleRef, dest: Path) -> None:
+    def fetch_from(self, peer: str, manifest: Manifest, bundle: BundleRef, dest: Path, *, reader: bool = False) -> None:
         """Bundle ``bundle`` from the one agent ``peer`` (a base URL) into ``dest``, verified as
         any peer download; for striped versions, which know the owner (docs/design-striping.md).
+        ``reader``: a reader waits for it (:mod:`dsplatform.wire.peerbundle`: an owner whose
+        share reads the store on demand reads it now rather than answer 404).
         :class:`PeerFetchingIt` / :class:`PeerRefused` / any other error: ask elsewhere."""
-        self._fetch_one(peer, manifest, bundle, dest, FetchProgress(bundle.size, bundle.count))
+        self._fetch_one(peer, manifest, bundle, dest, FetchProgress(bundle.size, bundle.count), reader=reader)
 
     def _fetch_one(
         self,
@@ -341,6 +344,8 @@ class PeerFetcher:
         staging: Path,
         progress: FetchProgress,
         address: str | None = None,
+        *,
+        reader: bool = False,
     ) -> None:
         counted = [0, 0]
 
@@ -354,7 +359,8 @@ class PeerFetcher:
         deadline = time.monotonic() + self.settings.peer_timeout + limit / max(self.settings.peer_min_rate, 1)
         url = f"{peer}/v1/peer/bundles/{bundle.digest}"
         try:
-            with self._client_for(address).stream("GET", url, headers=self._headers) as response:
+            headers = {**self._headers, **peerbundle.headers(reader)}
+            with self._client_for(address).stream("GET", url, headers=headers) as response:
                 if response.status_code in (425, 429, 503):
                     raise PeerFetchingIt(f"peer answered {response.status_code}")
                 if response.status_code == 404:

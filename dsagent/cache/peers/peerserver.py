@@ -64,16 +64,17 @@ class ServedBundle:
 class PeerServer:
     """Finds bundles in ready versions and streams them under the upload limits.
 
-    ``locate(digest, peer)`` is the service's lookup (pinned until ``unpin``): a ready version,
-    or the finished bundle of one being fetched; it raises :class:`BundleInFlight` for a
-    bundle this agent is downloading for ``peer`` to wait for.
+    ``locate(digest, peer, reader)`` is the service's lookup (pinned until ``unpin``): a ready
+    version, or the finished bundle of one being fetched; it raises :class:`BundleInFlight`
+    for a bundle this agent is downloading for ``peer`` to wait for (``reader``: the peer
+    said a reader waits for it, :mod:`dsplatform.wire.peerbundle`).
     """
 
     def __init__(
         self,
         settings: Settings,
         metrics: Metrics,
-        locate: Callable[[str, str], Awaitable[ServedBundle | None]],
+        locate: Callable[[str, str, bool], Awaitable[ServedBundle | None]],
         unpin: Callable[[Key], None],
     ) -> None:
         self.settings = settings
@@ -84,12 +85,12 @@ class PeerServer:
         self._locate = locate
         self._unpin = unpin
 
-    async def open(self, digest: str, peer: str) -> tuple[Iterator[bytes], Callable[[], None]]:
+    async def open(self, digest: str, peer: str, *, reader: bool = False) -> tuple[Iterator[bytes], Callable[[], None]]:
         """The stream of bundle ``digest`` for ``peer`` and the call that ends it (idempotent;
         the stream also calls it when it ends). :class:`NotFound` unless a version holds it
         finished, :class:`BundleInFlight` while this agent downloads it, :class:`PeerBusy` /
         :class:`PeerOverloaded` over the limits (so 429 and 503 mean: held here, ask again)."""
-        found = await self._locate(digest, peer)
+        found = await self._locate(digest, peer, reader)
         if found is None:
             raise NotFound(f"no version here holds bundle {digest} finished", hint="ask another peer or the store")
 

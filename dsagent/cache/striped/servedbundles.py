@@ -28,12 +28,13 @@ class BundleLocator:
         self._manifests: dict[Key, Manifest] = {}  # served versions' manifests
         self.loop: asyncio.AbstractEventLoop | None = None  # set by the service at start
 
-    async def locate(self, digest: str, peer: str) -> ServedBundle | None:
+    async def locate(self, digest: str, peer: str, reader: bool = False) -> ServedBundle | None:
         """Where bundle ``digest`` can be served from, pinned against eviction: a ready version
         holding it, else a version being fetched that finished it (its files are in place in
         the staging directory, verified and synced), else this node's stripe share;
         :class:`BundleInFlight` when this agent is downloading it for ``peer`` to wait for, or
-        owns it in a stripe share still filling (:meth:`StripeShares.pending`)."""
+        owns it in a stripe share still filling (:meth:`StripeShares.pending`: a share held
+        ``storeOnDemand`` only when ``reader``, the peer saying a reader waits for it)."""
         node, db = self.node, self.node.pools.db
         async with self._space.lock:
             keys = [((r.name, r.digest), r.state == "ready") for r in await db(node.catalog().versions)]
@@ -62,7 +63,7 @@ class BundleLocator:
             raise BundleInFlight(
                 f"this agent is downloading bundle {digest} now", hint="ask again shortly, or read the store"
             )
-        if self._stripes.pending(digest):
+        if self._stripes.pending(digest, reader=reader):
             raise BundleInFlight(
                 f"this agent's stripe share owns bundle {digest} and is fetching it", hint="ask again shortly"
             )

@@ -10,6 +10,11 @@ Who calls it: :class:`dsagent.cache.striped.stripes.StripeShares`, which mixes i
 - the fill (:meth:`ShareFill._fill`): ``fetch_workers`` bundles at once in order, each one
   fetched once whoever asks first (:meth:`ShareFill._bring`: the fill, a reader of this
   node, or a peer through :meth:`ShareFill.pending`);
+- a share held ``storeOnDemand`` (:attr:`Share.on_demand`): its fill asks the peers only,
+  again every ``stripe_on_demand_retry`` seconds until it is complete; the store is read
+  only for a bundle a reader waits for (this node's reader, a peer's asking with the
+  marker of :mod:`dsplatform.wire.peerbundle`, or the first ``readyAfter`` bundles its pods
+  wait for), so that a version is read from the store as far as it is read;
 - where a bundle comes from (:meth:`ShareFill._fetch_owned`): an owned bundle from the
   members ranked next by HRW, the copies, the store, claimed meanwhile; a whole copy's
   bundle owned elsewhere from its owner first, never claimed (an owner and a whole copy
@@ -68,6 +73,7 @@ class Share:
     holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
     whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
+    on_demand: bool = False  # storeOnDemand: the store is read only for bundles a reader waits for
 
     @property
     def key(self) -> Key:
@@ -76,6 +82,12 @@ class Share:
     @property
     def filling(self) -> bool:
         return self.task is not None and not self.task.done() and self.error is None
+
+    @property
+    def fetching(self) -> bool:
+        """Filling with bundles on their way: a share held ``storeOnDemand`` between two passes
+        of its fill is not (it may fill for as long as it is held)."""
+        return self.filling and (not self.on_demand or bool(self.inflight))
 
     def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
         """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
@@ -126,16 +138,22 @@ class ShareFill:
         return everything
 
     async def _fill(self, share: Share) -> None:
-        """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once."""
-        todo = [b for b in share.owned if b.digest not in share.held]
+        """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once.
+        A share held ``storeOnDemand`` asks the peers only, and asks them again every
+        ``stripe_on_demand_retry`` seconds for what none had, until it is complete (or
+        dropped): the store only for its first ``readyAfter`` bundles, which its pods wait for."""
         gate = asyncio.Semaphore(self.settings.fetch_workers)
+        waited = {b.digest for b in share.owned[: share.ready_after]}  # readyEnough: its pods wait for them
 
         async def one(digest: str) -> None:
             async with gate:
-                await self._bring(share, digest)
+                await self._bring(share, digest, demand=digest in waited)
 
         try:
-            await asyncio.gather(*(one(b.digest) for b in todo))
+            while todo := [b for b in share.owned if b.digest not in share.held]:
+                await asyncio.gather(*(one(b.digest) for b in todo))  # held, or raised, unless on demand
+                if share.on_demand and any(b.digest not in share.held for b in todo):
+                    await asyncio.sleep(self.settings.stripe_on_demand_retry)
             if share.handover:  # the new owners fetch them from here meanwhile (bounded in time)
                 await asyncio.sleep(self.settings.stripe_handover)
                 share.handover.clear()
@@ -146,31 +164,45 @@ class ShareFill:
             share.error = str(exc)
             log.warning("share of %s@%s stopped: %s", share.key[0], share.key[1][:12], exc)
 
-    async def _bring(self, share: Share, digest: str) -> None:
+    async def _bring(self, share: Share, digest: str, *, demand: bool = False) -> None:
         """Bundle ``digest`` of the share held on disk: at once when it is, else its fetch,
         started now unless it is under way (the fill's turn, or a reader that asked for it
         first: a reader of a bundle this node is to hold waits for that one fetch rather than
-        fetch it into the window as well)."""
-        if digest in share.held:
-            return
-        task = share.inflight.get(digest)
-        if task is None:
-            ref = bundle_of(share.manifest, digest)
-            assert ref is not None  # a bundle of the share's layout: its manifest's
+        fetch it into the window as well). ``demand``: a reader waits for it, so the store
+        may be read for it in a share held ``storeOnDemand`` too, and the peers are told;
+        such a fetch found under way from the peers only is waited for, then, where it left
+        the bundle missing, one that may read the store follows."""
+        store = demand or not share.on_demand
+        for _ in range(2):  # a second time only after a fetch from the peers only
+            if digest in share.held:
+                return
+            task = share.inflight.get(digest)
+            if task is None:
+                task = share.inflight[digest] = asyncio.ensure_future(
+                    self._take(share, digest, store=store, reader=demand)
+                )
+                await asyncio.shield(task)
+                return
+            await asyncio.shield(task)
+            if not store:
+                return
 
-            async def take() -> None:
-                copies = await self.sources.copies(*share.key)
-                try:
-                    await self.pools.work(self._fetch_owned, share, ref, copies)
-                    share.held.add(digest)
-                finally:
-                    self.peers.release(digest)  # held (served from the share) or not at all
-                    share.inflight.pop(digest, None)
+    async def _take(self, share: Share, digest: str, *, store: bool, reader: bool) -> None:
+        """One fetch of bundle ``digest`` into the share (:meth:`_fetch_owned`), held when it
+        arrived; ``store``: the store may be read for it; ``reader``: a reader waits."""
+        ref = bundle_of(share.manifest, digest)
+        assert ref is not None  # a bundle of the share's layout: its manifest's
+        copies = await self.sources.copies(*share.key)
+        try:
+            if await self.pools.work(self._fetch_owned, share, ref, copies, store=store, reader=reader):
+                share.held.add(digest)
+        finally:
+            self.peers.release(digest)  # held (served from the share) or not at all
+            share.inflight.pop(digest, None)
 
-            task = share.inflight[digest] = asyncio.ensure_future(take())
-        await asyncio.shield(task)
-
-    def _fetch_owned(self, share: Share, bundle: BundleRef, copies: Sequence[str]) -> None:
+    def _fetch_owned(
+        self, share: Share, bundle: BundleRef, copies: Sequence[str], *, store: bool = True, reader: bool = False
+    ) -> bool:
         """An owned bundle, verified, then its marker (the files first, so a marker always
         means the files are there). Asked first of the nodes ranked highest by rendezvous
         hashing over the members and the other peers listed (a draining node the controller
@@ -179,18 +211,26 @@ class ShareFill:
         leaving node did, so a group change moves shares over P2P; then the agents holding or
         fetching a whole copy (``copies``); then the store, the durable copy. Claimed
         meanwhile, so that a whole copy arriving elsewhere waits for it rather than read it
-        from the store too."""
+        from the store too. Whether it arrived: ``store`` False (a share held
+        ``storeOnDemand``, no reader waiting) asks the peers only, unclaimed (nobody is to wait
+        for a fetch that reads no store), and leaves it missing when none has it; ``reader``:
+        the peers are told that a reader waits (an owner filling on demand then reads it)."""
         directory = self.share_dir(share.key)
         ranked = sorted({*share.layout.members, *share.peers})
         order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
         placed = next((b for b in share.layout.bundles if b.digest == bundle.digest), None)
         if placed is None or placed.owner == self.settings.node_name:
-            self.sources.fetch_claimed(share, bundle, directory, order, copies=copies)
+            if store:
+                self.sources.fetch_claimed(share, bundle, directory, order, copies=copies, reader=reader)
+            elif not self.sources.fetch(share, bundle, directory, order, copies=copies, store=False):
+                return False
         else:  # a whole copy's bundle owned elsewhere: its owner first, and never a claim (the
             # owner asking this node back would wait on it while it waits on the owner)
             order = [placed.owner, *(m for m in order if m != placed.owner)]
-            self.sources.fetch(share, bundle, directory, order, copies=copies)
+            if not self.sources.fetch(share, bundle, directory, order, copies=copies, store=store, reader=reader):
+                return False
         write_marker(directory / DONE_DIR / bundle.digest)
+        return True
 
     def _drop_unowned(self, share: Share) -> None:
         """Markers (then files) of bundles this node held under an earlier group."""
@@ -204,18 +244,21 @@ class ShareFill:
                     with contextlib.suppress(FileNotFoundError):
                         (directory / entry.path).unlink()
 
-    def pending(self, digest: str) -> bool:
+    def pending(self, digest: str, *, reader: bool = False) -> bool:
         """Whether a share filling here owns bundle ``digest`` (this node is its owner in the
         layout) without holding it yet. A peer asking for it then waits for this fill (425)
         rather than read the store as well, and its ask brings the bundle's fetch forward. Only
         the owner says so, never a node copying the version whole: two copies waiting on each
-        other would wait out the peer bound."""
+        other would wait out the peer bound. A share held ``storeOnDemand`` says so only when
+        ``reader`` (the peer says a reader waits for it): the owner then reads it from the store
+        for the cluster, once; a background fill's ask is answered "not here" (404) and reads
+        nothing."""
         node = self.settings.node_name
         for share in self._shares.values():
-            if not share.filling or digest in share.held:
+            if not share.filling or digest in share.held or (share.on_demand and not reader):
                 continue
             if any(b.digest == digest and b.owner == node for b in share.owned):
-                task = asyncio.ensure_future(self._bring(share, digest))
+                task = asyncio.ensure_future(self._bring(share, digest, demand=reader))
                 task.add_done_callback(_quiet)
                 return True
         return False

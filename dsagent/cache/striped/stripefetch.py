@@ -5,7 +5,9 @@ Who calls it: :class:`dsagent.cache.striped.stripes.StripeShares`, for the bundl
 window for this node's readers (asked of the owner first). What it owns: the order in
 which sources are asked (the group's members in the order given, then the agents holding
 or fetching a whole copy of the version, then the store), waiting for a busy peer, and the
-store as the last, durable source. Every bundle is verified by digest on the way in, whichever source sent it
+store as the last, durable source, or none: a share held ``storeOnDemand`` fills from the
+peers only, and says to them when a reader waits (:mod:`dsplatform.wire.peerbundle`).
+Every bundle is verified by digest on the way in, whichever source sent it
 (:meth:`dsagent.cache.peers.PeerFetcher.fetch_from`, :func:`dsagent.format.bundles.extract.unpack_bundle`).
 Design: docs/design-striping.md.
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from dsagent.cache.peers import PeerFetcher, PeerFetchingIt
+from dsagent.cache.peers import PeerFetcher, PeerFetchingIt, PeerRefused
 from dsagent.cache.peers.peerfetch import CLUSTER_REFRESH_EVERY, POLL_EVERY
 from dsagent.cache.peers.peersession import REFRESH_EVERY
 from dsagent.cache.settings import Settings
@@ -59,22 +61,36 @@ class BundleSources:
         copies: Sequence[str] = (),
         fresh: bool = False,
         before_store: Callable[[], object] | None = None,
-    ) -> None:
+        store: bool = True,
+        reader: bool = False,
+    ) -> bool:
         """Bundle ``ref`` into ``directory`` from the first of ``order`` (node names, best
         first), then of ``copies`` (base URLs of agents holding or fetching the version
         whole), that delivers it verified, else from the store, after calling
-        ``before_store``. ``fresh``: ``directory`` is the bundle's own and is emptied after
-        a failed attempt (a window slot)."""
-        if self._from_peers(version, ref, directory, order, copies, fresh=fresh):
+        ``before_store``; whether it is there. ``fresh``: ``directory`` is the bundle's own
+        and is emptied after a failed attempt (a window slot). ``store``: False, the peers
+        only (a share held ``storeOnDemand`` filling in the background: False when none
+        delivers). ``reader``: the peers are told that a reader waits for it."""
+        if self._from_peers(version, ref, directory, order, copies, fresh=fresh, reader=reader, quiet=not store):
             self.counts["peer_bundles"] += 1
-            return
+            return True
+        if not store:
+            return False
         if before_store is not None:
             before_store()
         unpack_bundle(version.store, version.manifest, ref, directory, storage_options=version.storage_options)
         self.counts["store_bundles"] += 1
+        return True
 
     def fetch_claimed(
-        self, version: Version, ref: BundleRef, directory: Path, order: Sequence[str], *, copies: Sequence[str] = ()
+        self,
+        version: Version,
+        ref: BundleRef,
+        directory: Path,
+        order: Sequence[str],
+        *,
+        copies: Sequence[str] = (),
+        reader: bool = False,
     ) -> None:
         """:meth:`fetch` for a bundle this node will serve (its share), claimed meanwhile
         (:meth:`dsagent.cache.peers.PeerFetcher.claim`): an agent fetching the version whole
@@ -83,7 +99,7 @@ class BundleSources:
         do. The claim stays until the caller has recorded the bundle held and calls
         ``PeerFetcher.release``."""
         with self.peers.claim(ref.digest, "asking") as claim:
-            self.fetch(version, ref, directory, order, copies=copies, before_store=claim.downloading)
+            self.fetch(version, ref, directory, order, copies=copies, before_store=claim.downloading, reader=reader)
             claim.finished()
 
     async def copies(self, name: str, digest: str) -> Sequence[str]:
@@ -115,12 +131,15 @@ class BundleSources:
         copies: Sequence[str],
         *,
         fresh: bool,
+        reader: bool = False,
+        quiet: bool = False,
     ) -> bool:
         """Whether a peer delivered. A peer that answers "later" (busy with other streams,
         or downloading the bundle: a whole copy still arriving) holds it, and is asked again
         every ``POLL_EVERY`` for up to ``peer_wait``: a group change or a busy epoch must not
         turn its upload limit into store reads. A peer that fails otherwise (not held there,
-        a lie, a dead link) is not asked again for this bundle."""
+        a lie, a dead link) is not asked again for this bundle. ``quiet``: a peer's "not here"
+        is logged at debug level (a fill on demand asks for what nobody holds, pass after pass)."""
         if self.settings.peer_token is None:
             return False
         urls = [version.peers[m] for m in order if m != self.settings.node_name and version.peers.get(m) is not None]
@@ -130,9 +149,12 @@ class BundleSources:
             later: list[str] = []
             for url in asking:
                 try:
-                    self.peers.fetch_from(url, version.manifest, ref, directory)
+                    self.peers.fetch_from(url, version.manifest, ref, directory, reader=reader)
                 except PeerFetchingIt:
                     later.append(url)
+                except PeerRefused as exc:
+                    level = logging.DEBUG if quiet else logging.INFO
+                    log.log(level, "bundle %s not from %s: %s; asking on", ref.digest[:12], url, exc)
                 except Exception as exc:  # any other failure of one peer: ask the next (a lie costs time only)
                     log.info("bundle %s not from %s: %s; asking on", ref.digest[:12], url, exc)
                 else:

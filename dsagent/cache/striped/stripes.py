@@ -124,6 +124,7 @@ class StripeShares(ShareFill):
         lease: float | None = None,
         holders: Iterable[Holder] = (),
         whole: bool = False,
+        store_on_demand: bool = False,
     ) -> dict[str, Any]:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
@@ -141,7 +142,9 @@ class StripeShares(ShareFill):
         bundle, this node's own first, the others from their owners (then the other members,
         the copies, the store), where :func:`dsagent.policy.holding.holding` says the version
         fits this node and the cache can make the room; else this node's share, and the
-        status says which (``holding``: docs/design-striping.md#holding)."""
+        status says which (``holding``: docs/design-striping.md#holding). ``store_on_demand``:
+        fill from the peers only and read the store only for bundles a reader waits for
+        (:mod:`.sharefill`); a change of it applies to the bundles the fill has not started."""
         lease = self.settings.stripe_lease if lease is None else lease
         if not 0 < lease <= 30 * 86400:
             raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
@@ -177,6 +180,7 @@ class StripeShares(ShareFill):
         now = self.clock()
         same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
         if share is not None and same_group and share.error is None and (share.whole or not whole):
+            share.on_demand = store_on_demand  # the fill's next bundles follow it
             share.peers.update(peers)
             share.holders.update(holders)
             share.expires, share.last_used = now + lease, now
@@ -198,7 +202,7 @@ class StripeShares(ShareFill):
         share = Share(
             layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
             no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
-            whole=everything is not None,
+            whole=everything is not None, on_demand=store_on_demand,
         )  # fmt: skip
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
@@ -224,7 +228,8 @@ class StripeShares(ShareFill):
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
                   "noShare": sorted(share.no_share), "readyAfter": share.ready_after, "whole": share.whole,
-                  "expiresAt": share.expires, "heldFor": sorted(share.holders)}  # fmt: skip
+                  "storeOnDemand": share.on_demand, "expiresAt": share.expires,
+                  "heldFor": sorted(share.holders)}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
@@ -245,6 +250,7 @@ class StripeShares(ShareFill):
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
                                 no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
                                 lease=min(left, self.settings.stripe_lease), whole=record.get("whole") is True,
+                                store_on_demand=record.get("storeOnDemand") is True,
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
@@ -303,6 +309,7 @@ class StripeShares(ShareFill):
             "error": share.error,
             "share_dir": str(self.share_dir(key)),
             "holding": "whole" if share.whole else "share",
+            "store_on_demand": share.on_demand,
         }
 
     def held_bytes(self) -> dict[Key, int]:
@@ -316,15 +323,16 @@ class StripeShares(ShareFill):
 
     def usage(self) -> list[tuple[Key, int, float, bool]]:
         """Per share: its key, the bytes it takes (held and handed-over bundles, and its
-        window), when it was last used, and whether it is busy (being filled, or streamed
-        to a reader now): what :class:`dsagent.cache.space.Space` counts and evicts."""
+        window), when it was last used, and whether it is busy (bundles on their way into it,
+        or streamed to a reader now; a share held ``storeOnDemand`` between two passes of its
+        fill is not): what :class:`dsagent.cache.space.Space` counts and evicts."""
         window = self.window.bytes_by_version()
         return [
             (
                 key,
                 share.disk_bytes(self.disk) + window.get(key, 0),
                 share.last_used,
-                share.readers > 0 or share.filling,
+                share.readers > 0 or share.fetching,
             )
             for key, share in self._shares.items()
         ]
@@ -445,7 +453,7 @@ class StripeShares(ShareFill):
         entries = list(share.manifest.bundle_entries(ref))
         if bundle not in share.held and share.filling and any(b.digest == bundle for b in share.owned):
             with contextlib.suppress(DsagentError):  # not fetched: the window asks the others, then the store
-                await self._bring(share, bundle)
+                await self._bring(share, bundle, demand=True)
         local = bundle in share.held
         stream = await self.readers.admit(caller, 0 if local else self.disk(ref.size, ref.count))
         try:
@@ -471,12 +479,13 @@ class StripeShares(ShareFill):
             raise
 
     def _fetch_visiting(self, share: Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
-        """A bundle owned elsewhere into the window: the owner, the other members, the store."""
+        """A bundle owned elsewhere into the window: the owner, the other members, the store;
+        each peer told that a reader waits for it (an owner filling on demand then reads it)."""
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
-        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True)
+        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True, reader=True)
 
 
 def _done_reading(share: Share) -> None:

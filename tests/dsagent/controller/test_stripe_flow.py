@@ -12,7 +12,7 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.policy import copies
-from dsplatform.wire.inventory import FEATURES
+from dsplatform.wire.inventory import FEATURES, STRIPE_NO_SHARE
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 from tools.support.harness import ADMIN_TOKEN
@@ -212,6 +212,46 @@ def test_while_an_upgrade_rolls_a_member_of_an_earlier_release_gets_no_shareless
     before, puts_before = nodes, dict(puts)
     ctl.reconcile_all()
     assert apiserver.get("datasets", "big", "ml")["status"]["stripe"]["nodes"] == before and puts == puts_before
+
+
+def test_a_dataset_whose_pods_start_before_the_copy_is_whole_reads_the_store_on_demand(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """``spec.startBeforeWhole``: every member's agent is asked to hold its share
+    ``storeOnDemand`` (the store read for what readers read, the peers filling the rest),
+    its pods started at once (``readyAfter: 0``); a member of a release from before the
+    option (its inventory does not list ``stripeOnDemand``) is asked as before, and without
+    ``startBeforeWhole`` no member is."""
+    frees = {"n1": 60 * GB, "n2": 90 * GB, "n3": 80 * GB, "n4": 70 * GB}
+    for node, free in frees.items():
+        features = (STRIPE_NO_SHARE,) if node == "n4" else FEATURES
+        annotations = {"dsagent.io/inventory": _inventory(node, free=free, features=features)}
+        apiserver.create(make_node(node, annotations=annotations))
+        apiserver.create(agent_pod(node))
+    ds = make_dataset("big", namespace="ml", bundles="s3://store/packs", status={"digest": DIGEST, "bytes": 150 * GB})
+    ds["spec"].update({"stripe": "auto", "startBeforeWhole": True})
+    apiserver.create(ds)
+    puts: dict[str, Any] = {}
+
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any] | None:
+        if method == "PUT":
+            puts[node] = body
+        return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 40 * GB}
+
+    ctl = _controller(api_client, agent)
+    ctl.reconcile_all()
+    assert sorted(puts) == ["n1", "n2", "n3", "n4"]
+    for node in ("n1", "n2", "n3"):
+        assert puts[node]["storeOnDemand"] is True and puts[node]["readyAfter"] == 0, puts[node]
+    assert "storeOnDemand" not in puts["n4"] and "readyAfter" not in puts["n4"]
+    # the same group either way: only how each member fills changes
+    assert len({json.dumps(body["members"]) for body in puts.values()}) == 1
+
+    apiserver.patch("datasets", "big", {"spec": {"startBeforeWhole": False}}, "ml")
+    puts.clear()
+    ctl.reconcile_all()
+    assert sorted(puts) == ["n1", "n2", "n3", "n4"]
+    assert not any("storeOnDemand" in body or "readyAfter" in body for body in puts.values())
 
 
 def test_a_version_that_fits_is_held_whole_on_the_jobs_nodes_and_not_spread(

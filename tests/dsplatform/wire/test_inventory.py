@@ -18,6 +18,7 @@ from dsplatform.wire.inventory import (
     ANNOTATION,
     ANNOTATION_MAX_BYTES,
     STRIPE_NO_SHARE,
+    STRIPE_ON_DEMAND,
     VERSION,
     compact,
     dataset_entry,
@@ -100,9 +101,9 @@ def test_document_and_entry_build_the_documented_shape() -> None:
     doc = document(None, capacity_bytes=None, free_bytes=0, datasets={"d": entry})
     assert doc == {
         "version": VERSION, "node": None, "capacityBytes": None, "freeBytes": 0, "datasets": {"d": entry},
-        "features": ["stripeNoShare"],
+        "features": ["stripeNoShare", "stripeOnDemand"],
     }  # fmt: skip
-    assert has_feature(doc, STRIPE_NO_SHARE)
+    assert has_feature(doc, STRIPE_NO_SHARE) and has_feature(doc, STRIPE_ON_DEMAND)
     # an agent of an earlier release says nothing of what it understands; junk counts as nothing
     for earlier in ({}, {"features": "stripeNoShare"}, {"features": [{"x": 1}]}):
         assert not has_feature({**doc, **earlier} if earlier else {"version": 1}, STRIPE_NO_SHARE)

@@ -1,0 +1,56 @@
+"""The product policy's store reads on demand in the simulator: a whole copy whose version no
+other node holds reads from the store what its job reads, and the next job on that node reads
+what the copy lacks (the agent's ``storeOnDemand``, docs/design-striping.md)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduling.timemodel import JobProfile
+from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.workload import Dataset, Job
+
+A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
+TB = 10**12
+SIZE = TB // 4  # fits every 1 TB cache: held whole
+
+
+def _run(policy: str, epochs: float, jobs: list[Job], nodes: int = 1) -> Simulation:
+    params = replace(
+        ClusterParams(nodes=nodes, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e10),
+        epochs=epochs,
+    )
+    return Simulation(policy, jobs, [Dataset("d", SIZE, (0.0,))], params, seed=3).run()
+
+
+def _job(i: int, arrival: float) -> Job:
+    return Job(i, arrival, 1, 8, "d", 2000.0, JobProfile(1.0, 1.0, 16_000, deadline=1e9))
+
+
+def test_a_job_reading_part_of_an_epoch_reads_only_that_part_from_the_store() -> None:
+    sim = _run("ours+stripe+early", 0.3, [_job(0, 0.0)])
+    assert sim.storage_bytes == pytest.approx(0.3 * SIZE, rel=1e-6)
+    (entry,) = (n.cache[("d", 0)] for n in sim.nodes if ("d", 0) in n.cache)
+    assert entry.part == pytest.approx(0.3)
+
+
+def test_the_next_job_reads_what_the_copy_lacks() -> None:
+    # two jobs one after the other on the one node, each reading 0.3 of an epoch: the second
+    # finds 0.3 of the version and reads 0.3 x 0.7 more from the store
+    sim = _run("ours+stripe+early", 0.3, [_job(0, 0.0), _job(1, 50_000.0)])
+    assert sim.storage_bytes == pytest.approx((0.3 + 0.3 * 0.7) * SIZE, rel=1e-6)
+    assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
+
+
+def test_without_start_before_whole_the_copy_is_read_whole() -> None:
+    sim = _run("ours+stripe", 0.3, [_job(0, 0.0)])
+    assert sim.storage_bytes == pytest.approx(SIZE, rel=1e-6)
+
+
+def test_only_a_whole_copy_serves_peers_whole_copies() -> None:
+    whole = _run("ours+stripe+early", 2.0, [_job(0, 0.0)])
+    assert whole.ready_copies.get(("d", 0)), "a copy read to the end is whole: a peer source"
+    part = _run("ours+stripe+early", 0.3, [_job(0, 0.0)])
+    assert not part.ready_copies.get(("d", 0)), "a partial copy is no peer's whole copy"
