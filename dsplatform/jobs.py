@@ -6,6 +6,9 @@ operator, Volcano and batch/v1 Jobs, then the gang conventions' pod-group labels
 (scheduler-plugins' Coscheduling ``scheduling.x-k8s.io/pod-group``, Kueue's
 ``kueue.x-k8s.io/pod-group-name``): a pod group is a job. The key is ``namespace/value``.
 
+A job whose pods carry none of these labels is named by its pods' controlling owner reference
+(:func:`owner_key`), where a caller needs every worker of it (the deadline plan loop).
+
 A job's worker count (``docs/design.md#class-sets``) is ``dsagent.io/workers``, else Kueue's
 ``kueue.x-k8s.io/pod-group-total-count``: the gang's size, which the class set must hold.
 """
@@ -65,6 +68,21 @@ def job_key(
     return None
 
 
+def owner_key(namespace: str, owners: object) -> str | None:
+    """``namespace/Kind/uid`` of the pod's controlling owner reference (the Job, JobSet or
+    training job that created it), else None: the identity of a job whose pods carry no job
+    label. ``owners`` is the pod's ``metadata.ownerReferences`` as read (hostile input)."""
+    if not isinstance(owners, list):
+        return None
+    for ref in owners[:64]:
+        if not isinstance(ref, Mapping) or ref.get("controller") is not True:
+            continue
+        kind, uid = ref.get("kind"), ref.get("uid")
+        if isinstance(kind, str) and isinstance(uid, str) and 0 < len(kind) <= 63 and 0 < len(uid) <= 128:
+            return f"{namespace}/{kind}/{uid}"
+    return None
+
+
 __all__ = [
     "DEFAULT_JOB_LABELS",
     "KUEUE_GROUP_COUNT_ANNOTATION",
@@ -72,6 +90,7 @@ __all__ = [
     "SUBNET_PLACEMENT_ANNOTATION",
     "WORKERS_ANNOTATION",
     "job_key",
+    "owner_key",
     "subnet_required",
     "workers_of",
 ]

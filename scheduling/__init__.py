@@ -7,6 +7,10 @@ Kubernetes client, no web stack; it imports only :mod:`gpu_topology` and :mod:`d
 timemodel    the deadline design's time model: a job's run time, plans, the annotations that
              describe a job
 plans        the plan decision over the nodes as their agents publish them (advice and applied)
+gatedjobs    the plan of a gated multi-worker job: its workers read, grouped, planned across
+             nodes, ordered by slack, each given its node (the controller's plan loop)
+nodefit      which nodes a pod's own rules allow (node selector, node affinity, taints)
+pinning      what a placement may change on a pod: node affinity narrowed, gates, annotations
 podspec      what a pod asks for: GPUs, datasets, RoCE classes, its job profile
 nodeinfo     what a node offers, read from the agents' annotations: topology, free GPUs,
              held datasets, RoCE classes; the bandwidth a placement gets

@@ -25,6 +25,7 @@ quotas       the tenancy bounds (pure): what each namespace pins this pass, what
 copycounts   ready copies per dataset version, published for the agents' eviction
 storegc      ``dsctl gc --delete`` Jobs per bundle store
 migration    step 5 of the deadline design: evict opted-in jobs that would end sooner elsewhere
+plangates    steps 3-6 for the gated workers of multi-worker jobs: plan across nodes, pin, lift the gate
 jobpod       the pod template of the Jobs it starts (pack and store gc)
 controllermetrics   its Prometheus registry and probe port
 """

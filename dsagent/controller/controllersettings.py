@@ -20,6 +20,7 @@ from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
 from dsplatform.settings import EnvSettings, Flag, UnitShare, not_from_env, read_secret_file
 from dsplatform.units import Duration, Size
 from dsplatform.wire import copycounts
+from scheduling.timemodel import DEFAULT_FORMULA, check_formula
 
 CONTROLLER_PREFIX = "DSAGENT_CONTROLLER_"
 _PRESETS = Thresholds()  # next-job preparation's default presets
@@ -102,11 +103,23 @@ class ControllerSettings(EnvSettings):
     migrate: Flag = Field(False, validation_alias=_controller_env("MIGRATE", "migrate"))
     gpu_resource: str = GPU_RESOURCE
     class_prefix: str = RESOURCE_PREFIX
+    # the plan loop (docs/design.md#deadline-plans): plans the gated workers of multi-worker jobs
+    # that opt in across nodes and lifts their gate (the webhook gates them: chart controller.planGates);
+    # it acts only on pods carrying that gate, which nothing else would lift
+    plan_gates: Flag = Field(True, validation_alias=_controller_env("PLAN_GATES", "plan_gates"))
+    plan_formula: str = DEFAULT_FORMULA  # (12)'s stand-in the loop ranks plans by (chart: the webhook's)
+    # a job still missing workers this long after its first was created is released unplanned
+    plan_gates_wait_s: Duration = Field(600.0, validation_alias=_controller_env("PLAN_GATES_WAIT", "plan_gates_wait_s"))
 
     @field_validator("metrics_port")
     @classmethod
     def _metrics_port(cls, value: int | None) -> int | None:
         return value or None
+
+    @field_validator("plan_formula")
+    @classmethod
+    def _plan_formula(cls, value: str) -> str:
+        return check_formula(value)
 
     @field_validator("prepare_reserve_fraction", "prepare_fill_fraction")
     @classmethod

@@ -43,6 +43,7 @@ from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.orphans import GoneSweep
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
+from dsagent.controller.plangates import PlanGates
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.refusals import refused_condition
@@ -152,6 +153,7 @@ class DatasetController:
         self.migration = MigrationPass(
             api_client, gpu_resource=settings.gpu_resource, class_prefix=settings.class_prefix, clock=clock
         )
+        self.plan_gates = PlanGates.of(api_client, settings, self.events, clock) if settings.plan_gates else None
         self.store_gc = (
             StoreCollector(self._batch, jobs, interval_s=settings.store_gc_s, grace_s=settings.store_gc_grace_s)
             if settings.store_gc_s
@@ -301,6 +303,11 @@ class DatasetController:
                 self.migration.run(nodes, self._pods())
             except Exception:  # a move is an optimisation: never let it stop a pass
                 log.exception("migration failed this pass")
+        if self.plan_gates is not None:  # after migration, as the design's round (6.2)
+            try:
+                self.plan_gates.run(nodes, self._pods)
+            except Exception:  # the next pass tries again
+                log.exception("the plan loop failed this pass")
 
     def reconcile(self, ds: JSON, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> JSON:
         """One Dataset: the status patch it needs (also written, when it changes anything)."""

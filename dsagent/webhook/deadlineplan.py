@@ -17,11 +17,12 @@ design chooses for it, not only advice:
 4. The GPUs given are remembered for a minute, or until the node republishes its free GPUs,
    and the next plans of this replica are made over what is left (:class:`PlanPolicy`).
 
-A pod is one worker: its plan is a single-node plan. A job of several workers
-(``dsagent.io/workers`` > 1) keeps its request, with a warning: its workers are admitted one
-by one, and a plan for the whole job would have to be fixed before the first of them (the
-queue system's job, see the design notes). An unusable annotation, no node with free GPUs,
-or a pod already bound: the pod is admitted as it is, with a warning saying why.
+A pod is one worker: its plan is a single-node plan. A worker of a job of several workers
+(``dsagent.io/workers`` > 1) is not planned here: with the plan loop on, it is admitted with
+a scheduling gate (:mod:`dsagent.webhook.plangate`) and the Dataset controller plans the whole
+job across nodes once all its workers exist; otherwise it keeps its request, with a warning.
+An unusable annotation, no node with free GPUs, or a pod already bound: the pod is admitted
+as it is, with a warning saying why.
 
 Who calls it: :func:`dsagent.webhook.server.decide`, before the GPU class policy, which then
 sees the planned request. The pure part is :func:`apply_plan`; :class:`KubePlanNodes` lists
@@ -31,7 +32,6 @@ the Nodes through an unmodified ``kubernetes`` ApiClient.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -44,8 +44,10 @@ from dsplatform import kubetime
 from dsplatform.errors import InvalidInput
 from dsplatform.gpus import GpuResources, QuantityError, parse_quantity
 from dsplatform.wire import podannotations
+from scheduling.gatedjobs import less_gpus
 from scheduling.kubeobjects import Node
 from scheduling.nodeinfo import NodeFacts, NodeReader
+from scheduling.pinning import require_node
 from scheduling.plans import plan_on_nodes, plan_sizes
 from scheduling.timemodel import DEFAULT_FORMULA, Plan, parse_profile
 
@@ -107,7 +109,8 @@ def _apply(
         raise InvalidInput(problem or "the pod has no time-model annotations (dsagent.io/params, step-seconds, steps)")
     if job.workers > 1:
         raise InvalidInput(
-            f"a job of {job.workers} workers is admitted one pod at a time; plans are applied to one-pod jobs"
+            f"a job of {job.workers} workers is admitted one pod at a time; the webhook plans one-pod jobs, "
+            "the controller's plan loop multi-worker ones (DSAGENT_WEBHOOK_PLAN_GATES, chart controller.planGates)"
         )
     index, asked = _gpu_container(spec, names)
     cap = podannotations.max_gpus_of(pod)
@@ -133,7 +136,7 @@ def _apply(
     patched = copy.deepcopy(dict(pod))
     ops: JSONPatch = []
     ops += _set_gpus(patched, index, gpus, names)
-    ops += _require_node(patched, node)
+    ops += require_node(patched, node)
     patched["metadata"].setdefault("annotations", {})[podannotations.PLANNED_ANNOTATION] = note
     path = "/metadata/annotations/" + escape(podannotations.PLANNED_ANNOTATION)
     ops.append({"op": "add", "path": path, "value": note})
@@ -191,46 +194,6 @@ def _set_gpus(pod: dict[str, Any], index: int, gpus: int, names: GpuResources) -
                 entries[name] = str(gpus)
                 path = f"/spec/containers/{index}/resources/{kind}/{escape(name)}"
                 ops.append({"op": "replace", "path": path, "value": str(gpus)})
-    return ops
-
-
-def _require_node(pod: dict[str, Any], node: str) -> JSONPatch:
-    """A required node affinity to ``node``: a new one, or ``matchFields`` added to every
-    existing required term (terms are ORed, expressions in a term ANDed)."""
-    field_term = {"key": "metadata.name", "operator": "In", "values": [node]}
-    spec = pod["spec"]
-    affinity = spec.get("affinity")
-    if not isinstance(affinity, dict):
-        terms: list[dict[str, Any]] = [{"matchFields": [field_term]}]
-        value = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
-        spec["affinity"] = value
-        return [{"op": "add", "path": "/spec/affinity", "value": copy.deepcopy(value)}]
-    node_affinity = affinity.get("nodeAffinity")
-    if node_affinity is not None and not isinstance(node_affinity, dict):
-        raise InvalidInput("the pod's nodeAffinity is not an object")
-    required = {"nodeSelectorTerms": [{"matchFields": [field_term]}]}
-    if not isinstance(node_affinity, dict):
-        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": required}
-        return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": copy.deepcopy(affinity["nodeAffinity"])}]
-    key = "requiredDuringSchedulingIgnoredDuringExecution"
-    selector = node_affinity.get(key)
-    if selector is not None and not isinstance(selector, dict):
-        raise InvalidInput(f"the pod's nodeAffinity.{key} is not an object")
-    existing = (selector or {}).get("nodeSelectorTerms")
-    if not isinstance(existing, list) or not existing:
-        node_affinity[key] = required
-        return [{"op": "add", "path": f"/spec/affinity/nodeAffinity/{key}", "value": copy.deepcopy(required)}]
-    if not all(isinstance(term, dict) for term in existing):
-        raise InvalidInput("the pod's required node affinity has a term that is not an object")
-    ops: JSONPatch = []
-    for i, term in enumerate(existing):
-        base = f"/spec/affinity/nodeAffinity/{key}/nodeSelectorTerms/{i}/matchFields"
-        if isinstance(term.get("matchFields"), list):
-            term["matchFields"].append(dict(field_term))
-            ops.append({"op": "add", "path": base + "/-", "value": dict(field_term)})
-        else:
-            term["matchFields"] = [dict(field_term)]
-            ops.append({"op": "add", "path": base, "value": [dict(field_term)]})
     return ops
 
 
@@ -303,11 +266,7 @@ class PlanPolicy:
         else:
             self._promises.pop(facts.name, None)
             return facts
-        promised = sum(p.gpus for p in live)
-        if facts.published_free is not None:
-            kept = sorted(facts.published_free)[: max(0, len(facts.published_free) - promised)]
-            return dataclasses.replace(facts, published_free=frozenset(kept))
-        return dataclasses.replace(facts, used_gpus=facts.used_gpus + promised)
+        return less_gpus(facts, sum(p.gpus for p in live))
 
 
 def _name(pod: Mapping[str, Any]) -> str:

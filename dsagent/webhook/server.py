@@ -10,7 +10,10 @@ with ``failurePolicy: Ignore`` for when it is down).
 
 With ``DSAGENT_WEBHOOK_DEADLINE_PLANS=true`` it applies the deadline design's plan (GPU count
 and node) to a pod that says ``dsagent.io/deadline-plan: apply``
-(:mod:`dsagent.webhook.deadlineplan`), before the GPU class step.
+(:mod:`dsagent.webhook.deadlineplan`), before the GPU class step. With
+``DSAGENT_WEBHOOK_PLAN_GATES=true`` a worker of a multi-worker job that says so is admitted
+with a scheduling gate instead, for the Dataset controller's plan loop
+(:mod:`dsagent.webhook.plangate`).
 
 With ``DSAGENT_WEBHOOK_GPU_CLASSES=true`` it also rewrites a GPU pod's ``nvidia.com/gpu``
 request into its job's RoCE class resource (:mod:`dsagent.webhook.roceclass`), the job's
@@ -18,7 +21,7 @@ class kept in a Lease per job.
 
 Serve it with ``python -m dsagent.webhook`` (settings from ``DSAGENT_WEBHOOK_*``:
 ``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``,
-``DEADLINE_PLANS``, ``PLAN_FORMULA``; for GPU classes ``GPU_CLASSES``, ``GPU_RESOURCE``,
+``DEADLINE_PLANS``, ``PLAN_FORMULA``, ``PLAN_GATES``; for GPU classes ``GPU_CLASSES``, ``GPU_RESOURCE``,
 ``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
 """
 
@@ -57,6 +60,7 @@ from dsagent.webhook.deadlineplan import WARNING as PLAN_WARNING
 from dsagent.webhook.deadlineplan import KubePlanNodes, PlanOutcome, PlanPolicy, wants_plan
 from dsagent.webhook.gpurequest import WEBHOOK_PREFIX, GpuClassSettings
 from dsagent.webhook.mutation import Injection, JSONPatch, mutate, resolve
+from dsagent.webhook.plangate import GatePolicy, multi_worker
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from dsplatform import boundedjson, logs, probes
 from dsplatform.errors import PlatformError, exit_on_error
@@ -115,16 +119,18 @@ def decide(
     *,
     dry_run: bool = False,
     plans: PlanPolicy | None = None,
+    gates: GatePolicy | None = None,
 ) -> Decision:
     """What to do with one pod: wire its datasets, (with ``plans``) apply its deadline plan
-    when it opts in, and (with ``gpu``) give its GPU request its job's class; never raises (an
-    error becomes a warning and no patch for that part)."""
+    when it opts in, (with ``gates``) gate a worker of a multi-worker job that opts in, and
+    (with ``gpu``) give its GPU request its job's class; never raises (an error becomes a
+    warning and no patch for that part)."""
     shape = _shape_problem(pod)
     if shape:  # no JSONPatch could apply to it: admit it unchanged, the API server judges it
         log.warning("pod in %s admitted without dsplatform: %s", namespace, shape)
         return Decision([], (f"dsplatform: datasets not wired, the pod runs without the cache: {shape}",), True)
     datasets = _decide_datasets(pod, namespace, injection, lookup)
-    planned = _decide_plan(pod, namespace, plans)
+    planned = _decide_plan(pod, namespace, plans, gates)
     if planned.patch or planned.warnings:
         # the class policy reads the planned pod: its patch follows the plan's in one sequence
         datasets = Decision(datasets.patch + planned.patch, datasets.warnings + planned.warnings, datasets.failed)
@@ -152,9 +158,23 @@ def decide(
     )
 
 
-def _decide_plan(pod: Mapping[str, Any], namespace: str, plans: PlanPolicy | None) -> PlanOutcome:
+def _decide_plan(
+    pod: Mapping[str, Any], namespace: str, plans: PlanPolicy | None, gates: GatePolicy | None = None
+) -> PlanOutcome:
     if not wants_plan(pod):
         return PlanOutcome(pod)
+    if gates is not None:
+        try:
+            gated = gates.decide(pod)
+        except Exception as exc:  # never block a pod on a bug; keep it visible
+            name = (pod.get("metadata") or {}).get("name") or "pod"
+            log.exception("gating %s/%s for its deadline plan failed", namespace, name)
+            return PlanOutcome(pod, warnings=(PLAN_WARNING + f"internal error ({type(exc).__name__})",))
+        if gated is not None:
+            return gated
+    elif plans is None and multi_worker(pod):
+        reason = f"a job of several workers is planned by the controller's plan loop, off here ({ENV_PREFIX}PLAN_GATES)"
+        return PlanOutcome(pod, warnings=(PLAN_WARNING + reason,))
     if plans is None:
         reason = f"deadline plans are off in this webhook ({ENV_PREFIX}DEADLINE_PLANS)"
         return PlanOutcome(pod, warnings=(PLAN_WARNING + reason,))
@@ -200,10 +220,15 @@ def response(uid: str, decision: Decision) -> dict[str, Any]:
 
 
 def create_app(
-    injection: Injection, lookup: Lookup, gpu: GpuClassPolicy | None = None, plans: PlanPolicy | None = None
+    injection: Injection,
+    lookup: Lookup,
+    gpu: GpuClassPolicy | None = None,
+    plans: PlanPolicy | None = None,
+    gates: GatePolicy | None = None,
 ) -> FastAPI:
-    """The webhook's ASGI app; ``lookup`` reads Datasets, ``gpu`` assigns GPU classes and
-    ``plans`` applies deadline plans (all blocking: run in a thread)."""
+    """The webhook's ASGI app; ``lookup`` reads Datasets, ``gpu`` assigns GPU classes,
+    ``plans`` applies deadline plans and ``gates`` gates the workers of multi-worker jobs for
+    the plan loop (all blocking: run in a thread)."""
     app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = WebhookMetrics()
     app.state.metrics = metrics
@@ -233,7 +258,7 @@ def create_app(
         metadata = pod.get("metadata")
         namespace = req.namespace or (metadata.get("namespace") if isinstance(metadata, dict) else None) or "default"
         decision = await asyncio.to_thread(
-            decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun), plans=plans
+            decide, pod, namespace, injection, lookup, gpu, dry_run=bool(req.dryRun), plans=plans, gates=gates
         )
         return JSONResponse(response(req.uid, decision)), decision.outcome
 
@@ -292,6 +317,9 @@ class WebhookSettings(EnvSettings):
     # deadline plans applied to pods that opt in (dsagent.io/deadline-plan: apply); off: advice only
     deadline_plans: Flag = False
     plan_formula: str = DEFAULT_FORMULA  # (12)'s stand-in the plans are ranked by
+    # the workers of a multi-worker job that opts in are admitted with a scheduling gate, which
+    # the Dataset controller's plan loop lifts; on only where that loop runs (chart: controller.planGates)
+    plan_gates: Flag = False
 
     @field_validator("plan_formula")
     @classmethod
@@ -371,10 +399,11 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
         names = settings.gpu_classes.names
         reader = NodeReader(gpu_resource=names.gpu)
         plans = PlanPolicy(KubePlanNodes(api_client, reader), time.time, names, settings.plan_formula)
+    gates = GatePolicy(settings.gpu_classes.names, time.time) if settings.plan_gates else None
     assert settings.injection is not None  # the settings read or were given it
     # bound first: a busy address is one line and exit 2, not uvicorn's log and exit 3
     sock = listening_socket(settings.host, settings.port, hint=f"choose another {ENV_PREFIX}LISTEN")
-    app = StartupWatch(create_app(settings.injection, client.get, gpu, plans))
+    app = StartupWatch(create_app(settings.injection, client.get, gpu, plans, gates))
     config = uvicorn.Config(
         app,
         **logs.uvicorn_options(log_settings if log_settings is not None else AgentLogSettings()),

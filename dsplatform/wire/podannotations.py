@@ -171,6 +171,9 @@ def progress_of(annotations: Mapping[str, Any]) -> tuple[int, int] | None:
 # and applies the deadline time model's plan (GPU count and node) to the pod, recording what
 # it applied in ``dsagent.io/planned`` (docs/design.md#deadline-plans). Without it a plan is
 # advice (``GET /v1/plan``). ``dsagent.io/max-gpus`` caps the GPUs a plan may give the pod.
+# A worker of a job of several workers is admitted with the scheduling gate ``PLAN_GATE``
+# instead; the Dataset controller's plan loop plans the whole job over the nodes, pins each
+# worker to its node, records the plan (with the worker's ``node``) and lifts the gate.
 
 PLAN_ANNOTATION = "dsagent.io/deadline-plan"
 PLAN_APPLY = "apply"
@@ -178,11 +181,24 @@ PLAN_ADVISE = "advise"
 PLANNED_ANNOTATION = "dsagent.io/planned"
 MAX_GPUS_ANNOTATION = "dsagent.io/max-gpus"
 MAX_PLAN_GPUS = 4096
+#: the scheduling gate (``spec.schedulingGates[].name``) the webhook sets and the controller lifts
+PLAN_GATE = "dsagent.io/deadline-plan"
+#: the largest ``dsagent.io/planned`` read back (a plan over thousands of nodes stays below it)
+PLANNED_MAX_BYTES = 64 * 1024
+PLANNED_MAX_GPUS = 1_000_000  # a whole job's plan (a node's share is at most MAX_PLAN_GPUS)
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A raw pod's annotations (empty when its metadata or annotations are not objects)."""
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return annotations if isinstance(annotations, dict) else {}
 
 
 def plan_mode(pod: Mapping[str, Any]) -> str | None:
     """``apply``, ``advise`` or None (not asked); raises :class:`InvalidInput` for another value."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = _annotations(pod)
     value = annotations.get(PLAN_ANNOTATION)
     if value is None:
         return None
@@ -194,8 +210,7 @@ def plan_mode(pod: Mapping[str, Any]) -> str | None:
 
 def max_gpus_of(pod: Mapping[str, Any]) -> int | None:
     """The pod's ``dsagent.io/max-gpus`` (1..4096), None when absent; InvalidInput otherwise."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(MAX_GPUS_ANNOTATION)
+    value = _annotations(pod).get(MAX_GPUS_ANNOTATION)
     if value is None:
         return None
     text = value.strip() if isinstance(value, str) else ""
@@ -204,13 +219,75 @@ def max_gpus_of(pod: Mapping[str, Any]) -> int | None:
     return int(text)
 
 
-def encode_planned(gpus: int, nodes: Mapping[str, int], branch: str, formula: str, deadline: str | None) -> str:
-    """``dsagent.io/planned``: what the webhook applied (GPUs, GPUs per node, the decision's
-    branch, the formula that ranked the plans, the deadline in RFC 3339)."""
+def encode_planned(
+    gpus: int,
+    nodes: Mapping[str, int],
+    branch: str,
+    formula: str,
+    deadline: str | None,
+    node: str | None = None,
+) -> str:
+    """``dsagent.io/planned``: what was applied (GPUs, GPUs per node, the decision's branch,
+    the formula that ranked the plans, the deadline in RFC 3339); ``node``: on a worker of a
+    gated job, the node this worker is pinned to (``nodes`` is then the whole job's plan)."""
     body: dict[str, Any] = {"gpus": gpus, "nodes": dict(nodes), "branch": branch, "formula": formula}
     if deadline is not None:
         body["deadline"] = deadline
+    if node is not None:
+        body["node"] = node
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """``dsagent.io/planned`` as read back: what :func:`encode_planned` wrote."""
+
+    gpus: int
+    nodes: Mapping[str, int]
+    branch: str
+    formula: str
+    deadline: str | None = None
+    node: str | None = None
+
+
+def decode_planned(text: Any) -> Planned:
+    """The plan :func:`encode_planned` wrote; :class:`InvalidInput` naming what is wrong for
+    anything else (the annotation is the pod author's to edit: hostile input)."""
+    what = PLANNED_ANNOTATION
+    if not isinstance(text, str):
+        raise InvalidInput(f"{what} is not a string")
+    try:
+        body = boundedjson.loads(text, what=what, max_bytes=PLANNED_MAX_BYTES)
+    except boundedjson.JsonRefused as exc:
+        raise InvalidInput(exc.message) from None
+    if not isinstance(body, dict):
+        raise InvalidInput(f"{what} must be a JSON object")
+    gpus, nodes = body.get("gpus"), body.get("nodes")
+    if not _count(gpus, PLANNED_MAX_GPUS):
+        raise InvalidInput(f"{what}.gpus must be a whole number 1..{PLANNED_MAX_GPUS}")
+    if not isinstance(nodes, dict) or not nodes:
+        raise InvalidInput(f"{what}.nodes must be an object of node names and GPU counts")
+    for name, count in nodes.items():
+        if not (isinstance(name, str) and _NODE_NAME.fullmatch(name)) or not _count(count, MAX_PLAN_GPUS):
+            raise InvalidInput(f"{what}.nodes has an entry that is not a node name and a GPU count")
+    if sum(nodes.values()) != gpus:
+        raise InvalidInput(f"{what}.nodes does not add up to its gpus")
+    branch, formula, deadline = (_text(body, key, 64) for key in ("branch", "formula", "deadline"))
+    node = _text(body, "node", 253)
+    if node is not None and node not in nodes:
+        raise InvalidInput(f"{what}.node is not one of its nodes")
+    return Planned(gpus, dict(nodes), branch or "", formula or "", deadline, node)
+
+
+def _text(body: Mapping[str, Any], key: str, most: int) -> str | None:
+    value = body.get(key)
+    if value is not None and (not isinstance(value, str) or len(value) > most):
+        raise InvalidInput(f"{PLANNED_ANNOTATION}.{key} must be a string of at most {most} characters")
+    return value
+
+
+def _count(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 __all__ = [
@@ -221,10 +298,14 @@ __all__ = [
     "PLAN_ADVISE",
     "PLAN_ANNOTATION",
     "PLAN_APPLY",
+    "PLAN_GATE",
+    "PLANNED_MAX_BYTES",
     "PROGRESS_ANNOTATION",
     "VERSION",
     "DatasetRef",
+    "Planned",
     "datasets_of",
+    "decode_planned",
     "encode",
     "encode_planned",
     "max_gpus_of",

@@ -1037,6 +1037,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
         ("", "nodes", "list"),
         ("dsagent.io", "nodecaches", "list"),  # the nodes' inventories (docs/design.md#node-state)
         ("", "pods", "list"),  # replication's demand, next-job preparation
+        ("", "pods", "patch"),  # the plan loop pins a gated worker and lifts its gate (docs/design.md#deadline-plans)
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets/status", "patch"),
         ("events.k8s.io", "events", "create"),  # a refusal told the Dataset's owner (docs/operator-guide/tenancy.md)

@@ -17,8 +17,10 @@ Deadline variants (docs/design.md#deadline-formula)::
     deadline-slack          slack per GPU, plans over the free GPUs
     deadline-finish         earliest finish among the plans that meet the deadline
     deadline-efficiency     parallel efficiency t_single / (n x t_run)
-    deadline-design         the design as written: (12) as the product reads it (its default
-                            formula: the highest running efficiency), plans over the free
+    deadline-design         the design as written: (12) is the product's own function,
+                            ``FORMULAS[DEFAULT_FORMULA]`` of scheduling.timemodel (the highest
+                            running efficiency, what the webhook and the plan loop rank by),
+                            reached through the product's ``decide``; plans over the free
                             GPUs, (3.4) without the project's rules, no waiting for one node
     deadline-applied        what the admission webhook applies to pods that opt in: efficiency,
                             plans over the free GPUs, single-node plans for one-worker jobs;

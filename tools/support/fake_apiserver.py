@@ -25,7 +25,9 @@ resource (``dsagent.io/v1alpha1``, cluster-scoped, no status subresource), and t
   merge key; annotations, labels and status are maps; a Node's ``status.conditions`` merge
   by ``type``, their merge key) and ``application/json-patch+json``
   (RFC 6902). ``/status`` writes change only ``.status``; writes to the main resource
-  leave ``.status`` alone. A write that changes nothing keeps the resourceVersion and
+  leave ``.status`` alone, and a pod's spec changes only as the API server allows
+  (:mod:`tools.support.podrules`: scheduling gates only removed, a gated pod's node affinity
+  only narrowed, resource requests never changed). A write that changes nothing keeps the resourceVersion and
   sends no event, like the real server. Deleting an object deletes the objects whose
   ``ownerReferences`` name its uid (the garbage collector's background cascade, done at
   once: a Node's ``NodeCache`` goes with it).
@@ -66,6 +68,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from dsplatform import kubetime
+from tools.support.podrules import PodUpdateRefused, check_pod_update
 
 JSON = dict[str, Any]
 
@@ -1011,10 +1014,12 @@ class FakeApiServer:
             if method == "PUT":
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", "the request body must be an object")
+                _check_pod(target, self.store.get(rt.plural, ns, target.name), body)
                 return 200, self.store.update(rt.plural, ns, target.name, body, subresource=target.subresource)
             if method == "PATCH":
                 old = self.store.get(rt.plural, ns, target.name)
                 new = apply_patch(rt, old, content_type or "", body)
+                _check_pod(target, old, new)
                 return 200, self.store.update(rt.plural, ns, target.name, new, subresource=target.subresource)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
 
@@ -1163,6 +1168,15 @@ class FakeApiServer:
         if event.type in ("ADDED", "MODIFIED", "DELETED") and not matches_now:
             return None
         return {"type": event.type, "object": event.obj}
+
+
+def _check_pod(target: _Target, old: JSON, new: JSON) -> None:
+    """A client's write of a pod's spec keeps the API server's pod update rules (:mod:`tools.support.podrules`)."""
+    if target.rt.plural == "pods" and target.subresource is None:
+        try:
+            check_pod_update(old, new)
+        except PodUpdateRefused as exc:
+            raise ApiError(422, "Invalid", exc.message, name=target.name, kind="Pod") from None
 
 
 def _plural_of(obj: JSON) -> str:

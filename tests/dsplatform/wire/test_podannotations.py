@@ -84,3 +84,35 @@ def test_what_encode_writes_parse_reads_back(refs: tuple[DatasetRef, ...]) -> No
     back = parse(encode(refs))
     assert back == refs
     assert [r.storage_options for r in back] == [r.storage_options for r in refs]  # not part of ==
+
+
+def test_what_encode_planned_writes_decode_planned_reads_back() -> None:
+    from dsplatform.wire.podannotations import Planned, decode_planned, encode_planned
+
+    text = encode_planned(4, {"gpu-a": 2, "gpu-b": 2}, "cross-expected", "efficiency", "2026-11-22T18:00:00Z", "gpu-b")
+    assert decode_planned(text) == Planned(
+        4, {"gpu-a": 2, "gpu-b": 2}, "cross-expected", "efficiency", "2026-11-22T18:00:00Z", "gpu-b"
+    )
+    assert decode_planned(encode_planned(2, {"n1": 2}, "single-late", "efficiency", None)).node is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "not json",
+        "[]",
+        '{"gpus": 4, "nodes": {"a": 2}}',
+        '{"gpus": 2, "nodes": {"a": 2}, "node": "b"}',
+        '{"gpus": 2, "nodes": {"A_": 2}}',
+        '{"gpus": true, "nodes": {"a": 1}}',
+        '{"gpus": 2, "nodes": {"a": 2}, "branch": ["x"]}',
+        '{"gpus": 2, "nodes": {"a": 2}, "pad": "' + "x" * 70_000 + '"}',
+        "[" * 5000,
+    ],
+)
+def test_decode_planned_refuses_what_encode_planned_never_writes(text: object) -> None:
+    from dsplatform.wire.podannotations import decode_planned
+
+    with pytest.raises(InvalidInput):
+        decode_planned(text)
