@@ -7,7 +7,7 @@ annotation, so a writer and its readers cannot drift apart (docs/design.md#annot
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsplatform.kubetime import parse_or_none
@@ -23,15 +23,22 @@ FREE_GPUS = "dsagent.io/free-gpus"
 PUBLISHED_AT = "dsagent.io/published-at"
 
 
-def stale(annotations: Mapping[str, Any], now: float, max_age: float) -> bool:
+def stale(
+    annotations: Mapping[str, Any],
+    now: float,
+    max_age: float,
+    *,
+    parse: Callable[[Any], float | None] = parse_or_none,
+) -> bool:
     """Whether a Node's published annotations are older than ``max_age`` seconds by their
     :data:`PUBLISHED_AT` stamp (a stamp in the future by more than the bound counts as stale
     too: a clock that far off is not to be trusted). No stamp at all (an agent older than the
-    stamp) is not stale: there is nothing to date it by."""
+    stamp) is not stale: there is nothing to date it by. ``parse``: how the stamp is read
+    (:func:`dsplatform.kubetime.parse_or_none`, or a reader that remembers what it read)."""
     raw = annotations.get(PUBLISHED_AT)
     if raw is None:
         return False
-    stamp = parse_or_none(raw)
+    stamp = parse(raw)
     return stamp is None or abs(now - stamp) > max_age
 
 

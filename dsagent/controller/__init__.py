@@ -10,6 +10,9 @@ Modules, one concern each:
 
 reconcile    the loop: leader check, one pass over the Nodes' inventories and every Dataset,
              ``status.readyNodes``, cleanup (``dsagent.io/cleanup``); ``main``
+inventories  the inventories as the passes read them: each text parsed once, what each says
+             read once, indexed by the datasets they list from pass to pass
+passheap     the cyclic garbage collector kept off what a pass has read
 controllersettings  ``DSAGENT_CONTROLLER_*``
 leader       one leader among the replicas, by a ``coordination.k8s.io/v1`` Lease
 agents       calls to the node agents: find them, hold a task on chosen nodes, read answers

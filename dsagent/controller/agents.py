@@ -14,10 +14,13 @@ and byte counts, never more.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dsagent.kube.apiclient import loads_list
+from dsagent.kube.datasets import parse_stripe
+from dsagent.kube.selectors import label_matcher
+from dsagent.policy import replication
 from dsplatform.kubetime import format_micro_time
 from dsplatform.tenancy import ACTING_FOR_HEADER, acting_for
 from dsplatform.wire.agenttask import MESSAGE_MAX, DatasetRequestBody, dataset_request, read_datasets
@@ -44,6 +47,46 @@ def find_agents(core: Any, namespace: str, selector: str, port: int, timeout: fl
     pods = raw(lambda **kw: core.list_namespaced_pod(namespace, label_selector=selector, **kw), timeout=timeout)[
         "items"
     ]
+    return _agent_urls(pods, port)
+
+
+def agents_among(pods: Iterable[JSON], namespace: str, selector: str, port: int) -> dict[str, str] | None:
+    """What :func:`find_agents` answers, from every pod of the cluster already listed: the pods of
+    ``namespace`` that ``selector`` selects (:func:`dsagent.kube.selectors.label_matcher`);
+    None when the selector is not one read here (the API server is asked then)."""
+    selects = label_matcher(selector)
+    if selects is None:
+        return None
+    mine = []
+    for pod in pods:
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict) or meta.get("namespace") != namespace:
+            continue
+        labels = meta.get("labels")
+        if selects(labels if isinstance(labels, dict) else {}):
+            mine.append(pod)
+    return _agent_urls(mine, port)
+
+
+def reads_every_pod(datasets: Iterable[JSON], *, prepare: bool, migrate: bool) -> bool:
+    """Whether a controller pass over ``datasets`` lists every pod anyway: next-job preparation
+    (``prepare``), migration (``migrate``), or a Dataset with replicas or a stripe. A guess
+    for :func:`agents_among`: a pass may list them later (its plan loop) or not at all, and
+    either way each step reads the same pods."""
+    if prepare or migrate:
+        return True
+    for ds in datasets:
+        spec, status = ds.get("spec"), ds.get("status")
+        spec = spec if isinstance(spec, dict) else {}
+        stripe = status.get("stripe") if isinstance(status, dict) else None
+        if replication.parse_mode(spec.get("replicas")) is not None or parse_stripe(spec.get("stripe")) is not None:
+            return True
+        if isinstance(stripe, dict) and stripe.get("nodes"):
+            return True
+    return False
+
+
+def _agent_urls(pods: Iterable[JSON], port: int) -> dict[str, str]:
     urls = {}
     for pod in pods:
         node, ip = (pod.get("spec") or {}).get("nodeName"), (pod.get("status") or {}).get("podIP")
@@ -150,11 +193,13 @@ def cleanup(agent_call: AgentCall, nodes: list[str], namespace: str, name: str, 
 
 __all__ = [
     "AgentCall",
+    "agents_among",
     "cleanup",
     "find_agents",
     "hold_on",
     "http_call",
     "raw",
+    "reads_every_pod",
     "release",
     "task_report",
     "task_request",

@@ -7,7 +7,8 @@ inputs (no API, no clock):
 
 - :func:`holdings`: per node, how much of the current version it holds and in which state
   (a ready copy, a copy being fetched with the bytes it has so far, a failed one, a share
-  of a striped version); ``status.readyNodes`` are its ready ones;
+  of a striped version); ``status.readyNodes`` are its ready ones; :func:`held_versions`
+  is the same for one node at every digest it lists;
 - :func:`cache_status`: ``status.phase``, ``status.cache`` (cached bytes, percentages,
   nodes ready / fetching / failed) and ``status.conditions`` (``Ready``, ``Packing``,
   ``Degraded``) following the Kubernetes API conventions: a condition's
@@ -25,8 +26,7 @@ striped version's group holds every byte), ``Caching`` (nodes are fetching it), 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsplatform.wire.inventory import versions_of
 
@@ -36,62 +36,66 @@ JSON = dict[str, Any]
 NODES_LISTED = 64
 
 
-@dataclass(frozen=True)
-class Holding:
-    """One node's part of the current version."""
+class Holding(NamedTuple):
+    """One node's part of the current version (a tuple of plain values: the collector stops
+    tracking it, however many a pass keeps)."""
 
     state: str  # "ready", "fetching", "failed" or "share" (a striped version's share)
     held_bytes: int
     size_bytes: int
 
 
-def by_dataset(inventories: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Mapping[str, Any]]]:
-    """Dataset name -> the inventories (by node, in ``inventories``' order) that list it, as a
-    copy or as a stripe share: built once a pass, so that :func:`holdings` of one Dataset
-    reads the few nodes that hold it, not every node (a pass over 5,000 nodes and 1,000
-    Datasets walked five million inventories)."""
-    out: dict[str, dict[str, Mapping[str, Any]]] = {}
-    for node, inv in inventories.items():
-        datasets = inv.get("datasets")
-        stripes = inv.get("stripes")
-        names = list(datasets) if isinstance(datasets, Mapping) else []
-        if isinstance(stripes, Mapping):
-            names += [n for n in stripes if n not in datasets] if isinstance(datasets, Mapping) else list(stripes)
-        for name in names:
-            if isinstance(name, str):
-                out.setdefault(name, {})[node] = inv
-    return out
-
-
 def holdings(inventories: Mapping[str, Mapping[str, Any]], name: str, digest: str | None) -> dict[str, Holding]:
     """Per node, what its inventory says of ``name`` at ``digest`` (nodes holding nothing left out).
-    ``inventories`` may be every node's or only those listing ``name`` (:func:`by_dataset`):
-    the answer is the same.
+    ``inventories`` may be every node's or only those listing ``name``: the answer is the same.
 
     Inventories are another party's JSON: a field of the wrong type counts as absent."""
     if not digest:
         return {}
     out: dict[str, Holding] = {}
     for node, inv in inventories.items():
-        mine = [v for v in versions_of(inv, name) if v.get("digest") == digest]
-        if mine:
-            states = {v.get("state") for v in mine}
-            size = _whole(next((v.get("sizeBytes") for v in mine if _whole(v.get("sizeBytes"))), 0))
-            if "ready" in states:
-                out[node] = Holding("ready", size, size)
-                continue
-            if "fetching" in states:
-                held = _whole(next((v.get("heldBytes") for v in mine if v.get("state") == "fetching"), 0))
-                out[node] = Holding("fetching", min(held, size) if size else held, size)
-                continue
-            if "failed" in states:
-                out[node] = Holding("failed", 0, size)
-                continue
-        stripes = inv.get("stripes")
-        share = stripes.get(name) if isinstance(stripes, Mapping) else None
-        if isinstance(share, Mapping) and share.get("digest") == digest:
-            out[node] = Holding("share", _whole(share.get("heldBytes")), _whole(share.get("sizeBytes")))
+        found = holding(inv, name, digest)
+        if found is not None:
+            out[node] = found
     return out
+
+
+def held_versions(inventory: Mapping[str, Any], name: str) -> dict[str, Holding]:
+    """Digest -> :func:`holding` of ``name`` at that digest, for every digest the inventory
+    lists ``name`` at (a copy or a stripe share): what :func:`holdings` answers for this node
+    at any digest, worked out once per inventory rather than once per Dataset."""
+    found = [v.get("digest") for v in versions_of(inventory, name)]
+    stripes = inventory.get("stripes")
+    share = stripes.get(name) if isinstance(stripes, Mapping) else None
+    if isinstance(share, Mapping):
+        found.append(share.get("digest"))
+    out: dict[str, Holding] = {}
+    for digest in found:
+        if isinstance(digest, str) and digest and digest not in out:
+            held = holding(inventory, name, digest)
+            if held is not None:
+                out[digest] = held
+    return out
+
+
+def holding(inv: Mapping[str, Any], name: str, digest: str) -> Holding | None:
+    """What one node's inventory says of ``name`` at ``digest``; None when it holds none of it."""
+    mine = [v for v in versions_of(inv, name) if v.get("digest") == digest]
+    if mine:
+        states = {v.get("state") for v in mine}
+        size = _whole(next((v.get("sizeBytes") for v in mine if _whole(v.get("sizeBytes"))), 0))
+        if "ready" in states:
+            return Holding("ready", size, size)
+        if "fetching" in states:
+            held = _whole(next((v.get("heldBytes") for v in mine if v.get("state") == "fetching"), 0))
+            return Holding("fetching", min(held, size) if size else held, size)
+        if "failed" in states:
+            return Holding("failed", 0, size)
+    stripes = inv.get("stripes")
+    share = stripes.get(name) if isinstance(stripes, Mapping) else None
+    if isinstance(share, Mapping) and share.get("digest") == digest:
+        return Holding("share", _whole(share.get("heldBytes")), _whole(share.get("sizeBytes")))
+    return None
 
 
 def cache_status(
@@ -255,4 +259,4 @@ def _short(digest: str | None) -> str:
     return (digest or "-")[:12]
 
 
-__all__ = ["by_dataset", "NODES_LISTED", "Holding", "cache_status", "changes", "holdings"]
+__all__ = ["NODES_LISTED", "Holding", "cache_status", "changes", "held_versions", "holding", "holdings"]

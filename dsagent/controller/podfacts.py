@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from dsagent.policy.preparation import NodeState, Running, Waiting, Want
@@ -53,6 +54,13 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     found = _meta(obj).get("annotations")
     return {str(k): v for k, v in found.items() if isinstance(v, str)} if isinstance(found, Mapping) else {}
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    """One annotation of ``obj`` (:func:`_annotations`' value), without copying the others."""
+    found = _meta(obj).get("annotations")
+    value = found.get(key) if isinstance(found, Mapping) else None
+    return value if isinstance(value, str) else None
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -106,7 +114,7 @@ def dataset_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The Dataset names a pod asks for by name (inline sources are left out)."""
     from scheduling.podspec import DATASETS_ANNOTATION, parse_datasets
 
-    text = _annotations(pod).get(DATASETS_ANNOTATION)
+    text = _annotation(pod, DATASETS_ANNOTATION)
     if text is None or len(text) > 64 * 1024:
         return ()
     wants, error = parse_datasets(text)
@@ -230,16 +238,25 @@ def node_states(
 
 
 def free_gpus(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Free GPUs per node: ``dsagent.io/free-gpus``, else allocatable less active pods' requests."""
-    requested: dict[str, int] = {}
-    for pod in pods:
-        bound = node_of(pod)
-        if bound is not None and not ended(pod):
-            requested[bound] = requested.get(bound, 0) + pod_gpus(pod)
-    out = {}
+    """Free GPUs per node: ``dsagent.io/free-gpus``, else allocatable less active pods' requests
+    (the pods are read only when a node publishes no count of its own)."""
+    out: dict[str, int] = {}
+    unpublished = []
     for node in nodes:
         name = _meta(node).get("name")
         if isinstance(name, str):
+            published_free = _published_free(node)
+            if published_free is None:
+                unpublished.append((name, node))
+            else:
+                out[name] = published_free
+    if unpublished:
+        requested: dict[str, int] = {}
+        for pod in pods:
+            bound = node_of(pod)
+            if bound is not None and not ended(pod):
+                requested[bound] = requested.get(bound, 0) + pod_gpus(pod)
+        for name, node in unpublished:
             out[name] = _free_gpus(node, requested.get(name, 0))
     return out
 
@@ -276,12 +293,22 @@ def pods_by_dataset(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
     return out
 
 
+def _published_free(node: Mapping[str, Any]) -> int | None:
+    """The free GPUs a node's ``dsagent.io/free-gpus`` counts; None without a readable one."""
+    value = _annotation(node, published.FREE_GPUS)
+    return None if value is None else _free_count(value[:512])
+
+
+@lru_cache(maxsize=4096)  # the few lists of GPU indices the nodes of a cluster publish
+def _free_count(value: str) -> int | None:
+    parts = [p for p in value.split(",") if p.strip()]
+    return len(parts) if all(p.strip().isdigit() for p in parts) else None
+
+
 def _free_gpus(node: Mapping[str, Any], requested: int) -> int:
-    published_free = _annotations(node).get(published.FREE_GPUS)
+    published_free = _published_free(node)
     if published_free is not None:
-        parts = [p for p in published_free[:512].split(",") if p.strip()]
-        if all(p.strip().isdigit() for p in parts):
-            return len(parts)
+        return published_free
     # the platform's one rule for a node's GPUs (plain, gpu-all or its classes, counted once)
     total = node_gpus(_mapping(node.get("status")).get("allocatable")) or 0
     return max(0, total - requested)

@@ -17,6 +17,12 @@ stops a pass when it fails; then what the agents still hold for a Dataset delete
 (:mod:`dsagent.controller.orphans`) is released (every agent is asked after a Dataset went,
 a few in turn otherwise).
 
+What a pass reads, once: the Nodes with their ``NodeCache``, the Datasets, and the agents
+(found among every pod when the pass lists them anyway, else asked for by their selector);
+each inventory's text is parsed once and indexed by the datasets it lists from pass to pass
+(:mod:`dsagent.controller.inventories`), and the collector is kept off what was read
+(:mod:`dsagent.controller.passheap`).
+
 Tenancy (docs/operator-guide/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
 ``publishedAt``) is used for nothing; each pass keeps one
 :class:`~dsagent.controller.quotas.Ledger` of what each namespace pins; a spec field a bound
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dsagent.controller import agents, cachestate, podfacts
@@ -37,12 +43,14 @@ from dsagent.controller.agents import JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
+from dsagent.controller.inventories import DatasetIndex, InventoryReader, parse_inventory
 from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
 from dsagent.controller.nextjob import prepare_pass
 from dsagent.controller.orphans import GoneSweep
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
+from dsagent.controller.passheap import PassHeap
 from dsagent.controller.plangates import PlanGates
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
@@ -55,11 +63,9 @@ from dsagent.kube.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.policy import copies, replication
 from dsplatform import published
-from dsplatform.boundedjson import JsonRefused
 from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_time
 from dsplatform.tenancy import acting_for
-from dsplatform.wire import inventory as wire_inventory
 
 log = logging.getLogger("dsagent.controller")
 
@@ -69,16 +75,6 @@ EVENTS_CONTROLLER = "dsagent.io/dataset-controller"  # the reportingController o
 STRIPE_INVALID = "StripeInvalid"  # the Refused reason of a spec.stripe the controller cannot act on
 #: the backoff after failed passes stops growing here (or at the resync, when that is longer)
 BACKOFF_MAX_S = 300.0
-
-
-def parse_inventory(raw: Any) -> dict[str, Any] | None:
-    """A Node's inventory annotation, or None when it cannot be read (hostile input)."""
-    if not isinstance(raw, str):
-        return None
-    try:
-        return wire_inventory.loads(raw)
-    except JsonRefused:
-        return None
 
 
 class DatasetController:
@@ -113,16 +109,13 @@ class DatasetController:
         # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
-        self._parsed: dict[str, tuple[str, dict[str, Any]]] = {}  # node -> its inventory's text, parsed
-        # what was read from an inventory (the same object while its text is the same), kept
-        # from the last pass to this one: its ready versions (by the inventory's id), and each
-        # (dataset, digest)'s holdings with the inventories that list it
-        self._ready_seen: tuple[dict[int, Any], dict[int, Any]] = ({}, {})
-        self._held_seen: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
+        # the inventories' texts parsed and what was read from each, kept from pass to pass
+        self._reader = InventoryReader()
+        self.heap = PassHeap()  # the cyclic garbage collector kept off what a pass read
         self._pods_now: list[JSON] | None = None
-        # built once a pass, not per Dataset: the inventories by the datasets they list (and
-        # the inventories they were built from), and the nodes' free GPUs
-        self._by_dataset: tuple[Mapping[str, Mapping[str, Any]], dict[str, dict[str, Mapping[str, Any]]]] | None = None
+        # built once a pass, not per Dataset: the inventories by the datasets they list, and
+        # the nodes' free GPUs
+        self._by_dataset: DatasetIndex | None = None
         self._gpus_now: dict[str, int] | None = None
         # likewise, at most once a pass and only when a Dataset asks for copies: the agent
         # nodes ranked for warm-up and for replicas, and the pods by the Datasets they name
@@ -202,23 +195,7 @@ class DatasetController:
         """node -> its inventory, for the nodes whose inventory parses and is not stale (its
         ``dsagent.io/published-at`` within ``inventory_max_age``): nothing is decided on an
         older one (docs/operator-guide/tenancy.md)."""
-        inventories = {}
-        now = self.clock()
-        parsed, self._parsed = self._parsed, {}
-        for node in nodes:
-            meta = node.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            if published.stale(annotations, now, self.settings.inventory_max_age):
-                continue
-            name, raw = meta.get("name", ""), annotations.get(INVENTORY_ANNOTATION)
-            known = parsed.get(name) if isinstance(raw, str) else None
-            # the same text as last pass: the same inventory (read-only), not parsed again
-            inv = known[1] if known is not None and known[0] == raw else parse_inventory(raw)
-            if inv is not None:
-                inventories[name] = inv
-                if isinstance(raw, str):
-                    self._parsed[name] = (raw, inv)
-        return inventories
+        return self._reader.fresh(nodes, self.clock(), self.settings.inventory_max_age)
 
     def list_nodes(self) -> list[JSON]:
         """The Nodes, each with what its ``NodeCache`` publishes in place of the annotations
@@ -227,19 +204,27 @@ class DatasetController:
         return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout)
 
     def reconcile_all(self) -> None:
+        """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`)."""
+        try:
+            self._pass()
+        finally:
+            self.heap.settle()
+
+    def _pass(self) -> None:
         # the last pass's lists go before this pass's are read: never both held at once (the
         # process's peak, and what each of the interpreter's full collections walks)
         self._nodes_now, self._pods_now, self._gpus_now, self._by_dataset, self._copies = [], None, None, None, None
         self._forget_rankings()
-        self._ready_seen, self._held_seen = (self._ready_seen[1], {}), (self._held_seen[1], {})
+        self._reader.next_pass()
+        self.heap.reading()  # from here to the index: API reads and JSON, no reference cycle
         nodes = self.list_nodes()
         inventories = self.fresh_inventories(nodes)
         self._ledger = Ledger(self.limits, {node: _capacity(inv) for node, inv in inventories.items()})
         s = self.settings
-        self._agent_urls = agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port, self._timeout)
         self._copies = None
         try:
-            self._copies = copies.tally(inventories, ready=self._ready_versions)  # the copy counts, once a pass
+            # the copy counts, once a pass
+            self._copies = copies.tally(inventories, ready=self._reader.ready_versions, keeper_of=self._reader.keeper)
             publish_copies(
                 self._core,
                 self._copies,
@@ -259,8 +244,10 @@ class DatasetController:
         self._nodes_now = nodes
         self._pods_now = None  # listed at most once per pass, when something needs them
         self._gpus_now = None  # likewise
-        self._by_dataset = (inventories, cachestate.by_dataset(inventories))
+        self._agent_urls = self._find_agents(datasets)
+        self._by_dataset = self._reader.index(inventories)
         self._forget_rankings()
+        self.heap.read()
         if s.prepare is not None:
             try:
                 self._preparation = prepare_pass(
@@ -318,11 +305,11 @@ class DatasetController:
         size = _size_of(status.get("bytes"))
         digest = status.get("digest") if isinstance(status.get("digest"), str) else None
         indexed = self._by_dataset
-        if indexed is None or indexed[0] is not inventories:  # called on its own (tests), not by a pass
-            indexed = self._by_dataset = (inventories, cachestate.by_dataset(inventories))
+        if indexed is None or indexed.inventories is not inventories:  # called on its own (tests), not by a pass
+            indexed = self._by_dataset = self._reader.index(inventories)
             self._forget_rankings()
         # the one walk of the inventories for it: those that list it
-        held = self._holdings(indexed[1].get(name, {}), name, digest)
+        held = indexed.holdings(name, digest)
         ready = sorted(node for node, holding in held.items() if holding.state == "ready")
         patch: JSON = {"readyNodes": ready, "readyNodeCount": len(ready)}
         pack: JSON = spec["pack"] if isinstance(spec.get("pack"), dict) else {}
@@ -346,7 +333,7 @@ class DatasetController:
                 admit=(warm_admit := self._ledger.admitter(namespace, size)),
                 refusals=refusals,
                 ranking=lambda: self._warm_nodes(nodes, inventories),
-                listing=indexed[1].get(name, {}),
+                listing=indexed.listing(name),
             )
             if warm_admit.refused is not None:
                 refusals.append(warm_admit.refused)
@@ -474,33 +461,27 @@ class DatasetController:
             note=note,
         )
 
+    def _find_agents(self, datasets: list[JSON]) -> dict[str, str]:
+        """node -> its agent's URL. A pass that reads every pod anyway (:func:`agents.reads_every_pod`)
+        lists them now, once, and finds the agents among them (:func:`agents.agents_among`);
+        otherwise, or for a selector not read here, the API server is asked for the agents."""
+        s = self.settings
+        if agents.reads_every_pod(datasets, prepare=s.prepare is not None, migrate=s.migrate):
+            found = agents.agents_among(self._pods(), s.namespace, s.agent_selector, s.agent_port)
+            if found is not None:
+                return found
+        return agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port, self._timeout)
+
     def _free_gpus(self) -> dict[str, int]:
-        """The nodes' free GPUs, worked out at most once a pass (:func:`podfacts.free_gpus`)."""
+        """The nodes' free GPUs, worked out at most once a pass (:func:`podfacts.free_gpus`;
+        the pods listed only when a node publishes no count of its own)."""
         if self._gpus_now is None:
-            self._gpus_now = podfacts.free_gpus(self._nodes_now, self._pods())
+            self._gpus_now = podfacts.free_gpus(self._nodes_now, self._each_pod())
         return self._gpus_now
 
-    def _ready_versions(self, inventory: Mapping[str, Any]) -> Mapping[copies.Key, Mapping[str, Any]]:
-        """:func:`copies.ready_versions`, read again only from an inventory not read last pass."""
-        before, now = self._ready_seen
-        known = before.get(id(inventory))
-        found = known[1] if known is not None and known[0] is inventory else copies.ready_versions(inventory)
-        now[id(inventory)] = (inventory, found)  # the inventory kept with it: its id is not reused
-        return found
-
-    def _holdings(
-        self, listing: Mapping[str, Mapping[str, Any]], name: str, digest: str | None
-    ) -> dict[str, cachestate.Holding]:
-        """:func:`cachestate.holdings`, worked out again only when an inventory listing
-        ``name`` changed since the last pass (or another lists it now)."""
-        before, now = self._held_seen
-        known = before.get((name, digest)) or now.get((name, digest))
-        if known is not None and _same_inventories(known[0], listing):
-            held: dict[str, cachestate.Holding] = known[1]
-        else:
-            held = cachestate.holdings(listing, name, digest)
-        now[(name, digest)] = (listing, held)
-        return held
+    def _each_pod(self) -> Iterator[JSON]:
+        """Every pod (:meth:`_pods`), listed when the first one is asked for."""
+        yield from self._pods()
 
     def _forget_rankings(self) -> None:
         self._warm_ranking = self._replica_rooms = self._pods_by_dataset = None
@@ -532,14 +513,6 @@ class DatasetController:
         self, node: str, method: str, path: str, body: JSON | None, who: str
     ) -> tuple[int, Any] | None:
         return agents.http_call(self._agent_urls.get(node), self.settings.admin_token, node, method, path, body, who)
-
-
-def _same_inventories(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> bool:
-    """Whether ``a`` and ``b`` are the same inventories (the same objects) of the same nodes,
-    in the same order."""
-    return len(a) == len(b) and all(
-        node_a == node_b and inv_a is inv_b for (node_a, inv_a), (node_b, inv_b) in zip(a.items(), b.items())
-    )
 
 
 def _size_of(value: Any) -> int:

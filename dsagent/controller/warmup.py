@@ -171,8 +171,8 @@ def choose_warm_nodes(
 
     ``ranking``: :class:`WarmRanking` of these ``nodes``, ``inventories`` and ``agent_nodes``
     when the caller keeps one for the pass; ``listing``: the inventories that list ``name``
-    (:func:`dsagent.controller.cachestate.by_dataset`), else every inventory is read. The
-    nodes are asked in that order until enough are admitted, or until ``admit`` is
+    (:meth:`dsagent.controller.inventories.DatasetIndex.listing`), else every inventory is
+    read. The nodes are asked in that order until enough are admitted, or until ``admit`` is
     :meth:`~dsagent.controller.quotas.Admitter.closed` (no node can be admitted any more)."""
     selector = warm.get("nodeSelector") if isinstance(warm.get("nodeSelector"), dict) else None
     ranking = ranking if ranking is not None else WarmRanking(nodes, inventories, agent_nodes)

@@ -79,19 +79,26 @@ def tally(
     inventories: Mapping[str, Mapping[str, Any]],
     *,
     ready: Callable[[Mapping[str, Any]], Mapping[Key, Mapping[str, Any]]] = ready_versions,
+    keeper_of: Callable[[Key, list[str]], str] | None = None,
 ) -> Tally:
     """:class:`Tally` of ``inventories`` (node name -> its inventory), in one walk. A keeper
     (:func:`keeper`) is the holder first by rendezvous hashing of its node name with the
     version, so that a holder joining or leaving moves few keepers. ``ready``: what
-    :func:`ready_versions` answers (a caller may remember it for an inventory it read before)."""
+    :func:`ready_versions` answers, ``keeper_of``: what :func:`keeper` answers for a version and
+    its holders (a caller may remember either for what it read before)."""
     holders: dict[Key, list[str]] = {}
     for node, inventory in inventories.items():
         for key in ready(inventory):
             holders.setdefault(key, []).append(node)
+    choose = keeper_of if keeper_of is not None else _keeper
     return Tally(
         {key: len(nodes) for key, nodes in holders.items()},
-        {key: keeper(f"{key[0]}@{key[1]}", nodes) for key, nodes in holders.items() if len(nodes) > 1},
+        {key: choose(key, nodes) for key, nodes in holders.items() if len(nodes) > 1},
     )
+
+
+def _keeper(version: Key, holders: list[str]) -> str:
+    return keeper(f"{version[0]}@{version[1]}", holders)
 
 
 def keeper(version: str, holders: Iterable[str]) -> str:

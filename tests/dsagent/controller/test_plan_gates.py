@@ -125,7 +125,10 @@ def pinned_to(p: dict[str, Any]) -> list[list[str]]:
 
 
 def events_about(apiserver: FakeApiServer, name: str) -> list[tuple[str, str]]:
-    return [(e["type"], e["reason"]) for e in apiserver.list("events") if e["regarding"]["name"] == name]
+    """The Events about pod ``name`` in the order they were written (a list is in name order,
+    and an Event's name ends in a random suffix)."""
+    events = sorted(apiserver.list("events"), key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [(e["type"], e["reason"]) for e in events if e["regarding"]["name"] == name]
 
 
 def review(obj: dict[str, Any]) -> dict[str, Any]:

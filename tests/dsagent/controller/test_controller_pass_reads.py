@@ -1,0 +1,162 @@
+"""What a Dataset controller pass reads, and what it keeps from one pass to the next
+(dsagent/controller/inventories.py, passheap.py, agents.agents_among): the same answers as
+reading everything again, with fewer requests and the collector kept off what was read."""
+
+from __future__ import annotations
+
+import gc
+import random
+from typing import Any
+
+import pytest
+
+from dsagent.controller import agents, cachestate
+from dsagent.controller.inventories import InventoryReader
+from dsagent.policy import copies
+from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, controller, inventory
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+
+DIGESTS = ["a" * 32, "b" * 32, "c" * 32]
+NAMES = ["imagenet", "coco", "speech", "wiki"]
+
+
+def random_inventory(rng: random.Random) -> dict[str, Any]:
+    """An inventory with a bit of everything: versions, stripe shares, every state, and
+    hostile fields (an entry that is not an object, a digest that is not a string)."""
+    datasets: dict[str, Any] = {}
+    for name in rng.sample(NAMES, rng.randint(0, len(NAMES))):
+        roll = rng.random()
+        if roll < 0.1:
+            datasets[name] = "not an object"
+            continue
+        entry: dict[str, Any] = {
+            "digest": rng.choice(DIGESTS) if roll > 0.2 else 7,
+            "state": rng.choice(["ready", "fetching", "failed", "evicting"]),
+            "sizeBytes": rng.choice([1000, -1, "big"]),
+            "heldBytes": rng.choice([10, 5000]),
+        }
+        if rng.random() < 0.4:
+            entry["versions"] = [{"digest": rng.choice(DIGESTS), "state": rng.choice(["ready", "fetching"])}, "junk"]
+        datasets[name] = entry
+    doc: dict[str, Any] = {"datasets": datasets}
+    if rng.random() < 0.4:
+        name = rng.choice(NAMES)
+        doc["stripes"] = {name: {"digest": rng.choice(DIGESTS), "sizeBytes": 4000, "heldBytes": 1000}}
+    return doc
+
+
+def test_the_index_answers_as_every_inventory_read_again_while_they_change() -> None:
+    rng = random.Random(7)
+    reader = InventoryReader()
+    inventories = {f"n{i}": random_inventory(rng) for i in range(40)}
+    for _ in range(12):
+        reader.next_pass()
+        index = reader.index(inventories)
+        for name in [*NAMES, "absent"]:
+            listed = {n for n, inv in inventories.items() if name in (inv.get("datasets") or {})}
+            listed |= {n for n, inv in inventories.items() if name in (inv.get("stripes") or {})}
+            assert set(index.listing(name)) == listed
+            for digest in [*DIGESTS, None, ""]:
+                assert index.holdings(name, digest) == cachestate.holdings(inventories, name, digest)
+        assert all(reader.ready_versions(inv) == copies.ready_versions(inv) for inv in inventories.values())
+        # the next pass: some inventories change (new objects, as a new text parses to), some
+        # nodes go, some come; the others are the same objects
+        inventories = {n: inv for n, inv in inventories.items() if rng.random() > 0.1}
+        for node in rng.sample(sorted(inventories), 5):
+            inventories[node] = random_inventory(rng)
+        for _ in range(3):
+            inventories[f"m{rng.randint(0, 1000)}"] = random_inventory(rng)
+
+
+def test_keepers_are_those_of_the_holders_now() -> None:
+    reader = InventoryReader()
+    version = ("imagenet", DIGESTS[0])
+    first = reader.keeper(version, ["n1", "n2", "n3"])
+    assert first == copies.keeper(f"imagenet@{DIGESTS[0]}", ["n1", "n2", "n3"])
+    reader.next_pass()
+    assert reader.keeper(version, ["n1", "n2", "n3"]) == first
+    others = ["n1", "n4"] if first != "n4" else ["n1", "n5"]
+    reader.next_pass()
+    assert reader.keeper(version, others) == copies.keeper(f"imagenet@{DIGESTS[0]}", others)
+
+
+def agent_nodes(apiserver: FakeApiServer) -> None:
+    for node in ("gpu-1", "gpu-2"):
+        apiserver.create(
+            make_node(node, annotations={"dsagent.io/inventory": inventory(node, {}), "dsagent.io/free-gpus": "0,1"})
+        )
+        apiserver.create(agent_pod(node))
+    other = agent_pod("gpu-3")
+    other["metadata"]["namespace"] = "elsewhere"  # another namespace's pod with the label: no agent of ours
+    apiserver.create(other)
+    apiserver.create(make_pod("trainer", namespace=NS, node_name="gpu-2", phase="Running"))  # no agent label
+
+
+def test_a_pass_that_reads_every_pod_finds_the_agents_among_them(apiserver: FakeApiServer, api_client: Any) -> None:
+    agent_nodes(apiserver)
+    ds = make_dataset("speech", namespace="ml", status={"digest": DIGESTS[0], "files": 1, "bytes": 1000})
+    ds["spec"]["replicas"] = 1  # replicas read every pod (the demand)
+    apiserver.create(ds)
+    asked: list[str] = []
+
+    def agent_call(node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
+        asked.append(node)
+        return 200, {"datasets": [{"name": "speech", "state": "fetching", "sizeBytes": 1000, "bytesDone": 0}]}
+
+    controller(api_client, Clock(), agent_call=agent_call).reconcile_all()
+    every_pod = [r for r in apiserver.requests_matching("GET", "/api/v1/pods") if not r.query.get("fieldSelector")]
+    assert len(every_pod) == 1
+    assert not apiserver.requests_matching("GET", f"/api/v1/namespaces/{NS}/pods")
+    replicas = apiserver.get("datasets", "speech", "ml")["status"]["replicas"]
+    assert [n["node"] for n in replicas["nodes"]] and set(asked) <= {"gpu-1", "gpu-2"}
+
+
+def test_a_pass_that_reads_no_pod_asks_for_the_agents_alone(apiserver: FakeApiServer, api_client: Any) -> None:
+    agent_nodes(apiserver)
+    apiserver.create(make_dataset("speech", namespace="ml", status={"digest": DIGESTS[0], "files": 1, "bytes": 1}))
+    controller(api_client, Clock()).reconcile_all()
+    assert len(apiserver.requests_matching("GET", f"/api/v1/namespaces/{NS}/pods")) == 1
+    assert not [r for r in apiserver.requests_matching("GET", "/api/v1/pods") if not r.query.get("fieldSelector")]
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "app.kubernetes.io/component=agent",
+        "app.kubernetes.io/component in (agent, other)",
+        "app.kubernetes.io/component!=agent",
+        "!app.kubernetes.io/component",
+        "",
+    ],
+)
+def test_agents_among_every_pod_are_those_the_api_server_selects(
+    apiserver: FakeApiServer, api_client: Any, selector: str
+) -> None:
+    from kubernetes.client import CoreV1Api
+
+    agent_nodes(apiserver)
+    core = CoreV1Api(api_client)
+    every_pod = agents.raw(core.list_pod_for_all_namespaces)["items"]
+    assert agents.agents_among(every_pod, NS, selector, 7420) == agents.find_agents(core, NS, selector, 7420)
+
+
+def test_the_collector_runs_and_nothing_stays_frozen_after_a_pass(apiserver: FakeApiServer, api_client: Any) -> None:
+    agent_nodes(apiserver)
+    ds = make_dataset("speech", namespace="ml", status={"digest": DIGESTS[0], "files": 1, "bytes": 1000})
+    ds["spec"]["warm"] = {"nodes": 1}
+    apiserver.create(ds)
+    during: list[tuple[bool, int]] = []
+
+    def agent_call(node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
+        during.append((gc.isenabled(), gc.get_freeze_count()))
+        return 200, {"datasets": [{"name": "speech", "state": "ready", "sizeBytes": 1000, "bytesDone": 1000}]}
+
+    ctl = controller(api_client, Clock(), agent_call=agent_call)
+    ctl.reconcile_all()
+    # while the agents were asked: the collector ran, over what the pass made since it read
+    assert during and all(enabled and frozen > 0 for enabled, frozen in during)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    apiserver.fail(lambda r: r.path.startswith("/apis/dsagent.io/v1alpha1/datasets"))
+    with pytest.raises(Exception):  # noqa: B017, PT011 - the pass fails, however the client says it
+        ctl.reconcile_all()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
