@@ -456,7 +456,7 @@ def main() -> None:
             "max_bytes": args.max_bytes,
             "data": args.data,
             "loops": LOOPS,
-            "dsctl": str(args.dsctl) if args.dsctl else "checkout",
+            "dsctl": f"installed ({args.dsctl})" if args.dsctl else "checkout",
         },
     )
     workdirs = args.workdirs or [ROOT / ".bench" / "bundle"]
