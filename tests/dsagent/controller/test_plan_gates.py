@@ -64,8 +64,12 @@ def published(fixtures_dir: Path) -> str:
 
 
 class Clock:
-    def __init__(self, now: float = NOW) -> None:
-        self.now = now
+    """The loop's clock, starting at the real time it is made: the fake API server stamps each
+    pod's creationTimestamp with the real time, and a long suite starts this test minutes
+    after the module was imported."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self.now = float(int(time.time())) if now is None else now
 
     def __call__(self) -> float:
         return self.now
@@ -358,7 +362,7 @@ def test_a_job_missing_workers_is_released_after_the_wait(cluster: FakeApiServer
         ctl = loop(client, clock, wait_s=300.0)
         ctl.run(nodes(cluster), cluster_pods(cluster))
         assert pod(cluster, "lonely-worker-0")["spec"]["schedulingGates"] == [{"name": GATE}]
-        clock.now += 400.0  # created within seconds of NOW: more than 300 s waited
+        clock.now += 400.0  # created within seconds of the clock's start: more than 300 s waited
         ctl.run(nodes(cluster), cluster_pods(cluster))
     finally:
         client.close()
