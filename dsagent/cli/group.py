@@ -38,7 +38,7 @@ COMMANDS: dict[str, str] = {
     "plan": "dsagent.cli.plan:plan",
     "gc": "dsagent.cli.gc:gc",
     "stripe": "dsagent.cli.stripe:stripe",
-    "version": "dsagent.cli.group:version",
+    "version": "dsagent.cli.version:version",
 }
 
 
@@ -91,12 +91,6 @@ def describe(prog: str) -> str:
 
     native_switch(os.environ)  # dsagent's too (dsctl's edge has applied it already)
     return f"{prog}, version {__version__}\nnative loops: {native.describe()}"
-
-
-@click.command("version")
-def version() -> None:
-    """Show the version and whether the native loops run (as --version does)."""
-    click.echo(describe("dsctl"))
 
 
 def version_option(prog: str) -> Callable[[_F], _F]:

@@ -39,6 +39,8 @@ def test_both_commands_print_their_version() -> None:
     assert command.returncode == 0 and command.stdout == dsctl.stdout
     off = run("-m", "dsagent.cli", "version", env={**os.environ, "DSAGENT_NATIVE": "0"})
     assert off.returncode == 0 and off.stdout.splitlines()[1].startswith("native loops: off")
+    as_json = run("-m", "dsagent.cli", "version", "-o", "json", env={**os.environ, "DSAGENT_NATIVE": "0"})
+    assert json.loads(as_json.stdout) == {"version": __version__, "nativeLoops": False, "nativeOff": "DSAGENT_NATIVE=0"}
 
 
 def test_agent_urls_without_a_scheme_mean_http() -> None:
