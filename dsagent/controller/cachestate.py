@@ -25,7 +25,7 @@ striped version's group holds every byte), ``Caching`` (nodes are fetching it), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from dsplatform.wire.inventory import versions_of
@@ -185,17 +185,22 @@ def changes(previous: Mapping[str, Any], status: Mapping[str, Any], digest: str 
     is_ready = set(_names(status.get("readyNodes")))
     was_fetching = set(_names(before.get("fetchingNodes"))) if same_version else set()
     was_failed = set(_names(before.get("failedNodes"))) if same_version else set()
-    for node in sorted(set(_names(now.get("fetchingNodes"))) - was_fetching - was_ready):
-        events.append(("Normal", "Caching", f"caching {_short(digest)} on node {node}"))
-    for node in sorted(is_ready - was_ready):
-        events.append(("Normal", "Cached", f"{_short(digest)} is cached and verified on node {node}"))
-    for node in sorted(set(_names(now.get("failedNodes"))) - was_failed):
-        events.append(
-            ("Warning", "CacheFailed", f"caching {_short(digest)} failed on node {node}: its agent's log and "
-             f"'dsctl status' there say why; the pod's Events carry the error code and hint")
-        )  # fmt: skip
-    for node in sorted(was_ready - is_ready):
-        events.append(("Normal", "Evicted", f"{_short(digest)} is no longer cached on node {node}"))
+    short = _short(digest)
+    events += _per_node(
+        "Normal", "Caching", set(_names(now.get("fetchingNodes"))) - was_fetching - was_ready,
+        lambda where: f"caching {short} on {where}",
+    )  # fmt: skip
+    events += _per_node(
+        "Normal", "Cached", is_ready - was_ready, lambda where: f"{short} is cached and verified on {where}"
+    )
+    events += _per_node(
+        "Warning", "CacheFailed", set(_names(now.get("failedNodes"))) - was_failed,
+        lambda where: f"caching {short} failed on {where}: its agent's log and 'dsctl status' there say why; "
+        "the pod's Events carry the error code and hint",
+    )  # fmt: skip
+    events += _per_node(
+        "Normal", "Evicted", was_ready - is_ready, lambda where: f"{short} is no longer cached on {where}"
+    )
     if status.get("phase") == "Ready" and previous.get("phase") != "Ready":
         events.append(
             ("Normal", "Ready", f"{_short(digest)} is ready on {len(is_ready) or 'its stripe group'} node(s)")
@@ -210,6 +215,21 @@ def changes(previous: Mapping[str, Any], status: Mapping[str, Any], digest: str 
         elif pack_now == "Failed":
             events.append(("Warning", "PackFailed", "the pack Job failed: 'kubectl logs job/...' (see status.pack)"))
     return events
+
+
+#: a change on more nodes than this in one pass is one Event naming the first of them and
+#: the count (a version warmed onto a thousand nodes, or a controller's first pass over a
+#: cluster that holds it: one Event, not a thousand API writes)
+NODE_EVENTS = 5
+
+
+def _per_node(kind: str, reason: str, nodes: set[str], note: Callable[[str], str]) -> list[tuple[str, str, str]]:
+    """One Event a node for up to :data:`NODE_EVENTS` nodes, else one for them all."""
+    ordered = sorted(nodes)
+    if len(ordered) <= NODE_EVENTS:
+        return [(kind, reason, note(f"node {node}")) for node in ordered]
+    named = ", ".join(ordered[:NODE_EVENTS])
+    return [(kind, reason, note(f"{len(ordered):,} nodes ({named} and {len(ordered) - NODE_EVENTS:,} more)"))]
 
 
 def _condition(

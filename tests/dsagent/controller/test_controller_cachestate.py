@@ -195,3 +195,25 @@ def test_a_new_version_is_news_on_every_node_again() -> None:
     assert ("Normal", "Cached", f"{DIGEST[:12]} is cached and verified on node n1") in cachestate.changes(
         before, after, DIGEST
     )
+
+
+def test_a_change_on_many_nodes_is_one_event() -> None:
+    many = [f"node-{i:04d}" for i in range(1000)]
+    few = many[: cachestate.NODE_EVENTS]
+    status = {"digest": DIGEST, "phase": "Caching", "cache": {"fetchingNodes": many[500:]}, "readyNodes": many[:500]}
+    events = cachestate.changes({}, status, DIGEST)
+    assert [(kind, reason) for kind, reason, _ in events] == [("Normal", "Caching"), ("Normal", "Cached")]
+    cached = events[1][2]
+    assert cached == f"{DIGEST[:12]} is cached and verified on 500 nodes ({', '.join(few)} and 495 more)"
+    # as many as NODE_EVENTS: one Event a node, as before
+    per_node = cachestate.changes({}, {"digest": DIGEST, "readyNodes": few, "cache": {}}, DIGEST)
+    assert [note for _, reason, note in per_node if reason == "Cached"] == [
+        f"{DIGEST[:12]} is cached and verified on node {n}" for n in few
+    ]
+    # evictions on many nodes at once: one Event too
+    gone = cachestate.changes(
+        {"digest": DIGEST, "readyNodes": many}, {"digest": DIGEST, "readyNodes": [], "cache": {}}, DIGEST
+    )
+    assert [(reason, note.split(" (")[0]) for _, reason, note in gone] == [
+        ("Evicted", f"{DIGEST[:12]} is no longer cached on 1,000 nodes")
+    ]
