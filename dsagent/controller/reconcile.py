@@ -103,6 +103,7 @@ class DatasetController:
             clock=clock,
             request_timeout=settings.api_timeout_s,
         )
+        self._agents_http = agents.AgentHttp()  # one client for every agent call (made on first use)
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
         self._copies: copies.Tally | None = None  # the copy counts and keepers of the pass
@@ -512,7 +513,7 @@ class DatasetController:
     def _http_agent_call(
         self, node: str, method: str, path: str, body: JSON | None, who: str
     ) -> tuple[int, Any] | None:
-        return agents.http_call(self._agent_urls.get(node), self.settings.admin_token, node, method, path, body, who)
+        return self._agents_http(self._agent_urls.get(node), self.settings.admin_token, node, method, path, body, who)
 
 
 def _size_of(value: Any) -> int:
