@@ -246,11 +246,12 @@ class Reads(StripeReads):
         sources: tuple[int, ...] = ()
         entry = node.cache.get(key)
         team = self.copy_team.pop((node.index, key), ())
+        parted = False  # other nodes' partial copies asked already (once a fetch)
         if not top_up and demand < 1.0 and entry is not None and not self.copies_elsewhere(node, key):
             if not any(k == key and i != node.index for (i, k) in self.inflight):
                 size = math.ceil(size * demand)  # from the store or the job's other nodes: as read
                 entry.part = demand
-                size = self._from_parts(node, key, size, waiter)
+                size, parted = self._from_parts(node, key, size, waiter), True
         alone = not self.copies_elsewhere(node, key) and not any(
             k == key and i not in team for (i, k) in self.inflight
         )  # nothing of it elsewhere: neither a copy nor a fetch under way outside the team
@@ -258,8 +259,9 @@ class Reads(StripeReads):
             # copied whole together with the job's other nodes: this node's part from the
             # store, the others' parts from them, no faster than their parts arrive
             own = math.ceil(size / len(team))
-            own = self._from_parts(node, key, own, None)  # other nodes' partial copies first
-            after = self._new_fetch(node, key, own, cached=cached, waiter=None, unpack=True, part=True)
+            # its own part: other nodes' partial copies first (unless asked above), then the store
+            stored = own if parted else self._from_parts(node, key, own, None)
+            after = self._new_fetch(node, key, stored, cached=cached, waiter=None, unpack=True, part=True)
             source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
         elif self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
