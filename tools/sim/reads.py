@@ -57,6 +57,8 @@ class Reads(StripeReads):
         out.numa_split = sum(1 for w in workers if len(w.gpus) > 1 and not single_numa(w.node.type.topology, w.gpus))
         for index, w in enumerate(workers):
             self._request_data(job, w, index)
+        for w in workers:  # a team member that did not fetch (it held a share after all) is no team's
+            self.copy_team.pop((w.node.index, (job.dataset, self.version_of(job, out.start))), None)
 
     def _request_data(self, job: Job, worker: Worker, index: int) -> None:
         d = self.datasets[job.dataset]
