@@ -153,18 +153,6 @@ class AgentHttp:
             client.close()
 
 
-def http_call(
-    base: str | None, admin_token: str | None, node: str, method: str, path: str, body: JSON | None, who: str
-) -> tuple[int, Any] | None:
-    """One request to the agent at ``base`` on a client of its own (:class:`AgentHttp` keeps
-    one for many calls); None when the node has none or it is unreachable."""
-    client = AgentHttp()
-    try:
-        return client(base, admin_token, node, method, path, body, who)
-    finally:
-        client.close()
-
-
 def task_request(name: str, spec: JSON) -> DatasetRequestBody:
     """One dataset of an agent task, from a Dataset's spec (its source and bundle store)."""
     bundles = spec.get("bundles") if isinstance(spec.get("bundles"), str) else None
@@ -244,7 +232,6 @@ __all__ = [
     "find_agents",
     "hold_on",
     "AgentHttp",
-    "http_call",
     "raw",
     "reads_every_pod",
     "release",

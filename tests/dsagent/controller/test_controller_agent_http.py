@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.controller.agents import AgentHttp, http_call
+from dsagent.controller.agents import AgentHttp
 from dsplatform.tenancy import ACTING_FOR_HEADER
 
 
@@ -79,8 +79,12 @@ def test_calls_share_one_client_and_its_connection(agent: _Agent) -> None:
     assert first["headers"][ACTING_FOR_HEADER] == "ns/ds"
 
 
-def test_a_lone_call_still_works_and_answers_are_hostile_input(agent: _Agent) -> None:
-    assert http_call(_base(agent), None, "n1", "GET", "/plain", None, "") == (200, None)  # not JSON: no body
+def test_an_answer_is_hostile_input_and_no_token_no_dataset_no_headers(agent: _Agent) -> None:
+    calls = AgentHttp()
+    try:
+        assert calls(_base(agent), None, "n1", "GET", "/plain", None, "") == (200, None)  # not JSON: no body
+    finally:
+        calls.close()
     assert "Authorization" not in agent.seen[0]["headers"] and ACTING_FOR_HEADER not in agent.seen[0]["headers"]
 
 
