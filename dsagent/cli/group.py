@@ -80,9 +80,9 @@ class LazyGroup(click.Group):
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def describe(prog: str) -> str:
-    """The version, and whether the native loops run (``on``, or ``off`` and why: not built,
-    or ``DSAGENT_NATIVE``), on a second line."""
+def installed() -> tuple[str, str | None]:
+    """This install's version, and why the native loops do not run (None: they do), with
+    ``DSAGENT_NATIVE`` applied."""
     import os
 
     from dsagent import __version__
@@ -90,7 +90,16 @@ def describe(prog: str) -> str:
     from dsagent.format import native
 
     native_switch(os.environ)  # dsagent's too (dsctl's edge has applied it already)
-    return f"{prog}, version {__version__}\nnative loops: {native.describe()}"
+    return __version__, native.off_reason()
+
+
+def describe(prog: str) -> str:
+    """The version, and whether the native loops run (``on``, or ``off`` and why: not built,
+    or ``DSAGENT_NATIVE``), on a second line."""
+    from dsagent.format import native
+
+    version, _ = installed()
+    return f"{prog}, version {version}\nnative loops: {native.describe()}"
 
 
 def version_option(prog: str) -> Callable[[_F], _F]:

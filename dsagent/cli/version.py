@@ -6,7 +6,6 @@ Who calls it: the ``dsctl`` group (:mod:`dsagent.cli.group`, imported on first u
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
@@ -17,15 +16,10 @@ from dsagent.cli.options import output_option
 @output_option
 def version(output: str) -> None:
     """Show the version and whether the native loops run (as --version does)."""
-    from dsagent.cli.group import describe
+    from dsagent.cli.group import describe, installed
 
     if output == "text":
         click.echo(describe("dsctl"))
         return
-    from dsagent import __version__
-    from dsagent.cli.edge import native_switch
-    from dsagent.format import native
-
-    native_switch(os.environ)
-    off = None if native.AVAILABLE else (native.OFF_REASON or "switched off")
-    click.echo(json.dumps({"version": __version__, "nativeLoops": native.AVAILABLE, "nativeOff": off}))
+    number, off = installed()
+    click.echo(json.dumps({"version": number, "nativeLoops": off is None, "nativeOff": off}))

@@ -120,9 +120,15 @@ def use_native(enabled: bool, *, why_off: str = "switched off") -> bool:
     return AVAILABLE
 
 
+def off_reason() -> str | None:
+    """Why the native loops do not run (not built, or ``DSAGENT_NATIVE``); None when they do."""
+    return None if AVAILABLE else (OFF_REASON or "switched off")
+
+
 def describe() -> str:
     """``on``, or ``off (why)``: what the start-up line and ``--version`` say."""
-    return "on" if AVAILABLE else f"off ({OFF_REASON or 'switched off'})"
+    off = off_reason()
+    return "on" if off is None else f"off ({off})"
 
 
 def chosen(native: bool | None) -> bool:
@@ -372,6 +378,7 @@ __all__ = [
     "LOADED",
     "NOT_BUILT",
     "OFF_REASON",
+    "off_reason",
     "FILL_CHANGED",
     "FILL_DIGEST",
     "FILL_DONE",
