@@ -156,39 +156,95 @@ def _client(s3: Any) -> Any:
     )
 
 
-def _read_overwritten_midway(s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> bytes:
-    """Read ``bucket/big.bin`` (12 MiB, 5 MiB blocks) and overwrite it after the first range GET."""
-    from s3fs import core
-
+def _put(s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, body: bytes) -> Any:
     client = _client(s3)
     client.create_bucket(Bucket=bucket)
-    first, second = bytes([1]) * (12 * MIB), bytes([2]) * (12 * MIB)
-    client.put_object(Bucket=bucket, Key="big.bin", Body=first)
+    client.put_object(Bucket=bucket, Key="big.bin", Body=body)
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
-    real, calls = core._inner_fetch, []
+    return client
 
-    async def overwriting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[4:6])
-        if len(calls) == 2:
-            client.put_object(Bucket=bucket, Key="big.bin", Body=second)
-        return await real(*args, **kwargs)
 
-    monkeypatch.setattr(core, "_inner_fetch", overwriting)
-    fs, _ = resolve(f"s3://{bucket}/", s3.options(default_block_size=5 * MIB, skip_instance_cache=True))
+def _read_broken_midway(
+    s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch, *, overwrite: bool, breaks: int = 1
+) -> tuple[bytes, list[int]]:
+    """Read ``bucket/big.bin`` (12 MiB, one streamed GET) as a copy reads it, the body
+    breaking off (as a reset does: botocore's streaming error) after the first MiB, ``breaks``
+    times; with ``overwrite``, the object is rewritten before the read asks for the rest."""
+    from aiobotocore.response import ResponseStreamingError
+
+    from dsagent.format import s3stream
+
+    first, second = bytes([1]) * (12 * MIB), bytes([2]) * (12 * MIB)
+    client = _put(s3, bucket, monkeypatch, first)
+    real, reads, opened = s3stream.S3Stream._gather, [0], []
+    real_open = s3stream.S3Stream._open
+
+    async def breaking(self: Any, body: Any, want: int) -> bytes:
+        reads[0] += 1
+        if reads[0] >= 2 and len(opened) <= breaks:
+            if overwrite:
+                client.put_object(Bucket=bucket, Key="big.bin", Body=second)
+            raise ResponseStreamingError(error=ConnectionResetError("reset by peer"))
+        return await real(self, body, want)
+
+    def counting_open(self: Any) -> None:
+        opened.append(self._at)
+        real_open(self)
+
+    monkeypatch.setattr(s3stream.S3Stream, "_gather", breaking)
+    monkeypatch.setattr(s3stream.S3Stream, "_open", counting_open)
+    fs, _ = resolve(f"s3://{bucket}/", s3.options(skip_instance_cache=True))
     fs.find(f"{bucket}/", detail=True)  # the listing: the version seen first
     with open_whole(fs, f"{bucket}/big.bin", size=len(first)) as stream:
         data = b"".join(iter(lambda: stream.read(MIB), b""))  # as a copy reads it
-    assert len(calls) >= 2, calls
-    return data
+    return data, opened
 
 
-def test_an_s3_object_overwritten_between_range_reads_fails_as_integrity(
+def test_an_s3_body_that_breaks_off_is_asked_again_from_where_it_stopped(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, opened = _read_broken_midway(s3, "resumed", monkeypatch, overwrite=False)
+    assert data == bytes([1]) * (12 * MIB)
+    assert opened == [0, MIB]  # the second GET asks from the first byte not yet read
+
+
+def test_an_s3_body_that_keeps_breaking_fails_with_the_backends_error(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiobotocore.response import ResponseStreamingError
+
+    with pytest.raises(ResponseStreamingError):
+        _read_broken_midway(s3, "broken", monkeypatch, overwrite=False, breaks=5)
+
+
+def test_an_s3_object_overwritten_before_the_rest_is_read_fails_as_integrity(
     s3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dsagent.format.storage import translate_errors
 
     with pytest.raises(IntegrityError, match="changed while it was read") as failure:
         with translate_errors("source file 'big.bin'"):
-            _read_overwritten_midway(s3, "torn", monkeypatch)
+            _read_broken_midway(s3, "torn", monkeypatch, overwrite=True)
     assert "again" in (failure.value.hint or "")
+
+
+def test_an_s3_object_overwritten_between_its_head_and_its_get_is_refused_by_its_etag(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsagent.format.storage import translate_errors
+
+    client = _put(s3, "raced", monkeypatch, bytes([1]) * (12 * MIB))
+    fs, _ = resolve("s3://raced/", s3.options(skip_instance_cache=True))
+    head = fs.info
+
+    def head_then_overwrite(path: str, **kwargs: Any) -> Any:
+        answer = head(path, **kwargs)
+        client.put_object(Bucket="raced", Key="big.bin", Body=bytes([2]) * (12 * MIB))
+        return answer
+
+    monkeypatch.setattr(fs, "info", head_then_overwrite)
+    with pytest.raises(IntegrityError, match="pre-conditions"):
+        with translate_errors("bundle 'big.bin'"):
+            with open_whole(fs, "raced/big.bin", size=12 * MIB) as stream:
+                stream.read(MIB)
