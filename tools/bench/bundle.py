@@ -50,6 +50,7 @@ table for each). ``--max-bytes`` picks one bundle (larger than the dataset) or m
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -70,8 +71,6 @@ from dsagent.format import native  # noqa: E402
 from dsagent.format.bundles.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
 
-#: which loops dsctl runs here: the optional C extension's when ``make native`` built it
-LOOPS = "native" if native.AVAILABLE else "pure"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.record import Record  # noqa: E402
@@ -235,6 +234,15 @@ def dsctl(installed: Path | None, *args: str) -> Callable[[], object]:
     )
 
 
+def loops_of(installed: Path | None) -> str:
+    """Which loops the timed dsctl runs: an installed one says so itself (``dsctl version``);
+    this checkout's runs the optional C extension's when ``make native`` built it."""
+    if installed is None:
+        return "native" if native.AVAILABLE else "pure"
+    answer = subprocess.run([str(installed), "version", "-o", "json"], check=True, capture_output=True, text=True)
+    return "native" if json.loads(answer.stdout).get("nativeLoops") else "pure"
+
+
 def digest_goal(files: int) -> tuple[float | None, str]:
     """The digest's goal for a dataset of ``files`` files, and where there is none, why."""
     if files >= DIGEST_GOAL_FILES:
@@ -296,7 +304,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         )
     interleave(sides, args.repeat)
     report(
-        f"digest ({args.data}, {LOOPS} loops, {work.name})", sides, total, args.files, record, *digest_goal(args.files)
+        f"digest ({args.data}, {args.loops} loops, {work.name})", sides, total, args.files, record, *digest_goal(args.files)
     )
 
     store, store2, c_archive = work / "store", work / "store-inproc", work / "c.tar.zst"
@@ -334,7 +342,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         )
     interleave(sides, args.repeat)
     report(
-        f"pack ({args.data}, {LOOPS} loops, {work.name})",
+        f"pack ({args.data}, {args.loops} loops, {work.name})",
         sides,
         total,
         args.files,
@@ -387,7 +395,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     interleave(sides, args.repeat)
     several = f"{len(bundles)} bundles" if len(bundles) > 1 else "one bundle"
     report(
-        f"unpack ({args.data}, {several}, {LOOPS} loops, {work.name})",
+        f"unpack ({args.data}, {several}, {args.loops} loops, {work.name})",
         sides,
         total,
         args.files,
@@ -447,6 +455,7 @@ def main() -> None:
     if args.smoke:
         args.files, args.classes, args.median_kb, args.repeat = 300, 10, 20, 1
     args.repeat = max(1, args.repeat)
+    args.loops = loops_of(args.dsctl)
     cpus = os.cpu_count() or 1
     record = Record(
         "bundle",
@@ -455,7 +464,7 @@ def main() -> None:
             "median_kb": args.median_kb,
             "max_bytes": args.max_bytes,
             "data": args.data,
-            "loops": LOOPS,
+            "loops": args.loops,
             "dsctl": f"installed ({args.dsctl})" if args.dsctl else "checkout",
         },
     )
