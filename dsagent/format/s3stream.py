@@ -107,7 +107,7 @@ class S3Stream:
             return b""
         while True:
             try:
-                data = sync(self._fs.loop, self._gather, self._body, want)
+                data: bytes = sync(self._fs.loop, self._gather, self._body, want)
             except Exception:
                 if not self._resume():
                     raise

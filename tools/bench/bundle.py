@@ -71,7 +71,6 @@ from dsagent.format import native  # noqa: E402
 from dsagent.format.bundles.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.record import Record  # noqa: E402
 
@@ -303,9 +302,8 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
             )
         )
     interleave(sides, args.repeat)
-    report(
-        f"digest ({args.data}, {args.loops} loops, {work.name})", sides, total, args.files, record, *digest_goal(args.files)
-    )
+    what = f"digest ({args.data}, {args.loops} loops, {work.name})"
+    report(what, sides, total, args.files, record, *digest_goal(args.files))
 
     store, store2, c_archive = work / "store", work / "store-inproc", work / "c.tar.zst"
     cap = str(args.max_bytes)
