@@ -27,10 +27,27 @@ def test_the_readme_figures_are_the_committed_json_with_goal_and_load() -> None:
     assert results.with_figures(readme, runs) == readme
     block = readme[readme.index(results.BEGIN) : readme.index(results.END)]
     rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    with_goals = [r for run in runs for r in run.get("ratios", []) if r.get("goal") is not None]
-    assert len(rows) == len(with_goals) > 0
+    names = {results._row_name(r["name"]) for run in runs for r in run.get("ratios", []) if r.get("goal") is not None}
+    assert len(rows) == len(names) > 0
+    cell = r"(-|[0-9.]+x \((met|not met)\), [0-9.]+ / [0-9.]+)"
     for row in rows:
-        assert re.search(r"\| [0-9.]+x \| [0-9.]+x \((met|not met)\) \| [0-9.]+ / [0-9.]+ \|$", row), row
+        assert re.search(rf"\| [0-9.]+x( \| {cell})+ \|$", row), row
+
+
+def test_one_ratio_on_two_machine_sizes_is_one_row_with_a_column_each() -> None:
+    def run(cpus: int, value: float, load: float) -> dict[str, object]:
+        name = f"digest vs find | xargs -P{cpus} xxh128sum"
+        return {"bench": "bundle", "host": {"cpus": cpus}, "load_start": [load], "load_end": [load],
+                "ratios": [{"name": name, "value": value, "goal": 1.0}]}  # fmt: skip
+
+    block = results.figures([run(2, 1.13, 1.1), run(16, 0.34, 0.2), run(2, 1.2, 0.9)])
+    lines = block.splitlines()
+    assert lines[1] == "| what users feel | goal | 2 CPUs (load start / end) | 16 CPUs (load start / end) |"
+    # the later 2-CPU run replaces the earlier one; the 16-CPU run has its own column
+    assert lines[3:-1] == [
+        "| digest vs find \\| xargs -P$(nproc) xxh128sum | 1.00x "
+        "| 1.20x (met), 0.9 / 0.9 | 0.34x (not met), 0.2 / 0.2 |"
+    ]
 
 
 def test_a_new_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
@@ -44,7 +61,7 @@ def test_a_new_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
     readme = f"# x\n\nbefore\n\n{results.BEGIN}\nold\n{results.END}\n\nafter\n"
     new = results.with_figures(readme, [run])
     assert new.startswith("# x\n\nbefore\n\n") and new.endswith("\n\nafter\n") and "old" not in new
-    assert "| pack vs tar \\| zstd | 1.60x | 1.50x (met) | 0.4 / 0.6 |" in new and "untargeted" not in new
+    assert "| pack vs tar \\| zstd | 1.50x | 1.60x (met), 0.4 / 0.6 |" in new and "untargeted" not in new
     (tmp_path / "r.json").write_text(json.dumps(run))
     assert results.read_runs([tmp_path / "r.json"]) == [run]
 
@@ -56,5 +73,5 @@ def test_a_ratio_just_under_its_goal_does_not_print_as_the_goal() -> None:
         "ratios": [{"name": "short", "value": 0.9966, "goal": 1.0}, {"name": "over", "value": 1.0012, "goal": 1.0}],
     }
     block = results.figures([run])
-    assert "| short | 0.997x | 1.00x (not met) |" in block
-    assert "| over | 1.00x | 1.00x (met) |" in block
+    assert "| short | 1.00x | 0.997x (not met), 0.4 / nan |" in block
+    assert "| over | 1.00x | 1.00x (met), 0.4 / nan |" in block

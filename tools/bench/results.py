@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -213,25 +214,45 @@ def _load(run: dict[str, Any]) -> str:
     return f"{run['load_start'][0]:.1f} / {run.get('load_end', [float('nan')])[0]:.1f}"
 
 
+#: a baseline's process count names the machine, not the step: ``xargs -P2`` and ``xargs -P16``
+#: are one row of the README, in the columns of their machines
+_PROCESSES = re.compile(r"-P\d+\b")
+
+
+def _row_name(name: str) -> str:
+    return _PROCESSES.sub("-P$(nproc)", name)
+
+
+def _cpus(run: dict[str, Any]) -> int | None:
+    cpus = (run.get("host") or {}).get("cpus")
+    return cpus if isinstance(cpus, int) else None
+
+
 def figures(runs: list[dict[str, Any]]) -> str:
-    """The README's block: every ratio with a goal, beside it and the load it was taken at."""
-    lines = [
-        BEGIN,
-        "| what users feel | measured | goal | load avg (start / end) |",
-        "|---|---|---|---|",
-    ]
+    """The README's block: every ratio with a goal, beside it and the load it was taken at, one
+    column per machine size (CPUs) the runs were taken on; a later run of the same ratio on
+    the same size replaces an earlier one."""
+    columns = sorted({_cpus(run) for run in runs if any(r.get("goal") is not None for r in run.get("ratios", []))},
+                     key=lambda c: -1 if c is None else c)  # fmt: skip
+    rows: dict[str, tuple[float, dict[int | None, str]]] = {}
     for run in runs:
         for ratio in run.get("ratios", []):
             goal = ratio.get("goal")
             if goal is None:
                 continue
             value = ratio.get("value")
-            verdict = _verdict(value, goal)
-            lines.append(
-                f"| {_cell(ratio['name'])} | {_measured(value, goal)}x | {_fmt(goal)}x ({verdict}) | {_load(run)} |"
-            )
-    if len(lines) == 3:
-        lines.append("| no results yet | | | |")
+            cell = f"{_measured(value, goal)}x ({_verdict(value, goal)}), {_load(run)}"
+            rows.setdefault(_row_name(ratio["name"]), (goal, {}))[1][_cpus(run)] = cell
+    heads = [("measured" if c is None else f"{c} CPUs") + " (load start / end)" for c in columns]
+    lines = [
+        BEGIN,
+        "| what users feel | goal | " + " | ".join(heads) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for name, (goal, cells) in rows.items():
+        lines.append(f"| {_cell(name)} | {_fmt(goal)}x | " + " | ".join(cells.get(c, "-") for c in columns) + " |")
+    if not rows:
+        lines.append("| no results yet | | |")
     lines.append(END)
     return "\n".join(lines)
 
