@@ -270,8 +270,9 @@ class Settings(StorageSettings, AgentLogSettings):
     # a bundle stream whose reader took nothing for this long is closed and its bundle let go
     stripe_stream_idle: Duration = 60.0
     stripe_handover: Duration = 600.0  # a share's bundles another member now owns stay served this long
-    # a share held storeOnDemand asks the peers again this often for the bundles it misses
-    # (never the store: that waits for a reader; docs/design-striping.md#agent)
+    # a share held storeOnDemand asks the peers again after this for the bundles it misses,
+    # twice as long after each pass that brought nothing, up to 8x (never the store: that
+    # waits for a reader; docs/design-striping.md#agent)
     stripe_on_demand_retry: Duration = 30.0
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs

@@ -241,6 +241,7 @@ def test_the_chart_declares_the_kubernetes_versions_it_is_validated_for() -> Non
         ({"gpuClasses": {"jobTTL": "forever"}}, "jobTTL"),
         ({"agent": {"roceClasses": "per-nic"}}, "roceClasses"),
         ({"agent": {"stripeHandoffSeconds": -1}}, "stripeHandoffSeconds"),
+        ({"agent": {"stripeOnDemandRetry": "soon"}}, "stripeOnDemandRetry"),
         ({"scheduler": {"resourceScoring": {"type": "RequestedToCapacityRatio", "gpuWeight": 1}}}, "resourceScoring"),
         ({"scheduler": {"resourceScoring": {"type": "MostAllocated", "gpuWeight": 0}}}, "gpuWeight"),
     ],
@@ -619,6 +620,16 @@ def test_the_agents_grace_period_covers_its_stripe_hand_off(rendered: dict[str, 
         )  # idle: the controller's resync
         assert pod["terminationGracePeriodSeconds"] == grace + 30 > grace + STOP_DEADLINE
     assert agent_pod(render({"agent": {"stripeHandoffSeconds": 0}}))["terminationGracePeriodSeconds"] == 30
+
+
+def test_the_agents_on_demand_retry_is_the_charts_value(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from dsagent.cache.settings import Settings
+
+    for values, seconds in (({}, 30.0), ({"agent": {"stripeOnDemandRetry": "2m"}}, 120.0)):
+        pod = agent_pod(render(values) if values else rendered["default"])
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
+        retry = Settings.model_validate({"stripe_on_demand_retry": env["DSAGENT_STRIPE_ON_DEMAND_RETRY"]})
+        assert retry.stripe_on_demand_retry == seconds
 
 
 def test_the_webhook_ca_bundle_is_the_ca_of_its_serving_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:

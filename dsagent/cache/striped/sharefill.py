@@ -48,6 +48,18 @@ from dsplatform.stripe import StripeBundle, StripeLayout, owners
 
 log = logging.getLogger("dsagent.stripes")
 
+#: A share held on demand waits at most this many retry intervals between passes.
+ON_DEMAND_BACKOFF = 8
+
+
+def on_demand_wait(retry: float, idle: int) -> float:
+    """Seconds before a share held on demand asks its peers again, after ``idle`` passes in
+    a row that brought nothing: the interval after the first, twice as long after each
+    further one (peers that lack the bundles are asked less), at most
+    :data:`ON_DEMAND_BACKOFF` intervals."""
+    return retry * min(1 << min(max(idle - 1, 0), 30), ON_DEMAND_BACKOFF)
+
+
 PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
 
 
@@ -140,7 +152,8 @@ class ShareFill:
     async def _fill(self, share: Share) -> None:
         """Fetch this node's bundles not held yet, in layout order, ``fetch_workers`` at once.
         A share held ``storeOnDemand`` asks the peers only, and asks them again every
-        ``stripe_on_demand_retry`` seconds for what none had, until it is complete (or
+        ``stripe_on_demand_retry`` seconds for what none had (twice as long after each pass
+        that brought nothing, up to :data:`ON_DEMAND_BACKOFF` times), until it is complete (or
         dropped): the store only for its first ``readyAfter`` bundles, which its pods wait for."""
         gate = asyncio.Semaphore(self.settings.fetch_workers)
         waited = {b.digest for b in share.owned[: share.ready_after]}  # readyEnough: its pods wait for them
@@ -149,11 +162,14 @@ class ShareFill:
             async with gate:
                 await self._bring(share, digest, demand=digest in waited)
 
+        idle = 0  # passes in a row that brought nothing
         try:
             while todo := [b for b in share.owned if b.digest not in share.held]:
+                had = len(share.held)
                 await asyncio.gather(*(one(b.digest) for b in todo))  # held, or raised, unless on demand
                 if share.on_demand and any(b.digest not in share.held for b in todo):
-                    await asyncio.sleep(self.settings.stripe_on_demand_retry)
+                    idle = 0 if len(share.held) > had else idle + 1
+                    await asyncio.sleep(on_demand_wait(self.settings.stripe_on_demand_retry, idle))
             if share.handover:  # the new owners fetch them from here meanwhile (bounded in time)
                 await asyncio.sleep(self.settings.stripe_handover)
                 share.handover.clear()
