@@ -37,6 +37,14 @@ def stripe() -> None:
 )  # fmt: skip
 @click.option("--digest", help="The version (default: the store's current one).")
 @click.option("--ready-after", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option(
+    "--whole", is_flag=True,
+    help="Hold every bundle (this node's own first) where the version fits this node; else the share.",
+)  # fmt: skip
+@click.option(
+    "--store-on-demand", is_flag=True,
+    help="Fill from the peers only; read the store only for bundles a reader waits for (with --ready-after 0).",
+)  # fmt: skip
 @click.option("--lease", type=DURATION, default=None, help="Dropped unless held again within this long.")
 @output_option
 @agent_options
@@ -48,6 +56,8 @@ def hold(
     no_share: tuple[str, ...],
     digest: str | None,
     ready_after: int,
+    whole: bool,
+    store_on_demand: bool,
     lease: float | None,
     output: str,
     agent_url: str | None,
@@ -66,6 +76,10 @@ def hold(
         body["noShare"] = list(no_share)
     if digest:
         body["digest"] = digest
+    if whole:
+        body["whole"] = True
+    if store_on_demand:
+        body["storeOnDemand"] = True
     if lease is not None:
         body["leaseSeconds"] = lease
     with _client(agent_url, socket_path, token) as client:

@@ -17,8 +17,11 @@ and the real peer protocol. Each agent holds its share of one version ``storeOnD
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +36,7 @@ from dsplatform.stripe import owner
 from dsplatform.wire.peerbundle import READER_HEADER, READER_WAITS
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.stripeadmin import admin, share_status
-from tools.support.harness import AgentProcess, LoopbackServer, eventually
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # two agent processes
@@ -115,10 +118,24 @@ def _passes(seconds: float = 10 * RETRY) -> None:
     time.sleep(seconds)
 
 
+def _dsctl_hold(pair: _Pair, node: str, *flags: str) -> dict[str, Any]:
+    """``dsctl stripe hold`` of the share on ``node``, as an operator runs it."""
+    agent = pair.agents[node]
+    peers = [arg for n, a in pair.agents.items() for arg in ("--peer", f"{n}={a.url}")]
+    members = [arg for n in NODES for arg in ("--member", n)]
+    done = subprocess.run(
+        [sys.executable, "-m", "dsagent.cli", "stripe", "hold", "imgs", "--store", f"{pair.store.url}/store",
+         *members, *peers, *flags, "-o", "json", "--socket", str(agent.socket)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "DSAGENT_ADMIN_TOKEN": ADMIN_TOKEN},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
 def test_a_share_on_demand_reads_the_store_only_for_bundles_a_reader_waits_for(pair: _Pair) -> None:
     digest = pair.manifest.digest
-    for node in NODES:
-        answer = _hold(pair, node)
+    answers = [_hold(pair, "node-a"), _dsctl_hold(pair, "node-b", "--store-on-demand", "--ready-after", "0")]
+    for answer in answers:
         assert answer["storeOnDemand"] is True and answer["readyEnough"] is True  # readyAfter 0: pods start now
     _passes()
     # the fills asked each other and read nothing: nobody has read anything yet
