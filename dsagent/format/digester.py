@@ -182,24 +182,28 @@ def digest_files(
     """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
 
     Hashing runs while ``found`` is still being walked: on ``workers`` threads, or, for a
-    big local tree in a single-threaded process, on one forked process per core (see
-    :class:`ProcessPool`). A local tree without a digest cache is hashed by the native
-    extension on threads (:mod:`dsagent.format.native`) when it is built and ``native``
-    is not False (None: when it is built; True: it must be).
+    big local tree in a single-threaded process, on one forked process per core (``workers``
+    at most; see :class:`ProcessPool`). A local tree without a digest cache is hashed by the
+    native extension (:mod:`dsagent.format.native`) when it is built and ``native`` is not
+    False (None: when it is built; True: it must be): in those processes, else on threads.
+    Processes, because one process's hashing threads stop scaling at 3-4 cores on a 16-core
+    node whatever their number, while forked processes keep scaling
+    (docs/design-native.md#on-a-node-with-many-cores).
     """
     cache = digest_cache if is_local(fs) else None
     snapshot = cache.snapshot(root) if cache is not None else {}
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
-    if native_loops.chosen(native) and isinstance(found, LocalWalk) and cache is None:
-        return _native_digest(found.groups, count, progress)
-    if isinstance(found, LocalWalk) and count > 1 and can_fork():
+    in_c = native_loops.chosen(native) and cache is None
+    cpus = os.cpu_count() or 1
+    if isinstance(found, LocalWalk) and min(workers or cpus, cpus) > 1 and can_fork():
         head, rest = peek(found.groups, PROCESS_MIN_FILES)
-        if rest is not None:
-            return ProcessPool(min(count, os.cpu_count() or 1), snapshot if cache is not None else None).digest(
-                chain(head, rest), cache, progress
-            )
+        if rest is not None:  # hashing processes, by the native loop where it runs: threads stop scaling
+            pool = ProcessPool(min(workers or cpus, cpus), snapshot if cache is not None else None, native=in_c)
+            return pool.digest(chain(head, rest), cache, progress)
         found = LocalWalk(iter(head))
+    if in_c and isinstance(found, LocalWalk):
+        return _native_digest(found.groups, count, progress)
     hasher = _Hasher(fs, progress, cache, snapshot)
     batches = _Batches(hasher, count)
     try:

@@ -12,6 +12,7 @@ answer from, and stopping them (killed after a failure).
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import signal
 import sys
@@ -96,17 +97,24 @@ class _Reply(NamedTuple):
     digests: list[str]
     fresh: list[tuple[Found, str]]  # files hashed (not answered by the cache), only when a cache is used
     error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
+    raw: list[bytes] | None = None  # the native loop's digests, 16 bytes a file (then ``digests`` is empty)
 
 
-def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBuffer) -> _Reply:
-    """Hash one request's files in a hashing process (opening each relative to its directory)."""
-    reply = _Reply([], [], [], [], [])
+def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBuffer, native: bool = False) -> _Reply:
+    """Hash one request's files in a hashing process (opening each relative to its directory);
+    ``native``: by the native loop (no snapshot: every file is hashed)."""
+    reply = _Reply([], [], [], [], [], raw=[] if native else None)
     name = ""
     for rel, directory, names in request:
         prefix = f"{rel}/" if rel else ""
         try:
             dfd = os.open(directory, O_READ | os.O_DIRECTORY)
             try:
+                if native:
+                    error = _hash_names_native(reply, prefix, directory, names, dfd, buffer)
+                    if error is not None:
+                        return reply._replace(error=error)
+                    continue
                 if snapshot is None:
                     error = _hash_names(reply, prefix, names, dfd, buffer)
                     if error is not None:
@@ -123,6 +131,29 @@ def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBu
             where = directory if failed == directory else os.path.join(directory, failed)
             return reply._replace(error=("os", where, exc.errno or 0, exc.strerror or str(exc)))
     return reply
+
+
+def _hash_names_native(
+    reply: _Reply, prefix: str, directory: str, names: list[str], dfd: int, buffer: ReadBuffer
+) -> tuple[str, str, int, int] | tuple[str, str, int, str] | None:
+    """:func:`_hash_names` by the native loop (:func:`dsagent.format.native.hash_names_at`):
+    the columns of the files before a failure, then the failure as the pure loop words it."""
+    from dsagent.format import native
+
+    assert isinstance(buffer, mmap.mmap), "the native loop reads into a page-aligned buffer"
+    sizes, mtimes, digests, failure = native.hash_names_at(dfd, names, buffer)
+    done = names if failure is None else names[: failure[0]]
+    reply.paths.extend([prefix + name for name in done] if prefix else done)
+    reply.sizes.extend(sizes[: len(done)])
+    reply.mtimes.extend(mtimes[: len(done)])
+    assert reply.raw is not None
+    reply.raw.append(digests[: 16 * len(done)])
+    if failure is None:
+        return None
+    index, errno, expected, got = failure
+    if errno:
+        return ("os", os.path.join(directory, names[index]), errno, os.strerror(errno))
+    return ("changed", prefix + names[index], expected, got)
 
 
 def _hash_names(
@@ -194,7 +225,7 @@ def _hash_one(
     return None
 
 
-def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connection]) -> None:
+def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connection], native: bool = False) -> None:
     """A hashing process: answer requests until the parent says stop (None) or goes away.
 
     ``inherited`` are the parent's ends of the pipes, copied by the fork: closed here so
@@ -216,7 +247,7 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
         if request is None:
             return
         try:
-            conn.send(_hash_request(request, snapshot, buffer))
+            conn.send(_hash_request(request, snapshot, buffer, native))
         except OSError:  # the parent stopped listening (it failed): nothing left to do
             return
 
@@ -237,9 +268,10 @@ class ProcessPool:
     #: requests in flight per process: one being hashed, one waiting in its pipe
     DEPTH = 2
 
-    def __init__(self, processes: int, snapshot: _Snapshot | None) -> None:
+    def __init__(self, processes: int, snapshot: _Snapshot | None, *, native: bool = False) -> None:
         self._processes = processes
         self._snapshot = snapshot
+        self._native = native and snapshot is None  # the native loop hashes every file (no cache)
 
     def digest(self, groups: Iterable[Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
         import multiprocessing  # here: `dsctl digest` of a few files forks nothing
@@ -252,7 +284,10 @@ class ProcessPool:
                 mine, theirs = context.Pipe()
                 inherited = [conn for _, conn in workers] + [mine]
                 process = context.Process(
-                    target=_serve, args=(theirs, self._snapshot, inherited), name="dsagent-digest", daemon=True
+                    target=_serve,
+                    args=(theirs, self._snapshot, inherited, self._native),
+                    name="dsagent-digest",
+                    daemon=True,
                 )
                 process.start()
                 theirs.close()
@@ -294,7 +329,10 @@ class ProcessPool:
                     progress(sum(reply.sizes), len(reply.paths))
             while joined in early:
                 reply = early.pop(joined)
-                table.add(reply.paths, reply.sizes, reply.mtimes, reply.digests)
+                if reply.raw is not None:
+                    table.add_raw(reply.paths, reply.sizes, reply.mtimes, b"".join(reply.raw))
+                else:
+                    table.add(reply.paths, reply.sizes, reply.mtimes, reply.digests)
                 joined += 1
 
         for number, request in enumerate(request_groups(groups)):

@@ -163,11 +163,10 @@ def hash_names(directory: str, names: list[str], buffer: mmap.mmap, *, prefix: s
     NotFound, ...) naming the file that could not be read, :class:`IntegrityError` for one
     whose size changed while it was read. Only call it when :data:`AVAILABLE`.
     """
-    assert _native is not None, "the native extension is not built"
     with translate_errors(f"source directory {directory!r}"):
         dfd = os.open(directory, _O_DIR)
     try:
-        sizes, mtimes, digests, failure = _native.hash_names(dfd, names, buffer)
+        sizes, mtimes, digests, failure = hash_names_at(dfd, names, buffer)
     finally:
         os.close(dfd)
     if failure is not None:
@@ -181,6 +180,19 @@ def hash_names(directory: str, names: list[str], buffer: mmap.mmap, *, prefix: s
             hint="retry once the source is quiet",
         )
     return Columns(sizes, mtimes, digests)
+
+
+#: How :func:`hash_names_at` failed: the file's index in ``names``, the errno (0: it changed
+#: size while read), the size expected and the size read.
+Failure = tuple[int, int, int, int]
+
+
+def hash_names_at(dfd: int, names: list[str], buffer: mmap.mmap) -> tuple[list[int], list[int], bytes, Failure | None]:
+    """:func:`hash_names` of an open directory, answering its failure as a value instead of
+    raising (for a forked hashing process, which sends it back): the files' sizes, mtimes
+    and raw digests (16 bytes each) up to the failure, and the failure or None."""
+    assert _native is not None, "the native extension is not built"
+    return _native.hash_names(dfd, names, buffer)  # type: ignore[no-any-return]
 
 
 #: What :func:`list_dirs` hands back a directory.
@@ -393,6 +405,8 @@ __all__ = [
     "zero_tails",
     "extract_members",
     "hash_names",
+    "hash_names_at",
+    "Failure",
     "entry_lines",
     "list_dirs",
     "plan_cuts",

@@ -35,10 +35,13 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     original = digestpool.ProcessPool.__init__
 
     def recording(
-        self: digestpool.ProcessPool, processes: int, snapshot: dict[str, tuple[int, int, int, int, str]] | None
+        self: digestpool.ProcessPool,
+        processes: int,
+        snapshot: dict[str, tuple[int, int, int, int, str]] | None,
+        **options: bool,
     ) -> None:
         started.append(processes)
-        original(self, processes, snapshot)
+        original(self, processes, snapshot, **options)
 
     monkeypatch.setattr(digestpool.ProcessPool, "__init__", recording)
     return started

@@ -79,15 +79,59 @@ def test_the_native_digest_is_the_pure_digest(
     assert by_path["empty/zero.bin"].digest == xxhash.xxh3_128_hexdigest(b"")
 
 
-def test_the_native_digest_runs_on_threads_and_forks_nothing(
+def test_where_it_may_fork_the_native_loop_hashes_in_processes(
+    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsagent.format import digestpool
+
+    monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
+    monkeypatch.setattr(digestpool, "REQUEST_FILES", 3)
+    monkeypatch.setattr(digester, "can_fork", lambda: True)
+    pools: list[tuple[int, bool]] = []
+    original = digestpool.ProcessPool.__init__
+
+    def recording(self: digestpool.ProcessPool, processes: int, snapshot: object, **options: bool) -> None:
+        original(self, processes, snapshot, **options)  # type: ignore[arg-type]
+        pools.append((processes, self._native))
+
+    def pure(*args: object) -> None:
+        raise AssertionError("the pure loop ran in a hashing process")  # the process dies of it
+
+    monkeypatch.setattr(digestpool.ProcessPool, "__init__", recording)
+    monkeypatch.setattr(digestpool, "_hash_names", pure)  # inherited by the fork
+    done: list[int] = []
+    manifest = build_manifest(tree, name="d", workers=2, progress=lambda size, files: done.append(files))
+    assert pools == [(2, True)] and sum(done) == manifest.file_count
+    assert manifest == build_manifest(tree, name="d", workers=1, native=False)
+
+
+def test_where_it_may_not_fork_the_native_loop_hashes_on_threads(
     tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
-    monkeypatch.setattr(digester, "can_fork", lambda: True)
+    monkeypatch.setattr(digester, "can_fork", lambda: False)  # the agent: other threads run
     monkeypatch.setattr(digester, "ProcessPool", None)  # called: a TypeError
     done: list[int] = []
-    manifest = build_manifest(tree, name="d", progress=lambda size, files: done.append(files))
+    manifest = build_manifest(tree, name="d", workers=2, progress=lambda size, files: done.append(files))
     assert sum(done) == manifest.file_count
+    assert manifest == build_manifest(tree, name="d", workers=1, native=False)
+
+
+def test_a_hashing_process_words_the_native_loops_failures_as_the_threads_do(
+    tmp_path: Path, with_native: ModuleType
+) -> None:
+    import errno
+
+    from dsagent.format.digestpool import _hash_request
+    from dsagent.format.walk import Dir
+
+    (tmp_path / "here").write_bytes(b"1")
+    gone = _hash_request([Dir("d", str(tmp_path), ["here", "gone"])], None, read_buffer(), native=True)
+    assert gone.error == ("os", str(tmp_path / "gone"), errno.ENOENT, os.strerror(errno.ENOENT))
+    assert gone.paths == ["d/here"] and gone.raw == [bytes.fromhex(xxhash.xxh3_128_hexdigest(b"1"))]
+    # /proc files stat as empty and read as text: a file that grew between stat and read
+    grew = _hash_request([Dir("proc", "/proc/self", ["status"])], None, read_buffer(), native=True)
+    assert grew.error is not None and grew.error[:3] == ("changed", "proc/status", 0)
 
 
 def test_a_digest_cache_keeps_the_pure_loop(tree: Path, with_native: ModuleType, tmp_path: Path) -> None:
