@@ -67,6 +67,7 @@ class S3Stream:
         self._at = 0
         self._resumed = 0
         self._ended = False
+        self._closed = False
         self._body: Any = None
         self._open()
 
@@ -160,12 +161,12 @@ class S3Stream:
         return True
 
     def close(self) -> None:
-        self._ended = True
+        self._ended = self._closed = True
         self._close_body()
 
     @property
     def closed(self) -> bool:
-        return self._ended
+        return self._closed
 
     def __enter__(self) -> S3Stream:
         return self
