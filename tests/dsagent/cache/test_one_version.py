@@ -209,9 +209,7 @@ def test_an_s3_body_that_breaks_off_is_asked_again_from_where_it_stopped(
     assert opened == [0, MIB]  # the second GET asks from the first byte not yet read
 
 
-def test_an_s3_body_that_keeps_breaking_fails_with_the_backends_error(
-    s3: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_s3_body_that_keeps_breaking_fails_with_the_backends_error(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from aiobotocore.response import ResponseStreamingError
 
     with pytest.raises(ResponseStreamingError):
