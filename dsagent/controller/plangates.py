@@ -17,7 +17,10 @@ A round:
    that even empty nodes could not hold, a job still missing workers after ``wait_s``): the
    pod is then scheduled as it asked, never left gated;
 3. finishes a job an earlier round pinned worker by worker and did not finish (the plan
-   recorded on its pinned workers);
+   recorded on its pinned workers), and evicts a worker it pinned to a node that no longer
+   exists (no scheduler can place it): its job's controller makes it anew, gated and
+   planned again, and a Warning Event says so; a pod no controller owns is told once and
+   left (evicted, it would be gone);
 4. plans each job whose workers all exist over the nodes' free GPUs as the extender reads
    them (:class:`~scheduling.nodeinfo.NodeReader`; a node that publishes no free GPUs: its
    allocatable GPUs less the active pods' requests), less the GPUs of pods the loop pinned
@@ -114,6 +117,7 @@ class PlanGates:
         self._timeout = request_timeout
         self._job_labels = tuple(job_labels)
         self._told: dict[str, str] = {}  # pod uid -> the last note it was told (once per change)
+        self._stranded_told: set[str] = set()  # pods no controller owns, told their node is gone
 
     @classmethod
     def of(
@@ -147,7 +151,11 @@ class PlanGates:
     def round(self, nodes: list[dict[str, Any]], pods: Callable[[], list[dict[str, Any]]]) -> Placed | None:
         """One round (the module docstring): the job placed, or None."""
         now = self.clock()
-        gated, promised = self._waiting()
+        gated, promised, pinned = self._waiting()
+        listed = {n.get("metadata", {}).get("name") for n in nodes if isinstance(n, dict)}
+        for stranded, node in pinned:
+            if node not in listed:
+                self._strand(stranded, node)
         waiting = {_uid(p) for p in gated}
         self._told = {uid: note for uid, note in self._told.items() if uid in waiting}
         workers = []
@@ -204,9 +212,10 @@ class PlanGates:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _waiting(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        """The gated pods, and per node the GPUs of the pods the loop pinned there that are
-        not bound yet (promised: the node's published free GPUs do not count them)."""
+    def _waiting(self) -> tuple[list[dict[str, Any]], dict[str, int], list[tuple[dict[str, Any], str]]]:
+        """The gated pods; per node the GPUs of the pods the loop pinned there that are not
+        bound yet (promised: the node's published free GPUs do not count them); and those
+        pods with their node."""
         items = raw(
             lambda **kw: self._core.list_pod_for_all_namespaces(
                 field_selector="spec.nodeName=,status.phase=Pending", limit=MAX_PENDING, **kw
@@ -215,6 +224,7 @@ class PlanGates:
         )["items"]
         gated: list[dict[str, Any]] = []
         promised: dict[str, int] = {}
+        pinned: list[tuple[dict[str, Any], str]] = []
         for pod in items if isinstance(items, list) else []:
             if not isinstance(pod, dict) or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 continue  # a pod being deleted is neither planned nor promised GPUs
@@ -225,11 +235,12 @@ class PlanGates:
                 continue  # gates of a shape no patch could lift one of: not this loop's pod
             node = _pinned(pod)
             if node is not None:
+                pinned.append((pod, node))
                 try:
                     promised[node] = promised.get(node, 0) + pod_gpus(pod.get("spec"), self.names)
                 except QuantityError:
                     continue
-        return gated, promised
+        return gated, promised, pinned
 
     # -- acting ------------------------------------------------------------------------------
 
@@ -330,6 +341,40 @@ class PlanGates:
                     f"deadline plan not applied, the pod is scheduled as it asked: {why}",
                 )
 
+    def _strand(self, pod: Mapping[str, Any], node: str) -> None:
+        """A pod the loop pinned to ``node``, which the pass no longer lists: evicted when a
+        controller owns it (it comes back gated and is planned again), else told once."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = _ident(pod)
+        if not name:
+            return
+        if not _controlled(pod):
+            key = _uid(pod)
+            if key not in self._stranded_told:
+                self._stranded_told.add(key)
+                note = f"pinned by its deadline plan to node {node}, which no longer exists: it cannot be scheduled"
+                self._event(
+                    pod, "Warning", "DeadlinePlanNodeGone", f"{note}; no controller owns it, delete it to plan it again"
+                )
+            return
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self._core.create_namespaced_pod_eviction(
+                name, namespace, body, _request_timeout=self._timeout, _preload_content=False
+            )
+        except ApiException as exc:  # a PodDisruptionBudget (429), or gone meanwhile (404): the next round
+            log.info("pod %s/%s pinned to the gone node %s: eviction refused (%s)", namespace, name, node, exc.status)
+            return
+        log.warning("pod %s/%s was pinned to node %s, which no longer exists: evicted", namespace, name, node)
+        self._event(
+            pod,
+            "Warning",
+            "DeadlinePlanNodeGone",
+            f"pinned by its deadline plan to node {node}, which no longer exists: evicted so that its "
+            "controller makes it anew, to be planned again",
+        )
+
     def _patch(self, namespace: str, name: str, ops: JSONPatch) -> bool:
         """One JSON Patch; False when the pod is gone or changed meanwhile (a test failed)."""
         try:
@@ -374,6 +419,13 @@ def _uid(pod: Mapping[str, Any]) -> str:
         return ""
     uid = meta.get("uid")
     return uid if isinstance(uid, str) and uid else f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _controlled(pod: Mapping[str, Any]) -> bool:
+    """Whether a controller owns ``pod`` (an owner reference with ``controller: true``)."""
+    meta = pod.get("metadata")
+    owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    return isinstance(owners, list) and any(isinstance(o, dict) and o.get("controller") is True for o in owners)
 
 
 def _pinned(pod: Mapping[str, Any]) -> str | None:

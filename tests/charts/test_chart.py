@@ -1049,6 +1049,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
         ("dsagent.io", "nodecaches", "list"),  # the nodes' inventories (docs/design.md#node-state)
         ("", "pods", "list"),  # replication's demand, next-job preparation
         ("", "pods", "patch"),  # the plan loop pins a gated worker and lifts its gate (docs/design.md#deadline-plans)
+        ("", "pods/eviction", "create"),  # the plan loop: a worker pinned to a node that is gone
         ("dsagent.io", "datasets", "list"),
         ("dsagent.io", "datasets/status", "patch"),
         ("events.k8s.io", "events", "create"),  # a refusal told the Dataset's owner (docs/operator-guide/tenancy.md)

@@ -101,14 +101,15 @@ def test_spec_replicas_is_auto_or_a_number_in_the_crd() -> None:
 
 def test_migration_is_off_by_default_and_on_may_evict_pods() -> None:
     """The controller's migration (docs/design.md#deadline-migration) needs the
-    Eviction API; the permission is there only when migration is on."""
+    Eviction API; the permission is there only when migration or the plan loop (which evicts
+    a worker it pinned to a node that is gone) is on."""
     from dsagent.controller.controllersettings import ControllerSettings
 
     def evictions(docs: Docs) -> list[dict[str, Any]]:
         rules = find(docs, "ClusterRole", "-controller")["rules"]
         return [r for r in rules if any(res.startswith("pods/") for res in r["resources"])]
 
-    off = render()
+    off = render({"controller": {"planGates": {"enabled": False}}})
     assert "DSAGENT_CONTROLLER_MIGRATE" not in controller_env(off)
     assert ControllerSettings.from_env(settings_env(off)).migrate is False
     assert evictions(off) == []

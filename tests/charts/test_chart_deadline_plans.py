@@ -86,8 +86,14 @@ def test_the_plan_loop_runs_by_default_with_the_rights_it_needs() -> None:
         is False
     )
     assert not patches_pods(off_rules)
+    # the loop evicts a worker pinned to a node that is gone (migration, off by default, too)
+    assert evicts_pods(rules) and not evicts_pods(off_rules)
     webhook_env, _, _ = webhook_parts({"controller": {"enabled": False}})
     assert webhook_env["DSAGENT_WEBHOOK_PLAN_GATES"] == "false"  # nothing would lift the gate
+
+
+def evicts_pods(rules: list[dict[str, Any]]) -> bool:
+    return any("pods/eviction" in r.get("resources", []) and "create" in r.get("verbs", []) for r in rules)
 
 
 def test_the_schema_refuses_a_wait_that_is_not_a_duration() -> None:

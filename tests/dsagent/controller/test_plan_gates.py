@@ -393,3 +393,64 @@ def test_a_job_pinned_in_part_is_finished_from_its_recorded_plan(cluster: FakeAp
     assert pinned_to(pod(cluster, "resumed-worker-1")) == [["gpu-a"]]
     for index in range(2):
         assert not pod(cluster, f"resumed-worker-{index}")["spec"].get("schedulingGates")
+
+
+def pinned_worker(job: str, index: int, node: str, *, owned: bool) -> dict[str, Any]:
+    """A worker the loop pinned to ``node`` and released (its gate lifted), still unbound."""
+    p = worker(job, index)
+    record = {"gpus": 4, "nodes": {node: 2, "gpu-b": 2}, "branch": "cross-expected", "formula": "efficiency"}
+    p["metadata"]["annotations"]["dsagent.io/planned"] = json.dumps({**record, "node": node})
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    required = {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    if owned:
+        p["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "name": job,
+                "uid": f"uid-{job}",
+                "controller": True,
+            }
+        ]
+    return p
+
+
+def test_a_worker_pinned_to_a_node_that_is_gone_is_evicted_for_its_controller_to_remake(
+    cluster: FakeApiServer,
+) -> None:
+    """A pinned worker's node was removed before the scheduler bound it: no scheduler can place
+    it. One a controller owns is evicted (the job's controller makes it anew, gated again);
+    one nobody owns is told once and left; one pinned to a node that exists is left alone."""
+    cluster.create(pinned_worker("gone", 0, "gpu-removed", owned=True))
+    cluster.create(pinned_worker("orphan", 0, "gpu-removed", owned=False))
+    cluster.create(pinned_worker("fine", 0, "gpu-a", owned=True))
+    client = cluster.api_client()
+    try:
+        ctl = loop(client)
+        assert ctl.run(nodes(cluster), cluster_pods(cluster)) == []
+        assert ctl.run(nodes(cluster), cluster_pods(cluster)) == []  # a second pass: nothing again
+    finally:
+        client.close()
+    assert cluster.evictions == ["ml/gone-worker-0"]
+    assert cluster.get("pods", "gone-worker-0", "ml") is None
+    assert events_about(cluster, "gone-worker-0") == [("Warning", "DeadlinePlanNodeGone")]
+    assert events_about(cluster, "orphan-worker-0") == [("Warning", "DeadlinePlanNodeGone")]  # once
+    assert pinned_to(pod(cluster, "orphan-worker-0")) == [["gpu-removed"]]
+    assert pinned_to(pod(cluster, "fine-worker-0")) == [["gpu-a"]] and events_about(cluster, "fine-worker-0") == []
+
+
+def test_an_eviction_a_disruption_budget_refuses_is_tried_again_at_the_next_round(cluster: FakeApiServer) -> None:
+    cluster.create(pinned_worker("guarded", 0, "gpu-removed", owned=True))
+    cluster.blocked_evictions.add("ml/guarded-worker-0")
+    client = cluster.api_client()
+    try:
+        ctl = loop(client)
+        ctl.run(nodes(cluster), cluster_pods(cluster))
+        assert pod(cluster, "guarded-worker-0") and events_about(cluster, "guarded-worker-0") == []
+        cluster.blocked_evictions.clear()
+        ctl.run(nodes(cluster), cluster_pods(cluster))
+    finally:
+        client.close()
+    assert cluster.get("pods", "guarded-worker-0", "ml") is None
+    assert events_about(cluster, "guarded-worker-0") == [("Warning", "DeadlinePlanNodeGone")]
