@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from dsplatform.errors import VocabularyError
@@ -128,20 +129,44 @@ def parse_quantity(value: Any) -> int:
     return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])
 
 
+def parse_milli(value: Any) -> int:
+    """A Kubernetes quantity in thousandths, rounded up: ``"500m"`` -> 500, ``"2"`` -> 2000
+    (CPU in millicores)."""
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return value * 1000
+    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise QuantityError(f"{value!r} is not a quantity", hint='e.g. "500m" or "2"')
+    exact = Decimal(match.group(1)) * Decimal(repr(_SUFFIX[match.group(2)])) * 1000  # "0.1" is 100, not 100.0...01
+    return math.ceil(exact)
+
+
 def gpu_requests(spec: Any, names: GpuResources = GpuResources()) -> dict[str, int]:
     """The pod's effective request of each GPU resource it names (zero ones left out).
 
     ``spec`` is a pod's ``spec`` in the wire format (a dict; anything else requests nothing).
     Raises :class:`QuantityError` on a GPU quantity it cannot read.
     """
+    return effective_requests(spec, names.is_gpu, parse_quantity)
+
+
+def effective_requests(
+    spec: Any, counted: Callable[[str], bool], parse: Callable[[Any], int] = parse_quantity
+) -> dict[str, int]:
+    """The pod's effective request of each resource ``counted`` accepts, each read by ``parse``
+    (zero ones left out), as kube-scheduler counts it: the app containers and the restartable
+    init containers (sidecars) together, or the largest moment of the init phase, whichever
+    is more. Raises :class:`QuantityError` on a quantity it cannot read."""
     spec = spec if isinstance(spec, Mapping) else {}
     app: dict[str, int] = {}
     for container in _containers(spec.get("containers")):
-        _add(app, _requests(container, names))
+        _add(app, _requests(container, counted, parse))
     sidecars: dict[str, int] = {}  # restartable init containers started so far
     init: dict[str, int] = {}  # the largest moment of the init phase
     for container in _containers(spec.get("initContainers")):
-        own = _requests(container, names)
+        own = _requests(container, counted, parse)
         if container.get("restartPolicy") == "Always":
             _add(app, own)  # a sidecar runs alongside the app containers
             _add(sidecars, own)
@@ -187,7 +212,9 @@ def _containers(value: Any) -> list[Mapping[str, Any]]:
     return [c for c in value if isinstance(c, Mapping)] if isinstance(value, list) else []
 
 
-def _requests(container: Mapping[str, Any], names: GpuResources) -> dict[str, int]:
+def _requests(
+    container: Mapping[str, Any], counted: Callable[[str], bool], parse: Callable[[Any], int]
+) -> dict[str, int]:
     resources = container.get("resources")
     if not isinstance(resources, Mapping):
         return {}
@@ -196,7 +223,7 @@ def _requests(container: Mapping[str, Any], names: GpuResources) -> dict[str, in
         **(limits if isinstance(limits, Mapping) else {}),
         **(requests if isinstance(requests, Mapping) else {}),
     }
-    return {k: parse_quantity(v) for k, v in merged.items() if isinstance(k, str) and names.is_gpu(k)}
+    return {k: parse(v) for k, v in merged.items() if isinstance(k, str) and counted(k)}
 
 
 def _add(into: dict[str, int], amounts: Mapping[str, int]) -> None:
@@ -212,7 +239,9 @@ __all__ = [
     "WHOLE_NODE",
     "GpuResources",
     "QuantityError",
+    "effective_requests",
     "gpu_requests",
+    "parse_milli",
     "node_gpus",
     "parse_quantity",
     "pod_gpus",

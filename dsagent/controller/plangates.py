@@ -24,7 +24,9 @@ A round:
 4. plans each job whose workers all exist over the nodes' free GPUs as the extender reads
    them (:class:`~scheduling.nodeinfo.NodeReader`; a node that publishes no free GPUs: its
    allocatable GPUs less the active pods' requests), less the GPUs of pods the loop pinned
-   that are not bound yet, and only on nodes every worker's own rules allow; orders the jobs
+   that are not bound yet, each node's only as far as its CPU and memory hold the job's
+   workers (:mod:`scheduling.noderoom`), and only on nodes every worker's own rules allow;
+   orders the jobs
    by slack (:func:`~scheduling.timemodel.queue_order`) and takes **one** job: each worker
    gets a required node affinity to its node (``matchFields metadata.name``) and the plan in
    ``dsagent.io/planned``, all workers first, then every gate is lifted. A job that does not
@@ -45,7 +47,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from dsagent.controller.agents import raw
 from dsagent.controller.controllersettings import ControllerSettings
@@ -71,8 +73,11 @@ from scheduling.gatedjobs import (
     read_worker,
     recorded_allocation,
 )
+from scheduling.kubeobjects import Pod
 from scheduling.nodeinfo import NodeReader
+from scheduling.noderoom import Needs, Room, gpus_for, node_room, pod_needs
 from scheduling.pinning import JSONPatch, gates, remove_gate, require_node, required_node, set_annotation
+from scheduling.podspec import pod_is_active
 from scheduling.timemodel import DEFAULT_FORMULA, Decision, queue_order
 
 log = logging.getLogger("dsagent.controller")
@@ -182,19 +187,30 @@ class PlanGates:
                 self._tell(job, f"waiting for the {job.workers} workers of job {job.key}: {len(job.members)} exist")
         if not ready:
             return None
-        facts = {f.name: less_gpus(f, promised.get(f.name, 0)) for f in node_facts(nodes, pods(), self._reader)}
+        everyone = pods()
+        facts = {f.name: less_gpus(f, promised.get(f.name, 0)) for f in node_facts(nodes, everyone, self._reader)}
+        rooms = _rooms(nodes, everyone, pinned)
         decisions: dict[str, Decision] = {}
         by_key = {job.key: job for job in ready}
         for job in ready:
             try:
-                candidates = [facts[name] for name in allowed_nodes(job, nodes) if name in facts]
+                allowed = [facts[name] for name in allowed_nodes(job, nodes) if name in facts]
             except InvalidInput as exc:
                 self._release([w.pod for w in job.members], exc.message)
                 continue
-            never = never_fits(job, candidates)
+            never = never_fits(job, allowed)
             if never is not None:
                 self._release([w.pod for w in job.members], never)
                 continue
+            needs = Needs(
+                max(pod_needs(w.pod).cpu_milli for w in job.members), max(pod_needs(w.pod).memory for w in job.members)
+            )
+            candidates = [  # a node's free GPUs, as far as the workers' CPU and memory fit there too
+                less_gpus(f, f.free_count - gpus_for(f.free_count, rooms[f.name], needs, job.gpus_each))
+                if f.name in rooms
+                else f
+                for f in allowed
+            ]
             decisions[job.key] = plan_job(job, candidates, now=now, formula=self.formula)
         order = queue_order(decisions.items())
         head = next((key for key in order if decisions[key].plan is not None), None)
@@ -419,6 +435,28 @@ def _uid(pod: Mapping[str, Any]) -> str:
         return ""
     uid = meta.get("uid")
     return uid if isinstance(uid, str) and uid else f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _rooms(
+    nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], pinned: Sequence[tuple[dict[str, Any], str]]
+) -> dict[str, Room]:
+    """Each node's CPU and memory left (:mod:`scheduling.noderoom`): its allocatable less the
+    active pods bound to it and the pods the loop pinned there that are not bound yet."""
+    holding: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        spec = pod.get("spec")
+        bound = spec.get("nodeName") if isinstance(spec, dict) else None
+        if isinstance(bound, str) and bound and pod_is_active(cast(Pod, pod)):
+            holding.setdefault(bound, []).append(pod)
+    for waiting, where in pinned:
+        holding.setdefault(where, []).append(waiting)
+    rooms = {}
+    for node in nodes:
+        meta = node.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if isinstance(name, str) and name:
+            rooms[name] = node_room(node, holding.get(name, ()))
+    return rooms
 
 
 def _controlled(pod: Mapping[str, Any]) -> bool:
