@@ -228,15 +228,23 @@ def allowed_nodes(job: WaitingJob, nodes: Sequence[Mapping[str, Any]]) -> list[s
     return names
 
 
-def never_fits(job: WaitingJob, nodes: Sequence[NodeFacts]) -> str | None:
-    """Why the job could not be placed even on empty nodes (``nodes``: those it may run on), or None."""
-    room = sum(plannable_gpus(n) // job.gpus_each for n in nodes)
+def never_fits(
+    job: WaitingJob, nodes: Sequence[NodeFacts], empty_fit: Mapping[str, int | None] | None = None
+) -> str | None:
+    """Why the job could not be placed even on empty nodes (``nodes``: those it may run on), or
+    None. ``empty_fit``: per node, how many of the job's workers its allocatable CPU and memory
+    hold when it runs nothing else (None or absent: no limit known)."""
+    limits = empty_fit or {}
+    room = 0
+    for n in nodes:
+        by_gpus = plannable_gpus(n) // job.gpus_each
+        by_cpu_memory = limits.get(n.name)
+        room += by_gpus if by_cpu_memory is None else min(by_gpus, by_cpu_memory)
     if room >= job.workers:
         return None
-    return (
-        f"the nodes it may run on hold at most {room} of its {job.workers} workers of {job.gpus_each} GPUs "
-        "(counting the GPUs the agents publish)"
-    )
+    what = "the GPUs the agents publish" + (", and their CPU and memory" if limits else "")
+    held = f"at most {room} of its {job.workers} workers of {job.gpus_each} GPUs"
+    return f"the nodes it may run on hold {held} (counting {what})"
 
 
 def less_gpus(facts: NodeFacts, count: int) -> NodeFacts:

@@ -75,7 +75,7 @@ from scheduling.gatedjobs import (
 )
 from scheduling.kubeobjects import Pod
 from scheduling.nodeinfo import NodeReader
-from scheduling.noderoom import Needs, Room, gpus_for, node_room, pod_needs
+from scheduling.noderoom import Needs, Room, gpus_for, node_room, pod_needs, workers_fitting
 from scheduling.pinning import JSONPatch, gates, remove_gate, require_node, required_node, set_annotation
 from scheduling.podspec import pod_is_active
 from scheduling.timemodel import DEFAULT_FORMULA, Decision, queue_order
@@ -190,6 +190,7 @@ class PlanGates:
         everyone = pods()
         facts = {f.name: less_gpus(f, promised.get(f.name, 0)) for f in node_facts(nodes, everyone, self._reader)}
         rooms = _rooms(nodes, everyone, pinned)
+        empty = _rooms(nodes, (), ())  # what each node's allocatable holds, running nothing else
         decisions: dict[str, Decision] = {}
         by_key = {job.key: job for job in ready}
         for job in ready:
@@ -198,13 +199,13 @@ class PlanGates:
             except InvalidInput as exc:
                 self._release([w.pod for w in job.members], exc.message)
                 continue
-            never = never_fits(job, allowed)
-            if never is not None:
-                self._release([w.pod for w in job.members], never)
-                continue
             needs = Needs(
                 max(pod_needs(w.pod).cpu_milli for w in job.members), max(pod_needs(w.pod).memory for w in job.members)
             )
+            never = never_fits(job, allowed, {name: workers_fitting(room, needs) for name, room in empty.items()})
+            if never is not None:
+                self._release([w.pod for w in job.members], never)
+                continue
             candidates = [  # a node's free GPUs, as far as the workers' CPU and memory fit there too
                 less_gpus(f, f.free_count - gpus_for(f.free_count, rooms[f.name], needs, job.gpus_each))
                 if f.name in rooms

@@ -83,6 +83,12 @@ def test_workers_that_disagree_refuse_their_job() -> None:
 def test_never_fits_counts_whole_workers_of_the_gpus_nodes_publish() -> None:
     assert never_fits(job(gpus=4, workers=3), [facts("a", [0, 1, 2, 3, 4]), facts("b", [0, 1, 2, 3])]) is not None
     assert never_fits(job(gpus=4, workers=2), [facts("a", [0, 1, 2, 3, 4]), facts("b", [0, 1, 2, 3])]) is None
+    # CPU and memory for one worker on each node (when they run nothing else): two fit, not three
+    nodes = [facts("a", [0, 1, 2, 3, 4, 5, 6, 7]), facts("b", [0, 1, 2, 3, 4, 5, 6, 7])]
+    assert never_fits(job(gpus=2, workers=2), nodes, {"a": 1, "b": 1}) is None
+    why = never_fits(job(gpus=2, workers=3), nodes, {"a": 1, "b": 1, "elsewhere": 9})
+    assert why is not None and "at most 2 of its 3 workers" in why and "CPU and memory" in why
+    assert never_fits(job(gpus=2, workers=3), nodes, {"a": None, "b": 1}) is None  # a: no limit known
     assert len(less_gpus(facts("a", [0, 1, 2, 3]), 3).free_gpus or ()) == 1
 
 

@@ -496,3 +496,22 @@ def test_without_cpu_requests_the_same_job_fits_one_node(published: str) -> None
         finally:
             client.close()
         assert job.allocation == (("gpu-a", 4),)
+
+
+def test_a_job_whose_workers_no_node_could_hold_by_cpu_is_released_as_it_asked(published: str) -> None:
+    """Each worker asks for more CPU than any node has even empty: no plan can ever place the
+    job, so its gates are lifted with a Warning saying why, not left waiting."""
+    with FakeApiServer() as cluster:
+        cluster.create(make_node("gpu-a", annotations=desired_annotations(None, published, [0, 1, 2, 3])))
+        for index in range(2):
+            p = gated(worker("cpu-hog", index))
+            p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "200"  # the node has 96
+            cluster.create(p)
+        client = cluster.api_client()
+        try:
+            assert loop(client).run(nodes(cluster), cluster_pods(cluster)) == []
+        finally:
+            client.close()
+        for index in range(2):
+            assert not pod(cluster, f"cpu-hog-worker-{index}")["spec"].get("schedulingGates")
+            assert events_about(cluster, f"cpu-hog-worker-{index}") == [("Warning", "DeadlinePlanRefused")]
