@@ -205,13 +205,16 @@ def stripe_status(
                             "bytesHeld": 0, "bytesOwned": 0, **part})  # fmt: skip
             continue
         share = answer[1]
-        state = "ready" if share.get("complete") else "fetching"
+        # a share held on demand is filled as far as its version is read: not behind, serving
+        state = "ready" if share.get("complete") else ("onDemand" if share.get("storeOnDemand") else "fetching")
         held, owned = _int(share.get("bytesHeld")), _int(share.get("bytesOwned"))
         if share.get("holding") == "whole":  # the agent holds every bundle (it checked it can)
             part["holding"] = "whole"
         reports.append({"node": node, "state": state, "bytesHeld": held, "bytesOwned": owned, **part})
     complete = bool(reports) and all(r["state"] == "ready" for r in reports)
-    out: JSON = {"state": "Ready" if complete else "Filling", "members": len(members), "nodes": reports}
+    serving = bool(reports) and all(r["state"] in ("ready", "onDemand") for r in reports)
+    state = "Ready" if complete else ("OnDemand" if serving else "Filling")
+    out: JSON = {"state": state, "members": len(members), "nodes": reports}
     drained = _drain(
         name, status, store, old_members, departing, drain if moving else {}, complete, now, drain_timeout,
         agent_call=agent_call, agent_urls=agent_urls, who=who, events=events,

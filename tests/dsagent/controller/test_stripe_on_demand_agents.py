@@ -65,6 +65,9 @@ def test_a_version_whose_pods_start_before_it_is_whole_is_read_from_the_store_as
         assert _store_reads(group.store) == {}
         assert all(_held(group, n) == 0 for n in job)
         assert _share(group.agents["n3"], digest) is None and _share(group.agents["n4"], digest) is None
+        # held on demand, its status says so: serving as far as it is read, not falling behind
+        stripe = _reconcile_until(group, apiserver, lambda s: len(s.get("nodes") or []) == len(job))
+        assert stripe["state"] == "OnDemand" and {n["state"] for n in stripe["nodes"]} == {"onDemand"}, stripe
 
         # a job that stops before its first epoch ends: a third of the samples on n1
         reader = _reader(group, "n1", shares["n1"]["shareDir"])
