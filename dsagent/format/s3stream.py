@@ -7,15 +7,16 @@ Why not s3fs's file: it is built for random access. It reads a 50 MiB block per 
 into its read-ahead cache, and every ``read`` of the unpack copies a slice out of that
 cache; the blocks arrive through aiohttp in 64-256 KiB pieces that are joined again. Read
 straight through from a loopback S3-compatible store, on the 2-CPU build machine, a 944 MB
-object cost 0.69-1.28 CPU-s through ``fs.open(...).read(1 MiB)``, against 0.14 CPU-s for
-the same GET's body read from the event loop in 1 MiB pieces (this module) and 0.08 CPU-s
-for ``http.client`` reading into one buffer (measured in one process, the store in
-another). On a node whose cores also unpack, that CPU is time to ready. The body is still
-botocore's: the request is s3fs's ``get_object`` (its credentials, region, requester-pays
-and additional arguments, the client's timeouts and retries, the egress rule's checked
-connector, :mod:`dsagent.format.egress`), so nothing about who may be reached, or how, is
-decided here; only how the answer's bytes are read. A hand-written HTTP client would save
-the rest of the CPU but would own TLS trust, proxies and signing; not worth 0.06 CPU-s/GB.
+object cost 0.69-1.28 CPU-s through ``fs.open(...).read(1 MiB)``, against 0.17-0.31 CPU-s
+through this module (the same GET's body gathered on the event loop in 1 MiB pieces, the
+filesystem's set-up and HEAD included) and 0.08 CPU-s for ``http.client`` reading into one
+buffer (measured in one process, the store in another). On a node whose cores also unpack,
+that CPU is time to ready. The body is still botocore's: the request is s3fs's
+``get_object`` (its credentials, region, requester-pays and additional arguments, the
+client's timeouts and retries, the egress rule's checked connector,
+:mod:`dsagent.format.egress`), so nothing about who may be reached, or how, is decided
+here; only how the answer's bytes are read. A hand-written HTTP client would save the rest
+of the CPU but would own TLS trust, proxies and signing: not worth 0.1-0.2 CPU-s a gigabyte.
 
 What it owns:
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from dsagent.errors import IntegrityError
+from dsagent.errors import IntegrityError, SourceUnavailable
 
 #: Bytes one ``read`` gathers from the body at most (the unpack reads 1 MiB at a time).
 PIECE = 1 << 20
@@ -84,6 +85,8 @@ class S3Stream:
             self.size = length if isinstance(length, int) else None
 
     async def _gather(self, body: Any, want: int) -> bytes:
+        """Up to ``want`` bytes of ``body``, fewer only at its end: one crossing to the event
+        loop a read, where aiohttp hands out 64-256 KiB at a time."""
         pieces, got = [], 0
         while got < want:
             piece = await body.read(want - got)
@@ -116,9 +119,9 @@ class S3Stream:
             if data or self.size is None or self._at >= self.size:
                 break
             if not self._resume():  # the body ended early: the answer said more was coming
-                raise IntegrityError(
+                raise SourceUnavailable(
                     f"{self._path!r}: the store's answer ended after {self._at} of {self.size} bytes",
-                    hint="the store broke off the read; the fetch is retried",
+                    hint="the store broke off the read; request the dataset again",
                 )
         self._at += len(data)
         if not data:
