@@ -4,9 +4,12 @@ Who calls it: :func:`dsagent.format.digester.digest_files`, for a local tree of 
 :data:`PROCESS_MIN_FILES` files in a process where forking is safe (:func:`can_fork`);
 the digest's other paths use :func:`request_groups` and :func:`changed_error` too. What it
 owns: the hashing processes (Python's per-file work holds the GIL, so threads cannot use a
-second core on small files), the requests of about :data:`REQUEST_FILES` files they are
-sent, their replies as columns joined in walk order, the digest cache's snapshot they
-answer from, and stopping them (killed after a failure).
+second core on small files; the native loop's threads, which release it, stop scaling at
+3-4 cores of 16, docs/design-native.md#on-a-node-with-many-cores), each running the native
+loop where it is built and no digest cache is read, else the pure one; the requests of
+about :data:`REQUEST_FILES` files they are sent, their replies as columns joined in walk
+order, the digest cache's snapshot they answer from, and stopping them (killed after a
+failure).
 """
 
 from __future__ import annotations
