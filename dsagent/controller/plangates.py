@@ -158,7 +158,7 @@ class PlanGates:
         now = self.clock()
         gated, promised, pinned = self._waiting()
         listed = {n.get("metadata", {}).get("name") for n in nodes if isinstance(n, dict)}
-        for stranded, node in pinned:
+        for stranded, node in pinned if listed else ():  # no Nodes listed at all: nothing to judge by
             if node not in listed:
                 self._strand(stranded, node)
         waiting = {_uid(p) for p in gated}

@@ -433,6 +433,13 @@ def test_a_worker_pinned_to_a_node_that_is_gone_is_evicted_for_its_controller_to
     finally:
         client.close()
     assert cluster.evictions == ["ml/gone-worker-0"]
+    # a pass that listed no Node at all judges nothing gone
+    client = cluster.api_client()
+    try:
+        loop(client).run([], cluster_pods(cluster))
+    finally:
+        client.close()
+    assert cluster.evictions == ["ml/gone-worker-0"]
     assert cluster.get("pods", "gone-worker-0", "ml") is None
     assert events_about(cluster, "gone-worker-0") == [("Warning", "DeadlinePlanNodeGone")]
     assert events_about(cluster, "orphan-worker-0") == [("Warning", "DeadlinePlanNodeGone")]  # once
