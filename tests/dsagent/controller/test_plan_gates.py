@@ -463,10 +463,14 @@ def test_an_eviction_a_disruption_budget_refuses_is_tried_again_at_the_next_roun
     assert events_about(cluster, "guarded-worker-0") == [("Warning", "DeadlinePlanNodeGone")]
 
 
-def test_a_node_whose_cpu_holds_one_worker_gets_one_worker_of_the_plan(published: str) -> None:
+@pytest.mark.parametrize(("cpu", "allocation"), [("10", [("gpu-a", 2), ("gpu-b", 2)]), (None, [("gpu-a", 4)])])
+def test_a_node_whose_cpu_holds_one_worker_gets_one_worker_of_the_plan(
+    published: str, cpu: str | None, allocation: list[tuple[str, int]]
+) -> None:
     """gpu-a has 4 free GPUs, enough for the whole job, but CPU for one of its workers (16 of
     its cores, 10 a worker): the plan puts one worker there and the other on gpu-b, where a
-    plan by GPUs alone would have put both on gpu-a and left one pending."""
+    plan by GPUs alone would have put both on gpu-a and left one pending. The control: the
+    same job asking no CPU runs on gpu-a alone."""
     with FakeApiServer() as cluster:
         cpu16 = {"cpu": "16"}
         cluster.create(
@@ -474,35 +478,18 @@ def test_a_node_whose_cpu_holds_one_worker_gets_one_worker_of_the_plan(published
         )
         cluster.create(make_node("gpu-b", annotations=desired_annotations(None, published, [4, 5])))
         for index in range(2):
-            p = gated(worker("cpu-heavy", index))
-            p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "10"
+            p = gated(worker("job", index))
+            if cpu is not None:
+                p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
             cluster.create(p)
         client = cluster.api_client()
         try:
             [job] = loop(client).run(nodes(cluster), cluster_pods(cluster))
         finally:
             client.close()
-        assert sorted(job.allocation) == [("gpu-a", 2), ("gpu-b", 2)]
-        assert sorted(pinned_to(pod(cluster, f"cpu-heavy-worker-{i}"))[0][0] for i in range(2)) == ["gpu-a", "gpu-b"]
-
-
-def test_without_cpu_requests_the_same_job_fits_one_node(published: str) -> None:
-    """The control: the same nodes and job with no CPU asked run on gpu-a alone."""
-    with FakeApiServer() as cluster:
-        cluster.create(
-            make_node(
-                "gpu-a", annotations=desired_annotations(None, published, [0, 1, 2, 3]), extra_allocatable={"cpu": "16"}
-            )
-        )
-        cluster.create(make_node("gpu-b", annotations=desired_annotations(None, published, [4, 5])))
-        for index in range(2):
-            cluster.create(gated(worker("light", index)))
-        client = cluster.api_client()
-        try:
-            [job] = loop(client).run(nodes(cluster), cluster_pods(cluster))
-        finally:
-            client.close()
-        assert job.allocation == (("gpu-a", 4),)
+        assert sorted(job.allocation) == allocation
+        pinned = sorted(pinned_to(pod(cluster, f"job-worker-{i}"))[0][0] for i in range(2))
+        assert pinned == sorted(node for node, count in allocation for _ in range(count // 2))
 
 
 def test_a_job_whose_workers_no_node_could_hold_by_cpu_is_released_as_it_asked(published: str) -> None:
