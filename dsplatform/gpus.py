@@ -117,30 +117,28 @@ class GpuResources:
 
 def parse_quantity(value: Any) -> int:
     """A Kubernetes quantity as a whole count (rounded up): ``"4"``, ``4``, ``"2k"``."""
-    if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return math.ceil(value)
-    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
-    if not match:
-        raise QuantityError(f"{value!r} is not a quantity", hint='e.g. "4"')
-    return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])
+    return math.ceil(_exact(value))
 
 
 def parse_milli(value: Any) -> int:
     """A Kubernetes quantity in thousandths, rounded up: ``"500m"`` -> 500, ``"2"`` -> 2000
     (CPU in millicores)."""
+    return math.ceil(_exact(value) * 1000)
+
+
+def _exact(value: Any) -> Decimal:
+    """A quantity's exact value: in decimal, so that ``"16.1k"`` is 16,100, not 16,100.000...2
+    (16,101 once rounded up), as it was in binary floating point."""
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int):
-        return value * 1000
+        return Decimal(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return Decimal(repr(value))
     match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
     if not match:
-        raise QuantityError(f"{value!r} is not a quantity", hint='e.g. "500m" or "2"')
-    exact = Decimal(match.group(1)) * Decimal(repr(_SUFFIX[match.group(2)])) * 1000  # "0.1" is 100, not 100.0...01
-    return math.ceil(exact)
+        raise QuantityError(f"{value!r} is not a quantity", hint='e.g. "4" or "500m"')
+    return Decimal(match.group(1)) * Decimal(repr(_SUFFIX[match.group(2)]))
 
 
 def gpu_requests(spec: Any, names: GpuResources = GpuResources()) -> dict[str, int]:

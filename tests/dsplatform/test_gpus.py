@@ -123,7 +123,17 @@ def test_an_unreadable_gpu_quantity_raises_and_other_resources_are_not_read() ->
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("4", 4), (4, 4), ("1k", 1000), ("1Ki", 1024), ("500m", 1), ("0", 0), (1.5, 2)],
+    [
+        ("4", 4),
+        (4, 4),
+        ("1k", 1000),
+        ("1Ki", 1024),
+        ("500m", 1),
+        ("0", 0),
+        (1.5, 2),
+        ("16.1k", 16100),
+        ("1.5Gi", 3 << 29),
+    ],
 )
 def test_quantities(value: object, expected: int) -> None:
     assert parse_quantity(value) == expected
