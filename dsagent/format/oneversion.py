@@ -37,11 +37,11 @@ from typing import IO, Any
 
 from dsagent.errors import IntegrityError
 from dsagent.format.storage import CheckedAtEnd, open_whole, version_of
+from dsagent.format.storage_errors import CHANGED_HINT
 
 #: Protocols whose validators are HTTP's: ``ETag`` and ``Last-Modified``.
 _HTTP = frozenset({"http", "https"})
 _HEX = re.compile(r"[0-9a-f]+")
-_CHANGED_HINT = "the source changed while caching: request the dataset again once it is quiet"
 
 
 def identifies_content(info: Mapping[str, Any]) -> bool:
@@ -135,7 +135,7 @@ class _WholeGet(CheckedAtEnd):
             raise self._changed(f"version {self._version}, {self._size} bytes -> {version_of(now)}, {now.get('size')}")
 
     def _changed(self, how: str) -> IntegrityError:
-        return IntegrityError(f"{self._path!r} changed while it was read ({how})", hint=_CHANGED_HINT)
+        return IntegrityError(f"{self._path!r} changed while it was read ({how})", hint=CHANGED_HINT)
 
 
 def _answer_validators(stream: Any) -> dict[str, str]:

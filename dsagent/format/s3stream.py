@@ -37,22 +37,23 @@ What it owns:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
-from dsagent.errors import IntegrityError, SourceUnavailable
+from dsagent.errors import SourceUnavailable
 
 #: Bytes one ``read`` gathers from the body at most (the unpack reads 1 MiB at a time).
 PIECE = 1 << 20
 #: Times one object's body is asked again after it broke off.
 RESUMES = 2
 
-_CHANGED_HINT = "the source changed while caching: request the dataset again once it is quiet"
-
 
 class S3Stream:
     """An S3 object's bytes in order, from one GET (plus a resumed one per break)."""
 
-    def __init__(self, fs: Any, path: str, info: dict[str, Any]) -> None:
+    def __init__(self, fs: Any, path: str, info: dict[str, Any], *, recheck: Callable[[], None]) -> None:
+        """``recheck``: asks the object's version again at the end of a read made of several
+        requests, raising when it moved (:func:`dsagent.format.storage.check_version`)."""
         from s3fs.core import version_id_kw
 
         bucket, key, path_version = fs.split_path(path)
@@ -62,7 +63,7 @@ class S3Stream:
         etag = info.get("ETag")
         if isinstance(etag, str) and etag and not etag.startswith("W/"):
             self._ask["IfMatch"] = etag
-        self._etag = etag
+        self._recheck = recheck
         size = info.get("size")
         self.size: int | None = size if isinstance(size, int) and not isinstance(size, bool) else None
         self._at = 0
@@ -140,17 +141,8 @@ class S3Stream:
     def _end(self) -> None:
         self._ended = True
         self._close_body()
-        if self._resumed:
-            self._check_version()
-
-    def _check_version(self) -> None:
-        """After a read in several requests: the object still has the ETag it was read by."""
-        self._fs.invalidate_cache(self._path)
-        now = self._fs.info(self._path).get("ETag")
-        if self._etag and now != self._etag:
-            raise IntegrityError(
-                f"{self._path!r} changed while it was read (ETag {self._etag} -> {now})", hint=_CHANGED_HINT
-            )
+        if self._resumed:  # a read in several requests: its version asked again
+            self._recheck()
 
     # ------------------------------------------------------------------ file protocol
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -232,7 +233,8 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
         elif protocols & _S3 and (size if size is not None else info.get("size") or 0) >= _STREAM_FROM:
             from dsagent.format.s3stream import S3Stream
 
-            return S3Stream(fs, path, info)  # type: ignore[return-value]  # one GET, pinned by IfMatch
+            recheck = functools.partial(check_version, fs, path, version)
+            return S3Stream(fs, path, info, recheck=recheck)  # type: ignore[return-value]  # one GET, pinned by IfMatch
         else:
             opened = fs.open(path, "rb")
         blocks = getattr(opened, "blocksize", 0) or 0
@@ -307,13 +309,19 @@ class _OneVersion(CheckedAtEnd):
         self._version = version
 
     def check(self) -> None:
-        self._fs.invalidate_cache(self._path)
-        now = version_of(self._fs.info(self._path))
-        if now != self._version:
-            raise IntegrityError(
-                f"{self._path!r} changed while it was read (version {self._version} -> {now})",
-                hint="the source changed while caching: request the dataset again once it is quiet",
-            )
+        check_version(self._fs, self._path, self._version)
+
+
+def check_version(fs: AbstractFileSystem, path: str, version: Mapping[str, str]) -> None:
+    """After a read of ``path`` made of several requests: the object, asked again (the
+    filesystem's listings of it dropped first), still has ``version`` (:func:`version_of`),
+    else :class:`IntegrityError`."""
+    fs.invalidate_cache(path)
+    now = version_of(fs.info(path))
+    if now != version:
+        raise IntegrityError(
+            f"{path!r} changed while it was read (version {dict(version)} -> {now})", hint=storage_errors.CHANGED_HINT
+        )
 
 
 #: Hears of one store request: ``(protocol, seconds, None or the error code it failed with)``.

@@ -60,6 +60,8 @@ _NO_CREDENTIALS = {
 # a 412 to If-Match / IfMatch, s3fs's own check, the stores' codes for a failed condition.
 _CHANGED = {"FileExpired"}
 _CHANGED_CODES = {"PreconditionFailed", "ConditionNotMet"}
+#: What to do about an object that changed while it was read (however that was found).
+CHANGED_HINT = "the source changed while caching: request the dataset again once it is quiet"
 # Exception class names meaning "the endpoint could not be reached or did not answer in time".
 _UNREACHABLE = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
@@ -159,10 +161,7 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
             hint="pack to a directory or an object store such as s3://, gs:// or az://",
         )
     if names & _CHANGED or service_code in _CHANGED_CODES or status == 412:
-        return IntegrityError(
-            f"{what}: the source changed while it was read ({detail})",
-            hint="the source changed while caching: request the dataset again once it is quiet",
-        )
+        return IntegrityError(f"{what}: the source changed while it was read ({detail})", hint=CHANGED_HINT)
     if names & _NO_CREDENTIALS or (service_code in _CREDENTIAL_CODES) or status == 401:
         return StorageCredentials(f"{what}: credentials missing or refused ({detail})", hint=CREDENTIALS_HINT[family])
     if "ParamValidationError" in names or "InvalidEndpoint" in names or "InvalidRegionError" in names:
@@ -226,4 +225,4 @@ def _option_hint(key: str) -> str:
     return "check the option names for this protocol (docs/user-guide/storage.md)"
 
 
-__all__ = ["CREDENTIALS_HINT", "bodiless", "classify"]
+__all__ = ["CHANGED_HINT", "CREDENTIALS_HINT", "bodiless", "classify"]
