@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from dsagent.kube.apiclient import evict
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, CLASS_STEM, GPU_RESOURCE, GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key
 from dsplatform.kubetime import parse_or_none
@@ -212,26 +213,18 @@ class Migrator:
 
     def run_once(self) -> list[Migration]:
         """Plan one round and evict the pods of every job that moves; the moves done."""
-        from kubernetes.client.exceptions import ApiException
-
         moves, members = self.plan()
         done = []
         for move in moves:
             evicted = 0
             for pod in members[move.job]:
-                body = {
-                    "apiVersion": "policy/v1",
-                    "kind": "Eviction",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace},
-                }
-                try:
-                    self._api.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _preload_content=False)
-                    evicted += 1
-                except ApiException as exc:
+                refused = evict(self._api, pod.namespace, pod.name)
+                if refused is not None:
                     log.warning(
-                        "migrate %s: eviction of %s/%s refused (%s)", move.job, pod.namespace, pod.name, exc.status
+                        "migrate %s: eviction of %s/%s refused (%s)", move.job, pod.namespace, pod.name, refused
                     )
                     break
+                evicted += 1
             if evicted:
                 log.info(
                     "migrate %s to %s: %d pods evicted, expected end in %.0f s",

@@ -53,7 +53,7 @@ from dsagent.controller.agents import raw
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.migration import node_facts
 from dsagent.errors import Conflict, NotFound
-from dsagent.kube.apiclient import translated
+from dsagent.kube.apiclient import evict, translated
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsplatform.errors import InvalidInput
 from dsplatform.gpus import CLASS_STEM, GpuResources, QuantityError, pod_gpus
@@ -361,8 +361,6 @@ class PlanGates:
     def _strand(self, pod: Mapping[str, Any], node: str) -> None:
         """A pod the loop pinned to ``node``, which the pass no longer lists: evicted when a
         controller owns it (it comes back gated and is planned again), else told once."""
-        from kubernetes.client.exceptions import ApiException
-
         namespace, name = _ident(pod)
         if not name:
             return
@@ -375,13 +373,9 @@ class PlanGates:
                     pod, "Warning", "DeadlinePlanNodeGone", f"{note}; no controller owns it, delete it to plan it again"
                 )
             return
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        try:
-            self._core.create_namespaced_pod_eviction(
-                name, namespace, body, _request_timeout=self._timeout, _preload_content=False
-            )
-        except ApiException as exc:  # a PodDisruptionBudget (429), or gone meanwhile (404): the next round
-            log.info("pod %s/%s pinned to the gone node %s: eviction refused (%s)", namespace, name, node, exc.status)
+        refused = evict(self._core, namespace, name, timeout=self._timeout)
+        if refused is not None:  # a PodDisruptionBudget (429), or gone meanwhile (404): the next round
+            log.info("pod %s/%s pinned to the gone node %s: eviction refused (%s)", namespace, name, node, refused)
             return
         log.warning("pod %s/%s was pinned to node %s, which no longer exists: evicted", namespace, name, node)
         self._event(

@@ -79,6 +79,21 @@ def status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and status > 0 else None
 
 
+def evict(core: Any, namespace: str, name: str, *, timeout: float | None = None) -> int | None:
+    """Evict pod ``namespace/name`` through the Eviction API (``core``: a ``CoreV1Api``), so
+    that PodDisruptionBudgets hold; None when it was evicted, else the status the API server
+    refused it with (429: a budget; 404: the pod is gone)."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    extra: dict[str, Any] = {"_request_timeout": timeout} if timeout is not None else {}
+    try:
+        core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False, **extra)
+    except ApiException as exc:
+        return exc.status  # type: ignore[no-any-return]
+    return None
+
+
 @contextlib.contextmanager
 def translated(what: str) -> Iterator[None]:
     """Map the client's exceptions raised inside the block to dsagent errors about ``what``."""
@@ -129,4 +144,4 @@ async def in_daemon_thread(call: Callable[[], _T]) -> _T:
     return await future
 
 
-__all__ = ["KubeForbidden", "KubeUnavailable", "in_daemon_thread", "load", "status_of", "translated"]
+__all__ = ["KubeForbidden", "KubeUnavailable", "evict", "in_daemon_thread", "load", "status_of", "translated"]
