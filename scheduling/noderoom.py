@@ -67,6 +67,13 @@ def pod_needs(pod: Mapping[str, Any]) -> Needs:
     return Needs(max(0, cpu), max(0, memory))
 
 
+def most(needs: Iterable[Needs]) -> Needs:
+    """The most CPU and the most memory any of ``needs`` asks (what each worker of a job is
+    planned for when its workers ask differently)."""
+    listed = list(needs)
+    return Needs(max((n.cpu_milli for n in listed), default=0), max((n.memory for n in listed), default=0))
+
+
 def node_room(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Room:
     """``node``'s allocatable CPU and memory less what ``pods`` (those bound or pinned to it
     that still hold their requests) need."""
@@ -110,4 +117,4 @@ def _read(value: Any, parse: Any) -> int | None:
         return None
 
 
-__all__ = ["CPU", "MEMORY", "Needs", "Room", "gpus_for", "node_room", "pod_needs", "workers_fitting"]
+__all__ = ["CPU", "MEMORY", "Needs", "Room", "gpus_for", "most", "node_room", "pod_needs", "workers_fitting"]

@@ -75,7 +75,7 @@ from scheduling.gatedjobs import (
 )
 from scheduling.kubeobjects import Pod
 from scheduling.nodeinfo import NodeReader
-from scheduling.noderoom import Needs, Room, gpus_for, node_room, pod_needs, workers_fitting
+from scheduling.noderoom import Room, gpus_for, most, node_room, pod_needs, workers_fitting
 from scheduling.pinning import JSONPatch, gates, remove_gate, require_node, required_node, set_annotation
 from scheduling.podspec import pod_is_active
 from scheduling.timemodel import DEFAULT_FORMULA, Decision, queue_order
@@ -199,9 +199,7 @@ class PlanGates:
             except InvalidInput as exc:
                 self._release([w.pod for w in job.members], exc.message)
                 continue
-            needs = Needs(
-                max(pod_needs(w.pod).cpu_milli for w in job.members), max(pod_needs(w.pod).memory for w in job.members)
-            )
+            needs = most(pod_needs(w.pod) for w in job.members)
             never = never_fits(job, allowed, {name: workers_fitting(room, needs) for name, room in empty.items()})
             if never is not None:
                 self._release([w.pod for w in job.members], never)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dsplatform.gpus import QuantityError, parse_milli
-from scheduling.noderoom import Needs, Room, gpus_for, node_room, pod_needs, workers_fitting
+from scheduling.noderoom import Needs, Room, gpus_for, most, node_room, pod_needs, workers_fitting
 
 GI = 1 << 30
 
@@ -66,3 +66,8 @@ def test_the_gpus_a_job_may_plan_on_a_node_are_those_of_the_workers_its_cpu_and_
     assert gpus_for(8, Room(7000, 64 * GI), worker, gpus_each=2) == 4
     assert gpus_for(2, Room(7000, 64 * GI), worker, gpus_each=2) == 2  # the GPUs bind first
     assert gpus_for(8, Room(None, None), worker, gpus_each=2) == 8
+
+
+def test_a_job_is_planned_for_the_most_any_of_its_workers_asks() -> None:
+    assert most([Needs(1000, 4 * GI), Needs(3000, GI)]) == Needs(3000, 4 * GI)
+    assert most([]) == Needs(0, 0)
