@@ -281,6 +281,7 @@ static int hook_says(PyObject *hook, const char *kind, int fd, const char *name)
 #include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records */
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 #include "layout.c" /* the layout checks: first_unsafe, parents */
+#include "sizecheck.c" /* the ready check's lstat loop: sized_files */
 
 static PyMethodDef methods[] = {
     {"hash_names", hash_names, METH_VARARGS,
@@ -295,6 +296,8 @@ static PyMethodDef methods[] = {
     {"first_unsafe", first_unsafe, METH_O, "first_unsafe(paths) -> int: see native/layout.c."},
     {"parents", parents, METH_O, "parents(paths) -> set[str]: see native/layout.c."},
     {"set_io_hook", set_io_hook, METH_O, "set_io_hook(callable or None): fault injection's hook, see dsnative.c."},
+    {"sized_files", sized_files, METH_VARARGS,
+     "sized_files(root, paths, sizes, start, stop) -> [index, ...]: see native/sizecheck.c."},
     {"list_dirs", list_dirs, METH_VARARGS,
      "list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
     {NULL, NULL, 0, NULL},
@@ -310,7 +313,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 14) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 15) < 0) {
         Py_DECREF(m);
         return NULL;
     }

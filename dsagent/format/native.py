@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 14
+INTERFACE = 15
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -251,6 +251,15 @@ def digest_records(paths: list[str], sizes: array[int], digests: bytes) -> bytes
     assert _native is not None, "the native extension is not built"
     records: bytes | None = _native.digest_records(paths, sizes, digests)
     return records
+
+
+def sized_files(root: str, paths: list[str], sizes: array[int], start: int, stop: int) -> list[int]:
+    """The indexes in ``[start, stop)`` whose ``root/paths[i]`` is not a regular file of
+    ``sizes[i]`` bytes (missing, another kind, another size, an lstat that fails), found
+    with one lstat a file and the GIL released for the whole loop (native/sizecheck.c).
+    Opening ``root`` fails as :class:`OSError`. Only call it when :data:`AVAILABLE`."""
+    assert _native is not None, "the native extension is not built"
+    return _native.sized_files(root, paths, sizes, start, stop)  # type: ignore[no-any-return]
 
 
 def first_unsafe(paths: Sequence[str]) -> int:

@@ -31,4 +31,5 @@ env LD_PRELOAD="$asan" \
     timeout 300 "$py" -m pytest -q -p no:cacheprovider -n 0 -x --capture=sys \
     tests/dsagent/format/test_native.py tests/dsagent/format/test_native_unpack.py \
     tests/dsagent/format/test_native_pack.py tests/dsagent/format/test_native_layout.py \
-    tests/dsagent/format/test_native_fuzz.py tests/tools/test_fuzz_native_unpack.py
+    tests/dsagent/format/test_native_fuzz.py tests/tools/test_fuzz_native_unpack.py \
+    tests/dsagent/cache/test_ready_check.py
