@@ -72,6 +72,7 @@ from dsagent.format.entries import (
 from dsagent.format.hashing import CHUNK_SIZE, FileHasher, hash_file, hash_stream
 from dsagent.format.names import is_digest, validate_name
 from dsagent.format.storageconfig import Options
+from dsplatform.heap import collector_paused
 from dsplatform.names import DIGEST_LENGTH
 
 if TYPE_CHECKING:
@@ -470,9 +471,10 @@ def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> 
         checks = _BodyChecks()
         try:
             for batch in _entry_batches(reader, header.file_count, header.name):
-                columns = _parse_batch(batch)
-                if checks.batch(columns):
-                    table.add(*columns)
+                with collector_paused():  # thousands of rows, no reference cycle (dsplatform.heap)
+                    columns = _parse_batch(batch)
+                    if checks.batch(columns):
+                        table.add(*columns)
         except (ValueError, TypeError, OverflowError) as exc:
             raise IntegrityError(f"corrupt manifest {header.name!r}: {exc}", hint="re-pack the dataset") from exc
         if checks.malformed:

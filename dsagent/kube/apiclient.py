@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import threading
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from dsagent.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
+from dsplatform.heap import collector_paused
 
 _T = TypeVar("_T")
 
@@ -37,19 +37,11 @@ class KubeForbidden(Forbidden):
 
 
 def loads_list(data: bytes | str) -> Any:
-    """A list's JSON parsed with the cyclic garbage collector paused. Parsing a list of
-    thousands of objects allocates millions of containers, each allocation counting towards
-    the next collection: the collector would walk the half-built list again and again (full
-    collections over the whole heap among them) to find no garbage, since parsed JSON holds no
-    reference cycle. Paused, it walks the new objects once when next due. Its state is
-    restored after (it stays off where it was off)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    """A list's JSON parsed with the cyclic garbage collector paused
+    (:func:`dsplatform.heap.collector_paused`: a list of thousands of objects is millions of
+    containers, none of them in a reference cycle)."""
+    with collector_paused():
         return json.loads(data)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def load(kubeconfig: str | None = None) -> Any:
