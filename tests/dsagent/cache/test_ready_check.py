@@ -96,3 +96,28 @@ def test_the_native_loop_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     (tmp_path / "b").write_bytes(b"xy")
     assert native.sized_files(str(tmp_path), ["a", "b"], sizes, 0, 2) == [0]
     assert native.sized_files(str(tmp_path), ["a", "b"], sizes, 1, 2) == []
+
+
+def test_the_check_split_over_threads_finds_what_one_thread_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native.LOADED:
+        pytest.skip(f"the native loops are not here: {native.OFF_REASON}")
+    monkeypatch.setattr(native, "AVAILABLE", True)
+    manifest = tree(tmp_path / "ds")
+    root = tmp_path / "ds"
+    for name in ("class_0/000.bin", "class_1/021.bin", "class_3/039.bin"):  # first, middle, last of the tree
+        (root / name).unlink()
+    monkeypatch.setattr(ready, "_PER_THREAD", 10**9)
+    alone = ready.incomplete(root, manifest)
+    monkeypatch.setattr(ready, "_PER_THREAD", 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)  # 41 files: six threads of seven
+    assert (
+        ready.incomplete(root, manifest)
+        == alone
+        == [
+            "missing file: class_0/000.bin",
+            "missing file: class_1/021.bin",
+            "missing file: class_3/039.bin",
+        ]
+    )
