@@ -1,6 +1,6 @@
 /* The pack's listing of directories (included by dsnative.c).
  *
- * list_dirs(paths, prefixes) -> [(paths, stats, dirs, others, entries, device, inode), ...]
+ * list_dirs(paths, prefixes, stat=True) -> [(paths, stats, dirs, others, entries, device, inode), ...]
  *
  * Reads each directory of `paths` and stats its regular files (by d_type, or by the stat
  * where the filesystem gives none), all of them with the GIL released once (a call a
@@ -14,7 +14,10 @@
  * regular file (a symlink, a FIFO, an entry without d_type that is not a regular file, a
  * file gone or changed into something else between the read and the stat), for the
  * caller's own rules; `entries` counts every entry but "." and ".."; `device` and
- * `inode` are the directory's own (for the caller's loop check). An error opening or
+ * `inode` are the directory's own (for the caller's loop check). With `stat` false, an
+ * entry that d_type says is a regular file is taken as one without a stat, and its four
+ * numbers are 0 (the digest's walk: the hashing stats each file it opens); an entry
+ * without d_type is still stat'ed. An error opening or
  * reading a directory is raised as OSError with its errno and path, the first in order.
  * Names are decoded as os.fsdecode does.
  */
@@ -64,7 +67,7 @@ static int listing_add(listing *l, const char *name, size_t length) {
 }
 
 /* 0, or the errno of opening or reading the directory. */
-static int read_listing(const char *path, listing *l) {
+static int read_listing(const char *path, listing *l, int with_stat) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return errno;
     struct stat self;
@@ -95,6 +98,10 @@ static int read_listing(const char *path, listing *l) {
         struct listed *row = &l->rows[l->count - 1];
         if (item->d_type == DT_DIR) row->regular = 2;
         if (item->d_type != DT_REG && item->d_type != DT_UNKNOWN) continue;
+        if (!with_stat && item->d_type == DT_REG) {
+            row->regular = 1;
+            continue;
+        }
         struct stat st;
         if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
         row->regular = 1;
@@ -171,7 +178,9 @@ done:
 static PyObject *list_dirs(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *paths_arg, *prefixes_arg;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &paths_arg, &PyList_Type, &prefixes_arg)) return NULL;
+    int with_stat = 1;
+    if (!PyArg_ParseTuple(args, "O!O!|p", &PyList_Type, &paths_arg, &PyList_Type, &prefixes_arg, &with_stat))
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(paths_arg);
     if (PyList_GET_SIZE(prefixes_arg) != n) {
         PyErr_SetString(PyExc_ValueError, "one prefix a directory");
@@ -197,7 +206,7 @@ static PyObject *list_dirs(PyObject *self, PyObject *args) {
     Py_ssize_t failed = -1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n && err == 0; i++) {
-        err = read_listing(where[i], &ls[i]);
+        err = read_listing(where[i], &ls[i], with_stat);
         if (err) failed = i;
     }
     Py_END_ALLOW_THREADS

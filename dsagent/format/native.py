@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 15
+INTERFACE = 16
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -199,17 +199,18 @@ def hash_names_at(dfd: int, names: list[str], buffer: mmap.mmap) -> tuple[list[i
 Listed = tuple[list[str], bytes, list[str], list[str], int, int, int]
 
 
-def list_dirs(directories: list[str], prefixes: list[str]) -> list[Listed]:
+def list_dirs(directories: list[str], prefixes: list[str], *, stat: bool = True) -> list[Listed]:
     """Directories of the pack's listing, read and their regular files stat'ed without the
     GIL (native/listdir.c, all of them in one release), as columns a directory: the
     regular files' paths (its prefix + name, in byte order of the names); their size,
     mtime ns, inode and ctime ns, four native int64 a file (``array("q", stats)``); the
     names of the entries that are directories by ``d_type``; the names of every other
     entry (symlinks, anything else, for the caller's rules); the count of entries; the
-    directory's own device and inode. Opening or reading one fails as :class:`OSError`
-    with its path."""
+    directory's own device and inode. ``stat=False``: a file ``d_type`` calls regular is
+    taken as one without a stat, its numbers 0 (the digest's walk). Opening or reading one
+    fails as :class:`OSError` with its path."""
     assert _native is not None, "the native extension is not built"
-    return _native.list_dirs(directories, prefixes)  # type: ignore[no-any-return]
+    return _native.list_dirs(directories, prefixes, stat)  # type: ignore[no-any-return]
 
 
 def block_samples(view: memoryview, block: int, pieces: int, piece: int) -> bytes:

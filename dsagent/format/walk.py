@@ -186,6 +186,47 @@ def iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None =
             empty.append(rel)
 
 
+#: Directories one call of the native listing reads in the digest's walk: enough that a call
+#: is worth its GIL release, few enough that hashing starts while the walk goes on.
+NATIVE_BATCH = 64
+
+
+def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None = None) -> Iterator[Dir]:
+    """:func:`iter_local_dirs` with the directories read in C (:func:`~dsagent.format.native.list_dirs`,
+    which takes a file ``d_type`` calls regular without a stat: the hashing stats each file
+    it opens): the same groups of names under the same rules (links followed and confined,
+    loops refused, other special files refused, empty directories noted), a level of the
+    tree at a time, :data:`NATIVE_BATCH` directories a call. On this thread: a process that
+    forks its hashing processes once the first groups are in (:mod:`dsagent.format.digestpool`)
+    still may, as the walk starts no thread. Python's ``os.scandir`` walk spends about 1 us
+    a file under the GIL, the bound of a digest on many cores
+    (docs/design-native.md#on-a-node-with-many-cores)."""
+    seen: set[tuple[int, int]] = set()
+    level = [("", root)]
+    while level:
+        below: list[tuple[str, str]] = []
+        for start in range(0, len(level), NATIVE_BATCH):
+            batch = level[start : start + NATIVE_BATCH]
+            listed = native.list_dirs([d for _, d in batch], [""] * len(batch), stat=False)
+            for (rel, directory), (names, _, dirs, others, entries, device, inode) in zip(batch, listed, strict=True):
+                if (device, inode) in seen:
+                    raise InvalidInput(
+                        f"directory loop through symlinks at {directory!r}", hint="remove the looping link"
+                    )
+                seen.add((device, inode))
+                at = directory if directory.endswith("/") else f"{directory}/"
+                for name in sorted(others):  # links, and what is neither a file nor a directory
+                    (dirs if _is_directory(at + name, confine) else names).append(name)
+                if others:
+                    names.sort()
+                for first in range(0, len(names), _GROUP):
+                    yield Dir(rel, directory, names[first : first + _GROUP])
+                if not entries and rel:
+                    empty.append(rel)
+                below += [(f"{rel}/{name}" if rel else name, at + name) for name in sorted(dirs)]
+        level = below
+
+
 def _enter(directory: str, seen: set[tuple[int, int]]) -> None:
     """Note ``directory`` as walked, refusing it when a symlink led back to one walked before."""
     st = os.stat(directory)
@@ -343,7 +384,8 @@ def walk_source(
             size = info.get("size")
             return [Found(name, root, int(size) if size is not None else -1, mtime_ns(info))]
         if is_local(fs):
-            return LocalWalk(iter_local_dirs(root, empty, confine), root, empty, confine)
+            walk = iter_native_dirs if native.AVAILABLE else iter_local_dirs
+            return LocalWalk(walk(root, empty, confine), root, empty, confine)
         found, dirs = walk_remote(fs, root)
         empty.extend(dirs)
         return found

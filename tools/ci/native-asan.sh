@@ -32,4 +32,4 @@ env LD_PRELOAD="$asan" \
     tests/dsagent/format/test_native.py tests/dsagent/format/test_native_unpack.py \
     tests/dsagent/format/test_native_pack.py tests/dsagent/format/test_native_layout.py \
     tests/dsagent/format/test_native_fuzz.py tests/tools/test_fuzz_native_unpack.py \
-    tests/dsagent/cache/test_ready_check.py
+    tests/dsagent/cache/test_ready_check.py tests/dsagent/format/test_native_walk.py
