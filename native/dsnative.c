@@ -299,7 +299,7 @@ static PyMethodDef methods[] = {
     {"sized_files", sized_files, METH_VARARGS,
      "sized_files(root, paths, sizes, start, stop) -> [index, ...]: see native/sizecheck.c."},
     {"list_dirs", list_dirs, METH_VARARGS,
-     "list_dirs(paths, prefixes, stat=True) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
+     "list_dirs(paths, prefixes, stat=True, threads=1) -> [(paths, stats, dirs, others, entries, device, inode)]: see native/listdir.c."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -313,7 +313,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 16) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 17) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,6 +1,6 @@
 /* The pack's listing of directories (included by dsnative.c).
  *
- * list_dirs(paths, prefixes, stat=True) -> [(paths, stats, dirs, others, entries, device, inode), ...]
+ * list_dirs(paths, prefixes, stat=True, threads=1) -> [(paths, stats, dirs, others, entries, device, inode), ...]
  *
  * Reads each directory of `paths` and stats its regular files (by d_type, or by the stat
  * where the filesystem gives none), all of them with the GIL released once (a call a
@@ -17,11 +17,14 @@
  * `inode` are the directory's own (for the caller's loop check). With `stat` false, an
  * entry that d_type says is a regular file is taken as one without a stat, and its four
  * numbers are 0 (the digest's walk: the hashing stats each file it opens); an entry
- * without d_type is still stat'ed. An error opening or
+ * without d_type is still stat'ed. With `threads` > 1 the directories are read on that
+ * many threads of this call (POSIX threads started and joined inside it: the process has
+ * no thread of it once the call returns, so it may still fork). An error opening or
  * reading a directory is raised as OSError with its errno and path, the first in order.
  * Names are decoded as os.fsdecode does.
  */
 #include <dirent.h>
+#include <pthread.h>
 
 typedef struct {
     char *names;      /* every name, NUL-terminated, one after the other */
@@ -117,6 +120,49 @@ static int read_listing(const char *path, listing *l, int with_stat) {
     return err;
 }
 
+/* The directories of one call shared by its threads: each takes the next one not taken. */
+typedef struct {
+    const char **where;
+    listing *ls;
+    int *errs;
+    Py_ssize_t n, next;
+    int with_stat;
+    pthread_mutex_t lock;
+} listing_job;
+
+static void *listing_worker(void *arg) {
+    listing_job *job = arg;
+    for (;;) {
+        pthread_mutex_lock(&job->lock);
+        Py_ssize_t i = job->next++;
+        pthread_mutex_unlock(&job->lock);
+        if (i >= job->n) return NULL;
+        job->errs[i] = read_listing(job->where[i], &job->ls[i], job->with_stat);
+    }
+}
+
+/* Every directory read on up to `threads` threads (this one among them); 0, or the errno
+ * of the first directory in order that failed, its index in *failed. */
+static int read_listings(const char **where, listing *ls, int *errs, Py_ssize_t n, int with_stat, int threads,
+                         Py_ssize_t *failed) {
+    listing_job job = {where, ls, errs, n, 0, with_stat, PTHREAD_MUTEX_INITIALIZER};
+    pthread_t ids[64];
+    int started = 0;
+    if (threads > 64) threads = 64;
+    if ((Py_ssize_t)threads > n) threads = (int)n;
+    for (; started < threads - 1; started++)
+        if (pthread_create(&ids[started], NULL, listing_worker, &job) != 0) break; /* fewer, then */
+    listing_worker(&job);
+    for (int k = 0; k < started; k++) pthread_join(ids[k], NULL);
+    pthread_mutex_destroy(&job.lock);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (errs[i] != 0) {
+            *failed = i;
+            return errs[i];
+        }
+    return 0;
+}
+
 /* `head` + `name` decoded as os.fsdecode does (scratch grows as needed). */
 static PyObject *joined(const char *head, size_t head_length, const char *name, size_t length, char **scratch,
                         size_t *cap) {
@@ -178,8 +224,8 @@ done:
 static PyObject *list_dirs(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *paths_arg, *prefixes_arg;
-    int with_stat = 1;
-    if (!PyArg_ParseTuple(args, "O!O!|p", &PyList_Type, &paths_arg, &PyList_Type, &prefixes_arg, &with_stat))
+    int with_stat = 1, threads = 1;
+    if (!PyArg_ParseTuple(args, "O!O!|pi", &PyList_Type, &paths_arg, &PyList_Type, &prefixes_arg, &with_stat, &threads))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(paths_arg);
     if (PyList_GET_SIZE(prefixes_arg) != n) {
@@ -187,12 +233,13 @@ static PyObject *list_dirs(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject **encoded = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *) * 2);
+    int *errs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(int));
     listing *ls = PyMem_Calloc(n ? (size_t)n : 1, sizeof(listing));
     const char **where = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
     PyObject *results = NULL;
     char *scratch = NULL;
     size_t scratch_cap = 0;
-    if (encoded == NULL || ls == NULL || where == NULL) {
+    if (encoded == NULL || ls == NULL || where == NULL || errs == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -205,9 +252,13 @@ static PyObject *list_dirs(PyObject *self, PyObject *args) {
     int err = 0;
     Py_ssize_t failed = -1;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n && err == 0; i++) {
-        err = read_listing(where[i], &ls[i], with_stat);
-        if (err) failed = i;
+    if (threads > 1 && n > 1) {
+        err = read_listings(where, ls, errs, n, with_stat, threads, &failed);
+    } else {
+        for (Py_ssize_t i = 0; i < n && err == 0; i++) {
+            err = read_listing(where[i], &ls[i], with_stat);
+            if (err) failed = i;
+        }
     }
     Py_END_ALLOW_THREADS
     if (err != 0) {
@@ -232,6 +283,7 @@ done:
         free(ls[i].rows);
     }
     PyMem_Free(encoded);
+    PyMem_Free(errs);
     PyMem_Free(ls);
     PyMem_Free(where);
     PyMem_Free(scratch);

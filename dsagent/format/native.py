@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 16
+INTERFACE = 17
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -199,7 +199,7 @@ def hash_names_at(dfd: int, names: list[str], buffer: mmap.mmap) -> tuple[list[i
 Listed = tuple[list[str], bytes, list[str], list[str], int, int, int]
 
 
-def list_dirs(directories: list[str], prefixes: list[str], *, stat: bool = True) -> list[Listed]:
+def list_dirs(directories: list[str], prefixes: list[str], *, stat: bool = True, threads: int = 1) -> list[Listed]:
     """Directories of the pack's listing, read and their regular files stat'ed without the
     GIL (native/listdir.c, all of them in one release), as columns a directory: the
     regular files' paths (its prefix + name, in byte order of the names); their size,
@@ -207,10 +207,12 @@ def list_dirs(directories: list[str], prefixes: list[str], *, stat: bool = True)
     names of the entries that are directories by ``d_type``; the names of every other
     entry (symlinks, anything else, for the caller's rules); the count of entries; the
     directory's own device and inode. ``stat=False``: a file ``d_type`` calls regular is
-    taken as one without a stat, its numbers 0 (the digest's walk). Opening or reading one
-    fails as :class:`OSError` with its path."""
+    taken as one without a stat, its numbers 0 (the digest's walk). ``threads`` > 1: read on
+    that many threads started and joined inside the call (none outlives it, so the process
+    may still fork). Opening or reading one fails as :class:`OSError` with the path of the
+    first in order that failed."""
     assert _native is not None, "the native extension is not built"
-    return _native.list_dirs(directories, prefixes, stat)  # type: ignore[no-any-return]
+    return _native.list_dirs(directories, prefixes, stat, threads)  # type: ignore[no-any-return]
 
 
 def block_samples(view: memoryview, block: int, pieces: int, piece: int) -> bytes:

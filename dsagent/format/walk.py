@@ -187,8 +187,10 @@ def iter_local_dirs(root: str, empty: list[str], confine: Sequence[str] | None =
 
 
 #: Directories one call of the native listing reads in the digest's walk: enough that a call
-#: is worth its GIL release, few enough that hashing starts while the walk goes on.
-NATIVE_BATCH = 64
+#: is worth its GIL release and its threads, few enough that hashing starts while the walk goes on.
+NATIVE_BATCH = 256
+#: The most threads one such call reads directories on (the kernel's listing is the time).
+NATIVE_THREADS = 16
 
 
 def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None = None) -> Iterator[Dir]:
@@ -196,18 +198,20 @@ def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
     which takes a file ``d_type`` calls regular without a stat: the hashing stats each file
     it opens): the same groups of names under the same rules (links followed and confined,
     loops refused, other special files refused, empty directories noted), a level of the
-    tree at a time, :data:`NATIVE_BATCH` directories a call. On this thread: a process that
-    forks its hashing processes once the first groups are in (:mod:`dsagent.format.digestpool`)
-    still may, as the walk starts no thread. Python's ``os.scandir`` walk spends about 1 us
+    tree at a time, :data:`NATIVE_BATCH` directories a call, read on up to a thread a core
+    inside the call. No Python thread and no thread outliving a call: a process that forks
+    its hashing processes once the first groups are in (:mod:`dsagent.format.digestpool`)
+    still may. Python's ``os.scandir`` walk spends about 1 us
     a file under the GIL, the bound of a digest on many cores
     (docs/design-native.md#on-a-node-with-many-cores)."""
     seen: set[tuple[int, int]] = set()
+    threads = min(NATIVE_THREADS, os.cpu_count() or 1)
     level = [("", root)]
     while level:
         below: list[tuple[str, str]] = []
         for start in range(0, len(level), NATIVE_BATCH):
             batch = level[start : start + NATIVE_BATCH]
-            listed = native.list_dirs([d for _, d in batch], [""] * len(batch), stat=False)
+            listed = native.list_dirs([d for _, d in batch], [""] * len(batch), stat=False, threads=threads)
             for (rel, directory), (names, _, dirs, others, entries, device, inode) in zip(batch, listed, strict=True):
                 if (device, inode) in seen:
                     raise InvalidInput(

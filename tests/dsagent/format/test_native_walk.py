@@ -124,3 +124,16 @@ def test_the_digest_walks_in_c_where_the_native_loops_run(tree: Path, monkeypatc
         monkeypatch.setattr(native, "AVAILABLE", available)
         walk_module.walk_source(walk_module.LocalFiles(), str(tree), [])
     assert used == ["iter_native_dirs", "iter_local_dirs"]
+
+
+def test_a_listing_on_threads_is_the_listing_on_one(tree: Path, tmp_path: Path) -> None:
+    directories = sorted(str(p) for p in tree.rglob("*") if p.is_dir() and not p.is_symlink())
+    prefixes = [f"{i}/" for i in range(len(directories))]
+    for stat in (True, False):
+        one = native.list_dirs(directories, prefixes, stat=stat)
+        assert native.list_dirs(directories, prefixes, stat=stat, threads=4) == one
+        assert native.list_dirs(directories, prefixes, stat=stat, threads=1000) == one
+    gone = [*directories[:3], str(tmp_path / "gone-1"), *directories[3:], str(tmp_path / "gone-2")]
+    for threads in (1, 4):
+        with pytest.raises(FileNotFoundError, match="gone-1"):  # the first in order, whichever thread met it
+            native.list_dirs(gone, [""] * len(gone), threads=threads)
