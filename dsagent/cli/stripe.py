@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import click
 
@@ -19,6 +18,7 @@ from dsagent.cli.cache import POLL_SECONDS, _client, agent_options
 from dsagent.cli.options import DURATION, output_option
 from dsagent.errors import DsagentError, InvalidInput, NotFound, TransientError
 from dsplatform.units import format_size
+from dsplatform.wire.stripehold import stripe_request
 
 
 @click.group()
@@ -71,17 +71,10 @@ def hold(
         if not sep or not node or not url:
             raise InvalidInput(f"--peer {spec!r} is not NODE=URL")
         urls[node] = url
-    body: dict[str, Any] = {"store": store, "members": list(members), "peers": urls, "readyAfter": ready_after}
-    if no_share:
-        body["noShare"] = list(no_share)
-    if digest:
-        body["digest"] = digest
-    if whole:
-        body["whole"] = True
-    if store_on_demand:
-        body["storeOnDemand"] = True
-    if lease is not None:
-        body["leaseSeconds"] = lease
+    body = stripe_request(
+        store, members, urls, digest=digest, no_share=no_share, ready_after=ready_after, whole=whole,
+        store_on_demand=store_on_demand, lease_seconds=lease,
+    )  # fmt: skip
     with _client(agent_url, socket_path, token) as client:
         answer = client.hold_stripe(name, body)
     if output == "json":

@@ -45,13 +45,10 @@ from dsagent.policy.stripegroup import Candidate
 from dsplatform import published
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
+from dsplatform.wire.stripehold import HOLDING_WHOLE, read_share, stripe_request
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
-#: what a member holding for pods that start before the copy is whole is asked besides
-#: (docs/design-striping.md#agent): the store read only for bundles a reader waits for, and
-#: its pods started at once (no bundle held first: its fill reads no store for them)
-ON_DEMAND: Mapping[str, Any] = {"storeOnDemand": True, "readyAfter": 0}
 Event = tuple[str, str, str]  # (type, reason, note) of a Dataset Event
 
 
@@ -185,32 +182,33 @@ def stripe_status(
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
     _release(agent_call, dropped, name, status.get("digest"), who)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
-    body: JSON = {"store": store, "members": members, "peers": peers}
-    if no_share:  # only then: every member's agent says it takes the field (has_feature)
-        body["noShare"] = no_share
-    if isinstance(status.get("digest"), str):
-        body["digest"] = status["digest"]
+    digest = status.get("digest") if isinstance(status.get("digest"), str) else None
     reports = []
     for node in members:
-        # a job's node the version fits holds it whole (docs/design-striping.md#holding)
-        asked = {**body, "whole": True} if node in whole else dict(body)
-        if spec.get("startBeforeWhole") is True and wire_inventory.has_feature(
+        # its pods read through the agent at once: the store is read for what they read, and
+        # no bundle is held before they start (its fill reads no store for them)
+        on_demand = spec.get("startBeforeWhole") is True and wire_inventory.has_feature(
             inventories.get(node) or {}, wire_inventory.STRIPE_ON_DEMAND
-        ):  # its pods read through the agent at once: the store is read for what they read
-            asked.update(ON_DEMAND)
+        )
+        asked = stripe_request(
+            store, members, peers, digest=digest,
+            no_share=no_share,  # only then: every member's agent says it takes the field (has_feature)
+            whole=node in whole,  # a job's node the version fits holds it whole (docs/design-striping.md#holding)
+            store_on_demand=on_demand, ready_after=0 if on_demand else None,
+        )  # fmt: skip
         answer = agent_call(node, "PUT", f"/v1/stripes/{name}", asked, who)
         part: JSON = {"share": False} if node in no_share else {}  # a member owning nothing says so
-        if answer is None or answer[0] != 200 or not isinstance(answer[1], dict):
+        share = read_share(answer[1]) if answer is not None and answer[0] == 200 else None
+        if share is None:
             reports.append({"node": node, "state": "unreachable" if answer is None else "failed",
                             "bytesHeld": 0, "bytesOwned": 0, **part})  # fmt: skip
             continue
-        share = answer[1]
         # a share held on demand is filled as far as its version is read: not behind, serving
-        state = "ready" if share.get("complete") else ("onDemand" if share.get("storeOnDemand") else "fetching")
-        held, owned = _int(share.get("bytesHeld")), _int(share.get("bytesOwned"))
-        if share.get("holding") == "whole":  # the agent holds every bundle (it checked it can)
-            part["holding"] = "whole"
-        reports.append({"node": node, "state": state, "bytesHeld": held, "bytesOwned": owned, **part})
+        state = "ready" if share.complete else ("onDemand" if share.on_demand else "fetching")
+        if share.whole:  # the agent holds every bundle (it checked it can)
+            part["holding"] = HOLDING_WHOLE
+        reports.append({"node": node, "state": state, "bytesHeld": share.bytes_held, "bytesOwned": share.bytes_owned,
+                        **part})  # fmt: skip
     complete = bool(reports) and all(r["state"] == "ready" for r in reports)
     serving = bool(reports) and all(r["state"] in ("ready", "onDemand") for r in reports)
     state = "Ready" if complete else ("OnDemand" if serving else "Filling")
@@ -277,9 +275,10 @@ def _drain(
             events.append(("Warning", "StripeShareMoveTimedOut", message))
         ended: JSON = {"state": state, "nodes": departing, "since": format_time(since), "message": message}
         return {**ended, "members": None, "deadlineSeconds": None}  # None: merge-patched away
-    body = {"store": store, "members": old_members, "peers": {m: agent_urls[m] for m in old_members if m in agent_urls}}
-    if isinstance(status.get("digest"), str):
-        body["digest"] = status["digest"]
+    body = stripe_request(
+        store, old_members, {m: agent_urls[m] for m in old_members if m in agent_urls},
+        digest=status["digest"] if isinstance(status.get("digest"), str) else None,
+    )  # fmt: skip
     for node in (
         n for n in departing if n in old_members
     ):  # renews the old share's lease: it is served to the new owners meanwhile

@@ -65,6 +65,7 @@ from dsagent.format.manifest import BundleRef, FileEntry, read_manifest
 from dsagent.format.storageconfig import user_options, with_config
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
+from dsplatform.wire.stripehold import HOLDING_SHARE, HOLDING_WHOLE
 
 log = logging.getLogger("dsagent.stripes")
 
@@ -308,7 +309,7 @@ class StripeShares(ShareFill):
             "ready_enough": all(b.digest in share.held for b in first),
             "error": share.error,
             "share_dir": str(self.share_dir(key)),
-            "holding": "whole" if share.whole else "share",
+            "holding": HOLDING_WHOLE if share.whole else HOLDING_SHARE,
             "store_on_demand": share.on_demand,
         }
 
