@@ -1,7 +1,7 @@
 """A whole S3 object read front to back as one streamed GET: how the agent reads bundles.
 
-Who calls it: :func:`dsagent.format.storage.open_whole`, for an S3 object of at least
-8 MiB (a bundle; manifests and per-file copies of small files keep s3fs's file).
+Who calls it: :func:`dsagent.format.storage.open_whole`, for every S3 object read whole
+(bundles, manifests, per-file copies), after the object's HEAD (its ``info``).
 
 Why not s3fs's file: it is built for random access. It reads a 50 MiB block per range GET
 into its read-ahead cache, and every ``read`` of the unpack copies a slice out of that

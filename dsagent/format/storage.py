@@ -206,12 +206,13 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
     GET per 5 MB block through a cache that copies every block again. Read straight
     through, that cost 4.0-4.9 s and 2.4-2.5 CPU-s for a 991 MB bundle set from a loopback
     server, against 1.1-1.6 s and 1.0-1.2 CPU-s for one streamed GET (``block_size=0``),
-    which is what a big or unknown-size HTTP(S) object gets here; a big S3 object is one
-    streamed ``get_object`` too (:mod:`dsagent.format.s3stream`). A small one keeps the
+    which is what a big or unknown-size HTTP(S) object gets here. A small one keeps the
     random-access file: fsspec closes a streamed response's connection instead of
     returning it to the pool, and a new connection per ~110 kB file cost more than the
-    HEAD (800 files on 8 threads: 1.1 s streamed, 0.78 s not). Other backends keep their
-    defaults.
+    HEAD (800 files on 8 threads: 1.1 s streamed, 0.78 s not). An S3 object of any size is
+    one streamed ``get_object`` pinned by the ``info`` above (:mod:`dsagent.format.s3stream`):
+    s3fs's file asked the object's HEAD a second time when it opened, three requests for a
+    manifest where two do. Other backends keep their defaults.
     """
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     with _observed(fs):
@@ -230,7 +231,7 @@ def open_whole(fs: AbstractFileSystem, path: str, *, size: int | None = None) ->
                 stream = fs.open(path, "rb", block_size=0, size=known, headers=headers)
                 return stream  # type: ignore[no-any-return]  # one request: one version
             opened = fs.open(path, "rb", size=known, headers=headers)
-        elif protocols & _S3 and (size if size is not None else info.get("size") or 0) >= _STREAM_FROM:
+        elif protocols & _S3:
             from dsagent.format.s3stream import S3Stream
 
             recheck = functools.partial(check_version, fs, path, version)
@@ -372,11 +373,11 @@ def _notify(protocol: str, seconds: float, code: str | None) -> None:
 
 #: Protocols whose whole-object reads are one streamed request (see :func:`open_whole`).
 _STREAMED = frozenset({"http", "https"})
-#: S3's protocols: a big object is one streamed GET (:mod:`dsagent.format.s3stream`).
+#: S3's protocols: every object is one streamed GET (:mod:`dsagent.format.s3stream`).
 _S3 = frozenset({"s3", "s3a"})
 #: Protocols of the local disk: nothing to pin (a file changed under a copy fails its digest).
 _LOCAL = frozenset({"file", "local"})
-#: Objects from this size up are streamed (see :func:`open_whole`).
+#: HTTP(S) objects from this size up are streamed (see :func:`open_whole`).
 _STREAM_FROM = 8 << 20
 
 

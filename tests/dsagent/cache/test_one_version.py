@@ -246,3 +246,43 @@ def test_an_s3_object_overwritten_between_its_head_and_its_get_is_refused_by_its
         with translate_errors("bundle 'big.bin'"):
             with open_whole(fs, "raced/big.bin", size=12 * MIB) as stream:
                 stream.read(MIB)
+
+
+def test_a_small_s3_object_is_one_head_and_one_get(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest (and a small per-file copy): the HEAD that takes its version, then one GET
+    pinned to it; s3fs's own file asked the HEAD a second time."""
+    from tools.support.faststore import FastStore
+
+    body = bytes(range(256)) * 1000
+    store = FastStore(workers=1, latency_ms=0, get_rate=None)
+    store.add_object("small", "manifest", body)  # before it starts: its workers serve what they were given
+    with store:
+        options = {"endpoint_url": store.endpoint, "key": "any", "secret": "thing", "skip_instance_cache": True}
+        fs, _ = resolve("s3://small/", options)
+        before = store.stats()
+        with open_whole(fs, "small/manifest") as stream:
+            data = b"".join(iter(lambda: stream.read(MIB), b""))
+        after = store.stats()
+    assert data == body
+    assert (after["head"] - before["head"], after["get"] - before["get"]) == (1, 1)
+
+
+def test_a_small_s3_object_overwritten_between_its_head_and_its_get_is_refused_by_its_etag(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsagent.format.storage import translate_errors
+
+    client = _put(s3, "raced-small", monkeypatch, b"first version")
+    fs, _ = resolve("s3://raced-small/", s3.options(skip_instance_cache=True))
+    head = fs.info
+
+    def head_then_overwrite(path: str, **kwargs: Any) -> Any:
+        answer = head(path, **kwargs)
+        client.put_object(Bucket="raced-small", Key="big.bin", Body=b"second version, longer")
+        return answer
+
+    monkeypatch.setattr(fs, "info", head_then_overwrite)
+    with pytest.raises(IntegrityError, match="pre-conditions"):
+        with translate_errors("manifest 'big.bin'"):
+            with open_whole(fs, "raced-small/big.bin") as stream:
+                stream.read(MIB)
