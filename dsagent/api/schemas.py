@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dsagent.cache.prepared import FIRST_THRESHOLD, SECOND_THRESHOLD
 from dsagent.cache.service import DatasetRequest, EvictionResult, iso
-from dsplatform.wire import stripehold
 from dsplatform.wire.agenttask import MAX_DATASETS
 
 
@@ -230,30 +229,28 @@ class StatusOut(_Out):
 
 class StripeIn(_Strict):
     """Hold this node's share of a striped version (docs/design-striping.md; the body:
-    :mod:`dsplatform.wire.stripehold`)."""
+    :mod:`dsplatform.wire.stripehold`, whose names these aliases are, as its test holds)."""
 
     store: str = Field(min_length=1, max_length=4096, description="the bundle store holding the version")
     digest: str | None = Field(default=None, min_length=32, max_length=32, description="the version (default: current)")
     members: list[str] = Field(min_length=1, max_length=4096, description="the stripe group's node names")
     peers: dict[str, str] = Field(default_factory=dict, description="member node -> its agent's base URL")
     no_share: list[str] = Field(
-        default_factory=list, max_length=4096, alias=stripehold.NO_SHARE,
+        default_factory=list, max_length=4096, alias="noShare",
         description="members that own no bundles: they read the others' through their window",
     )  # fmt: skip
-    storage_options: dict[str, Any] | None = Field(default=None, alias=stripehold.STORAGE_OPTIONS)
-    ready_after: int = Field(
-        default=1, ge=0, alias=stripehold.READY_AFTER, description="own bundles held before readyEnough"
-    )
+    storage_options: dict[str, Any] | None = Field(default=None, alias="storageOptions")
+    ready_after: int = Field(default=1, ge=0, alias="readyAfter", description="own bundles held before readyEnough")
     whole: bool = Field(
-        default=False, alias=stripehold.WHOLE,
+        default=False, alias="whole",
         description="hold every bundle (own first) where the version fits this node and its room; else the share",
     )  # fmt: skip
     store_on_demand: bool = Field(
-        default=False, alias=stripehold.STORE_ON_DEMAND,
+        default=False, alias="storeOnDemand",
         description="fill from the peers only; read the store only for bundles a reader waits for",
     )  # fmt: skip
     lease_seconds: float | None = Field(
-        default=None, gt=0, le=30 * 86400, alias=stripehold.LEASE_SECONDS,
+        default=None, gt=0, le=30 * 86400, alias="leaseSeconds",
         description="dropped unless held again within this long (default: the agent's DSAGENT_STRIPE_LEASE)",
     )  # fmt: skip
 
@@ -281,7 +278,7 @@ class StripeOut(_Out):
     share_dir: str = Field(alias="shareDir")
     holding: str = Field(description="whole: every bundle is held here; share: the bundles this node owns")
     store_on_demand: bool = Field(
-        False, alias=stripehold.STORE_ON_DEMAND, description="the store is read only for bundles a reader waits for"
+        False, alias="storeOnDemand", description="the store is read only for bundles a reader waits for"
     )
 
 

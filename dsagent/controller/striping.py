@@ -196,7 +196,7 @@ def stripe_status(
             whole=node in whole,  # a job's node the version fits holds it whole (docs/design-striping.md#holding)
             store_on_demand=on_demand, ready_after=0 if on_demand else None,
         )  # fmt: skip
-        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", asked, who)
+        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", dict(asked), who)
         part: JSON = {"share": False} if node in no_share else {}  # a member owning nothing says so
         share = read_share(answer[1]) if answer is not None and answer[0] == 200 else None
         if share is None:
@@ -282,7 +282,7 @@ def _drain(
     for node in (
         n for n in departing if n in old_members
     ):  # renews the old share's lease: it is served to the new owners meanwhile
-        agent_call(node, "PUT", f"/v1/stripes/{name}", body, who)
+        agent_call(node, "PUT", f"/v1/stripes/{name}", dict(body), who)
     return {
         "state": "Moving",
         "nodes": departing,
