@@ -201,9 +201,8 @@ def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
     tree at a time, :data:`NATIVE_BATCH` directories a call, read on up to a thread a core
     inside the call. No Python thread and no thread outliving a call: a process that forks
     its hashing processes once the first groups are in (:mod:`dsagent.format.digestpool`)
-    still may. Python's ``os.scandir`` walk spends about 1 us
-    a file under the GIL, the bound of a digest on many cores
-    (docs/design-native.md#on-a-node-with-many-cores)."""
+    still may. Python's ``os.scandir`` walk spends about 1 us a file under the GIL, the
+    bound of a digest on many cores (docs/design-native.md#on-a-node-with-many-cores)."""
     seen: set[tuple[int, int]] = set()
     threads = min(NATIVE_THREADS, os.cpu_count() or 1)
     level = [("", root)]
