@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -130,32 +130,44 @@ def running_jobs(
     return jobs, members
 
 
+def bound_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The active pods bound to each node (by ``spec.nodeName``): those holding its resources.
+    Grouped once a pass, for the GPUs (:func:`node_facts`) and for CPU and memory alike."""
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        bound = _str(_dict(pod.get("spec")).get("nodeName"))
+        if bound and pod_is_active(cast(Pod, pod)):
+            by_node.setdefault(bound, []).append(pod)
+    return by_node
+
+
 def node_facts(
     nodes: Sequence[dict[str, Any]],
-    pods: Sequence[dict[str, Any]],
+    bound: Mapping[str, Sequence[Mapping[str, Any]]],
     reader: NodeReader,
 ) -> list[NodeFacts]:
     """The facts of raw v1.Node objects as the extender's node cache builds them: the agents'
     annotations read by ``reader``, with the GPUs the active pods bound to each node request
-    (what the extender counts where a node publishes no free GPUs)."""
-    used: dict[str, int] = {}
+    (``bound``: :func:`bound_pods`; what the extender counts where a node publishes no free
+    GPUs)."""
     names = GpuResources.of_class_prefix(reader.gpu_resource, reader.roce_prefix)
-    for pod in pods:
-        spec = _dict(pod.get("spec"))
-        bound = _str(spec.get("nodeName"))
-        if not bound or not pod_is_active(cast(Pod, pod)):
-            continue
-        try:
-            gpus = pod_gpus(spec, names)
-        except ValueError:
-            continue
-        used[bound] = used.get(bound, 0) + gpus
     out = []
     for obj in nodes:
         name = _str(_dict(obj.get("metadata")).get("name"))
         if name:
-            out.append(reader.read(cast(Node, obj), used.get(name, 0)))
+            out.append(reader.read(cast(Node, obj), _gpus_of(bound.get(name, ()), names)))
     return out
+
+
+def _gpus_of(pods: Iterable[Mapping[str, Any]], names: GpuResources) -> int:
+    """The GPUs ``pods`` request (a pod whose GPU quantity cannot be read counts none)."""
+    used = 0
+    for pod in pods:
+        try:
+            used += pod_gpus(_dict(pod.get("spec")), names)
+        except ValueError:
+            continue
+    return used
 
 
 class Migrator:
@@ -251,8 +263,8 @@ class MigrationPass:
             self._node_reader = NodeReader(
                 gpu_resource=self.settings.gpu_resource, roce_prefix=self.settings.class_prefix
             )
-        facts = node_facts(nodes, pods, self._node_reader)
+        facts = node_facts(nodes, bound_pods(pods), self._node_reader)
         return Migrator(self.api_client, lambda: facts, clock=self.clock, settings=self.settings).run_once()
 
 
-__all__ = ["MigrationPass", "Migrator", "MigratorSettings", "node_facts", "running_jobs"]
+__all__ = ["MigrationPass", "Migrator", "MigratorSettings", "bound_pods", "node_facts", "running_jobs"]

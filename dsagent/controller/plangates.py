@@ -47,11 +47,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from dsagent.controller.agents import raw
 from dsagent.controller.controllersettings import ControllerSettings
-from dsagent.controller.migration import node_facts
+from dsagent.controller.migration import bound_pods, node_facts
 from dsagent.errors import Conflict, NotFound
 from dsagent.kube.apiclient import evict, translated
 from dsagent.kube.events import EventRecorder, ObjectRef
@@ -73,11 +73,9 @@ from scheduling.gatedjobs import (
     read_worker,
     recorded_allocation,
 )
-from scheduling.kubeobjects import Pod
 from scheduling.nodeinfo import NodeReader
 from scheduling.noderoom import Room, gpus_for, most, node_room, pod_needs, workers_fitting
 from scheduling.pinning import JSONPatch, gates, remove_gate, require_node, required_node, set_annotation
-from scheduling.podspec import pod_is_active
 from scheduling.timemodel import DEFAULT_FORMULA, Decision, queue_order
 
 log = logging.getLogger("dsagent.controller")
@@ -187,10 +185,10 @@ class PlanGates:
                 self._tell(job, f"waiting for the {job.workers} workers of job {job.key}: {len(job.members)} exist")
         if not ready:
             return None
-        everyone = pods()
-        facts = {f.name: less_gpus(f, promised.get(f.name, 0)) for f in node_facts(nodes, everyone, self._reader)}
-        rooms = _rooms(nodes, everyone, pinned)
-        empty = _rooms(nodes, (), ())  # what each node's allocatable holds, running nothing else
+        bound = bound_pods(pods())  # grouped once: the GPUs and the CPU and memory they hold
+        facts = {f.name: less_gpus(f, promised.get(f.name, 0)) for f in node_facts(nodes, bound, self._reader)}
+        rooms = _rooms(nodes, bound, pinned)
+        empty = _rooms(nodes, {}, ())  # what each node's allocatable holds, running nothing else
         decisions: dict[str, Decision] = {}
         by_key = {job.key: job for job in ready}
         for job in ready:
@@ -431,16 +429,14 @@ def _uid(pod: Mapping[str, Any]) -> str:
 
 
 def _rooms(
-    nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], pinned: Sequence[tuple[dict[str, Any], str]]
+    nodes: Sequence[Mapping[str, Any]],
+    bound: Mapping[str, Sequence[Mapping[str, Any]]],
+    pinned: Sequence[tuple[dict[str, Any], str]],
 ) -> dict[str, Room]:
     """Each node's CPU and memory left (:mod:`scheduling.noderoom`): its allocatable less the
-    active pods bound to it and the pods the loop pinned there that are not bound yet."""
-    holding: dict[str, list[Mapping[str, Any]]] = {}
-    for pod in pods:
-        spec = pod.get("spec")
-        bound = spec.get("nodeName") if isinstance(spec, dict) else None
-        if isinstance(bound, str) and bound and pod_is_active(cast(Pod, pod)):
-            holding.setdefault(bound, []).append(pod)
+    active pods bound to it (``bound``: :func:`~dsagent.controller.migration.bound_pods`) and
+    the pods the loop pinned there that are not bound yet."""
+    holding = {node: list(on) for node, on in bound.items()}
     for waiting, where in pinned:
         holding.setdefault(where, []).append(waiting)
     rooms = {}
