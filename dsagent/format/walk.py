@@ -212,11 +212,7 @@ def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
             batch = level[start : start + NATIVE_BATCH]
             listed = native.list_dirs([d for _, d in batch], [""] * len(batch), stat=False, threads=threads)
             for (rel, directory), (names, _, dirs, others, entries, device, inode) in zip(batch, listed, strict=True):
-                if (device, inode) in seen:
-                    raise InvalidInput(
-                        f"directory loop through symlinks at {directory!r}", hint="remove the looping link"
-                    )
-                seen.add((device, inode))
+                _walked(directory, (device, inode), seen)
                 at = directory if directory.endswith("/") else f"{directory}/"
                 for name in sorted(others):  # links, and what is neither a file nor a directory
                     (dirs if _is_directory(at + name, confine) else names).append(name)
@@ -231,11 +227,17 @@ def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
 
 
 def _enter(directory: str, seen: set[tuple[int, int]]) -> None:
-    """Note ``directory`` as walked, refusing it when a symlink led back to one walked before."""
+    """Note ``directory`` as walked (:func:`_walked`, by its ``stat``)."""
     st = os.stat(directory)
-    if (st.st_dev, st.st_ino) in seen:
+    _walked(directory, (st.st_dev, st.st_ino), seen)
+
+
+def _walked(directory: str, identity: tuple[int, int], seen: set[tuple[int, int]]) -> None:
+    """Note ``directory`` (its device and inode) as walked, refusing it when a symlink led
+    back to one walked before."""
+    if identity in seen:
         raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
-    seen.add((st.st_dev, st.st_ino))
+    seen.add(identity)
 
 
 def _is_directory(path: str, confine: Sequence[str] | None) -> bool:
@@ -287,9 +289,7 @@ def _take(
 ) -> list[tuple[str, str]]:  # fmt: skip
     """One directory's listing into the columns; the directories below it, to read next."""
     found, numbers, dirs, others, entries, device, inode = listed
-    if (device, inode) in seen:
-        raise InvalidInput(f"directory loop through symlinks at {directory!r}", hint="remove the looping link")
-    seen.add((device, inode))
+    _walked(directory, (device, inode), seen)
     paths += found
     stats.frombytes(numbers)
     at = directory if directory.endswith("/") else f"{directory}/"
