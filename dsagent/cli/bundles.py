@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dsagent.cli.digesting import counter, digest_source, open_cache, rate, without_cycle_collection
+from dsagent.cli.digesting import counter, digest_source, open_cache, rate
 from dsagent.cli.options import options_for_stores, output_option, source_options, store_options
 from dsagent.errors import InvalidInput
 from dsagent.format.manifest import Progress, read_manifest
+from dsplatform.heap import collector_paused
 from dsplatform.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def digest(
     help="Record the packed digest in the status of Dataset NAME in NAMESPACE"
     " (created if missing; needs a kubeconfig or a service account).",
 )
-@without_cycle_collection()
+@collector_paused()
 def pack(
     source: str, name: str, store: str, max_files: int, max_bytes: str, level: int, threads: int | None,
     processes: int, source_opts: dict[str, Any], store_opts: dict[str, Any], output: str, digest_cache: bool,
@@ -187,7 +188,7 @@ def pack(
 @_count_option("--workers", None, "Bundles unpacked at once (default: one per core, at most 4).")
 @store_options
 @output_option
-@without_cycle_collection()
+@collector_paused()
 def unpack(
     store: str,
     dest: str,

@@ -66,10 +66,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dsagent.cli.digesting import without_cycle_collection  # noqa: E402
 from dsagent.format import native  # noqa: E402
 from dsagent.format.bundles.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
+from dsplatform.heap import collector_paused  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.record import Record  # noqa: E402
@@ -326,7 +326,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         ),
         Side(
             "dsagent pack_dataset (in process)",
-            without_cycle_collection()(lambda: pack_dataset(src, store2, name="bench", max_bytes=args.max_bytes)),
+            collector_paused()(lambda: pack_dataset(src, store2, name="bench", max_bytes=args.max_bytes)),
             clear(store2),
         ),
     ]
@@ -360,7 +360,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         ),
         Side(
             "dsagent unpack (in process)",
-            without_cycle_collection()(lambda: unpack(store, name="bench", dest=inproc_out.current)),
+            collector_paused()(lambda: unpack(store, name="bench", dest=inproc_out.current)),
             inproc_out.reset,
         ),
     ]
