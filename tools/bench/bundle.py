@@ -72,7 +72,7 @@ from dsagent.format.digester import build_manifest  # noqa: E402
 from dsplatform.heap import collector_paused  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support.record import Record  # noqa: E402
+from support.record import Record, filesystem  # noqa: E402
 
 from dsplatform.units import parse_size  # noqa: E402
 
@@ -173,15 +173,8 @@ def clear(*paths: Path, mkdir: bool = False) -> Callable[[], None]:
 
 
 def in_memory(path: Path) -> bool:
-    """Whether ``path`` is on a tmpfs (or ramfs): the mount whose point is its longest prefix."""
-    best, kind = "", ""
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            fields = line.split()
-            point = fields[1].replace("\\040", " ")
-            if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-                best, kind = point, fields[2]
-    return kind in ("tmpfs", "ramfs")
+    """Whether ``path`` is on a tmpfs (or ramfs)."""
+    return filesystem(path) in ("tmpfs", "ramfs")
 
 
 class Outputs:

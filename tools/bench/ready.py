@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support.record import Record  # noqa: E402
+from support.record import Record, filesystem  # noqa: E402
 
 from dsagent.format import native  # noqa: E402
 from tools.support.faststore import DEFAULT_GET_RATE, FastStore, measure_capacity, read_rate  # noqa: E402
@@ -112,25 +112,6 @@ def find_tool(name: str, package: str, venv: Path, *, install: bool = True) -> s
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", package], check=False)
     return str(exe) if exe.exists() else None
-
-
-def filesystem(path: Path) -> str:
-    """The type of the filesystem holding ``path`` (Linux ``/proc/self/mounts``; "unknown" elsewhere)."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    where = os.path.realpath(path)
-    best, kind = "", "unknown"
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = where == point or where.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > len(best):
-            best, kind = point, fields[2]
-    return kind
 
 
 def env() -> dict[str, str]:

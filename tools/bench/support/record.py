@@ -31,6 +31,27 @@ def cpu_model() -> str | None:
     return None
 
 
+def filesystem(path: Path) -> str:
+    """The type of the filesystem holding ``path``: the mount whose point is its longest prefix
+    (Linux ``/proc/self/mounts``; "unknown" elsewhere). Where a benchmark's files lie decides
+    whether the disk or the CPU is timed."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    where = os.path.realpath(path)
+    best, kind = "", "unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
 class Record:
     def __init__(self, bench: str, params: dict[str, Any]) -> None:
         self.data: dict[str, Any] = {
