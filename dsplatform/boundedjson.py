@@ -87,4 +87,10 @@ def depth(value: Any) -> int:
     return deepest
 
 
-__all__ = ["MAX_DEPTH", "DuplicateKey", "JsonRefused", "depth", "loads", "unique_keys"]
+def count(value: Any) -> int:
+    """A count in another party's parsed JSON: a whole number >= 0 as it is, anything else
+    (a bool, a float, a string, a negative number, nothing) 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+__all__ = ["MAX_DEPTH", "DuplicateKey", "JsonRefused", "count", "depth", "loads", "unique_keys"]

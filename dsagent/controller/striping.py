@@ -43,6 +43,7 @@ from dsagent.policy.copies import Key, Tally, ready_versions, tally
 from dsagent.policy.holding import choose_placement
 from dsagent.policy.stripegroup import Candidate
 from dsplatform import published
+from dsplatform.boundedjson import count
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
 from dsplatform.wire.stripehold import HOLDING_WHOLE, read_share, stripe_request
@@ -50,10 +51,6 @@ from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
 Event = tuple[str, str, str]  # (type, reason, note) of a Dataset Event
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -129,7 +126,7 @@ def stripe_status(
     Events to record are appended there; ``tallied``: the pass's copy counts and keepers
     (:func:`dsagent.policy.copies.tally` of ``inventories``, made here when not given)."""
     mode = parse_stripe(spec.get("stripe"))
-    size = _int(status.get("bytes"))
+    size = count(status.get("bytes"))
     store = spec.get("bundles")
     before = [str(n.get("node")) for n in (status.get("stripe") or {}).get("nodes") or [] if isinstance(n, dict)]
     if mode is None and before:  # striping switched off: the shares go now
@@ -157,12 +154,12 @@ def stripe_status(
             continue
         held = ((inv.get("stripes") or {}).get(name) or {}).get("heldBytes")
         whole = (inv.get("datasets") or {}).get(name) or {}
-        held_bytes = _int(held) or (_int(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
-        free = _int(inv.get("freeBytes"))
+        held_bytes = count(held) or (count(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
+        free = count(inv.get("freeBytes"))
         keeping = {key for key, keeper in kept.items() if keeper == node}
         candidates.append(
             Candidate(
-                node, free, held_bytes, subnets.get(node), _int(inv.get("capacityBytes")),
+                node, free, held_bytes, subnets.get(node), count(inv.get("capacityBytes")),
                 spare_bytes=free + _replicated_bytes(inv, copies, keeping),
                 takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
             )
@@ -229,7 +226,7 @@ def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[Key, int], keeping
     eviction order (docs/design-striping.md#eviction). Two holders of a version's only two
     copies never both count it: one of them is its keeper."""
     return sum(
-        _int(version.get("sizeBytes"))
+        count(version.get("sizeBytes"))
         for key, version in ready_versions(inv).items()
         if version.get("inUse") is not True and copies.get(key, 0) > 1 and key not in keeping
     )

@@ -14,6 +14,8 @@ nodecache       the ``NodeCache`` custom resource: where a node's inventory and 
                 read it, or an older agent's Node annotations)
 peerbundle      the peer bundle request's marker that a reader waits for the bundle (the
                 asking agent writes it; the serving agent's peer route reads it)
+stripehold      the agent API's stripe hold request and what of its answer is read (the
+                controller and ``dsctl stripe hold`` write the request; the agent reads it)
 
 Pure values and parsers: no I/O, nothing of the processes; errors are
 :class:`dsplatform.errors.InvalidInput` naming the field, or

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from dsplatform.boundedjson import count
 from dsplatform.kubetime import format_time
 
 VERSION = 1
@@ -216,8 +217,8 @@ def _progress(item: Mapping[str, Any]) -> DatasetProgress:
     return DatasetProgress(
         name if isinstance(name, str) else "",
         str(state),
-        _whole(item.get("sizeBytes")),
-        _whole(item.get("bytesDone")),
+        count(item.get("sizeBytes")),
+        count(item.get("bytesDone")),
         message,
     )
 
@@ -258,10 +259,6 @@ def read_task_list(body: Any) -> tuple[TaskHeld, ...]:
         ok = isinstance(namespace, str) and 0 < len(namespace) <= _NAME_MAX
         held.append(TaskHeld(task, namespace if ok else None, names))
     return tuple(held)
-
-
-def _whole(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def iso(ts: float | None) -> str | None:

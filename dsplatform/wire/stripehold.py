@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from dsplatform.boundedjson import count
+
 VERSION = 1
 NO_SHARE = "noShare"
 STORAGE_OPTIONS = "storageOptions"
@@ -109,10 +111,6 @@ class ShareReport:
     bytes_owned: int
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def read_share(answer: Any) -> ShareReport | None:
     """The report in another party's answer (None when it is not an object): a flag is set
     only by a JSON ``true``, a count only by a whole number >= 0 (else 0)."""
@@ -122,8 +120,8 @@ def read_share(answer: Any) -> ShareReport | None:
         complete=answer.get("complete") is True,
         on_demand=answer.get(STORE_ON_DEMAND) is True,
         whole=answer.get("holding") == HOLDING_WHOLE,
-        bytes_held=_count(answer.get("bytesHeld")),
-        bytes_owned=_count(answer.get("bytesOwned")),
+        bytes_held=count(answer.get("bytesHeld")),
+        bytes_owned=count(answer.get("bytesOwned")),
     )
 
 

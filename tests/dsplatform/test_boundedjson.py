@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dsplatform import boundedjson
-from dsplatform.boundedjson import JsonRefused
+from dsplatform.boundedjson import JsonRefused, count
 
 
 def test_a_document_within_its_limits_parses() -> None:
@@ -51,3 +51,10 @@ def test_the_same_key_in_different_objects_is_fine() -> None:
         {"k": 2},
         {"o": {"k": 3}},
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "read"), [(0, 0), (7, 7), (2**40, 2**40), (-1, 0), (True, 0), (1.0, 0), ("3", 0), (None, 0)]
+)
+def test_a_count_is_a_whole_number_at_least_zero_or_nothing(value: object, read: int) -> None:
+    assert count(value) == read
