@@ -195,6 +195,15 @@ def cluster_pods(apiserver: FakeApiServer) -> Any:
     return lambda: apiserver.list("pods")
 
 
+def one_pass(cluster: FakeApiServer) -> list[Any]:
+    """The jobs a fresh loop places in one pass over ``cluster`` (its client closed after)."""
+    client = cluster.api_client()
+    try:
+        return loop(client).run(nodes(cluster), cluster_pods(cluster))
+    finally:
+        client.close()
+
+
 def test_the_controller_runs_the_loop_in_its_leaders_pass(cluster: FakeApiServer) -> None:
     for index in range(2):
         cluster.create(gated(worker("bert", index)))
@@ -269,11 +278,7 @@ def test_a_node_the_workers_rules_exclude_is_not_planned_on(cluster: FakeApiServ
     cluster.create(tainted)
     for index in range(2):
         cluster.create(gated(worker("ranked", index)))
-    client = cluster.api_client()
-    try:
-        [placed] = loop(client).run(nodes(cluster), cluster_pods(cluster))
-    finally:
-        client.close()
+    [placed] = one_pass(cluster)
     assert sorted(placed.allocation) == [("gpu-a", 2), ("gpu-b", 2)]
 
 
@@ -327,11 +332,7 @@ def test_a_pod_the_loop_cannot_plan_is_released_as_it_asked(cluster: FakeApiServ
         for index in range(1, 64):
             cluster.create(gated(worker("odd", index, extra={"dsagent.io/workers": "64"})))
     cluster.create(submitted)
-    client = cluster.api_client()
-    try:
-        assert loop(client).run(nodes(cluster), cluster_pods(cluster)) == []
-    finally:
-        client.close()
+    assert one_pass(cluster) == []
     released = pod(cluster, "odd-worker-0")
     assert not released["spec"].get("schedulingGates")
     assert "dsagent.io/planned" not in released["metadata"]["annotations"]
@@ -344,11 +345,7 @@ def test_a_pod_the_loop_cannot_plan_is_released_as_it_asked(cluster: FakeApiServ
 def test_workers_that_disagree_are_released_together(cluster: FakeApiServer) -> None:
     cluster.create(gated(worker("mixed", 0, gpus=2)))
     cluster.create(gated(worker("mixed", 1, gpus=1)))
-    client = cluster.api_client()
-    try:
-        loop(client).run(nodes(cluster), cluster_pods(cluster))
-    finally:
-        client.close()
+    one_pass(cluster)
     for index in range(2):
         assert not pod(cluster, f"mixed-worker-{index}")["spec"].get("schedulingGates")
         assert events_about(cluster, f"mixed-worker-{index}") == [("Warning", "DeadlinePlanRefused")]
@@ -384,11 +381,7 @@ def test_a_job_pinned_in_part_is_finished_from_its_recorded_plan(cluster: FakeAp
     first["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
     cluster.create(first)
     cluster.create(gated(worker("resumed", 1)))
-    client = cluster.api_client()
-    try:
-        assert loop(client).run(nodes(cluster), cluster_pods(cluster)) == []  # nothing new placed
-    finally:
-        client.close()
+    assert one_pass(cluster) == []  # nothing new placed
     assert pinned_to(pod(cluster, "resumed-worker-0")) == [["gpu-b"]]
     assert pinned_to(pod(cluster, "resumed-worker-1")) == [["gpu-a"]]
     for index in range(2):
@@ -482,11 +475,7 @@ def test_a_node_whose_cpu_holds_one_worker_gets_one_worker_of_the_plan(
             if cpu is not None:
                 p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
             cluster.create(p)
-        client = cluster.api_client()
-        try:
-            [job] = loop(client).run(nodes(cluster), cluster_pods(cluster))
-        finally:
-            client.close()
+        [job] = one_pass(cluster)
         assert sorted(job.allocation) == allocation
         pinned = sorted(pinned_to(pod(cluster, f"job-worker-{i}"))[0][0] for i in range(2))
         assert pinned == sorted(node for node, count in allocation for _ in range(count // 2))
@@ -501,11 +490,7 @@ def test_a_job_whose_workers_no_node_could_hold_by_cpu_is_released_as_it_asked(p
             p = gated(worker("cpu-hog", index))
             p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "200"  # the node has 96
             cluster.create(p)
-        client = cluster.api_client()
-        try:
-            assert loop(client).run(nodes(cluster), cluster_pods(cluster)) == []
-        finally:
-            client.close()
+        assert one_pass(cluster) == []
         for index in range(2):
             assert not pod(cluster, f"cpu-hog-worker-{index}")["spec"].get("schedulingGates")
             assert events_about(cluster, f"cpu-hog-worker-{index}") == [("Warning", "DeadlinePlanRefused")]
