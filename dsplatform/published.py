@@ -1,4 +1,4 @@
-"""The Node annotations an agent publishes, read by the extender, the webhook and the controller.
+"""The Node annotations (and the one label) an agent publishes, read by the extender, the webhook and the controller.
 
 Who calls it: the agent's publisher (writes them), ``scheduling.nodeinfo`` (the
 extender), the webhook's GPU class vote and the Dataset controller (read them). One name per
@@ -21,6 +21,10 @@ FREE_GPUS = "dsagent.io/free-gpus"
 #: When the agent last published (RFC 3339, seconds): written with every change and at least
 #: every heartbeat, so a reader can refuse an inventory older than its bound (docs/operator-guide/tenancy.md).
 PUBLISHED_AT = "dsagent.io/published-at"
+#: A Node label the agent writes (``true``/``false``): its device plugin serves this node's GPUs
+#: (the class resources, and the plain GPU resource in NVIDIA's plugin's place). The chart's
+#: ``agent.devicePlugin.nodeLabel`` may rename it; the webhook's class rewrite reads the same value.
+DEVICE_PLUGIN_LABEL = "dsagent.io/device-plugin"
 
 
 def stale(
@@ -42,4 +46,4 @@ def stale(
     return stamp is None or abs(now - stamp) > max_age
 
 
-__all__ = ["FREE_GPUS", "INVENTORY", "PUBLISHED_AT", "TOPOLOGY", "stale"]
+__all__ = ["DEVICE_PLUGIN_LABEL", "FREE_GPUS", "INVENTORY", "PUBLISHED_AT", "TOPOLOGY", "stale"]

@@ -22,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dsplatform.published import DEVICE_PLUGIN_LABEL
 from gpu_topology import Topology, roce_classes
 
 #: the Node condition the agent keeps on its Node
 CONDITION = "DsplatformRoceClasses"
 #: the agent's label: this node's GPUs are served by the agent's device plugin
-PLUGIN_LABEL = "dsagent.io/device-plugin"
+PLUGIN_LABEL = DEVICE_PLUGIN_LABEL
 #: the NVIDIA GPU Operator's label that keeps its device plugin off a node
 NVIDIA_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 
