@@ -39,7 +39,7 @@ from typing_extensions import Self
 
 from dsplatform.errors import VocabularyError
 from dsplatform.flags import parse_flag
-from dsplatform.names import resource_prefix_problem
+from dsplatform.names import is_resource_name, resource_prefix_problem
 
 # (the class being read, its environment): only that class reads it, so a settings object
 # built while another is read (a default, a nested one) is not steered by that environment
@@ -225,6 +225,19 @@ def check_resource_prefix(value: str) -> str:
 ResourcePrefix = Annotated[str, AfterValidator(check_resource_prefix)]
 
 
+def check_gpu_resource(value: str) -> str:
+    """``value`` if it is an extended resource name (``nvidia.com/gpu``)."""
+    if not is_resource_name(value):
+        raise ValueError(f"GPU resource {value!r} is not an extended resource name (e.g. nvidia.com/gpu)")
+    return value
+
+
+#: The plain GPU resource pods ask for (``nvidia.com/gpu``), one rule for every setting of it.
+GpuResource = Annotated[str, AfterValidator(check_gpu_resource)]
+#: The same, or "" for none.
+OptionalGpuResource = Annotated[str, AfterValidator(lambda value: value and check_gpu_resource(value))]
+
+
 def check_share(value: float) -> float:
     """``value`` if it is a share of a whole within (0, 1] (1: all of it)."""
     if not 0 < value <= 1:
@@ -238,10 +251,13 @@ UnitShare = Annotated[float, AfterValidator(check_share)]
 __all__ = [
     "EnvSettings",
     "Flag",
+    "GpuResource",
+    "OptionalGpuResource",
     "UnitShare",
     "InvalidSettings",
     "ResourcePrefix",
     "UnknownSettings",
+    "check_gpu_resource",
     "check_resource_prefix",
     "not_from_env",
     "parse_flag",

@@ -40,7 +40,7 @@ from dsagent.format.storagesettings import StorageSettings
 from dsagent.policy.eviction import EVICT_RATIO
 from dsplatform.flags import parse_flag
 from dsplatform.gpus import RESOURCE_PREFIX
-from dsplatform.settings import Flag, ResourcePrefix, UnitShare, read_secret_file
+from dsplatform.settings import Flag, OptionalGpuResource, ResourcePrefix, UnitShare, read_secret_file
 from dsplatform.units import Duration, Size, parse_size
 
 
@@ -237,6 +237,12 @@ class Settings(StorageSettings, AgentLogSettings):
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     device_plugin_node_label: str = ""  # cluster mode: serve only on nodes with <label>=true ("": every node)
+    # the plain GPU resource the device plugin also serves, in NVIDIA's plugin's place, for the
+    # pods no class was given ("": class resources only; the chart: gpuClasses.gpuResource)
+    device_plugin_gpu_resource: OptionalGpuResource = ""
+    # how long the device plugin waits for NVIDIA's to leave a node it takes over (the label
+    # nvidia.com/gpu.deploy.device-plugin=false) before it gives up and stays off there
+    device_plugin_handover: Duration = 120.0
     host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
     sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
     # the node's side of the VFs (docs/design.md#roce-allocation), both off by default:

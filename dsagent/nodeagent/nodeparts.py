@@ -4,9 +4,10 @@ Who calls it: the node agent's process (:mod:`dsagent.nodeagent.serve`), once at
 owns: the hooks the service is built with and the companions that run on its loop
 (:func:`node_parts`: cluster mode's :class:`~dsagent.nodeagent.clusteragent.ClusterAgent` and its
 hooks, the CSI node plugin), the device plugin (:func:`device_plugin_wanted`,
-:func:`start_device_plugin`), the kubelet's free GPUs for cluster mode, and the one-line
-refusal where a chosen part is missing from the install (:func:`require_kubelet_extra`,
-:class:`KubernetesUnavailable`). Each part is imported only when the settings choose it.
+:func:`start_device_plugin`; once NVIDIA's has left the node, :func:`start_when_handed_over`),
+the kubelet's free GPUs for cluster mode, and the one-line refusal where a chosen part is
+missing from the install (:func:`require_kubelet_extra`, :class:`KubernetesUnavailable`).
+Each part is imported only when the settings choose it.
 """
 
 from __future__ import annotations
@@ -232,6 +233,32 @@ def publish_hardware_decision(settings: Settings, decision: Any) -> None:
         api.close()
 
 
+async def start_when_handed_over(settings: Settings, topology: Any = None) -> Any:
+    """The device plugin, started once NVIDIA's has left this node (:mod:`dsagent.nodeagent.handover`);
+    None where it is still there after ``DSAGENT_DEVICE_PLUGIN_HANDOVER``: this agent's then
+    stays off (with ``auto``, its Node says so and NVIDIA's label is taken back), for the two
+    would hand one GPU to two pods."""
+    from dsagent.nodeagent.handover import wait_until_gone
+
+    log = logging.getLogger("dsagent")
+    stays = await wait_until_gone(settings.device_plugin_dir, settings.device_plugin_handover)
+    if not stays:
+        return await start_device_plugin(settings, topology=topology, sysfs_root=settings.sysfs_root)
+    from dsagent.nodeagent.hardware import Decision
+
+    decision = Decision(
+        False,
+        "NvidiaPluginStays",
+        f"NVIDIA's device plugin still serves this node ({', '.join(stays)}) "
+        f"{settings.device_plugin_handover:g} s after the agent asked it to leave: this agent's plugin "
+        "stays off (a plain NVIDIA DaemonSet needs the node affinity in docs/user-guide/gpu-allocation.md)",
+    )
+    log.warning("device plugin off on node %s: %s", settings.node_name, decision.message)
+    if settings.device_plugin == "auto" and settings.kubernetes:
+        await asyncio.to_thread(publish_hardware_decision, settings, decision)
+    return None
+
+
 def free_gpu_source(settings: Settings) -> Any:
     """Free GPUs from the kubelet's pod-resources API, for the ClusterAgent's annotation."""
     from dsagent.nodeplugins.deviceplugin.podresources import GPU_RESOURCE_PREFIXES, PodResourcesClient
@@ -267,7 +294,9 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
             f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
         ) from exc
     try:
-        node = NodeDevices(topology, vfs, settings.resource_prefix, settings.roce_classes)
+        node = NodeDevices(
+            topology, vfs, settings.resource_prefix, settings.roce_classes, plain=settings.device_plugin_gpu_resource
+        )
     except TopologyError as exc:  # subnet mode and a GPU-affine NIC without an address
         raise SettingsError(
             f"RoCE classes by DSAGENT_ROCE_CLASSES={settings.roce_classes}: {exc}",
@@ -275,7 +304,8 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         ) from exc
     if not node.resources:
         raise SettingsError(
-            "this node has no RoCE class: nothing to advertise", hint="turn the device plugin off on this node"
+            "this node has no RoCE class: nothing to advertise",
+            hint="turn the device plugin off on this node, or let it serve DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE",
         )
     client = PodResourcesClient(settings.pod_resources_socket)
     host_root = settings.host_root if settings.host_root is not None else settings.root

@@ -49,12 +49,14 @@ from dsagent.cache.settings import Settings
 from dsagent.envsettings import agent_record_name, agent_records
 from dsagent.errors import DsagentError, SettingsError
 from dsagent.format import native
+from dsagent.nodeagent.handover import live_foreign_plugins
 from dsagent.nodeagent.nodeparts import (
     SETTINGS,
     decide_device_plugin,
     node_parts,
     require_kubelet_extra,
     start_device_plugin,
+    start_when_handed_over,
 )
 from dsplatform import logs
 from dsplatform.errors import PlatformError, exit_with
@@ -206,17 +208,41 @@ async def _run(
     from dsagent.api.identity import peer_credentials_protocol
 
     plugin = None
+    handover: asyncio.Task[Any] | None = None
     try:
         wanted, topology = await decide_device_plugin(settings)
-        if wanted:
+        if wanted and live_foreign_plugins(settings.device_plugin_dir):
+            # NVIDIA's plugin is still leaving this node: datasets are served meanwhile
+            logging.getLogger("dsagent").info(
+                "device plugin: waiting up to %g s for NVIDIA's to leave node %s",
+                settings.device_plugin_handover, settings.node_name,
+            )  # fmt: skip
+            handover = asyncio.create_task(start_when_handed_over(settings, topology), name="dsagent-handover")
+            handover.add_done_callback(_say_failed_start)
+        elif wanted:
             plugin = await start_device_plugin(settings, topology=topology, sysfs_root=settings.sysfs_root)
     except DsagentError as exc:
         _cleanup(settings, list(sockets), pointer)
         exc.message = f"the device plugin cannot start: {exc.message}"  # main's edge says it, with its exit code
         raise
 
+    def plugin_state() -> str:
+        if handover is None:
+            return "on" if plugin is not None else "off"
+        if not handover.done():
+            return "waiting for NVIDIA's to leave"
+        started = not handover.cancelled() and handover.exception() is None and handover.result() is not None
+        return "on" if started else "off"
+
     async def stop_plugin() -> None:
-        nonlocal plugin
+        nonlocal plugin, handover
+        if handover is not None:
+            waiting, handover = handover, None
+            waiting.cancel()
+            try:
+                plugin = await waiting
+            except Exception:  # noqa: BLE001 - said by _say_failed_start when it happened
+                plugin = None
         if plugin is not None:
             stopping, plugin = plugin, None
             await stopping.stop()
@@ -230,7 +256,7 @@ async def _run(
             await super().startup(sockets)
             self.serving_loop = asyncio.get_running_loop()
             if self.started:
-                logging.getLogger("dsagent").info("%s", startup_line(settings, plugin is not None))
+                logging.getLogger("dsagent").info("%s", startup_line(settings, plugin_state()))
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             loop, first = self.serving_loop, not self.should_exit and not self.handing_off
@@ -289,7 +315,16 @@ async def _run(
     return None
 
 
-def startup_line(settings: Settings, device_plugin: bool) -> str:
+def _say_failed_start(task: asyncio.Task[Any]) -> None:
+    """Log a device plugin that could not start after the hand-over (the agent goes on serving)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    message = exc.message if isinstance(exc, DsagentError) else repr(exc)
+    logging.getLogger("dsagent").error("the device plugin cannot start: %s", message)
+
+
+def startup_line(settings: Settings, device_plugin: str) -> str:
     """The one line an operator reads first: what runs, where it keeps data, where it
     answers, how much it may hold, and whether the native loops run (and why not)."""
     from dsagent import __version__
@@ -305,7 +340,7 @@ def startup_line(settings: Settings, device_plugin: bool) -> str:
     return (
         f"dsagent {__version__} serving: root {settings.root}, socket {settings.socket}, tcp {tcp}, "
         f"capacity {capacity} ({room}), cluster mode {'on' if settings.kubernetes else 'off'}, "
-        f"device plugin {'on' if device_plugin else 'off'}, native loops {native.describe()}"
+        f"device plugin {device_plugin}, native loops {native.describe()}"
     )
 
 

@@ -10,7 +10,11 @@ What it owns (docs/design.md#roce-allocation):
   the SR-IOV VFs of its NICs; a **class-set resource** per run of consecutive classes
   (``<prefix>/gpu-roce1-2``: the GPUs of classes 1 and 2, for a worker of a job whose
   class set they are, docs/design.md#class-sets); plus ``<prefix>/gpu-all`` with every
-  GPU of the node, for a whole-node worker that spans several classes;
+  GPU of the node, for a whole-node worker that spans several classes; and, where the
+  agent serves the node in NVIDIA's device plugin's place, the **plain GPU resource**
+  (``nvidia.com/gpu``) over every GPU, for the pods no class was given
+  (docs/design.md#defaults), each placed inside one class where it fits
+  (:meth:`NodeDevices.one_class`);
 * :class:`Ledger`: the allocations made, each with its GPUs and **one** VF, of a RoCE NIC
   affine to them (the design's "only one VF needs to be chosen";
   docs/design.md#roce-allocation). A GPU held under one resource is
@@ -39,7 +43,7 @@ from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
 from dsplatform.gpus import CLASS_STEM, RESOURCE_PREFIX, WHOLE_NODE
-from dsplatform.names import resource_prefix_problem
+from dsplatform.names import is_resource_name, resource_prefix_problem
 from gpu_topology import ClassMode, Topology, nearest_nics, roce_classes
 from gpu_topology.classsets import resource_name, runs
 from gpu_topology.discovery.sriov import PhysicalFunction, VirtualFunction
@@ -115,7 +119,13 @@ class NodeDevices:
         vfs: Mapping[str, PhysicalFunction],
         prefix: str = DEFAULT_PREFIX,
         mode: ClassMode | str = ClassMode.NUMA,
+        plain: str = "",
     ) -> None:
+        if plain and (not is_resource_name(plain) or plain.startswith(f"{prefix}/")):
+            raise InvalidInput(
+                f"the plain GPU resource {plain!r} is not an extended resource name outside {prefix}/",
+                hint="use NVIDIA's name, nvidia.com/gpu",
+            )
         missing = [g.index for g in topology.gpus if not g.uuid]
         if missing:
             raise InvalidInput(
@@ -143,11 +153,16 @@ class NodeDevices:
                 self._resources[name] = tuple(sorted(g for c in run for g in by_name[c].gpus))
         if self.classes:
             self._resources[self.whole_node] = topology.gpu_indices
+        #: the plain GPU resource served in NVIDIA's plugin's place ("": none)
+        self.plain = plain
+        if plain:
+            self._resources[plain] = topology.gpu_indices
         self._near = {g.index: nearest_nics(topology, g.index) for g in topology.gpus}
 
     @property
     def resources(self) -> tuple[str, ...]:
-        """Every resource to register: classes, class sets, then ``gpu-all`` (none without classes)."""
+        """Every resource to register: classes, class sets, ``gpu-all`` (none without classes),
+        then the plain GPU resource where it is served."""
         return tuple(self._resources)
 
     def near_nics(self, index: int) -> tuple[str, ...]:
@@ -159,6 +174,24 @@ class NodeDevices:
 
     def class_of(self, index: int) -> ResourceClass | None:
         return next((c for c in self.classes if index in c.gpus), None)
+
+    def one_class(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> tuple[int, ...] | None:
+        """The free GPUs of the one class a plain-resource container of ``size`` GPUs should
+        take, or None when no class holds it (the caller then chooses over the whole node).
+
+        Best fit: of the classes with ``size`` free GPUs that hold every ``must`` GPU, the
+        one with the fewest free, then class (rail) order. The container then talks over one
+        class's NICs, and the classes with the most room stay whole for the class-set workers
+        of multi-node jobs (docs/design.md#defaults).
+        """
+        free = set(free)
+        must = set(must)
+        fits = []
+        for rank, cls in enumerate(self.classes):
+            room = free.intersection(cls.gpus)
+            if len(room) >= size and must <= room:
+                fits.append((len(room), rank, tuple(sorted(room))))
+        return min(fits)[2] if fits else None
 
     def resolve(self, resource: str, ids: Iterable[Any], what: str) -> list[Device]:
         """The devices ``ids`` name; hostile input is an :class:`InvalidInput`."""

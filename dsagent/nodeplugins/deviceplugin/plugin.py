@@ -7,13 +7,15 @@ the allocation record under ``<root>/kubelet/`` and the ``nccl.conf`` files it m
 The bookkeeping itself is :mod:`dsagent.nodeplugins.deviceplugin.allocation` (docs/design.md#roce-allocation).
 
 Per resource (``<prefix>/gpu-roce<N>`` per class, ``<prefix>/gpu-roce<N>-<M>...`` per run of
-classes, for the workers of a job's class set, ``<prefix>/gpu-all`` for whole-node workers):
+classes, for the workers of a job's class set, ``<prefix>/gpu-all`` for whole-node workers,
+and the plain ``nvidia.com/gpu`` where the agent serves the node in NVIDIA's plugin's place):
 
 * ``ListAndWatch`` streams the resource's GPUs by UUID with their NUMA node; a GPU held
   under another resource is Unhealthy here, so the kubelet never hands it out twice;
 * ``GetPreferredAllocation`` is :func:`gpu_topology.best_gpu_set` over the offered devices
   with the kubelet's must-include devices; for a class-set resource, the rail-aligned share
-  of every class of the set (:func:`gpu_topology.classsets.gpus_in_set`);
+  of every class of the set (:func:`gpu_topology.classsets.gpus_in_set`); for the plain
+  resource, the best set inside one class where one holds it (``NodeDevices.one_class``);
 * ``Allocate`` answers ``NVIDIA_VISIBLE_DEVICES=<uuids>``, one free VF of a RoCE NIC near
   the GPUs (its ``/dev/infiniband/*`` nodes as devices) and the NCCL settings naming it as
   environment and as ``/etc/nccl.conf`` (a file written atomically under
@@ -248,6 +250,9 @@ class DevicePlugin:
             in_set = gpus_in_set(self.node.topology, {c.resource: c.gpus for c in classes}, free, names, size)
             if in_set is not None:
                 return [self.node.by_index[i].id for i in in_set]
+        if resource == self.node.plain:
+            # the plain GPU resource: inside one class where one holds it (NodeDevices.one_class)
+            free = list(self.node.one_class(free, size, [d.index for d in must]) or free)
         best = best_gpu_set(self.node.topology, free, size, [d.index for d in must])
         if best is None:
             return []  # the kubelet then chooses by itself
