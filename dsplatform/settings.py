@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -213,6 +213,23 @@ def refuse_unknown(
 Flag = Annotated[bool, BeforeValidator(parse_flag)]
 
 
+def parse_switch(value: Any) -> str:
+    """``on``, ``off`` or ``auto`` (decided where the hardware or cluster carries it); a
+    boolean in the flag syntax is ``on`` or ``off``."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return "on" if parse_flag(value) else "off"
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not a boolean nor auto (expected on, off or auto; true/false, yes/no and 1/0 mean on/off)"
+        ) from None
+
+
+#: A mechanism's switch: on, off, or auto (:func:`parse_switch`).
+Switch = Annotated[Literal["on", "off", "auto"], BeforeValidator(parse_switch)]
+
+
 def check_resource_prefix(value: str) -> str:
     """``value`` if it can prefix an extended resource (:func:`dsplatform.names.resource_prefix_problem`)."""
     problem = resource_prefix_problem(value)
@@ -253,6 +270,7 @@ __all__ = [
     "Flag",
     "GpuResource",
     "OptionalGpuResource",
+    "Switch",
     "UnitShare",
     "InvalidSettings",
     "ResourcePrefix",
@@ -261,6 +279,7 @@ __all__ = [
     "check_resource_prefix",
     "not_from_env",
     "parse_flag",
+    "parse_switch",
     "read_secret_file",
     "refuse_unknown",
 ]

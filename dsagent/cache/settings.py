@@ -19,7 +19,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AliasChoices,
@@ -38,9 +38,8 @@ from dsagent.format.egress import EgressPolicy, check_headers
 from dsagent.format.sources import ALIASES, SourcePolicy
 from dsagent.format.storagesettings import StorageSettings
 from dsagent.policy.eviction import EVICT_RATIO
-from dsplatform.flags import parse_flag
 from dsplatform.gpus import RESOURCE_PREFIX
-from dsplatform.settings import Flag, OptionalGpuResource, ResourcePrefix, UnitShare, read_secret_file
+from dsplatform.settings import Flag, OptionalGpuResource, ResourcePrefix, Switch, UnitShare, read_secret_file
 from dsplatform.units import Duration, Size, parse_size
 
 
@@ -159,17 +158,6 @@ FetchLinks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_links)]
 Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
 
 
-def parse_device_plugin(value: Any) -> str:
-    """``on``, ``off`` or ``auto``; a boolean in the flag syntax is ``on`` or ``off``."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    return "on" if parse_flag(value) else "off"
-
-
-#: ``DSAGENT_DEVICE_PLUGIN``: on, off, or auto (where the node's hardware carries it)
-DevicePluginMode = Annotated[Literal["on", "off", "auto"], BeforeValidator(parse_device_plugin)]
-
-
 class Settings(StorageSettings, AgentLogSettings):
     """Everything the agent is configured with; build it with :meth:`from_env` or directly.
 
@@ -229,7 +217,7 @@ class Settings(StorageSettings, AgentLogSettings):
     kubernetes: Flag = False
     # the kubelet GPU+VF device plugin (docs/design.md#roce-allocation): on, off, or auto (cluster
     # mode: on where the node's RoCE NICs sit in two or more NUMA groups, dsagent.nodeagent.hardware)
-    device_plugin: DevicePluginMode = "off"
+    device_plugin: Switch = "off"
     resource_prefix: ResourcePrefix = RESOURCE_PREFIX  # resources <prefix>/gpu-roce<N> and <prefix>/gpu-all
     # how GPUs are cut into RoCE classes (numa, subnet, none; docs/design.md#roce-classes): one
     # field read by both the published topology (dsagent.nodeagent) and the device plugin (dsagent.nodeplugins)

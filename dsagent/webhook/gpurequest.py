@@ -4,6 +4,19 @@ webhook's GPU class policy (``docs/design.md#roce-class-choice``), and its setti
 Who calls it: :class:`dsagent.webhook.roceclass.GpuClassPolicy`, which decides the job's
 class (the vote and the Lease) and rewrites each worker with :func:`rewrite_set`; the
 webhook's start-up reads :class:`GpuClassSettings`. No I/O: pods in, JSONPatch out.
+
+The rewrite runs in one of three modes (``DSAGENT_WEBHOOK_GPU_CLASSES``, a boolean meaning
+``on`` or ``off``):
+
+- ``on``: every GPU pod's request becomes a class resource, voted over every node that
+  publishes its classes (the dsagent device plugin serves every GPU node);
+- ``auto``: the dsagent device plugin serves only the nodes labelled
+  ``<DSAGENT_WEBHOOK_SERVED_LABEL>=true`` (the agent's own label, ``dsagent.io/device-plugin``),
+  so only those count in the vote, and only the workers of a multi-worker job whose class set
+  those nodes can hold are rewritten; every other GPU pod keeps its ``nvidia.com/gpu``
+  request, served by whichever plugin serves the node it lands on. A pod that asks for a
+  class resource itself is handled as in ``on``;
+- ``off``: no rewrite.
 """
 
 from __future__ import annotations
@@ -21,8 +34,9 @@ from dsagent.errors import SettingsError
 from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX, GpuResources, QuantityError, parse_quantity, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS
-from dsplatform.names import is_dns_label, is_resource_name
-from dsplatform.settings import EnvSettings, Flag, ResourcePrefix, not_from_env
+from dsplatform.names import is_dns_label, is_qualified_name
+from dsplatform.published import DEVICE_PLUGIN_LABEL
+from dsplatform.settings import EnvSettings, GpuResource, ResourcePrefix, Switch, not_from_env
 from dsplatform.units import parse_duration
 
 CLASS_ANNOTATION = "dsagent.io/gpu-class"
@@ -49,8 +63,13 @@ class GpuClassSettings(EnvSettings):
     model_config = SettingsConfigDict(env_prefix=WEBHOOK_PREFIX, env_ignore_empty=True)
     settings_error: ClassVar[type[Exception] | None] = SettingsError
 
-    enabled: Flag = Field(False, validation_alias=AliasChoices("enabled", WEBHOOK_PREFIX + "GPU_CLASSES"))
-    gpu_resource: str = GPU_RESOURCE
+    # on: every GPU pod's request becomes a class resource; auto: only the workers of a
+    # multi-worker job whose class set the nodes labelled <SERVED_LABEL>=true can hold; off: none
+    # (a boolean means on or off)
+    mode: Switch = Field("off", validation_alias=AliasChoices("mode", "enabled", WEBHOOK_PREFIX + "GPU_CLASSES"))
+    # auto: the Node label (=true) of the nodes whose GPUs the dsagent device plugin serves
+    served_label: str = DEVICE_PLUGIN_LABEL
+    gpu_resource: GpuResource = GPU_RESOURCE
     # class resources are <prefix>/<class name>, e.g. dsagent.io/gpu-roce1
     prefix: ResourcePrefix = Field(
         DEFAULT_PREFIX, validation_alias=AliasChoices("prefix", WEBHOOK_PREFIX + "CLASS_PREFIX")
@@ -65,11 +84,11 @@ class GpuClassSettings(EnvSettings):
     #: ``{class}`` in it (``dsplatform/dsp-{class}``); empty: no network annotation
     networks: Annotated[str, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)] = ""
 
-    @field_validator("gpu_resource")
+    @field_validator("served_label")
     @classmethod
-    def _gpu_resource(cls, value: str) -> str:
-        if not is_resource_name(value):
-            raise ValueError(f"GPU resource {value!r} is not an extended resource name (e.g. nvidia.com/gpu)")
+    def _served_label(cls, value: str) -> str:
+        if not is_qualified_name(value):
+            raise ValueError(f"{value!r} is not a label key ([<prefix>/]<name>, e.g. dsagent.io/device-plugin)")
         return value
 
     @field_validator("lease_ttl_s")
@@ -88,6 +107,16 @@ class GpuClassSettings(EnvSettings):
                 " (e.g. dsplatform/dsp-{class})"
             )
         return value
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the webhook rewrites GPU requests at all (``on`` or ``auto``)."""
+        return self.mode != "off"
+
+    @property
+    def auto(self) -> bool:
+        """Whether only the nodes labelled :attr:`served_label` ``=true`` take class resources."""
+        return self.mode == "auto"
 
     def network(self, gpu_class: str) -> str:
         """The NetworkAttachmentDefinition (``[ns/]name``) of one class."""

@@ -1,6 +1,7 @@
 """One RoCE class per job, enforced at admission (``docs/design.md#roce-class-choice``).
 
-The admission webhook calls :meth:`GpuClassPolicy.decide` for every pod it sees. A worker
+The admission webhook calls :meth:`GpuClassPolicy.decide` for every pod it sees. With
+``DSAGENT_WEBHOOK_GPU_CLASSES=on`` (the dsagent device plugin serves every GPU node), a worker
 asking for ``nvidia.com/gpu: K`` gets that request rewritten into the class resource
 ``<prefix>/gpu-roce<N>: K`` (prefix ``dsagent.io`` by default), which only the dsagent
 device plugin advertises, so the kubelet gives it GPUs of that class and a VF of the
@@ -31,6 +32,20 @@ When no set can hold every worker now and the job does not require one
 across class layouts, each worker gets its own class as a single-worker
 pod would, and every worker carries the reason in ``dsagent.io/class-set-split`` and an
 admission warning.
+
+**With** ``DSAGENT_WEBHOOK_GPU_CLASSES=auto`` the dsagent device plugin serves only the
+nodes labelled ``<DSAGENT_WEBHOOK_SERVED_LABEL>=true`` (``dsagent.io/device-plugin``, which
+the node agent sets), and a class resource can only run there; so only those nodes count
+in every vote, and a class is given only where it matters, between the nodes of one job:
+
+- a pod of no job, or of a single-worker job, keeps its ``nvidia.com/gpu`` request (no
+  patch, no warning, no Lease): whichever plugin serves its node gives it GPUs;
+- a multi-worker job gets a class set as above when a set of the served nodes holds every
+  worker now, or when it requires one (it then waits for room on served nodes);
+- otherwise every worker keeps its ``nvidia.com/gpu`` request: the Lease holds ``*`` so that
+  all workers decide alike, and each carries the reason in ``dsagent.io/class-set-split``
+  (no warning). With no served node at all, nothing is decided: no Lease, no patch;
+- a pod that already requests a class resource is handled as with ``on``.
 
 A pod that already requests a class resource is held to its job's class too (the Lease
 wins, with a warning). Nothing here ever blocks a pod: the webhook turns errors into
@@ -118,8 +133,9 @@ class ClusterView:
         return choice.name if choice is not None else None
 
 
-def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
-    """The classes of schedulable nodes whose agent publishes a readable topology."""
+def read_cluster(nodes: Sequence[Mapping[str, Any]], served_label: str | None = None) -> ClusterView:
+    """The classes of schedulable nodes whose agent publishes a readable topology; with
+    ``served_label``, only of the nodes labelled ``<served_label>=true`` (``auto`` mode)."""
     from gpu_topology import TopologyError
     from gpu_topology.classsets import NodeRoom
     from gpu_topology.classvote import node_classes, parse_free_gpus
@@ -130,6 +146,8 @@ def read_cluster(nodes: Sequence[Mapping[str, Any]]) -> ClusterView:
     for node in nodes:
         if (node.get("spec") or {}).get("unschedulable"):
             continue
+        if served_label is not None and ((node.get("metadata") or {}).get("labels") or {}).get(served_label) != "true":
+            continue  # the dsagent device plugin does not serve it: no class resource runs there
         annotations = (node.get("metadata") or {}).get("annotations") or {}
         text = annotations.get(TOPOLOGY_ANNOTATION)
         if not isinstance(text, str):
@@ -176,7 +194,8 @@ class KubeGpuClasses:
             view = self._views.get("nodes")
         if view is not None:
             return view
-        view = read_cluster(nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0"))
+        nodes = nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0")
+        view = read_cluster(nodes, self.settings.served_label if self.settings.auto else None)
         with self._lock:
             self._views["nodes"] = view
         return view
@@ -226,10 +245,18 @@ class GpuClassPolicy:
         warnings: list[str] = []
         annotations = meta.get("annotations") or {}
         workers = workers_of(annotations)
+        # auto: a plain request keeps it unless the job's workers share a class set
+        plain = s.auto and not asked
+        if plain and (job is None or workers <= 1):
+            return GpuDecision()
         if job is not None and workers > 1 and need > 0:
-            decided = self._decide_set(pod, namespace, job, need, workers, annotations_exist, dry_run=dry_run)
+            decided = self._decide_set(
+                pod, namespace, job, need, workers, annotations_exist, dry_run=dry_run, plain=plain
+            )
             if decided is not None:
                 return decided
+        if plain:  # no served node to decide over: the job keeps its request
+            return GpuDecision()
         if job is None or workers > 1:
             gpu_class = own or self.kube.cluster().vote(need)
         else:
@@ -276,21 +303,31 @@ class GpuClassPolicy:
         annotations_exist: bool,
         *,
         dry_run: bool,
+        plain: bool = False,
     ) -> GpuDecision | None:
-        """A multi-worker job's worker: its share of the job's class set; None when the job
-        is placed across class layouts (the caller then gives the pod a class of its own,
-        and :meth:`decide` adds the reason) or no node can serve any set."""
+        """A multi-worker job's worker: its share of the job's class set; None when no node
+        can serve any set. When the job is placed across class layouts, the pod gets a class
+        of its own with the reason; with ``plain`` (``auto``, a plain request) it keeps its
+        request with the reason, and None comes when no served node is there to decide over."""
         s = self.settings
         reasons: list[str] = []
+        served = f"the nodes the dsagent device plugin serves ({s.served_label}=true)"
 
         def choose() -> str | None:
-            choice = self.kube.cluster().vote_set(need, workers)
+            view = self.kube.cluster()
+            if plain and not view.sizes:
+                return None  # no served node: nothing to decide
+            choice = view.vote_set(need, workers)
             if choice is None:
-                return None
+                if not plain:
+                    return None
+                reasons.append(f"none of {served} can take a worker of {need} GPUs")
+                return SPLIT
             if choice.holds or subnet_required((pod.get("metadata") or {}).get("annotations")):
                 return str(choice.key)
+            where = f" on {served}" if plain else ""
             reasons.append(
-                f"no class set can hold {workers} workers of {need} GPUs now (best: {choice.key}, "
+                f"no class set{where} can hold {workers} workers of {need} GPUs now (best: {choice.key}, "
                 f"{choice.hosts} nodes can take a worker)"
             )
             return SPLIT
@@ -298,21 +335,22 @@ class GpuClassPolicy:
         holder = self._job_lease(pod, namespace, job, choose, dry_run=dry_run)
         if holder is None:
             return None
+        if holder == SPLIT and plain:
+            reason = (
+                reasons[0]
+                if reasons
+                else f"no class set on {served} could hold every worker when the job's first worker came"
+            )
+            reason = f"the job keeps its {s.gpu_resource} request: {reason}"
+            log.info("pod %s/%s (job %s): %s", namespace, (pod.get("metadata") or {}).get("name"), job, reason)
+            return GpuDecision(_annotate(SPLIT_ANNOTATION, reason, annotations_exist=annotations_exist))
         if holder == SPLIT:
             reason = reasons[0] if reasons else "no class set could hold every worker when the job's first worker came"
             message = f"dsplatform: job {job} is placed across class layouts (subnets): {reason}"
             log.warning("pod %s/%s: %s", namespace, (pod.get("metadata") or {}).get("name"), message)
             own = self.kube.cluster().vote(need)
             if own is None or self.kube.cluster().largest(own) < need:
-                patch: JSONPatch = []
-                note = {SPLIT_ANNOTATION: reason}
-                if annotations_exist:
-                    patch = [
-                        {"op": "add", "path": "/metadata/annotations/" + escape(SPLIT_ANNOTATION), "value": reason}
-                    ]
-                else:
-                    patch = [{"op": "add", "path": "/metadata/annotations", "value": note}]
-                return GpuDecision(patch, (message,), None)
+                return GpuDecision(_annotate(SPLIT_ANNOTATION, reason, annotations_exist=annotations_exist), (message,))
             patch = rewrite_set(
                 pod, s, (own,), annotations_exist=annotations_exist, extra_annotations={SPLIT_ANNOTATION: reason}
             )
@@ -420,6 +458,13 @@ class GpuClassPolicy:
             self.kube.leases.replace(namespace, body)
         except DsagentError as exc:
             log.info("renewing Lease %s/%s: %s", namespace, body["metadata"].get("name"), exc)
+
+
+def _annotate(key: str, value: str, *, annotations_exist: bool) -> JSONPatch:
+    """The patch adding one annotation (creating the map when the pod has none)."""
+    if annotations_exist:
+        return [{"op": "add", "path": "/metadata/annotations/" + escape(key), "value": value}]
+    return [{"op": "add", "path": "/metadata/annotations", "value": {key: value}}]
 
 
 __all__ = [

@@ -15,14 +15,17 @@ and node) to a pod that says ``dsagent.io/deadline-plan: apply``
 with a scheduling gate instead, for the Dataset controller's plan loop
 (:mod:`dsagent.webhook.plangate`).
 
-With ``DSAGENT_WEBHOOK_GPU_CLASSES=true`` it also rewrites a GPU pod's ``nvidia.com/gpu``
+With ``DSAGENT_WEBHOOK_GPU_CLASSES=on`` it also rewrites a GPU pod's ``nvidia.com/gpu``
 request into its job's RoCE class resource (:mod:`dsagent.webhook.roceclass`), the job's
-class kept in a Lease per job.
+class kept in a Lease per job; with ``auto`` it does so only for the workers of a
+multi-worker job whose class set the nodes the dsagent device plugin serves can hold (the
+nodes labelled ``<DSAGENT_WEBHOOK_SERVED_LABEL>=true``), and leaves every other GPU pod's
+request alone; ``off`` (or ``false``) turns it off.
 
 Serve it with ``python -m dsagent.webhook`` (settings from ``DSAGENT_WEBHOOK_*``:
 ``LISTEN``, ``CERT_FILE``, ``KEY_FILE``, ``INJECTION_FILE``, ``KUBECONFIG``,
-``DEADLINE_PLANS``, ``PLAN_FORMULA``, ``PLAN_GATES``; for GPU classes ``GPU_CLASSES``, ``GPU_RESOURCE``,
-``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``).
+``DEADLINE_PLANS``, ``PLAN_FORMULA``, ``PLAN_GATES``; for GPU classes ``GPU_CLASSES``, ``SERVED_LABEL``,
+``GPU_RESOURCE``, ``CLASS_PREFIX``, ``JOB_LABELS``, ``JOB_TTL``, ``NETWORKS``).
 """
 
 from __future__ import annotations
@@ -392,7 +395,7 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
     api_client = apiclient.load(settings.kubeconfig)
     client = DatasetClient(api_client, request_timeout=2.0)
     gpu = None
-    if settings.gpu_classes.enabled:
+    if settings.gpu_classes.enabled:  # on or auto
         gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
     plans = None
     if settings.deadline_plans:
