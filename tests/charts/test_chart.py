@@ -434,12 +434,14 @@ def rules_of(docs: list[dict[str, Any]], suffix: str) -> set[tuple[str, str, str
 def test_the_agent_may_only_read_and_patch_nodes_watch_pods_read_datasets_and_write_events(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods
+    # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods;
+    # its Node's DsplatformRoceClasses condition (device plugin auto; the admission policy: that one only)
     assert rules_of(rendered["default"], "-agent") == {
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("dsagent.io", "datasets", "get"),
@@ -459,8 +461,10 @@ def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, 
     }
 
 
-def test_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    assert rules_of(rendered["default"], "-webhook") == {("dsagent.io", "datasets", "get")}
+def test_without_gpu_classes_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert rules_of(render({"gpuClasses": {"enabled": False}}), "-webhook") == {("dsagent.io", "datasets", "get")}
+    # the default (auto) lists nodes and keeps job Leases, as with the class rewrite on
+    assert rules_of(rendered["default"], "-webhook") == rules_of(rendered["gpu-classes"], "-webhook")
 
 
 def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(
@@ -553,10 +557,16 @@ def test_the_admin_token_is_generated_and_long(rendered: dict[str, list[dict[str
 # -- the webhook
 
 
-def test_the_webhook_never_blocks_pods_and_only_sees_annotated_ones(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_webhook_never_blocks_pods_and_only_sees_annotated_or_gpu_ones(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     [hook] = find(rendered["default"], "MutatingWebhookConfiguration")["webhooks"]
     assert hook["failurePolicy"] == "Ignore"
-    assert hook["sideEffects"] == "None"
+    # the class rewrite (auto by default) creates a job's Lease, never on a dry run
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    assert "k == 'nvidia.com/gpu' || k.startsWith('dsagent.io/')" in hook["matchConditions"][0]["expression"]
+    [off] = find(render({"gpuClasses": {"enabled": False}}), "MutatingWebhookConfiguration")["webhooks"]
+    assert off["sideEffects"] == "None" and "nvidia.com/gpu" not in off["matchConditions"][0]["expression"]
     assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
     assert "'dsagent.io/datasets' in object.metadata.annotations" in hook["matchConditions"][0]["expression"]
     [expr] = hook["namespaceSelector"]["matchExpressions"]
@@ -586,7 +596,12 @@ def test_with_gpu_classes_the_webhook_also_sees_gpu_pods_and_declares_its_lease_
         7200,
     )
     default = find(rendered["default"], "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
-    assert GpuClassSettings.from_env({e["name"]: e["value"] for e in default["env"] if "value" in e}).enabled is False
+    assert GpuClassSettings.from_env({e["name"]: e["value"] for e in default["env"] if "value" in e}).mode == "auto"
+    off = find(render({"gpuClasses": {"enabled": False}}), "Deployment", "-webhook")["spec"]["template"]["spec"]
+    assert (
+        GpuClassSettings.from_env({e["name"]: e["value"] for e in off["containers"][0]["env"] if "value" in e}).enabled
+        is False
+    )
 
 
 def test_the_extender_reads_the_class_resources_the_webhook_writes(rendered: dict[str, list[dict[str, Any]]]) -> None:

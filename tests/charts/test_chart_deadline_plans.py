@@ -31,7 +31,8 @@ def lists_nodes(rules: list[dict[str, Any]]) -> bool:
 def test_off_by_default_the_webhook_neither_plans_nor_lists_nodes() -> None:
     env, rules, expression = webhook_parts()
     assert env["DSAGENT_WEBHOOK_DEADLINE_PLANS"] == "false" and env["DSAGENT_WEBHOOK_PLAN_FORMULA"] == "efficiency"
-    assert not lists_nodes(rules)
+    # nodes are listed by the class rewrite (auto by default), not for plans
+    assert not lists_nodes(webhook_parts({"gpuClasses": {"enabled": False}})[1])
     # the plan loop is on by default: a pod that asks for a plan reaches the webhook, for the gate
     assert env["DSAGENT_WEBHOOK_PLAN_GATES"] == "true"
     assert "'dsagent.io/deadline-plan' in object.metadata.annotations" in expression

@@ -1,4 +1,5 @@
-"""The chart's device plugin values: off by default, and when on, what the plugin needs."""
+"""The chart's device plugin values: auto by default (the agent decides per node from its
+hardware, in NVIDIA's plugin's place), and what the plugin needs where it may run."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     # CSI (on by default) makes the agent privileged; these tests look at the device plugin alone
     no_csi = {"csi": {"enabled": False}}
     off = {**no_csi, "agent": {"devicePlugin": {"enabled": False}}}
-    auto = {**no_csi, "agent": {"devicePlugin": {"enabled": "auto"}}, "gpuClasses": {"enabled": True}}
+    auto = {**no_csi, "agent": {"devicePlugin": {"enabled": "auto"}}, "gpuClasses": {"enabled": False}}
     return {
         "default": render(no_csi),
         "off": render(off),
@@ -26,22 +27,30 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     }
 
 
-@pytest.mark.parametrize("values", ["default", "off"])
-def test_off_by_default_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]], values: str) -> None:
-    pod = agent_pod(rendered[values])
+def test_off_no_kubelet_mounts_and_non_root(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = agent_pod(rendered["off"])
     [container] = pod["containers"]
     assert not any(e["name"].startswith(("DSAGENT_DEVICE_PLUGIN", "DSAGENT_POD_RESOURCES")) for e in container["env"])
     assert not any("/var/lib/kubelet" in m["mountPath"] for m in container["volumeMounts"])
     assert container["securityContext"]["runAsNonRoot"] is True
 
 
+@pytest.mark.parametrize("values", ["default", "auto"])
 def test_auto_the_agent_decides_per_node_as_root_without_capabilities(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, list[dict[str, Any]]], values: str
 ) -> None:
-    pod = agent_pod(rendered["auto"])
+    pod = agent_pod(rendered[values])
     [container] = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DSAGENT_DEVICE_PLUGIN"] == "auto"  # on where the RoCE NICs sit in 2+ NUMA groups
+    # in NVIDIA's plugin's place there: nvidia.com/gpu too, once that plugin has left
+    assert env["DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE"] == "nvidia.com/gpu"
+    assert env["DSAGENT_DEVICE_PLUGIN_HANDOVER"] == "120s"
+    settings = agent_settings.Settings.from_env(
+        {k: v for k, v in env.items() if v is not None and k != "DSAGENT_ADMIN_TOKEN_FILE"}
+    )
+    assert (settings.device_plugin, settings.device_plugin_gpu_resource) == ("auto", "nvidia.com/gpu")
+    assert settings.device_plugin_handover == 120.0
     mounts = {m["name"] for m in container["volumeMounts"]}
     assert {"device-plugins", "pod-resources"} <= mounts
     security = container["securityContext"]
@@ -50,7 +59,7 @@ def test_auto_the_agent_decides_per_node_as_root_without_capabilities(
     assert "add" not in security["capabilities"]
     # and may write its Node's DsplatformRoceClasses condition (the admission policy: that one only)
     [role] = [
-        d for d in rendered["auto"] if d.get("kind") == "ClusterRole" and d["metadata"]["name"].endswith("-agent")
+        d for d in rendered[values] if d.get("kind") == "ClusterRole" and d["metadata"]["name"].endswith("-agent")
     ]
     assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]} in role["rules"]
 
@@ -179,8 +188,30 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
         render({"agent": {"devicePlugin": {"enabled": False, "nodeLabel": "x", "vfSetup": True}}})
 
 
-def test_auto_without_the_class_rewrite_is_refused_in_one_line() -> None:
-    # the nodes auto serves advertise class resources, not nvidia.com/gpu: pods asking for
-    # nvidia.com/gpu would lose those nodes without the webhook's rewrite
-    with pytest.raises(Exception, match="needs gpuClasses.enabled"):
-        render({"agent": {"devicePlugin": {"enabled": "auto"}}})
+def test_the_default_install_runs_the_class_path_where_the_hardware_carries_it() -> None:
+    """Defaults: the agent decides per node, the webhook rewrites multi-worker jobs only where
+    the nodes the plugin serves (the label the agent writes) can hold them, and the plain
+    resource the webhook leaves alone is the one the plugin serves in NVIDIA's place."""
+    from dsagent.webhook.gpurequest import GpuClassSettings
+
+    docs = render({})
+    agent = {e["name"]: e.get("value") for e in agent_pod(docs)["containers"][0]["env"]}
+    webhook = _env(docs, "Deployment", "-webhook")
+    assert agent["DSAGENT_DEVICE_PLUGIN"] == "auto" and webhook["DSAGENT_WEBHOOK_GPU_CLASSES"] == "auto"
+    assert webhook["DSAGENT_WEBHOOK_SERVED_LABEL"] == agent["DSAGENT_DEVICE_PLUGIN_NODE_LABEL"]
+    assert webhook["DSAGENT_WEBHOOK_GPU_RESOURCE"] == agent["DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE"]
+    classes = GpuClassSettings.read({k: v for k, v in webhook.items() if k.startswith("DSAGENT_WEBHOOK_") and v})
+    assert classes.mode == "auto" and classes.served_label == agent["DSAGENT_DEVICE_PLUGIN_NODE_LABEL"]
+    # the job Leases, and the nodes the vote reads
+    [role] = [d for d in docs if d.get("kind") == "ClusterRole" and d["metadata"]["name"].endswith("-webhook")]
+    assert any(r["resources"] == ["leases"] for r in role["rules"])
+    # a renamed label reaches both
+    renamed = render({"agent": {"devicePlugin": {"enabled": "auto", "nodeLabel": "example.com/gpus-by-dsagent"}}})
+    assert _env(renamed, "Deployment", "-webhook")["DSAGENT_WEBHOOK_SERVED_LABEL"] == "example.com/gpus-by-dsagent"
+
+
+def test_auto_without_the_class_rewrite_still_serves_plain_gpu_pods() -> None:
+    docs = render({"agent": {"devicePlugin": {"enabled": "auto"}}, "gpuClasses": {"enabled": False}})
+    env = {e["name"]: e.get("value") for e in agent_pod(docs)["containers"][0]["env"]}
+    assert env["DSAGENT_DEVICE_PLUGIN"] == "auto" and env["DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE"] == "nvidia.com/gpu"
+    assert _env(docs, "Deployment", "-webhook")["DSAGENT_WEBHOOK_GPU_CLASSES"] == "false"
