@@ -438,12 +438,14 @@ class Catalog:
         )
         return [str(row["task_id"]) for row in rows]
 
-    def in_use(self, now: float) -> set[tuple[str, str]]:
-        """``(name, digest)`` of every version bound to a task whose lease has not lapsed."""
+    def in_use(self, now: float, except_tasks: Sequence[str] = ()) -> set[tuple[str, str]]:
+        """``(name, digest)`` of every version bound to a task whose lease has not lapsed,
+        other than the tasks ``except_tasks``."""
+        others = " AND t.task_id NOT IN (" + ",".join("?" * len(except_tasks)) + ")" if except_tasks else ""
         rows = self._query(
             "SELECT DISTINCT d.name, d.digest FROM task_datasets d JOIN tasks t USING (task_id)"
-            " WHERE d.digest IS NOT NULL AND t.lease_until > ?",
-            (now,),
+            " WHERE d.digest IS NOT NULL AND t.lease_until > ?" + others,
+            (now, *except_tasks),
         )
         return {(row["name"], row["digest"]) for row in rows}
 

@@ -34,7 +34,11 @@ The switching design's phases, on a node's cache:
    preparation's id), each prepared version is checked on disk against its manifest
    (every file present with its size, :func:`dsagent.cache.ready.check_complete`) before
    the task is reported ready (state ``checking`` until then); a copy that fails is evicted
-   and fetched again. The preparation is then handed over: its task and reservations go.
+   and fetched again. Then the **start rule**: the running tasks' data plus the task's own
+   must be within the second threshold (:func:`~dsagent.policy.preparation.start_gate`);
+   while it is not, the task stays ``checking``, held until the running tasks release their
+   data (:meth:`Preparations.start_hold`, rechecked on each release). The preparation is
+   then handed over: its task and reservations go.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from typing import Any
 from dsagent.cache.layout import Key
 from dsagent.cache.task import DatasetRequest, iso, task_key
 from dsagent.errors import Conflict, DsagentError, InsufficientSpace, InvalidInput, NotFound
-from dsagent.policy.preparation import Thresholds, first_budget, second_gate
+from dsagent.policy.preparation import Thresholds, first_budget, second_gate, start_gate
 
 log = logging.getLogger("dsagent")
 
@@ -56,6 +60,7 @@ log = logging.getLogger("dsagent")
 # the cache reserved for preparations together; the second, in use plus the bulk fetches
 FIRST_THRESHOLD = Thresholds().reserve_fraction
 SECOND_THRESHOLD = Thresholds().fill_fraction
+START_RULE = "start rule"  # how a preparation held by the start rule says why
 
 
 def prepare_task_id(task_id: str) -> str:
@@ -114,7 +119,8 @@ class ServiceParts:
     is_ready: Callable[[Key], Awaitable[bool]]
     is_fetching: Callable[[Key], bool]
     capacity: Callable[[], Awaitable[int]]
-    in_use_bytes: Callable[[set[Key]], Awaitable[int]]  # data of live tasks, less these versions
+    # data of live tasks, less these versions, and less the data of these tasks
+    in_use_bytes: Callable[[set[Key], Sequence[str]], Awaitable[int]]
     reserve: Callable[[Key, int], Awaitable[None]]
     reservation: Callable[[Key], int | None]
     release_reservation: Callable[[Key], None]
@@ -130,6 +136,7 @@ class Preparations:
         self.parts = parts
         self._items: dict[str, Prepared] = {}
         self._lock = asyncio.Lock()
+        self._released = asyncio.Event()  # set (and replaced) when a task released its data
 
     def get(self, task_id: str) -> Prepared | None:
         return self._items.get(task_id)
@@ -241,7 +248,7 @@ class Preparations:
             for n, (d, size) in p.versions.items()
             if (n, d) not in mine
         }
-        in_use = await self.parts.in_use_bytes(mine | set(prepared))
+        in_use = await self.parts.in_use_bytes(mine | set(prepared), ())
         others = sum(prepared.values())
         size = prep.missing_bytes
         if not second_gate(capacity, prep.second, in_use, others, size):
@@ -254,7 +261,9 @@ class Preparations:
         prep.fetching = True  # the fetch takes over the reservations (same version keys)
 
     async def refresh(self) -> None:
-        """Recheck the waiting preparations (a task released its data) and phase 2's states."""
+        """Recheck the waiting preparations (a task released its data) and phase 2's states,
+        and wake the tasks the start rule holds."""
+        self.wake()
         async with self._lock:
             for prep in list(self._items.values()):
                 if prep.waiting is not None or prep.fetching:
@@ -317,6 +326,39 @@ class Preparations:
             except NotFound:
                 pass
         return gone
+
+    async def start_hold(self, task_id: str) -> str | None:
+        """Why the prepared task ``task_id`` may not start now (the start rule), or None."""
+        prep = self._items.get(task_id)
+        if prep is None:
+            return None
+        mine = {(n, d) for n, (d, _) in prep.versions.items()}
+        capacity = await self.parts.capacity()
+        # the other tasks' data: not this task's own (nor its preparation's), and a version
+        # both use counts once, as its own
+        running = await self.parts.in_use_bytes(mine, (task_id, prepare_task_id(task_id)))
+        own = sum(size for _, size in prep.versions.values())
+        if start_gate(capacity, prep.second, running, own):
+            if prep.waiting is not None and prep.waiting.startswith(START_RULE):
+                prep.waiting = None
+            return None
+        prep.waiting = (
+            f"{START_RULE}: running tasks' data {running} + this task's {own} bytes > {prep.second:g} of"
+            f" {capacity}; held until they release their data"
+        )
+        return prep.waiting
+
+    def wake(self) -> None:
+        """A task released its data: the tasks the start rule holds look again."""
+        released, self._released = self._released, asyncio.Event()
+        released.set()
+
+    async def released(self, timeout: float) -> None:
+        """Return when a task released its data (:meth:`wake`), or after ``timeout`` s."""
+        try:
+            await asyncio.wait_for(self._released.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     def prepared_keys(self, task_id: str) -> set[Key]:
         """The versions the preparation of ``task_id`` fetched or found: the start check's."""

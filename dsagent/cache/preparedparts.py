@@ -59,8 +59,8 @@ def service_parts(
     async def capacity() -> int:
         return int((await space.report()).get("capacityBytes") or 0)
 
-    async def in_use_bytes(exclude: set[tuple[str, str]]) -> int:
-        in_use = await node.pools.db(node.catalog().in_use, node.clock())
+    async def in_use_bytes(exclude: set[tuple[str, str]], except_tasks: Sequence[str] = ()) -> int:
+        in_use = await node.pools.db(node.catalog().in_use, node.clock(), tuple(except_tasks))
         rows = await node.pools.db(node.catalog().versions)
         return sum(
             store.allocated(r.size_bytes, r.files)

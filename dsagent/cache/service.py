@@ -389,6 +389,7 @@ class CacheService:
         await self._db(self.catalog.touch_task, task_id, self.clock())  # idle time counts from here
         if not await self._db(self.catalog.delete_task, task_id):
             raise NotFound(f"no task {task_id!r} on this agent")
+        self.preparations.wake()  # a prepared task the start rule holds may start now
         await self._space.collect_superseded()
 
     # -- preparations (docs/design.md#next-job-preparation) -------------------------------

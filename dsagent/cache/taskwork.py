@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from dsagent.cache.prepared import Preparations
 
 log = logging.getLogger("dsagent")
+START_RULE_RECHECK = 30.0  # seconds between rechecks of a task the start rule holds, besides each release
 
 #: (task id, dataset name)
 Key = tuple[str, str]
@@ -197,15 +198,31 @@ class TaskWork:
         try:
             try:
                 await self.node.pools.work(ready.check_complete, store.ready_dir(*key), manifest)
-                return
             except IntegrityError as exc:
                 log.warning("prepared copy of %s failed the start check; fetching it again: %s", name, exc)
-            async with self.space.lock:
-                victim = Candidate(*key, store.allocated(manifest.total_bytes, manifest.file_count), 0.0)
-                await self.space.evict_one(victim, reason="start-check", force=True)
-            await self.fetch(source, manifest)
+                async with self.space.lock:
+                    victim = Candidate(*key, store.allocated(manifest.total_bytes, manifest.file_count), 0.0)
+                    await self.space.evict_one(victim, reason="start-check", force=True)
+                await self.fetch(source, manifest)
+            await self.start_rule(task_id, name)
         finally:
             self.checking.discard((task_id, name))
+
+    async def start_rule(self, task_id: str, name: str) -> None:
+        """Hold a prepared task (still ``checking``) while the running tasks' data plus its own
+        exceed the second threshold (:meth:`Preparations.start_hold`), rechecked each time a
+        task releases its data and at least every :data:`START_RULE_RECHECK` seconds."""
+        preparations, said = self.preparations, False
+        while preparations is not None:
+            reason = await preparations.start_hold(task_id)
+            if reason is None:
+                if said:
+                    log.info("task %s: dataset %s starts (start rule met)", task_id, name)
+                return
+            if not said:
+                log.info("task %s: dataset %s held: %s", task_id, name, reason)
+                said = True
+            await preparations.released(START_RULE_RECHECK)
 
     def fail(self, task_id: str, request: DatasetRequest, exc: DsagentError, *, logged: bool = False) -> None:
         """Step 7: keep a dataset's failure for its task, count it by code, and log it once at

@@ -27,7 +27,7 @@ The switching design's steps, mapped to datasets on a node:
    plus its missing bytes at ``fetch_bytes_per_s``). And the bytes that cannot be evicted
    afterwards (in use, plus prepared data fetched or fetching) within ``fill_fraction`` of
    the cache (the second threshold, :func:`second_gate`, which the agent checks again on its
-   own figures); not while a job bound to that node still waits for its own data. A
+   own figures, and again when the task starts: :func:`start_gate`); not while a job bound to that node still waits for its own data. A
    preparation already fetching keeps its place first (no flapping), counted first. The
    first threshold counts the preparations in phase 1 only (:func:`first_budget`), in the
    agent and here alike.
@@ -106,6 +106,14 @@ def second_gate(capacity: int, second: float, in_use: int, fetching_by_others: i
     (``in_use``), the other preparations' bulk fetches (fetched or fetching) and this one
     within ``second`` x ``capacity``."""
     return in_use + fetching_by_others + size <= second * capacity
+
+
+def start_gate(capacity: int, second: float, running: int, own: int) -> bool:
+    """The start rule: whether a prepared task may start (be told its data is ready) on a
+    node: the running tasks' data (``running``) plus its own (``own``) within ``second`` x
+    ``capacity``, the same second threshold its bulk fetch was held to (:func:`second_gate`,
+    without other preparations: only what runs counts)."""
+    return second_gate(capacity, second, running, 0, own)
 
 
 @dataclass(frozen=True)
@@ -332,4 +340,5 @@ __all__ = [
     "plan",
     "predict",
     "second_gate",
+    "start_gate",
 ]

@@ -18,7 +18,7 @@ from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.format.bundles.bundle import pack
-from dsagent.policy.preparation import first_budget, second_gate
+from dsagent.policy.preparation import first_budget, second_gate, start_gate
 from tests.dsagent.conftest import write_tree
 
 
@@ -69,6 +69,8 @@ def test_the_thresholds_as_pure_rules() -> None:
     assert first_budget(1000, 0.3, 300) == 0 and first_budget(1000, 0.3, 400) == 0
     assert second_gate(1000, 0.9, 500, 0, 400)
     assert not second_gate(1000, 0.9, 500, 100, 400)
+    # the start rule: what runs plus the task's own, other preparations aside
+    assert start_gate(1000, 0.9, 500, 400) and not start_gate(1000, 0.9, 501, 400)
 
 
 def test_phase_1_reads_the_manifest_and_reserves_without_fetching(tmp_path: Path) -> None:
@@ -308,5 +310,59 @@ def test_prepared_data_counts_once_against_the_second_threshold(tmp_path: Path) 
             await service.release_preparation("pod-a")
             await service.sweep()
             assert (await service.preparations.view("pod-b"))["phase"] == 2
+
+    asyncio.run(go())
+
+
+def test_the_start_rule_holds_a_prepared_task_while_the_running_data_plus_its_own_exceed_the_second_threshold(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    current, nxt, other = packed(data, "current", 1), packed(data, "next", 2), packed(data, "other", 3)
+
+    async def go() -> None:
+        async with running(tmp_path) as probe:
+            one = await size_of(probe, current)
+        shutil.rmtree(tmp_path / "cache")
+        async with running(tmp_path, capacity=4 * one) as service:
+            # prepared while nothing runs: the bulk fetch is within 0.4 x 4 copies
+            await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=0.4)
+            await service._taskwork.wait(prepare_task_id("pod-b"), 60)
+            # then a job starts on the node's other GPUs with one copy's worth of data
+            assert (await service.submit_task("pod-a", [current], wait=60)).state == "ready"
+            # the prepared pod arrives: running 1 + its own 1 > 0.4 x 4: held, still checking
+            asked = asyncio.create_task(service.submit_task("pod-b", [nxt], wait=60))
+            for _ in range(200):
+                view = await service.preparations.view("pod-b")
+                if view["waiting"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert view["waiting"].startswith("start rule") and "held until" in view["waiting"]
+            held = await service.get_task("pod-b")
+            assert held.state == "pending" and held.datasets[0].state == "checking"
+            assert not asked.done()
+            await service.release_task("pod-a")  # the running job ended: its data released
+            assert (await asyncio.wait_for(asked, 30)).state == "ready"
+
+    asyncio.run(go())
+
+
+def test_the_start_rule_counts_neither_the_tasks_own_other_data_nor_a_version_both_use_twice(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shared, nxt, own = packed(data, "shared", 1), packed(data, "next", 2), packed(data, "own", 3)
+
+    async def go() -> None:
+        async with running(tmp_path) as probe:
+            one = await size_of(probe, shared)
+        shutil.rmtree(tmp_path / "cache")
+        async with running(tmp_path, capacity=4 * one) as service:
+            await service.prepare("pod-b", [shared, nxt], phase=2, first=1.0, second=0.6)
+            await service._taskwork.wait(prepare_task_id("pod-b"), 60)
+            # a running job uses the shared version: it counts once, as the prepared task's own
+            assert (await service.submit_task("pod-a", [shared], wait=60)).state == "ready"
+            # the prepared pod also asks a dataset it was not prepared for: its own, not running
+            record = await service.submit_task("pod-b", [shared, nxt, own], wait=60)
+            assert record.state == "ready"
+            assert (await service.preparations.start_hold("pod-b")) is None or service.preparations.get("pod-b") is None
 
     asyncio.run(go())

@@ -50,6 +50,13 @@ def test_the_catalog_keeps_tasks_bindings_and_leases(tmp_path: Path) -> None:
     assert catalog.expired_tasks(100.0) == ["t"]
     catalog.renew_task("t", 200.0)
     assert catalog.in_use(150.0) == {("ds", DIGEST)}
+    # other than some tasks: what the others hold (the start rule's running data)
+    assert catalog.in_use(150.0, except_tasks=("t",)) == set()
+    catalog.create_task("u", [{"name": "ds", "source": "s3://b/ds", "bundles": None}], now=1.0, lease_until=300.0)
+    catalog.bind("u", "ds", DIGEST)
+    assert catalog.in_use(150.0, except_tasks=("t",)) == {("ds", DIGEST)}
+    assert catalog.in_use(150.0, except_tasks=("t", "u")) == set()
+    catalog.delete_task("u")
     catalog.close()
     reopened = Catalog(tmp_path / "c.db")
     assert reopened.task("t") is not None and reopened.task("t").digests == {"ds": DIGEST}  # type: ignore[union-attr]
