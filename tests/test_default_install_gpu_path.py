@@ -7,7 +7,8 @@ Each agent discovers its node through ``nvidia-smi`` (a script printing the node
 ``topo -m``), decides, and says so on its Node in the fake API server. On the DGX nodes
 NVIDIA's plugin is still serving when the agent decides (a live ``nvidia-gpu.sock``): the
 agent's plugin registers with the fake kubelet only once it has gone, then serves the class
-resources and ``nvidia.com/gpu``. The webhook (over HTTP, AdmissionReview v1) leaves a
+resources and ``nvidia.com/gpu``, after creating the VFs of a NIC whose SR-IOV is on but
+which has none yet. The webhook (over HTTP, AdmissionReview v1) leaves a
 single GPU pod alone and gives a two-worker job one class set of the served nodes; the
 kubelet's Allocate of that set gives each worker GPUs of the set and one VF.
 """
@@ -53,6 +54,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 DGX = "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt"
 NO_NIC = "ml-engineering-8xH100-no-nic-spaces-nvidia-smi-topo-m.txt"
 NODES = {"dgx-1": DGX, "dgx-2": DGX, "h100-1": NO_NIC}
+NUMVFS = "sys/class/infiniband/mlx5_4/device/sriov_numvfs"
 
 
 def uuid(node: str, index: int) -> str:
@@ -132,6 +134,8 @@ def test_a_default_install_serves_classes_where_the_hardware_carries_them(
                 (node_dir / "dp").mkdir()
                 fake_nvidia_smi(node_dir / "bin", name, fixture)
                 build_dgx_a100_vfs(tmp_path / name / "host")
+                # SR-IOV on but no VF yet on one NIC: VF creation (auto) makes claim 3's count
+                (tmp_path / name / "host" / NUMVFS).write_text("0\n")
                 nvidia = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # NVIDIA's plugin, still serving
                 nvidia.bind(str(node_dir / "dp" / "nvidia-gpu.sock"))
                 nvidia.listen(4)
@@ -172,6 +176,9 @@ def test_a_default_install_serves_classes_where_the_hardware_carries_them(
 
         def check_and_admit() -> None:
             assert decided == {"dgx-1": True, "dgx-2": True, "h100-1": False}
+            assert agent_env["DSAGENT_VF_SETUP"] == "auto"
+            for name, on in decided.items():  # made where the plugin serves, nowhere else
+                assert (tmp_path / name / "host" / NUMVFS).read_text().strip() == ("2" if on else "0")
             for name, on in decided.items():
                 labels = apiserver.get("nodes", name)["metadata"]["labels"]  # type: ignore[index]
                 assert labels[agent_env["DSAGENT_DEVICE_PLUGIN_NODE_LABEL"]] == ("true" if on else "false")

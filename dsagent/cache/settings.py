@@ -236,7 +236,7 @@ class Settings(StorageSettings, AgentLogSettings):
     # the node's side of the VFs (docs/design.md#roce-allocation), both off by default:
     # sriov_numvfs of each SR-IOV RoCE NIC = its affine GPUs, and the VF netdevs' addresses
     # from a JSON file on the node ({"<vf netdev>": "a.b.c.d/len"}, the netlink extra)
-    vf_setup: Flag = False
+    vf_setup: Switch = "off"  # on; auto: only NICs with SR-IOV and no VF yet (vfsetup.auto_counts)
     vf_addresses: Path | None = None
     # peer-to-peer bundles (docs/design.md#peers)
     peer_token: str | None = Field(None, repr=False)  # agents serve and fetch bundles only with it

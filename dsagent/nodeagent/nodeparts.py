@@ -284,7 +284,7 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         if topology is None:
             topology = await asyncio.to_thread(partial(discover, options=settings.discovery_options))
         vfs = await asyncio.to_thread(discover_vfs, sysfs_root)
-        if settings.vf_setup or settings.vf_addresses is not None:
+        if settings.vf_setup != "off" or settings.vf_addresses is not None:
             from dsagent.nodeplugins.deviceplugin.vfsetup import set_up_vfs
 
             setup = partial(set_up_vfs, topology, vfs, sysfs_root, settings.vf_setup, settings.vf_addresses)

@@ -27,8 +27,9 @@ The switching design's steps, mapped to datasets on a node:
    plus its missing bytes at ``fetch_bytes_per_s``). And the bytes that cannot be evicted
    afterwards (in use, plus prepared data fetched or fetching) within ``fill_fraction`` of
    the cache (the second threshold, :func:`second_gate`, which the agent checks again on its
-   own figures, and again when the task starts: :func:`start_gate`); not while a job bound to that node still waits for its own data. A
-   preparation already fetching keeps its place first (no flapping), counted first. The
+   own figures, and again when the task starts: :func:`start_gate`); not while a job bound
+   to that node still waits for its own data. A preparation already fetching keeps its
+   place first (no flapping), counted first. The
    first threshold counts the preparations in phase 1 only (:func:`first_budget`), in the
    agent and here alike.
 4. **Cleanup**: the plan lists only what should be prepared now; the caller drops the rest.

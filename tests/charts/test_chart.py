@@ -994,7 +994,8 @@ def test_topology_discovery_gets_the_hosts_sys_and_optionally_its_network(
     assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
     container = agent_container(rendered["default"])
     mount = next(m for m in container["volumeMounts"] if m["name"] == "host-sys")
-    assert mount == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    # writable: VF creation (agent.devicePlugin.vfSetup: auto) writes sriov_numvfs
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": False}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DSAGENT_SYSFS_ROOT"] == "/host"
     assert settings.Settings.from_env(

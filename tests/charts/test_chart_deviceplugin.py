@@ -81,7 +81,7 @@ def test_on_it_mounts_the_kubelet_dirs_and_host_sysfs_and_configures_the_agent(
         ("pod-resources", "/var/lib/kubelet/pod-resources"),
     ):
         assert volumes[name] == path and mounts[name]["mountPath"] == path  # directories: kubelet restarts
-    assert volumes["host-sys"] == "/sys" and mounts["host-sys"]["readOnly"]
+    assert volumes["host-sys"] == "/sys" and not mounts["host-sys"]["readOnly"]  # VF creation (auto)
     assert mounts["host-sys"]["mountPath"] == env["DSAGENT_SYSFS_ROOT"] + "/sys"
     assert container["securityContext"]["runAsUser"] == 0  # the kubelet's sockets are root's
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -157,9 +157,15 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
         env = {e["name"]: e.get("value") for e in container["env"]}
         return pod, mounts, container["securityContext"]["capabilities"].get("add", []), env
 
-    pod, mounts, added, env = parts(render(_vf_values()))
+    pod, mounts, added, env = parts(render(_vf_values(vfSetup=False)))
     assert mounts["host-sys"]["readOnly"] is True and "vf-addresses" not in mounts and added == []
     assert not {"DSAGENT_VF_SETUP", "DSAGENT_VF_ADDRESSES"} & set(env)
+
+    # the default, auto: VFs only where SR-IOV is on and none exist yet; the same rights as true
+    docs = render(_vf_values())
+    pod, mounts, added, env = parts(docs)
+    assert mounts["host-sys"]["readOnly"] is False and added == [] and env["DSAGENT_VF_SETUP"] == "auto"
+    assert agent_settings.Settings.from_env({"DSAGENT_VF_SETUP": env["DSAGENT_VF_SETUP"]}).vf_setup == "auto"
 
     docs = render(_vf_values(vfSetup=True))
     pod, mounts, added, env = parts(docs)
@@ -167,7 +173,7 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
     assert env["DSAGENT_VF_SETUP"] == "true" and "DSAGENT_VF_ADDRESSES" not in env
     kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
 
-    docs = render(_vf_values(vfAddresses="/etc/dsagent/vf-addresses.json"))
+    docs = render(_vf_values(vfSetup=False, vfAddresses="/etc/dsagent/vf-addresses.json"))
     pod, mounts, added, env = parts(docs)
     assert added == ["NET_ADMIN"] and pod["hostNetwork"] is True and mounts["host-sys"]["readOnly"] is True
     assert mounts["vf-addresses"] == {
@@ -179,13 +185,16 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
     assert volume["hostPath"] == {"path": "/etc/dsagent/vf-addresses.json", "type": "File"}
     assert env["DSAGENT_VF_ADDRESSES"] == mounts["vf-addresses"]["mountPath"]
     settings = agent_settings.Settings.from_env({k: v for k, v in env.items() if k.startswith("DSAGENT_VF")})
-    assert settings.vf_addresses is not None and not settings.vf_setup
+    assert settings.vf_addresses is not None and settings.vf_setup == "off"
     kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
 
     with pytest.raises(Exception, match="hostNetwork"):
         render({**_vf_values(vfAddresses="/etc/vf.json"), "topologyDiscovery": {"hostNetwork": False}})
     with pytest.raises(Exception, match="devicePlugin.enabled"):
         render({"agent": {"devicePlugin": {"enabled": False, "nodeLabel": "x", "vfSetup": True}}})
+    # the device plugin off leaves the default auto with nothing to do: no VF set-up, no refusal
+    off = parts(render({"csi": {"enabled": False}, "agent": {"devicePlugin": {"enabled": False}}}))
+    assert "DSAGENT_VF_SETUP" not in off[3] and off[1]["host-sys"]["readOnly"] is True  # discovery reads it
 
 
 def test_the_default_install_runs_the_class_path_where_the_hardware_carries_it() -> None:

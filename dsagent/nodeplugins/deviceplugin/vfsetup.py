@@ -1,13 +1,14 @@
 """The node's side of the VFs: how many each RoCE NIC gets, and a VF's address.
 
 Who calls it: ``dsagent serve`` before it starts the device plugin (:func:`set_up_vfs`),
-when ``DSAGENT_VF_SETUP`` is on or ``DSAGENT_VF_ADDRESSES`` names a file
+when ``DSAGENT_VF_SETUP`` is on or auto or ``DSAGENT_VF_ADDRESSES`` names a file
 (docs/design.md#roce-allocation), and the tests. What it owns:
 
 * :func:`vf_counts`, pure: the RoCE design's claim 3, each physical NIC split into as many
   VFs as there are GPUs affine to it (a GPU is affine to its nearest NICs,
   :func:`gpu_topology.nearest_nics`); :func:`create_vfs` writes those counts through
   :func:`gpu_topology.discovery.sriov.set_numvfs`, leaving a NIC already at its count alone;
+  :func:`auto_counts`, what ``auto`` creates: only on NICs with SR-IOV and no VF yet;
 * :func:`set_address`: the VF netdev's IPv4 address and link state over netlink
   (``pyroute2``, the ``netlink`` extra), idempotent: the address given is the only IPv4
   address left on the link, and the link is up. The address itself comes from the operator
@@ -123,20 +124,42 @@ def read_addresses(path: Path, vf_netdevs: Iterable[str]) -> dict[str, str]:
     return dict(data)
 
 
+def auto_counts(topology: Topology, pfs: Mapping[str, PhysicalFunction]) -> dict[str, int]:
+    """What ``auto`` creates: claim 3's count on each GPU-affine NIC whose SR-IOV is on in its
+    firmware (``sriov_totalvfs`` > 0) and which has no VF yet, at most what it offers. A NIC
+    with VFs already is left as it is: someone else (the SR-IOV network operator, an
+    operator) made them, and a new count would destroy the VFs running containers hold."""
+    return {
+        nic: min(count, pfs[nic].totalvfs or 0)
+        for nic, count in vf_counts(topology, pfs).items()
+        if count > 0 and pfs[nic].numvfs == 0 and (pfs[nic].totalvfs or 0) > 0
+    }
+
+
 def set_up_vfs(
     topology: Topology,
     pfs: Mapping[str, PhysicalFunction],
     root: str | os.PathLike[str],
-    create: bool,
+    create: str,
     addresses: Path | None,
 ) -> dict[str, PhysicalFunction]:
-    """The agent's start-up step: VFs created (``create``), the address file checked (every
-    name a VF netdev of this node); the VFs read again. The addresses themselves are set when
-    a container is given its VF (:class:`AddressAtAllocation`), as the design sets a VF's
+    """The agent's start-up step: VFs created (``create``: ``on``, claim 3's count on every
+    affine NIC, a refusal stops the start; ``auto``, :func:`auto_counts`, a refusal is
+    logged and the NIC goes without VFs; ``off``), the address file checked (every name a VF
+    netdev of this node); the VFs read again. The addresses themselves are set when a
+    container is given its VF (:class:`AddressAtAllocation`), as the design sets a VF's
     address when the training container starts."""
-    if create:
-        counts = {nic: n for nic, n in vf_counts(topology, pfs).items() if n > 0}
-        written = create_vfs(root, counts)
+    if create in ("on", "auto"):
+        if create == "on":
+            counts = {nic: n for nic, n in vf_counts(topology, pfs).items() if n > 0}
+            written = create_vfs(root, counts)
+        else:
+            counts, written = auto_counts(topology, pfs), []
+            for nic, count in counts.items():
+                try:
+                    written += create_vfs(root, {nic: count})
+                except VfSetupFailed as exc:
+                    log.warning("VFs on %s not created (its containers get GPUs only): %s", nic, exc)
         if written:
             log.info("enabled VFs: %s", ", ".join(f"{nic}={counts[nic]}" for nic in written))
             pfs = discover_vfs(root)
@@ -179,5 +202,6 @@ class AddressAtAllocation:
 
 
 __all__ = [
-    "AddressAtAllocation", "VfSetupFailed", "create_vfs", "read_addresses", "set_address", "set_up_vfs", "vf_counts",
+    "AddressAtAllocation", "VfSetupFailed", "auto_counts", "create_vfs", "read_addresses", "set_address",
+    "set_up_vfs", "vf_counts",
 ]  # fmt: skip

@@ -318,7 +318,7 @@ def test_the_start_rule_holds_a_prepared_task_while_the_running_data_plus_its_ow
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
-    current, nxt, other = packed(data, "current", 1), packed(data, "next", 2), packed(data, "other", 3)
+    current, nxt = packed(data, "current", 1), packed(data, "next", 2)
 
     async def go() -> None:
         async with running(tmp_path) as probe:

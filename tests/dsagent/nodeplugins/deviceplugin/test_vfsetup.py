@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from dsagent.errors import InvalidInput
-from dsagent.nodeplugins.deviceplugin.vfsetup import VfSetupFailed, create_vfs, set_address, vf_counts
+from dsagent.nodeplugins.deviceplugin.vfsetup import (
+    VfSetupFailed,
+    auto_counts,
+    create_vfs,
+    set_address,
+    set_up_vfs,
+    vf_counts,
+)
 from gpu_topology import Topology
 from gpu_topology.discovery.sriov import discover_vfs
 from gpu_topology.dumps import load_dump
@@ -53,6 +60,31 @@ def test_create_vfs_writes_sriov_numvfs_and_leaves_a_nic_at_its_count_alone(tmp_
         create_vfs(tmp_path, {"mlx5_9": 1})
     with pytest.raises(VfSetupFailed, match="no SR-IOV"):  # a VF is not a PF
         create_vfs(tmp_path, {"mlx5_10": 1})
+
+
+def test_auto_creates_vfs_only_on_nics_with_sr_iov_and_none_yet(tmp_path: Path, dgx_a100: Topology) -> None:
+    from tests.sysfs_vf import build_dgx_a100_vfs
+
+    build_dgx_a100_vfs(tmp_path)  # mlx5_0..7, two VFs each, sriov_totalvfs 8
+    device = tmp_path / "sys/class/infiniband"
+    (device / "mlx5_4/device/sriov_numvfs").write_text("0\n")  # SR-IOV on, no VF yet: auto makes them
+    (device / "mlx5_5/device/sriov_numvfs").write_text("0\n")
+    (device / "mlx5_5/device/sriov_totalvfs").write_text("1\n")  # offers one: at most that
+    (device / "mlx5_6/device/sriov_numvfs").write_text("0\n")
+    (device / "mlx5_6/device/sriov_totalvfs").write_text("0\n")  # SR-IOV off in firmware: left alone
+    pfs = discover_vfs(tmp_path)
+    assert auto_counts(dgx_a100, pfs) == {"mlx5_4": 2, "mlx5_5": 1}  # the others have VFs already
+    after = set_up_vfs(dgx_a100, pfs, tmp_path, "auto", None)
+    assert (after["mlx5_4"].numvfs, after["mlx5_5"].numvfs, after["mlx5_6"].numvfs) == (2, 1, 0)
+    assert after["mlx5_0"].numvfs == 2  # an operator's VFs untouched
+    # a refusal under auto (the NIC offers fewer than asked by the time it is written):
+    # logged, the NIC goes without VFs, the start goes on; under on it stops the start
+    (device / "mlx5_6/device/sriov_totalvfs").write_text("8\n")
+    seen = discover_vfs(tmp_path)
+    (device / "mlx5_6/device/sriov_totalvfs").write_text("1\n")
+    assert set_up_vfs(dgx_a100, seen, tmp_path, "auto", None)["mlx5_6"].numvfs == 0
+    with pytest.raises(VfSetupFailed, match="0..1"):
+        set_up_vfs(dgx_a100, seen, tmp_path, "on", None)
 
 
 @pytest.fixture

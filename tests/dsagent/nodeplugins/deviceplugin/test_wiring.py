@@ -146,7 +146,7 @@ def test_serve_creates_the_vfs_and_checks_the_address_file(short_dir: Path, tmp_
             "DSAGENT_VF_SETUP": "on",
         }
     )
-    assert Settings().vf_setup is False and Settings().vf_addresses is None
+    assert Settings().vf_setup == "off" and Settings().vf_addresses is None
 
     async def scenario() -> None:
         kubelet = FakeKubelet(short_dir / "dp")
@@ -155,7 +155,7 @@ def test_serve_creates_the_vfs_and_checks_the_address_file(short_dir: Path, tmp_
         try:
             assert numvfs.read_text().strip() == "2"  # GPUs 4 and 5 are affine to mlx5_4
             with pytest.raises(InvalidInput, match="eth0 are not VF netdevs"):
-                refused = settings.model_copy(update={"vf_setup": False, "vf_addresses": addresses})
+                refused = settings.model_copy(update={"vf_setup": "off", "vf_addresses": addresses})
                 await start_device_plugin(refused, topology=dgx_a100, sysfs_root=tmp_path / "sys-root")
         finally:
             await plugin.stop()
