@@ -19,7 +19,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -231,6 +231,10 @@ class Settings(StorageSettings, AgentLogSettings):
     # how long the device plugin waits for NVIDIA's to leave a node it takes over (the label
     # nvidia.com/gpu.deploy.device-plugin=false) before it gives up and stays off there
     device_plugin_handover: Duration = 120.0
+    # what the device plugin advertises: gpus (by UUID; the container's one VF chosen at
+    # Allocate) or pairs (the design's GPU/VF pairs, <uuid>_<VF PCI address>; the one VF is
+    # its first pair's; docs/design.md#roce-allocation)
+    device_plugin_devices: Literal["gpus", "pairs"] = "gpus"
     host_root: Path | None = None  # the cache root as the host (the kubelet) sees it; None: same as root
     sysfs_root: Path = Path("/")  # where the host's /sys and /dev/infiniband are seen (the chart: /host)
     # the node's side of the VFs (docs/design.md#roce-allocation), both off by default:

@@ -295,7 +295,12 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         ) from exc
     try:
         node = NodeDevices(
-            topology, vfs, settings.resource_prefix, settings.roce_classes, plain=settings.device_plugin_gpu_resource
+            topology,
+            vfs,
+            settings.resource_prefix,
+            settings.roce_classes,
+            plain=settings.device_plugin_gpu_resource,
+            pairs=settings.device_plugin_devices == "pairs",
         )
     except TopologyError as exc:  # subnet mode and a GPU-affine NIC without an address
         raise SettingsError(

@@ -51,6 +51,15 @@ def test_auto_the_agent_decides_per_node_as_root_without_capabilities(
     )
     assert (settings.device_plugin, settings.device_plugin_gpu_resource) == ("auto", "nvidia.com/gpu")
     assert settings.device_plugin_handover == 120.0
+    assert env["DSAGENT_DEVICE_PLUGIN_DEVICES"] == "gpus" and settings.device_plugin_devices == "gpus"
+    paired = render({"csi": {"enabled": False}, "agent": {"devicePlugin": {"enabled": "auto", "devices": "pairs"}}})
+    paired_env = {e["name"]: e.get("value") for e in agent_pod(paired)["containers"][0]["env"]}
+    assert (
+        agent_settings.Settings.from_env(
+            {"DSAGENT_DEVICE_PLUGIN_DEVICES": paired_env["DSAGENT_DEVICE_PLUGIN_DEVICES"]}
+        ).device_plugin_devices
+        == "pairs"
+    )
     mounts = {m["name"] for m in container["volumeMounts"]}
     assert {"device-plugins", "pod-resources"} <= mounts
     security = container["securityContext"]

@@ -101,13 +101,52 @@ def node_classes(
     return tuple(ResourceClass(resource=c.name, gpus=tuple(c.gpus), nics=tuple(c.nics)) for c in classes)
 
 
+#: between a GPU's UUID and its VF's PCI address in a GPU/VF pair's device ID (no UUID has one)
+PAIR_SEPARATOR = "_"
+
+
+def gpu_of(device_id: str) -> str:
+    """The GPU UUID a device ID names: the ID itself, or a GPU/VF pair's first part."""
+    return device_id.split(PAIR_SEPARATOR, 1)[0]
+
+
 @dataclass(frozen=True)
 class Device:
-    """One advertised device: a GPU by UUID."""
+    """One advertised device: a GPU by UUID, or (``pairs``) a GPU and its VF, ``<uuid>_<VF PCI address>``."""
 
     id: str
     index: int
     numa_node: int | None
+    uuid: str = ""  # the GPU's UUID ("": the same as ``id``)
+    vf: str | None = None  # a pair's VF, by PCI address
+
+    @property
+    def gpu(self) -> str:
+        return self.uuid or self.id
+
+
+def gpu_vf_pairs(
+    classes: Iterable[ResourceClass], near: Mapping[int, tuple[str, ...]], vfs: Mapping[str, PhysicalFunction]
+) -> dict[int, VirtualFunction]:
+    """The embodiment's GPU/VF pairs: each GPU with a VF of its own, of one of its class's NICs,
+    a NIC near it first (the one with the fewest pairs yet, then NIC order); a GPU whose
+    class's NICs have no free VF left is not paired. Claim 3 gives each NIC as many VFs as
+    GPUs are affine to it, so every GPU is paired where the VFs were made that way."""
+    pairs: dict[int, VirtualFunction] = {}
+    taken: set[str] = set()
+    load: dict[str, int] = {}
+    for cls in classes:
+        for gpu in sorted(cls.gpus):
+            nics = [n for n in cls.nics if n in vfs]
+            nics.sort(key=lambda n: (n not in near.get(gpu, ()), load.get(n, 0), cls.nics.index(n)))
+            for nic in nics:
+                vf = next((v for v in vfs[nic].vfs if v.usable and v.pci_bus_id not in taken), None)
+                if vf is not None:
+                    pairs[gpu] = vf
+                    taken.add(vf.pci_bus_id)
+                    load[nic] = load.get(nic, 0) + 1
+                    break
+    return pairs
 
 
 class NodeDevices:
@@ -120,6 +159,7 @@ class NodeDevices:
         prefix: str = DEFAULT_PREFIX,
         mode: ClassMode | str = ClassMode.NUMA,
         plain: str = "",
+        pairs: bool = False,
     ) -> None:
         if plain and (not is_resource_name(plain) or plain.startswith(f"{prefix}/")):
             raise InvalidInput(
@@ -139,9 +179,21 @@ class NodeDevices:
         self.prefix = validate_prefix(prefix)
         self.classes = node_classes(topology, prefix, mode)
         self.whole_node = f"{prefix}/{WHOLE_NODE_RESOURCE}"
-        self.devices = {g.uuid: Device(id=str(g.uuid), index=g.index, numa_node=g.numa_node) for g in topology.gpus}
-        self.by_index = {d.index: d for d in self.devices.values()}
         self.vfs = dict(vfs)
+        self._near = {g.index: nearest_nics(topology, g.index) for g in topology.gpus}
+        paired = gpu_vf_pairs(self.classes, self._near, self.vfs) if pairs else {}
+        self.devices = {}
+        for g in topology.gpus:
+            vf = paired.get(g.index)
+            device_id = f"{g.uuid}{PAIR_SEPARATOR}{vf.pci_bus_id}" if vf is not None else str(g.uuid)
+            pci = vf.pci_bus_id if vf is not None else None
+            device = Device(id=device_id, index=g.index, numa_node=g.numa_node, uuid=str(g.uuid), vf=pci)
+            self.devices[device.id] = device
+        too_long = [d.id for d in self.devices.values() if len(d.id) > MAX_DEVICE_ID]
+        if too_long:
+            raise InvalidInput(f"GPU/VF pair IDs longer than {MAX_DEVICE_ID} characters: {too_long}")
+        self.by_index = {d.index: d for d in self.devices.values()}
+        self.by_uuid = {d.gpu: d for d in self.devices.values()}
         self._resources: dict[str, tuple[int, ...]] = {c.resource: c.gpus for c in self.classes}
         by_name = {c.resource: c for c in self.classes}
         #: class-set resource -> its classes (docs/design.md#class-sets)
@@ -157,7 +209,6 @@ class NodeDevices:
         self.plain = plain
         if plain:
             self._resources[plain] = topology.gpu_indices
-        self._near = {g.index: nearest_nics(topology, g.index) for g in topology.gpus}
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -246,8 +297,8 @@ class Ledger:
         devices = self.node.resolve(resource, gpus, "Allocate")
         if not devices:
             raise InvalidInput("Allocate: a container request names no device")
-        uuids = tuple(sorted(d.id for d in devices))
-        alloc_id = Allocation.make_id(resource, uuids)
+        uuids = tuple(sorted(d.gpu for d in devices))
+        alloc_id = Allocation.make_id(resource, (d.id for d in devices))  # as pod-resources lists them
         if alloc_id in self.allocations:
             return self.allocations[alloc_id]
         held = {g: a for a in self.allocations.values() for g in a.gpus}
@@ -258,7 +309,7 @@ class Ledger:
                 hint="the kubelet offered a device this plugin reported Unhealthy",
             )
         taken = {vf for a in self.allocations.values() for vf in a.vfs}
-        vf = self._choose_vf(devices, taken)
+        vf = self._paired_vf(devices, taken) or self._choose_vf(devices, taken)
         chosen = (vf.pci_bus_id,) if vf is not None else ()
         allocation = Allocation(id=alloc_id, resource=resource, gpus=uuids, vfs=chosen, created=now)
         self.allocations[alloc_id] = allocation
@@ -282,6 +333,16 @@ class Ledger:
         """The classes the devices belong to, in class (rail) order."""
         indices = {d.index for d in devices}
         return [c for c in self.node.classes if indices.intersection(c.gpus)]
+
+    def _paired_vf(self, devices: list[Device], taken: set[str]) -> VirtualFunction | None:
+        """GPU/VF pairs: the VF of the first pair in rail order (class order, then GPU), one VF
+        per container as with GPUs alone; None without pairs."""
+        rank = {i: r for r, c in enumerate(self.node.classes) for i in c.gpus}
+        for device in sorted(devices, key=lambda d: (rank.get(d.index, len(rank)), d.index)):
+            vf = self.vf(device.vf) if device.vf is not None else None
+            if vf is not None and vf.usable and vf.pci_bus_id not in taken:
+                return vf
+        return None
 
     def _choose_vf(self, devices: list[Device], taken: set[str]) -> VirtualFunction | None:
         """The container's one VF (docs/design.md#roce-allocation); None without SR-IOV.
@@ -335,7 +396,7 @@ class Ledger:
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidInput(f"malformed allocation record: {exc}") from exc
-            if all(g in self.node.devices for g in allocation.gpus) and all(self.vf(v) for v in allocation.vfs):
+            if all(g in self.node.by_uuid for g in allocation.gpus) and all(self.vf(v) for v in allocation.vfs):
                 self.allocations[allocation.id] = allocation
 
 
@@ -371,10 +432,13 @@ __all__ = [
     "Allocation",
     "Device",
     "DeviceInUse",
+    "PAIR_SEPARATOR",
     "Ledger",
     "NoFreeVf",
     "NodeDevices",
     "ResourceClass",
+    "gpu_of",
+    "gpu_vf_pairs",
     "nccl_conf",
     "nccl_settings",
     "node_classes",

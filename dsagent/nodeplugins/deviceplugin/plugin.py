@@ -221,7 +221,8 @@ class DevicePlugin:
             topology = None
             if device.numa_node is not None:
                 topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa_node)])
-            found.append(pb.Device(ID=device.id, health=UNHEALTHY if device.id in held else HEALTHY, topology=topology))
+            health = UNHEALTHY if device.gpu in held else HEALTHY
+            found.append(pb.Device(ID=device.id, health=health, topology=topology))
         return found
 
     async def watch(self, resource: str) -> AsyncIterator[pb.ListAndWatchResponse]:
@@ -241,7 +242,7 @@ class DevicePlugin:
         if size < 1 or size > len(self.node.resource_devices(resource)):
             raise InvalidInput(f"allocation_size {size} is not between 1 and the resource's device count")
         held = self.ledger.held_elsewhere(resource)
-        free = [d.index for d in available if d.id not in held]
+        free = [d.index for d in available if d.gpu not in held]
         classes = self.node.sets.get(resource)
         if classes is not None and not must:
             # a class-set resource: the worker's rail-aligned share of every class of the set

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from dsagent.errors import TransientError
+from dsagent.nodeplugins.deviceplugin.allocation import gpu_of
 from dsagent.nodeplugins.proto import podresources_v1_pb2 as pb
 from dsagent.nodeplugins.proto import podresources_v1_pb2_grpc as pb_grpc
 from gpu_topology import Topology
@@ -129,13 +130,13 @@ def free_gpu_indices(
     for devices in used:
         gpu_resource = devices.resource.startswith(prefixes)
         for device_id in devices.device_ids:
-            if device_id in by_uuid:
-                taken.add(by_uuid[device_id])
+            if gpu_of(device_id) in by_uuid:  # a GPU, or a GPU/VF pair of the agent's plugin
+                taken.add(by_uuid[gpu_of(device_id)])
             elif gpu_resource:
                 return None  # a GPU (or MIG slice) we cannot place: do not guess
     offered = set(by_uuid.values())
     if allocatable is not None:
-        offered = {by_uuid[i] for ids in allocatable.values() for i in ids if i in by_uuid}
+        offered = {by_uuid[gpu_of(i)] for ids in allocatable.values() for i in ids if gpu_of(i) in by_uuid}
     return sorted(offered - taken)
 
 

@@ -35,14 +35,16 @@ def run(coro: Any) -> Any:
 class Node:
     """A fake kubelet, a fake pod-resources server and the plugin, started together."""
 
-    def __init__(self, base: Path, topology: Topology, vfs: Any, state: Path | None = None, plain: str = "") -> None:
+    def __init__(
+        self, base: Path, topology: Topology, vfs: Any, state: Path | None = None, plain: str = "", pairs: bool = False
+    ) -> None:
         (base / "dp").mkdir(parents=True)
         self.kubelet = FakeKubelet(base / "dp")
         self.pods = FakePodResources(base / "pr.sock")
         self.client = PodResourcesClient(base / "pr.sock")
         self.now = 1000.0
         self.plugin = DevicePlugin(
-            NodeDevices(topology, vfs, plain=plain),
+            NodeDevices(topology, vfs, plain=plain, pairs=pairs),
             state_dir=state or base / "state",
             plugin_dir=base / "dp",
             listed=self.client.listed,

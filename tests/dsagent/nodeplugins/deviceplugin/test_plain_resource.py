@@ -81,3 +81,43 @@ def test_one_class_is_best_fit_then_rail_order(dgx_a100: Topology) -> None:
     assert node.one_class([0, 1, 3, 4, 5], 2, must=[5]) == (4, 5)
     assert node.one_class([0, 2, 4, 6], 2) is None
     assert node.one_class(range(8), 1, must=[0, 7]) is None
+
+
+def test_gpu_vf_pairs_one_vf_per_gpu_near_it_and_the_container_gets_its_first_pairs(
+    short_dir: Path, dgx_a100: Topology, dgx_vfs: Any
+) -> None:
+    from dsagent.nodeplugins.deviceplugin.allocation import gpu_of
+    from dsagent.nodeplugins.deviceplugin.podresources import ContainerDevices, free_gpu_indices
+    from gpu_topology import nearest_nics
+
+    node = NodeDevices(dgx_a100, dgx_vfs, pairs=True)
+    pairs = {d.index: d for d in node.devices.values()}
+    vfs = {d.vf for d in pairs.values()}
+    assert len(pairs) == 8 and None not in vfs and len(vfs) == 8  # a VF of its own per GPU
+    by_pci = {vf.pci_bus_id: vf for pf in dgx_vfs.values() for vf in pf.vfs}
+    for index, device in pairs.items():
+        assert device.id == f"{gpu_uuid(index)}_{device.vf}" and gpu_of(device.id) == gpu_uuid(index)
+        assert by_pci[device.vf].pf in nearest_nics(dgx_a100, index)  # near its GPU
+    # GPUs 0 and 1 share both of their NICs: one pair on each (the fewest pairs first)
+    assert {by_pci[pairs[0].vf].pf, by_pci[pairs[1].vf].pf} == {"mlx5_0", "mlx5_1"}
+
+    async def scenario() -> None:
+        async with Node(short_dir, dgx_a100, dgx_vfs, pairs=True) as paired:
+            kubelet = paired.kubelet
+            listed = await kubelet.first_list("dsagent.io/gpu-roce1")
+            assert [d.ID for d in listed] == [pairs[0].id, pairs[1].id]
+            answer = await kubelet.allocate("dsagent.io/gpu-roce1", [pairs[1].id, pairs[0].id])
+            assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_uuid(0)},{gpu_uuid(1)}"
+            # one VF, the first pair's (GPU 0's), as its verbs device node
+            first = by_pci[pairs[0].vf]
+            assert answer.envs["NCCL_IB_HCA"] == f"={first.rdma_device}"
+            assert [d.host_path for d in answer.devices if "uverbs" in d.host_path] == [
+                n for n in first.device_nodes if "uverbs" in n
+            ]
+            # held under the class: Unhealthy under gpu-all, and pod-resources' pair IDs count as used GPUs
+            health = {d.ID: d.health for d in await kubelet.first_list("dsagent.io/gpu-all")}
+            assert health[pairs[0].id] == health[pairs[1].id] == "Unhealthy"
+            used = [ContainerDevices("ns", "w", "c", "dsagent.io/gpu-roce1", (pairs[0].id, pairs[1].id))]
+            assert free_gpu_indices(dgx_a100, used, None) == [2, 3, 4, 5, 6, 7]
+
+    run(scenario())
