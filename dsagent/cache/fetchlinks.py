@@ -108,7 +108,8 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
     the node's GPUs, nearest first: the same PCIe switch, then the same host bridge, then the
     same NUMA node; or every RoCE NIC when no GPU is known) from ``topology`` or, when None,
     the node's own discovered; an address no socket here can leave from is left out, with a
-    warning. Fewer than two: () (one link is the default route). Blocking."""
+    warning (with ``auto`` and none here at all, the agent on a pod network, an info line).
+    Fewer than two: () (one link is the default route). Blocking."""
     links = settings.fetch_links
     if links == ("auto",):
         from gpu_topology import TopologyError, discover, transfer_level, transfer_nics
@@ -126,10 +127,12 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
         log.info("fetch links from the topology, nearest first: %s", ", ".join(described) or "none with an address")
     usable = tuple(a for a in links if _bindable(a))
     if len(usable) < len(links):
-        log.warning(
-            "fetch links: %s not on this node (the agent needs the host's network: hostNetwork)",
-            ", ".join(a for a in links if a not in usable),
-        )
+        missing = ", ".join(a for a in links if a not in usable)
+        if settings.fetch_links == ("auto",) and not usable:
+            # the chart's default on a pod network: nothing is wrong, the NICs are the host's
+            log.info("fetch links: %s are the host's, not in this network namespace: the default route", missing)
+        else:
+            log.warning("fetch links: %s not on this node (the agent needs the host's network: hostNetwork)", missing)
     return usable if len(usable) > 1 else ()
 
 

@@ -319,12 +319,14 @@ def test_the_admin_token_is_readable_by_the_agent_whatever_user_it_runs_as(rende
         assert volume["secret"]["defaultMode"] == (0o400 if root else 0o444), name
 
 
-def test_fetch_links_reach_the_agent_only_when_set_and_with_the_hosts_network() -> None:
+def test_fetch_links_are_auto_by_default_and_addresses_need_the_hosts_network() -> None:
     """agent.fetchLinks (docs/design.md#links): the agent binds to the NICs' addresses, which
-    only the host's network namespace has."""
+    only the host's network namespace has; auto, the default, falls back to the default route
+    where it has not."""
     from kubernetes_validate import utils as kv
 
-    assert "DSAGENT_FETCH_LINKS" not in env_of(render())
+    assert env_of(render())["DSAGENT_FETCH_LINKS"]["value"] == "auto"
+    assert "DSAGENT_FETCH_LINKS" not in env_of(render({"agent": {"fetchLinks": ""}}))
     docs = render({"agent": {"fetchLinks": "auto"}, "topologyDiscovery": {"hostNetwork": True}})
     assert env_of(docs)["DSAGENT_FETCH_LINKS"]["value"] == "auto"
     assert agent_pod(docs)["hostNetwork"] is True
@@ -333,6 +335,6 @@ def test_fetch_links_reach_the_agent_only_when_set_and_with_the_hosts_network() 
     value = env_of(listed)["DSAGENT_FETCH_LINKS"]["value"]
     assert agent_settings.Settings.from_env({"DSAGENT_FETCH_LINKS": value}).fetch_links == ("10.0.0.5", "10.0.1.5")
     with pytest.raises(Exception, match="hostNetwork"):
-        render({"agent": {"fetchLinks": "auto"}})
+        render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}})
     with pytest.raises(Exception, match="fetchLinks"):
         render({"agent": {"fetchLinks": "eth0"}, "topologyDiscovery": {"hostNetwork": True}})

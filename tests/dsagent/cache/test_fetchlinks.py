@@ -11,6 +11,7 @@ and a TCP relay stands between two of them where a link must fail.
 from __future__ import annotations
 
 import http.server
+import logging
 import os
 import re
 import socket
@@ -408,3 +409,18 @@ def test_an_s3_store_read_leaves_from_the_links_address(s3: Any) -> None:
             break
         time.sleep(0.1)
     assert gets == {"127.0.0.2", "127.0.0.3"}
+
+
+def test_auto_on_a_pod_network_is_the_default_route_said_in_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The chart's default without the host's network: the NICs' addresses (TEST-NET-2 here)
+    are in no network namespace of the agent: no link, no warning."""
+    elsewhere = Topology(
+        gpus=(Gpu(0),),
+        nics=tuple(Nic(f"mlx5_{i}", link_layer="Ethernet", addresses=(f"198.51.100.{i + 1}/24",)) for i in range(2)),
+        links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("PXB")}},
+    )
+    with caplog.at_level(logging.INFO, logger="dsagent"):
+        assert resolve_addresses(Settings(fetch_links=("auto",)), elsewhere) == ()
+    said = [r for r in caplog.records if "198.51.100.2" in r.getMessage() and "default route" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
