@@ -1,6 +1,7 @@
 """The simulator's groups as the controller forms them: a job's nodes join the group of the
 version it reads (``dsagent.policy.stripegroup.choose_group``), and the job's nodes that copy
-a version whole fill it together, each reading its own part from the store."""
+a version whole fill it together, each reading its own part from the store, or from a node
+holding the version ready, as the agents' swarm does."""
 
 from __future__ import annotations
 
@@ -92,3 +93,31 @@ def test_the_nodes_of_a_job_copy_a_fitting_version_together() -> None:
     assert sim.peer_bytes == pytest.approx(4 * (TB // 4) * 3 / 4, rel=1e-6)  # each node: the three others' parts
     holders = [n for n in sim.nodes if ("small", 0) in n.cache]
     assert len(holders) == 4 and all(n.cache[("small", 0)].ready for n in holders)
+
+
+def test_the_nodes_of_a_job_copy_a_version_another_node_holds_together_as_the_agents_swarm() -> None:
+    # a one-node job holds a whole copy on its node (and its GPUs); a four-node job on the
+    # four others then copies it as the agents' swarm does: each its own quarter from the node
+    # holding it, the rest from one another, so that node uploads the version once, not four times
+    data = [Dataset("small", TB // 4, (0.0,))]
+    jobs = [_job(0, 0.0, 1, "small"), _job(1, 1000.0, 4, "small")]  # job 0 runs until 2,000 s
+    sim = Simulation("ours+stripe+early", jobs, data, _params(5), seed=3)
+    uploads: dict[int, float] = {}
+    created = sim._new_fetch
+
+    def counted(node, key, size, **kw):  # type: ignore[no-untyped-def]
+        fetch = created(node, key, size, **kw)
+        if kw.get("source") == "peer" and sim.now >= 1000.0:
+            for s in kw.get("sources", ()):
+                uploads[s] = uploads.get(s, 0.0) + size / len(kw["sources"])
+        return fetch
+
+    sim._new_fetch = counted  # type: ignore[method-assign]
+    sim.run()
+    first = next(w.node.index for w in sim.outcomes[0].workers)
+    assert first not in {w.node.index for w in sim.outcomes[1].workers}
+    assert sim.storage_bytes == pytest.approx(TB // 4, rel=1e-6)  # the store once, for the first copy
+    assert uploads[first] == pytest.approx(TB // 4, rel=1e-6)  # the seed: the version once
+    assert sim.peer_bytes == pytest.approx(4 * (TB // 4), rel=1e-6)
+    holders = [n for n in sim.nodes if ("small", 0) in n.cache]
+    assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)

@@ -254,16 +254,21 @@ class Reads(StripeReads):
                 size = math.ceil(size * demand)  # from the store or the job's other nodes: as read
                 entry.part = demand
                 size, parted = self._from_parts(node, key, size, waiter), True
-        alone = not self.copies_elsewhere(node, key) and not any(
-            k == key and i not in team for (i, k) in self.inflight
-        )  # nothing of it elsewhere: neither a copy nor a fetch under way outside the team
+        seeds = tuple(sorted(self.ready_copies.get(key, set()) - {node.index})) if self.params.peers else ()
+        alone = not any(k == key and i not in team for (i, k) in self.inflight)  # no fetch of it outside the team
         if self.params.peers and len(team) > 1 and alone and self._group_bytes(key, node)[0] <= 1.0:
-            # copied whole together with the job's other nodes: this node's part from the
-            # store, the others' parts from them, no faster than their parts arrive
+            # copied whole together with the job's other nodes (the agents' swarm): this
+            # node's part from the nodes holding it ready, else the store; the others' parts
+            # from those nodes, no faster than their parts arrive
             own = math.ceil(size / len(team))
-            # its own part: other nodes' partial copies first (unless asked above), then the store
-            stored = own if parted else self._from_parts(node, key, own, None)
-            after = self._new_fetch(node, key, stored, cached=cached, waiter=None, unpack=True, part=True)
+            if seeds:
+                after = self._new_fetch(
+                    node, key, own, cached=cached, waiter=None, source="peer", sources=seeds, unpack=True, part=True
+                )
+            else:
+                # its own part: other nodes' partial copies first (unless asked above), then the store
+                stored = own if parted else self._from_parts(node, key, own, None)
+                after = self._new_fetch(node, key, stored, cached=cached, waiter=None, unpack=True, part=True)
             source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
         elif self.params.peers and self.copies_elsewhere(node, key) > 0:
             source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
@@ -293,14 +298,14 @@ class Reads(StripeReads):
             self.inflight[(node.index, key)] = fetch
 
     def _copy_team(self, out: Outcome, key: tuple[str, int], size: int) -> None:
-        """The job's nodes that will copy the version whole together, none holding it yet and
-        no other node holding it ready: as the controller places them
-        (:func:`dsagent.policy.holding.choose_placement`: the job's nodes a version fits are
-        members holding it whole), each owns a part of its bundles, reads that part from the
-        store and the rest from the other members (docs/design-striping.md#holding)."""
+        """The job's nodes that will copy the version whole together, none holding it yet: as
+        the controller places them (:func:`dsagent.policy.holding.choose_placement`: the job's
+        nodes a version fits are members holding it whole), each owns a part of its bundles,
+        reads that part from the nodes holding the version ready (the earlier members), else
+        the store, and the rest from the other members (docs/design-striping.md#holding)."""
         nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers)]
         team = tuple(n.index for n in nodes if key not in n.cache and self._held_as(n, key, size) is not SHARE)
-        if len(team) > 1 and not self.copies_elsewhere(self.nodes[team[0]], key):
+        if len(team) > 1:
             for i in team:
                 self.copy_team[(i, key)] = team
 
