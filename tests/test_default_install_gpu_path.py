@@ -46,7 +46,7 @@ from tests.charts.test_chart import agent_pod, find, render
 from tests.fake_kubelet import FakeKubelet
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_dgx_a100_vfs
-from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod, pod_review
 
 pytestmark = pytest.mark.slow
 
@@ -87,21 +87,6 @@ def short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dflt-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def review(pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": f"review-{pod['metadata']['name']}",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "object": pod,
-        },
-    }
 
 
 def test_a_default_install_serves_classes_where_the_hardware_carries_them(
@@ -208,7 +193,9 @@ def test_a_default_install_serves_classes_where_the_hardware_carries_them(
                 with serving(app) as url:
 
                     def admit(pod: dict[str, Any]) -> dict[str, Any]:
-                        answer = httpx.post(f"{url}/mutate", json=review(pod), timeout=30).json()["response"]
+                        answer = httpx.post(f"{url}/mutate", json=pod_review(pod, namespace="ml"), timeout=30).json()[
+                            "response"
+                        ]
                         assert answer["allowed"] is True
                         if "patch" not in answer:
                             return pod

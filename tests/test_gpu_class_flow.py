@@ -26,7 +26,7 @@ from scheduler_plugin.app import create_app as extender_app
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.testing import args_body, node, topology_json
 from tests.scheduler_plugin.server import serving
-from tools.support.fake_apiserver import FakeApiServer, json_patch, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_pod, pod_review
 
 SETTINGS = GpuClassSettings(enabled=True)
 OWNER = {
@@ -54,21 +54,6 @@ def worker(index: int) -> dict[str, Any]:
     return pod
 
 
-def review(pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": f"review-{pod['metadata']['name']}",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "object": pod,
-        },
-    }
-
-
 @pytest.fixture
 def apiserver() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
@@ -86,7 +71,7 @@ def admit(apiserver: FakeApiServer, pod: dict[str, Any]) -> dict[str, Any]:
     try:
         policy = GpuClassPolicy(SETTINGS, KubeGpuClasses(client, SETTINGS))
         with serving(webhook_app(Injection(image="img:1"), lambda ns, name: pytest.fail("no datasets"), policy)) as url:
-            answer = httpx.post(f"{url}/mutate", json=review(pod), timeout=30).json()["response"]
+            answer = httpx.post(f"{url}/mutate", json=pod_review(pod, namespace="ml"), timeout=30).json()["response"]
     finally:
         client.close()
     assert answer["allowed"] is True and "warnings" not in answer

@@ -1372,6 +1372,29 @@ def make_nodecache(
     return nodecache.document(node, node_uid, state)
 
 
+def pod_review(pod: JSON, *, namespace: str = "default") -> JSON:
+    """The AdmissionReview (v1) the API server sends a mutating webhook for creating ``pod``
+    in ``namespace``; its uid names the pod (``review-<name>``)."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"review-{pod['metadata'].get('name') or pod['metadata'].get('generateName')}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"].get("name", ""),
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
 __all__ = [
     "ApiError",
     "FakeApiServer",
@@ -1387,4 +1410,5 @@ __all__ = [
     "make_node",
     "make_pod",
     "merge_patch",
+    "pod_review",
 ]

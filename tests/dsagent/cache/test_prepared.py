@@ -52,6 +52,14 @@ async def running(
         await service.stop()
 
 
+async def disk_size(tmp_path: Path, request: DatasetRequest) -> int:
+    """What a copy of ``request`` takes on disk, from a probe agent whose cache is then removed."""
+    async with running(tmp_path) as probe:
+        one = await size_of(probe, request)
+    shutil.rmtree(tmp_path / "cache")
+    return one
+
+
 async def size_of(service: CacheService, request: DatasetRequest) -> int:
     record = await service.submit_task("probe", [request], wait=60)
     assert record.state == "ready"
@@ -113,9 +121,7 @@ def test_the_reservation_evicts_unused_data_never_the_running_tasks(tmp_path: Pa
     current, old, nxt = packed(data, "current", 1), packed(data, "old", 2), packed(data, "next", 3)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, current)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, current)
         # room for two copies and a bit: the running task's, an unused one; the next one needs room
         async with running(tmp_path, capacity=int(2.5 * one)) as service:
             assert (await service.submit_task("old-task", [old], wait=60)).state == "ready"
@@ -139,9 +145,7 @@ def test_the_first_threshold_stops_new_reservations_once_reached(tmp_path: Path)
     a, b, c = packed(data, "a", 1), packed(data, "b", 2), packed(data, "c", 3)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, a)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, a)
         capacity = 10 * one
         async with running(tmp_path, capacity=capacity) as service:
             first = 0.15  # 1.5 copies: the first whole, the second what is left below it
@@ -166,9 +170,7 @@ def test_a_preparation_fetching_its_data_no_longer_counts_against_the_first_thre
     a, c = packed(data, "a", 1), packed(data, "c", 3)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, a)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, a)
         capacity = 10 * one
         async with running(tmp_path, capacity=capacity) as service:
             first = 0.1  # one copy
@@ -189,9 +191,7 @@ def test_phase_2_waits_for_the_running_tasks_data_above_the_second_threshold(tmp
     current, nxt = packed(data, "current", 1), packed(data, "next", 2)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, current)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, current)
         async with running(tmp_path, capacity=4 * one) as service:
             assert (await service.submit_task("pod-a", [current], wait=60)).state == "ready"
             # in use 1 + next 1 copies > 0.4 x 4: marked, waits for the running task
@@ -297,9 +297,7 @@ def test_prepared_data_counts_once_against_the_second_threshold(tmp_path: Path) 
     a, b = packed(data, "a", 1), packed(data, "b", 2)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, a)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, a)
         async with running(tmp_path, capacity=4 * one) as service:
             first = await service.prepare("pod-a", [a], phase=2, first=1.0, second=0.4)
             assert first["phase"] == 2
@@ -321,9 +319,7 @@ def test_the_start_rule_holds_a_prepared_task_while_the_running_data_plus_its_ow
     current, nxt = packed(data, "current", 1), packed(data, "next", 2)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, current)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, current)
         async with running(tmp_path, capacity=4 * one) as service:
             # prepared while nothing runs: the bulk fetch is within 0.4 x 4 copies
             await service.prepare("pod-b", [nxt], phase=2, first=1.0, second=0.4)
@@ -352,9 +348,7 @@ def test_the_start_rule_counts_neither_the_tasks_own_other_data_nor_a_version_bo
     shared, nxt, own = packed(data, "shared", 1), packed(data, "next", 2), packed(data, "own", 3)
 
     async def go() -> None:
-        async with running(tmp_path) as probe:
-            one = await size_of(probe, shared)
-        shutil.rmtree(tmp_path / "cache")
+        one = await disk_size(tmp_path, shared)
         async with running(tmp_path, capacity=4 * one) as service:
             await service.prepare("pod-b", [shared, nxt], phase=2, first=1.0, second=0.6)
             await service._taskwork.wait(prepare_task_id("pod-b"), 60)

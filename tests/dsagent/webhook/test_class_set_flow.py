@@ -51,7 +51,7 @@ from scheduler_plugin.testing import args_body
 from tests.fake_kubelet import FakeKubelet
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_dgx_a100_vfs, vf_rdma
-from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod, pod_review
 
 pytestmark = pytest.mark.slow
 
@@ -122,18 +122,7 @@ def worker(index: int) -> dict[str, Any]:
 def admit(apiserver: FakeApiServer, pod: dict[str, Any]) -> dict[str, Any]:
     """A fresh webhook replica (its own API client, no shared memory) admits ``pod``."""
     settings = GpuClassSettings(enabled=True, prefix=PREFIX, networks="dsplatform/rail-{class}")
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": f"review-{pod['metadata']['name']}",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "object": pod,
-        },
-    }
+    review = pod_review(pod, namespace="ml")
     client = apiserver.api_client()
     try:
         policy = GpuClassPolicy(settings, KubeGpuClasses(client, settings))

@@ -55,7 +55,7 @@ from scheduler_plugin.testing import args_body
 from tests.fake_kubelet import FakeKubelet
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_vfs
-from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod, pod_review
 
 DGX1 = "dgx1-v100-4ib-nvidia-smi-topo-m.txt"
 PREFIX = "example.com"  # the chart's gpuClasses.resourcePrefix, given to all three
@@ -122,18 +122,7 @@ def worker(index: int) -> dict[str, Any]:
 def admit(apiserver: FakeApiServer, pod: dict[str, Any]) -> dict[str, Any]:
     """A fresh webhook replica (its own API client, no shared memory) admits ``pod``."""
     settings = GpuClassSettings(enabled=True, prefix=PREFIX)
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": f"review-{pod['metadata']['name']}",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "object": pod,
-        },
-    }
+    review = pod_review(pod, namespace="ml")
     client = apiserver.api_client()
     try:
         policy = GpuClassPolicy(settings, KubeGpuClasses(client, settings))

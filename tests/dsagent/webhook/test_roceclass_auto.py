@@ -28,7 +28,7 @@ from dsplatform.published import DEVICE_PLUGIN_LABEL
 from tests.dsagent.webhook.test_roceclass import gpu_node, resources, worker
 from tests.dsagent.webhook.test_roceclass_sets import A100, member
 from tests.scheduler_plugin.server import serving
-from tools.support.fake_apiserver import FakeApiServer, json_patch, make_pod
+from tools.support.fake_apiserver import FakeApiServer, json_patch, make_pod, pod_review
 
 AUTO = GpuClassSettings(mode="auto")
 ON = GpuClassSettings(mode="on")
@@ -254,11 +254,7 @@ def test_through_the_webhook_auto_leaves_a_single_gpu_pods_request_alone(apiserv
         app = webhook_app(Injection(image="img:1"), lambda ns, name: pytest.fail("no datasets"), policy)
         with serving(app) as url:
             for pod in (make_pod("single", namespace="ml", gpus=1), member(0, 2, job="pair")):
-                review = {
-                    "apiVersion": "admission.k8s.io/v1",
-                    "kind": "AdmissionReview",
-                    "request": {"uid": f"review-{pod['metadata']['name']}", "namespace": "ml", "object": pod},
-                }
+                review = pod_review(pod, namespace="ml")
                 answers.append(httpx.post(f"{url}/mutate", json=review, timeout=30).json()["response"])
     finally:
         client.close()
