@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import socket
-import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,37 +40,19 @@ from dsagent.webhook.mutation import Injection
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
 from dsagent.webhook.server import create_app as webhook_app
 from dsplatform import published
-from gpu_topology.discovery.nvidia_smi import parse_topo_matrix
 from tests.charts.test_chart import agent_pod, find, render
 from tests.fake_kubelet import FakeKubelet
+from tests.fake_nvidia_smi import fake_nvidia_smi
 from tests.scheduler_plugin.server import serving
 from tests.sysfs_vf import build_dgx_a100_vfs
 from tools.support.fake_apiserver import FakeApiServer, json_patch, make_node, make_pod, pod_review
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 DGX = "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt"
 NO_NIC = "ml-engineering-8xH100-no-nic-spaces-nvidia-smi-topo-m.txt"
 NODES = {"dgx-1": DGX, "dgx-2": DGX, "h100-1": NO_NIC}
 NUMVFS = "sys/class/infiniband/mlx5_4/device/sriov_numvfs"
-
-
-def uuid(node: str, index: int) -> str:
-    return f"GPU-{abs(hash(node)) % 10**8:08d}-0000-4000-8000-{index:012x}"
-
-
-def fake_nvidia_smi(bindir: Path, node: str, fixture: str) -> None:
-    """``nvidia-smi`` printing the node's recorded ``topo -m`` and its GPUs' UUIDs."""
-    gpus = parse_topo_matrix((FIXTURES / fixture).read_text(encoding="utf-8")).gpus
-    query = "".join(f"{g.index}, {uuid(node, g.index)}, 00000000:{0x20 + g.index:02X}:00.0\n" for g in gpus)
-    (bindir / "topo.txt").write_text((FIXTURES / fixture).read_text(encoding="utf-8"))
-    (bindir / "query.csv").write_text(query)
-    script = bindir / "nvidia-smi"
-    script.write_text(
-        f'#!/bin/sh\nif [ "$1" = topo ]; then cat "{bindir}/topo.txt"; else cat "{bindir}/query.csv"; fi\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
 
 def chart_env(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, str]:

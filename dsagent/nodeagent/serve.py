@@ -211,7 +211,8 @@ async def _run(
     handover: asyncio.Task[Any] | None = None
     try:
         wanted, topology = await decide_device_plugin(settings)
-        if wanted and live_foreign_plugins(settings.device_plugin_dir):
+        nvidia: list[str] = await asyncio.to_thread(live_foreign_plugins, settings.device_plugin_dir) if wanted else []
+        if nvidia:
             # NVIDIA's plugin is still leaving this node: datasets are served meanwhile
             logging.getLogger("dsagent").info(
                 "device plugin: waiting up to %g s for NVIDIA's to leave node %s",
@@ -241,7 +242,7 @@ async def _run(
             waiting.cancel()
             try:
                 plugin = await waiting
-            except Exception:  # noqa: BLE001 - said by _say_failed_start when it happened
+            except (asyncio.CancelledError, Exception):  # cancelled while waiting, or said by _say_failed_start
                 plugin = None
         if plugin is not None:
             stopping, plugin = plugin, None

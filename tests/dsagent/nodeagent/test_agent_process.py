@@ -181,3 +181,58 @@ def test_sigterm_ends_the_agent_with_its_csi_plugin_while_the_api_server_hangs(
     finally:
         hole.close()
         agent.close()
+
+
+def _gpu_node(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A DGX A100-class node for ``dsagent serve``: its recorded topology through a fake
+    ``nvidia-smi`` on PATH, its VFs' sysfs, and a device-plugins directory (returned)."""
+    from tests.fake_nvidia_smi import fake_nvidia_smi
+    from tests.sysfs_vf import build_dgx_a100_vfs
+
+    bindir, plugins = tmp_path / "bin", Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    bindir.mkdir()
+    fake_nvidia_smi(bindir, NODE, "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt")
+    build_dgx_a100_vfs(tmp_path / "host")
+    return {
+        "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DSAGENT_DEVICE_PLUGIN": "auto",
+        "DSAGENT_DEVICE_PLUGIN_DIR": str(plugins),
+        "DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE": "nvidia.com/gpu",
+        "DSAGENT_DEVICE_PLUGIN_HANDOVER": "60s",
+        "DSAGENT_POD_RESOURCES_SOCKET": str(plugins / "no-pod-resources.sock"),
+        "DSAGENT_SYSFS_ROOT": str(tmp_path / "host"),
+    }, plugins
+
+
+@pytest.mark.parametrize("nvidia_leaves", [True, False])
+def test_the_agent_serves_datasets_while_nvidias_plugin_leaves_and_stops_cleanly_either_way(
+    apiserver: FakeApiServer, tmp_path: Path, nvidia_leaves: bool
+) -> None:
+    """Device plugin auto on a DGX A100-class node where NVIDIA's plugin still answers: the
+    agent serves at once, its plugin registers only once NVIDIA's socket stops answering,
+    and a stop while it still waits is a clean stop."""
+    extra, plugins = _gpu_node(tmp_path)
+    nvidia = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    nvidia.bind(str(plugins / "nvidia-gpu.sock"))
+    nvidia.listen(4)
+    started = running_agent(apiserver, tmp_path, extra)
+    try:
+        agent = next(started)
+        process, log = agent["process"], agent["log"]
+        assert agent["client"].health()  # datasets served while the hand-over waits
+        eventually(lambda: "device plugin waiting for NVIDIA's to leave" in log.read_text(), what="the line")
+        labels = (apiserver.get("nodes", NODE) or {})["metadata"]["labels"]
+        assert labels["dsagent.io/device-plugin"] == "true"
+        assert labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
+        assert not (plugins / "dsagent-gpu.sock").exists()  # nothing beside NVIDIA's
+        if nvidia_leaves:
+            nvidia.close()  # the GPU Operator took its plugin off the node
+            eventually(lambda: (plugins / "dsagent-gpu.sock").exists(), what="the plain resource's socket")
+            assert (plugins / "dsagent-gpu-roce1.sock").exists()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(STOP_DEADLINE + 10) in (0, -signal.SIGTERM), log.read_text()
+        assert "Traceback" not in log.read_text()
+    finally:
+        started.close()
+        nvidia.close()
+        shutil.rmtree(plugins, ignore_errors=True)
