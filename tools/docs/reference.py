@@ -414,7 +414,9 @@ def _type(node: dict[str, Any]) -> str:
         return str(kind)
     for key in ("oneOf", "anyOf"):
         if key in node:
-            return " or ".join(sorted({str(option.get("type", "object")) for option in node[key]}))
+            # a constant (``{"const": "auto"}``) is its value, not an object
+            kinds = {f"`{json.dumps(o['const'])}`" if "const" in o else str(o.get("type", "object")) for o in node[key]}
+            return " or ".join(sorted(kinds))
     return ""
 
 
