@@ -1,4 +1,5 @@
-"""``dsagent``: the node agent's command line (``dsagent serve``, ``dsagent webhook``).
+"""``dsagent``: the node agent's command line (``dsagent serve``, ``dsagent webhook``,
+``dsagent release-nodes``).
 
 Parses the flags, reads the settings once (``DSAGENT_*``, overridden by flags; one error names
 every bad value) and hands them to the node agent's process, :func:`dsagent.nodeagent.serve.run`,
@@ -100,6 +101,27 @@ def serve(
         access_log=access_log,
     )
     run(settings)
+
+
+@agent.command("release-nodes")
+@click.option(
+    "--label",
+    default=None,
+    help="The label the agents write on the nodes their device plugin serves [DSAGENT_DEVICE_PLUGIN_NODE_LABEL, "
+    "default dsagent.io/device-plugin].",
+)
+def release_nodes(label: str | None) -> None:
+    """Hand every node the agents' device plugin served back to NVIDIA's device plugin (run by
+    the chart's pre-delete hook as the release is uninstalled): the labels go, so the NVIDIA GPU
+    Operator puts its plugin back, and the node's condition says so. Exit 0 when done."""
+    import os
+
+    from dsagent.nodeagent.hardware import PLUGIN_LABEL
+    from dsagent.nodeagent.nodeparts import release_nodes as release
+
+    chosen = label or os.environ.get("DSAGENT_DEVICE_PLUGIN_NODE_LABEL") or PLUGIN_LABEL
+    names = release(chosen)
+    click.echo(f"released {len(names)} node(s) to NVIDIA's device plugin" + (": " + ", ".join(names) if names else ""))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -83,6 +83,21 @@ def node_patch(decision: Decision, labels: dict[str, str], plugin_label: str = P
     return {"metadata": {"labels": changed}} if changed else {}
 
 
+def release_patch(labels: dict[str, str], plugin_label: str = PLUGIN_LABEL) -> dict[str, Any]:
+    """The merge patch handing a node back to NVIDIA's device plugin for good (the release is
+    uninstalled): our label removed, and NVIDIA's where ours set it (ours ``true``, NVIDIA's
+    ``false``), so the GPU Operator puts its plugin back; {} for a node ours never served."""
+    if labels.get(plugin_label) is None:
+        return {}
+    want: dict[str, str | None] = {plugin_label: None}
+    if labels.get(plugin_label) == "true" and labels.get(NVIDIA_PLUGIN_LABEL) == "false":
+        want[NVIDIA_PLUGIN_LABEL] = None
+    return {"metadata": {"labels": want}}
+
+
+RELEASED = Decision(False, "Uninstalled", "dsplatform was uninstalled: NVIDIA's device plugin serves the GPUs")
+
+
 def status_patch(decision: Decision, now: str) -> dict[str, Any]:
     """The strategic merge patch of the Node's status with the condition for ``decision``
     (conditions merge by type, so the kubelet's own are left as they are)."""
@@ -102,4 +117,14 @@ def status_patch(decision: Decision, now: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["CONDITION", "Decision", "NVIDIA_PLUGIN_LABEL", "PLUGIN_LABEL", "node_patch", "roce_path", "status_patch"]
+__all__ = [
+    "CONDITION",
+    "Decision",
+    "NVIDIA_PLUGIN_LABEL",
+    "PLUGIN_LABEL",
+    "RELEASED",
+    "node_patch",
+    "release_patch",
+    "roce_path",
+    "status_patch",
+]

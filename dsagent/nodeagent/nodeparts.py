@@ -259,6 +259,45 @@ async def start_when_handed_over(settings: Settings, topology: Any = None) -> An
     return None
 
 
+def release_nodes(label: str) -> list[str]:
+    """Hand every node this agent's device plugin served (``<label>`` set) back to NVIDIA's,
+    as the release is uninstalled (the chart's pre-delete hook runs ``dsagent release-nodes``):
+    the labels by :func:`dsagent.nodeagent.hardware.release_patch`, the condition False with
+    reason ``Uninstalled``; the names of the nodes changed. Without it a node would keep
+    ``nvidia.com/gpu.deploy.device-plugin=false`` and no device plugin at all."""
+    from kubernetes import client
+
+    from dsagent.kube import apiclient
+    from dsagent.nodeagent.hardware import CONDITION, RELEASED, release_patch, status_patch
+    from dsplatform.kubetime import format_time
+
+    api = apiclient.load()
+    released: list[str] = []
+    try:
+        core = client.CoreV1Api(api)
+        with apiclient.translated("list nodes"):
+            nodes = core.list_node(label_selector=label, _request_timeout=30).items
+        for node in nodes:
+            if node.metadata is None or not node.metadata.name:
+                continue
+            name = str(node.metadata.name)
+            patch = release_patch(dict(node.metadata.labels or {}), label)
+            if not patch:
+                continue
+            with apiclient.translated(f"label node {name}"):
+                core.patch_node(name, patch, _request_timeout=10)
+            if any(c.type == CONDITION for c in (node.status.conditions if node.status else None) or []):
+                with apiclient.translated(f"set the condition of node {name}"):
+                    core.patch_node_status(
+                        name, status_patch(RELEASED, format_time(time.time())),
+                        _content_type="application/strategic-merge-patch+json", _request_timeout=10,
+                    )  # fmt: skip
+            released.append(name)
+    finally:
+        api.close()
+    return released
+
+
 def free_gpu_source(settings: Settings) -> Any:
     """Free GPUs from the kubelet's pod-resources API, for the ClusterAgent's annotation."""
     from dsagent.nodeplugins.deviceplugin.podresources import GPU_RESOURCE_PREFIXES, PodResourcesClient

@@ -687,6 +687,7 @@ def test_components_can_be_switched_off(rendered: dict[str, list[dict[str, Any]]
         "ValidatingAdmissionPolicyBinding",
         "Pod",  # `helm test` hooks (test_chart_helm_test.py): the check pod, the agents' Service
         "Service",
+        "Job",  # the pre-delete hook handing the nodes back to NVIDIA's device plugin
     }
 
 

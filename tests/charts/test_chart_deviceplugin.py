@@ -233,3 +233,32 @@ def test_auto_without_the_class_rewrite_still_serves_plain_gpu_pods() -> None:
     env = {e["name"]: e.get("value") for e in agent_pod(docs)["containers"][0]["env"]}
     assert env["DSAGENT_DEVICE_PLUGIN"] == "auto" and env["DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE"] == "nvidia.com/gpu"
     assert _env(docs, "Deployment", "-webhook")["DSAGENT_WEBHOOK_GPU_CLASSES"] == "false"
+
+
+def test_uninstalling_hands_the_nodes_back_to_nvidias_plugin_with_just_those_rights() -> None:
+    """A pre-delete hook runs ``dsagent release-nodes`` (tested against the fake API server in
+    tests/dsagent/nodeagent/test_hardware.py) with a ServiceAccount that may list and patch
+    Nodes and patch their status, nothing else; no hook where the plugin never runs."""
+    from kubernetes_validate import utils as kv
+
+    docs = render({"agent": {"devicePlugin": {"enabled": "auto", "nodeLabel": "example.com/gpus-by-dsagent"}}})
+    hook = [d for d in docs if d["metadata"]["name"].endswith("-release-nodes")]
+    assert sorted(d["kind"] for d in hook) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    for doc in hook:
+        annotations = doc["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hook}
+    assert weights["Job"] > max(w for k, w in weights.items() if k != "Job")  # its rights exist first
+    [role] = [d for d in hook if d["kind"] == "ClusterRole"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    ]
+    [job] = [d for d in hook if d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["dsagent", "release-nodes", "--label", "example.com/gpus-by-dsagent"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["restartPolicy"] == "Never"
+    kv.validate(job, "1.29.0", strict=True)
+    off = render({"agent": {"devicePlugin": {"enabled": False}}})
+    assert not [d for d in off if d["metadata"]["name"].endswith("-release-nodes")]

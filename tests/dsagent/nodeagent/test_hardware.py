@@ -86,3 +86,44 @@ def test_the_agent_writes_the_decision_on_its_node(
     assert NVIDIA_PLUGIN_LABEL not in written["metadata"]["labels"]
     conditions = {c["type"]: c for c in written["status"]["conditions"]}
     assert conditions["DsplatformRoceClasses"]["status"] == "False" and len(conditions) == 2
+
+
+def test_release_nodes_hands_the_served_nodes_back_to_nvidias_plugin(apiserver: Any, tmp_path: Path) -> None:
+    """``dsagent release-nodes`` (the chart's pre-delete hook) against the fake API server."""
+    import os
+    import subprocess
+    import sys
+
+    from tools.support.fake_apiserver import make_node
+
+    served = make_node("served")
+    served["metadata"]["labels"] = {PLUGIN_LABEL: "true", NVIDIA_PLUGIN_LABEL: "false", "zone": "a"}
+    served["status"] = {
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+            {"type": "DsplatformRoceClasses", "status": "True", "reason": "RoceNicsInNumaGroups"},
+        ]
+    }
+    nvidias = make_node("nvidias")
+    nvidias["metadata"]["labels"] = {PLUGIN_LABEL: "false"}
+    operators = make_node("operators")  # NVIDIA's plugin kept off by an operator, not by us
+    operators["metadata"]["labels"] = {NVIDIA_PLUGIN_LABEL: "false"}
+    for node in (served, nvidias, operators):
+        apiserver.create(node)
+    env = {**os.environ, "KUBECONFIG": str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "dsagent", "release-nodes"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "released 2 node(s) to NVIDIA's device plugin: nvidias, served"
+    labels = {n: apiserver.get("nodes", n)["metadata"].get("labels") or {} for n in ("served", "nvidias", "operators")}
+    assert labels["served"] == {"zone": "a"}  # ours gone, NVIDIA's plugin may come back
+    assert labels["nvidias"] == {}
+    assert labels["operators"] == {NVIDIA_PLUGIN_LABEL: "false"}  # not ours to change
+    conditions = {c["type"]: c for c in apiserver.get("nodes", "served")["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == "KubeletReady"
+    assert (conditions["DsplatformRoceClasses"]["status"], conditions["DsplatformRoceClasses"]["reason"]) == (
+        "False",
+        "Uninstalled",
+    )
