@@ -259,6 +259,30 @@ async def start_when_handed_over(settings: Settings, topology: Any = None) -> An
     return None
 
 
+async def _without_others_vfs(settings: Settings, client: Any, vfs: Any) -> Any:
+    """The node's VFs less those another device plugin advertises to the kubelet (the SR-IOV
+    network operator's, named by PCI address in pod-resources' allocatable devices): a VF
+    two plugins hand out would go to two containers. Unknown (no pod-resources answer): all."""
+    from dsagent.errors import DsagentError
+    from dsagent.nodeplugins.deviceplugin.allocation import others_devices, without_vfs
+
+    prefix, plain = f"{settings.resource_prefix}/", settings.device_plugin_gpu_resource
+    try:
+        allocatable = await client.allocatable()
+    except DsagentError as exc:
+        logging.getLogger("dsagent").info("pod-resources did not answer (%s): every VF of this node is offered", exc)
+        return vfs
+    taken = others_devices(allocatable, lambda r: r.startswith(prefix) or r == plain)
+    kept = without_vfs(vfs, taken)
+    for nic, pf in vfs.items():
+        if len(kept[nic].vfs) < len(pf.vfs):
+            logging.getLogger("dsagent").info(
+                "%d VF(s) of %s are another device plugin's (pod-resources): not handed out here",
+                len(pf.vfs) - len(kept[nic].vfs), nic,
+            )  # fmt: skip
+    return kept
+
+
 def release_nodes(label: str) -> list[str]:
     """Hand every node this agent's device plugin served (``<label>`` set) back to NVIDIA's,
     as the release is uninstalled (the chart's pre-delete hook runs ``dsagent release-nodes``):
@@ -332,6 +356,8 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         raise SettingsError(
             f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
         ) from exc
+    client = PodResourcesClient(settings.pod_resources_socket)
+    vfs = await _without_others_vfs(settings, client, vfs)
     try:
         node = NodeDevices(
             topology,
@@ -351,7 +377,6 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
             "this node has no RoCE class: nothing to advertise",
             hint="turn the device plugin off on this node, or let it serve DSAGENT_DEVICE_PLUGIN_GPU_RESOURCE",
         )
-    client = PodResourcesClient(settings.pod_resources_socket)
     host_root = settings.host_root if settings.host_root is not None else settings.root
     addresses = None
     if settings.vf_addresses is not None:

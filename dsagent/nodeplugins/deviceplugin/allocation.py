@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dsagent.errors import Conflict, InvalidInput
@@ -123,6 +123,19 @@ class Device:
     @property
     def gpu(self) -> str:
         return self.uuid or self.id
+
+
+def without_vfs(pfs: Mapping[str, PhysicalFunction], taken: Collection[str]) -> dict[str, PhysicalFunction]:
+    """``pfs`` less the VFs (by PCI address) in ``taken``: those another device plugin hands
+    out (the SR-IOV network device plugin names its devices by PCI address), which this one
+    must never give a container too."""
+    return {nic: replace(pf, vfs=tuple(vf for vf in pf.vfs if vf.pci_bus_id not in taken)) for nic, pf in pfs.items()}
+
+
+def others_devices(allocatable: Mapping[str, Iterable[str]] | None, ours: Callable[[str], bool]) -> set[str]:
+    """The device IDs other plugins advertise (the kubelet's allocatable resources, the
+    resources ``ours`` does not claim); empty when the kubelet did not say."""
+    return {i for resource, ids in (allocatable or {}).items() if not ours(resource) for i in ids}
 
 
 def gpu_vf_pairs(
@@ -438,6 +451,8 @@ __all__ = [
     "NodeDevices",
     "ResourceClass",
     "gpu_of",
+    "others_devices",
+    "without_vfs",
     "gpu_vf_pairs",
     "nccl_conf",
     "nccl_settings",

@@ -162,3 +162,45 @@ def test_serve_creates_the_vfs_and_checks_the_address_file(short_dir: Path, tmp_
             await kubelet.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_vfs_another_device_plugin_advertises_are_never_handed_out(
+    short_dir: Path, tmp_path: Path, dgx_a100: Topology
+) -> None:
+    """The SR-IOV network operator's device plugin advertises mlx5_4's VFs (by PCI address, as
+    pod-resources' allocatable devices say): GPU 4's container gets a VF of mlx5_5, the other
+    NIC near it, not one another container may be given too."""
+    from tests.fake_kubelet import FakePodResources
+    from tests.sysfs_vf import vf_bus
+
+    build_dgx_a100_vfs(tmp_path / "sys-root")
+    (short_dir / "dp").mkdir()
+    settings = Settings(
+        root=tmp_path / "root",
+        device_plugin=True,
+        device_plugin_dir=short_dir / "dp",
+        pod_resources_socket=short_dir / "pr.sock",
+        device_plugin_gpu_resource="nvidia.com/gpu",
+    )
+
+    async def scenario() -> None:
+        kubelet, pods = FakeKubelet(short_dir / "dp"), FakePodResources(short_dir / "pr.sock")
+        pods.allocatable = {
+            "openshift.io/rail3": [vf_bus(4, 0), vf_bus(4, 1)],  # the SR-IOV operator's VFs
+            "nvidia.com/gpu": [g.uuid or "" for g in dgx_a100.gpus],  # ours (or NVIDIA's): GPUs, not VFs
+            "dsagent.io/gpu-roce3": [vf_bus(5, 0)],  # a resource of ours never takes a VF away
+        }
+        await kubelet.start()
+        await pods.start()
+        plugin = await start_device_plugin(settings, topology=dgx_a100, sysfs_root=tmp_path / "sys-root")
+        try:
+            first = await kubelet.allocate("dsagent.io/gpu-roce3", [dgx_a100.gpus[4].uuid or ""])
+            second = await kubelet.allocate("dsagent.io/gpu-roce3", [dgx_a100.gpus[5].uuid or ""])
+            # both from mlx5_5 (VFs mlx5_20, mlx5_21): mlx5_4's (mlx5_18, mlx5_19) are the operator's
+            assert {first.envs["NCCL_IB_HCA"], second.envs["NCCL_IB_HCA"]} == {"=mlx5_20", "=mlx5_21"}
+        finally:
+            await plugin.stop()
+            await pods.stop()
+            await kubelet.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
