@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,7 +26,7 @@ from dsagent.api import CompanionFactory
 from dsagent.cache.service import CacheService
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
-from dsagent.errors import SettingsError
+from dsagent.errors import DsagentError, SettingsError
 from dsagent.nodeagent.clustersettings import ClusterSettings
 
 #: every settings class the node agent reads: what its start-up check accepts (dsagent.kube.envnames)
@@ -197,7 +198,6 @@ def publish_hardware_decision(settings: Settings, decision: Any) -> None:
     effort: a refusal (RBAC, the admission policy) is logged, the agent goes on."""
     from kubernetes import client
 
-    from dsagent.errors import DsagentError
     from dsagent.kube import apiclient
     from dsagent.kube.events import EventRecorder, ObjectRef
     from dsagent.nodeagent.hardware import PLUGIN_LABEL, node_patch, status_patch
@@ -259,28 +259,20 @@ async def start_when_handed_over(settings: Settings, topology: Any = None) -> An
     return None
 
 
-async def _without_others_vfs(settings: Settings, client: Any, vfs: Any) -> Any:
-    """The node's VFs less those another device plugin advertises to the kubelet (the SR-IOV
-    network operator's, named by PCI address in pod-resources' allocatable devices): a VF
-    two plugins hand out would go to two containers. Unknown (no pod-resources answer): all."""
-    from dsagent.errors import DsagentError
-    from dsagent.nodeplugins.deviceplugin.allocation import others_devices, without_vfs
+def _others_devices(settings: Settings, client: Any) -> Callable[[], Awaitable[set[str]]]:
+    """What the device plugin asks, at start and at each reconcile: the device IDs other
+    plugins advertise to the kubelet (pod-resources' allocatable devices of the resources that
+    are not this plugin's). The SR-IOV network operator's device plugin names its VFs by PCI
+    address, so a VF among them is another plugin's: handed out by both, it would go to two
+    containers."""
+    from dsagent.nodeplugins.deviceplugin.allocation import others_devices
 
     prefix, plain = f"{settings.resource_prefix}/", settings.device_plugin_gpu_resource
-    try:
-        allocatable = await client.allocatable()
-    except DsagentError as exc:
-        logging.getLogger("dsagent").info("pod-resources did not answer (%s): every VF of this node is offered", exc)
-        return vfs
-    taken = others_devices(allocatable, lambda r: r.startswith(prefix) or r == plain)
-    kept = without_vfs(vfs, taken)
-    for nic, pf in vfs.items():
-        if len(kept[nic].vfs) < len(pf.vfs):
-            logging.getLogger("dsagent").info(
-                "%d VF(s) of %s are another device plugin's (pod-resources): not handed out here",
-                len(pf.vfs) - len(kept[nic].vfs), nic,
-            )  # fmt: skip
-    return kept
+
+    async def others() -> set[str]:
+        return others_devices(await client.allocatable(), lambda r: r.startswith(prefix) or r == plain)
+
+    return others
 
 
 def release_nodes(label: str) -> list[str]:
@@ -357,7 +349,22 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
             f"GPU discovery failed: {exc}", hint="run the device plugin on a GPU node, or turn it off"
         ) from exc
     client = PodResourcesClient(settings.pod_resources_socket)
-    vfs = await _without_others_vfs(settings, client, vfs)
+    others = _others_devices(settings, client)
+    foreign: set[str] = set()
+    try:
+        foreign = await others()
+    except DsagentError as exc:  # the kubelet not answering yet: the next reconcile asks again
+        logging.getLogger("dsagent").info("other device plugins' devices not read yet: %s", exc)
+    from dsagent.nodeplugins.deviceplugin.allocation import without_vfs
+
+    kept = without_vfs(vfs, foreign)  # never paired with, nor chosen for, a container
+    for nic, pf in vfs.items():
+        if len(kept[nic].vfs) < len(pf.vfs):
+            logging.getLogger("dsagent").info(
+                "%d VF(s) of %s are another device plugin's (pod-resources): not handed out here",
+                len(pf.vfs) - len(kept[nic].vfs), nic,
+            )  # fmt: skip
+    vfs = kept
     try:
         node = NodeDevices(
             topology,
@@ -386,11 +393,13 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         addresses = AddressAtAllocation(settings.vf_addresses, netdevs)
     plugin = DevicePlugin(
         node,
+        others=others,
         state_dir=settings.root / "kubelet",
         host_state_dir=host_root / "kubelet",
         plugin_dir=settings.device_plugin_dir,
         listed=client.listed,
         vf_addresses=addresses,
     )
+    plugin.foreign = foreign
     await plugin.start()
     return plugin

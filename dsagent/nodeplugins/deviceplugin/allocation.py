@@ -305,8 +305,9 @@ class Ledger:
         """GPU UUIDs held under resources other than ``resource``."""
         return {g for a in self.allocations.values() if a.resource != resource for g in a.gpus}
 
-    def allocate(self, resource: str, gpus: Iterable[str], now: float) -> Allocation:
-        """Record an allocation (idempotent for the same devices); raises on a conflict."""
+    def allocate(self, resource: str, gpus: Iterable[str], now: float, *, unusable: Collection[str] = ()) -> Allocation:
+        """Record an allocation (idempotent for the same devices); raises on a conflict.
+        ``unusable``: VFs (PCI addresses) another device plugin hands out now, never chosen."""
         devices = self.node.resolve(resource, gpus, "Allocate")
         if not devices:
             raise InvalidInput("Allocate: a container request names no device")
@@ -322,7 +323,7 @@ class Ledger:
                 hint="the kubelet offered a device this plugin reported Unhealthy",
             )
         taken = {vf for a in self.allocations.values() for vf in a.vfs}
-        vf = self._paired_vf(devices, taken) or self._choose_vf(devices, taken)
+        vf = self._paired_vf(devices, taken | set(unusable)) or self._choose_vf(devices, taken, set(unusable))
         chosen = (vf.pci_bus_id,) if vf is not None else ()
         allocation = Allocation(id=alloc_id, resource=resource, gpus=uuids, vfs=chosen, created=now)
         self.allocations[alloc_id] = allocation
@@ -357,8 +358,11 @@ class Ledger:
                 return vf
         return None
 
-    def _choose_vf(self, devices: list[Device], taken: set[str]) -> VirtualFunction | None:
-        """The container's one VF (docs/design.md#roce-allocation); None without SR-IOV.
+    def _choose_vf(
+        self, devices: list[Device], taken: set[str], unusable: Collection[str] = ()
+    ) -> VirtualFunction | None:
+        """The container's one VF (docs/design.md#roce-allocation); None without SR-IOV, or
+        where every VF of these NICs is another plugin's (``unusable``): GPUs only then.
 
         Candidates are the SR-IOV NICs of the classes the GPUs touch. The first class (rail
         order) comes first, so every worker of a class set uses the same rail; inside a
@@ -371,7 +375,7 @@ class Ledger:
         for rank, cls in enumerate(classes):
             for position, nic in enumerate(cls.nics):
                 pf = self.node.vfs.get(nic)
-                if pf is None or not any(vf.usable for vf in pf.vfs):
+                if pf is None or not any(vf.usable and vf.pci_bus_id not in unusable for vf in pf.vfs):
                     continue
                 near = sum(nic in self.node.near_nics(d.index) for d in devices)
                 busy = sum(vf.pci_bus_id in taken for vf in pf.vfs)
@@ -380,7 +384,7 @@ class Ledger:
             return None  # no SR-IOV on these classes' NICs: GPUs only (docs/design.md#roce-allocation)
         for _, pf in sorted(candidates, key=lambda item: item[0]):
             for vf in pf.vfs:
-                if vf.usable and vf.pci_bus_id not in taken:
+                if vf.usable and vf.pci_bus_id not in taken and vf.pci_bus_id not in unusable:
                     return vf
         nics = ", ".join(dict.fromkeys(n for c in classes for n in c.nics))
         raise NoFreeVf(

@@ -86,8 +86,13 @@ class DevicePlugin:
         grace: float = 30.0,
         clock: Callable[[], float] = time.time,
         vf_addresses: Callable[[list[str]], dict[str, str]] | None = None,
+        others: Callable[[], Awaitable[set[str]]] | None = None,
     ) -> None:
         self.node = node
+        # the device IDs other plugins advertise (pod-resources), looked at again at each
+        # reconcile: a VF among them is never handed out (another plugin's, e.g. SR-IOV's)
+        self.others = others
+        self.foreign: set[str] = set()
         # sets the address of the VFs a container is given as it is created (vfsetup.AddressAtAllocation)
         self.vf_addresses = vf_addresses
         self.state_dir = Path(state_dir)
@@ -197,6 +202,11 @@ class DevicePlugin:
         """Free the allocations pod-resources no longer lists (after the grace period)."""
         if self.listed is None:
             return []
+        if self.others is not None:
+            try:
+                self.foreign = await self.others()
+            except DsagentError as exc:  # pod-resources did not answer: what was known stands
+                log.info("other device plugins' devices not read: %s", exc)
         listed = await self.listed()
         async with self._lock:
             freed = self.ledger.release_unlisted(listed, self.clock(), self.grace)
@@ -261,7 +271,7 @@ class DevicePlugin:
 
     async def allocate(self, resource: str, request: Any) -> pb.ContainerAllocateResponse:
         async with self._lock:
-            allocation = self.ledger.allocate(resource, list(request.devices_ids), self.clock())
+            allocation = self.ledger.allocate(resource, list(request.devices_ids), self.clock(), unusable=self.foreign)
             vfs = [vf for vf in (self.ledger.vf(v) for v in allocation.vfs) if vf is not None]
             if self.vf_addresses is not None and vfs:  # the VF's address as its container starts
                 netdevs = [vf.netdev for vf in vfs if vf.netdev]
