@@ -123,12 +123,12 @@ def test_a_default_install_serves_classes_where_the_hardware_carries_them(
                         "DSAGENT_DEVICE_PLUGIN_HANDOVER": "20s",
                     }
                 )
+                kubelets[name] = FakeKubelet(node_dir / "dp")  # every node's kubelet runs
+                await kubelets[name].start()
                 monkeypatch.setenv("PATH", f"{node_dir / 'bin'}{os.pathsep}{base_path}")
                 decided[name], topologies[name] = await decide_device_plugin(settings)
                 if not decided[name]:
                     continue
-                kubelets[name] = FakeKubelet(node_dir / "dp")
-                await kubelets[name].start()
                 waiting = asyncio.create_task(start_when_handed_over(settings, topologies[name]))
                 await asyncio.sleep(0.3)
                 assert not waiting.done() and kubelets[name].registrations == []  # NVIDIA's still there
@@ -149,6 +149,7 @@ def test_a_default_install_serves_classes_where_the_hardware_carries_them(
                 labels = apiserver.get("nodes", name)["metadata"]["labels"]  # type: ignore[index]
                 assert labels[agent_env["DSAGENT_DEVICE_PLUGIN_NODE_LABEL"]] == ("true" if on else "false")
                 assert (labels.get(NVIDIA_PLUGIN_LABEL) == "false") is on  # NVIDIA's stays where ours does not
+            assert kubelets["h100-1"].registrations == []  # NVIDIA's plugin's node
             for name in ("dgx-1", "dgx-2"):
                 names = [r.resource_name for r in kubelets[name].registrations]
                 assert "dsagent.io/gpu-roce1" in names and "dsagent.io/gpu-roce1-2" in names

@@ -168,8 +168,9 @@ async def decide_device_plugin(settings: Settings) -> tuple[bool, Any]:
     """Whether this node runs the device plugin, and the topology discovered to decide it
     (None where none was): ``off``, no; ``on``, where the node carries the label
     (:func:`device_plugin_wanted`); ``auto``, where its hardware carries the RoCE-class path
-    (:func:`dsagent.nodeagent.hardware.roce_path`), which in cluster mode the agent writes on
-    its Node (labels, the ``DsplatformRoceClasses`` condition, an Event) before it starts."""
+    (:func:`dsagent.nodeagent.hardware.roce_path`) and the kubelet's device-plugin socket is
+    where the agent looks for it, which in cluster mode the agent writes on its Node (labels,
+    the ``DsplatformRoceClasses`` condition, an Event) before it starts."""
     if settings.device_plugin == "off":
         return False, None
     if settings.device_plugin == "on":
@@ -183,6 +184,17 @@ async def decide_device_plugin(settings: Settings) -> tuple[bool, Any]:
         decision = roce_path(topology, mode=settings.roce_classes)
     except TopologyError as exc:
         decision = Decision(False, "NoTopology", f"GPU discovery found no topology ({exc}): no device plugin here")
+    kubelet = settings.device_plugin_dir / "kubelet.sock"
+    if decision.on and not await asyncio.to_thread(kubelet.exists):
+        # a kubelet root other than the chart's (csi.kubeletDir): taking the node from NVIDIA's
+        # plugin would leave it with none that the kubelet hears
+        decision = Decision(
+            False,
+            "NoKubeletSocket",
+            f"no kubelet device-plugin socket at {kubelet} (the kubelet's root directory differs: "
+            "the chart's csi.kubeletDir): NVIDIA's device plugin serves the GPUs",
+            decision.classes,
+        )
     logging.getLogger("dsagent").info(
         "device plugin auto: %s on node %s (%s: %s)",
         "on" if decision.on else "off", settings.node_name, decision.reason, decision.message,

@@ -262,3 +262,13 @@ def test_uninstalling_hands_the_nodes_back_to_nvidias_plugin_with_just_those_rig
     kv.validate(job, "1.29.0", strict=True)
     off = render({"agent": {"devicePlugin": {"enabled": False}}})
     assert not [d for d in off if d["metadata"]["name"].endswith("-release-nodes")]
+
+
+def test_the_kubelets_root_moves_the_device_plugin_dirs_and_a_wrong_one_blocks_no_agent() -> None:
+    """csi.kubeletDir (k0s, microk8s: another kubelet root) moves device-plugins/ and
+    pod-resources/ with it; both are created if missing, so a wrong root never keeps the agent
+    from starting (its plugin then stays off: no kubelet.sock, tests/dsagent/nodeplugins)."""
+    pod = agent_pod(render({"csi": {"kubeletDir": "/var/lib/k0s/kubelet"}}))
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    assert volumes["device-plugins"] == {"path": "/var/lib/k0s/kubelet/device-plugins", "type": "DirectoryOrCreate"}
+    assert volumes["pod-resources"] == {"path": "/var/lib/k0s/kubelet/pod-resources", "type": "DirectoryOrCreate"}

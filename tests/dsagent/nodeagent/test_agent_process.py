@@ -212,6 +212,9 @@ def test_the_agent_serves_datasets_while_nvidias_plugin_leaves_and_stops_cleanly
     agent serves at once, its plugin registers only once NVIDIA's socket stops answering,
     and a stop while it still waits is a clean stop."""
     extra, plugins = _gpu_node(tmp_path)
+    kubelet = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # the kubelet's socket is there
+    kubelet.bind(str(plugins / "kubelet.sock"))
+    kubelet.listen(4)
     nvidia = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     nvidia.bind(str(plugins / "nvidia-gpu.sock"))
     nvidia.listen(4)
@@ -235,4 +238,5 @@ def test_the_agent_serves_datasets_while_nvidias_plugin_leaves_and_stops_cleanly
     finally:
         started.close()
         nvidia.close()
+        kubelet.close()
         shutil.rmtree(plugins, ignore_errors=True)

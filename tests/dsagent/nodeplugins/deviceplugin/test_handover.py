@@ -126,3 +126,29 @@ def test_a_plugin_that_stays_keeps_ours_off_and_the_node_says_why(
     assert (condition["status"], condition["reason"]) == ("False", "NvidiaPluginStays")
     assert "nvidia-gpu.sock" in condition["message"]
     assert [e["reason"] for e in apiserver.list("events")] == ["DevicePluginOff"]
+
+
+def test_auto_takes_no_node_whose_kubelet_socket_is_elsewhere(
+    short_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet whose root is not the chart's (csi.kubeletDir): no kubelet.sock where the agent
+    looks, so the agent leaves the node to NVIDIA's plugin rather than take it and be unheard."""
+    import os
+
+    from dsagent.nodeagent.nodeparts import decide_device_plugin
+    from tests.fake_nvidia_smi import fake_nvidia_smi
+
+    (tmp_path / "bin").mkdir()
+    fake_nvidia_smi(
+        tmp_path / "bin", "gpu-1", "dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt"
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    (short_dir / "dp").mkdir()
+    settings = _settings(tmp_path, short_dir / "dp", device_plugin="auto", sysfs_root=tmp_path / "no-sys")
+    on, topology = asyncio.run(decide_device_plugin(settings))
+    assert not on and topology is not None and len(topology.gpus) == 8
+    kubelet = listening(short_dir / "dp" / "kubelet.sock")  # the kubelet's socket where the agent looks
+    try:
+        assert asyncio.run(decide_device_plugin(settings))[0]
+    finally:
+        kubelet.close()
