@@ -658,8 +658,8 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             body = raw.decode("utf-8", "replace")
         recorded = RecordedRequest(method, url.path, query, content_type, body)
-        fake._record(recorded)
         try:
+            fake._record(recorded)
             fake._fault(recorded)
             if url.path == "/version":
                 self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
@@ -961,6 +961,10 @@ class FakeApiServer:
 
     def _record(self, request: RecordedRequest) -> None:
         with self.store.lock:
+            if self._stopping:
+                # a connection accepted just before stop(), handled after it: a stopped API
+                # server answers nothing, and nothing it was asked after the stop counts
+                raise ApiError(503, "ServiceUnavailable", "the API server is stopping")
             self.requests.append(request)
             self.store.lock.notify_all()
 
