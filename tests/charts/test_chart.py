@@ -923,6 +923,10 @@ def test_the_notes_say_which_pod_security_level_each_mode_needs() -> None:
     no_csi = notes({"csi": {"enabled": False}})
     assert '"privileged"' in no_csi and "hostPID" not in no_csi
     assert '"restricted"' in notes({"agent": {"enabled": False}, "csi": {"enabled": False}})
+    # the device plugin's default: which nodes, the hand-over, how to see which node and why
+    assert "two or more NUMA groups" in default and "nvidia.com/gpu.deploy.device-plugin=false" in default
+    assert "DSAGENT_PLUGIN:.metadata.labels.dsagent\\.io/device-plugin" in default and "pre-delete hook" in default
+    assert "device plugin" not in notes({"agent": {"devicePlugin": {"enabled": False}}})
 
 
 def test_replicas_spread_over_nodes_and_zones_and_repel_each_other(rendered: dict[str, list[dict[str, Any]]]) -> None:
