@@ -27,6 +27,7 @@ handed its preparation's work):
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -322,7 +323,11 @@ class TaskWork:
 
     def _on_cache_disk(self, exc: OSError) -> bool:
         """Whether ``exc`` is the cache disk's failure (on a path under the root), not the
-        source's: staging, publishing and finishing a version touch only the root."""
+        source's: staging, publishing and finishing a version touch only the root. A full
+        disk or quota always is, named or not (``fsync`` of a descriptor names no file): the
+        agent writes nowhere else, so it is never "retry the source"."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
         if not exc.filename:
             return False
         root = os.path.realpath(self.node.settings.root)

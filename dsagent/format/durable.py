@@ -22,11 +22,22 @@ from pathlib import Path
 from typing import Any
 
 
+def fsync(fd: int, path: str | os.PathLike[str]) -> None:
+    """``os.fsync(fd)``, its error naming ``path``: the kernel's names no file, and a caller
+    tells the cache disk's failure from a source's by the file it names."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
+        raise
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries (new names, renames) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync(fd, path)
     finally:
         os.close(fd)
 
@@ -40,7 +51,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            fsync(fh.fileno(), tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -62,6 +73,10 @@ def syncfs(path: str | os.PathLike[str]) -> None:
     try:
         if not _syncfs_fd(fd):
             os.sync()
+    except WritebackError as exc:
+        if exc.filename is None:  # name the filesystem it was (see fsync)
+            raise WritebackError(exc.errno, exc.strerror, os.fspath(path)) from exc
+        raise
     finally:
         os.close(fd)
 

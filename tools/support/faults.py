@@ -133,7 +133,8 @@ class Injector:
         if kind == "commit":
             message = "database or disk is full" if self.code in (errno.ENOSPC, errno.EDQUOT) else "disk I/O error"
             raise sqlite3.OperationalError(message)
-        if kind == "write" and isinstance(path, int):  # os.write's own error names no file (nor does the C loop's)
+        if kind in ("write", "fsync") and isinstance(path, int):
+            # a descriptor's error names no file: os.write's, the C loop's, fsync(2)'s, syncfs(2)'s
             raise OSError(self.code, os.strerror(self.code))
         raise OSError(self.code, os.strerror(self.code), name)
 

@@ -40,6 +40,7 @@ from dsagent.cache.settings import Settings
 from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripereaders import Holder
 from dsagent.errors import DsagentError, InsufficientSpace
+from dsagent.format import durable
 from dsagent.format.manifest import BundleRef, Manifest
 from dsagent.format.storageconfig import Options
 from dsagent.policy.holding import WHOLE, holding
@@ -293,14 +294,10 @@ def bundle_of(manifest: Manifest, digest: str) -> BundleRef | None:
 def write_marker(path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.fsync(fd)
+        durable.fsync(fd, path)
     finally:
         os.close(fd)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    durable.fsync_dir(path.parent)
 
 
 __all__ = ["PREVIOUS_OWNERS", "Share", "ShareFill", "bundle_of", "write_marker"]

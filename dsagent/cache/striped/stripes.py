@@ -61,6 +61,7 @@ from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripereaders import Holder, PodReader, refusal
 from dsagent.cache.striped.stripewindow import StripeWindow
 from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
+from dsagent.format import durable
 from dsagent.format.manifest import BundleRef, FileEntry, read_manifest
 from dsagent.format.storageconfig import user_options, with_config
 from dsplatform.data import DONE_DIR
@@ -267,7 +268,7 @@ class StripeShares(ShareFill):
             for line in share.layout.dump():
                 out.write(line)
             out.flush()
-            os.fsync(out.fileno())
+            durable.fsync(out.fileno(), tmp)
         os.replace(tmp, directory / LAYOUT_FILE)
         mine = {b.digest for b in share.owned}
         for digest in done:
