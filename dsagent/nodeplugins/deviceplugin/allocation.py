@@ -117,12 +117,12 @@ class Device:
     id: str
     index: int
     numa_node: int | None
-    uuid: str = ""  # the GPU's UUID ("": the same as ``id``)
     vf: str | None = None  # a pair's VF, by PCI address
 
     @property
     def gpu(self) -> str:
-        return self.uuid or self.id
+        """The GPU's UUID (:func:`gpu_of` the ID)."""
+        return gpu_of(self.id)
 
 
 def without_vfs(pfs: Mapping[str, PhysicalFunction], taken: Collection[str]) -> dict[str, PhysicalFunction]:
@@ -200,7 +200,7 @@ class NodeDevices:
             vf = paired.get(g.index)
             device_id = f"{g.uuid}{PAIR_SEPARATOR}{vf.pci_bus_id}" if vf is not None else str(g.uuid)
             pci = vf.pci_bus_id if vf is not None else None
-            device = Device(id=device_id, index=g.index, numa_node=g.numa_node, uuid=str(g.uuid), vf=pci)
+            device = Device(id=device_id, index=g.index, numa_node=g.numa_node, vf=pci)
             self.devices[device.id] = device
         too_long = [d.id for d in self.devices.values() if len(d.id) > MAX_DEVICE_ID]
         if too_long:
