@@ -181,10 +181,19 @@ class Superseded(platform.Superseded, DsagentError):
     admission must be created again to read the current version (docs/design-striping.md#superseded)."""
 
 
+#: the errnos of a full disk or quota: never the source's or the store's health, never "retry"
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_full_disk(exc: BaseException) -> bool:
+    """Whether ``exc`` is an OS error of a full disk or quota (:data:`FULL_DISK`), named or not."""
+    return isinstance(exc, OSError) and exc.errno in FULL_DISK
+
+
 def local_write_error(exc: OSError, what: str) -> DsagentError:
     """The error for ``exc``, raised by the cache disk while doing ``what``: a full disk or
     quota is :class:`InsufficientSpace`, anything else :class:`CacheDiskError`."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if is_full_disk(exc):
         return InsufficientSpace(
             f"{what}: no space left on the cache disk ({exc})", hint="free space or evict unused datasets"
         )
@@ -212,6 +221,7 @@ class AgentStopping(TransientError):
 
 
 __all__ = [
+    "FULL_DISK",
     "AgentStopping",
     "AgentUnreachable",
     "CacheDiskError",
@@ -231,6 +241,7 @@ __all__ = [
     "TransientError",
     "UnsafeArchive",
     "Unauthorized",
+    "is_full_disk",
     "local_write_error",
 ]
 

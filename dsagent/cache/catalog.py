@@ -16,7 +16,6 @@ so a catalog row never claims a partial dataset.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsagent.errors import DsagentError, InsufficientSpace
+from dsagent.errors import DsagentError, InsufficientSpace, is_full_disk
 
 SCHEMA_VERSION = 2  # 2: the namespace a task acts for, and which namespaces asked for each source
 _SCHEMA = """
@@ -112,7 +111,7 @@ def _disk_full(exc: BaseException, where: Path) -> bool:
     """Whether ``exc`` came from a full disk: SQLITE_FULL, ENOSPC, or an I/O error (SQLite
     reports a failed ``-shm`` extension so) while the disk has no room left."""
     if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        return is_full_disk(exc)
     if getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc):
         return True
     try:

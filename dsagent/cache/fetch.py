@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -52,7 +51,7 @@ from dsagent.cache.fetchlinks import (
 )
 from dsagent.cache.fetchranges import RangesUnsupported, range_plan, unpack_ranged
 from dsagent.cache.progress import FetchProgress
-from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, local_write_error
+from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, is_full_disk, local_write_error
 from dsagent.format.bundles.bundle import unpack_bundle
 from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
@@ -334,7 +333,7 @@ def finish(staging: Path, manifest: Manifest, *, writeback_since: int | None = N
         if writeback_since is not None:
             writeback_for(staging).check(writeback_since)
     except WritebackError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if is_full_disk(exc):
             raise InsufficientSpace(
                 f"the cache disk ran out of space while flushing {staging}: {exc}",
                 hint="free space or evict unused datasets",

@@ -27,7 +27,6 @@ handed its preparation's work):
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,7 +38,7 @@ from dsagent.cache.node import Node
 from dsagent.cache.space import Space
 from dsagent.cache.task import DatasetRequest, redact_url
 from dsagent.cache.versions import Versions
-from dsagent.errors import DsagentError, IntegrityError, NamespaceShareExceeded, local_write_error
+from dsagent.errors import DsagentError, IntegrityError, NamespaceShareExceeded, is_full_disk, local_write_error
 from dsagent.format.manifest import Manifest
 from dsagent.format.storage_errors import classify
 from dsagent.format.storageconfig import with_config
@@ -326,7 +325,7 @@ class TaskWork:
         source's: staging, publishing and finishing a version touch only the root. A full
         disk or quota always is, named or not (``fsync`` of a descriptor names no file): the
         agent writes nowhere else, so it is never "retry the source"."""
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if is_full_disk(exc):
             return True
         if not exc.filename:
             return False

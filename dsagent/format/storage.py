@@ -34,6 +34,7 @@ from dsagent.errors import (
     InvalidInput,
     StorageCredentials,
     StorageForbidden,
+    is_full_disk,
     local_write_error,
 )
 from dsagent.format import storage_errors
@@ -403,7 +404,7 @@ def translate_errors(what: str, *, fs: AbstractFileSystem | None = None, path: s
     try:
         yield
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk is never "retry the source"
+        if is_full_disk(exc):  # a full disk is never "retry the source"
             raise local_write_error(exc, what) from exc
         if exc.errno == errno.ENOTDIR:  # a path through a regular file: the input's shape, not the store's health
             raise InvalidInput(

@@ -55,6 +55,7 @@ from dsagent.errors import (
     IntegrityError,
     InvalidInput,
     UnsafeArchive,
+    is_full_disk,
     local_write_error,
 )
 from dsagent.format import native as native_loops
@@ -299,7 +300,7 @@ def _local_writes(dest: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if isinstance(exc, WritebackError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, WritebackError) and not is_full_disk(exc):
             # written data may be lost: nothing of it is kept
             raise IntegrityError(
                 f"flushing {dest} to disk failed: {exc}", hint="the cache disk reported a write error (see dmesg)"

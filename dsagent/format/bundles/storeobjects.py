@@ -12,13 +12,12 @@ and the vectored write of a pipeline's pieces into a local file (:meth:`Counting
 
 from __future__ import annotations
 
-import errno
 import os
 import uuid
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from dsagent.errors import InsufficientSpace
+from dsagent.errors import InsufficientSpace, is_full_disk
 from dsagent.format.durable import Writeback, fsync_dir, writeback_for
 from dsagent.format.manifest import BUNDLES_DIR, EntryTable, EntryTableBuilder, FileEntry, bundle_digest, bundle_path
 from dsagent.format.storage import translate_errors
@@ -96,7 +95,7 @@ def _write_synced(tmp: str, fill: Any, what: str) -> int:
         writeback.check(since)
     except BaseException as exc:
         _remove_temporary(tmp)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if is_full_disk(exc):
             raise InsufficientSpace(
                 f"no space left in the bundle store for {what}: {exc}", hint="free space in the store"
             ) from exc
