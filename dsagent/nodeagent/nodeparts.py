@@ -212,8 +212,7 @@ def publish_hardware_decision(settings: Settings, decision: Any) -> None:
 
     from dsagent.kube import apiclient
     from dsagent.kube.events import EventRecorder, ObjectRef
-    from dsagent.nodeagent.hardware import PLUGIN_LABEL, node_patch, status_patch
-    from dsplatform.kubetime import format_time
+    from dsagent.nodeagent.hardware import PLUGIN_LABEL, node_patch
 
     log = logging.getLogger("dsagent")
     api = apiclient.load()
@@ -223,15 +222,7 @@ def publish_hardware_decision(settings: Settings, decision: Any) -> None:
             node = core.read_node(settings.node_name, _request_timeout=10)
         labels = dict((node.metadata.labels if node.metadata else None) or {})
         patch = node_patch(decision, labels, settings.device_plugin_node_label or PLUGIN_LABEL)
-        if patch:
-            with apiclient.translated(f"label node {settings.node_name}"):
-                core.patch_node(settings.node_name, patch, _request_timeout=10)
-        with apiclient.translated(f"set the condition of node {settings.node_name}"):
-            # strategic merge: the conditions merge by type (a merge patch would replace the kubelet's)
-            core.patch_node_status(
-                settings.node_name, status_patch(decision, format_time(time.time())),
-                _content_type="application/strategic-merge-patch+json", _request_timeout=10,
-            )  # fmt: skip
+        _write_on_node(core, settings.node_name, patch, decision)
         uid = str(node.metadata.uid or "") if node.metadata else ""
         events = EventRecorder(api, controller="dsagent.io/agent", instance=settings.node_name)
         events.record(
@@ -287,6 +278,27 @@ def _others_devices(settings: Settings, client: Any) -> Callable[[], Awaitable[s
     return others
 
 
+def _write_on_node(core: Any, name: str, labels_patch: dict[str, Any], decision: Any | None) -> None:
+    """Node ``name``'s labels patched (``labels_patch``, none when empty) and its
+    ``DsplatformRoceClasses`` condition set for ``decision`` (None: left alone): what the
+    agent's decision and the release's uninstall both write."""
+    from dsagent.kube import apiclient
+    from dsagent.nodeagent.hardware import status_patch
+    from dsplatform.kubetime import format_time
+
+    if labels_patch:
+        with apiclient.translated(f"label node {name}"):
+            core.patch_node(name, labels_patch, _request_timeout=10)
+    if decision is None:
+        return
+    with apiclient.translated(f"set the condition of node {name}"):
+        # strategic merge: the conditions merge by type (a merge patch would replace the kubelet's)
+        core.patch_node_status(
+            name, status_patch(decision, format_time(time.time())),
+            _content_type="application/strategic-merge-patch+json", _request_timeout=10,
+        )  # fmt: skip
+
+
 def release_nodes(label: str) -> list[str]:
     """Hand every node this agent's device plugin served (``<label>`` set) back to NVIDIA's,
     as the release is uninstalled (the chart's pre-delete hook runs ``dsagent release-nodes``):
@@ -296,8 +308,7 @@ def release_nodes(label: str) -> list[str]:
     from kubernetes import client
 
     from dsagent.kube import apiclient
-    from dsagent.nodeagent.hardware import CONDITION, RELEASED, release_patch, status_patch
-    from dsplatform.kubetime import format_time
+    from dsagent.nodeagent.hardware import CONDITION, RELEASED, release_patch
 
     api = apiclient.load()
     released: list[str] = []
@@ -312,14 +323,8 @@ def release_nodes(label: str) -> list[str]:
             patch = release_patch(dict(node.metadata.labels or {}), label)
             if not patch:
                 continue
-            with apiclient.translated(f"label node {name}"):
-                core.patch_node(name, patch, _request_timeout=10)
-            if any(c.type == CONDITION for c in (node.status.conditions if node.status else None) or []):
-                with apiclient.translated(f"set the condition of node {name}"):
-                    core.patch_node_status(
-                        name, status_patch(RELEASED, format_time(time.time())),
-                        _content_type="application/strategic-merge-patch+json", _request_timeout=10,
-                    )  # fmt: skip
+            said = any(c.type == CONDITION for c in (node.status.conditions if node.status else None) or [])
+            _write_on_node(core, name, patch, RELEASED if said else None)  # a condition only where one was
             released.append(name)
     finally:
         api.close()
