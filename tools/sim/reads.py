@@ -270,8 +270,8 @@ class Reads(StripeReads):
                 stored = own if parted else self._from_parts(node, key, own, None)
                 after = self._new_fetch(node, key, stored, cached=cached, waiter=None, unpack=True, part=True)
             source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
-        elif self.params.peers and self.copies_elsewhere(node, key) > 0:
-            source, sources = "peer", tuple(sorted(self.ready_copies[key] - {node.index}))
+        elif seeds:  # the nodes holding it ready (none without peers)
+            source, sources = "peer", seeds
         elif self.params.peers and (
             after := next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
         ):
