@@ -152,7 +152,8 @@ def stripe_status(
         inv = inventories.get(node)
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
             continue
-        held = ((inv.get("stripes") or {}).get(name) or {}).get("heldBytes")
+        listed = (inv.get("stripes") or {}).get(name) or {}
+        held = listed.get("heldBytes")
         whole = (inv.get("datasets") or {}).get(name) or {}
         held_bytes = count(held) or (count(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
         free = count(inv.get("freeBytes"))
@@ -162,11 +163,18 @@ def stripe_status(
                 node, free, held_bytes, subnets.get(node), count(inv.get("capacityBytes")),
                 spare_bytes=free + _replicated_bytes(inv, copies, keeping),
                 takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
+                window_bytes=count(listed.get("windowBytes")),
             )
         )  # fmt: skip
     shareless_before = [
         str(r.get("node")) for r in (status.get("stripe") or {}).get("nodes") or []
         if isinstance(r, dict) and r.get("share") is False
+    ]  # fmt: skip
+    # the members that answered last pass holding their share, not the whole version
+    share_before = [
+        str(r.get("node")) for r in (status.get("stripe") or {}).get("nodes") or []
+        if isinstance(r, dict) and r.get("state") in ("ready", "onDemand", "fetching")
+        and r.get("holding") != HOLDING_WHOLE
     ]  # fmt: skip
     members, no_share, whole = choose_placement(
         candidates,
@@ -174,6 +182,7 @@ def stripe_status(
         job_nodes=job,
         before=[n for n in before if n not in leaving_now],
         no_share_before=shareless_before,
+        share_before=share_before,
         members=None if mode == "auto" else int(mode),
     )
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]

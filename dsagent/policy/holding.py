@@ -14,6 +14,13 @@ The rule:
   job's own nodes wherever they can hold it (:func:`members_wanted`), so that each rank reads
   its own node's share from local disk. More members join only where the job's nodes are
   too few to hold the version with the rule's headroom and per-member budget.
+- **A job's node that started on a share is made whole later only once it has paid for
+  it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
+  while its pods go on reading; it does so once its readers have taken at least that many
+  bytes through the window. Renting until the rent reaches the price, then buying, never
+  moves more than twice the bytes the better choice in hindsight would (the ski-rental
+  rule), without knowing how long the job will read: a short job near its end is not sent
+  a whole copy it will not read, a long one is.
 
 Who calls it: :meth:`dsagent.cache.striped.stripes.StripeShares.hold` (a node asked to hold a
 version whole checks that it can, else it holds its share), :func:`choose_placement` from
@@ -61,6 +68,13 @@ def holding(size_bytes: int, *, cache_bytes: int, room_bytes: int | None = None,
     return WHOLE
 
 
+def worth_whole(window_bytes: int, lacking_bytes: int) -> bool:
+    """Whether a job's node reading a version through its group's window (a share, or none)
+    should now fetch it whole, room allowing: once the bytes its readers took through the
+    window reach the bytes it lacks (the ski-rental rule, module docstring)."""
+    return max(0, window_bytes) >= max(0, lacking_bytes)
+
+
 def members_wanted(size_bytes: int, cache_bytes: int, job_nodes: int, *, ratio: float = EVICT_RATIO) -> int:
     """How many members a version held as shares has: the job's nodes, or, where they are too
     few to hold it with the headroom and :data:`SHARE_BUDGET`, as many as that needs
@@ -92,13 +106,16 @@ def choose_placement(
     job_nodes: Sequence[str] = (),
     before: Sequence[str] = (),
     no_share_before: Sequence[str] = (),
+    share_before: Sequence[str] = (),
     members: int | None = None,
     ratio: float = EVICT_RATIO,
 ) -> Placement:
     """Where a version lives: the group (``members``: a Dataset's fixed count, or None for
     :func:`members_wanted` over the smallest cache among ``nodes``) chosen by
     :func:`dsagent.policy.stripegroup.choose_group`, the job's nodes first, and which of the
-    job's nodes hold it whole (:func:`holding` on each one's cache and room)."""
+    job's nodes hold it whole (:func:`holding` on each one's cache and room). A job's node
+    that took part on a share before (``share_before``: it answered, not holding the
+    version whole) holds it whole only once :func:`worth_whole` says so."""
     if not nodes:
         return Placement([], [], [])
     by_name = {n.name: n for n in nodes}
@@ -110,6 +127,7 @@ def choose_placement(
         nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
         members=members, ratio=ratio,
     )  # fmt: skip
+    was_share = set(share_before)
     whole = [
         name
         for name in group.members
@@ -117,8 +135,14 @@ def choose_placement(
         and name not in group.no_share
         and holding(size_bytes, cache_bytes=by_name[name].cache_bytes, room_bytes=_room(by_name[name]), ratio=ratio)
         is WHOLE
+        and (name not in was_share or _paid(by_name[name], size_bytes))
     ]
     return Placement(group.members, group.no_share, whole)
+
+
+def _paid(node: Candidate, size_bytes: int) -> bool:
+    """A member reading through the window has taken as many bytes through it as it lacks."""
+    return worth_whole(node.window_bytes, size_bytes - node.held_bytes)
 
 
 def _room(node: Candidate) -> int | None:
@@ -129,5 +153,5 @@ def _room(node: Candidate) -> int | None:
 
 __all__ = [
     "Holding", "Placement", "SHARE", "SHARE_BUDGET", "WHOLE", "choose_placement", "holding", "members_least",
-    "members_wanted",
+    "members_wanted", "worth_whole",
 ]  # fmt: skip

@@ -19,7 +19,8 @@ The document::
                    fetching, failed), inUse, lastUsed; heldBytes while fetching; versions
                    (digest, state, inUse, sizeBytes of each) when more than one is cached
     stripes        name -> this node's share of a striped version (docs/design-striping.md):
-                   digest, sizeBytes, heldBytes, members (the group's size) and group (the
+                   digest, sizeBytes, heldBytes, windowBytes (bytes its readers took through
+                   the window), members (the group's size) and group (the
                    node names of the members that own bundles, from which any reader
                    computes each bundle's owner; the annotation's budget drops it first)
     truncated      true when the annotation's budget dropped datasets

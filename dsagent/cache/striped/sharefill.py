@@ -87,6 +87,7 @@ class Share:
     whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
     on_demand: bool = False  # storeOnDemand: the store is read only for bundles a reader waits for
+    window_bytes: int = 0  # bytes this node's readers took through the window since the share was held
 
     @property
     def key(self) -> Key:

@@ -205,6 +205,7 @@ class StripeShares(ShareFill):
             layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
             no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
             whole=everything is not None, on_demand=store_on_demand,
+            window_bytes=share.window_bytes if share is not None else 0,
         )  # fmt: skip
         share.expires, share.last_used = now + lease, now
         self._shares[key] = share
@@ -401,6 +402,7 @@ class StripeShares(ShareFill):
                 "digest": key[1],
                 "sizeBytes": share.layout.total_bytes,
                 "heldBytes": sum(b.size for b in share.layout.bundles if b.digest in share.held),
+                "windowBytes": share.window_bytes,
                 "members": len(share.layout.members),
                 # the owners only: a reader computes each bundle's owner over this list, and a
                 # member without a share owns nothing (weight 0 is the same as not listed)
@@ -474,6 +476,8 @@ class StripeShares(ShareFill):
 
             directory = self.version_dir(key) / "window" / bundle
             where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
+            # counted as heldBytes is, so the placement weighs one against the other
+            share.window_bytes += next((b.size for b in share.layout.bundles if b.digest == bundle), ref.size)
             stream.holding(release)
             return where, entries, stream
         except BaseException:

@@ -95,6 +95,12 @@ def _read(pair: _Pair, node: str, bundle: str) -> bytes:
     return answer.content
 
 
+def _window_bytes(pair: _Pair, node: str) -> int:
+    """The ``windowBytes`` of ``imgs`` in ``node``'s inventory."""
+    with admin(pair.agents[node]) as client:
+        return int(client.get("/v1/inventory").json()["stripes"]["imgs"]["windowBytes"])
+
+
 def _peer_ask(pair: _Pair, node: str, bundle: str, *, reader: bool) -> int:
     """What ``node``'s agent answers a peer asking for ``bundle`` (with the reader marker or not)."""
     headers = {"Authorization": f"Bearer {TOKEN}", **({READER_HEADER: READER_WAITS} if reader else {})}
@@ -166,6 +172,11 @@ def test_a_share_on_demand_reads_the_store_only_for_bundles_a_reader_waits_for(p
     _read(pair, "node-b", of_a[1])
     assert _sent(pair.agents["node-a"]) - before == {of_a[1][:12]}  # node-a read it for node-b's reader
     _read(pair, "node-b", of_b[0])
+    # node-b's inventory counts the bundle its reader took through the window, not its own
+    # (the controller weighs it against what a whole copy lacks: docs/design-striping.md#holding)
+    sizes = {b.digest: b.size for b in pair.manifest.bundles}
+    assert _window_bytes(pair, "node-b") == sizes[of_a[1]]
+    assert _window_bytes(pair, "node-a") == 0
     _passes()
     assert _store_reads(pair) == {of_a[0]: 1, of_a[1]: 1, of_b[0]: 1}  # once each, and nothing else
     assert share_status(pair.agents["node-a"], "imgs", digest)["bundlesHeld"] == 2

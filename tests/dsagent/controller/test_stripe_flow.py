@@ -515,3 +515,35 @@ def test_a_job_nodes_room_counts_the_idle_copies_other_nodes_hold_too() -> None:
     assert shareless(choose(inventories({}, n2_holds=True))) == []
     assert shareless(choose(inventories({}, n2_holds=False))) == ["n1"]
     assert shareless(choose(inventories({"inUse": True}, n2_holds=True))) == ["n1"]
+
+
+def test_a_member_that_started_on_a_share_is_asked_whole_once_its_window_reads_reach_what_it_lacks() -> None:
+    # n1 runs the job; it joined the group on a share of 30 GB (no room for the 150 GB
+    # version then). Room appeared (190 GB free): it is asked for a whole copy only once its
+    # pods read the 120 GB it lacks through the window; n2, whole before, stays whole. A
+    # member whose last answer did not come is not taken as one on a share.
+    def status(window: int, n1_was: str = "ready") -> dict[str, Any]:
+        n1 = {"version": 1, "freeBytes": 190 * GB, "capacityBytes": 400 * GB, "datasets": {},
+              "features": list(FEATURES), "stripes": {"big": {"digest": DIGEST, "sizeBytes": 150 * GB,
+              "heldBytes": 30 * GB, "windowBytes": window, "members": 2}}}  # fmt: skip
+        n2 = {"version": 1, "freeBytes": 250 * GB, "capacityBytes": 400 * GB, "features": list(FEATURES),
+              "datasets": {}, "stripes": {"big": {"digest": DIGEST, "sizeBytes": 150 * GB,
+              "heldBytes": 150 * GB, "windowBytes": 0, "members": 2}}}  # fmt: skip
+        asked: dict[str, bool] = {}
+
+        def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+            asked[node] = body.get("whole") is True
+            return 200, {"complete": True, "bytesHeld": 0, "bytesOwned": 0}
+
+        before = {"nodes": [{"node": "n1", "state": n1_was}, {"node": "n2", "state": "ready", "holding": "whole"}]}
+        stripe_status(
+            "big", {"stripe": "auto", "bundles": "s3://s/p"}, {"bytes": 150 * GB, "digest": DIGEST, "stripe": before},
+            {"n1": n1, "n2": n2}, agent_call=agent, agent_urls={"n1": "http://n1", "n2": "http://n2"},
+            job=["n1", "n2"],
+        )  # fmt: skip
+        return asked
+
+    assert status(0) == {"n1": False, "n2": True}
+    assert status(120 * GB - 1) == {"n1": False, "n2": True}
+    assert status(120 * GB) == {"n1": True, "n2": True}
+    assert status(0, n1_was="unreachable") == {"n1": True, "n2": True}

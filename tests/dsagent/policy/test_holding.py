@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsagent.policy.holding import SHARE, WHOLE, choose_placement, holding, members_wanted
+from dsagent.policy.holding import SHARE, WHOLE, choose_placement, holding, members_wanted, worth_whole
 from dsagent.policy.stripegroup import Candidate
 
 TB = 10**12
@@ -56,6 +56,38 @@ def test_a_job_node_without_room_holds_a_share_not_a_whole_copy() -> None:
     placement = choose_placement(nodes, size_bytes=TB, job_nodes=["n0", "busy"])
     assert placement.whole == ["n0"]
     assert "busy" in placement.members
+
+
+def test_a_member_on_a_share_goes_whole_when_room_appears_only_once_its_window_reads_paid_for_it() -> None:
+    """Room appeared on "busy", which started on a share of 1 TB holding 250 GB: it lacks
+    750 GB and goes whole once its readers took 750 GB through the window, not before."""
+
+    def placed(window: int) -> list[str]:
+        busy = Candidate("busy", free_bytes=3 * TB, held_bytes=TB // 4, subnet="s1", cache_bytes=4 * TB,
+                         spare_bytes=3 * TB, window_bytes=window)  # fmt: skip
+        return choose_placement(
+            [*_subnet(3), busy], size_bytes=TB, job_nodes=["n0", "busy"], before=["n0", "busy"],
+            share_before=["busy"],
+        ).whole  # fmt: skip
+
+    assert placed(0) == ["n0"]
+    assert placed(3 * TB // 4 - 1) == ["n0"]
+    assert placed(3 * TB // 4) == ["n0", "busy"]
+
+
+def test_a_new_job_node_and_a_whole_one_need_no_window_reads() -> None:
+    """The rule is for members that were on a share: a node joining with the job, and one
+    that held the version whole before (or did not answer), are whole wherever it fits and
+    room allows."""
+    placement = choose_placement(_subnet(4), size_bytes=TB, job_nodes=["n0", "n1"], before=["n0"])
+    assert placement.whole == ["n0", "n1"]
+
+
+@pytest.mark.parametrize(
+    ("window", "lacking", "whole"), [(0, 0, True), (10, 11, False), (11, 11, True), (-5, -1, True)]
+)
+def test_worth_whole_is_the_ski_rental_rule(window: int, lacking: int, whole: bool) -> None:
+    assert worth_whole(window, lacking) is whole
 
 
 def test_a_fixed_member_count_is_kept() -> None:
