@@ -29,6 +29,7 @@ def test_the_simulator_calls_the_products_functions() -> None:
     assert reads.holding is product.holding
     assert stripereads.members_wanted is product.members_wanted
     assert stripereads.members_least is product.members_least
+    assert stripereads.holding is product.holding and stripereads.worth_whole is product.worth_whole
 
 
 def test_no_module_of_the_simulator_has_a_holding_rule_of_its_own() -> None:
@@ -75,3 +76,29 @@ def test_a_different_answer_changes_what_the_simulator_does(monkeypatch: pytest.
     # the product answering "share" for everything: every version is read through a group
     sim = _run(monkeypatch, lambda size, **kw: product.SHARE)
     assert {name for name, _ in sim.stripes} == {"ds0", "ds1", "ds2"}
+
+
+def test_a_job_node_on_a_share_is_made_whole_at_a_pass_only_as_the_product_rules_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every pod starts on a share (the start's answer forced to "share"); at the
+    controller's passes the versions that fit are made whole on the job's nodes exactly when
+    the product's ``worth_whole`` says so, with the bytes read through the window so far."""
+    asked: list[tuple[int, int]] = []
+
+    def recording(window: int, lacking: int) -> bool:
+        asked.append((window, lacking))
+        return product.worth_whole(window, lacking)
+
+    monkeypatch.setattr(stripereads, "worth_whole", recording)
+    ruled = _run(monkeypatch, lambda size, **kw: product.SHARE)
+    assert asked and ruled.whole_replans == sum(1 for window, lacking in asked if window >= lacking) > 0
+    assert any(window < lacking for window, lacking in asked)  # asked before it had paid: kept on the share
+    monkeypatch.setattr(stripereads, "worth_whole", lambda window, lacking: False)
+    never = _run(monkeypatch, lambda size, **kw: product.SHARE)
+    assert never.whole_replans == 0
+    monkeypatch.setattr(stripereads, "worth_whole", lambda window, lacking: True)
+    eager = _run(monkeypatch, lambda size, **kw: product.SHARE)
+    assert eager.whole_replans >= ruled.whole_replans
+    # a node made whole reads its later epochs from its own disk, not through the window
+    assert eager.read_local[1] > never.read_local[1] and eager.read_peer[1] < never.read_peer[1]

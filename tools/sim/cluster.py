@@ -138,6 +138,7 @@ class Fetch:
     fuse: bool = False
     on_done: str = ""  # what finishing it means: "" (ours' copy), "stripe"
     part: bool = False  # one part of a copy filled in parts: its end does not make the copy ready
+    total: float = 0.0  # the bytes it moves in all (``remaining`` counts down from it)
     # kept by tools.sim.flows: the fair share before ``after`` is applied, the rate, whether open
     base: float = field(default=0.0, repr=False, compare=False)
     rate: float = field(default=0.0, repr=False, compare=False)

@@ -30,6 +30,7 @@ import heapq
 import math
 
 from tools.sim.cluster import EPOCH, MEASURED_FETCH_BPS, CacheEntry, ClusterParams, build_nodes, load_node_types
+from tools.sim.hooks import RESYNC_S
 from tools.sim.placement import Placement
 from tools.sim.policies import BASELINES, OURS, OURS_VARIANTS, POLICIES
 from tools.sim.reads import Reads
@@ -62,6 +63,9 @@ class Simulation(Placement, Reads):
                     self.next_job(self)
                 if self.replication is not None:
                     self.replication(self)
+                if self.stripes and self.now - self.replanned_at >= RESYNC_S:
+                    self.replanned_at = self.now
+                    self._replan_whole()
         return self
 
 

@@ -62,6 +62,7 @@ class Flows(SimState):
             on_done,
             part,
         )
+        fetch.total = float(size)
         self.fetches.append(fetch)
         if after is not None:
             self.after_fetches.append(fetch)
@@ -204,8 +205,12 @@ class Flows(SimState):
                     self.ready_copies.setdefault(f.key, set()).add(f.node.index)
                     self._drop_old_versions(f.node, f.key)
                 self.touch(f.node)
+            if f.stream and f.source == "peer":  # read through the window (or from a peer's copy)
+                self.window_read[(f.node.index, f.key)] = self.window_read.get((f.node.index, f.key), 0.0) + f.total
             if self.inflight.get((f.node.index, f.key)) is f:
                 del self.inflight[(f.node.index, f.key)]
+                for out, index in self.whole_pending.pop((f.node.index, f.key), ()):
+                    self._read_locally(out, index)
             for job, _ in f.waiters:
                 if f.stream:
                     self._stream_done(self.outcomes[job.id])
@@ -218,6 +223,9 @@ class Flows(SimState):
         raise NotImplementedError
 
     def _stream_done(self, out: Outcome) -> None:
+        raise NotImplementedError
+
+    def _read_locally(self, out: Outcome, index: int) -> None:
         raise NotImplementedError
 
     def _data_ready(self, out: Outcome) -> None:

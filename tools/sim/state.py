@@ -97,6 +97,12 @@ class SimState:
         self.read_peer = [0.0, 0.0]
         self.read_store = [0.0, 0.0]
         self.requests = self.hits = 0
+        # (node, version) -> the ranks that read it locally once the node's copy is whole
+        self.whole_pending: dict[tuple[int, tuple[str, int]], list[tuple[Outcome, int]]] = {}
+        # (node, version) -> bytes its readers took through the window (the inventory's windowBytes)
+        self.window_read: dict[tuple[int, tuple[str, int]], float] = {}
+        self.whole_replans = 0  # a job's node asked to hold whole a version it read through a group
+        self.replanned_at = -float("inf")  # the controller's last pass over the groups (ours+stripe)
         self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
         # ready copies per dataset version: which nodes hold it (P2P sources; how many other
         # nodes hold a version, for a cluster-aware eviction policy: :meth:`copies_elsewhere`)
@@ -219,10 +225,13 @@ class SimState:
     def _forget(self, node: Node, key: tuple[str, int]) -> None:
         """Drop a cached version (or a stripe share) from a node (evicted or replaced)."""
         entry = node.cache.pop(key, None)
+        self.window_read.pop((node.index, key), None)
         if entry is not None and entry.stripe:
             group = self.stripes.get(key)
             if group is not None:
                 group.holding.discard(node.index)
+        if entry is not None and not entry.stripe and (group := self.stripes.get(key)) is not None:
+            group.holding.discard(node.index)  # a member that held the version whole
         holders = self.ready_copies.get(key)
         if holders is not None:
             holders.discard(node.index)

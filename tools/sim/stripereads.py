@@ -12,7 +12,7 @@ as read.
 
 from __future__ import annotations
 
-from dsagent.policy.holding import members_least, members_wanted
+from dsagent.policy.holding import WHOLE, holding, members_least, members_wanted, worth_whole
 from dsagent.policy.stripegroup import Candidate, choose_group
 from tools.sim import stripe
 from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
@@ -95,6 +95,78 @@ class StripeReads(Flows):
         worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
+
+    def _replan_whole(self) -> None:
+        """The controller's pass over the versions read through a group: a job's node the
+        version now fits, with room made without a last copy (the product's
+        :func:`dsagent.policy.holding.choose_placement` marks it ``whole``, as it does at
+        every pass, not only when the job started), is asked to hold it whole. Its agent
+        fetches the bundles it lacks (the group's owners and peers before the store); the
+        rank reads through the window until the copy is whole, its own disk after that
+        (:meth:`_read_locally`)."""
+        for out in list(self.running.values()):
+            job = out.job
+            key = (job.dataset, self.version_of(job, out.start))
+            group = self.stripes.get(key)
+            if group is None or job.id not in group.readers:
+                continue
+            size = self.datasets[job.dataset].size
+            for index, worker in enumerate(out.workers):
+                node = worker.node
+                entry = node.cache.get(key)
+                if entry is not None and not entry.stripe:
+                    continue  # held whole already
+                room = self._room_bytes(node, key)
+                if holding(size, cache_bytes=self.params.cache_bytes, room_bytes=room) is not WHOLE:
+                    continue
+                held = int(entry.size * group.fill.get(node.index, 0.0)) if entry is not None else 0
+                if not worth_whole(int(self._window_bytes(node, key)), size - held):
+                    continue
+                if not self._make_room(node, size - (entry.size if entry is not None else 0), replica=True):
+                    continue
+                if entry is None:
+                    entry = node.cache[key] = CacheEntry(key[0], key[1], size, self.now, users=1)
+                entry.size, entry.stripe, entry.ready, entry.part = size, False, False, 1.0
+                entry.last_used = self.now
+                self.touch(node)
+                self._fetch_version(node, key, max(1, size - held), cached=True, waiter=None)
+                self.whole_pending.setdefault((node.index, key), []).append((out, index))
+                self.whole_replans += 1
+
+    def _window_bytes(self, node: Node, key: tuple[str, int]) -> float:
+        """What ``node``'s readers took of ``key`` through the window so far (the inventory's
+        ``windowBytes``): its finished reads from other members, and the open ones' progress."""
+        done = self.window_read.get((node.index, key), 0.0)
+        return done + sum(
+            f.total - f.remaining
+            for f in self.fetches
+            if f.stream and f.source == "peer" and f.node is node and f.key == key
+        )
+
+    def _read_locally(self, out: Outcome, index: int) -> None:
+        """The rank's copy is whole: its open reads through the window (from the group's
+        other members) are read from its own disk from now on."""
+        if self.running.get(out.job.id) is not out:
+            return  # ended (or moved) while its copy was filled
+        for f in [f for f in self.fetches if f.stream and f.source == "peer" and (out.job, index) in f.waiters]:
+            left = f.remaining
+            self.window_read[(f.node.index, f.key)] = self.window_read.get((f.node.index, f.key), 0.0) + f.total - left
+            self.fetches.remove(f)
+            f.open = False
+            self._count(f, -1)
+            if f in self.after_fetches:
+                self.after_fetches.remove(f)
+            out.streams -= 1
+            moved = min(left, self.read_peer[1])  # from the later epochs' window reads
+            self.read_peer[1] -= moved
+            self.read_local[1] += moved
+            self.read_peer[0] -= left - moved
+            self.read_local[0] += left - moved
+            self.peer_bytes -= left
+            self._new_fetch(
+                out.workers[index].node, f.key, left, cached=True, waiter=(out.job, index), source="local",
+                stream=True,
+            )  # fmt: skip
 
     def _stripe_group(self, out: Outcome, key: tuple[str, int], size: int) -> stripe.Group | None:
         """The version's group, formed or repaired for this job; each member's missing share
