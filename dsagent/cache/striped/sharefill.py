@@ -242,11 +242,19 @@ class ShareFill:
                 self.sources.fetch_claimed(share, bundle, directory, order, copies=copies, reader=reader)
             elif not self.sources.fetch(share, bundle, directory, order, copies=copies, store=False):
                 return False
-        else:  # a whole copy's bundle owned elsewhere: its owner first, and never a claim (the
-            # owner asking this node back would wait on it while it waits on the owner)
+        else:  # a whole copy's bundle owned elsewhere: its owner first, claimed only once it
+            # reads the store (asking the peers, this node makes nobody wait: the owner asking
+            # it back would wait on it while it waits on the owner; reading the store, it
+            # waits on nobody, and an owner that starts meanwhile waits for it instead of
+            # reading the store too)
             order = [placed.owner, *(m for m in order if m != placed.owner)]
-            if not self.sources.fetch(share, bundle, directory, order, copies=copies, store=store, reader=reader):
-                return False
+            with self.peers.claim(bundle.digest, "unclaimed") as claim:
+                if not self.sources.fetch(
+                    share, bundle, directory, order, copies=copies, store=store, reader=reader,
+                    before_store=claim.downloading,
+                ):  # fmt: skip
+                    return False
+                claim.finished()
         write_marker(directory / DONE_DIR / bundle.digest)
         return True
 
