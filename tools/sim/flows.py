@@ -205,7 +205,7 @@ class Flows(SimState):
                     self.ready_copies.setdefault(f.key, set()).add(f.node.index)
                     self._drop_old_versions(f.node, f.key)
                 self.touch(f.node)
-            if f.stream and f.source == "peer":  # read through the window (or from a peer's copy)
+            if f.stream and f.source == "peer" and self.stripes:  # through a group's window
                 self.window_read[(f.node.index, f.key)] = self.window_read.get((f.node.index, f.key), 0.0) + f.total
             if self.inflight.get((f.node.index, f.key)) is f:
                 del self.inflight[(f.node.index, f.key)]

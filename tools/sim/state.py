@@ -226,12 +226,8 @@ class SimState:
         """Drop a cached version (or a stripe share) from a node (evicted or replaced)."""
         entry = node.cache.pop(key, None)
         self.window_read.pop((node.index, key), None)
-        if entry is not None and entry.stripe:
-            group = self.stripes.get(key)
-            if group is not None:
-                group.holding.discard(node.index)
-        if entry is not None and not entry.stripe and (group := self.stripes.get(key)) is not None:
-            group.holding.discard(node.index)  # a member that held the version whole
+        if entry is not None and (group := self.stripes.get(key)) is not None:
+            group.holding.discard(node.index)  # its share, or the whole copy a member held
         holders = self.ready_copies.get(key)
         if holders is not None:
             holders.discard(node.index)
