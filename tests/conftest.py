@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def fixtures_dir() -> Path:
     """``tests/fixtures``: real outputs of real machines, each beside a ``.src`` provenance file."""
     return FIXTURES_DIR
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path under /tmp: unix socket paths (the kubelet's device
+    plugin and pod-resources sockets) are limited to 107 bytes, and pytest's tmp_path is long."""
+    path = Path(tempfile.mkdtemp(prefix="sock-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

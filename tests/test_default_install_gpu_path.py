@@ -20,10 +20,7 @@ import base64
 import copy
 import json
 import os
-import shutil
 import socket
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +58,6 @@ def chart_env(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, s
     else:
         containers = find(docs, kind, suffix)["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for c in containers for e in c.get("env", []) if isinstance(e.get("value"), str)}
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dflt-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_default_install_serves_classes_where_the_hardware_carries_them(

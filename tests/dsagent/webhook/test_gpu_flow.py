@@ -30,8 +30,6 @@ import base64
 import copy
 import dataclasses
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,14 +83,6 @@ def dgx1(fixtures_dir: Path) -> Topology:
     return dataclasses.replace(
         topology, gpus=tuple(dataclasses.replace(g, uuid=gpu_uuid(g.index)) for g in topology.gpus)
     )
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Unix socket paths are limited to 107 bytes: the kubelet's directories live here."""
-    path = Path(tempfile.mkdtemp(prefix="k11e2e-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +25,6 @@ def dgx_a100(fixtures_dir: Path) -> Topology:
     topology = parse_topo_matrix((fixtures_dir / "topology" / DGX_A100).read_text(encoding="utf-8"))
     gpus = tuple(dataclasses.replace(g, uuid=gpu_uuid(g.index)) for g in topology.gpus)
     return dataclasses.replace(topology, gpus=gpus)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path: unix socket paths are limited to 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="k11-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
