@@ -416,7 +416,7 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         plugin_dir=settings.device_plugin_dir,
         listed=client.listed,
         vf_addresses=addresses,
+        foreign=foreign,
     )
-    plugin.foreign = foreign
     await plugin.start()
     return plugin

@@ -87,12 +87,14 @@ class DevicePlugin:
         clock: Callable[[], float] = time.time,
         vf_addresses: Callable[[list[str]], dict[str, str]] | None = None,
         others: Callable[[], Awaitable[set[str]]] | None = None,
+        foreign: set[str] | None = None,
     ) -> None:
         self.node = node
         # the device IDs other plugins advertise (pod-resources), looked at again at each
-        # reconcile: a VF among them is never handed out (another plugin's, e.g. SR-IOV's)
+        # reconcile: a VF among them is never handed out (another plugin's, e.g. SR-IOV's);
+        # ``foreign``: those the caller found already
         self.others = others
-        self.foreign: set[str] = set()
+        self.foreign: set[str] = set(foreign or ())
         # sets the address of the VFs a container is given as it is created (vfsetup.AddressAtAllocation)
         self.vf_addresses = vf_addresses
         self.state_dir = Path(state_dir)
