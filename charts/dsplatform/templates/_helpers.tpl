@@ -199,3 +199,14 @@ chart's own <fullname>-agent-admin (agent-daemonset.yaml); and the key the token
 {{- define "dsplatform.webhookTLSSecret" -}}
 {{- .Values.webhook.tls.existingSecret | default (printf "%s-tls" (include "dsplatform.component" (dict "root" . "component" "webhook"))) }}
 {{- end }}
+
+{{/*
+The annotations of the uninstall hook's objects (agent-release-hook.yaml): run before the
+release is deleted, at the weight given (the Job after its account and rights), and removed
+once it succeeded or before it runs again.
+*/}}
+{{- define "dsplatform.releaseHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
