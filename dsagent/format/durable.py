@@ -119,7 +119,10 @@ class Writeback:
     descriptor of the file that crossed the step, closed when the flush ends).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        # a directory of the filesystem, named in the error of a failed flush: the cache
+        # disk's, not a source's (the agent tells the two apart by the file an error names)
+        self.directory = os.fspath(directory) if directory is not None else None
         self._lock = threading.Lock()
         self._pending = 0
         self._flushing: threading.Thread | None = None
@@ -176,7 +179,7 @@ class Writeback:
             failures, failure = self._failures, self._failure
         if failures != since:
             code = failure.errno if failure is not None and failure.errno else errno.EIO
-            raise WritebackError(code, f"a background flush of the filesystem failed: {failure}")
+            raise WritebackError(code, f"a background flush of the filesystem failed: {failure}", self.directory)
 
     def wait(self) -> None:
         """Wait for the flush running now, if any."""
@@ -194,7 +197,7 @@ def writeback_for(directory: str | os.PathLike[str]) -> Writeback:
     """The :class:`Writeback` of the filesystem holding ``directory`` (one per filesystem, shared)."""
     device = os.stat(directory).st_dev
     with _writebacks_lock:
-        return _writebacks.setdefault(device, Writeback())
+        return _writebacks.setdefault(device, Writeback(directory))
 
 
 def _syncfs_fd(fd: int) -> bool:

@@ -3,6 +3,7 @@ many flushes at once, what it holds, and that an unpack drives it."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -106,3 +107,25 @@ def test_an_unpack_flushes_as_it_writes(
     background = [device for device, thread in flushes if thread == "dsagent-writeback"]
     assert background  # besides the unpack's own syncfs calls before and after publishing
     assert set(background) == {os.stat(tmp_path).st_dev}
+
+
+def test_a_failed_background_flush_fails_every_writer_since_naming_the_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel reports a writeback error to one syncfs only: the background flush's is
+    kept and raised to each writer that marked before it, naming a directory of the
+    filesystem (so it reads as the cache disk's, not a source's), with the flush's errno."""
+    monkeypatch.setattr(durable, "WRITEBACK_STEP", 10)
+
+    def failing(fd: int) -> bool:
+        raise OSError(errno.ENOSPC, "No space left on device")  # nameless, as the kernel's
+
+    monkeypatch.setattr(durable, "_syncfs_fd", failing)
+    writeback = Writeback(tmp_path)  # as writeback_for makes it for the filesystem's first directory
+    before = writeback.mark()
+    with open(tmp_path / "f", "wb") as fh:
+        writeback.written(fh.fileno(), 10)
+    with pytest.raises(durable.WritebackError) as failed:
+        writeback.check(before)
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(tmp_path)
+    writeback.check(writeback.mark())  # a writer that marked after it is not failed
