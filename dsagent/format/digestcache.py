@@ -51,6 +51,16 @@ CREATE TABLE IF NOT EXISTS digests (
 """
 
 
+#: seconds a digest cache waits for another connection's lock, when opening as when writing
+OPEN_WAIT_S = 30.0
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for a lock another connection holds ("locked", "busy")."""
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
 class DigestCache:
     """A SQLite-backed map ``path -> digest`` valid while size, mtime, inode and ctime hold."""
 
@@ -62,14 +72,35 @@ class DigestCache:
         self._started_ns = time.time_ns()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
+            self._db = self._open()
         except (sqlite3.Error, OSError) as exc:
             raise SourceUnavailable(
                 f"cannot open the digest cache {self.path}: {exc}", hint="pass --no-digest-cache or fix the path"
             ) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        """The connection, in WAL mode with the table made. Two processes or threads opening a
+        new cache at once both ask SQLite to leave the rollback journal for WAL; SQLite then
+        answers one of them "database is locked" at once, without waiting (the two would
+        otherwise wait on each other). That one opens again, within the same bound as any
+        lock wait (:data:`OPEN_WAIT_S`), and finds the file in WAL mode already."""
+        deadline = time.monotonic() + OPEN_WAIT_S
+        while True:
+            db = sqlite3.connect(self.path, timeout=OPEN_WAIT_S, check_same_thread=False)
+            try:
+                if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute(_SCHEMA)
+                return db
+            except sqlite3.OperationalError as exc:
+                db.close()
+                if not _busy(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+            except BaseException:
+                db.close()
+                raise
 
     def close(self) -> None:
         self._db.close()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dsagent.errors import SourceUnavailable
+from dsagent.format import digestcache
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
 from tests.dsagent.conftest import write_tree
@@ -92,3 +96,38 @@ def test_the_cache_survives_reopening(tree: Path, tmp_path: Path, opens: list[st
         build_manifest(tree, name="d", digest_cache=cache)
         assert cache.hits == 30
     assert _files_opened(opens, tree) == set()
+
+
+def test_a_cache_another_opener_holds_locked_at_once_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two openers of a new cache both switch it to WAL, and SQLite answers one of them
+    "database is locked" at once, without its busy wait: that one opens again (it used to
+    fail the dataset as ``source_unavailable``); any other SQLite error still fails."""
+    real = sqlite3.connect
+    refusals = {"left": 2}
+
+    class Refusing:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def execute(self, sql: str, *args: object) -> Any:
+            if sql == "PRAGMA journal_mode=WAL" and refusals["left"] > 0:
+                refusals["left"] -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return self.db.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.db, name)
+
+    monkeypatch.setattr(digestcache.sqlite3, "connect", lambda *a, **kw: Refusing(real(*a, **kw)))
+    with DigestCache(tmp_path / "digests.db") as cache:
+        assert cache.snapshot("/") == {}
+    assert refusals["left"] == 0  # refused twice, opened the third time
+
+    def broken(*a: object, **kw: object) -> Any:
+        raise sqlite3.OperationalError("file is not a database")
+
+    monkeypatch.setattr(digestcache.sqlite3, "connect", broken)
+    with pytest.raises(SourceUnavailable, match="file is not a database"):
+        DigestCache(tmp_path / "other.db")
