@@ -64,6 +64,7 @@ from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidIn
 from dsagent.format import durable
 from dsagent.format.manifest import BundleRef, FileEntry, read_manifest
 from dsagent.format.storageconfig import user_options, with_config
+from dsplatform.boundedjson import count
 from dsplatform.data import DONE_DIR
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
 from dsplatform.wire.stripehold import HOLDING_SHARE, HOLDING_WHOLE
@@ -232,7 +233,7 @@ class StripeShares(ShareFill):
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
                   "noShare": sorted(share.no_share), "readyAfter": share.ready_after, "whole": share.whole,
                   "storeOnDemand": share.on_demand, "expiresAt": share.expires,
-                  "heldFor": sorted(share.holders)}  # fmt: skip
+                  "heldFor": sorted(share.holders), "windowBytes": share.window_bytes}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
@@ -255,6 +256,9 @@ class StripeShares(ShareFill):
                                 lease=min(left, self.settings.stripe_lease), whole=record.get("whole") is True,
                                 store_on_demand=record.get("storeOnDemand") is True,
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
+                share = self._shares.get((name, digest))
+                if share is not None:  # what its readers took through the window before (the placement weighs it)
+                    share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 

@@ -379,6 +379,9 @@ def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(img
                   "--no-share", NODE, "-o", "json")  # fmt: skip
     assert held.returncode == 0, held.stderr
     assert json.loads(held.stdout)["bundlesOwned"] == 0
+    with unix_client(agent, ADMIN_TOKEN) as operator:  # the bundle its pod read through the window, counted
+        window = operator.get("/v1/inventory").json()["stripes"]["imgs"]["windowBytes"]
+    assert window == bundle.size
     agent.stop()
     agent.start()
     with unix_client(agent, ADMIN_TOKEN) as operator:
@@ -387,3 +390,5 @@ def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(img
             assert time.monotonic() < deadline, again.text
             time.sleep(0.1)
         assert (again.json()["bundlesOwned"], again.json()["complete"]) == (0, True)
+        # ... and still counted after the restart: the placement's measure does not start over
+        assert operator.get("/v1/inventory").json()["stripes"]["imgs"]["windowBytes"] == window
