@@ -67,6 +67,7 @@ KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 VF_ADDRESS_TIMEOUT = 10.0  # seconds a container's VF addresses may take over netlink
+OTHERS_TIMEOUT = 2.0  # seconds an Allocate waits for pod-resources' list of other plugins' devices
 ListedDevices = Callable[[], Awaitable[list[tuple[str, list[str]]]]]
 
 
@@ -200,15 +201,22 @@ class DevicePlugin:
             except Exception:  # keep supervising: a failed round is retried at the next poll
                 log.exception("device plugin supervision failed")
 
+    async def _read_others(self) -> None:
+        """The device IDs other plugins advertise, read again (at each reconcile and each
+        Allocate); where pod-resources does not answer within :data:`OTHERS_TIMEOUT`, what
+        was known stands."""
+        if self.others is None:
+            return
+        try:
+            self.foreign = await asyncio.wait_for(self.others(), OTHERS_TIMEOUT)
+        except (DsagentError, asyncio.TimeoutError) as exc:
+            log.info("other device plugins' devices not read: %s", exc or "no answer in time")
+
     async def reconcile(self) -> list[Allocation]:
         """Free the allocations pod-resources no longer lists (after the grace period)."""
         if self.listed is None:
             return []
-        if self.others is not None:
-            try:
-                self.foreign = await self.others()
-            except DsagentError as exc:  # pod-resources did not answer: what was known stands
-                log.info("other device plugins' devices not read: %s", exc)
+        await self._read_others()
         listed = await self.listed()
         async with self._lock:
             freed = self.ledger.release_unlisted(listed, self.clock(), self.grace)
@@ -272,6 +280,7 @@ class DevicePlugin:
         return [self.node.by_index[i].id for i in best.gpus]
 
     async def allocate(self, resource: str, request: Any) -> pb.ContainerAllocateResponse:
+        await self._read_others()  # a VF another plugin took since the last reconcile is not chosen
         async with self._lock:
             allocation = self.ledger.allocate(resource, list(request.devices_ids), self.clock(), unusable=self.foreign)
             vfs = [vf for vf in (self.ledger.vf(v) for v in allocation.vfs) if vf is not None]

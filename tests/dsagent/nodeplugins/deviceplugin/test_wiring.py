@@ -198,10 +198,10 @@ def test_vfs_another_device_plugin_advertises_are_never_handed_out(
             second = await kubelet.allocate("dsagent.io/gpu-roce3", [dgx_a100.gpus[5].uuid or ""])
             # both from mlx5_5 (VFs mlx5_20, mlx5_21): mlx5_4's (mlx5_18, mlx5_19) are the operator's
             assert {first.envs["NCCL_IB_HCA"], second.envs["NCCL_IB_HCA"]} == {"=mlx5_20", "=mlx5_21"}
-            # the operator comes to mlx5_6's VFs later: the next reconcile sees it, and a
-            # container near only those gets its GPUs alone (not refused, not given them)
+            # the operator comes to mlx5_6's VFs later: the next Allocate reads it, with no
+            # reconcile between, and a container near only those gets its GPUs alone (not
+            # refused, not given them)
             pods.allocatable["openshift.io/rail4"] = [vf_bus(6, 0), vf_bus(6, 1), vf_bus(7, 0), vf_bus(7, 1)]
-            await plugin.reconcile()
             third = await kubelet.allocate("dsagent.io/gpu-roce4", [dgx_a100.gpus[6].uuid or ""])
             assert "NCCL_IB_HCA" not in third.envs and not [d for d in third.devices if "uverbs" in d.host_path]
             assert third.envs["NVIDIA_VISIBLE_DEVICES"] == dgx_a100.gpus[6].uuid
