@@ -480,8 +480,9 @@ class StripeShares(ShareFill):
 
             directory = self.version_dir(key) / "window" / bundle
             where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
-            # counted as heldBytes is, so the placement weighs one against the other
-            share.window_bytes += next((b.size for b in share.layout.bundles if b.digest == bundle), ref.size)
+            # in the bytes heldBytes counts (the layout's sizes are the manifest's), so the
+            # placement weighs one against the other
+            share.window_bytes += ref.size
             stream.holding(release)
             return where, entries, stream
         except BaseException:
