@@ -163,7 +163,10 @@ def stripe_status(
                 node, free, held_bytes, subnets.get(node), count(inv.get("capacityBytes")),
                 spare_bytes=free + _replicated_bytes(inv, copies, keeping),
                 takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
-                window_bytes=count(listed.get("windowBytes")),
+                window_bytes=(
+                    count(listed.get("windowBytes"))
+                    if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
+                ),
             )
         )  # fmt: skip
     shareless_before = [

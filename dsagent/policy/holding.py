@@ -141,8 +141,10 @@ def choose_placement(
 
 
 def _paid(node: Candidate, size_bytes: int) -> bool:
-    """A member reading through the window has taken as many bytes through it as it lacks."""
-    return worth_whole(node.window_bytes, size_bytes - node.held_bytes)
+    """A member reading through the window has taken as many bytes through it as it lacks;
+    one whose agent does not count them (an earlier release) is taken as having paid: it is
+    made whole once it has room, as before the count existed."""
+    return node.window_bytes is None or worth_whole(node.window_bytes, size_bytes - node.held_bytes)
 
 
 def _room(node: Candidate) -> int | None:

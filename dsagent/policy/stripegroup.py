@@ -59,8 +59,9 @@ class Candidate:
     # its agent takes members that own no bundle (an agent of an earlier release refuses them)
     takes_no_share: bool = True
     # bytes of the version its readers took through the window (from other members) since
-    # it took part in the group: what holding it whole would have saved so far
-    window_bytes: int = 0
+    # it took part in the group: what holding it whole would have saved so far (None: its
+    # agent does not count them, an earlier release)
+    window_bytes: int | None = 0
 
 
 class Group(NamedTuple):

@@ -29,7 +29,8 @@ The document::
                    each only for what it can do: ``stripeNoShare``, a stripe group member
                    that owns no bundle (``noShare`` in ``PUT /v1/stripes/<name>``);
                    ``stripeOnDemand``, a share whose store reads wait for readers
-                   (``storeOnDemand`` in the same body)
+                   (``storeOnDemand`` in the same body); ``stripeWindowBytes``, its
+                   ``stripes`` entries count ``windowBytes``
 
 A reader treats it as another party's JSON: bounded (:data:`ANNOTATION_MAX_BYTES`, or
 :data:`PEER_INVENTORY_MAX_BYTES` for a peer's whole answer), and a field of the wrong type
@@ -63,8 +64,10 @@ MAX_GROUP = 4096
 STRIPE_NO_SHARE = "stripeNoShare"
 #: a feature: the agent holds a share whose store reads wait for readers (``storeOnDemand``)
 STRIPE_ON_DEMAND = "stripeOnDemand"
+#: a feature: the agent counts its readers' window bytes (``windowBytes`` in ``stripes``)
+STRIPE_WINDOW_BYTES = "stripeWindowBytes"
 #: what this release's agents understand (its ``features`` field)
-FEATURES = (STRIPE_NO_SHARE, STRIPE_ON_DEMAND)
+FEATURES = (STRIPE_NO_SHARE, STRIPE_ON_DEMAND, STRIPE_WINDOW_BYTES)
 
 
 def dataset_entry(versions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

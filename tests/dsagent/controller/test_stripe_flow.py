@@ -12,7 +12,7 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.policy import copies
-from dsplatform.wire.inventory import FEATURES, STRIPE_NO_SHARE
+from dsplatform.wire.inventory import FEATURES, STRIPE_NO_SHARE, STRIPE_ON_DEMAND
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 from tools.support.harness import ADMIN_TOKEN
@@ -521,11 +521,13 @@ def test_a_member_that_started_on_a_share_is_asked_whole_once_its_window_reads_r
     # n1 runs the job; it joined the group on a share of 30 GB (no room for the 150 GB
     # version then). Room appeared (190 GB free): it is asked for a whole copy only once its
     # pods read the 120 GB it lacks through the window; n2, whole before, stays whole. A
-    # member whose last answer did not come is not taken as one on a share.
-    def status(window: int, n1_was: str = "ready") -> dict[str, Any]:
+    # member whose last answer did not come is not taken as one on a share, and one whose
+    # agent counts no window bytes (an earlier release) is made whole once it has room.
+    def status(window: int, n1_was: str = "ready", counts: bool = True) -> dict[str, Any]:
+        share = {"digest": DIGEST, "sizeBytes": 150 * GB, "heldBytes": 30 * GB, "members": 2}
         n1 = {"version": 1, "freeBytes": 190 * GB, "capacityBytes": 400 * GB, "datasets": {},
-              "features": list(FEATURES), "stripes": {"big": {"digest": DIGEST, "sizeBytes": 150 * GB,
-              "heldBytes": 30 * GB, "windowBytes": window, "members": 2}}}  # fmt: skip
+              "features": list(FEATURES) if counts else [STRIPE_NO_SHARE, STRIPE_ON_DEMAND],
+              "stripes": {"big": {**share, "windowBytes": window} if counts else share}}  # fmt: skip
         n2 = {"version": 1, "freeBytes": 250 * GB, "capacityBytes": 400 * GB, "features": list(FEATURES),
               "datasets": {}, "stripes": {"big": {"digest": DIGEST, "sizeBytes": 150 * GB,
               "heldBytes": 150 * GB, "windowBytes": 0, "members": 2}}}  # fmt: skip
@@ -547,3 +549,4 @@ def test_a_member_that_started_on_a_share_is_asked_whole_once_its_window_reads_r
     assert status(120 * GB - 1) == {"n1": False, "n2": True}
     assert status(120 * GB) == {"n1": True, "n2": True}
     assert status(0, n1_was="unreachable") == {"n1": True, "n2": True}
+    assert status(0, counts=False) == {"n1": True, "n2": True}

@@ -101,7 +101,7 @@ def test_document_and_entry_build_the_documented_shape() -> None:
     doc = document(None, capacity_bytes=None, free_bytes=0, datasets={"d": entry})
     assert doc == {
         "version": VERSION, "node": None, "capacityBytes": None, "freeBytes": 0, "datasets": {"d": entry},
-        "features": ["stripeNoShare", "stripeOnDemand"],
+        "features": ["stripeNoShare", "stripeOnDemand", "stripeWindowBytes"],
     }  # fmt: skip
     assert has_feature(doc, STRIPE_NO_SHARE) and has_feature(doc, STRIPE_ON_DEMAND)
     # an agent of an earlier release says nothing of what it understands; junk counts as nothing
