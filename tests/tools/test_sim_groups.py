@@ -121,27 +121,3 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_holds_together_as_the_ag
     assert sim.peer_bytes == pytest.approx(4 * (TB // 4), rel=1e-6)
     holders = [n for n in sim.nodes if ("small", 0) in n.cache]
     assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)
-
-
-def test_a_node_without_room_for_a_fitting_version_reads_it_over_every_whole_copy() -> None:
-    # two one-node jobs leave whole copies of a 0.5 TB version on their nodes (and keep their
-    # GPUs); a third node holds the last copy of another version, so it has no room for the
-    # version whole (1.2 x 0.5 TB) without evicting it. A job there reads the version through
-    # a group that takes in both copies (dsagent.policy.holding.members_wanted's ``copies``):
-    # its node owns a third and reads the rest from two uploads, not one
-    data = [Dataset("fit", TB // 2, (0.0,)), Dataset("other", TB // 2, (0.0,))]
-
-    def job(i: int, arrival: float, dataset: str, seconds: float) -> Job:  # one node's 8 GPUs for that long
-        return Job(i, arrival, 1, 8, dataset, seconds, JobProfile(1.0, 1.0, int(8 * seconds), deadline=1e9))
-
-    jobs = [
-        job(0, 0.0, "fit", 20_000.0), job(1, 0.0, "fit", 20_000.0),
-        job(2, 0.0, "other", 500.0), job(3, 5_000.0, "fit", 2_000.0),
-    ]  # fmt: skip
-    sim = Simulation("ours+stripe+early", jobs, data, _params(3), seed=3).run()
-    copies = {next(w.node.index for w in sim.outcomes[i].workers) for i in (0, 1)}
-    reader = next(w.node.index for w in sim.outcomes[3].workers)
-    assert reader not in copies and ("other", 0) in sim.nodes[reader].cache
-    group = sim.stripes[("fit", 0)]
-    assert set(group.members) == {reader, *copies}
-    assert group.owned[reader] == pytest.approx(TB / 2 / 3, rel=0.5)  # rendezvous: about a third

@@ -303,26 +303,15 @@ class StripeReads(Flows):
         """The group's slots, each given the first candidate that can make room for that
         slot's share. As many slots as the product's rule gives
         (:func:`dsagent.policy.holding.members_wanted`: the job's nodes, or as many as hold
-        the version with the agent's headroom and per-member budget, plus the nodes holding
-        it whole where the job's nodes read it through the window): the job's own nodes
-        first, so each rank reads its own node's share, then the whole copies; a slot no node
-        can hold is a hole.
+        the version with the agent's headroom and per-member budget): the job's own nodes
+        first, so each rank reads its own node's share; a slot no node can hold is a hole.
         The copies a chosen node would evict count as gone for the slots after it
         (:meth:`_others`): two holders of a version's only two copies are not both taken as
         room, which would evict the last."""
-        job_nodes = {w.node.index for w in out.workers}
-        # nodes holding the version whole: the job's nodes read it through the window (a group
-        # is formed for a version that fits only where they cannot hold it), so they join too,
-        # before any other node (dsagent.policy.stripegroup.choose_group takes holders first)
-        copies = sorted(self.ready_copies.get(key, set()) - job_nodes)
         candidates = self._candidates(out, set())
-        candidates = [
-            *(n for n in candidates if n.index in job_nodes), *(self.nodes[i] for i in copies),
-            *(n for n in candidates if n.index not in job_nodes and n.index not in copies),
-        ]  # fmt: skip
-        jobs = len(job_nodes)
+        jobs = len({w.node.index for w in out.workers})
         # the product's count, at most one member a node (dsagent.policy.stripegroup.choose_group)
-        k = min(members_wanted(size, self.params.cache_bytes, jobs, copies=len(copies)), len(self.nodes))
+        k = min(members_wanted(size, self.params.cache_bytes, jobs), len(self.nodes))
         least = members_least(size, self.params.cache_bytes)
         try:
             while True:
