@@ -12,7 +12,9 @@ import pytest
 from dsagent.policy import stripegroup
 from scheduling.timemodel import JobProfile
 from tools.sim import stripereads
+from tools.sim.cluster import CacheEntry, Outcome, Worker
 from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.stripe import Group
 from tools.sim.workload import Dataset, Job
 
 A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
@@ -121,3 +123,25 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_holds_together_as_the_ag
     assert sim.peer_bytes == pytest.approx(4 * (TB // 4), rel=1e-6)
     holders = [n for n in sim.nodes if ("small", 0) in n.cache]
     assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)
+
+
+def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their_place() -> None:
+    # a 1.5 TB version is owned by node 0 alone; a two-node job starts on nodes 1 and 2,
+    # whose 1 TB caches hold the last copies of other versions (no room for a share). As the
+    # controller chooses over every agent's inventory, they join without a share and two of
+    # the empty nodes own in their place: the job's ranks read over three uploads, not one
+    data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
+    sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
+    key, size = ("big", 0), 3 * TB // 2
+    sim.nodes[0].cache[key] = CacheEntry("big", 0, size, 0.0, ready=True, replica=True, stripe=True)
+    for node, name in ((1, "a"), (2, "b")):  # the only copies of a and b
+        sim.nodes[node].cache[(name, 0)] = CacheEntry(name, 0, 9 * TB // 10, 0.0, ready=True)
+        sim.ready_copies.setdefault((name, 0), set()).add(node)
+    group = sim.stripes[key] = Group(key, (0,), {0: float(size)}, holding={0}, fill={0: 1.0})
+    out = Outcome(_job(1, 0.0, 2, "big"), start=0.0)
+    out.workers = [Worker(sim.nodes[i], (0,), frozenset()) for i in (1, 2)]
+    sim._join(out, group, key, size)
+    owners = {m for m, owned in group.owned.items() if owned > 0}
+    assert {1, 2} <= set(group.members) and not owners & {1, 2}, "the full nodes own nothing"
+    assert 0 in owners and len(owners) == 3, "two nodes with room own in their place"
+    assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)

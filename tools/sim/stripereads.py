@@ -216,9 +216,10 @@ class StripeReads(Flows):
     def _join(self, out: Outcome, group: stripe.Group, key: tuple[str, int], size: int) -> None:
         """A job starts on nodes outside the version's group: they join it, as the controller's
         pass re-plans a group with the nodes of the Dataset's pods
-        (:func:`dsagent.policy.stripegroup.choose_group`, called here over the members and the
-        job's nodes: the earlier members first and kept, each job node a member, owning a share
-        where it has room for one without evicting a last copy, else none). Rendezvous
+        (:func:`dsagent.policy.stripegroup.choose_group`, called here over every node, as many
+        members as the earlier ones and the job's nodes: the earlier members first and kept,
+        each job node a member, owning a share where it has room for one without evicting a
+        last copy, else none, and then a node with room owning in its place). Rendezvous
         hashing gives each new owner about 1/k of the bundles; those the old owners held move
         over the peers (read from there in the new owner's first epoch, not the store)."""
         job = [i for i in dict.fromkeys(w.node.index for w in out.workers) if i not in group.members]
@@ -226,7 +227,9 @@ class StripeReads(Flows):
             return
         before = [m for m in group.members if m >= 0]
         names = {m: str(m) for m in (*before, *job)}
-        nodes = [self._candidate(self.nodes[m], key) for m in names]
+        # every node is a candidate, as every agent's inventory is the controller's: a job node
+        # with no room for a share joins without one, and a node with room owns in its place
+        nodes = [self._candidate(n, key) for n in self.nodes]
         chosen = choose_group(
             nodes, size_bytes=size, job_nodes=[names[m] for m in job], before=[names[m] for m in before],
             members=len(names),
