@@ -13,7 +13,10 @@ The rule:
   the node cannot make room for: its bundles are spread over a group, and the group is the
   job's own nodes wherever they can hold it (:func:`members_wanted`), so that each rank reads
   its own node's share from local disk. More members join only where the job's nodes are
-  too few to hold the version with the rule's headroom and per-member budget.
+  too few to hold the version with the rule's headroom and per-member budget, and where a
+  job's node will read a version through the window that other nodes hold whole: those
+  nodes join too (they own their part without moving a byte), so its reads are spread over
+  every copy the cluster holds instead of one node's upload.
 - **A job's node that started on a share is made whole later only once it has paid for
   it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
   while its pods go on reading; it does so once its readers have taken at least that many
@@ -75,12 +78,16 @@ def worth_whole(window_bytes: int, lacking_bytes: int) -> bool:
     return max(0, window_bytes) >= max(0, lacking_bytes)
 
 
-def members_wanted(size_bytes: int, cache_bytes: int, job_nodes: int, *, ratio: float = EVICT_RATIO) -> int:
+def members_wanted(
+    size_bytes: int, cache_bytes: int, job_nodes: int, *, ratio: float = EVICT_RATIO, copies: int = 0
+) -> int:
     """How many members a version held as shares has: the job's nodes, or, where they are too
     few to hold it with the headroom and :data:`SHARE_BUDGET`, as many as that needs
-    (:func:`dsplatform.stripe.group_size` over ``cache_bytes``, the smallest member cache)."""
+    (:func:`dsplatform.stripe.group_size` over ``cache_bytes``, the smallest member cache);
+    plus ``copies``, the nodes outside the job holding the version whole where a job's node
+    will read it through the window (:func:`choose_placement` counts them)."""
     need = group_size(size_bytes, cache_bytes, headroom=ratio, budget=SHARE_BUDGET) if cache_bytes > 0 else 1
-    return max(need, job_nodes, 1)
+    return max(need, job_nodes + max(0, copies), 1)
 
 
 def members_least(size_bytes: int, cache_bytes: int, *, ratio: float = EVICT_RATIO) -> int:
@@ -120,23 +127,25 @@ def choose_placement(
         return Placement([], [], [])
     by_name = {n.name: n for n in nodes}
     job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
+    was_share = set(share_before)
+
+    def whole_here(name: str) -> bool:  # a job's node that holds it whole, else it reads through the window
+        node = by_name[name]
+        fits = holding(size_bytes, cache_bytes=node.cache_bytes, room_bytes=_room(node), ratio=ratio) is WHOLE
+        return fits and (name not in was_share or _paid(node, size_bytes))
+
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
-        members = members_wanted(size_bytes, min(caches), len(job), ratio=ratio) if caches else len(nodes)
+        through = not all(whole_here(n) for n in job)
+        copies = sum(1 for n in nodes if n.name not in job and n.held_bytes >= size_bytes > 0) if through else 0
+        members = (
+            members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=copies) if caches else len(nodes)
+        )
     group = choose_group(
         nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
         members=members, ratio=ratio,
     )  # fmt: skip
-    was_share = set(share_before)
-    whole = [
-        name
-        for name in group.members
-        if name in job
-        and name not in group.no_share
-        and holding(size_bytes, cache_bytes=by_name[name].cache_bytes, room_bytes=_room(by_name[name]), ratio=ratio)
-        is WHOLE
-        and (name not in was_share or _paid(by_name[name], size_bytes))
-    ]
+    whole = [name for name in group.members if name in job and name not in group.no_share and whole_here(name)]
     return Placement(group.members, group.no_share, whole)
 
 

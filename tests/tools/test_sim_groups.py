@@ -145,3 +145,53 @@ def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their
     assert {1, 2} <= set(group.members) and not owners & {1, 2}, "the full nodes own nothing"
     assert 0 in owners and len(owners) == 3, "two nodes with room own in their place"
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
+
+
+def test_a_node_without_room_for_a_fitting_version_reads_it_over_every_whole_copy() -> None:
+    # two one-node jobs leave whole copies of a 0.5 TB version on their nodes (and keep their
+    # GPUs); a third node holds the last copy of another version, so it has no room for the
+    # version whole (1.2 x 0.5 TB) without evicting it. A job there reads the version through
+    # a group that takes in both copies (dsagent.policy.holding.members_wanted's ``copies``):
+    # its node owns a third and reads the rest from two uploads, not one
+    data = [Dataset("fit", TB // 2, (0.0,)), Dataset("other", TB // 2, (0.0,))]
+
+    def job(i: int, arrival: float, dataset: str, seconds: float) -> Job:  # one node's 8 GPUs for that long
+        return Job(i, arrival, 1, 8, dataset, seconds, JobProfile(1.0, 1.0, int(8 * seconds), deadline=1e9))
+
+    jobs = [
+        job(0, 0.0, "fit", 20_000.0), job(1, 0.0, "fit", 20_000.0),
+        job(2, 0.0, "other", 500.0), job(3, 5_000.0, "fit", 2_000.0),
+    ]  # fmt: skip
+    sim = Simulation("ours+stripe+early", jobs, data, _params(3), seed=3).run()
+    copies = {next(w.node.index for w in sim.outcomes[i].workers) for i in (0, 1)}
+    reader = next(w.node.index for w in sim.outcomes[3].workers)
+    assert reader not in copies and ("other", 0) in sim.nodes[reader].cache
+    group = sim.stripes[("fit", 0)]
+    assert set(group.members) == {reader, *copies}
+    assert group.owned[reader] == pytest.approx(TB / 2 / 3, rel=0.5)  # rendezvous: about a third
+
+
+def test_whole_copies_join_the_group_a_full_node_joins_each_holding_its_share_at_once() -> None:
+    # a 0.5 TB version (it fits a 1 TB cache) is read through a group owned by node 0; nodes
+    # 3 and 4 hold it whole. A job starts on node 1, full with another version's last copy:
+    # it joins without a share, and both whole copies join as owners (members_wanted's
+    # ``copies``), each holding its share's bundles at once and dropping the rest, as an agent
+    # whose group changed does
+    data = [Dataset("fit", TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,))]
+    sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
+    key, size = ("fit", 0), TB // 2
+    sim.nodes[0].cache[key] = CacheEntry("fit", 0, size, 0.0, ready=True, replica=True, stripe=True)
+    for node in (3, 4):
+        sim.nodes[node].cache[key] = CacheEntry("fit", 0, size, 0.0, ready=True)
+        sim.ready_copies.setdefault(key, set()).add(node)
+    sim.nodes[1].cache[("a", 0)] = CacheEntry("a", 0, 9 * TB // 10, 0.0, ready=True)
+    sim.ready_copies.setdefault(("a", 0), set()).add(1)
+    group = sim.stripes[key] = Group(key, (0,), {0: float(size)}, holding={0}, fill={0: 1.0})
+    out = Outcome(_job(1, 0.0, 1, "fit"), start=0.0)
+    out.workers = [Worker(sim.nodes[1], (0,), frozenset())]
+    sim._join(out, group, key, size)
+    assert {0, 1, 3, 4} <= set(group.members) and group.owned[1] == 0
+    for node in (3, 4):
+        share = sim.nodes[node].cache[key]
+        assert group.owned[node] > 0 and share.stripe and share.size == int(group.owned[node])
+        assert group.fill[node] == 1.0 and not group.arriving.get(node)

@@ -226,7 +226,12 @@ class StripeReads(Flows):
         if not job:
             return
         before = [m for m in group.members if m >= 0]
-        names = {m: str(m) for m in (*before, *job)}
+        # a version that fits a node is read through a group only where the job's nodes have no
+        # room for it whole: the nodes holding it whole count too (members_wanted's ``copies``);
+        # one taken as an owner holds its share from then on, as an agent whose group changed
+        fits = holding(size, cache_bytes=self.params.cache_bytes) is WHOLE
+        copies = sorted(self.ready_copies.get(key, set()) - {*before, *job}) if fits else []
+        names = {m: str(m) for m in (*before, *job, *copies)}
         # every node is a candidate, as every agent's inventory is the controller's: a job node
         # with no room for a share joins without one, and a node with room owns in its place
         nodes = [self._candidate(n, key) for n in self.nodes]
@@ -244,14 +249,18 @@ class StripeReads(Flows):
         moved = sum(old_owned[m] * old_fill.get(m, 0.0) for m in kept) / (sum(old_owned[m] for m in kept) or 1.0)
         for m in owners_new:
             node = self.nodes[m]
+            was = node.cache.get(key)
+            whole = was is not None and was.ready and not was.stripe  # it holds every bundle already
             if not self._make_room(node, int(owned[m]), replica=True):
                 shareless.add(m)  # no room after all: it reads through its window
                 continue
             node.cache[key] = CacheEntry(key[0], key[1], int(owned[m]), self.now, ready=True, replica=True, stripe=True)
             self.touch(node)
             group.holding.add(m)
-            group.fill[m] = moved  # what the old owners held of its bundles: on their disks for now
-            group.arriving[m] = moved
+            # what the old owners held of its bundles: on their disks for now (a node that held
+            # the version whole holds its share's bundles and drops the rest, as its agent does)
+            group.fill[m] = 1.0 if whole else moved
+            group.arriving[m] = 0.0 if whole else moved
         if shareless & set(owners_new):  # a planned owner could not make room: the others own its part
             slots = [m for m in slots if m not in shareless]
             owned = self._slot_owners(key, size, tuple(slots))
@@ -306,15 +315,26 @@ class StripeReads(Flows):
         """The group's slots, each given the first candidate that can make room for that
         slot's share. As many slots as the product's rule gives
         (:func:`dsagent.policy.holding.members_wanted`: the job's nodes, or as many as hold
-        the version with the agent's headroom and per-member budget): the job's own nodes
-        first, so each rank reads its own node's share; a slot no node can hold is a hole.
+        the version with the agent's headroom and per-member budget, plus the nodes holding
+        it whole where the job's nodes read it through the window): the job's own nodes
+        first, so each rank reads its own node's share, then the whole copies; a slot no node
+        can hold is a hole.
         The copies a chosen node would evict count as gone for the slots after it
         (:meth:`_others`): two holders of a version's only two copies are not both taken as
         room, which would evict the last."""
+        job_nodes = {w.node.index for w in out.workers}
+        # nodes holding the version whole: the job's nodes read it through the window (a group
+        # is formed for a version that fits only where they cannot hold it), so they join too,
+        # before any other node (dsagent.policy.stripegroup.choose_group takes holders first)
+        copies = sorted(self.ready_copies.get(key, set()) - job_nodes)
         candidates = self._candidates(out, set())
-        jobs = len({w.node.index for w in out.workers})
+        candidates = [
+            *(n for n in candidates if n.index in job_nodes), *(self.nodes[i] for i in copies),
+            *(n for n in candidates if n.index not in job_nodes and n.index not in copies),
+        ]  # fmt: skip
+        jobs = len(job_nodes)
         # the product's count, at most one member a node (dsagent.policy.stripegroup.choose_group)
-        k = min(members_wanted(size, self.params.cache_bytes, jobs), len(self.nodes))
+        k = min(members_wanted(size, self.params.cache_bytes, jobs, copies=len(copies)), len(self.nodes))
         least = members_least(size, self.params.cache_bytes)
         try:
             while True:
