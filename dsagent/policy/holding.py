@@ -16,7 +16,8 @@ The rule:
   too few to hold the version with the rule's headroom and per-member budget, and where a
   job's node will read a version through the window that other nodes hold whole: those
   nodes join too (they own their part without moving a byte), so its reads are spread over
-  every copy the cluster holds instead of one node's upload.
+  every copy the cluster holds instead of one node's upload. A member holding the version
+  whole keeps it whole while it stays a member, whether or not its pods still read it.
 - **A job's node that started on a share is made whole later only once it has paid for
   it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
   while its pods go on reading; it does so once its readers have taken at least that many
@@ -122,7 +123,9 @@ def choose_placement(
     :func:`dsagent.policy.stripegroup.choose_group`, the job's nodes first, and which of the
     job's nodes hold it whole (:func:`holding` on each one's cache and room). A job's node
     that took part on a share before (``share_before``: it answered, not holding the
-    version whole) holds it whole only once :func:`worth_whole` says so."""
+    version whole) holds it whole only once :func:`worth_whole` says so. A member outside
+    the job that holds the version whole keeps it whole: a group that changes does not make
+    it drop bundles a later job would read again (the cache's eviction decides when they go)."""
     if not nodes:
         return Placement([], [], [])
     by_name = {n.name: n for n in nodes}
@@ -145,7 +148,12 @@ def choose_placement(
         nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
         members=members, ratio=ratio,
     )  # fmt: skip
-    whole = [name for name in group.members if name in job and name not in group.no_share and whole_here(name)]
+    whole = [
+        name
+        for name in group.members
+        if name not in group.no_share
+        and (whole_here(name) if name in job else by_name[name].held_bytes >= size_bytes > 0)
+    ]
     return Placement(group.members, group.no_share, whole)
 
 

@@ -171,12 +171,11 @@ def test_a_node_without_room_for_a_fitting_version_reads_it_over_every_whole_cop
     assert group.owned[reader] == pytest.approx(TB / 2 / 3, rel=0.5)  # rendezvous: about a third
 
 
-def test_whole_copies_join_the_group_a_full_node_joins_each_holding_its_share_at_once() -> None:
+def test_whole_copies_join_the_group_a_full_node_joins_and_keep_the_version_whole() -> None:
     # a 0.5 TB version (it fits a 1 TB cache) is read through a group owned by node 0; nodes
     # 3 and 4 hold it whole. A job starts on node 1, full with another version's last copy:
     # it joins without a share, and both whole copies join as owners (members_wanted's
-    # ``copies``), each holding its share's bundles at once and dropping the rest, as an agent
-    # whose group changed does
+    # ``copies``), keeping the version whole (dsagent.policy.holding.choose_placement)
     data = [Dataset("fit", TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,))]
     sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
     key, size = ("fit", 0), TB // 2
@@ -192,6 +191,6 @@ def test_whole_copies_join_the_group_a_full_node_joins_each_holding_its_share_at
     sim._join(out, group, key, size)
     assert {0, 1, 3, 4} <= set(group.members) and group.owned[1] == 0
     for node in (3, 4):
-        share = sim.nodes[node].cache[key]
-        assert group.owned[node] > 0 and share.stripe and share.size == int(group.owned[node])
-        assert group.fill[node] == 1.0 and not group.arriving.get(node)
+        copy = sim.nodes[node].cache[key]
+        assert group.owned[node] > 0 and group.fill[node] == 1.0 and node in group.holding
+        assert not copy.stripe and copy.size == size and copy.replica, "the copy stays whole, held while read"

@@ -227,8 +227,8 @@ class StripeReads(Flows):
             return
         before = [m for m in group.members if m >= 0]
         # a version that fits a node is read through a group only where the job's nodes have no
-        # room for it whole: the nodes holding it whole count too (members_wanted's ``copies``);
-        # one taken as an owner holds its share from then on, as an agent whose group changed
+        # room for it whole: the nodes holding it whole count too (members_wanted's ``copies``),
+        # and one taken as an owner keeps the version whole (dsagent.policy.holding.choose_placement)
         fits = holding(size, cache_bytes=self.params.cache_bytes) is WHOLE
         copies = sorted(self.ready_copies.get(key, set()) - {*before, *job}) if fits else []
         names = {m: str(m) for m in (*before, *job, *copies)}
@@ -249,18 +249,20 @@ class StripeReads(Flows):
         moved = sum(old_owned[m] * old_fill.get(m, 0.0) for m in kept) / (sum(old_owned[m] for m in kept) or 1.0)
         for m in owners_new:
             node = self.nodes[m]
-            was = node.cache.get(key)
-            whole = was is not None and was.ready and not was.stripe  # it holds every bundle already
+            entry = node.cache.get(key)
+            if entry is not None and entry.ready and not entry.stripe:  # whole: it keeps the version whole
+                entry.replica = True  # held by the controller's task while the version is read
+                group.holding.add(m)
+                group.fill[m] = 1.0
+                continue
             if not self._make_room(node, int(owned[m]), replica=True):
                 shareless.add(m)  # no room after all: it reads through its window
                 continue
             node.cache[key] = CacheEntry(key[0], key[1], int(owned[m]), self.now, ready=True, replica=True, stripe=True)
             self.touch(node)
             group.holding.add(m)
-            # what the old owners held of its bundles: on their disks for now (a node that held
-            # the version whole holds its share's bundles and drops the rest, as its agent does)
-            group.fill[m] = 1.0 if whole else moved
-            group.arriving[m] = 0.0 if whole else moved
+            group.fill[m] = moved  # what the old owners held of its bundles: on their disks for now
+            group.arriving[m] = moved
         if shareless & set(owners_new):  # a planned owner could not make room: the others own its part
             slots = [m for m in slots if m not in shareless]
             owned = self._slot_owners(key, size, tuple(slots))
