@@ -167,6 +167,7 @@ def stripe_status(
                     count(listed.get("windowBytes"))
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
+                holds_whole=count(held) >= size > 0,
             )
         )  # fmt: skip
     shareless_before = [

@@ -140,7 +140,7 @@ def choose_placement(
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         through = not all(whole_here(n) for n in job)
-        copies = sum(1 for n in nodes if n.name not in job and n.held_bytes >= size_bytes > 0) if through else 0
+        copies = sum(1 for n in nodes if n.name not in job and n.holds_whole) if through else 0
         members = (
             members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=copies) if caches else len(nodes)
         )
@@ -151,8 +151,7 @@ def choose_placement(
     whole = [
         name
         for name in group.members
-        if name not in group.no_share
-        and (whole_here(name) if name in job else by_name[name].held_bytes >= size_bytes > 0)
+        if name not in group.no_share and (whole_here(name) if name in job else by_name[name].holds_whole)
     ]
     return Placement(group.members, group.no_share, whole)
 

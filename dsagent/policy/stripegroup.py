@@ -62,6 +62,9 @@ class Candidate:
     # it took part in the group: what holding it whole would have saved so far (None: its
     # agent does not count them, an earlier release)
     window_bytes: int | None = 0
+    # its share of the version holds every bundle (``holding: whole``): not a copy of another
+    # kind (an unpacked ready copy counts in ``held_bytes`` but holds no bundle)
+    holds_whole: bool = False
 
 
 class Group(NamedTuple):

@@ -550,3 +550,31 @@ def test_a_member_that_started_on_a_share_is_asked_whole_once_its_window_reads_r
     assert status(120 * GB) == {"n1": True, "n2": True}
     assert status(0, n1_was="unreachable") == {"n1": True, "n2": True}
     assert status(0, counts=False) == {"n1": True, "n2": True}
+
+
+def test_a_member_holding_the_version_whole_keeps_it_whole_and_an_unpacked_copy_is_not_asked_whole() -> None:
+    # n2 held the 150 GB version whole for an earlier job (its stripes entry holds every
+    # bundle); n1 now runs a job with room for a share only. n2 is asked whole again, so the
+    # changed group does not make it drop what it holds. n3 holds an unpacked ready copy of
+    # the version (a replica): it holds no bundle, and is not asked to hold it whole
+    def inv(free: int, stripes: dict[str, Any], datasets: dict[str, Any]) -> dict[str, Any]:
+        return {"version": 1, "freeBytes": free, "capacityBytes": 400 * GB, "features": list(FEATURES),
+                "datasets": datasets, "stripes": stripes}  # fmt: skip
+
+    whole = {"big": {"digest": DIGEST, "sizeBytes": 150 * GB, "heldBytes": 150 * GB, "windowBytes": 0, "members": 1}}
+    ready = {"big": {"digest": DIGEST, "sizeBytes": 150 * GB, "state": "ready", "files": 1, "inUse": False,
+                     "lastUsed": 0}}  # fmt: skip
+    invs = {"n1": inv(100 * GB, {}, {}), "n2": inv(100 * GB, whole, {}), "n3": inv(100 * GB, {}, ready)}
+    asked: dict[str, bool] = {}
+
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+        asked[node] = body.get("whole") is True
+        return 200, {"complete": True, "bytesHeld": 0, "bytesOwned": 0}
+
+    before = {"nodes": [{"node": "n2", "state": "ready", "holding": "whole"}]}
+    stripe_status(
+        "big", {"stripe": "auto", "bundles": "s3://s/p"}, {"bytes": 150 * GB, "digest": DIGEST, "stripe": before},
+        invs, agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
+    )  # fmt: skip
+    assert asked.get("n2") is True and asked.get("n1") is False
+    assert asked.get("n3") is not True

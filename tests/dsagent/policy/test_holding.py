@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dsagent.policy.holding import SHARE, WHOLE, choose_placement, holding, members_wanted, worth_whole
@@ -65,7 +67,9 @@ def test_a_job_node_reading_through_the_window_spreads_its_reads_over_every_whol
     # from two uploads
     version = TB
     copies = [
-        Candidate(h, free_bytes=TB, held_bytes=version, subnet="s1", cache_bytes=4 * TB, spare_bytes=TB)
+        Candidate(
+            h, free_bytes=TB, held_bytes=version, subnet="s1", cache_bytes=4 * TB, spare_bytes=TB, holds_whole=True
+        )
         for h in ("h1", "h2")
     ]
     short = Candidate("job", free_bytes=500 * 10**9, spare_bytes=500 * 10**9, subnet="s1", cache_bytes=4 * TB)
@@ -77,6 +81,11 @@ def test_a_job_node_reading_through_the_window_spreads_its_reads_over_every_whol
     roomy = Candidate("job", free_bytes=2 * TB, spare_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB)
     alone = choose_placement([roomy, *copies, *_subnet(4)], size_bytes=version, job_nodes=["job"])
     assert alone.members == ["job"] and alone.whole == ["job"]
+    # an unpacked ready copy counts as held bytes but holds no bundle: it neither joins as a
+    # copy nor is asked to hold the version whole (that would fetch every bundle again)
+    unpacked = [replace(c, holds_whole=False) for c in copies]
+    plain = choose_placement([short, *unpacked, *_subnet(4)], size_bytes=version, job_nodes=["job"])
+    assert plain.whole == [] and len(plain.members) == 2
 
 
 def test_a_member_on_a_share_goes_whole_when_room_appears_only_once_its_window_reads_paid_for_it() -> None:
