@@ -51,15 +51,20 @@ async def wait_until_gone(
     *,
     poll: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
+    seen: list[str] | None = None,
 ) -> list[str]:
     """Wait up to ``timeout`` seconds for NVIDIA's plugin sockets to stop answering; the
-    ones still answering then (empty: it has gone)."""
+    ones still answering then (empty: it has gone). ``seen``: what a probe just found (the
+    caller's), taken as the first answer instead of probing again at once."""
     deadline = clock() + timeout
+    live = seen
     while True:
-        live = await asyncio.to_thread(live_foreign_plugins, plugin_dir)
+        if live is None:
+            live = await asyncio.to_thread(live_foreign_plugins, plugin_dir)
         if not live or clock() >= deadline:
             return live
         await asyncio.sleep(min(poll, max(0.0, deadline - clock())))
+        live = None
 
 
 __all__ = ["NVIDIA_SOCKETS", "live_foreign_plugins", "wait_until_gone"]

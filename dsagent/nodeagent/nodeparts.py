@@ -236,15 +236,16 @@ def publish_hardware_decision(settings: Settings, decision: Any) -> None:
         api.close()
 
 
-async def start_when_handed_over(settings: Settings, topology: Any = None) -> Any:
+async def start_when_handed_over(settings: Settings, topology: Any = None, seen: list[str] | None = None) -> Any:
     """The device plugin, started once NVIDIA's has left this node (:mod:`dsagent.nodeagent.handover`);
     None where it is still there after ``DSAGENT_DEVICE_PLUGIN_HANDOVER``: this agent's then
     stays off (with ``auto``, its Node says so and NVIDIA's label is taken back), for the two
-    would hand one GPU to two pods."""
+    would hand one GPU to two pods. ``seen``: NVIDIA's sockets the caller's probe just found
+    answering (not probed again at once)."""
     from dsagent.nodeagent.handover import wait_until_gone
 
     log = logging.getLogger("dsagent")
-    stays = await wait_until_gone(settings.device_plugin_dir, settings.device_plugin_handover)
+    stays = await wait_until_gone(settings.device_plugin_dir, settings.device_plugin_handover, seen=seen)
     if not stays:
         return await start_device_plugin(settings, topology=topology, sysfs_root=settings.sysfs_root)
     from dsagent.nodeagent.hardware import Decision

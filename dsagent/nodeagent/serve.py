@@ -218,7 +218,9 @@ async def _run(
                 "device plugin: waiting up to %g s for NVIDIA's to leave node %s",
                 settings.device_plugin_handover, settings.node_name,
             )  # fmt: skip
-            handover = asyncio.create_task(start_when_handed_over(settings, topology), name="dsagent-handover")
+            handover = asyncio.create_task(
+                start_when_handed_over(settings, topology, seen=nvidia), name="dsagent-handover"
+            )
             handover.add_done_callback(_say_failed_start)
         elif wanted:
             plugin = await start_device_plugin(settings, topology=topology, sysfs_root=settings.sysfs_root)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dsagent.cache.settings import Settings
+from dsagent.nodeagent import handover
 from dsagent.nodeagent.handover import live_foreign_plugins, wait_until_gone
 from dsagent.nodeagent.hardware import NVIDIA_PLUGIN_LABEL, PLUGIN_LABEL
 from dsagent.nodeagent.nodeparts import start_when_handed_over
@@ -41,6 +43,18 @@ def test_only_nvidia_sockets_that_answer_count(short_dir: Path) -> None:
     finally:
         live.close()
         ours.close()
+
+
+def test_the_wait_takes_the_callers_probe_as_its_first_answer(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the agent probed NVIDIA's sockets to decide whether to wait: the wait starts with that
+    # answer and probes again only after its first poll, not at once
+    probes: list[float] = []
+    monkeypatch.setattr(handover, "live_foreign_plugins", lambda d: probes.append(time.monotonic()) or [])
+    started = time.monotonic()
+    assert asyncio.run(wait_until_gone(short_dir, 10, poll=0.2, seen=["nvidia-gpu.sock"])) == []
+    assert len(probes) == 1 and probes[0] - started >= 0.2
+    assert asyncio.run(wait_until_gone(short_dir, 10, poll=0.2, seen=[])) == [] and len(probes) == 1
+    assert asyncio.run(wait_until_gone(short_dir, 10, poll=0.2)) == [] and len(probes) == 2
 
 
 def test_the_wait_ends_when_the_plugin_leaves_or_at_its_bound(short_dir: Path) -> None:
