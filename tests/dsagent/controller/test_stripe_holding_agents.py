@@ -9,6 +9,8 @@ agents holding what they are asked, and the rank-aware reader reading it.
 - **A version larger than a node's cache** is held as shares over the job's own four nodes,
   and each rank reads its own node's share from local disk: no byte of a bundle its node
   owns goes through the agent.
+- **A member that held the version whole keeps it whole** when a later job's nodes change
+  the group: its agent is asked whole again and hands no bundle over.
 """
 
 from __future__ import annotations
@@ -120,3 +122,32 @@ def test_a_version_larger_than_a_node_is_shares_over_the_jobs_nodes_each_rank_re
             # only samples the evening of counts moved to it come from the other members
             assert local == own and own > 0, (node, local, own, agent)
             assert local >= agent, (node, local, agent)
+
+
+def test_a_member_that_held_the_version_whole_keeps_it_whole_when_the_group_changes(
+    tmp_path: Path, apiserver: FakeApiServer, api_client: Any
+) -> None:
+    # a first job copies the version whole onto n1 and n2 and ends; a second job trains on
+    # n1 and n3, whose 650 KB cache cannot hold the version whole (1.2x of about 576 KB).
+    # The group changes (n3 joins), and n2, no longer a job's node but holding the
+    # version whole, stays a member and keeps it whole: its agent keeps every bundle instead
+    # of handing over those it does not own. The store still serves each bundle once
+    with _group(
+        tmp_path, apiserver, api_client, stripe="auto", node_env={"n3": {"DSAGENT_CAPACITY": "650KB"}}
+    ) as group:
+        digest, whole = group.manifest.digest, group.manifest.total_bytes
+        _job(apiserver, ("n1", "n2"))
+        _reconcile_until(group, apiserver, lambda s: s.get("state") == "Ready")
+        first = {n["node"] for n in _reconcile_until(group, apiserver, lambda s: True)["nodes"]}
+        for i in range(2):
+            apiserver.delete("pods", f"train-{i}", "ml")
+        _job(apiserver, ("n1", "n3"))
+        stripe = _reconcile_until(
+            group, apiserver,
+            lambda s: s.get("state") == "Ready" and {n["node"] for n in s.get("nodes") or []} >= {"n1", "n2", "n3"},
+        )  # fmt: skip
+        held = {n["node"]: (n.get("holding"), n["bytesHeld"]) for n in stripe["nodes"]}
+        assert held["n2"] == ("whole", whole) and held["n1"] == ("whole", whole), (first, held)
+        share = _share(group.agents["n2"], digest)
+        assert share is not None and share["holding"] == "whole" and share["complete"], share
+        assert _store_reads(group.store) == {b.digest: 1 for b in group.manifest.bundles}
