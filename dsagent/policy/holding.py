@@ -137,9 +137,10 @@ def choose_placement(
         fits = holding(size_bytes, cache_bytes=node.cache_bytes, room_bytes=_room(node), ratio=ratio) is WHOLE
         return fits and (name not in was_share or _paid(node, size_bytes))
 
+    whole_job = {n for n in job if whole_here(n)}
     if members is None:
         caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
-        through = not all(whole_here(n) for n in job)
+        through = len(whole_job) < len(job)
         copies = sum(1 for n in nodes if n.name not in job and n.holds_whole) if through else 0
         members = (
             members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=copies) if caches else len(nodes)
@@ -151,7 +152,7 @@ def choose_placement(
     whole = [
         name
         for name in group.members
-        if name not in group.no_share and (whole_here(name) if name in job else by_name[name].holds_whole)
+        if name not in group.no_share and (name in whole_job if name in job else by_name[name].holds_whole)
     ]
     return Placement(group.members, group.no_share, whole)
 
