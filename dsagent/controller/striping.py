@@ -153,9 +153,9 @@ def stripe_status(
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
             continue
         listed = (inv.get("stripes") or {}).get(name) or {}
-        held = listed.get("heldBytes")
+        held = count(listed.get("heldBytes"))  # of its share's bundles
         whole = (inv.get("datasets") or {}).get(name) or {}
-        held_bytes = count(held) or (count(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
+        held_bytes = held or (count(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
         free = count(inv.get("freeBytes"))
         keeping = {key for key, keeper in kept.items() if keeper == node}
         candidates.append(
@@ -167,7 +167,7 @@ def stripe_status(
                     count(listed.get("windowBytes"))
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
-                holds_whole=count(held) >= size > 0,
+                holds_whole=held >= size > 0,
             )
         )  # fmt: skip
     shareless_before = [
