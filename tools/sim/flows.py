@@ -27,6 +27,11 @@ from tools.sim.state import SimState
 from tools.sim.workload import Job
 
 
+def through_window(f: Fetch) -> bool:
+    """A training read of another node's bundles: what a group's window serves."""
+    return f.stream and f.source == "peer"
+
+
 class Flows(SimState):
     def _new_fetch(
         self,
@@ -205,8 +210,8 @@ class Flows(SimState):
                     self.ready_copies.setdefault(f.key, set()).add(f.node.index)
                     self._drop_old_versions(f.node, f.key)
                 self.touch(f.node)
-            if f.stream and f.source == "peer" and self.stripes:  # through a group's window
-                self.window_read[(f.node.index, f.key)] = self.window_read.get((f.node.index, f.key), 0.0) + f.total
+            if self.stripes and through_window(f):
+                self._window_done(f, f.total)
             if self.inflight.get((f.node.index, f.key)) is f:
                 del self.inflight[(f.node.index, f.key)]
                 for out, index in self.whole_pending.pop((f.node.index, f.key), ()):
@@ -216,6 +221,12 @@ class Flows(SimState):
                     self._stream_done(self.outcomes[job.id])
                 else:
                     self._data_ready(self.outcomes[job.id])
+
+    def _window_done(self, f: Fetch, moved: float) -> None:
+        """``moved`` bytes of ``f``, a read through a group's window, taken (the inventory's
+        ``windowBytes`` of its node and version)."""
+        key = (f.node.index, f.key)
+        self.window_read[key] = self.window_read.get(key, 0.0) + moved
 
     # -- provided by tools.sim.reads ----------------------------------------------------
 

@@ -16,7 +16,7 @@ from dsagent.policy.holding import WHOLE, holding, members_least, members_wanted
 from dsagent.policy.stripegroup import Candidate, choose_group
 from tools.sim import stripe
 from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
-from tools.sim.flows import Flows
+from tools.sim.flows import Flows, through_window
 from tools.sim.fluid import Split
 from tools.sim.workload import Dataset, Job
 
@@ -138,9 +138,7 @@ class StripeReads(Flows):
         ``windowBytes``): its finished reads from other members, and the open ones' progress."""
         done = self.window_read.get((node.index, key), 0.0)
         return done + sum(
-            f.total - f.remaining
-            for f in self.fetches
-            if f.stream and f.source == "peer" and f.node is node and f.key == key
+            f.total - f.remaining for f in self.fetches if through_window(f) and f.node is node and f.key == key
         )
 
     def _read_locally(self, out: Outcome, index: int) -> None:
@@ -148,9 +146,9 @@ class StripeReads(Flows):
         other members) are read from its own disk from now on."""
         if self.running.get(out.job.id) is not out:
             return  # ended (or moved) while its copy was filled
-        for f in [f for f in self.fetches if f.stream and f.source == "peer" and (out.job, index) in f.waiters]:
+        for f in [f for f in self.fetches if through_window(f) and (out.job, index) in f.waiters]:
             left = f.remaining
-            self.window_read[(f.node.index, f.key)] = self.window_read.get((f.node.index, f.key), 0.0) + f.total - left
+            self._window_done(f, f.total - left)
             self.fetches.remove(f)
             f.open = False
             self._count(f, -1)
