@@ -125,6 +125,22 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_holds_together_as_the_ag
     assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)
 
 
+def _ready(sim: Simulation, node: int, key: tuple[str, int], size: int) -> None:
+    """A whole ready copy of version ``key`` on ``node``."""
+    sim.nodes[node].cache[key] = CacheEntry(key[0], key[1], size, 0.0, ready=True)
+    sim.ready_copies.setdefault(key, set()).add(node)
+
+
+def _join_on(sim: Simulation, key: tuple[str, int], size: int, nodes: tuple[int, ...]) -> Group:
+    """Version ``key``'s group, owned by node 0 alone, as a job starting on ``nodes`` joins it."""
+    sim.nodes[0].cache[key] = CacheEntry(key[0], key[1], size, 0.0, ready=True, replica=True, stripe=True)
+    group = sim.stripes[key] = Group(key, (0,), {0: float(size)}, holding={0}, fill={0: 1.0})
+    out = Outcome(_job(1, 0.0, len(nodes), key[0]), start=0.0)
+    out.workers = [Worker(sim.nodes[i], (0,), frozenset()) for i in nodes]
+    sim._join(out, group, key, size)
+    return group
+
+
 def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their_place() -> None:
     # a 1.5 TB version is owned by node 0 alone; a two-node job starts on nodes 1 and 2,
     # whose 1 TB caches hold the last copies of other versions (no room for a share). As the
@@ -132,15 +148,10 @@ def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their
     # the empty nodes own in their place: the job's ranks read over three uploads, not one
     data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
     sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
-    key, size = ("big", 0), 3 * TB // 2
-    sim.nodes[0].cache[key] = CacheEntry("big", 0, size, 0.0, ready=True, replica=True, stripe=True)
+    size = 3 * TB // 2
     for node, name in ((1, "a"), (2, "b")):  # the only copies of a and b
-        sim.nodes[node].cache[(name, 0)] = CacheEntry(name, 0, 9 * TB // 10, 0.0, ready=True)
-        sim.ready_copies.setdefault((name, 0), set()).add(node)
-    group = sim.stripes[key] = Group(key, (0,), {0: float(size)}, holding={0}, fill={0: 1.0})
-    out = Outcome(_job(1, 0.0, 2, "big"), start=0.0)
-    out.workers = [Worker(sim.nodes[i], (0,), frozenset()) for i in (1, 2)]
-    sim._join(out, group, key, size)
+        _ready(sim, node, (name, 0), 9 * TB // 10)
+    group = _join_on(sim, ("big", 0), size, (1, 2))
     owners = {m for m, owned in group.owned.items() if owned > 0}
     assert {1, 2} <= set(group.members) and not owners & {1, 2}, "the full nodes own nothing"
     assert 0 in owners and len(owners) == 3, "two nodes with room own in their place"
@@ -179,16 +190,10 @@ def test_whole_copies_join_the_group_a_full_node_joins_and_keep_the_version_whol
     data = [Dataset("fit", TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,))]
     sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
     key, size = ("fit", 0), TB // 2
-    sim.nodes[0].cache[key] = CacheEntry("fit", 0, size, 0.0, ready=True, replica=True, stripe=True)
     for node in (3, 4):
-        sim.nodes[node].cache[key] = CacheEntry("fit", 0, size, 0.0, ready=True)
-        sim.ready_copies.setdefault(key, set()).add(node)
-    sim.nodes[1].cache[("a", 0)] = CacheEntry("a", 0, 9 * TB // 10, 0.0, ready=True)
-    sim.ready_copies.setdefault(("a", 0), set()).add(1)
-    group = sim.stripes[key] = Group(key, (0,), {0: float(size)}, holding={0}, fill={0: 1.0})
-    out = Outcome(_job(1, 0.0, 1, "fit"), start=0.0)
-    out.workers = [Worker(sim.nodes[1], (0,), frozenset())]
-    sim._join(out, group, key, size)
+        _ready(sim, node, key, size)
+    _ready(sim, 1, ("a", 0), 9 * TB // 10)  # the only copy of a
+    group = _join_on(sim, key, size, (1,))
     assert {0, 1, 3, 4} <= set(group.members) and group.owned[1] == 0
     for node in (3, 4):
         copy = sim.nodes[node].cache[key]
