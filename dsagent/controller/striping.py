@@ -128,7 +128,8 @@ def stripe_status(
     mode = parse_stripe(spec.get("stripe"))
     size = count(status.get("bytes"))
     store = spec.get("bundles")
-    before = [str(n.get("node")) for n in (status.get("stripe") or {}).get("nodes") or [] if isinstance(n, dict)]
+    earlier = [r for r in (status.get("stripe") or {}).get("nodes") or [] if isinstance(r, dict)]  # last pass's
+    before = [str(r.get("node")) for r in earlier]
     if mode is None and before:  # striping switched off: the shares go now
         _release(agent_call, before, name, status.get("digest"), who)
     if mode is None or not size or not isinstance(store, str):
@@ -145,6 +146,11 @@ def stripe_status(
     departing = [
         n for n in dict.fromkeys([*old_members, *before]) if n in leaving_now and n in agent_urls and n in inventories
     ]
+    # members whose agent answered last pass holding every bundle: an inventory published
+    # before its copy was complete does not make it a share again (and release it)
+    whole_before = {
+        str(r.get("node")) for r in earlier if r.get("holding") == HOLDING_WHOLE and count(r.get("bytesHeld")) >= size
+    }
     candidates = []
     # ready copies a version, as the eviction's ConfigMap counts them, and each one's keeper
     copies, kept = tallied or tally(inventories)
@@ -167,18 +173,14 @@ def stripe_status(
                     count(listed.get("windowBytes"))
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
-                holds_whole=held >= size > 0,
+                holds_whole=bool(listed) and (held >= size or node in whole_before),
             )
         )  # fmt: skip
-    shareless_before = [
-        str(r.get("node")) for r in (status.get("stripe") or {}).get("nodes") or []
-        if isinstance(r, dict) and r.get("share") is False
-    ]  # fmt: skip
+    shareless_before = [str(r.get("node")) for r in earlier if r.get("share") is False]
     # the members that answered last pass holding their share, not the whole version
     share_before = [
-        str(r.get("node")) for r in (status.get("stripe") or {}).get("nodes") or []
-        if isinstance(r, dict) and r.get("state") in ("ready", "onDemand", "fetching")
-        and r.get("holding") != HOLDING_WHOLE
+        str(r.get("node")) for r in earlier
+        if r.get("state") in ("ready", "onDemand", "fetching") and r.get("holding") != HOLDING_WHOLE
     ]  # fmt: skip
     members, no_share, whole = choose_placement(
         candidates,

@@ -13,6 +13,7 @@ from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.policy import copies
 from dsplatform.wire.inventory import FEATURES, STRIPE_NO_SHARE, STRIPE_ON_DEMAND
+from dsplatform.wire.stripehold import HOLDING_WHOLE
 from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 from tools.support.harness import ADMIN_TOKEN
@@ -578,3 +579,42 @@ def test_a_member_holding_the_version_whole_keeps_it_whole_and_an_unpacked_copy_
     )  # fmt: skip
     assert asked.get("n2") is True and asked.get("n1") is False
     assert asked.get("n3") is not True
+
+
+def test_whole_copies_stay_members_when_the_job_ends_even_before_the_inventory_shows_them_complete() -> None:
+    # a 150 GB version held whole on n1 and n2 for a job that just ended (no job node now).
+    # n2's inventory shows its copy complete; n1's was published while its copy was still
+    # filling, but n1's agent answered the last pass holding every bundle. Both stay members
+    # asked whole: neither copy is released. A member whose share is gone from a fresh
+    # inventory (its cache evicted it) leaves the group and is released
+    def share(held: int) -> dict[str, Any]:
+        return {"big": {"digest": DIGEST, "sizeBytes": 150 * GB, "heldBytes": held, "windowBytes": 0, "members": 2}}
+
+    def inv(stripes: dict[str, Any]) -> dict[str, Any]:
+        return {"version": 1, "freeBytes": 200 * GB, "capacityBytes": 400 * GB, "features": list(FEATURES),
+                "datasets": {}, "stripes": stripes}  # fmt: skip
+
+    def run(invs: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+        asked: dict[str, list[str]] = {"whole": [], "released": []}
+
+        def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+            if method == "DELETE":
+                asked["released"].append(node)
+            elif body.get("whole") is True:
+                asked["whole"].append(node)
+            return 200, {"complete": True, "bytesHeld": 150 * GB, "bytesOwned": 75 * GB, "holding": HOLDING_WHOLE}
+
+        last = [{"node": n, "state": "ready", "holding": "whole", "bytesHeld": 150 * GB} for n in ("n1", "n2")]
+        stripe_status(
+            "big", {"stripe": "auto", "bundles": "s3://s/p"},
+            {"bytes": 150 * GB, "digest": DIGEST, "stripe": {"nodes": last}}, invs,
+            agent_call=agent, agent_urls={n: f"http://{n}" for n in invs},
+        )  # fmt: skip
+        return asked
+
+    idle = {"n3": inv({}), "n4": inv({})}
+    assert run({"n1": inv(share(60 * GB)), "n2": inv(share(150 * GB)), **idle}) == {
+        "whole": ["n1", "n2"],
+        "released": [],
+    }
+    assert run({"n1": inv({}), "n2": inv(share(150 * GB)), **idle}) == {"whole": ["n2"], "released": ["n1"]}
