@@ -121,7 +121,7 @@ def choose_placement(
     ratio: float = EVICT_RATIO,
 ) -> Placement:
     """Where a version lives: the group (``members``: a Dataset's fixed count, or None for
-    :func:`members_wanted` over the smallest cache among ``nodes``) chosen by
+    :func:`members_wanted` over the smallest cache among the job's nodes, else among ``nodes``) chosen by
     :func:`dsagent.policy.stripegroup.choose_group`, the job's nodes first, and which of the
     job's nodes hold it whole (:func:`holding` on each one's cache and room). A job's node
     that took part on a share before (``share_before``: it answered, not holding the
@@ -142,7 +142,10 @@ def choose_placement(
 
     whole_job = {n for n in job if whole_here(n)}
     if members is None:
-        caches = [n.cache_bytes for n in nodes if n.cache_bytes > 0]
+        # the smallest cache among the members to be: the job's nodes where there are any
+        # (one small node elsewhere in the cluster does not add owners to every group)
+        caches = [by_name[n].cache_bytes for n in job if by_name[n].cache_bytes > 0]
+        caches = caches or [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         # every node holding the version whole stays a member: a job that ends, or a later
         # job's nodes with room of their own, do not release a copy the next job would read
         copies = sum(1 for n in nodes if n.name not in job and n.holds_whole)

@@ -143,3 +143,13 @@ def test_whole_copies_stay_members_after_their_job_ends_and_shares_shrink_to_the
     # shares (nobody holds it whole) shrink to what the size rule needs once the job is gone
     shares = [replace(c, held_bytes=version // 4, holds_whole=False) for c in held]
     assert len(choose_placement(shares, size_bytes=version, before=["n0", "n1", "n2", "n3"]).members) == 1
+
+
+def test_the_group_is_sized_by_the_job_nodes_caches_not_the_smallest_in_the_cluster() -> None:
+    # a node with a 100 GB cache elsewhere in the cluster: the 1 TB version fits the job's
+    # two 4 TB nodes whole, and no third node is given a share the job would never read
+    tiny = Candidate("tiny", free_bytes=100 * 10**9, spare_bytes=100 * 10**9, subnet="s1", cache_bytes=100 * 10**9)
+    placement = choose_placement([*_subnet(4), tiny], size_bytes=TB, job_nodes=["n0", "n1"])
+    assert placement.members == placement.whole == ["n0", "n1"]
+    # with no job, the group is sized over every node's cache: 24 wanted, the four with room
+    assert choose_placement([*_subnet(4), tiny], size_bytes=TB).members == ["n0", "n1", "n2", "n3"]
