@@ -19,7 +19,9 @@ The rules that keep a version safe from eviction:
 - this node's shares of striped versions (:mod:`dsagent.cache.striped.stripes`, set as
   :attr:`Space.shares`) count against the capacity like versions, and a fetch that needs
   room evicts them after the replicated copies and before the last copies
-  (docs/design-striping.md#eviction); a share being filled or read is not chosen;
+  (docs/design-striping.md#eviction), but a share holding every bundle (a whole copy) ranks
+  as a whole copy, by the copies other nodes hold; a share being filled or read (by a
+  reader through the agent, or by pods on this node that name its Dataset) is not chosen;
 - space is disk use, on the capacity side as on the disk side: a version counts its bytes
   plus its files' blocks and inodes (:meth:`Store.allocated`), so ``DSAGENT_CAPACITY``,
   ``usedBytes`` and what an eviction frees are all in those units.
@@ -48,7 +50,7 @@ log = logging.getLogger("dsagent")
 class Shares(Protocol):
     """What the space reads of this node's stripe shares (:class:`dsagent.cache.striped.stripes.StripeShares`)."""
 
-    def usage(self) -> list[tuple[Key, int, float, bool]]: ...
+    def usage(self) -> Sequence[tuple[Key, int, float, bool, bool]]: ...  # key, bytes, last used, busy, whole
 
     def total_bytes(self) -> int: ...
 
@@ -201,9 +203,20 @@ class Space:
         in_use = await self.pools.db(self._catalog().in_use, self.clock()) | self.claims.held()
         fetching = self.flights.fetching() | set(self._pins)
         now = self.clock()
+        # a whole copy held as a share ranks by the other copies the cluster holds, as any
+        # whole copy does (the controller counts it as one); any other share by its class
         shares = [
-            eviction.Candidate(name, digest, size, last_used, fetching=busy, striped=True)
-            for (name, digest), size, last_used, busy in (self.shares.usage() if self.shares is not None else ())
+            eviction.Candidate(
+                name,
+                digest,
+                size,
+                last_used,
+                fetching=busy,
+                striped=True,
+                whole=whole,
+                copies=(self.copies.others(name, digest, ready_here=True, now=now) if whole else None),
+            )
+            for (name, digest), size, last_used, busy, whole in (self.shares.usage() if self.shares is not None else ())
         ]
         return shares + [
             eviction.Candidate(

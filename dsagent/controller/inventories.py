@@ -51,8 +51,8 @@ def parse_inventory(raw: Any) -> dict[str, Any] | None:
 
 
 class Facts(NamedTuple):
-    """What one inventory says, read once: its ready versions
-    (:func:`dsagent.policy.copies.ready_versions`), and per dataset name it lists (a copy or a
+    """What one inventory says, read once: its whole copies, ready versions and whole shares
+    (:func:`dsagent.policy.copies.held_copies`), and per dataset name it lists (a copy or a
     stripe share), digest -> :class:`~dsagent.controller.cachestate.Holding`
     (:func:`~dsagent.controller.cachestate.held_versions`)."""
 
@@ -68,7 +68,7 @@ def facts_of(inventory: Mapping[str, Any]) -> Facts:
     if isinstance(stripes, Mapping):
         names += [n for n in stripes if n not in datasets] if isinstance(datasets, Mapping) else list(stripes)
     held = {name: held_versions(inventory, name) for name in names if isinstance(name, str)}
-    return Facts(copies.ready_versions(inventory), held)
+    return Facts(copies.held_copies(inventory), held)
 
 
 class DatasetIndex:
@@ -198,8 +198,8 @@ class InventoryReader:
         self._facts[key] = (inventory, found)
         return found
 
-    def ready_versions(self, inventory: Mapping[str, Any]) -> Mapping[Key, Mapping[str, Any]]:
-        """:func:`dsagent.policy.copies.ready_versions` of ``inventory`` (its :class:`Facts`)."""
+    def held_copies(self, inventory: Mapping[str, Any]) -> Mapping[Key, Mapping[str, Any]]:
+        """:func:`dsagent.policy.copies.held_copies` of ``inventory`` (its :class:`Facts`)."""
         return self.facts(inventory).ready
 
     def keeper(self, version: Key, holders: Sequence[str]) -> str:

@@ -225,7 +225,7 @@ class DatasetController:
         self._copies = None
         try:
             # the copy counts, once a pass
-            self._copies = copies.tally(inventories, ready=self._reader.ready_versions, keeper_of=self._reader.keeper)
+            self._copies = copies.tally(inventories, ready=self._reader.held_copies, keeper_of=self._reader.keeper)
             publish_copies(
                 self._core,
                 self._copies,

@@ -23,7 +23,8 @@ hooks=hooks)``, and awaits
    soon as one that names datasets is bound, submits its task (the pod UID) to the
    service, so caching runs while the kubelet pulls the images (docs/design.md#rule-3); the
    task is the very request its init-container will repeat, so that repeat is a no-op;
-3. keeps a running pod's datasets in use by renewing the task's lease, and releases the
+3. keeps a running pod's datasets in use by renewing the task's lease (and the stripe
+   shares held for the Datasets it names, which it reads from local disk), and releases the
    task when the pod ends or is deleted (also when that happened while the watch was
    broken: a relist after ``410 Gone`` reports it);
 4. connects the :class:`~dsagent.nodeagent.clusterhooks.ClusterHooks` the service was built
@@ -161,6 +162,7 @@ class ClusterAgent:
         # Pods left to their init-container for good (Secrets, malformed data): a pod's
         # spec does not change, so its many status updates need not resolve it again.
         self._left_to_init: set[str] = set()
+        self._reading: dict[str, frozenset[tuple[str, str]]] = {}  # pod UID -> Datasets it names
         self._background: list[asyncio.Task[Any]] = []
         self._watch: PodWatch | None = None
         self._annotations: dict[str, str] | None = None  # what the Node carries, as last seen
@@ -291,6 +293,7 @@ class ClusterAgent:
         uid = pod_uid(pod)
         if not uid or not wants_datasets(pod):
             return
+        self._tell_reading(uid, frozenset() if kind == "DELETED" or has_ended(pod) else _dataset_names(pod))
         if kind == "DELETED" or has_ended(pod):
             await self._release(uid, _name(pod))
             return
@@ -317,6 +320,13 @@ class ClusterAgent:
         )
         if self.pod_events is not None:
             await self.pod_events.tell(uid, record)
+
+    def _tell_reading(self, uid: str, names: frozenset[tuple[str, str]]) -> None:
+        """The stripe shares the node's running pods read from local disk are in use: an
+        eviction leaves them, and they age for its LRU order only once those pods end."""
+        if self._reading.get(uid, frozenset()) != names:
+            self._reading = {u: n for u, n in {**self._reading, uid: names}.items() if n}
+            self.service.stripes.read_by(frozenset().union(*self._reading.values()))
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
@@ -566,6 +576,15 @@ def _discover(options: dict[str, Any] | None = None) -> Any:
     from gpu_topology import discover
 
     return discover(options=options)
+
+
+def _dataset_names(pod: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
+    """(namespace, name) of each Dataset a pod's annotation names (none when unreadable)."""
+    namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+    try:
+        return frozenset((namespace, ref.name) for ref in podannotations.datasets_of(pod))
+    except platform_errors.InvalidInput:
+        return frozenset()
 
 
 def _name(pod: Mapping[str, Any]) -> str:

@@ -1,4 +1,6 @@
-"""How many nodes of the cluster hold each dataset version ready (docs/design.md#cluster-eviction).
+"""How many nodes of the cluster hold each dataset version ready (docs/design.md#cluster-eviction):
+an unpacked ready copy, or a stripe share holding every bundle (a whole copy kept as a share
+serves any peer every bundle, so the store need not serve the version again).
 
 Who calls it: the Dataset controller (:mod:`dsagent.controller.copycounts`) counts the copies from
 the node inventories it already reads (:func:`count_copies`) and publishes them as one
@@ -37,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dsplatform.boundedjson import count
 from dsplatform.names import is_digest, is_name
 from dsplatform.stripe import hrw_score
 from dsplatform.wire.copycounts import Key
@@ -58,11 +61,33 @@ def ready_versions(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]
     return found
 
 
+def whole_shares(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
+    """The striped versions one node's inventory (hostile) lists with every bundle held (a
+    whole copy held as a share: its ``stripes`` entry's ``heldBytes`` reach its
+    ``sizeBytes``), each with its entry."""
+    stripes = inventory.get("stripes")
+    found: dict[Key, Mapping[str, Any]] = {}
+    for name, share in stripes.items() if isinstance(stripes, Mapping) else ():
+        if not is_name(name) or not isinstance(share, Mapping) or not is_digest(share.get("digest")):
+            continue
+        size, held = count(share.get("sizeBytes")), count(share.get("heldBytes"))
+        if size and held >= size:
+            found[(name, str(share.get("digest")))] = share
+    return found
+
+
+def held_copies(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
+    """Every whole copy one node's inventory lists: its ready versions and its whole shares
+    (:func:`whole_shares`), each version once; what the copy counts count."""
+    return {**whole_shares(inventory), **ready_versions(inventory)}
+
+
 def count_copies(inventories: Iterable[Mapping[str, Any]]) -> dict[Key, int]:
-    """Ready copies per ``(name, digest)`` over node inventories (one per node, hostile)."""
+    """Whole copies per ``(name, digest)`` over node inventories (one per node, hostile):
+    ready versions and shares holding every bundle (:func:`held_copies`)."""
     counts: dict[Key, int] = {}
     for inventory in inventories:
-        for key in ready_versions(inventory):
+        for key in held_copies(inventory):
             counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -78,13 +103,13 @@ class Tally(NamedTuple):
 def tally(
     inventories: Mapping[str, Mapping[str, Any]],
     *,
-    ready: Callable[[Mapping[str, Any]], Mapping[Key, Mapping[str, Any]]] = ready_versions,
+    ready: Callable[[Mapping[str, Any]], Mapping[Key, Mapping[str, Any]]] = held_copies,
     keeper_of: Callable[[Key, list[str]], str] | None = None,
 ) -> Tally:
     """:class:`Tally` of ``inventories`` (node name -> its inventory), in one walk. A keeper
     (:func:`keeper`) is the holder first by rendezvous hashing of its node name with the
     version, so that a holder joining or leaving moves few keepers. ``ready``: what
-    :func:`ready_versions` answers, ``keeper_of``: what :func:`keeper` answers for a version and
+    :func:`held_copies` answers, ``keeper_of``: what :func:`keeper` answers for a version and
     its holders (a caller may remember either for what it read before)."""
     holders: dict[Key, list[str]] = {}
     for node, inventory in inventories.items():
@@ -155,8 +180,10 @@ __all__ = [
     "Key",
     "Tally",
     "count_copies",
+    "held_copies",
     "keeper",
     "keepers",
     "ready_versions",
     "tally",
+    "whole_shares",
 ]

@@ -14,7 +14,8 @@ The order (docs/design.md#cluster-eviction, docs/design-striping.md#eviction): w
 versions that other nodes also hold ready go first, most other copies first
 (``Candidate.copies``, from the cluster's inventories), then this node's shares of striped
 versions (``Candidate.striped``: losing one costs the group only its own bundles from the
-store), then the last copies; the least recently used first within each. So the cluster's
+store), then the last copies; a share holding every bundle (``Candidate.whole``) is a whole
+copy and ranks as one; the least recently used first within each. So the cluster's
 last copy of a version (no other holder) is evicted only when the replicated ones and the
 shares together cannot free enough. Shares are evicted only to make room: they have leases
 of their own (the holder renews them), so the idle sweep and ``--all-unused`` leave them. A count that is not known
@@ -45,6 +46,7 @@ class Candidate:
     fetching: bool = False
     copies: int | None = None  # other nodes holding this very version ready; None: unknown
     striped: bool = False  # this node's share of a striped version (docs/design-striping.md)
+    whole: bool = False  # a share holding every bundle: ranked as a whole copy, by ``copies``
 
     @property
     def other_copies(self) -> int:
@@ -91,8 +93,9 @@ REPLICATED, STRIPE_SHARE, LAST_COPY = 0, 1, 2
 
 def eviction_class(candidate: Candidate) -> int:
     """Whole copies other nodes also hold, then stripe shares, then last copies (an
-    unknown count is the safe side: a last copy)."""
-    if candidate.striped:
+    unknown count is the safe side: a last copy). A share holding every bundle is a whole
+    copy."""
+    if candidate.striped and not candidate.whole:
         return STRIPE_SHARE
     return REPLICATED if candidate.other_copies else LAST_COPY
 

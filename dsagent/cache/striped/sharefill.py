@@ -79,7 +79,9 @@ class Share:
     error: str | None = None
     task: asyncio.Task[None] | None = None
     expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
-    last_used: float = 0.0  # wall-clock seconds: last held again or read by this node's readers
+    # wall-clock seconds: last read by this node's readers or pods, or served to a peer (not
+    # its renewals: a copy kept after its job ends ages for the eviction's LRU order)
+    last_used: float = 0.0
     readers: int = 0  # streams of its bundles to this node's readers now
     owned: tuple[StripeBundle, ...] = ()  # this node's bundles under its layout
     no_share: frozenset[str] = frozenset()  # members owning no bundle (weight 0)
@@ -92,6 +94,11 @@ class Share:
     @property
     def key(self) -> Key:
         return (self.layout.name, self.layout.digest)
+
+    @property
+    def complete_whole(self) -> bool:
+        """A whole copy with every bundle on disk: the eviction ranks it as a whole copy."""
+        return self.whole and all(b.digest in self.held for b in self.layout.bundles)
 
     @property
     def filling(self) -> bool:

@@ -45,9 +45,9 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsagent.cache.layout import Key
 from dsagent.cache.peers import PeerFetcher, ServedBundle
@@ -73,6 +73,16 @@ log = logging.getLogger("dsagent.stripes")
 
 STRIPES_DIR = "stripes"
 HOLD_FILE = "hold.json"
+
+
+class ShareUsage(NamedTuple):
+    """One share as the cache's space sees it (:meth:`StripeShares.usage`)."""
+
+    key: Key
+    size_bytes: int
+    last_used: float
+    busy: bool
+    whole: bool  # every bundle on disk: ranked for eviction as a whole copy
 
 
 class StripeShares(ShareFill):
@@ -101,6 +111,7 @@ class StripeShares(ShareFill):
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
         self.window = StripeWindow(settings, pools, self.counts)
         self.readers = ReaderStreams(settings)  # each caller's streams: bounded, ended when idle
+        self.reading: frozenset[Holder] = frozenset()  # Datasets the node's running pods name (read_by)
         self.sources = BundleSources(settings, peers, self.counts)
         self.current = CurrentVersions(pools)
         self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
@@ -186,7 +197,7 @@ class StripeShares(ShareFill):
             share.on_demand = store_on_demand  # the fill's next bundles follow it
             share.peers.update(peers)
             share.holders.update(holders)
-            share.expires, share.last_used = now + lease, now
+            share.expires = now + lease  # a renewal is no use: last_used stays
             await self.pools.work(self._remember, share)
             return self.status(key)
         if share is not None and share.task is not None:
@@ -207,8 +218,10 @@ class StripeShares(ShareFill):
             no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
             whole=everything is not None, on_demand=store_on_demand,
             window_bytes=share.window_bytes if share is not None else 0,
+            # a new group re-plans the share but is no use of it
+            last_used=share.last_used if share is not None else now,
         )  # fmt: skip
-        share.expires, share.last_used = now + lease, now
+        share.expires = now + lease
         self._shares[key] = share
         await self.pools.work(self._prepare, share, done)
         await self.pools.work(self._remember, share)
@@ -233,7 +246,8 @@ class StripeShares(ShareFill):
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
                   "noShare": sorted(share.no_share), "readyAfter": share.ready_after, "whole": share.whole,
                   "storeOnDemand": share.on_demand, "expiresAt": share.expires,
-                  "heldFor": sorted(share.holders), "windowBytes": share.window_bytes}  # fmt: skip
+                  "heldFor": sorted(share.holders), "windowBytes": share.window_bytes,
+                  "lastUsed": share.last_used}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
@@ -259,6 +273,9 @@ class StripeShares(ShareFill):
                 share = self._shares.get((name, digest))
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
                     share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
+                    used = record.get("lastUsed")  # the eviction's LRU order survives a restart
+                    if isinstance(used, (int, float)) and not isinstance(used, bool) and 0 <= used < share.last_used:
+                        share.last_used = float(used)
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 
@@ -328,21 +345,35 @@ class StripeShares(ShareFill):
 
     # -- leases, release, space ---------------------------------------------------------------
 
-    def usage(self) -> list[tuple[Key, int, float, bool]]:
-        """Per share: its key, the bytes it takes (held and handed-over bundles, and its
-        window), when it was last used, and whether it is busy (bundles on their way into it,
-        or streamed to a reader now; a share held ``storeOnDemand`` between two passes of its
-        fill is not): what :class:`dsagent.cache.space.Space` counts and evicts."""
+    def usage(self) -> list[ShareUsage]:
+        """Per share what :class:`dsagent.cache.space.Space` counts and evicts: the bytes it
+        takes (held and handed-over bundles, and its window), when it was last used (now,
+        while pods on this node read it), whether it is busy (bundles on their way into it,
+        streamed to a reader now, or pods on this node reading it; a share held
+        ``storeOnDemand`` between two passes of its fill is not), and whether it is a whole
+        copy with every bundle on disk."""
         window = self.window.bytes_by_version()
-        return [
-            (
-                key,
-                share.disk_bytes(self.disk) + window.get(key, 0),
-                share.last_used,
-                share.readers > 0 or share.fetching,
-            )
-            for key, share in self._shares.items()
-        ]
+        now = self.clock()
+        out = []
+        for key, share in self._shares.items():
+            read = not share.holders.isdisjoint(self.reading)
+            if read:
+                share.last_used = now
+            busy = share.readers > 0 or share.fetching or read
+            out.append(ShareUsage(key, share.disk_bytes(self.disk) + window.get(key, 0), share.last_used, busy,
+                                  share.complete_whole))  # fmt: skip
+        return out
+
+    def read_by(self, datasets: Collection[Holder]) -> None:
+        """The Datasets (namespace, name) that pods running on this node name now (the
+        cluster agent's pod watch tells it at each change): a share held for one of them,
+        now or once it is held, is in use, which is what a whole copy read from local disk
+        shows the agent; it was last used when the last of those pods ended."""
+        now = self.clock()
+        for share in self._shares.values():
+            if not share.holders.isdisjoint(self.reading) or not share.holders.isdisjoint(datasets):
+                share.last_used = now
+        self.reading = frozenset(datasets)
 
     def total_bytes(self) -> int:
         """Disk the shares and the window take (counted against the cache's capacity)."""
@@ -431,6 +462,7 @@ class StripeShares(ShareFill):
             if digest in share.held or digest in share.handover:
                 ref = bundle_of(share.manifest, digest)
                 if ref is not None:
+                    share.last_used = self.clock()  # serving the group is a use of it
                     self.peer_fetches.asked(self.clock())
                     return ServedBundle(
                         (f"stripe/{key[0]}", key[1]),

@@ -137,3 +137,14 @@ def test_stripe_shares_go_after_replicated_copies_and_before_last_copies() -> No
     # shares have leases of their own: neither the idle sweep nor --all-unused takes them
     assert share not in idle_victims(candidates, now=1e9, idle_ttl=1)
     assert share not in unused_victims(candidates)
+
+
+def test_a_share_holding_every_bundle_ranks_as_a_whole_copy() -> None:
+    """A whole copy kept as a share goes with the replicated copies when the cluster holds
+    another, with the last copies when it does not, and never while in use."""
+    whole = Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=1)
+    share = Candidate("big", D, 30, 9.0, striped=True)
+    assert [v.name for v in eviction_order([share, whole, c("last", 30, 0, 0)])] == ["kept", "big", "last"]
+    alone = Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=0)
+    assert [v.name for v in eviction_order([share, alone, c("last", 30, 2, 0)])] == ["big", "kept", "last"]
+    assert eviction_order([Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=3, fetching=True)]) == []

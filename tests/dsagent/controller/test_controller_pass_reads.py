@@ -58,7 +58,7 @@ def test_the_index_answers_as_every_inventory_read_again_while_they_change() -> 
             assert set(index.listing(name)) == listed
             for digest in [*DIGESTS, None, ""]:
                 assert index.holdings(name, digest) == cachestate.holdings(inventories, name, digest)
-        assert all(reader.ready_versions(inv) == copies.ready_versions(inv) for inv in inventories.values())
+        assert all(reader.held_copies(inv) == copies.held_copies(inv) for inv in inventories.values())
         # the next pass: some inventories change (new objects, as a new text parses to), some
         # nodes go, some come; the others are the same objects
         inventories = {n: inv for n, inv in inventories.items() if rng.random() > 0.1}

@@ -739,6 +739,32 @@ def test_a_pod_reading_only_striped_versions_gets_no_task_and_may_read_its_strip
     asyncio.run(scenario())
 
 
+def test_the_datasets_running_pods_name_keep_their_stripe_shares_in_use(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """A whole copy held as a share is read from local disk, where the agent sees no read:
+    the Datasets its node's running pods name are what keeps such a share in use (each pod's
+    namespace), until the pods end."""
+    apiserver.create(make_node(NODE))
+    apiserver.create(make_pod("a", namespace="ml", node_name=NODE, phase="Running",
+                              annotations={"dsagent.io/datasets": "web"}))  # fmt: skip
+    apiserver.create(make_pod("b", namespace="cv", node_name=NODE, phase="Running",
+                              annotations={"dsagent.io/datasets": "coco"}))  # fmt: skip
+    apiserver.create(make_pod("elsewhere", namespace="ml", node_name="other-node", phase="Running",
+                              annotations={"dsagent.io/datasets": "imgs"}))  # fmt: skip
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            stripes = agent.service.stripes
+            await until(lambda: stripes.reading == {("ml", "web"), ("cv", "coco")}, what="the pods' Datasets")
+            apiserver.patch("pods", "a", {"status": {"phase": "Succeeded"}}, "ml")
+            await until(lambda: stripes.reading == {("cv", "coco")}, what="the ended pod's Dataset gone")
+            apiserver.delete("pods", "b", "cv")
+            await until(lambda: stripes.reading == frozenset(), what="the deleted pod's Dataset gone")
+
+    asyncio.run(scenario())
+
+
 def test_in_csi_mode_a_striped_start_before_whole_dataset_stays_out_of_the_pods_task(
     apiserver: FakeApiServer, tmp_path: Path
 ) -> None:

@@ -278,3 +278,22 @@ def test_a_versions_keeper_holds_its_copy_as_the_last_and_the_others_as_replicat
     # an agent of an earlier release reads the counts and ignores the keepers (the same
     # version-1 document): nothing it did changes
     assert json.loads(copycounts.copies_document({v: 2}, at=1.0, keepers={v: "gpu-1"}))["copies"] == {f"data@{v[1]}": 2}
+
+
+def test_a_share_holding_every_bundle_counts_as_a_copy_and_a_partial_one_does_not() -> None:
+    """A whole copy kept as a stripe share serves any peer every bundle: the counts count it,
+    with the unpacked ready copies (one per node, however it holds it); a share still filling,
+    or a hostile entry, counts nothing."""
+    v = ("imgs", "a" * 32)
+
+    def share(held: Any, size: Any = 1000, digest: str = v[1]) -> dict[str, Any]:
+        return {"version": 1, "stripes": {"imgs": {"digest": digest, "sizeBytes": size, "heldBytes": held}}}
+
+    both = {**share(1000), "datasets": {"imgs": {"digest": v[1], "state": "ready"}}}
+    inventories = {
+        "n1": share(1000), "n2": both, "n3": share(999), "n4": share(True, True), "n5": share("1000", "1000"),
+        "n6": share(1000, digest="not-a-digest"), "n7": share(2000, 0),
+    }  # fmt: skip
+    counted = copies.tally(inventories)
+    assert counted.counts == {v: 2} and counted.keepers[v] in {"n1", "n2"}
+    assert copies.count_copies(inventories.values()) == {v: 2}

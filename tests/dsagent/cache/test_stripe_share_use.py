@@ -1,0 +1,116 @@
+"""When a stripe share was last used, and how the eviction ranks it (in process, a real
+bundle store over loopback HTTP, the clock injected; docs/design-striping.md#eviction).
+
+- The controller's renewals are not use: a whole copy kept after its job ended ages.
+- Pods on the node that name a Dataset the share is held for keep it in use: not chosen
+  by an eviction, and its age counts from when they end.
+- A share holding every bundle ranks as a whole copy: with another copy in the cluster it
+  goes before another group's share, as the last copy it goes after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from dsagent.cache.service import CacheService
+from dsagent.cache.settings import Settings
+from dsagent.format.bundles.bundle import pack
+from dsagent.policy import eviction
+from tests.dsagent.cache.test_service_clock import Clock
+from tests.dsagent.conftest import write_tree
+from tools.support.harness import LOOPBACK
+
+NODE = "node-a"
+HELD_FOR = ("ml", "imgs")
+
+
+def _stores(www: Path) -> None:
+    for name in ("imgs", "other"):
+        files = {f"{name}/f{i:03d}.bin": os.urandom(3000 + 97 * i) for i in range(12)}
+        write_tree(www / f"src-{name}", files)
+        pack(www / f"src-{name}", www / name, name=name, max_files=4)
+
+
+async def _held(service: CacheService, url: str, name: str, *, whole: bool) -> str:
+    status = await service.stripes.hold(
+        name, f"{url}/{name}", [NODE, "node-b"], {}, whole=whole, holders=[("ml", name)], ready_after=1
+    )
+    for _ in range(600):
+        status = service.stripes.status((name, status["digest"]))
+        if status["complete"]:
+            return str(status["digest"])
+        await asyncio.sleep(0.05)
+    raise AssertionError(status)
+
+
+def _usage(service: CacheService) -> dict[str, Any]:
+    return {u.key[0]: u for u in service.stripes.usage()}
+
+
+def test_renewals_are_not_use_and_pods_naming_its_dataset_keep_it_in_use(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    www, url, _ = loopback
+    _stores(www)
+    clock = Clock()
+    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+
+    async def run() -> None:
+        service = CacheService(settings, clock=clock)
+        await service.start()
+        try:
+            await _held(service, url, "imgs", whole=True)
+            held_at = clock.now
+            assert _usage(service)["imgs"].whole and _usage(service)["imgs"].last_used == held_at
+            clock.now += 600
+            await _held(service, url, "imgs", whole=True)  # the controller's renewal
+            assert _usage(service)["imgs"].last_used == held_at and not _usage(service)["imgs"].busy
+
+            service.stripes.read_by({HELD_FOR})  # a pod on the node names ml/imgs
+            clock.now += 60
+            now = _usage(service)["imgs"]
+            assert now.busy and now.last_used == clock.now
+            service.stripes.read_by({("other-ns", "imgs")})  # another namespace's Dataset: not its holder
+            clock.now += 60
+            gone = _usage(service)["imgs"]
+            assert not gone.busy and gone.last_used == clock.now - 60
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+
+
+def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    www, url, _ = loopback
+    _stores(www)
+    clock = Clock()
+    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+
+    async def run() -> None:
+        service = CacheService(settings, clock=clock)
+        await service.start()
+        try:
+            digest = await _held(service, url, "imgs", whole=True)
+            clock.now += 10
+            await _held(service, url, "other", whole=False)  # another group's share, used later
+            space = service._space
+
+            async def order(copies: dict[tuple[str, str], int]) -> list[str]:
+                service.node.copies.update(copies, made_at=clock.now)
+                return [c.name for c in eviction.eviction_order(await space.candidates())]
+
+            # another node holds imgs whole too: its copy goes first, before the share of "other"
+            assert await order({("imgs", digest): 2}) == ["imgs", "other"]
+            # this node's is the cluster's only copy: it goes after the share, as a last copy
+            assert await order({("imgs", digest): 1}) == ["other", "imgs"]
+            service.stripes.read_by({HELD_FOR})  # read from local disk by a pod: never chosen
+            assert await order({("imgs", digest): 2}) == ["other"]
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
