@@ -253,12 +253,13 @@ class ShareFill:
             # reads the store (asking the peers, this node makes nobody wait: the owner asking
             # it back would wait on it while it waits on the owner; reading the store, it
             # waits on nobody, and an owner that starts meanwhile waits for it instead of
-            # reading the store too)
+            # reading the store too). The owner is asked once more right before: one whose
+            # fill began while the others were asked has claimed it, and is waited for
             order = [placed.owner, *(m for m in order if m != placed.owner)]
             with self.peers.claim(bundle.digest, "unclaimed") as claim:
                 if not self.sources.fetch(
                     share, bundle, directory, order, copies=copies, store=store, reader=reader,
-                    before_store=claim.downloading,
+                    before_store=claim.downloading, again=[placed.owner],
                 ):  # fmt: skip
                     return False
                 claim.finished()

@@ -63,12 +63,15 @@ class BundleSources:
         before_store: Callable[[], object] | None = None,
         store: bool = True,
         reader: bool = False,
+        again: Sequence[str] = (),
     ) -> bool:
         """Bundle ``ref`` into ``directory`` from the first of ``order`` (node names, best
         first), then of ``copies`` (base URLs of agents holding or fetching the version
-        whole), that delivers it verified, else from the store, after calling
-        ``before_store`` (False: a peer reads the store for it, so the peers are asked once
-        more, waiting for that one, before the store); whether it is there. ``fresh``: ``directory`` is the bundle's own
+        whole), that delivers it verified, else from the store, after asking ``again`` (node
+        names) once more (an owner that began its fill since it was asked has claimed the
+        bundle by now: this one waits for it) and then calling ``before_store`` (False: a
+        peer reads the store for it, so the peers are asked once more, waiting for that one,
+        before the store); whether it is there. ``fresh``: ``directory`` is the bundle's own
         and is emptied after a failed attempt (a window slot). ``store``: False, the peers
         only (a share held ``storeOnDemand`` filling in the background: False when none
         delivers). ``reader``: the peers are told that a reader waits for it."""
@@ -77,6 +80,9 @@ class BundleSources:
             return True
         if not store:
             return False
+        if again and self._from_peers(version, ref, directory, again, (), fresh=fresh, reader=reader):
+            self.counts["peer_bundles"] += 1
+            return True
         if before_store is not None and before_store() is False:
             # a peer asking at once was told to read the store itself: wait for it
             if self._from_peers(version, ref, directory, order, copies, fresh=fresh, reader=reader):

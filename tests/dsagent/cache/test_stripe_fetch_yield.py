@@ -3,7 +3,9 @@
 
 Of two agents asking each other for one bundle at once, the one told to yield must not
 read the store as well: its ``before_store`` says False, and it asks the peers again,
-waiting while they answer "later", before the store."""
+waiting while they answer "later", before the store. A whole copy asks the bundle's owner
+once more before it claims the store read: an owner whose fill began meanwhile has it
+claimed, and is waited for."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ class _Peers:
             raise PeerFetchingIt("downloading it now")
 
 
-def _fetch(tmp_path: Path, peers: _Peers, monkeypatch: pytest.MonkeyPatch, yielded: bool) -> dict[str, int]:
+def _fetch(
+    tmp_path: Path, peers: _Peers, monkeypatch: pytest.MonkeyPatch, yielded: bool, again: tuple[str, ...] = ()
+) -> dict[str, int]:
     settings = Settings(root=tmp_path / "c", peer_token="t" * 32, peer_wait=5, node_name="n1")
     counts = {"peer_bundles": 0, "store_bundles": 0}
     sources = BundleSources(settings, peers, counts)  # type: ignore[arg-type]
@@ -42,7 +46,7 @@ def _fetch(tmp_path: Path, peers: _Peers, monkeypatch: pytest.MonkeyPatch, yield
     monkeypatch.setattr("dsagent.cache.striped.stripefetch.POLL_EVERY", 0.01)
     version = SimpleNamespace(manifest=None, store="s3://b/p", storage_options={}, peers={"n2": "http://n2"})
     ref = SimpleNamespace(digest="a" * 32)
-    assert sources.fetch(version, ref, tmp_path, ["n2"], before_store=lambda: not yielded)  # type: ignore[arg-type]
+    assert sources.fetch(version, ref, tmp_path, ["n2"], before_store=lambda: not yielded, again=again)  # type: ignore[arg-type]
     return counts
 
 
@@ -60,3 +64,15 @@ def test_a_fetch_not_told_to_yield_reads_the_store_after_the_peers(
     peers = _Peers(["no"])
     assert _fetch(tmp_path, peers, monkeypatch, yielded=False) == {"peer_bundles": 0, "store_bundles": 1}
     assert peers.asked == 1
+
+
+def test_a_whole_copy_asks_the_owner_again_before_the_store_and_waits_for_its_fill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the owner had no share yet at the first ask; its fill began while the others were asked
+    peers = _Peers(["no", "later", "yes"])
+    assert _fetch(tmp_path, peers, monkeypatch, yielded=False, again=("n2",)) == {"peer_bundles": 1, "store_bundles": 0}
+    assert peers.asked == 3
+    # an owner that still has not begun: the store, after one more ask
+    peers = _Peers(["no", "no"])
+    assert _fetch(tmp_path, peers, monkeypatch, yielded=False, again=("n2",)) == {"peer_bundles": 0, "store_bundles": 1}
