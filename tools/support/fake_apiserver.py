@@ -1200,8 +1200,10 @@ def make_node(
     annotations: dict[str, str] | None = None,
     gpus: int = 8,
     extra_allocatable: dict[str, str] | None = None,
+    address: str | None = None,
 ) -> JSON:
-    """A realistic GPU Node as kubelet registers it."""
+    """A realistic GPU Node as kubelet registers it; ``address``: its InternalIP (what a peer
+    lookup of the cluster's inventories reaches its agent at)."""
     allocatable = {
         "cpu": "96",
         "memory": "1056345988Ki",
@@ -1225,6 +1227,11 @@ def make_node(
         },
         "spec": {"podCIDR": "10.244.1.0/24"},
         "status": {
+            **(
+                {"addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}]}
+                if address
+                else {}
+            ),
             "capacity": dict(allocatable),
             "allocatable": allocatable,
             "conditions": [

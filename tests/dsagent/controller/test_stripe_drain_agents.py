@@ -194,7 +194,7 @@ def _group(
     }
     try:
         for node, agent in agents.items():
-            apiserver.create(make_node(node))
+            apiserver.create(make_node(node, address=agent.host))  # peers look each other up by it
             apiserver.create(agent_pod(node, ip=agent.host))
         for agent in agents.values():
             agent.start()
