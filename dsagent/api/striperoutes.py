@@ -27,9 +27,10 @@ from dsagent.api.schemas import StripeIn, StripeOut, StripeReleaseOut
 from dsagent.cache.service import CacheService
 from dsagent.cache.striped.readerstreams import OPERATORS
 from dsagent.cache.striped.stripereaders import pod_reader
-from dsagent.errors import Forbidden
+from dsagent.errors import Forbidden, InvalidInput
 from dsagent.format.bundles.packwriter import tar_stream
 from dsagent.format.names import validate_digest, validate_name
+from dsplatform.wire.stripehold import KEEP_WHOLE
 
 router = APIRouter(route_class=BoundedJsonRoute)
 
@@ -71,13 +72,19 @@ async def hold_stripe(
     response_model=StripeReleaseOut,
     responses=errors(400, 401, 403, 404),
 )
-async def release_stripe(name: str, digest: str | None = None, svc: CacheService = Depends(service)) -> dict[str, Any]:
+async def release_stripe(
+    name: str, digest: str | None = None, keep: str | None = None, svc: CacheService = Depends(service)
+) -> dict[str, Any]:
     """Drop this node's share of ``name`` (of version ``digest`` only, when given): its
-    files and window go now. A share nobody holds again also goes when its lease lapses."""
+    files and window go now. A share nobody holds again also goes when its lease lapses.
+    ``keep=whole`` (the controller, taking the node out of the group): a share holding every
+    bundle stays as a whole copy with no lease, until the cache evicts it."""
     validate_name(name)
     if digest is not None:
         validate_digest(digest)
-    return {"name": name, "released": await svc.stripes.release(name, digest)}
+    if keep not in (None, KEEP_WHOLE):
+        raise InvalidInput(f"keep is {KEEP_WHOLE!r} or absent, not {keep[:40]!r}")
+    return {"name": name, "released": await svc.stripes.release(name, digest, keep_whole=keep == KEEP_WHOLE)}
 
 
 @router.get("/v1/stripes/{name}/{digest}", response_model=StripeOut, responses=errors(400, 404, 410))

@@ -14,7 +14,9 @@ every member says so. The group starts with the job's own nodes (:func:`job_node
 the Dataset's pods run) and prefers the RoCE subnets of the first member (:func:`node_subnets`,
 from the topology each agent publishes). A member dropped from the group, or every member
 once ``spec.stripe`` goes, is told to release its share (``DELETE /v1/stripes/<name>``); one
-that cannot be told lets it lapse with its lease.
+that cannot be told lets it lapse with its lease. A member dropped while the version is
+still striped keeps a share holding every bundle (``keep=whole``): a whole copy, with no
+lease, until its cache evicts it, so the next job on that node reads it there.
 
 Churn (docs/design-striping.md#churn): a member whose node is **draining**
 (:func:`dsagent.kube.leaving.draining`: cordoned, or drain-tainted) is leaving.
@@ -46,7 +48,7 @@ from dsplatform import published
 from dsplatform.boundedjson import count
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
-from dsplatform.wire.stripehold import HOLDING_WHOLE, read_share, stripe_request
+from dsplatform.wire.stripehold import HOLDING_WHOLE, read_share, release_query, stripe_request
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
 TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
@@ -94,8 +96,12 @@ def _subnet_key(text: str) -> str | None:
         return None
 
 
-def _release(agent_call: AgentCall, nodes: Iterable[str], name: str, digest: Any, who: str) -> None:
-    query = f"?digest={digest}" if isinstance(digest, str) else ""
+def _release(
+    agent_call: AgentCall, nodes: Iterable[str], name: str, digest: Any, who: str, *, keep_whole: bool = False
+) -> None:
+    """Tell each node's agent to let its share go; ``keep_whole``: one holding every bundle
+    stays, a whole copy with no lease that its cache evicts when it needs the room."""
+    query = release_query(digest if isinstance(digest, str) else None, keep_whole=keep_whole)
     for node in nodes:
         agent_call(node, "DELETE", f"/v1/stripes/{name}{query}", None, who)  # unreachable: its lease lapses
 
@@ -192,7 +198,8 @@ def stripe_status(
         members=None if mode == "auto" else int(mode),
     )
     dropped = [n for n in before if n not in members and n not in departing and n in agent_urls]
-    _release(agent_call, dropped, name, status.get("digest"), who)
+    # a whole copy outlives its place in the group: the next job on that node reads it there
+    _release(agent_call, dropped, name, status.get("digest"), who, keep_whole=True)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
     digest = status.get("digest") if isinstance(status.get("digest"), str) else None
     reports = []

@@ -16,10 +16,10 @@ The rule:
   too few to hold the version with the rule's headroom and per-member budget, and where a
   job's node will read a version through the window that other nodes hold whole: those
   nodes join too (they own their part without moving a byte), so its reads are spread over
-  every copy the cluster holds instead of one node's upload. A node holding the version
-  whole stays a member holding it whole, whether or not its pods still read it: a job that
-  ends, or a later job whose nodes have room of their own, releases no whole copy; the
-  cache's eviction decides when one goes.
+  every copy the cluster holds instead of one node's upload. A member holding the version
+  whole keeps it whole while it stays a member, whether or not its pods still read it; one
+  the group lets go keeps its copy (the controller releases it with ``keep=whole``) until
+  the cache evicts it.
 - **A job's node that started on a share is made whole later only once it has paid for
   it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
   while its pods go on reading; it does so once its readers have taken at least that many
@@ -125,10 +125,9 @@ def choose_placement(
     :func:`dsagent.policy.stripegroup.choose_group`, the job's nodes first, and which of the
     job's nodes hold it whole (:func:`holding` on each one's cache and room). A job's node
     that took part on a share before (``share_before``: it answered, not holding the
-    version whole) holds it whole only once :func:`worth_whole` says so. Every node outside
-    the job that holds the version whole stays a member and keeps it whole: a group that
-    changes, or a job that ends, does not make it drop bundles a later job would read again
-    (the cache's eviction decides when they go)."""
+    version whole) holds it whole only once :func:`worth_whole` says so. A member outside
+    the job that holds the version whole keeps it whole: a group that changes does not make
+    it drop bundles a later job would read again (the cache's eviction decides when they go)."""
     if not nodes:
         return Placement([], [], [])
     by_name = {n.name: n for n in nodes}
@@ -146,9 +145,8 @@ def choose_placement(
         # (one small node elsewhere in the cluster does not add owners to every group)
         caches = [by_name[n].cache_bytes for n in job if by_name[n].cache_bytes > 0]
         caches = caches or [n.cache_bytes for n in nodes if n.cache_bytes > 0]
-        # every node holding the version whole stays a member: a job that ends, or a later
-        # job's nodes with room of their own, do not release a copy the next job would read
-        copies = sum(1 for n in nodes if n.name not in job and n.holds_whole)
+        through = len(whole_job) < len(job)
+        copies = sum(1 for n in nodes if n.name not in job and n.holds_whole) if through else 0
         members = (
             members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=copies) if caches else len(nodes)
         )

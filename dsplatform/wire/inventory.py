@@ -155,9 +155,9 @@ def versions_of(inventory: Mapping[str, Any], name: str) -> list[Mapping[str, An
 
 
 def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
-    """How an inventory lists ``name@digest``: ``"ready"`` or ``"fetching"`` (a copy),
-    ``"share"`` (a share of the striped version with bundles held: it serves those); None
-    when it does not."""
+    """How an inventory lists ``name@digest``: ``"ready"`` or ``"fetching"`` (a copy; a
+    share of the striped version holding every bundle is a ready copy too: it serves them
+    all), ``"share"`` (a share with bundles held: it serves those); None when it does not."""
     if not isinstance(inventory, Mapping):
         return None
     states = {v.get("state") for v in versions_of(inventory, name) if v.get("digest") == digest}
@@ -166,9 +166,9 @@ def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
     stripes = inventory.get("stripes")
     share = stripes.get(name) if isinstance(stripes, Mapping) else None
     if isinstance(share, Mapping) and share.get("digest") == digest:
-        held = share.get("heldBytes")
-        if isinstance(held, int) and not isinstance(held, bool) and held > 0:
-            return "share"
+        held, size = boundedjson.count(share.get("heldBytes")), boundedjson.count(share.get("sizeBytes"))
+        if held > 0:
+            return "ready" if held >= size > 0 else "share"
     return None
 
 

@@ -28,6 +28,11 @@ Answer (what the controller reads of it)::
 
     complete, storeOnDemand, holding (whole | share), bytesHeld, bytesOwned
 
+Release (``DELETE /v1/stripes/{name}?digest=&keep=``): ``keep=whole`` (:func:`release_query`,
+the controller taking a node out of a group) keeps a share that holds every bundle as a
+whole copy with no lease, which the node's cache evicts when it needs the room; an agent of
+an earlier release ignores the parameter and drops it, as before.
+
 Pure: no I/O, nothing of the processes.
 """
 
@@ -49,6 +54,14 @@ LEASE_SECONDS = "leaseSeconds"
 #: the answer's ``holding``: every bundle held on the node, or the bundles it owns
 HOLDING_WHOLE = "whole"
 HOLDING_SHARE = "share"
+#: the release's ``keep``: a share holding every bundle stays, a whole copy with no lease
+KEEP_WHOLE = "whole"
+
+
+def release_query(digest: str | None = None, *, keep_whole: bool = False) -> str:
+    """The release's query string (``""`` or ``?...``): the version, and whether a whole copy stays."""
+    parts = ([f"digest={digest}"] if digest else []) + ([f"keep={KEEP_WHOLE}"] if keep_whole else [])
+    return f"?{'&'.join(parts)}" if parts else ""
 
 
 class _Group(TypedDict):
@@ -128,6 +141,7 @@ def read_share(answer: Any) -> ShareReport | None:
 __all__ = [
     "HOLDING_SHARE",
     "HOLDING_WHOLE",
+    "KEEP_WHOLE",
     "LEASE_SECONDS",
     "NO_SHARE",
     "READY_AFTER",
@@ -138,5 +152,6 @@ __all__ = [
     "ShareReport",
     "StripeRequestBody",
     "read_share",
+    "release_query",
     "stripe_request",
 ]

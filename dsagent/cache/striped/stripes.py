@@ -245,7 +245,9 @@ class StripeShares(ShareFill):
             return
         record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
                   "noShare": sorted(share.no_share), "readyAfter": share.ready_after, "whole": share.whole,
-                  "storeOnDemand": share.on_demand, "expiresAt": share.expires,
+                  "storeOnDemand": share.on_demand,
+                  # a kept whole copy has no lease (JSON has no infinity)
+                  "expiresAt": None if math.isinf(share.expires) else share.expires,
                   "heldFor": sorted(share.holders), "windowBytes": share.window_bytes,
                   "lastUsed": share.last_used}  # fmt: skip
         tmp = path.with_suffix(".tmp")
@@ -260,7 +262,8 @@ class StripeShares(ShareFill):
             name, digest = path.parent.parent.name, path.parent.name
             try:
                 record = json.loads(await self.pools.work(path.read_text))
-                left = float(record.get("expiresAt", math.inf)) - self.clock()
+                kept = record.get("expiresAt", 0) is None  # a whole copy kept with no lease
+                left = math.inf if kept else float(record.get("expiresAt", math.inf)) - self.clock()
                 if left <= 0:  # its lease lapsed while the agent was down
                     log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
                     await self.pools.work(shutil.rmtree, path.parent, True)
@@ -271,6 +274,9 @@ class StripeShares(ShareFill):
                                 store_on_demand=record.get("storeOnDemand") is True,
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
                 share = self._shares.get((name, digest))
+                if share is not None and kept and share.complete_whole:
+                    share.expires = math.inf
+                    await self.pools.work(self._remember, share)
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
                     share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
                     used = record.get("lastUsed")  # the eviction's LRU order survives a restart
@@ -411,14 +417,24 @@ class StripeShares(ShareFill):
             self.sources.forget(*key)
         return True
 
-    async def release(self, name: str, digest: str | None = None) -> list[str]:
+    async def release(self, name: str, digest: str | None = None, *, keep_whole: bool = False) -> list[str]:
         """``DELETE /v1/stripes/<name>``: drop this node's shares of ``name`` (of one
-        version with ``digest``); the digests dropped. :class:`NotFound` when none is held."""
+        version with ``digest``); the digests let go. :class:`NotFound` when none is held.
+        ``keep_whole`` (the controller, taking the node out of a group): a share holding
+        every bundle is kept instead, a whole copy with no lease, which the cache's eviction
+        removes when it needs the room; it still serves its bundles, and a group that holds
+        it again re-plans it with no byte moved."""
         keys = [k for k in self._shares if k[0] == name and (digest is None or k[1] == digest)]
         if not keys:
             raise NotFound(f"this node holds no share of {name}" + (f"@{digest[:12]}" if digest else ""))
         for key in keys:
-            await self.drop(key, reason="released")
+            share = self._shares[key]
+            if keep_whole and share.complete_whole:
+                share.expires = math.inf
+                await self.pools.work(self._remember, share)
+                log.info("keeping the whole copy of %s@%s after its group let it go", key[0], key[1][:12])
+            else:
+                await self.drop(key, reason="released")
         return [k[1] for k in keys]
 
     async def expire(self) -> list[Key]:

@@ -114,3 +114,42 @@ def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
             await service.stop()
 
     asyncio.run(run())
+
+
+def test_a_whole_copy_released_with_keep_stays_with_no_lease_across_a_restart(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    www, url, _ = loopback
+    _stores(www)
+    clock = Clock()
+    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+
+    async def run() -> None:
+        service = CacheService(settings, clock=clock)
+        await service.start()
+        try:
+            digest = await _held(service, url, "imgs", whole=True)
+            await _held(service, url, "other", whole=False)
+            # the group lets the node go: the whole copy stays, the share of "other" goes
+            await service.stripes.release("imgs", keep_whole=True)
+            await service.stripes.release("other", keep_whole=True)
+            assert set(_usage(service)) == {"imgs"}
+        finally:
+            await service.stop()
+        clock.now += 10 * settings.stripe_lease  # far past any lease
+        service = CacheService(settings, clock=clock)
+        await service.start()
+        try:
+            for _ in range(200):  # the agent holds its shares again in the background
+                if "imgs" in _usage(service):
+                    break
+                await asyncio.sleep(0.05)
+            await service.stripes.expire()
+            status = service.stripes.status(("imgs", digest))
+            assert status["complete"] and status["holding"] == "whole", status
+            await service.stripes.release("imgs")  # an operator's release drops it
+            assert _usage(service) == {}
+        finally:
+            await service.stop()
+
+    asyncio.run(run())

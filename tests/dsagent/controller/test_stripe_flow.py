@@ -165,7 +165,9 @@ def test_the_group_starts_with_the_jobs_nodes_then_their_subnet_and_releases_dro
     stripe = apiserver.get("datasets", "big", "ml")["status"]["stripe"]
     assert [n["node"] for n in stripe["nodes"]] == ["n1", "n4", "n2"]
     assert [n["node"] for n in stripe["nodes"] if n.get("share") is False] == ["n1"]
-    assert [a[:3] for a in asked if a[1] == "DELETE"] == [("n5", "DELETE", f"/v1/stripes/big?digest={DIGEST}")]
+    # a dropped member keeps a whole copy, if it holds one (keep=whole)
+    released = [("n5", "DELETE", f"/v1/stripes/big?digest={DIGEST}&keep=whole")]
+    assert [a[:3] for a in asked if a[1] == "DELETE"] == released
     # striping switched off: every member releases its share
     apiserver.patch("datasets", "big", {"spec": {"stripe": None}}, "ml")
     asked.clear()
@@ -581,40 +583,43 @@ def test_a_member_holding_the_version_whole_keeps_it_whole_and_an_unpacked_copy_
     assert asked.get("n3") is not True
 
 
-def test_whole_copies_stay_members_when_the_job_ends_even_before_the_inventory_shows_them_complete() -> None:
-    # a 150 GB version held whole on n1 and n2 for a job that just ended (no job node now).
-    # n2's inventory shows its copy complete; n1's was published while its copy was still
-    # filling, but n1's agent answered the last pass holding every bundle. Both stay members
-    # asked whole: neither copy is released. A member whose share is gone from a fresh
-    # inventory (its cache evicted it) leaves the group and is released
+def test_a_group_that_lets_a_whole_copy_go_releases_it_kept_and_a_late_inventory_does_not_count_it_short() -> None:
+    # a 150 GB version fits n2 and n3, the job's nodes; n1 held it whole for a job that
+    # ended and is no longer wanted: it is released with keep=whole (its agent keeps the
+    # copy until its cache evicts it). A job's node (n3) whose inventory was published while
+    # its copy filled, but whose agent answered the last pass holding every bundle, counts
+    # as whole: with n2 reading through the window, it is not taken for one on a share
     def share(held: int) -> dict[str, Any]:
         return {"big": {"digest": DIGEST, "sizeBytes": 150 * GB, "heldBytes": held, "windowBytes": 0, "members": 2}}
 
-    def inv(stripes: dict[str, Any]) -> dict[str, Any]:
-        return {"version": 1, "freeBytes": 200 * GB, "capacityBytes": 400 * GB, "features": list(FEATURES),
+    def inv(stripes: dict[str, Any], free: int = 200 * GB) -> dict[str, Any]:
+        return {"version": 1, "freeBytes": free, "capacityBytes": 400 * GB, "features": list(FEATURES),
                 "datasets": {}, "stripes": stripes}  # fmt: skip
 
-    def run(invs: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    def run(invs: dict[str, dict[str, Any]], job: list[str]) -> dict[str, list[str]]:
         asked: dict[str, list[str]] = {"whole": [], "released": []}
 
         def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
             if method == "DELETE":
-                asked["released"].append(node)
+                asked["released"].append(f"{node} {path}")
             elif body.get("whole") is True:
                 asked["whole"].append(node)
             return 200, {"complete": True, "bytesHeld": 150 * GB, "bytesOwned": 75 * GB, "holding": HOLDING_WHOLE}
 
-        last = [{"node": n, "state": "ready", "holding": "whole", "bytesHeld": 150 * GB} for n in ("n1", "n2")]
+        last = [{"node": n, "state": "ready", "holding": "whole", "bytesHeld": 150 * GB} for n in ("n1", "n3")]
         stripe_status(
             "big", {"stripe": "auto", "bundles": "s3://s/p"},
             {"bytes": 150 * GB, "digest": DIGEST, "stripe": {"nodes": last}}, invs,
-            agent_call=agent, agent_urls={n: f"http://{n}" for n in invs},
+            agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=job,
         )  # fmt: skip
         return asked
 
-    idle = {"n3": inv({}), "n4": inv({})}
-    assert run({"n1": inv(share(60 * GB)), "n2": inv(share(150 * GB)), **idle}) == {
-        "whole": ["n1", "n2"],
-        "released": [],
+    invs = {"n1": inv(share(150 * GB)), "n2": inv({}), "n3": inv({})}
+    assert run(invs, ["n2", "n3"]) == {
+        "whole": ["n3", "n2"],
+        "released": [f"n1 /v1/stripes/big?digest={DIGEST}&keep=whole"],
     }
-    assert run({"n1": inv({}), "n2": inv(share(150 * GB)), **idle}) == {"whole": ["n2"], "released": ["n1"]}
+    # n2 has no room: it reads through the window; the whole copies join the group (n1 is
+    # one by its inventory, n3 by its last answer though its inventory shows 60 GB)
+    invs = {"n1": inv(share(150 * GB)), "n2": inv({}, free=10 * GB), "n3": inv(share(60 * GB))}
+    assert sorted(run(invs, ["n2", "n3"])["whole"]) == ["n1", "n3"]

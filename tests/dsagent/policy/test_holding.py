@@ -77,11 +77,10 @@ def test_a_job_node_reading_through_the_window_spreads_its_reads_over_every_whol
     assert sorted(placement.members) == ["h1", "h2", "job"]
     assert placement.no_share == [] and sorted(placement.whole) == ["h1", "h2"]  # they keep it whole
     assert members_wanted(version, 4 * TB, 1, copies=2) == 3
-    # with room for the whole version the job's node holds it whole, and the copies stay
-    # members holding it whole: no copy is released because a job's node has room of its own
+    # with room for the whole version the job's node holds it whole: no copy is asked to join
     roomy = Candidate("job", free_bytes=2 * TB, spare_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB)
     alone = choose_placement([roomy, *copies, *_subnet(4)], size_bytes=version, job_nodes=["job"])
-    assert sorted(alone.members) == sorted(alone.whole) == ["h1", "h2", "job"]
+    assert alone.members == ["job"] and alone.whole == ["job"]
     # an unpacked ready copy counts as held bytes but holds no bundle: it neither joins as a
     # copy nor is asked to hold the version whole (that would fetch every bundle again)
     unpacked = [replace(c, holds_whole=False) for c in copies]
@@ -124,25 +123,6 @@ def test_worth_whole_is_the_ski_rental_rule(window: int, lacking: int, whole: bo
 def test_a_fixed_member_count_is_kept() -> None:
     placement = choose_placement(_subnet(8), size_bytes=TB, job_nodes=["n0"], members=3)
     assert len(placement.members) == 3 and placement.members[0] == "n0" and placement.whole == ["n0"]
-
-
-def test_whole_copies_stay_members_after_their_job_ends_and_shares_shrink_to_the_size_rule() -> None:
-    # four nodes held a 100 GB version whole for a job that ended: all four stay members
-    # holding it whole (the cache's eviction decides when a copy goes), none is released
-    version = 100 * 10**9
-    held = [
-        Candidate(f"n{i}", free_bytes=TB, held_bytes=version, subnet="s1", cache_bytes=TB, spare_bytes=TB,
-                  holds_whole=True)
-        for i in range(4)
-    ]  # fmt: skip
-    after = choose_placement(held, size_bytes=version, before=["n0", "n1", "n2", "n3"])
-    assert after.members == after.whole == ["n0", "n1", "n2", "n3"]
-    # one copy evicted (it holds nothing now): it leaves, the others stay
-    evicted = [replace(held[0], held_bytes=0, holds_whole=False), *held[1:]]
-    assert choose_placement(evicted, size_bytes=version, before=["n0", "n1", "n2", "n3"]).members == ["n1", "n2", "n3"]
-    # shares (nobody holds it whole) shrink to what the size rule needs once the job is gone
-    shares = [replace(c, held_bytes=version // 4, holds_whole=False) for c in held]
-    assert len(choose_placement(shares, size_bytes=version, before=["n0", "n1", "n2", "n3"]).members) == 1
 
 
 def test_the_group_is_sized_by_the_job_nodes_caches_not_the_smallest_in_the_cluster() -> None:

@@ -136,3 +136,17 @@ def test_fields_of_the_wrong_type_count_as_absent() -> None:
     doc = {"datasets": {"d": {"digest": FRESH, "state": "ready", "versions": "nonsense"}, "e": 7}}
     assert versions_of(doc, "d") == [doc["datasets"]["d"]] and versions_of(doc, "e") == []
     assert holds(doc, "d", FRESH) == "ready" and holds(doc, "missing", FRESH) is None
+
+
+def test_a_share_holding_every_bundle_is_a_ready_copy_to_its_peers() -> None:
+    """A whole copy held as a share serves any bundle: a peer lookup takes it as ready; a
+    share holding part of the version serves its own bundles only."""
+
+    def doc(held: object, size: object = 1000) -> dict[str, object]:
+        return {"stripes": {"s": {"digest": FRESH, "sizeBytes": size, "heldBytes": held, "group": ["a", "b"]}}}
+
+    assert holds(doc(1000), "s", FRESH) == "ready"
+    assert holds(doc(999), "s", FRESH) == "share"
+    assert holds(doc(1000, size=0), "s", FRESH) == "share"  # a size not known: not taken as whole
+    assert holds(doc(True, size=True), "s", FRESH) is None  # booleans are not counts
+    assert holds(doc(1000), "s", OLD) is None
