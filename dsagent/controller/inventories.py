@@ -51,8 +51,8 @@ def parse_inventory(raw: Any) -> dict[str, Any] | None:
 
 
 class Facts(NamedTuple):
-    """What one inventory says, read once: its whole copies, ready versions and whole shares
-    (:func:`dsagent.policy.copies.held_copies`), and per dataset name it lists (a copy or a
+    """What one inventory says, read once: its whole copies (ready versions and shares
+    holding every bundle, :func:`dsagent.policy.copies.held_copies`), and per dataset name it lists (a copy or a
     stripe share), digest -> :class:`~dsagent.controller.cachestate.Holding`
     (:func:`~dsagent.controller.cachestate.held_versions`)."""
 

@@ -1,6 +1,7 @@
-"""How many nodes of the cluster hold each dataset version ready (docs/design.md#cluster-eviction):
-an unpacked ready copy, or a stripe share holding every bundle (a whole copy kept as a share
-serves any peer every bundle, so the store need not serve the version again).
+"""How many nodes of the cluster hold each dataset version ready (docs/design.md#cluster-eviction).
+
+A ready copy is an unpacked version, or a stripe share holding every bundle: a whole copy
+kept as a share serves any peer every bundle, so the store need not serve the version again.
 
 Who calls it: the Dataset controller (:mod:`dsagent.controller.copycounts`) counts the copies from
 the node inventories it already reads (:func:`count_copies`) and publishes them as one
@@ -39,11 +40,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dsplatform.boundedjson import count
 from dsplatform.names import is_digest, is_name
 from dsplatform.stripe import hrw_score
 from dsplatform.wire.copycounts import Key
-from dsplatform.wire.inventory import versions_of
+from dsplatform.wire.inventory import holds, versions_of
 
 
 def ready_versions(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
@@ -63,16 +63,14 @@ def ready_versions(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]
 
 def whole_shares(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
     """The striped versions one node's inventory (hostile) lists with every bundle held (a
-    whole copy held as a share: its ``stripes`` entry's ``heldBytes`` reach its
-    ``sizeBytes``), each with its entry."""
+    whole copy held as a share, which :func:`dsplatform.wire.inventory.holds` reads as a
+    ready copy), each with its entry."""
     stripes = inventory.get("stripes")
     found: dict[Key, Mapping[str, Any]] = {}
     for name, share in stripes.items() if isinstance(stripes, Mapping) else ():
-        if not is_name(name) or not isinstance(share, Mapping) or not is_digest(share.get("digest")):
-            continue
-        size, held = count(share.get("sizeBytes")), count(share.get("heldBytes"))
-        if size and held >= size:
-            found[(name, str(share.get("digest")))] = share
+        digest = share.get("digest") if isinstance(share, Mapping) else None
+        if is_name(name) and is_digest(digest) and holds(inventory, name, str(digest)) == "ready":
+            found[(name, str(digest))] = share
     return found
 
 
