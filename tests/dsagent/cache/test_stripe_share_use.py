@@ -11,7 +11,9 @@ bundle store over loopback HTTP, the clock injected; docs/design-striping.md#evi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,24 @@ async def _held(service: CacheService, url: str, name: str, *, whole: bool) -> s
     raise AssertionError(status)
 
 
+def _node(tmp_path: Path, loopback: tuple[Path, str, Any]) -> tuple[str, Clock, Settings]:
+    """The two versions' store over loopback, a clock, and the node's settings."""
+    www, url, _ = loopback
+    _stores(www)
+    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+    return url, Clock(), settings
+
+
+@contextlib.asynccontextmanager
+async def _service(settings: Settings, clock: Clock) -> AsyncIterator[CacheService]:
+    service = CacheService(settings, clock=clock)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
 def _usage(service: CacheService) -> dict[str, Any]:
     return {u.key[0]: u for u in service.stripes.usage()}
 
@@ -53,15 +73,10 @@ def _usage(service: CacheService) -> dict[str, Any]:
 def test_renewals_are_not_use_and_pods_naming_its_dataset_keep_it_in_use(
     tmp_path: Path, loopback: tuple[Path, str, Any]
 ) -> None:
-    www, url, _ = loopback
-    _stores(www)
-    clock = Clock()
-    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+    url, clock, settings = _node(tmp_path, loopback)
 
     async def run() -> None:
-        service = CacheService(settings, clock=clock)
-        await service.start()
-        try:
+        async with _service(settings, clock) as service:
             await _held(service, url, "imgs", whole=True)
             held_at = clock.now
             assert _usage(service)["imgs"].whole and _usage(service)["imgs"].last_used == held_at
@@ -77,8 +92,6 @@ def test_renewals_are_not_use_and_pods_naming_its_dataset_keep_it_in_use(
             clock.now += 60
             gone = _usage(service)["imgs"]
             assert not gone.busy and gone.last_used == clock.now - 60
-        finally:
-            await service.stop()
 
     asyncio.run(run())
 
@@ -86,15 +99,10 @@ def test_renewals_are_not_use_and_pods_naming_its_dataset_keep_it_in_use(
 def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
     tmp_path: Path, loopback: tuple[Path, str, Any]
 ) -> None:
-    www, url, _ = loopback
-    _stores(www)
-    clock = Clock()
-    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+    url, clock, settings = _node(tmp_path, loopback)
 
     async def run() -> None:
-        service = CacheService(settings, clock=clock)
-        await service.start()
-        try:
+        async with _service(settings, clock) as service:
             digest = await _held(service, url, "imgs", whole=True)
             clock.now += 10
             await _held(service, url, "other", whole=False)  # another group's share, used later
@@ -110,8 +118,6 @@ def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
             assert await order({("imgs", digest): 1}) == ["other", "imgs"]
             service.stripes.read_by({HELD_FOR})  # read from local disk by a pod: never chosen
             assert await order({("imgs", digest): 2}) == ["other"]
-        finally:
-            await service.stop()
 
     asyncio.run(run())
 
@@ -119,27 +125,18 @@ def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
 def test_a_whole_copy_released_with_keep_stays_with_no_lease_across_a_restart(
     tmp_path: Path, loopback: tuple[Path, str, Any]
 ) -> None:
-    www, url, _ = loopback
-    _stores(www)
-    clock = Clock()
-    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+    url, clock, settings = _node(tmp_path, loopback)
 
     async def run() -> None:
-        service = CacheService(settings, clock=clock)
-        await service.start()
-        try:
+        async with _service(settings, clock) as service:
             digest = await _held(service, url, "imgs", whole=True)
             await _held(service, url, "other", whole=False)
             # the group lets the node go: the whole copy stays, the share of "other" goes
             await service.stripes.release("imgs", keep_whole=True)
             await service.stripes.release("other", keep_whole=True)
             assert set(_usage(service)) == {"imgs"}
-        finally:
-            await service.stop()
         clock.now += 10 * settings.stripe_lease  # far past any lease
-        service = CacheService(settings, clock=clock)
-        await service.start()
-        try:
+        async with _service(settings, clock) as service:
             for _ in range(200):  # the agent holds its shares again in the background
                 if "imgs" in _usage(service):
                     break
@@ -149,7 +146,5 @@ def test_a_whole_copy_released_with_keep_stays_with_no_lease_across_a_restart(
             assert status["complete"] and status["holding"] == "whole", status
             await service.stripes.release("imgs")  # an operator's release drops it
             assert _usage(service) == {}
-        finally:
-            await service.stop()
 
     asyncio.run(run())
