@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from dsplatform.names import is_digest, is_name
 from dsplatform.stripe import hrw_score
 from dsplatform.wire.copycounts import Key
-from dsplatform.wire.inventory import holds, versions_of
+from dsplatform.wire.inventory import versions_of, whole_share
 
 
 def ready_versions(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
@@ -63,13 +63,13 @@ def ready_versions(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]
 
 def whole_shares(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
     """The striped versions one node's inventory (hostile) lists with every bundle held (a
-    whole copy held as a share, which :func:`dsplatform.wire.inventory.holds` reads as a
-    ready copy), each with its entry."""
+    whole copy held as a share: :func:`dsplatform.wire.inventory.whole_share`), each with
+    its entry."""
     stripes = inventory.get("stripes")
     found: dict[Key, Mapping[str, Any]] = {}
     for name, share in stripes.items() if isinstance(stripes, Mapping) else ():
         digest = share.get("digest") if isinstance(share, Mapping) else None
-        if is_name(name) and is_digest(digest) and holds(inventory, name, str(digest)) == "ready":
+        if is_name(name) and is_digest(digest) and whole_share(inventory, name, str(digest)):
             found[(name, str(digest))] = share
     return found
 

@@ -163,13 +163,24 @@ def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
     states = {v.get("state") for v in versions_of(inventory, name) if v.get("digest") == digest}
     if "ready" in states or "fetching" in states:
         return "ready" if "ready" in states else "fetching"
+    if whole_share(inventory, name, digest):
+        return "ready"
     stripes = inventory.get("stripes")
     share = stripes.get(name) if isinstance(stripes, Mapping) else None
-    if isinstance(share, Mapping) and share.get("digest") == digest:
-        held, size = boundedjson.count(share.get("heldBytes")), boundedjson.count(share.get("sizeBytes"))
-        if held > 0:
-            return "ready" if held >= size > 0 else "share"
+    if isinstance(share, Mapping) and share.get("digest") == digest and boundedjson.count(share.get("heldBytes")) > 0:
+        return "share"
     return None
+
+
+def whole_share(inventory: Mapping[str, Any], name: str, digest: str) -> bool:
+    """Whether an inventory's ``stripes`` entry for ``name`` is ``digest`` with every bundle
+    held (``heldBytes`` reaching a known ``sizeBytes``): a whole copy held as a share."""
+    stripes = inventory.get("stripes") if isinstance(inventory, Mapping) else None
+    share = stripes.get(name) if isinstance(stripes, Mapping) else None
+    if not isinstance(share, Mapping) or share.get("digest") != digest:
+        return False
+    size = boundedjson.count(share.get("sizeBytes"))
+    return 0 < size <= boundedjson.count(share.get("heldBytes"))
 
 
 def stripe_group(inventory: Mapping[str, Any], name: str, digest: str) -> tuple[str, ...]:
@@ -203,4 +214,5 @@ __all__ = [
     "loads",
     "stripe_group",
     "versions_of",
+    "whole_share",
 ]
