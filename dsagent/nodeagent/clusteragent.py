@@ -324,9 +324,13 @@ class ClusterAgent:
     def _tell_reading(self, uid: str, names: frozenset[tuple[str, str]]) -> None:
         """The stripe shares the node's running pods read from local disk are in use: an
         eviction leaves them, and they age for its LRU order only once those pods end."""
-        if self._reading.get(uid, frozenset()) != names:
-            self._reading = {u: n for u, n in {**self._reading, uid: names}.items() if n}
-            self.service.stripes.read_by(frozenset().union(*self._reading.values()))
+        if self._reading.get(uid, frozenset()) == names:
+            return
+        if names:
+            self._reading[uid] = names
+        else:
+            self._reading.pop(uid, None)
+        self.service.stripes.read_by(frozenset().union(*self._reading.values()))
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = _init_container(pod)
