@@ -362,12 +362,10 @@ class StripeShares(ShareFill):
         now = self.clock()
         out = []
         for key, share in self._shares.items():
-            read = not share.holders.isdisjoint(self.reading)
-            if read:
-                share.last_used = now
+            read = not share.holders.isdisjoint(self.reading)  # read_by stores the use once they end
             busy = share.readers > 0 or share.fetching or read
-            out.append(ShareUsage(key, share.disk_bytes(self.disk) + window.get(key, 0), share.last_used, busy,
-                                  share.complete_whole))  # fmt: skip
+            out.append(ShareUsage(key, share.disk_bytes(self.disk) + window.get(key, 0),
+                                  now if read else share.last_used, busy, share.complete_whole))  # fmt: skip
         return out
 
     def read_by(self, datasets: Collection[Holder]) -> None:
