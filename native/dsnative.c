@@ -5,14 +5,11 @@
  * and the pure-Python loops run. Both give the
  * same sizes, mtimes and digests (tests/dsagent/format/test_native.py holds them equal).
  *
- * hash_names(dir_fd, names, buffer) opens each name relative to dir_fd, fstat's it,
- * reads it into the caller's writable buffer (page-aligned, kept across calls; a file
- * smaller than the buffer with one read of its size + 1 bytes) and hashes it with
- * xxh3-128, all with the GIL released, so threads hash on every core. It returns (sizes, mtimes_ns, digests, failure): digests holds 16
- * bytes per file (xxh3-128's canonical big-endian form, what hexdigest() spells), and
- * failure is None or (index, errno, expected, got): errno != 0 when an open, stat or read
- * failed, else the file's size changed from `expected` to `got` while it was read. The
- * columns hold the files before `index`.
+ * hash_tree (hashtree.c) is the digest: it opens each file of the walk's groups relative
+ * to its directory, fstat's it, reads it into a page-aligned buffer (a file smaller than
+ * the buffer with one read of its size + 1 bytes) and hashes it with xxh3-128, on a thread
+ * a core started inside the call, all with the GIL released. Digests are 16 bytes per
+ * file (xxh3-128's canonical big-endian form, what hexdigest() spells).
  *
  * The one-pass pack's serial steps are here too: list_dirs (listdir.c), plan_cuts (plan.c)
  * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
@@ -87,7 +84,8 @@ typedef struct {
     unsigned char digest[16];
 } result_row;
 
-/* One file: 0, or an errno (>0), or -1 when its size changed (row->size is what was read). */
+/* One file, for hash_tree: 0, or an errno (>0), or -1 when its size changed (row->size is
+ * what was read). */
 static int hash_one(int dir_fd, const char *name, unsigned char *buf, size_t cap, xxh3_state *state,
                     result_row *row, long long *expected) {
     int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -129,92 +127,6 @@ static int hash_one(int dir_fd, const char *name, unsigned char *buf, size_t cap
     row->size = total;
     return total == *expected ? 0 : -1;
 }
-
-static PyObject *hash_names(PyObject *self, PyObject *args) {
-    (void)self;
-    int dir_fd;
-    PyObject *names, *space;
-    Py_ssize_t cap;
-    Py_buffer lent = {0};
-    if (!PyArg_ParseTuple(args, "iO!O", &dir_fd, &PyList_Type, &names, &space)) return NULL;
-    /* the caller's buffer, kept across calls: one allocated a call is mapped and faulted in
-     * afresh each time (about 15 faults a directory of small files) */
-    if (PyObject_GetBuffer(space, &lent, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return NULL;
-    cap = lent.len;
-    if (cap < 4096) {
-        PyBuffer_Release(&lent);
-        PyErr_SetString(PyExc_ValueError, "the buffer must hold at least 4096 bytes");
-        return NULL;
-    }
-    Py_ssize_t count = PyList_GET_SIZE(names);
-    PyObject *encoded = PyList_New(count); /* keeps the encoded names alive */
-    const char **paths = PyMem_Calloc(count ? count : 1, sizeof(char *));
-    result_row *rows = PyMem_Calloc(count ? count : 1, sizeof(result_row));
-    unsigned char *buf = lent.buf;
-    xxh3_state *state = NULL;
-    PyObject *result = NULL;
-    Py_ssize_t done_count = 0;
-    int failure = 0;
-    long long expected = 0;
-    if (encoded == NULL || paths == NULL || rows == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *name = PyList_GET_ITEM(names, i);
-        PyObject *raw = NULL;
-        if (!PyUnicode_FSConverter(name, &raw)) goto done; /* surrogateescape, NUL refused */
-        PyList_SET_ITEM(encoded, i, raw);
-        paths[i] = PyBytes_AS_STRING(raw);
-    }
-    if ((state = xxh3_create()) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS for (; done_count < count; done_count++) {
-        failure = hash_one(dir_fd, paths[done_count], buf, (size_t)cap, state, &rows[done_count], &expected);
-        if (failure != 0) break;
-    }
-    Py_END_ALLOW_THREADS
-
-    PyObject *sizes = PyList_New(done_count);
-    PyObject *mtimes = PyList_New(done_count);
-    PyObject *digests = PyBytes_FromStringAndSize(NULL, 16 * done_count);
-    if (sizes == NULL || mtimes == NULL || digests == NULL) {
-        Py_XDECREF(sizes);
-        Py_XDECREF(mtimes);
-        Py_XDECREF(digests);
-        goto done;
-    }
-    char *out = PyBytes_AS_STRING(digests);
-    for (Py_ssize_t i = 0; i < done_count; i++) {
-        PyList_SET_ITEM(sizes, i, PyLong_FromLongLong(rows[i].size));
-        PyList_SET_ITEM(mtimes, i, PyLong_FromLongLong(rows[i].mtime_ns));
-        memcpy(out + 16 * i, rows[i].digest, 16);
-    }
-    PyObject *failed;
-    if (failure == 0) {
-        failed = Py_NewRef(Py_None);
-    } else if (failure > 0) {
-        failed = Py_BuildValue("(niLL)", done_count, failure, 0LL, 0LL);
-    } else {
-        failed = Py_BuildValue("(niLL)", done_count, 0, expected, rows[done_count].size);
-    }
-    result = failed ? Py_BuildValue("(NNNN)", sizes, mtimes, digests, failed) : NULL;
-    if (result == NULL && failed == NULL) {
-        Py_DECREF(sizes);
-        Py_DECREF(mtimes);
-        Py_DECREF(digests);
-    }
-done:
-    if (state) xxh3_free(state);
-    PyBuffer_Release(&lent);
-    PyMem_Free(rows);
-    PyMem_Free(paths);
-    Py_XDECREF(encoded);
-    return result;
-}
-
 
 /* A new object of `type` with the 512-byte header template `tmpl` copied in at `offset`
  * (released either way); NULL with an error set when it is not one block. */
@@ -282,10 +194,11 @@ static int hook_says(PyObject *hook, const char *kind, int fd, const char *name)
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 #include "layout.c" /* the layout checks: first_unsafe, parents */
 #include "sizecheck.c" /* the ready check's lstat loop: sized_files */
+#include "hashtree.c" /* the digest of many files on a thread a core: hash_tree */
 
 static PyMethodDef methods[] = {
-    {"hash_names", hash_names, METH_VARARGS,
-     "hash_names(dir_fd, names, buffer) -> (sizes, mtimes_ns, digests, failure): see the module source."},
+    {"hash_tree", hash_tree, METH_VARARGS,
+     "hash_tree(groups, cap, threads, isolate) -> (sizes, mtimes_ns, digests, failure): see native/hashtree.c."},
     {"entry_lines", entry_lines, METH_VARARGS, "entry_lines(paths, sizes, mtimes, digests) -> bytes | None: see native/manifestlines.c."},
     {"digest_records", digest_records, METH_VARARGS, "digest_records(paths, sizes, digests) -> bytes | None: see native/manifestlines.c."},
     {"plan_cuts", plan_cuts, METH_VARARGS, "plan_cuts(paths, upto, max_files, max_bytes) -> list | None: see native/plan.c."},
@@ -313,7 +226,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 17) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 18) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -14,13 +14,13 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from array import array
 from pathlib import Path
 
 import pytest
 import xxhash
 
 from dsagent.format import native
-from dsagent.format.hashing import read_buffer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,9 +60,6 @@ def test_the_sdist_carries_the_native_sources_and_its_wheel_the_extension(tmp_pa
     assert module.INTERFACE == native.INTERFACE
     data = os.urandom(100_000)
     (tmp_path / "f").write_bytes(data)
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        sizes, _, digests, failure = module.hash_names(fd, ["f"], read_buffer())
-    finally:
-        os.close(fd)
-    assert failure is None and sizes == [len(data)] and digests.hex() == xxhash.xxh3_128_hexdigest(data)
+    sizes, _, digests, failure = module.hash_tree([("", str(tmp_path), ["f"])], 4096, 2, True)
+    assert failure is None and list(array("q", sizes)) == [len(data)]
+    assert digests.hex() == xxhash.xxh3_128_hexdigest(data)

@@ -5,11 +5,14 @@ module's public face, building a :class:`~dsagent.format.manifest.Manifest` valu
 
 - driving the walk (:mod:`dsagent.format.walk`: local trees with ``os.scandir``, other
   filesystems with ``fs.find``) and hashing what it finds;
-- hashing while the walk goes on: a big local tree on one forked process per core
-  (:class:`~dsagent.format.digestpool.ProcessPool`; Python's per-file work holds the GIL, so threads cannot use a
-  second core on small files), anything else on a thread pool (xxhash and file reads
-  release the GIL); each local file is stat'ed, matched against the
-  :class:`~dsagent.format.digestcache.DigestCache` and read where it is hashed;
+- hashing while the walk goes on: a local tree by the native loop where it runs
+  (:func:`~dsagent.format.native.hash_tree`: a thread a core started inside each call, no
+  GIL held per file); by the pure loop, a big local tree on one forked process per core
+  (:class:`~dsagent.format.digestpool.ProcessPool`; Python's per-file work holds the GIL,
+  so threads cannot use a second core on small files) and anything else on a thread pool
+  (xxhash and file reads release the GIL); with a
+  :class:`~dsagent.format.digestcache.DigestCache`, each local file is stat'ed and matched
+  against it before it is read;
 - files that change while they are digested (:class:`IntegrityError`).
 """
 
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -30,9 +32,8 @@ from dsagent.format.digestpool import (
     can_fork,
     changed_error,
     peek,
-    request_groups,
 )
-from dsagent.format.hashing import HASH_BUFFER, ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
+from dsagent.format.hashing import ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.format.oneversion import open_one_version
 from dsagent.format.storage import resolve_local_first, translate_errors
@@ -181,29 +182,28 @@ def digest_files(
 ) -> Sequence[FileEntry]:
     """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
 
-    Hashing runs while ``found`` is still being walked: on ``workers`` threads, or, for a
-    big local tree in a single-threaded process, on one forked process per core (``workers``
-    at most; see :class:`ProcessPool`). A local tree without a digest cache is hashed by the
-    native extension (:mod:`dsagent.format.native`) when it is built and ``native`` is not
-    False (None: when it is built; True: it must be): in those processes, else on threads.
-    Processes, because one process's hashing threads stop scaling at 3-4 cores on a 16-core
-    node whatever their number, while forked processes keep scaling
-    (docs/design-native.md#on-a-node-with-many-cores).
+    Hashing runs while ``found`` is still being walked. A local tree without a digest cache
+    is hashed by the native extension (:mod:`dsagent.format.native`) when it is built and
+    ``native`` is not False (None: when it is built; True: it must be), on a thread a core
+    (``workers`` at most) inside each :func:`~dsagent.format.native.hash_tree` call: no
+    forked process, and the threads of the C loop scale where Python's do not
+    (docs/design-native.md#on-a-node-with-many-cores). Otherwise the pure loop hashes on
+    ``workers`` threads, or, for a big local tree in a single-threaded process, on one
+    forked process per core (``workers`` at most; see :class:`ProcessPool`).
     """
     cache = digest_cache if is_local(fs) else None
     snapshot = cache.snapshot(root) if cache is not None else {}
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
-    in_c = native_loops.chosen(native) and cache is None
     cpus = os.cpu_count() or 1
+    if isinstance(found, LocalWalk) and native_loops.chosen(native) and cache is None:
+        return _tree_digest(found.groups, min(workers or cpus, cpus), progress)
     if isinstance(found, LocalWalk) and min(workers or cpus, cpus) > 1 and can_fork():
         head, rest = peek(found.groups, PROCESS_MIN_FILES)
-        if rest is not None:  # hashing processes, by the native loop where it runs: threads stop scaling
-            pool = ProcessPool(min(workers or cpus, cpus), snapshot if cache is not None else None, native=in_c)
+        if rest is not None:  # the pure loop on processes: its threads hold the GIL a file
+            pool = ProcessPool(min(workers or cpus, cpus), snapshot if cache is not None else None)
             return pool.digest(chain(head, rest), cache, progress)
         found = LocalWalk(iter(head))
-    if in_c and isinstance(found, LocalWalk):
-        return _native_digest(found.groups, count, progress)
     hasher = _Hasher(fs, progress, cache, snapshot)
     batches = _Batches(hasher, count)
     try:
@@ -220,57 +220,75 @@ def digest_files(
     return [entry for entry, _ in results]
 
 
-#: each pool thread's read buffer, kept for the thread's life (freed with it)
-_thread_buffers = threading.local()
+#: Files a :func:`native.hash_tree <dsagent.format.native.hash_tree>` call hashes: the walk
+#: goes on while a call hashes the files before (the call holds no GIL), and a call's
+#: columns stay a few hundred KB.
+TREE_BATCH = 8192
 
 
-def _native_request(request: list[Dir]) -> tuple[list[str], native_loops.Columns]:
-    """One request's paths and columns, hashed by the native extension (on a pool thread)."""
-    buffer = getattr(_thread_buffers, "buffer", None)
-    if buffer is None:
-        buffer = _thread_buffers.buffer = read_buffer(HASH_BUFFER)
-    paths: list[str] = []
-    sizes: list[int] = []
-    mtimes: list[int] = []
-    digests: list[bytes] = []
-    for rel, directory, names in request:
-        prefix = f"{rel}/" if rel else ""
-        columns = native_loops.hash_names(directory, names, buffer, prefix=prefix)
-        paths.extend([prefix + name for name in names] if prefix else names)
-        sizes.extend(columns.sizes)
-        mtimes.extend(columns.mtimes)
-        digests.append(columns.digests)
-    return paths, native_loops.Columns(sizes, mtimes, b"".join(digests))
+class _TreeCall(threading.Thread):
+    """One :func:`~dsagent.format.native.hash_tree` call on a thread of its own, so that the
+    walk goes on meanwhile; :meth:`columns` waits for it and raises what it raised."""
 
+    def __init__(self, groups: list[Dir], paths: list[str], threads: int) -> None:
+        super().__init__(name="dsagent-digest", daemon=True)
+        self.groups, self.paths = groups, paths
+        self._threads = threads
+        self._result: tuple[bytes, bytes, bytes] | None = None
+        self._error: BaseException | None = None
+        self.start()
 
-def _native_digest(groups: Iterable[Dir], threads: int, progress: Progress | None) -> EntryTable:
-    """A local tree hashed by the native extension on ``threads`` threads while this one walks.
-
-    The C loop holds no GIL while it opens, reads and hashes, so threads use every core
-    without the process pool's forks, pickling and pipes; requests join the table in order.
-    """
-    from concurrent.futures import ThreadPoolExecutor  # here: the quick digest path imports no pool
-
-    table = EntryTableBuilder()
-    pending: deque[Future[tuple[list[str], native_loops.Columns]]] = deque()
-
-    def join(future: Future[tuple[list[str], native_loops.Columns]]) -> None:
-        paths, columns = future.result()
-        table.add_raw(paths, columns.sizes, columns.mtimes, columns.digests)
-        if progress is not None:
-            progress(sum(columns.sizes), len(paths))
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="dsagent-digest") as pool:
+    def run(self) -> None:
         try:
-            for request in request_groups(groups):
-                pending.append(pool.submit(_native_request, request))
-                while len(pending) > 2 * threads or (pending and pending[0].done()):
-                    join(pending.popleft())
-            while pending:
-                join(pending.popleft())
-        finally:
-            for future in pending:
-                future.cancel()
+            self._result = native_loops.hash_tree(self.groups, threads=self._threads)
+        except BaseException as exc:  # handed to the walking thread by columns()
+            self._error = exc
+
+    def columns(self) -> tuple[bytes, bytes, bytes]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def _tree_digest(groups: Iterable[Dir], threads: int, progress: Progress | None) -> EntryTable:
+    """A local tree hashed by the native extension, :data:`TREE_BATCH` files a call on
+    ``threads`` threads started inside it, while this thread walks on and spells the next
+    batch's paths: no Python thread pool, no forked process, no GIL taken per file
+    (docs/design-native.md#on-a-node-with-many-cores)."""
+    table = EntryTableBuilder()
+    running: _TreeCall | None = None
+
+    def finish(call: _TreeCall) -> None:
+        sizes, mtimes, digests = call.columns()
+        table.add_packed(call.paths, sizes, mtimes, digests)
+        if progress is not None:
+            progress(sum(memoryview(sizes).cast("q")), len(call.paths))
+
+    def hand_over(batch: list[Dir]) -> _TreeCall:
+        """Start ``batch``'s call once the one before it is in the table."""
+        paths = [f"{rel}/{name}" if rel else name for rel, _, names in batch for name in names]
+        if running is not None:
+            finish(running)
+        return _TreeCall(batch, paths, threads)
+
+    batch: list[Dir] = []
+    files = 0
+    try:
+        for group in groups:
+            batch.append(group)
+            files += len(group.names)
+            if files >= TREE_BATCH:
+                running, batch, files = hand_over(batch), [], 0
+        if batch:
+            running = hand_over(batch)
+        if running is not None:
+            last, running = running, None
+            finish(last)
+    finally:
+        if running is not None:
+            running.join()  # a failed walk or call: the call ends by itself, its columns unread
     return table.build()
 
 

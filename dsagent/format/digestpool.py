@@ -1,21 +1,18 @@
 """Hashing a big local tree on one forked process per core, for the digest.
 
 Who calls it: :func:`dsagent.format.digester.digest_files`, for a local tree of at least
-:data:`PROCESS_MIN_FILES` files in a process where forking is safe (:func:`can_fork`);
-the digest's other paths use :func:`request_groups` and :func:`changed_error` too. What it
-owns: the hashing processes (Python's per-file work holds the GIL, so threads cannot use a
-second core on small files; the native loop's threads, which release it, stop scaling at
-3-4 cores of 16, docs/design-native.md#on-a-node-with-many-cores), each running the native
-loop where it is built and no digest cache is read, else the pure one; the requests of
-about :data:`REQUEST_FILES` files they are sent, their replies as columns joined in walk
-order, the digest cache's snapshot they answer from, and stopping them (killed after a
-failure).
+:data:`PROCESS_MIN_FILES` files in a process where forking is safe (:func:`can_fork`),
+when the pure loops hash it (the native loops are off, or a digest cache is read); the
+digest's other paths use :func:`changed_error` too. What it owns: the hashing processes
+(Python's per-file work holds the GIL, so threads cannot use a second core on small
+files), the requests of about :data:`REQUEST_FILES` files they are sent, their replies as
+columns joined in walk order, the digest cache's snapshot they answer from, and stopping
+them (killed after a failure).
 """
 
 from __future__ import annotations
 
 import gc
-import mmap
 import os
 import signal
 import sys
@@ -100,24 +97,17 @@ class _Reply(NamedTuple):
     digests: list[str]
     fresh: list[tuple[Found, str]]  # files hashed (not answered by the cache), only when a cache is used
     error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
-    raw: list[bytes] | None = None  # the native loop's digests, 16 bytes a file (then ``digests`` is empty)
 
 
-def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBuffer, native: bool = False) -> _Reply:
-    """Hash one request's files in a hashing process (opening each relative to its directory);
-    ``native``: by the native loop (no snapshot: every file is hashed)."""
-    reply = _Reply([], [], [], [], [], raw=[] if native else None)
+def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBuffer) -> _Reply:
+    """Hash one request's files in a hashing process (opening each relative to its directory)."""
+    reply = _Reply([], [], [], [], [])
     name = ""
     for rel, directory, names in request:
         prefix = f"{rel}/" if rel else ""
         try:
             dfd = os.open(directory, O_READ | os.O_DIRECTORY)
             try:
-                if native:
-                    error = _hash_names_native(reply, prefix, directory, names, dfd, buffer)
-                    if error is not None:
-                        return reply._replace(error=error)
-                    continue
                 if snapshot is None:
                     error = _hash_names(reply, prefix, names, dfd, buffer)
                     if error is not None:
@@ -134,29 +124,6 @@ def _hash_request(request: list[Dir], snapshot: _Snapshot | None, buffer: ReadBu
             where = directory if failed == directory else os.path.join(directory, failed)
             return reply._replace(error=("os", where, exc.errno or 0, exc.strerror or str(exc)))
     return reply
-
-
-def _hash_names_native(
-    reply: _Reply, prefix: str, directory: str, names: list[str], dfd: int, buffer: ReadBuffer
-) -> tuple[str, str, int, int] | tuple[str, str, int, str] | None:
-    """:func:`_hash_names` by the native loop (:func:`dsagent.format.native.hash_names_at`):
-    the columns of the files before a failure, then the failure as the pure loop words it."""
-    from dsagent.format import native
-
-    assert isinstance(buffer, mmap.mmap), "the native loop reads into a page-aligned buffer"
-    sizes, mtimes, digests, failure = native.hash_names_at(dfd, names, buffer)
-    done = names if failure is None else names[: failure[0]]
-    reply.paths.extend([prefix + name for name in done] if prefix else done)
-    reply.sizes.extend(sizes[: len(done)])
-    reply.mtimes.extend(mtimes[: len(done)])
-    assert reply.raw is not None
-    reply.raw.append(digests[: 16 * len(done)])
-    if failure is None:
-        return None
-    index, errno, expected, got = failure
-    if errno:
-        return ("os", os.path.join(directory, names[index]), errno, os.strerror(errno))
-    return ("changed", prefix + names[index], expected, got)
 
 
 def _hash_names(
@@ -228,7 +195,7 @@ def _hash_one(
     return None
 
 
-def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connection], native: bool = False) -> None:
+def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connection]) -> None:
     """A hashing process: answer requests until the parent says stop (None) or goes away.
 
     ``inherited`` are the parent's ends of the pipes, copied by the fork: closed here so
@@ -250,7 +217,7 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
         if request is None:
             return
         try:
-            conn.send(_hash_request(request, snapshot, buffer, native))
+            conn.send(_hash_request(request, snapshot, buffer))
         except OSError:  # the parent stopped listening (it failed): nothing left to do
             return
 
@@ -271,10 +238,9 @@ class ProcessPool:
     #: requests in flight per process: one being hashed, one waiting in its pipe
     DEPTH = 2
 
-    def __init__(self, processes: int, snapshot: _Snapshot | None, *, native: bool = False) -> None:
+    def __init__(self, processes: int, snapshot: _Snapshot | None) -> None:
         self._processes = processes
         self._snapshot = snapshot
-        self._native = native and snapshot is None  # the native loop hashes every file (no cache)
 
     def digest(self, groups: Iterable[Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
         import multiprocessing  # here: `dsctl digest` of a few files forks nothing
@@ -288,7 +254,7 @@ class ProcessPool:
                 inherited = [conn for _, conn in workers] + [mine]
                 process = context.Process(
                     target=_serve,
-                    args=(theirs, self._snapshot, inherited, self._native),
+                    args=(theirs, self._snapshot, inherited),
                     name="dsagent-digest",
                     daemon=True,
                 )
@@ -332,10 +298,7 @@ class ProcessPool:
                     progress(sum(reply.sizes), len(reply.paths))
             while joined in early:
                 reply = early.pop(joined)
-                if reply.raw is not None:
-                    table.add_raw(reply.paths, reply.sizes, reply.mtimes, b"".join(reply.raw))
-                else:
-                    table.add(reply.paths, reply.sizes, reply.mtimes, reply.digests)
+                table.add(reply.paths, reply.sizes, reply.mtimes, reply.digests)
                 joined += 1
 
         for number, request in enumerate(request_groups(groups)):

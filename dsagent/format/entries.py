@@ -216,6 +216,16 @@ class EntryTableBuilder:
         self._digests += digests
         self.paths.extend(paths)
 
+    def add_packed(self, paths: list[str], sizes: bytes, mtimes: bytes, digests: bytes) -> None:
+        """:meth:`add_raw` with the sizes and mtimes as native int64s, 8 bytes a file (the
+        native tree digest's form)."""
+        if not len(sizes) == len(mtimes) == 8 * len(paths) or len(digests) != 16 * len(paths):
+            raise ValueError("not 8 size, 8 mtime and 16 digest bytes per file")
+        self.sizes.frombytes(sizes)
+        self.mtimes.frombytes(mtimes)
+        self._digests += digests
+        self.paths.extend(paths)
+
     def build(self) -> EntryTable:
         return EntryTable(self.paths, self.sizes, self.mtimes, bytes(self._digests))
 

@@ -1,8 +1,8 @@
 """The optional native loops: ``dsagent.format._native``, a C extension built by the package's build.
 
 Who calls it: the digest (:func:`dsagent.format.digester.digest_files`), which hashes a
-local tree with :func:`hash_names` on threads when the extension is here, and with its
-pure-Python loops on forked processes otherwise (same manifest either way; the tests hold
+local tree with :func:`hash_tree` (a thread a core inside one call) when the extension is
+here, and with its pure-Python loops on forked processes otherwise (same manifest either way; the tests hold
 the two paths equal); verified extraction (:mod:`dsagent.format.bundles.extract`), whose
 member loop :func:`extract_members` runs in C when the extension is here; and the pack's
 reader (:class:`dsagent.format.bundles.packwriter.BundleWriter`), which lays out a local bundle's
@@ -13,8 +13,8 @@ directories a call), the bundle plan's boundaries (:func:`plan_cuts`), the manif
 every dataset and bundle digest), each the Python rule's result exactly. What it owns:
 whether the extension is loaded (:data:`LOADED`) and whether its loops run
 (:data:`AVAILABLE`: loaded and not switched off by the process's edge, :func:`use_native`;
-:func:`describe` says which and why), the call that turns one
-directory's names into the digest's columns, and the hand-over between the C member loop
+:func:`describe` says which and why), the call that turns the walk's groups of names
+into the digest's columns, and the hand-over between the C member loop
 and the Python one.
 
 The C member loop takes only members it can check completely: a header exactly as bundles
@@ -26,23 +26,21 @@ with its message); a member out of order sends the rest of the bundle to the Pyt
 
 Why C at all, and why optional: the pure-Python digest spends ~15 us of interpreter work per
 file under the GIL, so it needs one process per core, pickled replies and a serial merge; the
-C loop opens, stats, reads and hashes a whole group of files with the GIL released, so plain
-threads use every core (figures and the decision: docs/design-native.md). ``pip install``
+C loop opens, stats, reads and hashes the files with the GIL released, on threads of its
+own that use every core (figures and the decision: docs/design-native.md). ``pip install``
 builds it where a C compiler is (``setup.py``: an optional extension), so a machine without
 one installs and runs the pure path.
 """
 
 from __future__ import annotations
 
-import logging
-import mmap
 import os
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dsagent.errors import IntegrityError
-from dsagent.format.hashing import CHUNK_SIZE
+from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER
 from dsagent.format.storage import translate_errors
 
 if TYPE_CHECKING:
@@ -50,7 +48,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 17
+INTERFACE = 18
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -61,6 +59,8 @@ except ImportError as exc:  # not built (no compiler at install time), or unload
     _native = None
     _load_problem = NOT_BUILT if exc.name == "dsagent.format._native" else f"cannot load: {exc}"
 if _native is not None and getattr(_native, "INTERFACE", None) != INTERFACE:
+    import logging  # here: only this warning logs
+
     logging.getLogger(__name__).warning(
         "the native extension %s was built from other sources: the pure-Python loops run (make native)",
         _native.__file__,
@@ -140,59 +140,53 @@ def chosen(native: bool | None) -> bool:
     return AVAILABLE if native is None else native
 
 
-_O_DIR = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+class Group(Protocol):
+    """What :func:`hash_tree` reads of a walk's group (:class:`dsagent.format.walk.Dir`, a
+    tuple ``(rel, path, names)``; the walk imports this module, so it is not imported here)."""
+
+    @property
+    def rel(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def names(self) -> list[str]: ...
 
 
-class Columns(NamedTuple):
-    """The digest's columns for some files: 16 raw digest bytes a file."""
-
-    sizes: list[int]
-    mtimes: list[int]
-    digests: bytes
+#: Files each of :func:`hash_tree`'s threads has its own table of file descriptors for:
+#: the threads of one process open and close through one shared table otherwise, and
+#: contend for its lock on many cores (native/hashtree.c).
+ISOLATE_FDS = True
 
 
-def hash_names(directory: str, names: list[str], buffer: mmap.mmap, *, prefix: str = "") -> Columns:
-    """Size, mtime and xxh3-128 of each file ``names`` in ``directory``, hashed without the GIL.
+def hash_tree(groups: Sequence[Group], *, threads: int, cap: int = HASH_BUFFER) -> tuple[bytes, bytes, bytes]:
+    """Size, mtime and xxh3-128 of every file of the walk's ``groups``, in their order, on
+    up to ``threads`` threads started and joined inside one call without the GIL
+    (native/hashtree.c): native int64 sizes and mtimes (8 bytes a file) and raw digests (16).
 
-    ``buffer``: what files are read into, a buffer that only this thread uses
-    (:func:`~dsagent.format.hashing.read_buffer`, kept across calls: one allocated a call
-    is faulted into memory afresh each time, 12% of a first 50,000-file digest's time).
-    ``prefix`` is the directory's path in the dataset, for messages.
-
-    Raises what the pure loop raises: :class:`~dsagent.errors.SourceUnavailable` (or
-    NotFound, ...) naming the file that could not be read, :class:`IntegrityError` for one
-    whose size changed while it was read. Only call it when :data:`AVAILABLE`.
-    """
-    with translate_errors(f"source directory {directory!r}"):
-        dfd = os.open(directory, _O_DIR)
-    try:
-        sizes, mtimes, digests, failure = hash_names_at(dfd, names, buffer)
-    finally:
-        os.close(dfd)
-    if failure is not None:
-        index, errno, expected, got = failure
-        where = os.path.join(directory, names[index])
-        if errno:
-            with translate_errors(f"source file {where!r}"):
-                raise OSError(errno, os.strerror(errno), where)
-        raise IntegrityError(
-            f"{prefix + names[index]!r} changed while it was digested ({expected} -> {got} bytes)",
-            hint="retry once the source is quiet",
-        )
-    return Columns(sizes, mtimes, digests)
-
-
-#: How :func:`hash_names_at` failed: the file's index in ``names``, the errno (0: it changed
-#: size while read), the size expected and the size read.
-Failure = tuple[int, int, int, int]
-
-
-def hash_names_at(dfd: int, names: list[str], buffer: mmap.mmap) -> tuple[list[int], list[int], bytes, Failure | None]:
-    """:func:`hash_names` of an open directory, answering its failure as a value instead of
-    raising (for a forked hashing process, which sends it back): the files' sizes, mtimes
-    and raw digests (16 bytes each) up to the failure, and the failure or None."""
+    Raises what the pure loop raises for the first file in order that failed:
+    :class:`~dsagent.errors.SourceUnavailable` (or NotFound, ...) naming the file or
+    directory that could not be read, :class:`IntegrityError` for a file whose size
+    changed while it was read. Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
-    return _native.hash_names(dfd, names, buffer)  # type: ignore[no-any-return]
+    sizes, mtimes, digests, failure = _native.hash_tree(groups, cap, threads, ISOLATE_FDS)
+    if failure is None:
+        return sizes, mtimes, digests
+    index, errno, expected, got = failure
+    for group in groups:
+        if index < len(group.names):
+            break
+        index -= len(group.names)
+    if expected < 0:  # the directory did not open
+        with translate_errors(f"source directory {group.path!r}"):
+            raise OSError(errno, os.strerror(errno), group.path)
+    where = os.path.join(group.path, group.names[index])
+    if errno:
+        with translate_errors(f"source file {where!r}"):
+            raise OSError(errno, os.strerror(errno), where)
+    path = f"{group.rel}/{group.names[index]}" if group.rel else group.names[index]
+    raise IntegrityError(
+        f"{path!r} changed while it was digested ({expected} -> {got} bytes)", hint="retry once the source is quiet"
+    )
 
 
 #: What :func:`list_dirs` hands back a directory.
@@ -408,7 +402,6 @@ __all__ = [
     "FILL_DONE",
     "FILL_ERRNO",
     "FILL_MORE",
-    "Columns",
     "chosen",
     "describe",
     "use_native",
@@ -416,9 +409,7 @@ __all__ = [
     "rle_frame",
     "zero_tails",
     "extract_members",
-    "hash_names",
-    "hash_names_at",
-    "Failure",
+    "hash_tree",
     "entry_lines",
     "list_dirs",
     "plan_cuts",

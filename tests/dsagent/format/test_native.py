@@ -12,6 +12,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +22,8 @@ import xxhash
 from dsagent.errors import IntegrityError, NotFound
 from dsagent.format import digester, native
 from dsagent.format.digester import build_manifest
-from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER, read_buffer
+from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER
+from dsagent.format.walk import Dir, iter_native_dirs
 from tests.dsagent.conftest import AWKWARD_EMPTY_DIRS, AWKWARD_FILES, write_tree
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,114 +81,105 @@ def test_the_native_digest_is_the_pure_digest(
     assert by_path["empty/zero.bin"].digest == xxhash.xxh3_128_hexdigest(b"")
 
 
-def test_where_it_may_fork_the_native_loop_hashes_in_processes(
-    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from dsagent.format import digestpool
-
-    monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
-    monkeypatch.setattr(digestpool, "REQUEST_FILES", 3)
-    monkeypatch.setattr(digester, "can_fork", lambda: True)
-    pools: list[tuple[int, bool]] = []
-    original = digestpool.ProcessPool.__init__
-
-    def recording(self: digestpool.ProcessPool, processes: int, snapshot: object, **options: bool) -> None:
-        original(self, processes, snapshot, **options)  # type: ignore[arg-type]
-        pools.append((processes, self._native))
-
-    def pure(*args: object) -> None:
-        raise AssertionError("the pure loop ran in a hashing process")  # the process dies of it
-
-    monkeypatch.setattr(digestpool.ProcessPool, "__init__", recording)
-    monkeypatch.setattr(digestpool, "_hash_names", pure)  # inherited by the fork
-    done: list[int] = []
-    manifest = build_manifest(tree, name="d", workers=2, progress=lambda size, files: done.append(files))
-    assert pools == [(2, True)] and sum(done) == manifest.file_count
-    assert manifest == build_manifest(tree, name="d", workers=1, native=False)
-
-
-def test_where_it_may_not_fork_the_native_loop_hashes_on_threads(
-    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("may_fork", [True, False])
+def test_the_native_loop_hashes_on_its_own_threads_whether_or_not_the_process_may_fork(
+    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch, may_fork: bool
 ) -> None:
     monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 2)
-    monkeypatch.setattr(digester, "can_fork", lambda: False)  # the agent: other threads run
+    monkeypatch.setattr(digester, "can_fork", lambda: may_fork)  # False: the agent, where other threads run
     monkeypatch.setattr(digester, "ProcessPool", None)  # called: a TypeError
+    monkeypatch.setattr(digester, "TREE_BATCH", 50)  # many calls, each while the walk goes on
+    calls: list[int] = []
+    original = native.hash_tree
+
+    def counting(groups: list[Dir], *, threads: int) -> tuple[bytes, bytes, bytes]:
+        calls.append(threads)
+        return original(groups, threads=threads)
+
+    monkeypatch.setattr(native, "hash_tree", counting)
     done: list[int] = []
-    manifest = build_manifest(tree, name="d", workers=2, progress=lambda size, files: done.append(files))
+    manifest = build_manifest(tree, name="d", workers=3, progress=lambda size, files: done.append(files))
+    assert len(calls) >= 3 and set(calls) == {min(3, os.cpu_count() or 1)}
     assert sum(done) == manifest.file_count
     assert manifest == build_manifest(tree, name="d", workers=1, native=False)
 
 
-def test_a_hashing_process_words_the_native_loops_failures_as_the_threads_do(
-    tmp_path: Path, with_native: ModuleType
+@pytest.mark.parametrize("isolate", [True, False])
+@pytest.mark.parametrize("threads", [1, 2, 7])
+def test_the_tree_digest_is_every_files_xxh3_in_walk_order(
+    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch, threads: int, isolate: bool
 ) -> None:
-    import errno
-
-    from dsagent.format.digestpool import _hash_request
-    from dsagent.format.walk import Dir
-
-    (tmp_path / "here").write_bytes(b"1")
-    gone = _hash_request([Dir("d", str(tmp_path), ["here", "gone"])], None, read_buffer(), native=True)
-    assert gone.error == ("os", str(tmp_path / "gone"), errno.ENOENT, os.strerror(errno.ENOENT))
-    assert gone.paths == ["d/here"] and gone.raw == [bytes.fromhex(xxhash.xxh3_128_hexdigest(b"1"))]
-    # /proc files stat as empty and read as text: a file that grew between stat and read
-    grew = _hash_request([Dir("proc", "/proc/self", ["status"])], None, read_buffer(), native=True)
-    assert grew.error is not None and grew.error[:3] == ("changed", "proc/status", 0)
+    monkeypatch.setattr(native, "ISOLATE_FDS", isolate)
+    groups = list(iter_native_dirs(str(tree), []))
+    sizes, mtimes, digests = native.hash_tree(groups, threads=threads)
+    paths = [os.path.join(g.path, name) for g in groups for name in g.names]
+    assert len(paths) > 700
+    assert list(array("q", sizes)) == [os.stat(p).st_size for p in paths]
+    assert list(array("q", mtimes)) == [os.stat(p).st_mtime_ns for p in paths]
+    assert digests == b"".join(xxhash.xxh3_128_digest(Path(p).read_bytes()) for p in paths)
 
 
-def test_a_digest_cache_keeps_the_pure_loop(tree: Path, with_native: ModuleType, tmp_path: Path) -> None:
-    from dsagent.format.digestcache import DigestCache
+@pytest.mark.parametrize("isolate", [True, False])
+def test_the_tree_digest_leaves_the_processs_descriptors_as_they_were(
+    tree: Path, with_native: ModuleType, monkeypatch: pytest.MonkeyPatch, isolate: bool
+) -> None:
+    monkeypatch.setattr(native, "ISOLATE_FDS", isolate)
+    groups = list(iter_native_dirs(str(tree), []))
+    reading, writing = os.pipe()
+    try:
+        before = sorted(os.listdir("/proc/self/fd"))
+        native.hash_tree(groups, threads=4)
+        with pytest.raises(NotFound):
+            native.hash_tree([*groups, Dir("gone", str(tree / "gone"), ["x"])], threads=4)
+        assert sorted(os.listdir("/proc/self/fd")) == before  # nothing left open, nothing closed
+        os.write(writing, b"still open")
+        assert os.read(reading, 64) == b"still open"
+    finally:
+        os.close(reading)
+        os.close(writing)
 
-    with DigestCache(tmp_path / "cache.sqlite") as cache:
-        cached = build_manifest(tree, name="d", digest_cache=cache)
-        assert cache.misses == cached.file_count  # counted and stored by the pure loop
-    assert cached.digest == build_manifest(tree, name="d", native=True).digest
+
+def test_the_first_failure_in_walk_order_is_the_one_raised(tmp_path: Path, with_native: ModuleType) -> None:
+    names = [f"{i:03d}" for i in range(300)]
+    for name in names:
+        (tmp_path / name).write_bytes(name.encode())
+    (tmp_path / "007").unlink()
+    (tmp_path / "250").unlink()  # met first by another thread, most runs: still the second in order
+    for threads in (1, 8):
+        with pytest.raises(NotFound, match="007"):
+            native.hash_tree([Dir("", str(tmp_path), names)], threads=threads)
 
 
-def test_a_missing_file_is_not_found_by_name(tmp_path: Path, with_native: ModuleType) -> None:
-    (tmp_path / "here").write_bytes(b"1")
-    with pytest.raises(NotFound, match="gone"):
-        native.hash_names(str(tmp_path), ["here", "gone"], read_buffer())
+def test_a_directory_that_does_not_open_is_named(tmp_path: Path, with_native: ModuleType) -> None:
+    (tmp_path / "a").write_bytes(b"1")
+    with pytest.raises(NotFound, match="no-such-dir'"):
+        native.hash_tree([Dir("", str(tmp_path), ["a"]), Dir("d", str(tmp_path / "no-such-dir"), ["b"])], threads=2)
 
 
 def test_a_file_read_longer_than_its_stat_is_an_integrity_error(with_native: ModuleType) -> None:
     # /proc files stat as empty and read as text: a file that grew between stat and read
     with pytest.raises(IntegrityError, match="'proc/status' changed while it was digested"):
-        native.hash_names("/proc/self", ["status"], read_buffer(), prefix="proc/")
+        native.hash_tree([Dir("proc", "/proc/self", ["status"])], threads=1)
 
 
-def test_columns_stop_at_the_first_failure(tmp_path: Path, with_native: ModuleType) -> None:
-    for name in ("a", "b"):
-        (tmp_path / name).write_bytes(name.encode())
-    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        sizes, mtimes, digests, failure = with_native.hash_names(dfd, ["a", "missing", "b"], read_buffer())
-    finally:
-        os.close(dfd)
-    assert sizes == [1] and len(mtimes) == 1 and digests == bytes.fromhex(xxhash.xxh3_128_hexdigest(b"a"))
-    assert failure[:2] == (1, 2)  # index, ENOENT
-
-
-def test_a_kept_buffer_hashes_as_a_fresh_one_and_is_checked(tmp_path: Path, with_native: ModuleType) -> None:
-    # files smaller, equal to and larger than the lent buffer, read through it again and again
+def test_files_around_the_buffers_size_hash_whole_and_the_arguments_are_checked(
+    tmp_path: Path, with_native: ModuleType
+) -> None:
     sizes = {"small": 10, "page": 4096, "big": 3 * 4096 + 7, "empty": 0}
     for name, size in sizes.items():
         (tmp_path / name).write_bytes(os.urandom(size))
     names = sorted(sizes)
-    lent = read_buffer(4096)
-    first = native.hash_names(str(tmp_path), names, lent)
-    again = native.hash_names(str(tmp_path), names, lent)
-    assert first == again == native.hash_names(str(tmp_path), names, read_buffer(HASH_BUFFER))
-    expected = (bytes.fromhex(xxhash.xxh3_128_hexdigest((tmp_path / n).read_bytes())) for n in names)
-    assert first.digests == b"".join(expected)
-    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with pytest.raises(ValueError, match="at least 4096 bytes"):
-            with_native.hash_names(dfd, names, read_buffer(4095))
-        with pytest.raises(BufferError):  # not writable
-            with_native.hash_names(dfd, names, bytes(8192))
-    finally:
-        os.close(dfd)
+    group = Dir("", str(tmp_path), names)
+    small = native.hash_tree([group], threads=2, cap=4096)
+    assert small == native.hash_tree([group], threads=1)
+    assert small[2] == b"".join(xxhash.xxh3_128_digest((tmp_path / n).read_bytes()) for n in names)
+    with pytest.raises(ValueError, match="at least 4096 bytes"):
+        with_native.hash_tree([group], 4095, 1, True)
+    with pytest.raises(TypeError, match="a \\(rel, directory, names\\) tuple"):
+        with_native.hash_tree([(str(tmp_path), names)], 4096, 1, True)
+    with pytest.raises(ValueError, match="null"):
+        with_native.hash_tree([Dir("", str(tmp_path), ["sm\x00all"])], 4096, 1, True)
+    assert with_native.hash_tree([], 4096, 4, True) == (b"", b"", b"", None)
 
 
 def test_asking_for_the_native_loop_without_it_fails_and_the_default_is_the_pure_loop(
