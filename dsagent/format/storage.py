@@ -38,7 +38,6 @@ from dsagent.errors import (
     local_write_error,
 )
 from dsagent.format import storage_errors
-from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain
 from dsagent.format.storageconfig import Options, store_options
 
 if TYPE_CHECKING:
@@ -49,6 +48,8 @@ def resolve(url: str | os.PathLike[str], storage_options: Options = None) -> tup
     """The filesystem and the path inside it for ``url`` (a local path or any fsspec URL)."""
     import fsspec
     from fsspec.core import url_to_fs
+
+    from dsagent.format.sources import ALIASES, check_option_values, check_url, is_chain  # here: see protocol_label
 
     text = os.fspath(url)
     if not text or "\x00" in text:
@@ -345,6 +346,10 @@ def add_store_observer(observer: StoreObserver) -> Callable[[], None]:
 def protocol_label(name: str) -> str:
     """The one name a protocol is counted under: the allowlist's aliases folded
     (:data:`dsagent.format.sources.ALIASES`) and ``https`` counted as ``http``."""
+    # imported here: the URL rules (and the egress checks they import) are not needed by a
+    # plain local path's digest or pack, which never reach this module's remote branches
+    from dsagent.format.sources import ALIASES
+
     return "http" if name == "https" else ALIASES.get(name, name)
 
 

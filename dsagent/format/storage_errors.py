@@ -42,7 +42,6 @@ from dsagent.errors import (
     StorageCredentials,
     StorageForbidden,
 )
-from dsagent.format.sources import known_option_keys
 
 # Error codes object stores answer when the credentials themselves are the problem
 # (S3 and compatibles, GCS, Azure); anything else that is a 403 is a permission problem.
@@ -218,6 +217,8 @@ def _option_hint(key: str) -> str:
     """A misspelt storage-option key's likely meaning (the backends' own error names an
     internal class, e.g. aiobotocore's AioSession, that users never wrote)."""
     import difflib  # only for this error's hint
+
+    from dsagent.format.sources import known_option_keys  # here: a local digest never imports the URL rules
 
     close = difflib.get_close_matches(key, sorted(known_option_keys()), n=2, cutoff=0.75)
     if close:

@@ -16,7 +16,6 @@ import os
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 from urllib.parse import unquote
 
@@ -262,6 +261,8 @@ def list_local(root: str, empty: list[str], confine: Sequence[str] | None = None
     and stat'ed in one call without the GIL, on every core (the kernel's lookups and stats
     are most of a listing's time). Columns come back, a path the only object made a file.
     Not in path order (the caller sorts)."""
+    from concurrent.futures import ThreadPoolExecutor  # here: the digest's walk starts no pool
+
     seen: set[tuple[int, int]] = set()
     paths: list[str] = []
     stats = array("q")  # size, mtime, inode, ctime a file
