@@ -226,7 +226,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 18) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 19) < 0) {
         Py_DECREF(m);
         return NULL;
     }
