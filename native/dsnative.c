@@ -186,6 +186,7 @@ static int hook_says(PyObject *hook, const char *kind, int fd, const char *name)
     return failure;
 }
 
+#include "pool.c"       /* the worker threads the loops share their queues out to */
 #include "unpackloop.c" /* the unpack's member loop: Unpacker */
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dirs */

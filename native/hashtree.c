@@ -8,13 +8,8 @@
  * them, and reads each file into a page-aligned buffer of its own of `cap` bytes.
  *
  * With `isolate`, each started thread first gives itself a private, empty table of file
- * descriptors (close_range(0, ~0, CLOSE_RANGE_UNSHARE), Linux 5.9): the threads of one
- * process open and close files through one shared table, whose lock they contend for on
- * many cores (on a 16-core node 16 threads hashed 50,000 files of 4 KB in 52 ms sharing
- * it, 18 ms each with its own). The table starts empty, so the thread holds no copy of
- * another thread's descriptors (a socket or pipe another thread closes is closed at once).
- * Where the call is refused (an older kernel, a seccomp filter), the thread goes on with
- * the shared table. The calling thread always keeps the process's table.
+ * descriptors (own_fd_table, pool.c, which says why); the calling thread always keeps the
+ * process's table. The threads are started per call: a digest is one call per 8,192 files.
  *
  * It returns (sizes, mtimes_ns, digests, None): sizes and mtimes as native int64s, 8 bytes
  * a file, digests 16 bytes a file, every file in the order of the groups. When a file
@@ -25,11 +20,6 @@
  * before the GIL is released, into memory the call owns: the caller may change its lists
  * meanwhile.
  */
-#include <pthread.h>
-#include <stdatomic.h>
-#include <sys/syscall.h>
-
-#define TREE_CLOSE_RANGE_UNSHARE (1U << 1) /* <linux/close_range.h>, not on every build host */
 
 #define TREE_CHUNK 32
 #define TREE_THREADS_MAX 64
@@ -120,9 +110,7 @@ static void tree_work(tree_job *job) {
 
 static void *tree_thread(void *arg) {
     tree_job *job = arg;
-#ifdef SYS_close_range
-    if (job->isolate) (void)syscall(SYS_close_range, 0U, ~0U, TREE_CLOSE_RANGE_UNSHARE); /* refused: shared */
-#endif
+    if (job->isolate) own_fd_table(-1); /* pool.c; refused: the shared table */
     tree_work(job);
     return NULL;
 }

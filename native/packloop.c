@@ -2,7 +2,7 @@
  *
  * Included by dsnative.c (one translation unit: it uses its xxh3 binding and helpers).
  *
- * TarReader(dir_fd, members, template, header) takes one bundle's members in order: a
+ * TarReader(dir_fd, members, template, header, threads=1) takes one bundle's members in order: a
  * sequence of tuples (path: str, size: int, mtime_ns: int, digest: str), dsagent's
  * FileEntry, copied into a list of its own and read field by field here (no column is
  * built in Python: at 50,000 members that cost the pack 24 ms before its first byte).
@@ -29,6 +29,14 @@
  *   4 DIGEST: entry `a`, digested before, now reads another size or digest.
  * After 2-4 the object is spent. `next` is the index of the next member not finished, and
  * `digests` the 16-byte digests of the members finished so far.
+ *
+ * threads (default 1): with more than one, the members that fit whole in the buffer (two or
+ * more, at a member boundary) are read on that many threads (this one among them, the
+ * others a work_pool of pool.c, each on a table of file descriptors of its own holding only
+ * dir_fd), each straight to its place in the stream, hashed and checked as the loop does,
+ * and their headers and padding laid out around them afterwards. The first failure in the
+ * members' order is the one answered. Members that do not fit go through the loop as
+ * before. The threads live until close() or the object's end.
  */
 
 typedef struct {
@@ -58,6 +66,10 @@ typedef struct {
     xxh3_state *state;
     int spent;
     int busy;
+    int threads;                /* members read on this many threads (1: by the loop) */
+    struct read_job *jobs;      /* the members queued (READS_MAX), allocated at the first */
+    work_pool *pool;            /* the reading threads, started at the first queue */
+    unsigned char *out;         /* the buffer being filled, while the queue is read */
 } TarReader;
 
 enum { TR_MORE = 0, TR_DONE = 1, TR_ERRNO = 2, TR_CHANGED = 3, TR_DIGEST = 4 };
@@ -120,9 +132,115 @@ static int finish_file(TarReader *r, long long *a, long long *b) {
     return status;
 }
 
+#define READS_MAX 4096 /* members queued at most per buffer */
+
+typedef struct read_job {
+    Py_ssize_t index;
+    size_t hoff, doff; /* where its header and its data go in the buffer */
+    int status;        /* 0 or what the loop would answer (TR_ERRNO, TR_CHANGED, TR_DIGEST) */
+    long long b;
+} read_job;
+
+/* One queued member read as the loop reads it: one read of its size + 1 bytes (a short
+ * answer proves its end; the byte over lands where its padding or the next header goes,
+ * both laid out afterwards), hashed, and checked as finish_file checks. */
+static void read_queued(void *ctx, Py_ssize_t item) {
+    TarReader *r = ctx;
+    read_job *j = &r->jobs[item];
+    Py_ssize_t i = j->index;
+    unsigned long long size = r->sizes[i];
+    const unsigned char *expected = r->expected + 16 * i;
+    j->status = 0;
+    j->b = 0;
+    int fd = openat(r->dir_fd, r->name_ptr[i], O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        j->status = TR_ERRNO, j->b = errno;
+        return;
+    }
+    ssize_t got = read_full(fd, r->out + j->doff, (size_t)size + 1);
+    if (got < 0) {
+        j->status = TR_ERRNO, j->b = errno;
+    } else if ((unsigned long long)got > size) { /* longer than listed */
+        j->status = is_zero16(expected) ? TR_CHANGED : TR_DIGEST, j->b = -1;
+    } else {
+        unsigned char *digest = r->found + 16 * i;
+        canonical(xxh3_128_oneshot(r->out + j->doff, (size_t)got), digest);
+        struct stat st;
+        if (!is_zero16(expected)) {
+            if ((unsigned long long)got != size || memcmp(digest, expected, 16) != 0) j->status = TR_DIGEST;
+        } else if ((unsigned long long)got != size) {
+            j->status = TR_CHANGED;
+        } else if (fstat(fd, &st) != 0) {
+            j->status = TR_ERRNO, j->b = errno;
+        } else if ((unsigned long long)st.st_size != size || ns_of(st.st_mtim) != r->mtimes[i]) {
+            j->status = TR_CHANGED;
+        }
+        if (j->status == TR_CHANGED) j->b = got;
+    }
+    close(fd);
+}
+
+/* At a member boundary: the members that fit whole in out[*pos:room] (one byte to spare)
+ * read on the threads, then laid out in order. -1: fewer than two fit (the loop takes the
+ * next one); 0: read, *pos past them; else the first failure in order (a, b). */
+static int tr_queued(TarReader *r, unsigned char *out, size_t room, size_t *pos, long long *a, long long *b) {
+    if (r->jobs == NULL && (r->jobs = malloc(READS_MAX * sizeof(read_job))) == NULL) return -1;
+    Py_ssize_t first = r->next, n = 0;
+    size_t at = *pos;
+    while (first + n < r->count && n < READS_MAX) {
+        Py_ssize_t i = first + n;
+        size_t head = r->spec_ptr[i] != NULL ? r->spec_len[i] : 512;
+        unsigned long long size = r->sizes[i], pad = (512 - size % 512) % 512;
+        if ((unsigned long long)(room - at) < head + size + pad + 1) break;
+        r->jobs[n].index = i;
+        r->jobs[n].hoff = at;
+        r->jobs[n].doff = at + head;
+        at += head + (size_t)(size + pad);
+        n++;
+    }
+    if (n < 2) return -1;
+    if (r->pool == NULL) r->pool = pool_start(r->threads, r->dir_fd);
+    r->out = out;
+    pool_run(r->pool, read_queued, r, n);
+    r->out = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        read_job *j = &r->jobs[k];
+        Py_ssize_t i = j->index;
+        if (j->status != 0) {
+            r->next = i;
+            *pos = j->hoff;
+            *a = i;
+            *b = j->b;
+            return j->status;
+        }
+        if (r->spec_ptr[i] != NULL) {
+            memcpy(out + j->hoff, r->spec_ptr[i], r->spec_len[i]);
+        } else {
+            plain_header(r, i);
+            memcpy(out + j->hoff, r->hbuf, 512);
+        }
+        memset(out + j->doff + r->sizes[i], 0, (512 - r->sizes[i] % 512) % 512);
+    }
+    r->next = first + n;
+    *pos = at;
+    return 0;
+}
+
 static int tr_run(TarReader *r, unsigned char *out, size_t room, size_t *used, long long *a, long long *b) {
     size_t pos = 0;
     for (;;) {
+        if (r->threads > 1 && r->phase == TP_HEADER && r->hlen == 0 && r->next < r->count) {
+            int st = tr_queued(r, out, room, &pos, a, b);
+            if (st > 0) {
+                *used = pos;
+                return st;
+            }
+            if (st == 0 && (r->next >= r->count || pos == room)) {
+                *used = pos;
+                return r->next >= r->count ? TR_DONE : TR_MORE;
+            }
+            if (st == 0) continue; /* the next member may fit once the loop has begun it */
+        }
         if (r->phase == TP_HEADER) {
             if (r->hlen == 0) { /* the next member's header */
                 if (r->next >= r->count) {
@@ -259,7 +377,24 @@ static PyObject *TarReader_get_digests(TarReader *r, void *c) {
     return PyBytes_FromStringAndSize((const char *)r->found, 16 * r->next);
 }
 
+static PyObject *TarReader_close(TarReader *r, PyObject *unused) {
+    (void)unused;
+    if (r->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "fill is running in another thread");
+        return NULL;
+    }
+    if (r->pool != NULL) {
+        work_pool *pool = r->pool;
+        r->pool = NULL;
+        Py_BEGIN_ALLOW_THREADS pool_stop(pool);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
 static void TarReader_dealloc(TarReader *r) {
+    pool_stop(r->pool); /* idle threads: they end at once */
+    free(r->jobs);
     if (r->fd >= 0) close(r->fd);
     if (r->state) xxh3_free(r->state);
     PyMem_Free(r->name_ptr);
@@ -354,20 +489,23 @@ bad_digest:
 }
 
 static PyObject *TarReader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *keywords[] = {"dir_fd", "members", "template", "header", NULL};
-    int dir_fd;
+    static char *keywords[] = {"dir_fd", "members", "template", "header", "threads", NULL};
+    int dir_fd, threads = 1;
     PyObject *members, *header;
     Py_buffer tmpl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOy*O", keywords, &dir_fd, &members, &tmpl, &header)) return NULL;
-    if (!PyCallable_Check(header)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOy*O|i", keywords, &dir_fd, &members, &tmpl, &header, &threads))
+        return NULL;
+    if (!PyCallable_Check(header) || threads < 1) {
         PyBuffer_Release(&tmpl);
-        PyErr_SetString(PyExc_TypeError, "header is a callable");
+        PyErr_SetString(threads < 1 ? PyExc_ValueError : PyExc_TypeError,
+                        threads < 1 ? "threads is at least 1" : "header is a callable");
         return NULL;
     }
     TarReader *r = (TarReader *)new_with_template(type, &tmpl, offsetof(TarReader, tmpl));
     if (r == NULL) return NULL;
     r->fd = -1;
     r->dir_fd = dir_fd;
+    r->threads = threads;
     r->members = PySequence_List(members); /* a list of our own: nothing can drop a path in use */
     if (r->members == NULL) goto fail;
     r->count = PyList_GET_SIZE(r->members);
@@ -397,6 +535,7 @@ fail:
 
 static PyMethodDef TarReader_methods[] = {
     {"fill", (PyCFunction)TarReader_fill, METH_O, "fill(buffer) -> (written, status, a, b): see the module source."},
+    {"close", (PyCFunction)TarReader_close, METH_NOARGS, "close(): the reading threads ended (they end with the object too)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,10 +28,10 @@
  *
  * threads (default 1): with more than one, a member whose header, data and padding all lie
  * in the buffer fed is not written at once but queued, and the queue is written by that
- * many threads (this one among them) before feed returns, or when it holds JOBS_MAX members:
- * each thread creates, writes, hashes, dates and closes the members it takes exactly as the
- * loop does, on a table of file descriptors of its own (the process's one, shared, is a lock
- * every create and close contends for on many cores) that keeps only dir_fd. The members
+ * many threads (this one among them, the others a work_pool of pool.c, each on a table of
+ * file descriptors of its own holding only dir_fd) before feed returns, or when it holds
+ * JOBS_MAX members: each thread creates, writes, hashes, dates and closes the members it
+ * takes exactly as the loop does. The members
  * are independent files, so only the order of the failures matters: the first failure in
  * the bundle's order is the one answered (and `next` stops there), whatever thread met it
  * and whatever later member was written meanwhile (the caller removes what a failed bundle
@@ -42,10 +42,6 @@
  * of the entries done, `phase` 0 between members, 1 inside a header, 2 inside member data,
  * 3 inside the padding after it (what a stream ending here lacks).
  */
-
-#include <pthread.h>
-#include <stdatomic.h>
-#include <sys/syscall.h>
 
 enum { PH_HEADER = 0, PH_DATA = 2, PH_PAD = 3 };
 enum { ST_MORE = 0, ST_FOREIGN = 1, ST_END = 2, ST_SIZE = 3, ST_DIGEST = 4, ST_ERRNO = 5 };
@@ -79,7 +75,7 @@ typedef struct {
     int threads;    /* members written on this many threads (1: by the loop, in order) */
     struct member_job *jobs; /* the queue (JOBS_MAX), allocated at the first queued member */
     Py_ssize_t njobs;
-    struct write_pool *pool; /* the writing threads, started at the first queue written */
+    work_pool *pool; /* the writing threads (pool.c), started at the first queue written */
 } Unpacker;
 
 static int octal11(const unsigned char *f, unsigned long long *out) {
@@ -177,10 +173,7 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
 
 /* ------------------------------------------------------------------ the writing threads */
 
-#define JOBS_MAX 4096    /* members queued before the queue is written */
-#define JOB_CHUNK 8      /* members a thread takes at a time */
-#define POOL_THREADS_MAX 64
-#define UNSHARE_FDS (1U << 1) /* CLOSE_RANGE_UNSHARE, <linux/close_range.h> */
+#define JOBS_MAX 4096 /* members queued before the queue is written */
 
 typedef struct member_job {
     Py_ssize_t index;
@@ -190,18 +183,6 @@ typedef struct member_job {
     int err;
     int op;
 } member_job;
-
-typedef struct write_pool {
-    pthread_mutex_t lock;
-    pthread_cond_t go, done;
-    pthread_t ids[POOL_THREADS_MAX];
-    int started;
-    unsigned long round; /* raised for each queue to write */
-    int busy;            /* started threads not done with this round */
-    int stop;
-    Unpacker *u;
-    _Atomic Py_ssize_t taken; /* the first queued member not taken */
-} write_pool;
 
 /* One queued member, as the loop writes one: created, written, its digest compared,
  * dated, closed; the first failure in that order is its status. */
@@ -247,95 +228,17 @@ static void write_job(Unpacker *u, member_job *j) {
     j->status = 0;
 }
 
-static void pool_take(write_pool *pool) {
-    Unpacker *u = pool->u;
-    for (;;) {
-        Py_ssize_t i = atomic_fetch_add(&pool->taken, JOB_CHUNK);
-        if (i >= u->njobs) return;
-        Py_ssize_t end = i + JOB_CHUNK < u->njobs ? i + JOB_CHUNK : u->njobs;
-        for (; i < end; i++) write_job(u, &u->jobs[i]);
-    }
-}
-
-/* This thread's own table of descriptors, holding only dir_fd (see hashtree.c: the shared
- * table's lock is what creates and closes contend for); refused, the shared one. */
-static void own_fd_table(int dir_fd) {
-#ifdef SYS_close_range
-    if (dir_fd > 0) {
-        if (syscall(SYS_close_range, 0U, (unsigned)dir_fd - 1, UNSHARE_FDS) == 0)
-            (void)syscall(SYS_close_range, (unsigned)dir_fd + 1, ~0U, 0U);
-    } else {
-        (void)syscall(SYS_close_range, 1U, ~0U, UNSHARE_FDS);
-    }
-#else
-    (void)dir_fd;
-#endif
-}
-
-static void *pool_thread(void *arg) {
-    write_pool *pool = arg;
-    own_fd_table(pool->u->dir_fd);
-    unsigned long seen = 0;
-    pthread_mutex_lock(&pool->lock);
-    for (;;) {
-        while (!pool->stop && pool->round == seen) pthread_cond_wait(&pool->go, &pool->lock);
-        if (pool->stop) break;
-        seen = pool->round;
-        pthread_mutex_unlock(&pool->lock);
-        pool_take(pool);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
-    }
-    pthread_mutex_unlock(&pool->lock);
-    return NULL;
-}
-
-/* threads - 1 writing threads (fewer if some cannot start; NULL when none could). */
-static write_pool *pool_start(Unpacker *u) {
-    write_pool *pool = calloc(1, sizeof *pool);
-    if (pool == NULL) return NULL;
-    pthread_mutex_init(&pool->lock, NULL);
-    pthread_cond_init(&pool->go, NULL);
-    pthread_cond_init(&pool->done, NULL);
-    pool->u = u;
-    int want = u->threads - 1 < POOL_THREADS_MAX ? u->threads - 1 : POOL_THREADS_MAX;
-    while (pool->started < want && pthread_create(&pool->ids[pool->started], NULL, pool_thread, pool) == 0)
-        pool->started++;
-    return pool;
-}
-
-static void pool_stop(write_pool *pool) {
-    pthread_mutex_lock(&pool->lock);
-    pool->stop = 1;
-    pthread_cond_broadcast(&pool->go);
-    pthread_mutex_unlock(&pool->lock);
-    for (int k = 0; k < pool->started; k++) pthread_join(pool->ids[k], NULL);
-    pthread_cond_destroy(&pool->go);
-    pthread_cond_destroy(&pool->done);
-    pthread_mutex_destroy(&pool->lock);
-    free(pool);
+static void write_queued(void *ctx, Py_ssize_t item) {
+    Unpacker *u = ctx;
+    write_job(u, &u->jobs[item]);
 }
 
 /* The queue written (on the threads, this one among them), then read in order: 0, or the
  * first member's failure (a = its index, b = its errno), where `next` stops. */
 static int flush_jobs(Unpacker *u, long long *a, long long *b) {
     if (u->njobs == 0) return 0;
-    if (u->pool == NULL) u->pool = pool_start(u);
-    write_pool *pool = u->pool;
-    if (pool != NULL && pool->started > 0) {
-        pthread_mutex_lock(&pool->lock);
-        atomic_store(&pool->taken, 0);
-        pool->busy = pool->started;
-        pool->round++;
-        pthread_cond_broadcast(&pool->go);
-        pthread_mutex_unlock(&pool->lock);
-        pool_take(pool);
-        pthread_mutex_lock(&pool->lock);
-        while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->lock);
-        pthread_mutex_unlock(&pool->lock);
-    } else {
-        for (Py_ssize_t i = 0; i < u->njobs; i++) write_job(u, &u->jobs[i]);
-    }
+    if (u->pool == NULL) u->pool = pool_start(u->threads, u->dir_fd);
+    pool_run(u->pool, write_queued, u, u->njobs);
     Py_ssize_t count = u->njobs;
     u->njobs = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -536,7 +439,7 @@ static PyObject *Unpacker_close(Unpacker *u, PyObject *unused) {
         return NULL;
     }
     if (u->pool != NULL) {
-        write_pool *pool = u->pool;
+        work_pool *pool = u->pool;
         u->pool = NULL;
         Py_BEGIN_ALLOW_THREADS pool_stop(pool);
         Py_END_ALLOW_THREADS
@@ -545,7 +448,7 @@ static PyObject *Unpacker_close(Unpacker *u, PyObject *unused) {
 }
 
 static void Unpacker_dealloc(Unpacker *u) {
-    if (u->pool != NULL) pool_stop(u->pool); /* idle threads: they end at once */
+    pool_stop(u->pool); /* idle threads: they end at once */
     free(u->jobs);
     if (u->fd >= 0) close(u->fd);
     if (u->state) xxh3_free(u->state);

@@ -131,6 +131,12 @@ def describe() -> str:
     return "on" if off is None else f"off ({off})"
 
 
+def spare_cores(jobs_at_once: int) -> int:
+    """The threads each of ``jobs_at_once`` bundles packed or unpacked together reads or
+    writes its files on (the loops' ``threads``): the cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs_at_once))
+
+
 def chosen(native: bool | None) -> bool:
     """Whether a caller's ``native`` choice runs the native loops: ``None`` when they are
     on (:data:`AVAILABLE`), ``False`` never, ``True`` always (:class:`RuntimeError` saying
@@ -384,17 +390,18 @@ def set_io_hook(hook: Callable[[str, int, bytes | None], object] | None) -> None
 FILL_MORE, FILL_DONE, FILL_ERRNO, FILL_CHANGED, FILL_DIGEST = range(5)
 
 
-def tar_reader(dir_fd: int, members: Sequence[_M], header: Callable[[_M], bytes]) -> Any:
+def tar_reader(dir_fd: int, members: Sequence[_M], header: Callable[[_M], bytes], *, threads: int = 1) -> Any:
     """The C reader of one bundle's tar stream (``native/packloop.c``): ``members`` (entries:
     path, size, mtime_ns, digest) opened relative to ``dir_fd``; ``header(member)``: the
     header bytes of a member whose header is not a plain ustar block (Python's tarfile
     writes those), asked once each. Its ``fill(buffer)`` writes the stream on into
     ``buffer`` and says how far it got; ``digests`` holds the 16-byte digests of the
-    members finished. Only call it when :data:`AVAILABLE`."""
+    members finished. ``threads`` > 1: the members whole in a buffer are read on that many
+    threads, kept until its ``close()``. Only call it when :data:`AVAILABLE`."""
     assert _native is not None, "the native extension is not built"
     from dsagent.format.tarstream import plain_template
 
-    return _native.TarReader(dir_fd, members, plain_template(), header)
+    return _native.TarReader(dir_fd, members, plain_template(), header, threads=threads)
 
 
 __all__ = [
@@ -410,6 +417,7 @@ __all__ = [
     "FILL_MORE",
     "chosen",
     "describe",
+    "spare_cores",
     "use_native",
     "block_samples",
     "rle_frame",

@@ -268,7 +268,7 @@ def write_bundles(
     cpus = os.cpu_count() or 1
     parallel = max(1, min(len(todo), cpus))
     zstd_threads = opts.threads if opts.threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
-    writer = BundleWriter(src_fs, src_root, progress, threading.Lock())
+    writer = BundleWriter(src_fs, src_root, progress, threading.Lock(), native.spare_cores(parallel))
     sizes = dict(existing)
 
     def write_one(i: int) -> None:
@@ -459,7 +459,8 @@ def pack_dataset(
     else:
         processes = 1
     zstd_threads = opts.threads if opts.threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
-    writer = BundleWriter(src_fs, src_root, progress, threading.Lock())
+    # the files of the bundles (or segments) packed at once read on the cores left to each
+    writer = BundleWriter(src_fs, src_root, progress, threading.Lock(), native.spare_cores(parallel * processes))
     written: list[int] = []  # bundles the store did not hold (one packed again but found there is reused)
     read_digests: dict[int, bytes] = {}  # a packed bundle's member digests as read, 16 raw bytes each
     scratch = f"{dst_root.rstrip('/')}/{BUNDLES_DIR}" if is_local(dst_fs) else None

@@ -86,8 +86,7 @@ _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
 __all__ = [
-    "STAGING_DIR", "create_empty_directories", "spare_cores", "unpack", "unpack_bundle", "unpack_bundle_stream",
-    "verify_tree",
+    "STAGING_DIR", "create_empty_directories", "unpack", "unpack_bundle", "unpack_bundle_stream", "verify_tree",
 ]  # fmt: skip
 
 
@@ -472,12 +471,6 @@ def _in_processes(job: _Job, progress: Progress | None, count: int) -> None:
         _FORKED = None
 
 
-def spare_cores(bundles_at_once: int) -> int:
-    """The threads each of ``bundles_at_once`` bundles unpacked together writes its files
-    on (``write_threads``): the cores shared out, at least one."""
-    return max(1, (os.cpu_count() or 1) // max(1, bundles_at_once))
-
-
 def _unpack_bundles(
     store: str | os.PathLike[str],
     manifest: Manifest,
@@ -493,7 +486,7 @@ def _unpack_bundles(
     from dsagent.format.digestpool import can_fork
 
     at_once = max(1, min(count, len(manifest.bundles)))
-    write_threads = spare_cores(at_once)
+    write_threads = native_loops.spare_cores(at_once)
     if at_once == 1:
         for bundle in manifest.bundles:
             unpack_bundle(

@@ -186,8 +186,11 @@ class BundleWriter:
     compressing and writing overlap instead of taking turns.
     """
 
-    def __init__(self, fs: AbstractFileSystem, root: str, progress: Progress | None, lock: threading.Lock) -> None:
+    def __init__(
+        self, fs: AbstractFileSystem, root: str, progress: Progress | None, lock: threading.Lock, read_threads: int = 1
+    ) -> None:
         self._fs = fs
+        self._read_threads = read_threads  # the C reader's threads (native/packloop.c)
         self._root = root.rstrip("/")
         self._local = is_local(fs)
         self._progress = progress
@@ -287,8 +290,9 @@ class BundleWriter:
         bytes, digests and errors as the Python loop, a buffer at a time."""
         with translate_errors(f"source directory {self._root!r}"):
             root = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        reader = None
         try:
-            reader = native_loops.tar_reader(root, members, tar_header)
+            reader = native_loops.tar_reader(root, members, tar_header, threads=self._read_threads)
             reported = 0
             while True:
                 written, status, index, detail = reader.fill(tar.space())
@@ -302,9 +306,11 @@ class BundleWriter:
                     break
                 if status != native_loops.FILL_MORE:
                     raise _native_failure(members[index], status, detail, self._location(members[index]))
+            digests += reader.digests
         finally:
+            if reader is not None:
+                reader.close()  # its reading threads end here: none outlives the bundle
             os.close(root)
-        digests += reader.digests
 
     def _location(self, entry: FileEntry) -> str:
         return self._root if self._single_file else f"{self._root}/{entry.path}"

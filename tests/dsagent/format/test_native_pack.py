@@ -53,15 +53,17 @@ def _bundles(store: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in (store / "bundles").iterdir()}
 
 
+@pytest.mark.parametrize("cores", [1, 64])
 @pytest.mark.parametrize("processes", [1, 2])
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_the_native_pack_writes_the_pure_packs_bytes(
-    tree: Path, with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int
+    tree: Path, with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int, cores: int
 ) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)  # the cores left to each bundle read its files
     runs = iter(range(10))
     readers = []
     real = native.tar_reader
-    monkeypatch.setattr(native, "tar_reader", lambda *args: readers.append(1) or real(*args))
+    monkeypatch.setattr(native, "tar_reader", lambda *args, **kw: readers.append(kw["threads"]) or real(*args, **kw))
     if processes > 1:  # segments on forked processes even for this small tree
         monkeypatch.setattr(bundle, "SEGMENT_MIN_BYTES", 1)
         monkeypatch.setattr(packparallel, "SEGMENT_MIN_BYTES", 1)
@@ -75,6 +77,7 @@ def test_the_native_pack_writes_the_pure_packs_bytes(
 
     pure, fast = _both(monkeypatch, one_pass)
     assert pure == fast and readers, "the native reader did not run"
+    assert (max(readers) > 1) == (cores > 1)  # a few bundles on 64 cores: each read on several threads
     manifest = build_manifest(tree, name="d")
 
     def digested() -> dict[str, bytes]:
@@ -86,8 +89,11 @@ def test_the_native_pack_writes_the_pure_packs_bytes(
     assert pure_bundles == fast_bundles and len(fast_bundles) > 2
 
 
+@pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("size", [1, 7, 511, 512, 513, 4096, 1 << 20])
-def test_the_c_stream_is_the_tar_stream_whatever_the_buffer(tree: Path, with_native: ModuleType, size: int) -> None:
+def test_the_c_stream_is_the_tar_stream_whatever_the_buffer(
+    tree: Path, with_native: ModuleType, size: int, threads: int
+) -> None:
     manifest = build_manifest(tree, name="d")
     entries = list(manifest.entries)
     if size < 512:
@@ -95,7 +101,8 @@ def test_the_c_stream_is_the_tar_stream_whatever_the_buffer(tree: Path, with_nat
     assert not all(map(plain_header, entries)), "the tree needs members with pax headers"
     root = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        reader = native.tar_reader(root, entries, tar_header)
+        tasks = set(os.listdir("/proc/self/task"))
+        reader = native.tar_reader(root, entries, tar_header, threads=threads)
         out, buffer = bytearray(), bytearray(size)
         while True:
             written, status, _, _ = reader.fill(memoryview(buffer))
@@ -103,6 +110,8 @@ def test_the_c_stream_is_the_tar_stream_whatever_the_buffer(tree: Path, with_nat
             if status == native.FILL_DONE:
                 break
             assert status == native.FILL_MORE and written == size
+        reader.close()
+        assert not set(os.listdir("/proc/self/task")) - tasks  # no reading thread outlives close()
     finally:
         os.close(root)
     assert bytes(out) + bytes(1024) == b"".join(tar_stream(tree, entries))
@@ -116,10 +125,12 @@ def _error(run: Callable[[], object]) -> tuple[type, str]:
     return type(caught.value), str(caught.value)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("change", ["rewritten", "grown", "shrunk", "removed"])
 def test_a_changed_file_is_refused_as_the_pure_reader_refuses_it(
-    with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+    with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str, threads: int
 ) -> None:
+    monkeypatch.setattr(native, "spare_cores", lambda at_once: threads)
     files = {f"c{i % 3}/{i:03d}.jpg": os.urandom(100 + 997 * i) for i in range(30)}
     src = write_tree(tmp_path / "src", files)
     manifest = build_manifest(src, name="d")
@@ -144,12 +155,12 @@ def test_a_file_rewritten_while_a_one_pass_pack_reads_it_is_refused(
     src = write_tree(tmp_path / "src", {"a.jpg": b"a" * 100, "b.jpg": b"b" * 5000, "c.jpg": b"c" * 10})
     real = native.tar_reader
 
-    def rewriting(dir_fd: int, members: object, header: object) -> object:
+    def rewriting(dir_fd: int, members: object, header: object, **kw: int) -> object:
         path = src / "b.jpg"  # listed with its size and mtime; rewritten before it is read
         st = path.stat()
         path.write_bytes(b"B" * 5000)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        return real(dir_fd, members, header)  # type: ignore[arg-type]
+        return real(dir_fd, members, header, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(native, "tar_reader", rewriting)
     with pytest.raises(DsagentError, match="'b.jpg' changed while it was packed"):
