@@ -186,7 +186,7 @@ static int hook_says(PyObject *hook, const char *kind, int fd, const char *name)
     return failure;
 }
 
-#include "pool.c"       /* the worker threads the loops share their queues out to */
+#include "pool.c"       /* worker threads and their own descriptor tables: the pack reader, hash_tree */
 #include "unpackloop.c" /* the unpack's member loop: Unpacker */
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dirs */
@@ -227,7 +227,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 19) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 20) < 0) {
         Py_DECREF(m);
         return NULL;
     }

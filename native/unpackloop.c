@@ -1,7 +1,7 @@
 /* The unpack's member loop (included by dsnative.c: one translation unit, it uses its xxh3
  * binding and helpers).
  *
- * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False, threads=1) takes one bundle's manifest
+ * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False) takes one bundle's manifest
  * entries in order (names: a sequence of bytes, the member names, copied into a tuple the
  * object owns; sizes: array('Q') bytes;
  * mtimes: array('q') bytes; digests: 16 raw bytes an entry) and the plain header bundles
@@ -24,21 +24,7 @@
  *   5 ERRNO: creating or writing entry `a` failed with errno `b` (`failed_op` says which
  *     call: 1 the create, 2 a write, 3 setting its mtime, 4 closing it).
  * After 3-5 the object is spent. Every argument may be given by keyword; an unknown keyword
- * is a TypeError.
- *
- * threads (default 1): with more than one, a member whose header, data and padding all lie
- * in the buffer fed is not written at once but queued, and the queue is written by that
- * many threads (this one among them, the others a work_pool of pool.c, each on a table of
- * file descriptors of its own holding only dir_fd) before feed returns, or when it holds
- * JOBS_MAX members: each thread creates, writes, hashes, dates and closes the members it
- * takes exactly as the loop does. The members
- * are independent files, so only the order of the failures matters: the first failure in
- * the bundle's order is the one answered (and `next` stops there), whatever thread met it
- * and whatever later member was written meanwhile (the caller removes what a failed bundle
- * wrote). A member that continues past the buffer is written by the loop, in order, once
- * the queue is written. With the I/O hook set (fault injection) every member is written by
- * the loop, one at a time. The threads are started at the first such write and live until
- * close() or the object's end. `next` is the index of the next entry, `written` the bytes
+ * is a TypeError. `next` is the index of the next entry, `written` the bytes
  * of the entries done, `phase` 0 between members, 1 inside a header, 2 inside member data,
  * 3 inside the padding after it (what a stream ending here lacks).
  */
@@ -72,10 +58,6 @@ typedef struct {
     int busy;    /* a feed is running (without the GIL): a second caller is refused */
     int failed_op; /* after ST_ERRNO: which call failed (OP_*) */
     PyObject *hook; /* the I/O hook of the running feed (a reference of its own), or NULL */
-    int threads;    /* members written on this many threads (1: by the loop, in order) */
-    struct member_job *jobs; /* the queue (JOBS_MAX), allocated at the first queued member */
-    Py_ssize_t njobs;
-    work_pool *pool; /* the writing threads (pool.c), started at the first queue written */
 } Unpacker;
 
 static int octal11(const unsigned char *f, unsigned long long *out) {
@@ -125,17 +107,6 @@ static int write_all(int fd, const unsigned char *p, size_t n, PyObject *hook) {
     return 0;
 }
 
-/* A manifest mtime (ns) as futimens takes it, for both times. */
-static void mtime_spec(long long ns, struct timespec ts[2]) {
-    ts[0].tv_sec = (time_t)(ns / 1000000000LL);
-    ts[0].tv_nsec = (long)(ns % 1000000000LL);
-    if (ts[0].tv_nsec < 0) {
-        ts[0].tv_nsec += 1000000000L;
-        ts[0].tv_sec -= 1;
-    }
-    ts[1] = ts[0];
-}
-
 /* Ends the current member once its padding is read too (the Python loop reads the padding
  * before it compares the digest, so a stream cut in the padding is refused as cut by both):
  * digest, mtime, close. 0 or a status (a = index, b = errno). */
@@ -151,7 +122,14 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
         return ST_DIGEST;
     }
     struct timespec ts[2];
-    mtime_spec(u->mtimes[i], ts);
+    ts[0].tv_sec = ts[1].tv_sec = (time_t)(u->mtimes[i] / 1000000000LL);
+    ts[0].tv_nsec = ts[1].tv_nsec = (long)(u->mtimes[i] % 1000000000LL);
+    if (ts[0].tv_nsec < 0) {
+        ts[0].tv_nsec += 1000000000L;
+        ts[1].tv_nsec = ts[0].tv_nsec;
+        ts[0].tv_sec -= 1;
+        ts[1].tv_sec = ts[0].tv_sec;
+    }
     if (futimens(fd, ts) != 0) {
         *a = i;
         *b = errno;
@@ -168,92 +146,6 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
     u->written += (long long)u->sizes[i];
     u->next = i + 1;
     u->phase = PH_HEADER;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ the writing threads */
-
-#define JOBS_MAX 4096 /* members queued before the queue is written */
-
-typedef struct member_job {
-    Py_ssize_t index;
-    const unsigned char *data; /* in the buffer being fed: written before feed returns */
-    unsigned long long size;
-    int status; /* 0, ST_DIGEST or ST_ERRNO */
-    int err;
-    int op;
-} member_job;
-
-/* One queued member, as the loop writes one: created, written, its digest compared,
- * dated, closed; the first failure in that order is its status. */
-static void write_job(Unpacker *u, member_job *j) {
-    char fname[32];
-    const char *target = fname;
-    if (u->by_name)
-        target = u->name_ptr[j->index];
-    else
-        snprintf(fname, sizeof fname, "%zd", j->index);
-    int fd;
-    do {
-        fd = openat(u->dir_fd, target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) {
-        j->status = ST_ERRNO, j->err = errno, j->op = OP_OPEN;
-        return;
-    }
-    int e = write_all(fd, j->data, (size_t)j->size, NULL);
-    if (e != 0) {
-        close(fd);
-        j->status = ST_ERRNO, j->err = e, j->op = OP_WRITE;
-        return;
-    }
-    unsigned char got[16];
-    canonical(xxh3_128_oneshot(j->data, (size_t)j->size), got);
-    if (memcmp(got, u->digests + 16 * j->index, 16) != 0) {
-        close(fd);
-        j->status = ST_DIGEST;
-        return;
-    }
-    struct timespec ts[2];
-    mtime_spec(u->mtimes[j->index], ts);
-    if (futimens(fd, ts) != 0) {
-        j->status = ST_ERRNO, j->err = errno, j->op = OP_UTIME;
-        close(fd);
-        return;
-    }
-    if (close(fd) != 0 && errno != EINTR) {
-        j->status = ST_ERRNO, j->err = errno, j->op = OP_CLOSE;
-        return;
-    }
-    j->status = 0;
-}
-
-static void write_queued(void *ctx, Py_ssize_t item) {
-    Unpacker *u = ctx;
-    write_job(u, &u->jobs[item]);
-}
-
-/* The queue written (on the threads, this one among them), then read in order: 0, or the
- * first member's failure (a = its index, b = its errno), where `next` stops. */
-static int flush_jobs(Unpacker *u, long long *a, long long *b) {
-    if (u->njobs == 0) return 0;
-    if (u->pool == NULL) u->pool = pool_start(u->threads, u->dir_fd);
-    pool_run(u->pool, write_queued, u, u->njobs);
-    Py_ssize_t count = u->njobs;
-    u->njobs = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        member_job *j = &u->jobs[i];
-        if (j->status != 0) {
-            u->next = j->index;
-            *a = j->index;
-            if (j->status == ST_ERRNO) {
-                *b = j->err;
-                u->failed_op = j->op;
-            }
-            return j->status;
-        }
-        u->written += (long long)j->size;
-    }
     return 0;
 }
 
@@ -325,20 +217,6 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
             st = ST_SIZE;
             break;
         }
-        unsigned long long pad = (512 - size % 512) % 512;
-        if (u->threads > 1 && u->hook == NULL && size + pad <= (unsigned long long)(n - pos) &&
-            (u->jobs != NULL || (u->jobs = malloc(JOBS_MAX * sizeof(member_job))) != NULL)) {
-            member_job *j = &u->jobs[u->njobs++]; /* whole in this buffer: queued */
-            j->index = u->next;
-            j->data = p + pos;
-            j->size = size;
-            j->status = 0;
-            pos += (size_t)(size + pad);
-            u->next++;
-            if (u->njobs == JOBS_MAX && (st = flush_jobs(u, a, b)) != 0) break;
-            continue;
-        }
-        if ((st = flush_jobs(u, a, b)) != 0) break; /* the members before this one first */
         char fname[32];
         snprintf(fname, sizeof fname, "%zd", u->next);
         const char *target = u->by_name ? u->name_ptr[u->next] : fname;
@@ -360,18 +238,10 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
         }
         u->fd = fd;
         u->left = size;
-        u->pad = (size_t)pad;
+        u->pad = (size_t)((512 - size % 512) % 512);
         xxh3_reset(u->state);
         u->phase = PH_DATA;
         if (size == 0 && (st = finish_member(u, a, b)) != 0) break;
-    }
-    /* the queue before whatever stopped the loop: an earlier member's failure comes first */
-    long long qa = 0, qb = 0;
-    int queued = flush_jobs(u, &qa, &qb);
-    if (queued != 0) {
-        st = queued;
-        *a = qa;
-        *b = qb;
     }
     *used = pos;
     return st;
@@ -432,24 +302,7 @@ static PyObject *Unpacker_get_phase(Unpacker *u, void *c) {
     return PyLong_FromLong(u->phase == PH_HEADER && u->hlen > 0 ? 1 : u->phase);
 }
 
-static PyObject *Unpacker_close(Unpacker *u, PyObject *unused) {
-    (void)unused;
-    if (u->busy) {
-        PyErr_SetString(PyExc_ValueError, "feed is running");
-        return NULL;
-    }
-    if (u->pool != NULL) {
-        work_pool *pool = u->pool;
-        u->pool = NULL;
-        Py_BEGIN_ALLOW_THREADS pool_stop(pool);
-        Py_END_ALLOW_THREADS
-    }
-    Py_RETURN_NONE;
-}
-
 static void Unpacker_dealloc(Unpacker *u) {
-    pool_stop(u->pool); /* idle threads: they end at once */
-    free(u->jobs);
     if (u->fd >= 0) close(u->fd);
     if (u->state) xxh3_free(u->state);
     PyMem_Free(u->name_ptr);
@@ -497,19 +350,14 @@ static int name_columns(PyObject *names, const char **ptr, Py_ssize_t *len, int 
 }
 
 static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *keywords[] = {"dir_fd", "names", "sizes", "mtimes", "digests", "template", "by_name", "threads", NULL};
+    static char *keywords[] = {"dir_fd", "names", "sizes", "mtimes", "digests", "template", "by_name", NULL};
     int dir_fd;
     PyObject *names, *sizes, *mtimes, *digests;
     Py_buffer tmpl;
-    int by_name = 0, threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOOOy*|pi", keywords, &dir_fd, &names, &sizes, &mtimes, &digests,
-                                     &tmpl, &by_name, &threads))
+    int by_name = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOOOy*|p", keywords, &dir_fd, &names, &sizes, &mtimes, &digests,
+                                     &tmpl, &by_name))
         return NULL;
-    if (threads < 1) {
-        PyBuffer_Release(&tmpl);
-        PyErr_SetString(PyExc_ValueError, "threads is at least 1");
-        return NULL;
-    }
     /* a tuple of our own: a caller changing its list cannot free a name in use */
     PyObject *owned = PySequence_Tuple(names);
     if (owned == NULL) {
@@ -524,7 +372,6 @@ static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     u->fd = -1;
     u->dir_fd = dir_fd;
     u->by_name = by_name;
-    u->threads = threads;
     u->count = PyTuple_GET_SIZE(owned);
     u->names = owned;
     Py_ssize_t c = u->count ? u->count : 1;
@@ -547,7 +394,6 @@ fail:
 static PyMethodDef Unpacker_methods[] = {
     {"feed", (PyCFunction)Unpacker_feed, METH_O, "feed(buffer) -> (consumed, status, a, b): see native/unpackloop.c."},
     {"skip_to", (PyCFunction)Unpacker_skip_to, METH_O, "skip_to(index): the caller wrote the entries before index."},
-    {"close", (PyCFunction)Unpacker_close, METH_NOARGS, "close(): the writing threads ended (they end with the object too)."},
     {NULL, NULL, 0, NULL},
 };
 

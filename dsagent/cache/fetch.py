@@ -52,7 +52,6 @@ from dsagent.cache.fetchlinks import (
 from dsagent.cache.fetchranges import RangesUnsupported, range_plan, unpack_ranged
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, is_full_disk, local_write_error
-from dsagent.format import native
 from dsagent.format.bundles.bundle import unpack_bundle
 from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
@@ -398,7 +397,6 @@ async def fetch_bundles(
 
     store = source.bundles
     bindable = can_bind(store)
-    write_threads = native.spare_cores(min(workers, len(todo)))  # a lone bundle's files on every core
 
     def from_store(bundle: BundleRef, lease: Lease) -> None:
         tries = [0]
@@ -430,7 +428,6 @@ async def fetch_bundles(
                     storage_options=bound_options(store, source.storage_options, address),
                     progress=count,
                     in_place=True,
-                    write_threads=write_threads,
                 )
             )
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 19
+INTERFACE = 20
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -132,8 +132,8 @@ def describe() -> str:
 
 
 def spare_cores(jobs_at_once: int) -> int:
-    """The threads each of ``jobs_at_once`` bundles packed or unpacked together reads or
-    writes its files on (the loops' ``threads``): the cores shared out, at least one."""
+    """The threads each of ``jobs_at_once`` bundles packed together reads its files on (the
+    pack reader's ``threads``): the cores shared out, at least one."""
     return max(1, (os.cpu_count() or 1) // max(1, jobs_at_once))
 
 
@@ -307,7 +307,6 @@ def extract_members(
     progress: Callable[[int, int], None] | None,
     path: Callable[[int], str],
     by_name: bool = False,
-    threads: int = 1,
 ) -> None:
     """A bundle's members from ``reader`` into ``dir_fd`` (each entry under its index, or with
     ``by_name`` at its path, its directories made beforehand), by the C loop.
@@ -321,9 +320,7 @@ def extract_members(
     a file that cannot be created is an :class:`OSError` naming ``path(index)``, as
     ``os.open`` raises it; a failed write, mtime or close one naming no file, as ``os.write``
     and ``os.utime`` of a descriptor raise it (so ENOSPC, EDQUOT, EFBIG and EEXIST read alike
-    on both paths). ``threads`` > 1: the members whole in a buffer are written on that many
-    threads (native/unpackloop.c), ended before this returns; the first failure in the
-    bundle's order is still the one raised.
+    on both paths).
     """
     assert _native is not None, "the native extension is not built"
     from dsagent.format.tarstream import plain_template  # here: the digest, which imports this module, needs no tar
@@ -331,49 +328,46 @@ def extract_members(
     paths = members.paths
     loop = _native.Unpacker(
         dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
-        members.digests, plain_template(), by_name=by_name, threads=threads,
+        members.digests, plain_template(), by_name=by_name,
     )  # fmt: skip
-    try:
-        while True:
-            view = reader.read(CHUNK_SIZE)
-            if not view:
-                if loop.phase == _IN_DATA:
-                    raise IntegrityError(f"{what} is truncated inside a member", hint="re-fetch or re-pack it")
-                raise IntegrityError(f"{what} ends in the middle of a tar record", hint="re-fetch or re-pack it")
-            first, before = loop.next, loop.written
-            used, status, a, b = loop.feed(view)
-            if loop.next != first:
-                seen.update(paths[first : loop.next])
-                written(loop.written - before)
-                if progress is not None:
-                    progress(loop.written - before, loop.next - first)
-            if status == _MORE:
-                continue
-            if status == _END:
-                reader.unread(view[used:])
+    while True:
+        view = reader.read(CHUNK_SIZE)
+        if not view:
+            if loop.phase == _IN_DATA:
+                raise IntegrityError(f"{what} is truncated inside a member", hint="re-fetch or re-pack it")
+            raise IntegrityError(f"{what} ends in the middle of a tar record", hint="re-fetch or re-pack it")
+        first, before = loop.next, loop.written
+        used, status, a, b = loop.feed(view)
+        if loop.next != first:
+            seen.update(paths[first : loop.next])
+            written(loop.written - before)
+            if progress is not None:
+                progress(loop.written - before, loop.next - first)
+        if status == _MORE:
+            continue
+        if status == _END:
+            reader.unread(view[used:])
+            return
+        if status == _FOREIGN:
+            reader.unread(a + bytes(view[used:]))
+            index = one_member()
+            if index is None:
                 return
-            if status == _FOREIGN:
-                reader.unread(a + bytes(view[used:]))
-                index = one_member()
-                if index is None:
-                    return
-                if index != loop.next:  # out of order: the Python loop's rules for the rest
-                    rest()
-                    return
-                loop.skip_to(index + 1)
-                continue
-            if status == _SIZE:
-                raise IntegrityError(f"{what}: {paths[a]!r} has {b} bytes, the manifest says {members.sizes[a]}")
-            if status == _DIGEST:
-                raise IntegrityError(
-                    f"{what}: {paths[a]!r} does not match its digest",
-                    hint="the bundle is corrupt or was tampered with; re-pack the dataset",
-                )
-            if loop.failed_op == _FAILED_CREATE:
-                raise OSError(b, os.strerror(b), path(a))
-            raise OSError(b, os.strerror(b))
-    finally:
-        loop.close()  # the writing threads end here: none outlives the call
+            if index != loop.next:  # out of order: the Python loop's rules for the rest
+                rest()
+                return
+            loop.skip_to(index + 1)
+            continue
+        if status == _SIZE:
+            raise IntegrityError(f"{what}: {paths[a]!r} has {b} bytes, the manifest says {members.sizes[a]}")
+        if status == _DIGEST:
+            raise IntegrityError(
+                f"{what}: {paths[a]!r} does not match its digest",
+                hint="the bundle is corrupt or was tampered with; re-pack the dataset",
+            )
+        if loop.failed_op == _FAILED_CREATE:
+            raise OSError(b, os.strerror(b), path(a))
+        raise OSError(b, os.strerror(b))
 
 
 def set_io_hook(hook: Callable[[str, int, bytes | None], object] | None) -> None:

@@ -85,9 +85,7 @@ _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 #: errors of a rename into the target that mean something is in the way there (a conflict)
 _IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
-__all__ = [
-    "STAGING_DIR", "create_empty_directories", "unpack", "unpack_bundle", "unpack_bundle_stream", "verify_tree",
-]  # fmt: skip
+__all__ = ["STAGING_DIR", "create_empty_directories", "unpack", "unpack_bundle", "unpack_bundle_stream", "verify_tree"]
 
 
 # --------------------------------------------------------------------------- member checks
@@ -175,7 +173,7 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 def _extract_stream(
     raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
-    native: bool, write_threads: int = 1,
+    native: bool,
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
     # from the columns: an entry is built as a FileEntry only when its member arrives
@@ -185,7 +183,7 @@ def _extract_stream(
     with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
         loop = _Members(reader, members, bundle, staging, progress, expected, seen)
         if native:
-            loop.native(write_threads)
+            loop.native()
         else:
             loop.rest()
         reader.drain()
@@ -237,15 +235,14 @@ class _Members:
         while self.one() is not None:
             pass
 
-    def native(self, threads: int) -> None:
-        """The C loop (:func:`dsagent.format.native.extract_members`, writing on ``threads``
-        threads), to the end of the archive."""
+    def native(self) -> None:
+        """The C loop (:func:`dsagent.format.native.extract_members`), to the end of the archive."""
         dir_fd = os.open(self.staging.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             native_loops.extract_members(
                 self.reader, dir_fd, self.members, self.what, seen=self.seen, one_member=self.one, rest=self.rest,
                 written=lambda nbytes: self.writeback.written(dir_fd, nbytes), progress=self.progress,
-                path=self.staging.path, by_name=self.staging.in_place, threads=threads,
+                path=self.staging.path, by_name=self.staging.in_place,
             )  # fmt: skip
         finally:
             os.close(dir_fd)
@@ -322,7 +319,6 @@ def unpack_bundle(
     durable: bool = True,
     native: bool | None = None,
     in_place: bool = False,
-    write_threads: int = 1,
 ) -> None:
     """Extract one bundle's files into the existing directory ``dest_dir``, verified.
 
@@ -344,9 +340,8 @@ def unpack_bundle(
             raw = open_one_version(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
         with raw:
             unpack_bundle_stream(
-                raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place,
-                write_threads=write_threads,
-            )  # fmt: skip
+                raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place
+            )
 
 
 def unpack_bundle_stream(
@@ -359,7 +354,6 @@ def unpack_bundle_stream(
     durable: bool = True,
     native: bool | None = None,
     in_place: bool = False,
-    write_threads: int = 1,
 ) -> None:
     """:func:`unpack_bundle` from an already open stream of the bundle's bytes (a peer's
     response, read as it arrives): the same checks, the same all-or-nothing result.
@@ -370,9 +364,7 @@ def unpack_bundle_stream(
     :class:`RuntimeError` when it is not built. Both write the same files and raise the
     same errors. ``in_place`` writes each file at its path in ``dest_dir`` (no staging, no
     renames), for a caller whose ``dest_dir`` is a private stage it removes whole on any
-    error (:func:`unpack`): then an error leaves part of the bundle there. ``write_threads``:
-    the C loop writes the files on that many threads (native/unpackloop.c), for a caller
-    that unpacks this bundle alone on a machine with cores to spare."""
+    error (:func:`unpack`): then an error leaves part of the bundle there."""
     native = native_loops.chosen(native)
     dest = Path(dest_dir)
     if not dest.is_dir():
@@ -384,7 +376,7 @@ def unpack_bundle_stream(
         since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
-            _extract_stream(raw, members, bundle, staging, progress, native, write_threads)
+            _extract_stream(raw, members, bundle, staging, progress, native)
             if not in_place:
                 _publish(staging, dest, members, durable)
             elif durable:
@@ -416,9 +408,9 @@ def _locked(progress: Progress | None) -> Progress | None:
     return report
 
 
-#: What an unpacking job reads: the store, the manifest, the stage, the storage options, the
-#: choice of member loop and the threads a bundle's files are written on.
-_Job = tuple[str | os.PathLike[str], Manifest, Path, Options, bool | None, int]
+#: What an unpacking job reads: the store, the manifest, the stage, the storage options and
+#: the choice of member loop.
+_Job = tuple[str | os.PathLike[str], Manifest, Path, Options, bool | None]
 #: The job the forked unpacking processes share with their parent (:func:`_in_processes`):
 #: set just before they are forked, so that a task is only a bundle's index.
 _FORKED: _Job | None = None
@@ -426,12 +418,12 @@ _FORKED: _Job | None = None
 
 def _unpack_forked(index: int) -> None:
     assert _FORKED is not None
-    store, manifest, stage, storage_options, native, write_threads = _FORKED
+    store, manifest, stage, storage_options, native = _FORKED
     writeback = writeback_for(stage)  # this process's own background flushes: their errors are checked here
     since = writeback.mark()
     unpack_bundle(
         store, manifest, manifest.bundles[index], stage, storage_options=storage_options, durable=False, native=native,
-        in_place=True, write_threads=write_threads,
+        in_place=True,
     )  # fmt: skip
     with _local_writes(stage):
         writeback.check(since)
@@ -481,28 +473,25 @@ def _unpack_bundles(
     native: bool | None = None,
 ) -> None:
     """Every bundle of ``manifest`` into ``stage``: one after another, in forked processes
-    where this process may fork (Linux, no other thread), else on threads. The cores left
-    over write each bundle's files (``write_threads``: the cores over the bundles at once)."""
+    where this process may fork (Linux, no other thread), else on threads."""
     from dsagent.format.digestpool import can_fork
 
-    at_once = max(1, min(count, len(manifest.bundles)))
-    write_threads = native_loops.spare_cores(at_once)
-    if at_once == 1:
+    if count <= 1 or len(manifest.bundles) <= 1:
         for bundle in manifest.bundles:
             unpack_bundle(
                 store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False,
-                native=native, in_place=True, write_threads=write_threads,
+                native=native, in_place=True,
             )  # fmt: skip
         return
     if can_fork():
-        _in_processes((store, manifest, stage, storage_options, native, write_threads), progress, at_once)
+        _in_processes((store, manifest, stage, storage_options, native), progress, min(count, len(manifest.bundles)))
         return
     shared = _locked(progress)
     with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
         futures = [
             pool.submit(
                 unpack_bundle, store, manifest, b, stage, storage_options=storage_options, progress=shared,
-                durable=False, native=native, in_place=True, write_threads=write_threads,
+                durable=False, native=native, in_place=True,
             )
             for b in manifest.bundles
         ]  # fmt: skip

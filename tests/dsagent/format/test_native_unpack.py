@@ -8,11 +8,9 @@ saying why, without a C compiler).
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 import tarfile
-from array import array
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -66,15 +64,13 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Manife
     return src, store, pack(src, store, name="d")
 
 
-@pytest.mark.parametrize("cores", [1, 6])
 @pytest.mark.parametrize("piece", [CHUNK_SIZE, 333, 512, 7])
 def test_both_loops_unpack_the_same_tree(
-    packed: tuple[Path, Path, Manifest], tmp_path: Path, with_native: ModuleType, piece: int, cores: int,
+    packed: tuple[Path, Path, Manifest], tmp_path: Path, with_native: ModuleType, piece: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     src, store, manifest = packed
     monkeypatch.setattr(native, "CHUNK_SIZE", piece)  # headers and data cut across the buffers fed
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)  # one bundle: its files written on every core
     counted: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
     for use in (False, True):
 
@@ -209,11 +205,11 @@ def _replace_bundle(store: Path, manifest: Manifest, tar: bytes) -> None:
     )
 
 
-def _outcome(store: Path, manifest: Manifest, target: Path, use: bool, threads: int = 1) -> tuple[str, str]:
+def _outcome(store: Path, manifest: Manifest, target: Path, use: bool) -> tuple[str, str]:
     target.mkdir()
     (target / "kept").write_bytes(b"k")
     try:
-        unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, write_threads=threads)
+        unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
     except DsagentError as exc:
         assert sorted(os.listdir(target)) == ["kept"]  # nothing of the bundle, no staging left
         return type(exc).__name__, str(exc)
@@ -242,11 +238,10 @@ def test_both_loops_refuse_a_hostile_dataset_alike(
     assert _dataset_outcome(store, tmp_path / "native", True) == pure
 
 
-@pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("piece", [CHUNK_SIZE, 100])
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_both_loops_refuse_a_hostile_bundle_alike(
-    kind: str, piece: int, threads: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType,
+    kind: str, piece: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     store, manifest = small
@@ -254,7 +249,7 @@ def test_both_loops_refuse_a_hostile_bundle_alike(
     _replace_bundle(store, manifest, HOSTILE[kind]())
     pure = _outcome(store, manifest, tmp_path / "pure", False)
     assert pure[0] in ("UnsafeArchive", "IntegrityError"), pure
-    assert _outcome(store, manifest, tmp_path / "native", True, threads) == pure
+    assert _outcome(store, manifest, tmp_path / "native", True) == pure
     assert not Path("/tmp/dsagent-evil-abs").exists()
     assert not (tmp_path / "evil").exists()
 
@@ -282,7 +277,6 @@ def test_a_cut_bundle_object_is_refused_alike(
     pure = _outcome(store, manifest, tmp_path / "pure", False)
     assert pure[0] == "IntegrityError", pure
     assert _outcome(store, manifest, tmp_path / "native", True) == pure
-    assert _outcome(store, manifest, tmp_path / "threads", True, 4) == pure
 
 
 def test_the_unpacker_refuses_columns_that_do_not_match(with_native: ModuleType) -> None:
@@ -417,75 +411,6 @@ def test_the_unpacker_owns_its_names(small: tuple[Path, Manifest], tmp_path: Pat
         os.close(fd)
     assert status == 2 and loop.next == len(paths) and tupled.next == 0
     assert sorted(os.listdir(target)) == sorted(str(i) for i in range(len(paths)))
-
-
-def _many(count: int) -> tuple[list[str], list[bytes], dict[str, object]]:
-    """``count`` small members of one directory: their names, their tar members, and the
-    Unpacker's other columns."""
-    import xxhash
-
-    from dsagent.format.tarstream import plain_template
-
-    names = [f"f{i:03d}" for i in range(count)]
-    datas = [random.Random(i).randbytes(100 + 37 * i) for i in range(count)]
-    digests = b"".join(xxhash.xxh3_128_digest(d) for d in datas)
-    columns = {
-        "sizes": array("Q", [len(d) for d in datas]), "mtimes": array("q", [10**18 + i for i in range(count)]),
-        "digests": digests, "template": plain_template(),
-    }  # fmt: skip
-    return names, [_member(n, d) for n, d in zip(names, datas)], columns
-
-
-@pytest.mark.parametrize("threads", [1, 2, 8])
-def test_the_first_failure_in_the_bundles_order_is_the_one_answered_on_any_number_of_threads(
-    tmp_path: Path, with_native: ModuleType, threads: int
-) -> None:
-    names, members, columns = _many(200)
-    damaged = bytearray(members[7])
-    damaged[600] ^= 0xFF  # member 7's data: it no longer matches its digest
-    members[7] = bytes(damaged)
-    target = tmp_path / "t"
-    target.mkdir()
-    (target / "150").write_bytes(b"in the way")  # member 150 cannot be created (by index)
-    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        loop = with_native.Unpacker(fd, [n.encode() for n in names], threads=threads, **columns)
-        used, status, a, _ = loop.feed(b"".join([*members, _END]))
-        assert (status, a, loop.next) == (4, 7, 7)  # DIGEST, member 7, stopped there
-        members[7] = _member(names[7], random.Random(7).randbytes(100 + 37 * 7))
-        for name in os.listdir(target):
-            if name != "150":
-                os.unlink(target / name)
-        again = with_native.Unpacker(fd, [n.encode() for n in names], threads=threads, **columns)
-        _, status, a, b = again.feed(b"".join([*members, _END]))
-        assert (status, a, b, again.failed_op, again.next) == (5, 150, errno.EEXIST, 1, 150)  # ERRNO at the create
-        assert again.written == sum(100 + 37 * i for i in range(150))
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.parametrize("threads", [1, 3])
-def test_written_files_carry_their_bytes_and_mtimes_and_no_thread_outlives_the_unpack(
-    tmp_path: Path, with_native: ModuleType, threads: int
-) -> None:
-    names, members, columns = _many(64)
-    target = tmp_path / "t"
-    target.mkdir()
-    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
-    tasks = set(os.listdir("/proc/self/task"))
-    try:
-        loop = with_native.Unpacker(fd, [n.encode() for n in names], by_name=True, threads=threads, **columns)
-        _, status, _, _ = loop.feed(b"".join([*members, _END]))
-        loop.close()
-    finally:
-        os.close(fd)
-    assert not set(os.listdir("/proc/self/task")) - tasks  # no writing thread outlives close()
-    assert status == 2 and loop.next == 64
-    for i, name in enumerate(names):
-        assert (target / name).read_bytes() == random.Random(i).randbytes(100 + 37 * i)
-        assert (target / name).stat().st_mtime_ns == 10**18 + i
-    with pytest.raises(ValueError, match="at least 1"):
-        with_native.Unpacker(0, [n.encode() for n in names], threads=0, **columns)
 
 
 def _errors_alike(outcomes: list[tuple[str, str]], *where: Path) -> list[tuple[str, str]]:
