@@ -133,6 +133,7 @@ def stripe_status(
     (:func:`dsagent.policy.copies.tally` of ``inventories``, made here when not given)."""
     mode = parse_stripe(spec.get("stripe"))
     size = count(status.get("bytes"))
+    digest = status.get("digest")
     store = spec.get("bundles")
     earlier = [r for r in (status.get("stripe") or {}).get("nodes") or [] if isinstance(r, dict)]  # last pass's
     before = [str(r.get("node")) for r in earlier]
@@ -165,9 +166,12 @@ def stripe_status(
         if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
             continue
         listed = (inv.get("stripes") or {}).get(name) or {}
+        if listed.get("digest") != digest:  # another version's share holds none of this one's bundles
+            listed = {}
         held = count(listed.get("heldBytes"))  # of its share's bundles
-        whole = (inv.get("datasets") or {}).get(name) or {}
-        held_bytes = held or (count(whole.get("sizeBytes")) if whole.get("state") == "ready" else 0)
+        ready = [v for v in wire_inventory.versions_of(inv, name) if v.get("state") == "ready"]
+        copy = next((v for v in ready if v.get("digest") == digest), {})
+        held_bytes = held or count(copy.get("sizeBytes"))
         free = count(inv.get("freeBytes"))
         keeping = {key for key, keeper in kept.items() if keeper == node}
         candidates.append(

@@ -583,6 +583,34 @@ def test_a_member_holding_the_version_whole_keeps_it_whole_and_an_unpacked_copy_
     assert asked.get("n3") is not True
 
 
+def test_a_share_or_copy_of_another_version_is_not_taken_for_this_one() -> None:
+    # n2's stripes entry holds every bundle of the version before (an agent lists the newest
+    # version it takes part in), n3 holds a ready unpacked copy of it: neither holds this
+    # version, so neither is asked to keep it whole, and both count as holding none of it
+    old = "0" * 64
+    whole_old = {"big": {"digest": old, "sizeBytes": 150 * GB, "heldBytes": 150 * GB, "windowBytes": 0, "members": 1}}
+    ready_old = {"big": {"digest": old, "sizeBytes": 150 * GB, "state": "ready", "files": 1, "inUse": False,
+                         "lastUsed": 0}}  # fmt: skip
+
+    def inv(stripes: dict[str, Any], datasets: dict[str, Any]) -> dict[str, Any]:
+        return {"version": 1, "freeBytes": 100 * GB, "capacityBytes": 400 * GB, "features": list(FEATURES),
+                "datasets": datasets, "stripes": stripes}  # fmt: skip
+
+    invs = {"n1": inv({}, {}), "n2": inv(whole_old, {}), "n3": inv({}, ready_old)}
+    asked: dict[str, Any] = {}
+
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+        asked[node] = body
+        return 200, {"complete": False, "bytesHeld": 0, "bytesOwned": 0}
+
+    answer = stripe_status(
+        "big", {"stripe": "auto", "bundles": "s3://s/p"}, {"bytes": 150 * GB, "digest": DIGEST}, invs,
+        agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
+    )  # fmt: skip
+    assert not any(body.get("whole") is True for body in asked.values()), asked
+    assert all(row.get("holding") != HOLDING_WHOLE for row in answer["nodes"])
+
+
 def test_a_group_that_lets_a_whole_copy_go_releases_it_kept_and_a_late_inventory_does_not_count_it_short() -> None:
     # a 150 GB version fits n2 and n3, the job's nodes; n1 held it whole for a job that
     # ended and is no longer wanted: it is released with keep=whole (its agent keeps the
