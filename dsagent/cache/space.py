@@ -50,7 +50,8 @@ log = logging.getLogger("dsagent")
 class Shares(Protocol):
     """What the space reads of this node's stripe shares (:class:`dsagent.cache.striped.stripes.StripeShares`)."""
 
-    def usage(self) -> Sequence[tuple[Key, int, float, bool, bool]]: ...  # key, bytes, last used, busy, whole
+    # key, bytes, last used, busy, whole, kept (a whole copy with no lease)
+    def usage(self) -> Sequence[tuple[Key, int, float, bool, bool, bool]]: ...
 
     def total_bytes(self) -> int: ...
 
@@ -214,9 +215,12 @@ class Space:
                 fetching=busy,
                 striped=True,
                 whole=whole,
+                kept=kept,
                 copies=(self.copies.others(name, digest, ready_here=True, now=now) if whole else None),
             )
-            for (name, digest), size, last_used, busy, whole in (self.shares.usage() if self.shares is not None else ())
+            for (name, digest), size, last_used, busy, whole, kept in (
+                self.shares.usage() if self.shares is not None else ()
+            )
         ]
         return shares + [
             eviction.Candidate(

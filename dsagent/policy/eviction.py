@@ -47,6 +47,7 @@ class Candidate:
     copies: int | None = None  # other nodes holding this very version ready; None: unknown
     striped: bool = False  # this node's share of a striped version (docs/design-striping.md)
     whole: bool = False  # a share holding every bundle: ranked as a whole copy, by ``copies``
+    kept: bool = False  # a whole share no group holds any more (released ``keep=whole``): a copy like any
 
     @property
     def other_copies(self) -> int:
@@ -132,15 +133,17 @@ def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, rat
 
 
 def idle_victims(candidates: Iterable[Candidate], *, now: float, idle_ttl: float) -> tuple[Candidate, ...]:
-    """Evictable datasets unused for longer than ``idle_ttl`` seconds (0 disables), LRU first."""
+    """Evictable datasets unused for longer than ``idle_ttl`` seconds (0 disables), LRU first:
+    a whole copy kept with no lease too, not a share a group holds (its lease decides)."""
     if idle_ttl <= 0:
         return ()
-    return tuple(c for c in lru_order(candidates) if now - c.last_used > idle_ttl and not c.striped)
+    return tuple(c for c in lru_order(candidates) if now - c.last_used > idle_ttl and (c.kept or not c.striped))
 
 
 def unused_victims(candidates: Iterable[Candidate]) -> tuple[Candidate, ...]:
-    """Every evictable dataset, LRU first (``dsctl evict --all-unused``); not shares."""
-    return tuple(c for c in lru_order(candidates) if not c.striped)
+    """Every evictable dataset, LRU first (``dsctl evict --all-unused``): a whole copy kept
+    with no lease too, not a share a group holds."""
+    return tuple(c for c in lru_order(candidates) if c.kept or not c.striped)
 
 
 __all__ = [

@@ -83,6 +83,7 @@ class ShareUsage(NamedTuple):
     last_used: float
     busy: bool
     whole: bool  # every bundle on disk: ranked for eviction as a whole copy
+    kept: bool = False  # a whole copy no group holds (released keep=whole): no lease, idle like any copy
 
 
 class StripeShares(ShareFill):
@@ -365,7 +366,8 @@ class StripeShares(ShareFill):
             read = not share.holders.isdisjoint(self.reading)  # read_by stores the use once they end
             busy = share.readers > 0 or share.fetching or read
             out.append(ShareUsage(key, share.disk_bytes(self.disk) + window.get(key, 0),
-                                  now if read else share.last_used, busy, share.complete_whole))  # fmt: skip
+                                  now if read else share.last_used, busy, share.complete_whole,
+                                  math.isinf(share.expires)))  # fmt: skip
         return out
 
     def read_by(self, datasets: Collection[Holder]) -> None:

@@ -137,6 +137,11 @@ def test_stripe_shares_go_after_replicated_copies_and_before_last_copies() -> No
     # shares have leases of their own: neither the idle sweep nor --all-unused takes them
     assert share not in idle_victims(candidates, now=1e9, idle_ttl=1)
     assert share not in unused_victims(candidates)
+    # a whole copy kept with no lease after its group let it go is a copy like any
+    kept = Candidate("kept", D, 30, 9.0, striped=True, whole=True, kept=True)
+    assert kept in idle_victims([*candidates, kept], now=1e9, idle_ttl=1)
+    assert kept in unused_victims([*candidates, kept])
+    assert kept not in idle_victims([*candidates, kept], now=10.0, idle_ttl=5)  # used 1 s ago
 
 
 def test_a_share_holding_every_bundle_ranks_as_a_whole_copy() -> None:

@@ -6,6 +6,8 @@ bundle store over loopback HTTP, the clock injected; docs/design-striping.md#evi
   by an eviction, and its age counts from when they end.
 - A share holding every bundle ranks as a whole copy: with another copy in the cluster it
   goes before another group's share, as the last copy it goes after it.
+- A whole copy kept after its group let it go has no lease: the idle sweep removes it once
+  it is unused past the idle bound, as any copy; a share a group holds is its lease's.
 """
 
 from __future__ import annotations
@@ -146,5 +148,30 @@ def test_a_whole_copy_released_with_keep_stays_with_no_lease_across_a_restart(
             assert status["complete"] and status["holding"] == "whole", status
             await service.stripes.release("imgs")  # an operator's release drops it
             assert _usage(service) == {}
+
+    asyncio.run(run())
+
+
+def test_the_idle_sweep_removes_a_kept_whole_copy_and_leaves_a_held_share(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    url, clock, settings = _node(tmp_path, loopback)
+    settings = settings.model_copy(update={"idle_ttl": 600.0})
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            await _held(service, url, "imgs", whole=True)
+            await _held(service, url, "other", whole=True)
+            await service.stripes.release("imgs", keep_whole=True)  # the group let this node go
+            clock.now += 601
+            await _held(service, url, "other", whole=True)  # its group renews it: a lease, not use
+            service.stripes.read_by({("ml", "imgs")})  # a pod reads the kept copy: in use
+            await service.sweep()
+            assert set(_usage(service)) == {"imgs", "other"}
+            service.stripes.read_by(set())  # the pod ends: unused from now
+            clock.now += 601
+            await _held(service, url, "other", whole=True)
+            await service.sweep()
+            assert set(_usage(service)) == {"other"}  # the kept copy went; the held share stays
 
     asyncio.run(run())
