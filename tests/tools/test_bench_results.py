@@ -50,6 +50,15 @@ def test_one_ratio_on_two_machine_sizes_is_one_row_with_a_column_each() -> None:
     ]
 
 
+def test_a_run_that_leaves_rows_out_says_which_and_why_on_the_page() -> None:
+    run = {"bench": "bundle", "started": "2026-01-02T03:04:05Z", "host": {"cpus": 16}, "load_start": [0.1],
+           "load_end": [0.2], "ratios": [{"name": "pack vs tar", "value": 1.2, "goal": 1.5}], "rows": [],
+           "excluded": "unpack: taken with a build that was not kept"}  # fmt: skip
+    page = results.render([run])
+    assert "Left out of the run of 2026-01-02T03:04:05Z: unpack: taken with a build that was not kept." in page
+    assert "Left out" not in results.render([{**run, "excluded": None}])
+
+
 def test_a_new_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
     run = {
         "bench": "bundle",

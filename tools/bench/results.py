@@ -163,6 +163,9 @@ def render(runs: list[dict[str, Any]]) -> str:
                     f"| {_verdict(value, goal)} | {_cell(ratio.get('note', ''))} | {load} | {where} | {_cell(params)} |"
                 )
         lines.append("")
+        for run in mine:  # rows a run's JSON leaves out, and why (its own "excluded" field)
+            if run.get("excluded"):
+                lines += [f"Left out of the run of {run.get('started', '?')}: {run['excluded']}.", ""]
         lines += ["<details><summary>timed rows</summary>", "", "| step | side | wall s | CPU s |", "|---|---|---|---|"]
         for run in mine:
             for row in run.get("rows", []):
