@@ -10,9 +10,10 @@ inputs (no API, no clock):
   of a striped version); ``status.readyNodes`` are its ready ones; :func:`held_versions`
   is the same for one node at every digest it lists;
 - :func:`cache_status`: ``status.phase``, ``status.cache`` (cached bytes, percentages,
-  nodes ready / fetching / failed) and ``status.conditions`` (``Ready``, ``Packing``,
-  ``Degraded``) following the Kubernetes API conventions: a condition's
-  ``lastTransitionTime`` moves only when its status flips;
+  nodes ready / fetching / failed, and the nodes whose stripe share holds every bundle: the
+  group's whole copies and those kept after the group let them go) and
+  ``status.conditions`` (``Ready``, ``Packing``, ``Degraded``) following the Kubernetes
+  API conventions: a condition's ``lastTransitionTime`` moves only when its status flips;
 - :func:`changes`: the Events between the last status and the new one (cached on a node,
   caching started, failed, no longer cached, ready, packed, pack failed).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from dsplatform.wire.inventory import versions_of
+from dsplatform.wire.inventory import versions_of, whole_share
 
 JSON = dict[str, Any]
 
@@ -43,6 +44,7 @@ class Holding(NamedTuple):
     state: str  # "ready", "fetching", "failed" or "share" (a striped version's share)
     held_bytes: int
     size_bytes: int
+    whole: bool = False  # a share holding every bundle: a whole copy (a member's, or one kept)
 
 
 def holdings(inventories: Mapping[str, Mapping[str, Any]], name: str, digest: str | None) -> dict[str, Holding]:
@@ -94,7 +96,9 @@ def holding(inv: Mapping[str, Any], name: str, digest: str) -> Holding | None:
     stripes = inv.get("stripes")
     share = stripes.get(name) if isinstance(stripes, Mapping) else None
     if isinstance(share, Mapping) and share.get("digest") == digest:
-        return Holding("share", _whole(share.get("heldBytes")), _whole(share.get("sizeBytes")))
+        return Holding(
+            "share", _whole(share.get("heldBytes")), _whole(share.get("sizeBytes")), whole_share(inv, name, digest)
+        )
     return None
 
 
@@ -114,6 +118,7 @@ def cache_status(
     fetching = sorted(n for n, h in held.items() if h.state == "fetching")
     failed = sorted(n for n, h in held.items() if h.state == "failed")
     shares = [h for h in held.values() if h.state == "share"]
+    whole = sorted(n for n, h in held.items() if h.whole)
     cached = sum(h.held_bytes for h in held.values())
     striped_whole = bool(shares) and size > 0 and sum(h.held_bytes for h in shares) >= size
     best = max((h.held_bytes for h in held.values()), default=0)
@@ -130,6 +135,8 @@ def cache_status(
     }
     if shares:
         cache["stripeMembers"] = len(shares)
+        cache["nodesWholeShare"] = len(whole)  # a share holding every bundle: a member's, or one kept
+        cache["wholeShareNodes"] = whole[:NODES_LISTED]
     packing = pack_state in ("Pending", "Running")
     pack_failed = pack_state in ("Failed", "SourceUnreadable")
     if packing and not digest:
@@ -152,6 +159,7 @@ def cache_status(
             reason="Cached" if is_ready else phase,
             message=(
                 f"{len(ready)} node(s) hold {_short(digest)} whole" if ready
+                else f"{len(whole)} node(s) hold {_short(digest)} whole as a stripe share" if whole
                 else "the stripe group holds every byte" if striped_whole
                 else f"{len(fetching)} node(s) fetching" if fetching
                 else "no node holds the current version"

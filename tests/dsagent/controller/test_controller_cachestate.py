@@ -157,6 +157,26 @@ def test_holdings_take_only_the_current_digest_and_skip_hostile_fields() -> None
     assert cachestate.holdings(inventories, "x", None) == {}
 
 
+def test_nodes_whose_share_holds_every_bundle_are_listed_as_whole_copies(schema: dict[str, Any]) -> None:
+    # n1 holds every bundle as a member, n2 a copy kept after its group let it go (both list
+    # a whole share), n3 a part of the version: only the first two are whole copies
+    def share(held: int) -> dict[str, Any]:
+        return {"datasets": {}, "stripes": {"x": {"digest": DIGEST, "sizeBytes": 1000, "heldBytes": held}}}
+
+    held = cachestate.holdings({"n1": share(1000), "n2": share(1000), "n3": share(400)}, "x", DIGEST)
+    assert [n for n, h in held.items() if h.whole] == ["n1", "n2"] and not held["n3"].whole
+    status = cachestate.cache_status(
+        held, digest=DIGEST, size_bytes=1000, pack_state=None, previous={}, generation=1, now=format_time(NOW)
+    )
+    assert status["cache"]["nodesWholeShare"] == 2 and status["cache"]["wholeShareNodes"] == ["n1", "n2"]
+    assert status["phase"] == "Ready"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == f"2 node(s) hold {DIGEST[:12]} whole as a stripe share"
+    cache = schema["properties"]["status"]["properties"]["cache"]
+    assert {"nodesWholeShare", "wholeShareNodes"} <= cache["properties"].keys()  # kept, not pruned
+    jsonschema.validate(status, schema["properties"]["status"])
+
+
 @pytest.mark.parametrize(
     ("digest", "pack", "held", "phase"),
     [
