@@ -337,7 +337,8 @@ def test_dsctl_plan_prints_the_extenders_plan_for_a_person(capsys: pytest.Captur
     from click.testing import CliRunner
 
     from dsagent.cli import main as dsctl
-    from dsagent.cli.plan import plan as plan_command
+    from dsagent.cli.group import cli  # through the group, as a user runs it: a command invoked alone
+    # keeps the help option of its own context (no -h) for the rest of the process
 
     with serving(create_app(Settings())) as url, httpx.Client(base_url=url, timeout=30) as http:
         post(
@@ -347,8 +348,9 @@ def test_dsctl_plan_prints_the_extenders_plan_for_a_person(capsys: pytest.Captur
         )
         runner = CliRunner()
         done = runner.invoke(
-            plan_command,
+            cli,
             [
+                "plan",
                 "--extender",
                 url,
                 "--gradient-bytes",
@@ -370,7 +372,7 @@ def test_dsctl_plan_prints_the_extenders_plan_for_a_person(capsys: pytest.Captur
         )
         # eq. (6): 80 s on one GPU x 0.3125 = the same 25 s
         args = ["--extender", url, "--gradient-bytes", "1kB", "--step-seconds", "1s", "--steps", "80"]
-        by_factor = runner.invoke(plan_command, [*args, "--deadline-factor", "0.3125", "--max-gpus", "4"])
+        by_factor = runner.invoke(cli, ["plan", *args, "--deadline-factor", "0.3125", "--max-gpus", "4"])
         assert by_factor.exit_code == 0 and by_factor.output.splitlines()[0] == done.output.splitlines()[0]
         # a refused query is the tree's InvalidInput: dsctl's edge prints one line, exit 2
         with pytest.raises(SystemExit) as refused:

@@ -343,7 +343,10 @@ def test_hostile_dataset_fields_cannot_become_pack_flags(
     apiserver: FakeApiServer, api_client: Any, tmp_path: Path
 ) -> None:
     """The Job's dsctl parses a source that looks like a flag as the source, never as --publish."""
+    import click
+
     from dsagent.cli.bundles import pack
+    from dsagent.cli.group import cli
 
     ds = make_dataset("evil", namespace="ml", source="--publish=kube-system", bundles="--level=99")
     ds["spec"]["pack"] = {"auto": True, "level": True, "maxFiles": "1"}  # wrong types are ignored
@@ -353,7 +356,10 @@ def test_hostile_dataset_fields_cannot_become_pack_flags(
     [job] = apiserver.list("jobs")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["pack", "--name", "evil", "--to", "--level=99", "--publish", "ml", "--", "--publish=kube-system"]
-    context = pack.make_context("pack", args[1:])  # how the Job's dsctl parses them
+    # how the Job's dsctl parses them: under the group's context (a context of its own would
+    # leave the command's help option without -h for the rest of the process)
+    parent = click.Context(cli, info_name="dsctl", **cli.context_settings)
+    context = pack.make_context("pack", args[1:], parent=parent)
     assert context.params["source"] == "--publish=kube-system"
     assert context.params["publish_namespace"] == "ml" and context.params["store"] == "--level=99"
     assert context.params["level"] == 1
