@@ -128,6 +128,27 @@ static int hash_one(int dir_fd, const char *name, unsigned char *buf, size_t cap
     return total == *expected ? 0 : -1;
 }
 
+/* A str path as os.fsencode spells it, kept alive for the caller: an ASCII str's own
+ * characters, else its encoding, appended to `holder`; *length its bytes; NULL with an
+ * error set. A NUL inside is the caller's to refuse (it is opened as a C string). */
+static const char *fs_path(PyObject *str, PyObject *holder, Py_ssize_t *length) {
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(str) < 0) return NULL;
+#endif
+    if (PyUnicode_IS_ASCII(str)) {
+        *length = PyUnicode_GET_LENGTH(str);
+        return (const char *)PyUnicode_DATA(str);
+    }
+    PyObject *encoded = PyUnicode_EncodeFSDefault(str);
+    if (encoded == NULL || PyList_Append(holder, encoded) != 0) {
+        Py_XDECREF(encoded);
+        return NULL;
+    }
+    Py_DECREF(encoded); /* the holder keeps it */
+    *length = PyBytes_GET_SIZE(encoded);
+    return PyBytes_AS_STRING(encoded);
+}
+
 /* A new object of `type` with the 512-byte header template `tmpl` copied in at `offset`
  * (released either way); NULL with an error set when it is not one block. */
 static PyObject *new_with_template(PyTypeObject *type, Py_buffer *tmpl, size_t offset) {

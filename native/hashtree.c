@@ -115,12 +115,14 @@ static void *tree_thread(void *arg) {
     return NULL;
 }
 
-/* An encoded name the call keeps alive: ASCII text is read in place (the str is held by
- * the call's own tuple), anything else is encoded as os.fsencode does into `holder`. */
+/* An encoded name the call keeps alive: a str as fs_path (dsnative.c) spells it (an ASCII
+ * one read in place, held by the call's own tuple), anything else encoded as os.fsencode
+ * does into `holder`. */
 static const char *encoded_name(PyObject *name, PyObject *holder) {
-    if (PyUnicode_Check(name) && PyUnicode_IS_READY(name) && PyUnicode_IS_ASCII(name)) {
-        const char *text = (const char *)PyUnicode_DATA(name);
-        if ((Py_ssize_t)strlen(text) != PyUnicode_GET_LENGTH(name)) {
+    if (PyUnicode_Check(name)) {
+        Py_ssize_t length;
+        const char *text = fs_path(name, holder, &length);
+        if (text != NULL && (Py_ssize_t)strlen(text) != length) {
             PyErr_SetString(PyExc_ValueError, "embedded null byte");
             return NULL;
         }

@@ -103,32 +103,38 @@ static void plain_header(TarReader *r, Py_ssize_t i) {
     h[155] = ' ';
 }
 
+/* What the loop answers for member i that read longer than it was listed. */
+static int longer_than_listed(const TarReader *r, Py_ssize_t i) {
+    return is_zero16(r->expected + 16 * i) ? TR_CHANGED : TR_DIGEST;
+}
+
+/* Member i read to its end (`done` bytes; its digest in r->found; `fd` still open),
+ * checked as the Python loop checks it: 0, TR_DIGEST (digested before: now another size
+ * or digest), TR_CHANGED (not digested yet: not the size it was listed with, or its size or
+ * mtime changed while it was read; *b the bytes read) or TR_ERRNO (*b the fstat's errno). */
+static int member_checked(const TarReader *r, Py_ssize_t i, int fd, unsigned long long done, long long *b) {
+    if (!is_zero16(r->expected + 16 * i))
+        return done != r->sizes[i] || memcmp(r->found + 16 * i, r->expected + 16 * i, 16) != 0 ? TR_DIGEST : 0;
+    struct stat st;
+    if (done == r->sizes[i] && fstat(fd, &st) != 0) {
+        *b = errno;
+        return TR_ERRNO;
+    }
+    if (done != r->sizes[i] || (unsigned long long)st.st_size != r->sizes[i] || ns_of(st.st_mtim) != r->mtimes[i]) {
+        *b = (long long)done;
+        return TR_CHANGED;
+    }
+    return 0;
+}
+
 /* Finish the current member: its digest and checks; 0, or a status. */
 static int finish_file(TarReader *r, long long *a, long long *b) {
     Py_ssize_t i = r->next;
-    unsigned char *digest = r->found + 16 * i;
-    canonical(xxh3_digest(r->state), digest);
-    int status = 0;
-    if (!is_zero16(r->expected + 16 * i)) {
-        if (r->done != r->sizes[i] || memcmp(digest, r->expected + 16 * i, 16) != 0) status = TR_DIGEST;
-    } else if (r->done != r->sizes[i]) {
-        status = TR_CHANGED;
-    } else {
-        struct stat st;
-        if (fstat(r->fd, &st) != 0) {
-            *b = errno;
-            status = TR_ERRNO;
-        } else if ((unsigned long long)st.st_size != r->sizes[i] ||
-                   ns_of(st.st_mtim) != r->mtimes[i]) {
-            status = TR_CHANGED;
-        }
-    }
+    canonical(xxh3_digest(r->state), r->found + 16 * i);
+    int status = member_checked(r, i, r->fd, r->done, b);
     close(r->fd);
     r->fd = -1;
-    if (status) {
-        *a = i;
-        if (status == TR_CHANGED && *b == 0) *b = (long long)r->done;
-    }
+    if (status) *a = i;
     return status;
 }
 
@@ -143,13 +149,12 @@ typedef struct read_job {
 
 /* One queued member read as the loop reads it: one read of its size + 1 bytes (a short
  * answer proves its end; the byte over lands where its padding or the next header goes,
- * both laid out afterwards), hashed, and checked as finish_file checks. */
+ * both laid out afterwards), hashed, and checked as the loop checks it (member_checked). */
 static void read_queued(void *ctx, Py_ssize_t item) {
     TarReader *r = ctx;
     read_job *j = &r->jobs[item];
     Py_ssize_t i = j->index;
     unsigned long long size = r->sizes[i];
-    const unsigned char *expected = r->expected + 16 * i;
     j->status = 0;
     j->b = 0;
     int fd = openat(r->dir_fd, r->name_ptr[i], O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -160,22 +165,11 @@ static void read_queued(void *ctx, Py_ssize_t item) {
     ssize_t got = read_full(fd, r->out + j->doff, (size_t)size + 1);
     if (got < 0) {
         j->status = TR_ERRNO, j->b = errno;
-    } else if ((unsigned long long)got > size) { /* longer than listed */
-        j->status = is_zero16(expected) ? TR_CHANGED : TR_DIGEST, j->b = -1;
+    } else if ((unsigned long long)got > size) {
+        j->status = longer_than_listed(r, i), j->b = -1;
     } else {
-        unsigned char *digest = r->found + 16 * i;
-        canonical(xxh3_128_oneshot(r->out + j->doff, (size_t)got), digest);
-        struct stat st;
-        if (!is_zero16(expected)) {
-            if ((unsigned long long)got != size || memcmp(digest, expected, 16) != 0) j->status = TR_DIGEST;
-        } else if ((unsigned long long)got != size) {
-            j->status = TR_CHANGED;
-        } else if (fstat(fd, &st) != 0) {
-            j->status = TR_ERRNO, j->b = errno;
-        } else if ((unsigned long long)st.st_size != size || ns_of(st.st_mtim) != r->mtimes[i]) {
-            j->status = TR_CHANGED;
-        }
-        if (j->status == TR_CHANGED) j->b = got;
+        canonical(xxh3_128_oneshot(r->out + j->doff, (size_t)got), r->found + 16 * i);
+        j->status = member_checked(r, i, fd, (unsigned long long)got, &j->b);
     }
     close(fd);
 }
@@ -311,7 +305,7 @@ static int tr_run(TarReader *r, unsigned char *out, size_t room, size_t *used, l
                     close(r->fd);
                     r->fd = -1;
                     *used = pos;
-                    return is_zero16(r->expected + 16 * r->next) ? TR_CHANGED : TR_DIGEST;
+                    return longer_than_listed(r, r->next);
                 }
                 xxh3_update(r->state, out + pos, (size_t)got);
                 pos += (size_t)got;
@@ -432,22 +426,10 @@ static int tr_member(TarReader *r, Py_ssize_t i, PyObject *member, PyObject *hea
         return -1;
     }
 #if PY_VERSION_HEX < 0x030C0000
-    if (PyUnicode_READY(path) < 0 || PyUnicode_READY(digest) < 0) return -1;
+    if (PyUnicode_READY(digest) < 0) return -1;
 #endif
+    if ((r->name_ptr[i] = fs_path(path, r->special, &r->name_len[i])) == NULL) return -1;
     int ascii = PyUnicode_IS_ASCII(path);
-    if (ascii) {
-        r->name_ptr[i] = (const char *)PyUnicode_DATA(path);
-        r->name_len[i] = PyUnicode_GET_LENGTH(path);
-    } else {
-        PyObject *encoded = PyUnicode_EncodeFSDefault(path);
-        if (encoded == NULL || PyList_Append(r->special, encoded) != 0) {
-            Py_XDECREF(encoded);
-            return -1;
-        }
-        Py_DECREF(encoded);
-        r->name_ptr[i] = PyBytes_AS_STRING(encoded);
-        r->name_len[i] = PyBytes_GET_SIZE(encoded);
-    }
     if ((size_t)r->name_len[i] != strlen(r->name_ptr[i])) {
         PyErr_SetString(PyExc_ValueError, "a member's path holds a NUL");
         return -1;
