@@ -30,10 +30,9 @@ from dsagent.format.digestpool import (
     PROCESS_MIN_FILES,
     ProcessPool,
     can_fork,
-    changed_error,
     peek,
 )
-from dsagent.format.hashing import ReadBuffer, hash_fd, hash_file, hash_stream, read_buffer
+from dsagent.format.hashing import ReadBuffer, changed_error, hash_fd, hash_file, hash_stream, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
 from dsagent.format.oneversion import open_one_version
 from dsagent.format.storage import resolve_local_first, translate_errors

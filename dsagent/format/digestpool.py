@@ -3,7 +3,7 @@
 Who calls it: :func:`dsagent.format.digester.digest_files`, for a local tree of at least
 :data:`PROCESS_MIN_FILES` files in a process where forking is safe (:func:`can_fork`),
 when the pure loops hash it (the native loops are off, or a digest cache is read); the
-digest's other paths use :func:`changed_error` too. What it owns: the hashing processes
+digest's other paths use :func:`peek` too. What it owns: the hashing processes
 (Python's per-file work holds the GIL, so threads cannot use a second core on small
 files), the requests of about :data:`REQUEST_FILES` files they are sent, their replies as
 columns joined in walk order, the digest cache's snapshot they answer from, and stopping
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import xxhash
 
-from dsagent.errors import IntegrityError, SourceUnavailable
-from dsagent.format.hashing import ReadBuffer, hash_fd, read_buffer
+from dsagent.errors import SourceUnavailable
+from dsagent.format.hashing import ReadBuffer, changed_error, hash_fd, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, Progress
 from dsagent.format.storage import translate_errors
 from dsagent.format.walk import Dir, Found
@@ -34,12 +34,6 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from dsagent.format.digestcache import DigestCache
-
-
-def changed_error(path: str, before: int, after: int) -> IntegrityError:
-    return IntegrityError(
-        f"{path!r} changed while it was digested ({before} -> {after} bytes)", hint="retry once the source is quiet"
-    )
 
 
 O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -356,7 +350,6 @@ __all__ = [
     "REQUEST_FILES",
     "ProcessPool",
     "can_fork",
-    "changed_error",
     "peek",
     "request_groups",
 ]

@@ -15,6 +15,8 @@ from typing import IO
 
 import xxhash
 
+from dsagent.errors import IntegrityError
+
 #: Bytes read per call when hashing or copying a file; large enough that per-call
 #: overhead vanishes, small enough to stay in L2 and never hold a whole file in memory.
 CHUNK_SIZE = 1 << 20
@@ -63,6 +65,14 @@ class FileHasher:
         return self._state.hexdigest()
 
 
+def changed_error(path: str, before: int, after: int) -> IntegrityError:
+    """The error of a file whose size changed from ``before`` to ``after`` bytes while it
+    was digested (every digest loop, pure and native, says it so)."""
+    return IntegrityError(
+        f"{path!r} changed while it was digested ({before} -> {after} bytes)", hint="retry once the source is quiet"
+    )
+
+
 def hash_stream(stream: IO[bytes], chunk_size: int = CHUNK_SIZE) -> tuple[str, int]:
     """``(digest, size)`` of everything left in ``stream``, read ``chunk_size`` at a time."""
     hasher = FileHasher()
@@ -107,5 +117,6 @@ def hash_fd(fd: int, expected: int, buffer: ReadBuffer) -> tuple[str, int]:
 
 
 __all__ = [
-    "CHUNK_SIZE", "HASH_BUFFER", "FileHasher", "ReadBuffer", "hash_fd", "hash_file", "hash_stream", "read_buffer",
+    "CHUNK_SIZE", "HASH_BUFFER", "FileHasher", "ReadBuffer", "changed_error", "hash_fd", "hash_file", "hash_stream",
+    "read_buffer",
 ]  # fmt: skip

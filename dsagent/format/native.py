@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dsagent.errors import IntegrityError
-from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER
+from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER, changed_error
 from dsagent.format.storage import translate_errors
 
 if TYPE_CHECKING:
@@ -158,9 +158,9 @@ class Group(Protocol):
     def names(self) -> list[str]: ...
 
 
-#: Files each of :func:`hash_tree`'s threads has its own table of file descriptors for:
+#: Whether each of :func:`hash_tree`'s threads takes a table of file descriptors of its own:
 #: the threads of one process open and close through one shared table otherwise, and
-#: contend for its lock on many cores (native/hashtree.c).
+#: contend for its lock on many cores (native/pool.c).
 ISOLATE_FDS = True
 
 
@@ -189,10 +189,7 @@ def hash_tree(groups: Sequence[Group], *, threads: int, cap: int = HASH_BUFFER) 
     if errno:
         with translate_errors(f"source file {where!r}"):
             raise OSError(errno, os.strerror(errno), where)
-    path = f"{group.rel}/{group.names[index]}" if group.rel else group.names[index]
-    raise IntegrityError(
-        f"{path!r} changed while it was digested ({expected} -> {got} bytes)", hint="retry once the source is quiet"
-    )
+    raise changed_error(f"{group.rel}/{group.names[index]}" if group.rel else group.names[index], expected, got)
 
 
 #: What :func:`list_dirs` hands back a directory.
