@@ -158,6 +158,28 @@ def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
 
 
+def test_a_later_join_hands_no_bundles_to_members_that_joined_without_a_share() -> None:
+    # as above, full nodes 1 and 2 join the group of a 1.5 TB version without a share, and
+    # the owners fill every bundle. A second job then starts on node 5: the re-plan gives
+    # slots to owners only, so nodes 1 and 2 still own nothing and no owner's bundles are
+    # handed to a node that does not hold them (which would read them from the store again)
+    data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
+    sim = Simulation("ours+stripe+early", [], data, _params(8), seed=3)
+    size = 3 * TB // 2
+    for node, name in ((1, "a"), (2, "b")):
+        _ready(sim, node, (name, 0), 9 * TB // 10)
+    group = _join_on(sim, ("big", 0), size, (1, 2))
+    group.fill = dict.fromkeys(group.fill, 1.0)  # every owner holds its share whole
+    held = sum(group.owned[m] * group.fill[m] for m in group.members if m in group.holding)
+    out = Outcome(_job(2, 10.0, 1, "big"), start=10.0)
+    out.workers = [Worker(sim.nodes[7], (0,), frozenset())]
+    sim._join(out, group, ("big", 0), size)
+    assert group.owned[1] == 0 and group.owned[2] == 0, "a member without a share owns nothing after a re-plan"
+    assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
+    kept = sum(group.owned[m] * group.fill.get(m, 0.0) for m in group.members if m in group.holding)
+    assert kept == pytest.approx(held, rel=1e-6), "the bytes the owners held stay held"
+
+
 def test_a_node_without_room_for_a_fitting_version_reads_it_over_every_whole_copy() -> None:
     # two one-node jobs leave whole copies of a 0.5 TB version on their nodes (and keep their
     # GPUs); a third node holds the last copy of another version, so it has no room for the

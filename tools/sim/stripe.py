@@ -29,6 +29,9 @@ class Group:
     key: tuple[str, int]
     members: tuple[int, ...]  # the node holding each slot, in slot order; < 0: no node (a hole)
     owned: dict[int, float]  # member -> bytes its slot owns
+    # members that joined without a share (no room): they read through their window and
+    # hold no slot, so a later re-plan does not hand them bundles the owners hold
+    shareless: set[int] = field(default_factory=set)
     holding: set[int] = field(default_factory=set)  # members whose share is on disk (or being fetched)
     fill: dict[int, float] = field(default_factory=dict)  # member -> part of its share on its disk (0..1)
     # member -> part of its share that joined with it from the old owners' disks: read from

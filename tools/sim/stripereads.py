@@ -241,7 +241,9 @@ class StripeReads(Flows):
         joining = [int(n) for n in chosen.members if int(n) not in group.members]
         owners_new = [m for m in joining if m not in shareless]
         old_owned, old_fill = dict(group.owned), dict(group.fill)
-        slots = [*group.members, *owners_new]  # the old slots keep their places: HRW moves ~1/k
+        # the old slots keep their places (HRW moves ~1/k); a member that joined without a
+        # share holds no slot, so none of the owners' bundles are handed to it
+        slots = [*(m for m in group.members if m not in group.shareless), *owners_new]
         owned = self._slot_owners(key, size, tuple(slots))
         kept = [m for m in before if m in group.holding and old_owned.get(m, 0.0) > 0]
         moved = sum(old_owned[m] * old_fill.get(m, 0.0) for m in kept) / (sum(old_owned[m] for m in kept) or 1.0)
@@ -269,8 +271,10 @@ class StripeReads(Flows):
             if entry is not None and entry.stripe:
                 entry.size = int(owned.get(m, 0.0))
                 self.touch(self.nodes[m])
-        group.members = (*slots, *(m for m in joining if m in shareless))
-        group.owned = {**owned, **dict.fromkeys((m for m in joining if m in shareless), 0.0)}
+        group.shareless |= {m for m in joining if m in shareless}
+        without = list(dict.fromkeys(m for m in (*group.members, *joining) if m in group.shareless))
+        group.members = (*slots, *without)
+        group.owned = {**owned, **dict.fromkeys(without, 0.0)}
 
     def _candidate(self, node: Node, key: tuple[str, int]) -> Candidate:
         """``node`` as the controller's group choice sees it (its published inventory)."""
