@@ -54,3 +54,27 @@ def test_only_a_whole_copy_serves_peers_whole_copies() -> None:
     assert whole.ready_copies.get(("d", 0)), "a copy read to the end is whole: a peer source"
     part = _run("ours+stripe+early", 0.3, [_job(0, 0.0)])
     assert not part.ready_copies.get(("d", 0)), "a partial copy is no peer's whole copy"
+
+
+@pytest.mark.parametrize("arrival", [20.0, 70.0], ids=["while-it-fills", "once-it-holds-its-part"])
+def test_a_whole_copy_reads_what_another_nodes_partial_copy_holds_from_it_not_the_store(arrival: float) -> None:
+    # at 100 MB/s a GPU, job 0 reads 0.3 of an epoch on one node (its copy's 75 GB take
+    # 54 s from the store) and still runs when job 1 comes, to read two epochs on the other
+    # node. Its copy takes the part the first node holds or is filling from that node (the
+    # agent asks its peers before the store) and only the rest from the store
+    jobs = [
+        Job(0, 0.0, 1, 8, "d", 0.3 * SIZE / 8e8, JobProfile(1.0, 1.0, 750, deadline=1e9)),
+        Job(1, arrival, 1, 8, "d", 2.0 * SIZE / 8e8, JobProfile(1.0, 1.0, 5000, deadline=1e9)),
+    ]
+    params = replace(
+        ClusterParams(nodes=2, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e10),
+        epochs=None, gpu_read_bw=1e8, gpu_read_mix=(),
+    )  # fmt: skip
+    sim = Simulation("ours+stripe+early", jobs, [Dataset("d", SIZE, (0.0,))], params, seed=3).run()
+    assert [sim.outcomes[i].epochs for i in (0, 1)] == pytest.approx([0.3, 2.0])
+    nodes = [next(w.node.index for w in sim.outcomes[i].workers) for i in (0, 1)]
+    assert nodes[0] != nodes[1]
+    assert sim.storage_bytes == pytest.approx(SIZE, rel=1e-6), "each byte from the store once"
+    assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
+    assert sim.peer_bytes == pytest.approx(0.3 * SIZE, rel=1e-6)
+    assert sim.nodes[nodes[1]].cache[("d", 0)].part == 1.0, "job 1's copy holds the whole version"

@@ -278,7 +278,14 @@ class Reads(StripeReads):
             source, sources = "peer", (after.node.index,)
             held = after.node.cache.get(key)
             if not top_up and entry is not None and held is not None and held.part < 1.0:
-                size, entry.part = math.ceil(size * held.part), held.part  # what that copy is filling
+                # what that copy is filling from it; what this job reads beyond it, from the store
+                target = max(demand, held.part)
+                rest = math.ceil(size * target) - math.ceil(size * held.part)
+                size, entry.part = math.ceil(size * held.part), target
+                if rest > 1:
+                    if waiter is not None:
+                        self.outcomes[waiter[0].id].pending += 1  # ready when both parts are in
+                    self._new_fetch(node, key, rest, cached=cached, waiter=waiter, unpack=True, part=True)
         elif self.params.peers and (grouped := self._group_bytes(key, node))[0] > 1.0:
             # a group holds bundles of it: those come from their owners, the rest from the store
             have, owners = grouped
@@ -291,6 +298,8 @@ class Reads(StripeReads):
                     node, key, have, cached=False, waiter=waiter, source="peer", sources=owners, unpack=True
                 )
                 size = math.ceil(size - have)
+        elif not parted and not top_up:  # other nodes' partial copies before the store
+            size = self._from_parts(node, key, size, waiter)
         fetch = self._new_fetch(
             node, key, size, cached=cached, waiter=waiter, source=source, sources=sources, unpack=True, after=after
         )
