@@ -44,7 +44,8 @@ in every vote, and a class is given only where it matters, between the nodes of 
   worker now, or when it requires one (it then waits for room on served nodes);
 - otherwise every worker keeps its ``nvidia.com/gpu`` request: the Lease holds ``*`` so that
   all workers decide alike, and each carries the reason in ``dsagent.io/class-set-split``
-  (no warning). With no served node at all, nothing is decided: no Lease, no patch;
+  (no warning). With no served node at all, or none that has published its free GPUs
+  yet, nothing is decided: no Lease, no patch (a later worker decides for the job);
 - a pod that already requests a class resource is handled as with ``on``.
 
 A pod that already requests a class resource is held to its job's class too (the Lease
@@ -315,8 +316,10 @@ class GpuClassPolicy:
 
         def choose() -> str | None:
             view = self.kube.cluster()
-            if plain and not view.sizes:
-                return None  # no served node: nothing to decide
+            if plain and not view.rooms:
+                # no served node, or none has published its free GPUs yet (its agent just
+                # started): nothing to decide, and the job is not recorded as split for good
+                return None
             choice = view.vote_set(need, workers)
             if choice is None:
                 if not plain:

@@ -202,6 +202,32 @@ def test_with_no_served_node_a_job_keeps_its_request_without_a_lease_or_annotati
     assert apiserver.list("leases") == []
 
 
+def test_served_nodes_that_publish_no_free_gpus_yet_decide_nothing_for_the_job(
+    apiserver: FakeApiServer, auto: GpuClassPolicy
+) -> None:
+    # a served node whose agent has not published its free GPUs yet (just started): its
+    # room is unknown, so no set is chosen and the job is not recorded as split for good;
+    # once the node publishes them, the job's next worker gets the set
+    for name in ("a100-0", "a100-1"):
+        fresh = node(name, list(range(8)))
+        del fresh["metadata"]["annotations"]["dsagent.io/free-gpus"]
+        apiserver.create(fresh)
+    kept, patch, warnings = admitted(auto, member(0, 2))
+    assert (patch, warnings) == ([], ()) and resources(kept)["limits"] == {"nvidia.com/gpu": "4"}
+    assert apiserver.list("leases") == []
+    for name in ("a100-0", "a100-1"):
+        apiserver.delete("nodes", name)
+        apiserver.create(node(name, list(range(8))))
+    client = apiserver.api_client()
+    try:  # a webhook whose view of the nodes is newer than the first one's
+        later = GpuClassPolicy(AUTO, KubeGpuClasses(client, AUTO))
+        patched, _, _ = admitted(later, member(1, 2))
+    finally:
+        client.close()
+    assert resources(patched)["limits"] == {"dsagent.io/gpu-roce1-2": "4"}
+    assert holder(apiserver, "bert") == "gpu-roce1+gpu-roce2"
+
+
 def test_a_job_requiring_one_subnet_is_rewritten_to_wait_for_a_served_set(
     apiserver: FakeApiServer, auto: GpuClassPolicy
 ) -> None:
