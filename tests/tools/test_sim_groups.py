@@ -221,3 +221,29 @@ def test_whole_copies_join_the_group_a_full_node_joins_and_keep_the_version_whol
         copy = sim.nodes[node].cache[key]
         assert group.owned[node] > 0 and group.fill[node] == 1.0 and node in group.holding
         assert not copy.stripe and copy.size == size and copy.replica, "the copy stays whole, held while read"
+
+
+def test_a_group_reads_what_a_partial_copy_holds_from_it_not_the_store() -> None:
+    # job 0 reads 0.3 of an epoch of a 0.5 TB version on one node (its copy holds that part)
+    # and keeps the node; job 1 keeps a second node with another version; job 2 leaves the
+    # last copy of a third on the last node, which then has no room for the version whole
+    # (1.2 x 0.5 TB), so job 3 there reads it through a group. The group's first reads take
+    # the part job 0's copy holds from it: the store is read for each byte once
+    data = [Dataset("fit", TB // 2, (0.0,)), Dataset("x", TB // 2, (0.0,)), Dataset("other", TB // 2, (0.0,))]
+
+    def job(i: int, arrival: float, dataset: str, seconds: float) -> Job:
+        return Job(i, arrival, 1, 8, dataset, seconds, JobProfile(1.0, 1.0, int(8 * seconds), deadline=1e9))
+
+    jobs = [
+        job(0, 0.0, "fit", 20_000.0), job(1, 0.0, "x", 20_000.0),
+        job(2, 0.0, "other", 500.0), job(3, 5_000.0, "fit", 2_000.0),
+    ]  # fmt: skip
+    sim = Simulation("ours+stripe+early", jobs, data, _params(3), seed=3)
+    for i, epochs in ((0, 0.3), (1, 1.0), (2, 1.0), (3, 2.0)):
+        sim.outcomes[i].epochs = epochs
+    sim.run()
+    first, reader = (next(w.node.index for w in sim.outcomes[i].workers) for i in (0, 3))
+    assert sim.nodes[first].cache[("fit", 0)].part == pytest.approx(0.3)
+    assert ("fit", 0) in sim.stripes and ("other", 0) in sim.nodes[reader].cache, "read through a group"
+    assert sim.storage_kept[("fit", 0)] == pytest.approx(TB // 2, rel=1e-6), "each byte of fit from the store once"
+    assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)

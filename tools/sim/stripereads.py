@@ -87,6 +87,15 @@ class StripeReads(Flows):
             later = Split(later.local, later.remote + later.store, 0.0)
             sources = tuple(sorted({*sources, *holders}))
             lost = 0.0
+        elif parts := self._partial_copies(node, key):
+            # copies holding part of the version (their jobs read part of an epoch): of what
+            # the group lacks, as many bundles as the largest holds come from them (the
+            # bundles read being any), as the members ask their peers before the store
+            held = max(parts.values())
+            first = Split(first.local, first.remote + first.store * held, first.store * (1.0 - held))
+            later = Split(later.local, later.remote + later.store * held, later.store * (1.0 - held))
+            sources = tuple(sorted({*sources, *parts}))
+            lost *= 1.0 - held
         entry = node.cache.get(key)
         if entry is not None:
             entry.users += 1
@@ -95,6 +104,17 @@ class StripeReads(Flows):
         worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
+
+    def _partial_copies(self, node: Node, key: tuple[str, int]) -> dict[int, float]:
+        """Other nodes' copies holding part of version ``key`` (a whole copy whose jobs read
+        part of an epoch under ``storeOnDemand``), by the part each holds."""
+        if not self.params.peers:
+            return {}
+        return {
+            n.index: e.part
+            for n in self.nodes
+            if n.index != node.index and (e := n.cache.get(key)) is not None and e.ready and not e.stripe and e.part > 0
+        }
 
     def _replan_whole(self) -> None:
         """The controller's pass over the versions read through a group: a job's node the
