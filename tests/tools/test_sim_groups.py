@@ -175,6 +175,10 @@ def test_a_later_join_hands_no_bundles_to_members_that_joined_without_a_share() 
     out.workers = [Worker(sim.nodes[7], (0,), frozenset())]
     sim._join(out, group, ("big", 0), size)
     assert group.owned[1] == 0 and group.owned[2] == 0, "a member without a share owns nothing after a re-plan"
+    # the controller is told they own nothing (no_share_before), so nodes with room own in
+    # their place: six members wanted (the five before and node 7), six owners
+    owners = {m for m, owned in group.owned.items() if owned > 0}
+    assert 7 in owners and len(owners) == 6
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
     kept = sum(group.owned[m] * group.fill.get(m, 0.0) for m in group.members if m in group.holding)
     assert kept == pytest.approx(held, rel=1e-6), "the bytes the owners held stay held"

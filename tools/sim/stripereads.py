@@ -255,7 +255,7 @@ class StripeReads(Flows):
         nodes = [self._candidate(n, key) for n in self.nodes]
         chosen = choose_group(
             nodes, size_bytes=size, job_nodes=[names[m] for m in job], before=[names[m] for m in before],
-            members=len(names),
+            no_share_before=[names[m] for m in before if m in group.shareless], members=len(names),
         )  # fmt: skip
         shareless = {int(n) for n in chosen.no_share}
         joining = [int(n) for n in chosen.members if int(n) not in group.members]
