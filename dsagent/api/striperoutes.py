@@ -77,8 +77,9 @@ async def release_stripe(
 ) -> dict[str, Any]:
     """Drop this node's share of ``name`` (of version ``digest`` only, when given): its
     files and window go now. A share nobody holds again also goes when its lease lapses.
-    ``keep=whole`` (the controller, taking the node out of the group): a share holding every
-    bundle stays as a whole copy with no lease, until the cache evicts it."""
+    ``keep=whole`` (the controller, taking the node out of the group): a share holding the
+    version whole stays as a copy with no lease, until the cache evicts it (one not yet
+    complete keeps the bundles it holds and stops filling)."""
     validate_name(name)
     if digest is not None:
         validate_digest(digest)

@@ -199,6 +199,8 @@ class StripeShares(ShareFill):
             share.peers.update(peers)
             share.holders.update(holders)
             share.expires = now + lease  # a renewal is no use: last_used stays
+            if share.task is None or share.task.done():  # a part kept with no lease, held again: fill on
+                share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
             await self.pools.work(self._remember, share)
             return self.status(key)
         if share is not None and share.task is not None:
@@ -275,7 +277,9 @@ class StripeShares(ShareFill):
                                 store_on_demand=record.get("storeOnDemand") is True,
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
                 share = self._shares.get((name, digest))
-                if share is not None and kept and share.complete_whole:
+                if share is not None and kept and share.whole:
+                    if not share.complete_whole:
+                        await self._stop_fill(share)  # a part kept with no lease: nobody asked for the rest
                     share.expires = math.inf
                     await self.pools.work(self._remember, share)
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
@@ -421,21 +425,35 @@ class StripeShares(ShareFill):
         """``DELETE /v1/stripes/<name>``: drop this node's shares of ``name`` (of one
         version with ``digest``); the digests let go. :class:`NotFound` when none is held.
         ``keep_whole`` (the controller, taking the node out of a group): a share holding
-        every bundle is kept instead, a whole copy with no lease, which the cache's eviction
-        removes when it needs the room; it still serves its bundles, and a group that holds
-        it again re-plans it with no byte moved."""
+        the version whole is kept instead, a copy with no lease, which the cache's eviction
+        (and the idle sweep) removes when it needs the room; it still serves its bundles, and
+        a group that holds it again re-plans it with no byte moved. A whole copy let go
+        before it was complete keeps the bundles it holds and stops filling (nobody asked for
+        the rest); one that holds none goes."""
         keys = [k for k in self._shares if k[0] == name and (digest is None or k[1] == digest)]
         if not keys:
             raise NotFound(f"this node holds no share of {name}" + (f"@{digest[:12]}" if digest else ""))
         for key in keys:
             share = self._shares[key]
-            if keep_whole and share.complete_whole:
+            if keep_whole and share.whole and share.held:
+                if not share.complete_whole:
+                    await self._stop_fill(share)
                 share.expires = math.inf
                 await self.pools.work(self._remember, share)
-                log.info("keeping the whole copy of %s@%s after its group let it go", key[0], key[1][:12])
+                log.info(
+                    "keeping the whole copy of %s@%s after its group let it go (%d of %d bundles)",
+                    key[0], key[1][:12], len(share.held), len(share.layout.bundles),
+                )  # fmt: skip
             else:
                 await self.drop(key, reason="released")
         return [k[1] for k in keys]
+
+    @staticmethod
+    async def _stop_fill(share: Share) -> None:
+        """Stop a share's fill; the bundles it holds stay, and nothing is reserved for the rest."""
+        if share.task is not None:
+            share.task.cancel()
+            await asyncio.gather(share.task, return_exceptions=True)
 
     async def expire(self) -> list[Key]:
         """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again."""

@@ -8,6 +8,8 @@ bundle store over loopback HTTP, the clock injected; docs/design-striping.md#evi
   goes before another group's share, as the last copy it goes after it.
 - A whole copy kept after its group let it go has no lease: the idle sweep removes it once
   it is unused past the idle bound, as any copy; a share a group holds is its lease's.
+- A whole copy let go before it was complete keeps the bundles it holds, across a restart,
+  and stops filling; held again by a group, it fills on. One that holds nothing goes.
 """
 
 from __future__ import annotations
@@ -173,5 +175,54 @@ def test_the_idle_sweep_removes_a_kept_whole_copy_and_leaves_a_held_share(
             await _held(service, url, "other", whole=True)
             await service.sweep()
             assert set(_usage(service)) == {"other"}  # the kept copy went; the held share stays
+
+    asyncio.run(run())
+
+
+def test_a_whole_copy_let_go_before_it_is_complete_keeps_what_it_holds_and_stops_filling(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    url, clock, settings = _node(tmp_path, loopback)
+
+    async def hold(service: CacheService, *, on_demand: bool) -> str:
+        status = await service.stripes.hold(
+            "imgs", f"{url}/imgs", [NODE, "node-b"], {}, whole=True, holders=[HELD_FOR], ready_after=0,
+            store_on_demand=on_demand,
+        )  # fmt: skip
+        return str(status["digest"])
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            digest = await hold(service, on_demand=True)  # no peers: it reads only what a reader reads
+            await hold(service, on_demand=True)
+            key = ("imgs", digest)
+            for bundle in [b.digest for b in service.stripes._shares[key].layout.bundles][:2]:
+                _, _, stream = await service.stripes.open_bundle("imgs", digest, bundle)  # a reader reads two
+                stream.close()
+            assert service.stripes.status(key)["bundles_held"] == 2
+            await service.stripes.release("imgs", keep_whole=True)  # the group lets the node go
+            share = service.stripes._shares[key]
+            assert not share.filling and len(share.held) == 2 and _usage(service)["imgs"].kept
+            assert service.stripes.pending_bytes() == 0, "no room is held for the bundles it lacks"
+        clock.now += 10 * settings.stripe_lease
+        async with _service(settings, clock) as service:
+            for _ in range(200):  # the agent holds its shares again in the background
+                if "imgs" in _usage(service) and not service.stripes._shares[key].filling:
+                    break
+                await asyncio.sleep(0.05)
+            await service.stripes.expire()
+            share = service.stripes._shares[key]
+            assert len(share.held) == 2 and not share.filling and _usage(service)["imgs"].kept
+            await hold(service, on_demand=False)  # a group holds it again: it fills on, from the store
+            for _ in range(600):
+                if service.stripes.status(key)["complete"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert service.stripes.status(key)["complete"] and not _usage(service)["imgs"].kept
+
+            await service.stripes.release("imgs")
+            await hold(service, on_demand=True)  # holds nothing yet
+            await service.stripes.release("imgs", keep_whole=True)
+            assert _usage(service) == {}, "a whole copy holding no bundle is not kept"
 
     asyncio.run(run())
