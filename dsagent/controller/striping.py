@@ -183,7 +183,9 @@ def stripe_status(
                     count(listed.get("windowBytes"))
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
-                holds_whole=bool(listed) and (held >= size or node in whole_before),
+                holds_whole=(
+                    (isinstance(digest, str) and wire_inventory.whole_share(inv, name, digest, size_bytes=size)) or (bool(listed) and node in whole_before)
+                ),
             )
         )  # fmt: skip
     shareless_before = [str(r.get("node")) for r in earlier if r.get("share") is False]

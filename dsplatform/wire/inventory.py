@@ -172,14 +172,16 @@ def holds(inventory: Mapping[str, Any], name: str, digest: str) -> str | None:
     return None
 
 
-def whole_share(inventory: Mapping[str, Any], name: str, digest: str) -> bool:
+def whole_share(inventory: Mapping[str, Any], name: str, digest: str, *, size_bytes: int = 0) -> bool:
     """Whether an inventory's ``stripes`` entry for ``name`` is ``digest`` with every bundle
-    held (``heldBytes`` reaching a known ``sizeBytes``): a whole copy held as a share."""
+    held (``heldBytes`` reaching a known ``sizeBytes``): a whole copy held as a share.
+    ``size_bytes``: the version's size as the caller knows it, for an entry that does not
+    say its own (an agent of an earlier release)."""
     stripes = inventory.get("stripes") if isinstance(inventory, Mapping) else None
     share = stripes.get(name) if isinstance(stripes, Mapping) else None
     if not isinstance(share, Mapping) or share.get("digest") != digest:
         return False
-    size = boundedjson.count(share.get("sizeBytes"))
+    size = boundedjson.count(share.get("sizeBytes")) or max(0, size_bytes)
     return 0 < size <= boundedjson.count(share.get("heldBytes"))
 
 

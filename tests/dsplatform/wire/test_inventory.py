@@ -27,6 +27,7 @@ from dsplatform.wire.inventory import (
     holds,
     loads,
     versions_of,
+    whole_share,
 )
 from scheduling.nodeinfo import parse_inventory as extender_reads
 
@@ -150,3 +151,15 @@ def test_a_share_holding_every_bundle_is_a_ready_copy_to_its_peers() -> None:
     assert holds(doc(1000, size=0), "s", FRESH) == "share"  # a size not known: not taken as whole
     assert holds(doc(True, size=True), "s", FRESH) is None  # booleans are not counts
     assert holds(doc(1000), "s", OLD) is None
+
+
+def test_whole_share_takes_the_callers_size_only_where_the_entry_says_none() -> None:
+    """One rule for "holds the version whole": the entry's own ``sizeBytes``; the caller's
+    size (the controller's ``status.bytes``) only for an entry that does not say it."""
+    entry = {"digest": FRESH, "heldBytes": 1000}
+    assert whole_share({"stripes": {"s": entry}}, "s", FRESH) is False  # no size known
+    assert whole_share({"stripes": {"s": entry}}, "s", FRESH, size_bytes=1000) is True
+    assert whole_share({"stripes": {"s": entry}}, "s", FRESH, size_bytes=1001) is False
+    sized = {**entry, "sizeBytes": 1000}
+    assert whole_share({"stripes": {"s": sized}}, "s", FRESH, size_bytes=5000) is True  # the entry's own wins
+    assert whole_share({"stripes": {"s": sized}}, "s", OLD, size_bytes=1000) is False
