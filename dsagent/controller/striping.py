@@ -96,6 +96,12 @@ def _subnet_key(text: str) -> str | None:
         return None
 
 
+def _whole_share(inventory: Mapping[str, Any], name: str, digest: object, size: int) -> bool:
+    """The wire module's rule (:func:`dsplatform.wire.inventory.whole_share`), the Dataset's
+    size standing in for an entry that does not say its own."""
+    return isinstance(digest, str) and wire_inventory.whole_share(inventory, name, digest, size_bytes=size)
+
+
 def _release(
     agent_call: AgentCall, nodes: Iterable[str], name: str, digest: Any, who: str, *, keep_whole: bool = False
 ) -> None:
@@ -183,9 +189,7 @@ def stripe_status(
                     count(listed.get("windowBytes"))
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
-                holds_whole=(
-                    (isinstance(digest, str) and wire_inventory.whole_share(inv, name, digest, size_bytes=size)) or (bool(listed) and node in whole_before)
-                ),
+                holds_whole=bool(listed) and (_whole_share(inv, name, digest, size) or node in whole_before),
             )
         )  # fmt: skip
     shareless_before = [str(r.get("node")) for r in earlier if r.get("share") is False]
