@@ -206,8 +206,8 @@ def test_a_whole_copy_let_go_before_it_is_complete_keeps_what_it_holds_and_stops
             assert service.stripes.pending_bytes() == 0, "no room is held for the bundles it lacks"
         clock.now += 10 * settings.stripe_lease
         async with _service(settings, clock) as service:
-            for _ in range(200):  # the agent holds its shares again in the background
-                if "imgs" in _usage(service) and not service.stripes._shares[key].filling:
+            for _ in range(200):  # the agent holds its shares again in the background, kept last
+                if "imgs" in _usage(service) and _usage(service)["imgs"].kept:
                     break
                 await asyncio.sleep(0.05)
             await service.stripes.expire()
