@@ -10,6 +10,7 @@ import pytest
 
 from scheduling.timemodel import JobProfile
 from tools.sim.engine import ClusterParams, Simulation
+from tools.sim.stripereads import parts_held
 from tools.sim.workload import Dataset, Job
 
 A100 = (("dgx-a100-class-8xA100-epyc7742-nps4-10nic-niclegend-nvidia-smi-topo-m.txt", 1.0),)
@@ -78,3 +79,28 @@ def test_a_whole_copy_reads_what_another_nodes_partial_copy_holds_from_it_not_th
     assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
     assert sim.peer_bytes == pytest.approx(0.3 * SIZE, rel=1e-6)
     assert sim.nodes[nodes[1]].cache[("d", 0)].part == 1.0, "job 1's copy holds the whole version"
+
+
+def test_partial_copies_hold_between_them_what_none_of_them_lacks() -> None:
+    assert parts_held([0.3]) == pytest.approx(0.3)
+    assert parts_held([0.3, 0.3]) == pytest.approx(1 - 0.7 * 0.7)
+    assert parts_held([1.0, 0.2]) == 1.0 and parts_held([]) == 0.0
+
+
+def test_a_whole_copy_takes_what_several_partial_copies_hold_between_them() -> None:
+    # jobs 0 and 1 read 0.3 of an epoch each on two nodes (the second copy takes what the
+    # first holds of its part and reads the rest from the store: 0.51 of the version in
+    # all); job 2 then reads two epochs on a third node: 0.51 from the two copies, 0.49 from
+    # the store. Each byte comes from the store once
+    jobs = [Job(i, 100.0 * i, 1, 8, "d", 20_000.0, JobProfile(1.0, 1.0, 160_000, deadline=1e9)) for i in range(3)]
+    params = replace(
+        ClusterParams(nodes=3, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e10), epochs=1.0
+    )
+    sim = Simulation("ours+stripe+early", jobs, [Dataset("d", SIZE, (0.0,))], params, seed=3)
+    for i, epochs in ((0, 0.3), (1, 0.3), (2, 2.0)):
+        sim.outcomes[i].epochs = epochs
+    sim.run()
+    assert len({next(w.node.index for w in sim.outcomes[i].workers) for i in range(3)}) == 3
+    assert sim.storage_bytes == pytest.approx(SIZE, rel=1e-6)
+    assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
+    assert sim.peer_bytes == pytest.approx((0.3 * 0.3 + 0.51) * SIZE, rel=1e-6)

@@ -37,7 +37,7 @@ from tools.sim import fluid
 from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
 from tools.sim.fluid import Split
 from tools.sim.policies import JUICEFS, OURS
-from tools.sim.stripereads import StripeReads
+from tools.sim.stripereads import StripeReads, parts_held
 from tools.sim.workload import Dataset, Job
 
 STRIPE = ("ours+stripe", "ours+stripe+early")
@@ -200,17 +200,12 @@ class Reads(StripeReads):
 
     def _from_parts(self, node: Node, key: tuple[str, int], size: int, waiter: tuple[Job, int] | None) -> int:
         """Of ``size`` bytes a copy reads as its job reads them, those that other nodes' partial
-        copies hold (as many of them as the largest part, the bundles read being any) come
-        from those nodes, as the agent asks its peers before the store; returns what is left
-        for the store."""
-        parts = {
-            n.index: e.part
-            for n in self.nodes
-            if n.index != node.index and (e := n.cache.get(key)) is not None and e.ready and not e.stripe
-        }
-        if not parts or not self.params.peers:
+        copies hold between them (:func:`~tools.sim.stripereads.parts_held`) come from those
+        nodes, as the agent asks its peers before the store; returns what is left for the store."""
+        parts = self._partial_copies(node, key)
+        if not parts:
             return size
-        held = math.floor(size * max(parts.values()))
+        held = math.floor(size * parts_held(parts.values()))
         if held <= 1:
             return size
         if waiter is not None:

@@ -12,6 +12,8 @@ as read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from dsagent.policy.holding import WHOLE, holding, members_least, members_wanted, worth_whole
 from dsagent.policy.stripegroup import Candidate, choose_group
 from tools.sim import stripe
@@ -19,6 +21,17 @@ from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
 from tools.sim.flows import Flows, through_window
 from tools.sim.fluid import Split
 from tools.sim.workload import Dataset, Job
+
+
+def parts_held(parts: Iterable[float]) -> float:
+    """The part of a version that partial copies holding ``parts`` of it hold between them.
+    A copy's bundles are those its jobs read, in any order, so each copy holds a random
+    part of the bundles independently of the others: what none of them holds is the product
+    of what each lacks."""
+    missing = 1.0
+    for part in parts:
+        missing *= 1.0 - min(1.0, max(0.0, part))
+    return 1.0 - missing
 
 
 class StripeReads(Flows):
@@ -89,9 +102,9 @@ class StripeReads(Flows):
             lost = 0.0
         elif parts := self._partial_copies(node, key):
             # copies holding part of the version (their jobs read part of an epoch): of what
-            # the group lacks, as many bundles as the largest holds come from them (the
-            # bundles read being any), as the members ask their peers before the store
-            held = max(parts.values())
+            # the group lacks, what they hold between them comes from them, as the members
+            # ask their peers before the store
+            held = parts_held(parts.values())
             first = Split(first.local, first.remote + first.store * held, first.store * (1.0 - held))
             later = Split(later.local, later.remote + later.store * held, later.store * (1.0 - held))
             sources = tuple(sorted({*sources, *parts}))
