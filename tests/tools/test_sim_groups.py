@@ -251,3 +251,20 @@ def test_a_group_reads_what_a_partial_copy_holds_from_it_not_the_store() -> None
     assert ("fit", 0) in sim.stripes and ("other", 0) in sim.nodes[reader].cache, "read through a group"
     assert sim.storage_kept[("fit", 0)] == pytest.approx(TB // 2, rel=1e-6), "each byte of fit from the store once"
     assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
+
+
+def test_a_copy_being_fetched_whole_joins_the_group_whole_and_is_not_replaced_by_a_share() -> None:
+    # nodes 3 and 4 are fetching a 0.5 TB version whole (a job's ranks that had room) when
+    # the job's last rank, on a full node 1, joins it to a group: the two stay whole copies
+    # (their fetch goes on), as the controller keeps the job's nodes the version fits whole
+    data = [Dataset("fit", TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,))]
+    sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
+    key, size = ("fit", 0), TB // 2
+    for node in (3, 4):
+        sim.nodes[node].cache[key] = CacheEntry(key[0], key[1], size, 0.0, ready=False)
+    _ready(sim, 1, ("a", 0), 9 * TB // 10)
+    group = _join_on(sim, key, size, (3, 4, 1))
+    for node in (3, 4):
+        copy = sim.nodes[node].cache[key]
+        assert not copy.stripe and copy.size == size, "still a whole copy, not a share"
+        assert node in group.holding and group.owned[node] > 0

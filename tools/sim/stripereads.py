@@ -283,10 +283,10 @@ class StripeReads(Flows):
         for m in owners_new:
             node = self.nodes[m]
             entry = node.cache.get(key)
-            if entry is not None and entry.ready and not entry.stripe:  # whole: it keeps the version whole
+            if entry is not None and not entry.stripe:  # whole, or being fetched whole: it stays whole
                 entry.replica = True  # held by the controller's task while the version is read
                 group.holding.add(m)
-                group.fill[m] = 1.0
+                group.fill[m] = entry.part if entry.ready else 0.0  # a copy still fetched feeds readers as it lands
                 continue
             if not self._make_room(node, int(owned[m]), replica=True):
                 shareless.add(m)  # no room after all: it reads through its window
