@@ -199,7 +199,8 @@ class StripeShares(ShareFill):
             share.peers.update(peers)
             share.holders.update(holders)
             share.expires = now + lease  # a renewal is no use: last_used stays
-            if share.task is None or share.task.done():  # a part kept with no lease, held again: fill on
+            if not share.filling and any(b.digest not in share.held for b in share.owned):
+                # a part kept with no lease (its fill stopped), held again: it fills on
                 share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
             await self.pools.work(self._remember, share)
             return self.status(key)
@@ -408,9 +409,7 @@ class StripeShares(ShareFill):
         share = self._shares.get(key)
         if share is None:
             return False
-        if share.task is not None:
-            share.task.cancel()
-            await asyncio.gather(share.task, return_exceptions=True)
+        await self._stop_fill(share)
         share.held.clear()  # promised no more, to peers and readers, before the files go
         share.handover.clear()
         await self.window.forget(key)
@@ -450,7 +449,8 @@ class StripeShares(ShareFill):
 
     @staticmethod
     async def _stop_fill(share: Share) -> None:
-        """Stop a share's fill; the bundles it holds stay, and nothing is reserved for the rest."""
+        """Stop a share's fill and wait for it to end; the bundles it holds stay (a kept part),
+        and nothing is reserved for the rest (:meth:`pending_bytes` counts filling shares)."""
         if share.task is not None:
             share.task.cancel()
             await asyncio.gather(share.task, return_exceptions=True)
