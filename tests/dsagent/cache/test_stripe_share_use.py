@@ -213,11 +213,7 @@ def test_a_whole_copy_let_go_before_it_is_complete_keeps_what_it_holds_and_stops
             await service.stripes.expire()
             share = service.stripes._shares[key]
             assert len(share.held) == 2 and not share.filling and _usage(service)["imgs"].kept
-            await hold(service, on_demand=False)  # a group holds it again: it fills on, from the store
-            for _ in range(600):
-                if service.stripes.status(key)["complete"]:
-                    break
-                await asyncio.sleep(0.05)
+            await _held(service, url, "imgs", whole=True)  # a group holds it again: it fills on, from the store
             assert service.stripes.status(key)["complete"] and not _usage(service)["imgs"].kept
 
             await service.stripes.release("imgs")
