@@ -16,10 +16,12 @@ The rule:
   too few to hold the version with the rule's headroom and per-member budget, and where a
   job's node will read a version through the window that other nodes hold whole: those
   nodes join too (they own their part without moving a byte), so its reads are spread over
-  every copy the cluster holds instead of one node's upload. A member holding the version
-  whole keeps it whole while it stays a member, whether or not its pods still read it; one
-  the group lets go keeps its copy (the controller releases it with ``keep=whole``) until
-  the cache evicts it.
+  every copy the cluster holds instead of one node's upload. An earlier member that still
+  holds its share stays when the next job reads the version on other nodes: its bytes are
+  not fetched from the store again, and the cache's eviction, not the group, decides when
+  they go. A member holding the version whole keeps it whole while it stays a member,
+  whether or not its pods still read it; one the group lets go keeps its copy (the
+  controller releases it with ``keep=whole``) until the cache evicts it.
 - **A job's node that started on a share is made whole later only once it has paid for
   it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
   while its pods go on reading; it does so once its readers have taken at least that many
@@ -82,15 +84,26 @@ def worth_whole(window_bytes: int, lacking_bytes: int) -> bool:
 
 
 def members_wanted(
-    size_bytes: int, cache_bytes: int, job_nodes: int, *, ratio: float = EVICT_RATIO, copies: int = 0
+    size_bytes: int,
+    cache_bytes: int,
+    job_nodes: int,
+    *,
+    ratio: float = EVICT_RATIO,
+    copies: int = 0,
+    kept: int = 0,
 ) -> int:
     """How many members a version held as shares has: the job's nodes, or, where they are too
     few to hold it with the headroom and :data:`SHARE_BUDGET`, as many as that needs
     (:func:`dsplatform.stripe.group_size` over ``cache_bytes``, the smallest member cache);
     plus ``copies``, the nodes outside the job holding the version whole where a job's node
-    will read it through the window (:func:`choose_placement` counts them)."""
+    will read it through the window, and ``kept``, the earlier members outside the job that
+    still hold their share of it (:func:`choose_placement` counts both). A member that holds
+    its share stays: dropping it would have the next reader fetch those bytes from the store
+    again, while keeping it costs only the disk the cache's eviction takes back when it
+    needs the room (a member whose share was evicted holds nothing and leaves; one holding
+    the version whole keeps its copy when let go, and is not counted)."""
     need = group_size(size_bytes, cache_bytes, headroom=ratio, budget=SHARE_BUDGET) if cache_bytes > 0 else 1
-    return max(need, job_nodes + max(0, copies), 1)
+    return max(need, job_nodes + max(0, copies) + max(0, kept), 1)
 
 
 def members_least(size_bytes: int, cache_bytes: int, *, ratio: float = EVICT_RATIO) -> int:
@@ -146,9 +159,12 @@ def choose_placement(
         caches = [by_name[n].cache_bytes for n in job if by_name[n].cache_bytes > 0]
         caches = caches or [n.cache_bytes for n in nodes if n.cache_bytes > 0]
         through = len(whole_job) < len(job)
-        copies = sum(1 for n in nodes if n.name not in job and n.holds_whole) if through else 0
+        copies = {n.name for n in nodes if n.name not in job and n.holds_whole} if through else set()
+        kept = _kept(by_name, before, no_share_before, skip={*job, *copies})
         members = (
-            members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=copies) if caches else len(nodes)
+            members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=len(copies), kept=kept)
+            if caches
+            else len(nodes)
         )
     group = choose_group(
         nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
@@ -160,6 +176,20 @@ def choose_placement(
         if name not in group.no_share and (name in whole_job if name in job else by_name[name].holds_whole)
     ]
     return Placement(group.members, group.no_share, whole)
+
+
+def _kept(
+    by_name: dict[str, Candidate], before: Sequence[str], no_share_before: Sequence[str], *, skip: set[str]
+) -> int:
+    """The earlier members, other than ``skip``, that own a share and still hold bytes of it
+    (:func:`members_wanted`'s ``kept``). One holding the version whole is not counted: let
+    go, it keeps its copy anyway (released with ``keep=whole``)."""
+    shareless = set(no_share_before)
+    return sum(
+        1 for name in dict.fromkeys(before)
+        if name not in skip and name not in shareless and name in by_name
+        and by_name[name].held_bytes > 0 and not by_name[name].holds_whole
+    )  # fmt: skip
 
 
 def _paid(node: Candidate, size_bytes: int) -> bool:

@@ -651,3 +651,38 @@ def test_a_group_that_lets_a_whole_copy_go_releases_it_kept_and_a_late_inventory
     # one by its inventory, n3 by its last answer though its inventory shows 60 GB)
     invs = {"n1": inv(share(150 * GB)), "n2": inv({}, free=10 * GB), "n3": inv(share(60 * GB))}
     assert sorted(run(invs, ["n2", "n3"])["whole"]) == ["n1", "n3"]
+
+
+def test_members_still_holding_their_share_stay_when_the_next_job_holds_the_version_whole() -> None:
+    # a 150 GB version was held as shares over n1-n3 (50 GB each) for a job that ended; the
+    # next job trains on n4, whose 400 GB cache holds it whole. The size rule over n4's cache
+    # alone wants one member; but the three still hold their shares, so they stay (none is
+    # released) and n4's copy is filled from them, not from the store
+    def inv(held: int, free: int) -> dict[str, Any]:
+        stripes = {"big": {"digest": DIGEST, "sizeBytes": 150 * GB, "heldBytes": held, "windowBytes": 0, "members": 3}}
+        return {"version": 1, "freeBytes": free, "capacityBytes": 400 * GB, "features": list(FEATURES),
+                "datasets": {}, "stripes": stripes if held else {}}  # fmt: skip
+
+    def run(invs: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+        released: list[str] = []
+
+        def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+            if method == "DELETE":
+                released.append(node)
+            return 200, {"complete": True, "bytesHeld": 50 * GB, "bytesOwned": 50 * GB}
+
+        last = [{"node": n, "state": "ready", "bytesHeld": 50 * GB, "bytesOwned": 50 * GB} for n in ("n1", "n2", "n3")]
+        status = stripe_status(
+            "big", {"stripe": "auto", "bundles": "s3://s/p"},
+            {"bytes": 150 * GB, "digest": DIGEST, "stripe": {"nodes": last}}, invs,
+            agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n4"],
+        )  # fmt: skip
+        return [n["node"] for n in status["nodes"]], released
+
+    invs = {n: inv(50 * GB, 10 * GB) for n in ("n1", "n2", "n3")}
+    invs["n4"] = inv(0, 400 * GB)
+    assert run(invs) == (["n1", "n2", "n3", "n4"], [])
+    # one whose share the cache evicted holds nothing of it: it leaves the group
+    invs["n2"] = inv(0, 60 * GB)
+    members, released = run(invs)
+    assert members == ["n1", "n3", "n4"] and released == ["n2"]

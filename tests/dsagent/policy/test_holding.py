@@ -133,3 +133,26 @@ def test_the_group_is_sized_by_the_job_nodes_caches_not_the_smallest_in_the_clus
     assert placement.members == placement.whole == ["n0", "n1"]
     # with no job, the group is sized over every node's cache: 24 wanted, the four with room
     assert choose_placement([*_subnet(4), tiny], size_bytes=TB).members == ["n0", "n1", "n2", "n3"]
+
+
+def test_earlier_members_still_holding_their_share_stay_when_the_next_job_reads_elsewhere() -> None:
+    # a 6 TB version over four 4 TB caches: a first job on n0-n3 held it as shares and ended;
+    # the next job runs on n4 and n5. The four earlier members hold 1.8 TB each of it: they
+    # stay (their bytes are not read from the store again), and the job's two nodes join
+    nodes = _subnet(8)
+    held = {f"n{i}": Candidate(f"n{i}", free_bytes=2 * TB, held_bytes=int(1.8 * TB), subnet="s1", cache_bytes=4 * TB)
+            for i in range(4)}  # fmt: skip
+    nodes = [held.get(n.name, n) for n in nodes]
+    before = ["n0", "n1", "n2", "n3"]
+    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=["n4", "n5"], before=before)
+    assert placement.members == [*before, "n4", "n5"] and placement.whole == []
+    # one whose share the cache evicted holds nothing of it: it leaves
+    nodes = [replace(n, held_bytes=0) if n.name == "n2" else n for n in nodes]
+    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=["n4", "n5"], before=before)
+    assert sorted(placement.members) == ["n0", "n1", "n3", "n4", "n5"]
+    # so does one that owned no share (it read through its window for a job that ended)
+    placement = choose_placement(
+        nodes, size_bytes=6 * TB, job_nodes=["n4", "n5"], before=before, no_share_before=["n3"]
+    )
+    assert sorted(placement.members) == ["n0", "n1", "n4", "n5"]
+    assert members_wanted(6 * TB, 4 * TB, 2, kept=3) == 5 and members_wanted(6 * TB, 4 * TB, 2, kept=1) == 4
