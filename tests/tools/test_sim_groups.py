@@ -1,5 +1,5 @@
 """The simulator's groups as the controller forms them: a job's nodes join the group of the
-version it reads (``dsagent.policy.stripegroup.choose_group``), and the job's nodes that copy
+version it reads (``dsagent.policy.holding.choose_placement``), and the job's nodes that copy
 a version whole fill it together, each reading its own part from the store, or from a node
 holding the version ready, as the agents' swarm does."""
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from dsagent.policy import stripegroup
+from dsagent.policy import holding
 from scheduling.timemodel import JobProfile
 from tools.sim import stripereads
 from tools.sim.cluster import CacheEntry, Outcome, Worker
@@ -33,14 +33,14 @@ def _job(i: int, arrival: float, workers: int, dataset: str, runtime: float = 20
 
 
 def test_the_simulator_calls_the_controllers_group_choice() -> None:
-    assert stripereads.choose_group is stripegroup.choose_group
+    assert stripereads.choose_placement is holding.choose_placement
 
 
 def _two_jobs(monkeypatch: pytest.MonkeyPatch, choose: object) -> tuple[Simulation, list[set[int]]]:
     """A 2 TB version (shares: 1.2 x 2 TB > one 1 TB cache; a group of five) read by a one-node
     job, then by an eight-node job that starts while the first still runs: at least three of
     its nodes are outside the group it finds."""
-    monkeypatch.setattr(stripereads, "choose_group", choose)
+    monkeypatch.setattr(stripereads, "choose_placement", choose)
     data = [Dataset("big", 2 * TB, (0.0,))]
     jobs = [_job(0, 0.0, 1, "big", 20_000.0), _job(1, 100.0, 8, "big")]
     sim = Simulation("ours+stripe", jobs, data, _params(16), seed=3)
@@ -59,10 +59,10 @@ def _two_jobs(monkeypatch: pytest.MonkeyPatch, choose: object) -> tuple[Simulati
 
 
 def test_a_jobs_nodes_join_the_group_of_the_version_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    answers: list[stripegroup.Group] = []
+    answers: list[holding.Placement] = []
 
-    def recording(nodes: object, **kw: object) -> stripegroup.Group:
-        answer = stripegroup.choose_group(nodes, **kw)  # type: ignore[arg-type]
+    def recording(nodes: object, **kw: object) -> holding.Placement:
+        answer = holding.choose_placement(nodes, **kw)  # type: ignore[arg-type]
         answers.append(answer)
         return answer
 
@@ -78,8 +78,8 @@ def test_a_jobs_nodes_join_the_group_of_the_version_it_reads(monkeypatch: pytest
 
 
 def test_a_different_group_choice_changes_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    def only_before(nodes: object, **kw: object) -> stripegroup.Group:  # the earlier members alone
-        return stripegroup.Group(list(kw["before"]), [])  # type: ignore[call-overload]
+    def only_before(nodes: object, **kw: object) -> holding.Placement:  # the earlier members alone
+        return holding.Placement(list(kw["before"]), [], [])  # type: ignore[call-overload]
 
     sim, started = _two_jobs(monkeypatch, only_before)
     group = sim.stripes[("big", 0)]
@@ -144,8 +144,9 @@ def _join_on(sim: Simulation, key: tuple[str, int], size: int, nodes: tuple[int,
 def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their_place() -> None:
     # a 1.5 TB version is owned by node 0 alone; a two-node job starts on nodes 1 and 2,
     # whose 1 TB caches hold the last copies of other versions (no room for a share). As the
-    # controller chooses over every agent's inventory, they join without a share and two of
-    # the empty nodes own in their place: the job's ranks read over three uploads, not one
+    # controller chooses over every agent's inventory, they join without a share and empty
+    # nodes own in their place: node 0 and three more, the size rule's four owners
+    # (ceil(1.2 x 1.5 TB / (0.5 x 1 TB))), so the job's ranks read over four uploads, not one
     data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
     sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
     size = 3 * TB // 2
@@ -154,13 +155,13 @@ def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their
     group = _join_on(sim, ("big", 0), size, (1, 2))
     owners = {m for m, owned in group.owned.items() if owned > 0}
     assert {1, 2} <= set(group.members) and not owners & {1, 2}, "the full nodes own nothing"
-    assert 0 in owners and len(owners) == 3, "two nodes with room own in their place"
+    assert 0 in owners and len(owners) == 4, "nodes with room own in their place"
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
 
 
 def test_a_later_join_hands_no_bundles_to_members_that_joined_without_a_share() -> None:
     # as above, full nodes 1 and 2 join the group of a 1.5 TB version without a share, and
-    # the owners fill every bundle. A second job then starts on node 5: the re-plan gives
+    # the owners fill every bundle. A second job then starts on node 7: the re-plan gives
     # slots to owners only, so nodes 1 and 2 still own nothing and no owner's bundles are
     # handed to a node that does not hold them (which would read them from the store again)
     data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
@@ -174,11 +175,12 @@ def test_a_later_join_hands_no_bundles_to_members_that_joined_without_a_share() 
     out = Outcome(_job(2, 10.0, 1, "big"), start=10.0)
     out.workers = [Worker(sim.nodes[7], (0,), frozenset())]
     sim._join(out, group, ("big", 0), size)
-    assert group.owned[1] == 0 and group.owned[2] == 0, "a member without a share owns nothing after a re-plan"
-    # the controller is told they own nothing (no_share_before), so nodes with room own in
-    # their place: six members wanted (the five before and node 7), six owners
+    assert not group.owned.get(1) and not group.owned.get(2), "a node without a share owns nothing after a re-plan"
+    # the four owners still hold their shares and stay, node 7 joins (five owners); nodes 1
+    # and 2 owned nothing for a job that ended: they leave, as the controller lets them go
     owners = {m for m, owned in group.owned.items() if owned > 0}
-    assert 7 in owners and len(owners) == 6
+    assert 7 in owners and len(owners) == 5
+    assert not {1, 2} & set(group.members) and not group.shareless
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
     kept = sum(group.owned[m] * group.fill.get(m, 0.0) for m in group.members if m in group.holding)
     assert kept == pytest.approx(held, rel=1e-6), "the bytes the owners held stay held"

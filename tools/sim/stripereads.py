@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dsagent.policy.holding import WHOLE, holding, members_least, members_wanted, worth_whole
-from dsagent.policy.stripegroup import Candidate, choose_group
+from dsagent.policy.holding import WHOLE, choose_placement, holding, members_least, members_wanted, worth_whole
+from dsagent.policy.stripegroup import Candidate
 from tools.sim import stripe
 from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
 from tools.sim.flows import Flows, through_window
@@ -246,29 +246,30 @@ class StripeReads(Flows):
 
     def _join(self, out: Outcome, group: stripe.Group, key: tuple[str, int], size: int) -> None:
         """A job starts on nodes outside the version's group: they join it, as the controller's
-        pass re-plans a group with the nodes of the Dataset's pods
-        (:func:`dsagent.policy.stripegroup.choose_group`, called here over every node, as many
-        members as the earlier ones and the job's nodes: the earlier members first and kept,
-        each job node a member, owning a share where it has room for one without evicting a
-        last copy, else none, and then a node with room owning in its place). Rendezvous
-        hashing gives each new owner about 1/k of the bundles; those the old owners held move
-        over the peers (read from there in the new owner's first epoch, not the store)."""
+        pass re-plans a group with the nodes of the Dataset's pods: the product's
+        :func:`dsagent.policy.holding.choose_placement`, called here over every node with the
+        nodes of every job reading the version, the earlier members and those of them that
+        owned no share (its member count is :func:`dsagent.policy.holding.members_wanted`'s:
+        the job's nodes, the whole copies a node reading through the window spreads its reads
+        over, and the earlier members still holding their share). Each job node is a member,
+        owning a share where it has room for one without evicting a last copy, else none,
+        and then a node with room owning in its place. Rendezvous hashing gives each new
+        owner about 1/k of the bundles; those the old owners held move over the peers (read
+        from there in the new owner's first epoch, not the store)."""
         job = [i for i in dict.fromkeys(w.node.index for w in out.workers) if i not in group.members]
         if not job:
             return
         before = [m for m in group.members if m >= 0]
-        # a version that fits a node is read through a group only where the job's nodes have no
-        # room for it whole: the nodes holding it whole count too (members_wanted's ``copies``),
-        # and one taken as an owner keeps the version whole (dsagent.policy.holding.choose_placement)
-        fits = holding(size, cache_bytes=self.params.cache_bytes) is WHOLE
-        copies = sorted(self.ready_copies.get(key, set()) - {*before, *job}) if fits else []
-        names = {m: str(m) for m in (*before, *job, *copies)}
+        readers = [
+            w.node.index for o in (self.running.get(j) for j in group.readers) if o is not None for w in o.workers
+        ]
+        reading = list(dict.fromkeys((*readers, *(w.node.index for w in out.workers))))
         # every node is a candidate, as every agent's inventory is the controller's: a job node
         # with no room for a share joins without one, and a node with room owns in its place
         nodes = [self._candidate(n, key) for n in self.nodes]
-        chosen = choose_group(
-            nodes, size_bytes=size, job_nodes=[names[m] for m in job], before=[names[m] for m in before],
-            no_share_before=[names[m] for m in before if m in group.shareless], members=len(names),
+        chosen = choose_placement(
+            nodes, size_bytes=size, job_nodes=[str(m) for m in reading], before=[str(m) for m in before],
+            no_share_before=[str(m) for m in before if m in group.shareless],
         )  # fmt: skip
         shareless = {int(n) for n in chosen.no_share}
         joining = [int(n) for n in chosen.members if int(n) not in group.members]
@@ -304,7 +305,9 @@ class StripeReads(Flows):
             if entry is not None and entry.stripe:
                 entry.size = int(owned.get(m, 0.0))
                 self.touch(self.nodes[m])
-        group.shareless |= {m for m in joining if m in shareless}
+        # a member that owned nothing leaves with its job, as the controller lets it go
+        staying = {int(n) for n in chosen.members}
+        group.shareless = {m for m in group.shareless if m in staying} | {m for m in joining if m in shareless}
         without = list(dict.fromkeys(m for m in (*group.members, *joining) if m in group.shareless))
         group.members = (*slots, *without)
         group.owned = {**owned, **dict.fromkeys(without, 0.0)}
@@ -319,6 +322,7 @@ class StripeReads(Flows):
             subnet=",".join(sorted(c.name for c in node.type.classes)),
             cache_bytes=int(self.params.cache_bytes),
             spare_bytes=self._room_bytes(node, key),
+            holds_whole=entry is not None and not entry.stripe and entry.ready and entry.part >= 1.0,
         )
 
     def _room_bytes(self, node: Node, key: tuple[str, int]) -> int:
