@@ -190,6 +190,7 @@ def stripe_status(
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
                 holds_whole=bool(listed) and (_whole_share(inv, name, digest, size) or node in whole_before),
+                in_use_bytes=_in_use_bytes(inv),
             )
         )  # fmt: skip
     shareless_before = [str(r.get("node")) for r in earlier if r.get("share") is False]
@@ -262,6 +263,11 @@ def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[Key, int], keeping
         for key, version in ready_versions(inv).items()
         if version.get("inUse") is not True and copies.get(key, 0) > 1 and key not in keeping
     )
+
+
+def _in_use_bytes(inv: Mapping[str, Any]) -> int:
+    """The bytes of the node's ready copies its pods use: no eviction frees them."""
+    return sum(count(v.get("sizeBytes")) for v in ready_versions(inv).values() if v.get("inUse") is True)
 
 
 def _drain(

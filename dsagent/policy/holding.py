@@ -106,13 +106,6 @@ def members_wanted(
     return max(need, job_nodes + max(0, copies) + max(0, kept), 1)
 
 
-def members_least(size_bytes: int, cache_bytes: int, *, ratio: float = EVICT_RATIO) -> int:
-    """The fewest members that can hold a version at all (each share within a whole cache
-    with the headroom): where fewer nodes than :func:`members_wanted` have room, the group
-    is smaller, its shares larger, down to this many."""
-    return group_size(size_bytes, cache_bytes, headroom=ratio, budget=1.0) if cache_bytes > 0 else 1
-
-
 class Placement(NamedTuple):
     """The group's members in order, those that own no bundle, and those that hold every
     bundle (a whole local copy: the job's nodes the version fits)."""
@@ -206,6 +199,6 @@ def _room(node: Candidate) -> int | None:
 
 
 __all__ = [
-    "Holding", "Placement", "SHARE", "SHARE_BUDGET", "WHOLE", "choose_placement", "holding", "members_least",
+    "Holding", "Placement", "SHARE", "SHARE_BUDGET", "WHOLE", "choose_placement", "holding",
     "members_wanted", "worth_whole",
 ]  # fmt: skip

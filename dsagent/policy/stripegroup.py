@@ -65,6 +65,8 @@ class Candidate:
     # its share of the version holds every bundle (``holding: whole``): not a copy of another
     # kind (an unpacked ready copy counts in ``held_bytes`` but holds no bundle)
     holds_whole: bool = False
+    # bytes of its cache its pods' data holds (no eviction frees them)
+    in_use_bytes: int = 0
 
 
 class Group(NamedTuple):
@@ -101,7 +103,9 @@ def choose_group(
     few other nodes have room to own in their place, or where a member's agent does not
     take members without a share (``takes_no_share``: a release from before them, while an
     upgrade rolls), the job's nodes take their shares after all (a share larger than its
-    owner's room checked would be refused)."""
+    owner's room checked would be refused), and nodes whose caches can hold a share beside
+    their pods' data (``in_use_bytes``) own where too few have room without evicting a last
+    copy."""
     if not nodes:
         return Group([], [])
     by_name = {n.name: n for n in nodes}
@@ -162,6 +166,16 @@ def _choose(
         take(node.name)
     if shareless and len(chosen) - len(shareless) < owners:
         return None
+    if not shareless:
+        # too few nodes have room without evicting a last copy (and no job node was spared
+        # its share for that): nodes whose caches can hold a share beside their pods' data
+        # own too, the most room first; their agents evict for it (idle copies first, last copies last). A
+        # share refused for room would have its bundles read from the store every epoch,
+        # where the copies evicted for it are read again only when next used
+        for node in sorted(
+            (n for n in nodes if n.cache_bytes - n.in_use_bytes >= need), key=lambda n: (-_room(n), n.name)
+        ):
+            take(node.name)
     # the earlier members first, in their earlier order: the order is part of the group (a
     # rank's buckets are homed by position, dsplatform.stripe.bucket_of), and an agent takes a
     # reordered list for a new group; shares filling must not reorder it

@@ -686,3 +686,30 @@ def test_members_still_holding_their_share_stay_when_the_next_job_holds_the_vers
     invs["n2"] = inv(0, 60 * GB)
     members, released = run(invs)
     assert members == ["n1", "n3", "n4"] and released == ["n2"]
+
+
+def test_where_too_few_have_room_the_nodes_whose_caches_their_pods_do_not_hold_own() -> None:
+    # a 600 GB version on 400 GB caches wants four owners (180 GB each with the headroom).
+    # Only the job's node n1 has room without evicting a last copy; n2-n5 are full of 380 GB
+    # last copies, n5's in use by its pods. n2-n4 can evict theirs for a share; n5, though it
+    # has the most free bytes, cannot, and is not asked for one its agent would refuse
+    def inv(free: int, data: dict[str, Any]) -> dict[str, Any]:
+        return {"version": 1, "freeBytes": free, "capacityBytes": 400 * GB, "features": list(FEATURES),
+                "datasets": data, "stripes": {}}  # fmt: skip
+
+    def copy(in_use: bool) -> dict[str, Any]:
+        return {"digest": "c" * 32, "sizeBytes": 380 * GB, "files": 10, "state": "ready", "inUse": in_use,
+                "lastUsed": "2026-11-01T00:00:00Z"}  # fmt: skip
+
+    invs = {"n1": inv(300 * GB, {})}
+    invs.update({n: inv(10 * GB, {f"d{n}": copy(False)}) for n in ("n2", "n3", "n4")})
+    invs["n5"] = inv(20 * GB, {"dn5": copy(True)})  # the most room of the four, all of it its pods' data beside
+
+    def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+        return 200, {"complete": True, "bytesHeld": 150 * GB, "bytesOwned": 150 * GB}
+
+    status = stripe_status(
+        "big", {"stripe": "auto", "bundles": "s3://s/p"}, {"bytes": 600 * GB, "digest": DIGEST}, invs,
+        agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
+    )  # fmt: skip
+    assert [n["node"] for n in status["nodes"]] == ["n1", "n2", "n3", "n4"]

@@ -61,7 +61,7 @@ def test_a_holder_is_taken_first_where_no_job_runs() -> None:
 def test_members_chosen_before_stay_and_nodes_without_room_are_left_out() -> None:
     chosen = _members(_nodes(), size_bytes=6 * TB, before=["d", "a"], members=3)
     assert chosen[:2] == ["a", "d"] or chosen[:2] == ["d", "a"]
-    assert "e" not in _members(_nodes(), size_bytes=6 * TB, members=6)  # 10 bytes free, not the job's
+    assert "e" not in _members(_nodes(), size_bytes=6 * TB, members=5)  # 10 bytes free, not the job's
     assert _members([], size_bytes=1, members=1) == []
 
 
@@ -164,3 +164,30 @@ def test_a_job_node_owns_after_all_when_too_few_others_have_room() -> None:
     nodes = [n for n in _job_node_without_room() if n.name in ("a", "c", "e")]
     group = choose_group(nodes, size_bytes=6 * TB, job_nodes=["e"], members=3)
     assert group == (["e", "c", "a"], [])
+
+
+def test_where_too_few_have_room_without_a_last_copy_nodes_whose_cache_can_hold_a_share_own() -> None:
+    # a 6 TB version wants four owners (1.8 TB each with the headroom) on 4 TB caches full of
+    # last copies: only a has 3 TB of room without evicting one. Without the others the
+    # version would have one owner, whose agent refuses a 6 TB share (its bundles then read
+    # from the store every epoch); the nodes whose caches can hold a share own too, the most
+    # room first, and their agents evict for it
+    nodes = [
+        Candidate("a", free_bytes=3 * TB, spare_bytes=3 * TB, subnet="s1", cache_bytes=4 * TB),
+        *(Candidate(n, free_bytes=free, spare_bytes=free, subnet="s1", cache_bytes=4 * TB)
+          for n, free in (("b", 10), ("c", TB // 2), ("d", TB))),
+        Candidate("small", free_bytes=TB, spare_bytes=TB, subnet="s1", cache_bytes=TB),  # 1 TB: no 1.8 TB share
+    ]  # fmt: skip
+    assert _members(nodes, size_bytes=6 * TB, job_nodes=["a"], members=4) == ["a", "d", "c", "b"]
+    # one whose cache its pods' data holds (no eviction frees it) is not asked for a share it
+    # would refuse
+    busy = [replace(n, in_use_bytes=3 * TB) if n.name == "c" else n for n in nodes]
+    assert _members(busy, size_bytes=6 * TB, job_nodes=["a"], members=4) == ["a", "d", "b"]
+    # where enough have room, no last copy is evicted for the group
+    roomy = [replace(n, free_bytes=2 * TB, spare_bytes=2 * TB) if n.name in ("b", "c", "d") else n for n in nodes]
+    assert _members(roomy, size_bytes=6 * TB, job_nodes=["a"], members=3) == ["a", "b", "c"]
+    # a job node with no room but by evicting a last copy is not spared its share where the
+    # others would have to evict theirs in its place: it owns, beside them
+    spared = [replace(n, spare_bytes=10, free_bytes=10) if n.name == "a" else n for n in nodes]
+    group = choose_group(spared, size_bytes=6 * TB, job_nodes=["a"], members=4)
+    assert group.no_share == [] and group.members[0] == "a" and len(group.members) == 4
