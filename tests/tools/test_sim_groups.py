@@ -78,7 +78,9 @@ def test_a_jobs_nodes_join_the_group_of_the_version_it_reads(monkeypatch: pytest
 
 
 def test_a_different_group_choice_changes_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    def only_before(nodes: object, **kw: object) -> holding.Placement:  # the earlier members alone
+    def only_before(nodes: object, **kw: object) -> holding.Placement:  # a re-plan: the earlier members alone
+        if "before" not in kw:  # the group formed for the first job
+            return holding.choose_placement(nodes, **kw)  # type: ignore[arg-type]
         return holding.Placement(list(kw["before"]), [], [])  # type: ignore[call-overload]
 
     sim, started = _two_jobs(monkeypatch, only_before)
@@ -270,3 +272,34 @@ def test_a_copy_being_fetched_whole_joins_the_group_whole_and_is_not_replaced_by
         copy = sim.nodes[node].cache[key]
         assert not copy.stripe and copy.size == size, "still a whole copy, not a share"
         assert node in group.holding and group.owned[node] > 0
+
+
+def test_a_group_is_formed_as_the_products_placement_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a 2 TB version on 1 TB caches, read by a one-node job: the controller's placement (the
+    # size rule's five members, ceil(1.2 x 2 TB / (0.5 x 1 TB))) is the group the simulator forms
+    answers: list[tuple[dict[str, object], holding.Placement]] = []
+
+    def recording(nodes: object, **kw: object) -> holding.Placement:
+        answer = holding.choose_placement(nodes, **kw)  # type: ignore[arg-type]
+        answers.append((kw, answer))
+        return answer
+
+    monkeypatch.setattr(stripereads, "choose_placement", recording)
+    data = [Dataset("big", 2 * TB, (0.0,))]
+    sim = Simulation("ours+stripe", [_job(0, 0.0, 1, "big")], data, _params(16), seed=3).run()
+    asked, first = answers[0]
+    job_node = sim.outcomes[0].workers[0].node.index
+    assert asked["job_nodes"] == [str(job_node)] and len(first.members) == 5 and first.members[0] == str(job_node)
+    group = sim.stripes[("big", 0)]
+    assert [str(m) for m in group.members] == first.members
+    assert sum(group.owned.values()) == pytest.approx(2 * TB, rel=1e-6)
+
+    # another answer, another group: the simulator has no choice of its own
+    def elsewhere(nodes: object, **kw: object) -> holding.Placement:
+        job = list(kw["job_nodes"])  # type: ignore[call-overload]
+        others = [str(i) for i in range(16) if str(i) not in job][-5:]
+        return holding.Placement([*job, *others], [], [])
+
+    monkeypatch.setattr(stripereads, "choose_placement", elsewhere)
+    sim = Simulation("ours+stripe", [_job(0, 0.0, 1, "big")], data, _params(16), seed=3).run()
+    assert len(sim.stripes[("big", 0)].members) == 6 and 15 in sim.stripes[("big", 0)].members

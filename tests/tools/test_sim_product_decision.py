@@ -27,8 +27,7 @@ TB = 10**12
 
 def test_the_simulator_calls_the_products_functions() -> None:
     assert reads.holding is product.holding
-    assert stripereads.members_wanted is product.members_wanted
-    assert stripereads.members_least is product.members_least
+    assert stripereads.choose_placement is product.choose_placement  # which nodes, how many: the controller's
     assert stripereads.holding is product.holding and stripereads.worth_whole is product.worth_whole
 
 

@@ -97,8 +97,9 @@ def test_a_start_before_whole_pod_reads_the_version_it_was_admitted_with() -> No
 
 def test_a_version_another_node_is_still_fetching_is_read_from_it_not_again_from_the_store() -> None:
     # node A: job 0 holds 700 GB of its 1 TB cache; node B: job 1 fetches ds001 (700 s at
-    # 1 GB/s); job 2 reads ds001 on node A at 100 s, where it has no room: from node B's
-    # copy as its bundles land, so ds001 comes from the store once
+    # 1 GB/s); job 2 reads ds001 on node A at 100 s, where it has no room: through a group
+    # in which A owns nothing and B, holding the copy, owns every bundle, so A reads B's copy
+    # as its bundles land and ds001 comes from the store once
     data = [Dataset("ds000", 700 * 10**9, (0.0,)), Dataset("ds001", 700 * 10**9, (0.0,))]
     jobs = [
         Job(0, 0.0, 1, 4, "ds000", 100_000.0, JobProfile(1.0, 1.0, 400_000, deadline=1e9)),
@@ -107,6 +108,9 @@ def test_a_version_another_node_is_still_fetching_is_read_from_it_not_again_from
     ]
     sim = run("ours+stripe", jobs, data, cluster(nodes=2, epochs=3.0))
     assert sim.outcomes[2].workers[0].node.index == sim.outcomes[0].workers[0].node.index
-    assert sim.storage_bytes == pytest.approx(1400 * 10**9) and not sim.stripes
+    a, b = sim.outcomes[0].workers[0].node.index, sim.outcomes[1].workers[0].node.index
+    assert sim.storage_bytes == pytest.approx(1400 * 10**9)
+    group = sim.stripes[("ds001", 0)]
+    assert group.shareless == {a} and {m for m, owned in group.owned.items() if owned > 0} == {b}
     assert sim.storage_by_cause["refetch"] == 0.0
     assert sim.read_peer[0] + sim.read_peer[1] == pytest.approx(3 * 700 * 10**9)

@@ -87,7 +87,12 @@ def test_a_version_that_fits_a_node_but_not_this_one_now_is_read_from_a_group_no
     # ours reads ds001 from the store every epoch; the group (the other node) fills it once
     assert ours.storage_bytes - striped.storage_bytes == pytest.approx(2 * 700 * GB, rel=1e-6)
     group = striped.stripes[("ds001", 0)]
-    assert held not in group.members and group.fill == {m: pytest.approx(1.0) for m in group.members}
+    # the job's node is a member without a share (its pods read through its window); the
+    # other node owns every bundle and holds it
+    assert group.shareless == {held} and group.owned[held] == 0
+    assert {m: group.fill[m] for m in group.members if m != held} == {
+        m: pytest.approx(1.0) for m in group.members if m != held
+    }
     assert striped.read_peer[1] == pytest.approx(2 * 700 * GB)  # the later epochs from the group
 
 
@@ -106,9 +111,10 @@ def test_a_version_another_node_holds_ready_is_read_from_it_when_this_node_has_n
 def test_a_version_held_whole_elsewhere_is_read_through_a_group_when_this_node_has_no_room() -> None:
     # four nodes: job 0 holds ds000 whole on node A (all its GPUs, long); job 1 holds ds001
     # on node B (4 GPUs, long), which leaves B no room for a copy of ds000; job 2 (4 GPUs,
-    # ds000) is packed next to job 1 on B. It reads ds000 through a group of the two nodes
-    # with room (the product's count for 700 GB on 1 TB caches, B having none), not every
-    # epoch from A's copy (pods never read a peer's copy, and A alone would serve every such
+    # ds000) is packed next to job 1 on B. It reads ds000 through a group (the product's
+    # count for 700 GB on 1 TB caches: two owners), B joining without a share (no room) and
+    # A, which holds it whole, owning its part without moving a byte, not every epoch from
+    # A's copy alone (pods never read a peer's copy, and A alone would serve every such
     # reader); A's copy feeds what the group lacks, so the store reads each version once
     data = [Dataset("ds000", 700 * GB, (0.0,)), Dataset("ds001", 700 * GB, (0.0,))]
     jobs = [
@@ -121,7 +127,8 @@ def test_a_version_held_whole_elsewhere_is_read_through_a_group_when_this_node_h
         a, b, c = (sim.outcomes[i].workers[0].node.index for i in range(3))
         assert c == b != a and sim.ready_copies[("ds000", 0)] == {a}
         group = sim.stripes[("ds000", 0)]
-        assert len(group.members) == 2 and a not in group.members and b not in group.members
+        owners = [m for m in group.members if m not in group.shareless]
+        assert group.shareless == {b} and len(owners) == 2 and a in owners
         assert sim.storage_bytes == pytest.approx(2 * 700 * GB)  # each version once: A's copy fed the group
         assert sum(sim.read_store) == pytest.approx(0.0)
         # later epochs: jobs 0 and 1 from their whole copies, job 2 from the group's members
@@ -257,9 +264,9 @@ def test_a_share_is_published_as_the_agents_inventory_shows_it_not_as_a_whole_co
 def test_a_group_does_not_take_both_holders_of_a_versions_two_copies_as_room() -> None:
     # nodes 1 and 2 (the job's) each hold an idle copy of "v", the cluster's only two, with
     # too little free room for a share; nodes 0 and 3 are empty. Each copy alone is room
-    # (another node holds v), but not both: of the group's two slots node 1 takes one, an
-    # empty node the other, and v keeps a copy (the published counts are those of before
-    # the group's pass, which still show two)
+    # (another node holds v), but not both: node 2 is v's keeper (to it the copy is the
+    # last), so it joins without a share; node 1 and the empty nodes own, and v keeps the
+    # keeper's copy
     from tools.sim.cluster import Outcome, Worker
 
     data = [Dataset("big", int(2.4 * GB), (0.0,)), Dataset("v", int(1.5 * GB), (0.0,))]
@@ -270,7 +277,7 @@ def test_a_group_does_not_take_both_holders_of_a_versions_two_copies_as_room() -
     out = Outcome(sim.jobs[0], start=0.0)
     out.workers = [Worker(n, (0, 1, 2, 3, 4, 5, 6, 7), frozenset()) for n in (sim.nodes[1], sim.nodes[2])]
     group = sim._stripe_group(out, ("big", 0), data[0].size)
-    assert group is not None and sorted(group.members) == [0, 1]
-    assert sim.ready_copies[("v", 0)] == {2}
+    assert group is not None and sorted(group.members) == [0, 1, 2, 3] and group.shareless == {2}
+    assert 2 in sim.ready_copies[("v", 0)]
     assert all(n.used_bytes <= 2 * GB for n in sim.nodes)
     assert sim.group_evicted is None  # the pass is over: later evictions count as published

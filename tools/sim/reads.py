@@ -323,17 +323,14 @@ class Reads(StripeReads):
         )
         return sum(group.owned[m] * group.fill[m] for m in owners), owners
 
-    def _make_room(
-        self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False, chosen: bool = False
-    ) -> bool:
+    def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
         """Room for ``size`` bytes by the agent's eviction policy (``plan_for_fetch``); with a
         group policy (``ours+stripe``) in tiers: versions other nodes also hold ready first,
         then idle stripe shares, a last copy only when those cannot free enough (within a
         tier the product's order: most other copies, then least recently used). A
         ``replica`` (a version the cluster already holds) is made only from the first tier:
         a second copy never costs the cluster the last copy of something else. In a group's
-        pass the copies it evicts (``chosen``: would evict, the node taking a slot) are
-        counted gone (:attr:`group_evicted`)."""
+        pass the copies its members evict are counted gone (:attr:`group_evicted`)."""
         aware = self.policy in OURS
         candidates = [
             Candidate(
@@ -363,12 +360,11 @@ class Reads(StripeReads):
                 break
         else:
             return False
-        for victim in plan.victims if not dry_run or chosen else ():
+        for victim in plan.victims if not dry_run else ():
             key = (victim.name, int(victim.digest, 16))
             if self.group_evicted is not None and node.cache[key].ready and not node.cache[key].stripe:
                 self.group_evicted[key] = self.group_evicted.get(key, 0) + 1
-            if not dry_run:
-                self._forget(node, key)
+            self._forget(node, key)
         return True
 
     def _others(self, key: tuple[str, int], ready: bool, node: Node) -> int:

@@ -4,17 +4,16 @@ Who calls it: :class:`tools.sim.reads.Reads`, the mix-in over it (its ``_plan``,
 ``_make_room`` and ``_data_ready`` are the ones these methods call), for a version the
 product holds as shares (:func:`dsagent.policy.holding.holding`: bigger than a node, or one
 the pod's node cannot make room for; docs/simulator.md). It owns the group of a version
-(:meth:`StripeReads._stripe_group`: the job's nodes first, as many members as
-:func:`dsagent.policy.holding.members_wanted` gives, chosen by room as the controller
-chooses them, making room in tiers) and each rank's reads through it, rank-affine, filled
-as read.
+(:meth:`StripeReads._stripe_group`: the members the controller's
+:func:`dsagent.policy.holding.choose_placement` answers, each making room in tiers) and
+each rank's reads through it, rank-affine, filled as read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dsagent.policy.holding import WHOLE, choose_placement, holding, members_least, members_wanted, worth_whole
+from dsagent.policy.holding import WHOLE, choose_placement, holding, worth_whole
 from dsagent.policy.stripegroup import Candidate
 from tools.sim import stripe
 from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
@@ -207,10 +206,11 @@ class StripeReads(Flows):
         slot's bundles, to a node that can (a hole only when none can)."""
         group = self.stripes.get(key)
         if group is None:
-            members = self._choose_members(out, key, size)
-            if members is None:
+            owners, shareless = self._choose_members(out, key, size)
+            if not owners:
                 return None
-            group = self.stripes[key] = stripe.Group(key, members, self._slot_owners(key, size, members))
+            owned = {**self._slot_owners(key, size, owners), **dict.fromkeys(shareless, 0.0)}
+            group = self.stripes[key] = stripe.Group(key, (*owners, *shareless), owned, shareless=set(shareless))
         else:
             self._join(out, group, key, size)
         group.jobs.add((out.job.id, out.start))
@@ -323,6 +323,7 @@ class StripeReads(Flows):
             cache_bytes=int(self.params.cache_bytes),
             spare_bytes=self._room_bytes(node, key),
             holds_whole=entry is not None and not entry.stripe and entry.ready and entry.part >= 1.0,
+            in_use_bytes=int(sum(e.size for e in node.cache.values() if e.in_use)),
         )
 
     def _room_bytes(self, node: Node, key: tuple[str, int]) -> int:
@@ -352,51 +353,23 @@ class StripeReads(Flows):
             (n for n in candidates if self._make_room(n, size, dry_run=True)), None
         )
 
-    def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[int, ...] | None:
-        """The group's slots, each given the first candidate that can make room for that
-        slot's share. As many slots as the product's rule gives
-        (:func:`dsagent.policy.holding.members_wanted`: the job's nodes, or as many as hold
-        the version with the agent's headroom and per-member budget, plus the nodes holding
-        it whole where the job's nodes read it through the window): the job's own nodes
-        first, so each rank reads its own node's share, then the whole copies; a slot no node
-        can hold is a hole.
-        The copies a chosen node would evict count as gone for the slots after it
-        (:meth:`_others`): two holders of a version's only two copies are not both taken as
-        room, which would evict the last."""
-        job_nodes = {w.node.index for w in out.workers}
-        # nodes holding the version whole: the job's nodes read it through the window (a group
-        # is formed for a version that fits only where they cannot hold it), so they join too,
-        # before any other node (dsagent.policy.stripegroup.choose_group takes holders first)
-        copies = sorted(self.ready_copies.get(key, set()) - job_nodes)
-        candidates = self._candidates(out, set())
-        candidates = [
-            *(n for n in candidates if n.index in job_nodes), *(self.nodes[i] for i in copies),
-            *(n for n in candidates if n.index not in job_nodes and n.index not in copies),
-        ]  # fmt: skip
-        jobs = len(job_nodes)
-        # the product's count, at most one member a node (dsagent.policy.stripegroup.choose_group)
-        k = min(members_wanted(size, self.params.cache_bytes, jobs, copies=len(copies)), len(self.nodes))
-        least = members_least(size, self.params.cache_bytes)
-        try:
-            while True:
-                shares = self._shares(key, size, k)
-                slots: dict[int, int] = {}
-                self.group_evicted = {}  # a copy one slot's node evicts is no other slot's room
-                for slot in sorted(range(k), key=lambda s: -shares[s]):
-                    free = [n for n in candidates if n.index not in slots.values()]
-                    n = self._first_room(free, int(shares[slot]))
-                    if n is not None:
-                        slots[slot] = n.index
-                        self._make_room(n, int(shares[slot]), dry_run=True, chosen=True)
-                if len(slots) == k or (k <= least and slots):  # a slot no node can hold is a hole
-                    return tuple(slots.get(slot, -1 - slot) for slot in range(k))
-                if k <= least:
-                    return None
-                # fewer nodes have room than wanted: fewer members with larger shares, as the
-                # controller's choice shrinks to the nodes it finds room on
-                k = max(least, min(k - 1, len(slots)))
-        finally:
-            self.group_evicted = None
+    def _choose_members(self, out: Outcome, key: tuple[str, int], size: int) -> tuple[tuple[int, ...], set[int]]:
+        """The group's owners in slot order, and the job's nodes that join without a share: the
+        controller's choice, the product's :func:`dsagent.policy.holding.choose_placement` over
+        every node as the controller chooses over every agent's inventory. As many members as
+        :func:`dsagent.policy.holding.members_wanted` gives (the job's nodes, or as many as
+        hold the version with the agent's headroom and per-member budget, plus the nodes
+        holding it whole where the job's nodes read it through the window): the job's own
+        nodes first, so each rank reads its own node's share, then the nodes holding it, then
+        those with room, the job's subnet first. A job's node with no room for a share
+        without evicting a last copy joins without one, and a node with room owns in its
+        place. A chosen owner that then cannot make room for its share leaves a hole
+        (:meth:`_stripe_group`), as its agent refuses the share."""
+        job_nodes = list(dict.fromkeys(w.node.index for w in out.workers))
+        nodes = [self._candidate(n, key) for n in self.nodes]
+        chosen = choose_placement(nodes, size_bytes=size, job_nodes=[str(i) for i in job_nodes])
+        shareless = {int(n) for n in chosen.no_share}
+        return tuple(int(n) for n in chosen.members if int(n) not in shareless), shareless
 
     def _shares(self, key: tuple[str, int], size: int, slots: int) -> dict[int, float]:
         """Bytes each of ``slots`` slots owns under rendezvous hashing of the version's bundles."""
