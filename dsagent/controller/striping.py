@@ -164,12 +164,18 @@ def stripe_status(
     whole_before = {
         str(r.get("node")) for r in earlier if r.get("holding") == HOLDING_WHOLE and count(r.get("bytesHeld")) >= size
     }
+    # members outside the job whose agent refused the share it was asked for last pass,
+    # holding none of it (no room, its cache held by pods' data): another node owns in its
+    # place, instead of a share no one holds, whose bundles the store would serve every epoch
+    refused = {
+        str(r.get("node")) for r in earlier if r.get("state") == "failed" and not count(r.get("bytesHeld"))
+    } - set(job)
     candidates = []
     # ready copies a version, as the eviction's ConfigMap counts them, and each one's keeper
     copies, kept = tallied or tally(inventories)
     for node in sorted(agent_urls):
         inv = inventories.get(node)
-        if inv is None or node in leaving_now:  # crashed (stale) or leaving: not a member
+        if inv is None or node in leaving_now or node in refused:  # crashed (stale), leaving, refused
             continue
         listed = (inv.get("stripes") or {}).get(name) or {}
         if listed.get("digest") != digest:  # another version's share holds none of this one's bundles
@@ -203,7 +209,7 @@ def stripe_status(
         candidates,
         size_bytes=size,
         job_nodes=job,
-        before=[n for n in before if n not in leaving_now],
+        before=[n for n in before if n not in leaving_now and n not in refused],
         no_share_before=shareless_before,
         share_before=share_before,
         members=None if mode == "auto" else int(mode),

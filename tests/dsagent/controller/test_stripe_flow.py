@@ -713,3 +713,32 @@ def test_where_too_few_have_room_the_nodes_whose_caches_their_pods_do_not_hold_o
         agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
     )  # fmt: skip
     assert [n["node"] for n in status["nodes"]] == ["n1", "n2", "n3", "n4"]
+
+
+def test_a_member_whose_agent_refused_its_share_is_replaced_at_the_next_pass() -> None:
+    # a 450 GB version over n1 (the job's) and n2, n3 (the size rule's three on 400 GB
+    # caches); n2's agent answered the last pass "failed", holding none of it (its cache held
+    # by pods' data). The next pass asks n4 in its place, not n2 again; a job's node that
+    # failed stays (its pods read through it)
+    def inv() -> dict[str, Any]:
+        return {"version": 1, "freeBytes": 300 * GB, "capacityBytes": 400 * GB, "features": list(FEATURES),
+                "datasets": {}, "stripes": {}}  # fmt: skip
+
+    invs = {n: inv() for n in ("n1", "n2", "n3", "n4")}
+
+    def run(last: list[dict[str, Any]]) -> list[str]:
+        def agent(node: str, method: str, path: str, body: Any, acting_for: str) -> tuple[int, Any]:
+            return 200, {"complete": True, "bytesHeld": 100 * GB, "bytesOwned": 100 * GB}
+
+        status = stripe_status(
+            "big", {"stripe": "auto", "bundles": "s3://s/p"},
+            {"bytes": 450 * GB, "digest": DIGEST, "stripe": {"nodes": last}}, invs,
+            agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
+        )  # fmt: skip
+        return [n["node"] for n in status["nodes"]]
+
+    ok = {"state": "ready", "bytesHeld": 100 * GB, "bytesOwned": 100 * GB}
+    failed = {"state": "failed", "bytesHeld": 0, "bytesOwned": 0}
+    assert run([{"node": "n1", **ok}, {"node": "n2", **ok}, {"node": "n3", **ok}]) == ["n1", "n2", "n3"]
+    assert run([{"node": "n1", **ok}, {"node": "n2", **failed}, {"node": "n3", **ok}]) == ["n1", "n3", "n4"]
+    assert run([{"node": "n1", **failed}, {"node": "n2", **ok}, {"node": "n3", **ok}]) == ["n1", "n2", "n3"]
