@@ -303,3 +303,32 @@ def test_a_group_is_formed_as_the_products_placement_answers(monkeypatch: pytest
     monkeypatch.setattr(stripereads, "choose_placement", elsewhere)
     sim = Simulation("ours+stripe", [_job(0, 0.0, 1, "big")], data, _params(16), seed=3).run()
     assert len(sim.stripes[("big", 0)].members) == 6 and 15 in sim.stripes[("big", 0)].members
+
+
+def test_the_nodes_of_a_job_copy_a_version_another_node_is_still_fetching_together() -> None:
+    # a one-node job's copy of a 0.25 TB version is still filling from a slow store when a
+    # four-node job starts on the four other nodes: they copy it as the agents' swarm does,
+    # each its own quarter from that node as its bundles land, the rest from one another,
+    # so that node uploads the version once, not four times
+    data = [Dataset("small", TB // 4, (0.0,))]
+    jobs = [_job(0, 0.0, 1, "small"), _job(1, 100.0, 4, "small")]
+    params = replace(_params(5), storage_bw=1e9)  # the first copy takes 250 s
+    sim = Simulation("ours+stripe+early", jobs, data, params, seed=3)
+    uploads: dict[int, float] = {}
+    created = sim._new_fetch
+
+    def counted(node, key, size, **kw):  # type: ignore[no-untyped-def]
+        fetch = created(node, key, size, **kw)
+        if kw.get("source") == "peer" and sim.now >= 100.0:
+            for s in kw.get("sources", ()):
+                uploads[s] = uploads.get(s, 0.0) + size / len(kw["sources"])
+        return fetch
+
+    sim._new_fetch = counted  # type: ignore[method-assign]
+    sim.run()
+    first = next(w.node.index for w in sim.outcomes[0].workers)
+    assert sim.outcomes[1].start < 250.0 and first not in {w.node.index for w in sim.outcomes[1].workers}
+    assert sim.storage_bytes == pytest.approx(TB // 4, rel=1e-6)  # the store once, for the first copy
+    assert uploads[first] == pytest.approx(TB // 4, rel=1e-6)  # the filling node: the version once
+    holders = [n for n in sim.nodes if ("small", 0) in n.cache]
+    assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)

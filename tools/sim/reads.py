@@ -250,16 +250,22 @@ class Reads(StripeReads):
                 entry.part = demand
                 size, parted = self._from_parts(node, key, size, waiter), True
         seeds = tuple(sorted(self.ready_copies.get(key, set()) - {node.index})) if self.params.peers else ()
-        alone = not any(k == key and i not in team for (i, k) in self.inflight)  # no fetch of it outside the team
+        # a whole copy of it filling outside the team: the team's parts come from it as it lands
+        outside = [f for (i, k), f in self.inflight.items() if k == key and i not in team]
+        filling = outside[0] if len(outside) == 1 and self._whole_in_flight(outside[0]) else None
+        alone = not outside or filling is not None
         if self.params.peers and len(team) > 1 and alone and self._group_bytes(key, node)[0] <= 1.0:
             # copied whole together with the job's other nodes (the agents' swarm): this
-            # node's part from the nodes holding it ready, else the store; the others' parts
-            # from those nodes, no faster than their parts arrive
+            # node's part from the nodes holding it ready (or the one filling it, as its
+            # bundles land), else the store; the others' parts from those nodes, no faster
+            # than their parts arrive
             own = math.ceil(size / len(team))
-            if seeds:
+            if seeds or filling is not None:
                 after = self._new_fetch(
-                    node, key, own, cached=cached, waiter=None, source="peer", sources=seeds, unpack=True, part=True
-                )
+                    node, key, own, cached=cached, waiter=None, source="peer",
+                    sources=seeds or (filling.node.index,), unpack=True, part=True,  # type: ignore[union-attr]
+                    after=None if seeds else filling,
+                )  # fmt: skip
             else:
                 # its own part: other nodes' partial copies first (unless asked above), then the store
                 stored = own if parted else self._from_parts(node, key, own, None)
@@ -300,6 +306,12 @@ class Reads(StripeReads):
         )
         if cached:
             self.inflight[(node.index, key)] = fetch
+
+    @staticmethod
+    def _whole_in_flight(fetch: Fetch) -> bool:
+        """A fetch filling a whole copy of its version (not a part of a copy filled in parts)."""
+        held = fetch.node.cache.get(fetch.key)
+        return not fetch.part and held is not None and not held.stripe and held.part >= 1.0
 
     def _copy_team(self, out: Outcome, key: tuple[str, int], size: int) -> None:
         """The job's nodes that will copy the version whole together, none holding it yet: as
