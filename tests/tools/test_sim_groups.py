@@ -99,6 +99,23 @@ def test_the_nodes_of_a_job_copy_a_fitting_version_together() -> None:
     assert len(holders) == 4 and all(n.cache[("small", 0)].ready for n in holders)
 
 
+def _uploads(sim: Simulation, *, since: float) -> dict[int, float]:
+    """Bytes each node is asked to upload to peers from ``since`` on, filled in as ``sim``
+    runs (a fetch from several sources counted evenly over them)."""
+    uploads: dict[int, float] = {}
+    created = sim._new_fetch
+
+    def counted(node, key, size, **kw):  # type: ignore[no-untyped-def]
+        fetch = created(node, key, size, **kw)
+        if kw.get("source") == "peer" and sim.now >= since:
+            for s in kw.get("sources", ()):
+                uploads[s] = uploads.get(s, 0.0) + size / len(kw["sources"])
+        return fetch
+
+    sim._new_fetch = counted  # type: ignore[method-assign]
+    return uploads
+
+
 def test_the_nodes_of_a_job_copy_a_version_another_node_holds_together_as_the_agents_swarm() -> None:
     # a one-node job holds a whole copy on its node (and its GPUs); a four-node job on the
     # four others then copies it as the agents' swarm does: each its own quarter from the node
@@ -106,17 +123,7 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_holds_together_as_the_ag
     data = [Dataset("small", TB // 4, (0.0,))]
     jobs = [_job(0, 0.0, 1, "small"), _job(1, 1000.0, 4, "small")]  # job 0 runs until 2,000 s
     sim = Simulation("ours+stripe+early", jobs, data, _params(5), seed=3)
-    uploads: dict[int, float] = {}
-    created = sim._new_fetch
-
-    def counted(node, key, size, **kw):  # type: ignore[no-untyped-def]
-        fetch = created(node, key, size, **kw)
-        if kw.get("source") == "peer" and sim.now >= 1000.0:
-            for s in kw.get("sources", ()):
-                uploads[s] = uploads.get(s, 0.0) + size / len(kw["sources"])
-        return fetch
-
-    sim._new_fetch = counted  # type: ignore[method-assign]
+    uploads = _uploads(sim, since=1000.0)
     sim.run()
     first = next(w.node.index for w in sim.outcomes[0].workers)
     assert first not in {w.node.index for w in sim.outcomes[1].workers}
@@ -314,17 +321,7 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_is_still_fetching_togeth
     jobs = [_job(0, 0.0, 1, "small"), _job(1, 100.0, 4, "small")]
     params = replace(_params(5), storage_bw=1e9)  # the first copy takes 250 s
     sim = Simulation("ours+stripe+early", jobs, data, params, seed=3)
-    uploads: dict[int, float] = {}
-    created = sim._new_fetch
-
-    def counted(node, key, size, **kw):  # type: ignore[no-untyped-def]
-        fetch = created(node, key, size, **kw)
-        if kw.get("source") == "peer" and sim.now >= 100.0:
-            for s in kw.get("sources", ()):
-                uploads[s] = uploads.get(s, 0.0) + size / len(kw["sources"])
-        return fetch
-
-    sim._new_fetch = counted  # type: ignore[method-assign]
+    uploads = _uploads(sim, since=100.0)
     sim.run()
     first = next(w.node.index for w in sim.outcomes[0].workers)
     assert sim.outcomes[1].start < 250.0 and first not in {w.node.index for w in sim.outcomes[1].workers}
