@@ -186,17 +186,18 @@ def stripe_status(
         held_bytes = held or count(copy.get("sizeBytes"))
         free = count(inv.get("freeBytes"))
         keeping = {key for key, keeper in kept.items() if keeper == node}
+        versions = ready_versions(inv)  # one walk of its listing for both figures below
         candidates.append(
             Candidate(
                 node, free, held_bytes, subnets.get(node), count(inv.get("capacityBytes")),
-                spare_bytes=free + _replicated_bytes(inv, copies, keeping),
+                spare_bytes=free + _replicated_bytes(versions, copies, keeping),
                 takes_no_share=wire_inventory.has_feature(inv, wire_inventory.STRIPE_NO_SHARE),
                 window_bytes=(
                     count(listed.get("windowBytes"))
                     if wire_inventory.has_feature(inv, wire_inventory.STRIPE_WINDOW_BYTES) else None
                 ),
                 holds_whole=bool(listed) and (_whole_share(inv, name, digest, size) or node in whole_before),
-                in_use_bytes=_in_use_bytes(inv),
+                in_use_bytes=_in_use_bytes(versions),
             )
         )  # fmt: skip
     shareless_before = [str(r.get("node")) for r in earlier if r.get("share") is False]
@@ -258,22 +259,23 @@ def stripe_status(
     return out
 
 
-def _replicated_bytes(inv: Mapping[str, Any], copies: Mapping[Key, int], keeping: set[Key]) -> int:
-    """What a node could free without evicting the last copy of anything: its idle whole
-    copies that another node holds ready too, but for those it keeps (``keeping``: to their
-    keeper they are last copies, docs/design.md#cluster-eviction); the first tier of the
-    eviction order (docs/design-striping.md#eviction). Two holders of a version's only two
-    copies never both count it: one of them is its keeper."""
+def _replicated_bytes(versions: Mapping[Key, Mapping[str, Any]], copies: Mapping[Key, int], keeping: set[Key]) -> int:
+    """What a node could free without evicting the last copy of anything, of its ready
+    ``versions`` (:func:`dsagent.policy.copies.ready_versions`): its idle whole copies that
+    another node holds ready too, but for those it keeps (``keeping``: to their keeper they
+    are last copies, docs/design.md#cluster-eviction); the first tier of the eviction order
+    (docs/design-striping.md#eviction). Two holders of a version's only two copies never
+    both count it: one of them is its keeper."""
     return sum(
         count(version.get("sizeBytes"))
-        for key, version in ready_versions(inv).items()
+        for key, version in versions.items()
         if version.get("inUse") is not True and copies.get(key, 0) > 1 and key not in keeping
     )
 
 
-def _in_use_bytes(inv: Mapping[str, Any]) -> int:
-    """The bytes of the node's ready copies its pods use: no eviction frees them."""
-    return sum(count(v.get("sizeBytes")) for v in ready_versions(inv).values() if v.get("inUse") is True)
+def _in_use_bytes(versions: Mapping[Key, Mapping[str, Any]]) -> int:
+    """The bytes of a node's ready ``versions`` its pods use: no eviction frees them."""
+    return sum(count(v.get("sizeBytes")) for v in versions.values() if v.get("inUse") is True)
 
 
 def _drain(
