@@ -279,10 +279,7 @@ class StripeShares(ShareFill):
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
                 share = self._shares.get((name, digest))
                 if share is not None and kept and share.whole:
-                    if not share.complete_whole:
-                        await self._stop_fill(share)  # a part kept with no lease: nobody asked for the rest
-                    share.expires = math.inf
-                    await self.pools.work(self._remember, share)
+                    await self._keep(share)
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
                     share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
                     used = record.get("lastUsed")  # the eviction's LRU order survives a restart
@@ -435,10 +432,7 @@ class StripeShares(ShareFill):
         for key in keys:
             share = self._shares[key]
             if keep_whole and share.whole and share.held:
-                if not share.complete_whole:
-                    await self._stop_fill(share)
-                share.expires = math.inf
-                await self.pools.work(self._remember, share)
+                await self._keep(share)
                 log.info(
                     "keeping the whole copy of %s@%s after its group let it go (%d of %d bundles)",
                     key[0], key[1][:12], len(share.held), len(share.layout.bundles),
@@ -446,6 +440,14 @@ class StripeShares(ShareFill):
             else:
                 await self.drop(key, reason="released")
         return [k[1] for k in keys]
+
+    async def _keep(self, share: Share) -> None:
+        """Keep a share holding the version whole as a copy with no lease, recorded: one not yet
+        complete stops filling (nobody asked for the rest) and keeps the bundles it holds."""
+        if not share.complete_whole:
+            await self._stop_fill(share)
+        share.expires = math.inf
+        await self.pools.work(self._remember, share)
 
     @staticmethod
     async def _stop_fill(share: Share) -> None:
