@@ -169,9 +169,9 @@ def _choose(
     if not shareless:
         # too few nodes have room without evicting a last copy (and no job node was spared
         # its share for that): nodes whose caches can hold a share beside their pods' data
-        # own too, the most room first; their agents evict for it (idle copies first, last copies last). A
-        # share refused for room would have its bundles read from the store every epoch,
-        # where the copies evicted for it are read again only when next used
+        # own too, the most room first; their agents evict for it (idle copies first, last
+        # copies last). A share refused for room would have its bundles read from the store
+        # every epoch, where the copies evicted for it are read again only when next used
         for node in sorted(
             (n for n in nodes if n.cache_bytes - n.in_use_bytes >= need), key=lambda n: (-_room(n), n.name)
         ):

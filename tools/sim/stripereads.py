@@ -363,8 +363,9 @@ class StripeReads(Flows):
         nodes first, so each rank reads its own node's share, then the nodes holding it, then
         those with room, the job's subnet first. A job's node with no room for a share
         without evicting a last copy joins without one, and a node with room owns in its
-        place. A chosen owner that then cannot make room for its share leaves a hole
-        (:meth:`_stripe_group`), as its agent refuses the share."""
+        place. A chosen owner that then cannot make room for its share hands its slot to a
+        node that can, else leaves a hole (:meth:`_stripe_group`): its agent refuses the
+        share, and the controller chooses another node in its place at its next pass."""
         job_nodes = list(dict.fromkeys(w.node.index for w in out.workers))
         nodes = [self._candidate(n, key) for n in self.nodes]
         chosen = choose_placement(nodes, size_bytes=size, job_nodes=[str(i) for i in job_nodes])
