@@ -83,7 +83,9 @@ _RECORD = 512
 #: A raw run takes RLE blocks when its zero runs are at least this share of it (else its
 #: raw blocks are written straight from the buffer, with no copy).
 RLE_SHARE = 16
-#: Buffers being encoded at once ahead of the writer (threaded mode).
+#: Buffers being encoded at once ahead of the writer (threaded mode), at least: a writer with
+#: more threads keeps one buffer in hand per thread (:attr:`FrameWriter.extra_held` more), so
+#: that text, where zstd is the pack's slowest stage, is compressed on every core it was given.
 _AHEAD = 4
 
 
@@ -248,6 +250,9 @@ class FrameWriter:
         self._level = level
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dsagent-zstd") if threads > 1 else None
+        self._ahead = max(_AHEAD, threads)
+        #: lent buffers this writer may hold beyond :data:`_AHEAD` (a lender sizes its pool by it)
+        self.extra_held = self._ahead - _AHEAD if self._pool is not None else 0
         self._pending: deque[tuple[Future[list[bytes | memoryview]], Callable[[], object] | None]] = deque()
         self._encoders: list[FrameEncoder] = []
         self._lock = threading.Lock()
@@ -280,7 +285,7 @@ class FrameWriter:
             return size
         lent = data if release is not None else bytes(data)
         self._pending.append((self._pool.submit(self._encode, lent), release))
-        while len(self._pending) > _AHEAD:
+        while len(self._pending) > self._ahead:
             future, done = self._pending.popleft()
             self._put(future.result(), done)
         return size

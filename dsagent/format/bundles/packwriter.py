@@ -55,7 +55,8 @@ PREFETCH_MAX_FILE = 4 << 20
 PREFETCH_FILES = 32
 PREFETCH_THREADS = 16
 #: Pack pipeline: buffers of ``CHUNK_SIZE`` bytes between a bundle's reader thread and the
-#: frame encoder (so at most 8 MiB read ahead per bundle being written).
+#: frame encoder (so at most 8 MiB read ahead per bundle being written), and one more for each
+#: buffer an encoder with many threads holds beyond the usual (a frame writer's ``extra_held``).
 PIPELINE_BUFFERS = 8
 _BLOCK = tarfile.BLOCKSIZE
 _ZEROS = bytes(2 * tarfile.RECORDSIZE)
@@ -223,7 +224,7 @@ class BundleWriter:
         digests = bytearray()
         free: queue.SimpleQueue[ReadBuffer | None] = queue.SimpleQueue()
         full: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        for _ in range(PIPELINE_BUFFERS):
+        for _ in range(PIPELINE_BUFFERS + getattr(out, "extra_held", 0)):
             free.put(read_buffer(CHUNK_SIZE))  # page-aligned: files are read straight into it
         failure: list[BaseException] = []
 
@@ -240,7 +241,7 @@ class BundleWriter:
         reader = threading.Thread(target=read, name="dsagent-pack-read", daemon=True)
         reader.start()
         try:
-            while (item := _next_full(full, out)) is not None:
+            while (item := _next_full(full, free, out)) is not None:
                 buf, n = item
                 out.write(memoryview(buf)[:n], functools.partial(free.put, buf))  # lent: back once written
         finally:
@@ -389,15 +390,17 @@ class BundleWriter:
         return size
 
 
-def _next_full(full: queue.SimpleQueue[Any], out: Any) -> Any:
-    """The reader's next full buffer. While none is ready, the buffers lent to ``out`` and
-    still being encoded are handed on (``settle``): the reader may be waiting for one."""
+def _next_full(full: queue.SimpleQueue[Any], free: queue.SimpleQueue[Any], out: Any) -> Any:
+    """The reader's next full buffer. While none is ready and the reader has no free buffer
+    either, the buffers lent to ``out`` and still being encoded are handed on (``settle``):
+    the reader is waiting for one. While it has one, it fills it: waiting for the oldest
+    encode then would keep the buffers after it from being encoded beside it."""
     settle = getattr(out, "settle", None)
     while settle is not None:
         try:
             return full.get_nowait()
         except queue.Empty:
-            if not settle():
+            if not free.empty() or not settle():
                 break
     return full.get()
 

@@ -9,6 +9,7 @@ import random
 import shutil
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,30 @@ def test_the_frame_writer_keeps_buffers_in_order_on_any_thread_count(threads: in
     assert writer.raw_bytes and writer.compressed_bytes
     stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
     assert stream.read() == data
+
+
+def test_a_frame_writer_encodes_as_many_buffers_at_once_as_it_has_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = 8
+    together = threading.Barrier(threads, timeout=10)  # broken unless `threads` encodes run at once
+    encode = FrameEncoder.encode
+
+    first = iter(range(threads))
+
+    def meeting(self: FrameEncoder, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
+        if next(first, None) is not None:  # the first `threads` buffers meet
+            together.wait()
+        return encode(self, data)
+
+    monkeypatch.setattr(FrameEncoder, "encode", meeting)
+    pieces = [_text(1 << 16, i) for i in range(2 * threads + 3)]
+    out: list[bytes] = []
+    writer = FrameWriter(out.append, level=1, threads=threads)
+    for piece in pieces:
+        writer.write(piece)
+    writer.close()
+    assert not together.broken
+    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
+    assert stream.read() == b"".join(pieces)
 
 
 @pytest.mark.parametrize("threads", [0, 2])

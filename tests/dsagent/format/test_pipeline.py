@@ -112,6 +112,34 @@ def test_the_fast_header_reader_reads_what_tarfile_reads_or_leaves_it_to_tarfile
     )
 
 
+def test_a_pack_on_many_threads_compresses_that_many_buffers_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsagent.format.bundles.frames import FrameEncoder
+
+    monkeypatch.setattr(packwriter, "CHUNK_SIZE", 4096)
+    threads = 12  # more than the reader's usual buffers: it is lent one more for each
+    together = threading.Barrier(threads, timeout=10)
+    encode = FrameEncoder.encode
+
+    first = iter(range(threads))
+
+    def meeting(self: FrameEncoder, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
+        if next(first, None) is not None:  # the first `threads` buffers meet
+            together.wait()
+        return encode(self, data)
+
+    monkeypatch.setattr(FrameEncoder, "encode", meeting)
+    rng = random.Random(3)
+    files = {f"t{i:02d}.txt": " ".join(rng.choice(("alpha", "beta", "gamma")) for _ in range(700)).encode()
+             for i in range(3 * threads)}  # fmt: skip
+    src = write_tree(tmp_path / "src", files)
+    pack(src, tmp_path / "store", name="many", threads=threads)
+    assert not together.broken
+    unpack(tmp_path / "store", name="many", dest=tmp_path / "out")
+    assert _tree(tmp_path / "out") == files
+
+
 @pytest.mark.usefixtures("small_buffers")
 @pytest.mark.parametrize("threads", [0, 1, 2])
 def test_pipelined_pack_writes_a_plain_tar_in_zstd_frames_that_unpacks_verified(tmp_path: Path, threads: int) -> None:
