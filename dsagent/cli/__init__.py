@@ -84,7 +84,12 @@ def main(argv: list[str] | None = None) -> None:
     with quick_edge("dsctl"):
         refuse_unknown_environment(os.environ)
         native_switch(os.environ)
-        if quick_digest(sys.argv[1:] if argv is None else argv):
+        args = sys.argv[1:] if argv is None else argv
+        if quick_digest(args):
+            return
+        from dsagent.cli.packing import quick_bundles
+
+        if quick_bundles(args):
             return
     from dsagent.cli.group import cli, run
 

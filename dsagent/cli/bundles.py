@@ -9,25 +9,21 @@ bar on stderr. Errors are the package's own (:mod:`dsagent.errors`); the CLI's e
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
-from dsagent.cli.digesting import counter, digest_source, open_cache, rate
-from dsagent.cli.options import options_for_stores, output_option, source_options, store_options
-from dsagent.errors import InvalidInput
+from dsagent.cli.digesting import counter, digest_source
+from dsagent.cli.options import output_option, source_options, store_options
+from dsagent.cli.packing import emit, options_for_stores, pack_source, unpack_store
 from dsagent.format.manifest import Progress, read_manifest
 from dsplatform.heap import collector_paused
-from dsplatform.units import format_size, parse_size
-
-if TYPE_CHECKING:
-    pass
+from dsplatform.units import format_size
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -64,10 +60,6 @@ def _count_option(flag: str, default: int | None, text: str) -> Callable[[_F], _
     """An option taking a count: a whole number of at least 1, its default shown when it has one."""
     shown: dict[str, Any] = {"show_default": True} if default is not None else {}
     return click.option(flag, type=click.IntRange(min=1), default=default, help=text, **shown)
-
-
-def _emit(output: str, data: dict[str, Any], line: str) -> None:
-    click.echo(json.dumps(data, ensure_ascii=False) if output == "json" else line)
 
 
 @click.command()
@@ -138,47 +130,11 @@ def pack(
 
     A local SOURCE is read once: each file is hashed while it is packed.
     """
-    from dsagent.format.bundles.bundle import PackOptions, pack_dataset
-
-    cap = parse_size(max_bytes)
-    if cap < 1:
-        raise InvalidInput("--max-bytes must be at least 1 byte")
-    src_options = options_for_stores(source_opts)
-    dst_options = options_for_stores(store_opts)
-    start = time.monotonic()
-    cache = open_cache(digest_cache)
-    try:
-        with progress_bar("packing", None) as progress:
-            options = PackOptions(
-                max_files=max_files, max_bytes=cap, level=level, threads=threads, storage_options=src_options,
-                store_options=dst_options, progress=progress, digest_cache=cache, processes=processes,
-            )  # fmt: skip
-            packed, reused = pack_dataset(source, store, options, name=name)
-    finally:
-        if cache is not None:
-            cache.close()
-    elapsed = time.monotonic() - start
-    compressed = sum(b.compressed_size for b in packed.bundles)
-    published = None
-    if publish_namespace:
-        from dsagent.kube.datasets import publish
-
-        published = publish(packed, namespace=publish_namespace, source=source, bundles=store)
-    data = {
-        "name": packed.name, "digest": packed.digest, "files": packed.file_count, "bytes": packed.total_bytes,
-        "bundles": len(packed.bundles), "written": len(packed.bundles) - reused, "reused": reused,
-        "storedBytes": compressed,
-        "seconds": round(elapsed, 3), **({"published": f"{published.namespace}/{published.name}"} if published else {}),
-    }  # fmt: skip
-    line = (
-        f"packed {packed.name}: {packed.file_count} files, {format_size(packed.total_bytes)} into "
-        f"{len(packed.bundles)} bundles ({len(packed.bundles) - reused} written, {reused} reused, "
-        f"{format_size(compressed)} stored) in {elapsed:.1f} s ({rate(packed.total_bytes, elapsed)}); "
-        f"digest {packed.digest}"
-    )
-    if published is not None:
-        line += f"\npublished Dataset {published.namespace}/{published.name}: digest {published.digest}"
-    _emit(output, data, line)
+    pack_source(
+        source, name, store, max_files=max_files, max_bytes=max_bytes, level=level, threads=threads,
+        processes=processes, source_options=source_opts, store_options=store_opts, output=output,
+        digest_cache=digest_cache, publish_namespace=publish_namespace, echo=click.echo,
+    )  # fmt: skip
 
 
 @click.command()
@@ -198,30 +154,16 @@ def unpack(
     output: str,
 ) -> None:
     """Unpack dataset NAME from STORE into the new directory DEST, verifying every file."""
-    from dsagent.format.bundles.extract import unpack as unpack_dataset
-
-    options = options_for_stores(store_opts)
-    start = time.monotonic()
-    manifest = read_manifest(store, name, storage_options=options)
-    with progress_bar("unpacking", manifest.total_bytes) as progress:
-        unpack_dataset(
-            store, name=name, dest=dest, manifest=manifest, workers=workers, storage_options=options, progress=progress
-        )
-    elapsed = time.monotonic() - start
-    data = {
-        "name": manifest.name,
-        "digest": manifest.digest,
-        "dest": dest,
-        "files": manifest.file_count,
-        "bytes": manifest.total_bytes,
-        "bundles": len(manifest.bundles),
-        "seconds": round(elapsed, 3),
-    }
-    _emit(output, data, (
-        f"unpacked {manifest.name} into {dest}: {manifest.file_count} files, {format_size(manifest.total_bytes)} "
-        f"from {len(manifest.bundles)} bundles, all verified, in {elapsed:.1f} s "
-        f"({rate(manifest.total_bytes, elapsed)}); digest {manifest.digest}"
-    ))  # fmt: skip
+    unpack_store(
+        store,
+        dest,
+        name,
+        workers=workers,
+        store_options=store_opts,
+        output=output,
+        progress_for=progress_bar,
+        echo=click.echo,
+    )
 
 
 @click.command()
@@ -254,7 +196,8 @@ def verify(
         "bytes": manifest.total_bytes,
         "seconds": round(elapsed, 3),
     }
-    _emit(
+    emit(
+        click.echo,
         output,
         data,
         f"{directory} matches {manifest.name}: {manifest.file_count} files, {format_size(manifest.total_bytes)}, "

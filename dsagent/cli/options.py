@@ -30,16 +30,13 @@ import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import click
 
-from dsagent.errors import InvalidInput, SettingsError
+from dsagent.errors import InvalidInput
 from dsplatform.paths import agent_default_root, agent_records_dir
 from dsplatform.units import UnitError, parse_duration
-
-if TYPE_CHECKING:
-    from dsagent.format.storageconfig import StorageConfig, StoreOptions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -49,7 +46,7 @@ def storage_options(
 ) -> dict[str, Any]:
     """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``:
     what the user gave (``dsctl cache`` sends them to the agent; the storage commands
-    add the settings' bounds with :func:`options_for_stores`)."""
+    add the settings' bounds with :func:`dsagent.cli.packing.options_for_stores`)."""
     options: dict[str, Any] = {}
     for name in files:
         try:
@@ -139,27 +136,6 @@ def describe_agent(agent: Mapping[str, str]) -> str:
         return f"agent at {agent['url']}"
     root = f" (root {agent['root']})" if "root" in agent else ""
     return f"agent at {agent['socket']}{root}"
-
-
-def options_for_stores(options: Mapping[str, Any]) -> StoreOptions:
-    """``options`` (as :func:`storage_options` read them) with the storage bounds of the
-    settings beside them, for every filesystem the command builds (:mod:`dsagent.format.storageconfig`)."""
-    from dsagent.format.storageconfig import with_config
-
-    return with_config(options, settings_storage_config)
-
-
-def settings_storage_config(environ: Mapping[str, str] | None = None) -> StorageConfig:
-    """The storage bounds the settings (``os.environ`` unless given) make; called when the
-    first remote filesystem is built (a local-only command never imports pydantic); a bad
-    setting is a SettingsError then."""
-    from dsagent.format.storagesettings import StorageSettings
-    from dsplatform.settings import InvalidSettings
-
-    try:
-        return StorageSettings.read(environ).storage_config
-    except InvalidSettings as exc:
-        raise SettingsError(exc.message) from None
 
 
 def output_option(fn: _F) -> _F:
@@ -257,6 +233,4 @@ __all__ = [
     "storage_options",
     "timeout_option",
     "store_options",
-    "options_for_stores",
-    "settings_storage_config",
 ]

@@ -117,6 +117,39 @@ def test_dsctl_digest_of_a_local_path_starts_without_click_zstd_or_multiprocessi
     assert code == 3 and "click" not in modules  # a deliberate error: its exit code, on the quick way too
 
 
+def test_dsctl_pack_and_unpack_of_local_paths_start_without_click_and_say_what_click_says(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"a/1.jpg": b"x" * 3000, "b/2.jpg": b"y" * 10, "c/empty/.keep": b""})
+    for args in (
+        ["pack", str(src), "--name", "d", "--to", str(tmp_path / "store"), "--no-digest-cache", "--threads=2"],
+        ["unpack", str(tmp_path / "store"), str(tmp_path / "out"), "--name=d", "--workers", "2"],
+    ):
+        code, modules = _loaded(args, tmp_path)
+        assert code == 0, args
+        assert not {m for m in modules if m.split(".")[0] in ("click", "fsspec", "pydantic")}, args
+    assert (tmp_path / "out" / "a" / "1.jpg").read_bytes() == b"x" * 3000
+    (tmp_path / "o.json").write_text("{}")
+    outputs: dict[str, list[dict[str, object]]] = {}
+    for way, more in (("quick", []), ("click", ["--store-options-file", str(tmp_path / "o.json")])):
+        answers = []
+        for args in (
+            ["pack", str(src), "--name", "d", "--to", str(tmp_path / way), "-o", "json", *more],
+            ["unpack", str(tmp_path / way), str(tmp_path / f"{way}-out"), "--name", "d", "-o", "json", *more],
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "dsagent.cli", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "DSAGENT_DIGEST_CACHE": str(tmp_path / "d.sqlite")},
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            answer = json.loads(done.stdout)
+            answer.pop("seconds")
+            answer.pop("dest", None)
+            answers.append(answer)
+        outputs[way] = answers
+    assert outputs["quick"] == outputs["click"]
+    code, modules = _loaded(["unpack", str(tmp_path / "quick"), str(tmp_path / "x"), "--name", "nope"], tmp_path)
+    assert code == 3 and "click" not in modules  # a deliberate error: its exit code, on the quick way too
+
+
 def test_dsctl_cache_does_not_import_the_agent_app(tmp_path: Path) -> None:
     code, modules = _loaded(["cache", "--help"], tmp_path)
     assert code == 0
