@@ -285,16 +285,17 @@ class FrameWriter:
             return size
         lent = data if release is not None else bytes(data)
         self._pending.append((self._pool.submit(self._encode, lent), release))
-        while len(self._pending) > self._ahead:
-            future, done = self._pending.popleft()
+        while self._pending and (len(self._pending) > self._ahead or self._pending[0][0].done()):
+            future, done = self._pending.popleft()  # encoded buffers go on at once, in order
             self._put(future.result(), done)
         return size
 
-    def settle(self) -> bool:
-        """Hand the oldest buffer still being encoded on to the sink (waiting for it);
-        False when none is. A lender waiting for a buffer of its own back calls it, since
-        a lent buffer is otherwise only handed on by a later ``write``."""
-        if not self._pending:
+    def settle(self, wait: bool = True) -> bool:
+        """Hand the oldest buffer still being encoded on to the sink, waiting for it (with
+        ``wait``) or only if it is encoded; False when none was. A lender waiting for a
+        buffer of its own back calls it, since a lent buffer is otherwise only handed on by
+        a later ``write``."""
+        if not self._pending or not (wait or self._pending[0][0].done()):
             return False
         future, done = self._pending.popleft()
         self._put(future.result(), done)

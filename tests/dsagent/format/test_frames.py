@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,33 @@ def test_a_frame_writer_encodes_as_many_buffers_at_once_as_it_has_threads(monkey
     assert not together.broken
     stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
     assert stream.read() == b"".join(pieces)
+
+
+def test_an_encoded_buffer_goes_on_without_waiting_for_a_later_write_and_none_is_waited_for_unasked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    go = threading.Event()
+    encode = FrameEncoder.encode
+
+    def held(self: FrameEncoder, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
+        assert go.wait(10)
+        return encode(self, data)
+
+    monkeypatch.setattr(FrameEncoder, "encode", held)
+    out: list[bytes] = []
+    writer = FrameWriter(out.append, level=1, threads=2)
+    first, second = _text(5000, 1), _text(5000, 2)
+    writer.write(first)
+    assert not writer.settle(wait=False) and not out  # still being encoded: not waited for
+    go.set()
+    deadline = time.monotonic() + 10
+    while not writer.settle(wait=False):  # handed on once encoded, with no write after it
+        assert time.monotonic() < deadline
+    assert len(out) == 1
+    writer.write(second)
+    writer.close()
+    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
+    assert stream.read() == first + second
 
 
 @pytest.mark.parametrize("threads", [0, 2])
