@@ -83,9 +83,14 @@ _RECORD = 512
 #: A raw run takes RLE blocks when its zero runs are at least this share of it (else its
 #: raw blocks are written straight from the buffer, with no copy).
 RLE_SHARE = 16
-#: Buffers being encoded at once ahead of the writer (threaded mode), at least: a writer with
-#: more threads keeps one buffer in hand per thread (:attr:`FrameWriter.extra_held` more), so
-#: that text, where zstd is the pack's slowest stage, is compressed on every core it was given.
+#: Buffers being encoded at once ahead of the writer (threaded mode). Where zstd is the pack's
+#: slowest stage (more bytes so far went to it than were stored raw: text), a writer with more
+#: threads is ``deep``: it keeps one buffer in hand per thread (:attr:`FrameWriter.extra_held`
+#: more) and hands each on as soon as it is encoded, so that they are compressed on every core
+#: it was given. Where blocks are stored raw, the reader is the slow stage and more in hand only
+#: adds threads taking turns at the GIL: on a 16-core node, in process, 12,000 text files packed
+#: in 0.147 s deep against 0.237 s four ahead, while 6,000 random files of 65 KB took 0.274 s
+#: deep against 0.241 s, so a writer starts four ahead and goes deep once zstd has the bytes.
 _AHEAD = 4
 
 
@@ -250,9 +255,9 @@ class FrameWriter:
         self._level = level
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dsagent-zstd") if threads > 1 else None
-        self._ahead = max(_AHEAD, threads)
+        self._most = max(_AHEAD, threads)
         #: lent buffers this writer may hold beyond :data:`_AHEAD` (a lender sizes its pool by it)
-        self.extra_held = self._ahead - _AHEAD if self._pool is not None else 0
+        self.extra_held = self._most - _AHEAD if self._pool is not None else 0
         self._pending: deque[tuple[Future[list[bytes | memoryview]], Callable[[], object] | None]] = deque()
         self._encoders: list[FrameEncoder] = []
         self._lock = threading.Lock()
@@ -285,10 +290,19 @@ class FrameWriter:
             return size
         lent = data if release is not None else bytes(data)
         self._pending.append((self._pool.submit(self._encode, lent), release))
-        while self._pending and (len(self._pending) > self._ahead or self._pending[0][0].done()):
+        deep = self.deep
+        ahead = self._most if deep else _AHEAD
+        while self._pending and (len(self._pending) > ahead or (deep and self._pending[0][0].done())):
             future, done = self._pending.popleft()  # encoded buffers go on at once, in order
             self._put(future.result(), done)
         return size
+
+    @property
+    def deep(self) -> bool:
+        """Whether this writer keeps a buffer in hand per thread: it has more than
+        :data:`_AHEAD` and, of the buffers encoded so far, more bytes went to zstd than were
+        stored raw."""
+        return self.extra_held > 0 and self.compressed_bytes > self.raw_bytes
 
     def settle(self, wait: bool = True) -> bool:
         """Hand the oldest buffer still being encoded on to the sink, waiting for it (with

@@ -391,17 +391,17 @@ class BundleWriter:
 
 
 def _next_full(full: queue.SimpleQueue[Any], free: queue.SimpleQueue[Any], out: Any) -> Any:
-    """The reader's next full buffer. While none is ready, the buffers lent to ``out`` that
-    are encoded are handed on (``settle``); when the reader has no free buffer either, the
-    oldest is waited for: the reader is waiting for one. While it has one, it fills it:
-    waiting for the oldest encode then would keep the buffers after it from being encoded
-    beside it."""
+    """The reader's next full buffer. While none is ready, the buffers lent to ``out`` and
+    still being encoded are handed on (``settle``), the oldest waited for: the reader may be
+    waiting for one. While ``out`` keeps a buffer per thread (``deep``: zstd is the slow
+    stage) and the reader has a free buffer, only those already encoded go on: waiting for
+    the oldest encode then would keep the reader's next buffers from being encoded beside it."""
     settle = getattr(out, "settle", None)
     while settle is not None:
         try:
             return full.get_nowait()
         except queue.Empty:
-            if not settle(wait=free.empty()):
+            if not settle(wait=free.empty() or not out.deep):
                 break
     return full.get()
 

@@ -196,10 +196,10 @@ def test_a_frame_writer_encodes_as_many_buffers_at_once_as_it_has_threads(monkey
     together = threading.Barrier(threads, timeout=10)  # broken unless `threads` encodes run at once
     encode = FrameEncoder.encode
 
-    first = iter(range(threads))
+    turns = iter(range(threads + 1))
 
     def meeting(self: FrameEncoder, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
-        if next(first, None) is not None:  # the first `threads` buffers meet
+        if next(turns, None):  # the `threads` buffers after the first meet
             together.wait()
         return encode(self, data)
 
@@ -207,12 +207,48 @@ def test_a_frame_writer_encodes_as_many_buffers_at_once_as_it_has_threads(monkey
     pieces = [_text(1 << 16, i) for i in range(2 * threads + 3)]
     out: list[bytes] = []
     writer = FrameWriter(out.append, level=1, threads=threads)
-    for piece in pieces:
+    writer.write(pieces[0])  # the first goes alone: once it went to zstd, the writer goes deep
+    assert writer.settle() and writer.deep
+    for piece in pieces[1:]:
         writer.write(piece)
     writer.close()
     assert not together.broken
     stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(out)), read_across_frames=True)
     assert stream.read() == b"".join(pieces)
+
+
+def test_where_blocks_are_stored_raw_a_frame_writer_keeps_no_more_in_hand_than_usual(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dsagent.format.bundles import frames
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+    encode = FrameEncoder.encode
+
+    def counted(self: FrameEncoder, data: memoryview | bytes | bytearray) -> list[bytes | memoryview]:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return encode(self, data)
+
+    monkeypatch.setattr(FrameEncoder, "encode", counted)
+    out: list[bytes] = []
+    writer = FrameWriter(out.append, level=1, threads=12)
+    pieces = [os.urandom(1 << 16) for _ in range(20)]
+    writer.write(pieces[0])
+    while not writer.settle(wait=False):  # once a buffer was stored raw...
+        time.sleep(0.001)
+    assert not writer.deep
+    most[0] = 0
+    for piece in pieces[1:]:
+        writer.write(piece)
+    writer.close()
+    assert 2 <= most[0] <= frames._AHEAD + 1  # ...four ahead and the one being handed in
+    assert writer.raw_bytes == sum(map(len, pieces)) and b"".join(out).count(RAW_FRAME_HEADER) >= len(pieces)
 
 
 def test_an_encoded_buffer_goes_on_without_waiting_for_a_later_write_and_none_is_waited_for_unasked(
