@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else argv
         if quick_digest(args):
             return
-        from dsagent.cli.packing import quick_bundles
+        from dsagent.cli.bundlework import quick_bundles
 
         if quick_bundles(args):
             return

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 import click
 
+from dsagent.cli.bundlework import emit, options_for_stores, pack_source, unpack_store
 from dsagent.cli.digesting import counter, digest_source
 from dsagent.cli.options import output_option, source_options, store_options
-from dsagent.cli.packing import emit, options_for_stores, pack_source, unpack_store
 from dsagent.format.manifest import Progress, read_manifest
 from dsplatform.heap import collector_paused
 from dsplatform.units import format_size

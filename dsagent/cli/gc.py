@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
+from dsagent.cli.bundlework import options_for_stores
 from dsagent.cli.options import output_option, store_options
-from dsagent.cli.packing import options_for_stores
 from dsagent.errors import InvalidInput
 from dsplatform.units import UnitError, format_size, parse_duration
 

@@ -46,7 +46,7 @@ def storage_options(
 ) -> dict[str, Any]:
     """fsspec storage options from JSON ``files`` (in order), then ``KEY=VALUE`` ``pairs``:
     what the user gave (``dsctl cache`` sends them to the agent; the storage commands
-    add the settings' bounds with :func:`dsagent.cli.packing.options_for_stores`)."""
+    add the settings' bounds with :func:`dsagent.cli.bundlework.options_for_stores`)."""
     options: dict[str, Any] = {}
     for name in files:
         try:

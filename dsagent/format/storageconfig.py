@@ -5,7 +5,7 @@ Who calls it: the edges that read the settings build a :class:`StorageConfig`
 ``DSAGENT_SOURCE_TIMEOUT``, then 10 s / 60 s) and pass it down beside the fsspec options, as
 one typed value, :class:`StoreOptions` (:func:`with_config`): the agent for every dataset
 (:meth:`dsagent.cache.taskwork.TaskWork.serve`), ``dsctl`` for its storage commands
-(:func:`dsagent.cli.packing.options_for_stores`). It travels through every function that
+(:func:`dsagent.cli.bundlework.options_for_stores`). It travels through every function that
 takes storage options (manifest reads, digests, packing, unpacking, per-file copies) to
 :func:`dsagent.format.storage.resolve`, which gives the filesystem its bounds
 (:meth:`StorageConfig.bounded`):

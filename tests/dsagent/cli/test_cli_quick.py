@@ -1,4 +1,4 @@
-"""The quick way into ``dsctl pack`` and ``unpack`` (:mod:`dsagent.cli.packing`) reads a command
+"""The quick way into ``dsctl pack`` and ``unpack`` (:mod:`dsagent.cli.bundlework`) reads a command
 line as click reads it, or leaves it to click: each plain form is parsed both ways and the
 parameters compared; every other form is left alone."""
 
@@ -10,7 +10,7 @@ import click
 import pytest
 
 from dsagent.cli.bundles import pack, unpack
-from dsagent.cli.packing import parse_plain
+from dsagent.cli.bundlework import parse_plain
 
 _PLAIN = [
     ["pack", "src", "--name", "d", "--to", "store"],

@@ -19,7 +19,7 @@ import pytest
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
-from dsagent.cli.packing import options_for_stores, settings_storage_config
+from dsagent.cli.bundlework import options_for_stores, settings_storage_config
 from dsagent.errors import SettingsError
 from dsagent.format import storage
 from dsagent.format.storageconfig import DEFAULT, StorageConfig, StoreOptions, store_options, user_options, with_config
