@@ -56,7 +56,15 @@ from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.refusals import refused_condition
 from dsagent.controller.storegc import StoreCollector
-from dsagent.controller.striping import draining, job_nodes, node_subnets, parse_stripe, stripe_status
+from dsagent.controller.striping import (
+    StripedPass,
+    draining,
+    job_nodes,
+    node_rooms,
+    node_subnets,
+    parse_stripe,
+    stripe_status,
+)
 from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
 from dsagent.kube import nodestate
 from dsagent.kube.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
@@ -107,6 +115,7 @@ class DatasetController:
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
         self._copies: copies.Tally | None = None  # the copy counts and keepers of the pass
+        self._striped: StripedPass | None = None  # made once a pass, for its first striped Dataset
         # (namespace, name) -> status.preparation this pass; None: the pass failed (keep status)
         self._preparation: dict[tuple[str, str], JSON] | None = {}
         self._nodes_now: list[JSON] = []
@@ -385,13 +394,14 @@ class DatasetController:
                 agent_call=self.agent_call,
                 agent_urls=self._agent_urls,
                 who=acting_for(namespace, name),
-                job=job_nodes(self._pods(), namespace, name),
-                subnets=node_subnets(self._nodes_now),
-                leaving=draining(self._nodes_now),
+                job=job_nodes(self._pods_named().get((namespace, name), ()), namespace, name),
+                subnets=(striped := self._striped_pass(inventories)).subnets,
+                leaving=striped.leaving,
                 now=self.clock(),
                 drain_timeout=self.settings.stripe_drain_timeout_s,
                 events=stripe_events,
                 tallied=self._copies,
+                rooms=striped.rooms,
             )
             regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
             for kind, reason, note in stripe_events:
@@ -485,7 +495,7 @@ class DatasetController:
         yield from self._pods()
 
     def _forget_rankings(self) -> None:
-        self._warm_ranking = self._replica_rooms = self._pods_by_dataset = None
+        self._warm_ranking = self._replica_rooms = self._pods_by_dataset = self._striped = None
 
     def _warm_nodes(self, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> WarmRanking:
         """The agent nodes in warm-up's order, ranked at most once a pass (:class:`WarmRanking`)."""
@@ -498,6 +508,14 @@ class DatasetController:
         if self._replica_rooms is None:
             self._replica_rooms = replica_rooms(set(self._agent_urls), inventories, self._free_gpus())
         return self._replica_rooms
+
+    def _striped_pass(self, inventories: Mapping[str, Mapping[str, Any]]) -> StripedPass:
+        """What every striped Dataset's choice reads of the nodes, at most once a pass."""
+        if self._striped is None:
+            subnets = node_subnets(self._nodes_now)
+            rooms = node_rooms(inventories, self._copies or copies.tally(inventories), subnets)
+            self._striped = StripedPass(rooms, subnets, draining(self._nodes_now))
+        return self._striped
 
     def _pods_named(self) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
         """The pods by the Datasets they name, at most once a pass (:func:`podfacts.pods_by_dataset`)."""

@@ -148,8 +148,11 @@ def _choose(
     need = math.ceil(ratio * max(0, size_bytes) / owners)
     chosen: list[str] = list(job)
 
+    def full() -> bool:
+        return len(chosen) - len(shareless) >= owners
+
     def take(name: str) -> None:
-        if name in by_name and name not in chosen and len(chosen) - len(shareless) < owners:
+        if name in by_name and name not in chosen and not full():
             chosen.append(name)
 
     for name in sorted(before, key=lambda n: (-by_name[n].held_bytes if n in by_name else 0, n)):
@@ -158,15 +161,21 @@ def _choose(
     for name in _holders(nodes):
         take(name)
     subnet = by_name[chosen[0]].subnet if chosen else None
-    roomy = sorted((n for n in nodes if _room(n) >= need), key=lambda n: (-_room(n), n.name))
+    # the tiers below are ranked only while owners are missing: at thousands of nodes a
+    # ranking is most of a choice that the earlier members and holders already made
+    roomy = [] if full() else sorted((n for n in nodes if _room(n) >= need), key=lambda n: (-_room(n), n.name))
     for node in roomy:
+        if full():
+            break
         if subnet is None or node.subnet == subnet:
             take(node.name)
     for node in roomy:
+        if full():
+            break
         take(node.name)
-    if shareless and len(chosen) - len(shareless) < owners:
+    if shareless and not full():
         return None
-    if not shareless:
+    if not shareless and not full():
         # too few nodes have room without evicting a last copy (and no job node was spared
         # its share for that): nodes whose caches can hold a share beside their pods' data
         # own too, the most room first; their agents evict for it (idle copies first, last
@@ -185,7 +194,7 @@ def _choose(
 
 def _holders(nodes: Sequence[Candidate]) -> list[str]:
     """The nodes holding bytes of the version, most first."""
-    return [n.name for n in sorted(nodes, key=lambda n: (-n.held_bytes, n.name)) if n.held_bytes > 0]
+    return [n.name for n in sorted((n for n in nodes if n.held_bytes > 0), key=lambda n: (-n.held_bytes, n.name))]
 
 
 def _room(node: Candidate) -> int:

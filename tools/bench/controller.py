@@ -12,8 +12,8 @@ cache) holds:
   mostly ready at the Dataset's current digest, some at an older digest, fetching or
   failed) and the two-class 8-GPU topology;
 - N agent pods (the controller finds the agents by label) and M Datasets in four
-  namespaces, each with its packer's status; one in 20 asks for warm-up on 2 nodes and one
-  in 20 for 2 replicas.
+  namespaces, each with its packer's status; one in 20 asks for warm-up on 2 nodes, one in
+  20 for 2 replicas and one in 20 is striped (``stripe: auto``).
 
 The controller (``DatasetController.reconcile_all``, the real code over HTTP with the
 ``kubernetes`` client) runs in a child process of its own. Its agent calls do not leave
@@ -216,6 +216,8 @@ def build(nodes: int, datasets: int, held: int, seed: int = 5) -> dict[str, list
             ds["spec"]["warm"] = {"nodes": 2}
         elif j % 20 == 7:
             ds["spec"]["replicas"] = 2
+        elif j % 20 == 11:
+            ds["spec"]["stripe"], ds["spec"]["bundles"] = "auto", f"s3://bundles/{name}"
         out["datasets"].append(ds)
     return out
 
@@ -280,6 +282,8 @@ def child(url: str) -> None:
             return 200, {"tasks": []}
         if method == "GET" and path == "/v1/preparations":
             return 200, {"preparations": []}
+        if method == "PUT" and path.startswith("/v1/stripes/"):  # the member holds its share
+            return 200, {"complete": True, "bytesHeld": GIB, "bytesOwned": GIB}
         if method == "PUT":
             wanted = [d.get("name") for d in (body or {}).get("datasets", []) if isinstance(d, dict)] or [who]
             return 200, {

@@ -742,3 +742,36 @@ def test_a_member_whose_agent_refused_its_share_is_replaced_at_the_next_pass() -
     assert run([{"node": "n1", **ok}, {"node": "n2", **ok}, {"node": "n3", **ok}]) == ["n1", "n2", "n3"]
     assert run([{"node": "n1", **ok}, {"node": "n2", **failed}, {"node": "n3", **ok}]) == ["n1", "n3", "n4"]
     assert run([{"node": "n1", **failed}, {"node": "n2", **ok}, {"node": "n3", **ok}]) == ["n1", "n2", "n3"]
+
+
+def test_the_nodes_rooms_are_read_once_a_pass_however_many_datasets_are_striped(
+    apiserver: FakeApiServer, api_client: Any, monkeypatch: Any
+) -> None:
+    from dsagent.controller import reconcile
+
+    for i, node in enumerate(["n1", "n2", "n3", "n4", "n5"]):
+        apiserver.create(
+            make_node(node, annotations={"dsagent.io/inventory": _inventory(node, free=(5 + i) * 10 * GB)})
+        )
+        apiserver.create(agent_pod(node))
+    for name in ("big", "bigger", "biggest"):
+        ds = make_dataset(
+            name, namespace="ml", bundles=f"s3://store/{name}", status={"digest": DIGEST, "bytes": 150 * GB}
+        )
+        ds["spec"]["stripe"] = "auto"
+        apiserver.create(ds)
+    made: list[int] = []
+
+    def counted(inventories: Any, tallied: Any, subnets: Any) -> Any:
+        made.append(len(inventories))
+        return rooms(inventories, tallied, subnets)
+
+    rooms = reconcile.node_rooms
+    monkeypatch.setattr(reconcile, "node_rooms", counted)
+    ctl = _controller(api_client, lambda *a: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": 30 * GB}))
+    ctl.reconcile_all()
+    ctl.reconcile_all()
+    assert made == [5, 5]  # once a pass, for all three Datasets
+    groups = {n: [m["node"] for m in apiserver.get("datasets", n, "ml")["status"]["stripe"]["nodes"]]
+              for n in ("big", "bigger", "biggest")}  # fmt: skip
+    assert all(members == ["n5", "n4", "n3", "n2"] for members in groups.values()), groups  # the most room first
