@@ -63,7 +63,7 @@ them all.
     "controller": """`tools/bench/controller.py`: one `DatasetController.reconcile_all` in a process of its
 own against a fake API server serving its lists from memory, over N Nodes, N `NodeCache`
 inventories (12 datasets each), N agent pods and 1,000 Datasets in four namespaces (one in
-20 with warm-up, one in 20 with replicas), agents answering at once (every agent call
+20 with warm-up, one in 20 with replicas, one in 20 striped), agents answering at once (every agent call
 counted would be an HTTP request in a cluster). The pass time is the median of the timed
 passes (1% of inventories changed before each); the peak RSS is the controller process's
 `VmHWM` over them (interpreter and imports included). The bytes added to a Node are what
