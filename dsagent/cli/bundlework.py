@@ -236,7 +236,7 @@ def parse_plain(args: Sequence[str]) -> tuple[str, dict[str, Any]] | None:
     if len(values) != len(positionals):
         return None
     parameters = {**defaults, **dict(zip(positionals, values, strict=True)), **given}
-    if any(name not in parameters for name in (*positionals, "name", *(("store",) if command == "pack" else ()))):
+    if any(parameter not in parameters for parameter, _ in options.values()):
         return None  # a required option is missing: click says which
     if command == "unpack" and os.path.isfile(parameters["dest"]):
         return None  # click's path check says it is a file

@@ -400,7 +400,6 @@ class DatasetController:
                 now=self.clock(),
                 drain_timeout=self.settings.stripe_drain_timeout_s,
                 events=stripe_events,
-                tallied=self._copies,
                 rooms=striped.rooms,
             )
             regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})

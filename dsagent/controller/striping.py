@@ -127,7 +127,6 @@ def stripe_status(
     now: float = 0.0,
     drain_timeout: float = 600.0,
     events: list[Event] | None = None,
-    tallied: Tally | None = None,
     rooms: Rooms | None = None,
 ) -> JSON:
     """The Dataset's ``status.stripe``, after asking the chosen members' agents (each request
@@ -136,9 +135,8 @@ def stripe_status(
     ``subnets``: node -> its RoCE subnets' key (:func:`node_subnets`); ``leaving``: the
     draining nodes (:func:`draining`); ``now``: wall-clock seconds; ``drain_timeout``: how
     long a leaving member's share is held for the new owners at most; ``events``: the Dataset
-    Events to record are appended there; ``tallied``: the pass's copy counts and keepers
-    (:func:`dsagent.policy.copies.tally` of ``inventories``, made here when not given);
-    ``rooms``: the pass's :func:`node_rooms` (made here when not given)."""
+    Events to record are appended there; ``rooms``: the pass's :func:`node_rooms` of
+    ``inventories`` and ``subnets`` (made here, from their copy counts, when not given)."""
     mode = parse_stripe(spec.get("stripe"))
     size = count(status.get("bytes"))
     digest = status.get("digest")
@@ -173,12 +171,12 @@ def stripe_status(
         str(r.get("node")) for r in earlier if r.get("state") == "failed" and not count(r.get("bytesHeld"))
     } - set(job)
     candidates = []
-    rooms = rooms if rooms is not None else node_rooms(inventories, tallied or tally(inventories), subnets)
+    rooms = rooms if rooms is not None else node_rooms(inventories, tally(inventories), subnets)
     for node in sorted(agent_urls):
         inv = inventories.get(node)
         if inv is None or node in leaving_now or node in refused:  # crashed (stale), leaving, refused
             continue
-        room = rooms.get(node) or node_rooms({node: inv}, Tally({}, {}), subnets)[node]  # not in the pass's
+        room = rooms[node]
         listed = (inv.get("stripes") or {}).get(name) or {}
         if listed.get("digest") != digest:  # another version's share holds none of this one's bundles
             listed = {}
