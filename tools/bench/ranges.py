@@ -26,7 +26,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,18 +40,9 @@ from dsagent.format.manifest import Manifest
 from dsplatform.units import format_size, parse_size
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: tools.support is the repository's
 
-
-def start_server(directory: Path, rate: int) -> tuple[str, subprocess.Popen[str]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "tools" / "support" / "ranged_http.py"), str(directory), "--rate", str(rate)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    return process.stdout.readline().strip(), process
+from tools.support.ranged_http import RangedServerProcess  # noqa: E402
 
 
 def fetch(url: str, manifest: Manifest, staging: Path, links: LinkSet | None) -> float:
@@ -106,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         manifest = pack(work / "www" / "src", work / "www" / "store", name="one")
         (bundle,) = manifest.bundles
         minimum = bundle.compressed_size // args.links  # every link a range
-        url, server = start_server(work / "www", rate)
+        server = RangedServerProcess(work / "www", rate=rate)
+        url = server.url
         runs: list[tuple[str, float, LinkSet | None]] = []
         for _ in range(args.rounds):  # interleaved: one link, several, one link, ...
             runs.append(("one link", fetch(url, manifest, work / "staging", None), None))
@@ -131,8 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(10)
+            server.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 

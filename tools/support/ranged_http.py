@@ -9,13 +9,20 @@ for a node's NICs. Loopback has no per-NIC bandwidth, so ``rate`` caps each resp
 that many bytes per second (a connection as fast as a NIC, or a store's per-connection
 limit), and ``cut`` makes the responses to an address stop after that many body bytes (a
 link that fails mid-transfer; ``cut_from``: only those of ranges starting there or later).
+
+:class:`RangedServerProcess` is the same server in a process of its own (:func:`main`), for
+a test or a benchmark that measures its own process: the server's threads and buffers are
+then not counted in the client's memory (``tracemalloc``) or CPU.
 """
 
 from __future__ import annotations
 
 import http.server
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -191,9 +198,47 @@ class RangedServer:
         self._server.server_close()
 
 
+class RangedServerProcess:
+    """:class:`RangedServer` (``ranges``, ``rate``) in a process of its own, started at once
+    and serving until :meth:`close` (or the end of a ``with`` block). Its requests are
+    recorded in that process, not here: a test that reads them uses :class:`RangedServer`."""
+
+    def __init__(self, directory: Path, *, ranges: bool = True, rate: int = 0) -> None:
+        command = [sys.executable, "-m", "tools.support.ranged_http"]
+        command += [str(Path(directory).absolute()), "--rate", str(rate)] + ([] if ranges else ["--no-ranges"])
+        root = str(Path(__file__).resolve().parents[2])  # where ``tools`` is importable from
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().strip()  # its URL once it listens; "" if it died
+        if not line.startswith("http://"):
+            self.close()
+            raise RuntimeError(f"the range server did not start (exit status {self._process.returncode})")
+        self.url = line
+
+    def close(self) -> None:
+        """Stop the server and reap its process."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+    def __enter__(self) -> RangedServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python tools/support/ranged_http.py DIR [--rate BYTES] [--no-ranges]``: serve DIR
-    until stopped, after printing its URL (a server in a process of its own, for benchmarks)."""
+    until stopped, after printing its URL (a server in a process of its own:
+    :class:`RangedServerProcess`)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -206,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Event().wait()
 
 
-__all__ = ["RangedServer", "Request", "main"]
+__all__ = ["RangedServer", "RangedServerProcess", "Request", "main"]
 
 if __name__ == "__main__":
     main()
