@@ -58,6 +58,8 @@ class Facts(NamedTuple):
 
     ready: dict[Key, Mapping[str, Any]]
     held: dict[str, dict[str, Holding]]
+    versions: dict[Key, Mapping[str, Any]]
+    """its ready versions alone (:func:`dsagent.policy.copies.ready_versions`)"""
 
 
 def facts_of(inventory: Mapping[str, Any]) -> Facts:
@@ -68,7 +70,8 @@ def facts_of(inventory: Mapping[str, Any]) -> Facts:
     if isinstance(stripes, Mapping):
         names += [n for n in stripes if n not in datasets] if isinstance(datasets, Mapping) else list(stripes)
     held = {name: held_versions(inventory, name) for name in names if isinstance(name, str)}
-    return Facts(copies.held_copies(inventory), held)
+    versions = copies.ready_versions(inventory)
+    return Facts(copies.held_copies(inventory, versions), held, versions)
 
 
 class DatasetIndex:
@@ -201,6 +204,10 @@ class InventoryReader:
     def held_copies(self, inventory: Mapping[str, Any]) -> Mapping[Key, Mapping[str, Any]]:
         """:func:`dsagent.policy.copies.held_copies` of ``inventory`` (its :class:`Facts`)."""
         return self.facts(inventory).ready
+
+    def ready_versions(self, inventory: Mapping[str, Any]) -> Mapping[Key, Mapping[str, Any]]:
+        """:func:`dsagent.policy.copies.ready_versions` of ``inventory`` (its :class:`Facts`)."""
+        return self.facts(inventory).versions
 
     def keeper(self, version: Key, holders: Sequence[str]) -> str:
         """:func:`dsagent.policy.copies.keeper` of ``version`` among ``holders``, worked out

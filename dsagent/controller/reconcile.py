@@ -60,10 +60,10 @@ from dsagent.controller.striping import (
     StripedPass,
     draining,
     job_nodes,
-    node_rooms,
     node_subnets,
     parse_stripe,
     stripe_status,
+    striped_pass,
 )
 from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
 from dsagent.kube import nodestate
@@ -395,12 +395,11 @@ class DatasetController:
                 agent_urls=self._agent_urls,
                 who=acting_for(namespace, name),
                 job=job_nodes(self._pods_named().get((namespace, name), ()), namespace, name),
-                subnets=(striped := self._striped_pass(inventories)).subnets,
-                leaving=striped.leaving,
                 now=self.clock(),
                 drain_timeout=self.settings.stripe_drain_timeout_s,
                 events=stripe_events,
-                rooms=striped.rooms,
+                striped=self._striped_pass(inventories),
+                listing=indexed.listing(name),
             )
             regarding = ObjectRef.of({**ds, "apiVersion": f"{GROUP}/{VERSION}", "kind": "Dataset"})
             for kind, reason, note in stripe_events:
@@ -511,9 +510,14 @@ class DatasetController:
     def _striped_pass(self, inventories: Mapping[str, Mapping[str, Any]]) -> StripedPass:
         """What every striped Dataset's choice reads of the nodes, at most once a pass."""
         if self._striped is None:
-            subnets = node_subnets(self._nodes_now)
-            rooms = node_rooms(inventories, self._copies or copies.tally(inventories), subnets)
-            self._striped = StripedPass(rooms, subnets, draining(self._nodes_now))
+            self._striped = striped_pass(
+                inventories,
+                self._agent_urls,
+                node_subnets(self._nodes_now),
+                draining(self._nodes_now),
+                self._copies or copies.tally(inventories),
+                versions_of=self._reader.ready_versions,
+            )
         return self._striped
 
     def _pods_named(self) -> dict[tuple[str, str], list[Mapping[str, Any]]]:

@@ -33,7 +33,7 @@ for it, the new owners fetch from the other members, then the store.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -43,7 +43,7 @@ from dsagent.kube.datasets import parse_stripe
 from dsagent.kube.leaving import draining
 from dsagent.policy.copies import Key, Tally, ready_versions, tally
 from dsagent.policy.holding import choose_placement
-from dsagent.policy.stripegroup import Candidate
+from dsagent.policy.stripegroup import Candidate, Candidates
 from dsplatform import published
 from dsplatform.boundedjson import count
 from dsplatform.kubetime import format_time, parse_or_none
@@ -127,7 +127,8 @@ def stripe_status(
     now: float = 0.0,
     drain_timeout: float = 600.0,
     events: list[Event] | None = None,
-    rooms: Rooms | None = None,
+    striped: StripedPass | None = None,
+    listing: Mapping[str, Any] | None = None,
 ) -> JSON:
     """The Dataset's ``status.stripe``, after asking the chosen members' agents (each request
     names the Dataset ``who``, ``namespace/name``, it is for: docs/operator-guide/tenancy.md).
@@ -135,8 +136,11 @@ def stripe_status(
     ``subnets``: node -> its RoCE subnets' key (:func:`node_subnets`); ``leaving``: the
     draining nodes (:func:`draining`); ``now``: wall-clock seconds; ``drain_timeout``: how
     long a leaving member's share is held for the new owners at most; ``events``: the Dataset
-    Events to record are appended there; ``rooms``: the pass's :func:`node_rooms` of
-    ``inventories`` and ``subnets`` (made here, from their copy counts, when not given)."""
+    Events to record are appended there; ``striped``: the pass's :func:`striped_pass`, for
+    every striped Dataset (made here from the other arguments when not given; given, its
+    subnets and draining nodes are those read); ``listing``: the nodes whose inventory lists
+    the Dataset (None: any may), the only ones that see the version otherwise than as one
+    they hold nothing of."""
     mode = parse_stripe(spec.get("stripe"))
     size = count(status.get("bytes"))
     digest = status.get("digest")
@@ -147,9 +151,9 @@ def stripe_status(
         _release(agent_call, before, name, status.get("digest"), who)
     if mode is None or not size or not isinstance(store, str):
         return {"state": "Off" if mode is None else "Waiting", "nodes": [], "members": 0}
-    subnets = subnets or {}
+    striped = striped if striped is not None else striped_pass(inventories, agent_urls, subnets, leaving)
+    subnets, leaving_now = striped.subnets, striped.leaving
     events = events if events is not None else []
-    leaving_now = set(leaving)
     drain = _mapping((status.get("stripe") or {}).get("drain"))
     moving = drain.get("state") == "Moving"
     recorded = drain.get("members")
@@ -170,23 +174,24 @@ def stripe_status(
     refused = {
         str(r.get("node")) for r in earlier if r.get("state") == "failed" and not count(r.get("bytesHeld"))
     } - set(job)
-    candidates = []
-    rooms = rooms if rooms is not None else node_rooms(inventories, tally(inventories), subnets)
-    for node in sorted(agent_urls):
+    # the nodes as the version sees them: the pass's blank candidates (the agents' nodes with
+    # a fresh inventory, not leaving), changed where a node lists the Dataset, without those
+    # that refused it (crashed and stale nodes have no inventory)
+    changed = []
+    for node in inventories if listing is None else listing:
         inv = inventories.get(node)
-        if inv is None or node in leaving_now or node in refused:  # crashed (stale), leaving, refused
+        if inv is None or node not in striped.blank.by_name:
             continue
-        room = rooms[node]
+        room = striped.rooms[node]
         listed = (inv.get("stripes") or {}).get(name) or {}
         if listed.get("digest") != digest:  # another version's share holds none of this one's bundles
             listed = {}
         copy = room.ready.get((name, digest)) or {} if isinstance(digest, str) else {}
         if not listed and not copy and room.blank.subnet == subnets.get(node):
-            candidates.append(room.blank)
             continue
         held = count(listed.get("heldBytes"))  # of its share's bundles
         held_bytes = held or count(copy.get("sizeBytes"))
-        candidates.append(
+        changed.append(
             Candidate(
                 node, room.free_bytes, held_bytes, subnets.get(node), room.capacity_bytes,
                 spare_bytes=room.spare_bytes,
@@ -196,6 +201,7 @@ def stripe_status(
                 in_use_bytes=room.in_use_bytes,
             )
         )  # fmt: skip
+    candidates = striped.blank.but(changed, without=refused)
     shareless_before = [str(r.get("node")) for r in earlier if r.get("share") is False]
     # the members that answered last pass holding their share, not the whole version
     share_before = [
@@ -275,32 +281,64 @@ class Room(NamedTuple):
 
 #: node name -> its :class:`Room`
 Rooms = Mapping[str, Room]
+#: an inventory -> its ready versions (:func:`dsagent.policy.copies.ready_versions`)
+VersionsOf = Callable[[Mapping[str, Any]], Mapping[Key, Mapping[str, Any]]]
 
 
 class StripedPass(NamedTuple):
     """What every striped Dataset's choice of a pass reads of the nodes (a controller makes
-    it once a pass): their :func:`node_rooms`, :func:`node_subnets` and :func:`draining`."""
+    it once a pass, :func:`striped_pass`): their :func:`node_rooms`, :func:`node_subnets`
+    and :func:`draining`, and the nodes a choice is made over as a version they hold
+    nothing of sees them."""
 
     rooms: Rooms
     subnets: Mapping[str, str]
     leaving: set[str]
+    blank: Candidates
+    """the agents' nodes with a fresh inventory, not leaving, by name"""
+
+
+def striped_pass(
+    inventories: Mapping[str, Mapping[str, Any]],
+    agent_urls: Mapping[str, str],
+    subnets: Mapping[str, str] | None = None,
+    leaving: Iterable[str] = (),
+    tallied: Tally | None = None,
+    versions_of: VersionsOf = ready_versions,
+) -> StripedPass:
+    """:class:`StripedPass` of a pass's ``inventories`` (node -> a fresh inventory), the nodes
+    with an agent (``agent_urls``), their ``subnets`` (:func:`node_subnets`), the draining
+    nodes (``leaving``) and the copy counts (:func:`dsagent.policy.copies.tally`, worked out
+    here when not given); ``versions_of``: :func:`node_rooms`'."""
+    subnets = subnets or {}
+    tallied = tallied if tallied is not None else tally(inventories)
+    rooms = node_rooms(inventories, tallied, subnets, versions_of=versions_of)
+    gone = set(leaving)
+    blank = Candidates(rooms[n].blank for n in sorted(agent_urls) if n in rooms and n not in gone)
+    return StripedPass(rooms, subnets, gone, blank)
 
 
 def node_rooms(
-    inventories: Mapping[str, Mapping[str, Any]], tallied: Tally, subnets: Mapping[str, str] | None = None
+    inventories: Mapping[str, Mapping[str, Any]],
+    tallied: Tally,
+    subnets: Mapping[str, str] | None = None,
+    *,
+    versions_of: VersionsOf = ready_versions,
 ) -> dict[str, Room]:
     """:data:`Rooms` of every node of ``inventories``, given the pass's copy counts and
     keepers (:func:`dsagent.policy.copies.tally`) and the nodes' subnets
     (:func:`node_subnets`): made once a pass for every striped
     Dataset's choice of members, whose own share does not change them (at 5,000 nodes and
-    50 striped Datasets, reading them for each Dataset made a pass take 54 s)."""
+    50 striped Datasets, reading them for each Dataset made a pass take 54 s).
+    ``versions_of``: what :func:`dsagent.policy.copies.ready_versions` answers of an
+    inventory (a caller may remember it for an inventory read before; read-only)."""
     copies, kept = tallied
     keeping: dict[str, set[Key]] = {}
     for key, keeper in kept.items():
         keeping.setdefault(keeper, set()).add(key)
     rooms = {}
     for node, inventory in inventories.items():
-        versions = ready_versions(inventory)  # one walk of its listing for every figure
+        versions = versions_of(inventory)  # one walk of its listing for every figure
         free, capacity = count(inventory.get("freeBytes")), count(inventory.get("capacityBytes"))
         spare = free + _replicated_bytes(versions, copies, keeping.get(node, set()))
         in_use = _in_use_bytes(versions)
@@ -393,5 +431,5 @@ def _drain(
 
 __all__ = [
     "Room", "Rooms", "StripedPass", "draining", "job_nodes", "node_rooms", "node_subnets", "parse_stripe",
-    "stripe_status",
+    "stripe_status", "striped_pass",
 ]  # fmt: skip

@@ -74,10 +74,13 @@ def whole_shares(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
     return found
 
 
-def held_copies(inventory: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
-    """Every whole copy one node's inventory lists: its ready versions and its whole shares
-    (:func:`whole_shares`), each version once; what the copy counts count."""
-    return {**whole_shares(inventory), **ready_versions(inventory)}
+def held_copies(
+    inventory: Mapping[str, Any], versions: Mapping[Key, Mapping[str, Any]] | None = None
+) -> dict[Key, Mapping[str, Any]]:
+    """Every whole copy one node's inventory lists: its ready versions (``versions``, where
+    the caller has its :func:`ready_versions`) and its whole shares (:func:`whole_shares`),
+    each version once; what the copy counts count."""
+    return {**whole_shares(inventory), **(ready_versions(inventory) if versions is None else versions)}
 
 
 def count_copies(inventories: Iterable[Mapping[str, Any]]) -> dict[Key, int]:

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from dsagent.policy.eviction import EVICT_RATIO
-from dsagent.policy.stripegroup import Candidate, choose_group
+from dsagent.policy.stripegroup import Candidate, Candidates, choose_group
 from dsplatform.stripe import group_size
 
 #: the most of its cache a member gives one version's share (:func:`dsplatform.stripe.group_size`)
@@ -136,7 +136,8 @@ def choose_placement(
     it drop bundles a later job would read again (the cache's eviction decides when they go)."""
     if not nodes:
         return Placement([], [], [])
-    by_name = {n.name: n for n in nodes}
+    nodes = Candidates.of(nodes)  # what every choice over them reads, worked out once
+    by_name = nodes.by_name
     job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
     was_share = set(share_before)
 
@@ -150,13 +151,13 @@ def choose_placement(
         # the smallest cache among the members to be: the job's nodes where there are any
         # (one small node elsewhere in the cluster does not add owners to every group)
         caches = [by_name[n].cache_bytes for n in job if by_name[n].cache_bytes > 0]
-        caches = caches or [n.cache_bytes for n in nodes if n.cache_bytes > 0]
+        smallest = min(caches) if caches else nodes.smallest_cache
         through = len(whole_job) < len(job)
-        copies = {n.name for n in nodes if n.name not in job and n.holds_whole} if through else set()
+        copies = nodes.whole.difference(job) if through else set()
         kept = _kept(by_name, before, no_share_before, skip={*job, *copies})
         members = (
-            members_wanted(size_bytes, min(caches), len(job), ratio=ratio, copies=len(copies), kept=kept)
-            if caches
+            members_wanted(size_bytes, smallest, len(job), ratio=ratio, copies=len(copies), kept=kept)
+            if smallest is not None
             else len(nodes)
         )
     group = choose_group(

@@ -36,9 +36,9 @@ chosen before come first, as they were, and the new ones after them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from dsagent.policy import eviction
 from dsagent.policy.eviction import EVICT_RATIO, LAST_COPY, REPLICATED, STRIPE_SHARE
@@ -67,6 +67,138 @@ class Candidate:
     holds_whole: bool = False
     # bytes of its cache its pods' data holds (no eviction frees them)
     in_use_bytes: int = 0
+
+
+class Candidates(Sequence[Candidate]):
+    """Nodes a group is chosen over, with what a choice reads of all of them worked out at
+    most once: the nodes by name, the holders of the version's bytes and of whole copies,
+    the ranking by room, the smallest cache. :func:`choose_group` and
+    :func:`dsagent.policy.holding.choose_placement` make one of any sequence they are given.
+
+    A caller choosing for many versions over the same nodes (the controller: every striped
+    Dataset of a pass) makes one of the nodes as a version they hold nothing of sees them,
+    and from it, with :meth:`but`, one per version, changed where that version differs (the
+    few nodes holding some of it, those left out). A node's room is its own, the same for
+    every version, so the ranking is made once, not once a version: at 5,000 nodes a choice
+    then reads the nodes it takes, not all of them. The answers are those of the plain
+    sequence: a changed node whose room differs has the ranking made again."""
+
+    __slots__ = ("_nodes", "_by_name", "_index", "_ranked", "_holders", "_whole", "_smallest")
+
+    def __init__(self, nodes: Iterable[Candidate]) -> None:
+        self._nodes = list(nodes)
+        self._by_name: dict[str, Candidate] | None = None
+        self._index: dict[str, int] | None = None
+        self._ranked: list[str] | None = None
+        self._holders: list[str] | None = None
+        self._whole: set[str] | None = None
+        self._smallest: int | None = -1  # -1: not worked out yet
+
+    @classmethod
+    def of(cls, nodes: Sequence[Candidate]) -> Candidates:
+        """``nodes`` as :class:`Candidates` (themselves when they are)."""
+        return nodes if isinstance(nodes, Candidates) else cls(nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    @overload
+    def __getitem__(self, at: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> Sequence[Candidate]: ...
+
+    def __getitem__(self, at: int | slice) -> Candidate | Sequence[Candidate]:
+        return self._nodes[at]
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return iter(self._nodes)
+
+    @property
+    def by_name(self) -> dict[str, Candidate]:
+        """name -> its candidate (the last of a name given twice). Read-only."""
+        if self._by_name is None:
+            self._by_name = {n.name: n for n in self._nodes}
+        return self._by_name
+
+    @property
+    def holders(self) -> list[str]:
+        """The nodes holding bytes of the version, most first."""
+        if self._holders is None:
+            self._holders = _by_held(n for n in self.by_name.values() if n.held_bytes > 0)
+        return self._holders
+
+    @property
+    def whole(self) -> set[str]:
+        """The nodes holding the version whole (:attr:`Candidate.holds_whole`). Read-only."""
+        if self._whole is None:
+            self._whole = {n.name for n in self.by_name.values() if n.holds_whole}
+        return self._whole
+
+    @property
+    def smallest_cache(self) -> int | None:
+        """The smallest known cache (None: none is known)."""
+        if self._smallest == -1:
+            self._smallest = min((n.cache_bytes for n in self.by_name.values() if n.cache_bytes > 0), default=None)
+        return self._smallest
+
+    def ranked(self) -> Iterator[Candidate]:
+        """The nodes, the most room first (:func:`_room`; then by name)."""
+        by_name = self.by_name
+        return (by_name[name] for name in self._ranking() if name in by_name)
+
+    def _ranking(self) -> list[str]:
+        if self._ranked is None:
+            self._ranked = [n.name for n in sorted(self.by_name.values(), key=lambda n: (-_room(n), n.name))]
+        return self._ranked
+
+    def but(self, changed: Iterable[Candidate] = (), *, without: Iterable[str] = ()) -> Candidates:
+        """These nodes with ``changed`` in place of the nodes of their names (added where
+        there is none) and without the nodes named in ``without``."""
+        new = {n.name: n for n in changed}
+        gone = {name for name in without if name in self.by_name or name in new}
+        if not new and not gone:
+            return self
+        if self._index is None:
+            self._index = {n.name: at for at, n in enumerate(self._nodes)}
+        nodes, added = list(self._nodes), False
+        for name, node in new.items():
+            at = self._index.get(name)
+            if at is None:
+                nodes.append(node)
+                added = True
+            else:
+                nodes[at] = node
+        if gone:
+            nodes = [n for n in nodes if n.name not in gone]
+        out = Candidates(nodes)
+        by_name = out._by_name = dict(self.by_name)
+        by_name.update(new)
+        for name in gone:
+            del by_name[name]
+        touched = new.keys() | gone
+        out._holders = _by_held(
+            [
+                *(by_name[n] for n in self.holders if n not in touched),
+                *(n for n in new.values() if n.name not in gone and n.held_bytes > 0),
+            ]
+        )
+        out._whole = (self.whole - touched) | {n.name for n in new.values() if n.name not in gone and n.holds_whole}
+        before = self.by_name
+        if not added and all(_same_room(node, before[name]) for name, node in new.items()):
+            out._ranked = self._ranking()  # the same rooms: the same ranking (the gone skipped)
+            if not gone:
+                out._smallest = self.smallest_cache
+        return out
+
+
+def _by_held(nodes: Iterable[Candidate]) -> list[str]:
+    return [n.name for n in sorted(nodes, key=lambda n: (-n.held_bytes, n.name))]
+
+
+def _same_room(a: Candidate, b: Candidate) -> bool:
+    """Whether two candidates rank alike and count alike for caches."""
+    return (a.free_bytes, a.spare_bytes, a.cache_bytes) == (b.free_bytes, b.spare_bytes, b.cache_bytes)
 
 
 class Group(NamedTuple):
@@ -108,20 +240,20 @@ def choose_group(
     copy."""
     if not nodes:
         return Group([], [])
-    by_name = {n.name: n for n in nodes}
+    seen = Candidates.of(nodes)
+    by_name = seen.by_name
     job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
-    group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
+    group = _choose(seen, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
     if group is not None and group.no_share and not all(by_name[m].takes_no_share for m in group.members):
         group = None  # a member's agent is of an earlier release (an upgrade rolling): all own
     if group is None:  # too few other nodes have room to own in their place
-        group = _choose(by_name, nodes, job, before, no_share_before, members, size_bytes, ratio, without_share=False)
+        group = _choose(seen, job, before, no_share_before, members, size_bytes, ratio, without_share=False)
     assert group is not None
     return group
 
 
 def _choose(
-    by_name: dict[str, Candidate],
-    nodes: Sequence[Candidate],
+    nodes: Candidates,
     job: list[str],
     before: Sequence[str],
     no_share_before: Sequence[str],
@@ -133,6 +265,7 @@ def _choose(
 ) -> Group | None:
     """:func:`choose_group`'s choice for ``members`` wanted; None when some of the job's nodes
     would join without a share (``without_share``) but too few others can own instead."""
+    by_name = nodes.by_name
     k = max(1, min(max(members, len(job)), len(nodes)))
     need = math.ceil(ratio * max(0, size_bytes) / k)
     kept = set(before) - set(no_share_before)
@@ -158,18 +291,17 @@ def _choose(
     for name in sorted(before, key=lambda n: (-by_name[n].held_bytes if n in by_name else 0, n)):
         if name not in no_share_before:  # one that owned nothing leaves with its job
             take(name)
-    for name in _holders(nodes):
+    for name in nodes.holders:
         take(name)
     subnet = by_name[chosen[0]].subnet if chosen else None
-    # the tiers below are ranked only while owners are missing: at thousands of nodes a
-    # ranking is most of a choice that the earlier members and holders already made
-    roomy = [] if full() else sorted((n for n in nodes if _room(n) >= need), key=lambda n: (-_room(n), n.name))
-    for node in roomy:
+    # the nodes with room, in the nodes' one ranking (the most room first), read only as far
+    # as owners are missing: at thousands of nodes most of a choice is made by then
+    for node in _roomy(nodes, need):
         if full():
             break
         if subnet is None or node.subnet == subnet:
             take(node.name)
-    for node in roomy:
+    for node in _roomy(nodes, need):
         if full():
             break
         take(node.name)
@@ -181,10 +313,11 @@ def _choose(
         # own too, the most room first; their agents evict for it (idle copies first, last
         # copies last). A share refused for room would have its bundles read from the store
         # every epoch, where the copies evicted for it are read again only when next used
-        for node in sorted(
-            (n for n in nodes if n.cache_bytes - n.in_use_bytes >= need), key=lambda n: (-_room(n), n.name)
-        ):
-            take(node.name)
+        for node in nodes.ranked():
+            if full():
+                break
+            if node.cache_bytes - node.in_use_bytes >= need:
+                take(node.name)
     # the earlier members first, in their earlier order: the order is part of the group (a
     # rank's buckets are homed by position, dsplatform.stripe.bucket_of), and an agent takes a
     # reordered list for a new group; shares filling must not reorder it
@@ -192,9 +325,12 @@ def _choose(
     return Group(ordered, [n for n in ordered if n in shareless])
 
 
-def _holders(nodes: Sequence[Candidate]) -> list[str]:
-    """The nodes holding bytes of the version, most first."""
-    return [n.name for n in sorted((n for n in nodes if n.held_bytes > 0), key=lambda n: (-n.held_bytes, n.name))]
+def _roomy(nodes: Candidates, need: int) -> Iterator[Candidate]:
+    """The nodes with at least ``need`` bytes of room, the most first."""
+    for node in nodes.ranked():
+        if _room(node) < need:
+            return
+        yield node
 
 
 def _room(node: Candidate) -> int:
@@ -228,5 +364,6 @@ def eviction_order(candidates: Sequence[tuple[str, bool, int | None, float]]) ->
 
 
 __all__ = [
-    "Candidate", "Group", "LAST_COPY", "REPLICATED", "STRIPE_SHARE", "choose_group", "eviction_class", "eviction_order",
+    "Candidate", "Candidates", "Group", "LAST_COPY", "REPLICATED", "STRIPE_SHARE", "choose_group", "eviction_class",
+    "eviction_order",
 ]  # fmt: skip

@@ -762,12 +762,12 @@ def test_the_nodes_rooms_are_read_once_a_pass_however_many_datasets_are_striped(
         apiserver.create(ds)
     made: list[int] = []
 
-    def counted(inventories: Any, tallied: Any, subnets: Any) -> Any:
+    def counted(inventories: Any, *args: Any, **kwargs: Any) -> Any:
         made.append(len(inventories))
-        return rooms(inventories, tallied, subnets)
+        return made_once(inventories, *args, **kwargs)
 
-    rooms = reconcile.node_rooms
-    monkeypatch.setattr(reconcile, "node_rooms", counted)
+    made_once = reconcile.striped_pass
+    monkeypatch.setattr(reconcile, "striped_pass", counted)
     ctl = _controller(api_client, lambda *a: (200, {"complete": False, "bytesHeld": 0, "bytesOwned": 30 * GB}))
     ctl.reconcile_all()
     ctl.reconcile_all()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from dsagent.policy.holding import SHARE, WHOLE, choose_placement, holding, members_wanted, worth_whole
-from dsagent.policy.stripegroup import Candidate
+from dsagent.policy.stripegroup import Candidate, Candidates, choose_group
 
 TB = 10**12
 
@@ -156,3 +158,51 @@ def test_earlier_members_still_holding_their_share_stay_when_the_next_job_reads_
     )
     assert sorted(placement.members) == ["n0", "n1", "n4", "n5"]
     assert members_wanted(6 * TB, 4 * TB, 2, kept=3) == 5 and members_wanted(6 * TB, 4 * TB, 2, kept=1) == 4
+
+
+def test_a_choice_over_the_passs_blank_candidates_changed_per_version_is_the_choice_over_the_plain_list() -> None:
+    """The controller makes the nodes as a version they hold nothing of sees them once a pass
+    and changes them per version (:meth:`Candidates.but`): every choice must be the one the
+    plain list gives, whatever holds what, whoever is left out, and where a changed node's
+    room differs from its blank one."""
+    rng = random.Random(7)
+    for case in range(400):
+        n = rng.choice([1, 2, 5, 12, 40])
+        blank = [
+            Candidate(
+                f"n{i}", free_bytes=rng.choice([0, 1, 2, 3, 4]) * TB, subnet=rng.choice(["s1", "s2", None]),
+                cache_bytes=rng.choice([0, 4 * TB, 8 * TB]), spare_bytes=rng.choice([None, 0, 2 * TB, 5 * TB]),
+                takes_no_share=rng.random() < 0.9, in_use_bytes=rng.choice([0, TB, 3 * TB]),
+            )
+            for i in range(n)
+        ]  # fmt: skip
+        base = Candidates(blank)
+        names = [c.name for c in blank]
+        changed = [
+            replace(
+                c, held_bytes=rng.choice([0, TB, 2 * TB]), holds_whole=rng.random() < 0.3,
+                window_bytes=rng.choice([None, 0, 3 * TB]),
+            )
+            if rng.random() < 0.8
+            else replace(c, free_bytes=rng.choice([0, 5 * TB]), spare_bytes=None, window_bytes=TB)  # its room moved
+            for c in rng.sample(blank, rng.randint(0, n))
+        ]  # fmt: skip
+        if rng.random() < 0.2:  # a node the blank ones do not have
+            changed.append(Candidate("extra", free_bytes=3 * TB, held_bytes=TB, cache_bytes=4 * TB))
+        without = set(rng.sample(names, rng.randint(0, min(2, n))))
+        by_name = {c.name: c for c in blank} | {c.name: c for c in changed}
+        plain = [by_name[name] for name in [*names, *(["extra"] if "extra" in by_name else [])] if name not in without]
+        job = rng.sample(names, rng.randint(0, min(3, n)))
+        before = rng.sample(names, rng.randint(0, min(3, n)))
+        asked: dict[str, Any] = {
+            "size_bytes": rng.choice([TB, 3 * TB, 6 * TB, 20 * TB]), "job_nodes": job, "before": before,
+            "no_share_before": [b for b in before if rng.random() < 0.3],
+            "share_before": [b for b in before if rng.random() < 0.5],
+            "members": rng.choice([None, None, 1, 3]),
+        }  # fmt: skip
+        base.holders, base.smallest_cache, list(base.ranked())  # worked out before the change, as a pass does
+        view = base.but(changed, without=without)
+        assert list(view) == plain, case
+        assert choose_placement(view, **asked) == choose_placement(plain, **asked), case
+        group = {k: v for k, v in asked.items() if k != "share_before"} | {"members": asked["members"] or 2}
+        assert choose_group(view, **group) == choose_group(plain, **group), case
