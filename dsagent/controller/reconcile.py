@@ -214,9 +214,12 @@ class DatasetController:
         return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout)
 
     def reconcile_all(self) -> None:
-        """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`)."""
+        """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);
+        the Event series counted since their last write written where due
+        (:meth:`dsagent.kube.events.EventRecorder.flush`)."""
         try:
             self._pass()
+            self.events.flush()
         finally:
             self.heap.settle()
 

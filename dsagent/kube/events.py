@@ -6,8 +6,14 @@ or did not act can build an :class:`EventRecorder` the same way. What it owns: t
 shape and its repetition rule, the one client-go's recorder follows:
 
 - one Event per ``(object UID, type, reason, note)``: a repeat within ``series_s`` of the
-  last one updates that Event's ``series`` (``count``, ``lastObservedTime``) rather than
-  writing a new object, so a refusal repeated at every resync is one Event with a count;
+  last one is counted in that Event's ``series`` (``count``, ``lastObservedTime``) rather
+  than written as a new object, so a refusal repeated at every resync is one Event with a
+  count;
+- the series is written when it starts (the first repeat) and then at most once every
+  ``refresh_s`` (30 minutes, client-go's refresh): the repeats between are counted in
+  memory and written with the next write, at a later repeat or at :meth:`EventRecorder.flush`
+  (the controller's end of pass). A refusal repeated on a thousand Datasets at every resync
+  is then not a thousand writes a pass to the API server;
 - the note is cut to the API's 1 kB; the Event lives in the object's namespace, named after
   the object (``<name>.<random>``, as client-go names them);
 - writing an Event never fails the caller: it is best effort by definition (the API server
@@ -28,7 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsagent.errors import DsagentError, NotFound
 from dsagent.kube.apiclient import translated
@@ -69,6 +75,21 @@ class ObjectRef:
         return body
 
 
+#: (uid or namespace/name, type, reason, note): what makes two Events one series
+_Key = tuple[str, str, str, str]
+
+
+class _Seen(NamedTuple):
+    """An Event written, as the recorder counts it."""
+
+    namespace: str
+    name: str
+    times: int  # occurrences, counted
+    observed: float  # the last one's time
+    written: int  # the count the API server has
+    written_at: float  # when it was written
+
+
 class EventRecorder:
     """Writes Events for one reporting process (see the module docstring)."""
 
@@ -80,15 +101,15 @@ class EventRecorder:
         instance: str,
         clock: Callable[[], float] = time.time,
         series_s: float = 30 * 60.0,
+        refresh_s: float = 30 * 60.0,
         remembered: int = 4096,
     ) -> None:
         from kubernetes.client import EventsV1Api
 
         self._api: Any = EventsV1Api(api_client)
         self.controller, self.instance, self.clock = controller, instance[:128], clock
-        self.series_s, self.remembered = series_s, remembered
-        # (uid or namespace/name, type, reason, note) -> (event name, count, last time)
-        self._seen: OrderedDict[tuple[str, str, str, str], tuple[str, int, float]] = OrderedDict()
+        self.series_s, self.refresh_s, self.remembered = series_s, refresh_s, remembered
+        self._seen: OrderedDict[_Key, _Seen] = OrderedDict()
         self._failed_reasons: set[str] = set()
 
     def record(self, regarding: ObjectRef, *, type: str, reason: str, action: str, note: str) -> bool:  # noqa: A002
@@ -99,26 +120,47 @@ class EventRecorder:
         now = self.clock()
         seen = self._seen.get(key)
         try:
-            if seen is not None and now - seen[2] < self.series_s:
-                name, count, _ = seen
+            if seen is not None and now - seen.observed < self.series_s:
+                counted = seen._replace(times=seen.times + 1, observed=now)
+                if counted.written > 1 and now - counted.written_at < self.refresh_s:
+                    self._remember(key, counted)  # written with the series' next write
+                    return True
                 try:
-                    self._patch_series(regarding.namespace, name, count + 1, now)
-                    self._remember(key, (name, count + 1, now))
+                    self._remember(key, self._write_series(counted, now))
                     return True
                 except NotFound:  # expired or deleted meanwhile: a new Event
                     pass
             name = self._create(regarding, type=type, reason=reason, action=action, note=note, now=now)
-            self._remember(key, (name, 1, now))
+            self._remember(key, _Seen(regarding.namespace, name, 1, now, 1, now))
             return True
         except DsagentError as exc:
-            if reason not in self._failed_reasons:
-                self._failed_reasons.add(reason)
-                log.warning(
-                    "could not write a %s Event about %s/%s: %s", reason, regarding.namespace, regarding.name, exc
-                )
+            self._failed(reason, f"{regarding.namespace}/{regarding.name}", exc)
             return False
 
-    def _remember(self, key: tuple[str, str, str, str], value: tuple[str, int, float]) -> None:
+    def flush(self) -> None:
+        """Write the series whose count has grown since they were written ``refresh_s`` or
+        more ago (a controller calls it at the end of each pass)."""
+        now = self.clock()
+        for key, seen in list(self._seen.items()):
+            if seen.times > seen.written and now - seen.written_at >= self.refresh_s:
+                try:
+                    self._seen[key] = self._write_series(seen, now)
+                except NotFound:  # expired or deleted: the next repeat is a new Event
+                    del self._seen[key]
+                except DsagentError as exc:
+                    self._failed(key[2], seen.namespace, exc)
+                    return  # the API server refuses or is down: the next flush tries again
+
+    def _write_series(self, seen: _Seen, now: float) -> _Seen:
+        self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
+        return seen._replace(written=seen.times, written_at=now)
+
+    def _failed(self, reason: str, about: str, exc: DsagentError) -> None:
+        if reason not in self._failed_reasons:
+            self._failed_reasons.add(reason)
+            log.warning("could not write a %s Event about %s: %s", reason, about, exc)
+
+    def _remember(self, key: _Key, value: _Seen) -> None:
         self._seen[key] = value
         self._seen.move_to_end(key)
         while len(self._seen) > self.remembered:

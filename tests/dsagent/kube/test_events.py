@@ -62,3 +62,41 @@ def test_an_event_the_api_server_refuses_is_false_never_an_error(apiserver: Fake
         apiserver.heal()
     assert apiserver.list("events") == []
     assert events.record(ObjectRef.of(ds), type="Warning", reason="Refused", action="Warm", note="n")
+
+
+def test_a_series_is_written_when_it_starts_then_at_most_once_a_refresh(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """As client-go's recorder: a refusal repeated at every resync is not one write a pass
+    to the API server; the repeats are counted and written with the series' next write."""
+    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
+    clock = Clock()
+    events = EventRecorder(api_client, controller="c", instance="c-1", clock=clock, refresh_s=1800)
+    ref = ObjectRef.of(ds)
+
+    def record() -> None:
+        clock.now += 60  # a resync
+        assert events.record(ref, type="Warning", reason="QuotaExceeded", action="Warm", note="over the quota")
+
+    writes = len(apiserver.requests)
+    record()  # the Event
+    record()  # its series starts: written at once
+    [event] = apiserver.list("events")
+    assert event["series"]["count"] == 2
+    for _ in range(9):
+        record()  # counted, not written
+        events.flush()  # nothing due yet
+    clock.now += 1200
+    record()  # past the refresh since the series was written: written at once
+    assert apiserver.list("events")[0]["series"]["count"] == 12
+    for _ in range(10):
+        record()
+        events.flush()
+    assert apiserver.list("events")[0]["series"]["count"] == 12
+    assert len(apiserver.requests) - writes == 3  # the create, the series' start, the refresh
+    clock.now += 1200
+    events.flush()  # due: the 22 occurrences written, stamped with the last one's time
+    [event] = apiserver.list("events")
+    assert event["series"]["count"] == 22
+    events.flush()  # nothing new: nothing written
+    assert len(apiserver.requests) - writes == 4
