@@ -44,19 +44,30 @@ class _Fill(ShareFill):
             share.held.add(digest)
 
 
-def _gaps(brings_at: int, passes: int) -> list[float]:
+def _gaps(brings_at: int, passes: int, monkeypatch: Any) -> list[float]:
+    """The waits the loop asks for between its passes (what it sleeps for, not the clock:
+    a loaded machine wakes late)."""
     fill = _Fill(brings_at, passes)
     share = SimpleNamespace(
         owned=[SimpleNamespace(digest=f"b{i}") for i in range(4)], ready_after=0, held=set(),
         on_demand=True, handover=set(), key=("ds", "0" * 64), error=None,
     )  # fmt: skip
+    asked: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay: float, *args: Any) -> Any:
+        asked.append(delay)
+        return await sleep(0, *args)
+
+    monkeypatch.setattr(asyncio, "sleep", recorded)
     asyncio.run(fill._fill(share))  # type: ignore[arg-type]
-    return [b - a for a, b in zip(fill.started, fill.started[1:], strict=False)]
+    assert len(fill.started) == passes
+    return asked
 
 
 @pytest.mark.parametrize("brings_at", [0, 4])
-def test_a_share_on_demand_backs_off_while_its_peers_have_nothing(brings_at: int) -> None:
-    gaps = _gaps(brings_at, passes=8)
+def test_a_share_on_demand_backs_off_while_its_peers_have_nothing(brings_at: int, monkeypatch: Any) -> None:
+    gaps = _gaps(brings_at, passes=8, monkeypatch=monkeypatch)
     # in units of the retry interval: 1, 2, 4, 8, 8, ... while nothing comes; a pass that
     # brought a bundle (the 4th) is followed by the interval, and the next empty one too,
     # then the doubling starts anew
