@@ -129,6 +129,10 @@ def test_inventories_come_from_nodecaches_else_from_the_node_annotations_of_olde
     apiserver.create(make_dataset("imagenet", namespace="ml", status={"digest": DIGEST, "files": 1, "bytes": 1}))
     controller(api_client, clock).reconcile_all()
     assert apiserver.get("datasets", "imagenet", "ml")["status"]["readyNodes"] == ["new", "old"]
+    # both lists from the API server's watch cache, not a read from etcd at every pass
+    for path in ("/api/v1/nodes", "/apis/dsagent.io/v1alpha1/nodecaches"):
+        (listed,) = apiserver.requests_matching("GET", path)
+        assert listed.query.get("resourceVersion") == "0"
     apiserver.delete("nodes", "new")  # its NodeCache goes with it (the owner reference)
     assert apiserver.get("nodecaches", "new") is None
 
