@@ -55,6 +55,7 @@ from dsagent.controller.plangates import PlanGates
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
 from dsagent.controller.refusals import refused_condition
+from dsagent.controller.statuswrites import StatusWrites
 from dsagent.controller.storegc import StoreCollector
 from dsagent.controller.striping import (
     StripedPass,
@@ -67,7 +68,7 @@ from dsagent.controller.striping import (
 )
 from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
 from dsagent.kube import nodestate
-from dsagent.kube.datasets import GROUP, MERGE_PATCH, PLURAL, VERSION
+from dsagent.kube.datasets import GROUP, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.policy import copies, replication
 from dsplatform import published
@@ -137,6 +138,7 @@ class DatasetController:
         self.gone_sweep = GoneSweep()  # which agents a pass asks what they hold for gone Datasets
         self._timeout = settings.api_timeout_s
         self.events = EventRecorder(api_client, controller=EVENTS_CONTROLLER, instance=settings.identity, clock=clock)
+        self.status_writes = StatusWrites(self._custom, timeout=self._timeout)
         self.limits = Limits(
             warm_nodes=settings.warm_nodes_max,
             replicas=settings.replicas_max,
@@ -283,15 +285,21 @@ class DatasetController:
                 log.exception("next-job preparation failed this pass")
                 self._preparation = None
         reconciled = []  # the Datasets as this pass left them (a pack Job started now is Running)
+        self.status_writes.begin()  # written on threads meanwhile, all of them before the pass goes on
         for ds in datasets:
             try:
                 patch = self.reconcile(ds, nodes, inventories)
                 reconciled.append({**ds, "status": {**(ds.get("status") or {}), **patch}})
-                self.metrics.datasets.labels(result="ok").inc()
             except Exception:
                 self.metrics.datasets.labels(result="error").inc()
                 meta = ds.get("metadata") or {}
                 log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
+        unwritten = self.status_writes.settle()
+        for (namespace, name), error in unwritten.items():
+            log.error("writing the status of Dataset %s/%s failed", namespace, name, exc_info=error)
+        reconciled = [ds for ds in reconciled if _key(ds) not in unwritten]
+        self.metrics.datasets.labels(result="ok").inc(len(reconciled))
+        self.metrics.datasets.labels(result="error").inc(len(unwritten))
         try:  # what agents still hold for Datasets deleted since: released now, not at their lease's end
             self.gone_sweep.run(self.agent_call, set(self._agent_urls), keys, metrics=self.metrics)
         except Exception:  # housekeeping: never let it stop a pass
@@ -419,16 +427,7 @@ class DatasetController:
         self._cache_state(ds, status, patch, conditions, held, size)
         changed = {k: v for k, v in patch.items() if status.get(k) != v}
         if changed:
-            self._custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                {"status": changed},
-                _content_type=MERGE_PATCH,
-                _request_timeout=self._timeout,
-            )
+            self.status_writes.write(namespace, name, changed)
         return patch
 
     def _cache_state(
@@ -550,10 +549,12 @@ def _size_of(value: Any) -> int:
 
 def _keys(datasets: list[JSON]) -> set[tuple[str, str]]:
     """``(namespace, name)`` of each Dataset."""
-    return {
-        (str((d.get("metadata") or {}).get("namespace", "default")), str((d.get("metadata") or {}).get("name", "")))
-        for d in datasets
-    }
+    return {_key(d) for d in datasets}
+
+
+def _key(dataset: JSON) -> tuple[str, str]:
+    meta = dataset.get("metadata") or {}
+    return str(meta.get("namespace", "default")), str(meta.get("name", ""))
 
 
 def _capacity(inventory: Mapping[str, Any]) -> int | None:

@@ -367,3 +367,55 @@ def test_hostile_dataset_fields_cannot_become_pack_flags(
     assert context.params["source"] == "--publish=kube-system"
     assert context.params["publish_namespace"] == "ml" and context.params["store"] == "--level=99"
     assert context.params["level"] == 1
+
+
+def _writing(r: Any) -> bool:
+    return bool(r.method == "PATCH" and r.path.endswith("/status"))
+
+
+def test_a_passs_status_writes_are_made_several_at_once_and_waited_for(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """Against a real API server each write is a round trip: a pass writes the Datasets'
+    statuses on several threads while it goes on, and waits for all of them before it ends."""
+    import threading
+
+    from dsagent.controller.statuswrites import WRITERS
+
+    names = [f"ds-{i:02d}" for i in range(2 * WRITERS)]
+    for name in names:
+        apiserver.create(make_dataset(name, namespace="ml", status={"digest": DIGEST, "files": 1, "bytes": 1}))
+    ctl = controller(api_client, Clock())
+    apiserver.hang(_writing)
+    passing = threading.Thread(target=ctl.reconcile_all)
+    passing.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(apiserver.requests_matching("PATCH")) < WRITERS and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # a write past the bound would arrive now
+        assert len([r for r in apiserver.requests if _writing(r)]) == WRITERS  # that many at once, no more
+        assert passing.is_alive()  # the pass waits for its writes
+    finally:
+        apiserver.heal()
+        passing.join(30)
+    assert not passing.is_alive()
+    assert all(apiserver.get("datasets", n, "ml")["status"]["readyNodeCount"] == 0 for n in names)
+
+
+def test_a_status_write_that_fails_stops_no_other_and_is_counted(apiserver: FakeApiServer, api_client: Any) -> None:
+    names = [f"ds-{i}" for i in range(4)]
+    for name in names:
+        apiserver.create(make_dataset(name, namespace="ml", status={"digest": DIGEST, "files": 1, "bytes": 1}))
+    ctl = controller(api_client, Clock())
+    apiserver.fail(lambda r: _writing(r) and "/datasets/ds-1/" in r.path, code=500)
+    try:
+        ctl.reconcile_all()
+    finally:
+        apiserver.heal()
+    assert "readyNodeCount" not in apiserver.get("datasets", "ds-1", "ml")["status"]
+    assert all(apiserver.get("datasets", n, "ml")["status"]["readyNodeCount"] == 0 for n in names if n != "ds-1")
+    assert ctl.metrics.datasets.labels(result="error")._value.get() == 1
+    assert ctl.metrics.datasets.labels(result="ok")._value.get() == 3
+    ctl.reconcile_all()  # written at the next pass
+    assert apiserver.get("datasets", "ds-1", "ml")["status"]["readyNodeCount"] == 0
