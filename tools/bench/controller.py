@@ -22,7 +22,8 @@ no network and no waiting (``agent calls`` counts them: in a cluster every one w
 HTTP request to a node, and its round trip would add to the pass). A first pass writes
 every Dataset's status; before each of the ``--repeat`` timed passes 1% of the nodes'
 inventories change (a fetch finishes, another starts), as between two resyncs of a busy
-cluster.
+cluster. The fake answers at once; ``--api-write-ms`` makes each write (a status, an Event)
+take that long, as a real API server's round trip to etcd does.
 
 Printed and written to ``--json`` (tools/bench/support/record.py) per size:
 
@@ -363,14 +364,20 @@ def load() -> str:
 
 
 def run_size(
-    nodes: int, datasets: int, held: int, repeat: int, churn_fraction: float, profile: bool = False
+    nodes: int,
+    datasets: int,
+    held: int,
+    repeat: int,
+    churn_fraction: float,
+    profile: bool = False,
+    write_latency: float = 0.0,
 ) -> dict[str, Any]:
     from tools.support.fake_apiserver import FakeApiServer, _parse_path
 
     t0 = time.perf_counter()
     objects = build(nodes, datasets, held)
     rng = random.Random(nodes)
-    with FakeApiServer(list_cache=True) as api:
+    with FakeApiServer(list_cache=True, write_latency=write_latency) as api:
         for kind in ("nodes", "nodecaches", "pods", "datasets"):
             for obj in objects[kind]:
                 api.create(obj)
@@ -378,9 +385,9 @@ def run_size(
         caches = api.list("nodecaches")
         api.store.log.clear()  # the event log is for watches, which the controller does not open
 
-        def prime() -> None:
+        def prime() -> None:  # as the controller lists them: from the watch cache (resourceVersion=0)
             for path in ("/api/v1/nodes", "/apis/dsagent.io/v1alpha1/nodecaches"):
-                api.list_bytes(_parse_path(path), {})
+                api.list_bytes(_parse_path(path), {"resourceVersion": "0"})
 
         prime()
         print(f"# {nodes} nodes built and loaded in {time.perf_counter() - t0:.1f} s (load {load()})", flush=True)
@@ -425,6 +432,9 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=12, help="datasets each node's inventory lists")
     parser.add_argument("--repeat", type=int, default=3, help="timed passes per size")
     parser.add_argument("--churn", type=float, default=0.01, help="fraction of inventories changed before a pass")
+    parser.add_argument(
+        "--api-write-ms", type=float, default=0.0, help="each API write answered this much later (a real round trip)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here (tools/bench/support/record.py)")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="seconds: 100 nodes, 50 Datasets, 2 passes")
@@ -447,6 +457,7 @@ def main() -> None:
             "held_per_node": opts.held,
             "repeat": opts.repeat,
             "churn": opts.churn,
+            "api_write_ms": opts.api_write_ms,
             "peak_rss": "VmHWM of the controller process over the timed passes",
         },
     )
@@ -470,7 +481,9 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(dir=opts.workdir):
         for size in sizes:
-            result = run_size(size, opts.datasets, opts.held, opts.repeat, opts.churn, opts.profile)
+            result = run_size(
+                size, opts.datasets, opts.held, opts.repeat, opts.churn, opts.profile, opts.api_write_ms / 1000
+            )
             results[size] = result
             print(
                 f"{size:>6} {opts.datasets:>8} {result['pass_s_median']:>8.3f} {result['cpu_s_median']:>7.3f} "

@@ -661,6 +661,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             fake._record(recorded)
             fake._fault(recorded)
+            if fake.write_latency and method != "GET":
+                time.sleep(fake.write_latency)
             if url.path == "/version":
                 self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
                 return
@@ -765,12 +767,22 @@ class FakeApiServer:
     ``list_cache`` (the benchmarks): a list's JSON is made once per change of its resource
     type and served from those bytes, as the real API server serves lists from its watch
     cache, so that a client listing 15,000 Nodes times itself rather than this server's
-    copying and encoding of them.
+    copying and encoding of them. ``write_latency`` (seconds, the benchmarks): every write
+    (POST, PUT, PATCH, DELETE) is answered that much later, as a real API server's round
+    trip to etcd takes milliseconds.
     """
 
-    def __init__(self, *, port: int = 0, bookmark_interval: float | None = None, list_cache: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        bookmark_interval: float | None = None,
+        list_cache: bool = False,
+        write_latency: float = 0.0,
+    ) -> None:
         self.store = Store()
         self.list_cache = list_cache
+        self.write_latency = write_latency
         self._lists: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], tuple[int, bytes]] = {}
         self.port = port
         self.bookmark_interval = bookmark_interval
