@@ -222,11 +222,13 @@ class DatasetController:
         """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);
         the Event series counted since their last write written where due
         (:meth:`dsagent.kube.events.EventRecorder.flush`)."""
+        self.events.begin()  # written on threads during the pass, all of them before it ends
         try:
             self._pass()
-            self.events.flush()
         finally:
+            self.events.settle()
             self.heap.settle()
+        self.events.flush()
 
     def _pass(self) -> None:
         # the last pass's lists go before this pass's are read: never both held at once (the

@@ -18,7 +18,11 @@ shape and its repetition rule, the one client-go's recorder follows:
   the object (``<name>.<random>``, as client-go names them);
 - writing an Event never fails the caller: it is best effort by definition (the API server
   may be down, RBAC may lack ``create events``); a failure is logged once per reason and
-  :meth:`EventRecorder.record` answers False.
+  :meth:`EventRecorder.record` answers False;
+- as client-go's recorder writes from a goroutine of its own, a caller that records many
+  Events (the controller's pass) has them written on threads while it goes on
+  (:meth:`EventRecorder.begin`, :meth:`EventRecorder.settle`), the writes of one Event in
+  order; otherwise an Event is written before :meth:`EventRecorder.record` returns.
 
 The client's typed models are not used (``_preload_content=False``): they reject an Event
 the API server accepts when an optional field is absent, and the caller's JSON is the wire
@@ -27,13 +31,15 @@ format already.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 from dsagent.errors import DsagentError, NotFound
@@ -90,6 +96,20 @@ class _Seen(NamedTuple):
     written_at: float  # when it was written
 
 
+class _Event(NamedTuple):
+    """What an Event says."""
+
+    regarding: ObjectRef
+    type: str
+    reason: str
+    action: str
+    note: str
+
+
+#: threads writing Events between :meth:`EventRecorder.begin` and :meth:`EventRecorder.settle`
+LANES = 8
+
+
 class EventRecorder:
     """Writes Events for one reporting process (see the module docstring)."""
 
@@ -110,50 +130,102 @@ class EventRecorder:
         self.controller, self.instance, self.clock = controller, instance[:128], clock
         self.series_s, self.refresh_s, self.remembered = series_s, refresh_s, remembered
         self._seen: OrderedDict[_Key, _Seen] = OrderedDict()
+        self._lock = threading.Lock()  # _seen, between the caller and the writing threads
+        self._lanes: list[ThreadPoolExecutor] | None = None  # between begin() and settle()
+        self._pending: list[Future[bool]] = []
         self._failed_reasons: set[str] = set()
 
     def record(self, regarding: ObjectRef, *, type: str, reason: str, action: str, note: str) -> bool:  # noqa: A002
         """Tell ``regarding``'s owner: ``type`` ``Normal`` or ``Warning``, a CamelCase ``reason``,
-        the ``action`` taken or refused. True when the API server has it."""
+        the ``action`` taken or refused. True when the API server has it, or, between
+        :meth:`begin` and :meth:`settle`, when it is counted or on its way."""
         note = note[:NOTE_MAX]
         key = (regarding.uid or f"{regarding.namespace}/{regarding.name}", type, reason, note)
         now = self.clock()
-        seen = self._seen.get(key)
-        try:
+        event = _Event(regarding, type, reason, action, note)
+        with self._lock:
+            seen = self._seen.get(key)
             if seen is not None and now - seen.observed < self.series_s:
                 counted = seen._replace(times=seen.times + 1, observed=now)
                 if counted.written > 1 and now - counted.written_at < self.refresh_s:
                     self._remember(key, counted)  # written with the series' next write
                     return True
-                try:
-                    self._remember(key, self._write_series(counted, now))
-                    return True
-                except NotFound:  # expired or deleted meanwhile: a new Event
-                    pass
-            name = self._create(regarding, type=type, reason=reason, action=action, note=note, now=now)
-            self._remember(key, _Seen(regarding.namespace, name, 1, now, 1, now))
-            return True
-        except DsagentError as exc:
-            self._failed(reason, f"{regarding.namespace}/{regarding.name}", exc)
-            return False
+                written = counted._replace(written=counted.times, written_at=now)
+                self._remember(key, written)
+                work = partial(self._series, key, written, event, now)
+            else:
+                name = f"{regarding.name[:200]}.{secrets.token_hex(8)}"
+                self._remember(key, _Seen(regarding.namespace, name, 1, now, 1, now))
+                work = partial(self._new, key, name, event, now)
+        if self._lanes is None:
+            return work()
+        self._pending.append(self._lanes[hash(key) % len(self._lanes)].submit(work))
+        return True
+
+    def begin(self) -> None:
+        """From now until :meth:`settle`, Events are written on :data:`LANES` threads while
+        the caller goes on (a controller's pass: at a few milliseconds an API write, a first
+        pass's thousands of Events written one after another would take minutes). The
+        writes of one Event (its creation, its series) keep their order on one thread."""
+        if self._lanes is None:
+            self._lanes = [ThreadPoolExecutor(1, thread_name_prefix="events") for _ in range(LANES)]
+
+    def settle(self) -> None:
+        """Wait for the Events recorded since :meth:`begin`; then they are written at once."""
+        lanes, self._lanes = self._lanes, None
+        pending, self._pending = self._pending, []
+        for done in pending:
+            done.result()  # the work answers False on an API error, never raises one
+        for lane in lanes or ():
+            lane.shutdown()
 
     def flush(self) -> None:
         """Write the series whose count has grown since they were written ``refresh_s`` or
         more ago (a controller calls it at the end of each pass)."""
         now = self.clock()
-        for key, seen in list(self._seen.items()):
-            if seen.times > seen.written and now - seen.written_at >= self.refresh_s:
-                try:
-                    self._seen[key] = self._write_series(seen, now)
-                except NotFound:  # expired or deleted: the next repeat is a new Event
-                    del self._seen[key]
-                except DsagentError as exc:
-                    self._failed(key[2], seen.namespace, exc)
-                    return  # the API server refuses or is down: the next flush tries again
+        with self._lock:
+            due = [
+                (k, s) for k, s in self._seen.items() if s.times > s.written and now - s.written_at >= self.refresh_s
+            ]
+        for key, seen in due:
+            try:
+                self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
+            except NotFound:  # expired or deleted: the next repeat is a new Event
+                with self._lock:
+                    self._seen.pop(key, None)
+                continue
+            except DsagentError as exc:
+                self._failed(key[2], seen.namespace, exc)
+                return  # the API server refuses or is down: the next flush tries again
+            with self._lock:
+                if (now_seen := self._seen.get(key)) is not None and now_seen.name == seen.name:
+                    self._seen[key] = now_seen._replace(written=seen.times, written_at=now)
 
-    def _write_series(self, seen: _Seen, now: float) -> _Seen:
-        self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
-        return seen._replace(written=seen.times, written_at=now)
+    def _series(self, key: _Key, seen: _Seen, event: _Event, now: float) -> bool:
+        """Write a series' count; a new Event where the old one is gone."""
+        try:
+            self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
+            return True
+        except NotFound:  # expired or deleted meanwhile: a new Event
+            name = f"{event.regarding.name[:200]}.{secrets.token_hex(8)}"
+            with self._lock:
+                self._remember(key, _Seen(seen.namespace, name, 1, now, 1, now))
+            return self._new(key, name, event, now)
+        except DsagentError as exc:
+            self._failed(event.reason, f"{event.regarding.namespace}/{event.regarding.name}", exc)
+            return False
+
+    def _new(self, key: _Key, name: str, event: _Event, now: float) -> bool:
+        """Create an Event; forgotten where the API server refuses it (its next repeat tries again)."""
+        try:
+            self._create(name, event, now)
+            return True
+        except DsagentError as exc:
+            with self._lock:
+                if (seen := self._seen.get(key)) is not None and seen.name == name:
+                    del self._seen[key]
+            self._failed(event.reason, f"{event.regarding.namespace}/{event.regarding.name}", exc)
+            return False
 
     def _failed(self, reason: str, about: str, exc: DsagentError) -> None:
         if reason not in self._failed_reasons:
@@ -166,17 +238,8 @@ class EventRecorder:
         while len(self._seen) > self.remembered:
             self._seen.popitem(last=False)
 
-    def _create(
-        self,
-        regarding: ObjectRef,
-        *,
-        type: str,
-        reason: str,
-        action: str,
-        note: str,
-        now: float,  # noqa: A002
-    ) -> str:
-        name = f"{regarding.name[:200]}.{secrets.token_hex(8)}"
+    def _create(self, name: str, event: _Event, now: float) -> None:
+        regarding = event.regarding
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
@@ -184,21 +247,23 @@ class EventRecorder:
             "eventTime": format_micro_time(now),
             "reportingController": self.controller,
             "reportingInstance": self.instance,
-            "action": action[:128],
-            "reason": reason[:128],
-            "type": type,
+            "action": event.action[:128],
+            "reason": event.reason[:128],
+            "type": event.type,
             "regarding": regarding.to_json(),
-            "note": note,
+            "note": event.note,
         }
         with translated(f"create Event in {regarding.namespace}"):
-            response = self._api.create_namespaced_event(regarding.namespace, body, _preload_content=False)
-        created = json.loads(response.data)
-        return str((created.get("metadata") or {}).get("name") or name)
+            answer = self._api.create_namespaced_event(regarding.namespace, body, _preload_content=False)
+            answer.data  # noqa: B018 (read: its connection goes back to the pool)
 
     def _patch_series(self, namespace: str, name: str, count: int, now: float) -> None:
         body = {"series": {"count": count, "lastObservedTime": format_micro_time(now)}}
         with translated(f"update Event {namespace}/{name}"):
-            self._api.patch_namespaced_event(name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False)
+            answer = self._api.patch_namespaced_event(
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            )
+            answer.data  # noqa: B018 (read: its connection goes back to the pool)
 
 
-__all__ = ["EventRecorder", "ObjectRef"]
+__all__ = ["LANES", "EventRecorder", "ObjectRef"]

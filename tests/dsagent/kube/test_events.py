@@ -100,3 +100,58 @@ def test_a_series_is_written_when_it_starts_then_at_most_once_a_refresh(
     assert event["series"]["count"] == 22
     events.flush()  # nothing new: nothing written
     assert len(apiserver.requests) - writes == 4
+
+
+def test_between_begin_and_settle_events_are_written_on_several_threads(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """A controller's pass records thousands of Events on its first pass: each a round trip
+    to the API server, written on threads while the pass goes on, all of them by settle()."""
+    import threading
+    import time
+
+    from dsagent.kube.events import LANES
+
+    datasets = [apiserver.create(make_dataset(f"ds-{i:02d}", namespace="team-a")) for i in range(2 * LANES)]
+    events = EventRecorder(api_client, controller="c", instance="c-1", clock=Clock())
+
+    def creating(r: Any) -> bool:
+        return bool(r.method == "POST" and r.path.endswith("/events"))
+
+    apiserver.hang(creating)
+    events.begin()
+    try:
+        started = time.monotonic()
+        for ds in datasets:  # answered at once: the writes wait on their threads
+            assert events.record(ObjectRef.of(ds), type="Normal", reason="Caching", action="Cache", note="n")
+        assert time.monotonic() - started < 5
+        deadline = time.monotonic() + 30
+        while len([r for r in apiserver.requests if creating(r)]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len([r for r in apiserver.requests if creating(r)]) >= 2  # more than one at once
+    finally:
+        apiserver.heal()
+    settling = threading.Thread(target=events.settle)
+    settling.start()
+    settling.join(30)
+    assert not settling.is_alive()
+    assert len(apiserver.list("events")) == 2 * LANES
+
+
+def test_an_events_creation_and_its_series_keep_their_order_on_threads(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
+    clock = Clock()
+    events = EventRecorder(api_client, controller="c", instance="c-1", clock=clock)
+    apiserver.write_latency = 0.05  # a series written before its Event exists would start another
+    try:
+        events.begin()
+        for _ in range(3):
+            clock.now += 60
+            assert events.record(ObjectRef.of(ds), type="Warning", reason="QuotaExceeded", action="Warm", note="n")
+        events.settle()
+    finally:
+        apiserver.write_latency = 0.0
+    [event] = apiserver.list("events")
+    assert event["series"]["count"] == 2  # the third repeat counted, written with the next write
