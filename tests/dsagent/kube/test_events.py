@@ -16,12 +16,18 @@ class Clock:
         return self.now
 
 
+def _recorder(apiserver: FakeApiServer, api_client: Any, **kwargs: Any) -> tuple[dict[str, Any], Clock, EventRecorder]:
+    """A Dataset, a clock, and a recorder of the controller's name on that clock."""
+    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
+    clock = Clock()
+    controller = "dsagent.io/dataset-controller"
+    return ds, clock, EventRecorder(api_client, controller=controller, instance="c-1", clock=clock, **kwargs)
+
+
 def test_a_repeated_event_is_one_event_with_a_count_and_a_new_note_is_another(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
-    clock = Clock()
-    events = EventRecorder(api_client, controller="dsagent.io/dataset-controller", instance="c-1", clock=clock)
+    ds, clock, events = _recorder(apiserver, api_client)
     ref = ObjectRef.of(ds)
     note = "spec.warm.nodes asks for 40 nodes; at most 8 are warmed"
     assert events.record(ref, type="Warning", reason="WarmNodesOverLimit", action="Warm", note=note)
@@ -69,9 +75,7 @@ def test_a_series_is_written_when_it_starts_then_at_most_once_a_refresh(
 ) -> None:
     """As client-go's recorder: a refusal repeated at every resync is not one write a pass
     to the API server; the repeats are counted and written with the series' next write."""
-    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
-    clock = Clock()
-    events = EventRecorder(api_client, controller="c", instance="c-1", clock=clock, refresh_s=1800)
+    ds, clock, events = _recorder(apiserver, api_client, refresh_s=1800)
     ref = ObjectRef.of(ds)
 
     def record() -> None:
@@ -141,9 +145,7 @@ def test_between_begin_and_settle_events_are_written_on_several_threads(
 def test_an_events_creation_and_its_series_keep_their_order_on_threads(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    ds = apiserver.create(make_dataset("imagenet", namespace="team-a"))
-    clock = Clock()
-    events = EventRecorder(api_client, controller="c", instance="c-1", clock=clock)
+    ds, clock, events = _recorder(apiserver, api_client)
     apiserver.write_latency = 0.05  # a series written before its Event exists would start another
     try:
         events.begin()
