@@ -32,6 +32,7 @@ format already.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -175,7 +176,8 @@ class EventRecorder:
         lanes, self._lanes = self._lanes, None
         pending, self._pending = self._pending, []
         for done in pending:
-            done.result()  # the work answers False on an API error, never raises one
+            if (error := done.exception()) is not None:  # an API error is answered False: this is a bug
+                log.error("writing an Event failed", exc_info=error)
         for lane in lanes or ():
             lane.shutdown()
 
@@ -212,6 +214,9 @@ class EventRecorder:
                 self._remember(key, _Seen(seen.namespace, name, 1, now, 1, now))
             return self._new(key, name, event, now)
         except DsagentError as exc:
+            with self._lock:  # not written: the next repeat writes it
+                if (now_seen := self._seen.get(key)) is not None and now_seen.name == seen.name:
+                    self._seen[key] = now_seen._replace(written_at=-math.inf)
             self._failed(event.reason, f"{event.regarding.namespace}/{event.regarding.name}", exc)
             return False
 

@@ -157,3 +157,20 @@ def test_an_events_creation_and_its_series_keep_their_order_on_threads(
         apiserver.write_latency = 0.0
     [event] = apiserver.list("events")
     assert event["series"]["count"] == 2  # the third repeat counted, written with the next write
+
+
+def test_a_series_write_the_api_server_refused_is_made_at_the_next_repeat(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    ds, clock, events = _recorder(apiserver, api_client)
+    ref = ObjectRef.of(ds)
+    assert events.record(ref, type="Warning", reason="QuotaExceeded", action="Warm", note="n")
+    apiserver.fail(lambda r: r.method == "PATCH", code=500)
+    try:
+        clock.now += 60
+        assert not events.record(ref, type="Warning", reason="QuotaExceeded", action="Warm", note="n")
+    finally:
+        apiserver.heal()
+    clock.now += 60  # within the refresh: written all the same, the last write having failed
+    assert events.record(ref, type="Warning", reason="QuotaExceeded", action="Warm", note="n")
+    assert apiserver.list("events")[0]["series"]["count"] == 3
