@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -138,7 +139,7 @@ def stripe_status(
     long a leaving member's share is held for the new owners at most; ``events``: the Dataset
     Events to record are appended there; ``striped``: the pass's :func:`striped_pass`, for
     every striped Dataset (made here from the other arguments when not given; given, its
-    subnets and draining nodes are those read); ``listing``: the nodes whose inventory lists
+    draining nodes, and the subnets its candidates carry, are those read); ``listing``: the nodes whose inventory lists
     the Dataset (None: any may), the only ones that see the version otherwise than as one
     they hold nothing of."""
     mode = parse_stripe(spec.get("stripe"))
@@ -152,7 +153,7 @@ def stripe_status(
     if mode is None or not size or not isinstance(store, str):
         return {"state": "Off" if mode is None else "Waiting", "nodes": [], "members": 0}
     striped = striped if striped is not None else striped_pass(inventories, agent_urls, subnets, leaving)
-    subnets, leaving_now = striped.subnets, striped.leaving
+    leaving_now = striped.leaving
     events = events if events is not None else []
     drain = _mapping((status.get("stripe") or {}).get("drain"))
     moving = drain.get("state") == "Moving"
@@ -187,18 +188,15 @@ def stripe_status(
         if listed.get("digest") != digest:  # another version's share holds none of this one's bundles
             listed = {}
         copy = room.ready.get((name, digest)) or {} if isinstance(digest, str) else {}
-        if not listed and not copy and room.blank.subnet == subnets.get(node):
+        if not listed and not copy:
             continue
         held = count(listed.get("heldBytes"))  # of its share's bundles
-        held_bytes = held or count(copy.get("sizeBytes"))
+        says_window = room.blank.window_bytes is not None  # its agent counts them
         changed.append(
-            Candidate(
-                node, room.free_bytes, held_bytes, subnets.get(node), room.capacity_bytes,
-                spare_bytes=room.spare_bytes,
-                takes_no_share=room.takes_no_share,
-                window_bytes=count(listed.get("windowBytes")) if room.says_window_bytes else None,
+            replace(
+                room.blank, held_bytes=held or count(copy.get("sizeBytes")),
+                window_bytes=count(listed.get("windowBytes")) if says_window else None,
                 holds_whole=bool(listed) and (_whole_share(inv, name, digest, size) or node in whole_before),
-                in_use_bytes=room.in_use_bytes,
             )
         )  # fmt: skip
     candidates = striped.blank.but(changed, without=refused)
@@ -265,18 +263,12 @@ class Room(NamedTuple):
     """What a node offers any striped version, the same for every Dataset of a pass
     (:func:`node_rooms`)."""
 
-    free_bytes: int
-    capacity_bytes: int
-    spare_bytes: int
-    """free, and what it could free without evicting the last copy of anything"""
-    in_use_bytes: int
-    """of its ready copies, those its pods use: no eviction frees them"""
-    takes_no_share: bool
-    says_window_bytes: bool
+    blank: Candidate
+    """the node as a version it holds nothing of sees it (most nodes, for most versions): its
+    free bytes, what it could free without evicting the last copy of anything (spare), what
+    its pods' copies hold (in use), its cache, its subnet and what its agent takes"""
     ready: Mapping[Key, Mapping[str, Any]]
     """its ready versions (:func:`dsagent.policy.copies.ready_versions`)"""
-    blank: Candidate
-    """the node as a version it holds nothing of sees it (most nodes, for most versions)"""
 
 
 #: node name -> its :class:`Room`
@@ -287,12 +279,11 @@ VersionsOf = Callable[[Mapping[str, Any]], Mapping[Key, Mapping[str, Any]]]
 
 class StripedPass(NamedTuple):
     """What every striped Dataset's choice of a pass reads of the nodes (a controller makes
-    it once a pass, :func:`striped_pass`): their :func:`node_rooms`, :func:`node_subnets`
-    and :func:`draining`, and the nodes a choice is made over as a version they hold
-    nothing of sees them."""
+    it once a pass, :func:`striped_pass`): their :func:`node_rooms` (with their
+    :func:`node_subnets`) and :func:`draining`, and the nodes a choice is made over as a
+    version they hold nothing of sees them."""
 
     rooms: Rooms
-    subnets: Mapping[str, str]
     leaving: set[str]
     blank: Candidates
     """the agents' nodes with a fresh inventory, not leaving, by name"""
@@ -310,12 +301,11 @@ def striped_pass(
     with an agent (``agent_urls``), their ``subnets`` (:func:`node_subnets`), the draining
     nodes (``leaving``) and the copy counts (:func:`dsagent.policy.copies.tally`, worked out
     here when not given); ``versions_of``: :func:`node_rooms`'."""
-    subnets = subnets or {}
     tallied = tallied if tallied is not None else tally(inventories)
     rooms = node_rooms(inventories, tallied, subnets, versions_of=versions_of)
     gone = set(leaving)
     blank = Candidates(rooms[n].blank for n in sorted(agent_urls) if n in rooms and n not in gone)
-    return StripedPass(rooms, subnets, gone, blank)
+    return StripedPass(rooms, gone, blank)
 
 
 def node_rooms(
@@ -348,7 +338,7 @@ def node_rooms(
             node, free, 0, (subnets or {}).get(node), capacity, spare_bytes=spare, takes_no_share=no_share,
             window_bytes=0 if says_window else None, in_use_bytes=in_use,
         )  # fmt: skip
-        rooms[node] = Room(free, capacity, spare, in_use, no_share, says_window, versions, blank)
+        rooms[node] = Room(blank, versions)
     return rooms
 
 
