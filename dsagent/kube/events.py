@@ -132,8 +132,8 @@ class EventRecorder:
         self.series_s, self.refresh_s, self.remembered = series_s, refresh_s, remembered
         self._seen: OrderedDict[_Key, _Seen] = OrderedDict()
         self._lock = threading.Lock()  # _seen, between the caller and the writing threads
-        self._lanes: list[ThreadPoolExecutor] | None = None  # between begin() and settle()
-        self._pending: list[Future[bool]] = []
+        self._lanes: list[ThreadPoolExecutor] = []  # started at the first begin(), kept
+        self._pending: list[Future[bool]] | None = None  # between begin() and settle()
         self._failed_reasons: set[str] = set()
 
     def record(self, regarding: ObjectRef, *, type: str, reason: str, action: str, note: str) -> bool:  # noqa: A002
@@ -158,7 +158,7 @@ class EventRecorder:
                 name = f"{regarding.name[:200]}.{secrets.token_hex(8)}"
                 self._remember(key, _Seen(regarding.namespace, name, 1, now, 1, now))
                 work = partial(self._new, key, name, event, now)
-        if self._lanes is None:
+        if self._pending is None:
             return work()
         self._pending.append(self._lanes[hash(key) % len(self._lanes)].submit(work))
         return True
@@ -168,18 +168,15 @@ class EventRecorder:
         the caller goes on (a controller's pass: at a few milliseconds an API write, a first
         pass's thousands of Events written one after another would take minutes). The
         writes of one Event (its creation, its series) keep their order on one thread."""
-        if self._lanes is None:
-            self._lanes = [ThreadPoolExecutor(1, thread_name_prefix="events") for _ in range(LANES)]
+        self._lanes = self._lanes or [ThreadPoolExecutor(1, thread_name_prefix="events") for _ in range(LANES)]
+        self._pending = []
 
     def settle(self) -> None:
         """Wait for the Events recorded since :meth:`begin`; then they are written at once."""
-        lanes, self._lanes = self._lanes, None
-        pending, self._pending = self._pending, []
+        pending, self._pending = self._pending or [], None
         for done in pending:
             if (error := done.exception()) is not None:  # an API error is answered False: this is a bug
                 log.error("writing an Event failed", exc_info=error)
-        for lane in lanes or ():
-            lane.shutdown()
 
     def flush(self) -> None:
         """Write the series whose count has grown since they were written ``refresh_s`` or
