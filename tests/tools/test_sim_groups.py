@@ -217,6 +217,10 @@ def test_a_node_without_room_for_a_fitting_version_reads_it_over_every_whole_cop
     group = sim.stripes[("fit", 0)]
     assert set(group.members) == {reader, *copies}
     assert group.owned[reader] == pytest.approx(TB / 2 / 3, rel=0.5)  # rendezvous: about a third
+    # every reader has ended: the controller's hold on each member ends, the whole copies'
+    # too (let go, they keep the version until their cache evicts it)
+    assert all(sim.nodes[m].cache[("fit", 0)].replica is False for m in copies)
+    assert not [(n.index, k) for n in sim.nodes for k, e in n.cache.items() if e.in_use], "nothing stays held"
 
 
 def test_whole_copies_join_the_group_a_full_node_joins_and_keep_the_version_whole() -> None:

@@ -564,10 +564,10 @@ class Reads(StripeReads):
             group.users = max(0, group.users - group.readers.pop(out.job.id))
             for seen in [k for k in group.seen if k[0] == out.job.id]:
                 del group.seen[seen]
-            if group.users == 0:  # nobody reads it: the controller's hold on each share ends
-                for m in group.members:
+            if group.users == 0:  # nobody reads it: the controller's hold on each member ends
+                for m in group.members:  # a share, or a whole copy (let go, it keeps it: keep=whole)
                     entry = self.nodes[m].cache.get((d.name, version)) if m >= 0 else None
-                    if entry is not None and entry.stripe:
+                    if entry is not None and entry.replica:
                         entry.replica = False
                         entry.last_used = self.now
 
