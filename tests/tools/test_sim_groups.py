@@ -333,3 +333,40 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_is_still_fetching_togeth
     assert uploads[first] == pytest.approx(TB // 4, rel=1e-6)  # the filling node: the version once
     holders = [n for n in sim.nodes if ("small", 0) in n.cache]
     assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)
+
+
+def test_a_slot_no_node_could_hold_is_given_to_a_node_with_room_at_the_controllers_next_pass() -> None:
+    # a 1 TB version in two 0.5 TB slots: node 0 holds its share, the other slot's node had
+    # no room when the group formed (a hole), so a rank on node 0 reads that slot from the
+    # store every epoch (4 epochs: 2 TB) and keeps nothing. Half-way, node 1 has room: the
+    # controller's pass gives it the slot, and the rank reads the rest through it, one
+    # epoch's worth from the store (kept by node 1), the rest from node 1's disk
+    size, key, half = TB, ("big", 0), TB // 2
+    sim = Simulation("ours+stripe+early", [], [Dataset("big", size, (0.0,))], _params(2), seed=3)
+    sim.nodes[0].cache[key] = CacheEntry("big", 0, half, 0.0, ready=True, replica=True, stripe=True)
+    sim.nodes[1].cache[("held", 0)] = CacheEntry("held", 0, TB, 0.0, ready=True, users=1)  # a pod's data
+    group = sim.stripes[key] = Group(key, (0, 1), {0: float(half), 1: float(half)}, holding={0}, fill={0: 1.0})
+    job = _job(7, 0.0, 1, "big")
+    out = sim.outcomes[7] = Outcome(job, start=0.0)
+    out.workers = [Worker(sim.nodes[0], (0,), frozenset())]
+    sim.running[7] = out
+    group.users, group.readers = 1, {7: 1}
+    hole = sim._new_fetch(
+        sim.nodes[0], key, 4 * half, cached=True, waiter=(job, 0), stream=True, holes={1: (4.0 * half, float(half))}
+    )
+    assert sim.storage_by_cause["lost_member"] == 4 * half
+
+    sim._repair_holes()  # node 1's cache is its pod's: no node can take the slot
+    assert 1 not in group.holding and hole in sim.fetches and sim.storage_bytes == 4 * half
+
+    hole.remaining = 2.0 * half  # half read; the pod on node 1 ends
+    del sim.nodes[1].cache[("held", 0)]
+    sim.touch(sim.nodes[1])
+    sim._repair_holes()
+    assert 1 in group.holding and sim.nodes[1].cache[key].stripe and sim.nodes[1].cache[key].size == half
+    assert hole not in sim.fetches, "the read held only the hole's bytes: they moved to the new owner"
+    reads = {(f.source, f.sources): f.total for f in sim.fetches}
+    assert reads == {("storage", ()): pytest.approx(half), ("peer", (1,)): pytest.approx(half)}
+    assert out.streams == 2
+    assert sim.storage_by_cause["lost_member"] == pytest.approx(2 * half), "only the half read before stays lost"
+    assert sim.storage_bytes == pytest.approx(3 * half)

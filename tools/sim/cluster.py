@@ -139,10 +139,16 @@ class Fetch:
     on_done: str = ""  # what finishing it means: "" (ours' copy), "stripe"
     part: bool = False  # one part of a copy filled in parts: its end does not make the copy ready
     total: float = 0.0  # the bytes it moves in all (``remaining`` counts down from it)
+    # a training read's bytes of stripe slots no node held when it started (holes), by the
+    # slot's member: (its bytes in ``total``, the bytes of the slot one epoch reads)
+    holes: dict[int, tuple[float, float]] = field(default_factory=dict)
     # kept by tools.sim.flows: the fair share before ``after`` is applied, the rate, whether open
     base: float = field(default=0.0, repr=False, compare=False)
     rate: float = field(default=0.0, repr=False, compare=False)
     open: bool = field(default=True, repr=False, compare=False)
+
+
+Holes = dict[int, tuple[float, float]]  # :attr:`Fetch.holes`
 
 
 @dataclass
@@ -151,12 +157,12 @@ class Worker:
     gpus: tuple[int, ...]
     classes: frozenset[str]
     hit: bool = False
-    reads: list[tuple[str, float, tuple[int, ...], bool, Fetch | None, bool, tuple[float, float]]] = field(
+    reads: list[tuple[str, float, tuple[int, ...], bool, Fetch | None, bool, Holes, float]] = field(
         default_factory=list
     )
     # the training reads to start at the first step: (source, bytes, serving nodes, fuse,
     # the fetch they follow, whether the store's bytes are kept in a cache, of them the
-    # bytes of a lost stripe member and other bytes no cache keeps)
+    # bytes of lost stripe members (holes, :attr:`Fetch.holes`) and other bytes no cache keeps)
 
 
 @dataclass

@@ -66,6 +66,7 @@ class Simulation(Placement, Reads):
                 if self.stripes and self.now - self.replanned_at >= RESYNC_S:
                     self.replanned_at = self.now
                     self._replan_whole()
+                    self._repair_holes()
         return self
 
 

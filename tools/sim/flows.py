@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from tools.sim.cluster import Fetch, Node, Outcome
+from tools.sim.cluster import Fetch, Holes, Node, Outcome
 from tools.sim.state import SimState
 from tools.sim.workload import Job
 
@@ -48,7 +48,7 @@ class Flows(SimState):
         fuse: bool = False,
         after: Fetch | None = None,
         on_done: str = "",
-        lost: float = 0.0,
+        holes: Holes | None = None,
         unkept: float = 0.0,
         part: bool = False,
     ) -> Fetch:
@@ -68,6 +68,7 @@ class Flows(SimState):
             part,
         )
         fetch.total = float(size)
+        fetch.holes = dict(holes or {})
         self.fetches.append(fetch)
         if after is not None:
             self.after_fetches.append(fetch)
@@ -81,6 +82,7 @@ class Flows(SimState):
             self.peer_bytes += size
             return fetch
         self.storage_bytes += size
+        lost = sum(b for b, _ in fetch.holes.values())
         self._count_cause(key, float(size), cached, lost, unkept)
         if key not in self.storage_seen:
             self.storage_seen.add(key)

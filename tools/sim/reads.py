@@ -34,7 +34,7 @@ from dsagent.policy.holding import SHARE, Holding, holding
 from gpu_topology.scoring import single_numa
 from scheduling.timemodel import DEFAULT_BANDWIDTHS, intra_node_bandwidth, t_run
 from tools.sim import fluid
-from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
+from tools.sim.cluster import CacheEntry, Fetch, Holes, Node, Outcome, Worker
 from tools.sim.fluid import Split
 from tools.sim.policies import JUICEFS, OURS
 from tools.sim.stripereads import StripeReads, parts_held
@@ -96,13 +96,13 @@ class Reads(StripeReads):
         sources: tuple[int, ...] = (),
         kept: bool = True,
         after: Fetch | None = None,
-        lost: float = 0.0,
+        holes: Holes | None = None,
         unkept: float = 0.0,
         peer_after: Fetch | None = None,
     ) -> None:
-        """The worker's training reads, counted now and started at the first step; ``lost``
-        of the store's bytes are a lost stripe member's and ``unkept`` others no cache keeps
-        (both kept by nobody)."""
+        """The worker's training reads, counted now and started at the first step; ``holes``:
+        of the store's bytes, lost stripe members' (:attr:`tools.sim.cluster.Fetch.holes`),
+        and ``unkept`` others no cache keeps (both kept by nobody)."""
         for i, s in enumerate((first, later)):
             self.read_bytes[i] += s.local + s.remote + s.store
             self.read_local[i] += s.local
@@ -110,9 +110,9 @@ class Reads(StripeReads):
             self.read_store[i] += s.store
         total = first + later
         worker.reads = [
-            ("local", total.local, (), fuse, after, True, (0.0, 0.0)),
-            ("peer", total.remote, sources, fuse, peer_after, True, (0.0, 0.0)),
-            ("storage", total.store, (), fuse, None, kept, (lost, unkept)),
+            ("local", total.local, (), fuse, after, True, {}, 0.0),
+            ("peer", total.remote, sources, fuse, peer_after, True, {}, 0.0),
+            ("storage", total.store, (), fuse, None, kept, dict(holes or {}), unkept),
         ]
 
     def _held_as(self, node: Node, key: tuple[str, int], size: int, *, room: bool = True) -> Holding:
@@ -499,7 +499,7 @@ class Reads(StripeReads):
         job = out.job
         key = (job.dataset, self.version_of(job, out.start))
         for index, w in enumerate(out.workers):
-            for source, size, sources, fuse, after, kept, (lost, unkept) in w.reads:
+            for source, size, sources, fuse, after, kept, holes, unkept in w.reads:
                 if size > 1.0:
                     live = after if after is not None and after.remaining > 1.0 else None
                     self._new_fetch(
@@ -513,7 +513,7 @@ class Reads(StripeReads):
                         sources=sources,
                         fuse=fuse,
                         after=live,
-                        lost=lost,
+                        holes=holes,
                         unkept=unkept,
                     )
             w.reads = []

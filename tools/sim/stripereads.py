@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dsagent.policy.holding import WHOLE, choose_placement, holding, worth_whole
 from dsagent.policy.stripegroup import Candidate
 from tools.sim import stripe
-from tools.sim.cluster import CacheEntry, Node, Outcome, Worker
+from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
 from tools.sim.flows import Flows, through_window
 from tools.sim.fluid import Split
 from tools.sim.workload import Dataset, Job
@@ -62,13 +62,14 @@ class StripeReads(Flows):
         group.readers[job.id] = group.readers.get(job.id, 0) + 1
         job_nodes = {w.node.index for w in out.workers}
         head, rest = min(epochs, 1.0), max(0.0, epochs - min(epochs, 1.0))
-        first, later, hole = Split(0.0, 0.0, 0.0), Split(0.0, 0.0, 0.0), 0.0
+        first, later = Split(0.0, 0.0, 0.0), Split(0.0, 0.0, 0.0)
+        holes: dict[int, tuple[float, float]] = {}  # a hole's bundles: read from the store, kept by nobody
         for m, owned in group.owned.items():
             if m in job_nodes and m != node.index:
                 continue  # another rank's bundles
             part = owned if m == node.index else owned * share
             if m not in group.holding:
-                hole += part
+                holes[m] = (part * (head + rest), part)
                 first += Split(0.0, 0.0, part * head)
                 later += Split(0.0, 0.0, part * rest)
                 continue
@@ -89,7 +90,6 @@ class StripeReads(Flows):
         if moving_from := tuple(m for m in group.members if m in group.holding and m != node.index and m in job_nodes):
             sources = tuple(sorted({*sources, *moving_from}))  # the old owners among the job's nodes
         holders = tuple(sorted(self.ready_copies.get(key, set()) - {node.index}))
-        lost = hole * (head + rest)  # a hole's bundles: read from the store, kept by nobody
         filling = None  # else a whole copy still arriving: its bundles no faster than they land
         if not holders and self.params.peers:
             filling = next((f for (i, k), f in self.inflight.items() if k == key and i != node.index), None)
@@ -98,7 +98,7 @@ class StripeReads(Flows):
             first = Split(first.local, first.remote + first.store, 0.0)
             later = Split(later.local, later.remote + later.store, 0.0)
             sources = tuple(sorted({*sources, *holders}))
-            lost = 0.0
+            holes = {}
         elif parts := self._partial_copies(node, key):
             # copies holding part of the version (their jobs read part of an epoch): of what
             # the group lacks, what they hold between them comes from them, as the members
@@ -107,12 +107,12 @@ class StripeReads(Flows):
             first = Split(first.local, first.remote + first.store * held, first.store * (1.0 - held))
             later = Split(later.local, later.remote + later.store * held, later.store * (1.0 - held))
             sources = tuple(sorted({*sources, *parts}))
-            lost *= 1.0 - held
+            holes = {m: (b * (1.0 - held), part * (1.0 - held)) for m, (b, part) in holes.items()}
         entry = node.cache.get(key)
         if entry is not None:
             entry.users += 1
             entry.last_used = self.now
-        self._plan(worker, first, later, sources=sources, lost=lost, peer_after=filling)
+        self._plan(worker, first, later, sources=sources, holes=holes, peer_after=filling)
         worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
@@ -164,6 +164,79 @@ class StripeReads(Flows):
                 self._fetch_version(node, key, max(1, size - held), cached=True, waiter=None)
                 self.whole_pending.setdefault((node.index, key), []).append((out, index))
                 self.whole_replans += 1
+
+    def _repair_holes(self) -> None:
+        """The controller's pass over the groups being read: a slot whose chosen owner could
+        not hold its share when the group was formed (a hole, its bundles read from the store
+        by every reader, every epoch) is given to a node that has room now (the same choice
+        as at the group's forming, :meth:`_first_room`), as the controller chooses another
+        node at its next pass for a share an agent refused. From then on the readers read
+        that slot's bundles through the new owner: the first pass over them from the store,
+        kept by it, the rest from its disk."""
+        for key, group in self.stripes.items():
+            if group.users <= 0:
+                continue
+            lacking = [m for m in group.members if m not in group.holding and group.owned.get(m, 0.0) > 0]
+            reading = [o for o in (self.running.get(j) for j in group.readers) if o is not None]
+            if not lacking or not reading:
+                continue
+            for m in lacking:
+                slot, owned = group.members.index(m), int(group.owned[m])
+                mine = [self.nodes[m]] if m >= 0 and m not in group.members[:slot] else []
+                taker = self._first_room(mine + self._candidates(reading[0], set(group.members)), owned)
+                if taker is None:
+                    continue
+                self._make_room(taker, owned)
+                taker.cache[key] = CacheEntry(key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True)
+                self.touch(taker)
+                group.members = (*group.members[:slot], taker.index, *group.members[slot + 1 :])
+                group.owned = {taker.index if k == m else k: v for k, v in group.owned.items()}
+                group.holding.add(taker.index)
+                group.fill[taker.index] = 0.0
+                for f in [f for f in self.fetches if f.key == key and f.stream and m in f.holes]:
+                    self._hole_filled(f, m, taker, owned)
+
+    def _hole_filled(self, f: Fetch, m: int, taker: Node, owned: int) -> None:
+        """What is left of training read ``f``'s bytes of hole ``m`` is read through ``taker``,
+        its slot's new owner: one epoch's worth from the store (kept by it), the rest from its
+        disk. Those bytes leave ``f`` and the store's counts (they were counted as the hole's
+        when ``f`` started)."""
+        whole, per_epoch = f.holes.pop(m)
+        left = whole * f.remaining / f.total if f.total > 0 else 0.0
+        f.total -= whole
+        f.remaining -= left
+        self.storage_bytes -= left
+        self.storage_by_cause["lost_member"] -= left
+        self.storage_uncached_bytes -= left
+        self.storage_log.append((self.now, self.storage_bytes))
+        later = min(left, self.read_store[1])
+        self.read_store[1] -= later
+        self.read_store[0] -= left - later
+        fill = min(left, per_epoch)
+        self.read_store[1] += fill
+        self.read_peer[1] += left - fill
+        group = self.stripes[f.key]
+        group.fill[taker.index] = min(1.0, group.fill.get(taker.index, 0.0) + (fill / owned if owned else 0.0))
+        job, index = f.waiters[0]
+        if f.remaining <= 1.0:  # only the hole's bytes were left: this read is done with
+            self._close_stream(f)
+        for size, source in ((fill, "storage"), (left - fill, "peer")):
+            if size > 1.0:
+                self._new_fetch(
+                    f.node, f.key, size, cached=True, waiter=(job, index), source=source, stream=True,
+                    sources=(taker.index,) if source == "peer" else (),
+                )  # fmt: skip
+        if f.remaining <= 1.0:
+            self._stream_done(self.outcomes[job.id])
+
+    def _close_stream(self, f: Fetch) -> None:
+        """Take training read ``f`` out of the open transfers before its end (its waiter's
+        stream count is the caller's to settle)."""
+        self.fetches.remove(f)
+        f.open = False
+        self._count(f, -1)
+        if f in self.after_fetches:
+            self.after_fetches.remove(f)
 
     def _window_bytes(self, node: Node, key: tuple[str, int]) -> float:
         """What ``node``'s readers took of ``key`` through the window so far (the inventory's
