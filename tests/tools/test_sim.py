@@ -232,3 +232,22 @@ def test_a_direct_mode_job_ends_when_its_reading_ends() -> None:
     assert metrics(sim)["idle_gpu_h"] == pytest.approx(2 * 900 / 3600)
     twice = run("default", [job(0, 0.0, gpus=2, runtime=100.0)], data, replace(cluster(), epochs=2.0))
     assert twice.storage_bytes == 2 * TB and twice.outcomes[0].end == pytest.approx(2000.0)
+
+
+def test_a_training_read_goes_no_faster_than_the_jobs_steps_take_its_bytes() -> None:
+    # 100 GB read from the store at 1 GB/s could be done in 100 s, but a pod's loader reads
+    # only ahead of its 1,000 s of steps: the read ends with the compute, not before, so a
+    # second job's read sharing the store later finds it still taking its pace
+    data = [Dataset("ds000", 100 * 10**9, (0.0,))]
+    sim = Simulation("default", [job(0, 0.0)], data, cluster(), seed=3)
+    done: list[float] = []
+    stream_done = sim._stream_done
+
+    def recording(out):  # type: ignore[no-untyped-def]
+        done.append(sim.now)
+        stream_done(out)
+
+    sim._stream_done = recording  # type: ignore[method-assign]
+    out = sim.run().outcomes[0]
+    assert done and done[-1] == pytest.approx(out.compute_end, rel=1e-9)
+    assert out.end == pytest.approx(out.compute_end) and out.compute_end - out.first_step == pytest.approx(1000.0)

@@ -121,9 +121,10 @@ class Fetch:
     or from its own disk (``local``).
 
     ``stream``: a training read, while the GPUs work: the job's end waits for it, its
-    first step does not. Otherwise a fill the first step waits for (``waiters``).
-    ``cap``: a per-transfer limit (ours: the agent's unpack rate); ``fuse``: read through
-    a FUSE mount (the rate times ``fuse_factor``)."""
+    first step does not, and it goes no faster than the job's steps take its bytes
+    (``pace``). Otherwise a fill the first step waits for (``waiters``). ``unpack``: ours'
+    fetch, limited by the node's unpack rate; ``fuse``: read through a FUSE mount (the
+    rate times ``fuse_factor``)."""
 
     node: Node
     key: tuple[str, int]
@@ -139,6 +140,9 @@ class Fetch:
     on_done: str = ""  # what finishing it means: "" (ours' copy), "stripe"
     part: bool = False  # one part of a copy filled in parts: its end does not make the copy ready
     total: float = 0.0  # the bytes it moves in all (``remaining`` counts down from it)
+    # a training read's most (bytes/s): its bytes over the job's compute left when it
+    # started, as a pod's loader reads ahead of its steps only by what it buffers
+    pace: float = math.inf
     # a training read's bytes of stripe slots no node held when it started (holes), by the
     # slot's member: (its bytes in ``total``, the bytes of the slot one epoch reads)
     holes: dict[int, tuple[float, float]] = field(default_factory=dict)

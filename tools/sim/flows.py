@@ -15,7 +15,9 @@ A transfer's rate is the least of the fair shares of what it passes through:
 - ``local``: the node's disk (``disk_bw``) among its local reads;
 - ours' fetches, also the node's unpack rate (``node_fetch_bw``) among its fetches; a
   FUSE read, times ``fuse_factor``; a read of bytes another transfer still brings in
-  (``after``), no faster than that one.
+  (``after``), no faster than that one;
+- a training read, no faster than the job's steps take its bytes (``pace``): it cannot
+  take a shared upload's bandwidth to run ahead of the GPUs.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Flows(SimState):
         holes: Holes | None = None,
         unkept: float = 0.0,
         part: bool = False,
+        pace: float = math.inf,
     ) -> Fetch:
         fetch = Fetch(
             node,
@@ -69,6 +72,7 @@ class Flows(SimState):
         )
         fetch.total = float(size)
         fetch.holes = dict(holes or {})
+        fetch.pace = pace
         self.fetches.append(fetch)
         if after is not None:
             self.after_fetches.append(fetch)
@@ -149,7 +153,7 @@ class Flows(SimState):
             r = min(r, p.node_fetch_bw / c.unpack[i])
         if f.fuse:
             r *= p.fuse_factor
-        return r
+        return min(r, f.pace)
 
     def _update_rates(self) -> None:
         """Recompute the shares the last opened and closed transfers changed; the rest stand

@@ -136,7 +136,9 @@ class NextJobPreparation:
         for out in sim.running.values():
             for w in out.workers:
                 ends.setdefault(w.node.index, []).append(preparation.Running(len(w.gpus), out.end))
-        waiting_for_data = {f.node.index for f in sim.fetches if f.waiters}
+        # a job bound there still fetching what its first step waits for (its training
+        # reads, open while it runs, are not a wait for its own data)
+        waiting_for_data = {f.node.index for f in sim.fetches if f.waiters and not f.stream}
 
         def state(n: Node) -> preparation.NodeState:
             return preparation.NodeState(

@@ -498,6 +498,12 @@ class Reads(StripeReads):
             out.first_step = self.now
         job = out.job
         key = (job.dataset, self.version_of(job, out.start))
+        n = sum(len(w.gpus) for w in out.workers)
+        bw = min(intra_node_bandwidth(w.node.type.topology, w.gpus) for w in out.workers)
+        if len(out.workers) > 1:
+            net = DEFAULT_BANDWIDTHS.network * (self.params.cross_subnet_factor if out.spans_subnets else 1.0)
+            bw = min(bw, net)
+        out.end = out.compute_end = self.now + out.delay + t_run(job.profile, n, bw) * out.remaining
         for index, w in enumerate(out.workers):
             for source, size, sources, fuse, after, kept, holes, unkept in w.reads:
                 if size > 1.0:
@@ -515,16 +521,18 @@ class Reads(StripeReads):
                         after=live,
                         holes=holes,
                         unkept=unkept,
+                        pace=self._pace(out, size),
                     )
             w.reads = []
-        n = sum(len(w.gpus) for w in out.workers)
-        bw = min(intra_node_bandwidth(w.node.type.topology, w.gpus) for w in out.workers)
-        if len(out.workers) > 1:
-            net = DEFAULT_BANDWIDTHS.network * (self.params.cross_subnet_factor if out.spans_subnets else 1.0)
-            bw = min(bw, net)
-        out.end = out.compute_end = self.now + out.delay + t_run(job.profile, n, bw) * out.remaining
         self.running[job.id] = out
         self.push(out.end, "end", job.id)
+
+    def _pace(self, out: Outcome, size: float) -> float:
+        """The most a training read of ``size`` bytes starting now takes per second: its
+        bytes over the job's compute left (none once the compute is done: what is left of
+        its reads is what its GPUs wait for)."""
+        left = out.compute_end - self.now
+        return size / left if left > 0 else math.inf
 
     def _compute_done(self, out: Outcome) -> None:
         """The job's steps are done; it ends when its training reads are done too."""

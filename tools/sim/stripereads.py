@@ -224,7 +224,7 @@ class StripeReads(Flows):
             if size > 1.0:
                 self._new_fetch(
                     f.node, f.key, size, cached=True, waiter=(job, index), source=source, stream=True,
-                    sources=(taker.index,) if source == "peer" else (),
+                    sources=(taker.index,) if source == "peer" else (), pace=self._pace(self.outcomes[job.id], size),
                 )  # fmt: skip
         if f.remaining <= 1.0:
             self._stream_done(self.outcomes[job.id])
@@ -268,7 +268,7 @@ class StripeReads(Flows):
             self.peer_bytes -= left
             self._new_fetch(
                 out.workers[index].node, f.key, left, cached=True, waiter=(out.job, index), source="local",
-                stream=True,
+                stream=True, pace=self._pace(out, left),
             )  # fmt: skip
 
     def _stripe_group(self, out: Outcome, key: tuple[str, int], size: int) -> stripe.Group | None:
@@ -401,6 +401,9 @@ class StripeReads(Flows):
 
     def _room_bytes(self, node: Node, key: tuple[str, int]) -> int:
         raise NotImplementedError  # tools.sim.reads.Reads: what the node can give without a last copy
+
+    def _pace(self, out: Outcome, size: float) -> float:
+        raise NotImplementedError  # tools.sim.reads.Reads: a training read's most per second
 
     def _candidates(self, out: Outcome, exclude: set[int]) -> list[Node]:
         """Nodes for a group's slots: the job's own nodes, then its subnet's (the same class
