@@ -50,16 +50,26 @@ class PodEvents:
             del self._told[key]
 
     async def run_forever(self, task_of: Callable[[str], Awaitable[Any]]) -> None:
-        """Every :data:`INTERVAL`, each watched pod's task record (``task_of(uid)``) told."""
+        """Every :data:`INTERVAL`, each watched pod's task record (``task_of(uid)``) told, and
+        the repeats the recorder counted written once due (:meth:`EventRecorder.flush`: the
+        agent has no pass to end, so its loop is where a counted series reaches the API server)."""
         while True:
             await asyncio.sleep(INTERVAL)
-            for uid in list(self._pods):
-                try:
-                    await self.tell(uid, await task_of(uid))
-                except NotFound:
-                    self.forget(uid)
-                except Exception:  # Events are best effort: never stop the loop
-                    log.exception("telling pod %s about its datasets failed", uid)
+            await self.tick(task_of)
+
+    async def tick(self, task_of: Callable[[str], Awaitable[Any]]) -> None:
+        """One round of :meth:`run_forever`."""
+        for uid in list(self._pods):
+            try:
+                await self.tell(uid, await task_of(uid))
+            except NotFound:
+                self.forget(uid)
+            except Exception:  # Events are best effort: never stop the loop
+                log.exception("telling pod %s about its datasets failed", uid)
+        try:
+            await in_daemon_thread(self.recorder.flush)
+        except Exception:  # best effort, as above: the next round tries again
+            log.exception("writing the counted Events failed")
 
     async def tell(self, uid: str, record: Any) -> None:
         """An Event for each of the pod's datasets whose state changed since the last one."""
