@@ -12,8 +12,10 @@ shape and its repetition rule, the one client-go's recorder follows:
 - the series is written when it starts (the first repeat) and then at most once every
   ``refresh_s`` (30 minutes, client-go's refresh): the repeats between are counted in
   memory and written with the next write, at a later repeat or at :meth:`EventRecorder.flush`
-  (the controller's end of pass). A refusal repeated on a thousand Datasets at every resync
-  is then not a thousand writes a pass to the API server;
+  (the controller's end of pass, the agent's loop). A refusal repeated on a thousand
+  Datasets at every resync is then not a thousand writes a pass to the API server. The
+  recorder remembers ``remembered`` series; one it lets go of with repeats not yet written
+  is written at the next flush, so no count is lost;
 - the note is cut to the API's 1 kB; the Event lives in the object's namespace, named after
   the object (``<name>.<random>``, as client-go names them);
 - writing an Event never fails the caller: it is best effort by definition (the API server
@@ -131,6 +133,9 @@ class EventRecorder:
         self.controller, self.instance, self.clock = controller, instance[:128], clock
         self.series_s, self.refresh_s, self.remembered = series_s, refresh_s, remembered
         self._seen: OrderedDict[_Key, _Seen] = OrderedDict()
+        # series let go of (more than ``remembered``) with repeats counted and not yet
+        # written: the next flush writes them, then they are forgotten
+        self._unwritten: list[_Seen] = []
         self._lock = threading.Lock()  # _seen, between the caller and the writing threads
         self._lanes: list[ThreadPoolExecutor] = []  # started at the first begin(), kept
         self._pending: list[Future[bool]] | None = None  # between begin() and settle()
@@ -180,12 +185,24 @@ class EventRecorder:
 
     def flush(self) -> None:
         """Write the series whose count has grown since they were written ``refresh_s`` or
-        more ago (a controller calls it at the end of each pass)."""
+        more ago, and those let go of with repeats not yet written (a controller calls it at
+        the end of each pass, an agent's loop every round)."""
         now = self.clock()
         with self._lock:
             due = [
                 (k, s) for k, s in self._seen.items() if s.times > s.written and now - s.written_at >= self.refresh_s
             ]
+            dropped, self._unwritten = self._unwritten, []
+        for at, seen in enumerate(dropped):
+            try:
+                self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
+            except NotFound:  # expired or deleted: nothing to count on
+                continue
+            except DsagentError as exc:
+                self._failed("counted", f"{seen.namespace}/{seen.name}", exc)
+                with self._lock:  # the next flush tries again
+                    self._unwritten[:0] = dropped[at:][: self.remembered]
+                return
         for key, seen in due:
             try:
                 self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
@@ -238,7 +255,10 @@ class EventRecorder:
         self._seen[key] = value
         self._seen.move_to_end(key)
         while len(self._seen) > self.remembered:
-            self._seen.popitem(last=False)
+            _, old = self._seen.popitem(last=False)
+            if old.times > old.written:  # counted since its last write: written at the next flush
+                self._unwritten.append(old)
+                del self._unwritten[: -self.remembered]
 
     def _create(self, name: str, event: _Event, now: float) -> None:
         regarding = event.regarding

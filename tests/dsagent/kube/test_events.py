@@ -174,3 +174,25 @@ def test_a_series_write_the_api_server_refused_is_made_at_the_next_repeat(
     clock.now += 60  # within the refresh: written all the same, the last write having failed
     assert events.record(ref, type="Warning", reason="QuotaExceeded", action="Warm", note="n")
     assert apiserver.list("events")[0]["series"]["count"] == 3
+
+
+def test_a_series_let_go_of_with_repeats_not_yet_written_is_written_at_the_next_flush(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """A recorder remembers a bounded number of series; one that leaves its memory between
+    two writes keeps the repeats it counted: the next flush writes them."""
+    ds, clock, events = _recorder(apiserver, api_client, refresh_s=1800, remembered=2)
+    ref = ObjectRef.of(ds)
+    for _ in range(5):  # the Event, its series' start (written), three repeats counted
+        clock.now += 60
+        assert events.record(ref, type="Warning", reason="QuotaExceeded", action="Warm", note="over the quota")
+    for note in ("a", "b"):  # two other Events: the first one's series leaves the memory
+        assert events.record(ref, type="Warning", reason="Other", action="Warm", note=note)
+    quota = next(e for e in apiserver.list("events") if e["reason"] == "QuotaExceeded")
+    assert quota["series"]["count"] == 2
+    events.flush()
+    quota = next(e for e in apiserver.list("events") if e["reason"] == "QuotaExceeded")
+    assert quota["series"]["count"] == 5
+    writes = len(apiserver.requests)
+    events.flush()  # written once: nothing more
+    assert len(apiserver.requests) == writes
