@@ -37,6 +37,13 @@ JSON = dict[str, Any]
 AgentCall = Callable[[str, str, str, "JSON | None", str], "tuple[int, Any] | None"]
 
 
+#: ``resourceVersion`` of a pass's lists: served from the API server's watch cache, not read
+#: from etcd at every pass (at thousands of nodes the Nodes, their caches and the pods are
+#: tens of MB a pass); a pass acts on what it read through writes that check it (a gate is
+#: lifted only from the pod version it read), and the next pass reads again
+FROM_CACHE = "0"
+
+
 def raw(call: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
     """An API call's answer as plain JSON (the client's models are not built); ``timeout``
     bounds the request (a hanging API server holds a pass no longer than that)."""
@@ -45,11 +52,21 @@ def raw(call: Callable[..., Any], *args: Any, timeout: float | None = None) -> A
 
 
 def find_agents(core: Any, namespace: str, selector: str, port: int, timeout: float | None = None) -> dict[str, str]:
-    """node -> the agent's base URL, from the agent DaemonSet's running pods."""
-    pods = raw(lambda **kw: core.list_namespaced_pod(namespace, label_selector=selector, **kw), timeout=timeout)[
-        "items"
-    ]
+    """node -> the agent's base URL, from the agent DaemonSet's running pods, listed from the
+    API server's watch cache (:data:`FROM_CACHE`)."""
+    pods = raw(
+        lambda **kw: core.list_namespaced_pod(namespace, label_selector=selector, resource_version=FROM_CACHE, **kw),
+        timeout=timeout,
+    )["items"]
     return _agent_urls(pods, port)
+
+
+def every_pod(core: Any, timeout: float | None = None) -> list[JSON]:
+    """Every pod of the cluster, from the API server's watch cache (:data:`FROM_CACHE`)."""
+    items: list[JSON] = raw(
+        lambda **kw: core.list_pod_for_all_namespaces(resource_version=FROM_CACHE, **kw), timeout=timeout
+    )["items"]
+    return items
 
 
 def agents_among(pods: Iterable[JSON], namespace: str, selector: str, port: int) -> dict[str, str] | None:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dsagent.controller import agents, cachestate, podfacts
-from dsagent.controller.agents import JSON, AgentCall
+from dsagent.controller.agents import FROM_CACHE, JSON, AgentCall
 from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
@@ -212,11 +212,10 @@ class DatasetController:
     def list_nodes(self) -> list[JSON]:
         """The Nodes, each with what its ``NodeCache`` publishes in place of the annotations
         it replaces; a Node without one keeps its own (an agent of the release before: the
-        rolling upgrade) (:func:`dsagent.kube.nodestate.list_nodes`). Both lists are served
-        from the API server's watch cache (``resourceVersion=0``), not read from etcd at
-        every pass: at thousands of nodes they are tens of MB a pass, and what they say is
-        judged by its own published-at stamps, not by how fresh the list is."""
-        return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0")
+        rolling upgrade) (:func:`dsagent.kube.nodestate.list_nodes`). Both lists come from
+        the API server's watch cache (:data:`~dsagent.controller.agents.FROM_CACHE`): what
+        they say is judged by its own published-at stamps, not by how fresh the list is."""
+        return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version=FROM_CACHE)
 
     def reconcile_all(self) -> None:
         """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);
@@ -535,7 +534,7 @@ class DatasetController:
 
     def _pods(self) -> list[JSON]:
         if self._pods_now is None:
-            self._pods_now = agents.raw(self._core.list_pod_for_all_namespaces, timeout=self._timeout)["items"]
+            self._pods_now = agents.every_pod(self._core, self._timeout)
         return self._pods_now
 
     def _http_agent_call(

@@ -133,6 +133,18 @@ def test_inventories_come_from_nodecaches_else_from_the_node_annotations_of_olde
     for path in ("/api/v1/nodes", "/apis/dsagent.io/v1alpha1/nodecaches"):
         (listed,) = apiserver.requests_matching("GET", path)
         assert listed.query.get("resourceVersion") == "0"
+    # and the pods: the agents' (by their selector) and, for a Dataset that counts its
+    # readers (replicas), every pod (the pending pods' list is bounded by a limit, which the
+    # watch cache does not honour)
+    coco = make_dataset("coco", namespace="ml")
+    coco["spec"]["replicas"] = 2
+    apiserver.create(coco)
+    controller(api_client, clock).reconcile_all()
+    pod_lists = [
+        r for r in apiserver.requests_matching("GET") if r.path.endswith("/pods") and "fieldSelector" not in r.query
+    ]
+    assert {r.path for r in pod_lists} >= {"/api/v1/pods", f"/api/v1/namespaces/{NS}/pods"}
+    assert all(r.query.get("resourceVersion") == "0" for r in pod_lists), [(r.path, r.query) for r in pod_lists]
     apiserver.delete("nodes", "new")  # its NodeCache goes with it (the owner reference)
     assert apiserver.get("nodecaches", "new") is None
 
