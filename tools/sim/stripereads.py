@@ -182,7 +182,7 @@ class StripeReads(Flows):
                 continue
             for m in lacking:
                 slot, owned = group.members.index(m), int(group.owned[m])
-                mine = [self.nodes[m]] if m >= 0 and m not in group.members[:slot] else []
+                mine = [self.nodes[m]] if m >= 0 else []  # the chosen owner first, as at the forming
                 taker = self._first_room(mine + self._candidates(reading[0], set(group.members)), owned)
                 if taker is None:
                     continue
@@ -254,11 +254,7 @@ class StripeReads(Flows):
         for f in [f for f in self.fetches if through_window(f) and (out.job, index) in f.waiters]:
             left = f.remaining
             self._window_done(f, f.total - left)
-            self.fetches.remove(f)
-            f.open = False
-            self._count(f, -1)
-            if f in self.after_fetches:
-                self.after_fetches.remove(f)
+            self._close_stream(f)
             out.streams -= 1
             moved = min(left, self.read_peer[1])  # from the later epochs' window reads
             self.read_peer[1] -= moved
