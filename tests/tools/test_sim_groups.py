@@ -338,9 +338,10 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_is_still_fetching_togeth
 def test_a_slot_no_node_could_hold_is_given_to_a_node_with_room_at_the_controllers_next_pass() -> None:
     # a 1 TB version in two 0.5 TB slots: node 0 holds its share, the other slot's node had
     # no room when the group formed (a hole), so a rank on node 0 reads that slot from the
-    # store every epoch (4 epochs: 2 TB) and keeps nothing. Half-way, node 1 has room: the
-    # controller's pass gives it the slot, and the rank reads the rest through it, one
-    # epoch's worth from the store (kept by node 1), the rest from node 1's disk
+    # store every epoch (4 epochs: 2 TB, in a 3 TB store read) and keeps nothing. Half-way,
+    # node 1 has room: the controller's pass gives it the slot, and the rank reads the rest
+    # of it through node 1, one epoch's worth from the store (kept by node 1), the rest from
+    # node 1's disk
     size, key, half = TB, ("big", 0), TB // 2
     sim = Simulation("ours+stripe+early", [], [Dataset("big", size, (0.0,))], _params(2), seed=3)
     sim.nodes[0].cache[key] = CacheEntry("big", 0, half, 0.0, ready=True, replica=True, stripe=True)
@@ -352,21 +353,24 @@ def test_a_slot_no_node_could_hold_is_given_to_a_node_with_room_at_the_controlle
     sim.running[7] = out
     group.users, group.readers = 1, {7: 1}
     hole = sim._new_fetch(
-        sim.nodes[0], key, 4 * half, cached=True, waiter=(job, 0), stream=True, holes={1: (4.0 * half, float(half))}
-    )
+        sim.nodes[0], key, 6 * half, cached=True, waiter=(job, 0), stream=True, holes={1: (4.0 * half, float(half))},
+        pace=6.0 * half / 1000.0,
+    )  # fmt: skip
     assert sim.storage_by_cause["lost_member"] == 4 * half
 
     sim._repair_holes()  # node 1's cache is its pod's: no node can take the slot
-    assert 1 not in group.holding and hole in sim.fetches and sim.storage_bytes == 4 * half
+    assert 1 not in group.holding and hole in sim.fetches and sim.storage_bytes == 6 * half
 
-    hole.remaining = 2.0 * half  # half read; the pod on node 1 ends
+    hole.remaining = 3.0 * half  # half read; the pod on node 1 ends
     del sim.nodes[1].cache[("held", 0)]
     sim.touch(sim.nodes[1])
     sim._repair_holes()
     assert 1 in group.holding and sim.nodes[1].cache[key].stripe and sim.nodes[1].cache[key].size == half
-    assert hole not in sim.fetches, "the read held only the hole's bytes: they moved to the new owner"
-    reads = {(f.source, f.sources): f.total for f in sim.fetches}
+    # the read keeps the bytes that were not the hole's, at the pace those bytes take
+    assert hole in sim.fetches and hole.remaining == pytest.approx(half) and hole.total == pytest.approx(2 * half)
+    assert hole.pace == pytest.approx(6.0 * half / 1000.0 / 3)
+    reads = {(f.source, f.sources): f.total for f in sim.fetches if f is not hole}
     assert reads == {("storage", ()): pytest.approx(half), ("peer", (1,)): pytest.approx(half)}
-    assert out.streams == 2
+    assert out.streams == 3
     assert sim.storage_by_cause["lost_member"] == pytest.approx(2 * half), "only the half read before stays lost"
-    assert sim.storage_bytes == pytest.approx(3 * half)
+    assert sim.storage_bytes == pytest.approx(5 * half)  # 6, less the hole's 2 left, plus the 1 kept

@@ -11,6 +11,7 @@ each rank's reads through it, rank-affine, filled as read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from dsagent.policy.holding import WHOLE, choose_placement, holding, worth_whole
@@ -203,6 +204,8 @@ class StripeReads(Flows):
         when ``f`` started)."""
         whole, per_epoch = f.holes.pop(m)
         left = whole * f.remaining / f.total if f.total > 0 else 0.0
+        if math.isfinite(f.pace) and f.remaining > 0:  # fewer bytes over the same steps
+            f.pace *= max(0.0, f.remaining - left) / f.remaining
         f.total -= whole
         f.remaining -= left
         self.storage_bytes -= left
