@@ -109,6 +109,11 @@ class _Event(NamedTuple):
     note: str
 
 
+def _event_name(regarding: ObjectRef) -> str:
+    """A new Event's name: the object's, then a random suffix (as client-go names them)."""
+    return f"{regarding.name[:200]}.{secrets.token_hex(8)}"
+
+
 #: threads writing Events between :meth:`EventRecorder.begin` and :meth:`EventRecorder.settle`
 LANES = 8
 
@@ -160,7 +165,7 @@ class EventRecorder:
                 self._remember(key, written)
                 work = partial(self._series, key, written, event, now)
             else:
-                name = f"{regarding.name[:200]}.{secrets.token_hex(8)}"
+                name = _event_name(regarding)
                 self._remember(key, _Seen(regarding.namespace, name, 1, now, 1, now))
                 work = partial(self._new, key, name, event, now)
         if self._pending is None:
@@ -223,7 +228,7 @@ class EventRecorder:
             self._patch_series(seen.namespace, seen.name, seen.times, seen.observed)
             return True
         except NotFound:  # expired or deleted meanwhile: a new Event
-            name = f"{event.regarding.name[:200]}.{secrets.token_hex(8)}"
+            name = _event_name(event.regarding)
             with self._lock:
                 self._remember(key, _Seen(seen.namespace, name, 1, now, 1, now))
             return self._new(key, name, event, now)
