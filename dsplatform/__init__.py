@@ -10,6 +10,8 @@ What it owns: one rule per fact that more than one component must agree on:
 - :mod:`dsplatform.kubetime`: how a Kubernetes time (RFC 3339) is read and written;
 - :mod:`dsplatform.gpus`: how many GPUs a pod requests, and the GPU resource names;
 - :mod:`dsplatform.paths`: the per-user cache base (``$XDG_CACHE_HOME``, else ``~/.cache``);
+- :mod:`dsplatform.listwatch`: the list+watch loop of every reader that keeps a Kubernetes
+  resource current (the client passed in: this package imports none);
 - :mod:`dsplatform.wire`: the wire contracts between processes (the pod annotation, the CSI
   volume attributes), one module each, with its version.
 

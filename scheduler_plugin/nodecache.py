@@ -10,26 +10,24 @@ keeps its own: an agent of the release before, docs/operator-guide/upgrade.md#no
 become :class:`NodeFacts` through the shared :class:`NodeReader`; active pods bound to a
 node count against its free GPUs when the node publishes no free-GPU list. Readers get
 consistent snapshots: each update replaces one dict entry (atomic under the GIL). Owned by
-:class:`scheduler_plugin.view.View`. Failed watches are retried by tenacity (fixed waits;
-see ``_supervise``), not a hand-written loop.
+:class:`scheduler_plugin.view.View`. The list+watch loop, its retries (tenacity, fixed
+waits) and its stop are :class:`dsplatform.listwatch.Watches`'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import tenacity
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from dsplatform.gpus import GpuResources, pod_gpus
+from dsplatform.listwatch import Absent, Watches
 from dsplatform.wire import nodecache as nodecache_contract
 from scheduler_plugin.catalog import (
     GROUP,
@@ -45,16 +43,6 @@ from scheduling.nodeinfo import NodeFacts, NodeReader
 from scheduling.podspec import pod_is_active
 
 log = logging.getLogger(__name__)
-
-HTTP_GONE = 410
-
-
-class _Gone(Exception):
-    """The resourceVersion we watch from is too old: list again."""
-
-
-class _Absent(Exception):
-    """The resource type is not served (the Dataset CRD is not installed)."""
 
 
 class NodeCache:
@@ -76,9 +64,9 @@ class NodeCache:
         self._custom = k8s.CustomObjectsApi(api_client)
         self._reader = reader
         self._gpu_names = GpuResources.of_class_prefix(gpu_resource, roce_prefix)
-        self._watch_timeout_s = watch_timeout_s
-        self._retry_s = retry_s
-        self._page_size = page_size
+        self._watches = Watches(
+            iter_resp_lines, log, watch_timeout_s=watch_timeout_s, retry_s=retry_s, page_size=page_size
+        )
         self._on_listed = on_listed  # after each full list (the app settles its heap there)
         # Base facts (no pod usage) per node: the raw Node objects are not kept, since
         # 5,000 parsed Nodes would cost hundreds of MiB.
@@ -93,12 +81,8 @@ class NodeCache:
         self._pods: dict[str, tuple[str, int]] = {}  # pod key -> (node, GPUs)
         self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
-        self._absent_retry_s = 60.0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._synced = {"nodes": threading.Event(), "pods": threading.Event(), "nodecaches": threading.Event()}
-        self._responses: dict[str, Any] = {}
-        self._threads: list[threading.Thread] = []
 
     # -- reading ---------------------------------------------------------------
 
@@ -147,65 +131,15 @@ class NodeCache:
             ("datasets", self._datasets_loop),
         )
         for kind, run in loops:
-            thread = threading.Thread(target=self._supervise, args=(kind, run), name=f"dsext-watch-{kind}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._watches.start(kind, run, thread_name=f"dsext-watch-{kind}")
 
     def stop(self, timeout: float = 5.0) -> None:
-        # set before the responses are read: a watch opening now sees the flag once its
-        # response is recorded (``_watch``), so none is left blocked reading its stream
-        self._stop.set()
-        for response in list(self._responses.values()):
-            try:
-                # shutdown() (urllib3 >= 2.3) wakes the thread blocked reading the stream;
-                # close() alone would wait for the next event or the watch timeout.
-                getattr(response, "shutdown", response.close)()
-            except Exception:  # the stream may end under us; either way the thread exits
-                pass
-        for thread in self._threads:
-            thread.join(timeout)
-        self._threads.clear()
-
-    def _supervise(self, kind: str, run: Callable[[], None]) -> None:
-        """Run ``run`` (list, then watch) until stopped; tenacity retries its failures: after
-        ``retry_s`` when the API server or the network failed, after ``absent_retry_s`` when
-        the resource is not served (the Dataset CRD is not installed)."""
-
-        def once() -> None:
-            if self._stop.is_set():
-                return
-            try:
-                run()
-            except _Gone:
-                log.info("watch of %s expired (410 Gone); listing again", kind)
-
-        def wait(state: tenacity.RetryCallState) -> float:
-            failed = state.outcome.exception() if state.outcome is not None else None
-            return self._absent_retry_s if isinstance(failed, _Absent) else self._retry_s
-
-        def report(state: tenacity.RetryCallState) -> None:
-            failed = state.outcome.exception() if state.outcome is not None else None
-            if isinstance(failed, _Absent):
-                log.info("%s; checking again in %.0fs", failed, self._absent_retry_s)
-            else:
-                log.warning("watch of %s failed: %s; retrying in %.1fs", kind, failed, self._retry_s)
-
-        def sleep(seconds: float) -> None:
-            self._stop.wait(seconds)
-
-        retrying = tenacity.Retrying(
-            wait=wait, stop=tenacity.stop_when_event_set(self._stop), sleep=sleep, before_sleep=report
-        )
-        while not self._stop.is_set():
-            try:
-                retrying(once)
-            except tenacity.RetryError:  # stopped while failing
-                return
+        self._watches.stop(timeout)
 
     # -- nodes -------------------------------------------------------------------
 
     def _nodes_loop(self) -> None:
-        items, version = self._list(self._api.list_node)
+        items, version = self._watches.list("nodes", self._api.list_node)
         with self._lock:
             slim = {name: _slim(n) for n in items if (name := _name(n))}
             nodes = {name: self._read(name, n) for n in items if (name := _name(n))}
@@ -216,7 +150,7 @@ class NodeCache:
         log.info("node cache listed %d nodes at resourceVersion %s", len(nodes), version)
         if self._on_listed is not None:
             self._on_listed()
-        for kind, node in self._watch("nodes", self._api.list_node, version):
+        for kind, node in self._watches.watch("nodes", self._api.list_node, version):
             name = _name(node)
             if not name:
                 continue
@@ -240,13 +174,10 @@ class NodeCache:
         group, version_, plural = nodecache_contract.GROUP, nodecache_contract.API_VERSION, nodecache_contract.PLURAL
         list_fn = functools.partial(self._custom.list_cluster_custom_object, group, version_, plural)
         try:
-            items, version = self._list(list_fn)
-        except ApiException as exc:
-            if exc.status == 404:
-                self._synced["nodecaches"].set()  # nothing to wait for: the Node annotations alone
-                raise _Absent(
-                    f"no {plural}.{group}/{version_} resource (CRD not installed): reading the Node annotations only"
-                ) from exc
+            absent = f"no {plural}.{group}/{version_} resource (CRD not installed): reading the Node annotations only"
+            items, version = self._watches.list("nodecaches", list_fn, absent=absent)
+        except Absent:
+            self._synced["nodecaches"].set()  # nothing to wait for: the Node annotations alone
             raise
         states = nodecache_contract.by_node(items)
         with self._lock:
@@ -257,16 +188,11 @@ class NodeCache:
         self._synced["nodecaches"].set()
         if self._on_listed is not None:
             self._on_listed()
-        for kind, obj in self._watch("nodecaches", list_fn, version):
-            owner = nodecache_contract.node_name(obj)
-            if owner is None:
-                continue
+        for kind, obj in self._watches.watch("nodecaches", list_fn, version):
             with self._lock:
-                if kind == "DELETED":
-                    self._states.pop(owner, None)
-                else:
-                    self._states[owner] = nodecache_contract.state_of(obj)
-                self._refresh(owner)
+                owner = nodecache_contract.apply_event(self._states, kind, obj)
+                if owner is not None:
+                    self._refresh(owner)
 
     def _refresh(self, name: str) -> None:
         """Read a known node again after its NodeCache changed (called under the lock)."""
@@ -280,18 +206,11 @@ class NodeCache:
 
     def _datasets_loop(self) -> None:
         list_fn = functools.partial(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
-        try:
-            items, version = self._list(list_fn)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise _Absent(
-                    f"no {PLURAL}.{GROUP}/{VERSION} resource (CRD not installed): "
-                    "unpinned datasets accept any ready copy"
-                ) from exc
-            raise
+        absent = f"no {PLURAL}.{GROUP}/{VERSION} resource (CRD not installed): unpinned datasets accept any ready copy"
+        items, version = self._watches.list("datasets", list_fn, absent=absent)
         current = {key: version for key, version in map(read_dataset, items) if key and version}
         self._datasets = current
-        for kind, obj in self._watch("datasets", list_fn, version):
+        for kind, obj in self._watches.watch("datasets", list_fn, version):
             key, current_version = read_dataset(obj)
             if key is None:
                 continue
@@ -303,7 +222,7 @@ class NodeCache:
     # -- pods --------------------------------------------------------------------
 
     def _pods_loop(self) -> None:
-        items, version = self._list(self._api.list_pod_for_all_namespaces)
+        items, version = self._watches.list("pods", self._api.list_pod_for_all_namespaces)
         pods = {key: usage for key, usage in map(self._usage, items) if key and usage}
         with self._lock:
             self._pods = pods
@@ -311,7 +230,7 @@ class NodeCache:
         self._synced["pods"].set()
         if self._on_listed is not None:
             self._on_listed()
-        for kind, pod in self._watch("pods", self._api.list_pod_for_all_namespaces, version):
+        for kind, pod in self._watches.watch("pods", self._api.list_pod_for_all_namespaces, version):
             key, usage = self._usage(pod)
             if not key:
                 continue
@@ -361,57 +280,6 @@ class NodeCache:
     def _with_usage(self, base: NodeFacts) -> NodeFacts:
         used = self._used.get(base.name, 0)
         return dataclasses.replace(base, used_gpus=used) if used else base
-
-    # -- list and watch ----------------------------------------------------------
-
-    def _list(self, list_fn: Callable[..., Any]) -> tuple[list[Any], str]:
-        items: list[Any] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": self._page_size, "_preload_content": False}
-            if token:
-                kwargs["_continue"] = token
-            response = list_fn(**kwargs)
-            doc = json.loads(response.data)
-            items.extend(doc.get("items") or ())
-            meta = doc.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                return items, str(meta.get("resourceVersion") or "")
-
-    def _watch(self, kind: str, list_fn: Callable[..., Any], version: str) -> Iterator[tuple[str, Any]]:
-        while not self._stop.is_set():
-            try:
-                response = list_fn(
-                    watch=True,
-                    resource_version=version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=self._watch_timeout_s,
-                    _preload_content=False,
-                )
-            except ApiException as exc:
-                if exc.status == HTTP_GONE:
-                    raise _Gone() from exc
-                raise
-            self._responses[kind] = response
-            try:
-                if self._stop.is_set():  # stop() came while this watch opened: it did not see the response
-                    return
-                for line in iter_resp_lines(response):
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    kind_, obj = event.get("type"), event.get("object") or {}
-                    if kind_ == "ERROR":
-                        if obj.get("code") == HTTP_GONE:
-                            raise _Gone()
-                        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    if kind_ in ("ADDED", "MODIFIED", "DELETED"):
-                        yield kind_, obj
-            finally:
-                self._responses.pop(kind, None)
-                response.release_conn()
 
 
 def _slim(node: Any) -> dict[str, Any]:

@@ -128,6 +128,19 @@ def by_node(items: Iterable[Any]) -> dict[str, NodeState]:
     return {name: state_of(obj) for obj in items if (name := node_name(obj)) is not None}
 
 
+def apply_event(states: dict[str, NodeState], kind: str, obj: Any) -> str | None:
+    """A watch event of a ``NodeCache`` (``ADDED``, ``MODIFIED``, ``DELETED``) applied to
+    ``states`` (:func:`by_node`); the node it speaks for, None when it names none."""
+    owner = node_name(obj)
+    if owner is None:
+        return None
+    if kind == "DELETED":
+        states.pop(owner, None)
+    else:
+        states[owner] = state_of(obj)
+    return owner
+
+
 def published_annotations(annotations: Mapping[str, Any] | None, cache: Mapping[str, str] | None) -> dict[str, Any]:
     """A node's annotations as a reader of this release sees them: when the node has a
     ``NodeCache`` (``cache``, from :func:`published_of`), its fields replace the annotations
@@ -161,6 +174,7 @@ def overlay(node: Mapping[str, Any], state: NodeState | None) -> Mapping[str, An
 
 __all__ = [
     "API_VERSION",
+    "apply_event",
     "FIELDS",
     "GROUP",
     "INVENTORY_MAX_BYTES",
