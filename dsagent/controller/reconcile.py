@@ -17,11 +17,11 @@ stops a pass when it fails; then what the agents still hold for a Dataset delete
 (:mod:`dsagent.controller.orphans`) is released (every agent is asked after a Dataset went,
 a few in turn otherwise).
 
-What a pass reads, once: the Nodes with their ``NodeCache``, the Datasets, and the agents
-(found among every pod when the pass lists them anyway, else asked for by their selector);
-each inventory's text is parsed once and indexed by the datasets it lists from pass to pass
-(:mod:`dsagent.controller.inventories`), and the collector is kept off what was read
-(:mod:`dsagent.controller.passheap`).
+What a pass reads, once: the Nodes with their ``NodeCache`` (kept by list+watch,
+:mod:`dsagent.kube.nodewatch`), the Datasets, and the agents (found among every pod when
+the pass lists them anyway, else asked for by their selector); each inventory's text is
+parsed once and indexed by the datasets it lists from pass to pass
+(:mod:`dsagent.controller.inventories`); the collector is kept off what was read (:mod:`.passheap`).
 
 Tenancy (docs/operator-guide/tenancy.md): a node inventory older than ``inventory_max_age`` (by its
 ``publishedAt``) is used for nothing; each pass keeps one
@@ -70,6 +70,7 @@ from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_statu
 from dsagent.kube import nodestate
 from dsagent.kube.datasets import GROUP, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
+from dsagent.kube.nodewatch import NodeWatch
 from dsagent.policy import copies, replication
 from dsplatform import published
 from dsplatform.errors import exit_on_error
@@ -111,6 +112,9 @@ class DatasetController:
             identity=settings.identity,
             clock=clock,
             request_timeout=settings.api_timeout_s,
+        )
+        self.node_watch = (
+            NodeWatch(api_client, request_timeout=settings.api_timeout_s) if settings.watch_nodes else None
         )
         self._agents_http = agents.AgentHttp()  # one client for every agent call (made on first use)
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
@@ -210,11 +214,10 @@ class DatasetController:
         return self._reader.fresh(nodes, self.clock(), self.settings.inventory_max_age)
 
     def list_nodes(self) -> list[JSON]:
-        """The Nodes, each with what its ``NodeCache`` publishes in place of the annotations
-        it replaces; a Node without one keeps its own (an agent of the release before: the
-        rolling upgrade) (:func:`dsagent.kube.nodestate.list_nodes`). Both lists come from
-        the API server's watch cache (:data:`~dsagent.controller.agents.FROM_CACHE`): what
-        they say is judged by its own published-at stamps, not by how fresh the list is."""
+        """The Nodes with their ``NodeCache`` overlaid: :attr:`node_watch`'s once it has listed both,
+        else listed now from the API server's watch cache (:func:`nodestate.list_nodes`)."""
+        if self.node_watch is not None and self.node_watch.synced:
+            return self.node_watch.nodes()
         return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version=FROM_CACHE)
 
     def reconcile_all(self) -> None:
@@ -582,16 +585,15 @@ def _run_controller() -> None:
     from dsagent.kube import apiclient
 
     settings = ControllerSettings.from_env()
+    s = settings
     log.info(
-        "Dataset controller %s starting (lease %s/%s, resync %.0f s)",
-        settings.identity,
-        settings.namespace,
-        settings.lease_name,
-        settings.resync_s,
+        "Dataset controller %s starting (lease %s/%s, resync %.0f s)", s.identity, s.namespace, s.lease_name, s.resync_s
     )
     controller = DatasetController(apiclient.load(), settings)
     if settings.metrics_port:
         serve_metrics(settings.metrics_port, controller.metrics.registry)
+    if controller.node_watch is not None:
+        controller.node_watch.start()
     controller.run_forever()
 
 

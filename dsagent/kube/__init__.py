@@ -14,8 +14,9 @@ none of them, nor the node service. Modules, each owning one concept:
   each process's own settings classes.
 - :mod:`dsagent.kube.stablelinks`: ``$DSAGENT_DATASETS_DIR/<name>`` links per pod.
 - :mod:`dsagent.kube.leaving`: whether a Node is being drained or removed.
-- :mod:`dsagent.kube.nodestate`: the Nodes with their ``NodeCache`` overlaid, as the
-  controller and the webhook read them.
+- :mod:`dsagent.kube.nodestate`: the Nodes with their ``NodeCache`` overlaid, listed (the
+  webhook; the controller until its watch has listed them).
+- :mod:`dsagent.kube.nodewatch`: the same, kept current by list+watch (the controller).
 - :mod:`dsagent.kube.testing`: agent processes for tests and benchmarks.
 
 The pod annotation ``dsagent.io/datasets`` is a wire contract: :mod:`dsplatform.wire.podannotations`.

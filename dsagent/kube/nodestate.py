@@ -1,9 +1,10 @@
 """The Nodes as the platform's readers see them: each with what its ``NodeCache`` publishes.
 
-Who calls it: the Dataset controller (:meth:`dsagent.controller.reconcile.DatasetController.list_nodes`,
-once a pass) and the webhook's RoCE class vote and deadline plans
-(:mod:`dsagent.webhook.roceclass`, :mod:`dsagent.webhook.deadlineplan`). The extender keeps
-its own list+watch of both (:mod:`scheduler_plugin.nodecache`). What it owns: listing Nodes
+Who calls it: the webhook's RoCE class vote and deadline plans
+(:mod:`dsagent.webhook.roceclass`, :mod:`dsagent.webhook.deadlineplan`), and the Dataset
+controller (:meth:`dsagent.controller.reconcile.DatasetController.list_nodes`) until its
+list+watch of both (:mod:`dsagent.kube.nodewatch`) has listed them; the extender keeps its
+own (:mod:`scheduler_plugin.nodecache`). What it owns: listing Nodes
 and ``NodeCache`` objects as raw JSON and overlaying them
 (:func:`dsplatform.wire.nodecache.overlay`): a node's ``NodeCache`` replaces its inventory,
 topology and published-at annotations; a node without one keeps its own (an agent of the

@@ -160,3 +160,55 @@ def test_the_collector_runs_and_nothing_stays_frozen_after_a_pass(apiserver: Fak
     with pytest.raises(Exception):  # noqa: B017, PT011 - the pass fails, however the client says it
         ctl.reconcile_all()
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_once_its_node_watch_has_listed_a_pass_lists_no_node_and_reads_each_change(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """The Nodes and NodeCaches kept by list+watch (dsagent/kube/nodewatch.py): a pass reads
+    them from the watch, as a pass that lists them would (the same status), and a change made
+    between two passes is in the second."""
+    from tools.support.fake_apiserver import make_nodecache
+
+    ready = {"imagenet": {"digest": DIGESTS[0], "state": "ready"}}
+    stamp = "2027-01-15T08:00:00Z"  # the test clock's time, near enough for the staleness bound
+    for name in ("a", "b", "c"):
+        node = apiserver.create(make_node(name, annotations={"dsagent.io/inventory": inventory(name, {})}))
+        held = ready if name != "c" else {}
+        cache = make_nodecache(
+            name, inventory=inventory(name, held), published_at=stamp, node_uid=node["metadata"]["uid"]
+        )
+        apiserver.create(cache)
+    apiserver.create(make_dataset("imagenet", namespace="ml", status={"digest": DIGESTS[0], "files": 1, "bytes": 1}))
+    clock = Clock()
+    listing = controller(api_client, clock)
+    assert listing.node_watch is not None  # on by default, started by the process
+    listing.reconcile_all()
+    listed_status = apiserver.get("datasets", "imagenet", "ml")["status"]
+    assert listed_status["readyNodes"] == ["a", "b"]
+    watching = controller(api_client, clock)
+    watch = watching.node_watch
+    assert watch is not None
+    watch.start()
+    try:
+        assert watch.wait_synced(10)
+        paths = ("/api/v1/nodes", "/apis/dsagent.io/v1alpha1/nodecaches")
+
+        def lists() -> int:
+            return sum(len(apiserver.requests_matching("GET", path, watch=False)) for path in paths)
+
+        listed = lists()
+        watching.reconcile_all()
+        assert apiserver.get("datasets", "imagenet", "ml")["status"]["readyNodes"] == listed_status["readyNodes"]
+        apiserver.patch("nodecaches", "c", {"status": {"inventory": inventory("c", ready)}})
+
+        def c_holds() -> bool:
+            (c,) = [n for n in watch.nodes() if n["metadata"]["name"] == "c"]
+            return "imagenet" in c["metadata"]["annotations"]["dsagent.io/inventory"]
+
+        apiserver.wait_for(c_holds, what="the changed NodeCache in the watch")
+        watching.reconcile_all()
+        assert apiserver.get("datasets", "imagenet", "ml")["status"]["readyNodes"] == ["a", "b", "c"]
+        assert lists() == listed  # neither listed since the watch listed them
+    finally:
+        watch.stop()
