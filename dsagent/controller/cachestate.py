@@ -113,16 +113,23 @@ def cache_status(
     now: str,
 ) -> JSON:
     """``phase``, ``cache`` and ``conditions`` for the status (see the module docstring)."""
-    size = size_bytes or max((h.size_bytes for h in held.values()), default=0)
-    ready = sorted(n for n, h in held.items() if h.state == "ready")
-    fetching = sorted(n for n, h in held.items() if h.state == "fetching")
-    failed = sorted(n for n, h in held.items() if h.state == "failed")
-    shares = [h for h in held.values() if h.state == "share"]
-    whole = sorted(n for n, h in held.items() if h.whole)
-    cached = sum(h.held_bytes for h in held.values())
-    striped_whole = bool(shares) and size > 0 and sum(h.held_bytes for h in shares) >= size
-    best = max((h.held_bytes for h in held.values()), default=0)
-    cluster_bytes = size if ready else min(size, sum(h.held_bytes for h in shares)) if shares else best
+    by_state: dict[str, list[str]] = {"ready": [], "fetching": [], "failed": [], "share": []}
+    whole: list[str] = []
+    cached = best = largest = in_shares = 0
+    for node, h in held.items():  # one walk: it runs for every Dataset every pass
+        if h.state in by_state:
+            by_state[h.state].append(node)
+        if h.whole:
+            whole.append(node)
+        cached += h.held_bytes
+        best, largest = max(best, h.held_bytes), max(largest, h.size_bytes)
+        if h.state == "share":
+            in_shares += h.held_bytes
+    size = size_bytes or largest
+    ready, fetching, failed = sorted(by_state["ready"]), sorted(by_state["fetching"]), sorted(by_state["failed"])
+    shares, whole = by_state["share"], sorted(whole)
+    striped_whole = bool(shares) and size > 0 and in_shares >= size
+    cluster_bytes = size if ready else min(size, in_shares) if shares else best
     cache: JSON = {
         "cachedBytes": cached,
         "cachedPercent": _percent(cluster_bytes, size),  # of one whole copy, anywhere in the cluster

@@ -330,8 +330,8 @@ def node_rooms(
     for node, inventory in inventories.items():
         versions = versions_of(inventory)  # one walk of its listing for every figure
         free, capacity = count(inventory.get("freeBytes")), count(inventory.get("capacityBytes"))
-        spare = free + _replicated_bytes(versions, copies, keeping.get(node, set()))
-        in_use = _in_use_bytes(versions)
+        replicated, in_use = _idle_and_used_bytes(versions, copies, keeping.get(node, set()))
+        spare = free + replicated
         no_share = wire_inventory.has_feature(inventory, wire_inventory.STRIPE_NO_SHARE)
         says_window = wire_inventory.has_feature(inventory, wire_inventory.STRIPE_WINDOW_BYTES)
         blank = Candidate(
@@ -342,23 +342,23 @@ def node_rooms(
     return rooms
 
 
-def _replicated_bytes(versions: Mapping[Key, Mapping[str, Any]], copies: Mapping[Key, int], keeping: set[Key]) -> int:
-    """What a node could free without evicting the last copy of anything, of its ready
-    ``versions`` (:func:`dsagent.policy.copies.ready_versions`): its idle whole copies that
-    another node holds ready too, but for those it keeps (``keeping``: to their keeper they
-    are last copies, docs/design.md#cluster-eviction); the first tier of the eviction order
-    (docs/design-striping.md#eviction). Two holders of a version's only two copies never
-    both count it: one of them is its keeper."""
-    return sum(
-        count(version.get("sizeBytes"))
-        for key, version in versions.items()
-        if version.get("inUse") is not True and copies.get(key, 0) > 1 and key not in keeping
-    )
-
-
-def _in_use_bytes(versions: Mapping[Key, Mapping[str, Any]]) -> int:
-    """The bytes of a node's ready ``versions`` its pods use: no eviction frees them."""
-    return sum(count(v.get("sizeBytes")) for v in versions.values() if v.get("inUse") is True)
+def _idle_and_used_bytes(
+    versions: Mapping[Key, Mapping[str, Any]], copies: Mapping[Key, int], keeping: set[Key]
+) -> tuple[int, int]:
+    """Of a node's ready ``versions`` (:func:`dsagent.policy.copies.ready_versions`): what it
+    could free without evicting the last copy of anything, its idle whole copies that another
+    node holds ready too, but for those it keeps (``keeping``: to their keeper they are last
+    copies, docs/design.md#cluster-eviction), the first tier of the eviction order
+    (docs/design-striping.md#eviction); and the bytes its pods use, which no eviction frees.
+    Two holders of a version's only two copies never both count it: one of them is its keeper.
+    One loop for both: it runs for every node every pass."""
+    idle = used = 0
+    for key, version in versions.items():
+        if version.get("inUse") is True:
+            used += count(version.get("sizeBytes"))
+        elif copies.get(key, 0) > 1 and key not in keeping:
+            idle += count(version.get("sizeBytes"))
+    return idle, used
 
 
 def _drain(
