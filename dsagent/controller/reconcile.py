@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from dsagent.controller import agents, cachestate, podfacts
@@ -67,10 +68,9 @@ from dsagent.controller.striping import (
     striped_pass,
 )
 from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
-from dsagent.kube import nodestate
+from dsagent.kube import nodestate, nodewatch
 from dsagent.kube.datasets import GROUP, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
-from dsagent.kube.nodewatch import NodeWatch
 from dsagent.policy import copies, replication
 from dsplatform import published
 from dsplatform.errors import exit_on_error
@@ -113,9 +113,10 @@ class DatasetController:
             clock=clock,
             request_timeout=settings.api_timeout_s,
         )
-        self.node_watch = (
-            NodeWatch(api_client, request_timeout=settings.api_timeout_s) if settings.watch_nodes else None
+        watch = (
+            nodewatch.NodeWatch(api_client, request_timeout=settings.api_timeout_s) if settings.watch_nodes else None
         )
+        self.node_watch = watch  # started by the process (:func:`main`), not by a test's controller
         self._agents_http = agents.AgentHttp()  # one client for every agent call (made on first use)
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
         self._agent_urls: dict[str, str] = {}
@@ -216,9 +217,8 @@ class DatasetController:
     def list_nodes(self) -> list[JSON]:
         """The Nodes with their ``NodeCache`` overlaid: :attr:`node_watch`'s once it has listed both,
         else listed now from the API server's watch cache (:func:`nodestate.list_nodes`)."""
-        if self.node_watch is not None and self.node_watch.synced:
-            return self.node_watch.nodes()
-        return nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version=FROM_CACHE)
+        list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version=FROM_CACHE)
+        return nodewatch.current(self.node_watch, partial(list_all, timeout=self._timeout))
 
     def reconcile_all(self) -> None:
         """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);

@@ -20,7 +20,8 @@ list reads one consistent state of each node. Until both resources are listed on
 (:attr:`NodeWatch.synced`) the reader lists them itself.
 
 Who uses it: :meth:`dsagent.controller.reconcile.DatasetController.list_nodes` (started by
-the controller's process, ``DSAGENT_CONTROLLER_WATCH_NODES``).
+the controller's process, ``DSAGENT_CONTROLLER_WATCH_NODES``) and the webhook's RoCE class
+vote and deadline plans (started by its process, ``DSAGENT_WEBHOOK_WATCH_NODES``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dsagent.kube.apiclient import loads_list
@@ -156,6 +157,12 @@ class NodeWatch:
                 self._overlaid[name] = self._overlay(name)
 
 
+def current(watch: NodeWatch | None, listing: Callable[[], list[JSON]]) -> list[JSON]:
+    """``watch``'s Nodes once it has listed both and neither's watch is failing, else
+    ``listing()`` (the reader lists them for itself meanwhile)."""
+    return watch.nodes() if watch is not None and watch.synced else listing()
+
+
 def _slim(node: JSON) -> JSON:
     """``node`` without what no reader of it uses: ``status.images`` (every image on the
     node, often most of its bytes) and ``metadata.managedFields``."""
@@ -173,4 +180,4 @@ def _name(obj: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-__all__ = ["NodeWatch"]
+__all__ = ["NodeWatch", "current"]

@@ -36,9 +36,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 from dsagent.kube import nodestate
+from dsagent.kube.nodewatch import NodeWatch, current
 from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform import kubetime
 from dsplatform.errors import InvalidInput
@@ -198,19 +200,23 @@ def _set_gpus(pod: dict[str, Any], index: int, gpus: int, names: GpuResources) -
 
 
 class KubePlanNodes:
-    """The Nodes as the extender reads them, listed through an unmodified ``kubernetes``
-    ApiClient at every call (only pods that opt in pay for it: a fresh free-GPU list)."""
+    """The Nodes as the extender reads them, at every call (only pods that opt in ask): from
+    ``watch`` (kept by list+watch), else listed through an unmodified ``kubernetes`` ApiClient."""
 
-    def __init__(self, api_client: Any, reader: NodeReader, *, request_timeout: float = 2.0) -> None:
+    def __init__(
+        self, api_client: Any, reader: NodeReader, *, request_timeout: float = 2.0, watch: NodeWatch | None = None
+    ) -> None:
         from kubernetes import client
 
+        self._watch = watch
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._reader = reader
         self._timeout = request_timeout
 
     def __call__(self) -> list[NodeFacts]:
-        items = nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0")
+        list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version="0")
+        items = current(self._watch, partial(list_all, timeout=self._timeout))
         nodes = [n for n in items if not (n.get("spec") or {}).get("unschedulable")]
         return [self._reader.read(cast(Node, node)) for node in nodes]
 

@@ -62,6 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from cachetools import TTLCache
@@ -69,6 +70,7 @@ from cachetools import TTLCache
 from dsagent.errors import Conflict, DsagentError
 from dsagent.kube import nodestate
 from dsagent.kube.lease import Leases, expiry, new_lease, next_transitions
+from dsagent.kube.nodewatch import NodeWatch, current
 from dsagent.webhook.gpurequest import (
     NETWORKS_ANNOTATION,
     GpuClassSettings,
@@ -175,10 +177,12 @@ class KubeGpuClasses:
         *,
         request_timeout: float = 2.0,
         clock: Callable[[], float] = time.time,
+        watch: NodeWatch | None = None,
     ) -> None:
         from kubernetes import client
 
         self.settings = settings
+        self._watch = watch  # the Nodes kept by list+watch, else listed (:func:`dsagent.kube.nodewatch.current`)
         # Raw JSON both ways (_preload_content=False, dict bodies): the wire format as is.
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
@@ -190,12 +194,13 @@ class KubeGpuClasses:
 
     # nodes
     def cluster(self) -> ClusterView:
-        """The published classes of every node, listed at most every ``nodes_ttl_s``."""
+        """The published classes of every node, read at most every ``nodes_ttl_s``."""
         with self._lock:
             view = self._views.get("nodes")
         if view is not None:
             return view
-        nodes = nodestate.list_nodes(self._core, self._custom, timeout=self._timeout, resource_version="0")
+        list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version="0")
+        nodes = current(self._watch, partial(list_all, timeout=self._timeout))
         view = read_cluster(nodes, self.settings.served_label if self.settings.auto else None)
         with self._lock:
             self._views["nodes"] = view

@@ -319,6 +319,9 @@ class WebhookSettings(EnvSettings):
     gpu_classes: InstanceOf[GpuClassSettings] = not_from_env(default_factory=GpuClassSettings)
     # deadline plans applied to pods that opt in (dsagent.io/deadline-plan: apply); off: advice only
     deadline_plans: Flag = False
+    # the Nodes the class vote and the plans read, kept by list+watch (dsagent/kube/nodewatch.py)
+    # rather than listed each time they are needed
+    watch_nodes: Flag = True
     plan_formula: str = DEFAULT_FORMULA  # (12)'s stand-in the plans are ranked by
     # the workers of a multi-worker job that opts in are admitted with a scheduling gate, which
     # the Dataset controller's plan loop lifts; on only where that loop runs (chart: controller.planGates)
@@ -390,18 +393,23 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
 
     from dsagent.kube import apiclient
     from dsagent.kube.datasets import DatasetClient
+    from dsagent.kube.nodewatch import NodeWatch
 
     _check_certificate(settings)
     api_client = apiclient.load(settings.kubeconfig)
     client = DatasetClient(api_client, request_timeout=2.0)
+    reads_nodes = settings.gpu_classes.enabled or settings.deadline_plans  # the class vote (on or auto), plans
+    watch = NodeWatch(api_client, request_timeout=2.0) if reads_nodes and settings.watch_nodes else None
+    if watch is not None:
+        watch.start()
     gpu = None
-    if settings.gpu_classes.enabled:  # on or auto
-        gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes))
+    if settings.gpu_classes.enabled:
+        gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes, watch=watch))
     plans = None
     if settings.deadline_plans:
         names = settings.gpu_classes.names
         reader = NodeReader(gpu_resource=names.gpu)
-        plans = PlanPolicy(KubePlanNodes(api_client, reader), time.time, names, settings.plan_formula)
+        plans = PlanPolicy(KubePlanNodes(api_client, reader, watch=watch), time.time, names, settings.plan_formula)
     gates = GatePolicy(settings.gpu_classes.names, time.time) if settings.plan_gates else None
     assert settings.injection is not None  # the settings read or were given it
     # bound first: a busy address is one line and exit 2, not uvicorn's log and exit 3

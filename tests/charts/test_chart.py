@@ -473,11 +473,17 @@ def test_with_gpu_classes_the_webhook_lists_nodes_and_keeps_job_leases(
     assert rules_of(rendered["gpu-classes"], "-webhook") == {
         ("dsagent.io", "datasets", "get"),
         ("", "nodes", "list"),
+        ("", "nodes", "watch"),  # kept by list+watch (webhook.watchNodes)
         ("dsagent.io", "nodecaches", "list"),
+        ("dsagent.io", "nodecaches", "watch"),
         ("coordination.k8s.io", "leases", "get"),
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),
     }
+    listing = render({"gpuClasses": {"enabled": True}, "webhook": {"watchNodes": False}})
+    assert {r for r in rules_of(listing, "-webhook") if r[2] == "watch"} == set()
+    container = find(listing, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in container["env"]}["DSAGENT_WEBHOOK_WATCH_NODES"] == "false"
 
 
 def test_no_role_uses_wildcards_or_touches_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:

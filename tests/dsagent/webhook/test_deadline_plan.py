@@ -127,15 +127,30 @@ def required_nodes(pod: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-def test_an_opted_in_pod_gets_the_plans_gpus_and_node_through_the_webhook(apiserver: FakeApiServer) -> None:
+@pytest.mark.parametrize("watched", [False, True], ids=["listed", "watched"])
+def test_an_opted_in_pod_gets_the_plans_gpus_and_node_through_the_webhook(
+    apiserver: FakeApiServer, watched: bool
+) -> None:
+    """The same plan from Nodes listed at the call and from Nodes kept by list+watch (the
+    webhook's default, dsagent/kube/nodewatch.py), which lists none at the call."""
+    from dsagent.kube.nodewatch import NodeWatch
+
     pod = training_pod()
     client = apiserver.api_client()
+    watch = NodeWatch(client, retry_s=0.05, watch_timeout_s=30) if watched else None
     try:
-        plans = PlanPolicy(KubePlanNodes(client, NodeReader()), lambda: NOW, NAMES)
+        if watch is not None:
+            watch.start()
+            assert watch.wait_synced(10)
+        lists = len(apiserver.requests_matching("GET", "/api/v1/nodes", watch=False))
+        plans = PlanPolicy(KubePlanNodes(client, NodeReader(), watch=watch), lambda: NOW, NAMES)
         app = create_app(Injection(image="img:1"), lambda ns, name: pytest.fail("no datasets"), None, plans)
         with serving(app) as url:
             answer = httpx.post(f"{url}/mutate", json=review(pod), timeout=30).json()
+        assert len(apiserver.requests_matching("GET", "/api/v1/nodes", watch=False)) == lists + (0 if watched else 1)
     finally:
+        if watch is not None:
+            watch.stop()
         client.close()
     response = answer["response"]
     assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002" and response["allowed"] is True
@@ -153,7 +168,9 @@ def test_an_opted_in_pod_gets_the_plans_gpus_and_node_through_the_webhook(apiser
     }
     # only the request, the affinity and the record changed
     assert mutated["spec"]["containers"][0]["command"] == pod["spec"]["containers"][0]["command"]
-    assert [r.method for r in apiserver.requests if "/nodes" in r.path] == ["GET"]
+    assert [r.method for r in apiserver.requests if "/nodes" in r.path and not r.is_watch] == [
+        "GET"
+    ]  # one list, no write
 
 
 def test_the_formula_setting_ranks_the_plans(nodes: list[NodeFacts]) -> None:

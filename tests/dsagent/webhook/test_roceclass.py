@@ -414,3 +414,31 @@ def test_a_dry_run_reads_the_jobs_lease_but_never_writes_one(policy: GpuClassPol
     assert policy.decide(worker(1), "ml", annotations_exist=True, dry_run=True).gpu_class == "gpu-roce2"
     writes = [r for r in cluster.requests_matching("POST") + cluster.requests_matching("PUT") if "/leases" in r.path]
     assert len(writes) == 1
+
+
+def test_with_its_node_watch_the_vote_reads_the_watched_nodes_and_lists_none(
+    cluster: FakeApiServer, clock: Clock
+) -> None:
+    """The webhook's processes keep the Nodes by list+watch (dsagent/kube/nodewatch.py): a
+    vote reads them as a listing vote would, follows their changes, and lists nothing."""
+    from dsagent.kube.nodewatch import NodeWatch
+
+    client = cluster.api_client()
+    watch = NodeWatch(client, retry_s=0.05, watch_timeout_s=30)
+    watch.start()
+    try:
+        assert watch.wait_synced(10)
+        lists = len(cluster.requests_matching("GET", "/api/v1/nodes", watch=False))
+        policy = GpuClassPolicy(SETTINGS, KubeGpuClasses(client, SETTINGS, clock=clock, watch=watch))
+        first, _ = admitted(policy, worker(0))
+        assert resources(first)["limits"] == {"dsagent.io/gpu-roce2": "4"}  # as the listing vote says
+        for name in ("a", "b", "e"):  # a fresh vote now says gpu-roce1
+            cluster.patch("nodes", name, {"metadata": {"annotations": {"dsagent.io/free-gpus": "0,1,2,3"}}})
+        cluster.wait_for(lambda: watch.events >= 3, what="the changed nodes in the watch")
+        clock.now += SETTINGS.nodes_ttl_s + 1  # past the view's time to live
+        other, _ = admitted(policy, worker(0, job="gpt", owner=None))
+        assert resources(other)["limits"] == {"dsagent.io/gpu-roce1": "4"}
+        assert len(cluster.requests_matching("GET", "/api/v1/nodes", watch=False)) == lists
+    finally:
+        watch.stop()
+        client.close()
