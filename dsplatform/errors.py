@@ -23,7 +23,9 @@ the families below are the kinds more than one package has.
     ├── Superseded (410, exit 15, NOT_FOUND)  a version another one replaced in the store: not worth
     │                                         retrying (dsplatform.data's reader raises it)
     └── Unavailable (503, exit 7, UNAVAILABLE)  worth retrying
-        └── ReaderError                       dsplatform.data: a bundle no endpoint could give
+        ├── ReaderError                       dsplatform.data: a bundle no endpoint could give
+        ├── Gone                              dsplatform.listwatch: a watch's resourceVersion is too old
+        └── Absent                            dsplatform.listwatch: a resource is not served (no CRD)
 
 One exception outside the tree: ``dsplatform.boundedjson.DuplicateKey``, a ValueError raised
 inside ``json.loads``' object hook, which every parser turns into its refusal where it

@@ -26,18 +26,24 @@ from typing import Any
 
 import tenacity
 
+from dsplatform.errors import Unavailable
+
 HTTP_NOT_FOUND, HTTP_GONE = 404, 410
 
 ListFn = Callable[..., Any]
 Lines = Callable[[Any], Iterable[str | bytes]]
 
 
-class Gone(Exception):
+class Gone(Unavailable):
     """The resourceVersion watched from is too old: list again."""
 
+    code = "watch_expired"
 
-class Absent(Exception):
-    """The resource is not served (its CRD is not installed)."""
+
+class Absent(Unavailable):
+    """The resource is not served (its CRD is not installed): asked for again later."""
+
+    code = "resource_absent"
 
 
 def status_of(exc: BaseException) -> int | None:
