@@ -187,7 +187,7 @@ class Watches:
                 )
             except Exception as exc:
                 if status_of(exc) == HTTP_GONE:
-                    raise Gone() from exc
+                    raise Gone(f"the watch of {kind} from resourceVersion {version} expired") from exc
                 raise
             self.failing.discard(kind)
             self._responses[kind] = response
@@ -201,7 +201,7 @@ class Watches:
                     type_, obj = event.get("type"), event.get("object") or {}
                     if type_ == "ERROR":
                         if obj.get("code") == HTTP_GONE:
-                            raise Gone()
+                            raise Gone(f"the watch of {kind} from resourceVersion {version} expired")
                         raise RuntimeError(f"watch error: {obj.get('message') or obj}")
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                     if type_ in ("ADDED", "MODIFIED", "DELETED"):

@@ -3,6 +3,7 @@ real HTTP with the official client: the same Nodes a list gives, through every k
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -104,13 +105,19 @@ def test_a_node_s_dict_is_replaced_not_changed_so_a_pass_keeps_what_it_read(
     assert {n["metadata"]["name"]: repr(n) for n in before} == kept
 
 
-def test_an_expired_watch_lists_again_and_keeps_up(server: FakeApiServer, watch: NodeWatch) -> None:
+def test_an_expired_watch_lists_again_and_keeps_up(
+    server: FakeApiServer, watch: NodeWatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dsagent.kube.nodewatch")
     lists = len(server.requests_matching("GET", "/api/v1/nodes", watch=False))
     server.compact()
     server.close_watches()
     server.wait_for(lambda: len(server.requests_matching("GET", "/api/v1/nodes", watch=False)) > lists, what="a list")
     server.create(make_node("after-410"))
     server.wait_for(lambda: "after-410" in watched(watch), what="the node made after 410 Gone")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "dsagent.kube.nodewatch"]
+    assert (logging.INFO, "watch of nodes expired (410 Gone); listing again") in said
+    assert not [m for level, m in said if level >= logging.WARNING]  # an expiry, not a failure
     assert watched(watch) == listed(server)
     assert all(
         w.query.get("allowWatchBookmarks") == "true"
