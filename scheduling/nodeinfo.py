@@ -29,6 +29,7 @@ from dsplatform import published
 from dsplatform.boundedjson import JsonRefused
 from dsplatform.gpus import CLASS_RESOURCE_PREFIX, GPU_RESOURCE, GpuResources, node_gpus
 from dsplatform.wire import inventory as wire_inventory
+from dsplatform.wire import nodecache
 from gpu_topology import GpuSet, Topology, TopologyError, best_gpu_set, roce_classes, topology_from_dict
 from gpu_topology.classvote import parse_free_gpus
 from scheduling.kubeobjects import Node
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 INVENTORY_ANNOTATION = published.INVENTORY
 TOPOLOGY_ANNOTATION = published.TOPOLOGY
 FREE_GPUS_ANNOTATION = published.FREE_GPUS
-INVENTORY_BUDGET = 64 * 1024
-TOPOLOGY_BUDGET = 32 * 1024
+INVENTORY_BUDGET = nodecache.INVENTORY_MAX_BYTES
+TOPOLOGY_BUDGET = nodecache.TOPOLOGY_MAX_BYTES
 
 NOTHING_HELD: Mapping[str, Any] = {}  # what a node without an inventory (or an unknown node) holds
 

@@ -49,10 +49,10 @@ from dsplatform import published
 from dsplatform.boundedjson import count
 from dsplatform.kubetime import format_time, parse_or_none
 from dsplatform.wire import inventory as wire_inventory
+from dsplatform.wire.nodecache import TOPOLOGY_MAX_BYTES
 from dsplatform.wire.stripehold import HOLDING_WHOLE, read_share, release_query, stripe_request
 from gpu_topology import TopologyError, roce_subnets, subnet_key, topology_from_dict
 
-TOPOLOGY_MAX_BYTES = 32 * 1024  # the extender's budget for the same annotation
 Event = tuple[str, str, str]  # (type, reason, note) of a Dataset Event
 
 
