@@ -15,11 +15,12 @@ classes and free GPUs the node agents publish. Design: ``docs/design.md#roce-cla
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_topology.contract import classes_from_dict
+from gpu_topology.roceclasses import RoceClass
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,12 @@ class NodeClasses:
 def node_classes(document: Mapping[str, Any], free_gpus: Iterable[int] | None) -> NodeClasses:
     """A node's classes as its agent published them (the topology contract document) and
     its free GPU indices (None: unknown). Raises ParseError on a malformed document."""
-    classes = classes_from_dict(document)
+    return classes_with_free(classes_from_dict(document), free_gpus)
+
+
+def classes_with_free(classes: Sequence[RoceClass], free_gpus: Iterable[int] | None) -> NodeClasses:
+    """:func:`node_classes` of classes already read from their document (a reader that
+    sees the same document on many nodes reads it once)."""
     free = None if free_gpus is None else set(free_gpus)
     return NodeClasses(
         sizes={c.name: len(c.gpus) for c in classes},
@@ -121,6 +127,7 @@ __all__ = [
     "choose_class",
     "choose_class_by_size",
     "choose_class_grouped",
+    "classes_with_free",
     "node_classes",
     "parse_free_gpus",
     "suggest",

@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from cachetools import TTLCache
@@ -86,6 +86,7 @@ from dsagent.webhook.jsonpatch import JSONPatch, escape
 from dsplatform import published
 from dsplatform.jobs import job_key, subnet_required, workers_of
 from dsplatform.kubetime import format_micro_time, parse_or_none
+from dsplatform.wire.nodecache import TOPOLOGY_MAX_BYTES
 
 log = logging.getLogger("dsagent.webhook")
 
@@ -139,9 +140,8 @@ class ClusterView:
 def read_cluster(nodes: Sequence[Mapping[str, Any]], served_label: str | None = None) -> ClusterView:
     """The classes of schedulable nodes whose agent publishes a readable topology; with
     ``served_label``, only of the nodes labelled ``<served_label>=true`` (``auto`` mode)."""
-    from gpu_topology import TopologyError
     from gpu_topology.classsets import NodeRoom
-    from gpu_topology.classvote import node_classes, parse_free_gpus
+    from gpu_topology.classvote import classes_with_free, parse_free_gpus
 
     sizes: list[Mapping[str, int]] = []
     free: list[Mapping[str, int]] = []
@@ -155,16 +155,30 @@ def read_cluster(nodes: Sequence[Mapping[str, Any]], served_label: str | None = 
         text = annotations.get(TOPOLOGY_ANNOTATION)
         if not isinstance(text, str):
             continue
-        try:
-            found = node_classes(json.loads(text), parse_free_gpus(annotations.get(FREE_GPUS_ANNOTATION)))
-        except (ValueError, TopologyError):
+        classes = _published_classes(text) if len(text) <= TOPOLOGY_MAX_BYTES else None
+        if classes is None:
             continue  # foreign data: the node does not count
+        found = classes_with_free(classes, parse_free_gpus(annotations.get(FREE_GPUS_ANNOTATION)))
         if found.sizes:
             sizes.append(found.sizes)
             if found.free is not None:
                 free.append(found.free)
                 rooms.append(NodeRoom(found.sizes, found.free))
     return ClusterView(tuple(sizes), tuple(free), tuple(rooms))
+
+
+@lru_cache(maxsize=256)
+def _published_classes(text: str) -> tuple[Any, ...] | None:
+    """The classes a published topology document holds (validated), None when it is not one:
+    read once per distinct document, as nodes of one kind publish the same one (validating it
+    took about 1 ms, 15 s a view at 15,000 nodes)."""
+    from gpu_topology import TopologyError
+    from gpu_topology.contract import classes_from_dict
+
+    try:
+        return classes_from_dict(json.loads(text))
+    except (ValueError, TopologyError, TypeError, AttributeError):
+        return None
 
 
 class KubeGpuClasses:
@@ -190,6 +204,7 @@ class KubeGpuClasses:
         self._timeout = request_timeout
         self._clock = clock
         self._views: TTLCache[str, ClusterView] = TTLCache(maxsize=1, ttl=settings.nodes_ttl_s, timer=clock)
+        self.cluster_reads = 0  # views read from the nodes so far
         self._lock = threading.Lock()
 
     # nodes
@@ -204,6 +219,7 @@ class KubeGpuClasses:
         view = read_cluster(nodes, self.settings.served_label if self.settings.auto else None)
         with self._lock:
             self._views["nodes"] = view
+            self.cluster_reads += 1
         return view
 
     def now(self) -> float:

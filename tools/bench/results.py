@@ -1,5 +1,5 @@
 """Turns the benchmarks' JSON (``--json`` of bundle.py, ready.py, loader.py, gpu_train.py,
-extender.py, controller.py, agent_writes.py) into the
+extender.py, controller.py, webhook.py, agent_writes.py) into the
 performance page, docs/results-performance.md, and the README's figures (the block between
 ``<!-- figures:begin -->`` and ``<!-- figures:end -->``: each ratio that has a goal).
 
@@ -9,6 +9,7 @@ performance page, docs/results-performance.md, and the README's figures (the blo
     python tools/bench/extender.py --nodes 100,1000,5000,15000 --modes names \
         --json docs/results/performance/extender-names.json
     python tools/bench/controller.py --json docs/results/performance/controller.json
+    python tools/bench/webhook.py --json docs/results/performance/webhook.json
     python tools/bench/agent_writes.py --json docs/results/performance/agent-writes.json
     python tools/bench/results.py              # docs/results/performance/*.json -> the page and the README
     python tools/bench/results.py --smoke --workdir DIR                 # renders the JSON under DIR (the suite)
@@ -44,10 +45,11 @@ _TITLES = {
     "gpu_train": "Training on a GPU: images per second and GPU utilisation, from the store and from the node cache",
     "extender": "Scheduler extender: prioritize latency by cluster size",
     "controller": "Dataset controller: one pass by cluster size, and what a Node carries",
+    "webhook": "Admission webhook: the RoCE class vote by cluster size",
     "agent_writes": "Node agents' writes of their state under churn",
 }
 #: the order of the sections (and of the README's figures)
-_ORDER = ("bundle", "ready", "loader", "gpu_train", "extender", "controller", "agent_writes")
+_ORDER = ("bundle", "ready", "loader", "gpu_train", "extender", "controller", "webhook", "agent_writes")
 
 #: what a section's reader needs before its figures: where they come from
 _NOTES = {
@@ -71,6 +73,14 @@ passes (1% of inventories changed before each); the peak RSS is the controller p
 `VmHWM` over them (interpreter and imports included). The bytes added to a Node are what
 this release's agent writes on it (free-GPU annotation, device-plugin labels, RoCE-class
 condition, class resources). Ratios: the goal over the measured figure.
+""",
+    "webhook": """`tools/bench/webhook.py`: the webhook's class policy (`auto`) admitting multi-worker
+GPU pods, each of a new job and each once the class view's 5 s time to live has passed, so
+that each reads every node's published classes again, over the cluster
+`tools/bench/controller.py` builds, in the benchmark's process against a fake API server
+serving its lists from memory; with the Nodes listed at the admission (the baseline) and
+kept by list+watch (the default). The goal is 1 s at 15,000 nodes, a fifth of the chart's
+`webhook.timeoutSeconds`, past which the API server admits the pod unchanged.
 """,
     "agent_writes": """`tools/bench/agent_writes.py`: simulated nodes on a simulated clock, each running the
 agent's real publishing rule (`Coalescer`, the state builders and the merge patches it
@@ -194,7 +204,7 @@ def render(runs: list[dict[str, Any]]) -> str:
 
 
 def _scale_detail(row: dict[str, Any]) -> str:
-    """What a row of the scale benchmarks (extender, controller, agent writes) adds to its side."""
+    """What a row of the scale benchmarks (extender, controller, webhook, agent writes) adds to its side."""
     parts = []
     if row.get("requests_per_s") is not None:
         parts.append(f"{row['wall_s'] * 1e3:.2f} ms, {row['requests_per_s']:.0f} requests/s")
@@ -207,6 +217,8 @@ def _scale_detail(row: dict[str, Any]) -> str:
             f"{row['bytes']} B: annotations {row['annotations_bytes']}, labels {row['labels_bytes']}, "
             f"condition {row['condition_bytes']}, class resources {row['resources_bytes']}"
         )
+    if row.get("max_s") is not None:
+        parts.append(f"slowest {row['max_s']:.3f} s, load {row['load']:.2f}")
     if row.get("writes_per_node_hour_mean") is not None:
         parts.append(
             f"{row['writes_per_node_hour_mean']:.1f} writes/node-hour (max {row['writes_per_node_hour_max']:.0f}), "
