@@ -17,9 +17,9 @@ cache) holds:
 
 The controller (``DatasetController.reconcile_all``, the real code over HTTP with the
 ``kubernetes`` client) runs in a child process of its own. Its agent calls do not leave
-that process: they go to an in-process fake that answers as an agent does, at once, with
-no network and no waiting (``agent calls`` counts them: in a cluster every one would be an
-HTTP request to a node, and its round trip would add to the pass). A first pass writes
+that process: they go to an in-process fake that answers as an agent does, by default at
+once, with no network and no waiting (``agent calls`` counts them: in a cluster every one
+would be an HTTP request to a node; ``--agent-ms`` adds that round trip to each). A first pass writes
 every Dataset's status; before each of the ``--repeat`` timed passes 1% of the nodes'
 inventories change (a fetch finishes, another starts), as between two resyncs of a busy
 cluster. The fake answers at once; ``--api-write-ms`` makes each write (a status, an Event)
@@ -70,6 +70,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -268,7 +269,7 @@ def reset_peak() -> bool:
         return False
 
 
-def child(url: str, watch: bool) -> None:
+def child(url: str, watch: bool, agent_s: float = 0.0) -> None:
     """Serve passes over stdin/stdout: ``pass`` runs one, ``reset`` resets the peak RSS,
     ``sync N`` waits until the node watch has applied the NodeCache changes up to
     resourceVersion N (``watch``: the controller keeps the Nodes by list+watch, as it does by
@@ -279,9 +280,13 @@ def child(url: str, watch: bool) -> None:
     from dsagent.controller.reconcile import DatasetController
 
     calls = [0]
+    counting = threading.Lock()
 
     def agent_call(node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
-        calls[0] += 1
+        with counting:  # the controller asks several agents at a time
+            calls[0] += 1
+        if agent_s:
+            time.sleep(agent_s)  # the agent's round trip and its answer
         if method == "GET" and path == "/v1/tasks":
             return 200, {"tasks": []}
         if method == "GET" and path == "/v1/preparations":
@@ -340,10 +345,18 @@ def child(url: str, watch: bool) -> None:
 
 
 class Child:
-    def __init__(self, url: str, watch: bool) -> None:
+    def __init__(self, url: str, watch: bool, agent_ms: float = 0.0) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child", url, *(["--watch"] if watch else [])],
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--child",
+                url,
+                "--agent-ms",
+                str(agent_ms),
+                *(["--watch"] if watch else []),
+            ],  # fmt: skip
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -412,6 +425,7 @@ def run_size(
     profile: bool = False,
     write_latency: float = 0.0,
     watch: bool = True,
+    agent_ms: float = 0.0,
 ) -> dict[str, Any]:
     from tools.support.fake_apiserver import FakeApiServer, _parse_path
 
@@ -432,7 +446,7 @@ def run_size(
 
         prime()
         print(f"# {nodes} nodes built and loaded in {time.perf_counter() - t0:.1f} s (load {load()})", flush=True)
-        controller = Child(api.url, watch)
+        controller = Child(api.url, watch, agent_ms)
         try:
             first = controller.ask("pass")  # writes every Dataset's status: reported on its own
             first["load"] = os.getloadavg()[0]
@@ -479,6 +493,9 @@ def main() -> None:
     parser.add_argument(
         "--api-write-ms", type=float, default=0.0, help="each API write answered this much later (a real round trip)"
     )
+    parser.add_argument(
+        "--agent-ms", type=float, default=0.0, help="each agent call answered this much later (a node's round trip)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here (tools/bench/support/record.py)")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="seconds: 100 nodes, 50 Datasets, 2 passes")
@@ -489,7 +506,7 @@ def main() -> None:
     parser.add_argument("--watch", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
-        child(opts.child, opts.watch)
+        child(opts.child, opts.watch, opts.agent_ms / 1000)
         return
     if opts.smoke:
         opts.nodes, opts.datasets, opts.repeat = "100", 50, 2
@@ -503,6 +520,7 @@ def main() -> None:
             "repeat": opts.repeat,
             "churn": opts.churn,
             "api_write_ms": opts.api_write_ms,
+            "agent_ms": opts.agent_ms,
             "peak_rss": "VmHWM of the controller process over the timed passes",
         },
     )
@@ -531,7 +549,7 @@ def main() -> None:
             for watch in (False, True):
                 result = run_size(
                     size, opts.datasets, opts.held, opts.repeat, opts.churn, opts.profile, opts.api_write_ms / 1000,
-                    watch=watch,
+                    watch=watch, agent_ms=opts.agent_ms,
                 )  # fmt: skip
                 (results if watch else listing)[size] = result
                 mode = "watch" if watch else "list"

@@ -209,3 +209,41 @@ def test_an_agent_that_could_not_be_read_is_asked_again_and_a_new_leader_asks_al
     assert sweep.due(nodes, {("team-b", "imagenet")}) <= set(nodes) and len(sweep.due(nodes, set())) == 3
     sweep.forget()  # as when another replica led meanwhile
     assert sweep.due(nodes, {("team-b", "imagenet")}) == set(nodes)
+
+
+def test_a_sweep_asks_agents_several_at_a_time_and_answers_as_one_after_another() -> None:
+    """A pass that asks every agent (a Dataset went) makes two requests of each: one agent
+    after another, 15,000 of them took minutes. They are asked AGENTS_AT_ONCE at a time; the
+    releases, and the agents to ask again, are those a sequential sweep finds."""
+    import threading
+
+    from dsagent.controller.orphans import AGENTS_AT_ONCE, release_gone
+
+    lock, busy, peak = threading.Lock(), [0], [0]
+    nodes = [f"n{i:03d}" for i in range(3 * AGENTS_AT_ONCE)]
+
+    def agent_call(node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any] | None:
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        try:
+            time.sleep(0.01)
+            index = int(node[1:])
+            if index % 7 == 0:
+                return None  # unreachable: asked again next pass
+            if method == "GET" and path == "/v1/tasks":
+                tasks = [{"task": "warm.ml.gone", "datasets": []}, {"task": "warm.ml.kept", "datasets": []}]
+                return 200, {"tasks": tasks}
+            if method == "GET":
+                return 200, {"preparations": []}
+            return (500, {}) if index % 5 == 0 else (200, {})  # a release refused: asked again
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    unfinished: set[str] = set()
+    released = release_gone(agent_call, reversed(nodes), {("ml", "kept")}, unfinished=unfinished)
+    assert 1 < peak[0] <= AGENTS_AT_ONCE
+    readable = [n for n in nodes if int(n[1:]) % 7]
+    assert released == [(n, "/v1/tasks/warm.ml.gone") for n in readable]  # in node order, only the gone one
+    assert unfinished == {n for n in nodes if int(n[1:]) % 7 == 0 or int(n[1:]) % 5 == 0}
