@@ -9,9 +9,10 @@ variants themselves, what their names mean and what a move costs, are
 The comparison (:func:`compare`) runs the deadline policy (``deadline-efficiency``: plans
 over the free GPUs, (12) = highest running efficiency, as the product applies them) beside
 the faithful baselines (``default``: kube-scheduler's spreading, no cache; ``fluid``:
-Fluid's label affinity; ``juicefs``) and ``ours`` (dataset affinity, no time model) on
-several workload files, and reports per workload and policy the deadline hit rate, the
-mean JCT and the GPU utilisation (docs/simulation.md#deadline-policy)::
+Fluid's label affinity; ``juicefs``, spreading and packing) and ours without the time
+model (``ours``, and the product's policy) on several workload files, and reports per
+workload and policy the deadline hit rate, the mean JCT and the GPU utilisation
+(docs/simulation.md#deadline-policy)::
 
     python -m tools.sim.deadline --workloads smoke,results-base,results-tight,results-churn --jobs 300
 """
@@ -32,18 +33,20 @@ if str(REPO) not in sys.path:
 
 from scheduling.timemodel import single_gpu_time  # noqa: E402
 from tools.sim.engine import Simulation  # noqa: E402
-from tools.sim.policies import POLICIES  # noqa: E402
+from tools.sim.policies import POLICIES, PRODUCT_POLICY  # noqa: E402
 from tools.sim.run import WORKLOADS  # noqa: E402
 from tools.sim.workload import make_jobs  # noqa: E402
 from tools.sim.workload_file import WorkloadFile, load, total_gpus  # noqa: E402
 
-#: the faithful baselines (what users run instead), ours without the time model, and the
-#: deadline variants the comparison reports
+#: the faithful baselines (what users run instead), ours without the time model (plain, and
+#: the policy the chart's defaults run), and the deadline variants the comparison reports
 COMPARED = (
     "default",
     "fluid",
     "juicefs",
+    "juicefs+pack",
     "ours",
+    PRODUCT_POLICY,
     "ours+time",
     "deadline-efficiency",
     "deadline-design",
