@@ -1,6 +1,6 @@
 """List, then watch, Kubernetes resources: the loop every reader that keeps a resource
-current runs (the extender's node cache, :mod:`scheduler_plugin.nodecache`; the
-controller's node watch, :mod:`dsagent.kube.nodewatch`), one rule for both.
+current runs (the extender's node cache, :mod:`scheduler_plugin.nodecache`; the node
+watch of the controller and the webhook, :mod:`dsagent.kube.nodewatch`), one rule for all.
 
 :class:`Watches` owns the part that is the same for every resource: a full list in pages,
 a watch from its ``resourceVersion`` with bookmarks that resumes where it stopped, a new

@@ -1,23 +1,26 @@
 """The Nodes with their ``NodeCache`` overlaid, kept current by list+watch, for a process
-that reads all of them every pass (the Dataset controller).
+that reads all of them again and again (the Dataset controller's passes, the webhook's
+RoCE class vote and deadline plans).
 
 Why: a list sends the whole cluster each time it is asked. At 5,000 nodes that is about
-0.4 s of JSON to parse in every pass, however little changed (``tools/bench/controller.py``);
-a watch sends only what changed, as it changes, so a pass starts from the Nodes as they are.
+0.4 s of JSON to parse in every controller pass, however little changed
+(``tools/bench/controller.py``); a watch sends only what changed, as it changes, so a
+reader starts from the Nodes as they are.
 
 How: two daemon threads list, then watch, ``/api/v1/nodes`` and the ``NodeCache`` resource
 with the official ``kubernetes`` client (raw JSON, no models), by the loop the extender's
 node cache runs too (:class:`dsplatform.listwatch.Watches`: resumed from the last
 ``resourceVersion``, listed again on ``410 Gone``, a failure tried again after
 ``retry_s``); without the ``NodeCache`` CRD (a chart not yet upgraded) the Nodes alone, the
-CRD asked for again every ``absent_retry_s``. Each Node is kept without what no reader of it uses (``status.images``,
-``metadata.managedFields``: most of a Node's bytes), with its ``NodeCache`` overlaid as
-:func:`dsagent.kube.nodestate.overlaid` does for a list.
+CRD asked for again every ``absent_retry_s``. Each Node is kept without what no reader of
+it uses (``status.images``, ``metadata.managedFields``: most of a Node's bytes), with its
+``NodeCache`` overlaid as :func:`dsagent.kube.nodestate.overlaid` does for a list.
 
 :meth:`NodeWatch.nodes` returns the current Nodes: a new list of shared dicts, read-only
-by convention; an event replaces a node's dict, never changes it, so a pass holding the
-list reads one consistent state of each node. Until both resources are listed once
-(:attr:`NodeWatch.synced`) the reader lists them itself.
+by convention; an event replaces a node's dict, never changes it, so a reader holding the
+list reads one consistent state of each node. Until both resources are listed once, and
+while either's list or watch is failing (:attr:`NodeWatch.synced` false), a reader lists
+them itself (:func:`current`).
 
 Who uses it: :meth:`dsagent.controller.reconcile.DatasetController.list_nodes` (started by
 the controller's process, ``DSAGENT_CONTROLLER_WATCH_NODES``) and the webhook's RoCE class
