@@ -139,10 +139,14 @@ class Watches:
 
     # -- list and watch --------------------------------------------------------------------
 
-    def list(self, kind: str, list_fn: ListFn, *, absent: str | None = None) -> tuple[list[Any], str]:
+    def list(
+        self, kind: str, list_fn: ListFn, *, absent: str | None = None, each: Callable[[Any], Any] | None = None
+    ) -> tuple[list[Any], str]:
         """Every object of ``kind``, in pages of ``page_size``, and the list's resourceVersion.
         ``absent``: the resource may not be served; a 404 is then :class:`Absent` with it as
-        the message. Each request waits at most ``request_timeout`` (None: the client's)."""
+        the message. ``each``: what is kept of an object, applied page by page (the whole
+        list is never held as sent). Each request waits at most ``request_timeout`` (None:
+        the client's)."""
         items: list[Any] = []
         token: str | None = None
         while True:
@@ -158,7 +162,8 @@ class Watches:
                     raise Absent(absent) from exc
                 raise
             doc = self._loads(response.data)
-            items.extend(doc.get("items") or ())
+            page = doc.get("items") or ()
+            items.extend(map(each, page) if each is not None else page)
             meta = doc.get("metadata") or {}
             token = meta.get("continue")
             if not token:

@@ -102,8 +102,8 @@ class NodeWatch:
     # -- the two resources -----------------------------------------------------------------
 
     def _nodes_loop(self) -> None:
-        items, version = self._watches.list("nodes", self._core.list_node)
-        nodes = {name: _slim(n) for n in items if (name := _name(n))}
+        items, version = self._watches.list("nodes", self._core.list_node, each=_slim)  # slimmed page by page
+        nodes = {name: n for n in items if (name := _name(n))}
         with self._lock:
             self._nodes = nodes
             self._overlaid = {name: self._overlay(name) for name in nodes}
@@ -169,6 +169,8 @@ def current(watch: NodeWatch | None, listing: Callable[[], list[JSON]]) -> list[
 def _slim(node: JSON) -> JSON:
     """``node`` without what no reader of it uses: ``status.images`` (every image on the
     node, often most of its bytes) and ``metadata.managedFields``."""
+    if not isinstance(node, dict):
+        return node  # not a Node: left out by name
     meta, status = node.get("metadata"), node.get("status")
     if isinstance(meta, dict) and "managedFields" in meta:
         node = {**node, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
