@@ -22,6 +22,11 @@ class ControllerMetrics(MetricSet):
         self.pass_seconds = self.histogram("pass_seconds", "Seconds one pass over every Dataset took.")
         self.datasets = self.counter("reconciles", "Datasets reconciled, by result.", "result")
         self.pack_jobs = self.counter("pack_jobs", "Pack Jobs created for new source listings.")
+        self.node_reads = self.counter(
+            "node_reads",
+            "Passes' reads of the Nodes, by source: watch (list+watch) or list (the watch not synced or failing).",
+            "source",
+        )
         self.preparations = self.gauge(
             "preparations",
             "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",
@@ -44,6 +49,8 @@ class ControllerMetrics(MetricSet):
             self.datasets.labels(result=result)
         for kind in ("warm", "replica", "prepare"):
             self.gone_releases.labels(kind=kind)
+        for source in ("watch", "list"):
+            self.node_reads.labels(source=source)
 
 
 def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:

@@ -215,9 +215,9 @@ class DatasetController:
         return self._reader.fresh(nodes, self.clock(), self.settings.inventory_max_age)
 
     def list_nodes(self) -> list[JSON]:
-        """The Nodes with their ``NodeCache`` overlaid: :attr:`node_watch`'s once it has listed both,
-        else listed now from the API server's watch cache (:func:`nodestate.list_nodes`)."""
+        """The Nodes with their ``NodeCache`` overlaid: :attr:`node_watch`'s, else listed now."""
         list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version=FROM_CACHE)
+        self.metrics.node_reads.labels(source="watch" if nodewatch.watched(self.node_watch) else "list").inc()
         return nodewatch.current(self.node_watch, partial(list_all, timeout=self._timeout))
 
     def reconcile_all(self) -> None:

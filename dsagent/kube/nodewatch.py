@@ -160,10 +160,16 @@ class NodeWatch:
                 self._overlaid[name] = self._overlay(name)
 
 
+def watched(watch: NodeWatch | None) -> bool:
+    """Whether a reader reads ``watch``'s Nodes now: it has listed both and neither's watch
+    is failing."""
+    return watch is not None and watch.synced
+
+
 def current(watch: NodeWatch | None, listing: Callable[[], list[JSON]]) -> list[JSON]:
-    """``watch``'s Nodes once it has listed both and neither's watch is failing, else
-    ``listing()`` (the reader lists them for itself meanwhile)."""
-    return watch.nodes() if watch is not None and watch.synced else listing()
+    """``watch``'s Nodes when :func:`watched`, else ``listing()`` (the reader lists them for
+    itself meanwhile)."""
+    return watch.nodes() if watch is not None and watched(watch) else listing()
 
 
 def _slim(node: JSON) -> JSON:
@@ -185,4 +191,4 @@ def _name(obj: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-__all__ = ["NodeWatch", "current"]
+__all__ = ["NodeWatch", "current", "watched"]
