@@ -146,6 +146,7 @@ class NodeCache:
             self._slim = slim
             self._nodes = nodes
             self._columns = NodeColumns({name: self._with_usage(base) for name, base in nodes.items()})
+        del items  # the Nodes as sent are not kept while the watch runs (the module docstring)
         self._synced["nodes"].set()
         log.info("node cache listed %d nodes at resourceVersion %s", len(nodes), version)
         if self._on_listed is not None:
@@ -180,6 +181,7 @@ class NodeCache:
             self._synced["nodecaches"].set()  # nothing to wait for: the Node annotations alone
             raise
         states = nodecache_contract.by_node(items)
+        del items  # the list as sent is not kept while the watch runs
         with self._lock:
             changed = set(states) | set(self._states)
             self._states = states
@@ -209,6 +211,7 @@ class NodeCache:
         absent = f"no {PLURAL}.{GROUP}/{VERSION} resource (CRD not installed): unpinned datasets accept any ready copy"
         items, version = self._watches.list("datasets", list_fn, absent=absent)
         current = {key: version for key, version in map(read_dataset, items) if key and version}
+        del items  # the Datasets as sent are not kept while the watch runs
         self._datasets = current
         for kind, obj in self._watches.watch("datasets", list_fn, version):
             key, current_version = read_dataset(obj)
@@ -224,6 +227,7 @@ class NodeCache:
     def _pods_loop(self) -> None:
         items, version = self._watches.list("pods", self._api.list_pod_for_all_namespaces)
         pods = {key: usage for key, usage in map(self._usage, items) if key and usage}
+        del items  # the pods as sent are not kept while the watch runs
         with self._lock:
             self._pods = pods
             self._recount()
