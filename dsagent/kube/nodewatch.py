@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from dsagent.kube.apiclient import loads_list
@@ -56,7 +56,10 @@ class NodeWatch:
         absent_retry_s: float = 60.0,
         page_size: int = 500,
         request_timeout: float | None = 30.0,
+        published: Collection[str] | None = None,
     ) -> None:
+        """``published``: the published annotations (:data:`dsplatform.wire.nodecache.FIELDS`)
+        the reader reads; the others are not kept (None: all of them)."""
         from kubernetes import client
         from kubernetes.watch.watch import iter_resp_lines
 
@@ -66,6 +69,8 @@ class NodeWatch:
             iter_resp_lines, log, watch_timeout_s=watch_timeout_s, retry_s=retry_s, absent_retry_s=absent_retry_s,
             page_size=page_size, request_timeout=request_timeout, loads=loads_list,
         )  # fmt: skip
+        # the published annotations no reader here reads: dropped from Nodes and NodeCaches alike
+        self._dropped = frozenset(nodecache.REPLACED_ANNOTATIONS) - frozenset(published or nodecache.FIELDS)
         self._nodes: dict[str, JSON] = {}  # name -> the Node, slimmed
         self._states: dict[str, nodecache.NodeState] = {}  # node name -> what its NodeCache publishes
         self._overlaid: dict[str, JSON] = {}  # name -> the Node as readers get it
@@ -102,8 +107,10 @@ class NodeWatch:
     # -- the two resources -----------------------------------------------------------------
 
     def _nodes_loop(self) -> None:
-        items, version = self._watches.list("nodes", self._core.list_node, each=_slim)  # slimmed page by page
+        slim = functools.partial(_slim, dropped=self._dropped)
+        items, version = self._watches.list("nodes", self._core.list_node, each=slim)  # slimmed page by page
         nodes = {name: n for n in items if (name := _name(n))}
+        del items  # the list as sent is not kept while the watch runs
         with self._lock:
             self._nodes = nodes
             self._overlaid = {name: self._overlay(name) for name in nodes}
@@ -117,7 +124,7 @@ class NodeWatch:
                     self._nodes.pop(name, None)
                     self._overlaid.pop(name, None)
                 else:
-                    self._nodes[name] = _slim(obj)
+                    self._nodes[name] = slim(obj)
                     self._overlaid[name] = self._overlay(name)
                 self.events += 1
 
@@ -134,7 +141,8 @@ class NodeWatch:
                 self._refresh(changed)
             self._synced["nodecaches"].set()
             raise
-        states = nodecache.by_node(items)
+        states = {name: self._kept(state) for name, state in nodecache.by_node(items).items()}
+        del items  # the list as sent (every inventory) is not kept while the watch runs
         with self._lock:
             changed = set(states) | set(self._states)
             self._states = states
@@ -144,8 +152,16 @@ class NodeWatch:
             with self._lock:
                 owner = nodecache.apply_event(self._states, kind, obj)
                 if owner is not None:
+                    if owner in self._states:
+                        self._states[owner] = self._kept(self._states[owner])
                     self._refresh((owner,))
                     self.events += 1
+
+    def _kept(self, state: nodecache.NodeState) -> nodecache.NodeState:
+        """``state`` without the published fields no reader here reads."""
+        if not self._dropped:
+            return state
+        return state._replace(published={k: v for k, v in state.published.items() if k not in self._dropped})
 
     def _overlay(self, name: str) -> JSON:
         """Node ``name`` with its NodeCache overlaid (called under the lock)."""
@@ -172,14 +188,19 @@ def current(watch: NodeWatch | None, listing: Callable[[], list[JSON]]) -> list[
     return watch.nodes() if watch is not None and watched(watch) else listing()
 
 
-def _slim(node: JSON) -> JSON:
+def _slim(node: JSON, dropped: frozenset[str] = frozenset()) -> JSON:
     """``node`` without what no reader of it uses: ``status.images`` (every image on the
-    node, often most of its bytes) and ``metadata.managedFields``."""
+    node, often most of its bytes), ``metadata.managedFields``, and the ``dropped``
+    published annotations (an agent of the release before writes them on its Node)."""
     if not isinstance(node, dict):
         return node  # not a Node: left out by name
     meta, status = node.get("metadata"), node.get("status")
     if isinstance(meta, dict) and "managedFields" in meta:
         node = {**node, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    annotations = node["metadata"].get("annotations") if isinstance(node.get("metadata"), dict) else None
+    if dropped and isinstance(annotations, dict) and not dropped.isdisjoint(annotations):
+        kept = {k: v for k, v in annotations.items() if k not in dropped}
+        node = {**node, "metadata": {**node["metadata"], "annotations": kept}}
     if isinstance(status, dict) and "images" in status:
         node = {**node, "status": {k: v for k, v in status.items() if k != "images"}}
     return node

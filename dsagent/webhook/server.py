@@ -65,7 +65,7 @@ from dsagent.webhook.gpurequest import WEBHOOK_PREFIX, GpuClassSettings
 from dsagent.webhook.mutation import Injection, JSONPatch, mutate, resolve
 from dsagent.webhook.plangate import GatePolicy, multi_worker
 from dsagent.webhook.roceclass import GpuClassPolicy, KubeGpuClasses
-from dsplatform import boundedjson, logs, probes
+from dsplatform import boundedjson, logs, probes, published
 from dsplatform.errors import PlatformError, exit_on_error
 from dsplatform.serving import StartupWatch, listening_socket
 from dsplatform.settings import EnvSettings, Flag, InvalidSettings, not_from_env
@@ -399,7 +399,9 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
     api_client = apiclient.load(settings.kubeconfig)
     client = DatasetClient(api_client, request_timeout=2.0)
     reads_nodes = settings.gpu_classes.enabled or settings.deadline_plans  # the class vote (on or auto), plans
-    watch = NodeWatch(api_client, request_timeout=2.0) if reads_nodes and settings.watch_nodes else None
+    # the class vote reads the published topology alone; the plans read the inventories too
+    keep = None if settings.deadline_plans else (published.TOPOLOGY,)
+    watch = NodeWatch(api_client, request_timeout=2.0, published=keep) if reads_nodes and settings.watch_nodes else None
     if watch is not None:
         watch.start()
     gpu = None

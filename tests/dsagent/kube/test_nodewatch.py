@@ -164,3 +164,30 @@ def test_while_a_watch_fails_it_is_not_synced_so_a_reader_lists_for_itself(
     server.heal()
     server.wait_for(lambda: watch.synced and "meanwhile" in watched(watch), what="the watch back")
     assert watched(watch) == listed(server)
+
+
+def test_a_reader_of_some_published_fields_keeps_only_those(server: FakeApiServer) -> None:
+    """The webhook's class vote reads the topology alone: the inventories (up to 64 KiB a
+    node) are not kept, neither a NodeCache's nor an older agent's Node annotation."""
+    from dsplatform import published
+
+    uid = server.get("nodes", "n1")["metadata"]["uid"]  # type: ignore[index]
+    server.create(make_nodecache("n1", inventory=inventory("x"), topology='{"t": 1}', node_uid=uid))
+    api = server.api_client()
+    nw = NodeWatch(api, retry_s=0.05, watch_timeout_s=30, published=(published.TOPOLOGY,))
+    nw.start()
+    try:
+        assert nw.wait_synced(10)
+        full = listed(server)
+        for name, node in watched(nw).items():
+            want = {k: v for k, v in full[name]["metadata"]["annotations"].items() if k != published.INVENTORY}
+            want.pop(published.PUBLISHED_AT, None)
+            assert node["metadata"]["annotations"] == want, name
+        assert watched(nw)["n1"]["metadata"]["annotations"][published.TOPOLOGY] == '{"t": 1}'
+        assert published.INVENTORY not in watched(nw)["n2"]["metadata"]["annotations"]  # an older agent's Node
+        server.patch("nodecaches", "n1", {"status": {"topology": '{"t": 2}'}})
+        server.wait_for(lambda: watched(nw)["n1"]["metadata"]["annotations"][published.TOPOLOGY] == '{"t": 2}')
+        assert published.INVENTORY not in watched(nw)["n1"]["metadata"]["annotations"]
+    finally:
+        nw.stop()
+        api.close()

@@ -422,9 +422,10 @@ def test_with_its_node_watch_the_vote_reads_the_watched_nodes_and_lists_none(
     """The webhook's processes keep the Nodes by list+watch (dsagent/kube/nodewatch.py): a
     vote reads them as a listing vote would, follows their changes, and lists nothing."""
     from dsagent.kube.nodewatch import NodeWatch
+    from dsplatform import published
 
     client = cluster.api_client()
-    watch = NodeWatch(client, retry_s=0.05, watch_timeout_s=30)
+    watch = NodeWatch(client, retry_s=0.05, watch_timeout_s=30, published=(published.TOPOLOGY,))  # as serve() makes it
     watch.start()
     try:
         assert watch.wait_synced(10)
