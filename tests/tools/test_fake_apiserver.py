@@ -526,3 +526,37 @@ def test_cached_lists_follow_every_change_of_their_type() -> None:
         server.create(make_pod("p1"))  # another type: the node lists stay as they were
         server.delete("nodes", "n2")
         assert [n.metadata.name for n in core.list_node().items] == ["n1"]
+
+
+@pytest.mark.parametrize("list_cache", [False, True])
+def test_a_list_with_a_limit_comes_in_pages_of_one_snapshot_unless_from_the_watch_cache(list_cache: bool) -> None:
+    """As the API server: ``limit`` pages with ``continue`` tokens, every page of the list as
+    it was at the first (etcd's snapshot); ``resourceVersion=0`` (the watch cache) sends the
+    whole list; a token the server no longer knows is 410 Expired."""
+    with FakeApiServer(list_cache=list_cache) as server:
+        for i in range(5):
+            server.create(make_node(f"n{i}"))
+        api = server.api_client()
+        try:
+            core = client.CoreV1Api(api)
+
+            def page(**kwargs: Any) -> dict[str, Any]:
+                return dict(json.loads(core.list_node(_preload_content=False, **kwargs).data))
+
+            first = page(limit=2)
+            assert [n["metadata"]["name"] for n in first["items"]] == ["n0", "n1"]
+            assert first["metadata"]["remainingItemCount"] == 3
+            server.create(make_node("later"))  # after the first page: not in this list
+            names, token = ["n0", "n1"], first["metadata"]["continue"]
+            while token:
+                doc = page(limit=2, _continue=token)
+                assert doc["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+                names += [n["metadata"]["name"] for n in doc["items"]]
+                token = doc["metadata"].get("continue")
+            assert names == ["n0", "n1", "n2", "n3", "n4"]
+            assert len(page(limit=2, resource_version="0")["items"]) == 6  # the watch cache: whole
+            with pytest.raises(ApiException) as gone:
+                page(limit=2, _continue="unknown")
+            assert gone.value.status == 410
+        finally:
+            api.close()

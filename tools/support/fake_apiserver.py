@@ -8,7 +8,9 @@ server's RFC 3339 MicroTime in UTC) and the ``Dataset`` custom resource
 resource (``dsagent.io/v1alpha1``, cluster-scoped, no status subresource), and the queue systems' Kueue
 ``Workloads`` (``kueue.x-k8s.io/v1beta1``) and Volcano ``Jobs`` (``batch.volcano.sh/v1alpha1``):
 
-- list (``resourceVersion`` in the list metadata, ``fieldSelector`` such as
+- list (``resourceVersion`` in the list metadata; ``limit`` pages with ``continue`` tokens,
+  each page of one snapshot, except with ``resourceVersion=0``, which the watch cache answers
+  whole; ``fieldSelector`` such as
   ``spec.nodeName=n1``, ``labelSelector`` with ``=``, ``==``, ``!=``, ``in``, ``notin``,
   existence and ``!key``);
 - watch (``watch=true``): chunked JSON lines of ADDED / MODIFIED / DELETED events,
@@ -71,6 +73,8 @@ from dsplatform import kubetime
 from tools.support.podrules import PodUpdateRefused, check_pod_update
 
 JSON = dict[str, Any]
+#: continue tokens a list answered with and still serves (the oldest go first, as etcd compacts)
+PAGES_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -784,6 +788,7 @@ class FakeApiServer:
         self.list_cache = list_cache
         self.write_latency = write_latency
         self._lists: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], tuple[int, bytes]] = {}
+        self._pages: dict[str, tuple[str, list[JSON], int]] = {}  # continue token -> the list's snapshot
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.requests: list[RecordedRequest] = []
@@ -1067,14 +1072,33 @@ class FakeApiServer:
             return data
 
     def _list(self, target: _Target, query: dict[str, str], *, copied: bool = True) -> JSON:
-        objects = (self.store.list if copied else self.store.view)(target.rt.plural, target.namespace)
-        items = [obj for obj in objects if self._matches(obj, query)]
-        return {
-            "kind": f"{target.rt.kind}List",
-            "apiVersion": target.rt.api_version,
-            "metadata": {"resourceVersion": str(self.store.rv)},
-            "items": items,
-        }
+        """A list; in pages of ``limit`` (with ``continue`` tokens, each page of one snapshot, as
+        etcd serves them) unless ``resourceVersion=0`` asks for the watch cache, which sends it
+        whole."""
+        token = query.get("continue")
+        if token:
+            found = self._pages.get(token)
+            if found is None:
+                raise ApiError(410, "Expired", "the continue token is too old")
+            version, items, offset = found
+        else:
+            objects = (self.store.list if copied else self.store.view)(target.rt.plural, target.namespace)
+            version, items, offset = str(self.store.rv), [obj for obj in objects if self._matches(obj, query)], 0
+        limit = query.get("limit", "")
+        size = int(limit) if limit.isdigit() and int(limit) > 0 and query.get("resourceVersion") != "0" else 0
+        meta: JSON = {"resourceVersion": version}
+        if size and offset + size < len(items):
+            if not token and not copied:  # the later pages are served from this snapshot
+                items = copy.deepcopy(items)
+            following = uuid.uuid4().hex
+            self._pages[following] = (version, items, offset + size)
+            while len(self._pages) > PAGES_KEPT:
+                self._pages.pop(next(iter(self._pages)))
+            meta.update({"continue": following, "remainingItemCount": len(items) - offset - size})
+            items = items[offset : offset + size]
+        else:
+            items = items[offset:]
+        return {"kind": f"{target.rt.kind}List", "apiVersion": target.rt.api_version, "metadata": meta, "items": items}
 
     @staticmethod
     def _matches(obj: JSON, query: dict[str, str]) -> bool:

@@ -58,7 +58,7 @@ def server() -> Iterator[FakeApiServer]:
 @pytest.fixture
 def watch(server: FakeApiServer) -> Iterator[NodeWatch]:
     api = server.api_client()
-    nw = NodeWatch(api, retry_s=0.05, watch_timeout_s=30)
+    nw = NodeWatch(api, retry_s=0.05, watch_timeout_s=30, page_size=2)  # lists in pages
     nw.start()
     assert nw.wait_synced(10)
     yield nw
