@@ -216,9 +216,11 @@ class DatasetController:
 
     def list_nodes(self) -> list[JSON]:
         """The Nodes with their ``NodeCache`` overlaid: :attr:`node_watch`'s, else listed now."""
-        list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version=FROM_CACHE)
+        list_all = partial(
+            nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version=FROM_CACHE
+        )
         self.metrics.node_reads.labels(source="watch" if nodewatch.watched(self.node_watch) else "list").inc()
-        return nodewatch.current(self.node_watch, partial(list_all, timeout=self._timeout))
+        return nodewatch.current(self.node_watch, list_all)
 
     def reconcile_all(self) -> None:
         """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);

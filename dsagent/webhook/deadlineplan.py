@@ -215,8 +215,8 @@ class KubePlanNodes:
         self._timeout = request_timeout
 
     def __call__(self) -> list[NodeFacts]:
-        list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version="0")
-        items = current(self._watch, partial(list_all, timeout=self._timeout))
+        list_all = partial(nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version="0")
+        items = current(self._watch, list_all)
         nodes = [n for n in items if not (n.get("spec") or {}).get("unschedulable")]
         return [self._reader.read(cast(Node, node)) for node in nodes]
 

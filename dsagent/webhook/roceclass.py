@@ -214,8 +214,8 @@ class KubeGpuClasses:
             view = self._views.get("nodes")
         if view is not None:
             return view
-        list_all = partial(nodestate.list_nodes, self._core, self._custom, resource_version="0")
-        nodes = current(self._watch, partial(list_all, timeout=self._timeout))
+        list_all = partial(nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version="0")
+        nodes = current(self._watch, list_all)
         view = read_cluster(nodes, self.settings.served_label if self.settings.auto else None)
         with self._lock:
             self._views["nodes"] = view
