@@ -374,3 +374,42 @@ def test_a_slot_no_node_could_hold_is_given_to_a_node_with_room_at_the_controlle
     assert out.streams == 3
     assert sim.storage_by_cause["lost_member"] == pytest.approx(2 * half), "only the half read before stays lost"
     assert sim.storage_bytes == pytest.approx(5 * half)  # 6, less the hole's 2 left, plus the 1 kept
+
+
+def _superseded(second_arrival: float, first_runtime: float = 2000.0) -> tuple[Simulation, dict[int, bool]]:
+    """A 2 TB version striped over a group for a one-node job; its Dataset moves to a new
+    version at 3,000 s; a job on another dataset arrives at ``second_arrival`` (an event at
+    which the controller's pass runs). Returns the simulation and, per member, whether it
+    held its share of the first version when that job started."""
+    data = [Dataset("big", 2 * TB, (0.0, 3000.0)), Dataset("small", TB // 10, (0.0,))]
+    jobs = [_job(0, 0.0, 1, "big", first_runtime), _job(1, second_arrival, 1, "small", 100.0)]
+    sim = Simulation("ours+stripe", jobs, data, _params(8), seed=3)
+    held: dict[int, bool] = {}
+    start = sim._start
+
+    def recording(job: Job, workers: list[Worker]) -> None:
+        if job.id == 1:
+            group = sim.stripes.get(("big", 0))
+            for m in group.members if group is not None else ():
+                entry = sim.nodes[m].cache.get(("big", 0))
+                held[m] = entry is not None and entry.stripe
+        start(job, workers)
+
+    sim._start = recording  # type: ignore[method-assign]
+    return sim.run(), held
+
+
+def test_a_superseded_versions_shares_lapse_with_their_lease_when_nobody_reads_them() -> None:
+    lapse = 3000.0 + stripereads.SHARE_LEASE_S
+    sim, _ = _superseded(lapse + 100.0)
+    assert ("big", 0) not in sim.stripes, "the controller no longer holds the old version's group"
+    assert not any(("big", 0) in n.cache for n in sim.nodes), "every member dropped its share of it"
+    assert sim.lapsed_shares == 1
+
+
+def test_a_superseded_versions_shares_stay_within_their_lease_and_while_a_job_reads_them() -> None:
+    lapse = 3000.0 + stripereads.SHARE_LEASE_S
+    _, held = _superseded(lapse - 600.0)
+    assert held and all(held.values()), "within the lease the members keep their shares"
+    _, held = _superseded(lapse + 100.0, first_runtime=lapse + 5000.0)
+    assert held and all(held.values()), "a job still reading the old version keeps its group"

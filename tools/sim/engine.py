@@ -67,6 +67,7 @@ class Simulation(Placement, Reads):
                     self.replanned_at = self.now
                     self._replan_whole()
                     self._repair_holes()
+                    self._lapse_superseded()
         return self
 
 

@@ -102,6 +102,7 @@ class SimState:
         # (node, version) -> bytes its readers took through the window (the inventory's windowBytes)
         self.window_read: dict[tuple[int, tuple[str, int]], float] = {}
         self.whole_replans = 0  # a job's node asked to hold whole a version it read through a group
+        self.lapsed_shares = 0  # superseded versions' groups whose shares lapsed, read by nobody
         self.replanned_at = -float("inf")  # the controller's last pass over the groups (ours+stripe)
         self.uncached_reads = 0  # misses the node could not make room for (read, not kept)
         # ready copies per dataset version: which nodes hold it (P2P sources; how many other

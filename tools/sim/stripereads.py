@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from dsagent.cache.settings import Settings
 from dsagent.policy.holding import WHOLE, choose_placement, holding, worth_whole
 from dsagent.policy.stripegroup import Candidate
 from tools.sim import stripe
@@ -21,6 +22,9 @@ from tools.sim.cluster import CacheEntry, Fetch, Node, Outcome, Worker
 from tools.sim.flows import Flows, through_window
 from tools.sim.fluid import Split
 from tools.sim.workload import Dataset, Job
+
+#: how long an agent keeps a share nobody holds again (``stripe_lease``, the agent's default)
+SHARE_LEASE_S = float(Settings.model_fields["stripe_lease"].default)
 
 
 def parts_held(parts: Iterable[float]) -> float:
@@ -196,6 +200,28 @@ class StripeReads(Flows):
                 group.fill[taker.index] = 0.0
                 for f in [f for f in self.fetches if f.key == key and f.stream and m in f.holes]:
                     self._hole_filled(f, m, taker, owned)
+
+    def _lapse_superseded(self) -> None:
+        """The controller holds the shares of a Dataset's current version only
+        (docs/design-striping.md#superseded): once a newer version appears it renews the old
+        version's shares no more, and each member's agent drops its share when the lease
+        lapses, :data:`SHARE_LEASE_S` after the newer version appeared, unless a job still
+        reads through the group then. A member holding the version whole keeps its copy (the
+        cache's eviction decides when it goes, as for any copy)."""
+        for key, group in list(self.stripes.items()):
+            versions = self.datasets[key[0]].versions
+            if key[1] + 1 >= len(versions) or self.now < versions[key[1] + 1] + SHARE_LEASE_S:
+                continue  # current, or its lease has not lapsed yet
+            if group.users > 0 or any(f.key == key for f in self.fetches):
+                continue  # read through the group, or filled, now
+            for m in group.members:
+                node = self.nodes[m] if m >= 0 else None
+                entry = node.cache.get(key) if node is not None else None
+                if node is not None and entry is not None and entry.stripe and not entry.in_use:
+                    self._forget(node, key)
+                    self.touch(node)
+            del self.stripes[key]
+            self.lapsed_shares += 1
 
     def _hole_filled(self, f: Fetch, m: int, taker: Node, owned: int) -> None:
         """What is left of training read ``f``'s bytes of hole ``m`` is read through ``taker``,
