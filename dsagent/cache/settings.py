@@ -279,7 +279,7 @@ class Settings(StorageSettings, AgentLogSettings):
     # its version has fewer bundles than links (docs/design.md#links); a bundle under twice this
     # is read in one stream
     fetch_range_min: Size = 64 << 20
-    stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) within this long is dropped
+    stripe_lease: Duration = 3600.0  # a share not held again (PUT /v1/stripes) nor used within this long is dropped
     # On SIGTERM, the longest an agent serving stripe share bundles keeps serving them to their
     # new owners before it stops (docs/design-striping.md#churn); 0 (the default): it stops at
     # once, as one without shares does. Only the Dataset controller moves shares, so the chart

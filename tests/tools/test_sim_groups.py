@@ -382,7 +382,8 @@ def _superseded(second_arrival: float, first_runtime: float = 2000.0) -> tuple[S
     which the controller's pass runs). Returns the simulation and, per member, whether it
     held its share of the first version when that job started."""
     data = [Dataset("big", 2 * TB, (0.0, 3000.0)), Dataset("small", TB // 10, (0.0,))]
-    jobs = [_job(0, 0.0, 1, "big", first_runtime), _job(1, second_arrival, 1, "small", 100.0)]
+    first = Job(0, 0.0, 1, 8, "big", first_runtime, JobProfile(1.0, 1.0, int(8 * first_runtime), deadline=1e9))
+    jobs = [first, _job(1, second_arrival, 1, "small", 100.0)]
     sim = Simulation("ours+stripe", jobs, data, _params(8), seed=3)
     held: dict[int, bool] = {}
     start = sim._start
@@ -413,3 +414,7 @@ def test_a_superseded_versions_shares_stay_within_their_lease_and_while_a_job_re
     assert held and all(held.values()), "within the lease the members keep their shares"
     _, held = _superseded(lapse + 100.0, first_runtime=lapse + 5000.0)
     assert held and all(held.values()), "a job still reading the old version keeps its group"
+    sim, held = _superseded(lapse + 2000.0, first_runtime=lapse)
+    assert sim.outcomes[0].end > lapse, sim.outcomes[0]
+    assert held and all(held.values()), "within a lease of its last reader's end it stays"
+    assert ("big", 0) not in sim.stripes, "a lease after that it lapses"

@@ -573,6 +573,7 @@ class Reads(StripeReads):
             for seen in [k for k in group.seen if k[0] == out.job.id]:
                 del group.seen[seen]
             if group.users == 0:  # nobody reads it: the controller's hold on each member ends
+                group.last_read = self.now
                 for m in group.members:  # a share, or a whole copy (let go, it keeps it: keep=whole)
                     entry = self.nodes[m].cache.get((d.name, version)) if m >= 0 else None
                     if entry is not None and entry.replica:

@@ -38,6 +38,7 @@ class Group:
     # them in its first job's first epoch, on its own disk after that
     arriving: dict[int, float] = field(default_factory=dict)
     users: int = 0  # pods reading the version now
+    last_read: float = 0.0  # when its last reader ended (users fell to 0)
     readers: dict[int, int] = field(default_factory=dict)  # job id -> its pods reading through the group
     jobs: set[tuple[int, float]] = field(default_factory=set)  # (job id, start) the group was repaired for
     # (job id, member) -> the part of the member's share on its disk when the job's first

@@ -204,16 +204,19 @@ class StripeReads(Flows):
     def _lapse_superseded(self) -> None:
         """The controller holds the shares of a Dataset's current version only
         (docs/design-striping.md#superseded): once a newer version appears it renews the old
-        version's shares no more, and each member's agent drops its share when the lease
-        lapses, :data:`SHARE_LEASE_S` after the newer version appeared, unless a job still
-        reads through the group then. A member holding the version whole keeps its copy (the
-        cache's eviction decides when it goes, as for any copy)."""
+        version's shares no more, and each member's agent drops its share once the lease has
+        lapsed and nobody used it for a lease either: :data:`SHARE_LEASE_S` after the newer
+        version appeared or after the group's last reader ended, whichever is later. A member
+        holding the version whole keeps its copy (the cache's eviction decides when it goes,
+        as for any copy)."""
         for key, group in list(self.stripes.items()):
             versions = self.datasets[key[0]].versions
-            if key[1] + 1 >= len(versions) or self.now < versions[key[1] + 1] + SHARE_LEASE_S:
-                continue  # current, or its lease has not lapsed yet
-            if group.users > 0 or any(f.key == key for f in self.fetches):
-                continue  # read through the group, or filled, now
+            if key[1] + 1 >= len(versions) or group.users > 0:
+                continue  # current, or read through the group now
+            if self.now < max(versions[key[1] + 1], group.last_read) + SHARE_LEASE_S:
+                continue  # its lease has not lapsed, or it was read within one
+            if any(f.key == key for f in self.fetches):
+                continue  # still filled
             for m in group.members:
                 node = self.nodes[m] if m >= 0 else None
                 entry = node.cache.get(key) if node is not None else None

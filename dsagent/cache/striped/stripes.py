@@ -458,9 +458,19 @@ class StripeShares(ShareFill):
             await asyncio.gather(share.task, return_exceptions=True)
 
     async def expire(self) -> list[Key]:
-        """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again."""
+        """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again, and
+        nobody used them for a lease either. A version a running job still reads keeps its
+        share after the controller stops renewing it (a superseded version: the controller
+        holds the Dataset's current one only, docs/design-striping.md#superseded): pods on
+        this node name it, a reader or a peer read it within the last ``stripe_lease``. It
+        lapses one lease after its last use."""
         now = self.clock()
-        gone = [key for key, share in self._shares.items() if share.expires <= now]
+        lease = self.settings.stripe_lease
+        gone = [
+            key for key, share in self._shares.items()
+            if share.expires <= now and share.readers == 0 and share.holders.isdisjoint(self.reading)
+            and now - share.last_used >= lease
+        ]  # fmt: skip
         for key in gone:
             await self.drop(key, reason="its lease lapsed")
         return gone

@@ -222,3 +222,31 @@ def test_a_whole_copy_let_go_before_it_is_complete_keeps_what_it_holds_and_stops
             assert _usage(service) == {}, "a whole copy holding no bundle is not kept"
 
     asyncio.run(run())
+
+
+def test_a_share_its_nodes_pods_read_outlives_its_lease_and_lapses_a_lease_after_its_last_use(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    """The controller renews the current version's shares only: a job still reading the one it
+    was admitted with keeps its share past the lease, and the share goes a lease after the
+    job's last pod on the node ends. A share nobody reads goes when its lease lapses."""
+    url, clock, settings = _node(tmp_path, loopback)
+    lease = settings.stripe_lease
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            await _held(service, url, "imgs", whole=False)
+            await _held(service, url, "other", whole=False)
+            service.stripes.read_by({HELD_FOR})  # a pod on this node reads imgs
+            clock.now += 2 * lease  # nobody renewed either
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "the unread share lapsed, the read one stays"
+            service.stripes.read_by(set())  # the job's pod ends: last used now
+            clock.now += lease / 2
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "within a lease of its last use"
+            clock.now += lease / 2 + 1
+            await service.stripes.expire()
+            assert _usage(service) == {}, "a lease after its last use it lapses"
+
+    asyncio.run(run())
