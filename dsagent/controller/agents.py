@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from dsagent.kube.apiclient import loads_list
 from dsagent.kube.datasets import parse_stripe
@@ -29,6 +30,12 @@ from dsplatform.wire.agenttask import MESSAGE_MAX, DatasetRequestBody, dataset_r
 from dsplatform.wire.agenttask import task_request as wire_task_request
 
 log = logging.getLogger("dsagent.controller")
+
+T = TypeVar("T")
+
+#: agents asked at a time where a pass asks several (each call waits out one node's round
+#: trip, so one slow or unreachable agent does not hold up the others for its timeout)
+AGENTS_AT_ONCE = 32
 
 JSON = dict[str, Any]
 # (node, method, path, body, acting_for) -> (HTTP status, JSON answer); None when the node has
@@ -170,6 +177,16 @@ class AgentHttp:
             client.close()
 
 
+def on_each(call: Callable[[str], T], nodes: Sequence[str]) -> list[T]:
+    """``call(node)`` for every node of ``nodes``, :data:`AGENTS_AT_ONCE` at a time (one node is
+    asked inline, with no thread); the answers in ``nodes``' order. ``call`` must be
+    thread-safe where there are several, as the controller's :data:`AgentCall` is."""
+    if len(nodes) <= 1:
+        return [call(node) for node in nodes]
+    with ThreadPoolExecutor(min(AGENTS_AT_ONCE, len(nodes)), thread_name_prefix="agents") as pool:
+        return list(pool.map(call, nodes))
+
+
 def task_request(name: str, spec: JSON) -> DatasetRequestBody:
     """One dataset of an agent task, from a Dataset's spec (its source and bundle store)."""
     bundles = spec.get("bundles") if isinstance(spec.get("bundles"), str) else None
@@ -185,20 +202,16 @@ def hold_on(
     ``before`` to those in ``chosen``: released where it is no longer wanted, asked
     (idempotently) on every chosen node; their reports, in ``chosen``'s order. Every request
     names the Dataset ``who`` (``namespace/name``) it is for."""
-    for node in before:
-        if node not in chosen:
-            agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who)
-    request = task_request(name, spec)
-    return [
-        task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", dict(wire_task_request([request])), who))
-        for node in chosen
-    ]
+    release(agent_call, task, [node for node in before if node not in chosen], who)
+    body = wire_task_request([task_request(name, spec)])
+    return on_each(
+        lambda node: task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", dict(body), who)), chosen
+    )
 
 
 def release(agent_call: AgentCall, task: str, nodes: list[str], who: str) -> None:
     """Release the agent task ``task``, held for the Dataset ``who``, on every node of ``nodes``."""
-    for node in nodes:
-        agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who)
+    on_each(lambda node: agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who), nodes)
 
 
 def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:
@@ -232,8 +245,10 @@ def cleanup(agent_call: AgentCall, nodes: list[str], namespace: str, name: str, 
     kept: list[str] = []
     absent: list[str] = []
     who = acting_for(namespace, name)
-    for node in nodes:
-        answer = agent_call(node, "POST", "/v1/evict", {"mode": "names", "names": [name]}, who)
+    answers = on_each(
+        lambda node: agent_call(node, "POST", "/v1/evict", {"mode": "names", "names": [name]}, who), nodes
+    )
+    for node, answer in zip(nodes, answers, strict=True):
         if answer is None:
             continue
         code, _ = answer
@@ -243,12 +258,14 @@ def cleanup(agent_call: AgentCall, nodes: list[str], namespace: str, name: str, 
 
 
 __all__ = [
+    "AGENTS_AT_ONCE",
     "AgentCall",
     "agents_among",
     "cleanup",
     "find_agents",
     "hold_on",
     "AgentHttp",
+    "on_each",
     "raw",
     "reads_every_pod",
     "release",

@@ -35,11 +35,10 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Collection, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from dsagent.controller.agents import AgentCall
+from dsagent.controller.agents import AgentCall, on_each
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.nextjob import preparation_path
 from dsplatform.tenancy import acting_for, parse_acting_for
@@ -54,10 +53,6 @@ PREPARE = "prepare"
 _NAME_MAX = 320
 #: every agent is asked at least once in this many passes, even when no Dataset went
 RESYNC_PASSES = 20
-#: agents a sweep asks at a time: a pass that asks every agent makes two requests of each, and
-#: one agent after another that was 30 s at 15,000 nodes answering in 1 ms, minutes with some
-#: of them unreachable (each waits out its timeout)
-AGENTS_AT_ONCE = 32
 
 
 @dataclass(frozen=True)
@@ -115,13 +110,12 @@ def release_gone(
     """Release, on each of ``nodes``, what its agent holds for the controller for a Dataset
     not among ``datasets`` (``(namespace, name)`` of every Dataset listed this pass); the
     ``(node, path)`` of each release asked for. ``unfinished`` gets the nodes whose agent
-    could not be read or did not take a release (to be asked again). :data:`AGENTS_AT_ONCE`
-    agents are asked at a time (``agent_call`` must be thread-safe, as the controller's is)."""
+    could not be read or did not take a release (to be asked again). :data:`~dsagent.controller.agents.AGENTS_AT_ONCE`
+    agents are asked at a time (``agent_call`` must be thread-safe, as the controller's is): a
+    pass that asks every agent makes two requests of each, and one agent after another took
+    30 s at 15,000 nodes answering in 1 ms, minutes with some of them unreachable."""
     ordered = sorted(nodes)
-    if not ordered:
-        return []
-    with ThreadPoolExecutor(min(AGENTS_AT_ONCE, len(ordered)), thread_name_prefix="gone-sweep") as pool:
-        answers = list(pool.map(lambda node: _release_on(agent_call, node, datasets, metrics), ordered))
+    answers = on_each(lambda node: _release_on(agent_call, node, datasets, metrics), ordered)
     released = []
     for node, (done, finished) in zip(ordered, answers, strict=True):
         released += [(node, path) for path in done]
@@ -237,4 +231,4 @@ class GoneSweep:
         return released
 
 
-__all__ = ["AGENTS_AT_ONCE", "RESYNC_PASSES", "GoneSweep", "Held", "held_for", "read_preparations", "release_gone"]
+__all__ = ["RESYNC_PASSES", "GoneSweep", "Held", "held_for", "read_preparations", "release_gone"]

@@ -38,7 +38,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from dsagent.controller.agents import JSON, AgentCall
+from dsagent.controller.agents import JSON, AgentCall, on_each
 from dsagent.controller.podfacts import dataset_names, ended, node_of
 from dsagent.kube.datasets import parse_stripe
 from dsagent.kube.leaving import draining
@@ -109,8 +109,8 @@ def _release(
     """Tell each node's agent to let its share go; ``keep_whole``: one holding every bundle
     stays, a whole copy with no lease that its cache evicts when it needs the room."""
     query = release_query(digest if isinstance(digest, str) else None, keep_whole=keep_whole)
-    for node in nodes:
-        agent_call(node, "DELETE", f"/v1/stripes/{name}{query}", None, who)  # unreachable: its lease lapses
+    # an unreachable agent's share lapses with its lease
+    on_each(lambda node: agent_call(node, "DELETE", f"/v1/stripes/{name}{query}", None, who), list(nodes))
 
 
 def stripe_status(
@@ -220,8 +220,8 @@ def stripe_status(
     _release(agent_call, dropped, name, status.get("digest"), who, keep_whole=True)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
     digest = status.get("digest") if isinstance(status.get("digest"), str) else None
-    reports = []
-    for node in members:
+
+    def ask(node: str) -> JSON:  # one member's report, after asking its agent to hold its part
         # its pods read through the agent at once: the store is read for what they read, and
         # no bundle is held before they start (its fill reads no store for them)
         on_demand = spec.get("startBeforeWhole") is True and wire_inventory.has_feature(
@@ -237,15 +237,15 @@ def stripe_status(
         part: JSON = {"share": False} if node in no_share else {}  # a member owning nothing says so
         share = read_share(answer[1]) if answer is not None and answer[0] == 200 else None
         if share is None:
-            reports.append({"node": node, "state": "unreachable" if answer is None else "failed",
-                            "bytesHeld": 0, "bytesOwned": 0, **part})  # fmt: skip
-            continue
+            return {"node": node, "state": "unreachable" if answer is None else "failed",
+                    "bytesHeld": 0, "bytesOwned": 0, **part}  # fmt: skip
         # a share held on demand is filled as far as its version is read: not behind, serving
         state = "ready" if share.complete else ("onDemand" if share.on_demand else "fetching")
         if share.whole:  # the agent holds every bundle (it checked it can)
             part["holding"] = HOLDING_WHOLE
-        reports.append({"node": node, "state": state, "bytesHeld": share.bytes_held, "bytesOwned": share.bytes_owned,
-                        **part})  # fmt: skip
+        return {"node": node, "state": state, "bytesHeld": share.bytes_held, "bytesOwned": share.bytes_owned, **part}
+
+    reports = on_each(ask, members)
     complete = bool(reports) and all(r["state"] == "ready" for r in reports)
     serving = bool(reports) and all(r["state"] in ("ready", "onDemand") for r in reports)
     state = "Ready" if complete else ("OnDemand" if serving else "Filling")
@@ -405,10 +405,11 @@ def _drain(
         store, old_members, {m: agent_urls[m] for m in old_members if m in agent_urls},
         digest=status["digest"] if isinstance(status.get("digest"), str) else None,
     )  # fmt: skip
-    for node in (
-        n for n in departing if n in old_members
-    ):  # renews the old share's lease: it is served to the new owners meanwhile
-        agent_call(node, "PUT", f"/v1/stripes/{name}", dict(body), who)
+    # renews the old share's lease: it is served to the new owners meanwhile
+    on_each(
+        lambda node: agent_call(node, "PUT", f"/v1/stripes/{name}", dict(body), who),
+        [n for n in departing if n in old_members],
+    )
     return {
         "state": "Moving",
         "nodes": departing,

@@ -217,7 +217,8 @@ def test_a_sweep_asks_agents_several_at_a_time_and_answers_as_one_after_another(
     releases, and the agents to ask again, are those a sequential sweep finds."""
     import threading
 
-    from dsagent.controller.orphans import AGENTS_AT_ONCE, release_gone
+    from dsagent.controller.agents import AGENTS_AT_ONCE
+    from dsagent.controller.orphans import release_gone
 
     lock, busy, peak = threading.Lock(), [0], [0]
     nodes = [f"n{i:03d}" for i in range(3 * AGENTS_AT_ONCE)]
