@@ -20,20 +20,13 @@ from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
 from dsagent.errors import NamespaceShareExceeded
 from dsagent.format.bundles.bundle import pack
+from tests.clock import Clock
 from tests.dsagent.conftest import write_tree
 
 CAPACITY = 10_000_000
 SHARE = 0.1  # 1 MB: five datasets
 DATASET = 200_000  # bytes of each dataset: 4 files of 50 kB
 TASKS = 10
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def dataset(base: Path, index: int, *, packed: bool) -> DatasetRequest:
@@ -56,7 +49,7 @@ async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[CacheService
             namespace_share=SHARE,
             **settings,
         ),
-        clock=Clock(),
+        clock=Clock(1_000_000.0),
     )
     await service.start()
     try:

@@ -19,15 +19,8 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.format.bundles.bundle import pack
 from dsagent.policy.preparation import first_budget, second_gate, start_gate
+from tests.clock import Clock
 from tests.dsagent.conftest import write_tree
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def packed(base: Path, name: str, seed: int, files: int = 8) -> DatasetRequest:
@@ -44,7 +37,7 @@ async def running(
     settings = Settings(
         root=tmp_path / "cache", sweep_interval=3600, local_sources=(tmp_path / "data",), capacity_bytes=capacity
     )
-    service = CacheService(settings, clock=clock or Clock())
+    service = CacheService(settings, clock=clock or Clock(1_000_000.0))
     await service.start()
     try:
         yield service
@@ -241,7 +234,7 @@ def test_the_task_arriving_is_checked_on_disk_then_takes_the_preparation_over(tm
 
 def test_a_preparation_not_renewed_lapses(tmp_path: Path) -> None:
     nxt = packed(tmp_path / "data", "next", 1)
-    clock = Clock()
+    clock = Clock(1_000_000.0)
 
     async def go() -> None:
         async with running(tmp_path, capacity=50_000_000, clock=clock) as service:

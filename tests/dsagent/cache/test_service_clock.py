@@ -12,14 +12,7 @@ import fsspec
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def write_memory_dataset(root: str, files: int) -> None:
@@ -30,7 +23,7 @@ def write_memory_dataset(root: str, files: int) -> None:
 
 def test_a_lapsed_lease_releases_the_task_and_idle_datasets_are_swept(tmp_path: Path, memory_root: str) -> None:
     write_memory_dataset(memory_root, 3)
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     settings = Settings(root=tmp_path, lease_ttl=60, idle_ttl=3600, sweep_interval=3600)
 
     async def run() -> None:

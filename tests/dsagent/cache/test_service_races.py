@@ -13,15 +13,8 @@ import fsspec
 
 from dsagent.cache.service import CacheService, DatasetRequest
 from dsagent.cache.settings import Settings
+from tests.clock import Clock
 from tools.support.harness import allocated
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Gate:
@@ -70,7 +63,7 @@ def write_local_dataset(root: Path, files: int, salt: bytes) -> Path:
 
 @asynccontextmanager
 async def running(settings: Settings, clock: Clock | None = None) -> AsyncIterator[CacheService]:
-    service = CacheService(settings, clock=clock or Clock())
+    service = CacheService(settings, clock=clock or Clock(1_000_000.0))
     await service.start()
     try:
         yield service
@@ -142,7 +135,7 @@ def test_a_copy_is_claimed_for_its_tasks_before_it_becomes_ready(tmp_path: Path,
 
 def test_the_idle_sweep_never_evicts_a_dataset_a_new_task_has_just_been_given(tmp_path: Path, memory_root: str) -> None:
     write_memory_dataset(memory_root, 2, b"m")
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     settings = Settings(root=tmp_path, idle_ttl=100, sweep_interval=3600)
     request = DatasetRequest("mem", memory_root)
 

@@ -25,7 +25,7 @@ from dsagent.cache.service import CacheService
 from dsagent.cache.settings import Settings
 from dsagent.format.bundles.bundle import pack
 from dsagent.policy import eviction
-from tests.dsagent.cache.test_service_clock import Clock
+from tests.clock import Clock
 from tests.dsagent.conftest import write_tree
 from tools.support.harness import LOOPBACK
 
@@ -57,7 +57,7 @@ def _node(tmp_path: Path, loopback: tuple[Path, str, Any]) -> tuple[str, Clock, 
     www, url, _ = loopback
     _stores(www)
     settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
-    return url, Clock(), settings
+    return url, Clock(1_000_000.0), settings
 
 
 @contextlib.asynccontextmanager

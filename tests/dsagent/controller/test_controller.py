@@ -16,19 +16,12 @@ from dsagent.controller.leader import LeaseElector
 from dsagent.controller.packing import listing_fingerprint
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.warmup import warm_task_id
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_nodecache, make_pod
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 NS = "dsplatform"
 DIGEST = "a" * 32
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def inventory(node: str, datasets: dict[str, Any], free: int = 10 << 30) -> str:

@@ -15,19 +15,12 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsplatform.kubetime import format_time
 from tests.charts.test_chart import dataset_schema, render
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 
 NS = "dsplatform"
 DIGEST = "d" * 32
 NOW = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def entry(state: str, *, held: int | None = None, size: int = 1000) -> dict[str, Any]:
@@ -70,7 +63,7 @@ def test_status_and_events_follow_the_nodes_caching_failing_and_evicting(
     set_inventory(apiserver, "n3", {"imagenet": entry("failed")}, create=True)
     set_inventory(apiserver, "n4", {}, create=True)
     apiserver.create(make_dataset("imagenet", namespace="team-a", status={"digest": DIGEST, "files": 4, "bytes": 1000}))
-    clock = Clock()
+    clock = Clock(NOW)
     ctl = DatasetController(api_client, ControllerSettings(namespace=NS, identity="c-1"), clock=clock)
 
     ctl.reconcile_all()

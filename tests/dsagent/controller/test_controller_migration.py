@@ -16,19 +16,12 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.nodeagent.publisher import desired_annotations
 from scheduler_plugin.testing import topology_json
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_node, make_pod
 
 NS = "dsplatform"
 STARTED = datetime.fromisoformat("2026-11-23T08:00:00+00:00").timestamp()
 NOW = STARTED + 3600  # an hour into the jobs' 10 GPU-hours
-
-
-class Clock:
-    def __init__(self, now: float = NOW) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def inventory(node: str, *, holds: bool) -> dict[str, Any]:
@@ -61,7 +54,7 @@ def worker(name: str, node_name: str, *, job: str, gpus: int = 2, migratable: bo
 
 def controller(api_client: Any, *, migrate: bool, identity: str = "c-1") -> DatasetController:
     settings = ControllerSettings(namespace=NS, identity=identity, pack_image="registry.example/dsp:1", migrate=migrate)
-    return DatasetController(api_client, settings, clock=Clock())
+    return DatasetController(api_client, settings, clock=Clock(NOW))
 
 
 def pass_if_leading(ctl: DatasetController) -> bool:
@@ -151,5 +144,5 @@ def test_pods_asking_for_class_resources_of_another_prefix_are_counted(
         apiserver.create(pod)
     env = {"DSAGENT_CONTROLLER_MIGRATE": "on", "DSAGENT_CONTROLLER_CLASS_PREFIX": "example.com"}
     settings = ControllerSettings.from_env({**env, "DSAGENT_CONTROLLER_NAMESPACE": NS})
-    assert pass_if_leading(DatasetController(api_client, settings, clock=Clock()))
+    assert pass_if_leading(DatasetController(api_client, settings, clock=Clock(NOW)))
     assert sorted(apiserver.evictions) == ["ml/mover-0", "ml/mover-1"]

@@ -13,7 +13,8 @@ import pytest
 from dsagent.controller import agents, cachestate
 from dsagent.controller.inventories import InventoryReader
 from dsagent.policy import copies
-from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, controller, inventory
+from tests.clock import Clock
+from tests.dsagent.controller.test_controller import NS, agent_pod, controller, inventory
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 
 DIGESTS = ["a" * 32, "b" * 32, "c" * 32]

@@ -24,6 +24,7 @@ from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.policy import copies
 from dsplatform.kubetime import format_time
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
@@ -31,14 +32,6 @@ NS = "dsplatform"
 NODES = [f"gpu-{i:02d}" for i in range(40)]
 NOW = 1_800_000_000.0
 GIB = 1 << 30
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass(frozen=True)
@@ -100,7 +93,7 @@ def dataset(namespace: str, name: str = "imagenet", *, bytes_: int = GIB, **spec
 def controller(api_client: Any, agent: Any, clock: Clock | None = None, **settings: Any) -> DatasetController:
     values: dict[str, Any] = {"namespace": NS, "identity": "c-1", "pack_image": "registry.example/dsp:1"}
     values.update(settings)
-    return DatasetController(api_client, ControllerSettings(**values), clock=clock or Clock(), agent_call=agent)
+    return DatasetController(api_client, ControllerSettings(**values), clock=clock or Clock(NOW), agent_call=agent)
 
 
 def status(apiserver: FakeApiServer, namespace: str, name: str = "imagenet") -> dict[str, Any]:
@@ -184,7 +177,7 @@ def test_a_cleanup_evicts_nothing_another_namespace_cached_under_the_same_name(
                     ds["metadata"]["annotations"] = {"dsagent.io/cleanup": "go"}
                 apiserver.create(ds)
             settings = ControllerSettings(namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=agent.port)
-            DatasetController(api_client, settings, clock=Clock()).reconcile_all()
+            DatasetController(api_client, settings, clock=Clock(NOW)).reconcile_all()
             after = {v["digest"]: v["source"] for v in op.get("/v1/datasets/imagenet").json()["versions"]}
         assert list(after.values()) == [str(team_a)]  # team-a's copy stays; tenant-evil's own went
         assert status(apiserver, "tenant-evil")["cleanup"]["evictedNodes"] == ["gpu-1"]

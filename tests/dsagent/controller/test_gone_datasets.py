@@ -16,7 +16,8 @@ from dsagent.controller.orphans import RESYNC_PASSES
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.warmup import warm_task_id
 from dsagent.format.bundles.bundle import pack
-from tests.dsagent.controller.test_controller_tenants import Clock, agent_pod, cluster, dataset
+from tests.clock import Clock
+from tests.dsagent.controller.test_controller_tenants import NOW, agent_pod, cluster, dataset
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
@@ -74,7 +75,7 @@ def test_what_agents_hold_for_a_deleted_dataset_is_released_within_one_pass(
     apiserver.create(dataset("team-b"))  # team-b/imagenet exists; team-a/imagenet was deleted
     agent = HoldingAgent()
     settings = ControllerSettings(namespace=NS, identity="c-1", pack_image="registry.example/dsp:1")
-    ctl = DatasetController(api_client, settings, clock=Clock(), agent_call=agent)
+    ctl = DatasetController(api_client, settings, clock=Clock(NOW), agent_call=agent)
     ctl.reconcile_all()
     who = "team-a/imagenet"
     assert agent.deleted() == {
@@ -120,7 +121,7 @@ def test_a_deleted_datasets_warm_up_and_preparation_stop_pinning_on_a_real_agent
             admin_token=ADMIN_TOKEN,
             agent_port=agent.port,
         )
-        ctl = DatasetController(api_client, settings, clock=Clock())
+        ctl = DatasetController(api_client, settings, clock=Clock(NOW))
         deadline = time.monotonic() + 60
         ctl.reconcile_all()
         while apiserver.get("datasets", "speech", "ml")["status"]["warm"]["state"] != "Ready":
@@ -158,7 +159,7 @@ def test_agents_are_asked_again_only_when_a_dataset_went_or_in_turn(apiserver: F
         apiserver.create(dataset(namespace))
     agent = HoldingAgent()
     settings = ControllerSettings(namespace=NS, identity="c-1", pack_image="registry.example/dsp:1")
-    ctl = DatasetController(api_client, settings, clock=Clock(), agent_call=agent)
+    ctl = DatasetController(api_client, settings, clock=Clock(NOW), agent_call=agent)
 
     def asked() -> set[str]:
         found = {node for node, method, path, _ in agent.calls if (method, path) == ("GET", "/v1/tasks")}
@@ -198,7 +199,7 @@ def test_an_agent_that_could_not_be_read_is_asked_again_and_a_new_leader_asks_al
         return None if node in down else holding(node, method, path, body, who)
 
     settings = ControllerSettings(namespace=NS, identity="c-1", pack_image="registry.example/dsp:1")
-    ctl = DatasetController(api_client, settings, clock=Clock(), agent_call=agent)
+    ctl = DatasetController(api_client, settings, clock=Clock(NOW), agent_call=agent)
     ctl.reconcile_all()
     assert {n for n, _, p in holding.deleted()} == {"gpu-00", "gpu-02"}  # team-a's pins: released where read
     down.clear()

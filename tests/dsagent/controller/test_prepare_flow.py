@@ -21,7 +21,8 @@ from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import read_manifest
 from dsagent.policy.preparation import Thresholds
 from dsplatform.kubetime import format_time
-from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
+from tests.clock import Clock
+from tests.dsagent.controller.test_controller import NS, agent_pod, inventory, write_source
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 

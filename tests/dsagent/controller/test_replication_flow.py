@@ -15,7 +15,8 @@ import pytest
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.errors import NotFound
-from tests.dsagent.controller.test_controller import NS, Clock, agent_pod, inventory, write_source
+from tests.clock import Clock
+from tests.dsagent.controller.test_controller import NS, agent_pod, inventory, write_source
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 

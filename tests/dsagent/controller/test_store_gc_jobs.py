@@ -11,18 +11,11 @@ from typing import Any
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.controller.storegc import due, gc_job_name
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_dataset
 
 NS = "dsplatform"
 DAY = 86400.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def controller(api_client: Any, clock: Clock, *, store_gc: float | None = DAY) -> DatasetController:

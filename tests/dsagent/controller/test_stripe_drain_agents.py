@@ -48,8 +48,9 @@ from dsagent.controller.reconcile import DatasetController
 from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from dsplatform.stripe import owner
+from tests.clock import Clock
 from tests.dsagent.conftest import write_tree
-from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
+from tests.dsagent.controller.test_controller import NS, agent_pod
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually, free_port
 

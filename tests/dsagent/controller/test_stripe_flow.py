@@ -14,7 +14,8 @@ from dsagent.controller.striping import parse_stripe, stripe_status
 from dsagent.policy import copies
 from dsplatform.wire.inventory import FEATURES, STRIPE_NO_SHARE, STRIPE_ON_DEMAND
 from dsplatform.wire.stripehold import HOLDING_WHOLE
-from tests.dsagent.controller.test_controller import NS, Clock, agent_pod
+from tests.clock import Clock
+from tests.dsagent.controller.test_controller import NS, agent_pod
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
 from tools.support.harness import ADMIN_TOKEN
 

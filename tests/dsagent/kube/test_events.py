@@ -5,15 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dsagent.kube.events import EventRecorder, ObjectRef
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_dataset
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _recorder(apiserver: FakeApiServer, api_client: Any, **kwargs: Any) -> tuple[dict[str, Any], Clock, EventRecorder]:

@@ -12,6 +12,7 @@ from dsagent.errors import Conflict, InvalidInput
 from dsagent.kube.apiclient import KubeUnavailable
 from dsagent.kube.lease import Leases, expiry, new_lease, next_transitions
 from dsplatform.kubetime import format_micro_time, parse
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, make_lease
 
 NS = "dsplatform"
@@ -81,16 +82,8 @@ def test_transitions_count_takeovers() -> None:
 # -- the controller's election ----------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_replica_that_loses_the_create_race_does_not_lead(apiserver: FakeApiServer, api_client: Any) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     a = LeaseElector(api_client, namespace=NS, name="ctl", identity="a", clock=clock)
     real_read = a.leases.read
 
@@ -110,7 +103,7 @@ def test_a_replica_that_loses_the_create_race_does_not_lead(apiserver: FakeApiSe
 def test_a_lease_held_by_a_silent_holder_is_taken_after_its_acquire_time_lapses(
     apiserver: FakeApiServer, api_client: Any
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     lease = make_lease("ctl", namespace=NS, holder="a", duration_s=15)
     lease["spec"]["acquireTime"] = format_micro_time(T0)  # acquired, never renewed
     apiserver.create(lease)
@@ -125,7 +118,7 @@ def test_a_lease_held_by_a_silent_holder_is_taken_after_its_acquire_time_lapses(
 def test_a_failure_other_than_a_lost_race_is_logged_and_does_not_lead(
     apiserver: FakeApiServer, api_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    elector = LeaseElector(api_client, namespace=NS, name="ctl", identity="a", clock=Clock())
+    elector = LeaseElector(api_client, namespace=NS, name="ctl", identity="a", clock=Clock(T0))
     apiserver.stop()
     with caplog.at_level(logging.WARNING, logger="dsagent.controller"):
         assert elector.try_acquire() is False

@@ -8,15 +8,8 @@ from typing import Any
 
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.nodeagent.podevents import EVENTS_CONTROLLER, PodEvents
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_agents_loop_writes_the_repeats_its_recorder_counted_once_they_are_due(

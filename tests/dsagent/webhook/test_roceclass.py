@@ -25,6 +25,7 @@ from dsagent.webhook.server import decide
 from dsplatform.kubetime import format_micro_time
 from scheduler_plugin.testing import node as extender_node
 from scheduler_plugin.testing import topology_json
+from tests.clock import Clock
 from tools.support.fake_apiserver import FakeApiServer, json_patch, make_lease, make_pod
 
 SETTINGS = GpuClassSettings(enabled=True)
@@ -62,14 +63,6 @@ def gpu_node(name: str, free: list[int], *, topology: str | None = None) -> dict
     obj["kind"], obj["apiVersion"] = "Node", "v1"
     obj["metadata"].pop("resourceVersion")
     return obj
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
