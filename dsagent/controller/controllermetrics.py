@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsagent.kube.nodewatch import SOURCES
 from dsplatform.metrics import MetricSet
 
 
@@ -49,8 +50,12 @@ class ControllerMetrics(MetricSet):
             self.datasets.labels(result=result)
         for kind in ("warm", "replica", "prepare"):
             self.gone_releases.labels(kind=kind)
-        for source in ("watch", "list"):
+        for source in SOURCES:
             self.node_reads.labels(source=source)
+
+    def node_read(self, source: str) -> None:
+        """A pass read the Nodes from ``source`` (:data:`dsagent.kube.nodewatch.SOURCES`)."""
+        self.node_reads.labels(source=source).inc()
 
 
 def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:

@@ -219,8 +219,7 @@ class DatasetController:
         list_all = partial(
             nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version=FROM_CACHE
         )
-        self.metrics.node_reads.labels(source="watch" if nodewatch.watched(self.node_watch) else "list").inc()
-        return nodewatch.current(self.node_watch, list_all)
+        return nodewatch.current(self.node_watch, list_all, reads=self.metrics.node_read)
 
     def reconcile_all(self) -> None:
         """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);

@@ -182,10 +182,20 @@ def watched(watch: NodeWatch | None) -> bool:
     return watch is not None and watch.synced
 
 
-def current(watch: NodeWatch | None, listing: Callable[[], list[JSON]]) -> list[JSON]:
+#: where a reader's Nodes came from (:func:`current`): its watch, or a list of its own
+SOURCES = ("watch", "list")
+
+
+def current(
+    watch: NodeWatch | None, listing: Callable[[], list[JSON]], reads: Callable[[str], object] | None = None
+) -> list[JSON]:
     """``watch``'s Nodes when :func:`watched`, else ``listing()`` (the reader lists them for
-    itself meanwhile)."""
-    return watch.nodes() if watch is not None and watched(watch) else listing()
+    itself meanwhile); ``reads`` is told which of :data:`SOURCES` it was, once a call (the
+    readers' ``node_reads`` metric)."""
+    source = "watch" if watched(watch) else "list"
+    if reads is not None:
+        reads(source)
+    return watch.nodes() if source == "watch" and watch is not None else listing()
 
 
 def _slim(node: JSON, dropped: frozenset[str] = frozenset()) -> JSON:

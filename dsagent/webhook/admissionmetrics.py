@@ -17,12 +17,16 @@ webhook that did not answer). These metrics count them where they happen
   API server's ``failurePolicy: Ignore`` admits the pod unmutated); every outcome is
   pre-initialised, so a failure ratio reads 0 before the first failure;
 - ``dsplatform_webhook_request_duration_seconds{route}``: seconds per request (``/mutate``);
+- ``dsplatform_webhook_node_reads_total{source}``: where the class vote's views and the
+  deadline plans read the Nodes, ``watch`` (the webhook's list+watch) or ``list`` (listed for
+  themselves: the watch not synced yet, failing, or ``webhook.watchNodes: false``);
 - ``dsplatform_webhook_build_info{version}`` = 1.
 """
 
 from __future__ import annotations
 
 from dsagent import __version__
+from dsagent.kube.nodewatch import SOURCES
 from dsplatform.metrics import CONTENT_TYPE, MetricSet
 
 OUTCOMES = ("patched", "unpatched", "failed_open", "invalid")
@@ -39,13 +43,24 @@ class WebhookMetrics(MetricSet):
         self.latency = self.histogram(
             "request_duration_seconds", "Seconds an admission request took, by route.", "route", buckets=LATENCY_BUCKETS
         )
+        self.node_reads = self.counter(
+            "node_reads",
+            "Reads of the Nodes by the class vote and the deadline plans, by source: watch (list+watch) or list.",
+            "source",
+        )
         for outcome in OUTCOMES:
             self.admissions.labels(outcome=outcome)
         self.latency.labels(route="/mutate")
+        for source in SOURCES:
+            self.node_reads.labels(source=source)
 
     def admitted(self, outcome: str, seconds: float) -> None:
         self.admissions.labels(outcome=outcome).inc()
         self.latency.labels(route="/mutate").observe(seconds)
+
+    def node_read(self, source: str) -> None:
+        """A view or a plan read the Nodes from ``source`` (:data:`dsagent.kube.nodewatch.SOURCES`)."""
+        self.node_reads.labels(source=source).inc()
 
 
 __all__ = ["CONTENT_TYPE", "OUTCOMES", "WebhookMetrics"]

@@ -204,11 +204,18 @@ class KubePlanNodes:
     ``watch`` (kept by list+watch), else listed through an unmodified ``kubernetes`` ApiClient."""
 
     def __init__(
-        self, api_client: Any, reader: NodeReader, *, request_timeout: float = 2.0, watch: NodeWatch | None = None
+        self,
+        api_client: Any,
+        reader: NodeReader,
+        *,
+        request_timeout: float = 2.0,
+        watch: NodeWatch | None = None,
+        reads: Callable[[str], object] | None = None,
     ) -> None:
         from kubernetes import client
 
         self._watch = watch
+        self._reads = reads  # told where each call read them (the webhook's node_reads metric)
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._reader = reader
@@ -216,7 +223,7 @@ class KubePlanNodes:
 
     def __call__(self) -> list[NodeFacts]:
         list_all = partial(nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version="0")
-        items = current(self._watch, list_all)
+        items = current(self._watch, list_all, self._reads)
         nodes = [n for n in items if not (n.get("spec") or {}).get("unschedulable")]
         return [self._reader.read(cast(Node, node)) for node in nodes]
 

@@ -192,11 +192,13 @@ class KubeGpuClasses:
         request_timeout: float = 2.0,
         clock: Callable[[], float] = time.time,
         watch: NodeWatch | None = None,
+        reads: Callable[[str], object] | None = None,
     ) -> None:
         from kubernetes import client
 
         self.settings = settings
         self._watch = watch  # the Nodes kept by list+watch, else listed (:func:`dsagent.kube.nodewatch.current`)
+        self._reads = reads  # told where each view read them (the webhook's node_reads metric)
         # Raw JSON both ways (_preload_content=False, dict bodies): the wire format as is.
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
@@ -215,7 +217,7 @@ class KubeGpuClasses:
         if view is not None:
             return view
         list_all = partial(nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version="0")
-        nodes = current(self._watch, list_all)
+        nodes = current(self._watch, list_all, self._reads)
         view = read_cluster(nodes, self.settings.served_label if self.settings.auto else None)
         with self._lock:
             self._views["nodes"] = view

@@ -228,12 +228,14 @@ def create_app(
     gpu: GpuClassPolicy | None = None,
     plans: PlanPolicy | None = None,
     gates: GatePolicy | None = None,
+    metrics: WebhookMetrics | None = None,
 ) -> FastAPI:
     """The webhook's ASGI app; ``lookup`` reads Datasets, ``gpu`` assigns GPU classes,
     ``plans`` applies deadline plans and ``gates`` gates the workers of multi-worker jobs for
-    the plan loop (all blocking: run in a thread)."""
+    the plan loop (all blocking: run in a thread); ``metrics``: the registry it serves (a new
+    one when not given; :func:`serve` gives the one its Node readers count in)."""
     app = FastAPI(title="dsagent-webhook", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = WebhookMetrics()
+    metrics = metrics if metrics is not None else WebhookMetrics()
     app.state.metrics = metrics
 
     @app.post("/mutate")
@@ -404,19 +406,22 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
     watch = NodeWatch(api_client, request_timeout=2.0, published=keep) if reads_nodes and settings.watch_nodes else None
     if watch is not None:
         watch.start()
+    metrics = WebhookMetrics()
     gpu = None
     if settings.gpu_classes.enabled:
-        gpu = GpuClassPolicy(settings.gpu_classes, KubeGpuClasses(api_client, settings.gpu_classes, watch=watch))
+        kube = KubeGpuClasses(api_client, settings.gpu_classes, watch=watch, reads=metrics.node_read)
+        gpu = GpuClassPolicy(settings.gpu_classes, kube)
     plans = None
     if settings.deadline_plans:
         names = settings.gpu_classes.names
         reader = NodeReader(gpu_resource=names.gpu)
-        plans = PlanPolicy(KubePlanNodes(api_client, reader, watch=watch), time.time, names, settings.plan_formula)
+        nodes = KubePlanNodes(api_client, reader, watch=watch, reads=metrics.node_read)
+        plans = PlanPolicy(nodes, time.time, names, settings.plan_formula)
     gates = GatePolicy(settings.gpu_classes.names, time.time) if settings.plan_gates else None
     assert settings.injection is not None  # the settings read or were given it
     # bound first: a busy address is one line and exit 2, not uvicorn's log and exit 3
     sock = listening_socket(settings.host, settings.port, hint=f"choose another {ENV_PREFIX}LISTEN")
-    app = StartupWatch(create_app(settings.injection, client.get, gpu, plans, gates))
+    app = StartupWatch(create_app(settings.injection, client.get, gpu, plans, gates, metrics))
     config = uvicorn.Config(
         app,
         **logs.uvicorn_options(log_settings if log_settings is not None else AgentLogSettings()),
