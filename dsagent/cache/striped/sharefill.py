@@ -79,6 +79,7 @@ class Share:
     error: str | None = None
     task: asyncio.Task[None] | None = None
     expires: float = math.inf  # wall-clock seconds: dropped unless held again before (the lease)
+    lease: float = 0.0  # the last hold's lease: a share whose lease lapsed goes once unused this long
     # wall-clock seconds: last read by this node's readers or pods, or served to a peer (not
     # its renewals: a copy kept after its job ends ages for the eviction's LRU order)
     last_used: float = 0.0

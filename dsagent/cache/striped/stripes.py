@@ -198,7 +198,7 @@ class StripeShares(ShareFill):
             share.on_demand = store_on_demand  # the fill's next bundles follow it
             share.peers.update(peers)
             share.holders.update(holders)
-            share.expires = now + lease  # a renewal is no use: last_used stays
+            share.expires, share.lease = now + lease, lease  # a renewal is no use: last_used stays
             if not share.filling and any(b.digest not in share.held for b in share.owned):
                 # a part kept with no lease (its fill stopped), held again: it fills on
                 share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
@@ -225,7 +225,7 @@ class StripeShares(ShareFill):
             # a new group re-plans the share but is no use of it
             last_used=share.last_used if share is not None else now,
         )  # fmt: skip
-        share.expires = now + lease
+        share.expires, share.lease = now + lease, lease
         self._shares[key] = share
         await self.pools.work(self._prepare, share, done)
         await self.pools.work(self._remember, share)
@@ -462,14 +462,13 @@ class StripeShares(ShareFill):
         nobody used them for a lease either. A version a running job still reads keeps its
         share after the controller stops renewing it (a superseded version: the controller
         holds the Dataset's current one only, docs/design-striping.md#superseded): pods on
-        this node name it, a reader or a peer read it within the last ``stripe_lease``. It
-        lapses one lease after its last use."""
+        this node name it, a reader or a peer read it within its last lease. It lapses one
+        lease after its last use."""
         now = self.clock()
-        lease = self.settings.stripe_lease
         gone = [
             key for key, share in self._shares.items()
             if share.expires <= now and share.readers == 0 and share.holders.isdisjoint(self.reading)
-            and now - share.last_used >= lease
+            and now - share.last_used >= share.lease
         ]  # fmt: skip
         for key in gone:
             await self.drop(key, reason="its lease lapsed")
