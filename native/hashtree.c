@@ -110,6 +110,7 @@ static void tree_work(tree_job *job) {
 
 static void *tree_thread(void *arg) {
     tree_job *job = arg;
+    name_thread("dsnative-hash"); /* pool.c */
     if (job->isolate) own_fd_table(-1); /* pool.c; refused: the shared table */
     tree_work(job);
     return NULL;

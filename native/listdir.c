@@ -132,6 +132,7 @@ typedef struct {
 
 static void *listing_worker(void *arg) {
     listing_job *job = arg;
+    name_thread("dsnative-list"); /* pool.c */
     for (;;) {
         pthread_mutex_lock(&job->lock);
         Py_ssize_t i = job->next++;

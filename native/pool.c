@@ -20,10 +20,23 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #define POOL_THREADS_MAX 64
 #define POOL_CHUNK 8
 #define UNSHARE_FDS (1U << 1) /* CLOSE_RANGE_UNSHARE, <linux/close_range.h>, not on every build host */
+
+/* Name the calling thread (at most 15 characters), as `top -H` and /proc/<pid>/task/<tid>/comm
+ * show it: every thread of ours is a "dsnative-..." one. */
+static void name_thread(const char *name) {
+#ifdef __linux__
+    (void)prctl(PR_SET_NAME, name, 0, 0, 0);
+#else
+    (void)name;
+#endif
+}
 
 /* This thread's own table of descriptors, holding only `keep` (none when it is < 0). */
 static void own_fd_table(int keep) {
@@ -67,6 +80,7 @@ static void pool_take(work_pool *pool) {
 
 static void *pool_thread(void *arg) {
     work_pool *pool = arg;
+    name_thread("dsnative-pool");
     own_fd_table(pool->keep_fd);
     unsigned long seen = 0;
     pthread_mutex_lock(&pool->lock);
