@@ -62,7 +62,7 @@ from dsagent.cache.striped.stripereaders import Holder, PodReader, refusal
 from dsagent.cache.striped.stripewindow import StripeWindow
 from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
 from dsagent.format import durable
-from dsagent.format.manifest import BundleRef, FileEntry, read_manifest
+from dsagent.format.manifest import MANIFEST_FILE, BundleRef, FileEntry, Manifest, read_manifest, read_manifest_stream
 from dsagent.format.storageconfig import user_options, with_config
 from dsplatform.boundedjson import count
 from dsplatform.data import DONE_DIR
@@ -140,6 +140,7 @@ class StripeShares(ShareFill):
         holders: Iterable[Holder] = (),
         whole: bool = False,
         store_on_demand: bool = False,
+        manifest: Manifest | None = None,
     ) -> dict[str, Any]:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
@@ -159,7 +160,9 @@ class StripeShares(ShareFill):
         fits this node and the cache can make the room; else this node's share, and the
         status says which (``holding``: docs/design-striping.md#holding). ``store_on_demand``:
         fill from the peers only and read the store only for bundles a reader waits for
-        (:mod:`.sharefill`); a change of it applies to the bundles the fill has not started."""
+        (:mod:`.sharefill`); a change of it applies to the bundles the fill has not started.
+        ``manifest``: the version's, kept beside its share (:meth:`recover`): the store is not
+        read, and may hold a newer version by now."""
         lease = self.settings.stripe_lease if lease is None else lease
         if not 0 < lease <= 30 * 86400:
             raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
@@ -174,9 +177,10 @@ class StripeShares(ShareFill):
         for member, url in peers.items():
             if not url.startswith(("http://", "https://")):
                 raise InvalidInput(f"peer {member!r} needs an http(s) base URL, not {url!r}")
-        manifest = await self.pools.work(
-            read_manifest, store, name, storage_options=options, max_files=self.settings.max_dataset_files
-        )
+        if manifest is None:
+            manifest = await self.pools.work(
+                read_manifest, store, name, storage_options=options, max_files=self.settings.max_dataset_files
+            )
         if digest is not None and manifest.digest != digest:
             raise NotFound(f"the store's {name!r} is version {manifest.digest}, not {digest}")
         if not manifest.bundles:
@@ -239,6 +243,18 @@ class StripeShares(ShareFill):
         except FileNotFoundError:
             return set()
 
+    def _kept_manifest(self, directory: Path, digest: str) -> Manifest | None:
+        """The manifest kept beside a share (:meth:`_prepare`), when it is there, whole and of
+        ``digest``; else None (the store's is read)."""
+        try:
+            with open(directory / MANIFEST_FILE, "rb") as stream:
+                manifest = read_manifest_stream(stream, max_files=self.settings.max_dataset_files)
+        except (OSError, DsagentError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("the manifest kept for %s: %s; reading the store's", directory, exc)
+            return None
+        return manifest if manifest.digest == digest else None
+
     def _remember(self, share: Share) -> None:
         """What a restarted agent needs to hold the share again (:meth:`recover`): never the
         storage options, which may hold credentials; a share that needed them waits for its
@@ -253,14 +269,17 @@ class StripeShares(ShareFill):
                   # a kept whole copy has no lease (JSON has no infinity)
                   "expiresAt": None if math.isinf(share.expires) else share.expires,
                   "heldFor": sorted(share.holders), "windowBytes": share.window_bytes,
-                  "lastUsed": share.last_used}  # fmt: skip
+                  "lastUsed": share.last_used, "lease": share.lease}  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
 
     async def recover(self) -> None:
         """Hold again the shares this node held before a restart (their bundles on disk are
-        kept: a marker means a verified bundle), so that peers and readers find them."""
+        kept: a marker means a verified bundle), so that peers and readers find them: from the
+        manifest kept beside each (a version the store has moved on from is still held for
+        the job reading it), else the store's. One whose lease lapsed goes, unless it was used
+        within its lease (:meth:`expire`'s rule: its record says when it was last used)."""
         found = await self.pools.work(lambda: sorted(self.root.glob(f"*/*/{HOLD_FILE}")))
         for path in found:
             name, digest = path.parent.parent.name, path.parent.name
@@ -268,16 +287,22 @@ class StripeShares(ShareFill):
                 record = json.loads(await self.pools.work(path.read_text))
                 kept = record.get("expiresAt", 0) is None  # a whole copy kept with no lease
                 left = math.inf if kept else float(record.get("expiresAt", math.inf)) - self.clock()
-                if left <= 0:  # its lease lapsed while the agent was down
+                lease = _seconds(record.get("lease"), self.settings.stripe_lease)
+                used = _seconds(record.get("lastUsed"), 0.0)
+                if left <= 0 and self.clock() - used >= lease:  # lapsed while the agent was down, unused
                     log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
                     await self.pools.work(shutil.rmtree, path.parent, True)
                     continue
+                manifest = await self.pools.work(self._kept_manifest, path.parent, digest)
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
                                 no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
-                                lease=min(left, self.settings.stripe_lease), whole=record.get("whole") is True,
+                                lease=min(left, lease) if left > 0 else lease, whole=record.get("whole") is True,
                                 store_on_demand=record.get("storeOnDemand") is True,
-                                holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())])  # fmt: skip
+                                holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())],
+                                manifest=manifest)  # fmt: skip
                 share = self._shares.get((name, digest))
+                if share is not None and left <= 0:  # lapsed, and used within its lease: expire() decides
+                    share.expires = self.clock() + left
                 if share is not None and kept and share.whole:
                     await self._keep(share)
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
@@ -301,6 +326,14 @@ class StripeShares(ShareFill):
             out.flush()
             durable.fsync(out.fileno(), tmp)
         os.replace(tmp, directory / LAYOUT_FILE)
+        kept = self.version_dir(share.key) / MANIFEST_FILE
+        if not kept.exists():  # a restarted agent holds the version again even once the store moved on
+            tmp = kept.with_name(f".{MANIFEST_FILE}.tmp")
+            with open(tmp, "wb") as out:
+                out.write(share.manifest.to_bytes())
+                out.flush()
+                durable.fsync(out.fileno(), tmp)
+            os.replace(tmp, kept)
         mine = {b.digest for b in share.owned}
         for digest in done:
             (share.held if digest in mine else share.handover).add(digest)
@@ -463,8 +496,13 @@ class StripeShares(ShareFill):
         share after the controller stops renewing it (a superseded version: the controller
         holds the Dataset's current one only, docs/design-striping.md#superseded): pods on
         this node name it, a reader or a peer read it within its last lease. It lapses one
-        lease after its last use."""
+        lease after its last use. A lapsed share the node's pods read is recorded as used now,
+        so that an agent restarted meanwhile holds it again (:meth:`recover`)."""
         now = self.clock()
+        for share in self._shares.values():
+            if share.expires <= now and not share.holders.isdisjoint(self.reading):
+                share.last_used = now
+                await self.pools.work(self._remember, share)
         gone = [
             key for key, share in self._shares.items()
             if share.expires <= now and share.readers == 0 and share.holders.isdisjoint(self.reading)
@@ -578,6 +616,13 @@ class StripeShares(ShareFill):
 
 def _done_reading(share: Share) -> None:
     share.readers = max(0, share.readers - 1)
+
+
+def _seconds(value: object, default: float) -> float:
+    """A number of a hold record (hostile to the extent a damaged file is): ``default`` when it is not one."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return default
 
 
 def _remove_version(directory: Path) -> None:

@@ -250,3 +250,45 @@ def test_a_share_its_nodes_pods_read_outlives_its_lease_and_lapses_a_lease_after
             assert _usage(service) == {}, "a lease after its last use it lapses"
 
     asyncio.run(run())
+
+
+def test_a_share_a_job_reads_is_held_again_after_a_restart_once_the_store_moved_on(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    """A job reads a version its Dataset has moved on from (the store holds a newer one) past
+    the share's lease, and the agent restarts: the share is held again from the manifest kept
+    beside it, bundles and all, and lapses a lease after its last use."""
+    url, clock, settings = _node(tmp_path, loopback)
+    www = loopback[0]
+    lease = settings.stripe_lease
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
+            digest = str(status["digest"])
+            for _ in range(600):
+                if service.stripes.status(("imgs", digest))["complete"]:
+                    break
+                await asyncio.sleep(0.05)
+            service.stripes.read_by({HELD_FOR})  # the job's pod on this node reads it
+            # the store moves on to a new version of imgs
+            write_tree(www / "src-imgs", {"imgs/new.bin": os.urandom(5000)})
+            pack(www / "src-imgs", www / "imgs", name="imgs", max_files=4)
+            clock.now += 2 * lease  # never renewed: the controller holds the new version only
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "read by the job: kept past its lease"
+        clock.now += 60  # the agent restarts
+        async with _service(settings, clock) as service:
+            for _ in range(200):  # held again in the background
+                if "imgs" in _usage(service):
+                    break
+                await asyncio.sleep(0.05)
+            status = service.stripes.status(("imgs", digest))
+            assert status["complete"] and status["bundles_held"] == status["bundles_owned"], status
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "used within its lease: still held"
+            clock.now += lease  # no pod reads it now
+            await service.stripes.expire()
+            assert _usage(service) == {}, "a lease after its last use it lapses"
+
+    asyncio.run(run())
