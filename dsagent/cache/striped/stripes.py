@@ -301,8 +301,6 @@ class StripeShares(ShareFill):
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())],
                                 manifest=manifest)  # fmt: skip
                 share = self._shares.get((name, digest))
-                if share is not None and left <= 0:  # lapsed, and used within its lease: expire() decides
-                    share.expires = self.clock() + left
                 if share is not None and kept and share.whole:
                     await self._keep(share)
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
@@ -310,6 +308,9 @@ class StripeShares(ShareFill):
                     used = record.get("lastUsed")  # the eviction's LRU order survives a restart
                     if isinstance(used, (int, float)) and not isinstance(used, bool) and 0 <= used < share.last_used:
                         share.last_used = float(used)
+                if share is not None and left <= 0:  # lapsed, and used within its lease: expire() decides
+                    share.expires = self.clock() + left
+                    await self.pools.work(self._remember, share)
             except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -277,6 +278,7 @@ def test_a_share_a_job_reads_is_held_again_after_a_restart_once_the_store_moved_
             clock.now += 2 * lease  # never renewed: the controller holds the new version only
             await service.stripes.expire()
             assert set(_usage(service)) == {"imgs"}, "read by the job: kept past its lease"
+            used = service.stripes._shares[("imgs", digest)].last_used
         clock.now += 60  # the agent restarts
         async with _service(settings, clock) as service:
             for _ in range(200):  # held again in the background
@@ -285,6 +287,8 @@ def test_a_share_a_job_reads_is_held_again_after_a_restart_once_the_store_moved_
                 await asyncio.sleep(0.05)
             status = service.stripes.status(("imgs", digest))
             assert status["complete"] and status["bundles_held"] == status["bundles_owned"], status
+            record = json.loads((service.stripes.version_dir(("imgs", digest)) / "hold.json").read_text())
+            assert record["lastUsed"] == used and record["expiresAt"] < clock.now, "the restart is no use of it"
             await service.stripes.expire()
             assert set(_usage(service)) == {"imgs"}, "used within its lease: still held"
             clock.now += lease  # no pod reads it now
