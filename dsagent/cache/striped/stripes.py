@@ -19,6 +19,8 @@ What it owns, under ``<root>/stripes/<name>/<digest>/``:
   marked done by an empty file ``share/.stripe/done/<bundle>`` written and synced after
   the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
   a striped CSI volume shows: the share as files, and where the rest lives;
+- ``hold.json``, the kept ``manifest`` and holding the shares again after a restart:
+  :mod:`.sharerecords`;
 - ``window/<bundle>/``: bundles owned elsewhere, fetched for this node's readers from the
   owner over the peer protocol (then the other members, the agents holding or fetching a
   whole copy, then the store), verified the same way. Which of them stay, within
@@ -39,10 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -56,23 +56,20 @@ from dsagent.cache.settings import Settings
 from dsagent.cache.striped.handoff import PeerFetches
 from dsagent.cache.striped.readerstreams import OPERATORS, ReaderStream, ReaderStreams
 from dsagent.cache.striped.sharefill import Share, ShareFill, bundle_of
+from dsagent.cache.striped.sharerecords import ShareRecords, remove_version
 from dsagent.cache.striped.stripecurrent import CurrentVersions
 from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripereaders import Holder, PodReader, refusal
 from dsagent.cache.striped.stripewindow import StripeWindow
 from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
-from dsagent.format import durable
-from dsagent.format.manifest import MANIFEST_FILE, BundleRef, FileEntry, Manifest, read_manifest, read_manifest_stream
-from dsagent.format.storageconfig import user_options, with_config
-from dsplatform.boundedjson import count
-from dsplatform.data import DONE_DIR
-from dsplatform.stripe import LAYOUT_FILE, StripeLayout
+from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
+from dsagent.format.storageconfig import with_config
+from dsplatform.stripe import StripeLayout
 from dsplatform.wire.stripehold import HOLDING_SHARE, HOLDING_WHOLE
 
 log = logging.getLogger("dsagent.stripes")
 
 STRIPES_DIR = "stripes"
-HOLD_FILE = "hold.json"
 
 
 class ShareUsage(NamedTuple):
@@ -86,7 +83,7 @@ class ShareUsage(NamedTuple):
     kept: bool = False  # a whole copy no group holds (released keep=whole): no lease, idle like any copy
 
 
-class StripeShares(ShareFill):
+class StripeShares(ShareRecords, ShareFill):
     """The striped versions of this node: shares held, peers served, readers fed."""
 
     def __init__(
@@ -118,12 +115,6 @@ class StripeShares(ShareFill):
         self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
 
     # -- holding a share --------------------------------------------------------------------
-
-    def version_dir(self, key: Key) -> Path:
-        return self.root / key[0] / key[1]
-
-    def share_dir(self, key: Key) -> Path:
-        return self.version_dir(key) / "share"
 
     async def hold(
         self,
@@ -236,109 +227,6 @@ class StripeShares(ShareFill):
         share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
         return self.status(key)
 
-    def _done_markers(self, key: Key) -> set[str]:
-        """The bundles this node already holds of version ``key`` (their markers)."""
-        try:
-            return {marker.name for marker in (self.share_dir(key) / DONE_DIR).iterdir()}
-        except FileNotFoundError:
-            return set()
-
-    def _kept_manifest(self, directory: Path, digest: str) -> Manifest | None:
-        """The manifest kept beside a share (:meth:`_prepare`), when it is there, whole and of
-        ``digest``; else None (the store's is read)."""
-        try:
-            with open(directory / MANIFEST_FILE, "rb") as stream:
-                manifest = read_manifest_stream(stream, max_files=self.settings.max_dataset_files)
-        except (OSError, DsagentError) as exc:
-            if not isinstance(exc, FileNotFoundError):
-                log.warning("the manifest kept for %s: %s; reading the store's", directory, exc)
-            return None
-        return manifest if manifest.digest == digest else None
-
-    def _remember(self, share: Share) -> None:
-        """What a restarted agent needs to hold the share again (:meth:`recover`): never the
-        storage options, which may hold credentials; a share that needed them waits for its
-        holder (the controller's renewed task) to ask again."""
-        path = self.version_dir(share.key) / HOLD_FILE
-        if user_options(share.storage_options):
-            path.unlink(missing_ok=True)
-            return
-        record = {"store": share.store, "members": list(share.layout.members), "peers": share.peers,
-                  "noShare": sorted(share.no_share), "readyAfter": share.ready_after, "whole": share.whole,
-                  "storeOnDemand": share.on_demand,
-                  # a kept whole copy has no lease (JSON has no infinity)
-                  "expiresAt": None if math.isinf(share.expires) else share.expires,
-                  "heldFor": sorted(share.holders), "windowBytes": share.window_bytes,
-                  "lastUsed": share.last_used, "lease": share.lease}  # fmt: skip
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
-
-    async def recover(self) -> None:
-        """Hold again the shares this node held before a restart (their bundles on disk are
-        kept: a marker means a verified bundle), so that peers and readers find them: from the
-        manifest kept beside each (a version the store has moved on from is still held for
-        the job reading it), else the store's. One whose lease lapsed goes, unless it was used
-        within its lease (:meth:`expire`'s rule: its record says when it was last used)."""
-        found = await self.pools.work(lambda: sorted(self.root.glob(f"*/*/{HOLD_FILE}")))
-        for path in found:
-            name, digest = path.parent.parent.name, path.parent.name
-            try:
-                record = json.loads(await self.pools.work(path.read_text))
-                kept = record.get("expiresAt", 0) is None  # a whole copy kept with no lease
-                left = math.inf if kept else float(record.get("expiresAt", math.inf)) - self.clock()
-                lease = _seconds(record.get("lease"), self.settings.stripe_lease)
-                used = _seconds(record.get("lastUsed"), 0.0)
-                if left <= 0 and self.clock() - used >= lease:  # lapsed while the agent was down, unused
-                    log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
-                    await self.pools.work(shutil.rmtree, path.parent, True)
-                    continue
-                manifest = await self.pools.work(self._kept_manifest, path.parent, digest)
-                await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
-                                no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
-                                lease=min(left, lease) if left > 0 else lease, whole=record.get("whole") is True,
-                                store_on_demand=record.get("storeOnDemand") is True,
-                                holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())],
-                                manifest=manifest)  # fmt: skip
-                share = self._shares.get((name, digest))
-                if share is not None and kept and share.whole:
-                    await self._keep(share)
-                if share is not None:  # what its readers took through the window before (the placement weighs it)
-                    share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
-                    used = record.get("lastUsed")  # the eviction's LRU order survives a restart
-                    if isinstance(used, (int, float)) and not isinstance(used, bool) and 0 <= used < share.last_used:
-                        share.last_used = float(used)
-                if share is not None and left <= 0:  # lapsed, and used within its lease: expire() decides
-                    share.expires = self.clock() + left
-                    await self.pools.work(self._remember, share)
-            except (DsagentError, OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("share of %s@%s not held again after the restart: %s", name, digest[:12], exc)
-
-    def _prepare(self, share: Share, done: set[str]) -> None:
-        """The share's directories and layout file; of the bundles ``done`` (marked held on
-        disk), those it owns are held, the others handed over."""
-        directory = self.share_dir(share.key)
-        (directory / DONE_DIR).mkdir(parents=True, exist_ok=True)
-        (self.version_dir(share.key) / "window").mkdir(exist_ok=True)
-        tmp = directory / f".{LAYOUT_FILE}.tmp"
-        with open(tmp, "wb") as out:
-            for line in share.layout.dump():
-                out.write(line)
-            out.flush()
-            durable.fsync(out.fileno(), tmp)
-        os.replace(tmp, directory / LAYOUT_FILE)
-        kept = self.version_dir(share.key) / MANIFEST_FILE
-        if not kept.exists():  # a restarted agent holds the version again even once the store moved on
-            tmp = kept.with_name(f".{MANIFEST_FILE}.tmp")
-            with open(tmp, "wb") as out:
-                out.write(share.manifest.to_bytes())
-                out.flush()
-                durable.fsync(out.fileno(), tmp)
-            os.replace(tmp, kept)
-        mine = {b.digest for b in share.owned}
-        for digest in done:
-            (share.held if digest in mine else share.handover).add(digest)
-
     async def held(self, key: Key) -> Share:
         """The share of ``key`` held here; else Superseded (:mod:`.stripecurrent`) or NotFound."""
         share = self._shares.get(key)
@@ -445,7 +333,7 @@ class StripeShares(ShareFill):
         share.handover.clear()
         await self.window.forget(key)
         log.info("dropping the share of %s@%s (%s)", key[0], key[1][:12], reason)
-        await self.pools.work(_remove_version, self.version_dir(key))
+        await self.pools.work(remove_version, self.version_dir(key))
         if self._shares.get(key) is share:
             del self._shares[key]
             self.sources.forget(*key)
@@ -617,19 +505,6 @@ class StripeShares(ShareFill):
 
 def _done_reading(share: Share) -> None:
     share.readers = max(0, share.readers - 1)
-
-
-def _seconds(value: object, default: float) -> float:
-    """A number of a hold record (hostile to the extent a damaged file is): ``default`` when it is not one."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return default
-
-
-def _remove_version(directory: Path) -> None:
-    """A share's directory, its hold record first (a restart must not hold it again)."""
-    (directory / HOLD_FILE).unlink(missing_ok=True)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 __all__ = ["STRIPES_DIR", "StripeShares"]
