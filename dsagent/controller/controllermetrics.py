@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsagent.kube.nodewatch import SOURCES
+from dsagent.kube.nodewatch import NodeReads
 from dsplatform.metrics import MetricSet
 
 
@@ -23,10 +23,8 @@ class ControllerMetrics(MetricSet):
         self.pass_seconds = self.histogram("pass_seconds", "Seconds one pass over every Dataset took.")
         self.datasets = self.counter("reconciles", "Datasets reconciled, by result.", "result")
         self.pack_jobs = self.counter("pack_jobs", "Pack Jobs created for new source listings.")
-        self.node_reads = self.counter(
-            "node_reads",
-            "Passes' reads of the Nodes, by source: watch (list+watch) or list (the watch not synced or failing).",
-            "source",
+        self.node_reads = NodeReads(
+            self, "Passes' reads of the Nodes, by source: watch (list+watch) or list (the watch not synced or failing)."
         )
         self.preparations = self.gauge(
             "preparations",
@@ -50,12 +48,6 @@ class ControllerMetrics(MetricSet):
             self.datasets.labels(result=result)
         for kind in ("warm", "replica", "prepare"):
             self.gone_releases.labels(kind=kind)
-        for source in SOURCES:
-            self.node_reads.labels(source=source)
-
-    def node_read(self, source: str) -> None:
-        """A pass read the Nodes from ``source`` (:data:`dsagent.kube.nodewatch.SOURCES`)."""
-        self.node_reads.labels(source=source).inc()
 
 
 def serve_metrics(port: int, registry: Any, host: str = "0.0.0.0") -> Any:

@@ -219,7 +219,7 @@ class DatasetController:
         list_all = partial(
             nodestate.list_nodes, self._core, self._custom, timeout=self._timeout, resource_version=FROM_CACHE
         )
-        return nodewatch.current(self.node_watch, list_all, reads=self.metrics.node_read)
+        return nodewatch.current(self.node_watch, list_all, reads=self.metrics.node_reads)
 
     def reconcile_all(self) -> None:
         """One pass; the collector kept off what it read (:mod:`dsagent.controller.passheap`);

@@ -37,6 +37,7 @@ from typing import Any
 
 from dsagent.kube.apiclient import loads_list
 from dsplatform.listwatch import Absent, Watches
+from dsplatform.metrics import MetricSet
 from dsplatform.wire import nodecache
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,19 @@ def watched(watch: NodeWatch | None) -> bool:
 SOURCES = ("watch", "list")
 
 
+class NodeReads:
+    """A process's ``node_reads`` counter, by source (:data:`SOURCES`, each series there from
+    the start): called with the source, as :func:`current`'s ``reads``."""
+
+    def __init__(self, metrics: MetricSet, documentation: str) -> None:
+        self.counter = metrics.counter("node_reads", documentation, "source")
+        for source in SOURCES:
+            self.counter.labels(source=source)
+
+    def __call__(self, source: str) -> None:
+        self.counter.labels(source=source).inc()
+
+
 def current(
     watch: NodeWatch | None, listing: Callable[[], list[JSON]], reads: Callable[[str], object] | None = None
 ) -> list[JSON]:
@@ -222,4 +236,4 @@ def _name(obj: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-__all__ = ["NodeWatch", "current", "watched"]
+__all__ = ["SOURCES", "NodeReads", "NodeWatch", "current", "watched"]

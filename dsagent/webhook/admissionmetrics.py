@@ -26,7 +26,7 @@ webhook that did not answer). These metrics count them where they happen
 from __future__ import annotations
 
 from dsagent import __version__
-from dsagent.kube.nodewatch import SOURCES
+from dsagent.kube.nodewatch import NodeReads
 from dsplatform.metrics import CONTENT_TYPE, MetricSet
 
 OUTCOMES = ("patched", "unpatched", "failed_open", "invalid")
@@ -43,24 +43,16 @@ class WebhookMetrics(MetricSet):
         self.latency = self.histogram(
             "request_duration_seconds", "Seconds an admission request took, by route.", "route", buckets=LATENCY_BUCKETS
         )
-        self.node_reads = self.counter(
-            "node_reads",
-            "Reads of the Nodes by the class vote and the deadline plans, by source: watch (list+watch) or list.",
-            "source",
+        self.node_reads = NodeReads(
+            self, "Reads of the Nodes by the class vote and the deadline plans, by source: watch (list+watch) or list."
         )
         for outcome in OUTCOMES:
             self.admissions.labels(outcome=outcome)
         self.latency.labels(route="/mutate")
-        for source in SOURCES:
-            self.node_reads.labels(source=source)
 
     def admitted(self, outcome: str, seconds: float) -> None:
         self.admissions.labels(outcome=outcome).inc()
         self.latency.labels(route="/mutate").observe(seconds)
-
-    def node_read(self, source: str) -> None:
-        """A view or a plan read the Nodes from ``source`` (:data:`dsagent.kube.nodewatch.SOURCES`)."""
-        self.node_reads.labels(source=source).inc()
 
 
 __all__ = ["CONTENT_TYPE", "OUTCOMES", "WebhookMetrics"]

@@ -409,13 +409,13 @@ def serve(settings: WebhookSettings, log_settings: AgentLogSettings | None = Non
     metrics = WebhookMetrics()
     gpu = None
     if settings.gpu_classes.enabled:
-        kube = KubeGpuClasses(api_client, settings.gpu_classes, watch=watch, reads=metrics.node_read)
+        kube = KubeGpuClasses(api_client, settings.gpu_classes, watch=watch, reads=metrics.node_reads)
         gpu = GpuClassPolicy(settings.gpu_classes, kube)
     plans = None
     if settings.deadline_plans:
         names = settings.gpu_classes.names
         reader = NodeReader(gpu_resource=names.gpu)
-        nodes = KubePlanNodes(api_client, reader, watch=watch, reads=metrics.node_read)
+        nodes = KubePlanNodes(api_client, reader, watch=watch, reads=metrics.node_reads)
         plans = PlanPolicy(nodes, time.time, names, settings.plan_formula)
     gates = GatePolicy(settings.gpu_classes.names, time.time) if settings.plan_gates else None
     assert settings.injection is not None  # the settings read or were given it

@@ -211,8 +211,8 @@ def test_once_its_node_watch_has_listed_a_pass_lists_no_node_and_reads_each_chan
         watching.reconcile_all()
         assert apiserver.get("datasets", "imagenet", "ml")["status"]["readyNodes"] == ["a", "b", "c"]
         assert lists() == listed  # neither listed since the watch listed them
-        reads = watching.metrics.node_reads
+        reads = watching.metrics.node_reads.counter
         assert (reads.labels(source="watch")._value.get(), reads.labels(source="list")._value.get()) == (2, 0)
-        assert listing.metrics.node_reads.labels(source="list")._value.get() == 1
+        assert listing.metrics.node_reads.counter.labels(source="list")._value.get() == 1
     finally:
         watch.stop()

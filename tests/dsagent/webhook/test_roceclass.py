@@ -425,7 +425,7 @@ def test_with_its_node_watch_the_vote_reads_the_watched_nodes_and_lists_none(
     try:
         assert watch.wait_synced(10)
         lists = len(cluster.requests_matching("GET", "/api/v1/nodes", watch=False))
-        kube = KubeGpuClasses(client, SETTINGS, clock=clock, watch=watch, reads=metrics.node_read)
+        kube = KubeGpuClasses(client, SETTINGS, clock=clock, watch=watch, reads=metrics.node_reads)
         policy = GpuClassPolicy(SETTINGS, kube)
         first, _ = admitted(policy, worker(0))
         assert resources(first)["limits"] == {"dsagent.io/gpu-roce2": "4"}  # as the listing vote says
@@ -437,8 +437,8 @@ def test_with_its_node_watch_the_vote_reads_the_watched_nodes_and_lists_none(
         assert resources(other)["limits"] == {"dsagent.io/gpu-roce1": "4"}
         assert len(cluster.requests_matching("GET", "/api/v1/nodes", watch=False)) == lists
         # each view counted where it read the Nodes: dsplatform_webhook_node_reads_total
-        assert metrics.node_reads.labels(source="watch")._value.get() == kube.cluster_reads == 2
-        assert metrics.node_reads.labels(source="list")._value.get() == 0
+        assert metrics.node_reads.counter.labels(source="watch")._value.get() == kube.cluster_reads == 2
+        assert metrics.node_reads.counter.labels(source="list")._value.get() == 0
     finally:
         watch.stop()
         client.close()
@@ -450,13 +450,13 @@ def test_without_a_node_watch_each_view_counts_as_listed(cluster: FakeApiServer,
     metrics = WebhookMetrics()
     client = cluster.api_client()
     try:
-        kube = KubeGpuClasses(client, SETTINGS, clock=clock, reads=metrics.node_read)
+        kube = KubeGpuClasses(client, SETTINGS, clock=clock, reads=metrics.node_reads)
         policy = GpuClassPolicy(SETTINGS, kube)
         admitted(policy, worker(0))
         clock.now += SETTINGS.nodes_ttl_s + 1
         admitted(policy, worker(0, job="gpt", owner=None))
-        assert metrics.node_reads.labels(source="list")._value.get() == kube.cluster_reads == 2
-        assert metrics.node_reads.labels(source="watch")._value.get() == 0
+        assert metrics.node_reads.counter.labels(source="list")._value.get() == kube.cluster_reads == 2
+        assert metrics.node_reads.counter.labels(source="watch")._value.get() == 0
         assert b'dsplatform_webhook_node_reads_total{source="list"} 2.0' in metrics.render()
     finally:
         client.close()
