@@ -115,7 +115,7 @@ class ShareRecords:
                 kept = record.get("expiresAt", 0) is None  # a whole copy kept with no lease
                 left = math.inf if kept else float(record.get("expiresAt", math.inf)) - self.clock()
                 lease = _seconds(record.get("lease"), self.settings.stripe_lease)
-                used = _seconds(record.get("lastUsed"), 0.0)
+                used = _seconds(record.get("lastUsed"), -1.0)  # -1: not recorded
                 if left <= 0 and self.clock() - used >= lease:  # lapsed while the agent was down, unused
                     log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
                     await self.pools.work(shutil.rmtree, path.parent, True)
@@ -132,9 +132,8 @@ class ShareRecords:
                     await self._keep(share)
                 if share is not None:  # what its readers took through the window before (the placement weighs it)
                     share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
-                    used = record.get("lastUsed")  # the eviction's LRU order survives a restart
-                    if isinstance(used, (int, float)) and not isinstance(used, bool) and 0 <= used < share.last_used:
-                        share.last_used = float(used)
+                    if 0 <= used < share.last_used:  # the eviction's LRU order survives a restart
+                        share.last_used = used
                 if share is not None and left <= 0:  # lapsed, and used within its lease: expire() decides
                     share.expires = self.clock() + left
                     await self.pools.work(self._remember, share)
