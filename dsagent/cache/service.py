@@ -119,6 +119,7 @@ class CacheService:
             make_room=self._space.make_room,
             disk=self.node.store.allocated,
             capacity=self._capacity,
+            pods_reported=hooks.reports_pods,
         )
         self._space.shares = self.stripes  # shares count in the space and are evicted in order
         self._served = BundleLocator(

@@ -19,7 +19,10 @@ async callables, so that the cache layer never imports cluster code:
 - ``pod_wiring(pod_uid)``: the namespace of a pod on this node and the datasets its
   annotation names (:class:`PodWiring`), None for a pod the cluster does not show: what a
   pod may read of a striped version besides what its task names
-  (:mod:`dsagent.cache.striped.stripereaders`).
+  (:mod:`dsagent.cache.striped.stripereaders`);
+- ``reports_pods``: the layer above tells the stripe shares which Datasets the node's pods
+  name (:meth:`~dsagent.cache.striped.stripes.StripeShares.read_by`); until its first
+  report no lapsed share is dropped, since a job may still read it.
 
 Why a constructor argument: set on the service by attribute after both were built (the
 agent needs the service; the service needs the agent's checks), what a service did would
@@ -87,6 +90,7 @@ class ServiceHooks:
     pod_datasets: PodDatasets | None = None  # the dataset names a pod's annotation asks for (None: unknown pod)
     pod_wiring: PodWiringOf | None = None  # a pod's namespace and the datasets its annotation names (None: unknown)
     node_leaving: NodeLeaving | None = None  # whether this node is cordoned or drain-tainted (None: unknown)
+    reports_pods: bool = False  # the Datasets the node's pods name are reported (StripeShares.read_by)
 
 
 __all__ = [

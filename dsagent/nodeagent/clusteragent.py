@@ -408,7 +408,8 @@ class ClusterAgent:
         log.info("pod %s ended: released its datasets", name)
 
     async def _release_stale_tasks(self) -> None:
-        """Once the first pod list is in, release pod tasks whose pods are gone.
+        """Once the first pod list is in, tell the stripe shares which Datasets the node's
+        pods name, and release pod tasks whose pods are gone.
 
         Pods deleted while the agent itself was down send no DELETED event to this
         process; without this their datasets would stay in use until the lease lapses.
@@ -417,6 +418,9 @@ class ClusterAgent:
         assert watch is not None
         while not watch.synced.is_set():  # polled, not waited on a thread: stop() cancels it
             await asyncio.sleep(0.1)
+        for uid, pod in watch.pods().items():
+            self._tell_reading(uid, frozenset() if has_ended(pod) else _dataset_names(pod))
+        self.service.stripes.read_by(frozenset().union(*self._reading.values()))
         for task_id in await self.service.task_ids():
             if is_pod_uid(task_id) and not watch.has_pod(task_id):
                 await self._release(task_id, f"with UID {task_id} (gone while the agent was down)")

@@ -66,6 +66,7 @@ class ClusterHooks:
             pod_datasets=self.pod_datasets,
             pod_wiring=self.pod_wiring,
             node_leaving=self.node_leaving,
+            reports_pods=True,  # ClusterAgent: once its first pod list is in, then at each change
         )
 
     def connect(self, watch: PodWatch, core: Any, submitted: Container[str]) -> None:

@@ -52,6 +52,7 @@ class ShareRecords:
     clock: Callable[[], float]
     root: Path
     _shares: dict[Key, Share]
+    reading: frozenset[tuple[str, str]] | None  # StripeShares.read_by's: None until the pods are reported
     hold: Callable[..., Awaitable[dict[str, Any]]]  # StripeShares.hold: take part in a group
 
     async def _keep(self, share: Share) -> None:
@@ -97,16 +98,17 @@ class ShareRecords:
                   "expiresAt": None if math.isinf(share.expires) else share.expires,
                   "heldFor": sorted(share.holders), "windowBytes": share.window_bytes,
                   "lastUsed": share.last_used, "lease": share.lease}  # fmt: skip
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        durable.write_atomic(path, json.dumps(record).encode())
 
     async def recover(self) -> None:
         """Hold again the shares this node held before a restart (their bundles on disk are
         kept: a marker means a verified bundle), so that peers and readers find them: from the
         manifest kept beside each (a version the store has moved on from is still held for
         the job reading it), else the store's. One whose lease lapsed goes, unless it was used
-        within its lease (:meth:`expire`'s rule: its record says when it was last used)."""
+        within its lease (:meth:`expire`'s rule: its record says when it was last used), or the
+        node's pods are reported and not yet known (cluster mode: an agent down for longer
+        than a lease holds it again, and :meth:`expire` drops it once the pods are known
+        unless they still read it)."""
         found = await self.pools.work(lambda: sorted(self.root.glob(f"*/*/{HOLD_FILE}")))
         for path in found:
             name, digest = path.parent.parent.name, path.parent.name
@@ -116,7 +118,8 @@ class ShareRecords:
                 left = math.inf if kept else float(record.get("expiresAt", math.inf)) - self.clock()
                 lease = _seconds(record.get("lease"), self.settings.stripe_lease)
                 used = _seconds(record.get("lastUsed"), -1.0)  # -1: not recorded
-                if left <= 0 and self.clock() - used >= lease:  # lapsed while the agent was down, unused
+                unused = self.clock() - used >= lease and self.reading is not None  # by no pod we know of
+                if left <= 0 and unused:  # lapsed while the agent was down, unused
                     log.info("share of %s@%s: its lease lapsed; dropping it", name, digest[:12])
                     await self.pools.work(shutil.rmtree, path.parent, True)
                     continue

@@ -96,6 +96,7 @@ class StripeShares(ShareRecords, ShareFill):
         make_room: Callable[[Key, int], Awaitable[None]],
         disk: Callable[[int, int], int],
         capacity: Callable[[], Awaitable[int]] | None = None,
+        pods_reported: bool = False,
     ) -> None:
         self.settings = settings
         self.pools = pools
@@ -109,7 +110,9 @@ class StripeShares(ShareRecords, ShareFill):
         self.counts = {"store_bundles": 0, "peer_bundles": 0, "window_hits": 0, "served_local": 0}
         self.window = StripeWindow(settings, pools, self.counts)
         self.readers = ReaderStreams(settings)  # each caller's streams: bounded, ended when idle
-        self.reading: frozenset[Holder] = frozenset()  # Datasets the node's running pods name (read_by)
+        # Datasets the node's running pods name (read_by); None: not reported yet (``pods_reported``:
+        # a layer above reports them, and until it first has, no lapsed share is dropped)
+        self.reading: frozenset[Holder] | None = None if pods_reported else frozenset()
         self.sources = BundleSources(settings, peers, self.counts)
         self.current = CurrentVersions(pools)
         self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
@@ -287,7 +290,7 @@ class StripeShares(ShareRecords, ShareFill):
         now = self.clock()
         out = []
         for key, share in self._shares.items():
-            read = not share.holders.isdisjoint(self.reading)  # read_by stores the use once they end
+            read = not share.holders.isdisjoint(self.reading or ())  # read_by stores the use once they end
             busy = share.readers > 0 or share.fetching or read
             out.append(ShareUsage(key, share.disk_bytes(self.disk) + window.get(key, 0),
                                   now if read else share.last_used, busy, share.complete_whole,
@@ -301,7 +304,7 @@ class StripeShares(ShareRecords, ShareFill):
         shows the agent; it was last used when the last of those pods ended."""
         now = self.clock()
         for share in self._shares.values():
-            if not share.holders.isdisjoint(self.reading) or not share.holders.isdisjoint(datasets):
+            if not share.holders.isdisjoint(self.reading or ()) or not share.holders.isdisjoint(datasets):
                 share.last_used = now
         self.reading = frozenset(datasets)
 
@@ -386,15 +389,19 @@ class StripeShares(ShareRecords, ShareFill):
         holds the Dataset's current one only, docs/design-striping.md#superseded): pods on
         this node name it, a reader or a peer read it within its last lease. It lapses one
         lease after its last use. A lapsed share the node's pods read is recorded as used now,
-        so that an agent restarted meanwhile holds it again (:meth:`recover`)."""
-        now = self.clock()
+        so that an agent restarted meanwhile holds it again (:meth:`recover`). Until the node's
+        pods are first reported (``pods_reported``), nothing lapses: which of them still read
+        a share is not known yet."""
+        now, reading = self.clock(), self.reading
+        if reading is None:
+            return []
         for share in self._shares.values():
-            if share.expires <= now and not share.holders.isdisjoint(self.reading):
+            if share.expires <= now and not share.holders.isdisjoint(reading):
                 share.last_used = now
                 await self.pools.work(self._remember, share)
         gone = [
             key for key, share in self._shares.items()
-            if share.expires <= now and share.readers == 0 and share.holders.isdisjoint(self.reading)
+            if share.expires <= now and share.readers == 0 and share.holders.isdisjoint(reading)
             and now - share.last_used >= share.lease
         ]  # fmt: skip
         for key in gone:

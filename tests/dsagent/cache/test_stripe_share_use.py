@@ -10,6 +10,8 @@ bundle store over loopback HTTP, the clock injected; docs/design-striping.md#evi
   it is unused past the idle bound, as any copy; a share a group holds is its lease's.
 - A whole copy let go before it was complete keeps the bundles it holds, across a restart,
   and stops filling; held again by a group, it fills on. One that holds nothing goes.
+- In cluster mode (the node's pods reported), an agent down for longer than a share's lease
+  holds it again, and drops it once the pods are known only when none of them reads it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dsagent.cache.service import CacheService
+from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
 from dsagent.format.bundles.bundle import pack
 from dsagent.policy import eviction
@@ -62,8 +65,8 @@ def _node(tmp_path: Path, loopback: tuple[Path, str, Any]) -> tuple[str, Clock, 
 
 
 @contextlib.asynccontextmanager
-async def _service(settings: Settings, clock: Clock) -> AsyncIterator[CacheService]:
-    service = CacheService(settings, clock=clock)
+async def _service(settings: Settings, clock: Clock, hooks: ServiceHooks | None = None) -> AsyncIterator[CacheService]:
+    service = CacheService(settings, clock=clock, hooks=hooks or ServiceHooks())
     await service.start()
     try:
         yield service
@@ -294,5 +297,63 @@ def test_a_share_a_job_reads_is_held_again_after_a_restart_once_the_store_moved_
             clock.now += lease  # no pod reads it now
             await service.stripes.expire()
             assert _usage(service) == {}, "a lease after its last use it lapses"
+
+    asyncio.run(run())
+
+
+def test_an_agent_down_past_the_lease_holds_a_share_again_until_the_pods_say_who_reads_it(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    """Cluster mode: the controller stops renewing a share (its Dataset moved on) while a job
+    reads it, and the agent is down for more than a lease. Its record says it was last used
+    long ago, but the job's pod may still be there: it is held again, nothing lapses before
+    the node's pods are reported, and then it stays while a pod names its Dataset and lapses
+    a lease after the last one ends. Standalone (no pods reported), the same record is dropped
+    at the restart, as before."""
+    url, clock, settings = _node(tmp_path, loopback)
+    lease = settings.stripe_lease
+    cluster = ServiceHooks(reports_pods=True)
+
+    async def run() -> None:
+        async with _service(settings, clock, cluster) as service:
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
+            digest = str(status["digest"])
+            for _ in range(600):
+                if service.stripes.status(("imgs", digest))["complete"]:
+                    break
+                await asyncio.sleep(0.05)
+            service.stripes.read_by({HELD_FOR})
+            clock.now += lease / 2
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "read by a pod: kept"
+        clock.now += 3 * lease  # down for longer than a lease: its record is old
+        async with _service(settings, clock, cluster) as service:
+            for _ in range(200):
+                if "imgs" in _usage(service):
+                    break
+                await asyncio.sleep(0.05)
+            assert set(_usage(service)) == {"imgs"}, "held again: the pods are not known yet"
+            assert await service.stripes.expire() == [], "nothing lapses before the pods are reported"
+            service.stripes.read_by({HELD_FOR})  # the job's pod is still on the node
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "read by a pod: kept"
+            service.stripes.read_by(set())  # the job ends
+            clock.now += lease / 2
+            await service.stripes.expire()
+            assert set(_usage(service)) == {"imgs"}, "within a lease of its last use"
+            clock.now += lease
+            assert await service.stripes.expire() == [("imgs", digest)], "a lease after its last use"
+            # held once more, then the agent is down past the lease again, standalone this time
+            await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, digest=digest, holders=[HELD_FOR], lease=60)
+            for _ in range(600):
+                if service.stripes.status(("imgs", digest))["complete"]:
+                    break
+                await asyncio.sleep(0.05)
+        clock.now += 3 * lease
+        async with _service(settings, clock) as service:
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+            assert _usage(service) == {}, "standalone: its record decides at the restart"
+            assert not service.stripes.version_dir(("imgs", digest)).exists()
 
     asyncio.run(run())

@@ -779,6 +779,25 @@ def test_the_datasets_running_pods_name_keep_their_stripe_shares_in_use(
     asyncio.run(scenario())
 
 
+def test_the_stripe_shares_know_the_pods_read_nothing_once_the_first_list_is_in(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """Until the agent has listed its node's pods, which Datasets they read is unknown (and
+    no lapsed share is dropped); a list in which no pod names one says so too."""
+    apiserver.create(make_node(NODE))
+    apiserver.create(make_pod("plain", namespace="ml", node_name=NODE, phase="Running"))
+
+    async def scenario() -> None:
+        settings = Settings(root=tmp_path, node_name=NODE, kubernetes=True, **NO_FLOOR)
+        hooks = ClusterHooks(settings, ClusterSettings())
+        assert CacheService(settings, hooks=hooks.for_service()).stripes.reading is None, "not listed yet"
+        async with cluster_agent(apiserver, tmp_path) as agent:
+            stripes = agent.service.stripes
+            await until(lambda: stripes.reading == frozenset(), what="the first list, naming no Dataset")
+
+    asyncio.run(scenario())
+
+
 def test_in_csi_mode_a_striped_start_before_whole_dataset_stays_out_of_the_pods_task(
     apiserver: FakeApiServer, tmp_path: Path
 ) -> None:
