@@ -16,7 +16,11 @@ The rule:
   too few to hold the version with the rule's headroom and per-member budget, and where a
   job's node will read a version through the window that other nodes hold whole: those
   nodes join too (they own their part without moving a byte), so its reads are spread over
-  every copy the cluster holds instead of one node's upload. An earlier member that still
+  every copy the cluster holds instead of one node's upload. And a version that fits a node
+  but that a job's node has no room for has at least :data:`WINDOW_MEMBERS` members, the
+  roomiest nodes joining the job's: that node reads every epoch through the window, served
+  by the members' uploads, each a fraction of what one node's disk and network serve. An
+  earlier member that still
   holds its share stays when the next job reads the version on other nodes: its bytes are
   not fetched from the store again, and the cache's eviction, not the group, decides when
   they go. A member holding the version whole keeps it whole while it stays a member,
@@ -50,6 +54,15 @@ from dsplatform.stripe import group_size
 
 #: the most of its cache a member gives one version's share (:func:`dsplatform.stripe.group_size`)
 SHARE_BUDGET = 0.5
+
+#: the fewest members of a version that a job's node reads through the window (a share, or
+#: none): each member serves its part of every epoch from its own disk and upload, a few
+#: GB/s over TCP (tools/sim/rates.py, ``node_serve_bytes_per_s``: 3 GB/s). A node of 8 GPUs
+#: reading 300 MB/s each (2.4 GB/s) then takes about 150 MB/s from each of 16 members, and
+#: one member serves some 20 such readers at once; with the job's 2 nodes alone, each read
+#: the other's whole upload. Chosen in the cluster simulator on its tuning seeds
+#: (docs/simulator.md#window-members)
+WINDOW_MEMBERS = 16
 
 
 class Holding(str, enum.Enum):
@@ -91,19 +104,22 @@ def members_wanted(
     ratio: float = EVICT_RATIO,
     copies: int = 0,
     kept: int = 0,
+    through: bool = False,
 ) -> int:
     """How many members a version held as shares has: the job's nodes, or, where they are too
     few to hold it with the headroom and :data:`SHARE_BUDGET`, as many as that needs
     (:func:`dsplatform.stripe.group_size` over ``cache_bytes``, the smallest member cache);
     plus ``copies``, the nodes outside the job holding the version whole where a job's node
     will read it through the window, and ``kept``, the earlier members outside the job that
-    still hold their share of it (:func:`choose_placement` counts both). A member that holds
+    still hold their share of it (:func:`choose_placement` counts both); at least
+    :data:`WINDOW_MEMBERS` where a job's node reads it ``through`` the window for want of
+    room (it fits a node). A member that holds
     its share stays: dropping it would have the next reader fetch those bytes from the store
     again, while keeping it costs only the disk the cache's eviction takes back when it
     needs the room (a member whose share was evicted holds nothing and leaves; one holding
     the version whole keeps its copy when let go, and is not counted)."""
     need = group_size(size_bytes, cache_bytes, headroom=ratio, budget=SHARE_BUDGET) if cache_bytes > 0 else 1
-    return max(need, job_nodes + max(0, copies) + max(0, kept), 1)
+    return max(need, job_nodes + max(0, copies) + max(0, kept), WINDOW_MEMBERS if through else 1)
 
 
 class Placement(NamedTuple):
@@ -153,10 +169,13 @@ def choose_placement(
         caches = [by_name[n].cache_bytes for n in job if by_name[n].cache_bytes > 0]
         smallest = min(caches) if caches else nodes.smallest_cache
         through = len(whole_job) < len(job)
+        # a version that fits a node but that a job's node has no room for: read through the
+        # window for want of room, not size (a larger one is the job's nodes' shares)
+        spread = through and smallest is not None and holding(size_bytes, cache_bytes=smallest, ratio=ratio) is WHOLE
         copies = nodes.whole.difference(job) if through else set()
         kept = _kept(by_name, before, no_share_before, skip={*job, *copies})
         members = (
-            members_wanted(size_bytes, smallest, len(job), ratio=ratio, copies=len(copies), kept=kept)
+            members_wanted(size_bytes, smallest, len(job), ratio=ratio, copies=len(copies), kept=kept, through=spread)
             if smallest is not None
             else len(nodes)
         )
@@ -200,6 +219,6 @@ def _room(node: Candidate) -> int | None:
 
 
 __all__ = [
-    "Holding", "Placement", "SHARE", "SHARE_BUDGET", "WHOLE", "choose_placement", "holding",
+    "Holding", "Placement", "SHARE", "SHARE_BUDGET", "WHOLE", "WINDOW_MEMBERS", "choose_placement", "holding",
     "members_wanted", "worth_whole",
 ]  # fmt: skip

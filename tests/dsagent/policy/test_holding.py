@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from dsagent.policy.holding import SHARE, WHOLE, choose_placement, holding, members_wanted, worth_whole
+from dsagent.policy.holding import (
+    SHARE,
+    WHOLE,
+    WINDOW_MEMBERS,
+    choose_placement,
+    holding,
+    members_wanted,
+    worth_whole,
+)
 from dsagent.policy.stripegroup import Candidate, Candidates, choose_group
 
 TB = 10**12
@@ -63,10 +71,10 @@ def test_a_job_node_without_room_holds_a_share_not_a_whole_copy() -> None:
 
 
 def test_a_job_node_reading_through_the_window_spreads_its_reads_over_every_whole_copy() -> None:
-    # the job runs on one node with 500 GB of room: too little for the 1 TB version whole (1.2 TB),
-    # enough for a third of it (400 GB). h1 and h2 hold it whole: they join, own their parts
-    # without moving a byte and keep the rest, so its node owns a third and reads the rest
-    # from two uploads
+    # the job runs on one node with 500 GB of room: too little for the 1 TB version whole (1.2 TB).
+    # h1 and h2 hold it whole: they join, own their parts without moving a byte and keep the
+    # rest, and the roomiest other nodes join too (WINDOW_MEMBERS, here the 7 there are), so
+    # its node owns a seventh and reads the rest from six uploads
     version = TB
     copies = [
         Candidate(
@@ -76,9 +84,11 @@ def test_a_job_node_reading_through_the_window_spreads_its_reads_over_every_whol
     ]
     short = Candidate("job", free_bytes=500 * 10**9, spare_bytes=500 * 10**9, subnet="s1", cache_bytes=4 * TB)
     placement = choose_placement([short, *copies, *_subnet(4)], size_bytes=version, job_nodes=["job"])
-    assert sorted(placement.members) == ["h1", "h2", "job"]
+    assert placement.members[0] == "job" and set(placement.members[1:3]) == {"h1", "h2"}
+    assert sorted(placement.members[3:]) == ["n0", "n1", "n2", "n3"]
     assert placement.no_share == [] and sorted(placement.whole) == ["h1", "h2"]  # they keep it whole
     assert members_wanted(version, 4 * TB, 1, copies=2) == 3
+    assert members_wanted(version, 4 * TB, 1, copies=2, through=True) == WINDOW_MEMBERS
     # with room for the whole version the job's node holds it whole: no copy is asked to join
     roomy = Candidate("job", free_bytes=2 * TB, spare_bytes=2 * TB, subnet="s1", cache_bytes=4 * TB)
     alone = choose_placement([roomy, *copies, *_subnet(4)], size_bytes=version, job_nodes=["job"])
@@ -87,7 +97,22 @@ def test_a_job_node_reading_through_the_window_spreads_its_reads_over_every_whol
     # copy nor is asked to hold the version whole (that would fetch every bundle again)
     unpacked = [replace(c, holds_whole=False) for c in copies]
     plain = choose_placement([short, *unpacked, *_subnet(4)], size_bytes=version, job_nodes=["job"])
-    assert plain.whole == [] and len(plain.members) == 2
+    assert plain.whole == [] and len(plain.members) == 7
+
+
+def test_a_fitting_version_a_job_node_has_no_room_for_is_spread_over_window_members() -> None:
+    """A version that fits a node, read through the window because the job's node lacks the
+    room: WINDOW_MEMBERS members, the job's node first and then the roomiest, so its reads
+    are spread over that many uploads; a version larger than a node keeps the job's nodes."""
+    nodes = [
+        Candidate("job", free_bytes=200 * 10**9, spare_bytes=200 * 10**9, subnet="s1", cache_bytes=4 * TB),
+        *_subnet(24),
+    ]
+    placement = choose_placement(nodes, size_bytes=TB, job_nodes=["job"])
+    assert len(placement.members) == WINDOW_MEMBERS == 16 and placement.members[0] == "job"
+    assert placement.whole == [] and placement.no_share == []  # 1.2 TB / 16 fits beside its data
+    larger = choose_placement(_subnet(24), size_bytes=6 * TB, job_nodes=["n1", "n2", "n5", "n9"])
+    assert larger.members == ["n1", "n2", "n5", "n9"]
 
 
 def test_a_member_on_a_share_goes_whole_when_room_appears_only_once_its_window_reads_paid_for_it() -> None:
