@@ -376,11 +376,15 @@ class StripeShares(ShareRecords, ShareFill):
 
     @staticmethod
     async def _stop_fill(share: Share) -> None:
-        """Stop a share's fill and wait for it to end; the bundles it holds stay (a kept part),
-        and nothing is reserved for the rest (:meth:`pending_bytes` counts filling shares)."""
+        """Stop a share's fill and wait for it to end, and for the bundle fetches it had under
+        way (each runs on a thread no cancel stops: one left running would write into a
+        directory being removed); the bundles it holds stay (a kept part), and nothing is
+        reserved for the rest (:meth:`pending_bytes` counts filling shares)."""
         if share.task is not None:
             share.task.cancel()
             await asyncio.gather(share.task, return_exceptions=True)
+        while share.inflight:  # a fetch a reader or a peer brought forward ends as the fill's
+            await asyncio.gather(*share.inflight.values(), return_exceptions=True)
 
     async def expire(self) -> list[Key]:
         """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again, and
@@ -425,10 +429,8 @@ class StripeShares(ShareRecords, ShareFill):
         return out
 
     async def stop(self) -> None:
-        tasks = [s.task for s in self._shares.values() if s.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Every share's fill stopped, and its bundle fetches under way ended."""
+        await asyncio.gather(*(self._stop_fill(share) for share in self._shares.values()))
 
     # -- serving peers ----------------------------------------------------------------------
 

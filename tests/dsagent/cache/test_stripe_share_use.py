@@ -357,3 +357,30 @@ def test_an_agent_down_past_the_lease_holds_a_share_again_until_the_pods_say_who
             assert not service.stripes.version_dir(("imgs", digest)).exists()
 
     asyncio.run(run())
+
+
+def test_a_release_waits_for_the_bundle_fetches_under_way(tmp_path: Path, loopback: tuple[Path, str, Any]) -> None:
+    """A share released while its bundles are being fetched: the release returns once those
+    fetches have ended (they run on threads no cancel stops), so none of them writes into the
+    share's directory after it is gone, and none leaves an error nobody reads."""
+    url, clock, settings = _node(tmp_path, loopback)
+    loopback[2].slow_down(lambda path: "/imgs/" in path and path.endswith(".tar.zst"), 1.0)
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
+            share = service.stripes._shares[("imgs", str(status["digest"]))]
+            for _ in range(200):
+                if share.inflight:
+                    break
+                await asyncio.sleep(0.01)
+            fetching = list(share.inflight.values())
+            assert fetching, "a bundle fetch under way"
+            await service.stripes.release("imgs")
+            assert all(task.done() for task in fetching), "the release waited for them"
+            directory = service.stripes.version_dir(share.key)
+            assert not directory.exists()
+            await asyncio.sleep(1.2)
+            assert not directory.exists(), "nothing written after the release"
+
+    asyncio.run(run())
