@@ -12,20 +12,20 @@ The rule:
 - **Only a version larger than a node's cache is held as shares** (:data:`SHARE`), or one
   the node cannot make room for: its bundles are spread over a group, and the group is the
   job's own nodes wherever they can hold it (:func:`members_wanted`), so that each rank reads
-  its own node's share from local disk. More members join only where the job's nodes are
-  too few to hold the version with the rule's headroom and per-member budget, and where a
-  job's node will read a version through the window that other nodes hold whole: those
-  nodes join too (they own their part without moving a byte), so its reads are spread over
-  every copy the cluster holds instead of one node's upload. And a version that fits a node
-  but that a job's node has no room for has at least :data:`WINDOW_MEMBERS` members, the
-  roomiest nodes joining the job's: that node reads every epoch through the window, served
-  by the members' uploads, each a fraction of what one node's disk and network serve. An
-  earlier member that still
-  holds its share stays when the next job reads the version on other nodes: its bytes are
-  not fetched from the store again, and the cache's eviction, not the group, decides when
-  they go. A member holding the version whole keeps it whole while it stays a member,
-  whether or not its pods still read it; one the group lets go keeps its copy (the
-  controller releases it with ``keep=whole``) until the cache evicts it.
+  its own node's share from local disk. More members join only in three cases. Where the
+  job's nodes are too few to hold the version with the rule's headroom and per-member
+  budget. Where a job's node will read a version through the window that other nodes hold
+  whole: those nodes join (they own their part without moving a byte), so its reads are
+  spread over every copy the cluster holds instead of one node's upload. And where a
+  version that fits a node is read through the window because a job's node has no room
+  for it: it has at least :data:`WINDOW_MEMBERS` members, the roomiest nodes joining the
+  job's, so that node's every epoch is served by that many uploads, each a fraction of
+  what one node's disk and network serve. An earlier member that still holds its share
+  stays when the next job reads the version on other nodes: its bytes are not fetched
+  from the store again, and the cache's eviction, not the group, decides when they go. A
+  member holding the version whole keeps it whole while it stays a member, whether or not
+  its pods still read it; one the group lets go keeps its copy (the controller releases it
+  with ``keep=whole``) until the cache evicts it.
 - **A job's node that started on a share is made whole later only once it has paid for
   it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
   while its pods go on reading; it does so once its readers have taken at least that many
@@ -55,8 +55,9 @@ from dsplatform.stripe import group_size
 #: the most of its cache a member gives one version's share (:func:`dsplatform.stripe.group_size`)
 SHARE_BUDGET = 0.5
 
-#: the fewest members of a version that a job's node reads through the window (a share, or
-#: none): each member serves its part of every epoch from its own disk and upload, a few
+#: the fewest members of a version that fits a node but that a job's node reads through the
+#: window for want of room (it holds a share, or none): each member serves its part of every
+#: epoch from its own disk and upload, a few
 #: GB/s over TCP (tools/sim/rates.py, ``node_serve_bytes_per_s``: 3 GB/s). A node of 8 GPUs
 #: reading 300 MB/s each (2.4 GB/s) then takes about 150 MB/s from each of 16 members, and
 #: one member serves some 20 such readers at once; with the job's 2 nodes alone, each read
