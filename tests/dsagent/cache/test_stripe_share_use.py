@@ -48,10 +48,15 @@ async def _held(service: CacheService, url: str, name: str, *, whole: bool) -> s
     status = await service.stripes.hold(
         name, f"{url}/{name}", [NODE, "node-b"], {}, whole=whole, holders=[("ml", name)], ready_after=1
     )
+    return await _complete(service, name, str(status["digest"]))
+
+
+async def _complete(service: CacheService, name: str, digest: str) -> str:
+    """Wait (30 s at most) until the node holds every bundle its share of ``name@digest`` owns."""
     for _ in range(600):
-        status = service.stripes.status((name, status["digest"]))
+        status = service.stripes.status((name, digest))
         if status["complete"]:
-            return str(status["digest"])
+            return digest
         await asyncio.sleep(0.05)
     raise AssertionError(status)
 
@@ -270,10 +275,7 @@ def test_a_share_a_job_reads_is_held_again_after_a_restart_once_the_store_moved_
         async with _service(settings, clock) as service:
             status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
             digest = str(status["digest"])
-            for _ in range(600):
-                if service.stripes.status(("imgs", digest))["complete"]:
-                    break
-                await asyncio.sleep(0.05)
+            await _complete(service, "imgs", digest)
             service.stripes.read_by({HELD_FOR})  # the job's pod on this node reads it
             # the store moves on to a new version of imgs
             write_tree(www / "src-imgs", {"imgs/new.bin": os.urandom(5000)})
@@ -318,10 +320,7 @@ def test_an_agent_down_past_the_lease_holds_a_share_again_until_the_pods_say_who
         async with _service(settings, clock, cluster) as service:
             status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
             digest = str(status["digest"])
-            for _ in range(600):
-                if service.stripes.status(("imgs", digest))["complete"]:
-                    break
-                await asyncio.sleep(0.05)
+            await _complete(service, "imgs", digest)
             service.stripes.read_by({HELD_FOR})
             clock.now += lease / 2
             await service.stripes.expire()
@@ -345,10 +344,7 @@ def test_an_agent_down_past_the_lease_holds_a_share_again_until_the_pods_say_who
             assert await service.stripes.expire() == [("imgs", digest)], "a lease after its last use"
             # held once more, then the agent is down past the lease again, standalone this time
             await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, digest=digest, holders=[HELD_FOR], lease=60)
-            for _ in range(600):
-                if service.stripes.status(("imgs", digest))["complete"]:
-                    break
-                await asyncio.sleep(0.05)
+            await _complete(service, "imgs", digest)
         clock.now += 3 * lease
         async with _service(settings, clock) as service:
             for _ in range(40):
