@@ -91,6 +91,7 @@ class Share:
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
     on_demand: bool = False  # storeOnDemand: the store is read only for bundles a reader waits for
     window_bytes: int = 0  # bytes this node's readers took through the window since the share was held
+    kept_bytes: int = 0  # the version's manifest kept beside it, for a restart (ShareRecords._prepare)
 
     @property
     def key(self) -> Key:
@@ -112,10 +113,11 @@ class Share:
         return self.filling and (not self.on_demand or bool(self.inflight))
 
     def disk_bytes(self, disk: Callable[[int, int], int]) -> int:
-        """Disk its held and handed-over bundles take (``disk(bytes, files)``)."""
-        return sum(
+        """Disk its held and handed-over bundles and its kept manifest take (``disk(bytes, files)``)."""
+        bundles = sum(
             disk(b.size, b.count) for b in self.layout.bundles if b.digest in self.held or b.digest in self.handover
         )
+        return bundles + (disk(self.kept_bytes, 1) if self.kept_bytes else 0)
 
 
 class ShareFill:

@@ -159,6 +159,7 @@ class ShareRecords:
         kept = self.version_dir(share.key) / MANIFEST_FILE
         if not kept.exists():  # a restarted agent holds the version again even once the store moved on
             durable.write_atomic(kept, share.manifest.to_bytes())
+        share.kept_bytes = kept.stat().st_size  # counted against the cache, as the bundles are
         mine = {b.digest for b in share.owned}
         for digest in done:
             (share.held if digest in mine else share.handover).add(digest)

@@ -380,3 +380,24 @@ def test_a_release_waits_for_the_bundle_fetches_under_way(tmp_path: Path, loopba
             assert not directory.exists(), "nothing written after the release"
 
     asyncio.run(run())
+
+
+def test_the_manifest_kept_beside_a_share_counts_against_the_cache(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    """The manifest a share keeps for a restart takes disk as its bundles do: what the shares
+    count against the cache's capacity includes it, and so does it after a restart."""
+    url, clock, settings = _node(tmp_path, loopback)
+
+    async def run() -> None:
+        for _restart in range(2):
+            async with _service(settings, clock) as service:
+                stripes = service.stripes
+                digest = await _held(service, url, "imgs", whole=True)
+                share = stripes._shares[("imgs", digest)]
+                kept = (stripes.version_dir(share.key) / "manifest").stat().st_size
+                bundles = sum(stripes.disk(b.size, b.count) for b in share.layout.bundles)
+                assert share.held == {b.digest for b in share.layout.bundles}
+                assert stripes.total_bytes() == bundles + stripes.disk(kept, 1) + stripes.window.bytes
+
+    asyncio.run(run())
