@@ -116,6 +116,7 @@ class StripeShares(ShareRecords, ShareFill):
         self.sources = BundleSources(settings, peers, self.counts)
         self.current = CurrentVersions(pools)
         self.peer_fetches = PeerFetches()  # peers' asks for share bundles: what a stopping agent waits on
+        self._hold_locks: dict[Key, asyncio.Lock] = {}  # hold() of one version at a time
 
     # -- holding a share --------------------------------------------------------------------
 
@@ -189,46 +190,49 @@ class StripeShares(ShareRecords, ShareFill):
             weights=dict.fromkeys(shareless, 0.0) or None,
         )
         key = (name, manifest.digest)
-        share = self._shares.get(key)
-        now = self.clock()
-        same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
-        if share is not None and same_group and share.error is None and (share.whole or not whole):
-            share.on_demand = store_on_demand  # the fill's next bundles follow it
-            share.peers.update(peers)
-            share.holders.update(holders)
-            share.expires, share.lease = now + lease, lease  # a renewal is no use: last_used stays
-            if not share.filling and any(b.digest not in share.held for b in share.owned):
-                # a part kept with no lease (its fill stopped), held again: it fills on
-                share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
+        # one hold of a version at a time: a restart's recover() and the controller's renewal
+        # may ask together, and two would each prepare its directory and start a fill
+        async with self._hold_locks.setdefault(key, asyncio.Lock()):
+            share = self._shares.get(key)
+            now = self.clock()
+            same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
+            if share is not None and same_group and share.error is None and (share.whole or not whole):
+                share.on_demand = store_on_demand  # the fill's next bundles follow it
+                share.peers.update(peers)
+                share.holders.update(holders)
+                share.expires, share.lease = now + lease, lease  # a renewal is no use: last_used stays
+                if not share.filling and any(b.digest not in share.held for b in share.owned):
+                    # a part kept with no lease (its fill stopped), held again: it fills on
+                    share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
+                await self.pools.work(self._remember, share)
+                return self.status(key)
+            if share is not None and share.task is not None:
+                share.task.cancel()
+            owned = layout.held_by(node)
+            mine = sum(self.disk(b.size, b.count) for b in owned)
+            if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:
+                raise InsufficientSpace(
+                    f"this node's share of {name!r} is {mine} bytes, over the cache's {self.settings.capacity_bytes}",
+                    hint="choose a larger stripe group",
+                )
+            done = await self.pools.work(self._done_markers, key)
+            everything = await self._whole(layout, owned, done) if whole else None
+            if everything is None:  # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
+                await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
+            share = Share(
+                layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
+                no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
+                whole=everything is not None, on_demand=store_on_demand,
+                window_bytes=share.window_bytes if share is not None else 0,
+                # a new group re-plans the share but is no use of it
+                last_used=share.last_used if share is not None else now,
+            )  # fmt: skip
+            share.expires, share.lease = now + lease, lease
+            self._shares[key] = share
+            await self.pools.work(self._prepare, share, done)
             await self.pools.work(self._remember, share)
+            share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
             return self.status(key)
-        if share is not None and share.task is not None:
-            share.task.cancel()
-        owned = layout.held_by(node)
-        mine = sum(self.disk(b.size, b.count) for b in owned)
-        if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:
-            raise InsufficientSpace(
-                f"this node's share of {name!r} is {mine} bytes, over the cache's {self.settings.capacity_bytes}",
-                hint="choose a larger stripe group",
-            )
-        done = await self.pools.work(self._done_markers, key)
-        everything = await self._whole(layout, owned, done) if whole else None
-        if everything is None:  # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
-            await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
-        share = Share(
-            layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
-            no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
-            whole=everything is not None, on_demand=store_on_demand,
-            window_bytes=share.window_bytes if share is not None else 0,
-            # a new group re-plans the share but is no use of it
-            last_used=share.last_used if share is not None else now,
-        )  # fmt: skip
-        share.expires, share.lease = now + lease, lease
-        self._shares[key] = share
-        await self.pools.work(self._prepare, share, done)
-        await self.pools.work(self._remember, share)
-        share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
-        return self.status(key)
 
     async def held(self, key: Key) -> Share:
         """The share of ``key`` held here; else Superseded (:mod:`.stripecurrent`) or NotFound."""
@@ -340,6 +344,9 @@ class StripeShares(ShareRecords, ShareFill):
         if self._shares.get(key) is share:
             del self._shares[key]
             self.sources.forget(*key)
+        lock = self._hold_locks.get(key)
+        if lock is not None and not lock.locked():
+            del self._hold_locks[key]
         return True
 
     async def release(self, name: str, digest: str | None = None, *, keep_whole: bool = False) -> list[str]:

@@ -401,3 +401,23 @@ def test_the_manifest_kept_beside_a_share_counts_against_the_cache(
                 assert stripes.total_bytes() == bundles + stripes.disk(kept, 1) + stripes.window.bytes
 
     asyncio.run(run())
+
+
+def test_two_holds_of_one_version_at_once_hold_it_once(tmp_path: Path, loopback: tuple[Path, str, Any]) -> None:
+    """A restarted agent's recover() and the controller's renewal may ask for the same share
+    together: both succeed, and the node holds it once, with one fill."""
+    url, clock, settings = _node(tmp_path, loopback)
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            asks = [
+                service.stripes.hold("imgs", f"{url}/imgs", [NODE, "node-b"], {}, holders=[HELD_FOR], whole=True)
+                for _ in range(2)
+            ]
+            first, second = await asyncio.gather(*asks)
+            assert first["digest"] == second["digest"]
+            fills = [t for t in asyncio.all_tasks() if t.get_name() == "stripe-imgs" and not t.done()]
+            assert len(fills) <= 1, "one fill"
+            await _complete(service, "imgs", str(first["digest"]))
+
+    asyncio.run(run())
