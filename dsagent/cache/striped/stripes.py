@@ -206,8 +206,8 @@ class StripeShares(ShareRecords, ShareFill):
                     share.task = asyncio.create_task(self._fill(share), name=f"stripe-{name}")
                 await self.pools.work(self._remember, share)
                 return self.status(key)
-            if share is not None and share.task is not None:
-                share.task.cancel()
+            if share is not None:  # a new group: the old plan's fill and its fetches end first
+                await self._stop_fill(share)
             owned = layout.held_by(node)
             mine = sum(self.disk(b.size, b.count) for b in owned)
             if self.settings.capacity_bytes is not None and mine > self.settings.capacity_bytes:

@@ -421,3 +421,29 @@ def test_two_holds_of_one_version_at_once_hold_it_once(tmp_path: Path, loopback:
             await _complete(service, "imgs", str(first["digest"]))
 
     asyncio.run(run())
+
+
+def test_a_new_group_waits_for_the_old_plans_fetches(tmp_path: Path, loopback: tuple[Path, str, Any]) -> None:
+    """A share re-planned for a new group while its bundles are being fetched: the new plan
+    starts once those fetches have ended, so it counts what they brought as held and no
+    fetch of the old plan writes beside the new one's."""
+    url, clock, settings = _node(tmp_path, loopback)
+    loopback[2].slow_down(lambda path: "/imgs/" in path and path.endswith(".tar.zst"), 1.0)
+
+    async def run() -> None:
+        async with _service(settings, clock) as service:
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
+            old = service.stripes._shares[("imgs", str(status["digest"]))]
+            for _ in range(200):
+                if old.inflight:
+                    break
+                await asyncio.sleep(0.01)
+            fetching = list(old.inflight.values())
+            assert fetching, "a bundle fetch under way"
+            await service.stripes.hold("imgs", f"{url}/imgs", [NODE, "node-b"], {}, holders=[HELD_FOR])
+            assert all(task.done() for task in fetching), "the re-plan waited for them"
+            new = service.stripes._shares[old.key]
+            assert new is not old and old.held <= new.held | new.handover, "what they brought is held"
+            await _complete(service, "imgs", old.key[1])
+
+    asyncio.run(run())
