@@ -61,6 +61,20 @@ async def _complete(service: CacheService, name: str, digest: str) -> str:
     raise AssertionError(status)
 
 
+async def _held_while_fetching(service: CacheService, url: str) -> tuple[Any, list[asyncio.Task[None]]]:
+    """``imgs`` held on this node alone, and the bundle fetches under way into its share (the
+    store slowed down by the caller, so that there are some)."""
+    status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
+    share = service.stripes._shares[("imgs", str(status["digest"]))]
+    for _ in range(200):
+        if share.inflight:
+            break
+        await asyncio.sleep(0.01)
+    fetching = list(share.inflight.values())
+    assert fetching, "a bundle fetch under way"
+    return share, fetching
+
+
 def _node(tmp_path: Path, loopback: tuple[Path, str, Any]) -> tuple[str, Clock, Settings]:
     """The two versions' store over loopback, a clock, and the node's settings."""
     www, url, _ = loopback
@@ -364,14 +378,7 @@ def test_a_release_waits_for_the_bundle_fetches_under_way(tmp_path: Path, loopba
 
     async def run() -> None:
         async with _service(settings, clock) as service:
-            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
-            share = service.stripes._shares[("imgs", str(status["digest"]))]
-            for _ in range(200):
-                if share.inflight:
-                    break
-                await asyncio.sleep(0.01)
-            fetching = list(share.inflight.values())
-            assert fetching, "a bundle fetch under way"
+            share, fetching = await _held_while_fetching(service, url)
             await service.stripes.release("imgs")
             assert all(task.done() for task in fetching), "the release waited for them"
             directory = service.stripes.version_dir(share.key)
@@ -432,14 +439,7 @@ def test_a_new_group_waits_for_the_old_plans_fetches(tmp_path: Path, loopback: t
 
     async def run() -> None:
         async with _service(settings, clock) as service:
-            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, holders=[HELD_FOR])
-            old = service.stripes._shares[("imgs", str(status["digest"]))]
-            for _ in range(200):
-                if old.inflight:
-                    break
-                await asyncio.sleep(0.01)
-            fetching = list(old.inflight.values())
-            assert fetching, "a bundle fetch under way"
+            old, fetching = await _held_while_fetching(service, url)
             await service.stripes.hold("imgs", f"{url}/imgs", [NODE, "node-b"], {}, holders=[HELD_FOR])
             assert all(task.done() for task in fetching), "the re-plan waited for them"
             new = service.stripes._shares[old.key]
