@@ -58,18 +58,21 @@ from dsagent.errors import DsagentError, InvalidInput, NotFound
 from dsagent.kube.apiclient import in_daemon_thread, translated
 from dsagent.kube.datasets import DatasetClient
 from dsagent.kube.events import EventRecorder
-from dsagent.kube.podenv import (
-    INIT_CONTAINER,
-    OPTIONS_PREFIX,
-    REQUEST_VARIABLES,
-    STRIPE_WAIT_CONTAINER,
-    datasets_from_env,
-)
+from dsagent.kube.podenv import STRIPE_WAIT_CONTAINER
 from dsagent.nodeagent import publisher
 from dsagent.nodeagent.clusterhooks import ClusterHooks
 from dsagent.nodeagent.clustersettings import ClusterSettings
 from dsagent.nodeagent.nodestateapi import NodeStateApi
 from dsagent.nodeagent.podevents import EVENTS_CONTROLLER, PodEvents
+from dsagent.nodeagent.podrequests import (
+    datasets_read,
+    has_ended,
+    init_container,
+    pod_name,
+    pod_uid,
+    requests_from_init_container,
+    wants_datasets,
+)
 from dsagent.nodeagent.podwatch import PodWatch
 from dsagent.nodeagent.statewrites import Coalescer, StateWriteMetrics
 from dsplatform import errors as platform_errors
@@ -82,49 +85,11 @@ if TYPE_CHECKING:  # the service is handed in; importing it here would make envn
     from dsagent.cache.service import CacheService
 
 log = logging.getLogger("dsagent.nodeagent")
-TERMINAL_PHASES = ("Succeeded", "Failed")
 #: How long a stopping agent waits for its pod watch once the annotations are handled (seconds).
 WATCH_STOP_GRACE = 2.0
 # The node's free GPU indices from the kubelet (dsagent.nodeplugins.deviceplugin.podresources, wired by the
 # CLI: kube never imports kubelet), or None when it cannot tell.
 FreeGpuSource = Callable[[Any], Awaitable[Sequence[int] | None]]
-
-
-def pod_uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or "")
-
-
-def has_ended(pod: Mapping[str, Any]) -> bool:
-    """A pod whose containers will not run again (or that is going away)."""
-    phase = (pod.get("status") or {}).get("phase")
-    return phase in TERMINAL_PHASES or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def wants_datasets(pod: Mapping[str, Any]) -> bool:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return podannotations.DATASETS_ANNOTATION in annotations or _init_container(pod) is not None
-
-
-def _init_container(pod: Mapping[str, Any], name: str = INIT_CONTAINER) -> Mapping[str, Any] | None:
-    for container in (pod.get("spec") or {}).get("initContainers") or []:
-        if isinstance(container, Mapping) and container.get("name") == name:
-            return container
-    return None
-
-
-def requests_from_init_container(container: Mapping[str, Any]) -> list[DatasetRequest] | None:
-    """The request the webhook's init-container will send, read as ``dsctl`` reads it
-    (:func:`dsagent.kube.podenv.datasets_from_env`); None when a variable it needs has no
-    literal value here (storage options or anything else taken from a Secret)."""
-    env = container.get("env") or []
-    for e in env:
-        name = str(e.get("name"))
-        if name.startswith(OPTIONS_PREFIX) or (name in REQUEST_VARIABLES and "value" not in e):
-            return None
-    literal = {str(e.get("name")): str(e["value"]) for e in env if "value" in e}
-    if not literal.get("DSAGENT_DATASETS"):
-        return None
-    return [DatasetRequest(**item) for item in datasets_from_env(literal)]
 
 
 class ClusterAgent:
@@ -293,16 +258,16 @@ class ClusterAgent:
         uid = pod_uid(pod)
         if not uid or not wants_datasets(pod):
             return
-        self._tell_reading(uid, frozenset() if kind == "DELETED" or has_ended(pod) else _dataset_names(pod))
+        self._tell_reading(uid, frozenset() if kind == "DELETED" else datasets_read(pod))
         if kind == "DELETED" or has_ended(pod):
-            await self._release(uid, _name(pod))
+            await self._release(uid, pod_name(pod))
             return
         if uid in self._tasks or uid in self._left_to_init:
             return
         requests = await self._requests_for(pod)
         if requests is None:
             return
-        name = _name(pod)
+        name = pod_name(pod)
         try:
             record = await self.service.submit_task(uid, requests)
         except DsagentError as exc:
@@ -333,23 +298,24 @@ class ClusterAgent:
         self.service.stripes.read_by(frozenset().union(*self._reading.values()))
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
-        init = _init_container(pod)
-        if init is None and _init_container(pod, STRIPE_WAIT_CONTAINER) is not None:
+        init = init_container(pod)
+        if init is None and init_container(pod, STRIPE_WAIT_CONTAINER) is not None:
             # every dataset it names is striped and read from the node's shares, which the
             # controller holds (docs/design-striping.md#start): no whole copy, no task
-            log.info("pod %s reads striped versions only: no task", _name(pod))
+            log.info("pod %s reads striped versions only: no task", pod_name(pod))
             self._left_to_init.add(pod_uid(pod))
             return None
         if init is not None:
             try:
                 requests = requests_from_init_container(init)
             except (InvalidInput, ValueError, KeyError, TypeError):
-                log.warning("pod %s: its init-container's DSAGENT_DATASETS is malformed", _name(pod))
+                log.warning("pod %s: its init-container's DSAGENT_DATASETS is malformed", pod_name(pod))
                 self._left_to_init.add(pod_uid(pod))
                 return None
             if requests is None:
                 log.info(
-                    "pod %s needs storage credentials from Secrets: its init-container starts the caching", _name(pod)
+                    "pod %s needs storage credentials from Secrets: its init-container starts the caching",
+                    pod_name(pod),
                 )
                 self._left_to_init.add(pod_uid(pod))
                 return None
@@ -357,7 +323,7 @@ class ClusterAgent:
         try:
             refs = podannotations.datasets_of(pod)
         except platform_errors.InvalidInput as exc:  # the agent's and the wire contract's
-            log.warning("pod %s: %s", _name(pod), exc)
+            log.warning("pod %s: %s", pod_name(pod), exc)
             self._left_to_init.add(pod_uid(pod))
             return None
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
@@ -372,7 +338,7 @@ class ClusterAgent:
             try:
                 dataset = await asyncio.to_thread(self._datasets.get, namespace, ref.name)
             except DsagentError as exc:
-                log.warning("pod %s: cannot resolve dataset %s: %s", _name(pod), ref.name, exc)
+                log.warning("pod %s: cannot resolve dataset %s: %s", pod_name(pod), ref.name, exc)
                 return None
             if dataset.share_read(ref.digest) is not None:
                 # read from the node's stripe share, which the controller holds (a CSI
@@ -381,7 +347,9 @@ class ClusterAgent:
                 continue
             if dataset.storage_secret is not None:
                 log.info(
-                    "pod %s: dataset %s needs its Secret; the init-container starts the caching", _name(pod), ref.name
+                    "pod %s: dataset %s needs its Secret; the init-container starts the caching",
+                    pod_name(pod),
+                    ref.name,
                 )
                 self._left_to_init.add(pod_uid(pod))
                 return None
@@ -391,7 +359,7 @@ class ClusterAgent:
                 )
             )
         if shares and not requests:
-            log.info("pod %s reads striped versions only (%s): no task", _name(pod), ", ".join(shares))
+            log.info("pod %s reads striped versions only (%s): no task", pod_name(pod), ", ".join(shares))
             self._left_to_init.add(pod_uid(pod))
         return requests or None
 
@@ -419,7 +387,7 @@ class ClusterAgent:
         while not watch.synced.is_set():  # polled, not waited on a thread: stop() cancels it
             await asyncio.sleep(0.1)
         for uid, pod in watch.pods().items():
-            self._tell_reading(uid, frozenset() if has_ended(pod) else _dataset_names(pod))
+            self._tell_reading(uid, datasets_read(pod))
         self.service.stripes.read_by(frozenset().union(*self._reading.values()))
         for task_id in await self.service.task_ids():
             if is_pod_uid(task_id) and not watch.has_pod(task_id):
@@ -584,20 +552,6 @@ def _discover(options: dict[str, Any] | None = None) -> Any:
     from gpu_topology import discover
 
     return discover(options=options)
-
-
-def _dataset_names(pod: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
-    """(namespace, name) of each Dataset a pod's annotation names (none when unreadable)."""
-    namespace = (pod.get("metadata") or {}).get("namespace") or "default"
-    try:
-        return frozenset((namespace, ref.name) for ref in podannotations.datasets_of(pod))
-    except platform_errors.InvalidInput:
-        return frozenset()
-
-
-def _name(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 __all__ = ["ClusterAgent", "ClusterSettings"]
