@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -149,13 +148,7 @@ class ShareRecords:
         directory = self.share_dir(share.key)
         (directory / DONE_DIR).mkdir(parents=True, exist_ok=True)
         (self.version_dir(share.key) / "window").mkdir(exist_ok=True)
-        tmp = directory / f".{LAYOUT_FILE}.tmp"
-        with open(tmp, "wb") as out:
-            for line in share.layout.dump():
-                out.write(line)
-            out.flush()
-            durable.fsync(out.fileno(), tmp)
-        os.replace(tmp, directory / LAYOUT_FILE)
+        durable.write_atomic(directory / LAYOUT_FILE, b"".join(share.layout.dump()))
         kept = self.version_dir(share.key) / MANIFEST_FILE
         if not kept.exists():  # a restarted agent holds the version again even once the store moved on
             durable.write_atomic(kept, share.manifest.to_bytes())
